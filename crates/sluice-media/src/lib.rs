@@ -1,0 +1,12 @@
+//! Pure media logic for sluice: text and bytes in, text and bytes out. No I/O, no async runtime.
+//!
+//! # Layout
+//! - `query`: MediaFlow-style query parameters (`d`, `h_*`, `r_*`, `rp_*`, `x_headers`) parsed into a typed value.
+//! - `token`: MediaFlow-compatible encrypted URL tokens (AES-256-CBC) and ClearKey key lists.
+//! - `hls`: HLS playlist rewriting (variants, media, keys, maps, LL-HLS parts, skip, start offset).
+//! - `dash`: MPD model and its conversion to HLS master and media playlists.
+//! - `mp4`: ISO-BMFF box walking and rewriting.
+//! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
+//! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
+
+pub mod query;
