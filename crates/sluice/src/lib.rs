@@ -2,4 +2,6 @@
 //!
 //! # Layout
 //! - `body`: the response body type every front end returns.
-//! - `error`: the proxy error that knows which side failed.
+
+
+pub mod body;

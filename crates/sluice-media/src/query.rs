@@ -1,0 +1,1 @@
+//! MediaFlow-style query parameters parsed into a typed value.
