@@ -10,6 +10,7 @@
 
 use base64::Engine;
 use percent_encoding::percent_decode_str;
+use serde::Serialize;
 
 use crate::generate::pyurl;
 
@@ -29,6 +30,10 @@ pub fn is_base64_url(s: &str) -> bool {
 /// UTF-8 with a scheme and a host. Characters outside the alphabet are skipped, as Python's
 /// non-strict decoder does.
 pub fn decode_url(encoded: &str) -> Option<String> {
+    // Python's decoder refuses a non-ASCII string outright.
+    if !encoded.is_ascii() {
+        return None;
+    }
     let normalized: String = encoded
         .chars()
         .map(|c| match c {
@@ -37,7 +42,7 @@ pub fn decode_url(encoded: &str) -> Option<String> {
             c => c,
         })
         .collect();
-    let missing = normalized.chars().count() % 4;
+    let missing = normalized.len() % 4;
     let padded = if missing == 0 {
         normalized
     } else {
@@ -62,6 +67,53 @@ pub fn decode_if_base64(d: &str) -> String {
         }
     }
     d.to_owned()
+}
+
+/// `POST /base64/encode?url=…` → `{"encoded_url", "original_url"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EncodeResponse {
+    pub encoded_url: String,
+    pub original_url: String,
+}
+
+/// `POST /base64/decode?encoded_url=…` → `{"decoded_url", "encoded_url"}`; MediaFlow answers 400
+/// `{"detail": "Invalid base64 encoded URL"}` when [`decode_response`] gives `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DecodeResponse {
+    pub decoded_url: String,
+    pub encoded_url: String,
+}
+
+/// `GET /base64/check?url=…` → `{"url", "is_base64"[, "decoded_url"]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckResponse {
+    pub url: String,
+    pub is_base64: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decoded_url: Option<String>,
+}
+
+pub fn encode_response(url: &str) -> EncodeResponse {
+    EncodeResponse {
+        encoded_url: encode_url(url),
+        original_url: url.to_owned(),
+    }
+}
+
+pub fn decode_response(encoded_url: &str) -> Option<DecodeResponse> {
+    Some(DecodeResponse {
+        decoded_url: decode_url(encoded_url)?,
+        encoded_url: encoded_url.to_owned(),
+    })
+}
+
+pub fn check_response(url: &str) -> CheckResponse {
+    let is_base64 = is_base64_url(url);
+    CheckResponse {
+        url: url.to_owned(),
+        is_base64,
+        decoded_url: is_base64.then(|| decode_url(url)).flatten(),
+    }
 }
 
 /// MediaFlow's `sanitize_url`, applied to `d` before it is fetched.
@@ -193,5 +245,24 @@ mod tests {
             drop_quote_after_scheme("x https:\"//h 1:\"//"),
             "x https://h 1:\"//"
         );
+    }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn any_destination_is_handled(d in "\\PC{0,80}") {
+                let _ = sanitize_destination(&d);
+                let _ = check_response(&d);
+            }
+
+            #[test]
+            fn encoded_urls_decode_back(path in "[ -~]{0,60}") {
+                let url = format!("https://example.com/{path}");
+                prop_assert_eq!(decode_if_base64(&encode_url(&url)), url);
+            }
+        }
     }
 }

@@ -125,3 +125,28 @@ fn repeated_json_keys_behave_like_a_python_dict() {
         ]
     );
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_base_endpoint_and_filename_build_a_url(
+            base in "\\PC{0,40}",
+            endpoint in proptest::option::of("\\PC{0,30}"),
+            filename in proptest::option::of("\\PC{0,20}"),
+            encrypt in any::<bool>(),
+        ) {
+            let r = GenerateUrlRequest {
+                mediaflow_proxy_url: base,
+                endpoint,
+                filename,
+                destination_url: Some("https://o/v".into()),
+                api_password: encrypt.then(|| "pw".to_owned()),
+                ..GenerateUrlRequest::default()
+            };
+            let _ = generate_url(&r, NOW, IV);
+        }
+    }
+}

@@ -199,3 +199,32 @@ fn path_token_split() {
     assert_eq!(split_path_token("/_token_/proxy"), Some(("", "/proxy")));
     assert_eq!(split_path_token("/proxy/stream"), None);
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_string_is_refused_or_parsed_never_a_panic(token in "\\PC{0,200}") {
+            let _ = decrypt_token(&token, "k");
+        }
+
+        #[test]
+        fn any_bytes_under_the_right_key_are_refused_or_parsed(plain in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decrypt_token(&seal_raw(&plain, "k"), "k");
+        }
+
+        #[test]
+        fn round_trip_of_any_params(
+            map in proptest::collection::btree_map("[a-z_]{1,8}", "\\PC{0,40}", 0..8),
+            exp in proptest::option::of(any::<u64>()),
+            password in "\\PC{0,40}",
+        ) {
+            let p: Vec<(String, String)> = map.into_iter().filter(|(k, _)| k != "exp" && k != "ip").collect();
+            let claims = decrypt_token(&encrypt_token(&p, exp, None, &password, IV), &password).unwrap();
+            prop_assert_eq!(claims.params, p);
+            prop_assert_eq!(claims.exp, exp);
+        }
+    }
+}
