@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::b64url;
 use crate::token::python;
-use crate::token::{OrderedMap, TokenKey};
+use crate::token::{OrderedMap, TokenKey, PATH_TOKEN_PREFIX};
 
 /// Body of `POST /generate_url` and `POST /generate_encrypted_or_encoded_url`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -195,7 +195,10 @@ struct Shared<'a> {
     base: &'a str,
     /// Present and non-empty: encrypt with it.
     password: Option<&'a str>,
+    key: Option<TokenKey>,
     exp: Option<i64>,
+    /// Rust's canonical text, as Python >= 3.13 writes it; 3.11 and 3.12 spell an IPv4-mapped
+    /// address in hex (`::ffff:a00:1`) instead of `::ffff:10.0.0.1`.
     ip: Option<String>,
 }
 
@@ -208,9 +211,11 @@ impl<'a> Shared<'a> {
         now: u64,
     ) -> Self {
         let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let password = password.filter(|p| !p.is_empty());
         Shared {
             base,
-            password: password.filter(|p| !p.is_empty()),
+            password,
+            key: password.map(TokenKey::new),
             // Python tests `if expiration:`, so zero means "never expires".
             exp: expiration
                 .filter(|&e| e != 0)
@@ -231,11 +236,11 @@ impl<'a> Shared<'a> {
             .filter(|f| !f.is_empty())
             .map(|f| format!("/{}", python::quote(f, b"/")))
             .unwrap_or_default();
-        match self.password {
-            Some(password) => {
-                let token = self.seal(password, params, iv);
+        match &self.key {
+            Some(key) => {
+                let token = self.seal(key, params, iv);
                 let mut split = pyurl::urlsplit(base, "");
-                split.path = format!("/_token_{token}{}", split.path);
+                split.path = format!("{PATH_TOKEN_PREFIX}{token}{}", split.path);
                 format!("{}{filename}", pyurl::urlunsplit(&split))
             }
             None if params.is_empty() => format!("{base}{filename}"),
@@ -243,14 +248,14 @@ impl<'a> Shared<'a> {
         }
     }
 
-    fn seal(&self, password: &str, mut params: OrderedMap<Value>, iv: [u8; 16]) -> String {
+    fn seal(&self, key: &TokenKey, mut params: OrderedMap<Value>, iv: [u8; 16]) -> String {
         if let Some(exp) = self.exp {
             params.insert("exp", Value::from(exp));
         }
         if let Some(ip) = &self.ip {
             params.insert("ip", Value::String(ip.clone()));
         }
-        TokenKey::new(password).seal(params.entries(), iv)
+        key.seal(params.entries(), iv)
     }
 }
 

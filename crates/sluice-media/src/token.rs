@@ -10,6 +10,11 @@
 //! - token: base64url without `=` padding of `IV (16 bytes) || AES-256-CBC-PKCS7(plaintext)`;
 //! - placement: `/_token_<token>/<endpoint>[/<filename>]` in the path, or `?token=<token>`.
 //!
+//! MediaFlow merges the decrypted params over the request's query and then authorises the request
+//! like any other: by the `api_password` param, which `/generate_url` puts inside the token. A
+//! token that decrypts but carries no password is refused there (403), so decryption alone is
+//! not authentication in MediaFlow.
+//!
 //! mediaflow-proxy-light writes `{destination, query_params, request_headers, response_headers,
 //! exp, ip}` instead; [`decrypt_token`] maps that shape onto the same flat params.
 
