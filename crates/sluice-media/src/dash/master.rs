@@ -99,7 +99,7 @@ fn pick_audio<'a>(tracks: &[&'a Representation]) -> Vec<&'a Representation> {
 }
 
 /// English if present, else the highest bandwidth.
-fn default_audio(audio: &[&Representation]) -> usize {
+pub(super) fn default_audio(audio: &[&Representation]) -> usize {
     let english = audio.iter().position(|r| {
         let lang = r.lang.as_deref().unwrap_or("").to_ascii_lowercase();
         lang == "en" || lang == "eng" || lang.starts_with("en-")
@@ -124,7 +124,7 @@ fn pick_video<'a>(
             None => picked.push(rep),
         }
     }
-    picked.sort_by(|a, b| b.bandwidth.cmp(&a.bandwidth));
+    picked.sort_by_key(|r| std::cmp::Reverse(r.bandwidth));
     let by_height = |a: &&&Representation, b: &&&Representation| a.height.cmp(&b.height);
     let chosen = if options.max_res {
         picked.iter().max_by(by_height).copied()

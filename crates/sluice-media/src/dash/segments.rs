@@ -94,9 +94,9 @@ impl Window {
 
     /// Whether a segment ending at `end` is inside the live window (always, when static).
     fn keeps(&self, end: f64) -> bool {
-        let before_edge = self.edge.map_or(true, |edge| end <= edge + 1e-9);
-        let in_depth = self.after.map_or(true, |after| end > after);
-        before_edge && in_depth
+        let past_edge = matches!(self.edge, Some(edge) if end > edge + 1e-9);
+        let too_old = matches!(self.after, Some(after) if end <= after);
+        !past_edge && !too_old
     }
 }
 
