@@ -45,7 +45,7 @@ pub fn to_hls_master(
         codecs.extend(audio_codecs.iter().copied());
         let mut line = format!(
             "#EXT-X-STREAM-INF:BANDWIDTH={}",
-            rep.bandwidth + audio_bandwidth
+            rep.bandwidth.saturating_add(audio_bandwidth)
         );
         if let (Some(w), Some(h)) = (rep.width, rep.height) {
             line.push_str(&format!(",RESOLUTION={w}x{h}"));

@@ -22,6 +22,9 @@ pub struct MediaOptions {
     pub start_offset: Option<f64>,
     /// Presentation-time ranges `(from, to)` in seconds whose segments are dropped.
     pub skip: Vec<(f64, f64)>,
+    /// Leave out `#EXT-X-MAP`: the segment URL (which is given the init) must then serve
+    /// init + segment in one body, as MediaFlow does for on-demand SegmentTemplate tracks.
+    pub no_map: bool,
     /// Parsed `sidx` boxes for SegmentBase tracks, keyed as [`sidx_fetch`] names them.
     pub sidx: HashMap<SidxFetch, Vec<SidxFragment>>,
 }
@@ -155,7 +158,11 @@ pub fn to_hls_media(
             out.push_str("#EXT-X-DISCONTINUITY\n");
             period = Some(entry.period);
         }
-        if let Some(init) = entry.init.as_ref().filter(|i| map != Some(*i)) {
+        let new_map = entry
+            .init
+            .as_ref()
+            .filter(|i| !options.no_map && map != Some(*i));
+        if let Some(init) = new_map {
             let uri = url(MediaUrl::Init {
                 rep: entry.rep,
                 init,

@@ -355,7 +355,7 @@ fn channel_count(el: &Element) -> Option<u32> {
         // ISO/IEC 23091-3 ChannelConfiguration indices that players meet in practice.
         let count = match value.parse::<u32>().ok()? {
             n @ 1..=6 => n,
-            7 | 12 | 14 | 15 => 8,
+            7 | 12 | 14 => 8,
             11 => 7,
             13 => 24,
             _ => return None,

@@ -283,12 +283,18 @@ fn list_index(
     let slots: Vec<Slot> = match (&list.timeline, list.duration) {
         (Some(entries), _) => timeline::expand(entries, &Bounds::default())?,
         (None, Some(d)) => (0..list.segment_urls.len() as u64)
-            .map(|i| Slot {
-                index: i,
-                time: i * d + list.presentation_time_offset,
-                duration: d,
+            .map(|i| {
+                let time = i
+                    .checked_mul(d)
+                    .and_then(|x| x.checked_add(list.presentation_time_offset))
+                    .ok_or(DashError::Overflow)?;
+                Ok(Slot {
+                    index: i,
+                    time,
+                    duration: d,
+                })
             })
-            .collect(),
+            .collect::<Result<_, DashError>>()?,
         // One SegmentURL without a duration spans the whole Period.
         (None, None) => vec![Slot {
             index: 0,

@@ -57,7 +57,7 @@ pub fn parse_sidx(bytes: &[u8], offset: u64) -> Result<Vec<SidxFragment>, DashEr
             range: (position, last),
             duration_secs: f64::from(duration) / f64::from(timescale),
         });
-        position = last + 1;
+        position = last.checked_add(1).ok_or(DashError::Overflow)?;
     }
     Ok(fragments)
 }

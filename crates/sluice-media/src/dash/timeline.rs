@@ -40,9 +40,10 @@ pub(crate) fn expand(entries: &[TimelineEntry], bounds: &Bounds) -> Result<Vec<S
                 return Err(DashError::TooManySegments(MAX_SEGMENTS));
             }
             for i in first..end {
+                let time = i.checked_mul(d).and_then(|x| x.checked_add(t0));
                 slots.push(Slot {
-                    index: to_u64(index + i)?,
-                    time: to_u64(t0 + i * d)?,
+                    index: to_u64(index.checked_add(i).ok_or(DashError::Overflow)?)?,
+                    time: to_u64(time.ok_or(DashError::Overflow)?)?,
                     duration: entry.d,
                 });
             }
