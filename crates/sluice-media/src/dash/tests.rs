@@ -79,6 +79,17 @@ fn static_template_with_printf_width() {
         media(&mpd, "1_v1_500000", &MediaOptions::default()),
         expected
     );
+    // Without EXT-X-MAP the segment endpoint is expected to prepend the init itself.
+    let no_map = MediaOptions {
+        no_map: true,
+        ..MediaOptions::default()
+    };
+    let without_map: String = expected
+        .lines()
+        .filter(|l| !l.starts_with("#EXT-X-MAP"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(media(&mpd, "1_v1_500000", &no_map), without_map);
 
     // skip drops the overlapping segment and marks the jump; start_offset becomes EXT-X-START.
     let options = MediaOptions {
