@@ -6,6 +6,7 @@
 //! - `mpd`: the typed model ([`Mpd`] → [`Period`] → [`AdaptationSet`] → [`Representation`]) with
 //!   BaseURL, attribute and segment-information inheritance resolved.
 //! - `protection`: ContentProtection descriptors (system, default KID, licence URL).
+//! - `track`: content kind, channel count and frame rate decoding.
 //! - `segment_info`: SegmentTemplate / SegmentList / SegmentBase merged down the hierarchy.
 //! - `template`: `$Number%05d$`-style URL templates.
 //! - `timeline`: SegmentTimeline expansion cut to a window.
@@ -26,6 +27,7 @@ mod sidx;
 mod template;
 mod time;
 mod timeline;
+mod track;
 mod xml;
 
 #[cfg(test)]
@@ -81,4 +83,15 @@ pub enum DashError {
     UnknownProfile(String),
     #[error("MPD has no audio or video Representation")]
     NoTracks,
+}
+
+/// Longest piece of input quoted in an error message.
+const QUOTE_MAX: usize = 80;
+
+/// Input quoted in an error, cut short (on a char boundary) so hostile input cannot bloat logs.
+fn shorten(text: &str) -> String {
+    match text.char_indices().nth(QUOTE_MAX) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
 }

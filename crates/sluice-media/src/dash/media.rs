@@ -8,7 +8,7 @@ use super::mpd::{Mpd, Period, Representation};
 use super::segments::{segment_index, sidx_fetch, InitSegment, Segment, SidxFetch};
 use super::sidx::SidxFragment;
 use super::time::format_datetime;
-use super::DashError;
+use super::{shorten, DashError};
 
 /// Per-request choices for a media playlist.
 #[derive(Debug, Clone, Default)]
@@ -66,7 +66,7 @@ fn tracks<'a>(
 ) -> Result<Vec<(usize, &'a Period, &'a Representation)>, DashError> {
     let wanted = mpd
         .find_profile(profile_id)
-        .ok_or_else(|| DashError::UnknownProfile(profile_id.chars().take(200).collect()))?;
+        .ok_or_else(|| DashError::UnknownProfile(shorten(profile_id)))?;
     let mut out = Vec::new();
     for (i, period) in mpd.periods.iter().enumerate() {
         let reps = period

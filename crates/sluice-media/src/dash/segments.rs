@@ -10,7 +10,7 @@ use super::segment_info::{
 use super::sidx::SidxFragment;
 use super::template::{Template, TemplateVars};
 use super::timeline::{self, Bounds, Slot};
-use super::{DashError, MAX_SEGMENTS};
+use super::{shorten, DashError, MAX_SEGMENTS};
 
 /// One media segment.
 #[derive(Debug, Clone, PartialEq)]
@@ -408,5 +408,5 @@ fn join_opt(base: &Url, relative: Option<&str>) -> Result<Url, DashError> {
 
 fn join(base: &Url, relative: &str) -> Result<Url, DashError> {
     base.join(relative)
-        .map_err(|_| DashError::InvalidUrl(relative.chars().take(200).collect()))
+        .map_err(|_| DashError::InvalidUrl(shorten(relative)))
 }

@@ -1,7 +1,7 @@
 //! SegmentTemplate URL templates: `$Number$`, `$Time$`, `$RepresentationID$`, `$Bandwidth$`, `$$`
 //! and printf-style widths such as `$Number%05d$`. No I/O.
 
-use super::DashError;
+use super::{shorten, DashError};
 
 /// Widest `%0Nd` accepted; anything wider is a hostile template, not a real one.
 const MAX_WIDTH: usize = 32;
@@ -149,16 +149,8 @@ impl Format {
 }
 
 fn bad(template: &str, why: &'static str) -> DashError {
-    let mut shown = template.to_owned();
-    if shown.len() > 80 {
-        let cut = (0..=80)
-            .rev()
-            .find(|i| shown.is_char_boundary(*i))
-            .unwrap_or(0);
-        shown.truncate(cut);
-    }
     DashError::Template {
-        template: shown,
+        template: shorten(template),
         why,
     }
 }
