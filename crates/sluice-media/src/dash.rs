@@ -15,7 +15,13 @@
 //! - `master`, `media`: HLS master and media playlists.
 //!
 //! Data flows one way: `parse_mpd` → `segment_index` → `to_hls_master` / `to_hls_media`. The caller
-//! supplies "now", the proxy URL shapes (closures) and, for SegmentBase tracks, the fetched `sidx`.
+//! supplies "now", the proxy URL shapes (closures) and, for SegmentBase tracks, the fetched `sidx`:
+//! `sidx_fetch(rep)` names the bytes to fetch, `parse_sidx` turns them into fragments, and
+//! `MediaOptions::sidx` hands them back.
+//!
+//! Media playlists are addressed by profile id `{AdaptationSet@id}_{Representation@id}_{bandwidth}`
+//! (a set without `@id` uses its 0-based position in the Period), the same shape as MediaFlow's, so
+//! it survives MPD refreshes and existing `profile_id=` URLs keep working.
 
 mod master;
 mod media;

@@ -4,6 +4,8 @@ use super::mpd::{invalid, parse_number, ContentKind};
 use super::xml::Element;
 use super::DashError;
 
+/// `contentType` first, then `mimeType`; a generic `application/mp4` says nothing, so the codec
+/// decides, and dimensions as a last resort (MediaFlow mislabels such tracks as audio).
 pub(crate) fn content_kind(
     content_type: Option<&str>,
     mime: Option<&str>,
