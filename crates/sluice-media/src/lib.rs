@@ -12,6 +12,7 @@
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 
 pub mod b64url;
+pub mod dash;
 pub mod generate;
 pub mod query;
 pub mod token;
