@@ -9,4 +9,5 @@
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 
+pub mod hls;
 pub mod query;

@@ -1,0 +1,1 @@
+//! Exact-output tests of `rewrite_playlist` and the classification helpers.
