@@ -176,7 +176,11 @@ pub fn rewrite_playlist(
     let Some(first) = lines.next() else {
         return Err(HlsError::NotAPlaylist);
     };
-    let eol = if first.eol.is_empty() { "\n" } else { first.eol };
+    let eol = if first.eol.is_empty() {
+        "\n"
+    } else {
+        first.eol
+    };
     let mut writer = rewrite::Writer::new(base, opts, make_url, &summary, eol, body.len() * 2);
     writer.push_str(first.text);
     writer.push_str(eol);

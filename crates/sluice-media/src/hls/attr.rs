@@ -153,7 +153,10 @@ mod tests {
     #[test]
     fn empty_and_sloppy_lists() {
         assert_eq!(all("").unwrap(), vec![]);
-        assert_eq!(all("A=1,,B=2, ").unwrap(), vec![("A", "1", false), ("B", "2", false)]);
+        assert_eq!(
+            all("A=1,,B=2, ").unwrap(),
+            vec![("A", "1", false), ("B", "2", false)]
+        );
         assert_eq!(all("A=").unwrap(), vec![("A", "", false)]);
     }
 }

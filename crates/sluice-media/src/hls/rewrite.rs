@@ -133,7 +133,8 @@ impl<'a, 'f> Writer<'a, 'f> {
         explicit_offset: bool,
     ) -> Result<(), HlsError> {
         for &line in block {
-            let starts_segment = is_segment_scoped(&line) || matches!(line.kind(), LineKind::Uri(_));
+            let starts_segment =
+                is_segment_scoped(&line) || matches!(line.kind(), LineKind::Uri(_));
             if discontinuity && starts_segment {
                 self.out.push_str("#EXT-X-DISCONTINUITY");
                 self.out.push_str(self.eol);
@@ -308,7 +309,11 @@ impl<'a, 'f> Writer<'a, 'f> {
 
 /// `url` with the scheme and authority (host, port, userinfo) of `origin`.
 fn swap_origin(url: &Url, origin: &Url) -> Option<Url> {
-    let joined = format!("{}{}", &origin[..Position::BeforePath], &url[Position::BeforePath..]);
+    let joined = format!(
+        "{}{}",
+        &origin[..Position::BeforePath],
+        &url[Position::BeforePath..]
+    );
     Url::parse(&joined).ok()
 }
 

@@ -36,7 +36,9 @@ pub(crate) fn scan(body: &str, opts: &RewriteOptions) -> Result<Summary, HlsErro
                 is_master = true;
                 heights.push(variant_height(value));
             }
-            "EXT-X-I-FRAME-STREAM-INF" | "EXT-X-MEDIA" | "EXT-X-SESSION-KEY"
+            "EXT-X-I-FRAME-STREAM-INF"
+            | "EXT-X-MEDIA"
+            | "EXT-X-SESSION-KEY"
             | "EXT-X-SESSION-DATA" => is_master = true,
             "EXT-X-START" => has_start = true,
             "EXT-X-ENDLIST" => ended = true,

@@ -75,7 +75,16 @@ mod tests {
 
     #[test]
     fn rejects_nonsense() {
-        for bad in ["", "p", "hd", "-720", "0p", "720px", "1280x", "99999999999p"] {
+        for bad in [
+            "",
+            "p",
+            "hd",
+            "-720",
+            "0p",
+            "720px",
+            "1280x",
+            "99999999999p",
+        ] {
             assert!(
                 matches!(parse_resolution(bad), Err(HlsError::InvalidResolution(_))),
                 "{bad:?}"

@@ -164,7 +164,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_ranges() {
-        for bad in ["90", "90-10", "5-5", "-5-10", "a-b", "1-inf", "0-90,", "1e3-2e3", "0--9"] {
+        for bad in [
+            "90", "90-10", "5-5", "-5-10", "a-b", "1-inf", "0-90,", "1e3-2e3", "0--9",
+        ] {
             assert!(
                 matches!(parse_skip(bad), Err(HlsError::InvalidSkip { .. })),
                 "{bad:?}"
