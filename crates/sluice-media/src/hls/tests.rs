@@ -645,6 +645,13 @@ proptest! {
     }
 
     #[test]
+    fn option_parsers_never_panic(text in ".{0,40}") {
+        let _ = parse_skip(&text);
+        let _ = parse_resolution(&text);
+        let _ = ensure_playlist(&text);
+    }
+
+    #[test]
     fn playlist_shaped_text_never_panics(
         lines in proptest::collection::vec(playlist_line(), 0..40),
         crlf in any::<bool>(),
