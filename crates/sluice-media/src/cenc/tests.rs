@@ -1,0 +1,1 @@
+//! Synthetic round trips: encrypt known samples, box them, decrypt, compare.

@@ -1,0 +1,1 @@
+//! Unit tests for the box walker and the fragment parsers.
