@@ -54,13 +54,17 @@ fn decrypt_track(variant: &str, track: &str) -> (Vec<u8>, InitInfo, usize) {
 }
 
 fn top_level(data: &[u8], kind: &[u8; 4]) -> usize {
-    boxes(data).filter(|b| &b.as_ref().unwrap().kind == kind).count()
+    boxes(data)
+        .filter(|b| &b.as_ref().unwrap().kind == kind)
+        .count()
 }
 
 /// No protection box may survive anywhere in the tree.
 fn assert_clear(data: &[u8]) {
     fn walk(b: Mp4Box<'_>, depth: usize) {
-        for kind in [b"senc", b"saiz", b"saio", b"pssh", b"sinf", b"encv", b"enca"] {
+        for kind in [
+            b"senc", b"saiz", b"saio", b"pssh", b"sinf", b"encv", b"enca",
+        ] {
             assert_ne!(&b.kind, kind, "protection box left in output");
         }
         let container = matches!(
@@ -71,7 +75,8 @@ fn assert_clear(data: &[u8]) {
             b.children().for_each(|c| walk(c.unwrap(), depth + 1));
         }
         if &b.kind == b"stsd" {
-            b.children_after(8).for_each(|c| walk(c.unwrap(), depth + 1));
+            b.children_after(8)
+                .for_each(|c| walk(c.unwrap(), depth + 1));
         }
     }
     boxes(data).for_each(|b| walk(b.unwrap(), 0));
@@ -121,9 +126,14 @@ fn check_variant(variant: &str, scheme: Scheme, min_moofs: usize) {
         ("audio", "a", "source-audio.md5"),
     ] {
         let (clear, info, moofs) = decrypt_track(variant, track);
-        let protection = info.tracks[0].protection.expect("fixture track is protected");
+        let protection = info.tracks[0]
+            .protection
+            .expect("fixture track is protected");
         assert_eq!(protection.scheme, scheme, "{variant}/{track}");
-        assert!(moofs >= min_moofs, "{variant}/{track}: {moofs} moof per segment");
+        assert!(
+            moofs >= min_moofs,
+            "{variant}/{track}: {moofs} moof per segment"
+        );
         let file = tmp.join(format!("drm-{variant}-{track}.mp4"));
         std::fs::write(&file, &clear).unwrap();
         let got = frame_hashes(&file, stream);
@@ -131,7 +141,11 @@ fn check_variant(variant: &str, scheme: Scheme, min_moofs: usize) {
         // The DASH init has no edit list, so ffmpeg also decodes the AAC encoder's priming
         // frame that the source's edit list hides; every other frame must match exactly.
         let extra = if track == "audio" { 1 } else { 0 };
-        assert_eq!(got.len(), want.len() + extra, "{variant}/{track}: frame count");
+        assert_eq!(
+            got.len(),
+            want.len() + extra,
+            "{variant}/{track}: frame count"
+        );
         assert!(
             got[extra..] == want[..],
             "{variant}/{track}: decoded frames differ from the clear source"
@@ -181,5 +195,8 @@ fn missing_audio_key_names_the_kid() {
     )
     .unwrap();
     let err = decrypt_segment(&segment, &info, &keys).unwrap_err();
-    assert_eq!(err.to_string(), "no key for KID 1fba7ed02bb85aa8b8c0dbf0d1ac2e7a");
+    assert_eq!(
+        err.to_string(),
+        "no key for KID 1fba7ed02bb85aa8b8c0dbf0d1ac2e7a"
+    );
 }

@@ -457,7 +457,9 @@ fn rewrite_sidx(b: &Mp4Box<'_>, removals: &[(usize, usize)]) -> Result<Vec<u8>, 
     };
     let mut bytes = b.bytes().to_vec();
     let anchor = b.end() as u64;
-    let first_offset = sidx.first_offset - removed_in(anchor, sidx.first_offset);
+    let first_offset = sidx
+        .first_offset
+        .saturating_sub(removed_in(anchor, sidx.first_offset));
     let at = b.header_len + 12;
     if sidx.version == 0 {
         bytes[at..at + 4].copy_from_slice(&(first_offset as u32).to_be_bytes());
@@ -467,7 +469,7 @@ fn rewrite_sidx(b: &Mp4Box<'_>, removals: &[(usize, usize)]) -> Result<Vec<u8>, 
     let mut start = anchor.saturating_add(sidx.first_offset);
     for (i, r) in sidx.references().enumerate() {
         let size = u64::from(r.referenced_size);
-        let fixed = (size - removed_in(start, size).min(size)) as u32;
+        let fixed = size.saturating_sub(removed_in(start, size)) as u32;
         let word = (u32::from(r.is_index) << 31) | (fixed & 0x7fff_ffff);
         let at = b.header_len + sidx.references_at + 12 * i;
         bytes[at..at + 4].copy_from_slice(&word.to_be_bytes());
