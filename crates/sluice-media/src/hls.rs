@@ -262,10 +262,14 @@ pub fn is_playlist_url(url: &Url) -> bool {
     let by_path = [&b".m3u8"[..], b".m3u", b".m3u_plus"].iter().any(|ext| {
         path.len() >= ext.len() && path[path.len() - ext.len()..].eq_ignore_ascii_case(ext)
     });
+    // Raw query bytes, not decoded pairs: this runs for every segment URI, and nobody
+    // percent-encodes `type=m3u`.
     by_path
-        || url.query().is_some_and(|_| {
-            url.query_pairs().any(|(k, v)| {
-                k == "type" && v.len() >= 3 && v.as_bytes()[..3].eq_ignore_ascii_case(b"m3u")
+        || url.query().is_some_and(|q| {
+            q.split('&').any(|pair| {
+                pair.strip_prefix("type=").is_some_and(|v| {
+                    v.len() >= 3 && v.as_bytes()[..3].eq_ignore_ascii_case(b"m3u")
+                })
             })
         })
 }
