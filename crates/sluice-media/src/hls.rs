@@ -267,9 +267,8 @@ pub fn is_playlist_url(url: &Url) -> bool {
     by_path
         || url.query().is_some_and(|q| {
             q.split('&').any(|pair| {
-                pair.strip_prefix("type=").is_some_and(|v| {
-                    v.len() >= 3 && v.as_bytes()[..3].eq_ignore_ascii_case(b"m3u")
-                })
+                pair.strip_prefix("type=")
+                    .is_some_and(|v| v.len() >= 3 && v.as_bytes()[..3].eq_ignore_ascii_case(b"m3u"))
             })
         })
 }
