@@ -118,7 +118,8 @@ pub struct RewriteOptions {
     /// maps and other tags stay since later segments may rely on them. Where segments were cut
     /// between two kept ones, the next kept one gets `#EXT-X-DISCONTINUITY` (once); a cut at the
     /// very start needs none. An implicit `BYTERANGE` offset after a cut is made explicit.
-    /// Ignored in master playlists.
+    /// Ignored in master playlists. Sequence numbers are not renumbered: `skip` is meant for
+    /// VOD, where players do not track them.
     pub skip: Vec<(f64, f64)>,
     /// Master playlists: keep only the variants of the highest `RESOLUTION`.
     pub max_res: bool,
