@@ -9,4 +9,6 @@
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 
+pub mod mpegts;
 pub mod query;
+pub mod rtp;
