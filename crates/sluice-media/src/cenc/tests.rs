@@ -147,6 +147,9 @@ struct Track {
     key: [u8; 16],
     /// Written in `trex` and left out of `trun` when set.
     default_size: Option<u32>,
+    /// When set, `tfhd` carries an absolute `base_data_offset`, the fragment being placed this
+    /// many bytes into the segment.
+    absolute_at: Option<usize>,
 }
 
 fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
@@ -160,6 +163,7 @@ fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
         kid: [id as u8; 16],
         key: [0x40 + id as u8; 16],
         default_size: None,
+        absolute_at: None,
     }
 }
 
@@ -282,8 +286,17 @@ fn full_iv(t: &Track, s: &Sample) -> [u8; 16] {
     iv
 }
 
-fn traf(t: &Track, samples: &[Sample], data_offset: u32, encrypted: bool) -> Vec<u8> {
-    let tfhd = full(b"tfhd", 0, 0x02_0000, &[&be32(t.id)]);
+fn traf(
+    t: &Track,
+    samples: &[Sample],
+    data_offset: u32,
+    base: Option<u64>,
+    encrypted: bool,
+) -> Vec<u8> {
+    let tfhd = match base {
+        Some(base) => full(b"tfhd", 0, 0x01, &[&be32(t.id), &base.to_be_bytes()]),
+        None => full(b"tfhd", 0, 0x02_0000, &[&be32(t.id)]),
+    };
     let tfdt = full(b"tfdt", 1, 0, &[&0u64.to_be_bytes()]);
     let with_sizes = t.default_size.is_none();
     let mut entries = Vec::new();
@@ -345,7 +358,14 @@ fn fragment(trafs: &[(&Track, Vec<Sample>)], seq: u32, encrypted: bool) -> Vec<u
     let build = |moof_len: u32| {
         let mut parts = vec![full(b"mfhd", 0, 0, &[&be32(seq)])];
         for ((t, samples), start) in trafs.iter().zip(&starts) {
-            parts.push(traf(t, samples, moof_len + 8 + start, encrypted));
+            let part = match t.absolute_at {
+                Some(at) => {
+                    let base = (at + moof_len as usize + 8) as u64;
+                    traf(t, samples, *start, Some(base), encrypted)
+                }
+                None => traf(t, samples, moof_len + 8 + start, None, encrypted),
+            };
+            parts.push(part);
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
         bx(b"moof", &refs)
@@ -625,4 +645,62 @@ fn corrupt_bytes_never_panic() {
             let _ = decrypt_segment(&bad, &info, &keys);
         }
     }
+}
+
+#[test]
+fn absolute_base_data_offset_moves_with_the_removed_bytes() {
+    let mut t = track(1, true, Some(Scheme::Cenc), 8);
+    // Where the single fragment starts: after `styp`, `emsg` and a one-reference `sidx`.
+    let prefix = segment(&[Vec::new()]).len() - full(b"prft", 0, 0, &[&be32(1), &[0; 12]]).len();
+    t.absolute_at = Some(prefix);
+    round_trip(
+        &[t],
+        &[vec![(0, vec![(700, vec![(20, 680)]), (90, vec![])])]],
+    );
+}
+
+#[test]
+fn init_and_segment_in_one_buffer() {
+    let t = track(1, true, Some(Scheme::Cbc1), 16);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let frag = |encrypted| {
+        fragment(
+            &[(&t, vec![sample(512, 3, &t, &[(16, 496)])])],
+            1,
+            encrypted,
+        )
+    };
+    let joined = [init(std::slice::from_ref(&t), true), segment(&[frag(true)])].concat();
+    let want = [
+        init(std::slice::from_ref(&t), false),
+        segment(&[frag(false)]),
+    ]
+    .concat();
+    assert!(decrypt_segment(&joined, &info, &keys_for(&[&t])).unwrap() == want);
+}
+
+#[test]
+fn largesize_moof_header_shrinks_to_32_bits() {
+    let t = track(1, false, Some(Scheme::Cenc), 16);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let samples = || vec![sample(200, 9, &t, &[])];
+    let encrypted = fragment(&[(&t, samples())], 1, true);
+    // Re-encode the moof header as a 64-bit largesize; trun offsets grow by the 8 extra bytes.
+    let moof_len = u32::from_be_bytes(encrypted[..4].try_into().unwrap()) as usize;
+    let mut moof = [
+        &1u32.to_be_bytes()[..],
+        b"moof",
+        &((moof_len + 8) as u64).to_be_bytes(),
+    ]
+    .concat();
+    moof.extend_from_slice(&encrypted[8..moof_len]);
+    let trun_at = moof.windows(4).position(|w| w == b"trun").unwrap() + 12;
+    let offset = u32::from_be_bytes(moof[trun_at..trun_at + 4].try_into().unwrap()) + 8;
+    moof[trun_at..trun_at + 4].copy_from_slice(&offset.to_be_bytes());
+    moof.extend_from_slice(&encrypted[moof_len..]);
+    let clear = fragment(&[(&t, samples())], 1, false);
+    assert_eq!(
+        decrypt_segment(&moof, &info, &keys_for(&[&t])).unwrap(),
+        clear
+    );
 }
