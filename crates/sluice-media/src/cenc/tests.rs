@@ -135,7 +135,7 @@ fn be32(v: u32) -> [u8; 4] {
     v.to_be_bytes()
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Track {
     id: u32,
     video: bool,
@@ -703,4 +703,64 @@ fn largesize_moof_header_shrinks_to_32_bits() {
         decrypt_segment(&moof, &info, &keys_for(&[&t])).unwrap(),
         clear
     );
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SCHEMES: [Scheme; 4] = [Scheme::Cenc, Scheme::Cens, Scheme::Cbc1, Scheme::Cbcs];
+
+    /// One sample: either a plain length, or subsample pairs whose sum is the length.
+    fn sample_shape(with_subsamples: bool) -> BoxedStrategy<(usize, Vec<(u16, u32)>)> {
+        if with_subsamples {
+            prop::collection::vec((0u16..200, 0u32..1500), 1..4)
+                .prop_map(|subs| {
+                    let len = subs.iter().map(|&(c, p)| c as usize + p as usize).sum();
+                    (len, subs)
+                })
+                .boxed()
+        } else {
+            (0usize..3000).prop_map(|len| (len, Vec::new())).boxed()
+        }
+    }
+
+    fn case() -> impl Strategy<Value = (Track, Vec<Frag>)> {
+        (
+            0usize..4,
+            any::<bool>(),
+            any::<bool>(),
+            1u8..4,
+            0u8..10,
+            any::<bool>(),
+        )
+            .prop_flat_map(
+                |(scheme, wide_iv, constant, crypt, skip, with_subsamples)| {
+                    let scheme = SCHEMES[scheme];
+                    let mut t = track(1, true, Some(scheme), if wide_iv { 16 } else { 8 });
+                    if matches!(scheme, Scheme::Cbc1 | Scheme::Cbcs) {
+                        t.iv_size = 16;
+                    }
+                    if scheme == Scheme::Cbcs && constant {
+                        t.iv_size = 0;
+                        t.constant_iv = Some([0x5a; 16]);
+                    }
+                    if matches!(scheme, Scheme::Cens | Scheme::Cbcs) {
+                        t.pattern = Pattern { crypt, skip };
+                    }
+                    let fragment = prop::collection::vec(sample_shape(with_subsamples), 1..6)
+                        .prop_map(|samples| vec![(0usize, samples)]);
+                    (Just(t), prop::collection::vec(fragment, 1..4))
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn any_scheme_round_trips((t, frags) in case()) {
+            round_trip(&[t], &frags);
+        }
+    }
 }
