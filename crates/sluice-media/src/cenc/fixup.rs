@@ -106,13 +106,17 @@ pub(super) fn rewrite_sidx(
     removals: &[(usize, usize)],
 ) -> Result<Vec<u8>, CencError> {
     let sidx = Sidx::parse(b)?;
+    // `removals` is in offset order; prefix sums answer "bytes removed in a range" by binary
+    // search, so a hostile sidx with 65535 references stays cheap.
+    let mut prefix = Vec::with_capacity(removals.len() + 1);
+    prefix.push(0u64);
+    for (_, n) in removals {
+        prefix.push(prefix[prefix.len() - 1] + *n as u64);
+    }
+    let index_of = |at: u64| removals.partition_point(|(o, _)| (*o as u64) < at);
     let removed_in = |start: u64, len: u64| -> u64 {
-        let end = start.saturating_add(len);
-        removals
-            .iter()
-            .filter(|(at, _)| (*at as u64) >= start && (*at as u64) < end)
-            .map(|(_, n)| *n as u64)
-            .sum()
+        let (from, to) = (index_of(start), index_of(start.saturating_add(len)));
+        prefix[to.max(from)] - prefix[from]
     };
     let mut bytes = b.bytes().to_vec();
     let anchor = b.end() as u64;

@@ -111,7 +111,7 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
         let b = b?;
         let out = match &b.kind {
             b"moof" => {
-                let bytes = plan_moof(&b, removed_total, tracks, &mut jobs)?;
+                let bytes = plan_moof(&b, removed_total, segment.len(), tracks, &mut jobs)?;
                 TopOut::Bytes(bytes)
             }
             b"moov" => {
@@ -147,6 +147,7 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
 fn plan_moof<'a>(
     moof: &Mp4Box<'a>,
     removed_before: usize,
+    limit: usize,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job<'a>>,
 ) -> Result<Vec<u8>, CencError> {
@@ -171,6 +172,7 @@ fn plan_moof<'a>(
                 moof.offset,
                 fixes.is_empty(),
                 data_end,
+                limit,
                 tracks,
                 jobs,
             )?;
@@ -187,6 +189,7 @@ fn plan_traf<'a>(
     moof_start: usize,
     first_traf: bool,
     previous_end: usize,
+    limit: usize,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job<'a>>,
 ) -> Result<(TrafFix, usize), CencError> {
@@ -202,7 +205,7 @@ fn plan_traf<'a>(
     let default_size = tfhd
         .default_sample_size
         .or(trex.map(|t| t.default_sample_size))
-        .unwrap_or(0);
+        .unwrap_or(0) as usize;
     let mut samples = SampleSource::new(traf, track, tracks, tfhd.track_id)?;
     let mut cursor = base;
     for trun in traf.children() {
@@ -214,16 +217,29 @@ fn plan_traf<'a>(
         if let Some(offset) = trun.data_offset {
             cursor = offset_from(base, offset, tfhd.track_id)?;
         }
+        let protected = samples.is_protected();
+        if !trun.has_sizes() && (default_size == 0 || !protected) {
+            // Equal sizes and nothing to decrypt: skip the walk, so a hostile count of four
+            // billion empty samples costs nothing.
+            let total = u64::from(trun.sample_count) * default_size as u64;
+            cursor = cursor.saturating_add(usize::try_from(total).unwrap_or(usize::MAX));
+            continue;
+        }
         for sample in trun.samples() {
-            let size = sample.size.unwrap_or(default_size) as usize;
+            let size = sample.size.unwrap_or(default_size as u32) as usize;
             let offset = cursor;
-            cursor = offset
-                .checked_add(size)
-                .ok_or(CencError::SampleOutsideMdat {
+            if !protected {
+                cursor = offset.saturating_add(size);
+                continue;
+            }
+            // Every protected sample must lie in the segment, which also bounds the walk.
+            cursor = offset.checked_add(size).filter(|&end| end <= limit).ok_or(
+                CencError::SampleOutsideMdat {
                     track_id: tfhd.track_id,
                     offset: offset as u64,
                     size: size as u64,
-                })?;
+                },
+            )?;
             samples.push(offset, size, jobs)?;
         }
     }
@@ -284,6 +300,10 @@ impl<'a> SampleSource<'a> {
             track_id,
             seen: 0,
         })
+    }
+
+    fn is_protected(&self) -> bool {
+        self.crypto.is_some()
     }
 
     fn push(

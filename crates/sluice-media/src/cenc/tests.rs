@@ -764,3 +764,32 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn huge_sample_counts_cost_nothing() {
+    let mut t = track(1, true, Some(Scheme::Cbcs), 0);
+    t.constant_iv = Some([1; 16]);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    for default_size in [0u32, 1] {
+        // tfhd with a default sample size, trun with four billion samples and no sizes.
+        let tfhd = full(
+            b"tfhd",
+            0,
+            0x02_0000 | 0x10,
+            &[&be32(1), &be32(default_size)],
+        );
+        let trun = full(b"trun", 0, 0x001, &[&be32(u32::MAX), &be32(0)]);
+        let moof = bx(b"moof", &[&bx(b"traf", &[&tfhd, &trun])]);
+        let seg = [moof, bx(b"mdat", &[&[0; 64]])].concat();
+        let started = std::time::Instant::now();
+        let result = decrypt_segment(&seg, &info, &keys);
+        assert!(
+            started.elapsed().as_secs() < 2,
+            "size {default_size}: {result:?}"
+        );
+        if default_size == 1 {
+            assert!(matches!(result, Err(CencError::SampleOutsideMdat { .. })));
+        }
+    }
+}
