@@ -327,7 +327,13 @@ impl<'a> SampleSource<'a> {
             _ => return Err(self.short_of_entries()),
         };
         let iv = expand_iv(iv, &p, self.track_id)?;
-        if size > 0 {
+        // CBC leaves anything shorter than a block clear; skipping those also keeps a flood of
+        // tiny constant-IV samples from growing the job list past one entry per 16 bytes.
+        let min = match p.scheme {
+            Scheme::Cbc1 | Scheme::Cbcs => 16,
+            Scheme::Cenc | Scheme::Cens => 1,
+        };
+        if size >= min {
             jobs.push(Job {
                 offset,
                 size,
@@ -359,10 +365,13 @@ fn has_samples(traf: &Mp4Box<'_>) -> Result<bool, CencError> {
 }
 
 /// A 16-byte counter or CBC IV: 8-byte IVs are zero-extended, an empty one takes the constant IV.
+/// Constant IVs are a `cbcs` feature; a CTR counter reused across samples would be broken
+/// encryption, so CTR schemes need a per-sample IV.
 fn expand_iv(iv: &[u8], p: &Protection, track_id: u32) -> Result<[u8; 16], CencError> {
     let mut out = [0u8; 16];
+    let cbc = matches!(p.scheme, Scheme::Cbc1 | Scheme::Cbcs);
     match iv.len() {
-        0 => out = p.constant_iv.ok_or(CencError::BadIv { track_id, len: 0 })?,
+        0 if cbc => out = p.constant_iv.ok_or(CencError::BadIv { track_id, len: 0 })?,
         8 | 16 => out[..iv.len()].copy_from_slice(iv),
         len => return Err(CencError::BadIv { track_id, len }),
     }
