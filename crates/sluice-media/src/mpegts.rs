@@ -67,7 +67,7 @@ pub fn find_sync(buf: &[u8]) -> Option<usize> {
 /// True when `buf` is a whole number of packets that all start with a sync byte.
 pub fn is_aligned(buf: &[u8]) -> bool {
     !buf.is_empty()
-        && buf.len() % PACKET_LEN == 0
+        && buf.len().is_multiple_of(PACKET_LEN)
         && buf.chunks_exact(PACKET_LEN).all(|p| p[0] == SYNC_BYTE)
 }
 

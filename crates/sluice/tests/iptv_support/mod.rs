@@ -206,7 +206,7 @@ fn send_rtp(sock: &Socket, dest: &SockAddr, payloads: &[Vec<u8>], first_seq: u16
 
 /// Sleeps a millisecond every `per_ms` datagrams, so bursts stay well inside socket buffers.
 fn pace(i: usize, per_ms: usize) {
-    if (i + 1) % per_ms == 0 {
+    if (i + 1).is_multiple_of(per_ms) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
