@@ -357,8 +357,10 @@ async fn status_pages_and_playlist() {
 #[tokio::test(start_paused = true)]
 async fn default_no_data_timeout_is_five_seconds() {
     let group = "239.71.0.16";
-    let mut cfg = sluice::iptv::IptvConfig::default();
-    cfg.linger_ms = 0;
+    let cfg = sluice::iptv::IptvConfig {
+        linger_ms: 0,
+        ..Default::default()
+    };
     let gw = Gateway::start(cfg).await;
     let started = tokio::time::Instant::now();
     let resp = gw.get(&format!("/rtp/{group}:46015?iface=lo")).await;
