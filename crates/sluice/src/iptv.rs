@@ -31,7 +31,7 @@ use registry::{Limits, Refusal, Registry};
 pub use subscriber::SlowPolicy;
 
 /// `[iptv]` in the config file. Durations are in milliseconds (`_ms`) or seconds (`_secs`).
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IptvConfig {
     /// Interface to join on when a request names none (`?iface=`). No default on purpose: a
@@ -118,7 +118,7 @@ pub enum IptvError {
 }
 
 impl IptvConfig {
-    fn validate(&self) -> Result<(), IptvError> {
+    pub fn validate(&self) -> Result<(), IptvError> {
         let bad = |field, reason: &str| {
             Err(IptvError::Config {
                 field,
@@ -160,6 +160,10 @@ impl IptvConfig {
         }
     }
 }
+
+/// A path prefix (such as `/_token_<T>`) the server asks `/playlist.m3u` entries to carry.
+#[derive(Debug, Clone)]
+pub struct EntryPrefix(pub String);
 
 /// The IPTV front end.
 #[derive(Debug)]
@@ -259,6 +263,12 @@ impl Iptv {
                 Some(host) => format!("http://{host}"),
                 None => return text(StatusCode::BAD_REQUEST, "Host header required\n"),
             },
+        };
+        // Behind a password, entries carry an encrypted token in their path (players cannot add
+        // headers, and the password itself must not appear in a URL).
+        let base = match req.extensions.get::<EntryPrefix>() {
+            Some(EntryPrefix(prefix)) => format!("{base}{prefix}"),
+            None => base,
         };
         let out = playlist::rewrite_playlist(&String::from_utf8_lossy(&text_in), &base);
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
