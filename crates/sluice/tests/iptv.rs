@@ -425,3 +425,30 @@ async fn playlist_from_http_url_is_rewritten() {
         "#EXTM3U\n#EXTINF:-1 tvg-id=\"x\" catchup=\"append\",X\nhttps://tv.example/udp/239.5.5.5:1234\n"
     );
 }
+
+/// IPv6 joins by interface index (`IPV6_JOIN_GROUP`, bound to the group with its scope).
+/// Loopback cannot carry IPv6 multicast back to a receiver, so this checks the membership and
+/// the clean 504, not payload.
+#[tokio::test]
+async fn ipv6_group_is_joined_on_the_named_interface() {
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 1500;
+    cfg.linger_ms = 0;
+    let gw = Gateway::start(cfg).await;
+    let resp = gw.spawn_get("/rtp/[ff3e::71:19]:46018?iface=lo");
+    let hex = "ff3e0000000000000000000000710019";
+    let mut joined = false;
+    for _ in 0..100 {
+        joined = igmp6_on_lo().iter().any(|g| g == hex);
+        if joined {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(joined, "ff3e::71:19 not in /proc/net/igmp6 for lo");
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 504);
+    assert!(read_text(resp)
+        .await
+        .contains("rtp://[ff3e::71:19]:46018 on lo"));
+}

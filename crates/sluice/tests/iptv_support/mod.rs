@@ -314,3 +314,14 @@ pub async fn serve_text(text: &'static str) -> SocketAddr {
     });
     addr
 }
+
+/// IPv6 groups joined on `lo`, as the hex strings `/proc/net/igmp6` prints.
+pub fn igmp6_on_lo() -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/net/igmp6").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.get(1) == Some(&"lo")).then(|| cols.get(2).map(|s| s.to_string()))?
+        })
+        .collect()
+}
