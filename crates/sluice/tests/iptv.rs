@@ -16,7 +16,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use support::*;
 
-#[tokio::test]
+// Multi-threaded, like the server: hub and readers run in parallel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_eight_subscribers_get_every_payload_byte_in_order() {
     for (n, group) in [(1usize, "239.71.0.1"), (8, "239.71.0.2")] {
         let gw = Gateway::start(config()).await;
@@ -94,7 +95,8 @@ async fn two_subscribers_share_one_membership() {
     assert_eq!(status["hubs"][0]["subscribers"], 2);
 }
 
-#[tokio::test]
+// Multi-threaded, like the server: hub and readers run in parallel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_subscriber_does_not_slow_a_fast_one() {
     let group = "239.71.0.5";
     let mut cfg = config();
