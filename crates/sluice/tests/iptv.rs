@@ -342,9 +342,7 @@ async fn status_pages_and_playlist() {
     );
     let page = gw.get("/status").await;
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
-    assert!(read_text(page)
-        .await
-        .contains("EventSource('/status/events')"));
+    assert!(read_text(page).await.contains("new EventSource("));
     let events = gw.get("/status/events").await;
     assert_eq!(events.headers()["content-type"], "text/event-stream");
     let first = read_bytes(events, 6).await;
