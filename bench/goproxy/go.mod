@@ -1,0 +1,3 @@
+module sluice.bench/goproxy
+
+go 1.21
