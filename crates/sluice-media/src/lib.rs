@@ -3,10 +3,15 @@
 //! # Layout
 //! - `query`: MediaFlow-style query parameters (`d`, `h_*`, `r_*`, `rp_*`, `x_headers`) parsed into a typed value.
 //! - `token`: MediaFlow-compatible encrypted URL tokens (AES-256-CBC) and ClearKey key lists.
+//! - `generate`: the pure core of MediaFlow's `/generate_url(s)` endpoints.
+//! - `b64url`: MediaFlow's base64 destination detection and the `/base64/*` helpers.
 //! - `hls`: HLS playlist rewriting (variants, media, keys, maps, LL-HLS parts, skip, start offset).
 //! - `dash`: MPD model and its conversion to HLS master and media playlists.
 //! - `mp4`: ISO-BMFF box walking and rewriting.
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 
+pub mod b64url;
+pub mod generate;
 pub mod query;
+pub mod token;

@@ -1,1 +1,324 @@
-//! MediaFlow-style query parameters parsed into a typed value.
+//! MediaFlow-style query parameters (`d`, `h_*`, `r_*`, `rp_*`, `x_headers`) parsed into a typed value.
+//!
+//! No I/O. The wire contract is MediaFlow Proxy's: every proxy endpoint takes the upstream URL in `d`
+//! (plain, percent-encoded or base64), upstream request headers as `h_<name>`, response headers as
+//! `r_<name>` (this response only) and `rp_<name>` (propagated to child segments), and a comma list of
+//! response headers to remove in `x_headers`.
+
+use base64::Engine;
+use url::Url;
+
+/// Why a query could not be turned into proxy parameters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("missing required parameter `d` (the upstream URL)")]
+    MissingDestination,
+    #[error("parameter `d` is not an http(s) URL: {0}")]
+    BadDestination(String),
+    #[error("header name in `{0}` is not a valid HTTP header name")]
+    BadHeaderName(String),
+    #[error("value of `{0}` is not a valid HTTP header value")]
+    BadHeaderValue(String),
+}
+
+/// All query pairs of a request, in order, percent-decoded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    pairs: Vec<(String, String)>,
+}
+
+impl Query {
+    /// Parses a raw query string (without the leading `?`).
+    pub fn parse(raw: &str) -> Self {
+        let pairs = url::form_urlencoded::parse(raw.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        Query { pairs }
+    }
+
+    /// Builds a query from pairs (for example the claims of a decrypted token).
+    pub fn from_pairs(pairs: Vec<(String, String)>) -> Self {
+        Query { pairs }
+    }
+
+    /// The first value for `name`, if present.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `true` for `1`, `true`, `yes`, `on` (case-insensitive).
+    pub fn flag(&self, name: &str) -> bool {
+        self.get(name).is_some_and(parse_bool)
+    }
+
+    /// Every pair, in request order.
+    pub fn pairs(&self) -> &[(String, String)] {
+        &self.pairs
+    }
+
+    /// Adds pairs whose names are not present yet (token claims merged under explicit params).
+    pub fn merge_missing(&mut self, extra: Vec<(String, String)>) {
+        for (k, v) in extra {
+            if self.get(&k).is_none() {
+                self.pairs.push((k, v));
+            }
+        }
+    }
+
+    /// Removes every pair named `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.pairs.retain(|(k, _)| k != name);
+    }
+
+    /// Serializes back to a query string.
+    pub fn encode(&self) -> String {
+        let mut out = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in &self.pairs {
+            out.append_pair(k, v);
+        }
+        out.finish()
+    }
+}
+
+/// Parses MediaFlow's boolean spellings.
+pub fn parse_bool(value: &str) -> bool {
+    matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+/// The parameters every proxy endpoint shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyParams {
+    /// The upstream URL from `d`.
+    pub destination: Url,
+    /// `h_<name>`: headers added to the upstream request (names lowercased).
+    pub request_headers: Vec<(String, String)>,
+    /// `r_<name>`: headers added to this response.
+    pub response_headers: Vec<(String, String)>,
+    /// `rp_<name>`: headers added to this response and carried to child segments.
+    pub propagate_headers: Vec<(String, String)>,
+    /// `x_headers`: upstream response headers to drop (lowercased).
+    pub strip_headers: Vec<String>,
+}
+
+impl ProxyParams {
+    /// Extracts the shared proxy parameters from a query.
+    pub fn from_query(query: &Query) -> Result<Self, QueryError> {
+        let raw = query.get("d").ok_or(QueryError::MissingDestination)?;
+        let destination = parse_destination(raw)?;
+        let mut params = ProxyParams {
+            destination,
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
+            propagate_headers: Vec::new(),
+            strip_headers: Vec::new(),
+        };
+        for (key, value) in query.pairs() {
+            if let Some(name) = key.strip_prefix("h_") {
+                params.request_headers.push(header_pair(key, name, value)?);
+            } else if let Some(name) = key.strip_prefix("rp_") {
+                params
+                    .propagate_headers
+                    .push(header_pair(key, name, value)?);
+            } else if let Some(name) = key.strip_prefix("r_") {
+                params.response_headers.push(header_pair(key, name, value)?);
+            } else if key == "x_headers" {
+                params.strip_headers.extend(
+                    value
+                        .split(',')
+                        .map(|h| h.trim().to_ascii_lowercase())
+                        .filter(|h| !h.is_empty()),
+                );
+            }
+        }
+        Ok(params)
+    }
+}
+
+fn header_pair(key: &str, name: &str, value: &str) -> Result<(String, String), QueryError> {
+    let mut name = name.trim().to_ascii_lowercase();
+    // MediaFlow accepts the dictionary spelling and sends the HTTP one.
+    if name == "referrer" {
+        name = "referer".to_string();
+    }
+    let valid_name = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !valid_name {
+        return Err(QueryError::BadHeaderName(key.to_string()));
+    }
+    if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(QueryError::BadHeaderValue(key.to_string()));
+    }
+    Ok((name, value.to_string()))
+}
+
+/// Decodes `d`: a plain URL, a still percent-encoded URL, or base64 (standard or URL-safe, padding
+/// optional) of a URL.
+pub fn parse_destination(raw: &str) -> Result<Url, QueryError> {
+    let raw = raw.trim();
+    let candidate = if raw.contains("://") {
+        raw.to_string()
+    } else if let Some(decoded) = percent_decoded_url(raw) {
+        decoded
+    } else if let Some(decoded) = base64_url(raw) {
+        decoded
+    } else {
+        raw.to_string()
+    };
+    let candidate = repair_scheme(&candidate);
+    let url = Url::parse(&candidate).map_err(|e| QueryError::BadDestination(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(QueryError::BadDestination(format!(
+            "scheme `{}` is not http or https",
+            url.scheme()
+        )));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(QueryError::BadDestination("URL has no host".to_string()));
+    }
+    Ok(url)
+}
+
+fn percent_decoded_url(raw: &str) -> Option<String> {
+    let lower = raw.get(..10)?.to_ascii_lowercase();
+    if !(lower.starts_with("http%3a") || lower.starts_with("https%3a")) {
+        return None;
+    }
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .ok()?;
+    Some(decoded.into_owned())
+}
+
+fn base64_url(raw: &str) -> Option<String> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    let trimmed = raw.trim_end_matches('=');
+    if trimmed.len() < 8 {
+        return None;
+    }
+    let bytes = URL_SAFE_NO_PAD
+        .decode(trimmed)
+        .or_else(|_| STANDARD_NO_PAD.decode(trimmed))
+        .ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let lower = text.to_ascii_lowercase();
+    (lower.starts_with("http://") || lower.starts_with("https://")).then_some(text)
+}
+
+/// Mends `https%22//host` style damage that some URL generators produce.
+fn repair_scheme(url: &str) -> String {
+    for (broken, fixed) in [("https%22//", "https://"), ("http%22//", "http://")] {
+        if let Some(rest) = url.strip_prefix(broken) {
+            return format!("{fixed}{rest}");
+        }
+    }
+    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destination_forms() {
+        let plain = parse_destination("https://cdn.example/a b.mp4?x=1").unwrap();
+        assert_eq!(plain.as_str(), "https://cdn.example/a%20b.mp4?x=1");
+        let encoded = parse_destination("https%3A%2F%2Fcdn.example%2Fv.mp4").unwrap();
+        assert_eq!(encoded.as_str(), "https://cdn.example/v.mp4");
+        let b64 =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("http://cdn.example/v.mp4?a=b");
+        assert_eq!(
+            parse_destination(&b64).unwrap().as_str(),
+            "http://cdn.example/v.mp4?a=b"
+        );
+        let padded = base64::engine::general_purpose::STANDARD.encode("https://h.example/x");
+        assert_eq!(
+            parse_destination(&padded).unwrap().as_str(),
+            "https://h.example/x"
+        );
+        assert_eq!(
+            parse_destination("https%22//h.example/x").unwrap().as_str(),
+            "https://h.example/x"
+        );
+    }
+
+    #[test]
+    fn destination_rejects() {
+        assert!(matches!(
+            parse_destination("ftp://h/x"),
+            Err(QueryError::BadDestination(_))
+        ));
+        assert!(matches!(
+            parse_destination("not a url"),
+            Err(QueryError::BadDestination(_))
+        ));
+        assert!(matches!(
+            parse_destination("file:///etc/passwd"),
+            Err(QueryError::BadDestination(_))
+        ));
+        assert!(parse_destination("").is_err());
+    }
+
+    #[test]
+    fn headers_split_by_prefix() {
+        let q = Query::parse(
+            "d=http%3A%2F%2Fh%2Fv&h_Referrer=http%3A%2F%2Fr&h_user-agent=UA&r_content-type=video%2Fmp4\
+             &rp_x-a=1&x_headers=Server,%20ETag&api_password=pw",
+        );
+        let p = ProxyParams::from_query(&q).unwrap();
+        assert_eq!(p.destination.as_str(), "http://h/v");
+        assert_eq!(
+            p.request_headers,
+            vec![
+                ("referer".into(), "http://r".into()),
+                ("user-agent".into(), "UA".into())
+            ]
+        );
+        assert_eq!(
+            p.response_headers,
+            vec![("content-type".into(), "video/mp4".into())]
+        );
+        assert_eq!(p.propagate_headers, vec![("x-a".into(), "1".into())]);
+        assert_eq!(p.strip_headers, vec!["server", "etag"]);
+    }
+
+    #[test]
+    fn header_injection_refused() {
+        let q = Query::parse("d=http://h/v&h_x=a%0d%0aEvil:%201");
+        assert_eq!(
+            ProxyParams::from_query(&q),
+            Err(QueryError::BadHeaderValue("h_x".into()))
+        );
+        let q = Query::parse("d=http://h/v&h_bad%20name=1");
+        assert_eq!(
+            ProxyParams::from_query(&q),
+            Err(QueryError::BadHeaderName("h_bad name".into()))
+        );
+    }
+
+    #[test]
+    fn missing_destination() {
+        assert_eq!(
+            ProxyParams::from_query(&Query::parse("h_a=1")),
+            Err(QueryError::MissingDestination)
+        );
+    }
+
+    #[test]
+    fn query_round_trip_and_merge() {
+        let mut q = Query::parse("a=1&b=x%20y");
+        q.merge_missing(vec![("a".into(), "2".into()), ("c".into(), "3".into())]);
+        assert_eq!(q.encode(), "a=1&b=x+y&c=3");
+        q.remove("a");
+        assert_eq!(q.get("a"), None);
+        assert!(Query::parse("f=TRUE").flag("f"));
+        assert!(!Query::parse("f=0").flag("f"));
+    }
+}

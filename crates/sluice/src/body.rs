@@ -11,7 +11,9 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A body with all its bytes known up front.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// A body with no bytes (HEAD, 204, 304).

@@ -1,1 +1,89 @@
-fn main() {}
+//! The `sluice` command line: `serve`, `check-config`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use sluice::config::{Config, Overrides};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "One binary for five streaming proxy jobs: media proxy (MediaFlow-compatible), reverse \
+             proxy, slice cache, TCP proxy, IPTV gateway."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy. With no config file it listens on 127.0.0.1:8888 with the media proxy on and
+    /// no password (allowed only while every listener is loopback).
+    Serve(ServeArgs),
+    /// Validate a config file and print the effective settings (file, then SLUICE_* environment
+    /// variables) with secrets masked.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML config file (see sluice.example.toml). Environment variables SLUICE_<SECTION>_<KEY>
+    /// override it, and the flags below override both.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address to listen on; repeat for several (= server.listen).
+    #[arg(long = "listen", value_name = "ADDR")]
+    listen: Vec<SocketAddr>,
+    /// Password required on every endpoint that fetches for a client (= auth.api_password).
+    #[arg(long, value_name = "PW")]
+    api_password: Option<String>,
+    /// Allow upstreams on loopback, private and link-local addresses (= upstream.allow_private).
+    #[arg(long)]
+    allow_private_upstreams: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match cli.command {
+        Command::CheckConfig { file } => {
+            let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
+            print!("{}", config.masked());
+            Ok(())
+        }
+        Command::Serve(args) => {
+            let flags = Overrides {
+                listen: args.listen,
+                api_password: args.api_password,
+                allow_private_upstreams: args.allow_private_upstreams,
+            };
+            let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(sluice::serve(config, shutdown_signal()))
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,382 @@
+//! The pure core of MediaFlow's `POST /generate_url`, `/generate_urls` and the deprecated
+//! `/generate_encrypted_or_encoded_url`: request bodies in, proxy URLs out, byte-identical to
+//! MediaFlow Proxy 2.4.9 for the same IV and clock.
+//!
+//! No I/O and no clock: the caller passes "now" (unix seconds) and fresh random IVs.
+//!
+//! MediaFlow's rules, reproduced here:
+//! - params are, in order: `query_params`, `api_password` (when given at the top level and not
+//!   already in `query_params`), `d`, `h_*` (request headers; `range`/`if-range` and empty values
+//!   dropped), `r_*`, `rp_*` (empty values dropped), `x_headers` (comma list); a name that is
+//!   already prefixed keeps its spelling;
+//! - base URL = `urljoin(mediaflow_proxy_url, endpoint)` minus one trailing `/`;
+//! - top-level `api_password` ⇒ `scheme://host/_token_<T><path>[/<quoted filename>]`, where the
+//!   token also carries `exp = now + expiration` (when non-zero) and `ip`;
+//! - otherwise `<base>[/<quoted filename>]?<urlencoded params>` (no `?` when there are none).
+
+pub(crate) mod pyurl;
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::b64url;
+use crate::token::python;
+use crate::token::{OrderedMap, TokenKey, PATH_TOKEN_PREFIX};
+
+/// Body of `POST /generate_url` and `POST /generate_encrypted_or_encoded_url`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenerateUrlRequest {
+    pub mediaflow_proxy_url: String,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub destination_url: Option<String>,
+    #[serde(default)]
+    pub query_params: Option<JsonObject>,
+    #[serde(default)]
+    pub request_headers: Option<JsonObject>,
+    #[serde(default)]
+    pub response_headers: Option<JsonObject>,
+    #[serde(default)]
+    pub propagate_response_headers: Option<JsonObject>,
+    #[serde(default)]
+    pub remove_response_headers: Option<Vec<String>>,
+    /// Seconds from now; zero or absent means the token never expires.
+    #[serde(default, deserialize_with = "lax_int")]
+    pub expiration: Option<i64>,
+    /// Top-level password: the URL is encrypted with it.
+    #[serde(default)]
+    pub api_password: Option<String>,
+    #[serde(default)]
+    pub ip: Option<IpAddr>,
+    #[serde(default)]
+    pub filename: Option<String>,
+    #[serde(default)]
+    pub base64_encode_destination: Option<bool>,
+    /// mediaflow-proxy-light's extension (→ `transformer` param); MediaFlow Proxy ignores it.
+    #[serde(default)]
+    pub stream_transformer: Option<String>,
+}
+
+/// One entry of `POST /generate_urls`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UrlItem {
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub destination_url: Option<String>,
+    #[serde(default)]
+    pub query_params: Option<JsonObject>,
+    #[serde(default)]
+    pub request_headers: Option<JsonObject>,
+    #[serde(default)]
+    pub response_headers: Option<JsonObject>,
+    #[serde(default)]
+    pub propagate_response_headers: Option<JsonObject>,
+    #[serde(default)]
+    pub remove_response_headers: Option<Vec<String>>,
+    #[serde(default)]
+    pub filename: Option<String>,
+    /// mediaflow-proxy-light's extension (→ `transformer` param).
+    #[serde(default)]
+    pub stream_transformer: Option<String>,
+}
+
+/// Body of `POST /generate_urls`: shared base URL, password, expiry and address, many items.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenerateUrlsRequest {
+    pub mediaflow_proxy_url: String,
+    #[serde(default)]
+    pub api_password: Option<String>,
+    #[serde(default, deserialize_with = "lax_int")]
+    pub expiration: Option<i64>,
+    #[serde(default)]
+    pub ip: Option<IpAddr>,
+    pub urls: Vec<UrlItem>,
+}
+
+/// `{"url": ...}`, the answer of `/generate_url`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UrlResponse {
+    pub url: String,
+}
+
+/// `{"urls": [...]}`, the answer of `/generate_urls`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UrlsResponse {
+    pub urls: Vec<String>,
+}
+
+/// `{"encoded_url": ...}`, the answer of the deprecated `/generate_encrypted_or_encoded_url`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncodedUrlResponse {
+    pub encoded_url: String,
+}
+
+impl From<UrlResponse> for EncodedUrlResponse {
+    fn from(response: UrlResponse) -> Self {
+        EncodedUrlResponse {
+            encoded_url: response.url,
+        }
+    }
+}
+
+/// `POST /generate_url`. `iv` is used only when the URL is encrypted.
+pub fn generate_url(request: &GenerateUrlRequest, now: u64, iv: [u8; 16]) -> UrlResponse {
+    let mut destination = request.destination_url.clone();
+    if request.base64_encode_destination == Some(true) {
+        if let Some(url) = destination.as_mut().filter(|url| !url.is_empty()) {
+            *url = b64url::encode_url(url);
+        }
+    }
+    let parts = UrlParts {
+        endpoint: request.endpoint.as_deref(),
+        destination: destination.as_deref(),
+        query_params: request.query_params.as_ref(),
+        request_headers: request.request_headers.as_ref(),
+        response_headers: request.response_headers.as_ref(),
+        propagate_response_headers: request.propagate_response_headers.as_ref(),
+        remove_response_headers: request.remove_response_headers.as_deref(),
+        filename: request.filename.as_deref(),
+        stream_transformer: request.stream_transformer.as_deref(),
+    };
+    let shared = Shared::new(
+        &request.mediaflow_proxy_url,
+        request.api_password.as_deref(),
+        request.expiration,
+        request.ip,
+        now,
+    );
+    UrlResponse {
+        url: shared.build(&parts, iv),
+    }
+}
+
+/// `POST /generate_urls`. `next_iv` is called once per encrypted URL.
+pub fn generate_urls(
+    request: &GenerateUrlsRequest,
+    now: u64,
+    mut next_iv: impl FnMut() -> [u8; 16],
+) -> UrlsResponse {
+    let shared = Shared::new(
+        &request.mediaflow_proxy_url,
+        request.api_password.as_deref(),
+        request.expiration,
+        request.ip,
+        now,
+    );
+    let urls = request
+        .urls
+        .iter()
+        .map(|item| {
+            let parts = UrlParts {
+                endpoint: item.endpoint.as_deref(),
+                destination: item.destination_url.as_deref(),
+                query_params: item.query_params.as_ref(),
+                request_headers: item.request_headers.as_ref(),
+                response_headers: item.response_headers.as_ref(),
+                propagate_response_headers: item.propagate_response_headers.as_ref(),
+                remove_response_headers: item.remove_response_headers.as_deref(),
+                filename: item.filename.as_deref(),
+                stream_transformer: item.stream_transformer.as_deref(),
+            };
+            shared.build(&parts, next_iv())
+        })
+        .collect();
+    UrlsResponse { urls }
+}
+
+/// What every URL of one request shares.
+struct Shared<'a> {
+    base: &'a str,
+    /// Present and non-empty: encrypt with it.
+    password: Option<&'a str>,
+    key: Option<TokenKey>,
+    exp: Option<i64>,
+    /// Rust's canonical text, as Python >= 3.13 writes it; 3.11 and 3.12 spell an IPv4-mapped
+    /// address in hex (`::ffff:a00:1`) instead of `::ffff:10.0.0.1`.
+    ip: Option<String>,
+}
+
+impl<'a> Shared<'a> {
+    fn new(
+        base: &'a str,
+        password: Option<&'a str>,
+        expiration: Option<i64>,
+        ip: Option<IpAddr>,
+        now: u64,
+    ) -> Self {
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let password = password.filter(|p| !p.is_empty());
+        Shared {
+            base,
+            password,
+            key: password.map(TokenKey::new),
+            // Python tests `if expiration:`, so zero means "never expires".
+            exp: expiration
+                .filter(|&e| e != 0)
+                .map(|e| now.saturating_add(e)),
+            ip: ip.map(|ip| ip.to_string()),
+        }
+    }
+
+    fn build(&self, parts: &UrlParts<'_>, iv: [u8; 16]) -> String {
+        let params = parts.params(self.password);
+        let base = match parts.endpoint {
+            None => self.base.to_owned(),
+            Some(endpoint) => pyurl::urljoin(self.base, endpoint),
+        };
+        let base = base.strip_suffix('/').unwrap_or(&base);
+        let filename = parts
+            .filename
+            .filter(|f| !f.is_empty())
+            .map(|f| format!("/{}", python::quote(f, b"/")))
+            .unwrap_or_default();
+        match &self.key {
+            Some(key) => {
+                let token = self.seal(key, params, iv);
+                let mut split = pyurl::urlsplit(base, "");
+                split.path = format!("{PATH_TOKEN_PREFIX}{token}{}", split.path);
+                format!("{}{filename}", pyurl::urlunsplit(&split))
+            }
+            None if params.is_empty() => format!("{base}{filename}"),
+            None => format!("{base}{filename}?{}", python::urlencode(params.entries())),
+        }
+    }
+
+    fn seal(&self, key: &TokenKey, mut params: OrderedMap<Value>, iv: [u8; 16]) -> String {
+        if let Some(exp) = self.exp {
+            params.insert("exp", Value::from(exp));
+        }
+        if let Some(ip) = &self.ip {
+            params.insert("ip", Value::String(ip.clone()));
+        }
+        key.seal(params.entries(), iv)
+    }
+}
+
+/// The per-URL fields of either request shape.
+struct UrlParts<'a> {
+    endpoint: Option<&'a str>,
+    destination: Option<&'a str>,
+    query_params: Option<&'a JsonObject>,
+    request_headers: Option<&'a JsonObject>,
+    response_headers: Option<&'a JsonObject>,
+    propagate_response_headers: Option<&'a JsonObject>,
+    remove_response_headers: Option<&'a [String]>,
+    filename: Option<&'a str>,
+    stream_transformer: Option<&'a str>,
+}
+
+impl UrlParts<'_> {
+    /// Params in MediaFlow's order, with Python dict semantics for repeated names. A top-level
+    /// password goes right after `query_params` unless they already carry one.
+    fn params(&self, api_password: Option<&str>) -> OrderedMap<Value> {
+        let mut params = OrderedMap::new();
+        for (name, value) in self.query_params.map(|q| &q.0[..]).unwrap_or_default() {
+            params.insert(name, value.clone());
+        }
+        if let Some(password) = api_password.filter(|_| !params.contains("api_password")) {
+            params.insert("api_password", Value::String(password.to_owned()));
+        }
+        if let Some(destination) = self.destination {
+            params.insert("d", Value::String(destination.to_owned()));
+        }
+        let headers = [
+            (self.request_headers, "h_"),
+            (self.response_headers, "r_"),
+            (self.propagate_response_headers, "rp_"),
+        ];
+        for (object, prefix) in headers {
+            for (name, value) in object.map(|o| &o.0[..]).unwrap_or_default() {
+                if let Some(name) = header_param(name, value, prefix) {
+                    params.insert(&name, value.clone());
+                }
+            }
+        }
+        if let Some(remove) = self.remove_response_headers.filter(|r| !r.is_empty()) {
+            params.insert("x_headers", Value::String(remove.join(",")));
+        }
+        if let Some(transformer) = self.stream_transformer.filter(|t| !t.is_empty()) {
+            params.insert("transformer", Value::String(transformer.to_owned()));
+        }
+        params
+    }
+}
+
+/// The param name for one header, or `None` when MediaFlow drops it: empty values, and the
+/// player-driven request headers, which baked into a URL would pin every later seek to one range.
+fn header_param(name: &str, value: &Value, prefix: &str) -> Option<String> {
+    const PER_REQUEST_HEADERS: [&str; 2] = ["range", "if-range"];
+    let lower = name.to_ascii_lowercase();
+    let bare = lower.strip_prefix(prefix).unwrap_or(&lower);
+    if !is_truthy(value) || (prefix == "h_" && PER_REQUEST_HEADERS.contains(&bare)) {
+        return None;
+    }
+    Some(if lower.starts_with(prefix) {
+        name.to_owned()
+    } else {
+        format!("{prefix}{name}")
+    })
+}
+
+/// Python truthiness of a JSON value, which MediaFlow uses to drop empty header values.
+fn is_truthy(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// A JSON object that keeps its keys in document order (Python dicts do, and the order shows in
+/// the generated URL). A repeated key keeps its first position and its last value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JsonObject(pub Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for JsonObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = JsonObject;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonObject, A::Error> {
+                let mut entries = OrderedMap::new();
+                while let Some((name, value)) = map.next_entry::<String, Value>()? {
+                    entries.insert(&name, value);
+                }
+                Ok(JsonObject(entries.into_entries()))
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+/// Pydantic's lax integer: an integer, an integral float, or a string of digits.
+fn lax_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    let value = Option::<Value>::deserialize(deserializer)?;
+    let int = match &value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.2e18)
+                .map(|f| f as i64)
+        }),
+        Some(Value::String(s)) => s.trim().parse::<i64>().ok(),
+        Some(_) => None,
+    };
+    int.map(Some)
+        .ok_or_else(|| de::Error::custom("expiration must be an integer"))
+}
+
+#[cfg(test)]
+mod tests;

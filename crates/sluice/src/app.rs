@@ -1,0 +1,266 @@
+//! Request dispatch: one place that meters every request, checks auth, and hands the request to the
+//! front end that owns its path.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sluice_media::query::Query;
+use tokio::time::Instant;
+
+use crate::auth::Auth;
+use crate::body::{self, Body, BoxError};
+use crate::config::Config;
+use crate::error::{ErrorMark, ProxyError};
+use crate::media::Media;
+use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
+use crate::server::activity::ActivityGuard;
+use crate::upstream::Upstream;
+
+/// What a front end needs to know about the request besides the request itself.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub peer: SocketAddr,
+    /// The client's IP (from `X-Forwarded-For` only behind a trusted proxy).
+    pub client_ip: std::net::IpAddr,
+    pub query: Query,
+}
+
+/// Everything the server dispatches to.
+pub struct App {
+    auth: Auth,
+    metrics: HttpMetrics,
+    registry: Registry,
+    media: Option<Media>,
+    /// `/metrics` is open when every listener is loopback.
+    metrics_open: bool,
+}
+
+impl App {
+    /// Builds every service and front end from a validated config.
+    pub fn new(config: &Config) -> anyhow::Result<Arc<App>> {
+        let mut registry = Registry::with_prefix("sluice");
+        let metrics = HttpMetrics::new(&mut registry);
+        let upstream = Upstream::new(&config.upstream, &mut registry)?;
+        let auth = Auth::new(&config.auth);
+        let media = config
+            .media
+            .enabled
+            .then(|| Media::new(upstream.clone(), &mut registry));
+        Ok(Arc::new(App {
+            auth,
+            metrics,
+            registry,
+            media,
+            metrics_open: config.server.listen.iter().all(|a| a.ip().is_loopback()),
+        }))
+    }
+
+    pub(crate) fn connection_accepted(&self) {
+        self.metrics.connections.inc();
+    }
+
+    /// Serves one request and meters it from arrival to the end of its body.
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        guard: ActivityGuard,
+    ) -> Response<Body> {
+        let start = Instant::now();
+        let endpoint = endpoint_label(req.uri().path());
+        let labels = EndpointLabels { endpoint };
+        let active = self.metrics.active.get_or_create(&labels).clone();
+        active.inc();
+        let resp = self.route(req, peer).await;
+        self.metrics
+            .first_byte
+            .get_or_create(&labels)
+            .observe(start.elapsed().as_secs_f64());
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                endpoint,
+                status: resp.status().as_u16(),
+            })
+            .inc();
+        if let Some(mark) = resp.extensions().get::<ErrorMark>() {
+            self.metrics
+                .errors
+                .get_or_create(&ErrorLabels {
+                    side: mark.side.label(),
+                    kind: mark.kind,
+                })
+                .inc();
+        }
+        let finish = Finish {
+            start,
+            total: self.metrics.total.get_or_create(&labels).clone(),
+            active,
+            _guard: guard,
+        };
+        let sent = self.metrics.sent_bytes.get_or_create(&labels).clone();
+        resp.map(|inner| {
+            body::boxed(Metered {
+                inner,
+                sent,
+                finish: Some(finish),
+            })
+        })
+    }
+
+    async fn route(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let query = Query::parse(req.uri().query().unwrap_or(""));
+        let ctx = RequestContext {
+            peer,
+            client_ip: self.auth.client_ip(peer.ip(), req.headers()),
+            query,
+        };
+        let path = req.uri().path().to_string();
+        let result = match path.as_str() {
+            "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
+            "/metrics" => self.serve_metrics(&req, &ctx),
+            p if p.starts_with("/proxy/") => match &self.media {
+                Some(media) => match self.authorize(&req, &ctx) {
+                    Ok(()) => media.handle(req, &ctx).await,
+                    Err(e) => Err(e),
+                },
+                None => Err(not_found(p)),
+            },
+            p => Err(not_found(p)),
+        };
+        result.unwrap_or_else(ProxyError::into_response)
+    }
+
+    fn authorize(&self, req: &Request<Incoming>, ctx: &RequestContext) -> Result<(), ProxyError> {
+        let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
+        if self.auth.check(offered) {
+            return Ok(());
+        }
+        let message = if offered.is_some() {
+            "wrong api_password"
+        } else {
+            "missing api_password: pass it as the api_password query parameter or header"
+        };
+        Err(ProxyError::downstream(
+            StatusCode::FORBIDDEN,
+            "auth",
+            message,
+        ))
+    }
+
+    fn serve_metrics(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        if !self.metrics_open {
+            self.authorize(req, ctx)?;
+        }
+        let mut resp = Response::new(body::full(metrics::render(&self.registry)));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        Ok(resp)
+    }
+}
+
+fn not_found(path: &str) -> ProxyError {
+    let shown: String = path.chars().take(200).collect();
+    ProxyError::downstream(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no endpoint at {shown}"),
+    )
+}
+
+/// A small JSON response.
+pub fn json(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut resp = Response::new(body::full(text));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Metric label for a path; a fixed set so label cardinality stays bounded.
+fn endpoint_label(path: &str) -> &'static str {
+    match path {
+        "/health" => "health",
+        "/metrics" => "metrics",
+        p if p == "/proxy/stream" || p.starts_with("/proxy/stream/") => "stream",
+        p if p.starts_with("/proxy/hls/") => "hls",
+        p if p.starts_with("/proxy/mpd/") => "mpd",
+        _ => "other",
+    }
+}
+
+/// Records the total time and releases the connection's in-flight mark once the body is done or
+/// dropped (a client that goes away counts too).
+struct Finish {
+    start: Instant,
+    total: Histogram,
+    active: Gauge,
+    _guard: ActivityGuard,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.total.observe(self.start.elapsed().as_secs_f64());
+        self.active.dec();
+    }
+}
+
+pin_project_lite::pin_project! {
+    struct Metered {
+        #[pin]
+        inner: Body,
+        sent: Counter,
+        finish: Option<Finish>,
+    }
+}
+
+impl http_body::Body for Metered {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let poll = this.inner.poll_frame(cx);
+        match &poll {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.sent.inc_by(data.len() as u64);
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                this.finish.take();
+            }
+            Poll::Pending => {}
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

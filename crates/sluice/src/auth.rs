@@ -1,0 +1,165 @@
+//! Who is asking: the shared password (constant-time), and the client IP believed only from trusted
+//! proxies.
+
+use std::net::IpAddr;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::AuthConfig;
+
+/// The credentials check.
+#[derive(Clone)]
+pub struct Auth {
+    /// SHA-256 of the password; comparing digests keeps the comparison constant-time and length-blind.
+    digest: Option<[u8; 32]>,
+    password: Option<String>,
+    trusted: Vec<ipnet::IpNet>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("password", &self.digest.map(|_| "********"))
+            .field("trusted", &self.trusted)
+            .finish()
+    }
+}
+
+impl Auth {
+    pub fn new(config: &AuthConfig) -> Self {
+        let password = (!config.api_password.is_empty()).then(|| config.api_password.clone());
+        Auth {
+            digest: password.as_deref().map(digest),
+            password,
+            trusted: config.trusted_proxies.clone(),
+        }
+    }
+
+    /// `true` when a password is configured.
+    pub fn required(&self) -> bool {
+        self.digest.is_some()
+    }
+
+    /// The configured password, for token encryption only (never written into a URL or a log).
+    pub fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// `true` if `candidate` equals the password (always `true` when none is configured).
+    pub fn check(&self, candidate: Option<&str>) -> bool {
+        match (&self.digest, candidate) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(want), Some(got)) => bool::from(want.ct_eq(&digest(got))),
+        }
+    }
+
+    /// Finds the password a request offers: `api_password` query parameter, `api_password` header, or
+    /// `api_password` cookie (players that cannot add headers).
+    pub fn offered<'a>(query: Option<&'a str>, headers: &'a HeaderMap) -> Option<&'a str> {
+        query
+            .or_else(|| headers.get("api_password").and_then(|v| v.to_str().ok()))
+            .or_else(|| cookie(headers, "api_password"))
+    }
+
+    /// The client's IP: the peer, or — only when the peer is a trusted proxy — the nearest untrusted
+    /// address in `X-Forwarded-For`, read right to left.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let mut client = peer;
+        let hops = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .collect::<Vec<_>>();
+        for hop in hops.iter().rev() {
+            let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+                break;
+            };
+            client = ip;
+            if !self.is_trusted(ip) {
+                break;
+            }
+        }
+        client
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+fn digest(s: &str) -> [u8; 32] {
+    Sha256::digest(s.as_bytes()).into()
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(pw: &str, trusted: &[&str]) -> Auth {
+        Auth::new(&AuthConfig {
+            api_password: pw.into(),
+            trusted_proxies: trusted.iter().map(|t| t.parse().unwrap()).collect(),
+        })
+    }
+
+    #[test]
+    fn password_check() {
+        let a = auth("s3cret", &[]);
+        assert!(a.check(Some("s3cret")));
+        assert!(!a.check(Some("s3cre")));
+        assert!(!a.check(None));
+        assert!(auth("", &[]).check(None));
+        assert!(!format!("{a:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn offered_sources() {
+        let mut h = HeaderMap::new();
+        assert_eq!(Auth::offered(Some("q"), &h), Some("q"));
+        h.insert("cookie", "a=1; api_password=c".parse().unwrap());
+        assert_eq!(Auth::offered(None, &h), Some("c"));
+        h.insert("api_password", "h".parse().unwrap());
+        assert_eq!(Auth::offered(None, &h), Some("h"));
+    }
+
+    #[test]
+    fn forwarded_for_only_from_trusted_peers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "1.2.3.4, 10.0.0.2".parse().unwrap());
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        // Untrusted peer: its header is ignored.
+        assert_eq!(auth("", &[]).client_ip(peer, &h), peer);
+        // Trusted chain: the nearest untrusted hop wins.
+        let a = auth("", &["10.0.0.0/8"]);
+        assert_eq!(a.client_ip(peer, &h), "1.2.3.4".parse::<IpAddr>().unwrap());
+        // A spoofed left-most entry cannot jump over an untrusted hop.
+        h.insert("x-forwarded-for", "6.6.6.6, 5.5.5.5".parse().unwrap());
+        assert_eq!(a.client_ip(peer, &h), "5.5.5.5".parse::<IpAddr>().unwrap());
+    }
+}

@@ -1,0 +1,465 @@
+//! The TOML configuration: defaults, file, environment and flag overrides, validation, masking.
+//!
+//! Precedence, lowest first: built-in defaults, the config file, `SLUICE_<SECTION>_<KEY>` environment
+//! variables, command-line flags. Everything is validated before anything binds.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub auth: AuthConfig,
+    pub upstream: UpstreamConfig,
+    pub media: MediaConfig,
+}
+
+/// Listeners and the downstream HTTP server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Addresses to listen on.
+    pub listen: Vec<SocketAddr>,
+    /// PEM certificate chain; with `tls_key`, every listener speaks TLS (HTTP/2 and 1.1 by ALPN).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// Seconds a keep-alive connection may sit idle between requests.
+    pub idle_timeout_secs: u64,
+    /// Seconds a client has to send a complete request head.
+    pub header_read_timeout_secs: u64,
+    /// Largest request head accepted, in bytes.
+    pub max_header_bytes: usize,
+    /// Most request headers accepted.
+    pub max_headers: usize,
+    /// Seconds in-flight responses get to finish after SIGTERM/SIGINT.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8888))],
+            tls_cert: None,
+            tls_key: None,
+            idle_timeout_secs: 75,
+            header_read_timeout_secs: 30,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            shutdown_grace_secs: 10,
+        }
+    }
+}
+
+/// Who may use the proxy.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Shared secret (`api_password` query parameter or header). Empty: no auth, loopback listeners only.
+    pub api_password: String,
+    /// Peers (IPs or CIDRs) whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+/// The pooled upstream HTTP client shared by every front end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Seconds to set up a connection (DNS, TCP, proxy, TLS).
+    pub connect_timeout_secs: u64,
+    /// Seconds from sending a request to receiving its response head.
+    pub header_timeout_secs: u64,
+    /// Seconds a response body may go without a byte before it is abandoned (no total deadline).
+    pub idle_read_timeout_secs: u64,
+    /// Connection setups in flight per host at once (never a limit on open streams).
+    pub max_setups_per_host: usize,
+    /// Redirects followed before giving up.
+    pub max_redirects: usize,
+    /// Allow upstreams that resolve to loopback, private, link-local or unspecified addresses.
+    pub allow_private: bool,
+    /// Seconds an idle pooled connection is kept.
+    pub pool_idle_secs: u64,
+    /// Idle pooled connections kept per origin.
+    pub pool_max_idle_per_host: usize,
+    /// User-Agent sent when the request names none.
+    pub user_agent: String,
+    /// Hosts (exact, or `*.domain`) whose TLS certificates are not verified.
+    pub insecure_hosts: Vec<String>,
+    /// Outgoing proxy routes; the most specific matching pattern wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            connect_timeout_secs: 10,
+            header_timeout_secs: 30,
+            idle_read_timeout_secs: 60,
+            max_setups_per_host: 10,
+            max_redirects: 5,
+            allow_private: false,
+            pool_idle_secs: 90,
+            pool_max_idle_per_host: 64,
+            user_agent: "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) \
+                         Chrome/136.0.0.0 Safari/537.36"
+                .to_string(),
+            insecure_hosts: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+/// One outgoing proxy route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// `all`, `example.com` (exact host) or `*.example.com` (the domain and its subdomains).
+    pub pattern: String,
+    /// `http://[user:pass@]host:port` (CONNECT) or `socks5://[user:pass@]host:port`; empty = direct.
+    #[serde(default)]
+    pub proxy: String,
+    /// Verify TLS certificates for hosts on this route.
+    #[serde(default = "yes")]
+    pub verify_tls: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The MediaFlow-compatible media proxy front end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MediaConfig {
+    /// Serve `/proxy/*`.
+    pub enabled: bool,
+}
+
+impl Default for MediaConfig {
+    fn default() -> Self {
+        MediaConfig { enabled: true }
+    }
+}
+
+/// Settings given on the command line; each equals a config key.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Vec<SocketAddr>,
+    pub api_password: Option<String>,
+    pub allow_private_upstreams: bool,
+}
+
+impl Config {
+    /// Loads defaults, then the file (if any), then `SLUICE_*` variables from `env`, then flags;
+    /// validates the result.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> anyhow::Result<Config> {
+        let mut table = toml::Table::try_from(Config::default()).context("encoding defaults")?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading config file {}", path.display()))?;
+            let parsed = Self::parse_file(&text)
+                .with_context(|| format!("in config file {}", path.display()))?;
+            merge(&mut table, toml::Table::try_from(parsed)?);
+        }
+        apply_env(&mut table, env)?;
+        apply_flags(&mut table, flags)?;
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .context("applying environment and flag overrides")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses config text, reporting unknown keys and bad values with their location.
+    pub fn parse_file(text: &str) -> anyhow::Result<Config> {
+        toml::from_str::<Config>(text).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// Checks what types alone cannot.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let s = &self.server;
+        if s.listen.is_empty() {
+            bail!("server.listen is empty: give at least one address, e.g. \"127.0.0.1:8888\"");
+        }
+        if self.auth.api_password.is_empty() {
+            if let Some(open) = s.listen.iter().find(|a| !a.ip().is_loopback()) {
+                bail!(
+                    "listener {open} is reachable from other hosts but no password is set: set \
+                     auth.api_password (or --api-password, or SLUICE_AUTH_API_PASSWORD), or listen \
+                     on a loopback address such as 127.0.0.1"
+                );
+            }
+        }
+        match (&s.tls_cert, &s.tls_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                bail!("server.tls_cert and server.tls_key must be given together")
+            }
+            _ => {}
+        }
+        for (name, value) in [
+            ("server.idle_timeout_secs", s.idle_timeout_secs),
+            (
+                "server.header_read_timeout_secs",
+                s.header_read_timeout_secs,
+            ),
+            (
+                "upstream.connect_timeout_secs",
+                self.upstream.connect_timeout_secs,
+            ),
+            (
+                "upstream.header_timeout_secs",
+                self.upstream.header_timeout_secs,
+            ),
+            (
+                "upstream.idle_read_timeout_secs",
+                self.upstream.idle_read_timeout_secs,
+            ),
+        ] {
+            if value == 0 {
+                bail!("{name} must be at least 1");
+            }
+        }
+        if s.max_header_bytes < 1024 {
+            bail!("server.max_header_bytes must be at least 1024");
+        }
+        if self.upstream.max_setups_per_host == 0 {
+            bail!("upstream.max_setups_per_host must be at least 1");
+        }
+        for route in &self.upstream.routes {
+            crate::upstream::route::Route::parse(route)
+                .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
+        }
+        Ok(())
+    }
+
+    /// The effective settings as TOML with every secret masked.
+    pub fn masked(&self) -> String {
+        let mut copy = self.clone();
+        if !copy.auth.api_password.is_empty() {
+            copy.auth.api_password = "********".to_string();
+        }
+        for route in &mut copy.upstream.routes {
+            route.proxy = mask_userinfo(&route.proxy);
+        }
+        toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot print: {e}"))
+    }
+}
+
+/// Replaces the password of `scheme://user:pass@host` with stars.
+pub fn mask_userinfo(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("****"));
+            parsed.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// Applies `SLUICE_<SECTION>_<KEY>=value`. Values are read as TOML literals when they parse as one
+/// (numbers, booleans, arrays), else as strings; a comma list fills an array key.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<()> {
+    let sections: Vec<String> = table.keys().cloned().collect();
+    for (name, raw) in env {
+        let Some(rest) = name.strip_prefix("SLUICE_") else {
+            continue;
+        };
+        let rest = rest.to_ascii_lowercase();
+        let Some(section) = sections.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
+            bail!(
+                "environment variable {name}: no config section matches (sections: {})",
+                sections.join(", ")
+            );
+        };
+        let key = &rest[section.len() + 1..];
+        let Some(toml::Value::Table(section_table)) = table.get_mut(section.as_str()) else {
+            continue;
+        };
+        let existing = section_table.get(key);
+        let value = env_value(&raw, existing);
+        section_table.insert(key.to_string(), value);
+    }
+    Ok(())
+}
+
+fn env_value(raw: &str, existing: Option<&toml::Value>) -> toml::Value {
+    if let Ok(mut doc) = format!("v = {raw}").parse::<toml::Table>() {
+        if let Some(v) = doc.remove("v") {
+            let same_kind = existing.is_none_or(|e| e.same_type(&v));
+            if same_kind {
+                return v;
+            }
+        }
+    }
+    if matches!(existing, Some(toml::Value::Array(_))) {
+        return toml::Value::Array(
+            raw.split(',')
+                .map(|s| toml::Value::String(s.trim().to_string()))
+                .filter(|v| v.as_str() != Some(""))
+                .collect(),
+        );
+    }
+    toml::Value::String(raw.to_string())
+}
+
+fn apply_flags(table: &mut toml::Table, flags: &Overrides) -> anyhow::Result<()> {
+    let mut set = |section: &str, key: &str, value: toml::Value| {
+        if let Some(toml::Value::Table(t)) = table.get_mut(section) {
+            t.insert(key.to_string(), value);
+        }
+    };
+    if !flags.listen.is_empty() {
+        let list = flags
+            .listen
+            .iter()
+            .map(|a| toml::Value::String(a.to_string()))
+            .collect();
+        set("server", "listen", toml::Value::Array(list));
+    }
+    if let Some(pw) = &flags.api_password {
+        set("auth", "api_password", toml::Value::String(pw.clone()));
+    }
+    if flags.allow_private_upstreams {
+        set("upstream", "allow_private", toml::Value::Boolean(true));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_loopback_and_valid() {
+        let c = Config::load(None, env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(c.server.listen, vec!["127.0.0.1:8888".parse().unwrap()]);
+        assert!(c.media.enabled);
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_location() {
+        let err = Config::parse_file("[server]\nlisten = [\"127.0.0.1:1\"]\nlistn = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `listn`"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("expected one of"), "{err}");
+    }
+
+    #[test]
+    fn bad_address_is_reported() {
+        let err = Config::parse_file("[server]\nlisten = [\"127.0.0.1\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid socket address"), "{err}");
+    }
+
+    #[test]
+    fn public_listener_needs_password() {
+        let flags = Overrides {
+            listen: vec!["0.0.0.0:8888".parse().unwrap()],
+            ..Overrides::default()
+        };
+        let err = Config::load(None, env(&[]), &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no password is set"), "{err}");
+        assert!(err.contains("--api-password"), "{err}");
+        let flags = Overrides {
+            api_password: Some("pw".into()),
+            ..flags
+        };
+        Config::load(None, env(&[]), &flags).unwrap();
+    }
+
+    #[test]
+    fn env_overrides_every_kind() {
+        let c = Config::load(
+            None,
+            env(&[
+                ("SLUICE_SERVER_LISTEN", "127.0.0.1:1,127.0.0.2:2"),
+                ("SLUICE_UPSTREAM_ALLOW_PRIVATE", "true"),
+                ("SLUICE_UPSTREAM_CONNECT_TIMEOUT_SECS", "3"),
+                ("SLUICE_AUTH_API_PASSWORD", "12345"),
+                ("OTHER", "x"),
+            ]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.server.listen.len(), 2);
+        assert!(c.upstream.allow_private);
+        assert_eq!(c.upstream.connect_timeout_secs, 3);
+        // A numeric-looking password stays a string.
+        assert_eq!(c.auth.api_password, "12345");
+        let err = Config::load(
+            None,
+            env(&[("SLUICE_SERVER_LISTN", "x")]),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("listn"), "{err:#}");
+    }
+
+    #[test]
+    fn flags_beat_env() {
+        let flags = Overrides {
+            api_password: Some("flag".into()),
+            ..Overrides::default()
+        };
+        let c = Config::load(None, env(&[("SLUICE_AUTH_API_PASSWORD", "env")]), &flags).unwrap();
+        assert_eq!(c.auth.api_password, "flag");
+    }
+
+    #[test]
+    fn masked_hides_secrets() {
+        let mut c = Config::default();
+        c.auth.api_password = "hunter2".into();
+        c.upstream.routes.push(RouteConfig {
+            pattern: "all".into(),
+            proxy: "socks5://u:secret@127.0.0.1:1080".into(),
+            verify_tls: true,
+        });
+        let text = c.masked();
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(!text.contains("secret"), "{text}");
+        assert!(text.contains("********"));
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sluice.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let c = Config::parse_file(&text).unwrap();
+        c.validate().unwrap();
+    }
+}

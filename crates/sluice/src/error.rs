@@ -1,0 +1,140 @@
+//! The proxy error: which side failed (downstream, upstream, internal), the status it maps to, and a
+//! short JSON body a user can act on. Messages never carry secrets or full upstream URLs.
+
+use http::{header, Response, StatusCode};
+
+use crate::body::{self, Body};
+use crate::upstream::{ConnectError, UpstreamError};
+
+/// The side of the proxy that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Downstream,
+    Upstream,
+    Internal,
+}
+
+impl Side {
+    pub fn label(self) -> &'static str {
+        match self {
+            Side::Downstream => "downstream",
+            Side::Upstream => "upstream",
+            Side::Internal => "internal",
+        }
+    }
+}
+
+/// A failed request, ready to become a response.
+#[derive(Debug, Clone)]
+pub struct ProxyError {
+    pub side: Side,
+    pub status: StatusCode,
+    /// Stable machine-readable kind, also the metric label.
+    pub kind: &'static str,
+    pub message: String,
+    /// The upstream host concerned, if any.
+    pub upstream: Option<String>,
+}
+
+impl ProxyError {
+    pub fn new(
+        side: Side,
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ProxyError {
+            side,
+            status,
+            kind,
+            message: message.into(),
+            upstream: None,
+        }
+    }
+
+    /// A client error: bad request, bad credentials.
+    pub fn downstream(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Side::Downstream, status, kind, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            Side::Internal,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            message,
+        )
+    }
+
+    /// Maps an upstream failure: unreachable → 502, timeouts → 504, refused by the guard → 403.
+    pub fn from_upstream(e: &UpstreamError) -> Self {
+        let (side, status, kind) = match e {
+            UpstreamError::Connect(ConnectError::Refused { .. }) => (
+                Side::Downstream,
+                StatusCode::FORBIDDEN,
+                "upstream_not_allowed",
+            ),
+            UpstreamError::Connect(ConnectError::Timeout { .. }) => (
+                Side::Upstream,
+                StatusCode::GATEWAY_TIMEOUT,
+                "connect_timeout",
+            ),
+            UpstreamError::Connect(ConnectError::Dns { .. }) => {
+                (Side::Upstream, StatusCode::BAD_GATEWAY, "dns")
+            }
+            UpstreamError::Connect(ConnectError::Tls { .. }) => {
+                (Side::Upstream, StatusCode::BAD_GATEWAY, "tls")
+            }
+            UpstreamError::Connect(ConnectError::Proxy { .. }) => {
+                (Side::Upstream, StatusCode::BAD_GATEWAY, "outgoing_proxy")
+            }
+            UpstreamError::Connect(_) => (Side::Upstream, StatusCode::BAD_GATEWAY, "connect"),
+            UpstreamError::HeaderTimeout { .. } => (
+                Side::Upstream,
+                StatusCode::GATEWAY_TIMEOUT,
+                "header_timeout",
+            ),
+            UpstreamError::TooManyRedirects { .. } | UpstreamError::BadRedirect { .. } => {
+                (Side::Upstream, StatusCode::BAD_GATEWAY, "redirect")
+            }
+            UpstreamError::Protocol { .. } => (Side::Upstream, StatusCode::BAD_GATEWAY, "protocol"),
+        };
+        ProxyError {
+            side,
+            status,
+            kind,
+            message: e.to_string(),
+            upstream: e.host().map(str::to_string),
+        }
+    }
+
+    /// The JSON error response.
+    pub fn into_response(self) -> Response<Body> {
+        let mut json = serde_json::json!({
+            "error": self.message,
+            "kind": self.kind,
+            "side": self.side.label(),
+        });
+        if let Some(host) = &self.upstream {
+            json["upstream"] = serde_json::Value::String(host.clone());
+        }
+        let mut resp = Response::new(body::full(json.to_string()));
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        resp.extensions_mut().insert(ErrorMark {
+            side: self.side,
+            kind: self.kind,
+        });
+        resp
+    }
+}
+
+/// Left on error responses so the server can count them by side and kind.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorMark {
+    pub side: Side,
+    pub kind: &'static str,
+}

@@ -1,0 +1,157 @@
+//! `/proxy/stream[/{filename}]`: a byte pipe to one upstream URL. Range and If-Range go upstream, the
+//! status and `Content-Range` come back as they are, HEAD stays HEAD, and the body streams with
+//! backpressure (dropping the client drops the upstream request).
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use sluice_media::query::ProxyParams;
+
+use crate::app::RequestContext;
+use crate::body::{self, Body};
+use crate::error::ProxyError;
+use crate::upstream::{Upstream, UpstreamRequest};
+
+/// Upstream response headers a player needs; everything else (hop-by-hop, cookies, server identity)
+/// stays behind.
+const MIRRORED: &[HeaderName] = &[
+    header::ACCEPT_RANGES,
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_RANGE,
+    header::CONTENT_ENCODING,
+    header::LAST_MODIFIED,
+    header::ETAG,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+];
+
+/// Client request headers that go upstream.
+const FORWARDED: &[HeaderName] = &[header::RANGE, header::IF_RANGE];
+
+/// Proxies one stream.
+pub async fn serve(
+    upstream: &Upstream,
+    req: &Request<Incoming>,
+    ctx: &RequestContext,
+    filename: Option<&str>,
+) -> Result<Response<Body>, ProxyError> {
+    let params = ProxyParams::from_query(&ctx.query).map_err(|e| {
+        ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+    })?;
+    let up_req = upstream_request(req, &params)?;
+    let up = upstream
+        .send(up_req)
+        .await
+        .map_err(|e| ProxyError::from_upstream(&e))?;
+    let mut resp = Response::new(body::boxed(up.body));
+    *resp.status_mut() = up.status;
+    let headers = resp.headers_mut();
+    mirror_headers(&up.headers, headers);
+    apply_params(&params, headers)?;
+    if let Some(name) = filename {
+        headers.insert(header::CONTENT_DISPOSITION, content_disposition(name));
+    }
+    Ok(resp)
+}
+
+/// The upstream request: method kept, range headers forwarded, `h_*` applied.
+pub fn upstream_request(
+    req: &Request<Incoming>,
+    params: &ProxyParams,
+) -> Result<UpstreamRequest, ProxyError> {
+    let mut headers = HeaderMap::new();
+    for name in FORWARDED {
+        if let Some(v) = req.headers().get(name) {
+            headers.insert(name.clone(), v.clone());
+        }
+    }
+    for (name, value) in &params.request_headers {
+        let (name, value) = header_pair(name, value)?;
+        headers.insert(name, value);
+    }
+    Ok(UpstreamRequest {
+        method: req.method().clone(),
+        url: params.destination.clone(),
+        headers,
+    })
+}
+
+fn mirror_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for name in MIRRORED {
+        for value in from.get_all(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// `x_headers` removes, then `r_*` and `rp_*` set response headers.
+pub fn apply_params(params: &ProxyParams, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+    for name in &params.strip_headers {
+        headers.remove(name.as_str());
+    }
+    for (name, value) in params
+        .response_headers
+        .iter()
+        .chain(&params.propagate_headers)
+    {
+        let (name, value) = header_pair(name, value)?;
+        headers.insert(name, value);
+    }
+    Ok(())
+}
+
+fn header_pair(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), ProxyError> {
+    let bad = || {
+        ProxyError::downstream(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("header `{name}` is not valid"),
+        )
+    };
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
+    let value = HeaderValue::from_str(value).map_err(|_| bad())?;
+    Ok((name, value))
+}
+
+/// `attachment; filename="..."`, with an RFC 5987 `filename*` when the name is not plain ASCII.
+fn content_disposition(name: &str) -> HeaderValue {
+    let ascii: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut value = format!("attachment; filename=\"{ascii}\"");
+    if ascii != name {
+        let encoded =
+            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        value.push_str(&format!("; filename*=UTF-8''{encoded}"));
+    }
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("attachment"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disposition_quotes_and_utf8() {
+        assert_eq!(
+            content_disposition("movie.mkv"),
+            "attachment; filename=\"movie.mkv\""
+        );
+        assert_eq!(
+            content_disposition("a\"b.mp4"),
+            "attachment; filename=\"a_b.mp4\"; filename*=UTF-8''a%22b%2Emp4"
+        );
+        assert_eq!(
+            content_disposition("été.mp4"),
+            "attachment; filename=\"_t_.mp4\"; filename*=UTF-8''%C3%A9t%C3%A9%2Emp4"
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! The pooled upstream HTTP client every front end shares: keep-alive per origin, HTTP/1.1 and HTTP/2
+//! by ALPN, a time-to-headers deadline, idle-read deadlines on bodies, redirects, outgoing proxy routes.
+
+pub mod body;
+pub mod connector;
+pub mod guard;
+pub mod route;
+pub mod tls;
+pub mod tunnel;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use url::Url;
+
+use crate::config::UpstreamConfig;
+pub use body::{CollectError, UpstreamBody, UpstreamBodyError};
+pub use connector::ConnectError;
+use connector::{ConnInfo, Connector};
+
+/// A request for an upstream: bodiless (GET or HEAD).
+#[derive(Debug, Clone)]
+pub struct UpstreamRequest {
+    pub method: Method,
+    pub url: Url,
+    pub headers: HeaderMap,
+}
+
+impl UpstreamRequest {
+    pub fn get(url: Url) -> Self {
+        UpstreamRequest {
+            method: Method::GET,
+            url,
+            headers: HeaderMap::new(),
+        }
+    }
+}
+
+/// An upstream response head and its streaming body.
+pub struct UpstreamResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: UpstreamBody,
+    /// The URL that answered, after redirects (relative manifest URIs resolve against it).
+    pub final_url: Url,
+}
+
+/// Why an upstream exchange failed before a response head arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("upstream {host} sent no response head within {secs} s")]
+    HeaderTimeout { host: String, secs: u64 },
+    #[error("upstream {host} redirected more than {limit} times")]
+    TooManyRedirects { host: String, limit: usize },
+    #[error("upstream {host} sent an unusable redirect: {location}")]
+    BadRedirect { host: String, location: String },
+    #[error("upstream {host}: {detail}")]
+    Protocol { host: String, detail: String },
+}
+
+impl UpstreamError {
+    /// The upstream host the error concerns.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            UpstreamError::Connect(ConnectError::Refused { host, .. })
+            | UpstreamError::Connect(ConnectError::Dns { host, .. })
+            | UpstreamError::Connect(ConnectError::Connect { host, .. })
+            | UpstreamError::Connect(ConnectError::Timeout { host, .. })
+            | UpstreamError::Connect(ConnectError::Proxy { host, .. })
+            | UpstreamError::Connect(ConnectError::Tls { host, .. })
+            | UpstreamError::HeaderTimeout { host, .. }
+            | UpstreamError::TooManyRedirects { host, .. }
+            | UpstreamError::BadRedirect { host, .. }
+            | UpstreamError::Protocol { host, .. } => Some(host),
+            UpstreamError::Connect(ConnectError::NoHost) => None,
+        }
+    }
+}
+
+/// Counters the client keeps.
+#[derive(Clone, Default)]
+struct Metrics {
+    requests: Counter,
+    opened: Counter,
+    reused: Counter,
+    bytes: Counter,
+}
+
+/// The shared client.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<Connector, crate::body::Body>,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    max_redirects: usize,
+    user_agent: HeaderValue,
+    metrics: Metrics,
+}
+
+impl Upstream {
+    /// Builds the client and registers its metrics under `upstream_`.
+    pub fn new(config: &UpstreamConfig, registry: &mut Registry) -> anyhow::Result<Self> {
+        let metrics = Metrics::default();
+        let sub = registry.sub_registry_with_prefix("upstream");
+        sub.register(
+            "requests",
+            "Requests sent upstream",
+            metrics.requests.clone(),
+        );
+        sub.register(
+            "connections_opened",
+            "Upstream connections set up",
+            metrics.opened.clone(),
+        );
+        sub.register(
+            "connections_reused",
+            "Upstream requests that reused a pooled connection",
+            metrics.reused.clone(),
+        );
+        sub.register(
+            "received_bytes",
+            "Body bytes received from upstreams",
+            metrics.bytes.clone(),
+        );
+        let routes = route::RouteTable::new(&config.routes, &config.insecure_hosts)?;
+        let connector = Connector::new(
+            routes,
+            config.allow_private,
+            Duration::from_secs(config.connect_timeout_secs),
+            config.max_setups_per_host,
+            metrics.opened.clone(),
+        );
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(config.pool_idle_secs))
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Upstream {
+            client,
+            header_timeout: Duration::from_secs(config.header_timeout_secs),
+            idle_timeout: Duration::from_secs(config.idle_read_timeout_secs),
+            max_redirects: config.max_redirects,
+            user_agent: HeaderValue::from_str(&config.user_agent)?,
+            metrics,
+        })
+    }
+
+    /// Sends `req`, following redirects, and returns the response head with its streaming body.
+    pub async fn send(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
+        let mut url = req.url;
+        let mut headers = req.headers;
+        if !headers.contains_key(header::USER_AGENT) {
+            headers.insert(header::USER_AGENT, self.user_agent.clone());
+        }
+        let mut redirects = 0;
+        loop {
+            let resp = self.send_once(&req.method, &url, &headers).await?;
+            let Some(next) = self.redirect_target(&url, &resp)? else {
+                let host = host_of(&url);
+                let (parts, incoming) = resp.into_parts();
+                return Ok(UpstreamResponse {
+                    status: parts.status,
+                    headers: parts.headers,
+                    body: UpstreamBody::new(
+                        incoming,
+                        self.idle_timeout,
+                        host,
+                        self.metrics.bytes.clone(),
+                    ),
+                    final_url: url,
+                });
+            };
+            redirects += 1;
+            if redirects > self.max_redirects {
+                return Err(UpstreamError::TooManyRedirects {
+                    host: host_of(&url),
+                    limit: self.max_redirects,
+                });
+            }
+            if next.origin() != url.origin() {
+                for name in [
+                    header::AUTHORIZATION,
+                    header::COOKIE,
+                    header::PROXY_AUTHORIZATION,
+                ] {
+                    headers.remove(name);
+                }
+            }
+            url = next;
+        }
+    }
+
+    async fn send_once(
+        &self,
+        method: &Method,
+        url: &Url,
+        headers: &HeaderMap,
+    ) -> Result<http::Response<hyper::body::Incoming>, UpstreamError> {
+        let mut builder = Request::builder().method(method.clone()).uri(url.as_str());
+        if let Some(h) = builder.headers_mut() {
+            h.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        let request = builder
+            .body(crate::body::empty())
+            .map_err(|e| UpstreamError::Protocol {
+                host: host_of(url),
+                detail: e.to_string(),
+            })?;
+        self.metrics.requests.inc();
+        let resp = tokio::time::timeout(self.header_timeout, self.client.request(request))
+            .await
+            .map_err(|_| UpstreamError::HeaderTimeout {
+                host: host_of(url),
+                secs: self.header_timeout.as_secs(),
+            })?
+            .map_err(|e| classify(url, e))?;
+        if let Some(info) = resp.extensions().get::<ConnInfo>() {
+            if info.mark_used() {
+                self.metrics.reused.inc();
+            }
+        }
+        Ok(resp)
+    }
+
+    fn redirect_target(
+        &self,
+        url: &Url,
+        resp: &http::Response<hyper::body::Incoming>,
+    ) -> Result<Option<Url>, UpstreamError> {
+        if !matches!(resp.status().as_u16(), 301 | 302 | 303 | 307 | 308) {
+            return Ok(None);
+        }
+        let Some(location) = resp.headers().get(header::LOCATION) else {
+            return Ok(None);
+        };
+        let bad = || UpstreamError::BadRedirect {
+            host: host_of(url),
+            location: String::from_utf8_lossy(location.as_bytes()).into_owned(),
+        };
+        let text = location.to_str().map_err(|_| bad())?;
+        let next = url.join(text).map_err(|_| bad())?;
+        if !matches!(next.scheme(), "http" | "https") {
+            return Err(bad());
+        }
+        Ok(Some(next))
+    }
+}
+
+fn host_of(url: &Url) -> String {
+    url.host_str().unwrap_or("").to_string()
+}
+
+/// Finds our connector's error inside the pool's error, so the caller can tell refusal from failure.
+fn classify(url: &Url, err: hyper_util::client::legacy::Error) -> UpstreamError {
+    let mut source = err.source();
+    while let Some(e) = source {
+        if let Some(connect) = e.downcast_ref::<ConnectError>() {
+            return UpstreamError::Connect(clone_connect(connect));
+        }
+        source = e.source();
+    }
+    let mut detail = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        detail.push_str(": ");
+        detail.push_str(&e.to_string());
+        source = e.source();
+    }
+    UpstreamError::Protocol {
+        host: host_of(url),
+        detail,
+    }
+}
+
+fn clone_connect(e: &ConnectError) -> ConnectError {
+    let io = |s: &std::io::Error| std::io::Error::new(s.kind(), s.to_string());
+    match e {
+        ConnectError::Refused { host, ip, reason } => ConnectError::Refused {
+            host: host.clone(),
+            ip: *ip,
+            reason,
+        },
+        ConnectError::Dns { host, source } => ConnectError::Dns {
+            host: host.clone(),
+            source: io(source),
+        },
+        ConnectError::Connect { host, source } => ConnectError::Connect {
+            host: host.clone(),
+            source: io(source),
+        },
+        ConnectError::Timeout { host, secs } => ConnectError::Timeout {
+            host: host.clone(),
+            secs: *secs,
+        },
+        ConnectError::Proxy { host, source } => ConnectError::Proxy {
+            host: host.clone(),
+            source: io(source),
+        },
+        ConnectError::Tls { host, source } => ConnectError::Tls {
+            host: host.clone(),
+            source: io(source),
+        },
+        ConnectError::NoHost => ConnectError::NoHost,
+    }
+}

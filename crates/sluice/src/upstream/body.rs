@@ -1,0 +1,112 @@
+//! The upstream response body: frames pass straight through, with an idle-read deadline (reset by every
+//! frame, never a total deadline) and a byte counter.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::{Instant, Sleep};
+
+/// Why an upstream body ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamBodyError {
+    #[error("upstream {host} sent nothing for {secs} s")]
+    Idle { host: String, secs: u64 },
+    #[error("upstream {host} body failed: {source}")]
+    Read { host: String, source: hyper::Error },
+}
+
+pin_project_lite::pin_project! {
+    /// An upstream body with an idle-read deadline.
+    pub struct UpstreamBody {
+        #[pin]
+        inner: Incoming,
+        #[pin]
+        idle: Sleep,
+        timeout: Duration,
+        host: String,
+        bytes: Counter,
+    }
+}
+
+impl UpstreamBody {
+    pub(crate) fn new(inner: Incoming, timeout: Duration, host: String, bytes: Counter) -> Self {
+        UpstreamBody {
+            inner,
+            idle: tokio::time::sleep(timeout),
+            timeout,
+            host,
+            bytes,
+        }
+    }
+
+    /// Collects the whole body, refusing more than `limit` bytes (manifests, keys, init segments).
+    pub async fn collect_limited(self, limit: usize) -> Result<Bytes, CollectError> {
+        use http_body_util::BodyExt;
+        let mut body = std::pin::pin!(self);
+        let mut out = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                if out.len() + data.len() > limit {
+                    return Err(CollectError::TooLarge { limit });
+                }
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(out.freeze())
+    }
+}
+
+/// Why a body could not be collected.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error(transparent)]
+    Body(#[from] UpstreamBodyError),
+    #[error("upstream body larger than {limit} bytes")]
+    TooLarge { limit: usize },
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = UpstreamBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
+        let mut this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.bytes.inc_by(data.len() as u64);
+                }
+                this.idle.as_mut().reset(Instant::now() + *this.timeout);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(source))) => Poll::Ready(Some(Err(UpstreamBodyError::Read {
+                host: this.host.clone(),
+                source,
+            }))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match std::future::Future::poll(this.idle, cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(UpstreamBodyError::Idle {
+                    host: this.host.clone(),
+                    secs: this.timeout.as_secs(),
+                }))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,371 @@
+//! Connection setup for the pooled client: DNS, the SSRF guard, the per-host setup limit, outgoing
+//! proxy routes, TLS with ALPN, and a deadline on the whole setup.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use super::guard::non_public_reason;
+use super::route::{RouteTable, Via};
+use super::tls;
+use super::tunnel;
+
+/// Why a connection could not be set up. Carried through the pool as the error's source.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("{host} resolves to a {reason} address ({ip}); set upstream.allow_private (--allow-private-upstreams) to allow it")]
+    Refused {
+        host: String,
+        ip: IpAddr,
+        reason: &'static str,
+    },
+    #[error("cannot resolve {host}: {source}")]
+    Dns { host: String, source: io::Error },
+    #[error("cannot connect to {host}: {source}")]
+    Connect { host: String, source: io::Error },
+    #[error("connecting to {host} took longer than {secs} s")]
+    Timeout { host: String, secs: u64 },
+    #[error("outgoing proxy for {host} failed: {source}")]
+    Proxy { host: String, source: io::Error },
+    #[error("TLS with {host} failed: {source}")]
+    Tls { host: String, source: io::Error },
+    #[error("URL has no host")]
+    NoHost,
+}
+
+/// Per-connection facts attached to every response it carries.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    uses: Arc<AtomicU64>,
+}
+
+impl ConnInfo {
+    /// Counts one more response on this connection; `true` if the connection was used before.
+    pub fn mark_used(&self) -> bool {
+        self.uses.fetch_add(1, Ordering::Relaxed) > 0
+    }
+}
+
+/// The connector handed to the pool.
+#[derive(Clone)]
+pub struct Connector {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    routes: RouteTable,
+    allow_private: bool,
+    connect_timeout: Duration,
+    max_setups: usize,
+    setups: Mutex<HashMap<String, Arc<Semaphore>>>,
+    verified: TlsConnector,
+    unverified: TlsConnector,
+    opened: prometheus_client::metrics::counter::Counter,
+}
+
+impl Connector {
+    pub fn new(
+        routes: RouteTable,
+        allow_private: bool,
+        connect_timeout: Duration,
+        max_setups: usize,
+        opened: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        Connector {
+            inner: Arc::new(Inner {
+                routes,
+                allow_private,
+                connect_timeout,
+                max_setups,
+                setups: Mutex::new(HashMap::new()),
+                verified: TlsConnector::from(tls::client_config(true)),
+                unverified: TlsConnector::from(tls::client_config(false)),
+                opened,
+            }),
+        }
+    }
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<Conn>;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.connect(uri).await.map(TokioIo::new) })
+    }
+}
+
+impl Inner {
+    async fn connect(&self, uri: Uri) -> Result<Conn, ConnectError> {
+        let host = uri
+            .host()
+            .ok_or(ConnectError::NoHost)?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let tls = uri.scheme_str() == Some("https");
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        // Only setups are limited: the permit is released as soon as the connection exists.
+        let gate = self.setup_gate(&host, port);
+        let secs = self.connect_timeout.as_secs();
+        let setup = async {
+            let _permit = gate.acquire().await.expect("semaphore never closed");
+            self.establish(&host, port, tls).await
+        };
+        let conn = tokio::time::timeout(self.connect_timeout, setup)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                host: host.clone(),
+                secs,
+            })??;
+        self.opened.inc();
+        Ok(conn)
+    }
+
+    fn setup_gate(&self, host: &str, port: u16) -> Arc<Semaphore> {
+        let mut map = self.setups.lock().expect("setup map poisoned");
+        if map.len() > 4096 {
+            // Forget idle gates of hosts no longer in use.
+            map.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        map.entry(format!("{host}:{port}"))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.max_setups)))
+            .clone()
+    }
+
+    async fn establish(&self, host: &str, port: u16, tls: bool) -> Result<Conn, ConnectError> {
+        let (via, verify) = self.routes.lookup(host);
+        let stream = match &via {
+            Via::Direct => {
+                let addrs = self.resolve_checked(host, port).await?;
+                connect_any(&addrs)
+                    .await
+                    .map_err(|source| ConnectError::Connect {
+                        host: host.to_string(),
+                        source,
+                    })?
+            }
+            Via::HttpConnect { addr, auth } => {
+                let target_ip = self.check_via_proxy(host, port).await?;
+                let mut s = proxy_stream(host, addr).await?;
+                let target = target_ip.map(|ip| ip.to_string());
+                tunnel::http_connect(
+                    &mut s,
+                    target.as_deref().unwrap_or(host),
+                    port,
+                    auth.as_ref(),
+                )
+                .await
+                .map_err(|source| proxy_err(host, source))?;
+                s
+            }
+            Via::Socks5 {
+                addr,
+                auth,
+                remote_dns,
+            } => {
+                let target_ip = self.check_via_proxy(host, port).await?;
+                let ip = if *remote_dns { None } else { target_ip };
+                let mut s = proxy_stream(host, addr).await?;
+                tunnel::socks5(&mut s, host, ip, port, auth.as_ref())
+                    .await
+                    .map_err(|source| proxy_err(host, source))?;
+                s
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        if !tls {
+            return Ok(Conn::Plain(stream));
+        }
+        let connector = if verify {
+            &self.verified
+        } else {
+            &self.unverified
+        };
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+            ConnectError::Tls {
+                host: host.to_string(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, e),
+            }
+        })?;
+        let stream = connector
+            .connect(name, stream)
+            .await
+            .map_err(|source| ConnectError::Tls {
+                host: host.to_string(),
+                source,
+            })?;
+        Ok(Conn::Tls(Box::new(stream)))
+    }
+
+    /// Resolves `host` and refuses non-public addresses unless allowed. The addresses checked are the
+    /// ones connected to, so a second lookup cannot swap in a private address.
+    async fn resolve_checked(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, ConnectError> {
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|source| ConnectError::Dns {
+                    host: host.to_string(),
+                    source,
+                })?
+                .collect(),
+        };
+        if addrs.is_empty() {
+            return Err(ConnectError::Dns {
+                host: host.to_string(),
+                source: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
+            });
+        }
+        if !self.allow_private {
+            for addr in &addrs {
+                if let Some(reason) = non_public_reason(addr.ip()) {
+                    return Err(ConnectError::Refused {
+                        host: host.to_string(),
+                        ip: addr.ip(),
+                        reason,
+                    });
+                }
+            }
+        }
+        Ok(addrs)
+    }
+
+    /// Through a proxy the proxy connects, so the name is checked here and the checked address is what
+    /// the proxy is asked for (unless the guard is off).
+    async fn check_via_proxy(&self, host: &str, port: u16) -> Result<Option<IpAddr>, ConnectError> {
+        if self.allow_private && host.parse::<IpAddr>().is_err() {
+            return Ok(None);
+        }
+        let addrs = self.resolve_checked(host, port).await?;
+        Ok(addrs.first().map(|a| a.ip()))
+    }
+}
+
+async fn proxy_stream(host: &str, proxy: &str) -> Result<TcpStream, ConnectError> {
+    TcpStream::connect(proxy)
+        .await
+        .map_err(|source| proxy_err(host, source))
+}
+
+fn proxy_err(host: &str, source: io::Error) -> ConnectError {
+    ConnectError::Proxy {
+        host: host.to_string(),
+        source,
+    }
+}
+
+async fn connect_any(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no addresses")))
+}
+
+/// A plain or TLS upstream connection.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connection for Conn {
+    fn connected(&self) -> Connected {
+        let info = ConnInfo {
+            uses: Arc::new(AtomicU64::new(0)),
+        };
+        let connected = Connected::new().extra(info);
+        match self {
+            Conn::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2") => {
+                connected.negotiated_h2()
+            }
+            _ => connected,
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}

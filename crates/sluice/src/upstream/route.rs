@@ -1,0 +1,225 @@
+//! Outgoing proxy routes: which hosts go through which HTTP CONNECT or SOCKS5 proxy, and TLS opt-outs.
+
+use crate::config::RouteConfig;
+
+/// How a route reaches its hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    Direct,
+    /// HTTP proxy, tunnelled with CONNECT.
+    HttpConnect {
+        addr: String,
+        auth: Option<(String, String)>,
+    },
+    /// SOCKS5; `remote_dns` (socks5h) lets the proxy resolve names.
+    Socks5 {
+        addr: String,
+        auth: Option<(String, String)>,
+        remote_dns: bool,
+    },
+}
+
+/// Which hosts a route covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    All,
+    Exact(String),
+    /// `*.example.com`: the domain itself and every subdomain.
+    Domain(String),
+}
+
+/// A parsed route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pattern: Pattern,
+    pub via: Via,
+    pub verify_tls: bool,
+}
+
+/// Why a route is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("empty pattern: use `all`, `host.example` or `*.example`")]
+    EmptyPattern,
+    #[error("proxy URL {0:?} is not valid: {1}")]
+    BadProxy(String, String),
+    #[error("proxy scheme `{0}` is not supported: use http, socks5 or socks5h")]
+    BadScheme(String),
+}
+
+impl Route {
+    /// Parses one `[[upstream.routes]]` entry.
+    pub fn parse(config: &RouteConfig) -> Result<Route, RouteError> {
+        let p = config.pattern.trim().to_ascii_lowercase();
+        // Accept MediaFlow's `all://`, `https://host` and `all://*.domain` spellings too.
+        let p = p.split("://").last().unwrap_or("").trim_end_matches('/');
+        let pattern = match p {
+            "" => return Err(RouteError::EmptyPattern),
+            "all" | "*" => Pattern::All,
+            _ => match p.strip_prefix("*.") {
+                Some(domain) => Pattern::Domain(domain.to_string()),
+                None => Pattern::Exact(p.to_string()),
+            },
+        };
+        let via = parse_via(&config.proxy)?;
+        Ok(Route {
+            pattern,
+            via,
+            verify_tls: config.verify_tls,
+        })
+    }
+
+    /// How specific the match for `host` is: `None` when it does not match; larger is more specific.
+    fn specificity(&self, host: &str) -> Option<usize> {
+        match &self.pattern {
+            Pattern::All => Some(0),
+            Pattern::Exact(h) => (h == host).then_some(usize::MAX),
+            Pattern::Domain(d) => {
+                let hit = host == d
+                    || (host.len() > d.len()
+                        && host.ends_with(d.as_str())
+                        && host.as_bytes()[host.len() - d.len() - 1] == b'.');
+                hit.then_some(d.len() + 1)
+            }
+        }
+    }
+}
+
+fn parse_via(proxy: &str) -> Result<Via, RouteError> {
+    let proxy = proxy.trim();
+    if proxy.is_empty() || proxy == "direct" {
+        return Ok(Via::Direct);
+    }
+    let url =
+        url::Url::parse(proxy).map_err(|e| RouteError::BadProxy(mask(proxy), e.to_string()))?;
+    let host = url
+        .host_str()
+        .ok_or_else(|| RouteError::BadProxy(mask(proxy), "no host".into()))?;
+    let auth = (!url.username().is_empty()).then(|| {
+        let user = percent_encoding::percent_decode_str(url.username())
+            .decode_utf8_lossy()
+            .into_owned();
+        let pass = percent_encoding::percent_decode_str(url.password().unwrap_or(""))
+            .decode_utf8_lossy()
+            .into_owned();
+        (user, pass)
+    });
+    let default_port = match url.scheme() {
+        "http" => 8080,
+        "socks5" | "socks5h" => 1080,
+        other => return Err(RouteError::BadScheme(other.to_string())),
+    };
+    let addr = format!("{}:{}", host, url.port().unwrap_or(default_port));
+    Ok(match url.scheme() {
+        "http" => Via::HttpConnect { addr, auth },
+        scheme => Via::Socks5 {
+            addr,
+            auth,
+            remote_dns: scheme == "socks5h",
+        },
+    })
+}
+
+fn mask(url: &str) -> String {
+    crate::config::mask_userinfo(url)
+}
+
+/// All routes, answering "which route for this host".
+#[derive(Debug, Clone, Default)]
+pub struct RouteTable {
+    routes: Vec<Route>,
+    insecure: Vec<Route>,
+}
+
+impl RouteTable {
+    /// Builds the table from config; patterns were validated with the config.
+    pub fn new(routes: &[RouteConfig], insecure_hosts: &[String]) -> Result<Self, RouteError> {
+        let routes = routes.iter().map(Route::parse).collect::<Result<_, _>>()?;
+        let insecure = insecure_hosts
+            .iter()
+            .map(|h| {
+                Route::parse(&RouteConfig {
+                    pattern: h.clone(),
+                    proxy: String::new(),
+                    verify_tls: false,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(RouteTable { routes, insecure })
+    }
+
+    /// The most specific route for `host`, or direct.
+    pub fn lookup(&self, host: &str) -> (Via, bool) {
+        let host = host.to_ascii_lowercase();
+        let best = self
+            .routes
+            .iter()
+            .filter_map(|r| r.specificity(&host).map(|s| (s, r)))
+            .max_by_key(|(s, _)| *s)
+            .map(|(_, r)| r);
+        let insecure = self.insecure.iter().any(|r| r.specificity(&host).is_some());
+        match best {
+            Some(r) => (r.via.clone(), r.verify_tls && !insecure),
+            None => (Via::Direct, !insecure),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(pattern: &str, proxy: &str) -> RouteConfig {
+        RouteConfig {
+            pattern: pattern.into(),
+            proxy: proxy.into(),
+            verify_tls: true,
+        }
+    }
+
+    #[test]
+    fn most_specific_wins() {
+        let table = RouteTable::new(
+            &[
+                route("all", "socks5://127.0.0.1:1"),
+                route("*.cdn.example", "http://u:p@127.0.0.1:2"),
+                route("a.cdn.example", ""),
+            ],
+            &["*.selfsigned.example".into()],
+        )
+        .unwrap();
+        assert_eq!(table.lookup("a.cdn.example").0, Via::Direct);
+        assert_eq!(
+            table.lookup("B.cdn.example").0,
+            Via::HttpConnect {
+                addr: "127.0.0.1:2".into(),
+                auth: Some(("u".into(), "p".into()))
+            }
+        );
+        assert_eq!(
+            table.lookup("cdn.example").0,
+            table.lookup("x.cdn.example").0
+        );
+        assert!(matches!(
+            table.lookup("other.example").0,
+            Via::Socks5 { .. }
+        ));
+        assert!(!table.lookup("x.selfsigned.example").1);
+        assert!(table.lookup("notselfsigned.example").1);
+        // `xcdn.example` is not a subdomain of `cdn.example`.
+        assert!(matches!(table.lookup("xcdn.example").0, Via::Socks5 { .. }));
+    }
+
+    #[test]
+    fn mediaflow_spellings_and_errors() {
+        assert!(Route::parse(&route("all://*.x.example", "socks5h://h:1")).is_ok());
+        assert!(matches!(
+            Route::parse(&route("x", "ftp://h:1")),
+            Err(RouteError::BadScheme(_))
+        ));
+        assert!(matches!(
+            Route::parse(&route("", "")),
+            Err(RouteError::EmptyPattern)
+        ));
+    }
+}
