@@ -31,8 +31,10 @@ def machine_info(repo):
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return {"cpu": cpu, "cores": cores, "kernel": platform.release(), "mem_gib": round(mem_gib, 1),
+    return {"cpu": cpu, "cores": cores, "loadavg": load, "kernel": platform.release(), "mem_gib": round(mem_gib, 1),
             "commit": git("rev-parse", "--short=12", "HEAD") + (" (with uncommitted changes)" if dirty else ""),
             "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -59,7 +61,7 @@ def _s1_level_rows(result):
             lvl = next((x for x in small.get("levels", []) if x["c"] == c), None)
             if row.get("status") != "ok" or lvl is None:
                 why = row.get("status") if row.get("status") != "ok" else small.get("failed", "skipped")
-                rows.append([c, row["peer"]] + [DASH] * 8 + [why])
+                rows.append([c, row["peer"]] + [DASH] * 9 + [why])
                 continue
             u = lvl.get("usage") or {}
             errs = f"{lvl['errors']} / {lvl['warmup_errors']}"
@@ -68,7 +70,8 @@ def _s1_level_rows(result):
             rows.append([c, row["peer"], _f(lvl["latency"]["avg_ms"]), _f(lvl["latency"]["p90_ms"]),
                          _f(lvl["latency"]["p99_ms"]), _f(lvl["throughput_mb_s"], 0),
                          _f(u.get("cpu_s"), 2), _f(u.get("cpu_pct"), 0),
-                         _f(lvl.get("peak_rss_mb")), _f(lvl.get("peak_uss_mb")), errs])
+                         _f(lvl.get("peak_rss_mb")), _f(lvl.get("peak_uss_mb")),
+                         _f(u.get("sys_busy_pct"), 0), errs])
     return rows
 
 
@@ -77,24 +80,24 @@ def _s1_big_rows(result):
     for row in result["rows"]:
         big = row.get("big") or {}
         lvl = (big.get("levels") or [None])[0]
-        idle = row.get("idle") or {}
+        idle = row.get("big_idle") or row.get("idle") or {}
         if row.get("status") != "ok" or lvl is None:
             why = row.get("status") if row.get("status") != "ok" else big.get("failed", "skipped")
-            rows.append([row["peer"]] + [DASH] * 7 + [why])
+            rows.append([row["peer"]] + [DASH] * 8 + [why])
             continue
         u = lvl.get("usage") or {}
         rows.append([row["peer"], _f(lvl["throughput_mb_s"], 0), _f(lvl["latency"]["avg_ms"] / 1e3, 2),
                      _f(u.get("cpu_s"), 2), _f(u.get("cpu_pct"), 0),
                      f"{_f(idle.get('peak_rss_mb'))} / {_f(idle.get('peak_uss_mb'))}",
                      _f(lvl.get("peak_rss_mb")), _f(lvl.get("peak_uss_mb")),
-                     f"{lvl['errors']} / {lvl['warmup_errors']}"])
+                     _f(u.get("sys_busy_pct"), 0), f"{lvl['errors']} / {lvl['warmup_errors']}"])
     return rows
 
 
 S1_HEAD = ["c", "peer", "avg ms", "p90 ms", "p99 ms", "MB/s", "CPU s", "CPU %", "RSS MB",
-           "USS MB", "errors (timed / warm-up)"]
+           "USS MB", "machine busy %", "errors (timed / warm-up)"]
 S1_BIG_HEAD = ["peer", "MB/s", "avg s", "CPU s", "CPU %", "idle RSS / USS MB", "peak RSS MB",
-               "peak USS MB", "errors (timed / warm-up)"]
+               "peak USS MB", "machine busy %", "errors (timed / warm-up)"]
 
 
 def _s1_charts(result, out_dir):
@@ -108,13 +111,29 @@ def _s1_charts(result, out_dir):
         tput.append((row["peer"], [by_c[c]["throughput_mb_s"] if c in by_c else None for c in levels]))
         lat.append((row["peer"], [by_c[c]["latency"]["avg_ms"] if c in by_c else None for c in levels]))
     files = []
-    for name, title, ylab, series in (
-            ("s1-throughput.svg", "S1: throughput vs concurrency (7 MiB file)", "MB/s", tput),
-            ("s1-latency.svg", "S1: average latency vs concurrency (7 MiB file)", "ms", lat)):
+    for name, title, ylab, series, log in (
+            ("s1-throughput.svg", "S1: throughput vs concurrency (7 MiB file)", "MB/s", tput, False),
+            ("s1-latency.svg", "S1: average latency vs concurrency (7 MiB file)", "ms (log scale)",
+             lat, True)):
         with open(os.path.join(out_dir, name), "w") as f:
-            f.write(svg.line_chart(title, "concurrent clients (c)", ylab, levels, series))
+            f.write(svg.line_chart(title, "concurrent clients (c)", ylab, levels, series, log=log))
         files.append(name)
     return files
+
+
+def _faster_than_direct(result):
+    """Levels where a proxy beat the direct fetch by more than 10 %: a result to explain, not a win."""
+    by_peer = {}
+    for row in result["rows"]:
+        for lvl in (row.get("small") or {}).get("levels", []):
+            by_peer.setdefault(row["peer"], {})[lvl["c"]] = lvl["throughput_mb_s"]
+    direct = by_peer.pop("nginx direct", {})
+    notes = []
+    for peer, levels in by_peer.items():
+        for c, v in levels.items():
+            if c in direct and direct[c] > 0 and v > 1.1 * direct[c]:
+                notes.append(f"{peer} at c={c}: {v:,.0f} MB/s vs direct {direct[c]:,.0f} MB/s")
+    return notes
 
 
 def render_s1(result, out_dir, charts_rel):
@@ -125,13 +144,19 @@ def render_s1(result, out_dir, charts_rel):
           f"c={p['global_warmup_c']} first. Latency is time to last byte of the successful requests "
           f"of that round; MB/s = bytes received / round wall time. CPU and memory are the "
           f"process tree of the server under test (for *nginx direct*, the origin itself), CPU "
-          f"from the median round, RSS/USS the peak over all timed rounds.", "",
+          f"from the median round, RSS/USS the peak over all timed rounds. *Machine busy %* is "
+          f"the whole machine's CPU use in that round (all cores, softirq included; 100 = every "
+          f"core busy): it shows how much else was running.", "",
           table(S1_HEAD, _s1_level_rows(result)), ""]
+    odd = _faster_than_direct(result)
+    if odd:
+        md += ["**Faster than the direct fetch (to be explained, most likely noise from other load "
+               "on the machine during that round):** " + "; ".join(odd) + ".", ""]
     for name in _s1_charts(result, out_dir):
         md.append(f"![{name}]({charts_rel}/{name})")
     md += ["", f"**Large file**: {p['big_bytes'] / 2**20:g} MiB at c={p['big_c']} "
-               f"({p['big_warmup']} warm-up, median of {p['big_rounds']}); memory must not grow "
-               f"with file size.", "", table(S1_BIG_HEAD, _s1_big_rows(result))]
+               f"({p['big_warmup']} warm-up, median of {p['big_rounds']}) on a freshly started "
+               f"instance of each proxy; memory must not grow with file size.", "", table(S1_BIG_HEAD, _s1_big_rows(result))]
     versions = [f"{r['peer']}: {r['version']}" for r in result["rows"] if r.get("version")]
     if versions:
         md += ["", "Versions: " + "; ".join(versions) + "."]
@@ -196,6 +221,7 @@ def render_section(result, out_dir, charts_rel):
     head = f"## {result['id']}. {result['title']}"
     q = f"*Question:* {result['question']}"
     meta = result.get("meta")
-    when = (f"*Run:* {meta['date']}, commit {meta['commit']}, "
+    when = (f"*Run:* {meta['date']}, commit {meta['commit']}, load average before the run "
+            f"{meta.get('loadavg', '?')}, "
             f"{'quick' if result.get('quick') else 'full'} mode." if meta and result.get("status") == "measured" else "")
     return "\n\n".join(x for x in (head, q, when, fn(result, out_dir, charts_rel)) if x)

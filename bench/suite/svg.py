@@ -1,5 +1,6 @@
-"""Small self-made SVG line charts (categorical x axis, linear y from zero) for the report."""
+"""Small self-made SVG line charts (categorical x axis; linear y from zero, or log y) for the report."""
 
+import math
 from xml.sax.saxutils import escape
 
 COLORS = ["#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2"]
@@ -15,26 +16,40 @@ def _nice_max(v):
     return 10 * mag
 
 
-def line_chart(title, x_label, y_label, xs, series, width=640, height=360):
-    """series: list of (name, [y or None per x]). Returns the SVG document as a string."""
+def line_chart(title, x_label, y_label, xs, series, width=640, height=360, log=False):
+    """series: list of (name, [y or None per x]). With `log`, y is on a base-10 log scale (for
+    values that span decades). Returns the SVG document as a string."""
     left, right, top, bottom = 70, 150, 40, 50
     pw, ph = width - left - right, height - top - bottom
-    ys = [y for _, vals in series for y in vals if y is not None]
-    ymax = _nice_max(max(ys) if ys else 1.0)
+    ys = [y for _, vals in series for y in vals if y is not None and (y > 0 or not log)]
     n = max(len(xs), 1)
+    if log:
+        lo = 10 ** math.floor(math.log10(min(ys))) if ys else 1.0
+        hi = 10 ** math.ceil(math.log10(max(ys))) if ys else 10.0
+        hi = hi if hi > lo else lo * 10
+        ticks = []
+        t = lo
+        while t <= hi * 1.0001:
+            ticks.append(t)
+            t *= 10
+        series = [(name, [v if v is not None and v > 0 else None for v in vals]) for name, vals in series]
+    else:
+        ymax = _nice_max(max(ys) if ys else 1.0)
+        ticks = [ymax * k / 5 for k in range(6)]
 
     def px(i):
         return left + (pw * (i + 0.5) / n)
 
     def py(y):
+        if log:
+            return top + ph - ph * (math.log10(y) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
         return top + ph - ph * y / ymax
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{left}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
-    for k in range(6):
-        v = ymax * k / 5
+    for v in ticks:
         y = py(v)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')

@@ -134,10 +134,15 @@ fn clock_ticks_per_sec() -> f64 {
     }
 }
 
-fn online_cpus() -> f64 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as f64)
-        .unwrap_or(1.0)
+/// CPUs of the whole machine, from the per-CPU lines of /proc/stat (not this process's affinity
+/// mask, which is one core when the load client is pinned).
+fn machine_cpus() -> f64 {
+    let text = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let n = text
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    n.max(1) as f64
 }
 
 /// Accumulates samples of one process tree over a window.
@@ -217,7 +222,7 @@ impl TreeSampler {
             samples: self.samples,
             sys_busy_s,
             sys_softirq_s: sys_end.softirq.saturating_sub(self.sys_start.softirq) as f64 / hz,
-            sys_busy_pct: pct(sys_busy_s, wall * online_cpus()),
+            sys_busy_pct: pct(sys_busy_s, wall * machine_cpus()),
         }
     }
 }
