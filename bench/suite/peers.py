@@ -154,7 +154,7 @@ http {{
 
 HAPROXY_TCP = """# HAProxy in TCP mode in front of the origin
 global
-    maxconn 20000
+    maxconn 8000
     nbthread {threads}
 defaults
     mode tcp
