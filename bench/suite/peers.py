@@ -152,6 +152,68 @@ http {{
 }}
 """
 
+NGINX_PROXY = """# nginx as a plain reverse proxy (proxy_pass, pooled keep-alive to the origin, no cache)
+worker_processes {workers};
+daemon off;
+master_process on;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; use epoll; }}
+http {{
+    access_log off;
+    keepalive_timeout 90s;
+    keepalive_requests 100000;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream origin {{
+        server 127.0.0.1:{upstream};
+        keepalive 256;
+        keepalive_requests 100000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+VARNISH_PASS = """vcl 4.1;
+# Varnish in pass mode: every request goes to the origin, nothing is cached
+backend origin {{
+    .host = "127.0.0.1";
+    .port = "{upstream}";
+}}
+sub vcl_recv {{
+    return (pass);
+}}
+"""
+
+HAPROXY_HTTP = """# HAProxy in HTTP mode in front of the origin, connection reuse on
+global
+    maxconn 8000
+    nbthread {threads}
+defaults
+    mode http
+    http-reuse always
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+frontend in
+    bind 127.0.0.1:{port}
+    default_backend origin
+backend origin
+    server o1 127.0.0.1:{upstream}
+"""
+
 HAPROXY_TCP = """# HAProxy in TCP mode in front of the origin
 global
     maxconn 8000
@@ -232,3 +294,50 @@ def start_goproxy(ctx, upstream_port, cpus):
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
     procs.wait_tcp(port, p)
     return Peer("Go io.Copy", p, port, version_of(["go", "version"]))
+
+
+def _write(d, name, text):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def start_nginx_proxy(ctx, upstream_port, cpus):
+    nginx = ensure_binary("nginx")
+    d = ctx.tempdir("nginx-proxy")
+    port = procs.free_port()
+    conf = _write(d, "nginx.conf", NGINX_PROXY.format(workers=ctx.proxy_threads, dir=d, port=port,
+                                                      upstream=upstream_port))
+    argv = [nginx, "-p", d, "-c", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("nginx proxy_pass", p, port, version_of([nginx, "-v"]))
+
+
+def start_varnish_pass(ctx, upstream_port, cpus):
+    varnishd = ensure_binary("varnishd")
+    d = ctx.tempdir("varnish")
+    port = procs.free_port()
+    vcl = _write(d, "pass.vcl", VARNISH_PASS.format(upstream=upstream_port))
+    # -F: foreground; -j none: no privilege separation, so the temp dir needs no special owner.
+    argv = [varnishd, "-F", "-j", "none", "-n", os.path.join(d, "n"), "-a", f"127.0.0.1:{port}",
+            "-f", vcl, "-s", "malloc,64m", "-T", "none"]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p, timeout=60)
+    return Peer("Varnish pass", p, port, version_of([varnishd, "-V"]))
+
+
+def start_haproxy_http(ctx, upstream_port, cpus):
+    haproxy = ensure_binary("haproxy")
+    d = ctx.tempdir("haproxy-http")
+    port = procs.free_port()
+    conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(threads=ctx.proxy_threads, port=port,
+                                                        upstream=upstream_port))
+    argv = [haproxy, "-db", "-f", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("HAProxy http", p, port, version_of([haproxy, "-v"]))

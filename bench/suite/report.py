@@ -139,12 +139,15 @@ def _faster_than_direct(result):
 def render_s1(result, out_dir, charts_rel):
     p = result["params"]
     md = [f"Origin: {result.get('origin', '')}, serving a {p['small_bytes'] / 2**20:g} MiB file of "
-          f"seeded random bytes. Each level: {p['warmup']} warm-up round(s), then the round with "
-          f"the median wall time out of {p['rounds']}; {p['global_warmup']} global warm-up round(s) at "
-          f"c={p['global_warmup_c']} first. Latency is time to last byte of the successful requests "
+          f"seeded random bytes, requested as `/proxy/stream?d=<origin URL>&api_password=…` "
+          f"(direct: the origin URL). Each level: {p['warmup']} warm-up round(s), then the round "
+          f"with the median wall time out of {p['rounds']}; {p['global_warmup']} global warm-up "
+          f"round(s) at c={p['global_warmup_c']} first. All peers run side by side and the levels "
+          f"are interleaved (every peer at c=10, then every peer at the next level, rotating the "
+          f"order), so background load on the machine falls on all of them alike. Latency is time to last byte of the successful requests "
           f"of that round; MB/s = bytes received / round wall time. CPU and memory are the "
           f"process tree of the server under test (for *nginx direct*, the origin itself), CPU "
-          f"from the median round, RSS/USS the peak over all timed rounds. *Machine busy %* is "
+          f"from the median round, RSS/USS the peak over the level's timed rounds. *Machine busy %* is "
           f"the whole machine's CPU use in that round (all cores, softirq included; 100 = every "
           f"core busy): it shows how much else was running.", "",
           table(S1_HEAD, _s1_level_rows(result)), ""]
@@ -163,7 +166,7 @@ def render_s1(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
-# === S3 ===
+# === S2 and S3 (closed-loop duration runs) ===
 
 S3_HEAD = ["body", "c", "peer", "req/s", "avg ms", "p50 ms", "p99 ms", "CPU %", "RSS MB", "USS MB",
            "errors"]
@@ -213,7 +216,7 @@ def render_pending(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
-RENDER = {"S1": render_s1, "S3": render_s3}
+RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3}
 
 
 def render_section(result, out_dir, charts_rel):

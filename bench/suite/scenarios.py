@@ -56,10 +56,12 @@ def s1(ctx):
               "global_warmup_c": gwc, "small_bytes": small[1], "big_bytes": big[1], "big_c": 4,
               "big_rounds": big_rounds, "big_warmup": big_warmup}
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
-    rows = []
+    rows = [{"peer": name} for name in S1_PEERS]
     try:
-        for name in S1_PEERS:
-            rows.append(_s1_peer(ctx, name, origin, small, big, params))
+        _s1_levels(ctx, origin, rows, small, params)
+        for row in rows:
+            if row.get("status") == "ok":
+                _s1_big(ctx, origin, row, big, params)
     finally:
         origin.stop()
     return {"id": "S1", "title": "Media proxy: /proxy/stream byte pipe", "status": "measured",
@@ -68,46 +70,91 @@ def s1(ctx):
                         "many concurrent clients, and does its memory stay flat with file size?"}
 
 
-def _s1_peer(ctx, name, origin, small, big, params):
-    row = {"peer": name}
-    budget = 150 if ctx.quick else 900
-    # The large file runs on a fresh instance so its memory peak is not the small-file levels'.
-    for phase in ("small", "big"):
-        try:
-            peer, url_for = _start(ctx, name, origin)
-        except peers.Unavailable as e:
-            row["status"] = str(e)
-            return row
-        except RuntimeError as e:
-            row["status"] = f"failed to start: {e}"
-            return row
-        try:
-            row["version"] = peer.version
-            if phase == "small":
-                row["idle"] = _idle_usage(ctx, peer.pid)
-                row["small"] = ctx.batch(url_for("/7m.bin"), small, params["levels"],
-                                         params["rounds"], params["warmup"],
-                                         params["global_warmup"], params["global_warmup_c"],
-                                         peer.pid, budget)
-            else:
-                row["big_idle"] = _idle_usage(ctx, peer.pid)
-                path = "/" + big[0].rsplit("/", 1)[1]
-                row["big"] = ctx.batch(url_for(path), big, [params["big_c"]], params["big_rounds"],
-                                       params["big_warmup"], 0, 1, peer.pid, budget,
-                                       timeout_secs=300)
-        finally:
+def _start_row(ctx, row, origin):
+    """Starts the row's peer; on failure records why in the row and returns None."""
+    try:
+        peer, url_for = _start(ctx, row["peer"], origin)
+    except peers.Unavailable as e:
+        row["status"] = str(e)
+        return None
+    except RuntimeError as e:
+        row["status"] = f"failed to start: {e}"
+        return None
+    row["version"] = peer.version
+    return peer, url_for
+
+
+def _s1_levels(ctx, origin, rows, small, params):
+    """All peers run side by side, and levels are interleaved (c=10 for every peer, then c=20, …,
+    with the peer order rotated each level), so drifting background load on a shared machine
+    hits every peer alike instead of whichever ran last."""
+    budget = 150 if ctx.quick else 600
+    running = []
+    try:
+        for row in rows:
+            started = _start_row(ctx, row, origin)
+            if started:
+                row["idle"] = _idle_usage(ctx, started[0].pid)
+                row["small"] = {"levels": [], "global_warmup_errors": 0}
+                running.append((row, started))
+        for i, c in enumerate(params["levels"]):
+            k = i % max(len(running), 1)
+            for row, (peer, url_for) in running[k:] + running[:k]:
+                r = ctx.batch(url_for("/7m.bin"), small, [c], params["rounds"], params["warmup"],
+                              params["global_warmup"] if i == 0 else 0, params["global_warmup_c"],
+                              peer.pid, budget)
+                if "failed" in r:
+                    row["small"].setdefault("failed", r["failed"])
+                    continue
+                row["small"]["levels"] += r["levels"]
+                row["small"]["global_warmup_errors"] += r["global_warmup_errors"]
+        for row, _ in running:
+            row["status"] = "ok"
+    finally:
+        for _, (peer, _) in running:
             if peer is not origin:
                 peer.stop()
-    row["status"] = "ok"
-    return row
+
+
+def _s1_big(ctx, origin, row, big, params):
+    """The large file on a freshly started instance, so its memory peak is its own."""
+    started = _start_row(ctx, row, origin)
+    if not started:
+        return
+    peer, url_for = started
+    try:
+        row["big_idle"] = _idle_usage(ctx, peer.pid)
+        path = "/" + big[0].rsplit("/", 1)[1]
+        row["big"] = ctx.batch(url_for(path), big, [params["big_c"]], params["big_rounds"],
+                               params["big_warmup"], 0, 1, peer.pid,
+                               150 if ctx.quick else 600, timeout_secs=300)
+    finally:
+        if peer is not origin:
+            peer.stop()
 
 
 # === S2: reverse proxy, small responses ===
 
+S2_PEERS = ["direct", "sluice", "Varnish pass", "nginx proxy_pass", "HAProxy http"]
+
+
 def s2(ctx):
-    return _pending("S2", "HTTP reverse proxy: 1 KB responses",
-                    "Requests/s and p99 for a 1 KB response at c = 1, 10, 100, 1000: direct, "
-                    "sluice, Varnish (pass), nginx proxy_pass, HAProxy (http).")
+    q = ctx.quick
+    levels = [1, 100] if q else [1, 10, 100, 1000]
+    secs, warm = (3, 1) if q else (10, 2)
+    files = [ctx.test_file("1k.bin", 1024)]
+    origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    rows = []
+    try:
+        for name in S2_PEERS:
+            rows.append(_duration_peer(ctx, name, origin, files, levels, secs, warm))
+    finally:
+        origin.stop()
+    return {"id": "S2", "title": "HTTP reverse proxy: 1 KB responses", "status": "measured",
+            "quick": q, "params": {"levels": levels, "secs": secs, "warmup_secs": warm},
+            "rows": rows, "origin": origin.version,
+            "question": "Requests/s and p99 for a 1 KB response at c = 1, 10, 100, 1000: direct, "
+                        "sluice, Varnish (pass), nginx proxy_pass, HAProxy (http)."}
 
 
 # === S3: TCP proxy ===
@@ -124,7 +171,7 @@ def s3(ctx):
     rows = []
     try:
         for name in S3_PEERS:
-            rows.append(_s3_peer(ctx, name, origin, files, levels, secs, warm))
+            rows.append(_duration_peer(ctx, name, origin, files, levels, secs, warm))
     finally:
         origin.stop()
     return {"id": "S3", "title": "TCP (L4) proxy: 64 KiB and 13-byte responses", "status": "measured",
@@ -134,17 +181,25 @@ def s3(ctx):
                         "body that needs many segments (64 KiB) and one that fits in one (13 B)."}
 
 
-def _s3_peer(ctx, name, origin, files, levels, secs, warm):
+_DURATION_PEERS = {
+    "HAProxy tcp": peers.start_haproxy_tcp,
+    "Go io.Copy": peers.start_goproxy,
+    "Varnish pass": peers.start_varnish_pass,
+    "nginx proxy_pass": peers.start_nginx_proxy,
+    "HAProxy http": peers.start_haproxy_http,
+}
+
+
+def _duration_peer(ctx, name, origin, files, levels, secs, warm):
+    """Closed-loop runs of every file × level through one peer placed in front of `origin`."""
     row = {"peer": name}
     try:
         if name == "direct":
             peer = origin
         elif name == "sluice":
             raise peers.Unavailable(PENDING)
-        elif name == "HAProxy tcp":
-            peer = peers.start_haproxy_tcp(ctx, origin.port, ctx.proxy_cpus)
         else:
-            peer = peers.start_goproxy(ctx, origin.port, ctx.proxy_cpus)
+            peer = _DURATION_PEERS[name](ctx, origin.port, ctx.proxy_cpus)
     except peers.Unavailable as e:
         row["status"] = str(e)
         return row
