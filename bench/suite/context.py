@@ -94,7 +94,7 @@ class Context:
 
     # === load client ===
 
-    def _loadgen(self, args, timeout):
+    def loadgen(self, args, timeout):
         argv = [self.loadgen_bin] + args
         if self.client_cpus:
             argv = ["taskset", "-c", self.client_cpus] + argv
@@ -115,11 +115,11 @@ class Context:
                 "--warmup", str(warmup), "--global-warmup", str(global_warmup),
                 "--global-warmup-c", str(global_warmup_c), "--max-secs", str(max_secs),
                 "--timeout-secs", str(timeout_secs), "--pid", str(pid)]
-        return self._loadgen(args, timeout=max_secs + 2 * timeout_secs + 30)
+        return self.loadgen(args, timeout=max_secs + 2 * timeout_secs + 30)
 
     def duration(self, url, file, c, secs, warmup_secs, pid, max_requests=2_000_000):
         _, size, digest = file
         args = ["duration", "--url", url, "--expect-len", str(size), "--expect-sha256", digest,
                 "--c", str(c), "--secs", str(secs), "--warmup-secs", str(warmup_secs),
                 "--max-requests", str(max_requests), "--timeout-secs", "30", "--pid", str(pid)]
-        return self._loadgen(args, timeout=secs + warmup_secs + 90)
+        return self.loadgen(args, timeout=secs + warmup_secs + 90)

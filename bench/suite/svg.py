@@ -45,7 +45,8 @@ def line_chart(title, x_label, y_label, xs, series, width=640, height=360, log=F
             return top + ph - ph * (math.log10(y) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
         return top + ph - ph * y / ymax
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    out = ["<!-- chart drawn by bench/suite/svg.py -->",
+           f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{left}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>']
