@@ -5,7 +5,6 @@
 //! `r_<name>` (this response only) and `rp_<name>` (propagated to child segments), and a comma list of
 //! response headers to remove in `x_headers`.
 
-use base64::Engine;
 use url::Url;
 
 /// Why a query could not be turned into proxy parameters.
@@ -159,20 +158,10 @@ fn header_pair(key: &str, name: &str, value: &str) -> Result<(String, String), Q
     Ok((name, value.to_string()))
 }
 
-/// Decodes `d`: a plain URL, a still percent-encoded URL, or base64 (standard or URL-safe, padding
-/// optional) of a URL.
+/// Decodes `d` (plain, still percent-encoded, or base64 of a URL; MediaFlow's repairs applied) and
+/// accepts only absolute http(s) URLs with a host.
 pub fn parse_destination(raw: &str) -> Result<Url, QueryError> {
-    let raw = raw.trim();
-    let candidate = if raw.contains("://") {
-        raw.to_string()
-    } else if let Some(decoded) = percent_decoded_url(raw) {
-        decoded
-    } else if let Some(decoded) = base64_url(raw) {
-        decoded
-    } else {
-        raw.to_string()
-    };
-    let candidate = repair_scheme(&candidate);
+    let candidate = crate::b64url::sanitize_destination(raw.trim());
     let url = Url::parse(&candidate).map_err(|e| QueryError::BadDestination(e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(QueryError::BadDestination(format!(
@@ -186,45 +175,10 @@ pub fn parse_destination(raw: &str) -> Result<Url, QueryError> {
     Ok(url)
 }
 
-fn percent_decoded_url(raw: &str) -> Option<String> {
-    let lower = raw.get(..10)?.to_ascii_lowercase();
-    if !(lower.starts_with("http%3a") || lower.starts_with("https%3a")) {
-        return None;
-    }
-    let decoded = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .ok()?;
-    Some(decoded.into_owned())
-}
-
-fn base64_url(raw: &str) -> Option<String> {
-    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
-    let trimmed = raw.trim_end_matches('=');
-    if trimmed.len() < 8 {
-        return None;
-    }
-    let bytes = URL_SAFE_NO_PAD
-        .decode(trimmed)
-        .or_else(|_| STANDARD_NO_PAD.decode(trimmed))
-        .ok()?;
-    let text = String::from_utf8(bytes).ok()?;
-    let lower = text.to_ascii_lowercase();
-    (lower.starts_with("http://") || lower.starts_with("https://")).then_some(text)
-}
-
-/// Mends `https%22//host` style damage that some URL generators produce.
-fn repair_scheme(url: &str) -> String {
-    for (broken, fixed) in [("https%22//", "https://"), ("http%22//", "http://")] {
-        if let Some(rest) = url.strip_prefix(broken) {
-            return format!("{fixed}{rest}");
-        }
-    }
-    url.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
 
     #[test]
     fn destination_forms() {

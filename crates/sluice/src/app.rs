@@ -15,12 +15,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluice_media::query::Query;
+use sluice_media::token::{split_path_token, TokenKey};
 use tokio::time::Instant;
 
 use crate::auth::Auth;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
+use crate::iptv::Iptv;
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
 use crate::server::activity::ActivityGuard;
@@ -32,15 +34,33 @@ pub struct RequestContext {
     pub peer: SocketAddr,
     /// The client's IP (from `X-Forwarded-For` only behind a trusted proxy).
     pub client_ip: std::net::IpAddr,
+    /// The query, with an encrypted token's params merged in (the token's win).
     pub query: Query,
+    /// The path to route on, with any `/_token_<T>` prefix removed.
+    pub path: String,
+    /// The `Host` the client used, for absolute child URLs.
+    pub host: Option<String>,
+    /// The request came over TLS.
+    pub secure: bool,
+    /// Present when the request was authorized by an encrypted token.
+    pub token: Option<TokenScope>,
+}
+
+/// The limits of the token a request came with; child URLs inherit them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenScope {
+    pub exp: Option<u64>,
+    pub ip: Option<String>,
 }
 
 /// Everything the server dispatches to.
 pub struct App {
     auth: Auth,
+    token_key: Option<TokenKey>,
     metrics: HttpMetrics,
     registry: Registry,
     media: Option<Media>,
+    iptv: Arc<Iptv>,
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
 }
@@ -52,12 +72,16 @@ impl App {
         let metrics = HttpMetrics::new(&mut registry);
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
+        let token_key = auth.secret().map(TokenKey::new);
         let media = config
             .media
             .enabled
-            .then(|| Media::new(upstream.clone(), &mut registry));
+            .then(|| Media::new(upstream.clone(), token_key.clone(), &mut registry));
+        let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
         Ok(Arc::new(App {
             auth,
+            token_key,
+            iptv,
             metrics,
             registry,
             media,
@@ -74,14 +98,15 @@ impl App {
         self: &Arc<Self>,
         req: Request<Incoming>,
         peer: SocketAddr,
+        secure: bool,
         guard: ActivityGuard,
     ) -> Response<Body> {
         let start = Instant::now();
-        let endpoint = endpoint_label(req.uri().path());
+        let endpoint = endpoint_label(effective_path(req.uri().path()));
         let labels = EndpointLabels { endpoint };
         let active = self.metrics.active.get_or_create(&labels).clone();
         active.inc();
-        let resp = self.route(req, peer).await;
+        let resp = self.route(req, peer, secure).await;
         self.metrics
             .first_byte
             .get_or_create(&labels)
@@ -118,17 +143,27 @@ impl App {
         })
     }
 
-    async fn route(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let query = Query::parse(req.uri().query().unwrap_or(""));
-        let ctx = RequestContext {
-            peer,
-            client_ip: self.auth.client_ip(peer.ip(), req.headers()),
-            query,
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+    ) -> Response<Body> {
+        let ctx = match self.context(&req, peer, secure) {
+            Ok(ctx) => ctx,
+            Err(e) => return e.into_response(),
         };
-        let path = req.uri().path().to_string();
-        let result = match path.as_str() {
+        let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
             "/metrics" => self.serve_metrics(&req, &ctx),
+            p if Media::serves_open(p) && self.media.is_some() => match &self.media {
+                Some(media) => media.handle_open(req, &ctx).await,
+                None => Err(not_found(p)),
+            },
+            p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
+                Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
+                Err(e) => Err(e),
+            },
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self.authorize(&req, &ctx) {
                     Ok(()) => media.handle(req, &ctx).await,
@@ -141,7 +176,88 @@ impl App {
         result.unwrap_or_else(ProxyError::into_response)
     }
 
+    /// Works out the client IP, the routing path and the effective query; a token (in the path as
+    /// `/_token_<T>/...` or as `?token=`) is decrypted and checked here.
+    fn context(
+        &self,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+    ) -> Result<RequestContext, ProxyError> {
+        let client_ip = self.auth.client_ip(peer.ip(), req.headers());
+        let raw_path = req.uri().path();
+        let mut query = Query::parse(req.uri().query().unwrap_or(""));
+        let (token, path) = match split_path_token(raw_path) {
+            Some((token, rest)) => (Some(token.to_string()), rest.to_string()),
+            None => (query.get("token").map(str::to_string), raw_path.to_string()),
+        };
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().authority().map(|a| a.as_str()))
+            .filter(|h| h.bytes().all(|b| b.is_ascii_graphic()))
+            .map(str::to_string);
+        let mut scope = None;
+        if let Some(token) = token {
+            let claims = self.open_token(&token, client_ip)?;
+            query.remove("token");
+            // The token's params win: a holder must not be able to point it at another URL.
+            let mut merged = Query::from_pairs(claims.params);
+            merged.merge_missing(query.pairs().to_vec());
+            query = merged;
+            scope = Some(TokenScope {
+                exp: claims.exp,
+                ip: claims.ip,
+            });
+        }
+        Ok(RequestContext {
+            peer,
+            client_ip,
+            query,
+            path,
+            host,
+            secure,
+            token: scope,
+        })
+    }
+
+    fn open_token(
+        &self,
+        token: &str,
+        client_ip: std::net::IpAddr,
+    ) -> Result<sluice_media::token::TokenClaims, ProxyError> {
+        let Some(key) = &self.token_key else {
+            return Err(ProxyError::downstream(
+                StatusCode::UNAUTHORIZED,
+                "token",
+                "encrypted tokens need a server password (auth.api_password)",
+            ));
+        };
+        let claims = key.decrypt(token).map_err(|e| {
+            ProxyError::downstream(
+                StatusCode::UNAUTHORIZED,
+                "token",
+                "invalid or expired token",
+            )
+            .with_detail(e.to_string())
+        })?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        claims.check(now, Some(client_ip)).map_err(|e| {
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+            ProxyError::downstream(status, "token", e.to_string())
+        })?;
+        Ok(claims)
+    }
+
     fn authorize(&self, req: &Request<Incoming>, ctx: &RequestContext) -> Result<(), ProxyError> {
+        if ctx.token.is_some() {
+            // Only a holder of the password could have minted it.
+            return Ok(());
+        }
         let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
         if self.auth.check(offered) {
             return Ok(());
@@ -156,6 +272,31 @@ impl App {
             "auth",
             message,
         ))
+    }
+
+    /// The request head as the IPTV front end sees it: the token prefix stripped from the path, and
+    /// the prefix playlist entries need when a password is configured.
+    fn iptv_parts(&self, req: Request<Incoming>, ctx: &RequestContext) -> http::request::Parts {
+        let (mut parts, _) = req.into_parts();
+        if parts.uri.path() != ctx.path {
+            let pq = match parts.uri.query() {
+                Some(q) => format!("{}?{q}", ctx.path),
+                None => ctx.path.clone(),
+            };
+            if let Ok(uri) = pq.parse() {
+                parts.uri = uri;
+            }
+        }
+        if let Some(key) = &self.token_key {
+            let scope = ctx.token.clone();
+            let (exp, ip) = scope.map_or((None, None), |s| (s.exp, s.ip));
+            let iv = crate::media::generate::random_iv();
+            let token = key.encrypt(&[], exp, ip.as_deref(), iv);
+            parts
+                .extensions
+                .insert(crate::iptv::EntryPrefix(format!("/_token_{token}")));
+        }
+        parts
     }
 
     fn serve_metrics(
@@ -193,6 +334,11 @@ pub fn json(status: StatusCode, text: &'static str) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// The path without a `/_token_<T>` prefix.
+fn effective_path(path: &str) -> &str {
+    split_path_token(path).map_or(path, |(_, rest)| rest)
 }
 
 /// Metric label for a path; a fixed set so label cardinality stays bounded.

@@ -52,6 +52,12 @@ impl ProxyError {
         }
     }
 
+    /// Appends a detail to the message.
+    pub fn with_detail(mut self, detail: impl std::fmt::Display) -> Self {
+        self.message = format!("{}: {detail}", self.message);
+        self
+    }
+
     /// A client error: bad request, bad credentials.
     pub fn downstream(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         Self::new(Side::Downstream, status, kind, message)

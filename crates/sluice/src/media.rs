@@ -1,10 +1,13 @@
 //! The MediaFlow-compatible media front end: `/proxy/*` endpoints, thin handlers over `sluice-media`.
 
+pub mod generate;
+pub mod links;
 pub mod stream;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
+use sluice_media::token::TokenKey;
 
 use crate::app::RequestContext;
 use crate::body::Body;
@@ -14,11 +17,35 @@ use crate::upstream::Upstream;
 /// The media proxy.
 pub struct Media {
     upstream: Upstream,
+    /// The server password's token key, for child URLs; `None` without a password.
+    token_key: Option<TokenKey>,
 }
 
 impl Media {
-    pub fn new(upstream: Upstream, _registry: &mut Registry) -> Self {
-        Media { upstream }
+    pub fn new(upstream: Upstream, token_key: Option<TokenKey>, _registry: &mut Registry) -> Self {
+        Media {
+            upstream,
+            token_key,
+        }
+    }
+
+    /// Paths outside `/proxy/` that need no password because they fetch nothing.
+    pub fn serves_open(path: &str) -> bool {
+        generate::serves(path)
+    }
+
+    /// Serves a [`Media::serves_open`] path.
+    pub async fn handle_open(
+        &self,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        generate::handle(req, ctx).await
+    }
+
+    /// Child-URL builder for a manifest served to `ctx`.
+    pub fn links(&self, ctx: &RequestContext) -> links::Links {
+        links::Links::new(ctx, self.token_key.as_ref())
     }
 
     /// Serves a `/proxy/*` request that has passed auth.
@@ -27,8 +54,7 @@ impl Media {
         req: Request<Incoming>,
         ctx: &RequestContext,
     ) -> Result<Response<Body>, ProxyError> {
-        let path = req.uri().path();
-        let rest = path.strip_prefix("/proxy/").unwrap_or("");
+        let rest = ctx.path.strip_prefix("/proxy/").unwrap_or("");
         match rest
             .split_once('/')
             .map_or((rest, None), |(a, b)| (a, Some(b)))

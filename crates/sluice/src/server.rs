@@ -145,11 +145,11 @@ struct Conn {
 impl Conn {
     async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         match self.tls.clone() {
-            None => self.drive(stream, peer).await,
+            None => self.drive(stream, peer, false).await,
             Some(acceptor) => {
                 let handshake = tokio::time::timeout(self.idle, acceptor.accept(stream)).await;
                 match handshake {
-                    Ok(Ok(tls)) => self.drive(tls, peer).await,
+                    Ok(Ok(tls)) => self.drive(tls, peer, true).await,
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                 }
@@ -157,7 +157,7 @@ impl Conn {
         }
     }
 
-    async fn drive<I>(mut self, io: I, peer: SocketAddr)
+    async fn drive<I>(mut self, io: I, peer: SocketAddr, secure: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -167,7 +167,7 @@ impl Conn {
         let service = service_fn(move |req| {
             let app = app.clone();
             let guard = act.begin();
-            async move { Ok::<_, Infallible>(app.handle(req, peer, guard).await) }
+            async move { Ok::<_, Infallible>(app.handle(req, peer, secure, guard).await) }
         });
         let conn = self
             .builder

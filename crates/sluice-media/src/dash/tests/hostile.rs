@@ -1,0 +1,283 @@
+//! Hostile and malformed MPDs: typed errors, never a panic, an expansion or an endless loop.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn parse_err(xml: &str) -> DashError {
+    parse_mpd(xml, &mpd_url()).unwrap_err()
+}
+
+#[test]
+fn entity_bomb_is_not_expanded() {
+    let bomb = r#"<?xml version="1.0"?>
+<!DOCTYPE MPD [
+  <!ENTITY lol "lol">
+  <!ENTITY lol1 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
+  <!ENTITY lol2 "&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;">
+  <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">
+  <!ENTITY lol9 "&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;">
+]>
+<MPD><BaseURL>&lol9;</BaseURL><Period/></MPD>"#;
+    assert!(matches!(parse_err(bomb), DashError::Xml(_)));
+    let in_attribute = bomb.replace("<BaseURL>&lol9;</BaseURL>", "<Period id=\"&lol9;\"/>");
+    assert!(matches!(parse_err(&in_attribute), DashError::Xml(_)));
+}
+
+#[test]
+fn external_entity_is_not_resolved() {
+    let xxe = r#"<!DOCTYPE MPD [<!ENTITY x SYSTEM "file:///etc/passwd">]><MPD><BaseURL>&x;</BaseURL></MPD>"#;
+    assert!(matches!(parse_err(xxe), DashError::Xml(_)));
+}
+
+#[test]
+fn doctype_alone_is_skipped_and_predefined_entities_work() {
+    let xml = r#"<!DOCTYPE MPD><MPD mediaPresentationDuration="PT2S"><Period>
+      <AdaptationSet mimeType="video/mp4"><SegmentTemplate duration="2" media="s?a=1&amp;b=$Number$"/>
+      <Representation id="v" bandwidth="1"/></AdaptationSet></Period></MPD>"#;
+    let mpd = parse(xml);
+    let rep = mpd.find_profile("0_v_1").unwrap();
+    let index = segment_index(&mpd, &mpd.periods[0], rep, 0.0, None).unwrap();
+    assert_eq!(
+        index.segments[0].url.as_str(),
+        "https://cdn.example/path/s?a=1&b=1"
+    );
+}
+
+#[test]
+fn malformed_xml_is_a_typed_error() {
+    for bad in [
+        "",
+        "not xml at all",
+        "<MPD>",
+        "<MPD><Period></MPD>",
+        "<MPD></Period></MPD>",
+        "<MPD attr=\"unterminated></MPD>",
+        "<MPD a=\"1\" a=\"2\"/>",
+        "<MPD>&bogus;</MPD>",
+    ] {
+        assert!(
+            matches!(parse_err(bad), DashError::Xml(_)),
+            "{bad:?} → {:?}",
+            parse_err(bad)
+        );
+    }
+    assert_eq!(
+        parse_err("<html><body/></html>"),
+        DashError::NotMpd("html".into())
+    );
+}
+
+#[test]
+fn deep_nesting_is_refused() {
+    let depth = 10_000;
+    let xml = format!("<MPD>{}{}</MPD>", "<a>".repeat(depth), "</a>".repeat(depth));
+    assert_eq!(parse_err(&xml), DashError::TooDeep(xml::MAX_DEPTH));
+}
+
+#[test]
+fn too_many_elements_are_refused() {
+    let xml = format!("<MPD>{}</MPD>", "<a/>".repeat(xml::MAX_ELEMENTS + 1));
+    assert_eq!(
+        parse_err(&xml),
+        DashError::TooManyElements(xml::MAX_ELEMENTS)
+    );
+}
+
+fn one_template(template: &str, mpd_attrs: &str) -> String {
+    format!(
+        r#"<MPD {mpd_attrs}><Period><AdaptationSet mimeType="video/mp4">{template}
+        <Representation id="v" bandwidth="1"/></AdaptationSet></Period></MPD>"#
+    )
+}
+
+fn media_err(template: &str, mpd_attrs: &str) -> DashError {
+    match parse_mpd(&one_template(template, mpd_attrs), &mpd_url()) {
+        Ok(mpd) => to_hls_media(&mpd, "0_v_1", &MediaOptions::default(), show).unwrap_err(),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn hostile_numbers_are_typed_errors() {
+    let vod = r#"mediaPresentationDuration="PT10S""#;
+    let huge = r#"<MPD><Period><AdaptationSet><Representation id="v" bandwidth="99999999999999999999999"/></AdaptationSet></Period></MPD>"#;
+    assert!(matches!(
+        parse_err(huge),
+        DashError::InvalidAttribute {
+            name: "bandwidth",
+            ..
+        }
+    ));
+    assert!(matches!(
+        parse_err(&one_template(
+            r#"<SegmentTemplate timescale="0" duration="1" media="$Number$"/>"#,
+            vod
+        )),
+        DashError::InvalidAttribute {
+            name: "timescale",
+            ..
+        }
+    ));
+    assert!(matches!(
+        parse_err(&one_template(
+            r#"<SegmentTemplate duration="0" media="$Number$"/>"#,
+            vod
+        )),
+        DashError::InvalidAttribute {
+            name: "duration",
+            ..
+        }
+    ));
+    assert!(matches!(
+        parse_err(&one_template(
+            r#"<SegmentTemplate media="x"><SegmentTimeline><S d="0"/></SegmentTimeline></SegmentTemplate>"#,
+            vod
+        )),
+        DashError::InvalidAttribute { name: "S@d", .. }
+    ));
+    assert!(matches!(
+        parse_err(&one_template(
+            r#"<SegmentTemplate media="x"><SegmentTimeline><S d="1" r="-2"/></SegmentTimeline></SegmentTemplate>"#,
+            vod
+        )),
+        DashError::InvalidAttribute { name: "S@r", .. }
+    ));
+    assert!(matches!(
+        parse_err(&one_template("", r#"mediaPresentationDuration="PT1H1H""#)),
+        DashError::InvalidAttribute { .. }
+    ));
+    assert!(matches!(
+        parse_err(&one_template(
+            "",
+            r#"type="dynamic" availabilityStartTime="soon""#
+        )),
+        DashError::InvalidAttribute { .. }
+    ));
+    // A 100-year presentation of 1 ms segments would be billions of segments.
+    let long = r#"mediaPresentationDuration="P100Y""#;
+    assert_eq!(
+        media_err(
+            r#"<SegmentTemplate timescale="1000" duration="1" media="$Number$"/>"#,
+            long
+        ),
+        DashError::TooManySegments(MAX_SEGMENTS)
+    );
+    assert_eq!(
+        media_err(
+            r#"<SegmentTemplate media="$Time$"><SegmentTimeline><S d="1" r="9223372036854775807"/></SegmentTimeline></SegmentTemplate>"#,
+            vod
+        ),
+        DashError::TooManySegments(MAX_SEGMENTS)
+    );
+    // An open-ended repeat in a presentation without an end cannot be expanded.
+    assert!(matches!(
+        media_err(
+            r#"<SegmentTemplate media="$Time$"><SegmentTimeline><S d="1" r="-1"/></SegmentTimeline></SegmentTemplate>"#,
+            ""
+        ),
+        DashError::Missing(_)
+    ));
+    assert!(matches!(
+        media_err(r#"<SegmentTemplate duration="2" media="$Number$"/>"#, ""),
+        DashError::Missing(_)
+    ));
+    assert!(matches!(
+        media_err(r#"<SegmentTemplate duration="2" media="$Nope$"/>"#, vod),
+        DashError::Template { .. }
+    ));
+    assert!(matches!(
+        media_err(
+            r#"<SegmentTemplate media="$Time$"><SegmentTimeline><S t="18446744073709551615" d="18446744073709551615" r="3"/></SegmentTimeline></SegmentTemplate>"#,
+            vod
+        ),
+        DashError::Overflow
+    ));
+}
+
+#[test]
+fn open_repeat_in_static_mpd_runs_to_the_period_end() {
+    let xml = one_template(
+        r#"<SegmentTemplate timescale="10" media="$Time$"><SegmentTimeline><S t="0" d="40" r="-1"/></SegmentTimeline></SegmentTemplate>"#,
+        r#"mediaPresentationDuration="PT10S""#,
+    );
+    let mpd = parse(&xml);
+    let rep = mpd.find_profile("0_v_1").unwrap();
+    let index = segment_index(&mpd, &mpd.periods[0], rep, 0.0, None).unwrap();
+    let times: Vec<u64> = index.segments.iter().map(|s| s.time).collect();
+    assert_eq!(times, [0, 40, 80]);
+}
+
+#[test]
+fn unknown_profile_and_empty_mpd() {
+    let mpd = parse(r#"<MPD mediaPresentationDuration="PT1S"><Period/></MPD>"#);
+    assert_eq!(
+        to_hls_master(&mpd, &MasterOptions::default(), playlist_url),
+        Err(DashError::NoTracks)
+    );
+    let err = to_hls_media(&mpd, "nope", &MediaOptions::default(), show).unwrap_err();
+    assert_eq!(err, DashError::UnknownProfile("nope".into()));
+}
+
+/// Runs everything downstream of parsing, as a handler would.
+fn exercise(xml: &str, now: f64) {
+    let Ok(mpd) = parse_mpd(xml, &mpd_url()) else {
+        return;
+    };
+    let _ = to_hls_master(&mpd, &MasterOptions::default(), playlist_url);
+    let profiles: Vec<String> = mpd
+        .representations()
+        .map(|(_, _, r)| r.profile_id.clone())
+        .collect();
+    for profile in profiles {
+        let options = MediaOptions {
+            now,
+            live_depth: Some(5),
+            skip: vec![(1.0, 3.0)],
+            ..MediaOptions::default()
+        };
+        let _ = to_hls_media(&mpd, &profile, &options, show);
+    }
+}
+
+fn number_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("0".to_owned()),
+        Just("-1".to_owned()),
+        Just("18446744073709551615".to_owned()),
+        Just("99999999999999999999".to_owned()),
+        (0u64..5000).prop_map(|n| n.to_string()),
+        any::<u64>().prop_map(|n| n.to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_text_never_panics(text in ".{0,400}") {
+        exercise(&text, AST);
+    }
+
+    #[test]
+    fn arbitrary_sidx_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200), offset in any::<u64>()) {
+        let _ = parse_sidx(&bytes, offset);
+    }
+
+    #[test]
+    fn arbitrary_numbers_never_panic(
+        timescale in number_text(), duration in number_text(), start in number_text(),
+        t in number_text(), d in number_text(), r in number_text(), pto in number_text(),
+        live in any::<bool>(), now_offset in -1.0e10f64..1.0e10,
+    ) {
+        let kind = if live {
+            r#"type="dynamic" availabilityStartTime="2024-01-01T00:00:00Z" timeShiftBufferDepth="PT30S""#
+        } else {
+            r#"mediaPresentationDuration="PT1M""#
+        };
+        let with_duration = format!(r#"<SegmentTemplate timescale="{timescale}" duration="{duration}" startNumber="{start}" presentationTimeOffset="{pto}" media="$Number%05d$-$Time$"/>"#);
+        let with_timeline = format!(r#"<SegmentTemplate timescale="{timescale}" startNumber="{start}" presentationTimeOffset="{pto}" media="$Number$-$Time$"><SegmentTimeline><S t="{t}" d="{d}" r="{r}"/><S d="{duration}"/></SegmentTimeline></SegmentTemplate>"#);
+        exercise(&one_template(&with_duration, kind), AST + now_offset);
+        exercise(&one_template(&with_timeline, kind), AST + now_offset);
+    }
+}

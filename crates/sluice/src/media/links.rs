@@ -1,0 +1,122 @@
+//! Child URLs for rewritten manifests: back through this proxy, in the parent's auth mode, with the
+//! parent's parameters carried.
+//!
+//! When a password is configured children are encrypted path tokens (`/_token_<T>/proxy/...`) that
+//! carry the parent's `exp` and `ip` claims, so the password itself never appears in a URL and a
+//! time- or IP-bound parent cannot mint unbounded children. Without a password children are plain
+//! query URLs.
+
+use sluice_media::query::Query;
+use sluice_media::token::TokenKey;
+
+use crate::app::RequestContext;
+
+/// Builds child URLs for one parent request.
+#[derive(Debug, Clone)]
+pub struct Links {
+    /// `scheme://host[:port]` as the client addressed us, or empty for path-absolute URLs.
+    origin: String,
+    key: Option<TokenKey>,
+    exp: Option<u64>,
+    ip: Option<String>,
+}
+
+impl Links {
+    /// Links for children of the request in `ctx`.
+    pub fn new(ctx: &RequestContext, key: Option<&TokenKey>) -> Self {
+        let origin = match &ctx.host {
+            Some(host) => format!("{}://{}", if ctx.secure { "https" } else { "http" }, host),
+            None => String::new(),
+        };
+        let (exp, ip) = match &ctx.token {
+            Some(scope) => (scope.exp, scope.ip.clone()),
+            None => (None, None),
+        };
+        Links {
+            origin,
+            key: key.cloned(),
+            exp,
+            ip,
+        }
+    }
+
+    /// The URL of `endpoint` (a path such as `/proxy/hls/segment.ts`) with `params`.
+    pub fn url(&self, endpoint: &str, params: &[(String, String)]) -> String {
+        match &self.key {
+            Some(key) => {
+                let iv = super::generate::random_iv();
+                let token = key.encrypt(params, self.exp, self.ip.as_deref(), iv);
+                format!("{}/_token_{token}{endpoint}", self.origin)
+            }
+            None => format!(
+                "{}{endpoint}?{}",
+                self.origin,
+                Query::from_pairs(params.to_vec()).encode()
+            ),
+        }
+    }
+}
+
+/// The parent's parameters that children inherit: everything except the destination, credentials
+/// and the names `drop` rejects.
+pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    query
+        .pairs()
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "d" | "api_password" | "token" | "exp" | "ip"))
+        .filter(|(k, _)| !drop(k))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::TokenScope;
+
+    fn ctx(token: Option<TokenScope>) -> RequestContext {
+        RequestContext {
+            peer: "127.0.0.1:5000".parse().unwrap(),
+            client_ip: "127.0.0.1".parse().unwrap(),
+            query: Query::parse("d=http%3A%2F%2Fo%2Fm.m3u8&h_referer=r&api_password=pw&r_x=1"),
+            path: "/proxy/hls/manifest.m3u8".into(),
+            host: Some("proxy.example:8888".into()),
+            secure: false,
+            token,
+        }
+    }
+
+    #[test]
+    fn plain_links_without_password() {
+        let c = ctx(None);
+        let carried = carried(&c.query, |k| k.starts_with("r_"));
+        assert_eq!(carried, vec![("h_referer".to_string(), "r".to_string())]);
+        let mut params = vec![("d".to_string(), "http://o/s 1.ts".to_string())];
+        params.extend(carried);
+        assert_eq!(
+            Links::new(&c, None).url("/proxy/hls/segment.ts", &params),
+            "http://proxy.example:8888/proxy/hls/segment.ts?d=http%3A%2F%2Fo%2Fs+1.ts&h_referer=r"
+        );
+    }
+
+    #[test]
+    fn token_links_keep_claims_and_hide_password() {
+        let key = TokenKey::new("pw");
+        let c = ctx(Some(TokenScope {
+            exp: Some(4_000_000_000),
+            ip: Some("1.2.3.4".into()),
+        }));
+        let params = vec![("d".to_string(), "http://o/s.ts".to_string())];
+        let url = Links::new(&c, Some(&key)).url("/proxy/hls/segment.ts", &params);
+        assert!(!url.contains("pw"));
+        let rest = url
+            .strip_prefix("http://proxy.example:8888/_token_")
+            .unwrap();
+        let (token, endpoint) = rest.split_once('/').unwrap();
+        assert_eq!(endpoint, "proxy/hls/segment.ts");
+        let claims = key.decrypt(token).unwrap();
+        assert_eq!(claims.exp, Some(4_000_000_000));
+        assert_eq!(claims.ip.as_deref(), Some("1.2.3.4"));
+        assert_eq!(claims.param("d"), Some("http://o/s.ts"));
+    }
+}
