@@ -1,0 +1,190 @@
+//! sluice-loadgen: HTTP load client (batch and duration modes) and /proc sampler; prints JSON.
+//!
+//! # Layout
+//! - `client`: one keep-alive connection, one measured and verified GET
+//! - `batch`: c requests released together, warm-ups, median of timed rounds
+//! - `duration`: closed-loop requests/s over c connections for T seconds
+//! - `procstat`: CPU time and memory of a process tree over a window
+//! - `stats`: latency percentiles
+
+mod batch;
+mod client;
+mod duration;
+mod procstat;
+mod stats;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-loadgen",
+    about = "Load client and resource sampler for bench/"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Release c requests together; warm-ups; median of timed rounds per level.
+    Batch(BatchArgs),
+    /// Closed-loop requests/s over c keep-alive connections for a fixed time.
+    Duration(DurationArgs),
+    /// Sample a process tree's CPU and memory for a fixed time.
+    Sample(SampleArgs),
+}
+
+#[derive(Args)]
+struct Common {
+    /// Target URL; must be http:// on a loopback address.
+    #[arg(long)]
+    url: String,
+    #[arg(long, default_value_t = 200)]
+    expect_status: u16,
+    /// Exact body length every response must have.
+    #[arg(long)]
+    expect_len: Option<u64>,
+    /// SHA-256 (hex) that hashed bodies must match.
+    #[arg(long)]
+    expect_sha256: Option<String>,
+    /// Per-request timeout.
+    #[arg(long, default_value_t = 120.0)]
+    timeout_secs: f64,
+    /// Root PID of the server under test; its process tree is sampled in timed windows.
+    #[arg(long)]
+    pid: Option<u32>,
+    #[arg(long, default_value_t = 50)]
+    sample_ms: u64,
+    /// Runtime worker threads (default: number of CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct BatchArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Concurrency levels, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "10")]
+    levels: Vec<usize>,
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Warm-up rounds before each level.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Warm-up rounds before all levels, at --global-warmup-c.
+    #[arg(long, default_value_t = 5)]
+    global_warmup: usize,
+    #[arg(long, default_value_t = 50)]
+    global_warmup_c: usize,
+    /// Hash every n-th body in timed rounds (0: none; warm-up bodies are all hashed).
+    #[arg(long, default_value_t = 0)]
+    hash_every: usize,
+    /// Time budget for the whole run; levels not started in time are skipped.
+    #[arg(long, default_value_t = 600.0)]
+    max_secs: f64,
+}
+
+#[derive(Args)]
+struct DurationArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 10)]
+    c: usize,
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 2.0)]
+    warmup_secs: f64,
+    #[arg(long, default_value_t = 5_000_000)]
+    max_requests: u64,
+    /// Hash every n-th body (0: none).
+    #[arg(long, default_value_t = 100)]
+    hash_every: u64,
+}
+
+#[derive(Args)]
+struct SampleArgs {
+    #[arg(long)]
+    pid: u32,
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 100)]
+    sample_ms: u64,
+}
+
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n.max(1));
+    }
+    Ok(b.enable_all().build()?)
+}
+
+fn expect_of(c: &Common) -> Result<client::Expect> {
+    Ok(client::Expect {
+        status: c.expect_status,
+        len: c.expect_len,
+        sha256: c
+            .expect_sha256
+            .as_deref()
+            .map(client::parse_sha256)
+            .transpose()?,
+    })
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+fn main() -> Result<()> {
+    let json = match Cli::parse().cmd {
+        Cmd::Batch(a) => {
+            let c = &a.common;
+            let target = Arc::new(client::Target::parse(&c.url)?);
+            let cfg = batch::Config {
+                levels: a.levels.clone(),
+                rounds: a.rounds,
+                warmup: a.warmup,
+                global_warmup: a.global_warmup,
+                global_warmup_c: a.global_warmup_c,
+                hash_every: a.hash_every,
+                timeout: secs(c.timeout_secs),
+                max_secs: secs(a.max_secs),
+                pid: c.pid,
+                sample_interval: Duration::from_millis(c.sample_ms.max(1)),
+            };
+            let expect = expect_of(c)?;
+            let report = runtime(c.threads)?.block_on(batch::run(&c.url, target, expect, cfg));
+            serde_json::to_string_pretty(&report)?
+        }
+        Cmd::Duration(a) => {
+            let c = &a.common;
+            let target = Arc::new(client::Target::parse(&c.url)?);
+            let cfg = duration::Config {
+                c: a.c.max(1),
+                secs: secs(a.secs),
+                warmup_secs: secs(a.warmup_secs),
+                max_requests: a.max_requests,
+                hash_every: a.hash_every,
+                timeout: secs(c.timeout_secs),
+                pid: c.pid,
+                sample_interval: Duration::from_millis(c.sample_ms.max(1)),
+            };
+            let expect = expect_of(c)?;
+            let report = runtime(c.threads)?.block_on(duration::run(&c.url, target, expect, cfg));
+            serde_json::to_string_pretty(&report)?
+        }
+        Cmd::Sample(a) => {
+            let sampler = procstat::TreeSampler::start(a.pid);
+            let bg = procstat::Background::run(sampler, Duration::from_millis(a.sample_ms.max(1)));
+            std::thread::sleep(secs(a.secs));
+            serde_json::to_string_pretty(&bg.stop()).context("encode usage")?
+        }
+    };
+    println!("{json}");
+    Ok(())
+}

@@ -1,0 +1,1 @@
+"""Benchmark orchestration for sluice: peers, processes, scenarios and the report (stdlib only)."""

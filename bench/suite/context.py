@@ -1,0 +1,125 @@
+"""Run-wide state: paths, mode (quick/full), CPU pinning, test files, and calls to the load client."""
+
+import hashlib
+import json
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import tempfile
+
+from . import procs
+
+MiB = 1024 * 1024
+
+
+class Context:
+    def __init__(self, repo, quick, pin):
+        self.repo = repo
+        self.bench_dir = os.path.join(repo, "bench")
+        self.work = os.path.join(self.bench_dir, "work")
+        self.quick = quick
+        self.pin = pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+        self.sluice_bin = os.path.join(repo, "target", "release", "sluice")
+        self.loadgen_bin = os.path.join(repo, "target", "release", "sluice-loadgen")
+        self._tmp = tempfile.mkdtemp(prefix="run-", dir=self._ensure(os.path.join(self.work, "tmp")))
+        self.origin_workers = 1 if self.pin else 2
+        self.proxy_threads = 1 if self.pin else 2
+        self.files = {}
+        self.commands = []  # exact commands, for the report
+
+    @staticmethod
+    def _ensure(d):
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    # With two cores, the server under test gets core 1 to itself; the origin and the load client
+    # share core 0. Every peer thus has the same one-core budget whatever its process model.
+    @property
+    def proxy_cpus(self):
+        return "1" if self.pin else None
+
+    @property
+    def origin_cpus(self):
+        return "0" if self.pin else None
+
+    @property
+    def client_cpus(self):
+        return "0" if self.pin else None
+
+    def tempdir(self, name):
+        return tempfile.mkdtemp(prefix=name + "-", dir=self._tmp)
+
+    def note(self, argv, env=None):
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        self.commands.append((prefix + " " if prefix else "") + " ".join(shlex.quote(a) for a in argv))
+
+    # === test files ===
+
+    def test_file(self, name, size, content=None):
+        """A file served by the origin: `content` if given, else seeded pseudo-random bytes
+        (seed = the name), regenerated only when missing or of the wrong size. Returns
+        (path, size, sha256 hex)."""
+        d = self._ensure(os.path.join(self.work, "files"))
+        path = os.path.join(d, name)
+        meta = path + ".sha256"
+        if os.path.exists(path) and os.path.getsize(path) == size and os.path.exists(meta):
+            with open(meta) as f:
+                digest = f.read().strip()
+        else:
+            h = hashlib.sha256()
+            with open(path + ".part", "wb") as f:
+                if content is not None:
+                    f.write(content)
+                    h.update(content)
+                else:
+                    rng = random.Random(name)
+                    left = size
+                    while left > 0:
+                        chunk = rng.randbytes(min(left, 4 * MiB))
+                        f.write(chunk)
+                        h.update(chunk)
+                        left -= len(chunk)
+            os.replace(path + ".part", path)
+            digest = h.hexdigest()
+            with open(meta, "w") as f:
+                f.write(digest)
+        self.files[name] = (path, size, digest)
+        return self.files[name]
+
+    @property
+    def files_dir(self):
+        return os.path.join(self.work, "files")
+
+    # === load client ===
+
+    def loadgen(self, args, timeout):
+        argv = [self.loadgen_bin] + args
+        if self.client_cpus:
+            argv = ["taskset", "-c", self.client_cpus] + argv
+        self.note(argv)
+        try:
+            r = procs.run(argv, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"failed": f"load client exceeded {timeout:.0f}s"}
+        if r.returncode != 0:
+            return {"failed": r.stderr.strip()[-400:]}
+        return json.loads(r.stdout)
+
+    def batch(self, url, file, levels, rounds, warmup, global_warmup, global_warmup_c, pid,
+              max_secs, timeout_secs=120):
+        _, size, digest = file
+        args = ["batch", "--url", url, "--expect-len", str(size), "--expect-sha256", digest,
+                "--levels", ",".join(map(str, levels)), "--rounds", str(rounds),
+                "--warmup", str(warmup), "--global-warmup", str(global_warmup),
+                "--global-warmup-c", str(global_warmup_c), "--max-secs", str(max_secs),
+                "--timeout-secs", str(timeout_secs), "--pid", str(pid)]
+        return self.loadgen(args, timeout=max_secs + 2 * timeout_secs + 30)
+
+    def duration(self, url, file, c, secs, warmup_secs, pid, max_requests=2_000_000):
+        _, size, digest = file
+        args = ["duration", "--url", url, "--expect-len", str(size), "--expect-sha256", digest,
+                "--c", str(c), "--secs", str(secs), "--warmup-secs", str(warmup_secs),
+                "--max-requests", str(max_requests), "--timeout-secs", "30", "--pid", str(pid)]
+        return self.loadgen(args, timeout=secs + warmup_secs + 90)

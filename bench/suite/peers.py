@@ -1,0 +1,343 @@
+"""Peers under test: idempotent installation from package registries, config files, start/stop."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from . import procs
+
+MEDIAFLOW_VERSION = "2.4.9"
+APT_PACKAGES = {"nginx": ["nginx-light", "nginx"], "varnishd": ["varnish"], "haproxy": ["haproxy"]}
+
+
+class Peer:
+    """One running server: its process (the root of the tree we sample) and where it listens."""
+
+    def __init__(self, name, proc, port, version=""):
+        self.name, self.proc, self.port, self.version = name, proc, port, version
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self):
+        procs.stop(self.proc)
+
+
+class Unavailable(Exception):
+    """A peer that could not be installed or started; reported in the output, never hidden."""
+
+
+# === installation ===
+
+_apt_updated = False
+
+
+def _apt_install(names):
+    global _apt_updated
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if not _apt_updated:
+        procs.run(["apt-get", "update", "-qq"], timeout=300, env=env)
+        _apt_updated = True
+    for name in names:
+        r = procs.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", name],
+                      timeout=600, env=env)
+        if r.returncode == 0:
+            return name
+    return None
+
+
+def ensure_binary(binary):
+    """Returns the path of `binary` (nginx, varnishd, haproxy), installing its Debian package if
+    missing. Installing never starts anything we use: the suite runs its own instances."""
+    path = shutil.which(binary) or (f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None)
+    if path:
+        return path
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise Unavailable(f"{binary} is not installed and apt-get is not usable here")
+    if not _apt_install(APT_PACKAGES[binary]):
+        raise Unavailable(f"apt-get could not install {' or '.join(APT_PACKAGES[binary])}")
+    path = shutil.which(binary) or f"/usr/sbin/{binary}"
+    if not os.path.exists(path):
+        raise Unavailable(f"{binary} still missing after installing its package")
+    return path
+
+
+def ensure_mediaflow(work):
+    """A venv under bench/work with mediaflow-proxy pinned; returns its uvicorn path."""
+    venv = os.path.join(work, "venv")
+    uvicorn = os.path.join(venv, "bin", "uvicorn")
+    marker = os.path.join(venv, f".mediaflow-{MEDIAFLOW_VERSION}")
+    if os.path.exists(marker) and os.path.exists(uvicorn):
+        return uvicorn
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        r = procs.run([sys.executable, "-m", "venv", venv], timeout=300)
+        if r.returncode != 0:
+            raise Unavailable(f"python venv failed: {r.stderr.strip()[-300:]}")
+    pip = os.path.join(venv, "bin", "pip")
+    r = procs.run([pip, "install", "-q", f"mediaflow-proxy=={MEDIAFLOW_VERSION}"], timeout=1200)
+    if r.returncode != 0 or not os.path.exists(uvicorn):
+        raise Unavailable(f"pip install mediaflow-proxy=={MEDIAFLOW_VERSION} failed: "
+                          f"{r.stderr.strip()[-300:]}")
+    open(marker, "w").close()
+    return uvicorn
+
+
+def ensure_goproxy(bench_dir, work):
+    """Builds bench/goproxy when the binary is missing or older than its source."""
+    src = os.path.join(bench_dir, "goproxy")
+    out = os.path.join(work, "bin", "goproxy")
+    newest = max(os.path.getmtime(os.path.join(src, f)) for f in os.listdir(src))
+    if os.path.exists(out) and os.path.getmtime(out) >= newest:
+        return out
+    if not shutil.which("go"):
+        raise Unavailable("go toolchain not found")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    r = procs.run(["go", "build", "-o", out, "."], timeout=600, cwd=src)
+    if r.returncode != 0:
+        raise Unavailable(f"go build failed: {r.stderr.strip()[-300:]}")
+    return out
+
+
+def sluice_has_serve(binary):
+    """True when the sluice binary exists and its CLI offers `serve`."""
+    if not os.path.exists(binary):
+        return False
+    try:
+        r = procs.run([binary, "serve", "--help"], timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "--listen" in (r.stdout + r.stderr)
+
+
+def version_of(argv):
+    try:
+        r = procs.run(argv, timeout=20)
+        text = (r.stdout + r.stderr).strip().splitlines()
+        return text[0] if text else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+# === configs and start ===
+
+NGINX_ORIGIN = """# origin for the benchmark: static files, keep-alive, sendfile
+worker_processes {workers};
+daemon off;
+master_process on;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; use epoll; }}
+http {{
+    access_log off;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    tcp_nodelay on;
+    keepalive_timeout 90s;
+    keepalive_requests 100000;
+    open_file_cache max=64 inactive=60s;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        root {root};
+        location / {{ }}
+    }}
+}}
+"""
+
+NGINX_PROXY = """# nginx as a plain reverse proxy (proxy_pass, pooled keep-alive to the origin, no cache)
+worker_processes {workers};
+daemon off;
+master_process on;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; use epoll; }}
+http {{
+    access_log off;
+    keepalive_timeout 90s;
+    keepalive_requests 100000;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream origin {{
+        server 127.0.0.1:{upstream};
+        keepalive 256;
+        keepalive_requests 100000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+VARNISH_PASS = """vcl 4.1;
+# Varnish in pass mode: every request goes to the origin, nothing is cached
+backend origin {{
+    .host = "127.0.0.1";
+    .port = "{upstream}";
+}}
+sub vcl_recv {{
+    return (pass);
+}}
+"""
+
+HAPROXY_HTTP = """# HAProxy in HTTP mode in front of the origin, connection reuse on
+global
+    maxconn 8000
+    nbthread {threads}
+defaults
+    mode http
+    http-reuse always
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+frontend in
+    bind 127.0.0.1:{port}
+    default_backend origin
+backend origin
+    server o1 127.0.0.1:{upstream}
+"""
+
+HAPROXY_TCP = """# HAProxy in TCP mode in front of the origin
+global
+    maxconn 8000
+    nbthread {threads}
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+frontend in
+    bind 127.0.0.1:{port}
+    default_backend origin
+backend origin
+    server o1 127.0.0.1:{upstream}
+"""
+
+
+def start_origin(ctx, root, cpus):
+    nginx = ensure_binary("nginx")
+    d = ctx.tempdir("origin")
+    port = procs.free_port()
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_ORIGIN.format(workers=ctx.origin_workers, dir=d, port=port, root=root))
+    argv = [nginx, "-p", d, "-c", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("nginx origin", p, port, version_of([nginx, "-v"]))
+
+
+def start_mediaflow(ctx, password, cpus):
+    uvicorn = ensure_mediaflow(ctx.work)
+    d = ctx.tempdir("mediaflow")
+    port = procs.free_port()
+    argv = [uvicorn, "mediaflow_proxy.main:app", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "2", "--no-access-log", "--log-level", "warning"]
+    ctx.note(argv, {"API_PASSWORD": password})
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, cwd=d,
+                    env={"API_PASSWORD": password})
+    procs.wait_http(f"http://127.0.0.1:{port}/health", p, timeout=120)
+    return Peer("MediaFlow", p, port, f"mediaflow-proxy {MEDIAFLOW_VERSION}, uvicorn 2 workers")
+
+
+def start_sluice(ctx, password, cpus):
+    if not sluice_has_serve(ctx.sluice_bin):
+        raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
+    d = ctx.tempdir("sluice")
+    port = procs.free_port()
+    argv = [ctx.sluice_bin, "serve", "--listen", f"127.0.0.1:{port}", "--api-password", password,
+            "--allow-private-upstreams"]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
+    procs.wait_tcp(port, p)
+    return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
+
+
+def start_haproxy_tcp(ctx, upstream_port, cpus):
+    haproxy = ensure_binary("haproxy")
+    d = ctx.tempdir("haproxy")
+    port = procs.free_port()
+    conf = os.path.join(d, "haproxy.cfg")
+    with open(conf, "w") as f:
+        f.write(HAPROXY_TCP.format(threads=ctx.proxy_threads, port=port, upstream=upstream_port))
+    argv = [haproxy, "-db", "-f", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("HAProxy tcp", p, port, version_of([haproxy, "-v"]))
+
+
+def start_goproxy(ctx, upstream_port, cpus):
+    binary = ensure_goproxy(ctx.bench_dir, ctx.work)
+    d = ctx.tempdir("goproxy")
+    port = procs.free_port()
+    argv = [binary, "-listen", f"127.0.0.1:{port}", "-upstream", f"127.0.0.1:{upstream_port}"]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("Go io.Copy", p, port, version_of(["go", "version"]))
+
+
+def _write(d, name, text):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def start_nginx_proxy(ctx, upstream_port, cpus):
+    nginx = ensure_binary("nginx")
+    d = ctx.tempdir("nginx-proxy")
+    port = procs.free_port()
+    conf = _write(d, "nginx.conf", NGINX_PROXY.format(workers=ctx.proxy_threads, dir=d, port=port,
+                                                      upstream=upstream_port))
+    argv = [nginx, "-p", d, "-c", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("nginx proxy_pass", p, port, version_of([nginx, "-v"]))
+
+
+def start_varnish_pass(ctx, upstream_port, cpus):
+    varnishd = ensure_binary("varnishd")
+    d = ctx.tempdir("varnish")
+    port = procs.free_port()
+    vcl = _write(d, "pass.vcl", VARNISH_PASS.format(upstream=upstream_port))
+    # -F: foreground; -j none: no privilege separation, so the temp dir needs no special owner.
+    argv = [varnishd, "-F", "-j", "none", "-n", os.path.join(d, "n"), "-a", f"127.0.0.1:{port}",
+            "-f", vcl, "-s", "malloc,64m", "-T", "none"]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p, timeout=60)
+    return Peer("Varnish pass", p, port, version_of([varnishd, "-V"]))
+
+
+def start_haproxy_http(ctx, upstream_port, cpus):
+    haproxy = ensure_binary("haproxy")
+    d = ctx.tempdir("haproxy-http")
+    port = procs.free_port()
+    conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(threads=ctx.proxy_threads, port=port,
+                                                        upstream=upstream_port))
+    argv = [haproxy, "-db", "-f", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("HAProxy http", p, port, version_of([haproxy, "-v"]))

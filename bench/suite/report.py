@@ -1,0 +1,239 @@
+"""docs/benchmarks.md: machine facts, method, one section per scenario, stdout tables, SVG charts."""
+
+import datetime
+import os
+import platform
+import subprocess
+
+from . import svg
+
+DASH = "–"
+
+
+def machine_info(repo):
+    cpu, cores = "", 0
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and not cpu:
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("processor"):
+                cores += 1
+    mem_gib = 0.0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_gib = int(line.split()[1]) / 1024 / 1024
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                                  timeout=20).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    # The report's own outputs are rewritten by every run; only other changes make the tree dirty.
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                     ":!docs/benchmarks.md", ":!docs/benchmarks"))
+    return {"cpu": cpu, "cores": cores, "loadavg": load, "kernel": platform.release(), "mem_gib": round(mem_gib, 1),
+            "commit": git("rev-parse", "--short=12", "HEAD") + (" (with uncommitted changes)" if dirty else ""),
+            "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _f(v, digits=1):
+    return DASH if v is None else f"{v:,.{digits}f}"
+
+
+def table(headers, rows):
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# === S1 ===
+
+def _s1_level_rows(result):
+    rows = []
+    levels = result["params"]["levels"]
+    for c in levels:
+        for row in result["rows"]:
+            small = row.get("small") or {}
+            lvl = next((x for x in small.get("levels", []) if x["c"] == c), None)
+            if row.get("status") != "ok" or lvl is None:
+                why = row.get("status") if row.get("status") != "ok" else small.get("failed", "skipped")
+                rows.append([c, row["peer"]] + [DASH] * 9 + [why])
+                continue
+            u = lvl.get("usage") or {}
+            errs = f"{lvl['errors']} / {lvl['warmup_errors']}"
+            if lvl["error_kinds"]:
+                errs += " (" + ", ".join(f"{k} {v}" for k, v in lvl["error_kinds"].items()) + ")"
+            rows.append([c, row["peer"], _f(lvl["latency"]["avg_ms"]), _f(lvl["latency"]["p90_ms"]),
+                         _f(lvl["latency"]["p99_ms"]), _f(lvl["throughput_mb_s"], 0),
+                         _f(u.get("cpu_s"), 2), _f(u.get("cpu_pct"), 0),
+                         _f(lvl.get("peak_rss_mb")), _f(lvl.get("peak_uss_mb")),
+                         _f(u.get("sys_busy_pct"), 0), errs])
+    return rows
+
+
+def _s1_big_rows(result):
+    rows = []
+    for row in result["rows"]:
+        big = row.get("big") or {}
+        lvl = (big.get("levels") or [None])[0]
+        idle = row.get("big_idle") or row.get("idle") or {}
+        if row.get("status") != "ok" or lvl is None:
+            why = row.get("status") if row.get("status") != "ok" else big.get("failed", "skipped")
+            rows.append([row["peer"]] + [DASH] * 8 + [why])
+            continue
+        u = lvl.get("usage") or {}
+        rows.append([row["peer"], _f(lvl["throughput_mb_s"], 0), _f(lvl["latency"]["avg_ms"] / 1e3, 2),
+                     _f(u.get("cpu_s"), 2), _f(u.get("cpu_pct"), 0),
+                     f"{_f(idle.get('peak_rss_mb'))} / {_f(idle.get('peak_uss_mb'))}",
+                     _f(lvl.get("peak_rss_mb")), _f(lvl.get("peak_uss_mb")),
+                     _f(u.get("sys_busy_pct"), 0), f"{lvl['errors']} / {lvl['warmup_errors']}"])
+    return rows
+
+
+S1_HEAD = ["c", "peer", "avg ms", "p90 ms", "p99 ms", "MB/s", "CPU s", "CPU %", "RSS MB",
+           "USS MB", "machine busy %", "errors (timed / warm-up)"]
+S1_BIG_HEAD = ["peer", "MB/s", "avg s", "CPU s", "CPU %", "idle RSS / USS MB", "peak RSS MB",
+               "peak USS MB", "machine busy %", "errors (timed / warm-up)"]
+
+
+def _s1_charts(result, out_dir):
+    levels = result["params"]["levels"]
+    tput, lat = [], []
+    for row in result["rows"]:
+        small = row.get("small") or {}
+        by_c = {x["c"]: x for x in small.get("levels", [])}
+        if row.get("status") != "ok" or not by_c:
+            continue
+        tput.append((row["peer"], [by_c[c]["throughput_mb_s"] if c in by_c else None for c in levels]))
+        lat.append((row["peer"], [by_c[c]["latency"]["avg_ms"] if c in by_c else None for c in levels]))
+    files = []
+    for name, title, ylab, series, log in (
+            ("s1-throughput.svg", "S1: throughput vs concurrency (7 MiB file)", "MB/s", tput, False),
+            ("s1-latency.svg", "S1: average latency vs concurrency (7 MiB file)", "ms (log scale)",
+             lat, True)):
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(svg.line_chart(title, "concurrent clients (c)", ylab, levels, series, log=log))
+        files.append(name)
+    return files
+
+
+def _faster_than_direct(result):
+    """Levels where a proxy beat the direct fetch by more than 10 %: a result to explain, not a win."""
+    by_peer = {}
+    for row in result["rows"]:
+        for lvl in (row.get("small") or {}).get("levels", []):
+            by_peer.setdefault(row["peer"], {})[lvl["c"]] = lvl["throughput_mb_s"]
+    direct = by_peer.pop("nginx direct", {})
+    notes = []
+    for peer, levels in by_peer.items():
+        for c, v in levels.items():
+            if c in direct and direct[c] > 0 and v > 1.1 * direct[c]:
+                notes.append(f"{peer} at c={c}: {v:,.0f} MB/s vs direct {direct[c]:,.0f} MB/s")
+    return notes
+
+
+def render_s1(result, out_dir, charts_rel):
+    p = result["params"]
+    md = [f"Origin: {result.get('origin', '')}, serving a {p['small_bytes'] / 2**20:g} MiB file of "
+          f"seeded random bytes, requested as `/proxy/stream?d=<origin URL>&api_password=…` "
+          f"(direct: the origin URL). Each level: {p['warmup']} warm-up round(s), then the round "
+          f"with the median wall time out of {p['rounds']}; {p['global_warmup']} global warm-up "
+          f"round(s) at c={p['global_warmup_c']} first. All peers run side by side and the levels "
+          f"are interleaved (every peer at c=10, then every peer at the next level, rotating the "
+          f"order), so background load on the machine falls on all of them alike. Latency is time to last byte of the successful requests "
+          f"of that round; MB/s = bytes received / round wall time. CPU and memory are the "
+          f"process tree of the server under test (for *nginx direct*, the origin itself), CPU "
+          f"from the median round, RSS/USS the peak over the level's timed rounds. *Machine busy %* is "
+          f"the whole machine's CPU use in that round (all cores, softirq included; 100 = every "
+          f"core busy): it shows how much else was running.", "",
+          table(S1_HEAD, _s1_level_rows(result)), ""]
+    odd = _faster_than_direct(result)
+    if odd:
+        md += ["**Faster than the direct fetch (to be explained, most likely noise from other load "
+               "on the machine during that round):** " + "; ".join(odd) + ".", ""]
+    for name in _s1_charts(result, out_dir):
+        md.append(f"![{name}]({charts_rel}/{name})")
+    md += ["", f"**Large file**: {p['big_bytes'] / 2**20:g} MiB at c={p['big_c']} "
+               f"({p['big_warmup']} warm-up, median of {p['big_rounds']}) on a freshly started "
+               f"instance of each proxy; memory must not grow with file size.", "", table(S1_BIG_HEAD, _s1_big_rows(result))]
+    versions = [f"{r['peer']}: {r['version']}" for r in result["rows"] if r.get("version")]
+    if versions:
+        md += ["", "Versions: " + "; ".join(versions) + "."]
+    return "\n".join(md)
+
+
+# === S2 and S3 (closed-loop duration runs) ===
+
+S3_HEAD = ["body", "c", "peer", "req/s", "avg ms", "p50 ms", "p99 ms", "CPU %", "RSS MB", "USS MB",
+           "errors"]
+
+
+def render_s3(result, out_dir, charts_rel):
+    rows = []
+    for row in result["rows"]:
+        if row.get("status") != "ok":
+            rows.append([DASH, DASH, row["peer"]] + [DASH] * 7 + [row.get("status", "")])
+            continue
+        for r in row["results"]:
+            rep = r["report"]
+            if "failed" in rep:
+                rows.append([r["file"], r["c"], row["peer"]] + [DASH] * 7 + [rep["failed"]])
+                continue
+            u = rep.get("usage") or {}
+            rows.append([f"{r['bytes']:,} B", r["c"], row["peer"], _f(rep["rps"], 0),
+                         _f(rep["latency"]["avg_ms"], 3), _f(rep["latency"]["p50_ms"], 3),
+                         _f(rep["latency"]["p99_ms"], 3), _f(u.get("cpu_pct"), 0),
+                         _f(u.get("peak_rss_mb")), _f(u.get("peak_uss_mb")),
+                         f"{rep['errors']} / {rep['warmup_errors']}"])
+    rows.sort(key=lambda r: (str(r[0]), r[1] if isinstance(r[1], int) else 0))
+    p = result["params"]
+    return "\n".join([f"Closed loop over c keep-alive connections for {p['secs']} s after "
+                      f"{p['warmup_secs']} s of warm-up; origin {result.get('origin', '')}. CPU "
+                      f"and memory are the proxy's process tree (origin's for *direct*).", "",
+                      table(S3_HEAD, rows)])
+
+
+# === pending scenarios ===
+
+def render_pending(result, out_dir, charts_rel):
+    crit = result.get("criterion")
+    if crit and crit.get("results"):
+        md = ["`cargo bench -p sluice-media --bench cenc` (criterion, median throughput):", "",
+              table(["benchmark", "throughput"], [[x["bench"], x["median"]] for x in crit["results"]])]
+    elif crit:
+        md = [f"cenc bench failed: {crit.get('error', 'no throughput lines in its output')}"]
+    else:
+        md = [f"*{result['note']}.*"]
+    if result.get("published"):
+        md += ["", "Published reference figures (rtp2httpd's own benchmark: Ubuntu 24.04 aarch64 VM "
+                   "on an Apple M3 Max, 10 s runs, `top` samples, USS from smaps_rollup). "
+                   "**Published, not measured here**; their harness charges loopback softirq to the "
+                   "sender and does not check delivery. CPU % (100 = one core) / USS MB:", "",
+               table(["case", "rtp2httpd", "msd_lite", "udpxy", "tvgate"], result["published"])]
+    o = result.get("openssl")
+    if o and "line" in o:
+        md += ["", f"Measured now: `openssl speed -evp aes-128-ctr` ({o['version']}), bytes/s in "
+                   "thousands per block size, one core:", "", "```", o["header"], o["line"], "```"]
+    elif o:
+        md += ["", f"openssl speed failed: {o.get('error')}"]
+    return "\n".join(md)
+
+
+RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3, "S6": render_pending}
+
+
+def render_section(result, out_dir, charts_rel):
+    fn = RENDER.get(result["id"]) if result.get("status") == "measured" else render_pending
+    head = f"## {result['id']}. {result['title']}"
+    q = f"*Question:* {result['question']}"
+    meta = result.get("meta")
+    when = (f"*Run:* {meta['date']}, commit {meta['commit']}, load average before the run "
+            f"{meta.get('loadavg', '?')}, "
+            f"{'quick' if result.get('quick') else 'full'} mode." if meta and result.get("status") == "measured" else "")
+    return "\n\n".join(x for x in (head, q, when, fn(result, out_dir, charts_rel)) if x)
