@@ -14,5 +14,6 @@
 pub mod b64url;
 pub mod dash;
 pub mod generate;
+pub mod hls;
 pub mod query;
 pub mod token;
