@@ -118,7 +118,8 @@ pub struct RewriteOptions {
     /// maps and other tags stay since later segments may rely on them. Where segments were cut
     /// between two kept ones, the next kept one gets `#EXT-X-DISCONTINUITY` (once); a cut at the
     /// very start needs none. An implicit `BYTERANGE` offset after a cut is made explicit.
-    /// Ignored in master playlists.
+    /// Ignored in master playlists. Sequence numbers are not renumbered: `skip` is meant for
+    /// VOD, where players do not track them.
     pub skip: Vec<(f64, f64)>,
     /// Master playlists: keep only the variants of the highest `RESOLUTION`.
     pub max_res: bool,
@@ -262,10 +263,13 @@ pub fn is_playlist_url(url: &Url) -> bool {
     let by_path = [&b".m3u8"[..], b".m3u", b".m3u_plus"].iter().any(|ext| {
         path.len() >= ext.len() && path[path.len() - ext.len()..].eq_ignore_ascii_case(ext)
     });
+    // Raw query bytes, not decoded pairs: this runs for every segment URI, and nobody
+    // percent-encodes `type=m3u`.
     by_path
-        || url.query().is_some_and(|_| {
-            url.query_pairs().any(|(k, v)| {
-                k == "type" && v.len() >= 3 && v.as_bytes()[..3].eq_ignore_ascii_case(b"m3u")
+        || url.query().is_some_and(|q| {
+            q.split('&').any(|pair| {
+                pair.strip_prefix("type=")
+                    .is_some_and(|v| v.len() >= 3 && v.as_bytes()[..3].eq_ignore_ascii_case(b"m3u"))
             })
         })
 }

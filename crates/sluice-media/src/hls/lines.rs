@@ -8,6 +8,8 @@ pub(crate) struct Line<'a> {
     pub number: usize,
     pub text: &'a str,
     pub eol: &'a str,
+    /// Classified once here: the skip path looks at a buffered line's kind several times.
+    kind: LineKind<'a>,
 }
 
 /// What a line is, as far as HLS cares.
@@ -59,13 +61,14 @@ impl<'a> Iterator for Lines<'a> {
             number: self.number,
             text,
             eol,
+            kind: classify(text),
         })
     }
 }
 
 impl<'a> Line<'a> {
     pub fn kind(&self) -> LineKind<'a> {
-        classify(self.text)
+        self.kind
     }
 }
 

@@ -28,9 +28,11 @@ fn parse_range(item: &str) -> Result<(f64, f64), &'static str> {
     }
     // Split at the first '-' after the first character, so "-5-10" is read as a
     // negative start (and rejected as such) rather than as an empty start.
-    let dash = item[1..]
-        .find('-')
-        .map(|i| i + 1)
+    let dash = item
+        .char_indices()
+        .skip(1)
+        .find(|&(_, c)| c == '-')
+        .map(|(i, _)| i)
         .ok_or("range must be START-END")?;
     let start = parse_seconds(&item[..dash])?;
     let end = parse_seconds(&item[dash + 1..])?;
@@ -165,7 +167,7 @@ mod tests {
     #[test]
     fn rejects_bad_ranges() {
         for bad in [
-            "90", "90-10", "5-5", "-5-10", "a-b", "1-inf", "0-90,", "1e3-2e3", "0--9",
+            "90", "é-5", "90-10", "5-5", "-5-10", "a-b", "1-inf", "0-90,", "1e3-2e3", "0--9",
         ] {
             assert!(
                 matches!(parse_skip(bad), Err(HlsError::InvalidSkip { .. })),

@@ -484,6 +484,39 @@ fn resolution_exact_lower_or_lowest() {
 }
 
 #[test]
+fn skip_in_crlf_playlists_inserts_crlf_lines() {
+    let text = "#EXTM3U\r\n#EXTINF:5,\r\na.ts\r\n#EXTINF:5,\r\nb.ts\r\n#EXTINF:5,\r\nc.ts\r\n";
+    let got = short(&rewrite_with(text, &skip(&[(6.0, 7.0)])).unwrap());
+    assert_eq!(
+        got,
+        "#EXTM3U\r\n#EXTINF:5,\r\na.ts\r\n#EXT-X-DISCONTINUITY\r\n#EXTINF:5,\r\nc.ts\r\n"
+    );
+}
+
+#[test]
+fn equal_heights_are_all_kept_and_unsized_variants_dropped() {
+    let text = "#EXTM3U
+#EXT-X-STREAM-INF:BANDWIDTH=64000,CODECS=\"mp4a.40.2\"
+audio-only.m3u8
+#EXT-X-STREAM-INF:BANDWIDTH=3000000,RESOLUTION=1280x720,CODECS=\"hvc1.1.6.L93.B0\"
+hevc.m3u8
+#EXT-X-STREAM-INF:BANDWIDTH=4000000,RESOLUTION=1280x720,CODECS=\"avc1.640020\"
+avc.m3u8
+";
+    let opts = RewriteOptions {
+        max_res: true,
+        ..Default::default()
+    };
+    let want = "#EXTM3U
+#EXT-X-STREAM-INF:BANDWIDTH=3000000,RESOLUTION=1280x720,CODECS=\"hvc1.1.6.L93.B0\"
+/m?d=https://cdn.example.com/live/chan/hevc.m3u8
+#EXT-X-STREAM-INF:BANDWIDTH=4000000,RESOLUTION=1280x720,CODECS=\"avc1.640020\"
+/m?d=https://cdn.example.com/live/chan/avc.m3u8
+";
+    assert_eq!(rewrite_with(text, &opts).unwrap(), want);
+}
+
+#[test]
 fn kept_as_is_when_malformed_or_foreign() {
     let text = concat!(
         "#EXTM3U\n",
@@ -642,6 +675,13 @@ proptest! {
     fn arbitrary_text_never_panics(text in ".{0,300}", opts in any_options()) {
         let _ = rewrite_with(&text, &opts);
         let _ = sniff(text.as_bytes());
+    }
+
+    #[test]
+    fn option_parsers_never_panic(text in ".{0,40}") {
+        let _ = parse_skip(&text);
+        let _ = parse_resolution(&text);
+        let _ = ensure_playlist(&text);
     }
 
     #[test]
