@@ -228,7 +228,7 @@ fn fixture_text(path: &str) -> String {
 }
 
 /// `playlist` with every URI line replaced by `map(uri)`.
-fn map_uris(playlist: &str, map: impl Fn(&str) -> String) -> String {
+fn map_uris(playlist: &str, mut map: impl FnMut(&str) -> String) -> String {
     playlist
         .lines()
         .map(|l| {
@@ -401,57 +401,77 @@ async fn token_children_decrypt_to_the_right_destination() {
     let origin = FileOrigin::start().await;
     let s = with_config(|c| c.auth.api_password = PW.into()).await;
     let key = TokenKey::new(PW);
-    let d = origin.url("/clear/index.m3u8");
-    let original = fixture_text("clear/index.m3u8");
-    let check = |body: &str, exp: Option<u64>, ip: Option<&str>| {
+    // Every child is a token URL for the right endpoint whose claims name the right upstream
+    // URL, carry h_*, and keep the parent's exp and ip; everything else is byte-identical.
+    let check = |dir: &str, body: &str, exp: Option<u64>, ip: Option<&str>| {
         assert!(!body.contains(PW) && !body.contains("pw%21secret"));
         assert!(!body.contains("api_password"));
-        let want = uri_lines(&original);
-        let got = uri_lines(body);
-        assert_eq!(got.len(), want.len());
-        for (uri, seg) in got.iter().zip(&want) {
+        let original = fixture_text(&format!("{dir}/index.m3u8"));
+        let mut children = Vec::new();
+        let masked = map_uris(body, |uri| {
+            children.push(uri.to_string());
+            "URI".into()
+        });
+        let mut want = map_uris(&original, |_| "URI".into());
+        if dir == "aes" {
+            let line = body.lines().find(|l| l.starts_with("#EXT-X-KEY")).unwrap();
+            let uri = line.split('"').nth(1).unwrap();
+            children.push(uri.to_string());
+            want = want.replace("URI=\"enc.key\"", &format!("URI=\"{uri}\""));
+        }
+        assert_eq!(masked, want, "{dir}");
+        let mut upstream: Vec<String> = uri_lines(&original)
+            .iter()
+            .map(|seg| origin.url(&format!("/{dir}/{seg}")))
+            .collect();
+        if dir == "aes" {
+            upstream.push(origin.url("/aes/enc.key"));
+        }
+        assert_eq!(children.len(), upstream.len());
+        for (uri, d) in children.iter().zip(&upstream) {
             assert!(
                 uri.starts_with(&s.url("/_token_")) && uri.ends_with("/proxy/hls/segment.ts"),
                 "{uri}"
             );
             let claims = key.decrypt(token_of(uri)).unwrap();
-            assert_eq!(
-                claims.param("d").unwrap(),
-                origin.url(&format!("/clear/{seg}"))
-            );
+            assert_eq!(claims.param("d"), Some(d.as_str()));
             assert_eq!(claims.param("h_referer"), Some("https://r.example/"));
             assert_eq!(claims.exp, exp);
             assert_eq!(claims.ip.as_deref(), ip);
         }
     };
-    // Password in the query: children become tokens without claims.
-    let url = manifest_url(
-        &s,
-        &d,
-        "&api_password=pw%21secret&h_referer=https%3A%2F%2Fr.example%2F",
-    );
-    let body = text(&url).await;
-    check(&body, None, None);
-    // A token with exp and ip: children keep both.
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
         + 3600;
-    let params = vec![
-        ("d".to_string(), d.clone()),
-        ("h_referer".to_string(), "https://r.example/".to_string()),
-    ];
-    let token = key.encrypt(&params, Some(exp), Some("127.0.0.1"), [7; 16]);
-    let body = text(&s.url(&format!("/_token_{token}/proxy/hls/manifest.m3u8"))).await;
-    check(&body, Some(exp), Some("127.0.0.1"));
-    // A child token plays: bytes identical to the origin's segment.
-    let first = &uri_lines(&body)[0];
-    let r = get(first).await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.headers["content-type"], "video/mp2t");
-    let seg = std::fs::read(fixtures().join("clear/seg0.ts")).unwrap();
-    assert_eq!(sha256(&r.body.unwrap()), sha256(&seg));
+    for dir in ["clear", "aes"] {
+        let d = origin.url(&format!("/{dir}/index.m3u8"));
+        // Password in the query: children become tokens without claims.
+        let url = manifest_url(
+            &s,
+            &d,
+            "&api_password=pw%21secret&h_referer=https%3A%2F%2Fr.example%2F",
+        );
+        check(dir, &text(&url).await, None, None);
+        // A token with exp and ip: children keep both.
+        let params = vec![
+            ("d".to_string(), d.clone()),
+            ("h_referer".to_string(), "https://r.example/".to_string()),
+        ];
+        let token = key.encrypt(&params, Some(exp), Some("127.0.0.1"), [7; 16]);
+        let url = s.url(&format!("/_token_{token}/proxy/hls/manifest.m3u8"));
+        let body = text(&url).await;
+        check(dir, &body, Some(exp), Some("127.0.0.1"));
+        // A child token plays: bytes identical to the origin's segment.
+        let r = get(&uri_lines(&body)[0]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["content-type"], "video/mp2t");
+        let seg = std::fs::read(fixtures().join(format!("{dir}/seg0.ts"))).unwrap();
+        assert_eq!(sha256(&r.body.unwrap()), sha256(&seg));
+        // And the whole stream decodes through tokens alone.
+        assert_eq!(framemd5(&url).await, framemd5(&d).await, "{dir}");
+    }
 }
 
 // === playback end to end ===

@@ -139,7 +139,9 @@ async fn playlist_text(
         CollectError::TooLarge { .. } => fail(
             StatusCode::BAD_GATEWAY,
             "playlist_too_large",
-            format!("upstream {host} sent a playlist larger than {limit} bytes (media.max_manifest_bytes)"),
+            format!(
+                "upstream {host} sent a playlist over {limit} bytes (media.max_manifest_bytes)"
+            ),
         ),
         CollectError::Body(e) => fail(StatusCode::BAD_GATEWAY, "upstream_body", e.to_string()),
     })?;
