@@ -19,5 +19,7 @@ pub mod generate;
 pub mod hls;
 pub mod keys;
 pub mod mp4;
+pub mod mpegts;
 pub mod query;
+pub mod rtp;
 pub mod token;

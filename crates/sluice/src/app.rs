@@ -22,6 +22,7 @@ use crate::auth::Auth;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
+use crate::iptv::Iptv;
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
 use crate::server::activity::ActivityGuard;
@@ -59,6 +60,7 @@ pub struct App {
     metrics: HttpMetrics,
     registry: Registry,
     media: Option<Media>,
+    iptv: Arc<Iptv>,
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
 }
@@ -79,9 +81,11 @@ impl App {
                 &mut registry,
             )
         });
+        let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
         Ok(Arc::new(App {
             auth,
             token_key,
+            iptv,
             metrics,
             registry,
             media,
@@ -159,6 +163,10 @@ impl App {
             p if Media::serves_open(p) && self.media.is_some() => match &self.media {
                 Some(media) => media.handle_open(req, &ctx).await,
                 None => Err(not_found(p)),
+            },
+            p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
+                Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
+                Err(e) => Err(e),
             },
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self.authorize(&req, &ctx) {
@@ -268,6 +276,31 @@ impl App {
             "auth",
             message,
         ))
+    }
+
+    /// The request head as the IPTV front end sees it: the token prefix stripped from the path, and
+    /// the prefix playlist entries need when a password is configured.
+    fn iptv_parts(&self, req: Request<Incoming>, ctx: &RequestContext) -> http::request::Parts {
+        let (mut parts, _) = req.into_parts();
+        if parts.uri.path() != ctx.path {
+            let pq = match parts.uri.query() {
+                Some(q) => format!("{}?{q}", ctx.path),
+                None => ctx.path.clone(),
+            };
+            if let Ok(uri) = pq.parse() {
+                parts.uri = uri;
+            }
+        }
+        if let Some(key) = &self.token_key {
+            let scope = ctx.token.clone();
+            let (exp, ip) = scope.map_or((None, None), |s| (s.exp, s.ip));
+            let iv = crate::media::generate::random_iv();
+            let token = key.encrypt(&[], exp, ip.as_deref(), iv);
+            parts
+                .extensions
+                .insert(crate::iptv::EntryPrefix(format!("/_token_{token}")));
+        }
+        parts
     }
 
     fn serve_metrics(

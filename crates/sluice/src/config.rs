@@ -17,6 +17,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub upstream: UpstreamConfig,
     pub media: MediaConfig,
+    pub iptv: crate::iptv::IptvConfig,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -167,6 +168,7 @@ pub struct Overrides {
     pub listen: Vec<SocketAddr>,
     pub api_password: Option<String>,
     pub allow_private_upstreams: bool,
+    pub multicast_interface: Option<String>,
 }
 
 impl Config {
@@ -249,6 +251,9 @@ impl Config {
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
         }
+        self.iptv
+            .validate()
+            .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
         for route in &self.upstream.routes {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
@@ -363,6 +368,9 @@ fn apply_flags(table: &mut toml::Table, flags: &Overrides) -> anyhow::Result<()>
     }
     if let Some(pw) = &flags.api_password {
         set("auth", "api_password", toml::Value::String(pw.clone()));
+    }
+    if let Some(name) = &flags.multicast_interface {
+        set("iptv", "interface", toml::Value::String(name.clone()));
     }
     if flags.allow_private_upstreams {
         set("upstream", "allow_private", toml::Value::Boolean(true));

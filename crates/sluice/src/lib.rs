@@ -10,14 +10,18 @@
 //! - `metrics`: the server's metric families and the Prometheus text rendering.
 //! - `error`: the proxy error that knows which side failed.
 //! - `body`: the response body type every front end returns.
+//! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
+//! - `net`: socket services: multicast join on a named interface, batched receive.
 
 pub mod app;
 pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod iptv;
 pub mod media;
 pub mod metrics;
+pub mod net;
 pub mod server;
 pub mod upstream;
 

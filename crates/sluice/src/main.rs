@@ -46,6 +46,9 @@ struct ServeArgs {
     /// Allow upstreams on loopback, private and link-local addresses (= upstream.allow_private).
     #[arg(long)]
     allow_private_upstreams: bool,
+    /// Default interface for multicast joins of /rtp/ and /udp/ requests (= iptv.interface).
+    #[arg(long, value_name = "NAME")]
+    multicast_interface: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,6 +70,7 @@ fn main() -> anyhow::Result<()> {
                 listen: args.listen,
                 api_password: args.api_password,
                 allow_private_upstreams: args.allow_private_upstreams,
+                multicast_interface: args.multicast_interface,
             };
             let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,136 @@
+//! Unit and property tests for RTP parsing and reordering.
+
+use super::*;
+use proptest::prelude::*;
+
+fn header(seq: u16) -> Vec<u8> {
+    let mut h = vec![0x80, 33];
+    h.extend_from_slice(&seq.to_be_bytes());
+    h.extend_from_slice(&90_000u32.to_be_bytes());
+    h.extend_from_slice(&0xdead_beefu32.to_be_bytes());
+    h
+}
+
+#[test]
+fn parses_plain_header() {
+    let mut pkt = header(7);
+    pkt.extend_from_slice(&[0x47; 188]);
+    let p = parse_rtp(&pkt).unwrap();
+    assert_eq!(p.header.sequence, 7);
+    assert_eq!(p.header.payload_type, 33);
+    assert_eq!(p.header.ssrc, 0xdead_beef);
+    assert_eq!(p.payload, 12..200);
+}
+
+#[test]
+fn skips_csrc_extension_and_padding() {
+    let mut pkt = header(1);
+    pkt[0] = 0x80 | 0x20 | 0x10 | 2; // padding, extension, 2 CSRCs
+    pkt.extend_from_slice(&[0; 8]); // CSRCs
+    pkt.extend_from_slice(&[0xbe, 0xde, 0, 1, 1, 2, 3, 4]); // one-word extension
+    pkt.extend_from_slice(b"payload");
+    pkt.extend_from_slice(&[0, 0, 3]); // 3 bytes of padding
+    let p = parse_rtp(&pkt).unwrap();
+    assert_eq!(&pkt[p.payload.clone()], b"payload");
+    assert_eq!(p.header.padding, 3);
+    assert_eq!(p.header.csrc_count, 2);
+    assert!(p.header.has_extension);
+}
+
+#[test]
+fn rejects_malformed() {
+    assert_eq!(parse_rtp(&[0x80; 11]), Err(RtpError::TooShort));
+    let mut v1 = header(0);
+    v1[0] = 0x40;
+    assert_eq!(parse_rtp(&v1), Err(RtpError::BadVersion(1)));
+    let mut csrc = header(0);
+    csrc[0] = 0x8f;
+    assert_eq!(parse_rtp(&csrc), Err(RtpError::TruncatedCsrc));
+    let mut ext = header(0);
+    ext[0] = 0x90;
+    ext.extend_from_slice(&[0, 0, 0, 9]);
+    assert_eq!(parse_rtp(&ext), Err(RtpError::TruncatedExtension));
+    let mut pad = header(0);
+    pad[0] = 0xa0;
+    pad.push(0);
+    assert_eq!(parse_rtp(&pad), Err(RtpError::BadPadding));
+}
+
+#[test]
+fn classifies_payloads() {
+    assert_eq!(classify(&[0x47; 188]), PayloadKind::Ts);
+    assert_eq!(classify(&header(3)), PayloadKind::Rtp);
+    assert_eq!(classify(b"hello world, not rtp"), PayloadKind::Other);
+}
+
+fn run(window: usize, seqs: &[u16]) -> (Vec<u16>, ReorderStats) {
+    let mut r = Reorder::new(window);
+    let mut out = Vec::new();
+    for &s in seqs {
+        r.push(s, s, &mut out);
+    }
+    r.flush(&mut out);
+    (out, r.stats())
+}
+
+#[test]
+fn restores_order_and_drops_duplicates() {
+    let (out, st) = run(8, &[0, 2, 1, 1, 3, 5, 4, 4, 6]);
+    assert_eq!(out, vec![0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(st.duplicates, 2);
+    assert_eq!(st.reordered, 2);
+    assert_eq!(st.lost, 0);
+}
+
+#[test]
+fn wraps_around() {
+    let (out, st) = run(8, &[65534, 0, 65535, 1, 2]);
+    assert_eq!(out, vec![65534, 65535, 0, 1, 2]);
+    assert_eq!(st.lost, 0);
+}
+
+#[test]
+fn counts_loss_when_window_overflows() {
+    let (out, st) = run(4, &[10, 12, 13, 14, 15, 16]);
+    assert_eq!(out, vec![10, 12, 13, 14, 15, 16]);
+    assert_eq!(st.lost, 1);
+    // A straggler after the window moved on is dropped, not emitted out of order.
+    let (out, st) = run(2, &[1, 3, 4, 2, 5]);
+    assert_eq!(out, vec![1, 3, 4, 5]);
+    assert_eq!((st.lost, st.duplicates), (1, 1));
+}
+
+#[test]
+fn resyncs_on_sender_restart() {
+    let (out, st) = run(8, &[100, 101, 30000, 30001]);
+    assert_eq!(out, vec![100, 101, 30000, 30001]);
+    assert_eq!((st.resyncs, st.lost), (1, 0));
+}
+
+proptest! {
+    /// Any local shuffle within the window, with duplicates, comes out as the original run.
+    #[test]
+    fn shuffled_runs_come_back(start: u16, jitter in proptest::collection::vec(0usize..8, 200), dups in proptest::collection::vec(0usize..200, 0..20)) {
+        // Each packet moves at most 8 places, well inside the 16-slot window.
+        let mut keyed: Vec<(usize, u16)> = (0..200u16).map(|i| (usize::from(i) + jitter[usize::from(i)], start.wrapping_add(i))).collect();
+        keyed.sort_by_key(|k| k.0);
+        let mut seqs: Vec<u16> = keyed.into_iter().map(|k| k.1).collect();
+        for d in dups {
+            let s = seqs[d];
+            seqs.insert(d, s);
+        }
+        let (out, st) = run(16, &seqs);
+        let want: Vec<u16> = (0..200u16).map(|i| start.wrapping_add(i)).collect();
+        // The first packet fixes the base, so anything before it is late by definition.
+        let first = seqs[0].wrapping_sub(start) as usize;
+        prop_assert_eq!(&out[..], &want[first..]);
+        prop_assert_eq!(st.lost, 0);
+    }
+
+    #[test]
+    fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        if let Ok(p) = parse_rtp(&bytes) {
+            prop_assert!(p.payload.start <= p.payload.end && p.payload.end <= bytes.len());
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! IPTV gateway front end: `/rtp/` and `/udp/` channels from multicast hubs, `/playlist.m3u`,
+//! and the live status page (`/status`, `/status.json`, `/status/events`).
+//!
+//! # Layout
+//! - `url`: channel URL forms (rtp2httpd, udpxy, msd_lite) parsed into a typed request.
+//! - `hub`: one per channel; owns the multicast socket and the receive loop.
+//! - `ring`: a hub's shared history of payload chunks; subscribers are positions in it.
+//! - `registry`: live hubs, limits, and the subscription guard.
+//! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
+//! - `playlist`: the M3U, loaded and refreshed, with multicast entries rewritten to this gateway.
+//! - `status`: JSON snapshot, HTML page, server-sent events.
+//! - `metrics`: Prometheus families, per hub.
+
+pub mod hub;
+pub mod metrics;
+pub mod playlist;
+pub mod registry;
+pub mod ring;
+pub mod status;
+pub mod subscriber;
+pub mod url;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, Method, Response, StatusCode};
+
+use crate::body::{self, Body};
+use hub::{HubKey, HubSettings, Published};
+use registry::{Limits, Refusal, Registry};
+pub use subscriber::SlowPolicy;
+
+/// `[iptv]` in the config file. Durations are in milliseconds (`_ms`) or seconds (`_secs`).
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IptvConfig {
+    /// Interface to join on when a request names none (`?iface=`). No default on purpose: a
+    /// join must never land on an interface nobody chose.
+    pub interface: Option<String>,
+    /// Let requests pick the interface with `?iface=` (also `ifname=`, `r2h-ifname=`).
+    pub allow_iface_param: bool,
+    /// M3U to serve at `/playlist.m3u`: a file path or an `http://` URL.
+    pub playlist: Option<String>,
+    /// Reload the playlist when the cached copy is older than this.
+    pub playlist_refresh_secs: u64,
+    /// Base URL written into the playlist (e.g. `https://tv.example`); default is
+    /// `http://` plus the request's `Host`.
+    pub playlist_base_url: Option<String>,
+    /// Subscribers across all channels (0 = unlimited); beyond it requests get 503.
+    pub max_subscribers: usize,
+    /// Subscribers of one channel (0 = unlimited); beyond it requests get 429.
+    pub max_subscribers_per_channel: usize,
+    /// Channels joined at once, lingering ones included (0 = unlimited); beyond it 503.
+    pub max_channels: usize,
+    /// Stay joined this long after the last subscriber leaves, so flipping back is instant
+    /// and preview-happy players do not cause join/leave storms.
+    pub linger_ms: u64,
+    /// End a channel (and its responses) when no datagram arrives for this long; also how
+    /// long a new request waits for the first datagram before a 504.
+    pub no_data_timeout_ms: u64,
+    /// Leave and re-join every this many seconds (0 = never), for networks whose IGMP
+    /// snooping or querier drops memberships after a few minutes.
+    pub membership_refresh_secs: u64,
+    /// History kept per channel. It feeds instant start and bounds how far a subscriber may
+    /// lag before the slow-subscriber policy applies.
+    pub buffer_bytes: usize,
+    /// Bytes of history sent to a new subscriber so playback starts at once (0 = live only).
+    /// The start is moved to a TS packet boundary, and to a keyframe when one is in range.
+    pub burst_bytes: usize,
+    /// What to do with a subscriber that fell out of the history: `skip` ahead or `disconnect`.
+    pub slow_subscriber: SlowPolicy,
+    /// Wake subscribers once this many bytes have arrived...
+    pub write_batch_bytes: usize,
+    /// ...or this long after the first unsent byte, whichever is first.
+    pub flush_interval_ms: u64,
+    /// Kernel receive buffer per channel socket.
+    pub recv_buffer_bytes: usize,
+    /// RTP packets held to restore order (0 or 1 = no reordering).
+    pub reorder_window: usize,
+    /// Largest datagram accepted; larger ones are counted as malformed and dropped.
+    pub max_datagram_bytes: usize,
+    /// How often `/status/events` pushes a snapshot.
+    pub status_interval_ms: u64,
+}
+
+impl Default for IptvConfig {
+    fn default() -> Self {
+        Self {
+            interface: None,
+            allow_iface_param: true,
+            playlist: None,
+            playlist_refresh_secs: 3600,
+            playlist_base_url: None,
+            max_subscribers: 256,
+            max_subscribers_per_channel: 64,
+            max_channels: 64,
+            linger_ms: 10_000,
+            no_data_timeout_ms: 5_000,
+            membership_refresh_secs: 0,
+            buffer_bytes: 4 * 1024 * 1024,
+            burst_bytes: 1024 * 1024,
+            slow_subscriber: SlowPolicy::Skip,
+            write_batch_bytes: 32 * 1024,
+            flush_interval_ms: 20,
+            recv_buffer_bytes: 4 * 1024 * 1024,
+            reorder_window: 32,
+            max_datagram_bytes: 1536,
+            status_interval_ms: 1000,
+        }
+    }
+}
+
+/// Configuration errors found before anything is joined.
+#[derive(Debug, thiserror::Error)]
+pub enum IptvError {
+    #[error("iptv.{field}: {reason}")]
+    Config { field: &'static str, reason: String },
+}
+
+impl IptvConfig {
+    pub fn validate(&self) -> Result<(), IptvError> {
+        let bad = |field, reason: &str| {
+            Err(IptvError::Config {
+                field,
+                reason: reason.into(),
+            })
+        };
+        if self.buffer_bytes < self.burst_bytes {
+            return bad("buffer_bytes", "must be at least burst_bytes");
+        }
+        if self.buffer_bytes < 4 * self.write_batch_bytes {
+            return bad("buffer_bytes", "must be at least 4 × write_batch_bytes");
+        }
+        if self.flush_interval_ms == 0 || self.status_interval_ms == 0 {
+            return bad("flush_interval_ms", "intervals must be positive");
+        }
+        if self.max_datagram_bytes < 64 {
+            return bad("max_datagram_bytes", "must be at least 64");
+        }
+        if let Some(name) = &self.interface {
+            if name.is_empty() || name.len() > 15 {
+                return bad("interface", "must be a network interface name");
+            }
+        }
+        Ok(())
+    }
+
+    fn hub_settings(&self) -> HubSettings {
+        HubSettings {
+            ring_bytes: self.buffer_bytes,
+            write_batch: self.write_batch_bytes,
+            flush_interval: Duration::from_millis(self.flush_interval_ms),
+            linger: Duration::from_millis(self.linger_ms),
+            no_data_timeout: Duration::from_millis(self.no_data_timeout_ms),
+            refresh: (self.membership_refresh_secs > 0)
+                .then(|| Duration::from_secs(self.membership_refresh_secs)),
+            reorder_window: self.reorder_window,
+            recv_buffer: self.recv_buffer_bytes,
+            max_datagram: self.max_datagram_bytes,
+        }
+    }
+}
+
+/// A path prefix (such as `/_token_<T>`) the server asks `/playlist.m3u` entries to carry.
+#[derive(Debug, Clone)]
+pub struct EntryPrefix(pub String);
+
+/// The IPTV front end.
+#[derive(Debug)]
+pub struct Iptv {
+    config: IptvConfig,
+    registry: Arc<Registry>,
+    playlist: Option<playlist::Playlist>,
+}
+
+impl Iptv {
+    pub fn new(
+        config: IptvConfig,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Result<Arc<Self>, IptvError> {
+        config.validate()?;
+        let playlist = config
+            .playlist
+            .clone()
+            .map(|loc| {
+                let refresh = Duration::from_secs(config.playlist_refresh_secs);
+                playlist::Playlist::new(loc, refresh)
+            })
+            .transpose()
+            .map_err(|reason| IptvError::Config {
+                field: "playlist",
+                reason,
+            })?;
+        let limits = Limits {
+            subscribers: config.max_subscribers,
+            per_hub: config.max_subscribers_per_channel,
+            hubs: config.max_channels,
+        };
+        let metrics = metrics::Metrics::register(registry);
+        let hubs = Registry::new(metrics, config.hub_settings(), limits);
+        Ok(Arc::new(Self {
+            config,
+            registry: Arc::new(hubs),
+            playlist,
+        }))
+    }
+
+    /// true for the paths this front end serves: /rtp/, /udp/, /playlist.m3u, /status,
+    /// /status.json, /status/events
+    pub fn serves(path: &str) -> bool {
+        path.starts_with("/rtp/")
+            || path.starts_with("/udp/")
+            || matches!(
+                path,
+                "/playlist.m3u" | "/status" | "/status/" | "/status.json" | "/status/events"
+            )
+    }
+
+    /// Auth has already been checked by the server when this is called.
+    pub async fn handle(self: &Arc<Self>, req: http::request::Parts) -> Response<Body> {
+        if req.method != Method::GET && req.method != Method::HEAD {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+        }
+        match req.uri.path() {
+            "/status" | "/status/" => {
+                respond(StatusCode::OK, "text/html; charset=utf-8", status::PAGE)
+            }
+            "/status.json" => respond(
+                StatusCode::OK,
+                "application/json",
+                status::json(&self.registry),
+            ),
+            "/status/events" => self.events(),
+            "/playlist.m3u" => self.playlist(&req).await,
+            _ => self.channel(&req).await,
+        }
+    }
+
+    fn events(&self) -> Response<Body> {
+        let every = Duration::from_millis(self.config.status_interval_ms);
+        let stream = status::events(self.registry.clone(), every);
+        let mut resp = Response::new(body::boxed(http_body_util::StreamBody::new(stream)));
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+        h.insert(header::CACHE_CONTROL, "no-cache".parse().unwrap());
+        resp
+    }
+
+    async fn playlist(&self, req: &http::request::Parts) -> Response<Body> {
+        let Some(playlist) = &self.playlist else {
+            return text(
+                StatusCode::NOT_FOUND,
+                "no playlist configured (iptv.playlist)\n",
+            );
+        };
+        let text_in = match playlist.get().await {
+            Ok(t) => t,
+            Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{e}\n")),
+        };
+        let base = match &self.config.playlist_base_url {
+            Some(b) => b.trim_end_matches('/').to_string(),
+            None => match req.headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
+                Some(host) => format!("http://{host}"),
+                None => return text(StatusCode::BAD_REQUEST, "Host header required\n"),
+            },
+        };
+        // Behind a password, entries carry an encrypted token in their path (players cannot add
+        // headers, and the password itself must not appear in a URL).
+        let base = match req.extensions.get::<EntryPrefix>() {
+            Some(EntryPrefix(prefix)) => format!("{base}{prefix}"),
+            None => base,
+        };
+        let out = playlist::rewrite_playlist(&String::from_utf8_lossy(&text_in), &base);
+        respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
+    }
+
+    async fn channel(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
+        let key = match self.hub_key(req) {
+            Ok(key) => key,
+            Err(reason) => {
+                self.registry.metrics.refuse("bad_request");
+                return text(StatusCode::BAD_REQUEST, &format!("{reason}\n"));
+            }
+        };
+        if req.method == Method::HEAD {
+            return stream_response(body::empty());
+        }
+        let peer = req.extensions.get::<std::net::SocketAddr>().copied();
+        let sub = match self.registry.subscribe(key, peer) {
+            Ok(sub) => sub,
+            Err(refusal) => return self.refused(refusal),
+        };
+        let Some(first) = self.first_data(&sub.hub).await else {
+            self.registry.metrics.refuse("no_data");
+            let msg = format!(
+                "no data from {} on {} within {} ms\n",
+                sub.hub.key.channel(),
+                sub.hub.key.group.interface,
+                self.config.no_data_timeout_ms
+            );
+            return text(StatusCode::GATEWAY_TIMEOUT, &msg);
+        };
+        let start = registry::lock(&sub.hub.ring).start(first.end, self.config.burst_bytes);
+        let reader = subscriber::Reader::new(
+            sub,
+            start,
+            self.config.slow_subscriber,
+            self.config.burst_bytes,
+        );
+        stream_response(body::boxed(http_body_util::StreamBody::new(
+            reader.into_stream(),
+        )))
+    }
+
+    fn hub_key(&self, req: &http::request::Parts) -> Result<HubKey, String> {
+        let ch = url::parse_channel(req.uri.path(), req.uri.query()).map_err(|e| e.to_string())?;
+        let interface = match (ch.interface, &self.config.interface) {
+            (Some(_), _) if !self.config.allow_iface_param => {
+                return Err("choosing the interface per request is disabled".into())
+            }
+            (Some(name), _) => name,
+            (None, Some(name)) => name.clone(),
+            (None, None) => {
+                return Err("no interface: add ?iface=NAME or set iptv.interface".into())
+            }
+        };
+        crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
+        Ok(HubKey {
+            mode: ch.mode,
+            group: crate::net::multicast::Group {
+                group: ch.group,
+                port: ch.port,
+                source: ch.source,
+                interface,
+            },
+        })
+    }
+
+    /// Waits for the hub's first published bytes; `None` on timeout or if the hub ended.
+    async fn first_data(&self, hub: &hub::Hub) -> Option<Published> {
+        let mut rx = hub.published.subscribe();
+        let wait = Duration::from_millis(self.config.no_data_timeout_ms);
+        let ready = tokio::time::timeout(wait, rx.wait_for(|p| p.end > 0 || p.closed)).await;
+        match ready {
+            Ok(Ok(p)) if p.end > 0 => Some(*p),
+            _ => None,
+        }
+    }
+
+    fn refused(&self, refusal: Refusal) -> Response<Body> {
+        let (status, reason) = match &refusal {
+            Refusal::Subscribers(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_subscribers"),
+            Refusal::Hubs(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_channels"),
+            Refusal::PerHub(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_channel"),
+            Refusal::Join(_) => (StatusCode::BAD_GATEWAY, "join_failed"),
+        };
+        self.registry.metrics.refuse(reason);
+        tracing::debug!(%refusal, "channel request refused");
+        text(status, &format!("{refusal}\n"))
+    }
+}
+
+fn stream_response(b: Body) -> Response<Body> {
+    let mut resp = Response::new(b);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, "video/mp2t".parse().unwrap());
+    h.insert(header::CACHE_CONTROL, "no-cache, no-store".parse().unwrap());
+    resp
+}
+
+fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    b: impl Into<bytes::Bytes>,
+) -> Response<Body> {
+    let mut resp = Response::new(body::full(b));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+fn text(status: StatusCode, msg: &str) -> Response<Body> {
+    respond(status, "text/plain; charset=utf-8", msg.to_string())
+}

@@ -1,0 +1,389 @@
+//! One hub per (mode, source, group, port, interface): the only owner of the multicast socket.
+//!
+//! The hub's receive loop is a tokio task on `AsyncFd` rather than a thread per channel: one
+//! `recvmmsg` drains up to 32 datagrams per wakeup, so a 40 Mb/s channel costs a few hundred
+//! wakeups per second, and hundreds of lingering channels cost no stacks or context switches.
+//! It strips RTP, restores order, checks TS continuity, appends to the ring, and publishes
+//! the ring's end to subscribers only every `write_batch` bytes or `flush_interval`, which is
+//! what makes their writes large.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_media::mpegts::Continuity;
+use sluice_media::rtp::{self, PayloadKind, Reorder, ReorderStats};
+use socket2::Socket;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::metrics::HubMetrics;
+use super::registry::Registry;
+use super::ring::Ring;
+use super::url::Mode;
+use crate::net::multicast::{self, Group};
+use crate::net::recv::RecvBatch;
+
+/// Identity of a hub: requests with equal keys share it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HubKey {
+    pub mode: Mode,
+    pub group: Group,
+}
+
+impl HubKey {
+    /// `rtp://[S@]G:P` form used in logs, labels and the status page.
+    pub fn channel(&self) -> String {
+        let scheme = match self.mode {
+            Mode::Rtp => "rtp",
+            Mode::Udp => "udp",
+        };
+        let g = &self.group;
+        let src = g
+            .source
+            .map(|s| format!("{}@", bracket(s)))
+            .unwrap_or_default();
+        format!("{scheme}://{src}{}:{}", bracket(g.group), g.port)
+    }
+}
+
+fn bracket(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    }
+}
+
+/// Tunables a hub needs, taken from the config once.
+#[derive(Debug, Clone)]
+pub struct HubSettings {
+    pub ring_bytes: usize,
+    pub write_batch: usize,
+    pub flush_interval: Duration,
+    pub linger: Duration,
+    pub no_data_timeout: Duration,
+    pub refresh: Option<Duration>,
+    pub reorder_window: usize,
+    pub recv_buffer: usize,
+    pub max_datagram: usize,
+}
+
+/// What subscribers may read: the ring up to `end`, and whether the hub has ended.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Published {
+    pub end: u64,
+    pub closed: bool,
+}
+
+/// Per-subscriber figures for the status page.
+#[derive(Debug)]
+pub struct ClientStats {
+    pub id: u64,
+    pub peer: Option<std::net::SocketAddr>,
+    pub started: Instant,
+    pub bytes_out: AtomicU64,
+    pub skips: AtomicU64,
+    /// Ring index of the subscriber's next read, for its lag.
+    pub position: AtomicU64,
+}
+
+#[derive(Debug)]
+pub struct Hub {
+    pub key: HubKey,
+    pub metrics: HubMetrics,
+    pub ring: Mutex<Ring>,
+    pub published: watch::Sender<Published>,
+    pub subscribers: AtomicUsize,
+    pub clients: Mutex<HashMap<u64, Arc<ClientStats>>>,
+    pub created: Instant,
+    /// Bits per second over the last second, in and out.
+    pub rate_in: AtomicU64,
+    pub rate_out: AtomicU64,
+    /// Set (under the registry lock) once the hub stops accepting subscribers.
+    pub closed: AtomicBool,
+    /// Poked when the last subscriber leaves so linger starts promptly.
+    pub wake: Notify,
+}
+
+impl Hub {
+    /// Opens the socket and starts the receive loop. Must run inside a tokio runtime.
+    pub fn start(
+        key: HubKey,
+        metrics: HubMetrics,
+        settings: &HubSettings,
+        registry: Arc<Registry>,
+    ) -> std::io::Result<Arc<Hub>> {
+        let ifindex = multicast::interface_index(&key.group.interface)?;
+        let sock = multicast::open(&key.group, settings.recv_buffer)?;
+        // SAFETY: `Socket` owns its descriptor, keeps it open until dropped, and always
+        // returns the same one from `as_raw_fd`.
+        let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
+        let hub = Arc::new(Hub {
+            ring: Mutex::new(Ring::new(settings.ring_bytes)),
+            published: watch::Sender::new(Published::default()),
+            subscribers: AtomicUsize::new(0),
+            clients: Mutex::new(HashMap::new()),
+            created: Instant::now(),
+            rate_in: AtomicU64::new(0),
+            rate_out: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            wake: Notify::new(),
+            key,
+            metrics,
+        });
+        let pump = Pump::new(hub.clone(), settings.clone(), ifindex);
+        tokio::spawn(pump.run(sock, registry));
+        Ok(hub)
+    }
+
+    /// Marks the hub ended so readers finish what they have and stop.
+    pub fn publish_closed(&self) {
+        self.published.send_modify(|p| p.closed = true);
+    }
+}
+
+/// The receive loop's private state.
+struct Pump {
+    hub: Arc<Hub>,
+    settings: HubSettings,
+    ifindex: u32,
+    batch: RecvBatch,
+    datagrams: Vec<Bytes>,
+    released: Vec<Bytes>,
+    reorder: Reorder<Bytes>,
+    continuity: Continuity,
+    /// Bytes appended but not yet published.
+    pending: usize,
+    last_data: Instant,
+    received_since_tick: bool,
+    idle_since: Option<Instant>,
+    rate_mark: (Instant, u64, u64),
+    reported: ReorderStats,
+    reported_truncated: u64,
+}
+
+/// How many `recvmmsg` calls one wakeup may make before yielding to other tasks.
+const DRAIN_CALLS: usize = 8;
+
+impl Pump {
+    fn new(hub: Arc<Hub>, settings: HubSettings, ifindex: u32) -> Self {
+        let now = Instant::now();
+        Self {
+            batch: RecvBatch::new(settings.max_datagram, 32),
+            reorder: Reorder::new(settings.reorder_window),
+            datagrams: Vec::with_capacity(64),
+            released: Vec::with_capacity(64),
+            continuity: Continuity::default(),
+            pending: 0,
+            last_data: now,
+            received_since_tick: false,
+            idle_since: None,
+            rate_mark: (now, 0, 0),
+            reported: ReorderStats::default(),
+            reported_truncated: 0,
+            hub,
+            settings,
+            ifindex,
+        }
+    }
+
+    async fn run(mut self, sock: AsyncFd<Socket>, registry: Arc<Registry>) {
+        let mut tick = tokio::time::interval(self.settings.flush_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let refresh_every = self.settings.refresh.unwrap_or(Duration::from_secs(86_400));
+        let mut refresh = tokio::time::interval_at(Instant::now() + refresh_every, refresh_every);
+        let channel = self.hub.key.channel();
+        tracing::info!(%channel, interface = %self.hub.key.group.interface, "hub joined");
+        let hub = self.hub.clone();
+        let reason = loop {
+            tokio::select! {
+                ready = sock.readable() => match ready {
+                    Ok(mut guard) => self.drain(&mut guard),
+                    Err(e) => break format!("socket error: {e}"),
+                },
+                _ = tick.tick() => {
+                    if let Some(reason) = self.on_tick(&registry) {
+                        break reason;
+                    }
+                }
+                _ = refresh.tick(), if self.settings.refresh.is_some() => self.refresh(sock.get_ref()),
+                _ = hub.wake.notified() => {
+                    if let Some(reason) = self.check_idle(&registry) {
+                        break reason;
+                    }
+                }
+            }
+        };
+        // The socket drops here, which leaves the group.
+        registry.remove(&self.hub);
+        tracing::info!(%channel, %reason, "hub left");
+    }
+
+    fn drain(&mut self, guard: &mut tokio::io::unix::AsyncFdReadyGuard<'_, Socket>) {
+        for _ in 0..DRAIN_CALLS {
+            let fd = guard.get_inner().as_raw_fd();
+            match guard.try_io(|_| self.batch.recv(fd, &mut self.datagrams)) {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "multicast receive failed");
+                    break;
+                }
+                Err(_would_block) => break,
+            }
+        }
+        if !self.datagrams.is_empty() {
+            self.ingest();
+        }
+    }
+
+    /// Strips, reorders and appends everything received in this wakeup under one ring lock.
+    fn ingest(&mut self) {
+        self.last_data = Instant::now();
+        self.received_since_tick = true;
+        let mut datagrams = std::mem::take(&mut self.datagrams);
+        let m = self.hub.metrics.clone();
+        m.received_datagrams.inc_by(datagrams.len() as u64);
+        for d in datagrams.drain(..) {
+            m.received_bytes.inc_by(d.len() as u64);
+            self.classify(d);
+        }
+        // Hand the (now empty) vector back to keep its capacity.
+        self.datagrams = datagrams;
+        let truncated = self.batch.truncated();
+        m.malformed.inc_by(truncated - self.reported_truncated);
+        self.reported_truncated = truncated;
+        self.append_released();
+    }
+
+    fn classify(&mut self, d: Bytes) {
+        match rtp::classify(&d) {
+            PayloadKind::Ts => self.released.push(d),
+            PayloadKind::Rtp => {
+                if let Ok(p) = rtp::parse_rtp(&d) {
+                    let payload = d.slice(p.payload);
+                    self.reorder
+                        .push(p.header.sequence, payload, &mut self.released);
+                }
+            }
+            PayloadKind::Other if self.hub.key.mode == Mode::Udp => self.released.push(d),
+            PayloadKind::Other => {
+                self.hub.metrics.malformed.inc();
+            }
+        }
+    }
+
+    fn append_released(&mut self) {
+        if self.released.is_empty() {
+            return;
+        }
+        let mut errors = 0;
+        {
+            let mut ring = self.hub.ring.lock().unwrap_or_else(|e| e.into_inner());
+            for chunk in self.released.drain(..) {
+                if chunk.is_empty() {
+                    continue;
+                }
+                errors += self.continuity.check(&chunk);
+                self.pending += chunk.len();
+                ring.push(chunk);
+            }
+        }
+        self.hub.metrics.ts_cc_errors.inc_by(errors);
+        self.sync_reorder_stats();
+        if self.pending >= self.settings.write_batch {
+            self.publish();
+        }
+    }
+
+    /// Moves the reorder window's counters into the metrics (it counts; metrics only add).
+    fn sync_reorder_stats(&mut self) {
+        let (s, was) = (self.reorder.stats(), self.reported);
+        let m = &self.hub.metrics;
+        m.rtp_lost.inc_by(s.lost - was.lost);
+        m.rtp_reordered.inc_by(s.reordered - was.reordered);
+        m.rtp_duplicates.inc_by(s.duplicates - was.duplicates);
+        self.reported = s;
+    }
+
+    fn publish(&mut self) {
+        let end = self
+            .hub
+            .ring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .end();
+        self.hub.published.send_modify(|p| p.end = end);
+        self.pending = 0;
+    }
+
+    /// Flush timer: publish small remainders, give up on stuck gaps, enforce timeouts.
+    fn on_tick(&mut self, registry: &Registry) -> Option<String> {
+        if !self.received_since_tick && self.reorder.held() > 0 {
+            // Nothing arrived for a whole interval: the gap will not fill in time to matter.
+            self.reorder.flush(&mut self.released);
+            self.append_released();
+        }
+        self.received_since_tick = false;
+        if self.pending > 0 {
+            self.publish();
+        }
+        self.update_rates();
+        let subscribers = self.hub.subscribers.load(Ordering::Acquire);
+        if subscribers > 0 && self.last_data.elapsed() >= self.settings.no_data_timeout {
+            registry.remove(&self.hub);
+            return Some(format!("no data for {:?}", self.settings.no_data_timeout));
+        }
+        self.check_idle(registry)
+    }
+
+    /// Linger: leave only after the hub has had no subscriber for the whole linger time.
+    fn check_idle(&mut self, registry: &Registry) -> Option<String> {
+        if self.hub.subscribers.load(Ordering::Acquire) > 0 {
+            self.idle_since = None;
+            return None;
+        }
+        let since = *self.idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.settings.linger && registry.remove_if_idle(&self.hub) {
+            return Some("linger expired".into());
+        }
+        None
+    }
+
+    fn refresh(&mut self, sock: &Socket) {
+        let channel = self.hub.key.channel();
+        match multicast::refresh(sock, &self.hub.key.group, self.ifindex) {
+            Ok(ifindex) => {
+                self.ifindex = ifindex;
+                self.hub.metrics.refreshes.inc();
+                tracing::info!(%channel, ifindex, "multicast membership refreshed");
+            }
+            Err(e) => {
+                self.hub.metrics.refresh_failures.inc();
+                tracing::warn!(%channel, error = %e, "multicast membership refresh failed");
+            }
+        }
+    }
+
+    fn update_rates(&mut self) {
+        let (at, bytes_in, bytes_out) = self.rate_mark;
+        let elapsed = at.elapsed();
+        if elapsed < Duration::from_secs(1) {
+            return;
+        }
+        let m = &self.hub.metrics;
+        let (now_in, now_out) = (m.received_bytes.get(), m.sent_bytes.get());
+        let bps = |delta: u64| (delta as f64 * 8.0 / elapsed.as_secs_f64()) as u64;
+        self.hub
+            .rate_in
+            .store(bps(now_in - bytes_in), Ordering::Relaxed);
+        self.hub
+            .rate_out
+            .store(bps(now_out - bytes_out), Ordering::Relaxed);
+        self.rate_mark = (Instant::now(), now_in, now_out);
+    }
+}

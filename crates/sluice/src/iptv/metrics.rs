@@ -1,0 +1,200 @@
+//! Prometheus metric families of the IPTV gateway (all names in this one file), and the per-hub
+//! handles the hot path increments without touching the families' locks.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels identifying one hub.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct HubLabels {
+    /// `rtp://[source@]group:port` or `udp://…`.
+    pub channel: String,
+    pub interface: String,
+}
+
+/// Every IPTV family, registered once under the `iptv` prefix.
+#[derive(Debug, Default, Clone)]
+pub struct Metrics {
+    received_bytes: Family<HubLabels, Counter>,
+    received_datagrams: Family<HubLabels, Counter>,
+    sent_bytes: Family<HubLabels, Counter>,
+    rtp_lost: Family<HubLabels, Counter>,
+    rtp_reordered: Family<HubLabels, Counter>,
+    rtp_duplicates: Family<HubLabels, Counter>,
+    malformed: Family<HubLabels, Counter>,
+    ts_cc_errors: Family<HubLabels, Counter>,
+    slow_skips: Family<HubLabels, Counter>,
+    slow_disconnects: Family<HubLabels, Counter>,
+    refreshes: Family<HubLabels, Counter>,
+    refresh_failures: Family<HubLabels, Counter>,
+    hub_subscribers: Family<HubLabels, Gauge>,
+    /// Hubs currently joined.
+    pub hubs: Gauge,
+    /// Subscribers across all hubs.
+    pub subscribers: Gauge,
+    /// Requests refused by a limit, by no data, or by a bad URL.
+    pub refused: Family<RefusedLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub reason: &'static str,
+}
+
+/// Handles for one hub; clones share the same atomics as the families.
+#[derive(Debug, Clone)]
+pub struct HubMetrics {
+    pub labels: HubLabels,
+    pub received_bytes: Counter,
+    pub received_datagrams: Counter,
+    pub sent_bytes: Counter,
+    pub rtp_lost: Counter,
+    pub rtp_reordered: Counter,
+    pub rtp_duplicates: Counter,
+    pub malformed: Counter,
+    pub ts_cc_errors: Counter,
+    pub slow_skips: Counter,
+    pub slow_disconnects: Counter,
+    pub refreshes: Counter,
+    pub refresh_failures: Counter,
+    pub subscribers: Gauge,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("iptv");
+        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 12] = [
+            (
+                "received_bytes",
+                "Payload bytes received from multicast",
+                &m.received_bytes,
+            ),
+            (
+                "received_datagrams",
+                "Datagrams received from multicast",
+                &m.received_datagrams,
+            ),
+            ("sent_bytes", "Bytes written to subscribers", &m.sent_bytes),
+            (
+                "rtp_lost",
+                "RTP sequence numbers never received",
+                &m.rtp_lost,
+            ),
+            (
+                "rtp_reordered",
+                "RTP packets restored to order",
+                &m.rtp_reordered,
+            ),
+            (
+                "rtp_duplicates",
+                "RTP packets dropped as duplicate or too late",
+                &m.rtp_duplicates,
+            ),
+            (
+                "malformed",
+                "Datagrams dropped as neither RTP nor TS (RTP mode) or truncated",
+                &m.malformed,
+            ),
+            (
+                "ts_cc_errors",
+                "MPEG-TS continuity-counter errors",
+                &m.ts_cc_errors,
+            ),
+            (
+                "slow_skips",
+                "Times a lapped subscriber was moved ahead",
+                &m.slow_skips,
+            ),
+            (
+                "slow_disconnects",
+                "Lapped subscribers disconnected",
+                &m.slow_disconnects,
+            ),
+            (
+                "membership_refreshes",
+                "Multicast leave+join refreshes done",
+                &m.refreshes,
+            ),
+            (
+                "membership_refresh_failures",
+                "Multicast refreshes that failed",
+                &m.refresh_failures,
+            ),
+        ];
+        for (name, help, family) in hub_counters {
+            r.register(name, help, family.clone());
+        }
+        r.register(
+            "hub_subscribers",
+            "Subscribers per hub",
+            m.hub_subscribers.clone(),
+        );
+        r.register(
+            "hubs",
+            "Hubs joined (including lingering ones)",
+            m.hubs.clone(),
+        );
+        r.register(
+            "subscribers",
+            "Subscribers across all hubs",
+            m.subscribers.clone(),
+        );
+        r.register(
+            "refused",
+            "Channel requests refused, by reason",
+            m.refused.clone(),
+        );
+        m
+    }
+
+    /// Handles for a new hub.
+    pub fn hub(&self, labels: HubLabels) -> HubMetrics {
+        let c = |f: &Family<HubLabels, Counter>| f.get_or_create(&labels).clone();
+        HubMetrics {
+            received_bytes: c(&self.received_bytes),
+            received_datagrams: c(&self.received_datagrams),
+            sent_bytes: c(&self.sent_bytes),
+            rtp_lost: c(&self.rtp_lost),
+            rtp_reordered: c(&self.rtp_reordered),
+            rtp_duplicates: c(&self.rtp_duplicates),
+            malformed: c(&self.malformed),
+            ts_cc_errors: c(&self.ts_cc_errors),
+            slow_skips: c(&self.slow_skips),
+            slow_disconnects: c(&self.slow_disconnects),
+            refreshes: c(&self.refreshes),
+            refresh_failures: c(&self.refresh_failures),
+            subscribers: self.hub_subscribers.get_or_create(&labels).clone(),
+            labels,
+        }
+    }
+
+    /// Drops a closed hub's series so label sets do not pile up as channels come and go.
+    pub fn remove_hub(&self, labels: &HubLabels) {
+        for f in [
+            &self.received_bytes,
+            &self.received_datagrams,
+            &self.sent_bytes,
+            &self.rtp_lost,
+            &self.rtp_reordered,
+            &self.rtp_duplicates,
+            &self.malformed,
+            &self.ts_cc_errors,
+            &self.slow_skips,
+            &self.slow_disconnects,
+            &self.refreshes,
+            &self.refresh_failures,
+        ] {
+            f.remove(labels);
+        }
+        self.hub_subscribers.remove(labels);
+    }
+
+    /// Counts a refused request.
+    pub fn refuse(&self, reason: &'static str) {
+        self.refused.get_or_create(&RefusedLabels { reason }).inc();
+    }
+}

@@ -1,0 +1,186 @@
+//! The table of live hubs, subscriber limits, and the subscription guard that keeps counts true.
+//!
+//! Creating, joining and removing a hub all happen under one lock, so a subscriber can never
+//! attach to a hub that has just decided to leave its group.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use super::hub::{ClientStats, Hub, HubKey, HubSettings};
+use super::metrics::{HubLabels, Metrics};
+
+/// Limits on subscribers and hubs; 0 means unlimited.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub subscribers: usize,
+    pub per_hub: usize,
+    pub hubs: usize,
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("gateway is at its limit of {0} subscribers")]
+    Subscribers(usize),
+    #[error("channel is at its limit of {0} subscribers")]
+    PerHub(usize),
+    #[error("gateway is at its limit of {0} channels")]
+    Hubs(usize),
+    #[error("cannot join: {0}")]
+    Join(#[from] std::io::Error),
+}
+
+#[derive(Debug)]
+pub struct Registry {
+    hubs: Mutex<HashMap<HubKey, Arc<Hub>>>,
+    total: AtomicUsize,
+    next_id: AtomicU64,
+    pub metrics: Metrics,
+    pub settings: HubSettings,
+    pub limits: Limits,
+}
+
+impl Registry {
+    pub fn new(metrics: Metrics, settings: HubSettings, limits: Limits) -> Self {
+        Self {
+            hubs: Mutex::new(HashMap::new()),
+            total: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            metrics,
+            settings,
+            limits,
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<HubKey, Arc<Hub>>> {
+        self.hubs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attaches a subscriber to the hub for `key`, creating (and joining) it if needed.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        key: HubKey,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<Subscription, Refusal> {
+        let mut table = self.table();
+        let total = self.total.load(Ordering::Acquire);
+        if over(self.limits.subscribers, total) {
+            return Err(Refusal::Subscribers(self.limits.subscribers));
+        }
+        let hub = match table.get(&key) {
+            Some(hub) => hub.clone(),
+            None => {
+                if over(self.limits.hubs, table.len()) {
+                    return Err(Refusal::Hubs(self.limits.hubs));
+                }
+                let labels = HubLabels {
+                    channel: key.channel(),
+                    interface: key.group.interface.clone(),
+                };
+                let hub = Hub::start(
+                    key.clone(),
+                    self.metrics.hub(labels),
+                    &self.settings,
+                    self.clone(),
+                )?;
+                self.metrics.hubs.inc();
+                table.insert(key, hub.clone());
+                hub
+            }
+        };
+        if over(self.limits.per_hub, hub.subscribers.load(Ordering::Acquire)) {
+            return Err(Refusal::PerHub(self.limits.per_hub));
+        }
+        Ok(self.attach(hub, peer))
+    }
+
+    fn attach(self: &Arc<Self>, hub: Arc<Hub>, peer: Option<std::net::SocketAddr>) -> Subscription {
+        self.total.fetch_add(1, Ordering::AcqRel);
+        hub.subscribers.fetch_add(1, Ordering::AcqRel);
+        self.metrics.subscribers.inc();
+        hub.metrics.subscribers.inc();
+        let client = Arc::new(ClientStats {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            peer,
+            started: Instant::now(),
+            bytes_out: AtomicU64::new(0),
+            skips: AtomicU64::new(0),
+            position: AtomicU64::new(0),
+        });
+        lock(&hub.clients).insert(client.id, client.clone());
+        Subscription {
+            registry: self.clone(),
+            hub,
+            client,
+        }
+    }
+
+    /// Removes the hub if nobody subscribed since it went idle; true if removed.
+    pub fn remove_if_idle(&self, hub: &Arc<Hub>) -> bool {
+        let mut table = self.table();
+        if hub.subscribers.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        self.unlink(&mut table, hub);
+        true
+    }
+
+    /// Removes the hub unconditionally (no data, socket error); its readers end.
+    pub fn remove(&self, hub: &Arc<Hub>) {
+        let mut table = self.table();
+        self.unlink(&mut table, hub);
+    }
+
+    fn unlink(&self, table: &mut HashMap<HubKey, Arc<Hub>>, hub: &Arc<Hub>) {
+        if hub.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if table.get(&hub.key).is_some_and(|h| Arc::ptr_eq(h, hub)) {
+            table.remove(&hub.key);
+        }
+        self.metrics.hubs.dec();
+        self.metrics.remove_hub(&hub.metrics.labels);
+        hub.publish_closed();
+    }
+
+    /// Live hubs, for the status page.
+    pub fn hubs(&self) -> Vec<Arc<Hub>> {
+        self.table().values().cloned().collect()
+    }
+
+    /// Subscribers across all hubs.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Acquire)
+    }
+}
+
+fn over(limit: usize, current: usize) -> bool {
+    limit > 0 && current >= limit
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A subscriber's hold on a hub; dropping it (client gone) releases every count.
+#[derive(Debug)]
+pub struct Subscription {
+    registry: Arc<Registry>,
+    pub hub: Arc<Hub>,
+    pub client: Arc<ClientStats>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        lock(&self.hub.clients).remove(&self.client.id);
+        self.registry.total.fetch_sub(1, Ordering::AcqRel);
+        self.registry.metrics.subscribers.dec();
+        self.hub.metrics.subscribers.dec();
+        if self.hub.subscribers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.hub.wake.notify_one();
+        }
+    }
+}

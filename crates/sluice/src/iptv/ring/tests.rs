@@ -1,0 +1,81 @@
+//! Ring eviction, reads, laps and start positions.
+
+use super::*;
+
+fn ts(n: usize, keyframe_at: Option<usize>) -> Bytes {
+    let mut v = vec![0u8; n * 188];
+    for (i, p) in v.chunks_exact_mut(188).enumerate() {
+        p[0] = 0x47;
+        p[3] = 0x10;
+        if Some(i) == keyframe_at {
+            p[1] = 0x40;
+            p[3] = 0x30;
+            p[4] = 7;
+            p[5] = 0x40;
+        }
+    }
+    Bytes::from(v)
+}
+
+#[test]
+fn evicts_by_bytes_and_reports_laps() {
+    let mut r = Ring::new(3 * 1316);
+    for _ in 0..5 {
+        r.push(ts(7, None));
+    }
+    assert_eq!((r.end(), r.bytes()), (5, 3 * 1316));
+    let mut out = VecDeque::new();
+    let mut pos = Position {
+        index: 0,
+        offset: 0,
+    };
+    assert_eq!(r.read(&mut pos, 5, 1 << 20, &mut out), Read::Lapped);
+    pos.index = 3;
+    assert_eq!(r.read(&mut pos, 4, 1 << 20, &mut out), Read::Chunks(1));
+    assert_eq!(r.read(&mut pos, 5, 1, &mut out), Read::Chunks(1));
+    assert_eq!(pos.index, 5);
+    assert_eq!(r.lag(3), Some(2 * 1316));
+    assert_eq!(r.lag(1), None);
+}
+
+#[test]
+fn starts_on_keyframe_then_packet_boundary() {
+    let mut r = Ring::new(1 << 20);
+    r.push(ts(7, None));
+    r.push(ts(7, Some(3)));
+    r.push(ts(7, None));
+    let p = r.start(3, 10_000);
+    assert_eq!(
+        p,
+        Position {
+            index: 1,
+            offset: 3 * 188
+        }
+    );
+    // Burst too small to reach the keyframe: newest whole chunks only.
+    assert_eq!(
+        r.start(3, 1316),
+        Position {
+            index: 2,
+            offset: 0
+        }
+    );
+    assert_eq!(
+        r.start(3, 0),
+        Position {
+            index: 3,
+            offset: 0
+        }
+    );
+    let mut junk = vec![1u8, 2, 3];
+    junk.extend_from_slice(&ts(3, None));
+    let mut r = Ring::new(1 << 20);
+    r.push(Bytes::from(junk));
+    assert_eq!(
+        r.start(1, 10_000),
+        Position {
+            index: 0,
+            offset: 3
+        }
+    );
+}

@@ -1,0 +1,164 @@
+//! Live status: a JSON snapshot of hubs and subscribers, an HTML page, and a server-sent events
+//! stream that pushes the snapshot every second.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http_body::Frame;
+use serde::Serialize;
+
+use super::hub::Hub;
+use super::registry::{lock, Registry};
+use crate::body::BoxError;
+
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    pub subscribers: usize,
+    pub hubs: Vec<HubStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HubStatus {
+    pub channel: String,
+    pub interface: String,
+    pub subscribers: usize,
+    pub age_seconds: u64,
+    pub bitrate_in: u64,
+    pub bitrate_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub datagrams_in: u64,
+    pub buffered_bytes: usize,
+    pub rtp_lost: u64,
+    pub rtp_reordered: u64,
+    pub rtp_duplicates: u64,
+    pub malformed: u64,
+    pub ts_cc_errors: u64,
+    pub slow_skips: u64,
+    pub slow_disconnects: u64,
+    pub membership_refreshes: u64,
+    pub membership_refresh_failures: u64,
+    pub clients: Vec<ClientStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClientStatus {
+    pub id: u64,
+    pub peer: Option<String>,
+    pub age_seconds: u64,
+    pub bytes_out: u64,
+    pub lag_bytes: Option<usize>,
+    pub skips: u64,
+}
+
+/// Reads every counter once; cheap enough to run per request and per second per viewer.
+pub fn snapshot(registry: &Registry) -> Snapshot {
+    let mut hubs: Vec<HubStatus> = registry.hubs().iter().map(|h| hub_status(h)).collect();
+    hubs.sort_by(|a, b| (&a.channel, &a.interface).cmp(&(&b.channel, &b.interface)));
+    Snapshot {
+        subscribers: registry.total(),
+        hubs,
+    }
+}
+
+fn hub_status(hub: &Hub) -> HubStatus {
+    let m = &hub.metrics;
+    let ring = lock(&hub.ring);
+    let mut clients: Vec<ClientStatus> = lock(&hub.clients)
+        .values()
+        .map(|c| ClientStatus {
+            id: c.id,
+            peer: c.peer.map(|p| p.to_string()),
+            age_seconds: c.started.elapsed().as_secs(),
+            bytes_out: c.bytes_out.load(Ordering::Relaxed),
+            lag_bytes: ring.lag(c.position.load(Ordering::Relaxed)),
+            skips: c.skips.load(Ordering::Relaxed),
+        })
+        .collect();
+    clients.sort_by_key(|c| c.id);
+    HubStatus {
+        channel: m.labels.channel.clone(),
+        interface: m.labels.interface.clone(),
+        subscribers: hub.subscribers.load(Ordering::Acquire),
+        age_seconds: hub.created.elapsed().as_secs(),
+        bitrate_in: hub.rate_in.load(Ordering::Relaxed),
+        bitrate_out: hub.rate_out.load(Ordering::Relaxed),
+        bytes_in: m.received_bytes.get(),
+        bytes_out: m.sent_bytes.get(),
+        datagrams_in: m.received_datagrams.get(),
+        buffered_bytes: ring.bytes(),
+        rtp_lost: m.rtp_lost.get(),
+        rtp_reordered: m.rtp_reordered.get(),
+        rtp_duplicates: m.rtp_duplicates.get(),
+        malformed: m.malformed.get(),
+        ts_cc_errors: m.ts_cc_errors.get(),
+        slow_skips: m.slow_skips.get(),
+        slow_disconnects: m.slow_disconnects.get(),
+        membership_refreshes: m.refreshes.get(),
+        membership_refresh_failures: m.refresh_failures.get(),
+        clients,
+    }
+}
+
+pub fn json(registry: &Registry) -> Bytes {
+    serde_json::to_vec(&snapshot(registry))
+        .unwrap_or_default()
+        .into()
+}
+
+/// `data: {snapshot}` every `every`, until the viewer goes away.
+pub fn events(
+    registry: std::sync::Arc<Registry>,
+    every: Duration,
+) -> impl Stream<Item = Result<Frame<Bytes>, BoxError>> + Send {
+    let ticker = tokio::time::interval(every);
+    futures_util::stream::unfold((registry, ticker), |(registry, mut ticker)| async move {
+        ticker.tick().await;
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&json(&registry));
+        event.extend_from_slice(b"\n\n");
+        Some((Ok(Frame::data(Bytes::from(event))), (registry, ticker)))
+    })
+}
+
+/// The status page: a table refreshed from `/status/events`.
+pub const PAGE: &str = r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>sluice IPTV status</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin-bottom:1.5em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th:first-child,td:first-child{text-align:left}
+.bad{color:#b00;font-weight:600}
+</style></head><body>
+<h1>IPTV gateway</h1>
+<p id="summary">connecting…</p>
+<div id="hubs"></div>
+<script>
+const rate = b => b >= 1e6 ? (b / 1e6).toFixed(2) + ' Mb/s' : (b / 1e3).toFixed(0) + ' kb/s';
+const esc = s => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
+const cell = (v, bad) => `<td class="${bad ? 'bad' : ''}">${esc(v)}</td>`;
+function render(s) {
+  document.getElementById('summary').textContent =
+    `${s.hubs.length} channel(s), ${s.subscribers} subscriber(s)`;
+  document.getElementById('hubs').innerHTML = s.hubs.map(h => `
+    <h2>${esc(h.channel)} on ${esc(h.interface)}</h2>
+    <table><tr><th>subscribers</th><th>in</th><th>out</th><th>lost</th><th>reordered</th>
+    <th>duplicates</th><th>CC errors</th><th>slow skips</th><th>slow drops</th><th>refreshes</th></tr>
+    <tr>${cell(h.subscribers)}${cell(rate(h.bitrate_in))}${cell(rate(h.bitrate_out))}
+    ${cell(h.rtp_lost, h.rtp_lost)}${cell(h.rtp_reordered)}${cell(h.rtp_duplicates)}
+    ${cell(h.ts_cc_errors, h.ts_cc_errors)}${cell(h.slow_skips, h.slow_skips)}
+    ${cell(h.slow_disconnects, h.slow_disconnects)}
+    ${cell(h.membership_refreshes + ' / ' + h.membership_refresh_failures + ' failed', h.membership_refresh_failures)}</tr></table>
+    <table><tr><th>client</th><th>peer</th><th>age s</th><th>sent</th><th>lag</th><th>skips</th></tr>
+    ${h.clients.map(c => `<tr>${cell(c.id)}${cell(c.peer ?? '-')}${cell(c.age_seconds)}
+      ${cell((c.bytes_out / 1e6).toFixed(1) + ' MB')}${cell(c.lag_bytes ?? 'lapped')}${cell(c.skips, c.skips)}</tr>`).join('')}
+    </table>`).join('');
+}
+const es = new EventSource('/status/events');
+es.onmessage = e => render(JSON.parse(e.data));
+es.onerror = () => document.getElementById('summary').textContent = 'disconnected, retrying…';
+</script></body></html>
+"#;

@@ -1,0 +1,161 @@
+//! Channel URLs: `/rtp/…` and `/udp/…` paths in the forms rtp2httpd, udpxy and msd_lite accept.
+//!
+//! Accepted (group `G`, source `S`, port `P`):
+//! - `/rtp/G:P`, `/udp/G:P`, with an optional trailing `/` (udpxy writes one);
+//! - udpxy's other separators between group and port: `%` `~` `+` `-` `^`, and `%3A` (an
+//!   escaped colon, as some playlist tools write it);
+//! - `/rtp/G` alone means port 1234 (msd_lite's default);
+//! - source-specific: `/rtp/S@G:P`; a leading `@` with no source is VLC's "any source";
+//! - IPv6: `/rtp/[ff3e::1]:P`, `/rtp/[2001:db8::1]@[ff3e::1]:P`;
+//! - query `iface=NAME` (also `ifname=` from msd_lite and `r2h-ifname=` from rtp2httpd).
+
+use std::net::IpAddr;
+
+/// Port used when a path names only a group (msd_lite's default).
+pub const DEFAULT_PORT: u16 = 1234;
+
+/// How the payload is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// `/rtp/`: RTP headers are removed; datagrams that are neither RTP nor TS are dropped.
+    Rtp,
+    /// `/udp/`: RTP is removed when detected, anything else passes through untouched.
+    Udp,
+}
+
+/// A parsed channel request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channel {
+    pub mode: Mode,
+    pub group: IpAddr,
+    pub port: u16,
+    pub source: Option<IpAddr>,
+    /// Interface named in the query, if any.
+    pub interface: Option<String>,
+}
+
+/// Why a channel URL was refused; the text goes back to the client in the 400 body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("path must start with /rtp/ or /udp/")]
+    Prefix,
+    #[error("missing multicast group after /rtp/ or /udp/")]
+    Empty,
+    #[error("{0:?} is not an IP address")]
+    Address(String),
+    #[error("{0:?} is not a port number (1-65535)")]
+    Port(String),
+    #[error("{0} is not a multicast group address")]
+    NotMulticast(IpAddr),
+    #[error("source {0} must be a unicast address of the same family as the group")]
+    BadSource(IpAddr),
+    #[error("unterminated [ in IPv6 address")]
+    Bracket,
+    #[error("interface name {0:?} is empty or too long")]
+    Interface(String),
+}
+
+/// Parses a request path and query into a channel.
+pub fn parse_channel(path: &str, query: Option<&str>) -> Result<Channel, UrlError> {
+    let (mode, rest) = if let Some(r) = path.strip_prefix("/rtp/") {
+        (Mode::Rtp, r)
+    } else if let Some(r) = path.strip_prefix("/udp/") {
+        (Mode::Udp, r)
+    } else {
+        return Err(UrlError::Prefix);
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let rest = unescape_colons(rest);
+    if rest.is_empty() {
+        return Err(UrlError::Empty);
+    }
+    let (source, endpoint) = match rest.rsplit_once('@') {
+        Some(("", ep)) => (None, ep),
+        Some((src, ep)) => (Some(parse_ip(src)?), ep),
+        None => (None, rest.as_str()),
+    };
+    let (group, port) = parse_endpoint(endpoint)?;
+    validate(group, source)?;
+    Ok(Channel {
+        mode,
+        group,
+        port,
+        source,
+        interface: query.map(interface_param).transpose()?.flatten(),
+    })
+}
+
+/// `%3A` is an escaped `:`; udpxy's bare `%` separator is handled by `parse_endpoint`.
+fn unescape_colons(s: &str) -> String {
+    s.replace("%3A", ":").replace("%3a", ":")
+}
+
+fn parse_endpoint(s: &str) -> Result<(IpAddr, u16), UrlError> {
+    if let Some(inner) = s.strip_prefix('[') {
+        let (addr, after) = inner.split_once(']').ok_or(UrlError::Bracket)?;
+        let ip = parse_ip(addr)?;
+        return match after.strip_prefix(':') {
+            Some(p) => Ok((ip, parse_port(p)?)),
+            None if after.is_empty() => Ok((ip, DEFAULT_PORT)),
+            None => Err(UrlError::Port(after.to_string())),
+        };
+    }
+    // IPv4 (an unbracketed IPv6 literal has colons and no port).
+    match s.find([':', '%', '~', '+', '-', '^']) {
+        Some(at) if s[..at].parse::<std::net::Ipv4Addr>().is_ok() => {
+            Ok((parse_ip(&s[..at])?, parse_port(&s[at + 1..])?))
+        }
+        _ => Ok((parse_ip(s)?, DEFAULT_PORT)),
+    }
+}
+
+fn parse_ip(s: &str) -> Result<IpAddr, UrlError> {
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(s);
+    bare.parse().map_err(|_| UrlError::Address(s.to_string()))
+}
+
+fn parse_port(s: &str) -> Result<u16, UrlError> {
+    match s.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(UrlError::Port(s.to_string())),
+    }
+}
+
+fn validate(group: IpAddr, source: Option<IpAddr>) -> Result<(), UrlError> {
+    if !group.is_multicast() {
+        return Err(UrlError::NotMulticast(group));
+    }
+    if let Some(src) = source {
+        let same_family = src.is_ipv4() == group.is_ipv4();
+        if !same_family || src.is_multicast() || src.is_unspecified() {
+            return Err(UrlError::BadSource(src));
+        }
+    }
+    Ok(())
+}
+
+/// Finds the interface parameter in a query string; other parameters (tokens, FCC) are ignored.
+fn interface_param(query: &str) -> Result<Option<String>, UrlError> {
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if matches!(k, "iface" | "ifname" | "r2h-ifname") {
+            let name = percent_encoding::percent_decode_str(v)
+                .decode_utf8_lossy()
+                .into_owned();
+            // IFNAMSIZ is 16 including the NUL.
+            if name.is_empty() || name.len() > 15 || name.contains(['/', '\0']) {
+                return Err(UrlError::Interface(name));
+            }
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+#[path = "url/tests.rs"]
+mod tests;

@@ -1,0 +1,67 @@
+//! Channel URL forms accepted and refused.
+
+use super::*;
+
+fn ok(path: &str, query: Option<&str>) -> Channel {
+    parse_channel(path, query).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn accepts_every_separator() {
+    for sep in [":", "%3A", "%3a", "%", "~", "+", "-", "^"] {
+        let c = ok(&format!("/udp/239.1.2.3{sep}5000/"), None);
+        assert_eq!(
+            (c.mode, c.group, c.port),
+            (Mode::Udp, "239.1.2.3".parse().unwrap(), 5000)
+        );
+    }
+}
+
+#[test]
+fn accepts_ssm_ipv6_default_port_and_iface() {
+    let c = ok("/rtp/10.0.0.1@232.1.1.1:5140", Some("token=x&iface=eth1"));
+    assert_eq!(c.source, Some("10.0.0.1".parse().unwrap()));
+    assert_eq!(c.interface.as_deref(), Some("eth1"));
+    let c = ok("/rtp/[ff3e::1]:6000", Some("ifname=lo"));
+    assert_eq!((c.group, c.port), ("ff3e::1".parse().unwrap(), 6000));
+    assert_eq!(c.interface.as_deref(), Some("lo"));
+    let c = ok("/rtp/[2001:db8::1]@[ff3e::1]:6000", None);
+    assert_eq!(c.source, Some("2001:db8::1".parse().unwrap()));
+    assert_eq!(ok("/rtp/239.0.0.1", None).port, DEFAULT_PORT);
+    assert_eq!(ok("/rtp/ff3e::2", None).port, DEFAULT_PORT);
+    assert_eq!(ok("/udp/@239.0.0.1:99", None).source, None);
+}
+
+#[test]
+fn refuses_with_reasons() {
+    let cases = [
+        ("/tcp/239.1.1.1:1", UrlError::Prefix),
+        ("/rtp/", UrlError::Empty),
+        (
+            "/rtp/10.1.1.1:5000",
+            UrlError::NotMulticast("10.1.1.1".parse().unwrap()),
+        ),
+        ("/rtp/239.1.1.1:0", UrlError::Port("0".into())),
+        ("/rtp/239.1.1.1:70000", UrlError::Port("70000".into())),
+        (
+            "/rtp/239.1.1:5000",
+            UrlError::Address("239.1.1:5000".into()),
+        ),
+        ("/rtp/[ff3e::1:5000", UrlError::Bracket),
+        (
+            "/rtp/239.9.9.9@239.1.1.1:5",
+            UrlError::BadSource("239.9.9.9".parse().unwrap()),
+        ),
+        (
+            "/rtp/::1@239.1.1.1:5",
+            UrlError::BadSource("::1".parse().unwrap()),
+        ),
+    ];
+    for (path, want) in cases {
+        assert_eq!(parse_channel(path, None), Err(want), "{path}");
+    }
+    assert!(matches!(
+        parse_channel("/rtp/239.1.1.1:5", Some("iface=")),
+        Err(UrlError::Interface(_))
+    ));
+}

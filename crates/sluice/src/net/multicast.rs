@@ -1,0 +1,185 @@
+//! Multicast receive sockets: bound to the group, joined on one named interface, never another.
+//!
+//! Why each choice:
+//! - Bound to the group address, not the wildcard, and `IP_MULTICAST_ALL` off: with N channels
+//!   on one port a wildcard socket receives all N (the Go `ListenMulticastUDP` trap).
+//! - Joined by interface index resolved from the name on every (re)join: an address or
+//!   "default" interface silently picks another NIC, and PPPoE redials change indexes.
+//! - Source-specific joins use `MCAST_JOIN_SOURCE_GROUP`, the protocol-independent form that
+//!   takes an interface index (`IP_ADD_SOURCE_MEMBERSHIP` only takes an interface address).
+//! - Refresh is leave-then-join on the same socket: without `CAP_NET_RAW` it is the only way
+//!   to make the kernel send a fresh report, and the gap is two back-to-back syscalls.
+
+use std::ffi::CString;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type};
+
+/// One membership: what to join, from whom, and where.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Group {
+    pub group: IpAddr,
+    pub port: u16,
+    /// Source for source-specific multicast (SSM); `None` joins any source.
+    pub source: Option<IpAddr>,
+    /// Interface name, resolved to an index at every join.
+    pub interface: String,
+}
+
+/// Resolves an interface name to its index; an unknown name is an error, never a fallback.
+pub fn interface_index(name: &str) -> io::Result<u32> {
+    let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no network interface named {name:?}"),
+        ));
+    }
+    Ok(index)
+}
+
+/// Opens a non-blocking socket bound to `group:port`, joined on the named interface.
+/// `recv_buffer` is forced past `rmem_max` when the process may (root), else requested.
+pub fn open(g: &Group, recv_buffer: usize) -> io::Result<Socket> {
+    let ifindex = interface_index(&g.interface)?;
+    let domain = match g.group {
+        IpAddr::V4(_) => Domain::IPV4,
+        IpAddr::V6(_) => Domain::IPV6,
+    };
+    let sock = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    // Several hubs may bind the same group:port (another interface or source).
+    sock.set_reuse_address(true)?;
+    sock.set_nonblocking(true)?;
+    set_recv_buffer(&sock, recv_buffer);
+    match g.group {
+        IpAddr::V4(_) => sock.set_multicast_all_v4(false)?,
+        IpAddr::V6(_) => {
+            sock.set_only_v6(true)?;
+            sock.set_multicast_all_v6(false)?;
+        }
+    }
+    let bind = match g.group {
+        // A link-scoped IPv6 group needs the scope id to bind.
+        IpAddr::V6(v6) => SocketAddr::V6(std::net::SocketAddrV6::new(v6, g.port, 0, ifindex)),
+        v4 => SocketAddr::new(v4, g.port),
+    };
+    sock.bind(&bind.into())?;
+    join(&sock, g, ifindex)?;
+    Ok(sock)
+}
+
+/// Leaves and joins again so routers and snooping switches see a fresh report. Returns the
+/// interface index used, which changes when the interface was recreated.
+pub fn refresh(sock: &Socket, g: &Group, old_ifindex: u32) -> io::Result<u32> {
+    // Best effort: the old membership may already be gone with its interface.
+    let _ = leave(sock, g, old_ifindex);
+    let ifindex = interface_index(&g.interface)?;
+    join(sock, g, ifindex)?;
+    Ok(ifindex)
+}
+
+fn join(sock: &Socket, g: &Group, ifindex: u32) -> io::Result<()> {
+    match (g.group, g.source) {
+        (IpAddr::V4(group), None) => {
+            sock.join_multicast_v4_n(&group, &InterfaceIndexOrAddress::Index(ifindex))
+        }
+        (IpAddr::V6(group), None) => sock.join_multicast_v6(&group, ifindex),
+        (group, Some(source)) => source_membership(sock, group, source, ifindex, true),
+    }
+}
+
+fn leave(sock: &Socket, g: &Group, ifindex: u32) -> io::Result<()> {
+    match (g.group, g.source) {
+        (IpAddr::V4(group), None) => {
+            sock.leave_multicast_v4_n(&group, &InterfaceIndexOrAddress::Index(ifindex))
+        }
+        (IpAddr::V6(group), None) => sock.leave_multicast_v6(&group, ifindex),
+        (group, Some(source)) => source_membership(sock, group, source, ifindex, false),
+    }
+}
+
+fn source_membership(
+    sock: &Socket,
+    group: IpAddr,
+    source: IpAddr,
+    ifindex: u32,
+    join: bool,
+) -> io::Result<()> {
+    let req = libc::group_source_req {
+        gsr_interface: ifindex,
+        gsr_group: SockAddr::from(SocketAddr::new(group, 0)).as_storage(),
+        gsr_source: SockAddr::from(SocketAddr::new(source, 0)).as_storage(),
+    };
+    let level = match group {
+        IpAddr::V4(_) => libc::IPPROTO_IP,
+        IpAddr::V6(_) => libc::IPPROTO_IPV6,
+    };
+    let name = if join {
+        libc::MCAST_JOIN_SOURCE_GROUP
+    } else {
+        libc::MCAST_LEAVE_SOURCE_GROUP
+    };
+    setsockopt(sock, level, name, &req)
+}
+
+fn setsockopt<T>(sock: &Socket, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: `value` points to a live `T` of the size passed; the kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A burst of 4K video outruns the default 208 KiB buffer within milliseconds of a stall, so
+/// ask for more; `SO_RCVBUFFORCE` ignores `rmem_max` when running as root.
+fn set_recv_buffer(sock: &Socket, bytes: usize) {
+    let want = i32::try_from(bytes).unwrap_or(i32::MAX);
+    if setsockopt(sock, libc::SOL_SOCKET, SO_RCVBUFFORCE, &want).is_err() {
+        let _ = sock.set_recv_buffer_size(bytes);
+    }
+}
+
+/// Not exported by `libc` for Linux targets; the kernel's asm-generic value (MIPS too)...
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_RCVBUFFORCE: i32 = 33;
+/// ...and SPARC's own.
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_RCVBUFFORCE: i32 = 0x100b;
+
+/// A sender socket pinned to one interface, for tests and benchmarks on loopback.
+pub fn sender(interface: &str, v6: bool) -> io::Result<Socket> {
+    let ifindex = interface_index(interface)?;
+    let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
+    let sock = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    if v6 {
+        sock.set_multicast_if_v6(ifindex)?;
+        sock.set_multicast_hops_v6(1)?;
+        sock.set_multicast_loop_v6(true)?;
+    } else {
+        let req = libc::ip_mreqn {
+            imr_multiaddr: libc::in_addr { s_addr: 0 },
+            imr_address: libc::in_addr {
+                s_addr: u32::from(Ipv4Addr::UNSPECIFIED).to_be(),
+            },
+            imr_ifindex: ifindex as i32,
+        };
+        setsockopt(&sock, libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &req)?;
+        sock.set_multicast_ttl_v4(1)?;
+        sock.set_multicast_loop_v4(true)?;
+    }
+    Ok(sock)
+}

@@ -1,0 +1,353 @@
+//! IPTV gateway end to end: real multicast on the loopback interface, a tiny hyper server
+//! calling `Iptv::handle`, and hyper clients.
+//!
+//! Every join and every sender names `lo` explicitly, so no datagram leaves this machine. No
+//! `ip link set lo multicast on` is needed: joins by interface index and a sender pinned with
+//! `IP_MULTICAST_IF` work on loopback without the flag or a multicast route. Each test uses its
+//! own group and port so tests can run in parallel. Timers are real but short (hundreds of
+//! milliseconds): the gateway reads real sockets, and paused tokio time would jump past every
+//! timeout whenever the runtime waits on the kernel.
+
+#[path = "iptv_support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use support::*;
+
+#[tokio::test]
+async fn one_and_eight_subscribers_get_every_payload_byte_in_order() {
+    for (n, group) in [(1usize, "239.71.0.1"), (8, "239.71.0.2")] {
+        let gw = Gateway::start(config()).await;
+        let stream = ts_datagrams(600, 0x100, None);
+        let want = Sha256::digest(stream.concat());
+        let path = format!("/rtp/{group}:46001?iface=lo");
+        let sender = Sender::new(group, 46001);
+        let first = gw.spawn_get(&path);
+        wait_joined(group, true).await;
+        sender.send_rtp(&stream[..1], 0);
+        let mut clients = vec![first.await.unwrap()];
+        for _ in 1..n {
+            clients.push(gw.get(&path).await);
+        }
+        sender.send_rtp(&stream[1..], 1);
+        let total = stream.iter().map(Vec::len).sum::<usize>();
+        for resp in clients {
+            assert_eq!(resp.status(), 200);
+            let got = read_bytes(resp, total).await;
+            assert_eq!(got.len(), total, "{n} subscribers");
+            assert_eq!(Sha256::digest(&got), want, "{n} subscribers");
+        }
+    }
+}
+
+#[tokio::test]
+async fn reordered_and_duplicated_input_is_restored() {
+    let group = "239.71.0.3";
+    let gw = Gateway::start(config()).await;
+    let stream = ts_datagrams(300, 0x101, None);
+    let path = format!("/rtp/{group}:46002?iface=lo");
+    let sender = Sender::new(group, 46002);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    // Sequence 0 first (it fixes the base), then pairs swapped and every 10th sent twice.
+    let mut order: Vec<usize> = vec![0];
+    for pair in (1..300).collect::<Vec<_>>().chunks(2) {
+        order.extend(pair.iter().rev());
+        if pair[0] % 10 == 1 {
+            order.push(pair[0]);
+        }
+    }
+    for i in order {
+        sender.send_one(&rtp(i as u16, &stream[i]));
+    }
+    let total = stream.iter().map(Vec::len).sum::<usize>();
+    let got = read_bytes(resp.await.unwrap(), total).await;
+    assert_eq!(got, stream.concat());
+    let status = gw.status().await;
+    let hub = &status["hubs"][0];
+    assert!(hub["rtp_reordered"].as_u64().unwrap() >= 100, "{hub}");
+    assert!(hub["rtp_duplicates"].as_u64().unwrap() >= 20, "{hub}");
+    assert_eq!(hub["rtp_lost"], 0);
+}
+
+#[tokio::test]
+async fn two_subscribers_share_one_membership() {
+    let group = "239.71.0.4";
+    let gw = Gateway::start(config()).await;
+    let path = format!("/udp/{group}:46003?iface=lo");
+    let sender = Sender::new(group, 46003);
+    let first = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    sender.send_raw(&ts_datagrams(5, 0x102, None));
+    let a = first.await.unwrap();
+    let b = gw.get(&path).await;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    assert_eq!(
+        igmp_memberships(group),
+        vec![1],
+        "one entry, one socket, on lo"
+    );
+    let status = gw.status().await;
+    assert_eq!(status["hubs"].as_array().unwrap().len(), 1);
+    assert_eq!(status["hubs"][0]["subscribers"], 2);
+}
+
+#[tokio::test]
+async fn stalled_subscriber_does_not_slow_a_fast_one() {
+    let group = "239.71.0.5";
+    let mut cfg = config();
+    // Far smaller than the stream and the stalled client's TCP buffers, but roomy enough that
+    // the fast reader, sharing this test's single thread with the hub, is never lapped.
+    cfg.buffer_bytes = 2 * 1024 * 1024;
+    cfg.burst_bytes = 0;
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtp/{group}:46004?iface=lo");
+    let sender = Sender::new(group, 46004);
+    let fast = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    let stream = ts_datagrams(16_000, 0x103, None); // ~21 MB, more than loopback TCP buffers
+    sender.send_rtp(&stream[..1], 0);
+    let fast = fast.await.unwrap();
+    let stalled = gw.stalled_get(&path).await;
+    let started = std::time::Instant::now();
+    let send = sender.spawn_rtp(stream[1..].to_vec(), 1);
+    // Live only (no burst): the fast subscriber starts after datagram 0.
+    let want = stream[1..].concat();
+    let got = read_bytes(fast, want.len()).await;
+    send.join().unwrap();
+    let status = gw.status().await;
+    assert_eq!(got.len(), want.len(), "{status}");
+    assert_eq!(Sha256::digest(&got), Sha256::digest(&want));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn lapped_subscriber_is_disconnected_when_configured() {
+    let group = "239.71.0.6";
+    let mut cfg = config();
+    cfg.buffer_bytes = 256 * 1024;
+    cfg.burst_bytes = 0;
+    cfg.slow_subscriber = sluice::iptv::SlowPolicy::Disconnect;
+    cfg.no_data_timeout_ms = 10_000;
+    cfg.linger_ms = 10_000; // keep the hub (and its counters) for the status check
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtp/{group}:46005?iface=lo");
+    let sender = Sender::new(group, 46005);
+    let slow = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    // ~26 MB: more than the ring and both loopback TCP buffers together.
+    let stream = ts_datagrams(20_000, 0x104, None);
+    sender.send_rtp(&stream[..1], 0);
+    let slow = slow.await.unwrap();
+    sender.spawn_rtp(stream[1..].to_vec(), 1).join().unwrap();
+    // Only now does the client read: its position was evicted long ago.
+    let got = read_bytes(slow, usize::MAX).await;
+    assert!(got.len() < stream.concat().len());
+    let status = gw.status().await;
+    assert_eq!(status["hubs"][0]["slow_disconnects"], 1, "{status}");
+}
+
+#[tokio::test]
+async fn hub_lingers_then_leaves() {
+    let group = "239.71.0.7";
+    let mut cfg = config();
+    cfg.linger_ms = 1500;
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtp/{group}:46006?iface=lo");
+    let sender = Sender::new(group, 46006);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    // About 1.5 s of data, so the server sees the client go while the hub still has input.
+    let keep_sending = sender.spawn_rtp_paced(ts_datagrams(1500, 0x105, None), 0, 1);
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gw.status().await["hubs"][0]["subscribers"], 0);
+    assert_eq!(
+        igmp_memberships(group),
+        vec![1],
+        "still joined while lingering"
+    );
+    wait_joined(group, false).await;
+    keep_sending.join().unwrap();
+}
+
+#[tokio::test]
+async fn no_data_gives_504_and_leaves() {
+    let group = "239.71.0.8";
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 300;
+    cfg.linger_ms = 0;
+    let gw = Gateway::start(cfg).await;
+    let started = std::time::Instant::now();
+    let resp = gw.get(&format!("/rtp/{group}:46007?iface=lo")).await;
+    assert_eq!(resp.status(), 504);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let body = read_text(resp).await;
+    assert!(
+        body.contains("no data from rtp://239.71.0.8:46007 on lo"),
+        "{body}"
+    );
+    wait_joined(group, false).await;
+}
+
+#[tokio::test]
+async fn stream_ends_when_data_stops() {
+    let group = "239.71.0.9";
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 1000;
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtp/{group}:46008?iface=lo");
+    let sender = Sender::new(group, 46008);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    let stream = ts_datagrams(50, 0x106, None);
+    sender.send_rtp(&stream, 0);
+    // read_bytes stops at end of body; the body must end on its own.
+    let got = read_bytes(resp.await.unwrap(), usize::MAX).await;
+    assert_eq!(got, stream.concat());
+}
+
+#[tokio::test]
+async fn source_specific_join_filters_other_sources() {
+    let group = "232.71.0.10";
+    let gw = Gateway::start(config()).await;
+    let path = format!("/rtp/127.0.0.1@{group}:46009?iface=lo");
+    // Bound explicitly: an unbound sender on lo may get another local address as its source.
+    let wanted = Sender::from_source(group, 46009, "127.0.0.1");
+    let other = Sender::from_source(group, 46009, "127.0.0.2");
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    let stream = ts_datagrams(100, 0x107, None);
+    let noise = ts_datagrams(100, 0x1ff, None);
+    for i in 0..100 {
+        other.send_one(&rtp(i as u16 + 5000, &noise[i]));
+        wanted.send_one(&rtp(i as u16, &stream[i]));
+    }
+    let total = stream.iter().map(Vec::len).sum::<usize>();
+    let got = read_bytes(resp.await.unwrap(), total).await;
+    assert_eq!(got, stream.concat());
+}
+
+#[tokio::test]
+async fn udp_mode_passes_non_rtp_payloads() {
+    let group = "239.71.0.11";
+    let gw = Gateway::start(config()).await;
+    let path = format!("/udp/{group}%3A46010/?iface=lo");
+    let sender = Sender::new(group, 46010);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    let mut datagrams = ts_datagrams(20, 0x108, None);
+    datagrams.push(b"plain text is not RTP".to_vec());
+    sender.send_raw(&datagrams);
+    let total = datagrams.iter().map(Vec::len).sum::<usize>();
+    let got = read_bytes(resp.await.unwrap(), total).await;
+    assert_eq!(got, datagrams.concat());
+}
+
+#[tokio::test]
+async fn bad_urls_get_400_with_reasons() {
+    let gw = Gateway::start(config()).await;
+    let cases = [
+        ("/rtp/10.1.2.3:5000?iface=lo", "not a multicast group"),
+        ("/rtp/239.1.1.1:0?iface=lo", "not a port number"),
+        ("/rtp/239.1.1:5000?iface=lo", "not an IP address"),
+        ("/rtp/239.1.1.1:5000", "no interface"),
+        (
+            "/rtp/239.1.1.1:5000?iface=nosuch0",
+            "no network interface named",
+        ),
+        (
+            "/udp/224.0.0.1@239.1.1.1:5000?iface=lo",
+            "must be a unicast address",
+        ),
+    ];
+    for (path, reason) in cases {
+        let resp = gw.get(path).await;
+        assert_eq!(resp.status(), 400, "{path}");
+        let body = read_text(resp).await;
+        assert!(body.contains(reason), "{path}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn subscriber_limits_answer_429_and_503() {
+    let mut cfg = config();
+    cfg.max_subscribers = 2;
+    cfg.max_subscribers_per_channel = 1;
+    let gw = Gateway::start(cfg).await;
+    let mut held = Vec::new();
+    for (group, port) in [("239.71.0.12", 46011), ("239.71.0.13", 46012)] {
+        let path = format!("/udp/{group}:{port}?iface=lo");
+        let resp = gw.spawn_get(&path);
+        wait_joined(group, true).await;
+        Sender::new(group, port).send_raw(&ts_datagrams(3, 0x109, None));
+        held.push(resp.await.unwrap());
+        assert_eq!(held.last().unwrap().status(), 200);
+        if port == 46011 {
+            assert_eq!(gw.get(&path).await.status(), 429);
+        }
+    }
+    let resp = gw.get("/udp/239.71.0.14:46013?iface=lo").await;
+    assert_eq!(resp.status(), 503);
+    assert!(read_text(resp).await.contains("limit of 2 subscribers"));
+}
+
+#[tokio::test]
+async fn instant_start_is_ts_aligned_on_a_keyframe() {
+    let group = "239.71.0.15";
+    let mut cfg = config();
+    cfg.burst_bytes = 64 * 1024;
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtp/{group}:46014?iface=lo");
+    let sender = Sender::new(group, 46014);
+    let first = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    // A keyframe in datagram 170, packet 3: inside the last 64 KiB (49 datagrams) of 200.
+    let stream = ts_datagrams(200, 0x10a, Some((170, 3)));
+    sender.send_rtp(&stream, 0);
+    let _first = first.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late = gw.get(&path).await;
+    let all = stream.concat();
+    let from = 170 * 1316 + 3 * 188;
+    let got = read_bytes(late, all.len() - from).await;
+    assert_eq!(got[0], 0x47);
+    assert_eq!(got.len() % 188, 0);
+    assert_eq!(got, all[from..]);
+}
+
+#[tokio::test]
+async fn status_pages_and_playlist() {
+    let dir = tempfile::tempdir().unwrap();
+    let m3u = dir.path().join("list.m3u");
+    std::fs::write(
+        &m3u,
+        "#EXTM3U\n#EXTINF:-1 group-title=\"News\",One\nrtp://239.1.1.1:5000\n",
+    )
+    .unwrap();
+    let mut cfg = config();
+    cfg.playlist = Some(m3u.display().to_string());
+    let gw = Gateway::start(cfg).await;
+    let list = read_text(gw.get("/playlist.m3u").await).await;
+    assert_eq!(
+        list,
+        "#EXTM3U\n#EXTINF:-1 group-title=\"News\",One\nhttp://gw.test/rtp/239.1.1.1:5000\n"
+    );
+    let page = gw.get("/status").await;
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    assert!(read_text(page)
+        .await
+        .contains("EventSource('/status/events')"));
+    let events = gw.get("/status/events").await;
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let first = read_bytes(events, 6).await;
+    assert_eq!(&first[..6], b"data: ");
+    assert_eq!(gw.status().await["subscribers"], 0);
+    let text = gw.metrics();
+    assert!(text.contains("iptv_subscribers"), "{text}");
+}

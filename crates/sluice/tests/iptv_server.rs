@@ -1,0 +1,51 @@
+//! The IPTV front end behind the real server: auth on every path, playlist entries carrying a token
+//! instead of the password.
+
+mod support;
+
+use std::io::Write;
+
+use support::*;
+
+#[tokio::test]
+async fn iptv_paths_need_auth_and_playlist_entries_carry_tokens() {
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    m3u.write_all(b"#EXTM3U\n#EXTINF:-1 group-title=\"News\",One\nrtp://239.1.2.3:5000\n")
+        .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = "tv-pw".into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.interface = Some("lo".into());
+    config.iptv.no_data_timeout_ms = 300;
+    let s = Sluice::start(config).await;
+    for path in [
+        "/status",
+        "/status.json",
+        "/playlist.m3u",
+        "/rtp/239.1.2.3:5000",
+    ] {
+        assert_eq!(get(&s.url(path)).await.status, 403, "{path}");
+    }
+    let r = get(&s.url("/playlist.m3u?api_password=tv-pw")).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(!text.contains("tv-pw"), "{text}");
+    assert!(text.contains("group-title=\"News\",One"), "{text}");
+    let entry = text
+        .lines()
+        .find(|l| l.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    assert!(
+        entry.contains("/_token_") && entry.ends_with("/rtp/239.1.2.3:5000"),
+        "{entry}"
+    );
+    // The entry is authorized by its token: the request reaches the gateway, which waits for data
+    // and answers 504 after the no-data timeout (nothing is sent to that group).
+    let r = get(&entry).await;
+    assert_eq!(r.status, 504, "{:?}", r.body);
+    // Bad addresses are refused with a reason.
+    let r = get(&s.url("/rtp/10.0.0.1:5000?api_password=tv-pw")).await;
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body.unwrap()).contains("multicast"));
+}
