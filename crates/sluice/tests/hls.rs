@@ -45,7 +45,9 @@ const LIVE: &str =
 fn fixtures() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap().keep();
+        // Under the target directory, remade on every run.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hls-fixtures");
+        let _ = std::fs::remove_dir_all(&dir);
         let clear = dir.join("clear");
         let aes = dir.join("aes");
         std::fs::create_dir_all(&clear).unwrap();
@@ -74,6 +76,8 @@ fn fixtures() -> &'static Path {
             "<!DOCTYPE html><html><body>Access denied</body></html>",
         );
         put("garbage/index.m3u8", "{\"not\": \"a playlist\"}");
+        let long = format!("#EXTM3U\n{}", "#EXTINF:2.0,\nseg.ts\n".repeat(200));
+        put("long/index.m3u8", &long);
         let media = std::fs::read_to_string(clear.join("index.m3u8")).unwrap();
         put("api/clear/live.mpegurl", &media);
         dir
@@ -652,6 +656,22 @@ async fn non_playlists_and_upstream_errors() {
     assert_eq!(r.status, 404);
     let r = get(&manifest_url(&s, &origin.url("/status/503.m3u8"), "")).await;
     assert_eq!(r.status, 503);
+}
+
+#[tokio::test]
+async fn playlists_over_the_size_cap_are_refused() {
+    let origin = FileOrigin::start().await;
+    let s = with_config(|c| c.media.max_manifest_bytes = 2048).await;
+    let r = get(&manifest_url(&s, &origin.url("/long/index.m3u8"), "")).await;
+    assert_eq!(r.status, 502);
+    let json: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
+    assert_eq!(json["kind"], "playlist_too_large");
+    assert!(json["error"]
+        .as_str()
+        .unwrap()
+        .contains("2048 bytes (media.max_manifest_bytes)"));
+    let small = text(&manifest_url(&s, &origin.url("/clear/index.m3u8"), "")).await;
+    assert_eq!(uri_lines(&small).len(), 4);
 }
 
 #[tokio::test]
