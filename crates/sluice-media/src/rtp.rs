@@ -144,6 +144,8 @@ pub struct ReorderStats {
 
 /// A jump further than this (either way) is a new sender, not loss or lateness.
 const RESYNC_DISTANCE: i32 = 1024;
+/// Fewest consecutive late packets taken as a restarted sender (the window, if larger).
+const MIN_LATE_RUN: usize = 16;
 
 /// A sequence-indexed window that releases packets in order, drops duplicates, and counts loss.
 ///
@@ -159,6 +161,8 @@ pub struct Reorder<T> {
     held: usize,
     /// Distance past `next` of the furthest packet held, to spot late arrivals.
     ahead: u16,
+    /// Consecutive packets dropped as late or duplicate.
+    late_run: usize,
     stats: ReorderStats,
 }
 
@@ -171,6 +175,7 @@ impl<T> Reorder<T> {
             next: None,
             held: 0,
             ahead: 0,
+            late_run: 0,
             stats: ReorderStats::default(),
         }
     }
@@ -188,8 +193,12 @@ impl<T> Reorder<T> {
     pub fn push(&mut self, seq: u16, item: T, out: &mut Vec<T>) {
         let next = *self.next.get_or_insert(seq);
         let diff = i32::from(seq.wrapping_sub(next) as i16);
-        if !(-RESYNC_DISTANCE..=RESYNC_DISTANCE).contains(&diff) {
+        // A run of "late" packets longer than any reordering is a sender that restarted a
+        // little behind its old sequence, not duplicates: follow it instead of dropping it.
+        let restarted = diff < 0 && self.late_run >= self.slots.len().max(MIN_LATE_RUN);
+        if restarted || !(-RESYNC_DISTANCE..=RESYNC_DISTANCE).contains(&diff) {
             self.stats.resyncs += 1;
+            self.late_run = 0;
             self.flush(out);
             self.next = Some(seq);
             self.ahead = 0;
@@ -197,7 +206,9 @@ impl<T> Reorder<T> {
         } else if diff < 0 {
             // Already released or given up on: a duplicate or a packet too late to use.
             self.stats.duplicates += 1;
+            self.late_run += 1;
         } else {
+            self.late_run = 0;
             let mut dist = diff as usize;
             if dist >= self.slots.len() {
                 self.advance(dist + 1 - self.slots.len(), out);

@@ -282,6 +282,9 @@ impl App {
     /// the prefix playlist entries need when a password is configured.
     fn iptv_parts(&self, req: Request<Incoming>, ctx: &RequestContext) -> http::request::Parts {
         let (mut parts, _) = req.into_parts();
+        parts
+            .extensions
+            .insert(SocketAddr::new(ctx.client_ip, ctx.peer.port()));
         if parts.uri.path() != ctx.path {
             let pq = match parts.uri.query() {
                 Some(q) => format!("{}?{q}", ctx.path),

@@ -16,7 +16,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use support::*;
 
-#[tokio::test]
+// Multi-threaded, like the server: hub and readers run in parallel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_eight_subscribers_get_every_payload_byte_in_order() {
     for (n, group) in [(1usize, "239.71.0.1"), (8, "239.71.0.2")] {
         let gw = Gateway::start(config()).await;
@@ -94,7 +95,8 @@ async fn two_subscribers_share_one_membership() {
     assert_eq!(status["hubs"][0]["subscribers"], 2);
 }
 
-#[tokio::test]
+// Multi-threaded, like the server: hub and readers run in parallel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_subscriber_does_not_slow_a_fast_one() {
     let group = "239.71.0.5";
     let mut cfg = config();
@@ -340,9 +342,7 @@ async fn status_pages_and_playlist() {
     );
     let page = gw.get("/status").await;
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
-    assert!(read_text(page)
-        .await
-        .contains("EventSource('/status/events')"));
+    assert!(read_text(page).await.contains("new EventSource("));
     let events = gw.get("/status/events").await;
     assert_eq!(events.headers()["content-type"], "text/event-stream");
     let first = read_bytes(events, 6).await;
@@ -350,4 +350,105 @@ async fn status_pages_and_playlist() {
     assert_eq!(gw.status().await["subscribers"], 0);
     let text = gw.metrics();
     assert!(text.contains("iptv_subscribers"), "{text}");
+}
+
+/// The default 5 s no-data timeout, in paused time: nothing is sent, so the only events are
+/// timers, and tokio's clock jumps straight to each of them.
+#[tokio::test(start_paused = true)]
+async fn default_no_data_timeout_is_five_seconds() {
+    let group = "239.71.0.16";
+    let cfg = sluice::iptv::IptvConfig {
+        linger_ms: 0,
+        ..Default::default()
+    };
+    let gw = Gateway::start(cfg).await;
+    let started = tokio::time::Instant::now();
+    let resp = gw.get(&format!("/rtp/{group}:46015?iface=lo")).await;
+    assert_eq!(resp.status(), 504);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
+    wait_joined(group, false).await;
+}
+
+#[tokio::test]
+async fn membership_is_refreshed_and_the_stream_goes_on() {
+    let group = "239.71.0.17";
+    let mut cfg = config();
+    cfg.membership_refresh_secs = 1;
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtp/{group}:46016?iface=lo");
+    let sender = Sender::new(group, 46016);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    // About 1.6 s of data at one datagram per millisecond, spanning one refresh.
+    let stream = ts_datagrams(1500, 0x10b, None);
+    let send = sender.spawn_rtp_paced(stream.clone(), 0, 1);
+    let resp = resp.await.unwrap();
+    // A leave+join gap may cost a datagram or two on a busy machine, never the stream.
+    let want = stream.concat().len() * 9 / 10;
+    let got = read_bytes(resp, want).await;
+    assert!(got.len() >= want, "{}", got.len());
+    let status = gw.status().await;
+    send.join().unwrap();
+    assert!(
+        status["hubs"][0]["membership_refreshes"].as_u64() >= Some(1),
+        "{status}"
+    );
+    assert_eq!(status["hubs"][0]["membership_refresh_failures"], 0);
+    assert_eq!(igmp_memberships(group), vec![1]);
+}
+
+#[tokio::test]
+async fn head_checks_the_url_without_joining() {
+    let gw = Gateway::start(config()).await;
+    let resp = head(gw.addr, "/rtp/239.71.0.18:46017?iface=lo").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "video/mp2t");
+    assert!(igmp_memberships("239.71.0.18").is_empty());
+}
+
+#[tokio::test]
+async fn playlist_from_http_url_is_rewritten() {
+    let m3u = "#EXTM3U\n#EXTINF:-1 tvg-id=\"x\" catchup=\"append\",X\nudp://@239.5.5.5:1234\n";
+    let origin = serve_text(m3u).await;
+    let mut cfg = config();
+    cfg.playlist = Some(format!("http://{origin}/list.m3u"));
+    cfg.playlist_base_url = Some("https://tv.example/".into());
+    let gw = Gateway::start(cfg).await;
+    let resp = gw.get("/playlist.m3u").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        read_text(resp).await,
+        "#EXTM3U\n#EXTINF:-1 tvg-id=\"x\" catchup=\"append\",X\nhttps://tv.example/udp/239.5.5.5:1234\n"
+    );
+}
+
+/// IPv6 joins by interface index (`IPV6_JOIN_GROUP`, bound to the group with its scope).
+/// Loopback cannot carry IPv6 multicast back to a receiver, so this checks the membership and
+/// the clean 504, not payload.
+#[tokio::test]
+async fn ipv6_group_is_joined_on_the_named_interface() {
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 1500;
+    cfg.linger_ms = 0;
+    let gw = Gateway::start(cfg).await;
+    let resp = gw.spawn_get("/rtp/[ff3e::71:19]:46018?iface=lo");
+    let hex = "ff3e0000000000000000000000710019";
+    let mut joined = false;
+    for _ in 0..100 {
+        joined = igmp6_on_lo().iter().any(|g| g == hex);
+        if joined {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(joined, "ff3e::71:19 not in /proc/net/igmp6 for lo");
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 504);
+    assert!(read_text(resp)
+        .await
+        .contains("rtp://[ff3e::71:19]:46018 on lo"));
 }

@@ -107,6 +107,18 @@ fn resyncs_on_sender_restart() {
     assert_eq!((st.resyncs, st.lost), (1, 0));
 }
 
+#[test]
+fn follows_a_sender_that_restarts_slightly_behind() {
+    let mut seqs: Vec<u16> = (500..520).collect();
+    seqs.extend(100..140);
+    let (out, st) = run(8, &seqs);
+    // The first 16 of the restarted run are taken as late; then the window follows it.
+    let mut want: Vec<u16> = (500..520).collect();
+    want.extend(116..140);
+    assert_eq!(out, want);
+    assert_eq!((st.resyncs, st.duplicates), (1, 16));
+}
+
 proptest! {
     /// Any local shuffle within the window, with duplicates, comes out as the original run.
     #[test]

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_media::mpegts::Continuity;
-use sluice_media::rtp::{self, PayloadKind, Reorder, ReorderStats};
+use sluice_media::mpegts::{self, Continuity};
+use sluice_media::rtp::{self, Reorder, ReorderStats};
 use socket2::Socket;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -246,32 +246,35 @@ impl Pump {
         self.last_data = Instant::now();
         self.received_since_tick = true;
         let mut datagrams = std::mem::take(&mut self.datagrams);
-        let m = self.hub.metrics.clone();
+        let bytes: usize = datagrams.iter().map(Bytes::len).sum();
+        let truncated = self.batch.truncated();
+        let m = &self.hub.metrics;
         m.received_datagrams.inc_by(datagrams.len() as u64);
+        m.received_bytes.inc_by(bytes as u64);
+        m.malformed.inc_by(truncated - self.reported_truncated);
+        self.reported_truncated = truncated;
         for d in datagrams.drain(..) {
-            m.received_bytes.inc_by(d.len() as u64);
             self.classify(d);
         }
         // Hand the (now empty) vector back to keep its capacity.
         self.datagrams = datagrams;
-        let truncated = self.batch.truncated();
-        m.malformed.inc_by(truncated - self.reported_truncated);
-        self.reported_truncated = truncated;
         self.append_released();
     }
 
+    /// Bare TS passes as is; RTP is parsed once, stripped by slicing, and reordered.
     fn classify(&mut self, d: Bytes) {
-        match rtp::classify(&d) {
-            PayloadKind::Ts => self.released.push(d),
-            PayloadKind::Rtp => {
-                if let Ok(p) = rtp::parse_rtp(&d) {
-                    let payload = d.slice(p.payload);
-                    self.reorder
-                        .push(p.header.sequence, payload, &mut self.released);
-                }
+        if d.first() == Some(&mpegts::SYNC_BYTE) {
+            self.released.push(d);
+            return;
+        }
+        match rtp::parse_rtp(&d) {
+            Ok(p) => {
+                let payload = d.slice(p.payload);
+                self.reorder
+                    .push(p.header.sequence, payload, &mut self.released);
             }
-            PayloadKind::Other if self.hub.key.mode == Mode::Udp => self.released.push(d),
-            PayloadKind::Other => {
+            Err(_) if self.hub.key.mode == Mode::Udp => self.released.push(d),
+            Err(_) => {
                 self.hub.metrics.malformed.inc();
             }
         }

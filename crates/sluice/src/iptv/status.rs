@@ -157,7 +157,8 @@ function render(s) {
       ${cell((c.bytes_out / 1e6).toFixed(1) + ' MB')}${cell(c.lag_bytes ?? 'lapped')}${cell(c.skips, c.skips)}</tr>`).join('')}
     </table>`).join('');
 }
-const es = new EventSource('/status/events');
+// Relative to this page, so a token prefix in the path (/_token_…/status) carries over.
+const es = new EventSource(location.pathname.replace(/\/?$/, '') + '/events');
 es.onmessage = e => render(JSON.parse(e.data));
 es.onerror = () => document.getElementById('summary').textContent = 'disconnected, retrying…';
 </script></body></html>

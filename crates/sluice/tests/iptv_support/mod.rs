@@ -282,3 +282,46 @@ pub async fn wait_joined(group: &str, joined: bool) {
     }
     panic!("{group} joined on lo should be {joined}");
 }
+
+pub async fn head(addr: SocketAddr, path: &str) -> Response<Incoming> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::head(path)
+        .header("host", "gw.test")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    send.send_request(req).await.unwrap()
+}
+
+/// An origin that answers every request with `text` (a playlist host).
+pub async fn serve_text(text: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
+                Ok::<_, Infallible>(Response::new(http_body_util::Full::new(
+                    Bytes::from_static(text.as_bytes()),
+                )))
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
+            );
+        }
+    });
+    addr
+}
+
+/// IPv6 groups joined on `lo`, as the hex strings `/proc/net/igmp6` prints.
+pub fn igmp6_on_lo() -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/net/igmp6").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.get(1) == Some(&"lo")).then(|| cols.get(2).map(|s| s.to_string()))?
+        })
+        .collect()
+}
