@@ -139,11 +139,26 @@ fn yes() -> bool {
 pub struct MediaConfig {
     /// Serve `/proxy/*`.
     pub enabled: bool,
+    // HLS
+    /// Largest HLS playlist fetched for rewriting, in bytes.
+    pub max_manifest_bytes: usize,
+    /// `EXT-X-START` time offset (seconds) injected into live media playlists that have none,
+    /// unless the request gives `start_offset`; 0 disables it. MediaFlow's default is -18.
+    pub live_start_offset: f64,
+    /// An HTML page where a playlist was expected becomes an empty, ended playlist (players stop
+    /// cleanly) instead of a 502.
+    pub graceful_stream_end: bool,
 }
 
 impl Default for MediaConfig {
     fn default() -> Self {
-        MediaConfig { enabled: true }
+        MediaConfig {
+            enabled: true,
+            // HLS
+            max_manifest_bytes: 8 * 1024 * 1024,
+            live_start_offset: -18.0,
+            graceful_stream_end: false,
+        }
     }
 }
 
@@ -242,6 +257,13 @@ impl Config {
         for route in &self.upstream.routes {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
+        }
+        // HLS
+        if self.media.max_manifest_bytes < 1024 {
+            bail!("media.max_manifest_bytes must be at least 1024");
+        }
+        if !self.media.live_start_offset.is_finite() {
+            bail!("media.live_start_offset must be a finite number of seconds (0 disables it)");
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The MediaFlow-compatible media front end: `/proxy/*` endpoints, thin handlers over `sluice-media`.
 
 pub mod generate;
+pub mod hls;
 pub mod links;
 pub mod stream;
 
@@ -11,6 +12,7 @@ use sluice_media::token::TokenKey;
 
 use crate::app::RequestContext;
 use crate::body::Body;
+use crate::config::MediaConfig;
 use crate::error::ProxyError;
 use crate::upstream::Upstream;
 
@@ -19,13 +21,20 @@ pub struct Media {
     upstream: Upstream,
     /// The server password's token key, for child URLs; `None` without a password.
     token_key: Option<TokenKey>,
+    settings: MediaConfig,
 }
 
 impl Media {
-    pub fn new(upstream: Upstream, token_key: Option<TokenKey>, _registry: &mut Registry) -> Self {
+    pub fn new(
+        upstream: Upstream,
+        token_key: Option<TokenKey>,
+        settings: &MediaConfig,
+        _registry: &mut Registry,
+    ) -> Self {
         Media {
             upstream,
             token_key,
+            settings: settings.clone(),
         }
     }
 
@@ -59,6 +68,10 @@ impl Media {
             .split_once('/')
             .map_or((rest, None), |(a, b)| (a, Some(b)))
         {
+            ("hls", Some(rest)) => {
+                require_get_or_head(req.method())?;
+                hls::handle(self, &req, ctx, rest).await
+            }
             ("stream", filename) => {
                 require_get_or_head(req.method())?;
                 let filename = filename.filter(|f| !f.is_empty()).map(decode_segment);

@@ -1,16 +1,18 @@
-//! `/proxy/stream[/{filename}]`: a byte pipe to one upstream URL. Range and If-Range go upstream, the
-//! status and `Content-Range` come back as they are, HEAD stays HEAD, and the body streams with
-//! backpressure (dropping the client drops the upstream request).
+//! `/proxy/stream[/{filename}]` and the byte pipe it shares with the HLS endpoints.
+//!
+//! One upstream URL: Range and If-Range go upstream, the status and `Content-Range` come back as
+//! they are, HEAD stays HEAD, and the body streams with backpressure (dropping the client drops
+//! the upstream request).
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use sluice_media::query::ProxyParams;
 
 use crate::app::RequestContext;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
-use crate::upstream::{Upstream, UpstreamRequest};
+use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 /// Upstream response headers a player needs; everything else (hop-by-hop, cookies, server identity)
 /// stays behind.
@@ -36,22 +38,51 @@ pub async fn serve(
     ctx: &RequestContext,
     filename: Option<&str>,
 ) -> Result<Response<Body>, ProxyError> {
-    let params = ProxyParams::from_query(&ctx.query).map_err(|e| {
-        ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
-    })?;
-    let up_req = upstream_request(req, &params)?;
+    let params = parse_params(ctx)?;
+    let mut resp = pipe(upstream, req, &params, None).await?;
+    if let Some(name) = filename {
+        resp.headers_mut()
+            .insert(header::CONTENT_DISPOSITION, content_disposition(name));
+    }
+    Ok(resp)
+}
+
+/// The shared proxy parameters of the request, or a 400 naming the bad one.
+pub fn parse_params(ctx: &RequestContext) -> Result<ProxyParams, ProxyError> {
+    ProxyParams::from_query(&ctx.query)
+        .map_err(|e| ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
+}
+
+/// The byte pipe every streaming endpoint shares: one upstream exchange, its status and player
+/// headers mirrored, `content_type` (if any) in place of the upstream's, then the params applied.
+pub async fn pipe(
+    upstream: &Upstream,
+    req: &Request<Incoming>,
+    params: &ProxyParams,
+    content_type: Option<HeaderValue>,
+) -> Result<Response<Body>, ProxyError> {
     let up = upstream
-        .send(up_req)
+        .send(upstream_request(req, params)?)
         .await
         .map_err(|e| ProxyError::from_upstream(&e))?;
+    respond(up, params, content_type)
+}
+
+/// Turns an upstream response into the client's: status, mirrored headers, streaming body.
+pub fn respond(
+    up: UpstreamResponse,
+    params: &ProxyParams,
+    content_type: Option<HeaderValue>,
+) -> Result<Response<Body>, ProxyError> {
     let mut resp = Response::new(body::boxed(up.body));
     *resp.status_mut() = up.status;
     let headers = resp.headers_mut();
     mirror_headers(&up.headers, headers);
-    apply_params(&params, headers)?;
-    if let Some(name) = filename {
-        headers.insert(header::CONTENT_DISPOSITION, content_disposition(name));
+    // An upstream error page keeps its own type.
+    if let Some(value) = content_type.filter(|_| up.status.is_success()) {
+        headers.insert(header::CONTENT_TYPE, value);
     }
+    apply_params(params, headers)?;
     Ok(resp)
 }
 
@@ -60,9 +91,23 @@ pub fn upstream_request(
     req: &Request<Incoming>,
     params: &ProxyParams,
 ) -> Result<UpstreamRequest, ProxyError> {
+    build_request(req.method().clone(), Some(req.headers()), params)
+}
+
+/// A GET of the destination with only the `h_*` headers: for bodies the proxy reads whole
+/// (playlists), where the client's Range is meaningless.
+pub fn fetch_request(params: &ProxyParams) -> Result<UpstreamRequest, ProxyError> {
+    build_request(Method::GET, None, params)
+}
+
+fn build_request(
+    method: Method,
+    client: Option<&HeaderMap>,
+    params: &ProxyParams,
+) -> Result<UpstreamRequest, ProxyError> {
     let mut headers = HeaderMap::new();
     for name in FORWARDED {
-        if let Some(v) = req.headers().get(name) {
+        if let Some(v) = client.and_then(|h| h.get(name)) {
             headers.insert(name.clone(), v.clone());
         }
     }
@@ -71,7 +116,7 @@ pub fn upstream_request(
         headers.insert(name, value);
     }
     Ok(UpstreamRequest {
-        method: req.method().clone(),
+        method,
         url: params.destination.clone(),
         headers,
     })

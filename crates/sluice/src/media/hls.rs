@@ -1,0 +1,265 @@
+//! `/proxy/hls/*`: playlists fetched (size-capped), checked and rewritten by `sluice_media::hls`;
+//! segments, keys and init sections piped like `/proxy/stream`.
+//!
+//! A manifest request is a playlist when MediaFlow would call it one: the URL says so
+//! (`.m3u8`, `.m3u`, `.m3u_plus`, `type=m3u*`), `force_playlist_proxy` is set, or the upstream
+//! Content-Type contains `mpegurl`. Anything else streams through untouched.
+
+pub mod options;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
+use sluice_media::query::ProxyParams;
+
+use super::stream;
+use super::Media;
+use crate::app::RequestContext;
+use crate::body::{self, Body};
+use crate::error::{ProxyError, Side};
+use crate::upstream::{CollectError, UpstreamResponse};
+use options::{Child, HlsOptions};
+
+const PLAYLIST_TYPE: &str = "application/vnd.apple.mpegurl";
+const MANIFEST: &str = "/proxy/hls/manifest.m3u8";
+
+/// Serves `/proxy/hls/<rest>`.
+pub async fn handle(
+    media: &Media,
+    req: &Request<Incoming>,
+    ctx: &RequestContext,
+    rest: &str,
+) -> Result<Response<Body>, ProxyError> {
+    match rest {
+        "manifest.m3u8" => manifest(media, req, ctx, false).await,
+        "key_proxy/manifest.m3u8" => manifest(media, req, ctx, true).await,
+        "segment" => segment(media, req, ctx, None).await,
+        _ => match rest.strip_prefix("segment.").and_then(segment_ext) {
+            Some(ext) => segment(media, req, ctx, Some(ext)).await,
+            None => Err(ProxyError::downstream(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such /proxy/hls endpoint: use manifest.m3u8, key_proxy/manifest.m3u8 or \
+                 segment.{ts,m4s,mp4,m4a,m4v,aac}",
+            )),
+        },
+    }
+}
+
+/// Segment, key and init bytes: the stream pipe with the Content-Type the extension promises
+/// (an `r_content-type` still wins).
+async fn segment(
+    media: &Media,
+    req: &Request<Incoming>,
+    ctx: &RequestContext,
+    ext: Option<SegmentExt>,
+) -> Result<Response<Body>, ProxyError> {
+    let params = stream::parse_params(ctx)?;
+    let content_type = ext.map(|e| HeaderValue::from_static(segment_type(e)));
+    stream::pipe(&media.upstream, req, &params, content_type).await
+}
+
+async fn manifest(
+    media: &Media,
+    req: &Request<Incoming>,
+    ctx: &RequestContext,
+    key_proxy: bool,
+) -> Result<Response<Body>, ProxyError> {
+    let params = stream::parse_params(ctx)?;
+    let opts = options::parse(&ctx.query, key_proxy, media.settings.live_start_offset)?;
+    let by_url = opts.force_playlist || rewriter::is_playlist_url(&params.destination);
+    let up = if by_url {
+        send(media, stream::fetch_request(&params)?).await?
+    } else {
+        let up = send(media, stream::upstream_request(req, &params)?).await?;
+        if !says_playlist(&up.headers) {
+            return stream::respond(up, &params, None);
+        }
+        if up.status == StatusCode::PARTIAL_CONTENT || req.method() == Method::HEAD {
+            // A part of a playlist, or none of it: fetch the whole one to rewrite.
+            drop(up);
+            send(media, stream::fetch_request(&params)?).await?
+        } else {
+            up
+        }
+    };
+    let text = match playlist_text(media, up).await? {
+        Some((text, base)) => rewrite(media, ctx, &opts, &text, &base)?,
+        None => rewriter::graceful_end_playlist().to_string(),
+    };
+    playlist_response(text, req.method() == Method::HEAD, &params)
+}
+
+async fn send(
+    media: &Media,
+    req: crate::upstream::UpstreamRequest,
+) -> Result<UpstreamResponse, ProxyError> {
+    media
+        .upstream
+        .send(req)
+        .await
+        .map_err(|e| ProxyError::from_upstream(&e))
+}
+
+/// Reads the playlist body and the URL it came from (after redirects), turning every way it can
+/// be wrong into an error a user can act on. `None`: an HTML page (login wall, CDN block) came
+/// instead and `media.graceful_stream_end` asks for an ended playlist rather than an error.
+async fn playlist_text(
+    media: &Media,
+    up: UpstreamResponse,
+) -> Result<Option<(String, url::Url)>, ProxyError> {
+    let host = up.final_url.host_str().unwrap_or("").to_string();
+    let fail = |status: StatusCode, kind: &'static str, message: String| {
+        let mut e = ProxyError::new(Side::Upstream, status, kind, message);
+        e.upstream = Some(host.clone());
+        e
+    };
+    if up.status.is_client_error() || up.status.is_server_error() {
+        return Err(fail(
+            up.status,
+            "upstream_status",
+            format!("upstream {host} answered {} for the playlist", up.status),
+        ));
+    }
+    if !up.status.is_success() {
+        return Err(fail(
+            StatusCode::BAD_GATEWAY,
+            "upstream_status",
+            format!(
+                "upstream {host} answered {} instead of a playlist",
+                up.status
+            ),
+        ));
+    }
+    let html_type = content_type(&up.headers).contains("text/html");
+    let base = up.final_url.clone();
+    let limit = media.settings.max_manifest_bytes;
+    let bytes = up.body.collect_limited(limit).await.map_err(|e| match e {
+        CollectError::TooLarge { .. } => fail(
+            StatusCode::BAD_GATEWAY,
+            "playlist_too_large",
+            format!(
+                "upstream {host} sent a playlist over {limit} bytes (media.max_manifest_bytes)"
+            ),
+        ),
+        CollectError::Body(e) => fail(StatusCode::BAD_GATEWAY, "upstream_body", e.to_string()),
+    })?;
+    let sniffed = rewriter::sniff(&bytes[..bytes.len().min(1024)]);
+    match sniffed {
+        Sniff::Playlist => Ok(Some((String::from_utf8_lossy(&bytes).into_owned(), base))),
+        _ if sniffed == Sniff::Html || html_type => {
+            if media.settings.graceful_stream_end {
+                return Ok(None);
+            }
+            Err(fail(
+                StatusCode::BAD_GATEWAY,
+                "not_a_playlist",
+                format!("upstream {host} sent HTML, not a playlist"),
+            ))
+        }
+        _ => Err(fail(
+            StatusCode::BAD_GATEWAY,
+            "not_a_playlist",
+            format!("upstream {host} sent no HLS playlist (it does not start with #EXTM3U)"),
+        )),
+    }
+}
+
+/// Rewrites `text` so every URI comes back through this proxy, in the parent's auth mode.
+fn rewrite(
+    media: &Media,
+    ctx: &RequestContext,
+    opts: &HlsOptions,
+    text: &str,
+    base: &url::Url,
+) -> Result<String, ProxyError> {
+    let links = media.links(ctx);
+    let playlist = options::carried(&ctx.query, Child::Playlist, opts.key_proxy);
+    let segment = options::carried(&ctx.query, Child::Segment, opts.key_proxy);
+    let mut make_url = |target: Target, url: &url::Url| {
+        let (ext, carried) = match target {
+            Target::Playlist => (None, &playlist),
+            Target::Key => (Some(SegmentExt::Ts), &segment),
+            Target::Segment { ext } | Target::Map { ext } => (Some(ext), &segment),
+        };
+        let mut params = Vec::with_capacity(carried.len() + 1);
+        params.push(("d".to_string(), url.to_string()));
+        params.extend(carried.iter().cloned());
+        match ext {
+            None => links.url(MANIFEST, &params),
+            Some(ext) => links.url(&format!("/proxy/hls/segment.{}", ext.as_str()), &params),
+        }
+    };
+    rewriter::rewrite_playlist(text, base, &opts.rewrite, &mut make_url).map_err(|e| {
+        let mut err = ProxyError::new(
+            Side::Upstream,
+            StatusCode::BAD_GATEWAY,
+            "bad_playlist",
+            format!(
+                "cannot rewrite the playlist from {}",
+                base.host_str().unwrap_or("")
+            ),
+        )
+        .with_detail(e);
+        err.upstream = base.host_str().map(str::to_string);
+        err
+    })
+}
+
+fn playlist_response(
+    text: String,
+    head: bool,
+    params: &ProxyParams,
+) -> Result<Response<Body>, ProxyError> {
+    let len = text.len();
+    let mut resp = Response::new(if head {
+        body::empty()
+    } else {
+        body::full(text)
+    });
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(PLAYLIST_TYPE),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    stream::apply_params(params, headers)?;
+    Ok(resp)
+}
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase()
+}
+
+/// `application/vnd.apple.mpegurl`, `application/x-mpegurl`, `audio/mpegurl`...
+fn says_playlist(headers: &HeaderMap) -> bool {
+    content_type(headers).contains("mpegurl")
+}
+
+fn segment_ext(name: &str) -> Option<SegmentExt> {
+    [
+        SegmentExt::Ts,
+        SegmentExt::M4s,
+        SegmentExt::Mp4,
+        SegmentExt::M4a,
+        SegmentExt::M4v,
+        SegmentExt::Aac,
+    ]
+    .into_iter()
+    .find(|e| e.as_str() == name)
+}
+
+fn segment_type(ext: SegmentExt) -> &'static str {
+    match ext {
+        SegmentExt::Ts => "video/mp2t",
+        SegmentExt::M4s | SegmentExt::Mp4 | SegmentExt::M4v => "video/mp4",
+        SegmentExt::M4a => "audio/mp4",
+        SegmentExt::Aac => "audio/aac",
+    }
+}
