@@ -110,7 +110,12 @@ impl App {
         let labels = EndpointLabels { endpoint };
         let active = self.metrics.active.get_or_create(&labels).clone();
         active.inc();
-        let resp = self.route(req, peer, secure).await;
+        let mut resp = if req.method() == http::Method::OPTIONS {
+            preflight()
+        } else {
+            self.route(req, peer, secure).await
+        };
+        allow_any_origin(resp.headers_mut());
         self.metrics
             .first_byte
             .get_or_create(&labels)
@@ -330,6 +335,39 @@ fn not_found(path: &str) -> ProxyError {
         "not_found",
         format!("no endpoint at {shown}"),
     )
+}
+
+/// Browser players (hls.js, shaka-player) on other origins fetch manifests and segments with CORS;
+/// responses carry no credentials, so any origin may read them.
+fn allow_any_origin(headers: &mut http::HeaderMap) {
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("Content-Length, Content-Range, Accept-Ranges"),
+    );
+}
+
+/// The answer to a CORS preflight: GET and HEAD with Range and the password header allowed.
+fn preflight() -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    let h = resp.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, HEAD, POST, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("Range, If-Range, Content-Type, api_password"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
+    resp
 }
 
 /// A small JSON response.

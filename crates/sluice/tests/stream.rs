@@ -365,3 +365,29 @@ async fn graceful_shutdown_finishes_in_flight() {
         .unwrap();
     assert!(tokio::net::TcpStream::connect(s.addr).await.is_err());
 }
+
+#[tokio::test]
+async fn cors_for_browser_players() {
+    let origin = Origin::start().await;
+    let s = Sluice::start(test_config()).await;
+    let r = get(&stream_url(&s, &origin.url("/small"), "")).await;
+    assert_eq!(r.headers["access-control-allow-origin"], "*");
+    let r = request(
+        "OPTIONS",
+        &stream_url(&s, &origin.url("/small"), ""),
+        &[
+            ("origin", "https://player.example"),
+            ("access-control-request-method", "GET"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert!(r.headers["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("Range"));
+    assert!(
+        origin.seen_path("/small").len() == 1,
+        "a preflight fetches nothing"
+    );
+}
