@@ -9,10 +9,14 @@
 //! - `dash`: MPD model and its conversion to HLS master and media playlists.
 //! - `mp4`: ISO-BMFF box walking and rewriting.
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
+//! - `keys`: ClearKey `key_id`/`key` lists parsed into a KID → key ring.
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 
 pub mod b64url;
+pub mod cenc;
 pub mod dash;
 pub mod generate;
+pub mod keys;
+pub mod mp4;
 pub mod query;
 pub mod token;

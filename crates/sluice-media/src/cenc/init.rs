@@ -1,0 +1,175 @@
+//! Init segment rewriting: `pssh` and `sinf` dropped, `encv`/`enca` renamed to the original format,
+//! and each track's protection recorded. No I/O.
+
+use super::{CencError, InitInfo, Pattern, Protection, Scheme, TrackInfo};
+use crate::mp4::{
+    boxes, find, rebuild, Boxes, Edit, FourCC, Frma, Hdlr, Mp4Box, SampleEntry, Schm, Stsd, Tenc,
+    Tkhd, Trex,
+};
+
+/// Rewrites a protected init segment into a clear one and reports each track's protection.
+/// Boxes outside `moov` (`ftyp`, `free`, ...) are kept; an unprotected init passes unchanged.
+pub fn rewrite_init(init: &[u8]) -> Result<(Vec<u8>, InitInfo), CencError> {
+    let moov = find(boxes(init), b"moov")?.ok_or(CencError::NoMoov)?;
+    let info = read_info(&moov)?;
+    let mut out = Vec::with_capacity(init.len());
+    rewrite_boxes(boxes(init), &mut out)?;
+    Ok((out, info))
+}
+
+/// Reads every track of `moov`.
+pub(crate) fn read_info(moov: &Mp4Box<'_>) -> Result<InitInfo, CencError> {
+    let mut trexes = Vec::new();
+    if let Some(mvex) = moov.child(b"mvex")? {
+        for b in mvex.children() {
+            let b = b?;
+            if b.kind == *b"trex" {
+                trexes.push(Trex::parse(&b)?);
+            }
+        }
+    }
+    let mut tracks = Vec::new();
+    for trak in moov.children() {
+        let trak = trak?;
+        if trak.kind != *b"trak" {
+            continue;
+        }
+        let mut track = read_track(&trak)?;
+        track.trex = trexes
+            .iter()
+            .find(|t| t.track_id == track.track_id)
+            .copied();
+        tracks.push(track);
+    }
+    Ok(InitInfo { tracks })
+}
+
+fn read_track(trak: &Mp4Box<'_>) -> Result<TrackInfo, CencError> {
+    let tkhd = trak.child(b"tkhd")?.ok_or(CencError::MissingBox("tkhd"))?;
+    let track_id = Tkhd::parse(&tkhd)?.track_id;
+    let handler = trak_handler(trak)?;
+    let mut protection = None;
+    if let Some(stsd) = descend(trak, &[b"mdia", b"minf", b"stbl", b"stsd"])? {
+        for entry in Stsd::parse(&stsd)?.entries {
+            let entry = SampleEntry::parse(&entry?, handler)?;
+            if let Some(sinf) = find(entry.children(), b"sinf")? {
+                protection = Some(read_sinf(track_id, &entry, &sinf)?);
+                break;
+            }
+        }
+    }
+    Ok(TrackInfo {
+        track_id,
+        handler,
+        protection,
+        trex: None,
+    })
+}
+
+fn read_sinf(
+    track_id: u32,
+    entry: &SampleEntry<'_>,
+    sinf: &Mp4Box<'_>,
+) -> Result<Protection, CencError> {
+    let frma = sinf.child(b"frma")?.ok_or(CencError::MissingBox("frma"))?;
+    let schm = sinf.child(b"schm")?.ok_or(CencError::MissingBox("schm"))?;
+    let tenc = descend(sinf, &[b"schi", b"tenc"])?.ok_or(CencError::MissingBox("tenc"))?;
+    let schm = Schm::parse(&schm)?;
+    let tenc = Tenc::parse(&tenc)?;
+    let scheme = Scheme::from_fourcc(schm.scheme_type)
+        .ok_or_else(|| CencError::unsupported(track_id, schm.scheme_type))?;
+    let constant_iv =
+        (tenc.per_sample_iv_size == 0 && tenc.constant_iv_size > 0).then_some(tenc.constant_iv);
+    Ok(Protection {
+        scheme,
+        original_format: Frma::parse(&frma)?.data_format,
+        is_protected: tenc.is_protected,
+        per_sample_iv_size: tenc.per_sample_iv_size,
+        constant_iv,
+        pattern: pattern_for(scheme, &tenc, entry.kind),
+        default_kid: tenc.default_kid,
+    })
+}
+
+/// The pattern in force: `tenc` v1 carries it; `cbcs` without one falls back to the usual
+/// 1:9 for video and whole-sample CBC for everything else.
+fn pattern_for(scheme: Scheme, tenc: &Tenc, entry_kind: FourCC) -> Pattern {
+    let stated = Pattern {
+        crypt: tenc.crypt_byte_block,
+        skip: tenc.skip_byte_block,
+    };
+    match scheme {
+        Scheme::Cenc | Scheme::Cbc1 => Pattern::NONE,
+        Scheme::Cens => stated,
+        Scheme::Cbcs if tenc.version >= 1 => stated,
+        Scheme::Cbcs if entry_kind == *b"encv" => Pattern { crypt: 1, skip: 9 },
+        Scheme::Cbcs => Pattern::NONE,
+    }
+}
+
+fn trak_handler(trak: &Mp4Box<'_>) -> Result<FourCC, CencError> {
+    Ok(match descend(trak, &[b"mdia", b"hdlr"])? {
+        Some(hdlr) => Hdlr::parse(&hdlr)?.handler_type,
+        None => *b"\0\0\0\0",
+    })
+}
+
+/// Follows a chain of first-children of the given types.
+fn descend<'a>(from: &Mp4Box<'a>, path: &[&FourCC]) -> Result<Option<Mp4Box<'a>>, CencError> {
+    let mut current = *from;
+    for kind in path {
+        match current.child(kind)? {
+            Some(next) => current = next,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(current))
+}
+
+/// Copies `iter` into `out` with protection removed from every `moov` met.
+pub(crate) fn rewrite_boxes(iter: Boxes<'_>, out: &mut Vec<u8>) -> Result<(), CencError> {
+    let mut handler: FourCC = [0; 4];
+    rebuild(iter, out, &mut |path: &[FourCC], b: &Mp4Box<'_>| {
+        let parent = path.last().copied().unwrap_or_default();
+        let grandparent = path.len().checked_sub(2).map(|i| path[i]);
+        Ok::<_, CencError>(match (&b.kind, &parent) {
+            (b"pssh", _) => Edit::Drop,
+            (b"moov", [0, 0, 0, 0]) if path.is_empty() => descend_edit(),
+            (b"trak", b"moov") => {
+                handler = trak_handler(b)?;
+                descend_edit()
+            }
+            (b"mdia", b"trak") | (b"minf", b"mdia") | (b"stbl", b"minf") => descend_edit(),
+            (b"stsd", b"stbl") => Edit::Descend {
+                prefix: Stsd::PREFIX,
+                rename: None,
+            },
+            (_, b"stsd") => sample_entry_edit(b, handler)?,
+            (b"sinf", _) if grandparent == Some(*b"stsd") => Edit::Drop,
+            _ => Edit::Keep,
+        })
+    })
+}
+
+fn descend_edit() -> Edit {
+    Edit::Descend {
+        prefix: 0,
+        rename: None,
+    }
+}
+
+/// Protected entries are descended into (to drop `sinf`) and renamed to their `frma` format.
+fn sample_entry_edit(b: &Mp4Box<'_>, handler: FourCC) -> Result<Edit, CencError> {
+    let entry = SampleEntry::parse(b, handler)?;
+    let Some(sinf) = find(entry.children(), b"sinf")? else {
+        return Ok(Edit::Keep);
+    };
+    let rename = match sinf.child(b"frma")? {
+        Some(frma) => Some(Frma::parse(&frma)?.data_format),
+        None => None,
+    };
+    Ok(Edit::Descend {
+        prefix: entry.prefix,
+        rename,
+    })
+}

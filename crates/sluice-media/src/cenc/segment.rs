@@ -1,0 +1,564 @@
+//! Media segment decryption: every `moof`/`mdat` pair is decrypted, `senc`/`saiz`/`saio`/`pssh`
+//! removed, `trun`/`tfhd` offsets, `moof` sizes and `sidx` sizes fixed. No I/O.
+//!
+//! Two passes: [`plan`] reads the small metadata boxes and lists every encrypted sample (a
+//! [`Job`]); [`emit`] then copies the segment once, decrypting each sample in the output buffer
+//! right after copying it, while it is still in cache. Samples are never allocated one by one.
+
+use aes::Aes128;
+use cipher::KeyInit;
+
+use super::crypto::{decrypt_sample, Pattern};
+use super::{init, CencError, InitInfo, Protection, Scheme, TrackInfo};
+use crate::keys::{KeyRing, Kid};
+use crate::mp4::{boxes, rebuild, Edit, FourCC, Mp4Box, Senc, SencEntries, Sidx, Tfhd, Trun};
+
+/// Decrypts a media segment with the tracks described by `info` and the keys in `keys`.
+///
+/// Every `moof`/`mdat` pair is handled (chunked CMAF has many). Boxes that carry no encryption
+/// data (`styp`, `emsg`, `prft`, ...) are copied unchanged. Tracks without protection pass through.
+pub fn decrypt_segment(
+    segment: &[u8],
+    info: &InitInfo,
+    keys: &KeyRing,
+) -> Result<Vec<u8>, CencError> {
+    let mut out = Vec::new();
+    decrypt_segment_into(segment, info, keys, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`decrypt_segment`], writing into `out` (cleared first) so a caller can reuse buffers.
+pub fn decrypt_segment_into(
+    segment: &[u8],
+    info: &InitInfo,
+    keys: &KeyRing,
+    out: &mut Vec<u8>,
+) -> Result<(), CencError> {
+    let tracks = resolve_tracks(info, keys);
+    let plan = plan(segment, &tracks)?;
+    out.clear();
+    out.reserve(segment.len());
+    emit(segment, &plan, &tracks, out)
+}
+
+// === keys ===
+
+/// A track and, when it is protected, its expanded AES key (or the KID nobody gave a key for).
+struct TrackCrypto<'i> {
+    info: &'i TrackInfo,
+    cipher: Option<Result<(Aes128, Protection), Kid>>,
+}
+
+fn resolve_tracks<'i>(info: &'i InitInfo, keys: &KeyRing) -> Vec<TrackCrypto<'i>> {
+    // One key given and one KID in the init: the caller's key_id may be mislabelled (a common
+    // copy-paste slip MediaFlow tolerates), so the lone key serves. With several KIDs a wrong
+    // guess would emit garbage, so an unmatched KID stays an error there.
+    let only_key = (keys.len() == 1 && info.kids().len() == 1)
+        .then(|| keys.iter().next().map(|(_, key)| *key))
+        .flatten();
+    info.tracks
+        .iter()
+        .map(|track| TrackCrypto {
+            info: track,
+            cipher: track.protection.filter(|p| p.is_protected).map(|p| {
+                keys.get(&p.default_kid)
+                    .copied()
+                    .or(only_key)
+                    .map(|key| (Aes128::new(&key.into()), p))
+                    .ok_or(p.default_kid)
+            }),
+        })
+        .collect()
+}
+
+// === plan ===
+
+/// What happens to one top-level box.
+enum TopOut {
+    Copy,
+    Drop,
+    Bytes(Vec<u8>),
+    Mdat,
+}
+
+struct Top<'a> {
+    b: Mp4Box<'a>,
+    out: TopOut,
+}
+
+/// One encrypted sample: where it sits in the input and how to decrypt it.
+struct Job<'a> {
+    offset: usize,
+    size: usize,
+    track: usize,
+    iv: [u8; 16],
+    subsamples: &'a [u8],
+}
+
+struct Plan<'a> {
+    tops: Vec<Top<'a>>,
+    jobs: Vec<Job<'a>>,
+}
+
+fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, CencError> {
+    let mut tops = Vec::new();
+    let mut jobs = Vec::new();
+    // (input offset, bytes removed) per shrunk box, for `sidx` and absolute offsets.
+    let mut removals: Vec<(usize, usize)> = Vec::new();
+    let mut removed_total = 0usize;
+    for b in boxes(segment) {
+        let b = b?;
+        let out = match &b.kind {
+            b"moof" => {
+                let bytes = plan_moof(&b, removed_total, tracks, &mut jobs)?;
+                TopOut::Bytes(bytes)
+            }
+            b"moov" => {
+                let mut bytes = Vec::with_capacity(b.len());
+                init::rewrite_boxes(boxes(b.bytes()), &mut bytes)?;
+                TopOut::Bytes(bytes)
+            }
+            b"pssh" => TopOut::Drop,
+            b"mdat" => TopOut::Mdat,
+            _ => TopOut::Copy,
+        };
+        let out_len = match &out {
+            TopOut::Drop => 0,
+            TopOut::Bytes(bytes) => bytes.len(),
+            TopOut::Copy | TopOut::Mdat => b.len(),
+        };
+        if out_len < b.len() {
+            removals.push((b.offset, b.len() - out_len));
+            removed_total += b.len() - out_len;
+        }
+        tops.push(Top { b, out });
+    }
+    if !removals.is_empty() {
+        for top in tops.iter_mut().filter(|t| t.b.kind == *b"sidx") {
+            top.out = TopOut::Bytes(rewrite_sidx(&top.b, &removals)?);
+        }
+    }
+    jobs.sort_unstable_by_key(|j| j.offset);
+    Ok(Plan { tops, jobs })
+}
+
+/// How a `traf`'s `trun` offsets must change once the `moof` has shrunk.
+#[derive(Clone, Copy)]
+enum TrafFix {
+    /// Offsets count from the `moof` start: subtract the bytes removed from the `moof`.
+    MoofRelative,
+    /// Offsets count from an absolute `base_data_offset`: the base moves, the offsets stay.
+    Absolute,
+    /// Offsets count from the previous `traf`'s data, which moves with them.
+    Unchanged,
+}
+
+/// Plans one `moof`: lists its encrypted samples and returns its rebuilt bytes.
+fn plan_moof<'a>(
+    moof: &Mp4Box<'a>,
+    removed_before: usize,
+    tracks: &[TrackCrypto<'_>],
+    jobs: &mut Vec<Job<'a>>,
+) -> Result<Vec<u8>, CencError> {
+    // Our rebuilt header is always 8 bytes; a 16-byte `largesize` header shrinks too.
+    let mut removed = moof.header_len - 8;
+    let mut fixes = Vec::new();
+    let mut data_end = moof.offset;
+    for child in moof.children() {
+        let child = child?;
+        if is_dropped_in_moof(&child) {
+            removed += child.len();
+        }
+        if child.kind == *b"traf" {
+            for grandchild in child.children() {
+                let grandchild = grandchild?;
+                if is_dropped_in_moof(&grandchild) {
+                    removed += grandchild.len();
+                }
+            }
+            let (fix, end) = plan_traf(
+                &child,
+                moof.offset,
+                fixes.is_empty(),
+                data_end,
+                tracks,
+                jobs,
+            )?;
+            fixes.push(fix);
+            data_end = end;
+        }
+    }
+    rebuild_moof(moof, removed, removed_before + removed, &fixes)
+}
+
+fn is_dropped_in_moof(b: &Mp4Box<'_>) -> bool {
+    matches!(&b.kind, b"senc" | b"saiz" | b"saio" | b"pssh") || Senc::is_senc(b)
+}
+
+/// Lists the encrypted samples of one `traf`; returns its offset fix and where its data ends.
+fn plan_traf<'a>(
+    traf: &Mp4Box<'a>,
+    moof_start: usize,
+    first_traf: bool,
+    previous_end: usize,
+    tracks: &[TrackCrypto<'_>],
+    jobs: &mut Vec<Job<'a>>,
+) -> Result<(TrafFix, usize), CencError> {
+    let tfhd = traf.child(b"tfhd")?.ok_or(CencError::MissingBox("tfhd"))?;
+    let tfhd = Tfhd::parse(&tfhd)?;
+    let (base, fix) = match tfhd.base_data_offset {
+        Some(base) => (to_usize(base, tfhd.track_id)?, TrafFix::Absolute),
+        None if tfhd.default_base_is_moof() || first_traf => (moof_start, TrafFix::MoofRelative),
+        None => (previous_end, TrafFix::Unchanged),
+    };
+    let track = tracks.iter().position(|t| t.info.track_id == tfhd.track_id);
+    let trex = track.and_then(|i| tracks[i].info.trex);
+    let default_size = tfhd
+        .default_sample_size
+        .or(trex.map(|t| t.default_sample_size))
+        .unwrap_or(0);
+    let mut samples = SampleSource::new(traf, track, tracks, tfhd.track_id)?;
+    let mut cursor = base;
+    for trun in traf.children() {
+        let trun = trun?;
+        if trun.kind != *b"trun" {
+            continue;
+        }
+        let trun = Trun::parse(&trun)?;
+        if let Some(offset) = trun.data_offset {
+            cursor = offset_from(base, offset, tfhd.track_id)?;
+        }
+        for sample in trun.samples() {
+            let size = sample.size.unwrap_or(default_size) as usize;
+            let offset = cursor;
+            cursor = offset
+                .checked_add(size)
+                .ok_or(CencError::SampleOutsideMdat {
+                    track_id: tfhd.track_id,
+                    offset: offset as u64,
+                    size: size as u64,
+                })?;
+            samples.push(offset, size, jobs)?;
+        }
+    }
+    Ok((fix, cursor))
+}
+
+fn to_usize(v: u64, track_id: u32) -> Result<usize, CencError> {
+    usize::try_from(v).map_err(|_| CencError::DataOffset {
+        track_id,
+        removed: 0,
+    })
+}
+
+fn offset_from(base: usize, offset: i32, track_id: u32) -> Result<usize, CencError> {
+    let at = base as i64 + i64::from(offset);
+    usize::try_from(at).map_err(|_| CencError::DataOffset {
+        track_id,
+        removed: 0,
+    })
+}
+
+/// Pairs the samples of a protected `traf` with their `senc` entries (or the constant IV).
+struct SampleSource<'a> {
+    /// Index of the track in the resolved list and its protection; `None` for clear data.
+    crypto: Option<(usize, Protection)>,
+    entries: Option<SencEntries<'a>>,
+    track_id: u32,
+    seen: u64,
+}
+
+impl<'a> SampleSource<'a> {
+    fn new(
+        traf: &Mp4Box<'a>,
+        track: Option<usize>,
+        tracks: &[TrackCrypto<'_>],
+        track_id: u32,
+    ) -> Result<Self, CencError> {
+        let crypto = match track.map(|i| (i, &tracks[i].cipher)) {
+            Some((i, Some(Ok((_, p))))) => Some((i, *p)),
+            Some((_, Some(Err(kid)))) if has_samples(traf)? => {
+                return Err(CencError::missing_key(kid))
+            }
+            _ => None,
+        };
+        let mut entries = None;
+        if let Some((_, p)) = &crypto {
+            for b in traf.children() {
+                let b = b?;
+                if Senc::is_senc(&b) {
+                    entries = Some(Senc::parse(&b)?.entries(p.per_sample_iv_size));
+                    break;
+                }
+            }
+        }
+        Ok(SampleSource {
+            crypto,
+            entries,
+            track_id,
+            seen: 0,
+        })
+    }
+
+    fn push(
+        &mut self,
+        offset: usize,
+        size: usize,
+        jobs: &mut Vec<Job<'a>>,
+    ) -> Result<(), CencError> {
+        let Some((track, p)) = self.crypto else {
+            return Ok(());
+        };
+        self.seen += 1;
+        let (iv, subsamples) = match self.entries.as_mut().map(Iterator::next) {
+            Some(Some(entry)) => {
+                let entry = entry?;
+                (entry.iv, entry.subsample_bytes())
+            }
+            Some(None) | None if p.per_sample_iv_size == 0 && p.constant_iv.is_some() => {
+                (&[][..], &[][..])
+            }
+            _ => return Err(self.short_of_entries()),
+        };
+        let iv = expand_iv(iv, &p, self.track_id)?;
+        if size > 0 {
+            jobs.push(Job {
+                offset,
+                size,
+                track,
+                iv,
+                subsamples,
+            });
+        }
+        Ok(())
+    }
+
+    fn short_of_entries(&self) -> CencError {
+        CencError::MissingSampleInfo {
+            track_id: self.track_id,
+            samples: self.seen,
+            entries: self.seen - 1,
+        }
+    }
+}
+
+fn has_samples(traf: &Mp4Box<'_>) -> Result<bool, CencError> {
+    for b in traf.children() {
+        let b = b?;
+        if b.kind == *b"trun" && Trun::parse(&b)?.sample_count > 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A 16-byte counter or CBC IV: 8-byte IVs are zero-extended, an empty one takes the constant IV.
+fn expand_iv(iv: &[u8], p: &Protection, track_id: u32) -> Result<[u8; 16], CencError> {
+    let mut out = [0u8; 16];
+    match iv.len() {
+        0 => out = p.constant_iv.ok_or(CencError::BadIv { track_id, len: 0 })?,
+        8 | 16 => out[..iv.len()].copy_from_slice(iv),
+        len => return Err(CencError::BadIv { track_id, len }),
+    }
+    Ok(out)
+}
+
+// === rebuilding metadata ===
+
+fn rebuild_moof(
+    moof: &Mp4Box<'_>,
+    removed: usize,
+    removed_through: usize,
+    fixes: &[TrafFix],
+) -> Result<Vec<u8>, CencError> {
+    let mut out = Vec::with_capacity(moof.len());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(b"moof");
+    let mut traf_index = 0usize;
+    let mut fix = TrafFix::Unchanged;
+    rebuild(
+        moof.children(),
+        &mut out,
+        &mut |path: &[FourCC], b: &Mp4Box<'_>| {
+            if is_dropped_in_moof(b) {
+                return Ok::<_, CencError>(Edit::Drop);
+            }
+            Ok(match (&b.kind, path) {
+                (b"traf", []) => {
+                    fix = fixes.get(traf_index).copied().unwrap_or(TrafFix::Unchanged);
+                    traf_index += 1;
+                    Edit::Descend {
+                        prefix: 0,
+                        rename: None,
+                    }
+                }
+                (b"trun", [_]) => match fix {
+                    TrafFix::MoofRelative => patch_trun(b, removed)?,
+                    _ => Edit::Keep,
+                },
+                (b"tfhd", [_]) => match fix {
+                    TrafFix::Absolute => patch_tfhd(b, removed_through)?,
+                    _ => Edit::Keep,
+                },
+                _ => Edit::Keep,
+            })
+        },
+    )?;
+    let size = out.len() as u32;
+    out[..4].copy_from_slice(&size.to_be_bytes());
+    Ok(out)
+}
+
+/// Moves `trun.data_offset` back by the bytes removed from the `moof`.
+fn patch_trun(b: &Mp4Box<'_>, removed: usize) -> Result<Edit, CencError> {
+    let trun = Trun::parse(b)?;
+    let Some(offset) = trun.data_offset else {
+        return Ok(Edit::Keep);
+    };
+    let fixed = i64::from(offset) - removed as i64;
+    let fixed = i32::try_from(fixed).map_err(|_| CencError::DataOffset {
+        track_id: 0,
+        removed: removed as u64,
+    })?;
+    let mut bytes = b.bytes().to_vec();
+    let at = b.header_len + Trun::DATA_OFFSET_AT;
+    bytes[at..at + 4].copy_from_slice(&fixed.to_be_bytes());
+    Ok(Edit::Replace(bytes))
+}
+
+/// Moves an absolute `tfhd.base_data_offset` back by every byte removed up to its data.
+fn patch_tfhd(b: &Mp4Box<'_>, removed_through: usize) -> Result<Edit, CencError> {
+    let tfhd = Tfhd::parse(b)?;
+    let Some(base) = tfhd.base_data_offset else {
+        return Ok(Edit::Keep);
+    };
+    let fixed = base
+        .checked_sub(removed_through as u64)
+        .ok_or(CencError::DataOffset {
+            track_id: tfhd.track_id,
+            removed: removed_through as u64,
+        })?;
+    let mut bytes = b.bytes().to_vec();
+    let at = b.header_len + Tfhd::BASE_DATA_OFFSET_AT;
+    bytes[at..at + 8].copy_from_slice(&fixed.to_be_bytes());
+    Ok(Edit::Replace(bytes))
+}
+
+/// Shrinks each `sidx` reference (and `first_offset`) by the bytes removed inside its range.
+fn rewrite_sidx(b: &Mp4Box<'_>, removals: &[(usize, usize)]) -> Result<Vec<u8>, CencError> {
+    let sidx = Sidx::parse(b)?;
+    let removed_in = |start: u64, len: u64| -> u64 {
+        let end = start.saturating_add(len);
+        removals
+            .iter()
+            .filter(|(at, _)| (*at as u64) >= start && (*at as u64) < end)
+            .map(|(_, n)| *n as u64)
+            .sum()
+    };
+    let mut bytes = b.bytes().to_vec();
+    let anchor = b.end() as u64;
+    let first_offset = sidx
+        .first_offset
+        .saturating_sub(removed_in(anchor, sidx.first_offset));
+    let at = b.header_len + 12;
+    if sidx.version == 0 {
+        bytes[at..at + 4].copy_from_slice(&(first_offset as u32).to_be_bytes());
+    } else {
+        bytes[at..at + 8].copy_from_slice(&first_offset.to_be_bytes());
+    }
+    let mut start = anchor.saturating_add(sidx.first_offset);
+    for (i, r) in sidx.references().enumerate() {
+        let size = u64::from(r.referenced_size);
+        let fixed = size.saturating_sub(removed_in(start, size)) as u32;
+        let word = (u32::from(r.is_index) << 31) | (fixed & 0x7fff_ffff);
+        let at = b.header_len + sidx.references_at + 12 * i;
+        bytes[at..at + 4].copy_from_slice(&word.to_be_bytes());
+        start = start.saturating_add(size);
+    }
+    Ok(bytes)
+}
+
+// === emit ===
+
+fn emit(
+    segment: &[u8],
+    plan: &Plan<'_>,
+    tracks: &[TrackCrypto<'_>],
+    out: &mut Vec<u8>,
+) -> Result<(), CencError> {
+    let mut next = 0usize;
+    for top in &plan.tops {
+        match &top.out {
+            TopOut::Copy => out.extend_from_slice(top.b.bytes()),
+            TopOut::Drop => {}
+            TopOut::Bytes(bytes) => out.extend_from_slice(bytes),
+            TopOut::Mdat => emit_mdat(segment, &top.b, &plan.jobs, &mut next, tracks, out)?,
+        }
+    }
+    match plan.jobs.get(next) {
+        Some(job) => Err(outside(job, tracks)),
+        None => Ok(()),
+    }
+}
+
+/// Copies one `mdat`, decrypting the samples that lie in it.
+fn emit_mdat(
+    segment: &[u8],
+    mdat: &Mp4Box<'_>,
+    jobs: &[Job<'_>],
+    next: &mut usize,
+    tracks: &[TrackCrypto<'_>],
+    out: &mut Vec<u8>,
+) -> Result<(), CencError> {
+    let payload = mdat.offset + mdat.header_len;
+    let end = mdat.end();
+    out.extend_from_slice(&segment[mdat.offset..payload]);
+    let mut pos = payload;
+    while let Some(job) = jobs.get(*next).filter(|j| j.offset < end) {
+        if job.offset < payload || job.offset + job.size > end {
+            return Err(outside(job, tracks));
+        }
+        if job.offset < pos {
+            return Err(CencError::OverlappingSamples {
+                track_id: tracks[job.track].info.track_id,
+                offset: job.offset as u64,
+            });
+        }
+        out.extend_from_slice(&segment[pos..job.offset]);
+        let at = out.len();
+        out.extend_from_slice(&segment[job.offset..job.offset + job.size]);
+        decrypt_job(job, tracks, &mut out[at..])?;
+        pos = job.offset + job.size;
+        *next += 1;
+    }
+    out.extend_from_slice(&segment[pos..end]);
+    Ok(())
+}
+
+fn decrypt_job(
+    job: &Job<'_>,
+    tracks: &[TrackCrypto<'_>],
+    sample: &mut [u8],
+) -> Result<(), CencError> {
+    let track = &tracks[job.track];
+    let Some(Ok((aes, p))) = &track.cipher else {
+        return Ok(());
+    };
+    let pattern: Pattern = p.pattern;
+    let scheme: Scheme = p.scheme;
+    decrypt_sample(aes, scheme, pattern, &job.iv, job.subsamples, sample).map_err(|e| {
+        CencError::SubsampleOverrun {
+            track_id: track.info.track_id,
+            covered: e.covered,
+            size: sample.len() as u64,
+        }
+    })
+}
+
+fn outside(job: &Job<'_>, tracks: &[TrackCrypto<'_>]) -> CencError {
+    CencError::SampleOutsideMdat {
+        track_id: tracks[job.track].info.track_id,
+        offset: job.offset as u64,
+        size: job.size as u64,
+    }
+}

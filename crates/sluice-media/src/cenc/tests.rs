@@ -1,0 +1,628 @@
+//! Synthetic round trips: encrypt known samples with a naive reference cipher, box them, decrypt,
+//! and compare byte for byte with the same segment built in the clear.
+
+use aes::Aes128;
+use cipher::{BlockEncrypt, KeyInit};
+
+use super::*;
+use crate::keys::KeyRing;
+
+// === reference encryption, block by block, independent of the decryptor ===
+
+fn aes(key: &[u8; 16]) -> Aes128 {
+    Aes128::new(key.into())
+}
+
+/// Protected byte ranges of a sample, in order.
+fn runs(len: usize, subsamples: &[(u16, u32)]) -> Vec<(usize, usize)> {
+    if subsamples.is_empty() {
+        return vec![(0, len)];
+    }
+    let mut pos = 0;
+    subsamples
+        .iter()
+        .map(|&(clear, protected)| {
+            let start = pos + clear as usize;
+            pos = start + protected as usize;
+            (start, pos)
+        })
+        .collect()
+}
+
+/// Block indexes (within a run of `len` bytes) that the pattern encrypts.
+fn crypt_blocks(len: usize, pattern: Pattern) -> Vec<usize> {
+    let blocks = len / 16;
+    if pattern.crypt == 0 || pattern.skip == 0 {
+        return (0..blocks).collect();
+    }
+    let period = (pattern.crypt + pattern.skip) as usize;
+    (0..blocks)
+        .filter(|b| b % period < pattern.crypt as usize)
+        .collect()
+}
+
+fn next_counter(counter: &mut [u8; 16]) {
+    let low = u64::from_be_bytes(counter[8..].try_into().unwrap()).wrapping_add(1);
+    counter[8..].copy_from_slice(&low.to_be_bytes());
+}
+
+fn encrypt_sample(
+    key: &[u8; 16],
+    scheme: Scheme,
+    pattern: Pattern,
+    iv: &[u8; 16],
+    subsamples: &[(u16, u32)],
+    data: &mut [u8],
+) {
+    let cipher = aes(key);
+    let block = |b: [u8; 16]| {
+        let mut g = b.into();
+        cipher.encrypt_block(&mut g);
+        <[u8; 16]>::from(g)
+    };
+    match scheme {
+        Scheme::Cenc => {
+            // One keystream over the concatenated protected bytes.
+            let mut counter = *iv;
+            let mut stream = Vec::new();
+            let total: usize = runs(data.len(), subsamples)
+                .iter()
+                .map(|(s, e)| e - s)
+                .sum();
+            while stream.len() < total {
+                stream.extend_from_slice(&block(counter));
+                next_counter(&mut counter);
+            }
+            let mut k = 0;
+            for (s, e) in runs(data.len(), subsamples) {
+                for byte in &mut data[s..e] {
+                    *byte ^= stream[k];
+                    k += 1;
+                }
+            }
+        }
+        Scheme::Cens => {
+            let mut counter = *iv;
+            for (s, e) in runs(data.len(), subsamples) {
+                for b in crypt_blocks(e - s, pattern) {
+                    let ks = block(counter);
+                    next_counter(&mut counter);
+                    let at = s + b * 16;
+                    data[at..at + 16]
+                        .iter_mut()
+                        .zip(ks)
+                        .for_each(|(d, k)| *d ^= k);
+                }
+            }
+        }
+        Scheme::Cbc1 | Scheme::Cbcs => {
+            let mut chain = *iv;
+            for (s, e) in runs(data.len(), subsamples) {
+                if scheme == Scheme::Cbcs {
+                    chain = *iv;
+                }
+                for b in crypt_blocks(e - s, pattern) {
+                    let at = s + b * 16;
+                    let mut plain = [0u8; 16];
+                    plain.copy_from_slice(&data[at..at + 16]);
+                    plain.iter_mut().zip(chain).for_each(|(p, c)| *p ^= c);
+                    chain = block(plain);
+                    data[at..at + 16].copy_from_slice(&chain);
+                }
+            }
+        }
+    }
+}
+
+// === box building ===
+
+fn bx(kind: &[u8; 4], parts: &[&[u8]]) -> Vec<u8> {
+    let len: usize = 8 + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut out = (len as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(kind);
+    parts.iter().for_each(|p| out.extend_from_slice(p));
+    out
+}
+
+fn full(kind: &[u8; 4], version: u8, flags: u32, parts: &[&[u8]]) -> Vec<u8> {
+    let vf = ((u32::from(version) << 24) | flags).to_be_bytes();
+    let mut all: Vec<&[u8]> = vec![&vf];
+    all.extend_from_slice(parts);
+    bx(kind, &all)
+}
+
+fn be32(v: u32) -> [u8; 4] {
+    v.to_be_bytes()
+}
+
+#[derive(Clone)]
+struct Track {
+    id: u32,
+    video: bool,
+    scheme: Option<Scheme>,
+    pattern: Pattern,
+    iv_size: u8,
+    constant_iv: Option<[u8; 16]>,
+    kid: [u8; 16],
+    key: [u8; 16],
+    /// Written in `trex` and left out of `trun` when set.
+    default_size: Option<u32>,
+}
+
+fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
+    Track {
+        id,
+        video,
+        scheme,
+        pattern: Pattern::NONE,
+        iv_size,
+        constant_iv: None,
+        kid: [id as u8; 16],
+        key: [0x40 + id as u8; 16],
+        default_size: None,
+    }
+}
+
+fn scheme_fourcc(s: Scheme) -> &'static [u8; 4] {
+    match s {
+        Scheme::Cenc => b"cenc",
+        Scheme::Cens => b"cens",
+        Scheme::Cbc1 => b"cbc1",
+        Scheme::Cbcs => b"cbcs",
+    }
+}
+
+fn sample_entry(t: &Track, encrypted: bool) -> Vec<u8> {
+    let mut prefix = vec![0u8; if t.video { 78 } else { 28 }];
+    prefix[7] = 1; // data_reference_index
+    let config = if t.video {
+        bx(b"avcC", &[&[1, 0x64, 0, 0x1f]])
+    } else {
+        full(b"esds", 0, 0, &[&[3, 0, 0, 0]])
+    };
+    let format: &[u8; 4] = if t.video { b"avc1" } else { b"mp4a" };
+    match (t.scheme, encrypted) {
+        (Some(scheme), true) => {
+            let version = u8::from(t.pattern != Pattern::NONE);
+            let pattern = (t.pattern.crypt << 4) | t.pattern.skip;
+            let mut tenc = vec![0, pattern, 1, t.iv_size];
+            tenc.extend_from_slice(&t.kid);
+            if let Some(iv) = t.constant_iv {
+                tenc.push(16);
+                tenc.extend_from_slice(&iv);
+            }
+            let sinf = bx(
+                b"sinf",
+                &[
+                    &bx(b"frma", &[format]),
+                    &full(b"schm", 0, 0, &[scheme_fourcc(scheme), &be32(0x10000)]),
+                    &bx(b"schi", &[&full(b"tenc", version, 0, &[&tenc])]),
+                ],
+            );
+            let kind = if t.video { b"encv" } else { b"enca" };
+            bx(kind, &[&prefix, &config, &sinf])
+        }
+        _ => bx(format, &[&prefix, &config]),
+    }
+}
+
+fn init(tracks: &[Track], encrypted: bool) -> Vec<u8> {
+    let mut moov: Vec<Vec<u8>> = vec![full(b"mvhd", 0, 0, &[&[0; 96]])];
+    for t in tracks {
+        let tkhd = full(b"tkhd", 0, 7, &[&be32(0), &be32(0), &be32(t.id), &[0; 68]]);
+        let handler = if t.video { b"vide" } else { b"soun" };
+        let hdlr = full(b"hdlr", 0, 0, &[&be32(0), handler, &[0; 13]]);
+        let stsd = full(b"stsd", 0, 0, &[&be32(1), &sample_entry(t, encrypted)]);
+        let stbl = bx(b"stbl", &[&stsd]);
+        let minf = bx(b"minf", &[&bx(b"vmhd", &[]), &stbl]);
+        let mdia = bx(b"mdia", &[&hdlr, &minf]);
+        moov.push(bx(b"trak", &[&tkhd, &mdia]));
+    }
+    let trexes: Vec<Vec<u8>> = tracks
+        .iter()
+        .map(|t| {
+            let size = t.default_size.unwrap_or(0);
+            full(
+                b"trex",
+                0,
+                0,
+                &[&be32(t.id), &be32(1), &be32(1000), &be32(size), &be32(0)],
+            )
+        })
+        .collect();
+    let trex_refs: Vec<&[u8]> = trexes.iter().map(Vec::as_slice).collect();
+    moov.push(bx(b"mvex", &trex_refs));
+    if encrypted {
+        moov.push(full(b"pssh", 0, 0, &[&[0x10; 16], &be32(2), &[1, 2]]));
+    }
+    let moov_refs: Vec<&[u8]> = moov.iter().map(Vec::as_slice).collect();
+    let mut out = bx(b"ftyp", &[b"iso6", &be32(0), b"iso6dash"]);
+    out.extend_from_slice(&bx(b"moov", &moov_refs));
+    out
+}
+
+struct Sample {
+    data: Vec<u8>,
+    subsamples: Vec<(u16, u32)>,
+    iv: Vec<u8>,
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn sample(len: usize, seed: u32, t: &Track, subsamples: &[(u16, u32)]) -> Sample {
+    let iv = if t.constant_iv.is_some() {
+        Vec::new()
+    } else {
+        noise(t.iv_size as usize, seed + 1000)
+    };
+    Sample {
+        data: noise(len, seed),
+        subsamples: subsamples.to_vec(),
+        iv,
+    }
+}
+
+fn full_iv(t: &Track, s: &Sample) -> [u8; 16] {
+    let mut iv = t.constant_iv.unwrap_or_default();
+    if !s.iv.is_empty() {
+        iv = [0; 16];
+        iv[..s.iv.len()].copy_from_slice(&s.iv);
+    }
+    iv
+}
+
+fn traf(t: &Track, samples: &[Sample], data_offset: u32, encrypted: bool) -> Vec<u8> {
+    let tfhd = full(b"tfhd", 0, 0x02_0000, &[&be32(t.id)]);
+    let tfdt = full(b"tfdt", 1, 0, &[&0u64.to_be_bytes()]);
+    let with_sizes = t.default_size.is_none();
+    let mut entries = Vec::new();
+    for s in samples {
+        if with_sizes {
+            entries.extend_from_slice(&be32(s.data.len() as u32));
+        }
+    }
+    let flags = 0x001 | if with_sizes { 0x200 } else { 0 };
+    let trun = full(
+        b"trun",
+        0,
+        flags,
+        &[&be32(samples.len() as u32), &be32(data_offset), &entries],
+    );
+    let mut parts = vec![tfhd, tfdt, trun];
+    if encrypted && t.scheme.is_some() {
+        let with_subsamples = samples.iter().any(|s| !s.subsamples.is_empty());
+        let mut senc = be32(samples.len() as u32).to_vec();
+        for s in samples {
+            senc.extend_from_slice(&s.iv);
+            if with_subsamples {
+                senc.extend_from_slice(&(s.subsamples.len() as u16).to_be_bytes());
+                for &(c, p) in &s.subsamples {
+                    senc.extend_from_slice(&c.to_be_bytes());
+                    senc.extend_from_slice(&be32(p));
+                }
+            }
+        }
+        let senc_flags = if with_subsamples { 2 } else { 0 };
+        parts.push(full(
+            b"saiz",
+            0,
+            0,
+            &[&[t.iv_size], &be32(samples.len() as u32)],
+        ));
+        parts.push(full(b"saio", 0, 0, &[&be32(1), &be32(0)]));
+        parts.push(full(b"senc", 0, senc_flags, &[&senc]));
+    }
+    let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    bx(b"traf", &refs)
+}
+
+/// One `moof` + `mdat`; samples of all tracks are laid out one track after the other.
+fn fragment(trafs: &[(&Track, Vec<Sample>)], seq: u32, encrypted: bool) -> Vec<u8> {
+    let mut payload = Vec::new();
+    let mut starts = Vec::new();
+    for (t, samples) in trafs {
+        starts.push(payload.len() as u32);
+        for s in samples {
+            let mut data = s.data.clone();
+            if let (true, Some(scheme)) = (encrypted, t.scheme) {
+                let iv = full_iv(t, s);
+                encrypt_sample(&t.key, scheme, t.pattern, &iv, &s.subsamples, &mut data);
+            }
+            payload.extend_from_slice(&data);
+        }
+    }
+    let build = |moof_len: u32| {
+        let mut parts = vec![full(b"mfhd", 0, 0, &[&be32(seq)])];
+        for ((t, samples), start) in trafs.iter().zip(&starts) {
+            parts.push(traf(t, samples, moof_len + 8 + start, encrypted));
+        }
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        bx(b"moof", &refs)
+    };
+    let moof_len = build(0).len() as u32;
+    let mut out = build(moof_len);
+    out.extend_from_slice(&bx(b"mdat", &[&payload]));
+    out
+}
+
+/// `styp`, `emsg`, `sidx` (one reference per fragment), the fragments, a trailing `prft`.
+fn segment(frags: &[Vec<u8>]) -> Vec<u8> {
+    let mut refs = Vec::new();
+    for f in frags {
+        refs.extend_from_slice(&be32(f.len() as u32));
+        refs.extend_from_slice(&be32(1000));
+        refs.extend_from_slice(&be32(0x9000_0000));
+    }
+    let sidx_body = [
+        &be32(1)[..],
+        &be32(1000),
+        &be32(0),
+        &be32(0),
+        &[0, 0],
+        &(frags.len() as u16).to_be_bytes(),
+        &refs,
+    ];
+    let mut out = bx(b"styp", &[b"msdh", &be32(0), b"msdhmsix"]);
+    out.extend_from_slice(&full(b"emsg", 0, 0, &[b"urn:x\0\0", &[0; 16]]));
+    out.extend_from_slice(&full(b"sidx", 0, 0, &sidx_body));
+    frags.iter().for_each(|f| out.extend_from_slice(f));
+    out.extend_from_slice(&full(b"prft", 0, 0, &[&be32(1), &[0; 12]]));
+    out
+}
+
+fn keys_for(tracks: &[&Track]) -> KeyRing {
+    let mut ring = KeyRing::new();
+    tracks.iter().for_each(|t| ring.insert(t.kid, t.key));
+    ring
+}
+
+/// One fragment: per track index, the samples as (length, subsamples).
+type Frag = Vec<(usize, Vec<(usize, Vec<(u16, u32)>)>)>;
+
+/// Builds the same segment encrypted and clear, decrypts the first, compares with the second.
+fn round_trip(tracks: &[Track], frags: &[Frag]) {
+    let build = |encrypted: bool| {
+        let mut seed = 0;
+        let built: Vec<Vec<u8>> = frags
+            .iter()
+            .enumerate()
+            .map(|(i, trafs)| {
+                let trafs: Vec<(&Track, Vec<Sample>)> = trafs
+                    .iter()
+                    .map(|(ti, samples)| {
+                        let t = &tracks[*ti];
+                        let samples = samples
+                            .iter()
+                            .map(|(len, subs)| {
+                                seed += 1;
+                                sample(*len, seed, t, subs)
+                            })
+                            .collect();
+                        (t, samples)
+                    })
+                    .collect();
+                fragment(&trafs, i as u32 + 1, encrypted)
+            })
+            .collect();
+        segment(&built)
+    };
+    let (clear_init, info) = rewrite_init(&init(tracks, true)).unwrap();
+    assert_eq!(clear_init, init(tracks, false), "init rewrite");
+    let keys = keys_for(&tracks.iter().collect::<Vec<_>>());
+    let encrypted = build(true);
+    let clear = build(false);
+    assert_ne!(encrypted, clear);
+    let got = decrypt_segment(&encrypted, &info, &keys).unwrap();
+    assert!(
+        got == clear,
+        "decrypted segment differs from the clear build"
+    );
+}
+
+/// Two fragments of one track, mixing whole-sample, subsample and odd sizes.
+fn two_fragments(subsamples: bool) -> Vec<Frag> {
+    let subs = |v: Vec<(u16, u32)>| if subsamples { v } else { Vec::new() };
+    vec![
+        vec![(
+            0,
+            vec![
+                (1000, subs(vec![(5, 995)])),
+                (333, subs(vec![(17, 160), (100, 56)])),
+            ],
+        )],
+        vec![(
+            0,
+            vec![(64, subs(vec![(64, 0)])), (4099, subs(vec![(300, 3799)]))],
+        )],
+    ]
+}
+
+#[test]
+fn cenc_8_byte_iv_subsamples_two_fragments() {
+    round_trip(
+        &[track(1, true, Some(Scheme::Cenc), 8)],
+        &two_fragments(true),
+    );
+}
+
+#[test]
+fn cenc_16_byte_iv_whole_samples() {
+    round_trip(
+        &[track(1, false, Some(Scheme::Cenc), 16)],
+        &two_fragments(false),
+    );
+}
+
+#[test]
+fn cens_pattern_with_subsamples() {
+    let mut t = track(1, true, Some(Scheme::Cens), 16);
+    t.pattern = Pattern { crypt: 1, skip: 9 };
+    round_trip(&[t], &two_fragments(true));
+}
+
+#[test]
+fn cbc1_subsamples_and_partial_blocks() {
+    round_trip(
+        &[track(1, true, Some(Scheme::Cbc1), 16)],
+        &two_fragments(true),
+    );
+    round_trip(
+        &[track(2, false, Some(Scheme::Cbc1), 16)],
+        &two_fragments(false),
+    );
+}
+
+#[test]
+fn cbcs_constant_iv_pattern() {
+    let mut t = track(1, true, Some(Scheme::Cbcs), 0);
+    t.pattern = Pattern { crypt: 1, skip: 9 };
+    t.constant_iv = Some(*b"constant-iv-0123");
+    round_trip(&[t], &two_fragments(true));
+}
+
+#[test]
+fn cbcs_per_sample_iv_and_two_block_pattern() {
+    let mut t = track(1, true, Some(Scheme::Cbcs), 16);
+    t.pattern = Pattern { crypt: 2, skip: 3 };
+    round_trip(&[t], &two_fragments(true));
+}
+
+#[test]
+fn cbcs_audio_whole_sample_cbc() {
+    let mut t = track(2, false, Some(Scheme::Cbcs), 0);
+    t.constant_iv = Some([7; 16]);
+    round_trip(&[t], &two_fragments(false));
+}
+
+#[test]
+fn two_tracks_in_one_moof_one_clear() {
+    let video = track(1, true, Some(Scheme::Cenc), 8);
+    let audio = track(2, false, None, 0);
+    let frags: Vec<Frag> = vec![
+        vec![
+            (0, vec![(500, vec![(10, 490)])]),
+            (1, vec![(200, vec![]), (201, vec![])]),
+        ],
+        vec![(1, vec![(99, vec![])]), (0, vec![(77, vec![(77, 0)])])],
+    ];
+    round_trip(&[video, audio], &frags);
+}
+
+#[test]
+fn sample_sizes_from_trex_defaults() {
+    let mut t = track(1, false, Some(Scheme::Cenc), 8);
+    t.default_size = Some(256);
+    let frags: Vec<Frag> = vec![vec![(0, vec![(256, vec![]), (256, vec![]), (256, vec![])])]];
+    round_trip(&[t], &frags);
+}
+
+#[test]
+fn many_fragments_like_chunked_cmaf() {
+    let t = track(1, true, Some(Scheme::Cenc), 16);
+    let frags: Vec<Frag> = (0..12)
+        .map(|i| vec![(0, vec![(100 + i * 37, vec![(3, 97 + i as u32 * 37)])])])
+        .collect();
+    round_trip(&[t], &frags);
+}
+
+#[test]
+fn clear_init_and_segment_pass_through() {
+    let t = track(1, true, None, 0);
+    let clear_init = init(std::slice::from_ref(&t), false);
+    let (out, info) = rewrite_init(&clear_init).unwrap();
+    assert_eq!(out, clear_init);
+    assert!(!info.is_protected());
+    let seg = segment(&[fragment(&[(&t, vec![sample(321, 1, &t, &[])])], 1, false)]);
+    assert_eq!(decrypt_segment(&seg, &info, &KeyRing::new()).unwrap(), seg);
+}
+
+#[test]
+fn init_info_records_protection() {
+    let mut t = track(3, true, Some(Scheme::Cbcs), 0);
+    t.pattern = Pattern { crypt: 1, skip: 9 };
+    t.constant_iv = Some([9; 16]);
+    let (_, info) = rewrite_init(&init(&[t], true)).unwrap();
+    let p = info.track(3).unwrap().protection.unwrap();
+    assert_eq!(p.scheme, Scheme::Cbcs);
+    assert_eq!(p.original_format, *b"avc1");
+    assert_eq!(p.per_sample_iv_size, 0);
+    assert_eq!(p.constant_iv, Some([9; 16]));
+    assert_eq!(p.pattern, Pattern { crypt: 1, skip: 9 });
+    assert_eq!(p.default_kid, [3; 16]);
+    assert_eq!(info.track(3).unwrap().handler, *b"vide");
+}
+
+#[test]
+fn missing_key_names_the_kid() {
+    let a = track(1, true, Some(Scheme::Cenc), 8);
+    let b = track(2, false, Some(Scheme::Cenc), 8);
+    let (_, info) = rewrite_init(&init(&[a.clone(), b.clone()], true)).unwrap();
+    let seg = segment(&[fragment(&[(&b, vec![sample(50, 1, &b, &[])])], 1, true)]);
+    let err = decrypt_segment(&seg, &info, &keys_for(&[&a])).unwrap_err();
+    assert_eq!(
+        err,
+        CencError::MissingKey {
+            kid: "02020202020202020202020202020202".into()
+        }
+    );
+}
+
+#[test]
+fn lone_key_serves_a_single_kid_init() {
+    let t = track(1, true, Some(Scheme::Cenc), 8);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let seg = segment(&[fragment(&[(&t, vec![sample(80, 1, &t, &[])])], 1, true)]);
+    let clear = segment(&[fragment(&[(&t, vec![sample(80, 1, &t, &[])])], 1, false)]);
+    let mut keys = KeyRing::new();
+    keys.insert([0xee; 16], t.key);
+    assert_eq!(decrypt_segment(&seg, &info, &keys).unwrap(), clear);
+}
+
+#[test]
+fn truncated_segments_never_panic() {
+    let t = track(1, true, Some(Scheme::Cenc), 8);
+    let init_bytes = init(std::slice::from_ref(&t), true);
+    let (_, info) = rewrite_init(&init_bytes).unwrap();
+    let seg = segment(&[fragment(
+        &[(&t, vec![sample(300, 1, &t, &[(10, 290)])])],
+        1,
+        true,
+    )]);
+    let keys = keys_for(&[&t]);
+    for len in 0..seg.len() {
+        let _ = decrypt_segment(&seg[..len], &info, &keys);
+    }
+    for len in 0..init_bytes.len() {
+        let _ = rewrite_init(&init_bytes[..len]);
+    }
+}
+
+#[test]
+fn corrupt_bytes_never_panic() {
+    let t = track(1, true, Some(Scheme::Cenc), 8);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let seg = segment(&[fragment(
+        &[(&t, vec![sample(300, 1, &t, &[(10, 290)])])],
+        1,
+        true,
+    )]);
+    let keys = keys_for(&[&t]);
+    for at in 0..seg.len() {
+        for value in [0x00, 0x01, 0x7f, 0xff] {
+            let mut bad = seg.clone();
+            bad[at] = value;
+            let _ = decrypt_segment(&bad, &info, &keys);
+        }
+    }
+}
