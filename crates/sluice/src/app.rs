@@ -71,10 +71,14 @@ impl App {
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
         let token_key = auth.secret().map(TokenKey::new);
-        let media = config
-            .media
-            .enabled
-            .then(|| Media::new(upstream.clone(), token_key.clone(), &mut registry));
+        let media = config.media.enabled.then(|| {
+            Media::new(
+                upstream.clone(),
+                token_key.clone(),
+                &config.media,
+                &mut registry,
+            )
+        });
         Ok(Arc::new(App {
             auth,
             token_key,

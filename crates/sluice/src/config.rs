@@ -138,11 +138,46 @@ fn yes() -> bool {
 pub struct MediaConfig {
     /// Serve `/proxy/*`.
     pub enabled: bool,
+    // DASH and caches
+    /// Bytes the in-process media cache may hold (MPDs, init segments, prefetched segments).
+    pub cache_bytes: u64,
+    /// Segments fetched ahead of the player after each segment request; 0 turns prefetch off.
+    pub prefetch_segments: usize,
+    /// Seconds a fetched or prefetched media segment stays cached.
+    pub segment_ttl_secs: u64,
+    /// Seconds an init segment (as fetched, or decrypted for one key set) stays cached.
+    pub init_ttl_secs: u64,
+    /// Seconds a static (on-demand) MPD stays cached.
+    pub mpd_ttl_secs: u64,
+    /// Seconds a live MPD stays cached when it names no `minimumUpdatePeriod`; with one, the
+    /// shorter of the two.
+    pub live_mpd_ttl_secs: u64,
+    /// Newest segments a live media playlist lists (more when `start_offset` reaches further back).
+    pub live_playlist_depth: usize,
+    /// `#EXT-X-START` offset in seconds for live playlists without `start_offset` (behind the edge,
+    /// which gives prefetching room).
+    pub live_start_offset_secs: i64,
+    /// Largest MPD accepted, in bytes.
+    pub max_mpd_bytes: usize,
+    /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
+    pub max_segment_bytes: usize,
 }
 
 impl Default for MediaConfig {
     fn default() -> Self {
-        MediaConfig { enabled: true }
+        MediaConfig {
+            enabled: true,
+            cache_bytes: 64 * 1024 * 1024,
+            prefetch_segments: 3,
+            segment_ttl_secs: 60,
+            init_ttl_secs: 3600,
+            mpd_ttl_secs: 60,
+            live_mpd_ttl_secs: 3,
+            live_playlist_depth: 15,
+            live_start_offset_secs: -18,
+            max_mpd_bytes: 8 * 1024 * 1024,
+            max_segment_bytes: 64 * 1024 * 1024,
+        }
     }
 }
 
@@ -233,6 +268,13 @@ impl Config {
         }
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
+        }
+        let m = &self.media;
+        if m.live_mpd_ttl_secs == 0 || m.mpd_ttl_secs == 0 {
+            bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");
+        }
+        if m.max_segment_bytes < 1024 || m.max_mpd_bytes < 1024 {
+            bail!("media.max_segment_bytes and media.max_mpd_bytes must be at least 1024");
         }
         for route in &self.upstream.routes {
             crate::upstream::route::Route::parse(route)
