@@ -90,7 +90,12 @@ fn segment(track_id: u32, iv_size: usize, samples: u32, size: u32) -> Vec<u8> {
         let trun = full(
             b"trun",
             0x201,
-            &[&samples.to_be_bytes()[..], &data_offset.to_be_bytes(), &trun_entries].concat(),
+            &[
+                &samples.to_be_bytes()[..],
+                &data_offset.to_be_bytes(),
+                &trun_entries,
+            ]
+            .concat(),
         );
         let traf = [
             full(b"tfhd", 0x02_0000, &track_id.to_be_bytes()),
@@ -101,15 +106,24 @@ fn segment(track_id: u32, iv_size: usize, samples: u32, size: u32) -> Vec<u8> {
             full(b"senc", 2, &senc),
         ]
         .concat();
-        bx(b"moof", &[full(b"mfhd", 0, &1u32.to_be_bytes()), bx(b"traf", &traf)].concat())
+        bx(
+            b"moof",
+            &[full(b"mfhd", 0, &1u32.to_be_bytes()), bx(b"traf", &traf)].concat(),
+        )
     };
     let moof_len = moof(0).len() as u32;
-    let fragment = [moof(moof_len + 8), bx(b"mdat", &noise((samples * size) as usize))].concat();
+    let fragment = [
+        moof(moof_len + 8),
+        bx(b"mdat", &noise((samples * size) as usize)),
+    ]
+    .concat();
     let sidx = full(
         b"sidx",
         0,
         &[
-            &[0, 0, 0, 1, 0, 0, 0x03, 0xe8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1][..],
+            &[
+                0, 0, 0, 1, 0, 0, 0x03, 0xe8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+            ][..],
             &(fragment.len() as u32).to_be_bytes(),
             &[0, 0, 0x03, 0xe8, 0x90, 0, 0, 0],
         ]

@@ -6,6 +6,7 @@
 //! segment with keys from a [`KeyRing`].
 
 mod crypto;
+mod fixup;
 mod init;
 mod segment;
 

@@ -177,13 +177,15 @@ fn hex_digit(b: u8) -> u8 {
     }
 }
 
-/// Accepts the URL-safe and the standard alphabet, with or without padding.
+/// Accepts the URL-safe and the standard alphabet, with or without padding. A space is read as
+/// `+`: an unescaped `+` in a query string arrives as a space after form decoding.
 fn decode_base64(value: &str) -> Option<Vec<u8>> {
+    let value = value.replace(' ', "+");
     let config =
         GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
     let url = GeneralPurpose::new(&alphabet::URL_SAFE, config);
     let standard = GeneralPurpose::new(&alphabet::STANDARD, config);
-    url.decode(value).or_else(|_| standard.decode(value)).ok()
+    url.decode(&value).or_else(|_| standard.decode(&value)).ok()
 }
 
 #[cfg(test)]
@@ -232,6 +234,13 @@ mod tests {
         let ring =
             KeyRing::parse(None, &format!("{KID}:{KEY},nrQFDeRLSAKTLifXUIPiZg:{KEY}")).unwrap();
         assert_eq!(ring.len(), 1, "same KID twice collapses");
+        assert_eq!(ring.get(&bytes(KID)), Some(&bytes(KEY)));
+    }
+
+    #[test]
+    fn standard_base64_with_a_form_decoded_plus() {
+        // "FmY0xnWCPCNaSpRG+tUuTQ" with its '+' turned into a space by form decoding.
+        let ring = KeyRing::parse(Some(KID), "FmY0xnWCPCNaSpRG tUuTQ==").unwrap();
         assert_eq!(ring.get(&bytes(KID)), Some(&bytes(KEY)));
     }
 

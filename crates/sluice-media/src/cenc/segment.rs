@@ -9,9 +9,10 @@ use aes::Aes128;
 use cipher::KeyInit;
 
 use super::crypto::{decrypt_sample, Pattern};
+use super::fixup::{is_dropped_in_moof, rebuild_moof, rewrite_sidx, TrafFix};
 use super::{init, CencError, InitInfo, Protection, Scheme, TrackInfo};
 use crate::keys::{KeyRing, Kid};
-use crate::mp4::{boxes, rebuild, Edit, FourCC, Mp4Box, Senc, SencEntries, Sidx, Tfhd, Trun};
+use crate::mp4::{boxes, Mp4Box, Senc, SencEntries, Tfhd, Trun};
 
 /// Decrypts a media segment with the tracks described by `info` and the keys in `keys`.
 ///
@@ -110,7 +111,7 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
         let b = b?;
         let out = match &b.kind {
             b"moof" => {
-                let bytes = plan_moof(&b, removed_total, tracks, &mut jobs)?;
+                let bytes = plan_moof(&b, removed_total, segment.len(), tracks, &mut jobs)?;
                 TopOut::Bytes(bytes)
             }
             b"moov" => {
@@ -142,21 +143,11 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
     Ok(Plan { tops, jobs })
 }
 
-/// How a `traf`'s `trun` offsets must change once the `moof` has shrunk.
-#[derive(Clone, Copy)]
-enum TrafFix {
-    /// Offsets count from the `moof` start: subtract the bytes removed from the `moof`.
-    MoofRelative,
-    /// Offsets count from an absolute `base_data_offset`: the base moves, the offsets stay.
-    Absolute,
-    /// Offsets count from the previous `traf`'s data, which moves with them.
-    Unchanged,
-}
-
 /// Plans one `moof`: lists its encrypted samples and returns its rebuilt bytes.
 fn plan_moof<'a>(
     moof: &Mp4Box<'a>,
     removed_before: usize,
+    limit: usize,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job<'a>>,
 ) -> Result<Vec<u8>, CencError> {
@@ -181,6 +172,7 @@ fn plan_moof<'a>(
                 moof.offset,
                 fixes.is_empty(),
                 data_end,
+                limit,
                 tracks,
                 jobs,
             )?;
@@ -191,16 +183,13 @@ fn plan_moof<'a>(
     rebuild_moof(moof, removed, removed_before + removed, &fixes)
 }
 
-fn is_dropped_in_moof(b: &Mp4Box<'_>) -> bool {
-    matches!(&b.kind, b"senc" | b"saiz" | b"saio" | b"pssh") || Senc::is_senc(b)
-}
-
 /// Lists the encrypted samples of one `traf`; returns its offset fix and where its data ends.
 fn plan_traf<'a>(
     traf: &Mp4Box<'a>,
     moof_start: usize,
     first_traf: bool,
     previous_end: usize,
+    limit: usize,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job<'a>>,
 ) -> Result<(TrafFix, usize), CencError> {
@@ -216,7 +205,7 @@ fn plan_traf<'a>(
     let default_size = tfhd
         .default_sample_size
         .or(trex.map(|t| t.default_sample_size))
-        .unwrap_or(0);
+        .unwrap_or(0) as usize;
     let mut samples = SampleSource::new(traf, track, tracks, tfhd.track_id)?;
     let mut cursor = base;
     for trun in traf.children() {
@@ -228,16 +217,29 @@ fn plan_traf<'a>(
         if let Some(offset) = trun.data_offset {
             cursor = offset_from(base, offset, tfhd.track_id)?;
         }
+        let protected = samples.is_protected();
+        if !trun.has_sizes() && (default_size == 0 || !protected) {
+            // Equal sizes and nothing to decrypt: skip the walk, so a hostile count of four
+            // billion empty samples costs nothing.
+            let total = u64::from(trun.sample_count) * default_size as u64;
+            cursor = cursor.saturating_add(usize::try_from(total).unwrap_or(usize::MAX));
+            continue;
+        }
         for sample in trun.samples() {
-            let size = sample.size.unwrap_or(default_size) as usize;
+            let size = sample.size.unwrap_or(default_size as u32) as usize;
             let offset = cursor;
-            cursor = offset
-                .checked_add(size)
-                .ok_or(CencError::SampleOutsideMdat {
+            if !protected {
+                cursor = offset.saturating_add(size);
+                continue;
+            }
+            // Every protected sample must lie in the segment, which also bounds the walk.
+            cursor = offset.checked_add(size).filter(|&end| end <= limit).ok_or(
+                CencError::SampleOutsideMdat {
                     track_id: tfhd.track_id,
                     offset: offset as u64,
                     size: size as u64,
-                })?;
+                },
+            )?;
             samples.push(offset, size, jobs)?;
         }
     }
@@ -300,6 +302,10 @@ impl<'a> SampleSource<'a> {
         })
     }
 
+    fn is_protected(&self) -> bool {
+        self.crypto.is_some()
+    }
+
     fn push(
         &mut self,
         offset: usize,
@@ -321,7 +327,13 @@ impl<'a> SampleSource<'a> {
             _ => return Err(self.short_of_entries()),
         };
         let iv = expand_iv(iv, &p, self.track_id)?;
-        if size > 0 {
+        // CBC leaves anything shorter than a block clear; skipping those also keeps a flood of
+        // tiny constant-IV samples from growing the job list past one entry per 16 bytes.
+        let min = match p.scheme {
+            Scheme::Cbc1 | Scheme::Cbcs => 16,
+            Scheme::Cenc | Scheme::Cens => 1,
+        };
+        if size >= min {
             jobs.push(Job {
                 offset,
                 size,
@@ -353,129 +365,17 @@ fn has_samples(traf: &Mp4Box<'_>) -> Result<bool, CencError> {
 }
 
 /// A 16-byte counter or CBC IV: 8-byte IVs are zero-extended, an empty one takes the constant IV.
+/// Constant IVs are a `cbcs` feature; a CTR counter reused across samples would be broken
+/// encryption, so CTR schemes need a per-sample IV.
 fn expand_iv(iv: &[u8], p: &Protection, track_id: u32) -> Result<[u8; 16], CencError> {
     let mut out = [0u8; 16];
+    let cbc = matches!(p.scheme, Scheme::Cbc1 | Scheme::Cbcs);
     match iv.len() {
-        0 => out = p.constant_iv.ok_or(CencError::BadIv { track_id, len: 0 })?,
+        0 if cbc => out = p.constant_iv.ok_or(CencError::BadIv { track_id, len: 0 })?,
         8 | 16 => out[..iv.len()].copy_from_slice(iv),
         len => return Err(CencError::BadIv { track_id, len }),
     }
     Ok(out)
-}
-
-// === rebuilding metadata ===
-
-fn rebuild_moof(
-    moof: &Mp4Box<'_>,
-    removed: usize,
-    removed_through: usize,
-    fixes: &[TrafFix],
-) -> Result<Vec<u8>, CencError> {
-    let mut out = Vec::with_capacity(moof.len());
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(b"moof");
-    let mut traf_index = 0usize;
-    let mut fix = TrafFix::Unchanged;
-    rebuild(
-        moof.children(),
-        &mut out,
-        &mut |path: &[FourCC], b: &Mp4Box<'_>| {
-            if is_dropped_in_moof(b) {
-                return Ok::<_, CencError>(Edit::Drop);
-            }
-            Ok(match (&b.kind, path) {
-                (b"traf", []) => {
-                    fix = fixes.get(traf_index).copied().unwrap_or(TrafFix::Unchanged);
-                    traf_index += 1;
-                    Edit::Descend {
-                        prefix: 0,
-                        rename: None,
-                    }
-                }
-                (b"trun", [_]) => match fix {
-                    TrafFix::MoofRelative => patch_trun(b, removed)?,
-                    _ => Edit::Keep,
-                },
-                (b"tfhd", [_]) => match fix {
-                    TrafFix::Absolute => patch_tfhd(b, removed_through)?,
-                    _ => Edit::Keep,
-                },
-                _ => Edit::Keep,
-            })
-        },
-    )?;
-    let size = out.len() as u32;
-    out[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(out)
-}
-
-/// Moves `trun.data_offset` back by the bytes removed from the `moof`.
-fn patch_trun(b: &Mp4Box<'_>, removed: usize) -> Result<Edit, CencError> {
-    let trun = Trun::parse(b)?;
-    let Some(offset) = trun.data_offset else {
-        return Ok(Edit::Keep);
-    };
-    let fixed = i64::from(offset) - removed as i64;
-    let fixed = i32::try_from(fixed).map_err(|_| CencError::DataOffset {
-        track_id: 0,
-        removed: removed as u64,
-    })?;
-    let mut bytes = b.bytes().to_vec();
-    let at = b.header_len + Trun::DATA_OFFSET_AT;
-    bytes[at..at + 4].copy_from_slice(&fixed.to_be_bytes());
-    Ok(Edit::Replace(bytes))
-}
-
-/// Moves an absolute `tfhd.base_data_offset` back by every byte removed up to its data.
-fn patch_tfhd(b: &Mp4Box<'_>, removed_through: usize) -> Result<Edit, CencError> {
-    let tfhd = Tfhd::parse(b)?;
-    let Some(base) = tfhd.base_data_offset else {
-        return Ok(Edit::Keep);
-    };
-    let fixed = base
-        .checked_sub(removed_through as u64)
-        .ok_or(CencError::DataOffset {
-            track_id: tfhd.track_id,
-            removed: removed_through as u64,
-        })?;
-    let mut bytes = b.bytes().to_vec();
-    let at = b.header_len + Tfhd::BASE_DATA_OFFSET_AT;
-    bytes[at..at + 8].copy_from_slice(&fixed.to_be_bytes());
-    Ok(Edit::Replace(bytes))
-}
-
-/// Shrinks each `sidx` reference (and `first_offset`) by the bytes removed inside its range.
-fn rewrite_sidx(b: &Mp4Box<'_>, removals: &[(usize, usize)]) -> Result<Vec<u8>, CencError> {
-    let sidx = Sidx::parse(b)?;
-    let removed_in = |start: u64, len: u64| -> u64 {
-        let end = start.saturating_add(len);
-        removals
-            .iter()
-            .filter(|(at, _)| (*at as u64) >= start && (*at as u64) < end)
-            .map(|(_, n)| *n as u64)
-            .sum()
-    };
-    let mut bytes = b.bytes().to_vec();
-    let anchor = b.end() as u64;
-    let first_offset = sidx
-        .first_offset
-        .saturating_sub(removed_in(anchor, sidx.first_offset));
-    let at = b.header_len + 12;
-    if sidx.version == 0 {
-        bytes[at..at + 4].copy_from_slice(&(first_offset as u32).to_be_bytes());
-    } else {
-        bytes[at..at + 8].copy_from_slice(&first_offset.to_be_bytes());
-    }
-    let mut start = anchor.saturating_add(sidx.first_offset);
-    for (i, r) in sidx.references().enumerate() {
-        let size = u64::from(r.referenced_size);
-        let fixed = size.saturating_sub(removed_in(start, size)) as u32;
-        let word = (u32::from(r.is_index) << 31) | (fixed & 0x7fff_ffff);
-        let at = b.header_len + sidx.references_at + 12 * i;
-        bytes[at..at + 4].copy_from_slice(&word.to_be_bytes());
-        start = start.saturating_add(size);
-    }
-    Ok(bytes)
 }
 
 // === emit ===

@@ -135,7 +135,7 @@ fn be32(v: u32) -> [u8; 4] {
     v.to_be_bytes()
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Track {
     id: u32,
     video: bool,
@@ -147,6 +147,9 @@ struct Track {
     key: [u8; 16],
     /// Written in `trex` and left out of `trun` when set.
     default_size: Option<u32>,
+    /// When set, `tfhd` carries an absolute `base_data_offset`, the fragment being placed this
+    /// many bytes into the segment.
+    absolute_at: Option<usize>,
 }
 
 fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
@@ -160,6 +163,7 @@ fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
         kid: [id as u8; 16],
         key: [0x40 + id as u8; 16],
         default_size: None,
+        absolute_at: None,
     }
 }
 
@@ -282,8 +286,17 @@ fn full_iv(t: &Track, s: &Sample) -> [u8; 16] {
     iv
 }
 
-fn traf(t: &Track, samples: &[Sample], data_offset: u32, encrypted: bool) -> Vec<u8> {
-    let tfhd = full(b"tfhd", 0, 0x02_0000, &[&be32(t.id)]);
+fn traf(
+    t: &Track,
+    samples: &[Sample],
+    data_offset: u32,
+    base: Option<u64>,
+    encrypted: bool,
+) -> Vec<u8> {
+    let tfhd = match base {
+        Some(base) => full(b"tfhd", 0, 0x01, &[&be32(t.id), &base.to_be_bytes()]),
+        None => full(b"tfhd", 0, 0x02_0000, &[&be32(t.id)]),
+    };
     let tfdt = full(b"tfdt", 1, 0, &[&0u64.to_be_bytes()]);
     let with_sizes = t.default_size.is_none();
     let mut entries = Vec::new();
@@ -345,7 +358,14 @@ fn fragment(trafs: &[(&Track, Vec<Sample>)], seq: u32, encrypted: bool) -> Vec<u
     let build = |moof_len: u32| {
         let mut parts = vec![full(b"mfhd", 0, 0, &[&be32(seq)])];
         for ((t, samples), start) in trafs.iter().zip(&starts) {
-            parts.push(traf(t, samples, moof_len + 8 + start, encrypted));
+            let part = match t.absolute_at {
+                Some(at) => {
+                    let base = (at + moof_len as usize + 8) as u64;
+                    traf(t, samples, *start, Some(base), encrypted)
+                }
+                None => traf(t, samples, moof_len + 8 + start, None, encrypted),
+            };
+            parts.push(part);
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
         bx(b"moof", &refs)
@@ -623,6 +643,153 @@ fn corrupt_bytes_never_panic() {
             let mut bad = seg.clone();
             bad[at] = value;
             let _ = decrypt_segment(&bad, &info, &keys);
+        }
+    }
+}
+
+#[test]
+fn absolute_base_data_offset_moves_with_the_removed_bytes() {
+    let mut t = track(1, true, Some(Scheme::Cenc), 8);
+    // Where the single fragment starts: after `styp`, `emsg` and a one-reference `sidx`.
+    let prefix = segment(&[Vec::new()]).len() - full(b"prft", 0, 0, &[&be32(1), &[0; 12]]).len();
+    t.absolute_at = Some(prefix);
+    round_trip(
+        &[t],
+        &[vec![(0, vec![(700, vec![(20, 680)]), (90, vec![])])]],
+    );
+}
+
+#[test]
+fn init_and_segment_in_one_buffer() {
+    let t = track(1, true, Some(Scheme::Cbc1), 16);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let frag = |encrypted| {
+        fragment(
+            &[(&t, vec![sample(512, 3, &t, &[(16, 496)])])],
+            1,
+            encrypted,
+        )
+    };
+    let joined = [init(std::slice::from_ref(&t), true), segment(&[frag(true)])].concat();
+    let want = [
+        init(std::slice::from_ref(&t), false),
+        segment(&[frag(false)]),
+    ]
+    .concat();
+    assert!(decrypt_segment(&joined, &info, &keys_for(&[&t])).unwrap() == want);
+}
+
+#[test]
+fn largesize_moof_header_shrinks_to_32_bits() {
+    let t = track(1, false, Some(Scheme::Cenc), 16);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let samples = || vec![sample(200, 9, &t, &[])];
+    let encrypted = fragment(&[(&t, samples())], 1, true);
+    // Re-encode the moof header as a 64-bit largesize; trun offsets grow by the 8 extra bytes.
+    let moof_len = u32::from_be_bytes(encrypted[..4].try_into().unwrap()) as usize;
+    let mut moof = [
+        &1u32.to_be_bytes()[..],
+        b"moof",
+        &((moof_len + 8) as u64).to_be_bytes(),
+    ]
+    .concat();
+    moof.extend_from_slice(&encrypted[8..moof_len]);
+    let trun_at = moof.windows(4).position(|w| w == b"trun").unwrap() + 12;
+    let offset = u32::from_be_bytes(moof[trun_at..trun_at + 4].try_into().unwrap()) + 8;
+    moof[trun_at..trun_at + 4].copy_from_slice(&offset.to_be_bytes());
+    moof.extend_from_slice(&encrypted[moof_len..]);
+    let clear = fragment(&[(&t, samples())], 1, false);
+    assert_eq!(
+        decrypt_segment(&moof, &info, &keys_for(&[&t])).unwrap(),
+        clear
+    );
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SCHEMES: [Scheme; 4] = [Scheme::Cenc, Scheme::Cens, Scheme::Cbc1, Scheme::Cbcs];
+
+    /// One sample: either a plain length, or subsample pairs whose sum is the length.
+    fn sample_shape(with_subsamples: bool) -> BoxedStrategy<(usize, Vec<(u16, u32)>)> {
+        if with_subsamples {
+            prop::collection::vec((0u16..200, 0u32..1500), 1..4)
+                .prop_map(|subs| {
+                    let len = subs.iter().map(|&(c, p)| c as usize + p as usize).sum();
+                    (len, subs)
+                })
+                .boxed()
+        } else {
+            (0usize..3000).prop_map(|len| (len, Vec::new())).boxed()
+        }
+    }
+
+    fn case() -> impl Strategy<Value = (Track, Vec<Frag>)> {
+        (
+            0usize..4,
+            any::<bool>(),
+            any::<bool>(),
+            1u8..4,
+            0u8..10,
+            any::<bool>(),
+        )
+            .prop_flat_map(
+                |(scheme, wide_iv, constant, crypt, skip, with_subsamples)| {
+                    let scheme = SCHEMES[scheme];
+                    let mut t = track(1, true, Some(scheme), if wide_iv { 16 } else { 8 });
+                    if matches!(scheme, Scheme::Cbc1 | Scheme::Cbcs) {
+                        t.iv_size = 16;
+                    }
+                    if scheme == Scheme::Cbcs && constant {
+                        t.iv_size = 0;
+                        t.constant_iv = Some([0x5a; 16]);
+                    }
+                    if matches!(scheme, Scheme::Cens | Scheme::Cbcs) {
+                        t.pattern = Pattern { crypt, skip };
+                    }
+                    let fragment = prop::collection::vec(sample_shape(with_subsamples), 1..6)
+                        .prop_map(|samples| vec![(0usize, samples)]);
+                    (Just(t), prop::collection::vec(fragment, 1..4))
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn any_scheme_round_trips((t, frags) in case()) {
+            round_trip(&[t], &frags);
+        }
+    }
+}
+
+#[test]
+fn huge_sample_counts_cost_nothing() {
+    let mut t = track(1, true, Some(Scheme::Cbcs), 0);
+    t.constant_iv = Some([1; 16]);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    for default_size in [0u32, 1] {
+        // tfhd with a default sample size, trun with four billion samples and no sizes.
+        let tfhd = full(
+            b"tfhd",
+            0,
+            0x02_0000 | 0x10,
+            &[&be32(1), &be32(default_size)],
+        );
+        let trun = full(b"trun", 0, 0x001, &[&be32(u32::MAX), &be32(0)]);
+        let moof = bx(b"moof", &[&bx(b"traf", &[&tfhd, &trun])]);
+        let seg = [moof, bx(b"mdat", &[&[0; 64]])].concat();
+        let started = std::time::Instant::now();
+        let result = decrypt_segment(&seg, &info, &keys);
+        assert!(
+            started.elapsed().as_secs() < 2,
+            "size {default_size}: {result:?}"
+        );
+        if default_size == 1 {
+            assert!(matches!(result, Err(CencError::SampleOutsideMdat { .. })));
         }
     }
 }

@@ -136,6 +136,11 @@ impl<'a> Trun<'a> {
         })
     }
 
+    /// True when every sample carries its own size.
+    pub fn has_sizes(&self) -> bool {
+        self.flags & Self::SIZE != 0
+    }
+
     pub fn samples(&self) -> TrunSamples<'a> {
         TrunSamples {
             trun: *self,
