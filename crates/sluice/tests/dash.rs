@@ -553,6 +553,68 @@ async fn segment_base_tracks_use_the_sidx_and_decode() {
     check_frames(&master, "v").await;
 }
 
+#[tokio::test]
+async fn live_mpd_becomes_a_sliding_playlist_that_decrypts() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    // The packager's live MPD, with its clock moved to 20 s ago so both segments are in the window.
+    let mpd = std::fs::read_to_string(fixtures().join("cenc/manifest.mpd")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let at = mpd.find("availabilityStartTime=\"").unwrap() + "availabilityStartTime=\"".len();
+    let end = at + mpd[at..].find('"').unwrap();
+    let mut live = mpd.clone();
+    live.replace_range(
+        at..end,
+        &sluice_media::dash::format_datetime((now - 20.0).floor()),
+    );
+    o.put("cenc/live.mpd", live.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let master = s.url(&format!(
+        "/proxy/mpd/manifest.m3u8?d={}&{}",
+        enc(&o.url("cenc/live.mpd")),
+        hex_keys()
+    ));
+    let playlists = media_playlists(&master).await;
+    for (playlist, kind) in playlists.iter().zip(["v", "a"]) {
+        assert!(!playlist.contains("#EXT-X-ENDLIST"), "{playlist}");
+        assert!(playlist.contains("#EXT-X-START:TIME-OFFSET=-18,PRECISE=YES"));
+        assert!(playlist.contains("#EXT-X-PROGRAM-DATE-TIME:"));
+        assert!(playlist.contains("is_live=true"));
+        let file = tmp(&format!("dash-live-{kind}.mp4"));
+        download_track(playlist, &file).await;
+        check_frames(file.to_str().unwrap(), kind).await;
+    }
+}
+
+#[tokio::test]
+async fn head_and_metrics() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let url = master_url(&s, &o, "cenc", &hex_keys());
+    let r = support::request("HEAD", &url, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "application/vnd.apple.mpegurl");
+    assert!(r.body.unwrap().is_empty());
+    // The alias without the extension, served from the cached MPD.
+    text(&url.replace("manifest.m3u8", "manifest")).await;
+    assert_eq!(o.hits("cenc/manifest.mpd").len(), 1);
+    let metrics = text(&s.url("/metrics")).await;
+    for family in [
+        "sluice_media_cache_hits_total{kind=\"mpd\"} 1",
+        "sluice_media_cache_misses_total{kind=\"mpd\"} 1",
+        "sluice_media_cache_bytes ",
+        "sluice_media_prefetches_total ",
+        "sluice_media_decrypt_seconds_count ",
+    ] {
+        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
+}
+
 // === keys ===
 
 #[tokio::test]
