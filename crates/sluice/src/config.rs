@@ -142,12 +142,33 @@ pub struct MediaConfig {
     // HLS
     /// Largest HLS playlist fetched for rewriting, in bytes.
     pub max_manifest_bytes: usize,
-    /// `EXT-X-START` time offset (seconds) injected into live media playlists that have none,
-    /// unless the request gives `start_offset`; 0 disables it. MediaFlow's default is -18.
+    /// `EXT-X-START` time offset (seconds) injected into live media playlists (HLS, and DASH
+    /// converted to HLS) that have none, unless the request gives `start_offset`; 0 disables it.
+    /// MediaFlow's default is -18, which leaves room for prefetching.
     pub live_start_offset: f64,
     /// An HTML page where a playlist was expected becomes an empty, ended playlist (players stop
     /// cleanly) instead of a 502.
     pub graceful_stream_end: bool,
+    // DASH and caches
+    /// Bytes the in-process media cache may hold (MPDs, init segments, prefetched segments).
+    pub cache_bytes: u64,
+    /// Segments fetched ahead of the player after each segment request; 0 turns prefetch off.
+    pub prefetch_segments: usize,
+    /// Seconds a fetched or prefetched media segment stays cached.
+    pub segment_ttl_secs: u64,
+    /// Seconds an init segment (as fetched, or decrypted for one key set) stays cached.
+    pub init_ttl_secs: u64,
+    /// Seconds a static (on-demand) MPD stays cached.
+    pub mpd_ttl_secs: u64,
+    /// Seconds a live MPD stays cached when it names no `minimumUpdatePeriod`; with one, the
+    /// shorter of the two.
+    pub live_mpd_ttl_secs: u64,
+    /// Newest segments a live media playlist lists (more when `start_offset` reaches further back).
+    pub live_playlist_depth: usize,
+    /// Largest MPD accepted, in bytes.
+    pub max_mpd_bytes: usize,
+    /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
+    pub max_segment_bytes: usize,
 }
 
 impl Default for MediaConfig {
@@ -158,6 +179,15 @@ impl Default for MediaConfig {
             max_manifest_bytes: 8 * 1024 * 1024,
             live_start_offset: -18.0,
             graceful_stream_end: false,
+            cache_bytes: 64 * 1024 * 1024,
+            prefetch_segments: 3,
+            segment_ttl_secs: 60,
+            init_ttl_secs: 3600,
+            mpd_ttl_secs: 60,
+            live_mpd_ttl_secs: 3,
+            live_playlist_depth: 15,
+            max_mpd_bytes: 8 * 1024 * 1024,
+            max_segment_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -254,6 +284,13 @@ impl Config {
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
+        let m = &self.media;
+        if m.live_mpd_ttl_secs == 0 || m.mpd_ttl_secs == 0 {
+            bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");
+        }
+        if m.max_segment_bytes < 1024 || m.max_mpd_bytes < 1024 {
+            bail!("media.max_segment_bytes and media.max_mpd_bytes must be at least 1024");
+        }
         for route in &self.upstream.routes {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;

@@ -1,9 +1,15 @@
 //! The MediaFlow-compatible media front end: `/proxy/*` endpoints, thin handlers over `sluice-media`.
 
+pub mod cache;
+pub mod dash;
 pub mod generate;
 pub mod hls;
 pub mod links;
+pub mod prefetch;
 pub mod stream;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -22,19 +28,44 @@ pub struct Media {
     /// The server password's token key, for child URLs; `None` without a password.
     token_key: Option<TokenKey>,
     settings: MediaConfig,
+    /// MPDs, init segments and prefetched segments.
+    pub cache: Arc<cache::MediaCache>,
+    /// Segment fetches through the cache, and fetching ahead of players.
+    pub prefetcher: Arc<prefetch::Prefetcher>,
+    dash: dash::Dash,
 }
 
 impl Media {
     pub fn new(
         upstream: Upstream,
         token_key: Option<TokenKey>,
-        settings: &MediaConfig,
-        _registry: &mut Registry,
+        config: &MediaConfig,
+        registry: &mut Registry,
     ) -> Self {
+        let cache =
+            cache::MediaCache::new(config.cache_bytes, cache::CacheMetrics::register(registry));
+        let prefetcher = prefetch::Prefetcher::new(
+            cache.clone(),
+            upstream.clone(),
+            config.prefetch_segments,
+            Duration::from_secs(config.segment_ttl_secs),
+            config.max_segment_bytes,
+            registry,
+        );
+        let dash = dash::Dash::new(
+            upstream.clone(),
+            cache.clone(),
+            prefetcher.clone(),
+            config,
+            registry,
+        );
         Media {
             upstream,
             token_key,
-            settings: settings.clone(),
+            settings: config.clone(),
+            cache,
+            prefetcher,
+            dash,
         }
     }
 
@@ -76,6 +107,12 @@ impl Media {
                 require_get_or_head(req.method())?;
                 let filename = filename.filter(|f| !f.is_empty()).map(decode_segment);
                 stream::serve(&self.upstream, &req, ctx, filename.as_deref()).await
+            }
+            ("mpd", Some(endpoint)) => {
+                require_get_or_head(req.method())?;
+                self.dash
+                    .handle(&req, ctx, &self.links(ctx), endpoint)
+                    .await
             }
             _ => Err(ProxyError::downstream(
                 StatusCode::NOT_FOUND,

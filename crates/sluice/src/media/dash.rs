@@ -1,0 +1,158 @@
+//! `/proxy/mpd/*`: DASH as HLS. Master and media playlists made from the MPD, and init and media
+//! segments decrypted with the caller's ClearKey keys. Thin: the MPD model, HLS text, parameters
+//! and decryption all live in `sluice-media`.
+//!
+//! # Layout
+//! - `manifest`: `manifest.m3u8` (master) and `playlist.m3u8` (one profile), MPD and sidx loading.
+//! - `segment`: `init.mp4` and `segment.mp4`, init processing and decryption.
+
+pub mod manifest;
+pub mod segment;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use sluice_media::dash::proxy::RequestError;
+use sluice_media::query::{ProxyParams, Query};
+
+use super::cache::MediaCache;
+use super::prefetch::Prefetcher;
+use crate::app::RequestContext;
+use crate::body::{self, Body};
+use crate::config::MediaConfig;
+use crate::error::ProxyError;
+use crate::upstream::Upstream;
+
+/// Shared state of the DASH endpoints.
+pub struct Dash {
+    pub(crate) upstream: Upstream,
+    pub(crate) cache: Arc<MediaCache>,
+    pub(crate) prefetcher: Arc<Prefetcher>,
+    pub(crate) settings: Settings,
+    /// Seconds spent decrypting one segment.
+    pub(crate) decrypt_seconds: Histogram,
+}
+
+/// The `media.*` settings the DASH endpoints use.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub segment_ttl: Duration,
+    pub init_ttl: Duration,
+    pub mpd_ttl: Duration,
+    pub live_mpd_ttl: Duration,
+    pub live_depth: usize,
+    pub live_start_offset: f64,
+    pub max_mpd_bytes: usize,
+    pub max_segment_bytes: usize,
+}
+
+impl Settings {
+    pub fn from_config(c: &MediaConfig) -> Self {
+        Settings {
+            segment_ttl: Duration::from_secs(c.segment_ttl_secs),
+            init_ttl: Duration::from_secs(c.init_ttl_secs),
+            mpd_ttl: Duration::from_secs(c.mpd_ttl_secs),
+            live_mpd_ttl: Duration::from_secs(c.live_mpd_ttl_secs),
+            live_depth: c.live_playlist_depth,
+            live_start_offset: c.live_start_offset,
+            max_mpd_bytes: c.max_mpd_bytes,
+            max_segment_bytes: c.max_segment_bytes,
+        }
+    }
+}
+
+impl Dash {
+    pub fn new(
+        upstream: Upstream,
+        cache: Arc<MediaCache>,
+        prefetcher: Arc<Prefetcher>,
+        config: &MediaConfig,
+        registry: &mut Registry,
+    ) -> Self {
+        // 100 µs .. ~3 s
+        let decrypt_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        registry.register(
+            "media_decrypt_seconds",
+            "Time to decrypt one media segment",
+            decrypt_seconds.clone(),
+        );
+        Dash {
+            upstream,
+            cache,
+            prefetcher,
+            settings: Settings::from_config(config),
+            decrypt_seconds,
+        }
+    }
+
+    /// Serves `/proxy/mpd/{endpoint}`.
+    pub async fn handle(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+        links: &super::links::Links,
+        endpoint: &str,
+    ) -> Result<Response<Body>, ProxyError> {
+        // HEAD gets the same head; hyper leaves the body out.
+        debug_assert!(matches!(*req.method(), Method::GET | Method::HEAD));
+        match endpoint {
+            "manifest.m3u8" | "manifest" => manifest::master(self, ctx, links).await,
+            "playlist.m3u8" | "playlist" => manifest::media(self, ctx, links).await,
+            "segment.mp4" | "segment" => segment::segment(self, ctx).await,
+            "init.mp4" | "init" => segment::init(self, ctx).await,
+            _ => Err(ProxyError::downstream(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such /proxy/mpd endpoint",
+            )),
+        }
+    }
+}
+
+/// A 400 for a bad parameter.
+pub(crate) fn bad_request(e: impl std::fmt::Display) -> ProxyError {
+    ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+}
+
+impl From<RequestError> for ProxyError {
+    fn from(e: RequestError) -> Self {
+        bad_request(e)
+    }
+}
+
+/// Upstream request headers from `h_*`.
+pub(crate) fn upstream_headers(params: &ProxyParams) -> Result<HeaderMap, ProxyError> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in &params.request_headers {
+        let name = header::HeaderName::from_bytes(name.as_bytes()).map_err(bad_request)?;
+        let value = HeaderValue::from_str(value).map_err(bad_request)?;
+        headers.insert(name, value);
+    }
+    Ok(headers)
+}
+
+/// The shared proxy parameters of a request whose upstream URL is not in `d` (segments), so `d`
+/// is filled with `url` for parsing.
+pub(crate) fn params_for(query: &Query, url: &url::Url) -> Result<ProxyParams, ProxyError> {
+    let mut pairs = vec![("d".to_owned(), url.to_string())];
+    pairs.extend(query.pairs().iter().filter(|(k, _)| k != "d").cloned());
+    ProxyParams::from_query(&Query::from_pairs(pairs)).map_err(bad_request)
+}
+
+/// A complete response with `content_type`, `r_*`/`rp_*`/`x_headers` applied.
+pub(crate) fn respond(
+    bytes: impl Into<bytes::Bytes>,
+    content_type: &'static str,
+    params: &ProxyParams,
+) -> Result<Response<Body>, ProxyError> {
+    let mut resp = Response::new(body::full(bytes));
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    super::stream::apply_params(params, headers)?;
+    Ok(resp)
+}

@@ -1,0 +1,255 @@
+//! `manifest.m3u8` (HLS master) and `playlist.m3u8` (one profile's media playlist) from a cached
+//! MPD; SegmentBase tracks get their `sidx` fetched (and cached) on the way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Response, StatusCode};
+use sluice_media::dash::proxy::{self, Part, RequestError, PLAYLIST_PATH};
+use sluice_media::dash::{
+    parse_mpd, parse_sidx, to_hls_master, to_hls_media, ByteRange, DashError, MediaOptions,
+    MediaUrl, Mpd, SidxFetch, SidxFragment,
+};
+use sluice_media::query::ProxyParams;
+use url::Url;
+
+use super::{bad_request, respond, upstream_headers, Dash};
+use crate::app::RequestContext;
+use crate::body::Body;
+use crate::error::{ProxyError, Side};
+use crate::media::cache::{CacheKey, CacheKind, CacheValue};
+use crate::media::links::{self, Links};
+use crate::media::prefetch::fetch_part;
+
+const PLAYLIST_TYPE: &str = "application/vnd.apple.mpegurl";
+
+/// Most `sidx` boxes fetched for one playlist (one per Period of a SegmentBase track).
+const MAX_SIDX_FETCHES: usize = 32;
+
+/// `/proxy/mpd/manifest.m3u8`.
+pub async fn master(
+    dash: &Dash,
+    ctx: &RequestContext,
+    links: &Links,
+) -> Result<Response<Body>, ProxyError> {
+    let (params, _, mpd) = load(dash, ctx).await?;
+    let options = proxy::master_options(&ctx.query)?;
+    let carried = links::carried(&ctx.query, |k| !proxy::carried_to_playlist(k));
+    let mpd_url = params.destination.as_str();
+    let text = to_hls_master(&mpd, &options, |rep| {
+        let mut p = proxy::playlist_params(mpd_url, rep);
+        p.extend(carried.iter().cloned());
+        links.url(PLAYLIST_PATH, &p)
+    })
+    .map_err(bad_mpd)?;
+    respond(text, PLAYLIST_TYPE, &params)
+}
+
+/// `/proxy/mpd/playlist.m3u8`.
+pub async fn media(
+    dash: &Dash,
+    ctx: &RequestContext,
+    links: &Links,
+) -> Result<Response<Body>, ProxyError> {
+    let profile = ctx
+        .query
+        .get("profile_id")
+        .ok_or(RequestError::Missing("profile_id"))?
+        .to_owned();
+    let (params, headers, mpd) = load(dash, ctx).await?;
+    let live = mpd.is_live();
+    let mut options = MediaOptions {
+        now: unix_now(),
+        live_depth: Some(dash.settings.live_depth),
+        start_offset: proxy::start_offset(&ctx.query, live, dash.settings.live_start_offset)?,
+        skip: proxy::parse_skip(&ctx.query)?,
+        no_map: false,
+        sidx: HashMap::new(),
+    };
+    let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
+    for _ in 0..=MAX_SIDX_FETCHES {
+        let mut parts = Vec::new();
+        let made = to_hls_media(&mpd, &profile, &options, |target| {
+            if let MediaUrl::Segment { segment, .. } = target {
+                parts.push(Part {
+                    url: segment.url.clone(),
+                    range: segment.byte_range,
+                });
+            }
+            let (endpoint, mut p) = proxy::media_params(target, live);
+            p.extend(carried.iter().cloned());
+            links.url(endpoint, &p)
+        });
+        match made {
+            Ok(text) => {
+                let key = format!("dash {} {profile}", params.destination);
+                dash.prefetcher.register_playlist(&key, parts);
+                return respond(text, PLAYLIST_TYPE, &params);
+            }
+            Err(DashError::SidxMissing { url, range }) => {
+                let url = Url::parse(&url).map_err(bad_mpd)?;
+                let fragments = load_sidx(dash, &url, range, &headers).await?;
+                options.sidx.insert(SidxFetch { url, range }, fragments);
+            }
+            Err(DashError::UnknownProfile(p)) => {
+                return Err(ProxyError::downstream(
+                    StatusCode::NOT_FOUND,
+                    "unknown_profile",
+                    format!("no profile {p:?} in the MPD"),
+                ))
+            }
+            Err(e) => return Err(bad_mpd(e)),
+        }
+    }
+    Err(bad_mpd("too many sidx boxes to fetch"))
+}
+
+/// Parameters, upstream headers and the MPD of a playlist request; refuses a protected MPD
+/// requested without keys.
+async fn load(
+    dash: &Dash,
+    ctx: &RequestContext,
+) -> Result<(ProxyParams, HeaderMap, Arc<Mpd>), ProxyError> {
+    let params = ProxyParams::from_query(&ctx.query).map_err(bad_request)?;
+    let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
+    let headers = upstream_headers(&params)?;
+    let mpd = load_mpd(dash, &params.destination, &headers).await?;
+    if let Some(needed) = proxy::keys_needed(&mpd, keys.as_ref()) {
+        return Err(ProxyError::downstream(
+            StatusCode::BAD_REQUEST,
+            "key_required",
+            needed.to_string(),
+        ));
+    }
+    Ok((params, headers, mpd))
+}
+
+/// The parsed MPD at `url`, from the cache or fetched. Live MPDs stay cached for their
+/// `minimumUpdatePeriod` (at most `live_mpd_ttl`), static ones for `mpd_ttl`.
+async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd>, ProxyError> {
+    let part = Part {
+        url: url.clone(),
+        range: None,
+    };
+    let upstream = dash.upstream.clone();
+    let (limit, settings) = (dash.settings.max_mpd_bytes, dash.settings.clone());
+    let headers = headers.clone();
+    let key = CacheKey::new(CacheKind::Mpd, url, None);
+    let value = dash
+        .cache
+        .get_or_fetch(key, move || async move {
+            let (text, final_url) = fetch_text(upstream, part, headers, limit).await?;
+            let text = std::str::from_utf8(&text).map_err(|_| bad_mpd("not UTF-8 text"))?;
+            let mpd = parse_mpd(text, &final_url).map_err(bad_mpd)?;
+            let ttl = if mpd.is_live() {
+                let update = mpd
+                    .minimum_update_period
+                    .filter(|p| p.is_finite() && *p > 0.0)
+                    .map(Duration::from_secs_f64)
+                    .unwrap_or(settings.live_mpd_ttl);
+                update.min(settings.live_mpd_ttl)
+            } else {
+                settings.mpd_ttl
+            };
+            Ok((CacheValue::Mpd(Arc::new(mpd), text.len()), ttl))
+        })
+        .await?;
+    match value {
+        CacheValue::Mpd(mpd, _) => Ok(mpd),
+        _ => Err(ProxyError::internal("MPD cache entry of the wrong kind")),
+    }
+}
+
+/// The MPD text and the URL that answered (relative URLs in the MPD resolve against it).
+async fn fetch_text(
+    upstream: crate::upstream::Upstream,
+    part: Part,
+    headers: HeaderMap,
+    limit: usize,
+) -> Result<(bytes::Bytes, Url), ProxyError> {
+    let req = crate::upstream::UpstreamRequest {
+        method: http::Method::GET,
+        url: part.url.clone(),
+        headers,
+    };
+    let resp = upstream
+        .send(req)
+        .await
+        .map_err(|e| ProxyError::from_upstream(&e))?;
+    let host = part.url.host_str().unwrap_or("").to_owned();
+    if !resp.status.is_success() {
+        let status = if resp.status.is_client_error() || resp.status.is_server_error() {
+            resp.status
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
+        let mut e = ProxyError::new(
+            Side::Upstream,
+            status,
+            "upstream_status",
+            format!("upstream {host} answered {} for the MPD", resp.status),
+        );
+        e.upstream = Some(host);
+        return Err(e);
+    }
+    let final_url = resp.final_url.clone();
+    let text = resp.body.collect_limited(limit).await.map_err(|e| {
+        let mut err = ProxyError::new(
+            Side::Upstream,
+            StatusCode::BAD_GATEWAY,
+            "upstream_body",
+            format!("MPD: {e}"),
+        );
+        err.upstream = Some(host.clone());
+        err
+    })?;
+    Ok((text, final_url))
+}
+
+/// The fragments listed by the `sidx` in `range` of `url` (bytes cached).
+async fn load_sidx(
+    dash: &Dash,
+    url: &Url,
+    range: ByteRange,
+    headers: &HeaderMap,
+) -> Result<Vec<SidxFragment>, ProxyError> {
+    let part = Part {
+        url: url.clone(),
+        range: Some(range),
+    };
+    let fetch = fetch_part(
+        dash.upstream.clone(),
+        part,
+        headers.clone(),
+        dash.settings.max_segment_bytes,
+    );
+    let ttl = dash.settings.init_ttl;
+    let key = CacheKey::new(CacheKind::Sidx, url, Some(range));
+    let value = dash
+        .cache
+        .get_or_fetch(key, move || async move {
+            Ok((CacheValue::Bytes(fetch.await?), ttl))
+        })
+        .await?;
+    let CacheValue::Bytes(bytes) = value else {
+        return Err(ProxyError::internal("sidx cache entry of the wrong kind"));
+    };
+    parse_sidx(&bytes, range.0).map_err(bad_mpd)
+}
+
+/// A 502 for an MPD (or sidx) that cannot be used, with the reason.
+fn bad_mpd(e: impl std::fmt::Display) -> ProxyError {
+    ProxyError::new(
+        Side::Upstream,
+        StatusCode::BAD_GATEWAY,
+        "bad_mpd",
+        format!("the MPD cannot be used: {e}"),
+    )
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

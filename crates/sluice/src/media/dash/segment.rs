@@ -1,0 +1,183 @@
+//! `init.mp4` and `segment.mp4`: init segments with their protection boxes removed, media segments
+//! decrypted (every `moof`/`mdat` pair) with the caller's keys. Without keys both pass through as
+//! fetched, as MediaFlow does, so a player with its own ClearKey support still works.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Response, StatusCode};
+use sluice_media::cenc::{decrypt_segment, rewrite_init, CencError, InitInfo};
+use sluice_media::dash::proxy::{self, Part, SegmentRequest};
+use sluice_media::keys::KeyRing;
+
+use super::{bad_request, params_for, respond, upstream_headers, Dash};
+use crate::app::RequestContext;
+use crate::body::Body;
+use crate::error::{ProxyError, Side};
+use crate::media::cache::{CacheKey, CacheKind, CacheValue, MediaCache};
+use crate::media::prefetch::fetch_part;
+use crate::upstream::Upstream;
+
+/// `/proxy/mpd/segment.mp4`.
+pub async fn segment(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, ProxyError> {
+    let req = SegmentRequest::from_query(&ctx.query, true)?;
+    let Some(part) = req.segment.clone() else {
+        return Err(bad_request("missing required parameter `segment_url`"));
+    };
+    let params = params_for(&ctx.query, &part.url)?;
+    let headers = upstream_headers(&params)?;
+    let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
+    // Start fetching what follows before waiting for this one.
+    dash.prefetcher.segment_fetched(&part, &headers);
+    let init = async {
+        match (&req.init, &keys) {
+            (Some(init), Some(keys)) => {
+                let (clear, info) = clear_init(dash, init, keys, &headers).await?;
+                Ok(Some((clear, Some(info))))
+            }
+            (Some(init), None) if !req.use_map => {
+                Ok(Some((raw_init(dash, init, &headers).await?, None)))
+            }
+            _ => Ok(None),
+        }
+    };
+    let (init, media) = tokio::try_join!(init, dash.prefetcher.get_or_fetch(&part, &headers))?;
+    let media = match (&keys, init.as_ref().and_then(|(_, info)| info.as_ref())) {
+        (Some(keys), Some(info)) if info.is_protected() => decrypt(dash, &media, info, keys)?,
+        _ => media,
+    };
+    let body = match init {
+        Some((init, _)) if !req.use_map => {
+            let mut joined = BytesMut::with_capacity(init.len() + media.len());
+            joined.extend_from_slice(&init);
+            joined.extend_from_slice(&media);
+            joined.freeze()
+        }
+        _ => media,
+    };
+    respond(body, req.content_type, &params)
+}
+
+/// `/proxy/mpd/init.mp4`.
+pub async fn init(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, ProxyError> {
+    let req = SegmentRequest::from_query(&ctx.query, false)?;
+    let Some(part) = req.init.clone() else {
+        return Err(bad_request("missing required parameter `init_url`"));
+    };
+    let params = params_for(&ctx.query, &part.url)?;
+    let headers = upstream_headers(&params)?;
+    let bytes = match proxy::key_ring(&ctx.query).map_err(bad_request)? {
+        Some(keys) => clear_init(dash, &part, &keys, &headers).await?.0,
+        None => raw_init(dash, &part, &headers).await?,
+    };
+    respond(bytes, req.content_type, &params)
+}
+
+/// The init segment as fetched (cached by URL and range).
+async fn raw_init(dash: &Dash, part: &Part, headers: &HeaderMap) -> Result<Bytes, ProxyError> {
+    RawInit::new(dash, part, headers).get().await
+}
+
+/// Everything a raw-init lookup needs, owned, so a cache fill can run on its own task.
+struct RawInit {
+    cache: Arc<MediaCache>,
+    upstream: Upstream,
+    part: Part,
+    headers: HeaderMap,
+    limit: usize,
+    ttl: Duration,
+}
+
+impl RawInit {
+    fn new(dash: &Dash, part: &Part, headers: &HeaderMap) -> Self {
+        RawInit {
+            cache: dash.cache.clone(),
+            upstream: dash.upstream.clone(),
+            part: part.clone(),
+            headers: headers.clone(),
+            limit: dash.settings.max_segment_bytes,
+            ttl: dash.settings.init_ttl,
+        }
+    }
+
+    async fn get(self) -> Result<Bytes, ProxyError> {
+        let key = CacheKey::new(CacheKind::RawInit, &self.part.url, self.part.range);
+        let fetch = fetch_part(self.upstream, self.part, self.headers, self.limit);
+        let ttl = self.ttl;
+        match self
+            .cache
+            .get_or_fetch(key, move || async move {
+                Ok((CacheValue::Bytes(fetch.await?), ttl))
+            })
+            .await?
+        {
+            CacheValue::Bytes(bytes) => Ok(bytes),
+            _ => Err(ProxyError::internal("init cache entry of the wrong kind")),
+        }
+    }
+}
+
+/// The init segment without protection boxes, and its track facts; refuses keys that leave a
+/// protected track without a key. Removing protection needs no key, so one cache entry per URL
+/// and range serves every key set; the key check runs on every request.
+async fn clear_init(
+    dash: &Dash,
+    part: &Part,
+    keys: &KeyRing,
+    headers: &HeaderMap,
+) -> Result<(Bytes, Arc<InitInfo>), ProxyError> {
+    let raw = RawInit::new(dash, part, headers);
+    let ttl = dash.settings.init_ttl;
+    let key = CacheKey::new(CacheKind::ClearInit, &part.url, part.range);
+    let value = dash
+        .cache
+        .get_or_fetch(key, move || async move {
+            let raw = raw.get().await?;
+            let (clear, info) = rewrite_init(&raw).map_err(|e| {
+                ProxyError::new(
+                    Side::Upstream,
+                    StatusCode::BAD_GATEWAY,
+                    "bad_init",
+                    format!("the init segment cannot be used: {e}"),
+                )
+            })?;
+            Ok((CacheValue::Init(clear.into(), Arc::new(info)), ttl))
+        })
+        .await?;
+    let CacheValue::Init(clear, info) = value else {
+        return Err(ProxyError::internal("init cache entry of the wrong kind"));
+    };
+    if let Some(kid) = proxy::unkeyed_kid(&info, keys) {
+        return Err(missing_key(&kid));
+    }
+    Ok((clear, info))
+}
+
+fn decrypt(
+    dash: &Dash,
+    media: &[u8],
+    info: &InitInfo,
+    keys: &KeyRing,
+) -> Result<Bytes, ProxyError> {
+    let start = Instant::now();
+    let clear = decrypt_segment(media, info, keys).map_err(|e| match e {
+        CencError::MissingKey { kid } => missing_key(&kid),
+        other => ProxyError::new(
+            Side::Upstream,
+            StatusCode::BAD_GATEWAY,
+            "decrypt",
+            format!("the segment cannot be decrypted: {other}"),
+        ),
+    })?;
+    dash.decrypt_seconds.observe(start.elapsed().as_secs_f64());
+    Ok(Bytes::from(clear))
+}
+
+fn missing_key(kid: &str) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::BAD_REQUEST,
+        "key_missing",
+        format!("no key for KID {kid}: add it to key_id/key (or key=kid:key)"),
+    )
+}

@@ -1,0 +1,855 @@
+//! `/proxy/mpd/*` against a running sluice and a file-serving origin holding real Shaka Packager
+//! ClearKey packages: exact playlists, decrypted init and segments that ffmpeg decodes to exactly
+//! the clear source's frames (also with ffmpeg reading the sluice master playlist itself), key
+//! errors, token mode, single-flight and prefetch.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::{enc, get, test_config, Sluice};
+use tokio::net::TcpListener;
+
+const VIDEO_KID: &str = "6d76f25cb17f5e16b8eaef6bbf582d8e";
+const VIDEO_KEY: &str = "ce1b07f0b4c5f1b8c2a9f6ba2a8c7e41";
+const AUDIO_KID: &str = "1fba7ed02bb85aa8b8c0dbf0d1ac2e7a";
+const AUDIO_KEY: &str = "4c2d8a6e3e5b9a7c1d0f2e4b6a8c9d1e";
+
+// === file origin ===
+
+/// One request the origin saw.
+#[derive(Debug, Clone)]
+struct Hit {
+    path: String,
+    range: Option<String>,
+    headers: http::HeaderMap,
+}
+
+/// Serves a directory with Range support, logs every request (path and Range), and can be slowed
+/// down to make requests overlap.
+struct FileOrigin {
+    addr: SocketAddr,
+    root: tempfile::TempDir,
+    log: Arc<Mutex<Vec<Hit>>>,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl FileOrigin {
+    async fn start() -> FileOrigin {
+        let root = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let (dir, l, d) = (root.path().to_path_buf(), log.clone(), delay_ms.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (dir, l, d) = (dir.clone(), l.clone(), d.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let (dir, l, d) = (dir.clone(), l.clone(), d.clone());
+                        async move { Ok::<_, Infallible>(serve_file(req, &dir, &l, &d).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        FileOrigin {
+            addr,
+            root,
+            log,
+            delay_ms,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}/{path}", self.addr)
+    }
+
+    fn put(&self, path: &str, bytes: &[u8]) {
+        let file = self.root.path().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, bytes).unwrap();
+    }
+
+    /// Copies one fixture package (`cenc`, `cbcs`, ...) under `name/`, with a static MPD.
+    fn put_package(&self, variant: &str) {
+        let src = fixtures().join(variant);
+        for track in ["video", "audio"] {
+            for entry in std::fs::read_dir(src.join(track)).unwrap() {
+                let entry = entry.unwrap();
+                let name = entry.file_name().into_string().unwrap();
+                self.put(
+                    &format!("{variant}/{track}/{name}"),
+                    &std::fs::read(entry.path()).unwrap(),
+                );
+            }
+        }
+        let mpd = std::fs::read_to_string(src.join("manifest.mpd")).unwrap();
+        self.put(
+            &format!("{variant}/manifest.mpd"),
+            to_static(&mpd).as_bytes(),
+        );
+    }
+
+    /// Requests for `path`.
+    fn hits(&self, path: &str) -> Vec<Hit> {
+        let want = format!("/{path}");
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.path == want)
+            .cloned()
+            .collect()
+    }
+}
+
+async fn serve_file(
+    req: Request<Incoming>,
+    dir: &Path,
+    log: &Mutex<Vec<Hit>>,
+    delay_ms: &AtomicU64,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let range = req
+        .headers()
+        .get("range")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    log.lock().unwrap().push(Hit {
+        path: path.clone(),
+        range: range.clone(),
+        headers: req.headers().clone(),
+    });
+    let delay = delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let file = dir.join(path.trim_start_matches('/'));
+    let Ok(body) = std::fs::read(&file).map(Bytes::from) else {
+        return Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Full::new(Bytes::from_static(b"no such file")))
+            .unwrap();
+    };
+    let len = body.len();
+    let slice = range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+        .filter(|&(a, b)| a <= b && a < len);
+    match slice {
+        Some((a, b)) => {
+            let b = b.min(len - 1);
+            Response::builder()
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header("content-range", format!("bytes {a}-{b}/{len}"))
+                .body(Full::new(body.slice(a..=b)))
+                .unwrap()
+        }
+        None => Response::new(Full::new(body)),
+    }
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../sluice-media/tests/fixtures/drm")
+}
+
+/// The packager wrote a live MPD whose window has long passed; the same content as on-demand.
+fn to_static(mpd: &str) -> String {
+    let mut out = mpd.replace(
+        "type=\"dynamic\"",
+        "type=\"static\" mediaPresentationDuration=\"PT2S\"",
+    );
+    for attr in [
+        "publishTime",
+        "availabilityStartTime",
+        "minimumUpdatePeriod",
+        "timeShiftBufferDepth",
+    ] {
+        let needle = format!(" {attr}=\"");
+        if let Some(at) = out.find(&needle) {
+            let end = out[at + needle.len()..].find('"').unwrap() + at + needle.len() + 1;
+            out.replace_range(at..end, "");
+        }
+    }
+    out
+}
+
+// === helpers ===
+
+fn hex_keys() -> String {
+    format!("key_id={VIDEO_KID},{AUDIO_KID}&key={VIDEO_KEY},{AUDIO_KEY}")
+}
+
+async fn text(url: &str) -> String {
+    let r = get(url).await;
+    let body = r.body.unwrap();
+    assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&body));
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+async fn bytes(url: &str) -> Bytes {
+    let r = get(url).await;
+    let body = r.body.unwrap();
+    assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&body));
+    body
+}
+
+/// URI lines and `#EXT-X-MAP`/`#EXT-X-MEDIA` URIs of a playlist, in order.
+fn uris(playlist: &str) -> Vec<String> {
+    playlist
+        .lines()
+        .filter_map(|l| {
+            if let Some(at) = l.find("URI=\"") {
+                let rest = &l[at + 5..];
+                Some(rest[..rest.find('"').unwrap()].to_string())
+            } else if !l.starts_with('#') && !l.is_empty() {
+                Some(l.to_string())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+fn require_ffmpeg() {
+    assert!(
+        Command::new("ffmpeg").arg("-version").output().is_ok(),
+        "ffmpeg is required: apt-get update && apt-get install -y ffmpeg"
+    );
+}
+
+fn expected(name: &str) -> Vec<String> {
+    std::fs::read_to_string(fixtures().join(name))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// One md5 per decoded frame of the first `kind` stream (`v` or `a`) of `input`.
+fn frame_hashes(input: &str, kind: &str) -> Vec<String> {
+    let out = Command::new("ffmpeg")
+        .args(["-v", "error", "-i", input, "-map"])
+        .arg(format!("0:{kind}:0"))
+        .args(["-f", "framemd5", "-"])
+        .output()
+        .expect("ffmpeg runs");
+    assert!(
+        out.status.success(),
+        "ffmpeg failed on {input}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.rsplit(',').next().unwrap().trim().to_string())
+        .collect()
+}
+
+/// Video frames must equal the source's; audio too after the AAC priming frame that a DASH init
+/// (no edit list) exposes.
+fn assert_frames(input: &str, kind: &str) {
+    let got = frame_hashes(input, kind);
+    let (want, extra) = match kind {
+        "v" => (expected("source-video.md5"), 0),
+        _ => (expected("source-audio.md5"), 1),
+    };
+    assert_eq!(got.len(), want.len() + extra, "{input} {kind}: frame count");
+    assert!(
+        got[extra..] == want[..],
+        "{input} {kind}: decoded frames differ from the clear source"
+    );
+}
+
+/// [`assert_frames`] off the runtime's thread: ffmpeg may be reading from the sluice under test.
+async fn check_frames(input: &str, kind: &'static str) {
+    let input = input.to_string();
+    tokio::task::spawn_blocking(move || assert_frames(&input, kind))
+        .await
+        .unwrap();
+}
+
+fn master_url(s: &Sluice, o: &FileOrigin, variant: &str, keys: &str) -> String {
+    let d = enc(&o.url(&format!("{variant}/manifest.mpd")));
+    s.url(&format!("/proxy/mpd/manifest.m3u8?d={d}&{keys}"))
+}
+
+/// The media playlists of a master, video first.
+async fn media_playlists(master: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for uri in uris(&text(master).await) {
+        out.push(text(&uri).await);
+    }
+    out.sort_by_key(|p| !p.contains("video"));
+    out
+}
+
+/// Fetches a media playlist's map and segments through sluice and writes them to one file.
+async fn download_track(playlist: &str, file: &Path) {
+    let mut all = Vec::new();
+    for uri in uris(playlist) {
+        all.extend_from_slice(&bytes(&uri).await);
+    }
+    std::fs::write(file, all).unwrap();
+}
+
+fn tmp(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+// === playlists ===
+
+#[tokio::test]
+async fn master_and_media_playlists_are_exact() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let master = text(&master_url(&s, &o, "cenc", &hex_keys())).await;
+    let keys = format!("key_id={VIDEO_KID}%2C{AUDIO_KID}&key={VIDEO_KEY}%2C{AUDIO_KEY}");
+    let mpd = enc(&o.url("cenc/manifest.mpd"));
+    let base = format!("http://{}/proxy/mpd/playlist.m3u8?d={mpd}", s.addr);
+    let want = format!(
+        "#EXTM3U\n#EXT-X-VERSION:6\n#EXT-X-INDEPENDENT-SEGMENTS\n\
+         #EXT-X-MEDIA:TYPE=AUDIO,GROUP-ID=\"audio\",NAME=\"1\",DEFAULT=YES,AUTOSELECT=YES,\
+         CHANNELS=\"1\",URI=\"{base}&profile_id=0_1_56543&{keys}\"\n\
+         #EXT-X-STREAM-INF:BANDWIDTH=200263,RESOLUTION=160x90,FRAME-RATE=25.000,\
+         CODECS=\"avc1.4d400b,mp4a.40.2\",AUDIO=\"audio\"\n\
+         {base}&profile_id=1_0_143720&{keys}\n"
+    );
+    assert_eq!(master, want);
+
+    let video = text(&format!("{base}&profile_id=1_0_143720&{keys}")).await;
+    let init = enc(&o.url("cenc/video/init.mp4"));
+    let seg = |n: u32| {
+        format!(
+            "http://{}/proxy/mpd/segment.mp4?init_url={init}&segment_url={}&use_map=true\
+             &mime_type=video%2Fmp4&is_live=false&{keys}",
+            s.addr,
+            enc(&o.url(&format!("cenc/video/{n}.m4s")))
+        )
+    };
+    let want = format!(
+        "#EXTM3U\n#EXT-X-VERSION:6\n#EXT-X-TARGETDURATION:1\n#EXT-X-MEDIA-SEQUENCE:1\n\
+         #EXT-X-PLAYLIST-TYPE:VOD\n#EXT-X-INDEPENDENT-SEGMENTS\n\
+         #EXT-X-MAP:URI=\"http://{}/proxy/mpd/init.mp4?init_url={init}&mime_type=video%2Fmp4\
+         &is_live=false&{keys}\"\n\
+         #EXTINF:1.000,\n{}\n#EXTINF:1.000,\n{}\n#EXT-X-ENDLIST\n",
+        s.addr,
+        seg(1),
+        seg(2)
+    );
+    assert_eq!(video, want);
+}
+
+// === decryption ===
+
+async fn check_decrypted_tracks(variant: &str) {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package(variant);
+    let s = Sluice::start(test_config()).await;
+    let playlists = media_playlists(&master_url(&s, &o, variant, &hex_keys())).await;
+    assert_eq!(playlists.len(), 2);
+    for (playlist, kind) in playlists.iter().zip(["v", "a"]) {
+        let file = tmp(&format!("dash-{variant}-{kind}.mp4"));
+        download_track(playlist, &file).await;
+        check_frames(file.to_str().unwrap(), kind).await;
+    }
+}
+
+#[tokio::test]
+async fn cenc_init_and_segments_decode_to_the_source_frames() {
+    check_decrypted_tracks("cenc").await;
+}
+
+#[tokio::test]
+async fn cbcs_init_and_segments_decode_to_the_source_frames() {
+    check_decrypted_tracks("cbcs").await;
+}
+
+#[tokio::test]
+async fn chunked_segments_decrypt_every_fragment() {
+    check_decrypted_tracks("cbcs-chunked").await;
+    check_decrypted_tracks("cenc-chunked").await;
+}
+
+#[tokio::test]
+async fn ffmpeg_plays_the_sluice_master_playlist() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let url = master_url(&s, &o, "cenc", &hex_keys());
+    check_frames(&url, "v").await;
+    check_frames(&url, "a").await;
+}
+
+#[tokio::test]
+async fn segment_without_map_carries_its_init() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cbcs");
+    let s = Sluice::start(test_config()).await;
+    // The shape MediaFlow gives on-demand playlists: no use_map, init + segment in each body.
+    let mut all = Vec::new();
+    for n in 1..=2 {
+        let url = s.url(&format!(
+            "/proxy/mpd/segment.mp4?init_url={}&segment_url={}&mime_type=video/mp4&{}",
+            enc(&o.url("cbcs/video/init.mp4")),
+            enc(&o.url(&format!("cbcs/video/{n}.m4s"))),
+            hex_keys()
+        ));
+        let body = bytes(&url).await;
+        assert_eq!(&body[4..8], b"ftyp");
+        let init_len = bytes(&s.url(&format!(
+            "/proxy/mpd/init.mp4?init_url={}&{}",
+            enc(&o.url("cbcs/video/init.mp4")),
+            hex_keys()
+        )))
+        .await
+        .len();
+        all.extend_from_slice(if n == 1 { &body } else { &body[init_len..] });
+    }
+    let file = tmp("dash-nomap.mp4");
+    std::fs::write(&file, all).unwrap();
+    check_frames(file.to_str().unwrap(), "v").await;
+}
+
+/// One file per track (init, a `sidx`, then the fragments) addressed by SegmentBase.
+fn put_segment_base(o: &FileOrigin) {
+    let mut mpd = String::from(
+        "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" \
+         xmlns:cenc=\"urn:mpeg:cenc:2013\" type=\"static\" mediaPresentationDuration=\"PT2S\">\
+         <Period>",
+    );
+    for (track, timescale, kid, codecs) in [
+        (
+            "video",
+            12800u32,
+            "6d76f25c-b17f-5e16-b8ea-ef6bbf582d8e",
+            "avc1.4d400b",
+        ),
+        (
+            "audio",
+            48000,
+            "1fba7ed0-2bb8-5aa8-b8c0-dbf0d1ac2e7a",
+            "mp4a.40.2",
+        ),
+    ] {
+        let dir = fixtures().join("cenc").join(track);
+        let init = std::fs::read(dir.join("init.mp4")).unwrap();
+        let mut fragments = Vec::new();
+        for n in 1..=2 {
+            let seg = std::fs::read(dir.join(format!("{n}.m4s"))).unwrap();
+            fragments.push((top_boxes_from(&seg, b"moof"), sidx_duration(&seg)));
+        }
+        let sidx = sidx_box(timescale, &fragments);
+        let mut file = init.clone();
+        file.extend_from_slice(&sidx);
+        for (f, _) in &fragments {
+            file.extend_from_slice(f);
+        }
+        o.put(&format!("base/{track}.mp4"), &file);
+        let (a, b) = (init.len(), init.len() + sidx.len() - 1);
+        mpd.push_str(&format!(
+            "<AdaptationSet id=\"{track}\" contentType=\"{track}\" mimeType=\"{track}/mp4\">\
+             <ContentProtection schemeIdUri=\"urn:mpeg:dash:mp4protection:2011\" value=\"cenc\" \
+             cenc:default_KID=\"{kid}\"/>\
+             <Representation id=\"r\" bandwidth=\"100000\" codecs=\"{codecs}\" width=\"160\" \
+             height=\"90\"><BaseURL>{track}.mp4</BaseURL>\
+             <SegmentBase indexRange=\"{a}-{b}\"><Initialization range=\"0-{}\"/></SegmentBase>\
+             </Representation></AdaptationSet>",
+            a - 1
+        ));
+    }
+    mpd.push_str("</Period></MPD>");
+    o.put("base/manifest.mpd", mpd.as_bytes());
+}
+
+/// The bytes of `data` from its first `kind` box on.
+fn top_boxes_from(data: &[u8], kind: &[u8; 4]) -> Vec<u8> {
+    let mut at = 0;
+    while at + 8 <= data.len() {
+        let size = u32::from_be_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        if &data[at + 4..at + 8] == kind {
+            return data[at..].to_vec();
+        }
+        at += size;
+    }
+    panic!("no {kind:?} box");
+}
+
+/// The subsegment duration recorded in a segment's own `sidx`.
+fn sidx_duration(seg: &[u8]) -> u32 {
+    let sidx = top_boxes_from(seg, b"sidx");
+    // version 0: header 8, version/flags 4, reference_ID 4, timescale 4, ept 4, first_offset 4,
+    // reserved 2, count 2, then reference (4) and duration (4).
+    u32::from_be_bytes(sidx[36..40].try_into().unwrap())
+}
+
+fn sidx_box(timescale: u32, fragments: &[(Vec<u8>, u32)]) -> Vec<u8> {
+    let mut body = vec![0, 0, 0, 0]; // version 0, flags
+    body.extend_from_slice(&1u32.to_be_bytes()); // reference_ID
+    body.extend_from_slice(&timescale.to_be_bytes());
+    body.extend_from_slice(&0u32.to_be_bytes()); // earliest_presentation_time
+    body.extend_from_slice(&0u32.to_be_bytes()); // first_offset
+    body.extend_from_slice(&0u16.to_be_bytes());
+    body.extend_from_slice(&(fragments.len() as u16).to_be_bytes());
+    for (bytes, duration) in fragments {
+        body.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        body.extend_from_slice(&duration.to_be_bytes());
+        body.extend_from_slice(&0x9000_0000u32.to_be_bytes()); // starts with SAP type 1
+    }
+    let mut out = ((body.len() + 8) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(b"sidx");
+    out.extend_from_slice(&body);
+    out
+}
+
+#[tokio::test]
+async fn segment_base_tracks_use_the_sidx_and_decode() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    put_segment_base(&o);
+    let s = Sluice::start(test_config()).await;
+    let master = master_url(&s, &o, "base", &hex_keys());
+    let playlists = media_playlists(&master).await;
+    assert!(playlists[0].contains("segment_range="), "{}", playlists[0]);
+    for (playlist, kind) in playlists.iter().zip(["v", "a"]) {
+        assert_eq!(uris(playlist).len(), 3, "map + 2 fragments: {playlist}");
+        let file = tmp(&format!("dash-base-{kind}.mp4"));
+        download_track(playlist, &file).await;
+        check_frames(file.to_str().unwrap(), kind).await;
+    }
+    // Every fetch of the single file was a range: sidx, init, fragments.
+    let hits = o.hits("base/video.mp4");
+    assert!(
+        hits.len() >= 4 && hits.iter().all(|h| h.range.is_some()),
+        "{hits:?}"
+    );
+    check_frames(&master, "v").await;
+}
+
+#[tokio::test]
+async fn live_mpd_becomes_a_sliding_playlist_that_decrypts() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    // The packager's live MPD, with its clock moved to 20 s ago so both segments are in the window.
+    let mpd = std::fs::read_to_string(fixtures().join("cenc/manifest.mpd")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let at = mpd.find("availabilityStartTime=\"").unwrap() + "availabilityStartTime=\"".len();
+    let end = at + mpd[at..].find('"').unwrap();
+    let mut live = mpd.clone();
+    live.replace_range(
+        at..end,
+        &sluice_media::dash::format_datetime((now - 20.0).floor()),
+    );
+    o.put("cenc/live.mpd", live.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let master = s.url(&format!(
+        "/proxy/mpd/manifest.m3u8?d={}&{}",
+        enc(&o.url("cenc/live.mpd")),
+        hex_keys()
+    ));
+    let playlists = media_playlists(&master).await;
+    for (playlist, kind) in playlists.iter().zip(["v", "a"]) {
+        assert!(!playlist.contains("#EXT-X-ENDLIST"), "{playlist}");
+        assert!(playlist.contains("#EXT-X-START:TIME-OFFSET=-18,PRECISE=YES"));
+        assert!(playlist.contains("#EXT-X-PROGRAM-DATE-TIME:"));
+        assert!(playlist.contains("is_live=true"));
+        let file = tmp(&format!("dash-live-{kind}.mp4"));
+        download_track(playlist, &file).await;
+        check_frames(file.to_str().unwrap(), kind).await;
+    }
+}
+
+#[tokio::test]
+async fn head_and_metrics() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let url = master_url(&s, &o, "cenc", &hex_keys());
+    let r = support::request("HEAD", &url, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "application/vnd.apple.mpegurl");
+    assert!(r.body.unwrap().is_empty());
+    // The alias without the extension, served from the cached MPD.
+    text(&url.replace("manifest.m3u8", "manifest")).await;
+    assert_eq!(o.hits("cenc/manifest.mpd").len(), 1);
+    let metrics = text(&s.url("/metrics")).await;
+    for family in [
+        "sluice_media_cache_hits_total{kind=\"mpd\"} 1",
+        "sluice_media_cache_misses_total{kind=\"mpd\"} 1",
+        "sluice_media_cache_bytes ",
+        "sluice_media_prefetches_total ",
+        "sluice_media_decrypt_seconds_count ",
+    ] {
+        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
+}
+
+// === keys ===
+
+#[tokio::test]
+async fn protected_mpd_without_key_names_the_kids() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    for endpoint in ["manifest.m3u8", "playlist.m3u8"] {
+        let url = s.url(&format!(
+            "/proxy/mpd/{endpoint}?d={}&profile_id=1_0_143720",
+            enc(&o.url("cenc/manifest.mpd"))
+        ));
+        let r = get(&url).await;
+        assert_eq!(r.status, 400);
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(
+            body.contains(VIDEO_KID) && body.contains(AUDIO_KID),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_track_without_its_key_is_refused_with_its_kid() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    // Two keys, neither for audio.
+    let keys = format!(
+        "key_id={VIDEO_KID},00000000000000000000000000000001&key={VIDEO_KEY},\
+         00000000000000000000000000000001"
+    );
+    for endpoint in ["init.mp4", "segment.mp4"] {
+        let url = s.url(&format!(
+            "/proxy/mpd/{endpoint}?init_url={}&segment_url={}&use_map=true&{keys}",
+            enc(&o.url("cenc/audio/init.mp4")),
+            enc(&o.url("cenc/audio/1.m4s")),
+        ));
+        let r = get(&url).await;
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert_eq!(r.status, 400, "{body}");
+        assert!(body.contains(AUDIO_KID), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn base64_keys_and_kid_key_lists_decrypt_the_same() {
+    let o = FileOrigin::start().await;
+    o.put_package("cbcs");
+    let s = Sluice::start(test_config()).await;
+    let b64 = |hex: &str| {
+        let raw: Vec<u8> = (0..16)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+    };
+    let forms = [
+        hex_keys(),
+        format!(
+            "key_id={},{}&key={},{}",
+            b64(VIDEO_KID),
+            b64(AUDIO_KID),
+            b64(VIDEO_KEY),
+            b64(AUDIO_KEY)
+        ),
+        format!("key={VIDEO_KID}:{VIDEO_KEY},{AUDIO_KID}:{AUDIO_KEY}"),
+    ];
+    let mut bodies = Vec::new();
+    for keys in &forms {
+        let url = s.url(&format!(
+            "/proxy/mpd/segment.mp4?init_url={}&segment_url={}&use_map=true&{keys}",
+            enc(&o.url("cbcs/audio/init.mp4")),
+            enc(&o.url("cbcs/audio/2.m4s")),
+        ));
+        bodies.push(bytes(&url).await);
+    }
+    let raw = std::fs::read(fixtures().join("cbcs/audio/2.m4s")).unwrap();
+    assert_ne!(bodies[0][..], raw[..], "decrypted");
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+}
+
+#[tokio::test]
+async fn token_mode_keeps_keys_and_password_out_of_child_urls() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let mut config = test_config();
+    config.auth.api_password = "server-pw".into();
+    let s = Sluice::start(config).await;
+    let master = format!(
+        "{}&api_password=server-pw&h_referer=https%3A%2F%2Fsite.example%2F",
+        master_url(&s, &o, "cenc", &hex_keys())
+    );
+    let text_master = text(&master).await;
+    let mut all = text_master.clone();
+    for playlist in media_playlists(&master).await {
+        all.push_str(&playlist);
+    }
+    for secret in [VIDEO_KEY, AUDIO_KEY, VIDEO_KID, "server-pw", "site.example"] {
+        assert!(!all.contains(secret), "{secret} in a child URL:\n{all}");
+    }
+    assert!(uris(&all).iter().all(|u| u.contains("/_token_")));
+    // The token children still play, and the referer went upstream with every fetch.
+    check_frames(&master, "v").await;
+    let hits = o.hits("cenc/video/2.m4s");
+    assert!(!hits.is_empty());
+    assert!(hits.iter().all(|h| h
+        .headers
+        .get("referer")
+        .is_some_and(|v| v == "https://site.example/")));
+}
+
+// === cache and prefetch ===
+
+#[tokio::test]
+async fn concurrent_requests_for_one_segment_fetch_it_once() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    o.delay_ms.store(300, Ordering::SeqCst);
+    let url = s.url(&format!(
+        "/proxy/mpd/segment.mp4?init_url={}&segment_url={}&use_map=true&{}",
+        enc(&o.url("cenc/video/init.mp4")),
+        enc(&o.url("cenc/video/1.m4s")),
+        hex_keys()
+    ));
+    let (a, b) = tokio::join!(bytes(&url), bytes(&url));
+    assert_eq!(a, b);
+    assert_eq!(o.hits("cenc/video/1.m4s").len(), 1);
+    assert_eq!(o.hits("cenc/video/init.mp4").len(), 1);
+    // And a later request is a cache hit.
+    assert_eq!(bytes(&url).await, a);
+    assert_eq!(o.hits("cenc/video/1.m4s").len(), 1);
+}
+
+/// A clear on-demand MPD of `n` one-second segments with distinct bodies.
+fn put_clear_series(o: &FileOrigin, n: u32) {
+    o.put(
+        "series/manifest.mpd",
+        format!(
+            "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" \
+             type=\"static\" mediaPresentationDuration=\"PT{n}S\"><Period>\
+             <AdaptationSet id=\"1\" mimeType=\"video/mp4\">\
+             <SegmentTemplate timescale=\"1000\" duration=\"1000\" startNumber=\"1\" \
+             media=\"seg-$Number$.m4s\" initialization=\"init.mp4\"/>\
+             <Representation id=\"v\" bandwidth=\"1000\" codecs=\"avc1.4d400b\" width=\"160\" \
+             height=\"90\"/></AdaptationSet></Period></MPD>"
+        )
+        .as_bytes(),
+    );
+    for i in 1..=n {
+        o.put(
+            &format!("series/seg-{i}.m4s"),
+            format!("segment {i}").as_bytes(),
+        );
+    }
+}
+
+#[tokio::test]
+async fn prefetch_fetches_the_next_segments_once() {
+    let o = FileOrigin::start().await;
+    put_clear_series(&o, 8);
+    let s = Sluice::start(test_config()).await;
+    let playlist = text(&s.url(&format!(
+        "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000&h_x-test=yes",
+        enc(&o.url("series/manifest.mpd"))
+    )))
+    .await;
+    let segments: Vec<String> = uris(&playlist)
+        .into_iter()
+        .filter(|u| u.contains("segment.mp4"))
+        .collect();
+    assert_eq!(segments.len(), 8);
+    assert_eq!(bytes(&segments[0]).await, "segment 1");
+    let depth = 3; // media.prefetch_segments default
+    let fetched = |i: u32| o.hits(&format!("series/seg-{i}.m4s")).len();
+    for _ in 0..100 {
+        if (2..=depth + 1).all(|i| fetched(i) == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 2..=depth + 1 {
+        assert_eq!(fetched(i), 1, "segment {i} prefetched once");
+    }
+    assert_eq!(fetched(depth + 2), 0, "no further than the prefetch depth");
+    // Prefetch sent the player's headers.
+    for i in 1..=depth + 1 {
+        let hits = o.hits(&format!("series/seg-{i}.m4s"));
+        assert!(hits[0].headers.get("x-test").is_some_and(|v| v == "yes"));
+    }
+    for (i, url) in segments.iter().enumerate().skip(1).take(depth as usize) {
+        assert_eq!(bytes(url).await, format!("segment {}", i + 1));
+        assert_eq!(
+            fetched(i as u32 + 1),
+            1,
+            "segment {} served from the cache",
+            i + 1
+        );
+    }
+    let mut counts = HashMap::new();
+    for hit in o.log.lock().unwrap().iter() {
+        *counts.entry(hit.path.clone()).or_insert(0) += 1;
+    }
+    assert!(counts.values().all(|&c| c == 1), "{counts:?}");
+}
+
+// === errors ===
+
+#[tokio::test]
+async fn bad_mpd_and_upstream_errors() {
+    let o = FileOrigin::start().await;
+    o.put("bad.mpd", b"<html>not an mpd</html>");
+    let s = Sluice::start(test_config()).await;
+    let r = get(&s.url(&format!(
+        "/proxy/mpd/manifest.m3u8?d={}",
+        enc(&o.url("bad.mpd"))
+    )))
+    .await;
+    assert_eq!(r.status, 502);
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(body.contains("not an MPD"), "{body}");
+    let r = get(&s.url(&format!(
+        "/proxy/mpd/manifest.m3u8?d={}",
+        enc(&o.url("missing.mpd"))
+    )))
+    .await;
+    assert_eq!(r.status, 404);
+    let r = get(&s.url(&format!(
+        "/proxy/mpd/segment.mp4?segment_url={}&use_map=true",
+        enc(&o.url("missing.m4s"))
+    )))
+    .await;
+    assert_eq!(r.status, 404);
+    let r = get(&s.url("/proxy/mpd/segment.mp4?init_url=x")).await;
+    assert_eq!(r.status, 400);
+}
