@@ -779,3 +779,38 @@ async fn a_password_is_required() {
         200
     );
 }
+
+#[tokio::test]
+async fn segments_are_prefetched_and_served_once_from_the_cache() {
+    let origin = FileOrigin::start().await;
+    let s = with_config(|c| c.media.prefetch_segments = 2).await;
+    let playlist = text(&manifest_url(&s, &origin.url("/clear/index.m3u8"), "")).await;
+    let segments = uri_lines(&playlist);
+    assert!(segments.len() >= 4, "{playlist}");
+    let first = get(&segments[0]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.headers["content-type"], "video/mp2t");
+    assert_eq!(
+        sha256(&first.body.unwrap()),
+        sha256(&std::fs::read(fixtures().join("clear/seg0.ts")).unwrap())
+    );
+    // The next two segments are fetched ahead, once each, and the third is not.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while origin.seen("/clear/seg2.ts").is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(origin.seen("/clear/seg1.ts").len(), 1);
+    assert_eq!(origin.seen("/clear/seg2.ts").len(), 1);
+    assert!(origin.seen("/clear/seg3.ts").is_empty());
+    // The player's request for segment 1 is a cache hit: no second origin fetch.
+    let second = get(&segments[1]).await;
+    assert_eq!(
+        sha256(&second.body.unwrap()),
+        sha256(&std::fs::read(fixtures().join("clear/seg1.ts")).unwrap())
+    );
+    assert_eq!(origin.seen("/clear/seg1.ts").len(), 1);
+    // A Range request still goes straight through.
+    let r = request("GET", &segments[1], &[("range", "bytes=0-187")]).await;
+    assert_eq!(r.status, 206);
+    assert_eq!(origin.seen("/clear/seg1.ts").len(), 2);
+}

@@ -10,6 +10,7 @@ pub mod options;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;
 
@@ -48,7 +49,9 @@ pub async fn handle(
 }
 
 /// Segment, key and init bytes: the stream pipe with the Content-Type the extension promises
-/// (an `r_content-type` still wins).
+/// (an `r_content-type` still wins). A whole-segment GET of a playlist we rewrote goes through
+/// the prefetcher instead: served from the cache or a fetch in flight, and the next segments are
+/// fetched ahead with the same upstream headers.
 async fn segment(
     media: &Media,
     req: &Request<Incoming>,
@@ -57,7 +60,28 @@ async fn segment(
 ) -> Result<Response<Body>, ProxyError> {
     let params = stream::parse_params(ctx)?;
     let content_type = ext.map(|e| HeaderValue::from_static(segment_type(e)));
-    stream::pipe(&media.upstream, req, &params, content_type).await
+    let part = Part {
+        url: params.destination.clone(),
+        range: None,
+    };
+    let whole_get = req.method() == Method::GET && !req.headers().contains_key(header::RANGE);
+    if !whole_get || !media.prefetcher.knows(&part) {
+        return stream::pipe(&media.upstream, req, &params, content_type).await;
+    }
+    let upstream_headers = stream::fetch_request(&params)?.headers;
+    let bytes = media
+        .prefetcher
+        .get_or_fetch(&part, &upstream_headers)
+        .await?;
+    media.prefetcher.segment_fetched(&part, &upstream_headers);
+    let mut resp = Response::new(body::full(bytes.clone()));
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    if let Some(ct) = content_type {
+        headers.insert(header::CONTENT_TYPE, ct);
+    }
+    stream::apply_params(&params, headers)?;
+    Ok(resp)
 }
 
 async fn manifest(
@@ -177,7 +201,17 @@ fn rewrite(
     let links = media.links(ctx);
     let playlist = options::carried(&ctx.query, Child::Playlist, opts.key_proxy);
     let segment = options::carried(&ctx.query, Child::Segment, opts.key_proxy);
+    // Segments in playback order, for prefetch; byte-range playlists are left to the pipe, since
+    // their segments are slices the player asks for with Range.
+    let mut parts = Vec::new();
+    let collect = !text.contains("#EXT-X-BYTERANGE");
     let mut make_url = |target: Target, url: &url::Url| {
+        if collect && matches!(target, Target::Segment { .. }) {
+            parts.push(Part {
+                url: url.clone(),
+                range: None,
+            });
+        }
         let (ext, carried) = match target {
             Target::Playlist => (None, &playlist),
             Target::Key => (Some(SegmentExt::Ts), &segment),
@@ -191,7 +225,11 @@ fn rewrite(
             Some(ext) => links.url(&format!("/proxy/hls/segment.{}", ext.as_str()), &params),
         }
     };
-    rewriter::rewrite_playlist(text, base, &opts.rewrite, &mut make_url).map_err(|e| {
+    let rewritten = rewriter::rewrite_playlist(text, base, &opts.rewrite, &mut make_url);
+    if rewritten.is_ok() && !parts.is_empty() {
+        media.prefetcher.register_playlist(base.as_str(), parts);
+    }
+    rewritten.map_err(|e| {
         let mut err = ProxyError::new(
             Side::Upstream,
             StatusCode::BAD_GATEWAY,

@@ -109,6 +109,11 @@ impl Prefetcher {
         lists.by_key.insert(key.to_owned(), (tick, segments.into()));
     }
 
+    /// `true` when `part` is a segment of a playlist registered here (worth caching whole).
+    pub fn knows(&self, part: &Part) -> bool {
+        self.depth > 0 && self.lock().by_part.contains_key(part)
+    }
+
     /// The bytes of one segment: from the cache, from a fetch in flight, or fetched now (and cached).
     pub async fn get_or_fetch(
         &self,
