@@ -289,7 +289,7 @@ def render_s5(result, out_dir, charts_rel):
                    "history ring, `iptv.buffer_bytes` of payload held in 1536-byte receive slots "
                    "(~1.17 × buffer_bytes); `iptv.burst_bytes` only sets how much of it a new viewer "
                    "gets. A history shorter than a client's scheduling hiccups shows up as loss "
-                   "(lapped viewers are skipped ahead), as the small-buffer rows show at 400 Mb/s."]
+                   "(lapped viewers are skipped ahead), as the small-buffer rows show."]
     versions = sorted({r["version"] for r in result["rows"] if r.get("version")})
     if versions:
         md += ["", "Versions: " + "; ".join(versions) + "."]
