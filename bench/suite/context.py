@@ -88,6 +88,36 @@ class Context:
         self.files[name] = (path, size, digest)
         return self.files[name]
 
+    def hls_vod(self, segments, seconds_per_segment=2):
+        """A clear HLS VOD under files/hls-vod/ (testsrc 1280x720, 25 fps, ~1.5 Mbit/s H.264,
+        one keyframe per segment), encoded once by ffmpeg and reused. Returns
+        (origin path of the playlist, segment count, total segment bytes)."""
+        d = self._ensure(os.path.join(self.work, "files", "hls-vod"))
+        playlist = os.path.join(d, "index.m3u8")
+        marker = os.path.join(d, f".done-{segments}x{seconds_per_segment}")
+        if not os.path.exists(marker):
+            for name in os.listdir(d):
+                os.remove(os.path.join(d, name))
+            fps = 25
+            argv = ["ffmpeg", "-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi",
+                    "-i", f"testsrc=size=1280x720:rate={fps}",
+                    "-t", str(segments * seconds_per_segment), "-c:v", "libx264",
+                    "-preset", "ultrafast", "-threads", "1", "-b:v", "1500k", "-maxrate", "1500k",
+                    "-bufsize", "3000k", "-g", str(fps * seconds_per_segment),
+                    "-keyint_min", str(fps * seconds_per_segment), "-sc_threshold", "0",
+                    "-pix_fmt", "yuv420p", "-f", "hls", "-hls_time", str(seconds_per_segment),
+                    "-hls_list_size", "0", "-hls_playlist_type", "vod",
+                    "-hls_segment_filename", os.path.join(d, "seg%03d.ts"), playlist]
+            self.note(argv)
+            r = procs.run(argv, timeout=1800)
+            if r.returncode != 0:
+                raise RuntimeError(f"ffmpeg failed: {r.stderr.strip()[-300:]}")
+            open(marker, "w").close()
+        with open(playlist) as f:
+            names = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        total = sum(os.path.getsize(os.path.join(d, n)) for n in names)
+        return "/hls-vod/index.m3u8", len(names), total
+
     @property
     def files_dir(self):
         return os.path.join(self.work, "files")

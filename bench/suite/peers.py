@@ -133,6 +133,7 @@ events {{ worker_connections 8192; use epoll; }}
 http {{
     access_log off;
     default_type application/octet-stream;
+    types {{ application/vnd.apple.mpegurl m3u8; video/mp2t ts; }}
     sendfile on;
     tcp_nopush on;
     tcp_nodelay on;
@@ -258,15 +259,17 @@ def start_mediaflow(ctx, password, cpus):
     return Peer("MediaFlow", p, port, f"mediaflow-proxy {MEDIAFLOW_VERSION}, uvicorn 2 workers")
 
 
-def start_sluice(ctx, password, cpus):
+def start_sluice(ctx, password, cpus, extra_args=(), env=None):
+    """sluice on a free loopback port; `extra_args` and `env` (SLUICE_* overrides) are added."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice")
     port = procs.free_port()
     argv = [ctx.sluice_bin, "serve", "--listen", f"127.0.0.1:{port}", "--api-password", password,
-            "--allow-private-upstreams"]
-    ctx.note(argv)
-    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
+            "--allow-private-upstreams", *extra_args]
+    ctx.note(argv, env)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus,
+                    env={"RUST_LOG": "warn", **(env or {})})
     procs.wait_tcp(port, p)
     return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
 

@@ -199,6 +199,178 @@ def render_s3(result, out_dir, charts_rel):
                       table(S3_HEAD, rows)])
 
 
+# === S5 ===
+
+S5_HEAD = ["case", "gateway", "gateway CPU %", "machine CPU % (softirq)", "idle USS MB",
+           "peak RSS MB", "peak USS MB", "Mbit/s per client (min)", "delivered / sent after cut, MB", "lost",
+           "sender Mbit/s per group"]
+
+
+def _s5_delivery(row):
+    """Sums over clients: bytes delivered from the cut to the end, bytes the sender sent from
+    each client's cut position on, and losses (gaps, damaged or repeated packets, errors)."""
+    recv, sender = row.get("recv") or {}, row.get("sender") or {}
+    groups = sender.get("groups") or []
+    delivered = sent = 0
+    lost = 0
+    for c in recv.get("clients", []):
+        g = groups[c["group"]] if c["group"] < len(groups) else None
+        if c.get("error") or g is None or c.get("ts_at_cut") is None:
+            lost += 1
+            continue
+        delivered += c["bytes_after_cut"]
+        sent += (g["ts_packets"] - c["ts_at_cut"]) * 188
+        lost += c["lost_ts"] + c["corrupt_ts"] + c["behind_ts"]
+    return delivered, sent, lost
+
+
+def _s5_rows(result):
+    rows = []
+    for row in result["rows"]:
+        head = [row["case"], row["gateway"]]
+        if row.get("status") != "ok":
+            rows.append(head + [DASH] * 8 + [row.get("status", "")])
+            continue
+        sender = row.get("sender") or {}
+        rate = _f(sender.get("achieved_mbit_per_s")) if "failed" not in sender else sender["failed"]
+        if "recv" not in row:
+            u = row.get("usage") or {}
+            wall = u.get("wall_s") or 0
+            sys_pct = f"{_f(100 * u['sys_busy_s'] / wall, 0)} ({_f(100 * u['sys_softirq_s'] / wall, 0)})" if wall else DASH
+            rows.append(head + [f"sender {_f(u.get('cpu_pct'), 0)}", sys_pct] + [DASH] * 6 + [rate])
+            continue
+        recv = row["recv"]
+        if "failed" in recv:
+            rows.append(head + [DASH] * 8 + [recv["failed"]])
+            continue
+        u = recv.get("usage") or {}
+        wall = u.get("wall_s") or 0
+        sys_pct = (f"{_f(100 * u['sys_busy_s'] / wall, 0)} ({_f(100 * u['sys_softirq_s'] / wall, 0)})"
+                   if wall else DASH)
+        rates = [c["window_mbit_per_s"] for c in recv.get("clients", [])]
+        delivered, sent, lost = _s5_delivery(row)
+        uss = u.get("peak_uss_mb")
+        goal = "" if uss is None else (" ✔" if uss <= result["params"]["uss_goal_mb"] else " ✘")
+        idle = row.get("idle") or {}
+        rows.append(head + [_f(u.get("cpu_pct"), 1), sys_pct, _f(idle.get("peak_uss_mb")),
+                            _f(u.get("peak_rss_mb")),
+                            _f(uss) + goal, _f(min(rates) if rates else None),
+                            f"{delivered / 1e6:,.1f} / {sent / 1e6:,.1f}",
+                            "0" if lost == 0 and delivered == sent else f"{lost} pkts, {(sent - delivered) / 1e6:,.2f} MB",
+                            rate])
+    return rows
+
+
+def render_s5(result, out_dir, charts_rel):
+    p = result["params"]
+    md = [f"A native sender (`sluice-loadgen mcast-send`, `sendmmsg`, 1 ms pacing "
+          f"tick) multicasts RTP datagrams of 7 × 188-byte TS packets to every group on port "
+          f"{p['port']}, bound to 127.0.0.1 and pinned to `lo` (`SO_BINDTODEVICE`, "
+          f"`IP_MULTICAST_IF` by index, TTL 1, loop on); sluice runs with "
+          f"`--multicast-interface lo`. Each TS packet carries its index and seeded bytes, so "
+          f"every client (`sluice-loadgen iptv-recv`) checks every delivered byte, in order. "
+          f"{p['warmup_secs']:g} s warm-up, then a {p['secs']:g} s timed window in which the "
+          f"gateway's process tree is sampled; then the clients read on until the stream goes "
+          f"quiet after the sender stops. *Delivered / sent after cut*: bytes each client got from "
+          f"the window's start to the end of its stream, against what the sender sent from that "
+          f"client's position on (equal = nothing lost, nothing stuck). *Machine CPU %* is "
+          f"/proc/stat over the window (100 = one core; sender, clients and softirq included); "
+          f"compare it with the *sender only* baseline. Goal: USS ≤ {p['uss_goal_mb']:g} MiB "
+          f"(✔/✘), and less CPU and memory than rtp2httpd's and msd_lite's published figures "
+          f"below.", "", table(S5_HEAD, _s5_rows(result))]
+    md += ["", "*Idle USS* is the same sluice process before its first channel. When the sender-only "
+               "baseline itself shows about 200 % machine CPU, other work was saturating both cores "
+               "during the run and that column says nothing about the gateway."]
+    goal = _s5_goal(result)
+    if goal:
+        md += ["", "**Goal check** (sluice as shipped, against the published figures; different "
+                   "machines and methods, so a rough comparison): " + "; ".join(goal) + ". "
+                   "What drives USS: about 5 MB for the idle process, plus per joined channel its "
+                   "history ring, `iptv.buffer_bytes` of payload held in 1536-byte receive slots "
+                   "(~1.17 × buffer_bytes); `iptv.burst_bytes` only sets how much of it a new viewer "
+                   "gets. A history shorter than a client's scheduling hiccups shows up as loss "
+                   "(lapped viewers are skipped ahead), as the small-buffer rows show."]
+    versions = sorted({r["version"] for r in result["rows"] if r.get("version")})
+    if versions:
+        md += ["", "Versions: " + "; ".join(versions) + "."]
+    md += ["", _published(result)]
+    return "\n".join(md)
+
+
+def _s5_goal(result):
+    """One phrase per case: sluice's default row against rtp2httpd's and msd_lite's figures."""
+    out = []
+    published = result.get("published") or []
+    cases = [r for r in result["rows"] if "defaults" in r["gateway"] and r.get("status") == "ok"]
+    for i, row in enumerate(cases):
+        u = ((row.get("recv") or {}).get("usage")) or {}
+        if i >= len(published) or "cpu_pct" not in u:
+            continue
+        (r_cpu, r_uss), (m_cpu, m_uss) = ([float(x) for x in published[i][k].split("/")]
+                                          for k in (1, 2))
+        cpu, uss = u["cpu_pct"], u["peak_uss_mb"]
+        delivered, sent, lost = _s5_delivery(row)
+        verdict = lambda ok: "less" if ok else "more"  # noqa: E731
+        out.append(f"{row['case']}: CPU {cpu:.1f} % ({verdict(cpu < min(r_cpu, m_cpu))} than "
+                   f"{r_cpu:g} / {m_cpu:g}), USS {uss:.1f} MB ({verdict(uss < min(r_uss, m_uss))} "
+                   f"than {r_uss:g} / {m_uss:g}; ≤ {result['params']['uss_goal_mb']:g} MiB "
+                   f"{'met' if uss <= result['params']['uss_goal_mb'] else 'not met'}), "
+                   f"{'no loss' if lost == 0 and delivered == sent else 'LOSS'}")
+    return out
+
+
+def _published(result):
+    return "\n".join([
+        "Published reference figures (rtp2httpd's own benchmark: Ubuntu 24.04 aarch64 VM on an "
+        "Apple M3 Max, 10 s runs, `top` samples, USS from smaps_rollup). **Published, not measured "
+        "here**; their harness charges loopback softirq to the sender and does not check delivery. "
+        "CPU % (100 = one core) / USS MB:", "",
+        table(["case", "rtp2httpd", "msd_lite", "udpxy", "tvgate"], result["published"])])
+
+
+# === S6: HLS end to end ===
+
+HLS_HEAD = ["c", "proxy", "segments/s", "MB/s", "p50 segment ms", "p90 segment ms",
+            "manifest p90 ms", "CPU %", "peak RSS MB", "peak USS MB", "errors"]
+
+
+def _render_hls(h):
+    if h.get("error"):
+        return f"HLS end to end: could not run ({h['error']})."
+    rows = []
+    for row in h.get("rows", []):
+        rep = row.get("report") or {}
+        if row.get("status") != "ok" or "failed" in rep:
+            rows.append([DASH, row["peer"]] + [DASH] * 8 + [rep.get("failed") or row.get("status", "")])
+            continue
+        for lvl in rep.get("levels", []):
+            u = lvl.get("usage") or {}
+            errs = str(lvl["errors"])
+            if lvl["error_kinds"]:
+                errs += " (" + ", ".join(f"{k} {v}" for k, v in lvl["error_kinds"].items()) + ")"
+            want = lvl["players_ok"] * h["segment_bytes"]
+            if lvl["errors"] == 0 and lvl["bytes"] != want:
+                errs += f"; bytes {lvl['bytes']:,} ≠ {want:,}"
+            rows.append([lvl["c"], row["peer"], _f(lvl["segments_per_s"], 0),
+                         _f(lvl["throughput_mb_s"], 0), _f(lvl["segment_latency"]["p50_ms"]),
+                         _f(lvl["segment_latency"]["p90_ms"]), _f(lvl["manifest_latency"]["p90_ms"]),
+                         _f(u.get("cpu_pct"), 0), _f(u.get("peak_rss_mb")), _f(u.get("peak_uss_mb")),
+                         errs])
+    rows.sort(key=lambda r: (r[0] if isinstance(r[0], int) else 0))
+    versions = [f"{r['peer']}: {r['version']}" for r in h.get("rows", []) if r.get("version")]
+    return "\n".join([
+        f"**HLS end to end.** A clear HLS VOD made by ffmpeg ({h['segments']} × 2 s segments of "
+        f"`testsrc` 1280x720, H.264 ~1.5 Mbit/s, {h['segment_bytes'] / 1e6:,.1f} MB in all), served "
+        f"by the origin nginx. Each of c players (`sluice-loadgen hls`), released together, fetches "
+        f"`/proxy/hls/manifest.m3u8?d=<origin playlist>&api_password=…` through the proxy, then "
+        f"every segment URL of the playlist it received, in order, as fast as it can, on one "
+        f"keep-alive connection. Segments/s and MB/s over the level's wall time (release to the "
+        f"last player's last byte); every player must get all {h['segments']} segments with status "
+        f"200 and the exact total byte count. CPU and memory: the proxy's process tree over the "
+        f"level.", "", table(HLS_HEAD, rows)] +
+        (["", "Versions: " + "; ".join(versions) + "."] if versions else []))
+
+
 # === pending scenarios ===
 
 def render_pending(result, out_dir, charts_rel):
@@ -211,11 +383,9 @@ def render_pending(result, out_dir, charts_rel):
     else:
         md = [f"*{result['note']}.*"]
     if result.get("published"):
-        md += ["", "Published reference figures (rtp2httpd's own benchmark: Ubuntu 24.04 aarch64 VM "
-                   "on an Apple M3 Max, 10 s runs, `top` samples, USS from smaps_rollup). "
-                   "**Published, not measured here**; their harness charges loopback softirq to the "
-                   "sender and does not check delivery. CPU % (100 = one core) / USS MB:", "",
-               table(["case", "rtp2httpd", "msd_lite", "udpxy", "tvgate"], result["published"])]
+        md += ["", _published(result)]
+    if result.get("hls"):
+        md += ["", _render_hls(result["hls"])]
     o = result.get("openssl")
     if o and "line" in o:
         md += ["", f"Measured now: `openssl speed -evp aes-128-ctr` ({o['version']}), bytes/s in "
@@ -225,7 +395,7 @@ def render_pending(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
-RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3, "S6": render_pending}
+RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3, "S5": render_s5, "S6": render_pending}
 
 
 def render_section(result, out_dir, charts_rel):

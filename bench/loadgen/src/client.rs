@@ -15,9 +15,9 @@ use tokio::net::TcpStream;
 /// else.
 #[derive(Debug)]
 pub struct Target {
-    addr: SocketAddr,
-    host: String,
-    path_and_query: String,
+    pub(crate) addr: SocketAddr,
+    pub(crate) host: String,
+    pub(crate) path_and_query: String,
 }
 
 impl Target {

@@ -6,12 +6,20 @@
 //! - `duration`: closed-loop requests/s over c connections for T seconds
 //! - `procstat`: CPU time and memory of a process tree over a window
 //! - `stats`: latency percentiles
+//! - `tsgen`: the seeded RTP/MPEG-TS stream, and its byte-exact verifier
+//! - `mcast`: paced multicast sender, loopback interfaces only
+//! - `iptv`: HTTP clients on an IPTV gateway, verifying every delivered byte
+//! - `hls`: players that fetch a playlist through a proxy, then every segment in order
 
 mod batch;
 mod client;
 mod duration;
+mod hls;
+mod iptv;
+mod mcast;
 mod procstat;
 mod stats;
+mod tsgen;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -36,6 +44,81 @@ enum Cmd {
     Duration(DurationArgs),
     /// Sample a process tree's CPU and memory for a fixed time.
     Sample(SampleArgs),
+    /// Send paced RTP/MPEG-TS to multicast groups on a loopback interface.
+    McastSend(McastSendArgs),
+    /// N HTTP clients on an IPTV gateway's channel URLs, every byte verified.
+    IptvRecv(IptvRecvArgs),
+    /// N players: a playlist through a proxy, then every segment in order.
+    Hls(HlsArgs),
+}
+
+#[derive(Args)]
+struct McastSendArgs {
+    /// Multicast groups, comma separated; group index = position.
+    #[arg(long, value_delimiter = ',', required = true)]
+    groups: Vec<std::net::Ipv4Addr>,
+    #[arg(long, default_value_t = 4056)]
+    port: u16,
+    /// Loopback interface to send on (anything else is refused).
+    #[arg(long, default_value = "lo")]
+    interface: String,
+    /// Rate per group in Mbit/s of RTP datagrams.
+    #[arg(long, default_value_t = 40.0)]
+    mbps: f64,
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct IptvRecvArgs {
+    /// Channel URLs, one per sender group in the sender's order; must be on loopback.
+    #[arg(long, value_delimiter = ',', required = true)]
+    urls: Vec<String>,
+    /// Clients, spread over the URLs round-robin.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value_t = 2.0)]
+    warmup_secs: f64,
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 1.5)]
+    idle_end_secs: f64,
+    #[arg(long, default_value_t = 15.0)]
+    max_drain_secs: f64,
+    #[arg(long)]
+    pid: Option<u32>,
+    #[arg(long, default_value_t = 100)]
+    sample_ms: u64,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct HlsArgs {
+    /// The proxied playlist URL; must be http:// on loopback.
+    #[arg(long)]
+    url: String,
+    /// Concurrency levels, comma separated: players at once.
+    #[arg(long, value_delimiter = ',', default_value = "10")]
+    levels: Vec<usize>,
+    /// Segments every player must get (the playlist must list exactly this many).
+    #[arg(long)]
+    expect_segments: usize,
+    #[arg(long, default_value_t = 30.0)]
+    timeout_secs: f64,
+    /// Time budget per level.
+    #[arg(long, default_value_t = 120.0)]
+    max_secs: f64,
+    #[arg(long)]
+    pid: Option<u32>,
+    #[arg(long, default_value_t = 50)]
+    sample_ms: u64,
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Args)]
@@ -183,6 +266,49 @@ fn main() -> Result<()> {
             let bg = procstat::Background::run(sampler, Duration::from_millis(a.sample_ms.max(1)));
             std::thread::sleep(secs(a.secs));
             serde_json::to_string_pretty(&bg.stop()).context("encode usage")?
+        }
+        Cmd::McastSend(a) => {
+            let report = mcast::run(mcast::Config {
+                groups: a.groups,
+                port: a.port,
+                interface: a.interface,
+                mbit_per_s: a.mbps,
+                secs: secs(a.secs),
+                seed: a.seed,
+            })?;
+            serde_json::to_string_pretty(&report)?
+        }
+        Cmd::IptvRecv(a) => {
+            for u in &a.urls {
+                client::Target::parse(u)?;
+            }
+            let cfg = iptv::Config {
+                urls: a.urls,
+                clients: a.clients.max(1),
+                seed: a.seed,
+                warmup: secs(a.warmup_secs),
+                secs: secs(a.secs),
+                idle_end: secs(a.idle_end_secs),
+                max_drain: secs(a.max_drain_secs),
+                pid: a.pid,
+                sample_interval: Duration::from_millis(a.sample_ms.max(1)),
+            };
+            let report = runtime(a.threads)?.block_on(iptv::run(cfg));
+            serde_json::to_string_pretty(&report)?
+        }
+        Cmd::Hls(a) => {
+            client::Target::parse(&a.url)?;
+            let cfg = hls::Config {
+                url: a.url,
+                levels: a.levels,
+                expect_segments: a.expect_segments,
+                timeout: secs(a.timeout_secs),
+                max_secs: secs(a.max_secs),
+                pid: a.pid,
+                sample_interval: Duration::from_millis(a.sample_ms.max(1)),
+            };
+            let report = runtime(a.threads)?.block_on(hls::run(cfg));
+            serde_json::to_string_pretty(&report)?
         }
     };
     println!("{json}");
