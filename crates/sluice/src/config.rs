@@ -152,11 +152,11 @@ pub struct MediaConfig {
     /// Seconds a live MPD stays cached when it names no `minimumUpdatePeriod`; with one, the
     /// shorter of the two.
     pub live_mpd_ttl_secs: u64,
-    /// Newest segments a live media playlist lists (more when `start_offset` reaches further back).
-    pub live_playlist_depth: usize,
-    /// `#EXT-X-START` offset in seconds for live playlists without `start_offset` (behind the edge,
-    /// which gives prefetching room).
-    pub live_start_offset_secs: i64,
+    /// Newest segments a live DASH media playlist lists (more when `start_offset` reaches further back).
+    pub mpd_live_playlist_depth: usize,
+    /// `#EXT-X-START` offset in seconds for live DASH playlists without `start_offset` (behind the
+    /// edge, which gives prefetching room); 0 leaves it out.
+    pub mpd_live_start_offset_secs: i64,
     /// Largest MPD accepted, in bytes.
     pub max_mpd_bytes: usize,
     /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
@@ -173,8 +173,8 @@ impl Default for MediaConfig {
             init_ttl_secs: 3600,
             mpd_ttl_secs: 60,
             live_mpd_ttl_secs: 3,
-            live_playlist_depth: 15,
-            live_start_offset_secs: -18,
+            mpd_live_playlist_depth: 15,
+            mpd_live_start_offset_secs: -18,
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
         }
