@@ -163,8 +163,8 @@ pub struct MediaConfig {
     /// Seconds a live MPD stays cached when it names no `minimumUpdatePeriod`; with one, the
     /// shorter of the two.
     pub live_mpd_ttl_secs: u64,
-    /// Newest segments a live media playlist lists (more when `start_offset` reaches further back).
-    pub live_playlist_depth: usize,
+    /// Newest segments a live DASH media playlist lists (more when `start_offset` reaches further back).
+    pub mpd_live_playlist_depth: usize,
     /// Largest MPD accepted, in bytes.
     pub max_mpd_bytes: usize,
     /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
@@ -185,7 +185,7 @@ impl Default for MediaConfig {
             init_ttl_secs: 3600,
             mpd_ttl_secs: 60,
             live_mpd_ttl_secs: 3,
-            live_playlist_depth: 15,
+            mpd_live_playlist_depth: 15,
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
         }

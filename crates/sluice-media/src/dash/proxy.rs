@@ -283,7 +283,7 @@ pub fn parse_skip(query: &Query) -> Result<Vec<(f64, f64)>, RequestError> {
 }
 
 /// `start_offset` in seconds; live playlists default to `live_default` (MediaFlow uses -18 s so
-/// players start behind the edge and prefetching has room).
+/// players start behind the edge and prefetching has room), 0 meaning none.
 pub fn start_offset(
     query: &Query,
     live: bool,
@@ -300,7 +300,7 @@ pub fn start_offset(
                 name: "start_offset",
                 why: format!("{:?} is not a number of seconds", super::shorten(raw)),
             }),
-        None => Ok(live.then_some(live_default)),
+        None => Ok((live && live_default != 0.0).then_some(live_default)),
     }
 }
 

@@ -57,7 +57,7 @@ impl Settings {
             init_ttl: Duration::from_secs(c.init_ttl_secs),
             mpd_ttl: Duration::from_secs(c.mpd_ttl_secs),
             live_mpd_ttl: Duration::from_secs(c.live_mpd_ttl_secs),
-            live_depth: c.live_playlist_depth,
+            live_depth: c.mpd_live_playlist_depth,
             live_start_offset: c.live_start_offset,
             max_mpd_bytes: c.max_mpd_bytes,
             max_segment_bytes: c.max_segment_bytes,
