@@ -81,6 +81,11 @@ impl SegmentExt {
     pub fn from_url(url: &Url) -> Option<SegmentExt> {
         let file = url.path().rsplit('/').next()?;
         let (_, ext) = file.rsplit_once('.')?;
+        Self::parse(ext)
+    }
+
+    /// One of our extensions, without the dot (case-insensitive).
+    pub fn parse(ext: &str) -> Option<SegmentExt> {
         [
             SegmentExt::Ts,
             SegmentExt::M4s,

@@ -36,7 +36,7 @@ pub async fn handle(
         "manifest.m3u8" => manifest(media, req, ctx, false).await,
         "key_proxy/manifest.m3u8" => manifest(media, req, ctx, true).await,
         "segment" => segment(media, req, ctx, None).await,
-        _ => match rest.strip_prefix("segment.").and_then(segment_ext) {
+        _ => match rest.strip_prefix("segment.").and_then(SegmentExt::parse) {
             Some(ext) => segment(media, req, ctx, Some(ext)).await,
             None => Err(ProxyError::downstream(
                 StatusCode::NOT_FOUND,
@@ -280,18 +280,6 @@ fn says_playlist(headers: &HeaderMap) -> bool {
     content_type(headers).contains("mpegurl")
 }
 
-fn segment_ext(name: &str) -> Option<SegmentExt> {
-    [
-        SegmentExt::Ts,
-        SegmentExt::M4s,
-        SegmentExt::Mp4,
-        SegmentExt::M4a,
-        SegmentExt::M4v,
-        SegmentExt::Aac,
-    ]
-    .into_iter()
-    .find(|e| e.as_str() == name)
-}
 
 fn segment_type(ext: SegmentExt) -> &'static str {
     match ext {
