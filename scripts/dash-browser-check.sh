@@ -115,7 +115,8 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         super().do_GET()
 handler = functools.partial(Handler, directory=sys.argv[2])
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
-PYpids+=($!)
+PY
+pids+=($!)
 "$root/target/debug/sluice" serve --listen "127.0.0.1:$sluice_port" --allow-private-upstreams \
     >"$work/sluice.log" 2>&1 &
 pids+=($!)
