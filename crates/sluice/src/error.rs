@@ -114,6 +114,24 @@ impl ProxyError {
         }
     }
 
+    /// An upstream answered without success where the proxy needs the body: a 4xx/5xx status is
+    /// passed on (players react to 403 or 404), anything else becomes 502.
+    pub fn upstream_status(status: StatusCode, host: &str, what: &str) -> Self {
+        let mapped = if status.is_client_error() || status.is_server_error() {
+            status
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
+        let mut e = Self::new(
+            Side::Upstream,
+            mapped,
+            "upstream_status",
+            format!("upstream {host} answered {status} for {what}"),
+        );
+        e.upstream = Some(host.to_string());
+        e
+    }
+
     /// The JSON error response.
     pub fn into_response(self) -> Response<Body> {
         let mut json = serde_json::json!({

@@ -220,22 +220,7 @@ pub async fn fetch_part(
         .await
         .map_err(|e| ProxyError::from_upstream(&e))?;
     if !resp.status.is_success() {
-        let status = if resp.status.is_client_error() || resp.status.is_server_error() {
-            resp.status
-        } else {
-            StatusCode::BAD_GATEWAY
-        };
-        let mut e = ProxyError::new(
-            Side::Upstream,
-            status,
-            "upstream_status",
-            format!(
-                "upstream {host} answered {} for a media object",
-                resp.status
-            ),
-        );
-        e.upstream = Some(host);
-        return Err(e);
+        return Err(ProxyError::upstream_status(resp.status, &host, "a media object"));
     }
     let partial = resp.status == StatusCode::PARTIAL_CONTENT;
     let body = resp.body.collect_limited(limit).await.map_err(|e| {

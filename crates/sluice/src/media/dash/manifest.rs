@@ -179,19 +179,7 @@ async fn fetch_text(
         .map_err(|e| ProxyError::from_upstream(&e))?;
     let host = part.url.host_str().unwrap_or("").to_owned();
     if !resp.status.is_success() {
-        let status = if resp.status.is_client_error() || resp.status.is_server_error() {
-            resp.status
-        } else {
-            StatusCode::BAD_GATEWAY
-        };
-        let mut e = ProxyError::new(
-            Side::Upstream,
-            status,
-            "upstream_status",
-            format!("upstream {host} answered {} for the MPD", resp.status),
-        );
-        e.upstream = Some(host);
-        return Err(e);
+        return Err(ProxyError::upstream_status(resp.status, &host, "the MPD"));
     }
     let final_url = resp.final_url.clone();
     let text = resp.body.collect_limited(limit).await.map_err(|e| {
