@@ -280,7 +280,6 @@ fn says_playlist(headers: &HeaderMap) -> bool {
     content_type(headers).contains("mpegurl")
 }
 
-
 fn segment_type(ext: SegmentExt) -> &'static str {
     match ext {
         SegmentExt::Ts => "video/mp2t",

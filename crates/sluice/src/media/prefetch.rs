@@ -220,7 +220,11 @@ pub async fn fetch_part(
         .await
         .map_err(|e| ProxyError::from_upstream(&e))?;
     if !resp.status.is_success() {
-        return Err(ProxyError::upstream_status(resp.status, &host, "a media object"));
+        return Err(ProxyError::upstream_status(
+            resp.status,
+            &host,
+            "a media object",
+        ));
     }
     let partial = resp.status == StatusCode::PARTIAL_CONTENT;
     let body = resp.body.collect_limited(limit).await.map_err(|e| {
