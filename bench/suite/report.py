@@ -334,9 +334,7 @@ HLS_HEAD = ["c", "proxy", "segments/s", "MB/s", "p50 segment ms", "p90 segment m
             "manifest p90 ms", "CPU %", "peak RSS MB", "peak USS MB", "errors"]
 
 
-def _render_hls(h):
-    if h.get("error"):
-        return f"HLS end to end: could not run ({h['error']})."
+def _hls_rows(h, exact_bytes):
     rows = []
     for row in h.get("rows", []):
         rep = row.get("report") or {}
@@ -348,8 +346,8 @@ def _render_hls(h):
             errs = str(lvl["errors"])
             if lvl["error_kinds"]:
                 errs += " (" + ", ".join(f"{k} {v}" for k, v in lvl["error_kinds"].items()) + ")"
-            want = lvl["players_ok"] * h["segment_bytes"]
-            if lvl["errors"] == 0 and lvl["bytes"] != want:
+            want = lvl["players_ok"] * h["segment_bytes"] if exact_bytes else None
+            if want is not None and lvl["errors"] == 0 and lvl["bytes"] != want:
                 errs += f"; bytes {lvl['bytes']:,} ≠ {want:,}"
             rows.append([lvl["c"], row["peer"], _f(lvl["segments_per_s"], 0),
                          _f(lvl["throughput_mb_s"], 0), _f(lvl["segment_latency"]["p50_ms"]),
@@ -357,7 +355,17 @@ def _render_hls(h):
                          _f(u.get("cpu_pct"), 0), _f(u.get("peak_rss_mb")), _f(u.get("peak_uss_mb")),
                          errs])
     rows.sort(key=lambda r: (r[0] if isinstance(r[0], int) else 0))
+    return rows
+
+
+def _versions(h):
     versions = [f"{r['peer']}: {r['version']}" for r in h.get("rows", []) if r.get("version")]
+    return ["", "Versions: " + "; ".join(versions) + "."] if versions else []
+
+
+def _render_hls(h):
+    if h.get("error"):
+        return f"HLS end to end: could not run ({h['error']})."
     return "\n".join([
         f"**HLS end to end.** A clear HLS VOD made by ffmpeg ({h['segments']} × 2 s segments of "
         f"`testsrc` 1280x720, H.264 ~1.5 Mbit/s, {h['segment_bytes'] / 1e6:,.1f} MB in all), served "
@@ -367,8 +375,38 @@ def _render_hls(h):
         f"keep-alive connection. Segments/s and MB/s over the level's wall time (release to the "
         f"last player's last byte); every player must get all {h['segments']} segments with status "
         f"200 and the exact total byte count. CPU and memory: the proxy's process tree over the "
-        f"level.", "", table(HLS_HEAD, rows)] +
-        (["", "Versions: " + "; ".join(versions) + "."] if versions else []))
+        f"level.", "", table(HLS_HEAD, _hls_rows(h, True))] + _versions(h))
+
+
+def _render_dash(h):
+    if h.get("error"):
+        return f"DASH to HLS end to end: could not run ({h['error']})."
+    t = h.get("tracks", {})
+    checks = []
+    for row in h.get("rows", []):
+        dc = row.get("decode")
+        if not dc:
+            continue
+        if dc.get("ok"):
+            checks.append(f"{row['peer']}: {dc['frames']} frames decoded cleanly")
+        else:
+            checks.append(f"{row['peer']}: **failed** ({dc.get('why') or 'no frames'})")
+    return "\n".join([
+        f"**DASH (ClearKey) to HLS end to end.** The same `testsrc` 1280x720 H.264 (~1.5 Mbit/s) "
+        f"plus mono AAC, packaged by Shaka Packager as a `cenc` DASH VOD with one key for both "
+        f"tracks ({t.get('video', '?')} video and {t.get('audio', '?')} audio segments of 2 s), "
+        f"served by the origin nginx. Each of c players, released together, fetches "
+        f"`/proxy/mpd/manifest.m3u8?d=<origin MPD>&key_id=…&key=…&api_password=…`, follows the "
+        f"master playlist to its highest-bandwidth variant and that variant's audio rendition, "
+        f"then fetches both tracks' init sections (`EXT-X-MAP`, when listed) and all "
+        f"{h['segments']} segments, video and audio interleaved, in order, on one keep-alive "
+        f"connection; the proxy fetches each segment from the origin and decrypts it on the fly. "
+        f"Every segment must be 200 and non-empty; each player's init sections and first segment "
+        f"of each track must parse as fragmented MP4 with no encryption left (no `encv`/`enca`/"
+        f"`sinf` in the init, no `senc` in a track fragment). Manifest latency covers the master "
+        f"and both media playlists. Before the load, the first video segment through each proxy "
+        f"(with its init section) is decoded by ffmpeg: " + ("; ".join(checks) or "not run") + ".",
+        "", table(HLS_HEAD, _hls_rows(h, False))] + _versions(h))
 
 
 # === pending scenarios ===
@@ -386,6 +424,8 @@ def render_pending(result, out_dir, charts_rel):
         md += ["", _published(result)]
     if result.get("hls"):
         md += ["", _render_hls(result["hls"])]
+    if result.get("dash"):
+        md += ["", _render_dash(result["dash"])]
     o = result.get("openssl")
     if o and "line" in o:
         md += ["", f"Measured now: `openssl speed -evp aes-128-ctr` ({o['version']}), bytes/s in "

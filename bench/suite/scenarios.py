@@ -5,6 +5,7 @@ import os
 import subprocess
 import time
 import urllib.parse
+import urllib.request
 
 from . import peers, procs
 from .context import MiB
@@ -374,7 +375,8 @@ def s6(ctx):
         r["criterion"] = _criterion(ctx)
         r["status"] = "measured"
     r["hls"] = _s6_hls(ctx)
-    if r["hls"].get("rows"):
+    r["dash"] = _s6_dash(ctx)
+    if r["hls"].get("rows") or r["dash"].get("rows"):
         r["status"] = "measured"
     return r
 
@@ -418,6 +420,94 @@ def _s6_hls(ctx):
     finally:
         origin.stop()
     return out
+
+
+DASH_SEGMENTS = 60
+
+
+def _s6_dash(ctx):
+    """DASH to HLS end to end: c players each fetch `/proxy/mpd/manifest.m3u8` for a ClearKey
+    DASH VOD, follow the master to the video variant and its audio rendition, then fetch both
+    tracks' init sections and segments in order; the proxy decrypts every segment on the fly."""
+    levels = [10] if ctx.quick else [10, 30, 50]
+    try:
+        path, counts, kid, key = ctx.dash_vod(DASH_SEGMENTS)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+    expect = sum(counts.values())
+    out = {"levels": levels, "segments": expect, "tracks": counts, "rows": []}
+    origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    try:
+        for name in S6_HLS_PEERS:
+            row = {"peer": name}
+            out["rows"].append(row)
+            try:
+                p = (peers.start_sluice(ctx, PASSWORD, ctx.proxy_cpus) if name == "sluice"
+                     else peers.start_mediaflow(ctx, PASSWORD, ctx.proxy_cpus))
+            except (peers.Unavailable, RuntimeError) as e:
+                row["status"] = str(e)
+                continue
+            try:
+                row["version"] = p.version
+                d = urllib.parse.quote(f"http://127.0.0.1:{origin.port}{path}", safe="")
+                url = (f"http://127.0.0.1:{p.port}/proxy/mpd/manifest.m3u8?d={d}"
+                       f"&key_id={kid}&key={key}&api_password={PASSWORD}")
+                row["decode"] = _decode_check(ctx, url)
+                row["report"] = ctx.loadgen(
+                    ["hls", "--url", url, "--levels", ",".join(map(str, levels)),
+                     "--expect-segments", str(expect), "--check-fmp4", "--timeout-secs", "30",
+                     "--max-secs", "300", "--pid", str(p.pid)],
+                    timeout=300 * len(levels) + 60)
+                row["status"] = "ok"
+            finally:
+                p.stop()
+    finally:
+        origin.stop()
+    return out
+
+
+def _get(url, timeout=30):
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"not a loopback URL: {url}")
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def _decode_check(ctx, url):
+    """Before the load: one player's worth of the video track (master, best variant, its init
+    section and first segment) through the proxy, decoded by ffmpeg. A segment left encrypted,
+    or decrypted with the wrong bytes, fails to decode cleanly."""
+    try:
+        master = _get(url).decode("utf-8", "replace")
+        lines = [ln.strip() for ln in master.splitlines()]
+        best, uri = -1, None
+        for i, ln in enumerate(lines):
+            if ln.startswith("#EXT-X-STREAM-INF:") and i + 1 < len(lines):
+                bw = int((ln.split("BANDWIDTH=", 1) + ["0"])[1].split(",", 1)[0] or 0)
+                if bw > best:
+                    best, uri = bw, lines[i + 1]
+        if uri is None:
+            return {"ok": False, "why": "no variant in the master playlist"}
+        media_url = urllib.parse.urljoin(url, uri)
+        media = _get(media_url).decode("utf-8", "replace")
+        init = [ln.split('URI="', 1)[1].split('"', 1)[0] for ln in media.splitlines()
+                if ln.startswith("#EXT-X-MAP:")]
+        segs = [ln.strip() for ln in media.splitlines() if ln.strip() and not ln.startswith("#")]
+        body = b"".join(_get(urllib.parse.urljoin(media_url, u)) for u in init + segs[:1])
+    except (OSError, ValueError, IndexError) as e:
+        return {"ok": False, "why": f"fetch failed: {e}"}
+    f = os.path.join(ctx.tempdir("s6-decode"), "first.mp4")
+    with open(f, "wb") as fh:
+        fh.write(body)
+    argv = ["ffmpeg", "-hide_banner", "-v", "error", "-i", f, "-map", "0:v", "-f", "framemd5", "-"]
+    try:
+        r = procs.run(argv, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "why": "ffmpeg timed out"}
+    frames = sum(1 for ln in r.stdout.splitlines() if ln and not ln.startswith("#"))
+    errs = r.stderr.strip()
+    return {"ok": r.returncode == 0 and not errs and frames > 0, "frames": frames,
+            "init": bool(init), "bytes": len(body), "why": errs[-300:]}
 
 
 def _criterion(ctx):

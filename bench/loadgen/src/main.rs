@@ -9,7 +9,7 @@
 //! - `tsgen`: the seeded RTP/MPEG-TS stream, and its byte-exact verifier
 //! - `mcast`: paced multicast sender, loopback interfaces only
 //! - `iptv`: HTTP clients on an IPTV gateway, verifying every delivered byte
-//! - `hls`: players that fetch a playlist through a proxy, then every segment in order
+//! - `hls`: players that fetch a playlist (following a master) through a proxy, then every segment in order
 
 mod batch;
 mod client;
@@ -105,9 +105,12 @@ struct HlsArgs {
     /// Concurrency levels, comma separated: players at once.
     #[arg(long, value_delimiter = ',', default_value = "10")]
     levels: Vec<usize>,
-    /// Segments every player must get (the playlist must list exactly this many).
+    /// Segments every player must get (the followed playlists must list exactly this many).
     #[arg(long)]
     expect_segments: usize,
+    /// Check that init sections and each track's first segment are clear fragmented MP4.
+    #[arg(long)]
+    check_fmp4: bool,
     #[arg(long, default_value_t = 30.0)]
     timeout_secs: f64,
     /// Time budget per level.
@@ -302,6 +305,7 @@ fn main() -> Result<()> {
                 url: a.url,
                 levels: a.levels,
                 expect_segments: a.expect_segments,
+                check_fmp4: a.check_fmp4,
                 timeout: secs(a.timeout_secs),
                 max_secs: secs(a.max_secs),
                 pid: a.pid,
