@@ -357,10 +357,10 @@ CENC_BENCH = ("crates", "sluice-media", "benches", "cenc.rs")
 
 
 def s6(ctx):
-    r = _pending("S6", "ClearKey (CENC) decryption; HLS end to end",
+    r = _pending("S6", "ClearKey (CENC) decryption; HLS and DASH end to end",
                  "Decryption throughput of sluice-media's cenc module against the AES-128-CTR "
-                 "ceiling of this CPU (openssl speed); and HLS through the proxy: how many "
-                 "segments/s c players get, at what latency and cost.")
+                 "ceiling of this CPU (openssl speed); and HLS, and ClearKey DASH served as HLS, "
+                 "through the proxy: how many segments/s c players get, at what latency and cost.")
     argv = ["openssl", "speed", "-evp", "aes-128-ctr", "-seconds", "1" if ctx.quick else "3"]
     ctx.note(argv)
     try:
