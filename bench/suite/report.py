@@ -415,10 +415,12 @@ def _render_dash(h):
 def render_pending(result, out_dir, charts_rel):
     crit = result.get("criterion")
     if crit and crit.get("results"):
-        md = ["`cargo bench -p sluice-media --bench cenc` (criterion, median throughput):", "",
-              table(["benchmark", "throughput"], [[x["bench"], x["median"]] for x in crit["results"]])]
+        md = ["`cargo bench -p sluice-media --bench cenc` and `--bench hls_rewrite` (criterion, "
+              "medians; the HLS rows rewrite a 5000-segment media playlist):", "",
+              table(["benchmark", "time", "throughput"],
+                    [[x["bench"], x.get("time", ""), x["median"]] for x in crit["results"]])]
     elif crit:
-        md = [f"cenc bench failed: {crit.get('error', 'no throughput lines in its output')}"]
+        md = [f"criterion bench failed: {crit.get('error', 'no throughput lines in its output')}"]
     else:
         md = [f"*{result['note']}.*"]
     if result.get("published"):

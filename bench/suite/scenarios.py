@@ -511,25 +511,31 @@ def _decode_check(ctx, url):
 
 
 def _criterion(ctx):
-    """Runs the cenc criterion bench and keeps each benchmark's median throughput."""
-    argv = ["cargo", "bench", "-p", "sluice-media", "--bench", "cenc", "--"]
-    if ctx.quick:
-        argv += ["--warm-up-time", "1", "--measurement-time", "2"]
-    ctx.note(argv)
-    try:
-        out = procs.run(argv, timeout=1800, cwd=ctx.repo)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"error": str(e)}
-    if out.returncode != 0:
-        return {"error": out.stderr.strip()[-400:]}
-    found, name = [], ""
-    for ln in out.stdout.splitlines():
-        if ln and not ln[0].isspace():
-            name = ln.split()[0]
-        if "thrpt:" in ln and "[" in ln:
-            parts = ln.split("[", 1)[1].rstrip("]").split()
-            if len(parts) >= 4:
-                found.append({"bench": name, "median": f"{parts[2]} {parts[3]}"})
+    """Runs the pure crate's criterion benches (ClearKey decryption, and rewriting a 5000-segment
+    HLS playlist) and keeps each benchmark's median time and throughput."""
+    found = []
+    for bench in ("cenc", "hls_rewrite"):
+        argv = ["cargo", "bench", "-p", "sluice-media", "--bench", bench, "--"]
+        if ctx.quick:
+            argv += ["--warm-up-time", "1", "--measurement-time", "2"]
+        ctx.note(argv)
+        try:
+            out = procs.run(argv, timeout=1800, cwd=ctx.repo)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return {"error": str(e)}
+        if out.returncode != 0:
+            return {"error": out.stderr.strip()[-400:]}
+        name, time = "", ""
+        for ln in out.stdout.splitlines():
+            if ln and not ln[0].isspace():
+                name = ln.split()[0]
+            if "time:" in ln and "[" in ln:
+                parts = ln.split("[", 1)[1].rstrip("]").split()
+                time = f"{parts[2]} {parts[3]}" if len(parts) >= 4 else ""
+            if "thrpt:" in ln and "[" in ln:
+                parts = ln.split("[", 1)[1].rstrip("]").split()
+                if len(parts) >= 4:
+                    found.append({"bench": name, "time": time, "median": f"{parts[2]} {parts[3]}"})
     return {"results": found}
 
 
