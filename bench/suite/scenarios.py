@@ -393,32 +393,8 @@ def _s6_hls(ctx):
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         return {"error": str(e)}
     out = {"levels": levels, "segments": count, "segment_bytes": total, "rows": []}
-    origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
-    try:
-        for name in S6_HLS_PEERS:
-            row = {"peer": name}
-            out["rows"].append(row)
-            try:
-                p = (peers.start_sluice(ctx, PASSWORD, ctx.proxy_cpus) if name == "sluice"
-                     else peers.start_mediaflow(ctx, PASSWORD, ctx.proxy_cpus))
-            except (peers.Unavailable, RuntimeError) as e:
-                row["status"] = str(e)
-                continue
-            try:
-                row["version"] = p.version
-                d = urllib.parse.quote(f"http://127.0.0.1:{origin.port}{path}", safe="")
-                url = (f"http://127.0.0.1:{p.port}/proxy/hls/manifest.m3u8?d={d}"
-                       f"&api_password={PASSWORD}")
-                row["report"] = ctx.loadgen(
-                    ["hls", "--url", url, "--levels", ",".join(map(str, levels)),
-                     "--expect-segments", str(count), "--timeout-secs", "30",
-                     "--max-secs", "300", "--pid", str(p.pid)],
-                    timeout=300 * len(levels) + 60)
-                row["status"] = "ok"
-            finally:
-                p.stop()
-    finally:
-        origin.stop()
+    _players(ctx, out, lambda d: f"/proxy/hls/manifest.m3u8?d={d}", path,
+             ["--expect-segments", str(count)])
     return out
 
 
@@ -436,6 +412,16 @@ def _s6_dash(ctx):
         return {"error": str(e)}
     expect = sum(counts.values())
     out = {"levels": levels, "segments": expect, "tracks": counts, "rows": []}
+    _players(ctx, out, lambda d: f"/proxy/mpd/manifest.m3u8?d={d}&key_id={kid}&key={key}", path,
+             ["--expect-segments", str(expect), "--check-fmp4"], decode_check=True)
+    return out
+
+
+def _players(ctx, out, endpoint, path, expect_args, decode_check=False):
+    """Runs `sluice-loadgen hls` players at `out["levels"]` through each S6 peer in turn, against
+    the origin file at `path`; `endpoint(d)` is the proxy path and query for the encoded origin
+    URL. One row per peer lands in `out["rows"]`."""
+    levels = out["levels"]
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
     try:
         for name in S6_HLS_PEERS:
@@ -450,20 +436,18 @@ def _s6_dash(ctx):
             try:
                 row["version"] = p.version
                 d = urllib.parse.quote(f"http://127.0.0.1:{origin.port}{path}", safe="")
-                url = (f"http://127.0.0.1:{p.port}/proxy/mpd/manifest.m3u8?d={d}"
-                       f"&key_id={kid}&key={key}&api_password={PASSWORD}")
-                row["decode"] = _decode_check(ctx, url)
+                url = f"http://127.0.0.1:{p.port}{endpoint(d)}&api_password={PASSWORD}"
+                if decode_check:
+                    row["decode"] = _decode_check(ctx, url)
                 row["report"] = ctx.loadgen(
-                    ["hls", "--url", url, "--levels", ",".join(map(str, levels)),
-                     "--expect-segments", str(expect), "--check-fmp4", "--timeout-secs", "30",
-                     "--max-secs", "300", "--pid", str(p.pid)],
+                    ["hls", "--url", url, "--levels", ",".join(map(str, levels)), *expect_args,
+                     "--timeout-secs", "30", "--max-secs", "300", "--pid", str(p.pid)],
                     timeout=300 * len(levels) + 60)
                 row["status"] = "ok"
             finally:
                 p.stop()
     finally:
         origin.stop()
-    return out
 
 
 def _get(url, timeout=30):
