@@ -148,6 +148,7 @@ impl IptvConfig {
     fn hub_settings(&self) -> HubSettings {
         HubSettings {
             ring_bytes: self.buffer_bytes,
+            history: self.burst_bytes,
             write_batch: self.write_batch_bytes,
             flush_interval: Duration::from_millis(self.flush_interval_ms),
             linger: Duration::from_millis(self.linger_ms),

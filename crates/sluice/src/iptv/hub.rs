@@ -6,6 +6,11 @@
 //! It strips RTP, restores order, checks TS continuity, appends to the ring, and publishes
 //! the ring's end to subscribers only every `write_batch` bytes or `flush_interval`, which is
 //! what makes their writes large.
+//!
+//! Payloads are copied once, out of the receive scratch and back to back into 32 KiB blocks,
+//! and the in-order ones that sit side by side are joined into one ring chunk per wakeup: a
+//! held byte of history costs one byte of memory, and a subscriber's write covers a whole
+//! batch with a handful of iovecs.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -13,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use sluice_media::mpegts::{self, Continuity};
 use sluice_media::rtp::{self, Reorder, ReorderStats};
 use socket2::Socket;
@@ -62,7 +67,10 @@ fn bracket(ip: std::net::IpAddr) -> String {
 /// Tunables a hub needs, taken from the config once.
 #[derive(Debug, Clone)]
 pub struct HubSettings {
+    /// Most history held, however far behind the slowest subscriber is.
     pub ring_bytes: usize,
+    /// History always held, for instant start.
+    pub history: usize,
     pub write_batch: usize,
     pub flush_interval: Duration,
     pub linger: Duration,
@@ -124,7 +132,7 @@ impl Hub {
         // returns the same one from `as_raw_fd`.
         let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
         let hub = Arc::new(Hub {
-            ring: Mutex::new(Ring::new(settings.ring_bytes)),
+            ring: Mutex::new(Ring::new(settings.ring_bytes, settings.history)),
             published: watch::Sender::new(Published::default()),
             subscribers: AtomicUsize::new(0),
             clients: Mutex::new(HashMap::new()),
@@ -152,10 +160,9 @@ struct Pump {
     hub: Arc<Hub>,
     settings: HubSettings,
     ifindex: u32,
-    batch: RecvBatch,
-    datagrams: Vec<Bytes>,
-    released: Vec<Bytes>,
-    reorder: Reorder<Bytes>,
+    packer: Packer,
+    released: Vec<BytesMut>,
+    reorder: Reorder<BytesMut>,
     continuity: Continuity,
     /// Bytes appended but not yet published.
     pending: usize,
@@ -164,19 +171,26 @@ struct Pump {
     idle_since: Option<Instant>,
     rate_mark: (Instant, u64, u64),
     reported: ReorderStats,
-    reported_truncated: u64,
 }
 
 /// How many `recvmmsg` calls one wakeup may make before yielding to other tasks.
 const DRAIN_CALLS: usize = 8;
 
+/// Datagrams taken per `recvmmsg`.
+const RECV_BATCH: usize = 32;
+
+thread_local! {
+    /// One receive scratch per runtime thread, shared by every hub drained on it: a hub uses
+    /// it only within one synchronous `drain`, so 100 channels cost two scratches, not 100.
+    static SCRATCH: std::cell::RefCell<Option<RecvBatch>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Pump {
     fn new(hub: Arc<Hub>, settings: HubSettings, ifindex: u32) -> Self {
         let now = Instant::now();
         Self {
-            batch: RecvBatch::new(settings.max_datagram, 32),
             reorder: Reorder::new(settings.reorder_window),
-            datagrams: Vec::with_capacity(64),
+            packer: Packer::default(),
             released: Vec::with_capacity(64),
             continuity: Continuity::default(),
             pending: 0,
@@ -185,7 +199,6 @@ impl Pump {
             idle_since: None,
             rate_mark: (now, 0, 0),
             reported: ReorderStats::default(),
-            reported_truncated: 0,
             hub,
             settings,
             ifindex,
@@ -225,61 +238,57 @@ impl Pump {
     }
 
     fn drain(&mut self, guard: &mut tokio::io::unix::AsyncFdReadyGuard<'_, Socket>) {
-        for _ in 0..DRAIN_CALLS {
-            let fd = guard.get_inner().as_raw_fd();
-            match guard.try_io(|_| self.batch.recv(fd, &mut self.datagrams)) {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "multicast receive failed");
-                    break;
+        let mut received = false;
+        SCRATCH.with_borrow_mut(|scratch| {
+            let max = self.settings.max_datagram;
+            let batch = match scratch {
+                Some(b) if b.slot() == max.max(64) => b,
+                _ => scratch.insert(RecvBatch::new(max, RECV_BATCH)),
+            };
+            for _ in 0..DRAIN_CALLS {
+                let fd = guard.get_inner().as_raw_fd();
+                match guard.try_io(|_| batch.recv(fd)) {
+                    Ok(Ok(truncated)) => {
+                        self.hub.metrics.malformed.inc_by(truncated);
+                        self.take_batch(batch);
+                        received = true;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "multicast receive failed");
+                        break;
+                    }
+                    Err(_would_block) => break,
                 }
-                Err(_would_block) => break,
             }
-        }
-        if !self.datagrams.is_empty() {
-            self.ingest();
+        });
+        if received {
+            self.append_released();
         }
     }
 
-    /// Strips, reorders and appends everything received in this wakeup under one ring lock.
-    fn ingest(&mut self) {
+    /// Strips, packs and reorders the datagrams of one `recvmmsg`.
+    fn take_batch(&mut self, batch: &RecvBatch) {
         self.last_data = Instant::now();
         self.received_since_tick = true;
-        let mut datagrams = std::mem::take(&mut self.datagrams);
-        let bytes: usize = datagrams.iter().map(Bytes::len).sum();
-        let truncated = self.batch.truncated();
+        let (mut count, mut bytes) = (0u64, 0u64);
+        for d in batch.datagrams() {
+            count += 1;
+            bytes += d.len() as u64;
+            classify(
+                &self.hub,
+                d,
+                &mut self.packer,
+                &mut self.reorder,
+                &mut self.released,
+            );
+        }
         let m = &self.hub.metrics;
-        m.received_datagrams.inc_by(datagrams.len() as u64);
-        m.received_bytes.inc_by(bytes as u64);
-        m.malformed.inc_by(truncated - self.reported_truncated);
-        self.reported_truncated = truncated;
-        for d in datagrams.drain(..) {
-            self.classify(d);
-        }
-        // Hand the (now empty) vector back to keep its capacity.
-        self.datagrams = datagrams;
-        self.append_released();
+        m.received_datagrams.inc_by(count);
+        m.received_bytes.inc_by(bytes);
     }
 
-    /// Bare TS passes as is; RTP is parsed once, stripped by slicing, and reordered.
-    fn classify(&mut self, d: Bytes) {
-        if d.first() == Some(&mpegts::SYNC_BYTE) {
-            self.released.push(d);
-            return;
-        }
-        match rtp::parse_rtp(&d) {
-            Ok(p) => {
-                let payload = d.slice(p.payload);
-                self.reorder
-                    .push(p.header.sequence, payload, &mut self.released);
-            }
-            Err(_) if self.hub.key.mode == Mode::Udp => self.released.push(d),
-            Err(_) => {
-                self.hub.metrics.malformed.inc();
-            }
-        }
-    }
-
+    /// Appends what the reorder window released, joining neighbours in memory into one chunk,
+    /// under one ring lock.
     fn append_released(&mut self) {
         if self.released.is_empty() {
             return;
@@ -287,13 +296,26 @@ impl Pump {
         let mut errors = 0;
         {
             let mut ring = self.hub.ring.lock().unwrap_or_else(|e| e.into_inner());
-            for chunk in self.released.drain(..) {
-                if chunk.is_empty() {
+            let mut run: Option<BytesMut> = None;
+            for piece in self.released.drain(..) {
+                if piece.is_empty() {
                     continue;
                 }
-                errors += self.continuity.check(&chunk);
-                self.pending += chunk.len();
-                ring.push(chunk);
+                errors += self.continuity.check(&piece);
+                self.pending += piece.len();
+                match run.as_mut() {
+                    Some(r) if r.as_ptr().wrapping_add(r.len()) == piece.as_ptr() => {
+                        r.unsplit(piece)
+                    }
+                    _ => {
+                        if let Some(done) = run.replace(piece) {
+                            ring.push(done.freeze());
+                        }
+                    }
+                }
+            }
+            if let Some(done) = run {
+                ring.push(done.freeze());
             }
         }
         self.hub.metrics.ts_cc_errors.inc_by(errors);
@@ -313,15 +335,29 @@ impl Pump {
         self.reported = s;
     }
 
+    /// Makes everything appended so far readable, and lets go of history no one needs.
     fn publish(&mut self) {
-        let end = self
-            .hub
-            .ring
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .end();
+        let floor = self.slowest_reader();
+        let end = {
+            let mut ring = self.hub.ring.lock().unwrap_or_else(|e| e.into_inner());
+            ring.release(floor);
+            ring.end()
+        };
         self.hub.published.send_modify(|p| p.end = end);
         self.pending = 0;
+    }
+
+    /// The lowest next-read index among subscribers (`u64::MAX` with none). A subscriber that
+    /// has not started reading yet counts as 0, which holds everything until it has.
+    fn slowest_reader(&self) -> u64 {
+        self.hub
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|c| c.position.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// Flush timer: publish small remainders, give up on stuck gaps, enforce timeouts.
@@ -388,5 +424,49 @@ impl Pump {
             .rate_out
             .store(bps(now_out - bytes_out), Ordering::Relaxed);
         self.rate_mark = (Instant::now(), now_in, now_out);
+    }
+}
+
+/// Bare TS passes as is; RTP is parsed once, its payload packed and reordered.
+fn classify(
+    hub: &Hub,
+    d: &[u8],
+    packer: &mut Packer,
+    reorder: &mut Reorder<BytesMut>,
+    released: &mut Vec<BytesMut>,
+) {
+    if d.first() == Some(&mpegts::SYNC_BYTE) {
+        released.push(packer.pack(d));
+        return;
+    }
+    match rtp::parse_rtp(d) {
+        Ok(p) => {
+            let payload = packer.pack(&d[p.payload]);
+            reorder.push(p.header.sequence, payload, released);
+        }
+        Err(_) if hub.key.mode == Mode::Udp => released.push(packer.pack(d)),
+        Err(_) => {
+            hub.metrics.malformed.inc();
+        }
+    }
+}
+
+/// Size of the blocks payloads are packed into.
+const BLOCK_BYTES: usize = 32 * 1024;
+
+/// Copies payloads back to back into shared blocks; each comes out as its own `BytesMut`, and
+/// consecutive ones can be joined again without a copy (`BytesMut::unsplit`).
+#[derive(Debug, Default)]
+struct Packer {
+    block: BytesMut,
+}
+
+impl Packer {
+    fn pack(&mut self, payload: &[u8]) -> BytesMut {
+        if self.block.capacity() - self.block.len() < payload.len() {
+            self.block = BytesMut::with_capacity(BLOCK_BYTES.max(payload.len()));
+        }
+        self.block.extend_from_slice(payload);
+        self.block.split()
     }
 }

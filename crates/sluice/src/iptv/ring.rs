@@ -1,9 +1,10 @@
 //! A hub's shared history: payload chunks in arrival order, addressed by absolute index.
 //!
 //! One writer (the hub) appends; every subscriber is just an index into it. Chunks are
-//! reference-counted `Bytes`, so a read clones handles, never payload. The ring is bounded in
-//! bytes; a subscriber whose index has been evicted is "lapped" and the hub's slow-subscriber
-//! policy decides what happens to it.
+//! reference-counted `Bytes`, so a read clones handles, never payload. What is kept is
+//! `history` bytes for new viewers, plus whatever the slowest subscriber has not read yet,
+//! never more than `capacity`; a subscriber whose index has been evicted is "lapped" and the
+//! hub's slow-subscriber policy decides what happens to it.
 
 use std::collections::VecDeque;
 
@@ -32,17 +33,27 @@ pub struct Ring {
     /// Absolute index of `chunks[0]`.
     base: u64,
     bytes: usize,
+    /// Most payload bytes held, however far behind a subscriber is.
     capacity: usize,
+    /// Payload bytes always held, for new subscribers' instant start.
+    history: usize,
 }
 
 impl Ring {
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize, history: usize) -> Self {
+        let capacity = capacity.max(1);
         Self {
             chunks: VecDeque::new(),
             base: 0,
             bytes: 0,
-            capacity: capacity.max(1),
+            capacity,
+            history: history.min(capacity),
         }
+    }
+
+    /// Index of the oldest chunk held.
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     /// Index one past the newest chunk.
@@ -66,10 +77,25 @@ impl Ring {
         self.bytes += chunk.len();
         self.chunks.push_back(chunk);
         while self.bytes > self.capacity && self.chunks.len() > 1 {
-            if let Some(old) = self.chunks.pop_front() {
-                self.bytes -= old.len();
-                self.base += 1;
+            self.evict();
+        }
+    }
+
+    /// Evicts chunks every subscriber has read (those before `floor`, the slowest reader's
+    /// index) as long as at least `history` bytes stay.
+    pub fn release(&mut self, floor: u64) {
+        while self.base < floor {
+            match self.chunks.front() {
+                Some(old) if self.bytes - old.len() >= self.history => self.evict(),
+                _ => break,
             }
+        }
+    }
+
+    fn evict(&mut self) {
+        if let Some(old) = self.chunks.pop_front() {
+            self.bytes -= old.len();
+            self.base += 1;
         }
     }
 
@@ -104,44 +130,65 @@ impl Ring {
     /// boundary, else on a chunk boundary (non-TS payloads).
     pub fn start(&self, until: u64, burst: usize) -> Position {
         let until = until.clamp(self.base, self.end());
-        let first = self.burst_start(until, burst);
-        let span = (first - self.base) as usize..(until - self.base) as usize;
-        let found = self
-            .chunks
-            .range(span.clone())
-            .enumerate()
-            .find_map(|(i, c)| mpegts::find_random_access(c).map(|off| (i, off)));
-        let found = found.or_else(|| {
-            self.chunks
-                .range(span)
-                .enumerate()
-                .find_map(|(i, c)| mpegts::find_sync(c).map(|off| (i, off)))
-        });
-        match found {
-            Some((i, offset)) => Position {
-                index: first + i as u64,
-                offset,
-            },
-            None => Position {
-                index: first,
-                offset: 0,
-            },
+        let from = self.burst_point(until, burst);
+        let mut first_sync = None;
+        for index in from.index..until {
+            let chunk = &self.chunks[(index - self.base) as usize];
+            let skip = if index == from.index {
+                aligned(chunk, from.offset)
+            } else {
+                0
+            };
+            let Some(sync) = mpegts::find_sync(&chunk[skip..]).map(|s| skip + s) else {
+                continue;
+            };
+            if let Some(rap) = mpegts::find_random_access(&chunk[sync..]) {
+                return Position {
+                    index,
+                    offset: sync + rap,
+                };
+            }
+            first_sync.get_or_insert(Position {
+                index,
+                offset: sync,
+            });
         }
+        first_sync.unwrap_or(Position {
+            index: if from.offset > 0 {
+                from.index + 1
+            } else {
+                from.index
+            },
+            offset: 0,
+        })
     }
 
-    /// The earliest index such that the chunks from it to `until` hold at most `burst` bytes.
-    fn burst_start(&self, until: u64, burst: usize) -> u64 {
+    /// The point `burst` bytes before `until` (or the oldest byte held, if nearer).
+    fn burst_point(&self, until: u64, burst: usize) -> Position {
         let mut index = until;
         let mut total = 0;
         while index > self.base {
             let len = self.chunks[(index - 1 - self.base) as usize].len();
             if total + len > burst {
-                break;
+                return Position {
+                    index: index - 1,
+                    offset: len - (burst - total),
+                };
             }
             total += len;
             index -= 1;
         }
-        index
+        Position { index, offset: 0 }
+    }
+}
+
+/// `offset` moved up to the next TS packet boundary when `chunk` starts on one (payloads are
+/// whole packets), so a start point never lands on a stray 0x47 inside a packet.
+fn aligned(chunk: &[u8], offset: usize) -> usize {
+    if chunk.first() == Some(&mpegts::SYNC_BYTE) {
+        offset.next_multiple_of(mpegts::PACKET_LEN).min(chunk.len())
+    } else {
+        offset
     }
 }
 

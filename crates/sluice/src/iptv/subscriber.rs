@@ -43,6 +43,7 @@ pub struct Reader {
 impl Reader {
     pub fn new(sub: Subscription, start: Position, policy: SlowPolicy, burst: usize) -> Self {
         let rx = sub.hub.published.subscribe();
+        sub.client.position.store(start.index, Ordering::Release);
         Self {
             sub,
             pos: start,

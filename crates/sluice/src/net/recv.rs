@@ -1,83 +1,76 @@
-//! Batched datagram receive with `recvmmsg` into a shared slab of reference-counted bytes.
+//! Batched datagram receive with `recvmmsg` into one reusable scratch buffer.
 //!
-//! One syscall returns up to [`MAX_BATCH`] datagrams. Each lands in its own fixed-size slot of
-//! a slab; the slot is split off as `Bytes` and handed on without a copy, so the slab is freed
-//! when the last slot of it leaves the hub's ring. Slots are filled densely (a short batch at
-//! the end of a slab rather than a fresh slab), which keeps the memory held per payload byte
-//! near `slot / payload` (1536 / 1328 for a typical 7-packet RTP datagram).
+//! One syscall returns up to [`MAX_BATCH`] datagrams, each in its own fixed-size slot of the
+//! scratch. The caller reads them as slices and copies what it keeps (the payload, without
+//! its RTP header) into packed storage, so the scratch is reused by the next call, can be
+//! shared by every socket drained on the same thread, and no memory is held per datagram
+//! beyond the payload bytes themselves.
 
 use std::io;
 use std::os::fd::RawFd;
 
-use bytes::{Bytes, BytesMut};
-
 /// Upper bound on datagrams per syscall (and on the stack arrays that describe them).
 pub const MAX_BATCH: usize = 64;
 
-/// Receives datagrams into slabs of `slots` fixed-size slots.
+/// Receives datagrams into `batch` slots of `slot` bytes.
 #[derive(Debug)]
 pub struct RecvBatch {
-    slab: BytesMut,
+    scratch: Vec<u8>,
     slot: usize,
-    slots: usize,
     batch: usize,
-    truncated: u64,
+    lens: [(usize, bool); MAX_BATCH],
+    got: usize,
 }
 
 impl RecvBatch {
     /// `slot` is the largest datagram accepted whole (larger ones are counted and dropped);
     /// `batch` the most datagrams taken per syscall.
     pub fn new(slot: usize, batch: usize) -> Self {
-        let slots = 64;
+        let slot = slot.max(64);
+        let batch = batch.clamp(1, MAX_BATCH);
         Self {
-            slab: BytesMut::new(),
-            slot: slot.max(64),
-            slots,
-            batch: batch.clamp(1, MAX_BATCH),
-            truncated: 0,
+            scratch: vec![0; slot * batch],
+            slot,
+            batch,
+            lens: [(0, false); MAX_BATCH],
+            got: 0,
         }
     }
 
-    /// Datagrams dropped so far because they did not fit a slot.
-    pub fn truncated(&self) -> u64 {
-        self.truncated
+    /// The largest datagram accepted whole.
+    pub fn slot(&self) -> usize {
+        self.slot
     }
 
-    /// Receives what is queued, without blocking, appending each datagram to `out`.
-    /// Returns the number received; `WouldBlock` when the socket was empty.
-    pub fn recv(&mut self, fd: RawFd, out: &mut Vec<Bytes>) -> io::Result<usize> {
-        if self.slab.capacity() < self.slot {
-            // Zeroed once so that every byte later exposed by `set_len` is initialised.
-            self.slab = BytesMut::zeroed(self.slot * self.slots);
-            self.slab.clear();
-        }
-        let n = self.batch.min(self.slab.capacity() / self.slot);
-        let (lens, got) = self.recvmmsg(fd, n)?;
-        // SAFETY: the slab was zero-filled at allocation and only ever written since, and
-        // `got * slot` is within its capacity.
-        unsafe { self.slab.set_len(got * self.slot) };
-        for &(len, truncated) in &lens[..got] {
-            let mut piece = self.slab.split_to(self.slot);
-            if truncated {
-                self.truncated += 1;
-                continue;
-            }
-            piece.truncate(len);
-            out.push(piece.freeze());
-        }
-        Ok(got)
+    /// Receives what is queued, without blocking, replacing the previous batch. Returns how
+    /// many datagrams were too large for a slot (dropped); `WouldBlock` when the socket was
+    /// empty.
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<u64> {
+        self.got = 0;
+        let got = self.recvmmsg(fd)?;
+        self.got = got;
+        Ok(self.lens[..got].iter().filter(|l| l.1).count() as u64)
     }
 
-    /// One `recvmmsg` call into the first `n` free slots; returns (length, truncated) pairs and
-    /// how many of them were filled (on the stack: this runs for every wakeup).
-    fn recvmmsg(&mut self, fd: RawFd, n: usize) -> io::Result<([(usize, bool); MAX_BATCH], usize)> {
-        let base = self.slab.spare_capacity_mut().as_mut_ptr();
+    /// The datagrams of the last [`RecvBatch::recv`], in arrival order, truncated ones left out.
+    pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.lens[..self.got]
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, truncated))| !truncated)
+            .map(|(i, &(len, _))| &self.scratch[i * self.slot..i * self.slot + len])
+    }
+
+    /// One `recvmmsg` call into the slots; records (length, truncated) pairs.
+    fn recvmmsg(&mut self, fd: RawFd) -> io::Result<usize> {
+        let n = self.batch;
+        let base = self.scratch.as_mut_ptr();
         // SAFETY: all-zero is a valid value for these plain C structs.
         let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
         let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
         for (i, v) in iov.iter_mut().enumerate().take(n) {
             *v = libc::iovec {
-                // SAFETY: slot `i` lies inside the spare capacity (n * slot <= capacity).
+                // SAFETY: slot `i < batch` lies inside the scratch (batch * slot bytes).
                 iov_base: unsafe { base.add(i * self.slot) }.cast(),
                 iov_len: self.slot,
             };
@@ -89,7 +82,8 @@ impl RecvBatch {
             m.msg_hdr.msg_iov = unsafe { iov_base.add(i) };
             m.msg_hdr.msg_iovlen = 1;
         }
-        // SAFETY: `msgs[..n]` describe writable, disjoint slots of the slab that outlive the call.
+        // SAFETY: `msgs[..n]` describe writable, disjoint slots of the scratch, which outlives
+        // the call.
         let rc = unsafe {
             libc::recvmmsg(
                 fd,
@@ -103,13 +97,12 @@ impl RecvBatch {
             return Err(io::Error::last_os_error());
         }
         let got = rc as usize;
-        let mut lens = [(0, false); MAX_BATCH];
-        for (len, m) in lens.iter_mut().zip(&msgs[..got]) {
+        for (len, m) in self.lens.iter_mut().zip(&msgs[..got]) {
             *len = (
-                m.msg_len as usize,
+                (m.msg_len as usize).min(self.slot),
                 m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
             );
         }
-        Ok((lens, got))
+        Ok(got)
     }
 }

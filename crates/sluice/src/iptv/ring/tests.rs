@@ -19,7 +19,7 @@ fn ts(n: usize, keyframe_at: Option<usize>) -> Bytes {
 
 #[test]
 fn evicts_by_bytes_and_reports_laps() {
-    let mut r = Ring::new(3 * 1316);
+    let mut r = Ring::new(3 * 1316, 0);
     for _ in 0..5 {
         r.push(ts(7, None));
     }
@@ -40,7 +40,7 @@ fn evicts_by_bytes_and_reports_laps() {
 
 #[test]
 fn starts_on_keyframe_then_packet_boundary() {
-    let mut r = Ring::new(1 << 20);
+    let mut r = Ring::new(1 << 20, 0);
     r.push(ts(7, None));
     r.push(ts(7, Some(3)));
     r.push(ts(7, None));
@@ -69,13 +69,80 @@ fn starts_on_keyframe_then_packet_boundary() {
     );
     let mut junk = vec![1u8, 2, 3];
     junk.extend_from_slice(&ts(3, None));
-    let mut r = Ring::new(1 << 20);
+    let mut r = Ring::new(1 << 20, 0);
     r.push(Bytes::from(junk));
     assert_eq!(
         r.start(1, 10_000),
         Position {
             index: 0,
             offset: 3
+        }
+    );
+}
+
+#[test]
+fn release_keeps_history_and_unread_chunks() {
+    let mut r = Ring::new(10 * 1316, 2 * 1316);
+    for _ in 0..6 {
+        r.push(ts(7, None));
+    }
+    assert_eq!(r.bytes(), 6 * 1316);
+    // The slowest reader is at index 3: chunks 0..3 may go.
+    r.release(3);
+    assert_eq!((r.base(), r.bytes()), (3, 3 * 1316));
+    // Nobody reading: down to the history, never below it.
+    r.release(u64::MAX);
+    assert_eq!((r.base(), r.bytes()), (4, 2 * 1316));
+    // A reader far behind holds chunks only up to the capacity.
+    r.release(0);
+    for _ in 0..20 {
+        r.push(ts(7, None));
+    }
+    assert_eq!(r.bytes(), 10 * 1316);
+}
+
+#[test]
+fn start_inside_a_large_chunk_is_packet_aligned() {
+    let mut r = Ring::new(1 << 20, 0);
+    r.push(ts(40, None));
+    r.push(ts(40, Some(35)));
+    // A burst reaching 10 packets and a bit into the second chunk: the keyframe is at 35.
+    let p = r.start(2, 10 * 188 + 50);
+    assert_eq!(
+        p,
+        Position {
+            index: 1,
+            offset: 35 * 188
+        }
+    );
+    // Into the first chunk with no keyframe after it: the next packet boundary.
+    let mut r = Ring::new(1 << 20, 0);
+    r.push(ts(40, None));
+    r.push(ts(40, None));
+    assert_eq!(
+        r.start(2, 40 * 188 + 300),
+        Position {
+            index: 0,
+            offset: 39 * 188
+        }
+    );
+    // Less than a packet into the first chunk: the second chunk's first packet.
+    assert_eq!(
+        r.start(2, 40 * 188 + 100),
+        Position {
+            index: 1,
+            offset: 0
+        }
+    );
+    // Non-TS payload: whole chunks only, never more than the burst.
+    let mut r = Ring::new(1 << 20, 0);
+    r.push(Bytes::from(vec![1u8; 1000]));
+    r.push(Bytes::from(vec![2u8; 1000]));
+    assert_eq!(
+        r.start(2, 1500),
+        Position {
+            index: 1,
+            offset: 0
         }
     );
 }
