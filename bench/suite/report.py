@@ -202,7 +202,7 @@ def render_s3(result, out_dir, charts_rel):
 # === S5 ===
 
 S5_HEAD = ["case", "gateway", "gateway CPU %", "machine CPU % (softirq)", "idle USS MB",
-           "peak RSS MB", "peak USS MB", "Mbit/s per client (min)", "delivered / sent after cut, MB", "lost",
+           "peak RSS MB", "peak USS MB", "peak anon MB", "Mbit/s per client (min)", "delivered / sent after cut, MB", "lost",
            "sender Mbit/s per group"]
 
 
@@ -229,7 +229,7 @@ def _s5_rows(result):
     for row in result["rows"]:
         head = [row["case"], row["gateway"]]
         if row.get("status") != "ok":
-            rows.append(head + [DASH] * 8 + [row.get("status", "")])
+            rows.append(head + [DASH] * 9 + [row.get("status", "")])
             continue
         sender = row.get("sender") or {}
         rate = _f(sender.get("achieved_mbit_per_s")) if "failed" not in sender else sender["failed"]
@@ -237,11 +237,11 @@ def _s5_rows(result):
             u = row.get("usage") or {}
             wall = u.get("wall_s") or 0
             sys_pct = f"{_f(100 * u['sys_busy_s'] / wall, 0)} ({_f(100 * u['sys_softirq_s'] / wall, 0)})" if wall else DASH
-            rows.append(head + [f"sender {_f(u.get('cpu_pct'), 0)}", sys_pct] + [DASH] * 6 + [rate])
+            rows.append(head + [f"sender {_f(u.get('cpu_pct'), 0)}", sys_pct] + [DASH] * 7 + [rate])
             continue
         recv = row["recv"]
         if "failed" in recv:
-            rows.append(head + [DASH] * 8 + [recv["failed"]])
+            rows.append(head + [DASH] * 9 + [recv["failed"]])
             continue
         u = recv.get("usage") or {}
         wall = u.get("wall_s") or 0
@@ -254,7 +254,8 @@ def _s5_rows(result):
         idle = row.get("idle") or {}
         rows.append(head + [_f(u.get("cpu_pct"), 1), sys_pct, _f(idle.get("peak_uss_mb")),
                             _f(u.get("peak_rss_mb")),
-                            _f(uss) + goal, _f(min(rates) if rates else None),
+                            _f(uss) + goal, _f(u.get("peak_anon_mb")),
+                            _f(min(rates) if rates else None),
                             f"{delivered / 1e6:,.1f} / {sent / 1e6:,.1f}",
                             "0" if lost == 0 and delivered == sent else f"{lost} pkts, {(sent - delivered) / 1e6:,.2f} MB",
                             rate])
@@ -278,18 +279,21 @@ def render_s5(result, out_dir, charts_rel):
           f"compare it with the *sender only* baseline. Goal: USS ≤ {p['uss_goal_mb']:g} MiB "
           f"(✔/✘), and less CPU and memory than rtp2httpd's and msd_lite's published figures "
           f"below.", "", table(S5_HEAD, _s5_rows(result))]
-    md += ["", "*Idle USS* is the same sluice process before its first channel. When the sender-only "
+    md += ["", "*Idle USS* is the same sluice process before its first channel. *Peak anon* is the "
+               "anonymous part of USS (heap, stacks, buffers); the rest of USS is pages of the "
+               "binary itself (code and read-only data) that only this process maps. When the sender-only "
                "baseline itself shows about 200 % machine CPU, other work was saturating both cores "
                "during the run and that column says nothing about the gateway."]
     goal = _s5_goal(result)
     if goal:
         md += ["", "**Goal check** (sluice as shipped, against the published figures; different "
                    "machines and methods, so a rough comparison): " + "; ".join(goal) + ". "
-                   "What drives USS: about 5 MB for the idle process, plus per joined channel its "
-                   "history ring, `iptv.buffer_bytes` of payload held in 1536-byte receive slots "
-                   "(~1.17 × buffer_bytes); `iptv.burst_bytes` only sets how much of it a new viewer "
-                   "gets. A history shorter than a client's scheduling hiccups shows up as loss "
-                   "(lapped viewers are skipped ahead), as the small-buffer rows show."]
+                   "What drives USS: the idle process (mostly the binary's own code pages, which "
+                   "a C gateway a fraction of the size does not pay), plus per joined channel "
+                   "`iptv.burst_bytes` of history kept for instant start (packed payload, 1 MiB by "
+                   "default) and a few tens of KiB of blocks in flight; history beyond that is kept "
+                   "only while a subscriber still has it to read, up to `iptv.buffer_bytes`. The "
+                   "`burst_bytes=0` rows start viewers live, as rtp2httpd and udpxy do."]
     versions = sorted({r["version"] for r in result["rows"] if r.get("version")})
     if versions:
         md += ["", "Versions: " + "; ".join(versions) + "."]
@@ -314,7 +318,8 @@ def _s5_goal(result):
         out.append(f"{row['case']}: CPU {cpu:.1f} % ({verdict(cpu < min(r_cpu, m_cpu))} than "
                    f"{r_cpu:g} / {m_cpu:g}), USS {uss:.1f} MB ({verdict(uss < min(r_uss, m_uss))} "
                    f"than {r_uss:g} / {m_uss:g}; ≤ {result['params']['uss_goal_mb']:g} MiB "
-                   f"{'met' if uss <= result['params']['uss_goal_mb'] else 'not met'}), "
+                   f"{'met' if uss <= result['params']['uss_goal_mb'] else 'not met'}; of it "
+                   f"{u.get('peak_anon_mb', 0):.1f} MB anonymous), "
                    f"{'no loss' if lost == 0 and delivered == sent else 'LOSS'}")
     return out
 

@@ -3,7 +3,8 @@
 //! CPU is measured as the delta of utime+stime (per-process counters that include every thread)
 //! between the first and last sample of each process in the tree, so the figure is work done in
 //! the window, not a lifetime average like `ps pcpu`. Memory is the peak over samples of the
-//! tree's summed RSS and USS (Private_Clean + Private_Dirty from smaps_rollup).
+//! tree's summed RSS and USS (Private_Clean + Private_Dirty from smaps_rollup), and of its
+//! anonymous memory (heap, stacks: what cannot be dropped and re-read from the binary).
 
 use serde::Serialize;
 use std::collections::HashMap;
@@ -24,6 +25,8 @@ pub struct Usage {
     pub cpu_pct: f64,
     pub peak_rss_mb: f64,
     pub peak_uss_mb: f64,
+    /// Peak of `Anonymous` from smaps_rollup: USS minus the program's own file pages.
+    pub peak_anon_mb: f64,
     /// Largest number of processes seen in the tree.
     pub procs: usize,
     pub samples: usize,
@@ -71,10 +74,10 @@ fn read_stat(pid: u32) -> Option<(u32, u64)> {
     Some((ppid, utime + stime))
 }
 
-/// `(rss_kb, uss_kb)` of one process, from /proc/PID/smaps_rollup.
-fn read_memory(pid: u32) -> Option<(u64, u64)> {
+/// `(rss_kb, uss_kb, anon_kb)` of one process, from /proc/PID/smaps_rollup.
+fn read_memory(pid: u32) -> Option<(u64, u64, u64)> {
     let text = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let (mut rss, mut uss) = (0, 0);
+    let (mut rss, mut uss, mut anon) = (0, 0, 0);
     for line in text.lines() {
         let mut parts = line.split_whitespace();
         let key = parts.next().unwrap_or_default();
@@ -82,10 +85,11 @@ fn read_memory(pid: u32) -> Option<(u64, u64)> {
         match key {
             "Rss:" => rss = kb,
             "Private_Clean:" | "Private_Dirty:" => uss += kb,
+            "Anonymous:" => anon = kb,
             _ => {}
         }
     }
-    Some((rss, uss))
+    Some((rss, uss, anon))
 }
 
 /// The root and all its live descendants, found by walking ppid links over /proc/*/stat.
@@ -154,6 +158,7 @@ pub struct TreeSampler {
     last_ticks: HashMap<u32, u64>,
     peak_rss_kb: u64,
     peak_uss_kb: u64,
+    peak_anon_kb: u64,
     procs: usize,
     samples: usize,
 }
@@ -169,6 +174,7 @@ impl TreeSampler {
             last_ticks: HashMap::new(),
             peak_rss_kb: 0,
             peak_uss_kb: 0,
+            peak_anon_kb: 0,
             procs: 0,
             samples: 0,
         };
@@ -181,18 +187,20 @@ impl TreeSampler {
     pub fn sample(&mut self) {
         let members = tree_ticks(self.root);
         let first_sample = self.samples == 0;
-        let (mut rss, mut uss) = (0, 0);
+        let (mut rss, mut uss, mut anon) = (0, 0, 0);
         for (pid, ticks) in &members {
             let base = if first_sample { *ticks } else { 0 };
             self.first_ticks.entry(*pid).or_insert(base);
             self.last_ticks.insert(*pid, *ticks);
-            if let Some((r, u)) = read_memory(*pid) {
+            if let Some((r, u, a)) = read_memory(*pid) {
                 rss += r;
                 uss += u;
+                anon += a;
             }
         }
         self.peak_rss_kb = self.peak_rss_kb.max(rss);
         self.peak_uss_kb = self.peak_uss_kb.max(uss);
+        self.peak_anon_kb = self.peak_anon_kb.max(anon);
         self.procs = self.procs.max(members.len());
         self.samples += 1;
     }
@@ -218,6 +226,7 @@ impl TreeSampler {
             cpu_pct: pct(cpu_s, wall),
             peak_rss_mb: self.peak_rss_kb as f64 / 1024.0,
             peak_uss_mb: self.peak_uss_kb as f64 / 1024.0,
+            peak_anon_mb: self.peak_anon_kb as f64 / 1024.0,
             procs: self.procs,
             samples: self.samples,
             sys_busy_s,

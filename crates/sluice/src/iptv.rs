@@ -61,11 +61,12 @@ pub struct IptvConfig {
     /// Leave and re-join every this many seconds (0 = never), for networks whose IGMP
     /// snooping or querier drops memberships after a few minutes.
     pub membership_refresh_secs: u64,
-    /// History kept per channel. It feeds instant start and bounds how far a subscriber may
-    /// lag before the slow-subscriber policy applies.
+    /// Most history held per channel: how far a subscriber may lag before the slow-subscriber
+    /// policy applies. Beyond `burst_bytes` it is held only while a subscriber has it unread.
     pub buffer_bytes: usize,
-    /// Bytes of history sent to a new subscriber so playback starts at once (0 = live only).
-    /// The start is moved to a TS packet boundary, and to a keyframe when one is in range.
+    /// History always kept per channel and sent to a new subscriber so playback starts at once
+    /// (0 = live only). The start is moved to a TS packet boundary, and to a keyframe when one
+    /// is in range.
     pub burst_bytes: usize,
     /// What to do with a subscriber that fell out of the history: `skip` ahead or `disconnect`.
     pub slow_subscriber: SlowPolicy,
