@@ -9,6 +9,7 @@
 //! - `auth`: password check and trusted-proxy client IP.
 //! - `metrics`: the server's metric families and the Prometheus text rendering.
 //! - `error`: the proxy error that knows which side failed.
+//! - `logging`: the log filter read from `RUST_LOG`.
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
@@ -19,6 +20,7 @@ pub mod body;
 pub mod config;
 pub mod error;
 pub mod iptv;
+pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod net;

@@ -53,12 +53,7 @@ struct ServeArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    init_logging();
     match cli.command {
         Command::CheckConfig { file } => {
             let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
@@ -78,6 +73,21 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             runtime.block_on(sluice::serve(config, shutdown_signal()))
         }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (see `sluice::logging`).
+fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let value = std::env::var_os("RUST_LOG").map(|v| v.to_string_lossy().into_owned());
+    let (filter, warning) = sluice::logging::filter_from(value.as_deref());
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer())
+        .with(filter)
+        .init();
+    if let Some(warning) = warning {
+        tracing::warn!("{warning}");
     }
 }
 

@@ -7,7 +7,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -73,8 +73,9 @@ struct Inner {
     connect_timeout: Duration,
     max_setups: usize,
     setups: Mutex<HashMap<String, Arc<Semaphore>>>,
-    verified: TlsConnector,
-    unverified: TlsConnector,
+    /// Built on the first `https` connection of each kind: most jobs never need them.
+    verified: OnceLock<TlsConnector>,
+    unverified: OnceLock<TlsConnector>,
     opened: prometheus_client::metrics::counter::Counter,
 }
 
@@ -93,8 +94,8 @@ impl Connector {
                 connect_timeout,
                 max_setups,
                 setups: Mutex::new(HashMap::new()),
-                verified: TlsConnector::from(tls::client_config(true)),
-                unverified: TlsConnector::from(tls::client_config(false)),
+                verified: OnceLock::new(),
+                unverified: OnceLock::new(),
                 opened,
             }),
         }
@@ -202,7 +203,8 @@ impl Inner {
             &self.verified
         } else {
             &self.unverified
-        };
+        }
+        .get_or_init(|| TlsConnector::from(tls::client_config(verify)));
         let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
             ConnectError::Tls {
                 host: host.to_string(),
