@@ -18,6 +18,8 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub media: MediaConfig,
     pub iptv: crate::iptv::IptvConfig,
+    /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
+    pub upstreams: Vec<crate::upstream::group::GroupConfig>,
 }
 
 /// Listeners and the downstream HTTP server.

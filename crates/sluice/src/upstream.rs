@@ -3,6 +3,7 @@
 
 pub mod body;
 pub mod connector;
+pub mod group;
 pub mod guard;
 pub mod route;
 pub mod tls;
