@@ -1,17 +1,25 @@
-//! Per-connection activity: requests in flight and when the last one ended, for the idle timeout.
+//! Per-connection activity: requests in flight and when the last one ended (for the idle timeout),
+//! and whether writes to the client are blocked and since when (for the send timeout).
 
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// Shared between a connection's watchdog and its requests.
+/// Shared between a connection's watchdog, its socket wrapper and its requests.
 #[derive(Debug)]
 pub struct Activity {
     start: Instant,
     in_flight: AtomicUsize,
     last_ms: AtomicU64,
+    /// 0 while writes go through; otherwise 1 + milliseconds since `start` at which a write
+    /// first found the client's window closed with no byte written since.
+    blocked_ms: AtomicU64,
 }
 
 impl Activity {
@@ -20,6 +28,7 @@ impl Activity {
             start: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last_ms: AtomicU64::new(0),
+            blocked_ms: AtomicU64::new(0),
         })
     }
 
@@ -37,6 +46,27 @@ impl Activity {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         Some(self.start.elapsed().saturating_sub(last))
     }
+
+    /// How long writes to the client have been blocked without a byte going out, if they are.
+    pub fn send_stalled_for(&self) -> Option<Duration> {
+        let since = self.blocked_ms.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(
+            self.start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(since)),
+        )
+    }
+
+    fn wrote(&self) {
+        self.blocked_ms.store(0, Ordering::Relaxed);
+    }
+
+    fn write_blocked(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) == 0 {
+            let now = self.start.elapsed().as_millis() as u64;
+            self.blocked_ms.store(now + 1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Ends one in-flight request when dropped.
@@ -48,5 +78,71 @@ impl Drop for ActivityGuard {
         let now = self.0.start.elapsed().as_millis() as u64;
         self.0.last_ms.store(now, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The client socket, reporting to [`Activity`] when a write is refused (the client's receive
+/// window is shut) and when bytes go out again. It sits under TLS, so it sees real progress.
+#[derive(Debug)]
+pub struct Watched<I> {
+    io: I,
+    activity: Arc<Activity>,
+}
+
+impl<I> Watched<I> {
+    pub fn new(io: I, activity: Arc<Activity>) -> Self {
+        Self { io, activity }
+    }
+
+    fn note(&self, res: &Poll<io::Result<usize>>) {
+        match res {
+            Poll::Ready(Ok(n)) if *n > 0 => self.activity.wrote(),
+            Poll::Pending => self.activity.write_blocked(),
+            _ => {}
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let res = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(&res);
+        res
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let res = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note(&res);
+        res
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
