@@ -159,6 +159,33 @@ struct Conn {
     timeouts: Timeouts,
 }
 
+/// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
+/// send timeout *and* the socket's unacknowledged bytes not shrinking meanwhile.
+struct SendWatch {
+    activity: Arc<Activity>,
+    fd: std::os::fd::RawFd,
+    unacked: Option<u64>,
+}
+
+impl SendWatch {
+    fn stalled(&mut self, limit: Duration) -> bool {
+        if self.activity.send_stalled_for().is_none() {
+            self.unacked = None;
+            return false;
+        }
+        let now = activity::unacked_bytes(self.fd);
+        if let (Some(now), Some(before)) = (now, self.unacked) {
+            if now < before {
+                self.activity.drained();
+            }
+        }
+        self.unacked = now;
+        self.activity
+            .send_stalled_for()
+            .is_some_and(|d| d >= limit)
+    }
+}
+
 /// The connection-level clocks.
 #[derive(Clone, Copy, Debug)]
 struct Timeouts {
@@ -174,13 +201,20 @@ impl Conn {
     async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         // The watch sits under TLS so it measures bytes the client actually accepts.
         let activity = Activity::new();
+        // Kept to read the send queue; valid while the connection (which owns it) is alive.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let stream = Watched::new(stream, activity.clone());
+        let watch = SendWatch {
+            activity,
+            fd,
+            unacked: None,
+        };
         match self.tls.clone() {
-            None => self.drive(stream, activity, peer, false).await,
+            None => self.drive(stream, watch, peer, false).await,
             Some(acceptor) => {
                 let limit = self.timeouts.tls_handshake;
                 match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => self.drive(tls, activity, peer, true).await,
+                    Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => {
                         self.app.http_metrics().tls_handshake_timeouts.inc();
@@ -191,10 +225,11 @@ impl Conn {
         }
     }
 
-    async fn drive<I>(mut self, io: I, activity: Arc<Activity>, peer: SocketAddr, secure: bool)
+    async fn drive<I>(mut self, io: I, mut watch: SendWatch, peer: SocketAddr, secure: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let activity = watch.activity.clone();
         let app = self.app.clone();
         let act = activity.clone();
         let service = service_fn(move |req| {
@@ -227,7 +262,7 @@ impl Conn {
                     }
                 }
                 _ = ticker.tick() => {
-                    if activity.send_stalled_for().is_some_and(|d| d >= t.send) {
+                    if watch.stalled(t.send) {
                         // Dropping the connection drops its response bodies, and with them the
                         // upstream fetches and everything they buffer.
                         self.app.http_metrics().send_timeouts.inc();

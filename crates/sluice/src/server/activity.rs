@@ -57,6 +57,16 @@ impl Activity {
         )
     }
 
+    /// The client took bytes although no write went through: the kernel only wakes a blocked
+    /// writer once a third of a (possibly multi-megabyte) send buffer has drained, so a slow
+    /// reader can look blocked for seconds. Restarts the stall clock.
+    pub fn drained(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) != 0 {
+            let now = self.start.elapsed().as_millis() as u64;
+            self.blocked_ms.store(now + 1, Ordering::Relaxed);
+        }
+    }
+
     fn wrote(&self) {
         self.blocked_ms.store(0, Ordering::Relaxed);
     }
@@ -67,6 +77,15 @@ impl Activity {
             self.blocked_ms.store(now + 1, Ordering::Relaxed);
         }
     }
+}
+
+/// Bytes in a TCP socket's send queue that the peer has not acknowledged yet (`SIOCOUTQ`);
+/// when it shrinks, the client is reading.
+pub fn unacked_bytes(fd: std::os::fd::RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int; on a closed or foreign fd it fails with an error.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then_some(n.max(0) as u64)
 }
 
 /// Ends one in-flight request when dropped.
