@@ -180,9 +180,7 @@ impl SendWatch {
             }
         }
         self.unacked = now;
-        self.activity
-            .send_stalled_for()
-            .is_some_and(|d| d >= limit)
+        self.activity.send_stalled_for().is_some_and(|d| d >= limit)
     }
 }
 

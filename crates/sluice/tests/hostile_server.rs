@@ -63,11 +63,8 @@ async fn connection_limit_pauses_accept_until_one_closes() {
         .await
         .unwrap();
     let mut answer = Vec::new();
-    let early = tokio::time::timeout(
-        Duration::from_millis(700),
-        third.read_to_end(&mut answer),
-    )
-    .await;
+    let early =
+        tokio::time::timeout(Duration::from_millis(700), third.read_to_end(&mut answer)).await;
     assert!(early.is_err(), "served beyond the limit: {answer:?}");
 
     // ...until one of the first two closes.
@@ -105,7 +102,8 @@ async fn endless_origin() -> (SocketAddr, mpsc::UnboundedReceiver<(u64, std::io:
             tokio::spawn(async move {
                 let mut req = vec![0u8; 4096];
                 let _ = tcp.read(&mut req).await;
-                let head = b"HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nConnection: close\r\n\r\n";
+                let head =
+                    b"HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nConnection: close\r\n\r\n";
                 if tcp.write_all(head).await.is_err() {
                     return;
                 }
@@ -164,10 +162,16 @@ async fn client_that_stops_reading_is_cut_and_its_upstream_closed() {
         ),
         "{err}"
     );
-    assert!(took >= Duration::from_millis(900), "cut too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "cut too early: {took:?}"
+    );
     assert!(sent < 64 * 1024 * 1024, "the origin kept streaming: {sent}");
     assert!(closed_within(&mut client, Duration::from_secs(5)).await);
-    assert_eq!(metric(&s, "sluice_downstream_send_timeouts_total").await, 1.0);
+    assert_eq!(
+        metric(&s, "sluice_downstream_send_timeouts_total").await,
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -193,7 +197,10 @@ async fn slow_but_reading_client_is_not_cut() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(got > 0);
-    assert_eq!(metric(&s, "sluice_downstream_send_timeouts_total").await, 0.0);
+    assert_eq!(
+        metric(&s, "sluice_downstream_send_timeouts_total").await,
+        0.0
+    );
     if let Ok((sent, e)) = ended.try_recv() {
         panic!("a reading client was cut after {sent} bytes: {e}");
     }
@@ -221,13 +228,18 @@ async fn tls_handshake_that_never_finishes_is_closed() {
     let mut silent = TcpStream::connect(s.addr).await.unwrap();
     // Half a ClientHello: a record header announcing 512 bytes, then 6 of them.
     let mut half = TcpStream::connect(s.addr).await.unwrap();
-    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03])
-        .await
-        .unwrap();
+    half.write_all(&[
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ])
+    .await
+    .unwrap();
     assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
     assert!(closed_within(&mut half, Duration::from_secs(5)).await);
     let took = silent_start.elapsed();
-    assert!(took >= Duration::from_millis(900), "closed too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed too early: {took:?}"
+    );
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
@@ -462,15 +474,26 @@ async fn iptv_hub_stops_holding_history_for_a_frozen_viewer() {
     // The fast viewer started on the burst, which holds datagram 0, then took everything.
     let want = stream.concat();
     assert_eq!(got.len(), want.len(), "{status}");
-    assert_eq!(Sha256::digest(&got), Sha256::digest(&want), "fast viewer unaffected");
+    assert_eq!(
+        Sha256::digest(&got),
+        Sha256::digest(&want),
+        "fast viewer unaffected"
+    );
     let hub = &status["hubs"][0];
     // The fast viewer has finished and left; the frozen one is still attached, evicted.
     assert_eq!(hub["subscribers"], 1, "{status}");
-    assert_eq!(hub["clients"][0]["lag_bytes"], serde_json::Value::Null, "{status}");
+    assert_eq!(
+        hub["clients"][0]["lag_bytes"],
+        serde_json::Value::Null,
+        "{status}"
+    );
     assert_eq!(hub["slow_released"], 1, "{status}");
     // Held: the burst history plus at most one chunk being published, not the frozen lag.
     let bound = 256 * 1024 + 128 * 1024;
-    assert!(peak > 0 && peak <= bound, "peak ring bytes {peak}: {status}");
+    assert!(
+        peak > 0 && peak <= bound,
+        "peak ring bytes {peak}: {status}"
+    );
     assert!(hub["buffered_bytes"].as_u64().unwrap() <= bound, "{status}");
     drop(frozen);
 }

@@ -70,7 +70,9 @@ impl Ring {
     /// A reader that has not been placed yet (an index past the end) lags by nothing.
     pub fn lag(&self, index: u64) -> Option<usize> {
         let from = index.checked_sub(self.base)?;
-        let from = usize::try_from(from).unwrap_or(usize::MAX).min(self.chunks.len());
+        let from = usize::try_from(from)
+            .unwrap_or(usize::MAX)
+            .min(self.chunks.len());
         Some(self.chunks.range(from..).map(Bytes::len).sum())
     }
 
