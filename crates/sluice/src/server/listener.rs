@@ -53,7 +53,7 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
             let e = io::Error::last_os_error();
             tracing::warn!(soft = before, hard = lim.rlim_max, error = %e, "cannot raise the open-file limit");
-            return Ok(before as u64);
+            return Ok(before);
         }
         tracing::info!(
             from = before,
@@ -61,7 +61,7 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
             "raised the open-file limit (RLIMIT_NOFILE) to its hard limit"
         );
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// The connection limit derived from the open-file limit: each proxied client costs about two
@@ -81,7 +81,7 @@ pub fn nofile_limit() -> u64 {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return 1024;
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 /// What an acceptor reports: pauses at the limit and the connections open now.
