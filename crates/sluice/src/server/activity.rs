@@ -165,3 +165,57 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A writer whose window is shut until `open` is set.
+    struct Gate {
+        open: bool,
+    }
+
+    impl AsyncWrite for Gate {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            if self.open {
+                Poll::Ready(Ok(buf.len()))
+            } else {
+                Poll::Pending
+            }
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stall_clock_runs_while_blocked_and_resets_on_progress() {
+        let activity = Activity::new();
+        let mut io = Watched::new(Gate { open: false }, activity.clone());
+        assert_eq!(activity.send_stalled_for(), None);
+        let blocked = tokio::time::timeout(Duration::from_millis(10), io.write(b"x")).await;
+        assert!(blocked.is_err());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let stalled = activity.send_stalled_for().unwrap();
+        assert!(stalled >= Duration::from_secs(3), "{stalled:?}");
+        // Acknowledged bytes without a write restart the clock but keep it running.
+        activity.drained();
+        assert!(activity.send_stalled_for().unwrap() < Duration::from_secs(1));
+        io.io.open = true;
+        assert_eq!(io.write(b"xy").await.unwrap(), 2);
+        assert_eq!(activity.send_stalled_for(), None);
+    }
+
+    #[test]
+    fn unacked_bytes_of_a_bad_descriptor_is_none() {
+        assert!(unacked_bytes(-1).is_none());
+    }
+}
