@@ -112,7 +112,7 @@ impl HttpMetrics {
         );
         registry.register(
             "downstream_send_timeouts",
-            "Client connections cut because the client stopped reading (server.send_timeout_secs)",
+            "Connections cut or responses released because the client stopped reading (server.send_timeout_secs)",
             m.send_timeouts.clone(),
         );
         registry.register(

@@ -4,6 +4,7 @@
 
 pub mod activity;
 pub mod listener;
+pub mod stall;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -230,10 +231,16 @@ impl Conn {
         let activity = watch.activity.clone();
         let app = self.app.clone();
         let act = activity.clone();
+        let bodies = stall::Watchlist::new();
+        let watched = bodies.clone();
         let service = service_fn(move |req| {
             let app = app.clone();
             let guard = act.begin();
-            async move { Ok::<_, Infallible>(app.handle(req, peer, secure, guard).await) }
+            let watched = watched.clone();
+            async move {
+                let resp = app.handle(req, peer, secure, guard).await;
+                Ok::<_, Infallible>(resp.map(|b| watched.guard(b)))
+            }
         });
         let conn = self
             .builder
@@ -266,6 +273,15 @@ impl Conn {
                         self.app.http_metrics().send_timeouts.inc();
                         tracing::debug!(%peer, "client stopped reading: send timeout, closing");
                         return;
+                    }
+                    if activity.send_stalled_for().is_none() {
+                        // The socket takes bytes, yet some response is not being pulled: an
+                        // HTTP/2 client holding its flow-control window shut on that stream.
+                        let released = bodies.release_stalled(t.send);
+                        if released > 0 {
+                            self.app.http_metrics().send_timeouts.inc_by(released as u64);
+                            tracing::debug!(%peer, released, "streams not read: send timeout");
+                        }
                     }
                     if !closing && activity.idle_for().is_some_and(|d| d >= t.idle) {
                         closing = true;

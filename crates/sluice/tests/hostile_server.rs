@@ -426,6 +426,70 @@ async fn h2_oversize_header_list_gets_431() {
     assert_eq!(block.first(), Some(&0x88));
 }
 
+#[tokio::test]
+async fn h2_stream_with_its_window_held_shut_releases_its_upstream() {
+    let (origin, mut ended) = endless_origin().await;
+    let mut config = test_config();
+    config.server.send_timeout_secs = 1;
+    config.upstream.idle_read_timeout_secs = 60;
+    config.upstream.header_timeout_secs = 60;
+    let s = Sluice::start(config).await;
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0: the server may send no DATA on any stream, while the
+    // TCP socket itself stays perfectly writable.
+    let mut tcp = TcpStream::connect(s.addr).await.unwrap();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[0x00, 0x04, 0, 0, 0, 0]));
+    let path = format!(
+        "/proxy/stream?d={}",
+        enc(&format!("http://{origin}/live.ts"))
+    );
+    hello.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request_block(&path, &[]),
+    ));
+    tcp.write_all(&hello).await.unwrap();
+    let (_, _, _, block) = read_until(&mut tcp, |kind, id| kind == HEADERS && id == 1)
+        .await
+        .expect("response head on stream 1");
+    assert_eq!(block.first(), Some(&0x88), ":status 200");
+    let stopped = Instant::now();
+    let (_, err) = tokio::time::timeout(Duration::from_secs(15), ended.recv())
+        .await
+        .expect("the origin's connection is closed once the stream has stalled")
+        .unwrap();
+    let took = stopped.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "released too early: {took:?}"
+    );
+    assert!(
+        matches!(
+            err.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{err}"
+    );
+    // Only that stream was given up: the connection still serves.
+    tcp.write_all(&frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &request_block("/health", &[]),
+    ))
+    .await
+    .unwrap();
+    let (_, _, _, block) = read_until(&mut tcp, |kind, id| kind == HEADERS && id == 3)
+        .await
+        .expect("stream 3 answered");
+    assert_eq!(block.first(), Some(&0x88));
+    assert_eq!(
+        metric(&s, "sluice_downstream_send_timeouts_total").await,
+        1.0
+    );
+}
+
 // === IPTV: a frozen viewer beside a healthy one ===
 
 #[tokio::test]
