@@ -9,8 +9,9 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -100,6 +101,10 @@ pub struct Acceptor {
     slots: Arc<Semaphore>,
     max: usize,
     metrics: AcceptMetrics,
+    /// When the last warning was logged (seconds since `born`, plus 1; 0 = never), so a
+    /// server saturated for hours logs once a minute, not once per accept.
+    warned: Arc<AtomicU64>,
+    born: Instant,
 }
 
 /// One open connection's slot; dropping it (connection closed) lets the acceptor take another.
@@ -123,6 +128,24 @@ impl Acceptor {
             slots: Arc::new(Semaphore::new(max)),
             max,
             metrics,
+            warned: Arc::new(AtomicU64::new(0)),
+            born: Instant::now(),
+        }
+    }
+
+    fn warn_throttled(&self) {
+        let now = self.born.elapsed().as_secs() + 1;
+        let last = self.warned.load(Ordering::Relaxed);
+        if (last == 0 || now >= last + 60)
+            && self
+                .warned
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                max = self.max,
+                "connection limit reached: not accepting until a connection closes (logged at most once a minute; see sluice_downstream_accept_paused_total)"
+            );
         }
     }
 
@@ -138,10 +161,7 @@ impl Acceptor {
             Ok(p) => p,
             Err(_) => {
                 self.metrics.paused.inc();
-                tracing::warn!(
-                    max = self.max,
-                    "connection limit reached: not accepting until a connection closes"
-                );
+                self.warn_throttled();
                 self.slots
                     .clone()
                     .acquire_owned()
