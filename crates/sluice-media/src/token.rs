@@ -19,6 +19,7 @@
 //! exp, ip}` instead; [`decrypt_token`] maps that shape onto the same flat params.
 
 mod claims;
+pub mod sealed;
 pub(crate) mod python;
 #[cfg(test)]
 mod tests;
