@@ -19,8 +19,8 @@
 //! exp, ip}` instead; [`decrypt_token`] maps that shape onto the same flat params.
 
 mod claims;
-pub mod sealed;
 pub(crate) mod python;
+pub mod sealed;
 #[cfg(test)]
 mod tests;
 

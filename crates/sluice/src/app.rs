@@ -18,8 +18,8 @@ use sluice_media::query::Query;
 use sluice_media::token::split_path_token;
 use tokio::time::Instant;
 
-use crate::auth::token::{self, TokenGate};
 pub use crate::auth::token::TokenScope;
+use crate::auth::token::{self, TokenGate};
 use crate::auth::Auth;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
@@ -303,10 +303,15 @@ impl App {
         if !self.metrics_open {
             self.authorize(req, ctx)?;
         }
-        let mut resp = Response::new(body::full(metrics::render(&self.registry)));
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|a| a.to_str().ok());
+        let format = metrics::Format::negotiate(accept);
+        let mut resp = Response::new(body::full(metrics::exposition(&self.registry, format)));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            HeaderValue::from_static(format.content_type()),
         );
         Ok(resp)
     }

@@ -182,7 +182,11 @@ async fn a_bit_flip_at_any_byte_of_a_minted_token_gets_the_same_refusal() {
         let got = observe(&format!("{base}/_token_{forged}/{path}")).await;
         assert_eq!(got, want, "{forged}");
     }
-    assert_eq!(origin.requests(), fetched, "no forged token reached the origin");
+    assert_eq!(
+        origin.requests(),
+        fetched,
+        "no forged token reached the origin"
+    );
 }
 
 #[tokio::test]
@@ -220,9 +224,15 @@ async fn a_padding_oracle_attack_on_a_mediaflow_token_learns_nothing() {
     // A token that is only the last two blocks (CBC-R building block) and one forged for a
     // chosen plaintext with the wrong key fare no better.
     let t = URL_SAFE_NO_PAD.encode(&raw[raw.len() - 32..]);
-    assert_eq!(observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await, want);
+    assert_eq!(
+        observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+        want
+    );
     let t = TokenKey::new("guess").encrypt(&params, None, None, [1; 16]);
-    assert_eq!(observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await, want);
+    assert_eq!(
+        observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+        want
+    );
 }
 
 #[tokio::test]
@@ -294,7 +304,10 @@ async fn an_hls_child_token_cannot_be_repointed_or_given_headers() {
         format!("{url}?x_headers=authorization"),
         format!("{url}?rp_content-type=text/html"),
         // Another endpoint family, the ops endpoints, the URL generator.
-        format!("{base}/_token_{token}/proxy/stream?d={}", enc(&origin.url("/x"))),
+        format!(
+            "{base}/_token_{token}/proxy/stream?d={}",
+            enc(&origin.url("/x"))
+        ),
         format!("{base}/_token_{token}/proxy/mpd/manifest.m3u8"),
         format!("{base}/_token_{token}/metrics"),
         format!("{base}/_token_{token}/status"),
@@ -370,8 +383,14 @@ async fn a_playlist_entry_token_opens_channels_only() {
     // The entry itself is authorized (the gateway answers 504: nothing is sent to the group).
     assert_eq!(get(entry).await.status, 504);
     for attack in [
-        format!("{base}/_token_{token}/proxy/stream?d={}", enc(&origin.url("/small"))),
-        format!("{base}/proxy/stream?token={token}&d={}", enc(&origin.url("/small"))),
+        format!(
+            "{base}/_token_{token}/proxy/stream?d={}",
+            enc(&origin.url("/small"))
+        ),
+        format!(
+            "{base}/proxy/stream?token={token}&d={}",
+            enc(&origin.url("/small"))
+        ),
         format!("{base}/_token_{token}/metrics"),
         format!("{base}/_token_{token}/status"),
         format!("{base}/_token_{token}/status.json"),

@@ -126,13 +126,8 @@ impl TokenGate {
     fn open_mediaflow(&self, token: &str) -> Result<Opened, TokenRefusal> {
         let key = self.mediaflow.as_ref().ok_or(TokenRefusal::MediaFlowOff)?;
         let claims = key.decrypt(token).map_err(TokenRefusal::MediaFlow)?;
-        let offered: [u8; 32] = Sha256::digest(
-            claims
-                .param("api_password")
-                .unwrap_or_default()
-                .as_bytes(),
-        )
-        .into();
+        let offered: [u8; 32] =
+            Sha256::digest(claims.param("api_password").unwrap_or_default().as_bytes()).into();
         let has_password = claims.param("api_password").is_some();
         if !(bool::from(offered.ct_eq(&self.digest)) && has_password) {
             return Err(TokenRefusal::NoPassword);
@@ -254,7 +249,9 @@ mod tests {
     }
 
     fn pairs(q: &[(&str, &str)]) -> Vec<(String, String)> {
-        q.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        q.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -281,15 +278,29 @@ mod tests {
     #[test]
     fn mediaflow_tokens_need_the_password_and_can_be_turned_off() {
         let key = TokenKey::new("pw");
-        let with = key.encrypt(&pairs(&[("d", "x"), ("api_password", "pw")]), None, None, [1; 16]);
+        let with = key.encrypt(
+            &pairs(&[("d", "x"), ("api_password", "pw")]),
+            None,
+            None,
+            [1; 16],
+        );
         let without = key.encrypt(&pairs(&[("d", "x")]), None, None, [1; 16]);
         let wrong = key.encrypt(&pairs(&[("api_password", "pX")]), None, None, [1; 16]);
         let o = gate(true).open(&with, IP, 0).unwrap();
         assert_eq!(o.params, pairs(&[("d", "x")]));
         assert_eq!(o.scope.paths, None);
-        assert!(matches!(gate(true).open(&without, IP, 0), Err(TokenRefusal::NoPassword)));
-        assert!(matches!(gate(true).open(&wrong, IP, 0), Err(TokenRefusal::NoPassword)));
-        assert!(matches!(gate(false).open(&with, IP, 0), Err(TokenRefusal::MediaFlowOff)));
+        assert!(matches!(
+            gate(true).open(&without, IP, 0),
+            Err(TokenRefusal::NoPassword)
+        ));
+        assert!(matches!(
+            gate(true).open(&wrong, IP, 0),
+            Err(TokenRefusal::NoPassword)
+        ));
+        assert!(matches!(
+            gate(false).open(&with, IP, 0),
+            Err(TokenRefusal::MediaFlowOff)
+        ));
     }
 
     #[test]
@@ -297,14 +308,26 @@ mod tests {
         let g = gate(true);
         let t = g.mint(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, true, 0);
         let o = g.open(&t, IP, 0).unwrap();
-        let q = scoped_query(&o, "/proxy/hls/segment.ts", &Query::parse("_HLS_msn=3&token=t"))
-            .unwrap();
-        assert_eq!(q.pairs(), pairs(&[("d", "x"), ("_HLS_msn", "3")]).as_slice());
+        let q = scoped_query(
+            &o,
+            "/proxy/hls/segment.ts",
+            &Query::parse("_HLS_msn=3&token=t"),
+        )
+        .unwrap();
+        assert_eq!(
+            q.pairs(),
+            pairs(&[("d", "x"), ("_HLS_msn", "3")]).as_slice()
+        );
         assert!(matches!(
             scoped_query(&o, "/proxy/stream", &Query::parse("")),
             Err(TokenRefusal::OutOfScope)
         ));
-        for q in ["d=y", "h_authorization=x", "key_id=1", "_HLS_msn=1&_HLS_msn=2"] {
+        for q in [
+            "d=y",
+            "h_authorization=x",
+            "key_id=1",
+            "_HLS_msn=1&_HLS_msn=2",
+        ] {
             let r = scoped_query(&o, "/proxy/hls/x", &Query::parse(q));
             assert!(matches!(r, Err(TokenRefusal::Override(_))), "{q}");
         }

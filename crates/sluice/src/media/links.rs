@@ -55,7 +55,9 @@ impl Links {
 
 /// The endpoint family a child token opens: `/proxy/hls/segment.ts` → `/proxy/hls/`.
 fn family(endpoint: &str) -> &str {
-    let after = endpoint.strip_prefix("/proxy/").map_or(0, |_| "/proxy/".len());
+    let after = endpoint
+        .strip_prefix("/proxy/")
+        .map_or(0, |_| "/proxy/".len());
     match endpoint[after..].find('/') {
         Some(end) => &endpoint[..after + end + 1],
         None => endpoint,
@@ -135,10 +137,7 @@ mod tests {
         let exp = opened.scope.exp.unwrap();
         assert!(exp < 4_000_000_000 && exp > token::now());
         assert_eq!(opened.scope.ip.as_deref(), Some("1.2.3.4"));
-        assert_eq!(
-            opened.scope.paths,
-            Some(vec!["/proxy/hls/".to_string()])
-        );
+        assert_eq!(opened.scope.paths, Some(vec!["/proxy/hls/".to_string()]));
         assert_eq!(opened.params, params);
         assert_eq!(family("/proxy/mpd/playlist.m3u8"), "/proxy/mpd/");
         assert_eq!(family("/proxy/stream"), "/proxy/stream");
