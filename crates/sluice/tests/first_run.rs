@@ -198,3 +198,15 @@ async fn metrics_content_type_matches_the_body() {
         "{start} vs {now}"
     );
 }
+
+#[tokio::test]
+async fn playlist_credentials_never_reach_a_client() {
+    let mut config = test_config();
+    // A provider URL with credentials in both places providers put them; nothing listens there.
+    config.iptv.playlist =
+        Some("http://acct:sekret1@127.0.0.1:1/get.php?username=acct&password=sekret2".into());
+    let s = Sluice::start(config).await;
+    let r = get(&s.url("/playlist.m3u")).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.body.unwrap(), "playlist unavailable\n");
+}
