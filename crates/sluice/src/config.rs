@@ -112,6 +112,9 @@ pub struct UpstreamConfig {
     pub user_agent: String,
     /// Hosts (exact, or `*.domain`) whose TLS certificates are not verified.
     pub insecure_hosts: Vec<String>,
+    /// PEM file of extra CA certificates trusted for upstream TLS (a private CA), beside the
+    /// bundled webpki roots and the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
     /// Outgoing proxy routes; the most specific matching pattern wins.
     pub routes: Vec<RouteConfig>,
 }
@@ -131,6 +134,7 @@ impl Default for UpstreamConfig {
                          Chrome/136.0.0.0 Safari/537.36"
                 .to_string(),
             insecure_hosts: Vec::new(),
+            ca_file: None,
             routes: Vec::new(),
         }
     }
