@@ -155,7 +155,15 @@ impl App {
     ) -> Response<Body> {
         let ctx = match self.context(&req, peer, secure) {
             Ok(ctx) => ctx,
-            Err(refused) => return refused,
+            Err(why) => {
+                tracing::debug!(reason = %why, "token refused");
+                let mut resp = token::refusal();
+                resp.extensions_mut().insert(ErrorMark {
+                    side: crate::error::Side::Downstream,
+                    kind: "token",
+                });
+                return resp;
+            }
         };
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
@@ -188,7 +196,7 @@ impl App {
         req: &Request<Incoming>,
         peer: SocketAddr,
         secure: bool,
-    ) -> Result<RequestContext, Response<Body>> {
+    ) -> Result<RequestContext, token::TokenRefusal> {
         let client_ip = self.auth.client_ip(peer.ip(), req.headers());
         let raw_path = req.uri().path();
         let mut query = Query::parse(req.uri().query().unwrap_or(""));
@@ -219,15 +227,7 @@ impl App {
                     query = q;
                     scope = Some(s);
                 }
-                Err(why) => {
-                    tracing::debug!(%client_ip, reason = %why, "token refused");
-                    let mut resp = token::refusal();
-                    resp.extensions_mut().insert(ErrorMark {
-                        side: crate::error::Side::Downstream,
-                        kind: "token",
-                    });
-                    return Err(resp);
-                }
+                Err(why) => return Err(why),
             }
         }
         Ok(RequestContext {

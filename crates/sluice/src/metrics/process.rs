@@ -140,7 +140,7 @@ fn max_fds() -> Option<u64> {
     };
     // SAFETY: getrlimit writes into the struct we own.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    (rc == 0).then_some(lim.rlim_cur as u64)
+    (rc == 0).then_some(lim.rlim_cur)
 }
 
 #[cfg(test)]
