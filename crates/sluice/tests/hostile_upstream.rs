@@ -190,7 +190,10 @@ async fn wait_hits(o: &Echo, path: &str, n: usize) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("origin saw {} requests for {path}, wanted {n}", o.count(path));
+    panic!(
+        "origin saw {} requests for {path}, wanted {n}",
+        o.count(path)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -203,23 +206,43 @@ async fn cache_isolates_users_by_cookie_and_authorization() {
     let s = Sluice::start(test_config()).await;
     load_playlist(&s, &o, "").await;
     for (param, header) in [("h_cookie", "cookie"), ("h_authorization", "authorization")] {
-        let seg = if param == "h_cookie" { "seg1.ts" } else { "seg3.ts" };
+        let seg = if param == "h_cookie" {
+            "seg1.ts"
+        } else {
+            "seg3.ts"
+        };
         let as_a = format!("&{param}={}", enc("user=A"));
         let as_b = format!("&{param}={}", enc("user=B"));
         let a = get(&seg_url(&s, &o, seg, &as_a)).await;
         assert_eq!(a.status, 200);
-        assert!(text(&a).contains(&format!("{header}=user=A")), "{}", text(&a));
+        assert!(
+            text(&a).contains(&format!("{header}=user=A")),
+            "{}",
+            text(&a)
+        );
         // User B asks for the same segment with their own credentials: the origin is asked again
         // and B gets B's bytes, never A's.
         let b = get(&seg_url(&s, &o, seg, &as_b)).await;
         assert_eq!(b.status, 200);
-        assert!(text(&b).contains(&format!("{header}=user=B")), "{}", text(&b));
+        assert!(
+            text(&b).contains(&format!("{header}=user=B")),
+            "{}",
+            text(&b)
+        );
         assert!(!text(&b).contains("user=A"));
         // The segment A's request prefetched (with A's credentials) is not B's either.
-        let next = if seg == "seg1.ts" { "seg2.ts" } else { "seg4.ts" };
+        let next = if seg == "seg1.ts" {
+            "seg2.ts"
+        } else {
+            "seg4.ts"
+        };
         wait_hits(&o, &format!("/{next}"), 1).await;
         let b2 = get(&seg_url(&s, &o, next, &as_b)).await;
-        assert!(text(&b2).contains(&format!("{header}=user=B")), "{}", text(&b2));
+        assert!(
+            text(&b2).contains(&format!("{header}=user=B")),
+            "{}",
+            text(&b2)
+        );
         // A asking again is still a cache hit: isolation did not turn the cache off.
         let before = o.count(&format!("/{seg}"));
         let a2 = get(&seg_url(&s, &o, seg, &as_a)).await;
@@ -235,7 +258,13 @@ async fn cache_cannot_be_poisoned_with_range_or_host() {
     load_playlist(&s, &o, "").await;
     let honest = format!("/seg1.ts|cookie=|authorization=|host={}", o.addr);
     // The attacker fetches the segment first, with a range and with a forged Host.
-    let r = get(&seg_url(&s, &o, "seg1.ts", &format!("&h_range={}", enc("bytes=0-3")))).await;
+    let r = get(&seg_url(
+        &s,
+        &o,
+        "seg1.ts",
+        &format!("&h_range={}", enc("bytes=0-3")),
+    ))
+    .await;
     assert_eq!(r.body.unwrap(), "/seg");
     let r = get(&seg_url(&s, &o, "seg1.ts", "&h_host=evil.example")).await;
     assert!(text(&r).ends_with("host=evil.example"), "{}", text(&r));
@@ -245,7 +274,13 @@ async fn cache_cannot_be_poisoned_with_range_or_host() {
     assert_eq!(text(&r), honest);
     // A partial answer was never stored: a second ranged request reaches the origin again.
     let before = o.count("/seg1.ts");
-    let r = get(&seg_url(&s, &o, "seg1.ts", &format!("&h_range={}", enc("bytes=0-3")))).await;
+    let r = get(&seg_url(
+        &s,
+        &o,
+        "seg1.ts",
+        &format!("&h_range={}", enc("bytes=0-3")),
+    ))
+    .await;
     assert_eq!(r.body.unwrap(), "/seg");
     assert_eq!(o.count("/seg1.ts"), before + 1);
 }
@@ -261,7 +296,11 @@ async fn cache_stores_only_shareable_complete_answers() {
     assert_eq!(o.count("/seg1.ts"), 1);
     let again = get(&url).await;
     assert_eq!(again.body.unwrap(), first.body.unwrap());
-    assert_eq!(o.count("/seg1.ts"), 1, "a complete 200 is served from the cache");
+    assert_eq!(
+        o.count("/seg1.ts"),
+        1,
+        "a complete 200 is served from the cache"
+    );
     // `Cache-Control: private` answers are passed on but never stored.
     let private = seg_url(&s, &o, "private.ts", "");
     let a = get(&private).await;
@@ -480,7 +519,10 @@ async fn piped_html_cannot_run_on_the_proxy_origin() {
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["content-security-policy"], "sandbox");
     assert_eq!(r.headers["x-content-type-options"], "nosniff");
-    assert_eq!(r.headers.get_all("content-security-policy").iter().count(), 1);
+    assert_eq!(
+        r.headers.get_all("content-security-policy").iter().count(),
+        1
+    );
     // Every piped answer carries nosniff: HLS segments too.
     let r = get(&seg_url(&s, &o, "seg1.ts", "")).await;
     assert_eq!(r.status, 200);
@@ -514,7 +556,10 @@ async fn ssrf_refusals_name_the_class_never_the_address() {
         let body = text(&r);
         assert!(body.contains(&format!("{class} address")), "{host}: {body}");
         if host == "localhost" {
-            assert!(!body.contains("127.0.0.1") && !body.contains("::1"), "{body}");
+            assert!(
+                !body.contains("127.0.0.1") && !body.contains("::1"),
+                "{body}"
+            );
         }
     }
 }
@@ -526,7 +571,9 @@ async fn ssrf_refusals_name_the_class_never_the_address() {
 /// A TLS origin offering h2 with at most 2 concurrent streams per connection. `/stall` sends
 /// its head and one chunk, then nothing (a viewer that never gets more). Counts connections and
 /// records the HTTP version of every request.
-async fn h2_origin_two_streams(c: &tempfile_pair::Pair) -> (u16, Arc<AtomicUsize>, Arc<Mutex<Vec<http::Version>>>) {
+async fn h2_origin_two_streams(
+    c: &tempfile_pair::Pair,
+) -> (u16, Arc<AtomicUsize>, Arc<Mutex<Vec<http::Version>>>) {
     let config = sluice::server::tls::server_config(c.cert.path(), c.key.path()).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -549,16 +596,18 @@ async fn h2_origin_two_streams(c: &tempfile_pair::Pair) -> (u16, Arc<AtomicUsize
                     let vs = vs.clone();
                     async move {
                         vs.lock().unwrap().push(req.version());
-                        let first = futures_util::stream::iter([Ok::<_, Infallible>(
-                            Frame::data(Bytes::from_static(b"first-chunk")),
-                        )]);
-                        let body = StreamBody::new(
-                            futures_util::StreamExt::chain(first, futures_util::stream::pending()),
-                        );
+                        let first = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(
+                            Bytes::from_static(b"first-chunk"),
+                        ))]);
+                        let body = StreamBody::new(futures_util::StreamExt::chain(
+                            first,
+                            futures_util::stream::pending(),
+                        ));
                         Ok::<_, Infallible>(Response::new(body))
                     }
                 });
-                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 builder.http2().max_concurrent_streams(2);
                 let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
             });
@@ -585,7 +634,8 @@ mod tempfile_pair {
         let mut cert = tempfile::NamedTempFile::new().unwrap();
         cert.write_all(ck.cert.pem().as_bytes()).unwrap();
         let mut key = tempfile::NamedTempFile::new().unwrap();
-        key.write_all(ck.key_pair.serialize_pem().as_bytes()).unwrap();
+        key.write_all(ck.key_pair.serialize_pem().as_bytes())
+            .unwrap();
         Pair { cert, key }
     }
 }
@@ -609,7 +659,11 @@ async fn open_viewer(addr: std::net::SocketAddr, path: &str, want: &str) -> TcpS
     tokio::time::timeout(Duration::from_secs(5), read)
         .await
         .expect("viewer got no answer within 5 s");
-    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
     s
 }
 
@@ -663,7 +717,10 @@ async fn queueing_for_a_setup_slot_is_not_a_connect_timeout() {
                 let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
                     let body = futures_util::stream::unfold(0u8, |i| async move {
                         match i {
-                            0 => Some((Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"ok"))), 1)),
+                            0 => Some((
+                                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"ok"))),
+                                1,
+                            )),
                             1 => {
                                 tokio::time::sleep(Duration::from_millis(2500)).await;
                                 None

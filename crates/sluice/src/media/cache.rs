@@ -364,8 +364,7 @@ mod tests {
     fn with(headers: &[(&'static str, &'static str)]) -> CacheKey {
         let mut req = UpstreamRequest::get(url::Url::parse("http://o/seg.ts").unwrap());
         for (n, v) in headers {
-            req.headers
-                .append(*n, http::HeaderValue::from_static(v));
+            req.headers.append(*n, http::HeaderValue::from_static(v));
         }
         CacheKey::for_request(CacheKind::Segment, &req)
     }

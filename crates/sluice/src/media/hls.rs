@@ -261,11 +261,7 @@ struct RewriteJob {
     base: url::Url,
 }
 
-type RewriteOutcome = (
-    Result<String, rewriter::HlsError>,
-    Vec<Part>,
-    url::Url,
-);
+type RewriteOutcome = (Result<String, rewriter::HlsError>, Vec<Part>, url::Url);
 
 impl RewriteJob {
     /// The rewritten text, the segments in playback order (for prefetch; byte-range playlists are

@@ -279,7 +279,13 @@ pub fn shareable(headers: &HeaderMap) -> bool {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|d| d.trim().split('=').next().unwrap_or("").to_ascii_lowercase())
+        .map(|d| {
+            d.trim()
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase()
+        })
         .any(|d| d == "no-store" || d == "private")
 }
 

@@ -55,18 +55,14 @@ pub async fn connect(
     let mut remaining = true;
     if let Some(addr) = next.next() {
         attempts.push(start(*addr));
-        timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + stagger);
+        timer.as_mut().reset(tokio::time::Instant::now() + stagger);
     }
     loop {
         if attempts.is_empty() {
             match next.next() {
                 Some(addr) => {
                     attempts.push(start(*addr));
-                    timer
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + stagger);
+                    timer.as_mut().reset(tokio::time::Instant::now() + stagger);
                 }
                 None => {
                     return Err(last_err.unwrap_or_else(|| {
@@ -113,12 +109,7 @@ mod tests {
 
     #[test]
     fn interleaves_families() {
-        let got = interleave(&[
-            a("[::1]:1"),
-            a("[::2]:1"),
-            a("[::3]:1"),
-            a("1.0.0.1:1"),
-        ]);
+        let got = interleave(&[a("[::1]:1"), a("[::2]:1"), a("[::3]:1"), a("1.0.0.1:1")]);
         assert_eq!(
             got,
             vec![a("[::1]:1"), a("1.0.0.1:1"), a("[::2]:1"), a("[::3]:1")]
@@ -128,16 +119,15 @@ mod tests {
 
     /// A listener whose accept queue is full drops further SYNs: a real black hole on loopback.
     fn black_hole() -> (socket2::Socket, Vec<std::net::TcpStream>, SocketAddr) {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.bind(&a("127.0.0.1:0").into()).unwrap();
         sock.listen(0).unwrap();
         let addr = sock.local_addr().unwrap().as_socket().unwrap();
         // Fill the queue; the kernel then ignores new SYNs.
         let mut fillers = Vec::new();
         for _ in 0..4 {
-            if let Ok(s) =
-                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))
-            {
+            if let Ok(s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
                 fillers.push(s);
             }
         }
@@ -166,9 +156,13 @@ mod tests {
         };
         let good = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let good_addr = good.local_addr().unwrap();
-        let s = connect(&[closed, good_addr], Duration::from_secs(30), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let s = connect(
+            &[closed, good_addr],
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
         assert_eq!(s.peer_addr().unwrap(), good_addr);
         let err = connect(&[closed], STAGGER, Duration::from_secs(5))
             .await

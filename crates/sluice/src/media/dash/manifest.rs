@@ -181,8 +181,7 @@ async fn fetch_text(
         return Err(ProxyError::upstream_status(resp.status, &host, "the MPD"));
     }
     let final_url = resp.final_url.clone();
-    let storable =
-        resp.status == StatusCode::OK && !asked_range && shareable(&resp.headers);
+    let storable = resp.status == StatusCode::OK && !asked_range && shareable(&resp.headers);
     let text = resp.body.collect_limited(limit).await.map_err(|e| {
         let mut err = ProxyError::new(
             Side::Upstream,
