@@ -41,6 +41,25 @@ use url::Url;
 /// SCTE-35 date ranges of a few KiB), and a cap bounds the work any one line can cause.
 pub const MAX_LINE_LEN: usize = 64 * 1024;
 
+/// Media segments a playlist lists (its `#EXTINF` lines), counted without parsing it, so a caller
+/// can refuse an oversized playlist before doing the rewriting work.
+pub fn count_segments(text: &str) -> usize {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("#EXTINF"))
+        .count()
+}
+
+#[cfg(test)]
+mod count_tests {
+    #[test]
+    fn counts_extinf_lines_only() {
+        let text = "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4,\na.ts\r\n#EXTINF:4,\nb.ts\n\
+                    #EXT-X-ENDLIST\n";
+        assert_eq!(super::count_segments(text), 2);
+        assert_eq!(super::count_segments("#EXTM3U\n"), 0);
+    }
+}
+
 /// What kind of proxy URL the caller must build for a URI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {

@@ -18,6 +18,27 @@ pub enum QueryError {
     BadHeaderName(String),
     #[error("value of `{0}` is not a valid HTTP header value")]
     BadHeaderValue(String),
+    #[error("`{0}` may not be set: it is a framing or hop-by-hop header the proxy owns")]
+    ForbiddenHeader(String),
+}
+
+/// Headers that frame a message or concern one connection hop. A client may not set them through
+/// `h_*`, `r_*` or `rp_*`: on a pooled keep-alive connection a forged `Content-Length` or
+/// `Transfer-Encoding` makes the upstream read the next user's request as this one's body.
+pub fn is_forbidden_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "expect"
+            | "http2-settings"
+    ) || name.starts_with("proxy-")
 }
 
 /// All query pairs of a request, in order, percent-decoded.
@@ -152,6 +173,9 @@ fn header_pair(key: &str, name: &str, value: &str) -> Result<(String, String), Q
     if !valid_name {
         return Err(QueryError::BadHeaderName(key.to_string()));
     }
+    if is_forbidden_header(&name) {
+        return Err(QueryError::ForbiddenHeader(key.to_string()));
+    }
     if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
         return Err(QueryError::BadHeaderValue(key.to_string()));
     }
@@ -241,6 +265,34 @@ mod tests {
         );
         assert_eq!(p.propagate_headers, vec![("x-a".into(), "1".into())]);
         assert_eq!(p.strip_headers, vec!["server", "etag"]);
+    }
+
+    #[test]
+    fn framing_and_hop_by_hop_refused() {
+        for key in [
+            "h_content-length",
+            "h_Content-Length",
+            "h_transfer-encoding",
+            "h_connection",
+            "h_keep-alive",
+            "h_te",
+            "h_trailer",
+            "h_upgrade",
+            "h_expect",
+            "h_proxy-authorization",
+            "h_proxy-connection",
+            "r_transfer-encoding",
+            "rp_content-length",
+        ] {
+            let q = Query::parse(&format!("d=http://h/v&{key}=5"));
+            assert_eq!(
+                ProxyParams::from_query(&q),
+                Err(QueryError::ForbiddenHeader(key.into())),
+                "{key}"
+            );
+        }
+        let q = Query::parse("d=http://h/v&h_host=h2&h_range=bytes%3D0-1&h_authorization=x");
+        assert!(ProxyParams::from_query(&q).is_ok());
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub struct UpstreamConfig {
     pub max_setups_per_host: usize,
     /// Redirects followed before giving up.
     pub max_redirects: usize,
-    /// Allow upstreams that resolve to loopback, private, link-local or unspecified addresses.
+    /// Allow upstreams that resolve to non-public addresses (every class of `upstream::guard`).
     pub allow_private: bool,
     /// Seconds an idle pooled connection is kept.
     pub pool_idle_secs: u64,
@@ -137,6 +137,15 @@ pub struct UpstreamConfig {
     pub ca_file: Option<std::path::PathBuf>,
     /// Outgoing proxy routes; the most specific matching pattern wins.
     pub routes: Vec<RouteConfig>,
+    /// Offer HTTP/2 (ALPN `h2`) to TLS upstreams. Off: every request gets its own HTTP/1.1
+    /// connection, so an origin's `MAX_CONCURRENT_STREAMS` cannot cap viewers and one stalled
+    /// viewer cannot hold back the others' shared connection window.
+    pub http2: bool,
+    /// Seconds between HTTP/2 keep-alive pings (only with `http2`); a connection whose ping goes
+    /// unanswered for as long is closed.
+    pub http2_keepalive_secs: u64,
+    /// Read buffer of each upstream HTTP/1 connection, in bytes (fixed, not grown adaptively).
+    pub read_buffer_bytes: usize,
 }
 
 impl Default for UpstreamConfig {
@@ -156,6 +165,9 @@ impl Default for UpstreamConfig {
             insecure_hosts: Vec::new(),
             ca_file: None,
             routes: Vec::new(),
+            http2: false,
+            http2_keepalive_secs: 30,
+            read_buffer_bytes: 32 * 1024,
         }
     }
 }
@@ -214,6 +226,11 @@ pub struct MediaConfig {
     pub max_mpd_bytes: usize,
     /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
     pub max_segment_bytes: usize,
+    /// Most segments one HLS media playlist may list; above it the request gets a 400 instead of
+    /// unbounded rewriting work. (DASH representations have the MPD parser's own cap.)
+    pub max_playlist_segments: usize,
+    /// Bytes the prefetch registry (the segment lists of recently served playlists) may hold.
+    pub prefetch_registry_bytes: usize,
 }
 
 impl Default for MediaConfig {
@@ -233,6 +250,8 @@ impl Default for MediaConfig {
             mpd_live_playlist_depth: 15,
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
+            max_playlist_segments: 20_000,
+            prefetch_registry_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -337,6 +356,15 @@ impl Config {
         }
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
+        }
+        if !(4096..=1024 * 1024).contains(&self.upstream.read_buffer_bytes) {
+            bail!("upstream.read_buffer_bytes must be between 4096 and 1048576");
+        }
+        if self.upstream.http2 && self.upstream.http2_keepalive_secs == 0 {
+            bail!("upstream.http2_keepalive_secs must be at least 1");
+        }
+        if self.media.max_playlist_segments == 0 {
+            bail!("media.max_playlist_segments must be at least 1");
         }
         self.iptv
             .validate()

@@ -50,6 +50,7 @@ impl Media {
             config.prefetch_segments,
             Duration::from_secs(config.segment_ttl_secs),
             config.max_segment_bytes,
+            config.prefetch_registry_bytes,
             registry,
         );
         let dash = dash::Dash::new(

@@ -1,10 +1,13 @@
-//! The pooled upstream HTTP client every front end shares: keep-alive per origin, HTTP/1.1 and HTTP/2
-//! by ALPN, a time-to-headers deadline, idle-read deadlines on bodies, redirects, outgoing proxy routes.
+//! The pooled upstream HTTP client every front end shares: keep-alive per origin, HTTP/1.1 (HTTP/2 by
+//! ALPN when enabled), a time-to-headers deadline, idle-read deadlines on bodies, redirects, outgoing
+//! proxy routes.
 
 pub mod body;
 pub mod connector;
 pub mod group;
 pub mod guard;
+pub mod happy;
+pub mod resolve;
 pub mod route;
 pub mod tls;
 pub mod tunnel;
@@ -139,15 +142,24 @@ impl Upstream {
             routes,
             extra_roots,
             config.allow_private,
+            config.http2,
             Duration::from_secs(config.connect_timeout_secs),
             config.max_setups_per_host,
             metrics.opened.clone(),
         );
+        let ping = Duration::from_secs(config.http2_keepalive_secs.max(1));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(config.pool_idle_secs))
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
+            // A fixed read buffer: hyper's adaptive one grows towards ~400 KiB per connection on
+            // a fast origin, which is most of the memory of a proxy with many viewers.
+            .http1_read_buf_exact_size(config.read_buffer_bytes)
+            // Dead HTTP/2 connections are found by pings instead of by the next viewer's timeout.
+            .http2_keep_alive_interval(ping)
+            .http2_keep_alive_timeout(ping)
+            .http2_keep_alive_while_idle(true)
             .build(connector);
         Ok(Upstream {
             client,

@@ -1,5 +1,6 @@
-//! The upstream client through real sockets: TLS both ways (ALPN h2), per-host verification opt-out,
-//! HTTP CONNECT and SOCKS5 routes, and the per-host limit applying to setups, not to open streams.
+//! The upstream client through real sockets: TLS both ways (ALPN h2 when enabled), per-host
+//! verification opt-out, HTTP CONNECT and SOCKS5 routes, and the per-host limit applying to setups,
+//! not to open streams.
 
 mod support;
 
@@ -77,9 +78,15 @@ async fn upstream_tls_h2_and_verification_opt_out() {
     assert_eq!(r.status, 502);
     let v: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
     assert_eq!(v["kind"], "tls");
-    // Opted out for this host: works, and ALPN picked HTTP/2.
+    // Opted out for this host: works, over HTTP/1.1 by default (one connection per stream).
     let mut config = test_config();
     config.upstream.insecure_hosts = vec!["localhost".into()];
+    let s = Sluice::start(config.clone()).await;
+    let r = get(&s.url(&format!("/proxy/stream?d={}", enc(&d)))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "HTTP/1.1");
+    // With HTTP/2 upstreams turned on, ALPN picks HTTP/2.
+    config.upstream.http2 = true;
     let s = Sluice::start(config).await;
     let r = get(&s.url(&format!("/proxy/stream?d={}", enc(&d)))).await;
     assert_eq!(r.status, 200);

@@ -1,6 +1,11 @@
 //! The in-process media cache: MPDs, init segments and prefetched segments, bounded in bytes (least
 //! recently used goes first, every entry also expires), with single-flight misses.
 //!
+//! Entries are keyed on the whole upstream request ([`CacheKey::for_request`]): two viewers share an
+//! entry only when sluice would send the origin byte-identical requests for it, so one user's
+//! cookie or authorization never fetches bytes for another, and a header a client adds (`h_range`,
+//! `h_host`) makes its own entry instead of poisoning the common one.
+//!
 //! A miss starts the fetch as its own task and records it as in flight; concurrent requests for the
 //! same key wait for that one fetch instead of starting another, and a requester that goes away
 //! does not cancel it (the result still lands in the cache for the others and for later requests).
@@ -21,6 +26,7 @@ use sluice_media::dash::Mpd;
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
+use crate::upstream::UpstreamRequest;
 
 /// Label of per-kind cache series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -54,25 +60,53 @@ impl CacheKind {
     }
 }
 
-/// Identifies one cached object: kind, upstream URL, byte range, and a variant (the digest of the
-/// key set for decrypted inits; 0 otherwise).
+/// Identifies one cached object: its kind and the fingerprint of the upstream request that fetches
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     pub kind: CacheKind,
-    pub url: String,
-    pub range: Option<(u64, u64)>,
-    pub variant: u64,
+    pub request: [u8; 32],
 }
 
 impl CacheKey {
-    pub fn new(kind: CacheKind, url: &url::Url, range: Option<(u64, u64)>) -> Self {
+    /// The same request held as another kind of entry (an init segment as fetched and decrypted).
+    pub fn with_kind(mut self, kind: CacheKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// The key of whatever `req` fetches. The fingerprint covers everything that shapes the request
+    /// sluice sends: method, URL, and every header with every value (names sorted, values in
+    /// order). The outgoing route (direct, proxy, TLS checks) is a function of the URL's host and
+    /// the default User-Agent a constant of the configuration, so both are covered by the URL.
+    pub fn for_request(kind: CacheKind, req: &UpstreamRequest) -> Self {
         CacheKey {
             kind,
-            url: url.as_str().to_owned(),
-            range,
-            variant: 0,
+            request: request_fingerprint(req),
         }
     }
+}
+
+/// SHA-256 over a length-prefixed encoding of the request, so no two different requests can
+/// produce the same byte stream.
+pub fn request_fingerprint(req: &UpstreamRequest) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(req.method.as_str().as_bytes());
+    field(req.url.as_str().as_bytes());
+    let mut names: Vec<&http::HeaderName> = req.headers.keys().collect();
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    for name in names {
+        for value in req.headers.get_all(name) {
+            field(name.as_str().as_bytes());
+            field(value.as_bytes());
+        }
+    }
+    h.finalize().into()
 }
 
 /// A cached value.
@@ -323,11 +357,42 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn key(name: &str) -> CacheKey {
-        CacheKey::new(
-            CacheKind::Segment,
-            &url::Url::parse(&format!("http://o/{name}")).unwrap(),
-            None,
-        )
+        let url = url::Url::parse(&format!("http://o/{name}")).unwrap();
+        CacheKey::for_request(CacheKind::Segment, &UpstreamRequest::get(url))
+    }
+
+    fn with(headers: &[(&'static str, &'static str)]) -> CacheKey {
+        let mut req = UpstreamRequest::get(url::Url::parse("http://o/seg.ts").unwrap());
+        for (n, v) in headers {
+            req.headers.append(*n, http::HeaderValue::from_static(v));
+        }
+        CacheKey::for_request(CacheKind::Segment, &req)
+    }
+
+    #[test]
+    fn key_covers_every_request_header() {
+        let plain = with(&[]);
+        assert_eq!(plain, with(&[]));
+        assert_ne!(plain, key("seg.ts").clone().with_kind(CacheKind::RawInit));
+        // Every header and value counts; order of different names does not.
+        assert_ne!(plain, with(&[("cookie", "a=1")]));
+        assert_ne!(with(&[("cookie", "a=1")]), with(&[("cookie", "a=2")]));
+        assert_ne!(with(&[("authorization", "A")]), with(&[("cookie", "A")]));
+        assert_ne!(plain, with(&[("range", "bytes=0-9")]));
+        assert_ne!(plain, with(&[("host", "other")]));
+        assert_eq!(
+            with(&[("x-a", "1"), ("x-b", "2")]),
+            with(&[("x-b", "2"), ("x-a", "1")])
+        );
+        assert_ne!(
+            with(&[("x-a", "1"), ("x-a", "2")]),
+            with(&[("x-a", "2"), ("x-a", "1")])
+        );
+        // Length prefixes: moving bytes between name and value changes the key.
+        assert_ne!(with(&[("x-ab", "c")]), with(&[("x-a", "bc")]));
+        let mut head = UpstreamRequest::get(url::Url::parse("http://o/seg.ts").unwrap());
+        head.method = http::Method::HEAD;
+        assert_ne!(plain, CacheKey::for_request(CacheKind::Segment, &head));
     }
 
     fn bytes_of(v: CacheValue) -> Bytes {

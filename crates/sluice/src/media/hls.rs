@@ -109,7 +109,7 @@ async fn manifest(
         }
     };
     let text = match playlist_text(media, up).await? {
-        Some((text, base)) => rewrite(media, ctx, &opts, &text, &base)?,
+        Some((text, base)) => rewrite(media, ctx, &opts, text, base).await?,
         None => rewriter::graceful_end_playlist().to_string(),
     };
     playlist_response(text, req.method() == Method::HEAD, &params)
@@ -190,42 +190,48 @@ async fn playlist_text(
     }
 }
 
+/// Playlists larger than this are rewritten on the blocking pool, so a huge VOD playlist never holds
+/// an async worker (and the streams and IPTV hubs scheduled on it) for milliseconds.
+const BLOCKING_REWRITE_BYTES: usize = 256 * 1024;
+
 /// Rewrites `text` so every URI comes back through this proxy, in the parent's auth mode.
-fn rewrite(
+async fn rewrite(
     media: &Media,
     ctx: &RequestContext,
     opts: &HlsOptions,
-    text: &str,
-    base: &url::Url,
+    text: String,
+    base: url::Url,
 ) -> Result<String, ProxyError> {
-    let links = media.links(ctx);
-    let playlist = options::carried(&ctx.query, Child::Playlist, opts.key_proxy);
-    let segment = options::carried(&ctx.query, Child::Segment, opts.key_proxy);
-    // Segments in playback order, for prefetch; byte-range playlists are left to the pipe, since
-    // their segments are slices the player asks for with Range.
-    let mut parts = Vec::new();
-    let collect = !text.contains("#EXT-X-BYTERANGE");
-    let mut make_url = |target: Target, url: &url::Url| {
-        if collect && matches!(target, Target::Segment { .. }) {
-            parts.push(Part {
-                url: url.clone(),
-                range: None,
-            });
-        }
-        let (ext, carried) = match target {
-            Target::Playlist => (None, &playlist),
-            Target::Key => (Some(SegmentExt::Ts), &segment),
-            Target::Segment { ext } | Target::Map { ext } => (Some(ext), &segment),
-        };
-        let mut params = Vec::with_capacity(carried.len() + 1);
-        params.push(("d".to_string(), url.to_string()));
-        params.extend(carried.iter().cloned());
-        match ext {
-            None => links.url(MANIFEST, &params),
-            Some(ext) => links.url(&format!("/proxy/hls/segment.{}", ext.as_str()), &params),
-        }
+    let cap = media.settings.max_playlist_segments;
+    let segments = rewriter::count_segments(&text);
+    if segments > cap {
+        let mut err = ProxyError::downstream(
+            StatusCode::BAD_REQUEST,
+            "too_many_segments",
+            format!(
+                "the playlist from {} lists {segments} segments, over the limit of {cap} \
+                 (media.max_playlist_segments)",
+                base.host_str().unwrap_or("")
+            ),
+        );
+        err.upstream = base.host_str().map(str::to_string);
+        return Err(err);
+    }
+    let job = RewriteJob {
+        links: media.links(ctx),
+        playlist: options::carried(&ctx.query, Child::Playlist, opts.key_proxy),
+        segment: options::carried(&ctx.query, Child::Segment, opts.key_proxy),
+        opts: opts.rewrite.clone(),
+        text,
+        base,
     };
-    let rewritten = rewriter::rewrite_playlist(text, base, &opts.rewrite, &mut make_url);
+    let (rewritten, parts, base) = if job.text.len() > BLOCKING_REWRITE_BYTES {
+        tokio::task::spawn_blocking(move || job.run())
+            .await
+            .map_err(|e| ProxyError::internal(format!("playlist rewrite failed: {e}")))?
+    } else {
+        job.run()
+    };
     if rewritten.is_ok() && !parts.is_empty() {
         media.prefetcher.register_playlist(base.as_str(), parts);
     }
@@ -243,6 +249,58 @@ fn rewrite(
         err.upstream = base.host_str().map(str::to_string);
         err
     })
+}
+
+/// Everything a rewrite needs, owned, so it can run on the blocking pool.
+struct RewriteJob {
+    links: super::links::Links,
+    playlist: Vec<(String, String)>,
+    segment: Vec<(String, String)>,
+    opts: rewriter::RewriteOptions,
+    text: String,
+    base: url::Url,
+}
+
+type RewriteOutcome = (Result<String, rewriter::HlsError>, Vec<Part>, url::Url);
+
+impl RewriteJob {
+    /// The rewritten text, the segments in playback order (for prefetch; byte-range playlists are
+    /// left to the pipe, since their segments are slices the player asks for with Range), and the
+    /// base URL.
+    fn run(self) -> RewriteOutcome {
+        let RewriteJob {
+            links,
+            playlist,
+            segment,
+            opts,
+            text,
+            base,
+        } = self;
+        let mut parts = Vec::new();
+        let collect = !text.contains("#EXT-X-BYTERANGE");
+        let mut make_url = |target: Target, url: &url::Url| {
+            if collect && matches!(target, Target::Segment { .. }) {
+                parts.push(Part {
+                    url: url.clone(),
+                    range: None,
+                });
+            }
+            let (ext, carried) = match target {
+                Target::Playlist => (None, &playlist),
+                Target::Key => (Some(SegmentExt::Ts), &segment),
+                Target::Segment { ext } | Target::Map { ext } => (Some(ext), &segment),
+            };
+            let mut params = Vec::with_capacity(carried.len() + 1);
+            params.push(("d".to_string(), url.to_string()));
+            params.extend(carried.iter().cloned());
+            match ext {
+                None => links.url(MANIFEST, &params),
+                Some(ext) => links.url(&format!("/proxy/hls/segment.{}", ext.as_str()), &params),
+            }
+        };
+        let rewritten = rewriter::rewrite_playlist(&text, &base, &opts, &mut make_url);
+        (rewritten, parts, base)
+    }
 }
 
 fn playlist_response(

@@ -23,8 +23,15 @@ use super::cache::{CacheKey, CacheKind, CacheValue, MediaCache};
 use crate::error::{ProxyError, Side};
 use crate::upstream::{Upstream, UpstreamRequest};
 
-/// Playlists remembered at once; the least recently registered is forgotten first.
-const MAX_PLAYLISTS: usize = 256;
+/// Bytes one remembered segment costs beyond its URL text: the `Url` itself, its copy in the
+/// by-part index, and map slots.
+const PART_OVERHEAD: usize = 256;
+
+/// What remembering `segments` under `key` costs, approximately, in bytes.
+fn registry_weight(key: &str, segments: &[Part]) -> usize {
+    let urls: usize = segments.iter().map(|p| 2 * p.url.as_str().len()).sum();
+    key.len() + urls + segments.len() * PART_OVERHEAD
+}
 
 /// Where a segment sits: which playlist, which position.
 #[derive(Debug, Clone)]
@@ -35,10 +42,12 @@ struct Position {
 
 #[derive(Default)]
 struct Playlists {
-    /// Segments of each playlist, with the registration tick.
-    by_key: HashMap<String, (u64, Arc<[Part]>)>,
+    /// Segments of each playlist, with the registration tick and the weight.
+    by_key: HashMap<String, (u64, Arc<[Part]>, usize)>,
     by_part: HashMap<Part, Position>,
     tick: u64,
+    /// Sum of the weights held; at most the registry budget.
+    bytes: usize,
 }
 
 /// Fetches segments through the cache and fetches ahead of the player.
@@ -49,6 +58,8 @@ pub struct Prefetcher {
     depth: usize,
     ttl: Duration,
     limit: usize,
+    /// Bytes the remembered playlists may take; the least recently registered go first.
+    budget: usize,
     playlists: Mutex<Playlists>,
     started: Counter,
 }
@@ -60,6 +71,7 @@ impl Prefetcher {
         depth: usize,
         ttl: Duration,
         limit: usize,
+        budget: usize,
         registry: &mut Registry,
     ) -> Arc<Self> {
         let started = Counter::default();
@@ -74,6 +86,7 @@ impl Prefetcher {
             depth,
             ttl,
             limit,
+            budget,
             playlists: Mutex::new(Playlists::default()),
             started,
         })
@@ -85,16 +98,22 @@ impl Prefetcher {
         if self.depth == 0 {
             return;
         }
+        let weight = registry_weight(key, &segments);
         let mut lists = self.lock();
         lists.forget(key);
-        if lists.by_key.len() >= MAX_PLAYLISTS {
+        if weight > self.budget {
+            // Prefetch is skipped for a playlist bigger than the whole registry.
+            return;
+        }
+        while lists.bytes + weight > self.budget {
             let oldest = lists
                 .by_key
                 .iter()
-                .min_by_key(|(_, (tick, _))| *tick)
+                .min_by_key(|(_, (tick, _, _))| *tick)
                 .map(|(k, _)| k.clone());
-            if let Some(oldest) = oldest {
-                lists.forget(&oldest);
+            match oldest {
+                Some(oldest) => lists.forget(&oldest),
+                None => break,
             }
         }
         for (index, part) in segments.iter().enumerate() {
@@ -106,7 +125,15 @@ impl Prefetcher {
         }
         lists.tick += 1;
         let tick = lists.tick;
-        lists.by_key.insert(key.to_owned(), (tick, segments.into()));
+        lists.bytes += weight;
+        lists
+            .by_key
+            .insert(key.to_owned(), (tick, segments.into(), weight));
+    }
+
+    /// Bytes the remembered playlists take now.
+    pub fn registry_bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// `true` when `part` is a segment of a playlist registered here (worth caching whole).
@@ -120,7 +147,7 @@ impl Prefetcher {
         part: &Part,
         headers: &HeaderMap,
     ) -> Result<Bytes, ProxyError> {
-        let key = CacheKey::new(CacheKind::Segment, &part.url, part.range);
+        let key = part_key(CacheKind::Segment, part, headers);
         let fetch = fetch_part(
             self.upstream.clone(),
             part.clone(),
@@ -131,7 +158,9 @@ impl Prefetcher {
         match self
             .cache
             .get_or_fetch(key, move || async move {
-                Ok((CacheValue::Bytes(fetch.await?), ttl))
+                let fetched = fetch.await?;
+                let ttl = fetched.ttl(ttl);
+                Ok((CacheValue::Bytes(fetched.bytes), ttl))
             })
             .await?
         {
@@ -152,7 +181,7 @@ impl Prefetcher {
             let Some(position) = lists.by_part.get(part) else {
                 return;
             };
-            let Some((_, segments)) = lists.by_key.get(&position.playlist) else {
+            let Some((_, segments, _)) = lists.by_key.get(&position.playlist) else {
                 return;
             };
             segments
@@ -163,7 +192,7 @@ impl Prefetcher {
                 .collect()
         };
         for part in next {
-            let key = CacheKey::new(CacheKind::Segment, &part.url, part.range);
+            let key = part_key(CacheKind::Segment, &part, headers);
             if self.cache.holds(&key) {
                 continue;
             }
@@ -185,7 +214,8 @@ impl Prefetcher {
 
 impl Playlists {
     fn forget(&mut self, key: &str) {
-        if let Some((_, segments)) = self.by_key.remove(key) {
+        if let Some((_, segments, weight)) = self.by_key.remove(key) {
+            self.bytes -= weight;
             for part in segments.iter() {
                 if self.by_part.get(part).is_some_and(|p| p.playlist == key) {
                     self.by_part.remove(part);
@@ -195,26 +225,97 @@ impl Playlists {
     }
 }
 
+/// The upstream request for one object: GET with `headers`, plus `Range` for a byte range.
+pub fn part_request(part: &Part, headers: &HeaderMap) -> UpstreamRequest {
+    let mut headers = headers.clone();
+    if let Some((a, b)) = part.range {
+        headers.insert(header::RANGE, HeaderValue::from(RangeValue(a, b)));
+    }
+    UpstreamRequest {
+        method: http::Method::GET,
+        url: part.url.clone(),
+        headers,
+    }
+}
+
+/// `bytes=a-b` as a header value (digits only, so always valid).
+struct RangeValue(u64, u64);
+
+impl From<RangeValue> for HeaderValue {
+    fn from(r: RangeValue) -> Self {
+        HeaderValue::from_str(&format!("bytes={}-{}", r.0, r.1))
+            .unwrap_or_else(|_| HeaderValue::from_static("bytes=0-"))
+    }
+}
+
+/// The cache key of `part` fetched with `headers`: the key of the exact request [`fetch_part`] sends.
+pub fn part_key(kind: CacheKind, part: &Part, headers: &HeaderMap) -> CacheKey {
+    CacheKey::for_request(kind, &part_request(part, headers))
+}
+
+/// One object fetched whole, and whether it may be shared through the cache.
+pub struct Fetched {
+    pub bytes: Bytes,
+    /// A complete answer to exactly what was asked: 200 for the whole object (no `Range` in the
+    /// request), or exactly the byte range asked for; and not marked `no-store` or `private`.
+    pub storable: bool,
+}
+
+impl Fetched {
+    /// `ttl` when the object may be cached, zero (not stored) otherwise.
+    pub fn ttl(&self, ttl: Duration) -> Duration {
+        if self.storable {
+            ttl
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
+/// `true` unless `Cache-Control` forbids a shared cache to keep the response.
+pub fn shareable(headers: &HeaderMap) -> bool {
+    !headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| {
+            d.trim()
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase()
+        })
+        .any(|d| d == "no-store" || d == "private")
+}
+
+/// `Content-Range: bytes a-b/len` naming exactly `a`..=`b`.
+fn content_range_is(headers: &HeaderMap, a: u64, b: u64) -> bool {
+    let Some(v) = headers
+        .get(header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some(spec) = v.trim().strip_prefix("bytes ") else {
+        return false;
+    };
+    let range = spec.split('/').next().unwrap_or("");
+    range == format!("{a}-{b}")
+}
+
 /// Fetches one object whole: GET with `headers` plus `Range` for a byte range, at most `limit`
 /// bytes. A non-2xx answer becomes an error with the upstream's status, so players see the 404 or
 /// 403 the origin gave. A server that ignores `Range` is answered from the slice asked for.
 pub async fn fetch_part(
     upstream: Upstream,
     part: Part,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     limit: usize,
-) -> Result<Bytes, ProxyError> {
-    if let Some((a, b)) = part.range {
-        let value = HeaderValue::from_str(&format!("bytes={a}-{b}"))
-            .map_err(|e| ProxyError::internal(e.to_string()))?;
-        headers.insert(header::RANGE, value);
-    }
+) -> Result<Fetched, ProxyError> {
+    let req = part_request(&part, &headers);
+    let asked_range = req.headers.contains_key(header::RANGE);
     let host = part.url.host_str().unwrap_or("").to_owned();
-    let req = UpstreamRequest {
-        method: http::Method::GET,
-        url: part.url.clone(),
-        headers,
-    };
     let resp = upstream
         .send(req)
         .await
@@ -227,6 +328,12 @@ pub async fn fetch_part(
         ));
     }
     let partial = resp.status == StatusCode::PARTIAL_CONTENT;
+    let mut storable = shareable(&resp.headers);
+    match part.range {
+        None => storable &= resp.status == StatusCode::OK && !asked_range,
+        Some((a, b)) if partial => storable &= content_range_is(&resp.headers, a, b),
+        Some(_) => storable &= resp.status == StatusCode::OK,
+    }
     let body = resp.body.collect_limited(limit).await.map_err(|e| {
         let mut err = ProxyError::new(
             Side::Upstream,
@@ -237,12 +344,111 @@ pub async fn fetch_part(
         err.upstream = Some(host.clone());
         err
     })?;
-    match part.range {
+    let bytes = match part.range {
         Some((a, b)) if !partial => {
             let end = (b as usize).saturating_add(1).min(body.len());
             let start = (a as usize).min(end);
-            Ok(body.slice(start..end))
+            // A 200 shorter than the range asked for is not the object the key names.
+            storable &= end == (b as usize).saturating_add(1);
+            body.slice(start..end)
         }
-        _ => Ok(body),
+        Some((a, b)) => {
+            storable &= body.len() as u64 == b.saturating_sub(a) + 1;
+            body
+        }
+        None => body,
+    };
+    Ok(Fetched { bytes, storable })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::cache::CacheMetrics;
+
+    fn parts(playlist: &str, n: usize) -> Vec<Part> {
+        (0..n)
+            .map(|i| Part {
+                url: url::Url::parse(&format!("http://o/{playlist}/seg{i}.ts")).unwrap(),
+                range: None,
+            })
+            .collect()
+    }
+
+    fn prefetcher(budget: usize) -> Arc<Prefetcher> {
+        let mut registry = Registry::default();
+        let upstream =
+            Upstream::new(&crate::config::UpstreamConfig::default(), &mut registry).unwrap();
+        let cache = MediaCache::new(1 << 20, CacheMetrics::default());
+        Prefetcher::new(
+            cache,
+            upstream,
+            3,
+            Duration::from_secs(5),
+            1 << 20,
+            budget,
+            &mut registry,
+        )
+    }
+
+    #[tokio::test]
+    async fn registry_is_bounded_in_bytes() {
+        let one = registry_weight("a", &parts("a", 100));
+        let p = prefetcher(one * 3 + one / 2);
+        for name in ["a", "b", "c", "d"] {
+            p.register_playlist(name, parts(name, 100));
+            assert!(p.registry_bytes() <= one * 3 + one / 2);
+        }
+        // The oldest playlist went first; the newest three are remembered.
+        assert!(!p.knows(&parts("a", 1)[0]));
+        for name in ["b", "c", "d"] {
+            assert!(p.knows(&parts(name, 100)[99]), "{name}");
+        }
+        // Registering one again replaces it instead of counting it twice.
+        let before = p.registry_bytes();
+        p.register_playlist("d", parts("d", 100));
+        assert_eq!(p.registry_bytes(), before);
+        // A playlist bigger than the whole budget is not remembered (prefetch skips it).
+        p.register_playlist("huge", parts("huge", 1000));
+        assert!(!p.knows(&parts("huge", 1)[0]));
+        assert!(p.registry_bytes() <= one * 3 + one / 2);
+    }
+
+    #[test]
+    fn part_request_adds_range_and_keys_follow_it() {
+        let part = Part {
+            url: url::Url::parse("http://o/init.mp4").unwrap(),
+            range: Some((0, 99)),
+        };
+        let req = part_request(&part, &HeaderMap::new());
+        assert_eq!(req.headers[header::RANGE], "bytes=0-99");
+        let other = Part {
+            range: Some((0, 100)),
+            ..part.clone()
+        };
+        let none = HeaderMap::new();
+        assert_ne!(
+            part_key(CacheKind::RawInit, &part, &none),
+            part_key(CacheKind::RawInit, &other, &none)
+        );
+        let mut cookie = HeaderMap::new();
+        cookie.insert(header::COOKIE, HeaderValue::from_static("u=a"));
+        assert_ne!(
+            part_key(CacheKind::RawInit, &part, &none),
+            part_key(CacheKind::RawInit, &part, &cookie)
+        );
+    }
+
+    #[test]
+    fn cache_control_private_or_no_store_is_not_shareable() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static(v));
+            h
+        };
+        assert!(shareable(&HeaderMap::new()));
+        assert!(shareable(&with("public, max-age=60")));
+        assert!(!shareable(&with("private, max-age=60")));
+        assert!(!shareable(&with("max-age=0, No-Store")));
     }
 }

@@ -44,6 +44,14 @@ pub async fn serve(
         resp.headers_mut()
             .insert(header::CONTENT_DISPOSITION, content_disposition(name));
     }
+    // Any URL can be piped here, an attacker's HTML page included, and it would run on the proxy's
+    // origin, where the password cookie lives. A sandbox policy gives the page an opaque origin
+    // and no scripts. Set on every answer (media ignores it) because a type-based rule could be
+    // dodged by an origin that lies about its Content-Type; `r_*` cannot override it.
+    resp.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
     Ok(resp)
 }
 
@@ -130,7 +138,9 @@ fn mirror_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// `x_headers` removes, then `r_*` and `rp_*` set response headers.
+/// `x_headers` removes, then `r_*` and `rp_*` set response headers; last, `nosniff`, which no
+/// parameter can remove: every `/proxy/*` answer ends here, and browsers must take its type as
+/// given instead of guessing HTML from the bytes of a "video".
 pub fn apply_params(params: &ProxyParams, headers: &mut HeaderMap) -> Result<(), ProxyError> {
     for name in &params.strip_headers {
         headers.remove(name.as_str());
@@ -143,6 +153,10 @@ pub fn apply_params(params: &ProxyParams, headers: &mut HeaderMap) -> Result<(),
         let (name, value) = header_pair(name, value)?;
         headers.insert(name, value);
     }
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     Ok(())
 }
 

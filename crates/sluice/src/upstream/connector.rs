@@ -1,5 +1,6 @@
 //! Connection setup for the pooled client: DNS, the SSRF guard, the per-host setup limit, outgoing
-//! proxy routes, TLS with ALPN, and a deadline on the whole setup.
+//! proxy routes, Happy Eyeballs, TLS with ALPN, and a deadline on the setup itself (not on the
+//! wait for a setup slot, which the request's time-to-headers deadline bounds).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,6 +22,8 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::guard::non_public_reason;
+use super::happy;
+use super::resolve::Resolver;
 use super::route::{RouteTable, Via};
 use super::tls;
 use super::tunnel;
@@ -28,7 +31,8 @@ use super::tunnel;
 /// Why a connection could not be set up. Carried through the pool as the error's source.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("{host} resolves to a {reason} address ({ip}); set upstream.allow_private (--allow-private-upstreams) to allow it")]
+    /// The message names the class only: the resolved address stays in the debug log.
+    #[error("{host} resolves to a {reason} address; set upstream.allow_private (--allow-private-upstreams) to allow it")]
     Refused {
         host: String,
         ip: IpAddr,
@@ -71,7 +75,9 @@ struct Inner {
     routes: RouteTable,
     /// `upstream.ca_file`, trusted beside the webpki and system roots.
     extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+    resolver: Resolver,
     allow_private: bool,
+    http2: bool,
     connect_timeout: Duration,
     max_setups: usize,
     setups: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -86,6 +92,7 @@ impl Connector {
         routes: RouteTable,
         extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
         allow_private: bool,
+        http2: bool,
         connect_timeout: Duration,
         max_setups: usize,
         opened: prometheus_client::metrics::counter::Counter,
@@ -94,7 +101,9 @@ impl Connector {
             inner: Arc::new(Inner {
                 routes,
                 extra_roots,
+                resolver: Resolver::from_system(),
                 allow_private,
+                http2,
                 connect_timeout,
                 max_setups,
                 setups: Mutex::new(HashMap::new()),
@@ -131,14 +140,13 @@ impl Inner {
             .to_string();
         let tls = uri.scheme_str() == Some("https");
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        // Only setups are limited: the permit is released as soon as the connection exists.
+        // Only setups are limited: the permit is released as soon as the connection exists. Waiting
+        // for it is queueing behind other viewers' setups, not a slow origin, so the connect
+        // deadline starts once the permit is held.
         let gate = self.setup_gate(&host, port);
         let secs = self.connect_timeout.as_secs();
-        let setup = async {
-            let _permit = gate.acquire().await.expect("semaphore never closed");
-            self.establish(&host, port, tls).await
-        };
-        let conn = tokio::time::timeout(self.connect_timeout, setup)
+        let _permit = gate.acquire().await.expect("semaphore never closed");
+        let conn = tokio::time::timeout(self.connect_timeout, self.establish(&host, port, tls))
             .await
             .map_err(|_| ConnectError::Timeout {
                 host: host.clone(),
@@ -164,7 +172,9 @@ impl Inner {
         let stream = match &via {
             Via::Direct => {
                 let addrs = self.resolve_checked(host, port).await?;
-                connect_any(&addrs)
+                // Each attempt may use half the budget, so a second family still gets its turn.
+                let attempt = (self.connect_timeout / 2).max(happy::STAGGER);
+                happy::connect(&addrs, happy::STAGGER, attempt)
                     .await
                     .map_err(|source| ConnectError::Connect {
                         host: host.to_string(),
@@ -208,7 +218,9 @@ impl Inner {
         } else {
             &self.unverified
         }
-        .get_or_init(|| TlsConnector::from(tls::client_config(verify, &self.extra_roots)));
+        .get_or_init(|| {
+            TlsConnector::from(tls::client_config(verify, self.http2, &self.extra_roots))
+        });
         let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
             ConnectError::Tls {
                 host: host.to_string(),
@@ -232,25 +244,18 @@ impl Inner {
         host: &str,
         port: u16,
     ) -> Result<Vec<SocketAddr>, ConnectError> {
-        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-            Ok(ip) => vec![SocketAddr::new(ip, port)],
-            Err(_) => tokio::net::lookup_host((host, port))
-                .await
-                .map_err(|source| ConnectError::Dns {
-                    host: host.to_string(),
-                    source,
-                })?
-                .collect(),
-        };
-        if addrs.is_empty() {
-            return Err(ConnectError::Dns {
+        let addrs = self
+            .resolver
+            .lookup(host, port)
+            .await
+            .map_err(|source| ConnectError::Dns {
                 host: host.to_string(),
-                source: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
-            });
-        }
+                source,
+            })?;
         if !self.allow_private {
             for addr in &addrs {
                 if let Some(reason) = non_public_reason(addr.ip()) {
+                    tracing::debug!(host, ip = %addr.ip(), reason, "upstream address refused");
                     return Err(ConnectError::Refused {
                         host: host.to_string(),
                         ip: addr.ip(),
@@ -284,17 +289,6 @@ fn proxy_err(host: &str, source: io::Error) -> ConnectError {
         host: host.to_string(),
         source,
     }
-}
-
-async fn connect_any(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect(addr).await {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no addresses")))
 }
 
 /// A plain or TLS upstream connection.

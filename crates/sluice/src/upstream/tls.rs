@@ -1,5 +1,5 @@
-//! rustls client settings: webpki, system and operator (`upstream.ca_file`) roots with ALPN h2 and
-//! http/1.1, and a verification opt-out for hosts the operator names.
+//! rustls client settings: webpki, system and operator (`upstream.ca_file`) roots, ALPN (`http/1.1`,
+//! plus `h2` when HTTP/2 upstreams are on), and a verification opt-out for hosts the operator names.
 
 use std::sync::Arc;
 
@@ -42,8 +42,13 @@ fn roots(extra: &[CertificateDer<'static>]) -> RootCertStore {
     roots
 }
 
-/// A client config; `verify = false` accepts any certificate (per-host opt-out only).
-pub fn client_config(verify: bool, extra_roots: &[CertificateDer<'static>]) -> Arc<ClientConfig> {
+/// A client config; `verify = false` accepts any certificate (per-host opt-out only); `http2`
+/// offers `h2` before `http/1.1`.
+pub fn client_config(
+    verify: bool,
+    http2: bool,
+    extra_roots: &[CertificateDer<'static>],
+) -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -58,7 +63,11 @@ pub fn client_config(verify: bool, extra_roots: &[CertificateDer<'static>]) -> A
             .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
             .with_no_client_auth()
     };
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Arc::new(config)
 }
 

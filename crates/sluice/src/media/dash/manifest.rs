@@ -18,9 +18,9 @@ use super::{bad_request, respond, upstream_headers, Dash};
 use crate::app::RequestContext;
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::{CacheKey, CacheKind, CacheValue};
+use crate::media::cache::{CacheKind, CacheValue};
 use crate::media::links::{self, Links};
-use crate::media::prefetch::fetch_part;
+use crate::media::prefetch::{fetch_part, part_key, part_request, shareable};
 
 const PLAYLIST_TYPE: &str = "application/vnd.apple.mpegurl";
 
@@ -135,11 +135,11 @@ async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd
     let upstream = dash.upstream.clone();
     let (limit, settings) = (dash.settings.max_mpd_bytes, dash.settings.clone());
     let headers = headers.clone();
-    let key = CacheKey::new(CacheKind::Mpd, url, None);
+    let key = part_key(CacheKind::Mpd, &part, &headers);
     let value = dash
         .cache
         .get_or_fetch(key, move || async move {
-            let (text, final_url) = fetch_text(upstream, part, headers, limit).await?;
+            let (text, final_url, storable) = fetch_text(upstream, part, headers, limit).await?;
             let text = std::str::from_utf8(&text).map_err(|_| bad_mpd("not UTF-8 text"))?;
             let mpd = parse_mpd(text, &final_url).map_err(bad_mpd)?;
             let ttl = if mpd.is_live() {
@@ -152,6 +152,7 @@ async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd
             } else {
                 settings.mpd_ttl
             };
+            let ttl = if storable { ttl } else { Duration::ZERO };
             Ok((CacheValue::Mpd(Arc::new(mpd), text.len()), ttl))
         })
         .await?;
@@ -161,18 +162,16 @@ async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd
     }
 }
 
-/// The MPD text and the URL that answered (relative URLs in the MPD resolve against it).
+/// The MPD text, the URL that answered (relative URLs in the MPD resolve against it), and whether
+/// it may be shared through the cache (a complete 200 not marked `no-store`/`private`).
 async fn fetch_text(
     upstream: crate::upstream::Upstream,
     part: Part,
     headers: HeaderMap,
     limit: usize,
-) -> Result<(bytes::Bytes, Url), ProxyError> {
-    let req = crate::upstream::UpstreamRequest {
-        method: http::Method::GET,
-        url: part.url.clone(),
-        headers,
-    };
+) -> Result<(bytes::Bytes, Url, bool), ProxyError> {
+    let req = part_request(&part, &headers);
+    let asked_range = req.headers.contains_key(http::header::RANGE);
     let resp = upstream
         .send(req)
         .await
@@ -182,6 +181,7 @@ async fn fetch_text(
         return Err(ProxyError::upstream_status(resp.status, &host, "the MPD"));
     }
     let final_url = resp.final_url.clone();
+    let storable = resp.status == StatusCode::OK && !asked_range && shareable(&resp.headers);
     let text = resp.body.collect_limited(limit).await.map_err(|e| {
         let mut err = ProxyError::new(
             Side::Upstream,
@@ -192,7 +192,7 @@ async fn fetch_text(
         err.upstream = Some(host.clone());
         err
     })?;
-    Ok((text, final_url))
+    Ok((text, final_url, storable))
 }
 
 /// The fragments listed by the `sidx` in `range` of `url` (bytes cached).
@@ -206,6 +206,7 @@ async fn load_sidx(
         url: url.clone(),
         range: Some(range),
     };
+    let sidx_part = part.clone();
     let fetch = fetch_part(
         dash.upstream.clone(),
         part,
@@ -213,11 +214,13 @@ async fn load_sidx(
         dash.settings.max_segment_bytes,
     );
     let ttl = dash.settings.init_ttl;
-    let key = CacheKey::new(CacheKind::Sidx, url, Some(range));
+    let key = part_key(CacheKind::Sidx, &sidx_part, headers);
     let value = dash
         .cache
         .get_or_fetch(key, move || async move {
-            Ok((CacheValue::Bytes(fetch.await?), ttl))
+            let fetched = fetch.await?;
+            let ttl = fetched.ttl(ttl);
+            Ok((CacheValue::Bytes(fetched.bytes), ttl))
         })
         .await?;
     let CacheValue::Bytes(bytes) = value else {

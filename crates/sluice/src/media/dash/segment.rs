@@ -15,8 +15,8 @@ use super::{bad_request, params_for, respond, upstream_headers, Dash};
 use crate::app::RequestContext;
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::{CacheKey, CacheKind, CacheValue, MediaCache};
-use crate::media::prefetch::fetch_part;
+use crate::media::cache::{CacheKind, CacheValue, MediaCache};
+use crate::media::prefetch::{fetch_part, part_key};
 use crate::upstream::Upstream;
 
 /// `/proxy/mpd/segment.mp4`.
@@ -102,13 +102,15 @@ impl RawInit {
     }
 
     async fn get(self) -> Result<Bytes, ProxyError> {
-        let key = CacheKey::new(CacheKind::RawInit, &self.part.url, self.part.range);
+        let key = part_key(CacheKind::RawInit, &self.part, &self.headers);
         let fetch = fetch_part(self.upstream, self.part, self.headers, self.limit);
         let ttl = self.ttl;
         match self
             .cache
             .get_or_fetch(key, move || async move {
-                Ok((CacheValue::Bytes(fetch.await?), ttl))
+                let fetched = fetch.await?;
+                let ttl = fetched.ttl(ttl);
+                Ok((CacheValue::Bytes(fetched.bytes), ttl))
             })
             .await?
         {
@@ -129,7 +131,7 @@ async fn clear_init(
 ) -> Result<(Bytes, Arc<InitInfo>), ProxyError> {
     let raw = RawInit::new(dash, part, headers);
     let ttl = dash.settings.init_ttl;
-    let key = CacheKey::new(CacheKind::ClearInit, &part.url, part.range);
+    let key = part_key(CacheKind::ClearInit, part, headers);
     let value = dash
         .cache
         .get_or_fetch(key, move || async move {

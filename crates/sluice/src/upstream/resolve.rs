@@ -1,0 +1,86 @@
+//! Name resolution for upstream connections: an asynchronous caching resolver (answers kept for their
+//! TTL), `/etc/hosts` first, and `localhost` answered locally as RFC 6761 asks.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use hickory_resolver::config::{LookupIpStrategy, ResolveHosts};
+use hickory_resolver::TokioResolver;
+
+/// Records the resolver cache keeps; each answer expires with its own TTL.
+const CACHE_RECORDS: usize = 4096;
+
+/// The shared resolver. Without a usable system DNS configuration (no `/etc/resolv.conf`, as in
+/// some containers) it falls back to the C library's resolver on the blocking pool.
+#[derive(Clone)]
+pub struct Resolver {
+    dns: Option<TokioResolver>,
+}
+
+impl Resolver {
+    pub fn from_system() -> Self {
+        let dns = match TokioResolver::builder_tokio() {
+            Ok(mut builder) => {
+                let opts = builder.options_mut();
+                opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+                opts.use_hosts_file = ResolveHosts::Always;
+                opts.cache_size = CACHE_RECORDS;
+                Some(builder.build())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no system DNS configuration; using getaddrinfo");
+                None
+            }
+        };
+        Resolver { dns }
+    }
+
+    /// Every address of `host` (a name or an IP literal) with `port`, in the resolver's order.
+    pub async fn lookup(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        let lower = host.trim_end_matches('.').to_ascii_lowercase();
+        if lower == "localhost" || lower.ends_with(".localhost") {
+            return Ok(vec![
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), port),
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            ]);
+        }
+        let addrs: Vec<SocketAddr> = match &self.dns {
+            Some(dns) => dns
+                .lookup_ip(host)
+                .await
+                .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.to_string()))?
+                .iter()
+                .map(|ip| SocketAddr::new(ip, port))
+                .collect(),
+            None => tokio::net::lookup_host((host, port)).await?.collect(),
+        };
+        if addrs.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "no addresses"));
+        }
+        Ok(addrs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn literals_and_localhost_need_no_dns() {
+        let r = Resolver::from_system();
+        assert_eq!(
+            r.lookup("127.0.0.1", 80).await.unwrap(),
+            vec!["127.0.0.1:80".parse().unwrap()]
+        );
+        assert_eq!(
+            r.lookup("::1", 81).await.unwrap(),
+            vec!["[::1]:81".parse().unwrap()]
+        );
+        let local = r.lookup("LocalHost.", 82).await.unwrap();
+        assert!(local.contains(&"127.0.0.1:82".parse().unwrap()));
+        assert!(local.iter().all(|a| a.ip().is_loopback()));
+    }
+}
