@@ -171,6 +171,9 @@ pub struct MediaConfig {
     pub max_mpd_bytes: usize,
     /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
     pub max_segment_bytes: usize,
+    /// DASH media playlists point at `/proxy/mpd/segment.ts` (decrypted and remuxed to MPEG-TS)
+    /// unless the request says `remux_to_ts=0`; off, they point at fMP4 unless it says `=1`.
+    pub remux_to_ts: bool,
 }
 
 impl Default for MediaConfig {
@@ -190,6 +193,7 @@ impl Default for MediaConfig {
             mpd_live_playlist_depth: 15,
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
+            remux_to_ts: false,
         }
     }
 }

@@ -75,7 +75,7 @@ pub async fn init(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, P
 }
 
 /// The init segment as fetched (cached by URL and range).
-async fn raw_init(dash: &Dash, part: &Part, headers: &HeaderMap) -> Result<Bytes, ProxyError> {
+pub(super) async fn raw_init(dash: &Dash, part: &Part, headers: &HeaderMap) -> Result<Bytes, ProxyError> {
     RawInit::new(dash, part, headers).get().await
 }
 
@@ -121,7 +121,7 @@ impl RawInit {
 /// The init segment without protection boxes, and its track facts; refuses keys that leave a
 /// protected track without a key. Removing protection needs no key, so one cache entry per URL
 /// and range serves every key set; the key check runs on every request.
-async fn clear_init(
+pub(super) async fn clear_init(
     dash: &Dash,
     part: &Part,
     keys: &KeyRing,
@@ -154,7 +154,7 @@ async fn clear_init(
     Ok((clear, info))
 }
 
-fn decrypt(
+pub(super) fn decrypt(
     dash: &Dash,
     media: &[u8],
     info: &InitInfo,
@@ -174,7 +174,7 @@ fn decrypt(
     Ok(Bytes::from(clear))
 }
 
-fn missing_key(kid: &str) -> ProxyError {
+pub(super) fn missing_key(kid: &str) -> ProxyError {
     ProxyError::downstream(
         StatusCode::BAD_REQUEST,
         "key_missing",
