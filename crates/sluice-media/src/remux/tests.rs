@@ -279,19 +279,3 @@ fn hostile_segments_never_panic() {
         let _ = Remuxer::new(&init[..cut]);
     }
 }
-
-#[test]
-fn zz_dump() {
-    for scheme in ["cenc", "cbcs"] {
-        for track in ["video", "audio"] {
-            let (init, segments) = clear(scheme, track);
-            let r = Remuxer::new(&init).unwrap();
-            let mut state = RemuxState::default();
-            let mut all = Vec::new();
-            for s in &segments {
-                all.extend(r.segment(s, &mut state).unwrap());
-            }
-            std::fs::write(format!("/tmp/f_{scheme}_{track}.ts"), all).unwrap();
-        }
-    }
-}
