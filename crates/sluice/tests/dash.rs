@@ -989,3 +989,62 @@ async fn remux_refusals_are_clear() {
     .await;
     assert_eq!(r.status, 502);
 }
+
+#[tokio::test]
+async fn clear_hevc_ac3_eac3_remux_decodes_like_the_fmp4_path() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    let src = fixtures().join("../remux/hevc-ac3");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        o.put(&format!("clear/{name}"), &std::fs::read(entry.path()).unwrap());
+    }
+    let s = Sluice::start(test_config()).await;
+    // The master offers one audio rendition (AC-3); the E-AC-3 one is asked for by profile.
+    let playlists = |extra: &'static str| {
+        let master = master_url(&s, &o, "clear", extra);
+        async move {
+            let mut uris = uris(&text(&master).await);
+            assert_eq!(uris.len(), 2, "video and one audio rendition");
+            uris.sort_by_key(|u| !u.contains("profile_id=0_0_"));
+            let eac3 = uris[1].replace("profile_id=1_1_96000", "profile_id=2_2_96000");
+            assert_ne!(eac3, uris[1]);
+            uris.push(eac3);
+            let mut out = Vec::new();
+            for uri in uris {
+                out.push(text(&uri).await);
+            }
+            out
+        }
+    };
+    let fmp4 = playlists("").await;
+    let ts = playlists("remux_to_ts=1").await;
+    let mut codecs = Vec::new();
+    for (i, (ts, fmp4)) in ts.iter().zip(&fmp4).enumerate() {
+        let kind = if i == 0 { "v" } else { "a" };
+        let ts_file = tmp(&format!("remux-clear-{i}.ts"));
+        let mut all = Vec::new();
+        for uri in uris(ts) {
+            assert!(uri.contains("/proxy/mpd/segment.ts?"), "{uri}");
+            all.extend_from_slice(&bytes(&uri).await);
+        }
+        std::fs::write(&ts_file, all).unwrap();
+        codecs.push(probe_codecs(&ts_file));
+        let mp4_file = tmp(&format!("remux-clear-{i}.mp4"));
+        download_track(fmp4, &mp4_file).await;
+        let (a, b) = (ts_file.clone(), mp4_file.clone());
+        let (got, want) = tokio::task::spawn_blocking(move || {
+            (
+                frame_hashes(a.to_str().unwrap(), kind),
+                frame_hashes(b.to_str().unwrap(), kind),
+            )
+        })
+        .await
+        .unwrap();
+        assert!(!got.is_empty());
+        assert_eq!(got, want, "rendition {i}: TS frames equal the fMP4 path's");
+    }
+    codecs.sort();
+    assert_eq!(codecs, ["ac3", "eac3", "hevc"]);
+}
