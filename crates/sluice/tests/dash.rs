@@ -888,11 +888,22 @@ async fn download_ts_track(playlist: &str, file: &Path) {
 /// file's, so each name once).
 fn probe_codecs(file: &Path) -> String {
     let out = Command::new("ffprobe")
-        .args(["-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .args([
+            "-v",
+            "error",
+            "-show_entries",
+            "stream=codec_name",
+            "-of",
+            "csv=p=0",
+        ])
         .arg(file)
         .output()
         .expect("ffprobe runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut names: Vec<String> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -928,7 +939,10 @@ async fn check_remuxed_tracks(variant: &str) {
         })
         .await
         .unwrap();
-        assert_eq!(got, want, "{variant} {kind}: TS frames equal the fMP4 path's");
+        assert_eq!(
+            got, want,
+            "{variant} {kind}: TS frames equal the fMP4 path's"
+        );
         check_frames(ts_file.to_str().unwrap(), kind).await;
     }
     // A player given only the master (ffmpeg's HLS demuxer here) plays the TS renditions.
@@ -954,11 +968,18 @@ async fn remux_default_comes_from_config_and_requests_override_it() {
     config.media.remux_to_ts = true;
     let s = Sluice::start(config).await;
     let on = media_playlists(&master_url(&s, &o, "cenc", &hex_keys())).await;
-    assert!(uris(&on[0]).iter().all(|u| u.contains("/segment.ts?")), "{}", on[0]);
+    assert!(
+        uris(&on[0]).iter().all(|u| u.contains("/segment.ts?")),
+        "{}",
+        on[0]
+    );
     let off = format!("{}&remux_to_ts=0", hex_keys());
     let off = media_playlists(&master_url(&s, &o, "cenc", &off)).await;
     assert!(off[0].contains("#EXT-X-MAP"), "{}", off[0]);
-    assert!(uris(&off[0]).iter().skip(1).all(|u| u.contains("/segment.mp4?")));
+    assert!(uris(&off[0])
+        .iter()
+        .skip(1)
+        .all(|u| u.contains("/segment.mp4?")));
 }
 
 #[tokio::test]
@@ -998,7 +1019,10 @@ async fn clear_hevc_ac3_eac3_remux_decodes_like_the_fmp4_path() {
     for entry in std::fs::read_dir(&src).unwrap() {
         let entry = entry.unwrap();
         let name = entry.file_name().into_string().unwrap();
-        o.put(&format!("clear/{name}"), &std::fs::read(entry.path()).unwrap());
+        o.put(
+            &format!("clear/{name}"),
+            &std::fs::read(entry.path()).unwrap(),
+        );
     }
     let s = Sluice::start(test_config()).await;
     // The master offers one audio rendition (AC-3); the E-AC-3 one is asked for by profile.

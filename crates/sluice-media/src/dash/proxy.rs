@@ -155,7 +155,10 @@ pub fn remux_to_ts(query: &Query, default: bool) -> bool {
 /// Like [`media_params`] for a playlist whose segments are remuxed to MPEG-TS: every segment
 /// names its init (TS has no `#EXT-X-MAP`; the remuxer needs the track's configuration) and
 /// points at [`SEGMENT_TS_PATH`].
-pub fn ts_media_params(target: MediaUrl<'_>, is_live: bool) -> (&'static str, Vec<(String, String)>) {
+pub fn ts_media_params(
+    target: MediaUrl<'_>,
+    is_live: bool,
+) -> (&'static str, Vec<(String, String)>) {
     let (endpoint, mut params) = media_params(target, is_live);
     if endpoint != SEGMENT_PATH {
         return (endpoint, params);

@@ -23,11 +23,27 @@ pub(crate) fn write(
         Codec::H264 {
             nal_length_size,
             parameter_sets,
-        } => annex_b(track, sample, bytes, *nal_length_size, parameter_sets, false, out),
+        } => annex_b(
+            track,
+            sample,
+            bytes,
+            *nal_length_size,
+            parameter_sets,
+            false,
+            out,
+        ),
         Codec::H265 {
             nal_length_size,
             parameter_sets,
-        } => annex_b(track, sample, bytes, *nal_length_size, parameter_sets, true, out),
+        } => annex_b(
+            track,
+            sample,
+            bytes,
+            *nal_length_size,
+            parameter_sets,
+            true,
+            out,
+        ),
         Codec::Aac {
             profile,
             frequency_index,
@@ -57,7 +73,12 @@ pub(crate) fn write(
 }
 
 /// The 7-byte ADTS header (MPEG-4, no CRC, one raw data block) for a frame of `len` bytes.
-pub(crate) fn adts_header(profile: u8, frequency_index: u8, channel_config: u8, len: usize) -> [u8; 7] {
+pub(crate) fn adts_header(
+    profile: u8,
+    frequency_index: u8,
+    channel_config: u8,
+    len: usize,
+) -> [u8; 7] {
     let len = len as u32;
     [
         0xff,
@@ -142,7 +163,9 @@ fn split_nals(bytes: &[u8], length_size: usize) -> impl Iterator<Item = Result<&
             return Some(Err(()));
         }
         let (len, tail) = rest.split_at(length_size);
-        let len = len.iter().fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+        let len = len
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
         if len > tail.len() {
             rest = &[];
             return Some(Err(()));

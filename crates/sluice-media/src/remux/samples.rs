@@ -113,11 +113,11 @@ fn read_traf(
             // An empty sample has nothing to present; it still advances the clock.
             if size > 0 {
                 out.push(Sample {
-                track: index,
-                offset: data_at as usize,
-                size: size as usize,
-                dts: next_dts[index],
-                composition_offset: s.composition_offset.unwrap_or(0),
+                    track: index,
+                    offset: data_at as usize,
+                    size: size as usize,
+                    dts: next_dts[index],
+                    composition_offset: s.composition_offset.unwrap_or(0),
                     sync: flags & NON_SYNC == 0,
                 });
             }

@@ -38,7 +38,11 @@ fn packets(ts: &[u8]) -> Vec<(u16, bool, &[u8])> {
         .map(|p| {
             let h = parse_header(p).expect("a TS packet");
             let afc = (p[3] >> 4) & 3;
-            let start = if afc & 2 != 0 { 5 + usize::from(p[4]) } else { 4 };
+            let start = if afc & 2 != 0 {
+                5 + usize::from(p[4])
+            } else {
+                4
+            };
             (h.pid, h.payload_unit_start, &p[start..])
         })
         .collect()
@@ -56,7 +60,11 @@ fn pes_of(ts: &[u8], pid: u16) -> Vec<(u64, u64, Vec<u8>)> {
         let flags = cur[7];
         let hl = usize::from(cur[8]);
         let pts = read_ts(&cur[9..14]);
-        let dts = if flags & 0x40 != 0 { read_ts(&cur[14..19]) } else { pts };
+        let dts = if flags & 0x40 != 0 {
+            read_ts(&cur[14..19])
+        } else {
+            pts
+        };
         let len = u16::from_be_bytes([cur[4], cur[5]]) as usize;
         if len != 0 {
             assert_eq!(len, cur.len() - 6, "PES length matches its payload");
@@ -208,7 +216,9 @@ fn audio_becomes_adts() {
         for (_, _, es) in &pes {
             assert_eq!(es[0], 0xff);
             assert_eq!(es[1] & 0xf6, 0xf0);
-            let len = (usize::from(es[3] & 3) << 11) | (usize::from(es[4]) << 3) | usize::from(es[5] >> 5);
+            let len = (usize::from(es[3] & 3) << 11)
+                | (usize::from(es[4]) << 3)
+                | usize::from(es[5] >> 5);
             assert_eq!(len, es.len(), "ADTS length is the frame");
         }
     }
@@ -219,7 +229,11 @@ fn check_section(payload: &[u8]) {
     assert_eq!(payload[0], 0, "pointer field");
     let s = &payload[1..];
     let len = usize::from(u16::from_be_bytes([s[1], s[2]]) & 0x0fff);
-    assert_eq!(crc32_mpeg2(&s[..3 + len]), 0, "CRC over the section with its CRC is 0");
+    assert_eq!(
+        crc32_mpeg2(&s[..3 + len]),
+        0,
+        "CRC over the section with its CRC is 0"
+    );
 }
 
 #[test]
@@ -241,7 +255,9 @@ fn an_error_leaves_state_and_output_alone() {
 fn pes_packets_are_exact() {
     // One 183-byte payload: the header (14 bytes, PTS only) and payload need 197 bytes, so two
     // packets; sizes around the packet boundary exercise every stuffing branch.
-    for len in [0usize, 1, 150, 165, 166, 167, 168, 169, 170, 183, 184, 400, 1000] {
+    for len in [
+        0usize, 1, 150, 165, 166, 167, 168, 169, 170, 183, 184, 400, 1000,
+    ] {
         let payload = vec![0xab; len];
         let mut state = RemuxState::default();
         let mut out = Vec::new();
@@ -311,10 +327,7 @@ fn pmt_streams(ts: &[u8]) -> Vec<(u8, u16)> {
 fn hevc_gets_parameter_sets_before_keyframes_and_ordered_timestamps() {
     let (init, segments) = clear_package(0);
     let r = Remuxer::new(&init).unwrap();
-    let Codec::H265 {
-        parameter_sets, ..
-    } = &r.tracks()[0].codec
-    else {
+    let Codec::H265 { parameter_sets, .. } = &r.tracks()[0].codec else {
         panic!("H.265 expected, got {:?}", r.tracks()[0].codec);
     };
     let types: Vec<u8> = parameter_sets.iter().map(|n| (n[0] >> 1) & 0x3f).collect();

@@ -120,7 +120,8 @@ fn read_track(trak: &Mp4Box<'_>) -> Result<Option<Track>, RemuxError> {
     if timescale == 0 {
         return Err(RemuxError::ZeroTimescale { track_id });
     }
-    let stsd = descend(&mdia, &[b"minf", b"stbl", b"stsd"])?.ok_or(RemuxError::MissingBox("stsd"))?;
+    let stsd =
+        descend(&mdia, &[b"minf", b"stbl", b"stsd"])?.ok_or(RemuxError::MissingBox("stsd"))?;
     let entry = Stsd::parse(&stsd)?
         .entries
         .next()
@@ -251,7 +252,8 @@ fn esds_config<'a>(b: &Mp4Box<'a>) -> Result<&'a [u8], &'static str> {
     if r.u8().map_err(|_| "DecoderConfigDescriptor truncated")? != 0x40 {
         return Err("not MPEG-4 audio");
     }
-    r.skip(12).map_err(|_| "DecoderConfigDescriptor truncated")?;
+    r.skip(12)
+        .map_err(|_| "DecoderConfigDescriptor truncated")?;
     descriptor(&mut r, 0x05)
 }
 
@@ -299,7 +301,6 @@ fn aac_config(asc: &[u8]) -> Result<Codec, &'static str> {
         channel_config: channel_config as u8,
     })
 }
-
 
 fn object_type_of(bits: &mut Bits<'_>) -> Result<u32, &'static str> {
     let t = bits.take(5)?;

@@ -128,7 +128,13 @@ pub(crate) fn write_pes(pes: &Pes, payload: &[u8], state: &mut RemuxState, out: 
                 adaptation.extend_from_slice(&pcr_bytes(pcr));
             }
         }
-        let room = PACKET_LEN - 4 - if adaptation.is_empty() { 0 } else { 1 + adaptation.len() };
+        let room = PACKET_LEN
+            - 4
+            - if adaptation.is_empty() {
+                0
+            } else {
+                1 + adaptation.len()
+            };
         let take = left.min(room);
         if take < room || !adaptation.is_empty() {
             // The field's length byte plus its flags fill exactly what the payload leaves.

@@ -75,7 +75,11 @@ pub async fn init(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, P
 }
 
 /// The init segment as fetched (cached by URL and range).
-pub(super) async fn raw_init(dash: &Dash, part: &Part, headers: &HeaderMap) -> Result<Bytes, ProxyError> {
+pub(super) async fn raw_init(
+    dash: &Dash,
+    part: &Part,
+    headers: &HeaderMap,
+) -> Result<Bytes, ProxyError> {
     RawInit::new(dash, part, headers).get().await
 }
 
