@@ -112,6 +112,13 @@ impl RemuxState {
     }
 }
 
+/// A segment's place on its track's decode timeline; see [`Remuxer::span`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub start: i128,
+    pub end: i128,
+}
+
 /// A parsed init segment, ready to remux its media segments.
 #[derive(Debug, Clone)]
 pub struct Remuxer {
@@ -150,6 +157,24 @@ impl Remuxer {
             .position(|t| t.codec.is_video())
             .unwrap_or(0);
         Self::pid(i)
+    }
+
+    /// Where a segment sits on the timeline of the PCR track (decode times in that track's
+    /// timescale): its first sample's decode time and the end of its last sample. One segment's
+    /// `end` is the next one's `start`, which lets a caller find the [`RemuxState`] the previous
+    /// segment of the same stream ended with. `None` when the segment has no sample of that track.
+    pub fn span(&self, segment: &[u8]) -> Result<Option<Span>, RemuxError> {
+        let pcr_track = usize::from(self.pcr_pid() - FIRST_ES_PID);
+        let samples = samples::read(segment, &self.tracks)?;
+        let mut ours = samples.iter().filter(|s| s.track == pcr_track);
+        let Some(first) = ours.next() else {
+            return Ok(None);
+        };
+        let last = ours.last().unwrap_or(first);
+        Ok(Some(Span {
+            start: first.dts,
+            end: last.dts + i128::from(last.duration),
+        }))
     }
 
     /// Remuxes one clear media segment into TS packets, continuing the counters in `state`.

@@ -19,6 +19,8 @@ pub struct Sample {
     /// Composition offset in the track's timescale.
     pub composition_offset: i64,
     pub sync: bool,
+    /// Decode duration in the track's timescale.
+    pub duration: u32,
 }
 
 impl Sample {
@@ -119,6 +121,7 @@ fn read_traf(
                     dts: next_dts[index],
                     composition_offset: s.composition_offset.unwrap_or(0),
                     sync: flags & NON_SYNC == 0,
+                    duration,
                 });
             }
             data_at += u64::from(size);

@@ -381,3 +381,20 @@ fn ac3_and_eac3_pass_through_byte_for_byte() {
         }
     }
 }
+
+#[test]
+fn spans_chain_segments() {
+    let (init, segments) = clear("cenc", "video");
+    let r = Remuxer::new(&init).unwrap();
+    let a = r.span(&segments[0]).unwrap().unwrap();
+    let b = r.span(&segments[1]).unwrap().unwrap();
+    assert_eq!(
+        a,
+        Span {
+            start: 0,
+            end: 12800
+        }
+    );
+    assert_eq!(b.start, a.end);
+    assert_eq!(r.span(b"").unwrap(), None);
+}

@@ -39,6 +39,8 @@ pub struct Dash {
     pub(crate) decrypt_seconds: Histogram,
     /// Seconds spent remuxing one segment to MPEG-TS.
     pub(crate) remux_seconds: Histogram,
+    /// MPEG-TS continuity counters carried from one remuxed segment to the next.
+    pub(crate) ts_counters: remux::Counters,
 }
 
 /// The `media.*` settings the DASH endpoints use.
@@ -94,6 +96,7 @@ impl Dash {
         );
         Dash {
             remux_seconds,
+            ts_counters: remux::Counters::default(),
             upstream,
             cache,
             prefetcher,

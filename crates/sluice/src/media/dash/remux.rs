@@ -2,13 +2,17 @@
 //! and remuxed to MPEG-TS for players that cannot play fMP4. The remuxing itself lives in
 //! `sluice_media::remux`.
 //!
-//! Each response starts its continuity counters at 0: requests are independent, so the state
-//! one segment ends with is not known to the next. Players demux segment by segment and ignore
-//! the jump at a segment boundary; within a segment the counters are continuous.
+//! Continuity counters run on from one segment to the next: the counters a segment ends with are
+//! kept (bounded, for a few minutes) under its init and the decode time where it ends, which is
+//! where the next segment of the same stream starts. A segment nobody requested the predecessor
+//! of starts at 0, which players accept at a segment boundary.
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
+use sluice_media::dash::proxy::Part;
 use sluice_media::dash::proxy::{self, SegmentRequest};
 use sluice_media::remux::{RemuxError, RemuxState, Remuxer};
 
@@ -52,9 +56,14 @@ pub async fn segment_ts(dash: &Dash, ctx: &RequestContext) -> Result<Response<Bo
     };
     let start = Instant::now();
     let remuxer = Remuxer::new(&init).map_err(remux_error)?;
-    let ts = remuxer
-        .segment(&media, &mut RemuxState::default())
-        .map_err(remux_error)?;
+    let span = remuxer.span(&media).map_err(remux_error)?;
+    let mut state = span
+        .and_then(|s| dash.ts_counters.take(&init_part, s.start))
+        .unwrap_or_default();
+    let ts = remuxer.segment(&media, &mut state).map_err(remux_error)?;
+    if let Some(span) = span {
+        dash.ts_counters.put(&init_part, span.end, state);
+    }
     dash.remux_seconds.observe(start.elapsed().as_secs_f64());
     respond(ts, TS_TYPE, &params)
 }
@@ -74,5 +83,51 @@ fn remux_error(e: RemuxError) -> ProxyError {
             "remux",
             format!("the segment cannot be remuxed to MPEG-TS: {other}"),
         ),
+    }
+}
+
+/// Continuity counters left by remuxed segments, keyed by init and the decode time they end at.
+pub struct Counters {
+    states: Mutex<HashMap<(Part, i128), (RemuxState, Instant)>>,
+}
+
+/// Most streams whose counters are remembered; beyond it the oldest entry goes.
+const MAX_STREAMS: usize = 4096;
+/// How long counters wait for the next segment: longer than any sane segment duration.
+const STATE_TTL: Duration = Duration::from_secs(120);
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            states: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Counters {
+    /// The counters of the segment of `init`'s stream that ended at `start`, if still known.
+    fn take(&self, init: &Part, start: i128) -> Option<RemuxState> {
+        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        states
+            .get(&(init.clone(), start))
+            .filter(|(_, at)| at.elapsed() < STATE_TTL)
+            .map(|(state, _)| state.clone())
+    }
+
+    fn put(&self, init: &Part, end: i128, state: RemuxState) {
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        if states.len() >= MAX_STREAMS {
+            states.retain(|_, (_, at)| at.elapsed() < STATE_TTL);
+        }
+        if states.len() >= MAX_STREAMS {
+            if let Some(oldest) = states
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                states.remove(&oldest);
+            }
+        }
+        states.insert((init.clone(), end), (state, Instant::now()));
     }
 }
