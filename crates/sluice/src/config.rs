@@ -42,6 +42,21 @@ pub struct ServerConfig {
     pub max_headers: usize,
     /// Seconds in-flight responses get to finish after SIGTERM/SIGINT.
     pub shutdown_grace_secs: u64,
+    /// Client connections open at once across all listeners; at the limit sluice stops accepting
+    /// (new clients wait in the kernel backlog) until one closes. 0: derived from the open-file
+    /// limit, which sluice raises to its hard limit at start: (limit - 64) / 2.
+    pub max_connections: usize,
+    /// Seconds a client may keep its receive window shut (no byte accepted) while a response is
+    /// being sent; then the connection is cut and its upstream fetch and buffers released.
+    pub send_timeout_secs: u64,
+    /// Seconds a TLS client has to finish its handshake (separate from `idle_timeout_secs`).
+    pub tls_handshake_timeout_secs: u64,
+    /// HTTP/2: streams a client may have open at once on one connection; more are refused
+    /// with `REFUSED_STREAM`.
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
+    /// one connection holds at most this times `h2_max_concurrent_streams`.
+    pub h2_max_send_buf_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,18 +70,42 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             max_headers: 100,
             shutdown_grace_secs: 10,
+            max_connections: 0,
+            send_timeout_secs: 60,
+            tls_handshake_timeout_secs: 10,
+            h2_max_concurrent_streams: 100,
+            h2_max_send_buf_bytes: 128 * 1024,
         }
     }
 }
 
 /// Who may use the proxy.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Shared secret (`api_password` query parameter or header). Empty: no auth, loopback listeners only.
     pub api_password: String,
     /// Peers (IPs or CIDRs) whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Accept MediaFlow-format tokens (from `/generate_url` or MediaFlow's own generators) when their
+    /// claims carry the password.
+    pub accept_mediaflow_tokens: bool,
+    /// Seconds a minted child token (a rewritten manifest's child URL) stays valid, unless the parent
+    /// token expires sooner.
+    pub child_token_ttl_secs: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            api_password: String::new(),
+            trusted_proxies: Vec::new(),
+            accept_mediaflow_tokens: true,
+            // Long enough for a feature film paused for lunch: VOD players fetch the media
+            // playlist once and then only its children.
+            child_token_ttl_secs: 12 * 3600,
+        }
+    }
 }
 
 /// The pooled upstream HTTP client shared by every front end.
@@ -93,6 +132,9 @@ pub struct UpstreamConfig {
     pub user_agent: String,
     /// Hosts (exact, or `*.domain`) whose TLS certificates are not verified.
     pub insecure_hosts: Vec<String>,
+    /// PEM file of extra CA certificates trusted for upstream TLS (a private CA), beside the
+    /// bundled webpki roots and the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
     /// Outgoing proxy routes; the most specific matching pattern wins.
     pub routes: Vec<RouteConfig>,
 }
@@ -112,6 +154,7 @@ impl Default for UpstreamConfig {
                          Chrome/136.0.0.0 Safari/537.36"
                 .to_string(),
             insecure_hosts: Vec::new(),
+            ca_file: None,
             routes: Vec::new(),
         }
     }
@@ -260,6 +303,15 @@ impl Config {
         }
         for (name, value) in [
             ("server.idle_timeout_secs", s.idle_timeout_secs),
+            ("server.send_timeout_secs", s.send_timeout_secs),
+            (
+                "server.tls_handshake_timeout_secs",
+                s.tls_handshake_timeout_secs,
+            ),
+            (
+                "server.h2_max_concurrent_streams",
+                u64::from(s.h2_max_concurrent_streams),
+            ),
             (
                 "server.header_read_timeout_secs",
                 s.header_read_timeout_secs,
@@ -283,6 +335,9 @@ impl Config {
         }
         if s.max_header_bytes < 1024 {
             bail!("server.max_header_bytes must be at least 1024");
+        }
+        if s.h2_max_send_buf_bytes < 16 * 1024 {
+            bail!("server.h2_max_send_buf_bytes must be at least 16384 (one HTTP/2 frame)");
         }
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
