@@ -15,4 +15,5 @@ case "$target" in
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null
+mkdir -p "corpus/$target"
 cargo +nightly fuzz run "$target" "corpus/$target" -- -max_len="$max_len" -max_total_time="$secs"

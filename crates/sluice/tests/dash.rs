@@ -1073,3 +1073,42 @@ async fn clear_hevc_ac3_eac3_remux_decodes_like_the_fmp4_path() {
     codecs.sort();
     assert_eq!(codecs, ["ac3", "eac3", "hevc"]);
 }
+
+#[tokio::test]
+async fn token_mode_ts_children_are_scoped_sealed_tokens_that_play() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cbcs");
+    let mut config = test_config();
+    config.auth.api_password = "server-pw".into();
+    let s = Sluice::start(config).await;
+    let master = format!(
+        "{}&api_password=server-pw",
+        master_url(&s, &o, "cbcs", &format!("{}&remux_to_ts=1", hex_keys()))
+    );
+    let playlists = media_playlists(&master).await;
+    let segments: Vec<String> = playlists.iter().flat_map(|p| uris(p)).collect();
+    assert_eq!(segments.len(), 4);
+    for uri in &segments {
+        assert!(
+            uri.contains("/_token_") && uri.ends_with("/proxy/mpd/segment.ts"),
+            "{uri}"
+        );
+        for secret in [VIDEO_KEY, AUDIO_KEY, "server-pw"] {
+            assert!(!uri.contains(secret));
+        }
+    }
+    // The remuxed children play through the tokens alone.
+    check_frames(&master, "v").await;
+    check_frames(&master, "a").await;
+    // A segment.ts token opens the DASH family only, and its parameters are fixed.
+    let (prefix, _) = segments[0].split_once("/proxy/mpd/").unwrap();
+    let elsewhere = get(&format!(
+        "{prefix}/proxy/stream?d={}",
+        enc(&o.url("cbcs/video/1.m4s"))
+    ))
+    .await;
+    assert_eq!(elsewhere.status, 401);
+    let added = get(&format!("{}?remux_to_ts=0", segments[0])).await;
+    assert_eq!(added.status, 401);
+}
