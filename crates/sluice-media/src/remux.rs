@@ -170,7 +170,7 @@ impl Remuxer {
         let Some(first) = ours.next() else {
             return Ok(None);
         };
-        let last = ours.last().unwrap_or(first);
+        let last = ours.next_back().unwrap_or(first);
         Ok(Some(Span {
             start: first.dts,
             end: last.dts + i128::from(last.duration),
