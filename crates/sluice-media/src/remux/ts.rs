@@ -87,8 +87,9 @@ pub(crate) fn write_pes(pes: &Pes, payload: &[u8], state: &mut RemuxState, out: 
         pes.dts
     };
     let with_dts = dts != pes.pts;
-    let mut head = Vec::with_capacity(19);
-    head.extend_from_slice(&[0, 0, 1, pes.stream_id]);
+    // Header and adaptation fields are built on the stack: this runs for every TS packet.
+    let mut head = [0u8; 19];
+    head[..4].copy_from_slice(&[0, 0, 1, pes.stream_id]);
     let header_data = if with_dts { 10 } else { 5 };
     let pes_len = 3 + header_data + payload.len();
     let len_field = if pes.bounded && pes_len <= 0xffff {
@@ -96,19 +97,20 @@ pub(crate) fn write_pes(pes: &Pes, payload: &[u8], state: &mut RemuxState, out: 
     } else {
         0
     };
-    head.extend_from_slice(&len_field.to_be_bytes());
-    head.push(0x80); // marker bits, not scrambled, no priority/alignment/copyright/original
-    head.push(if with_dts { 0xc0 } else { 0x80 });
-    head.push(header_data as u8);
+    head[4..6].copy_from_slice(&len_field.to_be_bytes());
+    head[6] = 0x80; // marker bits, not scrambled, no priority/alignment/copyright/original
+    head[7] = if with_dts { 0xc0 } else { 0x80 };
+    head[8] = header_data as u8;
     if with_dts {
-        push_timestamp(&mut head, 0x3, pes.pts);
-        push_timestamp(&mut head, 0x1, dts);
+        head[9..14].copy_from_slice(&timestamp(0x3, pes.pts));
+        head[14..19].copy_from_slice(&timestamp(0x1, dts));
     } else {
-        push_timestamp(&mut head, 0x2, pes.pts);
+        head[9..14].copy_from_slice(&timestamp(0x2, pes.pts));
     }
+    let head = &head[..9 + header_data];
     let pcr = pes.pcr.then(|| dts.wrapping_sub(PCR_LEAD) & TIMESTAMP_MASK);
 
-    let mut parts = [head.as_slice(), payload];
+    let mut parts = [head, payload];
     let mut first = true;
     while !parts[0].is_empty() || !parts[1].is_empty() {
         let left = parts[0].len() + parts[1].len();
@@ -116,36 +118,28 @@ pub(crate) fn write_pes(pes: &Pes, payload: &[u8], state: &mut RemuxState, out: 
         let pusi = if first { 0x40 } else { 0 };
         out.extend_from_slice(&[SYNC_BYTE, pusi | (pes.pid >> 8) as u8, pes.pid as u8, 0]);
         // Adaptation field: flags (PCR, random access) on the first packet, stuffing on the last.
-        let mut adaptation: Vec<u8> = Vec::new();
+        let mut adaptation = [0xffu8; PACKET_LEN];
+        let mut flags_len = 0;
         if first && (pcr.is_some() || pes.random_access) {
-            let mut flags = 0u8;
-            if pes.random_access {
-                flags |= 0x40;
-            }
-            adaptation.push(flags);
+            adaptation[0] = if pes.random_access { 0x40 } else { 0 };
+            flags_len = 1;
             if let Some(pcr) = pcr {
                 adaptation[0] |= 0x10;
-                adaptation.extend_from_slice(&pcr_bytes(pcr));
+                adaptation[1..7].copy_from_slice(&pcr_bytes(pcr));
+                flags_len = 7;
             }
         }
-        let room = PACKET_LEN
-            - 4
-            - if adaptation.is_empty() {
-                0
-            } else {
-                1 + adaptation.len()
-            };
+        let room = PACKET_LEN - 4 - if flags_len == 0 { 0 } else { 1 + flags_len };
         let take = left.min(room);
-        if take < room || !adaptation.is_empty() {
+        if take < room || flags_len > 0 {
             // The field's length byte plus its flags fill exactly what the payload leaves.
             let field_len = PACKET_LEN - 4 - take - 1;
-            if adaptation.is_empty() && field_len > 0 {
-                adaptation.push(0x00);
+            if flags_len == 0 && field_len > 0 {
+                adaptation[0] = 0x00;
             }
-            adaptation.resize(field_len, 0xff);
             out[start + 3] = 0x30 | state.next(pes.pid);
             out.push(field_len as u8);
-            out.extend_from_slice(&adaptation);
+            out.extend_from_slice(&adaptation[..field_len]);
         } else {
             out[start + 3] = 0x10 | state.next(pes.pid);
         }
@@ -162,11 +156,19 @@ pub(crate) fn write_pes(pes: &Pes, payload: &[u8], state: &mut RemuxState, out: 
 }
 
 /// A 33-bit PES timestamp with its 4-bit prefix and marker bits.
-fn push_timestamp(out: &mut Vec<u8>, prefix: u8, t: u64) {
+fn timestamp(prefix: u8, t: u64) -> [u8; 5] {
     let t = t & TIMESTAMP_MASK;
-    out.push((prefix << 4) | (((t >> 30) as u8 & 0x07) << 1) | 1);
-    out.extend_from_slice(&((((t >> 15) & 0x7fff) << 1 | 1) as u16).to_be_bytes());
-    out.extend_from_slice(&((((t & 0x7fff) << 1) | 1) as u16).to_be_bytes());
+    let mid = ((((t >> 15) & 0x7fff) << 1) | 1) as u16;
+    let low = (((t & 0x7fff) << 1) | 1) as u16;
+    let [m0, m1] = mid.to_be_bytes();
+    let [l0, l1] = low.to_be_bytes();
+    [
+        (prefix << 4) | (((t >> 30) as u8 & 0x07) << 1) | 1,
+        m0,
+        m1,
+        l0,
+        l1,
+    ]
 }
 
 /// A PCR: 33-bit base at 90 kHz, 6 reserved bits, 9-bit extension (0).
