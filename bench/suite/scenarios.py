@@ -359,7 +359,7 @@ CENC_BENCH = ("crates", "sluice-media", "benches", "cenc.rs")
 def s6(ctx):
     r = _pending("S6", "ClearKey (CENC) decryption; HLS and DASH end to end",
                  "Decryption throughput of sluice-media's cenc module against the AES-128-CTR "
-                 "ceiling of this CPU (openssl speed); and HLS, and ClearKey DASH served as HLS, "
+                 "ceiling of this CPU (openssl speed), and the fMP4 to MPEG-TS remuxer's MB/s; and HLS, and ClearKey DASH served as HLS, "
                  "through the proxy: how many segments/s c players get, at what latency and cost.")
     argv = ["openssl", "speed", "-evp", "aes-128-ctr", "-seconds", "1" if ctx.quick else "3"]
     ctx.note(argv)
@@ -495,10 +495,11 @@ def _decode_check(ctx, url):
 
 
 def _criterion(ctx):
-    """Runs the pure crate's criterion benches (ClearKey decryption, and rewriting a 5000-segment
-    HLS playlist) and keeps each benchmark's median time and throughput."""
+    """Runs the pure crate's criterion benches (ClearKey decryption, rewriting a 5000-segment
+    HLS playlist, and remuxing fMP4 to MPEG-TS) and keeps each benchmark's median time and
+    throughput."""
     found = []
-    for bench in ("cenc", "hls_rewrite"):
+    for bench in ("cenc", "hls_rewrite", "remux"):
         argv = ["cargo", "bench", "-p", "sluice-media", "--bench", bench, "--"]
         if ctx.quick:
             argv += ["--warm-up-time", "1", "--measurement-time", "2"]

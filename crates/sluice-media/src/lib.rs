@@ -10,6 +10,7 @@
 //! - `mp4`: ISO-BMFF box walking and rewriting.
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
 //! - `keys`: ClearKey `key_id`/`key` lists parsed into a KID → key ring.
+//! - `remux`: clear fragmented MP4 remuxed to MPEG-TS (Annex B video, ADTS audio, PAT/PMT, PCR).
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 
 pub mod b64url;
@@ -21,5 +22,6 @@ pub mod keys;
 pub mod mp4;
 pub mod mpegts;
 pub mod query;
+pub mod remux;
 pub mod rtp;
 pub mod token;

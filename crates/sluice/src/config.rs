@@ -231,6 +231,9 @@ pub struct MediaConfig {
     pub max_playlist_segments: usize,
     /// Bytes the prefetch registry (the segment lists of recently served playlists) may hold.
     pub prefetch_registry_bytes: usize,
+    /// DASH media playlists point at `/proxy/mpd/segment.ts` (decrypted and remuxed to MPEG-TS)
+    /// unless the request says `remux_to_ts=0`; off, they point at fMP4 unless it says `=1`.
+    pub remux_to_ts: bool,
 }
 
 impl Default for MediaConfig {
@@ -252,6 +255,7 @@ impl Default for MediaConfig {
             max_segment_bytes: 64 * 1024 * 1024,
             max_playlist_segments: 20_000,
             prefetch_registry_bytes: 8 * 1024 * 1024,
+            remux_to_ts: false,
         }
     }
 }

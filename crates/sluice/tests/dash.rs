@@ -853,3 +853,262 @@ async fn bad_mpd_and_upstream_errors() {
     let r = get(&s.url("/proxy/mpd/segment.mp4?init_url=x")).await;
     assert_eq!(r.status, 400);
 }
+
+// === MPEG-TS remux (remux_to_ts) ===
+
+/// Downloads every URI of a media playlist, checking each body is MPEG-TS on its own (whole
+/// packets, PAT then PMT first) and the continuity counters run on across segments requested in
+/// order.
+async fn download_ts_track(playlist: &str, file: &Path) {
+    use sluice_media::mpegts::{parse_header, Continuity, PACKET_LEN};
+    assert!(!playlist.contains("#EXT-X-MAP"), "{playlist}");
+    let mut all = Vec::new();
+    let uris = uris(playlist);
+    assert_eq!(uris.len(), 2, "{playlist}");
+    let mut cc = Continuity::default();
+    for uri in uris {
+        assert!(uri.contains("/proxy/mpd/segment.ts?"), "{uri}");
+        let r = get(&uri).await;
+        assert_eq!(r.status, 200, "{uri}");
+        assert_eq!(r.headers["content-type"], "video/mp2t");
+        let body = r.body.unwrap();
+        assert_eq!(body.len() % PACKET_LEN, 0);
+        let pids: Vec<u16> = body
+            .chunks(PACKET_LEN)
+            .map(|p| parse_header(p).expect("TS packet").pid)
+            .collect();
+        assert_eq!(&pids[..2], &[0, 0x1000], "PAT, PMT open every segment");
+        assert!(pids[2..].iter().all(|&p| p == 0x100), "one elementary PID");
+        assert_eq!(cc.check(&body), 0, "continuity up to the end of {uri}");
+        all.extend_from_slice(&body);
+    }
+    std::fs::write(file, all).unwrap();
+}
+
+/// The codec names ffprobe reports for `file` (it lists the program's streams and then the
+/// file's, so each name once).
+fn probe_codecs(file: &Path) -> String {
+    let out = Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-show_entries",
+            "stream=codec_name",
+            "-of",
+            "csv=p=0",
+        ])
+        .arg(file)
+        .output()
+        .expect("ffprobe runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+        .collect();
+    names.dedup();
+    names.join(",")
+}
+
+async fn check_remuxed_tracks(variant: &str) {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package(variant);
+    let s = Sluice::start(test_config()).await;
+    let fmp4 = media_playlists(&master_url(&s, &o, variant, &hex_keys())).await;
+    let keys = format!("{}&remux_to_ts=1", hex_keys());
+    let master = master_url(&s, &o, variant, &keys);
+    let ts = media_playlists(&master).await;
+    assert_eq!(ts.len(), 2);
+    for ((ts, fmp4), (kind, codec)) in ts.iter().zip(&fmp4).zip([("v", "h264"), ("a", "aac")]) {
+        let ts_file = tmp(&format!("remux-{variant}-{kind}.ts"));
+        download_ts_track(ts, &ts_file).await;
+        assert_eq!(probe_codecs(&ts_file), codec);
+        let mp4_file = tmp(&format!("remux-{variant}-{kind}.mp4"));
+        download_track(fmp4, &mp4_file).await;
+        let (a, b) = (ts_file.clone(), mp4_file.clone());
+        let (got, want) = tokio::task::spawn_blocking(move || {
+            (
+                frame_hashes(a.to_str().unwrap(), kind),
+                frame_hashes(b.to_str().unwrap(), kind),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            got, want,
+            "{variant} {kind}: TS frames equal the fMP4 path's"
+        );
+        check_frames(ts_file.to_str().unwrap(), kind).await;
+    }
+    // A player given only the master (ffmpeg's HLS demuxer here) plays the TS renditions.
+    check_frames(&master, "v").await;
+    check_frames(&master, "a").await;
+}
+
+#[tokio::test]
+async fn cenc_remuxed_to_ts_decodes_like_the_fmp4_path() {
+    check_remuxed_tracks("cenc").await;
+}
+
+#[tokio::test]
+async fn cbcs_remuxed_to_ts_decodes_like_the_fmp4_path() {
+    check_remuxed_tracks("cbcs").await;
+}
+
+#[tokio::test]
+async fn remux_default_comes_from_config_and_requests_override_it() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let mut config = test_config();
+    config.media.remux_to_ts = true;
+    let s = Sluice::start(config).await;
+    let on = media_playlists(&master_url(&s, &o, "cenc", &hex_keys())).await;
+    assert!(
+        uris(&on[0]).iter().all(|u| u.contains("/segment.ts?")),
+        "{}",
+        on[0]
+    );
+    let off = format!("{}&remux_to_ts=0", hex_keys());
+    let off = media_playlists(&master_url(&s, &o, "cenc", &off)).await;
+    assert!(off[0].contains("#EXT-X-MAP"), "{}", off[0]);
+    assert!(uris(&off[0])
+        .iter()
+        .skip(1)
+        .all(|u| u.contains("/segment.mp4?")));
+}
+
+#[tokio::test]
+async fn remux_refusals_are_clear() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let seg = enc(&o.url("cenc/video/1.m4s"));
+    let init = enc(&o.url("cenc/video/init.mp4"));
+    // No init: the remuxer has no track configuration.
+    let r = get(&s.url(&format!("/proxy/mpd/segment.ts?segment_url={seg}"))).await;
+    assert_eq!(r.status, 400);
+    // Encrypted and no keys.
+    let r = get(&s.url(&format!(
+        "/proxy/mpd/segment.ts?init_url={init}&segment_url={seg}"
+    )))
+    .await;
+    assert_eq!(r.status, 400);
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(body.contains("pass key_id and key"), "{body}");
+    // Not a segment at all.
+    o.put("junk.m4s", b"\x00\x00\x00\x10moofjunkjunk");
+    let r = get(&s.url(&format!(
+        "/proxy/mpd/segment.ts?init_url={init}&segment_url={}&{}",
+        enc(&o.url("junk.m4s")),
+        hex_keys()
+    )))
+    .await;
+    assert_eq!(r.status, 502);
+}
+
+#[tokio::test]
+async fn clear_hevc_ac3_eac3_remux_decodes_like_the_fmp4_path() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    let src = fixtures().join("../remux/hevc-ac3");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        o.put(
+            &format!("clear/{name}"),
+            &std::fs::read(entry.path()).unwrap(),
+        );
+    }
+    let s = Sluice::start(test_config()).await;
+    // The master offers one audio rendition (AC-3); the E-AC-3 one is asked for by profile.
+    let playlists = |extra: &'static str| {
+        let master = master_url(&s, &o, "clear", extra);
+        async move {
+            let mut uris = uris(&text(&master).await);
+            assert_eq!(uris.len(), 2, "video and one audio rendition");
+            uris.sort_by_key(|u| !u.contains("profile_id=0_0_"));
+            let eac3 = uris[1].replace("profile_id=1_1_96000", "profile_id=2_2_96000");
+            assert_ne!(eac3, uris[1]);
+            uris.push(eac3);
+            let mut out = Vec::new();
+            for uri in uris {
+                out.push(text(&uri).await);
+            }
+            out
+        }
+    };
+    let fmp4 = playlists("").await;
+    let ts = playlists("remux_to_ts=1").await;
+    let mut codecs = Vec::new();
+    for (i, (ts, fmp4)) in ts.iter().zip(&fmp4).enumerate() {
+        let kind = if i == 0 { "v" } else { "a" };
+        let ts_file = tmp(&format!("remux-clear-{i}.ts"));
+        let mut all = Vec::new();
+        for uri in uris(ts) {
+            assert!(uri.contains("/proxy/mpd/segment.ts?"), "{uri}");
+            all.extend_from_slice(&bytes(&uri).await);
+        }
+        std::fs::write(&ts_file, all).unwrap();
+        codecs.push(probe_codecs(&ts_file));
+        let mp4_file = tmp(&format!("remux-clear-{i}.mp4"));
+        download_track(fmp4, &mp4_file).await;
+        let (a, b) = (ts_file.clone(), mp4_file.clone());
+        let (got, want) = tokio::task::spawn_blocking(move || {
+            (
+                frame_hashes(a.to_str().unwrap(), kind),
+                frame_hashes(b.to_str().unwrap(), kind),
+            )
+        })
+        .await
+        .unwrap();
+        assert!(!got.is_empty());
+        assert_eq!(got, want, "rendition {i}: TS frames equal the fMP4 path's");
+    }
+    codecs.sort();
+    assert_eq!(codecs, ["ac3", "eac3", "hevc"]);
+}
+
+#[tokio::test]
+async fn token_mode_ts_children_are_scoped_sealed_tokens_that_play() {
+    require_ffmpeg();
+    let o = FileOrigin::start().await;
+    o.put_package("cbcs");
+    let mut config = test_config();
+    config.auth.api_password = "server-pw".into();
+    let s = Sluice::start(config).await;
+    let master = format!(
+        "{}&api_password=server-pw",
+        master_url(&s, &o, "cbcs", &format!("{}&remux_to_ts=1", hex_keys()))
+    );
+    let playlists = media_playlists(&master).await;
+    let segments: Vec<String> = playlists.iter().flat_map(|p| uris(p)).collect();
+    assert_eq!(segments.len(), 4);
+    for uri in &segments {
+        assert!(
+            uri.contains("/_token_") && uri.ends_with("/proxy/mpd/segment.ts"),
+            "{uri}"
+        );
+        for secret in [VIDEO_KEY, AUDIO_KEY, "server-pw"] {
+            assert!(!uri.contains(secret));
+        }
+    }
+    // The remuxed children play through the tokens alone.
+    check_frames(&master, "v").await;
+    check_frames(&master, "a").await;
+    // A segment.ts token opens the DASH family only, and its parameters are fixed.
+    let (prefix, _) = segments[0].split_once("/proxy/mpd/").unwrap();
+    let elsewhere = get(&format!(
+        "{prefix}/proxy/stream?d={}",
+        enc(&o.url("cbcs/video/1.m4s"))
+    ))
+    .await;
+    assert_eq!(elsewhere.status, 401);
+    let added = get(&format!("{}?remux_to_ts=0", segments[0])).await;
+    assert_eq!(added.status, 401);
+}

@@ -2,7 +2,8 @@
 //!
 //! The first byte picks the case: rewrite the input as an init segment, decrypt it as a media
 //! segment against one of the real fixture inits (each scheme), or split it into an init and a
-//! segment that are both attacker-controlled.
+//! segment that are both attacker-controlled
+//! (mode byte, a two-byte little-endian init length, the init, then the segment).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -41,7 +42,12 @@ fuzz_target!(|data: &[u8]| {
             let _ = decrypt_segment(rest, &info, &keys());
         }
         _ => {
-            let split = rest.first().map_or(0, |&b| b as usize * 4).min(rest.len());
+            // Two length bytes (little-endian) frame the init; they are consumed here, so the
+            // init's own first box header starts right after them and both halves are real input.
+            let Some((len, rest)) = rest.split_first_chunk::<2>() else {
+                return;
+            };
+            let split = usize::from(u16::from_le_bytes(*len)).min(rest.len());
             let (init, segment) = rest.split_at(split);
             if let Ok((_, info)) = rewrite_init(init) {
                 let _ = decrypt_segment(segment, &info, &keys());

@@ -4,7 +4,8 @@
 //!
 //! Endpoints: `manifest.m3u8` (master, `d` = MPD URL), `playlist.m3u8` (`d` + `profile_id`),
 //! `init.mp4` (`init_url`, `init_range`) and `segment.mp4` (`init_url`, `segment_url`, both
-//! ranges, `use_map`). Every one takes `key_id`/`key` and `mime_type`/`is_live` where they apply.
+//! ranges, `use_map`), and `segment.ts` (the same, remuxed to MPEG-TS; chosen by `remux_to_ts`).
+//! Every one takes `key_id`/`key` and `mime_type`/`is_live` where they apply.
 
 use url::Url;
 
@@ -19,6 +20,8 @@ use crate::query::{parse_destination, Query, QueryError};
 pub const PLAYLIST_PATH: &str = "/proxy/mpd/playlist.m3u8";
 pub const SEGMENT_PATH: &str = "/proxy/mpd/segment.mp4";
 pub const INIT_PATH: &str = "/proxy/mpd/init.mp4";
+/// Decrypted and remuxed to MPEG-TS (`remux_to_ts`).
+pub const SEGMENT_TS_PATH: &str = "/proxy/mpd/segment.ts";
 
 /// Why a `/proxy/mpd/*` request was refused before anything was fetched.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,9 +138,33 @@ pub fn carried(name: &str) -> bool {
 }
 
 /// Parameters a master playlist's links to media playlists carry: [`carried`] plus the playlist
-/// options `skip` and `start_offset`.
+/// options `skip`, `start_offset` and `remux_to_ts`.
 pub fn carried_to_playlist(name: &str) -> bool {
-    carried(name) || matches!(name, "skip" | "start_offset")
+    carried(name) || matches!(name, "skip" | "start_offset" | "remux_to_ts")
+}
+
+/// Whether media playlists point at MPEG-TS segments: the request's `remux_to_ts` when given
+/// (`1`/`true`/`yes`/`on`, anything else is off), else the configured `default`.
+pub fn remux_to_ts(query: &Query, default: bool) -> bool {
+    match query.get("remux_to_ts").filter(|v| !v.trim().is_empty()) {
+        Some(v) => crate::query::parse_bool(v),
+        None => default,
+    }
+}
+
+/// Like [`media_params`] for a playlist whose segments are remuxed to MPEG-TS: every segment
+/// names its init (TS has no `#EXT-X-MAP`; the remuxer needs the track's configuration) and
+/// points at [`SEGMENT_TS_PATH`].
+pub fn ts_media_params(
+    target: MediaUrl<'_>,
+    is_live: bool,
+) -> (&'static str, Vec<(String, String)>) {
+    let (endpoint, mut params) = media_params(target, is_live);
+    if endpoint != SEGMENT_PATH {
+        return (endpoint, params);
+    }
+    params.retain(|(k, _)| k != "use_map" && k != "mime_type");
+    (SEGMENT_TS_PATH, params)
 }
 
 /// Parameters of a master playlist's link to the media playlist of `rep`.

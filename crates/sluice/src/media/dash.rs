@@ -5,8 +5,10 @@
 //! # Layout
 //! - `manifest`: `manifest.m3u8` (master) and `playlist.m3u8` (one profile), MPD and sidx loading.
 //! - `segment`: `init.mp4` and `segment.mp4`, init processing and decryption.
+//! - `remux`: `segment.ts`, a segment decrypted and remuxed to MPEG-TS.
 
 pub mod manifest;
+pub mod remux;
 pub mod segment;
 
 use std::sync::Arc;
@@ -35,6 +37,10 @@ pub struct Dash {
     pub(crate) settings: Settings,
     /// Seconds spent decrypting one segment.
     pub(crate) decrypt_seconds: Histogram,
+    /// Seconds spent remuxing one segment to MPEG-TS.
+    pub(crate) remux_seconds: Histogram,
+    /// MPEG-TS continuity counters carried from one remuxed segment to the next.
+    pub(crate) ts_counters: remux::Counters,
 }
 
 /// The `media.*` settings the DASH endpoints use.
@@ -48,6 +54,7 @@ pub struct Settings {
     pub live_start_offset: f64,
     pub max_mpd_bytes: usize,
     pub max_segment_bytes: usize,
+    pub remux_to_ts: bool,
 }
 
 impl Settings {
@@ -61,6 +68,7 @@ impl Settings {
             live_start_offset: c.live_start_offset,
             max_mpd_bytes: c.max_mpd_bytes,
             max_segment_bytes: c.max_segment_bytes,
+            remux_to_ts: c.remux_to_ts,
         }
     }
 }
@@ -80,7 +88,15 @@ impl Dash {
             "Time to decrypt one media segment",
             decrypt_seconds.clone(),
         );
+        let remux_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        registry.register(
+            "media_remux_seconds",
+            "Time to remux one media segment to MPEG-TS",
+            remux_seconds.clone(),
+        );
         Dash {
+            remux_seconds,
+            ts_counters: remux::Counters::default(),
             upstream,
             cache,
             prefetcher,
@@ -103,6 +119,7 @@ impl Dash {
             "manifest.m3u8" | "manifest" => manifest::master(self, ctx, links).await,
             "playlist.m3u8" | "playlist" => manifest::media(self, ctx, links).await,
             "segment.mp4" | "segment" => segment::segment(self, ctx).await,
+            "segment.ts" => remux::segment_ts(self, ctx).await,
             "init.mp4" | "init" => segment::init(self, ctx).await,
             _ => Err(ProxyError::downstream(
                 StatusCode::NOT_FOUND,

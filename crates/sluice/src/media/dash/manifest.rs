@@ -67,6 +67,9 @@ pub async fn media(
         no_map: false,
         sidx: HashMap::new(),
     };
+    // TS segments carry no init of their own: each segment URL names it and there is no map.
+    let ts = proxy::remux_to_ts(&ctx.query, dash.settings.remux_to_ts);
+    options.no_map = ts;
     let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
     for _ in 0..=MAX_SIDX_FETCHES {
         let mut parts = Vec::new();
@@ -77,7 +80,11 @@ pub async fn media(
                     range: segment.byte_range,
                 });
             }
-            let (endpoint, mut p) = proxy::media_params(target, live);
+            let (endpoint, mut p) = if ts {
+                proxy::ts_media_params(target, live)
+            } else {
+                proxy::media_params(target, live)
+            };
             p.extend(carried.iter().cloned());
             links.url(endpoint, &p)
         });

@@ -75,7 +75,11 @@ pub async fn init(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, P
 }
 
 /// The init segment as fetched (cached by URL and range).
-async fn raw_init(dash: &Dash, part: &Part, headers: &HeaderMap) -> Result<Bytes, ProxyError> {
+pub(super) async fn raw_init(
+    dash: &Dash,
+    part: &Part,
+    headers: &HeaderMap,
+) -> Result<Bytes, ProxyError> {
     RawInit::new(dash, part, headers).get().await
 }
 
@@ -123,7 +127,7 @@ impl RawInit {
 /// The init segment without protection boxes, and its track facts; refuses keys that leave a
 /// protected track without a key. Removing protection needs no key, so one cache entry per URL
 /// and range serves every key set; the key check runs on every request.
-async fn clear_init(
+pub(super) async fn clear_init(
     dash: &Dash,
     part: &Part,
     keys: &KeyRing,
@@ -156,7 +160,7 @@ async fn clear_init(
     Ok((clear, info))
 }
 
-fn decrypt(
+pub(super) fn decrypt(
     dash: &Dash,
     media: &[u8],
     info: &InitInfo,
@@ -176,7 +180,7 @@ fn decrypt(
     Ok(Bytes::from(clear))
 }
 
-fn missing_key(kid: &str) -> ProxyError {
+pub(super) fn missing_key(kid: &str) -> ProxyError {
     ProxyError::downstream(
         StatusCode::BAD_REQUEST,
         "key_missing",

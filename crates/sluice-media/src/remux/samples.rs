@@ -1,0 +1,132 @@
+//! Every sample of a media segment: track, bytes, decode time, composition offset, sync flag.
+//! No I/O; samples are located, never copied.
+
+use super::{RemuxError, Track};
+use crate::mp4::{boxes, Mp4Box, Tfdt, Tfhd, Trun};
+
+/// `sample_is_non_sync_sample` in the ISO-BMFF sample flags.
+const NON_SYNC: u32 = 0x0001_0000;
+
+/// One sample of one track, located in the segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// Index into the remuxer's tracks.
+    pub track: usize,
+    pub offset: usize,
+    pub size: usize,
+    /// Decode time in the track's timescale.
+    pub dts: i128,
+    /// Composition offset in the track's timescale.
+    pub composition_offset: i64,
+    pub sync: bool,
+    /// Decode duration in the track's timescale.
+    pub duration: u32,
+}
+
+impl Sample {
+    /// Presentation time in the track's timescale.
+    pub fn pts(&self) -> i128 {
+        self.dts + i128::from(self.composition_offset)
+    }
+}
+
+/// Every sample of every known track, in the order the segment stores them (tracks of other
+/// handlers are skipped). Each `traf` without `tfdt` continues from the previous fragment's end.
+pub(crate) fn read(segment: &[u8], tracks: &[Track]) -> Result<Vec<Sample>, RemuxError> {
+    let mut samples = Vec::new();
+    // Decode time reached per track, for fragments that carry no `tfdt`.
+    let mut next_dts: Vec<i128> = vec![0; tracks.len()];
+    for top in boxes(segment) {
+        let top = top?;
+        if top.kind != *b"moof" {
+            continue;
+        }
+        for traf in top.children() {
+            let traf = traf?;
+            if traf.kind == *b"traf" {
+                read_traf(segment, &top, &traf, tracks, &mut next_dts, &mut samples)?;
+            }
+        }
+    }
+    Ok(samples)
+}
+
+fn read_traf(
+    segment: &[u8],
+    moof: &Mp4Box<'_>,
+    traf: &Mp4Box<'_>,
+    tracks: &[Track],
+    next_dts: &mut [i128],
+    out: &mut Vec<Sample>,
+) -> Result<(), RemuxError> {
+    let tfhd = traf.child(b"tfhd")?.ok_or(RemuxError::MissingBox("tfhd"))?;
+    let tfhd = Tfhd::parse(&tfhd)?;
+    let Some(index) = tracks.iter().position(|t| t.track_id == tfhd.track_id) else {
+        return Ok(());
+    };
+    let track = &tracks[index];
+    let trex = track.trex.unwrap_or_default();
+    if let Some(tfdt) = traf.child(b"tfdt")? {
+        next_dts[index] = i128::from(Tfdt::parse(&tfdt)?.base_media_decode_time);
+    }
+    // Offsets count from `base_data_offset` when given, else from the `moof` (the only base
+    // fragmented files use in practice, and the one `default-base-is-moof` names).
+    let base = tfhd.base_data_offset.unwrap_or(moof.offset as u64);
+    let mut data_at = base;
+    for trun in traf.children() {
+        let trun = trun?;
+        if trun.kind != *b"trun" {
+            continue;
+        }
+        let trun = Trun::parse(&trun)?;
+        // A run whose samples carry no fields costs no bytes per sample; without this bound a
+        // hostile count would make billions of them.
+        if u64::from(trun.sample_count) > segment.len() as u64 {
+            return Err(RemuxError::TooManySamples {
+                track_id: track.track_id,
+                count: trun.sample_count,
+            });
+        }
+        if let Some(offset) = trun.data_offset {
+            data_at = base.wrapping_add_signed(offset.into());
+        }
+        for s in trun.samples() {
+            let size = s
+                .size
+                .or(tfhd.default_sample_size)
+                .unwrap_or(trex.default_sample_size);
+            let duration = s
+                .duration
+                .or(tfhd.default_sample_duration)
+                .unwrap_or(trex.default_sample_duration);
+            let flags = s
+                .flags
+                .or(tfhd.default_sample_flags)
+                .unwrap_or(trex.default_sample_flags);
+            let end = data_at.checked_add(size.into());
+            let inside = end.is_some_and(|e| e <= segment.len() as u64);
+            if !inside {
+                return Err(RemuxError::SampleOutside {
+                    track_id: track.track_id,
+                    offset: data_at,
+                    size: size.into(),
+                });
+            }
+            // An empty sample has nothing to present; it still advances the clock.
+            if size > 0 {
+                out.push(Sample {
+                    track: index,
+                    offset: data_at as usize,
+                    size: size as usize,
+                    dts: next_dts[index],
+                    composition_offset: s.composition_offset.unwrap_or(0),
+                    sync: flags & NON_SYNC == 0,
+                    duration,
+                });
+            }
+            data_at += u64::from(size);
+            next_dts[index] += i128::from(duration);
+        }
+    }
+    Ok(())
+}
