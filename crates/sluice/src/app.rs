@@ -25,7 +25,11 @@ use crate::error::{ErrorMark, ProxyError};
 use crate::iptv::Iptv;
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
+use crate::reverse::forward::Downstream;
+use crate::reverse::metrics::ReverseMetrics;
+use crate::reverse::Reverse;
 use crate::server::activity::ActivityGuard;
+use crate::server::routes::{Dispatch, Routing};
 use crate::upstream::Upstream;
 
 /// What a front end needs to know about the request besides the request itself.
@@ -63,6 +67,10 @@ pub struct App {
     iptv: Arc<Iptv>,
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
+    /// The route table and the reverse proxy behind it; swapped whole by a reload.
+    routing: arc_swap::ArcSwap<Routing>,
+    reverse_metrics: ReverseMetrics,
+    media_on: bool,
 }
 
 impl App {
@@ -82,7 +90,12 @@ impl App {
             )
         });
         let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
+        let reverse_metrics = ReverseMetrics::new(&mut registry);
+        let routing = build_routing(config, None, &reverse_metrics)?;
         Ok(Arc::new(App {
+            routing: arc_swap::ArcSwap::from_pointee(routing),
+            reverse_metrics,
+            media_on: config.media.enabled,
             auth,
             token_key,
             iptv,
@@ -91,6 +104,30 @@ impl App {
             media,
             metrics_open: config.server.listen.iter().all(|a| a.ip().is_loopback()),
         }))
+    }
+
+    /// Applies a new config's routes, upstream groups and reverse proxy settings atomically. Requests
+    /// in flight finish on the old table; groups that did not change keep their state. Other
+    /// sections need a restart (the caller says which changed).
+    pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        let old = self.routing.load_full();
+        let result = (|| {
+            if config.media.enabled != self.media_on {
+                anyhow::bail!("media.enabled changed: that needs a restart");
+            }
+            build_routing(config, Some(&old), &self.reverse_metrics)
+        })();
+        let label = crate::reverse::metrics::ReloadLabels {
+            result: if result.is_ok() { "applied" } else { "rejected" },
+        };
+        self.reverse_metrics.reloads.get_or_create(&label).inc();
+        self.routing.store(Arc::new(result?));
+        Ok(())
+    }
+
+    /// The effective route table, one line per entry in precedence order.
+    pub fn describe_routes(&self) -> String {
+        self.routing.load().describe()
     }
 
     pub(crate) fn connection_accepted(&self) {
@@ -106,16 +143,38 @@ impl App {
         guard: ActivityGuard,
     ) -> Response<Body> {
         let start = Instant::now();
-        let endpoint = endpoint_label(effective_path(req.uri().path()));
+        // In-flight requests keep the table they started with; a reload only affects new ones.
+        let routing = self.routing.load_full();
+        let dispatch = routing.dispatch(&req);
+        let endpoint = match &dispatch {
+            Dispatch::Proxy(..) => "reverse",
+            _ => endpoint_label(effective_path(req.uri().path())),
+        };
         let labels = EndpointLabels { endpoint };
         let active = self.metrics.active.get_or_create(&labels).clone();
         active.inc();
-        let mut resp = if req.method() == http::Method::OPTIONS {
-            preflight()
-        } else {
-            self.route(req, peer, secure).await
+        let resp = match dispatch {
+            Dispatch::Proxy(route, path) => {
+                let down = Downstream {
+                    peer,
+                    client_ip: self.auth.client_ip(peer.ip(), req.headers()),
+                    trusted: self.auth.is_trusted(peer.ip()),
+                    secure,
+                    host: crate::server::routes::request_host(&req),
+                };
+                routing.reverse.handle(&route, req, &path, &down).await
+            }
+            Dispatch::Refused(e) => e.into_response(),
+            Dispatch::Builtin(_) => {
+                let mut resp = if req.method() == http::Method::OPTIONS {
+                    preflight()
+                } else {
+                    self.route(req, peer, secure).await
+                };
+                allow_any_origin(resp.headers_mut());
+                resp
+            }
         };
-        allow_any_origin(resp.headers_mut());
         self.metrics
             .first_byte
             .get_or_create(&labels)
@@ -326,6 +385,39 @@ impl App {
         );
         Ok(resp)
     }
+}
+
+/// Builds the route table and reverse proxy from `config`, taking over unchanged groups (and the
+/// access log when its settings did not change) from `previous`.
+pub fn build_routing(
+    config: &Config,
+    previous: Option<&Routing>,
+    metrics: &ReverseMetrics,
+) -> anyhow::Result<Routing> {
+    let settings = &config.reverse;
+    let old = previous.map(|p| &p.reverse);
+    let access_log = match old {
+        Some(o) if o.settings().access_log == settings.access_log
+            && o.settings().access_log_format == settings.access_log_format =>
+        {
+            o.access_log().cloned()
+        }
+        _ if settings.access_log.is_empty() => None,
+        _ => Some(crate::reverse::access_log::AccessLog::open(
+            &settings.access_log,
+            settings.access_log_format,
+            metrics.access_log_dropped.clone(),
+        )?),
+    };
+    let reverse = Reverse::build(
+        &config.routes,
+        &config.upstreams,
+        settings,
+        old,
+        metrics.clone(),
+        access_log,
+    )?;
+    Routing::new(reverse, &config.endpoints, config.media.enabled)
 }
 
 fn not_found(path: &str) -> ProxyError {

@@ -20,6 +20,12 @@ pub struct Config {
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
+    /// Reverse proxy routes (`[[routes]]`): host + path prefix to an upstream group.
+    pub routes: Vec<crate::reverse::RouteConfig>,
+    /// Settings shared by every reverse proxy route.
+    pub reverse: crate::reverse::ReverseConfig,
+    /// Where the built-in endpoints are served, or whether at all.
+    pub endpoints: crate::server::routes::EndpointsConfig,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -297,6 +303,13 @@ impl Config {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
         }
+        crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
+        let groups: Vec<&str> = self.upstreams.iter().map(|g| g.name.as_str()).collect();
+        for (i, route) in self.routes.iter().enumerate() {
+            route.validate(i, &groups).context("in [[routes]]")?;
+        }
+        sluice_http::route::HostPattern::parse(&self.endpoints.host)
+            .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
         // HLS
         if self.media.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");

@@ -12,6 +12,7 @@
 //! - `logging`: the log filter read from `RUST_LOG`.
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
+//! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
 
 pub mod app;
@@ -24,6 +25,7 @@ pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod net;
+pub mod reverse;
 pub mod server;
 pub mod upstream;
 

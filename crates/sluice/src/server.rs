@@ -3,6 +3,7 @@
 
 pub mod activity;
 pub mod listener;
+pub mod routes;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -127,6 +128,8 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_header_list_size(config.max_header_bytes as u32)
         .max_concurrent_streams(256)
+        // RFC 8441 extended CONNECT, so WebSocket works over HTTP/2 too.
+        .enable_connect_protocol()
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .adaptive_window(true);
     builder
