@@ -68,8 +68,9 @@ pub struct App {
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
     /// The route table and the reverse proxy behind it; swapped whole by a reload.
-    routing: arc_swap::ArcSwap<Routing>,
+    routing: Arc<arc_swap::ArcSwap<Routing>>,
     reverse_metrics: ReverseMetrics,
+    reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
 }
 
@@ -93,7 +94,8 @@ impl App {
         let reverse_metrics = ReverseMetrics::new(&mut registry);
         let routing = build_routing(config, None, &reverse_metrics)?;
         Ok(Arc::new(App {
-            routing: arc_swap::ArcSwap::from_pointee(routing),
+            routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
+            reloader: std::sync::OnceLock::new(),
             reverse_metrics,
             media_on: config.media.enabled,
             auth,
@@ -107,9 +109,16 @@ impl App {
     }
 
     /// Applies a new config's routes, upstream groups and reverse proxy settings atomically. Requests
-    /// in flight finish on the old table; groups that did not change keep their state. Other
-    /// sections need a restart (the caller says which changed).
+    /// in flight finish on the old table; groups that did not change keep their state.
     pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        let commit = self.prepare_reload(config)?;
+        commit();
+        Ok(())
+    }
+
+    /// Builds the new table from `config` without touching the running one; the returned commit
+    /// swaps it in. Sections other than routes, upstreams, reverse and endpoints need a restart.
+    pub fn prepare_reload(&self, config: &Config) -> anyhow::Result<crate::server::reload::Commit> {
         let old = self.routing.load_full();
         let result = (|| {
             if config.media.enabled != self.media_on {
@@ -118,11 +127,30 @@ impl App {
             build_routing(config, Some(&old), &self.reverse_metrics)
         })();
         let label = crate::reverse::metrics::ReloadLabels {
-            result: if result.is_ok() { "applied" } else { "rejected" },
+            result: if result.is_ok() { "prepared" } else { "rejected" },
         };
         self.reverse_metrics.reloads.get_or_create(&label).inc();
-        self.routing.store(Arc::new(result?));
-        Ok(())
+        let routing = Arc::new(result?);
+        let swap = self.routing_handle();
+        Ok(Box::new(move || swap.store(routing)))
+    }
+
+    fn routing_handle(&self) -> Arc<arc_swap::ArcSwap<Routing>> {
+        self.routing.clone()
+    }
+
+    /// Gives `POST /admin/reload` the reloader to call.
+    pub fn set_reloader(&self, reloader: Arc<crate::server::reload::Reloader>) {
+        let _ = self.reloader.set(reloader);
+    }
+
+    /// The reload part for the route table (see [`crate::server::reload`]).
+    pub fn reload_part(self: &Arc<Self>) -> crate::server::reload::Prepare {
+        let weak = Arc::downgrade(self);
+        Box::new(move |config: &Config| match weak.upgrade() {
+            Some(app) => app.prepare_reload(config),
+            None => anyhow::bail!("the server is shutting down"),
+        })
     }
 
     /// The effective route table, one line per entry in precedence order.
@@ -223,6 +251,7 @@ impl App {
         };
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
+            "/admin/reload" => self.admin_reload(&req).await,
             "/metrics" => self.serve_metrics(&req, &ctx),
             p if Media::serves_open(p) && self.media.is_some() => match &self.media {
                 Some(media) => media.handle_open(req, &ctx).await,
@@ -370,6 +399,48 @@ impl App {
         parts
     }
 
+    /// `POST /admin/reload`: only with the password in the `api_password` header (never a token or
+    /// a query parameter, which end up in logs).
+    async fn admin_reload(&self, req: &Request<Incoming>) -> Result<Response<Body>, ProxyError> {
+        if req.method() != http::Method::POST {
+            return Err(ProxyError::downstream(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method",
+                "use POST",
+            ));
+        }
+        if !self.auth.check(Auth::offered(None, req.headers())) {
+            return Err(ProxyError::downstream(
+                StatusCode::FORBIDDEN,
+                "auth",
+                "the admin endpoint needs the password in the api_password header",
+            ));
+        }
+        let Some(reloader) = self.reloader.get().cloned() else {
+            return Err(ProxyError::downstream(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "live reload is not set up for this server",
+            ));
+        };
+        let outcome = tokio::task::spawn_blocking(move || reloader.reload_logged("admin endpoint"))
+            .await
+            .map_err(|e| ProxyError::internal(e.to_string()))?;
+        match outcome {
+            Ok(()) => Ok(json(StatusCode::OK, r#"{"reloaded":true}"#)),
+            Err(e) => {
+                let body = serde_json::json!({"reloaded": false, "error": format!("{e:#}")});
+                let mut resp = Response::new(body::full(body.to_string()));
+                *resp.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Ok(resp)
+            }
+        }
+    }
+
     fn serve_metrics(
         &self,
         req: &Request<Incoming>,
@@ -385,6 +456,15 @@ impl App {
         );
         Ok(resp)
     }
+}
+
+/// The effective route table `config` gives, in precedence order (for `sluice check-config`).
+pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
+    let mut quiet = config.clone();
+    // Describing must not create the access log file.
+    quiet.reverse.access_log.clear();
+    let metrics = ReverseMetrics::new(&mut Registry::default());
+    Ok(build_routing(&quiet, None, &metrics)?.describe())
 }
 
 /// Builds the route table and reverse proxy from `config`, taking over unchanged groups (and the

@@ -38,6 +38,10 @@ pub struct ServerConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// More certificates, chosen by the TLS server name (SNI); `tls_cert` serves every other name.
+    pub certificates: Vec<crate::server::tls::CertConfig>,
+    /// File the process id is written to at startup, for `sluice reload`.
+    pub pid_file: Option<PathBuf>,
     /// Seconds a keep-alive connection may sit idle between requests.
     pub idle_timeout_secs: u64,
     /// Seconds a client has to send a complete request head.
@@ -56,6 +60,8 @@ impl Default for ServerConfig {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 8888))],
             tls_cert: None,
             tls_key: None,
+            certificates: Vec::new(),
+            pid_file: None,
             idle_timeout_secs: 75,
             header_read_timeout_secs: 30,
             max_header_bytes: 64 * 1024,

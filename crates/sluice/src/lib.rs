@@ -36,11 +36,50 @@ pub async fn serve(
     config: config::Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    serve_reloadable(config, None, shutdown).await
+}
+
+/// [`serve`], plus live reload from `source` (the config file and the command-line overrides) on
+/// SIGHUP and `POST /admin/reload`, and the pid file `sluice reload` signals.
+pub async fn serve_reloadable(
+    config: config::Config,
+    source: Option<(Option<std::path::PathBuf>, config::Overrides)>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let app: Arc<app::App> = app::App::new(&config)?;
-    let server = server::Server::bind(&config.server, app)?;
+    let server = server::Server::bind(&config.server, app.clone())?;
     for addr in server.local_addrs() {
         tracing::info!(%addr, "listening");
     }
+    if let Some((file, flags)) = source {
+        let mut reloader = server::reload::Reloader::new(file, flags);
+        reloader.add("routes", app.reload_part());
+        reloader.add("tls", server::reload::tls_part(server.tls_handle()));
+        let reloader = Arc::new(reloader);
+        app.set_reloader(reloader.clone());
+        tokio::spawn(server::reload::on_sighup(reloader));
+    }
+    let _pid = match &config.server.pid_file {
+        Some(path) => Some(PidFile::write(path)?),
+        None => None,
+    };
     server.run(shutdown).await;
     Ok(())
+}
+
+/// The pid file: written at startup, removed at exit.
+struct PidFile(std::path::PathBuf);
+
+impl PidFile {
+    fn write(path: &std::path::Path) -> anyhow::Result<PidFile> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .map_err(|e| anyhow::anyhow!("cannot write pid file {}: {e}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod activity;
 pub mod listener;
+pub mod reload;
 pub mod routes;
 pub mod tls;
 
@@ -28,9 +29,25 @@ use activity::Activity;
 /// A bound server, ready to run.
 pub struct Server {
     listeners: Vec<TcpListener>,
-    tls: Option<TlsAcceptor>,
+    tls: TlsHandle,
     config: ServerConfig,
     app: Arc<App>,
+}
+
+/// The live TLS settings; a reload swaps the certificates here, each new handshake uses the current
+/// ones. `None` when the listeners speak plain HTTP.
+pub type TlsHandle = Arc<arc_swap::ArcSwapOption<rustls::ServerConfig>>;
+
+/// The TLS settings a server config asks for (`None`: plain HTTP).
+pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+    let default = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        _ => None,
+    };
+    if default.is_none() && config.certificates.is_empty() {
+        return Ok(None);
+    }
+    tls::server_config(default, &config.certificates).map(Some)
 }
 
 impl Server {
@@ -52,16 +69,18 @@ impl Server {
         config: &ServerConfig,
         app: Arc<App>,
     ) -> anyhow::Result<Server> {
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsAcceptor::from(tls::server_config(cert, key)?)),
-            _ => None,
-        };
+        let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
         Ok(Server {
             listeners,
             tls,
             config: config.clone(),
             app,
         })
+    }
+
+    /// Where a reload puts new certificates.
+    pub fn tls_handle(&self) -> TlsHandle {
+        self.tls.clone()
     }
 
     /// The addresses actually bound.
@@ -140,16 +159,17 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
 struct Conn {
     builder: Arc<auto::Builder<TokioExecutor>>,
     app: Arc<App>,
-    tls: Option<TlsAcceptor>,
+    tls: TlsHandle,
     stop: watch::Receiver<bool>,
     idle: Duration,
 }
 
 impl Conn {
     async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
-        match self.tls.clone() {
+        match self.tls.load_full() {
             None => self.drive(stream, peer, false).await,
-            Some(acceptor) => {
+            Some(settings) => {
+                let acceptor = TlsAcceptor::from(settings);
                 let handshake = tokio::time::timeout(self.idle, acceptor.accept(stream)).await;
                 match handshake {
                     Ok(Ok(tls)) => self.drive(tls, peer, true).await,

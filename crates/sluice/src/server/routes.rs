@@ -23,6 +23,8 @@ pub struct EndpointsConfig {
     pub health: bool,
     /// `/metrics`.
     pub metrics: bool,
+    /// `POST /admin/reload` (password in the `api_password` header).
+    pub admin: bool,
 }
 
 impl Default for EndpointsConfig {
@@ -33,6 +35,7 @@ impl Default for EndpointsConfig {
             iptv: true,
             health: true,
             metrics: true,
+            admin: true,
         }
     }
 }
@@ -44,6 +47,7 @@ pub enum Builtin {
     Iptv,
     Health,
     Metrics,
+    Admin,
 }
 
 impl Builtin {
@@ -53,6 +57,7 @@ impl Builtin {
             Builtin::Iptv => "iptv",
             Builtin::Health => "health",
             Builtin::Metrics => "metrics",
+            Builtin::Admin => "admin",
         }
     }
 }
@@ -82,6 +87,7 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
     ),
     (Builtin::Health, &["/health"]),
     (Builtin::Metrics, &["/metrics"]),
+    (Builtin::Admin, &["/admin/"]),
 ];
 
 /// The table plus the reverse proxy it points into.
@@ -117,6 +123,7 @@ impl Routing {
                 Builtin::Iptv => endpoints.iptv,
                 Builtin::Health => endpoints.health,
                 Builtin::Metrics => endpoints.metrics,
+                Builtin::Admin => endpoints.admin,
             };
             if on {
                 for p in *prefixes {
