@@ -47,7 +47,7 @@ pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::
     if default.is_none() && config.certificates.is_empty() {
         return Ok(None);
     }
-    tls::server_config(default, &config.certificates).map(Some)
+    tls::sni_server_config(default, &config.certificates).map(Some)
 }
 
 impl Server {

@@ -437,3 +437,139 @@ upstream = "app"
     assert_eq!(seen.get("a"), Some(&5));
     assert_eq!(seen.get("b"), Some(&5));
 }
+
+/// An HTTP/1.1 WebSocket origin that echoes whatever arrives after the upgrade.
+async fn ws_echo_origin() -> std::net::SocketAddr {
+    origin(|mut req: http::Request<hyper::body::Incoming>| async move {
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = hyper_util::rt::TokioIo::new(up);
+                let mut buf = [0u8; 4096];
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = http::Response::new(full(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        h.insert("upgrade", http::HeaderValue::from_static("websocket"));
+        h.insert("connection", http::HeaderValue::from_static("upgrade"));
+        if let Some(k) = key {
+            h.insert("sec-websocket-accept", k);
+        }
+        h.insert("sec-websocket-protocol", http::HeaderValue::from_static("chat"));
+        resp
+    })
+    .await
+}
+
+#[tokio::test]
+async fn websocket_over_h2_extended_connect() {
+    let o = ws_echo_origin().await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    // Let the server's SETTINGS (with ENABLE_CONNECT_PROTOCOL) arrive.
+    send.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut req = http::Request::builder()
+        .method("CONNECT")
+        .uri(format!("http://{}/chat", p.addr))
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-protocol", "chat")
+        .body(full(Bytes::new()))
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "chat");
+    let up = hyper::upgrade::on(&mut resp).await.unwrap();
+    let mut io = hyper_util::rt::TokioIo::new(up);
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let msg = pattern(50_000);
+    io.write_all(&msg).await.unwrap();
+    let mut got = vec![0u8; msg.len()];
+    tokio::time::timeout(Duration::from_secs(5), io.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got[..], &msg[..]);
+}
+
+#[tokio::test]
+async fn server_sent_events_flow_unbuffered() {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(Some(rx)));
+    let o = origin(move |_req| {
+        let rx = rx.clone();
+        async move {
+            let rx = rx.lock().await.take().unwrap();
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, std::io::Error>(hyper::body::Frame::data(b)), rx))
+            });
+            use http_body_util::BodyExt;
+            let mut r = http::Response::new(http_body_util::StreamBody::new(stream).boxed());
+            r.headers_mut().insert("content-type", http::HeaderValue::from_static("text/event-stream"));
+            r
+        }
+    })
+    .await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<BoxBody>();
+    let resp = client
+        .request(http::Request::get(p.url("/events")).body(full(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    use http_body_util::BodyExt;
+    for i in 0..3 {
+        let event = Bytes::from(format!("data: event {i}\n\n"));
+        tx.send(event.clone()).await.unwrap();
+        // Each event arrives on its own before the next is even produced.
+        let frame = tokio::time::timeout(Duration::from_secs(2), body.frame())
+            .await
+            .expect("event held back")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.into_data().unwrap(), event);
+    }
+}
+
+#[tokio::test]
+async fn reload_under_load_drops_nothing() {
+    let (a, b) = (echo("a").await, echo("b").await);
+    let p = Proxy::start(one_group(a, "")).await;
+    let url = p.url("/load");
+    let load = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        for _ in 0..300 {
+            statuses.push(get(&url, &[]).await.status);
+        }
+        statuses
+    });
+    for i in 0..20 {
+        let target = if i % 2 == 0 { b } else { a };
+        p.app.reload(&one_group(target, "")).unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let statuses = load.await.unwrap();
+    assert_eq!(statuses.len(), 300);
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+}

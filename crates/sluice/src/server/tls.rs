@@ -23,9 +23,14 @@ pub struct CertConfig {
     pub key: PathBuf,
 }
 
+/// Loads a rustls server config with one certificate from PEM files.
+pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
+    sni_server_config(Some((cert, key)), &[])
+}
+
 /// Loads a rustls server config from PEM files: `default` (`server.tls_cert`/`tls_key`) when no
 /// SNI name matches, and `by_name` chosen by SNI.
-pub fn server_config(
+pub fn sni_server_config(
     default: Option<(&Path, &Path)>,
     by_name: &[CertConfig],
 ) -> anyhow::Result<Arc<ServerConfig>> {
