@@ -144,7 +144,8 @@ mod tests {
     #[test]
     fn smuggling_shapes_are_refused() {
         use FramingError::*;
-        let cases: &[(&[(&str, &str)], bool, FramingError)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], bool, FramingError);
+        let cases: &[Case] = &[
             (
                 &[("content-length", "5"), ("transfer-encoding", "chunked")],
                 true,

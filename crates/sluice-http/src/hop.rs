@@ -57,9 +57,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
 /// Whether the request asks to switch protocols to `proto` (for example `websocket`): an `Upgrade`
 /// naming it and `Connection` listing `upgrade`.
 pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
-    let listed = connection_names(headers)
-        .iter()
-        .any(|n| n == header::UPGRADE);
+    let listed = connection_names(headers).contains(&header::UPGRADE);
     listed
         && headers
             .get_all(header::UPGRADE)

@@ -157,7 +157,7 @@ impl<T: Clone> RouteTable<T> {
         table.exact.values_mut().for_each(sort);
         table.wildcard.iter_mut().for_each(|(_, l)| sort(l));
         sort(&mut table.any);
-        table.wildcard.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        table.wildcard.sort_by_key(|w| std::cmp::Reverse(w.0.len()));
         Ok(table)
     }
 

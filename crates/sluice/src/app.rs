@@ -127,7 +127,11 @@ impl App {
             build_routing(config, Some(&old), &self.reverse_metrics)
         })();
         let label = crate::reverse::metrics::ReloadLabels {
-            result: if result.is_ok() { "prepared" } else { "rejected" },
+            result: if result.is_ok() {
+                "prepared"
+            } else {
+                "rejected"
+            },
         };
         self.reverse_metrics.reloads.get_or_create(&label).inc();
         let routing = Arc::new(result?);
@@ -477,8 +481,9 @@ pub fn build_routing(
     let settings = &config.reverse;
     let old = previous.map(|p| &p.reverse);
     let access_log = match old {
-        Some(o) if o.settings().access_log == settings.access_log
-            && o.settings().access_log_format == settings.access_log_format =>
+        Some(o)
+            if o.settings().access_log == settings.access_log
+                && o.settings().access_log_format == settings.access_log_format =>
         {
             o.access_log().cloned()
         }

@@ -119,7 +119,11 @@ impl Reverse {
                     let group = Arc::new(Group::new(config)?);
                     if let Some((_, old_group)) = old {
                         for server in group.servers() {
-                            if let Some(o) = old_group.servers().iter().find(|o| o.addr() == server.addr()) {
+                            if let Some(o) = old_group
+                                .servers()
+                                .iter()
+                                .find(|o| o.addr() == server.addr())
+                            {
                                 server.set_healthy(o.is_usable());
                             }
                         }
@@ -127,7 +131,10 @@ impl Reverse {
                     group
                 }
             };
-            if groups.insert(config.name.clone(), (config.clone(), group)).is_some() {
+            if groups
+                .insert(config.name.clone(), (config.clone(), group))
+                .is_some()
+            {
                 anyhow::bail!("upstream group {:?} is defined twice", config.name);
             }
         }
@@ -141,7 +148,10 @@ impl Reverse {
         Ok(Reverse {
             routes,
             groups,
-            budget: budget::RetryBudget::new(settings.retry_budget_percent, settings.retry_min_per_sec),
+            budget: budget::RetryBudget::new(
+                settings.retry_budget_percent,
+                settings.retry_min_per_sec,
+            ),
             settings: settings.clone(),
             metrics,
             access_log,

@@ -64,7 +64,11 @@ async fn smuggling_shapes_are_refused_before_the_upstream() {
             String::from_utf8_lossy(shape)
         );
     }
-    assert_eq!(count.load(Ordering::SeqCst), 0, "a smuggling shape reached the upstream");
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        0,
+        "a smuggling shape reached the upstream"
+    );
     // CL+TE: hyper drops Content-Length and reads chunked (RFC 9112 §6.3); what goes upstream is
     // re-framed, never both, and the downstream connection is closed after the response.
     let e = echo("e").await;
@@ -82,7 +86,12 @@ async fn smuggling_shapes_are_refused_before_the_upstream() {
     assert!(!reply.contains("/smuggled"), "{reply}");
     assert_eq!(reply.matches("HTTP/1.1 ").count(), 1, "{reply}");
     // The proxy still serves.
-    let ok = raw(p.addr, b"GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n", Duration::from_secs(3)).await;
+    let ok = raw(
+        p.addr,
+        b"GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
     assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
 }
 
@@ -108,7 +117,12 @@ async fn no_open_proxy() {
     // Unknown Host header, origin form: no route.
     let r = get(&p.url("/"), &[("host", "other.test")]).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
-    let r = raw(p.addr, b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n", Duration::from_secs(3)).await;
+    let r = raw(
+        p.addr,
+        b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
     assert!(!r.starts_with("HTTP/1.1 2"), "{r}");
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
@@ -120,12 +134,20 @@ async fn oversize_heads_and_slowloris_are_cut() {
     c.server.max_header_bytes = 4096;
     c.server.header_read_timeout_secs = 1;
     let p = Proxy::start(c).await;
-    let big = format!("GET / HTTP/1.1\r\nHost: app.test\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000));
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: app.test\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(20_000)
+    );
     let r = raw(p.addr, big.as_bytes(), Duration::from_secs(3)).await;
-    assert!(r.is_empty() || r.starts_with("HTTP/1.1 431") || r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(
+        r.is_empty() || r.starts_with("HTTP/1.1 431") || r.starts_with("HTTP/1.1 400"),
+        "{r}"
+    );
     // Slowloris: a head that never ends is dropped after the header read timeout.
     let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n").await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n")
+        .await
+        .unwrap();
     let started = std::time::Instant::now();
     let mut buf = Vec::new();
     let done = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
@@ -163,14 +185,25 @@ async fn broken_upstreams_give_clear_errors() {
     assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("upstream_failed"));
 
     // Promises 1000 bytes, sends 10, closes: the client must see a cut body, not a short success.
-    let short = raw_origin(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789", false).await;
+    let short = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789",
+        false,
+    )
+    .await;
     let p = Proxy::start(route_to(short)).await;
     let r = get(&p.url("/"), &[("host", "app.test")]).await;
     assert_eq!(r.status, StatusCode::OK);
-    assert!(r.body.is_err(), "a truncated body was delivered as complete");
+    assert!(
+        r.body.is_err(),
+        "a truncated body was delivered as complete"
+    );
 
     // Sends a head and part of the body, then goes quiet: cut after the idle timeout.
-    let stall = raw_origin(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789", true).await;
+    let stall = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789",
+        true,
+    )
+    .await;
     let p = Proxy::start(route_to(stall)).await;
     let started = std::time::Instant::now();
     let r = get(&p.url("/"), &[("host", "app.test")]).await;
@@ -214,7 +247,11 @@ upstream = "good"
     }
     for (i, t) in tasks.into_iter().enumerate() {
         let status = t.await.unwrap();
-        let want = if i % 2 == 0 { StatusCode::BAD_GATEWAY } else { StatusCode::OK };
+        let want = if i % 2 == 0 {
+            StatusCode::BAD_GATEWAY
+        } else {
+            StatusCode::OK
+        };
         assert_eq!(status, want);
     }
 }

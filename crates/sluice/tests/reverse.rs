@@ -84,7 +84,10 @@ async fn trusted_proxy_chain_is_extended() {
         ],
     )
     .await;
-    assert_eq!(r.seen("x-forwarded-for").as_deref(), Some("203.0.113.7, 127.0.0.1"));
+    assert_eq!(
+        r.seen("x-forwarded-for").as_deref(),
+        Some("203.0.113.7, 127.0.0.1")
+    );
     assert_eq!(r.seen("x-forwarded-proto").as_deref(), Some("https"));
     assert_eq!(
         r.seen("forwarded").as_deref(),
@@ -148,7 +151,10 @@ async fn builtins_share_the_table_and_can_move_or_switch_off() {
     let p = Proxy::start(one_group(o, "")).await;
     // The built-in /health is a longer prefix than the user's "/".
     let r = get(&p.url("/health"), &[]).await;
-    assert_eq!(r.body.unwrap(), Bytes::from_static(br#"{"status":"healthy"}"#));
+    assert_eq!(
+        r.body.unwrap(),
+        Bytes::from_static(br#"{"status":"healthy"}"#)
+    );
     let r = get(&p.url("/healthz"), &[]).await;
     assert_eq!(r.headers["x-origin"], "a");
 
@@ -170,7 +176,13 @@ async fn multi_megabyte_bodies_stream_both_ways() {
     let p = Proxy::start(one_group(o, "")).await;
     let data = pattern(9 * 1024 * 1024 + 7);
     // Chunked upload.
-    let r = send("POST", &p.url("/up"), &[], streamed(data.clone(), 64 * 1024)).await;
+    let r = send(
+        "POST",
+        &p.url("/up"),
+        &[],
+        streamed(data.clone(), 64 * 1024),
+    )
+    .await;
     let j = r.json();
     assert_eq!(j["len"], data.len());
     assert_eq!(j["sha256"], sha256(&data));
@@ -178,7 +190,10 @@ async fn multi_megabyte_bodies_stream_both_ways() {
     let r = send(
         "PUT",
         &p.url("/up"),
-        &[("expect", "100-continue"), ("content-length", &data.len().to_string())],
+        &[
+            ("expect", "100-continue"),
+            ("content-length", &data.len().to_string()),
+        ],
         full(data.clone()),
     )
     .await;
@@ -197,7 +212,13 @@ async fn body_limit_is_413() {
     let mut c = one_group(o, "");
     c.routes[0].max_body_bytes = 1000;
     let p = Proxy::start(c).await;
-    let r = send("POST", &p.url("/"), &[("content-length", "1001")], full(pattern(1001))).await;
+    let r = send(
+        "POST",
+        &p.url("/"),
+        &[("content-length", "1001")],
+        full(pattern(1001)),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
     let r = send("POST", &p.url("/"), &[], streamed(pattern(5000), 100)).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
@@ -229,8 +250,16 @@ upstream = "app"
     }
     let m = get(&p.url("/metrics"), &[]).await;
     let text = String::from_utf8_lossy(m.body.as_ref().unwrap()).into_owned();
-    assert!(text.contains(&format!("sluice_reverse_server_failures_total{{group=\"app\",server=\"{dead}\"}}")), "{text}");
-    assert!(text.contains("sluice_reverse_retries_total{route=\"*/\"}"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "sluice_reverse_server_failures_total{{group=\"app\",server=\"{dead}\"}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_reverse_retries_total{route=\"*/\"}"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -293,9 +322,12 @@ async fn websocket_over_http1_upgrade_echoes() {
         });
         let mut resp = http::Response::new(full(Bytes::new()));
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        resp.headers_mut().insert("upgrade", http::HeaderValue::from_static("websocket"));
-        resp.headers_mut().insert("connection", http::HeaderValue::from_static("upgrade"));
-        resp.headers_mut().insert("sec-websocket-accept", key.unwrap());
+        resp.headers_mut()
+            .insert("upgrade", http::HeaderValue::from_static("websocket"));
+        resp.headers_mut()
+            .insert("connection", http::HeaderValue::from_static("upgrade"));
+        resp.headers_mut()
+            .insert("sec-websocket-accept", key.unwrap());
         resp
     })
     .await;
@@ -316,11 +348,17 @@ async fn websocket_over_http1_upgrade_echoes() {
     }
     let head = String::from_utf8_lossy(&head).to_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(head.contains("sec-websocket-accept: dghlihnhbxbszsbub25jzq=="), "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: dghlihnhbxbszsbub25jzq=="),
+        "{head}"
+    );
     for msg in [&b"hello"[..], &pattern(100_000)[..]] {
         s.write_all(msg).await.unwrap();
         let mut got = vec![0u8; msg.len()];
-        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got)).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(got, msg);
     }
 }
@@ -342,7 +380,10 @@ async fn grpc_origin() -> std::net::SocketAddr {
         ];
         let stream = futures_util::stream::iter(frames);
         let mut resp = http::Response::new(http_body_util::StreamBody::new(stream).boxed());
-        resp.headers_mut().insert("content-type", http::HeaderValue::from_static("application/grpc"));
+        resp.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
         if let Some(te) = te {
             resp.headers_mut().insert("x-seen-te", te);
         }
@@ -393,7 +434,8 @@ async fn reload_swaps_routes_and_in_flight_requests_finish() {
     let slow = origin(|_req| async move {
         tokio::time::sleep(Duration::from_millis(800)).await;
         let mut r = http::Response::new(full("slow-old"));
-        r.headers_mut().insert("x-origin", http::HeaderValue::from_static("old"));
+        r.headers_mut()
+            .insert("x-origin", http::HeaderValue::from_static("old"));
         r
     })
     .await;
@@ -432,7 +474,9 @@ upstream = "app"
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..10 {
         let r = get(&p.url("/"), &[]).await;
-        *seen.entry(r.headers["x-origin"].to_str().unwrap().to_string()).or_insert(0) += 1;
+        *seen
+            .entry(r.headers["x-origin"].to_str().unwrap().to_string())
+            .or_insert(0) += 1;
     }
     assert_eq!(seen.get("a"), Some(&5));
     assert_eq!(seen.get("b"), Some(&5));
@@ -463,7 +507,10 @@ async fn ws_echo_origin() -> std::net::SocketAddr {
         if let Some(k) = key {
             h.insert("sec-websocket-accept", k);
         }
-        h.insert("sec-websocket-protocol", http::HeaderValue::from_static("chat"));
+        h.insert(
+            "sec-websocket-protocol",
+            http::HeaderValue::from_static("chat"),
+        );
         resp
     })
     .await
@@ -524,7 +571,10 @@ async fn server_sent_events_flow_unbuffered() {
             });
             use http_body_util::BodyExt;
             let mut r = http::Response::new(http_body_util::StreamBody::new(stream).boxed());
-            r.headers_mut().insert("content-type", http::HeaderValue::from_static("text/event-stream"));
+            r.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("text/event-stream"),
+            );
             r
         }
     })
@@ -533,7 +583,11 @@ async fn server_sent_events_flow_unbuffered() {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<BoxBody>();
     let resp = client
-        .request(http::Request::get(p.url("/events")).body(full(Bytes::new())).unwrap())
+        .request(
+            http::Request::get(p.url("/events"))
+                .body(full(Bytes::new()))
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
@@ -571,5 +625,8 @@ async fn reload_under_load_drops_nothing() {
     }
     let statuses = load.await.unwrap();
     assert_eq!(statuses.len(), 300);
-    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
 }

@@ -82,8 +82,15 @@ upstream = "app"
 "#,
     )
     .unwrap();
-    let out = Command::new(BIN).args(["check-config", file.to_str().unwrap()]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let table: Vec<&str> = text
         .lines()
@@ -92,7 +99,10 @@ upstream = "app"
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
         .map(|l| Box::leak(l.into_boxed_str()) as &str)
         .collect();
-    assert_eq!(table[0], "*.example.com /api/ -> upstream \"app\" (strip prefix)");
+    assert_eq!(
+        table[0],
+        "*.example.com /api/ -> upstream \"app\" (strip prefix)"
+    );
     assert!(table.contains(&"* /health -> built-in health"), "{table:?}");
     assert!(table.contains(&"* /proxy/ -> built-in media"), "{table:?}");
     assert_eq!(*table.last().unwrap(), "* / -> upstream \"app\"");
@@ -100,11 +110,19 @@ upstream = "app"
 
 #[test]
 fn reloads_on_signal_and_admin_endpoint() {
-    let (a, b, c) = (fixed_origin("from-a"), fixed_origin("from-b"), fixed_origin("from-c"));
+    let (a, b, c) = (
+        fixed_origin("from-a"),
+        fixed_origin("from-b"),
+        fixed_origin("from-c"),
+    );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.toml");
     let pid = dir.path().join("sluice.pid");
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let listen = format!("127.0.0.1:{port}");
     std::fs::write(&file, config(&listen, &a, &pid)).unwrap();
     let mut child = Command::new(BIN)
@@ -138,7 +156,11 @@ fn reloads_on_signal_and_admin_endpoint() {
         .args(["reload", "--pid-file", pid.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     wait_for("from-b");
 
     // An invalid file is refused; the running routes stay.

@@ -18,12 +18,19 @@ struct Cert {
 }
 
 fn cert(names: &[&str]) -> Cert {
-    let ck = rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
     let mut cert = tempfile::NamedTempFile::new().unwrap();
     cert.write_all(ck.cert.pem().as_bytes()).unwrap();
     let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes()).unwrap();
-    Cert { der: ck.cert.der().to_vec(), cert, key }
+    key.write_all(ck.key_pair.serialize_pem().as_bytes())
+        .unwrap();
+    Cert {
+        der: ck.cert.der().to_vec(),
+        cert,
+        key,
+    }
 }
 
 /// Connects with TLS to `addr` as `name` and returns the certificate the server presented.
@@ -32,11 +39,13 @@ async fn presented(addr: std::net::SocketAddr, name: &str, trust: &[&Cert]) -> V
     for c in trust {
         roots.add(CertificateDer::from(c.der.clone())).unwrap();
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let tls = connector
@@ -85,7 +94,10 @@ upstream = "app"
     let all = [&default, &a, &wild];
     assert_eq!(presented(p.addr, "a.test", &all).await, a.der);
     assert_eq!(presented(p.addr, "x.wild.test", &all).await, wild.der);
-    assert_eq!(presented(p.addr, "default.test", &[&default]).await, default.der);
+    assert_eq!(
+        presented(p.addr, "default.test", &[&default]).await,
+        default.der
+    );
 
     // A reload swaps the certificates for new handshakes.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -113,15 +125,22 @@ async fn tls_origin(c: &Cert) -> std::net::SocketAddr {
         while let Ok((s, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else { return };
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
                 let sni = tls.get_ref().1.server_name().unwrap_or("").to_string();
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let sni = sni.clone();
-                    async move {
-                        let body = format!("{:?} {sni} {}", req.version(), req.headers()["host"].to_str().unwrap());
-                        Ok::<_, std::convert::Infallible>(http::Response::new(full(body)))
-                    }
-                });
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let sni = sni.clone();
+                        async move {
+                            let body = format!(
+                                "{:?} {sni} {}",
+                                req.version(),
+                                req.headers()["host"].to_str().unwrap()
+                            );
+                            Ok::<_, std::convert::Infallible>(http::Response::new(full(body)))
+                        }
+                    });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tls), svc)
                     .await;
@@ -149,9 +168,16 @@ tls_sni = "origin.test"
 "#
         )
     };
-    let p = Proxy::start(config(&text(&format!("tls_ca = \"{}\"", c.cert.path().display())))).await;
+    let p = Proxy::start(config(&text(&format!(
+        "tls_ca = \"{}\"",
+        c.cert.path().display()
+    ))))
+    .await;
     let r = get(&p.url("/"), &[("host", "site.test")]).await;
-    assert_eq!(r.body.unwrap(), Bytes::from("HTTP/2.0 origin.test site.test"));
+    assert_eq!(
+        r.body.unwrap(),
+        Bytes::from("HTTP/2.0 origin.test site.test")
+    );
     // Without the CA the self-signed origin is refused: a 502, never an unverified exchange.
     let p = Proxy::start(config(&text(""))).await;
     let r = get(&p.url("/"), &[("host", "site.test")]).await;

@@ -41,7 +41,11 @@ pub struct AccessLog {
 impl AccessLog {
     /// Opens `dest` (`stderr` or a file path, appended) and starts the writer task.
     /// Needs a running tokio runtime (the writer is a task on it).
-    pub fn open(dest: &str, format: AccessLogFormat, dropped: Counter) -> anyhow::Result<AccessLog> {
+    pub fn open(
+        dest: &str,
+        format: AccessLogFormat,
+        dropped: Counter,
+    ) -> anyhow::Result<AccessLog> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| anyhow::anyhow!("the access log needs the server's runtime"))?;
         let mut out: Box<dyn tokio::io::AsyncWrite + Send + Unpin> = if dest == "stderr" {
@@ -72,7 +76,11 @@ impl AccessLog {
                 buf.clear();
             }
         });
-        Ok(AccessLog { tx, format, dropped })
+        Ok(AccessLog {
+            tx,
+            format,
+            dropped,
+        })
     }
 
     /// Queues one line; never waits.

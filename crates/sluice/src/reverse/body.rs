@@ -70,7 +70,7 @@ impl BodySlot {
             shared: self.shared.clone(),
             inner: None,
             idle: Box::pin(tokio::time::sleep(self.shared.idle)),
-            size_hint: self.size_hint.clone(),
+            size_hint: self.size_hint,
             end_stream: self.end_stream,
         })
     }
@@ -123,7 +123,10 @@ impl Body for LentBody {
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let sent = this.shared.sent.fetch_add(data.len() as u64, Ordering::Relaxed)
+                    let sent = this
+                        .shared
+                        .sent
+                        .fetch_add(data.len() as u64, Ordering::Relaxed)
                         + data.len() as u64;
                     if this.shared.limit > 0 && sent > this.shared.limit {
                         this.shared.too_large.store(true, Ordering::Relaxed);
@@ -156,7 +159,7 @@ impl Body for LentBody {
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Some(b) => b.size_hint(),
-            None => self.size_hint.clone(),
+            None => self.size_hint,
         }
     }
 }

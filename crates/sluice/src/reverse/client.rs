@@ -47,7 +47,11 @@ pub struct ServerConnector {
 pub type RouteClient = Client<ServerConnector, Body>;
 
 /// Builds the client for a route.
-pub fn build(route: &RouteConfig, shared: &ReverseConfig, h1_only: bool) -> anyhow::Result<RouteClient> {
+pub fn build(
+    route: &RouteConfig,
+    shared: &ReverseConfig,
+    h1_only: bool,
+) -> anyhow::Result<RouteClient> {
     let tls = match route.upstream_protocol {
         UpstreamProtocol::Https => {
             let sni = match &route.tls_sni {
@@ -136,18 +140,20 @@ impl ServerConnector {
                     let name = match sni {
                         Some(n) => n.clone(),
                         None => {
-                            let host = uri.host().unwrap_or("").trim_matches(|c| c == '[' || c == ']');
+                            let host = uri
+                                .host()
+                                .unwrap_or("")
+                                .trim_matches(|c| c == '[' || c == ']');
                             ServerName::try_from(host.to_string())
                                 .map_err(|_| ConnectFailure::BadAddr(addr.clone()))?
                         }
                     };
-                    let tls = connector
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|source| ConnectFailure::Tls {
+                    let tls = connector.connect(name, tcp).await.map_err(|source| {
+                        ConnectFailure::Tls {
                             addr: addr.clone(),
                             source,
-                        })?;
+                        }
+                    })?;
                     Ok(Conn::Tls(Box::new(tls)))
                 }
             }

@@ -198,7 +198,10 @@ impl RouteConfig {
             http::HeaderValue::from_str(value)
                 .map_err(|_| fail(format!("{value:?} is not a header value")))?;
         }
-        if self.connect_timeout_secs == 0 || self.header_timeout_secs == 0 || self.idle_timeout_secs == 0 {
+        if self.connect_timeout_secs == 0
+            || self.header_timeout_secs == 0
+            || self.idle_timeout_secs == 0
+        {
             return Err(fail("timeouts must be at least 1 s".into()));
         }
         if self.max_attempts == 0 {

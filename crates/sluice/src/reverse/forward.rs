@@ -56,11 +56,17 @@ impl FetchError {
         let (status, kind) = match &self {
             FetchError::NoServer { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"),
             FetchError::Refused { .. } => (StatusCode::BAD_GATEWAY, "upstream_refused"),
-            FetchError::ConnectTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "upstream_connect_timeout"),
+            FetchError::ConnectTimeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, "upstream_connect_timeout")
+            }
             FetchError::HeaderTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
             FetchError::Broken { .. } => (StatusCode::BAD_GATEWAY, "upstream_failed"),
             FetchError::TooLarge { .. } => {
-                return ProxyError::downstream(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", self.to_string())
+                return ProxyError::downstream(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    self.to_string(),
+                )
             }
         };
         ProxyError::new(Side::Upstream, status, kind, self.to_string())
@@ -73,10 +79,15 @@ pub struct Fetched {
     pub in_flight: InFlight,
 }
 
-
 impl Reverse {
     /// Proxies one request on `route`; `path` is the normalised path it was routed by.
-    pub async fn handle(&self, route: &Arc<Route>, mut req: Request<Incoming>, path: &str, down: &Downstream) -> Response<Body> {
+    pub async fn handle(
+        &self,
+        route: &Arc<Route>,
+        mut req: Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+    ) -> Response<Body> {
         let start = Instant::now();
         self.budget.record_request();
         let h2_connect = req.method() == Method::CONNECT
@@ -84,12 +95,16 @@ impl Reverse {
                 .extensions()
                 .get::<hyper::ext::Protocol>()
                 .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
-        let h1_upgrade = req.version() <= Version::HTTP_11 && hop::wants_upgrade(req.headers(), "websocket");
+        let h1_upgrade =
+            req.version() <= Version::HTTP_11 && hop::wants_upgrade(req.headers(), "websocket");
         let upgrade = (h2_connect || h1_upgrade) && route.config.websocket;
         let entry = Entry {
             client: down.client_ip,
             method: req.method().to_string(),
-            target: req.uri().path_and_query().map_or("/".into(), |p| p.as_str().to_string()),
+            target: req
+                .uri()
+                .path_and_query()
+                .map_or("/".into(), |p| p.as_str().to_string()),
             version: version_text(req.version()),
             status: 0,
             bytes: 0,
@@ -101,7 +116,9 @@ impl Reverse {
         };
         let result = async {
             let framing = framing::check_request(req.headers(), req.version() == Version::HTTP_11)
-                .map_err(|e| ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_framing", e.to_string()))?;
+                .map_err(|e| {
+                    ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_framing", e.to_string())
+                })?;
             let limit = route.config.max_body_bytes;
             if let Framing::Length(n) = framing {
                 if limit > 0 && n > limit {
@@ -109,21 +126,30 @@ impl Reverse {
                 }
             }
             if req.method() == Method::CONNECT && !upgrade {
-                return Err(ProxyError::downstream(StatusCode::METHOD_NOT_ALLOWED, "connect", "CONNECT is not proxied"));
+                return Err(ProxyError::downstream(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "connect",
+                    "CONNECT is not proxied",
+                ));
             }
             let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
             let head = self.upstream_head(route, &req, path, down, upgrade);
             let key = hash_key(route, &req, down);
             let (_, incoming) = req.into_parts();
             let body = BodySlot::new(incoming, limit, route.idle_timeout);
-            let fetched = self.fetch(route, &head, &body, key.as_deref()).await.map_err(FetchError::into_proxy_error)?;
+            let fetched = self
+                .fetch(route, &head, &body, key.as_deref())
+                .await
+                .map_err(FetchError::into_proxy_error)?;
             Ok((fetched, on_upgrade))
         }
         .await;
         let ttfb = start.elapsed();
         self.metrics
             .ttfb
-            .get_or_create(&RouteLabels { route: route.name.clone() })
+            .get_or_create(&RouteLabels {
+                route: route.name.clone(),
+            })
             .observe(ttfb.as_secs_f64());
         match result {
             Err(e) => {
@@ -134,7 +160,9 @@ impl Reverse {
                 self.finish_record(route, &entry);
                 resp
             }
-            Ok((fetched, on_upgrade)) => self.respond(route, fetched, on_upgrade, h2_connect, start, entry),
+            Ok((fetched, on_upgrade)) => {
+                self.respond(route, fetched, on_upgrade, h2_connect, start, entry)
+            }
         }
     }
 
@@ -142,41 +170,73 @@ impl Reverse {
     /// connect failure (any method, the body was not read) and after a failure once sent only when
     /// the method is idempotent and there is no body; every move after the first server takes from
     /// the retry budget. This is the one call a cache layer wraps.
-    pub async fn fetch(&self, route: &Arc<Route>, head: &UpstreamHead, body: &BodySlot, key: Option<&[u8]>) -> Result<Fetched, FetchError> {
+    pub async fn fetch(
+        &self,
+        route: &Arc<Route>,
+        head: &UpstreamHead,
+        body: &BodySlot,
+        key: Option<&[u8]>,
+    ) -> Result<Fetched, FetchError> {
         let group = &route.group;
         let plan = group.plan(key);
         if plan.is_empty() {
-            return Err(FetchError::NoServer { group: group.name().to_string() });
+            return Err(FetchError::NoServer {
+                group: group.name().to_string(),
+            });
         }
         let replayable = head.method.is_idempotent() && body.is_empty();
         let mut last: Option<FetchError> = None;
-        for (attempt, server) in plan.iter().take(route.config.max_attempts as usize).enumerate() {
+        for (attempt, server) in plan
+            .iter()
+            .take(route.config.max_attempts as usize)
+            .enumerate()
+        {
             if attempt > 0 {
                 if !self.budget.try_retry() {
                     break;
                 }
-                self.metrics.retries.get_or_create(&RouteLabels { route: route.name.clone() }).inc();
+                self.metrics
+                    .retries
+                    .get_or_create(&RouteLabels {
+                        route: route.name.clone(),
+                    })
+                    .inc();
             }
-            let labels = ServerLabels { group: group.name().to_string(), server: server.addr().to_string() };
+            let labels = ServerLabels {
+                group: group.name().to_string(),
+                server: server.addr().to_string(),
+            };
             self.metrics.server_requests.get_or_create(&labels).inc();
             let in_flight = server.begin();
             let Some(lent) = body.lend() else { break };
             let req = build_request(head, server, lent);
-            let client = if head.upgrade { &route.upgrade_client } else { &route.client };
+            let client = if head.upgrade {
+                &route.upgrade_client
+            } else {
+                &route.client
+            };
             let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
             let failure = match outcome {
                 Ok(Ok(response)) => {
                     server.report_success();
                     self.metrics.server_healthy.get_or_create(&labels).set(1);
-                    return Ok(Fetched { response, in_flight });
+                    return Ok(Fetched {
+                        response,
+                        in_flight,
+                    });
                 }
                 Ok(Err(e)) => {
                     if body.too_large() {
-                        return Err(FetchError::TooLarge { limit: route.config.max_body_bytes });
+                        return Err(FetchError::TooLarge {
+                            limit: route.config.max_body_bytes,
+                        });
                     }
                     classify(&e, group.name(), server, route.connect_timeout)
                 }
-                Err(_) => FetchError::HeaderTimeout { server: server.addr().to_string(), secs: route.header_timeout.as_secs() },
+                Err(_) => FetchError::HeaderTimeout {
+                    server: server.addr().to_string(),
+                    secs: route.header_timeout.as_secs(),
+                },
             };
             server.report_failure();
             self.metrics.server_failures.get_or_create(&labels).inc();
@@ -184,17 +244,29 @@ impl Reverse {
                 self.metrics.server_healthy.get_or_create(&labels).set(0);
             }
             tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
-            let connect_failed = matches!(failure, FetchError::Refused { .. } | FetchError::ConnectTimeout { .. });
+            let connect_failed = matches!(
+                failure,
+                FetchError::Refused { .. } | FetchError::ConnectTimeout { .. }
+            );
             let may_retry = (connect_failed && body.untouched()) || replayable;
             last = Some(failure);
             if !may_retry {
                 break;
             }
         }
-        Err(last.unwrap_or(FetchError::NoServer { group: group.name().to_string() }))
+        Err(last.unwrap_or(FetchError::NoServer {
+            group: group.name().to_string(),
+        }))
     }
 
-    fn upstream_head(&self, route: &Route, req: &Request<Incoming>, path: &str, down: &Downstream, upgrade: bool) -> UpstreamHead {
+    fn upstream_head(
+        &self,
+        route: &Route,
+        req: &Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+        upgrade: bool,
+    ) -> UpstreamHead {
         let mut headers = req.headers().clone();
         hop::strip_hop_by_hop(&mut headers, true);
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
@@ -235,21 +307,43 @@ impl Reverse {
             path_and_query.push('?');
             path_and_query.push_str(q);
         }
-        let method = if upgrade { Method::GET } else { req.method().clone() };
+        let method = if upgrade {
+            Method::GET
+        } else {
+            req.method().clone()
+        };
         UpstreamHead {
             method,
             path_and_query,
             headers,
             upgrade,
-            host: if route.config.preserve_host { down.host.clone() } else { None },
+            host: if route.config.preserve_host {
+                down.host.clone()
+            } else {
+                None
+            },
         }
     }
 
-    fn respond(&self, route: &Arc<Route>, fetched: Fetched, on_upgrade: Option<hyper::upgrade::OnUpgrade>, h2_connect: bool, start: Instant, mut entry: Entry) -> Response<Body> {
-        let Fetched { mut response, in_flight } = fetched;
+    fn respond(
+        &self,
+        route: &Arc<Route>,
+        fetched: Fetched,
+        on_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        h2_connect: bool,
+        start: Instant,
+        mut entry: Entry,
+    ) -> Response<Body> {
+        let Fetched {
+            mut response,
+            in_flight,
+        } = fetched;
         let status = response.status();
         entry.server = Some(in_flight.server().addr().to_string());
-        let labels = ServerLabels { group: route.group.name().to_string(), server: in_flight.server().addr().to_string() };
+        let labels = ServerLabels {
+            group: route.group.name().to_string(),
+            server: in_flight.server().addr().to_string(),
+        };
         let gauge = self.metrics.server_in_flight.get_or_create(&labels).clone();
         gauge.inc();
         let mut headers = std::mem::take(response.headers_mut());
@@ -265,8 +359,12 @@ impl Reverse {
                     let proto = headers.remove(header::SEC_WEBSOCKET_PROTOCOL);
                     let ext = headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
                     let h = resp.headers_mut();
-                    if let Some(p) = proto { h.insert(header::SEC_WEBSOCKET_PROTOCOL, p); }
-                    if let Some(e) = ext { h.insert(header::SEC_WEBSOCKET_EXTENSIONS, e); }
+                    if let Some(p) = proto {
+                        h.insert(header::SEC_WEBSOCKET_PROTOCOL, p);
+                    }
+                    if let Some(e) = ext {
+                        h.insert(header::SEC_WEBSOCKET_EXTENSIONS, e);
+                    }
                 } else {
                     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
                     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -280,11 +378,20 @@ impl Reverse {
         }
         if h2_connect && status.is_success() {
             // The server accepted without switching: the tunnel cannot be made.
-            return ProxyError::new(Side::Upstream, StatusCode::BAD_GATEWAY, "upgrade_refused", "upstream did not switch protocols").into_response();
+            return ProxyError::new(
+                Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "upgrade_refused",
+                "upstream did not switch protocols",
+            )
+            .into_response();
         }
         hop::strip_hop_by_hop(&mut headers, false);
         if self.settings.via {
-            let mine = format!("{} sluice", version_text(response.version()).trim_start_matches("HTTP/"));
+            let mine = format!(
+                "{} sluice",
+                version_text(response.version()).trim_start_matches("HTTP/")
+            );
             let value = match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
                 Some(prior) => format!("{prior}, {mine}"),
                 None => mine,
@@ -300,17 +407,39 @@ impl Reverse {
             headers.insert(name.clone(), value.clone());
         }
         entry.status = status.as_u16();
-        let done = Done { reverse_metrics: self.metrics.clone(), access_log: self.access_log.clone(), route: route.name.clone(), start, entry, _hold: (in_flight, GaugeGuard(gauge)) };
+        let done = Done {
+            reverse_metrics: self.metrics.clone(),
+            access_log: self.access_log.clone(),
+            route: route.name.clone(),
+            start,
+            entry,
+            _hold: (in_flight, GaugeGuard(gauge)),
+        };
         let (parts, incoming) = response.into_parts();
-        let mut resp = Response::new(body::boxed(ResponseBody::new(incoming, route.idle_timeout, Box::new(done))));
+        let mut resp = Response::new(body::boxed(ResponseBody::new(
+            incoming,
+            route.idle_timeout,
+            Box::new(done),
+        )));
         *resp.status_mut() = parts.status;
         *resp.headers_mut() = headers;
         resp
     }
 
     fn finish_record(&self, route: &Route, entry: &Entry) {
-        self.metrics.requests.get_or_create(&RouteClassLabels { route: route.name.clone(), class: class(entry.status) }).inc();
-        self.metrics.total.get_or_create(&RouteLabels { route: route.name.clone() }).observe(entry.duration.as_secs_f64());
+        self.metrics
+            .requests
+            .get_or_create(&RouteClassLabels {
+                route: route.name.clone(),
+                class: class(entry.status),
+            })
+            .inc();
+        self.metrics
+            .total
+            .get_or_create(&RouteLabels {
+                route: route.name.clone(),
+            })
+            .observe(entry.duration.as_secs_f64());
         if let Some(log) = &self.access_log {
             log.record(entry);
         }
@@ -327,7 +456,11 @@ pub struct UpstreamHead {
     pub host: Option<String>,
 }
 
-fn build_request(head: &UpstreamHead, server: &Server, body: super::body::LentBody) -> Request<Body> {
+fn build_request(
+    head: &UpstreamHead,
+    server: &Server,
+    body: super::body::LentBody,
+) -> Request<Body> {
     let uri: Uri = format!("http://{}{}", server.addr(), head.path_and_query)
         .parse()
         .unwrap_or_else(|_| Uri::from_static("/"));
@@ -345,27 +478,41 @@ fn build_request(head: &UpstreamHead, server: &Server, body: super::body::LentBo
 }
 
 /// Sorts a client error into refused / timed out (connect) or broken (after sending).
-fn classify(e: &hyper_util::client::legacy::Error, group: &str, server: &Server, connect: Duration) -> FetchError {
+fn classify(
+    e: &hyper_util::client::legacy::Error,
+    group: &str,
+    server: &Server,
+    connect: Duration,
+) -> FetchError {
     use std::error::Error as _;
     let mut source = e.source();
     while let Some(s) = source {
         if let Some(cf) = s.downcast_ref::<ConnectFailure>() {
             return match cf {
-                ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout { group: group.to_string() },
-                _ => FetchError::Refused { group: group.to_string() },
+                ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
+                    group: group.to_string(),
+                },
+                _ => FetchError::Refused {
+                    group: group.to_string(),
+                },
             };
         }
         source = s.source();
     }
     if e.is_connect() {
         let _ = connect;
-        return FetchError::Refused { group: group.to_string() };
+        return FetchError::Refused {
+            group: group.to_string(),
+        };
     }
     let detail = match e.source() {
         Some(s) => s.to_string(),
         None => e.to_string(),
     };
-    FetchError::Broken { server: server.addr().to_string(), detail }
+    FetchError::Broken {
+        server: server.addr().to_string(),
+        detail,
+    }
 }
 
 /// The path sent upstream: the normalised path with the route's prefix stripped or rewritten.
@@ -390,7 +537,13 @@ pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
 fn hash_key(route: &Route, req: &Request<Incoming>, down: &Downstream) -> Option<Vec<u8>> {
     let spec = route.group.hash_key()?;
     if spec == "uri" {
-        return Some(req.uri().path_and_query().map_or("/", |p| p.as_str()).as_bytes().to_vec());
+        return Some(
+            req.uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .as_bytes()
+                .to_vec(),
+        );
     }
     if spec == "client_ip" {
         return Some(down.client_ip.to_string().into_bytes());
@@ -421,7 +574,10 @@ fn websocket_key() -> HeaderValue {
 }
 
 fn text(headers: &HeaderMap, name: header::HeaderName) -> Option<String> {
-    headers.get(name).and_then(|v| v.to_str().ok()).map(|s| s.chars().take(512).collect())
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.chars().take(512).collect())
 }
 
 fn version_text(v: Version) -> &'static str {
@@ -458,8 +614,17 @@ impl OnDone for Done {
         let mut entry = self.entry;
         entry.bytes = bytes;
         entry.duration = self.start.elapsed();
-        self.reverse_metrics.requests.get_or_create(&RouteClassLabels { route: self.route.clone(), class: class(entry.status) }).inc();
-        self.reverse_metrics.total.get_or_create(&RouteLabels { route: self.route }).observe(entry.duration.as_secs_f64());
+        self.reverse_metrics
+            .requests
+            .get_or_create(&RouteClassLabels {
+                route: self.route.clone(),
+                class: class(entry.status),
+            })
+            .inc();
+        self.reverse_metrics
+            .total
+            .get_or_create(&RouteLabels { route: self.route })
+            .observe(entry.duration.as_secs_f64());
         if let Some(log) = &self.access_log {
             log.record(&entry);
         }
@@ -473,21 +638,44 @@ mod tests {
     fn route(path: &str, strip: bool, rewrite: Option<&str>) -> super::super::RouteConfig {
         toml::from_str::<super::super::RouteConfig>(&format!(
             "path = {path:?}\nupstream = \"app\"\nstrip_prefix = {strip}\n{}",
-            rewrite.map(|r| format!("rewrite = {r:?}")).unwrap_or_default()
+            rewrite
+                .map(|r| format!("rewrite = {r:?}"))
+                .unwrap_or_default()
         ))
         .unwrap()
     }
 
     #[test]
     fn path_rewrites() {
-        assert_eq!(rewrite_path(&route("/api", false, None), "/api/x"), "/api/x");
+        assert_eq!(
+            rewrite_path(&route("/api", false, None), "/api/x"),
+            "/api/x"
+        );
         assert_eq!(rewrite_path(&route("/api", true, None), "/api/x"), "/x");
         assert_eq!(rewrite_path(&route("/api", true, None), "/api"), "/");
-        assert_eq!(rewrite_path(&route("/api/", true, None), "/api/x/y"), "/x/y");
-        assert_eq!(rewrite_path(&route("/api", false, Some("/v2")), "/api/x"), "/v2/x");
-        assert_eq!(rewrite_path(&route("/api/", false, Some("/v2")), "/api/x"), "/v2/x");
-        assert_eq!(rewrite_path(&route("/api/", false, Some("/v2/")), "/api/x"), "/v2/x");
-        assert_eq!(rewrite_path(&route("/api", false, Some("/v2/")), "/api/x"), "/v2/x");
-        assert_eq!(rewrite_path(&route("/api", false, Some("/v2")), "/api"), "/v2");
+        assert_eq!(
+            rewrite_path(&route("/api/", true, None), "/api/x/y"),
+            "/x/y"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api", false, Some("/v2")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api/", false, Some("/v2")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api/", false, Some("/v2/")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api", false, Some("/v2/")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api", false, Some("/v2")), "/api"),
+            "/v2"
+        );
     }
 }

@@ -70,16 +70,56 @@ impl ReverseMetrics {
             access_log_dropped: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("reverse");
-        r.register("requests", "Requests per route by status class", m.requests.clone());
-        r.register("ttfb_seconds", "Time to the response head per route", m.ttfb.clone());
-        r.register("duration_seconds", "Time to the end of the response body per route", m.total.clone());
-        r.register("retries", "Attempts on another server per route", m.retries.clone());
-        r.register("server_requests", "Attempts per upstream server", m.server_requests.clone());
-        r.register("server_failures", "Failed attempts (refused, timed out, reset) per upstream server", m.server_failures.clone());
-        r.register("server_in_flight", "Requests and tunnels open per upstream server", m.server_in_flight.clone());
-        r.register("server_healthy", "1 while an upstream server is usable", m.server_healthy.clone());
-        r.register("reloads", "Route table reloads by result", m.reloads.clone());
-        r.register("access_log_dropped", "Access log lines dropped because the writer fell behind", m.access_log_dropped.clone());
+        r.register(
+            "requests",
+            "Requests per route by status class",
+            m.requests.clone(),
+        );
+        r.register(
+            "ttfb_seconds",
+            "Time to the response head per route",
+            m.ttfb.clone(),
+        );
+        r.register(
+            "duration_seconds",
+            "Time to the end of the response body per route",
+            m.total.clone(),
+        );
+        r.register(
+            "retries",
+            "Attempts on another server per route",
+            m.retries.clone(),
+        );
+        r.register(
+            "server_requests",
+            "Attempts per upstream server",
+            m.server_requests.clone(),
+        );
+        r.register(
+            "server_failures",
+            "Failed attempts (refused, timed out, reset) per upstream server",
+            m.server_failures.clone(),
+        );
+        r.register(
+            "server_in_flight",
+            "Requests and tunnels open per upstream server",
+            m.server_in_flight.clone(),
+        );
+        r.register(
+            "server_healthy",
+            "1 while an upstream server is usable",
+            m.server_healthy.clone(),
+        );
+        r.register(
+            "reloads",
+            "Route table reloads by result",
+            m.reloads.clone(),
+        );
+        r.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind",
+            m.access_log_dropped.clone(),
+        );
         m
     }
 }

@@ -127,7 +127,11 @@ impl Routing {
             };
             if on {
                 for p in *prefixes {
-                    entries.push((builtin_host.clone(), p.to_string(), Target::Builtin(*builtin)));
+                    entries.push((
+                        builtin_host.clone(),
+                        p.to_string(),
+                        Target::Builtin(*builtin),
+                    ));
                 }
             }
         }
@@ -162,7 +166,12 @@ impl Routing {
                     s
                 }
             };
-            out.push_str(&format!("{:<24} {:<32} -> {}\n", host.to_string(), prefix, what));
+            out.push_str(&format!(
+                "{:<24} {:<32} -> {}\n",
+                host.to_string(),
+                prefix,
+                what
+            ));
         }
         out
     }

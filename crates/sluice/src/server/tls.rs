@@ -80,7 +80,9 @@ pub fn sni_server_config(
             }
         }
     }
-    resolver.wildcard.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+    resolver
+        .wildcard
+        .sort_by_key(|w| std::cmp::Reverse(w.0.len()));
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()

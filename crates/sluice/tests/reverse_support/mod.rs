@@ -114,7 +114,11 @@ pub async fn echo(name: &'static str) -> SocketAddr {
             return resp;
         }
         let (parts, body) = req.into_parts();
-        let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let bytes = body
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
         let headers: Vec<(String, String)> = parts
             .headers
             .iter()
@@ -130,7 +134,10 @@ pub async fn echo(name: &'static str) -> SocketAddr {
         });
         let mut resp = Response::new(full(report.to_string()));
         let h = resp.headers_mut();
-        h.insert("content-type", http::HeaderValue::from_static("application/json"));
+        h.insert(
+            "content-type",
+            http::HeaderValue::from_static("application/json"),
+        );
         h.insert("x-origin", http::HeaderValue::from_static(name));
         h.insert("x-internal", http::HeaderValue::from_static("secret"));
         h.insert("connection", http::HeaderValue::from_static("x-hop"));
@@ -170,16 +177,19 @@ impl Reply {
 
 /// One request with an optional body through a fresh HTTP/1.1 client.
 pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: BoxBody) -> Reply {
-    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .build_http::<BoxBody>();
+    let client =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http::<BoxBody>();
     let mut b = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(b.body(body).unwrap()))
-        .await
-        .expect("request timed out")
-        .unwrap();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(b.body(body).unwrap()),
+    )
+    .await
+    .expect("request timed out")
+    .unwrap();
     let (parts, body) = resp.into_parts();
     let body = body
         .collect()
@@ -229,7 +239,11 @@ pub fn sha256(b: &[u8]) -> String {
 pub fn streamed(data: Bytes, chunk: usize) -> BoxBody {
     let frames: Vec<Result<hyper::body::Frame<Bytes>, std::io::Error>> = (0..data.len())
         .step_by(chunk)
-        .map(|i| Ok(hyper::body::Frame::data(data.slice(i..(i + chunk).min(data.len())))))
+        .map(|i| {
+            Ok(hyper::body::Frame::data(
+                data.slice(i..(i + chunk).min(data.len())),
+            ))
+        })
         .collect();
     http_body_util::StreamBody::new(futures_util::stream::iter(frames)).boxed()
 }
