@@ -339,16 +339,7 @@ impl Config {
     }
 }
 
-/// Replaces the password of `scheme://user:pass@host` with stars.
-pub fn mask_userinfo(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("****"));
-            parsed.to_string()
-        }
-        _ => url.to_string(),
-    }
-}
+pub use crate::redact::mask_userinfo;
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (key, value) in over {

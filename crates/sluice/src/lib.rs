@@ -13,6 +13,7 @@
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
+//! - `redact`: masking secrets for logs and printed configs.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
 
 pub mod app;
@@ -25,6 +26,7 @@ pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod net;
+pub mod redact;
 pub mod reverse;
 pub mod server;
 pub mod upstream;
