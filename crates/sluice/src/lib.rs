@@ -48,6 +48,9 @@ pub async fn serve_reloadable(
     source: Option<(Option<std::path::PathBuf>, config::Overrides)>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    if let Err(e) = server::listener::raise_nofile_limit() {
+        tracing::warn!(error = %e, "cannot read the open-file limit");
+    }
     let app: Arc<app::App> = app::App::new(&config)?;
     let server = server::Server::bind(&config.server, app.clone())?;
     for addr in server.local_addrs() {
