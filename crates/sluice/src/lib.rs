@@ -13,6 +13,7 @@
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
+//! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
 //! - `redact`: masking secrets for logs and printed configs.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
 
@@ -27,6 +28,7 @@ pub mod media;
 pub mod metrics;
 pub mod net;
 pub mod redact;
+pub mod request;
 pub mod reverse;
 pub mod server;
 pub mod upstream;

@@ -19,6 +19,9 @@ mod tests {
             super::mask_userinfo("http://user:secret@proxy:3128"),
             "http://user:****@proxy:3128/"
         );
-        assert_eq!(super::mask_userinfo("socks5://proxy:1080"), "socks5://proxy:1080");
+        assert_eq!(
+            super::mask_userinfo("socks5://proxy:1080"),
+            "socks5://proxy:1080"
+        );
     }
 }

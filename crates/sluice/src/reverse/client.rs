@@ -88,17 +88,18 @@ fn tls_config(route: &RouteConfig, h1_only: bool) -> anyhow::Result<Arc<ClientCo
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     };
     if !route.tls_verify {
-        let mut config = (*crate::upstream::tls::client_config(false)).clone();
+        let mut config = (*crate::upstream::tls::client_config(false, &[])).clone();
         config.alpn_protocols = alpn;
         return Ok(Arc::new(config));
     }
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = &route.tls_ca {
-        let pem = std::fs::read(path)
+        use rustls::pki_types::pem::PemObject;
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
             .map_err(|e| anyhow::anyhow!("cannot read tls_ca {}: {e}", path.display()))?;
-        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-            roots.add(cert?)?;
+        for cert in certs {
+            roots.add(cert.map_err(|e| anyhow::anyhow!("tls_ca {}: {e}", path.display()))?)?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

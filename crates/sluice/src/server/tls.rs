@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
@@ -36,19 +38,16 @@ pub fn sni_server_config(
 ) -> anyhow::Result<Arc<ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let load = |cert: &Path, key: &Path| -> anyhow::Result<Arc<CertifiedKey>> {
-        let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
-            std::fs::File::open(cert).with_context(|| format!("opening {}", cert.display()))?,
-        ))
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("reading certificates from {}", cert.display()))?;
+        // PEM read by `rustls-pki-types` (`rustls-pemfile` is unmaintained, RUSTSEC-2025-0134).
+        let certs = CertificateDer::pem_file_iter(cert)
+            .with_context(|| format!("opening {}", cert.display()))?
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("reading certificates from {}", cert.display()))?;
         if certs.is_empty() {
             bail!("{} holds no PEM certificate", cert.display());
         }
-        let key_der = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-            std::fs::File::open(key).with_context(|| format!("opening {}", key.display()))?,
-        ))
-        .with_context(|| format!("reading private key from {}", key.display()))?
-        .with_context(|| format!("{} holds no PEM private key", key.display()))?;
+        let key_der = PrivateKeyDer::from_pem_file(key)
+            .with_context(|| format!("reading a PEM private key from {}", key.display()))?;
         let signer = provider
             .key_provider
             .load_private_key(key_der)
