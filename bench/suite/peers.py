@@ -171,7 +171,7 @@ http {{
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
     upstream origin {{
-        server 127.0.0.1:{upstream};
+{servers}
         keepalive 256;
         keepalive_requests 100000;
     }}
@@ -187,12 +187,15 @@ http {{
 """
 
 VARNISH_PASS = """vcl 4.1;
-# Varnish in pass mode: every request goes to the origin, nothing is cached
-backend origin {{
-    .host = "127.0.0.1";
-    .port = "{upstream}";
+# Varnish in pass mode: every request goes to the origin(s), round robin, nothing is cached
+import directors;
+{backends}
+sub vcl_init {{
+    new rr = directors.round_robin();
+{adds}
 }}
 sub vcl_recv {{
+    set req.backend_hint = rr.backend();
     return (pass);
 }}
 """
@@ -212,7 +215,8 @@ frontend in
     bind 127.0.0.1:{port}
     default_backend origin
 backend origin
-    server o1 127.0.0.1:{upstream}
+    balance roundrobin
+{servers}
 """
 
 HAPROXY_TCP = """# HAProxy in TCP mode in front of the origin
@@ -276,6 +280,35 @@ def start_sluice(ctx, password, cpus, extra_args=(), env=None):
     return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
 
 
+SLUICE_REVERSE = """# sluice as a plain reverse proxy: one route, one upstream group, no access log
+[server]
+listen = ["127.0.0.1:{port}"]
+[reverse]
+via = false
+[[upstreams]]
+name = "origin"
+servers = [{servers}]
+[[routes]]
+path = "/"
+upstream = "origin"
+"""
+
+
+def start_sluice_reverse(ctx, upstream_port, cpus):
+    """sluice's reverse proxy in front of one origin port or a round-robin group of them."""
+    if not sluice_has_serve(ctx.sluice_bin):
+        raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
+    d = ctx.tempdir("sluice-reverse")
+    port = procs.free_port()
+    servers = ", ".join(f'"127.0.0.1:{p}"' for p in _ports(upstream_port))
+    conf = _write(d, "sluice.toml", SLUICE_REVERSE.format(port=port, servers=servers))
+    argv = [ctx.sluice_bin, "serve", "--config", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
+    procs.wait_tcp(port, p)
+    return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
+
+
 def start_haproxy_tcp(ctx, upstream_port, cpus):
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy")
@@ -308,12 +341,18 @@ def _write(d, name, text):
     return path
 
 
+def _ports(upstream):
+    """One origin port, or a list of them (a round-robin group)."""
+    return list(upstream) if isinstance(upstream, (list, tuple)) else [upstream]
+
+
 def start_nginx_proxy(ctx, upstream_port, cpus):
     nginx = ensure_binary("nginx")
     d = ctx.tempdir("nginx-proxy")
     port = procs.free_port()
+    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in _ports(upstream_port))
     conf = _write(d, "nginx.conf", NGINX_PROXY.format(workers=ctx.proxy_threads, dir=d, port=port,
-                                                      upstream=upstream_port))
+                                                      servers=servers))
     argv = [nginx, "-p", d, "-c", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
@@ -325,7 +364,11 @@ def start_varnish_pass(ctx, upstream_port, cpus):
     varnishd = ensure_binary("varnishd")
     d = ctx.tempdir("varnish")
     port = procs.free_port()
-    vcl = _write(d, "pass.vcl", VARNISH_PASS.format(upstream=upstream_port))
+    ports = _ports(upstream_port)
+    backends = "\n".join(f'backend o{i} {{ .host = "127.0.0.1"; .port = "{p}"; }}'
+                          for i, p in enumerate(ports))
+    adds = "\n".join(f"    rr.add_backend(o{i});" for i in range(len(ports)))
+    vcl = _write(d, "pass.vcl", VARNISH_PASS.format(backends=backends, adds=adds))
     # -F: foreground; -j none: no privilege separation, so the temp dir needs no special owner.
     argv = [varnishd, "-F", "-j", "none", "-n", os.path.join(d, "n"), "-a", f"127.0.0.1:{port}",
             "-f", vcl, "-s", "malloc,64m", "-T", "none"]
@@ -339,8 +382,10 @@ def start_haproxy_http(ctx, upstream_port, cpus):
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy-http")
     port = procs.free_port()
+    servers = "\n".join(f"    server o{i} 127.0.0.1:{p}"
+                         for i, p in enumerate(_ports(upstream_port)))
     conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(threads=ctx.proxy_threads, port=port,
-                                                        upstream=upstream_port))
+                                                        servers=servers))
     argv = [haproxy, "-db", "-f", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)

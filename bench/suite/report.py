@@ -170,25 +170,33 @@ def render_s1(result, out_dir, charts_rel):
 
 # === S2 and S3 (closed-loop duration runs) ===
 
-S3_HEAD = ["body", "c", "peer", "req/s", "avg ms", "p50 ms", "p99 ms", "CPU %", "RSS MB", "USS MB",
-           "errors"]
+S3_HEAD = ["body", "c", "peer", "req/s", "avg ms", "p50 ms", "p99 ms", "CPU %", "CPU µs/req",
+           "RSS MB", "USS MB", "errors"]
+
+
+def _cpu_per_request(cpu_pct, rps):
+    """Proxy CPU time per request in microseconds (100 % = one core for one second)."""
+    if cpu_pct is None or not rps:
+        return None
+    return cpu_pct / 100 * 1e6 / rps
 
 
 def render_s3(result, out_dir, charts_rel):
     rows = []
     for row in result["rows"]:
         if row.get("status") != "ok":
-            rows.append([DASH, DASH, row["peer"]] + [DASH] * 7 + [row.get("status", "")])
+            rows.append([DASH, DASH, row["peer"]] + [DASH] * 8 + [row.get("status", "")])
             continue
         for r in row["results"]:
             rep = r["report"]
             if "failed" in rep:
-                rows.append([r["file"], r["c"], row["peer"]] + [DASH] * 7 + [rep["failed"]])
+                rows.append([r["file"], r["c"], row["peer"]] + [DASH] * 8 + [rep["failed"]])
                 continue
             u = rep.get("usage") or {}
             rows.append([f"{r['bytes']:,} B", r["c"], row["peer"], _f(rep["rps"], 0),
                          _f(rep["latency"]["avg_ms"], 3), _f(rep["latency"]["p50_ms"], 3),
                          _f(rep["latency"]["p99_ms"], 3), _f(u.get("cpu_pct"), 0),
+                         _f(_cpu_per_request(u.get("cpu_pct"), rep["rps"]), 1),
                          _f(u.get("peak_rss_mb")), _f(u.get("peak_uss_mb")),
                          f"{rep['errors']} / {rep['warmup_errors']}"])
     rows.sort(key=lambda r: (str(r[0]), r[1] if isinstance(r[1], int) else 0))

@@ -145,19 +145,34 @@ S2_PEERS = ["direct", "sluice", "Varnish pass", "nginx proxy_pass", "HAProxy htt
 def s2(ctx):
     q = ctx.quick
     levels = [1, 100] if q else [1, 10, 100, 1000]
+    big_levels = [10] if q else [10, 100]
     secs, warm = (2, 0.5) if q else (10, 2)
-    files = [ctx.test_file("1k.bin", 1024)]
+    small = ctx.test_file("1k.bin", 1024)
+    mid = ctx.test_file("64k.bin", 64 * 1024)
+    big = ctx.test_file("7m.bin", 7 * MiB)
+    plan = [(small, levels), (mid, big_levels), (big, big_levels)]
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    second = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
     rows = []
     try:
         for name in S2_PEERS:
-            rows.append(_duration_peer(ctx, name, origin, files, levels, secs, warm))
+            rows.append(_duration_peer(ctx, name, origin, plan, secs, warm, S2_STARTERS))
+        # The same peers in front of a 2-server round-robin group (1 KB, one level).
+        for name in S2_PEERS[1:]:
+            row = _duration_peer(ctx, name, [origin, second], [(small, [100])], secs, warm,
+                                 S2_STARTERS)
+            row["peer"] = f"{name}, 2 servers rr"
+            rows.append(row)
     finally:
         origin.stop()
-    return {"id": "S2", "title": "HTTP reverse proxy: 1 KB responses", "status": "measured",
-            "quick": q, "params": {"levels": levels, "secs": secs, "warmup_secs": warm},
+        second.stop()
+    return {"id": "S2", "title": "HTTP reverse proxy: 1 KB, 64 KiB and 7 MB responses",
+            "status": "measured", "quick": q,
+            "params": {"levels": levels, "big_levels": big_levels, "secs": secs,
+                       "warmup_secs": warm},
             "rows": rows, "origin": origin.version,
-            "question": "Requests/s and p99 for a 1 KB response at c = 1, 10, 100, 1000: direct, "
+            "question": "Requests/s, p99 and CPU per request for 1 KB (c = 1, 10, 100, 1000), "
+                        "64 KiB and 7 MB responses, and a 2-server round-robin group: direct, "
                         "sluice, Varnish (pass), nginx proxy_pass, HAProxy (http)."}
 
 
@@ -175,7 +190,7 @@ def s3(ctx):
     rows = []
     try:
         for name in S3_PEERS:
-            rows.append(_duration_peer(ctx, name, origin, files, levels, secs, warm))
+            rows.append(_duration_peer(ctx, name, origin, [(f, levels) for f in files], secs, warm))
     finally:
         origin.stop()
     return {"id": "S3", "title": "TCP (L4) proxy: 64 KiB and 13-byte responses", "status": "measured",
@@ -193,17 +208,25 @@ _DURATION_PEERS = {
     "HAProxy http": peers.start_haproxy_http,
 }
 
+# S2's sluice row is the reverse proxy.
+S2_STARTERS = {**_DURATION_PEERS, "sluice": peers.start_sluice_reverse}
 
-def _duration_peer(ctx, name, origin, files, levels, secs, warm):
-    """Closed-loop runs of every file × level through one peer placed in front of `origin`."""
+
+def _duration_peer(ctx, name, origin, plan, secs, warm, starters=None):
+    """Closed-loop runs of every (file, levels) in `plan` through one peer placed in front of
+    `origin` (one origin, or a list of them for a round-robin group)."""
     row = {"peer": name}
+    origins = origin if isinstance(origin, list) else [origin]
+    starters = starters or _DURATION_PEERS
     try:
         if name == "direct":
-            peer = origin
-        elif name == "sluice":
+            peer = origins[0]
+        elif name not in starters:
             raise peers.Unavailable(PENDING)
         else:
-            peer = _DURATION_PEERS[name](ctx, origin.port, ctx.proxy_cpus)
+            ports = [o.port for o in origins]
+            peer = starters[name](ctx, ports if len(ports) > 1 else ports[0],
+                                         ctx.proxy_cpus)
     except peers.Unavailable as e:
         row["status"] = str(e)
         return row
@@ -213,7 +236,7 @@ def _duration_peer(ctx, name, origin, files, levels, secs, warm):
     try:
         row["version"] = peer.version
         row["results"] = []
-        for f in files:
+        for f, levels in plan:
             name_ = f[0].rsplit("/", 1)[1]
             url = f"http://127.0.0.1:{peer.port}/{name_}"
             for c in levels:
@@ -221,7 +244,7 @@ def _duration_peer(ctx, name, origin, files, levels, secs, warm):
                 row["results"].append({"file": name_, "bytes": f[1], "c": c, "report": r})
         row["status"] = "ok"
     finally:
-        if peer is not origin:
+        if peer not in origins:
             peer.stop()
     return row
 

@@ -3,3 +3,14 @@
 //!
 //! # Layout
 //! (each module adds its line here as it lands)
+//! - `route`: host pattern + longest path prefix → target; the route table, built once from config.
+//! - `path`: request path normalisation (dot segments, encoded dots) before routing.
+//! - `hop`: hop-by-hop headers, including those named in `Connection`; upgrade detection.
+//! - `forwarded`: `X-Forwarded-*`, `Forwarded` and `Via` with trusted-proxy semantics.
+//! - `framing`: request framing checks against smuggling (CL+TE, duplicate CL, bad TE).
+
+pub mod forwarded;
+pub mod framing;
+pub mod hop;
+pub mod path;
+pub mod route;

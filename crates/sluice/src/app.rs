@@ -27,26 +27,14 @@ use crate::error::{ErrorMark, ProxyError};
 use crate::iptv::Iptv;
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
+use crate::reverse::forward::Downstream;
+use crate::reverse::metrics::ReverseMetrics;
+use crate::reverse::Reverse;
 use crate::server::activity::ActivityGuard;
+use crate::server::routes::{Dispatch, Routing};
 use crate::upstream::Upstream;
 
-/// What a front end needs to know about the request besides the request itself.
-#[derive(Debug, Clone)]
-pub struct RequestContext {
-    pub peer: SocketAddr,
-    /// The client's IP (from `X-Forwarded-For` only behind a trusted proxy).
-    pub client_ip: std::net::IpAddr,
-    /// The query, with an encrypted token's params merged in (the token's win).
-    pub query: Query,
-    /// The path to route on, with any `/_token_<T>` prefix removed.
-    pub path: String,
-    /// The `Host` the client used, for absolute child URLs.
-    pub host: Option<String>,
-    /// The request came over TLS.
-    pub secure: bool,
-    /// Present when the request was authorized by an encrypted token.
-    pub token: Option<TokenScope>,
-}
+pub use crate::request::RequestContext;
 
 /// Everything the server dispatches to.
 pub struct App {
@@ -58,6 +46,11 @@ pub struct App {
     iptv: Arc<Iptv>,
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
+    /// The route table and the reverse proxy behind it; swapped whole by a reload.
+    routing: Arc<arc_swap::ArcSwap<Routing>>,
+    reverse_metrics: ReverseMetrics,
+    reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
+    media_on: bool,
 }
 
 impl App {
@@ -77,7 +70,13 @@ impl App {
             )
         });
         let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
+        let reverse_metrics = ReverseMetrics::new(&mut registry);
+        let routing = build_routing(config, None, &reverse_metrics)?;
         Ok(Arc::new(App {
+            routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
+            reloader: std::sync::OnceLock::new(),
+            reverse_metrics,
+            media_on: config.media.enabled,
             auth,
             tokens,
             iptv,
@@ -86,6 +85,60 @@ impl App {
             media,
             metrics_open: config.server.listen.iter().all(|a| a.ip().is_loopback()),
         }))
+    }
+
+    /// Applies a new config's routes, upstream groups and reverse proxy settings atomically. Requests
+    /// in flight finish on the old table; groups that did not change keep their state.
+    pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        let commit = self.prepare_reload(config)?;
+        commit();
+        Ok(())
+    }
+
+    /// Builds the new table from `config` without touching the running one; the returned commit
+    /// swaps it in. Sections other than routes, upstreams, reverse and endpoints need a restart.
+    pub fn prepare_reload(&self, config: &Config) -> anyhow::Result<crate::server::reload::Commit> {
+        let old = self.routing.load_full();
+        let result = (|| {
+            if config.media.enabled != self.media_on {
+                anyhow::bail!("media.enabled changed: that needs a restart");
+            }
+            build_routing(config, Some(&old), &self.reverse_metrics)
+        })();
+        let label = crate::reverse::metrics::ReloadLabels {
+            result: if result.is_ok() {
+                "prepared"
+            } else {
+                "rejected"
+            },
+        };
+        self.reverse_metrics.reloads.get_or_create(&label).inc();
+        let routing = Arc::new(result?);
+        let swap = self.routing_handle();
+        Ok(Box::new(move || swap.store(routing)))
+    }
+
+    fn routing_handle(&self) -> Arc<arc_swap::ArcSwap<Routing>> {
+        self.routing.clone()
+    }
+
+    /// Gives `POST /admin/reload` the reloader to call.
+    pub fn set_reloader(&self, reloader: Arc<crate::server::reload::Reloader>) {
+        let _ = self.reloader.set(reloader);
+    }
+
+    /// The reload part for the route table (see [`crate::server::reload`]).
+    pub fn reload_part(self: &Arc<Self>) -> crate::server::reload::Prepare {
+        let weak = Arc::downgrade(self);
+        Box::new(move |config: &Config| match weak.upgrade() {
+            Some(app) => app.prepare_reload(config),
+            None => anyhow::bail!("the server is shutting down"),
+        })
+    }
+
+    /// The effective route table, one line per entry in precedence order.
+    pub fn describe_routes(&self) -> String {
+        self.routing.load().describe()
     }
 
     pub(crate) fn connection_accepted(&self) {
@@ -106,16 +159,38 @@ impl App {
         guard: ActivityGuard,
     ) -> Response<Body> {
         let start = Instant::now();
-        let endpoint = endpoint_label(effective_path(req.uri().path()));
+        // In-flight requests keep the table they started with; a reload only affects new ones.
+        let routing = self.routing.load_full();
+        let dispatch = routing.dispatch(&req);
+        let endpoint = match &dispatch {
+            Dispatch::Proxy(..) => "reverse",
+            _ => endpoint_label(effective_path(req.uri().path())),
+        };
         let labels = EndpointLabels { endpoint };
         let active = self.metrics.active.get_or_create(&labels).clone();
         active.inc();
-        let mut resp = if req.method() == http::Method::OPTIONS {
-            preflight()
-        } else {
-            self.route(req, peer, secure).await
+        let resp = match dispatch {
+            Dispatch::Proxy(route, path) => {
+                let down = Downstream {
+                    peer,
+                    client_ip: self.auth.client_ip(peer.ip(), req.headers()),
+                    trusted: self.auth.is_trusted(peer.ip()),
+                    secure,
+                    host: crate::server::routes::request_host(&req),
+                };
+                routing.reverse.handle(&route, req, &path, &down).await
+            }
+            Dispatch::Refused(e) => e.into_response(),
+            Dispatch::Builtin(_) => {
+                let mut resp = if req.method() == http::Method::OPTIONS {
+                    preflight()
+                } else {
+                    self.route(req, peer, secure).await
+                };
+                allow_any_origin(resp.headers_mut());
+                resp
+            }
         };
-        allow_any_origin(resp.headers_mut());
         self.metrics
             .first_byte
             .get_or_create(&labels)
@@ -172,6 +247,7 @@ impl App {
         };
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
+            "/admin/reload" => self.admin_reload(&req).await,
             "/metrics" => self.serve_metrics(&req, &ctx),
             p if Media::serves_open(p) && self.media.is_some() => match &self.media {
                 Some(media) => media.handle_open(req, &ctx).await,
@@ -300,6 +376,48 @@ impl App {
         parts
     }
 
+    /// `POST /admin/reload`: only with the password in the `api_password` header (never a token or
+    /// a query parameter, which end up in logs).
+    async fn admin_reload(&self, req: &Request<Incoming>) -> Result<Response<Body>, ProxyError> {
+        if req.method() != http::Method::POST {
+            return Err(ProxyError::downstream(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method",
+                "use POST",
+            ));
+        }
+        if !self.auth.check(Auth::offered(None, req.headers())) {
+            return Err(ProxyError::downstream(
+                StatusCode::FORBIDDEN,
+                "auth",
+                "the admin endpoint needs the password in the api_password header",
+            ));
+        }
+        let Some(reloader) = self.reloader.get().cloned() else {
+            return Err(ProxyError::downstream(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "live reload is not set up for this server",
+            ));
+        };
+        let outcome = tokio::task::spawn_blocking(move || reloader.reload_logged("admin endpoint"))
+            .await
+            .map_err(|e| ProxyError::internal(e.to_string()))?;
+        match outcome {
+            Ok(()) => Ok(json(StatusCode::OK, r#"{"reloaded":true}"#)),
+            Err(e) => {
+                let body = serde_json::json!({"reloaded": false, "error": format!("{e:#}")});
+                let mut resp = Response::new(body::full(body.to_string()));
+                *resp.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Ok(resp)
+            }
+        }
+    }
+
     fn serve_metrics(
         &self,
         req: &Request<Incoming>,
@@ -320,6 +438,49 @@ impl App {
         );
         Ok(resp)
     }
+}
+
+/// The effective route table `config` gives, in precedence order (for `sluice check-config`).
+pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
+    let mut quiet = config.clone();
+    // Describing must not create the access log file.
+    quiet.reverse.access_log.clear();
+    let metrics = ReverseMetrics::new(&mut Registry::default());
+    Ok(build_routing(&quiet, None, &metrics)?.describe())
+}
+
+/// Builds the route table and reverse proxy from `config`, taking over unchanged groups (and the
+/// access log when its settings did not change) from `previous`.
+pub fn build_routing(
+    config: &Config,
+    previous: Option<&Routing>,
+    metrics: &ReverseMetrics,
+) -> anyhow::Result<Routing> {
+    let settings = &config.reverse;
+    let old = previous.map(|p| &p.reverse);
+    let access_log = match old {
+        Some(o)
+            if o.settings().access_log == settings.access_log
+                && o.settings().access_log_format == settings.access_log_format =>
+        {
+            o.access_log().cloned()
+        }
+        _ if settings.access_log.is_empty() => None,
+        _ => Some(crate::reverse::access_log::AccessLog::open(
+            &settings.access_log,
+            settings.access_log_format,
+            metrics.access_log_dropped.clone(),
+        )?),
+    };
+    let reverse = Reverse::build(
+        &config.routes,
+        &config.upstreams,
+        settings,
+        old,
+        metrics.clone(),
+        access_log,
+    )?;
+    Routing::new(reverse, &config.endpoints, config.media.enabled)
 }
 
 fn not_found(path: &str) -> ProxyError {

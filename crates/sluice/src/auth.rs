@@ -91,7 +91,7 @@ impl Auth {
         client
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }

@@ -20,6 +20,12 @@ pub struct Config {
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
+    /// Reverse proxy routes (`[[routes]]`): host + path prefix to an upstream group.
+    pub routes: Vec<crate::reverse::RouteConfig>,
+    /// Settings shared by every reverse proxy route.
+    pub reverse: crate::reverse::ReverseConfig,
+    /// Where the built-in endpoints are served, or whether at all.
+    pub endpoints: crate::server::routes::EndpointsConfig,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -32,6 +38,10 @@ pub struct ServerConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// More certificates, chosen by the TLS server name (SNI); `tls_cert` serves every other name.
+    pub certificates: Vec<crate::server::tls::CertConfig>,
+    /// File the process id is written to at startup, for `sluice reload`.
+    pub pid_file: Option<PathBuf>,
     /// Seconds a keep-alive connection may sit idle between requests.
     pub idle_timeout_secs: u64,
     /// Seconds a client has to send a complete request head.
@@ -65,6 +75,8 @@ impl Default for ServerConfig {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 8888))],
             tls_cert: None,
             tls_key: None,
+            certificates: Vec::new(),
+            pid_file: None,
             idle_timeout_secs: 75,
             header_read_timeout_secs: 30,
             max_header_bytes: 64 * 1024,
@@ -384,6 +396,13 @@ impl Config {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
         }
+        crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
+        let groups: Vec<&str> = self.upstreams.iter().map(|g| g.name.as_str()).collect();
+        for (i, route) in self.routes.iter().enumerate() {
+            route.validate(i, &groups).context("in [[routes]]")?;
+        }
+        sluice_http::route::HostPattern::parse(&self.endpoints.host)
+            .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
         // HLS
         if self.media.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
@@ -407,16 +426,7 @@ impl Config {
     }
 }
 
-/// Replaces the password of `scheme://user:pass@host` with stars.
-pub fn mask_userinfo(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("****"));
-            parsed.to_string()
-        }
-        _ => url.to_string(),
-    }
-}
+pub use crate::redact::mask_userinfo;
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (key, value) in over {

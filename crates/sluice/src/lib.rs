@@ -12,6 +12,9 @@
 //! - `logging`: the log filter read from `RUST_LOG`.
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
+//! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
+//! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
+//! - `redact`: masking secrets for logs and printed configs.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
 
 pub mod app;
@@ -24,6 +27,9 @@ pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod net;
+pub mod redact;
+pub mod request;
+pub mod reverse;
 pub mod server;
 pub mod upstream;
 
@@ -34,14 +40,53 @@ pub async fn serve(
     config: config::Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    serve_reloadable(config, None, shutdown).await
+}
+
+/// [`serve`], plus live reload from `source` (the config file and the command-line overrides) on
+/// SIGHUP and `POST /admin/reload`, and the pid file `sluice reload` signals.
+pub async fn serve_reloadable(
+    config: config::Config,
+    source: Option<(Option<std::path::PathBuf>, config::Overrides)>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     if let Err(e) = server::listener::raise_nofile_limit() {
         tracing::warn!(error = %e, "cannot read the open-file limit");
     }
     let app: Arc<app::App> = app::App::new(&config)?;
-    let server = server::Server::bind(&config.server, app)?;
+    let server = server::Server::bind(&config.server, app.clone())?;
     for addr in server.local_addrs() {
         tracing::info!(%addr, "listening");
     }
+    if let Some((file, flags)) = source {
+        let mut reloader = server::reload::Reloader::new(file, flags);
+        reloader.add("routes", app.reload_part());
+        reloader.add("tls", server::reload::tls_part(server.tls_handle()));
+        let reloader = Arc::new(reloader);
+        app.set_reloader(reloader.clone());
+        tokio::spawn(server::reload::on_sighup(reloader));
+    }
+    let _pid = match &config.server.pid_file {
+        Some(path) => Some(PidFile::write(path)?),
+        None => None,
+    };
     server.run(shutdown).await;
     Ok(())
+}
+
+/// The pid file: written at startup, removed at exit.
+struct PidFile(std::path::PathBuf);
+
+impl PidFile {
+    fn write(path: &std::path::Path) -> anyhow::Result<PidFile> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .map_err(|e| anyhow::anyhow!("cannot write pid file {}: {e}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -1,4 +1,4 @@
-//! The `sluice` command line: `serve`, `check-config`.
+//! The `sluice` command line: `serve`, `check-config`, `reload`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,11 +24,27 @@ enum Command {
     /// no password (allowed only while every listener is loopback).
     Serve(ServeArgs),
     /// Validate a config file and print the effective settings (file, then SLUICE_* environment
-    /// variables) with secrets masked.
+    /// variables) with secrets masked, then the effective route table in precedence order.
     CheckConfig {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// Ask a running sluice to re-read its config file (sends SIGHUP). Routes, upstream groups,
+    /// reverse proxy settings and TLS certificates change live; an invalid file changes nothing.
+    Reload(ReloadArgs),
+}
+
+#[derive(Args)]
+struct ReloadArgs {
+    /// Process id of the running sluice.
+    #[arg(long, conflicts_with_all = ["pid_file", "config"])]
+    pid: Option<i32>,
+    /// File holding the process id (server.pid_file).
+    #[arg(long, value_name = "PATH", conflicts_with = "config")]
+    pid_file: Option<PathBuf>,
+    /// The config file of the running sluice; its server.pid_file is used.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -63,8 +79,11 @@ fn main() -> anyhow::Result<()> {
         Command::CheckConfig { file } => {
             let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
             print!("{}", config.masked());
+            println!();
+            print!("{}", sluice::app::describe_routes(&config)?);
             Ok(())
         }
+        Command::Reload(args) => reload(args),
         Command::Serve(args) => {
             let api_password = match (&args.api_password_file, args.api_password) {
                 (Some(path), _) => Some(read_password_file(path)?),
@@ -80,9 +99,51 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(sluice::serve(config, shutdown_signal()))
+            let source = (args.config.clone(), flags);
+            runtime.block_on(sluice::serve_reloadable(
+                config,
+                Some(source),
+                shutdown_signal(),
+            ))
         }
     }
+}
+
+/// Sends SIGHUP to the running sluice named by `--pid`, `--pid-file` or the config's pid file.
+fn reload(args: ReloadArgs) -> anyhow::Result<()> {
+    let pid = match (args.pid, args.pid_file, args.config) {
+        (Some(pid), _, _) => pid,
+        (None, Some(path), _) => read_pid(&path)?,
+        (None, None, Some(file)) => {
+            let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
+            let path = config.server.pid_file.ok_or_else(|| {
+                anyhow::anyhow!("{} sets no server.pid_file; pass --pid", file.display())
+            })?;
+            read_pid(&path)?
+        }
+        (None, None, None) => anyhow::bail!("name the process: --pid, --pid-file or --config"),
+    };
+    if pid <= 1 {
+        anyhow::bail!("refusing to signal pid {pid}");
+    }
+    // SAFETY: kill(2) with a positive pid and SIGHUP has no memory effects in this process.
+    let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
+    if rc != 0 {
+        anyhow::bail!(
+            "cannot signal pid {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
+    Ok(())
+}
+
+fn read_pid(path: &std::path::Path) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read pid file {}: {e}", path.display()))?;
+    text.trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{} does not hold a process id", path.display()))
 }
 
 /// The password file's first line, without its line ending; an empty password is refused here

@@ -15,11 +15,11 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
-use crate::app::RequestContext;
 use crate::auth::token::TokenGate;
 use crate::body::Body;
 use crate::config::MediaConfig;
 use crate::error::ProxyError;
+use crate::request::RequestContext;
 use crate::upstream::Upstream;
 
 /// The media proxy.

@@ -4,6 +4,8 @@
 
 pub mod activity;
 pub mod listener;
+pub mod reload;
+pub mod routes;
 pub mod stall;
 pub mod tls;
 
@@ -29,9 +31,25 @@ use activity::{Activity, Watched};
 /// A bound server, ready to run.
 pub struct Server {
     listeners: Vec<TcpListener>,
-    tls: Option<TlsAcceptor>,
+    tls: TlsHandle,
     config: ServerConfig,
     app: Arc<App>,
+}
+
+/// The live TLS settings; a reload swaps the certificates here, each new handshake uses the current
+/// ones. `None` when the listeners speak plain HTTP.
+pub type TlsHandle = Arc<arc_swap::ArcSwapOption<rustls::ServerConfig>>;
+
+/// The TLS settings a server config asks for (`None`: plain HTTP).
+pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+    let default = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        _ => None,
+    };
+    if default.is_none() && config.certificates.is_empty() {
+        return Ok(None);
+    }
+    tls::sni_server_config(default, &config.certificates).map(Some)
 }
 
 impl Server {
@@ -53,16 +71,18 @@ impl Server {
         config: &ServerConfig,
         app: Arc<App>,
     ) -> anyhow::Result<Server> {
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsAcceptor::from(tls::server_config(cert, key)?)),
-            _ => None,
-        };
+        let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
         Ok(Server {
             listeners,
             tls,
             config: config.clone(),
             app,
         })
+    }
+
+    /// Where a reload puts new certificates.
+    pub fn tls_handle(&self) -> TlsHandle {
+        self.tls.clone()
     }
 
     /// The addresses actually bound.
@@ -145,6 +165,8 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(config.h2_max_concurrent_streams)
         .max_send_buf_size(config.h2_max_send_buf_bytes)
+        // RFC 8441 extended CONNECT, so WebSocket works over HTTP/2 too.
+        .enable_connect_protocol()
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .adaptive_window(true);
     builder
@@ -155,7 +177,7 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
 struct Conn {
     builder: Arc<auto::Builder<TokioExecutor>>,
     app: Arc<App>,
-    tls: Option<TlsAcceptor>,
+    tls: TlsHandle,
     stop: watch::Receiver<bool>,
     timeouts: Timeouts,
 }
@@ -208,9 +230,10 @@ impl Conn {
             fd,
             unacked: None,
         };
-        match self.tls.clone() {
+        match self.tls.load_full() {
             None => self.drive(stream, watch, peer, false).await,
-            Some(acceptor) => {
+            Some(settings) => {
+                let acceptor = TlsAcceptor::from(settings);
                 let limit = self.timeouts.tls_handshake;
                 match tokio::time::timeout(limit, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,

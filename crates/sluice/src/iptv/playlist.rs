@@ -97,7 +97,7 @@ impl Playlist {
             }
             Err(e) => match cached.as_ref() {
                 Some((_, stale)) => {
-                    tracing::warn!(location = %crate::config::mask_userinfo(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
+                    tracing::warn!(location = %crate::redact::mask_userinfo(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
                     Ok(stale.clone())
                 }
                 None => Err(e),

@@ -23,10 +23,10 @@ use sluice_media::query::{ProxyParams, Query};
 
 use super::cache::MediaCache;
 use super::prefetch::Prefetcher;
-use crate::app::RequestContext;
 use crate::body::{self, Body};
 use crate::config::MediaConfig;
 use crate::error::ProxyError;
+use crate::request::RequestContext;
 use crate::upstream::Upstream;
 
 /// Shared state of the DASH endpoints.

@@ -8,9 +8,9 @@ use hyper::body::Incoming;
 use serde::Serialize;
 use sluice_media::{b64url, generate};
 
-use crate::app::RequestContext;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::request::RequestContext;
 
 /// Largest JSON body accepted.
 const BODY_LIMIT: usize = 256 * 1024;

@@ -16,9 +16,9 @@ use sluice_media::query::ProxyParams;
 
 use super::stream;
 use super::Media;
-use crate::app::RequestContext;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
+use crate::request::RequestContext;
 use crate::upstream::{CollectError, UpstreamResponse};
 use options::{Child, HlsOptions};
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use sluice_media::query::Query;
 
-use crate::app::RequestContext;
 use crate::auth::token::{self, TokenGate, TokenScope};
+use crate::request::RequestContext;
 
 /// Builds child URLs for one parent request.
 #[derive(Debug, Clone)]

@@ -9,9 +9,9 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use sluice_media::query::ProxyParams;
 
-use crate::app::RequestContext;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::request::RequestContext;
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 /// Upstream response headers a player needs; everything else (hop-by-hop, cookies, server identity)

@@ -121,7 +121,7 @@ fn parse_via(proxy: &str) -> Result<Via, RouteError> {
 }
 
 fn mask(url: &str) -> String {
-    crate::config::mask_userinfo(url)
+    crate::redact::mask_userinfo(url)
 }
 
 /// All routes, answering "which route for this host".

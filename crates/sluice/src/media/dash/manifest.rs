@@ -15,12 +15,12 @@ use sluice_media::query::ProxyParams;
 use url::Url;
 
 use super::{bad_request, respond, upstream_headers, Dash};
-use crate::app::RequestContext;
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::{CacheKind, CacheValue};
 use crate::media::links::{self, Links};
 use crate::media::prefetch::{fetch_part, part_key, part_request, shareable};
+use crate::request::RequestContext;
 
 const PLAYLIST_TYPE: &str = "application/vnd.apple.mpegurl";
 

@@ -12,11 +12,11 @@ use sluice_media::dash::proxy::{self, Part, SegmentRequest};
 use sluice_media::keys::KeyRing;
 
 use super::{bad_request, params_for, respond, upstream_headers, Dash};
-use crate::app::RequestContext;
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::{CacheKind, CacheValue, MediaCache};
 use crate::media::prefetch::{fetch_part, part_key};
+use crate::request::RequestContext;
 use crate::upstream::Upstream;
 
 /// `/proxy/mpd/segment.mp4`.

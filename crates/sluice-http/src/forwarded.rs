@@ -1,0 +1,222 @@
+//! `X-Forwarded-For`/`-Proto`/`-Host`, `Forwarded` (RFC 7239) and `Via` for a request going upstream,
+//! with trusted-proxy semantics: a chain from a trusted peer is extended, any other is replaced.
+//! No I/O.
+
+use std::net::IpAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
+const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+/// What the proxy knows about the downstream side of this hop.
+#[derive(Debug, Clone)]
+pub struct Hop<'a> {
+    /// The address of the peer that connected to us.
+    pub peer: IpAddr,
+    /// Whether that peer is a trusted proxy (its forwarding headers are believed and extended).
+    pub trusted: bool,
+    /// `https` when the downstream connection used TLS.
+    pub proto: &'static str,
+    /// The `Host` the client asked for.
+    pub host: Option<&'a str>,
+    /// Also write a `Forwarded` header.
+    pub forwarded: bool,
+    /// This proxy's `Via` pseudonym and the downstream protocol version (`1.1`, `2`).
+    pub via: Option<(&'a str, &'a str)>,
+}
+
+/// Rewrites the forwarding headers of an outgoing request in place.
+pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
+    let peer = hop.peer.to_string();
+    let prior_xff = joined(headers, &XFF);
+    let prior_fwd = joined(headers, &FORWARDED);
+    let (xff, xfp, xfh) = if hop.trusted {
+        let xff = match prior_xff {
+            Some(chain) if !chain.trim().is_empty() => format!("{chain}, {peer}"),
+            _ => peer.clone(),
+        };
+        // A trusted proxy in front already said what the client used; keep it.
+        let xfp = text(headers, &XFP).unwrap_or_else(|| hop.proto.to_string());
+        let xfh = text(headers, &XFH).or_else(|| hop.host.map(str::to_string));
+        (xff, xfp, xfh)
+    } else {
+        (
+            peer.clone(),
+            hop.proto.to_string(),
+            hop.host.map(str::to_string),
+        )
+    };
+    set(headers, XFF, &xff);
+    set(headers, XFP, &xfp);
+    match xfh {
+        Some(h) => set(headers, XFH, &h),
+        None => {
+            headers.remove(XFH);
+        }
+    }
+    headers.remove(FORWARDED);
+    if hop.forwarded {
+        let mut element = format!("for={}", node(hop.peer));
+        if let Some(h) = hop.host {
+            element.push_str(&format!(";host={}", quoted(h)));
+        }
+        element.push_str(&format!(";proto={}", hop.proto));
+        let value = match prior_fwd {
+            Some(prior) if hop.trusted && !prior.trim().is_empty() => format!("{prior}, {element}"),
+            _ => element,
+        };
+        set(headers, FORWARDED, &value);
+    }
+    if let Some((name, version)) = hop.via {
+        let mine = format!("{version} {name}");
+        let value = match joined(headers, &http::header::VIA) {
+            Some(prior) if !prior.trim().is_empty() => format!("{prior}, {mine}"),
+            _ => mine,
+        };
+        set(headers, http::header::VIA, &value);
+    }
+}
+
+/// A `Forwarded` node: IPv6 addresses are bracketed and quoted (RFC 7239 §6).
+fn node(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+/// A token when it is one, else a quoted string.
+fn quoted(v: &str) -> String {
+    let token = !v.is_empty()
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if token {
+        v.to_string()
+    } else {
+        let escaped: String = v
+            .chars()
+            .flat_map(|c| match c {
+                '"' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        format!("\"{escaped}\"")
+    }
+}
+
+fn text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// All values of a header joined with `, ` (visible ASCII only; anything else is dropped).
+fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let parts: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+fn set(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    match HeaderValue::from_str(value) {
+        Ok(v) => {
+            headers.insert(name, v);
+        }
+        Err(_) => {
+            headers.remove(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hop(trusted: bool) -> Hop<'static> {
+        Hop {
+            peer: "10.0.0.2".parse().unwrap(),
+            trusted,
+            proto: "http",
+            host: Some("example.com"),
+            forwarded: true,
+            via: Some(("sluice", "1.1")),
+        }
+    }
+
+    fn with(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn untrusted_peer_chain_is_replaced() {
+        let mut h = with(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil"),
+            ("forwarded", "for=1.2.3.4"),
+        ]);
+        apply(&mut h, &hop(false));
+        assert_eq!(h["x-forwarded-for"], "10.0.0.2");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "example.com");
+        assert_eq!(h["forwarded"], "for=10.0.0.2;host=example.com;proto=http");
+        assert_eq!(h["via"], "1.1 sluice");
+    }
+
+    #[test]
+    fn trusted_peer_chain_is_extended() {
+        let mut h = with(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-for", "5.6.7.8"),
+            ("x-forwarded-proto", "https"),
+            ("forwarded", "for=1.2.3.4"),
+            ("via", "1.1 edge"),
+        ]);
+        apply(&mut h, &hop(true));
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4, 5.6.7.8, 10.0.0.2");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(
+            h["forwarded"],
+            "for=1.2.3.4, for=10.0.0.2;host=example.com;proto=http"
+        );
+        assert_eq!(h["via"], "1.1 edge, 1.1 sluice");
+    }
+
+    #[test]
+    fn ipv6_and_odd_hosts_are_quoted() {
+        let mut h = HeaderMap::new();
+        let mut hp = hop(false);
+        hp.peer = "::1".parse().unwrap();
+        hp.host = Some("[::1]:8080");
+        apply(&mut h, &hp);
+        assert_eq!(
+            h["forwarded"],
+            "for=\"[::1]\";host=\"[::1]:8080\";proto=http"
+        );
+    }
+
+    #[test]
+    fn no_forwarded_unless_asked() {
+        let mut h = with(&[("forwarded", "for=9.9.9.9")]);
+        let mut hp = hop(false);
+        hp.forwarded = false;
+        hp.via = None;
+        apply(&mut h, &hp);
+        assert!(h.get("forwarded").is_none());
+        assert!(h.get("via").is_none());
+    }
+}

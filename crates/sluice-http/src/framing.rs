@@ -1,0 +1,215 @@
+//! Request framing checks against smuggling (RFC 9112 §6): a request whose body length two parsers
+//! could disagree on is refused before anything is forwarded. No I/O.
+
+use http::header::{self, HeaderMap};
+
+/// How the body of an accepted request is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    None,
+    /// `Content-Length: n`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked` (HTTP/1.1 only).
+    Chunked,
+}
+
+/// Why a request's framing is ambiguous or invalid (each a 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    #[error("both Content-Length and Transfer-Encoding")]
+    LengthAndChunked,
+    #[error("Content-Length values disagree")]
+    ConflictingLength,
+    #[error("Content-Length is not a decimal number")]
+    BadLength,
+    #[error("Transfer-Encoding must end with `chunked`, once, with no other coding")]
+    BadTransferEncoding,
+    #[error("Transfer-Encoding in an HTTP/1.0 or HTTP/2 request")]
+    TransferEncodingNotAllowed,
+}
+
+/// Checks the framing headers; `http11` is false for HTTP/1.0 and HTTP/2+ requests.
+pub fn check_request(headers: &HeaderMap, http11: bool) -> Result<Framing, FramingError> {
+    let te: Vec<&[u8]> = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    let cl: Vec<&[u8]> = headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if !te.is_empty() {
+        if !cl.is_empty() {
+            return Err(FramingError::LengthAndChunked);
+        }
+        if !http11 {
+            return Err(FramingError::TransferEncodingNotAllowed);
+        }
+        let codings: Vec<String> = te
+            .iter()
+            .flat_map(|v| v.split(|&b| b == b','))
+            .map(|c| String::from_utf8_lossy(c).trim().to_ascii_lowercase())
+            .collect();
+        // A proxy that forwards other codings invites disagreement on where the body ends; sluice
+        // accepts exactly `chunked`.
+        return if codings.len() == 1 && codings[0] == "chunked" {
+            Ok(Framing::Chunked)
+        } else {
+            Err(FramingError::BadTransferEncoding)
+        };
+    }
+    let mut length: Option<u64> = None;
+    for value in cl {
+        for part in value.split(|&b| b == b',') {
+            let part = trim(part);
+            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+                return Err(FramingError::BadLength);
+            }
+            let n: u64 = std::str::from_utf8(part)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or(FramingError::BadLength)?;
+            match length {
+                Some(prev) if prev != n => return Err(FramingError::ConflictingLength),
+                _ => length = Some(n),
+            }
+        }
+    }
+    Ok(match length {
+        Some(0) | None => Framing::None,
+        Some(n) => Framing::Length(n),
+    })
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &b[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn accepted_shapes() {
+        assert_eq!(check_request(&h(&[]), true), Ok(Framing::None));
+        assert_eq!(
+            check_request(&h(&[("content-length", "0")]), true),
+            Ok(Framing::None)
+        );
+        assert_eq!(
+            check_request(&h(&[("content-length", "12")]), true),
+            Ok(Framing::Length(12))
+        );
+        assert_eq!(
+            check_request(
+                &h(&[("content-length", "5"), ("content-length", "5")]),
+                true
+            ),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            check_request(&h(&[("content-length", "5, 5")]), true),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            check_request(&h(&[("transfer-encoding", "Chunked")]), true),
+            Ok(Framing::Chunked)
+        );
+    }
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        use FramingError::*;
+        type Case<'a> = (&'a [(&'a str, &'a str)], bool, FramingError);
+        let cases: &[Case] = &[
+            (
+                &[("content-length", "5"), ("transfer-encoding", "chunked")],
+                true,
+                LengthAndChunked,
+            ),
+            (
+                &[("content-length", "5"), ("content-length", "6")],
+                true,
+                ConflictingLength,
+            ),
+            (&[("content-length", "5, 6")], true, ConflictingLength),
+            (&[("content-length", "+5")], true, BadLength),
+            (&[("content-length", "0x5")], true, BadLength),
+            (&[("content-length", "")], true, BadLength),
+            (
+                &[("content-length", "99999999999999999999")],
+                true,
+                BadLength,
+            ),
+            (
+                &[("transfer-encoding", "gzip, chunked")],
+                true,
+                BadTransferEncoding,
+            ),
+            (
+                &[("transfer-encoding", "chunked, chunked")],
+                true,
+                BadTransferEncoding,
+            ),
+            (
+                &[
+                    ("transfer-encoding", "chunked"),
+                    ("transfer-encoding", "identity"),
+                ],
+                true,
+                BadTransferEncoding,
+            ),
+            (
+                &[("transfer-encoding", "xchunked")],
+                true,
+                BadTransferEncoding,
+            ),
+            (
+                &[("transfer-encoding", "chunked")],
+                false,
+                TransferEncodingNotAllowed,
+            ),
+        ];
+        for (headers, http11, want) in cases {
+            assert_eq!(
+                check_request(&h(headers), *http11),
+                Err(want.clone()),
+                "{headers:?}"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_values_never_panic(cl in "[ -~]{0,25}", te in "[ -~]{0,25}", both in any::<bool>()) {
+            let mut m = HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_str(&cl) { m.insert(header::CONTENT_LENGTH, v); }
+            if both { if let Ok(v) = HeaderValue::from_str(&te) { m.insert(header::TRANSFER_ENCODING, v); } }
+            let _ = check_request(&m, true);
+        }
+    }
+}

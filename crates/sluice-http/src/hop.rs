@@ -1,0 +1,142 @@
+//! Hop-by-hop header rules (RFC 9110 §7.6.1): the headers a proxy must not forward, including every
+//! header named in `Connection`. No I/O.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// Headers that describe one connection, never the message.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// Whether `name` is hop-by-hop by definition (not counting names listed in `Connection`).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name.as_str() == "proxy-connection"
+}
+
+/// The header names listed in every `Connection` header (lowercase, invalid tokens skipped).
+pub fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Removes hop-by-hop headers and those named in `Connection`. `TE: trailers` survives when
+/// `keep_te_trailers` (a gRPC client must be able to tell the upstream it accepts trailers).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
+    let named = connection_names(headers);
+    let te_trailers = keep_te_trailers
+        && headers
+            .get_all(header::TE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    for name in named {
+        headers.remove(&name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove("proxy-connection");
+    if te_trailers {
+        headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Whether the request asks to switch protocols to `proto` (for example `websocket`): an `Upgrade`
+/// naming it and `Connection` listing `upgrade`.
+pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
+    let listed = connection_names(headers).contains(&header::UPGRADE);
+    listed
+        && headers
+            .get_all(header::UPGRADE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| {
+                let p = p.trim();
+                p.split('/')
+                    .next()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(proto))
+            })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn strips_standard_and_connection_named_headers() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Secret , close"),
+            ("connection", "x-other"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("x-other", "2"),
+            ("transfer-encoding", "chunked"),
+            ("te", "gzip"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-connection", "keep-alive"),
+            ("trailer", "x-t"),
+            ("x-kept", "3"),
+            ("content-type", "text/plain"),
+        ]);
+        strip_hop_by_hop(&mut h, true);
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
+        names.sort();
+        assert_eq!(names, vec!["content-type", "x-kept"]);
+    }
+
+    #[test]
+    fn te_trailers_survives_when_asked() {
+        let mut h = map(&[("te", "trailers, deflate")]);
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+        let mut h = map(&[("te", "trailers")]);
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.get("te").is_none());
+    }
+
+    #[test]
+    fn upgrade_detection() {
+        assert!(wants_upgrade(
+            &map(&[
+                ("connection", "keep-alive, Upgrade"),
+                ("upgrade", "WebSocket")
+            ]),
+            "websocket"
+        ));
+        assert!(!wants_upgrade(
+            &map(&[("upgrade", "websocket")]),
+            "websocket"
+        ));
+        assert!(!wants_upgrade(
+            &map(&[("connection", "upgrade"), ("upgrade", "h2c")]),
+            "websocket"
+        ));
+    }
+}

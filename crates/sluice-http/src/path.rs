@@ -1,0 +1,158 @@
+//! Request path normalisation before routing, so a path cannot escape the route it appears to be
+//! under (`/api/../admin` is routed as `/admin`). No I/O.
+//!
+//! Percent-encoded unreserved characters (letters, digits, `-._~`) are decoded, so `%2e%2e` is a
+//! `..` segment; `.` and `..` segments are resolved; repeated slashes collapse to one. An encoded
+//! slash (`%2F`), other escapes and the query are kept as they are. A `..` above the root, a NUL or
+//! control byte, a malformed escape, or a path not starting with `/` is an error (400).
+
+/// Why a path was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("path must start with `/`")]
+    NotAbsolute,
+    #[error("path climbs above the root")]
+    AboveRoot,
+    #[error("path contains a control byte or NUL")]
+    Control,
+    #[error("path contains a malformed percent escape")]
+    BadEscape,
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+/// Normalises a request path (without the query). The result starts with `/`; a trailing slash is
+/// kept, since `/dir/` and `/dir` may differ to the upstream.
+pub fn normalize_path(raw: &str) -> Result<String, PathError> {
+    let bytes = raw.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return Err(PathError::NotAbsolute);
+    }
+    // Decode unreserved escapes; keep every other escape as it was, with upper-case hex digits.
+    let mut decoded = String::with_capacity(raw.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b.is_ascii_control() || b == 0x7f {
+            return Err(PathError::Control);
+        }
+        if b == b'%' {
+            let (Some(h), Some(l)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            ) else {
+                return Err(PathError::BadEscape);
+            };
+            let v = h * 16 + l;
+            if v == 0 || v.is_ascii_control() {
+                return Err(PathError::Control);
+            }
+            if unreserved(v) {
+                decoded.push(v as char);
+            } else {
+                decoded.push('%');
+                decoded.push(bytes[i + 1].to_ascii_uppercase() as char);
+                decoded.push(bytes[i + 2].to_ascii_uppercase() as char);
+            }
+            i += 3;
+            continue;
+        }
+        // Multi-byte UTF-8 is copied whole; `raw` is a str so boundaries are valid.
+        let ch = raw[i..].chars().next().unwrap_or('\u{fffd}');
+        decoded.push(ch);
+        i += ch.len_utf8();
+    }
+    let trailing = decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                if segments.pop().is_none() {
+                    return Err(PathError::AboveRoot);
+                }
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || trailing {
+        out.push('/');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn resolves_dot_segments() {
+        assert_eq!(normalize_path("/api/../admin").unwrap(), "/admin");
+        assert_eq!(normalize_path("/api/./x").unwrap(), "/api/x");
+        assert_eq!(normalize_path("/a/b/..").unwrap(), "/a/");
+        assert_eq!(normalize_path("/").unwrap(), "/");
+        assert_eq!(normalize_path("//a///b/").unwrap(), "/a/b/");
+    }
+
+    #[test]
+    fn encoded_dots_are_dots() {
+        assert_eq!(normalize_path("/api/%2e%2e/admin").unwrap(), "/admin");
+        assert_eq!(normalize_path("/api/%2E./admin").unwrap(), "/admin");
+        assert_eq!(normalize_path("/%7Euser/%41").unwrap(), "/~user/A");
+    }
+
+    #[test]
+    fn encoded_slash_and_others_stay_encoded() {
+        assert_eq!(normalize_path("/a%2fb/%20x").unwrap(), "/a%2Fb/%20x");
+        assert_eq!(normalize_path("/a%2F..%2Fb").unwrap(), "/a%2F..%2Fb");
+    }
+
+    #[test]
+    fn refusals() {
+        assert_eq!(normalize_path("/../etc"), Err(PathError::AboveRoot));
+        assert_eq!(
+            normalize_path("/a/%2e%2e/%2e%2e/b"),
+            Err(PathError::AboveRoot)
+        );
+        assert_eq!(normalize_path("a/b"), Err(PathError::NotAbsolute));
+        assert_eq!(normalize_path(""), Err(PathError::NotAbsolute));
+        assert_eq!(normalize_path("/a%00"), Err(PathError::Control));
+        assert_eq!(normalize_path("/a\x01"), Err(PathError::Control));
+        assert_eq!(normalize_path("/a%zz"), Err(PathError::BadEscape));
+        assert_eq!(normalize_path("/a%2"), Err(PathError::BadEscape));
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_and_is_idempotent(s in "/[a-z./%0-9A-F]{0,40}") {
+            if let Ok(n) = normalize_path(&s) {
+                prop_assert!(n.starts_with('/'));
+                prop_assert!(!n.split('/').any(|seg| seg == "." || seg == ".."));
+                prop_assert!(!n.contains("//"));
+                prop_assert_eq!(normalize_path(&n), Ok(n.clone()));
+            }
+        }
+
+        #[test]
+        fn any_string_is_safe(s in ".{0,60}") {
+            let _ = normalize_path(&s);
+        }
+    }
+}

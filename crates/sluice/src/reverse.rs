@@ -1,0 +1,178 @@
+//! The HTTP reverse proxy front end: `[[routes]]` (host + path prefix) to upstream groups, with
+//! header rewriting, streaming bodies, WebSocket tunnels, retries within a budget, per-route
+//! metrics and an optional access log.
+//!
+//! The table is data built from config ([`Reverse::build`]); a reload builds a new one and swaps it
+//! whole, so requests in flight finish on the table they started with.
+
+pub mod access_log;
+pub mod body;
+pub mod budget;
+pub mod client;
+pub mod config;
+pub mod forward;
+pub mod metrics;
+pub mod tunnel;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use sluice_http::route::HostPattern;
+
+use crate::upstream::group::{Group, GroupConfig};
+pub use config::{ReverseConfig, RouteConfig};
+use metrics::ReverseMetrics;
+
+/// One compiled route.
+pub struct Route {
+    pub config: RouteConfig,
+    /// `host+path` as configured: the metric label and the name in logs.
+    pub name: String,
+    pub host: HostPattern,
+    pub group: Arc<Group>,
+    client: client::RouteClient,
+    /// For upgrades on `https` routes: ALPN offers HTTP/1.1 only, since Upgrade needs it.
+    upgrade_client: client::RouteClient,
+    req_add: Vec<(HeaderName, HeaderValue)>,
+    req_remove: Vec<HeaderName>,
+    resp_add: Vec<(HeaderName, HeaderValue)>,
+    resp_remove: Vec<HeaderName>,
+    connect_timeout: Duration,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl Route {
+    fn new(
+        config: &RouteConfig,
+        group: Arc<Group>,
+        shared: &ReverseConfig,
+    ) -> anyhow::Result<Route> {
+        let headers = |m: &std::collections::BTreeMap<String, String>| {
+            m.iter()
+                .map(|(k, v)| {
+                    Ok((
+                        HeaderName::from_bytes(k.as_bytes())?,
+                        HeaderValue::from_str(v)?,
+                    ))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let names = |v: &[String]| {
+            v.iter()
+                .map(|k| Ok(HeaderName::from_bytes(k.as_bytes())?))
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let host = HostPattern::parse(config.host.as_deref().unwrap_or(""))?;
+        Ok(Route {
+            name: format!("{}{}", host, config.path),
+            host,
+            group,
+            client: client::build(config, shared, false)?,
+            upgrade_client: client::build(config, shared, true)?,
+            req_add: headers(&config.request_headers_add)?,
+            req_remove: names(&config.request_headers_remove)?,
+            resp_add: headers(&config.response_headers_add)?,
+            resp_remove: names(&config.response_headers_remove)?,
+            connect_timeout: Duration::from_secs(config.connect_timeout_secs),
+            header_timeout: Duration::from_secs(config.header_timeout_secs),
+            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            config: config.clone(),
+        })
+    }
+}
+
+/// The reverse proxy as one config built it: routes, groups and shared settings.
+pub struct Reverse {
+    routes: Vec<Arc<Route>>,
+    groups: HashMap<String, (GroupConfig, Arc<Group>)>,
+    settings: ReverseConfig,
+    budget: budget::RetryBudget,
+    metrics: ReverseMetrics,
+    access_log: Option<access_log::AccessLog>,
+}
+
+impl Reverse {
+    /// Builds routes and groups. Groups whose config did not change are taken over from `previous`
+    /// whole (health and balancing state included); a changed group keeps the health of servers
+    /// whose address it still lists.
+    pub fn build(
+        routes: &[RouteConfig],
+        upstreams: &[GroupConfig],
+        settings: &ReverseConfig,
+        previous: Option<&Reverse>,
+        metrics: ReverseMetrics,
+        access_log: Option<access_log::AccessLog>,
+    ) -> anyhow::Result<Reverse> {
+        let names: Vec<&str> = upstreams.iter().map(|g| g.name.as_str()).collect();
+        for (i, r) in routes.iter().enumerate() {
+            r.validate(i, &names)?;
+        }
+        let mut groups = HashMap::new();
+        for config in upstreams {
+            let old = previous.and_then(|p| p.groups.get(&config.name));
+            let group = match old {
+                Some((old_config, old_group)) if old_config == config => old_group.clone(),
+                _ => {
+                    let group = Arc::new(Group::new(config)?);
+                    if let Some((_, old_group)) = old {
+                        for server in group.servers() {
+                            if let Some(o) = old_group
+                                .servers()
+                                .iter()
+                                .find(|o| o.addr() == server.addr())
+                            {
+                                server.set_healthy(o.is_usable());
+                            }
+                        }
+                    }
+                    group
+                }
+            };
+            if groups
+                .insert(config.name.clone(), (config.clone(), group))
+                .is_some()
+            {
+                anyhow::bail!("upstream group {:?} is defined twice", config.name);
+            }
+        }
+        let routes = routes
+            .iter()
+            .map(|r| {
+                let group = groups[&r.upstream].1.clone();
+                Route::new(r, group, settings).map(Arc::new)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Reverse {
+            routes,
+            groups,
+            budget: budget::RetryBudget::new(
+                settings.retry_budget_percent,
+                settings.retry_min_per_sec,
+            ),
+            settings: settings.clone(),
+            metrics,
+            access_log,
+        })
+    }
+
+    /// The compiled routes in declaration order.
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+
+    /// A group by name (for the TCP front end and health checks).
+    pub fn group(&self, name: &str) -> Option<&Arc<Group>> {
+        self.groups.get(name).map(|(_, g)| g)
+    }
+
+    pub fn access_log(&self) -> Option<&access_log::AccessLog> {
+        self.access_log.as_ref()
+    }
+
+    pub fn settings(&self) -> &ReverseConfig {
+        &self.settings
+    }
+}

@@ -1,0 +1,248 @@
+//! Body wrappers of the reverse proxy: the request body lent to one attempt at a time (taken back
+//! when the attempt never read it, so a connect failure can move on to another server), with the
+//! route's size limit and idle deadline; and the response body with its idle deadline and the
+//! bookkeeping that ends with it.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+/// Why a body stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("request body larger than {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("no body bytes for {secs} s")]
+    Idle { secs: u64 },
+    #[error("body read failed: {0}")]
+    Read(#[from] hyper::Error),
+}
+
+/// The downstream request body, shared between attempts.
+pub struct BodySlot {
+    shared: Arc<Shared>,
+    size_hint: SizeHint,
+    end_stream: bool,
+}
+
+struct Shared {
+    incoming: Mutex<Option<Incoming>>,
+    too_large: AtomicBool,
+    sent: AtomicU64,
+    limit: u64,
+    idle: Duration,
+}
+
+impl BodySlot {
+    /// `limit` 0 means no limit.
+    pub fn new(incoming: Incoming, limit: u64, idle: Duration) -> Self {
+        BodySlot {
+            size_hint: incoming.size_hint(),
+            end_stream: incoming.is_end_stream(),
+            shared: Arc::new(Shared {
+                incoming: Mutex::new(Some(incoming)),
+                too_large: AtomicBool::new(false),
+                sent: AtomicU64::new(0),
+                limit,
+                idle,
+            }),
+        }
+    }
+
+    /// Whether the request has no body at all.
+    pub fn is_empty(&self) -> bool {
+        self.end_stream
+    }
+
+    /// The body for one attempt; `None` once an earlier attempt started reading it.
+    pub fn lend(&self) -> Option<LentBody> {
+        if self.shared.incoming.lock().ok()?.is_none() {
+            return None;
+        }
+        Some(LentBody {
+            shared: self.shared.clone(),
+            inner: None,
+            idle: Box::pin(tokio::time::sleep(self.shared.idle)),
+            size_hint: self.size_hint,
+            end_stream: self.end_stream,
+        })
+    }
+
+    /// Whether the body can still be sent (no attempt has read from it).
+    pub fn untouched(&self) -> bool {
+        self.shared
+            .incoming
+            .lock()
+            .map(|g| g.is_some())
+            .unwrap_or(false)
+    }
+
+    /// Whether the size limit cut the body.
+    pub fn too_large(&self) -> bool {
+        self.shared.too_large.load(Ordering::Relaxed)
+    }
+}
+
+/// The body as one attempt sends it.
+pub struct LentBody {
+    shared: Arc<Shared>,
+    inner: Option<Incoming>,
+    idle: Pin<Box<Sleep>>,
+    size_hint: SizeHint,
+    end_stream: bool,
+}
+
+impl Body for LentBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if this.inner.is_none() {
+            // First read: from now on the body belongs to this attempt.
+            let taken = this.shared.incoming.lock().ok().and_then(|mut g| g.take());
+            match taken {
+                Some(b) => this.inner = Some(b),
+                None => return Poll::Ready(None),
+            }
+            this.idle.as_mut().reset(Instant::now() + this.shared.idle);
+        }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let sent = this
+                        .shared
+                        .sent
+                        .fetch_add(data.len() as u64, Ordering::Relaxed)
+                        + data.len() as u64;
+                    if this.shared.limit > 0 && sent > this.shared.limit {
+                        this.shared.too_large.store(true, Ordering::Relaxed);
+                        return Poll::Ready(Some(Err(BodyError::TooLarge {
+                            limit: this.shared.limit,
+                        })));
+                    }
+                }
+                this.idle.as_mut().reset(Instant::now() + this.shared.idle);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::Read(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match this.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Idle {
+                    secs: this.shared.idle.as_secs(),
+                }))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Some(b) => b.is_end_stream(),
+            None => self.end_stream,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Some(b) => b.size_hint(),
+            None => self.size_hint,
+        }
+    }
+}
+
+use std::future::Future;
+
+/// Runs when the response body ends or is dropped (metrics, access log, in-flight release).
+pub trait OnDone: Send + 'static {
+    fn done(self: Box<Self>, bytes: u64, complete: bool);
+}
+
+pin_project_lite::pin_project! {
+    /// The upstream response body on its way to the client.
+    pub struct ResponseBody {
+        #[pin]
+        inner: Incoming,
+        #[pin]
+        idle: Sleep,
+        timeout: Duration,
+        bytes: u64,
+        done: Option<Box<dyn OnDone>>,
+    }
+
+    impl PinnedDrop for ResponseBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(done) = this.done.take() {
+                done.done(*this.bytes, false);
+            }
+        }
+    }
+}
+
+impl ResponseBody {
+    pub fn new(inner: Incoming, timeout: Duration, done: Box<dyn OnDone>) -> Self {
+        ResponseBody {
+            inner,
+            idle: tokio::time::sleep(timeout),
+            timeout,
+            bytes: 0,
+            done: Some(done),
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let mut this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    *this.bytes += data.len() as u64;
+                }
+                this.idle.as_mut().reset(Instant::now() + *this.timeout);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::Read(e)))),
+            Poll::Ready(None) => {
+                if let Some(done) = this.done.take() {
+                    done.done(*this.bytes, true);
+                }
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.idle.poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Idle {
+                    secs: this.timeout.as_secs(),
+                }))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

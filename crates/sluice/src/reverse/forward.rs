@@ -1,0 +1,681 @@
+//! One proxied request: checks (framing, size), the upstream request head (path rewrite, hop-by-hop
+//! headers, forwarding headers, Host), the attempts across the group's servers ([`Reverse::fetch`],
+//! the one place a cache layer sits in front of), and the response head back to the client.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use sluice_http::framing::{self, Framing};
+use sluice_http::{forwarded, hop};
+use tokio::time::Instant;
+
+use super::access_log::Entry;
+use super::body::{BodySlot, OnDone, ResponseBody};
+use super::client::ConnectFailure;
+use super::metrics::{class, RouteClassLabels, RouteLabels, ServerLabels};
+use super::{Reverse, Route};
+use crate::body::{self, Body};
+use crate::error::{ProxyError, Side};
+use crate::upstream::group::{InFlight, Server};
+
+/// What the proxy knows about the client side of the request.
+#[derive(Debug, Clone)]
+pub struct Downstream {
+    pub peer: SocketAddr,
+    pub client_ip: IpAddr,
+    /// The peer is a trusted proxy: its forwarding headers are extended, not replaced.
+    pub trusted: bool,
+    pub secure: bool,
+    /// The host the client asked for (`Host`, or the authority of an HTTP/2 or absolute-form request).
+    pub host: Option<String>,
+}
+
+/// Why no upstream response head came back.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("no usable server in upstream group {group:?}")]
+    NoServer { group: String },
+    #[error("every server of upstream group {group:?} refused the connection")]
+    Refused { group: String },
+    #[error("upstream group {group:?}: connecting timed out")]
+    ConnectTimeout { group: String },
+    #[error("upstream server {server} sent no response head within {secs} s")]
+    HeaderTimeout { server: String, secs: u64 },
+    #[error("upstream server {server} failed: {detail}")]
+    Broken { server: String, detail: String },
+    #[error("request body larger than {limit} bytes")]
+    TooLarge { limit: u64 },
+}
+
+impl FetchError {
+    fn into_proxy_error(self) -> ProxyError {
+        let (status, kind) = match &self {
+            FetchError::NoServer { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"),
+            FetchError::Refused { .. } => (StatusCode::BAD_GATEWAY, "upstream_refused"),
+            FetchError::ConnectTimeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, "upstream_connect_timeout")
+            }
+            FetchError::HeaderTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+            FetchError::Broken { .. } => (StatusCode::BAD_GATEWAY, "upstream_failed"),
+            FetchError::TooLarge { .. } => {
+                return ProxyError::downstream(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    self.to_string(),
+                )
+            }
+        };
+        ProxyError::new(Side::Upstream, status, kind, self.to_string())
+    }
+}
+
+/// A response head from one server, and the in-flight mark held until its body ends.
+pub struct Fetched {
+    pub response: Response<Incoming>,
+    pub in_flight: InFlight,
+}
+
+impl Reverse {
+    /// Proxies one request on `route`; `path` is the normalised path it was routed by.
+    pub async fn handle(
+        &self,
+        route: &Arc<Route>,
+        mut req: Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+    ) -> Response<Body> {
+        let start = Instant::now();
+        self.budget.record_request();
+        let h2_connect = req.method() == Method::CONNECT
+            && req
+                .extensions()
+                .get::<hyper::ext::Protocol>()
+                .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+        let h1_upgrade =
+            req.version() <= Version::HTTP_11 && hop::wants_upgrade(req.headers(), "websocket");
+        let upgrade = (h2_connect || h1_upgrade) && route.config.websocket;
+        let entry = Entry {
+            client: down.client_ip,
+            method: req.method().to_string(),
+            target: req
+                .uri()
+                .path_and_query()
+                .map_or("/".into(), |p| p.as_str().to_string()),
+            version: version_text(req.version()),
+            status: 0,
+            bytes: 0,
+            duration: Duration::ZERO,
+            route: route.name.clone(),
+            server: None,
+            referer: text(req.headers(), header::REFERER),
+            user_agent: text(req.headers(), header::USER_AGENT),
+        };
+        let result = async {
+            let framing = framing::check_request(req.headers(), req.version() == Version::HTTP_11)
+                .map_err(|e| {
+                    ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_framing", e.to_string())
+                })?;
+            let limit = route.config.max_body_bytes;
+            if let Framing::Length(n) = framing {
+                if limit > 0 && n > limit {
+                    return Err(FetchError::TooLarge { limit }.into_proxy_error());
+                }
+            }
+            if req.method() == Method::CONNECT && !upgrade {
+                return Err(ProxyError::downstream(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "connect",
+                    "CONNECT is not proxied",
+                ));
+            }
+            let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+            let head = self.upstream_head(route, &req, path, down, upgrade);
+            let key = hash_key(route, &req, down);
+            let (_, incoming) = req.into_parts();
+            let body = BodySlot::new(incoming, limit, route.idle_timeout);
+            let fetched = self
+                .fetch(route, &head, &body, key.as_deref())
+                .await
+                .map_err(FetchError::into_proxy_error)?;
+            Ok((fetched, on_upgrade))
+        }
+        .await;
+        let ttfb = start.elapsed();
+        self.metrics
+            .ttfb
+            .get_or_create(&RouteLabels {
+                route: route.name.clone(),
+            })
+            .observe(ttfb.as_secs_f64());
+        match result {
+            Err(e) => {
+                let resp = e.into_response();
+                let mut entry = entry;
+                entry.status = resp.status().as_u16();
+                entry.duration = ttfb;
+                self.finish_record(route, &entry);
+                resp
+            }
+            Ok((fetched, on_upgrade)) => {
+                self.respond(route, fetched, on_upgrade, h2_connect, start, entry)
+            }
+        }
+    }
+
+    /// Sends the request to the group's servers in the order the group plans, moving on after a
+    /// connect failure (any method, the body was not read) and after a failure once sent only when
+    /// the method is idempotent and there is no body; every move after the first server takes from
+    /// the retry budget. This is the one call a cache layer wraps.
+    pub async fn fetch(
+        &self,
+        route: &Arc<Route>,
+        head: &UpstreamHead,
+        body: &BodySlot,
+        key: Option<&[u8]>,
+    ) -> Result<Fetched, FetchError> {
+        let group = &route.group;
+        let plan = group.plan(key);
+        if plan.is_empty() {
+            return Err(FetchError::NoServer {
+                group: group.name().to_string(),
+            });
+        }
+        let replayable = head.method.is_idempotent() && body.is_empty();
+        let mut last: Option<FetchError> = None;
+        for (attempt, server) in plan
+            .iter()
+            .take(route.config.max_attempts as usize)
+            .enumerate()
+        {
+            if attempt > 0 {
+                if !self.budget.try_retry() {
+                    break;
+                }
+                self.metrics
+                    .retries
+                    .get_or_create(&RouteLabels {
+                        route: route.name.clone(),
+                    })
+                    .inc();
+            }
+            let labels = ServerLabels {
+                group: group.name().to_string(),
+                server: server.addr().to_string(),
+            };
+            self.metrics.server_requests.get_or_create(&labels).inc();
+            let in_flight = server.begin();
+            let Some(lent) = body.lend() else { break };
+            let req = build_request(head, server, lent);
+            let client = if head.upgrade {
+                &route.upgrade_client
+            } else {
+                &route.client
+            };
+            let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
+            let failure = match outcome {
+                Ok(Ok(response)) => {
+                    server.report_success();
+                    self.metrics.server_healthy.get_or_create(&labels).set(1);
+                    return Ok(Fetched {
+                        response,
+                        in_flight,
+                    });
+                }
+                Ok(Err(e)) => {
+                    if body.too_large() {
+                        return Err(FetchError::TooLarge {
+                            limit: route.config.max_body_bytes,
+                        });
+                    }
+                    classify(&e, group.name(), server, route.connect_timeout)
+                }
+                Err(_) => FetchError::HeaderTimeout {
+                    server: server.addr().to_string(),
+                    secs: route.header_timeout.as_secs(),
+                },
+            };
+            server.report_failure();
+            self.metrics.server_failures.get_or_create(&labels).inc();
+            if !server.is_usable() {
+                self.metrics.server_healthy.get_or_create(&labels).set(0);
+            }
+            tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
+            let connect_failed = matches!(
+                failure,
+                FetchError::Refused { .. } | FetchError::ConnectTimeout { .. }
+            );
+            let may_retry = (connect_failed && body.untouched()) || replayable;
+            last = Some(failure);
+            if !may_retry {
+                break;
+            }
+        }
+        Err(last.unwrap_or(FetchError::NoServer {
+            group: group.name().to_string(),
+        }))
+    }
+
+    fn upstream_head(
+        &self,
+        route: &Route,
+        req: &Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+        upgrade: bool,
+    ) -> UpstreamHead {
+        let mut headers = req.headers().clone();
+        hop::strip_hop_by_hop(&mut headers, true);
+        // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
+        // which is once an upstream connection is ready) and streams the body; the upstream never
+        // needs to.
+        headers.remove(header::EXPECT);
+        headers.remove(header::HOST);
+        let version = match req.version() {
+            Version::HTTP_2 => "2",
+            Version::HTTP_10 => "1.0",
+            _ => "1.1",
+        };
+        let hop_info = forwarded::Hop {
+            peer: down.peer.ip(),
+            trusted: down.trusted,
+            proto: if down.secure { "https" } else { "http" },
+            host: down.host.as_deref(),
+            forwarded: self.settings.forwarded,
+            via: self.settings.via.then_some(("sluice", version)),
+        };
+        forwarded::apply(&mut headers, &hop_info);
+        for name in &route.req_remove {
+            headers.remove(name);
+        }
+        for (name, value) in &route.req_add {
+            headers.insert(name.clone(), value.clone());
+        }
+        if upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+            if !headers.contains_key(header::SEC_WEBSOCKET_KEY) {
+                // An HTTP/2 client (RFC 8441) sends no key; an HTTP/1.1 server needs one.
+                headers.insert(header::SEC_WEBSOCKET_KEY, websocket_key());
+            }
+        }
+        let mut path_and_query = rewrite_path(&route.config, path);
+        if let Some(q) = req.uri().query() {
+            path_and_query.push('?');
+            path_and_query.push_str(q);
+        }
+        let method = if upgrade {
+            Method::GET
+        } else {
+            req.method().clone()
+        };
+        UpstreamHead {
+            method,
+            path_and_query,
+            headers,
+            upgrade,
+            host: if route.config.preserve_host {
+                down.host.clone()
+            } else {
+                None
+            },
+        }
+    }
+
+    fn respond(
+        &self,
+        route: &Arc<Route>,
+        fetched: Fetched,
+        on_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        h2_connect: bool,
+        start: Instant,
+        mut entry: Entry,
+    ) -> Response<Body> {
+        let Fetched {
+            mut response,
+            in_flight,
+        } = fetched;
+        let status = response.status();
+        entry.server = Some(in_flight.server().addr().to_string());
+        let labels = ServerLabels {
+            group: route.group.name().to_string(),
+            server: in_flight.server().addr().to_string(),
+        };
+        let gauge = self.metrics.server_in_flight.get_or_create(&labels).clone();
+        gauge.inc();
+        let mut headers = std::mem::take(response.headers_mut());
+        let switching = status == StatusCode::SWITCHING_PROTOCOLS;
+        if switching {
+            if let Some(down) = on_upgrade {
+                let up = hyper::upgrade::on(&mut response);
+                super::tunnel::spawn(down, up, route.idle_timeout, (in_flight, GaugeGuard(gauge)));
+                let mut resp = Response::new(body::empty());
+                if h2_connect {
+                    // RFC 8441: an extended CONNECT succeeds with 200 and no upgrade headers.
+                    *resp.status_mut() = StatusCode::OK;
+                    let proto = headers.remove(header::SEC_WEBSOCKET_PROTOCOL);
+                    let ext = headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+                    let h = resp.headers_mut();
+                    if let Some(p) = proto {
+                        h.insert(header::SEC_WEBSOCKET_PROTOCOL, p);
+                    }
+                    if let Some(e) = ext {
+                        h.insert(header::SEC_WEBSOCKET_EXTENSIONS, e);
+                    }
+                } else {
+                    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                    *resp.headers_mut() = headers;
+                }
+                entry.status = resp.status().as_u16();
+                entry.duration = start.elapsed();
+                self.finish_record(route, &entry);
+                return resp;
+            }
+        }
+        if h2_connect && status.is_success() {
+            // The server accepted without switching: the tunnel cannot be made.
+            return ProxyError::new(
+                Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "upgrade_refused",
+                "upstream did not switch protocols",
+            )
+            .into_response();
+        }
+        hop::strip_hop_by_hop(&mut headers, false);
+        if self.settings.via {
+            let mine = format!(
+                "{} sluice",
+                version_text(response.version()).trim_start_matches("HTTP/")
+            );
+            let value = match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
+                Some(prior) => format!("{prior}, {mine}"),
+                None => mine,
+            };
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(header::VIA, v);
+            }
+        }
+        for name in &route.resp_remove {
+            headers.remove(name);
+        }
+        for (name, value) in &route.resp_add {
+            headers.insert(name.clone(), value.clone());
+        }
+        entry.status = status.as_u16();
+        let done = Done {
+            reverse_metrics: self.metrics.clone(),
+            access_log: self.access_log.clone(),
+            route: route.name.clone(),
+            start,
+            entry,
+            _hold: (in_flight, GaugeGuard(gauge)),
+        };
+        let (parts, incoming) = response.into_parts();
+        let mut resp = Response::new(body::boxed(ResponseBody::new(
+            incoming,
+            route.idle_timeout,
+            Box::new(done),
+        )));
+        *resp.status_mut() = parts.status;
+        *resp.headers_mut() = headers;
+        resp
+    }
+
+    fn finish_record(&self, route: &Route, entry: &Entry) {
+        self.metrics
+            .requests
+            .get_or_create(&RouteClassLabels {
+                route: route.name.clone(),
+                class: class(entry.status),
+            })
+            .inc();
+        self.metrics
+            .total
+            .get_or_create(&RouteLabels {
+                route: route.name.clone(),
+            })
+            .observe(entry.duration.as_secs_f64());
+        if let Some(log) = &self.access_log {
+            log.record(entry);
+        }
+    }
+}
+
+/// The upstream request head (see [`Reverse::fetch`]).
+pub struct UpstreamHead {
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub upgrade: bool,
+    /// The Host to send; `None` sends the server's `host:port`.
+    pub host: Option<String>,
+}
+
+fn build_request(
+    head: &UpstreamHead,
+    server: &Server,
+    body: super::body::LentBody,
+) -> Request<Body> {
+    let uri: Uri = format!("http://{}{}", server.addr(), head.path_and_query)
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("/"));
+    let mut req = Request::new(body::boxed(body));
+    *req.method_mut() = head.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    let mut headers = head.headers.clone();
+    let host = head.host.as_deref().unwrap_or(server.addr());
+    if let Ok(v) = HeaderValue::from_str(host) {
+        headers.insert(header::HOST, v);
+    }
+    *req.headers_mut() = headers;
+    req
+}
+
+/// Sorts a client error into refused / timed out (connect) or broken (after sending).
+fn classify(
+    e: &hyper_util::client::legacy::Error,
+    group: &str,
+    server: &Server,
+    connect: Duration,
+) -> FetchError {
+    use std::error::Error as _;
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(cf) = s.downcast_ref::<ConnectFailure>() {
+            return match cf {
+                ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
+                    group: group.to_string(),
+                },
+                _ => FetchError::Refused {
+                    group: group.to_string(),
+                },
+            };
+        }
+        source = s.source();
+    }
+    if e.is_connect() {
+        let _ = connect;
+        return FetchError::Refused {
+            group: group.to_string(),
+        };
+    }
+    let detail = match e.source() {
+        Some(s) => s.to_string(),
+        None => e.to_string(),
+    };
+    FetchError::Broken {
+        server: server.addr().to_string(),
+        detail,
+    }
+}
+
+/// The path sent upstream: the normalised path with the route's prefix stripped or rewritten.
+pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
+    let replacement = match (&route.rewrite, route.strip_prefix) {
+        (Some(r), _) => r.as_str(),
+        (None, true) => "/",
+        (None, false) => return path.to_string(),
+    };
+    let rest = path.strip_prefix(route.path.as_str()).unwrap_or(path);
+    if rest.is_empty() {
+        return replacement.to_string();
+    }
+    match (replacement.ends_with('/'), rest.starts_with('/')) {
+        (true, true) => format!("{replacement}{}", &rest[1..]),
+        (false, false) => format!("{replacement}/{rest}"),
+        _ => format!("{replacement}{rest}"),
+    }
+}
+
+/// The bytes `balance = "hash"` hashes, per the group's `hash_key`.
+fn hash_key(route: &Route, req: &Request<Incoming>, down: &Downstream) -> Option<Vec<u8>> {
+    let spec = route.group.hash_key()?;
+    if spec == "uri" {
+        return Some(
+            req.uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .as_bytes()
+                .to_vec(),
+        );
+    }
+    if spec == "client_ip" {
+        return Some(down.client_ip.to_string().into_bytes());
+    }
+    if let Some(name) = spec.strip_prefix("header:") {
+        return req.headers().get(name).map(|v| v.as_bytes().to_vec());
+    }
+    if let Some(name) = spec.strip_prefix("cookie:") {
+        return req
+            .headers()
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|kv| kv.trim().split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_bytes().to_vec());
+    }
+    None
+}
+
+fn websocket_key() -> HeaderValue {
+    use base64::Engine;
+    let mut raw = [0u8; 16];
+    let _ = getrandom::getrandom(&mut raw);
+    let key = base64::engine::general_purpose::STANDARD.encode(raw);
+    HeaderValue::from_str(&key).unwrap_or(HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="))
+}
+
+fn text(headers: &HeaderMap, name: header::HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.chars().take(512).collect())
+}
+
+fn version_text(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_3 => "HTTP/3",
+        _ => "HTTP/1.1",
+    }
+}
+
+/// Decrements a gauge when dropped.
+struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What happens when a response body ends: metrics, access log, and the in-flight marks released.
+struct Done {
+    reverse_metrics: super::metrics::ReverseMetrics,
+    access_log: Option<super::access_log::AccessLog>,
+    route: String,
+    start: Instant,
+    entry: Entry,
+    _hold: (InFlight, GaugeGuard),
+}
+
+impl OnDone for Done {
+    fn done(self: Box<Self>, bytes: u64, _complete: bool) {
+        let mut entry = self.entry;
+        entry.bytes = bytes;
+        entry.duration = self.start.elapsed();
+        self.reverse_metrics
+            .requests
+            .get_or_create(&RouteClassLabels {
+                route: self.route.clone(),
+                class: class(entry.status),
+            })
+            .inc();
+        self.reverse_metrics
+            .total
+            .get_or_create(&RouteLabels { route: self.route })
+            .observe(entry.duration.as_secs_f64());
+        if let Some(log) = &self.access_log {
+            log.record(&entry);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(path: &str, strip: bool, rewrite: Option<&str>) -> super::super::RouteConfig {
+        toml::from_str::<super::super::RouteConfig>(&format!(
+            "path = {path:?}\nupstream = \"app\"\nstrip_prefix = {strip}\n{}",
+            rewrite
+                .map(|r| format!("rewrite = {r:?}"))
+                .unwrap_or_default()
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn path_rewrites() {
+        assert_eq!(
+            rewrite_path(&route("/api", false, None), "/api/x"),
+            "/api/x"
+        );
+        assert_eq!(rewrite_path(&route("/api", true, None), "/api/x"), "/x");
+        assert_eq!(rewrite_path(&route("/api", true, None), "/api"), "/");
+        assert_eq!(
+            rewrite_path(&route("/api/", true, None), "/api/x/y"),
+            "/x/y"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api", false, Some("/v2")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api/", false, Some("/v2")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api/", false, Some("/v2/")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api", false, Some("/v2/")), "/api/x"),
+            "/v2/x"
+        );
+        assert_eq!(
+            rewrite_path(&route("/api", false, Some("/v2")), "/api"),
+            "/v2"
+        );
+    }
+}

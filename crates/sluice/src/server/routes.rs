@@ -1,0 +1,250 @@
+//! The one route table every request goes through: user `[[routes]]` and the built-in endpoints
+//! (`/proxy/*`, `/rtp/`, `/udp/`, `/playlist.m3u`, `/status`, `/health`, `/metrics`), matched by host
+//! and longest path prefix with the precedence of `sluice_http::route`. Rebuilt whole on reload.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sluice_http::route::{HostPattern, RouteTable};
+
+use crate::reverse::{Reverse, Route};
+
+/// `[endpoints]`: where the built-in endpoints are served, or whether at all.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EndpointsConfig {
+    /// Serve the built-ins only for this host (`example.com` or `*.example.com`); empty = any host.
+    pub host: String,
+    /// The MediaFlow-compatible `/proxy/*`, `/generate_url*` and `/base64/*` endpoints.
+    pub media: bool,
+    /// The IPTV gateway: `/rtp/`, `/udp/`, `/playlist.m3u`, `/status`.
+    pub iptv: bool,
+    /// `/health`.
+    pub health: bool,
+    /// `/metrics`.
+    pub metrics: bool,
+    /// `POST /admin/reload` (password in the `api_password` header).
+    pub admin: bool,
+}
+
+impl Default for EndpointsConfig {
+    fn default() -> Self {
+        EndpointsConfig {
+            host: String::new(),
+            media: true,
+            iptv: true,
+            health: true,
+            metrics: true,
+            admin: true,
+        }
+    }
+}
+
+/// A built-in endpoint family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    Media,
+    Iptv,
+    Health,
+    Metrics,
+    Admin,
+}
+
+impl Builtin {
+    fn label(self) -> &'static str {
+        match self {
+            Builtin::Media => "media",
+            Builtin::Iptv => "iptv",
+            Builtin::Health => "health",
+            Builtin::Metrics => "metrics",
+            Builtin::Admin => "admin",
+        }
+    }
+}
+
+/// What a table entry leads to.
+#[derive(Clone)]
+pub enum Target {
+    Builtin(Builtin),
+    Proxy(Arc<Route>),
+}
+
+/// The prefixes each built-in owns.
+const BUILTINS: &[(Builtin, &[&str])] = &[
+    (
+        Builtin::Media,
+        &[
+            "/proxy/",
+            "/generate_url",
+            "/generate_urls",
+            "/generate_encrypted_or_encoded_url",
+            "/base64/",
+        ],
+    ),
+    (
+        Builtin::Iptv,
+        &["/rtp/", "/udp/", "/playlist.m3u", "/status", "/status.json"],
+    ),
+    (Builtin::Health, &["/health"]),
+    (Builtin::Metrics, &["/metrics"]),
+    (Builtin::Admin, &["/admin/"]),
+];
+
+/// The table plus the reverse proxy it points into.
+pub struct Routing {
+    table: RouteTable<Target>,
+    pub reverse: Reverse,
+}
+
+impl Routing {
+    /// User routes first, then built-ins: on an exact tie (same host pattern and prefix) the user's
+    /// route wins, so a built-in path can be taken over deliberately.
+    pub fn new(
+        reverse: Reverse,
+        endpoints: &EndpointsConfig,
+        media_on: bool,
+    ) -> anyhow::Result<Routing> {
+        let builtin_host = HostPattern::parse(&endpoints.host)
+            .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
+        let mut entries: Vec<(HostPattern, String, Target)> = reverse
+            .routes()
+            .iter()
+            .map(|r| {
+                (
+                    r.host.clone(),
+                    r.config.path.clone(),
+                    Target::Proxy(r.clone()),
+                )
+            })
+            .collect();
+        for (builtin, prefixes) in BUILTINS {
+            let on = match builtin {
+                Builtin::Media => endpoints.media && media_on,
+                Builtin::Iptv => endpoints.iptv,
+                Builtin::Health => endpoints.health,
+                Builtin::Metrics => endpoints.metrics,
+                Builtin::Admin => endpoints.admin,
+            };
+            if on {
+                for p in *prefixes {
+                    entries.push((
+                        builtin_host.clone(),
+                        p.to_string(),
+                        Target::Builtin(*builtin),
+                    ));
+                }
+            }
+        }
+        let table = RouteTable::build(entries)?;
+        Ok(Routing { table, reverse })
+    }
+
+    /// The target for a host and normalised path.
+    pub fn lookup(&self, host: Option<&str>, path: &str) -> Option<&Target> {
+        self.table.lookup(host, path)
+    }
+
+    /// Whether a route names this host explicitly (for refusing absolute-form requests).
+    pub fn serves_host(&self, host: &str) -> bool {
+        self.table.serves_host(host)
+    }
+
+    /// The effective table in precedence order, one line per entry (for `sluice check-config`).
+    pub fn describe(&self) -> String {
+        let mut out = String::from("# effective route table, in precedence order\n");
+        for (host, prefix, target) in self.table.entries() {
+            let what = match target {
+                Target::Builtin(b) => format!("built-in {}", b.label()),
+                Target::Proxy(r) => {
+                    let mut s = format!("upstream {:?}", r.config.upstream);
+                    if r.config.strip_prefix {
+                        s.push_str(" (strip prefix)");
+                    }
+                    if let Some(rw) = &r.config.rewrite {
+                        s.push_str(&format!(" (rewrite to {rw})"));
+                    }
+                    s
+                }
+            };
+            out.push_str(&format!(
+                "{:<24} {:<32} -> {}\n",
+                host.to_string(),
+                prefix,
+                what
+            ));
+        }
+        out
+    }
+}
+
+/// Where one request goes.
+pub enum Dispatch {
+    /// A user route; the normalised path it matched.
+    Proxy(Arc<Route>, String),
+    /// A built-in endpoint (it parses its own path and token).
+    Builtin(Builtin),
+    /// Refused before any front end: bad path, misdirected, no route.
+    Refused(crate::error::ProxyError),
+}
+
+/// The host a request names: the authority of an HTTP/2 or absolute-form request, else `Host`.
+pub fn request_host<B>(req: &http::Request<B>) -> Option<String> {
+    req.uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            req.headers()
+                .get(http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        })
+}
+
+impl Routing {
+    /// Routes one request. A path carrying a sluice token (`/_token_<T>/...`) is routed by the rest
+    /// of the path and only ever reaches a built-in.
+    pub fn dispatch<B>(&self, req: &http::Request<B>) -> Dispatch {
+        use crate::error::ProxyError;
+        use http::StatusCode;
+        let raw = req.uri().path();
+        let (tokened, rest) = match sluice_media::token::split_path_token(raw) {
+            Some((_, rest)) => (true, rest),
+            None => (false, raw),
+        };
+        let path = match sluice_http::path::normalize_path(rest) {
+            Ok(p) => p,
+            Err(e) => {
+                return Dispatch::Refused(ProxyError::downstream(
+                    StatusCode::BAD_REQUEST,
+                    "bad_path",
+                    e.to_string(),
+                ))
+            }
+        };
+        let host = request_host(req);
+        // An absolute-form target (`GET http://other/ HTTP/1.1`) names the host it wants; sluice is
+        // not an open proxy, so a host no route names is misdirected.
+        if req.version() <= http::Version::HTTP_11 && req.uri().authority().is_some() {
+            let named = host.as_deref().is_some_and(|h| self.serves_host(h));
+            if !named {
+                return Dispatch::Refused(ProxyError::downstream(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "misdirected",
+                    "this server does not serve that host",
+                ));
+            }
+        }
+        match self.lookup(host.as_deref(), &path) {
+            Some(Target::Proxy(route)) if !tokened => Dispatch::Proxy(route.clone(), path),
+            Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
+            _ => {
+                let shown: String = rest.chars().take(200).collect();
+                Dispatch::Refused(ProxyError::downstream(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("no route for {shown}"),
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The reverse proxy against hostile clients and broken upstreams: smuggling shapes, misdirected
+//! absolute-form requests, oversize heads, slowloris, resets mid-body, garbage, silence.
+
+mod reverse_support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use reverse_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn route_to(addr: std::net::SocketAddr) -> sluice::config::Config {
+    config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{addr}"]
+
+[[routes]]
+host = "app.test"
+path = "/"
+upstream = "app"
+header_timeout_secs = 1
+idle_timeout_secs = 1
+"#
+    ))
+}
+
+/// An origin that counts requests and answers "ok".
+async fn counting() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let m = n.clone();
+    let addr = origin(move |_req| {
+        let m = m.clone();
+        async move {
+            m.fetch_add(1, Ordering::SeqCst);
+            http::Response::new(full("ok"))
+        }
+    })
+    .await;
+    (addr, n)
+}
+
+#[tokio::test]
+async fn smuggling_shapes_are_refused_before_the_upstream() {
+    let (o, count) = counting().await;
+    let p = Proxy::start(route_to(o)).await;
+    let shapes: &[&[u8]] = &[
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nContent-Length: +5\r\n\r\nhello",
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: app.test\r\nBad Header\r\n\r\n",
+        b"GET /\x01 HTTP/1.1\r\nHost: app.test\r\n\r\n",
+    ];
+    for shape in shapes {
+        let reply = raw(p.addr, shape, Duration::from_secs(3)).await;
+        assert!(
+            reply.starts_with("HTTP/1.1 400"),
+            "{:?} -> {reply:?}",
+            String::from_utf8_lossy(shape)
+        );
+    }
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        0,
+        "a smuggling shape reached the upstream"
+    );
+    // CL+TE: hyper drops Content-Length and reads chunked (RFC 9112 §6.3); what goes upstream is
+    // re-framed, never both, and the downstream connection is closed after the response.
+    let e = echo("e").await;
+    let p2 = Proxy::start(route_to(e)).await;
+    let reply = raw(
+        p2.addr,
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: app.test\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("connection: close"), "{reply}");
+    assert!(reply.contains("\"len\":3"), "{reply}");
+    assert!(!reply.contains("content-length\",\"5"), "{reply}");
+    assert!(!reply.contains("/smuggled"), "{reply}");
+    assert_eq!(reply.matches("HTTP/1.1 ").count(), 1, "{reply}");
+    // The proxy still serves.
+    let ok = raw(
+        p.addr,
+        b"GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
+}
+
+#[tokio::test]
+async fn no_open_proxy() {
+    let (o, count) = counting().await;
+    let p = Proxy::start(route_to(o)).await;
+    let r = raw(
+        p.addr,
+        b"GET http://evil.example/ HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 421"), "{r}");
+    // The host the route serves, in absolute form, is fine.
+    let r = raw(
+        p.addr,
+        b"GET http://app.test/ HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    // Unknown Host header, origin form: no route.
+    let r = get(&p.url("/"), &[("host", "other.test")]).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = raw(
+        p.addr,
+        b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(!r.starts_with("HTTP/1.1 2"), "{r}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn oversize_heads_and_slowloris_are_cut() {
+    let (o, count) = counting().await;
+    let mut c = route_to(o);
+    c.server.max_header_bytes = 4096;
+    c.server.header_read_timeout_secs = 1;
+    let p = Proxy::start(c).await;
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: app.test\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(20_000)
+    );
+    let r = raw(p.addr, big.as_bytes(), Duration::from_secs(3)).await;
+    assert!(
+        r.is_empty() || r.starts_with("HTTP/1.1 431") || r.starts_with("HTTP/1.1 400"),
+        "{r}"
+    );
+    // Slowloris: a head that never ends is dropped after the header read timeout.
+    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let done = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    assert!(done.is_ok(), "slow head kept the connection open");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+}
+
+/// A raw origin that answers each connection with `reply` and then closes or stalls.
+async fn raw_origin(reply: &'static [u8], stall: bool) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(reply).await;
+                if stall {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                // Dropping `s` closes (a reset if unread bytes remain).
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn broken_upstreams_give_clear_errors() {
+    let garbage = raw_origin(b"SSH-2.0-OpenSSH_9.0\r\n\xff\xfe garbage\r\n\r\n", false).await;
+    let p = Proxy::start(route_to(garbage)).await;
+    let r = get(&p.url("/"), &[("host", "app.test")]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("upstream_failed"));
+
+    // Promises 1000 bytes, sends 10, closes: the client must see a cut body, not a short success.
+    let short = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789",
+        false,
+    )
+    .await;
+    let p = Proxy::start(route_to(short)).await;
+    let r = get(&p.url("/"), &[("host", "app.test")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.body.is_err(),
+        "a truncated body was delivered as complete"
+    );
+
+    // Sends a head and part of the body, then goes quiet: cut after the idle timeout.
+    let stall = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789",
+        true,
+    )
+    .await;
+    let p = Proxy::start(route_to(stall)).await;
+    let started = std::time::Instant::now();
+    let r = get(&p.url("/"), &[("host", "app.test")]).await;
+    assert!(r.body.is_err());
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // Everything down: 502 naming the group, with a JSON body.
+    let dead = dead_port().await;
+    let p = Proxy::start(route_to(dead)).await;
+    let r = get(&p.url("/"), &[("host", "app.test")]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("upstream_refused"));
+}
+
+#[tokio::test]
+async fn a_failure_disturbs_nothing_else() {
+    let (good, _) = counting().await;
+    let dead = dead_port().await;
+    let c = config(&format!(
+        r#"
+[[upstreams]]
+name = "good"
+servers = ["{good}"]
+[[upstreams]]
+name = "bad"
+servers = ["{dead}"]
+[[routes]]
+path = "/bad"
+upstream = "bad"
+[[routes]]
+path = "/"
+upstream = "good"
+"#
+    ));
+    let p = Proxy::start(c).await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let url = p.url(if i % 2 == 0 { "/bad" } else { "/ok" });
+        tasks.push(tokio::spawn(async move { get(&url, &[]).await.status }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let status = t.await.unwrap();
+        let want = if i % 2 == 0 {
+            StatusCode::BAD_GATEWAY
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(status, want);
+    }
+}

@@ -1,0 +1,632 @@
+//! The reverse proxy end to end against real origins on 127.0.0.1: routing and precedence, exact
+//! forwarded headers, streamed bodies by hash, limits, retries, WebSocket, gRPC over h2, reload.
+
+mod reverse_support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use reverse_support::*;
+
+fn one_group(addr: std::net::SocketAddr, extra_routes: &str) -> sluice::config::Config {
+    config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{addr}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+response_headers_add = {{ "x-served-by" = "sluice" }}
+response_headers_remove = ["x-internal"]
+{extra_routes}
+"#
+    ))
+}
+
+#[tokio::test]
+async fn forwards_exact_headers_and_strips_hop_by_hop() {
+    let o = echo("a").await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let r = get(
+        &p.url("/some/path?q=1"),
+        &[
+            ("host", "example.com"),
+            ("connection", "keep-alive, x-drop"),
+            ("x-drop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic Zm9v"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-host", "evil"),
+            ("x-kept", "yes"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let j = r.json();
+    assert_eq!(j["path"], "/some/path?q=1");
+    assert_eq!(r.seen("host").as_deref(), Some("example.com"));
+    assert_eq!(r.seen("x-kept").as_deref(), Some("yes"));
+    for gone in ["x-drop", "keep-alive", "proxy-authorization", "connection"] {
+        assert_eq!(r.seen(gone), None, "{gone} was forwarded");
+    }
+    // The peer is not a trusted proxy: its forwarding claims are replaced.
+    assert_eq!(r.seen("x-forwarded-for").as_deref(), Some("127.0.0.1"));
+    assert_eq!(r.seen("x-forwarded-host").as_deref(), Some("example.com"));
+    assert_eq!(r.seen("x-forwarded-proto").as_deref(), Some("http"));
+    assert_eq!(r.seen("via").as_deref(), Some("1.1 sluice"));
+    // Response side: hop-by-hop from the origin stripped, route header edits applied.
+    assert_eq!(r.headers["x-served-by"], "sluice");
+    assert!(r.headers.get("x-internal").is_none());
+    assert!(r.headers.get("x-hop").is_none());
+    assert_eq!(r.headers["via"], "1.1 sluice");
+    assert_eq!(r.headers["x-origin"], "a");
+    // A reverse-proxied response is the app's own: no CORS added by sluice.
+    assert!(r.headers.get("access-control-allow-origin").is_none());
+}
+
+#[tokio::test]
+async fn trusted_proxy_chain_is_extended() {
+    let o = echo("a").await;
+    let mut c = one_group(o, "");
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    c.reverse.forwarded = true;
+    let p = Proxy::start(c).await;
+    let r = get(
+        &p.url("/"),
+        &[
+            ("host", "example.com"),
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-proto", "https"),
+            ("forwarded", "for=203.0.113.7;proto=https"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        r.seen("x-forwarded-for").as_deref(),
+        Some("203.0.113.7, 127.0.0.1")
+    );
+    assert_eq!(r.seen("x-forwarded-proto").as_deref(), Some("https"));
+    assert_eq!(
+        r.seen("forwarded").as_deref(),
+        Some("for=203.0.113.7;proto=https, for=127.0.0.1;host=example.com;proto=http")
+    );
+}
+
+#[tokio::test]
+async fn routes_by_host_and_longest_prefix_after_normalisation() {
+    let (a, b, c) = (echo("a").await, echo("b").await, echo("c").await);
+    let cfg = config(&format!(
+        r#"
+[[upstreams]]
+name = "a"
+servers = ["{a}"]
+[[upstreams]]
+name = "b"
+servers = ["{b}"]
+[[upstreams]]
+name = "c"
+servers = ["{c}"]
+
+[[routes]]
+path = "/"
+upstream = "a"
+
+[[routes]]
+path = "/api/"
+upstream = "b"
+strip_prefix = true
+preserve_host = false
+
+[[routes]]
+host = "*.example.com"
+path = "/"
+upstream = "c"
+rewrite = "/v2"
+"#
+    ));
+    let p = Proxy::start(cfg).await;
+    let r = get(&p.url("/api/users?x=1"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "b");
+    assert_eq!(r.json()["path"], "/users?x=1");
+    assert_eq!(r.seen("host"), Some(b.to_string()));
+    // `..` resolves before routing: this is /admin, not under /api/.
+    let r = get(&p.url("/api/../admin"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "a");
+    assert_eq!(r.json()["path"], "/admin");
+    let r = get(&p.url("/api/%2e%2e/admin"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "a");
+    let r = get(&p.url("/x"), &[("host", "shop.example.com")]).await;
+    assert_eq!(r.headers["x-origin"], "c");
+    assert_eq!(r.json()["path"], "/v2/x");
+    let r = get(&p.url("/../../etc/passwd"), &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn builtins_share_the_table_and_can_move_or_switch_off() {
+    let o = echo("a").await;
+    let p = Proxy::start(one_group(o, "")).await;
+    // The built-in /health is a longer prefix than the user's "/".
+    let r = get(&p.url("/health"), &[]).await;
+    assert_eq!(
+        r.body.unwrap(),
+        Bytes::from_static(br#"{"status":"healthy"}"#)
+    );
+    let r = get(&p.url("/healthz"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "a");
+
+    let mut c = one_group(o, "");
+    c.endpoints.health = false;
+    c.endpoints.host = "admin.local".into();
+    let p = Proxy::start(c).await;
+    let r = get(&p.url("/health"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "a");
+    let r = get(&p.url("/metrics"), &[("host", "admin.local")]).await;
+    assert!(String::from_utf8_lossy(&r.body.unwrap()).contains("sluice_reverse_requests"));
+    let r = get(&p.url("/metrics"), &[("host", "other")]).await;
+    assert_eq!(r.headers["x-origin"], "a");
+}
+
+#[tokio::test]
+async fn multi_megabyte_bodies_stream_both_ways() {
+    let o = echo("a").await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let data = pattern(9 * 1024 * 1024 + 7);
+    // Chunked upload.
+    let r = send(
+        "POST",
+        &p.url("/up"),
+        &[],
+        streamed(data.clone(), 64 * 1024),
+    )
+    .await;
+    let j = r.json();
+    assert_eq!(j["len"], data.len());
+    assert_eq!(j["sha256"], sha256(&data));
+    // Content-Length upload with Expect: 100-continue.
+    let r = send(
+        "PUT",
+        &p.url("/up"),
+        &[
+            ("expect", "100-continue"),
+            ("content-length", &data.len().to_string()),
+        ],
+        full(data.clone()),
+    )
+    .await;
+    assert_eq!(r.json()["sha256"], sha256(&data));
+    assert_eq!(r.seen("expect"), None);
+    // Download.
+    let n = 7 * 1024 * 1024;
+    let r = get(&p.url(&format!("/size/{n}")), &[]).await;
+    assert_eq!(r.headers["content-length"], n.to_string().as_str());
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&pattern(n)));
+}
+
+#[tokio::test]
+async fn body_limit_is_413() {
+    let o = echo("a").await;
+    let mut c = one_group(o, "");
+    c.routes[0].max_body_bytes = 1000;
+    let p = Proxy::start(c).await;
+    let r = send(
+        "POST",
+        &p.url("/"),
+        &[("content-length", "1001")],
+        full(pattern(1001)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let r = send("POST", &p.url("/"), &[], streamed(pattern(5000), 100)).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let r = send("POST", &p.url("/"), &[], full(pattern(1000))).await;
+    assert_eq!(r.json()["len"], 1000);
+}
+
+#[tokio::test]
+async fn connect_failures_move_to_the_next_server_even_with_a_body() {
+    let dead = dead_port().await;
+    let live = echo("live").await;
+    let c = config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{dead}", "{live}"]
+max_fails = 0
+
+[[routes]]
+upstream = "app"
+"#
+    ));
+    let p = Proxy::start(c).await;
+    let data = pattern(300_000);
+    for _ in 0..4 {
+        let r = send("POST", &p.url("/x"), &[], streamed(data.clone(), 10_000)).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.json()["sha256"], sha256(&data));
+    }
+    let m = get(&p.url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(m.body.as_ref().unwrap()).into_owned();
+    assert!(
+        text.contains(&format!(
+            "sluice_reverse_server_failures_total{{group=\"app\",server=\"{dead}\"}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_reverse_retries_total{route=\"*/\"}"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn errors_distinguish_refused_and_timed_out() {
+    let dead = dead_port().await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    // Accepts and never answers.
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let c = config(&format!(
+        r#"
+[[upstreams]]
+name = "down"
+servers = ["{dead}"]
+[[upstreams]]
+name = "mute"
+servers = ["{silent_addr}"]
+
+[[routes]]
+path = "/down"
+upstream = "down"
+
+[[routes]]
+path = "/mute"
+upstream = "mute"
+header_timeout_secs = 1
+"#
+    ));
+    let p = Proxy::start(c).await;
+    let r = get(&p.url("/down"), &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let j: serde_json::Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+    assert!(j.to_string().contains("upstream_refused"), "{j}");
+    let r = get(&p.url("/mute"), &[]).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("upstream_timeout"));
+}
+
+#[tokio::test]
+async fn websocket_over_http1_upgrade_echoes() {
+    let o = origin(|mut req: http::Request<hyper::body::Incoming>| async move {
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = hyper_util::rt::TokioIo::new(up);
+                let mut buf = [0u8; 1024];
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = http::Response::new(full(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut()
+            .insert("upgrade", http::HeaderValue::from_static("websocket"));
+        resp.headers_mut()
+            .insert("connection", http::HeaderValue::from_static("upgrade"));
+        resp.headers_mut()
+            .insert("sec-websocket-accept", key.unwrap());
+        resp
+    })
+    .await;
+    let p = Proxy::start(one_group(o, "")).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(
+        b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: dghlihnhbxbszsbub25jzq=="),
+        "{head}"
+    );
+    for msg in [&b"hello"[..], &pattern(100_000)[..]] {
+        s.write_all(msg).await.unwrap();
+        let mut got = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, msg);
+    }
+}
+
+/// An h2c origin answering like a gRPC server: streamed messages, then `grpc-status` in trailers.
+async fn grpc_origin() -> std::net::SocketAddr {
+    origin(|req: http::Request<hyper::body::Incoming>| async move {
+        use http_body_util::BodyExt;
+        assert_eq!(req.version(), http::Version::HTTP_2);
+        let te = req.headers().get("te").cloned();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        trailers.insert("grpc-message", http::HeaderValue::from_static("ok"));
+        let frames = vec![
+            Ok(hyper::body::Frame::data(body.clone())),
+            Ok(hyper::body::Frame::data(body)),
+            Ok(hyper::body::Frame::trailers(trailers)),
+        ];
+        let stream = futures_util::stream::iter(frames);
+        let mut resp = http::Response::new(http_body_util::StreamBody::new(stream).boxed());
+        resp.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        if let Some(te) = te {
+            resp.headers_mut().insert("x-seen-te", te);
+        }
+        resp
+    })
+    .await
+}
+
+#[tokio::test]
+async fn grpc_over_h2_keeps_trailers() {
+    let o = grpc_origin().await;
+    let mut c = one_group(o, "");
+    c.routes[0].upstream_protocol = sluice::reverse::config::UpstreamProtocol::H2c;
+    let p = Proxy::start(c).await;
+    // An h2c (prior knowledge) client, as gRPC clients are.
+    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let msg = Bytes::from_static(b"\x00\x00\x00\x00\x05hello");
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/pkg.Svc/Call", p.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(full(msg.clone()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/grpc");
+    assert_eq!(resp.headers()["x-seen-te"], "trailers");
+    use http_body_util::BodyExt;
+    let collected = resp.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(trailers["grpc-message"], "ok");
+    let mut want = msg.to_vec();
+    want.extend_from_slice(&msg);
+    assert_eq!(collected.to_bytes(), Bytes::from(want));
+}
+
+#[tokio::test]
+async fn reload_swaps_routes_and_in_flight_requests_finish() {
+    let slow = origin(|_req| async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let mut r = http::Response::new(full("slow-old"));
+        r.headers_mut()
+            .insert("x-origin", http::HeaderValue::from_static("old"));
+        r
+    })
+    .await;
+    let new = echo("new").await;
+    let p = Proxy::start(one_group(slow, "")).await;
+    let url = p.url("/x");
+    let in_flight = tokio::spawn(async move { get(&url, &[]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.app.reload(&one_group(new, "")).unwrap();
+    let r = get(&p.url("/x"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "new");
+    let old = in_flight.await.unwrap();
+    assert_eq!(old.body.unwrap(), Bytes::from_static(b"slow-old"));
+    // An invalid config is refused and the running table stays.
+    let mut bad = one_group(new, "");
+    bad.routes[0].upstream = "missing".into();
+    assert!(p.app.reload(&bad).is_err());
+    let r = get(&p.url("/x"), &[]).await;
+    assert_eq!(r.headers["x-origin"], "new");
+}
+
+#[tokio::test]
+async fn round_robin_spreads_over_two_servers() {
+    let (a, b) = (echo("a").await, echo("b").await);
+    let c = config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{a}", "{b}"]
+
+[[routes]]
+upstream = "app"
+"#
+    ));
+    let p = Proxy::start(c).await;
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..10 {
+        let r = get(&p.url("/"), &[]).await;
+        *seen
+            .entry(r.headers["x-origin"].to_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(seen.get("a"), Some(&5));
+    assert_eq!(seen.get("b"), Some(&5));
+}
+
+/// An HTTP/1.1 WebSocket origin that echoes whatever arrives after the upgrade.
+async fn ws_echo_origin() -> std::net::SocketAddr {
+    origin(|mut req: http::Request<hyper::body::Incoming>| async move {
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = hyper_util::rt::TokioIo::new(up);
+                let mut buf = [0u8; 4096];
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = http::Response::new(full(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        h.insert("upgrade", http::HeaderValue::from_static("websocket"));
+        h.insert("connection", http::HeaderValue::from_static("upgrade"));
+        if let Some(k) = key {
+            h.insert("sec-websocket-accept", k);
+        }
+        h.insert(
+            "sec-websocket-protocol",
+            http::HeaderValue::from_static("chat"),
+        );
+        resp
+    })
+    .await
+}
+
+#[tokio::test]
+async fn websocket_over_h2_extended_connect() {
+    let o = ws_echo_origin().await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    // Let the server's SETTINGS (with ENABLE_CONNECT_PROTOCOL) arrive.
+    send.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut req = http::Request::builder()
+        .method("CONNECT")
+        .uri(format!("http://{}/chat", p.addr))
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-protocol", "chat")
+        .body(full(Bytes::new()))
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "chat");
+    let up = hyper::upgrade::on(&mut resp).await.unwrap();
+    let mut io = hyper_util::rt::TokioIo::new(up);
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let msg = pattern(50_000);
+    io.write_all(&msg).await.unwrap();
+    let mut got = vec![0u8; msg.len()];
+    tokio::time::timeout(Duration::from_secs(5), io.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got[..], &msg[..]);
+}
+
+#[tokio::test]
+async fn server_sent_events_flow_unbuffered() {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(Some(rx)));
+    let o = origin(move |_req| {
+        let rx = rx.clone();
+        async move {
+            let rx = rx.lock().await.take().unwrap();
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, std::io::Error>(hyper::body::Frame::data(b)), rx))
+            });
+            use http_body_util::BodyExt;
+            let mut r = http::Response::new(http_body_util::StreamBody::new(stream).boxed());
+            r.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("text/event-stream"),
+            );
+            r
+        }
+    })
+    .await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<BoxBody>();
+    let resp = client
+        .request(
+            http::Request::get(p.url("/events"))
+                .body(full(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    use http_body_util::BodyExt;
+    for i in 0..3 {
+        let event = Bytes::from(format!("data: event {i}\n\n"));
+        tx.send(event.clone()).await.unwrap();
+        // Each event arrives on its own before the next is even produced.
+        let frame = tokio::time::timeout(Duration::from_secs(2), body.frame())
+            .await
+            .expect("event held back")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.into_data().unwrap(), event);
+    }
+}
+
+#[tokio::test]
+async fn reload_under_load_drops_nothing() {
+    let (a, b) = (echo("a").await, echo("b").await);
+    let p = Proxy::start(one_group(a, "")).await;
+    let url = p.url("/load");
+    let load = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        for _ in 0..300 {
+            statuses.push(get(&url, &[]).await.status);
+        }
+        statuses
+    });
+    for i in 0..20 {
+        let target = if i % 2 == 0 { b } else { a };
+        p.app.reload(&one_group(target, "")).unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let statuses = load.await.unwrap();
+    assert_eq!(statuses.len(), 300);
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+}

@@ -1,0 +1,190 @@
+//! The reverse proxy through the real binary: `check-config` prints the route table, and a running
+//! sluice reloads its routes on `sluice reload` (SIGHUP) and `POST /admin/reload`, keeping the old
+//! config when the new file is invalid.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A tiny origin answering every request with `body`.
+fn fixed_origin(body: &'static str) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+fn get(addr: &str, method: &str, path: &str, extra: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn config(listen: &str, origin: &str, pid: &std::path::Path) -> String {
+    format!(
+        r#"
+[server]
+listen = ["{listen}"]
+pid_file = "{}"
+
+[auth]
+api_password = "pw"
+
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+"#,
+        pid.display()
+    )
+}
+
+#[test]
+fn check_config_prints_the_route_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    std::fs::write(
+        &file,
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["127.0.0.1:9000", { addr = "127.0.0.1:9001", weight = 2 }]
+
+[[routes]]
+host = "*.example.com"
+path = "/api/"
+upstream = "app"
+strip_prefix = true
+
+[[routes]]
+path = "/"
+upstream = "app"
+"#,
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# effective route table"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .map(|l| Box::leak(l.into_boxed_str()) as &str)
+        .collect();
+    assert_eq!(
+        table[0],
+        "*.example.com /api/ -> upstream \"app\" (strip prefix)"
+    );
+    assert!(table.contains(&"* /health -> built-in health"), "{table:?}");
+    assert!(table.contains(&"* /proxy/ -> built-in media"), "{table:?}");
+    assert_eq!(*table.last().unwrap(), "* / -> upstream \"app\"");
+}
+
+#[test]
+fn reloads_on_signal_and_admin_endpoint() {
+    let (a, b, c) = (
+        fixed_origin("from-a"),
+        fixed_origin("from-b"),
+        fixed_origin("from-c"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    std::fs::write(&file, config(&listen, &a, &pid)).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&listen).is_err() || !pid.exists() {
+        assert!(Instant::now() < deadline, "sluice did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(get(&listen, "GET", "/", "").ends_with("from-a"));
+
+    let wait_for = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = get(&listen, "GET", "/", "");
+            if got.ends_with(want) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "still {got:?}, wanted {want}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // `sluice reload --pid-file` sends SIGHUP.
+    std::fs::write(&file, config(&listen, &b, &pid)).unwrap();
+    let out = Command::new(BIN)
+        .args(["reload", "--pid-file", pid.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("from-b");
+
+    // An invalid file is refused; the running routes stay.
+    std::fs::write(&file, "[[routes]]\npath = \"/\"\nupstream = \"nowhere\"\n").unwrap();
+    let r = get(&listen, "POST", "/admin/reload", "api_password: pw\r\n");
+    assert!(r.starts_with("HTTP/1.1 422"), "{r}");
+    assert!(r.contains("nowhere"), "{r}");
+    assert!(get(&listen, "GET", "/", "").ends_with("from-b"));
+
+    // The admin endpoint needs the password, in a header.
+    std::fs::write(&file, config(&listen, &c, &pid)).unwrap();
+    let r = get(&listen, "POST", "/admin/reload", "");
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    let r = get(&listen, "POST", "/admin/reload?api_password=pw", "");
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    let r = get(&listen, "POST", "/admin/reload", "api_password: pw\r\n");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(get(&listen, "GET", "/", "").ends_with("from-c"));
+
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "sluice did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!pid.exists(), "pid file left behind");
+}

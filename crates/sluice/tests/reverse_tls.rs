@@ -1,0 +1,185 @@
+//! TLS on both sides of the reverse proxy: downstream certificates chosen by SNI (and swapped by a
+//! reload), upstream TLS with SNI, verification against a configured CA, and ALPN h2.
+
+mod reverse_support;
+
+use std::io::Write;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use reverse_support::*;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+struct Cert {
+    der: Vec<u8>,
+    cert: tempfile::NamedTempFile,
+    key: tempfile::NamedTempFile,
+}
+
+fn cert(names: &[&str]) -> Cert {
+    let ck =
+        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let mut cert = tempfile::NamedTempFile::new().unwrap();
+    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
+    let mut key = tempfile::NamedTempFile::new().unwrap();
+    key.write_all(ck.key_pair.serialize_pem().as_bytes())
+        .unwrap();
+    Cert {
+        der: ck.cert.der().to_vec(),
+        cert,
+        key,
+    }
+}
+
+/// Connects with TLS to `addr` as `name` and returns the certificate the server presented.
+async fn presented(addr: std::net::SocketAddr, name: &str, trust: &[&Cert]) -> Vec<u8> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in trust {
+        roots.add(CertificateDer::from(c.der.clone())).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = connector
+        .connect(ServerName::try_from(name.to_string()).unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test]
+async fn downstream_certificates_by_sni_and_reload() {
+    let default = cert(&["default.test"]);
+    let a = cert(&["a.test"]);
+    let wild = cert(&["*.wild.test"]);
+    let o = echo("o").await;
+    let text = |a_cert: &Cert| {
+        format!(
+            r#"
+[server]
+tls_cert = "{}"
+tls_key = "{}"
+[[server.certificates]]
+names = ["a.test"]
+cert = "{}"
+key = "{}"
+[[server.certificates]]
+names = ["*.wild.test"]
+cert = "{}"
+key = "{}"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#,
+            default.cert.path().display(),
+            default.key.path().display(),
+            a_cert.cert.path().display(),
+            a_cert.key.path().display(),
+            wild.cert.path().display(),
+            wild.key.path().display(),
+        )
+    };
+    let c = config(&text(&a));
+    let p = Proxy::start(c).await;
+    let all = [&default, &a, &wild];
+    assert_eq!(presented(p.addr, "a.test", &all).await, a.der);
+    assert_eq!(presented(p.addr, "x.wild.test", &all).await, wild.der);
+    assert_eq!(
+        presented(p.addr, "default.test", &[&default]).await,
+        default.der
+    );
+
+    // A reload swaps the certificates for new handshakes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = config(&text(&a));
+    let app = sluice::app::App::new(&cfg).unwrap();
+    let server = sluice::server::Server::from_listeners(vec![listener], &cfg.server, app).unwrap();
+    let handle = server.tls_handle();
+    tokio::spawn(server.run(std::future::pending()));
+    assert_eq!(presented(addr, "a.test", &all).await, a.der);
+    let a2 = cert(&["a.test"]);
+    let prepare = sluice::server::reload::tls_part(handle);
+    let commit = prepare(&config(&text(&a2))).unwrap();
+    commit();
+    assert_eq!(presented(addr, "a.test", &[&a2]).await, a2.der);
+}
+
+/// A TLS origin (self-signed for `origin.test`) answering with its HTTP version and the SNI it saw.
+async fn tls_origin(c: &Cert) -> std::net::SocketAddr {
+    let config = sluice::server::tls::server_config(c.cert.path(), c.key.path()).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let sni = tls.get_ref().1.server_name().unwrap_or("").to_string();
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let sni = sni.clone();
+                        async move {
+                            let body = format!(
+                                "{:?} {sni} {}",
+                                req.version(),
+                                req.headers()["host"].to_str().unwrap()
+                            );
+                            Ok::<_, std::convert::Infallible>(http::Response::new(full(body)))
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn upstream_tls_with_sni_verification_and_h2() {
+    let c = cert(&["origin.test"]);
+    let o = tls_origin(&c).await;
+    let text = |ca: &str| {
+        format!(
+            r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+upstream_protocol = "https"
+tls_sni = "origin.test"
+{ca}
+"#
+        )
+    };
+    let p = Proxy::start(config(&text(&format!(
+        "tls_ca = \"{}\"",
+        c.cert.path().display()
+    ))))
+    .await;
+    let r = get(&p.url("/"), &[("host", "site.test")]).await;
+    assert_eq!(
+        r.body.unwrap(),
+        Bytes::from("HTTP/2.0 origin.test site.test")
+    );
+    // Without the CA the self-signed origin is refused: a 502, never an unverified exchange.
+    let p = Proxy::start(config(&text(""))).await;
+    let r = get(&p.url("/"), &[("host", "site.test")]).await;
+    assert_eq!(r.status, http::StatusCode::BAD_GATEWAY);
+}
