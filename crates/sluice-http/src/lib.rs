@@ -3,3 +3,8 @@
 //!
 //! # Layout
 //! (each module adds its line here as it lands)
+//! - `proxy_protocol`: PROXY protocol v1/v2 headers: parse (with an "incomplete" case) and encode.
+//! - `client_hello`: the SNI and ALPN of a TLS ClientHello, peeked without terminating TLS.
+
+pub mod client_hello;
+pub mod proxy_protocol;
