@@ -11,6 +11,9 @@ pub const V2_SIGNATURE: [u8; 12] = [
     0x0D, 0x0A, 0x0D, 0x0A, 0x00, 0x0D, 0x0A, 0x51, 0x55, 0x49, 0x54, 0x0A,
 ];
 
+/// A v1 header is at least 15 bytes (`PROXY UNKNOWN\r\n`).
+pub const V1_MIN_LEN: usize = 15;
+
 /// A v1 header is at most 107 bytes including CRLF.
 pub const V1_MAX_LEN: usize = 107;
 
@@ -92,8 +95,10 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, Error> {
         if buf.iter().any(|&b| b == b'\n' || (b < 0x20 && b != b'\r')) {
             return Err(Error::V1Malformed("control character in line"));
         }
+        // The shortest line ("PROXY UNKNOWN\r\n") is 15 bytes and a v2 header at least 16, so a
+        // reader may ask for 15 at once without reading past a header into the payload.
         return Ok(Parsed::Incomplete {
-            needed: buf.len() + 1,
+            needed: (buf.len() + 1).max(V1_MIN_LEN),
         });
     };
     let len = end + 2;

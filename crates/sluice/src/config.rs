@@ -20,6 +20,8 @@ pub struct Config {
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
+    /// TCP (L4) listeners (`[[tcp]]`).
+    pub tcp: Vec<crate::tcp::TcpConfig>,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -283,6 +285,8 @@ impl Config {
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
         }
+        crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
+        crate::tcp::config::validate(&self.tcp, &self.upstreams).map_err(anyhow::Error::msg)?;
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
