@@ -28,7 +28,9 @@ pub struct ClientHello {
 pub enum Parsed {
     Complete(ClientHello),
     /// Could still become a valid ClientHello; read more (at least this many bytes in total).
-    Incomplete { needed: usize },
+    Incomplete {
+        needed: usize,
+    },
 }
 
 /// Why the bytes are not a usable ClientHello.

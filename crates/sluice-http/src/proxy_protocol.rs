@@ -52,7 +52,9 @@ pub enum Version {
 pub enum Parsed {
     Complete(Header),
     /// Could still become a valid header; read more (at least this many bytes in total).
-    Incomplete { needed: usize },
+    Incomplete {
+        needed: usize,
+    },
 }
 
 /// Why the bytes are not a PROXY header.
@@ -105,8 +107,8 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, Error> {
     if len > V1_MAX_LEN {
         return Err(Error::V1TooLong);
     }
-    let line =
-        std::str::from_utf8(&buf[PREFIX.len()..end]).map_err(|_| Error::V1Malformed("not ASCII"))?;
+    let line = std::str::from_utf8(&buf[PREFIX.len()..end])
+        .map_err(|_| Error::V1Malformed("not ASCII"))?;
     let addresses = parse_v1_fields(line)?;
     Ok(Parsed::Complete(Header {
         version: Version::V1,

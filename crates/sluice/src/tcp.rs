@@ -108,7 +108,8 @@ impl TcpProxy {
                 _ => None,
             };
             let old = running.get(&name).filter(|r| {
-                r.local == config.listen || (config.listen.port() == 0 && r.local.ip() == config.listen.ip())
+                r.local == config.listen
+                    || (config.listen.port() == 0 && r.local.ip() == config.listen.ip())
             });
             let limit = match old {
                 Some(r) if r.settings.borrow().config.max_connections == config.max_connections => {
@@ -125,10 +126,9 @@ impl TcpProxy {
             });
             let socket = match old {
                 Some(_) => None,
-                None => Some(
-                    listener::bind(config.listen)
-                        .with_context(|| format!("[[tcp]] {name:?}: cannot listen on {}", config.listen))?,
-                ),
+                None => Some(listener::bind(config.listen).with_context(|| {
+                    format!("[[tcp]] {name:?}: cannot listen on {}", config.listen)
+                })?),
             };
             prepared.push((name, settings, socket));
         }
@@ -194,7 +194,10 @@ impl TcpProxy {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.tracker.close();
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 open = self.tracker.len(),
                 "tcp: grace period of {} s over; closing remaining connections",

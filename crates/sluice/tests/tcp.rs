@@ -49,7 +49,10 @@ async fn echo_through(addr: std::net::SocketAddr, body: &[u8]) -> Vec<u8> {
 async fn bytes_both_ways_are_identical_small_and_multi_megabyte() {
     let echo = Upstream::echo().await;
     let proxy = Proxy::start(&one_group(&quoted(&[echo.addr]), ""));
-    assert_eq!(echo_through(proxy.addr(), b"Hello, world!").await, b"Hello, world!");
+    assert_eq!(
+        echo_through(proxy.addr(), b"Hello, world!").await,
+        b"Hello, world!"
+    );
     let big = pattern(8 * 1024 * 1024 + 17);
     let back = echo_through(proxy.addr(), &big).await;
     assert_eq!(back.len(), big.len());
@@ -70,11 +73,17 @@ async fn bytes_both_ways_are_identical_small_and_multi_megabyte() {
     let m = proxy.metrics();
     let total = 13 + big.len() + sizes.iter().sum::<usize>();
     assert!(
-        m.contains(&format!("sluice_tcp_received_bytes_total{{listener=\"127.0.0.1:0\"}} {total}")),
+        m.contains(&format!(
+            "sluice_tcp_received_bytes_total{{listener=\"127.0.0.1:0\"}} {total}"
+        )),
         "{m}"
     );
-    assert!(m.contains(&format!("sluice_tcp_sent_bytes_total{{listener=\"127.0.0.1:0\"}} {total}")));
-    assert!(m.contains("sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"closed\"} 6"));
+    assert!(m.contains(&format!(
+        "sluice_tcp_sent_bytes_total{{listener=\"127.0.0.1:0\"}} {total}"
+    )));
+    assert!(
+        m.contains("sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"closed\"} 6")
+    );
 }
 
 #[tokio::test]
@@ -122,7 +131,9 @@ async fn upstream_half_close_lets_the_client_keep_sending() {
 async fn upstream_reset_reaches_the_client_as_reset() {
     let up = Upstream::spawn(|s| async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
         drop(s);
     })
     .await;
@@ -168,7 +179,9 @@ async fn client_reset_reaches_the_upstream_as_reset() {
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     s.write_all(b"some bytes").await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
     drop(s);
     let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
@@ -189,7 +202,11 @@ async fn refused_server_is_skipped_and_ejected() {
         assert_eq!(echo_through(proxy.addr(), b"ping").await, b"ping");
     }
     let g = proxy.groups.get("g").unwrap();
-    let dead_server = g.servers().iter().find(|s| s.addr() == dead.to_string()).unwrap();
+    let dead_server = g
+        .servers()
+        .iter()
+        .find(|s| s.addr() == dead.to_string())
+        .unwrap();
     assert!(dead_server.is_ejected());
     assert_eq!(dead_server.ejections(), 1);
     // Ejected after one failure: the other three connections never tried it.
@@ -212,9 +229,15 @@ async fn black_holed_server_times_out_then_the_next_answers() {
     let proxy = Proxy::start(&config);
     // Round robin starts at the black hole for the first connection.
     let started = Instant::now();
-    assert_eq!(echo_through(proxy.addr(), b"late but here").await, b"late but here");
+    assert_eq!(
+        echo_through(proxy.addr(), b"late but here").await,
+        b"late but here"
+    );
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
 }
 
 #[tokio::test]
@@ -239,7 +262,10 @@ async fn silent_client_is_closed_after_the_idle_timeout() {
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     assert_eq!(read_all(&mut s, 5).await.unwrap(), b"");
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     // Traffic resets the idle clock: 3 exchanges 600 ms apart outlive the 1 s timeout.
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     for _ in 0..3 {
@@ -289,7 +315,11 @@ fn proxy_in(trusted: &str, extra: &str, servers: &str) -> String {
 #[tokio::test]
 async fn proxy_header_from_trusted_peer_is_consumed_and_forwarded() {
     let (up, mut got) = Upstream::recorder("ok").await;
-    let proxy = Proxy::start(&proxy_in("127.0.0.0/8", "send_proxy = \"v1\"", &quoted(&[up.addr])));
+    let proxy = Proxy::start(&proxy_in(
+        "127.0.0.0/8",
+        "send_proxy = \"v1\"",
+        &quoted(&[up.addr]),
+    ));
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     let client = "203.0.113.7:4242".parse().unwrap();
     let dst = "198.51.100.1:5432".parse().unwrap();
@@ -355,7 +385,8 @@ async fn malformed_or_untrusted_proxy_headers_are_refused() {
     // A peer outside trusted_proxies is refused even with a valid header.
     let strict = Proxy::start(&proxy_in("10.0.0.0/8", "", &quoted(&[echo.addr])));
     let mut s = TcpStream::connect(strict.addr()).await.unwrap();
-    let header = proxy_protocol::encode_v1("1.1.1.1:1".parse().unwrap(), "2.2.2.2:2".parse().unwrap());
+    let header =
+        proxy_protocol::encode_v1("1.1.1.1:1".parse().unwrap(), "2.2.2.2:2".parse().unwrap());
     let _ = s.write_all(&[&header[..], b"hello"].concat()).await;
     assert_eq!(read_all(&mut s, 5).await.unwrap_or_default(), b"");
     assert_eq!(echo.accepted.load(Ordering::SeqCst), 0);
@@ -381,7 +412,11 @@ async fn sni_routes_a_split_client_hello_and_refuses_garbage() {
         a.addr, b.addr, d.addr
     );
     let proxy = Proxy::start(&config);
-    for (name, want) in [("a.example.com", "A"), ("x.y.b.example", "B"), ("other.example", "D")] {
+    for (name, want) in [
+        ("a.example.com", "A"),
+        ("x.y.b.example", "B"),
+        ("other.example", "D"),
+    ] {
         let hello = client_hello(name);
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
         s.set_nodelay(true).unwrap();
@@ -392,7 +427,11 @@ async fn sni_routes_a_split_client_hello_and_refuses_garbage() {
         }
         s.write_all(b"after").await.unwrap();
         s.shutdown().await.unwrap();
-        assert_eq!(read_all(&mut s, 5).await.unwrap(), want.as_bytes(), "{name}");
+        assert_eq!(
+            read_all(&mut s, 5).await.unwrap(),
+            want.as_bytes(),
+            "{name}"
+        );
         if want == "A" {
             assert_eq!(a_got.recv().await.unwrap(), [&hello[..], b"after"].concat());
         }
@@ -401,16 +440,20 @@ async fn sni_routes_a_split_client_hello_and_refuses_garbage() {
         }
     }
     // Plain text instead of TLS: closed, no upstream contacted.
-    let before = a.accepted.load(Ordering::SeqCst) + b.accepted.load(Ordering::SeqCst) + d.accepted.load(Ordering::SeqCst);
+    let before = a.accepted.load(Ordering::SeqCst)
+        + b.accepted.load(Ordering::SeqCst)
+        + d.accepted.load(Ordering::SeqCst);
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     assert_eq!(read_all(&mut s, 5).await.unwrap_or_default(), b"");
-    let after = a.accepted.load(Ordering::SeqCst) + b.accepted.load(Ordering::SeqCst) + d.accepted.load(Ordering::SeqCst);
+    let after = a.accepted.load(Ordering::SeqCst)
+        + b.accepted.load(Ordering::SeqCst)
+        + d.accepted.load(Ordering::SeqCst);
     assert_eq!(before, after);
     proxy.idle().await;
-    assert!(proxy
-        .metrics()
-        .contains("sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"not_tls\"} 1"));
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"not_tls\"} 1"
+    ));
 }
 
 #[tokio::test]
@@ -426,8 +469,12 @@ async fn max_connections_pauses_accept_until_a_slot_frees() {
     // The second connects (kernel backlog) but is not served while the first is open.
     let mut second = TcpStream::connect(proxy.addr()).await.unwrap();
     second.write_all(b"two").await.unwrap();
-    let waited = tokio::time::timeout(Duration::from_millis(400), second.read_exact(&mut buf)).await;
-    assert!(waited.is_err(), "second connection was served above the limit");
+    let waited =
+        tokio::time::timeout(Duration::from_millis(400), second.read_exact(&mut buf)).await;
+    assert!(
+        waited.is_err(),
+        "second connection was served above the limit"
+    );
     assert_eq!(echo.accepted.load(Ordering::SeqCst), 1);
     drop(first);
     tokio::time::timeout(Duration::from_secs(3), second.read_exact(&mut buf))
@@ -492,7 +539,10 @@ async fn least_conn_and_client_ip_hash() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    let h = Proxy::start(&one_group(&servers, "balance = \"hash\"\nhash_key = \"client_ip\""));
+    let h = Proxy::start(&one_group(
+        &servers,
+        "balance = \"hash\"\nhash_key = \"client_ip\"",
+    ));
     let first = which(h.addr()).await;
     for _ in 0..5 {
         assert_eq!(which(h.addr()).await, first);
@@ -561,7 +611,9 @@ async fn reload_keeps_established_connections_and_switches_new_ones() {
     held.read_exact(&mut buf).await.unwrap();
 
     let second = sluice::config::Config::parse_file(&config(y.addr, false)).unwrap();
-    let groups = Arc::new(sluice::upstream::group::Groups::rebuild(&second.upstreams, Some(&proxy.groups)).unwrap());
+    let groups = Arc::new(
+        sluice::upstream::group::Groups::rebuild(&second.upstreams, Some(&proxy.groups)).unwrap(),
+    );
     proxy.tcp.apply(&second.tcp, groups).unwrap();
     // Same socket for "main", new group for new connections; "extra" no longer accepts.
     assert_eq!(proxy.tcp.local_addr("main"), Some(main));
@@ -599,5 +651,8 @@ async fn graceful_shutdown_drains_then_closes() {
     let ((), rest) = tokio::join!(shutdown, client);
     assert_eq!(rest, b"");
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
 }

@@ -51,7 +51,11 @@ async fn file_descriptors_return_to_baseline() {
         let addr = proxy.addr();
         async move {
             let runs: Vec<_> = (0..n)
-                .map(|i| tokio::spawn(async move { echo_through(addr, &pattern(1000 + i * 7919)).await.len() }))
+                .map(|i| {
+                    tokio::spawn(async move {
+                        echo_through(addr, &pattern(1000 + i * 7919)).await.len()
+                    })
+                })
                 .collect();
             for r in runs {
                 r.await.unwrap();
@@ -75,6 +79,8 @@ async fn file_descriptors_return_to_baseline() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         now = fd_count();
     }
-    assert_eq!(now, baseline, "fds: baseline {baseline}, after 200 connections {now}");
+    assert_eq!(
+        now, baseline,
+        "fds: baseline {baseline}, after 200 connections {now}"
+    );
 }
-

@@ -96,7 +96,10 @@ fn every_prefix_is_incomplete_and_needed_is_honest() {
     for cut in 0..buf.len() {
         match parse(&buf[..cut]) {
             Ok(Parsed::Incomplete { needed }) => {
-                assert!(needed > cut && needed <= buf.len(), "cut {cut} needed {needed}")
+                assert!(
+                    needed > cut && needed <= buf.len(),
+                    "cut {cut} needed {needed}"
+                )
             }
             other => panic!("cut {cut}: {other:?}"),
         }
@@ -110,10 +113,19 @@ fn garbage_is_refused_early() {
     assert_eq!(parse(&[22, 2]), Err(Error::NotTls));
     assert_eq!(parse(b"SSH-2.0-OpenSSH_9.6\r\n"), Err(Error::NotTls));
     // A handshake record that is not a ClientHello (a ServerHello).
-    assert_eq!(parse(&[22, 3, 3, 0, 4, 2, 0, 0, 0]), Err(Error::NotClientHello));
-    assert_eq!(parse(&[22, 3, 1, 0, 0]), Err(Error::Malformed("empty handshake record")));
+    assert_eq!(
+        parse(&[22, 3, 3, 0, 4, 2, 0, 0, 0]),
+        Err(Error::NotClientHello)
+    );
+    assert_eq!(
+        parse(&[22, 3, 1, 0, 0]),
+        Err(Error::Malformed("empty handshake record"))
+    );
     // A ClientHello that claims 1 MiB.
-    assert_eq!(parse(&[22, 3, 1, 0, 4, 1, 0x10, 0, 0]), Err(Error::TooLarge));
+    assert_eq!(
+        parse(&[22, 3, 1, 0, 4, 1, 0x10, 0, 0]),
+        Err(Error::TooLarge)
+    );
 }
 
 #[test]
@@ -128,7 +140,10 @@ fn malformed_names_and_lengths() {
     let mut msg = hello_message(Some(sni_ext(b"a.example")));
     let n = msg.len();
     msg[n - 1 - b"a.example".len() - 1] = 0xFF;
-    assert!(matches!(parse(&records(&msg, 16384)), Err(Error::Malformed(_))));
+    assert!(matches!(
+        parse(&records(&msg, 16384)),
+        Err(Error::Malformed(_))
+    ));
 }
 
 proptest! {

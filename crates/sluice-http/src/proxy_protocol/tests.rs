@@ -96,7 +96,10 @@ fn v2_tcp4_known_bytes() {
             destination: sa("198.51.100.2:443"),
         }
     );
-    assert_eq!(buf[..28], encode_v2(sa("192.0.2.1:56324"), sa("198.51.100.2:443"))[..]);
+    assert_eq!(
+        buf[..28],
+        encode_v2(sa("192.0.2.1:56324"), sa("198.51.100.2:443"))[..]
+    );
 }
 
 #[test]

@@ -165,9 +165,7 @@ async fn splice_one(
         // Fill: socket → pipe. The pipe is empty here, so EAGAIN can only mean the socket has
         // nothing, and clearing its read readiness is right.
         let n = loop {
-            src.readable()
-                .await
-                .map_err(|e| classify(src_side, e))?;
+            src.readable().await.map_err(|e| classify(src_side, e))?;
             match src.try_io(Interest::READABLE, || {
                 splice(src.as_raw_fd(), pipe.write.as_raw_fd(), CHUNK)
             }) {
@@ -185,9 +183,7 @@ async fn splice_one(
         // Drain: pipe → socket, all of it before reading again (so EAGAIN is the socket's).
         let mut in_pipe = n;
         while in_pipe > 0 {
-            dst.writable()
-                .await
-                .map_err(|e| classify(dst_side, e))?;
+            dst.writable().await.map_err(|e| classify(dst_side, e))?;
             match dst.try_io(Interest::WRITABLE, || {
                 splice(pipe.read.as_raw_fd(), dst.as_raw_fd(), in_pipe)
             }) {
@@ -250,7 +246,10 @@ where
     let mut buf = vec![0u8; COPY_BUF];
     let mut total = 0u64;
     loop {
-        let n = src.read(&mut buf).await.map_err(|e| classify(src_side, e))?;
+        let n = src
+            .read(&mut buf)
+            .await
+            .map_err(|e| classify(src_side, e))?;
         if n == 0 {
             // Ignore a failed shutdown: the peer may already be gone, which the other direction sees.
             let _ = dst.shutdown().await;

@@ -204,10 +204,22 @@ mod tests {
             vec![toml::from_str("name = \"db\"\nservers = [\"127.0.0.1:5432\"]").unwrap()];
         for (text, why) in [
             ("listen = \"127.0.0.1:1\"", "give `upstream`"),
-            ("listen = \"127.0.0.1:1\"\nupstream = \"nope\"", "no [[upstreams]] group"),
-            ("listen = \"127.0.0.1:1\"\nupstream = \"db\"\naccept_proxy = true", "trusted_proxies"),
-            ("listen = \"127.0.0.1:1\"\nupstream = \"db\"\nmax_connections = 0", "max_connections"),
-            ("listen = \"127.0.0.1:1\"\nupstream = \"db\"\ntls_cert = \"a.pem\"", "together"),
+            (
+                "listen = \"127.0.0.1:1\"\nupstream = \"nope\"",
+                "no [[upstreams]] group",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\nupstream = \"db\"\naccept_proxy = true",
+                "trusted_proxies",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\nupstream = \"db\"\nmax_connections = 0",
+                "max_connections",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\nupstream = \"db\"\ntls_cert = \"a.pem\"",
+                "together",
+            ),
             (
                 "listen = \"127.0.0.1:1\"\nsni = [{ server_name = \"A.com\", upstream = \"db\" }]",
                 "lowercase",
@@ -217,11 +229,13 @@ mod tests {
             assert!(err.contains(why), "{text}: {err}");
         }
         let one = tcp("listen = \"127.0.0.1:1\"\nupstream = \"db\"");
-        assert!(validate(&[one.clone()], &groups).is_ok());
+        assert!(validate(std::slice::from_ref(&one), &groups).is_ok());
         assert!(validate(&[one.clone(), one], &groups)
             .unwrap_err()
             .contains("name"));
         assert!(toml::from_str::<TcpConfig>("listen = \"127.0.0.1:1\"\nbogus = 1").is_err());
-        assert!(toml::from_str::<TcpConfig>("listen = \"127.0.0.1:1\"\nsend_proxy = \"v3\"").is_err());
+        assert!(
+            toml::from_str::<TcpConfig>("listen = \"127.0.0.1:1\"\nsend_proxy = \"v3\"").is_err()
+        );
     }
 }

@@ -71,28 +71,56 @@ impl TcpMetrics {
             connect_failures: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("tcp");
-        r.register("connections_open", "Downstream connections open", m.open.clone());
-        r.register("connections_accepted", "Downstream connections accepted", m.accepted.clone());
+        r.register(
+            "connections_open",
+            "Downstream connections open",
+            m.open.clone(),
+        );
+        r.register(
+            "connections_accepted",
+            "Downstream connections accepted",
+            m.accepted.clone(),
+        );
         r.register(
             "connections_refused",
             "Connections closed before relaying, by reason",
             m.refused.clone(),
         );
-        r.register("connections_ended", "Relayed connections by how they ended", m.ended.clone());
+        r.register(
+            "connections_ended",
+            "Relayed connections by how they ended",
+            m.ended.clone(),
+        );
         r.register(
             "connection_duration_seconds",
             "Connection lifetime from accept to close",
             m.duration.clone(),
         );
-        r.register("received_bytes", "Bytes from clients, relayed upstream", m.listener_up_bytes.clone());
-        r.register("sent_bytes", "Bytes from upstreams, relayed to clients", m.listener_down_bytes.clone());
+        r.register(
+            "received_bytes",
+            "Bytes from clients, relayed upstream",
+            m.listener_up_bytes.clone(),
+        );
+        r.register(
+            "sent_bytes",
+            "Bytes from upstreams, relayed to clients",
+            m.listener_down_bytes.clone(),
+        );
         r.register(
             "server_connections",
             "Upstream connections established per server",
             m.server_connections.clone(),
         );
-        r.register("server_connections_open", "Upstream connections open per server", m.server_open.clone());
-        r.register("server_sent_bytes", "Bytes sent to each upstream server", m.server_up_bytes.clone());
+        r.register(
+            "server_connections_open",
+            "Upstream connections open per server",
+            m.server_open.clone(),
+        );
+        r.register(
+            "server_sent_bytes",
+            "Bytes sent to each upstream server",
+            m.server_up_bytes.clone(),
+        );
         r.register(
             "server_received_bytes",
             "Bytes received from each upstream server",

@@ -52,7 +52,12 @@ struct Accepted {
 }
 
 /// Serves one accepted connection to its end.
-pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, s: Arc<Settings>, shared: Arc<Shared>) {
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    s: Arc<Settings>,
+    shared: Arc<Shared>,
+) {
     let m = &shared.metrics;
     let labels = m.listener(&s.name);
     m.accepted.get_or_create(&labels).inc();
@@ -154,7 +159,10 @@ async fn read_proxy_header(down: &mut TcpStream) -> Result<proxy_protocol::Addre
 }
 
 /// Reads until a whole ClientHello is buffered in `buf`; returns its server name.
-async fn read_client_hello(down: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<String>, Refusal> {
+async fn read_client_hello(
+    down: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<Option<String>, Refusal> {
     loop {
         match client_hello::parse(buf) {
             Ok(client_hello::Parsed::Complete(hello)) => return Ok(hello.server_name),
@@ -196,15 +204,16 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
     let mut connected: Option<(TcpStream, InFlight)> = None;
     for server in plan {
         let in_flight = server.begin();
-        let why = match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr())).await {
-            Ok(Ok(up)) => {
-                server.report_success();
-                connected = Some((up, in_flight));
-                break;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
-        };
+        let why =
+            match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr())).await {
+                Ok(Ok(up)) => {
+                    server.report_success();
+                    connected = Some((up, in_flight));
+                    break;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
+            };
         server.report_failure();
         tracing::debug!(group = group.name(), server = server.addr(), %why, "tcp connect failed");
         m.connect_failures

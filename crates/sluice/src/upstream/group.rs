@@ -280,7 +280,12 @@ impl Group {
         let mut order = if self.primaries.iter().any(|&i| usable[i]) {
             self.order_primaries(key, &usable)
         } else {
-            let live: Vec<usize> = self.backups.iter().copied().filter(|&i| usable[i]).collect();
+            let live: Vec<usize> = self
+                .backups
+                .iter()
+                .copied()
+                .filter(|&i| usable[i])
+                .collect();
             rotate(live, self.next.fetch_add(1, Ordering::Relaxed))
         };
         if let Some(t) = trial {
@@ -511,7 +516,10 @@ impl Server {
             return;
         }
         let now = clock_ms();
-        let until = self.ejected_until.swap(now + self.fail_timeout.as_millis() as u64, Ordering::Relaxed);
+        let until = self.ejected_until.swap(
+            now + self.fail_timeout.as_millis() as u64,
+            Ordering::Relaxed,
+        );
         if until != 0 && until > now {
             // Already out (or its one trial just failed): the timeout starts over.
             tracing::debug!(server = %self.addr, "ejected upstream server failed again");

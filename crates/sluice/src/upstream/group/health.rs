@@ -72,7 +72,10 @@ impl HealthCheckConfig {
             return Err("rise and fall must be at least 1".into());
         }
         if !self.path.starts_with('/') || self.path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            return Err(format!("path {:?} must start with / and hold no spaces", self.path));
+            return Err(format!(
+                "path {:?} must start with / and hold no spaces",
+                self.path
+            ));
         }
         if let Some(s) = self.expect_status {
             if !(100..=599).contains(&s) {

@@ -33,6 +33,9 @@ impl GroupMetrics {
     }
 }
 
+/// Reads one gauge's value off a server.
+type ServerValue = fn(&super::Server) -> i64;
+
 impl Collector for GroupMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let groups = self
@@ -40,7 +43,7 @@ impl Collector for GroupMetrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let gauges: [(&str, &str, fn(&super::Server) -> i64); 3] = [
+        let gauges: [(&str, &str, ServerValue); 3] = [
             (
                 "upstream_server_up",
                 "1 when the server is usable (healthy and not ejected)",
@@ -58,12 +61,8 @@ impl Collector for GroupMetrics {
             ),
         ];
         for (name, help, value) in gauges {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                ConstGauge::new(0i64).metric_type(),
-            )?;
+            let mut family =
+                encoder.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
             for group in &groups {
                 for server in group.servers() {
                     let labels = [("group", group.name()), ("server", server.addr())];

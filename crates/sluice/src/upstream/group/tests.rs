@@ -34,9 +34,11 @@ fn weighted_round_robin_shares() {
 
 #[test]
 fn least_conn_prefers_idle_servers() {
-    let g = group(r#"name = "db"
+    let g = group(
+        r#"name = "db"
         balance = "least_conn"
-        servers = ["a:1", "b:1", "c:1"]"#);
+        servers = ["a:1", "b:1", "c:1"]"#,
+    );
     let a = g.servers()[0].begin();
     let _a2 = g.servers()[0].begin();
     let _b = g.servers()[1].begin();
@@ -53,10 +55,12 @@ fn least_conn_prefers_idle_servers() {
 
 #[test]
 fn hash_is_sticky_and_fails_over() {
-    let g = group(r#"name = "h"
+    let g = group(
+        r#"name = "h"
         balance = "hash"
         hash_key = "client_ip"
-        servers = ["a:1", "b:1", "c:1"]"#);
+        servers = ["a:1", "b:1", "c:1"]"#,
+    );
     let first = g.plan(Some(b"10.1.2.3"))[0].addr().to_string();
     for _ in 0..10 {
         assert_eq!(g.plan(Some(b"10.1.2.3"))[0].addr(), first);
@@ -72,8 +76,10 @@ fn hash_is_sticky_and_fails_over() {
 
 #[test]
 fn backups_only_when_all_primaries_are_down() {
-    let g = group(r#"name = "b"
-        servers = ["a:1", "b:1", { addr = "z:1", backup = true }]"#);
+    let g = group(
+        r#"name = "b"
+        servers = ["a:1", "b:1", { addr = "z:1", backup = true }]"#,
+    );
     for _ in 0..4 {
         assert!(g.plan(None).iter().all(|s| !s.is_backup()));
     }
@@ -91,10 +97,12 @@ fn backups_only_when_all_primaries_are_down() {
 
 #[test]
 fn passive_ejection_then_one_trial() {
-    let g = group(r#"name = "p"
+    let g = group(
+        r#"name = "p"
         max_fails = 2
         fail_timeout_secs = 1
-        servers = ["a:1", "b:1"]"#);
+        servers = ["a:1", "b:1"]"#,
+    );
     let a = Arc::clone(&g.servers()[0]);
     a.report_failure();
     assert!(a.is_usable());
@@ -102,7 +110,10 @@ fn passive_ejection_then_one_trial() {
     assert!(!a.is_usable());
     assert_eq!(a.ejections(), 1);
     for _ in 0..4 {
-        assert_eq!(g.plan(None).iter().map(|s| s.addr()).collect::<Vec<_>>(), ["b:1"]);
+        assert_eq!(
+            g.plan(None).iter().map(|s| s.addr()).collect::<Vec<_>>(),
+            ["b:1"]
+        );
     }
     std::thread::sleep(Duration::from_millis(1100));
     // Exactly one plan gets the trial, with a:1 first; the next one does not see it.
@@ -123,12 +134,18 @@ fn passive_ejection_then_one_trial() {
 
 #[test]
 fn rebuild_keeps_state_of_unchanged_servers() {
-    let configs: Vec<GroupConfig> = vec![toml::from_str(r#"name = "g"
-        servers = ["a:1", "b:1"]"#).unwrap()];
+    let configs: Vec<GroupConfig> = vec![toml::from_str(
+        r#"name = "g"
+        servers = ["a:1", "b:1"]"#,
+    )
+    .unwrap()];
     let old = Groups::new(&configs).unwrap();
     old.get("g").unwrap().servers()[0].set_healthy(false);
-    let new_configs: Vec<GroupConfig> = vec![toml::from_str(r#"name = "g"
-        servers = ["a:1", "c:1"]"#).unwrap()];
+    let new_configs: Vec<GroupConfig> = vec![toml::from_str(
+        r#"name = "g"
+        servers = ["a:1", "c:1"]"#,
+    )
+    .unwrap()];
     let new = Groups::rebuild(&new_configs, Some(&old)).unwrap();
     let g = new.get("g").unwrap();
     assert!(!g.servers()[0].is_healthy());
@@ -138,34 +155,63 @@ fn rebuild_keeps_state_of_unchanged_servers() {
 #[test]
 fn bad_groups_are_refused() {
     for (text, why) in [
-        (r#"name = "x"
-            servers = []"#, "no servers"),
-        (r#"name = "x"
-            servers = ["nohost"]"#, "not host:port"),
-        (r#"name = "x"
-            servers = ["a:99999"]"#, "not host:port"),
-        (r#"name = "x"
-            servers = [{ addr = "a:1", weight = 0 }]"#, "weight"),
-        (r#"name = "x"
-            servers = ["a:1", "a:1"]"#, "twice"),
-        (r#"name = "x"
-            servers = [{ addr = "a:1", backup = true }]"#, "backup"),
-        (r#"name = "x"
+        (
+            r#"name = "x"
+            servers = []"#,
+            "no servers",
+        ),
+        (
+            r#"name = "x"
+            servers = ["nohost"]"#,
+            "not host:port",
+        ),
+        (
+            r#"name = "x"
+            servers = ["a:99999"]"#,
+            "not host:port",
+        ),
+        (
+            r#"name = "x"
+            servers = [{ addr = "a:1", weight = 0 }]"#,
+            "weight",
+        ),
+        (
+            r#"name = "x"
+            servers = ["a:1", "a:1"]"#,
+            "twice",
+        ),
+        (
+            r#"name = "x"
+            servers = [{ addr = "a:1", backup = true }]"#,
+            "backup",
+        ),
+        (
+            r#"name = "x"
             balance = "hash"
-            servers = ["a:1"]"#, "hash_key"),
-        (r#"name = "x"
+            servers = ["a:1"]"#,
+            "hash_key",
+        ),
+        (
+            r#"name = "x"
             servers = ["a:1"]
-            health_check = { kind = "http", path = "no-slash" }"#, "path"),
-        (r#"name = "x"
+            health_check = { kind = "http", path = "no-slash" }"#,
+            "path",
+        ),
+        (
+            r#"name = "x"
             servers = ["a:1"]
-            health_check = { rise = 0 }"#, "rise"),
+            health_check = { rise = 0 }"#,
+            "rise",
+        ),
     ] {
         let config: GroupConfig = toml::from_str(text).unwrap();
         let err = Group::new(&config).unwrap_err().to_string();
         assert!(err.contains(why), "{text}: {err}");
     }
-    let unknown = toml::from_str::<GroupConfig>(r#"name = "x"
+    let unknown = toml::from_str::<GroupConfig>(
+        r#"name = "x"
         servers = ["a:1"]
-        health_check = { kind = "icmp" }"#);
+        health_check = { kind = "icmp" }"#,
+    );
     assert!(unknown.is_err());
 }

@@ -7,7 +7,10 @@ use proptest::prelude::*;
 #[test]
 fn swrr_matches_nginx_order() {
     // nginx's documented example: weights 5, 1, 1 give a a b a c a a.
-    assert_eq!(smooth_weighted_sequence(&[5, 1, 1]), vec![0, 0, 1, 0, 2, 0, 0]);
+    assert_eq!(
+        smooth_weighted_sequence(&[5, 1, 1]),
+        vec![0, 0, 1, 0, 2, 0, 0]
+    );
     assert_eq!(smooth_weighted_sequence(&[1, 1, 1]), vec![0, 1, 2]);
     // Common factors are removed: 4,2 cycles like 2,1.
     assert_eq!(smooth_weighted_sequence(&[4, 2]), vec![0, 1, 0]);
