@@ -656,3 +656,90 @@ async fn graceful_shutdown_drains_then_closes() {
         "{took:?}"
     );
 }
+
+#[tokio::test]
+async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
+    use std::io::Write;
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let mut cert = tempfile::NamedTempFile::new().unwrap();
+    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
+    let mut key = tempfile::NamedTempFile::new().unwrap();
+    key.write_all(ck.key_pair.serialize_pem().as_bytes()).unwrap();
+    let echo = Upstream::echo().await;
+    let (other, _) = Upstream::recorder("other").await;
+    let config = format!(
+        "[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n[[upstreams]]\nname = \"o\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"o\"\nsni = [{{ server_name = \"localhost\", upstream = \"e\" }}]\n\
+         tls_cert = {:?}\ntls_key = {:?}\n",
+        echo.addr,
+        other.addr,
+        cert.path(),
+        key.path()
+    );
+    let proxy = Proxy::start(&config);
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ck.cert.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let body = pattern(2 * 1024 * 1024 + 3);
+    let (mut r, mut w) = tokio::io::split(&mut tls);
+    let write = async {
+        w.write_all(&body).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let read = async {
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    };
+    let ((), back) = tokio::join!(write, read);
+    assert_eq!(sha256(&back), sha256(&body));
+    assert_eq!(other.accepted.load(Ordering::SeqCst), 0);
+    // Plain text on a TLS listener: refused, nothing relayed.
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let _ = read_all(&mut s, 5).await;
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn serve_starts_tcp_listeners_next_to_http() {
+    let echo = Upstream::echo().await;
+    let port = closed_port().await.port();
+    let text = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"e\"\n",
+        echo.addr
+    );
+    let config = sluice::config::Config::parse_file(&text).unwrap();
+    config.validate().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(sluice::serve(config, async {
+        let _ = rx.await;
+    }));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(addr).await {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    s.write_all(b"through serve").await.unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"through serve");
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
