@@ -570,6 +570,23 @@ async fn active_health_check_takes_a_server_out_and_back() {
     for _ in 0..4 {
         assert_eq!(which(proxy.addr()).await, "y");
     }
+    let m = proxy.metrics();
+    assert!(
+        m.contains(&format!(
+            "sluice_upstream_server_up{{group=\"g\",server=\"{}\"}} 0",
+            x.addr
+        )),
+        "{m}"
+    );
+    assert!(m.contains(&format!(
+        "sluice_upstream_server_up{{group=\"g\",server=\"{}\"}} 1",
+        y.addr
+    )));
+    assert!(m.contains("# TYPE sluice_upstream_server_ejections counter"));
+    assert!(
+        m.contains("sluice_upstream_server_ejections_total{group=\"g\""),
+        "{m}"
+    );
     x_up.store(true, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !x_server.is_healthy() {
@@ -664,7 +681,8 @@ async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
     let mut cert = tempfile::NamedTempFile::new().unwrap();
     cert.write_all(ck.cert.pem().as_bytes()).unwrap();
     let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes()).unwrap();
+    key.write_all(ck.key_pair.serialize_pem().as_bytes())
+        .unwrap();
     let echo = Upstream::echo().await;
     let (other, _) = Upstream::recorder("other").await;
     let config = format!(

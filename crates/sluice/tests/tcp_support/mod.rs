@@ -29,7 +29,9 @@ impl Proxy {
         config.validate().unwrap();
         let mut registry = Registry::with_prefix("sluice");
         let metrics = TcpMetrics::register(&mut registry);
+        let group_metrics = sluice::upstream::group::metrics::GroupMetrics::register(&mut registry);
         let groups = Arc::new(Groups::new(&config.upstreams).unwrap());
+        group_metrics.track(&groups);
         let tcp = TcpProxy::new(metrics);
         tcp.apply(&config.tcp, Arc::clone(&groups)).unwrap();
         Proxy {
