@@ -211,6 +211,12 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
                     connected = Some((up, in_flight));
                     break;
                 }
+                Ok(Err(e)) if is_local_exhaustion(&e) => {
+                    // Our own fd table is full: not the server's fault, so nothing is counted
+                    // against it; the next server would fail the same way.
+                    tracing::warn!(error = %e, "tcp connect: out of local resources");
+                    return refuse("local_resources");
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
             };
@@ -329,6 +335,13 @@ async fn pump(
             }
         }
     }
+}
+
+fn is_local_exhaustion(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 /// Resolves once no byte moved either way for `idle`.
