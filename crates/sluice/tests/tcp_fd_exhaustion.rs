@@ -22,7 +22,7 @@ fn set_fd_limit(soft: u64) -> u64 {
         let old = lim.rlim_cur;
         lim.rlim_cur = soft as libc::rlim_t;
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-        old as u64
+        old
     }
 }
 
