@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use health::HealthCheckConfig;
-use select::Maglev;
+use select::HashRing;
 
 /// One `[[upstreams]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -102,7 +102,7 @@ pub enum Balance {
     Hash,
 }
 
-/// Largest per-server weight: keeps the round-robin cycle and the Maglev table small.
+/// Largest per-server weight: keeps the round-robin cycle and the hash ring small.
 pub const MAX_WEIGHT: u32 = 1000;
 
 /// Every group, by name.
@@ -158,7 +158,7 @@ pub struct Group {
     /// One smooth weighted round-robin cycle over the primaries (indexes into `servers`).
     cycle: Vec<usize>,
     /// Consistent-hash table over the primaries (`balance = "hash"` only).
-    maglev: Option<Maglev>,
+    ring: Option<HashRing>,
     next: AtomicUsize,
 }
 
@@ -210,10 +210,10 @@ impl Group {
             .into_iter()
             .map(|p| primaries[p])
             .collect();
-        let maglev = match config.balance {
+        let ring = match config.balance {
             Balance::Hash => {
                 let names: Vec<&str> = primaries.iter().map(|&i| servers[i].addr()).collect();
-                Some(Maglev::new(&names, &weights))
+                Some(HashRing::new(&names, &weights))
             }
             _ => None,
         };
@@ -229,7 +229,7 @@ impl Group {
             primaries,
             backups,
             cycle,
-            maglev,
+            ring,
             next: AtomicUsize::new(0),
         })
     }
@@ -307,10 +307,10 @@ impl Group {
             .copied()
             .filter(|&i| usable[i])
             .collect();
-        match (self.balance, key, &self.maglev) {
-            (Balance::Hash, Some(key), Some(maglev)) => {
-                let first = maglev
-                    .pick(maglev.slot(key), |p| usable[self.primaries[p]])
+        match (self.balance, key, &self.ring) {
+            (Balance::Hash, Some(key), Some(ring)) => {
+                let first = ring
+                    .pick(ring.slot(key), |p| usable[self.primaries[p]])
                     .map(|p| self.primaries[p]);
                 let mut order = live;
                 if let Some(first) = first {

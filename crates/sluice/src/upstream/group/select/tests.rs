@@ -26,21 +26,21 @@ fn swrr_shares_are_exact() {
 }
 
 #[test]
-fn maglev_shares_follow_weights() {
-    let m = Maglev::new(&["a:1", "b:1", "c:1"], &[1, 1, 2]);
+fn ring_shares_follow_weights() {
+    let m = HashRing::new(&["a:1", "b:1", "c:1"], &[1, 1, 2]);
     let mut counts = [0usize; 3];
-    for slot in 0..m.len() {
-        counts[m.pick(slot, |_| true).unwrap()] += 1;
+    for k in 0..40_000u32 {
+        counts[m.pick(m.slot(&k.to_be_bytes()), |_| true).unwrap()] += 1;
     }
-    let total = m.len() as f64;
-    assert!((counts[0] as f64 / total - 0.25).abs() < 0.02, "{counts:?}");
-    assert!((counts[2] as f64 / total - 0.5).abs() < 0.02, "{counts:?}");
+    let total = 40_000f64;
+    assert!((counts[0] as f64 / total - 0.25).abs() < 0.05, "{counts:?}");
+    assert!((counts[2] as f64 / total - 0.5).abs() < 0.05, "{counts:?}");
 }
 
 #[test]
-fn maglev_skips_unusable_and_spreads_its_keys() {
+fn ring_skips_unusable_and_spreads_its_keys() {
     let names = ["a:1", "b:1", "c:1", "d:1"];
-    let m = Maglev::new(&names, &[1; 4]);
+    let m = HashRing::new(&names, &[1; 4]);
     let mut moved_to = [0usize; 4];
     for k in 0..4000u32 {
         let slot = m.slot(&k.to_be_bytes());
@@ -69,8 +69,8 @@ proptest! {
     fn adding_a_server_moves_about_one_nth(n in 2usize..12, seed in any::<u32>()) {
         let names: Vec<String> = (0..=n).map(|i| format!("10.0.{}.{}:80", seed % 200, i)).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let before = Maglev::new(&refs[..n], &vec![1; n]);
-        let after = Maglev::new(&refs, &vec![1; n + 1]);
+        let before = HashRing::new(&refs[..n], &vec![1; n]);
+        let after = HashRing::new(&refs, &vec![1; n + 1]);
         let keys = 20_000u32;
         let mut moved = 0;
         let mut moved_elsewhere = 0;
@@ -87,8 +87,8 @@ proptest! {
         }
         let frac = f64::from(moved) / f64::from(keys);
         let ideal = 1.0 / (n as f64 + 1.0);
-        prop_assert!(frac > ideal * 0.7 && frac < ideal * 1.4, "n={} moved {} ideal {}", n, frac, ideal);
-        // Almost every moved key went to the new server (Maglev trades a little churn for balance).
-        prop_assert!(f64::from(moved_elsewhere) / f64::from(keys) < 0.05, "reshuffled {}", moved_elsewhere);
+        prop_assert!(frac > ideal * 0.7 && frac < ideal * 1.6, "n={} moved {} ideal {}", n, frac, ideal);
+        // Every moved key went to the new server: nothing reshuffles between the old ones.
+        prop_assert_eq!(moved_elsewhere, 0);
     }
 }
