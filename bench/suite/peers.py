@@ -309,6 +309,35 @@ def start_sluice_reverse(ctx, upstream_port, cpus):
     return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
 
 
+SLUICE_TCP = """\
+[server]
+listen = ["127.0.0.1:{http_port}"]
+
+[[upstreams]]
+name = "origin"
+servers = ["127.0.0.1:{upstream}"]
+
+[[tcp]]
+listen = "127.0.0.1:{port}"
+upstream = "origin"
+"""
+
+
+def start_sluice_tcp(ctx, upstream_port, cpus):
+    """sluice's TCP front end (`[[tcp]]`, splice relay) in front of `upstream_port`."""
+    if not sluice_has_serve(ctx.sluice_bin):
+        raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
+    d = ctx.tempdir("sluice-tcp")
+    port, http_port = procs.free_port(), procs.free_port()
+    conf = _write(d, "sluice.toml", SLUICE_TCP.format(port=port, http_port=http_port,
+                                                       upstream=upstream_port))
+    argv = [ctx.sluice_bin, "serve", "--config", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
+    procs.wait_tcp(port, p)
+    return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
+
+
 def start_haproxy_tcp(ctx, upstream_port, cpus):
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy")

@@ -201,10 +201,44 @@ def render_s3(result, out_dir, charts_rel):
                          f"{rep['errors']} / {rep['warmup_errors']}"])
     rows.sort(key=lambda r: (str(r[0]), r[1] if isinstance(r[1], int) else 0))
     p = result["params"]
-    return "\n".join([f"Closed loop over c keep-alive connections for {p['secs']} s after "
-                      f"{p['warmup_secs']} s of warm-up; origin {result.get('origin', '')}. CPU "
-                      f"and memory are the proxy's process tree (origin's for *direct*).", "",
-                      table(S3_HEAD, rows)])
+    md = [f"Closed loop over c keep-alive connections for {p['secs']} s after "
+          f"{p['warmup_secs']} s of warm-up; origin {result.get('origin', '')}. CPU "
+          f"and memory are the proxy's process tree (origin's for *direct*).", "",
+          table(S3_HEAD, rows)]
+    stream = _s3_stream_rows(result)
+    if stream:
+        sp = p.get("stream") or {}
+        md += ["", f"**Streaming**: each body fetched by c={sp.get('c')} clients at once "
+                   f"({sp.get('warmup')} warm-up round, median of {sp.get('rounds')}), each peer "
+                   f"freshly started. CPU per GB = the proxy's CPU seconds in the median round / "
+                   f"GB relayed in it (for *direct*: the origin's).", "",
+               table(S3_STREAM_HEAD, stream)]
+    return "\n".join(md)
+
+
+S3_STREAM_HEAD = ["body", "peer", "MB/s", "avg s", "CPU s", "CPU s per GB", "peak RSS MB",
+                  "errors (timed / warm-up)"]
+
+
+def _s3_stream_rows(result):
+    rows = []
+    for row in result["rows"]:
+        for r in row.get("stream") or []:
+            rep = r["report"]
+            lvl = (rep.get("levels") or [None])[0]
+            if "failed" in rep or lvl is None:
+                rows.append([f"{r['bytes']:,} B", row["peer"]] + [DASH] * 5
+                            + [rep.get("failed", "skipped")])
+                continue
+            u = lvl.get("usage") or {}
+            gb = r["bytes"] * r["c"] / 1e9
+            cpu = u.get("cpu_s")
+            rows.append([f"{r['bytes']:,} B", row["peer"], _f(lvl["throughput_mb_s"], 0),
+                         _f(lvl["latency"]["avg_ms"] / 1e3, 2), _f(cpu, 2),
+                         _f(cpu / gb if cpu is not None and gb else None, 3),
+                         _f(lvl.get("peak_rss_mb")), f"{lvl['errors']} / {lvl['warmup_errors']}"])
+    rows.sort(key=lambda r: (len(r[0]), r[0]))
+    return rows
 
 
 # === S5 ===

@@ -186,18 +186,48 @@ def s3(ctx):
     levels = [1, 10] if q else [1, 10, 100]
     secs, warm = (2, 0.5) if q else (10, 2)
     files = [ctx.test_file("64k.bin", 64 * 1024), ctx.test_file("hello.txt", 13, b"Hello, world!")]
+    stream_files = [ctx.test_file("7m.bin", 7 * MiB), ctx.test_file("256m.bin", 256 * MiB)]
+    stream = {"c": 4, "rounds": 1 if q else 3, "warmup": 1}
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
     rows = []
     try:
         for name in S3_PEERS:
-            rows.append(_duration_peer(ctx, name, origin, [(f, levels) for f in files], secs, warm))
+            row = _duration_peer(ctx, name, origin, [(f, levels) for f in files], secs, warm,
+                                 S3_STARTERS)
+            if row.get("status") == "ok":
+                row["stream"] = _s3_stream(ctx, name, origin, stream_files, stream)
+            rows.append(row)
     finally:
         origin.stop()
-    return {"id": "S3", "title": "TCP (L4) proxy: 64 KiB and 13-byte responses", "status": "measured",
-            "quick": q, "params": {"levels": levels, "secs": secs, "warmup_secs": warm},
+    return {"id": "S3", "title": "TCP (L4) proxy: 64 KiB and 13-byte responses, 7 MB / 256 MB streams",
+            "status": "measured",
+            "quick": q, "params": {"levels": levels, "secs": secs, "warmup_secs": warm,
+                                   "stream": stream},
             "rows": rows, "origin": origin.version,
             "question": "Added latency and requests/s of an L4 proxy in front of nginx, for a "
-                        "body that needs many segments (64 KiB) and one that fits in one (13 B)."}
+                        "body that needs many segments (64 KiB) and one that fits in one (13 B); "
+                        "streaming MB/s and proxy CPU per GB for 7 MB and 256 MB bodies."}
+
+
+def _s3_stream(ctx, name, origin, files, p):
+    """Throughput and CPU per GB of large bodies through one freshly started peer."""
+    if name == "direct":
+        peer = origin
+    elif name == "sluice":
+        peer = peers.start_sluice_tcp(ctx, origin.port, ctx.proxy_cpus)
+    else:
+        peer = _DURATION_PEERS[name](ctx, origin.port, ctx.proxy_cpus)
+    out = []
+    try:
+        for f in files:
+            name_ = f[0].rsplit("/", 1)[1]
+            r = ctx.batch(f"http://127.0.0.1:{peer.port}/{name_}", f, [p["c"]], p["rounds"],
+                          p["warmup"], 0, 1, peer.pid, 150 if ctx.quick else 600, timeout_secs=300)
+            out.append({"file": name_, "bytes": f[1], "c": p["c"], "report": r})
+    finally:
+        if peer is not origin:
+            peer.stop()
+    return out
 
 
 _DURATION_PEERS = {
@@ -211,10 +241,14 @@ _DURATION_PEERS = {
 # S2's sluice row is the reverse proxy.
 S2_STARTERS = {**_DURATION_PEERS, "sluice": peers.start_sluice_reverse}
 
+# S3's sluice row is the TCP front end.
+S3_STARTERS = {**_DURATION_PEERS, "sluice": peers.start_sluice_tcp}
+
 
 def _duration_peer(ctx, name, origin, plan, secs, warm, starters=None):
     """Closed-loop runs of every (file, levels) in `plan` through one peer placed in front of
-    `origin` (one origin, or a list of them for a round-robin group)."""
+    `origin` (one origin, or a list of them for a round-robin group); `starters` maps peer names
+    to start functions (the scenario's sluice front end among them)."""
     row = {"peer": name}
     origins = origin if isinstance(origin, list) else [origin]
     starters = starters or _DURATION_PEERS

@@ -56,7 +56,12 @@ pub struct App {
 impl App {
     /// Builds every service and front end from a validated config.
     pub fn new(config: &Config) -> anyhow::Result<Arc<App>> {
-        let mut registry = Registry::with_prefix("sluice");
+        Self::with_registry(config, Registry::with_prefix("sluice"))
+    }
+
+    /// Like [`App::new`], serving `/metrics` from `registry`, where services outside the HTTP
+    /// server (the TCP front end, upstream groups) have already registered their families.
+    pub fn with_registry(config: &Config, mut registry: Registry) -> anyhow::Result<Arc<App>> {
         let metrics = HttpMetrics::new(&mut registry);
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);

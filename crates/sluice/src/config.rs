@@ -26,6 +26,8 @@ pub struct Config {
     pub reverse: crate::reverse::ReverseConfig,
     /// Where the built-in endpoints are served, or whether at all.
     pub endpoints: crate::server::routes::EndpointsConfig,
+    /// TCP (L4) listeners (`[[tcp]]`).
+    pub tcp: Vec<crate::tcp::TcpConfig>,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -382,6 +384,8 @@ impl Config {
         if self.media.max_playlist_segments == 0 {
             bail!("media.max_playlist_segments must be at least 1");
         }
+        crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
+        crate::tcp::config::validate(&self.tcp, &self.upstreams).map_err(anyhow::Error::msg)?;
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;

@@ -15,7 +15,8 @@
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
 //! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
 //! - `redact`: masking secrets for logs and printed configs.
-//! - `net`: socket services: multicast join on a named interface, batched receive.
+//! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
+//! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 
 pub mod app;
 pub mod auth;
@@ -31,11 +32,13 @@ pub mod redact;
 pub mod request;
 pub mod reverse;
 pub mod server;
+pub mod tcp;
 pub mod upstream;
 
 use std::sync::Arc;
 
-/// Builds the app from `config`, binds, and serves until `shutdown` resolves.
+/// Builds the app, the upstream groups and the TCP listeners from `config`, binds, and serves until
+/// `shutdown` resolves; then HTTP and TCP drain side by side within `server.shutdown_grace_secs`.
 pub async fn serve(
     config: config::Config,
     shutdown: impl std::future::Future<Output = ()>,
@@ -53,24 +56,55 @@ pub async fn serve_reloadable(
     if let Err(e) = server::listener::raise_nofile_limit() {
         tracing::warn!(error = %e, "cannot read the open-file limit");
     }
-    let app: Arc<app::App> = app::App::new(&config)?;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("sluice");
+    let tcp_metrics = tcp::TcpMetrics::register(&mut registry);
+    let group_metrics = upstream::group::metrics::GroupMetrics::register(&mut registry);
+    let app: Arc<app::App> = app::App::with_registry(&config, registry)?;
+    let groups = Arc::new(upstream::group::Groups::new(&config.upstreams)?);
+    group_metrics.track(&groups);
+    let health = upstream::group::health::spawn(&groups);
+    let tcp = Arc::new(tcp::TcpProxy::new(tcp_metrics));
+    tcp.apply(&config.tcp, Arc::clone(&groups))?;
     let server = server::Server::bind(&config.server, app.clone())?;
     for addr in server.local_addrs() {
         tracing::info!(%addr, "listening");
     }
-    if let Some((file, flags)) = source {
+    // The health checkers live as long as the process; with reload, the TCP part owns and renews them.
+    let _health = if let Some((file, flags)) = source {
         let mut reloader = server::reload::Reloader::new(file, flags);
         reloader.add("routes", app.reload_part());
         reloader.add("tls", server::reload::tls_part(server.tls_handle()));
+        reloader.add(
+            "tcp",
+            tcp::reload_part(Arc::clone(&tcp), groups, health, group_metrics),
+        );
         let reloader = Arc::new(reloader);
         app.set_reloader(reloader.clone());
         tokio::spawn(server::reload::on_sighup(reloader));
-    }
+        None
+    } else {
+        Some(health)
+    };
     let _pid = match &config.server.pid_file {
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
-    server.run(shutdown).await;
+    let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tokio::join!(
+        async {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        },
+        server.run(stopped(stop_rx.clone())),
+        async {
+            stopped(stop_rx.clone()).await;
+            tcp.shutdown(grace).await;
+        },
+    );
     Ok(())
 }
 

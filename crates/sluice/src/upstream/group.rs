@@ -2,13 +2,22 @@
 //! tried next (balancing) and which servers are usable (health, passive ejection, backups).
 //!
 //! Readers never lock: a request asks [`Group::plan`] for the order to try servers in, and reports
-//! each attempt's outcome on the [`Server`]. Health checks only flip flags on servers.
+//! each attempt's outcome on the [`Server`]. Health checks (`health`) only flip flags on servers;
+//! the algorithms themselves are pure (`select`).
+
+pub mod health;
+pub mod metrics;
+pub mod select;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+pub use health::HealthCheckConfig;
+use select::HashRing;
 
 /// One `[[upstreams]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -30,6 +39,9 @@ pub struct GroupConfig {
     /// Seconds an ejected server stays out before it is tried again.
     #[serde(default = "default_fail_timeout")]
     pub fail_timeout_secs: u64,
+    /// Active health checks; absent = servers are judged by passive failures only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckConfig>,
 }
 
 fn default_max_fails() -> u32 {
@@ -90,6 +102,9 @@ pub enum Balance {
     Hash,
 }
 
+/// Largest per-server weight: keeps the round-robin cycle and the hash ring small.
+pub const MAX_WEIGHT: u32 = 1000;
+
 /// Every group, by name.
 #[derive(Debug, Default)]
 pub struct Groups {
@@ -99,9 +114,17 @@ pub struct Groups {
 impl Groups {
     /// Builds the groups; a bad entry is an error naming the group.
     pub fn new(configs: &[GroupConfig]) -> anyhow::Result<Groups> {
+        Self::rebuild(configs, None)
+    }
+
+    /// Builds the groups for a reloaded config, carrying health and ejection state over for servers
+    /// that stay (same group, same address), so a reload neither revives a dead server nor
+    /// forgets a live one.
+    pub fn rebuild(configs: &[GroupConfig], previous: Option<&Groups>) -> anyhow::Result<Groups> {
         let mut by_name = HashMap::new();
         for config in configs {
-            let group = Group::new(config)?;
+            let old = previous.and_then(|p| p.get(&config.name));
+            let group = Group::build(config, old.map(|g| g.as_ref()))?;
             if by_name
                 .insert(config.name.clone(), Arc::new(group))
                 .is_some()
@@ -127,41 +150,86 @@ pub struct Group {
     name: String,
     balance: Balance,
     hash_key: Option<String>,
+    health_check: Option<HealthCheckConfig>,
     servers: Vec<Arc<Server>>,
+    /// Indexes of primaries and of backups, in config order.
+    primaries: Vec<usize>,
+    backups: Vec<usize>,
+    /// One smooth weighted round-robin cycle over the primaries (indexes into `servers`).
+    cycle: Vec<usize>,
+    /// Consistent-hash table over the primaries (`balance = "hash"` only).
+    ring: Option<HashRing>,
     next: AtomicUsize,
 }
 
 impl Group {
     pub fn new(config: &GroupConfig) -> anyhow::Result<Group> {
+        Self::build(config, None)
+    }
+
+    fn build(config: &GroupConfig, previous: Option<&Group>) -> anyhow::Result<Group> {
+        let name = &config.name;
         if config.servers.is_empty() {
-            anyhow::bail!("upstream group {:?} has no servers", config.name);
+            anyhow::bail!("upstream group {name:?} has no servers");
         }
-        let servers = config
-            .servers
-            .iter()
-            .map(|spec| {
-                if spec.addr().rsplit_once(':').is_none() {
-                    anyhow::bail!(
-                        "upstream group {:?}: server {:?} is not host:port",
-                        config.name,
-                        spec.addr()
-                    );
-                }
-                Ok(Arc::new(Server {
-                    addr: spec.addr().to_string(),
-                    weight: spec.weight().max(1),
-                    backup: spec.backup(),
-                    healthy: AtomicBool::new(true),
-                    failures: AtomicU32::new(0),
-                    in_flight: AtomicUsize::new(0),
-                }))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        if config.max_fails > 0 && config.fail_timeout_secs == 0 {
+            anyhow::bail!("upstream group {name:?}: fail_timeout_secs must be at least 1");
+        }
+        if let Some(hc) = &config.health_check {
+            hc.validate()
+                .map_err(|e| anyhow::anyhow!("upstream group {name:?}: health_check: {e}"))?;
+        }
+        let mut servers = Vec::with_capacity(config.servers.len());
+        for spec in &config.servers {
+            let addr = spec.addr();
+            match addr.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => anyhow::bail!("upstream group {name:?}: server {addr:?} is not host:port"),
+            }
+            if spec.weight() == 0 || spec.weight() > MAX_WEIGHT {
+                anyhow::bail!(
+                    "upstream group {name:?}: server {addr:?} weight must be 1..={MAX_WEIGHT}"
+                );
+            }
+            if servers.iter().any(|s: &Arc<Server>| s.addr == addr) {
+                anyhow::bail!("upstream group {name:?}: server {addr:?} is listed twice");
+            }
+            let server = Server::new(config, spec);
+            if let Some(old) = previous.and_then(|g| g.servers.iter().find(|s| s.addr == addr)) {
+                server.inherit(old);
+            }
+            servers.push(Arc::new(server));
+        }
+        let primaries: Vec<usize> = (0..servers.len()).filter(|&i| !servers[i].backup).collect();
+        let backups: Vec<usize> = (0..servers.len()).filter(|&i| servers[i].backup).collect();
+        if primaries.is_empty() {
+            anyhow::bail!("upstream group {name:?}: every server is a backup");
+        }
+        let weights: Vec<u32> = primaries.iter().map(|&i| servers[i].weight).collect();
+        let cycle = select::smooth_weighted_sequence(&weights)
+            .into_iter()
+            .map(|p| primaries[p])
+            .collect();
+        let ring = match config.balance {
+            Balance::Hash => {
+                let names: Vec<&str> = primaries.iter().map(|&i| servers[i].addr()).collect();
+                Some(HashRing::new(&names, &weights))
+            }
+            _ => None,
+        };
+        if config.balance == Balance::Hash && config.hash_key.is_none() {
+            anyhow::bail!("upstream group {name:?}: balance = \"hash\" needs hash_key");
+        }
         Ok(Group {
             name: config.name.clone(),
             balance: config.balance,
             hash_key: config.hash_key.clone(),
+            health_check: config.health_check.clone(),
             servers,
+            primaries,
+            backups,
+            cycle,
+            ring,
             next: AtomicUsize::new(0),
         })
     }
@@ -179,31 +247,130 @@ impl Group {
         self.hash_key.as_deref()
     }
 
+    pub fn health_check(&self) -> Option<&HealthCheckConfig> {
+        self.health_check.as_ref()
+    }
+
     pub fn servers(&self) -> &[Arc<Server>] {
         &self.servers
     }
 
     /// The order to try servers in for one request or connection: the balanced choice first, then
     /// the other usable primaries; backups only when no primary is usable. Empty when nothing is
-    /// usable. `key` is the hash input when the group balances by hash.
-    pub fn plan(&self, _key: Option<&[u8]>) -> Vec<Arc<Server>> {
-        let usable = |backup: bool| -> Vec<Arc<Server>> {
-            self.servers
+    /// usable. `key` is the hash input when the group balances by hash (without one, round robin).
+    ///
+    /// A server whose ejection has just expired is let back for one trial: it goes first in exactly
+    /// one plan, and its outcome decides whether it stays.
+    pub fn plan(&self, key: Option<&[u8]>) -> Vec<Arc<Server>> {
+        let now = clock_ms();
+        let mut trial = None;
+        let mut usable = vec![false; self.servers.len()];
+        for (i, s) in self.servers.iter().enumerate() {
+            match s.admit(now) {
+                Admit::Yes => usable[i] = true,
+                Admit::Trial if trial.is_none() => {
+                    usable[i] = true;
+                    trial = Some(i);
+                }
+                // A second expired server waits for the next plan.
+                Admit::Trial => s.ejected_until.store(now.max(1), Ordering::Relaxed),
+                Admit::No => {}
+            }
+        }
+        let mut order = if self.primaries.iter().any(|&i| usable[i]) {
+            self.order_primaries(key, &usable)
+        } else {
+            let live: Vec<usize> = self
+                .backups
                 .iter()
-                .filter(|s| s.backup == backup && s.is_usable())
-                .cloned()
-                .collect()
+                .copied()
+                .filter(|&i| usable[i])
+                .collect();
+            rotate(live, self.next.fetch_add(1, Ordering::Relaxed))
         };
-        let mut plan = usable(false);
-        if plan.is_empty() {
-            plan = usable(true);
+        if let Some(t) = trial {
+            if let Some(pos) = order.iter().position(|&i| i == t) {
+                order.remove(pos);
+                order.insert(0, t);
+            }
         }
-        if !plan.is_empty() {
-            let start = self.next.fetch_add(1, Ordering::Relaxed) % plan.len();
-            plan.rotate_left(start);
-        }
-        plan
+        order
+            .into_iter()
+            .map(|i| Arc::clone(&self.servers[i]))
+            .collect()
     }
+
+    fn order_primaries(&self, key: Option<&[u8]>, usable: &[bool]) -> Vec<usize> {
+        let live: Vec<usize> = self
+            .primaries
+            .iter()
+            .copied()
+            .filter(|&i| usable[i])
+            .collect();
+        match (self.balance, key, &self.ring) {
+            (Balance::Hash, Some(key), Some(ring)) => {
+                let first = ring
+                    .pick(ring.slot(key), |p| usable[self.primaries[p]])
+                    .map(|p| self.primaries[p]);
+                let mut order = live;
+                if let Some(first) = first {
+                    let pos = order.iter().position(|&i| i == first).unwrap_or(0);
+                    order.rotate_left(pos);
+                }
+                order
+            }
+            (Balance::LeastConn, _, _) => {
+                let live = rotate(live, self.next.fetch_add(1, Ordering::Relaxed));
+                let mut loads: Vec<(usize, u64, u32)> = live
+                    .iter()
+                    .map(|&i| {
+                        let s = &self.servers[i];
+                        (i, s.in_flight() as u64, s.weight)
+                    })
+                    .collect();
+                select::order_by_load(&mut loads);
+                loads.into_iter().map(|(i, _, _)| i).collect()
+            }
+            _ => {
+                // Walk the weighted cycle from the next position; the first usable entry leads,
+                // the other usable primaries follow in cycle order.
+                let start = self.next.fetch_add(1, Ordering::Relaxed);
+                let n = self.cycle.len();
+                let mut order = Vec::with_capacity(live.len());
+                for k in 0..n {
+                    let i = self.cycle[(start + k) % n];
+                    if usable[i] && !order.contains(&i) {
+                        order.push(i);
+                        if order.len() == live.len() {
+                            break;
+                        }
+                    }
+                }
+                order
+            }
+        }
+    }
+}
+
+fn rotate(mut v: Vec<usize>, by: usize) -> Vec<usize> {
+    if !v.is_empty() {
+        let n = v.len();
+        v.rotate_left(by % n);
+    }
+    v
+}
+
+/// Milliseconds since the first call, never 0 (0 means "not ejected").
+fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+enum Admit {
+    Yes,
+    No,
+    /// Ejection expired: this caller may give the server one trial.
+    Trial,
 }
 
 /// One server of a group and its live state.
@@ -212,12 +379,43 @@ pub struct Server {
     addr: String,
     weight: u32,
     backup: bool,
+    max_fails: u32,
+    fail_timeout: Duration,
     healthy: AtomicBool,
     failures: AtomicU32,
+    /// `clock_ms` until which the server is ejected; 0 = not ejected.
+    ejected_until: AtomicU64,
+    ejections: AtomicU64,
     in_flight: AtomicUsize,
 }
 
 impl Server {
+    fn new(config: &GroupConfig, spec: &ServerSpec) -> Server {
+        Server {
+            addr: spec.addr().to_string(),
+            weight: spec.weight().max(1),
+            backup: spec.backup(),
+            max_fails: config.max_fails,
+            fail_timeout: Duration::from_secs(config.fail_timeout_secs),
+            healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            ejections: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn inherit(&self, old: &Server) {
+        self.healthy
+            .store(old.healthy.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.failures
+            .store(old.failures.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.ejected_until
+            .store(old.ejected_until.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.ejections
+            .store(old.ejections.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// `host:port`.
     pub fn addr(&self) -> &str {
         &self.addr
@@ -233,12 +431,53 @@ impl Server {
 
     /// Healthy by the active check and not ejected by passive failures.
     pub fn is_usable(&self) -> bool {
+        self.is_healthy() && !self.is_ejected()
+    }
+
+    /// What the active health check last decided (true when there is no check).
+    pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Ejected by passive failures and its fail timeout not yet over.
+    pub fn is_ejected(&self) -> bool {
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        until != 0 && clock_ms() < until
+    }
+
+    fn admit(&self, now: u64) -> Admit {
+        if !self.is_healthy() {
+            return Admit::No;
+        }
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        if until == 0 {
+            return Admit::Yes;
+        }
+        if now < until {
+            return Admit::No;
+        }
+        // Expired: whoever moves the deadline forward owns the single trial.
+        let next = now + self.fail_timeout.as_millis() as u64;
+        match self
+            .ejected_until
+            .compare_exchange(until, next, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => Admit::Trial,
+            Err(_) => Admit::No,
+        }
     }
 
     /// Set by the active health checker.
     pub fn set_healthy(&self, up: bool) {
-        self.healthy.store(up, Ordering::Relaxed);
+        let was = self.healthy.swap(up, Ordering::Relaxed);
+        if was != up {
+            tracing::warn!(server = %self.addr, up, "upstream server health changed");
+        }
+        if up && !was {
+            // A server the checker just brought back starts with a clean passive record.
+            self.failures.store(0, Ordering::Relaxed);
+            self.ejected_until.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Marks one request or connection in flight until the guard drops (least-conn counts these).
@@ -253,14 +492,46 @@ impl Server {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Consecutive failures since the last success.
+    pub fn failures(&self) -> u32 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Times this server was ejected by passive failures.
+    pub fn ejections(&self) -> u64 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
     /// An attempt on this server succeeded.
     pub fn report_success(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        self.ejected_until.store(0, Ordering::Relaxed);
     }
 
-    /// An attempt on this server failed (refused, timed out, reset before a response).
+    /// An attempt on this server failed (refused, timed out, reset before a response). After
+    /// `max_fails` in a row the server is ejected for `fail_timeout_secs`.
     pub fn report_failure(&self) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.max_fails == 0 || n < self.max_fails {
+            return;
+        }
+        let now = clock_ms();
+        let until = self.ejected_until.swap(
+            now + self.fail_timeout.as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        if until != 0 && until > now {
+            // Already out (or its one trial just failed): the timeout starts over.
+            tracing::debug!(server = %self.addr, "ejected upstream server failed again");
+            return;
+        }
+        self.ejections.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            server = %self.addr,
+            failures = n,
+            secs = self.fail_timeout.as_secs(),
+            "upstream server ejected after consecutive failures"
+        );
     }
 }
 
@@ -281,3 +552,6 @@ impl Drop for InFlight {
         self.server.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests;

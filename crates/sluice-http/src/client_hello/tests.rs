@@ -1,0 +1,169 @@
+//! Unit and property tests for the ClientHello reader: hand-built hellos, split into records and
+//! segments every possible way.
+
+use super::*;
+use proptest::prelude::*;
+
+/// A ClientHello handshake message (type + u24 length + body) with the given extensions.
+fn hello_message(extensions: Option<Vec<u8>>) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7u8; 32]);
+    body.push(32);
+    body.extend_from_slice(&[9u8; 32]);
+    body.extend_from_slice(&[0, 4, 0x13, 0x01, 0x13, 0x02]);
+    body.extend_from_slice(&[1, 0]);
+    if let Some(ext) = extensions {
+        body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+        body.extend_from_slice(&ext);
+    }
+    let mut msg = vec![1];
+    msg.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    msg.extend_from_slice(&body);
+    msg
+}
+
+fn ext(kind: u16, data: &[u8]) -> Vec<u8> {
+    let mut out = kind.to_be_bytes().to_vec();
+    out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+fn sni_ext(name: &[u8]) -> Vec<u8> {
+    let mut entry = vec![0];
+    entry.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    entry.extend_from_slice(name);
+    let mut list = (entry.len() as u16).to_be_bytes().to_vec();
+    list.extend_from_slice(&entry);
+    ext(0, &list)
+}
+
+fn alpn_ext(protos: &[&[u8]]) -> Vec<u8> {
+    let mut inner = Vec::new();
+    for p in protos {
+        inner.push(p.len() as u8);
+        inner.extend_from_slice(p);
+    }
+    let mut list = (inner.len() as u16).to_be_bytes().to_vec();
+    list.extend_from_slice(&inner);
+    ext(16, &list)
+}
+
+/// Wraps a handshake message in records of at most `max` bytes each.
+fn records(msg: &[u8], max: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for chunk in msg.chunks(max) {
+        out.extend_from_slice(&[22, 3, 1]);
+        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        out.extend_from_slice(chunk);
+    }
+    out
+}
+
+fn full_hello(name: &[u8]) -> Vec<u8> {
+    let mut exts = ext(0x000a, &[0, 2, 0, 0x1d]);
+    exts.extend(sni_ext(name));
+    exts.extend(alpn_ext(&[b"h2", b"http/1.1"]));
+    records(&hello_message(Some(exts)), 16384)
+}
+
+#[test]
+fn reads_sni_and_alpn() {
+    let buf = full_hello(b"Db.Example.COM");
+    assert_eq!(
+        parse(&buf),
+        Ok(Parsed::Complete(ClientHello {
+            server_name: Some("db.example.com".into()),
+            alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        }))
+    );
+}
+
+#[test]
+fn no_extensions_or_no_sni() {
+    let buf = records(&hello_message(None), 16384);
+    assert_eq!(parse(&buf), Ok(Parsed::Complete(ClientHello::default())));
+    let buf = records(&hello_message(Some(alpn_ext(&[b"h2"]))), 16384);
+    let Ok(Parsed::Complete(h)) = parse(&buf) else {
+        panic!()
+    };
+    assert_eq!(h.server_name, None);
+}
+
+#[test]
+fn every_prefix_is_incomplete_and_needed_is_honest() {
+    let buf = full_hello(b"a.example");
+    for cut in 0..buf.len() {
+        match parse(&buf[..cut]) {
+            Ok(Parsed::Incomplete { needed }) => {
+                assert!(
+                    needed > cut && needed <= buf.len(),
+                    "cut {cut} needed {needed}"
+                )
+            }
+            other => panic!("cut {cut}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn garbage_is_refused_early() {
+    assert_eq!(parse(b"G"), Err(Error::NotTls));
+    assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Err(Error::NotTls));
+    assert_eq!(parse(&[22, 2]), Err(Error::NotTls));
+    assert_eq!(parse(b"SSH-2.0-OpenSSH_9.6\r\n"), Err(Error::NotTls));
+    // A handshake record that is not a ClientHello (a ServerHello).
+    assert_eq!(
+        parse(&[22, 3, 3, 0, 4, 2, 0, 0, 0]),
+        Err(Error::NotClientHello)
+    );
+    assert_eq!(
+        parse(&[22, 3, 1, 0, 0]),
+        Err(Error::Malformed("empty handshake record"))
+    );
+    // A ClientHello that claims 1 MiB.
+    assert_eq!(
+        parse(&[22, 3, 1, 0, 4, 1, 0x10, 0, 0]),
+        Err(Error::TooLarge)
+    );
+}
+
+#[test]
+fn malformed_names_and_lengths() {
+    let bad_name = records(&hello_message(Some(sni_ext(b"a b"))), 16384);
+    assert!(matches!(parse(&bad_name), Err(Error::Malformed(_))));
+    let mut two = sni_ext(b"a.example");
+    two.extend(sni_ext(b"b.example"));
+    let twice = records(&hello_message(Some(two)), 16384);
+    assert_eq!(parse(&twice), Err(Error::Malformed("server_name twice")));
+    // Extension length running past the end.
+    let mut msg = hello_message(Some(sni_ext(b"a.example")));
+    let n = msg.len();
+    msg[n - 1 - b"a.example".len() - 1] = 0xFF;
+    assert!(matches!(
+        parse(&records(&msg, 16384)),
+        Err(Error::Malformed(_))
+    ));
+}
+
+proptest! {
+    #[test]
+    fn any_record_split_gives_the_same_answer(
+        name in "[a-z0-9]{1,20}(\\.[a-z0-9]{1,20}){0,3}",
+        record_max in 1usize..300,
+    ) {
+        let mut exts = sni_ext(name.as_bytes());
+        exts.extend(alpn_ext(&[b"h2"]));
+        let buf = records(&hello_message(Some(exts)), record_max);
+        let got = parse(&buf).unwrap();
+        prop_assert_eq!(got, Parsed::Complete(ClientHello { server_name: Some(name), alpn: vec![b"h2".to_vec()] }));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = parse(&buf);
+        let mut tls = vec![22, 3, 1];
+        tls.extend_from_slice(&buf);
+        let _ = parse(&tls);
+    }
+}

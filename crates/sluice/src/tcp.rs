@@ -1,0 +1,236 @@
+//! The TCP (L4) front end: `[[tcp]]` listeners that relay connections to upstream groups with
+//! splice, PROXY protocol both ways, SNI routing and optional TLS termination; listeners are
+//! applied live (unchanged ones keep their sockets, removed ones drain) and shut down gracefully.
+//!
+//! # Layout
+//! - `config`: the `[[tcp]]` section and its validation.
+//! - `listener`: bind and the accept loop with its connection limit.
+//! - `session`: one connection from accept to close.
+//! - `metrics`: the `tcp_*` families.
+
+pub mod config;
+mod listener;
+pub mod metrics;
+mod session;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::task::TaskTracker;
+
+pub use config::TcpConfig;
+pub use metrics::TcpMetrics;
+
+use crate::net::splice::PipePool;
+use crate::upstream::group::Groups;
+
+/// Empty pipes kept for reuse across all TCP listeners (two per connection in flight).
+const PIPE_POOL_IDLE: usize = 512;
+
+/// What every connection of one listener reads; swapped whole on reload.
+struct Settings {
+    name: String,
+    config: TcpConfig,
+    groups: Arc<Groups>,
+    tls: Option<TlsAcceptor>,
+    limit: Arc<Semaphore>,
+}
+
+/// What all listeners share.
+struct Shared {
+    metrics: TcpMetrics,
+    pool: PipePool,
+    /// Turns true when the grace period is over: connections still open are closed.
+    force: watch::Receiver<bool>,
+}
+
+/// One bound listener.
+struct Running {
+    local: SocketAddr,
+    settings: watch::Sender<Arc<Settings>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // The accept loop ends and drops the listening socket; its connections drain on their own.
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Every `[[tcp]]` listener; one per process, reconfigured by [`TcpProxy::apply`].
+pub struct TcpProxy {
+    shared: Arc<Shared>,
+    running: Mutex<HashMap<String, Running>>,
+    tracker: TaskTracker,
+    force: watch::Sender<bool>,
+}
+
+impl TcpProxy {
+    pub fn new(metrics: TcpMetrics) -> TcpProxy {
+        let (force, force_rx) = watch::channel(false);
+        TcpProxy {
+            shared: Arc::new(Shared {
+                metrics,
+                pool: PipePool::new(PIPE_POOL_IDLE),
+                force: force_rx,
+            }),
+            running: Mutex::new(HashMap::new()),
+            tracker: TaskTracker::new(),
+            force,
+        }
+    }
+
+    /// Makes the running listeners match `configs` (validated) over `groups`, without cutting any
+    /// established connection: a listener whose name and address stay keeps its socket and takes
+    /// the new settings for new connections; a removed one stops accepting and its connections
+    /// drain; a new one binds. All or nothing: if anything fails to load or bind, nothing changes.
+    /// Must be called inside a tokio runtime.
+    pub fn apply(&self, configs: &[TcpConfig], groups: Arc<Groups>) -> anyhow::Result<()> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut prepared = Vec::with_capacity(configs.len());
+        for config in configs {
+            let name = config.name();
+            let tls = match (&config.tls_cert, &config.tls_key) {
+                (Some(cert), Some(key)) => {
+                    let mut server = (*crate::server::tls::server_config(cert, key)
+                        .with_context(|| format!("[[tcp]] {name:?}"))?)
+                    .clone();
+                    // A TCP listener relays whatever protocol comes; it must not claim one by ALPN.
+                    server.alpn_protocols.clear();
+                    Some(TlsAcceptor::from(Arc::new(server)))
+                }
+                _ => None,
+            };
+            let old = running.get(&name).filter(|r| {
+                r.local == config.listen
+                    || (config.listen.port() == 0 && r.local.ip() == config.listen.ip())
+            });
+            let limit = match old {
+                Some(r) if r.settings.borrow().config.max_connections == config.max_connections => {
+                    Arc::clone(&r.settings.borrow().limit)
+                }
+                _ => Arc::new(Semaphore::new(config.max_connections)),
+            };
+            let settings = Arc::new(Settings {
+                name: name.clone(),
+                config: config.clone(),
+                groups: Arc::clone(&groups),
+                tls,
+                limit,
+            });
+            let socket = match old {
+                Some(_) => None,
+                None => Some(listener::bind(config.listen).with_context(|| {
+                    format!("[[tcp]] {name:?}: cannot listen on {}", config.listen)
+                })?),
+            };
+            prepared.push((name, settings, socket));
+        }
+        // Everything loaded and bound: switch.
+        let keep: Vec<&String> = prepared.iter().map(|(n, _, _)| n).collect();
+        running.retain(|name, _| keep.contains(&name));
+        for (name, settings, socket) in prepared {
+            match socket {
+                None => {
+                    if let Some(r) = running.get(&name) {
+                        let _ = r.settings.send(settings);
+                    }
+                }
+                Some(socket) => {
+                    let local = socket.local_addr()?;
+                    let (settings_tx, settings_rx) = watch::channel(settings);
+                    let (stop_tx, stop_rx) = watch::channel(false);
+                    tokio::spawn(listener::run(
+                        socket,
+                        settings_rx,
+                        Arc::clone(&self.shared),
+                        self.tracker.clone(),
+                        stop_rx,
+                    ));
+                    tracing::info!(listener = %name, addr = %local, "tcp listening");
+                    running.insert(
+                        name,
+                        Running {
+                            local,
+                            settings: settings_tx,
+                            stop: stop_tx,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Each listener's name and bound address.
+    pub fn local_addrs(&self) -> Vec<(String, SocketAddr)> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = running.iter().map(|(n, r)| (n.clone(), r.local)).collect();
+        out.sort();
+        out
+    }
+
+    /// The bound address of the listener called `name`.
+    pub fn local_addr(&self, name: &str) -> Option<SocketAddr> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.get(name).map(|r| r.local)
+    }
+
+    /// Connections being relayed or set up, over all listeners.
+    pub fn connections(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Stops accepting everywhere, lets connections finish within `grace`, then closes the rest.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = self.tracker.len(),
+                "tcp: grace period of {} s over; closing remaining connections",
+                grace.as_secs()
+            );
+            let _ = self.force.send(true);
+            self.tracker.wait().await;
+        }
+    }
+}
+
+/// The live-reload part for `[[tcp]]` and `[[upstreams]]`: the new groups are built (keeping the
+/// health of servers they still list) and checked in the prepare step; the commit swaps them in,
+/// restarts the health checkers and re-applies the listeners without cutting connections.
+pub fn reload_part(
+    tcp: Arc<TcpProxy>,
+    groups: Arc<Groups>,
+    health: crate::upstream::group::health::HealthChecks,
+    metrics: crate::upstream::group::metrics::GroupMetrics,
+) -> crate::server::reload::Prepare {
+    let state = Arc::new(Mutex::new((groups, health)));
+    Box::new(move |config: &crate::config::Config| {
+        let previous = Arc::clone(&state.lock().unwrap_or_else(|e| e.into_inner()).0);
+        let next = Arc::new(Groups::rebuild(&config.upstreams, Some(&previous))?);
+        let listeners = config.tcp.clone();
+        let (tcp, state, metrics) = (Arc::clone(&tcp), Arc::clone(&state), metrics.clone());
+        Ok(Box::new(move || {
+            metrics.track(&next);
+            let health = crate::upstream::group::health::spawn(&next);
+            if let Err(e) = tcp.apply(&listeners, Arc::clone(&next)) {
+                tracing::warn!(error = %format!("{e:#}"), "[[tcp]] reload kept the old listeners");
+            }
+            *state.lock().unwrap_or_else(|e| e.into_inner()) = (next, health);
+        }) as crate::server::reload::Commit)
+    })
+}

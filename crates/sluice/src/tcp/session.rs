@@ -1,0 +1,356 @@
+//! One downstream connection: PROXY header in (trusted peers only), SNI peek or TLS termination,
+//! pick a group and connect to the first server that answers, PROXY header out, then relay until
+//! both sides are done or a timeout or shutdown ends it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_http::{client_hello, proxy_protocol};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use super::config::ProxyVersion;
+use super::metrics::{EndLabels, RefusedLabels, ServerLabels};
+use super::{Settings, Shared};
+use crate::net::splice::{self, Direction, RelayError};
+use crate::upstream::group::{Balance, InFlight};
+
+/// Most bytes buffered while waiting for a complete ClientHello (a 16 KiB hello cut into tiny
+/// records included).
+const MAX_HELLO_BUFFER: usize = 128 * 1024;
+
+/// Why a connection was closed before relaying; the label of `tcp_connections_refused`.
+type Refusal = &'static str;
+
+enum Downstream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Downstream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Downstream::Plain(s) => s,
+            Downstream::Tls(t) => t.get_ref().0,
+        }
+    }
+}
+
+/// What the handshake phase learned.
+struct Accepted {
+    down: Downstream,
+    /// The client as the PROXY header (if trusted) or the socket says.
+    client: SocketAddr,
+    /// The address the client connected to.
+    destination: SocketAddr,
+    group: String,
+    /// Bytes read while peeking (the ClientHello) that the upstream must receive first.
+    prefix: Vec<u8>,
+}
+
+/// Serves one accepted connection to its end.
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    s: Arc<Settings>,
+    shared: Arc<Shared>,
+) {
+    let m = &shared.metrics;
+    let labels = m.listener(&s.name);
+    m.accepted.get_or_create(&labels).inc();
+    let open = m.open.get_or_create(&labels).clone();
+    open.inc();
+    let started = Instant::now();
+    let handshake = Duration::from_secs(s.config.handshake_timeout_secs);
+    let accepted = match tokio::time::timeout(handshake, accept(stream, peer, &s)).await {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(reason)) => Err(reason),
+        Err(_) => Err("handshake_timeout"),
+    };
+    let how = match accepted {
+        Ok(a) => relay(a, &s, &shared, started).await,
+        Err(reason) => {
+            tracing::debug!(listener = %s.name, %peer, reason, "tcp connection refused");
+            m.refused
+                .get_or_create(&RefusedLabels {
+                    listener: s.name.clone(),
+                    reason,
+                })
+                .inc();
+            reason
+        }
+    };
+    m.duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    open.dec();
+    tracing::debug!(listener = %s.name, %peer, how, "tcp connection ended");
+}
+
+/// PROXY header, then TLS or SNI, then the group.
+async fn accept(stream: TcpStream, peer: SocketAddr, s: &Settings) -> Result<Accepted, Refusal> {
+    let mut down = stream;
+    let mut client = peer;
+    let mut destination = down.local_addr().map_err(|_| "socket_error")?;
+    if s.config.accept_proxy {
+        let trusted = s
+            .config
+            .trusted_proxies
+            .iter()
+            .any(|net| net.contains(&peer.ip().to_canonical()));
+        if !trusted {
+            return Err("untrusted_proxy");
+        }
+        if let proxy_protocol::Addresses::Tcp {
+            source,
+            destination: d,
+        } = read_proxy_header(&mut down).await?
+        {
+            client = source;
+            destination = d;
+        }
+    }
+    let mut prefix = Vec::new();
+    let (down, server_name) = match &s.tls {
+        Some(acceptor) => {
+            let tls = acceptor.accept(down).await.map_err(|_| "tls_handshake")?;
+            let name = tls.get_ref().1.server_name().map(str::to_ascii_lowercase);
+            (Downstream::Tls(Box::new(tls)), name)
+        }
+        None if !s.config.sni.is_empty() => {
+            let name = read_client_hello(&mut down, &mut prefix).await?;
+            (Downstream::Plain(down), name)
+        }
+        None => (Downstream::Plain(down), None),
+    };
+    let group = s
+        .config
+        .group_for(server_name.as_deref())
+        .ok_or("no_route")?
+        .to_string();
+    Ok(Accepted {
+        down,
+        client,
+        destination,
+        group,
+        prefix,
+    })
+}
+
+/// Reads exactly one PROXY header (v1 or v2), never a byte of the payload after it.
+async fn read_proxy_header(down: &mut TcpStream) -> Result<proxy_protocol::Addresses, Refusal> {
+    let mut buf = Vec::with_capacity(proxy_protocol::V1_MAX_LEN);
+    loop {
+        match proxy_protocol::parse(&buf) {
+            Ok(proxy_protocol::Parsed::Complete(h)) => return Ok(h.addresses),
+            Ok(proxy_protocol::Parsed::Incomplete { needed }) => {
+                let have = buf.len();
+                buf.resize(needed.min(proxy_protocol::V2_MAX_LEN), 0);
+                down.read_exact(&mut buf[have..])
+                    .await
+                    .map_err(|_| "bad_proxy_header")?;
+            }
+            Err(_) => return Err("bad_proxy_header"),
+        }
+    }
+}
+
+/// Reads until a whole ClientHello is buffered in `buf`; returns its server name.
+async fn read_client_hello(
+    down: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<Option<String>, Refusal> {
+    loop {
+        match client_hello::parse(buf) {
+            Ok(client_hello::Parsed::Complete(hello)) => return Ok(hello.server_name),
+            Ok(client_hello::Parsed::Incomplete { needed }) => {
+                if needed > MAX_HELLO_BUFFER {
+                    return Err("not_tls");
+                }
+                buf.reserve(needed - buf.len());
+                if down.read_buf(buf).await.map_err(|_| "closed_early")? == 0 {
+                    return Err("closed_early");
+                }
+            }
+            Err(_) => return Err("not_tls"),
+        }
+    }
+}
+
+/// Connects, sends the PROXY header and prefix, relays; returns how the connection ended.
+async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> &'static str {
+    let m = &shared.metrics;
+    let refuse = |reason: &'static str| {
+        m.refused
+            .get_or_create(&RefusedLabels {
+                listener: s.name.clone(),
+                reason,
+            })
+            .inc();
+        reason
+    };
+    let Some(group) = s.groups.get(&a.group) else {
+        return refuse("no_route");
+    };
+    let key = a.client.ip().to_canonical().to_string();
+    let plan = group.plan((group.balance() == Balance::Hash).then_some(key.as_bytes()));
+    if plan.is_empty() {
+        return refuse("no_server");
+    }
+    let connect_timeout = Duration::from_secs(s.config.connect_timeout_secs);
+    let mut connected: Option<(TcpStream, InFlight)> = None;
+    for server in plan {
+        let in_flight = server.begin();
+        let why =
+            match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr())).await {
+                Ok(Ok(up)) => {
+                    server.report_success();
+                    connected = Some((up, in_flight));
+                    break;
+                }
+                Ok(Err(e)) if is_local_exhaustion(&e) => {
+                    // Our own fd table is full: not the server's fault, so nothing is counted
+                    // against it; the next server would fail the same way.
+                    tracing::warn!(error = %e, "tcp connect: out of local resources");
+                    return refuse("local_resources");
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
+            };
+        server.report_failure();
+        tracing::debug!(group = group.name(), server = server.addr(), %why, "tcp connect failed");
+        m.connect_failures
+            .get_or_create(&ServerLabels {
+                group: group.name().to_string(),
+                server: server.addr().to_string(),
+            })
+            .inc();
+    }
+    let Some((mut up, in_flight)) = connected else {
+        return refuse("connect_failed");
+    };
+    let _ = up.set_nodelay(true);
+    let server_labels = ServerLabels {
+        group: group.name().to_string(),
+        server: in_flight.server().addr().to_string(),
+    };
+    m.server_connections.get_or_create(&server_labels).inc();
+    let server_open = m.server_open.get_or_create(&server_labels).clone();
+    server_open.inc();
+
+    let mut first = match s.config.send_proxy {
+        Some(ProxyVersion::V1) => proxy_protocol::encode_v1(a.client, a.destination),
+        Some(ProxyVersion::V2) => proxy_protocol::encode_v2(a.client, a.destination),
+        None => Vec::new(),
+    };
+    first.extend_from_slice(&a.prefix);
+    let how = if !first.is_empty() && up.write_all(&first).await.is_err() {
+        "error"
+    } else {
+        pump(a.down, up, s, shared, started, &server_labels).await
+    };
+    server_open.dec();
+    m.ended
+        .get_or_create(&EndLabels {
+            listener: s.name.clone(),
+            how,
+        })
+        .inc();
+    drop(in_flight);
+    how
+}
+
+/// The relay raced against the idle and total timeouts and a forced shutdown.
+async fn pump(
+    mut down: Downstream,
+    mut up: TcpStream,
+    s: &Settings,
+    shared: &Shared,
+    started: Instant,
+    server_labels: &ServerLabels,
+) -> &'static str {
+    let m = &shared.metrics;
+    let labels = m.listener(&s.name);
+    let (l_up, l_down) = (
+        m.listener_up_bytes.get_or_create(&labels).clone(),
+        m.listener_down_bytes.get_or_create(&labels).clone(),
+    );
+    let (s_up, s_down) = (
+        m.server_up_bytes.get_or_create(server_labels).clone(),
+        m.server_down_bytes.get_or_create(server_labels).clone(),
+    );
+    let last = AtomicU64::new(0);
+    let on_bytes = |dir: Direction, n: usize| {
+        last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let n = n as u64;
+        match dir {
+            Direction::Up => {
+                l_up.inc_by(n);
+                s_up.inc_by(n);
+            }
+            Direction::Down => {
+                l_down.inc_by(n);
+                s_down.inc_by(n);
+            }
+        }
+    };
+    let idle = Duration::from_secs(s.config.idle_timeout_secs);
+    let total = match s.config.total_timeout_secs {
+        0 => None,
+        secs => Some(started + Duration::from_secs(secs)),
+    };
+    let mut force = shared.force.clone();
+    let result = {
+        let relay = async {
+            match &mut down {
+                Downstream::Plain(d) => splice::splice_both(d, &up, &shared.pool, &on_bytes).await,
+                Downstream::Tls(t) => splice::copy_both(&mut **t, &mut up, &on_bytes).await,
+            }
+        };
+        tokio::select! {
+            r = relay => r.map(|_| "closed"),
+            _ = idle_watch(&last, started, idle) => Ok("idle_timeout"),
+            _ = async {
+                match total {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => Ok("total_timeout"),
+            _ = force.wait_for(|stop| *stop) => Ok("shutdown"),
+        }
+    };
+    match result {
+        Ok(how) => how,
+        Err(e) => {
+            // A reset (or a broken socket) on one side is passed on as a reset to the other.
+            splice::reset_on_close(down.tcp());
+            splice::reset_on_close(&up);
+            tracing::debug!(listener = %s.name, error = %e, "tcp relay ended by an error");
+            match e {
+                RelayError::Reset(_) => "reset",
+                RelayError::Io(..) => "error",
+            }
+        }
+    }
+}
+
+fn is_local_exhaustion(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Resolves once no byte moved either way for `idle`.
+async fn idle_watch(last: &AtomicU64, started: Instant, idle: Duration) {
+    loop {
+        let deadline = started + Duration::from_millis(last.load(Ordering::Relaxed)) + idle;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline.into()).await;
+    }
+}

@@ -1,0 +1,217 @@
+//! Tests of group planning: weighted distribution, least connections, hashing, backups, passive
+//! ejection with one trial, state carried over a rebuild.
+
+use super::*;
+
+fn group(toml_text: &str) -> Group {
+    let config: GroupConfig = toml::from_str(toml_text).unwrap();
+    Group::new(&config).unwrap()
+}
+
+fn firsts(g: &Group, n: usize) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for _ in 0..n {
+        let plan = g.plan(None);
+        *counts.entry(plan[0].addr().to_string()).or_default() += 1;
+    }
+    counts
+}
+
+#[test]
+fn weighted_round_robin_shares() {
+    let g = group(
+        r#"name = "app"
+        servers = [{ addr = "a:1", weight = 3 }, "b:1", { addr = "c:1", weight = 2 }]"#,
+    );
+    let c = firsts(&g, 600);
+    assert_eq!((c["a:1"], c["b:1"], c["c:1"]), (300, 100, 200));
+    // Every plan lists every usable primary exactly once.
+    let plan = g.plan(None);
+    let mut addrs: Vec<&str> = plan.iter().map(|s| s.addr()).collect();
+    addrs.sort();
+    assert_eq!(addrs, ["a:1", "b:1", "c:1"]);
+}
+
+#[test]
+fn least_conn_prefers_idle_servers() {
+    let g = group(
+        r#"name = "db"
+        balance = "least_conn"
+        servers = ["a:1", "b:1", "c:1"]"#,
+    );
+    let a = g.servers()[0].begin();
+    let _a2 = g.servers()[0].begin();
+    let _b = g.servers()[1].begin();
+    for _ in 0..5 {
+        assert_eq!(g.plan(None)[0].addr(), "c:1");
+    }
+    drop(a);
+    let _c = g.servers()[2].begin();
+    let _c2 = g.servers()[2].begin();
+    // a:1 1, b:1 1, c:1 2 → a or b lead, c is last.
+    let plan = g.plan(None);
+    assert_eq!(plan[2].addr(), "c:1");
+}
+
+#[test]
+fn hash_is_sticky_and_fails_over() {
+    let g = group(
+        r#"name = "h"
+        balance = "hash"
+        hash_key = "client_ip"
+        servers = ["a:1", "b:1", "c:1"]"#,
+    );
+    let first = g.plan(Some(b"10.1.2.3"))[0].addr().to_string();
+    for _ in 0..10 {
+        assert_eq!(g.plan(Some(b"10.1.2.3"))[0].addr(), first);
+    }
+    let owner = g.servers().iter().find(|s| s.addr() == first).unwrap();
+    owner.set_healthy(false);
+    let other = g.plan(Some(b"10.1.2.3"))[0].addr().to_string();
+    assert_ne!(other, first);
+    assert_eq!(g.plan(Some(b"10.1.2.3")).len(), 2);
+    owner.set_healthy(true);
+    assert_eq!(g.plan(Some(b"10.1.2.3"))[0].addr(), first);
+}
+
+#[test]
+fn backups_only_when_all_primaries_are_down() {
+    let g = group(
+        r#"name = "b"
+        servers = ["a:1", "b:1", { addr = "z:1", backup = true }]"#,
+    );
+    for _ in 0..4 {
+        assert!(g.plan(None).iter().all(|s| !s.is_backup()));
+    }
+    g.servers()[0].set_healthy(false);
+    assert_eq!(g.plan(None).len(), 1);
+    g.servers()[1].set_healthy(false);
+    let plan = g.plan(None);
+    assert_eq!(plan.len(), 1);
+    assert_eq!(plan[0].addr(), "z:1");
+    g.servers()[2].set_healthy(false);
+    assert!(g.plan(None).is_empty());
+    g.servers()[1].set_healthy(true);
+    assert_eq!(g.plan(None)[0].addr(), "b:1");
+}
+
+#[test]
+fn passive_ejection_then_one_trial() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 2
+        fail_timeout_secs = 1
+        servers = ["a:1", "b:1"]"#,
+    );
+    let a = Arc::clone(&g.servers()[0]);
+    a.report_failure();
+    assert!(a.is_usable());
+    a.report_failure();
+    assert!(!a.is_usable());
+    assert_eq!(a.ejections(), 1);
+    for _ in 0..4 {
+        assert_eq!(
+            g.plan(None).iter().map(|s| s.addr()).collect::<Vec<_>>(),
+            ["b:1"]
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    // Exactly one plan gets the trial, with a:1 first; the next one does not see it.
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    assert_eq!(g.plan(None).len(), 1);
+    // The trial fails: out again, without counting a new ejection.
+    a.report_failure();
+    assert!(!a.is_usable());
+    assert_eq!(a.ejections(), 1);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(g.plan(None)[0].addr(), "a:1");
+    a.report_success();
+    assert!(a.is_usable());
+    assert_eq!(a.failures(), 0);
+    assert_eq!(g.plan(None).len(), 2);
+}
+
+#[test]
+fn rebuild_keeps_state_of_unchanged_servers() {
+    let configs: Vec<GroupConfig> = vec![toml::from_str(
+        r#"name = "g"
+        servers = ["a:1", "b:1"]"#,
+    )
+    .unwrap()];
+    let old = Groups::new(&configs).unwrap();
+    old.get("g").unwrap().servers()[0].set_healthy(false);
+    let new_configs: Vec<GroupConfig> = vec![toml::from_str(
+        r#"name = "g"
+        servers = ["a:1", "c:1"]"#,
+    )
+    .unwrap()];
+    let new = Groups::rebuild(&new_configs, Some(&old)).unwrap();
+    let g = new.get("g").unwrap();
+    assert!(!g.servers()[0].is_healthy());
+    assert!(g.servers()[1].is_healthy());
+}
+
+#[test]
+fn bad_groups_are_refused() {
+    for (text, why) in [
+        (
+            r#"name = "x"
+            servers = []"#,
+            "no servers",
+        ),
+        (
+            r#"name = "x"
+            servers = ["nohost"]"#,
+            "not host:port",
+        ),
+        (
+            r#"name = "x"
+            servers = ["a:99999"]"#,
+            "not host:port",
+        ),
+        (
+            r#"name = "x"
+            servers = [{ addr = "a:1", weight = 0 }]"#,
+            "weight",
+        ),
+        (
+            r#"name = "x"
+            servers = ["a:1", "a:1"]"#,
+            "twice",
+        ),
+        (
+            r#"name = "x"
+            servers = [{ addr = "a:1", backup = true }]"#,
+            "backup",
+        ),
+        (
+            r#"name = "x"
+            balance = "hash"
+            servers = ["a:1"]"#,
+            "hash_key",
+        ),
+        (
+            r#"name = "x"
+            servers = ["a:1"]
+            health_check = { kind = "http", path = "no-slash" }"#,
+            "path",
+        ),
+        (
+            r#"name = "x"
+            servers = ["a:1"]
+            health_check = { rise = 0 }"#,
+            "rise",
+        ),
+    ] {
+        let config: GroupConfig = toml::from_str(text).unwrap();
+        let err = Group::new(&config).unwrap_err().to_string();
+        assert!(err.contains(why), "{text}: {err}");
+    }
+    let unknown = toml::from_str::<GroupConfig>(
+        r#"name = "x"
+        servers = ["a:1"]
+        health_check = { kind = "icmp" }"#,
+    );
+    assert!(unknown.is_err());
+}

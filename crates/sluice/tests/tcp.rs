@@ -1,0 +1,763 @@
+//! The TCP front end against real sockets on 127.0.0.1: bytes both ways, half-close, resets,
+//! failing upstreams, timeouts, PROXY protocol, SNI routing, limits, fd leaks, group behaviour.
+
+mod support;
+mod tcp_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_http::proxy_protocol;
+use support::{pattern, sha256};
+use tcp_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn one_group(servers: &str, extra: &str) -> String {
+    format!(
+        "[[upstreams]]\nname = \"g\"\nservers = [{servers}]\n{extra}\n\n[[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"g\"\n"
+    )
+}
+
+fn quoted(addrs: &[std::net::SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Sends `body` and reads the echo concurrently; returns the echo.
+async fn echo_through(addr: std::net::SocketAddr, body: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.split();
+    let write = async {
+        w.write_all(body).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let read = async {
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    };
+    let ((), out) = tokio::join!(write, read);
+    out
+}
+
+#[tokio::test]
+async fn bytes_both_ways_are_identical_small_and_multi_megabyte() {
+    let echo = Upstream::echo().await;
+    let proxy = Proxy::start(&one_group(&quoted(&[echo.addr]), ""));
+    assert_eq!(
+        echo_through(proxy.addr(), b"Hello, world!").await,
+        b"Hello, world!"
+    );
+    let big = pattern(8 * 1024 * 1024 + 17);
+    let back = echo_through(proxy.addr(), &big).await;
+    assert_eq!(back.len(), big.len());
+    assert_eq!(sha256(&back), sha256(&big));
+    // Four at once, different sizes.
+    let sizes = [1usize, 65_536, 1_000_003, 3 << 20];
+    let runs = sizes.map(|n| {
+        let addr = proxy.addr();
+        tokio::spawn(async move {
+            let body = pattern(n);
+            sha256(&echo_through(addr, &body).await) == sha256(&body)
+        })
+    });
+    for r in runs {
+        assert!(r.await.unwrap());
+    }
+    proxy.idle().await;
+    let m = proxy.metrics();
+    let total = 13 + big.len() + sizes.iter().sum::<usize>();
+    assert!(
+        m.contains(&format!(
+            "sluice_tcp_received_bytes_total{{listener=\"127.0.0.1:0\"}} {total}"
+        )),
+        "{m}"
+    );
+    assert!(m.contains(&format!(
+        "sluice_tcp_sent_bytes_total{{listener=\"127.0.0.1:0\"}} {total}"
+    )));
+    assert!(
+        m.contains("sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"closed\"} 6")
+    );
+}
+
+#[tokio::test]
+async fn client_half_close_lets_the_answer_flow() {
+    // The server reads to EOF (the client's FIN must arrive), then answers and closes.
+    let (up, mut got) = Upstream::recorder("world").await;
+    let proxy = Proxy::start(&one_group(&quoted(&[up.addr]), ""));
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"hello").await.unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"world");
+    assert_eq!(got.recv().await.unwrap(), b"hello");
+}
+
+#[tokio::test]
+async fn upstream_half_close_lets_the_client_keep_sending() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let up = Upstream::spawn(move |mut s| {
+        let tx = tx.clone();
+        async move {
+            s.write_all(b"banner").await.unwrap();
+            s.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            tx.send(got).unwrap();
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&one_group(&quoted(&[up.addr]), ""));
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    // The server's FIN reaches the client as EOF...
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"banner");
+    // ...and the client can still send after it.
+    let late = pattern(300_000);
+    s.write_all(&late).await.unwrap();
+    s.shutdown().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sha256(&got), sha256(&late));
+}
+
+#[tokio::test]
+async fn upstream_reset_reaches_the_client_as_reset() {
+    let up = Upstream::spawn(|s| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    })
+    .await;
+    let proxy = Proxy::start(&one_group(&quoted(&[up.addr]), ""));
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset)
+    );
+    proxy.idle().await;
+    assert!(proxy
+        .metrics()
+        .contains("sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"reset\"} 1"));
+}
+
+#[tokio::test]
+async fn client_reset_reaches_the_upstream_as_reset() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let up = Upstream::spawn(move |mut s| {
+        let tx = tx.clone();
+        async move {
+            let mut buf = vec![0u8; 1024];
+            let mut result = Ok(0);
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => result = Ok(n),
+                    Err(e) => {
+                        result = Err(e.kind());
+                        break;
+                    }
+                }
+            }
+            tx.send(result).unwrap();
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&one_group(&quoted(&[up.addr]), ""));
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"some bytes").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(s);
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, Err(std::io::ErrorKind::ConnectionReset));
+}
+
+#[tokio::test]
+async fn refused_server_is_skipped_and_ejected() {
+    let dead = closed_port().await;
+    let echo = Upstream::echo().await;
+    let proxy = Proxy::start(&one_group(
+        &quoted(&[dead, echo.addr]),
+        "max_fails = 1\nfail_timeout_secs = 30",
+    ));
+    for _ in 0..4 {
+        assert_eq!(echo_through(proxy.addr(), b"ping").await, b"ping");
+    }
+    let g = proxy.groups.get("g").unwrap();
+    let dead_server = g
+        .servers()
+        .iter()
+        .find(|s| s.addr() == dead.to_string())
+        .unwrap();
+    assert!(dead_server.is_ejected());
+    assert_eq!(dead_server.ejections(), 1);
+    // Ejected after one failure: the other three connections never tried it.
+    let m = proxy.metrics();
+    assert!(
+        m.contains(&format!(
+            "sluice_tcp_server_connect_failures_total{{group=\"g\",server=\"{dead}\"}} 1"
+        )),
+        "{m}"
+    );
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn black_holed_server_times_out_then_the_next_answers() {
+    let (hole, _socket, _fillers) = black_hole().await;
+    let echo = Upstream::echo().await;
+    let mut config = one_group(&quoted(&[hole, echo.addr]), "max_fails = 0");
+    config.push_str("connect_timeout_secs = 1\n");
+    let proxy = Proxy::start(&config);
+    // Round robin starts at the black hole for the first connection.
+    let started = Instant::now();
+    assert_eq!(
+        echo_through(proxy.addr(), b"late but here").await,
+        b"late but here"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn nothing_usable_closes_the_client() {
+    let dead = closed_port().await;
+    let proxy = Proxy::start(&one_group(&quoted(&[dead]), ""));
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"");
+    proxy.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"connect_failed\"} 1"
+    ));
+}
+
+#[tokio::test]
+async fn silent_client_is_closed_after_the_idle_timeout() {
+    let echo = Upstream::echo().await;
+    let mut config = one_group(&quoted(&[echo.addr]), "");
+    config.push_str("idle_timeout_secs = 1\n");
+    let proxy = Proxy::start(&config);
+    let started = Instant::now();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // Traffic resets the idle clock: 3 exchanges 600 ms apart outlive the 1 s timeout.
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        s.write_all(b"tick").await.unwrap();
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"tick");
+    }
+    proxy.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"idle_timeout\"} 2"
+    ));
+}
+
+#[tokio::test]
+async fn total_timeout_ends_a_busy_connection() {
+    let echo = Upstream::echo().await;
+    let mut config = one_group(&quoted(&[echo.addr]), "");
+    config.push_str("total_timeout_secs = 1\n");
+    let proxy = Proxy::start(&config);
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 4];
+    let ended = loop {
+        if s.write_all(b"busy").await.is_err() {
+            break true;
+        }
+        match s.read_exact(&mut buf).await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => break true,
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+    };
+    assert!(ended);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+fn proxy_in(trusted: &str, extra: &str, servers: &str) -> String {
+    format!(
+        "[[upstreams]]\nname = \"g\"\nservers = [{servers}]\n\n[[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"g\"\naccept_proxy = true\ntrusted_proxies = [\"{trusted}\"]\n{extra}\n"
+    )
+}
+
+#[tokio::test]
+async fn proxy_header_from_trusted_peer_is_consumed_and_forwarded() {
+    let (up, mut got) = Upstream::recorder("ok").await;
+    let proxy = Proxy::start(&proxy_in(
+        "127.0.0.0/8",
+        "send_proxy = \"v1\"",
+        &quoted(&[up.addr]),
+    ));
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    let client = "203.0.113.7:4242".parse().unwrap();
+    let dst = "198.51.100.1:5432".parse().unwrap();
+    // A v2 header in, split across two writes, payload right behind it.
+    let header = proxy_protocol::encode_v2(client, dst);
+    s.write_all(&header[..7]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(&[&header[7..], b"payload".as_slice()].concat())
+        .await
+        .unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"ok");
+    let seen = got.recv().await.unwrap();
+    // The upstream sees a v1 line with the real client, then exactly the payload.
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        "PROXY TCP4 203.0.113.7 198.51.100.1 4242 5432\r\npayload"
+    );
+}
+
+#[tokio::test]
+async fn send_proxy_v1_and_v2_carry_the_client_address() {
+    for version in ["v1", "v2"] {
+        let (up, mut got) = Upstream::recorder("ok").await;
+        let mut config = one_group(&quoted(&[up.addr]), "");
+        config.push_str(&format!("send_proxy = \"{version}\"\n"));
+        let proxy = Proxy::start(&config);
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let me = s.local_addr().unwrap();
+        s.write_all(b"data").await.unwrap();
+        s.shutdown().await.unwrap();
+        read_all(&mut s, 5).await.unwrap();
+        let seen = got.recv().await.unwrap();
+        let proxy_protocol::Parsed::Complete(h) = proxy_protocol::parse(&seen).unwrap() else {
+            panic!("incomplete header: {seen:?}");
+        };
+        assert_eq!(
+            h.addresses,
+            proxy_protocol::Addresses::Tcp {
+                source: me,
+                destination: proxy.addr(),
+            },
+            "{version}"
+        );
+        assert_eq!(&seen[h.len..], b"data");
+    }
+}
+
+#[tokio::test]
+async fn malformed_or_untrusted_proxy_headers_are_refused() {
+    let echo = Upstream::echo().await;
+    let proxy = Proxy::start(&proxy_in("127.0.0.0/8", "", &quoted(&[echo.addr])));
+    for bad in [
+        &b"PROXY TCP4 1.2.3.4 5.6.7.8 99999 1\r\nhello"[..],
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\r\n\r\n\0\r\nQUIT\n\x31\x11\x00\x0c",
+    ] {
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        s.write_all(bad).await.unwrap();
+        let got = read_all(&mut s, 5).await.unwrap_or_default();
+        assert_eq!(got, b"");
+    }
+    // A peer outside trusted_proxies is refused even with a valid header.
+    let strict = Proxy::start(&proxy_in("10.0.0.0/8", "", &quoted(&[echo.addr])));
+    let mut s = TcpStream::connect(strict.addr()).await.unwrap();
+    let header =
+        proxy_protocol::encode_v1("1.1.1.1:1".parse().unwrap(), "2.2.2.2:2".parse().unwrap());
+    let _ = s.write_all(&[&header[..], b"hello"].concat()).await;
+    assert_eq!(read_all(&mut s, 5).await.unwrap_or_default(), b"");
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 0);
+    proxy.idle().await;
+    strict.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"bad_proxy_header\"} 3"
+    ));
+    assert!(strict.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"untrusted_proxy\"} 1"
+    ));
+}
+
+#[tokio::test]
+async fn sni_routes_a_split_client_hello_and_refuses_garbage() {
+    let (a, mut a_got) = Upstream::recorder("A").await;
+    let (b, mut b_got) = Upstream::recorder("B").await;
+    let (d, _d_got) = Upstream::recorder("D").await;
+    let config = format!(
+        "[[upstreams]]\nname = \"a\"\nservers = [\"{}\"]\n[[upstreams]]\nname = \"b\"\nservers = [\"{}\"]\n\
+         [[upstreams]]\nname = \"d\"\nservers = [\"{}\"]\n\n[[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"d\"\n\
+         sni = [{{ server_name = \"a.example.com\", upstream = \"a\" }}, {{ server_name = \"*.b.example\", upstream = \"b\" }}]\n",
+        a.addr, b.addr, d.addr
+    );
+    let proxy = Proxy::start(&config);
+    for (name, want) in [
+        ("a.example.com", "A"),
+        ("x.y.b.example", "B"),
+        ("other.example", "D"),
+    ] {
+        let hello = client_hello(name);
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        // Five writes with pauses: the proxy must reassemble the hello from several segments.
+        for piece in hello.chunks(hello.len() / 5 + 1) {
+            s.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        s.write_all(b"after").await.unwrap();
+        s.shutdown().await.unwrap();
+        assert_eq!(
+            read_all(&mut s, 5).await.unwrap(),
+            want.as_bytes(),
+            "{name}"
+        );
+        if want == "A" {
+            assert_eq!(a_got.recv().await.unwrap(), [&hello[..], b"after"].concat());
+        }
+        if want == "B" {
+            assert_eq!(b_got.recv().await.unwrap(), [&hello[..], b"after"].concat());
+        }
+    }
+    // Plain text instead of TLS: closed, no upstream contacted.
+    let before = a.accepted.load(Ordering::SeqCst)
+        + b.accepted.load(Ordering::SeqCst)
+        + d.accepted.load(Ordering::SeqCst);
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap_or_default(), b"");
+    let after = a.accepted.load(Ordering::SeqCst)
+        + b.accepted.load(Ordering::SeqCst)
+        + d.accepted.load(Ordering::SeqCst);
+    assert_eq!(before, after);
+    proxy.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"not_tls\"} 1"
+    ));
+}
+
+#[tokio::test]
+async fn max_connections_pauses_accept_until_a_slot_frees() {
+    let echo = Upstream::echo().await;
+    let mut config = one_group(&quoted(&[echo.addr]), "");
+    config.push_str("max_connections = 1\n");
+    let proxy = Proxy::start(&config);
+    let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
+    first.write_all(b"one").await.unwrap();
+    let mut buf = [0u8; 3];
+    first.read_exact(&mut buf).await.unwrap();
+    // The second connects (kernel backlog) but is not served while the first is open.
+    let mut second = TcpStream::connect(proxy.addr()).await.unwrap();
+    second.write_all(b"two").await.unwrap();
+    let waited =
+        tokio::time::timeout(Duration::from_millis(400), second.read_exact(&mut buf)).await;
+    assert!(
+        waited.is_err(),
+        "second connection was served above the limit"
+    );
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 1);
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(3), second.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"two");
+}
+
+/// Reads the name line a `named` upstream sends first.
+async fn which(addr: std::net::SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while s.read_exact(&mut byte).await.is_ok() && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+#[tokio::test]
+async fn weighted_balancing_and_backup() {
+    let up = Arc::new(AtomicBool::new(true));
+    let x = Upstream::named("x", up.clone()).await;
+    let y = Upstream::named("y", up.clone()).await;
+    let z = Upstream::named("z", up.clone()).await;
+    let servers = format!(
+        "{{ addr = \"{}\", weight = 2 }}, \"{}\", {{ addr = \"{}\", backup = true }}",
+        x.addr, y.addr, z.addr
+    );
+    let proxy = Proxy::start(&one_group(&servers, ""));
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for _ in 0..9 {
+        *seen.entry(which(proxy.addr()).await).or_default() += 1;
+    }
+    assert_eq!((seen["x"], seen["y"], seen.get("z")), (6, 3, None));
+    // Both primaries down: the backup serves.
+    let g = proxy.groups.get("g").unwrap();
+    g.servers()[0].set_healthy(false);
+    g.servers()[1].set_healthy(false);
+    assert_eq!(which(proxy.addr()).await, "z");
+    g.servers()[1].set_healthy(true);
+    assert_eq!(which(proxy.addr()).await, "y");
+}
+
+#[tokio::test]
+async fn least_conn_and_client_ip_hash() {
+    let up = Arc::new(AtomicBool::new(true));
+    let x = Upstream::named("x", up.clone()).await;
+    let y = Upstream::named("y", up.clone()).await;
+    let servers = quoted(&[x.addr, y.addr]);
+    let lc = Proxy::start(&one_group(&servers, "balance = \"least_conn\""));
+    // Hold one connection open: the next ones all go to the other server.
+    let mut held = TcpStream::connect(lc.addr()).await.unwrap();
+    let mut line = [0u8; 2];
+    held.read_exact(&mut line).await.unwrap();
+    let busy = String::from_utf8_lossy(&line[..1]).to_string();
+    for _ in 0..4 {
+        assert_ne!(which(lc.addr()).await, busy);
+        // Let the proxy see that connection close, so only `held` is in flight.
+        while lc.tcp.connections() > 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let h = Proxy::start(&one_group(
+        &servers,
+        "balance = \"hash\"\nhash_key = \"client_ip\"",
+    ));
+    let first = which(h.addr()).await;
+    for _ in 0..5 {
+        assert_eq!(which(h.addr()).await, first);
+    }
+}
+
+#[tokio::test]
+async fn active_health_check_takes_a_server_out_and_back() {
+    let x_up = Arc::new(AtomicBool::new(true));
+    let x = Upstream::named("x", x_up.clone()).await;
+    let y = Upstream::named("y", Arc::new(AtomicBool::new(true))).await;
+    let proxy = Proxy::start(&one_group(
+        &quoted(&[x.addr, y.addr]),
+        "health_check = { kind = \"http\", path = \"/healthz\", interval_secs = 1, timeout_secs = 1, rise = 1, fall = 1 }",
+    ));
+    let _checks = sluice::upstream::group::health::spawn(&proxy.groups);
+    let g = proxy.groups.get("g").unwrap();
+    let x_server = Arc::clone(&g.servers()[0]);
+    x_up.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while x_server.is_healthy() {
+        assert!(Instant::now() < deadline, "x never marked down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..4 {
+        assert_eq!(which(proxy.addr()).await, "y");
+    }
+    let m = proxy.metrics();
+    assert!(
+        m.contains(&format!(
+            "sluice_upstream_server_up{{group=\"g\",server=\"{}\"}} 0",
+            x.addr
+        )),
+        "{m}"
+    );
+    assert!(m.contains(&format!(
+        "sluice_upstream_server_up{{group=\"g\",server=\"{}\"}} 1",
+        y.addr
+    )));
+    assert!(m.contains("# TYPE sluice_upstream_server_ejections counter"));
+    assert!(
+        m.contains("sluice_upstream_server_ejections_total{group=\"g\""),
+        "{m}"
+    );
+    x_up.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !x_server.is_healthy() {
+        assert!(Instant::now() < deadline, "x never marked up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut names: Vec<String> = Vec::new();
+    for _ in 0..4 {
+        names.push(which(proxy.addr()).await);
+    }
+    assert!(names.contains(&"x".to_string()), "{names:?}");
+}
+
+#[tokio::test]
+async fn reload_keeps_established_connections_and_switches_new_ones() {
+    let up = Arc::new(AtomicBool::new(true));
+    let x = Upstream::named("x", up.clone()).await;
+    let y = Upstream::named("y", up.clone()).await;
+    let echo = Upstream::echo().await;
+    let config = |group_server: std::net::SocketAddr, extra_listener: bool| {
+        let mut c = format!(
+            "[[upstreams]]\nname = \"g\"\nservers = [\"{group_server}\"]\n[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n\n\
+             [[tcp]]\nname = \"main\"\nlisten = \"127.0.0.1:0\"\nupstream = \"g\"\n",
+            echo.addr
+        );
+        if extra_listener {
+            c.push_str("\n[[tcp]]\nname = \"extra\"\nlisten = \"127.0.0.1:0\"\nupstream = \"e\"\n");
+        }
+        c
+    };
+    let proxy = Proxy::start(&config(x.addr, true));
+    let main = proxy.tcp.local_addr("main").unwrap();
+    let extra = proxy.tcp.local_addr("extra").unwrap();
+    assert_eq!(which(main).await, "x");
+    // A connection on the listener about to be removed stays up through the reload.
+    let mut held = TcpStream::connect(extra).await.unwrap();
+    held.write_all(b"before").await.unwrap();
+    let mut buf = [0u8; 6];
+    held.read_exact(&mut buf).await.unwrap();
+
+    let second = sluice::config::Config::parse_file(&config(y.addr, false)).unwrap();
+    let groups = Arc::new(
+        sluice::upstream::group::Groups::rebuild(&second.upstreams, Some(&proxy.groups)).unwrap(),
+    );
+    proxy.tcp.apply(&second.tcp, groups).unwrap();
+    // Same socket for "main", new group for new connections; "extra" no longer accepts.
+    assert_eq!(proxy.tcp.local_addr("main"), Some(main));
+    assert_eq!(which(main).await, "y");
+    assert!(proxy.tcp.local_addr("extra").is_none());
+    assert!(TcpStream::connect(extra).await.is_err());
+    held.write_all(b"after!").await.unwrap();
+    held.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"after!");
+}
+
+#[tokio::test]
+async fn graceful_shutdown_drains_then_closes() {
+    let echo = Upstream::echo().await;
+    let proxy = Proxy::start(&one_group(&quoted(&[echo.addr]), ""));
+    let addr = proxy.addr();
+    let mut open = TcpStream::connect(addr).await.unwrap();
+    open.write_all(b"x").await.unwrap();
+    let mut b = [0u8; 1];
+    open.read_exact(&mut b).await.unwrap();
+    let started = Instant::now();
+    let tcp = &proxy.tcp;
+    let shutdown = tcp.shutdown(Duration::from_secs(1));
+    let client = async {
+        // Still relaying during the grace period...
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        open.write_all(b"y").await.unwrap();
+        open.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"y");
+        // ...and new connections are no longer accepted.
+        assert!(TcpStream::connect(addr).await.is_err());
+        // After the grace period the connection is closed.
+        read_all(&mut open, 5).await.unwrap_or_default()
+    };
+    let ((), rest) = tokio::join!(shutdown, client);
+    assert_eq!(rest, b"");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
+    use std::io::Write;
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let mut cert = tempfile::NamedTempFile::new().unwrap();
+    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
+    let mut key = tempfile::NamedTempFile::new().unwrap();
+    key.write_all(ck.key_pair.serialize_pem().as_bytes())
+        .unwrap();
+    let echo = Upstream::echo().await;
+    let (other, _) = Upstream::recorder("other").await;
+    let config = format!(
+        "[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n[[upstreams]]\nname = \"o\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"o\"\nsni = [{{ server_name = \"localhost\", upstream = \"e\" }}]\n\
+         tls_cert = {:?}\ntls_key = {:?}\n",
+        echo.addr,
+        other.addr,
+        cert.path(),
+        key.path()
+    );
+    let proxy = Proxy::start(&config);
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ck.cert.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let body = pattern(2 * 1024 * 1024 + 3);
+    let (mut r, mut w) = tokio::io::split(&mut tls);
+    let write = async {
+        w.write_all(&body).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let read = async {
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    };
+    let ((), back) = tokio::join!(write, read);
+    assert_eq!(sha256(&back), sha256(&body));
+    assert_eq!(other.accepted.load(Ordering::SeqCst), 0);
+    // Plain text on a TLS listener: refused, nothing relayed.
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let _ = read_all(&mut s, 5).await;
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn serve_starts_tcp_listeners_next_to_http() {
+    let echo = Upstream::echo().await;
+    let port = closed_port().await.port();
+    let text = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"e\"\n",
+        echo.addr
+    );
+    let config = sluice::config::Config::parse_file(&text).unwrap();
+    config.validate().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(sluice::serve(config, async {
+        let _ = rx.await;
+    }));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(addr).await {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    s.write_all(b"through serve").await.unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"through serve");
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
