@@ -20,6 +20,8 @@ pub struct Config {
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
+    /// The slice cache service (`[cache]`), used by routes with `cache = true`.
+    pub cache: crate::cache::CacheConfig,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -286,6 +288,9 @@ impl Config {
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
+        self.cache
+            .validate()
+            .map_err(|e| anyhow::anyhow!("in [cache]: {e}"))?;
         let m = &self.media;
         if m.live_mpd_ttl_secs == 0 || m.mpd_ttl_secs == 0 {
             bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");

@@ -13,10 +13,12 @@
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
+//! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
 
 pub mod app;
 pub mod auth;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod iptv;

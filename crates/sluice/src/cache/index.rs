@@ -1,0 +1,215 @@
+//! The object index: primary key → the `Vary` names of its responses → one object per variant,
+//! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http::header::{HeaderMap, HeaderName};
+use sluice_http::freshness::variant_key;
+
+use super::object::{ObjectId, ObjectMeta};
+
+/// What the index knows about a request.
+pub enum Lookup {
+    Hit(Arc<ObjectMeta>),
+    /// The URL is stored, not for this request's variant; `vary` names the headers that matter.
+    VaryMiss {
+        vary: Vec<HeaderName>,
+    },
+    UriMiss,
+    /// A recent answer for this URL was uncacheable: go straight to the origin.
+    Pass,
+}
+
+#[derive(Default)]
+struct Primary {
+    vary: Vec<HeaderName>,
+    variants: HashMap<String, Arc<ObjectMeta>>,
+    pass_until: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    primaries: HashMap<String, Primary>,
+    order: VecDeque<String>,
+    objects: usize,
+}
+
+/// The object index.
+pub struct ObjectIndex {
+    inner: Mutex<Inner>,
+    max_objects: usize,
+}
+
+impl ObjectIndex {
+    pub fn new(max_objects: usize) -> ObjectIndex {
+        ObjectIndex {
+            inner: Mutex::new(Inner::default()),
+            max_objects,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("object index")
+    }
+
+    pub fn lookup(&self, primary: &str, req: &HeaderMap, now: Instant) -> Lookup {
+        let inner = self.lock();
+        let Some(p) = inner.primaries.get(primary) else {
+            return Lookup::UriMiss;
+        };
+        if matches!(p.pass_until, Some(t) if t > now) {
+            return Lookup::Pass;
+        }
+        match p.variants.get(&variant_key(&p.vary, req)) {
+            Some(meta) => Lookup::Hit(meta.clone()),
+            None if p.variants.is_empty() => Lookup::UriMiss,
+            None => Lookup::VaryMiss {
+                vary: p.vary.clone(),
+            },
+        }
+    }
+
+    /// The current object with this id, if any.
+    pub fn get(&self, primary: &str, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+        let inner = self.lock();
+        inner
+            .primaries
+            .get(primary)?
+            .variants
+            .values()
+            .find(|m| m.id == id)
+            .cloned()
+    }
+
+    /// Stores or replaces an object; returns objects dropped to make room or replaced by a new
+    /// version or `Vary` list (their slices must go too).
+    pub fn insert(&self, meta: Arc<ObjectMeta>) -> Vec<ObjectId> {
+        let mut dropped = Vec::new();
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let is_new_primary = !inner.primaries.contains_key(&meta.primary);
+        let p = inner.primaries.entry(meta.primary.clone()).or_default();
+        p.pass_until = None;
+        if p.vary != meta.vary {
+            inner.objects -= p.variants.len();
+            dropped.extend(p.variants.drain().map(|(_, m)| m.id));
+            p.vary = meta.vary.clone();
+        }
+        match p.variants.insert(meta.variant.clone(), meta.clone()) {
+            Some(old) if old.generation != meta.generation => dropped.push(old.id),
+            Some(_) => {}
+            None => inner.objects += 1,
+        }
+        if is_new_primary {
+            inner.order.push_back(meta.primary.clone());
+        }
+        self.evict(inner, &meta.primary, &mut dropped);
+        dropped
+    }
+
+    /// Drops the oldest primaries while over the bound (objects, or keys held only by a memo).
+    fn evict(&self, inner: &mut Inner, keep: &str, dropped: &mut Vec<ObjectId>) {
+        while inner.objects > self.max_objects || inner.primaries.len() > self.max_objects {
+            let Some(oldest) = inner.order.pop_front() else {
+                break;
+            };
+            if oldest == keep {
+                inner.order.push_back(oldest);
+                break;
+            }
+            if let Some(p) = inner.primaries.remove(&oldest) {
+                inner.objects -= p.variants.len();
+                dropped.extend(p.variants.into_values().map(|m| m.id));
+            }
+        }
+    }
+
+    /// Replaces an object's record if it is still the same version (after a 304 or a length update).
+    pub fn update(&self, meta: Arc<ObjectMeta>) -> bool {
+        let mut inner = self.lock();
+        let Some(p) = inner.primaries.get_mut(&meta.primary) else {
+            return false;
+        };
+        match p.variants.get_mut(&meta.variant) {
+            Some(slot) if slot.generation == meta.generation => {
+                *slot = meta;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops one object (a version change or a vanished origin object).
+    pub fn remove_object(&self, primary: &str, id: ObjectId) -> bool {
+        let mut inner = self.lock();
+        let Some(p) = inner.primaries.get_mut(primary) else {
+            return false;
+        };
+        let before = p.variants.len();
+        p.variants.retain(|_, m| m.id != id);
+        let removed = before - p.variants.len();
+        inner.objects -= removed;
+        removed > 0
+    }
+
+    /// Keeps `primary` out of the cache path until `until` (hit-for-pass).
+    /// Returns the objects it replaces.
+    pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<ObjectId> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        if !inner.primaries.contains_key(primary) {
+            inner.order.push_back(primary.to_string());
+        }
+        let p = inner.primaries.entry(primary.to_string()).or_default();
+        inner.objects -= p.variants.len();
+        let mut dropped: Vec<ObjectId> = p.variants.drain().map(|(_, m)| m.id).collect();
+        p.pass_until = Some(until);
+        self.evict(inner, primary, &mut dropped);
+        dropped
+    }
+
+    /// Purges every object whose primary key matches; hard purges drop them, soft purges mark them
+    /// stale. Returns the records affected (dropped or updated).
+    pub fn purge(
+        &self,
+        matches: impl Fn(&str, &ObjectMeta) -> bool,
+        soft: bool,
+    ) -> Vec<Arc<ObjectMeta>> {
+        let mut out = Vec::new();
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let mut removed = 0;
+        for (key, p) in inner.primaries.iter_mut() {
+            p.pass_until = None;
+            p.variants.retain(|_, m| {
+                if !matches(key, m) {
+                    return true;
+                }
+                if soft {
+                    let mut stale = (**m).clone();
+                    stale.soft_purged = true;
+                    let stale = Arc::new(stale);
+                    out.push(stale.clone());
+                    *m = stale;
+                    true
+                } else {
+                    out.push(m.clone());
+                    removed += 1;
+                    false
+                }
+            });
+        }
+        inner.objects -= removed;
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().objects
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
