@@ -409,7 +409,7 @@ impl Inner {
                     self.metrics.result("bypass");
                     // The writer's request was the same as this one's: its answer serves one
                     // client; the others ask the origin themselves (never queue behind it).
-                    if parts.method == Method::GET && parts.headers.get(header::RANGE).is_none() {
+                    if parts.method == Method::GET {
                         if let Some(mut resp) = fill.take_pass() {
                             let code = resp.status().as_u16();
                             set_status(

@@ -131,7 +131,14 @@ async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob
                         inner.drop_objects(&dropped);
                     }
                     inner.metrics.uncacheable.inc();
-                    if ranged {
+                    let mut parts = parts;
+                    let whole = ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
+                    if whole {
+                        // The slice asked for is the whole object: it answers any GET as a 200.
+                        parts.status = StatusCode::OK;
+                        parts.headers.remove(CONTENT_RANGE);
+                    }
+                    if ranged && !whole {
                         // A partial answer to a Range the client may not have sent: unusable.
                         fill.finish(FillEnd::Pass {
                             reason: not_storable_label(reason),
