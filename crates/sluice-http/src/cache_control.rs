@@ -92,12 +92,7 @@ fn parse_into(cc: &mut CacheControl, text: &str) {
             "stale-while-revalidate" => merge_delta(&mut cc.stale_while_revalidate, value),
             "stale-if-error" => merge_delta(&mut cc.stale_if_error, value),
             "min-fresh" => merge_delta(&mut cc.min_fresh, value),
-            "max-stale" => {
-                cc.max_stale = Some(match value {
-                    None => None,
-                    Some(v) => Some(parse_delta(Some(v)).unwrap_or(0)),
-                })
-            }
+            "max-stale" => cc.max_stale = Some(value.map(|v| parse_delta(Some(v)).unwrap_or(0))),
             "no-store" => cc.no_store = true,
             "no-cache" => cc.no_cache = true,
             "private" => cc.private = true,

@@ -217,12 +217,21 @@ impl Inner {
         }
     }
 
-    /// Forgets objects everywhere (a new version, a purge, an eviction from the index).
-    fn drop_objects(&self, ids: &[ObjectId]) {
-        for id in ids {
-            self.memory.remove_object(*id);
+    /// Forgets objects everywhere (a new version, a purge, an eviction from the index). Slices
+    /// of an object whose length never became known are left to age out of memory.
+    fn drop_objects(&self, metas: &[Arc<object::ObjectMeta>]) {
+        for meta in metas {
+            if let Some(len) = meta.length {
+                for index in 0..sluice_http::range::slice_count(len, self.slice_bytes) {
+                    self.memory.remove(&SliceKey {
+                        object: meta.id,
+                        generation: meta.generation,
+                        index,
+                    });
+                }
+            }
             if let Some(disk) = &self.disk {
-                disk.remove_object(*id);
+                disk.remove_object(meta.id);
             }
         }
     }

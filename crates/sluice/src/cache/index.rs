@@ -85,7 +85,7 @@ impl ObjectIndex {
 
     /// Stores or replaces an object; returns objects dropped to make room or replaced by a new
     /// version or `Vary` list (their slices must go too).
-    pub fn insert(&self, meta: Arc<ObjectMeta>) -> Vec<ObjectId> {
+    pub fn insert(&self, meta: Arc<ObjectMeta>) -> Vec<Arc<ObjectMeta>> {
         let mut dropped = Vec::new();
         let mut inner = self.lock();
         let inner = &mut *inner;
@@ -94,11 +94,11 @@ impl ObjectIndex {
         p.pass_until = None;
         if p.vary != meta.vary {
             inner.objects -= p.variants.len();
-            dropped.extend(p.variants.drain().map(|(_, m)| m.id));
+            dropped.extend(p.variants.drain().map(|(_, m)| m));
             p.vary = meta.vary.clone();
         }
         match p.variants.insert(meta.variant.clone(), meta.clone()) {
-            Some(old) if old.generation != meta.generation => dropped.push(old.id),
+            Some(old) if old.generation != meta.generation => dropped.push(old),
             Some(_) => {}
             None => inner.objects += 1,
         }
@@ -110,7 +110,7 @@ impl ObjectIndex {
     }
 
     /// Drops the oldest primaries while over the bound (objects, or keys held only by a memo).
-    fn evict(&self, inner: &mut Inner, keep: &str, dropped: &mut Vec<ObjectId>) {
+    fn evict(&self, inner: &mut Inner, keep: &str, dropped: &mut Vec<Arc<ObjectMeta>>) {
         while inner.objects > self.max_objects || inner.primaries.len() > self.max_objects {
             let Some(oldest) = inner.order.pop_front() else {
                 break;
@@ -121,7 +121,7 @@ impl ObjectIndex {
             }
             if let Some(p) = inner.primaries.remove(&oldest) {
                 inner.objects -= p.variants.len();
-                dropped.extend(p.variants.into_values().map(|m| m.id));
+                dropped.extend(p.variants.into_values());
             }
         }
     }
@@ -156,7 +156,7 @@ impl ObjectIndex {
 
     /// Keeps `primary` out of the cache path until `until` (hit-for-pass).
     /// Returns the objects it replaces.
-    pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<ObjectId> {
+    pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<Arc<ObjectMeta>> {
         let mut inner = self.lock();
         let inner = &mut *inner;
         if !inner.primaries.contains_key(primary) {
@@ -164,7 +164,7 @@ impl ObjectIndex {
         }
         let p = inner.primaries.entry(primary.to_string()).or_default();
         inner.objects -= p.variants.len();
-        let mut dropped: Vec<ObjectId> = p.variants.drain().map(|(_, m)| m.id).collect();
+        let mut dropped: Vec<Arc<ObjectMeta>> = p.variants.drain().map(|(_, m)| m).collect();
         p.pass_until = Some(until);
         self.evict(inner, primary, &mut dropped);
         dropped

@@ -112,8 +112,8 @@ impl MemoryTier {
         self.cache.insert(key, slice);
     }
 
-    pub fn remove_object(&self, object: super::object::ObjectId) {
-        self.cache.retain(|k, _| k.object != object);
+    pub fn remove(&self, key: &SliceKey) {
+        self.cache.remove(key);
     }
 
     /// Bytes held (including per-entry bookkeeping).

@@ -141,9 +141,96 @@ impl Inner {
                     disk.write_meta(meta.clone());
                 }
             } else {
-                self.drop_objects(&[meta.id]);
+                self.drop_objects(std::slice::from_ref(meta));
             }
         }
         affected.len()
+    }
+}
+
+/// The keys a successful unsafe request invalidates (RFC 9111 §4.4): its target, and the
+/// `Location` / `Content-Location` of the answer when they name the same host. `host` is the
+/// request's authority (the `Host` header).
+pub fn invalidation_keys(
+    scope: &str,
+    host: &str,
+    target: &http::Uri,
+    status: StatusCode,
+    resp_headers: &HeaderMap,
+) -> Vec<CacheKey> {
+    if !(status.is_success() || status.is_redirection()) {
+        return Vec::new();
+    }
+    let mut keys = vec![CacheKey::new(scope, target)];
+    let base = format!(
+        "http://{host}{}",
+        target.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+    );
+    let Ok(base) = url::Url::parse(&base) else {
+        return keys;
+    };
+    for name in [header::LOCATION, header::CONTENT_LOCATION] {
+        let Some(v) = resp_headers.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        let Ok(u) = base.join(v) else { continue };
+        if u.host_str() != base.host_str()
+            || u.port_or_known_default() != base.port_or_known_default()
+        {
+            continue;
+        }
+        let pq = match u.query() {
+            Some(q) => format!("{}?{q}", u.path()),
+            None => u.path().to_string(),
+        };
+        if let Ok(uri) = pq.parse::<http::Uri>() {
+            let key = CacheKey::new(scope, &uri);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsafe_methods_invalidate_target_and_same_host_locations() {
+        let mut h = HeaderMap::new();
+        h.insert(header::LOCATION, HeaderValue::from_static("/items/7?x=1"));
+        h.insert(
+            header::CONTENT_LOCATION,
+            HeaderValue::from_static("http://elsewhere.example/items/7"),
+        );
+        let target: http::Uri = "/items".parse().unwrap();
+        let keys = invalidation_keys("r", "shop.example", &target, StatusCode::CREATED, &h);
+        assert_eq!(
+            keys,
+            vec![
+                CacheKey("r|/items".into()),
+                CacheKey("r|/items/7?x=1".into())
+            ]
+        );
+        assert!(
+            invalidation_keys("r", "shop.example", &target, StatusCode::BAD_REQUEST, &h).is_empty()
+        );
+    }
+
+    #[test]
+    fn scopes_and_keys() {
+        let mut h = HeaderMap::new();
+        assert_eq!(scope(&h), Ok(PurgeScope::Url));
+        h.insert("x-purge-mode", HeaderValue::from_static("tag"));
+        assert!(scope(&h).is_err());
+        h.insert("x-purge-tag", HeaderValue::from_static("a, b c"));
+        assert_eq!(
+            scope(&h),
+            Ok(PurgeScope::Tags(vec!["a".into(), "b".into(), "c".into()]))
+        );
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        assert_eq!(offered_key(&h), Some("k"));
     }
 }

@@ -288,9 +288,9 @@ impl Inner {
         }
     }
 
-    fn forget(&self, meta: &ObjectMeta) {
+    fn forget(&self, meta: &Arc<ObjectMeta>) {
         self.index.remove_object(&meta.primary, meta.id);
-        self.drop_objects(&[meta.id]);
+        self.drop_objects(std::slice::from_ref(meta));
     }
 
     /// One background revalidation per object at a time, detached from every client.

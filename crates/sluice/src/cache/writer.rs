@@ -93,7 +93,7 @@ async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob
             if !usable || !meta.same_version(&parts.headers, total) {
                 // Another version (or the object is gone): never mix it with stored slices.
                 inner.index.remove_object(&meta.primary, meta.id);
-                inner.drop_objects(&[meta.id]);
+                inner.drop_objects(std::slice::from_ref(&meta));
                 inner.metrics.version_mismatch.inc();
                 return if usable {
                     FillEnd::Mismatch
@@ -132,7 +132,8 @@ async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob
                     }
                     inner.metrics.uncacheable.inc();
                     let mut parts = parts;
-                    let whole = ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
+                    let whole =
+                        ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
                     if whole {
                         // The slice asked for is the whole object: it answers any GET as a 200.
                         parts.status = StatusCode::OK;
