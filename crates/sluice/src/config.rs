@@ -321,6 +321,9 @@ impl Config {
         for route in &mut copy.upstream.routes {
             route.proxy = mask_userinfo(&route.proxy);
         }
+        if !copy.cache.purge_key.is_empty() {
+            copy.cache.purge_key = "********".to_string();
+        }
         toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
 }
@@ -518,6 +521,7 @@ mod tests {
     fn masked_hides_secrets() {
         let mut c = Config::default();
         c.auth.api_password = "hunter2".into();
+        c.cache.purge_key = "purgesecret".into();
         c.upstream.routes.push(RouteConfig {
             pattern: "all".into(),
             proxy: "socks5://u:secret@127.0.0.1:1080".into(),

@@ -805,9 +805,15 @@ async fn a_version_change_mid_object_drops_it_and_never_mixes_versions() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(sha256(&body(&r)), sha256(&bytes_of(2, 0, len - 1)));
     assert_eq!(r.headers["etag"], "\"v2\"");
-    assert!(front
-        .metrics()
-        .contains("sluice_cache_version_mismatches_total 1"));
+    // Slices 1 and 2 are in flight together (read-ahead): each may detect the change.
+    let m = front.metrics();
+    let mismatches: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_cache_version_mismatches_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&mismatches), "{m}");
 }
 
 #[tokio::test]

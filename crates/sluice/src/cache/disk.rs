@@ -173,6 +173,15 @@ impl DiskTier {
         }
     }
 
+    /// Whether the slice is on disk (as far as the index knows).
+    pub fn contains(&self, key: &SliceKey) -> bool {
+        self.index
+            .lock()
+            .expect("disk index")
+            .slices
+            .contains_key(key)
+    }
+
     /// Bytes on disk (slice files with their headers).
     pub fn bytes(&self) -> u64 {
         self.index.lock().expect("disk index").bytes

@@ -71,6 +71,8 @@ pub struct ObjectMeta {
     pub vary: Vec<HeaderName>,
     /// Marked stale by a soft purge: the next use revalidates.
     pub soft_purged: bool,
+    /// The origin answered a slice request with 206: later slices may be fetched ahead.
+    pub range_capable: bool,
 }
 
 impl ObjectMeta {
@@ -166,6 +168,8 @@ struct MetaRecord {
     tags: Vec<String>,
     vary: Vec<String>,
     soft_purged: bool,
+    #[serde(default)]
+    range_capable: bool,
 }
 
 impl ObjectMeta {
@@ -198,6 +202,7 @@ impl ObjectMeta {
             tags: self.tags.clone(),
             vary: self.vary.iter().map(|n| n.as_str().to_string()).collect(),
             soft_purged: self.soft_purged,
+            range_capable: self.range_capable,
         };
         serde_json::to_vec(&rec).expect("meta serializes")
     }
@@ -243,6 +248,7 @@ impl ObjectMeta {
             tags: rec.tags,
             vary,
             soft_purged: rec.soft_purged,
+            range_capable: rec.range_capable,
         })
     }
 }
@@ -278,6 +284,7 @@ mod tests {
             tags: vec!["a".into()],
             vary: vec![header::ACCEPT_ENCODING],
             soft_purged: false,
+            range_capable: true,
         };
         let back = ObjectMeta::from_bytes(&meta.to_bytes()).unwrap();
         assert_eq!(back.headers, meta.headers);

@@ -125,7 +125,12 @@ impl Producer {
             if let Some(h) = head {
                 self.send(h).await?;
             }
-            for i in slices_covering(range, slice) {
+            let covering = slices_covering(range, slice);
+            let last = *covering.end();
+            for i in covering {
+                if i < last {
+                    self.prefetch(i + 1);
+                }
                 let sr = slice_range(i, slice, self.meta.length);
                 let from = range.start.max(sr.start) - sr.start;
                 let to = range.end.min(sr.end) - sr.start;
@@ -146,6 +151,38 @@ impl Producer {
             self.send(t).await?;
         }
         Ok(())
+    }
+
+    /// Starts the fill of the next slice while this one streams, so a long read costs one origin
+    /// round trip, not one per slice. Only for origins that honour `Range` (a whole-object answer
+    /// already feeds the following slices).
+    fn prefetch(&self, i: u64) {
+        if !self.meta.range_capable {
+            return;
+        }
+        let key = SliceKey {
+            object: self.meta.id,
+            generation: self.meta.generation,
+            index: i,
+        };
+        if self.inner.memory.get(&key).is_some()
+            || self.inner.disk.as_ref().is_some_and(|d| d.contains(&key))
+            || self
+                .inner
+                .inflight
+                .lock()
+                .expect("inflight")
+                .contains_key(&key)
+        {
+            return;
+        }
+        self.inner.join_or_start(key, || FillJob {
+            request: slice_request(&self.parts, i, self.inner.slice_bytes),
+            origin: self.origin.clone(),
+            kind: JobKind::Warm {
+                meta: self.meta.clone(),
+            },
+        });
     }
 
     async fn send(&self, b: Bytes) -> Result<(), StreamError> {

@@ -170,6 +170,7 @@ async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob
                 tags: object::tags(&parts.headers),
                 vary,
                 soft_purged: false,
+                range_capable: ranged,
             });
             let dropped = inner.index.insert(meta.clone());
             inner.drop_objects(&dropped);
