@@ -1026,6 +1026,25 @@ async fn purge_by_url_prefix_and_tag_with_auth() {
 }
 
 #[tokio::test]
+async fn empty_objects_and_ranges_past_the_end_of_a_cold_object_are_passed() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/empty", Obj::new(0, "max-age=60"));
+    origin.set("/short", Obj::new(100, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let r = request("GET", &front.url("/empty"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(body(&r).len(), 0);
+    let r = request(
+        "GET",
+        &front.url("/short"),
+        &[("range", "bytes=70000-70010")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(r.headers["content-range"], "bytes */100");
+}
+
+#[tokio::test]
 async fn only_if_cached_and_methods() {
     let (origin, oaddr) = start_origin().await;
     origin.set("/o", Obj::new(10, "max-age=60"));

@@ -154,6 +154,28 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_of_cold_slices_does_not_flush_the_hot_set() {
+        let slice = 16 * 1024;
+        let tier = MemoryTier::new(slice * 64, slice);
+        let data = || Slice::new(vec![Bytes::from(vec![0u8; slice as usize])]);
+        // A hot set of 16 slices, read several times.
+        for i in 0..16 {
+            tier.insert(key(i), data());
+        }
+        for _ in 0..4 {
+            for i in 0..16 {
+                assert!(tier.get(&key(i)).is_some());
+            }
+        }
+        // One pass over 1000 slices nobody reads again (a crawler, a one-off download).
+        for i in 1000..2000 {
+            tier.insert(key(i), data());
+        }
+        let kept = (0..16).filter(|i| tier.get(&key(*i)).is_some()).count();
+        assert!(kept >= 14, "only {kept} of 16 hot slices survived the scan");
+    }
+
+    #[test]
     fn range_trims_chunks() {
         let s = Slice::new(vec![
             Bytes::from_static(b"abc"),

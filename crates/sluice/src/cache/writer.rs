@@ -69,6 +69,13 @@ async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob
     let want = slice_range(key.index, slice, None);
 
     // A 206 must be exactly the slice asked for; a 200 is the whole object from byte 0.
+    if parts.status == StatusCode::RANGE_NOT_SATISFIABLE {
+        if let JobKind::Cold { .. } = job.kind {
+            // The slice lies past the end (or the object is empty): nothing to store; every
+            // waiter asks the origin with its own request, which gets the right answer for it.
+            return FillEnd::Pass { reason: "range" };
+        }
+    }
     let (ranged, total) = match parts.status {
         StatusCode::PARTIAL_CONTENT => {
             let cr = parts
