@@ -17,6 +17,7 @@
 //! - `writer`: the detached task that fetches a slice and feeds its fill and the tiers.
 //! - `serve`: the request phases and response heads.
 //! - `stream`: the response body, slice after slice.
+//! - `origin`: an `Origin` over the shared upstream client.
 //! - `purge`: `PURGE` by URL, prefix or tag, and invalidation after unsafe methods.
 //! - `metrics`: the cache's metric families.
 
@@ -27,6 +28,7 @@ pub mod index;
 pub mod memory;
 pub mod metrics;
 pub mod object;
+pub mod origin;
 pub mod purge;
 mod serve;
 mod stream;

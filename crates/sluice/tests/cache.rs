@@ -42,6 +42,8 @@ struct Obj {
     delay: Duration,
     /// Answer 500 instead.
     fail: bool,
+    /// Stop sending (without closing) on reaching this offset of the object.
+    stall_after: Option<u64>,
 }
 
 impl Obj {
@@ -54,6 +56,7 @@ impl Obj {
             status: 200,
             delay: Duration::ZERO,
             fail: false,
+            stall_after: None,
         }
     }
 
@@ -168,6 +171,7 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
     let len = if end >= start { end - start + 1 } else { 0 };
     b = b.header("content-length", len.to_string());
     let version = obj.version;
+    let stall_at = obj.stall_after;
     let counter = state.clone();
     // Generated in 64 KiB chunks as the client reads.
     let chunks = futures_util::stream::unfold(start, move |at| {
@@ -175,6 +179,9 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
         async move {
             if len == 0 || at > end {
                 return None;
+            }
+            if stall_at.is_some_and(|s| at >= s) {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
             }
             let stop = (at + 64 * KIB - 1).min(end);
             counter.bytes.fetch_add(stop - at + 1, Ordering::SeqCst);
@@ -1042,6 +1049,77 @@ async fn empty_objects_and_ranges_past_the_end_of_a_cold_object_are_passed() {
     .await;
     assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE);
     assert_eq!(r.headers["content-range"], "bytes */100");
+}
+
+#[tokio::test]
+async fn a_stalled_origin_fails_the_fill_instead_of_hanging() {
+    let (origin, oaddr) = start_origin().await;
+    let mut obj = Obj::new(200 * KIB, "max-age=60");
+    obj.stall_after = Some(100 * KIB);
+    origin.set("/stall", obj);
+    let mut cfg = config(64 * KIB);
+    cfg.origin_idle_timeout_secs = 1;
+    let front = start_front(cfg, oaddr).await;
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        request("GET", &front.url("/stall"), &[]),
+    )
+    .await
+    .expect("no hang");
+    assert!(r.body.is_err(), "a short body must not look complete");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn negative_answers_with_freshness_are_cached() {
+    let (origin, oaddr) = start_origin().await;
+    let mut obj = Obj::new(10, "max-age=60");
+    obj.status = 404;
+    origin.set("/missing", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let a = request("GET", &front.url("/missing"), &[]).await;
+    let b = request("GET", &front.url("/missing"), &[]).await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert_eq!(body(&b), Bytes::from(bytes_of(1, 0, 9)));
+    assert!(
+        status_of(&b).starts_with("sluice; hit"),
+        "{}",
+        status_of(&b)
+    );
+    assert_eq!(origin.count("/missing"), 1);
+}
+
+#[tokio::test]
+async fn through_the_shared_upstream_client() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/media/seg.ts", Obj::new(150 * KIB, "max-age=60"));
+    let mut upstream_cfg = sluice::config::UpstreamConfig::default();
+    upstream_cfg.allow_private = true;
+    let mut registry = Registry::default();
+    let upstream = sluice::upstream::Upstream::new(&upstream_cfg, &mut registry).unwrap();
+    let base = url::Url::parse(&format!("http://{oaddr}/media/")).unwrap();
+    let cfg = config(64 * KIB);
+    let cache = Cache::new(&cfg, None, &mut registry).unwrap();
+    let origin_impl: Arc<dyn Origin> = sluice::cache::origin::UpstreamOrigin::new(upstream, base);
+    let policy = cfg.policy().freshness();
+    for round in 0..2 {
+        let req = Request::get("/seg.ts").body(()).unwrap();
+        let (parts, ()) = req.into_parts();
+        let key = CacheKey::new("media", &parts.uri);
+        let resp = cache
+            .serve(&parts, &key, origin_impl.clone(), &policy)
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let cs = resp.headers()["cache-status"].to_str().unwrap().to_string();
+        assert_eq!(cs.starts_with("sluice; hit"), round == 1, "{cs}");
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(sha256(&got), sha256(&bytes_of(1, 0, 150 * KIB - 1)));
+    }
+    assert_eq!(origin.count("/media/seg.ts"), 3);
 }
 
 #[tokio::test]

@@ -99,6 +99,10 @@ pub struct CacheConfig {
     pub disk_queue: usize,
     /// Milliseconds a disk read may take before the slice is fetched from the origin instead.
     pub disk_read_timeout_ms: u64,
+    /// Seconds a fill waits for the origin's response head.
+    pub origin_header_timeout_secs: u64,
+    /// Seconds a fill waits for the next body bytes from the origin.
+    pub origin_idle_timeout_secs: u64,
     /// Key accepted for `PURGE` (in `X-Purge-Key` or `Authorization: Bearer`); the API password is
     /// accepted too. Empty and no password: purge is refused.
     pub purge_key: String,
@@ -131,6 +135,8 @@ impl Default for CacheConfig {
             hit_for_pass_secs: 120,
             disk_queue: 64,
             disk_read_timeout_ms: 1000,
+            origin_header_timeout_secs: 30,
+            origin_idle_timeout_secs: 30,
             purge_key: String::new(),
             purge_allow: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
             heuristic_percent: 10,
@@ -253,8 +259,17 @@ impl CacheConfig {
                 return Err(CacheConfigError::Zero(name));
             }
         }
-        if self.disk_read_timeout_ms == 0 {
-            return Err(CacheConfigError::Zero("disk_read_timeout_ms"));
+        for (name, v) in [
+            ("disk_read_timeout_ms", self.disk_read_timeout_ms),
+            (
+                "origin_header_timeout_secs",
+                self.origin_header_timeout_secs,
+            ),
+            ("origin_idle_timeout_secs", self.origin_idle_timeout_secs),
+        ] {
+            if v == 0 {
+                return Err(CacheConfigError::Zero(name));
+            }
         }
         if self.heuristic_percent > 100 {
             return Err(CacheConfigError::Heuristic);

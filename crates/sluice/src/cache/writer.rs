@@ -4,7 +4,7 @@
 //! reads).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::header::{HeaderMap, CONTENT_LENGTH, CONTENT_RANGE};
@@ -52,11 +52,16 @@ pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: 
 async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob) -> FillEnd {
     let started = Instant::now();
     let request_time = SystemTime::now();
-    let resp = match job.origin.fetch(job.request).await {
-        Ok(r) => r,
-        Err(e) => {
+    let head_deadline = Duration::from_secs(inner.config.origin_header_timeout_secs);
+    let resp = match tokio::time::timeout(head_deadline, job.origin.fetch(job.request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             inner.metrics.origin_errors.inc();
             return FillEnd::Failed(e.to_string());
+        }
+        Err(_) => {
+            inner.metrics.origin_errors.inc();
+            return FillEnd::Failed("origin sent no response head in time".into());
         }
     };
     inner
@@ -224,7 +229,7 @@ async fn fill_ranged(
     mut body: Body,
 ) -> FillEnd {
     let mut got = 0u64;
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = next_frame(inner, &mut body).await {
         let frame = match frame {
             Ok(f) => f,
             Err(e) => return FillEnd::Failed(format!("origin body: {e}")),
@@ -267,7 +272,7 @@ impl WholeBody<'_> {
         let mut next: Option<Arc<Fill>> = None;
         let mut own_end: Option<FillEnd> = None;
         loop {
-            let frame = match body.frame().await {
+            let frame = match next_frame(self.inner, &mut body).await {
                 None => break,
                 Some(Ok(f)) => f,
                 Some(Err(e)) => {
@@ -386,6 +391,18 @@ impl WholeBody<'_> {
     /// detached budget.
     fn over_budget(&self, index: u64) -> bool {
         (index - self.own_index) * self.inner.slice_bytes > self.inner.config.detached_fill_bytes.0
+    }
+}
+
+/// The next body frame, or an error once the origin has been silent for the idle deadline.
+async fn next_frame(
+    inner: &Inner,
+    body: &mut Body,
+) -> Option<Result<http_body::Frame<Bytes>, crate::body::BoxError>> {
+    let idle = Duration::from_secs(inner.config.origin_idle_timeout_secs);
+    match tokio::time::timeout(idle, body.frame()).await {
+        Ok(f) => f,
+        Err(_) => Some(Err("origin body stalled".into())),
     }
 }
 
