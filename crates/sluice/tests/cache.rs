@@ -1097,8 +1097,10 @@ async fn negative_answers_with_freshness_are_cached() {
 async fn through_the_shared_upstream_client() {
     let (origin, oaddr) = start_origin().await;
     origin.set("/media/seg.ts", Obj::new(150 * KIB, "max-age=60"));
-    let mut upstream_cfg = sluice::config::UpstreamConfig::default();
-    upstream_cfg.allow_private = true;
+    let upstream_cfg = sluice::config::UpstreamConfig {
+        allow_private: true,
+        ..Default::default()
+    };
     let mut registry = Registry::default();
     let upstream = sluice::upstream::Upstream::new(&upstream_cfg, &mut registry).unwrap();
     let base = url::Url::parse(&format!("http://{oaddr}/media/")).unwrap();
