@@ -144,7 +144,10 @@ impl Cache {
                     source,
                 })?;
                 for meta in metas {
-                    index.insert(Arc::new(meta));
+                    // Over max_objects: the oldest records go, with their files.
+                    for gone in index.insert(Arc::new(meta)) {
+                        tier.remove_object(gone.id);
+                    }
                 }
                 Some(tier)
             }

@@ -769,6 +769,37 @@ async fn multi_range_and_unsatisfiable_range() {
 }
 
 #[tokio::test]
+async fn random_ranges_get_exact_bytes_cold_and_warm() {
+    let (origin, oaddr) = start_origin().await;
+    let len = MIB + 12_345;
+    origin.set("/rnd", Obj::new(len, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..40 {
+        let a = next() % len;
+        let n = next() % (200 * KIB) + 1;
+        let z = (a + n - 1).min(len - 1);
+        let r = request(
+            "GET",
+            &front.url("/rnd"),
+            &[("range", &format!("bytes={a}-{z}"))],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(r.headers["content-range"], format!("bytes {a}-{z}/{len}"));
+        assert_eq!(body(&r), Bytes::from(bytes_of(1, a, z)), "bytes={a}-{z}");
+    }
+    // Never more than the object, whatever the ranges: every slice fetched at most once.
+    assert!(origin.bytes() <= len, "{} > {len}", origin.bytes());
+}
+
+#[tokio::test]
 async fn an_origin_that_ignores_range_still_works() {
     let (origin, oaddr) = start_origin().await;
     let len = 3 * 64 * KIB + 7;
