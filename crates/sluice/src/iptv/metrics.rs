@@ -28,6 +28,7 @@ pub struct Metrics {
     ts_cc_errors: Family<HubLabels, Counter>,
     slow_skips: Family<HubLabels, Counter>,
     slow_disconnects: Family<HubLabels, Counter>,
+    slow_released: Family<HubLabels, Counter>,
     refreshes: Family<HubLabels, Counter>,
     refresh_failures: Family<HubLabels, Counter>,
     hub_subscribers: Family<HubLabels, Gauge>,
@@ -58,6 +59,7 @@ pub struct HubMetrics {
     pub ts_cc_errors: Counter,
     pub slow_skips: Counter,
     pub slow_disconnects: Counter,
+    pub slow_released: Counter,
     pub refreshes: Counter,
     pub refresh_failures: Counter,
     pub subscribers: Gauge,
@@ -67,7 +69,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("iptv");
-        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 12] = [
+        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 13] = [
             (
                 "received_bytes",
                 "Payload bytes received from multicast",
@@ -113,6 +115,11 @@ impl Metrics {
                 "slow_disconnects",
                 "Lapped subscribers disconnected",
                 &m.slow_disconnects,
+            ),
+            (
+                "slow_released",
+                "Stalled subscribers whose unread history the hub stopped holding",
+                &m.slow_released,
             ),
             (
                 "membership_refreshes",
@@ -165,6 +172,7 @@ impl Metrics {
             ts_cc_errors: c(&self.ts_cc_errors),
             slow_skips: c(&self.slow_skips),
             slow_disconnects: c(&self.slow_disconnects),
+            slow_released: c(&self.slow_released),
             refreshes: c(&self.refreshes),
             refresh_failures: c(&self.refresh_failures),
             subscribers: self.hub_subscribers.get_or_create(&labels).clone(),
@@ -185,6 +193,7 @@ impl Metrics {
             &self.ts_cc_errors,
             &self.slow_skips,
             &self.slow_disconnects,
+            &self.slow_released,
             &self.refreshes,
             &self.refresh_failures,
         ] {
