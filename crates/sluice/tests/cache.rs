@@ -44,6 +44,8 @@ struct Obj {
     fail: bool,
     /// Stop sending (without closing) on reaching this offset of the object.
     stall_after: Option<u64>,
+    /// The bytes depend on the request's Accept-Encoding (with `Vary: Accept-Encoding`).
+    by_encoding: bool,
 }
 
 impl Obj {
@@ -57,6 +59,7 @@ impl Obj {
             delay: Duration::ZERO,
             fail: false,
             stall_after: None,
+            by_encoding: false,
         }
     }
 
@@ -72,6 +75,14 @@ impl Obj {
 
 fn byte_at(i: u64, version: u8) -> u8 {
     (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ (i as u8) ^ version.wrapping_mul(97)
+}
+
+fn encoding_version(ae: Option<&str>) -> u8 {
+    match ae {
+        Some("gzip") => 10,
+        Some("br") => 20,
+        _ => 30,
+    }
 }
 
 fn bytes_of(version: u8, start: u64, end_incl: u64) -> Vec<u8> {
@@ -170,7 +181,11 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
     }
     let len = if end >= start { end - start + 1 } else { 0 };
     b = b.header("content-length", len.to_string());
-    let version = obj.version;
+    let version = if obj.by_encoding {
+        encoding_version(seen.get("accept-encoding").map(String::as_str))
+    } else {
+        obj.version
+    };
     let stall_at = obj.stall_after;
     let counter = state.clone();
     // Generated in 64 KiB chunks as the client reads.
@@ -458,6 +473,30 @@ async fn authorization_needs_public_and_cdn_cache_control_wins() {
 }
 
 // === §4.1: Vary ===
+
+#[tokio::test]
+async fn concurrent_cold_requests_for_different_variants_get_their_own() {
+    let (origin, oaddr) = start_origin().await;
+    let mut obj = Obj::new(1000, "max-age=60").header("vary", "Accept-Encoding");
+    obj.by_encoding = true;
+    obj.delay = Duration::from_millis(100);
+    origin.set("/enc", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let encodings = ["gzip", "br", "gzip", "br", "gzip", "br"];
+    let replies = futures_util::future::join_all(encodings.iter().map(|ae| {
+        let url = front.url("/enc");
+        async move { request("GET", &url, &[("accept-encoding", ae)]).await }
+    }))
+    .await;
+    for (ae, r) in encodings.iter().zip(&replies) {
+        assert_eq!(
+            body(r),
+            Bytes::from(bytes_of(encoding_version(Some(ae)), 0, 999)),
+            "{ae}"
+        );
+    }
+    assert_eq!(origin.count("/enc"), 2, "one fetch per variant");
+}
 
 #[tokio::test]
 async fn vary_keeps_variants_apart_and_vary_star_is_never_stored() {

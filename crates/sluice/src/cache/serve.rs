@@ -371,16 +371,16 @@ impl Inner {
         key: &CacheKey,
         origin: Arc<dyn Origin>,
         policy: &FreshnessPolicy,
-        why: Forward,
+        mut why: Forward,
         vary: &[HeaderName],
     ) -> Response<Body> {
         let first = first_slice(parts, self.slice_bytes);
-        let id = ObjectId::new(&key.0, &variant_key(vary, &parts.headers));
-        let cold = SliceKey {
-            object: id,
+        let cold_key = |vary: &[HeaderName]| SliceKey {
+            object: ObjectId::new(&key.0, &variant_key(vary, &parts.headers)),
             generation: 0,
             index: first,
         };
+        let mut cold = cold_key(vary);
         for _ in 0..FILL_ATTEMPTS {
             let (fill, created) = self.join_or_start(cold, || FillJob {
                 request: slice_request(parts, first, self.slice_bytes),
@@ -393,6 +393,13 @@ impl Inner {
             });
             let mut reader = fill.reader();
             match reader.head().await {
+                Ok(meta) if meta.variant != variant_key(&meta.vary, &parts.headers) => {
+                    // Joined a fetch for another variant (the URL's Vary was not known yet):
+                    // fetch this request's own variant.
+                    why = Forward::VaryMiss;
+                    cold = cold_key(&meta.vary);
+                    continue;
+                }
                 Ok(meta) => {
                     self.metrics.result("miss");
                     let status = CacheStatus {
