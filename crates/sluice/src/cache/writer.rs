@@ -41,12 +41,33 @@ pub(crate) enum JobKind {
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: FillJob) {
+    // Whatever ends this task (the runtime shutting down included), the fill ends with it, so no
+    // reader waits on a writer that is gone.
+    let guard = Unregister {
+        inner: inner.clone(),
+        fill: fill.clone(),
+        key,
+    };
     let end = match inner.permits.clone().acquire_owned().await {
         Ok(_permit) => fetch(&inner, &fill, key, job).await,
         Err(_) => FillEnd::Failed("cache closed".into()),
     };
     inner.release(key, &fill);
     fill.finish(end);
+    drop(guard);
+}
+
+struct Unregister {
+    inner: Arc<Inner>,
+    fill: Arc<Fill>,
+    key: SliceKey,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.inner.release(self.key, &self.fill);
+        self.fill.finish(FillEnd::Failed("writer ended".into()));
+    }
 }
 
 async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob) -> FillEnd {
