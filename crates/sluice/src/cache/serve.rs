@@ -538,6 +538,12 @@ impl Inner {
         finish_head(&mut headers, age, &status);
         let body = if parts.method == Method::HEAD {
             body::empty()
+        } else if let Some(b) = first
+            .is_none()
+            .then(|| stream::from_memory(self, &meta, &plan))
+            .flatten()
+        {
+            b
         } else {
             stream::spawn(self.clone(), meta, origin, clone_parts(parts), plan, first)
         };
