@@ -1004,6 +1004,35 @@ async fn corrupt_or_truncated_disk_files_are_dropped_never_served() {
     );
 }
 
+#[tokio::test]
+async fn a_failing_disk_drops_entries_and_requests_are_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 3 * 64 * KIB;
+    origin.set("/df", Obj::new(len, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let front = start_front(cfg, oaddr).await;
+    // Every slice write now fails (as on a full or broken disk).
+    std::fs::remove_dir_all(dir.path().join("slices")).unwrap();
+    std::fs::write(dir.path().join("slices"), b"not a directory").unwrap();
+    for _ in 0..2 {
+        let r = request("GET", &front.url("/df"), &[]).await;
+        assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+    }
+    for _ in 0..100 {
+        if front
+            .metrics()
+            .contains("sluice_cache_disk_dropped_writes_total 3")
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("drops not counted: {}", front.metrics());
+}
+
 // === purge ===
 
 #[tokio::test]
