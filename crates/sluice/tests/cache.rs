@@ -1151,6 +1151,42 @@ async fn empty_objects_and_ranges_past_the_end_of_a_cold_object_are_passed() {
 }
 
 #[tokio::test]
+async fn a_client_that_disconnects_does_not_abort_the_fill() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * MIB;
+    origin.set("/dc", Obj::new(len, "max-age=60"));
+    let front = start_front(config(MIB), oaddr).await;
+    let mut s = tokio::net::TcpStream::connect(front.addr).await.unwrap();
+    s.write_all(b"GET /dc HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 64];
+    let n = s.read(&mut first).await.unwrap();
+    assert!(n > 0);
+    // Gone after a few bytes of the first slice.
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = request("GET", &front.url("/dc"), &[("range", "bytes=0-1048575")]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, MIB - 1)));
+    let slice0 = origin
+        .requests_for("/dc")
+        .iter()
+        .filter(|h| h.get("range").map(String::as_str) == Some("bytes=0-1048575"))
+        .count();
+    assert_eq!(slice0, 1, "the first slice was fetched once and completed");
+    assert!(
+        origin.count("/dc") <= 2,
+        "nothing past the read-ahead was fetched"
+    );
+}
+
+#[tokio::test]
 async fn a_stalled_origin_fails_the_fill_instead_of_hanging() {
     let (origin, oaddr) = start_origin().await;
     let mut obj = Obj::new(200 * KIB, "max-age=60");
