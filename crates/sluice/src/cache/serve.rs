@@ -176,8 +176,8 @@ impl Inner {
         match self.revalidate(&meta, parts, &origin, policy).await {
             Revalidated::Fresh(meta) => {
                 self.metrics.result("revalidated");
+                // Forwarded, so not a `hit` in RFC 9211 terms, though the bytes are the cache's.
                 let status = CacheStatus {
-                    hit: true,
                     fwd: Some(Forward::Stale),
                     fwd_status: Some(304),
                     ttl: Some(meta.ttl(SystemTime::now())),
@@ -192,7 +192,6 @@ impl Inner {
             Revalidated::Failed(_) if stale_if_error => {
                 self.metrics.result("stale");
                 let status = CacheStatus {
-                    hit: true,
                     fwd: Some(Forward::Stale),
                     ttl: Some(meta.ttl(SystemTime::now())),
                     detail: Some("stale-if-error"),
