@@ -47,9 +47,10 @@ pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: 
         inner: inner.clone(),
         fill: fill.clone(),
         key,
+        alias: std::sync::Mutex::new(None),
     };
     let end = match inner.permits.clone().acquire_owned().await {
-        Ok(_permit) => fetch(&inner, &fill, key, job).await,
+        Ok(_permit) => fetch(&inner, &fill, key, job, &guard.alias).await,
         Err(_) => FillEnd::Failed("cache closed".into()),
     };
     inner.release(key, &fill);
@@ -61,16 +62,27 @@ struct Unregister {
     inner: Arc<Inner>,
     fill: Arc<Fill>,
     key: SliceKey,
+    /// The object's real slice key, once the fill is registered under it too.
+    alias: std::sync::Mutex<Option<SliceKey>>,
 }
 
 impl Drop for Unregister {
     fn drop(&mut self) {
         self.inner.release(self.key, &self.fill);
+        if let Some(real) = *self.alias.lock().expect("alias") {
+            self.inner.release(real, &self.fill);
+        }
         self.fill.finish(FillEnd::Failed("writer ended".into()));
     }
 }
 
-async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob) -> FillEnd {
+async fn fetch(
+    inner: &Arc<Inner>,
+    fill: &Arc<Fill>,
+    key: SliceKey,
+    job: FillJob,
+    alias: &std::sync::Mutex<Option<SliceKey>>,
+) -> FillEnd {
     let started = Instant::now();
     let request_time = SystemTime::now();
     let head_deadline = Duration::from_secs(inner.config.origin_header_timeout_secs);
@@ -224,6 +236,7 @@ async fn fetch(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, job: FillJob
         // Requests that find the object in the index from now on must join this fill too.
         let mut map = inner.inflight.lock().expect("inflight");
         map.entry(real).or_insert_with(|| fill.clone());
+        *alias.lock().expect("alias") = Some(real);
     }
     if ranged {
         let len = want.end.min(total.unwrap_or(1) - 1) - want.start + 1;
