@@ -182,7 +182,6 @@ impl ObjectIndex {
         let inner = &mut *inner;
         let mut removed = 0;
         for (key, p) in inner.primaries.iter_mut() {
-            p.pass_until = None;
             p.variants.retain(|_, m| {
                 if !matches(key, m) {
                     return true;
