@@ -212,3 +212,84 @@ impl ObjectIndex {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderValue, StatusCode};
+    use sluice_http::freshness::{AgeClock, Freshness};
+    use std::time::{Duration, SystemTime};
+
+    fn meta(
+        primary: &str,
+        vary: Vec<HeaderName>,
+        variant: &str,
+        generation: u64,
+    ) -> Arc<ObjectMeta> {
+        Arc::new(ObjectMeta {
+            id: ObjectId::new(primary, variant),
+            primary: primary.into(),
+            variant: variant.into(),
+            generation,
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            length: Some(1),
+            freshness: Freshness {
+                lifetime: 60,
+                stale_while_revalidate: 0,
+                stale_if_error: 0,
+                must_revalidate: false,
+                no_cache: false,
+                targeted: false,
+            },
+            clock: AgeClock {
+                initial_age: 0,
+                response_time: SystemTime::now(),
+            },
+            tags: Vec::new(),
+            vary,
+            soft_purged: false,
+            range_capable: true,
+        })
+    }
+
+    #[test]
+    fn variants_versions_memos_and_the_bound() {
+        let idx = ObjectIndex::new(2);
+        let now = Instant::now();
+        let ae = http::header::ACCEPT_ENCODING;
+        let mut gzip = HeaderMap::new();
+        gzip.insert(&ae, HeaderValue::from_static("gzip"));
+        let v = variant_key(std::slice::from_ref(&ae), &gzip);
+        assert!(idx.insert(meta("a", vec![ae.clone()], &v, 1)).is_empty());
+        assert!(matches!(idx.lookup("a", &gzip, now), Lookup::Hit(_)));
+        assert!(matches!(
+            idx.lookup("a", &HeaderMap::new(), now),
+            Lookup::VaryMiss { .. }
+        ));
+        // A new version replaces the old one, which is handed back to be dropped.
+        let dropped = idx.insert(meta("a", vec![ae.clone()], &v, 3));
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].generation, 1);
+        // Hit-for-pass until it expires.
+        idx.mark_pass("b", now + Duration::from_secs(5));
+        assert!(matches!(
+            idx.lookup("b", &HeaderMap::new(), now),
+            Lookup::Pass
+        ));
+        assert!(matches!(
+            idx.lookup("b", &HeaderMap::new(), now + Duration::from_secs(6)),
+            Lookup::UriMiss
+        ));
+        // Over the bound, the oldest key goes.
+        let mut dropped = idx.insert(meta("c", vec![], "", 5));
+        dropped.extend(idx.insert(meta("d", vec![], "", 7)));
+        assert!(idx.len() <= 2);
+        assert!(matches!(idx.lookup("a", &gzip, now), Lookup::UriMiss));
+        assert!(matches!(
+            idx.lookup("d", &HeaderMap::new(), now),
+            Lookup::Hit(_)
+        ));
+        assert!(dropped.iter().any(|m| m.primary == "a"));
+    }
+}
