@@ -9,11 +9,21 @@
 //! - `framing`: request framing checks against smuggling (CL+TE, duplicate CL, bad TE).
 //! - `proxy_protocol`: PROXY protocol v1/v2 headers: parse (with an "incomplete" case) and encode.
 //! - `client_hello`: the SNI and ALPN of a TLS ClientHello, peeked without terminating TLS.
+//! - `cache_control`: `Cache-Control` / `CDN-Cache-Control` directives (RFC 9111 §5.2, RFC 9213).
+//! - `freshness`: may a response be stored, for how long, its age, `Vary` (RFC 9111, RFC 5861).
+//! - `cache_status`: the `Cache-Status` response field (RFC 9211).
+//! - `conditional`: `If-None-Match` / `If-Modified-Since` against a stored response (→ 304).
+//! - `range`: `Range` sets, `Content-Range`, and the aligned slices that cover them.
 
+pub mod cache_control;
+pub mod cache_status;
 pub mod client_hello;
+pub mod conditional;
 pub mod forwarded;
 pub mod framing;
+pub mod freshness;
 pub mod hop;
 pub mod path;
 pub mod proxy_protocol;
+pub mod range;
 pub mod route;

@@ -28,6 +28,8 @@ pub struct Config {
     pub endpoints: crate::server::routes::EndpointsConfig,
     /// TCP (L4) listeners (`[[tcp]]`).
     pub tcp: Vec<crate::tcp::TcpConfig>,
+    /// The slice cache service (`[cache]`), used by routes with `cache = true`.
+    pub cache: crate::cache::CacheConfig,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -389,6 +391,9 @@ impl Config {
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
+        self.cache
+            .validate()
+            .map_err(|e| anyhow::anyhow!("in [cache]: {e}"))?;
         let m = &self.media;
         if m.live_mpd_ttl_secs == 0 || m.mpd_ttl_secs == 0 {
             bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");
@@ -425,6 +430,9 @@ impl Config {
         }
         for route in &mut copy.upstream.routes {
             route.proxy = mask_userinfo(&route.proxy);
+        }
+        if !copy.cache.purge_key.is_empty() {
+            copy.cache.purge_key = "********".to_string();
         }
         toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
@@ -614,6 +622,7 @@ mod tests {
     fn masked_hides_secrets() {
         let mut c = Config::default();
         c.auth.api_password = "hunter2".into();
+        c.cache.purge_key = "purgesecret".into();
         c.upstream.routes.push(RouteConfig {
             pattern: "all".into(),
             proxy: "socks5://u:secret@127.0.0.1:1080".into(),

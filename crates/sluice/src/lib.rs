@@ -17,10 +17,12 @@
 //! - `redact`: masking secrets for logs and printed configs.
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
+//! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
 
 pub mod app;
 pub mod auth;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod iptv;

@@ -1,0 +1,346 @@
+//! Unit and property tests of the freshness policy, one RFC 9111 section at a time.
+
+use super::*;
+use crate::cache_control::parse_str;
+use http::HeaderValue;
+use std::time::UNIX_EPOCH;
+
+fn t(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+}
+
+fn date(secs: u64) -> HeaderValue {
+    HeaderValue::from_str(&httpdate::fmt_http_date(t(secs))).unwrap()
+}
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+fn store(req: &HeaderMap, status: u16, resp: &HeaderMap) -> Result<Freshness, NotStorable> {
+    storability(
+        &Method::GET,
+        req,
+        StatusCode::from_u16(status).unwrap(),
+        resp,
+        t(0),
+        &FreshnessPolicy::default(),
+    )
+}
+
+#[test]
+fn s3_methods_and_status() {
+    let resp = headers(&[("cache-control", "max-age=60")]);
+    let p = FreshnessPolicy::default();
+    assert_eq!(
+        storability(
+            &Method::POST,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            &resp,
+            t(0),
+            &p
+        ),
+        Err(NotStorable::Method)
+    );
+    assert_eq!(
+        store(&HeaderMap::new(), 500, &resp),
+        Err(NotStorable::Status)
+    );
+    assert_eq!(store(&HeaderMap::new(), 200, &resp).unwrap().lifetime, 60);
+    // 302 only with explicit freshness.
+    assert_eq!(
+        store(&HeaderMap::new(), 302, &HeaderMap::new()),
+        Err(NotStorable::Status)
+    );
+    assert_eq!(store(&HeaderMap::new(), 302, &resp).unwrap().lifetime, 60);
+}
+
+#[test]
+fn s3_no_store_private_set_cookie_vary_star() {
+    let none = HeaderMap::new();
+    assert_eq!(
+        store(
+            &none,
+            200,
+            &headers(&[("cache-control", "no-store, max-age=9")])
+        ),
+        Err(NotStorable::NoStore)
+    );
+    assert_eq!(
+        store(
+            &none,
+            200,
+            &headers(&[("cache-control", "private, max-age=9")])
+        ),
+        Err(NotStorable::Private)
+    );
+    assert_eq!(
+        store(
+            &none,
+            200,
+            &headers(&[("cache-control", "max-age=9"), ("vary", "accept, *")])
+        ),
+        Err(NotStorable::VaryStar)
+    );
+    assert_eq!(
+        store(
+            &none,
+            200,
+            &headers(&[("cache-control", "max-age=9"), ("set-cookie", "a=b")])
+        ),
+        Err(NotStorable::SetCookie)
+    );
+    assert!(store(
+        &none,
+        200,
+        &headers(&[
+            ("cache-control", "public, max-age=9"),
+            ("set-cookie", "a=b")
+        ])
+    )
+    .is_ok());
+    // A request's no-store, honoured by default.
+    let req = headers(&[("cache-control", "no-store")]);
+    assert_eq!(
+        store(&req, 200, &headers(&[("cache-control", "max-age=9")])),
+        Err(NotStorable::NoStore)
+    );
+}
+
+#[test]
+fn s3_5_authorization() {
+    let req = headers(&[("authorization", "Bearer x")]);
+    assert_eq!(
+        store(&req, 200, &headers(&[("cache-control", "max-age=9")])),
+        Err(NotStorable::Authorization)
+    );
+    for ok in [
+        "public, max-age=9",
+        "s-maxage=9",
+        "must-revalidate, max-age=9",
+    ] {
+        assert!(
+            store(&req, 200, &headers(&[("cache-control", ok)])).is_ok(),
+            "{ok}"
+        );
+    }
+}
+
+#[test]
+fn s4_2_1_lifetime_order() {
+    let none = HeaderMap::new();
+    let f = store(
+        &none,
+        200,
+        &headers(&[("cache-control", "max-age=10, s-maxage=20")]),
+    )
+    .unwrap();
+    assert_eq!(f.lifetime, 20);
+    assert!(f.must_revalidate, "s-maxage implies proxy-revalidate");
+    let mut h = headers(&[]);
+    h.insert(DATE, date(0));
+    h.insert(EXPIRES, date(300));
+    assert_eq!(store(&none, 200, &h).unwrap().lifetime, 300);
+    h.insert(EXPIRES, HeaderValue::from_static("0"));
+    h.insert(http::header::ETAG, HeaderValue::from_static("\"v\""));
+    assert_eq!(store(&none, 200, &h).unwrap().lifetime, 0);
+}
+
+#[test]
+fn s4_2_2_heuristic_with_cap() {
+    let none = HeaderMap::new();
+    let mut h = HeaderMap::new();
+    h.insert(DATE, date(1000));
+    h.insert(LAST_MODIFIED, date(0));
+    assert_eq!(store(&none, 200, &h).unwrap().lifetime, 100);
+    let mut h = HeaderMap::new();
+    h.insert(DATE, date(100 * 24 * 3600));
+    h.insert(LAST_MODIFIED, date(0));
+    assert_eq!(store(&none, 200, &h).unwrap().lifetime, 24 * 3600);
+    // Nothing at all: not worth storing.
+    assert_eq!(
+        store(&none, 200, &HeaderMap::new()),
+        Err(NotStorable::NoLifetime)
+    );
+}
+
+#[test]
+fn rfc9213_targeted_field_wins_and_ignores_expires() {
+    let none = HeaderMap::new();
+    let mut h = headers(&[
+        ("cache-control", "no-store"),
+        ("cdn-cache-control", "max-age=77"),
+    ]);
+    h.insert(EXPIRES, date(5));
+    assert_eq!(store(&none, 200, &h).unwrap().lifetime, 77);
+    let mut h = headers(&[
+        ("cdn-cache-control", "no-store"),
+        ("cache-control", "max-age=77"),
+    ]);
+    h.insert(EXPIRES, date(5));
+    assert_eq!(store(&none, 200, &h), Err(NotStorable::NoStore));
+}
+
+#[test]
+fn s4_2_3_age() {
+    let mut h = headers(&[("age", "30")]);
+    h.insert(DATE, date(0));
+    // Requested at 2, received at 5: response_delay 3, apparent_age 5, corrected 33.
+    let clock = AgeClock::new(&h, t(2), t(5));
+    assert_eq!(clock.initial_age, 33);
+    assert_eq!(clock.current_age(t(15)), 43);
+    // A Date in the future never makes the age negative.
+    let mut h = HeaderMap::new();
+    h.insert(DATE, date(100));
+    assert_eq!(AgeClock::new(&h, t(0), t(0)).initial_age, 0);
+}
+
+#[test]
+fn rfc5861_and_grace() {
+    let none = HeaderMap::new();
+    let f = store(
+        &none,
+        200,
+        &headers(&[(
+            "cache-control",
+            "max-age=10, stale-while-revalidate=5, stale-if-error=60",
+        )]),
+    )
+    .unwrap();
+    let p = FreshnessPolicy::default();
+    let cc = CacheControl::default();
+    assert_eq!(decide_use(&f, 9, &cc, &p), Use::Fresh);
+    assert_eq!(decide_use(&f, 12, &cc, &p), Use::StaleWhileRevalidate);
+    assert_eq!(
+        decide_use(&f, 20, &cc, &p),
+        Use::Revalidate {
+            stale_if_error: true
+        }
+    );
+    assert_eq!(
+        decide_use(&f, 80, &cc, &p),
+        Use::Revalidate {
+            stale_if_error: false
+        }
+    );
+    let p = FreshnessPolicy {
+        grace: Duration::from_secs(30),
+        ..FreshnessPolicy::default()
+    };
+    let f = storability(
+        &Method::GET,
+        &none,
+        StatusCode::OK,
+        &headers(&[("cache-control", "max-age=10")]),
+        t(0),
+        &p,
+    )
+    .unwrap();
+    assert_eq!((f.stale_while_revalidate, f.stale_if_error), (30, 30));
+    let f = storability(
+        &Method::GET,
+        &none,
+        StatusCode::OK,
+        &headers(&[(
+            "cache-control",
+            "max-age=10, must-revalidate, stale-while-revalidate=9",
+        )]),
+        t(0),
+        &p,
+    )
+    .unwrap();
+    assert_eq!((f.stale_while_revalidate, f.stale_if_error), (0, 0));
+}
+
+#[test]
+fn s5_2_1_request_directives_by_policy() {
+    let none = HeaderMap::new();
+    let f = store(&none, 200, &headers(&[("cache-control", "max-age=100")])).unwrap();
+    let honor = FreshnessPolicy::default();
+    let ignore = FreshnessPolicy {
+        request_directives: RequestDirectives::Ignore,
+        ..honor.clone()
+    };
+    let no_cache = parse_str("no-cache");
+    assert!(matches!(
+        decide_use(&f, 1, &no_cache, &honor),
+        Use::Revalidate { .. }
+    ));
+    assert_eq!(decide_use(&f, 1, &no_cache, &ignore), Use::Fresh);
+    assert!(matches!(
+        decide_use(&f, 50, &parse_str("max-age=10"), &honor),
+        Use::Revalidate { .. }
+    ));
+    assert!(matches!(
+        decide_use(&f, 50, &parse_str("min-fresh=60"), &honor),
+        Use::Revalidate { .. }
+    ));
+    assert_eq!(
+        decide_use(&f, 150, &parse_str("max-stale=60"), &honor),
+        Use::Fresh
+    );
+    assert!(matches!(
+        decide_use(&f, 150, &parse_str("max-stale=10"), &honor),
+        Use::Revalidate { .. }
+    ));
+    // A response no-cache always revalidates.
+    let f = store(
+        &none,
+        200,
+        &headers(&[
+            ("cache-control", "no-cache, max-age=100"),
+            ("etag", "\"a\""),
+        ]),
+    )
+    .unwrap();
+    assert!(matches!(
+        decide_use(&f, 1, &CacheControl::default(), &ignore),
+        Use::Revalidate { .. }
+    ));
+}
+
+#[test]
+fn s4_1_vary() {
+    let h = headers(&[
+        ("vary", "Accept-Encoding, accept-language"),
+        ("vary", "accept-encoding"),
+    ]);
+    let names = vary_names(&h).unwrap();
+    assert_eq!(names.len(), 2);
+    let a = variant_key(
+        &names,
+        &headers(&[("accept-encoding", "gzip,  br"), ("accept-language", "en")]),
+    );
+    let b = variant_key(
+        &names,
+        &headers(&[
+            ("accept-encoding", "gzip"),
+            ("accept-encoding", "br"),
+            ("accept-language", "en"),
+        ]),
+    );
+    let c = variant_key(
+        &names,
+        &headers(&[("accept-encoding", "br"), ("accept-language", "en")]),
+    );
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(vary_names(&headers(&[("vary", "*")])), Err(VaryStar));
+}
+
+proptest::proptest! {
+    #[test]
+    fn fresh_only_below_lifetime(lifetime in 1u64..10_000, age in 0u64..20_000) {
+        let f = Freshness { lifetime, stale_while_revalidate: 0, stale_if_error: 0, must_revalidate: false, no_cache: false, targeted: false };
+        let u = decide_use(&f, age, &CacheControl::default(), &FreshnessPolicy::default());
+        proptest::prop_assert_eq!(u == Use::Fresh, age < lifetime);
+    }
+}

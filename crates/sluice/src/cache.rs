@@ -1,0 +1,269 @@
+//! The slice cache service below the front ends: RFC 9111 policy (from `sluice_http`), a memory
+//! tier and a disk tier of aligned slices, coalesced read-while-write fills, purge, metrics.
+//!
+//! A front end calls [`Cache::serve`] with the downstream request head, a [`CacheKey`] and an
+//! [`Origin`] that can fetch (ranged, conditional) upstream responses, and gets a streaming
+//! response back. The phases of one request: lookup (index: key → variant → object) → decide
+//! (fresh / stale-while-revalidate / revalidate / miss / pass) → body (each covered slice from
+//! memory, disk, or a fill that one writer feeds and every reader follows).
+//!
+//! # Layout
+//! - `config`: `[cache]` keys, per-route policy keys, byte sizes.
+//! - `object`: an object's stored head, version and disk record; slice keys.
+//! - `index`: primary key → `Vary` → objects; hit-for-pass memos.
+//! - `memory`: the memory tier (S3-FIFO, bounded in bytes).
+//! - `disk`: the disk tier (checksummed slice files, bounded, rebuilt at start).
+//! - `fill`: one slice in flight, followed by its readers.
+//! - `writer`: the detached task that fetches a slice and feeds its fill and the tiers.
+//! - `serve`: the request phases and response heads.
+//! - `stream`: the response body, slice after slice.
+//! - `origin`: an `Origin` over the shared upstream client.
+//! - `purge`: `PURGE` by URL, prefix or tag, and invalidation after unsafe methods.
+//! - `metrics`: the cache's metric families.
+
+pub mod config;
+pub mod disk;
+pub mod fill;
+pub mod index;
+pub mod memory;
+pub mod metrics;
+pub mod object;
+pub mod origin;
+pub mod purge;
+mod serve;
+mod stream;
+mod writer;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
+
+pub use config::{ByteSize, CacheConfig, RoutePolicyConfig};
+pub use sluice_http::freshness::FreshnessPolicy;
+
+use crate::body::Body;
+use disk::DiskTier;
+use fill::Fill;
+use index::ObjectIndex;
+use memory::{MemoryTier, Slice};
+use object::{ObjectId, SliceKey};
+
+/// Why an origin exchange failed before a response head.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OriginError {
+    #[error("origin unreachable: {0}")]
+    Unreachable(String),
+    #[error("origin timed out")]
+    Timeout,
+}
+
+/// A future of an origin response.
+pub type OriginFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, OriginError>> + Send>>;
+
+/// What the cache calls to reach the origin. The request is bodiless (GET), carries the path and
+/// query of the downstream request, the client's end-to-end headers, and the cache's own `Range`
+/// and conditional headers; the implementation picks the upstream and sends it.
+pub trait Origin: Send + Sync + 'static {
+    fn fetch(&self, req: Request<()>) -> OriginFuture;
+}
+
+/// The primary cache key: everything that shapes the upstream request apart from `Vary`d headers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey(pub String);
+
+impl CacheKey {
+    /// `scope` names what the path is relative to (route, upstream group, host); the path and
+    /// query follow. Purge by prefix compares these strings.
+    pub fn new(scope: &str, uri: &http::Uri) -> CacheKey {
+        let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        CacheKey(format!("{scope}|{pq}"))
+    }
+}
+
+/// The slice cache service; cheap to clone.
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    config: CacheConfig,
+    slice_bytes: u64,
+    memory: MemoryTier,
+    disk: Option<DiskTier>,
+    index: ObjectIndex,
+    inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
+    permits: Arc<Semaphore>,
+    revalidating: Mutex<HashSet<ObjectId>>,
+    generation: AtomicU64,
+    metrics: metrics::CacheMetrics,
+    api_password: Option<String>,
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("in [cache]: {0}")]
+    Config(#[from] config::CacheConfigError),
+    #[error("cache disk_path {path}: {source}")]
+    Disk {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl Cache {
+    /// Builds the tiers (indexing a disk tier left by a previous run) and registers the metrics.
+    /// Must run inside a tokio runtime (the disk writer is a task). `api_password`, when set, is
+    /// accepted as a purge key.
+    pub fn new(
+        config: &CacheConfig,
+        api_password: Option<&str>,
+        registry: &mut Registry,
+    ) -> Result<Cache, CacheError> {
+        config.validate()?;
+        let slice_bytes = config.slice_bytes.0;
+        let index = ObjectIndex::new(config.max_objects);
+        let disk = match &config.disk_path {
+            Some(path) => {
+                let (tier, metas) = DiskTier::open(
+                    path,
+                    config.disk_bytes.0,
+                    config.disk_queue,
+                    Duration::from_millis(config.disk_read_timeout_ms),
+                )
+                .map_err(|source| CacheError::Disk {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                for meta in metas {
+                    // Over max_objects: the oldest records go, with their files.
+                    for gone in index.insert(Arc::new(meta)) {
+                        tier.remove_object(gone.id);
+                    }
+                }
+                Some(tier)
+            }
+            None => None,
+        };
+        let mut seed = [0u8; 8];
+        let _ = getrandom::getrandom(&mut seed);
+        let inner = Arc::new(Inner {
+            config: config.clone(),
+            slice_bytes,
+            memory: MemoryTier::new(config.memory_bytes.0, slice_bytes),
+            disk,
+            index,
+            inflight: Mutex::new(HashMap::new()),
+            permits: Arc::new(Semaphore::new(config.max_inflight_slices)),
+            revalidating: Mutex::new(HashSet::new()),
+            // Generations only need to differ between versions of one object; a random start
+            // keeps them distinct across restarts too.
+            generation: AtomicU64::new(u64::from_le_bytes(seed) >> 1 | 1),
+            metrics: metrics::CacheMetrics::new(registry),
+            api_password: api_password.filter(|p| !p.is_empty()).map(str::to_string),
+        });
+        metrics::spawn_gauges(Arc::downgrade(&inner));
+        Ok(Cache { inner })
+    }
+
+    /// Serves a GET or HEAD through the cache (other methods: see [`Cache::invalidate`]).
+    pub async fn serve(
+        &self,
+        req: &http::request::Parts,
+        key: &CacheKey,
+        origin: Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
+    ) -> Response<Body> {
+        self.inner.serve(req, key, origin, policy).await
+    }
+
+    /// Handles a `PURGE` request for `key` from `peer` (see `purge`).
+    pub fn purge(
+        &self,
+        req: &http::request::Parts,
+        key: &CacheKey,
+        peer: std::net::IpAddr,
+    ) -> Response<Body> {
+        self.inner.handle_purge(req, key, peer)
+    }
+
+    /// Drops every stored response for these keys (after a successful unsafe method, RFC 9111
+    /// §4.4: the target URI and same-origin `Location` / `Content-Location`).
+    pub fn invalidate(&self, keys: &[CacheKey]) {
+        for key in keys {
+            self.inner.purge_matching(|k, _| k == key.0, false);
+        }
+    }
+
+    /// Objects indexed.
+    pub fn objects(&self) -> usize {
+        self.inner.index.len()
+    }
+}
+
+impl Inner {
+    fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(2, Ordering::Relaxed)
+    }
+
+    /// Puts a complete slice in the memory tier and queues it for the disk tier.
+    fn store_slice(&self, key: SliceKey, slice: Slice) {
+        self.memory.insert(key, slice.clone());
+        if let Some(disk) = &self.disk {
+            disk.write_slice(key, slice);
+        }
+    }
+
+    /// Forgets objects everywhere (a new version, a purge, an eviction from the index). Slices
+    /// of an object whose length never became known are left to age out of memory.
+    fn drop_objects(&self, metas: &[Arc<object::ObjectMeta>]) {
+        for meta in metas {
+            if let Some(len) = meta.length {
+                for index in 0..sluice_http::range::slice_count(len, self.slice_bytes) {
+                    self.memory.remove(&SliceKey {
+                        object: meta.id,
+                        generation: meta.generation,
+                        index,
+                    });
+                }
+            }
+            if let Some(disk) = &self.disk {
+                disk.remove_object(meta.id);
+            }
+        }
+    }
+
+    /// Joins the fill for `key`, or starts one with the job `make` builds.
+    fn join_or_start(
+        self: &Arc<Self>,
+        key: SliceKey,
+        make: impl FnOnce() -> writer::FillJob,
+    ) -> (Arc<Fill>, bool) {
+        let mut map = self.inflight.lock().expect("inflight");
+        if let Some(f) = map.get(&key) {
+            self.metrics.coalesced.inc();
+            return (f.clone(), false);
+        }
+        let fill = Fill::new();
+        map.insert(key, fill.clone());
+        drop(map);
+        tokio::spawn(writer::run(self.clone(), fill.clone(), key, make()));
+        (fill, true)
+    }
+
+    /// Removes `fill` from the in-flight map if it is still the one registered for `key`.
+    fn release(&self, key: SliceKey, fill: &Arc<Fill>) {
+        let mut map = self.inflight.lock().expect("inflight");
+        if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, fill)) {
+            map.remove(&key);
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! One slice being fetched from the origin (read-while-write): the writer appends chunks, every
+//! reader follows at its own pace and is woken by the writer (no polling). The chunks are held
+//! once, shared by all readers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::Response;
+use tokio::sync::watch;
+
+use super::object::ObjectMeta;
+use crate::body::Body;
+
+/// How a fill ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FillEnd {
+    /// Every byte of the slice arrived; `last` when it ends the object.
+    Complete { last: bool },
+    /// The origin failed; readers may elect a new writer and carry on from where they are.
+    Failed(String),
+    /// The origin answered with another version of the object; it has been dropped.
+    Mismatch,
+    /// The answer is not cacheable: one reader takes the response, the others go to the origin.
+    Pass { reason: &'static str },
+}
+
+#[derive(Default)]
+struct State {
+    head: Option<Arc<ObjectMeta>>,
+    chunks: Vec<Bytes>,
+    end: Option<FillEnd>,
+    pass: Option<Response<Body>>,
+}
+
+/// A slice in flight.
+pub struct Fill {
+    state: Mutex<State>,
+    wake: watch::Sender<()>,
+    readers: AtomicUsize,
+}
+
+impl Fill {
+    pub fn new() -> Arc<Fill> {
+        Arc::new(Fill {
+            state: Mutex::new(State::default()),
+            wake: watch::channel(()).0,
+            readers: AtomicUsize::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fill state")
+    }
+
+    /// Publishes the object the slice belongs to (before any chunk).
+    pub fn set_head(&self, meta: Arc<ObjectMeta>) {
+        self.lock().head = Some(meta);
+        self.wake.send_replace(());
+    }
+
+    pub fn push(&self, chunk: Bytes) {
+        self.lock().chunks.push(chunk);
+        self.wake.send_replace(());
+    }
+
+    /// The chunks so far (the writer stores them when the slice is complete).
+    pub fn chunks(&self) -> Vec<Bytes> {
+        self.lock().chunks.clone()
+    }
+
+    /// Ends the fill; the first end given wins.
+    pub fn finish(&self, end: FillEnd) {
+        {
+            let mut s = self.lock();
+            if s.end.is_some() {
+                return;
+            }
+            s.end = Some(end);
+        }
+        self.wake.send_replace(());
+    }
+
+    /// Ends the fill as uncacheable, leaving `response` for the first reader that asks.
+    pub fn finish_pass(&self, reason: &'static str, response: Response<Body>) {
+        {
+            let mut s = self.lock();
+            if s.end.is_some() {
+                return;
+            }
+            s.pass = Some(response);
+            s.end = Some(FillEnd::Pass { reason });
+        }
+        self.wake.send_replace(());
+    }
+
+    /// Takes the uncacheable response, if nobody has yet.
+    pub fn take_pass(&self) -> Option<Response<Body>> {
+        self.lock().pass.take()
+    }
+
+    /// Readers currently following this fill.
+    pub fn readers(&self) -> usize {
+        self.readers.load(Ordering::Relaxed)
+    }
+
+    pub fn reader(self: &Arc<Self>) -> FillReader {
+        self.readers.fetch_add(1, Ordering::Relaxed);
+        FillReader {
+            rx: self.wake.subscribe(),
+            fill: self.clone(),
+            next: 0,
+        }
+    }
+}
+
+/// What a reader sees next.
+pub enum Event {
+    Chunk(Bytes),
+    End(FillEnd),
+}
+
+/// One reader's position in a fill.
+pub struct FillReader {
+    fill: Arc<Fill>,
+    rx: watch::Receiver<()>,
+    next: usize,
+}
+
+impl Drop for FillReader {
+    fn drop(&mut self) {
+        self.fill.readers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl FillReader {
+    pub fn fill(&self) -> &Arc<Fill> {
+        &self.fill
+    }
+
+    /// Waits for the object head, or for the end if the fill ends without one.
+    pub async fn head(&mut self) -> Result<Arc<ObjectMeta>, FillEnd> {
+        loop {
+            self.rx.borrow_and_update();
+            {
+                let s = self.fill.lock();
+                if let Some(h) = &s.head {
+                    return Ok(h.clone());
+                }
+                if let Some(end) = &s.end {
+                    return Err(end.clone());
+                }
+            }
+            if self.rx.changed().await.is_err() {
+                return Err(FillEnd::Failed("writer gone".into()));
+            }
+        }
+    }
+
+    /// The next chunk, or the end.
+    pub async fn next(&mut self) -> Event {
+        loop {
+            // Mark the current version seen before looking, so a push after the look wakes us.
+            self.rx.borrow_and_update();
+            {
+                let s = self.fill.lock();
+                if let Some(c) = s.chunks.get(self.next) {
+                    self.next += 1;
+                    return Event::Chunk(c.clone());
+                }
+                if let Some(end) = &s.end {
+                    return Event::End(end.clone());
+                }
+            }
+            if self.rx.changed().await.is_err() {
+                return Event::End(FillEnd::Failed("writer gone".into()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn readers_follow_the_writer_and_see_the_end() {
+        let fill = Fill::new();
+        let (a, b) = (fill.reader(), fill.reader());
+        assert_eq!(fill.readers(), 2);
+        let writer = {
+            let fill = fill.clone();
+            tokio::spawn(async move {
+                for i in 0..50u8 {
+                    fill.push(Bytes::from(vec![i; 10]));
+                    tokio::task::yield_now().await;
+                }
+                fill.finish(FillEnd::Complete { last: true });
+                // A second end never replaces the first.
+                fill.finish(FillEnd::Failed("late".into()));
+            })
+        };
+        let read = |mut r: FillReader| async move {
+            let mut out = Vec::new();
+            loop {
+                match r.next().await {
+                    Event::Chunk(c) => out.extend_from_slice(&c),
+                    Event::End(e) => return (out, e),
+                }
+            }
+        };
+        let (ra, rb) = tokio::join!(read(a), read(b));
+        writer.await.unwrap();
+        assert_eq!(ra.0.len(), 500);
+        assert_eq!(ra.0, rb.0);
+        assert_eq!(ra.1, FillEnd::Complete { last: true });
+        assert_eq!(fill.readers(), 0);
+        // A reader that joins after the end still gets every chunk.
+        let (late, end) = read(fill.reader()).await;
+        assert_eq!(late, ra.0);
+        assert_eq!(end, FillEnd::Complete { last: true });
+    }
+}

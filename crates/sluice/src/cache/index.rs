@@ -1,0 +1,295 @@
+//! The object index: primary key → the `Vary` names of its responses → one object per variant,
+//! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http::header::{HeaderMap, HeaderName};
+use sluice_http::freshness::variant_key;
+
+use super::object::{ObjectId, ObjectMeta};
+
+/// What the index knows about a request.
+pub enum Lookup {
+    Hit(Arc<ObjectMeta>),
+    /// The URL is stored, not for this request's variant; `vary` names the headers that matter.
+    VaryMiss {
+        vary: Vec<HeaderName>,
+    },
+    UriMiss,
+    /// A recent answer for this URL was uncacheable: go straight to the origin.
+    Pass,
+}
+
+#[derive(Default)]
+struct Primary {
+    vary: Vec<HeaderName>,
+    variants: HashMap<String, Arc<ObjectMeta>>,
+    pass_until: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    primaries: HashMap<String, Primary>,
+    order: VecDeque<String>,
+    objects: usize,
+}
+
+/// The object index.
+pub struct ObjectIndex {
+    inner: Mutex<Inner>,
+    max_objects: usize,
+}
+
+impl ObjectIndex {
+    pub fn new(max_objects: usize) -> ObjectIndex {
+        ObjectIndex {
+            inner: Mutex::new(Inner::default()),
+            max_objects,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("object index")
+    }
+
+    pub fn lookup(&self, primary: &str, req: &HeaderMap, now: Instant) -> Lookup {
+        let inner = self.lock();
+        let Some(p) = inner.primaries.get(primary) else {
+            return Lookup::UriMiss;
+        };
+        if matches!(p.pass_until, Some(t) if t > now) {
+            return Lookup::Pass;
+        }
+        match p.variants.get(&variant_key(&p.vary, req)) {
+            Some(meta) => Lookup::Hit(meta.clone()),
+            None if p.variants.is_empty() => Lookup::UriMiss,
+            None => Lookup::VaryMiss {
+                vary: p.vary.clone(),
+            },
+        }
+    }
+
+    /// The current object with this id, if any.
+    pub fn get(&self, primary: &str, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+        let inner = self.lock();
+        inner
+            .primaries
+            .get(primary)?
+            .variants
+            .values()
+            .find(|m| m.id == id)
+            .cloned()
+    }
+
+    /// Stores or replaces an object; returns objects dropped to make room or replaced by a new
+    /// version or `Vary` list (their slices must go too).
+    pub fn insert(&self, meta: Arc<ObjectMeta>) -> Vec<Arc<ObjectMeta>> {
+        let mut dropped = Vec::new();
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let is_new_primary = !inner.primaries.contains_key(&meta.primary);
+        let p = inner.primaries.entry(meta.primary.clone()).or_default();
+        p.pass_until = None;
+        if p.vary != meta.vary {
+            inner.objects -= p.variants.len();
+            dropped.extend(p.variants.drain().map(|(_, m)| m));
+            p.vary = meta.vary.clone();
+        }
+        match p.variants.insert(meta.variant.clone(), meta.clone()) {
+            Some(old) if old.generation != meta.generation => dropped.push(old),
+            Some(_) => {}
+            None => inner.objects += 1,
+        }
+        if is_new_primary {
+            inner.order.push_back(meta.primary.clone());
+        }
+        self.evict(inner, &meta.primary, &mut dropped);
+        dropped
+    }
+
+    /// Drops the oldest primaries while over the bound (objects, or keys held only by a memo).
+    fn evict(&self, inner: &mut Inner, keep: &str, dropped: &mut Vec<Arc<ObjectMeta>>) {
+        while inner.objects > self.max_objects || inner.primaries.len() > self.max_objects {
+            let Some(oldest) = inner.order.pop_front() else {
+                break;
+            };
+            if oldest == keep {
+                inner.order.push_back(oldest);
+                break;
+            }
+            if let Some(p) = inner.primaries.remove(&oldest) {
+                inner.objects -= p.variants.len();
+                dropped.extend(p.variants.into_values());
+            }
+        }
+    }
+
+    /// Replaces an object's record if it is still the same version (after a 304 or a length update).
+    pub fn update(&self, meta: Arc<ObjectMeta>) -> bool {
+        let mut inner = self.lock();
+        let Some(p) = inner.primaries.get_mut(&meta.primary) else {
+            return false;
+        };
+        match p.variants.get_mut(&meta.variant) {
+            Some(slot) if slot.generation == meta.generation => {
+                *slot = meta;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops one object (a version change or a vanished origin object).
+    pub fn remove_object(&self, primary: &str, id: ObjectId) -> bool {
+        let mut inner = self.lock();
+        let Some(p) = inner.primaries.get_mut(primary) else {
+            return false;
+        };
+        let before = p.variants.len();
+        p.variants.retain(|_, m| m.id != id);
+        let removed = before - p.variants.len();
+        inner.objects -= removed;
+        removed > 0
+    }
+
+    /// Keeps `primary` out of the cache path until `until` (hit-for-pass).
+    /// Returns the objects it replaces.
+    pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<Arc<ObjectMeta>> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        if !inner.primaries.contains_key(primary) {
+            inner.order.push_back(primary.to_string());
+        }
+        let p = inner.primaries.entry(primary.to_string()).or_default();
+        inner.objects -= p.variants.len();
+        let mut dropped: Vec<Arc<ObjectMeta>> = p.variants.drain().map(|(_, m)| m).collect();
+        p.pass_until = Some(until);
+        self.evict(inner, primary, &mut dropped);
+        dropped
+    }
+
+    /// Purges every object whose primary key matches; hard purges drop them, soft purges mark them
+    /// stale. Returns the records affected (dropped or updated).
+    pub fn purge(
+        &self,
+        matches: impl Fn(&str, &ObjectMeta) -> bool,
+        soft: bool,
+    ) -> Vec<Arc<ObjectMeta>> {
+        let mut out = Vec::new();
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let mut removed = 0;
+        for (key, p) in inner.primaries.iter_mut() {
+            p.variants.retain(|_, m| {
+                if !matches(key, m) {
+                    return true;
+                }
+                if soft {
+                    let mut stale = (**m).clone();
+                    stale.soft_purged = true;
+                    let stale = Arc::new(stale);
+                    out.push(stale.clone());
+                    *m = stale;
+                    true
+                } else {
+                    out.push(m.clone());
+                    removed += 1;
+                    false
+                }
+            });
+        }
+        inner.objects -= removed;
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().objects
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderValue, StatusCode};
+    use sluice_http::freshness::{AgeClock, Freshness};
+    use std::time::{Duration, SystemTime};
+
+    fn meta(
+        primary: &str,
+        vary: Vec<HeaderName>,
+        variant: &str,
+        generation: u64,
+    ) -> Arc<ObjectMeta> {
+        Arc::new(ObjectMeta {
+            id: ObjectId::new(primary, variant),
+            primary: primary.into(),
+            variant: variant.into(),
+            generation,
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            length: Some(1),
+            freshness: Freshness {
+                lifetime: 60,
+                stale_while_revalidate: 0,
+                stale_if_error: 0,
+                must_revalidate: false,
+                no_cache: false,
+                targeted: false,
+            },
+            clock: AgeClock {
+                initial_age: 0,
+                response_time: SystemTime::now(),
+            },
+            tags: Vec::new(),
+            vary,
+            soft_purged: false,
+            range_capable: true,
+        })
+    }
+
+    #[test]
+    fn variants_versions_memos_and_the_bound() {
+        let idx = ObjectIndex::new(2);
+        let now = Instant::now();
+        let ae = http::header::ACCEPT_ENCODING;
+        let mut gzip = HeaderMap::new();
+        gzip.insert(&ae, HeaderValue::from_static("gzip"));
+        let v = variant_key(std::slice::from_ref(&ae), &gzip);
+        assert!(idx.insert(meta("a", vec![ae.clone()], &v, 1)).is_empty());
+        assert!(matches!(idx.lookup("a", &gzip, now), Lookup::Hit(_)));
+        assert!(matches!(
+            idx.lookup("a", &HeaderMap::new(), now),
+            Lookup::VaryMiss { .. }
+        ));
+        // A new version replaces the old one, which is handed back to be dropped.
+        let dropped = idx.insert(meta("a", vec![ae.clone()], &v, 3));
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].generation, 1);
+        // Hit-for-pass until it expires.
+        idx.mark_pass("b", now + Duration::from_secs(5));
+        assert!(matches!(
+            idx.lookup("b", &HeaderMap::new(), now),
+            Lookup::Pass
+        ));
+        assert!(matches!(
+            idx.lookup("b", &HeaderMap::new(), now + Duration::from_secs(6)),
+            Lookup::UriMiss
+        ));
+        // Over the bound, the oldest key goes.
+        let mut dropped = idx.insert(meta("c", vec![], "", 5));
+        dropped.extend(idx.insert(meta("d", vec![], "", 7)));
+        assert!(idx.len() <= 2);
+        assert!(matches!(idx.lookup("a", &gzip, now), Lookup::UriMiss));
+        assert!(matches!(
+            idx.lookup("d", &HeaderMap::new(), now),
+            Lookup::Hit(_)
+        ));
+        assert!(dropped.iter().any(|m| m.primary == "a"));
+    }
+}

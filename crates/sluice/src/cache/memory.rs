@@ -1,0 +1,189 @@
+//! The memory tier: slices in a byte-bounded S3-FIFO cache (quick_cache), so a scan of cold objects
+//! cannot flush the hot set (see docs/decisions/cache-memory-tier.md).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use quick_cache::sync::Cache;
+use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
+
+use super::object::SliceKey;
+
+/// The bytes of one slice, as the chunks they arrived in (no copy to join them).
+#[derive(Debug, Clone)]
+pub struct Slice {
+    pub chunks: Arc<[Bytes]>,
+    pub len: u64,
+}
+
+impl Slice {
+    pub fn new(chunks: Vec<Bytes>) -> Slice {
+        let len = chunks.iter().map(|c| c.len() as u64).sum();
+        Slice {
+            chunks: chunks.into(),
+            len,
+        }
+    }
+
+    /// The chunks that fall within `from..=to` (offsets inside the slice), trimmed.
+    pub fn range(&self, from: u64, to: u64) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        for c in self.chunks.iter() {
+            let (start, end) = (at, at + c.len() as u64);
+            at = end;
+            if end <= from || start > to {
+                continue;
+            }
+            let lo = from.saturating_sub(start) as usize;
+            let hi = (to.saturating_add(1).min(end) - start) as usize;
+            out.push(c.slice(lo..hi));
+        }
+        out
+    }
+}
+
+#[derive(Clone)]
+struct ByBytes;
+
+impl Weighter<SliceKey, Slice> for ByBytes {
+    fn weight(&self, _key: &SliceKey, val: &Slice) -> u64 {
+        // Per-entry bookkeeping counts too, so tiny slices cannot overrun the bound by count.
+        val.len + 128
+    }
+}
+
+/// Counts evictions for the metrics.
+#[derive(Clone)]
+struct Evictions(Arc<AtomicU64>);
+
+impl Lifecycle<SliceKey, Slice> for Evictions {
+    type RequestState = ();
+
+    fn begin_request(&self) -> Self::RequestState {}
+
+    fn on_evict(&self, _state: &mut (), _key: SliceKey, _val: Slice) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The memory tier.
+pub struct MemoryTier {
+    cache: Cache<SliceKey, Slice, ByBytes, DefaultHashBuilder, Evictions>,
+    evictions: Arc<AtomicU64>,
+}
+
+impl MemoryTier {
+    pub fn new(capacity: u64, slice_bytes: u64) -> MemoryTier {
+        // quick_cache splits the capacity across shards; keep each shard at least 16 slices big so
+        // a full slice is always admissible.
+        let shards = (capacity / (slice_bytes * 16))
+            .clamp(1, 64)
+            .next_power_of_two() as usize;
+        let shards = if shards as u64 * slice_bytes * 16 > capacity && shards > 1 {
+            shards / 2
+        } else {
+            shards
+        };
+        let evictions = Arc::new(AtomicU64::new(0));
+        let options = OptionsBuilder::new()
+            .estimated_items_capacity((capacity / slice_bytes).max(16) as usize)
+            .weight_capacity(capacity)
+            .shards(shards)
+            .build()
+            .expect("valid cache options");
+        MemoryTier {
+            cache: Cache::with_options(
+                options,
+                ByBytes,
+                DefaultHashBuilder::default(),
+                Evictions(evictions.clone()),
+            ),
+            evictions,
+        }
+    }
+
+    pub fn get(&self, key: &SliceKey) -> Option<Slice> {
+        self.cache.get(key)
+    }
+
+    pub fn insert(&self, key: SliceKey, slice: Slice) {
+        self.cache.insert(key, slice);
+    }
+
+    pub fn remove(&self, key: &SliceKey) {
+        self.cache.remove(key);
+    }
+
+    /// Bytes held (including per-entry bookkeeping).
+    pub fn weight(&self) -> u64 {
+        self.cache.weight()
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::object::ObjectId;
+
+    fn key(i: u64) -> SliceKey {
+        SliceKey {
+            object: ObjectId(1),
+            generation: 1,
+            index: i,
+        }
+    }
+
+    #[test]
+    fn bounded_in_bytes() {
+        let slice = 64 * 1024;
+        let tier = MemoryTier::new(slice * 32, slice);
+        for i in 0..200 {
+            tier.insert(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![0u8; slice as usize])]),
+            );
+        }
+        assert!(tier.weight() <= slice * 32 + 128 * 32, "{}", tier.weight());
+        assert!(tier.evictions() > 0);
+    }
+
+    #[test]
+    fn a_scan_of_cold_slices_does_not_flush_the_hot_set() {
+        let slice = 16 * 1024;
+        let tier = MemoryTier::new(slice * 64, slice);
+        let data = || Slice::new(vec![Bytes::from(vec![0u8; slice as usize])]);
+        // A hot set of 16 slices, read several times.
+        for i in 0..16 {
+            tier.insert(key(i), data());
+        }
+        for _ in 0..4 {
+            for i in 0..16 {
+                assert!(tier.get(&key(i)).is_some());
+            }
+        }
+        // One pass over 1000 slices nobody reads again (a crawler, a one-off download).
+        for i in 1000..2000 {
+            tier.insert(key(i), data());
+        }
+        let kept = (0..16).filter(|i| tier.get(&key(*i)).is_some()).count();
+        assert!(kept >= 14, "only {kept} of 16 hot slices survived the scan");
+    }
+
+    #[test]
+    fn range_trims_chunks() {
+        let s = Slice::new(vec![
+            Bytes::from_static(b"abc"),
+            Bytes::from_static(b"defg"),
+        ]);
+        let join = |v: Vec<Bytes>| v.concat();
+        assert_eq!(join(s.range(0, 6)), b"abcdefg");
+        assert_eq!(join(s.range(2, 3)), b"cd");
+        assert_eq!(join(s.range(4, 4)), b"e");
+    }
+}

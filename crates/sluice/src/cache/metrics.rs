@@ -1,0 +1,183 @@
+//! The cache's metric families (registered under `sluice_cache_`), and the task that keeps the
+//! tier size gauges current.
+
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::Inner;
+
+/// Label of the request outcome series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// Label of per-tier series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabels {
+    pub tier: &'static str,
+}
+
+/// The cache's families.
+#[derive(Clone)]
+pub struct CacheMetrics {
+    /// hit, miss, stale, revalidated, bypass.
+    pub requests: Family<ResultLabels, Counter>,
+    /// Requests that joined a fill another request had started.
+    pub coalesced: Counter,
+    pub bytes_memory: Counter,
+    pub bytes_disk: Counter,
+    pub bytes_origin: Counter,
+    pub tier_bytes: Family<TierLabels, Gauge>,
+    pub evictions: Family<TierLabels, Counter>,
+    pub disk_dropped: Counter,
+    pub disk_corrupt: Counter,
+    pub objects: Gauge,
+    pub stored: Counter,
+    pub uncacheable: Counter,
+    pub version_mismatch: Counter,
+    pub origin_errors: Counter,
+    pub origin_latency: Histogram,
+}
+
+impl CacheMetrics {
+    pub fn new(registry: &mut Registry) -> CacheMetrics {
+        let m = CacheMetrics {
+            requests: Family::default(),
+            coalesced: Counter::default(),
+            bytes_memory: Counter::default(),
+            bytes_disk: Counter::default(),
+            bytes_origin: Counter::default(),
+            tier_bytes: Family::default(),
+            evictions: Family::default(),
+            disk_dropped: Counter::default(),
+            disk_corrupt: Counter::default(),
+            objects: Gauge::default(),
+            stored: Counter::default(),
+            uncacheable: Counter::default(),
+            version_mismatch: Counter::default(),
+            origin_errors: Counter::default(),
+            // 0.5 ms .. ~16 s
+            origin_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+        };
+        let r = registry.sub_registry_with_prefix("cache");
+        r.register("requests", "Cached requests by outcome", m.requests.clone());
+        r.register(
+            "coalesced_waiters",
+            "Requests that followed a fill another request started",
+            m.coalesced.clone(),
+        );
+        r.register(
+            "memory_sent_bytes",
+            "Bytes sent from the memory tier",
+            m.bytes_memory.clone(),
+        );
+        r.register(
+            "disk_sent_bytes",
+            "Bytes sent from the disk tier",
+            m.bytes_disk.clone(),
+        );
+        r.register(
+            "origin_received_bytes",
+            "Bytes fetched from origins",
+            m.bytes_origin.clone(),
+        );
+        r.register(
+            "tier_bytes",
+            "Bytes held by each tier",
+            m.tier_bytes.clone(),
+        );
+        r.register(
+            "evictions",
+            "Slices evicted by each tier",
+            m.evictions.clone(),
+        );
+        r.register(
+            "disk_dropped_writes",
+            "Disk writes dropped (queue full, disk full or failing)",
+            m.disk_dropped.clone(),
+        );
+        r.register(
+            "disk_corrupt_slices",
+            "Slice files dropped for a bad length or checksum",
+            m.disk_corrupt.clone(),
+        );
+        r.register("objects", "Objects indexed", m.objects.clone());
+        r.register("stored_objects", "Objects stored", m.stored.clone());
+        r.register(
+            "uncacheable",
+            "Origin answers that could not be stored",
+            m.uncacheable.clone(),
+        );
+        r.register(
+            "version_mismatches",
+            "Objects dropped because a slice came from another version",
+            m.version_mismatch.clone(),
+        );
+        r.register(
+            "origin_errors",
+            "Origin exchanges that failed",
+            m.origin_errors.clone(),
+        );
+        r.register(
+            "origin_fetch_seconds",
+            "Time from an origin request to its response head",
+            m.origin_latency.clone(),
+        );
+        m
+    }
+
+    pub fn result(&self, result: &'static str) {
+        self.requests.get_or_create(&ResultLabels { result }).inc();
+    }
+}
+
+/// Refreshes the size gauges and tier counters once a second while the cache lives.
+pub(super) fn spawn_gauges(inner: Weak<Inner>) {
+    tokio::spawn(async move {
+        let mut last_mem_evictions = 0;
+        let (mut last_disk_evictions, mut last_dropped, mut last_corrupt) = (0, 0, 0);
+        loop {
+            {
+                let Some(inner) = inner.upgrade() else { return };
+                let m = &inner.metrics;
+                let tier = |t| TierLabels { tier: t };
+                m.tier_bytes
+                    .get_or_create(&tier("memory"))
+                    .set(inner.memory.weight() as i64);
+                let ev = inner.memory.evictions();
+                m.evictions
+                    .get_or_create(&tier("memory"))
+                    .inc_by(ev - last_mem_evictions);
+                last_mem_evictions = ev;
+                m.objects.set(inner.index.len() as i64);
+                if let Some(disk) = &inner.disk {
+                    m.tier_bytes
+                        .get_or_create(&tier("disk"))
+                        .set(disk.bytes() as i64);
+                    let s = &disk.stats;
+                    let ev = s.evictions.load(Ordering::Relaxed);
+                    m.evictions
+                        .get_or_create(&tier("disk"))
+                        .inc_by(ev - last_disk_evictions);
+                    last_disk_evictions = ev;
+                    let d = s.dropped.load(Ordering::Relaxed);
+                    m.disk_dropped.inc_by(d - last_dropped);
+                    last_dropped = d;
+                    let c = s.corrupt.load(Ordering::Relaxed);
+                    m.disk_corrupt.inc_by(c - last_corrupt);
+                    last_corrupt = c;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}

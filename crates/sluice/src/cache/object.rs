@@ -1,0 +1,308 @@
+//! One cached object (a URL variant at one version): its stored response head, length, validators
+//! and freshness, and how it is written to and read from the disk tier.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sluice_http::freshness::{AgeClock, Freshness};
+
+/// Identifies an object: a digest of its primary key and variant key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectId(pub u128);
+
+impl ObjectId {
+    pub fn new(primary: &str, variant: &str) -> ObjectId {
+        let mut h = Sha256::new();
+        h.update(primary.as_bytes());
+        h.update([0]);
+        h.update(variant.as_bytes());
+        let d = h.finalize();
+        ObjectId(u128::from_be_bytes(d[..16].try_into().expect("16 bytes")))
+    }
+
+    pub fn hex(&self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+/// One slice of one version of one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SliceKey {
+    pub object: ObjectId,
+    /// The object's version; 0 names a fill for an object whose version is not known yet.
+    pub generation: u64,
+    pub index: u64,
+}
+
+/// Headers never stored: hop-by-hop, per-message framing, and per-user state.
+const NOT_STORED: [HeaderName; 10] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_RANGE,
+    header::AGE,
+    header::SET_COOKIE,
+];
+
+/// The response head and bookkeeping of a stored object.
+#[derive(Debug, Clone)]
+pub struct ObjectMeta {
+    pub id: ObjectId,
+    pub primary: String,
+    pub variant: String,
+    pub generation: u64,
+    /// 200 for sliced bodies (a 206 from the origin is stored as the 200 it is part of).
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    /// Total length; `None` while an origin that sent no length is still being read.
+    pub length: Option<u64>,
+    pub freshness: Freshness,
+    pub clock: AgeClock,
+    /// `Surrogate-Key` / `Cache-Tag` values, for purge by tag.
+    pub tags: Vec<String>,
+    /// The request headers this object varies on.
+    pub vary: Vec<HeaderName>,
+    /// Marked stale by a soft purge: the next use revalidates.
+    pub soft_purged: bool,
+    /// The origin answered a slice request with 206: later slices may be fetched ahead.
+    pub range_capable: bool,
+}
+
+impl ObjectMeta {
+    /// The ETag, Last-Modified and length every slice must match.
+    pub fn same_version(&self, headers: &HeaderMap, length: Option<u64>) -> bool {
+        let same = |name: HeaderName| headers.get(&name) == self.headers.get(&name);
+        same(header::ETAG)
+            && same(header::LAST_MODIFIED)
+            && match (self.length, length) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
+    /// Seconds of freshness left at `now` (negative once stale).
+    pub fn ttl(&self, now: SystemTime) -> i64 {
+        let lifetime = if self.soft_purged {
+            0
+        } else {
+            self.freshness.lifetime
+        };
+        lifetime as i64 - self.clock.current_age(now) as i64
+    }
+}
+
+/// Copies the end-to-end headers of an origin response worth storing.
+pub fn stored_headers(from: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(from.len());
+    for (name, value) in from {
+        if NOT_STORED.contains(name) || name.as_str().starts_with("proxy-") || name == "keep-alive"
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// Updates stored headers with those of a 304 (RFC 9111 §4.3.4), leaving framing alone.
+pub fn merge_not_modified(stored: &mut HeaderMap, fresh: &HeaderMap) {
+    let update = stored_headers(fresh);
+    let mut names: Vec<&HeaderName> = update.keys().collect();
+    names.dedup();
+    for name in names {
+        stored.remove(name);
+        for v in update.get_all(name) {
+            stored.append(name.clone(), v.clone());
+        }
+    }
+}
+
+/// Tags from `Surrogate-Key` (space separated) and `Cache-Tag` (comma separated).
+pub fn tags(headers: &HeaderMap) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in headers.get_all("surrogate-key") {
+        if let Ok(s) = v.to_str() {
+            out.extend(s.split_ascii_whitespace().map(str::to_string));
+        }
+    }
+    for v in headers.get_all("cache-tag") {
+        if let Ok(s) = v.to_str() {
+            out.extend(
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string),
+            );
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The on-disk form of [`ObjectMeta`].
+#[derive(Serialize, Deserialize)]
+struct MetaRecord {
+    id: ObjectId,
+    primary: String,
+    variant: String,
+    generation: u64,
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    length: Option<u64>,
+    lifetime: u64,
+    swr: u64,
+    sie: u64,
+    must_revalidate: bool,
+    no_cache: bool,
+    targeted: bool,
+    initial_age: u64,
+    response_time_ms: u64,
+    tags: Vec<String>,
+    vary: Vec<String>,
+    soft_purged: bool,
+    #[serde(default)]
+    range_capable: bool,
+}
+
+impl ObjectMeta {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let rec = MetaRecord {
+            id: self.id,
+            primary: self.primary.clone(),
+            variant: self.variant.clone(),
+            generation: self.generation,
+            status: self.status.as_u16(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            length: self.length,
+            lifetime: self.freshness.lifetime,
+            swr: self.freshness.stale_while_revalidate,
+            sie: self.freshness.stale_if_error,
+            must_revalidate: self.freshness.must_revalidate,
+            no_cache: self.freshness.no_cache,
+            targeted: self.freshness.targeted,
+            initial_age: self.clock.initial_age,
+            response_time_ms: self
+                .clock
+                .response_time
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            tags: self.tags.clone(),
+            vary: self.vary.iter().map(|n| n.as_str().to_string()).collect(),
+            soft_purged: self.soft_purged,
+            range_capable: self.range_capable,
+        };
+        serde_json::to_vec(&rec).expect("meta serializes")
+    }
+
+    /// Reads a record written by [`ObjectMeta::to_bytes`]; `None` for anything malformed.
+    pub fn from_bytes(bytes: &[u8]) -> Option<ObjectMeta> {
+        let rec: MetaRecord = serde_json::from_slice(bytes).ok()?;
+        let mut headers = HeaderMap::new();
+        for (k, v) in rec.headers {
+            headers.append(
+                HeaderName::from_bytes(k.as_bytes()).ok()?,
+                HeaderValue::from_bytes(&v).ok()?,
+            );
+        }
+        let vary = rec
+            .vary
+            .iter()
+            .map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .collect::<Option<Vec<_>>>()?;
+        if ObjectId::new(&rec.primary, &rec.variant) != rec.id || rec.generation == 0 {
+            return None;
+        }
+        Some(ObjectMeta {
+            id: rec.id,
+            primary: rec.primary,
+            variant: rec.variant,
+            generation: rec.generation,
+            status: StatusCode::from_u16(rec.status).ok()?,
+            headers,
+            length: rec.length,
+            freshness: Freshness {
+                lifetime: rec.lifetime,
+                stale_while_revalidate: rec.swr,
+                stale_if_error: rec.sie,
+                must_revalidate: rec.must_revalidate,
+                no_cache: rec.no_cache,
+                targeted: rec.targeted,
+            },
+            clock: AgeClock {
+                initial_age: rec.initial_age,
+                response_time: UNIX_EPOCH + Duration::from_millis(rec.response_time_ms),
+            },
+            tags: rec.tags,
+            vary,
+            soft_purged: rec.soft_purged,
+            range_capable: rec.range_capable,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_round_trips_and_rejects_tampering() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+        let meta = ObjectMeta {
+            id: ObjectId::new("k", ""),
+            primary: "k".into(),
+            variant: String::new(),
+            generation: 7,
+            status: StatusCode::OK,
+            headers,
+            length: Some(10),
+            freshness: Freshness {
+                lifetime: 60,
+                stale_while_revalidate: 1,
+                stale_if_error: 2,
+                must_revalidate: false,
+                no_cache: false,
+                targeted: false,
+            },
+            clock: AgeClock {
+                initial_age: 3,
+                response_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            },
+            tags: vec!["a".into()],
+            vary: vec![header::ACCEPT_ENCODING],
+            soft_purged: false,
+            range_capable: true,
+        };
+        let back = ObjectMeta::from_bytes(&meta.to_bytes()).unwrap();
+        assert_eq!(back.headers, meta.headers);
+        assert_eq!(back.freshness, meta.freshness);
+        assert_eq!(back.clock, meta.clock);
+        assert_eq!(back.vary, meta.vary);
+        let tampered = String::from_utf8(meta.to_bytes())
+            .unwrap()
+            .replace("\"primary\":\"k\"", "\"primary\":\"x\"");
+        assert!(ObjectMeta::from_bytes(tampered.as_bytes()).is_none());
+        assert!(ObjectMeta::from_bytes(b"{").is_none());
+    }
+
+    #[test]
+    fn tags_from_both_fields() {
+        let mut h = HeaderMap::new();
+        h.insert("surrogate-key", HeaderValue::from_static("a b"));
+        h.insert("cache-tag", HeaderValue::from_static("c, a"));
+        assert_eq!(tags(&h), vec!["a", "b", "c"]);
+    }
+}

@@ -1,0 +1,236 @@
+//! `PURGE`: by URL (every variant), by key prefix, or by tag (`Surrogate-Key` / `Cache-Tag`), hard
+//! (dropped) or soft (marked stale, revalidated on next use). Only from `purge_allow` addresses and
+//! with the purge key or the API password; every refusal is the same 403.
+//!
+//! Request headers: `X-Purge-Key: <key>` or `Authorization: Bearer <key>`; `X-Purge-Mode: url`
+//! (default), `prefix` or `tag`; `X-Purge-Tag: a b` (tag mode, several tags separated by spaces or
+//! commas); `X-Purge-Soft: 1`.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::{Response, StatusCode};
+use subtle::ConstantTimeEq;
+
+use super::object::ObjectMeta;
+use super::{CacheKey, Inner};
+use crate::body::{self, Body};
+
+/// What a purge removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeScope {
+    Url,
+    Prefix,
+    Tags(Vec<String>),
+}
+
+fn json(status: StatusCode, text: String) -> Response<Body> {
+    let mut resp = Response::new(body::full(text));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn forbidden() -> Response<Body> {
+    json(StatusCode::FORBIDDEN, "{\"error\":\"forbidden\"}".into())
+}
+
+fn offered_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers.get("x-purge-key").and_then(|v| v.to_str().ok()) {
+        return Some(v.trim());
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
+    let mode = headers
+        .get("x-purge-mode")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("url")
+        .trim()
+        .to_ascii_lowercase();
+    match mode.as_str() {
+        "url" => Ok(PurgeScope::Url),
+        "prefix" => Ok(PurgeScope::Prefix),
+        "tag" => {
+            let tags: Vec<String> = headers
+                .get_all("x-purge-tag")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split([' ', ',']))
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect();
+            if tags.is_empty() {
+                Err("X-Purge-Mode: tag needs X-Purge-Tag")
+            } else {
+                Ok(PurgeScope::Tags(tags))
+            }
+        }
+        _ => Err("X-Purge-Mode must be url, prefix or tag"),
+    }
+}
+
+impl Inner {
+    fn purge_allowed(&self, headers: &HeaderMap, peer: IpAddr) -> bool {
+        // Check every condition before deciding, so refusals take the same path.
+        let from_allowed = self.config.purge_allow.iter().any(|n| n.contains(&peer));
+        let offered = offered_key(headers).unwrap_or("").as_bytes();
+        let mut ok_key = false;
+        for secret in [
+            Some(self.config.purge_key.as_str()),
+            self.api_password.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        {
+            ok_key |= bool::from(secret.as_bytes().ct_eq(offered));
+        }
+        from_allowed && ok_key
+    }
+
+    pub(super) fn handle_purge(
+        &self,
+        parts: &Parts,
+        key: &CacheKey,
+        peer: IpAddr,
+    ) -> Response<Body> {
+        if !self.purge_allowed(&parts.headers, peer) {
+            return forbidden();
+        }
+        let scope = match scope(&parts.headers) {
+            Ok(s) => s,
+            Err(msg) => return json(StatusCode::BAD_REQUEST, format!("{{\"error\":\"{msg}\"}}")),
+        };
+        let soft = parts
+            .headers
+            .get("x-purge-soft")
+            .is_some_and(|v| matches!(v.as_bytes(), b"1" | b"true" | b"yes"));
+        let n = match &scope {
+            PurgeScope::Url => self.purge_matching(|k, _| k == key.0, soft),
+            PurgeScope::Prefix => self.purge_matching(|k, _| k.starts_with(&key.0), soft),
+            PurgeScope::Tags(tags) => {
+                self.purge_matching(|_, m| m.tags.iter().any(|t| tags.contains(t)), soft)
+            }
+        };
+        json(
+            StatusCode::OK,
+            format!("{{\"purged\":{n},\"soft\":{soft}}}"),
+        )
+    }
+
+    /// Purges matching objects; returns how many.
+    pub(super) fn purge_matching(
+        &self,
+        matches: impl Fn(&str, &ObjectMeta) -> bool,
+        soft: bool,
+    ) -> usize {
+        let affected = self.index.purge(matches, soft);
+        for meta in &affected {
+            if soft {
+                if let Some(disk) = &self.disk {
+                    disk.write_meta(meta.clone());
+                }
+            } else {
+                self.drop_objects(std::slice::from_ref(meta));
+            }
+        }
+        affected.len()
+    }
+}
+
+/// The keys a successful unsafe request invalidates (RFC 9111 §4.4): its target, and the
+/// `Location` / `Content-Location` of the answer when they name the same host. `host` is the
+/// request's authority (the `Host` header).
+pub fn invalidation_keys(
+    scope: &str,
+    host: &str,
+    target: &http::Uri,
+    status: StatusCode,
+    resp_headers: &HeaderMap,
+) -> Vec<CacheKey> {
+    if !(status.is_success() || status.is_redirection()) {
+        return Vec::new();
+    }
+    let mut keys = vec![CacheKey::new(scope, target)];
+    let base = format!(
+        "http://{host}{}",
+        target.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+    );
+    let Ok(base) = url::Url::parse(&base) else {
+        return keys;
+    };
+    for name in [header::LOCATION, header::CONTENT_LOCATION] {
+        let Some(v) = resp_headers.get(&name).and_then(|v| v.to_str().ok()) else {
+            continue;
+        };
+        let Ok(u) = base.join(v) else { continue };
+        if u.host_str() != base.host_str()
+            || u.port_or_known_default() != base.port_or_known_default()
+        {
+            continue;
+        }
+        let pq = match u.query() {
+            Some(q) => format!("{}?{q}", u.path()),
+            None => u.path().to_string(),
+        };
+        if let Ok(uri) = pq.parse::<http::Uri>() {
+            let key = CacheKey::new(scope, &uri);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsafe_methods_invalidate_target_and_same_host_locations() {
+        let mut h = HeaderMap::new();
+        h.insert(header::LOCATION, HeaderValue::from_static("/items/7?x=1"));
+        h.insert(
+            header::CONTENT_LOCATION,
+            HeaderValue::from_static("http://elsewhere.example/items/7"),
+        );
+        let target: http::Uri = "/items".parse().unwrap();
+        let keys = invalidation_keys("r", "shop.example", &target, StatusCode::CREATED, &h);
+        assert_eq!(
+            keys,
+            vec![
+                CacheKey("r|/items".into()),
+                CacheKey("r|/items/7?x=1".into())
+            ]
+        );
+        assert!(
+            invalidation_keys("r", "shop.example", &target, StatusCode::BAD_REQUEST, &h).is_empty()
+        );
+    }
+
+    #[test]
+    fn scopes_and_keys() {
+        let mut h = HeaderMap::new();
+        assert_eq!(scope(&h), Ok(PurgeScope::Url));
+        h.insert("x-purge-mode", HeaderValue::from_static("tag"));
+        assert!(scope(&h).is_err());
+        h.insert("x-purge-tag", HeaderValue::from_static("a, b c"));
+        assert_eq!(
+            scope(&h),
+            Ok(PurgeScope::Tags(vec!["a".into(), "b".into(), "c".into()]))
+        );
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        assert_eq!(offered_key(&h), Some("k"));
+    }
+}

@@ -1,0 +1,595 @@
+//! The phases of one cached request: lookup, decide (fresh, stale-while-revalidate, revalidate,
+//! miss, pass), then the response head; the body comes from `stream`.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use sluice_http::cache_control::parse_cache_control;
+use sluice_http::cache_status::{CacheStatus, Forward};
+use sluice_http::conditional::{if_range_allows, not_modified};
+use sluice_http::freshness::{
+    decide_use, storability, variant_key, AgeClock, FreshnessPolicy, Use,
+};
+use sluice_http::range::{resolve_range, slice_range, Multipart, RangeOutcome, RangeSpec};
+
+use super::fill::FillEnd;
+use super::index::Lookup;
+use super::object::{merge_not_modified, ObjectId, ObjectMeta, SliceKey};
+use super::stream::{self, Plan};
+use super::writer::{FillJob, JobKind};
+use super::{CacheKey, Inner, Origin};
+use crate::body::{self, Body};
+
+/// The name this cache uses in `Cache-Status`.
+pub(crate) const CACHE_NAME: &str = "sluice";
+static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// Request headers the cache sets itself on origin requests, or that only concern one hop.
+const NOT_FORWARDED: [HeaderName; 11] = [
+    header::RANGE,
+    header::IF_RANGE,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_MATCH,
+    header::IF_UNMODIFIED_SINCE,
+    header::CONNECTION,
+    header::TE,
+    header::UPGRADE,
+    header::TRANSFER_ENCODING,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// How many times a reader elects a new writer after the one it followed failed.
+const FILL_ATTEMPTS: usize = 3;
+
+/// The origin request for the cache's own purposes: the client's end-to-end headers, none of its
+/// range or conditional ones.
+pub(crate) fn origin_request(parts: &Parts) -> Request<()> {
+    let mut req = Request::new(());
+    *req.method_mut() = Method::GET;
+    *req.uri_mut() = parts.uri.clone();
+    let headers = req.headers_mut();
+    for (name, value) in &parts.headers {
+        if !NOT_FORWARDED.contains(name) && name != "keep-alive" {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    req
+}
+
+/// An origin request for slice `index`.
+pub(crate) fn slice_request(parts: &Parts, index: u64, slice_bytes: u64) -> Request<()> {
+    let mut req = origin_request(parts);
+    let r = slice_range(index, slice_bytes, None);
+    req.headers_mut().insert(
+        header::RANGE,
+        HeaderValue::from_str(&format!("bytes={}-{}", r.start, r.end)).expect("ascii"),
+    );
+    req
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response<Body> {
+    let mut resp = Response::new(body::full(format!("{{\"error\":\"{message}\"}}")));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn set_status(resp: &mut Response<Body>, status: &CacheStatus) {
+    if let Ok(v) = HeaderValue::from_str(&status.render(CACHE_NAME)) {
+        resp.headers_mut().insert(CACHE_STATUS.clone(), v);
+    }
+}
+
+impl Inner {
+    pub(super) async fn serve(
+        self: &Arc<Self>,
+        parts: &Parts,
+        key: &CacheKey,
+        origin: Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
+    ) -> Response<Body> {
+        if parts.method != Method::GET && parts.method != Method::HEAD {
+            return error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the cache serves GET and HEAD",
+            );
+        }
+        let req_cc = parse_cache_control(&parts.headers);
+        let lookup = self.index.lookup(&key.0, &parts.headers, Instant::now());
+        if req_cc.only_if_cached && !matches!(lookup, Lookup::Hit(_)) {
+            // RFC 9111 §5.2.1.7.
+            return error_response(StatusCode::GATEWAY_TIMEOUT, "not cached");
+        }
+        match lookup {
+            Lookup::Pass => {
+                self.metrics.result("bypass");
+                self.pass(parts, &origin, Some("hit-for-pass")).await
+            }
+            Lookup::UriMiss => {
+                self.miss(parts, key, origin, policy, Forward::UriMiss, &[])
+                    .await
+            }
+            Lookup::VaryMiss { vary } => {
+                self.miss(parts, key, origin, policy, Forward::VaryMiss, &vary)
+                    .await
+            }
+            Lookup::Hit(meta) => {
+                let now = SystemTime::now();
+                let mut fresh = meta.freshness;
+                if meta.soft_purged {
+                    fresh.lifetime = 0;
+                }
+                let age = meta.clock.current_age(now);
+                match decide_use(&fresh, age, &req_cc, policy) {
+                    Use::Fresh => {
+                        self.metrics.result("hit");
+                        let status = CacheStatus {
+                            hit: true,
+                            ttl: Some(meta.ttl(now)),
+                            ..Default::default()
+                        };
+                        self.respond(parts, meta, origin, status, None)
+                    }
+                    Use::StaleWhileRevalidate => {
+                        self.metrics.result("stale");
+                        self.spawn_revalidate(meta.clone(), parts, origin.clone(), policy.clone());
+                        let status = CacheStatus {
+                            hit: true,
+                            ttl: Some(meta.ttl(now)),
+                            detail: Some("stale-while-revalidate"),
+                            ..Default::default()
+                        };
+                        self.respond(parts, meta, origin, status, None)
+                    }
+                    Use::Revalidate { stale_if_error } => {
+                        self.revalidate_and_respond(
+                            parts,
+                            key,
+                            meta,
+                            origin,
+                            policy,
+                            stale_if_error,
+                        )
+                        .await
+                    }
+                }
+            }
+        }
+    }
+
+    async fn revalidate_and_respond(
+        self: &Arc<Self>,
+        parts: &Parts,
+        key: &CacheKey,
+        meta: Arc<ObjectMeta>,
+        origin: Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
+        stale_if_error: bool,
+    ) -> Response<Body> {
+        match self.revalidate(&meta, parts, &origin, policy).await {
+            Revalidated::Fresh(meta) => {
+                self.metrics.result("revalidated");
+                // Forwarded, so not a `hit` in RFC 9211 terms, though the bytes are the cache's.
+                let status = CacheStatus {
+                    fwd: Some(Forward::Stale),
+                    fwd_status: Some(304),
+                    ttl: Some(meta.ttl(SystemTime::now())),
+                    ..Default::default()
+                };
+                self.respond(parts, meta, origin, status, None)
+            }
+            Revalidated::Changed => {
+                self.miss(parts, key, origin, policy, Forward::Stale, &meta.vary)
+                    .await
+            }
+            Revalidated::Failed(_) if stale_if_error => {
+                self.metrics.result("stale");
+                let status = CacheStatus {
+                    fwd: Some(Forward::Stale),
+                    ttl: Some(meta.ttl(SystemTime::now())),
+                    detail: Some("stale-if-error"),
+                    ..Default::default()
+                };
+                self.respond(parts, meta, origin, status, None)
+            }
+            Revalidated::Failed(Some(resp)) => {
+                let mut resp = resp;
+                let code = resp.status().as_u16();
+                set_status(
+                    &mut resp,
+                    &CacheStatus {
+                        fwd: Some(Forward::Stale),
+                        fwd_status: Some(code),
+                        ..Default::default()
+                    },
+                );
+                resp
+            }
+            Revalidated::Failed(None) => {
+                error_response(StatusCode::BAD_GATEWAY, "origin unavailable")
+            }
+        }
+    }
+
+    /// Asks the origin whether `meta` is still current (RFC 9111 §4.3). The request carries the
+    /// first slice's `Range`, so a changed object costs at most one slice.
+    async fn revalidate(
+        self: &Arc<Self>,
+        meta: &Arc<ObjectMeta>,
+        parts: &Parts,
+        origin: &Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
+    ) -> Revalidated {
+        let mut req = slice_request(parts, 0, self.slice_bytes);
+        if let Some(etag) = meta.headers.get(header::ETAG) {
+            req.headers_mut()
+                .insert(header::IF_NONE_MATCH, etag.clone());
+        }
+        if let Some(lm) = meta.headers.get(header::LAST_MODIFIED) {
+            req.headers_mut()
+                .insert(header::IF_MODIFIED_SINCE, lm.clone());
+        }
+        let request_time = SystemTime::now();
+        let started = Instant::now();
+        let resp = match origin.fetch(req).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.metrics.origin_errors.inc();
+                return Revalidated::Failed(None);
+            }
+        };
+        self.metrics
+            .origin_latency
+            .observe(started.elapsed().as_secs_f64());
+        let response_time = SystemTime::now();
+        match resp.status() {
+            StatusCode::NOT_MODIFIED => {
+                let mut headers = meta.headers.clone();
+                merge_not_modified(&mut headers, resp.headers());
+                let Ok(fresh) = storability(
+                    &Method::GET,
+                    &parts.headers,
+                    meta.status,
+                    &headers,
+                    response_time,
+                    policy,
+                ) else {
+                    self.forget(meta);
+                    return Revalidated::Changed;
+                };
+                let mut m = (**meta).clone();
+                m.headers = headers;
+                m.freshness = fresh;
+                m.clock = AgeClock::new(resp.headers(), request_time, response_time);
+                m.soft_purged = false;
+                m.tags = super::object::tags(&m.headers);
+                let m = Arc::new(m);
+                if self.index.update(m.clone()) {
+                    if let Some(disk) = &self.disk {
+                        disk.write_meta(m.clone());
+                    }
+                }
+                Revalidated::Fresh(m)
+            }
+            s if s.is_server_error() => Revalidated::Failed(Some(resp)),
+            _ => {
+                // A new representation: the stored one goes; a fresh miss fetches the new one.
+                self.forget(meta);
+                Revalidated::Changed
+            }
+        }
+    }
+
+    fn forget(&self, meta: &Arc<ObjectMeta>) {
+        self.index.remove_object(&meta.primary, meta.id);
+        self.drop_objects(std::slice::from_ref(meta));
+    }
+
+    /// One background revalidation per object at a time, detached from every client.
+    fn spawn_revalidate(
+        self: &Arc<Self>,
+        meta: Arc<ObjectMeta>,
+        parts: &Parts,
+        origin: Arc<dyn Origin>,
+        policy: FreshnessPolicy,
+    ) {
+        if !self
+            .revalidating
+            .lock()
+            .expect("revalidating")
+            .insert(meta.id)
+        {
+            return;
+        }
+        let inner = self.clone();
+        let parts = clone_parts(parts);
+        tokio::spawn(async move {
+            let _ = inner.revalidate(&meta, &parts, &origin, &policy).await;
+            inner
+                .revalidating
+                .lock()
+                .expect("revalidating")
+                .remove(&meta.id);
+        });
+    }
+
+    /// Sends the client's request to the origin as it is (uncacheable URL or answer).
+    async fn pass(
+        &self,
+        parts: &Parts,
+        origin: &Arc<dyn Origin>,
+        detail: Option<&'static str>,
+    ) -> Response<Body> {
+        let mut req = origin_request(parts);
+        *req.method_mut() = parts.method.clone();
+        for name in [
+            header::RANGE,
+            header::IF_RANGE,
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::IF_MATCH,
+            header::IF_UNMODIFIED_SINCE,
+        ] {
+            for v in parts.headers.get_all(&name) {
+                req.headers_mut().append(name.clone(), v.clone());
+            }
+        }
+        match origin.fetch(req).await {
+            Ok(mut resp) => {
+                let code = resp.status().as_u16();
+                set_status(
+                    &mut resp,
+                    &CacheStatus {
+                        fwd: Some(Forward::Bypass),
+                        fwd_status: Some(code),
+                        detail,
+                        ..Default::default()
+                    },
+                );
+                resp
+            }
+            Err(_) => {
+                self.metrics.origin_errors.inc();
+                error_response(StatusCode::BAD_GATEWAY, "origin unavailable")
+            }
+        }
+    }
+
+    /// A miss: elect (or join) the writer of the first slice the request needs; its answer
+    /// decides the object, and the request streams while it arrives.
+    async fn miss(
+        self: &Arc<Self>,
+        parts: &Parts,
+        key: &CacheKey,
+        origin: Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
+        mut why: Forward,
+        vary: &[HeaderName],
+    ) -> Response<Body> {
+        let first = first_slice(parts, self.slice_bytes);
+        let cold_key = |vary: &[HeaderName]| SliceKey {
+            object: ObjectId::new(&key.0, &variant_key(vary, &parts.headers)),
+            generation: 0,
+            index: first,
+        };
+        let mut cold = cold_key(vary);
+        for _ in 0..FILL_ATTEMPTS {
+            let (fill, created) = self.join_or_start(cold, || FillJob {
+                request: slice_request(parts, first, self.slice_bytes),
+                origin: origin.clone(),
+                kind: JobKind::Cold {
+                    primary: key.0.clone(),
+                    req_headers: parts.headers.clone(),
+                    policy: policy.clone(),
+                },
+            });
+            let mut reader = fill.reader();
+            match reader.head().await {
+                Ok(meta) if meta.variant != variant_key(&meta.vary, &parts.headers) => {
+                    // Joined a fetch for another variant (the URL's Vary was not known yet):
+                    // fetch this request's own variant.
+                    why = Forward::VaryMiss;
+                    cold = cold_key(&meta.vary);
+                    continue;
+                }
+                Ok(meta) => {
+                    self.metrics.result("miss");
+                    let status = CacheStatus {
+                        fwd: Some(why),
+                        fwd_status: Some(meta.status.as_u16()),
+                        stored: true,
+                        collapsed: !created,
+                        ttl: Some(meta.ttl(SystemTime::now())),
+                        ..Default::default()
+                    };
+                    return self.respond(parts, meta, origin, status, Some((first, reader)));
+                }
+                Err(FillEnd::Pass { reason }) => {
+                    self.metrics.result("bypass");
+                    // The writer's request was the same as this one's: its answer serves one
+                    // client; the others ask the origin themselves (never queue behind it).
+                    if parts.method == Method::GET {
+                        if let Some(mut resp) = fill.take_pass() {
+                            let code = resp.status().as_u16();
+                            set_status(
+                                &mut resp,
+                                &CacheStatus {
+                                    fwd: Some(why),
+                                    fwd_status: Some(code),
+                                    detail: Some(reason),
+                                    ..Default::default()
+                                },
+                            );
+                            return resp;
+                        }
+                    }
+                    return self.pass(parts, &origin, Some(reason)).await;
+                }
+                Err(FillEnd::Mismatch)
+                | Err(FillEnd::Failed(_))
+                | Err(FillEnd::Complete { .. }) => {
+                    // Elect a new writer (the failed one has left the in-flight map).
+                    continue;
+                }
+            }
+        }
+        error_response(StatusCode::BAD_GATEWAY, "origin unavailable")
+    }
+
+    /// The response for a stored (or just stored) object.
+    fn respond(
+        self: &Arc<Self>,
+        parts: &Parts,
+        meta: Arc<ObjectMeta>,
+        origin: Arc<dyn Origin>,
+        status: CacheStatus,
+        first: Option<(u64, super::fill::FillReader)>,
+    ) -> Response<Body> {
+        let now = SystemTime::now();
+        let age = meta.clock.current_age(now);
+        if meta.status == StatusCode::OK && not_modified(&parts.headers, &meta.headers) {
+            let mut resp = Response::new(body::empty());
+            *resp.status_mut() = StatusCode::NOT_MODIFIED;
+            for name in [
+                header::CACHE_CONTROL,
+                header::CONTENT_LOCATION,
+                header::DATE,
+                header::ETAG,
+                header::EXPIRES,
+                header::LAST_MODIFIED,
+                header::VARY,
+            ] {
+                for v in meta.headers.get_all(&name) {
+                    resp.headers_mut().append(name.clone(), v.clone());
+                }
+            }
+            finish_head(resp.headers_mut(), age, &status);
+            return resp;
+        }
+        let mut headers = meta.headers.clone();
+        let mut code = meta.status;
+        let plan = match (meta.status, meta.length) {
+            (StatusCode::OK, Some(len)) => {
+                headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+                let range = parts
+                    .headers
+                    .get(header::RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|_| if_range_allows(&parts.headers, &meta.headers));
+                match range.map(|r| resolve_range(r, len)) {
+                    None | Some(RangeOutcome::Whole) => {
+                        headers.insert(header::CONTENT_LENGTH, len.into());
+                        Plan::whole(len)
+                    }
+                    Some(RangeOutcome::Unsatisfiable) => {
+                        let mut resp = Response::new(body::empty());
+                        *resp.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+                        resp.headers_mut().insert(
+                            header::CONTENT_RANGE,
+                            HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"),
+                        );
+                        finish_head(resp.headers_mut(), age, &status);
+                        return resp;
+                    }
+                    Some(RangeOutcome::Partial(ranges)) if ranges.len() == 1 => {
+                        code = StatusCode::PARTIAL_CONTENT;
+                        let r = ranges[0];
+                        headers.insert(
+                            header::CONTENT_RANGE,
+                            HeaderValue::from_str(&sluice_http::range::content_range(r, len))
+                                .expect("ascii"),
+                        );
+                        headers.insert(header::CONTENT_LENGTH, r.len().into());
+                        Plan::ranges(vec![r], None)
+                    }
+                    Some(RangeOutcome::Partial(ranges)) => {
+                        code = StatusCode::PARTIAL_CONTENT;
+                        let mp = Multipart {
+                            boundary: boundary(),
+                            content_type: headers
+                                .get(header::CONTENT_TYPE)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_string),
+                            length: len,
+                        };
+                        headers.insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_str(&mp.response_type()).expect("ascii"),
+                        );
+                        headers.insert(header::CONTENT_LENGTH, mp.body_length(&ranges).into());
+                        Plan::ranges(ranges, Some(mp))
+                    }
+                }
+            }
+            (_, Some(len)) => {
+                headers.insert(header::CONTENT_LENGTH, len.into());
+                Plan::whole(len)
+            }
+            (_, None) => Plan::until_end(),
+        };
+        finish_head(&mut headers, age, &status);
+        let body = if parts.method == Method::HEAD {
+            body::empty()
+        } else if let Some(b) = first
+            .is_none()
+            .then(|| stream::from_memory(self, &meta, &plan))
+            .flatten()
+        {
+            b
+        } else {
+            stream::spawn(self.clone(), meta, origin, clone_parts(parts), plan, first)
+        };
+        let mut resp = Response::new(body);
+        *resp.status_mut() = code;
+        *resp.headers_mut() = headers;
+        resp
+    }
+}
+
+enum Revalidated {
+    Fresh(Arc<ObjectMeta>),
+    Changed,
+    /// The origin failed; a 5xx answer is kept to pass on when no stale copy may be served.
+    Failed(Option<Response<Body>>),
+}
+
+fn finish_head(headers: &mut HeaderMap, age: u64, status: &CacheStatus) {
+    headers.insert(header::AGE, age.into());
+    if let Ok(v) = HeaderValue::from_str(&status.render(CACHE_NAME)) {
+        headers.insert(CACHE_STATUS.clone(), v);
+    }
+}
+
+/// The slice holding the first byte a request asks for (0 when it is unknown before the length is).
+fn first_slice(parts: &Parts, slice_bytes: u64) -> u64 {
+    let spec = parts
+        .headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(sluice_http::range::parse_range);
+    match spec.as_deref() {
+        Some([RangeSpec::From { first, .. }, ..]) => first / slice_bytes,
+        _ => 0,
+    }
+}
+
+fn boundary() -> String {
+    let mut b = [0u8; 12];
+    let _ = getrandom::getrandom(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub(crate) fn clone_parts(parts: &Parts) -> Parts {
+    let mut req = Request::new(());
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.headers_mut() = parts.headers.clone();
+    req.into_parts().0
+}

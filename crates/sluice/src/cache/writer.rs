@@ -1,0 +1,458 @@
+//! The writer of a fill: one detached task per slice miss that fetches from the origin, judges the
+//! answer, and feeds the fill, the memory tier and the disk queue. A client going away does not stop
+//! it; an origin that ignores `Range` is read on into the following slices (bounded once nobody
+//! reads).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{HeaderMap, CONTENT_LENGTH, CONTENT_RANGE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use sluice_http::cache_control::parse_cache_control;
+use sluice_http::freshness::{
+    storability, variant_key, vary_names, AgeClock, FreshnessPolicy, NotStorable,
+};
+use sluice_http::range::{parse_content_range, slice_range};
+
+use super::fill::{Fill, FillEnd};
+use super::memory::Slice;
+use super::object::{self, ObjectId, ObjectMeta, SliceKey};
+use super::{Inner, Origin};
+use crate::body::Body;
+
+/// What a fill fetches, and for which object.
+pub(crate) struct FillJob {
+    pub request: Request<()>,
+    pub origin: Arc<dyn Origin>,
+    pub kind: JobKind,
+}
+
+pub(crate) enum JobKind {
+    /// The object is not known yet: the answer decides whether and how it is stored.
+    Cold {
+        primary: String,
+        req_headers: HeaderMap,
+        policy: FreshnessPolicy,
+    },
+    /// A slice of a known object version: the answer must match it.
+    Warm { meta: Arc<ObjectMeta> },
+}
+
+pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: FillJob) {
+    // Whatever ends this task (the runtime shutting down included), the fill ends with it, so no
+    // reader waits on a writer that is gone.
+    let guard = Unregister {
+        inner: inner.clone(),
+        fill: fill.clone(),
+        key,
+        alias: std::sync::Mutex::new(None),
+    };
+    let end = match inner.permits.clone().acquire_owned().await {
+        Ok(_permit) => fetch(&inner, &fill, key, job, &guard.alias).await,
+        Err(_) => FillEnd::Failed("cache closed".into()),
+    };
+    inner.release(key, &fill);
+    fill.finish(end);
+    drop(guard);
+}
+
+struct Unregister {
+    inner: Arc<Inner>,
+    fill: Arc<Fill>,
+    key: SliceKey,
+    /// The object's real slice key, once the fill is registered under it too.
+    alias: std::sync::Mutex<Option<SliceKey>>,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.inner.release(self.key, &self.fill);
+        if let Some(real) = *self.alias.lock().expect("alias") {
+            self.inner.release(real, &self.fill);
+        }
+        self.fill.finish(FillEnd::Failed("writer ended".into()));
+    }
+}
+
+async fn fetch(
+    inner: &Arc<Inner>,
+    fill: &Arc<Fill>,
+    key: SliceKey,
+    job: FillJob,
+    alias: &std::sync::Mutex<Option<SliceKey>>,
+) -> FillEnd {
+    let started = Instant::now();
+    let request_time = SystemTime::now();
+    let head_deadline = Duration::from_secs(inner.config.origin_header_timeout_secs);
+    let resp = match tokio::time::timeout(head_deadline, job.origin.fetch(job.request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            inner.metrics.origin_errors.inc();
+            return FillEnd::Failed(e.to_string());
+        }
+        Err(_) => {
+            inner.metrics.origin_errors.inc();
+            return FillEnd::Failed("origin sent no response head in time".into());
+        }
+    };
+    inner
+        .metrics
+        .origin_latency
+        .observe(started.elapsed().as_secs_f64());
+    let response_time = SystemTime::now();
+    let (parts, body) = resp.into_parts();
+    let slice = inner.slice_bytes;
+    let want = slice_range(key.index, slice, None);
+
+    // A 206 must be exactly the slice asked for; a 200 is the whole object from byte 0.
+    if parts.status == StatusCode::RANGE_NOT_SATISFIABLE {
+        if let JobKind::Cold { .. } = job.kind {
+            // The slice lies past the end (or the object is empty): nothing to store; every
+            // waiter asks the origin with its own request, which gets the right answer for it.
+            return FillEnd::Pass { reason: "range" };
+        }
+    }
+    let (ranged, total) = match parts.status {
+        StatusCode::PARTIAL_CONTENT => {
+            let cr = parts
+                .headers
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_content_range);
+            match cr {
+                Some(sluice_http::range::ContentRange {
+                    range: Some(r),
+                    complete_length: Some(len),
+                }) if r.start == want.start && r.end == want.end.min(len - 1) => (true, Some(len)),
+                _ => return FillEnd::Failed("origin sent a Content-Range other than asked".into()),
+            }
+        }
+        _ => (false, content_length(&parts.headers)),
+    };
+
+    let meta = match job.kind {
+        JobKind::Warm { meta } => {
+            let usable = matches!(parts.status, StatusCode::OK | StatusCode::PARTIAL_CONTENT);
+            if !usable || !meta.same_version(&parts.headers, total) {
+                // Another version (or the object is gone): never mix it with stored slices.
+                inner.index.remove_object(&meta.primary, meta.id);
+                inner.drop_objects(std::slice::from_ref(&meta));
+                inner.metrics.version_mismatch.inc();
+                return if usable {
+                    FillEnd::Mismatch
+                } else {
+                    FillEnd::Failed(format!("origin answered {}", parts.status))
+                };
+            }
+            meta
+        }
+        JobKind::Cold {
+            primary,
+            req_headers,
+            policy,
+        } => {
+            let store_status = if ranged { StatusCode::OK } else { parts.status };
+            let verdict = storability(
+                &Method::GET,
+                &req_headers,
+                store_status,
+                &parts.headers,
+                response_time,
+                &policy,
+            );
+            let fresh = match verdict {
+                Ok(f) => f,
+                Err(reason) => {
+                    // Remember the URL as uncacheable unless the reason lies in this request.
+                    let request_reason = reason == NotStorable::Authorization
+                        || (reason == NotStorable::NoStore
+                            && parse_cache_control(&req_headers).no_store);
+                    if !request_reason {
+                        let until = tokio::time::Instant::now().into_std()
+                            + std::time::Duration::from_secs(inner.config.hit_for_pass_secs);
+                        let dropped = inner.index.mark_pass(&primary, until);
+                        inner.drop_objects(&dropped);
+                    }
+                    inner.metrics.uncacheable.inc();
+                    let mut parts = parts;
+                    let whole =
+                        ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
+                    if whole {
+                        // The slice asked for is the whole object: it answers any GET as a 200.
+                        parts.status = StatusCode::OK;
+                        parts.headers.remove(CONTENT_RANGE);
+                    }
+                    if ranged && !whole {
+                        // A partial answer to a Range the client may not have sent: unusable.
+                        fill.finish(FillEnd::Pass {
+                            reason: not_storable_label(reason),
+                        });
+                    } else {
+                        fill.finish_pass(
+                            not_storable_label(reason),
+                            Response::from_parts(parts, crate::body::boxed(body)),
+                        );
+                    }
+                    return FillEnd::Pass {
+                        reason: not_storable_label(reason),
+                    };
+                }
+            };
+            let vary = vary_names(&parts.headers).unwrap_or_default();
+            let variant = variant_key(&vary, &req_headers);
+            let meta = Arc::new(ObjectMeta {
+                id: ObjectId::new(&primary, &variant),
+                primary,
+                variant,
+                generation: inner.next_generation(),
+                status: store_status,
+                headers: object::stored_headers(&parts.headers),
+                length: total,
+                freshness: fresh,
+                clock: AgeClock::new(&parts.headers, request_time, response_time),
+                tags: object::tags(&parts.headers),
+                vary,
+                soft_purged: false,
+                range_capable: ranged,
+            });
+            let dropped = inner.index.insert(meta.clone());
+            inner.drop_objects(&dropped);
+            if let Some(disk) = &inner.disk {
+                disk.write_meta(meta.clone());
+            }
+            inner.metrics.stored.inc();
+            meta
+        }
+    };
+    fill.set_head(meta.clone());
+    let real = SliceKey {
+        object: meta.id,
+        generation: meta.generation,
+        index: key.index,
+    };
+    if real != key {
+        // Requests that find the object in the index from now on must join this fill too.
+        let mut map = inner.inflight.lock().expect("inflight");
+        map.entry(real).or_insert_with(|| fill.clone());
+        *alias.lock().expect("alias") = Some(real);
+    }
+    if ranged {
+        let len = want.end.min(total.unwrap_or(1) - 1) - want.start + 1;
+        let end = fill_ranged(inner, fill, real, len, total, body).await;
+        inner.release(real, fill);
+        end
+    } else {
+        let mut w = WholeBody {
+            inner,
+            meta,
+            own: fill.clone(),
+            own_index: key.index,
+        };
+        w.run(body).await
+    }
+}
+
+async fn fill_ranged(
+    inner: &Arc<Inner>,
+    fill: &Arc<Fill>,
+    key: SliceKey,
+    len: u64,
+    total: Option<u64>,
+    mut body: Body,
+) -> FillEnd {
+    let mut got = 0u64;
+    while let Some(frame) = next_frame(inner, &mut body).await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return FillEnd::Failed(format!("origin body: {e}")),
+        };
+        if let Ok(data) = frame.into_data() {
+            got += data.len() as u64;
+            if got > len {
+                return FillEnd::Failed("origin sent more than the slice".into());
+            }
+            inner.metrics.bytes_origin.inc_by(data.len() as u64);
+            fill.push(data);
+        }
+    }
+    if got != len {
+        return FillEnd::Failed("origin body ended early".into());
+    }
+    inner.store_slice(key, Slice::new(fill.chunks()));
+    FillEnd::Complete {
+        last: total.is_some_and(|t| (key.index + 1) * inner.slice_bytes >= t),
+    }
+}
+
+/// Reads a whole-object answer (200, or any stored status), cutting it into slices.
+struct WholeBody<'a> {
+    inner: &'a Arc<Inner>,
+    meta: Arc<ObjectMeta>,
+    own: Arc<Fill>,
+    own_index: u64,
+}
+
+impl WholeBody<'_> {
+    async fn run(&mut self, mut body: Body) -> FillEnd {
+        let slice = self.inner.slice_bytes;
+        let mut index = 0u64;
+        let mut buf: Vec<Bytes> = Vec::new();
+        let mut buf_len = 0u64;
+        let mut current = self.target(0);
+        // Registered as soon as a slice fills up, so readers finishing it find the next one here
+        // instead of asking the origin again.
+        let mut next: Option<Arc<Fill>> = None;
+        let mut own_end: Option<FillEnd> = None;
+        loop {
+            let frame = match next_frame(self.inner, &mut body).await {
+                None => break,
+                Some(Ok(f)) => f,
+                Some(Err(e)) => {
+                    let end = FillEnd::Failed(format!("origin body: {e}"));
+                    self.close(index, &current, end.clone());
+                    self.close(index + 1, &next, end.clone());
+                    return own_end.unwrap_or(end);
+                }
+            };
+            let Ok(mut data) = frame.into_data() else {
+                continue;
+            };
+            self.inner.metrics.bytes_origin.inc_by(data.len() as u64);
+            while !data.is_empty() {
+                if buf_len == slice {
+                    // The slice is full and more follows: it was not the last one.
+                    let end = FillEnd::Complete { last: false };
+                    let following = current.as_ref().map_or(0, |f| f.readers())
+                        + next.as_ref().map_or(0, |f| f.readers());
+                    self.complete(index, std::mem::take(&mut buf), &current, end.clone());
+                    if index == self.own_index {
+                        own_end = Some(end);
+                    }
+                    buf_len = 0;
+                    index += 1;
+                    current = next.take();
+                    if index > self.own_index && following == 0 && self.over_budget(index) {
+                        let end = FillEnd::Failed("abandoned".into());
+                        self.close(index, &current, end.clone());
+                        return own_end.unwrap_or(end);
+                    }
+                }
+                let take = ((slice - buf_len) as usize).min(data.len());
+                let part = data.split_to(take);
+                buf_len += take as u64;
+                if let Some(f) = &current {
+                    f.push(part.clone());
+                }
+                buf.push(part);
+                if buf_len == slice && next.is_none() {
+                    next = self.target(index + 1);
+                }
+            }
+        }
+        let length = index * slice + buf_len;
+        if self.meta.length.is_some_and(|l| l != length) {
+            let end = FillEnd::Failed("origin body ended early".into());
+            self.close(index, &current, end.clone());
+            self.close(index + 1, &next, end.clone());
+            return own_end.unwrap_or(end);
+        }
+        if self.meta.length.is_none() {
+            let mut m = (*self.meta).clone();
+            m.length = Some(length);
+            let m = Arc::new(m);
+            if self.inner.index.update(m.clone()) {
+                if let Some(disk) = &self.inner.disk {
+                    disk.write_meta(m.clone());
+                }
+            }
+            self.meta = m;
+        }
+        let end = FillEnd::Complete { last: true };
+        self.complete(index, buf, &current, end.clone());
+        // A slice registered past the end holds nothing: its readers learn the object ended.
+        self.close(index + 1, &next, end.clone());
+        if index < self.own_index {
+            return FillEnd::Complete { last: true };
+        }
+        own_end.unwrap_or(end)
+    }
+
+    fn key(&self, index: u64) -> SliceKey {
+        SliceKey {
+            object: self.meta.id,
+            generation: self.meta.generation,
+            index,
+        }
+    }
+
+    /// The fill fed while slice `index` passes: the job's own, a new one registered for a later
+    /// slice nobody is fetching yet, or none.
+    fn target(&self, index: u64) -> Option<Arc<Fill>> {
+        if index == self.own_index {
+            return Some(self.own.clone());
+        }
+        if index < self.own_index {
+            return None;
+        }
+        let key = self.key(index);
+        let mut map = self.inner.inflight.lock().expect("inflight");
+        if map.contains_key(&key) || self.inner.memory.get(&key).is_some() {
+            return None;
+        }
+        let fill = Fill::new();
+        fill.set_head(self.meta.clone());
+        map.insert(key, fill.clone());
+        Some(fill)
+    }
+
+    fn complete(&self, index: u64, chunks: Vec<Bytes>, current: &Option<Arc<Fill>>, end: FillEnd) {
+        self.inner.store_slice(self.key(index), Slice::new(chunks));
+        self.close(index, current, end);
+    }
+
+    fn close(&self, index: u64, current: &Option<Arc<Fill>>, end: FillEnd) {
+        if let Some(f) = current {
+            // The job's own fill is registered under its cold key; releasing by the real key is
+            // then a no-op and `run` releases it.
+            self.inner.release(self.key(index), f);
+            f.finish(end);
+        }
+    }
+
+    /// Past the slice asked for, reading on with nobody following is worth it only within the
+    /// detached budget.
+    fn over_budget(&self, index: u64) -> bool {
+        (index - self.own_index) * self.inner.slice_bytes > self.inner.config.detached_fill_bytes.0
+    }
+}
+
+/// The next body frame, or an error once the origin has been silent for the idle deadline.
+async fn next_frame(
+    inner: &Inner,
+    body: &mut Body,
+) -> Option<Result<http_body::Frame<Bytes>, crate::body::BoxError>> {
+    let idle = Duration::from_secs(inner.config.origin_idle_timeout_secs);
+    match tokio::time::timeout(idle, body.frame()).await {
+        Ok(f) => f,
+        Err(_) => Some(Err("origin body stalled".into())),
+    }
+}
+
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    h.get(CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+pub(crate) fn not_storable_label(r: NotStorable) -> &'static str {
+    match r {
+        NotStorable::Method => "method",
+        NotStorable::Status => "status",
+        NotStorable::NoStore => "no-store",
+        NotStorable::Private => "private",
+        NotStorable::Authorization => "authorization",
+        NotStorable::VaryStar => "vary-star",
+        NotStorable::SetCookie => "set-cookie",
+        NotStorable::NoLifetime => "no-lifetime",
+    }
+}

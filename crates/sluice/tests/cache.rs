@@ -1,0 +1,1279 @@
+//! The slice cache service end to end: a small hyper front on 127.0.0.1:0 calling `Cache::serve`
+//! in front of a scripted origin that counts requests and bytes, section by section of RFC 9111,
+//! plus coalescing, slices of a cold multi-GB object, version changes, the disk tier and purge.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::registry::Registry;
+use sluice::cache::{ByteSize, Cache, CacheConfig, CacheKey, Origin, OriginError, OriginFuture};
+use support::{request, sha256};
+use tokio::net::TcpListener;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * 1024;
+
+// === the scripted origin ===
+
+/// One object the origin serves; its bytes are a function of the offset and the version, so any
+/// range of a huge object is generated on the fly.
+#[derive(Clone)]
+struct Obj {
+    len: u64,
+    version: u8,
+    headers: Vec<(&'static str, String)>,
+    honor_range: bool,
+    status: u16,
+    /// Delay before the response head.
+    delay: Duration,
+    /// Answer 500 instead.
+    fail: bool,
+    /// Stop sending (without closing) on reaching this offset of the object.
+    stall_after: Option<u64>,
+    /// The bytes depend on the request's Accept-Encoding (with `Vary: Accept-Encoding`).
+    by_encoding: bool,
+}
+
+impl Obj {
+    fn new(len: u64, cache_control: &str) -> Obj {
+        Obj {
+            len,
+            version: 1,
+            headers: vec![("cache-control", cache_control.to_string())],
+            honor_range: true,
+            status: 200,
+            delay: Duration::ZERO,
+            fail: false,
+            stall_after: None,
+            by_encoding: false,
+        }
+    }
+
+    fn header(mut self, k: &'static str, v: &str) -> Obj {
+        self.headers.push((k, v.to_string()));
+        self
+    }
+
+    fn etag(&self) -> String {
+        format!("\"v{}\"", self.version)
+    }
+}
+
+fn byte_at(i: u64, version: u8) -> u8 {
+    (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ (i as u8) ^ version.wrapping_mul(97)
+}
+
+fn encoding_version(ae: Option<&str>) -> u8 {
+    match ae {
+        Some("gzip") => 10,
+        Some("br") => 20,
+        _ => 30,
+    }
+}
+
+fn bytes_of(version: u8, start: u64, end_incl: u64) -> Vec<u8> {
+    (start..=end_incl).map(|i| byte_at(i, version)).collect()
+}
+
+#[derive(Default)]
+struct OriginState {
+    objects: Mutex<HashMap<String, Obj>>,
+    requests: Mutex<Vec<(String, HashMap<String, String>)>>,
+    bytes: AtomicU64,
+}
+
+impl OriginState {
+    fn set(&self, path: &str, obj: Obj) {
+        self.objects.lock().unwrap().insert(path.to_string(), obj);
+    }
+
+    fn update(&self, path: &str, f: impl FnOnce(&mut Obj)) {
+        f(self.objects.lock().unwrap().get_mut(path).unwrap());
+    }
+
+    fn count(&self, path: &str) -> usize {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .count()
+    }
+
+    fn requests_for(&self, path: &str) -> Vec<HashMap<String, String>> {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, h)| h.clone())
+            .collect()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+}
+
+type OriginBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Response<OriginBody> {
+    let path = req.uri().path().to_string();
+    let seen: HashMap<String, String> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    state
+        .requests
+        .lock()
+        .unwrap()
+        .push((path.clone(), seen.clone()));
+    let obj = state.objects.lock().unwrap().get(&path).cloned();
+    let Some(obj) = obj else {
+        return Response::builder().status(404).body(empty()).unwrap();
+    };
+    tokio::time::sleep(obj.delay).await;
+    if obj.fail {
+        return Response::builder().status(500).body(empty()).unwrap();
+    }
+    let mut b = Response::builder().header("etag", obj.etag());
+    for (k, v) in &obj.headers {
+        b = b.header(*k, v.as_str());
+    }
+    if seen.get("if-none-match") == Some(&obj.etag()) {
+        return b.status(304).body(empty()).unwrap();
+    }
+    let range = seen
+        .get("range")
+        .filter(|_| obj.honor_range && obj.status == 200)
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+    let (status, start, end) = match range {
+        Some((a, _)) if a >= obj.len => {
+            return b
+                .status(416)
+                .header("content-range", format!("bytes */{}", obj.len))
+                .body(empty())
+                .unwrap()
+        }
+        Some((a, z)) => (206, a, z.min(obj.len - 1)),
+        None if obj.len == 0 => (obj.status, 1, 0),
+        None => (obj.status, 0, obj.len - 1),
+    };
+    if status == 206 {
+        b = b.header("content-range", format!("bytes {start}-{end}/{}", obj.len));
+    }
+    let len = if end >= start { end - start + 1 } else { 0 };
+    b = b.header("content-length", len.to_string());
+    let version = if obj.by_encoding {
+        encoding_version(seen.get("accept-encoding").map(String::as_str))
+    } else {
+        obj.version
+    };
+    let stall_at = obj.stall_after;
+    let counter = state.clone();
+    // Generated in 64 KiB chunks as the client reads.
+    let chunks = futures_util::stream::unfold(start, move |at| {
+        let counter = counter.clone();
+        async move {
+            if len == 0 || at > end {
+                return None;
+            }
+            if stall_at.is_some_and(|s| at >= s) {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            let stop = (at + 64 * KIB - 1).min(end);
+            counter.bytes.fetch_add(stop - at + 1, Ordering::SeqCst);
+            let data = Bytes::from(bytes_of(version, at, stop));
+            Some((Ok::<_, Infallible>(Frame::data(data)), stop + 1))
+        }
+    });
+    b.status(status)
+        .body(BodyExt::boxed(StreamBody::new(chunks)))
+        .unwrap()
+}
+
+fn empty() -> OriginBody {
+    BodyExt::boxed(Empty::new())
+}
+
+async fn serve_loop<F, Fut, B>(listener: TcpListener, handler: F)
+where
+    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            return;
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let handler = handler.clone();
+                async move { Ok::<_, Infallible>(handler(req, peer).await) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+async fn start_origin() -> (Arc<OriginState>, SocketAddr) {
+    let state = Arc::new(OriginState::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let s = state.clone();
+    tokio::spawn(serve_loop(listener, move |req, _| {
+        origin_handle(s.clone(), req)
+    }));
+    (state, addr)
+}
+
+// === the front: the cache's entry point behind a real HTTP server ===
+
+struct TestOrigin {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    addr: SocketAddr,
+}
+
+impl Origin for TestOrigin {
+    fn fetch(&self, req: Request<()>) -> OriginFuture {
+        let (parts, ()) = req.into_parts();
+        let uri = format!(
+            "http://{}{}",
+            self.addr,
+            parts
+                .uri
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/")
+        );
+        let mut out = Request::builder().method(parts.method).uri(uri);
+        for (k, v) in &parts.headers {
+            if k != "host" {
+                out = out.header(k, v);
+            }
+        }
+        let fut = self.client.request(out.body(Empty::new()).unwrap());
+        Box::pin(async move {
+            let resp = fut
+                .await
+                .map_err(|e| OriginError::Unreachable(e.to_string()))?;
+            Ok(resp.map(sluice::body::boxed))
+        })
+    }
+}
+
+struct Front {
+    addr: SocketAddr,
+    cache: Cache,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Front {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    fn metrics(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry.lock().unwrap())
+            .unwrap();
+        out
+    }
+}
+
+fn config(slice: u64) -> CacheConfig {
+    CacheConfig {
+        memory_bytes: ByteSize(64 * MIB),
+        slice_bytes: ByteSize(slice),
+        purge_key: "purge-secret".into(),
+        ..CacheConfig::default()
+    }
+}
+
+async fn start_front(cfg: CacheConfig, origin: SocketAddr) -> Front {
+    let mut registry = Registry::with_prefix("sluice");
+    let cache = Cache::new(&cfg, None, &mut registry).unwrap();
+    let origin: Arc<dyn Origin> = Arc::new(TestOrigin {
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        addr: origin,
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let c = cache.clone();
+    let policy = cfg.policy().freshness();
+    tokio::spawn(serve_loop(
+        listener,
+        move |req: Request<Incoming>, peer: SocketAddr| {
+            let (cache, origin, policy) = (c.clone(), origin.clone(), policy.clone());
+            async move {
+                let (parts, _) = req.into_parts();
+                let key = CacheKey::new("test", &parts.uri);
+                if parts.method == "PURGE" {
+                    return cache.purge(&parts, &key, peer.ip());
+                }
+                cache.serve(&parts, &key, origin, &policy).await
+            }
+        },
+    ));
+    Front {
+        addr,
+        cache,
+        registry: Arc::new(Mutex::new(registry)),
+    }
+}
+
+fn status_of(r: &support::Reply) -> String {
+    r.headers
+        .get("cache-status")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+fn body(r: &support::Reply) -> Bytes {
+    r.body.clone().expect("whole body")
+}
+
+// === RFC 9111 §3: what is stored ===
+
+#[tokio::test]
+async fn miss_then_hit_with_cache_status_and_age() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/a",
+        Obj::new(100 * KIB, "max-age=60").header("content-type", "video/mp4"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+
+    let first = request("GET", &front.url("/a"), &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        status_of(&first),
+        "sluice; fwd=uri-miss; fwd-status=200; stored; ttl=60"
+    );
+    assert_eq!(
+        sha256(&body(&first)),
+        sha256(&bytes_of(1, 0, 100 * KIB - 1))
+    );
+    assert_eq!(first.headers["content-length"], "102400");
+    assert_eq!(first.headers["content-type"], "video/mp4");
+    assert_eq!(first.headers["accept-ranges"], "bytes");
+
+    let second = request("GET", &front.url("/a"), &[]).await;
+    assert!(
+        status_of(&second).starts_with("sluice; hit; ttl="),
+        "{}",
+        status_of(&second)
+    );
+    assert_eq!(body(&second), body(&first));
+    assert_eq!(second.headers["age"], "0");
+    // Two slices, one origin request each; nothing more for the hit.
+    assert_eq!(origin.count("/a"), 2);
+    assert_eq!(origin.bytes(), 100 * KIB);
+    let m = front.metrics();
+    assert!(
+        m.contains("sluice_cache_requests_total{result=\"hit\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("sluice_cache_origin_received_bytes_total 102400"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn no_store_private_and_set_cookie_are_passed_with_hit_for_pass() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/ns", Obj::new(10, "no-store"));
+    origin.set("/pv", Obj::new(10, "private, max-age=60"));
+    origin.set(
+        "/ck",
+        Obj::new(10, "max-age=60").header("set-cookie", "s=1"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    for (path, reason) in [
+        ("/ns", "no-store"),
+        ("/pv", "private"),
+        ("/ck", "set-cookie"),
+    ] {
+        let a = request("GET", &front.url(path), &[]).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(body(&a), Bytes::from(bytes_of(1, 0, 9)));
+        assert!(
+            status_of(&a).contains(&format!("detail={reason}")),
+            "{}",
+            status_of(&a)
+        );
+        // The memo sends the next one straight to the origin, with the client's own headers.
+        let b = request("GET", &front.url(path), &[("range", "bytes=2-3")]).await;
+        assert_eq!(b.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(body(&b), Bytes::from(bytes_of(1, 2, 3)));
+        assert_eq!(
+            status_of(&b),
+            "sluice; fwd=bypass; fwd-status=206; detail=hit-for-pass"
+        );
+        assert_eq!(origin.count(path), 2);
+    }
+    assert_eq!(front.cache.objects(), 0);
+}
+
+#[tokio::test]
+async fn authorization_needs_public_and_cdn_cache_control_wins() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/auth", Obj::new(10, "max-age=60"));
+    origin.set("/auth-public", Obj::new(10, "public, max-age=60"));
+    origin.set(
+        "/cdn",
+        Obj::new(10, "no-store").header("cdn-cache-control", "max-age=120"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let auth = [("authorization", "Bearer x")];
+    for _ in 0..2 {
+        request("GET", &front.url("/auth"), &auth).await;
+        request("GET", &front.url("/auth-public"), &auth).await;
+        request("GET", &front.url("/cdn"), &[]).await;
+    }
+    assert_eq!(
+        origin.count("/auth"),
+        2,
+        "Authorization without public: never stored"
+    );
+    assert_eq!(origin.count("/auth-public"), 1);
+    assert_eq!(
+        origin.count("/cdn"),
+        1,
+        "CDN-Cache-Control overrides no-store"
+    );
+    let hit = request("GET", &front.url("/cdn"), &[]).await;
+    assert!(
+        status_of(&hit).contains("hit; ttl=12"),
+        "{}",
+        status_of(&hit)
+    );
+}
+
+// === §4.1: Vary ===
+
+#[tokio::test]
+async fn concurrent_cold_requests_for_different_variants_get_their_own() {
+    let (origin, oaddr) = start_origin().await;
+    let mut obj = Obj::new(1000, "max-age=60").header("vary", "Accept-Encoding");
+    obj.by_encoding = true;
+    obj.delay = Duration::from_millis(100);
+    origin.set("/enc", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let encodings = ["gzip", "br", "gzip", "br", "gzip", "br"];
+    let replies = futures_util::future::join_all(encodings.iter().map(|ae| {
+        let url = front.url("/enc");
+        async move { request("GET", &url, &[("accept-encoding", ae)]).await }
+    }))
+    .await;
+    for (ae, r) in encodings.iter().zip(&replies) {
+        assert_eq!(
+            body(r),
+            Bytes::from(bytes_of(encoding_version(Some(ae)), 0, 999)),
+            "{ae}"
+        );
+    }
+    assert_eq!(origin.count("/enc"), 2, "one fetch per variant");
+}
+
+#[tokio::test]
+async fn vary_keeps_variants_apart_and_vary_star_is_never_stored() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/v",
+        Obj::new(10, "max-age=60").header("vary", "Accept-Encoding"),
+    );
+    origin.set("/star", Obj::new(10, "max-age=60").header("vary", "*"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let gz = [("accept-encoding", "gzip")];
+    let br = [("accept-encoding", "br")];
+    let a = request("GET", &front.url("/v"), &gz).await;
+    assert!(status_of(&a).contains("fwd=uri-miss"));
+    let b = request("GET", &front.url("/v"), &br).await;
+    assert!(status_of(&b).contains("fwd=vary-miss"), "{}", status_of(&b));
+    let a2 = request("GET", &front.url("/v"), &gz).await;
+    let b2 = request("GET", &front.url("/v"), &br).await;
+    assert!(status_of(&a2).contains("hit") && status_of(&b2).contains("hit"));
+    assert_eq!(origin.count("/v"), 2);
+    request("GET", &front.url("/star"), &[]).await;
+    let s = request("GET", &front.url("/star"), &[]).await;
+    assert!(status_of(&s).contains("bypass"), "{}", status_of(&s));
+    assert_eq!(origin.count("/star"), 2);
+}
+
+// === §4.3: validation ===
+
+#[tokio::test]
+async fn client_conditionals_are_answered_from_cache() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/c",
+        Obj::new(10, "max-age=60").header("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/c"), &[]).await;
+    let r = request("GET", &front.url("/c"), &[("if-none-match", "\"v1\"")]).await;
+    assert_eq!(r.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(r.headers["etag"], "\"v1\"");
+    assert_eq!(body(&r).len(), 0);
+    let r = request(
+        "GET",
+        &front.url("/c"),
+        &[("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_MODIFIED);
+    let r = request("GET", &front.url("/c"), &[("if-none-match", "\"v0\"")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(origin.count("/c"), 1);
+}
+
+#[tokio::test]
+async fn stale_is_revalidated_and_a_304_refreshes_it() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/r", Obj::new(100, "max-age=1").header("x-rev", "1"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/r"), &[]).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    origin.update("/r", |o| {
+        o.headers = vec![
+            ("cache-control", "max-age=60".into()),
+            ("x-rev", "2".into()),
+        ]
+    });
+    let r = request("GET", &front.url("/r"), &[]).await;
+    assert_eq!(status_of(&r), "sluice; fwd=stale; fwd-status=304; ttl=60");
+    assert_eq!(
+        r.headers["x-rev"], "2",
+        "the 304's headers replace the stored ones"
+    );
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 99)));
+    let reqs = origin.requests_for("/r");
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[1]["if-none-match"], "\"v1\"");
+    let again = request("GET", &front.url("/r"), &[]).await;
+    assert!(status_of(&again).starts_with("sluice; hit; ttl="));
+    assert_eq!(origin.count("/r"), 2);
+}
+
+#[tokio::test]
+async fn client_no_cache_revalidates_unless_ignored() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/nc", Obj::new(10, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/nc"), &[]).await;
+    let r = request("GET", &front.url("/nc"), &[("cache-control", "no-cache")]).await;
+    assert!(
+        status_of(&r).contains("fwd=stale; fwd-status=304"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(origin.count("/nc"), 2);
+
+    let mut cfg = config(64 * KIB);
+    cfg.request_directives = sluice::cache::config::RequestDirectivesConfig::Ignore;
+    let cdn = start_front(cfg, oaddr).await;
+    request("GET", &cdn.url("/nc"), &[]).await;
+    let r = request("GET", &cdn.url("/nc"), &[("cache-control", "no-cache")]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(origin.count("/nc"), 3);
+}
+
+// === RFC 5861 ===
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_stale_and_refreshes_once() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/swr",
+        Obj::new(100, "max-age=1, stale-while-revalidate=60"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/swr"), &[]).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // The refresh is slow; every request meanwhile gets the stale copy at once.
+    origin.update("/swr", |o| o.delay = Duration::from_millis(500));
+    let replies = futures_util::future::join_all((0..10).map(|_| {
+        let url = front.url("/swr");
+        async move { request("GET", &url, &[]).await }
+    }))
+    .await;
+    for r in &replies {
+        assert!(
+            status_of(r).contains("detail=stale-while-revalidate"),
+            "{}",
+            status_of(r)
+        );
+        assert_eq!(body(r), Bytes::from(bytes_of(1, 0, 99)));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(origin.count("/swr"), 2, "one background refresh");
+    let r = request("GET", &front.url("/swr"), &[]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit; ttl="),
+        "{}",
+        status_of(&r)
+    );
+}
+
+#[tokio::test]
+async fn stale_if_error_and_grace() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/sie", Obj::new(100, "max-age=1, stale-if-error=60"));
+    origin.set("/plain", Obj::new(100, "max-age=1"));
+    let mut cfg = config(64 * KIB);
+    cfg.grace_secs = 0;
+    let front = start_front(cfg, oaddr).await;
+    request("GET", &front.url("/sie"), &[]).await;
+    request("GET", &front.url("/plain"), &[]).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    origin.update("/sie", |o| o.fail = true);
+    origin.update("/plain", |o| o.fail = true);
+    let r = request("GET", &front.url("/sie"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        status_of(&r).contains("detail=stale-if-error"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 99)));
+    let r = request("GET", &front.url("/plain"), &[]).await;
+    assert_eq!(
+        r.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "no stale copy without permission"
+    );
+
+    // Grace stands in for origins that send neither directive.
+    let mut cfg = config(64 * KIB);
+    cfg.grace_secs = 60;
+    origin.update("/plain", |o| o.fail = false);
+    let graced = start_front(cfg, oaddr).await;
+    request("GET", &graced.url("/plain"), &[]).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    origin.update("/plain", |o| o.delay = Duration::from_millis(300));
+    let r = request("GET", &graced.url("/plain"), &[]).await;
+    assert!(
+        status_of(&r).contains("detail=stale-while-revalidate"),
+        "{}",
+        status_of(&r)
+    );
+}
+
+// === slices, ranges, coalescing ===
+
+#[tokio::test]
+async fn hundred_concurrent_misses_make_one_origin_request_per_slice() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 5 * 64 * KIB + 123;
+    let mut obj = Obj::new(len, "max-age=60");
+    obj.delay = Duration::from_millis(100);
+    origin.set("/big", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let replies = futures_util::future::join_all((0..100).map(|_| {
+        let url = front.url("/big");
+        async move { request("GET", &url, &[]).await }
+    }))
+    .await;
+    let want = sha256(&bytes_of(1, 0, len - 1));
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(sha256(&body(r)), want);
+    }
+    assert_eq!(
+        origin.count("/big"),
+        6,
+        "six slices, one origin request each"
+    );
+    assert_eq!(origin.bytes(), len);
+    // One request led; the others followed its fill (or, arriving after its head, found the
+    // object and followed the same fills as hits).
+    let leaders = replies
+        .iter()
+        .filter(|r| {
+            let s = status_of(r);
+            s.contains("fwd=uri-miss") && !s.contains("collapsed")
+        })
+        .count();
+    assert_eq!(leaders, 1);
+}
+
+#[tokio::test]
+async fn cold_range_on_a_multi_gb_object_fetches_only_the_covered_slices() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * 1024 * MIB;
+    origin.set("/huge", Obj::new(len, "max-age=600"));
+    let front = start_front(config(MIB), oaddr).await;
+    let at = 3 * 1024 * MIB;
+    let r = request(
+        "GET",
+        &front.url("/huge"),
+        &[("range", &format!("bytes={at}-{}", at + MIB - 1))],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(
+        r.headers["content-range"],
+        format!("bytes {at}-{}/{len}", at + MIB - 1)
+    );
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, at, at + MIB - 1)));
+    assert_eq!(origin.bytes(), MIB, "exactly one slice");
+    assert_eq!(
+        origin.requests_for("/huge")[0]["range"],
+        format!("bytes={at}-{}", at + MIB - 1)
+    );
+
+    // Unaligned, across a boundary: two more slices, the first one already stored.
+    let from = at + MIB - 10;
+    let r = request(
+        "GET",
+        &front.url("/huge"),
+        &[("range", &format!("bytes={from}-{}", from + 19))],
+    )
+    .await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, from, from + 19)));
+    assert_eq!(origin.bytes(), 2 * MIB);
+    // A suffix range on the now-known object.
+    let r = request("GET", &front.url("/huge"), &[("range", "bytes=-5")]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, len - 5, len - 1)));
+    assert_eq!(origin.bytes(), 3 * MIB);
+    let head = request("HEAD", &front.url("/huge"), &[]).await;
+    assert_eq!(head.headers["content-length"], len.to_string());
+    assert_eq!(body(&head).len(), 0);
+}
+
+#[tokio::test]
+async fn multi_range_and_unsatisfiable_range() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/m",
+        Obj::new(200 * KIB, "max-age=60").header("content-type", "video/mp4"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/m"), &[("range", "bytes=0-0")]).await;
+    let r = request(
+        "GET",
+        &front.url("/m"),
+        &[("range", "bytes=0-9, 100000-100009")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    let ct = r.headers["content-type"].to_str().unwrap().to_string();
+    let boundary = ct.strip_prefix("multipart/byteranges; boundary=").unwrap();
+    let mut want = Vec::new();
+    for (a, z) in [(0u64, 9u64), (100_000, 100_009)] {
+        want.extend_from_slice(
+            format!(
+                "\r\n--{boundary}\r\nContent-Type: video/mp4\r\nContent-Range: bytes {a}-{z}/204800\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        want.extend_from_slice(&bytes_of(1, a, z));
+    }
+    want.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    assert_eq!(body(&r), Bytes::from(want.clone()));
+    assert_eq!(r.headers["content-length"], want.len().to_string());
+
+    let r = request("GET", &front.url("/m"), &[("range", "bytes=999999-")]).await;
+    assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(r.headers["content-range"], "bytes */204800");
+    // A malformed Range is ignored: the whole object.
+    let r = request("GET", &front.url("/m"), &[("range", "bytes=x-y")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(body(&r).len() as u64, 200 * KIB);
+}
+
+#[tokio::test]
+async fn random_ranges_get_exact_bytes_cold_and_warm() {
+    let (origin, oaddr) = start_origin().await;
+    let len = MIB + 12_345;
+    origin.set("/rnd", Obj::new(len, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..40 {
+        let a = next() % len;
+        let n = next() % (200 * KIB) + 1;
+        let z = (a + n - 1).min(len - 1);
+        let r = request(
+            "GET",
+            &front.url("/rnd"),
+            &[("range", &format!("bytes={a}-{z}"))],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(r.headers["content-range"], format!("bytes {a}-{z}/{len}"));
+        assert_eq!(body(&r), Bytes::from(bytes_of(1, a, z)), "bytes={a}-{z}");
+    }
+    // Never more than the object, whatever the ranges: every slice fetched at most once.
+    assert!(origin.bytes() <= len, "{} > {len}", origin.bytes());
+}
+
+#[tokio::test]
+async fn an_origin_that_ignores_range_still_works() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 3 * 64 * KIB + 7;
+    let mut obj = Obj::new(len, "max-age=60");
+    obj.honor_range = false;
+    origin.set("/norange", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let r = request("GET", &front.url("/norange"), &[("range", "bytes=100-199")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 100, 199)));
+    // The whole answer was read into slices (well under the detached budget).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = request("GET", &front.url("/norange"), &[]).await;
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(origin.count("/norange"), 1);
+    assert_eq!(origin.bytes(), len);
+}
+
+#[tokio::test]
+async fn a_version_change_mid_object_drops_it_and_never_mixes_versions() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 3 * 64 * KIB;
+    origin.set("/ver", Obj::new(len, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    // Only the first slice is stored.
+    let r = request("GET", &front.url("/ver"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
+    origin.update("/ver", |o| o.version = 2);
+    // The stored first slice goes out, then the second slice comes back as v2: the response is
+    // cut rather than completed with bytes of another version.
+    let r = request("GET", &front.url("/ver"), &[]).await;
+    if let Ok(b) = &r.body {
+        assert!(b.len() < len as usize, "a mixed body was completed");
+    }
+    let r = request("GET", &front.url("/ver"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(2, 0, len - 1)));
+    assert_eq!(r.headers["etag"], "\"v2\"");
+    // Slices 1 and 2 are in flight together (read-ahead): each may detect the change.
+    let m = front.metrics();
+    let mismatches: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_cache_version_mismatches_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&mismatches), "{m}");
+}
+
+#[tokio::test]
+async fn a_failing_origin_mid_body_wakes_every_waiter() {
+    let (origin, oaddr) = start_origin().await;
+    // The origin closes the port: every fill fails, nobody hangs.
+    let front = start_front(config(64 * KIB), oaddr).await;
+    origin.set("/gone", Obj::new(10, "max-age=60"));
+    origin.update("/gone", |o| o.fail = true);
+    let replies = futures_util::future::join_all((0..20).map(|_| {
+        let url = front.url("/gone");
+        async move { request("GET", &url, &[]).await }
+    }))
+    .await;
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let front = start_front(config(64 * KIB), dead).await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        request("GET", &front.url("/x"), &[]),
+    )
+    .await
+    .expect("no hang");
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+}
+
+// === the disk tier ===
+
+async fn wait_disk(front: &Front, files: usize) {
+    for _ in 0..200 {
+        let m = front.metrics();
+        let written = m
+            .lines()
+            .find(|l| l.starts_with("sluice_cache_tier_bytes{tier=\"disk\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if written >= files as u64 * (64 * KIB + 16) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("disk tier never filled");
+}
+
+#[tokio::test]
+async fn a_restart_finds_the_disk_tier_warm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * 64 * KIB;
+    origin.set("/warm", Obj::new(len, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let first = start_front(cfg.clone(), oaddr).await;
+    request("GET", &first.url("/warm"), &[]).await;
+    wait_disk(&first, 4).await;
+    assert_eq!(origin.count("/warm"), 4);
+
+    let second = start_front(cfg, oaddr).await;
+    let r = request("GET", &second.url("/warm"), &[]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+    assert_eq!(origin.count("/warm"), 4, "nothing fetched again");
+    assert!(second
+        .metrics()
+        .contains(&format!("sluice_cache_disk_sent_bytes_total {len}")));
+}
+
+#[tokio::test]
+async fn corrupt_or_truncated_disk_files_are_dropped_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * 64 * KIB;
+    origin.set("/rot", Obj::new(len, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let first = start_front(cfg.clone(), oaddr).await;
+    request("GET", &first.url("/rot"), &[]).await;
+    wait_disk(&first, 4).await;
+
+    let mut files: Vec<_> = std::fs::read_dir(dir.path().join("slices"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    // One flipped byte, one cut short.
+    let mut raw = std::fs::read(&files[0]).unwrap();
+    raw[1000] ^= 0xff;
+    std::fs::write(&files[0], &raw).unwrap();
+    let raw = std::fs::read(&files[1]).unwrap();
+    std::fs::write(&files[1], &raw[..raw.len() / 2]).unwrap();
+
+    let second = start_front(cfg, oaddr).await;
+    let r = request("GET", &second.url("/rot"), &[]).await;
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+    assert_eq!(
+        origin.count("/rot"),
+        6,
+        "the two damaged slices came from the origin again"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_disk_drops_entries_and_requests_are_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 3 * 64 * KIB;
+    origin.set("/df", Obj::new(len, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let front = start_front(cfg, oaddr).await;
+    // Every slice write now fails (as on a full or broken disk).
+    std::fs::remove_dir_all(dir.path().join("slices")).unwrap();
+    std::fs::write(dir.path().join("slices"), b"not a directory").unwrap();
+    for _ in 0..2 {
+        let r = request("GET", &front.url("/df"), &[]).await;
+        assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+    }
+    for _ in 0..100 {
+        if front
+            .metrics()
+            .contains("sluice_cache_disk_dropped_writes_total 3")
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("drops not counted: {}", front.metrics());
+}
+
+// === purge ===
+
+#[tokio::test]
+async fn purge_by_url_prefix_and_tag_with_auth() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/p/a",
+        Obj::new(10, "max-age=60").header("surrogate-key", "red blue"),
+    );
+    origin.set(
+        "/p/b",
+        Obj::new(10, "max-age=60").header("cache-tag", "green"),
+    );
+    origin.set("/q", Obj::new(10, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let warm = || async {
+        for p in ["/p/a", "/p/b", "/q"] {
+            request("GET", &front.url(p), &[]).await;
+        }
+    };
+    warm().await;
+    assert_eq!(front.cache.objects(), 3);
+
+    // Wrong key, no key, and (below) a disallowed address all look the same.
+    let denied = request("PURGE", &front.url("/q"), &[("x-purge-key", "nope")]).await;
+    let none = request("PURGE", &front.url("/q"), &[]).await;
+    assert_eq!(denied.status, StatusCode::FORBIDDEN);
+    assert_eq!(body(&denied), body(&none));
+
+    let ok = request(
+        "PURGE",
+        &front.url("/q"),
+        &[("x-purge-key", "purge-secret")],
+    )
+    .await;
+    assert_eq!(
+        body(&ok),
+        Bytes::from_static(b"{\"purged\":1,\"soft\":false}")
+    );
+    let tag = request(
+        "PURGE",
+        &front.url("/"),
+        &[
+            ("authorization", "Bearer purge-secret"),
+            ("x-purge-mode", "tag"),
+            ("x-purge-tag", "blue"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        body(&tag),
+        Bytes::from_static(b"{\"purged\":1,\"soft\":false}")
+    );
+    assert_eq!(front.cache.objects(), 1);
+    let prefix = request(
+        "PURGE",
+        &front.url("/p/"),
+        &[("x-purge-key", "purge-secret"), ("x-purge-mode", "prefix")],
+    )
+    .await;
+    assert_eq!(
+        body(&prefix),
+        Bytes::from_static(b"{\"purged\":1,\"soft\":false}")
+    );
+    assert_eq!(front.cache.objects(), 0);
+
+    // Soft purge: kept, but revalidated (a 304 here) on next use.
+    warm().await;
+    let soft = request(
+        "PURGE",
+        &front.url("/q"),
+        &[("x-purge-key", "purge-secret"), ("x-purge-soft", "1")],
+    )
+    .await;
+    assert_eq!(
+        body(&soft),
+        Bytes::from_static(b"{\"purged\":1,\"soft\":true}")
+    );
+    let r = request("GET", &front.url("/q"), &[]).await;
+    assert!(
+        status_of(&r).contains("fwd=stale; fwd-status=304"),
+        "{}",
+        status_of(&r)
+    );
+
+    let mut cfg = config(64 * KIB);
+    cfg.purge_allow = vec!["10.0.0.0/8".parse().unwrap()];
+    let closed = start_front(cfg, oaddr).await;
+    let r = request(
+        "PURGE",
+        &closed.url("/q"),
+        &[("x-purge-key", "purge-secret")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(body(&r), body(&none));
+}
+
+#[tokio::test]
+async fn empty_objects_and_ranges_past_the_end_of_a_cold_object_are_passed() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/empty", Obj::new(0, "max-age=60"));
+    origin.set("/short", Obj::new(100, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let r = request("GET", &front.url("/empty"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(body(&r).len(), 0);
+    let r = request(
+        "GET",
+        &front.url("/short"),
+        &[("range", "bytes=70000-70010")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(r.headers["content-range"], "bytes */100");
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_does_not_abort_the_fill() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * MIB;
+    origin.set("/dc", Obj::new(len, "max-age=60"));
+    let front = start_front(config(MIB), oaddr).await;
+    let mut s = tokio::net::TcpStream::connect(front.addr).await.unwrap();
+    s.write_all(b"GET /dc HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 64];
+    let n = s.read(&mut first).await.unwrap();
+    assert!(n > 0);
+    // Gone after a few bytes of the first slice.
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = request("GET", &front.url("/dc"), &[("range", "bytes=0-1048575")]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, MIB - 1)));
+    let slice0 = origin
+        .requests_for("/dc")
+        .iter()
+        .filter(|h| h.get("range").map(String::as_str) == Some("bytes=0-1048575"))
+        .count();
+    assert_eq!(slice0, 1, "the first slice was fetched once and completed");
+    assert!(
+        origin.count("/dc") <= 2,
+        "nothing past the read-ahead was fetched"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_origin_fails_the_fill_instead_of_hanging() {
+    let (origin, oaddr) = start_origin().await;
+    let mut obj = Obj::new(200 * KIB, "max-age=60");
+    obj.stall_after = Some(100 * KIB);
+    origin.set("/stall", obj);
+    let mut cfg = config(64 * KIB);
+    cfg.origin_idle_timeout_secs = 1;
+    let front = start_front(cfg, oaddr).await;
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        request("GET", &front.url("/stall"), &[]),
+    )
+    .await
+    .expect("no hang");
+    assert!(r.body.is_err(), "a short body must not look complete");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn negative_answers_with_freshness_are_cached() {
+    let (origin, oaddr) = start_origin().await;
+    let mut obj = Obj::new(10, "max-age=60");
+    obj.status = 404;
+    origin.set("/missing", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let a = request("GET", &front.url("/missing"), &[]).await;
+    let b = request("GET", &front.url("/missing"), &[]).await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert_eq!(body(&b), Bytes::from(bytes_of(1, 0, 9)));
+    assert!(
+        status_of(&b).starts_with("sluice; hit"),
+        "{}",
+        status_of(&b)
+    );
+    assert_eq!(origin.count("/missing"), 1);
+}
+
+#[tokio::test]
+async fn through_the_shared_upstream_client() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/media/seg.ts", Obj::new(150 * KIB, "max-age=60"));
+    let upstream_cfg = sluice::config::UpstreamConfig {
+        allow_private: true,
+        ..Default::default()
+    };
+    let mut registry = Registry::default();
+    let upstream = sluice::upstream::Upstream::new(&upstream_cfg, &mut registry).unwrap();
+    let base = url::Url::parse(&format!("http://{oaddr}/media/")).unwrap();
+    let cfg = config(64 * KIB);
+    let cache = Cache::new(&cfg, None, &mut registry).unwrap();
+    let origin_impl: Arc<dyn Origin> = sluice::cache::origin::UpstreamOrigin::new(upstream, base);
+    let policy = cfg.policy().freshness();
+    for round in 0..2 {
+        let req = Request::get("/seg.ts").body(()).unwrap();
+        let (parts, ()) = req.into_parts();
+        let key = CacheKey::new("media", &parts.uri);
+        let resp = cache
+            .serve(&parts, &key, origin_impl.clone(), &policy)
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let cs = resp.headers()["cache-status"].to_str().unwrap().to_string();
+        assert_eq!(cs.starts_with("sluice; hit"), round == 1, "{cs}");
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(sha256(&got), sha256(&bytes_of(1, 0, 150 * KIB - 1)));
+    }
+    assert_eq!(origin.count("/media/seg.ts"), 3);
+}
+
+#[tokio::test]
+async fn only_if_cached_and_methods() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/o", Obj::new(10, "max-age=60"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let r = request(
+        "GET",
+        &front.url("/o"),
+        &[("cache-control", "only-if-cached")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(origin.count("/o"), 0);
+    let r = request("POST", &front.url("/o"), &[]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+}
