@@ -118,6 +118,17 @@ impl Playlist {
     }
 }
 
+/// The playlist URL as logs may show it: no user info and no query, where providers put account
+/// credentials (`user:pass@`, `?username=..&password=..`).
+fn shown(uri: &http::Uri) -> String {
+    format!(
+        "{}://{}{}",
+        uri.scheme_str().unwrap_or("http"),
+        uri.host().unwrap_or(""),
+        uri.path()
+    )
+}
+
 /// A plain HTTP/1.1 GET; enough for a channel list until the shared upstream client lands.
 async fn fetch(uri: http::Uri) -> Result<Bytes, String> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -125,10 +136,11 @@ async fn fetch(uri: http::Uri) -> Result<Bytes, String> {
     let resp = client
         .get(uri.clone())
         .await
-        .map_err(|e| format!("playlist fetch from {uri} failed: {e}"))?;
+        .map_err(|e| format!("playlist fetch from {} failed: {e}", shown(&uri)))?;
     if !resp.status().is_success() {
         return Err(format!(
-            "playlist fetch from {uri}: status {}",
+            "playlist fetch from {}: status {}",
+            shown(&uri),
             resp.status()
         ));
     }
@@ -137,7 +149,7 @@ async fn fetch(uri: http::Uri) -> Result<Bytes, String> {
         .collect()
         .await
         .map(|b| b.to_bytes())
-        .map_err(|e| format!("playlist body from {uri}: {e}"))
+        .map_err(|e| format!("playlist body from {}: {e}", shown(&uri)))
 }
 
 #[cfg(test)]
