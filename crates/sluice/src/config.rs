@@ -214,6 +214,11 @@ pub struct MediaConfig {
     pub max_mpd_bytes: usize,
     /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
     pub max_segment_bytes: usize,
+    // Xtream Codes and Acestream
+    /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
+    pub xtream_max_response_bytes: usize,
+    /// `[media.acestream]`: the Acestream engine and its shared sessions.
+    pub acestream: crate::media::acestream::AcestreamConfig,
 }
 
 impl Default for MediaConfig {
@@ -233,6 +238,8 @@ impl Default for MediaConfig {
             mpd_live_playlist_depth: 15,
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
+            xtream_max_response_bytes: 64 * 1024 * 1024,
+            acestream: Default::default(),
         }
     }
 }
@@ -353,6 +360,10 @@ impl Config {
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
         }
         // HLS
+        if self.media.xtream_max_response_bytes < 1024 {
+            bail!("media.xtream_max_response_bytes must be at least 1024");
+        }
+        self.media.acestream.validate()?;
         if self.media.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

@@ -70,7 +70,7 @@ impl Xtream {
         &self,
         req: &Request<Incoming>,
         ctx: &RequestContext,
-        password_ok: &dyn Fn(Option<&str>) -> bool,
+        password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
     ) -> Result<Response<Body>, ProxyError> {
         let Some(path) = xtream::parse_path(&ctx.path) else {
             return Err(ProxyError::downstream(
@@ -112,7 +112,7 @@ impl Xtream {
         &self,
         raw: &str,
         ctx: &RequestContext,
-        password_ok: &dyn Fn(Option<&str>) -> bool,
+        password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
     ) -> Result<Resolved, ProxyError> {
         if let Some(gate) = self.tokens.as_ref().filter(|_| sealed::is_sealed(raw)) {
             let opened = gate
