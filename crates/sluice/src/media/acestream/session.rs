@@ -2,7 +2,7 @@
 //! broadcast buffer, viewers as reader positions, linger after the last one, then `stop`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,6 +55,8 @@ struct Session {
     tx: broadcast::Sender<Bytes>,
     /// Cancelled when the session ends, from either side.
     closed: CancellationToken,
+    /// Set by whichever side closes first, so the engine is told to stop once.
+    stopping: AtomicBool,
     bytes: AtomicU64,
     /// Chunks viewers skipped because they fell more than the buffer behind.
     skipped: AtomicU64,
@@ -143,6 +145,7 @@ impl Sessions {
                     viewers: AtomicUsize::new(0),
                     tx,
                     closed: CancellationToken::new(),
+                    stopping: AtomicBool::new(false),
                     bytes: AtomicU64::new(0),
                     skipped: AtomicU64::new(0),
                     opened: Instant::now(),
@@ -278,6 +281,9 @@ impl Sessions {
 
     /// Ends a session: viewers finish their buffered bytes, the engine is told to stop.
     async fn close(&self, session: &Arc<Session>) {
+        if session.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
         session.closed.cancel();
         self.forget(session);
         if let Some(Ok(engine)) = session.started.get() {
@@ -303,6 +309,10 @@ impl Sessions {
             let _map = lock(&self.map);
             session.viewers.fetch_sub(1, Ordering::SeqCst) == 1
         };
+        if now_empty {
+            // The linger runs from the last departure (or, for HLS, the last refresh).
+            *lock(&session.touched) = Instant::now();
+        }
         if !now_empty || session.closed.is_cancelled() {
             return;
         }
