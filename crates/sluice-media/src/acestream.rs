@@ -125,12 +125,21 @@ mod tests {
         let c = Content::from_params(Some(ID), None).unwrap();
         assert_eq!(c.key(), format!("id:{}", ID.to_ascii_lowercase()));
         assert_eq!(
-            Content::from_params(None, Some(ID)).unwrap().engine_param().0,
+            Content::from_params(None, Some(ID))
+                .unwrap()
+                .engine_param()
+                .0,
             "infohash"
         );
-        assert_eq!(Content::from_params(Some(ID), Some(ID)), Err(AceError::ContentId));
+        assert_eq!(
+            Content::from_params(Some(ID), Some(ID)),
+            Err(AceError::ContentId)
+        );
         assert_eq!(Content::from_params(None, None), Err(AceError::ContentId));
-        assert_eq!(Content::from_params(Some("xyz"), None), Err(AceError::ContentId));
+        assert_eq!(
+            Content::from_params(Some("xyz"), None),
+            Err(AceError::ContentId)
+        );
         assert_eq!(
             Content::from_params(Some("../../../../../../etc/passwd0123456789ab"), None),
             Err(AceError::ContentId)
@@ -148,9 +157,13 @@ mod tests {
             parse_session(br#"{"response":null,"error":"missing content"}"#),
             Err(AceError::Engine("missing content".into()))
         );
-        assert!(matches!(parse_session(b"<html>"), Err(AceError::Malformed(_))));
-        let stat = parse_stat(br#"{"response":{"status":"dl","peers":7,"speed_down":120},"error":null}"#)
-            .unwrap();
+        assert!(matches!(
+            parse_session(b"<html>"),
+            Err(AceError::Malformed(_))
+        ));
+        let stat =
+            parse_stat(br#"{"response":{"status":"dl","peers":7,"speed_down":120},"error":null}"#)
+                .unwrap();
         assert_eq!(stat.peers, Some(7));
         assert_eq!(stat.status.as_deref(), Some("dl"));
     }

@@ -167,9 +167,7 @@ impl XcPath {
                 tail,
                 ..
             } => {
-                let enc = |s: &str| {
-                    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
-                };
+                let enc = |s: &str| percent_encoding::utf8_percent_encode(s, SEGMENT).to_string();
                 format!("{prefix}{}/{}/{tail}", enc(real_user), enc(password))
             }
             XcPath::HlsSession { rest } => format!("hls/{rest}"),
@@ -247,7 +245,8 @@ fn decode(seg: &str) -> String {
 /// The extension of a stream path's last segment (`m3u8`, `ts`, ...), lowercased.
 pub fn extension(tail: &str) -> Option<String> {
     let last = tail.rsplit('/').next()?;
-    last.rsplit_once('.').map(|(_, ext)| ext.to_ascii_lowercase())
+    last.rsplit_once('.')
+        .map(|(_, ext)| ext.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -306,20 +305,32 @@ mod tests {
             parse_username(&b64("http://h:1:2:3:4")),
             Err(XtreamError::Username)
         );
-        assert_eq!(parse_username(&b64("http://h:")), Err(XtreamError::EmptyUser));
+        assert_eq!(
+            parse_username(&b64("http://h:")),
+            Err(XtreamError::EmptyUser)
+        );
         assert!(parse_username("").is_err());
         assert!(parse_username("ü:ö").is_err());
     }
 
     #[test]
     fn paths() {
-        assert_eq!(parse_path("/player_api.php"), Some(XcPath::Api(Api::Player)));
+        assert_eq!(
+            parse_path("/player_api.php"),
+            Some(XcPath::Api(Api::Player))
+        );
         let p = parse_path("/movie/U/pw/42.mkv").unwrap();
         assert_eq!(p.upstream_path("bob"), "movie/bob/pw/42.mkv");
         let p = parse_path("/timeshift/U/pw/60/2026-01-01:10-00/7.ts").unwrap();
-        assert_eq!(p.upstream_path("bob"), "timeshift/bob/pw/60/2026-01-01:10-00/7.ts");
+        assert_eq!(
+            p.upstream_path("bob"),
+            "timeshift/bob/pw/60/2026-01-01:10-00/7.ts"
+        );
         let p = parse_path("/hlsr/sess/U/pw/7/100/200/index.m3u8").unwrap();
-        assert_eq!(p.upstream_path("bob"), "hlsr/sess/bob/pw/7/100/200/index.m3u8");
+        assert_eq!(
+            p.upstream_path("bob"),
+            "hlsr/sess/bob/pw/7/100/200/index.m3u8"
+        );
         let p = parse_path("/U/p%2Fw/42").unwrap();
         assert_eq!(p.upstream_path("b b"), "b%20b/p%2Fw/42");
         assert_eq!(

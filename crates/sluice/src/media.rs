@@ -72,7 +72,10 @@ impl Media {
             config.xtream_max_response_bytes,
         );
         let acestream = match engine_upstream.filter(|_| config.acestream.enabled) {
-            Some(engine) => Some(acestream::session::Sessions::new(engine, &config.acestream)?),
+            Some(engine) => Some(acestream::session::Sessions::new(
+                engine,
+                &config.acestream,
+            )?),
             None => None,
         };
         Ok(Media {

@@ -63,7 +63,9 @@ async fn engine() -> (SocketAddr, Arc<Counts>) {
 }
 
 fn full(body: impl Into<Bytes>) -> BoxBody {
-    Full::new(body.into()).map_err(|never| match never {}).boxed()
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
@@ -77,7 +79,9 @@ fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
         )
     };
     match path.as_str() {
-        "/ace/getstream" if query.contains(&format!("id={ID}")) && query.contains("format=json") => {
+        "/ace/getstream"
+            if query.contains(&format!("id={ID}")) && query.contains("format=json") =>
+        {
             c.getstream.fetch_add(1, Ordering::SeqCst);
             Response::new(full(session("s1", &format!("/ace/r/{ID}/s1"))))
         }
@@ -173,7 +177,9 @@ fn is_aligned_piece(part: &[u8]) -> bool {
 #[tokio::test]
 async fn two_viewers_share_one_engine_session() {
     let (_engine, counts, s) = setup(1).await;
-    let url = s.url(&format!("/proxy/acestream/stream?id={ID}&api_password={PW}"));
+    let url = s.url(&format!(
+        "/proxy/acestream/stream?id={ID}&api_password={PW}"
+    ));
     let mut a = open(&url).await;
     let first = read_at_least(&mut a, CHUNK * 5).await;
     // The first viewer starts at the beginning of the engine's stream.
@@ -202,7 +208,11 @@ async fn two_viewers_share_one_engine_session() {
     // The last viewer leaves: after the linger, the engine is told to stop, once.
     drop(a);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(counts.stop.load(Ordering::SeqCst), 0, "stopped before the linger");
+    assert_eq!(
+        counts.stop.load(Ordering::SeqCst),
+        0,
+        "stopped before the linger"
+    );
     let mut stopped = false;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -224,7 +234,9 @@ async fn two_viewers_share_one_engine_session() {
 #[tokio::test]
 async fn slow_viewer_skips_ahead_instead_of_stalling_the_fast_one() {
     let (_engine, counts, s) = setup(1).await;
-    let url = s.url(&format!("/proxy/acestream/stream?id={ID}&api_password={PW}"));
+    let url = s.url(&format!(
+        "/proxy/acestream/stream?id={ID}&api_password={PW}"
+    ));
     let mut fast = open(&url).await;
     let mut slow = open(&url).await;
     read_at_least(&mut slow, CHUNK).await;
@@ -254,7 +266,9 @@ async fn hls_manifest_head_and_bad_input() {
 
     let r = request(
         "HEAD",
-        &s.url(&format!("/proxy/acestream/stream?id={ID}&api_password={PW}")),
+        &s.url(&format!(
+            "/proxy/acestream/stream?id={ID}&api_password={PW}"
+        )),
         &[],
     )
     .await;

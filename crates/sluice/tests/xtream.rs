@@ -65,9 +65,10 @@ fn panel_answer(
 ) -> Response<Full<Bytes>> {
     let pq = req.uri().path_and_query().unwrap().to_string();
     seen.lock().unwrap().push(pq.clone());
-    let query: Vec<(String, String)> = url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
-        .into_owned()
-        .collect();
+    let query: Vec<(String, String)> =
+        url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
     let q = |k: &str| query.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     let creds_ok = q("username") == Some(XC_USER) && q("password") == Some(XC_PASS);
     let json = |body: String| {
@@ -164,7 +165,10 @@ fn text(r: &support::Reply) -> String {
 /// Logs in with MediaFlow's base64 username and returns the username sluice hands back.
 async fn login(p: &Panel, s: &Sluice) -> String {
     let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
-    let r = get(&s.url(&format!("/player_api.php?username={user}&password={XC_PASS}"))).await;
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={user}&password={XC_PASS}"
+    )))
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     let body = text(&r);
     assert!(!body.contains(API_PW));
@@ -177,7 +181,9 @@ async fn login(p: &Panel, s: &Sluice) -> String {
     let token = v["user_info"]["username"].as_str().unwrap().to_string();
     assert_ne!(token, user);
     assert_ne!(token, XC_USER);
-    assert!(token.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b)));
+    assert!(token
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b)));
     token
 }
 
@@ -186,8 +192,12 @@ async fn login_lists_and_streams_through_the_token_username() {
     let (p, s) = setup().await;
     let token = login(&p, &s).await;
     // The upstream saw the provider's own credentials only.
-    assert!(p.seen.lock().unwrap().iter().any(|q| q
-        == &format!("/player_api.php?username={XC_USER}&password={XC_PASS}")));
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q == &format!("/player_api.php?username={XC_USER}&password={XC_PASS}")));
 
     let cats = get(&s.url(&format!(
         "/player_api.php?username={token}&password={XC_PASS}&action=get_live_categories"
@@ -215,14 +225,21 @@ async fn login_lists_and_streams_through_the_token_username() {
     let (list_user, tail) = rest.split_once('/').unwrap();
     assert_eq!(tail, format!("{XC_PASS}/101.ts"));
     assert!(!live_body.contains(API_PW));
-    assert!(live_body.contains("\\/live\\/"), "escaping kept: {live_body}");
+    assert!(
+        live_body.contains("\\/live\\/"),
+        "escaping kept: {live_body}"
+    );
 
     // The live stream through the URL the list gave.
     let r = get(direct).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.headers["content-type"], "video/mp2t");
     assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
-    assert!(p.seen.lock().unwrap().contains(&format!("/live/{XC_USER}/{XC_PASS}/101.ts")));
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .contains(&format!("/live/{XC_USER}/{XC_PASS}/101.ts")));
 
     let vod = get(&s.url(&format!(
         "/player_api.php?username={list_user}&password={XC_PASS}&action=get_vod_streams"
@@ -280,9 +297,14 @@ async fn vod_range_head_and_catchup() {
     .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
-    assert!(p.seen.lock().unwrap().iter().any(|q| q.starts_with(&format!(
-        "/streaming/timeshift.php?username={XC_USER}&password={XC_PASS}&stream=101"
-    ))));
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q.starts_with(&format!(
+            "/streaming/timeshift.php?username={XC_USER}&password={XC_PASS}&stream=101"
+        ))));
 }
 
 #[tokio::test]
@@ -302,10 +324,16 @@ async fn m3u_legacy_username_and_hls_redirect() {
     assert_eq!(lines[0], "#EXTM3U");
     assert_eq!(
         lines[1],
-        format!("#EXTINF:-1 tvg-logo=\"http://{}/logos/101.png\",News One", p.addr)
+        format!(
+            "#EXTINF:-1 tvg-logo=\"http://{}/logos/101.png\",News One",
+            p.addr
+        )
     );
     let live = lines[2];
-    assert!(live.starts_with(&format!("http://{}/live/", s.addr)), "{live}");
+    assert!(
+        live.starts_with(&format!("http://{}/live/", s.addr)),
+        "{live}"
+    );
     assert!(lines[4].starts_with(&format!("http://{}/movie/", s.addr)));
     let r = get(live).await;
     assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
@@ -332,9 +360,15 @@ async fn wrong_api_password_is_refused_before_any_upstream_request() {
     for user in [
         b64(&format!("http://{}:{XC_USER}:wrong", p.addr)),
         b64(&format!("http://{}:{XC_USER}", p.addr)),
-        support::enc(&format!("{}:{XC_USER}:wrong", b64(&format!("http://{}", p.addr)))),
+        support::enc(&format!(
+            "{}:{XC_USER}:wrong",
+            b64(&format!("http://{}", p.addr))
+        )),
     ] {
-        let r = get(&s.url(&format!("/player_api.php?username={user}&password={XC_PASS}"))).await;
+        let r = get(&s.url(&format!(
+            "/player_api.php?username={user}&password={XC_PASS}"
+        )))
+        .await;
         assert_eq!(r.status, StatusCode::FORBIDDEN);
         bodies.push(r.body.unwrap());
         let r = get(&s.url(&format!("/movie/{user}/{XC_PASS}/202.mp4"))).await;
@@ -350,7 +384,11 @@ async fn wrong_api_password_is_refused_before_any_upstream_request() {
     assert!(r.status.is_client_error());
     // The XC token opens no /proxy/ path.
     let token = login(&p, &s).await;
-    let r = get(&s.url(&format!("/_token_{token}/proxy/stream?d=http://{}/x", p.addr))).await;
+    let r = get(&s.url(&format!(
+        "/_token_{token}/proxy/stream?d=http://{}/x",
+        p.addr
+    )))
+    .await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     // Bad usernames are a 400, not a panic.
     let r = get(&s.url("/player_api.php?username=nonsense&password=x")).await;

@@ -82,7 +82,9 @@ impl Rewriter<'_> {
         };
         let segs: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
         let user_at = match segs.as_slice() {
-            ["live" | "movie" | "series" | "timeshift", user, _, _, ..] if *user == self.real_user => {
+            ["live" | "movie" | "series" | "timeshift", user, _, _, ..]
+                if *user == self.real_user =>
+            {
                 Some(1)
             }
             ["hlsr", _, user, _, _, ..] if *user == self.real_user => Some(2),
@@ -101,7 +103,11 @@ impl Rewriter<'_> {
         }
         let script = matches!(
             path,
-            "/get.php" | "/player_api.php" | "/xmltv.php" | "/panel_api.php" | "/streaming/timeshift.php"
+            "/get.php"
+                | "/player_api.php"
+                | "/xmltv.php"
+                | "/panel_api.php"
+                | "/streaming/timeshift.php"
         );
         let query = query.filter(|_| script)?;
         let mut found = false;
@@ -200,15 +206,18 @@ mod tests {
     #[test]
     fn scripts_and_catchup() {
         assert_eq!(
-            R.rewrite_path("/get.php?username=alice&password=pw&type=m3u").as_deref(),
+            R.rewrite_path("/get.php?username=alice&password=pw&type=m3u")
+                .as_deref(),
             Some("/get.php?username=TOK&password=pw&type=m3u")
         );
         assert_eq!(
-            R.rewrite_path("/hlsr/s/alice/pw/7/1/2/index.m3u8").as_deref(),
+            R.rewrite_path("/hlsr/s/alice/pw/7/1/2/index.m3u8")
+                .as_deref(),
             Some("/hlsr/s/TOK/pw/7/1/2/index.m3u8")
         );
         assert_eq!(
-            R.rewrite_path("/timeshift/alice/pw/60/2026-01-01:10-00/7.ts").as_deref(),
+            R.rewrite_path("/timeshift/alice/pw/60/2026-01-01:10-00/7.ts")
+                .as_deref(),
             Some("/timeshift/TOK/pw/60/2026-01-01:10-00/7.ts")
         );
         assert_eq!(R.rewrite_path("/get.php?username=bob"), None);

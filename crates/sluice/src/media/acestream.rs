@@ -121,9 +121,8 @@ pub async fn handle(
 }
 
 fn content(ctx: &RequestContext) -> Result<Content, ProxyError> {
-    Content::from_params(ctx.query.get("id"), ctx.query.get("infohash")).map_err(|e| {
-        ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
-    })
+    Content::from_params(ctx.query.get("id"), ctx.query.get("infohash"))
+        .map_err(|e| ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
 }
 
 fn ts_head() -> Response<Body> {

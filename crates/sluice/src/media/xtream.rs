@@ -51,7 +51,11 @@ struct Resolved {
 }
 
 impl Xtream {
-    pub fn new(upstream: Upstream, tokens: Option<Arc<TokenGate>>, max_response_bytes: usize) -> Self {
+    pub fn new(
+        upstream: Upstream,
+        tokens: Option<Arc<TokenGate>>,
+        max_response_bytes: usize,
+    ) -> Self {
         Xtream {
             upstream,
             tokens,
@@ -82,7 +86,10 @@ impl Xtream {
         super::require_get_or_head(req.method())?;
         match &path {
             XcPath::Api(api) => {
-                let raw_user = ctx.query.get("username").ok_or_else(|| bad("missing username"))?;
+                let raw_user = ctx
+                    .query
+                    .get("username")
+                    .ok_or_else(|| bad("missing username"))?;
                 let account = self.resolve(raw_user, ctx, password_ok)?;
                 self.api(req, ctx, *api, &account).await
             }
@@ -99,7 +106,9 @@ impl Xtream {
                     .query
                     .get("upstream")
                     .and_then(sluice_media::b64url::decode_url)
-                    .ok_or_else(|| bad("missing or bad `upstream` (base64 of the XC server URL)"))?;
+                    .ok_or_else(|| {
+                        bad("missing or bad `upstream` (base64 of the XC server URL)")
+                    })?;
                 let url = upstream_url(server.trim_end_matches('/'), &path.upstream_path(""), ctx)?;
                 Ok(self.to_hls(ctx, url))
             }
@@ -115,12 +124,10 @@ impl Xtream {
         password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
     ) -> Result<Resolved, ProxyError> {
         if let Some(gate) = self.tokens.as_ref().filter(|_| sealed::is_sealed(raw)) {
-            let opened = gate
-                .open(raw, ctx.client_ip, token::now())
-                .map_err(|why| {
-                    tracing::debug!(reason = %why, "XC username token refused");
-                    refusal()
-                })?;
+            let opened = gate.open(raw, ctx.client_ip, token::now()).map_err(|why| {
+                tracing::debug!(reason = %why, "XC username token refused");
+                refusal()
+            })?;
             if opened.scope.paths.as_deref() != Some(&[XC_SCOPE.to_string()][..]) {
                 return Err(refusal());
             }
@@ -204,7 +211,11 @@ impl Xtream {
             .await
             .map_err(|e| ProxyError::from_upstream(&e))?;
         if !up.status.is_success() {
-            return Err(ProxyError::upstream_status(up.status, &host, "an XC API call"));
+            return Err(ProxyError::upstream_status(
+                up.status,
+                &host,
+                "an XC API call",
+            ));
         }
         let content_type = up.headers.get(header::CONTENT_TYPE).cloned();
         let bytes = up
@@ -264,11 +275,9 @@ impl Xtream {
         if ext == "m3u8" || ext == "m3u" {
             return Ok(self.to_hls(ctx, url));
         }
-        let params = ProxyParams::from_query(&Query::from_pairs(vec![(
-            "d".to_string(),
-            url.to_string(),
-        )]))
-        .map_err(|e| bad(&e.to_string()))?;
+        let params =
+            ProxyParams::from_query(&Query::from_pairs(vec![("d".to_string(), url.to_string())]))
+                .map_err(|e| bad(&e.to_string()))?;
         stream::pipe(&self.upstream, req, &params, None).await
     }
 

@@ -89,7 +89,11 @@ impl Sessions {
     }
 
     /// Joins (or opens) the stream session for `content` as one more viewer.
-    pub async fn join(self: &Arc<Self>, content: &Content, kind: Kind) -> Result<Viewer, ProxyError> {
+    pub async fn join(
+        self: &Arc<Self>,
+        content: &Content,
+        kind: Kind,
+    ) -> Result<Viewer, ProxyError> {
         let session = self.enter(content, kind)?;
         let guard = ViewerGuard {
             sessions: self.clone(),
@@ -160,7 +164,10 @@ impl Sessions {
     }
 
     /// Asks the engine for the session once; the stream kind also starts its reader.
-    async fn ensure_started(self: &Arc<Self>, session: &Arc<Session>) -> Result<EngineSession, ProxyError> {
+    async fn ensure_started(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+    ) -> Result<EngineSession, ProxyError> {
         let result = session
             .started
             .get_or_init(|| async {
@@ -189,21 +196,35 @@ impl Sessions {
         }
     }
 
-    async fn open_engine_session(&self, content: &Content, kind: Kind) -> Result<EngineSession, ProxyError> {
+    async fn open_engine_session(
+        &self,
+        content: &Content,
+        kind: Kind,
+    ) -> Result<EngineSession, ProxyError> {
         let path = match kind {
             Kind::Stream => "/ace/getstream",
             Kind::Hls => "/ace/manifest.m3u8",
         };
-        let mut url = self.engine.join(path).map_err(|e| ProxyError::internal(e.to_string()))?;
+        let mut url = self
+            .engine
+            .join(path)
+            .map_err(|e| ProxyError::internal(e.to_string()))?;
         let (name, value) = content.engine_param();
         // One player id per session: the engine ties its playback session to it.
-        let pid = format!("sluice-{}", super::super::generate::random_iv().iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let pid = format!(
+            "sluice-{}",
+            super::super::generate::random_iv()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
         url.query_pairs_mut()
             .append_pair("format", "json")
             .append_pair(name, value)
             .append_pair("pid", &pid);
         let body = self.fetch(url).await?;
-        let mut session = engine_api::parse_session(&body).map_err(|e| engine_error(e.to_string()))?;
+        let mut session =
+            engine_api::parse_session(&body).map_err(|e| engine_error(e.to_string()))?;
         session.playback_url = self.on_engine(&session.playback_url)?;
         session.stat_url = self.on_engine(&session.stat_url)?;
         session.command_url = self.on_engine(&session.command_url)?;
@@ -266,7 +287,9 @@ impl Sessions {
                 let whole = carry.len() - carry.len() % TS_PACKET;
                 if whole > 0 {
                     let chunk = carry.split_to(whole).freeze();
-                    session.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    session
+                        .bytes
+                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     // No receiver is fine: the session lingers without viewers.
                     let _ = session.tx.send(chunk);
                 }
@@ -298,7 +321,10 @@ impl Sessions {
 
     fn forget(&self, session: &Arc<Session>) {
         let mut map = lock(&self.map);
-        if map.get(&session.key).is_some_and(|s| Arc::ptr_eq(s, session)) {
+        if map
+            .get(&session.key)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
             map.remove(&session.key);
         }
     }
@@ -388,7 +414,12 @@ fn kind_label(kind: Kind) -> &'static str {
 }
 
 fn engine_error(message: String) -> ProxyError {
-    ProxyError::new(Side::Upstream, StatusCode::BAD_GATEWAY, "acestream_engine", message)
+    ProxyError::new(
+        Side::Upstream,
+        StatusCode::BAD_GATEWAY,
+        "acestream_engine",
+        message,
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -433,10 +464,7 @@ impl Viewer {
                 r = self.rx.recv() => r,
                 _ = self.closed.cancelled() => {
                     // Deliver what is already buffered, then end.
-                    return match self.rx.try_recv() {
-                        Ok(chunk) => Some(chunk),
-                        Err(_) => None,
-                    };
+                    return self.rx.try_recv().ok();
                 }
             };
             match received {
