@@ -4,6 +4,7 @@
 //! - `query`: MediaFlow-style query parameters (`d`, `h_*`, `r_*`, `rp_*`, `x_headers`) parsed into a typed value.
 //! - `token`: MediaFlow-compatible encrypted URL tokens (AES-256-CBC) and ClearKey key lists.
 //! - `generate`: the pure core of MediaFlow's `/generate_url(s)` endpoints.
+//! - `acestream`: Acestream engine API answers and content ids.
 //! - `b64url`: MediaFlow's base64 destination detection and the `/base64/*` helpers.
 //! - `hls`: HLS playlist rewriting (variants, media, keys, maps, LL-HLS parts, skip, start offset).
 //! - `dash`: MPD model and its conversion to HLS master and media playlists.
@@ -12,7 +13,9 @@
 //! - `keys`: ClearKey `key_id`/`key` lists parsed into a KID → key ring.
 //! - `remux`: clear fragmented MP4 remuxed to MPEG-TS (Annex B video, ADTS audio, PAT/PMT, PCR).
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
+//! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
 
+pub mod acestream;
 pub mod b64url;
 pub mod cenc;
 pub mod dash;
@@ -25,3 +28,4 @@ pub mod query;
 pub mod remux;
 pub mod rtp;
 pub mod token;
+pub mod xtream;

@@ -66,14 +66,30 @@ impl App {
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
         let tokens = TokenGate::new(&config.auth).map(Arc::new);
-        let media = config.media.enabled.then(|| {
-            Media::new(
+        let media = if config.media.enabled {
+            // The Acestream engine is an operator-configured host, usually on a private address
+            // the public-upstream guard refuses: it gets its own client that may reach it, with
+            // its own metric names. Only engine URLs (forced onto the configured host) use it.
+            let engine = if config.media.acestream.enabled {
+                let mut engine_config = config.upstream.clone();
+                engine_config.allow_private = true;
+                Some(Upstream::new(
+                    &engine_config,
+                    registry.sub_registry_with_prefix("acestream_engine"),
+                )?)
+            } else {
+                None
+            };
+            Some(Media::new(
                 upstream.clone(),
                 tokens.clone(),
                 &config.media,
+                engine,
                 &mut registry,
-            )
-        });
+            )?)
+        } else {
+            None
+        };
         let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
         let reverse_metrics = ReverseMetrics::new(&mut registry);
         let routing = build_routing(config, None, &reverse_metrics)?;
@@ -267,6 +283,15 @@ impl App {
                     Ok(()) => media.handle(req, &ctx).await,
                     Err(e) => Err(e),
                 },
+                None => Err(not_found(p)),
+            },
+            p if crate::media::xtream::Xtream::serves(p) => match &self.media {
+                // XC players cannot add `api_password`: the credential rides in the username.
+                Some(media) => {
+                    let password_ok =
+                        |offered: Option<&str>| ctx.token.is_some() || self.auth.check(offered);
+                    media.handle_xtream(req, &ctx, &password_ok).await
+                }
                 None => Err(not_found(p)),
             },
             p => Err(not_found(p)),
@@ -554,6 +579,8 @@ fn endpoint_label(path: &str) -> &'static str {
         p if p == "/proxy/stream" || p.starts_with("/proxy/stream/") => "stream",
         p if p.starts_with("/proxy/hls/") => "hls",
         p if p.starts_with("/proxy/mpd/") => "mpd",
+        p if p.starts_with("/proxy/acestream/") => "acestream",
+        p if crate::media::xtream::Xtream::serves(p) => "xtream",
         _ => "other",
     }
 }

@@ -250,6 +250,11 @@ pub struct MediaConfig {
     /// DASH media playlists point at `/proxy/mpd/segment.ts` (decrypted and remuxed to MPEG-TS)
     /// unless the request says `remux_to_ts=0`; off, they point at fMP4 unless it says `=1`.
     pub remux_to_ts: bool,
+    // Xtream Codes and Acestream
+    /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
+    pub xtream_max_response_bytes: usize,
+    /// `[media.acestream]`: the Acestream engine and its shared sessions.
+    pub acestream: crate::media::acestream::AcestreamConfig,
 }
 
 impl Default for MediaConfig {
@@ -272,6 +277,8 @@ impl Default for MediaConfig {
             max_playlist_segments: 20_000,
             prefetch_registry_bytes: 8 * 1024 * 1024,
             remux_to_ts: false,
+            xtream_max_response_bytes: 64 * 1024 * 1024,
+            acestream: Default::default(),
         }
     }
 }
@@ -413,6 +420,10 @@ impl Config {
         sluice_http::route::HostPattern::parse(&self.endpoints.host)
             .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
         // HLS
+        if self.media.xtream_max_response_bytes < 1024 {
+            bail!("media.xtream_max_response_bytes must be at least 1024");
+        }
+        self.media.acestream.validate()?;
         if self.media.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

@@ -1,5 +1,6 @@
 //! The MediaFlow-compatible media front end: `/proxy/*` endpoints, thin handlers over `sluice-media`.
 
+pub mod acestream;
 pub mod cache;
 pub mod dash;
 pub mod generate;
@@ -7,6 +8,7 @@ pub mod hls;
 pub mod links;
 pub mod prefetch;
 pub mod stream;
+pub mod xtream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +35,10 @@ pub struct Media {
     /// Segment fetches through the cache, and fetching ahead of players.
     pub prefetcher: Arc<prefetch::Prefetcher>,
     dash: dash::Dash,
+    /// The Xtream Codes proxy.
+    pub xtream: xtream::Xtream,
+    /// Shared Acestream engine sessions; `None` when turned off.
+    acestream: Option<Arc<acestream::session::Sessions>>,
 }
 
 impl Media {
@@ -40,8 +46,9 @@ impl Media {
         upstream: Upstream,
         tokens: Option<Arc<TokenGate>>,
         config: &MediaConfig,
+        engine_upstream: Option<Upstream>,
         registry: &mut Registry,
-    ) -> Self {
+    ) -> anyhow::Result<Self> {
         let cache =
             cache::MediaCache::new(config.cache_bytes, cache::CacheMetrics::register(registry));
         let prefetcher = prefetch::Prefetcher::new(
@@ -60,14 +67,39 @@ impl Media {
             config,
             registry,
         );
-        Media {
+        let xtream = xtream::Xtream::new(
+            upstream.clone(),
+            tokens.clone(),
+            config.xtream_max_response_bytes,
+        );
+        let acestream = match engine_upstream.filter(|_| config.acestream.enabled) {
+            Some(engine) => Some(acestream::session::Sessions::new(
+                engine,
+                &config.acestream,
+            )?),
+            None => None,
+        };
+        Ok(Media {
             upstream,
             tokens,
             settings: config.clone(),
             cache,
             prefetcher,
             dash,
-        }
+            xtream,
+            acestream,
+        })
+    }
+
+    /// Serves an Xtream Codes path ([`xtream::Xtream::serves`]). `password_ok` checks an API
+    /// password offered inside the XC username.
+    pub async fn handle_xtream(
+        &self,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+        password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
+    ) -> Result<Response<Body>, ProxyError> {
+        self.xtream.handle(&req, ctx, password_ok).await
     }
 
     /// Paths outside `/proxy/` that need no password because they fetch nothing.
@@ -109,6 +141,10 @@ impl Media {
                 let filename = filename.filter(|f| !f.is_empty()).map(decode_segment);
                 stream::serve(&self.upstream, &req, ctx, filename.as_deref()).await
             }
+            ("acestream", Some(rest)) => {
+                require_get_or_head(req.method())?;
+                acestream::handle(self, &req, ctx, rest).await
+            }
             ("mpd", Some(endpoint)) => {
                 require_get_or_head(req.method())?;
                 self.dash
@@ -124,7 +160,7 @@ impl Media {
     }
 }
 
-fn require_get_or_head(method: &Method) -> Result<(), ProxyError> {
+pub(crate) fn require_get_or_head(method: &Method) -> Result<(), ProxyError> {
     if method == Method::GET || method == Method::HEAD {
         Ok(())
     } else {

@@ -1,0 +1,148 @@
+//! `/proxy/acestream/{stream,manifest.m3u8,status}`: Acestream engine sessions, one per content
+//! id, shared by every viewer.
+//!
+//! MediaFlow (both implementations) lets a second viewer of the same id stall or end the first,
+//! because each viewer talks to the engine's single playback session on its own. Here one task
+//! reads the engine's MPEG-TS and publishes packet-aligned chunks into a bounded broadcast
+//! buffer; each viewer is a reader position in it. A viewer that falls more than the buffer behind
+//! skips ahead (and is counted), never holding back the reader or other viewers. When the last
+//! viewer leaves, the session lingers for `linger_secs`, then the engine is told to stop.
+
+pub mod session;
+
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use sluice_media::acestream::Content;
+use sluice_media::query::Query;
+use url::Url;
+
+use super::Media;
+use crate::app::RequestContext;
+use crate::body::{self, Body};
+use crate::error::ProxyError;
+use session::{Kind, Sessions};
+
+/// `[media.acestream]`: where the engine is and how sessions are shared.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AcestreamConfig {
+    /// Serve `/proxy/acestream/*`.
+    pub enabled: bool,
+    /// The engine's HTTP API, `http://host:port` (the engine's default port is 6878).
+    pub engine_url: String,
+    /// Seconds a session stays open after its last viewer leaves (a zap back is instant).
+    pub linger_secs: u64,
+    /// Bytes of stream each session buffers for its viewers; a viewer further behind skips ahead.
+    pub buffer_bytes: usize,
+    /// Engine sessions open at once; more answer 503.
+    pub max_sessions: usize,
+}
+
+impl Default for AcestreamConfig {
+    fn default() -> Self {
+        AcestreamConfig {
+            enabled: true,
+            engine_url: "http://127.0.0.1:6878".into(),
+            linger_secs: 10,
+            buffer_bytes: 4 * 1024 * 1024,
+            max_sessions: 16,
+        }
+    }
+}
+
+impl AcestreamConfig {
+    /// Checks the values before anything binds.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let url = Url::parse(&self.engine_url)
+            .map_err(|e| anyhow::anyhow!("media.acestream.engine_url: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            anyhow::bail!("media.acestream.engine_url must be an http(s) URL with a host");
+        }
+        if self.buffer_bytes < 64 * 1024 {
+            anyhow::bail!("media.acestream.buffer_bytes must be at least 65536");
+        }
+        if self.max_sessions == 0 {
+            anyhow::bail!("media.acestream.max_sessions must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Serves `/proxy/acestream/<rest>` (auth already checked).
+pub async fn handle(
+    media: &Media,
+    req: &Request<Incoming>,
+    ctx: &RequestContext,
+    rest: &str,
+) -> Result<Response<Body>, ProxyError> {
+    let sessions = media.acestream.as_ref().ok_or_else(|| {
+        ProxyError::downstream(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the Acestream proxy is turned off (media.acestream.enabled)",
+        )
+    })?;
+    match rest {
+        "status" => Ok(status(sessions, ctx).await),
+        "stream" => {
+            let content = content(ctx)?;
+            if req.method() == Method::HEAD {
+                // A player probing the type must not start a P2P session.
+                return Ok(ts_head());
+            }
+            let viewer = sessions.join(&content, Kind::Stream).await?;
+            let mut resp = Response::new(viewer.into_body());
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("video/mp2t"));
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            Ok(resp)
+        }
+        "manifest.m3u8" => {
+            let content = content(ctx)?;
+            let playlist_url = sessions.touch_hls(&content).await?;
+            // The engine's playlist goes through the HLS proxy like any other; the session stays
+            // open while players keep refreshing it.
+            let mut hls_ctx = ctx.clone();
+            hls_ctx.query = Query::from_pairs(vec![("d".into(), playlist_url)]);
+            hls_ctx.path = "/proxy/hls/manifest.m3u8".into();
+            super::hls::handle(media, req, &hls_ctx, "manifest.m3u8").await
+        }
+        _ => Err(ProxyError::downstream(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such /proxy/acestream endpoint: use stream, manifest.m3u8 or status",
+        )),
+    }
+}
+
+fn content(ctx: &RequestContext) -> Result<Content, ProxyError> {
+    Content::from_params(ctx.query.get("id"), ctx.query.get("infohash"))
+        .map_err(|e| ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
+}
+
+fn ts_head() -> Response<Body> {
+    let mut resp = Response::new(body::empty());
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("video/mp2t"));
+    resp
+}
+
+/// JSON: every open session, or the one `id`/`infohash` names, with the engine's statistics.
+async fn status(sessions: &Arc<Sessions>, ctx: &RequestContext) -> Response<Body> {
+    let only = content(ctx).ok();
+    let report = sessions.report(only.as_ref()).await;
+    let text = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
+    let mut resp = Response::new(body::full(text));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}

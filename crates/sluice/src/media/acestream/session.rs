@@ -1,0 +1,479 @@
+//! Engine sessions shared by viewers: one engine session and one reader per content id, a bounded
+//! broadcast buffer, viewers as reader positions, linger after the last one, then `stop`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::StatusCode;
+use http_body::Frame;
+use http_body_util::BodyExt;
+use serde::Serialize;
+use sluice_media::acestream::{self as engine_api, Content, EngineSession, EngineStat};
+use tokio::sync::{broadcast, OnceCell};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+use super::AcestreamConfig;
+use crate::error::{ProxyError, Side};
+use crate::upstream::{Upstream, UpstreamRequest};
+
+/// MPEG-TS packet size: chunks are cut on packet boundaries so a viewer that skips ahead resumes
+/// on a whole packet.
+const TS_PACKET: usize = 188;
+/// Typical chunk size, used to size the broadcast buffer in chunks.
+const CHUNK_ESTIMATE: usize = 16 * 1024;
+/// Largest engine API answer read.
+const MAX_API_BYTES: usize = 64 * 1024;
+
+/// How a session delivers: one MPEG-TS byte stream, or the engine's HLS playlist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Stream,
+    Hls,
+}
+
+/// Every open engine session.
+pub struct Sessions {
+    upstream: Upstream,
+    engine: Url,
+    config: AcestreamConfig,
+    map: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+struct Session {
+    key: String,
+    kind: Kind,
+    content: Content,
+    /// The engine's answer, fetched once by whichever viewer came first.
+    started: OnceCell<Result<EngineSession, String>>,
+    /// Changed only under the map lock, so joining and the linger check never race.
+    viewers: AtomicUsize,
+    tx: broadcast::Sender<Bytes>,
+    /// Cancelled when the session ends, from either side.
+    closed: CancellationToken,
+    /// Set by whichever side closes first, so the engine is told to stop once.
+    stopping: AtomicBool,
+    bytes: AtomicU64,
+    /// Chunks viewers skipped because they fell more than the buffer behind.
+    skipped: AtomicU64,
+    opened: Instant,
+    /// For HLS sessions: the last playlist request.
+    touched: Mutex<Instant>,
+}
+
+/// What `/proxy/acestream/status` reports per session.
+#[derive(Debug, Serialize)]
+pub struct SessionReport {
+    pub content: String,
+    pub kind: &'static str,
+    pub viewers: usize,
+    pub bytes: u64,
+    pub skipped_chunks: u64,
+    pub age_secs: u64,
+    pub engine: Option<EngineStat>,
+}
+
+impl Sessions {
+    /// `upstream` must be allowed to reach the engine (it usually sits on a private address).
+    pub fn new(upstream: Upstream, config: &AcestreamConfig) -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Sessions {
+            upstream,
+            engine: Url::parse(&config.engine_url)?,
+            config: config.clone(),
+            map: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Joins (or opens) the stream session for `content` as one more viewer.
+    pub async fn join(
+        self: &Arc<Self>,
+        content: &Content,
+        kind: Kind,
+    ) -> Result<Viewer, ProxyError> {
+        let session = self.enter(content, kind)?;
+        let guard = ViewerGuard {
+            sessions: self.clone(),
+            session: session.clone(),
+        };
+        // Subscribed before the reader starts, so the first viewer misses nothing.
+        let rx = session.tx.subscribe();
+        self.ensure_started(&session).await?;
+        Ok(Viewer {
+            rx,
+            closed: session.closed.clone(),
+            session,
+            _guard: guard,
+        })
+    }
+
+    /// Opens or refreshes the HLS session for `content`; the engine's playlist URL.
+    pub async fn touch_hls(self: &Arc<Self>, content: &Content) -> Result<String, ProxyError> {
+        let session = self.enter(content, Kind::Hls)?;
+        // An HLS player holds no connection: count it as a viewer only while this request runs,
+        // and let the linger timer measure from its last refresh.
+        let guard = ViewerGuard {
+            sessions: self.clone(),
+            session: session.clone(),
+        };
+        *lock(&session.touched) = Instant::now();
+        let started = self.ensure_started(&session).await?;
+        drop(guard);
+        Ok(started.playback_url)
+    }
+
+    fn enter(&self, content: &Content, kind: Kind) -> Result<Arc<Session>, ProxyError> {
+        let key = format!("{}:{}", kind_label(kind), content.key());
+        let mut map = lock(&self.map);
+        let session = match map.get(&key) {
+            Some(s) if !s.closed.is_cancelled() => s.clone(),
+            _ => {
+                map.retain(|_, s| !s.closed.is_cancelled());
+                if map.len() >= self.config.max_sessions {
+                    return Err(ProxyError::downstream(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "acestream_sessions",
+                        "all Acestream sessions are in use (media.acestream.max_sessions)",
+                    ));
+                }
+                let capacity = (self.config.buffer_bytes / CHUNK_ESTIMATE).max(16);
+                let (tx, _) = broadcast::channel(capacity);
+                let s = Arc::new(Session {
+                    key: key.clone(),
+                    kind,
+                    content: content.clone(),
+                    started: OnceCell::new(),
+                    viewers: AtomicUsize::new(0),
+                    tx,
+                    closed: CancellationToken::new(),
+                    stopping: AtomicBool::new(false),
+                    bytes: AtomicU64::new(0),
+                    skipped: AtomicU64::new(0),
+                    opened: Instant::now(),
+                    touched: Mutex::new(Instant::now()),
+                });
+                map.insert(key, s.clone());
+                s
+            }
+        };
+        session.viewers.fetch_add(1, Ordering::SeqCst);
+        Ok(session)
+    }
+
+    /// Asks the engine for the session once; the stream kind also starts its reader.
+    async fn ensure_started(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+    ) -> Result<EngineSession, ProxyError> {
+        let result = session
+            .started
+            .get_or_init(|| async {
+                let started = self
+                    .open_engine_session(&session.content, session.kind)
+                    .await
+                    .map_err(|e| e.message);
+                if let (Ok(s), Kind::Stream) = (&started, session.kind) {
+                    tokio::spawn(self.clone().read(session.clone(), s.clone()));
+                }
+                started
+            })
+            .await;
+        match result {
+            Ok(s) => Ok(s.clone()),
+            Err(message) => {
+                session.closed.cancel();
+                self.forget(session);
+                Err(ProxyError::new(
+                    Side::Upstream,
+                    StatusCode::BAD_GATEWAY,
+                    "acestream_engine",
+                    message.clone(),
+                ))
+            }
+        }
+    }
+
+    async fn open_engine_session(
+        &self,
+        content: &Content,
+        kind: Kind,
+    ) -> Result<EngineSession, ProxyError> {
+        let path = match kind {
+            Kind::Stream => "/ace/getstream",
+            Kind::Hls => "/ace/manifest.m3u8",
+        };
+        let mut url = self
+            .engine
+            .join(path)
+            .map_err(|e| ProxyError::internal(e.to_string()))?;
+        let (name, value) = content.engine_param();
+        // One player id per session: the engine ties its playback session to it.
+        let pid = format!(
+            "sluice-{}",
+            super::super::generate::random_iv()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        url.query_pairs_mut()
+            .append_pair("format", "json")
+            .append_pair(name, value)
+            .append_pair("pid", &pid);
+        let body = self.fetch(url).await?;
+        let mut session =
+            engine_api::parse_session(&body).map_err(|e| engine_error(e.to_string()))?;
+        session.playback_url = self.on_engine(&session.playback_url)?;
+        session.stat_url = self.on_engine(&session.stat_url)?;
+        session.command_url = self.on_engine(&session.command_url)?;
+        Ok(session)
+    }
+
+    /// An engine-given URL, forced onto the configured engine's scheme, host and port: the
+    /// engine's answer cannot send the proxy anywhere else (it may also name itself by an
+    /// address only it can reach, e.g. inside a container).
+    fn on_engine(&self, given: &str) -> Result<String, ProxyError> {
+        let given = Url::parse(given)
+            .or_else(|_| self.engine.join(given))
+            .map_err(|e| engine_error(format!("bad URL from the engine: {e}")))?;
+        let mut url = self.engine.clone();
+        url.set_path(given.path());
+        url.set_query(given.query());
+        Ok(url.to_string())
+    }
+
+    async fn fetch(&self, url: Url) -> Result<Bytes, ProxyError> {
+        let up = self
+            .upstream
+            .send(UpstreamRequest::get(url))
+            .await
+            .map_err(|e| ProxyError::from_upstream(&e))?;
+        if !up.status.is_success() {
+            return Err(engine_error(format!("engine answered {}", up.status)));
+        }
+        up.body
+            .collect_limited(MAX_API_BYTES)
+            .await
+            .map_err(|e| engine_error(e.to_string()))
+    }
+
+    /// The one upstream reader of a stream session: engine bytes, cut on packet boundaries, into
+    /// the broadcast buffer until the engine ends or the session is closed.
+    async fn read(self: Arc<Self>, session: Arc<Session>, engine: EngineSession) {
+        let result = async {
+            let url = Url::parse(&engine.playback_url).map_err(|e| e.to_string())?;
+            let up = self
+                .upstream
+                .send(UpstreamRequest::get(url))
+                .await
+                .map_err(|e| e.to_string())?;
+            if !up.status.is_success() {
+                return Err(format!("engine playback answered {}", up.status));
+            }
+            let mut body = std::pin::pin!(up.body);
+            let mut carry = BytesMut::new();
+            loop {
+                let frame = tokio::select! {
+                    _ = session.closed.cancelled() => return Ok(()),
+                    f = body.frame() => f,
+                };
+                let Some(frame) = frame else { return Ok(()) };
+                let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
+                    continue;
+                };
+                carry.extend_from_slice(&data);
+                let whole = carry.len() - carry.len() % TS_PACKET;
+                if whole > 0 {
+                    let chunk = carry.split_to(whole).freeze();
+                    session
+                        .bytes
+                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    // No receiver is fine: the session lingers without viewers.
+                    let _ = session.tx.send(chunk);
+                }
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(session = %session.key, error = %e, "Acestream playback ended");
+        }
+        self.close(&session).await;
+    }
+
+    /// Ends a session: viewers finish their buffered bytes, the engine is told to stop.
+    async fn close(&self, session: &Arc<Session>) {
+        if session.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        session.closed.cancel();
+        self.forget(session);
+        if let Some(Ok(engine)) = session.started.get() {
+            if let Ok(mut url) = Url::parse(&engine.command_url) {
+                url.query_pairs_mut().append_pair("method", "stop");
+                if let Err(e) = self.fetch(url).await {
+                    tracing::debug!(session = %session.key, error = %e.message, "engine stop failed");
+                }
+            }
+        }
+    }
+
+    fn forget(&self, session: &Arc<Session>) {
+        let mut map = lock(&self.map);
+        if map
+            .get(&session.key)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            map.remove(&session.key);
+        }
+    }
+
+    /// A viewer left; after the linger, a session nobody rejoined is closed.
+    fn left(self: &Arc<Self>, session: &Arc<Session>) {
+        let now_empty = {
+            let _map = lock(&self.map);
+            session.viewers.fetch_sub(1, Ordering::SeqCst) == 1
+        };
+        if now_empty {
+            // The linger runs from the last departure (or, for HLS, the last refresh).
+            *lock(&session.touched) = Instant::now();
+        }
+        if !now_empty || session.closed.is_cancelled() {
+            return;
+        }
+        let sessions = self.clone();
+        let session = session.clone();
+        let linger = Duration::from_secs(self.config.linger_secs);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            loop {
+                let since = *lock(&session.touched);
+                tokio::select! {
+                    _ = session.closed.cancelled() => return,
+                    _ = tokio::time::sleep_until(since + linger) => {}
+                }
+                let expired = {
+                    let _map = lock(&sessions.map);
+                    session.viewers.load(Ordering::SeqCst) == 0
+                        && lock(&session.touched).elapsed() >= linger
+                };
+                if expired {
+                    sessions.close(&session).await;
+                    return;
+                }
+                if session.viewers.load(Ordering::SeqCst) > 0 {
+                    // Rejoined: the next viewer to leave starts a new timer.
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Every open session (or the one for `only`), with the engine's statistics.
+    pub async fn report(&self, only: Option<&Content>) -> Vec<SessionReport> {
+        let sessions: Vec<Arc<Session>> = lock(&self.map)
+            .values()
+            .filter(|s| only.is_none_or(|c| &s.content == c))
+            .cloned()
+            .collect();
+        let mut out = Vec::with_capacity(sessions.len());
+        for s in sessions {
+            let engine = match s.started.get() {
+                Some(Ok(e)) => match Url::parse(&e.stat_url) {
+                    Ok(url) => self
+                        .fetch(url)
+                        .await
+                        .ok()
+                        .and_then(|b| engine_api::parse_stat(&b).ok()),
+                    Err(_) => None,
+                },
+                _ => None,
+            };
+            out.push(SessionReport {
+                content: s.content.key(),
+                kind: kind_label(s.kind),
+                viewers: s.viewers.load(Ordering::SeqCst),
+                bytes: s.bytes.load(Ordering::Relaxed),
+                skipped_chunks: s.skipped.load(Ordering::Relaxed),
+                age_secs: s.opened.elapsed().as_secs(),
+                engine,
+            });
+        }
+        out
+    }
+}
+
+fn kind_label(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Stream => "stream",
+        Kind::Hls => "hls",
+    }
+}
+
+fn engine_error(message: String) -> ProxyError {
+    ProxyError::new(
+        Side::Upstream,
+        StatusCode::BAD_GATEWAY,
+        "acestream_engine",
+        message,
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere must not take every session down with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts one viewer for as long as it lives.
+struct ViewerGuard {
+    sessions: Arc<Sessions>,
+    session: Arc<Session>,
+}
+
+impl Drop for ViewerGuard {
+    fn drop(&mut self) {
+        self.sessions.left(&self.session);
+    }
+}
+
+/// One viewer: a reader position in its session's buffer.
+pub struct Viewer {
+    rx: broadcast::Receiver<Bytes>,
+    closed: CancellationToken,
+    session: Arc<Session>,
+    _guard: ViewerGuard,
+}
+
+impl Viewer {
+    /// The viewer as a response body.
+    pub fn into_body(self) -> crate::body::Body {
+        let stream = futures_util::stream::unfold(self, |mut v| async move {
+            let chunk = v.next_chunk().await?;
+            Some((Ok::<_, std::convert::Infallible>(Frame::data(chunk)), v))
+        });
+        crate::body::boxed(http_body_util::StreamBody::new(stream))
+    }
+
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            let received = tokio::select! {
+                biased;
+                r = self.rx.recv() => r,
+                _ = self.closed.cancelled() => {
+                    // Deliver what is already buffered, then end.
+                    return self.rx.try_recv().ok();
+                }
+            };
+            match received {
+                Ok(chunk) => return Some(chunk),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    self.session.skipped.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! `/proxy/acestream/*` against a scripted Acestream engine on 127.0.0.1:0: two viewers share one
+//! engine session, neither stalls the other, the session stops after the last viewer plus the
+//! linger; HLS, status, HEAD and bad input.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use support::{get, pattern, request, test_config, BoxBody, Sluice};
+use tokio::net::TcpListener;
+
+const PW: &str = "ace-api-password-5521";
+const ID: &str = "0123456789abcdef0123456789abcdef01234567";
+const CHUNK: usize = 188 * 40;
+const CHUNKS: usize = 600;
+
+#[derive(Default)]
+struct Counts {
+    getstream: AtomicUsize,
+    manifest: AtomicUsize,
+    playback: AtomicUsize,
+    stop: AtomicUsize,
+}
+
+fn stream_bytes() -> Bytes {
+    pattern(CHUNK * CHUNKS)
+}
+
+async fn engine() -> (SocketAddr, Arc<Counts>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts = Arc::new(Counts::default());
+    let c = counts.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let c = c.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let c = c.clone();
+                    async move { Ok::<_, Infallible>(engine_answer(req, &c)) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, counts)
+}
+
+fn full(body: impl Into<Bytes>) -> BoxBody {
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    // The engine names itself by an address the proxy must not trust.
+    let me = "http://engine.internal:6878";
+    let session = |kind: &str, playback: &str| {
+        format!(
+            r#"{{"response":{{"playback_url":"{me}{playback}","stat_url":"{me}/ace/stat/{ID}/{kind}","command_url":"{me}/ace/cmd/{ID}/{kind}","infohash":"{ID}","playback_session_id":"{kind}","is_live":1,"is_encrypted":0}},"error":null}}"#
+        )
+    };
+    match path.as_str() {
+        "/ace/getstream"
+            if query.contains(&format!("id={ID}")) && query.contains("format=json") =>
+        {
+            c.getstream.fetch_add(1, Ordering::SeqCst);
+            Response::new(full(session("s1", &format!("/ace/r/{ID}/s1"))))
+        }
+        "/ace/manifest.m3u8" if query.contains(&format!("id={ID}")) => {
+            c.manifest.fetch_add(1, Ordering::SeqCst);
+            Response::new(full(session("h1", &format!("/ace/m/{ID}/h1.m3u8"))))
+        }
+        p if p == format!("/ace/r/{ID}/s1") => {
+            c.playback.fetch_add(1, Ordering::SeqCst);
+            // A live stream: chunks paced, bounded in count.
+            let data = stream_bytes();
+            let body = futures_util::stream::unfold(0usize, move |i| {
+                let data = data.clone();
+                async move {
+                    if i == CHUNKS {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let chunk = data.slice(i * CHUNK..(i + 1) * CHUNK);
+                    Some((Ok::<_, std::io::Error>(Frame::data(chunk)), i + 1))
+                }
+            });
+            Response::builder()
+                .header("content-type", "video/mp2t")
+                .body(BodyExt::boxed(StreamBody::new(body)))
+                .unwrap()
+        }
+        p if p == format!("/ace/m/{ID}/h1.m3u8") => Response::new(full(
+            "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:5\n#EXTINF:2.0,\nseg5.ts\n",
+        )),
+        p if p.starts_with("/ace/stat/") => Response::new(full(
+            r#"{"response":{"status":"dl","peers":7,"speed_down":1200,"speed_up":40,"downloaded":123456},"error":null}"#,
+        )),
+        p if p.starts_with("/ace/cmd/") && query == "method=stop" => {
+            c.stop.fetch_add(1, Ordering::SeqCst);
+            Response::new(full(r#"{"response":"ok","error":null}"#))
+        }
+        _ => Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(full(""))
+            .unwrap(),
+    }
+}
+
+async fn setup(linger: u64) -> (SocketAddr, Arc<Counts>, Sluice) {
+    let (addr, counts) = engine().await;
+    let mut c = test_config();
+    c.auth.api_password = PW.into();
+    c.media.acestream.engine_url = format!("http://{addr}");
+    c.media.acestream.linger_secs = linger;
+    c.media.acestream.buffer_bytes = 1024 * 1024;
+    let s = Sluice::start(c).await;
+    (addr, counts, s)
+}
+
+/// Opens a streaming GET and returns its body to read at the test's pace.
+async fn open(url: &str) -> Incoming {
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let resp = client
+        .request(Request::get(url).body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "video/mp2t");
+    resp.into_body()
+}
+
+async fn read_at_least(body: &mut Incoming, n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("viewer stalled")
+            .expect("stream ended early")
+            .unwrap();
+        if let Ok(d) = frame.into_data() {
+            out.extend_from_slice(&d);
+        }
+    }
+    out
+}
+
+/// `part` is a contiguous, packet-aligned piece of the engine's stream.
+fn is_aligned_piece(part: &[u8]) -> bool {
+    let all = stream_bytes();
+    (0..all.len() / 188).any(|p| {
+        let at = p * 188;
+        all.len() >= at + part.len() && all[at..at + part.len()] == *part
+    })
+}
+
+#[tokio::test]
+async fn two_viewers_share_one_engine_session() {
+    let (_engine, counts, s) = setup(1).await;
+    let url = s.url(&format!(
+        "/proxy/acestream/stream?id={ID}&api_password={PW}"
+    ));
+    let mut a = open(&url).await;
+    let first = read_at_least(&mut a, CHUNK * 5).await;
+    // The first viewer starts at the beginning of the engine's stream.
+    assert_eq!(first[..], stream_bytes()[..first.len()]);
+
+    let mut b = open(&url).await;
+    let got_b = read_at_least(&mut b, CHUNK * 5).await;
+    assert!(is_aligned_piece(&got_b[..CHUNK * 5]));
+    assert_eq!(counts.getstream.load(Ordering::SeqCst), 1);
+    assert_eq!(counts.playback.load(Ordering::SeqCst), 1);
+
+    let status = get(&s.url(&format!("/proxy/acestream/status?api_password={PW}"))).await;
+    let v: Value = serde_json::from_slice(status.body.as_ref().unwrap()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["content"], format!("id:{ID}"));
+    assert_eq!(v[0]["viewers"], 2);
+    assert_eq!(v[0]["engine"]["peers"], 7);
+
+    // The second viewer leaving does not disturb the first, which keeps reading in order.
+    drop(b);
+    let more = read_at_least(&mut a, CHUNK * 10).await;
+    let so_far = [first, more].concat();
+    assert_eq!(so_far[..], stream_bytes()[..so_far.len()]);
+    assert_eq!(counts.stop.load(Ordering::SeqCst), 0);
+
+    // The last viewer leaves: after the linger, the engine is told to stop, once.
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        counts.stop.load(Ordering::SeqCst),
+        0,
+        "stopped before the linger"
+    );
+    let mut stopped = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if counts.stop.load(Ordering::SeqCst) == 1 {
+            stopped = true;
+            break;
+        }
+    }
+    assert!(stopped, "engine session not stopped after the linger");
+    let status = get(&s.url(&format!("/proxy/acestream/status?api_password={PW}"))).await;
+    assert_eq!(status.body.unwrap(), Bytes::from_static(b"[]"));
+
+    // A new viewer after the close opens a fresh engine session.
+    let mut c = open(&url).await;
+    read_at_least(&mut c, CHUNK).await;
+    assert_eq!(counts.getstream.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn slow_viewer_skips_ahead_instead_of_stalling_the_fast_one() {
+    let (_engine, counts, s) = setup(1).await;
+    let url = s.url(&format!(
+        "/proxy/acestream/stream?id={ID}&api_password={PW}"
+    ));
+    let mut fast = open(&url).await;
+    let mut slow = open(&url).await;
+    read_at_least(&mut slow, CHUNK).await;
+    // The slow viewer stops reading; the fast one gets the whole stream in order regardless.
+    let all = read_at_least(&mut fast, CHUNK * 300).await;
+    assert_eq!(all[..], stream_bytes()[..all.len()]);
+    assert_eq!(counts.playback.load(Ordering::SeqCst), 1);
+    drop(slow);
+}
+
+#[tokio::test]
+async fn hls_manifest_head_and_bad_input() {
+    let (_engine, counts, s) = setup(30).await;
+    for _ in 0..2 {
+        let r = get(&s.url(&format!(
+            "/proxy/acestream/manifest.m3u8?id={ID}&api_password={PW}"
+        )))
+        .await;
+        assert_eq!(r.status, StatusCode::OK);
+        let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(text.starts_with("#EXTM3U"));
+        assert!(text.contains("/proxy/hls/segment.ts"), "{text}");
+        assert!(!text.contains(PW));
+    }
+    // Both playlist requests share one engine session.
+    assert_eq!(counts.manifest.load(Ordering::SeqCst), 1);
+
+    let r = request(
+        "HEAD",
+        &s.url(&format!(
+            "/proxy/acestream/stream?id={ID}&api_password={PW}"
+        )),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["content-type"], "video/mp2t");
+    assert_eq!(counts.getstream.load(Ordering::SeqCst), 0);
+
+    for q in ["id=xyz", "", &format!("id={ID}&infohash={ID}")] {
+        let r = get(&s.url(&format!("/proxy/acestream/stream?{q}&api_password={PW}"))).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{q}");
+    }
+    let r = get(&s.url(&format!("/proxy/acestream/stream?id={ID}"))).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(counts.getstream.load(Ordering::SeqCst), 0);
+}

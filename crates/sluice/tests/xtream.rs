@@ -1,0 +1,398 @@
+//! The Xtream Codes proxy against a scripted XC server on 127.0.0.1:0: login, categories,
+//! live/VOD/series lists, live stream, VOD with Range, catch-up, M3U, wrong API password.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use support::{get, pattern, request, sha256, test_config, Sluice};
+use tokio::net::TcpListener;
+
+const API_PW: &str = "server-api-password-7431";
+const XC_USER: &str = "alice";
+const XC_PASS: &str = "xcsecret";
+const MOVIE_LEN: usize = 1_000_003;
+
+/// A scripted XC panel: answers as a real one does for `alice`/`xcsecret`, records each request.
+struct Panel {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+fn live_bytes() -> Bytes {
+    pattern(188 * 500)
+}
+
+async fn panel() -> Panel {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let s = s.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let s = s.clone();
+                    async move { Ok::<_, Infallible>(panel_answer(req, addr, &s)) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Panel { addr, seen }
+}
+
+fn panel_answer(
+    req: Request<Incoming>,
+    addr: SocketAddr,
+    seen: &Mutex<Vec<String>>,
+) -> Response<Full<Bytes>> {
+    let pq = req.uri().path_and_query().unwrap().to_string();
+    seen.lock().unwrap().push(pq.clone());
+    let query: Vec<(String, String)> =
+        url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let q = |k: &str| query.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let creds_ok = q("username") == Some(XC_USER) && q("password") == Some(XC_PASS);
+    let json = |body: String| {
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let origin = format!("http://{addr}");
+    let escaped = origin.replace('/', "\\/");
+    let path = req.uri().path();
+    match path {
+        "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
+        "/player_api.php" => match q("action") {
+            None => json(format!(
+                r#"{{"user_info":{{"username":"{XC_USER}","password":"{XC_PASS}","auth":1,"status":"Active"}},"server_info":{{"url":"127.0.0.1","port":"{}","https_port":"443","server_protocol":"http","timezone":"UTC"}}}}"#,
+                addr.port()
+            )),
+            Some("get_live_categories") => {
+                json(r#"[{"category_id":"1","category_name":"News","parent_id":0}]"#.into())
+            }
+            Some("get_live_streams") => json(format!(
+                r#"[{{"num":1,"name":"News One","stream_id":101,"stream_icon":"{escaped}\/logos\/101.png","direct_source":"{escaped}\/live\/{XC_USER}\/{XC_PASS}\/101.ts","category_id":"1"}}]"#
+            )),
+            Some("get_vod_streams") => json(format!(
+                r#"[{{"num":1,"name":"A Movie","stream_id":202,"container_extension":"mp4","direct_source":"{escaped}\/movie\/{XC_USER}\/{XC_PASS}\/202.mp4"}}]"#
+            )),
+            Some("get_series") => json(
+                r#"[{"num":1,"name":"A Series","series_id":303,"cover":"http:\/\/img.example\/c.jpg"}]"#.into(),
+            ),
+            Some(_) => json("[]".into()),
+        },
+        "/get.php" if creds_ok => Response::builder()
+            .header("content-type", "audio/x-mpegurl")
+            .body(Full::new(Bytes::from(format!(
+                "#EXTM3U\n#EXTINF:-1 tvg-logo=\"{origin}/logos/101.png\",News One\n{origin}/live/{XC_USER}/{XC_PASS}/101.ts\n#EXTINF:-1,A Movie\n{origin}/movie/{XC_USER}/{XC_PASS}/202.mp4\n"
+            ))))
+            .unwrap(),
+        "/streaming/timeshift.php" if creds_ok && q("stream") == Some("101") => {
+            Response::new(Full::new(live_bytes()))
+        }
+        p if p == format!("/live/{XC_USER}/{XC_PASS}/101.ts")
+            || p == format!("/timeshift/{XC_USER}/{XC_PASS}/60/2026-01-01:10-00/101.ts") =>
+        {
+            Response::builder()
+                .header("content-type", "video/mp2t")
+                .body(Full::new(live_bytes()))
+                .unwrap()
+        }
+        p if p == format!("/movie/{XC_USER}/{XC_PASS}/202.mp4") => {
+            let movie = pattern(MOVIE_LEN);
+            match req.headers().get("range").and_then(|r| r.to_str().ok()) {
+                Some(r) => {
+                    let (a, b) = r.trim_start_matches("bytes=").split_once('-').unwrap();
+                    let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                    Response::builder()
+                        .status(StatusCode::PARTIAL_CONTENT)
+                        .header("content-type", "video/mp4")
+                        .header("accept-ranges", "bytes")
+                        .header("content-range", format!("bytes {a}-{b}/{MOVIE_LEN}"))
+                        .body(Full::new(movie.slice(a..=b)))
+                        .unwrap()
+                }
+                None => Response::builder()
+                    .header("content-type", "video/mp4")
+                    .header("accept-ranges", "bytes")
+                    .body(Full::new(movie))
+                    .unwrap(),
+            }
+        }
+        _ => Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    }
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+}
+
+async fn setup() -> (Panel, Sluice) {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    let s = Sluice::start(c).await;
+    (p, s)
+}
+
+fn text(r: &support::Reply) -> String {
+    String::from_utf8(r.body.as_ref().unwrap().to_vec()).unwrap()
+}
+
+/// Logs in with MediaFlow's base64 username and returns the username sluice hands back.
+async fn login(p: &Panel, s: &Sluice) -> String {
+    let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={user}&password={XC_PASS}"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let body = text(&r);
+    assert!(!body.contains(API_PW));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["user_info"]["auth"], 1);
+    assert_eq!(v["user_info"]["password"], XC_PASS);
+    assert_eq!(v["server_info"]["url"], "127.0.0.1");
+    assert_eq!(v["server_info"]["port"], s.addr.port().to_string());
+    assert_eq!(v["server_info"]["server_protocol"], "http");
+    let token = v["user_info"]["username"].as_str().unwrap().to_string();
+    assert_ne!(token, user);
+    assert_ne!(token, XC_USER);
+    assert!(token
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b)));
+    token
+}
+
+#[tokio::test]
+async fn login_lists_and_streams_through_the_token_username() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    // The upstream saw the provider's own credentials only.
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q == &format!("/player_api.php?username={XC_USER}&password={XC_PASS}")));
+
+    let cats = get(&s.url(&format!(
+        "/player_api.php?username={token}&password={XC_PASS}&action=get_live_categories"
+    )))
+    .await;
+    assert_eq!(
+        text(&cats),
+        r#"[{"category_id":"1","category_name":"News","parent_id":0}]"#
+    );
+
+    let live = get(&s.url(&format!(
+        "/player_api.php?username={token}&password={XC_PASS}&action=get_live_streams"
+    )))
+    .await;
+    let live_body = text(&live);
+    let v: Value = serde_json::from_str(&live_body).unwrap();
+    // Logos at the provider stay direct; the stream URL points at sluice with a token username.
+    assert_eq!(
+        v[0]["stream_icon"],
+        format!("http://{}/logos/101.png", p.addr)
+    );
+    let direct = v[0]["direct_source"].as_str().unwrap();
+    let prefix = format!("http://{}/live/", s.addr);
+    let rest = direct.strip_prefix(&prefix).unwrap();
+    let (list_user, tail) = rest.split_once('/').unwrap();
+    assert_eq!(tail, format!("{XC_PASS}/101.ts"));
+    assert!(!live_body.contains(API_PW));
+    assert!(
+        live_body.contains("\\/live\\/"),
+        "escaping kept: {live_body}"
+    );
+
+    // The live stream through the URL the list gave.
+    let r = get(direct).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["content-type"], "video/mp2t");
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .contains(&format!("/live/{XC_USER}/{XC_PASS}/101.ts")));
+
+    let vod = get(&s.url(&format!(
+        "/player_api.php?username={list_user}&password={XC_PASS}&action=get_vod_streams"
+    )))
+    .await;
+    let v: Value = serde_json::from_str(&text(&vod)).unwrap();
+    assert!(v[0]["direct_source"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("http://{}/movie/", s.addr)));
+
+    let series = get(&s.url(&format!(
+        "/player_api.php?username={token}&password={XC_PASS}&action=get_series"
+    )))
+    .await;
+    assert_eq!(
+        text(&series),
+        r#"[{"num":1,"name":"A Series","series_id":303,"cover":"http:\/\/img.example\/c.jpg"}]"#
+    );
+}
+
+#[tokio::test]
+async fn vod_range_head_and_catchup() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let movie = pattern(MOVIE_LEN);
+    let url = s.url(&format!("/movie/{token}/{XC_PASS}/202.mp4"));
+    let r = request("GET", &url, &[("range", "bytes=1000-99999")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(
+        r.headers["content-range"],
+        format!("bytes 1000-99999/{MOVIE_LEN}")
+    );
+    assert_eq!(
+        sha256(r.body.as_ref().unwrap()),
+        sha256(&movie[1000..=99999])
+    );
+    let whole = get(&url).await;
+    assert_eq!(sha256(whole.body.as_ref().unwrap()), sha256(&movie));
+    let head = request("HEAD", &url, &[]).await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert_eq!(head.headers["content-length"], MOVIE_LEN.to_string());
+    assert!(head.body.unwrap().is_empty());
+
+    // Catch-up, path form and query form.
+    let r = get(&s.url(&format!(
+        "/timeshift/{token}/{XC_PASS}/60/2026-01-01:10-00/101.ts"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    let r = get(&s.url(&format!(
+        "/streaming/timeshift.php?username={token}&password={XC_PASS}&stream=101&start=2026-01-01:10-00&duration=60"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q.starts_with(&format!(
+            "/streaming/timeshift.php?username={XC_USER}&password={XC_PASS}&stream=101"
+        ))));
+}
+
+#[tokio::test]
+async fn m3u_legacy_username_and_hls_redirect() {
+    let (p, s) = setup().await;
+    // MediaFlow's legacy colon form.
+    let legacy = format!("{}:{XC_USER}:{API_PW}", b64(&format!("http://{}/", p.addr)));
+    let r = get(&s.url(&format!(
+        "/get.php?username={}&password={XC_PASS}&type=m3u_plus",
+        support::enc(&legacy)
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let m3u = text(&r);
+    assert!(!m3u.contains(API_PW));
+    let lines: Vec<&str> = m3u.lines().collect();
+    assert_eq!(lines[0], "#EXTM3U");
+    assert_eq!(
+        lines[1],
+        format!(
+            "#EXTINF:-1 tvg-logo=\"http://{}/logos/101.png\",News One",
+            p.addr
+        )
+    );
+    let live = lines[2];
+    assert!(
+        live.starts_with(&format!("http://{}/live/", s.addr)),
+        "{live}"
+    );
+    assert!(lines[4].starts_with(&format!("http://{}/movie/", s.addr)));
+    let r = get(live).await;
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+
+    // A live HLS stream is handed to the HLS proxy under a scoped token, never the password.
+    let token = live
+        .strip_prefix(&format!("http://{}/live/", s.addr))
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let r = get(&s.url(&format!("/live/{token}/{XC_PASS}/101.m3u8"))).await;
+    assert_eq!(r.status, StatusCode::FOUND);
+    let location = r.headers["location"].to_str().unwrap();
+    assert!(location.starts_with(&format!("http://{}/_token_", s.addr)));
+    assert!(location.ends_with("/proxy/hls/manifest.m3u8"));
+    assert!(!location.contains(API_PW) && !location.contains(XC_PASS));
+}
+
+#[tokio::test]
+async fn wrong_api_password_is_refused_before_any_upstream_request() {
+    let (p, s) = setup().await;
+    let mut bodies = Vec::new();
+    for user in [
+        b64(&format!("http://{}:{XC_USER}:wrong", p.addr)),
+        b64(&format!("http://{}:{XC_USER}", p.addr)),
+        support::enc(&format!(
+            "{}:{XC_USER}:wrong",
+            b64(&format!("http://{}", p.addr))
+        )),
+    ] {
+        let r = get(&s.url(&format!(
+            "/player_api.php?username={user}&password={XC_PASS}"
+        )))
+        .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+        bodies.push(r.body.unwrap());
+        let r = get(&s.url(&format!("/movie/{user}/{XC_PASS}/202.mp4"))).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+        bodies.push(r.body.unwrap());
+    }
+    // Every refusal looks the same.
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]));
+    assert!(p.seen.lock().unwrap().is_empty());
+
+    // A forged or foreign token username is refused the same way.
+    let r = get(&s.url(&format!("/live/sealedXXXX/{XC_PASS}/101.ts"))).await;
+    assert!(r.status.is_client_error());
+    // The XC token opens no /proxy/ path.
+    let token = login(&p, &s).await;
+    let r = get(&s.url(&format!(
+        "/_token_{token}/proxy/stream?d=http://{}/x",
+        p.addr
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // Bad usernames are a 400, not a panic.
+    let r = get(&s.url("/player_api.php?username=nonsense&password=x")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let r = get(&s.url("/player_api.php?password=x")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+}
