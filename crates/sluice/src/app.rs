@@ -81,7 +81,7 @@ impl App {
                 &mut registry,
             )
         });
-        let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
+        let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         Ok(Arc::new(App {
             auth,
             token_key,

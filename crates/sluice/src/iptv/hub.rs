@@ -116,6 +116,8 @@ pub struct Hub {
     pub closed: AtomicBool,
     /// Poked when the last subscriber leaves so linger starts promptly.
     pub wake: Notify,
+    /// Wall-clock seconds (Unix) of the last successful membership refresh; 0 = none yet.
+    pub last_rejoin: AtomicU64,
 }
 
 impl Hub {
@@ -141,6 +143,7 @@ impl Hub {
             rate_out: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             wake: Notify::new(),
+            last_rejoin: AtomicU64::new(0),
             key,
             metrics,
         });
@@ -399,6 +402,7 @@ impl Pump {
             Ok(ifindex) => {
                 self.ifindex = ifindex;
                 self.hub.metrics.refreshes.inc();
+                self.hub.last_rejoin.store(unix_now(), Ordering::Relaxed);
                 tracing::info!(%channel, ifindex, "multicast membership refreshed");
             }
             Err(e) => {
@@ -469,4 +473,10 @@ impl Packer {
         self.block.extend_from_slice(payload);
         self.block.split()
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
