@@ -11,10 +11,12 @@
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
 //! - `keys`: ClearKey `key_id`/`key` lists parsed into a KID → key ring.
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
+//! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
 
 pub mod b64url;
 pub mod cenc;
 pub mod dash;
+pub mod fec;
 pub mod generate;
 pub mod hls;
 pub mod keys;
