@@ -17,8 +17,6 @@
 //! When exactly one of them is missing, XOR-ing everything else with the FEC packet gives back
 //! its payload, its payload length, its payload type and its timestamp.
 
-use std::collections::VecDeque;
-
 /// Length of the FEC header that follows the FEC packet's own RTP header.
 pub const FEC_HEADER_LEN: usize = 16;
 
@@ -89,52 +87,48 @@ pub struct MediaPacket {
 
 /// Recent media packets, kept so a FEC packet arriving after them can repair a gap.
 ///
-/// Bounded by `capacity` packets (a 2022-1 matrix is at most L × D ≤ 1020 packets; keep about
-/// twice the matrix so column FEC, which arrives a whole matrix late, still finds its row).
+/// Held in `capacity` slots indexed by sequence number (a power of two, so the index stays
+/// consistent across the 16-bit wrap): a 2022-1 matrix is at most L × D packets and column FEC
+/// arrives a whole matrix late, so keep about twice the matrix.
 #[derive(Debug)]
 pub struct Recovery {
-    recent: VecDeque<MediaPacket>,
-    capacity: usize,
-    recovered: u64,
-    unrecoverable: u64,
+    slots: Vec<Option<MediaPacket>>,
+}
+
+/// What one FEC packet did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FecOutcome {
+    /// Exactly one protected packet was missing; here it is (and it is now remembered).
+    Repaired(MediaPacket),
+    /// Nothing it protects is missing.
+    Intact,
+    /// Two or more are missing (another row or column may repair them first), or the FEC
+    /// packet contradicts the packets it protects.
+    Unrecoverable,
 }
 
 impl Recovery {
+    /// `capacity` is rounded up to a power of two between 16 and 4096.
     pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(16, 4096).next_power_of_two();
         Self {
-            recent: VecDeque::with_capacity(capacity.min(4096)),
-            capacity: capacity.max(1),
-            recovered: 0,
-            unrecoverable: 0,
+            slots: (0..capacity).map(|_| None).collect(),
         }
     }
 
-    /// Packets rebuilt so far.
-    pub fn recovered(&self) -> u64 {
-        self.recovered
-    }
-
-    /// FEC packets that found two or more of their packets missing.
-    pub fn unrecoverable(&self) -> u64 {
-        self.unrecoverable
-    }
-
-    /// Remembers a media packet (received or recovered).
+    /// Remembers a media packet (received or recovered), replacing the one a capacity ago.
     pub fn media(&mut self, packet: MediaPacket) {
-        if self.recent.len() == self.capacity {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(packet);
+        let at = usize::from(packet.sequence) % self.slots.len();
+        self.slots[at] = Some(packet);
     }
 
     fn find(&self, seq: u16) -> Option<&MediaPacket> {
-        // Newest first: a sequence number seen twice (a sender restart) means the newer one.
-        self.recent.iter().rev().find(|p| p.sequence == seq)
+        let at = usize::from(seq) % self.slots.len();
+        self.slots[at].as_ref().filter(|p| p.sequence == seq)
     }
 
-    /// Offers a FEC packet. Returns the one missing packet it protects when exactly one is
-    /// missing (and remembers it); `None` when nothing is missing or too much is.
-    pub fn fec(&mut self, header: &FecHeader, xor: &[u8]) -> Option<MediaPacket> {
+    /// Offers a FEC packet: rebuilds the one missing packet it protects, if exactly one is.
+    pub fn fec(&mut self, header: &FecHeader, xor: &[u8]) -> FecOutcome {
         let mut missing = None;
         let mut payload = xor.to_vec();
         let mut length = header.length_recovery;
@@ -152,17 +146,15 @@ impl Recovery {
                     ts ^= p.timestamp;
                 }
                 None if missing.is_none() => missing = Some(seq),
-                None => {
-                    self.unrecoverable += 1;
-                    return None;
-                }
+                None => return FecOutcome::Unrecoverable,
             }
         }
-        let sequence = missing?;
+        let Some(sequence) = missing else {
+            return FecOutcome::Intact;
+        };
         if usize::from(length) > payload.len() {
             // The length does not fit what the XOR can give: corrupt FEC, not a repair.
-            self.unrecoverable += 1;
-            return None;
+            return FecOutcome::Unrecoverable;
         }
         payload.truncate(usize::from(length));
         let packet = MediaPacket {
@@ -171,9 +163,8 @@ impl Recovery {
             timestamp: ts,
             payload,
         };
-        self.recovered += 1;
         self.media(packet.clone());
-        Some(packet)
+        FecOutcome::Repaired(packet)
     }
 }
 

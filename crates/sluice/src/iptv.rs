@@ -4,6 +4,7 @@
 //! # Layout
 //! - `url`: channel URL forms (rtp2httpd, udpxy, msd_lite) parsed into a typed request.
 //! - `hub`: one per channel; owns the multicast socket and the receive loop.
+//! - `fec`: a hub's SMPTE 2022-1 FEC socket and the packets it rebuilds (`?fec=PORT`).
 //! - `ring`: a hub's shared history of payload chunks; subscribers are positions in it.
 //! - `registry`: live hubs, limits, and the subscription guard.
 //! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
@@ -13,6 +14,7 @@
 //! - `metrics`: Prometheus families, per hub.
 
 pub mod epg;
+pub mod fec;
 pub mod hub;
 pub mod metrics;
 pub mod playlist;
@@ -429,6 +431,7 @@ impl Iptv {
         };
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
         Ok(HubKey {
+            fec: ch.fec,
             mode: ch.mode,
             group: crate::net::multicast::Group {
                 group: ch.group,

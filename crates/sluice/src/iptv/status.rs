@@ -40,6 +40,8 @@ pub struct HubStatus {
     pub slow_disconnects: u64,
     pub membership_refreshes: u64,
     pub membership_refresh_failures: u64,
+    pub fec_recovered: u64,
+    pub fec_unrecoverable: u64,
     /// Unix time of the last successful leave-and-rejoin, if any.
     pub last_rejoin_unix: Option<u64>,
     /// Seconds since then, for people reading the JSON.
@@ -103,6 +105,8 @@ fn hub_status(hub: &Hub) -> HubStatus {
         slow_disconnects: m.slow_disconnects.get(),
         membership_refreshes: m.refreshes.get(),
         membership_refresh_failures: m.refresh_failures.get(),
+        fec_recovered: m.fec_recovered.get(),
+        fec_unrecoverable: m.fec_unrecoverable.get(),
         last_rejoin_unix: last_rejoin,
         last_rejoin_seconds_ago: last_rejoin.map(|t| unix_now().saturating_sub(t)),
         clients,
