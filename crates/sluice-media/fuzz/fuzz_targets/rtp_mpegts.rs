@@ -1,12 +1,12 @@
 //! Fuzzes the IPTV parsers with hostile and with near-valid full-size datagrams: RTP parsing and
-//! reordering (any window size), TS sync search, continuity checking across packets and
-//! datagrams, and random-access search must never panic, and every range returned must lie
-//! inside the datagram.
+//! reordering (any window size), SMPTE 2022-1 FEC parsing and recovery, TS sync search,
+//! continuity checking across packets and datagrams, and random-access search must never panic,
+//! and every range returned must lie inside the datagram.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_media::{mpegts, rtp};
+use sluice_media::{fec, mpegts, rtp};
 
 /// Largest datagram built; a little above an Ethernet MTU, as `max_datagram_bytes` allows.
 const MAX_DATAGRAM: usize = 1536;
@@ -102,6 +102,7 @@ fuzz_target!(|data: &[u8]| {
     let mut input = Input { rest: data };
     let window = input.u16().map_or(32, |w| usize::from(w % 4096) + 1);
     let mut reorder = rtp::Reorder::new(window);
+    let mut recovery = fec::Recovery::new(64);
     let mut out = Vec::new();
     let mut continuity = mpegts::Continuity::default();
     let mut datagram = Vec::with_capacity(MAX_DATAGRAM);
@@ -115,6 +116,20 @@ fuzz_target!(|data: &[u8]| {
                 assert!(p.payload.start <= p.payload.end && p.payload.end <= datagram.len());
                 reorder.push(p.header.sequence, p.payload.len(), &mut out);
                 pushed += 1;
+                // The same datagram read as FEC, then as a media packet FEC may protect.
+                let body = &datagram[p.payload.clone()];
+                if let Ok((h, xor)) = fec::parse_fec(body) {
+                    if let fec::FecOutcome::Repaired(m) = recovery.fec(&h, xor) {
+                        assert!(h.protected().any(|s| s == m.sequence));
+                        assert!(m.payload.len() <= xor.len().max(MAX_DATAGRAM));
+                    }
+                }
+                recovery.media(fec::MediaPacket {
+                    sequence: p.header.sequence,
+                    payload_type: p.header.payload_type,
+                    timestamp: p.header.timestamp,
+                    payload: body.to_vec(),
+                });
                 &datagram[p.payload]
             }
             Err(_) => datagram,
