@@ -97,6 +97,11 @@ impl App {
         self.metrics.connections.inc();
     }
 
+    /// The server's connection-level metrics (accept pauses, send and handshake timeouts).
+    pub(crate) fn http_metrics(&self) -> &crate::metrics::HttpMetrics {
+        &self.metrics
+    }
+
     /// Serves one request and meters it from arrival to the end of its body.
     pub async fn handle(
         self: &Arc<Self>,

@@ -42,6 +42,21 @@ pub struct ServerConfig {
     pub max_headers: usize,
     /// Seconds in-flight responses get to finish after SIGTERM/SIGINT.
     pub shutdown_grace_secs: u64,
+    /// Client connections open at once across all listeners; at the limit sluice stops accepting
+    /// (new clients wait in the kernel backlog) until one closes. 0: derived from the open-file
+    /// limit, which sluice raises to its hard limit at start: (limit - 64) / 2.
+    pub max_connections: usize,
+    /// Seconds a client may keep its receive window shut (no byte accepted) while a response is
+    /// being sent; then the connection is cut and its upstream fetch and buffers released.
+    pub send_timeout_secs: u64,
+    /// Seconds a TLS client has to finish its handshake (separate from `idle_timeout_secs`).
+    pub tls_handshake_timeout_secs: u64,
+    /// HTTP/2: streams a client may have open at once on one connection; more are refused
+    /// with `REFUSED_STREAM`.
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
+    /// one connection holds at most this times `h2_max_concurrent_streams`.
+    pub h2_max_send_buf_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +70,11 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             max_headers: 100,
             shutdown_grace_secs: 10,
+            max_connections: 0,
+            send_timeout_secs: 60,
+            tls_handshake_timeout_secs: 10,
+            h2_max_concurrent_streams: 100,
+            h2_max_send_buf_bytes: 128 * 1024,
         }
     }
 }
@@ -256,6 +276,15 @@ impl Config {
         }
         for (name, value) in [
             ("server.idle_timeout_secs", s.idle_timeout_secs),
+            ("server.send_timeout_secs", s.send_timeout_secs),
+            (
+                "server.tls_handshake_timeout_secs",
+                s.tls_handshake_timeout_secs,
+            ),
+            (
+                "server.h2_max_concurrent_streams",
+                u64::from(s.h2_max_concurrent_streams),
+            ),
             (
                 "server.header_read_timeout_secs",
                 s.header_read_timeout_secs,
@@ -279,6 +308,9 @@ impl Config {
         }
         if s.max_header_bytes < 1024 {
             bail!("server.max_header_bytes must be at least 1024");
+        }
+        if s.h2_max_send_buf_bytes < 16 * 1024 {
+            bail!("server.h2_max_send_buf_bytes must be at least 16384 (one HTTP/2 frame)");
         }
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");

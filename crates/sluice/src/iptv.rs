@@ -82,6 +82,11 @@ pub struct IptvConfig {
     pub burst_bytes: usize,
     /// What to do with a subscriber that fell out of the history: `skip` ahead or `disconnect`.
     pub slow_subscriber: SlowPolicy,
+    /// A subscriber that takes nothing for this long while data waits for it (it stopped
+    /// reading) no longer holds history beyond `burst_bytes`; when it reads again it is
+    /// lapped and `slow_subscriber` applies. Enforced by the hub, whether or not the client's
+    /// connection is ever polled again.
+    pub slow_subscriber_timeout_ms: u64,
     /// Wake subscribers once this many bytes have arrived...
     pub write_batch_bytes: usize,
     /// ...or this long after the first unsent byte, whichever is first.
@@ -116,6 +121,7 @@ impl Default for IptvConfig {
             buffer_bytes: 4 * 1024 * 1024,
             burst_bytes: 1024 * 1024,
             slow_subscriber: SlowPolicy::Skip,
+            slow_subscriber_timeout_ms: 5_000,
             write_batch_bytes: 32 * 1024,
             flush_interval_ms: 20,
             recv_buffer_bytes: 4 * 1024 * 1024,
@@ -163,6 +169,9 @@ impl IptvConfig {
                 return bad("epg_url", "must be an http:// or https:// URL");
             }
         }
+        if self.slow_subscriber_timeout_ms < 100 {
+            return bad("slow_subscriber_timeout_ms", "must be at least 100");
+        }
         if self.max_datagram_bytes < 64 {
             return bad("max_datagram_bytes", "must be at least 64");
         }
@@ -181,6 +190,7 @@ impl IptvConfig {
             write_batch: self.write_batch_bytes,
             flush_interval: Duration::from_millis(self.flush_interval_ms),
             linger: Duration::from_millis(self.linger_ms),
+            stall_timeout: Duration::from_millis(self.slow_subscriber_timeout_ms),
             no_data_timeout: Duration::from_millis(self.no_data_timeout_ms),
             refresh: (self.membership_refresh_secs > 0)
                 .then(|| Duration::from_secs(self.membership_refresh_secs)),
@@ -405,7 +415,16 @@ impl Iptv {
             );
             return text(StatusCode::GATEWAY_TIMEOUT, &msg);
         };
-        let start = registry::lock(&sub.hub.ring).start(first.end, self.config.burst_bytes);
+        // Placed under the ring lock, so the hub cannot release the start point between
+        // choosing it and the subscriber starting to hold it.
+        let start = {
+            let ring = registry::lock(&sub.hub.ring);
+            let start = ring.start(first.end, self.config.burst_bytes);
+            sub.client
+                .position
+                .store(start.index, std::sync::atomic::Ordering::Release);
+            start
+        };
         let reader = subscriber::Reader::new(
             sub,
             start,

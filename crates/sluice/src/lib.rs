@@ -34,6 +34,9 @@ pub async fn serve(
     config: config::Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    if let Err(e) = server::listener::raise_nofile_limit() {
+        tracing::warn!(error = %e, "cannot read the open-file limit");
+    }
     let app: Arc<app::App> = app::App::new(&config)?;
     let server = server::Server::bind(&config.server, app)?;
     for addr in server.local_addrs() {

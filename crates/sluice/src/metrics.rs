@@ -42,6 +42,12 @@ pub struct HttpMetrics {
     pub total: Family<EndpointLabels, Histogram, fn() -> Histogram>,
     pub errors: Family<ErrorLabels, Counter>,
     pub connections: Counter,
+    /// Accept pauses at `server.max_connections` and connections open now.
+    pub accept: crate::server::listener::AcceptMetrics,
+    /// Connections cut because the client stopped reading for `server.send_timeout_secs`.
+    pub send_timeouts: Counter,
+    /// TLS handshakes not finished within `server.tls_handshake_timeout_secs`.
+    pub tls_handshake_timeouts: Counter,
 }
 
 impl HttpMetrics {
@@ -55,6 +61,9 @@ impl HttpMetrics {
             total: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             errors: Family::default(),
             connections: Counter::default(),
+            accept: Default::default(),
+            send_timeouts: Counter::default(),
+            tls_handshake_timeouts: Counter::default(),
         };
         registry.register(
             "requests",
@@ -90,6 +99,26 @@ impl HttpMetrics {
             "downstream_connections",
             "Client connections accepted",
             m.connections.clone(),
+        );
+        registry.register(
+            "downstream_accept_paused",
+            "Times accepting paused because server.max_connections connections were open",
+            m.accept.paused.clone(),
+        );
+        registry.register(
+            "downstream_open_connections",
+            "Client connections open now",
+            m.accept.open.clone(),
+        );
+        registry.register(
+            "downstream_send_timeouts",
+            "Connections cut or responses released because the client stopped reading (server.send_timeout_secs)",
+            m.send_timeouts.clone(),
+        );
+        registry.register(
+            "downstream_tls_handshake_timeouts",
+            "TLS handshakes not finished within server.tls_handshake_timeout_secs",
+            m.tls_handshake_timeouts.clone(),
         );
         m
     }

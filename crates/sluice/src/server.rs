@@ -1,8 +1,10 @@
 //! The downstream server: listeners, TLS, HTTP/1.1 and HTTP/2 (h2c by prior knowledge, ALPN with TLS),
-//! keep-alive idle timeout, header limits, and graceful shutdown.
+//! keep-alive idle timeout, send timeout for clients that stop reading, TLS handshake timeout,
+//! header and HTTP/2 stream limits, the connection limit, and graceful shutdown.
 
 pub mod activity;
 pub mod listener;
+pub mod stall;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -22,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::config::ServerConfig;
-use activity::Activity;
+use activity::{Activity, Watched};
 
 /// A bound server, ready to run.
 pub struct Server {
@@ -77,7 +79,17 @@ impl Server {
         let builder = Arc::new(http_builder(&self.config));
         let (stop_tx, stop_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
-        let idle = Duration::from_secs(self.config.idle_timeout_secs);
+        let max = match self.config.max_connections {
+            0 => listener::connections_for_fd_limit(listener::nofile_limit()),
+            n => n,
+        };
+        tracing::info!(max_connections = max, "client connection limit");
+        let acceptor = listener::Acceptor::new(max, self.app.http_metrics().accept.clone());
+        let timeouts = Timeouts {
+            idle: Duration::from_secs(self.config.idle_timeout_secs),
+            send: Duration::from_secs(self.config.send_timeout_secs),
+            tls_handshake: Duration::from_secs(self.config.tls_handshake_timeout_secs),
+        };
         let mut acceptors = Vec::new();
         for listener in self.listeners {
             let conn = Conn {
@@ -85,14 +97,19 @@ impl Server {
                 app: self.app.clone(),
                 tls: self.tls.clone(),
                 stop: stop_rx.clone(),
-                idle,
+                timeouts,
             };
             let tracker = tracker.clone();
+            let acceptor = acceptor.clone();
             acceptors.push(tokio::spawn(async move {
                 loop {
-                    let (stream, peer) = listener::accept(&listener).await;
+                    let (stream, peer, slot) = acceptor.accept(&listener).await;
                     conn.app.connection_accepted();
-                    tracker.spawn(conn.clone().serve(stream, peer));
+                    let conn = conn.clone();
+                    tracker.spawn(async move {
+                        conn.serve(stream, peer).await;
+                        drop(slot);
+                    });
                 }
             }));
         }
@@ -125,8 +142,9 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(config.max_header_bytes as u32)
-        .max_concurrent_streams(256)
+        .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(config.h2_max_concurrent_streams)
+        .max_send_buf_size(config.h2_max_send_buf_bytes)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .adaptive_window(true);
     builder
@@ -139,41 +157,97 @@ struct Conn {
     app: Arc<App>,
     tls: Option<TlsAcceptor>,
     stop: watch::Receiver<bool>,
+    timeouts: Timeouts,
+}
+
+/// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
+/// send timeout *and* the socket's unacknowledged bytes not shrinking meanwhile.
+struct SendWatch {
+    activity: Arc<Activity>,
+    fd: std::os::fd::RawFd,
+    unacked: Option<u64>,
+}
+
+impl SendWatch {
+    fn stalled(&mut self, limit: Duration) -> bool {
+        if self.activity.send_stalled_for().is_none() {
+            self.unacked = None;
+            return false;
+        }
+        let now = activity::unacked_bytes(self.fd);
+        if let (Some(now), Some(before)) = (now, self.unacked) {
+            if now < before {
+                self.activity.drained();
+            }
+        }
+        self.unacked = now;
+        self.activity.send_stalled_for().is_some_and(|d| d >= limit)
+    }
+}
+
+/// The connection-level clocks.
+#[derive(Clone, Copy, Debug)]
+struct Timeouts {
+    /// Keep-alive: nothing in flight for this long.
     idle: Duration,
+    /// A response being sent while the client accepts no byte for this long.
+    send: Duration,
+    /// TLS handshake not finished in this long.
+    tls_handshake: Duration,
 }
 
 impl Conn {
     async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        // The watch sits under TLS so it measures bytes the client actually accepts.
+        let activity = Activity::new();
+        // Kept to read the send queue; valid while the connection (which owns it) is alive.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let stream = Watched::new(stream, activity.clone());
+        let watch = SendWatch {
+            activity,
+            fd,
+            unacked: None,
+        };
         match self.tls.clone() {
-            None => self.drive(stream, peer, false).await,
+            None => self.drive(stream, watch, peer, false).await,
             Some(acceptor) => {
-                let handshake = tokio::time::timeout(self.idle, acceptor.accept(stream)).await;
-                match handshake {
-                    Ok(Ok(tls)) => self.drive(tls, peer, true).await,
+                let limit = self.timeouts.tls_handshake;
+                match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Err(_) => {
+                        self.app.http_metrics().tls_handshake_timeouts.inc();
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                    }
                 }
             }
         }
     }
 
-    async fn drive<I>(mut self, io: I, peer: SocketAddr, secure: bool)
+    async fn drive<I>(mut self, io: I, mut watch: SendWatch, peer: SocketAddr, secure: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let activity = Activity::new();
+        let activity = watch.activity.clone();
         let app = self.app.clone();
         let act = activity.clone();
+        let bodies = stall::Watchlist::new();
+        let watched = bodies.clone();
         let service = service_fn(move |req| {
             let app = app.clone();
             let guard = act.begin();
-            async move { Ok::<_, Infallible>(app.handle(req, peer, secure, guard).await) }
+            let watched = watched.clone();
+            async move {
+                let resp = app.handle(req, peer, secure, guard).await;
+                Ok::<_, Infallible>(resp.map(|b| watched.guard(b)))
+            }
         });
         let conn = self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), service);
         tokio::pin!(conn);
-        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(self.idle));
+        let t = self.timeouts;
+        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
         let mut closing = *self.stop.borrow();
         if closing {
             conn.as_mut().graceful_shutdown();
@@ -192,8 +266,24 @@ impl Conn {
                         conn.as_mut().graceful_shutdown();
                     }
                 }
-                _ = ticker.tick(), if !closing => {
-                    if activity.idle_for().is_some_and(|d| d >= self.idle) {
+                _ = ticker.tick() => {
+                    if watch.stalled(t.send) {
+                        // Dropping the connection drops its response bodies, and with them the
+                        // upstream fetches and everything they buffer.
+                        self.app.http_metrics().send_timeouts.inc();
+                        tracing::debug!(%peer, "client stopped reading: send timeout, closing");
+                        return;
+                    }
+                    if activity.send_stalled_for().is_none() {
+                        // The socket takes bytes, yet some response is not being pulled: an
+                        // HTTP/2 client holding its flow-control window shut on that stream.
+                        let released = bodies.release_stalled(t.send);
+                        if released > 0 {
+                            self.app.http_metrics().send_timeouts.inc_by(released as u64);
+                            tracing::debug!(%peer, released, "streams not read: send timeout");
+                        }
+                    }
+                    if !closing && activity.idle_for().is_some_and(|d| d >= t.idle) {
                         closing = true;
                         conn.as_mut().graceful_shutdown();
                     }

@@ -78,6 +78,8 @@ pub struct HubSettings {
     pub write_batch: usize,
     pub flush_interval: Duration,
     pub linger: Duration,
+    /// A subscriber that takes nothing for this long while data waits stops holding history.
+    pub stall_timeout: Duration,
     pub no_data_timeout: Duration,
     pub refresh: Option<Duration>,
     pub reorder_window: usize,
@@ -91,6 +93,9 @@ pub struct Published {
     pub end: u64,
     pub closed: bool,
 }
+
+/// `ClientStats::position` of a subscriber that has not started reading: holds nothing.
+pub const NOT_READING: u64 = u64::MAX;
 
 /// Per-subscriber figures for the status page.
 #[derive(Debug)]
@@ -184,6 +189,17 @@ struct Pump {
     idle_since: Option<Instant>,
     rate_mark: (Instant, u64, u64),
     reported: ReorderStats,
+    /// Each subscriber's position when the hub last saw it move (or catch up), and when.
+    progress: HashMap<u64, Progress>,
+}
+
+/// What the hub last saw of one subscriber, to tell a slow reader from a stopped one.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    position: u64,
+    since: Instant,
+    /// Already counted as stalled (counted once per stall).
+    released: bool,
 }
 
 /// How many `recvmmsg` calls one wakeup may make before yielding to other tasks.
@@ -219,6 +235,7 @@ impl Pump {
             idle_since: None,
             rate_mark: (now, 0, 0),
             reported: ReorderStats::default(),
+            progress: HashMap::new(),
             hub,
             settings,
             ifindex,
@@ -395,17 +412,52 @@ impl Pump {
         self.pending = 0;
     }
 
-    /// The lowest next-read index among subscribers (`u64::MAX` with none). A subscriber that
-    /// has not started reading yet counts as 0, which holds everything until it has.
-    fn slowest_reader(&self) -> u64 {
-        self.hub
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(|c| c.position.load(Ordering::Acquire))
-            .min()
-            .unwrap_or(u64::MAX)
+    /// The lowest next-read index among subscribers that are reading (`u64::MAX` with none).
+    ///
+    /// This is where the slow-subscriber policy is enforced by the hub rather than by the
+    /// client's body: a subscriber whose position has not moved for `stall_timeout` although
+    /// published data waits for it has stopped reading (its connection is not being polled),
+    /// so it no longer holds history. Its position is evicted like any other, and if it ever
+    /// reads again it finds itself lapped and is skipped ahead or disconnected. A subscriber
+    /// that has not started reading holds nothing: its start point is in the kept history.
+    fn slowest_reader(&mut self) -> u64 {
+        let now = Instant::now();
+        let published = self.hub.published.borrow().end;
+        let clients = self.hub.clients.lock().unwrap_or_else(|e| e.into_inner());
+        self.progress.retain(|id, _| clients.contains_key(id));
+        let mut floor = u64::MAX;
+        for (id, client) in clients.iter() {
+            let position = client.position.load(Ordering::Acquire);
+            if position == NOT_READING {
+                continue;
+            }
+            let seen = self.progress.entry(*id).or_insert(Progress {
+                position,
+                since: now,
+                released: false,
+            });
+            if seen.position != position || position >= published {
+                *seen = Progress {
+                    position,
+                    since: now,
+                    released: false,
+                };
+            }
+            if now.duration_since(seen.since) >= self.settings.stall_timeout {
+                if !seen.released {
+                    seen.released = true;
+                    self.hub.metrics.slow_released.inc();
+                    tracing::debug!(
+                        channel = %self.hub.key.channel(),
+                        subscriber = id,
+                        "subscriber stopped reading: no longer holding history for it"
+                    );
+                }
+                continue;
+            }
+            floor = floor.min(position);
+        }
+        floor
     }
 
     /// Flush timer: publish small remainders, give up on stuck gaps, enforce timeouts.

@@ -28,6 +28,7 @@ pub struct Metrics {
     ts_cc_errors: Family<HubLabels, Counter>,
     slow_skips: Family<HubLabels, Counter>,
     slow_disconnects: Family<HubLabels, Counter>,
+    slow_released: Family<HubLabels, Counter>,
     refreshes: Family<HubLabels, Counter>,
     refresh_failures: Family<HubLabels, Counter>,
     fec_recovered: Family<HubLabels, Counter>,
@@ -60,6 +61,7 @@ pub struct HubMetrics {
     pub ts_cc_errors: Counter,
     pub slow_skips: Counter,
     pub slow_disconnects: Counter,
+    pub slow_released: Counter,
     pub refreshes: Counter,
     pub refresh_failures: Counter,
     pub fec_recovered: Counter,
@@ -71,7 +73,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("iptv");
-        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 14] = [
+        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 15] = [
             (
                 "received_bytes",
                 "Payload bytes received from multicast",
@@ -117,6 +119,11 @@ impl Metrics {
                 "slow_disconnects",
                 "Lapped subscribers disconnected",
                 &m.slow_disconnects,
+            ),
+            (
+                "slow_released",
+                "Stalled subscribers whose unread history the hub stopped holding",
+                &m.slow_released,
             ),
             (
                 "membership_refreshes",
@@ -179,6 +186,7 @@ impl Metrics {
             ts_cc_errors: c(&self.ts_cc_errors),
             slow_skips: c(&self.slow_skips),
             slow_disconnects: c(&self.slow_disconnects),
+            slow_released: c(&self.slow_released),
             refreshes: c(&self.refreshes),
             refresh_failures: c(&self.refresh_failures),
             fec_recovered: c(&self.fec_recovered),
@@ -201,6 +209,7 @@ impl Metrics {
             &self.ts_cc_errors,
             &self.slow_skips,
             &self.slow_disconnects,
+            &self.slow_released,
             &self.refreshes,
             &self.refresh_failures,
             &self.fec_recovered,

@@ -108,7 +108,9 @@ impl Registry {
             started: Instant::now(),
             bytes_out: AtomicU64::new(0),
             skips: AtomicU64::new(0),
-            position: AtomicU64::new(0),
+            // Not reading yet: the new-viewer start point lies in the history kept anyway,
+            // so a subscriber waiting for its first data must not hold anything older.
+            position: AtomicU64::new(super::hub::NOT_READING),
         });
         lock(&hub.clients).insert(client.id, client.clone());
         Subscription {

@@ -67,9 +67,13 @@ impl Ring {
     }
 
     /// Bytes between `index` and `end` (a reader's lag), or `None` once evicted.
+    /// A reader that has not been placed yet (an index past the end) lags by nothing.
     pub fn lag(&self, index: u64) -> Option<usize> {
         let from = index.checked_sub(self.base)?;
-        Some(self.chunks.range(from as usize..).map(Bytes::len).sum())
+        let from = usize::try_from(from)
+            .unwrap_or(usize::MAX)
+            .min(self.chunks.len());
+        Some(self.chunks.range(from..).map(Bytes::len).sum())
     }
 
     /// Appends a chunk, evicting the oldest ones beyond capacity.

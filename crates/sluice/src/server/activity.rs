@@ -1,17 +1,25 @@
-//! Per-connection activity: requests in flight and when the last one ended, for the idle timeout.
+//! Per-connection activity: requests in flight and when the last one ended (for the idle timeout),
+//! and whether writes to the client are blocked and since when (for the send timeout).
 
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// Shared between a connection's watchdog and its requests.
+/// Shared between a connection's watchdog, its socket wrapper and its requests.
 #[derive(Debug)]
 pub struct Activity {
     start: Instant,
     in_flight: AtomicUsize,
     last_ms: AtomicU64,
+    /// 0 while writes go through; otherwise 1 + milliseconds since `start` at which a write
+    /// first found the client's window closed with no byte written since.
+    blocked_ms: AtomicU64,
 }
 
 impl Activity {
@@ -20,6 +28,7 @@ impl Activity {
             start: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last_ms: AtomicU64::new(0),
+            blocked_ms: AtomicU64::new(0),
         })
     }
 
@@ -37,6 +46,46 @@ impl Activity {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         Some(self.start.elapsed().saturating_sub(last))
     }
+
+    /// How long writes to the client have been blocked without a byte going out, if they are.
+    pub fn send_stalled_for(&self) -> Option<Duration> {
+        let since = self.blocked_ms.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(
+            self.start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(since)),
+        )
+    }
+
+    /// The client took bytes although no write went through: the kernel only wakes a blocked
+    /// writer once a third of a (possibly multi-megabyte) send buffer has drained, so a slow
+    /// reader can look blocked for seconds. Restarts the stall clock.
+    pub fn drained(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) != 0 {
+            let now = self.start.elapsed().as_millis() as u64;
+            self.blocked_ms.store(now + 1, Ordering::Relaxed);
+        }
+    }
+
+    fn wrote(&self) {
+        self.blocked_ms.store(0, Ordering::Relaxed);
+    }
+
+    fn write_blocked(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) == 0 {
+            let now = self.start.elapsed().as_millis() as u64;
+            self.blocked_ms.store(now + 1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bytes in a TCP socket's send queue that the peer has not acknowledged yet (`SIOCOUTQ`);
+/// when it shrinks, the client is reading.
+pub fn unacked_bytes(fd: std::os::fd::RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int; on a closed or foreign fd it fails with an error.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then_some(n.max(0) as u64)
 }
 
 /// Ends one in-flight request when dropped.
@@ -48,5 +97,125 @@ impl Drop for ActivityGuard {
         let now = self.0.start.elapsed().as_millis() as u64;
         self.0.last_ms.store(now, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The client socket, reporting to [`Activity`] when a write is refused (the client's receive
+/// window is shut) and when bytes go out again. It sits under TLS, so it sees real progress.
+#[derive(Debug)]
+pub struct Watched<I> {
+    io: I,
+    activity: Arc<Activity>,
+}
+
+impl<I> Watched<I> {
+    pub fn new(io: I, activity: Arc<Activity>) -> Self {
+        Self { io, activity }
+    }
+
+    fn note(&self, res: &Poll<io::Result<usize>>) {
+        match res {
+            Poll::Ready(Ok(n)) if *n > 0 => self.activity.wrote(),
+            Poll::Pending => self.activity.write_blocked(),
+            _ => {}
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let res = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(&res);
+        res
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let res = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note(&res);
+        res
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A writer whose window is shut until `open` is set.
+    struct Gate {
+        open: bool,
+    }
+
+    impl AsyncWrite for Gate {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            if self.open {
+                Poll::Ready(Ok(buf.len()))
+            } else {
+                Poll::Pending
+            }
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stall_clock_runs_while_blocked_and_resets_on_progress() {
+        let activity = Activity::new();
+        let mut io = Watched::new(Gate { open: false }, activity.clone());
+        assert_eq!(activity.send_stalled_for(), None);
+        let blocked = tokio::time::timeout(Duration::from_millis(10), io.write(b"x")).await;
+        assert!(blocked.is_err());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let stalled = activity.send_stalled_for().unwrap();
+        assert!(stalled >= Duration::from_secs(3), "{stalled:?}");
+        // Acknowledged bytes without a write restart the clock but keep it running.
+        activity.drained();
+        assert!(activity.send_stalled_for().unwrap() < Duration::from_secs(1));
+        io.io.open = true;
+        assert_eq!(io.write(b"xy").await.unwrap(), 2);
+        assert_eq!(activity.send_stalled_for(), None);
+    }
+
+    #[test]
+    fn unacked_bytes_of_a_bad_descriptor_is_none() {
+        assert!(unacked_bytes(-1).is_none());
     }
 }

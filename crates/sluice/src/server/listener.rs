@@ -1,11 +1,23 @@
-//! Listening sockets and the accept loop's back-off when the process runs out of file descriptors.
+//! Listening sockets, the open-file limit, and an accept loop that pauses at a connection limit
+//! or when the process runs out of file descriptors.
+//!
+//! Every front end that accepts TCP (the HTTP server, the TCP proxy) goes through
+//! [`Acceptor::accept`], so "how many client connections may be open" is one number per listener
+//! set, enforced the same way: at the limit the loop stops calling `accept(2)` and waits for a
+//! connection to close. New clients then queue in the kernel's backlog instead of being accepted
+//! and dropped, and nothing spins.
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Binds `addr` with `SO_REUSEADDR` and a deep backlog.
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -18,6 +30,153 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
     TcpListener::from_std(socket.into())
+}
+
+/// Descriptors kept back from the connection budget for listeners, multicast sockets, config
+/// and playlist files, logs and the like.
+const RESERVED_FDS: u64 = 64;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit of 1024 caps a
+/// proxy at a few hundred viewers) and returns the soft limit in force afterwards.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            let e = io::Error::last_os_error();
+            tracing::warn!(soft = before, hard = lim.rlim_max, error = %e, "cannot raise the open-file limit");
+            return Ok(before);
+        }
+        tracing::info!(
+            from = before,
+            to = lim.rlim_cur,
+            "raised the open-file limit (RLIMIT_NOFILE) to its hard limit"
+        );
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// The connection limit derived from the open-file limit: each proxied client costs about two
+/// descriptors (its own and an upstream one), after a reserve for everything else.
+pub fn connections_for_fd_limit(nofile: u64) -> usize {
+    let usable = nofile.saturating_sub(RESERVED_FDS).max(2) / 2;
+    usize::try_from(usable).unwrap_or(usize::MAX).max(1)
+}
+
+/// The current soft `RLIMIT_NOFILE`, without changing it.
+pub fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// What an acceptor reports: pauses at the limit and the connections open now.
+#[derive(Clone, Debug, Default)]
+pub struct AcceptMetrics {
+    /// Times accepting paused because `max` connections were open.
+    pub paused: Counter,
+    /// Connections open now (holding a slot).
+    pub open: Gauge,
+}
+
+/// Accepts connections while fewer than `max` are open; shared by every listener of one front
+/// end so the limit covers them together.
+#[derive(Clone, Debug)]
+pub struct Acceptor {
+    slots: Arc<Semaphore>,
+    max: usize,
+    metrics: AcceptMetrics,
+    /// When the last warning was logged (seconds since `born`, plus 1; 0 = never), so a
+    /// server saturated for hours logs once a minute, not once per accept.
+    warned: Arc<AtomicU64>,
+    born: Instant,
+}
+
+/// One open connection's slot; dropping it (connection closed) lets the acceptor take another.
+#[derive(Debug)]
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl Acceptor {
+    /// An acceptor that keeps at most `max` connections open (at least 1).
+    pub fn new(max: usize, metrics: AcceptMetrics) -> Self {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            metrics,
+            warned: Arc::new(AtomicU64::new(0)),
+            born: Instant::now(),
+        }
+    }
+
+    fn warn_throttled(&self) {
+        let now = self.born.elapsed().as_secs() + 1;
+        let last = self.warned.load(Ordering::Relaxed);
+        if (last == 0 || now >= last + 60)
+            && self
+                .warned
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                max = self.max,
+                "connection limit reached: not accepting until a connection closes (logged at most once a minute; see sluice_downstream_accept_paused_total)"
+            );
+        }
+    }
+
+    /// The limit in force.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Waits for a free slot, then accepts one connection. At the limit, nothing is accepted
+    /// (clients wait in the backlog) until a slot is released; the pause is counted once.
+    pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Slot) {
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                self.metrics.paused.inc();
+                self.warn_throttled();
+                self.slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the acceptor never closes its semaphore")
+            }
+        };
+        let (stream, peer) = accept(listener).await;
+        self.metrics.open.inc();
+        let slot = Slot {
+            _permit: permit,
+            open: self.metrics.open.clone(),
+        };
+        (stream, peer, slot)
+    }
 }
 
 /// Accepts one connection. Errors that mean "out of resources" pause the loop instead of spinning;
@@ -43,4 +202,17 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_limit_leaves_a_reserve_and_counts_two_fds_per_client() {
+        assert_eq!(connections_for_fd_limit(1024), 480);
+        assert_eq!(connections_for_fd_limit(1_048_576), 524_256);
+        assert_eq!(connections_for_fd_limit(10), 1);
+        assert_eq!(connections_for_fd_limit(0), 1);
+    }
 }
