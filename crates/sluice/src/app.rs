@@ -22,7 +22,9 @@ use crate::auth::Auth;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
+#[cfg(feature = "iptv")]
 use crate::iptv::Iptv;
+#[cfg(feature = "media")]
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
 use crate::server::activity::ActivityGuard;
@@ -59,7 +61,9 @@ pub struct App {
     token_key: Option<TokenKey>,
     metrics: HttpMetrics,
     registry: Registry,
+    #[cfg(feature = "media")]
     media: Option<Media>,
+    #[cfg(feature = "iptv")]
     iptv: Arc<Iptv>,
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
@@ -73,6 +77,7 @@ impl App {
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
         let token_key = auth.secret().map(TokenKey::new);
+        #[cfg(feature = "media")]
         let media = config.media.enabled.then(|| {
             Media::new(
                 upstream.clone(),
@@ -81,13 +86,22 @@ impl App {
                 &mut registry,
             )
         });
+        // One config file may serve both builds: a gateway-only build says what it leaves out
+        // rather than refusing to start.
+        #[cfg(not(feature = "media"))]
+        if config.media.enabled {
+            tracing::warn!("media.enabled is set, but this build has no media front end (the `media` feature): /proxy/ answers 404");
+        }
+        #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         Ok(Arc::new(App {
             auth,
             token_key,
+            #[cfg(feature = "iptv")]
             iptv,
             metrics,
             registry,
+            #[cfg(feature = "media")]
             media,
             metrics_open: config.server.listen.iter().all(|a| a.ip().is_loopback()),
         }))
@@ -170,14 +184,17 @@ impl App {
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
             "/metrics" => self.serve_metrics(&req, &ctx),
+            #[cfg(feature = "media")]
             p if Media::serves_open(p) && self.media.is_some() => match &self.media {
                 Some(media) => media.handle_open(req, &ctx).await,
                 None => Err(not_found(p)),
             },
+            #[cfg(feature = "iptv")]
             p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
                 Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
                 Err(e) => Err(e),
             },
+            #[cfg(feature = "media")]
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self.authorize(&req, &ctx) {
                     Ok(()) => media.handle(req, &ctx).await,
@@ -290,6 +307,7 @@ impl App {
 
     /// The request head as the IPTV front end sees it: the token prefix stripped from the path, and
     /// the prefix playlist entries need when a password is configured.
+    #[cfg(feature = "iptv")]
     fn iptv_parts(&self, req: Request<Incoming>, ctx: &RequestContext) -> http::request::Parts {
         let (mut parts, _) = req.into_parts();
         parts
@@ -307,7 +325,8 @@ impl App {
         if let Some(key) = &self.token_key {
             let scope = ctx.token.clone();
             let (exp, ip) = scope.map_or((None, None), |s| (s.exp, s.ip));
-            let iv = crate::media::generate::random_iv();
+            let mut iv = [0u8; 16];
+            getrandom::getrandom(&mut iv).expect("the OS random source is available");
             let token = key.encrypt(&[], exp, ip.as_deref(), iv);
             parts
                 .extensions

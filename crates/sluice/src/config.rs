@@ -17,6 +17,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub upstream: UpstreamConfig,
     pub media: MediaConfig,
+    #[cfg(feature = "iptv")]
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
@@ -196,7 +197,8 @@ pub struct MediaConfig {
 impl Default for MediaConfig {
     fn default() -> Self {
         MediaConfig {
-            enabled: true,
+            // Off by default in a build without it, so the gateway-only build runs as is.
+            enabled: cfg!(feature = "media"),
             // HLS
             max_manifest_bytes: 8 * 1024 * 1024,
             live_start_offset: -18.0,
@@ -315,6 +317,7 @@ impl Config {
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
         }
+        #[cfg(feature = "iptv")]
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
@@ -441,6 +444,9 @@ fn apply_flags(table: &mut toml::Table, flags: &Overrides) -> anyhow::Result<()>
         set("auth", "api_password", toml::Value::String(pw.clone()));
     }
     if let Some(name) = &flags.multicast_interface {
+        if !cfg!(feature = "iptv") {
+            bail!("--multicast-interface: this sluice was built without the IPTV gateway (the `iptv` feature)");
+        }
         set("iptv", "interface", toml::Value::String(name.clone()));
     }
     if flags.allow_private_upstreams {

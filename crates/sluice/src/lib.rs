@@ -13,16 +13,22 @@
 //! - `body`: the response body type every front end returns.
 //! - `iptv`: the IPTV gateway front end: multicast hubs to HTTP, playlist, status.
 //! - `net`: socket services: multicast join on a named interface, batched receive.
+//!
+//! `media` and `iptv` (with `net`) are Cargo features, both on by default; `app` and `config`
+//! are the only other places that know which are built.
 
 pub mod app;
 pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;
+#[cfg(feature = "iptv")]
 pub mod iptv;
 pub mod logging;
+#[cfg(feature = "media")]
 pub mod media;
 pub mod metrics;
+#[cfg(feature = "iptv")]
 pub mod net;
 pub mod server;
 pub mod upstream;
