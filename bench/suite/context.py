@@ -55,8 +55,16 @@ class Context:
         return tempfile.mkdtemp(prefix=name + "-", dir=self._tmp)
 
     def note(self, argv, env=None):
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-        self.commands.append((prefix + " " if prefix else "") + " ".join(shlex.quote(a) for a in argv))
+        """Records a command for the report, with paths inside the repository written relative to
+        it, so the report reads the same on every machine."""
+        prefix = " ".join(f"{k}={shlex.quote(self.relative(v))}" for k, v in (env or {}).items())
+        line = " ".join(shlex.quote(self.relative(a)) for a in argv)
+        self.commands.append((prefix + " " if prefix else "") + line)
+
+    def relative(self, text):
+        """`text` with every occurrence of the repository's absolute path made relative to it."""
+        root = os.path.abspath(self.repo).rstrip(os.sep) + os.sep
+        return str(text).replace(root, "./" if str(text).startswith(root) else "")
 
     # === test files ===
 

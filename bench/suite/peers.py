@@ -269,11 +269,13 @@ def start_sluice(ctx, password, cpus, extra_args=(), env=None, binary=None):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice")
     port = procs.free_port()
-    argv = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--api-password", password,
+    # The password goes through the environment: argv is readable by every user in /proc.
+    env = {"SLUICE_AUTH_API_PASSWORD": password, **(env or {})}
+    argv = [binary, "serve", "--listen", f"127.0.0.1:{port}",
             "--allow-private-upstreams", *extra_args]
     ctx.note(argv, env)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus,
-                    env={"RUST_LOG": "warn", **(env or {})})
+                    env={"RUST_LOG": "warn", **env})
     procs.wait_tcp(port, p)
     return Peer("sluice", p, port, version_of([binary, "--version"]))
 

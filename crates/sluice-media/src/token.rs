@@ -20,6 +20,7 @@
 
 mod claims;
 pub(crate) mod python;
+pub mod sealed;
 #[cfg(test)]
 mod tests;
 

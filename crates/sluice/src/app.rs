@@ -15,9 +15,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluice_media::query::Query;
-use sluice_media::token::{split_path_token, TokenKey};
+use sluice_media::token::split_path_token;
 use tokio::time::Instant;
 
+pub use crate::auth::token::TokenScope;
+use crate::auth::token::{self, TokenGate};
 use crate::auth::Auth;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
@@ -48,17 +50,10 @@ pub struct RequestContext {
     pub token: Option<TokenScope>,
 }
 
-/// The limits of the token a request came with; child URLs inherit them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenScope {
-    pub exp: Option<u64>,
-    pub ip: Option<String>,
-}
-
 /// Everything the server dispatches to.
 pub struct App {
     auth: Auth,
-    token_key: Option<TokenKey>,
+    tokens: Option<Arc<TokenGate>>,
     metrics: HttpMetrics,
     registry: Registry,
     #[cfg(feature = "media")]
@@ -76,12 +71,12 @@ impl App {
         let metrics = HttpMetrics::new(&mut registry);
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
-        let token_key = auth.secret().map(TokenKey::new);
+        let tokens = TokenGate::new(&config.auth).map(Arc::new);
         #[cfg(feature = "media")]
         let media = config.media.enabled.then(|| {
             Media::new(
                 upstream.clone(),
-                token_key.clone(),
+                tokens.clone(),
                 &config.media,
                 &mut registry,
             )
@@ -96,7 +91,7 @@ impl App {
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         Ok(Arc::new(App {
             auth,
-            token_key,
+            tokens,
             #[cfg(feature = "iptv")]
             iptv,
             metrics,
@@ -179,7 +174,15 @@ impl App {
     ) -> Response<Body> {
         let ctx = match self.context(&req, peer, secure) {
             Ok(ctx) => ctx,
-            Err(e) => return e.into_response(),
+            Err(why) => {
+                tracing::debug!(reason = %why, "token refused");
+                let mut resp = token::refusal();
+                resp.extensions_mut().insert(ErrorMark {
+                    side: crate::error::Side::Downstream,
+                    kind: "token",
+                });
+                return resp;
+            }
         };
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
@@ -207,14 +210,15 @@ impl App {
         result.unwrap_or_else(ProxyError::into_response)
     }
 
-    /// Works out the client IP, the routing path and the effective query; a token (in the path as
-    /// `/_token_<T>/...` or as `?token=`) is decrypted and checked here.
+    /// Works out the client IP, the routing path and the effective query. A token (in the path as
+    /// `/_token_<T>/...` or as `?token=`) is opened and its scope enforced here, before any front
+    /// end sees the request; every token failure gets the same [`token::refusal`].
     fn context(
         &self,
         req: &Request<Incoming>,
         peer: SocketAddr,
         secure: bool,
-    ) -> Result<RequestContext, ProxyError> {
+    ) -> Result<RequestContext, token::TokenRefusal> {
         let client_ip = self.auth.client_ip(peer.ip(), req.headers());
         let raw_path = req.uri().path();
         let mut query = Query::parse(req.uri().query().unwrap_or(""));
@@ -231,16 +235,22 @@ impl App {
             .map(str::to_string);
         let mut scope = None;
         if let Some(token) = token {
-            let claims = self.open_token(&token, client_ip)?;
-            query.remove("token");
-            // The token's params win: a holder must not be able to point it at another URL.
-            let mut merged = Query::from_pairs(claims.params);
-            merged.merge_missing(query.pairs().to_vec());
-            query = merged;
-            scope = Some(TokenScope {
-                exp: claims.exp,
-                ip: claims.ip,
-            });
+            let opened = self
+                .tokens
+                .as_ref()
+                .ok_or(token::TokenRefusal::NoKey)
+                .and_then(|gate| gate.open(&token, client_ip, token::now()))
+                .and_then(|opened| {
+                    let q = token::scoped_query(&opened, &path, &query)?;
+                    Ok((opened.scope, q))
+                });
+            match opened {
+                Ok((s, q)) => {
+                    query = q;
+                    scope = Some(s);
+                }
+                Err(why) => return Err(why),
+            }
         }
         Ok(RequestContext {
             peer,
@@ -253,40 +263,10 @@ impl App {
         })
     }
 
-    fn open_token(
-        &self,
-        token: &str,
-        client_ip: std::net::IpAddr,
-    ) -> Result<sluice_media::token::TokenClaims, ProxyError> {
-        let Some(key) = &self.token_key else {
-            return Err(ProxyError::downstream(
-                StatusCode::UNAUTHORIZED,
-                "token",
-                "encrypted tokens need a server password (auth.api_password)",
-            ));
-        };
-        let claims = key.decrypt(token).map_err(|e| {
-            ProxyError::downstream(
-                StatusCode::UNAUTHORIZED,
-                "token",
-                "invalid or expired token",
-            )
-            .with_detail(e.to_string())
-        })?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        claims.check(now, Some(client_ip)).map_err(|e| {
-            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
-            ProxyError::downstream(status, "token", e.to_string())
-        })?;
-        Ok(claims)
-    }
-
     fn authorize(&self, req: &Request<Incoming>, ctx: &RequestContext) -> Result<(), ProxyError> {
         if ctx.token.is_some() {
-            // Only a holder of the password could have minted it.
+            // Authenticated and scoped in `context`: a sealed token only reaches the paths it was
+            // minted for, a MediaFlow token carries the password.
             return Ok(());
         }
         let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
@@ -322,12 +302,15 @@ impl App {
                 parts.uri = uri;
             }
         }
-        if let Some(key) = &self.token_key {
-            let scope = ctx.token.clone();
-            let (exp, ip) = scope.map_or((None, None), |s| (s.exp, s.ip));
-            let mut iv = [0u8; 16];
-            getrandom::getrandom(&mut iv).expect("the OS random source is available");
-            let token = key.encrypt(&[], exp, ip.as_deref(), iv);
+        if let Some(gate) = &self.tokens {
+            // Channel paths only, and no expiry of their own: a saved playlist keeps working.
+            let token = gate.mint(
+                &[],
+                &token::CHANNEL_SCOPE,
+                ctx.token.as_ref(),
+                false,
+                token::now(),
+            );
             parts
                 .extensions
                 .insert(crate::iptv::EntryPrefix(format!("/_token_{token}")));
@@ -343,10 +326,15 @@ impl App {
         if !self.metrics_open {
             self.authorize(req, ctx)?;
         }
-        let mut resp = Response::new(body::full(metrics::render(&self.registry)));
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|a| a.to_str().ok());
+        let format = metrics::Format::negotiate(accept);
+        let mut resp = Response::new(body::full(metrics::exposition(&self.registry, format)));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            HeaderValue::from_static(format.content_type()),
         );
         Ok(resp)
     }

@@ -1,5 +1,7 @@
 //! Who is asking: the shared password (constant-time), and the client IP believed only from trusted
-//! proxies.
+//! proxies. Tokens live in `auth/token`.
+
+pub mod token;
 
 use std::net::IpAddr;
 
@@ -125,6 +127,7 @@ mod tests {
         Auth::new(&AuthConfig {
             api_password: pw.into(),
             trusted_proxies: trusted.iter().map(|t| t.parse().unwrap()).collect(),
+            ..AuthConfig::default()
         })
     }
 

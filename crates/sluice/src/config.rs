@@ -81,13 +81,32 @@ impl Default for ServerConfig {
 }
 
 /// Who may use the proxy.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Shared secret (`api_password` query parameter or header). Empty: no auth, loopback listeners only.
     pub api_password: String,
     /// Peers (IPs or CIDRs) whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Accept MediaFlow-format tokens (from `/generate_url` or MediaFlow's own generators) when their
+    /// claims carry the password.
+    pub accept_mediaflow_tokens: bool,
+    /// Seconds a minted child token (a rewritten manifest's child URL) stays valid, unless the parent
+    /// token expires sooner.
+    pub child_token_ttl_secs: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            api_password: String::new(),
+            trusted_proxies: Vec::new(),
+            accept_mediaflow_tokens: true,
+            // Long enough for a feature film paused for lunch: VOD players fetch the media
+            // playlist once and then only its children.
+            child_token_ttl_secs: 12 * 3600,
+        }
+    }
 }
 
 /// The pooled upstream HTTP client shared by every front end.
@@ -114,6 +133,9 @@ pub struct UpstreamConfig {
     pub user_agent: String,
     /// Hosts (exact, or `*.domain`) whose TLS certificates are not verified.
     pub insecure_hosts: Vec<String>,
+    /// PEM file of extra CA certificates trusted for upstream TLS (a private CA), beside the
+    /// bundled webpki roots and the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
     /// Outgoing proxy routes; the most specific matching pattern wins.
     pub routes: Vec<RouteConfig>,
 }
@@ -133,6 +155,7 @@ impl Default for UpstreamConfig {
                          Chrome/136.0.0.0 Safari/537.36"
                 .to_string(),
             insecure_hosts: Vec::new(),
+            ca_file: None,
             routes: Vec::new(),
         }
     }

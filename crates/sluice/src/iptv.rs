@@ -319,7 +319,12 @@ impl Iptv {
         };
         let text_in = match playlist.get().await {
             Ok(t) => t,
-            Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{e}\n")),
+            Err(e) => {
+                // The reason names the playlist's location (a server path, a provider URL);
+                // operators read it in the log, clients get no hint of it.
+                tracing::warn!(error = %e, "playlist unavailable");
+                return text(StatusCode::BAD_GATEWAY, "playlist unavailable\n");
+            }
         };
         let base = match &self.config.playlist_base_url {
             Some(b) => b.trim_end_matches('/').to_string(),

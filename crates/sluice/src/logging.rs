@@ -5,8 +5,12 @@ use tracing_subscriber::filter::Targets;
 /// The level used when `RUST_LOG` is unset, empty or invalid.
 pub const DEFAULT: &str = "info";
 
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
 /// Parses a `RUST_LOG` value such as `info` or `warn,sluice::upstream=debug`. Spaces around
-/// directives are ignored; an empty value means the default.
+/// directives are ignored; an empty value means the default. A directive without `=` must be a
+/// level: a bare word would otherwise be read as a target name and silence everything else (so
+/// `warning` is an error, not a filter that prints nothing).
 pub fn parse_filter(spec: &str) -> Result<Targets, String> {
     let directives: Vec<&str> = spec
         .split(',')
@@ -15,6 +19,15 @@ pub fn parse_filter(spec: &str) -> Result<Targets, String> {
         .collect();
     if directives.is_empty() {
         return Ok(default_filter());
+    }
+    if let Some(bad) = directives
+        .iter()
+        .find(|d| !d.contains('=') && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)))
+    {
+        return Err(format!(
+            "invalid RUST_LOG {spec:?}: {bad:?} is not a level (one of {})",
+            LEVELS.join(", ")
+        ));
     }
     directives
         .join(",")
@@ -75,5 +88,17 @@ mod tests {
         assert!(warning.contains("sluice=loud"), "{warning}");
         assert!(warning.contains("using \"info\""), "{warning}");
         assert!(f.would_enable("sluice", &Level::INFO));
+    }
+
+    #[test]
+    fn unknown_bare_level_warns_and_keeps_info() {
+        for value in ["warning", "verbose", "info,loud"] {
+            let (f, warning) = filter_from(Some(value));
+            let warning = warning.unwrap();
+            assert!(warning.contains("is not a level"), "{warning}");
+            assert!(f.would_enable("sluice::server", &Level::INFO), "{value}");
+            assert!(f.would_enable("hyper", &Level::WARN), "{value}");
+        }
+        assert!(filter_from(Some("WARN")).1.is_none());
     }
 }

@@ -10,8 +10,8 @@ use sluice::config::{Config, Overrides};
 #[command(
     name = "sluice",
     version,
-    about = "One binary for five streaming proxy jobs: media proxy (MediaFlow-compatible), reverse \
-             proxy, slice cache, TCP proxy, IPTV gateway."
+    about = "Streaming proxy in one binary: a MediaFlow-compatible media proxy (HTTP streams, HLS, \
+             DASH with ClearKey) and a multicast RTP/UDP to HTTP IPTV gateway."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -41,8 +41,13 @@ struct ServeArgs {
     #[arg(long = "listen", value_name = "ADDR")]
     listen: Vec<SocketAddr>,
     /// Password required on every endpoint that fetches for a client (= auth.api_password).
-    #[arg(long, value_name = "PW")]
+    /// Visible to every local user in the process list: prefer --api-password-file or the
+    /// SLUICE_AUTH_API_PASSWORD environment variable.
+    #[arg(long, value_name = "PW", conflicts_with = "api_password_file")]
     api_password: Option<String>,
+    /// Read the password from this file (first line; a trailing newline is ignored).
+    #[arg(long, value_name = "PATH")]
+    api_password_file: Option<PathBuf>,
     /// Allow upstreams on loopback, private and link-local addresses (= upstream.allow_private).
     #[arg(long)]
     allow_private_upstreams: bool,
@@ -61,9 +66,13 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => {
+            let api_password = match (&args.api_password_file, args.api_password) {
+                (Some(path), _) => Some(read_password_file(path)?),
+                (None, pw) => pw,
+            };
             let flags = Overrides {
                 listen: args.listen,
-                api_password: args.api_password,
+                api_password,
                 allow_private_upstreams: args.allow_private_upstreams,
                 multicast_interface: args.multicast_interface,
             };
@@ -76,14 +85,35 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (see `sluice::logging`).
+/// The password file's first line, without its line ending; an empty password is refused here
+/// rather than silently meaning "no auth".
+fn read_password_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --api-password-file {}", path.display()))?;
+    let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+    anyhow::ensure!(
+        !first.is_empty(),
+        "--api-password-file {} is empty",
+        path.display()
+    );
+    Ok(first.to_string())
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (see `sluice::logging`); colours only on a terminal, so
+/// files and journald get plain text.
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let value = std::env::var_os("RUST_LOG").map(|v| v.to_string_lossy().into_owned());
     let (filter, warning) = sluice::logging::filter_from(value.as_deref());
     tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer())
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
         .with(filter)
         .init();
     if let Some(warning) = warning {

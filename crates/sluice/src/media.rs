@@ -14,9 +14,9 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
-use sluice_media::token::TokenKey;
 
 use crate::app::RequestContext;
+use crate::auth::token::TokenGate;
 use crate::body::Body;
 use crate::config::MediaConfig;
 use crate::error::ProxyError;
@@ -25,8 +25,8 @@ use crate::upstream::Upstream;
 /// The media proxy.
 pub struct Media {
     upstream: Upstream,
-    /// The server password's token key, for child URLs; `None` without a password.
-    token_key: Option<TokenKey>,
+    /// Mints child URLs' tokens; `None` without a password.
+    tokens: Option<Arc<TokenGate>>,
     settings: MediaConfig,
     /// MPDs, init segments and prefetched segments.
     pub cache: Arc<cache::MediaCache>,
@@ -38,7 +38,7 @@ pub struct Media {
 impl Media {
     pub fn new(
         upstream: Upstream,
-        token_key: Option<TokenKey>,
+        tokens: Option<Arc<TokenGate>>,
         config: &MediaConfig,
         registry: &mut Registry,
     ) -> Self {
@@ -61,7 +61,7 @@ impl Media {
         );
         Media {
             upstream,
-            token_key,
+            tokens,
             settings: config.clone(),
             cache,
             prefetcher,
@@ -85,7 +85,7 @@ impl Media {
 
     /// Child-URL builder for a manifest served to `ctx`.
     pub fn links(&self, ctx: &RequestContext) -> links::Links {
-        links::Links::new(ctx, self.token_key.as_ref())
+        links::Links::new(ctx, self.tokens.as_ref())
     }
 
     /// Serves a `/proxy/*` request that has passed auth.

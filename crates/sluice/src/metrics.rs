@@ -1,5 +1,9 @@
 //! HTTP-level metric families of the server; other modules register their own in the same registry.
 
+pub mod process;
+
+use std::fmt::Write;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -131,4 +135,127 @@ pub fn render(registry: &Registry) -> String {
         out = format!("# encoding failed: {e}\n");
     }
     out
+}
+
+/// The two text formats a scraper may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    OpenMetrics,
+    /// Prometheus text exposition 0.0.4, for scrapers that do not ask for OpenMetrics.
+    Prometheus,
+}
+
+impl Format {
+    /// OpenMetrics when the `Accept` header names it (as Prometheus itself does), else 0.0.4.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// The registry plus the `process_*` families, in the requested format.
+pub fn exposition(registry: &Registry, format: Format) -> String {
+    let mut out = render(registry);
+    let mut process = String::new();
+    process::render(&mut process);
+    match out.rfind("# EOF") {
+        Some(at) => out.insert_str(at, &process),
+        None => out.push_str(&process),
+    }
+    match format {
+        Format::OpenMetrics => out,
+        Format::Prometheus => to_prometheus_text(&out),
+    }
+}
+
+/// OpenMetrics text → Prometheus 0.0.4: no `# EOF` or `# UNIT`, counter families named after their
+/// `_total` samples, `info` as a gauge named `_info`, `unknown` as `untyped`.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut renamed = std::collections::HashMap::new();
+    for line in openmetrics.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        if let Some((name, kind)) = rest.split_once(' ') {
+            let to = match kind {
+                "counter" if !name.ends_with("_total") => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "unknown" => (name.to_string(), "untyped"),
+                _ => continue,
+            };
+            renamed.insert(name.to_string(), to);
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (*p, rest)));
+        match meta.and_then(|(p, rest)| {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            renamed.get(name).map(|to| (p, to, tail))
+        }) {
+            Some(("# TYPE ", (name, kind), _)) => {
+                let _ = writeln!(out, "# TYPE {name} {kind}");
+            }
+            Some((p, (name, _), tail)) => {
+                let _ = writeln!(out, "{p}{name} {tail}");
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation() {
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        let prom = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+        assert_eq!(Format::negotiate(Some(prom)), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Prometheus);
+    }
+
+    #[test]
+    fn openmetrics_to_prometheus_text() {
+        let om = "# HELP sluice_requests Requests.\n# TYPE sluice_requests counter\n\
+                  sluice_requests_total{a=\"1\"} 3\n# HELP b Build.\n# TYPE b info\nb_info{v=\"1\"} 1\n\
+                  # TYPE g gauge\n# UNIT g bytes\ng 2\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(om),
+            "# HELP sluice_requests_total Requests.\n# TYPE sluice_requests_total counter\n\
+             sluice_requests_total{a=\"1\"} 3\n# HELP b_info Build.\n# TYPE b_info gauge\n\
+             b_info{v=\"1\"} 1\n# TYPE g gauge\ng 2\n"
+        );
+    }
+
+    #[test]
+    fn exposition_carries_process_families_before_eof() {
+        let mut registry = Registry::with_prefix("sluice");
+        let _ = HttpMetrics::new(&mut registry);
+        let om = exposition(&registry, Format::OpenMetrics);
+        assert!(om.ends_with("# EOF\n"));
+        assert!(om.contains("\nprocess_open_fds "));
+        let prom = exposition(&registry, Format::Prometheus);
+        assert!(!prom.contains("# EOF"));
+        assert!(prom.contains("# TYPE process_cpu_seconds_total counter"));
+    }
 }

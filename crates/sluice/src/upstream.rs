@@ -131,8 +131,13 @@ impl Upstream {
             metrics.bytes.clone(),
         );
         let routes = route::RouteTable::new(&config.routes, &config.insecure_hosts)?;
+        let extra_roots = match &config.ca_file {
+            Some(path) => tls::load_ca_file(path)?,
+            None => Vec::new(),
+        };
         let connector = Connector::new(
             routes,
+            extra_roots,
             config.allow_private,
             Duration::from_secs(config.connect_timeout_secs),
             config.max_setups_per_host,

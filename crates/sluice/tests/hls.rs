@@ -405,8 +405,14 @@ async fn token_children_decrypt_to_the_right_destination() {
     let origin = FileOrigin::start().await;
     let s = with_config(|c| c.auth.api_password = PW.into()).await;
     let key = TokenKey::new(PW);
-    // Every child is a token URL for the right endpoint whose claims name the right upstream
-    // URL, carry h_*, and keep the parent's exp and ip; everything else is byte-identical.
+    let sealed = sluice_media::token::sealed::SealedKey::derive(PW);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // Every child is a sealed token URL for the right endpoint whose grant names the right
+    // upstream URL, carries h_*, opens only /proxy/hls/, expires with the parent or after the
+    // default child TTL (12 h), and keeps the parent's ip; everything else is byte-identical.
     let check = |dir: &str, body: &str, exp: Option<u64>, ip: Option<&str>| {
         assert!(!body.contains(PW) && !body.contains("pw%21secret"));
         assert!(!body.contains("api_password"));
@@ -437,18 +443,28 @@ async fn token_children_decrypt_to_the_right_destination() {
                 uri.starts_with(&s.url("/_token_")) && uri.ends_with("/proxy/hls/segment.ts"),
                 "{uri}"
             );
-            let claims = key.decrypt(token_of(uri)).unwrap();
-            assert_eq!(claims.param("d"), Some(d.as_str()));
-            assert_eq!(claims.param("h_referer"), Some("https://r.example/"));
-            assert_eq!(claims.exp, exp);
-            assert_eq!(claims.ip.as_deref(), ip);
+            let grant = sealed.open(token_of(uri)).unwrap();
+            let param = |name: &str| {
+                grant
+                    .params
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(param("d").as_deref(), Some(d.as_str()));
+            assert_eq!(param("h_referer").as_deref(), Some("https://r.example/"));
+            assert_eq!(grant.scope, vec!["/proxy/hls/".to_string()]);
+            match exp {
+                Some(exp) => assert_eq!(grant.exp, Some(exp)),
+                None => {
+                    let got = grant.exp.unwrap();
+                    assert!((now + 43_200..now + 43_200 + 120).contains(&got), "{got}");
+                }
+            }
+            assert_eq!(grant.ip.as_deref(), ip);
         }
     };
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 3600;
+    let exp = now + 3600;
     for dir in ["clear", "aes"] {
         let d = origin.url(&format!("/{dir}/index.m3u8"));
         // Password in the query: children become tokens without claims.
@@ -458,10 +474,12 @@ async fn token_children_decrypt_to_the_right_destination() {
             "&api_password=pw%21secret&h_referer=https%3A%2F%2Fr.example%2F",
         );
         check(dir, &text(&url).await, None, None);
-        // A token with exp and ip: children keep both.
+        // A MediaFlow token (with the password, as /generate_url makes it) with exp and ip:
+        // children keep both.
         let params = vec![
             ("d".to_string(), d.clone()),
             ("h_referer".to_string(), "https://r.example/".to_string()),
+            ("api_password".to_string(), PW.to_string()),
         ];
         let token = key.encrypt(&params, Some(exp), Some("127.0.0.1"), [7; 16]);
         let url = s.url(&format!("/_token_{token}/proxy/hls/manifest.m3u8"));

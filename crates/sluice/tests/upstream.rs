@@ -254,3 +254,54 @@ async fn host_limit_is_on_setups_not_streams() {
         assert_eq!(s.await.unwrap().body.unwrap().len(), 12_000);
     }
 }
+
+#[tokio::test]
+async fn a_private_ca_in_upstream_ca_file_is_trusted() {
+    use std::io::Write;
+    // A private CA and a leaf it signed for `localhost`: not in webpki nor the system roots.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice private test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    let mut cert = tempfile::NamedTempFile::new().unwrap();
+    cert.write_all(leaf.pem().as_bytes()).unwrap();
+    let mut key = tempfile::NamedTempFile::new().unwrap();
+    key.write_all(leaf_key.serialize_pem().as_bytes()).unwrap();
+    let mut ca_file = tempfile::NamedTempFile::new().unwrap();
+    ca_file.write_all(ca.pem().as_bytes()).unwrap();
+    let c = Cert {
+        der: leaf.der().to_vec(),
+        cert,
+        key,
+    };
+    let port = tls_origin(&c).await;
+    let d = enc(&format!("https://localhost:{port}/x"));
+    // Without the CA file: a TLS error, as for any unknown issuer.
+    let s = Sluice::start(test_config()).await;
+    let r = get(&s.url(&format!("/proxy/stream?d={d}"))).await;
+    assert_eq!(r.status, 502);
+    // With it: verified (no insecure_hosts), over HTTP/2.
+    let mut config = test_config();
+    config.upstream.ca_file = Some(ca_file.path().to_path_buf());
+    let s = Sluice::start(config).await;
+    let r = get(&s.url(&format!("/proxy/stream?d={d}"))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "HTTP/2.0");
+    // A CA file that holds no certificate is refused at start, not on the first request.
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    let mut config = test_config();
+    config.upstream.ca_file = Some(empty.path().to_path_buf());
+    let err = sluice::app::App::new(&config).err().unwrap();
+    assert!(
+        format!("{err:#}").contains("holds no PEM certificate"),
+        "{err:#}"
+    );
+}

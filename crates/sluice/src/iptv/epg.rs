@@ -70,7 +70,7 @@ pub struct Epg {
 impl std::fmt::Debug for Epg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Epg")
-            .field("configured", &self.configured.as_deref().map(mask))
+            .field("configured", &self.configured.as_deref().map(super::playlist::shown))
             .field("refresh", &self.refresh)
             .field("max_bytes", &self.max_bytes)
             .finish_non_exhaustive()
@@ -148,9 +148,9 @@ impl Epg {
     }
 
     async fn fetch(&self, url: &str, previous: Option<&Guide>) -> Result<Arc<Guide>, EpgError> {
-        let parsed = Url::parse(url).map_err(|_| EpgError::BadUrl(mask(url)))?;
+        let parsed = Url::parse(url).map_err(|_| EpgError::BadUrl(super::playlist::shown(url)))?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(EpgError::BadUrl(mask(url)));
+            return Err(EpgError::BadUrl(super::playlist::shown(url)));
         }
         let mut req = UpstreamRequest::get(parsed);
         if let Some(prev) = previous {
@@ -299,19 +299,6 @@ pub fn looks_like_xmltv(xml: &[u8]) -> bool {
 
 fn hex16(digest: &[u8]) -> String {
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Userinfo and query may hold credentials; logs and errors get neither.
-fn mask(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(mut u) => {
-            let _ = u.set_username("");
-            let _ = u.set_password(None);
-            u.set_query(None);
-            u.to_string()
-        }
-        Err(_) => "(unparsable)".into(),
-    }
 }
 
 /// Which representation a request gets.

@@ -96,6 +96,20 @@ fn rewrite_entry(line: &str, base: &str) -> Option<String> {
     Some(format!("{base}/{kind}/{rest}"))
 }
 
+/// A playlist or guide location as logs and errors may show it: no user info and no query,
+/// where providers put account credentials (`user:pass@`, `?username=..&password=..`).
+pub(super) fn shown(location: &str) -> String {
+    match url::Url::parse(location) {
+        Ok(mut u) if u.has_host() => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.to_string()
+        }
+        _ => location.split('?').next().unwrap_or("").to_string(),
+    }
+}
+
 /// Where the playlist comes from.
 #[derive(Debug, Clone)]
 enum Source {
@@ -126,7 +140,7 @@ impl std::fmt::Debug for Playlist {
         f.debug_struct("Playlist")
             .field(
                 "location",
-                &crate::config::mask_userinfo(&self.location),
+                &shown(&self.location),
             )
             .field("refresh", &self.refresh)
             .finish_non_exhaustive()
@@ -160,7 +174,7 @@ impl Playlist {
             }
             Err(e) => match cached.as_ref() {
                 Some((_, stale)) => {
-                    tracing::warn!(location = %crate::config::mask_userinfo(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
+                    tracing::warn!(location = %shown(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
                     Ok(stale.clone())
                 }
                 None => Err(e),
@@ -182,7 +196,7 @@ impl Playlist {
 
     /// Through the shared upstream client, so its address guard, proxy routes and TLS apply.
     async fn fetch(&self, url: url::Url) -> Result<Bytes, String> {
-        let shown = crate::config::mask_userinfo(url.as_str());
+        let shown = shown(url.as_str());
         let resp = self
             .upstream
             .send(UpstreamRequest::get(url))

@@ -1,51 +1,47 @@
 //! Child URLs for rewritten manifests: back through this proxy, in the parent's auth mode, with the
 //! parent's parameters carried.
 //!
-//! When a password is configured children are encrypted path tokens (`/_token_<T>/proxy/...`) that
-//! carry the parent's `exp` and `ip` claims, so the password itself never appears in a URL and a
-//! time- or IP-bound parent cannot mint unbounded children. Without a password children are plain
-//! query URLs.
+//! When a password is configured children are sealed path tokens (`/_token_<T>/proxy/...`) scoped
+//! to the child's endpoint family, expiring after `auth.child_token_ttl_secs` or with the parent,
+//! and bound to the parent's address, so the password never appears in a URL and a time- or
+//! IP-bound parent cannot mint unbounded children. Without a password children are plain query URLs.
+
+use std::sync::Arc;
 
 use sluice_media::query::Query;
-use sluice_media::token::TokenKey;
 
 use crate::app::RequestContext;
+use crate::auth::token::{self, TokenGate, TokenScope};
 
 /// Builds child URLs for one parent request.
 #[derive(Debug, Clone)]
 pub struct Links {
     /// `scheme://host[:port]` as the client addressed us, or empty for path-absolute URLs.
     origin: String,
-    key: Option<TokenKey>,
-    exp: Option<u64>,
-    ip: Option<String>,
+    gate: Option<Arc<TokenGate>>,
+    parent: Option<TokenScope>,
 }
 
 impl Links {
     /// Links for children of the request in `ctx`.
-    pub fn new(ctx: &RequestContext, key: Option<&TokenKey>) -> Self {
+    pub fn new(ctx: &RequestContext, gate: Option<&Arc<TokenGate>>) -> Self {
         let origin = match &ctx.host {
             Some(host) => format!("{}://{}", if ctx.secure { "https" } else { "http" }, host),
             None => String::new(),
         };
-        let (exp, ip) = match &ctx.token {
-            Some(scope) => (scope.exp, scope.ip.clone()),
-            None => (None, None),
-        };
         Links {
             origin,
-            key: key.cloned(),
-            exp,
-            ip,
+            gate: gate.cloned(),
+            parent: ctx.token.clone(),
         }
     }
 
     /// The URL of `endpoint` (a path such as `/proxy/hls/segment.ts`) with `params`.
     pub fn url(&self, endpoint: &str, params: &[(String, String)]) -> String {
-        match &self.key {
-            Some(key) => {
-                let iv = super::generate::random_iv();
-                let token = key.encrypt(params, self.exp, self.ip.as_deref(), iv);
+        match &self.gate {
+            Some(gate) => {
+                let family = family(endpoint);
+                let token = gate.mint(params, &[family], self.parent.as_ref(), true, token::now());
                 format!("{}/_token_{token}{endpoint}", self.origin)
             }
             None => format!(
@@ -54,6 +50,17 @@ impl Links {
                 Query::from_pairs(params.to_vec()).encode()
             ),
         }
+    }
+}
+
+/// The endpoint family a child token opens: `/proxy/hls/segment.ts` → `/proxy/hls/`.
+fn family(endpoint: &str) -> &str {
+    let after = endpoint
+        .strip_prefix("/proxy/")
+        .map_or(0, |_| "/proxy/".len());
+    match endpoint[after..].find('/') {
+        Some(end) => &endpoint[..after + end + 1],
+        None => endpoint,
     }
 }
 
@@ -72,7 +79,7 @@ pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::TokenScope;
+    use crate::config::AuthConfig;
 
     fn ctx(token: Option<TokenScope>) -> RequestContext {
         RequestContext {
@@ -103,22 +110,36 @@ mod tests {
     fn token_links_keep_claims_and_hide_password() {
         // Long enough that a random base64url token cannot contain it by chance.
         let password = "hunter2-server-secret";
-        let key = TokenKey::new(password);
+        let gate = Arc::new(
+            TokenGate::new(&AuthConfig {
+                api_password: password.into(),
+                ..AuthConfig::default()
+            })
+            .unwrap(),
+        );
         let c = ctx(Some(TokenScope {
             exp: Some(4_000_000_000),
             ip: Some("1.2.3.4".into()),
+            paths: None,
         }));
         let params = vec![("d".to_string(), "http://o/s.ts".to_string())];
-        let url = Links::new(&c, Some(&key)).url("/proxy/hls/segment.ts", &params);
+        let url = Links::new(&c, Some(&gate)).url("/proxy/hls/segment.ts", &params);
         assert!(!url.contains(password));
         let rest = url
             .strip_prefix("http://proxy.example:8888/_token_")
             .unwrap();
         let (token, endpoint) = rest.split_once('/').unwrap();
         assert_eq!(endpoint, "proxy/hls/segment.ts");
-        let claims = key.decrypt(token).unwrap();
-        assert_eq!(claims.exp, Some(4_000_000_000));
-        assert_eq!(claims.ip.as_deref(), Some("1.2.3.4"));
-        assert_eq!(claims.param("d"), Some("http://o/s.ts"));
+        let opened = gate
+            .open(token, "1.2.3.4".parse().unwrap(), token::now())
+            .unwrap();
+        // The child TTL is sooner than the parent's far-away expiry.
+        let exp = opened.scope.exp.unwrap();
+        assert!(exp < 4_000_000_000 && exp > token::now());
+        assert_eq!(opened.scope.ip.as_deref(), Some("1.2.3.4"));
+        assert_eq!(opened.scope.paths, Some(vec!["/proxy/hls/".to_string()]));
+        assert_eq!(opened.params, params);
+        assert_eq!(family("/proxy/mpd/playlist.m3u8"), "/proxy/mpd/");
+        assert_eq!(family("/proxy/stream"), "/proxy/stream");
     }
 }

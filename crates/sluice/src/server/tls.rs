@@ -4,23 +4,22 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::ServerConfig;
 
-/// Loads a rustls server config from PEM files.
+/// Loads a rustls server config from PEM files (read by `rustls-pki-types`; `rustls-pemfile` is
+/// unmaintained, RUSTSEC-2025-0134).
 pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
-    let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
-        std::fs::File::open(cert).with_context(|| format!("opening {}", cert.display()))?,
-    ))
-    .collect::<Result<Vec<_>, _>>()
-    .with_context(|| format!("reading certificates from {}", cert.display()))?;
+    let certs = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("opening {}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading certificates from {}", cert.display()))?;
     if certs.is_empty() {
         bail!("{} holds no PEM certificate", cert.display());
     }
-    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-        std::fs::File::open(key).with_context(|| format!("opening {}", key.display()))?,
-    ))
-    .with_context(|| format!("reading private key from {}", key.display()))?
-    .with_context(|| format!("{} holds no PEM private key", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading a PEM private key from {}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

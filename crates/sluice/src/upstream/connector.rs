@@ -69,6 +69,8 @@ pub struct Connector {
 
 struct Inner {
     routes: RouteTable,
+    /// `upstream.ca_file`, trusted beside the webpki and system roots.
+    extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     allow_private: bool,
     connect_timeout: Duration,
     max_setups: usize,
@@ -82,6 +84,7 @@ struct Inner {
 impl Connector {
     pub fn new(
         routes: RouteTable,
+        extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
         allow_private: bool,
         connect_timeout: Duration,
         max_setups: usize,
@@ -90,6 +93,7 @@ impl Connector {
         Connector {
             inner: Arc::new(Inner {
                 routes,
+                extra_roots,
                 allow_private,
                 connect_timeout,
                 max_setups,
@@ -204,7 +208,7 @@ impl Inner {
         } else {
             &self.unverified
         }
-        .get_or_init(|| TlsConnector::from(tls::client_config(verify)));
+        .get_or_init(|| TlsConnector::from(tls::client_config(verify, &self.extra_roots)));
         let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
             ConnectError::Tls {
                 host: host.to_string(),

@@ -1,5 +1,5 @@
-//! rustls client settings: webpki roots with ALPN h2 and http/1.1, and a verification opt-out for hosts
-//! the operator names.
+//! rustls client settings: webpki, system and operator (`upstream.ca_file`) roots with ALPN h2 and
+//! http/1.1, and a verification opt-out for hosts the operator names.
 
 use std::sync::Arc;
 
@@ -7,16 +7,51 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+/// The certificates of a PEM CA file; an unreadable file or one without certificates is an error
+/// at start, not a TLS failure on the first request.
+pub fn load_ca_file(path: &std::path::Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    use anyhow::Context;
+    use rustls::pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("opening upstream.ca_file {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading upstream.ca_file {}", path.display()))?;
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "upstream.ca_file {} holds no PEM certificate",
+        path.display()
+    );
+    Ok(certs)
+}
+
+/// Bundled webpki roots, the system's roots (so a CA the operator installed system-wide works) and
+/// the operator's `extra` CAs.
+fn roots(extra: &[CertificateDer<'static>]) -> RootCertStore {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let system = rustls_native_certs::load_native_certs();
+    for e in &system.errors {
+        tracing::debug!(error = %e, "system root certificates: partly unreadable");
+    }
+    roots.add_parsable_certificates(system.certs);
+    for cert in extra {
+        if let Err(e) = roots.add(cert.clone()) {
+            tracing::warn!(error = %e, "upstream.ca_file: a certificate is not a usable CA");
+        }
+    }
+    roots
+}
+
 /// A client config; `verify = false` accepts any certificate (per-host opt-out only).
-pub fn client_config(verify: bool) -> Arc<ClientConfig> {
+pub fn client_config(verify: bool, extra_roots: &[CertificateDer<'static>]) -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions");
     let mut config = if verify {
-        let mut roots = RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        builder.with_root_certificates(roots).with_no_client_auth()
+        builder
+            .with_root_certificates(roots(extra_roots))
+            .with_no_client_auth()
     } else {
         builder
             .dangerous()

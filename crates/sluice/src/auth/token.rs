@@ -1,0 +1,343 @@
+//! The token gate: opens sealed and MediaFlow tokens into one scope, enforces where and how a token
+//! may be used, mints sealed child tokens, and answers every refusal the same way.
+
+use std::net::IpAddr;
+
+use http::{header, HeaderValue, Response, StatusCode};
+use sha2::{Digest, Sha256};
+use sluice_media::query::Query;
+use sluice_media::token::sealed::{self, Grant, SealedError, SealedKey};
+use sluice_media::token::{TokenError, TokenKey};
+use subtle::ConstantTimeEq;
+
+use crate::body::{self, Body};
+use crate::config::AuthConfig;
+
+/// Params a holder of a sealed token may add to the request; everything else the token fixes.
+/// Only LL-HLS delivery directives, which players append to media playlist URLs by themselves and
+/// which cannot change what is fetched from where.
+pub const ADDABLE_PARAMS: [&str; 3] = ["_HLS_msn", "_HLS_part", "_HLS_skip"];
+
+/// Path prefixes an IPTV playlist entry token opens.
+pub const CHANNEL_SCOPE: [&str; 2] = ["/rtp/", "/udp/"];
+
+/// The limits of the token a request came with; child tokens inherit them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenScope {
+    pub exp: Option<u64>,
+    pub ip: Option<String>,
+    /// Path prefixes the token opens; `None` for a MediaFlow token, which proves the password.
+    pub paths: Option<Vec<String>>,
+}
+
+/// A token that opened: what it grants and the params the request is served with.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub scope: TokenScope,
+    pub params: Vec<(String, String)>,
+}
+
+/// Why a token was refused. Logged at debug level only; the client always gets [`refusal`].
+#[derive(Debug, thiserror::Error)]
+pub enum TokenRefusal {
+    #[error("sealed token: {0}")]
+    Sealed(SealedError),
+    #[error("MediaFlow token: {0}")]
+    MediaFlow(TokenError),
+    #[error("MediaFlow tokens are turned off (auth.accept_mediaflow_tokens)")]
+    MediaFlowOff,
+    #[error("MediaFlow token does not carry the password")]
+    NoPassword,
+    #[error("no server password, so no token can be valid")]
+    NoKey,
+    #[error("token has expired")]
+    Expired,
+    #[error("token is bound to another client address")]
+    WrongAddress,
+    #[error("token does not open this path")]
+    OutOfScope,
+    #[error("token holder may not set `{0}`")]
+    Override(String),
+}
+
+/// Opens and mints tokens for one server password.
+#[derive(Debug, Clone)]
+pub struct TokenGate {
+    sealed: SealedKey,
+    /// `None` when MediaFlow tokens are turned off.
+    mediaflow: Option<TokenKey>,
+    digest: [u8; 32],
+    child_ttl: u64,
+}
+
+impl TokenGate {
+    /// `None` without a password: then no token can be minted or accepted.
+    pub fn new(config: &AuthConfig) -> Option<Self> {
+        let password = config.api_password.as_str();
+        if password.is_empty() {
+            return None;
+        }
+        Some(TokenGate {
+            sealed: SealedKey::derive(password),
+            mediaflow: config
+                .accept_mediaflow_tokens
+                .then(|| TokenKey::new(password)),
+            digest: Sha256::digest(password.as_bytes()).into(),
+            child_ttl: config.child_token_ttl_secs,
+        })
+    }
+
+    /// Opens a token and checks expiry and address. Every failure is a [`TokenRefusal`].
+    pub fn open(&self, token: &str, client_ip: IpAddr, now: u64) -> Result<Opened, TokenRefusal> {
+        let opened = if sealed::is_sealed(token) {
+            let Grant {
+                params,
+                scope,
+                exp,
+                ip,
+            } = self.sealed.open(token).map_err(TokenRefusal::Sealed)?;
+            Opened {
+                scope: TokenScope {
+                    exp,
+                    ip,
+                    paths: Some(scope),
+                },
+                params,
+            }
+        } else {
+            self.open_mediaflow(token)?
+        };
+        if opened.scope.exp.is_some_and(|exp| exp < now) {
+            return Err(TokenRefusal::Expired);
+        }
+        let claims = sluice_media::token::TokenClaims {
+            params: Vec::new(),
+            exp: None,
+            ip: opened.scope.ip.clone(),
+        };
+        if claims.check(now, Some(client_ip)).is_err() {
+            return Err(TokenRefusal::WrongAddress);
+        }
+        Ok(opened)
+    }
+
+    /// A MediaFlow token proves nothing by decrypting (it has no MAC); only the password inside
+    /// its claims makes it a credential, as in MediaFlow itself.
+    fn open_mediaflow(&self, token: &str) -> Result<Opened, TokenRefusal> {
+        let key = self.mediaflow.as_ref().ok_or(TokenRefusal::MediaFlowOff)?;
+        let claims = key.decrypt(token).map_err(TokenRefusal::MediaFlow)?;
+        let offered: [u8; 32] =
+            Sha256::digest(claims.param("api_password").unwrap_or_default().as_bytes()).into();
+        let has_password = claims.param("api_password").is_some();
+        if !(bool::from(offered.ct_eq(&self.digest)) && has_password) {
+            return Err(TokenRefusal::NoPassword);
+        }
+        let params = claims
+            .params
+            .into_iter()
+            .filter(|(k, _)| k != "api_password")
+            .collect();
+        Ok(Opened {
+            scope: TokenScope {
+                exp: claims.exp,
+                ip: claims.ip,
+                paths: None,
+            },
+            params,
+        })
+    }
+
+    /// Mints a sealed token for `paths`, inside the parent's limits. `expires` gives it the child
+    /// TTL (or the parent's expiry if sooner); without it the token lasts as long as the parent.
+    pub fn mint(
+        &self,
+        params: &[(String, String)],
+        paths: &[&str],
+        parent: Option<&TokenScope>,
+        expires: bool,
+        now: u64,
+    ) -> String {
+        let parent_exp = parent.and_then(|p| p.exp);
+        let own = expires.then(|| now.saturating_add(self.child_ttl));
+        let exp = match (parent_exp, own) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let grant = Grant {
+            params: params.to_vec(),
+            scope: paths.iter().map(|p| p.to_string()).collect(),
+            exp,
+            ip: parent.and_then(|p| p.ip.clone()),
+        };
+        self.sealed.seal(&grant, random_nonce())
+    }
+}
+
+/// The query a token request is served with, or a refusal when the path is outside the token's
+/// scope or the request tries to set what the token fixes.
+///
+/// A MediaFlow token (proof of the password) behaves as in MediaFlow: its params win and the
+/// request may add others. A sealed token's params are the whole query, plus [`ADDABLE_PARAMS`].
+pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Query, TokenRefusal> {
+    let mut query = Query::from_pairs(opened.params.clone());
+    let extra = request
+        .pairs()
+        .iter()
+        .filter(|(k, _)| k != "token" && k != "api_password");
+    match &opened.scope.paths {
+        None => {
+            query.merge_missing(extra.cloned().collect());
+        }
+        Some(paths) => {
+            if !paths.iter().any(|prefix| path.starts_with(prefix.as_str())) {
+                return Err(TokenRefusal::OutOfScope);
+            }
+            let mut added = Vec::new();
+            for (name, value) in extra {
+                let repeated = query.get(name).is_some() || added.iter().any(|(k, _)| k == name);
+                if !ADDABLE_PARAMS.contains(&name.as_str()) || repeated {
+                    return Err(TokenRefusal::Override(name.chars().take(64).collect()));
+                }
+                added.push((name.clone(), value.clone()));
+            }
+            query.merge_missing(added);
+        }
+    }
+    Ok(query)
+}
+
+/// The one answer to every token failure: same status, body and headers whatever went wrong.
+pub fn refusal() -> Response<Body> {
+    let mut resp = Response::new(body::full(REFUSAL_BODY));
+    *resp.status_mut() = StatusCode::UNAUTHORIZED;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+const REFUSAL_BODY: &str = r#"{"detail":"invalid token"}"#;
+
+/// Unix seconds now.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_nonce() -> [u8; sealed::NONCE_LEN] {
+    let mut nonce = [0u8; sealed::NONCE_LEN];
+    // The OS generator failing is not recoverable: a fixed nonce would break the cipher.
+    getrandom::getrandom(&mut nonce).expect("operating system random generator");
+    nonce
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(accept_mediaflow: bool) -> TokenGate {
+        TokenGate::new(&AuthConfig {
+            api_password: "pw".into(),
+            accept_mediaflow_tokens: accept_mediaflow,
+            child_token_ttl_secs: 100,
+            ..AuthConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn pairs(q: &[(&str, &str)]) -> Vec<(String, String)> {
+        q.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn minted_child_expires_at_ttl_or_parent() {
+        let g = gate(true);
+        let t = g.mint(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, true, 1000);
+        let o = g.open(&t, IP, 1000).unwrap();
+        assert_eq!(o.scope.exp, Some(1100));
+        assert_eq!(o.scope.paths, Some(vec!["/proxy/hls/".to_string()]));
+        assert!(matches!(g.open(&t, IP, 1101), Err(TokenRefusal::Expired)));
+        let parent = TokenScope {
+            exp: Some(1050),
+            ip: None,
+            paths: None,
+        };
+        let t = g.mint(&[], &["/proxy/hls/"], Some(&parent), true, 1000);
+        assert_eq!(g.open(&t, IP, 1000).unwrap().scope.exp, Some(1050));
+        let t = g.mint(&[], &CHANNEL_SCOPE, None, false, 1000);
+        assert_eq!(g.open(&t, IP, u64::MAX).unwrap().scope.exp, None);
+    }
+
+    #[test]
+    fn mediaflow_tokens_need_the_password_and_can_be_turned_off() {
+        let key = TokenKey::new("pw");
+        let with = key.encrypt(
+            &pairs(&[("d", "x"), ("api_password", "pw")]),
+            None,
+            None,
+            [1; 16],
+        );
+        let without = key.encrypt(&pairs(&[("d", "x")]), None, None, [1; 16]);
+        let wrong = key.encrypt(&pairs(&[("api_password", "pX")]), None, None, [1; 16]);
+        let o = gate(true).open(&with, IP, 0).unwrap();
+        assert_eq!(o.params, pairs(&[("d", "x")]));
+        assert_eq!(o.scope.paths, None);
+        assert!(matches!(
+            gate(true).open(&without, IP, 0),
+            Err(TokenRefusal::NoPassword)
+        ));
+        assert!(matches!(
+            gate(true).open(&wrong, IP, 0),
+            Err(TokenRefusal::NoPassword)
+        ));
+        assert!(matches!(
+            gate(false).open(&with, IP, 0),
+            Err(TokenRefusal::MediaFlowOff)
+        ));
+    }
+
+    #[test]
+    fn sealed_scope_and_overrides() {
+        let g = gate(true);
+        let t = g.mint(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, true, 0);
+        let o = g.open(&t, IP, 0).unwrap();
+        let q = scoped_query(
+            &o,
+            "/proxy/hls/segment.ts",
+            &Query::parse("_HLS_msn=3&token=t"),
+        )
+        .unwrap();
+        assert_eq!(
+            q.pairs(),
+            pairs(&[("d", "x"), ("_HLS_msn", "3")]).as_slice()
+        );
+        assert!(matches!(
+            scoped_query(&o, "/proxy/stream", &Query::parse("")),
+            Err(TokenRefusal::OutOfScope)
+        ));
+        for q in [
+            "d=y",
+            "h_authorization=x",
+            "key_id=1",
+            "_HLS_msn=1&_HLS_msn=2",
+        ] {
+            let r = scoped_query(&o, "/proxy/hls/x", &Query::parse(q));
+            assert!(matches!(r, Err(TokenRefusal::Override(_))), "{q}");
+        }
+    }
+
+    #[test]
+    fn refusal_is_fixed() {
+        let a = refusal();
+        let b = refusal();
+        assert_eq!(a.status(), b.status());
+        assert_eq!(a.headers(), b.headers());
+    }
+}

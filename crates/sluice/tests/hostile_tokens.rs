@@ -1,0 +1,403 @@
+//! Attack catalogue against a running sluice: forged, flipped, replayed, re-scoped and re-pointed
+//! tokens. Every refusal must be byte-identical and the origin must see nothing it should not.
+
+mod support;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use bytes::Bytes;
+use http::Response;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sluice_media::token::sealed::{Grant, SealedKey};
+use sluice_media::token::TokenKey;
+use support::*;
+use tokio::net::TcpListener;
+
+const PW: &str = "hostile-test-password";
+const SEGMENT: &[u8] = b"\x47segment-bytes-that-are-not-a-real-ts-but-exact";
+
+/// A small HLS origin that records the headers of every request it gets.
+struct HlsOrigin {
+    addr: std::net::SocketAddr,
+    seen: Arc<Mutex<Vec<(String, http::HeaderMap)>>>,
+}
+
+impl HlsOrigin {
+    async fn start() -> HlsOrigin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let log = log.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            log.lock()
+                                .unwrap()
+                                .push((path.clone(), req.headers().clone()));
+                            let body: Bytes = match path.as_str() {
+                                "/live/index.m3u8" => Bytes::from_static(
+                                    b"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n\
+                                      #EXTINF:4.0,\nseg0.ts\n#EXTINF:4.0,\nseg1.ts\n#EXT-X-ENDLIST\n",
+                                ),
+                                _ => Bytes::from_static(SEGMENT),
+                            };
+                            Ok::<_, Infallible>(Response::new(Full::new(body)))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        HlsOrigin { addr, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn requests(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    fn saw_header(&self, name: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, h)| h.contains_key(name))
+    }
+}
+
+async fn sluice(accept_mediaflow: bool) -> Sluice {
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.auth.accept_mediaflow_tokens = accept_mediaflow;
+    Sluice::start(config).await
+}
+
+/// Everything a client can observe about a refusal except the `date` header.
+#[derive(Debug, PartialEq, Eq)]
+struct Observed {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Bytes,
+}
+
+async fn observe(url: &str) -> Observed {
+    let r = get(url).await;
+    let mut headers: Vec<(String, Vec<u8>)> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| *k != http::header::DATE)
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    headers.sort();
+    Observed {
+        status: r.status.as_u16(),
+        headers,
+        body: r.body.unwrap(),
+    }
+}
+
+/// The reference refusal: a token that is plain garbage.
+async fn reference(s: &Sluice) -> Observed {
+    let r = observe(&s.url("/_token_garbage/proxy/stream")).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.body, Bytes::from_static(br#"{"detail":"invalid token"}"#));
+    r
+}
+
+/// A real child token: the first segment URL of a manifest rewritten by sluice.
+async fn child_segment_url(s: &Sluice, origin: &HlsOrigin) -> String {
+    let url = s.url(&format!(
+        "/proxy/hls/manifest.m3u8?d={}&api_password={PW}",
+        enc(&origin.url("/live/index.m3u8"))
+    ));
+    let r = get(&url).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(!text.contains(PW));
+    text.lines()
+        .find(|l| !l.starts_with('#') && !l.is_empty())
+        .unwrap()
+        .to_string()
+}
+
+fn split_token(url: &str) -> (&str, &str, &str) {
+    let (base, rest) = url.split_once("/_token_").unwrap();
+    let (token, path) = rest.split_once('/').unwrap();
+    (base, token, path)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn a_bit_flip_at_any_byte_of_a_minted_token_gets_the_same_refusal() {
+    let origin = HlsOrigin::start().await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    let url = child_segment_url(&s, &origin).await;
+    let (base, token, path) = split_token(&url);
+    // The untouched token plays the exact origin bytes.
+    let ok = get(&url).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.body.unwrap(), Bytes::from_static(SEGMENT));
+    let fetched = origin.requests();
+    let raw = URL_SAFE_NO_PAD
+        .decode(token.strip_prefix("s1.").unwrap())
+        .unwrap();
+    assert!(raw.len() > 40);
+    for i in 0..raw.len() {
+        let mut flipped = raw.clone();
+        flipped[i] ^= 1 << (i % 8);
+        let forged = format!("s1.{}", URL_SAFE_NO_PAD.encode(&flipped));
+        let got = observe(&format!("{base}/_token_{forged}/{path}")).await;
+        assert_eq!(got, want, "flip at byte {i}");
+    }
+    // Truncated, extended and re-versioned tokens too.
+    for forged in [
+        token[..token.len() - 1].to_string(),
+        format!("{token}A"),
+        token.replacen("s1.", "s2.", 1),
+        "s1.".to_string(),
+    ] {
+        let got = observe(&format!("{base}/_token_{forged}/{path}")).await;
+        assert_eq!(got, want, "{forged}");
+    }
+    assert_eq!(
+        origin.requests(),
+        fetched,
+        "no forged token reached the origin"
+    );
+}
+
+#[tokio::test]
+async fn a_padding_oracle_attack_on_a_mediaflow_token_learns_nothing() {
+    let origin = Origin::start().await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    // A token as /generate_url (and MediaFlow's own generator) makes it: password inside.
+    let params = vec![
+        ("d".to_string(), origin.url("/small")),
+        ("api_password".to_string(), PW.to_string()),
+    ];
+    let token = TokenKey::new(PW).encrypt(&params, None, None, [9; 16]);
+    let ok = get(&s.url(&format!("/_token_{token}/proxy/stream"))).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.body.unwrap(), "hello");
+    // The classic attack: vary the last byte of the block before the last one and watch for a
+    // response that says "padding was fine". Some of these 255 variants do decrypt with valid
+    // padding (then fail as JSON or lose the password); none may answer differently.
+    let raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
+    let at = raw.len() - 17;
+    for guess in 0..=255u8 {
+        if guess == raw[at] {
+            continue;
+        }
+        let mut forged = raw.clone();
+        forged[at] = guess;
+        let t = URL_SAFE_NO_PAD.encode(&forged);
+        assert_eq!(
+            observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+            want,
+            "guess {guess}"
+        );
+    }
+    // A token that is only the last two blocks (CBC-R building block) and one forged for a
+    // chosen plaintext with the wrong key fare no better.
+    let t = URL_SAFE_NO_PAD.encode(&raw[raw.len() - 32..]);
+    assert_eq!(
+        observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+        want
+    );
+    let t = TokenKey::new("guess").encrypt(&params, None, None, [1; 16]);
+    assert_eq!(
+        observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+        want
+    );
+}
+
+#[tokio::test]
+async fn a_mediaflow_token_is_a_credential_only_with_the_password() {
+    let origin = Origin::start().await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    let key = TokenKey::new(PW);
+    let d = ("d".to_string(), origin.url("/small"));
+    let pw = ("api_password".to_string(), PW.to_string());
+    // Decrypting is not enough: without the password inside it is refused.
+    let without = key.encrypt(std::slice::from_ref(&d), None, None, [3; 16]);
+    assert_eq!(
+        observe(&s.url(&format!("/_token_{without}/proxy/stream"))).await,
+        want
+    );
+    let wrong = key.encrypt(
+        &[d.clone(), ("api_password".into(), "nope".into())],
+        None,
+        None,
+        [3; 16],
+    );
+    assert_eq!(
+        observe(&s.url(&format!("/proxy/stream?token={wrong}"))).await,
+        want
+    );
+    // With it: streams, in the path and in the query.
+    let with = key.encrypt(&[d.clone(), pw.clone()], None, None, [3; 16]);
+    for url in [
+        s.url(&format!("/_token_{with}/proxy/stream")),
+        s.url(&format!("/proxy/stream?token={with}")),
+    ] {
+        let r = get(&url).await;
+        assert_eq!(r.status, 200, "{url}");
+        assert_eq!(r.body.unwrap(), "hello");
+    }
+    // Expired, or bound to another address: the same refusal.
+    let expired = key.encrypt(&[d.clone(), pw.clone()], Some(now() - 5), None, [3; 16]);
+    let elsewhere = key.encrypt(&[d.clone(), pw.clone()], None, Some("10.9.9.9"), [3; 16]);
+    for t in [expired, elsewhere] {
+        assert_eq!(
+            observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+            want
+        );
+    }
+    // Switched off: even a token with the password is refused, the same way.
+    let off = sluice(false).await;
+    let want_off = reference(&off).await;
+    assert_eq!(want_off, want);
+    assert_eq!(
+        observe(&off.url(&format!("/_token_{with}/proxy/stream"))).await,
+        want
+    );
+}
+
+#[tokio::test]
+async fn an_hls_child_token_cannot_be_repointed_or_given_headers() {
+    let origin = HlsOrigin::start().await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    let url = child_segment_url(&s, &origin).await;
+    let (base, token, _) = split_token(&url);
+    let fetched = origin.requests();
+    for attack in [
+        format!("{url}?h_authorization=Bearer%20stolen"),
+        format!("{url}?h_cookie=session%3D1"),
+        format!("{url}?d={}", enc("http://127.0.0.1:1/elsewhere")),
+        format!("{url}?key_id=00&key=00"),
+        format!("{url}?x_headers=authorization"),
+        format!("{url}?rp_content-type=text/html"),
+        // Another endpoint family, the ops endpoints, the URL generator.
+        format!(
+            "{base}/_token_{token}/proxy/stream?d={}",
+            enc(&origin.url("/x"))
+        ),
+        format!("{base}/_token_{token}/proxy/mpd/manifest.m3u8"),
+        format!("{base}/_token_{token}/metrics"),
+        format!("{base}/_token_{token}/status"),
+        format!("{base}/_token_{token}/generate_url"),
+        format!("{base}/_token_{token}/playlist.m3u"),
+        format!("{base}/_token_{token}/rtp/239.1.1.1:5000"),
+    ] {
+        assert_eq!(observe(&attack).await, want, "{attack}");
+    }
+    assert_eq!(origin.requests(), fetched);
+    assert!(!origin.saw_header("authorization"));
+    assert!(!origin.saw_header("cookie"));
+    // The documented harmless additions still play.
+    let r = get(&format!("{url}?_HLS_msn=3&_HLS_part=1")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+}
+
+#[tokio::test]
+async fn minted_tokens_expire_and_stay_bound() {
+    let origin = HlsOrigin::start().await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    // A grant sealed with the server's key but expired, or bound to another address, is refused
+    // like any forgery (the key is derived as the server derives it).
+    let key = SealedKey::derive(PW);
+    let grant = |exp: Option<u64>, ip: Option<&str>| Grant {
+        params: vec![("d".into(), origin.url("/live/seg0.ts"))],
+        scope: vec!["/proxy/hls/".into()],
+        exp,
+        ip: ip.map(str::to_string),
+    };
+    let live = key.seal(&grant(Some(now() + 60), Some("127.0.0.1")), [5; 24]);
+    let r = get(&s.url(&format!("/_token_{live}/proxy/hls/segment.ts"))).await;
+    assert_eq!(r.status, 200);
+    for t in [
+        key.seal(&grant(Some(now() - 1), None), [5; 24]),
+        key.seal(&grant(None, Some("10.1.1.1")), [5; 24]),
+        // No scope at all opens nothing.
+        key.seal(
+            &Grant {
+                scope: Vec::new(),
+                ..grant(None, None)
+            },
+            [5; 24],
+        ),
+    ] {
+        assert_eq!(
+            observe(&s.url(&format!("/_token_{t}/proxy/hls/segment.ts"))).await,
+            want
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_playlist_entry_token_opens_channels_only() {
+    let origin = Origin::start().await;
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    m3u.write_all(b"#EXTM3U\n#EXTINF:-1,One\nrtp://239.1.2.3:5000\n")
+        .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.interface = Some("lo".into());
+    config.iptv.no_data_timeout_ms = 200;
+    let s = Sluice::start(config).await;
+    let want = reference(&s).await;
+    let r = get(&s.url(&format!("/playlist.m3u?api_password={PW}"))).await;
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let entry = text.lines().find(|l| l.starts_with("http://")).unwrap();
+    let (base, token, path) = split_token(entry);
+    assert_eq!(path, "rtp/239.1.2.3:5000");
+    // The entry itself is authorized (the gateway answers 504: nothing is sent to the group).
+    assert_eq!(get(entry).await.status, 504);
+    for attack in [
+        format!(
+            "{base}/_token_{token}/proxy/stream?d={}",
+            enc(&origin.url("/small"))
+        ),
+        format!(
+            "{base}/proxy/stream?token={token}&d={}",
+            enc(&origin.url("/small"))
+        ),
+        format!("{base}/_token_{token}/metrics"),
+        format!("{base}/_token_{token}/status"),
+        format!("{base}/_token_{token}/status.json"),
+        format!("{base}/_token_{token}/playlist.m3u"),
+        format!("{base}/_token_{token}/generate_url"),
+    ] {
+        assert_eq!(observe(&attack).await, want, "{attack}");
+    }
+    assert!(origin.seen_path("/small").is_empty());
+}
