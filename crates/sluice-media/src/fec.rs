@@ -47,8 +47,10 @@ pub struct FecHeader {
 impl FecHeader {
     /// Sequence numbers this packet protects.
     pub fn protected(&self) -> impl Iterator<Item = u16> + '_ {
-        (0..u16::from(self.na))
-            .map(|j| self.sn_base.wrapping_add(j.wrapping_mul(u16::from(self.offset))))
+        (0..u16::from(self.na)).map(|j| {
+            self.sn_base
+                .wrapping_add(j.wrapping_mul(u16::from(self.offset)))
+        })
     }
 }
 
@@ -140,7 +142,10 @@ impl Recovery {
                     if p.payload.len() > payload.len() {
                         payload.resize(p.payload.len(), 0);
                     }
-                    payload.iter_mut().zip(&p.payload).for_each(|(a, b)| *a ^= b);
+                    payload
+                        .iter_mut()
+                        .zip(&p.payload)
+                        .for_each(|(a, b)| *a ^= b);
                     length ^= p.payload.len() as u16;
                     pt ^= p.payload_type;
                     ts ^= p.timestamp;

@@ -345,11 +345,8 @@ impl Iptv {
             .epg
             .source(Some(&text_in))
             .map(|_| format!("{base}/epg.xml.gz"));
-        let out = playlist::rewrite_playlist(
-            &String::from_utf8_lossy(&text_in),
-            &base,
-            epg.as_deref(),
-        );
+        let out =
+            playlist::rewrite_playlist(&String::from_utf8_lossy(&text_in), &base, epg.as_deref());
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
     }
 
@@ -360,7 +357,10 @@ impl Iptv {
         };
         let source = self.epg.source(playlist_text.as_deref());
         if source.is_none() {
-            return text(StatusCode::NOT_FOUND, &format!("{}\n", epg::EpgError::NoSource));
+            return text(
+                StatusCode::NOT_FOUND,
+                &format!("{}\n", epg::EpgError::NoSource),
+            );
         }
         let guide = match self.epg.get(source).await {
             Ok(g) => g,

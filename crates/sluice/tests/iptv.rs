@@ -405,7 +405,12 @@ async fn membership_is_refreshed_and_the_stream_goes_on() {
         .as_secs();
     let at = status["hubs"][0]["last_rejoin_unix"].as_u64().unwrap();
     assert!(at <= now && at + 10 > now, "{at} vs {now}");
-    assert!(status["hubs"][0]["last_rejoin_seconds_ago"].as_u64().unwrap() < 10);
+    assert!(
+        status["hubs"][0]["last_rejoin_seconds_ago"]
+            .as_u64()
+            .unwrap()
+            < 10
+    );
     assert_eq!(igmp_memberships(group), vec![1]);
 }
 

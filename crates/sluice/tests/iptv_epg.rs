@@ -36,7 +36,9 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 
 fn gunzip(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    flate2::read::GzDecoder::new(data).read_to_end(&mut out).unwrap();
+    flate2::read::GzDecoder::new(data)
+        .read_to_end(&mut out)
+        .unwrap();
     out
 }
 
@@ -68,7 +70,10 @@ async fn origin(state: Arc<Mutex<Origin>>) -> SocketAddr {
                     }
                     let mut s = state.lock().unwrap();
                     s.requests += 1;
-                    let inm = req.headers().get("if-none-match").map(|v| v.to_str().unwrap().to_string());
+                    let inm = req
+                        .headers()
+                        .get("if-none-match")
+                        .map(|v| v.to_str().unwrap().to_string());
                     if inm.is_some() {
                         s.conditional += 1;
                     }
@@ -81,24 +86,35 @@ async fn origin(state: Arc<Mutex<Origin>>) -> SocketAddr {
                     Ok(resp)
                 }
             });
-            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc));
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
+            );
         }
     });
     addr
 }
 
-async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (Response<()>, Vec<u8>) {
+async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Response<()>, Vec<u8>) {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let mut req = Request::get(path).header("host", "gw.test");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req.body(Empty::<Bytes>::new()).unwrap()))
-        .await
-        .unwrap()
-        .unwrap();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        send.send_request(req.body(Empty::<Bytes>::new()).unwrap()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.unwrap().to_bytes().to_vec();
     (Response::from_parts(parts, ()), bytes)
@@ -125,7 +141,10 @@ async fn guide_is_served_cached_with_validators_and_refreshed() {
     assert_eq!(resp.headers()["content-type"], "application/gzip");
     assert_eq!(Sha256::digest(&body), Sha256::digest(&first_gz));
     let etag_gz = resp.headers()["etag"].to_str().unwrap().to_string();
-    let hex: String = Sha256::digest(&first)[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = Sha256::digest(&first)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let want_tag = format!("\"{hex}");
     assert_eq!(etag_gz, format!("{want_tag}-gz\""));
     assert!(resp.headers().contains_key("last-modified"));
@@ -133,8 +152,14 @@ async fn guide_is_served_cached_with_validators_and_refreshed() {
     // Plain XML for a client without gzip; gzip-encoded for one that accepts it.
     let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["content-type"], "application/xml; charset=utf-8");
-    assert_eq!(resp.headers()["etag"].to_str().unwrap(), format!("{want_tag}\""));
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/xml; charset=utf-8"
+    );
+    assert_eq!(
+        resp.headers()["etag"].to_str().unwrap(),
+        format!("{want_tag}\"")
+    );
     assert!(resp.headers().get("content-encoding").is_none());
     assert_eq!(body, first);
     let (resp, body) = get_with(gw.addr, "/epg.xml", &[("accept-encoding", "gzip")]).await;
@@ -147,7 +172,10 @@ async fn guide_is_served_cached_with_validators_and_refreshed() {
     assert_eq!(resp.status(), 304);
     assert!(body.is_empty());
     assert_eq!(resp.headers()["etag"].to_str().unwrap(), etag_gz);
-    let lm = resp.headers()["last-modified"].to_str().unwrap().to_string();
+    let lm = resp.headers()["last-modified"]
+        .to_str()
+        .unwrap()
+        .to_string();
     let (resp, _) = get_with(gw.addr, "/epg.xml", &[("if-modified-since", &lm)]).await;
     assert_eq!(resp.status(), 304);
     let (resp, _) = get_with(gw.addr, "/epg.xml", &[("if-none-match", "\"stale\"")]).await;
@@ -155,7 +183,10 @@ async fn guide_is_served_cached_with_validators_and_refreshed() {
 
     // The playlist's guide URL now points here.
     let list = read_text(gw.get("/playlist.m3u").await).await;
-    assert!(list.starts_with("#EXTM3U x-tvg-url=\"http://gw.test/epg.xml.gz\"\n"), "{list}");
+    assert!(
+        list.starts_with("#EXTM3U x-tvg-url=\"http://gw.test/epg.xml.gz\"\n"),
+        "{list}"
+    );
 
     // Served from cache: one origin fetch so far (the refresh loop and requests share it).
     let fetched = state.lock().unwrap().requests;
@@ -175,7 +206,12 @@ async fn guide_is_served_cached_with_validators_and_refreshed() {
     let mut changed = false;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let (resp, body) = get_with(gw.addr, "/epg.xml", &[("if-none-match", &format!("{want_tag}\""))]).await;
+        let (resp, body) = get_with(
+            gw.addr,
+            "/epg.xml",
+            &[("if-none-match", &format!("{want_tag}\""))],
+        )
+        .await;
         if resp.status() == 200 {
             assert_eq!(body, second, "a plain source is served as sent");
             changed = true;
@@ -191,7 +227,10 @@ async fn guide_errors_are_clear() {
     let gw = Gateway::start(config()).await;
     let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
     assert_eq!(resp.status(), 404);
-    assert_eq!(body, b"no EPG source: the playlist has no x-tvg-url and iptv.epg_url is unset\n");
+    assert_eq!(
+        body,
+        b"no EPG source: the playlist has no x-tvg-url and iptv.epg_url is unset\n"
+    );
 
     // Larger than the bound: 502 and the reason, nothing cached.
     let state = Arc::new(Mutex::new(Origin {

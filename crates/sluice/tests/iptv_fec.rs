@@ -47,7 +47,9 @@ async fn dropped_packets_are_rebuilt_from_row_and_column_fec() {
     // Across the sequence wrap.
     let first_seq = 65_480u16;
     let seq = move |i: usize| first_seq.wrapping_add(i as u16);
-    let packets: Vec<MediaPacket> = (0..stream.len()).map(|i| media(seq(i), &stream[i])).collect();
+    let packets: Vec<MediaPacket> = (0..stream.len())
+        .map(|i| media(seq(i), &stream[i]))
+        .collect();
 
     let sender = Sender::new(group, port);
     let fec_sender = Sender::new(group, fec_port);
@@ -99,7 +101,10 @@ async fn dropped_packets_are_rebuilt_from_row_and_column_fec() {
     assert_eq!(Sha256::digest(&got), want);
 
     let hub = &status["hubs"][0];
-    assert_eq!(hub["channel"], format!("rtp://{group}:{port}?fec={fec_port}"));
+    assert_eq!(
+        hub["channel"],
+        format!("rtp://{group}:{port}?fec={fec_port}")
+    );
     let lost = (0..count).filter(|i| i % 7 == 6).count() as u64;
     assert_eq!(hub["fec_recovered"], lost, "{hub}");
     assert_eq!(hub["rtp_lost"], 0, "{hub}");

@@ -10,7 +10,9 @@ fn packet(seq: u16) -> MediaPacket {
         sequence: seq,
         payload_type: 33,
         timestamp: 90_000u32.wrapping_mul(u32::from(seq)),
-        payload: (0..len).map(|i| (i as u16 ^ seq.wrapping_mul(31)) as u8).collect(),
+        payload: (0..len)
+            .map(|i| (i as u16 ^ seq.wrapping_mul(31)) as u8)
+            .collect(),
     }
 }
 
@@ -44,7 +46,11 @@ fn one_loss_per_row_is_repaired_byte_identical() {
     for p in row.iter().filter(|p| p.sequence != 65535) {
         rec.media(p.clone());
     }
-    assert_eq!(rec.fec(&h, xor), FecOutcome::Repaired(row[2].clone()), "the wrap does not matter");
+    assert_eq!(
+        rec.fec(&h, xor),
+        FecOutcome::Repaired(row[2].clone()),
+        "the wrap does not matter"
+    );
     // Nothing missing now: the same FEC packet repairs nothing.
     assert_eq!(rec.fec(&h, xor), FecOutcome::Intact);
 }

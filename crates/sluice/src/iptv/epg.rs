@@ -70,7 +70,10 @@ pub struct Epg {
 impl std::fmt::Debug for Epg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Epg")
-            .field("configured", &self.configured.as_deref().map(super::playlist::shown))
+            .field(
+                "configured",
+                &self.configured.as_deref().map(super::playlist::shown),
+            )
             .field("refresh", &self.refresh)
             .field("max_bytes", &self.max_bytes)
             .finish_non_exhaustive()
@@ -271,7 +274,10 @@ fn prepare(raw: Bytes, max: usize) -> Result<Guide, EpgError> {
     let gz = if is_gzip {
         raw
     } else {
-        let mut enc = GzEncoder::new(Vec::with_capacity(xml.len() / 8), flate2::Compression::new(6));
+        let mut enc = GzEncoder::new(
+            Vec::with_capacity(xml.len() / 8),
+            flate2::Compression::new(6),
+        );
         enc.write_all(&xml)
             .and_then(|_| enc.finish())
             .map(Bytes::from)
@@ -360,7 +366,9 @@ pub fn not_modified(headers: &HeaderMap, etag: &str, last_modified: SystemTime) 
             return false;
         };
         let bare = |t: &str| t.trim().trim_start_matches("W/").to_string();
-        return inm.split(',').any(|t| t.trim() == "*" || bare(t) == bare(etag));
+        return inm
+            .split(',')
+            .any(|t| t.trim() == "*" || bare(t) == bare(etag));
     }
     let since = headers
         .get(header::IF_MODIFIED_SINCE)
@@ -368,8 +376,10 @@ pub fn not_modified(headers: &HeaderMap, etag: &str, last_modified: SystemTime) 
         .and_then(|v| httpdate::parse_http_date(v).ok());
     match since {
         // HTTP dates have whole seconds; the content is unmodified if not newer than that.
-        Some(since) => httpdate::fmt_http_date(last_modified) == httpdate::fmt_http_date(since)
-            || last_modified <= since,
+        Some(since) => {
+            httpdate::fmt_http_date(last_modified) == httpdate::fmt_http_date(since)
+                || last_modified <= since
+        }
         None => false,
     }
 }

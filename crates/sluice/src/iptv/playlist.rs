@@ -138,10 +138,7 @@ pub struct Playlist {
 impl std::fmt::Debug for Playlist {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Playlist")
-            .field(
-                "location",
-                &shown(&self.location),
-            )
+            .field("location", &shown(&self.location))
             .field("refresh", &self.refresh)
             .finish_non_exhaustive()
     }
@@ -203,7 +200,10 @@ impl Playlist {
             .await
             .map_err(|e| format!("playlist fetch from {shown} failed: {e}"))?;
         if !resp.status.is_success() {
-            return Err(format!("playlist fetch from {shown}: status {}", resp.status));
+            return Err(format!(
+                "playlist fetch from {shown}: status {}",
+                resp.status
+            ));
         }
         resp.body
             .collect_limited(MAX_PLAYLIST)
@@ -244,7 +244,10 @@ http://example.invalid/d.m3u8\n";
     fn finds_and_replaces_the_guide_url() {
         let text = "#EXTM3U x-tvg-url=\"http://e/a.xml.gz,http://e/b.xml\" catchup=\"append\"\n#EXTINF:-1,A\nrtp://239.1.1.1:5000\n";
         assert_eq!(epg_url(text), Some("http://e/a.xml.gz"));
-        assert_eq!(epg_url("#EXTM3U url-tvg=\"http://e/c.xml\"\n"), Some("http://e/c.xml"));
+        assert_eq!(
+            epg_url("#EXTM3U url-tvg=\"http://e/c.xml\"\n"),
+            Some("http://e/c.xml")
+        );
         assert_eq!(epg_url("#EXTM3U my-x-tvg-url=\"http://no\"\n"), None);
         assert_eq!(epg_url("#EXTINF:-1,A\n"), None);
         let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"));

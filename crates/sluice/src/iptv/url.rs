@@ -164,10 +164,7 @@ fn interface_param(query: &str) -> Result<Option<String>, UrlError> {
 
 /// `fec=PORT`: where the group's FEC packets arrive; never the media port itself.
 fn fec_param(query: &str, media_port: u16) -> Result<Option<u16>, UrlError> {
-    let Some(v) = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("fec="))
-    else {
+    let Some(v) = query.split('&').find_map(|pair| pair.strip_prefix("fec=")) else {
         return Ok(None);
     };
     match v.parse::<u16>() {

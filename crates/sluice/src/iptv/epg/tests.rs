@@ -36,19 +36,34 @@ fn plain_and_gzip_sources_give_the_same_guide() {
 #[test]
 fn refuses_oversized_broken_and_non_xmltv_input() {
     let bomb = Bytes::from(gzip(&vec![b' '; 200_000]));
-    assert!(matches!(prepare(bomb, 100_000), Err(EpgError::TooLarge(100_000))));
+    assert!(matches!(
+        prepare(bomb, 100_000),
+        Err(EpgError::TooLarge(100_000))
+    ));
     let mut broken = gzip(XMLTV);
     broken.truncate(broken.len() / 2);
-    assert!(matches!(prepare(broken.into(), 1 << 20), Err(EpgError::Gzip(_))));
+    assert!(matches!(
+        prepare(broken.into(), 1 << 20),
+        Err(EpgError::Gzip(_))
+    ));
     let html = Bytes::from_static(b"<!doctype html><html><body>502</body></html>");
     assert!(matches!(prepare(html, 1 << 20), Err(EpgError::NotXmltv)));
-    assert!(matches!(prepare(Bytes::new(), 1 << 20), Err(EpgError::NotXmltv)));
+    assert!(matches!(
+        prepare(Bytes::new(), 1 << 20),
+        Err(EpgError::NotXmltv)
+    ));
 }
 
 #[test]
 fn negotiates_gzip() {
-    assert!(accepts_gzip(&headers(&[("accept-encoding", "gzip, deflate, br")])));
-    assert!(accepts_gzip(&headers(&[("accept-encoding", "br;q=1.0, GZIP;q=0.5")])));
+    assert!(accepts_gzip(&headers(&[(
+        "accept-encoding",
+        "gzip, deflate, br"
+    )])));
+    assert!(accepts_gzip(&headers(&[(
+        "accept-encoding",
+        "br;q=1.0, GZIP;q=0.5"
+    )])));
     assert!(accepts_gzip(&headers(&[("accept-encoding", "*")])));
     assert!(!accepts_gzip(&headers(&[("accept-encoding", "gzip;q=0")])));
     assert!(!accepts_gzip(&headers(&[("accept-encoding", "identity")])));
@@ -66,18 +81,42 @@ fn conditional_get() {
     assert!(gz_etag.starts_with('"') && gz_etag.ends_with("-gz\""));
     let lm = guide.last_modified;
     let date = httpdate::fmt_http_date(lm);
-    assert!(not_modified(&headers(&[("if-none-match", &etag)]), &etag, lm));
+    assert!(not_modified(
+        &headers(&[("if-none-match", &etag)]),
+        &etag,
+        lm
+    ));
     let weak = format!("\"x\", W/{etag}");
-    assert!(not_modified(&headers(&[("if-none-match", &weak)]), &etag, lm));
+    assert!(not_modified(
+        &headers(&[("if-none-match", &weak)]),
+        &etag,
+        lm
+    ));
     assert!(not_modified(&headers(&[("if-none-match", "*")]), &etag, lm));
-    assert!(!not_modified(&headers(&[("if-none-match", &gz_etag)]), &etag, lm));
+    assert!(!not_modified(
+        &headers(&[("if-none-match", &gz_etag)]),
+        &etag,
+        lm
+    ));
     // If-None-Match wins over If-Modified-Since when both are present.
     let both = headers(&[("if-none-match", "\"other\""), ("if-modified-since", &date)]);
     assert!(!not_modified(&both, &etag, lm));
-    assert!(not_modified(&headers(&[("if-modified-since", &date)]), &etag, lm));
+    assert!(not_modified(
+        &headers(&[("if-modified-since", &date)]),
+        &etag,
+        lm
+    ));
     let old = httpdate::fmt_http_date(lm - Duration::from_secs(3600));
-    assert!(!not_modified(&headers(&[("if-modified-since", &old)]), &etag, lm));
-    assert!(!not_modified(&headers(&[("if-modified-since", "garbage")]), &etag, lm));
+    assert!(!not_modified(
+        &headers(&[("if-modified-since", &old)]),
+        &etag,
+        lm
+    ));
+    assert!(!not_modified(
+        &headers(&[("if-modified-since", "garbage")]),
+        &etag,
+        lm
+    ));
 
     let (status, h) = head(Form::XmlGzipEncoded, &guide, false);
     assert_eq!(status, StatusCode::OK);

@@ -73,7 +73,10 @@ fn fec_port_is_parsed_and_checked() {
     assert_eq!(ok("/rtp/239.1.1.1:5000", None).fec, None);
     for bad in ["fec=0", "fec=5000", "fec=x", "fec=70000", "fec="] {
         assert!(
-            matches!(parse_channel("/rtp/239.1.1.1:5000", Some(bad)), Err(UrlError::FecPort(_))),
+            matches!(
+                parse_channel("/rtp/239.1.1.1:5000", Some(bad)),
+                Err(UrlError::FecPort(_))
+            ),
             "{bad}"
         );
     }
