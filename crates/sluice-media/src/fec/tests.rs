@@ -93,7 +93,7 @@ fn matrix_run(l: u16, d: u16, start: u16, n: usize) -> (Vec<MediaPacket>, Vec<Me
         got.extend(repaired(rec.fec(&h, xor)));
     }
     got.sort_by_key(|p| p.sequence.wrapping_sub(start));
-    let lost = if n == 0 { 0 } else { sent.len() / n };
+    let lost = sent.len().checked_div(n).unwrap_or(0);
     (sent, got, lost)
 }
 

@@ -73,7 +73,7 @@ impl FecState {
     ) {
         let mut buf = [0u8; 2048];
         loop {
-            let read = guard.try_io(|s| (&mut &*s.get_ref()).read(&mut buf));
+            let read = guard.try_io(|s| (&mut s.get_ref()).read(&mut buf));
             let n = match read {
                 Ok(Ok(n)) => n,
                 Ok(Err(e)) => {
