@@ -19,3 +19,5 @@ if command -v ip >/dev/null 2>&1; then
 fi
 
 cargo test --workspace --locked "$@"
+# The gateway-only build (for routers) must build and pass its own tests too.
+cargo test -p sluice --locked --no-default-features --features iptv "$@"

@@ -263,21 +263,25 @@ def start_mediaflow(ctx, password, cpus):
     return Peer("MediaFlow", p, port, f"mediaflow-proxy {MEDIAFLOW_VERSION}, uvicorn 2 workers")
 
 
-def start_sluice(ctx, password, cpus, extra_args=(), env=None):
-    """sluice on a free loopback port; `extra_args` and `env` (SLUICE_* overrides) are added."""
-    if not sluice_has_serve(ctx.sluice_bin):
+def start_sluice(ctx, password, cpus, extra_args=(), env=None, binary=None):
+    """sluice on a free loopback port; `extra_args` and `env` (SLUICE_* overrides) are added.
+    `binary` picks another build (the gateway-only router build) than the release one."""
+    binary = binary or ctx.sluice_bin
+    if not os.path.exists(binary):
+        raise Unavailable(f"not built ({os.path.relpath(binary, ctx.repo)})")
+    if not sluice_has_serve(binary):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice")
     port = procs.free_port()
     # The password goes through the environment: argv is readable by every user in /proc.
     env = {"SLUICE_AUTH_API_PASSWORD": password, **(env or {})}
-    argv = [ctx.sluice_bin, "serve", "--listen", f"127.0.0.1:{port}",
+    argv = [binary, "serve", "--listen", f"127.0.0.1:{port}",
             "--allow-private-upstreams", *extra_args]
     ctx.note(argv, env)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus,
                     env={"RUST_LOG": "warn", **env})
     procs.wait_tcp(port, p)
-    return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
+    return Peer("sluice", p, port, version_of([binary, "--version"]))
 
 
 SLUICE_REVERSE = """# sluice as a plain reverse proxy: one route, one upstream group, no access log

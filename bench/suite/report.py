@@ -336,6 +336,12 @@ def render_s5(result, out_dir, charts_rel):
                    "default) and a few tens of KiB of blocks in flight; history beyond that is kept "
                    "only while a subscriber still has it to read, up to `iptv.buffer_bytes`. The "
                    "`burst_bytes=0` rows start viewers live, as rtp2httpd and udpxy do."]
+    router = _s5_router(result)
+    if router:
+        md += ["", "**Gateway-only router build** (`cargo build --profile router "
+                   "--no-default-features --features iptv`; goals: binary ≤ 1.5 MiB, idle USS ≤ "
+                   "1 MiB, USS ≤ 2 MiB for 8 clients on 1 group with live start): "
+               + "; ".join(router) + "."]
     versions = sorted({r["version"] for r in result["rows"] if r.get("version")})
     if versions:
         md += ["", "Versions: " + "; ".join(versions) + "."]
@@ -343,11 +349,26 @@ def render_s5(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
+def _s5_router(result):
+    """One phrase per router-build row: idle and peak USS against the router goals."""
+    out = []
+    for row in result["rows"]:
+        if row.get("build") != "router" or row.get("status") != "ok":
+            continue
+        idle = (row.get("idle") or {}).get("peak_uss_mb")
+        peak = (((row.get("recv") or {}).get("usage")) or {}).get("peak_uss_mb")
+        mark = lambda v, goal: DASH if v is None else f"{v:.1f} MB {'✔' if v <= goal else '✘'}"  # noqa: E731
+        out.append(f"{row['case']}, {row['gateway']}: idle USS {mark(idle, 1.0)}, "
+                   f"peak USS {mark(peak, 2.0)}")
+    return out
+
+
 def _s5_goal(result):
     """One phrase per case: sluice's default row against rtp2httpd's and msd_lite's figures."""
     out = []
     published = result.get("published") or []
-    cases = [r for r in result["rows"] if "defaults" in r["gateway"] and r.get("status") == "ok"]
+    cases = [r for r in result["rows"] if "defaults" in r["gateway"] and r.get("status") == "ok"
+             and r.get("build", "full") == "full"]
     for i, row in enumerate(cases):
         u = ((row.get("recv") or {}).get("usage")) or {}
         if i >= len(published) or "cpu_pct" not in u:

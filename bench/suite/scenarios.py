@@ -313,10 +313,15 @@ S5_CASES = [
 S5_PORT = 4056
 # sluice as shipped, then with less instant-start history (iptv.burst_bytes, the knob that
 # drives its per-channel memory), down to none. Nothing else is tuned.
+# The third field picks the binary: "full" is the release build with every front end; "router"
+# is the gateway-only build (`--profile router --no-default-features --features iptv`).
 S5_GATEWAYS = [
-    ("sluice (defaults: burst_bytes 1 MiB)", {}),
-    ("sluice (SLUICE_IPTV_BURST_BYTES=256 KiB)", {"SLUICE_IPTV_BURST_BYTES": str(256 * 1024)}),
-    ("sluice (SLUICE_IPTV_BURST_BYTES=0, live start)", {"SLUICE_IPTV_BURST_BYTES": "0"}),
+    ("sluice (defaults: burst_bytes 1 MiB)", {}, "full"),
+    ("sluice (SLUICE_IPTV_BURST_BYTES=256 KiB)", {"SLUICE_IPTV_BURST_BYTES": str(256 * 1024)}, "full"),
+    ("sluice (SLUICE_IPTV_BURST_BYTES=0, live start)", {"SLUICE_IPTV_BURST_BYTES": "0"}, "full"),
+    ("sluice gateway-only router build (defaults)", {}, "router"),
+    ("sluice gateway-only router build (burst_bytes=0, live start)",
+     {"SLUICE_IPTV_BURST_BYTES": "0"}, "router"),
 ]
 S5_USS_GOAL_MB = 2.0
 
@@ -328,8 +333,8 @@ def s5(ctx):
     for i, case in enumerate(S5_CASES):
         groups = [f"239.81.{i}.{g + 1}" for g in range(case["groups"])]
         rows.append(_s5_sender_only(ctx, case, groups, warm, secs))
-        for label, env in S5_GATEWAYS:
-            rows.append(_s5_gateway(ctx, case, groups, label, env, warm, secs))
+        for label, env, build in S5_GATEWAYS:
+            rows.append(_s5_gateway(ctx, case, groups, label, env, warm, secs, build))
     return {"id": "S5", "title": "IPTV gateway: multicast RTP to HTTP", "status": "measured",
             "quick": q, "rows": rows, "published": S5_PUBLISHED,
             "params": {"warmup_secs": warm, "secs": secs, "port": S5_PORT,
@@ -376,11 +381,15 @@ def _s5_sender_only(ctx, case, groups, warm, secs):
     return row
 
 
-def _s5_gateway(ctx, case, groups, label, env, warm, secs):
-    row = {"case": case["case"], "gateway": label}
+def _s5_gateway(ctx, case, groups, label, env, warm, secs, build="full"):
+    binary = ctx.sluice_router_bin if build == "router" else ctx.sluice_bin
+    if os.path.exists(binary):
+        # Both builds side by side: the size on disk is part of what a router pays.
+        label = f"{label} [{os.path.getsize(binary) / 2**20:.2f} MiB binary]"
+    row = {"case": case["case"], "gateway": label, "build": build}
     try:
         peer = peers.start_sluice(ctx, PASSWORD, ctx.proxy_cpus,
-                                  ["--multicast-interface", "lo"], env)
+                                  ["--multicast-interface", "lo"], env, binary=binary)
     except (peers.Unavailable, RuntimeError) as e:
         row["status"] = str(e)
         return row

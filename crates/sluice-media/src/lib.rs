@@ -14,11 +14,13 @@
 //! - `remux`: clear fragmented MP4 remuxed to MPEG-TS (Annex B video, ADTS audio, PAT/PMT, PCR).
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
+//! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
 
 pub mod acestream;
 pub mod b64url;
 pub mod cenc;
 pub mod dash;
+pub mod fec;
 pub mod generate;
 pub mod hls;
 pub mod keys;

@@ -142,7 +142,9 @@ pub struct ReorderStats {
     pub resyncs: u64,
 }
 
-/// A jump further than this (either way) is a new sender, not loss or lateness.
+/// A jump further than this beyond the window (either way) is a new sender, not loss or
+/// lateness. Measured from the window's edge so a large window never mistakes its own
+/// reordering for a restart.
 const RESYNC_DISTANCE: i32 = 1024;
 /// Fewest consecutive late packets taken as a restarted sender (the window, if larger).
 const MIN_LATE_RUN: usize = 16;
@@ -152,9 +154,15 @@ const MIN_LATE_RUN: usize = 16;
 /// A packet ahead of the expected sequence waits in its slot; a gap is given up on only when a
 /// packet arrives that no longer fits in the window (or on [`Reorder::flush`]), so a healthy
 /// stream costs no latency and a reordered one costs at most `window` packets.
+///
+/// Slots are addressed by distance from `next` through a moving `head`, never by `seq % window`:
+/// the latter is only consistent across the 16-bit wrap when the window divides 65536, and the
+/// window is user config of any size.
 #[derive(Debug)]
 pub struct Reorder<T> {
     slots: Vec<Option<T>>,
+    /// Slot holding sequence `next`.
+    head: usize,
     /// Next sequence number to release; `None` until the first packet.
     next: Option<u16>,
     /// Packets currently held in `slots`.
@@ -172,6 +180,7 @@ impl<T> Reorder<T> {
         let window = window.clamp(1, 4096);
         Self {
             slots: (0..window).map(|_| None).collect(),
+            head: 0,
             next: None,
             held: 0,
             ahead: 0,
@@ -196,7 +205,9 @@ impl<T> Reorder<T> {
         // A run of "late" packets longer than any reordering is a sender that restarted a
         // little behind its old sequence, not duplicates: follow it instead of dropping it.
         let restarted = diff < 0 && self.late_run >= self.slots.len().max(MIN_LATE_RUN);
-        if restarted || !(-RESYNC_DISTANCE..=RESYNC_DISTANCE).contains(&diff) {
+        // At most 4096 + 1024, far below the 32768 where the signed distance turns around.
+        let reach = self.slots.len() as i32 + RESYNC_DISTANCE;
+        if restarted || !(-reach..=reach).contains(&diff) {
             self.stats.resyncs += 1;
             self.late_run = 0;
             self.flush(out);
@@ -227,9 +238,9 @@ impl<T> Reorder<T> {
         }
     }
 
+    /// Slot for the packet `dist` places after `next`; `dist` is always below the window.
     fn slot(&self, dist: u16) -> usize {
-        let next = self.next.unwrap_or(0);
-        usize::from(next.wrapping_add(dist)) % self.slots.len()
+        (self.head + usize::from(dist)) % self.slots.len()
     }
 
     fn store(&mut self, dist: u16, item: T) {
@@ -277,6 +288,7 @@ impl<T> Reorder<T> {
     }
 
     fn step(&mut self) {
+        self.head = (self.head + 1) % self.slots.len();
         self.next = self.next.map(|n| n.wrapping_add(1));
         self.ahead = self.ahead.saturating_sub(1);
     }

@@ -24,7 +24,9 @@ use crate::auth::Auth;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
+#[cfg(feature = "iptv")]
 use crate::iptv::Iptv;
+#[cfg(feature = "media")]
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
 use crate::reverse::forward::Downstream;
@@ -42,7 +44,9 @@ pub struct App {
     tokens: Option<Arc<TokenGate>>,
     metrics: HttpMetrics,
     registry: Registry,
+    #[cfg(feature = "media")]
     media: Option<Media>,
+    #[cfg(feature = "iptv")]
     iptv: Arc<Iptv>,
     /// `/metrics` is open when every listener is loopback.
     metrics_open: bool,
@@ -66,6 +70,7 @@ impl App {
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
         let tokens = TokenGate::new(&config.auth).map(Arc::new);
+        #[cfg(feature = "media")]
         let media = if config.media.enabled {
             // The Acestream engine is an operator-configured host, usually on a private address
             // the public-upstream guard refuses: it gets its own client that may reach it, with
@@ -90,7 +95,14 @@ impl App {
         } else {
             None
         };
-        let iptv = Iptv::new(config.iptv.clone(), &mut registry)?;
+        // One config file may serve both builds: a gateway-only build says what it leaves out
+        // rather than refusing to start.
+        #[cfg(not(feature = "media"))]
+        if config.media.enabled {
+            tracing::warn!("media.enabled is set, but this build has no media front end (the `media` feature): /proxy/ answers 404");
+        }
+        #[cfg(feature = "iptv")]
+        let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         let reverse_metrics = ReverseMetrics::new(&mut registry);
         let routing = build_routing(config, None, &reverse_metrics)?;
         Ok(Arc::new(App {
@@ -100,9 +112,11 @@ impl App {
             media_on: config.media.enabled,
             auth,
             tokens,
+            #[cfg(feature = "iptv")]
             iptv,
             metrics,
             registry,
+            #[cfg(feature = "media")]
             media,
             metrics_open: config.server.listen.iter().all(|a| a.ip().is_loopback()),
         }))
@@ -270,14 +284,17 @@ impl App {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
             "/admin/reload" => self.admin_reload(&req).await,
             "/metrics" => self.serve_metrics(&req, &ctx),
+            #[cfg(feature = "media")]
             p if Media::serves_open(p) && self.media.is_some() => match &self.media {
                 Some(media) => media.handle_open(req, &ctx).await,
                 None => Err(not_found(p)),
             },
+            #[cfg(feature = "iptv")]
             p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
                 Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
                 Err(e) => Err(e),
             },
+            #[cfg(feature = "media")]
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self.authorize(&req, &ctx) {
                     Ok(()) => media.handle(req, &ctx).await,
@@ -376,6 +393,7 @@ impl App {
 
     /// The request head as the IPTV front end sees it: the token prefix stripped from the path, and
     /// the prefix playlist entries need when a password is configured.
+    #[cfg(feature = "iptv")]
     fn iptv_parts(&self, req: Request<Incoming>, ctx: &RequestContext) -> http::request::Parts {
         let (mut parts, _) = req.into_parts();
         parts

@@ -17,6 +17,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub upstream: UpstreamConfig,
     pub media: MediaConfig,
+    #[cfg(feature = "iptv")]
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
@@ -260,7 +261,8 @@ pub struct MediaConfig {
 impl Default for MediaConfig {
     fn default() -> Self {
         MediaConfig {
-            enabled: true,
+            // Off by default in a build without it, so the gateway-only build runs as is.
+            enabled: cfg!(feature = "media"),
             // HLS
             max_manifest_bytes: 8 * 1024 * 1024,
             live_start_offset: -18.0,
@@ -395,6 +397,7 @@ impl Config {
         }
         crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
         crate::tcp::config::validate(&self.tcp, &self.upstreams).map_err(anyhow::Error::msg)?;
+        #[cfg(feature = "iptv")]
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
@@ -529,6 +532,9 @@ fn apply_flags(table: &mut toml::Table, flags: &Overrides) -> anyhow::Result<()>
         set("auth", "api_password", toml::Value::String(pw.clone()));
     }
     if let Some(name) = &flags.multicast_interface {
+        if !cfg!(feature = "iptv") {
+            bail!("--multicast-interface: this sluice was built without the IPTV gateway (the `iptv` feature)");
+        }
         set("iptv", "interface", toml::Value::String(name.clone()));
     }
     if flags.allow_private_upstreams {
@@ -552,7 +558,8 @@ mod tests {
     fn defaults_are_loopback_and_valid() {
         let c = Config::load(None, env(&[]), &Overrides::default()).unwrap();
         assert_eq!(c.server.listen, vec!["127.0.0.1:8888".parse().unwrap()]);
-        assert!(c.media.enabled);
+        // On where the media front end is built in, off in the gateway-only build.
+        assert_eq!(c.media.enabled, cfg!(feature = "media"));
     }
 
     #[test]

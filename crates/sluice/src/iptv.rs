@@ -4,13 +4,17 @@
 //! # Layout
 //! - `url`: channel URL forms (rtp2httpd, udpxy, msd_lite) parsed into a typed request.
 //! - `hub`: one per channel; owns the multicast socket and the receive loop.
+//! - `fec`: a hub's SMPTE 2022-1 FEC socket and the packets it rebuilds (`?fec=PORT`).
 //! - `ring`: a hub's shared history of payload chunks; subscribers are positions in it.
 //! - `registry`: live hubs, limits, and the subscription guard.
 //! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
 //! - `playlist`: the M3U, loaded and refreshed, with multicast entries rewritten to this gateway.
+//! - `epg`: the playlist's XMLTV guide, cached and served at `/epg.xml` and `/epg.xml.gz`.
 //! - `status`: JSON snapshot, HTML page, server-sent events.
 //! - `metrics`: Prometheus families, per hub.
 
+pub mod epg;
+pub mod fec;
 pub mod hub;
 pub mod metrics;
 pub mod playlist;
@@ -26,6 +30,7 @@ use std::time::Duration;
 use http::{header, Method, Response, StatusCode};
 
 use crate::body::{self, Body};
+use crate::upstream::Upstream;
 use hub::{HubKey, HubSettings, Published};
 use registry::{Limits, Refusal, Registry};
 pub use subscriber::SlowPolicy;
@@ -46,6 +51,13 @@ pub struct IptvConfig {
     /// Base URL written into the playlist (e.g. `https://tv.example`); default is
     /// `http://` plus the request's `Host`.
     pub playlist_base_url: Option<String>,
+    /// XMLTV guide to serve at `/epg.xml[.gz]` (http or https, plain or gzip); default is the
+    /// playlist's `x-tvg-url`.
+    pub epg_url: Option<String>,
+    /// Fetch the guide again this often (the source's ETag makes an unchanged guide cheap).
+    pub epg_refresh_secs: u64,
+    /// Largest guide accepted, decompressed and as downloaded.
+    pub epg_max_bytes: usize,
     /// Subscribers across all channels (0 = unlimited); beyond it requests get 503.
     pub max_subscribers: usize,
     /// Subscribers of one channel (0 = unlimited); beyond it requests get 429.
@@ -97,6 +109,9 @@ impl Default for IptvConfig {
             playlist: None,
             playlist_refresh_secs: 3600,
             playlist_base_url: None,
+            epg_url: None,
+            epg_refresh_secs: 6 * 3600,
+            epg_max_bytes: 64 * 1024 * 1024,
             max_subscribers: 256,
             max_subscribers_per_channel: 64,
             max_channels: 64,
@@ -141,6 +156,19 @@ impl IptvConfig {
         if self.flush_interval_ms == 0 || self.status_interval_ms == 0 {
             return bad("flush_interval_ms", "intervals must be positive");
         }
+        if self.epg_refresh_secs == 0 {
+            return bad("epg_refresh_secs", "must be positive");
+        }
+        if self.epg_max_bytes < 1024 {
+            return bad("epg_max_bytes", "must be at least 1024");
+        }
+        if let Some(url) = &self.epg_url {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || ::url::Url::parse(url).is_err()
+            {
+                return bad("epg_url", "must be an http:// or https:// URL");
+            }
+        }
         if self.slow_subscriber_timeout_ms < 100 {
             return bad("slow_subscriber_timeout_ms", "must be at least 100");
         }
@@ -182,12 +210,16 @@ pub struct EntryPrefix(pub String);
 pub struct Iptv {
     config: IptvConfig,
     registry: Arc<Registry>,
-    playlist: Option<playlist::Playlist>,
+    playlist: Option<Arc<playlist::Playlist>>,
+    epg: Arc<epg::Epg>,
 }
 
 impl Iptv {
+    /// Builds the front end; inside a tokio runtime it also starts the guide's refresh loop
+    /// when a guide can exist (a playlist or `epg_url` is configured).
     pub fn new(
         config: IptvConfig,
+        upstream: Upstream,
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Arc<Self>, IptvError> {
         config.validate()?;
@@ -196,7 +228,7 @@ impl Iptv {
             .clone()
             .map(|loc| {
                 let refresh = Duration::from_secs(config.playlist_refresh_secs);
-                playlist::Playlist::new(loc, refresh)
+                playlist::Playlist::new(loc, refresh, upstream.clone()).map(Arc::new)
             })
             .transpose()
             .map_err(|reason| IptvError::Config {
@@ -210,21 +242,39 @@ impl Iptv {
         };
         let metrics = metrics::Metrics::register(registry);
         let hubs = Registry::new(metrics, config.hub_settings(), limits);
+        let epg = Arc::new(epg::Epg::new(
+            upstream,
+            config.epg_url.clone(),
+            Duration::from_secs(config.epg_refresh_secs),
+            config.epg_max_bytes,
+        ));
+        if playlist.is_some() || config.epg_url.is_some() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(epg.clone().refresh_loop(playlist.clone()));
+            }
+        }
         Ok(Arc::new(Self {
             config,
             registry: Arc::new(hubs),
             playlist,
+            epg,
         }))
     }
 
-    /// true for the paths this front end serves: /rtp/, /udp/, /playlist.m3u, /status,
-    /// /status.json, /status/events
+    /// true for the paths this front end serves: /rtp/, /udp/, /playlist.m3u, /epg.xml,
+    /// /epg.xml.gz, /status, /status.json, /status/events
     pub fn serves(path: &str) -> bool {
         path.starts_with("/rtp/")
             || path.starts_with("/udp/")
             || matches!(
                 path,
-                "/playlist.m3u" | "/status" | "/status/" | "/status.json" | "/status/events"
+                "/playlist.m3u"
+                    | "/epg.xml"
+                    | "/epg.xml.gz"
+                    | "/status"
+                    | "/status/"
+                    | "/status.json"
+                    | "/status/events"
             )
     }
 
@@ -244,6 +294,8 @@ impl Iptv {
             ),
             "/status/events" => self.events(),
             "/playlist.m3u" => self.playlist(&req).await,
+            "/epg.xml" => self.guide(&req, false).await,
+            "/epg.xml.gz" => self.guide(&req, true).await,
             _ => self.channel(&req).await,
         }
     }
@@ -287,8 +339,59 @@ impl Iptv {
             Some(EntryPrefix(prefix)) => format!("{base}{prefix}"),
             None => base,
         };
-        let out = playlist::rewrite_playlist(&String::from_utf8_lossy(&text_in), &base);
+        // Players fetch the guide from this gateway (cached, and reachable where the source
+        // is not) whenever there is one to serve.
+        let epg = self
+            .epg
+            .source(Some(&text_in))
+            .map(|_| format!("{base}/epg.xml.gz"));
+        let out =
+            playlist::rewrite_playlist(&String::from_utf8_lossy(&text_in), &base, epg.as_deref());
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
+    }
+
+    async fn guide(&self, req: &http::request::Parts, gz_file: bool) -> Response<Body> {
+        let playlist_text = match &self.playlist {
+            Some(p) => p.get().await.ok(),
+            None => None,
+        };
+        let source = self.epg.source(playlist_text.as_deref());
+        if source.is_none() {
+            return text(
+                StatusCode::NOT_FOUND,
+                &format!("{}\n", epg::EpgError::NoSource),
+            );
+        }
+        let guide = match self.epg.get(source).await {
+            Ok(g) => g,
+            Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{e}\n")),
+        };
+        let form = epg::Form::choose(gz_file, &req.headers);
+        let unchanged = epg::not_modified(&req.headers, &form.etag(&guide), guide.last_modified);
+        let (status, headers) = epg::head(form, &guide, unchanged);
+        let payload = if unchanged || req.method == Method::HEAD {
+            body::empty()
+        } else if form == epg::Form::Xml {
+            match guide.xml() {
+                Ok(xml) => body::full(xml),
+                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+            }
+        } else {
+            body::full(guide.gz.clone())
+        };
+        let mut resp = Response::new(payload);
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        if req.method == Method::HEAD && !unchanged {
+            let len = if form == epg::Form::Xml {
+                guide.xml_len
+            } else {
+                guide.gz.len()
+            };
+            resp.headers_mut()
+                .insert(header::CONTENT_LENGTH, len.into());
+        }
+        resp
     }
 
     async fn channel(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
@@ -352,6 +455,7 @@ impl Iptv {
         };
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
         Ok(HubKey {
+            fec: ch.fec,
             mode: ch.mode,
             group: crate::net::multicast::Group {
                 group: ch.group,

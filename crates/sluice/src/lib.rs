@@ -18,6 +18,9 @@
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
+//!
+//! `media` and `iptv` (with `net`) are Cargo features, both on by default; `app` and `config`
+//! are the only other places that know which are built.
 
 pub mod app;
 pub mod auth;
@@ -25,10 +28,13 @@ pub mod body;
 pub mod cache;
 pub mod config;
 pub mod error;
+#[cfg(feature = "iptv")]
 pub mod iptv;
 pub mod logging;
+#[cfg(feature = "media")]
 pub mod media;
 pub mod metrics;
+#[cfg(feature = "iptv")]
 pub mod net;
 pub mod redact;
 pub mod request;

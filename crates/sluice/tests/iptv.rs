@@ -398,6 +398,19 @@ async fn membership_is_refreshed_and_the_stream_goes_on() {
         "{status}"
     );
     assert_eq!(status["hubs"][0]["membership_refresh_failures"], 0);
+    // The last rejoin is shown, as a Unix time within the test's lifetime.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let at = status["hubs"][0]["last_rejoin_unix"].as_u64().unwrap();
+    assert!(at <= now && at + 10 > now, "{at} vs {now}");
+    assert!(
+        status["hubs"][0]["last_rejoin_seconds_ago"]
+            .as_u64()
+            .unwrap()
+            < 10
+    );
     assert_eq!(igmp_memberships(group), vec![1]);
 }
 

@@ -119,7 +119,65 @@ fn follows_a_sender_that_restarts_slightly_behind() {
     assert_eq!((st.resyncs, st.duplicates), (1, 16));
 }
 
+#[test]
+fn window_that_does_not_divide_65536_survives_the_wrap() {
+    // The case found by reading: window 100, one packet lost just before the wrap.
+    let seqs: Vec<u16> = (65400..=65535u16)
+        .chain(0..200)
+        .filter(|&s| s != 65499)
+        .collect();
+    let (out, st) = run(100, &seqs);
+    assert_eq!(out, seqs);
+    assert_eq!((st.lost, st.duplicates, st.resyncs), (1, 0, 0));
+    // Packet 0 arriving early waits for 65500..65535 instead of jumping the queue.
+    let mut early: Vec<u16> = (65490..65500).collect();
+    early.push(0);
+    early.extend(65500..=65535);
+    early.extend(1..10);
+    let (out, st) = run(100, &early);
+    let want: Vec<u16> = (65490..=65535).chain(0..10).collect();
+    assert_eq!(out, want);
+    // 65500..=65535 all arrived after the later 0.
+    assert_eq!((st.lost, st.reordered), (0, 36));
+}
+
 proptest! {
+    /// For any window size, a run that crosses the 16-bit wrap with packets lost and moved by
+    /// less than the window comes out in sequence order, every surviving packet exactly once,
+    /// and every interior gap counted as lost.
+    #[test]
+    fn any_window_is_correct_across_the_wrap(
+        window in 1usize..=4096,
+        before_wrap in 0u16..600,
+        len in 1usize..1500,
+        jitter_seed in proptest::collection::vec(any::<u16>(), 1500),
+        drop_every in 0usize..40,
+        drop_phase in 0usize..40,
+    ) {
+        let start = 0u16.wrapping_sub(before_wrap);
+        let reach = window.min(64);
+        // Sort by index plus a jitter below the window, so no packet moves a window or more.
+        let mut keyed: Vec<(usize, usize)> = (0..len)
+            .filter(|i| drop_every < 2 || (i + drop_phase) % drop_every != 0)
+            .map(|i| (i + usize::from(jitter_seed[i]) % reach, i))
+            .collect();
+        keyed.sort();
+        let arrivals: Vec<usize> = keyed.iter().map(|k| k.1).collect();
+        prop_assume!(!arrivals.is_empty());
+        let seqs: Vec<u16> = arrivals.iter().map(|&i| start.wrapping_add(i as u16)).collect();
+        let (out, st) = run(window, &seqs);
+
+        // The first arrival fixes the base; anything older is late by definition.
+        let first = arrivals[0];
+        let mut kept: Vec<usize> = arrivals.iter().copied().filter(|&i| i >= first).collect();
+        kept.sort_unstable();
+        let want: Vec<u16> = kept.iter().map(|&i| start.wrapping_add(i as u16)).collect();
+        prop_assert_eq!(&out, &want);
+        let last = *kept.last().unwrap();
+        prop_assert_eq!(st.lost as usize, last + 1 - first - kept.len());
+        prop_assert_eq!(st.resyncs, 0);
+    }
+
     /// Any local shuffle within the window, with duplicates, comes out as the original run.
     #[test]
     fn shuffled_runs_come_back(start: u16, jitter in proptest::collection::vec(0usize..8, 200), dups in proptest::collection::vec(0usize..200, 0..20)) {

@@ -27,6 +27,7 @@ use tokio::io::Interest;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::fec::FecState;
 use super::metrics::HubMetrics;
 use super::registry::Registry;
 use super::ring::Ring;
@@ -39,6 +40,8 @@ use crate::net::recv::RecvBatch;
 pub struct HubKey {
     pub mode: Mode,
     pub group: Group,
+    /// Port of the group's SMPTE 2022-1 FEC stream, when the request asked for FEC.
+    pub fec: Option<u16>,
 }
 
 impl HubKey {
@@ -53,7 +56,8 @@ impl HubKey {
             .source
             .map(|s| format!("{}@", bracket(s)))
             .unwrap_or_default();
-        format!("{scheme}://{src}{}:{}", bracket(g.group), g.port)
+        let fec = self.fec.map(|p| format!("?fec={p}")).unwrap_or_default();
+        format!("{scheme}://{src}{}:{}{fec}", bracket(g.group), g.port)
     }
 }
 
@@ -121,6 +125,8 @@ pub struct Hub {
     pub closed: AtomicBool,
     /// Poked when the last subscriber leaves so linger starts promptly.
     pub wake: Notify,
+    /// Wall-clock seconds (Unix) of the last successful membership refresh; 0 = none yet.
+    pub last_rejoin: AtomicU64,
 }
 
 impl Hub {
@@ -136,6 +142,10 @@ impl Hub {
         // SAFETY: `Socket` owns its descriptor, keeps it open until dropped, and always
         // returns the same one from `as_raw_fd`.
         let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
+        let fec_sock = key
+            .fec
+            .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))
+            .transpose()?;
         let hub = Arc::new(Hub {
             ring: Mutex::new(Ring::new(settings.ring_bytes, settings.history)),
             published: watch::Sender::new(Published::default()),
@@ -146,11 +156,12 @@ impl Hub {
             rate_out: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             wake: Notify::new(),
+            last_rejoin: AtomicU64::new(0),
             key,
             metrics,
         });
         let pump = Pump::new(hub.clone(), settings.clone(), ifindex);
-        tokio::spawn(pump.run(sock, registry));
+        tokio::spawn(pump.run(sock, fec_sock, registry));
         Ok(hub)
     }
 
@@ -168,6 +179,8 @@ struct Pump {
     packer: Packer,
     released: Vec<BytesMut>,
     reorder: Reorder<BytesMut>,
+    /// Present when the channel has a FEC stream.
+    fec: Option<FecState>,
     continuity: Continuity,
     /// Bytes appended but not yet published.
     pending: usize,
@@ -204,8 +217,15 @@ thread_local! {
 impl Pump {
     fn new(hub: Arc<Hub>, settings: HubSettings, ifindex: u32) -> Self {
         let now = Instant::now();
+        let fec = hub.key.fec.map(|_| FecState::default());
+        let window = if fec.is_some() {
+            settings.reorder_window.max(super::fec::MIN_REORDER_WINDOW)
+        } else {
+            settings.reorder_window
+        };
         Self {
-            reorder: Reorder::new(settings.reorder_window),
+            reorder: Reorder::new(window),
+            fec,
             packer: Packer::default(),
             released: Vec::with_capacity(64),
             continuity: Continuity::default(),
@@ -222,7 +242,12 @@ impl Pump {
         }
     }
 
-    async fn run(mut self, sock: AsyncFd<Socket>, registry: Arc<Registry>) {
+    async fn run(
+        mut self,
+        sock: AsyncFd<Socket>,
+        fec_sock: Option<AsyncFd<Socket>>,
+        registry: Arc<Registry>,
+    ) {
         let mut tick = tokio::time::interval(self.settings.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let refresh_every = self.settings.refresh.unwrap_or(Duration::from_secs(86_400));
@@ -236,7 +261,17 @@ impl Pump {
                     Ok(mut guard) => self.drain(&mut guard),
                     Err(e) => break format!("socket error: {e}"),
                 },
+                ready = readable(fec_sock.as_ref()) => match ready {
+                    Ok(mut guard) => {
+                        if let Some(fec) = self.fec.as_mut() {
+                            fec.drain(&mut guard, &self.hub.metrics);
+                            self.received_since_tick = true;
+                        }
+                    }
+                    Err(e) => break format!("FEC socket error: {e}"),
+                },
                 _ = tick.tick() => {
+                    self.repair();
                     if let Some(reason) = self.on_tick(&registry) {
                         break reason;
                     }
@@ -296,12 +331,25 @@ impl Pump {
                 d,
                 &mut self.packer,
                 &mut self.reorder,
+                self.fec.as_mut(),
                 &mut self.released,
             );
         }
         let m = &self.hub.metrics;
         m.received_datagrams.inc_by(count);
         m.received_bytes.inc_by(bytes);
+    }
+
+    /// Feeds packets rebuilt from FEC into the reorder window, where their gaps are waiting.
+    fn repair(&mut self) {
+        let Some(fec) = self.fec.as_mut() else {
+            return;
+        };
+        for p in fec.repair(&self.hub.metrics) {
+            let payload = self.packer.pack(&p.payload);
+            self.reorder.push(p.sequence, payload, &mut self.released);
+        }
+        self.append_released();
     }
 
     /// Appends what the reorder window released, joining neighbours in memory into one chunk,
@@ -414,8 +462,10 @@ impl Pump {
 
     /// Flush timer: publish small remainders, give up on stuck gaps, enforce timeouts.
     fn on_tick(&mut self, registry: &Registry) -> Option<String> {
-        if !self.received_since_tick && self.reorder.held() > 0 {
-            // Nothing arrived for a whole interval: the gap will not fill in time to matter.
+        let fec_waiting = self.fec.as_ref().is_some_and(FecState::waiting);
+        if !self.received_since_tick && !fec_waiting && self.reorder.held() > 0 {
+            // Nothing arrived for a whole interval (neither media nor FEC that could still
+            // repair it): the gap will not fill in time to matter.
             self.reorder.flush(&mut self.released);
             self.append_released();
         }
@@ -451,6 +501,7 @@ impl Pump {
             Ok(ifindex) => {
                 self.ifindex = ifindex;
                 self.hub.metrics.refreshes.inc();
+                self.hub.last_rejoin.store(unix_now(), Ordering::Relaxed);
                 tracing::info!(%channel, ifindex, "multicast membership refreshed");
             }
             Err(e) => {
@@ -485,6 +536,7 @@ fn classify(
     d: &[u8],
     packer: &mut Packer,
     reorder: &mut Reorder<BytesMut>,
+    fec: Option<&mut FecState>,
     released: &mut Vec<BytesMut>,
 ) {
     if d.first() == Some(&mpegts::SYNC_BYTE) {
@@ -493,6 +545,9 @@ fn classify(
     }
     match rtp::parse_rtp(d) {
         Ok(p) => {
+            if let Some(fec) = fec {
+                fec.media(&p.header, &d[p.payload.clone()]);
+            }
             let payload = packer.pack(&d[p.payload]);
             reorder.push(p.header.sequence, payload, released);
         }
@@ -520,5 +575,21 @@ impl Packer {
         }
         self.block.extend_from_slice(payload);
         self.block.split()
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Readiness of an optional socket; never ready when there is none.
+async fn readable(
+    sock: Option<&AsyncFd<Socket>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, Socket>> {
+    match sock {
+        Some(s) => s.readable().await,
+        None => std::future::pending().await,
     }
 }

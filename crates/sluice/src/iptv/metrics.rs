@@ -31,6 +31,8 @@ pub struct Metrics {
     slow_released: Family<HubLabels, Counter>,
     refreshes: Family<HubLabels, Counter>,
     refresh_failures: Family<HubLabels, Counter>,
+    fec_recovered: Family<HubLabels, Counter>,
+    fec_unrecoverable: Family<HubLabels, Counter>,
     hub_subscribers: Family<HubLabels, Gauge>,
     /// Hubs currently joined.
     pub hubs: Gauge,
@@ -62,6 +64,8 @@ pub struct HubMetrics {
     pub slow_released: Counter,
     pub refreshes: Counter,
     pub refresh_failures: Counter,
+    pub fec_recovered: Counter,
+    pub fec_unrecoverable: Counter,
     pub subscribers: Gauge,
 }
 
@@ -69,7 +73,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("iptv");
-        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 13] = [
+        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 15] = [
             (
                 "received_bytes",
                 "Payload bytes received from multicast",
@@ -131,6 +135,16 @@ impl Metrics {
                 "Multicast refreshes that failed",
                 &m.refresh_failures,
             ),
+            (
+                "fec_recovered",
+                "Lost RTP packets rebuilt from SMPTE 2022-1 FEC",
+                &m.fec_recovered,
+            ),
+            (
+                "fec_unrecoverable",
+                "FEC packets that found two or more of their packets missing",
+                &m.fec_unrecoverable,
+            ),
         ];
         for (name, help, family) in hub_counters {
             r.register(name, help, family.clone());
@@ -175,6 +189,8 @@ impl Metrics {
             slow_released: c(&self.slow_released),
             refreshes: c(&self.refreshes),
             refresh_failures: c(&self.refresh_failures),
+            fec_recovered: c(&self.fec_recovered),
+            fec_unrecoverable: c(&self.fec_unrecoverable),
             subscribers: self.hub_subscribers.get_or_create(&labels).clone(),
             labels,
         }
@@ -196,6 +212,8 @@ impl Metrics {
             &self.slow_released,
             &self.refreshes,
             &self.refresh_failures,
+            &self.fec_recovered,
+            &self.fec_unrecoverable,
         ] {
             f.remove(labels);
         }

@@ -1,33 +1,87 @@
 //! `/playlist.m3u`: an M3U from a file or an `http://` URL, cached, with every `rtp://` and
 //! `udp://` entry rewritten to point at this gateway. Everything else (`#EXTINF` names, groups,
-//! logos, catch-up attributes, HTTP entries) is kept byte for byte.
+//! logos, catch-up attributes, HTTP entries) is kept byte for byte, except that the header's
+//! guide URL (`x-tvg-url`) points at this gateway's `/epg.xml.gz` when the gateway serves it.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+
+use crate::upstream::{Upstream, UpstreamRequest};
 
 /// Largest playlist accepted; a channel list is kilobytes, anything bigger is a mistake.
 const MAX_PLAYLIST: usize = 16 * 1024 * 1024;
 const FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Attribute names players read the guide URL from, in the `#EXTM3U` header line.
+const EPG_ATTRIBUTES: [&str; 2] = ["x-tvg-url", "url-tvg"];
+
 /// Rewrites multicast entries to `{base}/rtp/…` or `{base}/udp/…`; `base` has no trailing `/`.
-pub fn rewrite_playlist(text: &str, base: &str) -> String {
+/// With `epg`, the header's guide URL becomes that.
+pub fn rewrite_playlist(text: &str, base: &str, epg: Option<&str>) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 4);
     for line in text.split_inclusive('\n') {
         let body = line.trim_end_matches(['\r', '\n']);
         let ending = &line[body.len()..];
-        match rewrite_entry(body.trim_start(), base) {
-            Some(url) => {
+        let header = epg.filter(|_| body.trim_start().starts_with("#EXTM3U"));
+        match (header, rewrite_entry(body.trim_start(), base)) {
+            (Some(epg), _) => {
+                out.push_str(&replace_epg_attribute(body, epg));
+                out.push_str(ending);
+            }
+            (None, Some(url)) => {
                 out.push_str(&url);
                 out.push_str(ending);
             }
-            None => out.push_str(line),
+            (None, None) => out.push_str(line),
         }
     }
     out
+}
+
+/// The first guide URL of the playlist header (`x-tvg-url="a,b"` lists several; the first
+/// is the one fetched).
+pub fn epg_url(text: &str) -> Option<&str> {
+    let header = text
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with("#EXTM3U"))?;
+    EPG_ATTRIBUTES.iter().find_map(|name| {
+        let value = attribute(header, name)?;
+        let first = value.split(',').next()?.trim();
+        (!first.is_empty()).then_some(first)
+    })
+}
+
+/// The value of `name="value"` in an M3U directive line.
+fn attribute<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let mut from = 0;
+    while let Some(at) = line[from..].find(name) {
+        let start = from + at;
+        let before_ok = start == 0 || line.as_bytes()[start - 1].is_ascii_whitespace();
+        let rest = &line[start + name.len()..];
+        if before_ok {
+            if let Some(quoted) = rest.strip_prefix("=\"") {
+                return quoted.find('"').map(|end| &quoted[..end]);
+            }
+        }
+        from = start + name.len();
+    }
+    None
+}
+
+/// The header line with its guide attribute set to `epg` (added when it had none).
+fn replace_epg_attribute(line: &str, epg: &str) -> String {
+    for name in EPG_ATTRIBUTES {
+        if let Some(value) = attribute(line, name) {
+            // `value` borrows from `line`, so its offset is exact.
+            let at = value.as_ptr() as usize - line.as_ptr() as usize;
+            return format!("{}{epg}{}", &line[..at], &line[at + value.len()..]);
+        }
+    }
+    format!("{line} x-tvg-url=\"{epg}\"")
 }
 
 fn rewrite_entry(line: &str, base: &str) -> Option<String> {
@@ -42,20 +96,30 @@ fn rewrite_entry(line: &str, base: &str) -> Option<String> {
     Some(format!("{base}/{kind}/{rest}"))
 }
 
+/// A playlist or guide location as logs and errors may show it: no user info and no query,
+/// where providers put account credentials (`user:pass@`, `?username=..&password=..`).
+pub(super) fn shown(location: &str) -> String {
+    match url::Url::parse(location) {
+        Ok(mut u) if u.has_host() => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.to_string()
+        }
+        _ => location.split('?').next().unwrap_or("").to_string(),
+    }
+}
+
 /// Where the playlist comes from.
 #[derive(Debug, Clone)]
 enum Source {
     File(std::path::PathBuf),
-    Http(http::Uri),
+    Http(url::Url),
 }
 
 fn source(location: &str) -> Result<Source, String> {
-    if location.starts_with("https://") {
-        return Err("https playlists are not supported yet; use http:// or a file".into());
-    }
-    if location.starts_with("http://") {
-        return location
-            .parse()
+    if location.starts_with("http://") || location.starts_with("https://") {
+        return url::Url::parse(location)
             .map(Source::Http)
             .map_err(|e| format!("bad playlist URL: {e}"));
     }
@@ -64,19 +128,29 @@ fn source(location: &str) -> Result<Source, String> {
 
 /// The configured playlist, refreshed when older than the refresh interval. If a refresh fails
 /// the previous copy keeps being served (and the failure is logged).
-#[derive(Debug)]
 pub struct Playlist {
     location: String,
     refresh: Duration,
+    upstream: Upstream,
     cached: Mutex<Option<(Instant, Bytes)>>,
 }
 
+impl std::fmt::Debug for Playlist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Playlist")
+            .field("location", &shown(&self.location))
+            .field("refresh", &self.refresh)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Playlist {
-    pub fn new(location: String, refresh: Duration) -> Result<Self, String> {
+    pub fn new(location: String, refresh: Duration, upstream: Upstream) -> Result<Self, String> {
         source(&location)?;
         Ok(Self {
             location,
             refresh,
+            upstream,
             cached: Mutex::new(None),
         })
     }
@@ -97,7 +171,7 @@ impl Playlist {
             }
             Err(e) => match cached.as_ref() {
                 Some((_, stale)) => {
-                    tracing::warn!(location = %crate::redact::mask_userinfo(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
+                    tracing::warn!(location = %shown(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
                     Ok(stale.clone())
                 }
                 None => Err(e),
@@ -111,45 +185,31 @@ impl Playlist {
                 .await
                 .map(Bytes::from)
                 .map_err(|e| format!("cannot read playlist {}: {e}", path.display())),
-            Source::Http(uri) => tokio::time::timeout(FETCH_TIMEOUT, fetch(uri))
+            Source::Http(url) => tokio::time::timeout(FETCH_TIMEOUT, self.fetch(url))
                 .await
                 .map_err(|_| "playlist fetch timed out".to_string())?,
         }
     }
-}
 
-/// The playlist URL as logs may show it: no user info and no query, where providers put account
-/// credentials (`user:pass@`, `?username=..&password=..`).
-fn shown(uri: &http::Uri) -> String {
-    format!(
-        "{}://{}{}",
-        uri.scheme_str().unwrap_or("http"),
-        uri.host().unwrap_or(""),
-        uri.path()
-    )
-}
-
-/// A plain HTTP/1.1 GET; enough for a channel list until the shared upstream client lands.
-async fn fetch(uri: http::Uri) -> Result<Bytes, String> {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Empty<Bytes>>();
-    let resp = client
-        .get(uri.clone())
-        .await
-        .map_err(|e| format!("playlist fetch from {} failed: {e}", shown(&uri)))?;
-    if !resp.status().is_success() {
-        return Err(format!(
-            "playlist fetch from {}: status {}",
-            shown(&uri),
-            resp.status()
-        ));
+    /// Through the shared upstream client, so its address guard, proxy routes and TLS apply.
+    async fn fetch(&self, url: url::Url) -> Result<Bytes, String> {
+        let shown = shown(url.as_str());
+        let resp = self
+            .upstream
+            .send(UpstreamRequest::get(url))
+            .await
+            .map_err(|e| format!("playlist fetch from {shown} failed: {e}"))?;
+        if !resp.status.is_success() {
+            return Err(format!(
+                "playlist fetch from {shown}: status {}",
+                resp.status
+            ));
+        }
+        resp.body
+            .collect_limited(MAX_PLAYLIST)
+            .await
+            .map_err(|e| format!("playlist body from {shown}: {e}"))
     }
-    let limited = http_body_util::Limited::new(resp.into_body(), MAX_PLAYLIST);
-    limited
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .map_err(|e| format!("playlist body from {}: {e}", shown(&uri)))
 }
 
 #[cfg(test)]
@@ -167,7 +227,7 @@ UDP://@239.1.1.2:1234\n\
 rtp://10.0.0.9@232.1.1.1:5140\n\
 #EXTINF:-1,D\n\
 http://example.invalid/d.m3u8\n";
-        let out = rewrite_playlist(input, "http://gw:8080");
+        let out = rewrite_playlist(input, "http://gw:8080", None);
         let want = "#EXTM3U x-tvg-url=\"http://epg/e.xml\"\r\n\
 #EXTINF:-1 tvg-id=\"a\" group-title=\"News\" catchup=\"default\" catchup-source=\"rtsp://10.0.0.1/a?playseek={utc}\",A\r\n\
 http://gw:8080/rtp/239.1.1.1:5000\r\n\
@@ -181,8 +241,21 @@ http://example.invalid/d.m3u8\n";
     }
 
     #[test]
-    fn refuses_https_sources() {
-        assert!(Playlist::new("https://x/y.m3u".into(), Duration::from_secs(1)).is_err());
-        assert!(Playlist::new("http://127.0.0.1:1/y.m3u".into(), Duration::from_secs(1)).is_ok());
+    fn finds_and_replaces_the_guide_url() {
+        let text = "#EXTM3U x-tvg-url=\"http://e/a.xml.gz,http://e/b.xml\" catchup=\"append\"\n#EXTINF:-1,A\nrtp://239.1.1.1:5000\n";
+        assert_eq!(epg_url(text), Some("http://e/a.xml.gz"));
+        assert_eq!(
+            epg_url("#EXTM3U url-tvg=\"http://e/c.xml\"\n"),
+            Some("http://e/c.xml")
+        );
+        assert_eq!(epg_url("#EXTM3U my-x-tvg-url=\"http://no\"\n"), None);
+        assert_eq!(epg_url("#EXTINF:-1,A\n"), None);
+        let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"));
+        assert_eq!(
+            out,
+            "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\" catchup=\"append\"\n#EXTINF:-1,A\nhttp://gw/rtp/239.1.1.1:5000\n"
+        );
+        let added = rewrite_playlist("#EXTM3U\r\n", "http://gw", Some("http://gw/epg.xml.gz"));
+        assert_eq!(added, "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\"\r\n");
     }
 }

@@ -41,6 +41,12 @@ pub struct HubStatus {
     pub slow_released: u64,
     pub membership_refreshes: u64,
     pub membership_refresh_failures: u64,
+    pub fec_recovered: u64,
+    pub fec_unrecoverable: u64,
+    /// Unix time of the last successful leave-and-rejoin, if any.
+    pub last_rejoin_unix: Option<u64>,
+    /// Seconds since then, for people reading the JSON.
+    pub last_rejoin_seconds_ago: Option<u64>,
     pub clients: Vec<ClientStatus>,
 }
 
@@ -79,6 +85,7 @@ fn hub_status(hub: &Hub) -> HubStatus {
         })
         .collect();
     clients.sort_by_key(|c| c.id);
+    let last_rejoin = Some(hub.last_rejoin.load(Ordering::Relaxed)).filter(|&t| t > 0);
     HubStatus {
         channel: m.labels.channel.clone(),
         interface: m.labels.interface.clone(),
@@ -100,8 +107,18 @@ fn hub_status(hub: &Hub) -> HubStatus {
         slow_released: m.slow_released.get(),
         membership_refreshes: m.refreshes.get(),
         membership_refresh_failures: m.refresh_failures.get(),
+        fec_recovered: m.fec_recovered.get(),
+        fec_unrecoverable: m.fec_unrecoverable.get(),
+        last_rejoin_unix: last_rejoin,
+        last_rejoin_seconds_ago: last_rejoin.map(|t| unix_now().saturating_sub(t)),
         clients,
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 pub fn json(registry: &Registry) -> Bytes {
@@ -148,12 +165,13 @@ function render(s) {
   document.getElementById('hubs').innerHTML = s.hubs.map(h => `
     <h2>${esc(h.channel)} on ${esc(h.interface)}</h2>
     <table><tr><th>subscribers</th><th>in</th><th>out</th><th>lost</th><th>reordered</th>
-    <th>duplicates</th><th>CC errors</th><th>slow skips</th><th>slow drops</th><th>refreshes</th></tr>
+    <th>duplicates</th><th>CC errors</th><th>slow skips</th><th>slow drops</th><th>refreshes</th><th>last rejoin</th></tr>
     <tr>${cell(h.subscribers)}${cell(rate(h.bitrate_in))}${cell(rate(h.bitrate_out))}
     ${cell(h.rtp_lost, h.rtp_lost)}${cell(h.rtp_reordered)}${cell(h.rtp_duplicates)}
     ${cell(h.ts_cc_errors, h.ts_cc_errors)}${cell(h.slow_skips, h.slow_skips)}
     ${cell(h.slow_disconnects, h.slow_disconnects)}
-    ${cell(h.membership_refreshes + ' / ' + h.membership_refresh_failures + ' failed', h.membership_refresh_failures)}</tr></table>
+    ${cell(h.membership_refreshes + ' / ' + h.membership_refresh_failures + ' failed', h.membership_refresh_failures)}
+    ${cell(h.last_rejoin_seconds_ago == null ? 'never' : h.last_rejoin_seconds_ago + ' s ago')}</tr></table>
     <table><tr><th>client</th><th>peer</th><th>age s</th><th>sent</th><th>lag</th><th>skips</th></tr>
     ${h.clients.map(c => `<tr>${cell(c.id)}${cell(c.peer ?? '-')}${cell(c.age_seconds)}
       ${cell((c.bytes_out / 1e6).toFixed(1) + ' MB')}${cell(c.lag_bytes ?? 'lapped')}${cell(c.skips, c.skips)}</tr>`).join('')}

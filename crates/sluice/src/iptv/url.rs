@@ -7,7 +7,8 @@
 //! - `/rtp/G` alone means port 1234 (msd_lite's default);
 //! - source-specific: `/rtp/S@G:P`; a leading `@` with no source is VLC's "any source";
 //! - IPv6: `/rtp/[ff3e::1]:P`, `/rtp/[2001:db8::1]@[ff3e::1]:P`;
-//! - query `iface=NAME` (also `ifname=` from msd_lite and `r2h-ifname=` from rtp2httpd).
+//! - query `iface=NAME` (also `ifname=` from msd_lite and `r2h-ifname=` from rtp2httpd);
+//! - query `fec=PORT` (rtp2httpd's name): SMPTE 2022-1 FEC packets for the same group on PORT.
 
 use std::net::IpAddr;
 
@@ -33,6 +34,8 @@ pub struct Channel {
     pub source: Option<IpAddr>,
     /// Interface named in the query, if any.
     pub interface: Option<String>,
+    /// Port of the group's SMPTE 2022-1 FEC stream (`?fec=PORT`), if any.
+    pub fec: Option<u16>,
 }
 
 /// Why a channel URL was refused; the text goes back to the client in the 400 body.
@@ -54,6 +57,8 @@ pub enum UrlError {
     Bracket,
     #[error("interface name {0:?} is empty or too long")]
     Interface(String),
+    #[error("fec={0:?} must be a port number (1-65535) other than the channel's")]
+    FecPort(String),
 }
 
 /// Parses a request path and query into a channel.
@@ -83,6 +88,7 @@ pub fn parse_channel(path: &str, query: Option<&str>) -> Result<Channel, UrlErro
         port,
         source,
         interface: query.map(interface_param).transpose()?.flatten(),
+        fec: query.map(|q| fec_param(q, port)).transpose()?.flatten(),
     })
 }
 
@@ -154,6 +160,17 @@ fn interface_param(query: &str) -> Result<Option<String>, UrlError> {
         }
     }
     Ok(None)
+}
+
+/// `fec=PORT`: where the group's FEC packets arrive; never the media port itself.
+fn fec_param(query: &str, media_port: u16) -> Result<Option<u16>, UrlError> {
+    let Some(v) = query.split('&').find_map(|pair| pair.strip_prefix("fec=")) else {
+        return Ok(None);
+    };
+    match v.parse::<u16>() {
+        Ok(p) if p > 0 && p != media_port => Ok(Some(p)),
+        _ => Err(UrlError::FecPort(v.chars().take(16).collect())),
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use sluice::iptv::{Iptv, IptvConfig};
+use sluice::upstream::Upstream;
 use socket2::{SockAddr, Socket};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -39,7 +40,14 @@ pub struct Gateway {
 impl Gateway {
     pub async fn start(config: IptvConfig) -> Gateway {
         let mut registry = Registry::default();
-        let iptv = Iptv::new(config, &mut registry).expect("valid config");
+        // The guide and playlist come from origins on loopback, which the address guard
+        // refuses unless told otherwise.
+        let upstream_config = sluice::config::UpstreamConfig {
+            allow_private: true,
+            ..Default::default()
+        };
+        let upstream = Upstream::new(&upstream_config, &mut registry).unwrap();
+        let iptv = Iptv::new(config, upstream, &mut registry).expect("valid config");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(accept(listener, iptv.clone()));

@@ -65,3 +65,19 @@ fn refuses_with_reasons() {
         Err(UrlError::Interface(_))
     ));
 }
+
+#[test]
+fn fec_port_is_parsed_and_checked() {
+    let c = ok("/rtp/239.1.1.1:5000", Some("iface=lo&fec=5002"));
+    assert_eq!(c.fec, Some(5002));
+    assert_eq!(ok("/rtp/239.1.1.1:5000", None).fec, None);
+    for bad in ["fec=0", "fec=5000", "fec=x", "fec=70000", "fec="] {
+        assert!(
+            matches!(
+                parse_channel("/rtp/239.1.1.1:5000", Some(bad)),
+                Err(UrlError::FecPort(_))
+            ),
+            "{bad}"
+        );
+    }
+}

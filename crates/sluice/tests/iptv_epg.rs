@@ -1,0 +1,259 @@
+//! The guide: `/epg.xml` and `/epg.xml.gz` from the playlist's `x-tvg-url`, fetched from a real
+//! origin on loopback, with ETag, conditional GET, scheduled refresh and a size bound.
+
+#[path = "iptv_support/mod.rs"]
+mod support;
+
+use std::convert::Infallible;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use sha2::{Digest, Sha256};
+use support::*;
+use tokio::net::{TcpListener, TcpStream};
+
+fn xmltv(title: &str) -> Vec<u8> {
+    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<tv>\n<channel id=\"a\"><display-name>A</display-name></channel>\n");
+    for i in 0..2000 {
+        x.push_str(&format!("<programme channel=\"a\" start=\"20260101{:02}0000 +0000\"><title>{title} {i}</title></programme>\n", i % 24));
+    }
+    x.push_str("</tv>\n");
+    x.into_bytes()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+fn gunzip(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+/// What the guide origin serves and what it has seen.
+#[derive(Default)]
+struct Origin {
+    body: Vec<u8>,
+    etag: String,
+    requests: usize,
+    conditional: usize,
+}
+
+/// Serves the playlist at `/list.m3u` and the guide at `/guide.xml.gz`, honouring
+/// `If-None-Match` like a real web server.
+async fn origin(state: Arc<Mutex<Origin>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let state = state.clone();
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let state = state.clone();
+                async move {
+                    let mut resp = Response::new(Full::new(Bytes::new()));
+                    if req.uri().path() == "/list.m3u" {
+                        let text = format!("#EXTM3U x-tvg-url=\"http://{addr}/guide.xml.gz\"\n#EXTINF:-1,A\nrtp://239.71.9.1:5000\n");
+                        *resp.body_mut() = Full::new(text.into());
+                        return Ok::<_, Infallible>(resp);
+                    }
+                    let mut s = state.lock().unwrap();
+                    s.requests += 1;
+                    let inm = req
+                        .headers()
+                        .get("if-none-match")
+                        .map(|v| v.to_str().unwrap().to_string());
+                    if inm.is_some() {
+                        s.conditional += 1;
+                    }
+                    resp.headers_mut().insert("etag", s.etag.parse().unwrap());
+                    if inm.as_deref() == Some(s.etag.as_str()) {
+                        *resp.status_mut() = hyper::StatusCode::NOT_MODIFIED;
+                    } else {
+                        *resp.body_mut() = Full::new(s.body.clone().into());
+                    }
+                    Ok(resp)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
+            );
+        }
+    });
+    addr
+}
+
+async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Response<()>, Vec<u8>) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::get(path).header("host", "gw.test");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        send.send_request(req.body(Empty::<Bytes>::new()).unwrap()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes().to_vec();
+    (Response::from_parts(parts, ()), bytes)
+}
+
+#[tokio::test]
+async fn guide_is_served_cached_with_validators_and_refreshed() {
+    let first = xmltv("News");
+    let first_gz = gzip(&first);
+    let state = Arc::new(Mutex::new(Origin {
+        body: first_gz.clone(),
+        etag: "\"v1\"".into(),
+        ..Origin::default()
+    }));
+    let up = origin(state.clone()).await;
+    let mut cfg = config();
+    cfg.playlist = Some(format!("http://{up}/list.m3u"));
+    cfg.epg_refresh_secs = 1;
+    let gw = Gateway::start(cfg).await;
+
+    // The .gz file is the origin's bytes as sent.
+    let (resp, body) = get_with(gw.addr, "/epg.xml.gz", &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/gzip");
+    assert_eq!(Sha256::digest(&body), Sha256::digest(&first_gz));
+    let etag_gz = resp.headers()["etag"].to_str().unwrap().to_string();
+    let hex: String = Sha256::digest(&first)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let want_tag = format!("\"{hex}");
+    assert_eq!(etag_gz, format!("{want_tag}-gz\""));
+    assert!(resp.headers().contains_key("last-modified"));
+
+    // Plain XML for a client without gzip; gzip-encoded for one that accepts it.
+    let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/xml; charset=utf-8"
+    );
+    assert_eq!(
+        resp.headers()["etag"].to_str().unwrap(),
+        format!("{want_tag}\"")
+    );
+    assert!(resp.headers().get("content-encoding").is_none());
+    assert_eq!(body, first);
+    let (resp, body) = get_with(gw.addr, "/epg.xml", &[("accept-encoding", "gzip")]).await;
+    assert_eq!(resp.headers()["content-encoding"], "gzip");
+    assert_eq!(resp.headers()["vary"], "Accept-Encoding");
+    assert_eq!(gunzip(&body), first);
+
+    // Conditional GET: same tag, and the date, both give an empty 304.
+    let (resp, body) = get_with(gw.addr, "/epg.xml.gz", &[("if-none-match", &etag_gz)]).await;
+    assert_eq!(resp.status(), 304);
+    assert!(body.is_empty());
+    assert_eq!(resp.headers()["etag"].to_str().unwrap(), etag_gz);
+    let lm = resp.headers()["last-modified"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let (resp, _) = get_with(gw.addr, "/epg.xml", &[("if-modified-since", &lm)]).await;
+    assert_eq!(resp.status(), 304);
+    let (resp, _) = get_with(gw.addr, "/epg.xml", &[("if-none-match", "\"stale\"")]).await;
+    assert_eq!(resp.status(), 200);
+
+    // The playlist's guide URL now points here.
+    let list = read_text(gw.get("/playlist.m3u").await).await;
+    assert!(
+        list.starts_with("#EXTM3U x-tvg-url=\"http://gw.test/epg.xml.gz\"\n"),
+        "{list}"
+    );
+
+    // Served from cache: one origin fetch so far (the refresh loop and requests share it).
+    let fetched = state.lock().unwrap().requests;
+    assert_eq!(fetched, 1);
+
+    // After the refresh interval, an unchanged guide is revalidated with the origin's ETag,
+    // and a changed one replaces it.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let _ = get_with(gw.addr, "/epg.xml.gz", &[]).await;
+    assert!(state.lock().unwrap().conditional >= 1);
+    let second = xmltv("Sport");
+    {
+        let mut s = state.lock().unwrap();
+        s.body = second.clone();
+        s.etag = "\"v2\"".into();
+    }
+    let mut changed = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (resp, body) = get_with(
+            gw.addr,
+            "/epg.xml",
+            &[("if-none-match", &format!("{want_tag}\""))],
+        )
+        .await;
+        if resp.status() == 200 {
+            assert_eq!(body, second, "a plain source is served as sent");
+            changed = true;
+            break;
+        }
+    }
+    assert!(changed, "the changed guide was never picked up");
+}
+
+#[tokio::test]
+async fn guide_errors_are_clear() {
+    // No playlist and no epg_url: nothing to serve.
+    let gw = Gateway::start(config()).await;
+    let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(
+        body,
+        b"no EPG source: the playlist has no x-tvg-url and iptv.epg_url is unset\n"
+    );
+
+    // Larger than the bound: 502 and the reason, nothing cached.
+    let state = Arc::new(Mutex::new(Origin {
+        body: xmltv("Big"),
+        etag: "\"b\"".into(),
+        ..Origin::default()
+    }));
+    let up = origin(state.clone()).await;
+    let mut cfg = config();
+    cfg.epg_url = Some(format!("http://{up}/guide.xml"));
+    cfg.epg_max_bytes = 4096;
+    let gw = Gateway::start(cfg).await;
+    let (resp, body) = get_with(gw.addr, "/epg.xml.gz", &[]).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(body, b"EPG larger than iptv.epg_max_bytes (4096 bytes)\n");
+
+    // An HTML error page is not a guide.
+    state.lock().unwrap().body = b"<html><body>maintenance</body></html>".to_vec();
+    state.lock().unwrap().etag = "\"h\"".into();
+    let mut cfg = config();
+    cfg.epg_url = Some(format!("http://{up}/guide.xml"));
+    let gw = Gateway::start(cfg).await;
+    let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(body, b"EPG is not XMLTV (no <tv> root near the start)\n");
+}
