@@ -302,6 +302,7 @@ impl App {
                 },
                 None => Err(not_found(p)),
             },
+            #[cfg(feature = "media")]
             p if crate::media::xtream::Xtream::serves(p) => match &self.media {
                 // XC players cannot add `api_password`: the credential rides in the username.
                 Some(media) => {
@@ -598,6 +599,7 @@ fn endpoint_label(path: &str) -> &'static str {
         p if p.starts_with("/proxy/hls/") => "hls",
         p if p.starts_with("/proxy/mpd/") => "mpd",
         p if p.starts_with("/proxy/acestream/") => "acestream",
+        #[cfg(feature = "media")]
         p if crate::media::xtream::Xtream::serves(p) => "xtream",
         _ => "other",
     }

@@ -15,10 +15,8 @@ use std::sync::Arc;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use serde::{Deserialize, Serialize};
 use sluice_media::acestream::Content;
 use sluice_media::query::Query;
-use url::Url;
 
 use super::Media;
 use crate::app::RequestContext;
@@ -26,51 +24,7 @@ use crate::body::{self, Body};
 use crate::error::ProxyError;
 use session::{Kind, Sessions};
 
-/// `[media.acestream]`: where the engine is and how sessions are shared.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AcestreamConfig {
-    /// Serve `/proxy/acestream/*`.
-    pub enabled: bool,
-    /// The engine's HTTP API, `http://host:port` (the engine's default port is 6878).
-    pub engine_url: String,
-    /// Seconds a session stays open after its last viewer leaves (a zap back is instant).
-    pub linger_secs: u64,
-    /// Bytes of stream each session buffers for its viewers; a viewer further behind skips ahead.
-    pub buffer_bytes: usize,
-    /// Engine sessions open at once; more answer 503.
-    pub max_sessions: usize,
-}
-
-impl Default for AcestreamConfig {
-    fn default() -> Self {
-        AcestreamConfig {
-            enabled: true,
-            engine_url: "http://127.0.0.1:6878".into(),
-            linger_secs: 10,
-            buffer_bytes: 4 * 1024 * 1024,
-            max_sessions: 16,
-        }
-    }
-}
-
-impl AcestreamConfig {
-    /// Checks the values before anything binds.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let url = Url::parse(&self.engine_url)
-            .map_err(|e| anyhow::anyhow!("media.acestream.engine_url: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            anyhow::bail!("media.acestream.engine_url must be an http(s) URL with a host");
-        }
-        if self.buffer_bytes < 64 * 1024 {
-            anyhow::bail!("media.acestream.buffer_bytes must be at least 65536");
-        }
-        if self.max_sessions == 0 {
-            anyhow::bail!("media.acestream.max_sessions must be at least 1");
-        }
-        Ok(())
-    }
-}
+pub use crate::config::AcestreamConfig;
 
 /// Serves `/proxy/acestream/<rest>` (auth already checked).
 pub async fn handle(

@@ -18,9 +18,9 @@ use sluice_media::remux::{RemuxError, RemuxState, Remuxer};
 
 use super::segment::{clear_init, decrypt, raw_init};
 use super::{bad_request, params_for, respond, upstream_headers, Dash};
-use crate::request::RequestContext;
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
+use crate::request::RequestContext;
 
 const TS_TYPE: &str = "video/mp2t";
 
