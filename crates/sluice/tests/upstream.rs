@@ -295,13 +295,13 @@ async fn a_private_ca_in_upstream_ca_file_is_trusted() {
     let s = Sluice::start(test_config()).await;
     let r = get(&s.url(&format!("/proxy/stream?d={d}"))).await;
     assert_eq!(r.status, 502);
-    // With it: verified (no insecure_hosts), over HTTP/2.
+    // With it: verified (no insecure_hosts); HTTP/1.1, the upstream default.
     let mut config = test_config();
     config.upstream.ca_file = Some(ca_file.path().to_path_buf());
     let s = Sluice::start(config).await;
     let r = get(&s.url(&format!("/proxy/stream?d={d}"))).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.body.unwrap(), "HTTP/2.0");
+    assert_eq!(r.body.unwrap(), "HTTP/1.1");
     // A CA file that holds no certificate is refused at start, not on the first request.
     let empty = tempfile::NamedTempFile::new().unwrap();
     let mut config = test_config();

@@ -83,7 +83,14 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
     ),
     (
         Builtin::Iptv,
-        &["/rtp/", "/udp/", "/playlist.m3u", "/status", "/status.json"],
+        &[
+            "/rtp/",
+            "/udp/",
+            "/playlist.m3u",
+            "/epg.xml",
+            "/status",
+            "/status.json",
+        ],
     ),
     (Builtin::Health, &["/health"]),
     (Builtin::Metrics, &["/metrics"]),
@@ -94,6 +101,10 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
 pub struct Routing {
     table: RouteTable<Target>,
     pub reverse: Reverse,
+    /// Where the media built-ins answer, when they are on: Xtream Codes paths (`/player_api.php`,
+    /// `/live/...`, the short `/{user}/{pass}/{id}`) have no prefix of their own, so they are
+    /// served only where no route or other built-in claims the path.
+    xtream_host: Option<HostPattern>,
 }
 
 impl Routing {
@@ -136,12 +147,33 @@ impl Routing {
             }
         }
         let table = RouteTable::build(entries)?;
-        Ok(Routing { table, reverse })
+        let xtream_host = (endpoints.media && media_on).then_some(builtin_host);
+        Ok(Routing {
+            table,
+            reverse,
+            xtream_host,
+        })
     }
 
     /// The target for a host and normalised path.
     pub fn lookup(&self, host: Option<&str>, path: &str) -> Option<&Target> {
         self.table.lookup(host, path)
+    }
+
+    /// An Xtream Codes path on the media built-ins' host (see `xtream_host`).
+    fn serves_xtream(&self, host: Option<&str>, path: &str) -> bool {
+        #[cfg(feature = "media")]
+        if let Some(pattern) = &self.xtream_host {
+            let host = host.map(sluice_http::route::normalize_host);
+            let on_host = match pattern {
+                HostPattern::Any => true,
+                HostPattern::Exact(h) => host.as_deref() == Some(h.as_str()),
+                HostPattern::Wildcard(suffix) => host.is_some_and(|h| h.ends_with(suffix.as_str())),
+            };
+            return on_host && crate::media::xtream::Xtream::serves(path);
+        }
+        let _ = (host, path);
+        false
     }
 
     /// Whether a route names this host explicitly (for refusing absolute-form requests).
@@ -237,6 +269,7 @@ impl Routing {
         match self.lookup(host.as_deref(), &path) {
             Some(Target::Proxy(route)) if !tokened => Dispatch::Proxy(route.clone(), path),
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
+            None if self.serves_xtream(host.as_deref(), &path) => Dispatch::Builtin(Builtin::Media),
             _ => {
                 let shown: String = rest.chars().take(200).collect();
                 Dispatch::Refused(ProxyError::downstream(
