@@ -157,7 +157,12 @@ impl App {
                     "a route has cache = true but none did at start: the cache needs a restart"
                 );
             }
-            build_routing(config, Some(&old), &self.reverse_metrics, self.cache.as_ref())
+            build_routing(
+                config,
+                Some(&old),
+                &self.reverse_metrics,
+                self.cache.as_ref(),
+            )
         })();
         let label = crate::reverse::metrics::ReloadLabels {
             result: if result.is_ok() {

@@ -154,7 +154,10 @@ impl Reverse {
             .map(|r| {
                 let group = groups[&r.upstream].1.clone();
                 if r.cache && cache.is_none() {
-                    anyhow::bail!("route {:?} has cache = true but no cache service is running", r.path);
+                    anyhow::bail!(
+                        "route {:?} has cache = true but no cache service is running",
+                        r.path
+                    );
                 }
                 Route::new(r, group, settings, cache.as_ref().map(|c| &c.1)).map(Arc::new)
             })

@@ -99,10 +99,10 @@ impl BodySlot {
         self.bodiless
             || self
                 .shared
-            .incoming
-            .lock()
-            .map(|g| g.is_some())
-            .unwrap_or(false)
+                .incoming
+                .lock()
+                .map(|g| g.is_some())
+                .unwrap_or(false)
     }
 
     /// Whether the size limit cut the body.

@@ -176,11 +176,7 @@ impl Reverse {
             }
             Ok((fetched, on_upgrade)) => {
                 if let Some(t) = &cache_target {
-                    self.invalidate_after(
-                        t,
-                        fetched.response.status(),
-                        fetched.response.headers(),
-                    );
+                    self.invalidate_after(t, fetched.response.status(), fetched.response.headers());
                 }
                 self.respond(route, fetched, on_upgrade, h2_connect, start, entry)
             }
@@ -568,7 +564,11 @@ pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
 }
 
 /// The bytes `balance = "hash"` hashes, per the group's `hash_key`.
-pub(super) fn hash_key(route: &Route, req: &Request<Incoming>, down: &Downstream) -> Option<Vec<u8>> {
+pub(super) fn hash_key(
+    route: &Route,
+    req: &Request<Incoming>,
+    down: &Downstream,
+) -> Option<Vec<u8>> {
     let spec = route.group.hash_key()?;
     if spec == "uri" {
         return Some(
