@@ -68,7 +68,8 @@ pub(super) fn invalidates(method: &Method) -> bool {
 }
 
 impl Reverse {
-    /// Serves a GET, HEAD or PURGE on a caching route.
+    /// Serves a GET, HEAD or PURGE on a caching route; `start` and `entry` are for the metrics and
+    /// the access log.
     pub(super) async fn serve_cached(
         &self,
         route: &Arc<Route>,
@@ -76,8 +77,7 @@ impl Reverse {
         path: &str,
         down: &Downstream,
         t: CacheTarget,
-        start: Instant,
-        mut entry: Entry,
+        (start, mut entry): (Instant, Entry),
     ) -> Response<Body> {
         let (Some(cache), Some(policy)) = (self.cache.as_ref(), route.cache_policy.as_ref()) else {
             // `CacheTarget::of` only exists for caching routes.

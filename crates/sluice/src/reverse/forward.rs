@@ -122,7 +122,7 @@ impl Reverse {
         let cache_target = match cache_target {
             Some(t) if super::cached::cache_method(req.method()) => {
                 return self
-                    .serve_cached(route, req, path, down, t, start, entry)
+                    .serve_cached(route, req, path, down, t, (start, entry))
                     .await;
             }
             Some(t) if super::cached::invalidates(req.method()) => Some(t),
