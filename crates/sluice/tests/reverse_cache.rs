@@ -127,8 +127,7 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
     }
 }
 
-async fn start() -> (CountingOrigin, Sluice) {
-    let origin = CountingOrigin::start().await;
+fn cached_config(origin: SocketAddr) -> sluice::config::Config {
     let text = format!(
         r#"
 [[upstreams]]
@@ -150,12 +149,17 @@ memory_bytes = "64MiB"
 slice_bytes = "1MiB"
 purge_key = "{PURGE_KEY}"
 "#,
-        origin.addr
+        origin
     );
     let mut config = sluice::config::Config::parse_file(&text).unwrap();
     config.server.listen = vec!["127.0.0.1:0".parse().unwrap()];
     config.validate().unwrap();
-    let sluice = Sluice::start(config).await;
+    config
+}
+
+async fn start() -> (CountingOrigin, Sluice) {
+    let origin = CountingOrigin::start().await;
+    let sluice = Sluice::start(cached_config(origin.addr)).await;
     (origin, sluice)
 }
 
@@ -361,4 +365,42 @@ cache_request_directives = "ignore"
     let mut c = sluice::config::Config::parse_file(text).unwrap();
     c.cache.memory_bytes = sluice::cache::ByteSize(0);
     assert!(c.validate().is_err());
+}
+
+#[tokio::test]
+async fn cached_objects_survive_a_reload() {
+    let origin = CountingOrigin::start().await;
+    let config = cached_config(origin.addr);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = sluice::app::App::new(&config).unwrap();
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &config.server, app.clone())
+            .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let url = format!("http://{addr}/r.txt");
+    request("GET", &url, &[]).await;
+    // A changed route table (a header edit) is a new table over the same cache.
+    let mut changed = config.clone();
+    changed.routes[0]
+        .response_headers_add
+        .insert("x-route".into(), "reloaded".into());
+    app.reload(&changed).unwrap();
+    let r = request("GET", &url, &[]).await;
+    assert_eq!(r.headers["x-route"], "reloaded");
+    assert!(cache_status(&r).starts_with("sluice; hit"));
+    assert_eq!(origin.count("GET", "/r.txt"), 1);
+    let _ = stop.send(());
+
+    // Without a caching route at start there is no cache: turning one on needs a restart.
+    let mut plain = config.clone();
+    for r in &mut plain.routes {
+        r.cache = false;
+    }
+    let app = sluice::app::App::new(&plain).unwrap();
+    let err = app.reload(&config).unwrap_err().to_string();
+    assert!(err.contains("needs a restart"), "{err}");
 }
