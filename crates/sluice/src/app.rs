@@ -53,6 +53,9 @@ pub struct App {
     /// The route table and the reverse proxy behind it; swapped whole by a reload.
     routing: Arc<arc_swap::ArcSwap<Routing>>,
     reverse_metrics: ReverseMetrics,
+    /// The slice cache behind `cache = true` routes: built once (when a route caches at start) and
+    /// handed to every rebuilt table, so reloads keep what it holds.
+    cache: Option<crate::cache::Cache>,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
 }
@@ -104,8 +107,19 @@ impl App {
         #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         let reverse_metrics = ReverseMetrics::new(&mut registry);
-        let routing = build_routing(config, None, &reverse_metrics)?;
+        // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
+        let cache = if config.routes.iter().any(|r| r.cache) {
+            Some(crate::cache::Cache::new(
+                &config.cache,
+                auth.secret(),
+                &mut registry,
+            )?)
+        } else {
+            None
+        };
+        let routing = build_routing(config, None, &reverse_metrics, cache.as_ref())?;
         Ok(Arc::new(App {
+            cache,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
             reverse_metrics,
@@ -138,7 +152,17 @@ impl App {
             if config.media.enabled != self.media_on {
                 anyhow::bail!("media.enabled changed: that needs a restart");
             }
-            build_routing(config, Some(&old), &self.reverse_metrics)
+            if self.cache.is_none() && config.routes.iter().any(|r| r.cache) {
+                anyhow::bail!(
+                    "a route has cache = true but none did at start: the cache needs a restart"
+                );
+            }
+            build_routing(
+                config,
+                Some(&old),
+                &self.reverse_metrics,
+                self.cache.as_ref(),
+            )
         })();
         let label = crate::reverse::metrics::ReloadLabels {
             result: if result.is_ok() {
@@ -494,8 +518,12 @@ pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
     let mut quiet = config.clone();
     // Describing must not create the access log file.
     quiet.reverse.access_log.clear();
+    // Nor start a cache service: routing does not depend on it.
+    for route in &mut quiet.routes {
+        route.cache = false;
+    }
     let metrics = ReverseMetrics::new(&mut Registry::default());
-    Ok(build_routing(&quiet, None, &metrics)?.describe())
+    Ok(build_routing(&quiet, None, &metrics, None)?.describe())
 }
 
 /// Builds the route table and reverse proxy from `config`, taking over unchanged groups (and the
@@ -504,6 +532,7 @@ pub fn build_routing(
     config: &Config,
     previous: Option<&Routing>,
     metrics: &ReverseMetrics,
+    cache: Option<&crate::cache::Cache>,
 ) -> anyhow::Result<Routing> {
     let settings = &config.reverse;
     let old = previous.map(|p| &p.reverse);
@@ -528,6 +557,7 @@ pub fn build_routing(
         old,
         metrics.clone(),
         access_log,
+        cache.map(|c| (c.clone(), config.cache.policy())),
     )?;
     Routing::new(reverse, &config.endpoints, config.media.enabled)
 }

@@ -450,6 +450,11 @@ impl Config {
         self.cache
             .validate()
             .map_err(|e| anyhow::anyhow!("in [cache]: {e}"))?;
+        if let Some(i) = self.routes.iter().position(|r| r.cache) {
+            if self.cache.memory_bytes.0 == 0 {
+                bail!("route {i} has cache = true but [cache] memory_bytes is 0");
+            }
+        }
         let m = &self.media;
         if m.live_mpd_ttl_secs == 0 || m.mpd_ttl_secs == 0 {
             bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");

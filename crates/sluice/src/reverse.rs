@@ -8,6 +8,7 @@
 pub mod access_log;
 pub mod body;
 pub mod budget;
+pub mod cached;
 pub mod client;
 pub mod config;
 pub mod forward;
@@ -42,6 +43,8 @@ pub struct Route {
     connect_timeout: Duration,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// The resolved cache policy when the route has `cache = true`.
+    cache_policy: Option<crate::cache::FreshnessPolicy>,
 }
 
 impl Route {
@@ -49,6 +52,7 @@ impl Route {
         config: &RouteConfig,
         group: Arc<Group>,
         shared: &ReverseConfig,
+        cache_defaults: Option<&crate::cache::config::PolicyConfig>,
     ) -> anyhow::Result<Route> {
         let headers = |m: &std::collections::BTreeMap<String, String>| {
             m.iter()
@@ -79,6 +83,10 @@ impl Route {
             connect_timeout: Duration::from_secs(config.connect_timeout_secs),
             header_timeout: Duration::from_secs(config.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            cache_policy: match cache_defaults {
+                Some(d) if config.cache => Some(config.cache_policy().resolve(d)),
+                _ => None,
+            },
             config: config.clone(),
         })
     }
@@ -89,9 +97,11 @@ pub struct Reverse {
     routes: Vec<Arc<Route>>,
     groups: HashMap<String, (GroupConfig, Arc<Group>)>,
     settings: ReverseConfig,
-    budget: budget::RetryBudget,
+    budget: Arc<budget::RetryBudget>,
     metrics: ReverseMetrics,
     access_log: Option<access_log::AccessLog>,
+    /// The process's slice cache (one for the process, it outlives reloads).
+    cache: Option<crate::cache::Cache>,
 }
 
 impl Reverse {
@@ -105,6 +115,7 @@ impl Reverse {
         previous: Option<&Reverse>,
         metrics: ReverseMetrics,
         access_log: Option<access_log::AccessLog>,
+        cache: Option<(crate::cache::Cache, crate::cache::config::PolicyConfig)>,
     ) -> anyhow::Result<Reverse> {
         let names: Vec<&str> = upstreams.iter().map(|g| g.name.as_str()).collect();
         for (i, r) in routes.iter().enumerate() {
@@ -142,16 +153,23 @@ impl Reverse {
             .iter()
             .map(|r| {
                 let group = groups[&r.upstream].1.clone();
-                Route::new(r, group, settings).map(Arc::new)
+                if r.cache && cache.is_none() {
+                    anyhow::bail!(
+                        "route {:?} has cache = true but no cache service is running",
+                        r.path
+                    );
+                }
+                Route::new(r, group, settings, cache.as_ref().map(|c| &c.1)).map(Arc::new)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Reverse {
             routes,
             groups,
-            budget: budget::RetryBudget::new(
+            budget: Arc::new(budget::RetryBudget::new(
                 settings.retry_budget_percent,
                 settings.retry_min_per_sec,
-            ),
+            )),
+            cache: cache.map(|c| c.0),
             settings: settings.clone(),
             metrics,
             access_log,

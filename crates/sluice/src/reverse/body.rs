@@ -30,6 +30,8 @@ pub struct BodySlot {
     shared: Arc<Shared>,
     size_hint: SizeHint,
     end_stream: bool,
+    /// No body at all (a cache fill's GET): every attempt may send "nothing".
+    bodiless: bool,
 }
 
 struct Shared {
@@ -53,6 +55,23 @@ impl BodySlot {
                 limit,
                 idle,
             }),
+            bodiless: false,
+        }
+    }
+
+    /// A slot for a request without a body, replayable on every attempt.
+    pub fn empty(idle: Duration) -> Self {
+        BodySlot {
+            size_hint: SizeHint::with_exact(0),
+            end_stream: true,
+            shared: Arc::new(Shared {
+                incoming: Mutex::new(None),
+                too_large: AtomicBool::new(false),
+                sent: AtomicU64::new(0),
+                limit: 0,
+                idle,
+            }),
+            bodiless: true,
         }
     }
 
@@ -63,7 +82,7 @@ impl BodySlot {
 
     /// The body for one attempt; `None` once an earlier attempt started reading it.
     pub fn lend(&self) -> Option<LentBody> {
-        if self.shared.incoming.lock().ok()?.is_none() {
+        if !self.bodiless && self.shared.incoming.lock().ok()?.is_none() {
             return None;
         }
         Some(LentBody {
@@ -77,11 +96,13 @@ impl BodySlot {
 
     /// Whether the body can still be sent (no attempt has read from it).
     pub fn untouched(&self) -> bool {
-        self.shared
-            .incoming
-            .lock()
-            .map(|g| g.is_some())
-            .unwrap_or(false)
+        self.bodiless
+            || self
+                .shared
+                .incoming
+                .lock()
+                .map(|g| g.is_some())
+                .unwrap_or(false)
     }
 
     /// Whether the size limit cut the body.

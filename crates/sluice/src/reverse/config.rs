@@ -70,6 +70,30 @@ pub struct RouteConfig {
     /// Tunnel WebSocket upgrades (HTTP/1.1 Upgrade and HTTP/2 extended CONNECT).
     #[serde(default = "yes")]
     pub websocket: bool,
+    /// Serve GET/HEAD through the slice cache (`[cache]`); unsafe methods invalidate, `PURGE` purges.
+    #[serde(default)]
+    pub cache: bool,
+    /// Stale window for this route when the origin names none (default: `[cache] grace_secs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_grace_secs: Option<u64>,
+    /// Lifetime of responses without expiration or `Last-Modified` (default: `[cache] default_ttl_secs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_default_ttl_secs: Option<u64>,
+    /// `honor` or `ignore` the client's `Cache-Control` (default: `[cache] request_directives`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_request_directives: Option<crate::cache::config::RequestDirectivesConfig>,
+}
+
+impl RouteConfig {
+    /// The route's cache policy overrides (serde's `flatten` cannot sit beside `deny_unknown_fields`,
+    /// so the keys are spelled out here and gathered into the cache's own type).
+    pub fn cache_policy(&self) -> crate::cache::RoutePolicyConfig {
+        crate::cache::RoutePolicyConfig {
+            cache_grace_secs: self.cache_grace_secs,
+            cache_default_ttl_secs: self.cache_default_ttl_secs,
+            cache_request_directives: self.cache_request_directives,
+        }
+    }
 }
 
 fn root() -> String {

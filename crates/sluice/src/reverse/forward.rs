@@ -114,6 +114,20 @@ impl Reverse {
             referer: text(req.headers(), header::REFERER),
             user_agent: text(req.headers(), header::USER_AGENT),
         };
+        let cache_target = if upgrade {
+            None
+        } else {
+            super::cached::CacheTarget::of(self, route, &req, path, down)
+        };
+        let cache_target = match cache_target {
+            Some(t) if super::cached::cache_method(req.method()) => {
+                return self
+                    .serve_cached(route, req, path, down, t, (start, entry))
+                    .await;
+            }
+            Some(t) if super::cached::invalidates(req.method()) => Some(t),
+            _ => None,
+        };
         let result = async {
             let framing = framing::check_request(req.headers(), req.version() == Version::HTTP_11)
                 .map_err(|e| {
@@ -161,6 +175,9 @@ impl Reverse {
                 resp
             }
             Ok((fetched, on_upgrade)) => {
+                if let Some(t) = &cache_target {
+                    self.invalidate_after(t, fetched.response.status(), fetched.response.headers());
+                }
                 self.respond(route, fetched, on_upgrade, h2_connect, start, entry)
             }
         }
@@ -177,89 +194,10 @@ impl Reverse {
         body: &BodySlot,
         key: Option<&[u8]>,
     ) -> Result<Fetched, FetchError> {
-        let group = &route.group;
-        let plan = group.plan(key);
-        if plan.is_empty() {
-            return Err(FetchError::NoServer {
-                group: group.name().to_string(),
-            });
-        }
-        let replayable = head.method.is_idempotent() && body.is_empty();
-        let mut last: Option<FetchError> = None;
-        for (attempt, server) in plan
-            .iter()
-            .take(route.config.max_attempts as usize)
-            .enumerate()
-        {
-            if attempt > 0 {
-                if !self.budget.try_retry() {
-                    break;
-                }
-                self.metrics
-                    .retries
-                    .get_or_create(&RouteLabels {
-                        route: route.name.clone(),
-                    })
-                    .inc();
-            }
-            let labels = ServerLabels {
-                group: group.name().to_string(),
-                server: server.addr().to_string(),
-            };
-            self.metrics.server_requests.get_or_create(&labels).inc();
-            let in_flight = server.begin();
-            let Some(lent) = body.lend() else { break };
-            let req = build_request(head, server, lent);
-            let client = if head.upgrade {
-                &route.upgrade_client
-            } else {
-                &route.client
-            };
-            let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
-            let failure = match outcome {
-                Ok(Ok(response)) => {
-                    server.report_success();
-                    self.metrics.server_healthy.get_or_create(&labels).set(1);
-                    return Ok(Fetched {
-                        response,
-                        in_flight,
-                    });
-                }
-                Ok(Err(e)) => {
-                    if body.too_large() {
-                        return Err(FetchError::TooLarge {
-                            limit: route.config.max_body_bytes,
-                        });
-                    }
-                    classify(&e, group.name(), server, route.connect_timeout)
-                }
-                Err(_) => FetchError::HeaderTimeout {
-                    server: server.addr().to_string(),
-                    secs: route.header_timeout.as_secs(),
-                },
-            };
-            server.report_failure();
-            self.metrics.server_failures.get_or_create(&labels).inc();
-            if !server.is_usable() {
-                self.metrics.server_healthy.get_or_create(&labels).set(0);
-            }
-            tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
-            let connect_failed = matches!(
-                failure,
-                FetchError::Refused { .. } | FetchError::ConnectTimeout { .. }
-            );
-            let may_retry = (connect_failed && body.untouched()) || replayable;
-            last = Some(failure);
-            if !may_retry {
-                break;
-            }
-        }
-        Err(last.unwrap_or(FetchError::NoServer {
-            group: group.name().to_string(),
-        }))
+        attempts(&self.budget, &self.metrics, route, head, body, key).await
     }
 
-    fn upstream_head(
+    pub(super) fn upstream_head(
         &self,
         route: &Route,
         req: &Request<Incoming>,
@@ -426,7 +364,7 @@ impl Reverse {
         resp
     }
 
-    fn finish_record(&self, route: &Route, entry: &Entry) {
+    pub(super) fn finish_record(&self, route: &Route, entry: &Entry) {
         self.metrics
             .requests
             .get_or_create(&RouteClassLabels {
@@ -444,6 +382,98 @@ impl Reverse {
             log.record(entry);
         }
     }
+}
+
+/// The attempts of [`Reverse::fetch`], apart from `Reverse` so a cache fill outliving the
+/// request (and a reload) can make them too.
+pub(super) async fn attempts(
+    budget: &super::budget::RetryBudget,
+    metrics: &super::metrics::ReverseMetrics,
+    route: &Arc<Route>,
+    head: &UpstreamHead,
+    body: &BodySlot,
+    key: Option<&[u8]>,
+) -> Result<Fetched, FetchError> {
+    let group = &route.group;
+    let plan = group.plan(key);
+    if plan.is_empty() {
+        return Err(FetchError::NoServer {
+            group: group.name().to_string(),
+        });
+    }
+    let replayable = head.method.is_idempotent() && body.is_empty();
+    let mut last: Option<FetchError> = None;
+    for (attempt, server) in plan
+        .iter()
+        .take(route.config.max_attempts as usize)
+        .enumerate()
+    {
+        if attempt > 0 {
+            if !budget.try_retry() {
+                break;
+            }
+            metrics
+                .retries
+                .get_or_create(&RouteLabels {
+                    route: route.name.clone(),
+                })
+                .inc();
+        }
+        let labels = ServerLabels {
+            group: group.name().to_string(),
+            server: server.addr().to_string(),
+        };
+        metrics.server_requests.get_or_create(&labels).inc();
+        let in_flight = server.begin();
+        let Some(lent) = body.lend() else { break };
+        let req = build_request(head, server, lent);
+        let client = if head.upgrade {
+            &route.upgrade_client
+        } else {
+            &route.client
+        };
+        let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
+        let failure = match outcome {
+            Ok(Ok(response)) => {
+                server.report_success();
+                metrics.server_healthy.get_or_create(&labels).set(1);
+                return Ok(Fetched {
+                    response,
+                    in_flight,
+                });
+            }
+            Ok(Err(e)) => {
+                if body.too_large() {
+                    return Err(FetchError::TooLarge {
+                        limit: route.config.max_body_bytes,
+                    });
+                }
+                classify(&e, group.name(), server, route.connect_timeout)
+            }
+            Err(_) => FetchError::HeaderTimeout {
+                server: server.addr().to_string(),
+                secs: route.header_timeout.as_secs(),
+            },
+        };
+        server.report_failure();
+        metrics.server_failures.get_or_create(&labels).inc();
+        if !server.is_usable() {
+            metrics.server_healthy.get_or_create(&labels).set(0);
+        }
+        tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
+        let connect_failed = matches!(
+            failure,
+            FetchError::Refused { .. } | FetchError::ConnectTimeout { .. }
+        );
+        let may_retry = (connect_failed && body.untouched()) || replayable;
+        last = Some(failure);
+        if !may_retry {
+            break;
+        }
+    }
+    Err(last.unwrap_or(FetchError::NoServer {
+        group: group.name().to_string(),
+    }))
 }
 
 /// The upstream request head (see [`Reverse::fetch`]).
@@ -534,7 +564,11 @@ pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
 }
 
 /// The bytes `balance = "hash"` hashes, per the group's `hash_key`.
-fn hash_key(route: &Route, req: &Request<Incoming>, down: &Downstream) -> Option<Vec<u8>> {
+pub(super) fn hash_key(
+    route: &Route,
+    req: &Request<Incoming>,
+    down: &Downstream,
+) -> Option<Vec<u8>> {
     let spec = route.group.hash_key()?;
     if spec == "uri" {
         return Some(

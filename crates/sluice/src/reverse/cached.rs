@@ -1,0 +1,210 @@
+//! Routes with `cache = true`: GET/HEAD through the slice cache with an origin that makes the
+//! route's own attempts, `PURGE` to the cache, and invalidation after unsafe methods.
+
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+use sluice_http::hop;
+use tokio::time::Instant;
+
+use super::access_log::Entry;
+use super::body::{BodySlot, OnDone, ResponseBody};
+use super::budget::RetryBudget;
+use super::forward::{attempts, hash_key, rewrite_path, Downstream, FetchError, UpstreamHead};
+use super::metrics::{ReverseMetrics, RouteLabels};
+use super::{Reverse, Route};
+use crate::body::{self, Body};
+use crate::cache::purge::invalidation_keys;
+use crate::cache::{CacheKey, Origin, OriginError, OriginFuture};
+use crate::error::ProxyError;
+use crate::upstream::group::InFlight;
+
+/// What the cache keys of a request on a caching route are made of.
+pub(super) struct CacheTarget {
+    /// `route|host`: the route's name and the host the client asked for (lower case).
+    scope: String,
+    host: String,
+    /// The path and query sent upstream (after the route's rewrite).
+    target: Uri,
+}
+
+impl CacheTarget {
+    /// `None` when the route does not cache or the rewritten target is not a URI.
+    pub(super) fn of(
+        reverse: &Reverse,
+        route: &Route,
+        req: &Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+    ) -> Option<CacheTarget> {
+        reverse.cache.as_ref()?;
+        route.cache_policy.as_ref()?;
+        let mut pq = rewrite_path(&route.config, path);
+        if let Some(q) = req.uri().query() {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        let host = down.host.as_deref().unwrap_or("").to_ascii_lowercase();
+        Some(CacheTarget {
+            scope: format!("{}|{host}", route.name),
+            host,
+            target: pq.parse().ok()?,
+        })
+    }
+}
+
+/// Whether `method` goes through the cache (or to its purge) rather than straight upstream.
+pub(super) fn cache_method(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD || method.as_str() == "PURGE"
+}
+
+/// Whether a successful `method` invalidates what the cache holds for its target (RFC 9111 §4.4).
+pub(super) fn invalidates(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+impl Reverse {
+    /// Serves a GET, HEAD or PURGE on a caching route; `start` and `entry` are for the metrics and
+    /// the access log.
+    pub(super) async fn serve_cached(
+        &self,
+        route: &Arc<Route>,
+        req: Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+        t: CacheTarget,
+        (start, mut entry): (Instant, Entry),
+    ) -> Response<Body> {
+        let (Some(cache), Some(policy)) = (self.cache.as_ref(), route.cache_policy.as_ref()) else {
+            // `CacheTarget::of` only exists for caching routes.
+            return ProxyError::downstream(StatusCode::NOT_FOUND, "no_cache", "not cached")
+                .into_response();
+        };
+        let key = CacheKey::new(&t.scope, &t.target);
+        let head = self.upstream_head(route, &req, path, down, false);
+        let balance = hash_key(route, &req, down);
+        let (mut parts, _) = req.into_parts();
+        let mut resp = if parts.method.as_str() == "PURGE" {
+            // The purge authorisation reads the client's own headers.
+            parts.uri = t.target.clone();
+            cache.purge(&parts, &key, down.client_ip)
+        } else {
+            // The cache sees the request as the upstream would (forwarding headers added, route
+            // header edits applied), so its origin requests need no further rewriting.
+            let mut cparts = Request::new(()).into_parts().0;
+            cparts.method = parts.method.clone();
+            cparts.uri = t.target.clone();
+            cparts.version = parts.version;
+            cparts.headers = head.headers;
+            let origin: Arc<dyn Origin> = Arc::new(RouteOrigin {
+                budget: self.budget.clone(),
+                metrics: self.metrics.clone(),
+                route: route.clone(),
+                host: head.host,
+                balance,
+            });
+            cache.serve(&cparts, &key, origin, policy).await
+        };
+        if parts.method.as_str() != "PURGE" {
+            let headers = resp.headers_mut();
+            for name in &route.resp_remove {
+                headers.remove(name);
+            }
+            for (name, value) in &route.resp_add {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+        let elapsed = start.elapsed();
+        self.metrics
+            .ttfb
+            .get_or_create(&RouteLabels {
+                route: route.name.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        entry.status = resp.status().as_u16();
+        entry.duration = elapsed;
+        self.finish_record(route, &entry);
+        resp
+    }
+
+    /// Drops what the cache holds for the target (and same-host `Location` / `Content-Location`)
+    /// after an unsafe method got a success or redirect.
+    pub(super) fn invalidate_after(
+        &self,
+        t: &CacheTarget,
+        status: StatusCode,
+        headers: &http::HeaderMap,
+    ) {
+        if let Some(cache) = &self.cache {
+            cache.invalidate(&invalidation_keys(
+                &t.scope, &t.host, &t.target, status, headers,
+            ));
+        }
+    }
+}
+
+/// The cache's origin for one request: the route's attempts across its upstream group
+/// (balancing, retries, retry budget, timeouts) with a bodiless request. Owns everything it uses,
+/// since a fill may outlive the request and a reload.
+struct RouteOrigin {
+    budget: Arc<RetryBudget>,
+    metrics: ReverseMetrics,
+    route: Arc<Route>,
+    host: Option<String>,
+    balance: Option<Vec<u8>>,
+}
+
+impl Origin for RouteOrigin {
+    fn fetch(&self, req: Request<()>) -> OriginFuture {
+        let (parts, ()) = req.into_parts();
+        let head = UpstreamHead {
+            method: parts.method,
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .map_or("/".to_string(), |p| p.as_str().to_string()),
+            headers: parts.headers,
+            upgrade: false,
+            host: self.host.clone(),
+        };
+        let (budget, metrics, route) = (
+            self.budget.clone(),
+            self.metrics.clone(),
+            self.route.clone(),
+        );
+        let balance = self.balance.clone();
+        Box::pin(async move {
+            let slot = BodySlot::empty(route.idle_timeout);
+            let fetched = attempts(&budget, &metrics, &route, &head, &slot, balance.as_deref())
+                .await
+                .map_err(|e| match e {
+                    FetchError::HeaderTimeout { .. } | FetchError::ConnectTimeout { .. } => {
+                        OriginError::Timeout
+                    }
+                    other => OriginError::Unreachable(other.to_string()),
+                })?;
+            let (p, incoming) = fetched.response.into_parts();
+            let mut headers = p.headers;
+            hop::strip_hop_by_hop(&mut headers, false);
+            let mut out = Response::new(body::boxed(ResponseBody::new(
+                incoming,
+                route.idle_timeout,
+                Box::new(Hold(fetched.in_flight)),
+            )));
+            *out.status_mut() = p.status;
+            *out.headers_mut() = headers;
+            Ok(out)
+        })
+    }
+}
+
+/// Keeps the server's in-flight mark (least-connections balancing) until the fill's body ends.
+struct Hold(#[allow(dead_code)] InFlight);
+
+impl OnDone for Hold {
+    fn done(self: Box<Self>, _bytes: u64, _complete: bool) {}
+}

@@ -1,0 +1,406 @@
+//! `[[routes]] cache = true` end to end: a running sluice in front of a counting origin on
+//! 127.0.0.1. Hits, coalesced cold fills (one origin request per slice), ranged fills of only the
+//! covered slices, `no-store`, `PURGE`, invalidation by `POST`, and a route that never caches.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use support::{pattern, request, sha256, Sluice};
+use tokio::net::TcpListener;
+
+const MIB: usize = 1 << 20;
+/// Four 1 MiB slices, the last one short.
+const BIG_LEN: usize = 3 * MIB + 5;
+const PURGE_KEY: &str = "purge-secret-1";
+
+/// One request the origin answered: method, path, `Range`.
+type Hit = (String, String, Option<String>);
+
+struct CountingOrigin {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Hit>>>,
+}
+
+impl CountingOrigin {
+    async fn start() -> CountingOrigin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, Infallible>(answer(req, &s)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        CountingOrigin { addr, seen }
+    }
+
+    /// Requests with this method and path.
+    fn count(&self, method: &str, path: &str) -> usize {
+        self.requests(method, path).len()
+    }
+
+    fn requests(&self, method: &str, path: &str) -> Vec<Hit> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.0 == method && h.1 == path)
+            .cloned()
+            .collect()
+    }
+}
+
+/// `/big*`: 3 MiB + 5 bytes; `/nostore`: `no-store`; anything else: a small body naming its path.
+/// Every GET is cacheable for an hour (apart from `/nostore`) and honours `Range`; other methods
+/// get 204.
+fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let range = req
+        .headers()
+        .get("range")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    seen.lock()
+        .unwrap()
+        .push((req.method().to_string(), path.clone(), range.clone()));
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+    }
+    let body = if path.starts_with("/big") {
+        pattern(BIG_LEN)
+    } else {
+        Bytes::from(format!("body of {path}"))
+    };
+    let cache_control = if path == "/nostore" {
+        "no-store"
+    } else {
+        "public, max-age=3600"
+    };
+    let len = body.len();
+    let b = Response::builder()
+        .header("cache-control", cache_control)
+        .header("etag", "\"e1\"")
+        .header("accept-ranges", "bytes")
+        .header("content-type", "application/octet-stream");
+    let span = range.as_deref().and_then(|r| {
+        let (a, z) = r.strip_prefix("bytes=")?.split_once('-')?;
+        let a: usize = a.parse().ok()?;
+        let z: usize = if z.is_empty() {
+            len - 1
+        } else {
+            z.parse::<usize>().ok()?.min(len - 1)
+        };
+        (a <= z).then_some((a, z))
+    });
+    match span {
+        Some((a, z)) => b
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header("content-range", format!("bytes {a}-{z}/{len}"))
+            .body(Full::new(body.slice(a..=z)))
+            .unwrap(),
+        None => b.body(Full::new(body)).unwrap(),
+    }
+}
+
+fn cached_config(origin: SocketAddr) -> sluice::config::Config {
+    let text = format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+cache = true
+response_headers_add = {{ "x-route" = "cached" }}
+
+[[routes]]
+path = "/plain/"
+upstream = "app"
+
+[cache]
+memory_bytes = "64MiB"
+slice_bytes = "1MiB"
+purge_key = "{PURGE_KEY}"
+"#,
+        origin
+    );
+    let mut config = sluice::config::Config::parse_file(&text).unwrap();
+    config.server.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    config.validate().unwrap();
+    config
+}
+
+async fn start() -> (CountingOrigin, Sluice) {
+    let origin = CountingOrigin::start().await;
+    let sluice = Sluice::start(cached_config(origin.addr)).await;
+    (origin, sluice)
+}
+
+fn cache_status(r: &support::Reply) -> String {
+    r.headers
+        .get("cache-status")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test]
+async fn second_get_is_a_hit() {
+    let (origin, s) = start().await;
+    let first = request("GET", &s.url("/a.txt"), &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body.as_deref().unwrap(), b"body of /a.txt");
+    assert!(
+        !cache_status(&first).contains("; hit"),
+        "{}",
+        cache_status(&first)
+    );
+    let second = request("GET", &s.url("/a.txt"), &[]).await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.body.as_deref().unwrap(), b"body of /a.txt");
+    assert!(
+        cache_status(&second).starts_with("sluice; hit"),
+        "{:?}",
+        cache_status(&second)
+    );
+    assert_eq!(second.headers["x-route"], "cached");
+    assert_eq!(origin.count("GET", "/a.txt"), 1);
+    // A HEAD is answered from the GET's object.
+    let head = request("HEAD", &s.url("/a.txt"), &[]).await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert_eq!(origin.count("GET", "/a.txt"), 1);
+    assert_eq!(origin.count("HEAD", "/a.txt"), 0);
+    // Another query string is another object.
+    let other = request("GET", &s.url("/a.txt?v=2"), &[]).await;
+    assert_eq!(other.body.as_deref().unwrap(), b"body of /a.txt");
+    assert_eq!(origin.count("GET", "/a.txt"), 2);
+}
+
+#[tokio::test]
+async fn concurrent_cold_gets_fetch_each_slice_once() {
+    let (origin, s) = start().await;
+    let url = s.url("/big-cold");
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { request("GET", &url, &[]).await })
+        })
+        .collect();
+    let want = sha256(&pattern(BIG_LEN));
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(sha256(r.body.as_deref().unwrap()), want);
+    }
+    let seen = origin.requests("GET", "/big-cold");
+    assert_eq!(seen.len(), 4, "one origin request per slice: {seen:?}");
+    let mut ranges: Vec<String> = seen.into_iter().filter_map(|h| h.2).collect();
+    ranges.sort();
+    assert_eq!(
+        ranges,
+        [
+            "bytes=0-1048575",
+            "bytes=1048576-2097151",
+            "bytes=2097152-3145727",
+            "bytes=3145728-4194303",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn range_on_a_cold_object_fetches_only_covered_slices() {
+    let (origin, s) = start().await;
+    let r = request(
+        "GET",
+        &s.url("/big-range"),
+        &[("range", "bytes=1048600-1048699")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(
+        r.headers["content-range"],
+        format!("bytes 1048600-1048699/{BIG_LEN}").as_str()
+    );
+    assert_eq!(
+        r.body.as_deref().unwrap(),
+        &pattern(BIG_LEN)[1_048_600..1_048_700]
+    );
+    let seen = origin.requests("GET", "/big-range");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].2.as_deref(), Some("bytes=1048576-2097151"));
+    // The same slice again is a hit.
+    let again = request(
+        "GET",
+        &s.url("/big-range"),
+        &[("range", "bytes=1048576-1048579")],
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(
+        again.body.as_deref().unwrap(),
+        &pattern(BIG_LEN)[1_048_576..1_048_580]
+    );
+    assert_eq!(origin.count("GET", "/big-range"), 1);
+}
+
+#[tokio::test]
+async fn no_store_is_not_cached() {
+    let (origin, s) = start().await;
+    for _ in 0..2 {
+        let r = request("GET", &s.url("/nostore"), &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body.as_deref().unwrap(), b"body of /nostore");
+        assert!(!cache_status(&r).contains("; hit"));
+    }
+    assert_eq!(origin.count("GET", "/nostore"), 2);
+}
+
+#[tokio::test]
+async fn purge_then_refetch() {
+    let (origin, s) = start().await;
+    request("GET", &s.url("/p.txt"), &[]).await;
+    request("GET", &s.url("/p.txt"), &[]).await;
+    assert_eq!(origin.count("GET", "/p.txt"), 1);
+    // Without the key: refused, nothing purged, nothing sent upstream.
+    let refused = request("PURGE", &s.url("/p.txt"), &[]).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let wrong = request("PURGE", &s.url("/p.txt"), &[("x-purge-key", "nope")]).await;
+    assert_eq!(wrong.status, StatusCode::FORBIDDEN);
+    assert_eq!(wrong.body, refused.body);
+    request("GET", &s.url("/p.txt"), &[]).await;
+    assert_eq!(origin.count("GET", "/p.txt"), 1);
+    let purged = request("PURGE", &s.url("/p.txt"), &[("x-purge-key", PURGE_KEY)]).await;
+    assert_eq!(purged.status, StatusCode::OK, "{:?}", purged.body);
+    assert_eq!(origin.count("PURGE", "/p.txt"), 0);
+    let r = request("GET", &s.url("/p.txt"), &[]).await;
+    assert_eq!(r.body.as_deref().unwrap(), b"body of /p.txt");
+    assert!(!cache_status(&r).contains("; hit"));
+    assert_eq!(origin.count("GET", "/p.txt"), 2);
+}
+
+#[tokio::test]
+async fn post_invalidates() {
+    let (origin, s) = start().await;
+    request("GET", &s.url("/doc"), &[]).await;
+    request("GET", &s.url("/doc"), &[]).await;
+    assert_eq!(origin.count("GET", "/doc"), 1);
+    let post = request("POST", &s.url("/doc"), &[]).await;
+    assert_eq!(post.status, StatusCode::NO_CONTENT);
+    assert_eq!(origin.count("POST", "/doc"), 1);
+    let r = request("GET", &s.url("/doc"), &[]).await;
+    assert_eq!(r.body.as_deref().unwrap(), b"body of /doc");
+    assert_eq!(origin.count("GET", "/doc"), 2);
+    // Another path stays cached.
+    request("GET", &s.url("/other"), &[]).await;
+    request("POST", &s.url("/doc"), &[]).await;
+    request("GET", &s.url("/other"), &[]).await;
+    assert_eq!(origin.count("GET", "/other"), 1);
+}
+
+#[tokio::test]
+async fn route_without_cache_never_caches() {
+    let (origin, s) = start().await;
+    for _ in 0..3 {
+        let r = request("GET", &s.url("/plain/x"), &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body.as_deref().unwrap(), b"body of /plain/x");
+        assert!(r.headers.get("cache-status").is_none());
+    }
+    assert_eq!(origin.count("GET", "/plain/x"), 3);
+    // PURGE on it is just another method sent upstream.
+    request("PURGE", &s.url("/plain/x"), &[]).await;
+    assert_eq!(origin.count("PURGE", "/plain/x"), 1);
+}
+
+#[test]
+fn cache_route_keys_parse_and_validate() {
+    let text = r#"
+[[upstreams]]
+name = "app"
+servers = ["127.0.0.1:9"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+cache = true
+cache_grace_secs = 30
+cache_default_ttl_secs = 5
+cache_request_directives = "ignore"
+"#;
+    let c = sluice::config::Config::parse_file(text).unwrap();
+    c.validate().unwrap();
+    assert!(c.routes[0].cache);
+    assert_eq!(c.routes[0].cache_policy().cache_grace_secs, Some(30));
+    assert!(
+        sluice::config::Config::parse_file(&text.replace("cache = true", "cache = 1")).is_err()
+    );
+    assert!(sluice::config::Config::parse_file(&format!("{text}cache_bogus = 1\n")).is_err());
+    let mut c = sluice::config::Config::parse_file(text).unwrap();
+    c.cache.memory_bytes = sluice::cache::ByteSize(0);
+    assert!(c.validate().is_err());
+}
+
+#[tokio::test]
+async fn cached_objects_survive_a_reload() {
+    let origin = CountingOrigin::start().await;
+    let config = cached_config(origin.addr);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = sluice::app::App::new(&config).unwrap();
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &config.server, app.clone())
+            .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let url = format!("http://{addr}/r.txt");
+    request("GET", &url, &[]).await;
+    // A changed route table (a header edit) is a new table over the same cache.
+    let mut changed = config.clone();
+    changed.routes[0]
+        .response_headers_add
+        .insert("x-route".into(), "reloaded".into());
+    app.reload(&changed).unwrap();
+    let r = request("GET", &url, &[]).await;
+    assert_eq!(r.headers["x-route"], "reloaded");
+    assert!(cache_status(&r).starts_with("sluice; hit"));
+    assert_eq!(origin.count("GET", "/r.txt"), 1);
+    let _ = stop.send(());
+
+    // Without a caching route at start there is no cache: turning one on needs a restart.
+    let mut plain = config.clone();
+    for r in &mut plain.routes {
+        r.cache = false;
+    }
+    let app = sluice::app::App::new(&plain).unwrap();
+    let err = app.reload(&config).unwrap_err().to_string();
+    assert!(err.contains("needs a restart"), "{err}");
+}
