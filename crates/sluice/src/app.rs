@@ -34,6 +34,9 @@ use crate::reverse::metrics::ReverseMetrics;
 use crate::reverse::Reverse;
 use crate::server::activity::ActivityGuard;
 use crate::server::routes::{Dispatch, Routing};
+use crate::upstream::group::live::Live;
+use crate::upstream::group::metrics::GroupMetrics;
+use crate::upstream::group::Groups;
 use crate::upstream::Upstream;
 
 pub use crate::request::RequestContext;
@@ -52,6 +55,8 @@ pub struct App {
     metrics_open: bool,
     /// The route table and the reverse proxy behind it; swapped whole by a reload.
     routing: Arc<arc_swap::ArcSwap<Routing>>,
+    /// The one set of upstream groups the reverse proxy and the TCP front end share.
+    groups: Arc<Live>,
     reverse_metrics: ReverseMetrics,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
@@ -104,8 +109,11 @@ impl App {
         #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         let reverse_metrics = ReverseMetrics::new(&mut registry);
-        let routing = build_routing(config, None, &reverse_metrics)?;
+        let group_metrics = GroupMetrics::register(&mut registry);
+        let groups = Live::start(&config.upstreams, group_metrics)?;
+        let routing = build_routing(config, None, &groups.current(), &reverse_metrics)?;
         Ok(Arc::new(App {
+            groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
             reverse_metrics,
@@ -138,7 +146,9 @@ impl App {
             if config.media.enabled != self.media_on {
                 anyhow::bail!("media.enabled changed: that needs a restart");
             }
-            build_routing(config, Some(&old), &self.reverse_metrics)
+            let groups = self.groups.prepare(&config.upstreams)?;
+            let routing = build_routing(config, Some(&old), &groups, &self.reverse_metrics)?;
+            Ok((groups, routing))
         })();
         let label = crate::reverse::metrics::ReloadLabels {
             result: if result.is_ok() {
@@ -148,9 +158,19 @@ impl App {
             },
         };
         self.reverse_metrics.reloads.get_or_create(&label).inc();
-        let routing = Arc::new(result?);
-        let swap = self.routing_handle();
-        Ok(Box::new(move || swap.store(routing)))
+        let (groups, routing) = result?;
+        let (swap, live) = (self.routing_handle(), Arc::clone(&self.groups));
+        Ok(Box::new(move || {
+            // Groups first: the TCP part's commit, which runs after this one, takes its groups
+            // from the generation installed here.
+            live.install(groups);
+            swap.store(Arc::new(routing));
+        }))
+    }
+
+    /// The upstream groups, shared with the TCP front end.
+    pub fn groups(&self) -> &Arc<Live> {
+        &self.groups
     }
 
     fn routing_handle(&self) -> Arc<arc_swap::ArcSwap<Routing>> {
@@ -495,14 +515,17 @@ pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
     // Describing must not create the access log file.
     quiet.reverse.access_log.clear();
     let metrics = ReverseMetrics::new(&mut Registry::default());
-    Ok(build_routing(&quiet, None, &metrics)?.describe())
+    // Built only to be described: no health checker runs on these groups.
+    let groups = Groups::new(&config.upstreams)?;
+    Ok(build_routing(&quiet, None, &groups, &metrics)?.describe())
 }
 
-/// Builds the route table and reverse proxy from `config`, taking over unchanged groups (and the
-/// access log when its settings did not change) from `previous`.
+/// Builds the route table and reverse proxy from `config` over the upstream generation `groups`,
+/// taking the access log over from `previous` when its settings did not change.
 pub fn build_routing(
     config: &Config,
     previous: Option<&Routing>,
+    groups: &Groups,
     metrics: &ReverseMetrics,
 ) -> anyhow::Result<Routing> {
     let settings = &config.reverse;
@@ -523,9 +546,8 @@ pub fn build_routing(
     };
     let reverse = Reverse::build(
         &config.routes,
-        &config.upstreams,
+        groups,
         settings,
-        old,
         metrics.clone(),
         access_log,
     )?;
