@@ -131,7 +131,7 @@ impl App {
     }
 
     /// Applies a new config's routes, upstream groups and reverse proxy settings atomically. Requests
-    /// in flight finish on the old table; groups that did not change keep their state.
+    /// in flight finish on the old table; servers a group still lists keep their health and ejection state.
     pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
         let commit = self.prepare_reload(config)?;
         commit();
