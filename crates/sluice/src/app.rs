@@ -34,6 +34,9 @@ use crate::reverse::metrics::ReverseMetrics;
 use crate::reverse::Reverse;
 use crate::server::activity::ActivityGuard;
 use crate::server::routes::{Dispatch, Routing};
+use crate::upstream::group::live::Live;
+use crate::upstream::group::metrics::GroupMetrics;
+use crate::upstream::group::Groups;
 use crate::upstream::Upstream;
 
 pub use crate::request::RequestContext;
@@ -52,6 +55,8 @@ pub struct App {
     metrics_open: bool,
     /// The route table and the reverse proxy behind it; swapped whole by a reload.
     routing: Arc<arc_swap::ArcSwap<Routing>>,
+    /// The one set of upstream groups the reverse proxy and the TCP front end share.
+    groups: Arc<Live>,
     reverse_metrics: ReverseMetrics,
     /// The slice cache behind `cache = true` routes: built once (when a route caches at start) and
     /// handed to every rebuilt table, so reloads keep what it holds.
@@ -117,9 +122,18 @@ impl App {
         } else {
             None
         };
-        let routing = build_routing(config, None, &reverse_metrics, cache.as_ref())?;
+        let group_metrics = GroupMetrics::register(&mut registry);
+        let groups = Live::start(&config.upstreams, group_metrics)?;
+        let routing = build_routing(
+            config,
+            None,
+            &groups.current(),
+            &reverse_metrics,
+            cache.as_ref(),
+        )?;
         Ok(Arc::new(App {
             cache,
+            groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
             reverse_metrics,
@@ -137,7 +151,7 @@ impl App {
     }
 
     /// Applies a new config's routes, upstream groups and reverse proxy settings atomically. Requests
-    /// in flight finish on the old table; groups that did not change keep their state.
+    /// in flight finish on the old table; servers a group still lists keep their health and ejection state.
     pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
         let commit = self.prepare_reload(config)?;
         commit();
@@ -157,12 +171,15 @@ impl App {
                     "a route has cache = true but none did at start: the cache needs a restart"
                 );
             }
-            build_routing(
+            let groups = self.groups.prepare(&config.upstreams)?;
+            let routing = build_routing(
                 config,
                 Some(&old),
+                &groups,
                 &self.reverse_metrics,
                 self.cache.as_ref(),
-            )
+            )?;
+            Ok((groups, routing))
         })();
         let label = crate::reverse::metrics::ReloadLabels {
             result: if result.is_ok() {
@@ -172,9 +189,19 @@ impl App {
             },
         };
         self.reverse_metrics.reloads.get_or_create(&label).inc();
-        let routing = Arc::new(result?);
-        let swap = self.routing_handle();
-        Ok(Box::new(move || swap.store(routing)))
+        let (groups, routing) = result?;
+        let (swap, live) = (self.routing_handle(), Arc::clone(&self.groups));
+        Ok(Box::new(move || {
+            // Groups first: the TCP part's commit, which runs after this one, takes its groups
+            // from the generation installed here.
+            live.install(groups);
+            swap.store(Arc::new(routing));
+        }))
+    }
+
+    /// The upstream groups, shared with the TCP front end.
+    pub fn groups(&self) -> &Arc<Live> {
+        &self.groups
     }
 
     fn routing_handle(&self) -> Arc<arc_swap::ArcSwap<Routing>> {
@@ -523,14 +550,17 @@ pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
         route.cache = false;
     }
     let metrics = ReverseMetrics::new(&mut Registry::default());
-    Ok(build_routing(&quiet, None, &metrics, None)?.describe())
+    // Built only to be described: no health checker runs on these groups.
+    let groups = Groups::new(&config.upstreams)?;
+    Ok(build_routing(&quiet, None, &groups, &metrics, None)?.describe())
 }
 
-/// Builds the route table and reverse proxy from `config`, taking over unchanged groups (and the
-/// access log when its settings did not change) from `previous`.
+/// Builds the route table and reverse proxy from `config` over the upstream generation `groups`,
+/// taking the access log over from `previous` when its settings did not change.
 pub fn build_routing(
     config: &Config,
     previous: Option<&Routing>,
+    groups: &Groups,
     metrics: &ReverseMetrics,
     cache: Option<&crate::cache::Cache>,
 ) -> anyhow::Result<Routing> {
@@ -552,9 +582,8 @@ pub fn build_routing(
     };
     let reverse = Reverse::build(
         &config.routes,
-        &config.upstreams,
+        groups,
         settings,
-        old,
         metrics.clone(),
         access_log,
         cache.map(|c| (c.clone(), config.cache.policy())),

@@ -66,33 +66,29 @@ pub async fn serve_reloadable(
     }
     let mut registry = prometheus_client::registry::Registry::with_prefix("sluice");
     let tcp_metrics = tcp::TcpMetrics::register(&mut registry);
-    let group_metrics = upstream::group::metrics::GroupMetrics::register(&mut registry);
+    // The app owns the one set of upstream groups (with their health checkers and gauges); the
+    // TCP listeners take theirs from the same generation.
     let app: Arc<app::App> = app::App::with_registry(&config, registry)?;
-    let groups = Arc::new(upstream::group::Groups::new(&config.upstreams)?);
-    group_metrics.track(&groups);
-    let health = upstream::group::health::spawn(&groups);
     let tcp = Arc::new(tcp::TcpProxy::new(tcp_metrics));
-    tcp.apply(&config.tcp, Arc::clone(&groups))?;
+    tcp.apply(&config.tcp, app.groups().current())?;
     let server = server::Server::bind(&config.server, app.clone())?;
     for addr in server.local_addrs() {
         tracing::info!(%addr, "listening");
     }
-    // The health checkers live as long as the process; with reload, the TCP part owns and renews them.
-    let _health = if let Some((file, flags)) = source {
+    if let Some((file, flags)) = source {
         let mut reloader = server::reload::Reloader::new(file, flags);
+        // Order matters: the routes part installs the new upstream generation in its commit, and
+        // the TCP part's commit (run after it) re-applies the listeners over that generation.
         reloader.add("routes", app.reload_part());
         reloader.add("tls", server::reload::tls_part(server.tls_handle()));
         reloader.add(
             "tcp",
-            tcp::reload_part(Arc::clone(&tcp), groups, health, group_metrics),
+            tcp::reload_part(Arc::clone(&tcp), Arc::clone(app.groups())),
         );
         let reloader = Arc::new(reloader);
         app.set_reloader(reloader.clone());
         tokio::spawn(server::reload::on_sighup(reloader));
-        None
-    } else {
-        Some(health)
-    };
+    }
     let _pid = match &config.server.pid_file {
         Some(path) => Some(PidFile::write(path)?),
         None => None,

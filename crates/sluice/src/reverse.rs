@@ -15,14 +15,13 @@ pub mod forward;
 pub mod metrics;
 pub mod tunnel;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use sluice_http::route::HostPattern;
 
-use crate::upstream::group::{Group, GroupConfig};
+use crate::upstream::group::{Group, Groups};
 pub use config::{ReverseConfig, RouteConfig};
 use metrics::ReverseMetrics;
 
@@ -92,10 +91,9 @@ impl Route {
     }
 }
 
-/// The reverse proxy as one config built it: routes, groups and shared settings.
+/// The reverse proxy as one config built it: routes (each holding its group) and shared settings.
 pub struct Reverse {
     routes: Vec<Arc<Route>>,
-    groups: HashMap<String, (GroupConfig, Arc<Group>)>,
     settings: ReverseConfig,
     budget: Arc<budget::RetryBudget>,
     metrics: ReverseMetrics,
@@ -105,54 +103,28 @@ pub struct Reverse {
 }
 
 impl Reverse {
-    /// Builds routes and groups. Groups whose config did not change are taken over from `previous`
-    /// whole (health and balancing state included); a changed group keeps the health of servers
-    /// whose address it still lists.
+    /// Builds the routes over `groups`, the current generation of upstream groups (shared with the
+    /// TCP front end; carrying state over a reload is [`Groups::rebuild`]'s job). A route naming a
+    /// group `groups` lacks is an error.
     pub fn build(
         routes: &[RouteConfig],
-        upstreams: &[GroupConfig],
+        groups: &Groups,
         settings: &ReverseConfig,
-        previous: Option<&Reverse>,
         metrics: ReverseMetrics,
         access_log: Option<access_log::AccessLog>,
         cache: Option<(crate::cache::Cache, crate::cache::config::PolicyConfig)>,
     ) -> anyhow::Result<Reverse> {
-        let names: Vec<&str> = upstreams.iter().map(|g| g.name.as_str()).collect();
+        let names: Vec<&str> = groups.names().collect();
         for (i, r) in routes.iter().enumerate() {
             r.validate(i, &names)?;
-        }
-        let mut groups = HashMap::new();
-        for config in upstreams {
-            let old = previous.and_then(|p| p.groups.get(&config.name));
-            let group = match old {
-                Some((old_config, old_group)) if old_config == config => old_group.clone(),
-                _ => {
-                    let group = Arc::new(Group::new(config)?);
-                    if let Some((_, old_group)) = old {
-                        for server in group.servers() {
-                            if let Some(o) = old_group
-                                .servers()
-                                .iter()
-                                .find(|o| o.addr() == server.addr())
-                            {
-                                server.set_healthy(o.is_usable());
-                            }
-                        }
-                    }
-                    group
-                }
-            };
-            if groups
-                .insert(config.name.clone(), (config.clone(), group))
-                .is_some()
-            {
-                anyhow::bail!("upstream group {:?} is defined twice", config.name);
-            }
         }
         let routes = routes
             .iter()
             .map(|r| {
-                let group = groups[&r.upstream].1.clone();
+                let group = groups
+                    .get(&r.upstream)
+                    .cloned()
+                    .ok_or_else(|| anyhow::anyhow!("no upstream group {:?}", r.upstream))?;
                 if r.cache && cache.is_none() {
                     anyhow::bail!(
                         "route {:?} has cache = true but no cache service is running",
@@ -164,7 +136,6 @@ impl Reverse {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Reverse {
             routes,
-            groups,
             budget: Arc::new(budget::RetryBudget::new(
                 settings.retry_budget_percent,
                 settings.retry_min_per_sec,
@@ -179,11 +150,6 @@ impl Reverse {
     /// The compiled routes in declaration order.
     pub fn routes(&self) -> &[Arc<Route>] {
         &self.routes
-    }
-
-    /// A group by name (for the TCP front end and health checks).
-    pub fn group(&self, name: &str) -> Option<&Arc<Group>> {
-        self.groups.get(name).map(|(_, g)| g)
     }
 
     pub fn access_log(&self) -> Option<&access_log::AccessLog> {

@@ -209,28 +209,20 @@ impl TcpProxy {
     }
 }
 
-/// The live-reload part for `[[tcp]]` and `[[upstreams]]`: the new groups are built (keeping the
-/// health of servers they still list) and checked in the prepare step; the commit swaps them in,
-/// restarts the health checkers and re-applies the listeners without cutting connections.
+/// The live-reload part for `[[tcp]]`. The upstream groups are prepared and installed by the
+/// routes part (see [`crate::app::App::prepare_reload`]), whose commit runs before this one; the
+/// commit here re-applies the listeners over that generation without cutting connections.
 pub fn reload_part(
     tcp: Arc<TcpProxy>,
-    groups: Arc<Groups>,
-    health: crate::upstream::group::health::HealthChecks,
-    metrics: crate::upstream::group::metrics::GroupMetrics,
+    groups: Arc<crate::upstream::group::live::Live>,
 ) -> crate::server::reload::Prepare {
-    let state = Arc::new(Mutex::new((groups, health)));
     Box::new(move |config: &crate::config::Config| {
-        let previous = Arc::clone(&state.lock().unwrap_or_else(|e| e.into_inner()).0);
-        let next = Arc::new(Groups::rebuild(&config.upstreams, Some(&previous))?);
         let listeners = config.tcp.clone();
-        let (tcp, state, metrics) = (Arc::clone(&tcp), Arc::clone(&state), metrics.clone());
+        let (tcp, groups) = (Arc::clone(&tcp), Arc::clone(&groups));
         Ok(Box::new(move || {
-            metrics.track(&next);
-            let health = crate::upstream::group::health::spawn(&next);
-            if let Err(e) = tcp.apply(&listeners, Arc::clone(&next)) {
+            if let Err(e) = tcp.apply(&listeners, groups.current()) {
                 tracing::warn!(error = %format!("{e:#}"), "[[tcp]] reload kept the old listeners");
             }
-            *state.lock().unwrap_or_else(|e| e.into_inner()) = (next, health);
         }) as crate::server::reload::Commit)
     })
 }

@@ -6,6 +6,7 @@
 //! the algorithms themselves are pure (`select`).
 
 pub mod health;
+pub mod live;
 pub mod metrics;
 pub mod select;
 
@@ -141,6 +142,11 @@ impl Groups {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Group>> {
         self.by_name.values()
+    }
+
+    /// The group names, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
     }
 }
 
