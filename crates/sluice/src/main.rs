@@ -11,7 +11,8 @@ use sluice::config::{Config, Overrides};
     name = "sluice",
     version,
     about = "Streaming proxy in one binary: a MediaFlow-compatible media proxy (HTTP streams, HLS, \
-             DASH with ClearKey) and a multicast RTP/UDP to HTTP IPTV gateway."
+             DASH with ClearKey), an HTTP reverse proxy with a slice cache, a TCP proxy, and a \
+             multicast RTP/UDP to HTTP IPTV gateway."
 )]
 struct Cli {
     #[command(subcommand)]
