@@ -104,6 +104,7 @@ pub struct Routing {
     /// Where the media built-ins answer, when they are on: Xtream Codes paths (`/player_api.php`,
     /// `/live/...`, the short `/{user}/{pass}/{id}`) have no prefix of their own, so they are
     /// served only where no route or other built-in claims the path.
+    #[cfg_attr(not(feature = "media"), allow(dead_code))]
     xtream_host: Option<HostPattern>,
 }
 
