@@ -14,37 +14,6 @@ use tcp_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn one_group(servers: &str, extra: &str) -> String {
-    format!(
-        "[[upstreams]]\nname = \"g\"\nservers = [{servers}]\n{extra}\n\n[[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"g\"\n"
-    )
-}
-
-fn quoted(addrs: &[std::net::SocketAddr]) -> String {
-    addrs
-        .iter()
-        .map(|a| format!("\"{a}\""))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Sends `body` and reads the echo concurrently; returns the echo.
-async fn echo_through(addr: std::net::SocketAddr, body: &[u8]) -> Vec<u8> {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let (mut r, mut w) = s.split();
-    let write = async {
-        w.write_all(body).await.unwrap();
-        w.shutdown().await.unwrap();
-    };
-    let read = async {
-        let mut out = Vec::new();
-        r.read_to_end(&mut out).await.unwrap();
-        out
-    };
-    let ((), out) = tokio::join!(write, read);
-    out
-}
-
 #[tokio::test]
 async fn bytes_both_ways_are_identical_small_and_multi_megabyte() {
     let echo = Upstream::echo().await;
