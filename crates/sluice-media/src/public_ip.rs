@@ -65,7 +65,10 @@ mod tests {
             Ok(v4)
         );
         assert_eq!(
-            parse_answer(br#"{"origin": "203.0.113.7, 198.51.100.1"}"#, Some("origin")),
+            parse_answer(
+                br#"{"origin": "203.0.113.7, 198.51.100.1"}"#,
+                Some("origin")
+            ),
             Ok(v4)
         );
         assert_eq!(
@@ -80,7 +83,10 @@ mod tests {
             parse_answer(b"<html>blocked</html>", None),
             Err(EchoError::NotAnAddress("<html>blocked</html>".into()))
         );
-        assert_eq!(parse_answer(b"1.2.3.4", Some("ip")), Err(EchoError::NotJson));
+        assert_eq!(
+            parse_answer(b"1.2.3.4", Some("ip")),
+            Err(EchoError::NotJson)
+        );
         assert_eq!(parse_answer(b"[1]", Some("ip")), Err(EchoError::NotJson));
         assert_eq!(
             parse_answer(br#"{"ip": 5}"#, Some("ip")),

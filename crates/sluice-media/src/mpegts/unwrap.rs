@@ -273,7 +273,10 @@ mod tests {
     #[test]
     fn undecided_candidate_waits_for_more() {
         let ts = packets(6);
-        assert_eq!(find_start(&ts[..400], DEFAULT_WINDOW, false), Start::NeedMore);
+        assert_eq!(
+            find_start(&ts[..400], DEFAULT_WINDOW, false),
+            Start::NeedMore
+        );
         assert_eq!(find_start(&[], DEFAULT_WINDOW, false), Start::NeedMore);
         assert_eq!(find_start(&[], DEFAULT_WINDOW, true), Start::NotFound);
         assert_eq!(run(&[], DEFAULT_WINDOW), (Vec::new(), Outcome::NotTs));

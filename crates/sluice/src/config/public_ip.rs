@@ -53,7 +53,9 @@ impl PublicIpConfig {
             let url = url::Url::parse(&s.url)
                 .map_err(|e| anyhow::anyhow!("media.public_ip.services[{i}].url: {e}"))?;
             if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-                anyhow::bail!("media.public_ip.services[{i}].url must be an http(s) URL with a host");
+                anyhow::bail!(
+                    "media.public_ip.services[{i}].url must be an http(s) URL with a host"
+                );
             }
         }
         if self.timeout_secs == 0 {
@@ -79,6 +81,8 @@ mod tests {
                 .unwrap();
         assert_eq!(parsed.services[0].field, "ip");
         assert_eq!(parsed.cache_secs, 300);
-        assert!(toml::from_str::<PublicIpConfig>("services = [{ url = \"x\", json = 1 }]").is_err());
+        assert!(
+            toml::from_str::<PublicIpConfig>("services = [{ url = \"x\", json = 1 }]").is_err()
+        );
     }
 }

@@ -78,7 +78,13 @@ mod tests {
     fn hosts_are_plain_names_with_sane_intervals() {
         assert!(RateLimitConfig::default().validate().is_ok());
         assert!(with("cdn-3.example", 250).validate().is_ok());
-        for bad in ["https://cdn.example", "cdn.example:443", "*.cdn.example", ".cdn", ""] {
+        for bad in [
+            "https://cdn.example",
+            "cdn.example:443",
+            "*.cdn.example",
+            ".cdn",
+            "",
+        ] {
             let e = with(bad, 250).validate().unwrap_err().to_string();
             assert!(e.contains("is not a host name"), "{bad}: {e}");
         }

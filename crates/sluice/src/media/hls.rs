@@ -14,8 +14,8 @@ use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;
 
-use super::{stream, transform};
 use super::Media;
+use super::{stream, transform};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;

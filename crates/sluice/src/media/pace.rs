@@ -67,7 +67,11 @@ impl Pacer {
     }
 
     /// The pacing interval for this request, if any.
-    fn interval(&self, query: &Query, params: &ProxyParams) -> Result<Option<Duration>, ProxyError> {
+    fn interval(
+        &self,
+        query: &Query,
+        params: &ProxyParams,
+    ) -> Result<Option<Duration>, ProxyError> {
         let asked = parse_param(query.get("ratelimit"))?;
         let host = host_of(params);
         let configured = self
