@@ -126,7 +126,7 @@ async fn run_round(
 fn resize(pool: &mut Vec<Conn>, c: usize, target: &Arc<Target>) {
     pool.truncate(c);
     while pool.len() < c {
-        pool.push(Conn::new(target.clone()));
+        pool.push(Conn::with_index(target.clone(), pool.len()));
     }
 }
 
