@@ -1,7 +1,7 @@
 """S4, the slice cache: sluice, nginx proxy_cache + slice and Varnish in front of one generated origin."""
 
 import json
-import os
+import shutil
 import time
 import urllib.request
 
@@ -131,8 +131,9 @@ def _peer_row(ctx, name, origin, p, tag):
     ones, (d) so its memory peak is its own."""
     row = {"peer": name, "cases": {}}
     cases = row["cases"]
+    store = ctx.tempdir(f"s4-{_slug(name)}-store")
     try:
-        peer = _start(ctx, name, origin, p, ctx.tempdir(f"s4-{_slug(name)}-store"))
+        peer = _start(ctx, name, origin, p, store)
     except (peers.Unavailable, RuntimeError) as e:
         row["status"] = str(e)
         return row
@@ -144,6 +145,7 @@ def _peer_row(ctx, name, origin, p, tag):
         cases["f"] = _case_f(ctx, peer, origin, p, tag)
     finally:
         peer.stop()
+        _drop(store)
     cases["d"] = _case_d(ctx, name, origin, p, tag)
     cases["e"] = _case_e(ctx, name, origin, p, tag)
     row["status"] = "ok"
@@ -156,7 +158,8 @@ def _case_a(ctx, peer, origin, p, tag):
     url = f"http://127.0.0.1:{peer.port}/gen/{size}/a-{tag}"
     before = _stats(origin)
     lvl = _batch(ctx, url, c, size, _digest(ctx, size), peer.pid, 120, hash_every=10)
-    lvl["origin"] = _settled(origin, before, p["settle_secs"])
+    if "failed" not in lvl:
+        lvl["origin"] = _settled(origin, before, p["settle_secs"])
     return lvl
 
 
@@ -167,7 +170,8 @@ def _case_c(ctx, peer, origin, p, tag):
     before = _stats(origin)
     lvl = _batch(ctx, url, 1, p["c_len"], _digest(ctx, p["c_object"], start, end), peer.pid, 120,
                  headers=[f"Range: bytes={start}-{end - 1}"], status=206)
-    lvl["origin"] = _settled(origin, before, p["settle_secs"])
+    if "failed" not in lvl:
+        lvl["origin"] = _settled(origin, before, p["settle_secs"])
     return lvl
 
 
@@ -201,8 +205,9 @@ def _case_f(ctx, peer, origin, p, tag):
 def _case_d(ctx, name, origin, p, tag):
     """(d) 20 clients, each streaming its own cold object, on a fresh instance: peak RSS from
     /proc over the round."""
+    store = ctx.tempdir(f"s4-{_slug(name)}-d")
     try:
-        peer = _start(ctx, name, origin, p, ctx.tempdir(f"s4-{_slug(name)}-d"))
+        peer = _start(ctx, name, origin, p, store)
     except (peers.Unavailable, RuntimeError) as e:
         return {"failed": str(e)}
     try:
@@ -211,35 +216,52 @@ def _case_d(ctx, name, origin, p, tag):
         url = f"http://127.0.0.1:{peer.port}/gen/{size}/d-{tag}-{{i}}"
         before = _stats(origin)
         lvl = _batch(ctx, url, p["d_c"], size, _digest(ctx, size), peer.pid, 600, hash_every=5)
-        lvl["idle"] = None if "failed" in idle else idle
-        lvl["origin"] = _settled(origin, before, p["settle_secs"])
+        if "failed" not in lvl:
+            lvl["idle"] = None if "failed" in idle else idle
+            lvl["origin"] = _settled(origin, before, p["settle_secs"])
         return lvl
     finally:
         peer.stop()
+        _drop(store)
 
 
 def _case_e(ctx, name, origin, p, tag):
     """(e) fill N objects, stop the peer, start it again on the same store, ask for them again:
     the hit ratio is the share the origin was not asked for."""
     store = ctx.tempdir(f"s4-{_slug(name)}-e")
-    size, n = p["e_bytes"], p["e_objects"]
-    digest = _digest(ctx, size)
+    digest = _digest(ctx, p["e_bytes"])
     out = {}
-    for phase in ("fill", "after_restart"):
-        try:
-            peer = _start(ctx, name, origin, p, store)
-        except (peers.Unavailable, RuntimeError) as e:
-            out[phase] = {"failed": str(e)}
-            return out
-        try:
-            url = f"http://127.0.0.1:{peer.port}/gen/{size}/e-{tag}-{{i}}"
-            before = _stats(origin)
-            lvl = _batch(ctx, url, n, size, digest, None, 60)
-            lvl["origin"] = _settled(origin, before, p["settle_secs"])
-            out[phase] = lvl
+    try:
+        for phase in ("fill", "after_restart"):
+            out[phase] = _e_phase(ctx, name, origin, p, tag, store, digest)
+            if "failed" in out[phase]:
+                break
             if phase == "fill":
                 # Disk writes are off the request path: give them a moment to land.
                 time.sleep(2.0)
-        finally:
-            peer.stop()
+    finally:
+        _drop(store)
     return out
+
+
+def _e_phase(ctx, name, origin, p, tag, store, digest):
+    """One pass over the (e) objects on a peer started on `store`, stopped afterwards (SIGTERM)."""
+    try:
+        peer = _start(ctx, name, origin, p, store)
+    except (peers.Unavailable, RuntimeError) as e:
+        return {"failed": str(e)}
+    try:
+        size = p["e_bytes"]
+        url = f"http://127.0.0.1:{peer.port}/gen/{size}/e-{tag}-{{i}}"
+        before = _stats(origin)
+        lvl = _batch(ctx, url, p["e_objects"], size, digest, None, 60)
+        if "failed" not in lvl:
+            lvl["origin"] = _settled(origin, before, p["settle_secs"])
+        return lvl
+    finally:
+        peer.stop()
+
+
+def _drop(store):
+    """A peer's store is gone once its case is measured: several GiB each, on a shared disk."""
+    shutil.rmtree(store, ignore_errors=True)

@@ -204,35 +204,64 @@ async fn handle(
     let etag = format!("\"{size:x}-{:016x}\"", fnv(name));
     let mut resp = Response::new(OriginBody::Empty);
     let h = resp.headers_mut();
-    h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("ascii etag"));
-    h.insert(header::LAST_MODIFIED, HeaderValue::from_static(LAST_MODIFIED));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache_control));
+    h.insert(
+        header::ETAG,
+        HeaderValue::from_str(&etag).expect("ascii etag"),
+    );
+    h.insert(
+        header::LAST_MODIFIED,
+        HeaderValue::from_static(LAST_MODIFIED),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static(cache_control),
+    );
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    let inm = req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
-    if inm.is_some_and(|v| v.trim() == "*" || v.split(',').any(|t| t.trim().trim_start_matches("W/") == etag)) {
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    let inm = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok());
+    if inm.is_some_and(|v| {
+        v.trim() == "*"
+            || v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+    }) {
         counters.not_modified.fetch_add(1, Ordering::Relaxed);
         *resp.status_mut() = StatusCode::NOT_MODIFIED;
         return Ok(resp);
     }
-    let range = req.headers().get(header::RANGE).and_then(|v| v.to_str().ok());
+    let range = req
+        .headers()
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok());
     let (start, end) = match range.and_then(|r| parse_range(r, size)) {
         None => (0, size),
         Some(Err(())) => {
             *resp.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
             let cr = format!("bytes */{size}");
-            resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&cr).expect("ascii"));
+            resp.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&cr).expect("ascii"),
+            );
             return Ok(resp);
         }
         Some(Ok((s, e))) => {
             counters.range_requests.fetch_add(1, Ordering::Relaxed);
             *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
             let cr = format!("bytes {s}-{}/{size}", e - 1);
-            resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&cr).expect("ascii"));
+            resp.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&cr).expect("ascii"),
+            );
             (s, e)
         }
     };
-    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
     if req.method() == Method::GET {
         *resp.body_mut() = OriginBody::Gen(GenBody {
             seed: gen::seed_for(size),
@@ -246,7 +275,9 @@ async fn handle(
 
 /// FNV-1a of a name, for ETags.
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Serves until killed; binds 127.0.0.1 only.
