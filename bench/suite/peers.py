@@ -513,13 +513,13 @@ backend origin {{ .host = "127.0.0.1"; .port = "{upstream}"; }}
 """
 
 
-def start_sluice_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib):
-    """sluice's reverse proxy with `cache = true`; `cache_dir` holds the disk tier (reuse it to
-    restart warm)."""
+def start_sluice_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib, port=None):
+    """sluice's reverse proxy with `cache = true`; `cache_dir` holds the disk tier (reuse it, and
+    `port`, to restart warm: the cache key names the Host the client sent)."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-cache")
-    port = procs.free_port()
+    port = port or procs.free_port()
     conf = _write(d, "sluice.toml", SLUICE_CACHE.format(
         port=port, upstream=upstream_port, cache_dir=cache_dir, memory_mib=memory_mib,
         disk_mib=disk_mib))
@@ -530,13 +530,13 @@ def start_sluice_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib
     return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
 
 
-def start_nginx_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib):
+def start_nginx_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib, port=None):
     """nginx `proxy_cache` + `slice 1m`; its store is the disk (`cache_dir`, reuse it to restart
     warm) plus the kernel's page cache, so `memory_mib` has no nginx setting."""
     del memory_mib
     nginx = ensure_binary("nginx")
     d = ctx.tempdir("nginx-cache")
-    port = procs.free_port()
+    port = port or procs.free_port()
     conf = _write(d, "nginx.conf", NGINX_CACHE.format(
         workers=ctx.proxy_threads, dir=d, port=port, upstream=upstream_port,
         cache_dir=cache_dir, disk_mib=disk_mib))
@@ -547,12 +547,12 @@ def start_nginx_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib)
     return Peer("nginx proxy_cache + slice", p, port, version_of([nginx, "-v"]))
 
 
-def start_varnish_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib):
+def start_varnish_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib, port=None):
     """Varnish with `-s malloc,<memory_mib>m`: memory only, nothing survives a restart."""
     del disk_mib
     varnishd = ensure_binary("varnishd")
     d = ctx.tempdir("varnish-cache")
-    port = procs.free_port()
+    port = port or procs.free_port()
     vcl = _write(d, "cache.vcl", VARNISH_CACHE.format(upstream=upstream_port))
     argv = [varnishd, "-F", "-j", "none", "-n", os.path.join(cache_dir, "n"),
             "-a", f"127.0.0.1:{port}", "-f", vcl, "-s", f"malloc,{memory_mib}m", "-T", "none"]

@@ -121,9 +121,9 @@ def _origin_ttfb(ctx, origin, p, run_id):
     return {"failed": r.get("failed", "no level")} if lvl is None else lvl["ttfb"]
 
 
-def _start(ctx, name, origin, p, cache_dir):
+def _start(ctx, name, origin, p, cache_dir, port=None):
     return STARTERS[name](ctx, origin.port, ctx.proxy_cpus, cache_dir, p["memory_mib"],
-                          p["disk_mib"])
+                          p["disk_mib"], port)
 
 
 def _peer_row(ctx, name, origin, p, tag):
@@ -230,10 +230,13 @@ def _case_e(ctx, name, origin, p, tag):
     the hit ratio is the share the origin was not asked for."""
     store = ctx.tempdir(f"s4-{_slug(name)}-e")
     digest = _digest(ctx, p["e_bytes"])
+    # The same port after the restart: the Host header is part of a cache key (sluice's and
+    # Varnish's), and clients of a restarted cache come back to the same address.
+    port = procs.free_port()
     out = {}
     try:
         for phase in ("fill", "after_restart"):
-            out[phase] = _e_phase(ctx, name, origin, p, tag, store, digest)
+            out[phase] = _e_phase(ctx, name, origin, p, tag, store, digest, port)
             if "failed" in out[phase]:
                 break
             if phase == "fill":
@@ -244,10 +247,11 @@ def _case_e(ctx, name, origin, p, tag):
     return out
 
 
-def _e_phase(ctx, name, origin, p, tag, store, digest):
-    """One pass over the (e) objects on a peer started on `store`, stopped afterwards (SIGTERM)."""
+def _e_phase(ctx, name, origin, p, tag, store, digest, port):
+    """One pass over the (e) objects on a peer started on `store` and `port`, stopped afterwards
+    (SIGTERM)."""
     try:
-        peer = _start(ctx, name, origin, p, store)
+        peer = _start(ctx, name, origin, p, store, port)
     except (peers.Unavailable, RuntimeError) as e:
         return {"failed": str(e)}
     try:

@@ -82,6 +82,8 @@ pub struct Outcome {
     pub ttfb: Duration,
     pub total: Duration,
     pub hashed: bool,
+    /// When the request began: with `ttfb`, places its first byte on a clock shared by a round.
+    pub started: Instant,
 }
 
 impl Outcome {
@@ -92,6 +94,7 @@ impl Outcome {
             ttfb: Duration::ZERO,
             total: start.elapsed(),
             hashed: false,
+            started: start,
         }
     }
 
@@ -228,6 +231,7 @@ impl Conn {
             ttfb,
             total,
             hashed: hash && expect.sha256.is_some(),
+            started: start,
         }
     }
 }
