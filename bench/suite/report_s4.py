@@ -1,4 +1,4 @@
-"""S4's tables: one per case (a)–(f), each row a peer with the case's goal and whether it was met."""
+"""S4's tables: one per case (a)–(f), each row a peer with its goal and whether it was met."""
 
 DASH = "–"
 MiB = 1024 * 1024
@@ -59,12 +59,13 @@ def _a(result):
     head = ["peer", "origin bytes (goal 1×)", "met", "first TTFB ms (goal ≤ origin + 1)", "met",
             "TTFB p50 / p99 ms (goal p99 ≤ origin + 5)", "met", "last byte of all ms",
             "peak RSS MB", "errors"]
-    intro = (f"**(a) Cold {p['a_bytes'] // MiB} MiB object, {p['a_c']} clients released at once** "
-             f"(connections open beforehand). TTFB is counted from the release, the same instant for "
-             f"every client, so the first TTFB is when the first byte reached anyone and the p99 "
-             f"when 99 % of the clients had theirs. Origin TTFB for this object straight from the "
-             f"client: p50 {_f(base, 2)} ms over 5 rounds (min {_f(o.get('min_ms'), 2)}). Origin bytes are "
-             f"counted by the origin (body bytes it sent) until it has been quiet for 1 s.")
+    intro = (f"**(a) Cold {p['a_bytes'] // MiB} MiB object, {p['a_c']} clients released at "
+             f"once** (connections open beforehand). TTFB is counted from the release, the same "
+             f"instant for every client, so the first TTFB is when the first byte reached anyone "
+             f"and the p99 when 99 % of the clients had theirs. Origin TTFB for this object "
+             f"straight from the client: p50 {_f(base, 2)} ms over 5 rounds (min "
+             f"{_f(o.get('min_ms'), 2)}). Origin bytes are counted by the origin (body bytes it "
+             f"sent) until it has been quiet for 1 s.")
     return intro + "\n\n" + table(head, rows)
 
 
@@ -174,8 +175,9 @@ def _e(result):
             "hit ratio after restart (goal 100 %)", "met", "errors (fill / after)"]
     intro = (f"**(e) Restart**: {n} objects of {p['e_bytes'] // 1024} KiB fetched once (at once), "
              f"2 s for writes to land, the peer stopped (SIGTERM) and started again on the same "
-             f"store, the {n} objects asked for again. Hit ratio = objects the origin was not "
-             f"asked for again / {n}. Varnish's malloc storage is memory only.")
+             f"store and port (the Host is part of a key), the {n} objects asked for again. "
+             f"Hit ratio = objects the origin was not asked for again / {n}. Varnish's malloc "
+             f"storage is memory only.")
     return intro + "\n\n" + table(head, rows)
 
 

@@ -1,4 +1,4 @@
-"""S4, the slice cache: sluice, nginx proxy_cache + slice and Varnish in front of one generated origin."""
+"""S4, the slice cache: sluice, nginx proxy_cache + slice and Varnish before a generated origin."""
 
 import json
 import shutil
