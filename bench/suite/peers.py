@@ -424,3 +424,139 @@ def start_haproxy_http(ctx, upstream_port, cpus):
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
     procs.wait_tcp(port, p)
     return Peer("HAProxy http", p, port, version_of([haproxy, "-v"]))
+
+
+# === S4: caches in front of the generated origin ===
+
+def start_gen_origin(ctx, cpus, swr_delay_ms):
+    """`sluice-loadgen origin`: generated objects of any size (`/gen/<size>/<name>`, fresh for a
+    day; `/swr/<size>/<name>`, fresh for 1 s with stale-while-revalidate and a slow answer), with
+    Range, ETag / Last-Modified, 304s, and counters of requests and body bytes sent (`/__stats`)."""
+    if not os.path.exists(ctx.loadgen_bin):
+        raise Unavailable(f"not built ({os.path.relpath(ctx.loadgen_bin, ctx.repo)})")
+    d = ctx.tempdir("gen-origin")
+    port = procs.free_port()
+    argv = [ctx.loadgen_bin, "origin", "--port", str(port), "--swr-delay-ms", str(swr_delay_ms),
+            "--threads", "1" if ctx.pin else "2"]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("generated origin", p, port, "sluice-loadgen origin")
+
+
+SLUICE_CACHE = """# sluice's reverse proxy with the slice cache on its one route: memory and disk tiers
+[server]
+listen = ["127.0.0.1:{port}"]
+[reverse]
+via = false
+[cache]
+memory_bytes = "{memory_mib}MiB"
+disk_path = "{cache_dir}"
+disk_bytes = "{disk_mib}MiB"
+slice_bytes = "1MiB"
+[[upstreams]]
+name = "origin"
+servers = ["127.0.0.1:{upstream}"]
+[[routes]]
+path = "/"
+upstream = "origin"
+cache = true
+"""
+
+NGINX_CACHE = """# nginx proxy_cache with the slice module, cache lock and background stale updates
+worker_processes {workers};
+daemon off;
+master_process on;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; use epoll; }}
+http {{
+    access_log off;
+    keepalive_timeout 90s;
+    keepalive_requests 100000;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    proxy_cache_path {cache_dir} levels=1:2 keys_zone=s4:32m max_size={disk_mib}m inactive=1d
+                     use_temp_path=off;
+    upstream origin {{
+        server 127.0.0.1:{upstream};
+        keepalive 256;
+        keepalive_requests 100000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        location / {{
+            slice 1m;
+            proxy_cache s4;
+            proxy_cache_key $uri$is_args$args$slice_range;
+            proxy_set_header Range $slice_range;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://origin;
+            proxy_cache_valid 200 206 1h;
+            proxy_cache_lock on;
+            proxy_cache_use_stale updating error timeout;
+            proxy_cache_background_update on;
+            add_header X-Cache-Status $upstream_cache_status;
+        }}
+    }}
+}}
+"""
+
+VARNISH_CACHE = """vcl 4.1;
+# Varnish with its built-in caching logic (Cache-Control, stale-while-revalidate as grace)
+backend origin {{ .host = "127.0.0.1"; .port = "{upstream}"; }}
+"""
+
+
+def start_sluice_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib, port=None):
+    """sluice's reverse proxy with `cache = true`; `cache_dir` holds the disk tier (reuse it, and
+    `port`, to restart warm: the cache key names the Host the client sent)."""
+    if not sluice_has_serve(ctx.sluice_bin):
+        raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
+    d = ctx.tempdir("sluice-cache")
+    port = port or procs.free_port()
+    conf = _write(d, "sluice.toml", SLUICE_CACHE.format(
+        port=port, upstream=upstream_port, cache_dir=cache_dir, memory_mib=memory_mib,
+        disk_mib=disk_mib))
+    argv = [ctx.sluice_bin, "serve", "--config", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
+    procs.wait_tcp(port, p)
+    return Peer("sluice", p, port, version_of([ctx.sluice_bin, "--version"]))
+
+
+def start_nginx_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib, port=None):
+    """nginx `proxy_cache` + `slice 1m`; its store is the disk (`cache_dir`, reuse it to restart
+    warm) plus the kernel's page cache, so `memory_mib` has no nginx setting."""
+    del memory_mib
+    nginx = ensure_binary("nginx")
+    d = ctx.tempdir("nginx-cache")
+    port = port or procs.free_port()
+    conf = _write(d, "nginx.conf", NGINX_CACHE.format(
+        workers=ctx.proxy_threads, dir=d, port=port, upstream=upstream_port,
+        cache_dir=cache_dir, disk_mib=disk_mib))
+    argv = [nginx, "-p", d, "-c", conf]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p)
+    return Peer("nginx proxy_cache + slice", p, port, version_of([nginx, "-v"]))
+
+
+def start_varnish_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib, port=None):
+    """Varnish with `-s malloc,<memory_mib>m`: memory only, nothing survives a restart."""
+    del disk_mib
+    varnishd = ensure_binary("varnishd")
+    d = ctx.tempdir("varnish-cache")
+    port = port or procs.free_port()
+    vcl = _write(d, "cache.vcl", VARNISH_CACHE.format(upstream=upstream_port))
+    argv = [varnishd, "-F", "-j", "none", "-n", os.path.join(cache_dir, "n"),
+            "-a", f"127.0.0.1:{port}", "-f", vcl, "-s", f"malloc,{memory_mib}m", "-T", "none"]
+    ctx.note(argv)
+    p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
+    procs.wait_tcp(port, p, timeout=60)
+    return Peer("Varnish malloc", p, port, version_of([varnishd, "-V"]))

@@ -5,7 +5,7 @@ import os
 import platform
 import subprocess
 
-from . import svg
+from . import report_s4, svg
 
 DASH = "–"
 
@@ -506,7 +506,8 @@ def render_pending(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
-RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3, "S5": render_s5, "S6": render_pending}
+RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3, "S4": report_s4.render,
+          "S5": render_s5, "S6": render_pending}
 
 
 def render_section(result, out_dir, charts_rel):

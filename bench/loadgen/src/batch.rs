@@ -45,6 +45,10 @@ pub struct LevelReport {
     pub throughput_mb_s: f64,
     pub latency: Latency,
     pub ttfb: Latency,
+    /// First byte measured from the round's release (the earliest request start), not from each
+    /// request's own start: for clients released together, when each of them had its first byte.
+    /// A client task scheduled late thus cannot look faster than the origin.
+    pub ttfb_from_release: Latency,
     /// Errors over all timed rounds, not only the median one.
     pub errors: usize,
     pub warmup_errors: usize,
@@ -71,6 +75,8 @@ pub struct Report {
 
 struct RoundResult {
     outcomes: Vec<Outcome>,
+    /// The release instant: the earliest of the requests' starts and the round's own clock.
+    released: Instant,
     wall: Duration,
     usage: Option<Usage>,
 }
@@ -116,8 +122,10 @@ async fn run_round(
         }
     }
     let wall = start.elapsed();
+    let released = outcomes.iter().map(|o| o.started).fold(start, Instant::min);
     RoundResult {
         outcomes,
+        released,
         wall,
         usage: sampler.map(Background::stop),
     }
@@ -126,7 +134,7 @@ async fn run_round(
 fn resize(pool: &mut Vec<Conn>, c: usize, target: &Arc<Target>) {
     pool.truncate(c);
     while pool.len() < c {
-        pool.push(Conn::new(target.clone()));
+        pool.push(Conn::with_index(target.clone(), pool.len()));
     }
 }
 
@@ -226,6 +234,10 @@ fn summarise_level(
     let ok: Vec<&Outcome> = med.outcomes.iter().filter(|o| o.ok()).collect();
     let totals: Vec<Duration> = ok.iter().map(|o| o.total).collect();
     let ttfbs: Vec<Duration> = ok.iter().map(|o| o.ttfb).collect();
+    let from_release: Vec<Duration> = ok
+        .iter()
+        .map(|o| (o.started + o.ttfb).saturating_duration_since(med.released))
+        .collect();
     let peak = |f: fn(&Usage) -> f64| {
         timed
             .iter()
@@ -240,6 +252,7 @@ fn summarise_level(
         throughput_mb_s: rounds[median].throughput_mb_s,
         latency: Latency::from_samples(&totals),
         ttfb: Latency::from_samples(&ttfbs),
+        ttfb_from_release: Latency::from_samples(&from_release),
         errors,
         warmup_errors,
         error_kinds: kinds,

@@ -18,6 +18,8 @@ pub struct Target {
     pub(crate) addr: SocketAddr,
     pub(crate) host: String,
     pub(crate) path_and_query: String,
+    /// Extra request headers (e.g. `Range`), sent with every request.
+    pub(crate) headers: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Target {
@@ -43,7 +45,24 @@ impl Target {
             addr,
             host: authority.as_str().to_string(),
             path_and_query,
+            headers: Vec::new(),
         })
+    }
+
+    /// Adds `Name: value` request headers.
+    pub fn with_headers(mut self, lines: &[String]) -> Result<Self> {
+        for line in lines {
+            let (name, value) = line
+                .split_once(':')
+                .with_context(|| format!("header without ':': {line}"))?;
+            self.headers.push((
+                http::HeaderName::from_bytes(name.trim().as_bytes())
+                    .with_context(|| format!("bad header name in {line}"))?,
+                http::HeaderValue::from_str(value.trim())
+                    .with_context(|| format!("bad header value in {line}"))?,
+            ));
+        }
+        Ok(self)
     }
 }
 
@@ -63,6 +82,8 @@ pub struct Outcome {
     pub ttfb: Duration,
     pub total: Duration,
     pub hashed: bool,
+    /// When the request began: with `ttfb`, places its first byte on a clock shared by a round.
+    pub started: Instant,
 }
 
 impl Outcome {
@@ -73,6 +94,7 @@ impl Outcome {
             ttfb: Duration::ZERO,
             total: start.elapsed(),
             hashed: false,
+            started: start,
         }
     }
 
@@ -88,15 +110,19 @@ pub struct Conn {
     /// New TCP connections opened after the first one.
     pub reconnects: u64,
     opened: bool,
+    /// This connection's number in its pool: `{i}` in the target path is replaced by it, so each
+    /// client of a round can ask for its own object.
+    index: usize,
 }
 
 impl Conn {
-    pub fn new(target: Arc<Target>) -> Self {
+    pub fn with_index(target: Arc<Target>, index: usize) -> Self {
         Conn {
             target,
             sender: None,
             reconnects: 0,
             opened: false,
+            index,
         }
     }
 
@@ -149,11 +175,19 @@ impl Conn {
         let Some(sender) = self.sender.as_mut() else {
             return Outcome::failed("connect", start);
         };
-        let req = match http::Request::get(self.target.path_and_query.as_str())
+        let path = &self.target.path_and_query;
+        let path = if path.contains("{i}") {
+            path.replace("{i}", &self.index.to_string())
+        } else {
+            path.clone()
+        };
+        let mut builder = http::Request::get(path.as_str())
             .header(http::header::HOST, self.target.host.as_str())
-            .header(http::header::USER_AGENT, "sluice-loadgen")
-            .body(Empty::<Bytes>::new())
-        {
+            .header(http::header::USER_AGENT, "sluice-loadgen");
+        for (name, value) in &self.target.headers {
+            builder = builder.header(name, value);
+        }
+        let req = match builder.body(Empty::<Bytes>::new()) {
             Ok(r) => r,
             Err(_) => return Outcome::failed("request", start),
         };
@@ -197,6 +231,7 @@ impl Conn {
             ttfb,
             total,
             hashed: hash && expect.sha256.is_some(),
+            started: start,
         }
     }
 }

@@ -98,7 +98,9 @@ async fn run_phase(
 
 pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) -> Report {
     let expect = Arc::new(expect);
-    let mut pool: Vec<Conn> = (0..cfg.c).map(|_| Conn::new(target.clone())).collect();
+    let mut pool: Vec<Conn> = (0..cfg.c)
+        .map(|i| Conn::with_index(target.clone(), i))
+        .collect();
     for conn in pool.iter_mut() {
         let _ = conn.ready().await;
     }

@@ -10,13 +10,17 @@
 //! - `mcast`: paced multicast sender, loopback interfaces only
 //! - `iptv`: HTTP clients on an IPTV gateway, verifying every delivered byte
 //! - `hls`: players that fetch a playlist (following a master) through a proxy, then every segment in order
+//! - `gen`: generated object bytes, computable at any offset
+//! - `origin`: an origin serving generated objects of any size, counting the bytes it sends
 
 mod batch;
 mod client;
 mod duration;
+mod gen;
 mod hls;
 mod iptv;
 mod mcast;
+mod origin;
 mod procstat;
 mod stats;
 mod tsgen;
@@ -50,6 +54,33 @@ enum Cmd {
     IptvRecv(IptvRecvArgs),
     /// N players: a playlist through a proxy, then every segment in order.
     Hls(HlsArgs),
+    /// Serve generated objects (`/gen/<size>/<name>`, `/swr/<size>/<name>`) with Range,
+    /// validators and byte counters (`/__stats`) on 127.0.0.1.
+    Origin(OriginArgs),
+    /// SHA-256 of bytes [start, end) of the generated object of `size` bytes.
+    GenDigest(GenDigestArgs),
+}
+
+#[derive(Args)]
+struct OriginArgs {
+    #[arg(long)]
+    port: u16,
+    /// Delay before every answer under /swr/ (a slow revalidation).
+    #[arg(long, default_value_t = 200)]
+    swr_delay_ms: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+#[derive(Args)]
+struct GenDigestArgs {
+    #[arg(long)]
+    size: u64,
+    #[arg(long, default_value_t = 0)]
+    start: u64,
+    /// Exclusive end (default: the object's size).
+    #[arg(long)]
+    end: Option<u64>,
 }
 
 #[derive(Args)]
@@ -148,6 +179,9 @@ struct Common {
     /// Runtime worker threads (default: number of CPUs).
     #[arg(long)]
     threads: Option<usize>,
+    /// Extra request header `Name: value`, repeatable (e.g. `Range: bytes=0-99`).
+    #[arg(long = "header")]
+    headers: Vec<String>,
 }
 
 #[derive(Args)]
@@ -230,7 +264,7 @@ fn main() -> Result<()> {
     let json = match Cli::parse().cmd {
         Cmd::Batch(a) => {
             let c = &a.common;
-            let target = Arc::new(client::Target::parse(&c.url)?);
+            let target = Arc::new(client::Target::parse(&c.url)?.with_headers(&c.headers)?);
             let cfg = batch::Config {
                 levels: a.levels.clone(),
                 rounds: a.rounds,
@@ -249,7 +283,7 @@ fn main() -> Result<()> {
         }
         Cmd::Duration(a) => {
             let c = &a.common;
-            let target = Arc::new(client::Target::parse(&c.url)?);
+            let target = Arc::new(client::Target::parse(&c.url)?.with_headers(&c.headers)?);
             let cfg = duration::Config {
                 c: a.c.max(1),
                 secs: secs(a.secs),
@@ -313,6 +347,18 @@ fn main() -> Result<()> {
             };
             let report = runtime(a.threads)?.block_on(hls::run(cfg));
             serde_json::to_string_pretty(&report)?
+        }
+        Cmd::Origin(a) => {
+            let cfg = origin::Config {
+                port: a.port,
+                swr_delay: Duration::from_millis(a.swr_delay_ms),
+            };
+            runtime(Some(a.threads))?.block_on(origin::run(cfg))?;
+            return Ok(());
+        }
+        Cmd::GenDigest(a) => {
+            let end = a.end.unwrap_or(a.size).min(a.size);
+            serde_json::to_string(&gen::digest(a.size, a.start.min(end), end))?
         }
     };
     println!("{json}");

@@ -7,6 +7,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Latency {
     pub count: usize,
+    pub min_ms: f64,
     pub avg_ms: f64,
     pub p50_ms: f64,
     pub p90_ms: f64,
@@ -25,6 +26,7 @@ impl Latency {
         let sum: f64 = ms.iter().sum();
         Latency {
             count: ms.len(),
+            min_ms: ms[0],
             avg_ms: sum / ms.len() as f64,
             p50_ms: percentile(&ms, 50.0),
             p90_ms: percentile(&ms, 90.0),

@@ -214,8 +214,10 @@ impl Inner {
         self.generation.fetch_add(2, Ordering::Relaxed)
     }
 
-    /// Puts a complete slice in the memory tier and queues it for the disk tier.
+    /// Puts a complete slice in the memory tier and queues it for the disk tier, as one
+    /// allocation of its exact size (`Slice::compacted`).
     fn store_slice(&self, key: SliceKey, slice: Slice) {
+        let slice = slice.compacted();
         self.memory.insert(key, slice.clone());
         if let Some(disk) = &self.disk {
             disk.write_slice(key, slice);

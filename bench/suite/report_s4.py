@@ -1,0 +1,226 @@
+"""S4's tables: one per case (a)–(f), each row a peer with its goal and whether it was met."""
+
+DASH = "–"
+MiB = 1024 * 1024
+
+
+def _f(v, digits=1):
+    return DASH if v is None else f"{v:,.{digits}f}"
+
+
+def table(headers, rows):
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _met(ok):
+    return DASH if ok is None else ("**yes**" if ok else "no")
+
+
+def _errors(lvl):
+    n = lvl.get("errors", 0)
+    if not n:
+        return "0"
+    kinds = ", ".join(f"{k} {v}" for k, v in (lvl.get("error_kinds") or {}).items())
+    return f"{n} ({kinds})"
+
+
+def _case(row, key):
+    """The case's result, or the reason it has none."""
+    if row.get("status") != "ok":
+        return None, row.get("status", "not run")
+    c = (row.get("cases") or {}).get(key)
+    if c is None:
+        return None, "not run"
+    if isinstance(c, dict) and "failed" in c:
+        return None, c["failed"]
+    return c, None
+
+
+def _a(result):
+    p = result["params"]
+    o = p.get("origin_ttfb") or {}
+    base = o.get("p50_ms")
+    rows = []
+    for row in result["rows"]:
+        c, why = _case(row, "a")
+        if c is None:
+            rows.append([row["peer"]] + [DASH] * 8 + [why])
+            continue
+        ob = c["origin"]["body_bytes"]
+        t = c.get("ttfb_from_release") or c["ttfb"]
+        first_ok = None if base is None or not t["count"] else t["min_ms"] <= base + 1
+        p99_ok = None if base is None or not t["count"] else t["p99_ms"] <= base + 5
+        rows.append([row["peer"], f"{ob / p['a_bytes']:.2f}× ({c['origin']['requests']} req)",
+                     _met(ob == p["a_bytes"]), _f(t["min_ms"], 2), _met(first_ok),
+                     f"{_f(t['p50_ms'], 2)} / {_f(t['p99_ms'], 2)}", _met(p99_ok),
+                     _f(c["latency"]["max_ms"], 0), _f(c.get("peak_rss_mb")), _errors(c)])
+    head = ["peer", "origin bytes (goal 1×)", "met", "first TTFB ms (goal ≤ origin + 1)", "met",
+            "TTFB p50 / p99 ms (goal p99 ≤ origin + 5)", "met", "last byte of all ms",
+            "peak RSS MB", "errors"]
+    intro = (f"**(a) Cold {p['a_bytes'] // MiB} MiB object, {p['a_c']} clients released at "
+             f"once** (connections open beforehand). TTFB is counted from the release, the same "
+             f"instant for every client, so the first TTFB is when the first byte reached anyone "
+             f"and the p99 when 99 % of the clients had theirs. Origin TTFB for this object "
+             f"straight from the client: p50 {_f(base, 2)} ms over 5 rounds (min "
+             f"{_f(o.get('min_ms'), 2)}). Origin bytes are counted by the origin (body bytes it "
+             f"sent) until it has been quiet for 1 s.")
+    return intro + "\n\n" + table(head, rows)
+
+
+def _b(result):
+    p = result["params"]
+    found = {}
+    for row in result["rows"]:
+        c, _ = _case(row, "b")
+        for r in c or []:
+            rep = r["report"]
+            if "failed" not in rep:
+                found[(row["peer"], r["bytes"])] = rep
+    rows = []
+    for row in result["rows"]:
+        c, why = _case(row, "b")
+        if c is None:
+            rows.append([DASH, row["peer"]] + [DASH] * 7 + [why])
+            continue
+        for r in c:
+            rep = r["report"]
+            if "failed" in rep:
+                rows.append([f"{r['bytes']:,} B", row["peer"]] + [DASH] * 7 + [rep["failed"]])
+                continue
+            v = found.get(("Varnish malloc", r["bytes"]))
+            ok = None
+            if v is not None and not row["peer"].startswith("Varnish"):
+                ok = rep["rps"] >= v["rps"] and rep["throughput_mb_s"] >= v["throughput_mb_s"]
+            u = rep.get("usage") or {}
+            rows.append([f"{r['bytes']:,} B", row["peer"], _f(rep["rps"], 0),
+                         _f(rep["throughput_mb_s"], 0),
+                         _f(rep["rps"] / v["rps"], 2) if v and v["rps"] else DASH, _met(ok),
+                         _f(rep["latency"]["p50_ms"], 3), _f(rep["latency"]["p99_ms"], 3),
+                         _f(u.get("cpu_pct"), 0), f"{rep['errors']} / {rep['warmup_errors']}"])
+    head = ["object", "peer", "req/s", "MB/s", "× Varnish", "met (≥ Varnish)", "p50 ms",
+            "p99 ms", "CPU %", "errors (timed / warm-up)"]
+    intro = (f"**(b) Hits at c={p['b_c']}**: a closed loop for {p['b_secs']} s after "
+             f"{p['b_warmup_secs']} s of warm-up (whose first request stores the object).")
+    return intro + "\n\n" + table(head, rows)
+
+
+def _c(result):
+    p = result["params"]
+    rows = []
+    for row in result["rows"]:
+        c, why = _case(row, "c")
+        if c is None:
+            rows.append([row["peer"]] + [DASH] * 5 + [why])
+            continue
+        ob = c["origin"]["body_bytes"]
+        rows.append([row["peer"], f"{ob / MiB:,.2f} MiB ({c['origin']['requests']} req)",
+                     _met(ob <= 2 * p["slice_bytes"]), _f(c["ttfb"]["p50_ms"], 1),
+                     _f(c["latency"]["p50_ms"], 1), _f(c.get("peak_rss_mb")), _errors(c)])
+    head = ["peer", "origin bytes (goal ≤ 2 slices = 2 MiB)", "met", "TTFB ms", "total ms",
+            "peak RSS MB", "errors"]
+    intro = (f"**(c) Cold `Range: bytes={p['c_start']}-{p['c_start'] + p['c_len'] - 1}`** "
+             f"({p['c_len'] // MiB} MiB at {p['c_start'] // MiB // 1024} GiB) into a "
+             f"{p['c_object'] // MiB // 1024} GiB object, one client; the 206 body is checked "
+             f"byte for byte (SHA-256). Origin bytes counted until the origin is quiet for 1 s "
+             f"(at most {p['settle_secs']} s).")
+    return intro + "\n\n" + table(head, rows)
+
+
+def _d(result):
+    p = result["params"]
+    bound = p["memory_mib"] + 32
+    rows = []
+    for row in result["rows"]:
+        c, why = _case(row, "d")
+        if c is None:
+            rows.append([row["peer"]] + [DASH] * 6 + [why])
+            continue
+        idle = c.get("idle") or {}
+        rss = c.get("peak_rss_mb")
+        # /proc counts RSS in MB of 10^6 bytes; the bound is MiB.
+        ok = None if rss is None else rss * 1e6 <= bound * MiB
+        rows.append([row["peer"], _f(idle.get("peak_rss_mb")), _f(rss), _met(ok),
+                     _f(c.get("peak_uss_mb")), _f(c["throughput_mb_s"], 0),
+                     f"{c['origin']['body_bytes'] / (p['d_c'] * p['d_bytes']):.2f}×", _errors(c)])
+    head = ["peer", "idle RSS MB", f"peak RSS MB (goal ≤ {bound} MiB)", "met", "peak USS MB",
+            "MB/s (all clients)", "origin bytes / object bytes", "errors"]
+    intro = (f"**(d) {p['d_c']} clients, each streaming its own cold {p['d_bytes'] // MiB} MiB "
+             f"object**, on a freshly started instance. Memory tier: {p['memory_mib']} MiB (sluice "
+             f"`memory_bytes`, Varnish `-s malloc`; nginx keeps its cache on disk and in the "
+             f"kernel's page cache, which RSS does not count). Peak RSS of the process tree, "
+             f"sampled from /proc every 50 ms.")
+    return intro + "\n\n" + table(head, rows)
+
+
+def _e(result):
+    p = result["params"]
+    n = p["e_objects"]
+    rows = []
+    for row in result["rows"]:
+        c, why = _case(row, "e")
+        after = (c or {}).get("after_restart")
+        fill = (c or {}).get("fill")
+        if c is None or not after or "failed" in after or not fill or "failed" in fill:
+            why = why or (after or fill or {}).get("failed", "not run")
+            rows.append([row["peer"]] + [DASH] * 4 + [why])
+            continue
+        asked = min(n, after["origin"]["requests"])
+        ratio = (n - asked) / n
+        rows.append([row["peer"], fill["origin"]["requests"], after["origin"]["requests"],
+                     f"{ratio * 100:.0f} %", _met(ratio >= 1.0),
+                     f"{_errors(fill)} / {_errors(after)}"])
+    head = ["peer", "origin requests, fill", "origin requests after restart",
+            "hit ratio after restart (goal 100 %)", "met", "errors (fill / after)"]
+    intro = (f"**(e) Restart**: {n} objects of {p['e_bytes'] // 1024} KiB fetched once (at once), "
+             f"2 s for writes to land, the peer stopped (SIGTERM) and started again on the same "
+             f"store and port (the Host is part of a key), the {n} objects asked for again. "
+             f"Hit ratio = objects the origin was not asked for again / {n}. Varnish's malloc "
+             f"storage is memory only.")
+    return intro + "\n\n" + table(head, rows)
+
+
+def _f_case(result):
+    p = result["params"]
+    rows = []
+    for row in result["rows"]:
+        c, why = _case(row, "f")
+        if c is None or "failed" in c["hit"] or "failed" in c["swr"]:
+            why = why or (c["hit"].get("failed") or c["swr"].get("failed"))
+            rows.append([row["peer"]] + [DASH] * 6 + [why])
+            continue
+        hit, swr = c["hit"]["latency"], c["swr"]["latency"]
+        ok = swr["p99_ms"] <= max(2 * hit["p99_ms"], hit["p99_ms"] + 2)
+        rows.append([row["peer"], _f(hit["p99_ms"], 2), _f(swr["p50_ms"], 2),
+                     _f(swr["p99_ms"], 2), _met(ok), _f(swr["max_ms"], 1),
+                     c["origin"]["requests"],
+                     f"{c['hit']['errors']} / {c['swr']['errors']}"])
+    head = ["peer", "hit p99 ms", "across refreshes p50 ms", "p99 ms (goal ≈ hit)", "met",
+            "max ms", "origin requests in the window", "errors (hit / swr)"]
+    intro = (f"**(f) `stale-while-revalidate`**: a 1 KB object with `max-age=1, "
+             f"stale-while-revalidate=60` whose origin answers after {p['swr_delay_ms']} ms, read "
+             f"by {p['f_c']} clients in a closed loop for {p['f_secs']} s (several lifetimes, so "
+             f"several refreshes), next to the same loop on an object that stays fresh (hit "
+             f"latency). Met when p99 ≤ max(2 × hit p99, hit p99 + 2 ms): a refresh that "
+             f"blocked a client would cost {p['swr_delay_ms']} ms.")
+    return intro + "\n\n" + table(head, rows)
+
+
+def render(result, out_dir, charts_rel):
+    del out_dir, charts_rel
+    p = result["params"]
+    md = [f"One origin for every peer: `sluice-loadgen origin` (generated bytes, computable at any "
+          f"offset, so multi-GB objects need no disk; `Range`, `ETag`, `Last-Modified`, 304; it "
+          f"counts requests and body bytes sent). Each peer is configured the way its users run "
+          f"it as a slice cache: sluice `cache = true` with {p['memory_mib']} MiB memory + "
+          f"{p['disk_mib']} MiB disk tiers and 1 MiB slices; nginx `proxy_cache` + `slice 1m` + "
+          f"`proxy_cache_lock` + `proxy_cache_use_stale updating` + `proxy_cache_background_update`"
+          f" ({p['disk_mib']} MiB `max_size`); Varnish `-s malloc,{p['memory_mib']}m` with the "
+          f"built-in VCL. Every body is checked for length and status, and hashed where stated.",
+          "", _a(result), "", _b(result), "", _c(result), "", _d(result), "", _e(result), "",
+          _f_case(result)]
+    versions = [f"{r['peer']}: {r['version']}" for r in result["rows"] if r.get("version")]
+    if versions:
+        md += ["", "Versions: " + "; ".join(versions) + "."]
+    return "\n".join(md)

@@ -1,0 +1,271 @@
+"""S4, the slice cache: sluice, nginx proxy_cache + slice and Varnish before a generated origin."""
+
+import json
+import shutil
+import time
+import urllib.request
+
+from . import peers, procs
+from .context import MiB
+
+GiB = 1024 * MiB
+SLICE = MiB
+# The origin answers every /swr/ request (revalidations included) after this delay, so a cache
+# that refreshes in the foreground shows it in its p99.
+SWR_DELAY_MS = 200
+# Loopback only: never route the origin's counters through a proxy from the environment.
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+STARTERS = {
+    "sluice": peers.start_sluice_cache,
+    "nginx proxy_cache + slice": peers.start_nginx_cache,
+    "Varnish malloc": peers.start_varnish_cache,
+}
+PEERS = list(STARTERS)
+
+
+def params_for(quick):
+    return {
+        "memory_mib": 256, "disk_mib": 4096, "slice_bytes": SLICE,
+        "a_bytes": 64 * MiB, "a_c": 100,
+        "b_c": 50, "b_secs": 2 if quick else 10, "b_warmup_secs": 0.5 if quick else 2,
+        "b_sizes": [1024, 7 * MiB],
+        "c_object": 4 * GiB, "c_start": 3 * GiB, "c_len": MiB,
+        "d_c": 20, "d_bytes": (256 if quick else 1024) * MiB,
+        "e_objects": 100, "e_bytes": 256 * 1024,
+        "f_c": 10, "f_secs": 4 if quick else 10, "swr_delay_ms": SWR_DELAY_MS,
+        "settle_secs": 30 if quick else 90,
+    }
+
+
+def run(ctx):
+    p = params_for(ctx.quick)
+    run_id = str(int(time.time()))
+    origin = peers.start_gen_origin(ctx, ctx.origin_cpus, SWR_DELAY_MS)
+    rows = []
+    try:
+        p["origin_ttfb"] = _origin_ttfb(ctx, origin, p, run_id)
+        for name in PEERS:
+            rows.append(_peer_row(ctx, name, origin, p, f"{run_id}-{_slug(name)}"))
+    finally:
+        origin.stop()
+    return {"id": "S4", "title": "Streaming slice cache", "status": "measured", "quick": ctx.quick,
+            "params": p, "rows": rows, "origin": origin.version,
+            "question": "Cold miss with 100 clients at once (coalescing and first byte), hits, a "
+                        "Range into a cold 4 GiB object, memory with 20 cold 1 GiB streams, a "
+                        "restart with the disk tier, latency across a stale-while-revalidate "
+                        "refresh: sluice vs nginx proxy_cache + slice vs Varnish."}
+
+
+def _slug(name):
+    return name.split()[0].lower()
+
+
+def _stats(origin):
+    with _opener.open(f"http://127.0.0.1:{origin.port}/__stats", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _settled(origin, before, limit):
+    """Origin counters once the peer stopped fetching (no new body bytes for 1 s; fills and
+    read-aheads detached from the client keep going after it is answered), minus `before`."""
+    deadline = time.monotonic() + limit
+    last, quiet_since = _stats(origin), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = _stats(origin)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= 1.0:
+            break
+    return {k: last[k] - before[k] for k in last}
+
+
+def _digest(ctx, size, start=0, end=None):
+    args = ["gen-digest", "--size", str(size), "--start", str(start)]
+    if end is not None:
+        args += ["--end", str(end)]
+    r = ctx.loadgen(args, timeout=300)
+    if isinstance(r, dict):
+        raise RuntimeError(r.get("failed", "gen-digest failed"))
+    return r
+
+
+def _batch(ctx, url, c, length, digest, pid, timeout, headers=(), status=200, hash_every=1):
+    """One round of c requests released together (no warm-up: the round is the cold one)."""
+    args = ["batch", "--url", url, "--levels", str(c), "--rounds", "1", "--warmup", "0",
+            "--global-warmup", "0", "--expect-len", str(length), "--expect-sha256", digest,
+            "--expect-status", str(status), "--hash-every", str(hash_every),
+            "--timeout-secs", str(timeout), "--max-secs", str(timeout)]
+    if pid is not None:
+        args += ["--pid", str(pid)]
+    for h in headers:
+        args += ["--header", h]
+    r = ctx.loadgen(args, timeout=2 * timeout + 30)
+    if "failed" in r:
+        return r
+    lvl = (r.get("levels") or [None])[0]
+    return lvl if lvl is not None else {"failed": "no level ran"}
+
+
+def _origin_ttfb(ctx, origin, p, run_id):
+    """The origin's own time to first byte for the (a) object, straight from the client: the
+    baseline the cache's first byte is held to."""
+    size = p["a_bytes"]
+    digest = _digest(ctx, size)
+    url = f"http://127.0.0.1:{origin.port}/gen/{size}/ttfb-{run_id}"
+    r = ctx.loadgen(["batch", "--url", url, "--levels", "1", "--rounds", "5", "--warmup", "1",
+                     "--global-warmup", "0", "--expect-len", str(size), "--expect-sha256", digest,
+                     "--timeout-secs", "60", "--max-secs", "120"], timeout=300)
+    lvl = (r.get("levels") or [None])[0] if "failed" not in r else None
+    return {"failed": r.get("failed", "no level")} if lvl is None else lvl["ttfb"]
+
+
+def _start(ctx, name, origin, p, cache_dir, port=None):
+    return STARTERS[name](ctx, origin.port, ctx.proxy_cpus, cache_dir, p["memory_mib"],
+                          p["disk_mib"], port)
+
+
+def _peer_row(ctx, name, origin, p, tag):
+    """Every case through one peer: (a), (c), (b), (f) on one instance; (d) and (e) on fresh
+    ones, (d) so its memory peak is its own."""
+    row = {"peer": name, "cases": {}}
+    cases = row["cases"]
+    store = ctx.tempdir(f"s4-{_slug(name)}-store")
+    try:
+        peer = _start(ctx, name, origin, p, store)
+    except (peers.Unavailable, RuntimeError) as e:
+        row["status"] = str(e)
+        return row
+    try:
+        row["version"] = peer.version
+        cases["a"] = _case_a(ctx, peer, origin, p, tag)
+        cases["c"] = _case_c(ctx, peer, origin, p, tag)
+        cases["b"] = _case_b(ctx, peer, p, tag)
+        cases["f"] = _case_f(ctx, peer, origin, p, tag)
+    finally:
+        peer.stop()
+        _drop(store)
+    cases["d"] = _case_d(ctx, name, origin, p, tag)
+    cases["e"] = _case_e(ctx, name, origin, p, tag)
+    row["status"] = "ok"
+    return row
+
+
+def _case_a(ctx, peer, origin, p, tag):
+    """(a) 100 clients at once on a cold 64 MiB object: origin bytes, first byte of every client."""
+    size, c = p["a_bytes"], p["a_c"]
+    url = f"http://127.0.0.1:{peer.port}/gen/{size}/a-{tag}"
+    before = _stats(origin)
+    lvl = _batch(ctx, url, c, size, _digest(ctx, size), peer.pid, 120, hash_every=10)
+    if "failed" not in lvl:
+        lvl["origin"] = _settled(origin, before, p["settle_secs"])
+    return lvl
+
+
+def _case_c(ctx, peer, origin, p, tag):
+    """(c) a 1 MiB Range at 3 GiB into a cold 4 GiB object: origin bytes fetched."""
+    start, end = p["c_start"], p["c_start"] + p["c_len"]
+    url = f"http://127.0.0.1:{peer.port}/gen/{p['c_object']}/c-{tag}"
+    before = _stats(origin)
+    lvl = _batch(ctx, url, 1, p["c_len"], _digest(ctx, p["c_object"], start, end), peer.pid, 120,
+                 headers=[f"Range: bytes={start}-{end - 1}"], status=206)
+    if "failed" not in lvl:
+        lvl["origin"] = _settled(origin, before, p["settle_secs"])
+    return lvl
+
+
+def _case_b(ctx, peer, p, tag):
+    """(b) hits at c=50: requests/s and MB/s of a 1 KB and a 7 MB object already stored (the
+    warm-up's first request fills it)."""
+    out = []
+    for size in p["b_sizes"]:
+        url = f"http://127.0.0.1:{peer.port}/gen/{size}/b-{tag}"
+        r = ctx.duration(url, ("", size, _digest(ctx, size)), p["b_c"], p["b_secs"],
+                         p["b_warmup_secs"], peer.pid)
+        out.append({"bytes": size, "report": r})
+    return out
+
+
+def _case_f(ctx, peer, origin, p, tag):
+    """(f) latency across stale-while-revalidate refreshes: a 1 KB object fresh for 1 s whose
+    origin answers after 200 ms, read in a closed loop for several of its lifetimes, next to the
+    same loop on an object that stays fresh (the hit latency it is held to)."""
+    size, c, secs = 1024, p["f_c"], p["f_secs"]
+    digest = _digest(ctx, size)
+    ref = ctx.duration(f"http://127.0.0.1:{peer.port}/gen/{size}/f-{tag}", ("", size, digest),
+                       c, secs, 0.5, peer.pid)
+    url = f"http://127.0.0.1:{peer.port}/swr/{size}/f-{tag}"
+    warm = _batch(ctx, url, 1, size, digest, None, 30)
+    before = _stats(origin)
+    swr = ctx.duration(url, ("", size, digest), c, secs, 0, peer.pid)
+    return {"hit": ref, "swr": swr, "fill": warm, "origin": _settled(origin, before, 10)}
+
+
+def _case_d(ctx, name, origin, p, tag):
+    """(d) 20 clients, each streaming its own cold object, on a fresh instance: peak RSS from
+    /proc over the round."""
+    store = ctx.tempdir(f"s4-{_slug(name)}-d")
+    try:
+        peer = _start(ctx, name, origin, p, store)
+    except (peers.Unavailable, RuntimeError) as e:
+        return {"failed": str(e)}
+    try:
+        size = p["d_bytes"]
+        idle = ctx.loadgen(["sample", "--pid", str(peer.pid), "--secs", "0.3"], timeout=30)
+        url = f"http://127.0.0.1:{peer.port}/gen/{size}/d-{tag}-{{i}}"
+        before = _stats(origin)
+        lvl = _batch(ctx, url, p["d_c"], size, _digest(ctx, size), peer.pid, 600, hash_every=5)
+        if "failed" not in lvl:
+            lvl["idle"] = None if "failed" in idle else idle
+            lvl["origin"] = _settled(origin, before, p["settle_secs"])
+        return lvl
+    finally:
+        peer.stop()
+        _drop(store)
+
+
+def _case_e(ctx, name, origin, p, tag):
+    """(e) fill N objects, stop the peer, start it again on the same store, ask for them again:
+    the hit ratio is the share the origin was not asked for."""
+    store = ctx.tempdir(f"s4-{_slug(name)}-e")
+    digest = _digest(ctx, p["e_bytes"])
+    # The same port after the restart: the Host header is part of a cache key (sluice's and
+    # Varnish's), and clients of a restarted cache come back to the same address.
+    port = procs.free_port()
+    out = {}
+    try:
+        for phase in ("fill", "after_restart"):
+            out[phase] = _e_phase(ctx, name, origin, p, tag, store, digest, port)
+            if "failed" in out[phase]:
+                break
+            if phase == "fill":
+                # Disk writes are off the request path: give them a moment to land.
+                time.sleep(2.0)
+    finally:
+        _drop(store)
+    return out
+
+
+def _e_phase(ctx, name, origin, p, tag, store, digest, port):
+    """One pass over the (e) objects on a peer started on `store` and `port`, stopped afterwards
+    (SIGTERM)."""
+    try:
+        peer = _start(ctx, name, origin, p, store, port)
+    except (peers.Unavailable, RuntimeError) as e:
+        return {"failed": str(e)}
+    try:
+        size = p["e_bytes"]
+        url = f"http://127.0.0.1:{peer.port}/gen/{size}/e-{tag}-{{i}}"
+        before = _stats(origin)
+        lvl = _batch(ctx, url, p["e_objects"], size, digest, None, 60)
+        if "failed" not in lvl:
+            lvl["origin"] = _settled(origin, before, p["settle_secs"])
+        return lvl
+    finally:
+        peer.stop()
+
+
+def _drop(store):
+    """A peer's store is gone once its case is measured: several GiB each, on a shared disk."""
+    shutil.rmtree(store, ignore_errors=True)
