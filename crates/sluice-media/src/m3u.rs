@@ -73,11 +73,16 @@ fn parse_source(def: &str) -> Option<Source> {
         }
     }
     let rest = rest.trim();
-    let url_text = if is_http(rest) {
-        rest
-    } else {
-        // Legacy `<base>:<password>&<url>`: the URL is what follows the first `&`.
-        rest.split_once('&').map(|(_, u)| u.trim()).filter(|u| is_http(u))?
+    // Legacy `<base>:<password>&<url>`: the URL follows the first `&`, and what precedes it has no
+    // query (a `&` inside a real URL's query always comes after a `?`).
+    let legacy = rest
+        .split_once('&')
+        .filter(|(head, tail)| !head.contains('?') && is_http(tail.trim()))
+        .map(|(_, tail)| tail.trim());
+    let url_text = match legacy {
+        Some(url) => url,
+        None if is_http(rest) => rest,
+        None => return None,
     };
     let url = Url::parse(url_text).ok()?;
     (matches!(url.scheme(), "http" | "https") && url.host_str().is_some()).then_some(Source {
@@ -153,7 +158,7 @@ pub fn merge(
     out.push('\n');
 
     // The sorted block first, as in MediaFlow: every `sort:` source's entries, ordered by name.
-    let mut sorted: Vec<(String, &Entry<'_>, bool)> = Vec::new();
+    let mut sorted: Vec<(String, Entry<'_>, bool)> = Vec::new();
     for (source, p) in sources.iter().zip(&parsed) {
         if let (true, Some(p)) = (source.sort, p) {
             for entry in p.entries() {
