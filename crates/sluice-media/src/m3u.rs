@@ -45,7 +45,11 @@ pub enum M3uError {
 
 /// Parses the `d` parameter of `/playlist/playlist` (already percent-decoded).
 pub fn parse_sources(d: &str) -> Result<Vec<Source>, M3uError> {
-    let defs: Vec<&str> = d.split(';').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let defs: Vec<&str> = d
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     if defs.is_empty() {
         return Err(M3uError::Empty);
     }

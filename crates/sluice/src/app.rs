@@ -357,7 +357,10 @@ impl App {
             crate::media::playlist::LINK_PATH => match &self.media {
                 // Minting needs the password itself, in a header: never a token (a token holder
                 // may not widen what it holds) nor a query parameter (which ends up in logs).
-                Some(media) if ctx.token.is_none() && self.auth.check(Auth::offered(None, req.headers())) => {
+                Some(media)
+                    if ctx.token.is_none()
+                        && self.auth.check(Auth::offered(None, req.headers())) =>
+                {
                     media.handle_playlist_link(req, &ctx).await
                 }
                 Some(_) => Err(ProxyError::downstream(

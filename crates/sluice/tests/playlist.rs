@@ -103,11 +103,7 @@ fn answer(
             "application/vnd.apple.mpegurl",
             MEDIA_PLAYLIST.to_string(),
         ),
-        "/login.html" => (
-            200,
-            "text/html",
-            "<!doctype html><p>log in</p>".to_string(),
-        ),
+        "/login.html" => (200, "text/html", "<!doctype html><p>log in</p>".to_string()),
         _ => (404, "text/plain", "not found".to_string()),
     };
     Response::builder()
@@ -145,9 +141,14 @@ fn opened(list: &str, sluice: &Sluice) -> String {
             Some(rest) => {
                 let (token, path) = rest.split_once('/').unwrap();
                 let o = gate
-                    .open(token, "127.0.0.1".parse().unwrap(), sluice::auth::token::now())
+                    .open(
+                        token,
+                        "127.0.0.1".parse().unwrap(),
+                        sluice::auth::token::now(),
+                    )
                     .unwrap();
-                let params: Vec<String> = o.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let params: Vec<String> =
+                    o.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 format!(
                     "<token /{path} scope={:?} exp={:?} {}>",
                     o.scope.paths.unwrap(),
@@ -253,7 +254,11 @@ http://direct.example/m.ts\n\
     );
     // The sources themselves were fetched once each, with sluice's own user agent.
     for path in ["/a.m3u", "/b.m3u", "/c.m3u"] {
-        assert_eq!(agents.iter().filter(|(p, _)| p == path).count(), 1, "{path}");
+        assert_eq!(
+            agents.iter().filter(|(p, _)| p == path).count(),
+            1,
+            "{path}"
+        );
     }
 }
 
@@ -275,7 +280,12 @@ async fn without_a_password_entries_are_plain_urls() {
 #EXTINF:-1,mike\nhttp://direct.example/m.ts\n"
         )
     );
-    let head = request("HEAD", &s.url(&format!("/playlist/playlist?d={}", enc(&d))), &[]).await;
+    let head = request(
+        "HEAD",
+        &s.url(&format!("/playlist/playlist?d={}", enc(&d))),
+        &[],
+    )
+    .await;
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.body.unwrap().len(), 0);
     assert_eq!(head.headers["content-length"], r.headers["content-length"]);
@@ -325,7 +335,12 @@ async fn link_mints_a_sealed_playlist_url() {
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     let r = get(&s.url("/playlist/link")).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    let r = post_json(&s.url("/playlist/link"), &[("api_password", PW)], "{\"d\":\"ftp://x\"}").await;
+    let r = post_json(
+        &s.url("/playlist/link"),
+        &[("api_password", PW)],
+        "{\"d\":\"ftp://x\"}",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 
     let r = post_json(&s.url("/playlist/link"), &[("api_password", PW)], &body).await;
@@ -338,7 +353,11 @@ async fn link_mints_a_sealed_playlist_url() {
         .and_then(|rest| rest.strip_suffix("/playlist/playlist"))
         .unwrap();
     let grant = gate()
-        .open(token, "127.0.0.1".parse().unwrap(), sluice::auth::token::now())
+        .open(
+            token,
+            "127.0.0.1".parse().unwrap(),
+            sluice::auth::token::now(),
+        )
         .unwrap();
     assert_eq!(grant.params, vec![("d".to_string(), d.clone())]);
     assert_eq!(
@@ -354,7 +373,10 @@ async fn link_mints_a_sealed_playlist_url() {
         enc(&d)
     )))
     .await;
-    assert_eq!(opened(&text(&via_link), &s), opened(&text(&via_password), &s));
+    assert_eq!(
+        opened(&text(&via_link), &s),
+        opened(&text(&via_password), &s)
+    );
 
     // The token fixes `d` and opens nothing else.
     let r = get(&format!("{url}?d={}", enc(&o.url("/a.m3u")))).await;
@@ -371,9 +393,19 @@ async fn link_mints_a_sealed_playlist_url() {
     .await;
     let v: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
     let url = v["url"].as_str().unwrap();
-    let token = url.split("/_token_").nth(1).unwrap().split('/').next().unwrap();
+    let token = url
+        .split("/_token_")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
     let exp = gate()
-        .open(token, "127.0.0.1".parse().unwrap(), sluice::auth::token::now())
+        .open(
+            token,
+            "127.0.0.1".parse().unwrap(),
+            sluice::auth::token::now(),
+        )
         .unwrap()
         .scope
         .exp
@@ -387,7 +419,10 @@ async fn bad_requests_and_dead_sources() {
     let o = origin().await;
     let s = Sluice::start(config(PW, true)).await;
     let ask = |d: String| {
-        let url = s.url(&format!("/playlist/playlist?d={}&api_password={PW}", enc(&d)));
+        let url = s.url(&format!(
+            "/playlist/playlist?d={}&api_password={PW}",
+            enc(&d)
+        ));
         async move { get(&url).await }
     };
     let r = get(&s.url(&format!("/playlist/playlist?api_password={PW}"))).await;
@@ -396,7 +431,11 @@ async fn bad_requests_and_dead_sources() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let r = ask(format!("{};file:///etc/passwd", o.url("/a.m3u"))).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert!(text(&r).contains("playlist 2 in `d` is not an http(s) URL"), "{}", text(&r));
+    assert!(
+        text(&r).contains("playlist 2 in `d` is not an http(s) URL"),
+        "{}",
+        text(&r)
+    );
     let r = ask(vec![o.url("/a.m3u"); 17].join(";")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let r = request(
@@ -411,8 +450,14 @@ async fn bad_requests_and_dead_sources() {
     let r = ask(format!("{};{}", o.url("/gone.m3u"), o.url("/login.html"))).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     let body = text(&r);
-    assert!(body.contains("playlist 1: upstream answered 404 Not Found"), "{body}");
-    assert!(body.contains("playlist 2: upstream sent an HTML page, not a playlist"), "{body}");
+    assert!(
+        body.contains("playlist 1: upstream answered 404 Not Found"),
+        "{body}"
+    );
+    assert!(
+        body.contains("playlist 2: upstream sent an HTML page, not a playlist"),
+        "{body}"
+    );
 
     // The SSRF guard applies: a private origin is refused without allow_private.
     let guarded = Sluice::start(config(PW, false)).await;
@@ -430,17 +475,42 @@ async fn bad_requests_and_dead_sources() {
 #[tokio::test]
 async fn pages_are_embedded_and_locked_down() {
     let s = Sluice::start(config(PW, true)).await;
-    const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+    const CSP: &str =
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
                        img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
     for (path, ctype, marker) in [
         ("/", "text/html; charset=utf-8", "<title>sluice</title>"),
-        ("/playlist/builder", "text/html; charset=utf-8", "<title>Playlist builder"),
-        ("/playlist_builder.html", "text/html; charset=utf-8", "<title>Playlist builder"),
-        ("/url-generator", "text/html; charset=utf-8", "<title>URL generator"),
-        ("/url_generator.html", "text/html; charset=utf-8", "<title>URL generator"),
+        (
+            "/playlist/builder",
+            "text/html; charset=utf-8",
+            "<title>Playlist builder",
+        ),
+        (
+            "/playlist_builder.html",
+            "text/html; charset=utf-8",
+            "<title>Playlist builder",
+        ),
+        (
+            "/url-generator",
+            "text/html; charset=utf-8",
+            "<title>URL generator",
+        ),
+        (
+            "/url_generator.html",
+            "text/html; charset=utf-8",
+            "<title>URL generator",
+        ),
         ("/pages/pages.css", "text/css; charset=utf-8", ":root"),
-        ("/pages/builder.js", "text/javascript; charset=utf-8", "/playlist/link"),
-        ("/pages/url-generator.js", "text/javascript; charset=utf-8", "/generate_url"),
+        (
+            "/pages/builder.js",
+            "text/javascript; charset=utf-8",
+            "/playlist/link",
+        ),
+        (
+            "/pages/url-generator.js",
+            "text/javascript; charset=utf-8",
+            "/generate_url",
+        ),
     ] {
         let r = get(&s.url(path)).await;
         assert_eq!(r.status, StatusCode::OK, "{path}");

@@ -61,7 +61,10 @@ fn bad_source_lists() {
         Err(M3uError::BadUrl { index: 1 })
     );
     let many = vec!["http://a/x"; MAX_SOURCES + 1].join(";");
-    assert_eq!(parse_sources(&many), Err(M3uError::TooMany(MAX_SOURCES + 1)));
+    assert_eq!(
+        parse_sources(&many),
+        Err(M3uError::TooMany(MAX_SOURCES + 1))
+    );
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub fn handle(req: &Request<Incoming>, path: &str) -> Result<Response<Body>, Pro
     let asset = asset(path).ok_or_else(|| {
         ProxyError::downstream(StatusCode::NOT_FOUND, "not_found", "no such page")
     })?;
-    let text = if std::ptr::eq(asset, &INDEX) {
+    let text = if asset.content_type == HTML {
         asset.body.replace("{{version}}", env!("CARGO_PKG_VERSION"))
     } else {
         asset.body.to_string()
@@ -102,7 +102,10 @@ pub fn handle(req: &Request<Incoming>, path: &str) -> Result<Response<Body>, Pro
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     // Small, and changing with every release: revalidate rather than serve an old script.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
