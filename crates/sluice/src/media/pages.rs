@@ -127,7 +127,18 @@ mod tests {
             "/pages/url-generator.js",
         ] {
             let body = asset(path).unwrap().body;
-            assert!(!body.contains("//cdn"), "{path}");
+            for external in ["src=\"http", "src=\"//", "href=\"http", "href=\"//"] {
+                assert!(
+                    !body.contains(external),
+                    "{path} loads from elsewhere: {external}"
+                );
+            }
+            if path.ends_with(".css") {
+                assert!(
+                    !body.contains("url(") && !body.contains("@import"),
+                    "{path}"
+                );
+            }
             assert!(!body.contains(" style="), "{path} has an inline style");
             assert!(!body.contains("localStorage"), "{path} stores something");
             assert!(!body.contains("sessionStorage"), "{path} stores something");
