@@ -159,7 +159,10 @@ pub fn merge(
         .next()
         .unwrap_or("#EXTM3U");
     let mut out = String::with_capacity(fetched.iter().map(fetched_len).sum::<usize>() + 64);
-    out.push_str(header);
+    // The tag is matched in any case (`#extm3u`) but written as players expect it; its
+    // attributes (`url-tvg`, ...) are kept as they are.
+    out.push_str("#EXTM3U");
+    out.push_str(&header["#EXTM3U".len()..]);
     out.push('\n');
 
     // The sorted block first, as in MediaFlow: every `sort:` source's entries, ordered by name.

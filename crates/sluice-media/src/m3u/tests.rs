@@ -164,6 +164,16 @@ http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fb%2Fb.m3u8\n"
 }
 
 #[test]
+fn a_lower_case_header_is_written_as_players_expect() {
+    // Found by the m3u_merge fuzz target.
+    let out = merged(
+        "http://p/l.m3u",
+        &["#extm3u x-tvg-url=\"g\"\n#EXTINF:-1,A\nrtmp://a/b\n"],
+    );
+    assert_eq!(out, "#EXTM3U x-tvg-url=\"g\"\n#EXTINF:-1,A\nrtmp://a/b\n");
+}
+
+#[test]
 fn options_apply_to_one_entry_only() {
     let list = "#EXTINF:-1,A\n#EXTVLCOPT:http-user-agent=UA\nhttp://a/a.m3u8\n#EXTINF:-1,B\nhttp://a/b.m3u8\n";
     let out = merged("http://p/l.m3u", &[list]);
