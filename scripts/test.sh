@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command that runs every test. Installs what the tests need first (ffmpeg for frame-exact
-# decode checks), so nothing is skipped for lack of a tool.
+# decode checks; the pages check installs chromium itself), so nothing is skipped for lack of a tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +21,5 @@ fi
 cargo test --workspace --locked "$@"
 # The gateway-only build (for routers) must build and pass its own tests too.
 cargo test -p sluice --locked --no-default-features --features iptv "$@"
+# The pages in a real browser (installs chromium and playwright-core when missing).
+./scripts/browser-check/pages.sh

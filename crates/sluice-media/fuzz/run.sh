@@ -8,6 +8,8 @@ secs=${2:-600}
 case "$target" in
   # media.max_manifest_bytes / media.max_mpd_bytes default to 8 MiB.
   hls_rewrite|mpd_parse) max_len=8388608 ;;
+  # One source of /playlist/playlist is capped at media.max_manifest_bytes too.
+  m3u_merge) max_len=8388608 ;;
   # A realistic init plus media segment; the server allows 64 MiB, which libFuzzer cannot explore.
   mp4_decrypt|remux_ts) max_len=1048576 ;;
   # One datagram run; media.iptv max_datagram_bytes is 1536.

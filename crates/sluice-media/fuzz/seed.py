@@ -109,6 +109,28 @@ def acestream():
     write("acestream", "ids", b"0123456789abcdef0123456789abcdef01234567&ffff")
 
 
+def m3u_merge():
+    """`d` on the first line, then a channel list using every option the merger reads."""
+    lists = [
+        "#EXTM3U url-tvg=\"http://epg/g.xml\"\n#EXTINF:-1 tvg-id=\"a\" group-title=\"x, y\",A\n"
+        "#EXTVLCOPT:http-user-agent=UA\n#EXTVLCOPT:http-referrer=http://r/\nhttp://cdn/a.m3u8\n",
+        "#EXTM3U\n#EXTINF:-1,B\n#EXTHTTP:{\"Origin\":\"http://o\",\"Cookie\":\"c=1\"}\nhttp://cdn/b.ts\n",
+        "#EXTINF:-1,C\n#KODIPROP:inputstream.adaptive.license_type=clearkey\n"
+        "#KODIPROP:inputstream.adaptive.license_key=00112233445566778899aabbccddeeff:"
+        "ffeeddccbbaa99887766554433221100\n"
+        "#KODIPROP:inputstream.adaptive.stream_headers=User-Agent=K&Referer=http%3A%2F%2Fr\n"
+        "https://d/m.mpd?key_id=aa&key=bb&x=1\n",
+    ]
+    defs = [
+        "http://a/1.m3u",
+        "sort:http://a/1.m3u;no_proxy:http://b/2.m3u;sort:no_proxy:http://c/3",
+        "https://mfp.example:pw&http://p/list.m3u",
+    ]
+    for i, d in enumerate(defs):
+        for j, body in enumerate(lists):
+            write("m3u_merge", f"hand-{i}-{j}", (d + "\n" + body).encode())
+
+
 if __name__ == "__main__":
     mp4_decrypt()
     remux_ts()
@@ -120,5 +142,6 @@ if __name__ == "__main__":
     echo_ip()
     xtream()
     acestream()
+    m3u_merge()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")

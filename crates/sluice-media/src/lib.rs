@@ -6,6 +6,7 @@
 //! - `generate`: the pure core of MediaFlow's `/generate_url(s)` endpoints.
 //! - `acestream`: Acestream engine API answers and content ids.
 //! - `b64url`: MediaFlow's base64 destination detection and the `/base64/*` helpers.
+//! - `m3u`: M3U channel lists merged into one (`/playlist/playlist`), player options carried into proxy parameters.
 //! - `hls`: HLS playlist rewriting (variants, media, keys, maps, LL-HLS parts, skip, start offset).
 //! - `dash`: MPD model and its conversion to HLS master and media playlists.
 //! - `mp4`: ISO-BMFF box walking and rewriting.
@@ -26,6 +27,7 @@ pub mod fec;
 pub mod generate;
 pub mod hls;
 pub mod keys;
+pub mod m3u;
 pub mod mp4;
 pub mod mpegts;
 pub mod public_ip;

@@ -340,6 +340,36 @@ impl App {
                 Some(media) => media.handle_open(req, &ctx).await,
                 None => Err(not_found(p)),
             },
+            #[cfg(feature = "media")]
+            p if Media::serves_page(p) && self.media.is_some() => match &self.media {
+                Some(media) => media.handle_page(&req, &ctx),
+                None => Err(not_found(p)),
+            },
+            #[cfg(feature = "media")]
+            crate::media::playlist::PLAYLIST_PATH => match &self.media {
+                Some(media) => match self.authorize(&req, &ctx) {
+                    Ok(()) => media.handle_playlist(req, &ctx).await,
+                    Err(e) => Err(e),
+                },
+                None => Err(not_found(&ctx.path)),
+            },
+            #[cfg(feature = "media")]
+            crate::media::playlist::LINK_PATH => match &self.media {
+                // Minting needs the password itself, in a header: never a token (a token holder
+                // may not widen what it holds) nor a query parameter (which ends up in logs).
+                Some(media)
+                    if ctx.token.is_none()
+                        && self.auth.check(Auth::offered(None, req.headers())) =>
+                {
+                    media.handle_playlist_link(req, &ctx).await
+                }
+                Some(_) => Err(ProxyError::downstream(
+                    StatusCode::FORBIDDEN,
+                    "auth",
+                    "minting a playlist URL needs the password in the api_password header",
+                )),
+                None => Err(not_found(&ctx.path)),
+            },
             #[cfg(feature = "iptv")]
             p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
                 Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
@@ -658,6 +688,7 @@ fn endpoint_label(path: &str) -> &'static str {
         p if p.starts_with("/proxy/hls/") => "hls",
         p if p.starts_with("/proxy/mpd/") => "mpd",
         p if p.starts_with("/proxy/acestream/") => "acestream",
+        p if p.starts_with("/playlist/") => "playlist",
         #[cfg(feature = "media")]
         p if crate::media::xtream::Xtream::serves(p) => "xtream",
         _ => "other",

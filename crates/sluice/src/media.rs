@@ -7,6 +7,8 @@ pub mod generate;
 pub mod hls;
 pub mod links;
 pub mod pace;
+pub mod pages;
+pub mod playlist;
 pub mod prefetch;
 pub mod public_ip;
 pub mod stream;
@@ -125,6 +127,38 @@ impl Media {
         ctx: &RequestContext,
     ) -> Result<Response<Body>, ProxyError> {
         generate::handle(req, ctx).await
+    }
+
+    /// The embedded pages (home, playlist builder, URL generator): open, they fetch nothing.
+    pub fn serves_page(path: &str) -> bool {
+        pages::serves(path)
+    }
+
+    /// Serves a [`Media::serves_page`] path.
+    pub fn handle_page(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        pages::handle(req, &ctx.path)
+    }
+
+    /// `/playlist/playlist` for a request that has passed auth.
+    pub async fn handle_playlist(
+        &self,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        playlist::serve(self, &req, ctx).await
+    }
+
+    /// `POST /playlist/link` for a caller that proved the password.
+    pub async fn handle_playlist_link(
+        &self,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        playlist::link(self, req, ctx).await
     }
 
     /// Child-URL builder for a manifest served to `ctx`.

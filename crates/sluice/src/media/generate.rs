@@ -76,7 +76,7 @@ pub async fn handle(
     }
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     req: Request<Incoming>,
 ) -> Result<T, ProxyError> {
     let bytes = Limited::new(req.into_body(), BODY_LIMIT)
@@ -93,7 +93,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn json_response<T: Serialize>(value: &T) -> Response<Body> {
+pub(crate) fn json_response<T: Serialize>(value: &T) -> Response<Body> {
     let text = serde_json::to_string(value).unwrap_or_else(|_| "{}".to_string());
     let mut resp = Response::new(body::full(text));
     resp.headers_mut().insert(

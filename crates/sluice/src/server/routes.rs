@@ -15,7 +15,8 @@ use crate::reverse::{Reverse, Route};
 pub struct EndpointsConfig {
     /// Serve the built-ins only for this host (`example.com` or `*.example.com`); empty = any host.
     pub host: String,
-    /// The MediaFlow-compatible `/proxy/*`, `/generate_url*` and `/base64/*` endpoints.
+    /// The MediaFlow-compatible `/proxy/*`, `/generate_url*`, `/base64/*` and `/playlist/*`
+    /// endpoints, and the pages (`/`, `/playlist/builder`, `/url-generator`).
     pub media: bool,
     /// The IPTV gateway: `/rtp/`, `/udp/`, `/playlist.m3u`, `/status`.
     pub iptv: bool,
@@ -79,6 +80,11 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/generate_urls",
             "/generate_encrypted_or_encoded_url",
             "/base64/",
+            "/playlist/",
+            "/playlist_builder.html",
+            "/url-generator",
+            "/url_generator.html",
+            "/pages/",
         ],
     ),
     (
@@ -102,8 +108,8 @@ pub struct Routing {
     table: RouteTable<Target>,
     pub reverse: Reverse,
     /// Where the media built-ins answer, when they are on: Xtream Codes paths (`/player_api.php`,
-    /// `/live/...`, the short `/{user}/{pass}/{id}`) have no prefix of their own, so they are
-    /// served only where no route or other built-in claims the path.
+    /// `/live/...`, the short `/{user}/{pass}/{id}`) and the home page `/` have no prefix of their
+    /// own, so they are served only where no route or other built-in claims the path.
     #[cfg_attr(not(feature = "media"), allow(dead_code))]
     xtream_host: Option<HostPattern>,
 }
@@ -161,7 +167,7 @@ impl Routing {
         self.table.lookup(host, path)
     }
 
-    /// An Xtream Codes path on the media built-ins' host (see `xtream_host`).
+    /// An Xtream Codes path or the home page on the media built-ins' host (see `xtream_host`).
     fn serves_xtream(&self, host: Option<&str>, path: &str) -> bool {
         #[cfg(feature = "media")]
         if let Some(pattern) = &self.xtream_host {
@@ -171,7 +177,8 @@ impl Routing {
                 HostPattern::Exact(h) => host.as_deref() == Some(h.as_str()),
                 HostPattern::Wildcard(suffix) => host.is_some_and(|h| h.ends_with(suffix.as_str())),
             };
-            return on_host && crate::media::xtream::Xtream::serves(path);
+            // The home page has no prefix of its own either.
+            return on_host && (path == "/" || crate::media::xtream::Xtream::serves(path));
         }
         let _ = (host, path);
         false

@@ -1,0 +1,402 @@
+//! M3U channel lists merged into one, as MediaFlow's `/playlist/playlist` does: source
+//! definitions, channel entries, player options (`#EXTVLCOPT`, `#EXTHTTP`, `#KODIPROP`) carried
+//! into proxy parameters. No I/O: the caller fetches the sources and builds the proxy URLs.
+//!
+//! The `d` parameter lists sources separated by `;`. Each may start with `sort:` (its channels are
+//! merged with every other sorted source's and ordered by name, ahead of the unsorted sources) and
+//! `no_proxy:` (its URLs are left as they are). MediaFlow's legacy `<base>:<password>&<url>` form
+//! is accepted; its base and password are ignored, since entries always point back at this server
+//! and never carry a password.
+//!
+//! An entry URL (a line that is not a tag and starts with `http://` or `https://`) is sent to
+//! `/proxy/mpd/manifest.m3u8` when it is DASH (the path ends in `.mpd`, or a `#KODIPROP` says
+//! `manifest_type=mpd`), else to `/proxy/hls/manifest.m3u8`, which streams non-playlists through.
+//! The options before it become its parameters: request headers as `h_<name>`, ClearKey keys as
+//! `key_id`/`key`.
+
+mod options;
+
+use url::Url;
+
+use options::Options;
+
+/// Most sources one request may merge.
+pub const MAX_SOURCES: usize = 16;
+
+/// One source of the merged list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub url: Url,
+    /// Its channels join the sorted block.
+    pub sort: bool,
+    /// Its URLs are rewritten to go through the proxy.
+    pub proxy: bool,
+}
+
+/// Why `d` names no usable source list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum M3uError {
+    #[error("`d` names no playlist: give one or more playlist URLs separated by `;`")]
+    Empty,
+    #[error("`d` names {0} playlists, over the limit of {MAX_SOURCES}")]
+    TooMany(usize),
+    #[error("playlist {index} in `d` is not an http(s) URL")]
+    BadUrl { index: usize },
+}
+
+/// Parses the `d` parameter of `/playlist/playlist` (already percent-decoded).
+pub fn parse_sources(d: &str) -> Result<Vec<Source>, M3uError> {
+    let defs: Vec<&str> = d
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if defs.is_empty() {
+        return Err(M3uError::Empty);
+    }
+    if defs.len() > MAX_SOURCES {
+        return Err(M3uError::TooMany(defs.len()));
+    }
+    defs.iter()
+        .enumerate()
+        .map(|(i, def)| parse_source(def).ok_or(M3uError::BadUrl { index: i + 1 }))
+        .collect()
+}
+
+fn parse_source(def: &str) -> Option<Source> {
+    let (mut sort, mut proxy, mut rest) = (false, true, def);
+    // MediaFlow reads `sort:` first, then `no_proxy:`; either order is accepted here.
+    loop {
+        if let Some(r) = strip_prefix_ci(rest, "sort:") {
+            sort = true;
+            rest = r;
+        } else if let Some(r) = strip_prefix_ci(rest, "no_proxy:") {
+            proxy = false;
+            rest = r;
+        } else {
+            break;
+        }
+    }
+    let rest = rest.trim();
+    // Legacy `<base>:<password>&<url>`: the URL follows the first `&`, and what precedes it has no
+    // query (a `&` inside a real URL's query always comes after a `?`).
+    let legacy = rest
+        .split_once('&')
+        .filter(|(head, tail)| !head.contains('?') && is_http(tail.trim()))
+        .map(|(_, tail)| tail.trim());
+    let url_text = match legacy {
+        Some(url) => url,
+        None if is_http(rest) => rest,
+        None => return None,
+    };
+    let url = Url::parse(url_text).ok()?;
+    (matches!(url.scheme(), "http" | "https") && url.host_str().is_some()).then_some(Source {
+        url,
+        sort,
+        proxy,
+    })
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+fn is_http(s: &str) -> bool {
+    strip_prefix_ci(s, "http://").is_some() || strip_prefix_ci(s, "https://").is_some()
+}
+
+/// The proxy endpoint an entry is sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Hls,
+    Mpd,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Hls => "/proxy/hls/manifest.m3u8",
+            Endpoint::Mpd => "/proxy/mpd/manifest.m3u8",
+        }
+    }
+}
+
+/// What a proxied entry URL becomes: an endpoint and its parameters, in order (`d`, `key_id`,
+/// `key`, then `h_*`). The caller turns it into a URL (plain query or sealed token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyTarget {
+    pub endpoint: Endpoint,
+    pub params: Vec<(String, String)>,
+}
+
+/// One source as fetched: its text, or why it could not be had (shown as a comment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    Text(String),
+    Failed(String),
+}
+
+/// Merges the fetched sources (in the order of `sources`) into one M3U list. `link` turns a
+/// proxied entry into the URL written in its place.
+pub fn merge(
+    sources: &[Source],
+    fetched: &[Fetched],
+    link: &mut dyn FnMut(&ProxyTarget) -> String,
+) -> String {
+    let parsed: Vec<Option<Parsed<'_>>> = fetched
+        .iter()
+        .map(|f| match f {
+            Fetched::Text(text) => Some(parse(text)),
+            Fetched::Failed(_) => None,
+        })
+        .collect();
+    let header = sources
+        .iter()
+        .zip(&parsed)
+        .filter_map(|(_, p)| p.as_ref().and_then(|p| p.header))
+        .next()
+        .unwrap_or("#EXTM3U");
+    let mut out = String::with_capacity(fetched.iter().map(fetched_len).sum::<usize>() + 64);
+    // The tag is matched in any case (`#extm3u`) but written as players expect it; its
+    // attributes (`url-tvg`, ...) are kept as they are.
+    out.push_str("#EXTM3U");
+    out.push_str(&header["#EXTM3U".len()..]);
+    out.push('\n');
+
+    // The sorted block first, as in MediaFlow: every `sort:` source's entries, ordered by name.
+    let mut sorted: Vec<(String, Entry<'_>, bool)> = Vec::new();
+    for (source, p) in sources.iter().zip(&parsed) {
+        if let (true, Some(p)) = (source.sort, p) {
+            for entry in p.entries() {
+                sorted.push((entry.name().to_lowercase(), entry, source.proxy));
+            }
+        }
+    }
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, entry, proxy) in sorted {
+        entry.render(proxy, &mut out, link);
+    }
+
+    for (i, (source, f)) in sources.iter().zip(fetched).enumerate() {
+        match (f, &parsed[i]) {
+            (Fetched::Failed(why), _) => {
+                out.push_str(&format!("# ERROR playlist {}: {}\n", i + 1, one_line(why)));
+            }
+            (Fetched::Text(_), Some(p)) if !source.sort => {
+                for item in &p.items {
+                    item.render(source.proxy, &mut out, link);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn fetched_len(f: &Fetched) -> usize {
+    match f {
+        Fetched::Text(t) => t.len(),
+        Fetched::Failed(w) => w.len(),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(300)
+        .collect()
+}
+
+/// One source's lines: its `#EXTM3U` header and everything else in order.
+struct Parsed<'a> {
+    header: Option<&'a str>,
+    items: Vec<Item<'a>>,
+}
+
+enum Item<'a> {
+    /// A tag, comment or line kept as it is.
+    Line(&'a str),
+    /// A player option that only matters to a direct URL; left out when the entry is proxied.
+    DirectOnly(&'a str),
+    /// An entry URL and the options that preceded it.
+    Url { line: &'a str, options: Options },
+}
+
+impl Item<'_> {
+    fn render(&self, proxy: bool, out: &mut String, link: &mut dyn FnMut(&ProxyTarget) -> String) {
+        match self {
+            Item::Line(l) => push_line(out, l),
+            Item::DirectOnly(l) => {
+                if !proxy {
+                    push_line(out, l)
+                }
+            }
+            Item::Url { line, options } => match target(line, options).filter(|_| proxy) {
+                Some(t) => push_line(out, &link(&t)),
+                None => push_line(out, line),
+            },
+        }
+    }
+}
+
+fn push_line(out: &mut String, line: &str) {
+    out.push_str(line);
+    out.push('\n');
+}
+
+/// One channel: from its `#EXTINF` to its URL.
+struct Entry<'a> {
+    items: &'a [Item<'a>],
+}
+
+impl Entry<'_> {
+    /// The display name: what follows the first comma outside quotes of the `#EXTINF` line.
+    fn name(&self) -> &str {
+        let Some(Item::Line(extinf)) = self.items.first() else {
+            return "";
+        };
+        let mut quoted = false;
+        for (i, c) in extinf.char_indices() {
+            match c {
+                '"' => quoted = !quoted,
+                ',' if !quoted => return extinf[i + 1..].trim(),
+                _ => {}
+            }
+        }
+        ""
+    }
+
+    fn render(&self, proxy: bool, out: &mut String, link: &mut dyn FnMut(&ProxyTarget) -> String) {
+        for item in self.items {
+            item.render(proxy, out, link);
+        }
+    }
+}
+
+impl<'a> Parsed<'a> {
+    /// The channel entries; lines outside any entry are not part of one.
+    fn entries(&'a self) -> Vec<Entry<'a>> {
+        let mut entries = Vec::new();
+        let mut start = None;
+        for (i, item) in self.items.iter().enumerate() {
+            match item {
+                Item::Line(l) if is_tag(l, "#EXTINF:") => start = Some(i),
+                Item::Url { .. } => {
+                    if let Some(s) = start.take() {
+                        entries.push(Entry {
+                            items: &self.items[s..=i],
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        entries
+    }
+}
+
+fn is_tag(line: &str, tag: &str) -> bool {
+    strip_prefix_ci(line, tag).is_some()
+}
+
+fn parse(text: &str) -> Parsed<'_> {
+    let mut header = None;
+    let mut items = Vec::new();
+    let mut options = Options::default();
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if is_tag(line, "#EXTM3U") {
+            header.get_or_insert(line);
+            continue;
+        }
+        if let Some(opt) = strip_prefix_ci(line, "#EXTVLCOPT:") {
+            options.vlc(opt);
+            items.push(Item::Line(line));
+        } else if let Some(json) = strip_prefix_ci(line, "#EXTHTTP:") {
+            options.http_json(json);
+            items.push(Item::Line(line));
+        } else if let Some(prop) = strip_prefix_ci(line, "#KODIPROP:") {
+            if options.kodi(prop) {
+                items.push(Item::DirectOnly(line));
+            } else {
+                items.push(Item::Line(line));
+            }
+        } else if !line.starts_with('#') && is_http(line) {
+            items.push(Item::Url {
+                line,
+                options: std::mem::take(&mut options),
+            });
+        } else {
+            items.push(Item::Line(line));
+        }
+    }
+    Parsed { header, items }
+}
+
+/// Where an entry URL goes through the proxy, or `None` when it is not a URL sluice can fetch.
+fn target(line: &str, options: &Options) -> Option<ProxyTarget> {
+    let url = Url::parse(line).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return None;
+    }
+    let is_mpd = match options.manifest_type.as_deref() {
+        Some("mpd") => true,
+        Some(_) => false,
+        None => url.path().to_ascii_lowercase().ends_with(".mpd"),
+    };
+    let mut params = Vec::new();
+    if is_mpd {
+        // Keys in the MPD's own query (MediaFlow's convention) become proxy parameters.
+        let mut key_id = None;
+        let mut key = None;
+        let kept: Vec<(String, String)> = url
+            .query_pairs()
+            .filter_map(|(k, v)| match k.as_ref() {
+                "key_id" => {
+                    key_id = Some(v.into_owned());
+                    None
+                }
+                "key" => {
+                    key = Some(v.into_owned());
+                    None
+                }
+                _ => Some((k.into_owned(), v.into_owned())),
+            })
+            .collect();
+        let mut clean = url.clone();
+        clean.set_fragment(None);
+        if key_id.is_some() || key.is_some() {
+            if kept.is_empty() {
+                clean.set_query(None);
+            } else {
+                clean.query_pairs_mut().clear().extend_pairs(kept);
+            }
+        }
+        params.push(("d".to_string(), clean.to_string()));
+        let keys = match (key_id, key) {
+            (Some(id), Some(k)) => Some((id, k)),
+            _ => options.clearkey(),
+        };
+        if let Some((id, k)) = keys {
+            params.push(("key_id".to_string(), id));
+            params.push(("key".to_string(), k));
+        }
+    } else {
+        params.push(("d".to_string(), line.to_string()));
+    }
+    for (name, value) in &options.headers {
+        params.push((format!("h_{name}"), value.clone()));
+    }
+    Some(ProxyTarget {
+        endpoint: if is_mpd { Endpoint::Mpd } else { Endpoint::Hls },
+        params,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,195 @@
+//! Unit and property tests of the M3U merger.
+
+use super::*;
+use crate::query::Query;
+use proptest::prelude::*;
+
+/// Plain query links, as sluice writes them without a password.
+fn plain(t: &ProxyTarget) -> String {
+    format!(
+        "http://sluice:8888{}?{}",
+        t.endpoint.path(),
+        Query::from_pairs(t.params.clone()).encode()
+    )
+}
+
+fn merged(d: &str, texts: &[&str]) -> String {
+    let sources = parse_sources(d).unwrap();
+    let fetched: Vec<Fetched> = texts.iter().map(|t| Fetched::Text(t.to_string())).collect();
+    merge(&sources, &fetched, &mut plain)
+}
+
+#[test]
+fn sources_and_prefixes() {
+    let s = parse_sources(
+        " http://a/1.m3u ; sort:https://b/2.m3u;no_proxy:http://c/3;SORT:no_proxy:http://d/4;",
+    )
+    .unwrap();
+    let flags: Vec<(&str, bool, bool)> = s
+        .iter()
+        .map(|s| (s.url.as_str(), s.sort, s.proxy))
+        .collect();
+    assert_eq!(
+        flags,
+        vec![
+            ("http://a/1.m3u", false, true),
+            ("https://b/2.m3u", true, true),
+            ("http://c/3", false, false),
+            ("http://d/4", true, false),
+        ]
+    );
+    // MediaFlow's legacy form: the base and password before `&` are ignored.
+    let legacy = parse_sources("https://mfp.example:secret&http://p/list.m3u").unwrap();
+    assert_eq!(legacy[0].url.as_str(), "http://p/list.m3u");
+    // A URL whose query has `&` stays whole.
+    let q = parse_sources("http://p/get.php?username=u&password=p&type=m3u_plus").unwrap();
+    assert_eq!(
+        q[0].url.as_str(),
+        "http://p/get.php?username=u&password=p&type=m3u_plus"
+    );
+}
+
+#[test]
+fn bad_source_lists() {
+    assert_eq!(parse_sources(" ; ;"), Err(M3uError::Empty));
+    assert_eq!(
+        parse_sources("http://a/1;ftp://b/2"),
+        Err(M3uError::BadUrl { index: 2 })
+    );
+    assert_eq!(
+        parse_sources("sort:file:///etc/passwd"),
+        Err(M3uError::BadUrl { index: 1 })
+    );
+    let many = vec!["http://a/x"; MAX_SOURCES + 1].join(";");
+    assert_eq!(
+        parse_sources(&many),
+        Err(M3uError::TooMany(MAX_SOURCES + 1))
+    );
+}
+
+#[test]
+fn options_become_parameters() {
+    let list = "#EXTM3U url-tvg=\"http://epg/guide.xml\"\r\n\
+#EXTINF:-1 tvg-id=\"one\" group-title=\"News, World\",One\r\n\
+#EXTVLCOPT:http-user-agent=Mozilla/5.0 (X11)\r\n\
+#EXTVLCOPT:http-referrer=https://site.example/\r\n\
+#EXTVLCOPT:http-reconnect=true\r\n\
+http://cdn.example/one/index.m3u8\r\n\
+#EXTINF:-1,Two\n\
+#EXTHTTP:{\"Origin\":\"https://o.example\",\"Content-Length\":\"5\",\"bad name\":\"x\"}\n\
+http://cdn.example/two.ts\n\
+#EXTINF:-1,Three\n\
+#KODIPROP:inputstream.adaptive.license_type=clearkey\n\
+#KODIPROP:inputstream.adaptive.license_key=00112233445566778899aabbccddeeff:ffeeddccbbaa99887766554433221100\n\
+#KODIPROP:inputstream.adaptive.stream_headers=User-Agent=Kodi%2F21&Cookie=a%3Db\n\
+#KODIPROP:inputstream=inputstream.adaptive\n\
+https://dash.example/live/manifest.mpd?token=t#frag\n\
+#EXTINF:-1,Four\n\
+https://dash.example/vod.mpd?key_id=aa&key=bb&x=1\n\
+#EXTINF:-1,Five\n\
+rtmp://live.example/app/stream\n";
+    let out = merged("http://p/list.m3u", &[list]);
+    assert_eq!(
+        out,
+        "#EXTM3U url-tvg=\"http://epg/guide.xml\"\n\
+#EXTINF:-1 tvg-id=\"one\" group-title=\"News, World\",One\n\
+#EXTVLCOPT:http-user-agent=Mozilla/5.0 (X11)\n\
+#EXTVLCOPT:http-referrer=https://site.example/\n\
+#EXTVLCOPT:http-reconnect=true\n\
+http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fcdn.example%2Fone%2Findex.m3u8&h_user-agent=Mozilla%2F5.0+%28X11%29&h_referer=https%3A%2F%2Fsite.example%2F\n\
+#EXTINF:-1,Two\n\
+#EXTHTTP:{\"Origin\":\"https://o.example\",\"Content-Length\":\"5\",\"bad name\":\"x\"}\n\
+http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fcdn.example%2Ftwo.ts&h_origin=https%3A%2F%2Fo.example\n\
+#EXTINF:-1,Three\n\
+#KODIPROP:inputstream=inputstream.adaptive\n\
+http://sluice:8888/proxy/mpd/manifest.m3u8?d=https%3A%2F%2Fdash.example%2Flive%2Fmanifest.mpd%3Ftoken%3Dt&key_id=00112233445566778899aabbccddeeff&key=ffeeddccbbaa99887766554433221100&h_user-agent=Kodi%2F21&h_cookie=a%3Db\n\
+#EXTINF:-1,Four\n\
+http://sluice:8888/proxy/mpd/manifest.m3u8?d=https%3A%2F%2Fdash.example%2Fvod.mpd%3Fx%3D1&key_id=aa&key=bb\n\
+#EXTINF:-1,Five\n\
+rtmp://live.example/app/stream\n"
+    );
+}
+
+#[test]
+fn a_widevine_licence_is_not_taken_for_keys() {
+    let list = "#EXTINF:-1,W\n\
+#KODIPROP:inputstream.adaptive.license_type=com.widevine.alpha\n\
+#KODIPROP:inputstream.adaptive.license_key=https://lic.example/wv\n\
+https://d.example/m.mpd\n";
+    let out = merged("http://p/l.m3u", &[list]);
+    assert_eq!(
+        out,
+        "#EXTM3U\n#EXTINF:-1,W\n\
+http://sluice:8888/proxy/mpd/manifest.m3u8?d=https%3A%2F%2Fd.example%2Fm.mpd\n"
+    );
+}
+
+#[test]
+fn sorted_block_first_then_the_rest_in_order() {
+    let a = "#EXTM3U x-tvg-url=\"a\"\n#EXTINF:-1,zulu\nhttp://a/z.m3u8\n#EXTINF:-1,Alpha\nhttp://a/a.m3u8\n";
+    let b = "#EXTM3U\n#EXTINF:-1,mike\n#EXTVLCOPT:http-user-agent=UA\nhttp://b/m.m3u8\n";
+    let c = "#EXTM3U x-tvg-url=\"c\"\n# a comment\n#EXTINF:-1,Charlie\nhttp://c/c.m3u8\n";
+    let out = merged(
+        "sort:http://p/a.m3u;sort:no_proxy:http://p/b.m3u;http://p/c.m3u",
+        &[a, b, c],
+    );
+    assert_eq!(
+        out,
+        "#EXTM3U x-tvg-url=\"a\"\n\
+#EXTINF:-1,Alpha\n\
+http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fa%2Fa.m3u8\n\
+#EXTINF:-1,mike\n\
+#EXTVLCOPT:http-user-agent=UA\n\
+http://b/m.m3u8\n\
+#EXTINF:-1,zulu\n\
+http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fa%2Fz.m3u8\n\
+# a comment\n\
+#EXTINF:-1,Charlie\n\
+http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fc%2Fc.m3u8\n"
+    );
+}
+
+#[test]
+fn failed_sources_become_comments() {
+    let sources = parse_sources("http://p/a.m3u;http://p/b.m3u").unwrap();
+    let fetched = vec![
+        Fetched::Failed("upstream answered 404\nNot Found".into()),
+        Fetched::Text("#EXTM3U\n#EXTINF:-1,B\nhttp://b/b.m3u8\n".into()),
+    ];
+    assert_eq!(
+        merge(&sources, &fetched, &mut plain),
+        "#EXTM3U\n# ERROR playlist 1: upstream answered 404 Not Found\n#EXTINF:-1,B\n\
+http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fb%2Fb.m3u8\n"
+    );
+}
+
+#[test]
+fn a_lower_case_header_is_written_as_players_expect() {
+    // Found by the m3u_merge fuzz target.
+    let out = merged(
+        "http://p/l.m3u",
+        &["#extm3u x-tvg-url=\"g\"\n#EXTINF:-1,A\nrtmp://a/b\n"],
+    );
+    assert_eq!(out, "#EXTM3U x-tvg-url=\"g\"\n#EXTINF:-1,A\nrtmp://a/b\n");
+}
+
+#[test]
+fn options_apply_to_one_entry_only() {
+    let list = "#EXTINF:-1,A\n#EXTVLCOPT:http-user-agent=UA\nhttp://a/a.m3u8\n#EXTINF:-1,B\nhttp://a/b.m3u8\n";
+    let out = merged("http://p/l.m3u", &[list]);
+    assert!(out.contains("d=http%3A%2F%2Fa%2Fa.m3u8&h_user-agent=UA\n"));
+    assert!(out.contains("d=http%3A%2F%2Fa%2Fb.m3u8\n"));
+}
+
+proptest! {
+    #[test]
+    fn never_panics_and_keeps_one_header(text in "(#EXTM3U|#EXTINF:-1,x|#EXTVLCOPT:[a-z-]{0,12}=.{0,8}|#EXTHTTP:.{0,20}|#KODIPROP:.{0,40}|https?://[a-z]{1,5}/[a-z.?=&]{0,12}|.{0,20}|\r|\n){0,40}",
+                                          d in ".{0,60}") {
+        let _ = parse_sources(&d);
+        let sources = parse_sources("http://p/a;sort:http://p/b").unwrap();
+        let fetched = vec![Fetched::Text(text.clone()), Fetched::Text(text)];
+        let out = merge(&sources, &fetched, &mut plain);
+        prop_assert!(out.starts_with("#EXTM3U"));
+        prop_assert_eq!(out.lines().filter(|l| l.starts_with("#EXTM3U")).count(), 1);
+    }
+}

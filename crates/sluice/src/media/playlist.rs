@@ -1,0 +1,248 @@
+//! `/playlist/playlist`, MediaFlow's M3U merger, and `POST /playlist/link`, which seals a URL for
+//! it: sources fetched concurrently through the upstream client (SSRF guard, size cap, deadline),
+//! merged by `sluice_media::m3u`, entries pointing back here under sealed tokens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use sluice_media::m3u::{self, Endpoint, Fetched, ProxyTarget, Source};
+use sluice_media::query::Query;
+
+use super::Media;
+use crate::auth::token::{self, TokenGate, TokenScope};
+use crate::body::{self, Body};
+use crate::error::ProxyError;
+use crate::request::RequestContext;
+use crate::upstream::{CollectError, UpstreamRequest};
+
+/// The merger's path (MediaFlow's).
+pub const PLAYLIST_PATH: &str = "/playlist/playlist";
+/// Where a sealed playlist URL is minted (sluice's own; MediaFlow puts the password in the URL).
+pub const LINK_PATH: &str = "/playlist/link";
+
+/// How long one source may take from request to last byte (MediaFlow allows 30 s as well).
+const SOURCE_DEADLINE: Duration = Duration::from_secs(30);
+/// Merged lists larger than this are built on the blocking pool.
+const BLOCKING_MERGE_BYTES: usize = 256 * 1024;
+
+/// Serves `GET /playlist/playlist?d=<sources>` for an authorized request.
+pub async fn serve(
+    media: &Media,
+    req: &Request<Incoming>,
+    ctx: &RequestContext,
+) -> Result<Response<Body>, ProxyError> {
+    super::require_get_or_head(req.method())?;
+    let d = ctx.query.get("d").ok_or_else(|| {
+        bad("missing `d`: one or more playlist URLs separated by `;` (prefixes `sort:`, `no_proxy:`)")
+    })?;
+    let sources = m3u::parse_sources(d).map_err(|e| bad(&e.to_string()))?;
+    let fetched = join_all(sources.iter().map(|s| fetch(media, s))).await;
+    if fetched.iter().all(|f| matches!(f, Fetched::Failed(_))) {
+        let reasons: Vec<String> = fetched
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match f {
+                Fetched::Failed(why) => format!("playlist {}: {why}", i + 1),
+                Fetched::Text(_) => String::new(),
+            })
+            .collect();
+        return Err(ProxyError::new(
+            crate::error::Side::Upstream,
+            StatusCode::BAD_GATEWAY,
+            "playlist_unavailable",
+            format!("no playlist could be fetched ({})", reasons.join("; ")),
+        ));
+    }
+    let linker = Linker::new(ctx, media.tokens.as_ref());
+    let size: usize = fetched
+        .iter()
+        .map(|f| match f {
+            Fetched::Text(t) => t.len(),
+            Fetched::Failed(_) => 0,
+        })
+        .sum();
+    let text = if size > BLOCKING_MERGE_BYTES {
+        tokio::task::spawn_blocking(move || m3u::merge(&sources, &fetched, &mut |t| linker.url(t)))
+            .await
+            .map_err(|e| ProxyError::internal(format!("playlist merge failed: {e}")))?
+    } else {
+        m3u::merge(&sources, &fetched, &mut |t| linker.url(t))
+    };
+    let len = text.len();
+    let mut resp = if req.method() == Method::HEAD {
+        Response::new(body::empty())
+    } else {
+        Response::new(body::full(text))
+    };
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/vnd.apple.mpegurl"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"playlist.m3u\""),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(resp)
+}
+
+/// Fetches one source; every failure becomes a reason the merged list shows as a comment.
+async fn fetch(media: &Media, source: &Source) -> Fetched {
+    let limit = media.settings.max_manifest_bytes;
+    let work = async {
+        let mut req = UpstreamRequest::get(source.url.clone());
+        req.headers
+            .insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        let up = media
+            .upstream
+            .send(req)
+            .await
+            .map_err(|e| ProxyError::from_upstream(&e).message)?;
+        if !up.status.is_success() {
+            return Err(format!("upstream answered {}", up.status));
+        }
+        let html = up
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.to_ascii_lowercase().contains("text/html"));
+        let bytes = up.body.collect_limited(limit).await.map_err(|e| match e {
+            CollectError::TooLarge { .. } => {
+                format!("the playlist is over {limit} bytes (media.max_manifest_bytes)")
+            }
+            CollectError::Body(e) => format!("reading the playlist failed: {e}"),
+        })?;
+        let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_ascii_lowercase();
+        if html || head.trim_start().starts_with("<!doctype") || head.contains("<html") {
+            return Err("upstream sent an HTML page, not a playlist".to_string());
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match tokio::time::timeout(SOURCE_DEADLINE, work).await {
+        Ok(Ok(text)) => Fetched::Text(text),
+        Ok(Err(why)) => Fetched::Failed(why),
+        Err(_) => Fetched::Failed(format!(
+            "no complete answer within {} s",
+            SOURCE_DEADLINE.as_secs()
+        )),
+    }
+}
+
+/// Turns merged entries into URLs on this server, in the request's auth mode.
+struct Linker {
+    /// `scheme://host[:port]` as the client addressed us, or empty for path-absolute URLs.
+    origin: String,
+    gate: Option<Arc<TokenGate>>,
+    parent: Option<TokenScope>,
+    now: u64,
+}
+
+impl Linker {
+    fn new(ctx: &RequestContext, gate: Option<&Arc<TokenGate>>) -> Self {
+        Linker {
+            origin: origin(ctx),
+            gate: gate.cloned(),
+            parent: ctx.token.clone(),
+            now: token::now(),
+        }
+    }
+
+    /// With a password, a sealed token scoped to the entry's endpoint family. It has no expiry of
+    /// its own (players keep a channel list for days), but keeps the parent token's expiry and
+    /// address; it fixes every parameter, so a holder can fetch that one channel and nothing else.
+    fn url(&self, target: &ProxyTarget) -> String {
+        let path = target.endpoint.path();
+        match &self.gate {
+            Some(gate) => {
+                let family = match target.endpoint {
+                    Endpoint::Hls => "/proxy/hls/",
+                    Endpoint::Mpd => "/proxy/mpd/",
+                };
+                let t = gate.mint(
+                    &target.params,
+                    &[family],
+                    self.parent.as_ref(),
+                    false,
+                    self.now,
+                );
+                format!("{}/_token_{t}{path}", self.origin)
+            }
+            None => format!(
+                "{}{path}?{}",
+                self.origin,
+                Query::from_pairs(target.params.clone()).encode()
+            ),
+        }
+    }
+}
+
+fn origin(ctx: &RequestContext) -> String {
+    match &ctx.host {
+        Some(host) => format!("{}://{}", if ctx.secure { "https" } else { "http" }, host),
+        None => String::new(),
+    }
+}
+
+/// Body of `POST /playlist/link`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinkRequest {
+    /// The sources, as `/playlist/playlist` takes them.
+    d: String,
+    /// Seconds until the URL stops working; zero or absent: never.
+    #[serde(default)]
+    expiration: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct LinkResponse {
+    url: String,
+}
+
+/// Serves `POST /playlist/link` for a caller that proved the password: a `/playlist/playlist`
+/// URL whose sealed token fixes `d`, opens that path only and holds no password.
+pub async fn link(
+    media: &Media,
+    req: Request<Incoming>,
+    ctx: &RequestContext,
+) -> Result<Response<Body>, ProxyError> {
+    if req.method() != Method::POST {
+        return Err(ProxyError::downstream(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method",
+            "use POST here",
+        ));
+    }
+    let request: LinkRequest = super::generate::read_json(req).await?;
+    m3u::parse_sources(&request.d).map_err(|e| bad(&e.to_string()))?;
+    let params = vec![("d".to_string(), request.d)];
+    let url = match &media.tokens {
+        Some(gate) => {
+            let now = token::now();
+            let limit = (request.expiration > 0).then(|| TokenScope {
+                exp: Some(now.saturating_add(request.expiration)),
+                ip: None,
+                paths: None,
+            });
+            let t = gate.mint(&params, &[PLAYLIST_PATH], limit.as_ref(), false, now);
+            format!("{}/_token_{t}{PLAYLIST_PATH}", origin(ctx))
+        }
+        // No password: nothing to hide, nothing to seal.
+        None => format!(
+            "{}{PLAYLIST_PATH}?{}",
+            origin(ctx),
+            Query::from_pairs(params).encode()
+        ),
+    };
+    Ok(super::generate::json_response(&LinkResponse { url }))
+}
+
+fn bad(message: &str) -> ProxyError {
+    ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", message.to_string())
+}

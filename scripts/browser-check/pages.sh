@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Checks sluice's pages (home, URL generator, playlist builder) in headless Chromium: forms filled,
+# generated URLs compared exactly and fetched, no JavaScript error, nothing stored.
+# Everything listens on 127.0.0.1; every process started here is stopped on exit.
+# Installs what it lacks (Debian's chromium, node; playwright-core from npm). Exits non-zero on failure.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+log() { echo "pages-check: $*" >&2; }
+
+need_apt=()
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v node >/dev/null || need_apt+=(nodejs npm)
+command -v python3 >/dev/null || need_apt+=(python3)
+command -v curl >/dev/null || need_apt+=(curl)
+if ((${#need_apt[@]})); then
+  log "installing ${need_apt[*]} from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if [[ ! -d "$here/node_modules/playwright-core" ]]; then
+  log "installing playwright-core (npm ci)"
+  # playwright-core never downloads a browser by itself; the variable makes sure of it.
+  (cd "$here" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+fi
+CHROMIUM="${CHROMIUM:-$(command -v chromium)}"
+export CHROMIUM
+
+# The debug binary the test suite builds anyway.
+(cd "$repo" && cargo build -p sluice --locked --quiet)
+sluice="${CARGO_TARGET_DIR:-$repo/target}/debug/sluice"
+
+work="$(mktemp -d /tmp/sluice-pages-check.XXXXXX)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+wait_http() {
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  log "nothing answers at $1"; return 1
+}
+
+origin_port=$(free_port)
+origin="http://127.0.0.1:$origin_port"
+mkdir -p "$work/origin/live"
+cat >"$work/origin/a.m3u" <<LIST
+#EXTM3U
+#EXTINF:-1 tvg-id="live",Live
+#EXTVLCOPT:http-user-agent=BrowserCheck/1.0
+$origin/live/index.m3u8
+LIST
+printf '#EXTM3U\n#EXTINF:-1,Delta\nhttp://cdn.example/d.m3u8\n#EXTINF:-1,Beta\nhttp://cdn.example/b.m3u8\n' >"$work/origin/b.m3u"
+printf '#EXTM3U\n#EXTINF:-1,Direct\nhttp://direct.example/d.ts\n' >"$work/origin/c.m3u"
+printf '#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXT-X-PLAYLIST-TYPE:VOD\n#EXTINF:2.0,\nseg0.ts\n#EXT-X-ENDLIST\n' \
+  >"$work/origin/live/index.m3u8"
+cp "$work/origin/live/index.m3u8" "$work/origin/live/other.m3u8"
+
+python3 -m http.server "$origin_port" --bind 127.0.0.1 --directory "$work/origin" >"$work/origin.log" 2>&1 &
+pids+=($!)
+password="pages-check-$(python3 -c 'import secrets; print(secrets.token_hex(8))')"
+sluice_port=$(free_port)
+SLUICE_AUTH_API_PASSWORD="$password" "$sluice" serve --listen "127.0.0.1:$sluice_port" \
+  --allow-private-upstreams >"$work/sluice.log" 2>&1 &
+pids+=($!)
+proxy="http://127.0.0.1:$sluice_port"
+wait_http "$origin/a.m3u"
+wait_http "$proxy/health"
+
+status=0
+node "$here/pages.mjs" "$proxy" "$origin" "$password" || status=$?
+if ((status != 0)); then
+  log "sluice log (last 30 lines):"; tail -n 30 "$work/sluice.log" >&2 || true
+fi
+exit "$status"
