@@ -12,6 +12,8 @@ case "$target" in
   mp4_decrypt|remux_ts) max_len=1048576 ;;
   # One datagram run; media.iptv max_datagram_bytes is 1536.
   rtp_mpegts) max_len=65536 ;;
+  # An RTSP control connection: answers up to 64 KiB, interleaved frames up to 64 KiB.
+  rtsp) max_len=262144 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null

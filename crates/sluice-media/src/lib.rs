@@ -14,6 +14,7 @@
 //! - `remux`: clear fragmented MP4 remuxed to MPEG-TS (Annex B video, ADTS audio, PAT/PMT, PCR).
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
+//! - `rtsp`: RTSP client messages, SDP, Transport/Session headers, Digest auth, catch-up times.
 //! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
 
 pub mod acestream;
@@ -29,5 +30,6 @@ pub mod mpegts;
 pub mod query;
 pub mod remux;
 pub mod rtp;
+pub mod rtsp;
 pub mod token;
 pub mod xtream;

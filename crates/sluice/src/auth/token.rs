@@ -19,7 +19,7 @@ use crate::config::AuthConfig;
 pub const ADDABLE_PARAMS: [&str; 3] = ["_HLS_msn", "_HLS_part", "_HLS_skip"];
 
 /// Path prefixes an IPTV playlist entry token opens.
-pub const CHANNEL_SCOPE: [&str; 2] = ["/rtp/", "/udp/"];
+pub const CHANNEL_SCOPE: [&str; 3] = ["/rtp/", "/udp/", "/rtsp/"];
 
 /// The limits of the token a request came with; child tokens inherit them.
 #[derive(Debug, Clone, PartialEq, Eq)]
