@@ -362,8 +362,8 @@ impl Iptv {
             .source(Some(&text_in))
             .map(|_| format!("{base}/epg.xml.gz"));
         let rtsp = &self.config.rtsp;
-        let catchup = (rtsp.enabled && !rtsp.catchup_query.is_empty())
-            .then_some(rtsp.catchup_query.as_str());
+        let catchup =
+            (rtsp.enabled && !rtsp.catchup_query.is_empty()).then_some(rtsp.catchup_query.as_str());
         let out = playlist::rewrite_playlist(
             &String::from_utf8_lossy(&text_in),
             &base,
@@ -444,16 +444,29 @@ impl Iptv {
             );
             return text(StatusCode::GATEWAY_TIMEOUT, &msg);
         };
-        self.stream_from(sub, first)
+        self.stream_from(sub, first, false)
     }
 
-    /// The response of a subscriber whose hub has published its first bytes.
-    fn stream_from(&self, sub: registry::Subscription, first: Published) -> Response<Body> {
+    /// The response of a subscriber whose hub has published its first bytes; `from_start`:
+    /// from the oldest byte held (a viewer that owns its hub) rather than a burst start point.
+    fn stream_from(
+        &self,
+        sub: registry::Subscription,
+        first: Published,
+        from_start: bool,
+    ) -> Response<Body> {
         // Placed under the ring lock, so the hub cannot release the start point between
         // choosing it and the subscriber starting to hold it.
         let start = {
             let ring = registry::lock(&sub.hub.ring);
-            let start = ring.start(first.end, self.config.burst_bytes);
+            let start = if from_start {
+                ring::Position {
+                    index: ring.base(),
+                    offset: 0,
+                }
+            } else {
+                ring.start(first.end, self.config.burst_bytes)
+            };
             sub.client
                 .position
                 .store(start.index, std::sync::atomic::Ordering::Release);

@@ -192,7 +192,10 @@ fn digest_authorization(
         out.push_str(", algorithm=MD5-sess");
     }
     if d.qop_auth {
-        out.push_str(&format!(", qop=auth, nc={nc}, cnonce=\"{}\"", quote(i.cnonce)));
+        out.push_str(&format!(
+            ", qop=auth, nc={nc}, cnonce=\"{}\"",
+            quote(i.cnonce)
+        ));
     }
     if let Some(o) = &d.opaque {
         out.push_str(&format!(", opaque=\"{}\"", quote(o)));
@@ -247,9 +250,15 @@ mod tests {
             cnonce: "0a4f113b",
         };
         let v = authorization(&c, "Mufasa", "Circle Of Life", input);
-        assert!(v.contains("response=\"6629fae49393a05397450978507c4ef1\""), "{v}");
+        assert!(
+            v.contains("response=\"6629fae49393a05397450978507c4ef1\""),
+            "{v}"
+        );
         assert!(v.contains("nc=00000001, cnonce=\"0a4f113b\""), "{v}");
-        assert!(v.ends_with("opaque=\"5ccc069c403ebaf9f0171e9517f40e41\""), "{v}");
+        assert!(
+            v.ends_with("opaque=\"5ccc069c403ebaf9f0171e9517f40e41\""),
+            "{v}"
+        );
     }
 
     #[test]
@@ -264,7 +273,10 @@ mod tests {
         let v = authorization(&c, "u", "p", input);
         let ha1 = md5_hex("u:r:p");
         let ha2 = md5_hex("DESCRIBE:rtsp://h/x");
-        assert!(v.contains(&format!("response=\"{}\"", md5_hex(&format!("{ha1}:n:{ha2}")))));
+        assert!(v.contains(&format!(
+            "response=\"{}\"",
+            md5_hex(&format!("{ha1}:n:{ha2}"))
+        )));
         assert!(!v.contains("qop"));
         assert_eq!(
             authorization(&Challenge::Basic, "Aladdin", "open sesame", input),

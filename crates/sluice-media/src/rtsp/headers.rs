@@ -104,13 +104,18 @@ mod tests {
         let t = transport("RTP/AVP/TCP;unicast;interleaved=0-1;ssrc=1A2B;mode=\"PLAY\"").unwrap();
         assert!(t.tcp);
         assert_eq!(t.interleaved, Some((0, 1)));
-        let u = transport("RTP/AVP;unicast;client_port=5000-5001;server_port=6970-6971;source=10.0.0.9")
-            .unwrap();
+        let u = transport(
+            "RTP/AVP;unicast;client_port=5000-5001;server_port=6970-6971;source=10.0.0.9",
+        )
+        .unwrap();
         assert!(!u.tcp);
         assert_eq!(u.server_port, Some((6970, 6971)));
         assert_eq!(u.client_port, Some((5000, 5001)));
         assert_eq!(u.source.as_deref(), Some("10.0.0.9"));
-        assert_eq!(transport("RTP/AVP;interleaved=4").unwrap().interleaved, Some((4, 5)));
+        assert_eq!(
+            transport("RTP/AVP;interleaved=4").unwrap().interleaved,
+            Some((4, 5))
+        );
         assert!(transport("RAW/RAW/UDP").is_err());
         assert!(transport("RTP/AVP;server_port=x-1").is_err());
         assert!(transport("RTP/AVP;interleaved=255").is_err());
@@ -124,7 +129,10 @@ mod tests {
         );
         assert_eq!(session("abc").unwrap(), ("abc".to_string(), None));
         assert!(session(" ;timeout=5").is_err());
-        assert!(lists_method("OPTIONS, DESCRIBE, GET_PARAMETER", "get_parameter"));
+        assert!(lists_method(
+            "OPTIONS, DESCRIBE, GET_PARAMETER",
+            "get_parameter"
+        ));
         assert!(!lists_method("OPTIONS, DESCRIBE", "GET_PARAMETER"));
     }
 }

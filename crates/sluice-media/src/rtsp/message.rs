@@ -80,7 +80,10 @@ impl Message {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
     /// Interleaved binary data on `channel`; the payload is `buf[payload]`.
-    Frame { channel: u8, payload: Range<usize> },
+    Frame {
+        channel: u8,
+        payload: Range<usize>,
+    },
     Message(Message),
 }
 
@@ -210,7 +213,8 @@ fn start_line(line: &str) -> Result<(u16, String), RtspError> {
     let method = parts.next().ok_or_else(bad)?;
     let _uri = parts.next().ok_or_else(bad)?;
     let version = parts.next().ok_or_else(bad)?;
-    if !version.starts_with("RTSP/") || !method.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_')
+    if !version.starts_with("RTSP/")
+        || !method.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_')
     {
         return Err(bad());
     }

@@ -143,7 +143,8 @@ mod tests {
         let m = ts_media(GST).unwrap();
         assert_eq!(m.payload_type, 33);
         assert_eq!(m.control.as_deref(), Some("stream=0"));
-        let dynamic = "m=audio 0 RTP/AVP 0\na=control:a\nm=video 0 RTP/AVP 96\na=rtpmap:96 mp2t/90000\n";
+        let dynamic =
+            "m=audio 0 RTP/AVP 0\na=control:a\nm=video 0 RTP/AVP 96\na=rtpmap:96 mp2t/90000\n";
         let m = ts_media(dynamic).unwrap();
         assert_eq!(m.payload_type, 96);
         assert_eq!(m.control, None);
@@ -162,8 +163,14 @@ mod tests {
     #[test]
     fn resolves_control() {
         let base = "rtsp://h:554/live/ch1/";
-        assert_eq!(control_url(base, Some("stream=0")), "rtsp://h:554/live/ch1/stream=0");
-        assert_eq!(control_url("rtsp://h/ch", Some("trackID=1")), "rtsp://h/ch/trackID=1");
+        assert_eq!(
+            control_url(base, Some("stream=0")),
+            "rtsp://h:554/live/ch1/stream=0"
+        );
+        assert_eq!(
+            control_url("rtsp://h/ch", Some("trackID=1")),
+            "rtsp://h/ch/trackID=1"
+        );
         assert_eq!(control_url(base, Some("*")), base);
         assert_eq!(control_url(base, None), base);
         assert_eq!(control_url(base, Some("rtsp://o/x")), "rtsp://o/x");

@@ -56,7 +56,8 @@ pub fn rewrite_playlist(
                 if let (Some(query), Some(range)) = (catchup_query, extinf.take()) {
                     if is_rtsp(trimmed) && attribute(&out[range.clone()], "catchup").is_none() {
                         let sep = if url.contains('?') { '&' } else { '?' };
-                        let attrs = format!(" catchup=\"default\" catchup-source=\"{url}{sep}{query}\"");
+                        let attrs =
+                            format!(" catchup=\"default\" catchup-source=\"{url}{sep}{query}\"");
                         let at = range.start + title_comma(&out[range]);
                         out.insert_str(at, &attrs);
                     }

@@ -99,9 +99,15 @@ impl Default for RtspConfig {
 impl RtspConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.timeout_ms < 100 || self.setup_timeout_ms < self.timeout_ms {
-            return Err("timeout_ms must be at least 100 and setup_timeout_ms at least timeout_ms".into());
+            return Err(
+                "timeout_ms must be at least 100 and setup_timeout_ms at least timeout_ms".into(),
+            );
         }
-        if self.seek_params.iter().any(|p| p.is_empty() || p.contains(['&', '='])) {
+        if self
+            .seek_params
+            .iter()
+            .any(|p| p.is_empty() || p.contains(['&', '=']))
+        {
             return Err("seek_params must be query parameter names".into());
         }
         if self.user_agent.is_empty() || self.user_agent.contains(['\r', '\n']) {
@@ -194,7 +200,10 @@ impl Iptv {
     pub(super) async fn rtsp(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
         let ctx = &self.rtsp;
         if !ctx.config.enabled {
-            return super::text(StatusCode::NOT_FOUND, "RTSP is disabled (iptv.rtsp.enabled)\n");
+            return super::text(
+                StatusCode::NOT_FOUND,
+                "RTSP is disabled (iptv.rtsp.enabled)\n",
+            );
         }
         let ua = req
             .headers
@@ -243,7 +252,8 @@ impl Iptv {
             Err(refusal) => return self.refused(refusal),
         };
         // Setup (redirects, auth, three requests) comes before the first packet.
-        let wait = Duration::from_millis(ctx.config.setup_timeout_ms + self.config.no_data_timeout_ms);
+        let wait =
+            Duration::from_millis(ctx.config.setup_timeout_ms + self.config.no_data_timeout_ms);
         let Some(first) = self.first_data_within(&sub.hub, wait).await else {
             let failure = sub
                 .hub
@@ -254,18 +264,27 @@ impl Iptv {
             return match failure {
                 Some(reason) => {
                     self.registry.metrics.refuse("rtsp_failed");
-                    super::text(StatusCode::BAD_GATEWAY, &format!("RTSP upstream: {reason}\n"))
+                    super::text(
+                        StatusCode::BAD_GATEWAY,
+                        &format!("RTSP upstream: {reason}\n"),
+                    )
                 }
                 None => {
                     self.registry.metrics.refuse("no_data");
                     super::text(
                         StatusCode::GATEWAY_TIMEOUT,
-                        &format!("no data from {} within {} ms\n", sub.hub.key.channel(), wait.as_millis()),
+                        &format!(
+                            "no data from {} within {} ms\n",
+                            sub.hub.key.channel(),
+                            wait.as_millis()
+                        ),
                     )
                 }
             };
         };
-        self.stream_from(sub, first)
+        // A catch-up viewer owns its session: it gets the recording from its first byte.
+        let private = sub.hub.key.rtsp.as_ref().is_some_and(|k| k.private != 0);
+        self.stream_from(sub, first, private)
     }
 }
 

@@ -56,9 +56,12 @@ def main():
         f'( filesrc location="{args.ts}" ! tsparse set-timestamps=true '
         "! rtpmp2tpay name=pay0 pt=33 )"
     )
-    for path, shared in (("/live", True), ("/archive", False)):
+    for path, shared, pipeline in (
+        ("/live", True, launch),
+        ("/archive", False, launch),
+    ):
         factory = GstRtspServer.RTSPMediaFactory()
-        factory.set_launch(launch)
+        factory.set_launch(pipeline)
         factory.set_shared(shared)
         if args.user:
             perms = GstRtspServer.RTSPPermissions()

@@ -9,9 +9,15 @@ fn digits_in_the_client_zone() {
     let s = parse_seek("20240101200000-20240101210000", H8).unwrap();
     assert_eq!(s.begin.unix, NOON);
     assert_eq!(s.end.unwrap().unix, NOON + 3600);
-    assert_eq!(clock_range(&s, 0), "clock=20240101T120000Z-20240101T130000Z");
+    assert_eq!(
+        clock_range(&s, 0),
+        "clock=20240101T120000Z-20240101T130000Z"
+    );
     assert_eq!(rewrite(&s, 0), "20240101120000-20240101130000");
-    assert_eq!(clock_range(&s, -30), "clock=20240101T115930Z-20240101T125930Z");
+    assert_eq!(
+        clock_range(&s, -30),
+        "clock=20240101T115930Z-20240101T125930Z"
+    );
 }
 
 #[test]
@@ -23,7 +29,11 @@ fn every_format() {
         ("20240101T200000+08:00", NOON, "20240101T200000+08:00"),
         ("20240101T120000", NOON, "20240101T120000"),
         ("2024-01-01T12:00:00Z", NOON, "2024-01-01T12:00:00Z"),
-        ("2024-01-01T07:00:00-05:00", NOON, "2024-01-01T07:00:00-05:00"),
+        (
+            "2024-01-01T07:00:00-05:00",
+            NOON,
+            "2024-01-01T07:00:00-05:00",
+        ),
         ("2024-01-01T12:00:00.12", NOON, "2024-01-01T12:00:00.120"),
     ];
     for (input, unix, back) in cases {

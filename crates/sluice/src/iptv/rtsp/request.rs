@@ -74,6 +74,9 @@ pub fn parse(
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
+    if hostport.is_empty() {
+        return Err(RequestError::Path);
+    }
     let (host, port) = host_port(hostport)?;
     let credentials = userinfo.map(|u| {
         let (user, pass) = u.split_once(':').unwrap_or((u, ""));

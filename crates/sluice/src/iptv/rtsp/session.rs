@@ -243,7 +243,9 @@ impl Session {
                     *server = ip;
                 }
             }
-            (Media::Interleaved { .. }, false) => return Err(SessionError::TransportMismatch("UDP")),
+            (Media::Interleaved { .. }, false) => {
+                return Err(SessionError::TransportMismatch("UDP"))
+            }
             (Media::Udp { .. }, true) => return Err(SessionError::TransportMismatch("TCP")),
         }
         let announced = Duration::from_secs(server_timeout.unwrap_or(60).clamp(2, 3600));
@@ -439,7 +441,10 @@ impl Session {
                         // The answer to a keep-alive: the session is gone on the server.
                         break Err(SessionError::Ended(m.status));
                     } else if m.status >= 300 {
-                        tracing::debug!(status = m.status, "RTSP keep-alive answered with an error");
+                        tracing::debug!(
+                            status = m.status,
+                            "RTSP keep-alive answered with an error"
+                        );
                     }
                 }
                 Ok(None) => break Ok(()),
@@ -453,7 +458,9 @@ impl Session {
     /// Sends a keep-alive request; its answer is read by `drain`.
     pub async fn keep_alive(&mut self) -> Result<(), SessionError> {
         let url = self.play_url.clone();
-        self.send(self.keepalive_method, &url, &[]).await.map(|_| ())
+        self.send(self.keepalive_method, &url, &[])
+            .await
+            .map(|_| ())
     }
 
     /// Ends the session on the server (best effort, bounded by one step).
@@ -471,7 +478,13 @@ impl Session {
     }
 }
 
-fn keep_datagram(data: &mut Vec<u8>, lens: &mut Vec<usize>, d: &[u8], from: SocketAddr, server: IpAddr) {
+fn keep_datagram(
+    data: &mut Vec<u8>,
+    lens: &mut Vec<usize>,
+    d: &[u8],
+    from: SocketAddr,
+    server: IpAddr,
+) {
     // Anyone can send to an open UDP port: only the server's packets become the stream.
     if from.ip() == server && !d.is_empty() {
         data.extend_from_slice(d);

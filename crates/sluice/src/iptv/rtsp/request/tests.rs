@@ -6,8 +6,13 @@ fn cfg() -> RtspConfig {
 
 #[test]
 fn live_url_and_defaults() {
-    let t = parse("/rtsp/iptv.example.com/ch/1.sdp", Some("a=1&b&api_password=s"), None, &cfg())
-        .unwrap();
+    let t = parse(
+        "/rtsp/iptv.example.com/ch/1.sdp",
+        Some("a=1&b&api_password=s"),
+        None,
+        &cfg(),
+    )
+    .unwrap();
     assert_eq!(t.url, "rtsp://iptv.example.com:554/ch/1.sdp?a=1&b");
     assert_eq!((t.host.as_str(), t.port), ("iptv.example.com", 554));
     assert_eq!(t.range, "npt=0.000-");
@@ -84,7 +89,10 @@ fn bad_requests() {
         ("/rtsp/bad host/x", None),
         ("/rtsp/[::1/x", None),
         ("/rtsp/h/x", Some("playseek=tomorrow")),
-        ("/rtsp/h/x", Some("playseek=20240101120000&r2h-seek-offset=abc")),
+        (
+            "/rtsp/h/x",
+            Some("playseek=20240101120000&r2h-seek-offset=abc"),
+        ),
         ("/rtsp/h/x", Some("r2h-seek-mode=later")),
         ("/rtsp/h/x", Some("r2h-start=-1")),
         ("/rtsp/h/x", Some("r2h-rtsp-transport=sctp")),
