@@ -208,6 +208,7 @@ impl IptvConfig {
             reorder_window: self.reorder_window,
             recv_buffer: self.recv_buffer_bytes,
             max_datagram: self.max_datagram_bytes,
+            rtsp: None,
         }
     }
 }
@@ -253,8 +254,12 @@ impl Iptv {
             hubs: config.max_channels,
         };
         let metrics = metrics::Metrics::register(registry);
-        let hubs = Registry::new(metrics, config.hub_settings(), limits);
         let rtsp = rtsp::Context::new(config.rtsp.clone(), upstream.clone());
+        let settings = HubSettings {
+            rtsp: Some(rtsp.clone()),
+            ..config.hub_settings()
+        };
+        let hubs = Registry::new(metrics, settings, limits);
         let epg = Arc::new(epg::Epg::new(
             upstream,
             config.epg_url.clone(),

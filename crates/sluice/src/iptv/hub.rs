@@ -91,6 +91,8 @@ pub struct HubSettings {
     pub reorder_window: usize,
     pub recv_buffer: usize,
     pub max_datagram: usize,
+    /// What RTSP hubs share (client settings, upstream guard, session count).
+    pub rtsp: Option<Arc<super::rtsp::Context>>,
 }
 
 /// What subscribers may read: the ring up to `end`, and whether the hub has ended.

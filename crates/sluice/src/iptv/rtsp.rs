@@ -13,14 +13,14 @@ pub mod pump;
 pub mod request;
 pub mod session;
 
-use std::hash::{Hash, Hasher};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{header, Method, Response, StatusCode};
 
-use super::hub::HubKey;
+use super::hub::{Hub, HubKey};
 use super::registry::Refusal;
 use super::Iptv;
 use crate::body::{self, Body};
@@ -127,6 +127,8 @@ pub struct Context {
     /// Sessions open now.
     pub sessions: AtomicUsize,
     next_private: AtomicU64,
+    /// Why a hub's session failed before any data, for the viewers waiting on it; by hub.
+    failures: Mutex<HashMap<usize, (tokio::time::Instant, String)>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -145,19 +147,38 @@ impl Context {
             upstream,
             sessions: AtomicUsize::new(0),
             next_private: AtomicU64::new(1),
+            failures: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Records why `hub`'s session failed; reasons nobody came for are dropped after a minute.
+    pub fn fail(&self, hub: &Hub, reason: String) {
+        let mut failures = super::registry::lock(&self.failures);
+        failures.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
+        failures.insert(hub_id(hub), (hub.created, reason));
+    }
+
+    /// Why `hub`'s session failed, if it did.
+    fn failure(&self, hub: &Hub) -> Option<String> {
+        let failures = super::registry::lock(&self.failures);
+        // The address alone could be a later hub's: the creation time tells them apart.
+        failures
+            .get(&hub_id(hub))
+            .filter(|(created, _)| *created == hub.created)
+            .map(|(_, reason)| reason.clone())
     }
 }
 
+fn hub_id(hub: &Hub) -> usize {
+    std::ptr::from_ref(hub) as usize
+}
+
 /// The RTSP part of a hub key: equal keys share one session.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RtspKey {
     pub target: request::Target,
     /// Non-zero for a session that must not be shared (catch-up).
     pub private: u64,
-    pub context: Arc<Context>,
-    /// Why the session failed before any data, for the viewers waiting on it.
-    pub failure: Arc<OnceLock<String>>,
 }
 
 impl RtspKey {
@@ -169,24 +190,6 @@ impl RtspKey {
             0 => base.to_string(),
             n => format!("{base} (catch-up #{n})"),
         }
-    }
-}
-
-impl PartialEq for RtspKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.target == other.target && self.private == other.private
-    }
-}
-
-impl Eq for RtspKey {}
-
-impl Hash for RtspKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.target.url.hash(state);
-        self.target.credentials.hash(state);
-        self.target.transport.hash(state);
-        self.target.range.hash(state);
-        self.private.hash(state);
     }
 }
 
@@ -233,12 +236,7 @@ impl Iptv {
                 interface: String::new(),
             },
             fec: None,
-            rtsp: Some(RtspKey {
-                target,
-                private,
-                context: ctx.clone(),
-                failure: Arc::new(OnceLock::new()),
-            }),
+            rtsp: Some(RtspKey { target, private }),
         };
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = match self.registry.subscribe(key, peer) {
@@ -255,13 +253,7 @@ impl Iptv {
         let wait =
             Duration::from_millis(ctx.config.setup_timeout_ms + self.config.no_data_timeout_ms);
         let Some(first) = self.first_data_within(&sub.hub, wait).await else {
-            let failure = sub
-                .hub
-                .key
-                .rtsp
-                .as_ref()
-                .and_then(|k| k.failure.get().cloned());
-            return match failure {
+            return match ctx.failure(&sub.hub) {
                 Some(reason) => {
                     self.registry.metrics.refuse("rtsp_failed");
                     super::text(

@@ -21,11 +21,9 @@ pub fn start(
     settings: &HubSettings,
     registry: Arc<Registry>,
 ) -> std::io::Result<Arc<Hub>> {
-    let rtsp = key
-        .rtsp
-        .clone()
-        .ok_or_else(|| std::io::Error::other("not an RTSP hub"))?;
-    let ctx = rtsp.context.clone();
+    let (Some(rtsp), Some(ctx)) = (key.rtsp.clone(), settings.rtsp.clone()) else {
+        return Err(std::io::Error::other("not an RTSP hub"));
+    };
     let max = ctx.config.max_sessions;
     if max > 0 && ctx.sessions.load(Ordering::Acquire) >= max {
         return Err(std::io::Error::other(SessionLimit(max)));
@@ -42,10 +40,9 @@ pub fn start(
 }
 
 async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
-    let Some(rtsp) = hub.key.rtsp.clone() else {
+    let (Some(rtsp), Some(ctx)) = (hub.key.rtsp.clone(), settings.rtsp.clone()) else {
         return;
     };
-    let ctx = rtsp.context.clone();
     let label = rtsp.label();
     let setup = Duration::from_millis(ctx.config.setup_timeout_ms);
     let opened = match tokio::time::timeout(setup, Session::open(&rtsp.target, &ctx)).await {
@@ -57,7 +54,7 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
         Ok(s) => s,
         Err(reason) => {
             tracing::warn!(channel = %label, url = %redact(&rtsp.target.url), %reason, "RTSP session failed");
-            let _ = rtsp.failure.set(reason);
+            ctx.fail(&hub, reason);
             registry.remove(&hub);
             ctx.sessions.fetch_sub(1, Ordering::AcqRel);
             return;

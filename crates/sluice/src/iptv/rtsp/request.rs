@@ -19,7 +19,7 @@ const OWN_PARAMS: [&str; 7] = [
 ];
 
 /// A parsed `/rtsp/` request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Target {
     /// `rtsp://host:port/path?query`, without credentials.
     pub url: String,
