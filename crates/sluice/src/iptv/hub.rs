@@ -375,6 +375,16 @@ impl Pump {
         m.received_bytes.inc_by(d.len() as u64);
     }
 
+    /// Publishes everything received, gaps the reorder window still holds included: the
+    /// source has ended and readers should get all of it before the hub closes.
+    pub(super) fn finish(&mut self) {
+        self.reorder.flush(&mut self.released);
+        self.append_released();
+        if self.pending > 0 {
+            self.publish();
+        }
+    }
+
     /// Feeds packets rebuilt from FEC into the reorder window, where their gaps are waiting.
     fn repair(&mut self) {
         let Some(fec) = self.fec.as_mut() else {

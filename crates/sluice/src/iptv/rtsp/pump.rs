@@ -92,6 +92,7 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
             }
         }
     };
+    pump.finish();
     registry.remove(&hub);
     tracing::info!(channel = %label, %reason, "RTSP session ended");
     session.teardown().await;
