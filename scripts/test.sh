@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The one command that runs every test. Installs what the tests need first (ffmpeg for frame-exact
-# decode checks; the pages check installs chromium itself), so nothing is skipped for lack of a tool.
+# decode checks; GStreamer's RTSP server for the RTSP tests; the pages check installs chromium itself), so nothing is skipped for lack of a tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
+# The RTSP tests run GStreamer's RTSP server from the distribution's Python.
+if ! /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); from gi.repository import GstRtspServer' >/dev/null 2>&1 \
+  || ! gst-inspect-1.0 rtpmp2tpay >/dev/null 2>&1 || ! gst-inspect-1.0 tsparse >/dev/null 2>&1; then
+  need_apt+=(python3 python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-tools
+    gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -24,6 +24,8 @@ case "$target" in
   xtream) max_len=1048576 ;;
   # Engine answers and content ids are small.
   acestream) max_len=65536 ;;
+  # An RTSP control connection: answers up to 64 KiB, interleaved frames up to 64 KiB.
+  rtsp) max_len=262144 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null

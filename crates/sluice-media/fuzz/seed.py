@@ -131,6 +131,25 @@ def m3u_merge():
             write("m3u_merge", f"hand-{i}-{j}", (d + "\n" + body).encode())
 
 
+def rtsp():
+    """A DESCRIBE answer with SDP, a Digest 401, interleaved RTP, and catch-up ranges."""
+    sdp = (b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=S\r\nt=0 0\r\na=control:*\r\n"
+           b"m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\na=control:stream=0\r\n")
+    describe = (b"RTSP/1.0 200 OK\r\nCSeq: 2\r\nContent-Base: rtsp://h/live/\r\n"
+                b"Content-Type: application/sdp\r\nContent-Length: %d\r\n\r\n" % len(sdp)) + sdp
+    challenge = (b"RTSP/1.0 401 Unauthorized\r\nCSeq: 1\r\nWWW-Authenticate: Basic realm=\"r\"\r\n"
+                 b"WWW-Authenticate: Digest realm=\"r\", nonce=\"n\", qop=\"auth\"\r\n\r\n")
+    setup = (b"RTSP/1.0 200 OK\r\nCSeq: 3\r\nSession: abc;timeout=60\r\n"
+             b"Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n")
+    rtp = b"\x80\x21\x00\x01" + b"\x00" * 8 + b"\x47" + b"\x00" * 187
+    frame = b"$\x00" + struct.pack(">H", len(rtp)) + rtp
+    write("rtsp", "describe", describe)
+    write("rtsp", "challenge", challenge)
+    write("rtsp", "setup-frames", setup + frame + frame)
+    write("rtsp", "playseek", b"20240101200000-20240101210000")
+    write("rtsp", "iso", b"2024-01-01T12:00:00+08:00-2024-01-01T13:00:00+08:00")
+
+
 if __name__ == "__main__":
     mp4_decrypt()
     remux_ts()
@@ -143,5 +162,6 @@ if __name__ == "__main__":
     xtream()
     acestream()
     m3u_merge()
+    rtsp()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")

@@ -16,6 +16,7 @@
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway;
 //!   `mpegts::unwrap` strips fake wrappers in front of TS segments (`transformer=ts_stream`).
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
+//! - `rtsp`: RTSP client messages, SDP, Transport/Session headers, Digest auth, catch-up times.
 //! - `public_ip`: answers of "what is my IP" echo services, for `/proxy/ip`.
 //! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
 
@@ -34,5 +35,6 @@ pub mod public_ip;
 pub mod query;
 pub mod remux;
 pub mod rtp;
+pub mod rtsp;
 pub mod token;
 pub mod xtream;

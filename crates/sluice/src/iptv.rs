@@ -9,6 +9,7 @@
 //! - `registry`: live hubs, limits, and the subscription guard.
 //! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
 //! - `playlist`: the M3U, loaded and refreshed, with multicast entries rewritten to this gateway.
+//! - `rtsp`: `/rtsp/` sessions (RTSP client, catch-up) feeding hubs like multicast channels.
 //! - `epg`: the playlist's XMLTV guide, cached and served at `/epg.xml` and `/epg.xml.gz`.
 //! - `status`: JSON snapshot, HTML page, server-sent events.
 //! - `metrics`: Prometheus families, per hub.
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod playlist;
 pub mod registry;
 pub mod ring;
+pub mod rtsp;
 pub mod status;
 pub mod subscriber;
 pub mod url;
@@ -99,6 +101,8 @@ pub struct IptvConfig {
     pub max_datagram_bytes: usize,
     /// How often `/status/events` pushes a snapshot.
     pub status_interval_ms: u64,
+    /// `/rtsp/` sessions: `[iptv.rtsp]`.
+    pub rtsp: rtsp::RtspConfig,
 }
 
 impl Default for IptvConfig {
@@ -128,6 +132,7 @@ impl Default for IptvConfig {
             reorder_window: 32,
             max_datagram_bytes: 1536,
             status_interval_ms: 1000,
+            rtsp: rtsp::RtspConfig::default(),
         }
     }
 }
@@ -169,6 +174,12 @@ impl IptvConfig {
                 return bad("epg_url", "must be an http:// or https:// URL");
             }
         }
+        if let Err(reason) = self.rtsp.validate() {
+            return Err(IptvError::Config {
+                field: "rtsp",
+                reason,
+            });
+        }
         if self.slow_subscriber_timeout_ms < 100 {
             return bad("slow_subscriber_timeout_ms", "must be at least 100");
         }
@@ -197,6 +208,7 @@ impl IptvConfig {
             reorder_window: self.reorder_window,
             recv_buffer: self.recv_buffer_bytes,
             max_datagram: self.max_datagram_bytes,
+            rtsp: None,
         }
     }
 }
@@ -212,6 +224,7 @@ pub struct Iptv {
     registry: Arc<Registry>,
     playlist: Option<Arc<playlist::Playlist>>,
     epg: Arc<epg::Epg>,
+    rtsp: Arc<rtsp::Context>,
 }
 
 impl Iptv {
@@ -241,7 +254,12 @@ impl Iptv {
             hubs: config.max_channels,
         };
         let metrics = metrics::Metrics::register(registry);
-        let hubs = Registry::new(metrics, config.hub_settings(), limits);
+        let rtsp = rtsp::Context::new(config.rtsp.clone(), upstream.clone());
+        let settings = HubSettings {
+            rtsp: Some(rtsp.clone()),
+            ..config.hub_settings()
+        };
+        let hubs = Registry::new(metrics, settings, limits);
         let epg = Arc::new(epg::Epg::new(
             upstream,
             config.epg_url.clone(),
@@ -258,14 +276,16 @@ impl Iptv {
             registry: Arc::new(hubs),
             playlist,
             epg,
+            rtsp,
         }))
     }
 
-    /// true for the paths this front end serves: /rtp/, /udp/, /playlist.m3u, /epg.xml,
+    /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /playlist.m3u, /epg.xml,
     /// /epg.xml.gz, /status, /status.json, /status/events
     pub fn serves(path: &str) -> bool {
         path.starts_with("/rtp/")
             || path.starts_with("/udp/")
+            || path.starts_with("/rtsp/")
             || matches!(
                 path,
                 "/playlist.m3u"
@@ -296,6 +316,7 @@ impl Iptv {
             "/playlist.m3u" => self.playlist(&req).await,
             "/epg.xml" => self.guide(&req, false).await,
             "/epg.xml.gz" => self.guide(&req, true).await,
+            p if p.starts_with("/rtsp/") => self.rtsp(&req).await,
             _ => self.channel(&req).await,
         }
     }
@@ -345,8 +366,15 @@ impl Iptv {
             .epg
             .source(Some(&text_in))
             .map(|_| format!("{base}/epg.xml.gz"));
-        let out =
-            playlist::rewrite_playlist(&String::from_utf8_lossy(&text_in), &base, epg.as_deref());
+        let rtsp = &self.config.rtsp;
+        let catchup =
+            (rtsp.enabled && !rtsp.catchup_query.is_empty()).then_some(rtsp.catchup_query.as_str());
+        let out = playlist::rewrite_playlist(
+            &String::from_utf8_lossy(&text_in),
+            &base,
+            epg.as_deref(),
+            catchup,
+        );
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
     }
 
@@ -410,7 +438,8 @@ impl Iptv {
             Ok(sub) => sub,
             Err(refusal) => return self.refused(refusal),
         };
-        let Some(first) = self.first_data(&sub.hub).await else {
+        let wait = Duration::from_millis(self.config.no_data_timeout_ms);
+        let Some(first) = self.first_data_within(&sub.hub, wait).await else {
             self.registry.metrics.refuse("no_data");
             let msg = format!(
                 "no data from {} on {} within {} ms\n",
@@ -420,11 +449,29 @@ impl Iptv {
             );
             return text(StatusCode::GATEWAY_TIMEOUT, &msg);
         };
+        self.stream_from(sub, first, false)
+    }
+
+    /// The response of a subscriber whose hub has published its first bytes; `from_start`:
+    /// from the oldest byte held (a viewer that owns its hub) rather than a burst start point.
+    fn stream_from(
+        &self,
+        sub: registry::Subscription,
+        first: Published,
+        from_start: bool,
+    ) -> Response<Body> {
         // Placed under the ring lock, so the hub cannot release the start point between
         // choosing it and the subscriber starting to hold it.
         let start = {
             let ring = registry::lock(&sub.hub.ring);
-            let start = ring.start(first.end, self.config.burst_bytes);
+            let start = if from_start {
+                ring::Position {
+                    index: ring.base(),
+                    offset: 0,
+                }
+            } else {
+                ring.start(first.end, self.config.burst_bytes)
+            };
             sub.client
                 .position
                 .store(start.index, std::sync::atomic::Ordering::Release);
@@ -455,6 +502,7 @@ impl Iptv {
         };
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
         Ok(HubKey {
+            rtsp: None,
             fec: ch.fec,
             mode: ch.mode,
             group: crate::net::multicast::Group {
@@ -467,9 +515,8 @@ impl Iptv {
     }
 
     /// Waits for the hub's first published bytes; `None` on timeout or if the hub ended.
-    async fn first_data(&self, hub: &hub::Hub) -> Option<Published> {
+    async fn first_data_within(&self, hub: &hub::Hub, wait: Duration) -> Option<Published> {
         let mut rx = hub.published.subscribe();
-        let wait = Duration::from_millis(self.config.no_data_timeout_ms);
         let ready = tokio::time::timeout(wait, rx.wait_for(|p| p.end > 0 || p.closed)).await;
         match ready {
             Ok(Ok(p)) if p.end > 0 => Some(*p),

@@ -12,7 +12,7 @@ use sluice::config::{Config, Overrides};
     version,
     about = "Streaming proxy in one binary: a MediaFlow-compatible media proxy (HTTP streams, HLS, \
              DASH with ClearKey), an HTTP reverse proxy with a slice cache, a TCP proxy, and a \
-             multicast RTP/UDP to HTTP IPTV gateway."
+             multicast RTP/UDP and RTSP to HTTP IPTV gateway."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -101,6 +101,9 @@ struct Metrics {
 #[derive(Clone)]
 pub struct Upstream {
     client: Client<Connector, crate::body::Body>,
+    /// The client's own connector, for callers that open non-HTTP connections (RTSP) under
+    /// the same address guard and resolver.
+    connector: Connector,
     header_timeout: Duration,
     idle_timeout: Duration,
     max_redirects: usize,
@@ -160,15 +163,26 @@ impl Upstream {
             .http2_keep_alive_interval(ping)
             .http2_keep_alive_timeout(ping)
             .http2_keep_alive_while_idle(true)
-            .build(connector);
+            .build(connector.clone());
         Ok(Upstream {
             client,
+            connector,
             header_timeout: Duration::from_secs(config.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.idle_read_timeout_secs),
             max_redirects: config.max_redirects,
             user_agent: HeaderValue::from_str(&config.user_agent)?,
             metrics,
         })
+    }
+
+    /// Resolves `host` and applies the address guard (`allow_private`), as every HTTP fetch
+    /// does; for protocols the pooled client does not speak.
+    pub async fn resolve_checked(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<std::net::SocketAddr>, connector::ConnectError> {
+        self.connector.resolve_checked(host, port).await
     }
 
     /// Sends `req`, following redirects, and returns the response head with its streaming body.

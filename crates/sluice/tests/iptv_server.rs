@@ -49,3 +49,42 @@ async fn iptv_paths_need_auth_and_playlist_entries_carry_tokens() {
     assert_eq!(r.status, 400);
     assert!(String::from_utf8_lossy(&r.body.unwrap()).contains("multicast"));
 }
+
+#[tokio::test]
+async fn rtsp_needs_auth_and_its_entries_and_catch_up_carry_tokens() {
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    m3u.write_all(b"#EXTM3U\n#EXTINF:-1,Two\nrtsp://127.0.0.1:9/live\n")
+        .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = "tv-pw".into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    let s = Sluice::start(config).await;
+    assert_eq!(get(&s.url("/rtsp/127.0.0.1:9/live")).await.status, 403);
+    let r = get(&s.url("/playlist.m3u?api_password=tv-pw")).await;
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let entry = text
+        .lines()
+        .find(|l| l.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    assert!(
+        entry.contains("/_token_") && entry.ends_with("/rtsp/127.0.0.1:9/live"),
+        "{entry}"
+    );
+    let extinf = text.lines().find(|l| l.starts_with("#EXTINF")).unwrap();
+    let want = format!(
+        "#EXTINF:-1 catchup=\"default\" catchup-source=\"{entry}?playseek=${{(b)yyyyMMddHHmmss}}-${{(e)yyyyMMddHHmmss}}\",Two"
+    );
+    assert_eq!(extinf, want);
+    // The token opens the entry and its catch-up form (as a player fills it in): the request
+    // reaches the RTSP client, whose server is not there.
+    for url in [
+        entry.clone(),
+        format!("{entry}?playseek=20240101120000-20240101130000"),
+    ] {
+        let r = get(&url).await;
+        assert_eq!(r.status, 502, "{url}: {:?}", r.body);
+    }
+    // Nothing else may be added to what the token fixes.
+    assert_eq!(get(&format!("{entry}?user=admin")).await.status, 401);
+}

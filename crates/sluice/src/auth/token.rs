@@ -18,8 +18,19 @@ use crate::config::AuthConfig;
 /// which cannot change what is fetched from where.
 pub const ADDABLE_PARAMS: [&str; 3] = ["_HLS_msn", "_HLS_part", "_HLS_skip"];
 
+/// Params a sealed token's holder may add on `/rtsp/` paths: the catch-up range a player fills
+/// into a playlist's `catchup-source` (the channel itself stays the token's path).
+pub const CATCHUP_PARAMS: [&str; 6] = [
+    "playseek",
+    "tvdr",
+    "r2h-seek-name",
+    "r2h-seek-offset",
+    "r2h-seek-mode",
+    "r2h-start",
+];
+
 /// Path prefixes an IPTV playlist entry token opens.
-pub const CHANNEL_SCOPE: [&str; 2] = ["/rtp/", "/udp/"];
+pub const CHANNEL_SCOPE: [&str; 3] = ["/rtp/", "/udp/", "/rtsp/"];
 
 /// The limits of the token a request came with; child tokens inherit them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +188,8 @@ impl TokenGate {
 /// scope or the request tries to set what the token fixes.
 ///
 /// A MediaFlow token (proof of the password) behaves as in MediaFlow: its params win and the
-/// request may add others. A sealed token's params are the whole query, plus [`ADDABLE_PARAMS`].
+/// request may add others. A sealed token's params are the whole query, plus [`ADDABLE_PARAMS`]
+/// (and [`CATCHUP_PARAMS`] on `/rtsp/` paths).
 pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Query, TokenRefusal> {
     let mut query = Query::from_pairs(opened.params.clone());
     let extra = request
@@ -195,7 +207,8 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
             let mut added = Vec::new();
             for (name, value) in extra {
                 let repeated = query.get(name).is_some() || added.iter().any(|(k, _)| k == name);
-                if !ADDABLE_PARAMS.contains(&name.as_str()) || repeated {
+                let catchup = path.starts_with("/rtsp/") && CATCHUP_PARAMS.contains(&name.as_str());
+                if !(ADDABLE_PARAMS.contains(&name.as_str()) || catchup) || repeated {
                     return Err(TokenRefusal::Override(name.chars().take(64).collect()));
                 }
                 added.push((name.clone(), value.clone()));

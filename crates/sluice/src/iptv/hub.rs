@@ -42,11 +42,17 @@ pub struct HubKey {
     pub group: Group,
     /// Port of the group's SMPTE 2022-1 FEC stream, when the request asked for FEC.
     pub fec: Option<u16>,
+    /// Set for an RTSP session hub (`/rtsp/`), which has no multicast group: `group` is
+    /// then `super::rtsp::NO_GROUP` and the hub's pump is the RTSP client's.
+    pub rtsp: Option<super::rtsp::RtspKey>,
 }
 
 impl HubKey {
     /// `rtp://[S@]G:P` form used in logs, labels and the status page.
     pub fn channel(&self) -> String {
+        if let Some(rtsp) = &self.rtsp {
+            return rtsp.label();
+        }
         let scheme = match self.mode {
             Mode::Rtp => "rtp",
             Mode::Udp => "udp",
@@ -85,6 +91,8 @@ pub struct HubSettings {
     pub reorder_window: usize,
     pub recv_buffer: usize,
     pub max_datagram: usize,
+    /// What RTSP hubs share (client settings, upstream guard, session count).
+    pub rtsp: Option<Arc<super::rtsp::Context>>,
 }
 
 /// What subscribers may read: the ring up to `end`, and whether the hub has ended.
@@ -137,6 +145,9 @@ impl Hub {
         settings: &HubSettings,
         registry: Arc<Registry>,
     ) -> std::io::Result<Arc<Hub>> {
+        if key.rtsp.is_some() {
+            return super::rtsp::pump::start(key, metrics, settings, registry);
+        }
         let ifindex = multicast::interface_index(&key.group.interface)?;
         let sock = multicast::open(&key.group, settings.recv_buffer)?;
         // SAFETY: `Socket` owns its descriptor, keeps it open until dropped, and always
@@ -146,7 +157,15 @@ impl Hub {
             .fec
             .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))
             .transpose()?;
-        let hub = Arc::new(Hub {
+        let hub = Hub::new(key, metrics, settings);
+        let pump = Pump::new(hub.clone(), settings.clone(), ifindex);
+        tokio::spawn(pump.run(sock, fec_sock, registry));
+        Ok(hub)
+    }
+
+    /// The hub's shared state, with no source attached yet.
+    pub(super) fn new(key: HubKey, metrics: HubMetrics, settings: &HubSettings) -> Arc<Hub> {
+        Arc::new(Hub {
             ring: Mutex::new(Ring::new(settings.ring_bytes, settings.history)),
             published: watch::Sender::new(Published::default()),
             subscribers: AtomicUsize::new(0),
@@ -159,10 +178,7 @@ impl Hub {
             last_rejoin: AtomicU64::new(0),
             key,
             metrics,
-        });
-        let pump = Pump::new(hub.clone(), settings.clone(), ifindex);
-        tokio::spawn(pump.run(sock, fec_sock, registry));
-        Ok(hub)
+        })
     }
 
     /// Marks the hub ended so readers finish what they have and stop.
@@ -171,8 +187,9 @@ impl Hub {
     }
 }
 
-/// The receive loop's private state.
-struct Pump {
+/// The receive loop's state: from payload in to published ring chunks. The multicast loop
+/// (`run`) drives it from its sockets; an RTSP hub drives it from its session.
+pub(super) struct Pump {
     hub: Arc<Hub>,
     settings: HubSettings,
     ifindex: u32,
@@ -215,7 +232,7 @@ thread_local! {
 }
 
 impl Pump {
-    fn new(hub: Arc<Hub>, settings: HubSettings, ifindex: u32) -> Self {
+    pub(super) fn new(hub: Arc<Hub>, settings: HubSettings, ifindex: u32) -> Self {
         let now = Instant::now();
         let fec = hub.key.fec.map(|_| FecState::default());
         let window = if fec.is_some() {
@@ -340,6 +357,34 @@ impl Pump {
         m.received_bytes.inc_by(bytes);
     }
 
+    /// Takes one datagram (RTP or bare TS) that arrived by other means than `recvmmsg`; call
+    /// `append_released` after a batch of them.
+    pub(super) fn take_datagram(&mut self, d: &[u8]) {
+        self.last_data = Instant::now();
+        self.received_since_tick = true;
+        classify(
+            &self.hub,
+            d,
+            &mut self.packer,
+            &mut self.reorder,
+            self.fec.as_mut(),
+            &mut self.released,
+        );
+        let m = &self.hub.metrics;
+        m.received_datagrams.inc();
+        m.received_bytes.inc_by(d.len() as u64);
+    }
+
+    /// Publishes everything received, gaps the reorder window still holds included: the
+    /// source has ended and readers should get all of it before the hub closes.
+    pub(super) fn finish(&mut self) {
+        self.reorder.flush(&mut self.released);
+        self.append_released();
+        if self.pending > 0 {
+            self.publish();
+        }
+    }
+
     /// Feeds packets rebuilt from FEC into the reorder window, where their gaps are waiting.
     fn repair(&mut self) {
         let Some(fec) = self.fec.as_mut() else {
@@ -354,7 +399,7 @@ impl Pump {
 
     /// Appends what the reorder window released, joining neighbours in memory into one chunk,
     /// under one ring lock.
-    fn append_released(&mut self) {
+    pub(super) fn append_released(&mut self) {
         if self.released.is_empty() {
             return;
         }
@@ -461,7 +506,7 @@ impl Pump {
     }
 
     /// Flush timer: publish small remainders, give up on stuck gaps, enforce timeouts.
-    fn on_tick(&mut self, registry: &Registry) -> Option<String> {
+    pub(super) fn on_tick(&mut self, registry: &Registry) -> Option<String> {
         let fec_waiting = self.fec.as_ref().is_some_and(FecState::waiting);
         if !self.received_since_tick && !fec_waiting && self.reorder.held() > 0 {
             // Nothing arrived for a whole interval (neither media nor FEC that could still
@@ -483,7 +528,7 @@ impl Pump {
     }
 
     /// Linger: leave only after the hub has had no subscriber for the whole linger time.
-    fn check_idle(&mut self, registry: &Registry) -> Option<String> {
+    pub(super) fn check_idle(&mut self, registry: &Registry) -> Option<String> {
         if self.hub.subscribers.load(Ordering::Acquire) > 0 {
             self.idle_since = None;
             return None;

@@ -1,7 +1,10 @@
-//! `/playlist.m3u`: an M3U from a file or an `http://` URL, cached, with every `rtp://` and
-//! `udp://` entry rewritten to point at this gateway. Everything else (`#EXTINF` names, groups,
-//! logos, catch-up attributes, HTTP entries) is kept byte for byte, except that the header's
-//! guide URL (`x-tvg-url`) points at this gateway's `/epg.xml.gz` when the gateway serves it.
+//! `/playlist.m3u`: an M3U from a file or an `http://` URL, cached, with every `rtp://`,
+//! `udp://` and `rtsp://` entry rewritten to point at this gateway. `rtsp://` catch-up sources
+//! (`catchup-source="rtsp://…"`) go through the gateway too, and an RTSP entry without catch-up
+//! attributes gets `catchup="default"` and a `catchup-source` so players offer time-shift.
+//! Everything else (`#EXTINF` names, groups, logos, HTTP entries) is kept byte for byte, except
+//! that the header's guide URL (`x-tvg-url`) points at this gateway's `/epg.xml.gz` when the
+//! gateway serves it.
 
 use std::time::Duration;
 
@@ -18,27 +21,90 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Attribute names players read the guide URL from, in the `#EXTM3U` header line.
 const EPG_ATTRIBUTES: [&str; 2] = ["x-tvg-url", "url-tvg"];
 
-/// Rewrites multicast entries to `{base}/rtp/…` or `{base}/udp/…`; `base` has no trailing `/`.
-/// With `epg`, the header's guide URL becomes that.
-pub fn rewrite_playlist(text: &str, base: &str, epg: Option<&str>) -> String {
+/// Rewrites multicast and RTSP entries to `{base}/rtp/…`, `{base}/udp/…` or `{base}/rtsp/…`;
+/// `base` has no trailing `/`. With `epg`, the header's guide URL becomes that. With
+/// `catchup_query`, RTSP entries without catch-up attributes get
+/// `catchup-source="{entry}?{catchup_query}"`.
+pub fn rewrite_playlist(
+    text: &str,
+    base: &str,
+    epg: Option<&str>,
+    catchup_query: Option<&str>,
+) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 4);
+    // Where the last `#EXTINF` line sits in `out`, to add catch-up attributes to it once
+    // its entry turns out to be RTSP.
+    let mut extinf: Option<std::ops::Range<usize>> = None;
     for line in text.split_inclusive('\n') {
         let body = line.trim_end_matches(['\r', '\n']);
         let ending = &line[body.len()..];
-        let header = epg.filter(|_| body.trim_start().starts_with("#EXTM3U"));
-        match (header, rewrite_entry(body.trim_start(), base)) {
+        let trimmed = body.trim_start();
+        let header = epg.filter(|_| trimmed.starts_with("#EXTM3U"));
+        if header.is_none() && trimmed.starts_with("#EXTINF") {
+            let start = out.len();
+            out.push_str(&rewrite_catchup_source(body, base));
+            extinf = Some(start..out.len());
+            out.push_str(ending);
+            continue;
+        }
+        match (header, rewrite_entry(trimmed, base)) {
             (Some(epg), _) => {
                 out.push_str(&replace_epg_attribute(body, epg));
                 out.push_str(ending);
             }
             (None, Some(url)) => {
+                if let (Some(query), Some(range)) = (catchup_query, extinf.take()) {
+                    if is_rtsp(trimmed) && attribute(&out[range.clone()], "catchup").is_none() {
+                        let sep = if url.contains('?') { '&' } else { '?' };
+                        let attrs =
+                            format!(" catchup=\"default\" catchup-source=\"{url}{sep}{query}\"");
+                        let at = range.start + title_comma(&out[range]);
+                        out.insert_str(at, &attrs);
+                    }
+                }
                 out.push_str(&url);
                 out.push_str(ending);
             }
-            (None, None) => out.push_str(line),
+            (None, None) => {
+                if !trimmed.starts_with('#') && !trimmed.is_empty() {
+                    extinf = None;
+                }
+                out.push_str(line)
+            }
         }
     }
     out
+}
+
+fn is_rtsp(line: &str) -> bool {
+    line.get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("rtsp://"))
+}
+
+/// Where the attributes of an `#EXTINF` line end: its first comma outside quotes (the title
+/// follows it), or the line's end.
+fn title_comma(line: &str) -> usize {
+    let mut quoted = false;
+    for (i, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => return i,
+            _ => {}
+        }
+    }
+    line.len()
+}
+
+/// An `#EXTINF` line with an `rtsp://` catch-up source pointed at this gateway.
+fn rewrite_catchup_source(line: &str, base: &str) -> String {
+    match attribute(line, "catchup-source") {
+        Some(value) if is_rtsp(value) => {
+            let at = value.as_ptr() as usize - line.as_ptr() as usize;
+            let url = format!("{base}/rtsp/{}", &value[7..]);
+            format!("{}{url}{}", &line[..at], &line[at + value.len()..])
+        }
+        _ => line.to_string(),
+    }
 }
 
 /// The first guide URL of the playlist header (`x-tvg-url="a,b"` lists several; the first
@@ -85,14 +151,17 @@ fn replace_epg_attribute(line: &str, epg: &str) -> String {
 }
 
 fn rewrite_entry(line: &str, base: &str) -> Option<String> {
-    let (kind, rest) = ["rtp", "udp"].iter().find_map(|k| {
+    let (kind, rest) = ["rtp", "udp", "rtsp"].iter().find_map(|k| {
         let scheme = line.get(..k.len() + 3)?;
         scheme
             .eq_ignore_ascii_case(&format!("{k}://"))
             .then(|| (*k, &line[k.len() + 3..]))
     })?;
     // VLC writes `udp://@G:P` for "any source".
-    let rest = rest.strip_prefix('@').unwrap_or(rest);
+    let rest = match kind {
+        "rtsp" => rest,
+        _ => rest.strip_prefix('@').unwrap_or(rest),
+    };
     Some(format!("{base}/{kind}/{rest}"))
 }
 
@@ -227,9 +296,9 @@ UDP://@239.1.1.2:1234\n\
 rtp://10.0.0.9@232.1.1.1:5140\n\
 #EXTINF:-1,D\n\
 http://example.invalid/d.m3u8\n";
-        let out = rewrite_playlist(input, "http://gw:8080", None);
+        let out = rewrite_playlist(input, "http://gw:8080", None, None);
         let want = "#EXTM3U x-tvg-url=\"http://epg/e.xml\"\r\n\
-#EXTINF:-1 tvg-id=\"a\" group-title=\"News\" catchup=\"default\" catchup-source=\"rtsp://10.0.0.1/a?playseek={utc}\",A\r\n\
+#EXTINF:-1 tvg-id=\"a\" group-title=\"News\" catchup=\"default\" catchup-source=\"http://gw:8080/rtsp/10.0.0.1/a?playseek={utc}\",A\r\n\
 http://gw:8080/rtp/239.1.1.1:5000\r\n\
 #EXTINF:-1,B\n\
 http://gw:8080/udp/239.1.1.2:1234\n\
@@ -237,6 +306,33 @@ http://gw:8080/udp/239.1.1.2:1234\n\
 http://gw:8080/rtp/10.0.0.9@232.1.1.1:5140\n\
 #EXTINF:-1,D\n\
 http://example.invalid/d.m3u8\n";
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn rtsp_entries_get_catch_up() {
+        let input = "#EXTM3U\n\
+#EXTINF:-1 tvg-id=\"x,y\",News, late\n\
+rtsp://10.0.0.1:554/ch1?a=1\n\
+#EXTINF:-1 catchup=\"append\" catchup-source=\"?seek=${start}\",Kept\n\
+rtsp://10.0.0.1/ch2\n\
+#EXTINF:-1,NoQuery\n\
+#EXTVLCOPT:network-caching=1000\n\
+RTSP://h/ch3\n\
+#EXTINF:-1,Multicast\n\
+rtp://239.1.1.1:5000\n";
+        let q = "playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}";
+        let out = rewrite_playlist(input, "http://gw", None, Some(q));
+        let want = "#EXTM3U\n\
+#EXTINF:-1 tvg-id=\"x,y\" catchup=\"default\" catchup-source=\"http://gw/rtsp/10.0.0.1:554/ch1?a=1&playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}\",News, late\n\
+http://gw/rtsp/10.0.0.1:554/ch1?a=1\n\
+#EXTINF:-1 catchup=\"append\" catchup-source=\"?seek=${start}\",Kept\n\
+http://gw/rtsp/10.0.0.1/ch2\n\
+#EXTINF:-1 catchup=\"default\" catchup-source=\"http://gw/rtsp/h/ch3?playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}\",NoQuery\n\
+#EXTVLCOPT:network-caching=1000\n\
+http://gw/rtsp/h/ch3\n\
+#EXTINF:-1,Multicast\n\
+http://gw/rtp/239.1.1.1:5000\n";
         assert_eq!(out, want);
     }
 
@@ -250,12 +346,17 @@ http://example.invalid/d.m3u8\n";
         );
         assert_eq!(epg_url("#EXTM3U my-x-tvg-url=\"http://no\"\n"), None);
         assert_eq!(epg_url("#EXTINF:-1,A\n"), None);
-        let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"));
+        let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"), None);
         assert_eq!(
             out,
             "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\" catchup=\"append\"\n#EXTINF:-1,A\nhttp://gw/rtp/239.1.1.1:5000\n"
         );
-        let added = rewrite_playlist("#EXTM3U\r\n", "http://gw", Some("http://gw/epg.xml.gz"));
+        let added = rewrite_playlist(
+            "#EXTM3U\r\n",
+            "http://gw",
+            Some("http://gw/epg.xml.gz"),
+            None,
+        );
         assert_eq!(added, "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\"\r\n");
     }
 }

@@ -1,5 +1,5 @@
 //! The one route table every request goes through: user `[[routes]]` and the built-in endpoints
-//! (`/proxy/*`, `/rtp/`, `/udp/`, `/playlist.m3u`, `/status`, `/health`, `/metrics`), matched by host
+//! (`/proxy/*`, `/rtp/`, `/udp/`, `/rtsp/`, `/playlist.m3u`, `/status`, `/health`, `/metrics`), matched by host
 //! and longest path prefix with the precedence of `sluice_http::route`. Rebuilt whole on reload.
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ pub struct EndpointsConfig {
     /// The MediaFlow-compatible `/proxy/*`, `/generate_url*`, `/base64/*` and `/playlist/*`
     /// endpoints, and the pages (`/`, `/playlist/builder`, `/url-generator`).
     pub media: bool,
-    /// The IPTV gateway: `/rtp/`, `/udp/`, `/playlist.m3u`, `/status`.
+    /// The IPTV gateway: `/rtp/`, `/udp/`, `/rtsp/`, `/playlist.m3u`, `/status`.
     pub iptv: bool,
     /// `/health`.
     pub health: bool,
@@ -92,6 +92,7 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
         &[
             "/rtp/",
             "/udp/",
+            "/rtsp/",
             "/playlist.m3u",
             "/epg.xml",
             "/status",

@@ -115,6 +115,18 @@ impl Connector {
     }
 }
 
+impl Connector {
+    /// DNS plus the address guard, without connecting.
+    pub async fn resolve_checked(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, ConnectError> {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        self.inner.resolve_checked(host, port).await
+    }
+}
+
 impl tower_service::Service<Uri> for Connector {
     type Response = TokioIo<Conn>;
     type Error = ConnectError;

@@ -48,6 +48,15 @@ impl Gateway {
         };
         let upstream = Upstream::new(&upstream_config, &mut registry).unwrap();
         let iptv = Iptv::new(config, upstream, &mut registry).expect("valid config");
+        Gateway::serve_with(iptv, registry).await
+    }
+
+    /// Serves a front end built by the test (its own upstream settings).
+    pub async fn serve(iptv: Arc<Iptv>) -> Gateway {
+        Gateway::serve_with(iptv, Registry::default()).await
+    }
+
+    async fn serve_with(iptv: Arc<Iptv>, registry: Registry) -> Gateway {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(accept(listener, iptv.clone()));

@@ -1,0 +1,296 @@
+//! `/rtsp/…`: RTSP sessions relayed as MPEG-TS over HTTP through the same hubs as multicast
+//! channels. One upstream session per URL is shared by every viewer of it (live); a catch-up
+//! request (`playseek`, `tvdr`, `r2h-start`) gets a session of its own, since each viewer
+//! wants the recording from its own start.
+//!
+//! # Layout
+//! - `request`: the `/rtsp/` URL and catch-up parameters → upstream URL, `Range`, transport.
+//! - `session`: the RTSP client (DESCRIBE, SETUP, PLAY, keep-alive, TEARDOWN, redirects,
+//!   Basic/Digest) and its packet sources (TCP-interleaved or UDP).
+//! - `pump`: the hub task that runs a session and feeds the hub's pump.
+
+pub mod pump;
+pub mod request;
+pub mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{header, Method, Response, StatusCode};
+
+use super::hub::{Hub, HubKey};
+use super::registry::Refusal;
+use super::Iptv;
+use crate::body::{self, Body};
+use crate::upstream::Upstream;
+
+/// Placeholder group of an RTSP hub's key: RTSP hubs are told apart by `HubKey::rtsp`.
+pub const NO_GROUP: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// How RTP reaches the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportMode {
+    /// Interleaved on the RTSP connection: one TCP connection, works through NAT.
+    Tcp,
+    /// RTP on a pair of UDP ports the gateway binds for the session.
+    Udp,
+}
+
+/// Where catch-up times go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeekMode {
+    /// RTSP `Range: clock=begin-end` on PLAY; the parameter leaves the URL.
+    Range,
+    /// The parameter stays in the URL, zone applied and offset added, in its own format.
+    Passthrough,
+}
+
+/// `[iptv.rtsp]` in the config file.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RtspConfig {
+    /// Serve `/rtsp/` at all.
+    pub enabled: bool,
+    /// Default transport; `?r2h-rtsp-transport=tcp|udp` picks per request.
+    pub transport: TransportMode,
+    /// RTSP sessions open at once (shared live sessions count once); beyond it 503.
+    pub max_sessions: usize,
+    /// Longest wait for any one step: connecting, or the answer to one request.
+    pub timeout_ms: u64,
+    /// Longest the whole setup (redirects, auth, DESCRIBE, SETUP, PLAY) may take.
+    pub setup_timeout_ms: u64,
+    /// Keep-alive period; 0 = half the session timeout the server announces (60 s if none).
+    pub keepalive_secs: u64,
+    /// Redirects (3xx with `Location`) followed before giving up.
+    pub max_redirects: usize,
+    /// Query parameters read as catch-up ranges, in order (`r2h-seek-name` adds one per request).
+    pub seek_params: Vec<String>,
+    /// `range` (the RTSP way) or `passthrough`; `?r2h-seek-mode=` picks per request.
+    pub seek_mode: SeekMode,
+    /// `User-Agent` sent to RTSP servers (some IPTV servers only answer set-top boxes).
+    pub user_agent: String,
+    /// The `catchup-source` query written into `/playlist.m3u` for RTSP entries that have none
+    /// (`{base}/rtsp/…?{this}`); players fill in the `${(b)…}`/`${(e)…}` placeholders.
+    pub catchup_query: String,
+}
+
+impl Default for RtspConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            transport: TransportMode::Tcp,
+            max_sessions: 16,
+            timeout_ms: 5_000,
+            setup_timeout_ms: 15_000,
+            keepalive_secs: 0,
+            max_redirects: 5,
+            seek_params: vec!["playseek".into(), "tvdr".into()],
+            seek_mode: SeekMode::Range,
+            user_agent: format!("sluice/{}", env!("CARGO_PKG_VERSION")),
+            catchup_query: "playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}".into(),
+        }
+    }
+}
+
+impl RtspConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.timeout_ms < 100 || self.setup_timeout_ms < self.timeout_ms {
+            return Err(
+                "timeout_ms must be at least 100 and setup_timeout_ms at least timeout_ms".into(),
+            );
+        }
+        if self
+            .seek_params
+            .iter()
+            .any(|p| p.is_empty() || p.contains(['&', '=']))
+        {
+            return Err("seek_params must be query parameter names".into());
+        }
+        if self.user_agent.is_empty() || self.user_agent.contains(['\r', '\n']) {
+            return Err("user_agent must be one non-empty line".into());
+        }
+        if self.catchup_query.contains(['\r', '\n', '"']) {
+            return Err("catchup_query must not contain quotes or line breaks".into());
+        }
+        Ok(())
+    }
+}
+
+/// What every RTSP hub of this gateway shares.
+pub struct Context {
+    pub config: RtspConfig,
+    pub upstream: Upstream,
+    /// Sessions open now.
+    pub sessions: AtomicUsize,
+    next_private: AtomicU64,
+    /// Why a hub's session failed before any data, for the viewers waiting on it; by hub.
+    failures: Mutex<HashMap<usize, (tokio::time::Instant, String)>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .field("sessions", &self.sessions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub fn new(config: RtspConfig, upstream: Upstream) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            upstream,
+            sessions: AtomicUsize::new(0),
+            next_private: AtomicU64::new(1),
+            failures: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Records why `hub`'s session failed; reasons nobody came for are dropped after a minute.
+    pub fn fail(&self, hub: &Hub, reason: String) {
+        let mut failures = super::registry::lock(&self.failures);
+        failures.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
+        failures.insert(hub_id(hub), (hub.created, reason));
+    }
+
+    /// Why `hub`'s session failed, if it did.
+    fn failure(&self, hub: &Hub) -> Option<String> {
+        let failures = super::registry::lock(&self.failures);
+        // The address alone could be a later hub's: the creation time tells them apart.
+        failures
+            .get(&hub_id(hub))
+            .filter(|(created, _)| *created == hub.created)
+            .map(|(_, reason)| reason.clone())
+    }
+}
+
+fn hub_id(hub: &Hub) -> usize {
+    std::ptr::from_ref(hub) as usize
+}
+
+/// The RTSP part of a hub key: equal keys share one session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RtspKey {
+    pub target: request::Target,
+    /// Non-zero for a session that must not be shared (catch-up).
+    pub private: u64,
+}
+
+impl RtspKey {
+    /// `rtsp://host:port/path` for logs, labels and the status page (no query: it may carry
+    /// an operator's account parameters; no credentials).
+    pub fn label(&self) -> String {
+        let base = self.target.url.split('?').next().unwrap_or_default();
+        match self.private {
+            0 => base.to_string(),
+            n => format!("{base} (catch-up #{n})"),
+        }
+    }
+}
+
+/// Marks the refusal of a new session beyond `max_sessions`.
+#[derive(Debug, thiserror::Error)]
+#[error("gateway is at its limit of {0} RTSP sessions")]
+pub struct SessionLimit(pub usize);
+
+impl Iptv {
+    /// `GET /rtsp/…`: auth has been checked by the server.
+    pub(super) async fn rtsp(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
+        let ctx = &self.rtsp;
+        if !ctx.config.enabled {
+            return super::text(
+                StatusCode::NOT_FOUND,
+                "RTSP is disabled (iptv.rtsp.enabled)\n",
+            );
+        }
+        let ua = req
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok());
+        let target = match request::parse(req.uri.path(), req.uri.query(), ua, &ctx.config) {
+            Ok(t) => t,
+            Err(e) => {
+                self.registry.metrics.refuse("bad_request");
+                return super::text(StatusCode::BAD_REQUEST, &format!("{e}\n"));
+            }
+        };
+        if req.method == Method::HEAD {
+            return super::stream_response(body::empty());
+        }
+        let private = if target.seek {
+            ctx.next_private.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
+        let key = HubKey {
+            mode: super::url::Mode::Rtp,
+            group: crate::net::multicast::Group {
+                group: NO_GROUP,
+                port: target.port,
+                source: None,
+                interface: String::new(),
+            },
+            fec: None,
+            rtsp: Some(RtspKey { target, private }),
+        };
+        let peer = req.extensions.get::<std::net::SocketAddr>().copied();
+        let sub = match self.registry.subscribe(key, peer) {
+            Ok(sub) => sub,
+            Err(Refusal::Join(e))
+                if e.get_ref().is_some_and(|inner| inner.is::<SessionLimit>()) =>
+            {
+                self.registry.metrics.refuse("max_rtsp_sessions");
+                return super::text(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n"));
+            }
+            Err(refusal) => return self.refused(refusal),
+        };
+        // Setup (redirects, auth, three requests) comes before the first packet.
+        let wait =
+            Duration::from_millis(ctx.config.setup_timeout_ms + self.config.no_data_timeout_ms);
+        let Some(first) = self.first_data_within(&sub.hub, wait).await else {
+            return match ctx.failure(&sub.hub) {
+                Some(reason) => {
+                    self.registry.metrics.refuse("rtsp_failed");
+                    super::text(
+                        StatusCode::BAD_GATEWAY,
+                        &format!("RTSP upstream: {reason}\n"),
+                    )
+                }
+                None => {
+                    self.registry.metrics.refuse("no_data");
+                    super::text(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        &format!(
+                            "no data from {} within {} ms\n",
+                            sub.hub.key.channel(),
+                            wait.as_millis()
+                        ),
+                    )
+                }
+            };
+        };
+        // A catch-up viewer owns its session: it gets the recording from its first byte.
+        let private = sub.hub.key.rtsp.as_ref().is_some_and(|k| k.private != 0);
+        self.stream_from(sub, first, private)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_defaults_validate() {
+        RtspConfig::default().validate().unwrap();
+        let bad = RtspConfig {
+            seek_params: vec!["a&b".into()],
+            ..RtspConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

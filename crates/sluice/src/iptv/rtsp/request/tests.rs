@@ -1,0 +1,102 @@
+use super::*;
+
+fn cfg() -> RtspConfig {
+    RtspConfig::default()
+}
+
+#[test]
+fn live_url_and_defaults() {
+    let t = parse(
+        "/rtsp/iptv.example.com/ch/1.sdp",
+        Some("a=1&b&api_password=s"),
+        None,
+        &cfg(),
+    )
+    .unwrap();
+    assert_eq!(t.url, "rtsp://iptv.example.com:554/ch/1.sdp?a=1&b");
+    assert_eq!((t.host.as_str(), t.port), ("iptv.example.com", 554));
+    assert_eq!(t.range, "npt=0.000-");
+    assert_eq!(t.transport, TransportMode::Tcp);
+    assert!(!t.seek);
+    assert_eq!(t.credentials, None);
+}
+
+#[test]
+fn credentials_ipv6_and_transport() {
+    let t = parse(
+        "/rtsp/u%40x:p%3Aw@[2001:db8::1]:8554/live",
+        Some("r2h-rtsp-transport=udp"),
+        None,
+        &cfg(),
+    )
+    .unwrap();
+    assert_eq!(t.url, "rtsp://[2001:db8::1]:8554/live");
+    assert_eq!(t.credentials, Some(("u@x".into(), "p:w".into())));
+    assert_eq!(t.transport, TransportMode::Udp);
+}
+
+#[test]
+fn playseek_becomes_a_clock_range() {
+    let t = parse(
+        "/rtsp/10.0.0.1:554/ch",
+        Some("playseek=20240101200000-20240101210000&x=y"),
+        Some("Player/1 TZ/UTC+8"),
+        &cfg(),
+    )
+    .unwrap();
+    assert_eq!(t.url, "rtsp://10.0.0.1:554/ch?x=y");
+    assert_eq!(t.range, "clock=20240101T120000Z-20240101T130000Z");
+    assert!(t.seek);
+}
+
+#[test]
+fn tvdr_custom_names_offset_and_passthrough() {
+    let t = parse(
+        "/rtsp/h/ch",
+        Some("tvdr=20240101120000GMT-20240101130000GMT&r2h-seek-offset=-30"),
+        None,
+        &cfg(),
+    )
+    .unwrap();
+    assert_eq!(t.range, "clock=20240101T115930Z-20240101T125930Z");
+    let t = parse(
+        "/rtsp/h/ch",
+        Some("shift=1704110400&r2h-seek-name=shift&r2h-seek-mode=passthrough&r2h-seek-offset=60"),
+        None,
+        &cfg(),
+    )
+    .unwrap();
+    assert_eq!(t.url, "rtsp://h:554/ch?shift=1704110460");
+    assert_eq!(t.range, "npt=0.000-");
+    assert!(t.seek);
+}
+
+#[test]
+fn start_offset() {
+    let t = parse("/rtsp/h/vod", Some("r2h-start=12.5"), None, &cfg()).unwrap();
+    assert_eq!(t.range, "npt=12.500-");
+    assert!(t.seek);
+}
+
+#[test]
+fn bad_requests() {
+    let c = cfg();
+    for (path, q) in [
+        ("/rtp/h/x", None),
+        ("/rtsp/", None),
+        ("/rtsp/h:0/x", None),
+        ("/rtsp/h:99999/x", None),
+        ("/rtsp/bad host/x", None),
+        ("/rtsp/[::1/x", None),
+        ("/rtsp/h/x", Some("playseek=tomorrow")),
+        (
+            "/rtsp/h/x",
+            Some("playseek=20240101120000&r2h-seek-offset=abc"),
+        ),
+        ("/rtsp/h/x", Some("r2h-seek-mode=later")),
+        ("/rtsp/h/x", Some("r2h-start=-1")),
+        ("/rtsp/h/x", Some("r2h-rtsp-transport=sctp")),
+    ] {
+        assert!(parse(path, q, None, &c).is_err(), "{path} {q:?}");
+    }
+}

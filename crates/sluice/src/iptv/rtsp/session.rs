@@ -1,0 +1,581 @@
+//! The RTSP client of one session: connect (through the upstream address guard), OPTIONS,
+//! DESCRIBE, SETUP, PLAY, following redirects and answering Basic or Digest challenges; then
+//! the data phase, where RTP arrives interleaved on the control connection or on a UDP port
+//! pair, keep-alives go out, and TEARDOWN ends it. Every step has a deadline and every message
+//! a size bound (`sluice_media::rtsp::Limits`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use sluice_media::rtsp::{self, auth, headers, sdp, Item, Limits, Message};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::time::{timeout, Instant};
+
+use super::request::Target;
+use super::{Context, TransportMode};
+use crate::upstream::ConnectError;
+
+/// Why a session could not start or ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("{0}")]
+    Connect(#[from] ConnectError),
+    #[error("connection to {0} failed: {1}")]
+    Tcp(String, std::io::Error),
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("no answer to {0} within {1} ms")]
+    Timeout(&'static str, u128),
+    #[error("{method} answered {status} {reason}")]
+    Status {
+        method: &'static str,
+        status: u16,
+        reason: String,
+    },
+    #[error("{0}")]
+    Protocol(#[from] rtsp::RtspError),
+    #[error("{0}")]
+    Sdp(#[from] sdp::SdpError),
+    #[error("{0}")]
+    Header(#[from] headers::HeaderError),
+    #[error("{0}")]
+    Auth(#[from] auth::AuthError),
+    #[error("the server asks for credentials and the URL has none")]
+    NeedCredentials,
+    #[error("the server refused the credentials")]
+    BadCredentials,
+    #[error("SETUP answer has no Session header")]
+    NoSession,
+    #[error("the server sends RTP over {0}, not the transport asked for")]
+    TransportMismatch(&'static str),
+    #[error("more than {0} redirects")]
+    Redirects(usize),
+    #[error("redirect to {0:?}, which is not an rtsp:// URL")]
+    BadRedirect(String),
+    #[error("the server closed the connection")]
+    Closed,
+    #[error("the server ended the session ({0})")]
+    Ended(u16),
+}
+
+/// Where RTP arrives.
+enum Media {
+    Interleaved {
+        channel: u8,
+    },
+    Udp {
+        rtp: UdpSocket,
+        /// Held so the server's RTCP finds an open port (no ICMP errors back).
+        _rtcp: UdpSocket,
+        /// Only datagrams from this address are taken.
+        server: IpAddr,
+    },
+}
+
+/// Answers to challenges: the chosen scheme and a request counter for Digest.
+struct Credentials {
+    user: String,
+    password: String,
+    challenge: Option<auth::Challenge>,
+    nc: u32,
+    cnonce: String,
+}
+
+/// A playing (or starting) RTSP session.
+pub struct Session {
+    conn: TcpStream,
+    buf: BytesMut,
+    /// Replies to the server's own requests, written before the next read.
+    outbox: Vec<u8>,
+    limits: Limits,
+    cseq: u32,
+    user_agent: String,
+    step: Duration,
+    credentials: Option<Credentials>,
+    session_id: Option<String>,
+    /// Keep-alive period: configured, or half of what the server announced.
+    pub keepalive: Duration,
+    keepalive_method: &'static str,
+    play_url: String,
+    media: Media,
+    /// UDP datagrams taken by the last `receive`, back to back, and their lengths.
+    udp_data: Vec<u8>,
+    udp_lens: Vec<usize>,
+}
+
+/// The outcome of the setup on one server.
+enum Setup {
+    Playing,
+    Redirect(String),
+}
+
+/// Largest RTP datagram taken over UDP.
+const MAX_DATAGRAM: usize = 2048;
+/// Datagrams taken per UDP wakeup.
+const UDP_BATCH: usize = 32;
+
+impl Session {
+    /// Connects, follows redirects, authenticates, and starts playing `target`.
+    pub async fn open(target: &Target, ctx: &Context) -> Result<Session, SessionError> {
+        let cfg = &ctx.config;
+        let mut url = target.url.clone();
+        let (mut host, mut port) = (target.host.clone(), target.port);
+        let mut credentials = target.credentials.clone();
+        for _ in 0..=cfg.max_redirects {
+            let mut s = Session::connect(&host, port, ctx).await?;
+            s.credentials = credentials.clone().map(|(user, password)| Credentials {
+                user,
+                password,
+                challenge: None,
+                nc: 0,
+                cnonce: cnonce(),
+            });
+            match s.start(&url, target).await? {
+                Setup::Playing => return Ok(s),
+                Setup::Redirect(location) => {
+                    let (h, p, clean) = redirect_target(&location)?;
+                    tracing::info!(from = %redact(&url), to = %redact(&clean), "RTSP redirect");
+                    // Credentials are for the host they were given with, never a redirect's.
+                    if h != target.host || p != target.port {
+                        credentials = None;
+                    }
+                    (host, port, url) = (h, p, clean);
+                }
+            }
+        }
+        Err(SessionError::Redirects(cfg.max_redirects))
+    }
+
+    async fn connect(host: &str, port: u16, ctx: &Context) -> Result<Session, SessionError> {
+        let cfg = &ctx.config;
+        let step = Duration::from_millis(cfg.timeout_ms);
+        let addrs = timeout(step, ctx.upstream.resolve_checked(host, port))
+            .await
+            .map_err(|_| SessionError::Timeout("DNS", step.as_millis()))??;
+        let mut last = None;
+        for addr in addrs.iter().take(4) {
+            match timeout(step, TcpStream::connect(addr)).await {
+                Ok(Ok(conn)) => {
+                    conn.set_nodelay(true)?;
+                    let media = Media::Interleaved { channel: 0 };
+                    return Ok(Session {
+                        conn,
+                        buf: BytesMut::with_capacity(64 * 1024),
+                        outbox: Vec::new(),
+                        limits: Limits::default(),
+                        cseq: 0,
+                        user_agent: cfg.user_agent.clone(),
+                        step,
+                        credentials: None,
+                        session_id: None,
+                        keepalive: Duration::from_secs(cfg.keepalive_secs),
+                        keepalive_method: "OPTIONS",
+                        play_url: String::new(),
+                        media,
+                        udp_data: Vec::new(),
+                        udp_lens: Vec::new(),
+                    });
+                }
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {
+                    last = Some(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {} ms", step.as_millis()),
+                    ))
+                }
+            }
+        }
+        let e = last.unwrap_or_else(|| std::io::Error::other("no address"));
+        Err(SessionError::Tcp(format!("{host}:{port}"), e))
+    }
+
+    /// OPTIONS (to learn the keep-alive method), DESCRIBE, SETUP, PLAY.
+    async fn start(&mut self, url: &str, target: &Target) -> Result<Setup, SessionError> {
+        let options = self.request("OPTIONS", url, &[]).await?;
+        if let Some(location) = redirect(&options) {
+            return Ok(Setup::Redirect(location));
+        }
+        let public = options.header("Public").unwrap_or_default().to_string();
+        let describe = self
+            .request("DESCRIBE", url, &[("Accept", "application/sdp")])
+            .await?;
+        if let Some(location) = redirect(&describe) {
+            return Ok(Setup::Redirect(location));
+        }
+        check("DESCRIBE", &describe)?;
+        let base = describe
+            .header("Content-Base")
+            .or(describe.header("Content-Location"))
+            .unwrap_or(url)
+            .to_string();
+        let media = sdp::ts_media(&String::from_utf8_lossy(&describe.body))?;
+        let control = sdp::control_url(&base, media.control.as_deref());
+        let transport = match target.transport {
+            TransportMode::Tcp => "RTP/AVP/TCP;unicast;interleaved=0-1".to_string(),
+            TransportMode::Udp => {
+                let (rtp, rtcp) = udp_pair(self.conn.local_addr()?.ip())?;
+                let port = rtp.local_addr()?.port();
+                let server = self.conn.peer_addr()?.ip();
+                self.media = Media::Udp {
+                    rtp,
+                    _rtcp: rtcp,
+                    server,
+                };
+                format!("RTP/AVP;unicast;client_port={port}-{}", port + 1)
+            }
+        };
+        let setup = self
+            .request("SETUP", &control, &[("Transport", &transport)])
+            .await?;
+        check("SETUP", &setup)?;
+        let (id, server_timeout) =
+            headers::session(setup.header("Session").ok_or(SessionError::NoSession)?)?;
+        self.session_id = Some(id);
+        let answer = headers::transport(setup.header("Transport").unwrap_or("RTP/AVP/TCP"))?;
+        match (&mut self.media, answer.tcp) {
+            (Media::Interleaved { channel }, true) => {
+                *channel = answer.interleaved.map_or(0, |(rtp, _)| rtp)
+            }
+            (Media::Udp { server, .. }, false) => {
+                if let Some(ip) = answer.source.as_deref().and_then(|s| s.parse().ok()) {
+                    *server = ip;
+                }
+            }
+            (Media::Interleaved { .. }, false) => {
+                return Err(SessionError::TransportMismatch("UDP"))
+            }
+            (Media::Udp { .. }, true) => return Err(SessionError::TransportMismatch("TCP")),
+        }
+        let announced = Duration::from_secs(server_timeout.unwrap_or(60).clamp(2, 3600));
+        if self.keepalive.is_zero() {
+            self.keepalive = announced / 2;
+        }
+        if headers::lists_method(&public, "GET_PARAMETER") {
+            self.keepalive_method = "GET_PARAMETER";
+        }
+        self.play_url = base;
+        let play = self
+            .request("PLAY", &self.play_url.clone(), &[("Range", &target.range)])
+            .await?;
+        check("PLAY", &play)?;
+        Ok(Setup::Playing)
+    }
+
+    /// Sends a request and waits for its answer, answering one 401 with the credentials.
+    async fn request(
+        &mut self,
+        method: &'static str,
+        url: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Message, SessionError> {
+        for attempt in 0..2 {
+            let cseq = self.send(method, url, extra).await?;
+            let resp = self.answer(method, cseq).await?;
+            if resp.status != 401 {
+                return Ok(resp);
+            }
+            let Some(creds) = self.credentials.as_mut() else {
+                return Err(SessionError::NeedCredentials);
+            };
+            if attempt > 0 || creds.challenge.is_some() && !stale(&resp) {
+                return Err(SessionError::BadCredentials);
+            }
+            creds.challenge = Some(auth::choose(resp.headers_named("WWW-Authenticate"))?);
+            creds.nc = 0;
+        }
+        Err(SessionError::BadCredentials)
+    }
+
+    /// Writes a request; returns its CSeq.
+    async fn send(
+        &mut self,
+        method: &'static str,
+        url: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<u32, SessionError> {
+        self.cseq += 1;
+        let mut head = format!(
+            "{method} {url} RTSP/1.0\r\nCSeq: {}\r\nUser-Agent: {}\r\n",
+            self.cseq, self.user_agent
+        );
+        if let Some(id) = &self.session_id {
+            head.push_str(&format!("Session: {id}\r\n"));
+        }
+        if let Some(creds) = self.credentials.as_mut() {
+            if let Some(challenge) = &creds.challenge {
+                creds.nc += 1;
+                let input = auth::DigestInput {
+                    method,
+                    uri: url,
+                    nc: creds.nc,
+                    cnonce: &creds.cnonce,
+                };
+                let value = auth::authorization(challenge, &creds.user, &creds.password, input);
+                head.push_str(&format!("Authorization: {value}\r\n"));
+            }
+        }
+        for (k, v) in extra {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.write(head.as_bytes(), method).await?;
+        Ok(self.cseq)
+    }
+
+    async fn write(&mut self, bytes: &[u8], what: &'static str) -> Result<(), SessionError> {
+        timeout(self.step, self.conn.write_all(bytes))
+            .await
+            .map_err(|_| SessionError::Timeout(what, self.step.as_millis()))??;
+        Ok(())
+    }
+
+    /// Reads until the answer with `cseq` arrives; frames and other messages on the way are
+    /// dropped (none are expected before PLAY).
+    async fn answer(&mut self, method: &'static str, cseq: u32) -> Result<Message, SessionError> {
+        let deadline = Instant::now() + self.step;
+        loop {
+            while let Some((item, used)) = rtsp::next_item(&self.buf, self.limits)? {
+                self.buf.advance(used);
+                if let Item::Message(m) = item {
+                    if m.is_request() {
+                        self.reply(&m);
+                    } else if m.cseq() == Some(cseq) {
+                        return Ok(m);
+                    }
+                }
+            }
+            self.flush_outbox().await?;
+            let read = tokio::time::timeout_at(deadline, self.conn.read_buf(&mut self.buf))
+                .await
+                .map_err(|_| SessionError::Timeout(method, self.step.as_millis()))??;
+            if read == 0 {
+                return Err(SessionError::Closed);
+            }
+        }
+    }
+
+    /// Queues the answer to a request from the server: OPTIONS and GET_PARAMETER (the
+    /// server's own keep-alive) succeed, anything else is not implemented.
+    fn reply(&mut self, m: &Message) {
+        let cseq = m.cseq().unwrap_or(0);
+        let status = match m.text.as_str() {
+            "OPTIONS" | "GET_PARAMETER" => "200 OK",
+            _ => "501 Not Implemented",
+        };
+        self.outbox
+            .extend_from_slice(format!("RTSP/1.0 {status}\r\nCSeq: {cseq}\r\n\r\n").as_bytes());
+    }
+
+    async fn flush_outbox(&mut self) -> Result<(), SessionError> {
+        if self.outbox.is_empty() {
+            return Ok(());
+        }
+        let out = std::mem::take(&mut self.outbox);
+        self.write(&out, "a reply").await
+    }
+
+    /// Waits for more data (cancel-safe: nothing is lost if the future is dropped). Then call
+    /// `drain`.
+    pub async fn receive(&mut self) -> Result<(), SessionError> {
+        self.flush_outbox().await?;
+        match &self.media {
+            Media::Interleaved { .. } => {
+                if self.conn.read_buf(&mut self.buf).await? == 0 {
+                    return Err(SessionError::Closed);
+                }
+            }
+            Media::Udp { rtp, server, .. } => {
+                let server = *server;
+                let mut scratch = [0u8; MAX_DATAGRAM];
+                tokio::select! {
+                    read = self.conn.read_buf(&mut self.buf) => {
+                        if read? == 0 {
+                            return Err(SessionError::Closed);
+                        }
+                    }
+                    got = rtp.recv_from(&mut scratch) => {
+                        let (n, from) = got?;
+                        keep_datagram(&mut self.udp_data, &mut self.udp_lens, &scratch[..n], from, server);
+                        for _ in 1..UDP_BATCH {
+                            match rtp.try_recv_from(&mut scratch) {
+                                Ok((n, from)) => keep_datagram(&mut self.udp_data, &mut self.udp_lens, &scratch[..n], from, server),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands every complete RTP packet received so far to `sink`; handles control messages.
+    pub fn drain(&mut self, sink: &mut impl FnMut(&[u8])) -> Result<(), SessionError> {
+        let mut at = 0;
+        for len in self.udp_lens.drain(..) {
+            sink(&self.udp_data[at..at + len]);
+            at += len;
+        }
+        self.udp_data.clear();
+        let rtp_channel = match self.media {
+            Media::Interleaved { channel } => Some(channel),
+            Media::Udp { .. } => None,
+        };
+        let mut used_total = 0;
+        let result = loop {
+            let rest = &self.buf[used_total..];
+            match rtsp::next_item(rest, self.limits) {
+                Ok(Some((Item::Frame { channel, payload }, used))) => {
+                    if Some(channel) == rtp_channel {
+                        sink(&rest[payload]);
+                    }
+                    used_total += used;
+                }
+                Ok(Some((Item::Message(m), used))) => {
+                    used_total += used;
+                    if m.is_request() {
+                        self.reply(&m);
+                    } else if matches!(m.status, 454 | 457) || m.status >= 500 {
+                        // The answer to a keep-alive: the session is gone on the server.
+                        break Err(SessionError::Ended(m.status));
+                    } else if m.status >= 300 {
+                        tracing::debug!(
+                            status = m.status,
+                            "RTSP keep-alive answered with an error"
+                        );
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            }
+        };
+        self.buf.advance(used_total);
+        result
+    }
+
+    /// Sends a keep-alive request; its answer is read by `drain`.
+    pub async fn keep_alive(&mut self) -> Result<(), SessionError> {
+        let url = self.play_url.clone();
+        self.send(self.keepalive_method, &url, &[])
+            .await
+            .map(|_| ())
+    }
+
+    /// Ends the session on the server (best effort, bounded by one step).
+    pub async fn teardown(mut self) {
+        let url = self.play_url.clone();
+        let step = self.step;
+        let done = timeout(step, async {
+            let cseq = self.send("TEARDOWN", &url, &[]).await?;
+            self.answer("TEARDOWN", cseq).await
+        })
+        .await;
+        if let Ok(Err(e)) = done {
+            tracing::debug!(error = %e, "RTSP TEARDOWN failed");
+        }
+    }
+}
+
+fn keep_datagram(
+    data: &mut Vec<u8>,
+    lens: &mut Vec<usize>,
+    d: &[u8],
+    from: SocketAddr,
+    server: IpAddr,
+) {
+    // Anyone can send to an open UDP port: only the server's packets become the stream.
+    if from.ip() == server && !d.is_empty() {
+        data.extend_from_slice(d);
+        lens.push(d.len());
+    }
+}
+
+/// A 3xx answer's `Location`.
+fn redirect(m: &Message) -> Option<String> {
+    (300..400)
+        .contains(&m.status)
+        .then(|| m.header("Location").map(str::to_string))
+        .flatten()
+}
+
+/// A 401 whose Digest challenge is marked stale only wants the new nonce.
+fn stale(m: &Message) -> bool {
+    m.headers_named("WWW-Authenticate")
+        .any(|v| v.to_ascii_lowercase().contains("stale=true"))
+}
+
+fn check(method: &'static str, m: &Message) -> Result<(), SessionError> {
+    if (200..300).contains(&m.status) {
+        return Ok(());
+    }
+    Err(SessionError::Status {
+        method,
+        status: m.status,
+        reason: m.text.chars().take(64).collect(),
+    })
+}
+
+/// A redirect's host, port and URL (credentials removed).
+fn redirect_target(location: &str) -> Result<(String, u16, String), SessionError> {
+    let bad = || SessionError::BadRedirect(location.chars().take(128).collect());
+    let rest = location.strip_prefix("rtsp://").ok_or_else(bad)?;
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, "/"),
+    };
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let fake = format!("/rtsp/{hostport}{path}");
+    let (path_only, query) = match fake.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (fake.as_str(), None),
+    };
+    // Reuse the request parser's host checks; catch-up parameters are not re-read.
+    let config = super::RtspConfig {
+        seek_params: Vec::new(),
+        ..super::RtspConfig::default()
+    };
+    let t = super::request::parse(path_only, None, None, &config).map_err(|_| bad())?;
+    let url = match query {
+        Some(q) => format!("{}?{q}", t.url),
+        None => t.url,
+    };
+    Ok((t.host, t.port, url))
+}
+
+/// Two UDP sockets on consecutive ports, the first even (RTP), as RFC 3550 asks.
+fn udp_pair(local: IpAddr) -> Result<(UdpSocket, UdpSocket), SessionError> {
+    for _ in 0..32 {
+        let rtp = std::net::UdpSocket::bind((local, 0))?;
+        let port = rtp.local_addr()?.port();
+        if port % 2 != 0 || port == u16::MAX {
+            continue;
+        }
+        let Ok(rtcp) = std::net::UdpSocket::bind((local, port + 1)) else {
+            continue;
+        };
+        // Best effort: a bigger buffer absorbs bursts while the runtime is busy.
+        let _ = socket2::SockRef::from(&rtp).set_recv_buffer_size(2 * 1024 * 1024);
+        rtp.set_nonblocking(true)?;
+        rtcp.set_nonblocking(true)?;
+        return Ok((UdpSocket::from_std(rtp)?, UdpSocket::from_std(rtcp)?));
+    }
+    Err(SessionError::Io(std::io::Error::other(
+        "no free pair of UDP ports for RTP/RTCP",
+    )))
+}
+
+fn cnonce() -> String {
+    let mut raw = [0u8; 8];
+    let _ = getrandom::getrandom(&mut raw);
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A URL for logs: the query (which may carry account parameters) replaced by `?…`.
+pub fn redact(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, _)) => format!("{base}?…"),
+        None => url.to_string(),
+    }
+}

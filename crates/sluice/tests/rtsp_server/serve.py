@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""RTSP server for sluice's tests: GStreamer's RTSP server (gst-rtsp-server) serving an
+MPEG-TS file as RTP/MP2T (payload type 33) on 127.0.0.1.
+
+Mounts: /live (shared by clients) and /archive (a session per client, for catch-up); with
+--user every mount asks for those credentials (Basic or Digest per --auth). Prints "PORT <n>" once listening, then one JSON line per
+request it receives (method, uri, and the Range, Transport, Session, Authorization and
+User-Agent headers) so a test can check exactly what the client sent.
+
+--drop-after S closes every client connection S seconds after the first PLAY (a server that
+drops the session mid-stream). --session-timeout S makes sessions expire unless kept alive.
+--redirect PATH=URL answers DESCRIBE of PATH with 302 and that Location.
+"""
+import argparse
+import json
+import sys
+
+import gi
+
+gi.require_version("Gst", "1.0")
+gi.require_version("GstRtsp", "1.0")
+gi.require_version("GstRtspServer", "1.0")
+from gi.repository import GLib, Gst, GstRtsp, GstRtspServer  # noqa: E402
+
+HEADERS = {
+    "range": GstRtsp.RTSPHeaderField.RANGE,
+    "transport": GstRtsp.RTSPHeaderField.TRANSPORT,
+    "session": GstRtsp.RTSPHeaderField.SESSION,
+    "authorization": GstRtsp.RTSPHeaderField.AUTHORIZATION,
+    "user_agent": GstRtsp.RTSPHeaderField.USER_AGENT,
+}
+
+
+def emit(record):
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ts", required=True)
+    ap.add_argument("--user")
+    ap.add_argument("--password")
+    ap.add_argument("--auth", choices=["basic", "digest"], default="digest")
+    ap.add_argument("--drop-after", type=float, default=0)
+    ap.add_argument("--session-timeout", type=int, default=0)
+    ap.add_argument("--redirect", action="append", default=[])
+    args = ap.parse_args()
+
+    Gst.init(None)
+    server = GstRtspServer.RTSPServer()
+    server.set_address("127.0.0.1")
+    server.set_service("0")
+    mounts = server.get_mount_points()
+    launch = (
+        f'( filesrc location="{args.ts}" ! tsparse set-timestamps=true '
+        "! rtpmp2tpay name=pay0 pt=33 )"
+    )
+    for path, shared, pipeline in (
+        ("/live", True, launch),
+        ("/archive", False, launch),
+    ):
+        factory = GstRtspServer.RTSPMediaFactory()
+        factory.set_launch(pipeline)
+        factory.set_shared(shared)
+        if args.user:
+            perms = GstRtspServer.RTSPPermissions()
+            perms.add_role("viewer")
+            perms.add_permission_for_role("viewer", "media.factory.access", True)
+            perms.add_permission_for_role("viewer", "media.factory.construct", True)
+            factory.set_permissions(perms)
+        mounts.add_factory(path, factory)
+
+    if args.user:
+        auth = GstRtspServer.RTSPAuth()
+        token = GstRtspServer.RTSPToken()
+        token.set_string("media.factory.role", "viewer")
+        if args.auth == "digest":
+            auth.set_supported_methods(GstRtsp.RTSPAuthMethod.DIGEST)
+            auth.add_digest(args.user, args.password, token)
+        else:
+            auth.set_supported_methods(GstRtsp.RTSPAuthMethod.BASIC)
+            basic = GstRtspServer.RTSPAuth.make_basic(args.user, args.password)
+            auth.add_basic(basic, token)
+        server.set_auth(auth)
+
+    redirects = dict(r.split("=", 1) for r in args.redirect)
+    state = {"drop_scheduled": False}
+
+    def drop_all():
+        emit({"event": "drop"})
+        server.client_filter(lambda srv, client, *_: GstRtspServer.RTSPFilterResult.REMOVE)
+        return False
+
+    def on_request(name):
+        def handler(client, ctx):
+            req = ctx.request
+            _, _, uri, _ = req.parse_request()
+            record = {"method": name, "uri": uri}
+            for key, field in HEADERS.items():
+                res, value = req.get_header(field, 0)
+                if res == GstRtsp.RTSPResult.OK:
+                    record[key] = value
+            emit(record)
+            if name == "DESCRIBE":
+                path = ctx.uri.abspath if ctx.uri else ""
+                if path in redirects:
+                    resp = GstRtsp.RTSPMessage.new_response(
+                        GstRtsp.RTSPStatusCode.FOUND, None, req
+                    )[1]
+                    resp.add_header(GstRtsp.RTSPHeaderField.LOCATION, redirects[path])
+                    client.send_message(None, resp)
+                    return GstRtsp.RTSPStatusCode.FOUND
+            if name == "PLAY" and args.drop_after and not state["drop_scheduled"]:
+                state["drop_scheduled"] = True
+                GLib.timeout_add(int(args.drop_after * 1000), drop_all)
+            return GstRtsp.RTSPStatusCode.OK
+
+        return handler
+
+    def on_client(srv, client):
+        for name in ("OPTIONS", "DESCRIBE", "SETUP", "PLAY", "TEARDOWN", "GET_PARAMETER"):
+            signal = "pre-" + name.lower().replace("_", "-") + "-request"
+            client.connect(signal, on_request(name))
+        if args.session_timeout:
+            client.connect(
+                "new-session", lambda c, s: s.set_timeout(args.session_timeout)
+            )
+
+    server.connect("client-connected", on_client)
+    server.attach(None)
+    pool = server.get_session_pool()
+    # Expired sessions are removed only when the pool is swept.
+    GLib.timeout_add(500, lambda: pool.cleanup() >= 0)
+    emit({"event": "listening", "port": server.get_bound_port()})
+    sys.stdout.write(f"PORT {server.get_bound_port()}\n")
+    sys.stdout.flush()
+    GLib.MainLoop().run()
+
+
+if __name__ == "__main__":
+    main()
