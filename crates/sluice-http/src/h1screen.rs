@@ -336,7 +336,8 @@ mod tests {
     #[test]
     fn a_smuggled_request_inside_a_body_is_not_read_as_a_head() {
         // The body of a correct request may look like a request: it is body, not a head.
-        let inner = b"GET /admin HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let inner =
+            b"GET /admin HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
         let mut input =
             format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", inner.len()).into_bytes();
         input.extend_from_slice(inner);

@@ -6,6 +6,7 @@ pub mod activity;
 pub mod listener;
 pub mod reload;
 pub mod routes;
+pub mod screen;
 pub mod stall;
 pub mod tls;
 
@@ -109,6 +110,7 @@ impl Server {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),
             tls_handshake: Duration::from_secs(self.config.tls_handshake_timeout_secs),
+            header_read: Duration::from_secs(self.config.header_read_timeout_secs),
         };
         let mut acceptors = Vec::new();
         for listener in self.listeners {
@@ -118,6 +120,7 @@ impl Server {
                 tls: self.tls.clone(),
                 stop: stop_rx.clone(),
                 timeouts,
+                head_limits: (self.config.max_header_bytes, self.config.max_headers),
             };
             let tracker = tracker.clone();
             let acceptor = acceptor.clone();
@@ -180,6 +183,8 @@ struct Conn {
     tls: TlsHandle,
     stop: watch::Receiver<bool>,
     timeouts: Timeouts,
+    /// `server.max_header_bytes` and `server.max_headers`, for the request screen.
+    head_limits: (usize, usize),
 }
 
 /// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
@@ -216,6 +221,8 @@ struct Timeouts {
     send: Duration,
     /// TLS handshake not finished in this long.
     tls_handshake: Duration,
+    /// A request head not finished in this long (hyper's own clock; the screen holds heads too).
+    header_read: Duration,
 }
 
 impl Conn {
@@ -231,12 +238,19 @@ impl Conn {
             unacked: None,
         };
         match self.tls.load_full() {
-            None => self.drive(stream, watch, peer, false).await,
+            None => {
+                let stream = self.screened(stream, false);
+                self.drive(stream, watch, peer, false).await
+            }
             Some(settings) => {
                 let acceptor = TlsAcceptor::from(settings);
                 let limit = self.timeouts.tls_handshake;
                 match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,
+                    Ok(Ok(tls)) => {
+                        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                        let tls = self.screened(tls, h2);
+                        self.drive(tls, watch, peer, true).await
+                    }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => {
                         self.app.http_metrics().tls_handshake_timeouts.inc();
@@ -245,6 +259,13 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Puts the HTTP/1.1 request screen (`screen`) under hyper.
+    fn screened<I>(&self, io: I, http2: bool) -> screen::Screened<I> {
+        let (bytes, fields) = self.head_limits;
+        let refused = self.app.http_metrics().smuggling_refused.clone();
+        screen::Screened::new(io, bytes, fields, http2, refused, self.timeouts.header_read)
     }
 
     async fn drive<I>(mut self, io: I, mut watch: SendWatch, peer: SocketAddr, secure: bool)
