@@ -69,7 +69,7 @@ pub fn check_fields(te: &[&[u8]], cl: &[&[u8]], http11: bool) -> Result<Framing,
         };
     }
     let mut length: Option<u64> = None;
-    for value in cl.iter().copied() {
+    for &value in cl {
         for part in value.split(|&b| b == b',') {
             let part = trim(part);
             if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {

@@ -125,7 +125,6 @@ impl Screen {
             }
         }
         let verdict = check_fields(&te, &cl, http11);
-        drop(req);
         match verdict {
             Err(e) => {
                 // httparse never allows space before the colon, so hyper's parser refuses this
@@ -402,7 +401,7 @@ mod tests {
                         match s.head(&mut held) {
                             Head::Partial => break,
                             Head::Passed(n) | Head::Refused(n, _) => {
-                                verdicts.push(matches!(s.is_off(), true));
+                                verdicts.push(s.is_off());
                                 held.drain(..n);
                             }
                             Head::Off => break,
