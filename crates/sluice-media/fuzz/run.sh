@@ -12,6 +12,16 @@ case "$target" in
   mp4_decrypt|remux_ts) max_len=1048576 ;;
   # One datagram run; media.iptv max_datagram_bytes is 1536.
   rtp_mpegts) max_len=65536 ;;
+  # A token is at most 16 KiB (sealed::MAX_TOKEN_LEN); a query string rarely more than a URL.
+  sealed_token|query) max_len=65536 ;;
+  # A segment's head: the search window (256 KiB) plus a few packets.
+  ts_unwrap) max_len=300000 ;;
+  # An echo answer is capped at 64 KiB (public_ip::MAX_ANSWER_BYTES).
+  echo_ip) max_len=65600 ;;
+  # XC API answers are read up to media.xtream_max_response_bytes (64 MiB); 1 MiB is explorable.
+  xtream) max_len=1048576 ;;
+  # Engine answers and content ids are small.
+  acestream) max_len=65536 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null

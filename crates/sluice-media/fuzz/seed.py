@@ -66,10 +66,59 @@ def hls_rewrite():
             write("hls_rewrite", f"unit-{i}-{flags}", bytes([flags]) + s.encode())
 
 
+def query():
+    for i, q in enumerate([
+        "d=https%3A%2F%2Fcdn.example%2Fv.m3u8&h_referer=https%3A%2F%2Fsite.example%2F&api_password=pw",
+        "d=aHR0cDovL2Nkbi5leGFtcGxlL3YubXA0&r_content-type=video%2Fmp4&rp_x-a=1&x_headers=server,etag",
+        "d=http://h/v&h_content-length=5&h_x=a%0d%0aEvil:%201",
+        "d=https%22//h.example/x&transformer=ts_stream&ratelimit=vidoza",
+    ]):
+        write("query", f"q-{i}", q.encode())
+
+
+def sealed_token():
+    # Mode byte, then what drives the mutation (see the target).
+    for i, data in enumerate([b"\x00\x05\x01", b"\x01\x20", b"\x02=", b"\x03\x00\x10A",
+                              b"s1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"]):
+        write("sealed_token", f"m-{i}", data)
+
+
+def ts_unwrap():
+    packet = b"\x47" + bytes(187)
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(17) + b"\x00\x00\x00\x00IEND\xaeB`\x82"
+    write("ts_unwrap", "png", b"\x10\x40" + png + packet * 6)
+    write("ts_unwrap", "css", b"\x01\x07" + b"body{color:red}" + packet * 3)
+    write("ts_unwrap", "plain", b"\xff\xff" + packet * 5)
+
+
+def echo_ip():
+    write("echo_ip", "text", b"ip\n203.0.113.7\n")
+    write("echo_ip", "json", b'origin\n{"origin": "203.0.113.7, 10.0.0.1"}')
+
+
+def xtream():
+    import base64
+    user = base64.b64encode(b"http://xc.example:8080:alice:pw").decode()
+    write("xtream", "username", user.encode())
+    write("xtream", "path", f"/live/{user}/secret/42.ts".encode())
+    write("xtream", "body", b'alice\n{"stream_url":"http:\\/\\/xc.example:8080\\/live\\/alice\\/p\\/1.ts"}')
+
+
+def acestream():
+    write("acestream", "session", b'{"response":{"playback_url":"http://e/ace/r/1","stat_url":"http://e/s","command_url":"http://e/c"},"error":null}')
+    write("acestream", "ids", b"0123456789abcdef0123456789abcdef01234567&ffff")
+
+
 if __name__ == "__main__":
     mp4_decrypt()
     remux_ts()
     mpd_parse()
     hls_rewrite()
+    query()
+    sealed_token()
+    ts_unwrap()
+    echo_ip()
+    xtream()
+    acestream()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")

@@ -12,8 +12,10 @@
 //! - `cenc`: ClearKey CENC decryption (cenc, cens, cbc1, cbcs) of init and media segments.
 //! - `keys`: ClearKey `key_id`/`key` lists parsed into a KID → key ring.
 //! - `remux`: clear fragmented MP4 remuxed to MPEG-TS (Annex B video, ADTS audio, PAT/PMT, PCR).
-//! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
+//! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway;
+//!   `mpegts::unwrap` strips fake wrappers in front of TS segments (`transformer=ts_stream`).
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
+//! - `public_ip`: answers of "what is my IP" echo services, for `/proxy/ip`.
 //! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
 
 pub mod acestream;
@@ -26,6 +28,7 @@ pub mod hls;
 pub mod keys;
 pub mod mp4;
 pub mod mpegts;
+pub mod public_ip;
 pub mod query;
 pub mod remux;
 pub mod rtp;

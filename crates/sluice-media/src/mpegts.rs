@@ -1,9 +1,11 @@
-//! MPEG-TS packet alignment, sync search, per-PID continuity checking, and instant-start points.
-//! No I/O.
+//! MPEG-TS packet alignment, sync search, per-PID continuity checking, and instant-start points;
+//! `unwrap` strips fake wrappers in front of a segment's packets. No I/O.
 //!
 //! The gateway never rewrites TS; it only needs to know where packets start (so a new viewer
 //! begins on a packet boundary, ideally on a random-access point) and whether the stream it
 //! relays is intact (continuity-counter errors per PID, exported as a metric).
+
+pub mod unwrap;
 
 /// Every TS packet is this long.
 pub const PACKET_LEN: usize = 188;

@@ -3,6 +3,9 @@
 //! Precedence, lowest first: built-in defaults, the config file, `SLUICE_<SECTION>_<KEY>` environment
 //! variables, command-line flags. Everything is validated before anything binds.
 
+pub mod public_ip;
+pub mod ratelimit;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -240,7 +243,7 @@ impl Default for UpstreamConfig {
             routes: Vec::new(),
             http2: false,
             http2_keepalive_secs: 30,
-            read_buffer_bytes: 32 * 1024,
+            read_buffer_bytes: 96 * 1024,
         }
     }
 }
@@ -312,6 +315,10 @@ pub struct MediaConfig {
     pub xtream_max_response_bytes: usize,
     /// `[media.acestream]`: the Acestream engine and its shared sessions.
     pub acestream: AcestreamConfig,
+    /// `[media.ratelimit]`: per-host pacing for fragile CDNs.
+    pub ratelimit: ratelimit::RateLimitConfig,
+    /// `[media.public_ip]`: the echo services behind `/proxy/ip`.
+    pub public_ip: public_ip::PublicIpConfig,
 }
 
 impl Default for MediaConfig {
@@ -337,6 +344,8 @@ impl Default for MediaConfig {
             remux_to_ts: false,
             xtream_max_response_bytes: 64 * 1024 * 1024,
             acestream: Default::default(),
+            ratelimit: Default::default(),
+            public_ip: Default::default(),
         }
     }
 }
@@ -564,6 +573,8 @@ impl Config {
             bail!("media.xtream_max_response_bytes must be at least 1024");
         }
         self.media.acestream.validate()?;
+        self.media.ratelimit.validate()?;
+        self.media.public_ip.validate()?;
         if self.media.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

@@ -34,6 +34,8 @@ pub struct ProxyError {
     pub message: String,
     /// The upstream host concerned, if any.
     pub upstream: Option<String>,
+    /// Seconds after which a retry can succeed (`Retry-After` on the answer).
+    pub retry_after: Option<u64>,
 }
 
 impl ProxyError {
@@ -49,7 +51,14 @@ impl ProxyError {
             kind,
             message: message.into(),
             upstream: None,
+            retry_after: None,
         }
+    }
+
+    /// Tells the client when to retry (a `Retry-After` header in seconds).
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
 
     /// Appends a detail to the message.
@@ -111,6 +120,7 @@ impl ProxyError {
             kind,
             message: e.to_string(),
             upstream: e.host().map(str::to_string),
+            retry_after: None,
         }
     }
 
@@ -148,6 +158,10 @@ impl ProxyError {
             header::CONTENT_TYPE,
             header::HeaderValue::from_static("application/json"),
         );
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         resp.extensions_mut().insert(ErrorMark {
             side: self.side,
             kind: self.kind,

@@ -6,8 +6,11 @@ pub mod dash;
 pub mod generate;
 pub mod hls;
 pub mod links;
+pub mod pace;
 pub mod prefetch;
+pub mod public_ip;
 pub mod stream;
+pub mod transform;
 pub mod xtream;
 
 use std::sync::Arc;
@@ -39,6 +42,10 @@ pub struct Media {
     pub xtream: xtream::Xtream,
     /// Shared Acestream engine sessions; `None` when turned off.
     acestream: Option<Arc<acestream::session::Sessions>>,
+    /// `ratelimit`: per-host pacing of upstream requests.
+    pub(crate) pacer: pace::Pacer,
+    /// `/proxy/ip`.
+    public_ip: public_ip::PublicIp,
 }
 
 impl Media {
@@ -79,7 +86,11 @@ impl Media {
             )?),
             None => None,
         };
+        let pacer = pace::Pacer::new(&config.ratelimit);
+        let public_ip = public_ip::PublicIp::new(upstream.clone(), &config.public_ip);
         Ok(Media {
+            pacer,
+            public_ip,
             upstream,
             tokens,
             settings: config.clone(),
@@ -134,12 +145,18 @@ impl Media {
         {
             ("hls", Some(rest)) => {
                 require_get_or_head(req.method())?;
+                self.pace(ctx).await?;
                 hls::handle(self, &req, ctx, rest).await
             }
             ("stream", filename) => {
                 require_get_or_head(req.method())?;
+                self.pace(ctx).await?;
                 let filename = filename.filter(|f| !f.is_empty()).map(decode_segment);
                 stream::serve(&self.upstream, &req, ctx, filename.as_deref()).await
+            }
+            ("ip", None) => {
+                require_get_or_head(req.method())?;
+                self.public_ip.serve().await
             }
             ("acestream", Some(rest)) => {
                 require_get_or_head(req.method())?;
@@ -156,6 +173,17 @@ impl Media {
                 "not_found",
                 "no such /proxy endpoint",
             )),
+        }
+    }
+}
+
+impl Media {
+    /// Waits for the request's turn at a paced upstream host (`ratelimit`). A query without a
+    /// valid destination is the handler's to refuse, with the error naming the parameter.
+    async fn pace(&self, ctx: &RequestContext) -> Result<(), ProxyError> {
+        match sluice_media::query::ProxyParams::from_query(&ctx.query) {
+            Ok(params) => self.pacer.wait(ctx, &params).await,
+            Err(_) => Ok(()),
         }
     }
 }

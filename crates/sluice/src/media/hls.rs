@@ -14,8 +14,8 @@ use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;
 
-use super::stream;
 use super::Media;
+use super::{stream, transform};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
@@ -51,7 +51,8 @@ pub async fn handle(
 /// Segment, key and init bytes: the stream pipe with the Content-Type the extension promises
 /// (an `r_content-type` still wins). A whole-segment GET of a playlist we rewrote goes through
 /// the prefetcher instead: served from the cache or a fetch in flight, and the next segments are
-/// fetched ahead with the same upstream headers.
+/// fetched ahead with the same upstream headers, unless the host is paced (`ratelimit`), where
+/// fetching ahead would break the pacing. `transformer` applies to either path.
 async fn segment(
     media: &Media,
     req: &Request<Incoming>,
@@ -59,14 +60,23 @@ async fn segment(
     ext: Option<SegmentExt>,
 ) -> Result<Response<Body>, ProxyError> {
     let params = stream::parse_params(ctx)?;
-    let content_type = ext.map(|e| HeaderValue::from_static(segment_type(e)));
+    let transformer = transform::parse(&ctx.query)?;
+    let content_type = match transformer {
+        Some(t) => Some(transform::content_type(t)),
+        None => ext.map(|e| HeaderValue::from_static(segment_type(e))),
+    };
     let part = Part {
         url: params.destination.clone(),
         range: None,
     };
-    let whole_get = req.method() == Method::GET && !req.headers().contains_key(header::RANGE);
-    if !whole_get || !media.prefetcher.knows(&part) {
-        return stream::pipe(&media.upstream, req, &params, content_type).await;
+    // With a transformer the client's Range names bytes of the output, not of the upstream object.
+    let whole_get = req.method() == Method::GET
+        && (transformer.is_some() || !req.headers().contains_key(header::RANGE));
+    if !whole_get || !media.prefetcher.knows(&part) || media.pacer.paces(ctx, &params) {
+        return match transformer {
+            Some(t) => transform::pipe(&media.upstream, req, &params, t).await,
+            None => stream::pipe(&media.upstream, req, &params, content_type).await,
+        };
     }
     let upstream_headers = stream::fetch_request(&params)?.headers;
     let bytes = media
@@ -74,6 +84,10 @@ async fn segment(
         .get_or_fetch(&part, &upstream_headers)
         .await?;
     media.prefetcher.segment_fetched(&part, &upstream_headers);
+    let bytes = match transformer {
+        Some(t) => transform::apply_whole(bytes, t),
+        None => bytes,
+    };
     let mut resp = Response::new(body::full(bytes.clone()));
     let headers = resp.headers_mut();
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));

@@ -39,7 +39,10 @@ pub async fn serve(
     filename: Option<&str>,
 ) -> Result<Response<Body>, ProxyError> {
     let params = parse_params(ctx)?;
-    let mut resp = pipe(upstream, req, &params, None).await?;
+    let mut resp = match super::transform::parse(&ctx.query)? {
+        Some(t) => super::transform::pipe(upstream, req, &params, t).await?,
+        None => pipe(upstream, req, &params, None).await?,
+    };
     if let Some(name) = filename {
         resp.headers_mut()
             .insert(header::CONTENT_DISPOSITION, content_disposition(name));
