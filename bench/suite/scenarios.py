@@ -1,5 +1,6 @@
 """Scenarios S1–S6: each runs its peers and returns a JSON-serialisable result for the report."""
 
+import functools
 import json
 import os
 import subprocess
@@ -140,7 +141,10 @@ def _s1_big(ctx, origin, row, big, params):
 
 # === S2: reverse proxy, small responses ===
 
-S2_PEERS = ["direct", "sluice", "Varnish pass", "nginx proxy_pass", "HAProxy http"]
+# sluice runs twice, once per runtime model, so S2 also answers design.md's question of which
+# model to ship as the default.
+S2_PEERS = ["direct", "sluice (work-stealing)", "sluice (per-core)", "Varnish pass",
+            "nginx proxy_pass", "HAProxy http"]
 
 
 def s2(ctx):
@@ -174,7 +178,7 @@ def s2(ctx):
             "rows": rows, "origin": origin.version,
             "question": "Requests/s, p99 and CPU per request for 1 KB (c = 1, 10, 100, 1000), "
                         "64 KiB and 7 MB responses, and a 2-server round-robin group: direct, "
-                        "sluice, Varnish (pass), nginx proxy_pass, HAProxy (http)."}
+                        "sluice (work-stealing and per-core runtimes), Varnish (pass), nginx proxy_pass, HAProxy (http)."}
 
 
 # === S3: TCP proxy ===
@@ -239,8 +243,13 @@ _DURATION_PEERS = {
     "HAProxy http": peers.start_haproxy_http,
 }
 
-# S2's sluice row is the reverse proxy.
-S2_STARTERS = {**_DURATION_PEERS, "sluice": peers.start_sluice_reverse}
+# S2's sluice rows are the reverse proxy, under each runtime model.
+S2_STARTERS = {
+    **_DURATION_PEERS,
+    "sluice (work-stealing)": functools.partial(peers.start_sluice_reverse,
+                                                runtime="work-stealing"),
+    "sluice (per-core)": functools.partial(peers.start_sluice_reverse, runtime="per-core"),
+}
 
 # S3's sluice row is the TCP front end.
 S3_STARTERS = {**_DURATION_PEERS, "sluice": peers.start_sluice_tcp}

@@ -41,6 +41,13 @@ pub fn check_request(headers: &HeaderMap, http11: bool) -> Result<Framing, Frami
         .iter()
         .map(|v| v.as_bytes())
         .collect();
+    check_fields(&te, &cl, http11)
+}
+
+/// [`check_request`] on raw field values: every `Transfer-Encoding` value and every
+/// `Content-Length` value, in the order received (the connection screen reads them straight from
+/// the bytes of a request head).
+pub fn check_fields(te: &[&[u8]], cl: &[&[u8]], http11: bool) -> Result<Framing, FramingError> {
     if !te.is_empty() {
         if !cl.is_empty() {
             return Err(FramingError::LengthAndChunked);
@@ -62,7 +69,7 @@ pub fn check_request(headers: &HeaderMap, http11: bool) -> Result<Framing, Frami
         };
     }
     let mut length: Option<u64> = None;
-    for value in cl {
+    for &value in cl {
         for part in value.split(|&b| b == b',') {
             let part = trim(part);
             if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {

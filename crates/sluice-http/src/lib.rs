@@ -7,6 +7,7 @@
 //! - `hop`: hop-by-hop headers, including those named in `Connection`; upgrade detection.
 //! - `forwarded`: `X-Forwarded-*`, `Forwarded` and `Via` with trusted-proxy semantics.
 //! - `framing`: request framing checks against smuggling (CL+TE, duplicate CL, bad TE).
+//! - `h1screen`: follows an HTTP/1.1 request stream head to body to head; refuses ambiguous framing.
 //! - `proxy_protocol`: PROXY protocol v1/v2 headers: parse (with an "incomplete" case) and encode.
 //! - `client_hello`: the SNI and ALPN of a TLS ClientHello, peeked without terminating TLS.
 //! - `cache_control`: `Cache-Control` / `CDN-Cache-Control` directives (RFC 9111 §5.2, RFC 9213).
@@ -22,6 +23,7 @@ pub mod conditional;
 pub mod forwarded;
 pub mod framing;
 pub mod freshness;
+pub mod h1screen;
 pub mod hop;
 pub mod path;
 pub mod proxy_protocol;

@@ -146,7 +146,11 @@ impl App {
             registry,
             #[cfg(feature = "media")]
             media,
-            metrics_open: config.server.listen.iter().all(|a| a.ip().is_loopback()),
+            metrics_open: config
+                .server
+                .all_listen()
+                .iter()
+                .all(|(_, a)| a.ip().is_loopback()),
         }))
     }
 
@@ -165,6 +169,9 @@ impl App {
         let result = (|| {
             if config.media.enabled != self.media_on {
                 anyhow::bail!("media.enabled changed: that needs a restart");
+            }
+            if config.server.listener_names() != old.listeners() {
+                anyhow::bail!("server.listeners changed: that needs a restart");
             }
             if self.cache.is_none() && config.routes.iter().any(|r| r.cache) {
                 anyhow::bail!(
@@ -617,8 +624,14 @@ pub fn build_routing(
         metrics.clone(),
         access_log,
         cache.map(|c| (c.clone(), config.cache.policy())),
+        crate::runtime::pools(config.server.runtime, config.server.threads),
     )?;
-    Routing::new(reverse, &config.endpoints, config.media.enabled)
+    Routing::new(
+        reverse,
+        &config.endpoints,
+        config.media.enabled,
+        config.server.listener_names(),
+    )
 }
 
 fn not_found(path: &str) -> ProxyError {

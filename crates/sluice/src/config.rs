@@ -40,8 +40,12 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Addresses to listen on.
+    /// Addresses to listen on: the main listener (named `main`), which serves the user routes and
+    /// the built-ins unless they name another listener.
     pub listen: Vec<SocketAddr>,
+    /// More listeners, each with a name that routes (`listener = "..."`) and `[endpoints]`
+    /// (`listener = "..."`) use to put themselves there instead: an admin port for `/metrics`.
+    pub listeners: Vec<NamedListener>,
     /// PEM certificate chain; with `tls_key`, every listener speaks TLS (HTTP/2 and 1.1 by ALPN).
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for `tls_cert`.
@@ -75,12 +79,20 @@ pub struct ServerConfig {
     /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
     /// one connection holds at most this times `h2_max_concurrent_streams`.
     pub h2_max_send_buf_bytes: usize,
+    /// The runtime model: `work-stealing` (one multi-threaded runtime) or `per-core` (one
+    /// current-thread runtime per thread, each with its own `SO_REUSEPORT` listeners and upstream
+    /// pools).
+    pub runtime: crate::runtime::RuntimeModel,
+    /// Threads serving connections (work-stealing workers, or per-core runtimes); 0 = one per
+    /// available core.
+    pub threads: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 8888))],
+            listeners: Vec::new(),
             tls_cert: None,
             tls_key: None,
             certificates: Vec::new(),
@@ -95,7 +107,51 @@ impl Default for ServerConfig {
             tls_handshake_timeout_secs: 10,
             h2_max_concurrent_streams: 100,
             h2_max_send_buf_bytes: 128 * 1024,
+            runtime: crate::runtime::RuntimeModel::WorkStealing,
+            threads: 0,
         }
+    }
+}
+
+/// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,
+/// with the server's TLS settings and limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NamedListener {
+    /// The name routes and `[endpoints]` refer to (`main` is `server.listen`).
+    pub name: String,
+    /// Addresses this listener binds.
+    pub listen: Vec<SocketAddr>,
+}
+
+/// The name of the listener `server.listen` declares.
+pub const MAIN_LISTENER: &str = "main";
+
+impl ServerConfig {
+    /// Every listener's name, by listener id: `main` (id 0), then `[[server.listeners]]` in order.
+    pub fn listener_names(&self) -> Vec<String> {
+        std::iter::once(MAIN_LISTENER.to_string())
+            .chain(self.listeners.iter().map(|l| l.name.clone()))
+            .collect()
+    }
+
+    /// Every address to bind with the id of the listener it belongs to.
+    pub fn all_listen(&self) -> Vec<(usize, SocketAddr)> {
+        let main = self.listen.iter().map(|a| (0, *a));
+        let named = self
+            .listeners
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| l.listen.iter().map(move |a| (i + 1, *a)));
+        main.chain(named).collect()
+    }
+
+    /// The id of the listener called `name` (empty = `main`).
+    pub fn listener_id(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return Some(0);
+        }
+        self.listener_names().iter().position(|n| n == name)
     }
 }
 
@@ -385,8 +441,38 @@ impl Config {
         if s.listen.is_empty() {
             bail!("server.listen is empty: give at least one address, e.g. \"127.0.0.1:8888\"");
         }
+        let mut names = std::collections::HashSet::new();
+        for l in &s.listeners {
+            if l.name.is_empty() || l.name == MAIN_LISTENER || !names.insert(l.name.as_str()) {
+                bail!(
+                    "server.listeners: name {:?} is empty, reserved (\"main\" is server.listen) or used twice",
+                    l.name
+                );
+            }
+            if l.listen.is_empty() {
+                bail!("server.listeners {:?}: listen is empty", l.name);
+            }
+        }
+        if s.listener_id(&self.endpoints.listener).is_none() {
+            bail!(
+                "endpoints.listener {:?} names no listener (have: {})",
+                self.endpoints.listener,
+                s.listener_names().join(", ")
+            );
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if let Some(name) = &r.listener {
+                if s.listener_id(name).is_none() {
+                    bail!("routes[{i}].listener {name:?} names no listener");
+                }
+            }
+        }
         if self.auth.api_password.is_empty() {
-            if let Some(open) = s.listen.iter().find(|a| !a.ip().is_loopback()) {
+            if let Some((_, open)) = s
+                .all_listen()
+                .into_iter()
+                .find(|(_, a)| !a.ip().is_loopback())
+            {
                 bail!(
                     "listener {open} is reachable from other hosts but no password is set: set \
                      auth.api_password (or --api-password, or SLUICE_AUTH_API_PASSWORD), or listen \

@@ -15,6 +15,7 @@
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
 //! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
 //! - `redact`: masking secrets for logs and printed configs.
+//! - `runtime`: the runtime model (work-stealing or per-core) and the per-core worker index.
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
@@ -39,6 +40,7 @@ pub mod net;
 pub mod redact;
 pub mod request;
 pub mod reverse;
+pub mod runtime;
 pub mod server;
 pub mod tcp;
 pub mod upstream;
@@ -72,8 +74,8 @@ pub async fn serve_reloadable(
     let tcp = Arc::new(tcp::TcpProxy::new(tcp_metrics));
     tcp.apply(&config.tcp, app.groups().current())?;
     let server = server::Server::bind(&config.server, app.clone())?;
-    for addr in server.local_addrs() {
-        tracing::info!(%addr, "listening");
+    for (listener, addr) in server.bound() {
+        tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");
     }
     if let Some((file, flags)) = source {
         let mut reloader = server::reload::Reloader::new(file, flags);

@@ -97,9 +97,8 @@ fn main() -> anyhow::Result<()> {
                 multicast_interface: args.multicast_interface,
             };
             let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let runtime =
+                sluice::runtime::main_runtime(config.server.runtime, config.server.threads)?;
             let source = (args.config.clone(), flags);
             runtime.block_on(sluice::serve_reloadable(
                 config,

@@ -52,6 +52,8 @@ pub struct HttpMetrics {
     pub send_timeouts: Counter,
     /// TLS handshakes not finished within `server.tls_handshake_timeout_secs`.
     pub tls_handshake_timeouts: Counter,
+    /// HTTP/1.1 requests refused for ambiguous framing (`server::screen`).
+    pub smuggling_refused: Counter,
 }
 
 impl HttpMetrics {
@@ -68,6 +70,7 @@ impl HttpMetrics {
             accept: Default::default(),
             send_timeouts: Counter::default(),
             tls_handshake_timeouts: Counter::default(),
+            smuggling_refused: Counter::default(),
         };
         registry.register(
             "requests",
@@ -123,6 +126,11 @@ impl HttpMetrics {
             "downstream_tls_handshake_timeouts",
             "TLS handshakes not finished within server.tls_handshake_timeout_secs",
             m.tls_handshake_timeouts.clone(),
+        );
+        registry.register(
+            "downstream_smuggling_refused",
+            "HTTP/1.1 requests refused (400, connection closed) for ambiguous framing such as Content-Length with Transfer-Encoding",
+            m.smuggling_refused.clone(),
         );
         m
     }

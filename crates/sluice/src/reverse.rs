@@ -32,9 +32,9 @@ pub struct Route {
     pub name: String,
     pub host: HostPattern,
     pub group: Arc<Group>,
-    client: client::RouteClient,
+    client: client::RoutePools,
     /// For upgrades on `https` routes: ALPN offers HTTP/1.1 only, since Upgrade needs it.
-    upgrade_client: client::RouteClient,
+    upgrade_client: client::RoutePools,
     req_add: Vec<(HeaderName, HeaderValue)>,
     req_remove: Vec<HeaderName>,
     resp_add: Vec<(HeaderName, HeaderValue)>,
@@ -52,6 +52,7 @@ impl Route {
         group: Arc<Group>,
         shared: &ReverseConfig,
         cache_defaults: Option<&crate::cache::config::PolicyConfig>,
+        pools: usize,
     ) -> anyhow::Result<Route> {
         let headers = |m: &std::collections::BTreeMap<String, String>| {
             m.iter()
@@ -73,8 +74,8 @@ impl Route {
             name: format!("{}{}", host, config.path),
             host,
             group,
-            client: client::build(config, shared, false)?,
-            upgrade_client: client::build(config, shared, true)?,
+            client: client::RoutePools::build(config, shared, false, pools)?,
+            upgrade_client: client::RoutePools::build(config, shared, true, pools)?,
             req_add: headers(&config.request_headers_add)?,
             req_remove: names(&config.request_headers_remove)?,
             resp_add: headers(&config.response_headers_add)?,
@@ -113,6 +114,7 @@ impl Reverse {
         metrics: ReverseMetrics,
         access_log: Option<access_log::AccessLog>,
         cache: Option<(crate::cache::Cache, crate::cache::config::PolicyConfig)>,
+        pools: usize,
     ) -> anyhow::Result<Reverse> {
         let names: Vec<&str> = groups.names().collect();
         for (i, r) in routes.iter().enumerate() {
@@ -131,7 +133,7 @@ impl Reverse {
                         r.path
                     );
                 }
-                Route::new(r, group, settings, cache.as_ref().map(|c| &c.1)).map(Arc::new)
+                Route::new(r, group, settings, cache.as_ref().map(|c| &c.1), pools).map(Arc::new)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Reverse {

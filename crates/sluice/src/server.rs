@@ -6,6 +6,7 @@ pub mod activity;
 pub mod listener;
 pub mod reload;
 pub mod routes;
+pub mod screen;
 pub mod stall;
 pub mod tls;
 
@@ -27,13 +28,22 @@ use tokio_util::task::TaskTracker;
 use crate::app::App;
 use crate::config::ServerConfig;
 use activity::{Activity, Watched};
+use routes::ListenerId;
 
 /// A bound server, ready to run.
 pub struct Server {
-    listeners: Vec<TcpListener>,
+    listeners: Listeners,
     tls: TlsHandle,
     config: ServerConfig,
     app: Arc<App>,
+}
+
+/// The sockets a server accepts on, by runtime model.
+enum Listeners {
+    /// Work-stealing: every listener accepts on the one multi-threaded runtime.
+    Shared(Vec<(ListenerId, TcpListener)>),
+    /// Per-core: for each core, its own `SO_REUSEPORT` socket for every address.
+    PerCore(Vec<Vec<(ListenerId, std::net::TcpListener)>>),
 }
 
 /// The live TLS settings; a reload swaps the certificates here, each new handshake uses the current
@@ -53,19 +63,54 @@ pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::
 }
 
 impl Server {
-    /// Binds every configured listener (nothing is served until [`Server::run`]).
+    /// Binds every configured listener (nothing is served until [`Server::run`]). Under
+    /// `server.runtime = "per-core"` each address is bound once per core with `SO_REUSEPORT`.
     pub fn bind(config: &ServerConfig, app: Arc<App>) -> anyhow::Result<Server> {
+        let failed =
+            |addr: &SocketAddr, e: std::io::Error| anyhow::anyhow!("cannot listen on {addr}: {e}");
+        if config.runtime == crate::runtime::RuntimeModel::PerCore {
+            let cores = crate::runtime::threads(config.threads);
+            let mut per_core: Vec<Vec<(ListenerId, std::net::TcpListener)>> =
+                (0..cores).map(|_| Vec::new()).collect();
+            for (id, addr) in config.all_listen() {
+                // The first socket settles the port (`:0` in tests); the others join it.
+                let first = listener::bind_reuseport(addr).map_err(|e| failed(&addr, e))?;
+                let bound = first.local_addr()?;
+                per_core[0].push((ListenerId(id), first));
+                for core in per_core.iter_mut().skip(1) {
+                    let socket = listener::bind_reuseport(bound).map_err(|e| failed(&bound, e))?;
+                    core.push((ListenerId(id), socket));
+                }
+            }
+            let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
+            return Ok(Server {
+                listeners: Listeners::PerCore(per_core),
+                tls,
+                config: config.clone(),
+                app,
+            });
+        }
         let listeners = config
-            .listen
-            .iter()
-            .map(|addr| {
-                listener::bind(*addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+            .all_listen()
+            .into_iter()
+            .map(|(id, addr)| {
+                listener::bind(addr)
+                    .map(|l| (ListenerId(id), l))
+                    .map_err(|e| failed(&addr, e))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Self::from_listeners(listeners, config, app)
+        let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
+        Ok(Server {
+            listeners: Listeners::Shared(listeners),
+            tls,
+            config: config.clone(),
+            app,
+        })
     }
 
-    /// Uses listeners bound by the caller (tests bind `127.0.0.1:0`).
+    /// Uses listeners bound by the caller (tests bind `127.0.0.1:0`), all of them the `main`
+    /// listener, served by the caller's runtime whatever `server.runtime` says (named listeners and
+    /// per-core need [`Server::bind`]).
     pub fn from_listeners(
         listeners: Vec<TcpListener>,
         config: &ServerConfig,
@@ -73,7 +118,12 @@ impl Server {
     ) -> anyhow::Result<Server> {
         let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
         Ok(Server {
-            listeners,
+            listeners: Listeners::Shared(
+                listeners
+                    .into_iter()
+                    .map(|l| (ListenerId::default(), l))
+                    .collect(),
+            ),
             tls,
             config: config.clone(),
             app,
@@ -85,12 +135,29 @@ impl Server {
         self.tls.clone()
     }
 
-    /// The addresses actually bound.
+    /// The addresses actually bound (`main` first, then the named listeners in order).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect()
+        self.bound().into_iter().map(|(_, a)| a).collect()
+    }
+
+    /// The addresses actually bound, each with the name of its listener.
+    pub fn bound(&self) -> Vec<(String, SocketAddr)> {
+        let names = self.config.listener_names();
+        let name = |id: &ListenerId| names.get(id.0).cloned().unwrap_or_default();
+        match &self.listeners {
+            Listeners::Shared(ls) => ls
+                .iter()
+                .filter_map(|(id, l)| Some((name(id), l.local_addr().ok()?)))
+                .collect(),
+            Listeners::PerCore(cores) => cores
+                .first()
+                .map(|ls| {
+                    ls.iter()
+                        .filter_map(|(id, l)| Some((name(id), l.local_addr().ok()?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight responses finish within
@@ -109,29 +176,53 @@ impl Server {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),
             tls_handshake: Duration::from_secs(self.config.tls_handshake_timeout_secs),
+            header_read: Duration::from_secs(self.config.header_read_timeout_secs),
         };
+        let conn = Conn {
+            builder,
+            app: self.app.clone(),
+            tls: self.tls.clone(),
+            stop: stop_rx.clone(),
+            timeouts,
+            head_limits: (self.config.max_header_bytes, self.config.max_headers),
+            listener: ListenerId::default(),
+        };
+        let grace = Duration::from_secs(self.config.shutdown_grace_secs);
         let mut acceptors = Vec::new();
-        for listener in self.listeners {
-            let conn = Conn {
-                builder: builder.clone(),
-                app: self.app.clone(),
-                tls: self.tls.clone(),
-                stop: stop_rx.clone(),
-                timeouts,
-            };
-            let tracker = tracker.clone();
-            let acceptor = acceptor.clone();
-            acceptors.push(tokio::spawn(async move {
-                loop {
-                    let (stream, peer, slot) = acceptor.accept(&listener).await;
-                    conn.app.connection_accepted();
-                    let conn = conn.clone();
-                    tracker.spawn(async move {
-                        conn.serve(stream, peer).await;
-                        drop(slot);
-                    });
+        let mut cores = Vec::new();
+        match self.listeners {
+            Listeners::Shared(listeners) => {
+                for (id, listener) in listeners {
+                    acceptors.push(tokio::spawn(accept_loop(
+                        listener,
+                        Conn {
+                            listener: id,
+                            ..conn.clone()
+                        },
+                        acceptor.clone(),
+                        tracker.clone(),
+                    )));
                 }
-            }));
+            }
+            Listeners::PerCore(per_core) => {
+                for (index, listeners) in per_core.into_iter().enumerate() {
+                    let core = Core {
+                        index,
+                        listeners,
+                        conn: conn.clone(),
+                        acceptor: acceptor.clone(),
+                        tracker: tracker.clone(),
+                        grace,
+                    };
+                    match core.start() {
+                        Ok(done) => cores.push(done),
+                        Err(e) => {
+                            tracing::error!(core = index, error = %e, "cannot start a per-core runtime")
+                        }
+                    }
+                }
+                tracing::info!(runtimes = cores.len(), "per-core runtimes serving");
+            }
         }
         shutdown.await;
         tracing::info!("shutting down: no new connections, finishing in-flight responses");
@@ -140,13 +231,94 @@ impl Server {
         }
         let _ = stop_tx.send(true);
         tracker.close();
-        let grace = Duration::from_secs(self.config.shutdown_grace_secs);
         if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
             tracing::warn!(
                 "grace period of {} s over; closing remaining connections",
                 grace.as_secs()
             );
         }
+        // Each per-core runtime stops on its own once its connections are done or the grace
+        // period is over.
+        for done in cores {
+            let _ = tokio::time::timeout(grace + Duration::from_secs(2), done).await;
+        }
+    }
+}
+
+/// Accepts on one listener until aborted, each connection a tracked task of the calling runtime.
+async fn accept_loop(
+    listener: TcpListener,
+    conn: Conn,
+    acceptor: listener::Acceptor,
+    tracker: TaskTracker,
+) {
+    loop {
+        let (stream, peer, slot) = acceptor.accept(&listener).await;
+        conn.app.connection_accepted();
+        let conn = conn.clone();
+        tracker.spawn(async move {
+            conn.serve(stream, peer).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One per-core runtime: a thread running a current-thread runtime that accepts on its own
+/// sockets and serves those connections (and the upstream requests they make) itself.
+struct Core {
+    index: usize,
+    listeners: Vec<(ListenerId, std::net::TcpListener)>,
+    conn: Conn,
+    acceptor: listener::Acceptor,
+    tracker: TaskTracker,
+    grace: Duration,
+}
+
+impl Core {
+    /// Starts the thread; the receiver resolves when its runtime has stopped.
+    fn start(self) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name(format!("sluice-core-{}", self.index))
+            .spawn(move || {
+                crate::runtime::enter_worker(self.index);
+                runtime.block_on(self.serve());
+                // Whatever outlived the grace period (and blocking work) is given a moment only.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+                let _ = done_tx.send(());
+            })?;
+        Ok(done_rx)
+    }
+
+    async fn serve(self) {
+        let mut stop = self.conn.stop.clone();
+        let mut loops = Vec::new();
+        for (id, std_listener) in self.listeners {
+            match TcpListener::from_std(std_listener) {
+                Ok(l) => loops.push(tokio::spawn(accept_loop(
+                    l,
+                    Conn {
+                        listener: id,
+                        ..self.conn.clone()
+                    },
+                    self.acceptor.clone(),
+                    self.tracker.clone(),
+                ))),
+                Err(e) => {
+                    tracing::error!(core = self.index, error = %e, "cannot register a listener")
+                }
+            }
+        }
+        let _ = stop.wait_for(|s| *s).await;
+        for l in &loops {
+            l.abort();
+        }
+        // This runtime drives its own connections: keep running until they are done (the main
+        // runtime closes the tracker on shutdown) or the grace period is over.
+        let _ = tokio::time::timeout(self.grace, self.tracker.wait()).await;
     }
 }
 
@@ -180,6 +352,10 @@ struct Conn {
     tls: TlsHandle,
     stop: watch::Receiver<bool>,
     timeouts: Timeouts,
+    /// `server.max_header_bytes` and `server.max_headers`, for the request screen.
+    head_limits: (usize, usize),
+    /// The listener that accepted the connection; routing sees it in each request's extensions.
+    listener: ListenerId,
 }
 
 /// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
@@ -216,6 +392,8 @@ struct Timeouts {
     send: Duration,
     /// TLS handshake not finished in this long.
     tls_handshake: Duration,
+    /// A request head not finished in this long (hyper's own clock; the screen holds heads too).
+    header_read: Duration,
 }
 
 impl Conn {
@@ -231,12 +409,19 @@ impl Conn {
             unacked: None,
         };
         match self.tls.load_full() {
-            None => self.drive(stream, watch, peer, false).await,
+            None => {
+                let stream = self.screened(stream, false);
+                self.drive(stream, watch, peer, false).await
+            }
             Some(settings) => {
                 let acceptor = TlsAcceptor::from(settings);
                 let limit = self.timeouts.tls_handshake;
                 match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,
+                    Ok(Ok(tls)) => {
+                        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                        let tls = self.screened(tls, h2);
+                        self.drive(tls, watch, peer, true).await
+                    }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => {
                         self.app.http_metrics().tls_handshake_timeouts.inc();
@@ -245,6 +430,13 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Puts the HTTP/1.1 request screen (`screen`) under hyper.
+    fn screened<I>(&self, io: I, http2: bool) -> screen::Screened<I> {
+        let (bytes, fields) = self.head_limits;
+        let refused = self.app.http_metrics().smuggling_refused.clone();
+        screen::Screened::new(io, bytes, fields, http2, refused, self.timeouts.header_read)
     }
 
     async fn drive<I>(mut self, io: I, mut watch: SendWatch, peer: SocketAddr, secure: bool)
@@ -256,7 +448,9 @@ impl Conn {
         let act = activity.clone();
         let bodies = stall::Watchlist::new();
         let watched = bodies.clone();
-        let service = service_fn(move |req| {
+        let listener = self.listener;
+        let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(listener);
             let app = app.clone();
             let guard = act.begin();
             let watched = watched.clone();

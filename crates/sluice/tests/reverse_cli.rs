@@ -101,11 +101,86 @@ upstream = "app"
         .collect();
     assert_eq!(
         table[0],
-        "*.example.com /api/ -> upstream \"app\" (strip prefix)"
+        "main *.example.com /api/ -> upstream \"app\" (strip prefix)"
     );
-    assert!(table.contains(&"* /health -> built-in health"), "{table:?}");
-    assert!(table.contains(&"* /proxy/ -> built-in media"), "{table:?}");
-    assert_eq!(*table.last().unwrap(), "* / -> upstream \"app\"");
+    assert!(
+        table.contains(&"main * /health -> built-in health"),
+        "{table:?}"
+    );
+    assert!(
+        table.contains(&"main * /proxy/ -> built-in media"),
+        "{table:?}"
+    );
+    assert_eq!(*table.last().unwrap(), "main * / -> upstream \"app\"");
+}
+
+#[test]
+fn check_config_shows_built_ins_moved_to_a_named_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    std::fs::write(
+        &file,
+        r#"
+[[server.listeners]]
+name = "admin"
+listen = ["127.0.0.1:9901"]
+
+[endpoints]
+listener = "admin"
+
+[[upstreams]]
+name = "app"
+servers = ["127.0.0.1:9000"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+"#,
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let table: Vec<String> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# effective route table"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(table[0], "main * / -> upstream \"app\"", "{table:?}");
+    assert!(
+        table.contains(&"admin * /metrics -> built-in metrics".to_string()),
+        "{table:?}"
+    );
+    // Nothing but the user route is left on main.
+    assert_eq!(
+        table.iter().filter(|l| l.starts_with("main ")).count(),
+        1,
+        "{table:?}"
+    );
+    // A listener name nobody declared is refused before anything binds.
+    std::fs::write(
+        &file,
+        "[endpoints]\nlistener = \"adnim\"\n[[server.listeners]]\nname = \"admin\"\nlisten = [\"127.0.0.1:9901\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("endpoints.listener \"adnim\" names no listener (have: main, admin)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -46,6 +46,30 @@ pub struct ServerConnector {
 /// The pooled client one route uses.
 pub type RouteClient = Client<ServerConnector, Body>;
 
+/// A route's pools: one client per per-core runtime (`server.runtime = "per-core"`), so a worker
+/// only reuses connections its own runtime drives; a single shared one under work-stealing.
+pub struct RoutePools(Vec<RouteClient>);
+
+impl RoutePools {
+    /// `count` independent pools for one route.
+    pub fn build(
+        route: &RouteConfig,
+        shared: &ReverseConfig,
+        h1_only: bool,
+        count: usize,
+    ) -> anyhow::Result<RoutePools> {
+        (0..count.max(1))
+            .map(|_| build(route, shared, h1_only))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(RoutePools)
+    }
+
+    /// The calling worker's pool.
+    pub fn get(&self) -> &RouteClient {
+        &self.0[crate::runtime::worker() % self.0.len()]
+    }
+}
+
 /// Builds the client for a route.
 pub fn build(
     route: &RouteConfig,

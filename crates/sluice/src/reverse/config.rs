@@ -16,6 +16,10 @@ pub struct RouteConfig {
     /// Path prefix; the longest matching prefix wins.
     #[serde(default = "root")]
     pub path: String,
+    /// The listener (`[[server.listeners]]` name) serving the route; absent: `main`
+    /// (`server.listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<String>,
     /// The `[[upstreams]]` group that serves the route.
     pub upstream: String,
     /// Send the client's `Host` upstream (otherwise the chosen server's `host:port`).

@@ -428,9 +428,9 @@ pub(super) async fn attempts(
         let Some(lent) = body.lend() else { break };
         let req = build_request(head, server, lent);
         let client = if head.upgrade {
-            &route.upgrade_client
+            route.upgrade_client.get()
         } else {
-            &route.client
+            route.client.get()
         };
         let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
         let failure = match outcome {

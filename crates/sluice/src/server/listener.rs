@@ -32,6 +32,22 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
+/// Binds `addr` with `SO_REUSEPORT` as well, for the per-core runtime model: every core binds its
+/// own socket to the same address and the kernel spreads new connections over them. Returns a
+/// standard (non-blocking) listener, so the core's own runtime registers it.
+pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
 /// Descriptors kept back from the connection budget for listeners, multicast sockets, config
 /// and playlist files, logs and the like.
 const RESERVED_FDS: u64 = 64;

@@ -15,6 +15,9 @@ use crate::reverse::{Reverse, Route};
 pub struct EndpointsConfig {
     /// Serve the built-ins only for this host (`example.com` or `*.example.com`); empty = any host.
     pub host: String,
+    /// Serve the built-ins only on this listener (a `[[server.listeners]]` name); empty = `main`
+    /// (`server.listen`).
+    pub listener: String,
     /// The MediaFlow-compatible `/proxy/*`, `/generate_url*`, `/base64/*` and `/playlist/*`
     /// endpoints, and the pages (`/`, `/playlist/builder`, `/url-generator`).
     pub media: bool,
@@ -32,6 +35,7 @@ impl Default for EndpointsConfig {
     fn default() -> Self {
         EndpointsConfig {
             host: String::new(),
+            listener: String::new(),
             media: true,
             iptv: true,
             health: true,
@@ -104,38 +108,57 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
     (Builtin::Admin, &["/admin/"]),
 ];
 
-/// The table plus the reverse proxy it points into.
+/// Which listener accepted a request's connection (an index into
+/// `ServerConfig::listener_names`), put in the request's extensions by the server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerId(pub usize);
+
+/// The tables plus the reverse proxy they point into.
 pub struct Routing {
-    table: RouteTable<Target>,
+    /// One table per listener, by listener id: what a connection accepted there can reach.
+    tables: Vec<RouteTable<Target>>,
+    /// The listeners' names, by id (for `describe`, and to refuse a reload that changes them).
+    listeners: Vec<String>,
     pub reverse: Reverse,
     /// Where the media built-ins answer, when they are on: Xtream Codes paths (`/player_api.php`,
     /// `/live/...`, the short `/{user}/{pass}/{id}`) and the home page `/` have no prefix of their
     /// own, so they are served only where no route or other built-in claims the path.
     #[cfg_attr(not(feature = "media"), allow(dead_code))]
-    xtream_host: Option<HostPattern>,
+    xtream_host: Option<(usize, HostPattern)>,
 }
 
 impl Routing {
     /// User routes first, then built-ins: on an exact tie (same host pattern and prefix) the user's
-    /// route wins, so a built-in path can be taken over deliberately.
+    /// route wins, so a built-in path can be taken over deliberately. Each listener gets the
+    /// entries that name it (`main` for those naming none).
     pub fn new(
         reverse: Reverse,
         endpoints: &EndpointsConfig,
         media_on: bool,
+        listeners: Vec<String>,
     ) -> anyhow::Result<Routing> {
         let builtin_host = HostPattern::parse(&endpoints.host)
             .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
-        let mut entries: Vec<(HostPattern, String, Target)> = reverse
-            .routes()
-            .iter()
-            .map(|r| {
-                (
-                    r.host.clone(),
-                    r.config.path.clone(),
-                    Target::Proxy(r.clone()),
-                )
-            })
-            .collect();
+        let id_of = |name: Option<&str>, what: &str| -> anyhow::Result<usize> {
+            match name {
+                None | Some("") => Ok(0),
+                Some(n) => listeners
+                    .iter()
+                    .position(|l| l == n)
+                    .ok_or_else(|| anyhow::anyhow!("{what}: no listener is named {n:?}")),
+            }
+        };
+        let builtin_listener = id_of(Some(&endpoints.listener), "endpoints.listener")?;
+        let mut entries: Vec<(usize, HostPattern, String, Target)> = Vec::new();
+        for r in reverse.routes() {
+            let id = id_of(r.config.listener.as_deref(), &format!("route {}", r.name))?;
+            entries.push((
+                id,
+                r.host.clone(),
+                r.config.path.clone(),
+                Target::Proxy(r.clone()),
+            ));
+        }
         for (builtin, prefixes) in BUILTINS {
             let on = match builtin {
                 Builtin::Media => endpoints.media && media_on,
@@ -147,6 +170,7 @@ impl Routing {
             if on {
                 for p in *prefixes {
                     entries.push((
+                        builtin_listener,
                         builtin_host.clone(),
                         p.to_string(),
                         Target::Builtin(*builtin),
@@ -154,24 +178,42 @@ impl Routing {
                 }
             }
         }
-        let table = RouteTable::build(entries)?;
-        let xtream_host = (endpoints.media && media_on).then_some(builtin_host);
+        let tables = (0..listeners.len())
+            .map(|id| {
+                RouteTable::build(
+                    entries
+                        .iter()
+                        .filter(|e| e.0 == id)
+                        .map(|(_, h, p, t)| (h.clone(), p.clone(), t.clone())),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let xtream_host = (endpoints.media && media_on).then_some((builtin_listener, builtin_host));
         Ok(Routing {
-            table,
+            tables,
+            listeners,
             reverse,
             xtream_host,
         })
     }
 
-    /// The target for a host and normalised path.
-    pub fn lookup(&self, host: Option<&str>, path: &str) -> Option<&Target> {
-        self.table.lookup(host, path)
+    /// The listeners' names, by id.
+    pub fn listeners(&self) -> &[String] {
+        &self.listeners
+    }
+
+    /// The target for a host and normalised path, on a listener.
+    pub fn lookup(&self, listener: ListenerId, host: Option<&str>, path: &str) -> Option<&Target> {
+        self.tables.get(listener.0)?.lookup(host, path)
     }
 
     /// An Xtream Codes path or the home page on the media built-ins' host (see `xtream_host`).
-    fn serves_xtream(&self, host: Option<&str>, path: &str) -> bool {
+    fn serves_xtream(&self, listener: ListenerId, host: Option<&str>, path: &str) -> bool {
         #[cfg(feature = "media")]
-        if let Some(pattern) = &self.xtream_host {
+        if let Some((on, pattern)) = &self.xtream_host {
+            if *on != listener.0 {
+                return false;
+            }
             let host = host.map(sluice_http::route::normalize_host);
             let on_host = match pattern {
                 HostPattern::Any => true,
@@ -181,38 +223,45 @@ impl Routing {
             // The home page has no prefix of its own either.
             return on_host && (path == "/" || crate::media::xtream::Xtream::serves(path));
         }
-        let _ = (host, path);
+        let _ = (listener, host, path);
         false
     }
 
-    /// Whether a route names this host explicitly (for refusing absolute-form requests).
-    pub fn serves_host(&self, host: &str) -> bool {
-        self.table.serves_host(host)
+    /// Whether a route on this listener names this host explicitly (for refusing absolute-form
+    /// requests).
+    pub fn serves_host(&self, listener: ListenerId, host: &str) -> bool {
+        self.tables
+            .get(listener.0)
+            .is_some_and(|t| t.serves_host(host))
     }
 
     /// The effective table in precedence order, one line per entry (for `sluice check-config`).
     pub fn describe(&self) -> String {
-        let mut out = String::from("# effective route table, in precedence order\n");
-        for (host, prefix, target) in self.table.entries() {
-            let what = match target {
-                Target::Builtin(b) => format!("built-in {}", b.label()),
-                Target::Proxy(r) => {
-                    let mut s = format!("upstream {:?}", r.config.upstream);
-                    if r.config.strip_prefix {
-                        s.push_str(" (strip prefix)");
+        let mut out = String::from("# effective route table per listener, in precedence order\n");
+        for (id, table) in self.tables.iter().enumerate() {
+            let listener = &self.listeners[id];
+            for (host, prefix, target) in table.entries() {
+                let what = match target {
+                    Target::Builtin(b) => format!("built-in {}", b.label()),
+                    Target::Proxy(r) => {
+                        let mut s = format!("upstream {:?}", r.config.upstream);
+                        if r.config.strip_prefix {
+                            s.push_str(" (strip prefix)");
+                        }
+                        if let Some(rw) = &r.config.rewrite {
+                            s.push_str(&format!(" (rewrite to {rw})"));
+                        }
+                        s
                     }
-                    if let Some(rw) = &r.config.rewrite {
-                        s.push_str(&format!(" (rewrite to {rw})"));
-                    }
-                    s
-                }
-            };
-            out.push_str(&format!(
-                "{:<24} {:<32} -> {}\n",
-                host.to_string(),
-                prefix,
-                what
-            ));
+                };
+                out.push_str(&format!(
+                    "{:<10} {:<24} {:<32} -> {}\n",
+                    listener,
+                    host.to_string(),
+                    prefix,
+                    what
+                ));
+            }
         }
         out
     }
@@ -263,10 +312,17 @@ impl Routing {
             }
         };
         let host = request_host(req);
+        let listener = req
+            .extensions()
+            .get::<ListenerId>()
+            .copied()
+            .unwrap_or_default();
         // An absolute-form target (`GET http://other/ HTTP/1.1`) names the host it wants; sluice is
         // not an open proxy, so a host no route names is misdirected.
         if req.version() <= http::Version::HTTP_11 && req.uri().authority().is_some() {
-            let named = host.as_deref().is_some_and(|h| self.serves_host(h));
+            let named = host
+                .as_deref()
+                .is_some_and(|h| self.serves_host(listener, h));
             if !named {
                 return Dispatch::Refused(ProxyError::downstream(
                     StatusCode::MISDIRECTED_REQUEST,
@@ -275,10 +331,12 @@ impl Routing {
                 ));
             }
         }
-        match self.lookup(host.as_deref(), &path) {
+        match self.lookup(listener, host.as_deref(), &path) {
             Some(Target::Proxy(route)) if !tokened => Dispatch::Proxy(route.clone(), path),
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
-            None if self.serves_xtream(host.as_deref(), &path) => Dispatch::Builtin(Builtin::Media),
+            None if self.serves_xtream(listener, host.as_deref(), &path) => {
+                Dispatch::Builtin(Builtin::Media)
+            }
             _ => {
                 let shown: String = rest.chars().take(200).collect();
                 Dispatch::Refused(ProxyError::downstream(

@@ -118,7 +118,7 @@ async fn accept(listener: TcpListener, iptv: Arc<Iptv>) {
     }
 }
 
-async fn get(addr: SocketAddr, path: &str) -> Response<Incoming> {
+pub async fn get(addr: SocketAddr, path: &str) -> Response<Incoming> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await

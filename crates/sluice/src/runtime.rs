@@ -1,0 +1,93 @@
+//! The runtime model (`server.runtime`): one work-stealing runtime for everything, or one
+//! current-thread runtime per core, each accepting on its own `SO_REUSEPORT` listener and keeping its
+//! own reverse proxy upstream pools. Also which per-core worker the calling thread is.
+
+use std::cell::Cell;
+
+use serde::{Deserialize, Serialize};
+
+/// `server.runtime`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeModel {
+    /// One multi-threaded tokio runtime; idle workers steal tasks from busy ones.
+    #[default]
+    WorkStealing,
+    /// One current-thread runtime per core, each with its own listening sockets
+    /// (`SO_REUSEPORT`, the kernel spreads connections) and its own upstream pools: a connection
+    /// and its upstream requests stay on one thread. Process-wide state (cache, IPTV hubs,
+    /// metrics, upstream groups and their health checks) is shared.
+    PerCore,
+}
+
+/// How many threads serve connections: `server.threads`, or one per available core when 0.
+pub fn threads(configured: usize) -> usize {
+    match configured {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+/// How many copies of each reverse proxy upstream pool to keep: one per per-core runtime, or one
+/// shared by all the work-stealing workers.
+pub fn pools(model: RuntimeModel, configured_threads: usize) -> usize {
+    match model {
+        RuntimeModel::WorkStealing => 1,
+        RuntimeModel::PerCore => threads(configured_threads),
+    }
+}
+
+thread_local! {
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as per-core worker `index` (its pools are `index`).
+pub fn enter_worker(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+/// The per-core worker the calling thread is (0 outside per-core runtimes).
+pub fn worker() -> usize {
+    WORKER.with(Cell::get)
+}
+
+/// Builds the runtime `main` runs on: under per-core, it runs only the control plane (signals,
+/// reload, health checks, the TCP front end), so it gets one worker thread; the per-core runtimes
+/// are started by the server.
+pub fn main_runtime(
+    model: RuntimeModel,
+    configured_threads: usize,
+) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    match model {
+        RuntimeModel::WorkStealing => {
+            builder.worker_threads(threads(configured_threads));
+        }
+        RuntimeModel::PerCore => {
+            builder.worker_threads(1);
+        }
+    }
+    builder.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_follow_the_model() {
+        assert_eq!(pools(RuntimeModel::WorkStealing, 8), 1);
+        assert_eq!(pools(RuntimeModel::PerCore, 3), 3);
+        assert!(pools(RuntimeModel::PerCore, 0) >= 1);
+        let m: RuntimeModel = serde_json::from_str("\"per-core\"").unwrap();
+        assert_eq!(m, RuntimeModel::PerCore);
+    }
+
+    #[test]
+    fn the_worker_index_is_per_thread() {
+        enter_worker(3);
+        assert_eq!(worker(), 3);
+        assert_eq!(std::thread::spawn(worker).join().unwrap(), 0);
+    }
+}

@@ -1,0 +1,238 @@
+//! The downstream socket wrapper that runs every HTTP/1.1 request head through
+//! `sluice_http::h1screen` before hyper reads it, so a request with ambiguous framing
+//! (`Content-Length` with `Transfer-Encoding`, and the other shapes `framing` refuses) is answered
+//! 400 by hyper's parser and the connection closed, before any front end sees it.
+//!
+//! Body bytes go straight into hyper's buffer; only the bytes of a head are held here until the head
+//! is complete (hyper waits for the whole head anyway), then released, altered if refused. Since
+//! hyper's header read timeout only starts once it sees part of a head, a held head has the same
+//! deadline here (`server.header_read_timeout_secs`): a slowloris client is cut all the same.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use sluice_http::h1screen::{Head, Screen};
+use std::future::Future;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// A downstream stream whose HTTP/1.1 request heads are screened.
+pub struct Screened<I> {
+    inner: I,
+    screen: Screen,
+    /// Bytes read from `inner` that hyper has not been given yet.
+    held: Vec<u8>,
+    /// How many bytes at the front of `held` have been screened and may be handed over.
+    ready: usize,
+    refused: Counter,
+    head_timeout: Duration,
+    /// Running while an incomplete head is held.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> Screened<I> {
+    /// Screens `inner`; `http2` (negotiated by ALPN) turns the screen off from the start.
+    pub fn new(
+        inner: I,
+        max_head_bytes: usize,
+        max_headers: usize,
+        http2: bool,
+        refused: Counter,
+        head_timeout: Duration,
+    ) -> Self {
+        let mut screen = Screen::new(max_head_bytes, max_headers);
+        if http2 {
+            screen.turn_off();
+        }
+        Screened {
+            inner,
+            screen,
+            held: Vec::new(),
+            ready: 0,
+            refused,
+            head_timeout,
+            deadline: None,
+        }
+    }
+
+    /// Screens `data` from the start: heads once complete (altered in place when refused), body
+    /// bytes as they come. Returns how many bytes were screened; the rest is an incomplete head.
+    fn screen(&mut self, data: &mut [u8]) -> usize {
+        let mut at = 0;
+        while at < data.len() {
+            if self.screen.is_off() {
+                return data.len();
+            }
+            if self.screen.at_head() {
+                match self.screen.head(&mut data[at..]) {
+                    Head::Partial => return at,
+                    Head::Passed(n) => at += n,
+                    Head::Refused(n, why) => {
+                        self.refused.inc();
+                        tracing::debug!(reason = %why, "request refused for ambiguous framing");
+                        at += n;
+                    }
+                    Head::Off => {}
+                }
+            } else {
+                at += self.screen.body(&data[at..]);
+            }
+        }
+        at
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.held.is_empty() || this.ready > 0 {
+                this.deadline = None;
+            }
+            if this.ready > 0 {
+                let n = this.ready.min(buf.remaining());
+                buf.put_slice(&this.held[..n]);
+                this.held.drain(..n);
+                this.ready -= n;
+                return Poll::Ready(Ok(()));
+            }
+            if this.held.is_empty() {
+                // The common case: bytes go straight into the caller's buffer and are screened
+                // there; only an incomplete head at the end is taken back and held.
+                let before = buf.filled().len();
+                ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+                let end = buf.filled().len();
+                if end == before {
+                    return Poll::Ready(Ok(()));
+                }
+                let fresh = &mut buf.filled_mut()[before..];
+                let screened = this.screen(fresh);
+                if screened < fresh.len() {
+                    this.held.extend_from_slice(&fresh[screened..]);
+                    buf.set_filled(before + screened);
+                }
+                if screened > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            // An incomplete head is held: read the rest of it next to it, within the deadline.
+            let limit = this.head_timeout;
+            let deadline = this
+                .deadline
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "request head not complete within server.header_read_timeout_secs",
+                )));
+            }
+            let start = this.held.len();
+            this.held.resize(start + 4096, 0);
+            let mut more = ReadBuf::new(&mut this.held[start..]);
+            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut more);
+            let got = more.filled().len();
+            this.held.truncate(start + got);
+            ready!(polled)?;
+            if got == 0 {
+                // End of stream inside a head: hand over what there is; hyper sees it truncated.
+                this.screen.turn_off();
+                this.ready = this.held.len();
+                continue;
+            }
+            let mut held = std::mem::take(&mut this.held);
+            this.ready = this.screen(&mut held);
+            this.held = held;
+        }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Screened<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Writes `pieces` with pauses (so reads see them split) and returns what the reader got.
+    async fn through(pieces: Vec<&'static [u8]>) -> (Vec<u8>, u64) {
+        let (mut client, server) = tokio::io::duplex(64);
+        let refused = Counter::default();
+        let mut screened = Screened::new(
+            server,
+            8192,
+            100,
+            false,
+            refused.clone(),
+            Duration::from_secs(5),
+        );
+        let writer = tokio::spawn(async move {
+            for p in pieces {
+                client.write_all(p).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        });
+        let mut out = Vec::new();
+        screened.read_to_end(&mut out).await.unwrap();
+        writer.await.unwrap();
+        (out, refused.get())
+    }
+
+    #[tokio::test]
+    async fn passes_requests_and_bodies_unchanged_however_split() {
+        let stream: &'static [u8] = b"POST /a HTTP/1.1\r\nContent-Length: 300\r\n\r\n";
+        let mut body = stream.to_vec();
+        body.extend(std::iter::repeat_n(b'x', 300));
+        body.extend_from_slice(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n");
+        let whole: &'static [u8] = Box::leak(body.into_boxed_slice());
+        for split in [1, 7, 50, 200, 341, whole.len() - 3] {
+            let (out, refused) = through(vec![&whole[..split], &whole[split..]]).await;
+            assert_eq!(out, whole, "split at {split}");
+            assert_eq!(refused, 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_head_is_altered_and_counted() {
+        let bad: &'static [u8] =
+            b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        let (out, refused) = through(vec![&bad[..20], &bad[20..]]).await;
+        assert_eq!(refused, 1);
+        assert_eq!(out.len(), bad.len());
+        assert!(String::from_utf8_lossy(&out).contains("Transfer-Encoding  chunked"));
+    }
+}
