@@ -64,6 +64,8 @@ pub struct App {
     cache: crate::cache::CacheSlot,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
+    /// Whether the media front end was built with the cache (`Config::media_caches`).
+    media_caches: bool,
 }
 
 impl App {
@@ -140,6 +142,7 @@ impl App {
             reloader: std::sync::OnceLock::new(),
             reverse_metrics,
             media_on: config.media.enabled,
+            media_caches: config.media_caches(),
             auth,
             tokens,
             #[cfg(feature = "iptv")]
@@ -167,6 +170,9 @@ impl App {
         let result = (|| {
             if config.media.enabled != self.media_on {
                 anyhow::bail!("media.enabled changed: that needs a restart");
+            }
+            if config.media_caches() != self.media_caches {
+                anyhow::bail!("media.cache changed: that needs a restart");
             }
             // The first caching route builds the cache (from this file's `[cache]`); after that
             // the one built is kept whatever `[cache]` says.
