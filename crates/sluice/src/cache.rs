@@ -221,7 +221,10 @@ impl Cache {
     /// (prefetching what is already there), never to decide what a client gets.
     pub fn holds(&self, key: &CacheKey) -> bool {
         let none = http::HeaderMap::new();
-        let lookup = self.inner.index.lookup(&key.0, &none, std::time::Instant::now());
+        let lookup = self
+            .inner
+            .index
+            .lookup(&key.0, &none, std::time::Instant::now());
         if let index::Lookup::Hit(meta) = lookup {
             return meta.ttl(std::time::SystemTime::now()) > 0;
         }
@@ -230,7 +233,11 @@ impl Cache {
             generation: 0,
             index: 0,
         };
-        self.inner.inflight.lock().expect("inflight").contains_key(&cold)
+        self.inner
+            .inflight
+            .lock()
+            .expect("inflight")
+            .contains_key(&cold)
     }
 
     /// Whether both handles are the same cache.

@@ -739,5 +739,25 @@ mod tests {
         let text = std::fs::read_to_string(path).unwrap();
         let c = Config::parse_file(&text).unwrap();
         c.validate().unwrap();
+        assert_eq!(c.media_caches(), cfg!(feature = "media"));
+    }
+
+    #[test]
+    fn deprecated_media_cache_bytes_maps_onto_the_cache_service() {
+        let parse = |t: &str| Config::parse_file(t).unwrap();
+        let plain = parse("");
+        assert_eq!(plain.media_caches(), cfg!(feature = "media"));
+        assert_eq!(plain.needs_cache(), cfg!(feature = "media"));
+        assert_eq!(plain.cache_section().memory_bytes.0, 256 << 20);
+        // 0 turned the old cache off: it turns media caching off.
+        let off = parse("[media]\ncache_bytes = 0");
+        assert!(!off.media_caches() && !off.needs_cache());
+        let off = parse("[media]\ncache = false");
+        assert!(!off.media_caches());
+        // Another value is a floor for the shared memory tier, never a cut.
+        let big = parse("[media]\ncache_bytes = 1073741824");
+        assert_eq!(big.cache_section().memory_bytes.0, 1 << 30);
+        let small = parse("[media]\ncache_bytes = 1048576\n[cache]\nmemory_bytes = \"64MiB\"");
+        assert_eq!(small.cache_section().memory_bytes.0, 64 << 20);
     }
 }

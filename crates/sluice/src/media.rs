@@ -69,12 +69,7 @@ impl Media {
             config.prefetch_registry_bytes,
             registry,
         );
-        let dash = dash::Dash::new(
-            cache.clone(),
-            prefetcher.clone(),
-            config,
-            registry,
-        );
+        let dash = dash::Dash::new(cache.clone(), prefetcher.clone(), config, registry);
         let xtream = xtream::Xtream::new(
             upstream.clone(),
             tokens.clone(),

@@ -548,7 +548,10 @@ async fn segment_base_tracks_use_the_sidx_and_decode() {
     // 1 MiB slice) was fetched once, with a slice `Range`.
     let hits = o.hits("base/video.mp4");
     assert!(
-        hits.len() == 1 && hits.iter().all(|h| h.range.as_deref() == Some("bytes=0-1048575")),
+        hits.len() == 1
+            && hits
+                .iter()
+                .all(|h| h.range.as_deref() == Some("bytes=0-1048575")),
         "{hits:?}"
     );
     check_frames(&master, "v").await;

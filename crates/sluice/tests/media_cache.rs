@@ -211,8 +211,14 @@ async fn users_with_different_cookies_never_share_bytes() {
     assert_eq!(o.ranges("/seg1.ts", "user=A"), slices);
     assert_eq!(o.ranges("/seg1.ts", "user=B"), slices);
     // Asking again is a hit for each: isolation did not turn the cache off.
-    assert_eq!(body_of(&seg_url(&s, &o, "seg1.ts", Some("user=A"))).await, a);
-    assert_eq!(body_of(&seg_url(&s, &o, "seg1.ts", Some("user=B"))).await, b);
+    assert_eq!(
+        body_of(&seg_url(&s, &o, "seg1.ts", Some("user=A"))).await,
+        a
+    );
+    assert_eq!(
+        body_of(&seg_url(&s, &o, "seg1.ts", Some("user=B"))).await,
+        b
+    );
     assert_eq!(o.count("/seg1.ts"), 4);
     // No cookie at all is a third user, not a match for either.
     let anonymous = body_of(&seg_url(&s, &o, "seg1.ts", None)).await;
@@ -295,7 +301,11 @@ async fn segments_survive_a_restart_with_the_disk_tier() {
     load_playlist(&s, &o).await;
     let again = body_of(&seg_url(&s, &o, "seg1.ts", None)).await;
     assert_eq!(again, first);
-    assert_eq!(o.count("/seg1.ts"), before, "served from disk, not the origin");
+    assert_eq!(
+        o.count("/seg1.ts"),
+        before,
+        "served from disk, not the origin"
+    );
     let m = metrics(&s).await;
     assert!(metric(&m, "sluice_cache_disk_sent_bytes_total") >= SEGMENT_LEN as f64);
     assert_eq!(metric(&m, "sluice_cache_origin_received_bytes_total"), 0.0);

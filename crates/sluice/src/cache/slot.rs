@@ -39,7 +39,8 @@ impl CacheSlot {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let cache = Cache::with_metrics(config, self.api_password.as_deref(), self.metrics.clone())?;
+        let cache =
+            Cache::with_metrics(config, self.api_password.as_deref(), self.metrics.clone())?;
         *slot = Some(cache.clone());
         Ok(cache)
     }

@@ -237,8 +237,7 @@ impl MediaCache {
         let resp = cache
             .serve(&parts, &key, dyn_origin, self.policy(kind))
             .await;
-        self.metrics
-            .count(kind, resp.headers().get("cache-status"));
+        self.metrics.count(kind, resp.headers().get("cache-status"));
         let host = part.url.host_str().unwrap_or("").to_owned();
         if !resp.status().is_success() {
             if let Some(e) = origin.take_error() {
@@ -533,7 +532,10 @@ mod tests {
         let body = Bytes::from_static(b"0123456789");
         assert_eq!(exact_range(Some((2, 4)), false, body.clone()), "234");
         assert_eq!(exact_range(Some((8, 20)), false, body.clone()), "89");
-        assert_eq!(exact_range(Some((2, 4)), true, Bytes::from_static(b"234")), "234");
+        assert_eq!(
+            exact_range(Some((2, 4)), true, Bytes::from_static(b"234")),
+            "234"
+        );
         assert_eq!(exact_range(None, false, body.clone()), body);
     }
 
