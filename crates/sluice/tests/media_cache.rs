@@ -31,6 +31,8 @@ struct SegmentOrigin {
     addr: std::net::SocketAddr,
     hits: Arc<Mutex<Vec<Hit>>>,
     delay_ms: Arc<AtomicU64>,
+    /// Paths answered with a 404 (not published yet).
+    missing: Arc<Mutex<Vec<String>>>,
 }
 
 impl SegmentOrigin {
@@ -39,20 +41,21 @@ impl SegmentOrigin {
         let addr = listener.local_addr().unwrap();
         let hits = Arc::new(Mutex::new(Vec::new()));
         let delay_ms = Arc::new(AtomicU64::new(0));
-        let (h, d) = (hits.clone(), delay_ms.clone());
+        let missing = Arc::new(Mutex::new(Vec::new()));
+        let (h, d, m) = (hits.clone(), delay_ms.clone(), missing.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (h, d) = (h.clone(), d.clone());
+                let (h, d, m) = (h.clone(), d.clone(), m.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
-                        let (h, d) = (h.clone(), d.clone());
+                        let (h, d, m) = (h.clone(), d.clone(), m.clone());
                         async move {
                             let ms = d.load(Ordering::SeqCst);
                             tokio::time::sleep(Duration::from_millis(ms)).await;
-                            Ok::<_, Infallible>(answer(req, &h))
+                            Ok::<_, Infallible>(answer(req, &h, &m))
                         }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
@@ -65,6 +68,7 @@ impl SegmentOrigin {
             addr,
             hits,
             delay_ms,
+            missing,
         }
     }
 
@@ -99,7 +103,11 @@ fn segment_body(path: &str, cookie: &str) -> Bytes {
     Bytes::from(body)
 }
 
-fn answer(req: Request<Incoming>, hits: &Mutex<Vec<Hit>>) -> Response<Full<Bytes>> {
+fn answer(
+    req: Request<Incoming>,
+    hits: &Mutex<Vec<Hit>>,
+    missing: &Mutex<Vec<String>>,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let header = |n: &str| {
         req.headers()
@@ -118,6 +126,12 @@ fn answer(req: Request<Incoming>, hits: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
         return Response::builder()
             .header("content-type", "application/vnd.apple.mpegurl")
             .body(Full::new(Bytes::from(text)))
+            .unwrap();
+    }
+    if missing.lock().unwrap().contains(&path) {
+        return Response::builder()
+            .status(404)
+            .body(Full::new(Bytes::from_static(b"not yet")))
             .unwrap();
     }
     let body = segment_body(&path, &cookie);
@@ -309,4 +323,25 @@ async fn segments_survive_a_restart_with_the_disk_tier() {
     let m = metrics(&s).await;
     assert!(metric(&m, "sluice_cache_disk_sent_bytes_total") >= SEGMENT_LEN as f64);
     assert_eq!(metric(&m, "sluice_cache_origin_received_bytes_total"), 0.0);
+}
+
+#[tokio::test]
+async fn a_segment_asked_for_early_is_cached_once_it_exists() {
+    let o = SegmentOrigin::start().await;
+    let mut config = test_config();
+    config.media.prefetch_segments = 1;
+    let s = Sluice::start(config).await;
+    load_playlist(&s, &o).await;
+    // The player is a moment early: the origin's 404 reaches it, and is not kept.
+    o.missing.lock().unwrap().push("/seg3.ts".into());
+    let url = seg_url(&s, &o, "seg3.ts", None);
+    let r = get(&url).await;
+    assert_eq!(r.status, 404);
+    // Published: the next request gets it, and the one after that is a hit.
+    o.missing.lock().unwrap().clear();
+    let first = body_of(&url).await;
+    assert_eq!(sha256(&first), sha256(&segment_body("/seg3.ts", "")));
+    let before = o.count("/seg3.ts");
+    assert_eq!(body_of(&url).await, first);
+    assert_eq!(o.count("/seg3.ts"), before, "the second request is a hit");
 }

@@ -123,17 +123,25 @@ impl MediaCacheMetrics {
         m
     }
 
-    fn count(&self, kind: CacheKind, cache_status: Option<&HeaderValue>) {
-        let status = cache_status.and_then(|v| v.to_str().ok()).unwrap_or("");
+    /// Counts one fetch: `cache_status` is the cache's `Cache-Status`, `None` for a fetch sent
+    /// around the cache.
+    fn count(&self, kind: CacheKind, cache_status: Option<&str>) {
         let label = KindLabels { kind: kind.label() };
-        let family = if status.contains("; hit") {
-            &self.hits
-        } else if status.contains("collapsed") {
-            &self.coalesced
-        } else if status.contains("fwd=bypass") || !status.contains("stored") {
-            &self.bypassed
-        } else {
-            &self.misses
+        let family = match cache_status {
+            None => &self.bypassed,
+            // Answered with the cache's bytes: fresh, stale-while-revalidate, after a 304, or
+            // stale-if-error.
+            Some(s)
+                if s.contains("; hit")
+                    || s.contains("fwd-status=304")
+                    || s.contains("stale-if-error") =>
+            {
+                &self.hits
+            }
+            Some(s) if s.contains("collapsed") => &self.coalesced,
+            Some(s) if s.contains("fwd=bypass") || s.contains("detail=") => &self.bypassed,
+            // Fetched through the cache (stored), or failed on the way.
+            Some(_) => &self.misses,
         };
         family.get_or_create(&label).inc();
     }
@@ -237,7 +245,11 @@ impl MediaCache {
         let resp = cache
             .serve(&parts, &key, dyn_origin, self.policy(kind))
             .await;
-        self.metrics.count(kind, resp.headers().get("cache-status"));
+        let status = resp.headers().get("cache-status");
+        self.metrics.count(
+            kind,
+            Some(status.and_then(|v| v.to_str().ok()).unwrap_or("")),
+        );
         let host = part.url.host_str().unwrap_or("").to_owned();
         if !resp.status().is_success() {
             if let Some(e) = origin.take_error() {
@@ -363,6 +375,12 @@ impl Origin for MediaOrigin {
                     let mut out = Response::new(crate::body::boxed(resp.body));
                     *out.status_mut() = resp.status;
                     *out.headers_mut() = resp.headers;
+                    if resp.status.as_u16() >= 400 && !explicit_freshness(out.headers()) {
+                        // The media lifetimes are for objects; an error (a live segment asked
+                        // for a moment early) is kept only as long as the origin itself says.
+                        out.headers_mut()
+                            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                    }
                     if resp.final_url != asked {
                         if let Ok(v) = HeaderValue::from_str(resp.final_url.as_str()) {
                             out.headers_mut().insert(FINAL_URL.clone(), v);
@@ -378,6 +396,16 @@ impl Origin for MediaOrigin {
             }
         })
     }
+}
+
+/// Whether the origin gave the answer a lifetime of its own (`max-age`, `s-maxage`, `Expires`,
+/// `CDN-Cache-Control`).
+fn explicit_freshness(headers: &HeaderMap) -> bool {
+    let cc = sluice_http::cache_control::parse_cache_control(headers);
+    cc.max_age.is_some()
+        || cc.s_maxage.is_some()
+        || headers.contains_key(header::EXPIRES)
+        || headers.contains_key("cdn-cache-control")
 }
 
 fn origin_error(e: &UpstreamError) -> OriginError {
