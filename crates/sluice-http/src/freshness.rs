@@ -25,6 +25,9 @@ pub struct FreshnessPolicy {
     pub heuristic_fraction: f64,
     /// Upper bound of a heuristic lifetime.
     pub heuristic_max: Duration,
+    /// Lower bound of a heuristic lifetime (0: none). A front end that knows its objects (media
+    /// segments that never change once listed) sets it so a just-written file is not stale at once.
+    pub heuristic_min: Duration,
     /// Lifetime given to a storable response with no explicit expiration and no `Last-Modified`
     /// (0: RFC behaviour, such a response is stored only to be revalidated).
     pub default_ttl: Duration,
@@ -39,6 +42,7 @@ impl Default for FreshnessPolicy {
         FreshnessPolicy {
             heuristic_fraction: 0.1,
             heuristic_max: Duration::from_secs(24 * 3600),
+            heuristic_min: Duration::ZERO,
             default_ttl: Duration::ZERO,
             grace: Duration::ZERO,
             request_directives: RequestDirectives::Honor,
@@ -209,7 +213,8 @@ fn heuristic_lifetime(
     let modified = header_date(headers, LAST_MODIFIED)?;
     let date = header_date(headers, DATE).unwrap_or(response_time);
     let span = secs_between(modified, date) as f64 * policy.heuristic_fraction;
-    Some((span as u64).min(policy.heuristic_max.as_secs()))
+    let max = policy.heuristic_max.as_secs();
+    Some((span as u64).max(policy.heuristic_min.as_secs()).min(max))
 }
 
 /// The inputs of the age calculation (§4.2.3), captured when a response arrives.

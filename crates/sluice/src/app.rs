@@ -58,11 +58,14 @@ pub struct App {
     /// The one set of upstream groups the reverse proxy and the TCP front end share.
     groups: Arc<Live>,
     reverse_metrics: ReverseMetrics,
-    /// The slice cache behind `cache = true` routes: built once (when a route caches at start) and
-    /// handed to every rebuilt table, so reloads keep what it holds.
-    cache: Option<crate::cache::Cache>,
+    /// The slice cache behind `cache = true` routes and the media front end: built the first
+    /// time something caches (at start or by a reload) and handed to every rebuilt table, so
+    /// reloads keep what it holds.
+    cache: crate::cache::CacheSlot,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
+    /// Whether the media front end was built with the cache (`Config::media_caches`).
+    media_caches: bool,
 }
 
 impl App {
@@ -78,6 +81,13 @@ impl App {
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
         let tokens = TokenGate::new(&config.auth).map(Arc::new);
+        // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
+        let cache_slot = crate::cache::CacheSlot::new(auth.secret(), &mut registry);
+        let cache = if config.needs_cache() {
+            Some(cache_slot.get_or_create(&config.cache_section())?)
+        } else {
+            None
+        };
         #[cfg(feature = "media")]
         let media = if config.media.enabled {
             // The Acestream engine is an operator-configured host, usually on a private address
@@ -98,6 +108,10 @@ impl App {
                 tokens.clone(),
                 &config.media,
                 engine,
+                cache
+                    .clone()
+                    .filter(|_| config.media_caches())
+                    .map(|c| (c, config.cache.policy())),
                 &mut registry,
             )?)
         } else {
@@ -112,16 +126,6 @@ impl App {
         #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         let reverse_metrics = ReverseMetrics::new(&mut registry);
-        // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
-        let cache = if config.routes.iter().any(|r| r.cache) {
-            Some(crate::cache::Cache::new(
-                &config.cache,
-                auth.secret(),
-                &mut registry,
-            )?)
-        } else {
-            None
-        };
         let group_metrics = GroupMetrics::register(&mut registry);
         let groups = Live::start(&config.upstreams, group_metrics)?;
         let routing = build_routing(
@@ -132,12 +136,13 @@ impl App {
             cache.as_ref(),
         )?;
         Ok(Arc::new(App {
-            cache,
+            cache: cache_slot,
             groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
             reverse_metrics,
             media_on: config.media.enabled,
+            media_caches: config.media_caches(),
             auth,
             tokens,
             #[cfg(feature = "iptv")]
@@ -173,18 +178,23 @@ impl App {
             if config.server.listener_names() != old.listeners() {
                 anyhow::bail!("server.listeners changed: that needs a restart");
             }
-            if self.cache.is_none() && config.routes.iter().any(|r| r.cache) {
-                anyhow::bail!(
-                    "a route has cache = true but none did at start: the cache needs a restart"
-                );
+            if config.media_caches() != self.media_caches {
+                anyhow::bail!("media.cache changed: that needs a restart");
             }
+            // The first caching route builds the cache (from this file's `[cache]`); after that
+            // the one built is kept whatever `[cache]` says.
+            let cache = if config.routes.iter().any(|r| r.cache) {
+                Some(self.cache.get_or_create(&config.cache_section())?)
+            } else {
+                self.cache.get()
+            };
             let groups = self.groups.prepare(&config.upstreams)?;
             let routing = build_routing(
                 config,
                 Some(&old),
                 &groups,
                 &self.reverse_metrics,
-                self.cache.as_ref(),
+                cache.as_ref(),
             )?;
             Ok((groups, routing))
         })();

@@ -19,6 +19,7 @@
 //! - `stream`: the response body, slice after slice.
 //! - `origin`: an `Origin` over the shared upstream client.
 //! - `purge`: `PURGE` by URL, prefix or tag, and invalidation after unsafe methods.
+//! - `slot`: the process's one cache, built on first need and kept across reloads.
 //! - `metrics`: the cache's metric families.
 
 pub mod config;
@@ -31,6 +32,7 @@ pub mod object;
 pub mod origin;
 pub mod purge;
 mod serve;
+pub mod slot;
 mod stream;
 mod writer;
 
@@ -46,6 +48,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
 
 pub use config::{ByteSize, CacheConfig, RoutePolicyConfig};
+pub use slot::CacheSlot;
 pub use sluice_http::freshness::FreshnessPolicy;
 
 use crate::body::Body;
@@ -128,6 +131,16 @@ impl Cache {
         api_password: Option<&str>,
         registry: &mut Registry,
     ) -> Result<Cache, CacheError> {
+        Cache::with_metrics(config, api_password, metrics::CacheMetrics::new(registry))
+    }
+
+    /// Like [`Cache::new`] with families registered beforehand, so a cache can be built after
+    /// the registry is shared (a reload that adds the first caching route).
+    pub fn with_metrics(
+        config: &CacheConfig,
+        api_password: Option<&str>,
+        metrics: metrics::CacheMetrics,
+    ) -> Result<Cache, CacheError> {
         config.validate()?;
         let slice_bytes = config.slice_bytes.0;
         let index = ObjectIndex::new(config.max_objects);
@@ -167,7 +180,7 @@ impl Cache {
             // Generations only need to differ between versions of one object; a random start
             // keeps them distinct across restarts too.
             generation: AtomicU64::new(u64::from_le_bytes(seed) >> 1 | 1),
-            metrics: metrics::CacheMetrics::new(registry),
+            metrics,
             api_password: api_password.filter(|p| !p.is_empty()).map(str::to_string),
         });
         metrics::spawn_gauges(Arc::downgrade(&inner));
@@ -201,6 +214,35 @@ impl Cache {
         for key in keys {
             self.inner.purge_matching(|k, _| k == key.0, false);
         }
+    }
+
+    /// Whether a request with no headers for `key` would be answered without the origin now (a
+    /// fresh object), or joins a fetch already under way for its first slice. Used to skip work
+    /// (prefetching what is already there), never to decide what a client gets.
+    pub fn holds(&self, key: &CacheKey) -> bool {
+        let none = http::HeaderMap::new();
+        let lookup = self
+            .inner
+            .index
+            .lookup(&key.0, &none, std::time::Instant::now());
+        if let index::Lookup::Hit(meta) = lookup {
+            return meta.ttl(std::time::SystemTime::now()) > 0;
+        }
+        let cold = SliceKey {
+            object: ObjectId::new(&key.0, &sluice_http::freshness::variant_key(&[], &none)),
+            generation: 0,
+            index: 0,
+        };
+        self.inner
+            .inflight
+            .lock()
+            .expect("inflight")
+            .contains_key(&cold)
+    }
+
+    /// Whether both handles are the same cache.
+    pub fn same_as(&self, other: &Cache) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Objects indexed.

@@ -283,15 +283,20 @@ pub struct MediaConfig {
     /// cleanly) instead of a 502.
     pub graceful_stream_end: bool,
     // DASH and caches
-    /// Bytes the in-process media cache may hold (MPDs, init segments, prefetched segments).
-    pub cache_bytes: u64,
+    /// MPDs, `sidx` boxes, init segments and the segments of playlists sluice rewrote go through
+    /// the slice cache service (`[cache]`).
+    pub cache: bool,
+    /// Deprecated (the media front end now uses `[cache]`): 0 means `cache = false`; another
+    /// value raises `[cache] memory_bytes` to at least this many bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_bytes: Option<u64>,
     /// Segments fetched ahead of the player after each segment request; 0 turns prefetch off.
     pub prefetch_segments: usize,
-    /// Seconds a fetched or prefetched media segment stays cached.
+    /// Seconds a media segment stays cached when the origin gives no freshness of its own.
     pub segment_ttl_secs: u64,
-    /// Seconds an init segment (as fetched, or decrypted for one key set) stays cached.
+    /// Seconds an init segment (or `sidx` box) stays cached when the origin gives no freshness.
     pub init_ttl_secs: u64,
-    /// Seconds a static (on-demand) MPD stays cached.
+    /// Seconds an MPD stays cached when the origin gives no freshness (live MPDs: see below).
     pub mpd_ttl_secs: u64,
     /// Seconds a live MPD stays cached when it names no `minimumUpdatePeriod`; with one, the
     /// shorter of the two.
@@ -330,7 +335,8 @@ impl Default for MediaConfig {
             max_manifest_bytes: 8 * 1024 * 1024,
             live_start_offset: -18.0,
             graceful_stream_end: false,
-            cache_bytes: 64 * 1024 * 1024,
+            cache: true,
+            cache_bytes: None,
             prefetch_segments: 3,
             segment_ttl_secs: 60,
             init_ttl_secs: 3600,
@@ -406,6 +412,30 @@ pub struct Overrides {
 }
 
 impl Config {
+    /// Whether the media front end caches (`media.cache`; the deprecated `media.cache_bytes = 0`
+    /// turns it off too).
+    pub fn media_caches(&self) -> bool {
+        cfg!(feature = "media")
+            && self.media.enabled
+            && self.media.cache
+            && self.media.cache_bytes != Some(0)
+    }
+
+    /// Whether any front end uses the slice cache service.
+    pub fn needs_cache(&self) -> bool {
+        self.media_caches() || self.routes.iter().any(|r| r.cache)
+    }
+
+    /// The `[cache]` section as it applies: the deprecated `media.cache_bytes` raises
+    /// `memory_bytes` to at least its value.
+    pub fn cache_section(&self) -> crate::cache::CacheConfig {
+        let mut c = self.cache.clone();
+        if let Some(n) = self.media.cache_bytes.filter(|n| *n > 0) {
+            c.memory_bytes = c.memory_bytes.max(crate::cache::ByteSize(n));
+        }
+        c
+    }
+
     /// Loads defaults, then the file (if any), then `SLUICE_*` variables from `env`, then flags;
     /// validates the result.
     pub fn load(
@@ -806,5 +836,25 @@ mod tests {
         let text = std::fs::read_to_string(path).unwrap();
         let c = Config::parse_file(&text).unwrap();
         c.validate().unwrap();
+        assert_eq!(c.media_caches(), cfg!(feature = "media"));
+    }
+
+    #[test]
+    fn deprecated_media_cache_bytes_maps_onto_the_cache_service() {
+        let parse = |t: &str| Config::parse_file(t).unwrap();
+        let plain = parse("");
+        assert_eq!(plain.media_caches(), cfg!(feature = "media"));
+        assert_eq!(plain.needs_cache(), cfg!(feature = "media"));
+        assert_eq!(plain.cache_section().memory_bytes.0, 256 << 20);
+        // 0 turned the old cache off: it turns media caching off.
+        let off = parse("[media]\ncache_bytes = 0");
+        assert!(!off.media_caches() && !off.needs_cache());
+        let off = parse("[media]\ncache = false");
+        assert!(!off.media_caches());
+        // Another value is a floor for the shared memory tier, never a cut.
+        let big = parse("[media]\ncache_bytes = 1073741824");
+        assert_eq!(big.cache_section().memory_bytes.0, 1 << 30);
+        let small = parse("[media]\ncache_bytes = 1048576\n[cache]\nmemory_bytes = \"64MiB\"");
+        assert_eq!(small.cache_section().memory_bytes.0, 64 << 20);
     }
 }

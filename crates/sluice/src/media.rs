@@ -16,7 +16,6 @@ pub mod transform;
 pub mod xtream;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -35,7 +34,7 @@ pub struct Media {
     /// Mints child URLs' tokens; `None` without a password.
     tokens: Option<Arc<TokenGate>>,
     settings: MediaConfig,
-    /// MPDs, init segments and prefetched segments.
+    /// MPDs, init segments and segments through the slice cache service.
     pub cache: Arc<cache::MediaCache>,
     /// Segment fetches through the cache, and fetching ahead of players.
     pub prefetcher: Arc<prefetch::Prefetcher>,
@@ -51,31 +50,35 @@ pub struct Media {
 }
 
 impl Media {
+    /// `cache`: the process's slice cache when the media front end caches (`media.cache`), with
+    /// the `[cache]` policy keys its lifetimes apply over.
     pub fn new(
         upstream: Upstream,
         tokens: Option<Arc<TokenGate>>,
         config: &MediaConfig,
         engine_upstream: Option<Upstream>,
+        cache: Option<(crate::cache::Cache, crate::cache::config::PolicyConfig)>,
         registry: &mut Registry,
     ) -> anyhow::Result<Self> {
-        let cache =
-            cache::MediaCache::new(config.cache_bytes, cache::CacheMetrics::register(registry));
+        let (cache, defaults) = match cache {
+            Some((c, d)) => (Some(c), d),
+            None => (None, Default::default()),
+        };
+        let cache = cache::MediaCache::new(
+            cache,
+            upstream.clone(),
+            config,
+            &defaults,
+            cache::MediaCacheMetrics::register(registry),
+        );
         let prefetcher = prefetch::Prefetcher::new(
             cache.clone(),
-            upstream.clone(),
             config.prefetch_segments,
-            Duration::from_secs(config.segment_ttl_secs),
             config.max_segment_bytes,
             config.prefetch_registry_bytes,
             registry,
         );
-        let dash = dash::Dash::new(
-            upstream.clone(),
-            cache.clone(),
-            prefetcher.clone(),
-            config,
-            registry,
-        );
+        let dash = dash::Dash::new(cache.clone(), prefetcher.clone(), config, registry);
         let xtream = xtream::Xtream::new(
             upstream.clone(),
             tokens.clone(),

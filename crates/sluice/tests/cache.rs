@@ -438,6 +438,39 @@ async fn no_store_private_and_set_cookie_are_passed_with_hit_for_pass() {
 }
 
 #[tokio::test]
+async fn an_uncacheable_error_leaves_no_memo_behind() {
+    let (origin, oaddr) = start_origin().await;
+    let front = start_front(config(64 * KIB), oaddr).await;
+    // Not there yet (a live segment asked for early): a 404 with no freshness is not stored...
+    let a = request("GET", &front.url("/late"), &[]).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    // ...and leaves no hit-for-pass memo: once it exists, it is fetched and stored at once.
+    origin.set("/late", Obj::new(10, "max-age=60"));
+    let b = request("GET", &front.url("/late"), &[]).await;
+    assert_eq!(b.status, StatusCode::OK);
+    assert_eq!(
+        status_of(&b),
+        "sluice; fwd=uri-miss; fwd-status=200; stored; ttl=60"
+    );
+    // The same after an origin failure.
+    let mut failing = Obj::new(10, "max-age=60");
+    failing.fail = true;
+    origin.set("/flaky", failing);
+    let c = request("GET", &front.url("/flaky"), &[]).await;
+    assert_eq!(c.status, StatusCode::INTERNAL_SERVER_ERROR);
+    origin.set("/flaky", Obj::new(10, "max-age=60"));
+    let d = request("GET", &front.url("/flaky"), &[]).await;
+    assert!(status_of(&d).contains("; stored"), "{}", status_of(&d));
+    let e = request("GET", &front.url("/flaky"), &[]).await;
+    assert!(
+        status_of(&e).starts_with("sluice; hit"),
+        "{}",
+        status_of(&e)
+    );
+    assert_eq!(origin.count("/late") + origin.count("/flaky"), 4);
+}
+
+#[tokio::test]
 async fn authorization_needs_public_and_cdn_cache_control_wins() {
     let (origin, oaddr) = start_origin().await;
     origin.set("/auth", Obj::new(10, "max-age=60"));

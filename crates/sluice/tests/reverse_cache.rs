@@ -394,13 +394,54 @@ async fn cached_objects_survive_a_reload() {
     assert!(cache_status(&r).starts_with("sluice; hit"));
     assert_eq!(origin.count("GET", "/r.txt"), 1);
     let _ = stop.send(());
+}
 
-    // Without a caching route at start there is no cache: turning one on needs a restart.
-    let mut plain = config.clone();
+#[tokio::test]
+async fn a_reload_that_adds_the_first_caching_route_builds_the_cache() {
+    let origin = CountingOrigin::start().await;
+    // Nothing caches at start (no caching route, and the media front end does not cache), so no
+    // cache is built.
+    let mut caching = cached_config(origin.addr);
+    caching.media.cache = false;
+    let mut plain = caching.clone();
     for r in &mut plain.routes {
         r.cache = false;
     }
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     let app = sluice::app::App::new(&plain).unwrap();
-    let err = app.reload(&config).unwrap_err().to_string();
-    assert!(err.contains("needs a restart"), "{err}");
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &plain.server, app.clone()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let url = format!("http://{addr}/r.txt");
+    let r = request("GET", &url, &[]).await;
+    assert!(!r.headers.contains_key("cache-status"));
+    assert_eq!(origin.count("GET", "/r.txt"), 1);
+    // The reload turns caching on: the cache is built then, and the route uses it at once.
+    app.reload(&caching).unwrap();
+    let first = request("GET", &url, &[]).await;
+    assert!(
+        cache_status(&first).starts_with("sluice; fwd=uri-miss"),
+        "{}",
+        cache_status(&first)
+    );
+    let again = request("GET", &url, &[]).await;
+    assert!(cache_status(&again).starts_with("sluice; hit"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(origin.count("GET", "/r.txt"), 2);
+    // Later reloads (here one that turns caching off and on again) keep the same cache.
+    app.reload(&plain).unwrap();
+    app.reload(&caching).unwrap();
+    let r = request("GET", &url, &[]).await;
+    assert!(cache_status(&r).starts_with("sluice; hit"));
+    assert_eq!(origin.count("GET", "/r.txt"), 2);
+    // A reload whose [cache] cannot be built is refused as a whole; the running table stays.
+    let mut broken = caching.clone();
+    broken.cache.slice_bytes = sluice::cache::ByteSize(10);
+    let fresh = sluice::app::App::new(&plain).unwrap();
+    assert!(fresh.reload(&broken).is_err());
+    let _ = stop.send(());
 }

@@ -173,6 +173,32 @@ fn s4_2_2_heuristic_with_cap() {
 }
 
 #[test]
+fn heuristic_floor_for_objects_a_front_end_knows() {
+    let none = HeaderMap::new();
+    let p = FreshnessPolicy {
+        heuristic_min: Duration::from_secs(60),
+        heuristic_max: Duration::from_secs(60),
+        ..FreshnessPolicy::default()
+    };
+    let at = |modified: u64, now: u64| {
+        let mut h = HeaderMap::new();
+        h.insert(DATE, date(now));
+        h.insert(LAST_MODIFIED, date(modified));
+        storability(&Method::GET, &none, StatusCode::OK, &h, t(now), &p)
+            .unwrap()
+            .lifetime
+    };
+    // Written just now: the floor, not 0.
+    assert_eq!(at(1000, 1000), 60);
+    // Old: still capped.
+    assert_eq!(at(0, 100_000), 60);
+    // Explicit freshness is not touched by the floor.
+    let h = headers(&[("cache-control", "max-age=5")]);
+    let f = storability(&Method::GET, &none, StatusCode::OK, &h, t(0), &p).unwrap();
+    assert_eq!(f.lifetime, 5);
+}
+
+#[test]
 fn rfc9213_targeted_field_wins_and_ignores_expires() {
     let none = HeaderMap::new();
     let mut h = headers(&[

@@ -175,6 +175,7 @@ impl PolicyConfig {
         FreshnessPolicy {
             heuristic_fraction: f64::from(self.heuristic_percent) / 100.0,
             heuristic_max: Duration::from_secs(self.heuristic_max_secs),
+            heuristic_min: Duration::ZERO,
             default_ttl: Duration::from_secs(self.default_ttl_secs),
             grace: Duration::from_secs(self.grace_secs),
             request_directives: match self.request_directives {

@@ -1,12 +1,16 @@
 //! The disk tier: one checksummed file per slice and one record per object, bounded in bytes
-//! (oldest written goes first), written by a background task off the request path, and indexed
-//! again from the directory at start.
+//! (least recently used goes first), written by a background task off the request path, and
+//! indexed again from the directory at start.
 //!
 //! A write that finds the queue full is dropped (the slice stays in memory or is fetched again),
 //! so a slow or full disk never stalls a request. A file whose length or CRC does not match its
 //! header is deleted and reported as a miss, never served.
+//!
+//! Recency: every write and every verified read moves a slice to the young end of the eviction
+//! order, and a read also sets the file's modification time, so the order rebuilt at start (by
+//! modification time) is the one the previous run left.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,11 +42,57 @@ enum Job {
     RemoveObject(ObjectId),
 }
 
+/// The slices on disk: size and recency of each, the eviction order, bytes used.
 #[derive(Default)]
 struct Index {
-    slices: HashMap<SliceKey, u64>,
-    order: VecDeque<SliceKey>,
+    /// Size on disk and the tick of the last use.
+    slices: HashMap<SliceKey, (u64, u64)>,
+    /// Last use → slice; the first entry is the least recently used.
+    order: BTreeMap<u64, SliceKey>,
+    tick: u64,
     bytes: u64,
+}
+
+impl Index {
+    fn contains(&self, key: &SliceKey) -> bool {
+        self.slices.contains_key(key)
+    }
+
+    /// Lists a slice as the most recently used.
+    fn insert(&mut self, key: SliceKey, size: u64) {
+        self.remove(&key);
+        self.tick += 1;
+        self.slices.insert(key, (size, self.tick));
+        self.order.insert(self.tick, key);
+        self.bytes += size;
+    }
+
+    /// Marks a listed slice as just used.
+    fn touch(&mut self, key: &SliceKey) {
+        if let Some((_, used)) = self.slices.get_mut(key) {
+            self.order.remove(used);
+            self.tick += 1;
+            *used = self.tick;
+            self.order.insert(self.tick, *key);
+        }
+    }
+
+    /// Unlists a slice; returns its size.
+    fn remove(&mut self, key: &SliceKey) -> Option<u64> {
+        let (size, used) = self.slices.remove(key)?;
+        self.order.remove(&used);
+        self.bytes -= size;
+        Some(size)
+    }
+
+    /// Unlists the least recently used slice.
+    fn pop_oldest(&mut self) -> Option<SliceKey> {
+        let (_, key) = self.order.pop_first()?;
+        if let Some((size, _)) = self.slices.remove(&key) {
+            self.bytes -= size;
+        }
+        Some(key)
+    }
 }
 
 /// The disk tier.
@@ -117,9 +167,7 @@ impl DiskTier {
                 .copied()
                 .collect();
             for k in gone {
-                if let Some(len) = idx.slices.remove(&k) {
-                    idx.bytes -= len;
-                }
+                idx.remove(&k);
             }
         }
         // Removal must not be lost to a full queue: fall back to a detached send.
@@ -141,27 +189,19 @@ impl DiskTier {
     /// Reads and verifies a slice; a corrupt file is deleted and reads as `None`, a read slower than
     /// the timeout reads as `None` too.
     pub async fn read(&self, key: SliceKey) -> Option<Slice> {
-        if !self
-            .index
-            .lock()
-            .expect("disk index")
-            .slices
-            .contains_key(&key)
-        {
+        if !self.index.lock().expect("disk index").contains(&key) {
             return None;
         }
         let path = slice_path(&self.root, &key);
         let read = tokio::task::spawn_blocking(move || read_slice(&path));
         match tokio::time::timeout(self.read_timeout, read).await {
-            Ok(Ok(Ok(bytes))) => Some(Slice::new(vec![bytes])),
+            Ok(Ok(Ok(bytes))) => {
+                self.index.lock().expect("disk index").touch(&key);
+                Some(Slice::new(vec![bytes]))
+            }
             Ok(Ok(Err(_))) => {
                 self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut idx = self.index.lock().expect("disk index");
-                    if let Some(len) = idx.slices.remove(&key) {
-                        idx.bytes -= len;
-                    }
-                }
+                self.index.lock().expect("disk index").remove(&key);
                 let _ = std::fs::remove_file(slice_path(&self.root, &key));
                 None
             }
@@ -175,11 +215,7 @@ impl DiskTier {
 
     /// Whether the slice is on disk (as far as the index knows).
     pub fn contains(&self, key: &SliceKey) -> bool {
-        self.index
-            .lock()
-            .expect("disk index")
-            .slices
-            .contains_key(key)
+        self.index.lock().expect("disk index").contains(key)
     }
 
     /// Bytes on disk (slice files with their headers).
@@ -230,6 +266,8 @@ fn read_slice(path: &Path) -> Result<Bytes, ReadError> {
     if crc32fast::hash(&data) != crc {
         return Err(ReadError::Checksum);
     }
+    // The recency a restart rebuilds the eviction order from; a failure only costs that.
+    let _ = file.set_modified(std::time::SystemTime::now());
     Ok(Bytes::from(data))
 }
 
@@ -284,21 +322,19 @@ fn run_job(root: &Path, capacity: u64, index: &Mutex<Index>, stats: &DiskStats, 
         }
         Job::Slice(key, slice) => {
             let size = slice.len + HEADER;
-            // Make room first (oldest written goes), then write; the index only lists whole files.
+            // Make room first (least recently used goes), then write; the index only lists
+            // whole files.
             let evicted = {
                 let mut idx = index.lock().expect("disk index");
-                if idx.slices.contains_key(&key) {
+                if idx.contains(&key) {
                     return;
                 }
                 let mut evicted = Vec::new();
                 while idx.bytes + size > capacity {
-                    let Some(old) = idx.order.pop_front() else {
+                    let Some(old) = idx.pop_oldest() else {
                         break;
                     };
-                    if let Some(len) = idx.slices.remove(&old) {
-                        idx.bytes -= len;
-                        evicted.push(old);
-                    }
+                    evicted.push(old);
                 }
                 evicted
             };
@@ -318,10 +354,7 @@ fn run_job(root: &Path, capacity: u64, index: &Mutex<Index>, stats: &DiskStats, 
             parts.extend(slice.chunks.iter().map(|c| c.as_ref()));
             match write_file_atomically(&slice_path(root, &key), &parts) {
                 Ok(()) => {
-                    let mut idx = index.lock().expect("disk index");
-                    idx.slices.insert(key, size);
-                    idx.order.push_back(key);
-                    idx.bytes += size;
+                    index.lock().expect("disk index").insert(key, size);
                     stats.written.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(_) => {
@@ -354,7 +387,7 @@ fn load_metas(root: &Path) -> Vec<ObjectMeta> {
 }
 
 /// Lists slice files whose name, object version and size agree with their header; deletes the
-/// rest. Oldest files come first in the eviction order.
+/// rest. The least recently used (oldest modification time) come first in the eviction order.
 fn load_slices(root: &Path, generations: &HashMap<ObjectId, u64>, capacity: u64) -> Index {
     let mut found = Vec::new();
     if let Ok(dir) = std::fs::read_dir(root.join("slices")) {
@@ -376,16 +409,22 @@ fn load_slices(root: &Path, generations: &HashMap<ObjectId, u64>, capacity: u64)
             }
         }
     }
-    found.sort_by_key(|(_, _, t)| *t);
-    let mut idx = Index::default();
+    // Newest first: over the capacity (a smaller disk_bytes than last run), the least recently
+    // used go.
+    found.sort_by_key(|(_, _, t)| std::cmp::Reverse(*t));
+    let mut kept = Vec::new();
+    let mut bytes = 0;
     for (key, size, _) in found {
-        if idx.bytes + size > capacity {
+        if bytes + size > capacity {
             let _ = std::fs::remove_file(slice_path(root, &key));
             continue;
         }
-        idx.slices.insert(key, size);
-        idx.order.push_back(key);
-        idx.bytes += size;
+        bytes += size;
+        kept.push((key, size));
+    }
+    let mut idx = Index::default();
+    for (key, size) in kept.into_iter().rev() {
+        idx.insert(key, size);
     }
     idx
 }
@@ -429,6 +468,74 @@ mod tests {
         );
         assert_eq!(parse_slice_name("zz-1-1"), None);
         assert_eq!(parse_slice_name("1-1-1.tmp"), None);
+    }
+
+    fn key(index: u64) -> SliceKey {
+        SliceKey {
+            object: ObjectId(7),
+            generation: 1,
+            index,
+        }
+    }
+
+    #[test]
+    fn index_evicts_the_least_recently_used() {
+        let mut idx = Index::default();
+        for i in 0..3 {
+            idx.insert(key(i), 10);
+        }
+        assert_eq!(idx.bytes, 30);
+        // Slice 0 is read again: 1 is now the least recently used, then 2, then 0.
+        idx.touch(&key(0));
+        assert_eq!(idx.pop_oldest(), Some(key(1)));
+        assert_eq!(idx.pop_oldest(), Some(key(2)));
+        idx.insert(key(3), 5);
+        assert_eq!(idx.remove(&key(0)), Some(10));
+        assert_eq!(idx.bytes, 5);
+        assert_eq!(idx.pop_oldest(), Some(key(3)));
+        assert_eq!(idx.pop_oldest(), None);
+        assert_eq!(idx.bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn reads_keep_slices_and_restart_keeps_the_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let slice = |b: u8| Slice::new(vec![Bytes::from(vec![b; 100])]);
+        let meta_gen: HashMap<ObjectId, u64> = [(ObjectId(7), 1)].into();
+        // Room for three slices of 100 bytes (plus headers), not four.
+        let cap = 3 * (100 + HEADER);
+        let (tier, _) = DiskTier::open(dir.path(), cap, 16, Duration::from_secs(5)).unwrap();
+        for i in 0..3 {
+            tier.write_slice(key(i), slice(i as u8));
+            wait_for(&tier, key(i)).await;
+            // Distinct modification times for the order a restart rebuilds.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Slice 0 was written first but read last: slice 1 is the one to go.
+        assert_eq!(tier.read(key(0)).await.unwrap().len, 100);
+        tier.write_slice(key(3), slice(3));
+        wait_for(&tier, key(3)).await;
+        assert!(tier.contains(&key(0)) && !tier.contains(&key(1)));
+        assert!(tier.contains(&key(2)) && tier.contains(&key(3)));
+        assert!(!slice_path(dir.path(), &key(1)).exists());
+        drop(tier);
+        // A restart with room for two keeps the two most recently used: 3 (written) and 0 (read
+        // after 2 was written).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let idx = load_slices(dir.path(), &meta_gen, 2 * (100 + HEADER));
+        assert!(idx.contains(&key(0)) && idx.contains(&key(3)));
+        assert!(!idx.contains(&key(2)));
+        assert!(!slice_path(dir.path(), &key(2)).exists());
+    }
+
+    async fn wait_for(tier: &DiskTier, k: SliceKey) {
+        for _ in 0..200 {
+            if tier.contains(&k) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("slice {k:?} never written");
     }
 
     #[test]

@@ -165,11 +165,15 @@ async fn fetch(
             let fresh = match verdict {
                 Ok(f) => f,
                 Err(reason) => {
-                    // Remember the URL as uncacheable unless the reason lies in this request.
+                    // Remember the URL as uncacheable unless the reason lies in this request, or
+                    // the answer is an error: a 5xx or a 404 says how the origin is doing now
+                    // (a live segment not yet published, a hiccup), not what the URL is, and a
+                    // memo would keep the answer that follows out of the cache.
                     let request_reason = reason == NotStorable::Authorization
                         || (reason == NotStorable::NoStore
                             && parse_cache_control(&req_headers).no_store);
-                    if !request_reason {
+                    let error = parts.status.is_client_error() || parts.status.is_server_error();
+                    if !request_reason && !error {
                         let until = tokio::time::Instant::now().into_std()
                             + std::time::Duration::from_secs(inner.config.hit_for_pass_secs);
                         let dropped = inner.index.mark_pass(&primary, until);

@@ -1,50 +1,63 @@
-//! The in-process media cache: MPDs, init segments and prefetched segments, bounded in bytes (least
-//! recently used goes first, every entry also expires), with single-flight misses.
+//! The media front end on the slice cache service: MPDs, `sidx` boxes, init and media segments
+//! fetched through [`crate::cache::Cache`] under keys that cover the whole upstream request.
 //!
-//! Entries are keyed on the whole upstream request ([`CacheKey::for_request`]): two viewers share an
-//! entry only when sluice would send the origin byte-identical requests for it, so one user's
-//! cookie or authorization never fetches bytes for another, and a header a client adds (`h_range`,
-//! `h_host`) makes its own entry instead of poisoning the common one.
+//! Keys ([`request_key`]): `media|<fingerprint>|<url>`, where the fingerprint is a SHA-256 over
+//! the method, the URL and every header sluice sends with every value. Two viewers share bytes
+//! only when sluice would send the origin byte-identical requests, so one user's cookie or
+//! authorization never fetches bytes for another. Requests whose own headers decide what the
+//! origin answers (`h_range`, `h_if-*`) bypass the cache: a partial or conditional answer is
+//! not the object the key names.
 //!
-//! A miss starts the fetch as its own task and records it as in flight; concurrent requests for the
-//! same key wait for that one fetch instead of starting another, and a requester that goes away
-//! does not cancel it (the result still lands in the cache for the others and for later requests).
+//! A byte range of an object (DASH `SegmentBase`, HLS `EXT-X-BYTERANGE`) is a `Range` on the
+//! whole object's key, so the cache fetches only the slices it covers and every range of one file
+//! shares them. The cache asks the origin through [`MediaOrigin`], which sends the user's headers
+//! plus the cache's own `Range` and conditionals to the full URL, and remembers why an exchange
+//! failed so the player gets the same error (403 from the address guard, 504 on a timeout) as
+//! without the cache.
 
-use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use sluice_media::cenc::InitInfo;
-use sluice_media::dash::Mpd;
-use tokio::time::Instant;
+use sluice_media::dash::proxy::Part;
+use url::Url;
 
-use crate::error::ProxyError;
-use crate::upstream::UpstreamRequest;
+use crate::body::Body;
+use crate::cache::config::PolicyConfig;
+use crate::cache::{Cache, CacheKey, FreshnessPolicy, Origin, OriginError, OriginFuture};
+use crate::config::MediaConfig;
+use crate::error::{ProxyError, Side};
+use crate::upstream::{Upstream, UpstreamError, UpstreamRequest};
 
-/// Label of per-kind cache series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct KindLabels {
-    pub kind: &'static str,
-}
+/// The URL that answered after redirects, kept with a stored object when it differs from the one
+/// asked (relative URLs in an MPD resolve against it). Only the media front end reads it; it
+/// never reaches a client.
+static FINAL_URL: HeaderName = HeaderName::from_static("sluice-final-url");
 
-/// What a cache entry holds; also its metric label.
+/// Request headers that make the origin answer something other than the whole, current object.
+const NOT_CACHEABLE_WITH: [HeaderName; 6] = [
+    header::RANGE,
+    header::IF_RANGE,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_MATCH,
+    header::IF_UNMODIFIED_SINCE,
+];
+
+/// What a fetch is for: picks the default lifetime and labels the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CacheKind {
     Mpd,
-    /// A SegmentBase track's `sidx` bytes.
+    /// A `SegmentBase` track's `sidx` bytes.
     Sidx,
-    /// An init segment as fetched.
-    RawInit,
-    /// An init segment with protection removed, for one key set.
-    ClearInit,
-    /// A media segment as fetched (by a player request or by prefetch).
+    Init,
+    /// A media segment (by a player request or by prefetch).
     Segment,
 }
 
@@ -53,42 +66,256 @@ impl CacheKind {
         match self {
             CacheKind::Mpd => "mpd",
             CacheKind::Sidx => "sidx",
-            CacheKind::RawInit => "raw_init",
-            CacheKind::ClearInit => "clear_init",
+            CacheKind::Init => "init",
             CacheKind::Segment => "segment",
         }
     }
-}
 
-/// Identifies one cached object: its kind and the fingerprint of the upstream request that fetches
-/// it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CacheKey {
-    pub kind: CacheKind,
-    pub request: [u8; 32],
-}
-
-impl CacheKey {
-    /// The same request held as another kind of entry (an init segment as fetched and decrypted).
-    pub fn with_kind(mut self, kind: CacheKind) -> Self {
-        self.kind = kind;
-        self
-    }
-
-    /// The key of whatever `req` fetches. The fingerprint covers everything that shapes the request
-    /// sluice sends: method, URL, and every header with every value (names sorted, values in
-    /// order). The outgoing route (direct, proxy, TLS checks) is a function of the URL's host and
-    /// the default User-Agent a constant of the configuration, so both are covered by the URL.
-    pub fn for_request(kind: CacheKind, req: &UpstreamRequest) -> Self {
-        CacheKey {
-            kind,
-            request: request_fingerprint(req),
+    fn what(self) -> &'static str {
+        match self {
+            CacheKind::Mpd => "the MPD",
+            _ => "a media object",
         }
     }
 }
 
-/// SHA-256 over a length-prefixed encoding of the request, so no two different requests can
-/// produce the same byte stream.
+/// Label of per-kind series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+/// How the media front end's fetches went, by kind (the cache's own `sluice_cache_*` families
+/// count bytes, tiers and evictions for every user of the cache).
+#[derive(Clone, Default)]
+pub struct MediaCacheMetrics {
+    hits: Family<KindLabels, Counter>,
+    misses: Family<KindLabels, Counter>,
+    coalesced: Family<KindLabels, Counter>,
+    bypassed: Family<KindLabels, Counter>,
+}
+
+impl MediaCacheMetrics {
+    /// Registers the families under `media_cache_`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = MediaCacheMetrics::default();
+        let sub = registry.sub_registry_with_prefix("media_cache");
+        sub.register(
+            "hits",
+            "Media fetches answered by the cache without the origin, by kind",
+            m.hits.clone(),
+        );
+        sub.register(
+            "misses",
+            "Media fetches that went to the origin through the cache, by kind",
+            m.misses.clone(),
+        );
+        sub.register(
+            "coalesced",
+            "Media fetches that joined a fetch already in flight, by kind",
+            m.coalesced.clone(),
+        );
+        sub.register(
+            "bypassed",
+            "Media fetches sent around the cache (caching off, own Range or conditional, or an uncacheable answer), by kind",
+            m.bypassed.clone(),
+        );
+        m
+    }
+
+    /// Counts one fetch: `cache_status` is the cache's `Cache-Status`, `None` for a fetch sent
+    /// around the cache.
+    fn count(&self, kind: CacheKind, cache_status: Option<&str>) {
+        let label = KindLabels { kind: kind.label() };
+        let family = match cache_status {
+            None => &self.bypassed,
+            // Answered with the cache's bytes: fresh, stale-while-revalidate, after a 304, or
+            // stale-if-error.
+            Some(s)
+                if s.contains("; hit")
+                    || s.contains("fwd-status=304")
+                    || s.contains("stale-if-error") =>
+            {
+                &self.hits
+            }
+            Some(s) if s.contains("collapsed") => &self.coalesced,
+            Some(s) if s.contains("fwd=bypass") || s.contains("detail=") => &self.bypassed,
+            // Fetched through the cache (stored), or failed on the way.
+            Some(_) => &self.misses,
+        };
+        family.get_or_create(&label).inc();
+    }
+}
+
+/// One object's bytes, as fetched or from the cache.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub bytes: Bytes,
+    /// The URL that answered, after redirects.
+    pub final_url: Url,
+    /// Seconds since the origin produced it (`Age`; 0 when fetched just now).
+    pub age: u64,
+}
+
+/// The media front end's cache: the shared service (or none) and a policy per kind.
+pub struct MediaCache {
+    cache: Option<Cache>,
+    upstream: Upstream,
+    mpd: FreshnessPolicy,
+    init: FreshnessPolicy,
+    segment: FreshnessPolicy,
+    metrics: MediaCacheMetrics,
+}
+
+impl MediaCache {
+    /// `cache`: the process's slice cache, `None` when the media front end does not cache.
+    /// `defaults`: the `[cache]` policy keys the media lifetimes are applied over.
+    pub fn new(
+        cache: Option<Cache>,
+        upstream: Upstream,
+        config: &MediaConfig,
+        defaults: &PolicyConfig,
+        metrics: MediaCacheMetrics,
+    ) -> Arc<MediaCache> {
+        Arc::new(MediaCache {
+            cache,
+            upstream,
+            mpd: media_policy(defaults, config.mpd_ttl_secs),
+            init: media_policy(defaults, config.init_ttl_secs),
+            segment: media_policy(defaults, config.segment_ttl_secs),
+            metrics,
+        })
+    }
+
+    fn policy(&self, kind: CacheKind) -> &FreshnessPolicy {
+        match kind {
+            CacheKind::Mpd => &self.mpd,
+            CacheKind::Sidx | CacheKind::Init => &self.init,
+            CacheKind::Segment => &self.segment,
+        }
+    }
+
+    /// Whether `part` fetched with `headers` is cached and fresh, or being fetched (prefetch skips
+    /// it then).
+    pub fn holds(&self, part: &Part, headers: &HeaderMap) -> bool {
+        self.cache
+            .as_ref()
+            .is_some_and(|c| c.holds(&request_key(&part.url, headers)))
+    }
+
+    /// The bytes of `part` (the whole object, or exactly its byte range), at most `limit`, from
+    /// the cache or the origin. `max_age`: the most seconds a cached copy may have aged (a live
+    /// MPD's refresh period); older copies are revalidated or fetched again. A non-2xx answer is
+    /// an error with the upstream's status, so players see the 404 or 403 the origin gave.
+    pub async fn fetch(
+        &self,
+        kind: CacheKind,
+        part: &Part,
+        headers: &HeaderMap,
+        limit: usize,
+        max_age: Option<u64>,
+    ) -> Result<Fetched, ProxyError> {
+        let cache = match &self.cache {
+            Some(c) if !NOT_CACHEABLE_WITH.iter().any(|h| headers.contains_key(h)) => c,
+            _ => {
+                self.metrics.count(kind, None);
+                return fetch_direct(&self.upstream, kind, part, headers, limit).await;
+            }
+        };
+        let key = request_key(&part.url, headers);
+        let origin = Arc::new(MediaOrigin {
+            upstream: self.upstream.clone(),
+            url: part.url.clone(),
+            headers: headers.clone(),
+            error: Arc::default(),
+        });
+        let mut req = Request::new(());
+        *req.method_mut() = Method::GET;
+        if let Some((a, b)) = part.range {
+            req.headers_mut().insert(header::RANGE, range_value(a, b));
+        }
+        if let Some(secs) = max_age {
+            req.headers_mut().insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_str(&format!("max-age={secs}")).expect("digits"),
+            );
+        }
+        let (parts, ()) = req.into_parts();
+        let dyn_origin: Arc<dyn Origin> = origin.clone();
+        let resp = cache
+            .serve(&parts, &key, dyn_origin, self.policy(kind))
+            .await;
+        let status = resp.headers().get("cache-status");
+        self.metrics.count(
+            kind,
+            Some(status.and_then(|v| v.to_str().ok()).unwrap_or("")),
+        );
+        let host = part.url.host_str().unwrap_or("").to_owned();
+        if !resp.status().is_success() {
+            if let Some(e) = origin.take_error() {
+                return Err(e);
+            }
+            return Err(ProxyError::upstream_status(
+                resp.status(),
+                &host,
+                kind.what(),
+            ));
+        }
+        let final_url = resp
+            .headers()
+            .get(&FINAL_URL)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| Url::parse(v).ok())
+            .unwrap_or_else(|| part.url.clone());
+        let age = resp
+            .headers()
+            .get(header::AGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let partial = resp.status() == StatusCode::PARTIAL_CONTENT;
+        let body = collect_limited(resp.into_body(), limit)
+            .await
+            .map_err(|e| body_error(&host, kind, e))?;
+        Ok(Fetched {
+            bytes: exact_range(part.range, partial, body),
+            final_url,
+            age,
+        })
+    }
+}
+
+/// The `[cache]` policy with a media kind's lifetime: an origin's own freshness (`max-age`,
+/// `Expires`, `no-cache`...) is honoured; without it the object stays fresh for `ttl_secs`, with
+/// `Last-Modified` too (a segment written a second ago must not be stale at once).
+fn media_policy(defaults: &PolicyConfig, ttl_secs: u64) -> FreshnessPolicy {
+    let mut p = defaults.freshness();
+    let ttl = Duration::from_secs(ttl_secs);
+    p.default_ttl = ttl;
+    p.heuristic_min = ttl;
+    p.heuristic_max = ttl;
+    // Only sluice's own directives (a live MPD's `max-age`) reach the cache: honour them.
+    p.request_directives = sluice_http::freshness::RequestDirectives::Honor;
+    p
+}
+
+/// The cache key of whatever sluice fetches from `url` with `headers` (see the module docs).
+pub fn request_key(url: &Url, headers: &HeaderMap) -> CacheKey {
+    let req = UpstreamRequest {
+        method: Method::GET,
+        url: url.clone(),
+        headers: headers.clone(),
+    };
+    let fp = request_fingerprint(&req);
+    let hex: String = fp.iter().map(|b| format!("{b:02x}")).collect();
+    // Reverse-proxy keys start with a route name, which always holds a `/` before the first `|`.
+    CacheKey(format!("media|{hex}|{url}"))
+}
+
+/// SHA-256 over a length-prefixed encoding of the request (method, URL, every header with every
+/// value, names sorted, values in order), so no two different requests give one byte stream. The
+/// outgoing route (direct, proxy, TLS checks) is a function of the URL's host and the default
+/// User-Agent a constant of the configuration, so both are covered by the URL.
 pub fn request_fingerprint(req: &UpstreamRequest) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
@@ -98,7 +325,7 @@ pub fn request_fingerprint(req: &UpstreamRequest) -> [u8; 32] {
     };
     field(req.method.as_str().as_bytes());
     field(req.url.as_str().as_bytes());
-    let mut names: Vec<&http::HeaderName> = req.headers.keys().collect();
+    let mut names: Vec<&HeaderName> = req.headers.keys().collect();
     names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     for name in names {
         for value in req.headers.get_all(name) {
@@ -109,276 +336,206 @@ pub fn request_fingerprint(req: &UpstreamRequest) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// A cached value.
-#[derive(Debug, Clone)]
-pub enum CacheValue {
-    Bytes(Bytes),
-    /// A parsed MPD and the size of its text (its weight).
-    Mpd(Arc<Mpd>, usize),
-    /// A decrypted init segment and what decryption needs to know about its tracks.
-    Init(Bytes, Arc<InitInfo>),
+/// The cache's origin for one media fetch: the full URL with the user's headers, plus the
+/// cache's `Range` and conditionals. Remembers why an exchange failed.
+struct MediaOrigin {
+    upstream: Upstream,
+    url: Url,
+    headers: HeaderMap,
+    /// Why the last exchange failed (read by the request that made this origin).
+    error: Arc<Mutex<Option<ProxyError>>>,
 }
 
-impl CacheValue {
-    /// Approximate bytes held.
-    fn weight(&self) -> u64 {
-        let n = match self {
-            CacheValue::Bytes(b) => b.len(),
-            // The parsed model is a few times the text.
-            CacheValue::Mpd(_, text) => text.saturating_mul(3),
-            CacheValue::Init(b, _) => b.len() + 256,
+impl MediaOrigin {
+    fn take_error(&self) -> Option<ProxyError> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl Origin for MediaOrigin {
+    fn fetch(&self, req: Request<()>) -> OriginFuture {
+        let (parts, ()) = req.into_parts();
+        let mut headers = self.headers.clone();
+        for name in &NOT_CACHEABLE_WITH {
+            for v in parts.headers.get_all(name) {
+                headers.append(name.clone(), v.clone());
+            }
+        }
+        let request = UpstreamRequest {
+            method: parts.method,
+            url: self.url.clone(),
+            headers,
         };
-        n as u64 + 128
-    }
-}
-
-/// A fetch in flight, shared by every requester of its key.
-type Flight = Shared<BoxFuture<'static, Result<CacheValue, ProxyError>>>;
-
-struct Slot {
-    value: CacheValue,
-    weight: u64,
-    expires: Instant,
-    /// Position in the recency order.
-    tick: u64,
-}
-
-#[derive(Default)]
-struct Inner {
-    entries: HashMap<CacheKey, Slot>,
-    /// Recency order: oldest tick first.
-    order: BTreeMap<u64, CacheKey>,
-    tick: u64,
-    bytes: u64,
-    flights: HashMap<CacheKey, Flight>,
-}
-
-/// Metric families of the cache.
-#[derive(Clone, Default)]
-pub struct CacheMetrics {
-    hits: Family<KindLabels, Counter>,
-    misses: Family<KindLabels, Counter>,
-    coalesced: Family<KindLabels, Counter>,
-    evictions: Counter,
-    bytes: Gauge,
-}
-
-impl CacheMetrics {
-    /// Registers the families under `media_cache_`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = CacheMetrics::default();
-        let sub = registry.sub_registry_with_prefix("media_cache");
-        sub.register(
-            "hits",
-            "Media cache lookups answered from memory, by entry kind",
-            m.hits.clone(),
-        );
-        sub.register(
-            "misses",
-            "Media cache lookups that started an upstream fetch, by entry kind",
-            m.misses.clone(),
-        );
-        sub.register(
-            "coalesced",
-            "Media cache lookups that joined a fetch already in flight, by entry kind",
-            m.coalesced.clone(),
-        );
-        sub.register(
-            "evictions",
-            "Entries dropped to stay under media.cache_bytes",
-            m.evictions.clone(),
-        );
-        sub.register("bytes", "Bytes held by the media cache", m.bytes.clone());
-        m
-    }
-
-    fn label(kind: CacheKind) -> KindLabels {
-        KindLabels { kind: kind.label() }
-    }
-}
-
-/// The cache. Cheap to share behind an `Arc`.
-pub struct MediaCache {
-    inner: Mutex<Inner>,
-    capacity: u64,
-    metrics: CacheMetrics,
-}
-
-impl MediaCache {
-    pub fn new(capacity: u64, metrics: CacheMetrics) -> Arc<Self> {
-        Arc::new(MediaCache {
-            inner: Mutex::new(Inner::default()),
-            capacity,
-            metrics,
+        let upstream = self.upstream.clone();
+        let asked = self.url.clone();
+        let slot = self.error.clone();
+        Box::pin(async move {
+            match upstream.send(request).await {
+                Ok(resp) => {
+                    let mut out = Response::new(crate::body::boxed(resp.body));
+                    *out.status_mut() = resp.status;
+                    *out.headers_mut() = resp.headers;
+                    if resp.status.as_u16() >= 400 && !explicit_freshness(out.headers()) {
+                        // The media lifetimes are for objects; an error (a live segment asked
+                        // for a moment early) is kept only as long as the origin itself says.
+                        out.headers_mut()
+                            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                    }
+                    if resp.final_url != asked {
+                        if let Ok(v) = HeaderValue::from_str(resp.final_url.as_str()) {
+                            out.headers_mut().insert(FINAL_URL.clone(), v);
+                        }
+                    }
+                    Ok(out)
+                }
+                Err(e) => {
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(ProxyError::from_upstream(&e));
+                    Err(origin_error(&e))
+                }
+            }
         })
     }
+}
 
-    /// The cached value for `key`, or the result of `fetch` (which also returns how long the value
-    /// stays fresh). Concurrent callers with one key share a single `fetch`; failures are not
-    /// cached.
-    pub async fn get_or_fetch<F, Fut>(
-        self: &Arc<Self>,
-        key: CacheKey,
-        fetch: F,
-    ) -> Result<CacheValue, ProxyError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(CacheValue, Duration), ProxyError>> + Send + 'static,
-    {
-        let label = CacheMetrics::label(key.kind);
-        let flight = {
-            let mut inner = self.lock();
-            if let Some(value) = inner.lookup(&key) {
-                self.metrics.hits.get_or_create(&label).inc();
-                return Ok(value);
-            }
-            match inner.flights.get(&key) {
-                Some(flight) => {
-                    self.metrics.coalesced.get_or_create(&label).inc();
-                    flight.clone()
-                }
-                None => {
-                    self.metrics.misses.get_or_create(&label).inc();
-                    let flight = self.start(key.clone(), fetch());
-                    inner.flights.insert(key, flight.clone());
-                    flight
-                }
-            }
-        };
-        flight.await
-    }
+/// Whether the origin gave the answer a lifetime of its own (`max-age`, `s-maxage`, `Expires`,
+/// `CDN-Cache-Control`).
+fn explicit_freshness(headers: &HeaderMap) -> bool {
+    let cc = sluice_http::cache_control::parse_cache_control(headers);
+    cc.max_age.is_some()
+        || cc.s_maxage.is_some()
+        || headers.contains_key(header::EXPIRES)
+        || headers.contains_key("cdn-cache-control")
+}
 
-    /// True when `key` is cached and fresh, or being fetched.
-    pub fn holds(&self, key: &CacheKey) -> bool {
-        let mut inner = self.lock();
-        inner.flights.contains_key(key) || inner.lookup(key).is_some()
-    }
-
-    /// Bytes held now.
-    pub fn bytes(&self) -> u64 {
-        self.lock().bytes
-    }
-
-    /// Spawns the fetch; its task stores the result and clears the in-flight mark. The caller holds
-    /// the lock while registering the flight, so the task cannot finish before it is registered.
-    fn start<Fut>(self: &Arc<Self>, key: CacheKey, fetch: Fut) -> Flight
-    where
-        Fut: Future<Output = Result<(CacheValue, Duration), ProxyError>> + Send + 'static,
-    {
-        let cache = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            let result = fetch.await;
-            let mut inner = cache.lock();
-            inner.flights.remove(&key);
-            match result {
-                Ok((value, ttl)) => {
-                    cache.store(&mut inner, key, value.clone(), ttl);
-                    Ok(value)
-                }
-                Err(e) => Err(e),
-            }
-        });
-        async move {
-            task.await
-                .unwrap_or_else(|e| Err(ProxyError::internal(format!("cache fetch failed: {e}"))))
-        }
-        .boxed()
-        .shared()
-    }
-
-    fn store(&self, inner: &mut Inner, key: CacheKey, value: CacheValue, ttl: Duration) {
-        let weight = value.weight();
-        // One object may not crowd out everything else.
-        if ttl.is_zero() || weight > self.capacity / 4 {
-            return;
-        }
-        inner.remove(&key);
-        inner.tick += 1;
-        let tick = inner.tick;
-        inner.order.insert(tick, key.clone());
-        inner.bytes += weight;
-        inner.entries.insert(
-            key,
-            Slot {
-                value,
-                weight,
-                expires: Instant::now() + ttl,
-                tick,
-            },
-        );
-        while inner.bytes > self.capacity {
-            let Some((_, oldest)) = inner.order.pop_first() else {
-                break;
-            };
-            if let Some(slot) = inner.entries.remove(&oldest) {
-                inner.bytes -= slot.weight;
-                self.metrics.evictions.inc();
-            }
-        }
-        self.metrics.bytes.set(inner.bytes as i64);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves consistent maps behind, so poisoning is ignored.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+fn origin_error(e: &UpstreamError) -> OriginError {
+    match e {
+        UpstreamError::HeaderTimeout { .. } => OriginError::Timeout,
+        other => OriginError::Unreachable(other.to_string()),
     }
 }
 
-impl Inner {
-    /// A fresh entry, marked most recently used; an expired one is dropped.
-    fn lookup(&mut self, key: &CacheKey) -> Option<CacheValue> {
-        let now = Instant::now();
-        let slot = self.entries.get(key)?;
-        if slot.expires <= now {
-            self.remove(key);
-            return None;
-        }
-        let old_tick = slot.tick;
-        self.tick += 1;
-        let tick = self.tick;
-        self.order.remove(&old_tick);
-        self.order.insert(tick, key.clone());
-        let slot = self.entries.get_mut(key)?;
-        slot.tick = tick;
-        Some(slot.value.clone())
-    }
+/// `bytes=a-b` (digits only, so always a valid value).
+fn range_value(a: u64, b: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("bytes={a}-{b}")).expect("digits")
+}
 
-    fn remove(&mut self, key: &CacheKey) {
-        if let Some(slot) = self.entries.remove(key) {
-            self.order.remove(&slot.tick);
-            self.bytes -= slot.weight;
+/// Exactly `range` of an answer: a 206 is taken as it is; a 200 (an origin that ignores `Range`)
+/// is cut to the range.
+fn exact_range(range: Option<(u64, u64)>, partial: bool, body: Bytes) -> Bytes {
+    match range {
+        Some((a, b)) if !partial => {
+            let end = (b as usize).saturating_add(1).min(body.len());
+            let start = (a as usize).min(end);
+            body.slice(start..end)
+        }
+        _ => body,
+    }
+}
+
+/// Why a body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+enum CollectError {
+    #[error("{0}")]
+    Body(String),
+    #[error("upstream body larger than {limit} bytes")]
+    TooLarge { limit: usize },
+}
+
+async fn collect_limited(body: Body, limit: usize) -> Result<Bytes, CollectError> {
+    let mut body = std::pin::pin!(body);
+    let mut out = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| CollectError::Body(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(CollectError::TooLarge { limit });
+            }
+            out.extend_from_slice(&data);
         }
     }
+    Ok(out.freeze())
+}
+
+fn body_error(host: &str, kind: CacheKind, e: impl std::fmt::Display) -> ProxyError {
+    let message = match kind {
+        CacheKind::Mpd => format!("MPD: {e}"),
+        _ => e.to_string(),
+    };
+    let mut err = ProxyError::new(
+        Side::Upstream,
+        StatusCode::BAD_GATEWAY,
+        "upstream_body",
+        message,
+    );
+    err.upstream = Some(host.to_string());
+    err
+}
+
+/// Fetches `part` straight from the origin (no cache, or headers that make the answer the
+/// requester's own).
+async fn fetch_direct(
+    upstream: &Upstream,
+    kind: CacheKind,
+    part: &Part,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Fetched, ProxyError> {
+    let mut headers = headers.clone();
+    if let Some((a, b)) = part.range {
+        headers.insert(header::RANGE, range_value(a, b));
+    }
+    let req = UpstreamRequest {
+        method: Method::GET,
+        url: part.url.clone(),
+        headers,
+    };
+    let host = part.url.host_str().unwrap_or("").to_owned();
+    let resp = upstream
+        .send(req)
+        .await
+        .map_err(|e| ProxyError::from_upstream(&e))?;
+    if !resp.status.is_success() {
+        return Err(ProxyError::upstream_status(resp.status, &host, kind.what()));
+    }
+    let partial = resp.status == StatusCode::PARTIAL_CONTENT;
+    let final_url = resp.final_url.clone();
+    let body = resp
+        .body
+        .collect_limited(limit)
+        .await
+        .map_err(|e| body_error(&host, kind, e))?;
+    Ok(Fetched {
+        bytes: exact_range(part.range, partial, body),
+        final_url,
+        age: 0,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    fn key(name: &str) -> CacheKey {
-        let url = url::Url::parse(&format!("http://o/{name}")).unwrap();
-        CacheKey::for_request(CacheKind::Segment, &UpstreamRequest::get(url))
-    }
 
     fn with(headers: &[(&'static str, &'static str)]) -> CacheKey {
-        let mut req = UpstreamRequest::get(url::Url::parse("http://o/seg.ts").unwrap());
+        let mut h = HeaderMap::new();
         for (n, v) in headers {
-            req.headers.append(*n, http::HeaderValue::from_static(v));
+            h.append(*n, HeaderValue::from_static(v));
         }
-        CacheKey::for_request(CacheKind::Segment, &req)
+        request_key(&Url::parse("http://o/seg.ts").unwrap(), &h)
     }
 
     #[test]
     fn key_covers_every_request_header() {
         let plain = with(&[]);
         assert_eq!(plain, with(&[]));
-        assert_ne!(plain, key("seg.ts").clone().with_kind(CacheKind::RawInit));
+        assert_ne!(
+            plain,
+            request_key(&Url::parse("http://o/seg2.ts").unwrap(), &HeaderMap::new())
+        );
         // Every header and value counts; order of different names does not.
         assert_ne!(plain, with(&[("cookie", "a=1")]));
         assert_ne!(with(&[("cookie", "a=1")]), with(&[("cookie", "a=2")]));
         assert_ne!(with(&[("authorization", "A")]), with(&[("cookie", "A")]));
-        assert_ne!(plain, with(&[("range", "bytes=0-9")]));
         assert_ne!(plain, with(&[("host", "other")]));
         assert_eq!(
             with(&[("x-a", "1"), ("x-b", "2")]),
@@ -390,81 +547,58 @@ mod tests {
         );
         // Length prefixes: moving bytes between name and value changes the key.
         assert_ne!(with(&[("x-ab", "c")]), with(&[("x-a", "bc")]));
-        let mut head = UpstreamRequest::get(url::Url::parse("http://o/seg.ts").unwrap());
-        head.method = http::Method::HEAD;
-        assert_ne!(plain, CacheKey::for_request(CacheKind::Segment, &head));
+        let mut head = UpstreamRequest::get(Url::parse("http://o/seg.ts").unwrap());
+        let get = request_fingerprint(&head);
+        head.method = Method::HEAD;
+        assert_ne!(get, request_fingerprint(&head));
+        // Readable, and apart from every reverse-proxy key (those hold a `/` before the first `|`).
+        assert!(plain.0.starts_with("media|") && plain.0.ends_with("|http://o/seg.ts"));
     }
 
-    fn bytes_of(v: CacheValue) -> Bytes {
-        match v {
-            CacheValue::Bytes(b) => b,
-            _ => panic!("not bytes"),
-        }
+    #[test]
+    fn ranges_are_cut_from_whole_answers_only() {
+        let body = Bytes::from_static(b"0123456789");
+        assert_eq!(exact_range(Some((2, 4)), false, body.clone()), "234");
+        assert_eq!(exact_range(Some((8, 20)), false, body.clone()), "89");
+        assert_eq!(
+            exact_range(Some((2, 4)), true, Bytes::from_static(b"234")),
+            "234"
+        );
+        assert_eq!(exact_range(None, false, body.clone()), body);
     }
 
-    #[tokio::test]
-    async fn concurrent_misses_share_one_fetch() {
-        let cache = MediaCache::new(1 << 20, CacheMetrics::default());
-        let calls = Arc::new(AtomicUsize::new(0));
-        let mut waiters = Vec::new();
-        for _ in 0..8 {
-            let (cache, calls) = (cache.clone(), calls.clone());
-            waiters.push(tokio::spawn(async move {
-                cache
-                    .get_or_fetch(key("a"), move || async move {
-                        calls.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        Ok((
-                            CacheValue::Bytes(Bytes::from_static(b"x")),
-                            Duration::from_secs(5),
-                        ))
-                    })
-                    .await
-            }));
-        }
-        for w in waiters {
-            assert_eq!(bytes_of(w.await.unwrap().unwrap()), "x");
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert!(cache.holds(&key("a")));
-    }
-
-    #[tokio::test]
-    async fn bounded_lru_and_ttl() {
-        let cache = MediaCache::new(4 * 1024, CacheMetrics::default());
-        let put = |name: &'static str, ttl_ms: u64| {
-            let cache = cache.clone();
-            async move {
-                cache
-                    .get_or_fetch(key(name), move || async move {
-                        let value = CacheValue::Bytes(Bytes::from(vec![0u8; 800]));
-                        Ok((value, Duration::from_millis(ttl_ms)))
-                    })
-                    .await
-                    .unwrap();
-            }
-        };
-        for name in ["a", "b", "c", "d"] {
-            put(name, 60_000).await;
-        }
-        // "a" is used again, so "b" is the least recently used when "e" needs room.
-        assert!(cache.holds(&key("a")));
-        put("e", 60_000).await;
-        assert!(cache.bytes() <= 4 * 1024);
-        assert!(cache.holds(&key("a")) && !cache.holds(&key("b")));
-        put("short", 30).await;
-        assert!(cache.holds(&key("short")));
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        assert!(!cache.holds(&key("short")));
-    }
-
-    #[tokio::test]
-    async fn failures_are_not_cached() {
-        let cache = MediaCache::new(1 << 20, CacheMetrics::default());
-        let r = cache
-            .get_or_fetch(key("f"), || async { Err(ProxyError::internal("boom")) })
-            .await;
-        assert!(r.is_err());
-        assert!(!cache.holds(&key("f")));
+    #[test]
+    fn media_lifetimes_apply_without_origin_freshness() {
+        let p = media_policy(&PolicyConfig::default(), 60);
+        assert_eq!(p.default_ttl, Duration::from_secs(60));
+        assert_eq!(p.heuristic_min, p.heuristic_max);
+        // A just-written file with Last-Modified is fresh for the media lifetime.
+        let now = std::time::SystemTime::now();
+        let mut h = HeaderMap::new();
+        let date = httpdate::fmt_http_date(now);
+        h.insert(header::DATE, HeaderValue::from_str(&date).unwrap());
+        h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&date).unwrap());
+        let f = sluice_http::freshness::storability(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            &h,
+            now,
+            &p,
+        )
+        .unwrap();
+        assert_eq!(f.lifetime, 60);
+        // The origin's own word wins.
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=5"));
+        let f = sluice_http::freshness::storability(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            &h,
+            now,
+            &p,
+        )
+        .unwrap();
+        assert_eq!(f.lifetime, 5);
     }
 }

@@ -27,11 +27,9 @@ use crate::body::{self, Body};
 use crate::config::MediaConfig;
 use crate::error::ProxyError;
 use crate::request::RequestContext;
-use crate::upstream::Upstream;
 
 /// Shared state of the DASH endpoints.
 pub struct Dash {
-    pub(crate) upstream: Upstream,
     pub(crate) cache: Arc<MediaCache>,
     pub(crate) prefetcher: Arc<Prefetcher>,
     pub(crate) settings: Settings,
@@ -46,9 +44,7 @@ pub struct Dash {
 /// The `media.*` settings the DASH endpoints use.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub segment_ttl: Duration,
-    pub init_ttl: Duration,
-    pub mpd_ttl: Duration,
+    /// The longest a live MPD is used before it is fetched again.
     pub live_mpd_ttl: Duration,
     pub live_depth: usize,
     pub live_start_offset: f64,
@@ -60,9 +56,6 @@ pub struct Settings {
 impl Settings {
     pub fn from_config(c: &MediaConfig) -> Self {
         Settings {
-            segment_ttl: Duration::from_secs(c.segment_ttl_secs),
-            init_ttl: Duration::from_secs(c.init_ttl_secs),
-            mpd_ttl: Duration::from_secs(c.mpd_ttl_secs),
             live_mpd_ttl: Duration::from_secs(c.live_mpd_ttl_secs),
             live_depth: c.mpd_live_playlist_depth,
             live_start_offset: c.live_start_offset,
@@ -75,7 +68,6 @@ impl Settings {
 
 impl Dash {
     pub fn new(
-        upstream: Upstream,
         cache: Arc<MediaCache>,
         prefetcher: Arc<Prefetcher>,
         config: &MediaConfig,
@@ -97,7 +89,6 @@ impl Dash {
         Dash {
             remux_seconds,
             ts_counters: remux::Counters::default(),
-            upstream,
             cache,
             prefetcher,
             settings: Settings::from_config(config),

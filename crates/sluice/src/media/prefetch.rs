@@ -1,4 +1,4 @@
-//! Segment fetching through the media cache, and prefetch: when a player fetches segment n of a
+//! Segment fetching through the media cache (the slice cache service), and prefetch: when a player fetches segment n of a
 //! playlist we served, segments n+1..=n+N are fetched into the cache with the same upstream headers.
 //!
 //! The hooks are format-neutral, so the DASH and HLS segment endpoints use them alike:
@@ -11,17 +11,15 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http::HeaderMap;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sluice_media::dash::proxy::Part;
 
-use super::cache::{CacheKey, CacheKind, CacheValue, MediaCache};
-use crate::error::{ProxyError, Side};
-use crate::upstream::{Upstream, UpstreamRequest};
+use super::cache::{CacheKind, MediaCache};
+use crate::error::ProxyError;
 
 /// Bytes one remembered segment costs beyond its URL text: the `Url` itself, its copy in the
 /// by-part index, and map slots.
@@ -53,10 +51,8 @@ struct Playlists {
 /// Fetches segments through the cache and fetches ahead of the player.
 pub struct Prefetcher {
     cache: Arc<MediaCache>,
-    upstream: Upstream,
     /// Segments fetched ahead; 0 turns prefetch off.
     depth: usize,
-    ttl: Duration,
     limit: usize,
     /// Bytes the remembered playlists may take; the least recently registered go first.
     budget: usize,
@@ -67,9 +63,7 @@ pub struct Prefetcher {
 impl Prefetcher {
     pub fn new(
         cache: Arc<MediaCache>,
-        upstream: Upstream,
         depth: usize,
-        ttl: Duration,
         limit: usize,
         budget: usize,
         registry: &mut Registry,
@@ -82,9 +76,7 @@ impl Prefetcher {
         );
         Arc::new(Prefetcher {
             cache,
-            upstream,
             depth,
-            ttl,
             limit,
             budget,
             playlists: Mutex::new(Playlists::default()),
@@ -147,28 +139,11 @@ impl Prefetcher {
         part: &Part,
         headers: &HeaderMap,
     ) -> Result<Bytes, ProxyError> {
-        let key = part_key(CacheKind::Segment, part, headers);
-        let fetch = fetch_part(
-            self.upstream.clone(),
-            part.clone(),
-            headers.clone(),
-            self.limit,
-        );
-        let ttl = self.ttl;
-        match self
+        let fetched = self
             .cache
-            .get_or_fetch(key, move || async move {
-                let fetched = fetch.await?;
-                let ttl = fetched.ttl(ttl);
-                Ok((CacheValue::Bytes(fetched.bytes), ttl))
-            })
-            .await?
-        {
-            CacheValue::Bytes(bytes) => Ok(bytes),
-            _ => Err(ProxyError::internal(
-                "segment cache entry of the wrong kind",
-            )),
-        }
+            .fetch(CacheKind::Segment, part, headers, self.limit, None)
+            .await?;
+        Ok(fetched.bytes)
     }
 
     /// The player fetched `part`: fetch the following segments of its playlist in the background.
@@ -192,8 +167,7 @@ impl Prefetcher {
                 .collect()
         };
         for part in next {
-            let key = part_key(CacheKind::Segment, &part, headers);
-            if self.cache.holds(&key) {
+            if self.cache.holds(&part, headers) {
                 continue;
             }
             self.started.inc();
@@ -225,146 +199,10 @@ impl Playlists {
     }
 }
 
-/// The upstream request for one object: GET with `headers`, plus `Range` for a byte range.
-pub fn part_request(part: &Part, headers: &HeaderMap) -> UpstreamRequest {
-    let mut headers = headers.clone();
-    if let Some((a, b)) = part.range {
-        headers.insert(header::RANGE, HeaderValue::from(RangeValue(a, b)));
-    }
-    UpstreamRequest {
-        method: http::Method::GET,
-        url: part.url.clone(),
-        headers,
-    }
-}
-
-/// `bytes=a-b` as a header value (digits only, so always valid).
-struct RangeValue(u64, u64);
-
-impl From<RangeValue> for HeaderValue {
-    fn from(r: RangeValue) -> Self {
-        HeaderValue::from_str(&format!("bytes={}-{}", r.0, r.1))
-            .unwrap_or_else(|_| HeaderValue::from_static("bytes=0-"))
-    }
-}
-
-/// The cache key of `part` fetched with `headers`: the key of the exact request [`fetch_part`] sends.
-pub fn part_key(kind: CacheKind, part: &Part, headers: &HeaderMap) -> CacheKey {
-    CacheKey::for_request(kind, &part_request(part, headers))
-}
-
-/// One object fetched whole, and whether it may be shared through the cache.
-pub struct Fetched {
-    pub bytes: Bytes,
-    /// A complete answer to exactly what was asked: 200 for the whole object (no `Range` in the
-    /// request), or exactly the byte range asked for; and not marked `no-store` or `private`.
-    pub storable: bool,
-}
-
-impl Fetched {
-    /// `ttl` when the object may be cached, zero (not stored) otherwise.
-    pub fn ttl(&self, ttl: Duration) -> Duration {
-        if self.storable {
-            ttl
-        } else {
-            Duration::ZERO
-        }
-    }
-}
-
-/// `true` unless `Cache-Control` forbids a shared cache to keep the response.
-pub fn shareable(headers: &HeaderMap) -> bool {
-    !headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|d| {
-            d.trim()
-                .split('=')
-                .next()
-                .unwrap_or("")
-                .to_ascii_lowercase()
-        })
-        .any(|d| d == "no-store" || d == "private")
-}
-
-/// `Content-Range: bytes a-b/len` naming exactly `a`..=`b`.
-fn content_range_is(headers: &HeaderMap, a: u64, b: u64) -> bool {
-    let Some(v) = headers
-        .get(header::CONTENT_RANGE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let Some(spec) = v.trim().strip_prefix("bytes ") else {
-        return false;
-    };
-    let range = spec.split('/').next().unwrap_or("");
-    range == format!("{a}-{b}")
-}
-
-/// Fetches one object whole: GET with `headers` plus `Range` for a byte range, at most `limit`
-/// bytes. A non-2xx answer becomes an error with the upstream's status, so players see the 404 or
-/// 403 the origin gave. A server that ignores `Range` is answered from the slice asked for.
-pub async fn fetch_part(
-    upstream: Upstream,
-    part: Part,
-    headers: HeaderMap,
-    limit: usize,
-) -> Result<Fetched, ProxyError> {
-    let req = part_request(&part, &headers);
-    let asked_range = req.headers.contains_key(header::RANGE);
-    let host = part.url.host_str().unwrap_or("").to_owned();
-    let resp = upstream
-        .send(req)
-        .await
-        .map_err(|e| ProxyError::from_upstream(&e))?;
-    if !resp.status.is_success() {
-        return Err(ProxyError::upstream_status(
-            resp.status,
-            &host,
-            "a media object",
-        ));
-    }
-    let partial = resp.status == StatusCode::PARTIAL_CONTENT;
-    let mut storable = shareable(&resp.headers);
-    match part.range {
-        None => storable &= resp.status == StatusCode::OK && !asked_range,
-        Some((a, b)) if partial => storable &= content_range_is(&resp.headers, a, b),
-        Some(_) => storable &= resp.status == StatusCode::OK,
-    }
-    let body = resp.body.collect_limited(limit).await.map_err(|e| {
-        let mut err = ProxyError::new(
-            Side::Upstream,
-            StatusCode::BAD_GATEWAY,
-            "upstream_body",
-            e.to_string(),
-        );
-        err.upstream = Some(host.clone());
-        err
-    })?;
-    let bytes = match part.range {
-        Some((a, b)) if !partial => {
-            let end = (b as usize).saturating_add(1).min(body.len());
-            let start = (a as usize).min(end);
-            // A 200 shorter than the range asked for is not the object the key names.
-            storable &= end == (b as usize).saturating_add(1);
-            body.slice(start..end)
-        }
-        Some((a, b)) => {
-            storable &= body.len() as u64 == b.saturating_sub(a) + 1;
-            body
-        }
-        None => body,
-    };
-    Ok(Fetched { bytes, storable })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::media::cache::CacheMetrics;
+    use crate::upstream::Upstream;
 
     fn parts(playlist: &str, n: usize) -> Vec<Part> {
         (0..n)
@@ -379,16 +217,14 @@ mod tests {
         let mut registry = Registry::default();
         let upstream =
             Upstream::new(&crate::config::UpstreamConfig::default(), &mut registry).unwrap();
-        let cache = MediaCache::new(1 << 20, CacheMetrics::default());
-        Prefetcher::new(
-            cache,
+        let cache = MediaCache::new(
+            None,
             upstream,
-            3,
-            Duration::from_secs(5),
-            1 << 20,
-            budget,
-            &mut registry,
-        )
+            &crate::config::MediaConfig::default(),
+            &crate::cache::config::PolicyConfig::default(),
+            Default::default(),
+        );
+        Prefetcher::new(cache, 3, 1 << 20, budget, &mut registry)
     }
 
     #[tokio::test]
@@ -412,43 +248,5 @@ mod tests {
         p.register_playlist("huge", parts("huge", 1000));
         assert!(!p.knows(&parts("huge", 1)[0]));
         assert!(p.registry_bytes() <= one * 3 + one / 2);
-    }
-
-    #[test]
-    fn part_request_adds_range_and_keys_follow_it() {
-        let part = Part {
-            url: url::Url::parse("http://o/init.mp4").unwrap(),
-            range: Some((0, 99)),
-        };
-        let req = part_request(&part, &HeaderMap::new());
-        assert_eq!(req.headers[header::RANGE], "bytes=0-99");
-        let other = Part {
-            range: Some((0, 100)),
-            ..part.clone()
-        };
-        let none = HeaderMap::new();
-        assert_ne!(
-            part_key(CacheKind::RawInit, &part, &none),
-            part_key(CacheKind::RawInit, &other, &none)
-        );
-        let mut cookie = HeaderMap::new();
-        cookie.insert(header::COOKIE, HeaderValue::from_static("u=a"));
-        assert_ne!(
-            part_key(CacheKind::RawInit, &part, &none),
-            part_key(CacheKind::RawInit, &part, &cookie)
-        );
-    }
-
-    #[test]
-    fn cache_control_private_or_no_store_is_not_shareable() {
-        let with = |v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static(v));
-            h
-        };
-        assert!(shareable(&HeaderMap::new()));
-        assert!(shareable(&with("public, max-age=60")));
-        assert!(!shareable(&with("private, max-age=60")));
-        assert!(!shareable(&with("max-age=0, No-Store")));
     }
 }

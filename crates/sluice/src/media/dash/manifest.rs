@@ -17,9 +17,8 @@ use url::Url;
 use super::{bad_request, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::{CacheKind, CacheValue};
+use crate::media::cache::CacheKind;
 use crate::media::links::{self, Links};
-use crate::media::prefetch::{fetch_part, part_key, part_request, shareable};
 use crate::request::RequestContext;
 
 const PLAYLIST_TYPE: &str = "application/vnd.apple.mpegurl";
@@ -132,74 +131,39 @@ async fn load(
     Ok((params, headers, mpd))
 }
 
-/// The parsed MPD at `url`, from the cache or fetched. Live MPDs stay cached for their
-/// `minimumUpdatePeriod` (at most `live_mpd_ttl`), static ones for `mpd_ttl`.
+/// The parsed MPD at `url`, its text from the cache or fetched. A static MPD is cached for
+/// `mpd_ttl` (unless the origin says otherwise); a live one is used for at most its
+/// `minimumUpdatePeriod` (and `live_mpd_ttl`), so an older copy is fetched again.
 async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd>, ProxyError> {
     let part = Part {
         url: url.clone(),
         range: None,
     };
-    let upstream = dash.upstream.clone();
-    let (limit, settings) = (dash.settings.max_mpd_bytes, dash.settings.clone());
-    let headers = headers.clone();
-    let key = part_key(CacheKind::Mpd, &part, &headers);
-    let value = dash
-        .cache
-        .get_or_fetch(key, move || async move {
-            let (text, final_url, storable) = fetch_text(upstream, part, headers, limit).await?;
-            let text = std::str::from_utf8(&text).map_err(|_| bad_mpd("not UTF-8 text"))?;
-            let mpd = parse_mpd(text, &final_url).map_err(bad_mpd)?;
-            let ttl = if mpd.is_live() {
-                let update = mpd
-                    .minimum_update_period
-                    .filter(|p| p.is_finite() && *p > 0.0)
-                    .map(Duration::from_secs_f64)
-                    .unwrap_or(settings.live_mpd_ttl);
-                update.min(settings.live_mpd_ttl)
-            } else {
-                settings.mpd_ttl
-            };
-            let ttl = if storable { ttl } else { Duration::ZERO };
-            Ok((CacheValue::Mpd(Arc::new(mpd), text.len()), ttl))
-        })
-        .await?;
-    match value {
-        CacheValue::Mpd(mpd, _) => Ok(mpd),
-        _ => Err(ProxyError::internal("MPD cache entry of the wrong kind")),
+    let limit = dash.settings.max_mpd_bytes;
+    let mut max_age = None;
+    loop {
+        let fetched = dash
+            .cache
+            .fetch(CacheKind::Mpd, &part, headers, limit, max_age)
+            .await?;
+        let text = std::str::from_utf8(&fetched.bytes).map_err(|_| bad_mpd("not UTF-8 text"))?;
+        let mpd = parse_mpd(text, &fetched.final_url).map_err(bad_mpd)?;
+        if !mpd.is_live() || max_age.is_some() {
+            return Ok(Arc::new(mpd));
+        }
+        let refresh = mpd
+            .minimum_update_period
+            .filter(|p| p.is_finite() && *p > 0.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or(dash.settings.live_mpd_ttl)
+            .min(dash.settings.live_mpd_ttl)
+            .as_secs();
+        if fetched.age <= refresh {
+            return Ok(Arc::new(mpd));
+        }
+        // A live MPD older than its refresh period: once more, no older than that.
+        max_age = Some(refresh);
     }
-}
-
-/// The MPD text, the URL that answered (relative URLs in the MPD resolve against it), and whether
-/// it may be shared through the cache (a complete 200 not marked `no-store`/`private`).
-async fn fetch_text(
-    upstream: crate::upstream::Upstream,
-    part: Part,
-    headers: HeaderMap,
-    limit: usize,
-) -> Result<(bytes::Bytes, Url, bool), ProxyError> {
-    let req = part_request(&part, &headers);
-    let asked_range = req.headers.contains_key(http::header::RANGE);
-    let resp = upstream
-        .send(req)
-        .await
-        .map_err(|e| ProxyError::from_upstream(&e))?;
-    let host = part.url.host_str().unwrap_or("").to_owned();
-    if !resp.status.is_success() {
-        return Err(ProxyError::upstream_status(resp.status, &host, "the MPD"));
-    }
-    let final_url = resp.final_url.clone();
-    let storable = resp.status == StatusCode::OK && !asked_range && shareable(&resp.headers);
-    let text = resp.body.collect_limited(limit).await.map_err(|e| {
-        let mut err = ProxyError::new(
-            Side::Upstream,
-            StatusCode::BAD_GATEWAY,
-            "upstream_body",
-            format!("MPD: {e}"),
-        );
-        err.upstream = Some(host.clone());
-        err
-    })?;
-    Ok((text, final_url, storable))
 }
 
 /// The fragments listed by the `sidx` in `range` of `url` (bytes cached).
@@ -213,27 +177,17 @@ async fn load_sidx(
         url: url.clone(),
         range: Some(range),
     };
-    let sidx_part = part.clone();
-    let fetch = fetch_part(
-        dash.upstream.clone(),
-        part,
-        headers.clone(),
-        dash.settings.max_segment_bytes,
-    );
-    let ttl = dash.settings.init_ttl;
-    let key = part_key(CacheKind::Sidx, &sidx_part, headers);
-    let value = dash
+    let fetched = dash
         .cache
-        .get_or_fetch(key, move || async move {
-            let fetched = fetch.await?;
-            let ttl = fetched.ttl(ttl);
-            Ok((CacheValue::Bytes(fetched.bytes), ttl))
-        })
+        .fetch(
+            CacheKind::Sidx,
+            &part,
+            headers,
+            dash.settings.max_segment_bytes,
+            None,
+        )
         .await?;
-    let CacheValue::Bytes(bytes) = value else {
-        return Err(ProxyError::internal("sidx cache entry of the wrong kind"));
-    };
-    parse_sidx(&bytes, range.0).map_err(bad_mpd)
+    parse_sidx(&fetched.bytes, range.0).map_err(bad_mpd)
 }
 
 /// A 502 for an MPD (or sidx) that cannot be used, with the reason.

@@ -3,7 +3,7 @@
 //! fetched, as MediaFlow does, so a player with its own ClearKey support still works.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response, StatusCode};
@@ -14,10 +14,8 @@ use sluice_media::keys::KeyRing;
 use super::{bad_request, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::{CacheKind, CacheValue, MediaCache};
-use crate::media::prefetch::{fetch_part, part_key};
+use crate::media::cache::CacheKind;
 use crate::request::RequestContext;
-use crate::upstream::Upstream;
 
 /// `/proxy/mpd/segment.mp4`.
 pub async fn segment(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, ProxyError> {
@@ -74,90 +72,50 @@ pub async fn init(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, P
     respond(bytes, req.content_type, &params)
 }
 
-/// The init segment as fetched (cached by URL and range).
+/// The init segment as fetched (cached by URL and upstream headers; a byte range shares the
+/// file's slices).
 pub(super) async fn raw_init(
     dash: &Dash,
     part: &Part,
     headers: &HeaderMap,
 ) -> Result<Bytes, ProxyError> {
-    RawInit::new(dash, part, headers).get().await
-}
-
-/// Everything a raw-init lookup needs, owned, so a cache fill can run on its own task.
-struct RawInit {
-    cache: Arc<MediaCache>,
-    upstream: Upstream,
-    part: Part,
-    headers: HeaderMap,
-    limit: usize,
-    ttl: Duration,
-}
-
-impl RawInit {
-    fn new(dash: &Dash, part: &Part, headers: &HeaderMap) -> Self {
-        RawInit {
-            cache: dash.cache.clone(),
-            upstream: dash.upstream.clone(),
-            part: part.clone(),
-            headers: headers.clone(),
-            limit: dash.settings.max_segment_bytes,
-            ttl: dash.settings.init_ttl,
-        }
-    }
-
-    async fn get(self) -> Result<Bytes, ProxyError> {
-        let key = part_key(CacheKind::RawInit, &self.part, &self.headers);
-        let fetch = fetch_part(self.upstream, self.part, self.headers, self.limit);
-        let ttl = self.ttl;
-        match self
-            .cache
-            .get_or_fetch(key, move || async move {
-                let fetched = fetch.await?;
-                let ttl = fetched.ttl(ttl);
-                Ok((CacheValue::Bytes(fetched.bytes), ttl))
-            })
-            .await?
-        {
-            CacheValue::Bytes(bytes) => Ok(bytes),
-            _ => Err(ProxyError::internal("init cache entry of the wrong kind")),
-        }
-    }
+    let fetched = dash
+        .cache
+        .fetch(
+            CacheKind::Init,
+            part,
+            headers,
+            dash.settings.max_segment_bytes,
+            None,
+        )
+        .await?;
+    Ok(fetched.bytes)
 }
 
 /// The init segment without protection boxes, and its track facts; refuses keys that leave a
-/// protected track without a key. Removing protection needs no key, so one cache entry per URL
-/// and range serves every key set; the key check runs on every request.
+/// protected track without a key. The raw bytes come from the cache; removing protection needs
+/// no key and takes microseconds on an init segment of a few KiB, so it runs per request rather
+/// than holding a second, derived copy.
 pub(super) async fn clear_init(
     dash: &Dash,
     part: &Part,
     keys: &KeyRing,
     headers: &HeaderMap,
 ) -> Result<(Bytes, Arc<InitInfo>), ProxyError> {
-    let raw = RawInit::new(dash, part, headers);
-    let ttl = dash.settings.init_ttl;
-    let key = part_key(CacheKind::ClearInit, part, headers);
-    let value = dash
-        .cache
-        .get_or_fetch(key, move || async move {
-            let raw = raw.get().await?;
-            let (clear, info) = rewrite_init(&raw).map_err(|e| {
-                ProxyError::new(
-                    Side::Upstream,
-                    StatusCode::BAD_GATEWAY,
-                    "bad_init",
-                    format!("the init segment cannot be used: {e}"),
-                )
-            })?;
-            Ok((CacheValue::Init(clear.into(), Arc::new(info)), ttl))
-        })
-        .await?;
-    let CacheValue::Init(clear, info) = value else {
-        return Err(ProxyError::internal("init cache entry of the wrong kind"));
-    };
+    let raw = raw_init(dash, part, headers).await?;
+    let (clear, info) = rewrite_init(&raw).map_err(|e| {
+        ProxyError::new(
+            Side::Upstream,
+            StatusCode::BAD_GATEWAY,
+            "bad_init",
+            format!("the init segment cannot be used: {e}"),
+        )
+    })?;
+    let info = Arc::new(info);
     if let Some(kid) = proxy::unkeyed_kid(&info, keys) {
         return Err(missing_key(&kid));
     }
-    Ok((clear, info))
+    Ok((clear.into(), info))
 }
 
 pub(super) fn decrypt(
