@@ -11,7 +11,9 @@ case "$target" in
   # A realistic init plus media segment; the server allows 64 MiB, which libFuzzer cannot explore.
   mp4_decrypt|remux_ts) max_len=1048576 ;;
   # One datagram run; media.iptv max_datagram_bytes is 1536.
-  rtp_mpegts) max_len=65536 ;;
+  rtp_mpegts|rs_fec) max_len=65536 ;;
+  # One signalling packet; anything past 64 bytes is never read.
+  fcc) max_len=256 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null

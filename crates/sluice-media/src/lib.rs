@@ -15,11 +15,14 @@
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway.
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
 //! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
+//! - `rs_fec`: the Reed-Solomon FEC operators send on a FEC port: header, GF(2^8) code, recovery.
+//! - `fcc`: fast channel change signalling (Telecom/ZTE/FiberHome and Huawei) packets.
 
 pub mod acestream;
 pub mod b64url;
 pub mod cenc;
 pub mod dash;
+pub mod fcc;
 pub mod fec;
 pub mod generate;
 pub mod hls;
@@ -28,6 +31,7 @@ pub mod mp4;
 pub mod mpegts;
 pub mod query;
 pub mod remux;
+pub mod rs_fec;
 pub mod rtp;
 pub mod token;
 pub mod xtream;
