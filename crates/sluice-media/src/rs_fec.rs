@@ -39,13 +39,17 @@ pub enum RsFecError {
     PayloadType(u8),
     #[error("FEC payload shorter than its 12-byte header")]
     TooShort,
-    #[error("FEC block of {k} data and {m} parity packets is not codable (k ≥ 1, m ≥ 1, k + m ≤ 255)")]
+    #[error(
+        "FEC block of {k} data and {m} parity packets is not codable (k ≥ 1, m ≥ 1, k + m ≤ 255)"
+    )]
     Block { k: usize, m: usize },
     #[error("parity index {index} outside a block of {m} parity packets")]
     Index { index: u8, m: u8 },
     #[error("rtp_len {0} outside 12..=2048")]
     RtpLen(u16),
-    #[error("parity length {fec_len} does not match the {actual} bytes carried or rtp_len {rtp_len}")]
+    #[error(
+        "parity length {fec_len} does not match the {actual} bytes carried or rtp_len {rtp_len}"
+    )]
     Length {
         fec_len: u16,
         rtp_len: u16,
@@ -303,7 +307,9 @@ impl Code {
     }
 
     fn vandermonde(k: usize, m: usize) -> Result<Vec<u8>, RsFecError> {
-        let mut top: Vec<u8> = (0..k * k).map(|x| gf::pow_alpha((x / k) * (x % k))).collect();
+        let mut top: Vec<u8> = (0..k * k)
+            .map(|x| gf::pow_alpha((x / k) * (x % k)))
+            .collect();
         invert(&mut top, k)?;
         let mut parity = vec![0u8; m * k];
         for i in 0..m {
@@ -577,9 +583,9 @@ impl Recovery {
                 continue;
             }
             let received = block.parity.iter().flatten().count();
-            let too_old = self.newest.is_some_and(|n| {
-                (n.wrapping_sub(h.end) as i16) >= (self.media.len() / 2) as i16
-            });
+            let too_old = self
+                .newest
+                .is_some_and(|n| (n.wrapping_sub(h.end) as i16) >= (self.media.len() / 2) as i16);
             if received < lost.len() {
                 if too_old {
                     round.unrecoverable += lost.len() as u64;
@@ -611,7 +617,9 @@ impl Recovery {
         let mut data: Vec<Option<Vec<u8>>> = (0..k)
             .map(|i| {
                 let seq = h.begin.wrapping_add(i as u16);
-                let (_, d) = self.media[self.slot(seq)].as_ref().filter(|(s, _)| *s == seq)?;
+                let (_, d) = self.media[self.slot(seq)]
+                    .as_ref()
+                    .filter(|(s, _)| *s == seq)?;
                 let mut padded = d.clone();
                 padded.resize(len.max(d.len()), 0);
                 Some(padded)
@@ -659,7 +667,9 @@ fn trim_ts_padding(payload: &mut Vec<u8>) {
         payload.truncate(payload.len() - extra);
     }
     while payload.len() >= 2 * PACKET_LEN
-        && payload[payload.len() - PACKET_LEN..].iter().all(|&b| b == 0)
+        && payload[payload.len() - PACKET_LEN..]
+            .iter()
+            .all(|&b| b == 0)
     {
         payload.truncate(payload.len() - PACKET_LEN);
     }

@@ -16,8 +16,8 @@ fn telecom_request_bytes() {
     assert_eq!(
         p,
         [
-            0x82, 205, 0, 5, 0, 0, 0, 0, 239, 3, 1, 1, 0, 0, 0, 0, 0x9c, 0x40, 0x1f, 0x40, 239,
-            3, 1, 1
+            0x82, 205, 0, 5, 0, 0, 0, 0, 239, 3, 1, 1, 0, 0, 0, 0, 0x9c, 0x40, 0x1f, 0x40, 239, 3,
+            1, 1
         ]
     );
     assert!(is_feedback(&p));
@@ -43,7 +43,10 @@ fn huawei_request_bytes() {
     assert_eq!(&p[..4], &[0x85, 205, 0, 7]);
     assert_eq!(&p[8..12], &[239, 3, 1, 1]);
     assert_eq!(&p[12..20], &[0; 8]);
-    assert_eq!(&p[20..32], &[10, 1, 2, 3, 0x9c, 0x40, 0x80, 0, 0x20, 0, 0, 0]);
+    assert_eq!(
+        &p[20..32],
+        &[10, 1, 2, 3, 0x9c, 0x40, 0x80, 0, 0x20, 0, 0, 0]
+    );
     assert_eq!(
         parse_client(Flavor::Huawei, &p),
         Ok(ClientMessage::Request {
@@ -133,7 +136,10 @@ fn huawei_response_fields_and_nat_probe() {
     assert_eq!(p[12], 1);
     assert_eq!(&p[14..16], &[0, 2]);
     assert_eq!(p[24], 0x20);
-    assert_eq!(&p[26..36], &[0x23, 0x28, 0xde, 0xad, 0xbe, 0xef, 10, 0, 0, 9]);
+    assert_eq!(
+        &p[26..36],
+        &[0x23, 0x28, 0xde, 0xad, 0xbe, 0xef, 10, 0, 0, 9]
+    );
     assert_eq!(
         parse_server(Flavor::Huawei, &p),
         Ok(ServerMessage::Response(r))
@@ -187,7 +193,10 @@ fn rtp_is_not_feedback() {
     rtp.extend_from_slice(&[0x47; 1316]);
     assert!(!is_feedback(&rtp));
     assert!(!is_feedback(&[0x83, 205, 0]));
-    assert_eq!(parse_server(Flavor::Telecom, &[0x47; 40]), Err(FccError::NotFeedback));
+    assert_eq!(
+        parse_server(Flavor::Telecom, &[0x47; 40]),
+        Err(FccError::NotFeedback)
+    );
 }
 
 #[test]
