@@ -271,7 +271,7 @@ async fn zap(group: &'static str, port: u16, fcc: Option<(Flavor, bool)>) -> Run
 /// repeated; returns that datagram's index.
 fn assert_contiguous(got: &[u8], payloads: &[Vec<u8>]) -> usize {
     assert!(
-        got.len() >= 1316 && got.len() % 188 == 0,
+        got.len() >= 1316 && got.len().is_multiple_of(188),
         "{} bytes",
         got.len()
     );
@@ -439,6 +439,7 @@ async fn a_silent_fcc_server_falls_back_to_multicast_in_80_ms() {
     let got = read_bytes(resp, 100 * 1316).await;
     assert_contiguous(&got, &payloads);
     stop.store(true, Ordering::Release);
+    let status = gw.status().await;
     let log = log.lock().unwrap();
     let asked = log.requests.first().expect("request reached the server").0;
     let waited = joined.duration_since(asked);
@@ -455,7 +456,6 @@ async fn a_silent_fcc_server_falls_back_to_multicast_in_80_ms() {
             first_multicast_seq: None
         }
     );
-    let status = gw.status().await;
     assert_eq!(
         status["hubs"][0]["fcc"]["outcome"], "no answer within 80 ms",
         "{status}"
