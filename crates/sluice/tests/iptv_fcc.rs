@@ -82,6 +82,7 @@ struct Log {
     requests: Vec<(Instant, ClientMessage)>,
     terminations: Vec<(Instant, ClientMessage)>,
     burst_from: Option<usize>,
+    burst_began: Option<Instant>,
     /// Last burst index sent.
     burst_to: Option<usize>,
     sync_sent: bool,
@@ -133,6 +134,7 @@ fn spawn_fcc_server(
                         let now = live.load(Ordering::Acquire);
                         let from_idr = now.saturating_sub(1) / GOP * GOP;
                         log.burst_from = Some(from_idr);
+                        log.burst_began = Some(Instant::now());
                         next = Some(from_idr);
                     }
                     ClientMessage::Terminate {
@@ -158,9 +160,13 @@ fn spawn_fcc_server(
                 log.sync_sent = true;
                 sock.send_to(&fcc::sync(flavor, *group.ip()), to).unwrap();
             }
-            // Three packets a turn while behind (several times the live rate, whatever the
-            // machine's load); once caught up, whatever the multicast has sent.
-            for _ in 0..if caught_up { 1 } else { 3 } {
+            // Three times the live rate since the burst began, however seldom this thread
+            // runs on a loaded machine; never ahead of what the multicast has sent.
+            let began = log.burst_began.expect("burst began");
+            let due = log.burst_from.unwrap_or(0)
+                + 1
+                + (began.elapsed().as_micros() * 3 / TICK.as_micros()) as usize;
+            while i < due {
                 let ended = i >= payloads.len() || stop_before.is_some_and(|s| seq(i) == s);
                 if ended {
                     next = None;
@@ -225,6 +231,49 @@ struct Run {
 /// Starts the live multicast, waits until a keyframe has just gone by, then asks for the
 /// channel (with `fcc` naming the server's type, or without FCC).
 async fn zap(group: &'static str, port: u16, fcc: Option<(Flavor, bool)>) -> Run {
+    zap_via(group, port, fcc, false).await
+}
+
+/// A Telecom server that answers every request with a redirect to `to`; returns its address
+/// and how many requests it saw.
+fn spawn_redirector(to: SocketAddr, group: Ipv4Addr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = sock.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let seen2 = seen.clone();
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if !matches!(
+                fcc::parse_client(Flavor::Telecom, &buf[..n]),
+                Ok(ClientMessage::Request { .. })
+            ) {
+                continue;
+            }
+            seen2.fetch_add(1, Ordering::AcqRel);
+            let SocketAddr::V4(to) = to else { return };
+            let redirect = Response {
+                result: 0,
+                action: Some(Action::Redirect),
+                signal_port: Some(to.port()),
+                server: Some(*to.ip()),
+                ..Response::default()
+            };
+            sock.send_to(&fcc::response(Flavor::Telecom, group, &redirect), from)
+                .unwrap();
+        }
+    });
+    (addr, seen)
+}
+
+async fn zap_via(
+    group: &'static str,
+    port: u16,
+    fcc: Option<(Flavor, bool)>,
+    redirect: bool,
+) -> Run {
     let mut cfg = config();
     cfg.linger_ms = 5000;
     let gw = Gateway::start(cfg).await;
@@ -235,6 +284,11 @@ async fn zap(group: &'static str, port: u16, fcc: Option<(Flavor, bool)>) -> Run
     let silent = fcc.is_some_and(|f| f.1);
     let (server, log, stop) =
         spawn_fcc_server(flavor, group_addr, payloads.clone(), live.clone(), silent);
+    let server = if redirect {
+        spawn_redirector(server, *group_addr.ip()).0
+    } else {
+        server
+    };
     let sender = spawn_multicast(group, port, payloads.clone(), live.clone());
     // Ask right after the second keyframe went out: without FCC the next is a GOP away.
     while live.load(Ordering::Acquire) < GOP + 2 {
@@ -479,4 +533,28 @@ async fn bad_fcc_parameters_are_a_clear_400() {
         read_text(resp).await,
         "fcc=\"nowhere\" must be an IPv4 address and port (IP:PORT)\n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_leads_to_the_server_that_bursts() {
+    let run = zap_via("239.71.9.45", 46130, Some((Flavor::Telecom, false)), true).await;
+    let start = assert_contiguous(&run.got, &channel());
+    let log = run.log.lock().unwrap();
+    assert_eq!(Some(start), log.burst_from, "{log:?}");
+    assert_eq!(start % GOP, 0);
+    // The second server got the request (three copies) and a normal termination.
+    assert_eq!(log.requests.len(), 3, "{log:?}");
+    assert!(matches!(
+        log.terminations[0].1,
+        ClientMessage::Terminate {
+            first_multicast_seq: Some(_)
+        }
+    ));
+    let hub = &run.status["hubs"][0];
+    assert_eq!(
+        hub["fcc"]["outcome"], "switched at the meeting point",
+        "{hub}"
+    );
+    assert_eq!(hub["rtp_lost"], 0, "{hub}");
+    assert_eq!(hub["rtp_duplicates"], 0, "{hub}");
 }

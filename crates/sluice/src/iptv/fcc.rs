@@ -87,6 +87,9 @@ pub struct FccSession {
     group: SocketAddrV4,
     /// Where signalling goes now (after redirects and port changes).
     server: SocketAddrV4,
+    /// Where the last request went: only its answer counts (a redirecting server answers
+    /// each of the three copies).
+    asked: SocketAddrV4,
     /// Addresses the burst may come from.
     peers: Vec<Ipv4Addr>,
     phase: Phase,
@@ -110,10 +113,11 @@ pub fn start(target: FccTarget, group: SocketAddrV4) -> std::io::Result<(FccSess
     std_sock.set_nonblocking(true)?;
     let sock = UdpSocket::from_std(std_sock)?;
     let now = Instant::now();
-    let session = FccSession {
+    let mut session = FccSession {
         flavor: target.flavor,
         group,
         server: target.server,
+        asked: target.server,
         peers: vec![*target.server.ip()],
         phase: Phase::Requested,
         since: now,
@@ -215,7 +219,7 @@ impl FccSession {
             return (Step::Nothing, false);
         }
         if fcc::is_feedback(d) {
-            return (self.on_signal(sock, d), false);
+            return (self.on_signal(sock, d, from), false);
         }
         if rtp::parse_rtp(d).is_err() {
             return (Step::Nothing, false);
@@ -223,7 +227,7 @@ impl FccSession {
         self.on_unicast(d)
     }
 
-    fn on_signal(&mut self, sock: &UdpSocket, d: &[u8]) -> Step {
+    fn on_signal(&mut self, sock: &UdpSocket, d: &[u8], from: SocketAddrV4) -> Step {
         match fcc::parse_server(self.flavor, d) {
             Ok(ServerMessage::Sync) => match self.phase {
                 Phase::Waiting | Phase::Unicast => {
@@ -232,7 +236,9 @@ impl FccSession {
                 }
                 _ => Step::Nothing,
             },
-            Ok(ServerMessage::Response(r)) if self.phase == Phase::Requested => {
+            Ok(ServerMessage::Response(r))
+                if self.phase == Phase::Requested && from == self.asked =>
+            {
                 if !r.accepted(self.flavor) {
                     return self.fall_back(sock, "server refused");
                 }
@@ -374,7 +380,8 @@ impl FccSession {
         std::mem::take(&mut self.held)
     }
 
-    fn send_request(&self, sock: &UdpSocket) -> std::io::Result<()> {
+    fn send_request(&mut self, sock: &UdpSocket) -> std::io::Result<()> {
+        self.asked = self.server;
         let port = sock.local_addr()?.port();
         let local = local_ip_towards(self.server).unwrap_or(Ipv4Addr::UNSPECIFIED);
         let packet = fcc::request(self.flavor, self.group, port, local);

@@ -414,6 +414,12 @@ impl Pump {
             }
             Step::Switch => self.release_held(),
         }
+        self.show_fcc();
+        Ok(())
+    }
+
+    /// Copies the FCC session's phase and outcome to the status page.
+    fn show_fcc(&self) {
         if let Some(session) = self.fcc.as_ref() {
             let mut status = self.hub.fcc.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(s) = status.as_mut() {
@@ -421,7 +427,6 @@ impl Pump {
                 s.outcome = session.outcome;
             }
         }
-        Ok(())
     }
 
     /// The multicast held while the burst caught up, delivered after it.
@@ -488,6 +493,7 @@ impl Pump {
                 if session.holding() {
                     if session.hold(fcc_sock, d) == Step::Switch {
                         self.release_held();
+                        self.show_fcc();
                     }
                     continue;
                 }
