@@ -349,8 +349,21 @@ fn assert_contiguous(got: &[u8], payloads: &[Vec<u8>]) -> usize {
     start
 }
 
-async fn burst_then_multicast(flavor: Flavor, group: &'static str, port: u16) -> Run {
-    let run = zap(group, port, Some((flavor, false))).await;
+async fn burst_then_multicast(flavor: Flavor, group: &'static str, first_port: u16) -> Run {
+    // The scripted server is a thread on a machine shared with compilers: when it does not
+    // get to answer within the 80 ms the gateway allows, the gateway rightly falls back to
+    // plain multicast, and this run says nothing about the burst. Try again (new channel).
+    let mut port = first_port;
+    let mut run = zap(group, port, Some((flavor, false))).await;
+    for _ in 0..2 {
+        let outcome = run.status["hubs"][0]["fcc"]["outcome"].clone();
+        if !outcome.as_str().is_some_and(|o| o.contains("within 80 ms")) {
+            break;
+        }
+        eprintln!("scripted FCC server too slow ({outcome}); again on a new channel");
+        port += 2;
+        run = zap(group, port, Some((flavor, false))).await;
+    }
     let payloads = channel();
     let start = assert_contiguous(&run.got, &payloads);
     let log = run.log.lock().unwrap();
