@@ -523,6 +523,12 @@ async fn a_silent_fcc_server_falls_back_to_multicast_in_80_ms() {
             first_multicast_seq: None
         }
     );
+    assert!(
+        gw.metrics()
+            .contains("iptv_fcc_sessions_total{outcome=\"no answer within 80 ms\"} 1"),
+        "{}",
+        gw.metrics()
+    );
     assert_eq!(
         status["hubs"][0]["fcc"]["outcome"], "no answer within 80 ms",
         "{status}"

@@ -418,11 +418,19 @@ impl Pump {
         Ok(())
     }
 
-    /// Copies the FCC session's phase and outcome to the status page.
+    /// Copies the FCC session's phase and outcome to the status page, and counts the
+    /// outcome once the session is over.
     fn show_fcc(&self) {
         if let Some(session) = self.fcc.as_ref() {
             let mut status = self.hub.fcc.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(s) = status.as_mut() {
+                let ended = session.phase() == super::fcc::Phase::Done;
+                if ended && s.phase != super::fcc::Phase::Done.name() {
+                    let outcome = super::metrics::FccLabels {
+                        outcome: session.outcome,
+                    };
+                    self.hub.metrics.fcc.get_or_create(&outcome).inc();
+                }
                 s.phase = session.phase().name();
                 s.outcome = session.outcome;
             }
