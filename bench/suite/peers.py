@@ -122,8 +122,9 @@ def version_of(argv):
 
 # === configs and start ===
 
-NGINX_ORIGIN = """# origin for the benchmark: static files, keep-alive, sendfile
-worker_processes {workers};
+# What every nginx config here starts with (one worker pool, no daemon, logs and pid in its own
+# directory), and the temp paths nginx insists on even when nothing is buffered to disk.
+_NGINX_TOP = """worker_processes {workers};
 daemon off;
 master_process on;
 user root;
@@ -132,7 +133,16 @@ error_log {dir}/error.log warn;
 events {{ worker_connections 8192; use epoll; }}
 http {{
     access_log off;
-    default_type application/octet-stream;
+"""
+_NGINX_TEMP_PATHS = """    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+"""
+
+NGINX_ORIGIN = """# origin for the benchmark: static files, keep-alive, sendfile
+""" + _NGINX_TOP + """    default_type application/octet-stream;
     types {{ application/vnd.apple.mpegurl m3u8; video/mp2t ts; }}
     sendfile on;
     tcp_nopush on;
@@ -140,12 +150,7 @@ http {{
     keepalive_timeout 90s;
     keepalive_requests 100000;
     open_file_cache max=64 inactive=60s;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    server {{
+""" + _NGINX_TEMP_PATHS + """    server {{
         listen 127.0.0.1:{port} reuseport backlog=4096;
         root {root};
         location / {{ }}
@@ -154,23 +159,9 @@ http {{
 """
 
 NGINX_PROXY = """# nginx as a plain reverse proxy (proxy_pass, pooled keep-alive to the origin, no cache)
-worker_processes {workers};
-daemon off;
-master_process on;
-user root;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 8192; use epoll; }}
-http {{
-    access_log off;
-    keepalive_timeout 90s;
+""" + _NGINX_TOP + """    keepalive_timeout 90s;
     keepalive_requests 100000;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    upstream origin {{
+""" + _NGINX_TEMP_PATHS + """    upstream origin {{
 {servers}
         keepalive 256;
         keepalive_requests 100000;
@@ -469,23 +460,9 @@ cache = true
 """
 
 NGINX_CACHE = """# nginx proxy_cache with the slice module, cache lock and background stale updates
-worker_processes {workers};
-daemon off;
-master_process on;
-user root;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 8192; use epoll; }}
-http {{
-    access_log off;
-    keepalive_timeout 90s;
+""" + _NGINX_TOP + """    keepalive_timeout 90s;
     keepalive_requests 100000;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    proxy_cache_path {cache_dir} levels=1:2 keys_zone=s4:32m max_size={disk_mib}m inactive=1d
+""" + _NGINX_TEMP_PATHS + """    proxy_cache_path {cache_dir} levels=1:2 keys_zone=s4:32m max_size={disk_mib}m inactive=1d
                      use_temp_path=off;
     upstream origin {{
         server 127.0.0.1:{upstream};

@@ -165,7 +165,8 @@ impl PipePool {
     }
 
     /// Pipes currently grown past the default size.
-    pub fn big(&self) -> usize {
+    #[cfg(test)]
+    fn big(&self) -> usize {
         self.big.load(Ordering::Relaxed)
     }
 
