@@ -29,14 +29,12 @@ use crate::iptv::Iptv;
 #[cfg(feature = "media")]
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
-use crate::reverse::forward::Downstream;
-use crate::reverse::metrics::ReverseMetrics;
-use crate::reverse::Reverse;
+#[cfg(feature = "reverse")]
+use crate::reverse::{forward::Downstream, metrics::ReverseMetrics, Reverse};
 use crate::server::activity::ActivityGuard;
 use crate::server::routes::{Dispatch, Routing};
-use crate::upstream::group::live::Live;
-use crate::upstream::group::metrics::GroupMetrics;
-use crate::upstream::group::Groups;
+#[cfg(feature = "groups")]
+use crate::upstream::group::{live::Live, metrics::GroupMetrics, Groups};
 use crate::upstream::Upstream;
 
 pub use crate::request::RequestContext;
@@ -56,10 +54,13 @@ pub struct App {
     /// The route table and the reverse proxy behind it; swapped whole by a reload.
     routing: Arc<arc_swap::ArcSwap<Routing>>,
     /// The one set of upstream groups the reverse proxy and the TCP front end share.
+    #[cfg(feature = "groups")]
     groups: Arc<Live>,
+    #[cfg(feature = "reverse")]
     reverse_metrics: ReverseMetrics,
     /// The slice cache behind `cache = true` routes: built once (when a route caches at start) and
     /// handed to every rebuilt table, so reloads keep what it holds.
+    #[cfg(feature = "reverse")]
     cache: Option<crate::cache::Cache>,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
@@ -111,8 +112,10 @@ impl App {
         }
         #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
+        #[cfg(feature = "reverse")]
         let reverse_metrics = ReverseMetrics::new(&mut registry);
         // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
+        #[cfg(feature = "reverse")]
         let cache = if config.routes.iter().any(|r| r.cache) {
             Some(crate::cache::Cache::new(
                 &config.cache,
@@ -122,8 +125,9 @@ impl App {
         } else {
             None
         };
-        let group_metrics = GroupMetrics::register(&mut registry);
-        let groups = Live::start(&config.upstreams, group_metrics)?;
+        #[cfg(feature = "groups")]
+        let groups = Live::start(&config.upstreams, GroupMetrics::register(&mut registry))?;
+        #[cfg(feature = "reverse")]
         let routing = build_routing(
             config,
             None,
@@ -131,11 +135,16 @@ impl App {
             &reverse_metrics,
             cache.as_ref(),
         )?;
+        #[cfg(not(feature = "reverse"))]
+        let routing = build_routing(config)?;
         Ok(Arc::new(App {
+            #[cfg(feature = "reverse")]
             cache,
+            #[cfg(feature = "groups")]
             groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
+            #[cfg(feature = "reverse")]
             reverse_metrics,
             media_on: config.media.enabled,
             auth,
@@ -161,17 +170,21 @@ impl App {
     /// Builds the new table from `config` without touching the running one; the returned commit
     /// swaps it in. Sections other than routes, upstreams, reverse and endpoints need a restart.
     pub fn prepare_reload(&self, config: &Config) -> anyhow::Result<crate::server::reload::Commit> {
+        #[cfg(feature = "reverse")]
         let old = self.routing.load_full();
         let result = (|| {
             if config.media.enabled != self.media_on {
                 anyhow::bail!("media.enabled changed: that needs a restart");
             }
+            #[cfg(feature = "reverse")]
             if self.cache.is_none() && config.routes.iter().any(|r| r.cache) {
                 anyhow::bail!(
                     "a route has cache = true but none did at start: the cache needs a restart"
                 );
             }
+            #[cfg(feature = "groups")]
             let groups = self.groups.prepare(&config.upstreams)?;
+            #[cfg(feature = "reverse")]
             let routing = build_routing(
                 config,
                 Some(&old),
@@ -179,27 +192,40 @@ impl App {
                 &self.reverse_metrics,
                 self.cache.as_ref(),
             )?;
-            Ok((groups, routing))
+            #[cfg(not(feature = "reverse"))]
+            let routing = build_routing(config)?;
+            #[cfg(feature = "groups")]
+            return Ok((groups, routing));
+            #[cfg(not(feature = "groups"))]
+            Ok(((), routing))
         })();
-        let label = crate::reverse::metrics::ReloadLabels {
-            result: if result.is_ok() {
-                "prepared"
-            } else {
-                "rejected"
-            },
-        };
-        self.reverse_metrics.reloads.get_or_create(&label).inc();
+        #[cfg(feature = "reverse")]
+        self.reverse_metrics
+            .reloads
+            .get_or_create(&crate::reverse::metrics::ReloadLabels {
+                result: if result.is_ok() {
+                    "prepared"
+                } else {
+                    "rejected"
+                },
+            })
+            .inc();
+        #[cfg_attr(not(feature = "groups"), allow(unused_variables))]
         let (groups, routing) = result?;
-        let (swap, live) = (self.routing_handle(), Arc::clone(&self.groups));
+        let swap = self.routing_handle();
+        #[cfg(feature = "groups")]
+        let live = Arc::clone(&self.groups);
         Ok(Box::new(move || {
             // Groups first: the TCP part's commit, which runs after this one, takes its groups
             // from the generation installed here.
+            #[cfg(feature = "groups")]
             live.install(groups);
             swap.store(Arc::new(routing));
         }))
     }
 
     /// The upstream groups, shared with the TCP front end.
+    #[cfg(feature = "groups")]
     pub fn groups(&self) -> &Arc<Live> {
         &self.groups
     }
@@ -249,6 +275,7 @@ impl App {
         let routing = self.routing.load_full();
         let dispatch = routing.dispatch(&req);
         let endpoint = match &dispatch {
+            #[cfg(feature = "reverse")]
             Dispatch::Proxy(..) => "reverse",
             _ => endpoint_label(effective_path(req.uri().path())),
         };
@@ -256,6 +283,7 @@ impl App {
         let active = self.metrics.active.get_or_create(&labels).clone();
         active.inc();
         let resp = match dispatch {
+            #[cfg(feature = "reverse")]
             Dispatch::Proxy(route, path) => {
                 let down = Downstream {
                     peer,
@@ -542,21 +570,33 @@ impl App {
 
 /// The effective route table `config` gives, in precedence order (for `sluice check-config`).
 pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
-    let mut quiet = config.clone();
-    // Describing must not create the access log file.
-    quiet.reverse.access_log.clear();
-    // Nor start a cache service: routing does not depend on it.
-    for route in &mut quiet.routes {
-        route.cache = false;
+    #[cfg(feature = "reverse")]
+    {
+        let mut quiet = config.clone();
+        // Describing must not create the access log file.
+        quiet.reverse.access_log.clear();
+        // Nor start a cache service: routing does not depend on it.
+        for route in &mut quiet.routes {
+            route.cache = false;
+        }
+        let metrics = ReverseMetrics::new(&mut Registry::default());
+        // Built only to be described: no health checker runs on these groups.
+        let groups = Groups::new(&config.upstreams)?;
+        Ok(build_routing(&quiet, None, &groups, &metrics, None)?.describe())
     }
-    let metrics = ReverseMetrics::new(&mut Registry::default());
-    // Built only to be described: no health checker runs on these groups.
-    let groups = Groups::new(&config.upstreams)?;
-    Ok(build_routing(&quiet, None, &groups, &metrics, None)?.describe())
+    #[cfg(not(feature = "reverse"))]
+    Ok(build_routing(config)?.describe())
+}
+
+/// The route table of a build without the reverse proxy: the built-ins alone.
+#[cfg(not(feature = "reverse"))]
+pub fn build_routing(config: &Config) -> anyhow::Result<Routing> {
+    Routing::new(&config.endpoints, config.media.enabled)
 }
 
 /// Builds the route table and reverse proxy from `config` over the upstream generation `groups`,
 /// taking the access log over from `previous` when its settings did not change.
+#[cfg(feature = "reverse")]
 pub fn build_routing(
     config: &Config,
     previous: Option<&Routing>,

@@ -97,9 +97,7 @@ fn main() -> anyhow::Result<()> {
                 multicast_interface: args.multicast_interface,
             };
             let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let runtime = runtime()?;
             let source = (args.config.clone(), flags);
             runtime.block_on(sluice::serve_reloadable(
                 config,
@@ -108,6 +106,17 @@ fn main() -> anyhow::Result<()> {
             ))
         }
     }
+}
+
+/// A work-stealing runtime over every core; in a build without `multi-thread` (the router build)
+/// one current-thread runtime: a gateway's work is a few sockets, and every extra worker thread
+/// costs a router memory and wake-ups.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    #[cfg(feature = "multi-thread")]
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    #[cfg(not(feature = "multi-thread"))]
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all().build()
 }
 
 /// Sends SIGHUP to the running sluice named by `--pid`, `--pid-file` or the config's pid file.

@@ -16,12 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
@@ -31,6 +29,7 @@ use activity::{Activity, Watched};
 /// A bound server, ready to run.
 pub struct Server {
     listeners: Vec<TcpListener>,
+    #[cfg(feature = "tls")]
     tls: TlsHandle,
     config: ServerConfig,
     app: Arc<App>,
@@ -38,9 +37,11 @@ pub struct Server {
 
 /// The live TLS settings; a reload swaps the certificates here, each new handshake uses the current
 /// ones. `None` when the listeners speak plain HTTP.
+#[cfg(feature = "tls")]
 pub type TlsHandle = Arc<arc_swap::ArcSwapOption<rustls::ServerConfig>>;
 
 /// The TLS settings a server config asks for (`None`: plain HTTP).
+#[cfg(feature = "tls")]
 pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
     let default = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
@@ -71,16 +72,21 @@ impl Server {
         config: &ServerConfig,
         app: Arc<App>,
     ) -> anyhow::Result<Server> {
-        let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
+        #[cfg(not(feature = "tls"))]
+        if config.tls_cert.is_some() || !config.certificates.is_empty() {
+            anyhow::bail!("TLS on the listeners needs a build with the `tls` feature");
+        }
         Ok(Server {
             listeners,
-            tls,
+            #[cfg(feature = "tls")]
+            tls: Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?)),
             config: config.clone(),
             app,
         })
     }
 
     /// Where a reload puts new certificates.
+    #[cfg(feature = "tls")]
     pub fn tls_handle(&self) -> TlsHandle {
         self.tls.clone()
     }
@@ -115,6 +121,7 @@ impl Server {
             let conn = Conn {
                 builder: builder.clone(),
                 app: self.app.clone(),
+                #[cfg(feature = "tls")]
                 tls: self.tls.clone(),
                 stop: stop_rx.clone(),
                 timeouts,
@@ -150,15 +157,29 @@ impl Server {
     }
 }
 
-fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(config.header_read_timeout_secs))
-        .max_buf_size(config.max_header_bytes.max(8192))
-        .max_headers(config.max_headers)
-        .keep_alive(true);
+/// HTTP/1.1 and HTTP/2 (h2c by prior knowledge, h2 by ALPN); HTTP/1.1 alone without `http2`.
+#[cfg(feature = "http2")]
+type HttpBuilder = hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>;
+#[cfg(not(feature = "http2"))]
+type HttpBuilder = hyper::server::conn::http1::Builder;
+
+/// The HTTP/1.1 settings, applied to hyper's own builder or to the auto builder's HTTP/1 half
+/// (two types with the same methods).
+macro_rules! http1_settings {
+    ($builder:expr, $config:expr) => {
+        $builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs($config.header_read_timeout_secs))
+            .max_buf_size($config.max_header_bytes.max(8192))
+            .max_headers($config.max_headers)
+            .keep_alive(true)
+    };
+}
+
+#[cfg(feature = "http2")]
+fn http_builder(config: &ServerConfig) -> HttpBuilder {
+    let mut builder = HttpBuilder::new(hyper_util::rt::TokioExecutor::new());
+    http1_settings!(builder.http1(), config);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -172,11 +193,19 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+#[cfg(not(feature = "http2"))]
+fn http_builder(config: &ServerConfig) -> HttpBuilder {
+    let mut builder = HttpBuilder::new();
+    http1_settings!(builder, config);
+    builder
+}
+
 /// What one connection task needs.
 #[derive(Clone)]
 struct Conn {
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<HttpBuilder>,
     app: Arc<App>,
+    #[cfg(feature = "tls")]
     tls: TlsHandle,
     stop: watch::Receiver<bool>,
     timeouts: Timeouts,
@@ -215,6 +244,7 @@ struct Timeouts {
     /// A response being sent while the client accepts no byte for this long.
     send: Duration,
     /// TLS handshake not finished in this long.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls_handshake: Duration,
 }
 
@@ -230,21 +260,21 @@ impl Conn {
             fd,
             unacked: None,
         };
-        match self.tls.load_full() {
-            None => self.drive(stream, watch, peer, false).await,
-            Some(settings) => {
-                let acceptor = TlsAcceptor::from(settings);
-                let limit = self.timeouts.tls_handshake;
-                match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => {
-                        self.app.http_metrics().tls_handshake_timeouts.inc();
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                    }
+        #[cfg(feature = "tls")]
+        if let Some(settings) = self.tls.load_full() {
+            let acceptor = tokio_rustls::TlsAcceptor::from(settings);
+            let limit = self.timeouts.tls_handshake;
+            match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => self.drive(tls, watch, peer, true).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => {
+                    self.app.http_metrics().tls_handshake_timeouts.inc();
+                    tracing::debug!(%peer, "TLS handshake timed out");
                 }
             }
+            return;
         }
+        self.drive(stream, watch, peer, false).await
     }
 
     async fn drive<I>(mut self, io: I, mut watch: SendWatch, peer: SocketAddr, secure: bool)
@@ -265,9 +295,15 @@ impl Conn {
                 Ok::<_, Infallible>(resp.map(|b| watched.guard(b)))
             }
         });
+        #[cfg(feature = "http2")]
         let conn = self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), service);
+        #[cfg(not(feature = "http2"))]
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
         tokio::pin!(conn);
         let t = self.timeouts;
         let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));

@@ -2,11 +2,13 @@
 //! (`/proxy/*`, `/rtp/`, `/udp/`, `/playlist.m3u`, `/status`, `/health`, `/metrics`), matched by host
 //! and longest path prefix with the precedence of `sluice_http::route`. Rebuilt whole on reload.
 
+#[cfg(feature = "reverse")]
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sluice_http::route::{HostPattern, RouteTable};
 
+#[cfg(feature = "reverse")]
 use crate::reverse::{Reverse, Route};
 
 /// `[endpoints]`: where the built-in endpoints are served, or whether at all.
@@ -66,6 +68,7 @@ impl Builtin {
 #[derive(Clone)]
 pub enum Target {
     Builtin(Builtin),
+    #[cfg(feature = "reverse")]
     Proxy(Arc<Route>),
 }
 
@@ -100,6 +103,7 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
 /// The table plus the reverse proxy it points into.
 pub struct Routing {
     table: RouteTable<Target>,
+    #[cfg(feature = "reverse")]
     pub reverse: Reverse,
     /// Where the media built-ins answer, when they are on: Xtream Codes paths (`/player_api.php`,
     /// `/live/...`, the short `/{user}/{pass}/{id}`) have no prefix of their own, so they are
@@ -112,23 +116,21 @@ impl Routing {
     /// User routes first, then built-ins: on an exact tie (same host pattern and prefix) the user's
     /// route wins, so a built-in path can be taken over deliberately.
     pub fn new(
-        reverse: Reverse,
+        #[cfg(feature = "reverse")] reverse: Reverse,
         endpoints: &EndpointsConfig,
         media_on: bool,
     ) -> anyhow::Result<Routing> {
         let builtin_host = HostPattern::parse(&endpoints.host)
             .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
-        let mut entries: Vec<(HostPattern, String, Target)> = reverse
-            .routes()
-            .iter()
-            .map(|r| {
-                (
-                    r.host.clone(),
-                    r.config.path.clone(),
-                    Target::Proxy(r.clone()),
-                )
-            })
-            .collect();
+        let mut entries: Vec<(HostPattern, String, Target)> = Vec::new();
+        #[cfg(feature = "reverse")]
+        entries.extend(reverse.routes().iter().map(|r| {
+            (
+                r.host.clone(),
+                r.config.path.clone(),
+                Target::Proxy(r.clone()),
+            )
+        }));
         for (builtin, prefixes) in BUILTINS {
             let on = match builtin {
                 Builtin::Media => endpoints.media && media_on,
@@ -151,6 +153,7 @@ impl Routing {
         let xtream_host = (endpoints.media && media_on).then_some(builtin_host);
         Ok(Routing {
             table,
+            #[cfg(feature = "reverse")]
             reverse,
             xtream_host,
         })
@@ -188,6 +191,7 @@ impl Routing {
         for (host, prefix, target) in self.table.entries() {
             let what = match target {
                 Target::Builtin(b) => format!("built-in {}", b.label()),
+                #[cfg(feature = "reverse")]
                 Target::Proxy(r) => {
                     let mut s = format!("upstream {:?}", r.config.upstream);
                     if r.config.strip_prefix {
@@ -213,6 +217,7 @@ impl Routing {
 /// Where one request goes.
 pub enum Dispatch {
     /// A user route; the normalised path it matched.
+    #[cfg(feature = "reverse")]
     Proxy(Arc<Route>, String),
     /// A built-in endpoint (it parses its own path and token).
     Builtin(Builtin),
@@ -267,7 +272,11 @@ impl Routing {
                 ));
             }
         }
+        // Only user routes care: a tokened path is never proxied.
+        #[cfg(not(feature = "reverse"))]
+        let _ = tokened;
         match self.lookup(host.as_deref(), &path) {
+            #[cfg(feature = "reverse")]
             Some(Target::Proxy(route)) if !tokened => Dispatch::Proxy(route.clone(), path),
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
             None if self.serves_xtream(host.as_deref(), &path) => Dispatch::Builtin(Builtin::Media),
