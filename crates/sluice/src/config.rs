@@ -381,7 +381,7 @@ impl Config {
             {
                 Some((key, feature)) => anyhow::anyhow!(
                     "[{key}]: this sluice was built without the `{feature}` feature; remove the \
-                     section or use a build that has it (see docs/iptv.md, \"Building\")"
+                     section or use a build that has it (see docs/iptv.md, \"Router build\")"
                 ),
                 None => anyhow::anyhow!("{e}"),
             }
