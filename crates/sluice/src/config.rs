@@ -189,7 +189,7 @@ impl Default for UpstreamConfig {
             routes: Vec::new(),
             http2: false,
             http2_keepalive_secs: 30,
-            read_buffer_bytes: 32 * 1024,
+            read_buffer_bytes: 96 * 1024,
         }
     }
 }
