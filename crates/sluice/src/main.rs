@@ -6,14 +6,28 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use sluice::config::{Config, Overrides};
 
+/// What this build ships: `--help` names only the front ends compiled in.
+const ABOUT: &str = if cfg!(all(
+    feature = "media",
+    feature = "iptv",
+    feature = "reverse",
+    feature = "tcp"
+)) {
+    "Streaming proxy in one binary: a MediaFlow-compatible media proxy (HTTP streams, HLS, \
+     DASH with ClearKey), an HTTP reverse proxy with a slice cache, a TCP proxy, and a \
+     multicast RTP/UDP and RTSP to HTTP IPTV gateway."
+} else if cfg!(all(
+    feature = "iptv",
+    not(any(feature = "media", feature = "reverse", feature = "tcp"))
+)) {
+    "Multicast RTP/UDP and RTSP to HTTP IPTV gateway: the gateway-only build of sluice, for routers."
+} else {
+    "Streaming proxy in one binary, built with part of its front ends (see the Cargo features \
+     in docs/architecture.md)."
+};
+
 #[derive(Parser)]
-#[command(
-    name = "sluice",
-    version,
-    about = "Streaming proxy in one binary: a MediaFlow-compatible media proxy (HTTP streams, HLS, \
-             DASH with ClearKey), an HTTP reverse proxy with a slice cache, a TCP proxy, and a \
-             multicast RTP/UDP and RTSP to HTTP IPTV gateway."
-)]
+#[command(name = "sluice", version, about = ABOUT)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
