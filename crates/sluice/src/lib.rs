@@ -1,6 +1,7 @@
 //! sluice: one binary for five streaming proxy jobs.
 //!
 //! # Layout
+//! - `cli`: the command line's grammar and help text (`main` acts on it).
 //! - `config`: TOML config with env and flag overrides, validated before anything binds.
 //! - `server`: listeners, TLS, HTTP/1.1 + HTTP/2, idle timeout, graceful shutdown.
 //! - `app`: dispatch: metering, auth, and the front end that owns a path.
@@ -31,6 +32,7 @@ pub mod auth;
 pub mod body;
 #[cfg(feature = "cache")]
 pub mod cache;
+pub mod cli;
 pub mod config;
 pub mod error;
 #[cfg(feature = "iptv")]
