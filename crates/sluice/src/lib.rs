@@ -16,6 +16,7 @@
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
 //! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
 //! - `redact`: masking secrets for logs and printed configs.
+//! - `residency`: unmapping the start-up code's pages once serving has begun.
 //! - `runtime`: the runtime model (work-stealing or per-core) and the per-core worker index.
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
@@ -45,6 +46,7 @@ pub mod metrics;
 pub mod net;
 pub mod redact;
 pub mod request;
+pub mod residency;
 #[cfg(feature = "reverse")]
 pub mod reverse;
 pub mod runtime;
@@ -111,6 +113,8 @@ pub async fn serve_reloadable(
     };
     #[cfg(feature = "tcp")]
     let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
+    // Argument parsing, TOML and set-up code stay mapped otherwise (most of an idle gateway's USS).
+    let release = tokio::spawn(residency::release_after_start());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -129,6 +133,7 @@ pub async fn serve_reloadable(
             }
         },
     );
+    release.abort();
     Ok(())
 }
 
