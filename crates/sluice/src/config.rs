@@ -464,9 +464,12 @@ impl Config {
         }
         apply_env(&mut table, env)?;
         apply_flags(&mut table, flags)?;
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .context("applying environment and flag overrides")?;
+        // Back through the text parser rather than `Value::try_into`: every config type's
+        // `Deserialize` is then compiled for one deserializer, not two (~150 KiB of the router
+        // build, docs/decisions/footprint.md).
+        let merged = toml::to_string(&table).context("encoding the merged settings")?;
+        let config: Config =
+            toml::from_str(&merged).context("applying environment and flag overrides")?;
         config.validate()?;
         Ok(config)
     }
@@ -671,7 +674,10 @@ impl Config {
         if !copy.cache.purge_key.is_empty() {
             copy.cache.purge_key = "********".to_string();
         }
-        toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot print: {e}"))
+        // Through a table, like `load`: one `Serialize` instantiation per config type, not two.
+        toml::Table::try_from(copy)
+            .and_then(|table| toml::to_string_pretty(&table))
+            .unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
 }
 

@@ -1,4 +1,4 @@
-//! Unmaps the executable's code pages once start-up is over, so only the code serving runs stays mapped.
+//! Unmaps the executable's code pages once start-up is over, so only the code serving uses stays mapped.
 //!
 //! Every page fault on code maps the surrounding 64 KiB of already-cached file pages too (the
 //! kernel's fault-around), so argument parsing, TOML, logging set-up and whatever sits next to
@@ -65,10 +65,9 @@ pub fn release_code_pages() -> Result<usize, ResidencyError> {
     Ok(end - start)
 }
 
-/// Releases the start-up code a moment after serving began (the first requests' set-up code
-/// included), once; a failure is only logged.
-pub async fn release_after_start() {
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+/// Releases the start-up code once everything is built and bound, just before serving; a failure
+/// is only logged (the process works the same, with more pages mapped).
+pub fn release_startup_code() {
     match release_code_pages() {
         Ok(bytes) => tracing::debug!(bytes, "start-up code pages released"),
         Err(e) => tracing::debug!(error = %e, "start-up code pages kept"),
