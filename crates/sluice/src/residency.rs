@@ -1,68 +1,97 @@
-//! Unmaps the executable's code pages once start-up is over, so only the code serving uses stays mapped.
+//! Unmaps the executable's read-only pages once start-up is over, so only what serving uses stays mapped.
 //!
 //! Every page fault on code maps the surrounding 64 KiB of already-cached file pages too (the
 //! kernel's fault-around), so argument parsing, TOML, logging set-up and whatever sits next to
 //! them stay in the process's mappings for its whole life: most of an idle gateway's USS. Zapping
-//! the page table entries of the executable segment (`MADV_DONTNEED` on a read-only, never
-//! written file mapping) drops them; the next instruction fetch on each page maps it back from the
-//! page cache. Nothing is lost: code pages are never written, so the file is their only content.
+//! the page table entries of the program's non-writable segments (code, read-only data; found by
+//! `dl_iterate_phdr`; `MADV_DONTNEED` on never written private file mappings) drops them; the next
+//! access to each page maps it back from the page cache. Nothing is lost: these pages are never
+//! written, so the file is their only content.
 //! The pages leave this process, not necessarily memory: they stay in the page cache, unmapped,
 //! which is the first thing the kernel reclaims when a router runs short. See
 //! `docs/decisions/footprint.md`.
 
-use std::io::BufRead;
+use std::ffi::c_void;
 
-/// Why the executable segment was not released.
+/// Why the start-up pages were not released.
 #[derive(Debug, thiserror::Error)]
 pub enum ResidencyError {
-    #[error("reading /proc/self/maps: {0}")]
-    Maps(#[from] std::io::Error),
-    #[error("no executable mapping holds this code")]
+    #[error("the program's read-only segments were not found")]
     NotFound,
     #[error("madvise: {0}")]
     Madvise(std::io::Error),
 }
 
-/// One `/proc/self/maps` line's range and permissions, when it parses.
-fn parse_line(line: &str) -> Option<(usize, usize, &str)> {
-    let mut fields = line.split_ascii_whitespace();
-    let (start, end) = fields.next()?.split_once('-')?;
-    let perms = fields.next()?;
-    Some((
-        usize::from_str_radix(start, 16).ok()?,
-        usize::from_str_radix(end, 16).ok()?,
-        perms,
-    ))
+/// The whole pages inside `[start, start + len)`: a page shared with a neighbouring segment is
+/// never touched.
+fn whole_pages(start: usize, len: usize, page: usize) -> Option<(usize, usize)> {
+    let first = start.checked_add(page - 1)? / page * page;
+    let end = start.checked_add(len)? / page * page;
+    (end > first).then_some((first, end))
 }
 
-/// The read-only executable mapping (`r-xp`) that holds `addr`, from `/proc/self/maps` text.
-fn text_segment(maps: impl BufRead, addr: usize) -> Result<(usize, usize), ResidencyError> {
-    for line in maps.lines() {
-        let line = line?;
-        if let Some((start, end, perms)) = parse_line(&line) {
-            // Only a mapping that is executable and not writable: its pages are the file's bytes.
-            if (start..end).contains(&addr) && perms.starts_with("r-x") {
-                return Ok((start, end));
+/// Collects the main program's loadable segments that are not writable (code, read-only data,
+/// unwind tables): their pages are the file's bytes, never written. The RELRO part (relocated,
+/// then made read-only) lies inside the writable segment, so it is never among them.
+unsafe extern "C" fn read_only_segments(
+    info: *mut libc::dl_phdr_info,
+    _size: libc::size_t,
+    data: *mut c_void,
+) -> libc::c_int {
+    // SAFETY: `data` is the `Vec` `release_code_pages` passed, and `info` is valid for this call.
+    let (found, info) = unsafe { (&mut *(data as *mut Vec<(usize, usize)>), &*info) };
+    if !info.dlpi_phdr.is_null() {
+        // SAFETY: the loader's program headers: `dlpi_phnum` entries at `dlpi_phdr`.
+        let headers =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        for h in headers {
+            if h.p_type == libc::PT_LOAD && h.p_flags & libc::PF_W == 0 {
+                found.push((
+                    (info.dlpi_addr as usize).wrapping_add(h.p_vaddr as usize),
+                    h.p_memsz as usize,
+                ));
             }
         }
     }
-    Err(ResidencyError::NotFound)
+    // The main program comes first; shared libraries are mapped by other processes anyway.
+    1
 }
 
-/// Unmaps the pages of the code segment this function lives in (the sluice executable, or the
-/// test binary in tests); returns how many bytes the segment spans.
+/// Unmaps the pages of the main program's read-only segments (the sluice executable, or the test
+/// binary in tests); returns how many bytes were released.
 pub fn release_code_pages() -> Result<usize, ResidencyError> {
-    let here = release_code_pages as fn() -> Result<usize, ResidencyError> as usize;
-    let maps = std::io::BufReader::new(std::fs::File::open("/proc/self/maps")?);
-    let (start, end) = text_segment(maps, here)?;
-    // SAFETY: the range is a whole read-only, executable, private file mapping of this process
-    // (checked above); it is never written, so MADV_DONTNEED only drops page table entries and
-    // the pages fault back in unchanged from the file.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
-    if rc != 0 {
-        return Err(ResidencyError::Madvise(std::io::Error::last_os_error()));
+    let mut found: Vec<(usize, usize)> = Vec::new();
+    // SAFETY: the callback only reads the loader's data and pushes into `found`, which outlives
+    // the call.
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(read_only_segments),
+            &mut found as *mut Vec<(usize, usize)> as *mut c_void,
+        )
+    };
+    // SAFETY: sysconf has no memory effects.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    };
+    let mut released = 0;
+    for (start, len) in found {
+        let Some((first, end)) = whole_pages(start, len, page) else {
+            continue;
+        };
+        // SAFETY: whole pages of a non-writable private file mapping of this process: never
+        // written, so MADV_DONTNEED only drops page table entries and each page faults back in
+        // unchanged from the file on its next use.
+        let rc = unsafe { libc::madvise(first as *mut c_void, end - first, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            return Err(ResidencyError::Madvise(std::io::Error::last_os_error()));
+        }
+        released += end - first;
     }
-    Ok(end - start)
+    if released == 0 {
+        return Err(ResidencyError::NotFound);
+    }
+    Ok(released)
 }
 
 /// Releases the start-up code once everything is built and bound, just before serving; a failure
@@ -79,31 +108,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_only_the_executable_mapping_holding_the_address() {
-        let maps = "\
-55d0c0000000-55d0c0100000 r--p 00000000 08:01 123 /usr/bin/sluice
-55d0c0100000-55d0c0300000 r-xp 00100000 08:01 123 /usr/bin/sluice
-55d0c0300000-55d0c0340000 r--p 00300000 08:01 123 /usr/bin/sluice
-55d0c0340000-55d0c0350000 rw-p 00340000 08:01 123 /usr/bin/sluice
-7f0000000000-7f0000010000 rwxp 00000000 00:00 0
-garbage line
-";
-        assert_eq!(
-            text_segment(maps.as_bytes(), 0x55d0_c010_0042).unwrap(),
-            (0x55d0_c010_0000, 0x55d0_c030_0000)
-        );
-        // Writable or non-executable mappings are never chosen.
-        assert!(text_segment(maps.as_bytes(), 0x55d0_c000_0042).is_err());
-        assert!(text_segment(maps.as_bytes(), 0x7f00_0000_0042).is_err());
-        assert!(text_segment(maps.as_bytes(), 0x1000).is_err());
+    fn only_whole_pages_inside_the_segment() {
+        assert_eq!(whole_pages(0x1000, 0x3000, 0x1000), Some((0x1000, 0x4000)));
+        // Partial pages at either end are left alone.
+        assert_eq!(whole_pages(0x1010, 0x3000, 0x1000), Some((0x2000, 0x4000)));
+        assert_eq!(whole_pages(0x1000, 0x2ff0, 0x1000), Some((0x1000, 0x3000)));
+        assert_eq!(whole_pages(0x1010, 0x100, 0x1000), None);
+        assert_eq!(whole_pages(usize::MAX - 10, 100, 0x1000), None);
     }
 
+    static TABLE: [u64; 4] = [3, 1, 4, 1];
+
     #[test]
-    fn released_code_keeps_running() {
+    fn released_code_and_data_read_back_the_same() {
+        let before = (TABLE.iter().sum::<u64>(), format!("{:?}", TABLE));
         let bytes = release_code_pages().unwrap();
         assert!(bytes > 0);
-        // Code on released pages faults back in from the file and behaves the same.
-        assert_eq!(parse_line("1-2 r-xp"), Some((1, 2, "r-xp")));
+        // Code and read-only data on released pages fault back in from the file unchanged.
+        assert_eq!((TABLE.iter().sum::<u64>(), format!("{:?}", TABLE)), before);
         assert!(release_code_pages().is_ok());
     }
 }
