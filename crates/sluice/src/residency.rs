@@ -94,9 +94,11 @@ pub fn release_code_pages() -> Result<usize, ResidencyError> {
     Ok(released)
 }
 
-/// Releases the start-up code once everything is built and bound, just before serving; a failure
-/// is only logged (the process works the same, with more pages mapped).
-pub fn release_startup_code() {
+/// Releases the start-up code a second after serving began: by then the server's own start
+/// (spawning accept loops, the first log lines) is over too, and its pages go with the rest. A
+/// failure is only logged (the process works the same, with more pages mapped).
+pub async fn release_after_start() {
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     match release_code_pages() {
         Ok(bytes) => tracing::debug!(bytes, "start-up code pages released"),
         Err(e) => tracing::debug!(error = %e, "start-up code pages kept"),
