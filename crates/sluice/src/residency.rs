@@ -8,8 +8,9 @@
 //! access to each page maps it back from the page cache. Nothing is lost: these pages are never
 //! written, so the file is their only content.
 //! The pages leave this process, not necessarily memory: they stay in the page cache, unmapped,
-//! which is the first thing the kernel reclaims when a router runs short. See
-//! `docs/decisions/footprint.md`.
+//! which is the first thing the kernel reclaims when a router runs short; and the executable's
+//! cached pages that nothing maps are dropped, with readahead off on those segments, so from then
+//! on a fault maps one page instead of 64 KiB around it. See `docs/decisions/footprint.md`.
 
 use std::ffi::c_void;
 
@@ -74,24 +75,43 @@ pub fn release_code_pages() -> Result<usize, ResidencyError> {
         n if n > 0 => n as usize,
         _ => 4096,
     };
-    let mut released = 0;
-    for (start, len) in found {
-        let Some((first, end)) = whole_pages(start, len, page) else {
-            continue;
-        };
-        // SAFETY: whole pages of a non-writable private file mapping of this process: never
-        // written, so MADV_DONTNEED only drops page table entries and each page faults back in
-        // unchanged from the file on its next use.
-        let rc = unsafe { libc::madvise(first as *mut c_void, end - first, libc::MADV_DONTNEED) };
-        if rc != 0 {
-            return Err(ResidencyError::Madvise(std::io::Error::last_os_error()));
-        }
-        released += end - first;
-    }
-    if released == 0 {
+    let ranges: Vec<(usize, usize)> = found
+        .into_iter()
+        .filter_map(|(start, len)| whole_pages(start, len, page))
+        .collect();
+    if ranges.is_empty() {
         return Err(ResidencyError::NotFound);
     }
-    Ok(released)
+    let advise = |advice: libc::c_int| -> Result<(), ResidencyError> {
+        for &(first, end) in &ranges {
+            // SAFETY: whole pages of a non-writable private file mapping of this process: never
+            // written, so MADV_DONTNEED only drops page table entries (each page faults back in
+            // unchanged from the file on its next use) and MADV_RANDOM only turns off readahead.
+            let rc = unsafe { libc::madvise(first as *mut c_void, end - first, advice) };
+            if rc != 0 {
+                return Err(ResidencyError::Madvise(std::io::Error::last_os_error()));
+            }
+        }
+        Ok(())
+    };
+    advise(libc::MADV_DONTNEED)?;
+    // Fault-around maps only neighbours already in the page cache, and readahead is what puts
+    // them there: with the file's cached pages dropped (those no process maps) and readahead off,
+    // a fault maps the one page it needs, so what stays mapped is what serving touches, page by
+    // page, not 64 KiB around each touch.
+    drop_cached_file();
+    advise(libc::MADV_RANDOM)?;
+    Ok(ranges.iter().map(|(first, end)| end - first).sum())
+}
+
+/// Asks the kernel to drop the executable's unmapped pages from the page cache (best effort: a
+/// file it cannot open or advise only keeps its cache).
+fn drop_cached_file() {
+    use std::os::fd::AsRawFd;
+    if let Ok(file) = std::fs::File::open("/proc/self/exe") {
+        // SAFETY: advice on an open descriptor; no memory effects in this process.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
 }
 
 /// Releases the start-up code a second after serving began: by then the server's own start
