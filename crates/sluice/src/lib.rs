@@ -113,8 +113,6 @@ pub async fn serve_reloadable(
     };
     #[cfg(feature = "tcp")]
     let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
-    // Argument parsing, TOML and set-up code stay mapped otherwise (most of an idle gateway's USS).
-    let release = tokio::spawn(residency::release_after_start());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -133,7 +131,6 @@ pub async fn serve_reloadable(
             }
         },
     );
-    release.abort();
     Ok(())
 }
 

@@ -94,13 +94,14 @@ pub fn release_code_pages() -> Result<usize, ResidencyError> {
         }
         Ok(())
     };
-    advise(libc::MADV_DONTNEED)?;
     // Fault-around maps only neighbours already in the page cache, and readahead is what puts
-    // them there: with the file's cached pages dropped (those no process maps) and readahead off,
+    // them there: with readahead off and the file's cached pages dropped (those no process maps),
     // a fault maps the one page it needs, so what stays mapped is what serving touches, page by
-    // page, not 64 KiB around each touch.
-    drop_cached_file();
+    // page, not 64 KiB around each touch. Readahead goes off first: a fault between the other
+    // two steps would otherwise read the neighbourhood straight back.
     advise(libc::MADV_RANDOM)?;
+    advise(libc::MADV_DONTNEED)?;
+    drop_cached_file();
     Ok(ranges.iter().map(|(first, end)| end - first).sum())
 }
 
@@ -114,7 +115,7 @@ fn drop_cached_file() {
     }
 }
 
-/// Releases the start-up code a second after serving began: by then the server's own start
+/// Releases the start-up code a second after `main` starts serving: by then the server's own start
 /// (spawning accept loops, the first log lines) is over too, and its pages go with the rest. A
 /// failure is only logged (the process works the same, with more pages mapped).
 pub async fn release_after_start() {
