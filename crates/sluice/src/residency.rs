@@ -8,9 +8,8 @@
 //! access to each page maps it back from the page cache. Nothing is lost: these pages are never
 //! written, so the file is their only content.
 //! The pages leave this process, not necessarily memory: they stay in the page cache, unmapped,
-//! which is the first thing the kernel reclaims when a router runs short; and the executable's
-//! cached pages that nothing maps are dropped, with readahead off on those segments, so from then
-//! on a fault maps one page instead of 64 KiB around it. See `docs/decisions/footprint.md`.
+//! which is the first thing the kernel reclaims when a router runs short. See
+//! `docs/decisions/footprint.md`.
 
 use std::ffi::c_void;
 
@@ -86,7 +85,7 @@ pub fn release_code_pages() -> Result<usize, ResidencyError> {
         for &(first, end) in &ranges {
             // SAFETY: whole pages of a non-writable private file mapping of this process: never
             // written, so MADV_DONTNEED only drops page table entries (each page faults back in
-            // unchanged from the file on its next use) and MADV_RANDOM only turns off readahead.
+            // unchanged from the file on its next use).
             let rc = unsafe { libc::madvise(first as *mut c_void, end - first, advice) };
             if rc != 0 {
                 return Err(ResidencyError::Madvise(std::io::Error::last_os_error()));
@@ -94,25 +93,8 @@ pub fn release_code_pages() -> Result<usize, ResidencyError> {
         }
         Ok(())
     };
-    // Fault-around maps only neighbours already in the page cache, and readahead is what puts
-    // them there: with readahead off and the file's cached pages dropped (those no process maps),
-    // a fault maps the one page it needs, so what stays mapped is what serving touches, page by
-    // page, not 64 KiB around each touch. Readahead goes off first: a fault between the other
-    // two steps would otherwise read the neighbourhood straight back.
-    advise(libc::MADV_RANDOM)?;
     advise(libc::MADV_DONTNEED)?;
-    drop_cached_file();
     Ok(ranges.iter().map(|(first, end)| end - first).sum())
-}
-
-/// Asks the kernel to drop the executable's unmapped pages from the page cache (best effort: a
-/// file it cannot open or advise only keeps its cache).
-fn drop_cached_file() {
-    use std::os::fd::AsRawFd;
-    if let Ok(file) = std::fs::File::open("/proc/self/exe") {
-        // SAFETY: advice on an open descriptor; no memory effects in this process.
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    }
 }
 
 /// Releases the start-up code a second after `main` starts serving: by then the server's own start
