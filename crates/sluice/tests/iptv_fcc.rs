@@ -228,6 +228,19 @@ struct Run {
     log: Arc<Mutex<Log>>,
 }
 
+impl Run {
+    /// Waits (at most 3 s) until the scripted server has logged a termination: the gateway sends
+    /// it from its own task, so on a loaded machine it can land after the viewer's bytes.
+    async fn terminated(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while self.log.lock().unwrap().terminations.is_empty()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// Starts the live multicast, waits until a keyframe has just gone by, then asks for the
 /// channel (with `fcc` naming the server's type, or without FCC).
 async fn zap(group: &'static str, port: u16, fcc: Option<(Flavor, bool)>) -> Run {
@@ -366,6 +379,7 @@ async fn burst_then_multicast(flavor: Flavor, group: &'static str, first_port: u
     }
     let payloads = channel();
     let start = assert_contiguous(&run.got, &payloads);
+    run.terminated().await;
     let log = run.log.lock().unwrap();
     let from = log.burst_from.expect("burst started");
     assert_eq!(start, from, "the viewer starts where the burst starts");
@@ -558,6 +572,7 @@ async fn bad_fcc_parameters_are_a_clear_400() {
 async fn a_redirect_leads_to_the_server_that_bursts() {
     let run = zap_via("239.71.9.45", 46130, Some((Flavor::Telecom, false)), true).await;
     let start = assert_contiguous(&run.got, &channel());
+    run.terminated().await;
     let log = run.log.lock().unwrap();
     assert_eq!(Some(start), log.burst_from, "{log:?}");
     assert_eq!(start % GOP, 0);
