@@ -12,6 +12,11 @@
 //! - the server's sync (or [`SYNC_TIMEOUT`] of burst without one) joins the multicast; its
 //!   datagrams are held, the first one's sequence number is sent as the termination, and when
 //!   the burst reaches the packet before it the held ones follow: no gap, no duplicate;
+//! - the two streams race, so every ordering is expected: a multicast already at or behind the
+//!   burst switches at once, and what it repeats of the burst is dropped (held or live); a
+//!   burst that runs past the meeting point switches at once and the rest of it is ignored;
+//! - a termination lost on the wire shows as a burst that keeps coming after the switch: it is
+//!   sent again every [`TERMINATE_RESEND`], at most [`MAX_TERMINATE_RESENDS`] times;
 //! - a burst silent for [`UNICAST_TIMEOUT`] ends the session (the held multicast, or a fresh
 //!   join, takes over); a hub that ends mid-burst sends a forced termination.
 
@@ -34,6 +39,10 @@ pub const MAX_REDIRECTS: u8 = 5;
 /// Multicast datagrams held while the burst catches up (about 3 s at 40 Mb/s); beyond it the
 /// switch happens at once, gap or not.
 pub const MAX_HELD: usize = 12_000;
+/// A burst still arriving this long after the termination means the server did not hear it.
+pub const TERMINATE_RESEND: Duration = Duration::from_millis(100);
+/// Termination re-sends (three copies each) before the gateway stops asking.
+pub const MAX_TERMINATE_RESENDS: u8 = 5;
 
 /// Where to ask for a burst, and in which dialect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,6 +89,19 @@ pub enum Step {
     Switch,
 }
 
+/// What the hub does with one multicast datagram while the session exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Multicast {
+    /// Deliver it as usual.
+    Deliver,
+    /// Held until the burst meets the multicast.
+    Held,
+    /// This one met the burst: deliver the held datagrams ([`FccSession::take_held`]).
+    Switched,
+    /// The burst already delivered this sequence number.
+    Duplicate,
+}
+
 /// One hub's FCC session.
 #[derive(Debug)]
 pub struct FccSession {
@@ -101,17 +123,33 @@ pub struct FccSession {
     meet: Option<u16>,
     /// The last burst packet delivered.
     last_seq: Option<u16>,
+    /// After the switch: multicast up to this sequence number repeats the burst.
+    overlap_until: Option<u16>,
     held: Vec<Vec<u8>>,
-    terminated: bool,
+    /// The termination sent (kept for re-sends), when, and how often it was sent again.
+    termination: Option<Vec<u8>>,
+    terminated_at: Instant,
+    resends: u8,
     /// Why the session ended, for the log and status page.
     pub outcome: &'static str,
 }
 
-/// Opens the signalling socket and sends the request. Must run inside a tokio runtime.
-pub fn start(target: FccTarget, group: SocketAddrV4) -> std::io::Result<(FccSession, UdpSocket)> {
-    let std_sock = std::net::UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
-    std_sock.set_nonblocking(true)?;
-    let sock = UdpSocket::from_std(std_sock)?;
+/// Opens the signalling socket (which also receives the burst, so it gets the multicast's
+/// `recv_buffer`) and sends the request. Must run inside a tokio runtime.
+pub fn start(
+    target: FccTarget,
+    group: SocketAddrV4,
+    recv_buffer: usize,
+) -> std::io::Result<(FccSession, UdpSocket)> {
+    let raw = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    crate::net::multicast::set_recv_buffer(&raw, recv_buffer);
+    raw.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+    raw.set_nonblocking(true)?;
+    let sock = UdpSocket::from_std(raw.into())?;
     let now = Instant::now();
     let mut session = FccSession {
         flavor: target.flavor,
@@ -126,8 +164,11 @@ pub fn start(target: FccTarget, group: SocketAddrV4) -> std::io::Result<(FccSess
         redirects: 0,
         meet: None,
         last_seq: None,
+        overlap_until: None,
         held: Vec::new(),
-        terminated: false,
+        termination: None,
+        terminated_at: now,
+        resends: 0,
         outcome: "in progress",
     };
     session.send_request(&sock)?;
@@ -139,9 +180,35 @@ impl FccSession {
         self.phase
     }
 
-    /// Whether multicast datagrams must be held rather than delivered.
-    pub fn holding(&self) -> bool {
-        self.phase == Phase::Switching
+    /// A multicast datagram: held while switching, dropped when it repeats the burst.
+    pub fn on_multicast(&mut self, sock: &UdpSocket, d: &[u8]) -> Multicast {
+        match self.phase {
+            Phase::Switching => match self.hold(sock, d) {
+                Step::Switch => Multicast::Switched,
+                _ => Multicast::Held,
+            },
+            Phase::Done => {
+                if self.repeats_burst(d) {
+                    Multicast::Duplicate
+                } else {
+                    Multicast::Deliver
+                }
+            }
+            _ => Multicast::Deliver,
+        }
+    }
+
+    /// Whether `d` is a multicast datagram the burst already delivered. The first one past the
+    /// burst ends the check, so a later sequence wrap cannot look like an old packet.
+    fn repeats_burst(&mut self, d: &[u8]) -> bool {
+        let Some(end) = self.overlap_until else {
+            return false;
+        };
+        let repeat = rtp::parse_rtp(d).is_ok_and(|p| (p.header.sequence.wrapping_sub(end) as i16) <= 0);
+        if !repeat {
+            self.overlap_until = None;
+        }
+        repeat
     }
 
     /// When [`FccSession::on_timer`] must run next; `None` once done.
@@ -170,6 +237,7 @@ impl FccSession {
         self.outcome = why;
         tracing::info!(group = %self.group, server = %self.server, reason = why, "FCC: plain multicast");
         let was_switching = self.phase == Phase::Switching;
+        self.overlap_until = self.last_seq;
         self.set(Phase::Done);
         if was_switching {
             // Already joined: what is held goes out as it is.
@@ -224,13 +292,14 @@ impl FccSession {
         if rtp::parse_rtp(d).is_err() {
             return (Step::Nothing, false);
         }
-        self.on_unicast(d)
+        self.on_unicast(sock, d)
     }
 
     fn on_signal(&mut self, sock: &UdpSocket, d: &[u8], from: SocketAddrV4) -> Step {
         match fcc::parse_server(self.flavor, d) {
+            // A sync overtaking the answer still means the server has the request.
             Ok(ServerMessage::Sync) => match self.phase {
-                Phase::Waiting | Phase::Unicast => {
+                Phase::Requested | Phase::Waiting | Phase::Unicast => {
                     self.set(Phase::Switching);
                     Step::Join
                 }
@@ -308,7 +377,7 @@ impl FccSession {
         Step::Nothing
     }
 
-    fn on_unicast(&mut self, d: &[u8]) -> (Step, bool) {
+    fn on_unicast(&mut self, sock: &UdpSocket, d: &[u8]) -> (Step, bool) {
         match self.phase {
             Phase::Requested | Phase::Waiting | Phase::Unicast => {
                 if self.phase != Phase::Unicast {
@@ -338,19 +407,40 @@ impl FccSession {
                     }
                 }
             }
-            Phase::Done => (Step::Nothing, false),
+            Phase::Done => {
+                self.resend_termination(sock);
+                (Step::Nothing, false)
+            }
+        }
+    }
+
+    /// The burst goes on after the switch: the server may not have heard the termination.
+    fn resend_termination(&mut self, sock: &UdpSocket) {
+        let Some(packet) = self.termination.as_ref() else {
+            return;
+        };
+        let now = Instant::now();
+        if self.resends >= MAX_TERMINATE_RESENDS || now < self.terminated_at + TERMINATE_RESEND {
+            return;
+        }
+        self.resends += 1;
+        self.terminated_at = now;
+        tracing::debug!(group = %self.group, resends = self.resends, "FCC: burst after the termination, sending it again");
+        if let Err(e) = send_thrice(sock, packet, self.server) {
+            tracing::debug!(error = %e, "FCC: termination not sent");
         }
     }
 
     fn switch(&mut self, why: &'static str) -> Step {
         self.outcome = why;
+        self.overlap_until = self.last_seq;
         tracing::debug!(group = %self.group, meet = ?self.meet, held = self.held.len(), "FCC: switched to multicast");
         self.set(Phase::Done);
         Step::Switch
     }
 
     /// A multicast datagram while switching: held; the first one names the meeting point.
-    pub fn hold(&mut self, sock: &UdpSocket, d: &[u8]) -> Step {
+    fn hold(&mut self, sock: &UdpSocket, d: &[u8]) -> Step {
         let Ok(p) = rtp::parse_rtp(d) else {
             // Bare TS has no sequence number to meet at.
             self.held.push(d.to_vec());
@@ -361,7 +451,8 @@ impl FccSession {
             let meet = p.header.sequence;
             self.meet = Some(meet);
             self.terminate(sock, Some(meet));
-            // The burst may already have reached the multicast's first packet.
+            // The burst may already have reached (or passed) the multicast's first packet:
+            // switch now; what the multicast repeats is dropped on the way out.
             let reached = self
                 .last_seq
                 .is_some_and(|last| (last.wrapping_add(1).wrapping_sub(meet) as i16) >= 0);
@@ -375,9 +466,11 @@ impl FccSession {
         Step::Nothing
     }
 
-    /// The held multicast datagrams, oldest first.
+    /// The held multicast datagrams, oldest first, without those the burst already delivered.
     pub fn take_held(&mut self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut self.held)
+        let mut held = std::mem::take(&mut self.held);
+        held.retain(|d| !self.repeats_burst(d));
+        held
     }
 
     fn send_request(&mut self, sock: &UdpSocket) -> std::io::Result<()> {
@@ -390,14 +483,15 @@ impl FccSession {
 
     /// Sends the termination once: the meeting point, or a forced stop.
     fn terminate(&mut self, sock: &UdpSocket, first_multicast_seq: Option<u16>) {
-        if self.terminated {
+        if self.termination.is_some() {
             return;
         }
-        self.terminated = true;
         let packet = fcc::terminate(self.flavor, *self.group.ip(), first_multicast_seq);
         if let Err(e) = send_thrice(sock, &packet, self.server) {
             tracing::debug!(error = %e, "FCC: termination not sent");
         }
+        self.termination = Some(packet);
+        self.terminated_at = Instant::now();
     }
 
     /// The hub is ending: stop a burst that is still running.

@@ -27,7 +27,7 @@ use tokio::io::Interest;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::fcc::{FccSession, FccTarget, Step};
+use super::fcc::{FccSession, FccTarget, Multicast, Step};
 use super::fec::FecState;
 use super::metrics::HubMetrics;
 use super::registry::Registry;
@@ -169,7 +169,11 @@ impl Hub {
         let fcc = match (fcc, key.group.group) {
             (Some(target), std::net::IpAddr::V4(g)) => Some((
                 target,
-                super::fcc::start(target, std::net::SocketAddrV4::new(g, key.group.port))?,
+                super::fcc::start(
+                    target,
+                    std::net::SocketAddrV4::new(g, key.group.port),
+                    settings.recv_buffer,
+                )?,
             )),
             _ => None,
         };
@@ -518,12 +522,14 @@ impl Pump {
             count += 1;
             bytes += d.len() as u64;
             if let (Some(session), Some(fcc_sock)) = (self.fcc.as_mut(), fcc_sock) {
-                if session.holding() {
-                    if session.hold(fcc_sock, d) == Step::Switch {
+                match session.on_multicast(fcc_sock, d) {
+                    Multicast::Deliver => {}
+                    Multicast::Held | Multicast::Duplicate => continue,
+                    Multicast::Switched => {
                         self.release_held();
                         self.show_fcc();
+                        continue;
                     }
-                    continue;
                 }
             }
             classify(
