@@ -668,7 +668,8 @@ fn lockstep_script(
     };
     sock.set_read_timeout(Some(Duration::from_millis(20)))
         .unwrap();
-    let (ClientMessage::Request { .. }, client) = recv_client(&sock, false).expect("request") else {
+    let (ClientMessage::Request { .. }, client) = recv_client(&sock, false).expect("request")
+    else {
         panic!("request expected first");
     };
     let group_ip: Ipv4Addr = group.parse().unwrap();
@@ -796,7 +797,11 @@ async fn lockstep(meeting: Meeting, group: &'static str, first_port: u16) {
             port += 2;
             continue;
         };
-        assert_eq!(assert_contiguous(&got, &payloads), 0, "starts with the burst");
+        assert_eq!(
+            assert_contiguous(&got, &payloads),
+            0,
+            "starts with the burst"
+        );
         assert_eq!(got.len(), LOCKSTEP_END * 1316, "every datagram, once");
         let meet = match meeting {
             Meeting::Behind => LOCKSTEP_BURST - 10,

@@ -204,7 +204,8 @@ impl FccSession {
         let Some(end) = self.overlap_until else {
             return false;
         };
-        let repeat = rtp::parse_rtp(d).is_ok_and(|p| (p.header.sequence.wrapping_sub(end) as i16) <= 0);
+        let repeat =
+            rtp::parse_rtp(d).is_ok_and(|p| (p.header.sequence.wrapping_sub(end) as i16) <= 0);
         if !repeat {
             self.overlap_until = None;
         }
