@@ -614,6 +614,19 @@ enum Meeting {
     Ahead,
     /// As `Ahead`, but the termination is lost: the burst runs on past the meeting point.
     TerminationLost,
+    /// As `Ahead`, but the sync comes first, before the answer and the burst.
+    SyncFirst,
+}
+
+impl Meeting {
+    /// The index of the first multicast datagram the gateway sees.
+    fn meet(self) -> usize {
+        match self {
+            Meeting::Behind => LOCKSTEP_BURST - 10,
+            Meeting::Exact => LOCKSTEP_BURST,
+            Meeting::Ahead | Meeting::TerminationLost | Meeting::SyncFirst => LOCKSTEP_BURST + 30,
+        }
+    }
 }
 
 /// Datagrams the lock-step server bursts before its sync.
@@ -678,13 +691,19 @@ fn lockstep_script(
         action: Some(Action::Unicast),
         ..Response::default()
     };
+    let sync = fcc::sync(Flavor::Telecom, group_ip);
+    if meeting == Meeting::SyncFirst {
+        sock.send_to(&sync, client).unwrap();
+    }
     sock.send_to(&fcc::response(Flavor::Telecom, group_ip, &accepted), client)
         .unwrap();
     send_burst(client, 0..LOCKSTEP_BURST);
-    sock.send_to(&fcc::sync(Flavor::Telecom, group_ip), client)
-        .unwrap();
+    if meeting != Meeting::SyncFirst {
+        sock.send_to(&sync, client).unwrap();
+    }
     // The gateway reads the burst before the sync (one socket, in order), so once it has
-    // joined it has delivered datagrams 0..LOCKSTEP_BURST.
+    // joined it has delivered datagrams 0..LOCKSTEP_BURST. (With the sync first, the burst
+    // and the multicast race, and either order must give the same stream.)
     let polling = Instant::now();
     while igmp_memberships(group).is_empty() {
         assert!(
@@ -693,11 +712,7 @@ fn lockstep_script(
         );
         std::thread::sleep(Duration::from_micros(500));
     }
-    let meet = match meeting {
-        Meeting::Behind => LOCKSTEP_BURST - 10,
-        Meeting::Exact => LOCKSTEP_BURST,
-        Meeting::Ahead | Meeting::TerminationLost => LOCKSTEP_BURST + 30,
-    };
+    let meet = meeting.meet();
     let multicast = Sender::new(group, port);
     let send_multicast = |range: std::ops::Range<usize>| {
         for i in range {
@@ -720,7 +735,7 @@ fn lockstep_script(
     terminations.push(first);
     match meeting {
         Meeting::Behind | Meeting::Exact => {}
-        Meeting::Ahead => send_burst(client, LOCKSTEP_BURST..meet),
+        Meeting::Ahead | Meeting::SyncFirst => send_burst(client, LOCKSTEP_BURST..meet),
         Meeting::TerminationLost => {
             // The other two copies were sent with the first; then the burst goes on as if
             // none was heard, one datagram per receive timeout, until the gateway asks again.
@@ -803,11 +818,7 @@ async fn lockstep(meeting: Meeting, group: &'static str, first_port: u16) {
             "starts with the burst"
         );
         assert_eq!(got.len(), LOCKSTEP_END * 1316, "every datagram, once");
-        let meet = match meeting {
-            Meeting::Behind => LOCKSTEP_BURST - 10,
-            Meeting::Exact => LOCKSTEP_BURST,
-            Meeting::Ahead | Meeting::TerminationLost => LOCKSTEP_BURST + 30,
-        };
+        let meet = meeting.meet();
         let normal = ClientMessage::Terminate {
             first_multicast_seq: Some(lockstep_seq(meet)),
         };
@@ -851,4 +862,9 @@ async fn a_multicast_ahead_of_the_burst_is_held_until_the_burst_meets_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_termination_is_sent_again_while_the_burst_runs_on() {
     lockstep(Meeting::TerminationLost, "239.71.9.53", 46170).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_before_the_answer_still_joins_and_meets() {
+    lockstep(Meeting::SyncFirst, "239.71.9.54", 46180).await;
 }
