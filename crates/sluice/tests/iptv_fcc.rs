@@ -526,17 +526,24 @@ async fn a_silent_fcc_server_falls_back_to_multicast_in_80_ms() {
     assert_eq!(resp.status(), 200);
     let got = read_bytes(resp, 100 * 1316).await;
     assert_contiguous(&got, &payloads);
+    // The server thread stops reading once told to: let it log the termination's three
+    // copies first, however late a loaded machine lets it run.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while log.lock().unwrap().terminations.len() < 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stop.store(true, Ordering::Release);
     let status = gw.status().await;
     let log = log.lock().unwrap();
     assert!(!log.requests.is_empty(), "request reached the server");
     // The gateway's 80 ms start when it sends the request, after this test asked: the join
     // can never come sooner. The upper bound only guards against waiting for something else
-    // (the burst timeouts are a second and more); a loaded machine adds its own delay.
+    // (the burst timeouts are a second and more); a loaded machine adds its own delay, and
+    // the outcome below names the timer that fired.
     let waited = joined.duration_since(asked);
     println!("fallback join {waited:?} after the HTTP request");
     assert!(
-        waited >= Duration::from_millis(80) && waited <= Duration::from_millis(600),
+        waited >= Duration::from_millis(80) && waited < Duration::from_millis(900),
         "joined {waited:?} after the HTTP request"
     );
     // The server hears that the client gave up, so a late burst never starts.
