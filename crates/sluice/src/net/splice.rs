@@ -243,6 +243,9 @@ async fn relay_one(
     let (src_side, dst_side) = sides(dir);
     let mut pipe = Held { pipe: None, pool };
     let mut mode = Mode::Copy;
+    // Cleared when the pool cannot make a pipe (descriptor limit): this direction then copies to
+    // its end, which costs CPU but keeps the connection.
+    let mut may_splice = true;
     // Bytes a write could not take yet; empty (unallocated) unless the destination is slow.
     let mut rest = Vec::new();
     let mut total = 0u64;
@@ -250,7 +253,7 @@ async fn relay_one(
         let n = match mode {
             Mode::Copy => {
                 let n = copy_chunk(src, dst, &mut rest, src_side, dst_side).await?;
-                if n == COPY_CHUNK {
+                if n == COPY_CHUNK && may_splice {
                     mode = Mode::Splice;
                 }
                 n
@@ -258,7 +261,12 @@ async fn relay_one(
             Mode::Splice => {
                 let p = match pipe.get_or_take() {
                     Ok(p) => p,
-                    Err(e) => return Err(RelayError::Io(src_side, e)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no pipe for a bulk transfer, copying it");
+                        may_splice = false;
+                        mode = Mode::Copy;
+                        continue;
+                    }
                 };
                 let (n, fresh) = splice_chunk(src, dst, p, src_side, dst_side).await?;
                 if n == SMALL_PIPE {
@@ -617,7 +625,13 @@ mod tests {
         assert!(tail.is_empty());
         echo.await.unwrap();
         let (totals, idle) = relay.await.unwrap();
-        assert_eq!(totals, Totals { up: sent, down: sent });
+        assert_eq!(
+            totals,
+            Totals {
+                up: sent,
+                down: sent
+            }
+        );
         // The bulk message was spliced, and every pipe came back to the pool empty.
         assert!((1..=2).contains(&idle), "{idle} pipes pooled");
     }
