@@ -32,8 +32,9 @@ const USAGE: &str = "\
 Usage: sluice <COMMAND>
 
 Commands:
-  serve         Run the proxy. With no config file it listens on 127.0.0.1:8888 with the media
-                proxy on and no password (allowed only while every listener is loopback).
+  serve         Run the proxy. With no config file it listens on 127.0.0.1:8888 with its
+                built-in endpoints on and no password (allowed only while every listener is
+                loopback).
   check-config  Validate a config file and print the effective settings (file, then SLUICE_*
                 environment variables) with secrets masked, then the effective route table in
                 precedence order.
@@ -48,8 +49,8 @@ Options:
 ";
 
 const SERVE_HELP: &str = "\
-Run the proxy. With no config file it listens on 127.0.0.1:8888 with the media proxy on and no
-password (allowed only while every listener is loopback).
+Run the proxy. With no config file it listens on 127.0.0.1:8888 with its built-in endpoints on
+and no password (allowed only while every listener is loopback).
 
 Usage: sluice serve [OPTIONS]
 
