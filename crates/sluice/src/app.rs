@@ -29,14 +29,14 @@ use crate::iptv::Iptv;
 #[cfg(feature = "media")]
 use crate::media::Media;
 use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
-use crate::reverse::forward::Downstream;
-use crate::reverse::metrics::ReverseMetrics;
-use crate::reverse::Reverse;
+#[cfg(feature = "reverse")]
+use crate::reverse::{forward::Downstream, metrics::ReverseMetrics, Reverse};
 use crate::server::activity::ActivityGuard;
 use crate::server::routes::{Dispatch, Routing};
-use crate::upstream::group::live::Live;
-use crate::upstream::group::metrics::GroupMetrics;
+#[cfg(feature = "reverse")]
 use crate::upstream::group::Groups;
+#[cfg(feature = "groups")]
+use crate::upstream::group::{live::Live, metrics::GroupMetrics};
 use crate::upstream::Upstream;
 
 pub use crate::request::RequestContext;
@@ -56,11 +56,15 @@ pub struct App {
     /// The route table and the reverse proxy behind it; swapped whole by a reload.
     routing: Arc<arc_swap::ArcSwap<Routing>>,
     /// The one set of upstream groups the reverse proxy and the TCP front end share.
+    #[cfg(feature = "groups")]
     groups: Arc<Live>,
+    #[cfg(feature = "reverse")]
     reverse_metrics: ReverseMetrics,
     /// The slice cache behind `cache = true` routes and the media front end: built the first
     /// time something caches (at start or by a reload) and handed to every rebuilt table, so
     /// reloads keep what it holds.
+    #[cfg(feature = "cache")]
+    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     cache: crate::cache::CacheSlot,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
@@ -78,11 +82,20 @@ impl App {
     /// server (the TCP front end, upstream groups) have already registered their families.
     pub fn with_registry(config: &Config, mut registry: Registry) -> anyhow::Result<Arc<App>> {
         let metrics = HttpMetrics::new(&mut registry);
+        // Built even when no front end here fetches over HTTP: it registers the upstream metric
+        // families every build's `/metrics` has.
+        #[cfg_attr(not(any(feature = "media", feature = "iptv")), allow(unused_variables))]
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
         let auth = Auth::new(&config.auth);
         let tokens = TokenGate::new(&config.auth).map(Arc::new);
         // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
+        #[cfg(feature = "cache")]
         let cache_slot = crate::cache::CacheSlot::new(auth.secret(), &mut registry);
+        #[cfg(feature = "cache")]
+        #[cfg_attr(
+            not(any(feature = "media", feature = "reverse")),
+            allow(unused_variables)
+        )]
         let cache = if config.needs_cache() {
             Some(cache_slot.get_or_create(&config.cache_section())?)
         } else {
@@ -125,9 +138,11 @@ impl App {
         }
         #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
+        #[cfg(feature = "reverse")]
         let reverse_metrics = ReverseMetrics::new(&mut registry);
-        let group_metrics = GroupMetrics::register(&mut registry);
-        let groups = Live::start(&config.upstreams, group_metrics)?;
+        #[cfg(feature = "groups")]
+        let groups = Live::start(&config.upstreams, GroupMetrics::register(&mut registry))?;
+        #[cfg(feature = "reverse")]
         let routing = build_routing(
             config,
             None,
@@ -135,11 +150,16 @@ impl App {
             &reverse_metrics,
             cache.as_ref(),
         )?;
+        #[cfg(not(feature = "reverse"))]
+        let routing = build_routing(config)?;
         Ok(Arc::new(App {
+            #[cfg(feature = "cache")]
             cache: cache_slot,
+            #[cfg(feature = "groups")]
             groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
+            #[cfg(feature = "reverse")]
             reverse_metrics,
             media_on: config.media.enabled,
             media_caches: config.media_caches(),
@@ -183,12 +203,15 @@ impl App {
             }
             // The first caching route builds the cache (from this file's `[cache]`); after that
             // the one built is kept whatever `[cache]` says.
+            #[cfg(feature = "reverse")]
             let cache = if config.routes.iter().any(|r| r.cache) {
                 Some(self.cache.get_or_create(&config.cache_section())?)
             } else {
                 self.cache.get()
             };
+            #[cfg(feature = "groups")]
             let groups = self.groups.prepare(&config.upstreams)?;
+            #[cfg(feature = "reverse")]
             let routing = build_routing(
                 config,
                 Some(&old),
@@ -196,27 +219,40 @@ impl App {
                 &self.reverse_metrics,
                 cache.as_ref(),
             )?;
-            Ok((groups, routing))
+            #[cfg(not(feature = "reverse"))]
+            let routing = build_routing(config)?;
+            #[cfg(feature = "groups")]
+            return Ok((groups, routing));
+            #[cfg(not(feature = "groups"))]
+            Ok(((), routing))
         })();
-        let label = crate::reverse::metrics::ReloadLabels {
-            result: if result.is_ok() {
-                "prepared"
-            } else {
-                "rejected"
-            },
-        };
-        self.reverse_metrics.reloads.get_or_create(&label).inc();
+        #[cfg(feature = "reverse")]
+        self.reverse_metrics
+            .reloads
+            .get_or_create(&crate::reverse::metrics::ReloadLabels {
+                result: if result.is_ok() {
+                    "prepared"
+                } else {
+                    "rejected"
+                },
+            })
+            .inc();
+        #[cfg_attr(not(feature = "groups"), allow(unused_variables))]
         let (groups, routing) = result?;
-        let (swap, live) = (self.routing_handle(), Arc::clone(&self.groups));
+        let swap = self.routing_handle();
+        #[cfg(feature = "groups")]
+        let live = Arc::clone(&self.groups);
         Ok(Box::new(move || {
             // Groups first: the TCP part's commit, which runs after this one, takes its groups
             // from the generation installed here.
+            #[cfg(feature = "groups")]
             live.install(groups);
             swap.store(Arc::new(routing));
         }))
     }
 
     /// The upstream groups, shared with the TCP front end.
+    #[cfg(feature = "groups")]
     pub fn groups(&self) -> &Arc<Live> {
         &self.groups
     }
@@ -266,6 +302,7 @@ impl App {
         let routing = self.routing.load_full();
         let dispatch = routing.dispatch(&req);
         let endpoint = match &dispatch {
+            #[cfg(feature = "reverse")]
             Dispatch::Proxy(..) => "reverse",
             _ => endpoint_label(effective_path(req.uri().path())),
         };
@@ -273,6 +310,7 @@ impl App {
         let active = self.metrics.active.get_or_create(&labels).clone();
         active.inc();
         let resp = match dispatch {
+            #[cfg(feature = "reverse")]
             Dispatch::Proxy(route, path) => {
                 let down = Downstream {
                     peer,
@@ -589,21 +627,37 @@ impl App {
 
 /// The effective route table `config` gives, in precedence order (for `sluice check-config`).
 pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
-    let mut quiet = config.clone();
-    // Describing must not create the access log file.
-    quiet.reverse.access_log.clear();
-    // Nor start a cache service: routing does not depend on it.
-    for route in &mut quiet.routes {
-        route.cache = false;
+    #[cfg(feature = "reverse")]
+    {
+        let mut quiet = config.clone();
+        // Describing must not create the access log file.
+        quiet.reverse.access_log.clear();
+        // Nor start a cache service: routing does not depend on it.
+        for route in &mut quiet.routes {
+            route.cache = false;
+        }
+        let metrics = ReverseMetrics::new(&mut Registry::default());
+        // Built only to be described: no health checker runs on these groups.
+        let groups = Groups::new(&config.upstreams)?;
+        Ok(build_routing(&quiet, None, &groups, &metrics, None)?.describe())
     }
-    let metrics = ReverseMetrics::new(&mut Registry::default());
-    // Built only to be described: no health checker runs on these groups.
-    let groups = Groups::new(&config.upstreams)?;
-    Ok(build_routing(&quiet, None, &groups, &metrics, None)?.describe())
+    #[cfg(not(feature = "reverse"))]
+    Ok(build_routing(config)?.describe())
+}
+
+/// The route table of a build without the reverse proxy: the built-ins alone.
+#[cfg(not(feature = "reverse"))]
+pub fn build_routing(config: &Config) -> anyhow::Result<Routing> {
+    Routing::new(
+        &config.endpoints,
+        config.media.enabled,
+        config.server.listener_names(),
+    )
 }
 
 /// Builds the route table and reverse proxy from `config` over the upstream generation `groups`,
 /// taking the access log over from `previous` when its settings did not change.
+#[cfg(feature = "reverse")]
 pub fn build_routing(
     config: &Config,
     previous: Option<&Routing>,

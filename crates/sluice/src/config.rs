@@ -23,16 +23,21 @@ pub struct Config {
     #[cfg(feature = "iptv")]
     pub iptv: crate::iptv::IptvConfig,
     /// Named upstream groups (`[[upstreams]]`) for the reverse and TCP front ends.
+    #[cfg(feature = "groups")]
     pub upstreams: Vec<crate::upstream::group::GroupConfig>,
     /// Reverse proxy routes (`[[routes]]`): host + path prefix to an upstream group.
+    #[cfg(feature = "reverse")]
     pub routes: Vec<crate::reverse::RouteConfig>,
     /// Settings shared by every reverse proxy route.
+    #[cfg(feature = "reverse")]
     pub reverse: crate::reverse::ReverseConfig,
     /// Where the built-in endpoints are served, or whether at all.
     pub endpoints: crate::server::routes::EndpointsConfig,
     /// TCP (L4) listeners (`[[tcp]]`).
+    #[cfg(feature = "tcp")]
     pub tcp: Vec<crate::tcp::TcpConfig>,
     /// The slice cache service (`[cache]`), used by routes with `cache = true`.
+    #[cfg(feature = "cache")]
     pub cache: crate::cache::CacheConfig,
 }
 
@@ -422,12 +427,18 @@ impl Config {
     }
 
     /// Whether any front end uses the slice cache service.
+    #[cfg(feature = "cache")]
     pub fn needs_cache(&self) -> bool {
-        self.media_caches() || self.routes.iter().any(|r| r.cache)
+        #[cfg(feature = "reverse")]
+        if self.routes.iter().any(|r| r.cache) {
+            return true;
+        }
+        self.media_caches()
     }
 
     /// The `[cache]` section as it applies: the deprecated `media.cache_bytes` raises
     /// `memory_bytes` to at least its value.
+    #[cfg(feature = "cache")]
     pub fn cache_section(&self) -> crate::cache::CacheConfig {
         let mut c = self.cache.clone();
         if let Some(n) = self.media.cache_bytes.filter(|n| *n > 0) {
@@ -453,16 +464,32 @@ impl Config {
         }
         apply_env(&mut table, env)?;
         apply_flags(&mut table, flags)?;
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .context("applying environment and flag overrides")?;
+        // Back through the text parser rather than `Value::try_into`: every config type's
+        // `Deserialize` is then compiled for one deserializer, not two (~150 KiB of the router
+        // build, docs/decisions/footprint.md).
+        let merged = toml::to_string(&table).context("encoding the merged settings")?;
+        let config: Config =
+            toml::from_str(&merged).context("applying environment and flag overrides")?;
         config.validate()?;
         Ok(config)
     }
 
-    /// Parses config text, reporting unknown keys and bad values with their location.
+    /// Parses config text, reporting unknown keys and bad values with their location. A section
+    /// of a front end this build leaves out is named with the feature that brings it.
     pub fn parse_file(text: &str) -> anyhow::Result<Config> {
-        toml::from_str::<Config>(text).map_err(|e| anyhow::anyhow!("{e}"))
+        toml::from_str::<Config>(text).map_err(|e| {
+            let table = text.parse::<toml::Table>().unwrap_or_default();
+            match left_out()
+                .into_iter()
+                .find(|(key, _)| table.contains_key(*key))
+            {
+                Some((key, feature)) => anyhow::anyhow!(
+                    "[{key}]: this sluice was built without the `{feature}` feature; remove the \
+                     section or use a build that has it (see docs/iptv.md, \"Router build\")"
+                ),
+                None => anyhow::anyhow!("{e}"),
+            }
+        })
     }
 
     /// Checks what types alone cannot.
@@ -490,6 +517,7 @@ impl Config {
                 s.listener_names().join(", ")
             );
         }
+        #[cfg(feature = "reverse")]
         for (i, r) in self.routes.iter().enumerate() {
             if let Some(name) = &r.listener {
                 if s.listener_id(name).is_none() {
@@ -560,21 +588,38 @@ impl Config {
         if !(4096..=1024 * 1024).contains(&self.upstream.read_buffer_bytes) {
             bail!("upstream.read_buffer_bytes must be between 4096 and 1048576");
         }
+        if !cfg!(feature = "http2") && self.upstream.http2 {
+            bail!("upstream.http2 needs a build with the `http2` feature");
+        }
+        if !cfg!(feature = "tls") {
+            if s.tls_cert.is_some() || !s.certificates.is_empty() {
+                bail!(
+                    "server.tls_cert and server.certificates need a build with the `tls` feature"
+                );
+            }
+            if self.upstream.ca_file.is_some() {
+                bail!("upstream.ca_file needs a build with the `tls` feature");
+            }
+        }
         if self.upstream.http2 && self.upstream.http2_keepalive_secs == 0 {
             bail!("upstream.http2_keepalive_secs must be at least 1");
         }
         if self.media.max_playlist_segments == 0 {
             bail!("media.max_playlist_segments must be at least 1");
         }
+        #[cfg(feature = "groups")]
         crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
+        #[cfg(feature = "tcp")]
         crate::tcp::config::validate(&self.tcp, &self.upstreams).map_err(anyhow::Error::msg)?;
         #[cfg(feature = "iptv")]
         self.iptv
             .validate()
             .map_err(|e| anyhow::anyhow!("in [iptv]: {e}"))?;
+        #[cfg(feature = "cache")]
         self.cache
             .validate()
             .map_err(|e| anyhow::anyhow!("in [cache]: {e}"))?;
+        #[cfg(feature = "reverse")]
         if let Some(i) = self.routes.iter().position(|r| r.cache) {
             if self.cache.memory_bytes.0 == 0 {
                 bail!("route {i} has cache = true but [cache] memory_bytes is 0");
@@ -591,10 +636,12 @@ impl Config {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
         }
-        crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
-        let groups: Vec<&str> = self.upstreams.iter().map(|g| g.name.as_str()).collect();
-        for (i, route) in self.routes.iter().enumerate() {
-            route.validate(i, &groups).context("in [[routes]]")?;
+        #[cfg(feature = "reverse")]
+        {
+            let groups: Vec<&str> = self.upstreams.iter().map(|g| g.name.as_str()).collect();
+            for (i, route) in self.routes.iter().enumerate() {
+                route.validate(i, &groups).context("in [[routes]]")?;
+            }
         }
         sluice_http::route::HostPattern::parse(&self.endpoints.host)
             .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
@@ -623,14 +670,35 @@ impl Config {
         for route in &mut copy.upstream.routes {
             route.proxy = mask_userinfo(&route.proxy);
         }
+        #[cfg(feature = "cache")]
         if !copy.cache.purge_key.is_empty() {
             copy.cache.purge_key = "********".to_string();
         }
-        toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot print: {e}"))
+        // Through a table, like `load`: one `Serialize` instantiation per config type, not two.
+        toml::Table::try_from(copy)
+            .and_then(|table| toml::to_string_pretty(&table))
+            .unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
 }
 
 pub use crate::redact::mask_userinfo;
+
+/// Top-level sections whose front end or service this build leaves out, with its feature.
+pub fn left_out() -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    let mut absent = |built: bool, key, feature| {
+        if !built {
+            out.push((key, feature));
+        }
+    };
+    absent(cfg!(feature = "iptv"), "iptv", "iptv");
+    absent(cfg!(feature = "reverse"), "routes", "reverse");
+    absent(cfg!(feature = "reverse"), "reverse", "reverse");
+    absent(cfg!(feature = "groups"), "upstreams", "reverse");
+    absent(cfg!(feature = "tcp"), "tcp", "tcp");
+    absent(cfg!(feature = "cache"), "cache", "cache");
+    out
+}
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (key, value) in over {
@@ -818,7 +886,10 @@ mod tests {
     fn masked_hides_secrets() {
         let mut c = Config::default();
         c.auth.api_password = "hunter2".into();
-        c.cache.purge_key = "purgesecret".into();
+        #[cfg(feature = "cache")]
+        {
+            c.cache.purge_key = "purgesecret".into();
+        }
         c.upstream.routes.push(RouteConfig {
             pattern: "all".into(),
             proxy: "socks5://u:secret@127.0.0.1:1080".into(),
@@ -833,12 +904,21 @@ mod tests {
     #[test]
     fn example_file_parses() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sluice.example.toml");
-        let text = std::fs::read_to_string(path).unwrap();
+        let mut text = std::fs::read_to_string(path).unwrap();
+        if !left_out().is_empty() {
+            // A smaller build parses what is left once the sections it leaves out are removed.
+            let mut table: toml::Table = text.parse().unwrap();
+            for (key, _) in left_out() {
+                table.remove(key);
+            }
+            text = toml::to_string(&table).unwrap();
+        }
         let c = Config::parse_file(&text).unwrap();
         c.validate().unwrap();
         assert_eq!(c.media_caches(), cfg!(feature = "media"));
     }
 
+    #[cfg(feature = "cache")]
     #[test]
     fn deprecated_media_cache_bytes_maps_onto_the_cache_service() {
         let parse = |t: &str| Config::parse_file(t).unwrap();
@@ -856,5 +936,19 @@ mod tests {
         assert_eq!(big.cache_section().memory_bytes.0, 1 << 30);
         let small = parse("[media]\ncache_bytes = 1048576\n[cache]\nmemory_bytes = \"64MiB\"");
         assert_eq!(small.cache_section().memory_bytes.0, 64 << 20);
+    }
+
+    #[test]
+    fn section_of_a_left_out_front_end_names_its_feature() {
+        let full = cfg!(all(feature = "iptv", feature = "reverse", feature = "tcp"));
+        assert_eq!(left_out().is_empty(), full);
+        for (key, feature) in left_out() {
+            let err = Config::parse_file(&format!("[{key}]\nx = 1\n")).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(
+                text.contains(&format!("[{key}]")) && text.contains(&format!("`{feature}`")),
+                "{text}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! sluice: one binary for five streaming proxy jobs.
 //!
 //! # Layout
+//! - `cli`: the command line's grammar and help text (`main` acts on it).
 //! - `config`: TOML config with env and flag overrides, validated before anything binds.
 //! - `server`: listeners, TLS, HTTP/1.1 + HTTP/2, idle timeout, graceful shutdown.
 //! - `app`: dispatch: metering, auth, and the front end that owns a path.
@@ -15,18 +16,24 @@
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
 //! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
 //! - `redact`: masking secrets for logs and printed configs.
+//! - `residency`: unmapping the start-up code's pages once serving has begun.
 //! - `runtime`: the runtime model (work-stealing or per-core) and the per-core worker index.
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
 //!
-//! `media` and `iptv` (with `net`) are Cargo features, both on by default; `app` and `config`
-//! are the only other places that know which are built.
+//! Each front end is a Cargo feature, all on by default: `media`, `iptv`, `reverse` (with the
+//! `cache` service), `tcp`; `groups` (upstream groups) comes with `reverse` or `tcp`. Services
+//! that cost flash on a router are features too: `tls` (rustls, both sides), `dns` (hickory),
+//! `http2`, `multi-thread` (the work-stealing runtime). `app`, `config`, `server` and this file
+//! are the wiring points that know which are built; see `docs/iptv.md` for the gateway-only build.
 
 pub mod app;
 pub mod auth;
 pub mod body;
+#[cfg(feature = "cache")]
 pub mod cache;
+pub mod cli;
 pub mod config;
 pub mod error;
 #[cfg(feature = "iptv")]
@@ -35,13 +42,16 @@ pub mod logging;
 #[cfg(feature = "media")]
 pub mod media;
 pub mod metrics;
-#[cfg(feature = "iptv")]
+#[cfg(any(feature = "iptv", feature = "tcp"))]
 pub mod net;
 pub mod redact;
 pub mod request;
+pub mod residency;
+#[cfg(feature = "reverse")]
 pub mod reverse;
 pub mod runtime;
 pub mod server;
+#[cfg(feature = "tcp")]
 pub mod tcp;
 pub mod upstream;
 
@@ -66,12 +76,16 @@ pub async fn serve_reloadable(
     if let Err(e) = server::listener::raise_nofile_limit() {
         tracing::warn!(error = %e, "cannot read the open-file limit");
     }
+    #[cfg_attr(not(feature = "tcp"), allow(unused_mut))]
     let mut registry = prometheus_client::registry::Registry::with_prefix("sluice");
+    #[cfg(feature = "tcp")]
     let tcp_metrics = tcp::TcpMetrics::register(&mut registry);
     // The app owns the one set of upstream groups (with their health checkers and gauges); the
     // TCP listeners take theirs from the same generation.
     let app: Arc<app::App> = app::App::with_registry(&config, registry)?;
+    #[cfg(feature = "tcp")]
     let tcp = Arc::new(tcp::TcpProxy::new(tcp_metrics));
+    #[cfg(feature = "tcp")]
     tcp.apply(&config.tcp, app.groups().current())?;
     let server = server::Server::bind(&config.server, app.clone())?;
     for (listener, addr) in server.bound() {
@@ -82,7 +96,9 @@ pub async fn serve_reloadable(
         // Order matters: the routes part installs the new upstream generation in its commit, and
         // the TCP part's commit (run after it) re-applies the listeners over that generation.
         reloader.add("routes", app.reload_part());
+        #[cfg(feature = "tls")]
         reloader.add("tls", server::reload::tls_part(server.tls_handle()));
+        #[cfg(feature = "tcp")]
         reloader.add(
             "tcp",
             tcp::reload_part(Arc::clone(&tcp), Arc::clone(app.groups())),
@@ -95,6 +111,7 @@ pub async fn serve_reloadable(
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
+    #[cfg(feature = "tcp")]
     let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -107,8 +124,11 @@ pub async fn serve_reloadable(
         },
         server.run(stopped(stop_rx.clone())),
         async {
-            stopped(stop_rx.clone()).await;
-            tcp.shutdown(grace).await;
+            #[cfg(feature = "tcp")]
+            {
+                stopped(stop_rx.clone()).await;
+                tcp.shutdown(grace).await;
+            }
         },
     );
     Ok(())

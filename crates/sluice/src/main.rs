@@ -1,91 +1,33 @@
-//! The `sluice` command line: `serve`, `check-config`, `reload`.
+//! The `sluice` command line: `serve`, `check-config`, `reload` (grammar in `sluice::cli`).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-
-use clap::{Args, Parser, Subcommand};
+use sluice::cli::{Action, ReloadArgs};
 use sluice::config::{Config, Overrides};
 
-#[derive(Parser)]
-#[command(
-    name = "sluice",
-    version,
-    about = "Streaming proxy in one binary: a MediaFlow-compatible media proxy (HTTP streams, HLS, \
-             DASH with ClearKey), an HTTP reverse proxy with a slice cache, a TCP proxy, and a \
-             multicast RTP/UDP and RTSP to HTTP IPTV gateway."
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the proxy. With no config file it listens on 127.0.0.1:8888 with the media proxy on and
-    /// no password (allowed only while every listener is loopback).
-    Serve(ServeArgs),
-    /// Validate a config file and print the effective settings (file, then SLUICE_* environment
-    /// variables) with secrets masked, then the effective route table in precedence order.
-    CheckConfig {
-        /// The TOML file to check.
-        file: PathBuf,
-    },
-    /// Ask a running sluice to re-read its config file (sends SIGHUP). Routes, upstream groups,
-    /// reverse proxy settings and TLS certificates change live; an invalid file changes nothing.
-    Reload(ReloadArgs),
-}
-
-#[derive(Args)]
-struct ReloadArgs {
-    /// Process id of the running sluice.
-    #[arg(long, conflicts_with_all = ["pid_file", "config"])]
-    pid: Option<i32>,
-    /// File holding the process id (server.pid_file).
-    #[arg(long, value_name = "PATH", conflicts_with = "config")]
-    pid_file: Option<PathBuf>,
-    /// The config file of the running sluice; its server.pid_file is used.
-    #[arg(long, short)]
-    config: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct ServeArgs {
-    /// TOML config file (see sluice.example.toml). Environment variables SLUICE_<SECTION>_<KEY>
-    /// override it, and the flags below override both.
-    #[arg(long, short)]
-    config: Option<PathBuf>,
-    /// Address to listen on; repeat for several (= server.listen).
-    #[arg(long = "listen", value_name = "ADDR")]
-    listen: Vec<SocketAddr>,
-    /// Password required on every endpoint that fetches for a client (= auth.api_password).
-    /// Visible to every local user in the process list: prefer --api-password-file or the
-    /// SLUICE_AUTH_API_PASSWORD environment variable.
-    #[arg(long, value_name = "PW", conflicts_with = "api_password_file")]
-    api_password: Option<String>,
-    /// Read the password from this file (first line; a trailing newline is ignored).
-    #[arg(long, value_name = "PATH")]
-    api_password_file: Option<PathBuf>,
-    /// Allow upstreams on loopback, private and link-local addresses (= upstream.allow_private).
-    #[arg(long)]
-    allow_private_upstreams: bool,
-    /// Default interface for multicast joins of /rtp/ and /udp/ requests (= iptv.interface).
-    #[arg(long, value_name = "NAME")]
-    multicast_interface: Option<String>,
-}
-
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let action = match sluice::cli::parse(std::env::args_os().skip(1)) {
+        Ok(action) => action,
+        Err(e) => {
+            eprintln!("error: {e}");
+            // The exit status clap used for usage errors; scripts may test for it.
+            std::process::exit(2);
+        }
+    };
+    if let Action::Print(text) = action {
+        print!("{text}");
+        return Ok(());
+    }
     init_logging();
-    match cli.command {
-        Command::CheckConfig { file } => {
+    match action {
+        Action::Print(_) => Ok(()),
+        Action::CheckConfig { file } => {
             let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
             print!("{}", config.masked());
             println!();
             print!("{}", sluice::app::describe_routes(&config)?);
             Ok(())
         }
-        Command::Reload(args) => reload(args),
-        Command::Serve(args) => {
+        Action::Reload(args) => reload(args),
+        Action::Serve(args) => {
             let api_password = match (&args.api_password_file, args.api_password) {
                 (Some(path), _) => Some(read_password_file(path)?),
                 (None, pw) => pw,
@@ -100,11 +42,16 @@ fn main() -> anyhow::Result<()> {
             let runtime =
                 sluice::runtime::main_runtime(config.server.runtime, config.server.threads)?;
             let source = (args.config.clone(), flags);
-            runtime.block_on(sluice::serve_reloadable(
-                config,
-                Some(source),
-                shutdown_signal(),
-            ))
+            runtime.block_on(async {
+                // A process-wide policy of the executable (in-process test servers keep their
+                // pages): argument parsing, TOML and set-up code stay mapped otherwise, most of
+                // an idle gateway's USS.
+                let release = tokio::spawn(sluice::residency::release_after_start());
+                let served =
+                    sluice::serve_reloadable(config, Some(source), shutdown_signal()).await;
+                release.abort();
+                served
+            })
         }
     }
 }

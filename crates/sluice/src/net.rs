@@ -4,6 +4,9 @@
 //! Everything here is synchronous setup or non-blocking syscalls; callers own the readiness
 //! loop (the IPTV hub wraps the socket in `tokio::io::unix::AsyncFd`).
 
+#[cfg(feature = "iptv")]
 pub mod multicast;
+#[cfg(feature = "iptv")]
 pub mod recv;
+#[cfg(feature = "tcp")]
 pub mod splice;

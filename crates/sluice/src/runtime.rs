@@ -54,6 +54,7 @@ pub fn worker() -> usize {
 /// Builds the runtime `main` runs on: under per-core, it runs only the control plane (signals,
 /// reload, health checks, the TCP front end), so it gets one worker thread; the per-core runtimes
 /// are started by the server.
+#[cfg(feature = "multi-thread")]
 pub fn main_runtime(
     model: RuntimeModel,
     configured_threads: usize,
@@ -69,6 +70,20 @@ pub fn main_runtime(
         }
     }
     builder.build()
+}
+
+/// Without `multi-thread` (the router build) `main` runs on one current-thread runtime: under
+/// `work-stealing` it serves everything (a gateway's work is a few sockets, and every extra worker
+/// thread costs a router memory and wake-ups); under `per-core` it runs the control plane and the
+/// server starts the per-core runtimes beside it, as in the full build.
+#[cfg(not(feature = "multi-thread"))]
+pub fn main_runtime(
+    _model: RuntimeModel,
+    _configured_threads: usize,
+) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 #[cfg(test)]

@@ -17,12 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
@@ -33,6 +31,7 @@ use routes::ListenerId;
 /// A bound server, ready to run.
 pub struct Server {
     listeners: Listeners,
+    #[cfg(feature = "tls")]
     tls: TlsHandle,
     config: ServerConfig,
     app: Arc<App>,
@@ -48,9 +47,11 @@ enum Listeners {
 
 /// The live TLS settings; a reload swaps the certificates here, each new handshake uses the current
 /// ones. `None` when the listeners speak plain HTTP.
+#[cfg(feature = "tls")]
 pub type TlsHandle = Arc<arc_swap::ArcSwapOption<rustls::ServerConfig>>;
 
 /// The TLS settings a server config asks for (`None`: plain HTTP).
+#[cfg(feature = "tls")]
 pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
     let default = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
@@ -62,10 +63,29 @@ pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::
     tls::sni_server_config(default, &config.certificates).map(Some)
 }
 
+/// The live TLS settings for a server config; in a build without `tls`, a config that asks for
+/// TLS is refused instead of served in plain text.
+#[cfg(feature = "tls")]
+fn tls_handle(config: &ServerConfig) -> anyhow::Result<TlsHandle> {
+    Ok(Arc::new(arc_swap::ArcSwapOption::new(tls_settings(
+        config,
+    )?)))
+}
+
+#[cfg(not(feature = "tls"))]
+fn refuse_tls(config: &ServerConfig) -> anyhow::Result<()> {
+    if config.tls_cert.is_some() || !config.certificates.is_empty() {
+        anyhow::bail!("TLS on the listeners needs a build with the `tls` feature");
+    }
+    Ok(())
+}
+
 impl Server {
     /// Binds every configured listener (nothing is served until [`Server::run`]). Under
     /// `server.runtime = "per-core"` each address is bound once per core with `SO_REUSEPORT`.
     pub fn bind(config: &ServerConfig, app: Arc<App>) -> anyhow::Result<Server> {
+        #[cfg(not(feature = "tls"))]
+        refuse_tls(config)?;
         let failed =
             |addr: &SocketAddr, e: std::io::Error| anyhow::anyhow!("cannot listen on {addr}: {e}");
         if config.runtime == crate::runtime::RuntimeModel::PerCore {
@@ -82,10 +102,10 @@ impl Server {
                     core.push((ListenerId(id), socket));
                 }
             }
-            let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
             return Ok(Server {
                 listeners: Listeners::PerCore(per_core),
-                tls,
+                #[cfg(feature = "tls")]
+                tls: tls_handle(config)?,
                 config: config.clone(),
                 app,
             });
@@ -99,10 +119,10 @@ impl Server {
                     .map_err(|e| failed(&addr, e))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
         Ok(Server {
             listeners: Listeners::Shared(listeners),
-            tls,
+            #[cfg(feature = "tls")]
+            tls: tls_handle(config)?,
             config: config.clone(),
             app,
         })
@@ -116,7 +136,8 @@ impl Server {
         config: &ServerConfig,
         app: Arc<App>,
     ) -> anyhow::Result<Server> {
-        let tls = Arc::new(arc_swap::ArcSwapOption::new(tls_settings(config)?));
+        #[cfg(not(feature = "tls"))]
+        refuse_tls(config)?;
         Ok(Server {
             listeners: Listeners::Shared(
                 listeners
@@ -124,13 +145,15 @@ impl Server {
                     .map(|l| (ListenerId::default(), l))
                     .collect(),
             ),
-            tls,
+            #[cfg(feature = "tls")]
+            tls: tls_handle(config)?,
             config: config.clone(),
             app,
         })
     }
 
     /// Where a reload puts new certificates.
+    #[cfg(feature = "tls")]
     pub fn tls_handle(&self) -> TlsHandle {
         self.tls.clone()
     }
@@ -181,6 +204,7 @@ impl Server {
         let conn = Conn {
             builder,
             app: self.app.clone(),
+            #[cfg(feature = "tls")]
             tls: self.tls.clone(),
             stop: stop_rx.clone(),
             timeouts,
@@ -322,15 +346,29 @@ impl Core {
     }
 }
 
-fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(config.header_read_timeout_secs))
-        .max_buf_size(config.max_header_bytes.max(8192))
-        .max_headers(config.max_headers)
-        .keep_alive(true);
+/// HTTP/1.1 and HTTP/2 (h2c by prior knowledge, h2 by ALPN); HTTP/1.1 alone without `http2`.
+#[cfg(feature = "http2")]
+type HttpBuilder = hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>;
+#[cfg(not(feature = "http2"))]
+type HttpBuilder = hyper::server::conn::http1::Builder;
+
+/// The HTTP/1.1 settings, applied to hyper's own builder or to the auto builder's HTTP/1 half
+/// (two types with the same methods).
+macro_rules! http1_settings {
+    ($builder:expr, $config:expr) => {
+        $builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs($config.header_read_timeout_secs))
+            .max_buf_size($config.max_header_bytes.max(8192))
+            .max_headers($config.max_headers)
+            .keep_alive(true)
+    };
+}
+
+#[cfg(feature = "http2")]
+fn http_builder(config: &ServerConfig) -> HttpBuilder {
+    let mut builder = HttpBuilder::new(hyper_util::rt::TokioExecutor::new());
+    http1_settings!(builder.http1(), config);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -344,11 +382,19 @@ fn http_builder(config: &ServerConfig) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+#[cfg(not(feature = "http2"))]
+fn http_builder(config: &ServerConfig) -> HttpBuilder {
+    let mut builder = HttpBuilder::new();
+    http1_settings!(builder, config);
+    builder
+}
+
 /// What one connection task needs.
 #[derive(Clone)]
 struct Conn {
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<HttpBuilder>,
     app: Arc<App>,
+    #[cfg(feature = "tls")]
     tls: TlsHandle,
     stop: watch::Receiver<bool>,
     timeouts: Timeouts,
@@ -391,6 +437,7 @@ struct Timeouts {
     /// A response being sent while the client accepts no byte for this long.
     send: Duration,
     /// TLS handshake not finished in this long.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls_handshake: Duration,
     /// A request head not finished in this long (hyper's own clock; the screen holds heads too).
     header_read: Duration,
@@ -408,28 +455,26 @@ impl Conn {
             fd,
             unacked: None,
         };
-        match self.tls.load_full() {
-            None => {
-                let stream = self.screened(stream, false);
-                self.drive(stream, watch, peer, false).await
-            }
-            Some(settings) => {
-                let acceptor = TlsAcceptor::from(settings);
-                let limit = self.timeouts.tls_handshake;
-                match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => {
-                        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                        let tls = self.screened(tls, h2);
-                        self.drive(tls, watch, peer, true).await
-                    }
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => {
-                        self.app.http_metrics().tls_handshake_timeouts.inc();
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                    }
+        #[cfg(feature = "tls")]
+        if let Some(settings) = self.tls.load_full() {
+            let acceptor = tokio_rustls::TlsAcceptor::from(settings);
+            let limit = self.timeouts.tls_handshake;
+            match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let tls = self.screened(tls, h2);
+                    self.drive(tls, watch, peer, true).await
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => {
+                    self.app.http_metrics().tls_handshake_timeouts.inc();
+                    tracing::debug!(%peer, "TLS handshake timed out");
                 }
             }
+            return;
         }
+        let stream = self.screened(stream, false);
+        self.drive(stream, watch, peer, false).await
     }
 
     /// Puts the HTTP/1.1 request screen (`screen`) under hyper.
@@ -459,9 +504,15 @@ impl Conn {
                 Ok::<_, Infallible>(resp.map(|b| watched.guard(b)))
             }
         });
+        #[cfg(feature = "http2")]
         let conn = self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), service);
+        #[cfg(not(feature = "http2"))]
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
         tokio::pin!(conn);
         let t = self.timeouts;
         let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));

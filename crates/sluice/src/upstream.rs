@@ -4,11 +4,13 @@
 
 pub mod body;
 pub mod connector;
+#[cfg(feature = "groups")]
 pub mod group;
 pub mod guard;
 pub mod happy;
 pub mod resolve;
 pub mod route;
+#[cfg(feature = "tls")]
 pub mod tls;
 pub mod tunnel;
 
@@ -137,12 +139,14 @@ impl Upstream {
             metrics.bytes.clone(),
         );
         let routes = route::RouteTable::new(&config.routes, &config.insecure_hosts)?;
+        #[cfg(feature = "tls")]
         let extra_roots = match &config.ca_file {
             Some(path) => tls::load_ca_file(path)?,
             None => Vec::new(),
         };
         let connector = Connector::new(
             routes,
+            #[cfg(feature = "tls")]
             extra_roots,
             config.allow_private,
             config.http2,
@@ -150,20 +154,25 @@ impl Upstream {
             config.max_setups_per_host,
             metrics.opened.clone(),
         );
-        let ping = Duration::from_secs(config.http2_keepalive_secs.max(1));
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(Duration::from_secs(config.pool_idle_secs))
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             // A fixed read buffer: hyper's adaptive one grows towards ~400 KiB per connection on
             // a fast origin, which is most of the memory of a proxy with many viewers.
-            .http1_read_buf_exact_size(config.read_buffer_bytes)
+            .http1_read_buf_exact_size(config.read_buffer_bytes);
+        #[cfg(feature = "http2")]
+        {
             // Dead HTTP/2 connections are found by pings instead of by the next viewer's timeout.
-            .http2_keep_alive_interval(ping)
-            .http2_keep_alive_timeout(ping)
-            .http2_keep_alive_while_idle(true)
-            .build(connector.clone());
+            let ping = Duration::from_secs(config.http2_keepalive_secs.max(1));
+            builder
+                .http2_keep_alive_interval(ping)
+                .http2_keep_alive_timeout(ping)
+                .http2_keep_alive_while_idle(true);
+        }
+        let client = builder.build(connector.clone());
         Ok(Upstream {
             client,
             connector,

@@ -89,7 +89,8 @@ impl RecvBatch {
                 fd,
                 msgs.as_mut_ptr(),
                 n as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                // glibc declares the flags `int`, musl `unsigned int`: the router targets are musl.
+                libc::MSG_DONTWAIT as _,
                 std::ptr::null_mut(),
             )
         };

@@ -79,6 +79,7 @@ pub async fn on_sighup(reloader: Arc<Reloader>) {
 }
 
 /// The TLS part: new certificates for new handshakes. Turning TLS on or off needs a restart.
+#[cfg(feature = "tls")]
 pub fn tls_part(handle: super::TlsHandle) -> Prepare {
     Box::new(move |config: &Config| {
         let new = super::tls_settings(&config.server)?;

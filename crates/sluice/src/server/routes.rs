@@ -2,11 +2,13 @@
 //! (`/proxy/*`, `/rtp/`, `/udp/`, `/rtsp/`, `/playlist.m3u`, `/status`, `/health`, `/metrics`), matched by host
 //! and longest path prefix with the precedence of `sluice_http::route`. Rebuilt whole on reload.
 
+#[cfg(feature = "reverse")]
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sluice_http::route::{HostPattern, RouteTable};
 
+#[cfg(feature = "reverse")]
 use crate::reverse::{Reverse, Route};
 
 /// `[endpoints]`: where the built-in endpoints are served, or whether at all.
@@ -71,6 +73,7 @@ impl Builtin {
 #[derive(Clone)]
 pub enum Target {
     Builtin(Builtin),
+    #[cfg(feature = "reverse")]
     Proxy(Arc<Route>),
 }
 
@@ -119,6 +122,7 @@ pub struct Routing {
     tables: Vec<RouteTable<Target>>,
     /// The listeners' names, by id (for `describe`, and to refuse a reload that changes them).
     listeners: Vec<String>,
+    #[cfg(feature = "reverse")]
     pub reverse: Reverse,
     /// Where the media built-ins answer, when they are on: Xtream Codes paths (`/player_api.php`,
     /// `/live/...`, the short `/{user}/{pass}/{id}`) and the home page `/` have no prefix of their
@@ -132,7 +136,7 @@ impl Routing {
     /// route wins, so a built-in path can be taken over deliberately. Each listener gets the
     /// entries that name it (`main` for those naming none).
     pub fn new(
-        reverse: Reverse,
+        #[cfg(feature = "reverse")] reverse: Reverse,
         endpoints: &EndpointsConfig,
         media_on: bool,
         listeners: Vec<String>,
@@ -150,6 +154,7 @@ impl Routing {
         };
         let builtin_listener = id_of(Some(&endpoints.listener), "endpoints.listener")?;
         let mut entries: Vec<(usize, HostPattern, String, Target)> = Vec::new();
+        #[cfg(feature = "reverse")]
         for r in reverse.routes() {
             let id = id_of(r.config.listener.as_deref(), &format!("route {}", r.name))?;
             entries.push((
@@ -192,6 +197,7 @@ impl Routing {
         Ok(Routing {
             tables,
             listeners,
+            #[cfg(feature = "reverse")]
             reverse,
             xtream_host,
         })
@@ -243,6 +249,7 @@ impl Routing {
             for (host, prefix, target) in table.entries() {
                 let what = match target {
                     Target::Builtin(b) => format!("built-in {}", b.label()),
+                    #[cfg(feature = "reverse")]
                     Target::Proxy(r) => {
                         let mut s = format!("upstream {:?}", r.config.upstream);
                         if r.config.strip_prefix {
@@ -270,6 +277,7 @@ impl Routing {
 /// Where one request goes.
 pub enum Dispatch {
     /// A user route; the normalised path it matched.
+    #[cfg(feature = "reverse")]
     Proxy(Arc<Route>, String),
     /// A built-in endpoint (it parses its own path and token).
     Builtin(Builtin),
@@ -331,7 +339,11 @@ impl Routing {
                 ));
             }
         }
+        // Only user routes care: a tokened path is never proxied.
+        #[cfg(not(feature = "reverse"))]
+        let _ = tokened;
         match self.lookup(listener, host.as_deref(), &path) {
+            #[cfg(feature = "reverse")]
             Some(Target::Proxy(route)) if !tokened => Dispatch::Proxy(route.clone(), path),
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
             None if self.serves_xtream(listener, host.as_deref(), &path) => {

@@ -8,23 +8,26 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
+#[cfg(feature = "tls")]
+use std::sync::OnceLock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
-use tokio_rustls::client::TlsStream;
-use tokio_rustls::TlsConnector;
+#[cfg(feature = "tls")]
+use tokio_rustls::{client::TlsStream, TlsConnector};
 
 use super::guard::non_public_reason;
 use super::happy;
 use super::resolve::Resolver;
 use super::route::{RouteTable, Via};
+#[cfg(feature = "tls")]
 use super::tls;
 use super::tunnel;
 
@@ -74,15 +77,19 @@ pub struct Connector {
 struct Inner {
     routes: RouteTable,
     /// `upstream.ca_file`, trusted beside the webpki and system roots.
+    #[cfg(feature = "tls")]
     extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     resolver: Resolver,
     allow_private: bool,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     http2: bool,
     connect_timeout: Duration,
     max_setups: usize,
     setups: Mutex<HashMap<String, Arc<Semaphore>>>,
     /// Built on the first `https` connection of each kind: most jobs never need them.
+    #[cfg(feature = "tls")]
     verified: OnceLock<TlsConnector>,
+    #[cfg(feature = "tls")]
     unverified: OnceLock<TlsConnector>,
     opened: prometheus_client::metrics::counter::Counter,
 }
@@ -90,7 +97,7 @@ struct Inner {
 impl Connector {
     pub fn new(
         routes: RouteTable,
-        extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+        #[cfg(feature = "tls")] extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
         allow_private: bool,
         http2: bool,
         connect_timeout: Duration,
@@ -100,6 +107,7 @@ impl Connector {
         Connector {
             inner: Arc::new(Inner {
                 routes,
+                #[cfg(feature = "tls")]
                 extra_roots,
                 resolver: Resolver::from_system(),
                 allow_private,
@@ -107,7 +115,9 @@ impl Connector {
                 connect_timeout,
                 max_setups,
                 setups: Mutex::new(HashMap::new()),
+                #[cfg(feature = "tls")]
                 verified: OnceLock::new(),
+                #[cfg(feature = "tls")]
                 unverified: OnceLock::new(),
                 opened,
             }),
@@ -225,6 +235,28 @@ impl Inner {
         if !tls {
             return Ok(Conn::Plain(stream));
         }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = verify;
+            Err(ConnectError::Tls {
+                host: host.to_string(),
+                source: io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "this build has no TLS client (the `tls` feature)",
+                ),
+            })
+        }
+        #[cfg(feature = "tls")]
+        self.tls_handshake(host, stream, verify).await
+    }
+
+    #[cfg(feature = "tls")]
+    async fn tls_handshake(
+        &self,
+        host: &str,
+        stream: TcpStream,
+        verify: bool,
+    ) -> Result<Conn, ConnectError> {
         let connector = if verify {
             &self.verified
         } else {
@@ -306,6 +338,7 @@ fn proxy_err(host: &str, source: io::Error) -> ConnectError {
 /// A plain or TLS upstream connection.
 pub enum Conn {
     Plain(TcpStream),
+    #[cfg(feature = "tls")]
     Tls(Box<TlsStream<TcpStream>>),
 }
 
@@ -316,6 +349,7 @@ impl Connection for Conn {
         };
         let connected = Connected::new().extra(info);
         match self {
+            #[cfg(feature = "tls")]
             Conn::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2") => {
                 connected.negotiated_h2()
             }
@@ -332,6 +366,7 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(feature = "tls")]
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -345,6 +380,7 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(feature = "tls")]
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
@@ -356,6 +392,7 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            #[cfg(feature = "tls")]
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
@@ -363,6 +400,7 @@ impl AsyncWrite for Conn {
     fn is_write_vectored(&self) -> bool {
         match self {
             Conn::Plain(s) => s.is_write_vectored(),
+            #[cfg(feature = "tls")]
             Conn::Tls(s) => s.is_write_vectored(),
         }
     }
@@ -370,6 +408,7 @@ impl AsyncWrite for Conn {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(feature = "tls")]
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
@@ -377,6 +416,7 @@ impl AsyncWrite for Conn {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(feature = "tls")]
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }

@@ -1,23 +1,35 @@
 //! Name resolution for upstream connections: an asynchronous caching resolver (answers kept for their
-//! TTL), `/etc/hosts` first, and `localhost` answered locally as RFC 6761 asks.
+//! TTL), `/etc/hosts` first, and `localhost` answered locally as RFC 6761 asks. Without the `dns`
+//! feature (the router build) names go to the C library's resolver on the blocking pool.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use hickory_resolver::config::{LookupIpStrategy, ResolveHosts};
-use hickory_resolver::TokioResolver;
+#[cfg(feature = "dns")]
+use hickory_resolver::{
+    config::{LookupIpStrategy, ResolveHosts},
+    TokioResolver,
+};
 
 /// Records the resolver cache keeps; each answer expires with its own TTL.
+#[cfg(feature = "dns")]
 const CACHE_RECORDS: usize = 4096;
 
 /// The shared resolver. Without a usable system DNS configuration (no `/etc/resolv.conf`, as in
 /// some containers) it falls back to the C library's resolver on the blocking pool.
 #[derive(Clone)]
 pub struct Resolver {
+    #[cfg(feature = "dns")]
     dns: Option<TokioResolver>,
 }
 
 impl Resolver {
+    #[cfg(not(feature = "dns"))]
+    pub fn from_system() -> Self {
+        Resolver {}
+    }
+
+    #[cfg(feature = "dns")]
     pub fn from_system() -> Self {
         let dns = match TokioResolver::builder_tokio() {
             Ok(mut builder) => {
@@ -47,6 +59,7 @@ impl Resolver {
                 SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
             ]);
         }
+        #[cfg(feature = "dns")]
         let addrs: Vec<SocketAddr> = match &self.dns {
             Some(dns) => dns
                 .lookup_ip(host)
@@ -57,6 +70,8 @@ impl Resolver {
                 .collect(),
             None => tokio::net::lookup_host((host, port)).await?.collect(),
         };
+        #[cfg(not(feature = "dns"))]
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
         if addrs.is_empty() {
             return Err(io::Error::new(io::ErrorKind::NotFound, "no addresses"));
         }
