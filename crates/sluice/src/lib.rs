@@ -16,7 +16,6 @@
 //! - `reverse`: the HTTP reverse proxy front end: routes to upstream groups, WebSocket, retries.
 //! - `request`: the request context every front end sees (peer, client IP, path, query, token scope).
 //! - `redact`: masking secrets for logs and printed configs.
-//! - `residency`: unmapping the start-up code's pages once serving has begun.
 //! - `runtime`: the runtime model (work-stealing or per-core) and the per-core worker index.
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
@@ -46,7 +45,6 @@ pub mod metrics;
 pub mod net;
 pub mod redact;
 pub mod request;
-pub mod residency;
 #[cfg(feature = "reverse")]
 pub mod reverse;
 pub mod runtime;

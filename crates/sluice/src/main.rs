@@ -42,16 +42,11 @@ fn main() -> anyhow::Result<()> {
             let runtime =
                 sluice::runtime::main_runtime(config.server.runtime, config.server.threads)?;
             let source = (args.config.clone(), flags);
-            runtime.block_on(async {
-                // A process-wide policy of the executable (in-process test servers keep their
-                // pages): argument parsing, TOML and set-up code stay mapped otherwise, most of
-                // an idle gateway's USS.
-                let release = tokio::spawn(sluice::residency::release_after_start());
-                let served =
-                    sluice::serve_reloadable(config, Some(source), shutdown_signal()).await;
-                release.abort();
-                served
-            })
+            runtime.block_on(sluice::serve_reloadable(
+                config,
+                Some(source),
+                shutdown_signal(),
+            ))
         }
     }
 }
