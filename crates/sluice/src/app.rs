@@ -216,6 +216,11 @@ impl App {
         }))
     }
 
+    /// The slice cache, if one was built (for the disk flush at shutdown).
+    pub fn cache(&self) -> Option<crate::cache::Cache> {
+        self.cache.get()
+    }
+
     /// The upstream groups, shared with the TCP front end.
     pub fn groups(&self) -> &Arc<Live> {
         &self.groups
