@@ -279,6 +279,7 @@ impl Inner {
     /// reservation of the budget until the file is written (waiting for room in the queue).
     async fn store_slice(&self, key: SliceKey, slice: Slice, bytes: budget::Reservation) {
         self.memory.insert(key, slice.clone());
+        self.budget.sample();
         if let Some(disk) = &self.disk {
             disk.write_slice(key, slice, Some(bytes)).await;
         }

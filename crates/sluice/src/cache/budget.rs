@@ -26,7 +26,8 @@ struct Shared {
     room: Arc<Semaphore>,
     /// Bytes reserved by slices in transit; the lock also orders the tier's resizes.
     reserved: Mutex<u64>,
-    /// The most bytes ever accounted (tier + transit), sampled at every change of a reservation.
+    /// The most bytes ever accounted (tier + transit), sampled at every change of a reservation
+    /// and every slice the tier takes from a fill.
     peak: AtomicU64,
     memory: Arc<MemoryTier>,
 }
@@ -86,6 +87,12 @@ impl Budget {
     pub fn accounted(&self) -> u64 {
         let transit = self.shared.lock();
         self.shared.memory.weight() + *transit
+    }
+
+    /// Records the current total for [`Budget::peak`] (after the tier took a slice).
+    pub fn sample(&self) {
+        let now = self.accounted();
+        self.shared.peak.fetch_max(now, Ordering::Relaxed);
     }
 
     /// The most bytes accounted at once so far.
