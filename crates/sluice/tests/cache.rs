@@ -1050,13 +1050,19 @@ async fn a_burst_of_fills_is_all_on_disk_after_a_graceful_shutdown() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(metric(&first, "sluice_cache_disk_dropped_writes_total"), 0);
     assert_eq!(metric(&first, "sluice_cache_disk_queue_jobs"), 0);
-    let files = std::fs::read_dir(dir.path().join("slices")).unwrap().count();
+    let files = std::fs::read_dir(dir.path().join("slices"))
+        .unwrap()
+        .count();
     assert_eq!(files, 400);
 
     let second = start_front(cfg, oaddr).await;
     for p in &paths {
         let r = request("GET", &second.url(p), &[]).await;
-        assert!(status_of(&r).starts_with("sluice; hit"), "{p}: {}", status_of(&r));
+        assert!(
+            status_of(&r).starts_with("sluice; hit"),
+            "{p}: {}",
+            status_of(&r)
+        );
         assert_eq!(sha256(&body(&r)), want);
     }
     assert_eq!(
@@ -1112,7 +1118,10 @@ async fn many_cold_streams_stay_within_the_byte_budget() {
     // capacity up by at most a byte per shard.
     assert!(peak <= budget + 64, "peak {peak} over the budget {budget}");
     assert!(peak >= budget / 2, "the tier was used: peak {peak}");
-    assert_eq!(metric(&front, "sluice_cache_tier_bytes{tier=\"transit\"}"), 0);
+    assert_eq!(
+        metric(&front, "sluice_cache_tier_bytes{tier=\"transit\"}"),
+        0
+    );
 }
 
 #[tokio::test]

@@ -149,7 +149,10 @@ mod tests {
         let budget = Budget::new(16 * slice, slice, memory.clone());
         // Fill the tier.
         for i in 0..32 {
-            memory.insert(key(i), Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]));
+            memory.insert(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
+            );
         }
         assert!(budget.accounted() <= budget.total() + 16 * 128);
         // A quarter of the budget can be in transit; the tier gives up as much.
@@ -161,21 +164,29 @@ mod tests {
             v
         };
         assert_eq!(budget.in_transit(), 4 * slice);
-        assert!(memory.weight() <= 12 * slice + 16 * 128, "{}", memory.weight());
+        assert!(
+            memory.weight() <= 12 * slice + 16 * 128,
+            "{}",
+            memory.weight()
+        );
         // A fifth reservation waits for room.
-        let fifth = tokio::time::timeout(
-            std::time::Duration::from_millis(50),
-            budget.reserve(slice),
-        )
-        .await;
+        let fifth =
+            tokio::time::timeout(std::time::Duration::from_millis(50), budget.reserve(slice)).await;
         assert!(fifth.is_err(), "reserved past the transit cap");
         drop(held);
         assert_eq!(budget.in_transit(), 0);
         // The tier may grow back to the whole budget.
         for i in 100..132 {
-            memory.insert(key(i), Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]));
+            memory.insert(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
+            );
         }
         assert!(memory.weight() > 12 * slice + 16 * 128);
-        assert!(budget.peak() <= budget.total() + 16 * 128, "{}", budget.peak());
+        assert!(
+            budget.peak() <= budget.total() + 16 * 128,
+            "{}",
+            budget.peak()
+        );
     }
 }

@@ -182,15 +182,18 @@ impl DiskTier {
         if slice.len + HEADER > self.capacity {
             return;
         }
-        let slot =
-            match tokio::time::timeout(self.write_timeout, self.slots.clone().acquire_owned()).await
-            {
-                Ok(Ok(slot)) => slot,
-                _ => {
-                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-            };
+        let slot = match tokio::time::timeout(
+            self.write_timeout,
+            self.slots.clone().acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(slot)) => slot,
+            _ => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
         self.submit(Job::Slice(Queued {
             key,
             slice,
@@ -629,8 +632,12 @@ mod tests {
         .unwrap();
         // Far more slices than the queue holds, submitted as fast as the queue lets them in.
         for i in 0..64 {
-            tier.write_slice(key(i), Slice::new(vec![Bytes::from(vec![i as u8; 4096])]), None)
-                .await;
+            tier.write_slice(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![i as u8; 4096])]),
+                None,
+            )
+            .await;
         }
         assert!(tier.flush(Duration::from_secs(10)).await);
         assert_eq!(tier.pending(), 0);

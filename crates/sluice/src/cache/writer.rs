@@ -293,7 +293,9 @@ async fn fill_ranged(
     if got != len {
         return FillEnd::Failed("origin body ended early".into());
     }
-    inner.store_slice(key, Slice::new(fill.chunks()), bytes).await;
+    inner
+        .store_slice(key, Slice::new(fill.chunks()), bytes)
+        .await;
     FillEnd::Complete {
         last: total.is_some_and(|t| (key.index + 1) * inner.slice_bytes >= t),
     }
