@@ -275,9 +275,20 @@ impl Inner {
         self.generation.fetch_add(2, Ordering::Relaxed)
     }
 
-    /// Puts a complete slice in the memory tier and queues it for the disk tier, which keeps its
-    /// reservation of the budget until the file is written (waiting for room in the queue).
-    async fn store_slice(&self, key: SliceKey, slice: Slice, bytes: budget::Reservation) {
+    /// Puts a complete slice in the memory tier as one allocation (readers still following
+    /// `fill` switch to it), and queues it for the disk tier, which keeps its reservation of the
+    /// budget until the file is written (waiting for room in the queue).
+    async fn store_slice(
+        &self,
+        key: SliceKey,
+        slice: Slice,
+        bytes: budget::Reservation,
+        fill: Option<&Fill>,
+    ) {
+        let slice = slice.compacted();
+        if let (Some(f), Some(whole)) = (fill, slice.chunks.first()) {
+            f.share(whole);
+        }
         self.memory.insert(key, slice.clone());
         self.budget.sample();
         if let Some(disk) = &self.disk {

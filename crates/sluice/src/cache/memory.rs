@@ -26,6 +26,23 @@ impl Slice {
         }
     }
 
+    /// The same bytes in one allocation of exactly `len` bytes, so a hit sends a slice as one
+    /// frame (a slice received as views of its `SliceBuf` sent one frame per origin chunk, and hits
+    /// of 7 MiB objects were measurably slower).
+    pub fn compacted(self) -> Slice {
+        if self.chunks.len() <= 1 {
+            return self;
+        }
+        let mut joined = BytesMut::with_capacity(self.len as usize);
+        for c in self.chunks.iter() {
+            joined.extend_from_slice(c);
+        }
+        Slice {
+            chunks: Arc::from([joined.freeze()]),
+            len: self.len,
+        }
+    }
+
     /// The chunks that fall within `from..=to` (offsets inside the slice), trimmed.
     pub fn range(&self, from: u64, to: u64) -> Vec<Bytes> {
         let mut out = Vec::new();
@@ -212,6 +229,15 @@ mod tests {
         assert_eq!((&a[..], &b[..]), (&b"abc"[..], &b"def"[..]));
         // Adjacent views of one buffer.
         assert_eq!(a.as_ptr() as usize + 3, b.as_ptr() as usize);
+    }
+
+    #[test]
+    fn compacted_joins_chunks_into_one_exact_allocation() {
+        let joined =
+            Slice::new(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"cde")]).compacted();
+        assert_eq!(joined.chunks.len(), 1);
+        assert_eq!(joined.len, 5);
+        assert_eq!(&joined.chunks[0][..], b"abcde");
     }
 
     #[test]

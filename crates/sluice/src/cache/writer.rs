@@ -294,7 +294,7 @@ async fn fill_ranged(
         return FillEnd::Failed("origin body ended early".into());
     }
     inner
-        .store_slice(key, Slice::new(fill.chunks()), bytes)
+        .store_slice(key, Slice::new(fill.chunks()), bytes, Some(fill))
         .await;
     FillEnd::Complete {
         last: total.is_some_and(|t| (key.index + 1) * inner.slice_bytes >= t),
@@ -443,7 +443,12 @@ impl WholeBody<'_> {
             None => self.inner.budget.reserve(self.inner.slice_bytes).await,
         };
         self.inner
-            .store_slice(self.key(index), Slice::new(chunks), bytes)
+            .store_slice(
+                self.key(index),
+                Slice::new(chunks),
+                bytes,
+                current.as_deref(),
+            )
             .await;
         self.close(index, current, end);
     }
