@@ -104,21 +104,6 @@ impl Budget {
     }
 }
 
-/// Hands the pages of freed slices back to the system. glibc raises its mmap threshold to the
-/// size of any mmapped block that is freed, so after the first slices 1 MiB allocations come from
-/// its heaps, and a freed slice in the middle of a heap stays resident: S4 (d) peaked 20–50 MB
-/// over the budget. `malloc_trim` releases those pages (`MADV_DONTNEED`) without making every
-/// slice an `mmap` of its own (which cost page faults on every new slice and about a quarter of
-/// the cold throughput in S4 (d)).
-pub fn trim_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory of the allocator to the system; it has no
-    // preconditions and touches no memory the program owns.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
         // A plain counter: a poisoned lock still holds a consistent value.

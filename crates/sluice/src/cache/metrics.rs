@@ -194,8 +194,6 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
                 m.budget.set(inner.budget.total() as i64);
                 m.accounted.set(inner.budget.accounted() as i64);
                 m.accounted_peak.set(inner.budget.peak() as i64);
-                // Slices freed since the last tick go back to the system (see the function).
-                super::budget::trim_allocator();
                 if let Some(disk) = &inner.disk {
                     m.tier_bytes
                         .get_or_create(&tier("disk"))
