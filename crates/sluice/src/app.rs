@@ -251,6 +251,11 @@ impl App {
         }))
     }
 
+    /// The slice cache, if one was built (for the disk flush at shutdown).
+    pub fn cache(&self) -> Option<crate::cache::Cache> {
+        self.cache.get()
+    }
+
     /// The upstream groups, shared with the TCP front end.
     #[cfg(feature = "groups")]
     pub fn groups(&self) -> &Arc<Live> {

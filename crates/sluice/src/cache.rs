@@ -12,6 +12,7 @@
 //! - `object`: an object's stored head, version and disk record; slice keys.
 //! - `index`: primary key → `Vary` → objects; hit-for-pass memos.
 //! - `memory`: the memory tier (S3-FIFO, bounded in bytes).
+//! - `budget`: the one byte budget the memory tier and slices in transit share.
 //! - `disk`: the disk tier (checksummed slice files, bounded, rebuilt at start).
 //! - `fill`: one slice in flight, followed by its readers.
 //! - `writer`: the detached task that fetches a slice and feeds its fill and the tiers.
@@ -22,6 +23,7 @@
 //! - `slot`: the process's one cache, built on first need and kept across reloads.
 //! - `metrics`: the cache's metric families.
 
+pub mod budget;
 pub mod config;
 pub mod disk;
 pub mod fill;
@@ -52,6 +54,7 @@ pub use slot::CacheSlot;
 pub use sluice_http::freshness::FreshnessPolicy;
 
 use crate::body::Body;
+use budget::Budget;
 use disk::DiskTier;
 use fill::Fill;
 use index::ObjectIndex;
@@ -99,7 +102,8 @@ pub struct Cache {
 pub(crate) struct Inner {
     config: CacheConfig,
     slice_bytes: u64,
-    memory: MemoryTier,
+    memory: Arc<MemoryTier>,
+    budget: Budget,
     disk: Option<DiskTier>,
     index: ObjectIndex,
     inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
@@ -148,9 +152,12 @@ impl Cache {
             Some(path) => {
                 let (tier, metas) = DiskTier::open(
                     path,
-                    config.disk_bytes.0,
-                    config.disk_queue,
-                    Duration::from_millis(config.disk_read_timeout_ms),
+                    disk::DiskOptions {
+                        capacity: config.disk_bytes.0,
+                        queue: config.disk_queue,
+                        read_timeout: Duration::from_millis(config.disk_read_timeout_ms),
+                        write_timeout: Duration::from_millis(config.disk_write_timeout_ms),
+                    },
                 )
                 .map_err(|source| CacheError::Disk {
                     path: path.display().to_string(),
@@ -168,10 +175,13 @@ impl Cache {
         };
         let mut seed = [0u8; 8];
         let _ = getrandom::getrandom(&mut seed);
+        let memory = Arc::new(MemoryTier::new(config.memory_bytes.0, slice_bytes));
+        let budget = Budget::new(config.memory_bytes.0, slice_bytes, memory.clone());
         let inner = Arc::new(Inner {
             config: config.clone(),
             slice_bytes,
-            memory: MemoryTier::new(config.memory_bytes.0, slice_bytes),
+            memory,
+            budget,
             disk,
             index,
             inflight: Mutex::new(HashMap::new()),
@@ -249,6 +259,15 @@ impl Cache {
     pub fn objects(&self) -> usize {
         self.inner.index.len()
     }
+
+    /// For a graceful shutdown: waits (at most `grace`) until the slices and records queued for
+    /// the disk tier are written, so they are hits after a restart. Returns whether all were.
+    pub async fn flush(&self, grace: Duration) -> bool {
+        match &self.inner.disk {
+            Some(disk) => disk.flush(grace).await,
+            None => true,
+        }
+    }
 }
 
 impl Inner {
@@ -256,13 +275,24 @@ impl Inner {
         self.generation.fetch_add(2, Ordering::Relaxed)
     }
 
-    /// Puts a complete slice in the memory tier and queues it for the disk tier, as one
-    /// allocation of its exact size (`Slice::compacted`).
-    fn store_slice(&self, key: SliceKey, slice: Slice) {
+    /// Puts a complete slice in the memory tier as one allocation (readers still following
+    /// `fill` switch to it), and queues it for the disk tier, which keeps its reservation of the
+    /// budget until the file is written (waiting for room in the queue).
+    async fn store_slice(
+        &self,
+        key: SliceKey,
+        slice: Slice,
+        bytes: budget::Reservation,
+        fill: Option<&Fill>,
+    ) {
         let slice = slice.compacted();
+        if let (Some(f), Some(whole)) = (fill, slice.chunks.first()) {
+            f.share(whole);
+        }
         self.memory.insert(key, slice.clone());
+        self.budget.sample();
         if let Some(disk) = &self.disk {
-            disk.write_slice(key, slice);
+            disk.write_slice(key, slice, Some(bytes)).await;
         }
     }
 

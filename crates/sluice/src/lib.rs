@@ -129,6 +129,12 @@ pub async fn serve_reloadable(
             }
         },
     );
+    // Slices queued for the disk tier are hits after the restart only once written.
+    if let Some(cache) = app.cache() {
+        if !cache.flush(grace).await {
+            tracing::warn!("grace period over before the cache's disk queue was written out");
+        }
+    }
     Ok(())
 }
 

@@ -1004,6 +1004,126 @@ async fn a_restart_finds_the_disk_tier_warm() {
         .contains(&format!("sluice_cache_disk_sent_bytes_total {len}")));
 }
 
+fn metric(front: &Front, name: &str) -> u64 {
+    front
+        .metrics()
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {}", front.metrics()))
+}
+
+#[tokio::test]
+async fn a_burst_of_fills_is_all_on_disk_after_a_graceful_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * 64 * KIB;
+    let paths: Vec<String> = (0..100).map(|i| format!("/burst/{i}")).collect();
+    for p in &paths {
+        origin.set(p, Obj::new(len, "max-age=600"));
+    }
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(256 * MIB);
+    // A queue far smaller than the burst (400 slices, 100 records): fills wait for room instead
+    // of dropping writes.
+    cfg.disk_queue = 4;
+    let first = start_front(cfg.clone(), oaddr).await;
+    let want = sha256(&bytes_of(1, 0, len - 1));
+    let replies = futures_util::future::join_all(
+        paths
+            .iter()
+            .map(|p| {
+                let url = first.url(p);
+                async move { request("GET", &url, &[]).await }
+            })
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    for r in &replies {
+        assert_eq!(sha256(&body(r)), want);
+    }
+    assert_eq!(origin.requests.lock().unwrap().len(), 400);
+    // What a SIGTERM does after the connections are done (`serve_reloadable`).
+    assert!(first.cache.flush(Duration::from_secs(20)).await);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(metric(&first, "sluice_cache_disk_dropped_writes_total"), 0);
+    assert_eq!(metric(&first, "sluice_cache_disk_queue_jobs"), 0);
+    let files = std::fs::read_dir(dir.path().join("slices"))
+        .unwrap()
+        .count();
+    assert_eq!(files, 400);
+
+    let second = start_front(cfg, oaddr).await;
+    for p in &paths {
+        let r = request("GET", &second.url(p), &[]).await;
+        assert!(
+            status_of(&r).starts_with("sluice; hit"),
+            "{p}: {}",
+            status_of(&r)
+        );
+        assert_eq!(sha256(&body(&r)), want);
+    }
+    assert_eq!(
+        origin.requests.lock().unwrap().len(),
+        400,
+        "every object a hit after the restart"
+    );
+}
+
+#[tokio::test]
+async fn many_cold_streams_stay_within_the_byte_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let slice = 64 * KIB;
+    let len = 2 * MIB + 77;
+    let paths: Vec<String> = (0..20).map(|i| format!("/cold/{i}")).collect();
+    for p in &paths {
+        origin.set(p, Obj::new(len, "max-age=600"));
+    }
+    // The ones that ignore Range too: their writer reads on into the following slices.
+    for p in &paths[..5] {
+        origin.update(p, |o| o.honor_range = false);
+    }
+    let budget = 4 * MIB;
+    let mut cfg = config(slice);
+    cfg.memory_bytes = ByteSize(budget);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(256 * MIB);
+    cfg.disk_queue = 8;
+    let front = start_front(cfg, oaddr).await;
+    // 20 streams of 2 MiB each (40 MiB) through a 4 MiB budget, all at once.
+    let want = sha256(&bytes_of(1, 0, len - 1));
+    let replies = futures_util::future::join_all(
+        paths
+            .iter()
+            .map(|p| {
+                let url = front.url(p);
+                async move { request("GET", &url, &[]).await }
+            })
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(sha256(&body(r)), want);
+    }
+    assert!(front.cache.flush(Duration::from_secs(20)).await);
+    // The gauges refresh once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(metric(&front, "sluice_cache_budget_bytes"), budget);
+    let peak = metric(&front, "sluice_cache_accounted_peak_bytes");
+    // Per-entry bookkeeping (128 B a slice) is part of the tier's weight; the tier rounds its
+    // capacity up by at most a byte per shard.
+    assert!(peak <= budget + 64, "peak {peak} over the budget {budget}");
+    assert!(peak >= budget / 2, "the tier was used: peak {peak}");
+    assert_eq!(
+        metric(&front, "sluice_cache_tier_bytes{tier=\"transit\"}"),
+        0
+    );
+}
+
 #[tokio::test]
 async fn corrupt_or_truncated_disk_files_are_dropped_never_served() {
     let dir = tempfile::tempdir().unwrap();

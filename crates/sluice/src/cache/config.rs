@@ -95,10 +95,14 @@ pub struct CacheConfig {
     pub detached_fill_bytes: ByteSize,
     /// Seconds an uncacheable answer keeps its URL out of the coalescing path (hit-for-pass).
     pub hit_for_pass_secs: u64,
-    /// Slices and metadata waiting to be written to disk; beyond it new writes are dropped.
+    /// Slices waiting to be written to disk; a fill that finds the queue full waits for room
+    /// (their bytes count against `memory_bytes` too).
     pub disk_queue: usize,
     /// Milliseconds a disk read may take before the slice is fetched from the origin instead.
     pub disk_read_timeout_ms: u64,
+    /// Milliseconds a slice may wait for room in the disk queue, or in the queue, before it is
+    /// dropped (a disk too slow for the traffic).
+    pub disk_write_timeout_ms: u64,
     /// Seconds a fill waits for the origin's response head.
     pub origin_header_timeout_secs: u64,
     /// Seconds a fill waits for the next body bytes from the origin.
@@ -135,6 +139,7 @@ impl Default for CacheConfig {
             hit_for_pass_secs: 120,
             disk_queue: 64,
             disk_read_timeout_ms: 1000,
+            disk_write_timeout_ms: 10_000,
             origin_header_timeout_secs: 30,
             origin_idle_timeout_secs: 30,
             purge_key: String::new(),
@@ -262,6 +267,7 @@ impl CacheConfig {
         }
         for (name, v) in [
             ("disk_read_timeout_ms", self.disk_read_timeout_ms),
+            ("disk_write_timeout_ms", self.disk_write_timeout_ms),
             (
                 "origin_header_timeout_secs",
                 self.origin_header_timeout_secs,

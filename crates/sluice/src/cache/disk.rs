@@ -2,8 +2,13 @@
 //! (least recently used goes first), written by a background task off the request path, and
 //! indexed again from the directory at start.
 //!
-//! A write that finds the queue full is dropped (the slice stays in memory or is fetched again),
-//! so a slow or full disk never stalls a request. A file whose length or CRC does not match its
+//! The queue is bounded twice: in bytes, since every queued slice carries its reservation of the
+//! cache's byte budget (`budget`), and in slices (`disk_queue`). A writer that finds it full waits
+//! for room (backpressure on the fill) rather than dropping the slice: a dropped write is a miss
+//! after the next restart. Only a disk too slow to take a slice within `disk_write_timeout_ms`
+//! (waiting for room, or waiting in the queue) or a failing / full disk drops entries, counted in
+//! `disk_dropped_writes_total`; requests are served either way. [`DiskTier::flush`] lets a
+//! graceful shutdown write out what is queued. A file whose length or CRC does not match its
 //! header is deleted and reported as a miss, never served.
 //!
 //! Recency: every write and every verified read moves a slice to the young end of the eviction
@@ -13,13 +18,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
+use super::budget::Reservation;
 use super::memory::Slice;
 use super::object::{ObjectId, ObjectMeta, SliceKey};
 
@@ -36,8 +42,17 @@ pub struct DiskStats {
     pub read_timeouts: AtomicU64,
 }
 
+/// A slice waiting for the writer, with what it holds of the budget and of the queue.
+struct Queued {
+    key: SliceKey,
+    slice: Slice,
+    since: Instant,
+    _bytes: Option<Reservation>,
+    _slot: OwnedSemaphorePermit,
+}
+
 enum Job {
-    Slice(SliceKey, Slice),
+    Slice(Queued),
     Meta(Arc<ObjectMeta>),
     RemoveObject(ObjectId),
 }
@@ -100,20 +115,31 @@ pub struct DiskTier {
     root: PathBuf,
     capacity: u64,
     read_timeout: Duration,
+    write_timeout: Duration,
     index: Arc<Mutex<Index>>,
-    jobs: mpsc::Sender<Job>,
+    /// Unbounded as a channel: slices are bounded by `slots` and the budget, object records and
+    /// removals are small and one per object stored or dropped.
+    jobs: mpsc::UnboundedSender<Job>,
+    slots: Arc<Semaphore>,
+    /// Jobs queued or being written.
+    pending: Arc<AtomicUsize>,
     pub stats: Arc<DiskStats>,
+}
+
+/// Timeouts and bounds of the disk tier.
+pub struct DiskOptions {
+    pub capacity: u64,
+    /// Slices queued for the writer at most.
+    pub queue: usize,
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
 }
 
 impl DiskTier {
     /// Opens (creating) the directory, indexes what survives from a previous run, and starts the
     /// writer. Returns the object records found, for the object index.
-    pub fn open(
-        root: &Path,
-        capacity: u64,
-        queue: usize,
-        read_timeout: Duration,
-    ) -> std::io::Result<(DiskTier, Vec<ObjectMeta>)> {
+    pub fn open(root: &Path, opts: DiskOptions) -> std::io::Result<(DiskTier, Vec<ObjectMeta>)> {
+        let capacity = opts.capacity;
         std::fs::create_dir_all(root.join("objects"))?;
         std::fs::create_dir_all(root.join("slices"))?;
         let metas = load_metas(root);
@@ -121,33 +147,78 @@ impl DiskTier {
             metas.iter().map(|m| (m.id, m.generation)).collect();
         let index = Arc::new(Mutex::new(load_slices(root, &generations, capacity)));
         let stats = Arc::new(DiskStats::default());
-        let (tx, rx) = mpsc::channel(queue);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pending = Arc::new(AtomicUsize::new(0));
         tokio::spawn(write_loop(
-            root.to_path_buf(),
-            capacity,
-            index.clone(),
-            stats.clone(),
+            Writer {
+                root: root.to_path_buf(),
+                capacity,
+                write_timeout: opts.write_timeout,
+                index: index.clone(),
+                stats: stats.clone(),
+                pending: pending.clone(),
+            },
             rx,
         ));
         Ok((
             DiskTier {
                 root: root.to_path_buf(),
                 capacity,
-                read_timeout,
+                read_timeout: opts.read_timeout,
+                write_timeout: opts.write_timeout,
                 index,
                 jobs: tx,
+                slots: Arc::new(Semaphore::new(opts.queue)),
+                pending,
                 stats,
             },
             metas,
         ))
     }
 
-    /// Queues a slice for writing; dropped when the queue is full.
-    pub fn write_slice(&self, key: SliceKey, slice: Slice) {
+    /// Queues a slice for writing, waiting for room in the queue (at most the write timeout, then
+    /// the slice is dropped). `bytes` is the slice's share of the budget, given back once written.
+    pub async fn write_slice(&self, key: SliceKey, slice: Slice, bytes: Option<Reservation>) {
         if slice.len + HEADER > self.capacity {
             return;
         }
-        self.submit(Job::Slice(key, slice));
+        let slot = match tokio::time::timeout(
+            self.write_timeout,
+            self.slots.clone().acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(slot)) => slot,
+            _ => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        self.submit(Job::Slice(Queued {
+            key,
+            slice,
+            since: Instant::now(),
+            _bytes: bytes,
+            _slot: slot,
+        }));
+    }
+
+    /// Waits until every queued job is written (or dropped), at most `grace`; returns whether
+    /// the queue is empty. For a graceful shutdown: what is queued is a hit after the restart.
+    pub async fn flush(&self, grace: Duration) -> bool {
+        let deadline = Instant::now() + grace;
+        while self.pending.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Jobs queued or being written.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
     }
 
     /// Queues an object record for writing.
@@ -170,18 +241,14 @@ impl DiskTier {
                 idx.remove(&k);
             }
         }
-        // Removal must not be lost to a full queue: fall back to a detached send.
-        if let Err(mpsc::error::TrySendError::Full(job)) = self.jobs.try_send(Job::RemoveObject(id))
-        {
-            let tx = self.jobs.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(job).await;
-            });
-        }
+        self.submit(Job::RemoveObject(id));
     }
 
     fn submit(&self, job: Job) {
-        if self.jobs.try_send(job).is_err() {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        if self.jobs.send(job).is_err() {
+            // The writer is gone (the runtime is shutting down).
+            self.pending.fetch_sub(1, Ordering::AcqRel);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -288,17 +355,31 @@ fn write_file_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
     result
 }
 
-async fn write_loop(
+/// What the background writer needs.
+#[derive(Clone)]
+struct Writer {
     root: PathBuf,
     capacity: u64,
+    write_timeout: Duration,
     index: Arc<Mutex<Index>>,
     stats: Arc<DiskStats>,
-    mut rx: mpsc::Receiver<Job>,
-) {
+    pending: Arc<AtomicUsize>,
+}
+
+async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
     while let Some(job) = rx.recv().await {
-        let (root, index, stats) = (root.clone(), index.clone(), stats.clone());
-        let _ = tokio::task::spawn_blocking(move || run_job(&root, capacity, &index, &stats, job))
+        let stale = matches!(&job, Job::Slice(q) if q.since.elapsed() > w.write_timeout);
+        if stale {
+            // The disk is slower than slices arrive: drop rather than hold budget for ever.
+            w.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let w2 = w.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                run_job(&w2.root, w2.capacity, &w2.index, &w2.stats, job)
+            })
             .await;
+        }
+        w.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -320,7 +401,8 @@ fn run_job(root: &Path, capacity: u64, index: &Mutex<Index>, stats: &DiskStats, 
                 }
             }
         }
-        Job::Slice(key, slice) => {
+        Job::Slice(q) => {
+            let (key, slice) = (q.key, &q.slice);
             let size = slice.len + HEADER;
             // Make room first (least recently used goes), then write; the index only lists
             // whole files.
@@ -504,16 +586,16 @@ mod tests {
         let meta_gen: HashMap<ObjectId, u64> = [(ObjectId(7), 1)].into();
         // Room for three slices of 100 bytes (plus headers), not four.
         let cap = 3 * (100 + HEADER);
-        let (tier, _) = DiskTier::open(dir.path(), cap, 16, Duration::from_secs(5)).unwrap();
+        let (tier, _) = DiskTier::open(dir.path(), opts(cap)).unwrap();
         for i in 0..3 {
-            tier.write_slice(key(i), slice(i as u8));
+            tier.write_slice(key(i), slice(i as u8), None).await;
             wait_for(&tier, key(i)).await;
             // Distinct modification times for the order a restart rebuilds.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Slice 0 was written first but read last: slice 1 is the one to go.
         assert_eq!(tier.read(key(0)).await.unwrap().len, 100);
-        tier.write_slice(key(3), slice(3));
+        tier.write_slice(key(3), slice(3), None).await;
         wait_for(&tier, key(3)).await;
         assert!(tier.contains(&key(0)) && !tier.contains(&key(1)));
         assert!(tier.contains(&key(2)) && tier.contains(&key(3)));
@@ -526,6 +608,44 @@ mod tests {
         assert!(idx.contains(&key(0)) && idx.contains(&key(3)));
         assert!(!idx.contains(&key(2)));
         assert!(!slice_path(dir.path(), &key(2)).exists());
+    }
+
+    fn opts(capacity: u64) -> DiskOptions {
+        DiskOptions {
+            capacity,
+            queue: 16,
+            read_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_waits_instead_of_dropping_and_flush_writes_it_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(
+            dir.path(),
+            DiskOptions {
+                queue: 2,
+                ..opts(1 << 30)
+            },
+        )
+        .unwrap();
+        // Far more slices than the queue holds, submitted as fast as the queue lets them in.
+        for i in 0..64 {
+            tier.write_slice(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![i as u8; 4096])]),
+                None,
+            )
+            .await;
+        }
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert_eq!(tier.pending(), 0);
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 0);
+        for i in 0..64 {
+            assert!(tier.contains(&key(i)), "slice {i} was not written");
+            assert_eq!(tier.read(key(i)).await.unwrap().len, 4096);
+        }
     }
 
     async fn wait_for(tier: &DiskTier, k: SliceKey) {

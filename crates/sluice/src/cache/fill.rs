@@ -69,6 +69,23 @@ impl Fill {
         self.lock().chunks.clone()
     }
 
+    /// Once the slice is stored as one allocation (`Slice::compacted`), readers still following
+    /// the fill take their chunks from it too (same boundaries, views of `whole`), so the
+    /// allocation the chunks arrived in is freed as soon as the readers' queued chunks are sent.
+    pub fn share(&self, whole: &Bytes) {
+        let mut s = self.lock();
+        let total: usize = s.chunks.iter().map(Bytes::len).sum();
+        if total != whole.len() {
+            return;
+        }
+        let mut at = 0;
+        for c in s.chunks.iter_mut() {
+            let n = c.len();
+            *c = whole.slice(at..at + n);
+            at += n;
+        }
+    }
+
     /// Ends the fill; the first end given wins.
     pub fn finish(&self, end: FillEnd) {
         {
@@ -215,6 +232,11 @@ mod tests {
         assert_eq!(ra.0, rb.0);
         assert_eq!(ra.1, FillEnd::Complete { last: true });
         assert_eq!(fill.readers(), 0);
+        // Shared from one allocation: the same bytes at the same boundaries.
+        let whole = Bytes::from(ra.0.clone());
+        fill.share(&whole);
+        assert_eq!(fill.chunks().len(), 50);
+        assert_eq!(fill.chunks()[0].as_ptr(), whole.as_ptr());
         // A reader that joins after the end still gets every chunk.
         let (late, end) = read(fill.reader()).await;
         assert_eq!(late, ra.0);

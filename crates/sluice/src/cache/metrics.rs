@@ -41,6 +41,11 @@ pub struct CacheMetrics {
     pub disk_dropped: Counter,
     pub disk_corrupt: Counter,
     pub objects: Gauge,
+    /// `memory_bytes`, and what is counted against it now and at most so far (`budget`).
+    pub budget: Gauge,
+    pub accounted: Gauge,
+    pub accounted_peak: Gauge,
+    pub disk_queue: Gauge,
     pub stored: Counter,
     pub uncacheable: Counter,
     pub version_mismatch: Counter,
@@ -61,6 +66,10 @@ impl CacheMetrics {
             disk_dropped: Counter::default(),
             disk_corrupt: Counter::default(),
             objects: Gauge::default(),
+            budget: Gauge::default(),
+            accounted: Gauge::default(),
+            accounted_peak: Gauge::default(),
+            disk_queue: Gauge::default(),
             stored: Counter::default(),
             uncacheable: Counter::default(),
             version_mismatch: Counter::default(),
@@ -102,7 +111,7 @@ impl CacheMetrics {
         );
         r.register(
             "disk_dropped_writes",
-            "Disk writes dropped (queue full, disk full or failing)",
+            "Disk writes dropped (disk too slow, full or failing)",
             m.disk_dropped.clone(),
         );
         r.register(
@@ -126,6 +135,26 @@ impl CacheMetrics {
             "origin_errors",
             "Origin exchanges that failed",
             m.origin_errors.clone(),
+        );
+        r.register(
+            "budget_bytes",
+            "The byte budget (memory_bytes) the memory tier and slices in transit share",
+            m.budget.clone(),
+        );
+        r.register(
+            "accounted_bytes",
+            "Bytes counted against the budget: memory tier plus slices in transit",
+            m.accounted.clone(),
+        );
+        r.register(
+            "accounted_peak_bytes",
+            "The most bytes counted against the budget at once since start",
+            m.accounted_peak.clone(),
+        );
+        r.register(
+            "disk_queue_jobs",
+            "Slices and records waiting for (or being written by) the disk writer",
+            m.disk_queue.clone(),
         );
         r.register(
             "origin_fetch_seconds",
@@ -159,10 +188,17 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
                     .inc_by(ev - last_mem_evictions);
                 last_mem_evictions = ev;
                 m.objects.set(inner.index.len() as i64);
+                m.tier_bytes
+                    .get_or_create(&tier("transit"))
+                    .set(inner.budget.in_transit() as i64);
+                m.budget.set(inner.budget.total() as i64);
+                m.accounted.set(inner.budget.accounted() as i64);
+                m.accounted_peak.set(inner.budget.peak() as i64);
                 if let Some(disk) = &inner.disk {
                     m.tier_bytes
                         .get_or_create(&tier("disk"))
                         .set(disk.bytes() as i64);
+                    m.disk_queue.set(disk.pending() as i64);
                     let s = &disk.stats;
                     let ev = s.evictions.load(Ordering::Relaxed);
                     m.evictions

@@ -16,8 +16,9 @@ use sluice_http::freshness::{
 };
 use sluice_http::range::{parse_content_range, slice_range};
 
+use super::budget::Reservation;
 use super::fill::{Fill, FillEnd};
-use super::memory::Slice;
+use super::memory::{Slice, SliceBuf};
 use super::object::{self, ObjectId, ObjectMeta, SliceKey};
 use super::{Inner, Origin};
 use crate::body::Body;
@@ -50,7 +51,11 @@ pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: 
         alias: std::sync::Mutex::new(None),
     };
     let end = match inner.permits.clone().acquire_owned().await {
-        Ok(_permit) => fetch(&inner, &fill, key, job, &guard.alias).await,
+        Ok(_permit) => {
+            // The slice's bytes are taken from the budget before the first one arrives.
+            let bytes = inner.budget.reserve(inner.slice_bytes).await;
+            fetch(&inner, &fill, key, job, bytes, &guard.alias).await
+        }
         Err(_) => FillEnd::Failed("cache closed".into()),
     };
     inner.release(key, &fill);
@@ -81,6 +86,7 @@ async fn fetch(
     fill: &Arc<Fill>,
     key: SliceKey,
     job: FillJob,
+    bytes: Reservation,
     alias: &std::sync::Mutex<Option<SliceKey>>,
 ) -> FillEnd {
     let started = Instant::now();
@@ -244,7 +250,7 @@ async fn fetch(
     }
     if ranged {
         let len = want.end.min(total.unwrap_or(1) - 1) - want.start + 1;
-        let end = fill_ranged(inner, fill, real, len, total, body).await;
+        let end = fill_ranged(inner, fill, real, len, total, body, bytes).await;
         inner.release(real, fill);
         end
     } else {
@@ -253,6 +259,7 @@ async fn fetch(
             meta,
             own: fill.clone(),
             own_index: key.index,
+            bytes: Some(bytes),
         };
         w.run(body).await
     }
@@ -265,8 +272,10 @@ async fn fill_ranged(
     len: u64,
     total: Option<u64>,
     mut body: Body,
+    bytes: Reservation,
 ) -> FillEnd {
     let mut got = 0u64;
+    let mut buf = SliceBuf::new(len);
     while let Some(frame) = next_frame(inner, &mut body).await {
         let frame = match frame {
             Ok(f) => f,
@@ -278,13 +287,15 @@ async fn fill_ranged(
                 return FillEnd::Failed("origin sent more than the slice".into());
             }
             inner.metrics.bytes_origin.inc_by(data.len() as u64);
-            fill.push(data);
+            fill.push(buf.push(&data));
         }
     }
     if got != len {
         return FillEnd::Failed("origin body ended early".into());
     }
-    inner.store_slice(key, Slice::new(fill.chunks()));
+    inner
+        .store_slice(key, Slice::new(fill.chunks()), bytes, Some(fill))
+        .await;
     FillEnd::Complete {
         last: total.is_some_and(|t| (key.index + 1) * inner.slice_bytes >= t),
     }
@@ -296,12 +307,16 @@ struct WholeBody<'a> {
     meta: Arc<ObjectMeta>,
     own: Arc<Fill>,
     own_index: u64,
+    /// The budget's bytes for the slice being read; each complete slice takes its reservation
+    /// to the store, and the next one waits for a new one.
+    bytes: Option<Reservation>,
 }
 
 impl WholeBody<'_> {
     async fn run(&mut self, mut body: Body) -> FillEnd {
         let slice = self.inner.slice_bytes;
         let mut index = 0u64;
+        let mut recv = SliceBuf::new(slice);
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buf_len = 0u64;
         let mut current = self.target(0);
@@ -330,7 +345,12 @@ impl WholeBody<'_> {
                     let end = FillEnd::Complete { last: false };
                     let following = current.as_ref().map_or(0, |f| f.readers())
                         + next.as_ref().map_or(0, |f| f.readers());
-                    self.complete(index, std::mem::take(&mut buf), &current, end.clone());
+                    self.complete(index, std::mem::take(&mut buf), &current, end.clone())
+                        .await;
+                    // Room for the next slice before reading it: a slow disk slows the origin
+                    // read rather than growing memory.
+                    self.bytes = Some(self.inner.budget.reserve(slice).await);
+                    recv = SliceBuf::new(slice);
                     if index == self.own_index {
                         own_end = Some(end);
                     }
@@ -344,7 +364,7 @@ impl WholeBody<'_> {
                     }
                 }
                 let take = ((slice - buf_len) as usize).min(data.len());
-                let part = data.split_to(take);
+                let part = recv.push(&data.split_to(take));
                 buf_len += take as u64;
                 if let Some(f) = &current {
                     f.push(part.clone());
@@ -374,7 +394,7 @@ impl WholeBody<'_> {
             self.meta = m;
         }
         let end = FillEnd::Complete { last: true };
-        self.complete(index, buf, &current, end.clone());
+        self.complete(index, buf, &current, end.clone()).await;
         // A slice registered past the end holds nothing: its readers learn the object ended.
         self.close(index + 1, &next, end.clone());
         if index < self.own_index {
@@ -411,8 +431,25 @@ impl WholeBody<'_> {
         Some(fill)
     }
 
-    fn complete(&self, index: u64, chunks: Vec<Bytes>, current: &Option<Arc<Fill>>, end: FillEnd) {
-        self.inner.store_slice(self.key(index), Slice::new(chunks));
+    async fn complete(
+        &mut self,
+        index: u64,
+        chunks: Vec<Bytes>,
+        current: &Option<Arc<Fill>>,
+        end: FillEnd,
+    ) {
+        let bytes = match self.bytes.take() {
+            Some(b) => b,
+            None => self.inner.budget.reserve(self.inner.slice_bytes).await,
+        };
+        self.inner
+            .store_slice(
+                self.key(index),
+                Slice::new(chunks),
+                bytes,
+                current.as_deref(),
+            )
+            .await;
         self.close(index, current, end);
     }
 

@@ -1,0 +1,192 @@
+//! The one byte budget (`memory_bytes`) shared by the memory tier and the slices in transit
+//! (being fetched, or queued for the disk writer): a slice in transit reserves its bytes first,
+//! and the memory tier shrinks (evicting) by as much until the reservation ends.
+//!
+//! Why one budget rather than a tier plus side allowances: with the tier alone bounded, twenty
+//! cold streams and a busy disk queue held 120 MB beside a full 256 MiB tier (S4 (d)). Here the
+//! slices in transit are capped at a quarter of the budget (they wait for room beyond that), and
+//! what they hold is taken from the tier, so tier + transit ≤ `memory_bytes` at every instant.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::memory::MemoryTier;
+
+/// The shared budget; cheap to clone.
+#[derive(Clone)]
+pub struct Budget {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    total: u64,
+    transit_cap: u64,
+    room: Arc<Semaphore>,
+    /// Bytes reserved by slices in transit; the lock also orders the tier's resizes.
+    reserved: Mutex<u64>,
+    /// The most bytes ever accounted (tier + transit), sampled at every change of a reservation
+    /// and every slice the tier takes from a fill.
+    peak: AtomicU64,
+    memory: Arc<MemoryTier>,
+}
+
+/// Bytes held for one slice in transit; given back (and to the tier) when dropped.
+pub struct Reservation {
+    shared: Arc<Shared>,
+    bytes: u64,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Budget {
+    /// `total` is `memory_bytes`; at most a quarter of it (at least one slice) is in transit.
+    pub fn new(total: u64, slice_bytes: u64, memory: Arc<MemoryTier>) -> Budget {
+        let transit_cap = (total / 4 / slice_bytes).max(1) * slice_bytes;
+        Budget {
+            shared: Arc::new(Shared {
+                total,
+                transit_cap,
+                room: Arc::new(Semaphore::new(transit_cap as usize)),
+                reserved: Mutex::new(0),
+                peak: AtomicU64::new(0),
+                memory,
+            }),
+        }
+    }
+
+    /// Waits until `bytes` (at most one slice) fit in transit, then takes them from the tier.
+    pub async fn reserve(&self, bytes: u64) -> Reservation {
+        let bytes = bytes.min(self.shared.transit_cap);
+        let permit = self
+            .shared
+            .room
+            .clone()
+            .acquire_many_owned(bytes as u32)
+            .await
+            .expect("the budget's semaphore is never closed");
+        self.shared.adjust(bytes as i64);
+        Reservation {
+            shared: self.shared.clone(),
+            bytes,
+            _permit: permit,
+        }
+    }
+
+    /// `memory_bytes`.
+    pub fn total(&self) -> u64 {
+        self.shared.total
+    }
+
+    /// Bytes reserved by slices in transit now.
+    pub fn in_transit(&self) -> u64 {
+        *self.shared.lock()
+    }
+
+    /// Tier + transit now.
+    pub fn accounted(&self) -> u64 {
+        let transit = self.shared.lock();
+        self.shared.memory.weight() + *transit
+    }
+
+    /// Records the current total for [`Budget::peak`] (after the tier took a slice).
+    pub fn sample(&self) {
+        let now = self.accounted();
+        self.shared.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// The most bytes accounted at once so far.
+    pub fn peak(&self) -> u64 {
+        self.shared
+            .peak
+            .load(Ordering::Relaxed)
+            .max(self.accounted())
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
+        // A plain counter: a poisoned lock still holds a consistent value.
+        self.reserved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn adjust(&self, delta: i64) {
+        let mut reserved = self.lock();
+        *reserved = reserved.saturating_add_signed(delta);
+        // Shrinking evicts before the reserving fill reads a byte; growing lets the tier use what
+        // the transit no longer holds.
+        self.memory.set_capacity(self.total - *reserved);
+        let now = self.memory.weight() + *reserved;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.shared.adjust(-(self.bytes as i64));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::memory::Slice;
+    use crate::cache::object::{ObjectId, SliceKey};
+    use bytes::Bytes;
+
+    fn key(i: u64) -> SliceKey {
+        SliceKey {
+            object: ObjectId(3),
+            generation: 1,
+            index: i,
+        }
+    }
+
+    #[tokio::test]
+    async fn transit_is_taken_from_the_tier_and_capped() {
+        let slice = 64 * 1024;
+        let memory = Arc::new(MemoryTier::new(16 * slice, slice));
+        let budget = Budget::new(16 * slice, slice, memory.clone());
+        // Fill the tier.
+        for i in 0..32 {
+            memory.insert(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
+            );
+        }
+        assert!(budget.accounted() <= budget.total() + 16 * 128);
+        // A quarter of the budget can be in transit; the tier gives up as much.
+        let held: Vec<Reservation> = {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                v.push(budget.reserve(slice).await);
+            }
+            v
+        };
+        assert_eq!(budget.in_transit(), 4 * slice);
+        assert!(
+            memory.weight() <= 12 * slice + 16 * 128,
+            "{}",
+            memory.weight()
+        );
+        // A fifth reservation waits for room.
+        let fifth =
+            tokio::time::timeout(std::time::Duration::from_millis(50), budget.reserve(slice)).await;
+        assert!(fifth.is_err(), "reserved past the transit cap");
+        drop(held);
+        assert_eq!(budget.in_transit(), 0);
+        // The tier may grow back to the whole budget.
+        for i in 100..132 {
+            memory.insert(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
+            );
+        }
+        assert!(memory.weight() > 12 * slice + 16 * 128);
+        assert!(
+            budget.peak() <= budget.total() + 16 * 128,
+            "{}",
+            budget.peak()
+        );
+    }
+}
