@@ -252,6 +252,7 @@ impl App {
     }
 
     /// The slice cache, if one was built (for the disk flush at shutdown).
+    #[cfg(feature = "cache")]
     pub fn cache(&self) -> Option<crate::cache::Cache> {
         self.cache.get()
     }

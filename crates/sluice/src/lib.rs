@@ -109,7 +109,7 @@ pub async fn serve_reloadable(
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
-    #[cfg(feature = "tcp")]
+    #[cfg(any(feature = "tcp", feature = "cache"))]
     let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -130,6 +130,7 @@ pub async fn serve_reloadable(
         },
     );
     // Slices queued for the disk tier are hits after the restart only once written.
+    #[cfg(feature = "cache")]
     if let Some(cache) = app.cache() {
         if !cache.flush(grace).await {
             tracing::warn!("grace period over before the cache's disk queue was written out");
