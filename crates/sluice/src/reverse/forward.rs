@@ -286,7 +286,9 @@ impl Reverse {
         if let Some(e) = entry.as_mut() {
             e.server = Some(server.addr().to_string());
         }
-        let meters = route.meters.server(route.server_index(server), server.addr());
+        let meters = route
+            .meters
+            .server(route.server_index(server), server.addr());
         let gauge = route.meters.server_in_flight(&meters).clone();
         gauge.inc();
         let mut headers = std::mem::take(response.headers_mut());

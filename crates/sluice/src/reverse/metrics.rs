@@ -228,23 +228,39 @@ impl RouteMeters {
     }
 
     pub fn server_requests<'m>(&self, m: &'m ServerMeters) -> &'m Counter {
-        m.requests
-            .get_or_init(|| self.families.server_requests.get_or_create(&m.labels).clone())
+        m.requests.get_or_init(|| {
+            self.families
+                .server_requests
+                .get_or_create(&m.labels)
+                .clone()
+        })
     }
 
     pub fn server_failures<'m>(&self, m: &'m ServerMeters) -> &'m Counter {
-        m.failures
-            .get_or_init(|| self.families.server_failures.get_or_create(&m.labels).clone())
+        m.failures.get_or_init(|| {
+            self.families
+                .server_failures
+                .get_or_create(&m.labels)
+                .clone()
+        })
     }
 
     pub fn server_in_flight<'m>(&self, m: &'m ServerMeters) -> &'m Gauge {
-        m.in_flight
-            .get_or_init(|| self.families.server_in_flight.get_or_create(&m.labels).clone())
+        m.in_flight.get_or_init(|| {
+            self.families
+                .server_in_flight
+                .get_or_create(&m.labels)
+                .clone()
+        })
     }
 
     pub fn server_healthy<'m>(&self, m: &'m ServerMeters) -> &'m Gauge {
-        m.healthy
-            .get_or_init(|| self.families.server_healthy.get_or_create(&m.labels).clone())
+        m.healthy.get_or_init(|| {
+            self.families
+                .server_healthy
+                .get_or_create(&m.labels)
+                .clone()
+        })
     }
 }
 
