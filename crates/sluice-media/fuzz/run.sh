@@ -13,7 +13,7 @@ case "$target" in
   # A realistic init plus media segment; the server allows 64 MiB, which libFuzzer cannot explore.
   mp4_decrypt|remux_ts) max_len=1048576 ;;
   # One datagram run; media.iptv max_datagram_bytes is 1536.
-  rtp_mpegts) max_len=65536 ;;
+  rtp_mpegts|rs_fec) max_len=65536 ;;
   # A token is at most 16 KiB (sealed::MAX_TOKEN_LEN); a query string rarely more than a URL.
   sealed_token|query) max_len=65536 ;;
   # A segment's head: the search window (256 KiB) plus a few packets.
@@ -26,6 +26,8 @@ case "$target" in
   acestream) max_len=65536 ;;
   # An RTSP control connection: answers up to 64 KiB, interleaved frames up to 64 KiB.
   rtsp) max_len=262144 ;;
+  # One signalling packet; anything past 64 bytes is never read.
+  fcc) max_len=256 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null

@@ -19,11 +19,14 @@
 //! - `rtsp`: RTSP client messages, SDP, Transport/Session headers, Digest auth, catch-up times.
 //! - `public_ip`: answers of "what is my IP" echo services, for `/proxy/ip`.
 //! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
+//! - `rs_fec`: the Reed-Solomon FEC operators send on a FEC port: header, GF(2^8) code, recovery.
+//! - `fcc`: fast channel change signalling (Telecom/ZTE/FiberHome and Huawei) packets.
 
 pub mod acestream;
 pub mod b64url;
 pub mod cenc;
 pub mod dash;
+pub mod fcc;
 pub mod fec;
 pub mod generate;
 pub mod hls;
@@ -34,6 +37,7 @@ pub mod mpegts;
 pub mod public_ip;
 pub mod query;
 pub mod remux;
+pub mod rs_fec;
 pub mod rtp;
 pub mod rtsp;
 pub mod token;

@@ -4,7 +4,9 @@
 //! # Layout
 //! - `url`: channel URL forms (rtp2httpd, udpxy, msd_lite) parsed into a typed request.
 //! - `hub`: one per channel; owns the multicast socket and the receive loop.
-//! - `fec`: a hub's SMPTE 2022-1 FEC socket and the packets it rebuilds (`?fec=PORT`).
+//! - `fec`: a hub's FEC socket (SMPTE 2022-1 XOR or Reed-Solomon) and the packets it rebuilds
+//!   (`?fec=PORT`).
+//! - `fcc`: a starting hub's fast channel change session: unicast burst, then the multicast.
 //! - `ring`: a hub's shared history of payload chunks; subscribers are positions in it.
 //! - `registry`: live hubs, limits, and the subscription guard.
 //! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
@@ -15,6 +17,7 @@
 //! - `metrics`: Prometheus families, per hub.
 
 pub mod epg;
+pub mod fcc;
 pub mod fec;
 pub mod hub;
 pub mod metrics;
@@ -423,7 +426,7 @@ impl Iptv {
     }
 
     async fn channel(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
-        let key = match self.hub_key(req) {
+        let (key, fcc) = match self.hub_key(req) {
             Ok(key) => key,
             Err(reason) => {
                 self.registry.metrics.refuse("bad_request");
@@ -434,7 +437,7 @@ impl Iptv {
             return stream_response(body::empty());
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
-        let sub = match self.registry.subscribe(key, peer) {
+        let sub = match self.registry.subscribe(key, fcc, peer) {
             Ok(sub) => sub,
             Err(refusal) => return self.refused(refusal),
         };
@@ -488,7 +491,10 @@ impl Iptv {
         )))
     }
 
-    fn hub_key(&self, req: &http::request::Parts) -> Result<HubKey, String> {
+    fn hub_key(
+        &self,
+        req: &http::request::Parts,
+    ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
         let ch = url::parse_channel(req.uri.path(), req.uri.query()).map_err(|e| e.to_string())?;
         let interface = match (ch.interface, &self.config.interface) {
             (Some(_), _) if !self.config.allow_iface_param => {
@@ -501,7 +507,10 @@ impl Iptv {
             }
         };
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
-        Ok(HubKey {
+        let fcc = ch
+            .fcc
+            .map(|(server, flavor)| fcc::FccTarget { server, flavor });
+        let key = HubKey {
             rtsp: None,
             fec: ch.fec,
             mode: ch.mode,
@@ -511,7 +520,8 @@ impl Iptv {
                 source: ch.source,
                 interface,
             },
-        })
+        };
+        Ok((key, fcc))
     }
 
     /// Waits for the hub's first published bytes; `None` on timeout or if the hub ended.

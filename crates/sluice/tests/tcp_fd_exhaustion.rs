@@ -51,8 +51,9 @@ async fn out_of_descriptors_then_recovers() {
     ));
     assert!(ping(proxy.addr()).await);
     proxy.idle().await;
-    // A few descriptors of headroom: each relayed connection needs about eight (client, accepted,
-    // upstream, the echo's end, two pipes), so a handful of clients exhausts the table.
+    // A few descriptors of headroom: each relayed connection needs four (client, accepted,
+    // upstream, the echo's end; a ping is small, so it is copied and takes no pipe), so a handful
+    // of clients exhausts the table.
     let old = set_fd_limit(fd_count() as u64 + 10);
     let mut held = Vec::new();
     let mut served = 0;
@@ -81,4 +82,24 @@ async fn out_of_descriptors_then_recovers() {
     let server = &proxy.groups.get("g").unwrap().servers()[0];
     assert_eq!(server.ejections(), 0);
     assert!(server.is_usable());
+
+    // A connection that turns bulk while no pipe can be made keeps working by copying.
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).await.unwrap();
+    // One descriptor of room: a pipe needs two.
+    let old = set_fd_limit(fd_count() as u64 + 1);
+    let body = support::pattern(2 << 20);
+    let mut back = vec![0u8; body.len()];
+    let (mut r, mut w) = s.split();
+    let (sent, got) = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::join!(w.write_all(&body), r.read_exact(&mut back))
+    })
+    .await
+    .expect("the bulk transfer stalled");
+    set_fd_limit(old);
+    sent.unwrap();
+    got.unwrap();
+    assert_eq!(support::sha256(&back), support::sha256(&body));
 }

@@ -27,6 +27,7 @@ use tokio::io::Interest;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::fcc::{FccSession, FccTarget, Multicast, Step};
 use super::fec::FecState;
 use super::metrics::HubMetrics;
 use super::registry::Registry;
@@ -135,12 +136,28 @@ pub struct Hub {
     pub wake: Notify,
     /// Wall-clock seconds (Unix) of the last successful membership refresh; 0 = none yet.
     pub last_rejoin: AtomicU64,
+    /// The FCC session's phase and outcome, when the hub started with `?fcc=`.
+    pub fcc: Mutex<Option<FccStatus>>,
+}
+
+/// What the status page shows of a hub's fast channel change.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FccStatus {
+    pub server: String,
+    #[serde(rename = "type")]
+    pub flavor: &'static str,
+    pub phase: &'static str,
+    pub outcome: &'static str,
 }
 
 impl Hub {
     /// Opens the socket and starts the receive loop. Must run inside a tokio runtime.
+    ///
+    /// With `fcc`, the multicast is joined only when the FCC session says so (or gives up);
+    /// a group that is not IPv4 ignores it.
     pub fn start(
         key: HubKey,
+        fcc: Option<FccTarget>,
         metrics: HubMetrics,
         settings: &HubSettings,
         registry: Arc<Registry>,
@@ -149,17 +166,41 @@ impl Hub {
             return super::rtsp::pump::start(key, metrics, settings, registry);
         }
         let ifindex = multicast::interface_index(&key.group.interface)?;
-        let sock = multicast::open(&key.group, settings.recv_buffer)?;
-        // SAFETY: `Socket` owns its descriptor, keeps it open until dropped, and always
-        // returns the same one from `as_raw_fd`.
-        let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
+        let fcc = match (fcc, key.group.group) {
+            (Some(target), std::net::IpAddr::V4(g)) => Some((
+                target,
+                super::fcc::start(
+                    target,
+                    std::net::SocketAddrV4::new(g, key.group.port),
+                    settings.recv_buffer,
+                )?,
+            )),
+            _ => None,
+        };
+        let sock = match fcc {
+            Some(_) => None,
+            None => Some(open_multicast(&key.group, settings)?),
+        };
         let fec_sock = key
             .fec
             .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))
             .transpose()?;
         let hub = Hub::new(key, metrics, settings);
-        let pump = Pump::new(hub.clone(), settings.clone(), ifindex);
-        tokio::spawn(pump.run(sock, fec_sock, registry));
+        let (session, fcc_sock) = match fcc {
+            Some((target, (session, sock))) => {
+                *hub.fcc.lock().unwrap_or_else(|e| e.into_inner()) = Some(FccStatus {
+                    server: target.server.to_string(),
+                    flavor: target.flavor.name(),
+                    phase: super::fcc::Phase::Requested.name(),
+                    outcome: "in progress",
+                });
+                (Some(session), Some(sock))
+            }
+            None => (None, None),
+        };
+        let mut pump = Pump::new(hub.clone(), settings.clone(), ifindex);
+        pump.fcc = session;
+        tokio::spawn(pump.run(sock, fec_sock, fcc_sock, registry));
         Ok(hub)
     }
 
@@ -176,6 +217,7 @@ impl Hub {
             closed: AtomicBool::new(false),
             wake: Notify::new(),
             last_rejoin: AtomicU64::new(0),
+            fcc: Mutex::new(None),
             key,
             metrics,
         })
@@ -185,6 +227,14 @@ impl Hub {
     pub fn publish_closed(&self) {
         self.published.send_modify(|p| p.closed = true);
     }
+}
+
+/// Opens and joins the channel's multicast socket, ready for the runtime.
+fn open_multicast(group: &Group, settings: &HubSettings) -> std::io::Result<AsyncFd<Socket>> {
+    let sock = multicast::open(group, settings.recv_buffer)?;
+    // SAFETY: `Socket` owns its descriptor, keeps it open until dropped, and always
+    // returns the same one from `as_raw_fd`.
+    Ok(unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?)
 }
 
 /// The receive loop's state: from payload in to published ring chunks. The multicast loop
@@ -198,11 +248,15 @@ pub(super) struct Pump {
     reorder: Reorder<BytesMut>,
     /// Present when the channel has a FEC stream.
     fec: Option<FecState>,
+    /// Present while the hub was started with `?fcc=`.
+    fcc: Option<FccSession>,
     continuity: Continuity,
     /// Bytes appended but not yet published.
     pending: usize,
     last_data: Instant,
     received_since_tick: bool,
+    /// Flush ticks in a row with nothing received.
+    quiet_ticks: u32,
     idle_since: Option<Instant>,
     rate_mark: (Instant, u64, u64),
     reported: ReorderStats,
@@ -218,6 +272,9 @@ struct Progress {
     /// Already counted as stalled (counted once per stall).
     released: bool,
 }
+
+/// Quiet flush ticks before a FEC channel gives up on a gap (one for other channels).
+const FEC_PATIENCE_TICKS: u32 = 4;
 
 /// How many `recvmmsg` calls one wakeup may make before yielding to other tasks.
 const DRAIN_CALLS: usize = 8;
@@ -243,12 +300,14 @@ impl Pump {
         Self {
             reorder: Reorder::new(window),
             fec,
+            fcc: None,
             packer: Packer::default(),
             released: Vec::with_capacity(64),
             continuity: Continuity::default(),
             pending: 0,
             last_data: now,
             received_since_tick: false,
+            quiet_ticks: 0,
             idle_since: None,
             rate_mark: (now, 0, 0),
             reported: ReorderStats::default(),
@@ -261,10 +320,12 @@ impl Pump {
 
     async fn run(
         mut self,
-        sock: AsyncFd<Socket>,
+        mut sock: Option<AsyncFd<Socket>>,
         fec_sock: Option<AsyncFd<Socket>>,
+        fcc_sock: Option<tokio::net::UdpSocket>,
         registry: Arc<Registry>,
     ) {
+        let mut fcc_buf = vec![0u8; self.settings.max_datagram.max(2048)];
         let mut tick = tokio::time::interval(self.settings.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let refresh_every = self.settings.refresh.unwrap_or(Duration::from_secs(86_400));
@@ -273,10 +334,33 @@ impl Pump {
         tracing::info!(%channel, interface = %self.hub.key.group.interface, "hub joined");
         let hub = self.hub.clone();
         let reason = loop {
+            let fcc_deadline = self.fcc.as_ref().and_then(FccSession::deadline);
             tokio::select! {
-                ready = sock.readable() => match ready {
-                    Ok(mut guard) => self.drain(&mut guard),
+                ready = readable(sock.as_ref()) => match ready {
+                    Ok(mut guard) => self.drain(&mut guard, fcc_sock.as_ref()),
                     Err(e) => break format!("socket error: {e}"),
+                },
+                got = recv_from(fcc_sock.as_ref(), &mut fcc_buf) => {
+                    let Some(fcc_sock) = fcc_sock.as_ref() else { continue };
+                    let step = match got {
+                        Ok((n, from)) => self.fcc_datagram(fcc_sock, &fcc_buf[..n], from),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "FCC receive failed");
+                            Step::Nothing
+                        }
+                    };
+                    if let Err(e) = self.fcc_step(step, &mut sock) {
+                        break format!("joining after FCC failed: {e}");
+                    }
+                },
+                _ = sleep_until(fcc_deadline) => {
+                    let (Some(session), Some(fcc_sock)) = (self.fcc.as_mut(), fcc_sock.as_ref()) else {
+                        continue;
+                    };
+                    let step = session.on_timer(fcc_sock);
+                    if let Err(e) = self.fcc_step(step, &mut sock) {
+                        break format!("joining after FCC failed: {e}");
+                    }
                 },
                 ready = readable(fec_sock.as_ref()) => match ready {
                     Ok(mut guard) => {
@@ -293,7 +377,11 @@ impl Pump {
                         break reason;
                     }
                 }
-                _ = refresh.tick(), if self.settings.refresh.is_some() => self.refresh(sock.get_ref()),
+                _ = refresh.tick(), if self.settings.refresh.is_some() => {
+                    if let Some(sock) = sock.as_ref() {
+                        self.refresh(sock.get_ref());
+                    }
+                }
                 _ = hub.wake.notified() => {
                     if let Some(reason) = self.check_idle(&registry) {
                         break reason;
@@ -301,12 +389,101 @@ impl Pump {
                 }
             }
         };
+        if let (Some(session), Some(fcc_sock)) = (self.fcc.as_mut(), fcc_sock.as_ref()) {
+            session.close(fcc_sock);
+        }
         // The socket drops here, which leaves the group.
         registry.remove(&self.hub);
         tracing::info!(%channel, %reason, "hub left");
     }
 
-    fn drain(&mut self, guard: &mut tokio::io::unix::AsyncFdReadyGuard<'_, Socket>) {
+    /// A datagram on the FCC socket: signalling, or burst media to deliver.
+    fn fcc_datagram(
+        &mut self,
+        fcc_sock: &tokio::net::UdpSocket,
+        d: &[u8],
+        from: std::net::SocketAddr,
+    ) -> Step {
+        let Some(session) = self.fcc.as_mut() else {
+            return Step::Nothing;
+        };
+        let (step, deliver) = session.on_datagram(fcc_sock, d, from);
+        if deliver {
+            self.last_data = Instant::now();
+            self.received_since_tick = true;
+            let m = &self.hub.metrics;
+            m.received_datagrams.inc();
+            m.received_bytes.inc_by(d.len() as u64);
+            classify(
+                &self.hub,
+                d,
+                &mut self.packer,
+                &mut self.reorder,
+                self.fec.as_mut(),
+                &mut self.released,
+            );
+            self.append_released();
+        }
+        step
+    }
+
+    /// Carries out what the FCC session decided: join the multicast, or switch to it.
+    fn fcc_step(&mut self, step: Step, sock: &mut Option<AsyncFd<Socket>>) -> std::io::Result<()> {
+        match step {
+            Step::Nothing => {}
+            Step::Join => {
+                if sock.is_none() {
+                    *sock = Some(open_multicast(&self.hub.key.group, &self.settings)?);
+                }
+            }
+            Step::Switch => self.release_held(),
+        }
+        self.show_fcc();
+        Ok(())
+    }
+
+    /// Copies the FCC session's phase and outcome to the status page, and counts the
+    /// outcome once the session is over.
+    fn show_fcc(&self) {
+        if let Some(session) = self.fcc.as_ref() {
+            let mut status = self.hub.fcc.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = status.as_mut() {
+                let ended = session.phase() == super::fcc::Phase::Done;
+                if ended && s.phase != super::fcc::Phase::Done.name() {
+                    let outcome = super::metrics::FccLabels {
+                        outcome: session.outcome,
+                    };
+                    self.hub.metrics.fcc.get_or_create(&outcome).inc();
+                }
+                s.phase = session.phase().name();
+                s.outcome = session.outcome;
+            }
+        }
+    }
+
+    /// The multicast held while the burst caught up, delivered after it.
+    fn release_held(&mut self) {
+        let Some(session) = self.fcc.as_mut() else {
+            return;
+        };
+        for d in session.take_held() {
+            classify(
+                &self.hub,
+                &d,
+                &mut self.packer,
+                &mut self.reorder,
+                self.fec.as_mut(),
+                &mut self.released,
+            );
+        }
+        self.append_released();
+    }
+
+    fn drain(
+        &mut self,
+        guard: &mut tokio::io::unix::AsyncFdReadyGuard<'_, Socket>,
+        fcc_sock: Option<&tokio::net::UdpSocket>,
+    ) {
         let mut received = false;
         SCRATCH.with_borrow_mut(|scratch| {
             let max = self.settings.max_datagram;
@@ -319,7 +496,7 @@ impl Pump {
                 match guard.try_io(|_| batch.recv(fd)) {
                     Ok(Ok(truncated)) => {
                         self.hub.metrics.malformed.inc_by(truncated);
-                        self.take_batch(batch);
+                        self.take_batch(batch, fcc_sock);
                         received = true;
                     }
                     Ok(Err(e)) => {
@@ -335,14 +512,26 @@ impl Pump {
         }
     }
 
-    /// Strips, packs and reorders the datagrams of one `recvmmsg`.
-    fn take_batch(&mut self, batch: &RecvBatch) {
+    /// Strips, packs and reorders the datagrams of one `recvmmsg` (or holds them while an FCC
+    /// burst catches up with the multicast).
+    fn take_batch(&mut self, batch: &RecvBatch, fcc_sock: Option<&tokio::net::UdpSocket>) {
         self.last_data = Instant::now();
         self.received_since_tick = true;
         let (mut count, mut bytes) = (0u64, 0u64);
         for d in batch.datagrams() {
             count += 1;
             bytes += d.len() as u64;
+            if let (Some(session), Some(fcc_sock)) = (self.fcc.as_mut(), fcc_sock) {
+                match session.on_multicast(fcc_sock, d) {
+                    Multicast::Deliver => {}
+                    Multicast::Held | Multicast::Duplicate => continue,
+                    Multicast::Switched => {
+                        self.release_held();
+                        self.show_fcc();
+                        continue;
+                    }
+                }
+            }
             classify(
                 &self.hub,
                 d,
@@ -508,8 +697,20 @@ impl Pump {
     /// Flush timer: publish small remainders, give up on stuck gaps, enforce timeouts.
     pub(super) fn on_tick(&mut self, registry: &Registry) -> Option<String> {
         let fec_waiting = self.fec.as_ref().is_some_and(FecState::waiting);
-        if !self.received_since_tick && !fec_waiting && self.reorder.held() > 0 {
-            // Nothing arrived for a whole interval (neither media nor FEC that could still
+        self.quiet_ticks = if self.received_since_tick {
+            0
+        } else {
+            self.quiet_ticks.saturating_add(1)
+        };
+        // A FEC channel waits a few ticks more: a sender pausing mid-block would otherwise
+        // make the gap be given up just before the block's parity arrives to fill it.
+        let patience = if self.fec.is_some() {
+            FEC_PATIENCE_TICKS
+        } else {
+            1
+        };
+        if self.quiet_ticks >= patience && !fec_waiting && self.reorder.held() > 0 {
+            // Nothing arrived for long enough (neither media nor FEC that could still
             // repair it): the gap will not fill in time to matter.
             self.reorder.flush(&mut self.released);
             self.append_released();
@@ -590,8 +791,16 @@ fn classify(
     }
     match rtp::parse_rtp(d) {
         Ok(p) => {
+            let payload = &d[p.payload.clone()];
+            if super::fec::is_rs_fec(&p.header, payload) {
+                // Reed-Solomon FEC sent on the media port: never media.
+                if let Some(fec) = fec {
+                    fec.datagram(d, &hub.metrics);
+                }
+                return;
+            }
             if let Some(fec) = fec {
-                fec.media(&p.header, &d[p.payload.clone()]);
+                fec.media(&p.header, payload, d);
             }
             let payload = packer.pack(&d[p.payload]);
             reorder.push(p.header.sequence, payload, released);
@@ -627,6 +836,25 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// A datagram on an optional UDP socket; never ready when there is none.
+async fn recv_from(
+    sock: Option<&tokio::net::UdpSocket>,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, std::net::SocketAddr)> {
+    match sock {
+        Some(s) => s.recv_from(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Readiness of an optional socket; never ready when there is none.

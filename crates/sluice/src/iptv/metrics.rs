@@ -40,6 +40,13 @@ pub struct Metrics {
     pub subscribers: Gauge,
     /// Requests refused by a limit, by no data, or by a bad URL.
     pub refused: Family<RefusedLabels, Counter>,
+    /// Fast channel change sessions ended, by outcome.
+    pub fcc: Family<FccLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct FccLabels {
+    pub outcome: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -67,6 +74,8 @@ pub struct HubMetrics {
     pub fec_recovered: Counter,
     pub fec_unrecoverable: Counter,
     pub subscribers: Gauge,
+    /// The gateway-wide FCC outcome family (not per hub: outcomes are few, channels many).
+    pub fcc: Family<FccLabels, Counter>,
 }
 
 impl Metrics {
@@ -137,12 +146,12 @@ impl Metrics {
             ),
             (
                 "fec_recovered",
-                "Lost RTP packets rebuilt from SMPTE 2022-1 FEC",
+                "Lost RTP packets rebuilt from FEC (SMPTE 2022-1 or Reed-Solomon)",
                 &m.fec_recovered,
             ),
             (
                 "fec_unrecoverable",
-                "FEC packets that found two or more of their packets missing",
+                "FEC packets (2022-1) or lost packets (Reed-Solomon) that could not be repaired",
                 &m.fec_unrecoverable,
             ),
         ];
@@ -169,6 +178,11 @@ impl Metrics {
             "Channel requests refused, by reason",
             m.refused.clone(),
         );
+        r.register(
+            "fcc_sessions",
+            "Fast channel change sessions ended, by outcome",
+            m.fcc.clone(),
+        );
         m
     }
 
@@ -192,6 +206,7 @@ impl Metrics {
             fec_recovered: c(&self.fec_recovered),
             fec_unrecoverable: c(&self.fec_unrecoverable),
             subscribers: self.hub_subscribers.get_or_create(&labels).clone(),
+            fcc: self.fcc.clone(),
             labels,
         }
     }

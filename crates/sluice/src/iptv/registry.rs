@@ -63,6 +63,7 @@ impl Registry {
     pub fn subscribe(
         self: &Arc<Self>,
         key: HubKey,
+        fcc: Option<super::fcc::FccTarget>,
         peer: Option<std::net::SocketAddr>,
     ) -> Result<Subscription, Refusal> {
         let mut table = self.table();
@@ -80,8 +81,11 @@ impl Registry {
                     channel: key.channel(),
                     interface: key.group.interface.clone(),
                 };
+                // FCC only matters to a hub that is starting: an existing one already has
+                // the stream (and its history) for the new subscriber.
                 let hub = Hub::start(
                     key.clone(),
+                    fcc,
                     self.metrics.hub(labels),
                     &self.settings,
                     self.clone(),

@@ -239,7 +239,7 @@ impl Iptv {
             rtsp: Some(RtspKey { target, private }),
         };
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
-        let sub = match self.registry.subscribe(key, peer) {
+        let sub = match self.registry.subscribe(key, None, peer) {
             Ok(sub) => sub,
             Err(Refusal::Join(e))
                 if e.get_ref().is_some_and(|inner| inner.is::<SessionLimit>()) =>

@@ -47,6 +47,9 @@ pub struct HubStatus {
     pub last_rejoin_unix: Option<u64>,
     /// Seconds since then, for people reading the JSON.
     pub last_rejoin_seconds_ago: Option<u64>,
+    /// Fast channel change of a hub started with `?fcc=`: server, type, phase, outcome.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fcc: Option<super::hub::FccStatus>,
     pub clients: Vec<ClientStatus>,
 }
 
@@ -111,6 +114,7 @@ fn hub_status(hub: &Hub) -> HubStatus {
         fec_unrecoverable: m.fec_unrecoverable.get(),
         last_rejoin_unix: last_rejoin,
         last_rejoin_seconds_ago: last_rejoin.map(|t| unix_now().saturating_sub(t)),
+        fcc: hub.fcc.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         clients,
     }
 }

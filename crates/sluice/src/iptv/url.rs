@@ -8,9 +8,14 @@
 //! - source-specific: `/rtp/S@G:P`; a leading `@` with no source is VLC's "any source";
 //! - IPv6: `/rtp/[ff3e::1]:P`, `/rtp/[2001:db8::1]@[ff3e::1]:P`;
 //! - query `iface=NAME` (also `ifname=` from msd_lite and `r2h-ifname=` from rtp2httpd);
-//! - query `fec=PORT` (rtp2httpd's name): SMPTE 2022-1 FEC packets for the same group on PORT.
+//! - query `fec=PORT` (rtp2httpd's name): FEC packets (SMPTE 2022-1 XOR or Reed-Solomon) for
+//!   the same group on PORT;
+//! - query `fcc=IP:PORT` and `fcc-type=telecom|huawei` (rtp2httpd's names; `operator=` is
+//!   tvgate's spelling of the type): the fast channel change server of an IPv4 group.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddrV4};
+
+use sluice_media::fcc::Flavor;
 
 /// Port used when a path names only a group (msd_lite's default).
 pub const DEFAULT_PORT: u16 = 1234;
@@ -34,8 +39,10 @@ pub struct Channel {
     pub source: Option<IpAddr>,
     /// Interface named in the query, if any.
     pub interface: Option<String>,
-    /// Port of the group's SMPTE 2022-1 FEC stream (`?fec=PORT`), if any.
+    /// Port of the group's FEC stream (`?fec=PORT`), if any.
     pub fec: Option<u16>,
+    /// FCC server and dialect (`?fcc=IP:PORT&fcc-type=…`), if any.
+    pub fcc: Option<(SocketAddrV4, Flavor)>,
 }
 
 /// Why a channel URL was refused; the text goes back to the client in the 400 body.
@@ -59,6 +66,12 @@ pub enum UrlError {
     Interface(String),
     #[error("fec={0:?} must be a port number (1-65535) other than the channel's")]
     FecPort(String),
+    #[error("fcc={0:?} must be an IPv4 address and port (IP:PORT)")]
+    FccServer(String),
+    #[error("fcc-type={0:?} must be telecom, zte, fiberhome or huawei")]
+    FccType(String),
+    #[error("fcc= needs an IPv4 multicast group")]
+    FccFamily,
 }
 
 /// Parses a request path and query into a channel.
@@ -89,6 +102,7 @@ pub fn parse_channel(path: &str, query: Option<&str>) -> Result<Channel, UrlErro
         source,
         interface: query.map(interface_param).transpose()?.flatten(),
         fec: query.map(|q| fec_param(q, port)).transpose()?.flatten(),
+        fcc: query.map(|q| fcc_params(q, group)).transpose()?.flatten(),
     })
 }
 
@@ -171,6 +185,36 @@ fn fec_param(query: &str, media_port: u16) -> Result<Option<u16>, UrlError> {
         Ok(p) if p > 0 && p != media_port => Ok(Some(p)),
         _ => Err(UrlError::FecPort(v.chars().take(16).collect())),
     }
+}
+
+/// `fcc=IP:PORT` and its dialect (`fcc-type=`, or tvgate's `operator=`; Telecom by default).
+fn fcc_params(query: &str, group: IpAddr) -> Result<Option<(SocketAddrV4, Flavor)>, UrlError> {
+    let param = |name: &str| {
+        query.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            (k == name).then(|| {
+                percent_encoding::percent_decode_str(v)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+        })
+    };
+    let Some(server) = param("fcc").filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let short = |v: &str| v.chars().take(32).collect::<String>();
+    let server = match server.parse::<SocketAddrV4>() {
+        Ok(s) if s.port() != 0 && !s.ip().is_unspecified() && !s.ip().is_multicast() => s,
+        _ => return Err(UrlError::FccServer(short(&server))),
+    };
+    if !group.is_ipv4() {
+        return Err(UrlError::FccFamily);
+    }
+    let flavor = match param("fcc-type").or_else(|| param("operator")) {
+        None => Flavor::Telecom,
+        Some(t) => Flavor::parse(&t).ok_or_else(|| UrlError::FccType(short(&t)))?,
+    };
+    Ok(Some((server, flavor)))
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ fn setsockopt<T>(sock: &Socket, level: i32, name: i32, value: &T) -> io::Result<
 
 /// A burst of 4K video outruns the default 208 KiB buffer within milliseconds of a stall, so
 /// ask for more; `SO_RCVBUFFORCE` ignores `rmem_max` when running as root.
-fn set_recv_buffer(sock: &Socket, bytes: usize) {
+pub fn set_recv_buffer(sock: &Socket, bytes: usize) {
     let want = i32::try_from(bytes).unwrap_or(i32::MAX);
     if setsockopt(sock, libc::SOL_SOCKET, SO_RCVBUFFORCE, &want).is_err() {
         let _ = sock.set_recv_buffer_size(bytes);

@@ -1,10 +1,13 @@
-//! The L4 relay: bytes both ways between two sockets until both sides are done. Plain TCP goes
-//! through `splice(2)` and a pipe per direction (the kernel moves page references; user space never
-//! sees the bytes), pipes reused from a pool; anything else (TLS-terminated) takes a buffered copy.
+//! The L4 relay: bytes both ways between two sockets until both sides are done. Plain TCP copies
+//! small messages through a stack buffer and moves bulk transfers with `splice(2)` through a pipe
+//! (the kernel moves page references; user space never sees the bytes), pipes reused from a pool;
+//! anything else (TLS-terminated) takes a buffered copy.
 //! A FIN is passed on as `shutdown(Write)` while the other direction keeps flowing; a reset is
 //! reported so the caller can reset the other side (SO_LINGER 0) instead of closing it politely.
 
+use std::cell::Cell;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -57,6 +60,10 @@ const BIG_PIPE: usize = 1024 * 1024;
 const MAX_BIG_PIPES: usize = 32;
 /// Buffer per direction of the buffered copy.
 const COPY_BUF: usize = 64 * 1024;
+/// The stack buffer a plain TCP direction copies through while its messages are small. A read
+/// that fills it marks a bulk transfer, which moves to splice: below this size two copies cost
+/// less than the four calls (two splices, their pipe bookkeeping) a spliced chunk takes.
+const COPY_CHUNK: usize = 16 * 1024;
 
 // === impl PipePool ===
 
@@ -198,21 +205,35 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
     }
 }
 
-/// Relays between two plain TCP sockets with splice until both directions have ended.
-/// `on_bytes` is called after every chunk (metrics, idle tracking).
-pub async fn splice_both(
+/// Relays between two plain TCP sockets until both directions have ended, each direction
+/// adapting to its traffic (see `relay_one`). `on_bytes` is called after every chunk (metrics,
+/// idle tracking).
+pub async fn relay_tcp(
     downstream: &TcpStream,
     upstream: &TcpStream,
     pool: &PipePool,
     on_bytes: &(dyn Fn(Direction, usize) + Sync),
 ) -> Result<Totals, RelayError> {
-    let up = splice_one(downstream, upstream, Direction::Up, pool, on_bytes);
-    let down = splice_one(upstream, downstream, Direction::Down, pool, on_bytes);
+    let up = relay_one(downstream, upstream, Direction::Up, pool, on_bytes);
+    let down = relay_one(upstream, downstream, Direction::Down, pool, on_bytes);
     let (up, down) = tokio::try_join!(up, down)?;
     Ok(Totals { up, down })
 }
 
-async fn splice_one(
+/// How one direction currently moves its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `read` into a stack buffer, `write` out: two cheap syscalls per message, and a short read
+    /// proves the socket drained, so no third call ends in `EAGAIN`.
+    Copy,
+    /// socket → pipe → socket: no user-space copy, worth it once chunks are large.
+    Splice,
+}
+
+/// One direction: starts copying, switches to splice when a read fills the whole copy buffer
+/// (a bulk transfer), and back to copying when a burst starts with less than that (small
+/// messages again, e.g. the next request on a keep-alive connection).
+async fn relay_one(
     src: &TcpStream,
     dst: &TcpStream,
     dir: Direction,
@@ -220,67 +241,207 @@ async fn splice_one(
     on_bytes: &(dyn Fn(Direction, usize) + Sync),
 ) -> Result<u64, RelayError> {
     let (src_side, dst_side) = sides(dir);
-    let mut pipe = Held {
-        pipe: Some(pool.take().map_err(|e| RelayError::Io(src_side, e))?),
-        pool,
-    };
+    let mut pipe = Held { pipe: None, pool };
+    let mut mode = Mode::Copy;
+    // Cleared when the pool cannot make a pipe (descriptor limit): this direction then copies to
+    // its end, which costs CPU but keeps the connection.
+    let mut may_splice = true;
+    // Bytes a write could not take yet; empty (unallocated) unless the destination is slow.
+    let mut rest = Vec::new();
     let mut total = 0u64;
     loop {
-        let p = pipe.get();
-        let chunk = p.capacity;
-        // Fill: socket → pipe. The pipe is empty here, so EAGAIN can only mean the socket has
-        // nothing, and clearing its read readiness is right.
-        let n = loop {
-            src.readable().await.map_err(|e| classify(src_side, e))?;
-            match src.try_io(Interest::READABLE, || {
-                splice(src.as_raw_fd(), p.write.as_raw_fd(), chunk)
-            }) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(classify(src_side, e)),
+        let n = match mode {
+            Mode::Copy => {
+                let n = copy_chunk(src, dst, &mut rest, src_side, dst_side).await?;
+                if n == COPY_CHUNK && may_splice {
+                    mode = Mode::Splice;
+                }
+                n
+            }
+            Mode::Splice => {
+                let p = match pipe.get_or_take() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no pipe for a bulk transfer, copying it");
+                        may_splice = false;
+                        mode = Mode::Copy;
+                        continue;
+                    }
+                };
+                let (n, fresh) = splice_chunk(src, dst, p, src_side, dst_side).await?;
+                if n == SMALL_PIPE {
+                    // A full small pipe: this direction carries a bulk transfer, worth a bigger pipe.
+                    pipe.grow();
+                } else if fresh && n > 0 && n < COPY_CHUNK {
+                    // A burst that starts small: back to copying; the pipe is empty, so pooled.
+                    mode = Mode::Copy;
+                    pipe.release();
+                }
+                n
             }
         };
         if n == 0 {
-            // FIN from src: pass it on, keep the other direction going.
+            // FIN from src (nothing is buffered: every chunk is written before the next read):
+            // pass it on, keep the other direction going.
             pipe.release();
             let _ = SockRef::from(dst).shutdown(std::net::Shutdown::Write);
             return Ok(total);
         }
-        // Drain: pipe → socket, all of it before reading again (so EAGAIN is the socket's).
-        let mut in_pipe = n;
-        while in_pipe > 0 {
-            dst.writable().await.map_err(|e| classify(dst_side, e))?;
-            match dst.try_io(Interest::WRITABLE, || {
-                splice(p.read.as_raw_fd(), dst.as_raw_fd(), in_pipe)
-            }) {
-                Ok(m) => in_pipe -= m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(classify(dst_side, e)),
-            }
-        }
         total += n as u64;
         on_bytes(dir, n);
-        if n == SMALL_PIPE {
-            // A full small pipe: this direction carries a bulk transfer, worth a bigger pipe.
-            pool.grow(pipe.get_mut());
-        }
     }
 }
 
-/// A pipe taken from the pool: returned by `release` once known empty, otherwise closed (and
-/// its share of the big-pipe budget given back) when dropped.
+/// What one read-then-write attempt did.
+enum Copied {
+    /// The source had nothing (its readiness is cleared).
+    Nothing,
+    /// End of stream.
+    Eof,
+    /// Bytes read; all written, or the unwritten tail left in `rest`.
+    Moved(usize),
+}
+
+/// Waits for the source, reads once and writes it all; returns the bytes moved (0: FIN).
+async fn copy_chunk(
+    src: &TcpStream,
+    dst: &TcpStream,
+    rest: &mut Vec<u8>,
+    src_side: Side,
+    dst_side: Side,
+) -> Result<usize, RelayError> {
+    let n = loop {
+        src.readable().await.map_err(|e| classify(src_side, e))?;
+        match copy_now(src, dst, rest) {
+            Ok(Copied::Nothing) => continue,
+            Ok(Copied::Eof) => return Ok(0),
+            Ok(Copied::Moved(n)) => break n,
+            Err(Failed::Read(e)) => return Err(classify(src_side, e)),
+            Err(Failed::Write(e)) => return Err(classify(dst_side, e)),
+        }
+    };
+    while !rest.is_empty() {
+        dst.writable().await.map_err(|e| classify(dst_side, e))?;
+        match dst.try_write(&rest[..]) {
+            Ok(m) => {
+                rest.drain(..m);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(classify(dst_side, e)),
+        }
+    }
+    // Give the memory back: a slow destination is the exception, not the steady state.
+    *rest = Vec::new();
+    Ok(n)
+}
+
+/// Which half of a read-then-write failed.
+enum Failed {
+    Read(io::Error),
+    Write(io::Error),
+}
+
+/// The synchronous part of `copy_chunk`: the bytes live on the stack, so an idle connection
+/// holds no copy buffer.
+fn copy_now(src: &TcpStream, dst: &TcpStream, rest: &mut Vec<u8>) -> Result<Copied, Failed> {
+    let mut buf = [MaybeUninit::<u8>::uninit(); COPY_CHUNK];
+    let got = Cell::new(None);
+    let read = src.try_io(Interest::READABLE, || {
+        // SAFETY: `buf` is a live, writable buffer of `COPY_CHUNK` bytes; read(2) writes at most
+        // that many and reports how many it wrote.
+        let n = unsafe { libc::read(src.as_raw_fd(), buf.as_mut_ptr().cast(), COPY_CHUNK) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        if n > 0 && n < COPY_CHUNK {
+            // A short read from a stream socket means its receive queue is empty now (new data
+            // raises a fresh edge), so report "would block" to clear the readiness tokio caches:
+            // the next read then waits instead of spending a syscall on EAGAIN. The count
+            // travels beside the error. tokio's own `AsyncRead` does the same on epoll.
+            got.set(Some(n));
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    let n = match (read, got.get()) {
+        (_, Some(n)) => n,
+        (Ok(0), None) => return Ok(Copied::Eof),
+        (Ok(n), None) => n,
+        (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Copied::Nothing),
+        (Err(e), None) => return Err(Failed::Read(e)),
+    };
+    // SAFETY: read(2) initialised the first `n` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+    let written = match dst.try_write(bytes) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(Failed::Write(e)),
+    };
+    rest.extend_from_slice(&bytes[written..]);
+    Ok(Copied::Moved(n))
+}
+
+/// Fills the pipe from `src` once and drains it into `dst`; returns the bytes moved (0: FIN)
+/// and whether the fill had to wait for the source first (the start of a new burst).
+async fn splice_chunk(
+    src: &TcpStream,
+    dst: &TcpStream,
+    p: &Pipe,
+    src_side: Side,
+    dst_side: Side,
+) -> Result<(usize, bool), RelayError> {
+    let chunk = p.capacity;
+    let mut fresh = false;
+    // Fill: socket → pipe. The pipe is empty here, so EAGAIN can only mean the socket has
+    // nothing, and clearing its read readiness is right. A short splice proves nothing (the
+    // pipe may have run out of slots), so unlike a read it does not clear readiness.
+    let n = loop {
+        src.readable().await.map_err(|e| classify(src_side, e))?;
+        match src.try_io(Interest::READABLE, || {
+            splice(src.as_raw_fd(), p.write.as_raw_fd(), chunk)
+        }) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => fresh = true,
+            Err(e) => return Err(classify(src_side, e)),
+        }
+    };
+    // Drain: pipe → socket, all of it before reading again (so EAGAIN is the socket's).
+    let mut in_pipe = n;
+    while in_pipe > 0 {
+        dst.writable().await.map_err(|e| classify(dst_side, e))?;
+        match dst.try_io(Interest::WRITABLE, || {
+            splice(p.read.as_raw_fd(), dst.as_raw_fd(), in_pipe)
+        }) {
+            Ok(m) => in_pipe -= m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(classify(dst_side, e)),
+        }
+    }
+    Ok((n, fresh))
+}
+
+/// A pipe taken from the pool (only once a direction splices): returned by `release` once known
+/// empty, otherwise closed (and its share of the big-pipe budget given back) when dropped.
 struct Held<'a> {
     pipe: Option<Pipe>,
     pool: &'a PipePool,
 }
 
 impl Held<'_> {
-    fn get(&self) -> &Pipe {
-        self.pipe.as_ref().expect("pipe held until released")
+    /// The held pipe, taken from the pool on first use.
+    fn get_or_take(&mut self) -> io::Result<&Pipe> {
+        if self.pipe.is_none() {
+            self.pipe = Some(self.pool.take()?);
+        }
+        Ok(self.pipe.as_ref().expect("just taken"))
     }
 
-    fn get_mut(&mut self) -> &mut Pipe {
-        self.pipe.as_mut().expect("pipe held until released")
+    /// Grows the held pipe for a bulk transfer (within the pool's budget).
+    fn grow(&mut self) {
+        if let Some(pipe) = self.pipe.as_mut() {
+            self.pool.grow(pipe);
+        }
     }
 
     fn release(&mut self) {
@@ -412,5 +573,100 @@ mod tests {
             pool.give(p);
         }
         assert_eq!(pool.big(), grown - usize::from(was_big));
+    }
+
+    /// Two connected sockets on loopback: (the side a test drives, the side the relay owns).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (outer, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (outer.unwrap(), accepted.unwrap().0)
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn small_bulk_small_on_one_connection_keeps_every_byte() {
+        let (mut client, down) = pair().await;
+        let (up, mut server) = pair().await;
+        // The server echoes until the client's FIN, then closes its side.
+        let echo = tokio::spawn(async move {
+            let (mut r, mut w) = server.split();
+            tokio::io::copy(&mut r, &mut w).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let pool = PipePool::new(4);
+        let relay = tokio::spawn(async move {
+            let pool = pool;
+            let totals = relay_tcp(&down, &up, &pool, &|_, _| {}).await.unwrap();
+            (totals, pool.idle())
+        });
+        // Copy mode, then a bulk message (splice, the pipe grows), then small ones again on the
+        // same connection, as a keep-alive client would send them.
+        let sizes = [13usize, 3 * 1024 * 1024 + 7, 100, COPY_CHUNK, 65_536, 5, 1];
+        let mut sent = 0u64;
+        let (mut cr, mut cw) = client.split();
+        for (k, &n) in sizes.iter().enumerate() {
+            let msg = pattern(n, k as u8);
+            let mut back = vec![0u8; n];
+            let (w, r) = tokio::join!(cw.write_all(&msg), cr.read_exact(&mut back));
+            w.unwrap();
+            r.unwrap();
+            assert!(back == msg, "message {k} ({n} bytes) came back different");
+            sent += n as u64;
+        }
+        cw.shutdown().await.unwrap();
+        let mut tail = Vec::new();
+        cr.read_to_end(&mut tail).await.unwrap();
+        assert!(tail.is_empty());
+        echo.await.unwrap();
+        let (totals, idle) = relay.await.unwrap();
+        assert_eq!(
+            totals,
+            Totals {
+                up: sent,
+                down: sent
+            }
+        );
+        // The bulk message was spliced, and every pipe came back to the pool empty.
+        assert!((1..=2).contains(&idle), "{idle} pipes pooled");
+    }
+
+    #[tokio::test]
+    async fn copy_keeps_what_a_full_destination_cannot_take_yet() {
+        let (mut client, src) = pair().await;
+        let (dst, mut sink) = pair().await;
+        // Fill the destination until the kernel refuses more.
+        let filler = vec![0xAAu8; 64 * 1024];
+        let mut queued = 0usize;
+        loop {
+            match dst.try_write(&filler) {
+                Ok(n) => queued += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let msg = pattern(1000, 7);
+        client.write_all(&msg).await.unwrap();
+        // The sink starts reading only later, so the copy must hold the 1000 bytes meanwhile.
+        let drain = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let mut got = vec![0u8; queued + 1000];
+            sink.read_exact(&mut got).await.unwrap();
+            got
+        });
+        let mut rest = Vec::new();
+        let n = copy_chunk(&src, &dst, &mut rest, Side::Downstream, Side::Upstream)
+            .await
+            .unwrap();
+        assert_eq!(n, 1000);
+        assert!(rest.is_empty() && rest.capacity() == 0);
+        let got = drain.await.unwrap();
+        assert!(got[..queued].iter().all(|&b| b == 0xAA));
+        assert_eq!(&got[queued..], &msg[..]);
     }
 }

@@ -81,3 +81,50 @@ fn fec_port_is_parsed_and_checked() {
         );
     }
 }
+
+#[test]
+fn fcc_server_and_type() {
+    let c = ok(
+        "/rtp/239.3.1.1:8000",
+        Some("fcc=10.255.14.152:15970&iface=lo"),
+    );
+    assert_eq!(
+        c.fcc,
+        Some(("10.255.14.152:15970".parse().unwrap(), Flavor::Telecom))
+    );
+    let c = ok(
+        "/rtp/239.3.1.1:8000",
+        Some("fcc=10.0.0.1:8027&fcc-type=huawei"),
+    );
+    assert_eq!(c.fcc.map(|f| f.1), Some(Flavor::Huawei));
+    let c = ok(
+        "/rtp/239.3.1.1:8000",
+        Some("fcc=10.0.0.1%3A8027&operator=Huawei"),
+    );
+    assert_eq!(c.fcc.map(|f| f.1), Some(Flavor::Huawei));
+    assert_eq!(ok("/rtp/239.3.1.1:8000", Some("fcc=")).fcc, None);
+    let refused = [
+        ("fcc=10.0.0.1", UrlError::FccServer("10.0.0.1".into())),
+        ("fcc=10.0.0.1:0", UrlError::FccServer("10.0.0.1:0".into())),
+        (
+            "fcc=239.1.1.1:80",
+            UrlError::FccServer("239.1.1.1:80".into()),
+        ),
+        ("fcc=host:80", UrlError::FccServer("host:80".into())),
+        (
+            "fcc=10.0.0.1:80&fcc-type=nokia",
+            UrlError::FccType("nokia".into()),
+        ),
+    ];
+    for (q, want) in refused {
+        assert_eq!(
+            parse_channel("/rtp/239.3.1.1:8000", Some(q)),
+            Err(want),
+            "{q}"
+        );
+    }
+    assert_eq!(
+        parse_channel("/rtp/[ff3e::1]:8000", Some("fcc=10.0.0.1:80")),
+        Err(UrlError::FccFamily)
+    );
+}

@@ -1,0 +1,533 @@
+//! A hub's fast channel change (`?fcc=IP:port&fcc-type=…`): the signalling socket, the unicast
+//! burst that starts the channel from the server's last keyframe, and the switch to the
+//! multicast at the sequence number where the two meet.
+//!
+//! The hub, not each viewer, runs FCC: the first viewer of a channel gets the burst at once,
+//! and later viewers start from the hub's history as usual. The session goes
+//! `Requested → Waiting → Unicast → Switching → Done`:
+//! - the request is sent (three times, as set-top boxes do); no answer, or no burst after an
+//!   answer, within [`SIGNAL_TIMEOUT`] (80 ms) means plain multicast at once;
+//! - the burst's RTP packets are the channel's own (same sequence numbers), so they go
+//!   through the reorder window like multicast ones;
+//! - the server's sync (or [`SYNC_TIMEOUT`] of burst without one) joins the multicast; its
+//!   datagrams are held, the first one's sequence number is sent as the termination, and when
+//!   the burst reaches the packet before it the held ones follow: no gap, no duplicate;
+//! - the two streams race, so every ordering is expected: a multicast already at or behind the
+//!   burst switches at once, and what it repeats of the burst is dropped (held or live); a
+//!   burst that runs past the meeting point switches at once and the rest of it is ignored;
+//! - a termination lost on the wire shows as a burst that keeps coming after the switch: it is
+//!   sent again every [`TERMINATE_RESEND`], at most [`MAX_TERMINATE_RESENDS`] times;
+//! - a burst silent for [`UNICAST_TIMEOUT`] ends the session (the held multicast, or a fresh
+//!   join, takes over); a hub that ends mid-burst sends a forced termination.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use sluice_media::fcc::{self, Action, Flavor, ServerMessage};
+use sluice_media::rtp;
+use tokio::net::UdpSocket;
+use tokio::time::Instant;
+
+/// No answer to the request, or no burst after the answer: give up on FCC (rtp2httpd's value).
+pub const SIGNAL_TIMEOUT: Duration = Duration::from_millis(80);
+/// A burst that stops for this long is over.
+pub const UNICAST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Join the multicast after this much burst even if the server never says so.
+pub const SYNC_TIMEOUT: Duration = Duration::from_secs(15);
+/// Redirects followed before giving up on FCC.
+pub const MAX_REDIRECTS: u8 = 5;
+/// Multicast datagrams held while the burst catches up (about 3 s at 40 Mb/s); beyond it the
+/// switch happens at once, gap or not.
+pub const MAX_HELD: usize = 12_000;
+/// A burst still arriving this long after the termination means the server did not hear it.
+pub const TERMINATE_RESEND: Duration = Duration::from_millis(100);
+/// Termination re-sends (three copies each) before the gateway stops asking.
+pub const MAX_TERMINATE_RESENDS: u8 = 5;
+
+/// Where to ask for a burst, and in which dialect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FccTarget {
+    pub server: SocketAddrV4,
+    pub flavor: Flavor,
+}
+
+/// Where the session stands; shown on the status page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Request sent, no answer yet.
+    Requested,
+    /// Accepted, waiting for the first burst packet.
+    Waiting,
+    /// Burst flowing.
+    Unicast,
+    /// Multicast joined and held until the burst meets it.
+    Switching,
+    /// On multicast (switched, refused, or fell back).
+    Done,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Requested => "requested",
+            Phase::Waiting => "waiting",
+            Phase::Unicast => "unicast",
+            Phase::Switching => "switching",
+            Phase::Done => "multicast",
+        }
+    }
+}
+
+/// What the hub must do after the session saw something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Nothing,
+    /// Join the multicast now (and feed what it receives to [`FccSession::hold`] while the
+    /// session is switching).
+    Join,
+    /// The burst met the multicast: feed the held datagrams, then the multicast directly.
+    Switch,
+}
+
+/// What the hub does with one multicast datagram while the session exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Multicast {
+    /// Deliver it as usual.
+    Deliver,
+    /// Held until the burst meets the multicast.
+    Held,
+    /// This one met the burst: deliver the held datagrams ([`FccSession::take_held`]).
+    Switched,
+    /// The burst already delivered this sequence number.
+    Duplicate,
+}
+
+/// One hub's FCC session.
+#[derive(Debug)]
+pub struct FccSession {
+    flavor: Flavor,
+    group: SocketAddrV4,
+    /// Where signalling goes now (after redirects and port changes).
+    server: SocketAddrV4,
+    /// Where the last request went: only its answer counts (a redirecting server answers
+    /// each of the three copies).
+    asked: SocketAddrV4,
+    /// Addresses the burst may come from.
+    peers: Vec<Ipv4Addr>,
+    phase: Phase,
+    since: Instant,
+    last_unicast: Instant,
+    unicast_started: Option<Instant>,
+    redirects: u8,
+    /// The first multicast sequence number held: where the burst must stop.
+    meet: Option<u16>,
+    /// The last burst packet delivered.
+    last_seq: Option<u16>,
+    /// After the switch: multicast up to this sequence number repeats the burst.
+    overlap_until: Option<u16>,
+    held: Vec<Vec<u8>>,
+    /// The termination sent (kept for re-sends), when, and how often it was sent again.
+    termination: Option<Vec<u8>>,
+    terminated_at: Instant,
+    resends: u8,
+    /// Why the session ended, for the log and status page.
+    pub outcome: &'static str,
+}
+
+/// Opens the signalling socket (which also receives the burst, so it gets the multicast's
+/// `recv_buffer`) and sends the request. Must run inside a tokio runtime.
+pub fn start(
+    target: FccTarget,
+    group: SocketAddrV4,
+    recv_buffer: usize,
+) -> std::io::Result<(FccSession, UdpSocket)> {
+    let raw = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    crate::net::multicast::set_recv_buffer(&raw, recv_buffer);
+    raw.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+    raw.set_nonblocking(true)?;
+    let sock = UdpSocket::from_std(raw.into())?;
+    let now = Instant::now();
+    let mut session = FccSession {
+        flavor: target.flavor,
+        group,
+        server: target.server,
+        asked: target.server,
+        peers: vec![*target.server.ip()],
+        phase: Phase::Requested,
+        since: now,
+        last_unicast: now,
+        unicast_started: None,
+        redirects: 0,
+        meet: None,
+        last_seq: None,
+        overlap_until: None,
+        held: Vec::new(),
+        termination: None,
+        terminated_at: now,
+        resends: 0,
+        outcome: "in progress",
+    };
+    session.send_request(&sock)?;
+    Ok((session, sock))
+}
+
+impl FccSession {
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// A multicast datagram: held while switching, dropped when it repeats the burst.
+    pub fn on_multicast(&mut self, sock: &UdpSocket, d: &[u8]) -> Multicast {
+        match self.phase {
+            Phase::Switching => match self.hold(sock, d) {
+                Step::Switch => Multicast::Switched,
+                _ => Multicast::Held,
+            },
+            Phase::Done => {
+                if self.repeats_burst(d) {
+                    Multicast::Duplicate
+                } else {
+                    Multicast::Deliver
+                }
+            }
+            _ => Multicast::Deliver,
+        }
+    }
+
+    /// Whether `d` is a multicast datagram the burst already delivered. The first one past the
+    /// burst ends the check, so a later sequence wrap cannot look like an old packet.
+    fn repeats_burst(&mut self, d: &[u8]) -> bool {
+        let Some(end) = self.overlap_until else {
+            return false;
+        };
+        let repeat =
+            rtp::parse_rtp(d).is_ok_and(|p| (p.header.sequence.wrapping_sub(end) as i16) <= 0);
+        if !repeat {
+            self.overlap_until = None;
+        }
+        repeat
+    }
+
+    /// When [`FccSession::on_timer`] must run next; `None` once done.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Requested | Phase::Waiting => Some(self.since + SIGNAL_TIMEOUT),
+            Phase::Unicast => {
+                let sync = self.unicast_started.map(|t| t + SYNC_TIMEOUT);
+                let quiet = self.last_unicast + UNICAST_TIMEOUT;
+                Some(sync.map_or(quiet, |s| s.min(quiet)))
+            }
+            Phase::Switching => Some(self.last_unicast + UNICAST_TIMEOUT),
+            Phase::Done => None,
+        }
+    }
+
+    fn set(&mut self, phase: Phase) {
+        tracing::debug!(group = %self.group, from = self.phase.name(), to = phase.name(), "FCC");
+        self.phase = phase;
+        self.since = Instant::now();
+    }
+
+    /// Gives up on FCC: forced termination, plain multicast.
+    fn fall_back(&mut self, sock: &UdpSocket, why: &'static str) -> Step {
+        self.terminate(sock, None);
+        self.outcome = why;
+        tracing::info!(group = %self.group, server = %self.server, reason = why, "FCC: plain multicast");
+        let was_switching = self.phase == Phase::Switching;
+        self.overlap_until = self.last_seq;
+        self.set(Phase::Done);
+        if was_switching {
+            // Already joined: what is held goes out as it is.
+            Step::Switch
+        } else {
+            Step::Join
+        }
+    }
+
+    /// Timeouts: a silent server, a stalled burst, a sync that never comes.
+    pub fn on_timer(&mut self, sock: &UdpSocket) -> Step {
+        let now = Instant::now();
+        match self.phase {
+            Phase::Requested | Phase::Waiting if now >= self.since + SIGNAL_TIMEOUT => {
+                let why = if self.phase == Phase::Requested {
+                    "no answer within 80 ms"
+                } else {
+                    "no burst within 80 ms of the answer"
+                };
+                self.fall_back(sock, why)
+            }
+            Phase::Unicast if now >= self.last_unicast + UNICAST_TIMEOUT => {
+                self.fall_back(sock, "burst stopped before the sync")
+            }
+            Phase::Unicast
+                if self
+                    .unicast_started
+                    .is_some_and(|t| now >= t + SYNC_TIMEOUT) =>
+            {
+                self.set(Phase::Switching);
+                Step::Join
+            }
+            Phase::Switching if now >= self.last_unicast + UNICAST_TIMEOUT => {
+                self.fall_back(sock, "burst stopped before meeting the multicast")
+            }
+            _ => Step::Nothing,
+        }
+    }
+
+    /// A datagram on the signalling socket. Returns the step, and whether `d` is burst media
+    /// the hub must deliver.
+    pub fn on_datagram(&mut self, sock: &UdpSocket, d: &[u8], from: SocketAddr) -> (Step, bool) {
+        let SocketAddr::V4(from) = from else {
+            return (Step::Nothing, false);
+        };
+        if !self.peers.contains(from.ip()) {
+            return (Step::Nothing, false);
+        }
+        if fcc::is_feedback(d) {
+            return (self.on_signal(sock, d, from), false);
+        }
+        if rtp::parse_rtp(d).is_err() {
+            return (Step::Nothing, false);
+        }
+        self.on_unicast(sock, d)
+    }
+
+    fn on_signal(&mut self, sock: &UdpSocket, d: &[u8], from: SocketAddrV4) -> Step {
+        match fcc::parse_server(self.flavor, d) {
+            // A sync overtaking the answer still means the server has the request.
+            Ok(ServerMessage::Sync) => match self.phase {
+                Phase::Requested | Phase::Waiting | Phase::Unicast => {
+                    self.set(Phase::Switching);
+                    Step::Join
+                }
+                _ => Step::Nothing,
+            },
+            Ok(ServerMessage::Response(r))
+                if self.phase == Phase::Requested && from == self.asked =>
+            {
+                if !r.accepted(self.flavor) {
+                    return self.fall_back(sock, "server refused");
+                }
+                if let Some(ip) = r.server {
+                    if !self.peers.contains(&ip) {
+                        self.peers.push(ip);
+                    }
+                }
+                match r.action {
+                    Some(Action::Unicast) => {
+                        self.accept(sock, &r);
+                        Step::Nothing
+                    }
+                    Some(Action::Redirect) => self.redirect(sock, &r),
+                    _ => self.fall_back(sock, "server says join the multicast"),
+                }
+            }
+            Ok(ServerMessage::Response(_)) => Step::Nothing,
+            Err(e) => {
+                tracing::debug!(error = %e, "FCC: unusable signalling packet");
+                Step::Nothing
+            }
+        }
+    }
+
+    fn accept(&mut self, sock: &UdpSocket, r: &fcc::Response) {
+        let server_ip = r.server.unwrap_or(*self.server.ip());
+        match self.flavor {
+            Flavor::Telecom => {
+                if let Some(port) = r.signal_port {
+                    self.server.set_port(port);
+                }
+                self.server.set_ip(server_ip);
+                // Open the way back through a NAT to both ports, as set-top boxes do.
+                if let Some(port) = r.media_port {
+                    let _ = send(sock, &[], SocketAddrV4::new(server_ip, port));
+                }
+                let _ = send(sock, &[], self.server);
+            }
+            Flavor::Huawei => {
+                if r.nat_probe && r.session != 0 {
+                    let port = r.media_port.unwrap_or(self.server.port());
+                    let probe = fcc::nat_probe(r.session);
+                    let _ = send(sock, &probe, SocketAddrV4::new(server_ip, port));
+                }
+            }
+        }
+        self.set(Phase::Waiting);
+    }
+
+    fn redirect(&mut self, sock: &UdpSocket, r: &fcc::Response) -> Step {
+        self.redirects += 1;
+        if self.redirects > MAX_REDIRECTS {
+            return self.fall_back(sock, "too many redirects");
+        }
+        if let Some(ip) = r.server {
+            self.server.set_ip(ip);
+        }
+        if let Some(port) = r.signal_port {
+            self.server.set_port(port);
+        }
+        tracing::debug!(group = %self.group, server = %self.server, "FCC redirect");
+        if self.send_request(sock).is_err() {
+            return self.fall_back(sock, "request to the redirect target failed");
+        }
+        self.set(Phase::Requested);
+        Step::Nothing
+    }
+
+    fn on_unicast(&mut self, sock: &UdpSocket, d: &[u8]) -> (Step, bool) {
+        match self.phase {
+            Phase::Requested | Phase::Waiting | Phase::Unicast => {
+                if self.phase != Phase::Unicast {
+                    // Some servers start the burst before (or without) their answer.
+                    self.set(Phase::Unicast);
+                    self.unicast_started = Some(Instant::now());
+                }
+                self.last_unicast = Instant::now();
+                self.last_seq = Some(seq_of(d));
+                (Step::Nothing, true)
+            }
+            Phase::Switching => {
+                self.last_unicast = Instant::now();
+                let seq = seq_of(d);
+                match self.meet {
+                    // Past the meeting point: the held multicast has it.
+                    Some(meet) if (seq.wrapping_sub(meet) as i16) >= 0 => {
+                        (self.switch("switched at the meeting point"), false)
+                    }
+                    Some(meet) if seq.wrapping_add(1) == meet => {
+                        self.last_seq = Some(seq);
+                        (self.switch("switched at the meeting point"), true)
+                    }
+                    _ => {
+                        self.last_seq = Some(seq);
+                        (Step::Nothing, true)
+                    }
+                }
+            }
+            Phase::Done => {
+                self.resend_termination(sock);
+                (Step::Nothing, false)
+            }
+        }
+    }
+
+    /// The burst goes on after the switch: the server may not have heard the termination.
+    fn resend_termination(&mut self, sock: &UdpSocket) {
+        let Some(packet) = self.termination.as_ref() else {
+            return;
+        };
+        let now = Instant::now();
+        if self.resends >= MAX_TERMINATE_RESENDS || now < self.terminated_at + TERMINATE_RESEND {
+            return;
+        }
+        self.resends += 1;
+        self.terminated_at = now;
+        tracing::debug!(group = %self.group, resends = self.resends, "FCC: burst after the termination, sending it again");
+        if let Err(e) = send_thrice(sock, packet, self.server) {
+            tracing::debug!(error = %e, "FCC: termination not sent");
+        }
+    }
+
+    fn switch(&mut self, why: &'static str) -> Step {
+        self.outcome = why;
+        self.overlap_until = self.last_seq;
+        tracing::debug!(group = %self.group, meet = ?self.meet, held = self.held.len(), "FCC: switched to multicast");
+        self.set(Phase::Done);
+        Step::Switch
+    }
+
+    /// A multicast datagram while switching: held; the first one names the meeting point.
+    fn hold(&mut self, sock: &UdpSocket, d: &[u8]) -> Step {
+        let Ok(p) = rtp::parse_rtp(d) else {
+            // Bare TS has no sequence number to meet at.
+            self.held.push(d.to_vec());
+            return self.fall_back(sock, "multicast is not RTP");
+        };
+        self.held.push(d.to_vec());
+        if self.meet.is_none() {
+            let meet = p.header.sequence;
+            self.meet = Some(meet);
+            self.terminate(sock, Some(meet));
+            // The burst may already have reached (or passed) the multicast's first packet:
+            // switch now; what the multicast repeats is dropped on the way out.
+            let reached = self
+                .last_seq
+                .is_some_and(|last| (last.wrapping_add(1).wrapping_sub(meet) as i16) >= 0);
+            if reached {
+                return self.switch("switched at the meeting point");
+            }
+        }
+        if self.held.len() >= MAX_HELD {
+            return self.fall_back(sock, "burst too slow to meet the multicast");
+        }
+        Step::Nothing
+    }
+
+    /// The held multicast datagrams, oldest first, without those the burst already delivered.
+    pub fn take_held(&mut self) -> Vec<Vec<u8>> {
+        let mut held = std::mem::take(&mut self.held);
+        held.retain(|d| !self.repeats_burst(d));
+        held
+    }
+
+    fn send_request(&mut self, sock: &UdpSocket) -> std::io::Result<()> {
+        self.asked = self.server;
+        let port = sock.local_addr()?.port();
+        let local = local_ip_towards(self.server).unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let packet = fcc::request(self.flavor, self.group, port, local);
+        send_thrice(sock, &packet, self.server)
+    }
+
+    /// Sends the termination once: the meeting point, or a forced stop.
+    fn terminate(&mut self, sock: &UdpSocket, first_multicast_seq: Option<u16>) {
+        if self.termination.is_some() {
+            return;
+        }
+        let packet = fcc::terminate(self.flavor, *self.group.ip(), first_multicast_seq);
+        if let Err(e) = send_thrice(sock, &packet, self.server) {
+            tracing::debug!(error = %e, "FCC: termination not sent");
+        }
+        self.termination = Some(packet);
+        self.terminated_at = Instant::now();
+    }
+
+    /// The hub is ending: stop a burst that is still running.
+    pub fn close(&mut self, sock: &UdpSocket) {
+        if self.phase != Phase::Done {
+            self.terminate(sock, None);
+        }
+    }
+}
+
+/// The RTP sequence number of a datagram already known to be RTP.
+fn seq_of(d: &[u8]) -> u16 {
+    u16::from_be_bytes([d[2], d[3]])
+}
+
+/// Signalling is UDP without retransmission; set-top boxes send each packet three times.
+fn send_thrice(sock: &UdpSocket, packet: &[u8], to: SocketAddrV4) -> std::io::Result<()> {
+    for _ in 0..3 {
+        send(sock, packet, to)?;
+    }
+    Ok(())
+}
+
+/// One datagram, sent on the socket directly: a small UDP send does not wait for buffer
+/// space, and tokio's `try_send_to` refuses until the socket was first seen writable.
+fn send(sock: &UdpSocket, packet: &[u8], to: SocketAddrV4) -> std::io::Result<usize> {
+    socket2::SockRef::from(sock).send_to(packet, &SocketAddr::V4(to).into())
+}
+
+/// The local address the kernel would use towards `server` (Huawei requests carry it).
+fn local_ip_towards(server: SocketAddrV4) -> Option<Ipv4Addr> {
+    let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    probe.connect(server).ok()?;
+    match probe.local_addr().ok()? {
+        SocketAddr::V4(a) => Some(*a.ip()),
+        SocketAddr::V6(_) => None,
+    }
+}
