@@ -33,29 +33,25 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
     let peer = hop.peer.to_string();
     let prior_xff = joined(headers, &XFF);
     let prior_fwd = joined(headers, &FORWARDED);
-    let (xff, xfp, xfh) = if hop.trusted {
+    if hop.trusted {
         let xff = match prior_xff {
             Some(chain) if !chain.trim().is_empty() => format!("{chain}, {peer}"),
             _ => peer.clone(),
         };
         // A trusted proxy in front already said what the client used; keep it.
-        let xfp = text(headers, &XFP).unwrap_or_else(|| hop.proto.to_string());
+        let xfp = text(headers, &XFP);
         let xfh = text(headers, &XFH).or_else(|| hop.host.map(str::to_string));
-        (xff, xfp, xfh)
-    } else {
-        (
-            peer.clone(),
-            hop.proto.to_string(),
-            hop.host.map(str::to_string),
-        )
-    };
-    set(headers, XFF, &xff);
-    set(headers, XFP, &xfp);
-    match xfh {
-        Some(h) => set(headers, XFH, &h),
-        None => {
-            headers.remove(XFH);
+        set(headers, XFF, &xff);
+        match xfp {
+            Some(p) => set(headers, XFP, &p),
+            None => set_proto(headers, hop.proto),
         }
+        set_host(headers, xfh.as_deref());
+    } else {
+        // The common case on the request path: no joined strings, the proto without a copy.
+        set(headers, XFF, &peer);
+        set_proto(headers, hop.proto);
+        set_host(headers, hop.host);
     }
     headers.remove(FORWARDED);
     if hop.forwarded {
@@ -122,6 +118,29 @@ fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .collect();
     (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// `X-Forwarded-Host` from this hop's host, or none when the client sent no host.
+fn set_host(headers: &mut HeaderMap, host: Option<&str>) {
+    match host {
+        Some(h) => set(headers, XFH, h),
+        None => {
+            headers.remove(XFH);
+        }
+    }
+}
+
+/// `X-Forwarded-Proto`; the two usual values need no copy.
+fn set_proto(headers: &mut HeaderMap, proto: &str) {
+    match proto {
+        "http" => {
+            headers.insert(XFP, HeaderValue::from_static("http"));
+        }
+        "https" => {
+            headers.insert(XFP, HeaderValue::from_static("https"));
+        }
+        other => set(headers, XFP, other),
+    }
 }
 
 fn set(headers: &mut HeaderMap, name: HeaderName, value: &str) {

@@ -10,7 +10,12 @@
 //! field becomes a space), which makes hyper's own parser reject it with 400 and close the
 //! connection, so nothing of that request reaches any front end.
 
+use std::mem::MaybeUninit;
+
 use crate::framing::{check_fields, Framing, FramingError};
+
+/// Field slots kept on the stack when parsing a head (the limit is `server.max_headers`).
+const STACK_FIELDS: usize = 128;
 
 /// What [`Screen::head`] made of the bytes at the start of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,9 +98,17 @@ impl Screen {
     /// ambiguous. Call only [`Screen::at_head`].
     pub fn head(&mut self, data: &mut [u8]) -> Head {
         debug_assert!(self.at_head());
-        let mut fields = vec![httparse::EMPTY_HEADER; self.max_headers];
-        let mut req = httparse::Request::new(&mut fields);
-        let len = match req.parse(data) {
+        // Field slots on the stack for the usual limits: no allocation or fill per request head.
+        let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_FIELDS];
+        let mut heap = Vec::new();
+        let slots = if self.max_headers <= STACK_FIELDS {
+            &mut stack[..self.max_headers]
+        } else {
+            heap.resize_with(self.max_headers, MaybeUninit::uninit);
+            &mut heap[..]
+        };
+        let mut req = httparse::Request::new(&mut []);
+        let len = match req.parse_with_uninit_headers(data, slots) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) if data.len() <= self.max_head_bytes => {
                 return Head::Partial

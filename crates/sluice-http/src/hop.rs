@@ -34,6 +34,11 @@ pub fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
 /// Removes hop-by-hop headers and those named in `Connection`. `TE: trailers` survives when
 /// `keep_te_trailers` (a gRPC client must be able to tell the upstream it accepts trailers).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
+    // Most heads carry none of them: one pass over the names present instead of a hashed removal
+    // per hop-by-hop name. Names listed in `Connection` need a `Connection`, which is one of them.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named = connection_names(headers);
     let te_trailers = keep_te_trailers
         && headers
@@ -109,6 +114,23 @@ mod tests {
         let mut names: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
         names.sort();
         assert_eq!(names, vec!["content-type", "x-kept"]);
+    }
+
+    #[test]
+    fn a_head_without_hop_by_hop_fields_is_left_as_is() {
+        let mut h = map(&[
+            ("host", "example.com"),
+            ("accept", "*/*"),
+            ("x-custom", "1"),
+            ("x-custom", "2"),
+        ]);
+        let before = h.clone();
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h, before);
+        // A field merely named like one (here in a value) does not count.
+        let mut h = map(&[("x-note", "connection: close")]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.get("x-note").unwrap(), "connection: close");
     }
 
     #[test]

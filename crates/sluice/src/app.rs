@@ -70,6 +70,29 @@ pub struct App {
     media_on: bool,
     /// Whether the media front end was built with the cache (`Config::media_caches`).
     media_caches: bool,
+    /// The `reverse` endpoint's series, looked up once: the proxied requests are the many small
+    /// ones, so they skip the per-request family lookups.
+    proxy_series: std::sync::OnceLock<EndpointSeries>,
+}
+
+/// One endpoint's per-request series (active, time to first byte, total time, bytes sent).
+#[derive(Clone)]
+struct EndpointSeries {
+    active: Gauge,
+    first_byte: Histogram,
+    total: Histogram,
+    sent: Counter,
+}
+
+impl EndpointSeries {
+    fn of(metrics: &HttpMetrics, labels: &EndpointLabels) -> EndpointSeries {
+        EndpointSeries {
+            active: metrics.active.get_or_create(labels).clone(),
+            first_byte: metrics.first_byte.get_or_create(labels).clone(),
+            total: metrics.total.get_or_create(labels).clone(),
+            sent: metrics.sent_bytes.get_or_create(labels).clone(),
+        }
+    }
 }
 
 impl App {
@@ -159,6 +182,7 @@ impl App {
             groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
+            proxy_series: std::sync::OnceLock::new(),
             #[cfg(feature = "reverse")]
             reverse_metrics,
             media_on: config.media.enabled,
@@ -313,7 +337,14 @@ impl App {
             _ => endpoint_label(effective_path(req.uri().path())),
         };
         let labels = EndpointLabels { endpoint };
-        let active = self.metrics.active.get_or_create(&labels).clone();
+        let series = if endpoint == "reverse" {
+            self.proxy_series
+                .get_or_init(|| EndpointSeries::of(&self.metrics, &labels))
+                .clone()
+        } else {
+            EndpointSeries::of(&self.metrics, &labels)
+        };
+        let active = series.active;
         active.inc();
         let resp = match dispatch {
             #[cfg(feature = "reverse")]
@@ -338,10 +369,7 @@ impl App {
                 resp
             }
         };
-        self.metrics
-            .first_byte
-            .get_or_create(&labels)
-            .observe(start.elapsed().as_secs_f64());
+        series.first_byte.observe(start.elapsed().as_secs_f64());
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
@@ -360,11 +388,11 @@ impl App {
         }
         let finish = Finish {
             start,
-            total: self.metrics.total.get_or_create(&labels).clone(),
+            total: series.total,
             active,
             _guard: guard,
         };
-        let sent = self.metrics.sent_bytes.get_or_create(&labels).clone();
+        let sent = series.sent;
         resp.map(|inner| {
             body::boxed(Metered {
                 inner,

@@ -44,6 +44,10 @@ pub struct Route {
     idle_timeout: Duration,
     /// The resolved cache policy when the route has `cache = true`.
     cache_policy: Option<crate::cache::FreshnessPolicy>,
+    /// This route's metric series, resolved once.
+    meters: metrics::RouteMeters,
+    /// Each server's `host:port` as a URI authority (`Group::servers` order), parsed once.
+    authorities: Vec<Option<http::uri::Authority>>,
 }
 
 impl Route {
@@ -53,6 +57,7 @@ impl Route {
         shared: &ReverseConfig,
         cache_defaults: Option<&crate::cache::config::PolicyConfig>,
         pools: usize,
+        families: &ReverseMetrics,
     ) -> anyhow::Result<Route> {
         let headers = |m: &std::collections::BTreeMap<String, String>| {
             m.iter()
@@ -70,8 +75,17 @@ impl Route {
                 .collect::<anyhow::Result<Vec<_>>>()
         };
         let host = HostPattern::parse(config.host.as_deref().unwrap_or(""))?;
+        let name = format!("{}{}", host, config.path);
+        let servers = group.servers();
+        let meters = metrics::RouteMeters::new(
+            families,
+            &name,
+            group.name(),
+            servers.iter().map(|s| s.addr()),
+        );
+        let authorities = servers.iter().map(|s| s.addr().parse().ok()).collect();
         Ok(Route {
-            name: format!("{}{}", host, config.path),
+            name,
             host,
             group,
             client: client::RoutePools::build(config, shared, false, pools)?,
@@ -88,7 +102,17 @@ impl Route {
                 _ => None,
             },
             config: config.clone(),
+            meters,
+            authorities,
         })
+    }
+
+    /// Where `server` sits in the route's group, for the per-server tables above.
+    fn server_index(&self, server: &Arc<crate::upstream::group::Server>) -> Option<usize> {
+        self.group
+            .servers()
+            .iter()
+            .position(|s| Arc::ptr_eq(s, server))
     }
 }
 
@@ -97,7 +121,6 @@ pub struct Reverse {
     routes: Vec<Arc<Route>>,
     settings: ReverseConfig,
     budget: Arc<budget::RetryBudget>,
-    metrics: ReverseMetrics,
     access_log: Option<access_log::AccessLog>,
     /// The process's slice cache (one for the process, it outlives reloads).
     cache: Option<crate::cache::Cache>,
@@ -133,7 +156,15 @@ impl Reverse {
                         r.path
                     );
                 }
-                Route::new(r, group, settings, cache.as_ref().map(|c| &c.1), pools).map(Arc::new)
+                Route::new(
+                    r,
+                    group,
+                    settings,
+                    cache.as_ref().map(|c| &c.1),
+                    pools,
+                    &metrics,
+                )
+                .map(Arc::new)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Reverse {
@@ -144,7 +175,6 @@ impl Reverse {
             )),
             cache: cache.map(|c| c.0),
             settings: settings.clone(),
-            metrics,
             access_log,
         })
     }

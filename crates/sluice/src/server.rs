@@ -360,15 +360,22 @@ macro_rules! http1_settings {
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs($config.header_read_timeout_secs))
             .max_buf_size($config.max_header_bytes.max(8192))
-            .max_headers($config.max_headers)
             .keep_alive(true)
     };
 }
+
+/// hyper's HTTP/1 request head field limit when none is set.
+const HYPER_MAX_HEADERS: usize = 100;
 
 #[cfg(feature = "http2")]
 fn http_builder(config: &ServerConfig) -> HttpBuilder {
     let mut builder = HttpBuilder::new(hyper_util::rt::TokioExecutor::new());
     http1_settings!(builder.http1(), config);
+    // hyper's own limit is 100 fields, kept on the stack; an explicit limit (even 100) makes it
+    // allocate and fill two field arrays per request head, so set it only when it differs.
+    if config.max_headers != HYPER_MAX_HEADERS {
+        builder.http1().max_headers(config.max_headers);
+    }
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -386,6 +393,9 @@ fn http_builder(config: &ServerConfig) -> HttpBuilder {
 fn http_builder(config: &ServerConfig) -> HttpBuilder {
     let mut builder = HttpBuilder::new();
     http1_settings!(builder, config);
+    if config.max_headers != HYPER_MAX_HEADERS {
+        builder.max_headers(config.max_headers);
+    }
     builder
 }
 
@@ -498,10 +508,15 @@ impl Conn {
             req.extensions_mut().insert(listener);
             let app = app.clone();
             let guard = act.begin();
-            let watched = watched.clone();
+            // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
+            // pulled whenever the socket takes bytes, which the send watch already covers.
+            let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
             async move {
                 let resp = app.handle(req, peer, secure, guard).await;
-                Ok::<_, Infallible>(resp.map(|b| watched.guard(b)))
+                Ok::<_, Infallible>(match watched {
+                    Some(list) => resp.map(|b| list.guard(b)),
+                    None => resp,
+                })
             }
         });
         #[cfg(feature = "http2")]

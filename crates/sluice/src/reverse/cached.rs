@@ -12,7 +12,6 @@ use super::access_log::Entry;
 use super::body::{BodySlot, OnDone, ResponseBody};
 use super::budget::RetryBudget;
 use super::forward::{attempts, hash_key, rewrite_path, Downstream, FetchError, UpstreamHead};
-use super::metrics::{ReverseMetrics, RouteLabels};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::cache::purge::invalidation_keys;
@@ -77,7 +76,7 @@ impl Reverse {
         path: &str,
         down: &Downstream,
         t: CacheTarget,
-        (start, mut entry): (Instant, Entry),
+        (start, entry): (Instant, Option<Entry>),
     ) -> Response<Body> {
         let (Some(cache), Some(policy)) = (self.cache.as_ref(), route.cache_policy.as_ref()) else {
             // `CacheTarget::of` only exists for caching routes.
@@ -85,9 +84,18 @@ impl Reverse {
                 .into_response();
         };
         let key = CacheKey::new(&t.scope, &t.target);
-        let head = self.upstream_head(route, &req, path, down, false);
         let balance = hash_key(route, &req, down);
         let (mut parts, _) = req.into_parts();
+        // The purge authorisation below reads the client's own headers: the head gets a copy.
+        let head = match self.upstream_head(route, &parts, parts.headers.clone(), path, down, false)
+        {
+            Ok(head) => head,
+            Err(e) => {
+                let resp = e.into_response();
+                self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);
+                return resp;
+            }
+        };
         let mut resp = if parts.method.as_str() == "PURGE" {
             // The purge authorisation reads the client's own headers.
             parts.uri = t.target.clone();
@@ -102,7 +110,6 @@ impl Reverse {
             cparts.headers = head.headers;
             let origin: Arc<dyn Origin> = Arc::new(RouteOrigin {
                 budget: self.budget.clone(),
-                metrics: self.metrics.clone(),
                 route: route.clone(),
                 host: head.host,
                 balance,
@@ -119,15 +126,8 @@ impl Reverse {
             }
         }
         let elapsed = start.elapsed();
-        self.metrics
-            .ttfb
-            .get_or_create(&RouteLabels {
-                route: route.name.clone(),
-            })
-            .observe(elapsed.as_secs_f64());
-        entry.status = resp.status().as_u16();
-        entry.duration = elapsed;
-        self.finish_record(route, &entry);
+        route.meters.ttfb().observe(elapsed.as_secs_f64());
+        self.finish_record(route, resp.status().as_u16(), elapsed, entry);
         resp
     }
 
@@ -152,7 +152,6 @@ impl Reverse {
 /// since a fill may outlive the request and a reload.
 struct RouteOrigin {
     budget: Arc<RetryBudget>,
-    metrics: ReverseMetrics,
     route: Arc<Route>,
     host: Option<String>,
     balance: Option<Vec<u8>>,
@@ -166,20 +165,17 @@ impl Origin for RouteOrigin {
             path_and_query: parts
                 .uri
                 .path_and_query()
-                .map_or("/".to_string(), |p| p.as_str().to_string()),
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             headers: parts.headers,
             upgrade: false,
             host: self.host.clone(),
         };
-        let (budget, metrics, route) = (
-            self.budget.clone(),
-            self.metrics.clone(),
-            self.route.clone(),
-        );
+        let (budget, route) = (self.budget.clone(), self.route.clone());
         let balance = self.balance.clone();
         Box::pin(async move {
             let slot = BodySlot::empty(route.idle_timeout);
-            let fetched = attempts(&budget, &metrics, &route, &head, &slot, balance.as_deref())
+            let fetched = attempts(&budget, &route, &head, &slot, balance.as_deref())
                 .await
                 .map_err(|e| match e {
                     FetchError::HeaderTimeout { .. } | FetchError::ConnectTimeout { .. } => {

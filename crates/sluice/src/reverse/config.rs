@@ -158,7 +158,7 @@ impl Default for ReverseConfig {
             forwarded: false,
             retry_budget_percent: 20,
             retry_min_per_sec: 10,
-            pool_max_idle_per_server: 64,
+            pool_max_idle_per_server: 1024,
             pool_idle_secs: 90,
             access_log: String::new(),
             access_log_format: AccessLogFormat::Json,

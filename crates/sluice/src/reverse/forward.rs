@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use sluice_http::framing::{self, Framing};
@@ -16,7 +17,6 @@ use tokio::time::Instant;
 use super::access_log::Entry;
 use super::body::{BodySlot, OnDone, ResponseBody};
 use super::client::ConnectFailure;
-use super::metrics::{class, RouteClassLabels, RouteLabels, ServerLabels};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
@@ -98,7 +98,8 @@ impl Reverse {
         let h1_upgrade =
             req.version() <= Version::HTTP_11 && hop::wants_upgrade(req.headers(), "websocket");
         let upgrade = (h2_connect || h1_upgrade) && route.config.websocket;
-        let entry = Entry {
+        // Only an access log reads the entry; without one, no strings are copied per request.
+        let entry = self.access_log.as_ref().map(|_| Entry {
             client: down.client_ip,
             method: req.method().to_string(),
             target: req
@@ -113,7 +114,7 @@ impl Reverse {
             server: None,
             referer: text(req.headers(), header::REFERER),
             user_agent: text(req.headers(), header::USER_AGENT),
-        };
+        });
         let cache_target = if upgrade {
             None
         } else {
@@ -147,9 +148,11 @@ impl Reverse {
                 ));
             }
             let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-            let head = self.upstream_head(route, &req, path, down, upgrade);
             let key = hash_key(route, &req, down);
-            let (_, incoming) = req.into_parts();
+            let (mut parts, incoming) = req.into_parts();
+            // The client's headers move into the upstream head: no copy of the map.
+            let headers = std::mem::take(&mut parts.headers);
+            let head = self.upstream_head(route, &parts, headers, path, down, upgrade)?;
             let body = BodySlot::new(incoming, limit, route.idle_timeout);
             let fetched = self
                 .fetch(route, &head, &body, key.as_deref())
@@ -159,19 +162,11 @@ impl Reverse {
         }
         .await;
         let ttfb = start.elapsed();
-        self.metrics
-            .ttfb
-            .get_or_create(&RouteLabels {
-                route: route.name.clone(),
-            })
-            .observe(ttfb.as_secs_f64());
+        route.meters.ttfb().observe(ttfb.as_secs_f64());
         match result {
             Err(e) => {
                 let resp = e.into_response();
-                let mut entry = entry;
-                entry.status = resp.status().as_u16();
-                entry.duration = ttfb;
-                self.finish_record(route, &entry);
+                self.finish_record(route, resp.status().as_u16(), ttfb, entry);
                 resp
             }
             Ok((fetched, on_upgrade)) => {
@@ -194,25 +189,27 @@ impl Reverse {
         body: &BodySlot,
         key: Option<&[u8]>,
     ) -> Result<Fetched, FetchError> {
-        attempts(&self.budget, &self.metrics, route, head, body, key).await
+        attempts(&self.budget, route, head, body, key).await
     }
 
+    /// The upstream request head for the client request `req` (its head without headers) and its
+    /// `headers`; an error when the rewritten path is not a valid request target.
     pub(super) fn upstream_head(
         &self,
         route: &Route,
-        req: &Request<Incoming>,
+        req: &http::request::Parts,
+        mut headers: HeaderMap,
         path: &str,
         down: &Downstream,
         upgrade: bool,
-    ) -> UpstreamHead {
-        let mut headers = req.headers().clone();
+    ) -> Result<UpstreamHead, ProxyError> {
         hop::strip_hop_by_hop(&mut headers, true);
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
         // which is once an upstream connection is ready) and streams the body; the upstream never
         // needs to.
         headers.remove(header::EXPECT);
         headers.remove(header::HOST);
-        let version = match req.version() {
+        let version = match req.version {
             Version::HTTP_2 => "2",
             Version::HTTP_10 => "1.0",
             _ => "1.1",
@@ -241,16 +238,24 @@ impl Reverse {
             }
         }
         let mut path_and_query = rewrite_path(&route.config, path);
-        if let Some(q) = req.uri().query() {
+        if let Some(q) = req.uri.query() {
             path_and_query.push('?');
             path_and_query.push_str(q);
         }
+        let path_and_query = PathAndQuery::try_from(path_and_query).map_err(|e| {
+            ProxyError::new(
+                Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "bad_rewrite",
+                format!("the rewritten request target is invalid: {e}"),
+            )
+        })?;
         let method = if upgrade {
             Method::GET
         } else {
-            req.method().clone()
+            req.method.clone()
         };
-        UpstreamHead {
+        Ok(UpstreamHead {
             method,
             path_and_query,
             headers,
@@ -260,7 +265,7 @@ impl Reverse {
             } else {
                 None
             },
-        }
+        })
     }
 
     fn respond(
@@ -270,19 +275,21 @@ impl Reverse {
         on_upgrade: Option<hyper::upgrade::OnUpgrade>,
         h2_connect: bool,
         start: Instant,
-        mut entry: Entry,
+        mut entry: Option<Entry>,
     ) -> Response<Body> {
         let Fetched {
             mut response,
             in_flight,
         } = fetched;
         let status = response.status();
-        entry.server = Some(in_flight.server().addr().to_string());
-        let labels = ServerLabels {
-            group: route.group.name().to_string(),
-            server: in_flight.server().addr().to_string(),
-        };
-        let gauge = self.metrics.server_in_flight.get_or_create(&labels).clone();
+        let server = in_flight.server();
+        if let Some(e) = entry.as_mut() {
+            e.server = Some(server.addr().to_string());
+        }
+        let meters = route
+            .meters
+            .server(route.server_index(server), server.addr());
+        let gauge = route.meters.server_in_flight(&meters).clone();
         gauge.inc();
         let mut headers = std::mem::take(response.headers_mut());
         let switching = status == StatusCode::SWITCHING_PROTOCOLS;
@@ -308,9 +315,7 @@ impl Reverse {
                     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
                     *resp.headers_mut() = headers;
                 }
-                entry.status = resp.status().as_u16();
-                entry.duration = start.elapsed();
-                self.finish_record(route, &entry);
+                self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);
                 return resp;
             }
         }
@@ -326,16 +331,16 @@ impl Reverse {
         }
         hop::strip_hop_by_hop(&mut headers, false);
         if self.settings.via {
-            let mine = format!(
-                "{} sluice",
-                version_text(response.version()).trim_start_matches("HTTP/")
-            );
-            let value = match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
-                Some(prior) => format!("{prior}, {mine}"),
-                None => mine,
-            };
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(header::VIA, v);
+            let mine = via_value(response.version());
+            match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
+                Some(prior) => {
+                    if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {mine}")) {
+                        headers.insert(header::VIA, v);
+                    }
+                }
+                None => {
+                    headers.insert(header::VIA, HeaderValue::from_static(mine));
+                }
             }
         }
         for name in &route.resp_remove {
@@ -344,12 +349,11 @@ impl Reverse {
         for (name, value) in &route.resp_add {
             headers.insert(name.clone(), value.clone());
         }
-        entry.status = status.as_u16();
         let done = Done {
-            reverse_metrics: self.metrics.clone(),
             access_log: self.access_log.clone(),
-            route: route.name.clone(),
+            route: route.clone(),
             start,
+            status: status.as_u16(),
             entry,
             _hold: (in_flight, GaugeGuard(gauge)),
         };
@@ -364,22 +368,20 @@ impl Reverse {
         resp
     }
 
-    pub(super) fn finish_record(&self, route: &Route, entry: &Entry) {
-        self.metrics
-            .requests
-            .get_or_create(&RouteClassLabels {
-                route: route.name.clone(),
-                class: class(entry.status),
-            })
-            .inc();
-        self.metrics
-            .total
-            .get_or_create(&RouteLabels {
-                route: route.name.clone(),
-            })
-            .observe(entry.duration.as_secs_f64());
-        if let Some(log) = &self.access_log {
-            log.record(entry);
+    /// Metrics and the access log line of a request answered without an upstream body.
+    pub(super) fn finish_record(
+        &self,
+        route: &Route,
+        status: u16,
+        duration: Duration,
+        entry: Option<Entry>,
+    ) {
+        route.meters.requests(status).inc();
+        route.meters.total().observe(duration.as_secs_f64());
+        if let (Some(log), Some(mut entry)) = (&self.access_log, entry) {
+            entry.status = status;
+            entry.duration = duration;
+            log.record(&entry);
         }
     }
 }
@@ -388,7 +390,6 @@ impl Reverse {
 /// request (and a reload) can make them too.
 pub(super) async fn attempts(
     budget: &super::budget::RetryBudget,
-    metrics: &super::metrics::ReverseMetrics,
     route: &Arc<Route>,
     head: &UpstreamHead,
     body: &BodySlot,
@@ -412,21 +413,15 @@ pub(super) async fn attempts(
             if !budget.try_retry() {
                 break;
             }
-            metrics
-                .retries
-                .get_or_create(&RouteLabels {
-                    route: route.name.clone(),
-                })
-                .inc();
+            route.meters.retries().inc();
         }
-        let labels = ServerLabels {
-            group: group.name().to_string(),
-            server: server.addr().to_string(),
-        };
-        metrics.server_requests.get_or_create(&labels).inc();
+        let index = route.server_index(server);
+        let meters = route.meters.server(index, server.addr());
+        route.meters.server_requests(&meters).inc();
         let in_flight = server.begin();
         let Some(lent) = body.lend() else { break };
-        let req = build_request(head, server, lent);
+        let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
+        let req = build_request(head, server, authority, lent);
         let client = if head.upgrade {
             route.upgrade_client.get()
         } else {
@@ -436,7 +431,7 @@ pub(super) async fn attempts(
         let failure = match outcome {
             Ok(Ok(response)) => {
                 server.report_success();
-                metrics.server_healthy.get_or_create(&labels).set(1);
+                route.meters.server_healthy(&meters).set(1);
                 return Ok(Fetched {
                     response,
                     in_flight,
@@ -456,9 +451,9 @@ pub(super) async fn attempts(
             },
         };
         server.report_failure();
-        metrics.server_failures.get_or_create(&labels).inc();
+        route.meters.server_failures(&meters).inc();
         if !server.is_usable() {
-            metrics.server_healthy.get_or_create(&labels).set(0);
+            route.meters.server_healthy(&meters).set(0);
         }
         tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
         let connect_failed = matches!(
@@ -479,21 +474,33 @@ pub(super) async fn attempts(
 /// The upstream request head (see [`Reverse::fetch`]).
 pub struct UpstreamHead {
     pub method: Method,
-    pub path_and_query: String,
+    pub path_and_query: PathAndQuery,
     pub headers: HeaderMap,
     pub upgrade: bool,
     /// The Host to send; `None` sends the server's `host:port`.
     pub host: Option<String>,
 }
 
+/// The request for one attempt; `authority` is the server's address parsed once per route table
+/// (absent only for an address that is no authority, which then fails as before: no pool key).
 fn build_request(
     head: &UpstreamHead,
     server: &Server,
+    authority: Option<&Authority>,
     body: super::body::LentBody,
 ) -> Request<Body> {
-    let uri: Uri = format!("http://{}{}", server.addr(), head.path_and_query)
-        .parse()
-        .unwrap_or_else(|_| Uri::from_static("/"));
+    let uri = match authority {
+        Some(a) => {
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(Scheme::HTTP);
+            parts.authority = Some(a.clone());
+            parts.path_and_query = Some(head.path_and_query.clone());
+            Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
+        }
+        None => format!("http://{}{}", server.addr(), head.path_and_query)
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("/")),
+    };
     let mut req = Request::new(body::boxed(body));
     *req.method_mut() = head.method.clone();
     *req.uri_mut() = uri;
@@ -614,6 +621,17 @@ fn text(headers: &HeaderMap, name: header::HeaderName) -> Option<String> {
         .map(|s| s.chars().take(512).collect())
 }
 
+/// This hop's `Via` element for a response of version `v`.
+fn via_value(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "0.9 sluice",
+        Version::HTTP_10 => "1.0 sluice",
+        Version::HTTP_2 => "2 sluice",
+        Version::HTTP_3 => "3 sluice",
+        _ => "1.1 sluice",
+    }
+}
+
 fn version_text(v: Version) -> &'static str {
     match v {
         Version::HTTP_09 => "HTTP/0.9",
@@ -635,31 +653,24 @@ impl Drop for GaugeGuard {
 
 /// What happens when a response body ends: metrics, access log, and the in-flight marks released.
 struct Done {
-    reverse_metrics: super::metrics::ReverseMetrics,
     access_log: Option<super::access_log::AccessLog>,
-    route: String,
+    route: Arc<Route>,
     start: Instant,
-    entry: Entry,
+    status: u16,
+    /// Present when there is an access log.
+    entry: Option<Entry>,
     _hold: (InFlight, GaugeGuard),
 }
 
 impl OnDone for Done {
     fn done(self: Box<Self>, bytes: u64, _complete: bool) {
-        let mut entry = self.entry;
-        entry.bytes = bytes;
-        entry.duration = self.start.elapsed();
-        self.reverse_metrics
-            .requests
-            .get_or_create(&RouteClassLabels {
-                route: self.route.clone(),
-                class: class(entry.status),
-            })
-            .inc();
-        self.reverse_metrics
-            .total
-            .get_or_create(&RouteLabels { route: self.route })
-            .observe(entry.duration.as_secs_f64());
-        if let Some(log) = &self.access_log {
+        let duration = self.start.elapsed();
+        self.route.meters.requests(self.status).inc();
+        self.route.meters.total().observe(duration.as_secs_f64());
+        if let (Some(log), Some(mut entry)) = (&self.access_log, self.entry) {
+            entry.status = self.status;
+            entry.bytes = bytes;
+            entry.duration = duration;
             log.record(&entry);
         }
     }

@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::OnceLock;
 
 /// Labels of per-route series; `route` is `host+path` as configured.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,5 +133,148 @@ pub fn class(status: u16) -> &'static str {
         300..=399 => "3xx",
         400..=499 => "4xx",
         _ => "5xx",
+    }
+}
+
+/// One route's series, looked up once and kept: the request path only bumps counters, with no
+/// label strings built or family locks taken per request. Each series is created on first use,
+/// as a family lookup would, so `/metrics` lists only what happened.
+pub struct RouteMeters {
+    families: ReverseMetrics,
+    route: String,
+    group: String,
+    ttfb: OnceLock<Histogram>,
+    total: OnceLock<Histogram>,
+    retries: OnceLock<Counter>,
+    /// Requests by status class: 1xx .. 5xx.
+    classes: [OnceLock<Counter>; 5],
+    /// The group's servers, in `Group::servers` order.
+    servers: Vec<ServerMeters>,
+}
+
+/// One upstream server's series, as one route sees them.
+#[derive(Clone)]
+pub struct ServerMeters {
+    labels: ServerLabels,
+    requests: OnceLock<Counter>,
+    failures: OnceLock<Counter>,
+    in_flight: OnceLock<Gauge>,
+    healthy: OnceLock<Gauge>,
+}
+
+impl RouteMeters {
+    /// The series of route `route` over `group`'s servers (`server_addrs`, in group order).
+    pub fn new<'a>(
+        families: &ReverseMetrics,
+        route: &str,
+        group: &str,
+        server_addrs: impl Iterator<Item = &'a str>,
+    ) -> RouteMeters {
+        RouteMeters {
+            families: families.clone(),
+            route: route.to_string(),
+            group: group.to_string(),
+            ttfb: OnceLock::new(),
+            total: OnceLock::new(),
+            retries: OnceLock::new(),
+            classes: Default::default(),
+            servers: server_addrs
+                .map(|addr| ServerMeters::new(group, addr))
+                .collect(),
+        }
+    }
+
+    fn labels(&self) -> RouteLabels {
+        RouteLabels {
+            route: self.route.clone(),
+        }
+    }
+
+    pub fn ttfb(&self) -> &Histogram {
+        self.ttfb
+            .get_or_init(|| self.families.ttfb.get_or_create(&self.labels()).clone())
+    }
+
+    pub fn total(&self) -> &Histogram {
+        self.total
+            .get_or_init(|| self.families.total.get_or_create(&self.labels()).clone())
+    }
+
+    pub fn retries(&self) -> &Counter {
+        self.retries
+            .get_or_init(|| self.families.retries.get_or_create(&self.labels()).clone())
+    }
+
+    /// The request counter for `status`'s class.
+    pub fn requests(&self, status: u16) -> &Counter {
+        let class = class(status);
+        let i = usize::from(class.as_bytes()[0] - b'1');
+        self.classes[i].get_or_init(|| {
+            let labels = RouteClassLabels {
+                route: self.route.clone(),
+                class,
+            };
+            self.families.requests.get_or_create(&labels).clone()
+        })
+    }
+
+    /// The series of the group's server at `index` (`Group::servers` order); a server the route
+    /// was not built with (never expected) gets fresh handles on the same series.
+    pub fn server(&self, index: Option<usize>, addr: &str) -> std::borrow::Cow<'_, ServerMeters> {
+        match index.and_then(|i| self.servers.get(i)) {
+            Some(m) if m.labels.server == addr => std::borrow::Cow::Borrowed(m),
+            _ => std::borrow::Cow::Owned(ServerMeters::new(&self.group, addr)),
+        }
+    }
+
+    pub fn server_requests<'m>(&self, m: &'m ServerMeters) -> &'m Counter {
+        m.requests.get_or_init(|| {
+            self.families
+                .server_requests
+                .get_or_create(&m.labels)
+                .clone()
+        })
+    }
+
+    pub fn server_failures<'m>(&self, m: &'m ServerMeters) -> &'m Counter {
+        m.failures.get_or_init(|| {
+            self.families
+                .server_failures
+                .get_or_create(&m.labels)
+                .clone()
+        })
+    }
+
+    pub fn server_in_flight<'m>(&self, m: &'m ServerMeters) -> &'m Gauge {
+        m.in_flight.get_or_init(|| {
+            self.families
+                .server_in_flight
+                .get_or_create(&m.labels)
+                .clone()
+        })
+    }
+
+    pub fn server_healthy<'m>(&self, m: &'m ServerMeters) -> &'m Gauge {
+        m.healthy.get_or_init(|| {
+            self.families
+                .server_healthy
+                .get_or_create(&m.labels)
+                .clone()
+        })
+    }
+}
+
+impl ServerMeters {
+    fn new(group: &str, addr: &str) -> ServerMeters {
+        ServerMeters {
+            labels: ServerLabels {
+                group: group.to_string(),
+                server: addr.to_string(),
+            },
+            requests: OnceLock::new(),
+            failures: OnceLock::new(),
+            in_flight: OnceLock::new(),
+            healthy: OnceLock::new(),
+        }
     }
 }
