@@ -233,6 +233,16 @@ fn once<T>(slot: &mut Option<T>, flag: &'static str, value: T) -> Result<(), Cli
     Ok(())
 }
 
+/// `-c`/`--config PATH`, given at most once (`serve`, `check-config`, `reload`).
+fn config_path(
+    slot: &mut Option<PathBuf>,
+    args: &mut Args,
+    attached: Option<OsString>,
+) -> Result<(), CliError> {
+    let path = args.value("--config", attached)?.into();
+    once(slot, "--config", path)
+}
+
 fn shown(arg: &Arg) -> String {
     match arg {
         Arg::Long(name, _) => format!("--{name}"),
@@ -295,16 +305,8 @@ fn serve(args: &mut Args) -> Result<Action, CliError> {
             return help(Some("serve")).map(Action::Print);
         }
         match arg {
-            Arg::Short('c', v) => once(
-                &mut out.config,
-                "--config",
-                args.value("--config", v)?.into(),
-            )?,
-            Arg::Long(n, v) if n == "config" => once(
-                &mut out.config,
-                "--config",
-                args.value("--config", v)?.into(),
-            )?,
+            Arg::Short('c', v) => config_path(&mut out.config, args, v)?,
+            Arg::Long(n, v) if n == "config" => config_path(&mut out.config, args, v)?,
             Arg::Long(n, v) if n == "listen" => {
                 let value = utf8(args.value("--listen", v)?)?;
                 let addr = value.parse().map_err(|e: std::net::AddrParseError| {
@@ -388,16 +390,8 @@ fn reload(args: &mut Args) -> Result<Action, CliError> {
                 let path = args.value("--pid-file", v)?.into();
                 once(&mut out.pid_file, "--pid-file", path)?
             }
-            Arg::Short('c', v) => once(
-                &mut out.config,
-                "--config",
-                args.value("--config", v)?.into(),
-            )?,
-            Arg::Long(n, v) if n == "config" => once(
-                &mut out.config,
-                "--config",
-                args.value("--config", v)?.into(),
-            )?,
+            Arg::Short('c', v) => config_path(&mut out.config, args, v)?,
+            Arg::Long(n, v) if n == "config" => config_path(&mut out.config, args, v)?,
             other => {
                 return Err(CliError::UnknownArgument {
                     command: "reload",
