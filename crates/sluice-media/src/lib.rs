@@ -20,11 +20,13 @@
 //! - `public_ip`: answers of "what is my IP" echo services, for `/proxy/ip`.
 //! - `fec`: SMPTE 2022-1 row/column XOR FEC parsing and single-loss recovery.
 //! - `rs_fec`: the Reed-Solomon FEC operators send on a FEC port: header, GF(2^8) code, recovery.
+//! - `civil`: calendar dates to days since the Unix epoch and back.
 //! - `fcc`: fast channel change signalling (Telecom/ZTE/FiberHome and Huawei) packets.
 
 pub mod acestream;
 pub mod b64url;
 pub mod cenc;
+pub mod civil;
 pub mod dash;
 pub mod fcc;
 pub mod fec;

@@ -1,5 +1,7 @@
 //! ISO 8601 durations and xs:dateTime values as seconds, and PROGRAM-DATE-TIME formatting. No I/O.
 
+use crate::civil::{civil_from_days, days_from_civil};
+
 /// Parses an xs:duration (`PT1H2M3.5S`, `P1DT2H`, `P0Y0M1W`) into seconds.
 ///
 /// Years count 365 days and months 30: MPD durations rarely use them and the standard leaves
@@ -104,36 +106,6 @@ fn fixed_digits(text: &str, len: usize) -> Option<i64> {
     (text.len() == len && text.bytes().all(|b| b.is_ascii_digit()))
         .then(|| text.parse().ok())
         .flatten()
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (eras of 400 years keep the maths integral).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    let shifted_month = (month + 9) % 12; // March = 0, so the leap day ends the year
-    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
-
-/// Inverse of [`days_from_civil`].
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let shifted_month = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
-    let month = if shifted_month < 10 {
-        shifted_month + 3
-    } else {
-        shifted_month - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// Formats unix seconds as `YYYY-MM-DDTHH:MM:SS.mmmZ` for `#EXT-X-PROGRAM-DATE-TIME`.

@@ -7,6 +7,8 @@
 //! `yyyy-MM-ddTHH:mm:ss[.sss][Z|±HH:MM]` (no suffix: the client's zone). A value is
 //! `begin`, `begin-` or `begin-end`.
 
+use crate::civil::{civil_from_days, days_from_civil};
+
 /// How an instant was written, so it can be written back the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -247,33 +249,6 @@ fn days_in_month(y: i64, m: i64) -> i64 {
         4 | 6 | 9 | 11 => 30,
         _ => 31,
     }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date. Years are counted from March so the
-/// leap day falls at the end of a counted year, which makes every other month length fixed.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    let month_from_march = (m + 9) % 12;
-    let day_of_year = (153 * month_from_march + 2) / 5 + d - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
-
-/// The inverse of `days_from_civil`: (year, month, day).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let mp = (5 * day_of_year + 2) / 153;
-    let d = day_of_year - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = year_of_era + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// (y, M, d, H, m, s) of a Unix time.
