@@ -127,6 +127,10 @@ fn zone_offset(s: &str, bare_hours: bool) -> Option<i64> {
         _ => return None,
     };
     let body = &s[1..];
+    // Digits and a colon only, checked first: the split below counts bytes.
+    if !body.bytes().all(|b| b.is_ascii_digit() || b == b':') {
+        return None;
+    }
     let (h, m) = match body.split_once(':') {
         Some((h, m)) => (h, m),
         None if body.len() == 4 => body.split_at(2),
@@ -137,7 +141,7 @@ fn zone_offset(s: &str, bare_hours: bool) -> Option<i64> {
         return None;
     }
     let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
-    if h > 14 || m > 59 || !s[1..].bytes().all(|b| b.is_ascii_digit() || b == b':') {
+    if h > 14 || m > 59 {
         return None;
     }
     Some(sign * (h * 3600 + m * 60))

@@ -95,6 +95,15 @@ fn calendar_round_trip() {
     assert_eq!(civil_from_days(19_782), (2024, 2, 29));
 }
 
+/// Found by `never_panics`: a four-byte character where a four-digit zone offset goes used to be
+/// split at byte 2, inside the character.
+#[test]
+fn a_multibyte_zone_offset_is_refused_not_split() {
+    assert!(parse_seek("T🟰🟠A𐮩a-𐖻", 0).is_err());
+    assert!(parse_seek("20240101T200000+𐖻", 0).is_err());
+    assert_eq!(user_agent_zone("TZ/UTC+𐖻"), None);
+}
+
 proptest::proptest! {
     #[test]
     fn digits_round_trip(t in 0i64..253_402_300_799, zone in -14i64 * 3600..=14 * 3600) {
