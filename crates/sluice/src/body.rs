@@ -21,6 +21,16 @@ pub fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+/// `bytes` as the answer to a request with `method`: no body for HEAD (its headers still carry
+/// the length of the GET answer).
+pub fn full_unless_head(method: &http::Method, bytes: impl Into<Bytes>) -> Body {
+    if method == http::Method::HEAD {
+        empty()
+    } else {
+        full(bytes)
+    }
+}
+
 /// A streaming body from any `http_body::Body` whose errors convert to [`BoxError`].
 pub fn boxed<B>(body: B) -> Body
 where

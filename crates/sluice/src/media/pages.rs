@@ -3,7 +3,7 @@
 //! third-party origin). They fetch nothing upstream, so they need no password; the forms send it
 //! only in the bodies or headers of the POSTs they make.
 
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::body::{self, Body};
@@ -83,11 +83,7 @@ pub fn handle(req: &Request<Incoming>, path: &str) -> Result<Response<Body>, Pro
         asset.body.to_string()
     };
     let len = text.len();
-    let mut resp = if req.method() == Method::HEAD {
-        Response::new(body::empty())
-    } else {
-        Response::new(body::full(text))
-    };
+    let mut resp = Response::new(body::full_unless_head(req.method(), text));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -73,11 +73,7 @@ pub async fn serve(
         m3u::merge(&sources, &fetched, &mut |t| linker.url(t))
     };
     let len = text.len();
-    let mut resp = if req.method() == Method::HEAD {
-        Response::new(body::empty())
-    } else {
-        Response::new(body::full(text))
-    };
+    let mut resp = Response::new(body::full_unless_head(req.method(), text));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
