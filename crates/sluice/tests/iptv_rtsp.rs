@@ -566,6 +566,11 @@ async fn refusals() {
             "/rtsp/h/x?playseek=tomorrow",
             "playseek: \"tomorrow\" is not a time range (begin[-end]) in a known format\n",
         ),
+        // A four-byte character where a zone offset goes (it was split inside the character).
+        (
+            "/rtsp/h/x?playseek=20240101T200000%2B%F0%90%96%BB",
+            "playseek: \"20240101T200000+\u{105bb}\" is not a time range (begin[-end]) in a known format\n",
+        ),
     ];
     for (path, want) in bad {
         let resp = get_with(&gw, path, &[]).await;
