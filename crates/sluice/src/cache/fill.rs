@@ -1,13 +1,19 @@
 //! One slice being fetched from the origin (read-while-write): the writer appends chunks, every
 //! reader follows at its own pace and is woken by the writer (no polling). The chunks are held
 //! once, shared by all readers.
+//!
+//! Readers are polled (`FillReader::poll_next`), so a response body can follow a fill from the
+//! connection's own task. A waiting reader leaves its waker in the fill; the writer takes the whole
+//! list under the lock and wakes it after letting go, so a push costs one short lock and one wake
+//! per waiting reader, and no reader ever waits on the lock while another is woken.
 
+use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::Response;
-use tokio::sync::watch;
 
 use super::object::ObjectMeta;
 use crate::body::Body;
@@ -31,12 +37,15 @@ struct State {
     chunks: Vec<Bytes>,
     end: Option<FillEnd>,
     pass: Option<Response<Body>>,
+    /// Readers waiting for the next change; emptied by every change.
+    waiters: Vec<Waker>,
+    /// Bumped by every change, so a reader knows whether its waker is still in `waiters`.
+    version: u64,
 }
 
 /// A slice in flight.
 pub struct Fill {
     state: Mutex<State>,
-    wake: watch::Sender<()>,
     readers: AtomicUsize,
 }
 
@@ -44,24 +53,44 @@ impl Fill {
     pub fn new() -> Arc<Fill> {
         Arc::new(Fill {
             state: Mutex::new(State::default()),
-            wake: watch::channel(()).0,
             readers: AtomicUsize::new(0),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().expect("fill state")
+        // Every change under the lock is a single assignment or push: a poisoned state is still
+        // consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `change` and wakes every waiting reader once the lock is released.
+    fn change(&self, change: impl FnOnce(&mut State) -> bool) {
+        let waiters = {
+            let mut s = self.lock();
+            if !change(&mut s) {
+                return;
+            }
+            s.version += 1;
+            std::mem::take(&mut s.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
     }
 
     /// Publishes the object the slice belongs to (before any chunk).
     pub fn set_head(&self, meta: Arc<ObjectMeta>) {
-        self.lock().head = Some(meta);
-        self.wake.send_replace(());
+        self.change(|s| {
+            s.head = Some(meta);
+            true
+        });
     }
 
     pub fn push(&self, chunk: Bytes) {
-        self.lock().chunks.push(chunk);
-        self.wake.send_replace(());
+        self.change(|s| {
+            s.chunks.push(chunk);
+            true
+        });
     }
 
     /// The chunks so far (the writer stores them when the slice is complete).
@@ -88,27 +117,25 @@ impl Fill {
 
     /// Ends the fill; the first end given wins.
     pub fn finish(&self, end: FillEnd) {
-        {
-            let mut s = self.lock();
+        self.change(|s| {
             if s.end.is_some() {
-                return;
+                return false;
             }
             s.end = Some(end);
-        }
-        self.wake.send_replace(());
+            true
+        });
     }
 
     /// Ends the fill as uncacheable, leaving `response` for the first reader that asks.
     pub fn finish_pass(&self, reason: &'static str, response: Response<Body>) {
-        {
-            let mut s = self.lock();
+        self.change(|s| {
             if s.end.is_some() {
-                return;
+                return false;
             }
             s.pass = Some(response);
             s.end = Some(FillEnd::Pass { reason });
-        }
-        self.wake.send_replace(());
+            true
+        });
     }
 
     /// Takes the uncacheable response, if nobody has yet.
@@ -124,9 +151,9 @@ impl Fill {
     pub fn reader(self: &Arc<Self>) -> FillReader {
         self.readers.fetch_add(1, Ordering::Relaxed);
         FillReader {
-            rx: self.wake.subscribe(),
             fill: self.clone(),
             next: 0,
+            waiting: None,
         }
     }
 }
@@ -140,8 +167,10 @@ pub enum Event {
 /// One reader's position in a fill.
 pub struct FillReader {
     fill: Arc<Fill>,
-    rx: watch::Receiver<()>,
     next: usize,
+    /// The fill's version when this reader last left its waker, and that waker: while both still
+    /// hold, polling again adds nothing to the fill's list.
+    waiting: Option<(u64, Waker)>,
 }
 
 impl Drop for FillReader {
@@ -155,45 +184,53 @@ impl FillReader {
         &self.fill
     }
 
+    /// The object head, or the end if the fill ends without one.
+    pub fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Arc<ObjectMeta>, FillEnd>> {
+        let mut s = self.fill.lock();
+        if let Some(h) = &s.head {
+            return Poll::Ready(Ok(h.clone()));
+        }
+        if let Some(end) = &s.end {
+            return Poll::Ready(Err(end.clone()));
+        }
+        wait(&mut self.waiting, &mut s, cx);
+        Poll::Pending
+    }
+
     /// Waits for the object head, or for the end if the fill ends without one.
     pub async fn head(&mut self) -> Result<Arc<ObjectMeta>, FillEnd> {
-        loop {
-            self.rx.borrow_and_update();
-            {
-                let s = self.fill.lock();
-                if let Some(h) = &s.head {
-                    return Ok(h.clone());
-                }
-                if let Some(end) = &s.end {
-                    return Err(end.clone());
-                }
-            }
-            if self.rx.changed().await.is_err() {
-                return Err(FillEnd::Failed("writer gone".into()));
-            }
+        poll_fn(|cx| self.poll_head(cx)).await
+    }
+
+    /// The next chunk, or the end.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        let mut s = self.fill.lock();
+        if let Some(c) = s.chunks.get(self.next) {
+            self.next += 1;
+            return Poll::Ready(Event::Chunk(c.clone()));
         }
+        if let Some(end) = &s.end {
+            return Poll::Ready(Event::End(end.clone()));
+        }
+        wait(&mut self.waiting, &mut s, cx);
+        Poll::Pending
     }
 
     /// The next chunk, or the end.
     pub async fn next(&mut self) -> Event {
-        loop {
-            // Mark the current version seen before looking, so a push after the look wakes us.
-            self.rx.borrow_and_update();
-            {
-                let s = self.fill.lock();
-                if let Some(c) = s.chunks.get(self.next) {
-                    self.next += 1;
-                    return Event::Chunk(c.clone());
-                }
-                if let Some(end) = &s.end {
-                    return Event::End(end.clone());
-                }
-            }
-            if self.rx.changed().await.is_err() {
-                return Event::End(FillEnd::Failed("writer gone".into()));
-            }
+        poll_fn(|cx| self.poll_next(cx)).await
+    }
+}
+
+/// Leaves `cx`'s waker in the fill unless the reader's is there already.
+fn wait(waiting: &mut Option<(u64, Waker)>, s: &mut State, cx: &Context<'_>) {
+    if let Some((v, w)) = waiting {
+        if *v == s.version && w.will_wake(cx.waker()) {
+            return;
         }
     }
+    s.waiters.push(cx.waker().clone());
+    *waiting = Some((s.version, cx.waker().clone()));
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ const NOT_FORWARDED: [HeaderName; 11] = [
 ];
 
 /// How many times a reader elects a new writer after the one it followed failed.
-const FILL_ATTEMPTS: usize = 3;
+pub(crate) const FILL_ATTEMPTS: usize = 3;
 
 /// The origin request for the cache's own purposes: the client's end-to-end headers, none of its
 /// range or conditional ones.
@@ -543,6 +543,8 @@ impl Inner {
             .flatten()
         {
             b
+        } else if let Some(range) = plan.single() {
+            stream::inline(self.clone(), meta, origin, clone_parts(parts), range, first)
         } else {
             stream::spawn(self.clone(), meta, origin, clone_parts(parts), plan, first)
         };

@@ -1,10 +1,13 @@
 //! The body of a cached response: the planned byte ranges, slice after slice, each from the memory
-//! tier, the disk tier, or a fill (joined or started), sent through a small channel so the client's
-//! pace is the only buffer. A client going away stops this task, never a fill.
+//! tier, the disk tier, or a fill (joined or started). A single range is read by the connection's
+//! own task (`Inline`): no task or channel per client, and a client joining a fill gets its head
+//! and the first bytes in one write. Whatever needs a disk read (or several ranges, or an object of
+//! unknown length) goes through a producer task and a small channel, so the client's pace is the
+//! only buffer. A client going away stops its body, never a fill.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -14,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::fill::{Event, FillEnd, FillReader};
 use super::object::{ObjectMeta, SliceKey};
-use super::serve::slice_request;
+use super::serve::{clone_parts, slice_request, FILL_ATTEMPTS};
 use super::writer::{FillJob, JobKind};
 use super::{Inner, Origin};
 use crate::body::{Body, BoxError};
@@ -62,6 +65,14 @@ impl Plan {
                 tail: Some(Bytes::from(mp.tail())),
                 until_end: false,
             },
+        }
+    }
+
+    /// The one range of a plan without part heads, when that is what it is.
+    pub fn single(&self) -> Option<ByteRange> {
+        match (&self.parts[..], &self.tail, self.until_end) {
+            ([(None, r)], None, false) => Some(*r),
+            _ => None,
         }
     }
 
@@ -115,6 +126,37 @@ pub(crate) fn from_memory(inner: &Inner, meta: &ObjectMeta, plan: &Plan) -> Opti
             .map(|c| Ok::<_, BoxError>(Frame::data(c))),
     );
     Some(crate::body::boxed(http_body_util::StreamBody::new(frames)))
+}
+
+/// Starts the fill of slice `i` while the one before it streams, so a long read costs one origin
+/// round trip, not one per slice. Only for origins that honour `Range` (a whole-object answer
+/// already feeds the following slices).
+fn prefetch(
+    inner: &Arc<Inner>,
+    meta: &Arc<ObjectMeta>,
+    origin: &Arc<dyn Origin>,
+    parts: &Parts,
+    i: u64,
+) {
+    if !meta.range_capable || meta.length.is_some_and(|l| i * inner.slice_bytes >= l) {
+        return;
+    }
+    let key = SliceKey {
+        object: meta.id,
+        generation: meta.generation,
+        index: i,
+    };
+    if inner.memory.get(&key).is_some()
+        || inner.disk.as_ref().is_some_and(|d| d.contains(&key))
+        || inner.inflight.lock().expect("inflight").contains_key(&key)
+    {
+        return;
+    }
+    inner.join_or_start(key, || FillJob {
+        request: slice_request(parts, i, inner.slice_bytes),
+        origin: origin.clone(),
+        kind: JobKind::Warm { meta: meta.clone() },
+    });
 }
 
 /// Starts the producer and returns the body it feeds.
@@ -194,36 +236,8 @@ impl Producer {
         Ok(())
     }
 
-    /// Starts the fill of the next slice while this one streams, so a long read costs one origin
-    /// round trip, not one per slice. Only for origins that honour `Range` (a whole-object answer
-    /// already feeds the following slices).
     fn prefetch(&self, i: u64) {
-        if !self.meta.range_capable {
-            return;
-        }
-        let key = SliceKey {
-            object: self.meta.id,
-            generation: self.meta.generation,
-            index: i,
-        };
-        if self.inner.memory.get(&key).is_some()
-            || self.inner.disk.as_ref().is_some_and(|d| d.contains(&key))
-            || self
-                .inner
-                .inflight
-                .lock()
-                .expect("inflight")
-                .contains_key(&key)
-        {
-            return;
-        }
-        self.inner.join_or_start(key, || FillJob {
-            request: slice_request(&self.parts, i, self.inner.slice_bytes),
-            origin: self.origin.clone(),
-            kind: JobKind::Warm {
-                meta: self.meta.clone(),
-            },
-        });
+        prefetch(&self.inner, &self.meta, &self.origin, &self.parts, i);
     }
 
     async fn send(&self, b: Bytes) -> Result<(), StreamError> {
@@ -376,5 +390,249 @@ impl http_body::Body for ChannelBody {
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// Starts the body of one range (`first`: the reader of the fill this request joined or started
+/// for the slice holding the range's first byte).
+pub(crate) fn inline(
+    inner: Arc<Inner>,
+    meta: Arc<ObjectMeta>,
+    origin: Arc<dyn Origin>,
+    parts: Parts,
+    range: ByteRange,
+    first: Option<(u64, FillReader)>,
+) -> Body {
+    let slice = inner.slice_bytes;
+    let index = range.start / slice;
+    let mut body = Inline {
+        inner,
+        meta,
+        origin,
+        parts,
+        next: range.start,
+        end: range.end,
+        index: None,
+        attempts: 0,
+        source: Source::Pick,
+    };
+    if let Some((i, reader)) = first {
+        if i == index {
+            body.enter(index);
+            body.source = Source::Follow { reader, at: 0 };
+        }
+    }
+    crate::body::boxed(body)
+}
+
+/// A single range read by the connection's task (see the module head).
+struct Inline {
+    inner: Arc<Inner>,
+    meta: Arc<ObjectMeta>,
+    origin: Arc<dyn Origin>,
+    parts: Parts,
+    /// The next byte to send and the last one (absolute offsets).
+    next: u64,
+    end: u64,
+    /// The slice being sent.
+    index: Option<u64>,
+    /// Writers of that slice that failed under this body.
+    attempts: usize,
+    source: Source,
+}
+
+enum Source {
+    /// Find the slice holding `next`.
+    Pick,
+    /// A stored slice's chunks still to send.
+    Stored(std::vec::IntoIter<Bytes>),
+    /// A fill of the slice; `at` is the slice offset of the next chunk it gives.
+    Follow {
+        reader: FillReader,
+        at: u64,
+    },
+    /// A producer task sends the rest (a slice on disk).
+    Channel(Body),
+    Done,
+}
+
+impl Inline {
+    fn slice_key(&self, index: u64) -> SliceKey {
+        SliceKey {
+            object: self.meta.id,
+            generation: self.meta.generation,
+            index,
+        }
+    }
+
+    /// Starts sending slice `index`: its successor is fetched meanwhile when the range goes on.
+    fn enter(&mut self, index: u64) {
+        if self.index == Some(index) {
+            return;
+        }
+        self.index = Some(index);
+        self.attempts = 0;
+        if self.end >= (index + 1) * self.inner.slice_bytes {
+            prefetch(
+                &self.inner,
+                &self.meta,
+                &self.origin,
+                &self.parts,
+                index + 1,
+            );
+        }
+    }
+
+    /// Offsets `from..=to` inside slice `index` that the range still needs.
+    fn wanted(&self, index: u64) -> (u64, u64) {
+        let start = index * self.inner.slice_bytes;
+        let last = start + self.inner.slice_bytes - 1;
+        (self.next - start, self.end.min(last) - start)
+    }
+
+    /// Chooses where the slice holding `next` comes from.
+    fn pick(&mut self) -> Result<(), BoxError> {
+        let index = self.next / self.inner.slice_bytes;
+        self.enter(index);
+        let key = self.slice_key(index);
+        let (from, to) = self.wanted(index);
+        if let Some(s) = self.inner.memory.get(&key) {
+            if s.len <= to {
+                return Err("a stored slice is shorter than the object".into());
+            }
+            self.source = Source::Stored(s.range(from, to).into_iter());
+            return Ok(());
+        }
+        if self.inner.disk.as_ref().is_some_and(|d| d.contains(&key)) {
+            // A disk read is awaited: the rest of the range goes through a producer task.
+            let rest = ByteRange {
+                start: self.next,
+                end: self.end,
+            };
+            self.source = Source::Channel(spawn(
+                self.inner.clone(),
+                self.meta.clone(),
+                self.origin.clone(),
+                clone_parts(&self.parts),
+                Plan::ranges(vec![rest], None),
+                None,
+            ));
+            return Ok(());
+        }
+        if self.attempts >= FILL_ATTEMPTS {
+            return Err("origin failed".into());
+        }
+        let (fill, _) = self.inner.join_or_start(key, || FillJob {
+            request: slice_request(&self.parts, index, self.inner.slice_bytes),
+            origin: self.origin.clone(),
+            kind: JobKind::Warm {
+                meta: self.meta.clone(),
+            },
+        });
+        self.source = Source::Follow {
+            reader: fill.reader(),
+            at: 0,
+        };
+        Ok(())
+    }
+
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        loop {
+            if self.next > self.end && !matches!(self.source, Source::Channel(_)) {
+                self.source = Source::Done;
+            }
+            let index = self.index.unwrap_or(self.next / self.inner.slice_bytes);
+            let (from, to) = match self.source {
+                Source::Follow { .. } => self.wanted(index),
+                _ => (0, 0),
+            };
+            match &mut self.source {
+                Source::Done => return Poll::Ready(None),
+                Source::Channel(body) => {
+                    return match http_body::Body::poll_frame(Pin::new(body), cx) {
+                        Poll::Ready(Some(Ok(f))) => match f.into_data() {
+                            Ok(b) => Poll::Ready(Some(Ok(b))),
+                            Err(_) => continue,
+                        },
+                        Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                        Poll::Ready(None) => Poll::Ready(None),
+                        Poll::Pending => Poll::Pending,
+                    }
+                }
+                Source::Pick => {
+                    if let Err(e) = self.pick() {
+                        self.source = Source::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                }
+                Source::Stored(chunks) => match chunks.next() {
+                    Some(c) => {
+                        self.next += c.len() as u64;
+                        self.inner.metrics.bytes_memory.inc_by(c.len() as u64);
+                        return Poll::Ready(Some(Ok(c)));
+                    }
+                    None => self.source = Source::Pick,
+                },
+                Source::Follow { reader, at } => {
+                    match ready!(reader.poll_next(cx)) {
+                        Event::Chunk(c) => {
+                            let (start, end) = (*at, *at + c.len() as u64);
+                            *at = end;
+                            if end <= from || start > to {
+                                continue;
+                            }
+                            let lo = (from - start) as usize;
+                            let hi = ((to + 1).min(end) - start) as usize;
+                            self.next += (hi - lo) as u64;
+                            return Poll::Ready(Some(Ok(c.slice(lo..hi))));
+                        }
+                        Event::End(FillEnd::Complete { .. }) => {
+                            if self.next <= index * self.inner.slice_bytes + to {
+                                // The slice ended before the bytes this range needs from it.
+                                self.source = Source::Done;
+                                return Poll::Ready(Some(Err(
+                                    "the origin's slice is shorter than the object".into(),
+                                )));
+                            }
+                            self.source = Source::Pick;
+                        }
+                        Event::End(FillEnd::Failed(_)) => {
+                            // Elect a new writer; it carries on from the byte reached.
+                            self.attempts += 1;
+                            self.source = Source::Pick;
+                        }
+                        Event::End(FillEnd::Mismatch) => {
+                            self.source = Source::Done;
+                            return Poll::Ready(Some(Err(
+                                "the object changed at the origin".into()
+                            )));
+                        }
+                        Event::End(FillEnd::Pass { .. }) => {
+                            self.source = Source::Done;
+                            return Poll::Ready(Some(Err(
+                                "the object is no longer cacheable".into()
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl http_body::Body for Inline {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.poll_data(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.source, Source::Done)
+            || (self.next > self.end && !matches!(self.source, Source::Channel(_)))
     }
 }
