@@ -46,6 +46,9 @@ struct Obj {
     stall_after: Option<u64>,
     /// The bytes depend on the request's Accept-Encoding (with `Vary: Accept-Encoding`).
     by_encoding: bool,
+    /// The next answer whose body reaches this offset of the object ends there, short of its
+    /// `Content-Length` (the connection is cut); later answers are whole.
+    cut_once_at: Option<(u64, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl Obj {
@@ -60,6 +63,7 @@ impl Obj {
             fail: false,
             stall_after: None,
             by_encoding: false,
+            cut_once_at: None,
         }
     }
 
@@ -187,16 +191,23 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
         obj.version
     };
     let stall_at = obj.stall_after;
+    let cut = obj.cut_once_at.clone();
     let counter = state.clone();
     // Generated in 64 KiB chunks as the client reads.
     let chunks = futures_util::stream::unfold(start, move |at| {
         let counter = counter.clone();
+        let cut = cut.clone();
         async move {
             if len == 0 || at > end {
                 return None;
             }
             if stall_at.is_some_and(|s| at >= s) {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            if let Some((c, pending)) = &cut {
+                if at >= *c && pending.swap(false, Ordering::SeqCst) {
+                    return None;
+                }
             }
             let stop = (at + 64 * KIB - 1).min(end);
             counter.bytes.fetch_add(stop - at + 1, Ordering::SeqCst);
@@ -955,6 +966,60 @@ async fn a_failing_origin_mid_body_wakes_every_waiter() {
     .await
     .expect("no hang");
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+}
+
+#[tokio::test]
+async fn a_writer_cut_mid_slice_hands_over_and_every_reader_gets_exact_bytes() {
+    let (origin, oaddr) = start_origin().await;
+    let slice = 256 * KIB;
+    let len = 3 * slice + 1000;
+    let mut obj = Obj::new(len, "max-age=60");
+    obj.delay = Duration::from_millis(50);
+    // The answer for the second slice stops after two of its four 64 KiB chunks.
+    obj.cut_once_at = Some((
+        slice + 128 * KIB,
+        Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    ));
+    origin.set("/cut", obj);
+    let front = start_front(config(slice), oaddr).await;
+    let replies = futures_util::future::join_all((0..30).map(|i| {
+        let url = front.url("/cut");
+        async move {
+            // Every third client comes once the object is known and asks for a range that
+            // starts inside the slice that fails (it joins that slice's fill as a hit).
+            let range = format!("bytes={}-", slice + 1000 * i);
+            let headers: Vec<(&str, &str)> = if i % 3 == 0 {
+                tokio::time::sleep(Duration::from_millis(120)).await;
+                vec![("range", range.as_str())]
+            } else {
+                vec![]
+            };
+            (i, request("GET", &url, &headers).await)
+        }
+    }))
+    .await;
+    for (i, r) in &replies {
+        let from = if i % 3 == 0 { slice + 1000 * i } else { 0 };
+        assert_eq!(
+            sha256(&body(r)),
+            sha256(&bytes_of(1, from, len - 1)),
+            "client {i}: {}",
+            r.status
+        );
+    }
+    // The second slice was asked for twice (the cut answer, then the new writer's); the others once.
+    let ranges: Vec<String> = origin
+        .requests_for("/cut")
+        .into_iter()
+        .filter_map(|h| h.get("range").cloned())
+        .collect();
+    let second = format!("bytes={}-{}", slice, 2 * slice - 1);
+    assert_eq!(
+        ranges.iter().filter(|r| **r == second).count(),
+        2,
+        "{ranges:?}"
+    );
+    assert_eq!(origin.count("/cut"), 5, "{ranges:?}");
 }
 
 // === the disk tier ===

@@ -279,4 +279,57 @@ mod tests {
         assert_eq!(late, ra.0);
         assert_eq!(end, FillEnd::Complete { last: true });
     }
+
+    struct Count(AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_waiting_reader_is_listed_once_and_woken_once_per_change() {
+        let fill = Fill::new();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut r = fill.reader();
+        // Polled again and again while nothing changes (a connection polling its body after
+        // every write): one entry, not one per poll.
+        for _ in 0..5 {
+            assert!(r.poll_next(&mut cx).is_pending());
+        }
+        assert_eq!(fill.lock().waiters.len(), 1);
+        fill.push(Bytes::from_static(b"abc"));
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        assert!(fill.lock().waiters.is_empty());
+        match r.poll_next(&mut cx) {
+            Poll::Ready(Event::Chunk(c)) => assert_eq!(&c[..], b"abc"),
+            _ => panic!("the pushed chunk"),
+        }
+        // Waiting again after the change lists it again; a second end is no change and wakes
+        // nobody.
+        assert!(r.poll_next(&mut cx).is_pending());
+        assert_eq!(fill.lock().waiters.len(), 1);
+        fill.finish(FillEnd::Complete { last: true });
+        fill.finish(FillEnd::Failed("late".into()));
+        assert_eq!(count.0.load(Ordering::Relaxed), 2);
+        assert!(matches!(
+            r.poll_next(&mut cx),
+            Poll::Ready(Event::End(FillEnd::Complete { last: true }))
+        ));
+        // The head is waited for the same way.
+        let other = Fill::new();
+        let mut h = other.reader();
+        assert!(h.poll_head(&mut cx).is_pending());
+        assert!(h.poll_head(&mut cx).is_pending());
+        assert_eq!(other.lock().waiters.len(), 1);
+        other.finish(FillEnd::Failed("gone".into()));
+        assert_eq!(count.0.load(Ordering::Relaxed), 3);
+        assert!(matches!(
+            h.poll_head(&mut cx),
+            Poll::Ready(Err(FillEnd::Failed(_)))
+        ));
+    }
 }
