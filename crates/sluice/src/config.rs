@@ -456,19 +456,26 @@ pub struct Overrides {
 impl Config {
     /// Whether the media front end caches (`media.cache`; the deprecated `media.cache_bytes = 0`
     /// turns it off too).
+    #[cfg(feature = "media")]
     pub fn media_caches(&self) -> bool {
-        #[cfg(feature = "media")]
-        return self.media.enabled && self.media.cache && self.media.cache_bytes != Some(0);
-        #[cfg(not(feature = "media"))]
+        self.media.enabled && self.media.cache && self.media.cache_bytes != Some(0)
+    }
+
+    /// Whether the media front end caches: never in a build without it.
+    #[cfg(not(feature = "media"))]
+    pub fn media_caches(&self) -> bool {
         false
     }
 
-    /// Whether `/proxy/*` is served (`media.enabled`); never in a build without the media
-    /// front end.
+    /// Whether `/proxy/*` is served (`media.enabled`).
+    #[cfg(feature = "media")]
     pub fn media_enabled(&self) -> bool {
-        #[cfg(feature = "media")]
-        return self.media.enabled;
-        #[cfg(not(feature = "media"))]
+        self.media.enabled
+    }
+
+    /// Whether `/proxy/*` is served: never in a build without the media front end.
+    #[cfg(not(feature = "media"))]
+    pub fn media_enabled(&self) -> bool {
         false
     }
 
