@@ -108,7 +108,9 @@ pub fn parse_filter(spec: &str) -> Result<Filter, String> {
             }
         }
     }
-    filter.targets.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+    filter
+        .targets
+        .sort_by_key(|(target, _)| std::cmp::Reverse(target.len()));
     Ok(filter)
 }
 
