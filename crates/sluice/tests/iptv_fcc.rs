@@ -620,8 +620,8 @@ async fn bad_fcc_parameters_are_a_clear_400() {
 async fn fiberhome_speaks_the_telecom_dialect() {
     let run = burst_then_multicast_with(
         Flavor::Telecom,
-        "239.71.9.50",
-        46140,
+        "239.71.9.60",
+        46190,
         "&fcc-type=fiberhome",
         config,
     )
@@ -631,8 +631,8 @@ async fn fiberhome_speaks_the_telecom_dialect() {
     assert_eq!(request.len(), 24, "{request:02x?}");
     assert_eq!(&request[..4], &[0x82, 205, 0, 5], "{request:02x?}");
     // Media source SSRC and the FCI's group are the group's address.
-    assert_eq!(&request[8..12], &[239, 71, 9, 50]);
-    assert_eq!(&request[20..24], &[239, 71, 9, 50]);
+    assert_eq!(&request[8..12], &[239, 71, 9, 60]);
+    assert_eq!(&request[20..24], &[239, 71, 9, 60]);
 }
 
 /// Ports `count` free consecutive UDP ports below the kernel's ephemeral range, so a port the
@@ -691,8 +691,8 @@ async fn the_fcc_socket_takes_a_port_of_the_range_on_the_fcc_interface() {
     let range = first..=first + 2;
     let run = burst_then_multicast_with(
         Flavor::Huawei,
-        "239.71.9.51",
-        46142,
+        "239.71.9.61",
+        46192,
         "&r2h-ifname-fcc=lo",
         || {
             let mut cfg = config();
@@ -738,8 +738,8 @@ async fn a_full_port_range_starts_on_plain_multicast() {
     cfg.fcc.listen_port_range = Some(port.to_string());
     cfg.fcc.interface = Some("lo".into());
     let run = zap_custom(
-        "239.71.9.52",
-        46144,
+        "239.71.9.62",
+        46194,
         Some((Flavor::Telecom, false)),
         false,
         "",
@@ -759,7 +759,7 @@ async fn a_full_port_range_starts_on_plain_multicast() {
 async fn a_bad_fcc_interface_is_a_clear_400() {
     let gw = Gateway::start(config()).await;
     let resp = gw
-        .get("/rtp/239.71.9.53:46146?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=nosuch0")
+        .get("/rtp/239.71.9.63:46196?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=nosuch0")
         .await;
     assert_eq!(resp.status(), 400);
     assert_eq!(
@@ -767,7 +767,7 @@ async fn a_bad_fcc_interface_is_a_clear_400() {
         "r2h-ifname-fcc: no network interface named \"nosuch0\"\n"
     );
     let resp = gw
-        .get("/rtp/239.71.9.53:46146?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=")
+        .get("/rtp/239.71.9.63:46196?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=")
         .await;
     assert_eq!(resp.status(), 400);
     assert_eq!(
@@ -779,7 +779,7 @@ async fn a_bad_fcc_interface_is_a_clear_400() {
     cfg.allow_iface_param = false;
     let gw = Gateway::start(cfg).await;
     let resp = gw
-        .get("/rtp/239.71.9.53:46146?fcc=10.0.0.1:8027&r2h-ifname-fcc=lo")
+        .get("/rtp/239.71.9.63:46196?fcc=10.0.0.1:8027&r2h-ifname-fcc=lo")
         .await;
     assert_eq!(resp.status(), 400);
     assert_eq!(
