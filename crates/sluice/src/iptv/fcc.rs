@@ -665,3 +665,48 @@ fn local_ip_towards(server: SocketAddrV4, interface: Option<&str>) -> Option<Ipv
         SocketAddr::V6(_) => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_ranges_parse_or_say_why() {
+        let p = Ports::parse("40000-40100").unwrap();
+        assert_eq!((p.first, p.last), (40000, 40100));
+        let p = Ports::parse("5000").unwrap();
+        assert_eq!((p.first, p.last), (5000, 5000));
+        for bad in ["", "0", "0-5", "5-4", "1-70000", "a-b", "-", "40000-"] {
+            let err = Ports::parse(bad).unwrap_err();
+            assert!(err.contains("PORT or FIRST-LAST"), "{bad}: {err}");
+        }
+    }
+
+    fn socket() -> socket2::Socket {
+        udp_socket(None).unwrap()
+    }
+
+    /// Successive sessions start one port further on, skip ports in use, and run out.
+    #[test]
+    fn sessions_take_free_ports_in_turn_until_none_is_left() {
+        // Two free ports next to each other, found by holding them.
+        let (first, held) = (20_000..60_000u16)
+            .step_by(7)
+            .find_map(|p| {
+                let a = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p)).ok()?;
+                let b = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p + 1)).ok()?;
+                Some((p, (a, b)))
+            })
+            .unwrap();
+        drop(held);
+        let ports = Ports::parse(&format!("{first}-{}", first + 1)).unwrap();
+        let (a, b) = (socket(), socket());
+        assert_eq!(ports.bind(&a).unwrap(), first);
+        assert_eq!(ports.bind(&b).unwrap(), first + 1);
+        // Both taken: the third session gets none.
+        assert!(matches!(ports.bind(&socket()), Err(StartError::NoFreePort)));
+        // One released: the next session finds it wherever its turn starts.
+        drop(a);
+        assert_eq!(ports.bind(&socket()).unwrap(), first);
+    }
+}
