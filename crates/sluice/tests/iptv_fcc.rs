@@ -711,12 +711,19 @@ async fn the_fcc_socket_takes_a_port_of_the_range_on_the_fcc_interface() {
     else {
         unreachable!()
     };
-    assert!(range.contains(&from.port()), "request from {from}, range {range:?}");
+    assert!(
+        range.contains(&from.port()),
+        "request from {from}, range {range:?}"
+    );
     assert_eq!(client_port, from.port(), "the request names its own port");
     assert_eq!(from.ip(), std::net::IpAddr::V4(Ipv4Addr::LOCALHOST));
     assert_eq!(client_ip, Some(Ipv4Addr::LOCALHOST), "lo's address");
     drop(log);
-    assert_eq!(run.status["hubs"][0]["fcc"]["interface"], "lo", "{}", run.status);
+    assert_eq!(
+        run.status["hubs"][0]["fcc"]["interface"], "lo",
+        "{}",
+        run.status
+    );
     // The hub lingers with its FCC socket open: bound to lo, on the port the server saw.
     let sockets = udp_sockets_on(from.port());
     assert!(
@@ -747,7 +754,10 @@ async fn a_full_port_range_starts_on_plain_multicast() {
     )
     .await;
     assert_contiguous(&run.got, &channel());
-    assert!(run.log.lock().unwrap().requests.is_empty(), "no request sent");
+    assert!(
+        run.log.lock().unwrap().requests.is_empty(),
+        "no request sent"
+    );
     let fcc = &run.status["hubs"][0]["fcc"];
     assert_eq!(fcc["outcome"], "no free port in listen_port_range", "{fcc}");
     assert_eq!(fcc["phase"], "multicast", "{fcc}");

@@ -88,7 +88,15 @@ fn first_frame_second(out: &[u8]) -> u32 {
     let decoded = Command::new("ffmpeg")
         .args(["-loglevel", "error", "-i"])
         .arg(&path)
-        .args(["-frames:v", "1", "-f", "rawvideo", "-pix_fmt", "yuv420p", "-"])
+        .args([
+            "-frames:v",
+            "1",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "yuv420p",
+            "-",
+        ])
         .output()
         .unwrap();
     let luma = MP4_WIDTH * MP4_HEIGHT;
@@ -679,11 +687,20 @@ async fn catch_up_makes_a_time_shift_server_seek() {
     };
     let (local, unix, tvdr) = tokio::join!(
         // 20:00:07 in UTC+8 is 12:00:07Z: second 7.
-        read(format!("{base}?playseek=20240101200007-20240101201000"), BEIJING),
+        read(
+            format!("{base}?playseek=20240101200007-20240101201000"),
+            BEIJING
+        ),
         // 12:00:15Z as a Unix time, 6 s earlier by the offset: second 9.
-        read(format!("{base}?playseek=1704110415&r2h-seek-offset=-6"), &[]),
+        read(
+            format!("{base}?playseek=1704110415&r2h-seek-offset=-6"),
+            &[]
+        ),
         // tvdr in GMT, a zone-less client: second 21.
-        read(format!("{base}?tvdr=20240101120021GMT-20240101120100GMT"), &[]),
+        read(
+            format!("{base}?tvdr=20240101120021GMT-20240101120100GMT"),
+            &[]
+        ),
     );
     assert_eq!(first_frame_second(&local), 7);
     assert_eq!(first_frame_second(&unix), 9);
