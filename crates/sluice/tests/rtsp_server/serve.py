@@ -18,13 +18,13 @@ video is re-muxed to MPEG-TS): /vod, where GStreamer honours `Range: npt=` itsel
 server maps it to the recording's own time (npt) before GStreamer handles the PLAY, because
 GStreamer reads clock ranges as absolute times since 1900 (far past the end of any file).
 """
-import calendar
-import time
 import argparse
+import calendar
 import contextlib
 import ctypes
 import json
 import sys
+import time
 
 import gi
 
@@ -59,14 +59,17 @@ def writable(mini_object):
 
 
 LIBGSTRTSP = ctypes.CDLL("libgstrtsp-1.0.so.0")
+LIBGSTRTSP.gst_rtsp_message_remove_header.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+LIBGSTRTSP.gst_rtsp_message_add_header.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
 
 
 def set_range(ctx, value):
     """Replaces the Range header of the request being handled. `ctx.request` is a copy in
     Python, so the header is changed in the server's own message: GstRTSPContext's fourth
-    field (after server, conn, client), reached through the wrapper's C pointer."""
+    field (after server, conn, client: pointers of 8 bytes), reached through the wrapper's C
+    pointer."""
     context = ctypes.c_void_p.from_address(id(ctx) + 16).value
-    message = ctypes.c_void_p.from_address(context + 3 * 8)
+    message = ctypes.c_void_p.from_address(context + 3 * 8).value
     field = int(GstRtsp.RTSPHeaderField.RANGE)
     LIBGSTRTSP.gst_rtsp_message_remove_header(message, field, -1)
     LIBGSTRTSP.gst_rtsp_message_add_header(message, field, value.encode())
@@ -107,6 +110,7 @@ def main():
         )
         mounts_list += [("/vod", False, seekable), ("/timeshift", False, seekable)]
     recorded_at = calendar.timegm(time.strptime(args.recorded_at, "%Y%m%dT%H%M%SZ"))
+
     def answer_seeking(pad, info, demux):
         # mpegtsmux answers the SEEKING query "not seekable" (an aggregator does not ask
         # upstream), so the RTSP server would refuse every seek. The demuxer behind it does
