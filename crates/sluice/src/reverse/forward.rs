@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::access_log::Entry;
 use super::body::{BodySlot, OnDone, ResponseBody};
 use super::client::ConnectFailure;
+use super::h1pool::{H1Error, UpstreamBody};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
@@ -75,7 +76,7 @@ impl FetchError {
 
 /// A response head from one server, and the in-flight mark held until its body ends.
 pub struct Fetched {
-    pub response: Response<Incoming>,
+    pub response: Response<UpstreamBody>,
     pub in_flight: InFlight,
 }
 
@@ -421,13 +422,33 @@ pub(super) async fn attempts(
         let in_flight = server.begin();
         let Some(lent) = body.lend() else { break };
         let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
-        let req = build_request(head, server, authority, lent);
-        let client = if head.upgrade {
-            route.upgrade_client.get()
-        } else {
-            route.client.get()
+        let owned = match (route.h1.get(), index) {
+            (Some(pool), Some(i)) if !head.upgrade => Some((pool, i)),
+            _ => None,
         };
-        let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
+        let send = async {
+            match owned {
+                Some((pool, i)) => {
+                    let req = build_request(head, server, None, lent);
+                    pool.send(i, server.addr(), req)
+                        .await
+                        .map_err(SendFailure::Owned)
+                }
+                None => {
+                    let req = build_request(head, server, Some(authority), lent);
+                    let client = if head.upgrade {
+                        route.upgrade_client.get()
+                    } else {
+                        route.client.get()
+                    };
+                    match client.request(req).await {
+                        Ok(r) => Ok(r.map(UpstreamBody::from)),
+                        Err(e) => Err(SendFailure::Pooled(e)),
+                    }
+                }
+            }
+        };
+        let outcome = tokio::time::timeout(route.header_timeout, send).await;
         let failure = match outcome {
             Ok(Ok(response)) => {
                 server.report_success();
@@ -443,7 +464,7 @@ pub(super) async fn attempts(
                         limit: route.config.max_body_bytes,
                     });
                 }
-                classify(&e, group.name(), server, route.connect_timeout)
+                classify(&e, group.name(), server)
             }
             Err(_) => FetchError::HeaderTimeout {
                 server: server.addr().to_string(),
@@ -481,23 +502,26 @@ pub struct UpstreamHead {
     pub host: Option<String>,
 }
 
-/// The request for one attempt; `authority` is the server's address parsed once per route table
-/// (absent only for an address that is no authority, which then fails as before: no pool key).
+/// The request for one attempt. For the pooled client (`authority` given) the target is in
+/// absolute form, the pool's key; `Some(a)` is the server's address parsed once per route table
+/// (`None` only for an address that is no authority, which then fails as before: no pool key). An
+/// owned connection (`authority` absent) is already the server's: the target is in origin form.
 fn build_request(
     head: &UpstreamHead,
     server: &Server,
-    authority: Option<&Authority>,
+    authority: Option<Option<&Authority>>,
     body: super::body::LentBody,
 ) -> Request<Body> {
     let uri = match authority {
-        Some(a) => {
+        None => Uri::from(head.path_and_query.clone()),
+        Some(Some(a)) => {
             let mut parts = http::uri::Parts::default();
             parts.scheme = Some(Scheme::HTTP);
             parts.authority = Some(a.clone());
             parts.path_and_query = Some(head.path_and_query.clone());
             Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
         }
-        None => format!("http://{}{}", server.addr(), head.path_and_query)
+        Some(None) => format!("http://{}{}", server.addr(), head.path_and_query)
             .parse()
             .unwrap_or_else(|_| Uri::from_static("/")),
     };
@@ -514,30 +538,36 @@ fn build_request(
     req
 }
 
+/// How one attempt failed, by the client that made it.
+#[derive(Debug, thiserror::Error)]
+enum SendFailure {
+    #[error(transparent)]
+    Pooled(hyper_util::client::legacy::Error),
+    #[error(transparent)]
+    Owned(H1Error),
+}
+
 /// Sorts a client error into refused / timed out (connect) or broken (after sending).
-fn classify(
-    e: &hyper_util::client::legacy::Error,
-    group: &str,
-    server: &Server,
-    connect: Duration,
-) -> FetchError {
+fn classify(e: &SendFailure, group: &str, server: &Server) -> FetchError {
+    let e = match e {
+        SendFailure::Pooled(e) => e,
+        SendFailure::Owned(H1Error::Connect(cf)) => return connect_failure(cf, group),
+        SendFailure::Owned(H1Error::Http(e)) => {
+            return FetchError::Broken {
+                server: server.addr().to_string(),
+                detail: e.to_string(),
+            }
+        }
+    };
     use std::error::Error as _;
     let mut source = e.source();
     while let Some(s) = source {
         if let Some(cf) = s.downcast_ref::<ConnectFailure>() {
-            return match cf {
-                ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
-                    group: group.to_string(),
-                },
-                _ => FetchError::Refused {
-                    group: group.to_string(),
-                },
-            };
+            return connect_failure(cf, group);
         }
         source = s.source();
     }
     if e.is_connect() {
-        let _ = connect;
         return FetchError::Refused {
             group: group.to_string(),
         };
@@ -549,6 +579,17 @@ fn classify(
     FetchError::Broken {
         server: server.addr().to_string(),
         detail,
+    }
+}
+
+fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
+    match cf {
+        ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
+            group: group.to_string(),
+        },
+        _ => FetchError::Refused {
+            group: group.to_string(),
+        },
     }
 }
 
