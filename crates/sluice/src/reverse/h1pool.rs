@@ -130,6 +130,7 @@ impl H1Pool {
                         incoming,
                         driver,
                         ended: false,
+                        failed: None,
                     }));
                 }
                 Err(mut e) => match e.take_message() {
@@ -258,6 +259,8 @@ pub struct UpstreamBody {
     incoming: Incoming,
     driver: Option<Driver>,
     ended: bool,
+    /// A failure held back for one poll (see `poll_frame`).
+    failed: Option<hyper::Error>,
 }
 
 impl From<Incoming> for UpstreamBody {
@@ -266,6 +269,7 @@ impl From<Incoming> for UpstreamBody {
             incoming,
             driver: None,
             ended: false,
+            failed: None,
         }
     }
 }
@@ -287,6 +291,9 @@ impl http_body::Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
+        if let Some(e) = this.failed.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
         // Buffered bytes first; polling asks the connection for more (hyper reads a body only
         // when it is wanted).
         let mut polled = Pin::new(&mut this.incoming).poll_frame(cx);
@@ -304,7 +311,17 @@ impl http_body::Body for UpstreamBody {
                 this.ended = true;
                 this.release();
             }
-            Poll::Ready(Some(Err(_))) => this.driver = None,
+            Poll::Ready(Some(Err(_))) => {
+                this.driver = None;
+                if let Poll::Ready(Some(Err(e))) = polled {
+                    // Read in the same pass as the head, a cut would reach the client's writer
+                    // before it sent anything, and it would drop the head too. One `Pending`
+                    // first lets it write what arrived; the cut comes on the next poll.
+                    this.failed = Some(e);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
             _ => {}
         }
         polled
@@ -475,5 +492,32 @@ mod tests {
         let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
         let err = pool.send(0, &addr, get(&addr)).await.err().unwrap();
         assert!(matches!(err, H1Error::Connect(ConnectFailure::Refused { .. })));
+    }
+}
+
+#[cfg(test)]
+mod garbage_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn garbage_answer_is_an_error() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(b"SSH-2.0-OpenSSH_9.0\r\n\xff\xfe garbage\r\n\r\n").await;
+            }
+        });
+        let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
+        let req = Request::builder()
+            .uri("/x")
+            .header("host", &addr)
+            .body(crate::body::empty())
+            .unwrap();
+        let err = pool.send(0, &addr, req).await.err().unwrap();
+        assert!(matches!(err, H1Error::Http(_)), "{err}");
     }
 }
