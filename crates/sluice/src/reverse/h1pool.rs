@@ -1,7 +1,7 @@
 //! Plain HTTP/1.1 upstream connections driven by the request that uses them: an idle stack per
 //! server (newest on top), the connection polled inside the attempt and then by the response body,
 //! and pushed back when the response ends. No task per connection, so a response reaches the
-//! client without a hand-off between tasks (see `docs/decisions/0012-owned-h1-upstream.md`).
+//! client without a hand-off between tasks (see `docs/decisions/owned-h1-upstream.md`).
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -493,16 +493,10 @@ mod tests {
         let err = pool.send(0, &addr, get(&addr)).await.err().unwrap();
         assert!(matches!(err, H1Error::Connect(ConnectFailure::Refused { .. })));
     }
-}
-
-#[cfg(test)]
-mod garbage_tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn garbage_answer_is_an_error() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
@@ -519,5 +513,35 @@ mod garbage_tests {
             .unwrap();
         let err = pool.send(0, &addr, req).await.err().unwrap();
         assert!(matches!(err, H1Error::Http(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_cut_body_yields_what_arrived_then_the_error() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
+                    .await;
+            }
+        });
+        let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
+        let resp = pool.send(0, &addr, get(&addr)).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let err = loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Some(Ok(frame)) => got.extend_from_slice(frame.data_ref().unwrap()),
+                Some(Err(e)) => break e,
+                None => panic!("a cut body ended as if complete"),
+            }
+        };
+        assert_eq!(got, b"0123456789");
+        assert_eq!(err.to_string(), "error reading a body from connection");
+        assert_eq!(pool.idle(0), 0);
     }
 }
