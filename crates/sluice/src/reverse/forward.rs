@@ -153,10 +153,10 @@ impl Reverse {
             let (mut parts, incoming) = req.into_parts();
             // The client's headers move into the upstream head: no copy of the map.
             let headers = std::mem::take(&mut parts.headers);
-            let head = self.upstream_head(route, &parts, headers, path, down, upgrade)?;
+            let mut head = self.upstream_head(route, &parts, headers, path, down, upgrade)?;
             let body = BodySlot::new(incoming, limit, route.idle_timeout);
             let fetched = self
-                .fetch(route, &head, &body, key.as_deref())
+                .fetch(route, &mut head, &body, key.as_deref())
                 .await
                 .map_err(FetchError::into_proxy_error)?;
             Ok((fetched, on_upgrade))
@@ -186,7 +186,7 @@ impl Reverse {
     pub async fn fetch(
         &self,
         route: &Arc<Route>,
-        head: &UpstreamHead,
+        head: &mut UpstreamHead,
         body: &BodySlot,
         key: Option<&[u8]>,
     ) -> Result<Fetched, FetchError> {
@@ -392,7 +392,7 @@ impl Reverse {
 pub(super) async fn attempts(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
-    head: &UpstreamHead,
+    head: &mut UpstreamHead,
     body: &BodySlot,
     key: Option<&[u8]>,
 ) -> Result<Fetched, FetchError> {
@@ -405,11 +405,10 @@ pub(super) async fn attempts(
     }
     let replayable = head.method.is_idempotent() && body.is_empty();
     let mut last: Option<FetchError> = None;
-    for (attempt, server) in plan
-        .iter()
-        .take(route.config.max_attempts as usize)
-        .enumerate()
-    {
+    let tries = plan.len().min(route.config.max_attempts as usize);
+    for (attempt, server) in plan.iter().take(tries).enumerate() {
+        // The last possible attempt takes the head's headers instead of a copy.
+        let final_try = attempt + 1 == tries;
         if attempt > 0 {
             if !budget.try_retry() {
                 break;
@@ -429,13 +428,13 @@ pub(super) async fn attempts(
         let send = async {
             match owned {
                 Some((pool, i)) => {
-                    let req = build_request(head, server, None, lent);
+                    let req = build_request(head, final_try, server, None, lent);
                     pool.send(i, server.addr(), req)
                         .await
                         .map_err(SendFailure::Owned)
                 }
                 None => {
-                    let req = build_request(head, server, Some(authority), lent);
+                    let req = build_request(head, final_try, server, Some(authority), lent);
                     let client = if head.upgrade {
                         route.upgrade_client.get()
                     } else {
@@ -502,12 +501,14 @@ pub struct UpstreamHead {
     pub host: Option<String>,
 }
 
-/// The request for one attempt. For the pooled client (`authority` given) the target is in
+/// The request for one attempt (`final_try`: no attempt follows, the headers move out of `head`).
+/// For the pooled client (`authority` given) the target is in
 /// absolute form, the pool's key; `Some(a)` is the server's address parsed once per route table
 /// (`None` only for an address that is no authority, which then fails as before: no pool key). An
 /// owned connection (`authority` absent) is already the server's: the target is in origin form.
 fn build_request(
-    head: &UpstreamHead,
+    head: &mut UpstreamHead,
+    final_try: bool,
     server: &Server,
     authority: Option<Option<&Authority>>,
     body: super::body::LentBody,
@@ -529,7 +530,11 @@ fn build_request(
     *req.method_mut() = head.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
-    let mut headers = head.headers.clone();
+    let mut headers = if final_try {
+        std::mem::take(&mut head.headers)
+    } else {
+        head.headers.clone()
+    };
     let host = head.host.as_deref().unwrap_or(server.addr());
     if let Ok(v) = HeaderValue::from_str(host) {
         headers.insert(header::HOST, v);

@@ -54,7 +54,9 @@ impl Live {
 }
 
 struct Idle {
-    live: Live,
+    /// Boxed, like everywhere it travels: a connection is a large value, and moving it in and out
+    /// of the stack and the response body would copy it each time.
+    live: Box<Live>,
     since: Instant,
 }
 
@@ -99,7 +101,9 @@ impl H1Pool {
         loop {
             let (live, reused) = match self.checkout(index) {
                 Some(live) => (live, true),
-                None => (self.connect(addr).await?, false),
+                // Boxed: connecting is the rare path, and inline its state would make every
+                // request's future (copied as it is built) as large as the resolver's and dialer's.
+                None => (Box::pin(self.connect(addr)).await?, false),
             };
             let mut live = Some(live);
             let sent = match live.as_mut() {
@@ -142,7 +146,7 @@ impl H1Pool {
     }
 
     /// The newest idle connection to server `index` that can still take a request.
-    fn checkout(&self, index: usize) -> Option<Live> {
+    fn checkout(&self, index: usize) -> Option<Box<Live>> {
         let slot = self.servers.get(index)?;
         loop {
             let idle = slot.lock().ok()?.pop_back()?;
@@ -160,7 +164,7 @@ impl H1Pool {
     }
 
     /// Puts a connection whose response ended back on its server's stack.
-    fn checkin(self: &Arc<Self>, index: usize, mut live: Live) {
+    fn checkin(self: &Arc<Self>, index: usize, mut live: Box<Live>) {
         if self.max_idle == 0 || !live.usable_when_idle() {
             return;
         }
@@ -221,7 +225,7 @@ impl H1Pool {
         left
     }
 
-    async fn connect(&self, addr: &str) -> Result<Live, H1Error> {
+    async fn connect(&self, addr: &str) -> Result<Box<Live>, H1Error> {
         let secs = self.connect_timeout.as_secs();
         let tcp = match tokio::time::timeout(self.connect_timeout, super::client::dial(addr)).await
         {
@@ -236,7 +240,7 @@ impl H1Pool {
         };
         // An HTTP/1 handshake does no I/O: it only sets the connection up.
         let (send, conn) = self.builder.handshake(TokioIo::new(tcp)).await?;
-        Ok(Live { send, conn })
+        Ok(Box::new(Live { send, conn }))
     }
 
     /// Idle connections to server `index` (tests).
@@ -248,7 +252,7 @@ impl H1Pool {
 
 /// The connection a response body drives, and where it goes back to.
 struct Driver {
-    live: Live,
+    live: Box<Live>,
     pool: Arc<H1Pool>,
     index: usize,
 }
