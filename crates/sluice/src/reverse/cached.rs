@@ -153,7 +153,7 @@ impl Reverse {
 struct RouteOrigin {
     budget: Arc<RetryBudget>,
     route: Arc<Route>,
-    host: Option<String>,
+    host: Option<http::HeaderValue>,
     balance: Option<Vec<u8>>,
 }
 

@@ -205,11 +205,13 @@ impl Reverse {
         upgrade: bool,
     ) -> Result<UpstreamHead, ProxyError> {
         hop::strip_hop_by_hop(&mut headers, true);
+        // The client's Host is sent on as it came (no copy) when the host the route saw is it,
+        // i.e. the request had no authority in its target.
+        let client_host = headers.remove(header::HOST);
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
         // which is once an upstream connection is ready) and streams the body; the upstream never
         // needs to.
         headers.remove(header::EXPECT);
-        headers.remove(header::HOST);
         let version = match req.version {
             Version::HTTP_2 => "2",
             Version::HTTP_10 => "1.0",
@@ -261,10 +263,12 @@ impl Reverse {
             path_and_query,
             headers,
             upgrade,
-            host: if route.config.preserve_host {
-                down.host.clone()
-            } else {
-                None
+            host: match (&down.host, route.config.preserve_host) {
+                (Some(_), true) if req.uri.authority().is_none() && client_host.is_some() => {
+                    client_host
+                }
+                (Some(h), true) => HeaderValue::from_str(h).ok(),
+                _ => None,
             },
         })
     }
@@ -498,7 +502,7 @@ pub struct UpstreamHead {
     pub headers: HeaderMap,
     pub upgrade: bool,
     /// The Host to send; `None` sends the server's `host:port`.
-    pub host: Option<String>,
+    pub host: Option<HeaderValue>,
 }
 
 /// The request for one attempt (`final_try`: no attempt follows, the headers move out of `head`).
@@ -513,16 +517,21 @@ fn build_request(
     authority: Option<Option<&Authority>>,
     body: super::body::LentBody,
 ) -> Request<Body> {
+    let path_and_query = if final_try {
+        std::mem::replace(&mut head.path_and_query, PathAndQuery::from_static("/"))
+    } else {
+        head.path_and_query.clone()
+    };
     let uri = match authority {
-        None => Uri::from(head.path_and_query.clone()),
+        None => Uri::from(path_and_query),
         Some(Some(a)) => {
             let mut parts = http::uri::Parts::default();
             parts.scheme = Some(Scheme::HTTP);
             parts.authority = Some(a.clone());
-            parts.path_and_query = Some(head.path_and_query.clone());
+            parts.path_and_query = Some(path_and_query);
             Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
         }
-        Some(None) => format!("http://{}{}", server.addr(), head.path_and_query)
+        Some(None) => format!("http://{}{}", server.addr(), path_and_query)
             .parse()
             .unwrap_or_else(|_| Uri::from_static("/")),
     };
@@ -535,8 +544,11 @@ fn build_request(
     } else {
         head.headers.clone()
     };
-    let host = head.host.as_deref().unwrap_or(server.addr());
-    if let Ok(v) = HeaderValue::from_str(host) {
+    let host = match &head.host {
+        Some(v) => Some(v.clone()),
+        None => HeaderValue::from_str(server.addr()).ok(),
+    };
+    if let Some(v) = host {
         headers.insert(header::HOST, v);
     }
     *req.headers_mut() = headers;
