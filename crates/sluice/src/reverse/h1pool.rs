@@ -495,7 +495,10 @@ mod tests {
         drop(listener);
         let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
         let err = pool.send(0, &addr, get(&addr)).await.err().unwrap();
-        assert!(matches!(err, H1Error::Connect(ConnectFailure::Refused { .. })));
+        assert!(matches!(
+            err,
+            H1Error::Connect(ConnectFailure::Refused { .. })
+        ));
     }
 
     #[tokio::test]
@@ -506,7 +509,9 @@ mod tests {
             while let Ok((mut s, _)) = l.accept().await {
                 let mut buf = [0u8; 4096];
                 let _ = s.read(&mut buf).await;
-                let _ = s.write_all(b"SSH-2.0-OpenSSH_9.0\r\n\xff\xfe garbage\r\n\r\n").await;
+                let _ = s
+                    .write_all(b"SSH-2.0-OpenSSH_9.0\r\n\xff\xfe garbage\r\n\r\n")
+                    .await;
             }
         });
         let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
