@@ -6,9 +6,12 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
-# The RTSP tests run GStreamer's RTSP server from the distribution's Python.
+# The RTSP tests run GStreamer's RTSP server from the distribution's Python; its seekable mounts
+# demux an H.264 MP4 (qtdemux, h264parse: good and bad plugins) and re-mux it (mpegtsmux: bad).
 if ! /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); from gi.repository import GstRtspServer' >/dev/null 2>&1 \
-  || ! gst-inspect-1.0 rtpmp2tpay >/dev/null 2>&1 || ! gst-inspect-1.0 tsparse >/dev/null 2>&1; then
+  || ! gst-inspect-1.0 rtpmp2tpay >/dev/null 2>&1 || ! gst-inspect-1.0 tsparse >/dev/null 2>&1 \
+  || ! gst-inspect-1.0 qtdemux >/dev/null 2>&1 || ! gst-inspect-1.0 h264parse >/dev/null 2>&1 \
+  || ! gst-inspect-1.0 mpegtsmux >/dev/null 2>&1; then
   need_apt+=(python3 python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-tools
     gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad)
 fi

@@ -23,7 +23,7 @@ class Context:
         self.quick = quick
         self.pin = pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
         self.sluice_bin = os.path.join(repo, "target", "release", "sluice")
-        # The gateway-only build: cargo build --profile router --no-default-features --features iptv
+        # The gateway-only build: scripts/build-router
         self.sluice_router_bin = os.path.join(repo, "target", "router", "sluice")
         self.loadgen_bin = os.path.join(repo, "target", "release", "sluice-loadgen")
         self._tmp = tempfile.mkdtemp(prefix="run-", dir=self._ensure(os.path.join(self.work, "tmp")))

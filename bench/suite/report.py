@@ -339,8 +339,9 @@ def render_s5(result, out_dir, charts_rel):
     router = _s5_router(result)
     if router:
         md += ["", "**Both builds against the router goals** (issue 13; the router build is "
-                   "`cargo build --profile router -p sluice --no-default-features --features "
-                   "iptv`, the full one `cargo build --release`; sizes are of stripped copies):",
+                   "`scripts/build-router` (`--profile router --no-default-features --features "
+                   "iptv`, linked for size and with its hot code first), the full one `cargo build "
+                   "--release`; sizes are of stripped copies):",
                "", table(["goal", "full build", "gateway-only router build"], router)]
     versions = sorted({r["version"] for r in result["rows"] if r.get("version")})
     if versions:

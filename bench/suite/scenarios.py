@@ -323,7 +323,8 @@ S5_PORT = 4056
 # sluice as shipped, then with less instant-start history (iptv.burst_bytes, the knob that
 # drives its per-channel memory), down to none. Nothing else is tuned.
 # The third field picks the binary: "full" is the release build with every front end; "router"
-# is the gateway-only build (`--profile router --no-default-features --features iptv`).
+# is the gateway-only build (`scripts/build-router`: `--profile router --no-default-features
+# --features iptv`, linked for size).
 S5_GATEWAYS = [
     ("sluice (defaults: burst_bytes 1 MiB)", {}, "full"),
     ("sluice (SLUICE_IPTV_BURST_BYTES=256 KiB)", {"SLUICE_IPTV_BURST_BYTES": str(256 * 1024)}, "full"),
@@ -430,8 +431,7 @@ def _s5_gateway(ctx, case, groups, label, env, warm, secs, build="full"):
     sender = None
     try:
         row["version"] = peer.version
-        # Idle means settled: sluice unmaps its start-up code a second after it starts serving
-        # (docs/decisions/footprint.md), so the sample waits that out.
+        # Idle means settled: start-up is over and the process waits for its first channel.
         time.sleep(S5_SETTLE_SECS)
         row["idle"] = _idle_usage(ctx, peer.pid)
         lead, drain = 0.5, 10.0

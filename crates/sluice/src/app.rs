@@ -153,12 +153,6 @@ impl App {
         } else {
             None
         };
-        // One config file may serve both builds: a gateway-only build says what it leaves out
-        // rather than refusing to start.
-        #[cfg(not(feature = "media"))]
-        if config.media.enabled {
-            tracing::warn!("media.enabled is set, but this build has no media front end (the `media` feature): /proxy/ answers 404");
-        }
         #[cfg(feature = "iptv")]
         let iptv = Iptv::new(config.iptv.clone(), upstream.clone(), &mut registry)?;
         #[cfg(feature = "reverse")]
@@ -185,7 +179,7 @@ impl App {
             proxy_series: std::sync::OnceLock::new(),
             #[cfg(feature = "reverse")]
             reverse_metrics,
-            media_on: config.media.enabled,
+            media_on: config.media_enabled(),
             media_caches: config.media_caches(),
             auth,
             tokens,
@@ -216,7 +210,7 @@ impl App {
     pub fn prepare_reload(&self, config: &Config) -> anyhow::Result<crate::server::reload::Commit> {
         let old = self.routing.load_full();
         let result = (|| {
-            if config.media.enabled != self.media_on {
+            if config.media_enabled() != self.media_on {
                 anyhow::bail!("media.enabled changed: that needs a restart");
             }
             if config.server.listener_names() != old.listeners() {
@@ -684,7 +678,7 @@ pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
 pub fn build_routing(config: &Config) -> anyhow::Result<Routing> {
     Routing::new(
         &config.endpoints,
-        config.media.enabled,
+        config.media_enabled(),
         config.server.listener_names(),
     )
 }
@@ -727,7 +721,7 @@ pub fn build_routing(
     Routing::new(
         reverse,
         &config.endpoints,
-        config.media.enabled,
+        config.media_enabled(),
         config.server.listener_names(),
     )
 }

@@ -3,7 +3,9 @@
 //! Precedence, lowest first: built-in defaults, the config file, `SLUICE_<SECTION>_<KEY>` environment
 //! variables, command-line flags. Everything is validated before anything binds.
 
+#[cfg(feature = "media")]
 pub mod public_ip;
+#[cfg(feature = "media")]
 pub mod ratelimit;
 
 use std::net::SocketAddr;
@@ -19,6 +21,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub auth: AuthConfig,
     pub upstream: UpstreamConfig,
+    #[cfg(feature = "media")]
     pub media: MediaConfig,
     #[cfg(feature = "iptv")]
     pub iptv: crate::iptv::IptvConfig,
@@ -272,6 +275,7 @@ fn yes() -> bool {
 }
 
 /// The MediaFlow-compatible media proxy front end.
+#[cfg(feature = "media")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MediaConfig {
@@ -331,11 +335,11 @@ pub struct MediaConfig {
     pub public_ip: public_ip::PublicIpConfig,
 }
 
+#[cfg(feature = "media")]
 impl Default for MediaConfig {
     fn default() -> Self {
         MediaConfig {
-            // Off by default in a build without it, so the gateway-only build runs as is.
-            enabled: cfg!(feature = "media"),
+            enabled: true,
             // HLS
             max_manifest_bytes: 8 * 1024 * 1024,
             live_start_offset: -18.0,
@@ -361,7 +365,38 @@ impl Default for MediaConfig {
     }
 }
 
+#[cfg(feature = "media")]
+impl MediaConfig {
+    /// Checks the values before anything binds.
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.max_playlist_segments == 0 {
+            bail!("media.max_playlist_segments must be at least 1");
+        }
+        if self.live_mpd_ttl_secs == 0 || self.mpd_ttl_secs == 0 {
+            bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");
+        }
+        if self.max_segment_bytes < 1024 || self.max_mpd_bytes < 1024 {
+            bail!("media.max_segment_bytes and media.max_mpd_bytes must be at least 1024");
+        }
+        // HLS
+        if self.xtream_max_response_bytes < 1024 {
+            bail!("media.xtream_max_response_bytes must be at least 1024");
+        }
+        self.acestream.validate()?;
+        self.ratelimit.validate()?;
+        self.public_ip.validate()?;
+        if self.max_manifest_bytes < 1024 {
+            bail!("media.max_manifest_bytes must be at least 1024");
+        }
+        if !self.live_start_offset.is_finite() {
+            bail!("media.live_start_offset must be a finite number of seconds (0 disables it)");
+        }
+        Ok(())
+    }
+}
+
 /// `[media.acestream]`: where the engine is and how sessions are shared.
+#[cfg(feature = "media")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AcestreamConfig {
@@ -377,6 +412,7 @@ pub struct AcestreamConfig {
     pub max_sessions: usize,
 }
 
+#[cfg(feature = "media")]
 impl Default for AcestreamConfig {
     fn default() -> Self {
         AcestreamConfig {
@@ -389,6 +425,7 @@ impl Default for AcestreamConfig {
     }
 }
 
+#[cfg(feature = "media")]
 impl AcestreamConfig {
     /// Checks the values before anything binds.
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -419,11 +456,27 @@ pub struct Overrides {
 impl Config {
     /// Whether the media front end caches (`media.cache`; the deprecated `media.cache_bytes = 0`
     /// turns it off too).
+    #[cfg(feature = "media")]
     pub fn media_caches(&self) -> bool {
-        cfg!(feature = "media")
-            && self.media.enabled
-            && self.media.cache
-            && self.media.cache_bytes != Some(0)
+        self.media.enabled && self.media.cache && self.media.cache_bytes != Some(0)
+    }
+
+    /// Whether the media front end caches: never in a build without it.
+    #[cfg(not(feature = "media"))]
+    pub fn media_caches(&self) -> bool {
+        false
+    }
+
+    /// Whether `/proxy/*` is served (`media.enabled`).
+    #[cfg(feature = "media")]
+    pub fn media_enabled(&self) -> bool {
+        self.media.enabled
+    }
+
+    /// Whether `/proxy/*` is served: never in a build without the media front end.
+    #[cfg(not(feature = "media"))]
+    pub fn media_enabled(&self) -> bool {
+        false
     }
 
     /// Whether any front end uses the slice cache service.
@@ -440,7 +493,9 @@ impl Config {
     /// `memory_bytes` to at least its value.
     #[cfg(feature = "cache")]
     pub fn cache_section(&self) -> crate::cache::CacheConfig {
+        #[cfg_attr(not(feature = "media"), allow(unused_mut))]
         let mut c = self.cache.clone();
+        #[cfg(feature = "media")]
         if let Some(n) = self.media.cache_bytes.filter(|n| *n > 0) {
             c.memory_bytes = c.memory_bytes.max(crate::cache::ByteSize(n));
         }
@@ -604,9 +659,6 @@ impl Config {
         if self.upstream.http2 && self.upstream.http2_keepalive_secs == 0 {
             bail!("upstream.http2_keepalive_secs must be at least 1");
         }
-        if self.media.max_playlist_segments == 0 {
-            bail!("media.max_playlist_segments must be at least 1");
-        }
         #[cfg(feature = "groups")]
         crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
         #[cfg(feature = "tcp")]
@@ -625,13 +677,6 @@ impl Config {
                 bail!("route {i} has cache = true but [cache] memory_bytes is 0");
             }
         }
-        let m = &self.media;
-        if m.live_mpd_ttl_secs == 0 || m.mpd_ttl_secs == 0 {
-            bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");
-        }
-        if m.max_segment_bytes < 1024 || m.max_mpd_bytes < 1024 {
-            bail!("media.max_segment_bytes and media.max_mpd_bytes must be at least 1024");
-        }
         for route in &self.upstream.routes {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
@@ -645,19 +690,8 @@ impl Config {
         }
         sluice_http::route::HostPattern::parse(&self.endpoints.host)
             .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
-        // HLS
-        if self.media.xtream_max_response_bytes < 1024 {
-            bail!("media.xtream_max_response_bytes must be at least 1024");
-        }
-        self.media.acestream.validate()?;
-        self.media.ratelimit.validate()?;
-        self.media.public_ip.validate()?;
-        if self.media.max_manifest_bytes < 1024 {
-            bail!("media.max_manifest_bytes must be at least 1024");
-        }
-        if !self.media.live_start_offset.is_finite() {
-            bail!("media.live_start_offset must be a finite number of seconds (0 disables it)");
-        }
+        #[cfg(feature = "media")]
+        self.media.validate()?;
         Ok(())
     }
 
@@ -691,6 +725,7 @@ pub fn left_out() -> Vec<(&'static str, &'static str)> {
             out.push((key, feature));
         }
     };
+    absent(cfg!(feature = "media"), "media", "media");
     absent(cfg!(feature = "iptv"), "iptv", "iptv");
     absent(cfg!(feature = "reverse"), "routes", "reverse");
     absent(cfg!(feature = "reverse"), "reverse", "reverse");
@@ -804,8 +839,8 @@ mod tests {
     fn defaults_are_loopback_and_valid() {
         let c = Config::load(None, env(&[]), &Overrides::default()).unwrap();
         assert_eq!(c.server.listen, vec!["127.0.0.1:8888".parse().unwrap()]);
-        // On where the media front end is built in, off in the gateway-only build.
-        assert_eq!(c.media.enabled, cfg!(feature = "media"));
+        // On where the media front end is built in; never in the gateway-only build.
+        assert_eq!(c.media_enabled(), cfg!(feature = "media"));
     }
 
     #[test]
@@ -918,7 +953,7 @@ mod tests {
         assert_eq!(c.media_caches(), cfg!(feature = "media"));
     }
 
-    #[cfg(feature = "cache")]
+    #[cfg(all(feature = "cache", feature = "media"))]
     #[test]
     fn deprecated_media_cache_bytes_maps_onto_the_cache_service() {
         let parse = |t: &str| Config::parse_file(t).unwrap();
@@ -940,7 +975,12 @@ mod tests {
 
     #[test]
     fn section_of_a_left_out_front_end_names_its_feature() {
-        let full = cfg!(all(feature = "iptv", feature = "reverse", feature = "tcp"));
+        let full = cfg!(all(
+            feature = "media",
+            feature = "iptv",
+            feature = "reverse",
+            feature = "tcp"
+        ));
         assert_eq!(left_out().is_empty(), full);
         for (key, feature) in left_out() {
             let err = Config::parse_file(&format!("[{key}]\nx = 1\n")).unwrap_err();

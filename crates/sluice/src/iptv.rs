@@ -106,6 +106,8 @@ pub struct IptvConfig {
     pub status_interval_ms: u64,
     /// `/rtsp/` sessions: `[iptv.rtsp]`.
     pub rtsp: rtsp::RtspConfig,
+    /// Fast channel change sockets: `[iptv.fcc]`.
+    pub fcc: fcc::FccConfig,
 }
 
 impl Default for IptvConfig {
@@ -136,6 +138,7 @@ impl Default for IptvConfig {
             max_datagram_bytes: 1536,
             status_interval_ms: 1000,
             rtsp: rtsp::RtspConfig::default(),
+            fcc: fcc::FccConfig::default(),
         }
     }
 }
@@ -183,6 +186,12 @@ impl IptvConfig {
                 reason,
             });
         }
+        if let Err(reason) = self.fcc.validate() {
+            return Err(IptvError::Config {
+                field: "fcc",
+                reason,
+            });
+        }
         if self.slow_subscriber_timeout_ms < 100 {
             return bad("slow_subscriber_timeout_ms", "must be at least 100");
         }
@@ -212,6 +221,7 @@ impl IptvConfig {
             recv_buffer: self.recv_buffer_bytes,
             max_datagram: self.max_datagram_bytes,
             rtsp: None,
+            fcc_ports: self.fcc.ports(),
         }
     }
 }
@@ -507,9 +517,27 @@ impl Iptv {
             }
         };
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
-        let fcc = ch
-            .fcc
-            .map(|(server, flavor)| fcc::FccTarget { server, flavor });
+        let fcc = match ch.fcc {
+            Some((server, flavor)) => {
+                let interface = match (ch.fcc_interface, &self.config.fcc.interface) {
+                    (Some(_), _) if !self.config.allow_iface_param => {
+                        return Err("choosing the interface per request is disabled".into())
+                    }
+                    (Some(name), _) => Some(name),
+                    (None, configured) => configured.clone(),
+                };
+                if let Some(name) = &interface {
+                    crate::net::multicast::interface_index(name)
+                        .map_err(|e| format!("r2h-ifname-fcc: {e}"))?;
+                }
+                Some(fcc::FccTarget {
+                    server,
+                    flavor,
+                    interface,
+                })
+            }
+            None => None,
+        };
         let key = HubKey {
             rtsp: None,
             fec: ch.fec,

@@ -1,17 +1,75 @@
-//! Log filter from `RUST_LOG`: `level` and `target=level` directives, comma-separated.
+//! Logging to stderr: the `RUST_LOG` filter (`level` and `target=level` directives) and the
+//! subscriber that writes one line per event.
+//!
+//! Hand-written rather than `tracing-subscriber`: sluice logs events and no spans, and its
+//! registry, span storage and formatting layers were ~40 KB of the router build for that
+//! (docs/decisions/footprint.md).
 
-use tracing_subscriber::filter::Targets;
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::level_filters::LevelFilter;
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
 
 /// The level used when `RUST_LOG` is unset, empty or invalid.
 pub const DEFAULT: &str = "info";
 
 const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 
+/// Which events are logged: a level per target prefix (the longest matching prefix decides) and
+/// a level for everything else (off unless a bare level is given, as `target=level` alone means
+/// "only this target").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    default: LevelFilter,
+    /// Longest prefix first.
+    targets: Vec<(String, LevelFilter)>,
+}
+
+impl Filter {
+    /// Whether an event of `level` from `target` is logged.
+    pub fn would_enable(&self, target: &str, level: &Level) -> bool {
+        let max = self
+            .targets
+            .iter()
+            .find(|(prefix, _)| target.starts_with(prefix.as_str()))
+            .map_or(self.default, |(_, l)| *l);
+        *level <= max
+    }
+
+    /// The most verbose level any directive lets through.
+    pub fn max_level(&self) -> LevelFilter {
+        self.targets
+            .iter()
+            .map(|(_, l)| *l)
+            .fold(self.default, LevelFilter::max)
+    }
+}
+
+fn level(word: &str) -> Option<LevelFilter> {
+    let i = LEVELS.iter().position(|l| l.eq_ignore_ascii_case(word))?;
+    Some(
+        [
+            LevelFilter::TRACE,
+            LevelFilter::DEBUG,
+            LevelFilter::INFO,
+            LevelFilter::WARN,
+            LevelFilter::ERROR,
+            LevelFilter::OFF,
+        ][i],
+    )
+}
+
 /// Parses a `RUST_LOG` value such as `info` or `warn,sluice::upstream=debug`. Spaces around
 /// directives are ignored; an empty value means the default. A directive without `=` must be a
 /// level: a bare word would otherwise be read as a target name and silence everything else (so
-/// `warning` is an error, not a filter that prints nothing).
-pub fn parse_filter(spec: &str) -> Result<Targets, String> {
+/// `warning` is an error, not a filter that prints nothing). The last directive for the same
+/// target wins.
+pub fn parse_filter(spec: &str) -> Result<Filter, String> {
     let directives: Vec<&str> = spec
         .split(',')
         .map(str::trim)
@@ -20,23 +78,44 @@ pub fn parse_filter(spec: &str) -> Result<Targets, String> {
     if directives.is_empty() {
         return Ok(default_filter());
     }
-    if let Some(bad) = directives
-        .iter()
-        .find(|d| !d.contains('=') && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)))
-    {
-        return Err(format!(
-            "invalid RUST_LOG {spec:?}: {bad:?} is not a level (one of {})",
-            LEVELS.join(", ")
-        ));
+    let mut filter = Filter {
+        default: LevelFilter::OFF,
+        targets: Vec::new(),
+    };
+    for d in directives {
+        let bad = |why: &str| format!("invalid RUST_LOG {spec:?}: {d:?} {why}");
+        match d.split_once('=') {
+            None => {
+                filter.default = level(d).ok_or_else(|| {
+                    bad(&format!("is not a level (one of {})", LEVELS.join(", ")))
+                })?;
+            }
+            Some((target, word)) => {
+                let target = target.trim();
+                if target.is_empty() || target.contains(|c: char| c.is_whitespace() || c == '[') {
+                    return Err(bad(
+                        "names no target (span and field filters are not supported)",
+                    ));
+                }
+                let l = level(word.trim()).ok_or_else(|| {
+                    bad(&format!(
+                        "does not end in a level (one of {})",
+                        LEVELS.join(", ")
+                    ))
+                })?;
+                filter.targets.retain(|(t, _)| t != target);
+                filter.targets.push((target.to_string(), l));
+            }
+        }
     }
-    directives
-        .join(",")
-        .parse()
-        .map_err(|e| format!("invalid RUST_LOG {spec:?}: {e}"))
+    filter
+        .targets
+        .sort_by_key(|(target, _)| std::cmp::Reverse(target.len()));
+    Ok(filter)
 }
 
 /// The filter for `RUST_LOG` (`None` when unset), or the default and a warning to log.
-pub fn filter_from(value: Option<&str>) -> (Targets, Option<String>) {
+pub fn filter_from(value: Option<&str>) -> (Filter, Option<String>) {
     match value.map(parse_filter) {
         None => (default_filter(), None),
         Some(Ok(filter)) => (filter, None),
@@ -47,20 +126,137 @@ pub fn filter_from(value: Option<&str>) -> (Targets, Option<String>) {
     }
 }
 
-fn default_filter() -> Targets {
-    DEFAULT.parse().expect("default filter parses")
+fn default_filter() -> Filter {
+    Filter {
+        default: LevelFilter::INFO,
+        targets: Vec::new(),
+    }
+}
+
+/// Writes each enabled event to stderr as one line:
+/// `2026-11-23T07:20:00.123456Z  WARN sluice::server: message key=value`.
+pub struct Logger {
+    filter: Filter,
+    /// Colour the level (stderr is a terminal).
+    ansi: bool,
+}
+
+impl Logger {
+    pub fn new(filter: Filter, ansi: bool) -> Self {
+        Logger { filter, ansi }
+    }
+}
+
+impl Subscriber for Logger {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        // The filter never changes, so each callsite's answer is cached by tracing.
+        if self.enabled(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>) -> bool {
+        meta.is_event() && self.filter.would_enable(meta.target(), meta.level())
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(self.filter.max_level())
+    }
+
+    // Spans are not recorded (sluice creates none; a dependency's would only add context).
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let line = format_line(SystemTime::now(), event, self.ansi);
+        // One write per line, so concurrent events never interleave within a line; a failed
+        // write (stderr closed) has nowhere to be reported.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+}
+
+/// The line for `event` at `now`, newline included.
+pub fn format_line(now: SystemTime, event: &Event<'_>, ansi: bool) -> String {
+    let mut line = String::with_capacity(128);
+    timestamp(&mut line, now);
+    let meta = event.metadata();
+    let (name, colour) = match *meta.level() {
+        Level::TRACE => ("TRACE", "35"),
+        Level::DEBUG => ("DEBUG", "34"),
+        Level::INFO => (" INFO", "32"),
+        Level::WARN => (" WARN", "33"),
+        Level::ERROR => ("ERROR", "31"),
+    };
+    if ansi {
+        let _ = write!(line, " \x1b[{colour}m{name}\x1b[0m ");
+    } else {
+        let _ = write!(line, " {name} ");
+    }
+    line.push_str(meta.target());
+    line.push(':');
+    let mut fields = Fields {
+        message: String::new(),
+        rest: String::new(),
+    };
+    event.record(&mut fields);
+    if !fields.message.is_empty() {
+        line.push(' ');
+        line.push_str(&fields.message);
+    }
+    line.push_str(&fields.rest);
+    line.push('\n');
+    line
+}
+
+/// RFC 3339 in UTC with microseconds, as `tracing-subscriber` wrote it.
+fn timestamp(out: &mut String, now: SystemTime) {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() as i64;
+    let (y, m, d) = sluice_media::civil::civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    let _ = write!(
+        out,
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        since.subsec_micros()
+    );
+}
+
+struct Fields {
+    message: String,
+    rest: String,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            let _ = write!(self.rest, " {}={value:?}", field.name());
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracing::Level;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn bare_level_sets_the_default() {
         let f = parse_filter("debug").unwrap();
         assert!(f.would_enable("anything", &Level::DEBUG));
         assert!(!f.would_enable("anything", &Level::TRACE));
+        assert_eq!(f.max_level(), LevelFilter::DEBUG);
     }
 
     #[test]
@@ -69,6 +265,20 @@ mod tests {
         assert!(f.would_enable("sluice::upstream::connector", &Level::TRACE));
         assert!(!f.would_enable("sluice::server", &Level::INFO));
         assert!(f.would_enable("hyper", &Level::WARN));
+        assert_eq!(f.max_level(), LevelFilter::TRACE);
+    }
+
+    #[test]
+    fn the_longest_prefix_decides_and_the_last_directive_wins() {
+        let f = parse_filter("sluice=debug,sluice::iptv=error,sluice=info").unwrap();
+        assert!(f.would_enable("sluice::server", &Level::INFO));
+        assert!(!f.would_enable("sluice::server", &Level::DEBUG));
+        assert!(!f.would_enable("sluice::iptv::hub", &Level::WARN));
+        assert!(f.would_enable("sluice::iptv::hub", &Level::ERROR));
+        // Without a bare level, other targets are off.
+        assert!(!f.would_enable("hyper", &Level::ERROR));
+        let off = parse_filter("info,hyper=off").unwrap();
+        assert!(!off.would_enable("hyper::proto", &Level::ERROR));
     }
 
     #[test]
@@ -88,6 +298,9 @@ mod tests {
         assert!(warning.contains("sluice=loud"), "{warning}");
         assert!(warning.contains("using \"info\""), "{warning}");
         assert!(f.would_enable("sluice", &Level::INFO));
+        for bad in ["=info", "sluice[span]=debug", "a b=info"] {
+            assert!(parse_filter(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -100,5 +313,59 @@ mod tests {
             assert!(f.would_enable("hyper", &Level::WARN), "{value}");
         }
         assert!(filter_from(Some("WARN")).1.is_none());
+    }
+
+    #[test]
+    fn timestamps_are_utc_with_microseconds() {
+        let mut s = String::new();
+        // 2026-11-23T07:20:05.000042Z
+        let t = UNIX_EPOCH + std::time::Duration::new(1_795_418_405, 42_000);
+        timestamp(&mut s, t);
+        assert_eq!(s, "2026-11-23T07:20:05.000042Z");
+        s.clear();
+        timestamp(&mut s, UNIX_EPOCH);
+        assert_eq!(s, "1970-01-01T00:00:00.000000Z");
+    }
+
+    /// `Logger`'s filtering and formatting, with the lines kept instead of written.
+    struct Capture(Logger, Arc<Mutex<Vec<String>>>);
+
+    impl Subscriber for Capture {
+        fn enabled(&self, meta: &Metadata<'_>) -> bool {
+            self.0.enabled(meta)
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let line = format_line(UNIX_EPOCH, event, false);
+            self.1.lock().unwrap().push(line);
+        }
+    }
+
+    #[test]
+    fn lines_carry_level_target_message_and_fields() {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let filter = parse_filter("info,quiet=off").unwrap();
+        let logger = Logger::new(filter, false);
+        tracing::subscriber::with_default(Capture(logger, lines.clone()), || {
+            let addr = "127.0.0.1:80";
+            tracing::warn!(target: "sluice::server", %addr, n = 3, name = "x", "cannot {}", "bind");
+            tracing::info!(target: "sluice::iptv", "plain");
+            tracing::debug!(target: "sluice::iptv", "too verbose");
+            tracing::error!(target: "quiet::x", "silenced");
+        });
+        let lines = lines.lock().unwrap();
+        assert_eq!(
+            *lines,
+            [
+                "1970-01-01T00:00:00.000000Z  WARN sluice::server: cannot bind addr=127.0.0.1:80 n=3 name=\"x\"\n",
+                "1970-01-01T00:00:00.000000Z  INFO sluice::iptv: plain\n",
+            ]
+        );
     }
 }

@@ -107,18 +107,17 @@ fn read_password_file(path: &std::path::Path) -> anyhow::Result<String> {
 /// files and journald get plain text.
 fn init_logging() {
     use std::io::IsTerminal;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
     let value = std::env::var_os("RUST_LOG").map(|v| v.to_string_lossy().into_owned());
     let (filter, warning) = sluice::logging::filter_from(value.as_deref());
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal()),
-        )
-        .with(filter)
+    // rustls (the `tls` feature) logs through `log`: its records become events too.
+    #[cfg(feature = "tls")]
+    let _ = tracing_log::LogTracer::builder()
+        .with_max_level(tracing_log::AsLog::as_log(&filter.max_level()))
         .init();
+    let logger = sluice::logging::Logger::new(filter, std::io::stderr().is_terminal());
+    if tracing::subscriber::set_global_default(logger).is_err() {
+        eprintln!("warning: a log subscriber was already installed");
+    }
     if let Some(warning) = warning {
         tracing::warn!("{warning}");
     }

@@ -1,7 +1,8 @@
 //! Fast channel change end to end: a scripted FCC server on loopback bursts the channel from
 //! its last keyframe by unicast while the real multicast runs on `lo`; the gateway switches at
 //! the sequence meeting point. Asserted: the bytes (no gap, no duplicate), the signalling
-//! packets, the time to the first keyframe with and without FCC, and the 80 ms fallback.
+//! packets, the time to the first keyframe with and without FCC, and the 80 ms fallback;
+//! FiberHome's dialect, the FCC port range and the FCC interface.
 
 #[path = "iptv_support/mod.rs"]
 mod support;
@@ -80,6 +81,8 @@ fn spawn_multicast(
 #[derive(Debug, Default)]
 struct Log {
     requests: Vec<(Instant, ClientMessage)>,
+    /// The first request as it came, and where from.
+    first_request: Option<(Vec<u8>, SocketAddr)>,
     terminations: Vec<(Instant, ClientMessage)>,
     burst_from: Option<usize>,
     burst_began: Option<Instant>,
@@ -121,6 +124,9 @@ fn spawn_fcc_server(
                 match msg {
                     ClientMessage::Request { .. } => {
                         log.requests.push((Instant::now(), msg));
+                        if log.first_request.is_none() {
+                            log.first_request = Some((buf[..n].to_vec(), from));
+                        }
                         if silent || client.is_some() {
                             continue;
                         }
@@ -293,7 +299,18 @@ async fn zap_via(
     fcc: Option<(Flavor, bool)>,
     redirect: bool,
 ) -> Run {
-    let mut cfg = config();
+    zap_custom(group, port, fcc, redirect, "", config()).await
+}
+
+/// [`zap_via`] with `extra` added to the query and the gateway built from `cfg`.
+async fn zap_custom(
+    group: &'static str,
+    port: u16,
+    fcc: Option<(Flavor, bool)>,
+    redirect: bool,
+    extra: &str,
+    mut cfg: sluice::iptv::IptvConfig,
+) -> Run {
     cfg.linger_ms = 5000;
     let gw = Gateway::start(cfg).await;
     let payloads = Arc::new(channel());
@@ -320,7 +337,7 @@ async fn zap_via(
     };
     let asked = Instant::now();
     let asked_at = live.load(Ordering::Acquire);
-    let resp = gw.get(&format!("/rtp/{group}:{port}{query}")).await;
+    let resp = gw.get(&format!("/rtp/{group}:{port}{query}{extra}")).await;
     assert_eq!(resp.status(), 200);
     // Enough to cross the switch: everything up to two GOPs before the channel ends.
     let want_datagrams = CHANNEL - asked_at - 2 * GOP;
@@ -369,11 +386,23 @@ fn assert_contiguous(got: &[u8], payloads: &[Vec<u8>]) -> usize {
 }
 
 async fn burst_then_multicast(flavor: Flavor, group: &'static str, first_port: u16) -> Run {
+    burst_then_multicast_with(flavor, group, first_port, "", config).await
+}
+
+/// [`burst_then_multicast`] with `extra` in the query and the gateway's config from `cfg`.
+async fn burst_then_multicast_with(
+    flavor: Flavor,
+    group: &'static str,
+    first_port: u16,
+    extra: &str,
+    cfg: impl Fn() -> sluice::iptv::IptvConfig,
+) -> Run {
     // The scripted server is a thread on a machine shared with compilers: when it does not
     // get to answer within the 80 ms the gateway allows, the gateway rightly falls back to
     // plain multicast, and this run says nothing about the burst. Try again (new channel).
     let mut port = first_port;
-    let mut run = zap(group, port, Some((flavor, false))).await;
+    let fcc = Some((flavor, false));
+    let mut run = zap_custom(group, port, fcc, false, extra, cfg()).await;
     for _ in 0..2 {
         let outcome = run.status["hubs"][0]["fcc"]["outcome"].clone();
         if !outcome.as_str().is_some_and(|o| o.contains("within 80 ms")) {
@@ -381,7 +410,7 @@ async fn burst_then_multicast(flavor: Flavor, group: &'static str, first_port: u
         }
         eprintln!("scripted FCC server too slow ({outcome}); again on a new channel");
         port += 2;
-        run = zap(group, port, Some((flavor, false))).await;
+        run = zap_custom(group, port, fcc, false, extra, cfg()).await;
     }
     let payloads = channel();
     let start = assert_contiguous(&run.got, &payloads);
@@ -583,6 +612,209 @@ async fn bad_fcc_parameters_are_a_clear_400() {
         read_text(resp).await,
         "fcc=\"nowhere\" must be an IPv4 address and port (IP:PORT)\n"
     );
+}
+
+/// FiberHome servers speak the Telecom dialect (rtp2httpd groups them the same way): the
+/// request is FMT 2 (24 bytes), the termination FMT 5, and the burst meets the multicast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fiberhome_speaks_the_telecom_dialect() {
+    let run = burst_then_multicast_with(
+        Flavor::Telecom,
+        "239.71.9.60",
+        46190,
+        "&fcc-type=fiberhome",
+        config,
+    )
+    .await;
+    let log = run.log.lock().unwrap();
+    let (request, _) = log.first_request.clone().expect("request seen");
+    assert_eq!(request.len(), 24, "{request:02x?}");
+    assert_eq!(&request[..4], &[0x82, 205, 0, 5], "{request:02x?}");
+    // Media source SSRC and the FCI's group are the group's address.
+    assert_eq!(&request[8..12], &[239, 71, 9, 60]);
+    assert_eq!(&request[20..24], &[239, 71, 9, 60]);
+}
+
+/// Ports `count` free consecutive UDP ports below the kernel's ephemeral range, so a port the
+/// kernel hands out elsewhere in this process does not land in the test's range.
+fn free_port_range(count: u16) -> u16 {
+    let seed = std::process::id() as u16;
+    for attempt in 0..500u16 {
+        let first = 20_000 + (seed.wrapping_mul(7).wrapping_add(attempt * 13)) % 10_000;
+        let held: Vec<_> = (first..first + count)
+            .map_while(|p| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p)).ok())
+            .collect();
+        if held.len() == usize::from(count) {
+            return first;
+        }
+    }
+    panic!("no {count} free consecutive UDP ports");
+}
+
+/// This process's UDP sockets bound to `port`: local address and the device each is bound to
+/// (`SO_BINDTODEVICE`). The gateway runs in this process, so its FCC socket is among them.
+fn udp_sockets_on(port: u16) -> Vec<(SocketAddr, Option<Vec<u8>>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor was open a moment ago and is only queried. Should the gateway
+        // close it meanwhile, the queries fail (EBADF) or describe whatever reused it, which
+        // the port check below filters out.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let sock = socket2::SockRef::from(&fd);
+        if sock.r#type().ok() != Some(socket2::Type::DGRAM) {
+            continue;
+        }
+        let Some(local) = sock.local_addr().ok().and_then(|a| a.as_socket()) else {
+            continue;
+        };
+        if local.port() == port {
+            found.push((local, sock.device().ok().flatten()));
+        }
+    }
+    found
+}
+
+/// `[iptv.fcc] listen_port_range` and `?r2h-ifname-fcc=`: the FCC socket takes a port of the
+/// range (the request says so, and it comes from there), is bound to `lo`, and the Huawei
+/// request carries the interface's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fcc_socket_takes_a_port_of_the_range_on_the_fcc_interface() {
+    let first = free_port_range(3);
+    let range = first..=first + 2;
+    let run = burst_then_multicast_with(
+        Flavor::Huawei,
+        "239.71.9.61",
+        46192,
+        "&r2h-ifname-fcc=lo",
+        || {
+            let mut cfg = config();
+            cfg.fcc.listen_port_range = Some(format!("{first}-{}", first + 2));
+            cfg
+        },
+    )
+    .await;
+    let log = run.log.lock().unwrap();
+    let (_, from) = log.first_request.clone().expect("request seen");
+    let ClientMessage::Request {
+        client_port,
+        client_ip,
+        ..
+    } = log.requests[0].1
+    else {
+        unreachable!()
+    };
+    assert!(
+        range.contains(&from.port()),
+        "request from {from}, range {range:?}"
+    );
+    assert_eq!(client_port, from.port(), "the request names its own port");
+    assert_eq!(from.ip(), std::net::IpAddr::V4(Ipv4Addr::LOCALHOST));
+    assert_eq!(client_ip, Some(Ipv4Addr::LOCALHOST), "lo's address");
+    drop(log);
+    assert_eq!(
+        run.status["hubs"][0]["fcc"]["interface"], "lo",
+        "{}",
+        run.status
+    );
+    // The hub lingers with its FCC socket open: bound to lo, on the port the server saw.
+    let sockets = udp_sockets_on(from.port());
+    assert!(
+        sockets
+            .iter()
+            .any(|(_, device)| device.as_deref() == Some(b"lo".as_slice())),
+        "no socket on port {} bound to lo: {sockets:?}",
+        from.port()
+    );
+}
+
+/// The configured FCC interface applies without a request parameter; with every port of the
+/// range taken the channel starts on plain multicast at once, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_port_range_starts_on_plain_multicast() {
+    let port = free_port_range(1);
+    let _taken = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)).unwrap();
+    let mut cfg = config();
+    cfg.fcc.listen_port_range = Some(port.to_string());
+    cfg.fcc.interface = Some("lo".into());
+    let run = zap_custom(
+        "239.71.9.62",
+        46194,
+        Some((Flavor::Telecom, false)),
+        false,
+        "",
+        cfg,
+    )
+    .await;
+    assert_contiguous(&run.got, &channel());
+    assert!(
+        run.log.lock().unwrap().requests.is_empty(),
+        "no request sent"
+    );
+    let fcc = &run.status["hubs"][0]["fcc"];
+    assert_eq!(fcc["outcome"], "no free port in listen_port_range", "{fcc}");
+    assert_eq!(fcc["phase"], "multicast", "{fcc}");
+    assert_eq!(fcc["interface"], "lo", "{fcc}");
+    assert_eq!(run.status["hubs"][0]["rtp_lost"], 0);
+}
+
+#[tokio::test]
+async fn a_bad_fcc_interface_is_a_clear_400() {
+    let gw = Gateway::start(config()).await;
+    let resp = gw
+        .get("/rtp/239.71.9.63:46196?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=nosuch0")
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        read_text(resp).await,
+        "r2h-ifname-fcc: no network interface named \"nosuch0\"\n"
+    );
+    let resp = gw
+        .get("/rtp/239.71.9.63:46196?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=")
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        read_text(resp).await,
+        "interface name \"\" is empty or too long\n"
+    );
+    let mut cfg = config();
+    cfg.interface = Some("lo".into());
+    cfg.allow_iface_param = false;
+    let gw = Gateway::start(cfg).await;
+    let resp = gw
+        .get("/rtp/239.71.9.63:46196?fcc=10.0.0.1:8027&r2h-ifname-fcc=lo")
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        read_text(resp).await,
+        "choosing the interface per request is disabled\n"
+    );
+    // A bad range never gets as far as a socket.
+    for bad in ["40100-40000", "0-10", "x", "40000-"] {
+        let mut cfg = config();
+        cfg.fcc.listen_port_range = Some(bad.into());
+        let err = sluice::iptv::Iptv::new(
+            cfg,
+            sluice::upstream::Upstream::new(
+                &Default::default(),
+                &mut prometheus_client::registry::Registry::default(),
+            )
+            .unwrap(),
+            &mut prometheus_client::registry::Registry::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("iptv.fcc: listen_port_range {bad:?} must be PORT or FIRST-LAST (1-65535)")
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

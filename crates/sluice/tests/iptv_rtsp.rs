@@ -4,8 +4,9 @@
 //! a server that drops the session mid-stream, keep-alives against a short session timeout,
 //! catch-up (`playseek`/`tvdr` → `Range: clock=`) and start offsets, the address guard, and
 //! limits. The relayed bytes are checked against the source file byte for byte and decoded
-//! by ffprobe. (GStreamer's server does not seek these file pipelines, so seeks are checked at
-//! the request: the exact `Range` sent.)
+//! by ffprobe. Seeks are checked twice: the exact `Range` each request sends, and, against the
+//! server's seekable mounts (an H.264 MP4 whose frames carry their second as their brightness),
+//! the second of the recording the first relayed frame comes from.
 
 mod iptv_support;
 
@@ -49,6 +50,75 @@ fn source_ts() -> &'static (PathBuf, Vec<u8>) {
     })
 }
 
+/// Frame size of [`source_mp4`].
+const MP4_WIDTH: usize = 160;
+const MP4_HEIGHT: usize = 120;
+
+/// The seekable source, made once: 25 s of H.264 at 25 fps, a keyframe on every whole
+/// second, every frame flat grey at luma `16 + 8 × second` (with temporal noise so the stream
+/// has a realistic bitrate). A decoded frame tells which second of the recording it is.
+fn source_mp4() -> &'static PathBuf {
+    static MP4: OnceLock<PathBuf> = OnceLock::new();
+    MP4.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let path = dir.join("seekable.mp4");
+        let video = format!(
+            "nullsrc=size={MP4_WIDTH}x{MP4_HEIGHT}:rate=25,\
+             geq=lum='16+8*floor(T)':cb=128:cr=128,noise=alls=12:allf=t"
+        );
+        let status = Command::new("ffmpeg")
+            .args(["-loglevel", "error", "-y", "-f", "lavfi", "-i", &video])
+            .args(["-t", "25", "-c:v", "libx264", "-preset", "veryfast"])
+            .args(["-g", "25", "-keyint_min", "25", "-sc_threshold", "0"])
+            .args(["-pix_fmt", "yuv420p", "-b:v", "300k"])
+            .arg(&path)
+            .status()
+            .expect("ffmpeg must be installed (scripts/test.sh installs it)");
+        assert!(status.success(), "ffmpeg failed");
+        path
+    })
+}
+
+/// The second of [`source_mp4`] that the first video frame of the relayed `out` was taken
+/// from, read from the frame's mean luma after ffmpeg decodes it.
+fn first_frame_second(out: &[u8]) -> u32 {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.ts");
+    std::fs::write(&path, out).unwrap();
+    let decoded = Command::new("ffmpeg")
+        .args(["-loglevel", "error", "-i"])
+        .arg(&path)
+        .args([
+            "-frames:v",
+            "1",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "yuv420p",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    let luma = MP4_WIDTH * MP4_HEIGHT;
+    assert!(
+        decoded.stdout.len() >= luma,
+        "no frame decoded from {} relayed bytes: {}",
+        out.len(),
+        String::from_utf8_lossy(&decoded.stderr)
+    );
+    let mean = decoded.stdout[..luma]
+        .iter()
+        .map(|&y| f64::from(y))
+        .sum::<f64>()
+        / luma as f64;
+    let second = (mean - 16.0) / 8.0;
+    assert!(
+        (second - second.round()).abs() < 0.25,
+        "mean luma {mean} is not one of the source's seconds"
+    );
+    second.round() as u32
+}
+
 /// GStreamer's RTSP server in a child process, with the requests it logged.
 struct RtspServer {
     port: u16,
@@ -58,13 +128,30 @@ struct RtspServer {
 
 impl RtspServer {
     fn start(extra: &[&str]) -> RtspServer {
+        Self::start_with(extra, false)
+    }
+
+    /// With the seekable mounts too (`/vod`, `/timeshift` recorded from
+    /// 2024-01-01T12:00:00Z), serving [`source_mp4`].
+    fn start_seekable(extra: &[&str]) -> RtspServer {
+        Self::start_with(extra, true)
+    }
+
+    fn start_with(extra: &[&str], seekable: bool) -> RtspServer {
+        let mut args: Vec<std::ffi::OsString> = extra.iter().map(Into::into).collect();
+        if seekable {
+            args.push("--mp4".into());
+            args.push(source_mp4().into());
+            args.push("--recorded-at".into());
+            args.push("20240101T120000Z".into());
+        }
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rtsp_server/serve.py");
         // The distribution's Python: python3-gi and the GStreamer bindings live there.
         let mut child = Command::new("/usr/bin/python3")
             .arg(script)
             .arg("--ts")
             .arg(&source_ts().0)
-            .args(extra)
+            .args(&args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -525,9 +612,9 @@ async fn catch_up_becomes_a_clock_range_on_its_own_session() {
     );
 }
 
-/// `r2h-start` asks for `Range: npt=S-` (resume a VOD). GStreamer's server plays these
-/// file pipelines from their start whatever the range (it does not seek them), so what is
-/// checked is the exact request and that the session plays.
+/// `r2h-start` asks for `Range: npt=S-` (resume a VOD): the exact request, and that a
+/// catch-up range wins over it. (The `/archive` mount plays a TS file that GStreamer cannot
+/// seek, so the bytes are the file's from its start; the seeks themselves are checked below.)
 #[tokio::test]
 async fn start_offset_is_an_npt_range() {
     let server = RtspServer::start(&[]);
@@ -550,6 +637,94 @@ async fn start_offset_is_an_npt_range() {
     assert_eq!(
         server.requests("PLAY")[1]["range"],
         "clock=20240101T120000Z-"
+    );
+}
+
+/// A real server seeks on our `Range: npt=`: GStreamer's server demuxes the MP4 by time, so
+/// the first frame relayed after `r2h-start=12` is one of the recording's 12th second, where
+/// the same URL without it starts at second 0.
+#[tokio::test]
+async fn start_offset_makes_a_real_server_seek() {
+    let server = RtspServer::start_seekable(&[]);
+    let gw = Gateway::start(rtsp_config()).await;
+    let base = format!("/rtsp/127.0.0.1:{}/vod", server.port);
+    let seek_12 = format!("{base}?r2h-start=12");
+    let seek_17_udp = format!("{base}?r2h-start=17&r2h-rtsp-transport=udp");
+    let (from_start, seeked, udp) = tokio::join!(
+        stream(&gw, &base, 64 * 1024),
+        stream(&gw, &seek_12, 64 * 1024),
+        stream(&gw, &seek_17_udp, 64 * 1024),
+    );
+    assert_eq!(first_frame_second(&from_start), 0);
+    assert_eq!(first_frame_second(&seeked), 12);
+    assert_eq!(first_frame_second(&udp), 17);
+    let mut ranges: Vec<String> = server
+        .requests("PLAY")
+        .iter()
+        .map(|p| p["range"].as_str().unwrap().to_string())
+        .collect();
+    ranges.sort();
+    assert_eq!(ranges, ["npt=0.000-", "npt=12.000-", "npt=17.000-"]);
+}
+
+/// Catch-up against an operator-style time-shift server (GStreamer's server with a recording
+/// that began at 2024-01-01T12:00:00Z, reading `Range: clock=` as an instant of it): the
+/// viewer's local `playseek` time, its zone from the `User-Agent`, and `r2h-seek-offset` all
+/// land on the right second of the recording.
+#[tokio::test]
+async fn catch_up_makes_a_time_shift_server_seek() {
+    let server = RtspServer::start_seekable(&[]);
+    let gw = Gateway::start(rtsp_config()).await;
+    let base = format!("/rtsp/127.0.0.1:{}/timeshift", server.port);
+    const BEIJING: &[(&str, &str)] = &[("user-agent", "Player/1.0 TZ/UTC+8")];
+    let read = |path: String, headers: &'static [(&'static str, &'static str)]| {
+        let gw = &gw;
+        async move {
+            let resp = get_with(gw, &path, headers).await;
+            assert_eq!(resp.status(), 200, "{path}");
+            read_bytes(resp, 64 * 1024).await
+        }
+    };
+    let (local, unix, tvdr) = tokio::join!(
+        // 20:00:07 in UTC+8 is 12:00:07Z: second 7.
+        read(
+            format!("{base}?playseek=20240101200007-20240101201000"),
+            BEIJING
+        ),
+        // 12:00:15Z as a Unix time, 6 s earlier by the offset: second 9.
+        read(
+            format!("{base}?playseek=1704110415&r2h-seek-offset=-6"),
+            &[]
+        ),
+        // tvdr in GMT, a zone-less client: second 21.
+        read(
+            format!("{base}?tvdr=20240101120021GMT-20240101120100GMT"),
+            &[]
+        ),
+    );
+    assert_eq!(first_frame_second(&local), 7);
+    assert_eq!(first_frame_second(&unix), 9);
+    assert_eq!(first_frame_second(&tvdr), 21);
+    let mut ranges: Vec<String> = server
+        .requests("PLAY")
+        .iter()
+        .map(|p| p["range"].as_str().unwrap().to_string())
+        .collect();
+    ranges.sort();
+    assert_eq!(
+        ranges,
+        [
+            "clock=20240101T120007Z-20240101T121000Z",
+            "clock=20240101T120009Z-",
+            "clock=20240101T120021Z-20240101T120100Z",
+        ]
+    );
+    // Before the recording began: the server's 457 comes back as a 502 naming it.
+    let resp = get_with(&gw, &format!("{base}?playseek=20240101115900"), &[]).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(
+        body_text(resp).await,
+        "RTSP upstream: PLAY answered 457 Invalid Range\n"
     );
 }
 

@@ -19,8 +19,14 @@
 //!   sent again every [`TERMINATE_RESEND`], at most [`MAX_TERMINATE_RESENDS`] times;
 //! - a burst silent for [`UNICAST_TIMEOUT`] ends the session (the held multicast, or a fresh
 //!   join, takes over); a hub that ends mid-burst sends a forced termination.
+//!
+//! The socket takes a port of `[iptv.fcc] listen_port_range` when one is set (a gateway
+//! behind NAT whose router forwards that range), and is bound to the FCC interface
+//! (`?r2h-ifname-fcc=` or `[iptv.fcc] interface`) when one is named. When neither can be had
+//! the channel starts on plain multicast at once: FCC only ever makes a start faster.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use sluice_media::fcc::{self, Action, Flavor, ServerMessage};
@@ -44,11 +50,115 @@ pub const TERMINATE_RESEND: Duration = Duration::from_millis(100);
 /// Termination re-sends (three copies each) before the gateway stops asking.
 pub const MAX_TERMINATE_RESENDS: u8 = 5;
 
-/// Where to ask for a burst, and in which dialect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// `[iptv.fcc]` in the config file.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FccConfig {
+    /// Local UDP ports the FCC socket may take, `"40000-40100"` or one port (rtp2httpd's
+    /// `fcc-listen-port-range`), for a gateway behind a router that forwards them. None: a
+    /// port the kernel picks.
+    pub listen_port_range: Option<String>,
+    /// Interface for FCC signalling and bursts (rtp2httpd's `upstream-interface-fcc`);
+    /// `?r2h-ifname-fcc=` picks per request. None: the route to the server decides.
+    pub interface: Option<String>,
+}
+
+impl FccConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(range) = &self.listen_port_range {
+            Ports::parse(range)?;
+        }
+        if let Some(name) = &self.interface {
+            if name.is_empty() || name.len() > 15 {
+                return Err("interface must be a network interface name".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The port range, shared by every hub (validated before).
+    pub fn ports(&self) -> Option<std::sync::Arc<Ports>> {
+        let range = self.listen_port_range.as_deref()?;
+        Ports::parse(range).ok().map(std::sync::Arc::new)
+    }
+}
+
+/// The ports of `listen_port_range`. Each session starts looking one port further than the
+/// last, so a port just released (whose burst may still be arriving) is taken last.
+#[derive(Debug)]
+pub struct Ports {
+    first: u16,
+    last: u16,
+    next: AtomicU32,
+}
+
+impl Ports {
+    /// `"first-last"` or `"port"`, 1..=65535, first ≤ last.
+    pub fn parse(s: &str) -> Result<Ports, String> {
+        let bad = || format!("listen_port_range {s:?} must be PORT or FIRST-LAST (1-65535)");
+        let port = |p: &str| p.trim().parse::<u16>().ok().filter(|&p| p > 0);
+        let (first, last) = match s.split_once('-') {
+            Some((a, b)) => (port(a).ok_or_else(bad)?, port(b).ok_or_else(bad)?),
+            None => {
+                let p = port(s).ok_or_else(bad)?;
+                (p, p)
+            }
+        };
+        if first > last {
+            return Err(bad());
+        }
+        Ok(Ports {
+            first,
+            last,
+            next: AtomicU32::new(0),
+        })
+    }
+
+    /// Binds `sock` to the wildcard address on the first free port of the range.
+    fn bind(&self, sock: &socket2::Socket) -> Result<u16, StartError> {
+        let count = u32::from(self.last - self.first) + 1;
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        for i in 0..count {
+            let port = self.first + ((start + i) % count) as u16;
+            match sock.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into()) {
+                Ok(()) => return Ok(port),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => return Err(StartError::Io(e)),
+            }
+        }
+        Err(StartError::NoFreePort)
+    }
+}
+
+/// Why a session could not start; the hub then joins the multicast at once.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no free port in listen_port_range")]
+    NoFreePort,
+    #[error("cannot bind to the FCC interface: {0}")]
+    Interface(std::io::Error),
+    #[error("FCC socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl StartError {
+    /// The outcome shown on the status page and counted in `iptv_fcc_sessions`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            StartError::NoFreePort => "no free port in listen_port_range",
+            StartError::Interface(_) => "cannot bind to the FCC interface",
+            StartError::Io(_) => "FCC socket failed",
+        }
+    }
+}
+
+/// Where to ask for a burst, in which dialect, and through which interface.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FccTarget {
     pub server: SocketAddrV4,
     pub flavor: Flavor,
+    /// `?r2h-ifname-fcc=` or `[iptv.fcc] interface`; None: the route decides.
+    pub interface: Option<String>,
 }
 
 /// Where the session stands; shown on the status page.
@@ -106,6 +216,8 @@ pub enum Multicast {
 #[derive(Debug)]
 pub struct FccSession {
     flavor: Flavor,
+    /// The interface the socket is bound to, if any (the Huawei request names its address).
+    interface: Option<String>,
     group: SocketAddrV4,
     /// Where signalling goes now (after redirects and port changes).
     server: SocketAddrV4,
@@ -135,24 +247,28 @@ pub struct FccSession {
 }
 
 /// Opens the signalling socket (which also receives the burst, so it gets the multicast's
-/// `recv_buffer`) and sends the request. Must run inside a tokio runtime.
+/// `recv_buffer`) on the FCC interface and a port of `ports`, and sends the request. Must
+/// run inside a tokio runtime.
 pub fn start(
-    target: FccTarget,
+    target: &FccTarget,
     group: SocketAddrV4,
     recv_buffer: usize,
-) -> std::io::Result<(FccSession, UdpSocket)> {
-    let raw = socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::DGRAM,
-        Some(socket2::Protocol::UDP),
-    )?;
+    ports: Option<&Ports>,
+) -> Result<(FccSession, UdpSocket), StartError> {
+    let raw = udp_socket(target.interface.as_deref())?;
     crate::net::multicast::set_recv_buffer(&raw, recv_buffer);
-    raw.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+    match ports {
+        Some(ports) => {
+            ports.bind(&raw)?;
+        }
+        None => raw.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?,
+    }
     raw.set_nonblocking(true)?;
     let sock = UdpSocket::from_std(raw.into())?;
     let now = Instant::now();
     let mut session = FccSession {
         flavor: target.flavor,
+        interface: target.interface.clone(),
         group,
         server: target.server,
         asked: target.server,
@@ -477,7 +593,8 @@ impl FccSession {
     fn send_request(&mut self, sock: &UdpSocket) -> std::io::Result<()> {
         self.asked = self.server;
         let port = sock.local_addr()?.port();
-        let local = local_ip_towards(self.server).unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let local = local_ip_towards(self.server, self.interface.as_deref())
+            .unwrap_or(Ipv4Addr::UNSPECIFIED);
         let packet = fcc::request(self.flavor, self.group, port, local);
         send_thrice(sock, &packet, self.server)
     }
@@ -522,12 +639,74 @@ fn send(sock: &UdpSocket, packet: &[u8], to: SocketAddrV4) -> std::io::Result<us
     socket2::SockRef::from(sock).send_to(packet, &SocketAddr::V4(to).into())
 }
 
-/// The local address the kernel would use towards `server` (Huawei requests carry it).
-fn local_ip_towards(server: SocketAddrV4) -> Option<Ipv4Addr> {
-    let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+/// A UDP socket, bound to `interface` (`SO_BINDTODEVICE`) when one is named: the route to
+/// the FCC server may otherwise leave by another interface (a PPPoE IPTV link beside the
+/// multicast VLAN is the usual case).
+fn udp_socket(interface: Option<&str>) -> Result<socket2::Socket, StartError> {
+    let raw = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if let Some(name) = interface {
+        raw.bind_device(Some(name.as_bytes()))
+            .map_err(StartError::Interface)?;
+    }
+    Ok(raw)
+}
+
+/// The local address the kernel would use towards `server`, through `interface` when one is
+/// named (Huawei requests carry it).
+fn local_ip_towards(server: SocketAddrV4, interface: Option<&str>) -> Option<Ipv4Addr> {
+    let probe: std::net::UdpSocket = udp_socket(interface).ok()?.into();
     probe.connect(server).ok()?;
     match probe.local_addr().ok()? {
         SocketAddr::V4(a) => Some(*a.ip()),
         SocketAddr::V6(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_ranges_parse_or_say_why() {
+        let p = Ports::parse("40000-40100").unwrap();
+        assert_eq!((p.first, p.last), (40000, 40100));
+        let p = Ports::parse("5000").unwrap();
+        assert_eq!((p.first, p.last), (5000, 5000));
+        for bad in ["", "0", "0-5", "5-4", "1-70000", "a-b", "-", "40000-"] {
+            let err = Ports::parse(bad).unwrap_err();
+            assert!(err.contains("PORT or FIRST-LAST"), "{bad}: {err}");
+        }
+    }
+
+    fn socket() -> socket2::Socket {
+        udp_socket(None).unwrap()
+    }
+
+    /// Successive sessions start one port further on, skip ports in use, and run out.
+    #[test]
+    fn sessions_take_free_ports_in_turn_until_none_is_left() {
+        // Two free ports next to each other, found by holding them.
+        let (first, held) = (20_000..60_000u16)
+            .step_by(7)
+            .find_map(|p| {
+                let a = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p)).ok()?;
+                let b = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p + 1)).ok()?;
+                Some((p, (a, b)))
+            })
+            .unwrap();
+        drop(held);
+        let ports = Ports::parse(&format!("{first}-{}", first + 1)).unwrap();
+        let (a, b) = (socket(), socket());
+        assert_eq!(ports.bind(&a).unwrap(), first);
+        assert_eq!(ports.bind(&b).unwrap(), first + 1);
+        // Both taken: the third session gets none.
+        assert!(matches!(ports.bind(&socket()), Err(StartError::NoFreePort)));
+        // One released: the next session finds it wherever its turn starts.
+        drop(a);
+        assert_eq!(ports.bind(&socket()).unwrap(), first);
     }
 }

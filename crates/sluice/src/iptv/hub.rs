@@ -94,6 +94,8 @@ pub struct HubSettings {
     pub max_datagram: usize,
     /// What RTSP hubs share (client settings, upstream guard, session count).
     pub rtsp: Option<Arc<super::rtsp::Context>>,
+    /// `[iptv.fcc] listen_port_range`, shared by every hub's FCC socket.
+    pub fcc_ports: Option<Arc<super::fcc::Ports>>,
 }
 
 /// What subscribers may read: the ring up to `end`, and whether the hub has ended.
@@ -148,6 +150,21 @@ pub struct FccStatus {
     pub flavor: &'static str,
     pub phase: &'static str,
     pub outcome: &'static str,
+    /// The interface FCC is bound to, when one was named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+}
+
+impl FccStatus {
+    fn new(target: &FccTarget, phase: super::fcc::Phase, outcome: &'static str) -> FccStatus {
+        FccStatus {
+            server: target.server.to_string(),
+            flavor: target.flavor.name(),
+            phase: phase.name(),
+            outcome,
+            interface: target.interface.clone(),
+        }
+    }
 }
 
 impl Hub {
@@ -166,15 +183,25 @@ impl Hub {
             return super::rtsp::pump::start(key, metrics, settings, registry);
         }
         let ifindex = multicast::interface_index(&key.group.interface)?;
+        let mut refused = None;
         let fcc = match (fcc, key.group.group) {
-            (Some(target), std::net::IpAddr::V4(g)) => Some((
-                target,
-                super::fcc::start(
-                    target,
-                    std::net::SocketAddrV4::new(g, key.group.port),
+            (Some(target), std::net::IpAddr::V4(g)) => {
+                let group = std::net::SocketAddrV4::new(g, key.group.port);
+                match super::fcc::start(
+                    &target,
+                    group,
                     settings.recv_buffer,
-                )?,
-            )),
+                    settings.fcc_ports.as_deref(),
+                ) {
+                    Ok(started) => Some((target, started)),
+                    // FCC only makes a start faster: without it the channel still plays.
+                    Err(e) => {
+                        tracing::warn!(%group, server = %target.server, error = %e, "FCC: plain multicast");
+                        refused = Some((target, e.outcome()));
+                        None
+                    }
+                }
+            }
             _ => None,
         };
         let sock = match fcc {
@@ -186,14 +213,19 @@ impl Hub {
             .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))
             .transpose()?;
         let hub = Hub::new(key, metrics, settings);
+        if let Some((target, outcome)) = refused {
+            *hub.fcc.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(FccStatus::new(&target, super::fcc::Phase::Done, outcome));
+            let labels = super::metrics::FccLabels { outcome };
+            hub.metrics.fcc.get_or_create(&labels).inc();
+        }
         let (session, fcc_sock) = match fcc {
             Some((target, (session, sock))) => {
-                *hub.fcc.lock().unwrap_or_else(|e| e.into_inner()) = Some(FccStatus {
-                    server: target.server.to_string(),
-                    flavor: target.flavor.name(),
-                    phase: super::fcc::Phase::Requested.name(),
-                    outcome: "in progress",
-                });
+                *hub.fcc.lock().unwrap_or_else(|e| e.into_inner()) = Some(FccStatus::new(
+                    &target,
+                    super::fcc::Phase::Requested,
+                    "in progress",
+                ));
                 (Some(session), Some(sock))
             }
             None => (None, None),

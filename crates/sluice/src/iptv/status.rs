@@ -47,7 +47,7 @@ pub struct HubStatus {
     pub last_rejoin_unix: Option<u64>,
     /// Seconds since then, for people reading the JSON.
     pub last_rejoin_seconds_ago: Option<u64>,
-    /// Fast channel change of a hub started with `?fcc=`: server, type, phase, outcome.
+    /// Fast channel change of a hub started with `?fcc=`: server, type, phase, outcome, interface.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fcc: Option<super::hub::FccStatus>,
     pub clients: Vec<ClientStatus>,

@@ -11,7 +11,8 @@
 //! - query `fec=PORT` (rtp2httpd's name): FEC packets (SMPTE 2022-1 XOR or Reed-Solomon) for
 //!   the same group on PORT;
 //! - query `fcc=IP:PORT` and `fcc-type=telecom|huawei` (rtp2httpd's names; `operator=` is
-//!   tvgate's spelling of the type): the fast channel change server of an IPv4 group.
+//!   tvgate's spelling of the type): the fast channel change server of an IPv4 group;
+//!   `r2h-ifname-fcc=NAME` (rtp2httpd's name): the interface FCC uses.
 
 use std::net::{IpAddr, SocketAddrV4};
 
@@ -43,6 +44,8 @@ pub struct Channel {
     pub fec: Option<u16>,
     /// FCC server and dialect (`?fcc=IP:PORT&fcc-type=…`), if any.
     pub fcc: Option<(SocketAddrV4, Flavor)>,
+    /// Interface for FCC (`?r2h-ifname-fcc=`), if named.
+    pub fcc_interface: Option<String>,
 }
 
 /// Why a channel URL was refused; the text goes back to the client in the 400 body.
@@ -100,7 +103,14 @@ pub fn parse_channel(path: &str, query: Option<&str>) -> Result<Channel, UrlErro
         group,
         port,
         source,
-        interface: query.map(interface_param).transpose()?.flatten(),
+        interface: query
+            .map(|q| interface_param(q, &["iface", "ifname", "r2h-ifname"]))
+            .transpose()?
+            .flatten(),
+        fcc_interface: query
+            .map(|q| interface_param(q, &["r2h-ifname-fcc"]))
+            .transpose()?
+            .flatten(),
         fec: query.map(|q| fec_param(q, port)).transpose()?.flatten(),
         fcc: query.map(|q| fcc_params(q, group)).transpose()?.flatten(),
     })
@@ -158,11 +168,12 @@ fn validate(group: IpAddr, source: Option<IpAddr>) -> Result<(), UrlError> {
     Ok(())
 }
 
-/// Finds the interface parameter in a query string; other parameters (tokens, FCC) are ignored.
-fn interface_param(query: &str) -> Result<Option<String>, UrlError> {
+/// Finds an interface parameter (the first of `names`) in a query string; other parameters
+/// (tokens, FCC) are ignored.
+fn interface_param(query: &str, names: &[&str]) -> Result<Option<String>, UrlError> {
     for pair in query.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if matches!(k, "iface" | "ifname" | "r2h-ifname") {
+        if names.contains(&k) {
             let name = percent_encoding::percent_decode_str(v)
                 .decode_utf8_lossy()
                 .into_owned();

@@ -10,10 +10,21 @@ User-Agent headers) so a test can check exactly what the client sent.
 --drop-after S closes every client connection S seconds after the first PLAY (a server that
 drops the session mid-stream). --session-timeout S makes sessions expire unless kept alive.
 --redirect PATH=URL answers DESCRIBE of PATH with 302 and that Location.
+
+--mp4 FILE adds two seekable mounts over an H.264 MP4 (qtdemux seeks it by time, and the
+video is re-muxed to MPEG-TS): /vod, where GStreamer honours `Range: npt=` itself, and
+/timeshift, an operator-style catch-up server whose recording began at --recorded-at
+(YYYYMMDDThhmmssZ): a PLAY `Range: clock=` is a wall-clock instant of that recording. The
+server maps it to the recording's own time (npt) before GStreamer handles the PLAY, because
+GStreamer reads clock ranges as absolute times since 1900 (far past the end of any file).
 """
 import argparse
+import calendar
+import contextlib
+import ctypes
 import json
 import sys
+import time
 
 import gi
 
@@ -31,6 +42,39 @@ HEADERS = {
 }
 
 
+@contextlib.contextmanager
+def writable(mini_object):
+    """The Python wrapper holds a second reference to a query a probe receives, so GStreamer
+    calls it read-only; the probe runs on the only thread using the query, so its reference
+    count is set to 1 while it is answered, then restored. (PyGBoxed: the C pointer follows
+    the 16-byte object header; GstMiniObject: the count follows the 8-byte type.)"""
+    pointer = ctypes.c_void_p.from_address(id(mini_object) + 16).value
+    refcount = ctypes.c_int.from_address(pointer + 8)
+    saved = refcount.value
+    refcount.value = 1
+    try:
+        yield
+    finally:
+        refcount.value = saved
+
+
+LIBGSTRTSP = ctypes.CDLL("libgstrtsp-1.0.so.0")
+LIBGSTRTSP.gst_rtsp_message_remove_header.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+LIBGSTRTSP.gst_rtsp_message_add_header.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
+
+
+def set_range(ctx, value):
+    """Replaces the Range header of the request being handled. `ctx.request` is a copy in
+    Python, so the header is changed in the server's own message: GstRTSPContext's fourth
+    field (after server, conn, client: pointers of 8 bytes), reached through the wrapper's C
+    pointer."""
+    context = ctypes.c_void_p.from_address(id(ctx) + 16).value
+    message = ctypes.c_void_p.from_address(context + 3 * 8).value
+    field = int(GstRtsp.RTSPHeaderField.RANGE)
+    LIBGSTRTSP.gst_rtsp_message_remove_header(message, field, -1)
+    LIBGSTRTSP.gst_rtsp_message_add_header(message, field, value.encode())
+
+
 def emit(record):
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
@@ -45,6 +89,8 @@ def main():
     ap.add_argument("--drop-after", type=float, default=0)
     ap.add_argument("--session-timeout", type=int, default=0)
     ap.add_argument("--redirect", action="append", default=[])
+    ap.add_argument("--mp4")
+    ap.add_argument("--recorded-at", default="20240101T120000Z")
     args = ap.parse_args()
 
     Gst.init(None)
@@ -56,13 +102,41 @@ def main():
         f'( filesrc location="{args.ts}" ! tsparse set-timestamps=true '
         "! rtpmp2tpay name=pay0 pt=33 )"
     )
-    for path, shared, pipeline in (
-        ("/live", True, launch),
-        ("/archive", False, launch),
-    ):
+    mounts_list = [("/live", True, launch), ("/archive", False, launch)]
+    if args.mp4:
+        seekable = (
+            f'( filesrc location="{args.mp4}" ! qtdemux name=d d.video_0 ! queue '
+            "! h264parse config-interval=-1 ! mpegtsmux name=mux ! rtpmp2tpay name=pay0 pt=33 )"
+        )
+        mounts_list += [("/vod", False, seekable), ("/timeshift", False, seekable)]
+    recorded_at = calendar.timegm(time.strptime(args.recorded_at, "%Y%m%dT%H%M%SZ"))
+
+    def answer_seeking(pad, info, demux):
+        # mpegtsmux answers the SEEKING query "not seekable" (an aggregator does not ask
+        # upstream), so the RTSP server would refuse every seek. The demuxer behind it does
+        # seek and the muxer passes seek events upstream, so the muxer's answer is replaced
+        # by the demuxer's range.
+        query = info.get_query()
+        if query.type != Gst.QueryType.SEEKING:
+            return Gst.PadProbeReturn.OK
+        ok, duration = demux.query_duration(Gst.Format.TIME)
+        with writable(query):
+            query.set_seeking(Gst.Format.TIME, ok, 0, duration if ok else -1)
+        return Gst.PadProbeReturn.HANDLED
+
+    def on_media_configure(factory, media):
+        bin_ = media.get_element()
+        mux = bin_.get_by_name("mux")
+        if mux is not None:
+            mux.get_static_pad("src").add_probe(
+                Gst.PadProbeType.QUERY_UPSTREAM, answer_seeking, bin_.get_by_name("d")
+            )
+
+    for path, shared, pipeline in mounts_list:
         factory = GstRtspServer.RTSPMediaFactory()
         factory.set_launch(pipeline)
         factory.set_shared(shared)
+        factory.connect("media-configure", on_media_configure)
         if args.user:
             perms = GstRtspServer.RTSPPermissions()
             perms.add_role("viewer")
@@ -111,6 +185,14 @@ def main():
                     resp.add_header(GstRtsp.RTSPHeaderField.LOCATION, redirects[path])
                     client.send_message(None, resp)
                     return GstRtsp.RTSPStatusCode.FOUND
+            if name == "PLAY" and ctx.uri and ctx.uri.abspath.startswith("/timeshift"):
+                res, value = req.get_header(GstRtsp.RTSPHeaderField.RANGE, 0)
+                if res == GstRtsp.RTSPResult.OK and value.startswith("clock="):
+                    begin = value[len("clock="):].split("-", 1)[0]
+                    at = calendar.timegm(time.strptime(begin.split(".")[0], "%Y%m%dT%H%M%SZ"))
+                    if at < recorded_at:
+                        return GstRtsp.RTSPStatusCode.INVALID_RANGE
+                    set_range(ctx, f"npt={at - recorded_at}.000-")
             if name == "PLAY" and args.drop_after and not state["drop_scheduled"]:
                 state["drop_scheduled"] = True
                 GLib.timeout_add(int(args.drop_after * 1000), drop_all)
