@@ -12,6 +12,7 @@ pub mod cached;
 pub mod client;
 pub mod config;
 pub mod forward;
+pub mod h1pool;
 pub mod metrics;
 pub mod tunnel;
 
@@ -33,13 +34,14 @@ pub struct Route {
     pub host: HostPattern,
     pub group: Arc<Group>,
     client: client::RoutePools,
+    /// Plain-HTTP routes: owned HTTP/1.1 connections for everything but upgrades.
+    h1: client::H1Pools,
     /// For upgrades on `https` routes: ALPN offers HTTP/1.1 only, since Upgrade needs it.
     upgrade_client: client::RoutePools,
     req_add: Vec<(HeaderName, HeaderValue)>,
     req_remove: Vec<HeaderName>,
     resp_add: Vec<(HeaderName, HeaderValue)>,
     resp_remove: Vec<HeaderName>,
-    connect_timeout: Duration,
     header_timeout: Duration,
     idle_timeout: Duration,
     /// The resolved cache policy when the route has `cache = true`.
@@ -83,18 +85,18 @@ impl Route {
             group.name(),
             servers.iter().map(|s| s.addr()),
         );
-        let authorities = servers.iter().map(|s| s.addr().parse().ok()).collect();
+        let authorities: Vec<_> = servers.iter().map(|s| s.addr().parse().ok()).collect();
         Ok(Route {
             name,
             host,
             group,
             client: client::RoutePools::build(config, shared, false, pools)?,
+            h1: client::H1Pools::build(config, shared, authorities.len(), pools),
             upgrade_client: client::RoutePools::build(config, shared, true, pools)?,
             req_add: headers(&config.request_headers_add)?,
             req_remove: names(&config.request_headers_remove)?,
             resp_add: headers(&config.response_headers_add)?,
             resp_remove: names(&config.response_headers_remove)?,
-            connect_timeout: Duration::from_secs(config.connect_timeout_secs),
             header_timeout: Duration::from_secs(config.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.idle_timeout_secs),
             cache_policy: match cache_defaults {

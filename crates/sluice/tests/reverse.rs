@@ -630,3 +630,67 @@ async fn reload_under_load_drops_nothing() {
         "{statuses:?}"
     );
 }
+
+/// An HTTP/1.1 origin on raw sockets that counts the connections it accepts: `/204` answers 204,
+/// HEAD gets the GET head without a body, anything else `hello`.
+async fn counting_raw_origin() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        buf.drain(..end + 4);
+                        let answer: &[u8] = if head.starts_with("GET /204 ") {
+                            b"HTTP/1.1 204 No Content\r\n\r\n"
+                        } else if head.starts_with("HEAD ") {
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
+                        } else {
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"
+                        };
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused_across_requests_and_bodiless_answers() {
+    let (o, accepted) = counting_raw_origin().await;
+    let p = Proxy::start(one_group(o, "")).await;
+    for round in 0..4 {
+        let r = get(&p.url("/a"), &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "round {round}");
+        assert_eq!(r.body.as_ref().unwrap().as_ref(), b"hello");
+        let r = send("HEAD", &p.url("/a"), &[], full(Bytes::new())).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.headers["content-length"], "5");
+        assert!(r.body.as_ref().unwrap().is_empty());
+        let r = get(&p.url("/204"), &[]).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        assert!(r.body.as_ref().unwrap().is_empty());
+    }
+    // Twelve sequential requests, one upstream connection.
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -14,6 +14,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use super::h1pool::UpstreamBody;
+
 /// Why a body stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
@@ -196,7 +198,7 @@ pin_project_lite::pin_project! {
     /// The upstream response body on its way to the client.
     pub struct ResponseBody {
         #[pin]
-        inner: Incoming,
+        inner: UpstreamBody,
         #[pin]
         idle: Sleep,
         timeout: Duration,
@@ -215,7 +217,7 @@ pin_project_lite::pin_project! {
 }
 
 impl ResponseBody {
-    pub fn new(inner: Incoming, timeout: Duration, done: Box<dyn OnDone>) -> Self {
+    pub fn new(inner: UpstreamBody, timeout: Duration, done: Box<dyn OnDone>) -> Self {
         ResponseBody {
             inner,
             idle: tokio::time::sleep(timeout),

@@ -153,14 +153,14 @@ impl Reverse {
 struct RouteOrigin {
     budget: Arc<RetryBudget>,
     route: Arc<Route>,
-    host: Option<String>,
+    host: Option<http::HeaderValue>,
     balance: Option<Vec<u8>>,
 }
 
 impl Origin for RouteOrigin {
     fn fetch(&self, req: Request<()>) -> OriginFuture {
         let (parts, ()) = req.into_parts();
-        let head = UpstreamHead {
+        let mut head = UpstreamHead {
             method: parts.method,
             path_and_query: parts
                 .uri
@@ -175,7 +175,7 @@ impl Origin for RouteOrigin {
         let balance = self.balance.clone();
         Box::pin(async move {
             let slot = BodySlot::empty(route.idle_timeout);
-            let fetched = attempts(&budget, &route, &head, &slot, balance.as_deref())
+            let fetched = attempts(&budget, &route, &mut head, &slot, balance.as_deref())
                 .await
                 .map_err(|e| match e {
                     FetchError::HeaderTimeout { .. } | FetchError::ConnectTimeout { .. } => {

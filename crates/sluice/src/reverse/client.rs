@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::config::{ReverseConfig, RouteConfig, UpstreamProtocol};
+use super::h1pool::H1Pool;
 use crate::body::Body;
 use crate::upstream::connector::Conn;
 
@@ -67,6 +68,44 @@ impl RoutePools {
     /// The calling worker's pool.
     pub fn get(&self) -> &RouteClient {
         &self.0[crate::runtime::worker() % self.0.len()]
+    }
+}
+
+/// A plain-HTTP route's owned HTTP/1.1 connections ([`H1Pool`]), one pool per per-core runtime
+/// like [`RoutePools`]; empty for `h2c` and `https` routes, which use the pooled client.
+pub struct H1Pools(Vec<Arc<H1Pool>>);
+
+impl H1Pools {
+    /// `count` pools for a route over `servers` servers.
+    pub fn build(
+        route: &RouteConfig,
+        shared: &ReverseConfig,
+        servers: usize,
+        count: usize,
+    ) -> H1Pools {
+        if route.upstream_protocol != UpstreamProtocol::Http1 {
+            return H1Pools(Vec::new());
+        }
+        H1Pools(
+            (0..count.max(1))
+                .map(|_| {
+                    H1Pool::new(
+                        servers,
+                        shared.pool_max_idle_per_server,
+                        Duration::from_secs(shared.pool_idle_secs),
+                        Duration::from_secs(route.connect_timeout_secs),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// The calling worker's pool; `None` on a route that does not own its connections.
+    pub fn get(&self) -> Option<&Arc<H1Pool>> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.get(crate::runtime::worker() % self.0.len())
     }
 }
 
@@ -191,7 +230,7 @@ impl ServerConnector {
 }
 
 /// Resolves `host:port` and connects to the first address that answers.
-async fn dial(addr: &str) -> Result<TcpStream, ConnectFailure> {
+pub(super) async fn dial(addr: &str) -> Result<TcpStream, ConnectFailure> {
     let addrs: Vec<_> = tokio::net::lookup_host(addr)
         .await
         .map_err(|source| ConnectFailure::Resolve {

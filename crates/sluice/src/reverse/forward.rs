@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::access_log::Entry;
 use super::body::{BodySlot, OnDone, ResponseBody};
 use super::client::ConnectFailure;
+use super::h1pool::{H1Error, UpstreamBody};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
@@ -75,7 +76,7 @@ impl FetchError {
 
 /// A response head from one server, and the in-flight mark held until its body ends.
 pub struct Fetched {
-    pub response: Response<Incoming>,
+    pub response: Response<UpstreamBody>,
     pub in_flight: InFlight,
 }
 
@@ -152,10 +153,10 @@ impl Reverse {
             let (mut parts, incoming) = req.into_parts();
             // The client's headers move into the upstream head: no copy of the map.
             let headers = std::mem::take(&mut parts.headers);
-            let head = self.upstream_head(route, &parts, headers, path, down, upgrade)?;
+            let mut head = self.upstream_head(route, &parts, headers, path, down, upgrade)?;
             let body = BodySlot::new(incoming, limit, route.idle_timeout);
             let fetched = self
-                .fetch(route, &head, &body, key.as_deref())
+                .fetch(route, &mut head, &body, key.as_deref())
                 .await
                 .map_err(FetchError::into_proxy_error)?;
             Ok((fetched, on_upgrade))
@@ -185,7 +186,7 @@ impl Reverse {
     pub async fn fetch(
         &self,
         route: &Arc<Route>,
-        head: &UpstreamHead,
+        head: &mut UpstreamHead,
         body: &BodySlot,
         key: Option<&[u8]>,
     ) -> Result<Fetched, FetchError> {
@@ -204,11 +205,13 @@ impl Reverse {
         upgrade: bool,
     ) -> Result<UpstreamHead, ProxyError> {
         hop::strip_hop_by_hop(&mut headers, true);
+        // The client's Host is sent on as it came (no copy) when the host the route saw is it,
+        // i.e. the request had no authority in its target.
+        let client_host = headers.remove(header::HOST);
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
         // which is once an upstream connection is ready) and streams the body; the upstream never
         // needs to.
         headers.remove(header::EXPECT);
-        headers.remove(header::HOST);
         let version = match req.version {
             Version::HTTP_2 => "2",
             Version::HTTP_10 => "1.0",
@@ -260,10 +263,12 @@ impl Reverse {
             path_and_query,
             headers,
             upgrade,
-            host: if route.config.preserve_host {
-                down.host.clone()
-            } else {
-                None
+            host: match (&down.host, route.config.preserve_host) {
+                (Some(_), true) if req.uri.authority().is_none() && client_host.is_some() => {
+                    client_host
+                }
+                (Some(h), true) => HeaderValue::from_str(h).ok(),
+                _ => None,
             },
         })
     }
@@ -391,7 +396,7 @@ impl Reverse {
 pub(super) async fn attempts(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
-    head: &UpstreamHead,
+    head: &mut UpstreamHead,
     body: &BodySlot,
     key: Option<&[u8]>,
 ) -> Result<Fetched, FetchError> {
@@ -404,11 +409,10 @@ pub(super) async fn attempts(
     }
     let replayable = head.method.is_idempotent() && body.is_empty();
     let mut last: Option<FetchError> = None;
-    for (attempt, server) in plan
-        .iter()
-        .take(route.config.max_attempts as usize)
-        .enumerate()
-    {
+    let tries = plan.len().min(route.config.max_attempts as usize);
+    for (attempt, server) in plan.iter().take(tries).enumerate() {
+        // The last possible attempt takes the head's headers instead of a copy.
+        let final_try = attempt + 1 == tries;
         if attempt > 0 {
             if !budget.try_retry() {
                 break;
@@ -421,13 +425,33 @@ pub(super) async fn attempts(
         let in_flight = server.begin();
         let Some(lent) = body.lend() else { break };
         let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
-        let req = build_request(head, server, authority, lent);
-        let client = if head.upgrade {
-            route.upgrade_client.get()
-        } else {
-            route.client.get()
+        let owned = match (route.h1.get(), index) {
+            (Some(pool), Some(i)) if !head.upgrade => Some((pool, i)),
+            _ => None,
         };
-        let outcome = tokio::time::timeout(route.header_timeout, client.request(req)).await;
+        let send = async {
+            match owned {
+                Some((pool, i)) => {
+                    let req = build_request(head, final_try, server, None, lent);
+                    pool.send(i, server.addr(), req)
+                        .await
+                        .map_err(SendFailure::Owned)
+                }
+                None => {
+                    let req = build_request(head, final_try, server, Some(authority), lent);
+                    let client = if head.upgrade {
+                        route.upgrade_client.get()
+                    } else {
+                        route.client.get()
+                    };
+                    match client.request(req).await {
+                        Ok(r) => Ok(r.map(UpstreamBody::from)),
+                        Err(e) => Err(SendFailure::Pooled(e)),
+                    }
+                }
+            }
+        };
+        let outcome = tokio::time::timeout(route.header_timeout, send).await;
         let failure = match outcome {
             Ok(Ok(response)) => {
                 server.report_success();
@@ -443,7 +467,7 @@ pub(super) async fn attempts(
                         limit: route.config.max_body_bytes,
                     });
                 }
-                classify(&e, group.name(), server, route.connect_timeout)
+                classify(&e, group.name(), server)
             }
             Err(_) => FetchError::HeaderTimeout {
                 server: server.addr().to_string(),
@@ -478,26 +502,36 @@ pub struct UpstreamHead {
     pub headers: HeaderMap,
     pub upgrade: bool,
     /// The Host to send; `None` sends the server's `host:port`.
-    pub host: Option<String>,
+    pub host: Option<HeaderValue>,
 }
 
-/// The request for one attempt; `authority` is the server's address parsed once per route table
-/// (absent only for an address that is no authority, which then fails as before: no pool key).
+/// The request for one attempt (`final_try`: no attempt follows, the headers move out of `head`).
+/// For the pooled client (`authority` given) the target is in
+/// absolute form, the pool's key; `Some(a)` is the server's address parsed once per route table
+/// (`None` only for an address that is no authority, which then fails as before: no pool key). An
+/// owned connection (`authority` absent) is already the server's: the target is in origin form.
 fn build_request(
-    head: &UpstreamHead,
+    head: &mut UpstreamHead,
+    final_try: bool,
     server: &Server,
-    authority: Option<&Authority>,
+    authority: Option<Option<&Authority>>,
     body: super::body::LentBody,
 ) -> Request<Body> {
+    let path_and_query = if final_try {
+        std::mem::replace(&mut head.path_and_query, PathAndQuery::from_static("/"))
+    } else {
+        head.path_and_query.clone()
+    };
     let uri = match authority {
-        Some(a) => {
+        None => Uri::from(path_and_query),
+        Some(Some(a)) => {
             let mut parts = http::uri::Parts::default();
             parts.scheme = Some(Scheme::HTTP);
             parts.authority = Some(a.clone());
-            parts.path_and_query = Some(head.path_and_query.clone());
+            parts.path_and_query = Some(path_and_query);
             Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
         }
-        None => format!("http://{}{}", server.addr(), head.path_and_query)
+        Some(None) => format!("http://{}{}", server.addr(), path_and_query)
             .parse()
             .unwrap_or_else(|_| Uri::from_static("/")),
     };
@@ -505,39 +539,52 @@ fn build_request(
     *req.method_mut() = head.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
-    let mut headers = head.headers.clone();
-    let host = head.host.as_deref().unwrap_or(server.addr());
-    if let Ok(v) = HeaderValue::from_str(host) {
+    let mut headers = if final_try {
+        std::mem::take(&mut head.headers)
+    } else {
+        head.headers.clone()
+    };
+    let host = match &head.host {
+        Some(v) => Some(v.clone()),
+        None => HeaderValue::from_str(server.addr()).ok(),
+    };
+    if let Some(v) = host {
         headers.insert(header::HOST, v);
     }
     *req.headers_mut() = headers;
     req
 }
 
+/// How one attempt failed, by the client that made it.
+#[derive(Debug, thiserror::Error)]
+enum SendFailure {
+    #[error(transparent)]
+    Pooled(hyper_util::client::legacy::Error),
+    #[error(transparent)]
+    Owned(H1Error),
+}
+
 /// Sorts a client error into refused / timed out (connect) or broken (after sending).
-fn classify(
-    e: &hyper_util::client::legacy::Error,
-    group: &str,
-    server: &Server,
-    connect: Duration,
-) -> FetchError {
+fn classify(e: &SendFailure, group: &str, server: &Server) -> FetchError {
+    let e = match e {
+        SendFailure::Pooled(e) => e,
+        SendFailure::Owned(H1Error::Connect(cf)) => return connect_failure(cf, group),
+        SendFailure::Owned(H1Error::Http(e)) => {
+            return FetchError::Broken {
+                server: server.addr().to_string(),
+                detail: e.to_string(),
+            }
+        }
+    };
     use std::error::Error as _;
     let mut source = e.source();
     while let Some(s) = source {
         if let Some(cf) = s.downcast_ref::<ConnectFailure>() {
-            return match cf {
-                ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
-                    group: group.to_string(),
-                },
-                _ => FetchError::Refused {
-                    group: group.to_string(),
-                },
-            };
+            return connect_failure(cf, group);
         }
         source = s.source();
     }
     if e.is_connect() {
-        let _ = connect;
         return FetchError::Refused {
             group: group.to_string(),
         };
@@ -549,6 +596,17 @@ fn classify(
     FetchError::Broken {
         server: server.addr().to_string(),
         detail,
+    }
+}
+
+fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
+    match cf {
+        ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
+            group: group.to_string(),
+        },
+        _ => FetchError::Refused {
+            group: group.to_string(),
+        },
     }
 }
 
