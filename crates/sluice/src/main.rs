@@ -3,8 +3,8 @@
 use sluice::cli::{Action, ReloadArgs};
 use sluice::config::{Config, Overrides};
 
-/// The full build allocates through jemalloc: less CPU per request than the C library's malloc
-/// at the same memory peak (docs/decisions/allocator.md).
+/// With the opt-in `jemalloc` feature, allocations go through jemalloc instead of the C library's
+/// malloc (the trade-off is in docs/decisions/allocator.md).
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
