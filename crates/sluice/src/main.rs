@@ -3,6 +3,12 @@
 use sluice::cli::{Action, ReloadArgs};
 use sluice::config::{Config, Overrides};
 
+/// With the opt-in `jemalloc` feature, allocations go through jemalloc instead of the C library's
+/// malloc (the trade-off is in docs/decisions/allocator.md).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     let action = match sluice::cli::parse(std::env::args_os().skip(1)) {
         Ok(action) => action,
