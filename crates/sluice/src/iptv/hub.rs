@@ -441,19 +441,7 @@ impl Pump {
         };
         let (step, deliver) = session.on_datagram(fcc_sock, d, from);
         if deliver {
-            self.last_data = Instant::now();
-            self.received_since_tick = true;
-            let m = &self.hub.metrics;
-            m.received_datagrams.inc();
-            m.received_bytes.inc_by(d.len() as u64);
-            classify(
-                &self.hub,
-                d,
-                &mut self.packer,
-                &mut self.reorder,
-                self.fec.as_mut(),
-                &mut self.released,
-            );
+            self.take_datagram(d);
             self.append_released();
         }
         step
