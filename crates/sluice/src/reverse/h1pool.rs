@@ -501,42 +501,31 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
-    async fn garbage_answer_is_an_error() {
+    /// An origin that reads one request per connection and answers it with `answer`, as is.
+    async fn raw_origin(answer: &'static [u8]) -> String {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
                 let mut buf = [0u8; 4096];
                 let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(b"SSH-2.0-OpenSSH_9.0\r\n\xff\xfe garbage\r\n\r\n")
-                    .await;
+                let _ = s.write_all(answer).await;
             }
         });
+        addr
+    }
+
+    #[tokio::test]
+    async fn garbage_answer_is_an_error() {
+        let addr = raw_origin(b"SSH-2.0-OpenSSH_9.0\r\n\xff\xfe garbage\r\n\r\n").await;
         let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
-        let req = Request::builder()
-            .uri("/x")
-            .header("host", &addr)
-            .body(crate::body::empty())
-            .unwrap();
-        let err = pool.send(0, &addr, req).await.err().unwrap();
+        let err = pool.send(0, &addr, get(&addr)).await.err().unwrap();
         assert!(matches!(err, H1Error::Http(_)), "{err}");
     }
 
     #[tokio::test]
     async fn a_cut_body_yields_what_arrived_then_the_error() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
-                    .await;
-            }
-        });
+        let addr = raw_origin(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789").await;
         let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
         let resp = pool.send(0, &addr, get(&addr)).await.unwrap();
         assert_eq!(resp.status(), http::StatusCode::OK);
