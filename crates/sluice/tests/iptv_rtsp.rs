@@ -187,6 +187,17 @@ impl RtspServer {
             .collect()
     }
 
+    /// The `Range` of every PLAY received, sorted (concurrent sessions arrive in any order).
+    fn play_ranges_sorted(&self) -> Vec<String> {
+        let mut ranges: Vec<String> = self
+            .requests("PLAY")
+            .iter()
+            .map(|p| p["range"].as_str().unwrap().to_string())
+            .collect();
+        ranges.sort();
+        ranges
+    }
+
     async fn wait_for(&self, method: &str, count: usize, within: Duration) -> Vec<Value> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
@@ -658,12 +669,7 @@ async fn start_offset_makes_a_real_server_seek() {
     assert_eq!(first_frame_second(&from_start), 0);
     assert_eq!(first_frame_second(&seeked), 12);
     assert_eq!(first_frame_second(&udp), 17);
-    let mut ranges: Vec<String> = server
-        .requests("PLAY")
-        .iter()
-        .map(|p| p["range"].as_str().unwrap().to_string())
-        .collect();
-    ranges.sort();
+    let ranges = server.play_ranges_sorted();
     assert_eq!(ranges, ["npt=0.000-", "npt=12.000-", "npt=17.000-"]);
 }
 
@@ -705,12 +711,7 @@ async fn catch_up_makes_a_time_shift_server_seek() {
     assert_eq!(first_frame_second(&local), 7);
     assert_eq!(first_frame_second(&unix), 9);
     assert_eq!(first_frame_second(&tvdr), 21);
-    let mut ranges: Vec<String> = server
-        .requests("PLAY")
-        .iter()
-        .map(|p| p["range"].as_str().unwrap().to_string())
-        .collect();
-    ranges.sort();
+    let ranges = server.play_ranges_sorted();
     assert_eq!(
         ranges,
         [
