@@ -354,11 +354,17 @@ type HttpBuilder = hyper::server::conn::http1::Builder;
 
 /// The HTTP/1.1 settings, applied to hyper's own builder or to the auto builder's HTTP/1 half
 /// (two types with the same methods).
+///
+/// hyper's own header read timeout is off: it boxed a fresh timer and put it on the timer wheel
+/// at every wait for a head, i.e. once per request. The request screen under hyper holds every
+/// incomplete HTTP/1 head with the same deadline (`screen`), and the connection's watchdog closes
+/// a connection whose first head has not begun within it (`Conn::drive`), so the limit holds
+/// without a per-request timer.
 macro_rules! http1_settings {
     ($builder:expr, $config:expr) => {
         $builder
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs($config.header_read_timeout_secs))
+            .header_read_timeout(None)
             .max_buf_size($config.max_header_bytes.max(8192))
             .keep_alive(true)
     };
@@ -449,7 +455,8 @@ struct Timeouts {
     /// TLS handshake not finished in this long.
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls_handshake: Duration,
-    /// A request head not finished in this long (hyper's own clock; the screen holds heads too).
+    /// A request head not finished in this long: the screen's clock for a head begun, the
+    /// watchdog's for a connection that never sent one.
     header_read: Duration,
 }
 
@@ -566,7 +573,11 @@ impl Conn {
                             tracing::debug!(%peer, released, "streams not read: send timeout");
                         }
                     }
-                    if !closing && activity.idle_for().is_some_and(|d| d >= t.idle) {
+                    // A connection that has not sent a first request has the header read
+                    // timeout (an incomplete head is the screen's); between requests, the idle
+                    // timeout.
+                    let limit = if activity.began() { t.idle } else { t.header_read.min(t.idle) };
+                    if !closing && activity.idle_for().is_some_and(|d| d >= limit) {
                         closing = true;
                         conn.as_mut().graceful_shutdown();
                     }

@@ -175,6 +175,53 @@ async fn oversize_heads_and_slowloris_are_cut() {
     assert_eq!(count.load(Ordering::SeqCst), 0);
 }
 
+/// A connection that never sends a request is closed after the header read timeout (the
+/// connection's watchdog), while a keep-alive connection between two requests has the whole idle
+/// timeout: the header read timeout holds for a head, not for the pause before one.
+#[tokio::test]
+async fn silent_connection_is_cut_but_keep_alive_pause_is_not() {
+    let (o, count) = counting().await;
+    let mut c = route_to(o);
+    c.server.header_read_timeout_secs = 1;
+    c.server.idle_timeout_secs = 8;
+    let p = Proxy::start(c).await;
+
+    let mut silent = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let done = tokio::time::timeout(Duration::from_secs(6), silent.read_to_end(&mut buf)).await;
+    assert!(done.is_ok(), "a silent connection was kept open");
+    assert!(buf.is_empty(), "{:?}", String::from_utf8_lossy(&buf));
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "cut after {took:?}");
+
+    let request = b"GET /a HTTP/1.1\r\nHost: app.test\r\n\r\n";
+    let mut kept = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    for round in 0..2 {
+        if round == 1 {
+            // Longer than the header read timeout, shorter than the idle timeout.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+        }
+        kept.write_all(request).await.unwrap();
+        let mut head = vec![0u8; 4096];
+        let mut got = 0;
+        let reply = loop {
+            let n = tokio::time::timeout(Duration::from_secs(3), kept.read(&mut head[got..]))
+                .await
+                .expect("no answer")
+                .unwrap();
+            assert!(n > 0, "round {round}: connection closed");
+            got += n;
+            let text = String::from_utf8_lossy(&head[..got]).to_string();
+            if text.ends_with("\r\n\r\nok") {
+                break text;
+            }
+        };
+        assert!(reply.starts_with("HTTP/1.1 200"), "round {round}: {reply}");
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}
+
 /// A raw origin that answers each connection with `reply` and then closes or stalls.
 async fn raw_origin(reply: &'static [u8], stall: bool) -> std::net::SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

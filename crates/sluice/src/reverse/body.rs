@@ -88,9 +88,9 @@ impl BodySlot {
             return None;
         }
         Some(LentBody {
+            idle: IdleClock::new(self.shared.idle),
             shared: self.shared.clone(),
             inner: None,
-            idle: Box::pin(tokio::time::sleep(self.shared.idle)),
             size_hint: self.size_hint,
             end_stream: self.end_stream,
         })
@@ -117,7 +117,7 @@ impl BodySlot {
 pub struct LentBody {
     shared: Arc<Shared>,
     inner: Option<Incoming>,
-    idle: Pin<Box<Sleep>>,
+    idle: IdleClock,
     size_hint: SizeHint,
     end_stream: bool,
 }
@@ -138,7 +138,6 @@ impl Body for LentBody {
                 Some(b) => this.inner = Some(b),
                 None => return Poll::Ready(None),
             }
-            this.idle.as_mut().reset(Instant::now() + this.shared.idle);
         }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
@@ -158,12 +157,12 @@ impl Body for LentBody {
                         })));
                     }
                 }
-                this.idle.as_mut().reset(Instant::now() + this.shared.idle);
+                this.idle.moved();
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::Read(e)))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.idle.as_mut().poll(cx) {
+            Poll::Pending => match this.idle.poll_expired(cx) {
                 Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Idle {
                     secs: this.shared.idle.as_secs(),
                 }))),
@@ -187,6 +186,47 @@ impl Body for LentBody {
     }
 }
 
+/// A body's idle deadline, armed only when the body has to wait: a body whose frames are ready
+/// whenever it is polled (every small response, every request without a body) never reads the
+/// clock, allocates a timer or puts one on the timer wheel. The deadline runs from the first wait
+/// after the last frame, which is later than the frame itself by no more than the time the frame
+/// took to be taken.
+struct IdleClock {
+    timeout: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// A frame went through since the deadline was set: move it at the next wait.
+    moved: bool,
+}
+
+impl IdleClock {
+    fn new(timeout: Duration) -> Self {
+        IdleClock {
+            timeout,
+            sleep: None,
+            moved: false,
+        }
+    }
+
+    /// A frame went through.
+    fn moved(&mut self) {
+        self.moved = true;
+    }
+
+    /// The body has to wait: ready once it has waited `timeout` with no frame.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let timeout = self.timeout;
+        if std::mem::take(&mut self.moved) {
+            if let Some(sleep) = self.sleep.as_mut() {
+                sleep.as_mut().reset(Instant::now() + timeout);
+            }
+        }
+        self.sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)))
+            .as_mut()
+            .poll(cx)
+    }
+}
+
 use std::future::Future;
 
 /// Runs when the response body ends or is dropped (metrics, access log, in-flight release).
@@ -199,9 +239,7 @@ pin_project_lite::pin_project! {
     pub struct ResponseBody {
         #[pin]
         inner: UpstreamBody,
-        #[pin]
-        idle: Sleep,
-        timeout: Duration,
+        idle: IdleClock,
         bytes: u64,
         done: Option<Box<dyn OnDone>>,
     }
@@ -220,8 +258,7 @@ impl ResponseBody {
     pub fn new(inner: UpstreamBody, timeout: Duration, done: Box<dyn OnDone>) -> Self {
         ResponseBody {
             inner,
-            idle: tokio::time::sleep(timeout),
-            timeout,
+            idle: IdleClock::new(timeout),
             bytes: 0,
             done: Some(done),
         }
@@ -236,13 +273,13 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let mut this = self.project();
+        let this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     *this.bytes += data.len() as u64;
                 }
-                this.idle.as_mut().reset(Instant::now() + *this.timeout);
+                this.idle.moved();
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::Read(e)))),
@@ -252,9 +289,9 @@ impl Body for ResponseBody {
                 }
                 Poll::Ready(None)
             }
-            Poll::Pending => match this.idle.poll(cx) {
+            Poll::Pending => match this.idle.poll_expired(cx) {
                 Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Idle {
-                    secs: this.timeout.as_secs(),
+                    secs: this.idle.timeout.as_secs(),
                 }))),
                 Poll::Pending => Poll::Pending,
             },

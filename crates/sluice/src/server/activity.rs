@@ -3,7 +3,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,6 +16,8 @@ use tokio::time::Instant;
 pub struct Activity {
     start: Instant,
     in_flight: AtomicUsize,
+    /// A request has begun on this connection.
+    began: AtomicBool,
     last_ms: AtomicU64,
     /// 0 while writes go through; otherwise 1 + milliseconds since `start` at which a write
     /// first found the client's window closed with no byte written since.
@@ -27,6 +29,7 @@ impl Activity {
         Arc::new(Activity {
             start: Instant::now(),
             in_flight: AtomicUsize::new(0),
+            began: AtomicBool::new(false),
             last_ms: AtomicU64::new(0),
             blocked_ms: AtomicU64::new(0),
         })
@@ -35,7 +38,13 @@ impl Activity {
     /// Marks a request started; the guard marks it finished when dropped (body done or abandoned).
     pub fn begin(self: &Arc<Self>) -> ActivityGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.began.store(true, Ordering::Relaxed);
         ActivityGuard(self.clone())
+    }
+
+    /// Whether any request has begun on this connection.
+    pub fn began(&self) -> bool {
+        self.began.load(Ordering::Relaxed)
     }
 
     /// How long the connection has had nothing in flight, or `None` while a request is active.
