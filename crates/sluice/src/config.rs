@@ -64,7 +64,8 @@ pub struct ServerConfig {
     pub pid_file: Option<PathBuf>,
     /// Seconds a keep-alive connection may sit idle between requests.
     pub idle_timeout_secs: u64,
-    /// Seconds a client has to send a complete request head.
+    /// Seconds a client has to send a complete request head once it has begun one, and to begin
+    /// the first one on a new connection.
     pub header_read_timeout_secs: u64,
     /// Largest request head accepted, in bytes.
     pub max_header_bytes: usize,
