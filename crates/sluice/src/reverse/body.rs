@@ -306,3 +306,38 @@ impl Body for ResponseBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+
+    /// Polls the clock once, as a body does when it has to wait.
+    async fn waits(clock: &mut IdleClock) -> bool {
+        poll_fn(|cx| Poll::Ready(clock.poll_expired(cx).is_ready())).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_clock_runs_from_the_first_wait_after_the_last_frame() {
+        let mut clock = IdleClock::new(Duration::from_secs(10));
+        // Frames that never wait arm nothing.
+        clock.moved();
+        assert!(clock.sleep.is_none());
+        assert!(!waits(&mut clock).await);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(!waits(&mut clock).await);
+        // A frame after 6 s of waiting moves the deadline to 10 s after the next wait.
+        clock.moved();
+        assert!(!waits(&mut clock).await);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(
+            !waits(&mut clock).await,
+            "the frame did not move the deadline"
+        );
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(
+            waits(&mut clock).await,
+            "idle past the timeout without expiring"
+        );
+    }
+}
