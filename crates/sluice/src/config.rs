@@ -7,12 +7,15 @@
 pub mod public_ip;
 #[cfg(feature = "media")]
 pub mod ratelimit;
+pub mod section;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
+
+use section::config_section;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -45,8 +48,7 @@ pub struct Config {
 }
 
 /// Listeners and the downstream HTTP server.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ServerConfig {
     /// Addresses to listen on: the main listener (named `main`), which serves the user routes and
     /// the built-ins unless they name another listener.
@@ -121,6 +123,27 @@ impl Default for ServerConfig {
     }
 }
 
+config_section!(ServerConfig {
+    listen,
+    listeners,
+    tls_cert,
+    tls_key,
+    certificates,
+    pid_file,
+    idle_timeout_secs,
+    header_read_timeout_secs,
+    max_header_bytes,
+    max_headers,
+    shutdown_grace_secs,
+    max_connections,
+    send_timeout_secs,
+    tls_handshake_timeout_secs,
+    h2_max_concurrent_streams,
+    h2_max_send_buf_bytes,
+    runtime,
+    threads,
+});
+
 /// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,
 /// with the server's TLS settings and limits.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -164,8 +187,7 @@ impl ServerConfig {
 }
 
 /// Who may use the proxy.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct AuthConfig {
     /// Shared secret (`api_password` query parameter or header). Empty: no auth, loopback listeners only.
     pub api_password: String,
@@ -192,9 +214,15 @@ impl Default for AuthConfig {
     }
 }
 
+config_section!(AuthConfig {
+    api_password,
+    trusted_proxies,
+    accept_mediaflow_tokens,
+    child_token_ttl_secs,
+});
+
 /// The pooled upstream HTTP client shared by every front end.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct UpstreamConfig {
     /// Seconds to set up a connection (DNS, TCP, proxy, TLS).
     pub connect_timeout_secs: u64,
@@ -255,6 +283,24 @@ impl Default for UpstreamConfig {
         }
     }
 }
+
+config_section!(UpstreamConfig {
+    connect_timeout_secs,
+    header_timeout_secs,
+    idle_read_timeout_secs,
+    max_setups_per_host,
+    max_redirects,
+    allow_private,
+    pool_idle_secs,
+    pool_max_idle_per_host,
+    user_agent,
+    insecure_hosts,
+    ca_file,
+    routes,
+    http2,
+    http2_keepalive_secs,
+    read_buffer_bytes,
+});
 
 /// One outgoing proxy route.
 #[derive(Debug, Clone, Serialize, Deserialize)]
