@@ -22,8 +22,11 @@ pub trait Section: Default {
     /// Every key the section accepts, which is every field of the struct.
     const FIELDS: &'static [&'static str];
     /// Deserializes `value` into the field named `key` (one of [`Section::FIELDS`]).
-    fn read<'de, D: Deserializer<'de>>(&mut self, key: &'static str, value: D)
-        -> Result<(), D::Error>;
+    fn read<'de, D: Deserializer<'de>>(
+        &mut self,
+        key: &'static str,
+        value: D,
+    ) -> Result<(), D::Error>;
 }
 
 /// Reads a section from a TOML table.
