@@ -441,9 +441,12 @@ impl Iptv {
         let payload = if unchanged || req.method == Method::HEAD {
             body::empty()
         } else if form == epg::Form::Xml {
-            match guide.xml() {
-                Ok(xml) => body::full(xml),
-                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+            // Inflating a large guide takes a while: off the runtime that streams the channels.
+            let held = Arc::clone(&guide);
+            match tokio::task::spawn_blocking(move || held.xml()).await {
+                Ok(Ok(xml)) => body::full(xml),
+                Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+                Err(_) => return text(StatusCode::INTERNAL_SERVER_ERROR, "guide unavailable\n"),
             }
         } else {
             body::full(guide.gz.clone())
