@@ -899,6 +899,39 @@ mod tests {
         assert!(err.contains("expected one of"), "{err}");
     }
 
+    /// The sections read by `config_section!` keep serde's errors and locations, and a key
+    /// left out keeps its default.
+    #[cfg(feature = "iptv")]
+    #[test]
+    fn sections_keep_defaults_errors_and_locations() {
+        let c =
+            Config::parse_file("[iptv]\nlinger_ms = 7\n[iptv.rtsp]\nmax_sessions = 3\n").unwrap();
+        assert_eq!(c.iptv.linger_ms, 7);
+        assert_eq!(c.iptv.rtsp.max_sessions, 3);
+        let defaults = Config::default();
+        assert_eq!(c.iptv.buffer_bytes, defaults.iptv.buffer_bytes);
+        assert_eq!(c.iptv.rtsp.seek_params, defaults.iptv.rtsp.seek_params);
+        assert_eq!(c.server.listen, defaults.server.listen);
+
+        let err = |text: &str| Config::parse_file(text).unwrap_err().to_string();
+        let nested = err("[iptv.rtsp]\nenabled = true\nbogus = 1\n");
+        assert!(nested.contains("line 3, column 1"), "{nested}");
+        assert!(
+            nested.contains("unknown field `bogus`, expected one of `enabled`"),
+            "{nested}"
+        );
+        let typed = err("[iptv]\nlinger_ms = \"x\"\n");
+        assert!(typed.contains("line 2, column 13"), "{typed}");
+        assert!(
+            typed.contains("invalid type: string \"x\", expected u64"),
+            "{typed}"
+        );
+        let whole = err("iptv = 3\n");
+        assert!(whole.contains("expected struct IptvConfig"), "{whole}");
+        let variant = err("[iptv]\nslow_subscriber = \"nope\"\n");
+        assert!(variant.contains("unknown variant `nope`"), "{variant}");
+    }
+
     #[test]
     fn bad_address_is_reported() {
         let err = Config::parse_file("[server]\nlisten = [\"127.0.0.1\"]\n")
