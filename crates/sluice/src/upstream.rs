@@ -1,6 +1,6 @@
 //! The pooled upstream HTTP client every front end shares: keep-alive per origin, HTTP/1.1 (HTTP/2 by
 //! ALPN when enabled), a time-to-headers deadline, idle-read deadlines on bodies, redirects, outgoing
-//! proxy routes.
+//! proxy routes; `raw` reads a response head off a socket of its own for bodies that are spliced.
 
 pub mod body;
 pub mod connector;
@@ -8,6 +8,7 @@ pub mod connector;
 pub mod group;
 pub mod guard;
 pub mod happy;
+pub mod raw;
 pub mod resolve;
 pub mod route;
 #[cfg(feature = "tls")]
