@@ -112,6 +112,8 @@ pub struct Upstream {
     max_redirects: usize,
     user_agent: HeaderValue,
     metrics: Metrics,
+    /// Idle connections of the raw (spliced) path, kept like the pooled client's.
+    raw_pool: std::sync::Arc<raw::RawPool>,
 }
 
 impl Upstream {
@@ -182,6 +184,10 @@ impl Upstream {
             max_redirects: config.max_redirects,
             user_agent: HeaderValue::from_str(&config.user_agent)?,
             metrics,
+            raw_pool: std::sync::Arc::new(raw::RawPool::new(
+                config.pool_max_idle_per_host,
+                Duration::from_secs(config.pool_idle_secs),
+            )),
         })
     }
 

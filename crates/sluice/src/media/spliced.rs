@@ -70,18 +70,26 @@ pub async fn serve(
     super::stream::mirror_headers(&head.headers, &mut headers);
     super::stream::apply_params(params, &mut headers)?;
     let status = head.status;
+    let returner = raw.returner();
     let body = if rest == 0 {
-        // All of it came with the head: nothing left to splice, and the socket can go now.
+        // All of it came with the head: nothing left to splice, and the socket can go back now
+        // (unless the origin sent more than it announced).
+        if let Some(give_back) = returner.filter(|_| raw.early.len() as u64 == len) {
+            give_back(raw.socket);
+        }
         body::full(early)
     } else {
         spliced.inc();
         let counter = upstream.clone();
-        let feed = Feed::new(
+        let mut feed = Feed::new(
             raw.socket,
             rest,
             upstream.idle_read_timeout(),
             Box::new(move |n| counter.count_received(n)),
         );
+        if let Some(give_back) = returner {
+            feed = feed.on_done(give_back);
+        }
         body::boxed(tap.0.install(feed, early, rest))
     };
     let mut resp = Response::new(body);

@@ -42,7 +42,8 @@ pub enum Waiting {
 /// A body still to be moved: the upstream socket, positioned at the first body byte not yet
 /// read, and how many bytes remain.
 pub struct Feed {
-    src: TcpStream,
+    /// `None` only once handed back by `Drop`.
+    src: Option<TcpStream>,
     pool: &'static PipePool,
     pipe: Option<Pipe>,
     /// Bytes in the pipe, read from the upstream, not yet written to the client.
@@ -54,6 +55,8 @@ pub struct Feed {
     waiting: Waiting,
     /// Called with every chunk read from the upstream (metrics).
     on_read: Box<dyn Fn(usize) + Send + Sync>,
+    /// Takes the upstream socket back once the body has been read to its end (keep-alive).
+    on_done: Option<Box<dyn FnOnce(TcpStream) + Send + Sync>>,
 }
 
 impl Feed {
@@ -65,7 +68,7 @@ impl Feed {
         on_read: Box<dyn Fn(usize) + Send + Sync>,
     ) -> Feed {
         Feed {
-            src,
+            src: Some(src),
             pool: super::shared_pool(),
             pipe: None,
             in_pipe: 0,
@@ -74,7 +77,14 @@ impl Feed {
             deadline: Box::pin(tokio::time::sleep(idle)),
             waiting: Waiting::Upstream,
             on_read,
+            on_done: None,
         }
+    }
+
+    /// Hands the upstream socket to `on_done` when the feed ends with every byte moved.
+    pub fn on_done(mut self, on_done: impl FnOnce(TcpStream) + Send + Sync + 'static) -> Feed {
+        self.on_done = Some(Box::new(on_done));
+        self
     }
 
     /// Every byte has reached the client's socket.
@@ -105,19 +115,20 @@ impl Feed {
             self.pipe = Some(pipe);
         }
         let pipe = self.pipe.as_ref().expect("taken above");
+        let src = self.src.as_ref().expect("held until drop");
         if self.in_pipe == 0 {
             // Fill: never more than the body, so bytes after it stay in the upstream socket.
             let want = (pipe.capacity as u64).min(self.unread) as usize;
             loop {
-                if self.src.poll_read_ready(cx).is_pending() {
+                if src.poll_read_ready(cx).is_pending() {
                     self.waiting = Waiting::Upstream;
                     if self.deadline.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Err(FeedError::UpstreamIdle(self.idle)));
                     }
                     return Poll::Pending;
                 }
-                match self.src.try_io(Interest::READABLE, || {
-                    splice(self.src.as_raw_fd(), pipe.write.as_raw_fd(), want)
+                match src.try_io(Interest::READABLE, || {
+                    splice(src.as_raw_fd(), pipe.write.as_raw_fd(), want)
                 }) {
                     Ok(0) => {
                         return Poll::Ready(Err(FeedError::UpstreamClosed {
@@ -160,6 +171,11 @@ impl Feed {
 
 impl Drop for Feed {
     fn drop(&mut self) {
+        if self.is_done() {
+            if let (Some(src), Some(on_done)) = (self.src.take(), self.on_done.take()) {
+                on_done(src);
+            }
+        }
         if let Some(pipe) = self.pipe.take() {
             if self.in_pipe == 0 {
                 self.pool.give(pipe);
@@ -220,7 +236,7 @@ mod tests {
         assert_eq!(counted.load(Ordering::Relaxed), body.len() as u64);
         let _origin = writer.await.unwrap();
         let mut rest = [0u8; 4];
-        feed.src.read_exact(&mut rest).await.unwrap();
+        feed.src.as_mut().unwrap().read_exact(&mut rest).await.unwrap();
         assert_eq!(&rest, b"NEXT");
     }
 
