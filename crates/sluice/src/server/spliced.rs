@@ -207,6 +207,7 @@ impl AsyncWrite for Tapped {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Body as _;
     use http_body_util::BodyExt;
 
     #[tokio::test]
