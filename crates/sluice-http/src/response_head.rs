@@ -63,8 +63,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
     for f in resp.headers.iter() {
         let name = HeaderName::from_bytes(f.name.as_bytes())
             .map_err(|_| HeadError::BadField(f.name.to_string()))?;
-        let value =
-            HeaderValue::from_bytes(f.value).map_err(|_| HeadError::BadField(f.name.to_string()))?;
+        let value = HeaderValue::from_bytes(f.value)
+            .map_err(|_| HeadError::BadField(f.name.to_string()))?;
         headers.append(name, value);
     }
     Ok(Some(ResponseHead {
@@ -89,11 +89,7 @@ impl ResponseHead {
         let mut length = None;
         for value in self.headers.get_all(header::CONTENT_LENGTH) {
             // A field may itself be a list (`5, 5`), which RFC 9110 §8.6 allows when all agree.
-            for part in value
-                .to_str()
-                .map_err(|_| HeadError::BadLength)?
-                .split(',')
-            {
+            for part in value.to_str().map_err(|_| HeadError::BadLength)?.split(',') {
                 let part = part.trim();
                 if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(HeadError::BadLength);
@@ -172,7 +168,10 @@ mod tests {
             many.push_str(&format!("x-{i}: v\r\n"));
         }
         many.push_str("\r\n");
-        assert_eq!(parse(many.as_bytes()).unwrap_err(), HeadError::TooManyFields);
+        assert_eq!(
+            parse(many.as_bytes()).unwrap_err(),
+            HeadError::TooManyFields
+        );
     }
 
     proptest::proptest! {

@@ -517,7 +517,10 @@ impl Conn {
         let listener = self.listener;
         let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(listener);
-            if let Some(tap) = tap.as_ref().filter(|_| req.version() == http::Version::HTTP_11) {
+            if let Some(tap) = tap
+                .as_ref()
+                .filter(|_| req.version() == http::Version::HTTP_11)
+            {
                 req.extensions_mut().insert(spliced::SpliceTap(tap.clone()));
             }
             let app = app.clone();

@@ -110,9 +110,8 @@ async fn spliced_bodies_are_exact_and_the_connection_stays_alive() {
     let (head, body) = read_response(&mut conn, &mut pending, false).await;
     assert_eq!(head.status, 200);
     assert_eq!(body.unwrap(), b"hello");
-    let pipelined = format!(
-        "GET {big} HTTP/1.1\r\nhost: t\r\n\r\nGET {small} HTTP/1.1\r\nhost: t\r\n\r\n"
-    );
+    let pipelined =
+        format!("GET {big} HTTP/1.1\r\nhost: t\r\n\r\nGET {small} HTTP/1.1\r\nhost: t\r\n\r\n");
     conn.write_all(pipelined.as_bytes()).await.unwrap();
     let (_, body) = read_response(&mut conn, &mut pending, false).await;
     assert_eq!(sha256(&body.unwrap()), sha256(&origin.big));
@@ -123,8 +122,14 @@ async fn spliced_bodies_are_exact_and_the_connection_stays_alive() {
     assert_eq!(seen.len(), 3);
     // Every spliced body was read to its end, so one upstream connection carried all five.
     let text = String::from_utf8(get(&s.url("/metrics")).await.body.unwrap().to_vec()).unwrap();
-    assert!(text.contains("sluice_upstream_connections_opened_total 1\n"), "{text}");
-    assert!(text.contains("sluice_upstream_connections_reused_total 4\n"), "{text}");
+    assert!(
+        text.contains("sluice_upstream_connections_opened_total 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_upstream_connections_reused_total 4\n"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -97,4 +97,3 @@ pub async fn serve(
     *resp.headers_mut() = headers;
     Ok(Some(resp))
 }
-

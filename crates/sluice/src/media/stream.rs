@@ -45,12 +45,12 @@ pub async fn serve(
     let mut resp = match super::transform::parse(&ctx.query)? {
         Some(t) => super::transform::pipe(upstream, req, &params, t).await?,
         None => match splice.and_then(|c| Some((c, super::spliced::tap_for(req, &params)?))) {
-            Some((counter, tap)) => match super::spliced::serve(upstream, req, &params, tap, counter)
-                .await?
-            {
-                Some(resp) => resp,
-                None => pipe(upstream, req, &params, None).await?,
-            },
+            Some((counter, tap)) => {
+                match super::spliced::serve(upstream, req, &params, tap, counter).await? {
+                    Some(resp) => resp,
+                    None => pipe(upstream, req, &params, None).await?,
+                }
+            }
             None => pipe(upstream, req, &params, None).await?,
         },
     };

@@ -123,7 +123,9 @@ impl Tapped {
     fn poll_feed(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<io::Result<usize>> {
         let Some(tap) = &self.tap else {
             // Never write the stand-in's zeros as if they were the body.
-            return Poll::Ready(Err(io::Error::other("spliced body on an untapped connection")));
+            return Poll::Ready(Err(io::Error::other(
+                "spliced body on an untapped connection",
+            )));
         };
         let mut slot = tap.feed.lock().unwrap_or_else(|e| e.into_inner());
         let Some(feed) = slot.as_mut() else {

@@ -73,12 +73,18 @@ async fn exchange(socket: &mut TcpStream, head: &str) -> Result<(ResponseHead, B
             Err(e) => return Err(Exchange::Failed(e.to_string())),
         }
         if buf.len() >= MAX_HEAD {
-            return Err(Exchange::Failed(format!("response head over {MAX_HEAD} bytes")));
+            return Err(Exchange::Failed(format!(
+                "response head over {MAX_HEAD} bytes"
+            )));
         }
         buf.reserve(8 * 1024);
         match socket.read_buf(&mut buf).await {
             Ok(0) if buf.is_empty() => return Err(Exchange::Closed),
-            Ok(0) => return Err(Exchange::Failed("connection closed inside the response head".into())),
+            Ok(0) => {
+                return Err(Exchange::Failed(
+                    "connection closed inside the response head".into(),
+                ))
+            }
             Ok(_) => {}
             Err(e) if buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
                 return Err(Exchange::Closed)
@@ -251,7 +257,11 @@ fn request_head(req: &UpstreamRequest, user_agent: &http::HeaderValue) -> String
         }
     }
     if !req.headers.contains_key(header::USER_AGENT) {
-        push_field(&mut head, header::USER_AGENT.as_str(), user_agent.as_bytes());
+        push_field(
+            &mut head,
+            header::USER_AGENT.as_str(),
+            user_agent.as_bytes(),
+        );
     }
     for (name, value) in &req.headers {
         if name == header::CONNECTION {
@@ -277,7 +287,8 @@ mod tests {
 
     #[test]
     fn head_has_target_host_and_fields() {
-        let mut req = UpstreamRequest::get("http://127.0.0.1:8080/a/b.mp4?x=1&y=%20".parse().unwrap());
+        let mut req =
+            UpstreamRequest::get("http://127.0.0.1:8080/a/b.mp4?x=1&y=%20".parse().unwrap());
         req.headers
             .insert("referer", http::HeaderValue::from_static("http://r/"));
         let head = request_head(&req, &http::HeaderValue::from_static("sluice"));

@@ -236,7 +236,12 @@ mod tests {
         assert_eq!(counted.load(Ordering::Relaxed), body.len() as u64);
         let _origin = writer.await.unwrap();
         let mut rest = [0u8; 4];
-        feed.src.as_mut().unwrap().read_exact(&mut rest).await.unwrap();
+        feed.src
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut rest)
+            .await
+            .unwrap();
         assert_eq!(&rest, b"NEXT");
     }
 
