@@ -190,10 +190,13 @@ impl Upstream {
                 Some(s) => (s, true),
                 None => {
                     let conn = self.connector.clone().call(uri.clone()).await?.into_inner();
-                    let Conn::Plain(socket) = conn else {
-                        return Err(protocol("a plain http URL got a TLS connection".into()));
-                    };
-                    (socket, false)
+                    match conn {
+                        Conn::Plain(socket) => (socket, false),
+                        #[cfg(feature = "tls")]
+                        Conn::Tls(_) => {
+                            return Err(protocol("a plain http URL got a TLS connection".into()))
+                        }
+                    }
                 }
             };
             let got = tokio::time::timeout(self.header_timeout, exchange(&mut socket, &head))
