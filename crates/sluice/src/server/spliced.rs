@@ -9,6 +9,7 @@
 //! nothing else uses, which is how the wrapper tells them from real bytes (hyper queues body
 //! chunks as they are, without copying, on a socket that takes vectored writes).
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -35,11 +36,12 @@ fn is_stand_in(buf: &[u8]) -> bool {
     !buf.is_empty() && at >= start && at < start + STAND_IN
 }
 
-/// The hand-over point between one connection's handlers and its socket wrapper: at most one
-/// body in flight, as HTTP/1.1 answers one request at a time.
+/// The hand-over point between one connection's handlers and its socket wrapper. Feeds queue in
+/// response order: hyper may answer a pipelined request while the last chunk of the previous
+/// body still waits in its write buffer, and HTTP/1.1 writes bodies in request order.
 #[derive(Debug, Default)]
 pub struct Tap {
-    feed: Mutex<Option<Feed>>,
+    feeds: Mutex<VecDeque<Feed>>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -57,9 +59,10 @@ impl Tap {
     /// Hands `feed` to the connection and returns the body to answer with: `head` (body bytes
     /// already read with the response head) as real bytes, then stand-ins for the feed's `len`.
     pub fn install(&self, feed: Feed, head: Bytes, len: u64) -> SplicedBody {
-        let mut slot = self.feed.lock().unwrap_or_else(|e| e.into_inner());
-        // A previous body still here was abandoned with its connection's response; it goes.
-        *slot = Some(feed);
+        self.feeds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(feed);
         SplicedBody {
             head: (!head.is_empty()).then_some(head),
             left: len,
@@ -127,8 +130,8 @@ impl Tapped {
                 "spliced body on an untapped connection",
             )));
         };
-        let mut slot = tap.feed.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(feed) = slot.as_mut() else {
+        let mut feeds = tap.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(feed) = feeds.front_mut() else {
             return Poll::Ready(Err(io::Error::other("spliced body without its upstream")));
         };
         match feed.poll_send(cx, self.io.get_ref(), max) {
@@ -137,13 +140,14 @@ impl Tapped {
                     self.io.activity().wrote();
                 }
                 if feed.is_done() {
-                    // Closes the upstream socket and pools the (empty) pipe.
-                    *slot = None;
+                    // Pools the upstream socket and the (empty) pipe.
+                    feeds.pop_front();
                 }
                 Poll::Ready(Ok(n))
             }
             Poll::Ready(Err(e)) => {
-                *slot = None;
+                // The connection ends: no later body on it will be written.
+                feeds.clear();
                 tracing::debug!(error = %e, "spliced body cut");
                 // hyper closes the connection on a write error: the client sees a short body.
                 Poll::Ready(Err(io::Error::other(e)))
