@@ -192,8 +192,10 @@ impl AsyncWrite for Tapped {
         match bufs.iter().position(|b| is_stand_in(b)) {
             None => Pin::new(&mut self.io).poll_write_vectored(cx, bufs),
             // The real bytes before it (the response head) first.
-            Some(i) if i > 0 => Pin::new(&mut self.io).poll_write_vectored(cx, &bufs[..i]),
-            Some(_) => self.poll_feed(cx, bufs[0].len()),
+            Some(i) if bufs[..i].iter().any(|b| !b.is_empty()) => {
+                Pin::new(&mut self.io).poll_write_vectored(cx, &bufs[..i])
+            }
+            Some(i) => self.poll_feed(cx, bufs[i].len()),
         }
     }
 
