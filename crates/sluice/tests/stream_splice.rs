@@ -262,3 +262,37 @@ async fn client_gone_mid_body_closes_the_upstream() {
     assert_eq!(body.unwrap(), b"hello");
     assert!(!closes_within(&mut again, Duration::from_millis(200)).await);
 }
+
+#[tokio::test]
+async fn a_body_until_close_is_read_from_the_same_connection() {
+    // No Content-Length, HTTP/1.0 style: the body ends when the origin closes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/live.ts", listener.local_addr().unwrap());
+    let body = pattern(3 * 1024 * 1024 + 17);
+    let sent = body.clone();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                let mut req = [0u8; 4096];
+                let _ = s.read(&mut req).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: video/mp2t\r\nconnection: close\r\n\r\n",
+                    )
+                    .await;
+                let _ = s.write_all(&sent).await;
+            });
+        }
+    });
+    let s = Sluice::start(test_config()).await;
+    let r = get(&s.url(&stream_path(&url))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "video/mp2t");
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&body));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(spliced_count(&s).await, 0);
+}

@@ -2,16 +2,20 @@
 //! offers a splice tap), the request a plain GET without Range, and the upstream plain HTTP/1.1
 //! answering with a `Content-Length`, the head is built as for the streamed path and the body
 //! goes from the upstream socket to the client's with `splice(2)` (`server::spliced`).
-//! Everything else takes the streamed path.
+//! Everything else takes the streamed path (a close-delimited body is read from the same socket).
 
+use bytes::BytesMut;
 use http::header::{self, HeaderMap};
 use http::{Method, Request, Response};
+use http_body::Frame;
+use http_body_util::StreamBody;
 use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use sluice_http::response_head::BodyLength;
 use sluice_media::query::ProxyParams;
+use tokio::io::AsyncReadExt;
 
-use crate::body::{self, Body};
+use crate::body::{self, Body, BoxError};
 use crate::error::ProxyError;
 use crate::net::splice::feed::Feed;
 use crate::server::spliced::SpliceTap;
@@ -38,8 +42,9 @@ pub fn tap_for<'r>(req: &'r Request<Incoming>, params: &ProxyParams) -> Option<&
 }
 
 /// Tries the spliced exchange; `Ok(None)` when the upstream's answer cannot be spliced (a
-/// redirect, no `Content-Length`, no body), in which case the caller streams it instead (a
-/// second request: such answers are rare for media files and small).
+/// redirect, a chunked body, no body), in which case the caller streams it instead (a second
+/// request: such answers are rare for media files, and small). A body that runs until the
+/// origin closes is streamed from the same connection.
 pub async fn serve(
     upstream: &Upstream,
     req: &Request<Incoming>,
@@ -58,6 +63,11 @@ pub async fn serve(
             return Ok(None)
         }
         Ok(BodyLength::Exact(n)) if n > 0 => n,
+        Ok(BodyLength::UntilClose) => {
+            // A live stream without a length (typical of MPEG-TS origins): read it from this
+            // socket rather than ask the origin a second time.
+            return Ok(Some(until_close(upstream, raw, params)?));
+        }
         Ok(_) | Err(_) => {
             tracing::debug!(status = %head.status, "upstream body not spliceable, streaming it");
             return Ok(None);
@@ -97,3 +107,58 @@ pub async fn serve(
     *resp.headers_mut() = headers;
     Ok(Some(resp))
 }
+
+/// The answer for a body delimited by the origin closing the connection: streamed from the raw
+/// socket (with the upstream idle clock), not spliced, since its length is unknown.
+fn until_close(
+    upstream: &Upstream,
+    raw: crate::upstream::raw::RawResponse,
+    params: &ProxyParams,
+) -> Result<Response<Body>, ProxyError> {
+    let mut headers = HeaderMap::new();
+    super::stream::mirror_headers(&raw.head.headers, &mut headers);
+    super::stream::apply_params(params, &mut headers)?;
+    let status = raw.head.status;
+    let idle = upstream.idle_read_timeout();
+    let counter = upstream.clone();
+    counter.count_received(raw.early.len());
+    let first = (!raw.early.is_empty()).then_some(raw.early);
+    let chunks = futures_util::stream::unfold(
+        (raw.socket, BytesMut::new(), first, false),
+        move |(mut socket, mut buf, first, done)| {
+            let counter = counter.clone();
+            async move {
+                if let Some(bytes) = first {
+                    return Some((Ok(Frame::data(bytes)), (socket, buf, None, false)));
+                }
+                if done {
+                    return None;
+                }
+                // Reuses the allocation once the previous chunks have been written out.
+                buf.reserve(UNTIL_CLOSE_READ);
+                match tokio::time::timeout(idle, socket.read_buf(&mut buf)).await {
+                    Ok(Ok(0)) => None,
+                    Ok(Ok(n)) => {
+                        counter.count_received(n);
+                        let chunk = buf.split().freeze();
+                        Some((Ok(Frame::data(chunk)), (socket, buf, None, false)))
+                    }
+                    Ok(Err(e)) => Some((Err(BoxError::from(e)), (socket, buf, None, true))),
+                    Err(_) => Some((
+                        Err(BoxError::from(format!(
+                            "upstream sent nothing for {idle:?}"
+                        ))),
+                        (socket, buf, None, true),
+                    )),
+                }
+            }
+        },
+    );
+    let mut resp = Response::new(body::boxed(StreamBody::new(chunks)));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    Ok(resp)
+}
+
+/// Read size for a close-delimited body (the streamed path's upstream buffer size).
+const UNTIL_CLOSE_READ: usize = 96 * 1024;
