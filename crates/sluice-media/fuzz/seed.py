@@ -150,6 +150,23 @@ def rtsp():
     write("rtsp", "iso", b"2024-01-01T12:00:00+08:00-2024-01-01T13:00:00+08:00")
 
 
+def gzip_members():
+    """Members with every optional header field, two members back to back, and an empty one."""
+    import gzip as gz
+    import zlib
+    guide = b'<?xml version="1.0"?>\n<tv><channel id="a"><display-name>A</display-name></channel></tv>\n'
+    write("gzip", "plain", gz.compress(guide, mtime=0))
+    write("gzip", "two-members", gz.compress(guide[:40], mtime=0) + gz.compress(guide[40:], mtime=0))
+    write("gzip", "empty", gz.compress(b"", mtime=0))
+    body = zlib.compressobj(6, zlib.DEFLATED, -15)
+    deflated = body.compress(guide) + body.flush()
+    header = b"\x1f\x8b\x08\x1e" + b"\x00" * 4 + b"\x00\xff"
+    header += struct.pack("<H", 4) + b"abcd" + b"guide.xml\x00" + b"comment\x00"
+    header += struct.pack("<H", zlib.crc32(header) & 0xFFFF)
+    trailer = struct.pack("<II", zlib.crc32(guide), len(guide))
+    write("gzip", "all-fields", header + deflated + trailer)
+
+
 if __name__ == "__main__":
     mp4_decrypt()
     remux_ts()
@@ -163,5 +180,6 @@ if __name__ == "__main__":
     acestream()
     m3u_merge()
     rtsp()
+    gzip_members()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")

@@ -22,6 +22,7 @@
 //! - `rs_fec`: the Reed-Solomon FEC operators send on a FEC port: header, GF(2^8) code, recovery.
 //! - `civil`: calendar dates to days since the Unix epoch and back.
 //! - `fcc`: fast channel change signalling (Telecom/ZTE/FiberHome and Huawei) packets.
+//! - `gzip`: gzip members around raw deflate (the IPTV guide), with a small CRC-32.
 
 pub mod acestream;
 pub mod b64url;
@@ -31,6 +32,7 @@ pub mod dash;
 pub mod fcc;
 pub mod fec;
 pub mod generate;
+pub mod gzip;
 pub mod hls;
 pub mod keys;
 pub mod m3u;

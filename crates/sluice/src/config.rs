@@ -7,12 +7,15 @@
 pub mod public_ip;
 #[cfg(feature = "media")]
 pub mod ratelimit;
+pub mod section;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
+
+use section::config_section;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -45,8 +48,7 @@ pub struct Config {
 }
 
 /// Listeners and the downstream HTTP server.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ServerConfig {
     /// Addresses to listen on: the main listener (named `main`), which serves the user routes and
     /// the built-ins unless they name another listener.
@@ -121,6 +123,27 @@ impl Default for ServerConfig {
     }
 }
 
+config_section!(ServerConfig {
+    listen,
+    listeners,
+    tls_cert,
+    tls_key,
+    certificates,
+    pid_file,
+    idle_timeout_secs,
+    header_read_timeout_secs,
+    max_header_bytes,
+    max_headers,
+    shutdown_grace_secs,
+    max_connections,
+    send_timeout_secs,
+    tls_handshake_timeout_secs,
+    h2_max_concurrent_streams,
+    h2_max_send_buf_bytes,
+    runtime,
+    threads,
+});
+
 /// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,
 /// with the server's TLS settings and limits.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -164,8 +187,7 @@ impl ServerConfig {
 }
 
 /// Who may use the proxy.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct AuthConfig {
     /// Shared secret (`api_password` query parameter or header). Empty: no auth, loopback listeners only.
     pub api_password: String,
@@ -192,9 +214,15 @@ impl Default for AuthConfig {
     }
 }
 
+config_section!(AuthConfig {
+    api_password,
+    trusted_proxies,
+    accept_mediaflow_tokens,
+    child_token_ttl_secs,
+});
+
 /// The pooled upstream HTTP client shared by every front end.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct UpstreamConfig {
     /// Seconds to set up a connection (DNS, TCP, proxy, TLS).
     pub connect_timeout_secs: u64,
@@ -255,6 +283,24 @@ impl Default for UpstreamConfig {
         }
     }
 }
+
+config_section!(UpstreamConfig {
+    connect_timeout_secs,
+    header_timeout_secs,
+    idle_read_timeout_secs,
+    max_setups_per_host,
+    max_redirects,
+    allow_private,
+    pool_idle_secs,
+    pool_max_idle_per_host,
+    user_agent,
+    insecure_hosts,
+    ca_file,
+    routes,
+    http2,
+    http2_keepalive_secs,
+    read_buffer_bytes,
+});
 
 /// One outgoing proxy route.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -856,6 +902,39 @@ mod tests {
         assert!(err.contains("unknown field `listn`"), "{err}");
         assert!(err.contains("line 3"), "{err}");
         assert!(err.contains("expected one of"), "{err}");
+    }
+
+    /// The sections read by `config_section!` keep serde's errors and locations, and a key
+    /// left out keeps its default.
+    #[cfg(feature = "iptv")]
+    #[test]
+    fn sections_keep_defaults_errors_and_locations() {
+        let c =
+            Config::parse_file("[iptv]\nlinger_ms = 7\n[iptv.rtsp]\nmax_sessions = 3\n").unwrap();
+        assert_eq!(c.iptv.linger_ms, 7);
+        assert_eq!(c.iptv.rtsp.max_sessions, 3);
+        let defaults = Config::default();
+        assert_eq!(c.iptv.buffer_bytes, defaults.iptv.buffer_bytes);
+        assert_eq!(c.iptv.rtsp.seek_params, defaults.iptv.rtsp.seek_params);
+        assert_eq!(c.server.listen, defaults.server.listen);
+
+        let err = |text: &str| Config::parse_file(text).unwrap_err().to_string();
+        let nested = err("[iptv.rtsp]\nenabled = true\nbogus = 1\n");
+        assert!(nested.contains("line 3, column 1"), "{nested}");
+        assert!(
+            nested.contains("unknown field `bogus`, expected one of `enabled`"),
+            "{nested}"
+        );
+        let typed = err("[iptv]\nlinger_ms = \"x\"\n");
+        assert!(typed.contains("line 2, column 13"), "{typed}");
+        assert!(
+            typed.contains("invalid type: string \"x\", expected u64"),
+            "{typed}"
+        );
+        let whole = err("iptv = 3\n");
+        assert!(whole.contains("expected struct IptvConfig"), "{whole}");
+        let variant = err("[iptv]\nslow_subscriber = \"nope\"\n");
+        assert!(variant.contains("unknown variant `nope`"), "{variant}");
     }
 
     #[test]

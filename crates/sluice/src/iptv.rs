@@ -41,8 +41,7 @@ use registry::{Limits, Refusal, Registry};
 pub use subscriber::SlowPolicy;
 
 /// `[iptv]` in the config file. Durations are in milliseconds (`_ms`) or seconds (`_secs`).
-#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct IptvConfig {
     /// Interface to join on when a request names none (`?iface=`). No default on purpose: a
     /// join must never land on an interface nobody chose.
@@ -109,6 +108,35 @@ pub struct IptvConfig {
     /// Fast channel change sockets: `[iptv.fcc]`.
     pub fcc: fcc::FccConfig,
 }
+
+crate::config::section::config_section!(IptvConfig {
+    interface,
+    allow_iface_param,
+    playlist,
+    playlist_refresh_secs,
+    playlist_base_url,
+    epg_url,
+    epg_refresh_secs,
+    epg_max_bytes,
+    max_subscribers,
+    max_subscribers_per_channel,
+    max_channels,
+    linger_ms,
+    no_data_timeout_ms,
+    membership_refresh_secs,
+    buffer_bytes,
+    burst_bytes,
+    slow_subscriber,
+    slow_subscriber_timeout_ms,
+    write_batch_bytes,
+    flush_interval_ms,
+    recv_buffer_bytes,
+    reorder_window,
+    max_datagram_bytes,
+    status_interval_ms,
+    rtsp,
+    fcc,
+});
 
 impl Default for IptvConfig {
     fn default() -> Self {
@@ -413,9 +441,12 @@ impl Iptv {
         let payload = if unchanged || req.method == Method::HEAD {
             body::empty()
         } else if form == epg::Form::Xml {
-            match guide.xml() {
-                Ok(xml) => body::full(xml),
-                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+            // Inflating a large guide takes a while: off the runtime that streams the channels.
+            let held = Arc::clone(&guide);
+            match tokio::task::spawn_blocking(move || held.xml()).await {
+                Ok(Ok(xml)) => body::full(xml),
+                Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+                Err(_) => return text(StatusCode::INTERNAL_SERVER_ERROR, "guide unavailable\n"),
             }
         } else {
             body::full(guide.gz.clone())

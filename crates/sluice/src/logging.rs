@@ -108,9 +108,12 @@ pub fn parse_filter(spec: &str) -> Result<Filter, String> {
             }
         }
     }
+    // Targets are unique (a repeated one replaced the earlier), and two of the same length
+    // cannot both prefix one name: the order among equal lengths never matters, so the
+    // smaller unstable sort does.
     filter
         .targets
-        .sort_by_key(|(target, _)| std::cmp::Reverse(target.len()));
+        .sort_unstable_by_key(|(target, _)| std::cmp::Reverse(target.len()));
     Ok(filter)
 }
 

@@ -6,15 +6,13 @@
 //! times a day, so decompressing for the rare client that refuses gzip costs less than holding
 //! the plain text on a router.
 
-use std::io::{Read, Write};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use flate2::read::MultiGzDecoder;
-use flate2::write::GzEncoder;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
+use sluice_media::gzip;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use url::Url;
@@ -241,11 +239,9 @@ impl Guide {
 
     /// The XML itself, decompressed (bounded: it was checked when fetched).
     pub fn xml(&self) -> Result<Bytes, EpgError> {
-        let mut out = Vec::with_capacity(self.xml_len);
-        MultiGzDecoder::new(&self.gz[..])
-            .read_to_end(&mut out)
-            .map_err(|e| EpgError::Gzip(e.to_string()))?;
-        Ok(out.into())
+        gzip::decompress(&self.gz, self.xml_len)
+            .map(Bytes::from)
+            .map_err(|e| EpgError::Gzip(e.to_string()))
     }
 }
 
@@ -254,15 +250,11 @@ impl Guide {
 fn prepare(raw: Bytes, max: usize) -> Result<Guide, EpgError> {
     let is_gzip = raw.starts_with(&[0x1f, 0x8b]);
     let xml: Bytes = if is_gzip {
-        let mut out = Vec::new();
-        MultiGzDecoder::new(&raw[..])
-            .take(max as u64 + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| EpgError::Gzip(e.to_string()))?;
-        if out.len() > max {
-            return Err(EpgError::TooLarge(max));
+        match gzip::decompress(&raw, max) {
+            Ok(out) => out.into(),
+            Err(gzip::GzipError::TooLarge(_)) => return Err(EpgError::TooLarge(max)),
+            Err(e) => return Err(EpgError::Gzip(e.to_string())),
         }
-        out.into()
     } else {
         raw.clone()
     };
@@ -274,14 +266,7 @@ fn prepare(raw: Bytes, max: usize) -> Result<Guide, EpgError> {
     let gz = if is_gzip {
         raw
     } else {
-        let mut enc = GzEncoder::new(
-            Vec::with_capacity(xml.len() / 8),
-            flate2::Compression::new(6),
-        );
-        enc.write_all(&xml)
-            .and_then(|_| enc.finish())
-            .map(Bytes::from)
-            .map_err(|e| EpgError::Gzip(e.to_string()))?
+        Bytes::from(gzip::compress(&xml, 6))
     };
     Ok(Guide {
         gz,

@@ -51,8 +51,7 @@ pub const TERMINATE_RESEND: Duration = Duration::from_millis(100);
 pub const MAX_TERMINATE_RESENDS: u8 = 5;
 
 /// `[iptv.fcc]` in the config file.
-#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct FccConfig {
     /// Local UDP ports the FCC socket may take, `"40000-40100"` or one port (rtp2httpd's
     /// `fcc-listen-port-range`), for a gateway behind a router that forwards them. None: a
@@ -62,6 +61,11 @@ pub struct FccConfig {
     /// `?r2h-ifname-fcc=` picks per request. None: the route to the server decides.
     pub interface: Option<String>,
 }
+
+crate::config::section::config_section!(FccConfig {
+    listen_port_range,
+    interface,
+});
 
 impl FccConfig {
     pub fn validate(&self) -> Result<(), String> {

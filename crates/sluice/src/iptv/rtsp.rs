@@ -50,8 +50,7 @@ pub enum SeekMode {
 }
 
 /// `[iptv.rtsp]` in the config file.
-#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct RtspConfig {
     /// Serve `/rtsp/` at all.
     pub enabled: bool,
@@ -77,6 +76,20 @@ pub struct RtspConfig {
     /// (`{base}/rtsp/…?{this}`); players fill in the `${(b)…}`/`${(e)…}` placeholders.
     pub catchup_query: String,
 }
+
+crate::config::section::config_section!(RtspConfig {
+    enabled,
+    transport,
+    max_sessions,
+    timeout_ms,
+    setup_timeout_ms,
+    keepalive_secs,
+    max_redirects,
+    seek_params,
+    seek_mode,
+    user_agent,
+    catchup_query,
+});
 
 impl Default for RtspConfig {
     fn default() -> Self {

@@ -5,15 +5,14 @@
 #[cfg(feature = "reverse")]
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sluice_http::route::{HostPattern, RouteTable};
 
 #[cfg(feature = "reverse")]
 use crate::reverse::{Reverse, Route};
 
 /// `[endpoints]`: where the built-in endpoints are served, or whether at all.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EndpointsConfig {
     /// Serve the built-ins only for this host (`example.com` or `*.example.com`); empty = any host.
     pub host: String,
@@ -32,6 +31,16 @@ pub struct EndpointsConfig {
     /// `POST /admin/reload` (password in the `api_password` header).
     pub admin: bool,
 }
+
+crate::config::section::config_section!(EndpointsConfig {
+    host,
+    listener,
+    media,
+    iptv,
+    health,
+    metrics,
+    admin,
+});
 
 impl Default for EndpointsConfig {
     fn default() -> Self {

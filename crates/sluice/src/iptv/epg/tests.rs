@@ -1,5 +1,9 @@
 //! Unit tests for guide preparation, content negotiation and conditional GET.
 
+use std::io::Write;
+
+use flate2::write::GzEncoder;
+
 use super::*;
 
 const XMLTV: &[u8] = b"\xef\xbb\xbf<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE tv SYSTEM \"xmltv.dtd\">\n<tv generator-info-name=\"t\"><channel id=\"a\"><display-name>A</display-name></channel></tv>\n";

@@ -1,0 +1,185 @@
+//! Gzip (RFC 1952) framing around raw deflate: member headers, CRC-32 and length trailers.
+//!
+//! The deflate itself is `miniz_oxide`'s. The framing is written here rather than taken from
+//! `flate2` because its gzip layer brings `crc32fast`, whose slice-by-16 table alone is 16 KiB of
+//! the router build; guide-sized data does not need that speed (docs/decisions/footprint.md).
+
+use miniz_oxide::inflate::stream::{inflate, InflateState};
+use miniz_oxide::{DataFormat, MZError, MZFlush, MZStatus};
+
+/// Why gzip data was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GzipError {
+    #[error("not gzip data (bad magic or compression method)")]
+    NotGzip,
+    #[error("gzip header uses reserved flags")]
+    ReservedFlags,
+    #[error("gzip header checksum mismatch")]
+    HeaderChecksum,
+    #[error("gzip data is truncated")]
+    Truncated,
+    #[error("corrupt deflate data")]
+    Corrupt,
+    #[error("gzip trailer mismatch (CRC-32 or length)")]
+    Trailer,
+    #[error("decompressed data is larger than {0} bytes")]
+    TooLarge(usize),
+}
+
+const MAGIC: [u8; 3] = [0x1f, 0x8b, 8];
+const FHCRC: u8 = 0x02;
+const FEXTRA: u8 = 0x04;
+const FNAME: u8 = 0x08;
+const FCOMMENT: u8 = 0x10;
+const RESERVED: u8 = 0xe0;
+
+/// CRC-32 (IEEE, reflected, as gzip and zlib use it), one table lookup per byte.
+static CRC_TABLE: [u32; 256] = crc_table();
+
+const fn crc_table() -> [u32; 256] {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                0xedb8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        table[i] = c;
+        i += 1;
+    }
+    table
+}
+
+/// The CRC-32 of `data` continued from `crc` (0 to start).
+pub fn crc32(crc: u32, data: &[u8]) -> u32 {
+    let mut c = !crc;
+    for &b in data {
+        c = CRC_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+/// `data` as one gzip member, deflated at `level` (0–10, 6 is zlib's default).
+pub fn compress(data: &[u8], level: u8) -> Vec<u8> {
+    let body = miniz_oxide::deflate::compress_to_vec(data, level);
+    let mut out = Vec::with_capacity(body.len() + 18);
+    // No name, no modification time, unknown OS: the same bytes for the same input.
+    out.extend_from_slice(&[MAGIC[0], MAGIC[1], MAGIC[2], 0, 0, 0, 0, 0, 0, 0xff]);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&crc32(0, data).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
+}
+
+/// Every member of `data` decompressed and concatenated (as `gzip -d` does), refusing more
+/// than `max` bytes of output. Each member's CRC-32 and length are checked.
+pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, GzipError> {
+    let mut out = Vec::new();
+    let mut rest = data;
+    let mut state = InflateState::new_boxed(DataFormat::Raw);
+    loop {
+        let body = member_body(rest)?;
+        state.reset(DataFormat::Raw);
+        let start = out.len();
+        let used = inflate_member(&mut state, body, &mut out, max)?;
+        let trailer = body.get(used..used + 8).ok_or(GzipError::Truncated)?;
+        let crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+        let len = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
+        let member = &out[start..];
+        if crc != crc32(0, member) || len != member.len() as u32 {
+            return Err(GzipError::Trailer);
+        }
+        rest = &body[used + 8..];
+        if rest.is_empty() {
+            return Ok(out);
+        }
+    }
+}
+
+/// The bytes after a member's header: its deflate data, trailer and whatever follows.
+fn member_body(data: &[u8]) -> Result<&[u8], GzipError> {
+    if data.len() < 10 {
+        return Err(if MAGIC.starts_with(data) {
+            GzipError::Truncated
+        } else {
+            GzipError::NotGzip
+        });
+    }
+    if data[..3] != MAGIC {
+        return Err(GzipError::NotGzip);
+    }
+    let flags = data[3];
+    if flags & RESERVED != 0 {
+        return Err(GzipError::ReservedFlags);
+    }
+    let mut pos = 10;
+    if flags & FEXTRA != 0 {
+        let len = data.get(pos..pos + 2).ok_or(GzipError::Truncated)?;
+        pos += 2 + usize::from(u16::from_le_bytes([len[0], len[1]]));
+    }
+    for flag in [FNAME, FCOMMENT] {
+        if flags & flag != 0 {
+            let end = data
+                .get(pos..)
+                .and_then(|s| s.iter().position(|&b| b == 0))
+                .ok_or(GzipError::Truncated)?;
+            pos += end + 1;
+        }
+    }
+    if flags & FHCRC != 0 {
+        let sum = data.get(pos..pos + 2).ok_or(GzipError::Truncated)?;
+        if u16::from_le_bytes([sum[0], sum[1]]) != crc32(0, &data[..pos]) as u16 {
+            return Err(GzipError::HeaderChecksum);
+        }
+        pos += 2;
+    }
+    data.get(pos..).ok_or(GzipError::Truncated)
+}
+
+/// Inflates one member's deflate stream onto `out`; returns the input bytes it took.
+fn inflate_member(
+    state: &mut InflateState,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    max: usize,
+) -> Result<usize, GzipError> {
+    const CHUNK: usize = 64 * 1024;
+    let mut used = 0;
+    loop {
+        let start = out.len();
+        // One byte past the limit, so that reaching it exactly is told apart from exceeding it.
+        let room = (max + 1).saturating_sub(start).min(CHUNK);
+        if room == 0 {
+            return Err(GzipError::TooLarge(max));
+        }
+        out.resize(start + room, 0);
+        let r = inflate(state, &input[used..], &mut out[start..], MZFlush::None);
+        used += r.bytes_consumed;
+        out.truncate(start + r.bytes_written);
+        if out.len() > max {
+            return Err(GzipError::TooLarge(max));
+        }
+        match r.status {
+            Ok(MZStatus::StreamEnd) => return Ok(used),
+            Ok(_) => {}
+            // No progress possible: the input ran out before the stream's end.
+            Err(MZError::Buf) if r.bytes_consumed == 0 && r.bytes_written == 0 => {
+                return Err(GzipError::Truncated)
+            }
+            Err(MZError::Buf) => {}
+            Err(_) => return Err(GzipError::Corrupt),
+        }
+        if r.bytes_consumed == 0 && r.bytes_written == 0 {
+            return Err(GzipError::Truncated);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

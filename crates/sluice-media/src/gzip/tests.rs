@@ -1,0 +1,137 @@
+//! Gzip framing: known CRCs, a member written by the `gzip` tool, headers with every optional
+//! field, multi-member input, the output bound, and damaged input at every cut.
+
+use super::*;
+use proptest::prelude::*;
+
+/// `printf 'hello gzip\n' > h.txt; gzip -9 -c h.txt`: FNAME "h.txt", a modification time, XFL 2.
+const FROM_GZIP: [u8; 37] = [
+    0x1f, 0x8b, 0x08, 0x08, 0x6d, 0x1b, 0x04, 0x6b, 0x02, 0x03, 0x68, 0x2e, 0x74, 0x78, 0x74, 0x00,
+    0xcb, 0x48, 0xcd, 0xc9, 0xc9, 0x57, 0x48, 0xaf, 0xca, 0x2c, 0xe0, 0x02, 0x00, 0x39, 0x7c, 0x63,
+    0x56, 0x0b, 0x00, 0x00, 0x00,
+];
+
+#[test]
+fn crc32_matches_the_standard_check_values() {
+    assert_eq!(crc32(0, b""), 0);
+    assert_eq!(crc32(0, b"123456789"), 0xcbf4_3926);
+    assert_eq!(
+        crc32(0, b"The quick brown fox jumps over the lazy dog"),
+        0x414f_a339
+    );
+    // Continuing a CRC equals computing it at once.
+    assert_eq!(crc32(crc32(0, b"12345"), b"6789"), 0xcbf4_3926);
+}
+
+#[test]
+fn reads_what_the_gzip_tool_wrote() {
+    assert_eq!(decompress(&FROM_GZIP, 1024).unwrap(), b"hello gzip\n");
+}
+
+#[test]
+fn round_trips_and_writes_a_fixed_header() {
+    let text = b"<tv><programme/></tv>".repeat(500);
+    let gz = compress(&text, 6);
+    assert_eq!(gz[..10], [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]);
+    assert!(gz.len() < text.len() / 10, "{} bytes", gz.len());
+    assert_eq!(
+        gz[gz.len() - 8..gz.len() - 4],
+        crc32(0, &text).to_le_bytes()
+    );
+    assert_eq!(decompress(&gz, text.len()).unwrap(), text);
+    assert_eq!(decompress(&compress(b"", 6), 0).unwrap(), b"");
+}
+
+#[test]
+fn members_are_concatenated() {
+    let mut two = compress(b"first,", 1);
+    two.extend_from_slice(&FROM_GZIP);
+    assert_eq!(decompress(&two, 100).unwrap(), b"first,hello gzip\n");
+}
+
+#[test]
+fn every_optional_header_field_is_skipped_and_the_header_crc_checked() {
+    let plain = compress(b"payload", 6);
+    let mut header = vec![
+        0x1f,
+        0x8b,
+        8,
+        FEXTRA | FNAME | FCOMMENT | FHCRC,
+        1,
+        2,
+        3,
+        4,
+        0,
+        3,
+    ];
+    header.extend_from_slice(&[4, 0, b'a', b'b', b'c', b'd']);
+    header.extend_from_slice(b"name.xml\0a comment\0");
+    let sum = crc32(0, &header) as u16;
+    let mut gz = header.clone();
+    gz.extend_from_slice(&sum.to_le_bytes());
+    gz.extend_from_slice(&plain[10..]);
+    assert_eq!(decompress(&gz, 100).unwrap(), b"payload");
+
+    let mut bad = header;
+    bad.extend_from_slice(&(sum ^ 1).to_le_bytes());
+    bad.extend_from_slice(&plain[10..]);
+    assert_eq!(decompress(&bad, 100), Err(GzipError::HeaderChecksum));
+}
+
+#[test]
+fn refuses_output_beyond_the_bound() {
+    let text = vec![b'x'; 200_000];
+    let gz = compress(&text, 6);
+    assert_eq!(decompress(&gz, 200_000).unwrap().len(), 200_000);
+    assert_eq!(decompress(&gz, 199_999), Err(GzipError::TooLarge(199_999)));
+    assert_eq!(decompress(&gz, 0), Err(GzipError::TooLarge(0)));
+}
+
+#[test]
+fn damaged_input_is_refused_with_its_reason() {
+    assert_eq!(decompress(b"<tv/>", 100), Err(GzipError::NotGzip));
+    assert_eq!(decompress(b"", 100), Err(GzipError::Truncated));
+    let mut reserved = FROM_GZIP;
+    reserved[3] |= 0x20;
+    assert_eq!(decompress(&reserved, 100), Err(GzipError::ReservedFlags));
+    let mut crc = FROM_GZIP;
+    crc[29] ^= 1;
+    assert_eq!(decompress(&crc, 100), Err(GzipError::Trailer));
+    let mut len = FROM_GZIP;
+    len[33] += 1;
+    assert_eq!(decompress(&len, 100), Err(GzipError::Trailer));
+    let mut corrupt = FROM_GZIP;
+    corrupt[16] = 0xff; // block type 3 does not exist
+    assert_eq!(decompress(&corrupt, 100), Err(GzipError::Corrupt));
+    let mut garbage = FROM_GZIP.to_vec();
+    garbage.extend_from_slice(b"junk after the member");
+    assert_eq!(decompress(&garbage, 100), Err(GzipError::NotGzip));
+    for cut in 0..FROM_GZIP.len() {
+        assert!(
+            decompress(&FROM_GZIP[..cut], 100).is_err(),
+            "a cut at {cut} was accepted"
+        );
+    }
+}
+
+proptest! {
+    #[test]
+    fn round_trip(data in proptest::collection::vec(any::<u8>(), 0..4096), level in 0u8..=10) {
+        let gz = compress(&data, level);
+        prop_assert_eq!(decompress(&gz, data.len()).unwrap(), data);
+    }
+
+    #[test]
+    fn any_bytes_are_refused_or_bounded(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+        if let Ok(out) = decompress(&data, 1000) {
+            prop_assert!(out.len() <= 1000);
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_never_panics(pos in 0usize..37, bit in 0u8..8) {
+        let mut gz = FROM_GZIP;
+        gz[pos] ^= 1 << bit;
+        let _ = decompress(&gz, 1000);
+    }
+}
