@@ -371,8 +371,8 @@ pub struct MediaConfig {
     /// unless the request says `remux_to_ts=0`; off, they point at fMP4 unless it says `=1`.
     pub remux_to_ts: bool,
     /// `/proxy/stream` moves a plain-HTTP upstream body of known length to a plain HTTP/1.1
-    /// client with `splice(2)` instead of through user space (`docs/tcp-proxy.md`). Applies to
-    /// connections accepted after a change.
+    /// client with `splice(2)` instead of through user space (`docs/tcp-proxy.md`). Read at
+    /// start, like the rest of `[media]`.
     pub splice_stream: bool,
     // Xtream Codes and Acestream
     /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
