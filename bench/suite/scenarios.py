@@ -33,6 +33,9 @@ def _start(ctx, name, origin):
         return origin, lambda path: f"http://127.0.0.1:{origin.port}{path}"
     if name == "sluice":
         p = peers.start_sluice(ctx, PASSWORD, ctx.proxy_cpus)
+    elif name == S1_UNSPLICED:
+        p = peers.start_sluice(ctx, PASSWORD, ctx.proxy_cpus,
+                               env={"SLUICE_MEDIA_SPLICE_STREAM": "false"})
     elif name == "MediaFlow":
         p = peers.start_mediaflow(ctx, PASSWORD, ctx.proxy_cpus)
     else:
@@ -47,7 +50,10 @@ def _start(ctx, name, origin):
 
 # === S1: media proxy, /proxy/stream ===
 
-S1_PEERS = ["nginx direct", "sluice", "MediaFlow"]
+# The second sluice row is the same binary with the body copied through user space instead of
+# spliced (media.splice_stream), measured side by side for the A/B in docs/tcp-proxy.md.
+S1_UNSPLICED = "sluice (splice_stream = false)"
+S1_PEERS = ["nginx direct", "sluice", S1_UNSPLICED, "MediaFlow"]
 
 
 def s1(ctx):

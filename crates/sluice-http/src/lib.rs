@@ -15,6 +15,7 @@
 //! - `cache_status`: the `Cache-Status` response field (RFC 9211).
 //! - `conditional`: `If-None-Match` / `If-Modified-Since` against a stored response (→ 304).
 //! - `range`: `Range` sets, `Content-Range`, and the aligned slices that cover them.
+//! - `response_head`: an HTTP/1.x response head off a raw socket and how its body is delimited.
 
 pub mod cache_control;
 pub mod cache_status;
@@ -28,4 +29,5 @@ pub mod hop;
 pub mod path;
 pub mod proxy_protocol;
 pub mod range;
+pub mod response_head;
 pub mod route;

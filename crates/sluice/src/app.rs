@@ -275,6 +275,14 @@ impl App {
         self.cache.get()
     }
 
+    /// Whether plain HTTP/1.1 connections offer `/proxy/stream` a splice tap.
+    pub fn splices_streams(&self) -> bool {
+        #[cfg(feature = "media")]
+        return self.media.as_ref().is_some_and(|m| m.splices_streams());
+        #[cfg(not(feature = "media"))]
+        false
+    }
+
     /// The upstream groups, shared with the TCP front end.
     #[cfg(feature = "groups")]
     pub fn groups(&self) -> &Arc<Live> {

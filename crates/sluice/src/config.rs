@@ -371,6 +371,10 @@ pub struct MediaConfig {
     /// DASH media playlists point at `/proxy/mpd/segment.ts` (decrypted and remuxed to MPEG-TS)
     /// unless the request says `remux_to_ts=0`; off, they point at fMP4 unless it says `=1`.
     pub remux_to_ts: bool,
+    /// `/proxy/stream` moves a plain-HTTP upstream body of known length to a plain HTTP/1.1
+    /// client with `splice(2)` instead of through user space (`docs/tcp-proxy.md`). Read at
+    /// start, like the rest of `[media]`.
+    pub splice_stream: bool,
     // Xtream Codes and Acestream
     /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
     pub xtream_max_response_bytes: usize,
@@ -402,6 +406,7 @@ impl Default for MediaConfig {
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
             max_playlist_segments: 20_000,
+            splice_stream: true,
             prefetch_registry_bytes: 8 * 1024 * 1024,
             remux_to_ts: false,
             xtream_max_response_bytes: 64 * 1024 * 1024,

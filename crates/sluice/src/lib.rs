@@ -41,7 +41,6 @@ pub mod logging;
 #[cfg(feature = "media")]
 pub mod media;
 pub mod metrics;
-#[cfg(any(feature = "iptv", feature = "tcp"))]
 pub mod net;
 pub mod redact;
 pub mod request;

@@ -11,6 +11,7 @@ pub mod pages;
 pub mod playlist;
 pub mod prefetch;
 pub mod public_ip;
+pub mod spliced;
 pub mod stream;
 pub mod transform;
 pub mod xtream;
@@ -47,6 +48,8 @@ pub struct Media {
     pub(crate) pacer: pace::Pacer,
     /// `/proxy/ip`.
     public_ip: public_ip::PublicIp,
+    /// `/proxy/stream` bodies spliced socket to socket.
+    spliced: prometheus_client::metrics::counter::Counter,
 }
 
 impl Media {
@@ -93,7 +96,14 @@ impl Media {
         };
         let pacer = pace::Pacer::new(&config.ratelimit);
         let public_ip = public_ip::PublicIp::new(upstream.clone(), &config.public_ip);
+        let spliced = prometheus_client::metrics::counter::Counter::default();
+        registry.register(
+            "media_spliced_bodies",
+            "/proxy/stream response bodies moved socket to socket with splice(2)",
+            spliced.clone(),
+        );
         Ok(Media {
+            spliced,
             pacer,
             public_ip,
             upstream,
@@ -169,6 +179,11 @@ impl Media {
         links::Links::new(ctx, self.tokens.as_ref())
     }
 
+    /// Whether `/proxy/stream` splices plain HTTP/1.1 bodies (`media.splice_stream`).
+    pub fn splices_streams(&self) -> bool {
+        self.settings.splice_stream
+    }
+
     /// Serves a `/proxy/*` request that has passed auth.
     pub async fn handle(
         &self,
@@ -189,7 +204,8 @@ impl Media {
                 require_get_or_head(req.method())?;
                 self.pace(ctx).await?;
                 let filename = filename.filter(|f| !f.is_empty()).map(decode_segment);
-                stream::serve(&self.upstream, &req, ctx, filename.as_deref()).await
+                let splice = self.settings.splice_stream.then_some(&self.spliced);
+                stream::serve(&self.upstream, &req, ctx, filename.as_deref(), splice).await
             }
             ("ip", None) => {
                 require_get_or_head(req.method())?;

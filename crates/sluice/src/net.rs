@@ -1,5 +1,5 @@
 //! Socket-level services: multicast membership on a named interface, batched datagram receive, and
-//! the splice relay of the TCP front end.
+//! the splice relay of the TCP front end (and the spliced bodies of `/proxy/stream`).
 //!
 //! Everything here is synchronous setup or non-blocking syscalls; callers own the readiness
 //! loop (the IPTV hub wraps the socket in `tokio::io::unix::AsyncFd`).
@@ -8,5 +8,4 @@
 pub mod multicast;
 #[cfg(feature = "iptv")]
 pub mod recv;
-#[cfg(feature = "tcp")]
 pub mod splice;

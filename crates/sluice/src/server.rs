@@ -7,6 +7,7 @@ pub mod listener;
 pub mod reload;
 pub mod routes;
 pub mod screen;
+pub mod spliced;
 pub mod stall;
 pub mod tls;
 
@@ -210,6 +211,7 @@ impl Server {
             timeouts,
             head_limits: (self.config.max_header_bytes, self.config.max_headers),
             listener: ListenerId::default(),
+            splice: self.app.splices_streams(),
         };
         let grace = Duration::from_secs(self.config.shutdown_grace_secs);
         let mut acceptors = Vec::new();
@@ -418,6 +420,8 @@ struct Conn {
     head_limits: (usize, usize),
     /// The listener that accepted the connection; routing sees it in each request's extensions.
     listener: ListenerId,
+    /// Plain HTTP/1.1 connections offer handlers a splice tap (`spliced`).
+    splice: bool,
 }
 
 /// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
@@ -480,7 +484,7 @@ impl Conn {
                 Ok(Ok(tls)) => {
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let tls = self.screened(tls, h2);
-                    self.drive(tls, watch, peer, true).await
+                    self.drive(tls, watch, peer, true, None).await
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => {
@@ -490,8 +494,9 @@ impl Conn {
             }
             return;
         }
-        let stream = self.screened(stream, false);
-        self.drive(stream, watch, peer, false).await
+        let tap = self.splice.then(|| Arc::new(spliced::Tap::default()));
+        let stream = self.screened(spliced::Tapped::new(stream, tap.clone()), false);
+        self.drive(stream, watch, peer, false, tap).await
     }
 
     /// Puts the HTTP/1.1 request screen (`screen`) under hyper.
@@ -501,8 +506,14 @@ impl Conn {
         screen::Screened::new(io, bytes, fields, http2, refused, self.timeouts.header_read)
     }
 
-    async fn drive<I>(mut self, io: I, mut watch: SendWatch, peer: SocketAddr, secure: bool)
-    where
+    async fn drive<I>(
+        mut self,
+        io: I,
+        mut watch: SendWatch,
+        peer: SocketAddr,
+        secure: bool,
+        tap: Option<Arc<spliced::Tap>>,
+    ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let activity = watch.activity.clone();
@@ -513,6 +524,12 @@ impl Conn {
         let listener = self.listener;
         let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(listener);
+            if let Some(tap) = tap
+                .as_ref()
+                .filter(|_| req.version() == http::Version::HTTP_11)
+            {
+                req.extensions_mut().insert(spliced::SpliceTap(tap.clone()));
+            }
             let app = app.clone();
             let guard = act.begin();
             // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is

@@ -26,11 +26,8 @@ use tokio_util::task::TaskTracker;
 pub use config::TcpConfig;
 pub use metrics::TcpMetrics;
 
-use crate::net::splice::PipePool;
+use crate::net::splice::{self, PipePool};
 use crate::upstream::group::Groups;
-
-/// Empty pipes kept for reuse across all TCP listeners (two per connection in flight).
-const PIPE_POOL_IDLE: usize = 512;
 
 /// What every connection of one listener reads; swapped whole on reload.
 struct Settings {
@@ -44,7 +41,8 @@ struct Settings {
 /// What all listeners share.
 struct Shared {
     metrics: TcpMetrics,
-    pool: PipePool,
+    /// The process's pipe pool ([`splice::shared_pool`]).
+    pool: &'static PipePool,
     /// Turns true when the grace period is over: connections still open are closed.
     force: watch::Receiver<bool>,
 }
@@ -77,7 +75,7 @@ impl TcpProxy {
         TcpProxy {
             shared: Arc::new(Shared {
                 metrics,
-                pool: PipePool::new(PIPE_POOL_IDLE),
+                pool: splice::shared_pool(),
                 force: force_rx,
             }),
             running: Mutex::new(HashMap::new()),

@@ -1,6 +1,6 @@
 //! The pooled upstream HTTP client every front end shares: keep-alive per origin, HTTP/1.1 (HTTP/2 by
 //! ALPN when enabled), a time-to-headers deadline, idle-read deadlines on bodies, redirects, outgoing
-//! proxy routes.
+//! proxy routes; `raw` reads a response head off a socket of its own for bodies that are spliced.
 
 pub mod body;
 pub mod connector;
@@ -8,6 +8,7 @@ pub mod connector;
 pub mod group;
 pub mod guard;
 pub mod happy;
+pub mod raw;
 pub mod resolve;
 pub mod route;
 #[cfg(feature = "tls")]
@@ -111,6 +112,8 @@ pub struct Upstream {
     max_redirects: usize,
     user_agent: HeaderValue,
     metrics: Metrics,
+    /// Idle connections of the raw (spliced) path, kept like the pooled client's.
+    raw_pool: std::sync::Arc<raw::RawPool>,
 }
 
 impl Upstream {
@@ -181,6 +184,10 @@ impl Upstream {
             max_redirects: config.max_redirects,
             user_agent: HeaderValue::from_str(&config.user_agent)?,
             metrics,
+            raw_pool: std::sync::Arc::new(raw::RawPool::new(
+                config.pool_max_idle_per_host,
+                Duration::from_secs(config.pool_idle_secs),
+            )),
         })
     }
 

@@ -2,11 +2,12 @@
 //!
 //! One upstream URL: Range and If-Range go upstream, the status and `Content-Range` come back as
 //! they are, HEAD stays HEAD, and the body streams with backpressure (dropping the client drops
-//! the upstream request).
+//! the upstream request), or is spliced socket to socket where both sides allow it (`spliced`).
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
 use sluice_media::query::ProxyParams;
 
 use crate::body::{self, Body};
@@ -31,17 +32,27 @@ const MIRRORED: &[HeaderName] = &[
 /// Client request headers that go upstream.
 const FORWARDED: &[HeaderName] = &[header::RANGE, header::IF_RANGE];
 
-/// Proxies one stream.
+/// Proxies one stream; with `splice` (counting spliced bodies), plain HTTP/1.1 bodies of known
+/// length may be spliced (`spliced`).
 pub async fn serve(
     upstream: &Upstream,
     req: &Request<Incoming>,
     ctx: &RequestContext,
     filename: Option<&str>,
+    splice: Option<&Counter>,
 ) -> Result<Response<Body>, ProxyError> {
     let params = parse_params(ctx)?;
     let mut resp = match super::transform::parse(&ctx.query)? {
         Some(t) => super::transform::pipe(upstream, req, &params, t).await?,
-        None => pipe(upstream, req, &params, None).await?,
+        None => match splice.and_then(|c| Some((c, super::spliced::tap_for(req, &params)?))) {
+            Some((counter, tap)) => {
+                match super::spliced::serve(upstream, req, &params, tap, counter).await? {
+                    Some(resp) => resp,
+                    None => pipe(upstream, req, &params, None).await?,
+                }
+            }
+            None => pipe(upstream, req, &params, None).await?,
+        },
     };
     if let Some(name) = filename {
         resp.headers_mut()
@@ -133,7 +144,7 @@ fn build_request(
     })
 }
 
-fn mirror_headers(from: &HeaderMap, to: &mut HeaderMap) {
+pub fn mirror_headers(from: &HeaderMap, to: &mut HeaderMap) {
     for name in MIRRORED {
         for value in from.get_all(name) {
             to.append(name.clone(), value.clone());

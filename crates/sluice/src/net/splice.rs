@@ -4,6 +4,9 @@
 //! anything else (TLS-terminated) takes a buffered copy.
 //! A FIN is passed on as `shutdown(Write)` while the other direction keeps flowing; a reset is
 //! reported so the caller can reset the other side (SO_LINGER 0) instead of closing it politely.
+//! `feed` moves one HTTP response body of known length the same way, for `/proxy/stream`.
+
+pub mod feed;
 
 use std::cell::Cell;
 use std::io;
@@ -64,6 +67,16 @@ const COPY_BUF: usize = 64 * 1024;
 /// that fills it marks a bulk transfer, which moves to splice: below this size two copies cost
 /// less than the four calls (two splices, their pipe bookkeeping) a spliced chunk takes.
 const COPY_CHUNK: usize = 16 * 1024;
+
+/// Empty pipes kept process-wide (two per TCP connection in flight, one per spliced body).
+const SHARED_POOL_IDLE: usize = 512;
+
+/// The process's pipe pool: one big-pipe budget for everything that splices (the kernel's
+/// per-user pipe quota is one budget too).
+pub fn shared_pool() -> &'static PipePool {
+    static POOL: std::sync::OnceLock<PipePool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| PipePool::new(SHARED_POOL_IDLE))
+}
 
 // === impl PipePool ===
 

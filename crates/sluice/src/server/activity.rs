@@ -76,11 +76,13 @@ impl Activity {
         }
     }
 
-    fn wrote(&self) {
+    /// Bytes went out to the client.
+    pub fn wrote(&self) {
         self.blocked_ms.store(0, Ordering::Relaxed);
     }
 
-    fn write_blocked(&self) {
+    /// A write found the client's window shut.
+    pub fn write_blocked(&self) {
         if self.blocked_ms.load(Ordering::Relaxed) == 0 {
             let now = self.start.elapsed().as_millis() as u64;
             self.blocked_ms.store(now + 1, Ordering::Relaxed);
@@ -120,6 +122,16 @@ pub struct Watched<I> {
 impl<I> Watched<I> {
     pub fn new(io: I, activity: Arc<Activity>) -> Self {
         Self { io, activity }
+    }
+
+    /// The wrapped socket.
+    pub fn get_ref(&self) -> &I {
+        &self.io
+    }
+
+    /// The connection's activity record.
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
     }
 
     fn note(&self, res: &Poll<io::Result<usize>>) {

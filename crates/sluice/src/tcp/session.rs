@@ -306,7 +306,7 @@ async fn pump(
     let result = {
         let relay = async {
             match &mut down {
-                Downstream::Plain(d) => splice::relay_tcp(d, &up, &shared.pool, &on_bytes).await,
+                Downstream::Plain(d) => splice::relay_tcp(d, &up, shared.pool, &on_bytes).await,
                 Downstream::Tls(t) => splice::copy_both(&mut **t, &mut up, &on_bytes).await,
             }
         };

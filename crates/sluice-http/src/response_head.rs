@@ -1,0 +1,186 @@
+//! HTTP/1.x response heads read off a raw upstream socket: status, fields, head length, and how
+//! the body is delimited (RFC 9112 §6.3). No I/O.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+
+/// Most fields a response head may carry.
+pub const MAX_FIELDS: usize = 100;
+
+/// A parsed response head.
+#[derive(Debug, Clone)]
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    /// `HTTP/1.0` (minor version 0) or `HTTP/1.1`.
+    pub minor_version: u8,
+    /// Bytes the head took, blank line included; what follows is body.
+    pub len: usize,
+}
+
+/// How the body after a response head ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLength {
+    /// No body whatever the fields say (1xx, 204, 304, or the answer to HEAD).
+    Empty,
+    /// Exactly this many bytes (`Content-Length`).
+    Exact(u64),
+    /// `Transfer-Encoding`: chunked (or another coding); ends where the coding says.
+    Coded,
+    /// Neither field: the body runs until the server closes the connection.
+    UntilClose,
+}
+
+/// Why a response head is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("malformed response head: {0}")]
+    Malformed(String),
+    #[error("response head has more than {MAX_FIELDS} fields")]
+    TooManyFields,
+    #[error("response head field is not valid: {0}")]
+    BadField(String),
+    #[error("Content-Length values disagree or are not decimal")]
+    BadLength,
+}
+
+/// Parses the response head at the start of `buf`: `Ok(None)` while it is incomplete.
+pub fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyFields),
+        Err(e) => return Err(HeadError::Malformed(e.to_string())),
+    };
+    let code = resp
+        .code
+        .ok_or_else(|| HeadError::Malformed("no status".into()))?;
+    let status =
+        StatusCode::from_u16(code).map_err(|_| HeadError::Malformed(format!("status {code}")))?;
+    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    for f in resp.headers.iter() {
+        let name = HeaderName::from_bytes(f.name.as_bytes())
+            .map_err(|_| HeadError::BadField(f.name.to_string()))?;
+        let value = HeaderValue::from_bytes(f.value)
+            .map_err(|_| HeadError::BadField(f.name.to_string()))?;
+        headers.append(name, value);
+    }
+    Ok(Some(ResponseHead {
+        status,
+        headers,
+        minor_version: resp.version.unwrap_or(1),
+        len,
+    }))
+}
+
+impl ResponseHead {
+    /// How the body ends (RFC 9112 §6.3), for a request of method HEAD when `head` is set.
+    /// `Transfer-Encoding` wins over `Content-Length`; several lengths must agree.
+    pub fn body_length(&self, head: bool) -> Result<BodyLength, HeadError> {
+        let code = self.status.as_u16();
+        if head || self.status.is_informational() || code == 204 || code == 304 {
+            return Ok(BodyLength::Empty);
+        }
+        if self.headers.contains_key(header::TRANSFER_ENCODING) {
+            return Ok(BodyLength::Coded);
+        }
+        let mut length = None;
+        for value in self.headers.get_all(header::CONTENT_LENGTH) {
+            // A field may itself be a list (`5, 5`), which RFC 9110 §8.6 allows when all agree.
+            for part in value.to_str().map_err(|_| HeadError::BadLength)?.split(',') {
+                let part = part.trim();
+                if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(HeadError::BadLength);
+                }
+                let n: u64 = part.parse().map_err(|_| HeadError::BadLength)?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(HeadError::BadLength);
+                }
+                length = Some(n);
+            }
+        }
+        Ok(match length {
+            Some(n) => BodyLength::Exact(n),
+            None => BodyLength::UntilClose,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> ResponseHead {
+        parse(text.as_bytes()).unwrap().unwrap()
+    }
+
+    #[test]
+    fn complete_head_with_body_after_it() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello";
+        let h = parse(raw).unwrap().unwrap();
+        assert_eq!(h.status, StatusCode::OK);
+        assert_eq!(h.len, raw.len() - 5);
+        assert_eq!(h.headers["x-a"], "b");
+        assert_eq!(h.minor_version, 1);
+        assert_eq!(h.body_length(false), Ok(BodyLength::Exact(5)));
+        assert_eq!(h.body_length(true), Ok(BodyLength::Empty));
+    }
+
+    #[test]
+    fn partial_head_asks_for_more() {
+        for cut in 0..30 {
+            let raw = &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"[..cut];
+            assert!(parse(raw).unwrap().is_none(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn framing_rules() {
+        let te = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n");
+        assert_eq!(te.body_length(false), Ok(BodyLength::Coded));
+        let close = head("HTTP/1.0 200 OK\r\n\r\n");
+        assert_eq!(close.minor_version, 0);
+        assert_eq!(close.body_length(false), Ok(BodyLength::UntilClose));
+        let same = head("HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\nContent-Length: 7\r\n\r\n");
+        assert_eq!(same.body_length(false), Ok(BodyLength::Exact(7)));
+        let differ = head("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n");
+        assert_eq!(differ.body_length(false), Err(HeadError::BadLength));
+        for bad in ["+7", "-1", "0x10", "", "99999999999999999999999"] {
+            let h = head(&format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n"));
+            assert_eq!(h.body_length(false), Err(HeadError::BadLength), "{bad:?}");
+        }
+        let no_content = head("HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n");
+        assert_eq!(no_content.body_length(false), Ok(BodyLength::Empty));
+        let not_modified = head("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n");
+        assert_eq!(not_modified.body_length(false), Ok(BodyLength::Empty));
+    }
+
+    #[test]
+    fn garbage_and_too_many_fields_are_errors() {
+        assert!(matches!(
+            parse(b"SSH-2.0-OpenSSH\r\n\r\n"),
+            Err(HeadError::Malformed(_))
+        ));
+        let mut many = String::from("HTTP/1.1 200 OK\r\n");
+        for i in 0..=MAX_FIELDS {
+            many.push_str(&format!("x-{i}: v\r\n"));
+        }
+        many.push_str("\r\n");
+        assert_eq!(
+            parse(many.as_bytes()).unwrap_err(),
+            HeadError::TooManyFields
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_and_len_is_in_bounds(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            if let Ok(Some(h)) = parse(&data) {
+                proptest::prop_assert!(h.len <= data.len());
+                let _ = h.body_length(false);
+            }
+        }
+    }
+}

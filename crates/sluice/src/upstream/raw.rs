@@ -1,0 +1,309 @@
+//! One bodiless request over a fresh plain HTTP/1.1 connection of the client's own (address
+//! guard, outgoing routes, setup limit and deadlines as for pooled requests), its response head
+//! read off the socket, and the socket handed over at the first body byte: for bodies that are
+//! spliced to the client instead of read. No redirects here: the caller falls back to
+//! [`Upstream::send`] for those. A connection whose body was read to its end comes back to a
+//! small idle pool of its own (the pooled client cannot lend its sockets out).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http::Uri;
+use sluice_http::response_head::{self, ResponseHead};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::connector::Conn;
+use super::{host_of, Upstream, UpstreamError, UpstreamRequest};
+
+/// Largest response head read.
+const MAX_HEAD: usize = 64 * 1024;
+
+/// A response head and the socket its body follows on.
+pub struct RawResponse {
+    pub head: ResponseHead,
+    /// Positioned after `early`.
+    pub socket: TcpStream,
+    /// Body bytes that arrived with the head.
+    pub early: Bytes,
+    /// Where the socket goes back once its body has been read to the end (`None`: the origin
+    /// closes it).
+    home: Option<(Arc<RawPool>, String)>,
+}
+
+impl RawResponse {
+    /// Returns the socket, its body read to the end, for the next request to the same origin.
+    pub fn returner(&self) -> Option<impl FnOnce(TcpStream) + Send + Sync + 'static> {
+        let (pool, key) = self.home.clone()?;
+        Some(move |socket| pool.checkin(key, socket))
+    }
+}
+
+/// Why an exchange got no head.
+enum Exchange {
+    /// The connection ended before any response byte.
+    Closed,
+    Failed(String),
+}
+
+/// Writes the request head and reads the response head (and whatever body came with it).
+async fn exchange(socket: &mut TcpStream, head: &str) -> Result<(ResponseHead, Bytes), Exchange> {
+    if let Err(e) = socket.write_all(head.as_bytes()).await {
+        return Err(match e.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                Exchange::Closed
+            }
+            _ => Exchange::Failed(format!("sending the request: {e}")),
+        });
+    }
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    loop {
+        match response_head::parse(&buf) {
+            Ok(Some(head)) => {
+                let early = buf.split_off(head.len).freeze();
+                return Ok((head, early));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Exchange::Failed(e.to_string())),
+        }
+        if buf.len() >= MAX_HEAD {
+            return Err(Exchange::Failed(format!(
+                "response head over {MAX_HEAD} bytes"
+            )));
+        }
+        buf.reserve(8 * 1024);
+        match socket.read_buf(&mut buf).await {
+            Ok(0) if buf.is_empty() => return Err(Exchange::Closed),
+            Ok(0) => {
+                return Err(Exchange::Failed(
+                    "connection closed inside the response head".into(),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(Exchange::Closed)
+            }
+            Err(e) => return Err(Exchange::Failed(format!("reading the response head: {e}"))),
+        }
+    }
+}
+
+/// Whether the response's `Connection` field says the origin closes after it.
+fn says_close(headers: &http::HeaderMap) -> bool {
+    headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+    })
+}
+
+/// `host:port` of a plain http URL: the pool key.
+fn origin_key(url: &url::Url) -> String {
+    format!(
+        "{}:{}",
+        url.host_str().unwrap_or(""),
+        url.port_or_known_default().unwrap_or(80)
+    )
+}
+
+/// Idle raw connections per origin, newest on top, each kept for at most `idle` and at most
+/// `max_per_origin` per origin.
+pub struct RawPool {
+    idle: Mutex<HashMap<String, Vec<(TcpStream, Instant)>>>,
+    max_per_origin: usize,
+    timeout: Duration,
+}
+
+impl RawPool {
+    pub fn new(max_per_origin: usize, timeout: Duration) -> RawPool {
+        RawPool {
+            idle: Mutex::new(HashMap::new()),
+            max_per_origin,
+            timeout,
+        }
+    }
+
+    /// The newest idle connection to `key` still open, if any.
+    fn checkout(&self, key: &str) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let stack = idle.get_mut(key)?;
+        while let Some((socket, since)) = stack.pop() {
+            if since.elapsed() >= self.timeout {
+                continue;
+            }
+            // An idle connection has nothing to read: EOF means the origin closed it, bytes
+            // mean it sent something unasked; either way it cannot carry a request.
+            let mut probe = [0u8; 1];
+            match socket.try_read(&mut probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(socket),
+                _ => continue,
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, key: String, socket: TcpStream) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded in origins too: expired entries go when the map grows.
+        if idle.len() > 1024 {
+            let timeout = self.timeout;
+            idle.retain(|_, s| {
+                s.retain(|(_, since)| since.elapsed() < timeout);
+                !s.is_empty()
+            });
+        }
+        let stack = idle.entry(key).or_default();
+        if stack.len() >= self.max_per_origin {
+            stack.remove(0);
+        }
+        stack.push((socket, Instant::now()));
+    }
+}
+
+impl Upstream {
+    /// Sends `req` (an `http` URL) on an idle raw connection to its origin or a new one, and
+    /// reads the response head within the header timeout.
+    pub async fn send_raw(&self, req: &UpstreamRequest) -> Result<RawResponse, UpstreamError> {
+        let url = &req.url;
+        let host = host_of(url);
+        let protocol = |detail: String| UpstreamError::Protocol {
+            host: host.clone(),
+            detail,
+        };
+        if url.scheme() != "http" {
+            return Err(protocol("only plain http is read raw".into()));
+        }
+        let uri: Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| protocol(e.to_string()))?;
+        self.metrics.requests.inc();
+        let key = origin_key(url);
+        let head = request_head(req, &self.user_agent);
+        loop {
+            let (mut socket, reused) = match self.raw_pool.checkout(&key) {
+                Some(s) => (s, true),
+                None => {
+                    let conn = self.connector.clone().call(uri.clone()).await?.into_inner();
+                    match conn {
+                        Conn::Plain(socket) => (socket, false),
+                        #[cfg(feature = "tls")]
+                        Conn::Tls(_) => {
+                            return Err(protocol("a plain http URL got a TLS connection".into()))
+                        }
+                    }
+                }
+            };
+            let got = tokio::time::timeout(self.header_timeout, exchange(&mut socket, &head))
+                .await
+                .map_err(|_| UpstreamError::HeaderTimeout {
+                    host: host.clone(),
+                    secs: self.header_timeout.as_secs(),
+                })?;
+            match got {
+                Ok((head, early)) => {
+                    if reused {
+                        self.metrics.reused.inc();
+                    }
+                    let reusable = head.minor_version == 1 && !says_close(&head.headers);
+                    return Ok(RawResponse {
+                        head,
+                        socket,
+                        early,
+                        home: reusable.then(|| (self.raw_pool.clone(), key)),
+                    });
+                }
+                // The origin closed an idle connection as it was reused: the request never
+                // reached it, so a fresh connection may send it again.
+                Err(Exchange::Closed) if reused => continue,
+                Err(Exchange::Closed) => {
+                    return Err(protocol("connection closed before a response head".into()))
+                }
+                Err(Exchange::Failed(detail)) => return Err(protocol(detail)),
+            }
+        }
+    }
+
+    /// How long a body may go without a byte.
+    pub fn idle_read_timeout(&self) -> std::time::Duration {
+        self.idle_timeout
+    }
+
+    /// Counts body bytes received from upstreams (`upstream_received_bytes`).
+    pub fn count_received(&self, n: usize) {
+        self.metrics.bytes.inc_by(n as u64);
+    }
+}
+
+/// `GET /path?query HTTP/1.1` with `Host` (unless the request sets one), the client's
+/// `User-Agent` (likewise) and the request's headers (keep-alive is HTTP/1.1's default). Header values are
+/// `HeaderValue`s, which cannot hold CR or LF.
+fn request_head(req: &UpstreamRequest, user_agent: &http::HeaderValue) -> String {
+    let url = &req.url;
+    let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
+    let mut head = String::with_capacity(256);
+    let _ = write!(head, "{} {} HTTP/1.1\r\n", req.method, target);
+    if !req.headers.contains_key(header::HOST) {
+        let host = url.host_str().unwrap_or("");
+        match url.port() {
+            Some(port) => {
+                let _ = write!(head, "host: {host}:{port}\r\n");
+            }
+            None => {
+                let _ = write!(head, "host: {host}\r\n");
+            }
+        }
+    }
+    if !req.headers.contains_key(header::USER_AGENT) {
+        push_field(
+            &mut head,
+            header::USER_AGENT.as_str(),
+            user_agent.as_bytes(),
+        );
+    }
+    for (name, value) in &req.headers {
+        if name == header::CONNECTION {
+            continue;
+        }
+        push_field(&mut head, name.as_str(), value.as_bytes());
+    }
+    head.push_str("\r\n");
+    head
+}
+
+fn push_field(head: &mut String, name: &str, value: &[u8]) {
+    head.push_str(name);
+    head.push_str(": ");
+    // Visible ASCII passes as is; other bytes (obs-text) as Latin-1, the way they arrived.
+    head.extend(value.iter().map(|&b| b as char));
+    head.push_str("\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_has_target_host_and_fields() {
+        let mut req =
+            UpstreamRequest::get("http://127.0.0.1:8080/a/b.mp4?x=1&y=%20".parse().unwrap());
+        req.headers
+            .insert("referer", http::HeaderValue::from_static("http://r/"));
+        let head = request_head(&req, &http::HeaderValue::from_static("sluice"));
+        assert_eq!(
+            head,
+            "GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
+             referer: http://r/\r\n\r\n"
+        );
+        let mut own = UpstreamRequest::get("http://example.com/".parse().unwrap());
+        own.headers
+            .insert(header::HOST, http::HeaderValue::from_static("other"));
+        let head = request_head(&own, &http::HeaderValue::from_static("ua"));
+        assert!(head.starts_with("GET / HTTP/1.1\r\nuser-agent: ua\r\nhost: other\r\n"));
+    }
+}
