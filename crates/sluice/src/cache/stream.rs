@@ -3,9 +3,7 @@
 //! own task (`Inline`): no task or channel per client, and a client joining a fill gets its head
 //! and the first bytes in one write. Whatever needs a disk read (or several ranges, or an object of
 //! unknown length) goes through a producer task and a small channel, so the client's pace is the
-//! only buffer. A client going away stops its body, never a fill. A body hands its connection a
-//! bounded share of bytes per turn (`Turn`), and one that waited on a fill's head yields after its
-//! first bytes, so many clients woken by one fill all get their heads out before anyone writes bulk.
+//! only buffer. A client going away stops its body, never a fill.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -417,61 +415,14 @@ pub(crate) fn inline(
         index: None,
         attempts: 0,
         source: Source::Pick,
-        turn: Turn::new(TURN_BYTES),
     };
     if let Some((i, reader)) = first {
         if i == index {
             body.enter(index);
             body.source = Source::Follow { reader, at: 0 };
-            // Waiting for the fill's head with (possibly) many others: after the head and the
-            // first chunk, give the connection up so every other waiter's head goes out before
-            // anyone writes bulk.
-            body.turn = Turn::new(1);
         }
     }
     crate::body::boxed(body)
-}
-
-/// Bytes a body hands its connection in one turn (between two `Pending`s) before it yields:
-/// many clients following one fill are all woken by each chunk, and without a bound the first
-/// ones woken would write everything that arrived (megabytes) while the others wait for their
-/// first byte. A yield costs one task switch, so per 256 KiB it is noise.
-const TURN_BYTES: u64 = 256 * 1024;
-
-/// A body's share of its connection's turn.
-struct Turn {
-    /// Bytes handed out since the body last returned `Pending`.
-    sent: u64,
-    /// How many it may hand out before it yields.
-    limit: u64,
-}
-
-impl Turn {
-    fn new(limit: u64) -> Turn {
-        Turn { sent: 0, limit }
-    }
-
-    /// Whether the body yields now: its share is used up. Then it wakes its own task, which
-    /// tokio schedules like a yield (a task woken while it runs goes to the back of the run
-    /// queue, behind every other connection that is ready), and the next turn gets a full share.
-    fn yield_now(&mut self, cx: &Context<'_>) -> bool {
-        if self.sent < self.limit {
-            return false;
-        }
-        self.sent = 0;
-        self.limit = TURN_BYTES;
-        cx.waker().wake_by_ref();
-        true
-    }
-
-    /// Counts what the body handed out; a `Pending` ends the turn.
-    fn record(&mut self, polled: &Poll<Option<Item>>) {
-        match polled {
-            Poll::Pending => self.sent = 0,
-            Poll::Ready(Some(Ok(b))) => self.sent += b.len() as u64,
-            Poll::Ready(_) => {}
-        }
-    }
 }
 
 /// A single range read by the connection's task (see the module head).
@@ -488,9 +439,6 @@ struct Inline {
     /// Writers of that slice that failed under this body.
     attempts: usize,
     source: Source,
-    /// This turn's share (`TURN_BYTES`; 1 byte for the first turn of a body that waited on a
-    /// fill's head).
-    turn: Turn,
 }
 
 enum Source {
@@ -680,68 +628,11 @@ impl http_body::Body for Inline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.turn.yield_now(cx) {
-            return Poll::Pending;
-        }
-        let polled = self.poll_data(cx);
-        self.turn.record(&polled);
-        polled.map(|o| o.map(|r| r.map(Frame::data)))
+        self.poll_data(cx).map(|o| o.map(|r| r.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
         matches!(self.source, Source::Done)
             || (self.next > self.end && !matches!(self.source, Source::Channel(_)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::{Wake, Waker};
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn data(n: usize) -> Poll<Option<Item>> {
-        Poll::Ready(Some(Ok(Bytes::from(vec![0u8; n]))))
-    }
-
-    #[test]
-    fn a_turn_yields_once_its_share_is_sent_and_wakes_its_task() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
-        let cx = Context::from_waker(&waker);
-        // A body that waited on a fill's head: one frame (its first bytes), then it yields.
-        let mut t = Turn::new(1);
-        assert!(!t.yield_now(&cx));
-        t.record(&data(8 * 1024));
-        assert!(t.yield_now(&cx));
-        assert_eq!(count.0.load(Ordering::Relaxed), 1);
-        // Later turns carry TURN_BYTES: under it, no yield and no wake.
-        let frame = 64 * 1024;
-        for _ in 0..TURN_BYTES / frame as u64 {
-            assert!(!t.yield_now(&cx));
-            t.record(&data(frame));
-        }
-        assert!(t.yield_now(&cx));
-        assert_eq!(count.0.load(Ordering::Relaxed), 2);
-        // A `Pending` (nothing to send yet) ends the turn: the share starts again.
-        for _ in 0..3 {
-            t.record(&data(frame));
-        }
-        t.record(&Poll::Pending);
-        t.record(&data(frame));
-        assert!(!t.yield_now(&cx));
-        // The end and errors count nothing.
-        t.record(&Poll::Ready(None));
-        t.record(&Poll::Ready(Some(Err("x".into()))));
-        assert!(!t.yield_now(&cx));
-        assert_eq!(count.0.load(Ordering::Relaxed), 2);
     }
 }
