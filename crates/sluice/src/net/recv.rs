@@ -52,6 +52,12 @@ impl RecvBatch {
         Ok(self.lens[..got].iter().filter(|l| l.1).count() as u64)
     }
 
+    /// How many datagrams the last [`RecvBatch::recv`] returned, truncated ones included: a
+    /// count below the batch size means the socket's queue ran out.
+    pub fn received(&self) -> usize {
+        self.got
+    }
+
     /// The datagrams of the last [`RecvBatch::recv`], in arrival order, truncated ones left out.
     pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> + '_ {
         self.lens[..self.got]
