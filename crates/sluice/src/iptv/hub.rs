@@ -1,8 +1,10 @@
 //! One hub per (mode, source, group, port, interface): the only owner of the multicast socket.
 //!
-//! The hub's receive loop is a tokio task on `AsyncFd` rather than a thread per channel: one
-//! `recvmmsg` drains up to 32 datagrams per wakeup, so a 40 Mb/s channel costs a few hundred
-//! wakeups per second, and hundreds of lingering channels cost no stacks or context switches.
+//! The hub's receive loop is a tokio task rather than a thread per channel, so hundreds of
+//! lingering channels cost no stacks or context switches. A quiet channel waits for readiness
+//! (`AsyncFd`); a flowing one is read once per read slot, a 2 ms grid shared by every hub, with
+//! one `recvmmsg` of up to 32 datagrams, so 8 channels cost the runtime one wakeup per slot
+//! instead of one per datagram train each.
 //! It strips RTP, restores order, checks TS continuity, appends to the ring, and publishes
 //! the ring's end to subscribers only every `write_batch` bytes or `flush_interval`, which is
 //! what makes their writes large.
@@ -363,19 +365,24 @@ const DRAIN_CALLS: usize = 8;
 /// Datagrams taken per `recvmmsg`.
 const RECV_BATCH: usize = 32;
 
-/// Spacing of the read slots: how long, at most, a hub leaves its socket alone after a
-/// wakeup that emptied it.
+/// Spacing of the read slots: how long, at most, a flowing channel's datagrams wait in the
+/// socket before the hub reads them.
 ///
-/// Senders pace in ticks of about a millisecond, and on a fast host a hub woke on the first
-/// datagram of each tick's train: at 40 Mb/s two or three datagrams per wakeup, each paying
-/// for `epoll_wait`, a task poll, two `recvmmsg` (the second only to hear `EAGAIN`) and often
-/// a thread switch, and with 8 channels 8 times over. Instead, a hub that emptied its socket
-/// reads next at the following slot of one grid shared by every hub: the runtime's timer
-/// wakes a thread once per slot, and each hub reads its whole queue with one call. The cost
-/// is at most a slot (plus the timer's millisecond rounding) of added delay, far below what
-/// `write_batch` already adds, and that much data waiting in the socket buffer (about 150 KB
-/// at 400 Mb/s, well inside `recv_buffer_bytes`).
+/// Senders pace in ticks of about a millisecond, and on a fast host a hub woken by readiness
+/// woke on the first datagram of each tick's train: at 40 Mb/s two or three datagrams per
+/// wakeup, each paying for `epoll_wait`, a task poll, two `recvmmsg` (the second only to hear
+/// `EAGAIN`) and often a thread switch, and with 8 channels 8 times over. Reading by slots on
+/// one grid, every flowing hub is woken by the same timer expiry, and each reads its whole
+/// queue with one call (see `Source` for why the socket leaves the epoll set meanwhile). The
+/// cost is at most a slot (plus the timer's millisecond rounding) of added delay, far below
+/// what `write_batch` already adds, and that much data waiting in the socket buffer (about
+/// 150 KB at 400 Mb/s, well inside `recv_buffer_bytes`).
 const READ_SLOT: Duration = Duration::from_millis(2);
+
+/// Slot reads in a row that find nothing before a hub waits for readiness again: a channel
+/// of a few Mb/s has slots without a datagram, and should not pay a deregistration and a
+/// registration for each.
+const EMPTY_SLOTS: u32 = 4;
 
 /// The first read slot after `now`, on a grid common to every hub of the process.
 fn read_slot(now: Instant) -> Instant {
@@ -456,6 +463,8 @@ impl Pump {
         let hub = self.hub.clone();
         // Set after a wakeup that emptied the socket: reading waits until then (see READ_SLOT).
         let mut hold: Option<Instant> = None;
+        // Slot reads in a row that found nothing.
+        let mut empty_slots = 0u32;
         let reason = loop {
             let fcc_deadline = self.fcc.as_ref().and_then(FccSession::deadline);
             tokio::select! {
@@ -481,10 +490,12 @@ impl Pump {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
                         got => Some(got),
                     });
-                    if drained.hold() {
+                    empty_slots = if drained.datagrams > 0 { 0 } else { empty_slots + 1 };
+                    if drained.hold() || (drained.emptied && empty_slots < EMPTY_SLOTS) {
                         hold = Some(read_slot(Instant::now()));
                     } else if drained.emptied {
-                        // Nothing came in a whole slot: wait for readiness again.
+                        // Nothing came for several slots: wait for readiness again.
+                        empty_slots = 0;
                         match sock.take().map(Source::wait).transpose() {
                             Ok(waiting) => sock = waiting,
                             Err(e) => break format!("socket error: {e}"),
@@ -1042,7 +1053,10 @@ mod tests {
         for offset_us in [0u64, 1, 1_000, 1_999, 2_000, 2_001, 123_457] {
             let now = first + Duration::from_micros(offset_us);
             let next = read_slot(now);
-            assert!(next > now && next - now <= READ_SLOT, "offset {offset_us} µs");
+            assert!(
+                next > now && next - now <= READ_SLOT,
+                "offset {offset_us} µs"
+            );
             assert_eq!(read_slot(next - Duration::from_nanos(1)), next);
         }
     }
@@ -1051,7 +1065,10 @@ mod tests {
     fn only_a_wakeup_that_emptied_the_socket_holds() {
         let hold = |datagrams, emptied| Drained { datagrams, emptied }.hold();
         assert!(hold(3, true));
-        assert!(!hold(0, true), "nothing read: wait for readiness, not a slot");
+        assert!(
+            !hold(0, true),
+            "nothing read: wait for readiness, not a slot"
+        );
         assert!(!hold(256, false), "budget used up: read again at once");
     }
 }
