@@ -465,3 +465,42 @@ async fn ipv6_group_is_joined_on_the_named_interface() {
         .await
         .contains("rtp://[ff3e::71:19]:46018 on lo"));
 }
+
+/// A flowing channel is read by slots and a quiet one on readiness: a stream that is paced,
+/// pauses long enough for the hub to go back to waiting, comes back as one burst larger than
+/// a wakeup's read budget, then trickles with empty slots between datagrams, arrives whole
+/// and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_byte_arrives_across_pauses_bursts_and_trickles() {
+    let group = "239.71.0.40";
+    let gw = Gateway::start(config()).await;
+    let stream = ts_datagrams(900, 0x140, None);
+    let want = Sha256::digest(stream.concat());
+    let total = stream.iter().map(Vec::len).sum::<usize>();
+    let path = format!("/rtp/{group}:46040?iface=lo");
+    let sender = Sender::new(group, 46040);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    sender.send_rtp(&stream[..1], 0);
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let send = std::thread::spawn(move || {
+        // Paced, two datagrams a millisecond: read by slots.
+        sender.send_rtp(&stream[1..200], 1);
+        // Quiet for many slots: back to waiting for readiness.
+        std::thread::sleep(Duration::from_millis(80));
+        // 640 at once: more than one wakeup's 8 × 32.
+        for (i, d) in stream[200..840].iter().enumerate() {
+            sender.send_one(&rtp(200 + i as u16, d));
+        }
+        // A trickle, with empty slots between datagrams.
+        for (i, d) in stream[840..].iter().enumerate() {
+            std::thread::sleep(Duration::from_millis(5));
+            sender.send_one(&rtp(840 + i as u16, d));
+        }
+    });
+    let got = read_bytes(resp, total).await;
+    send.join().unwrap();
+    assert_eq!(got.len(), total);
+    assert_eq!(Sha256::digest(&got), want);
+}
