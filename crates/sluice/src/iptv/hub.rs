@@ -2,9 +2,9 @@
 //!
 //! The hub's receive loop is a tokio task rather than a thread per channel, so hundreds of
 //! lingering channels cost no stacks or context switches. A quiet channel waits for readiness
-//! (`AsyncFd`); a flowing one is read once per 2 ms read slot of one clock shared by every hub
-//! (`slot`), with one `recvmmsg` of up to 32 datagrams, so 8 channels cost the runtime one
-//! wakeup per slot instead of one per datagram train each.
+//! (`AsyncFd`); a flowing one is read once per read slot, a 2 ms grid shared by every hub, with
+//! one `recvmmsg` of up to 32 datagrams, so 8 channels cost the runtime one wakeup per slot
+//! instead of one per datagram train each.
 //! It strips RTP, restores order, checks TS continuity, appends to the ring, and publishes
 //! the ring's end to subscribers only every `write_batch` bytes or `flush_interval`, which is
 //! what makes their writes large.
@@ -37,10 +37,6 @@ use super::ring::Ring;
 use super::url::Mode;
 use crate::net::multicast::{self, Group};
 use crate::net::recv::RecvBatch;
-
-mod slot;
-
-use slot::Slots;
 
 /// Identity of a hub: requests with equal keys share it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -369,10 +365,34 @@ const DRAIN_CALLS: usize = 8;
 /// Datagrams taken per `recvmmsg`.
 const RECV_BATCH: usize = 32;
 
+/// Spacing of the read slots: how long, at most, a flowing channel's datagrams wait in the
+/// socket before the hub reads them.
+///
+/// Senders pace in ticks of about a millisecond, and on a fast host a hub woken by readiness
+/// woke on the first datagram of each tick's train: at 40 Mb/s two or three datagrams per
+/// wakeup, each paying for `epoll_wait`, a task poll, two `recvmmsg` (the second only to hear
+/// `EAGAIN`) and often a thread switch, and with 8 channels 8 times over. Reading by slots on
+/// one grid, every flowing hub is woken by the same timer expiry, and each reads its whole
+/// queue with one call (see `Source` for why the socket leaves the epoll set meanwhile). The
+/// cost is at most a slot (plus the timer's millisecond rounding) of added delay, far below
+/// what `write_batch` already adds, and that much data waiting in the socket buffer (about
+/// 150 KB at 400 Mb/s, well inside `recv_buffer_bytes`).
+const READ_SLOT: Duration = Duration::from_millis(2);
+
 /// Slot reads in a row that find nothing before a hub waits for readiness again: a channel
 /// of a few Mb/s has slots without a datagram, and should not pay a deregistration and a
 /// registration for each.
 const EMPTY_SLOTS: u32 = 4;
+
+/// The first read slot after `now`, on a grid common to every hub of the process.
+fn read_slot(now: Instant) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(|| now);
+    let slot = READ_SLOT.as_nanos();
+    let since = now.saturating_duration_since(epoch).as_nanos();
+    let next = (since / slot + 1) * slot;
+    epoch + Duration::from_nanos(u64::try_from(next).unwrap_or(u64::MAX))
+}
 
 /// What one wakeup's reading found.
 #[derive(Debug, Default, Clone, Copy)]
@@ -441,10 +461,8 @@ impl Pump {
         let channel = self.hub.key.channel();
         tracing::info!(%channel, interface = %self.hub.key.group.interface, "hub joined");
         let hub = self.hub.clone();
-        // Present while the socket is read by slots (see `Source`)...
-        let mut slots: Option<Slots> = None;
-        // ...and set when the last slot read ran out of budget with more queued.
-        let mut again = false;
+        // Set after a wakeup that emptied the socket: reading waits until then (see READ_SLOT).
+        let mut hold: Option<Instant> = None;
         // Slot reads in a row that found nothing.
         let mut empty_slots = 0u32;
         let reason = loop {
@@ -459,13 +477,13 @@ impl Pump {
                         if drained.hold() {
                             // Flowing: read it by slots from now on.
                             sock = sock.take().map(Source::poll);
-                            slots = Some(Slots::subscribe());
+                            hold = Some(read_slot(Instant::now()));
                         }
                     }
                     Err(e) => break format!("socket error: {e}"),
                 },
-                _ = next_read(slots.as_mut(), again) => {
-                    again = false;
+                _ = sleep_until(hold), if hold.is_some() => {
+                    hold = None;
                     let Some(Source::Polled(polled)) = sock.as_ref() else { continue };
                     let fd = polled.as_raw_fd();
                     let drained = self.drain(fcc_sock.as_ref(), |batch| match batch.recv(fd) {
@@ -474,18 +492,18 @@ impl Pump {
                     });
                     empty_slots = if drained.datagrams > 0 { 0 } else { empty_slots + 1 };
                     if drained.hold() || (drained.emptied && empty_slots < EMPTY_SLOTS) {
-                        // Read again at the next slot.
+                        hold = Some(read_slot(Instant::now()));
                     } else if drained.emptied {
                         // Nothing came for several slots: wait for readiness again.
                         empty_slots = 0;
-                        slots = None;
                         match sock.take().map(Source::wait).transpose() {
                             Ok(waiting) => sock = waiting,
                             Err(e) => break format!("socket error: {e}"),
                         }
                     } else {
                         // The call budget ran out with more queued: read on after other tasks.
-                        again = true;
+                        tokio::task::yield_now().await;
+                        hold = Some(Instant::now());
                     }
                 },
                 got = recv_from(fcc_sock.as_ref(), &mut fcc_buf) => {
@@ -1008,16 +1026,6 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// The next slot read: at once (after other tasks) when `again`, else at the next slot;
-/// never without a slot clock.
-async fn next_read(slots: Option<&mut Slots>, again: bool) {
-    match slots {
-        Some(_) if again => tokio::task::yield_now().await,
-        Some(slots) => slots.next().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Readiness of an optional socket; never ready when there is none.
 async fn readable(
     sock: Option<&AsyncFd<Socket>>,
@@ -1031,6 +1039,27 @@ async fn readable(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_slots_are_one_grid_for_every_hub() {
+        let base = Instant::now();
+        let first = read_slot(base);
+        // Wherever hubs stand inside a slot, they are given the same next slot...
+        for offset_us in [0u64, 1, 700, 1_999] {
+            let now = first - READ_SLOT + Duration::from_micros(offset_us);
+            assert_eq!(read_slot(now), first, "offset {offset_us} µs");
+        }
+        // ...always strictly later and at most one slot away.
+        for offset_us in [0u64, 1, 1_000, 1_999, 2_000, 2_001, 123_457] {
+            let now = first + Duration::from_micros(offset_us);
+            let next = read_slot(now);
+            assert!(
+                next > now && next - now <= READ_SLOT,
+                "offset {offset_us} µs"
+            );
+            assert_eq!(read_slot(next - Duration::from_nanos(1)), next);
+        }
+    }
 
     #[test]
     fn only_a_wakeup_that_emptied_the_socket_holds() {
