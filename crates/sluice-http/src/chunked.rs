@@ -35,10 +35,16 @@ enum State {
     /// Chunk data still to come.
     Data(u64),
     /// The CRLF after chunk data; `cr`: the CR was seen.
-    DataEnd { cr: bool },
+    DataEnd {
+        cr: bool,
+    },
     /// The trailer section after the last chunk: bytes of it so far, bytes of the current
     /// line, and whether its CR was seen.
-    Trailer { total: usize, line: usize, cr: bool },
+    Trailer {
+        total: usize,
+        line: usize,
+        cr: bool,
+    },
     Done,
 }
 
@@ -155,7 +161,9 @@ fn step(state: State, b: u8) -> Result<State, ChunkedError> {
                 _ if b == b'\n' => return Err(ChunkedError::BadLineEnd),
                 // Digits come first; after them only whitespace and `;` extensions.
                 _ if digits == 0 => return Err(ChunkedError::BadSize),
-                _ if !ext && !matches!(b, b' ' | b'\t' | b';') => return Err(ChunkedError::BadSize),
+                _ if !ext && !matches!(b, b' ' | b'\t' | b';') => {
+                    return Err(ChunkedError::BadSize)
+                }
                 _ if b < 0x20 && b != b'\t' || b == 0x7f => return Err(ChunkedError::BadSize),
                 _ if tail >= MAX_LINE => return Err(ChunkedError::TooLong),
                 _ => State::Size {

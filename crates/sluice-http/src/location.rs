@@ -155,9 +155,16 @@ mod tests {
             ("../../../g", "http://a.example:8080/g"),
             ("/./g/../h", "http://a.example:8080/h"),
             ("https://other.example", "https://other.example/"),
-            ("HTTP://other.example:81/p?x=1#f", "http://other.example:81/p?x=1"),
+            (
+                "HTTP://other.example:81/p?x=1#f",
+                "http://other.example:81/p?x=1",
+            ),
         ] {
-            assert_eq!(resolve(&base(), reference).unwrap().to_string(), want, "{reference}");
+            assert_eq!(
+                resolve(&base(), reference).unwrap().to_string(),
+                want,
+                "{reference}"
+            );
         }
     }
 
@@ -176,9 +183,6 @@ mod tests {
             assert_eq!(resolve(&base(), reference), Err(want), "{reference}");
         }
         let relative: Uri = "/only/path".parse().unwrap();
-        assert_eq!(
-            resolve(&relative, "x"),
-            Err(LocationError::BaseNotAbsolute)
-        );
+        assert_eq!(resolve(&relative, "x"), Err(LocationError::BaseNotAbsolute));
     }
 }
