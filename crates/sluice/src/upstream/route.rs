@@ -265,6 +265,14 @@ mod tests {
                 auth: None
             }
         );
+        // An explicit port is kept even when it is the scheme's usual one.
+        assert_eq!(
+            via("http://proxy.example:80").unwrap(),
+            Via::HttpConnect {
+                addr: "proxy.example:80".into(),
+                auth: None
+            }
+        );
         assert_eq!(
             via("socks5://u@10.0.0.1").unwrap(),
             Via::Socks5 {
