@@ -460,3 +460,75 @@ async fn the_address_guard_applies() {
         assert!(err.to_string().contains("no TLS client"), "{err}");
     }
 }
+
+/// `https` through the connector's TLS: verified against `upstream.ca_file`, refused without it;
+/// the chunked body read through the TLS stream.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn https_is_verified_and_read() {
+    use std::io::Write;
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let mut cert = tempfile::NamedTempFile::new().unwrap();
+    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
+    let mut key = tempfile::NamedTempFile::new().unwrap();
+    key.write_all(ck.key_pair.serialize_pem().as_bytes())
+        .unwrap();
+    let config = sluice::server::tls::server_config(cert.path(), key.path()).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = pattern(40_000);
+    let mut answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for part in body.chunks(9_000) {
+        answer.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        answer.extend_from_slice(part);
+        answer.extend_from_slice(b"\r\n");
+    }
+    answer.extend_from_slice(b"0\r\n\r\n");
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(socket).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = tls.write_all(&answer).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    let url = format!("https://localhost:{port}/guide.xml");
+    let trusting = client(|c| c.ca_file = Some(cert.path().to_path_buf()));
+    let got = trusting
+        .fetch(
+            &url.replace("localhost", "127.0.0.1"),
+            HeaderMap::new(),
+            1 << 20,
+        )
+        .await;
+    assert!(got.is_err(), "the certificate does not name 127.0.0.1");
+    let got = trusting.fetch(&url, HeaderMap::new(), 1 << 20).await;
+    // `localhost` may resolve to ::1 first, where nothing listens: Happy Eyeballs falls back.
+    let got = got.unwrap();
+    assert_eq!(sha256(&got.body), sha256(&body));
+    let err = client(|_| {})
+        .fetch(&url, HeaderMap::new(), 1 << 20)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FetchError::Upstream(UpstreamError::Connect(ConnectError::Tls { .. }))
+        ),
+        "{err}"
+    );
+}
