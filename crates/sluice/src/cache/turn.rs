@@ -174,7 +174,10 @@ mod tests {
         })
         .await
         .unwrap();
-        assert!(ran_before_resume, "the ready task ran before the body resumed");
+        assert!(
+            ran_before_resume,
+            "the ready task ran before the body resumed"
+        );
         // Under the budget, after the first frame, nothing is held back.
         let mut cx = Context::from_waker(&counted);
         t.sent(64 * 1024);

@@ -88,7 +88,10 @@ impl EagerStream {
     }
 
     /// One direct write; `None` when it would block (fall back to the runtime's readiness).
-    fn direct(&mut self, write: impl FnOnce(SockRef<'_>) -> io::Result<usize>) -> Option<io::Result<usize>> {
+    fn direct(
+        &mut self,
+        write: impl FnOnce(SockRef<'_>) -> io::Result<usize>,
+    ) -> Option<io::Result<usize>> {
         match write(SockRef::from(&self.tcp)) {
             Ok(n) => Some(Ok(n)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

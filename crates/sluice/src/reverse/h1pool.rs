@@ -227,8 +227,7 @@ impl H1Pool {
 
     async fn connect(&self, addr: &str) -> Result<Box<Live>, H1Error> {
         let secs = self.connect_timeout.as_secs();
-        let tcp = match tokio::time::timeout(self.connect_timeout, super::dial::dial(addr)).await
-        {
+        let tcp = match tokio::time::timeout(self.connect_timeout, super::dial::dial(addr)).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(ConnectFailure::Timeout {
