@@ -16,9 +16,12 @@
 //! - `conditional`: `If-None-Match` / `If-Modified-Since` against a stored response (→ 304).
 //! - `range`: `Range` sets, `Content-Range`, and the aligned slices that cover them.
 //! - `response_head`: an HTTP/1.x response head off a raw socket and how its body is delimited.
+//! - `chunked`: a chunked response body decoded incrementally, its end found exactly.
+//! - `location`: a redirect's `Location` resolved against the URI that answered.
 
 pub mod cache_control;
 pub mod cache_status;
+pub mod chunked;
 pub mod client_hello;
 pub mod conditional;
 pub mod forwarded;
@@ -26,6 +29,7 @@ pub mod framing;
 pub mod freshness;
 pub mod h1screen;
 pub mod hop;
+pub mod location;
 pub mod path;
 pub mod proxy_protocol;
 pub mod range;

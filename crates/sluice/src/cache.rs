@@ -36,6 +36,7 @@ pub mod purge;
 mod serve;
 pub mod slot;
 mod stream;
+mod turn;
 mod writer;
 
 use std::collections::{HashMap, HashSet};

@@ -202,9 +202,7 @@ impl IptvConfig {
             return bad("epg_max_bytes", "must be at least 1024");
         }
         if let Some(url) = &self.epg_url {
-            if !(url.starts_with("http://") || url.starts_with("https://"))
-                || ::url::Url::parse(url).is_err()
-            {
+            if crate::upstream::fetch::parse_url(url).is_err() {
                 return bad("epg_url", "must be an http:// or https:// URL");
             }
         }

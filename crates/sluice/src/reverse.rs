@@ -11,6 +11,7 @@ pub mod budget;
 pub mod cached;
 pub mod client;
 pub mod config;
+mod dial;
 pub mod forward;
 pub mod h1pool;
 pub mod metrics;

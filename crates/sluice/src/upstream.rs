@@ -1,13 +1,19 @@
-//! The pooled upstream HTTP client every front end shares: keep-alive per origin, HTTP/1.1 (HTTP/2 by
-//! ALPN when enabled), a time-to-headers deadline, idle-read deadlines on bodies, redirects, outgoing
-//! proxy routes; `raw` reads a response head off a socket of its own for bodies that are spliced.
+//! The upstream HTTP client every front end shares: connection setup (DNS, the address guard,
+//! outgoing proxy routes, TLS), and on it the pooled client (keep-alive per origin, HTTP/1.1,
+//! HTTP/2 by ALPN when enabled, a time-to-headers deadline, idle-read deadlines on bodies,
+//! redirects; the `upstream-pool` feature), `raw` (a response head read off a socket of its own
+//! for bodies that are spliced) and `fetch` (whole-body GETs for the gateway's playlist and guide).
 
+#[cfg(feature = "upstream-pool")]
 pub mod body;
 pub mod connector;
+pub mod fetch;
 #[cfg(feature = "groups")]
 pub mod group;
 pub mod guard;
+mod h1;
 pub mod happy;
+#[cfg(feature = "upstream-pool")]
 pub mod raw;
 pub mod resolve;
 pub mod route;
@@ -15,22 +21,32 @@ pub mod route;
 pub mod tls;
 pub mod tunnel;
 
+#[cfg(feature = "upstream-pool")]
 use std::error::Error as _;
 use std::time::Duration;
 
-use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http::HeaderValue;
+#[cfg(feature = "upstream-pool")]
+use http::{header, HeaderMap, Method, Request, StatusCode};
+#[cfg(feature = "upstream-pool")]
 use hyper_util::client::legacy::Client;
+#[cfg(feature = "upstream-pool")]
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
+#[cfg(feature = "upstream-pool")]
 use url::Url;
 
 use crate::config::UpstreamConfig;
+#[cfg(feature = "upstream-pool")]
 pub use body::{CollectError, UpstreamBody, UpstreamBodyError};
+#[cfg(feature = "upstream-pool")]
+use connector::ConnInfo;
 pub use connector::ConnectError;
-use connector::{ConnInfo, Connector};
+use connector::Connector;
 
 /// A request for an upstream: bodiless (GET or HEAD).
+#[cfg(feature = "upstream-pool")]
 #[derive(Debug, Clone)]
 pub struct UpstreamRequest {
     pub method: Method,
@@ -38,6 +54,7 @@ pub struct UpstreamRequest {
     pub headers: HeaderMap,
 }
 
+#[cfg(feature = "upstream-pool")]
 impl UpstreamRequest {
     pub fn get(url: Url) -> Self {
         UpstreamRequest {
@@ -49,6 +66,7 @@ impl UpstreamRequest {
 }
 
 /// An upstream response head and its streaming body.
+#[cfg(feature = "upstream-pool")]
 pub struct UpstreamResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
@@ -96,6 +114,7 @@ impl UpstreamError {
 struct Metrics {
     requests: Counter,
     opened: Counter,
+    #[cfg_attr(not(feature = "upstream-pool"), allow(dead_code))]
     reused: Counter,
     bytes: Counter,
 }
@@ -103,6 +122,7 @@ struct Metrics {
 /// The shared client.
 #[derive(Clone)]
 pub struct Upstream {
+    #[cfg(feature = "upstream-pool")]
     client: Client<Connector, crate::body::Body>,
     /// The client's own connector, for callers that open non-HTTP connections (RTSP) under
     /// the same address guard and resolver.
@@ -113,6 +133,7 @@ pub struct Upstream {
     user_agent: HeaderValue,
     metrics: Metrics,
     /// Idle connections of the raw (spliced) path, kept like the pooled client's.
+    #[cfg(feature = "upstream-pool")]
     raw_pool: std::sync::Arc<raw::RawPool>,
 }
 
@@ -157,7 +178,9 @@ impl Upstream {
             config.max_setups_per_host,
             metrics.opened.clone(),
         );
+        #[cfg(feature = "upstream-pool")]
         let mut builder = Client::builder(TokioExecutor::new());
+        #[cfg(feature = "upstream-pool")]
         builder
             .pool_idle_timeout(Duration::from_secs(config.pool_idle_secs))
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
@@ -166,7 +189,7 @@ impl Upstream {
             // A fixed read buffer: hyper's adaptive one grows towards ~400 KiB per connection on
             // a fast origin, which is most of the memory of a proxy with many viewers.
             .http1_read_buf_exact_size(config.read_buffer_bytes);
-        #[cfg(feature = "http2")]
+        #[cfg(all(feature = "http2", feature = "upstream-pool"))]
         {
             // Dead HTTP/2 connections are found by pings instead of by the next viewer's timeout.
             let ping = Duration::from_secs(config.http2_keepalive_secs.max(1));
@@ -175,15 +198,16 @@ impl Upstream {
                 .http2_keep_alive_timeout(ping)
                 .http2_keep_alive_while_idle(true);
         }
-        let client = builder.build(connector.clone());
         Ok(Upstream {
-            client,
+            #[cfg(feature = "upstream-pool")]
+            client: builder.build(connector.clone()),
             connector,
             header_timeout: Duration::from_secs(config.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.idle_read_timeout_secs),
             max_redirects: config.max_redirects,
             user_agent: HeaderValue::from_str(&config.user_agent)?,
             metrics,
+            #[cfg(feature = "upstream-pool")]
             raw_pool: std::sync::Arc::new(raw::RawPool::new(
                 config.pool_max_idle_per_host,
                 Duration::from_secs(config.pool_idle_secs),
@@ -202,6 +226,7 @@ impl Upstream {
     }
 
     /// Sends `req`, following redirects, and returns the response head with its streaming body.
+    #[cfg(feature = "upstream-pool")]
     pub async fn send(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
         let mut url = req.url;
         let mut headers = req.headers;
@@ -246,6 +271,7 @@ impl Upstream {
         }
     }
 
+    #[cfg(feature = "upstream-pool")]
     async fn send_once(
         &self,
         method: &Method,
@@ -278,6 +304,7 @@ impl Upstream {
         Ok(resp)
     }
 
+    #[cfg(feature = "upstream-pool")]
     fn redirect_target(
         &self,
         url: &Url,
@@ -302,11 +329,13 @@ impl Upstream {
     }
 }
 
+#[cfg(feature = "upstream-pool")]
 fn host_of(url: &Url) -> String {
     url.host_str().unwrap_or("").to_string()
 }
 
 /// Finds our connector's error inside the pool's error, so the caller can tell refusal from failure.
+#[cfg(feature = "upstream-pool")]
 fn classify(url: &Url, err: hyper_util::client::legacy::Error) -> UpstreamError {
     let mut source = err.source();
     while let Some(e) = source {
@@ -328,6 +357,7 @@ fn classify(url: &Url, err: hyper_util::client::legacy::Error) -> UpstreamError 
     }
 }
 
+#[cfg(feature = "upstream-pool")]
 fn clone_connect(e: &ConnectError) -> ConnectError {
     let io = |s: &std::io::Error| std::io::Error::new(s.kind(), s.to_string());
     match e {

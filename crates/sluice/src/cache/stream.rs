@@ -3,7 +3,9 @@
 //! own task (`Inline`): no task or channel per client, and a client joining a fill gets its head
 //! and the first bytes in one write. Whatever needs a disk read (or several ranges, or an object of
 //! unknown length) goes through a producer task and a small channel, so the client's pace is the
-//! only buffer. A client going away stops its body, never a fill.
+//! only buffer. A client going away stops its body, never a fill. `Inline` takes turns with the
+//! other connections (`turn.rs`): every client following a fill gets its head and first bytes out
+//! before any writes bulk.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use tokio::sync::mpsc;
 use super::fill::{Event, FillEnd, FillReader};
 use super::object::{ObjectMeta, SliceKey};
 use super::serve::{clone_parts, slice_request, FILL_ATTEMPTS};
+use super::turn::Turn;
 use super::writer::{FillJob, JobKind};
 use super::{Inner, Origin};
 use crate::body::{Body, BoxError};
@@ -415,6 +418,7 @@ pub(crate) fn inline(
         index: None,
         attempts: 0,
         source: Source::Pick,
+        turn: Turn::new(),
     };
     if let Some((i, reader)) = first {
         if i == index {
@@ -439,6 +443,8 @@ struct Inline {
     /// Writers of that slice that failed under this body.
     attempts: usize,
     source: Source,
+    /// Its share of the connection's turns (`turn.rs`).
+    turn: Turn,
 }
 
 enum Source {
@@ -628,7 +634,16 @@ impl http_body::Body for Inline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.poll_data(cx).map(|o| o.map(|r| r.map(Frame::data)))
+        if self.turn.hold(cx) {
+            return Poll::Pending;
+        }
+        let polled = self.poll_data(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(b))) => self.turn.sent(b.len()),
+            Poll::Pending => self.turn.waiting(),
+            Poll::Ready(_) => {}
+        }
+        polled.map(|o| o.map(|r| r.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -15,9 +15,9 @@ use sha2::{Digest, Sha256};
 use sluice_media::gzip;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use url::Url;
 
-use crate::upstream::{Upstream, UpstreamRequest};
+use crate::upstream::fetch::{self, FetchError};
+use crate::upstream::Upstream;
 
 /// Why a guide could not be fetched or used.
 #[derive(Debug, thiserror::Error)]
@@ -149,24 +149,24 @@ impl Epg {
     }
 
     async fn fetch(&self, url: &str, previous: Option<&Guide>) -> Result<Arc<Guide>, EpgError> {
-        let parsed = Url::parse(url).map_err(|_| EpgError::BadUrl(super::playlist::shown(url)))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(EpgError::BadUrl(super::playlist::shown(url)));
-        }
-        let mut req = UpstreamRequest::get(parsed);
+        fetch::parse_url(url).map_err(|_| EpgError::BadUrl(super::playlist::shown(url)))?;
+        let mut headers = HeaderMap::new();
         if let Some(prev) = previous {
             if let Some(v) = &prev.upstream_etag {
-                req.headers.insert(header::IF_NONE_MATCH, v.clone());
+                headers.insert(header::IF_NONE_MATCH, v.clone());
             }
             if let Some(v) = &prev.upstream_modified {
-                req.headers.insert(header::IF_MODIFIED_SINCE, v.clone());
+                headers.insert(header::IF_MODIFIED_SINCE, v.clone());
             }
         }
         let resp = self
             .upstream
-            .send(req)
+            .fetch(url, headers, self.max_bytes)
             .await
-            .map_err(|e| EpgError::Fetch(e.to_string()))?;
+            .map_err(|e| match e {
+                FetchError::TooLarge { .. } => EpgError::TooLarge(self.max_bytes),
+                other => EpgError::Fetch(other.to_string()),
+            })?;
         if resp.status == StatusCode::NOT_MODIFIED {
             if let Some(prev) = previous {
                 tracing::debug!("EPG unchanged at the source");
@@ -178,16 +178,7 @@ impl Epg {
         }
         let upstream_etag = resp.headers.get(header::ETAG).cloned();
         let upstream_modified = resp.headers.get(header::LAST_MODIFIED).cloned();
-        let raw = resp
-            .body
-            .collect_limited(self.max_bytes)
-            .await
-            .map_err(|e| match e {
-                crate::upstream::CollectError::TooLarge { .. } => {
-                    EpgError::TooLarge(self.max_bytes)
-                }
-                other => EpgError::Fetch(other.to_string()),
-            })?;
+        let raw = resp.body;
         let max = self.max_bytes;
         // Decompressing, hashing and compressing tens of MB is CPU work; keep it off the
         // threads that move video.

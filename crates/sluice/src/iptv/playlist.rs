@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::upstream::{Upstream, UpstreamRequest};
+use crate::upstream::{fetch, Upstream};
 
 /// Largest playlist accepted; a channel list is kilobytes, anything bigger is a mistake.
 const MAX_PLAYLIST: usize = 16 * 1024 * 1024;
@@ -168,14 +168,17 @@ fn rewrite_entry(line: &str, base: &str) -> Option<String> {
 /// A playlist or guide location as logs and errors may show it: no user info and no query,
 /// where providers put account credentials (`user:pass@`, `?username=..&password=..`).
 pub(super) fn shown(location: &str) -> String {
-    match url::Url::parse(location) {
-        Ok(mut u) if u.has_host() => {
-            let _ = u.set_username("");
-            let _ = u.set_password(None);
-            u.set_query(None);
-            u.to_string()
+    let no_query = location.split(['?', '#']).next().unwrap_or("");
+    match no_query.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find('/').unwrap_or(rest.len());
+            let authority = &rest[..end];
+            let host = authority
+                .rfind('@')
+                .map_or(authority, |at| &authority[at + 1..]);
+            format!("{scheme}://{host}{}", &rest[end..])
         }
-        _ => location.split('?').next().unwrap_or("").to_string(),
+        None => no_query.to_string(),
     }
 }
 
@@ -183,14 +186,14 @@ pub(super) fn shown(location: &str) -> String {
 #[derive(Debug, Clone)]
 enum Source {
     File(std::path::PathBuf),
-    Http(url::Url),
+    Http,
 }
 
 fn source(location: &str) -> Result<Source, String> {
     if location.starts_with("http://") || location.starts_with("https://") {
-        return url::Url::parse(location)
-            .map(Source::Http)
-            .map_err(|e| format!("bad playlist URL: {e}"));
+        return fetch::parse_url(location)
+            .map(|_| Source::Http)
+            .map_err(|e| format!("bad playlist URL {}: {e}", shown(location)));
     }
     Ok(Source::File(location.trim_start_matches("file://").into()))
 }
@@ -254,18 +257,18 @@ impl Playlist {
                 .await
                 .map(Bytes::from)
                 .map_err(|e| format!("cannot read playlist {}: {e}", path.display())),
-            Source::Http(url) => tokio::time::timeout(FETCH_TIMEOUT, self.fetch(url))
+            Source::Http => tokio::time::timeout(FETCH_TIMEOUT, self.fetch())
                 .await
                 .map_err(|_| "playlist fetch timed out".to_string())?,
         }
     }
 
     /// Through the shared upstream client, so its address guard, proxy routes and TLS apply.
-    async fn fetch(&self, url: url::Url) -> Result<Bytes, String> {
-        let shown = shown(url.as_str());
+    async fn fetch(&self) -> Result<Bytes, String> {
+        let shown = shown(&self.location);
         let resp = self
             .upstream
-            .send(UpstreamRequest::get(url))
+            .fetch(&self.location, http::HeaderMap::new(), MAX_PLAYLIST)
             .await
             .map_err(|e| format!("playlist fetch from {shown} failed: {e}"))?;
         if !resp.status.is_success() {
@@ -274,10 +277,7 @@ impl Playlist {
                 resp.status
             ));
         }
-        resp.body
-            .collect_limited(MAX_PLAYLIST)
-            .await
-            .map_err(|e| format!("playlist body from {shown}: {e}"))
+        Ok(resp.body)
     }
 }
 
@@ -334,6 +334,17 @@ http://gw/rtsp/h/ch3\n\
 #EXTINF:-1,Multicast\n\
 http://gw/rtp/239.1.1.1:5000\n";
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn shown_hides_credentials() {
+        assert_eq!(
+            shown("http://user:pw@lists.example:8080/get.php?username=u&password=p"),
+            "http://lists.example:8080/get.php"
+        );
+        assert_eq!(shown("https://h.example#frag"), "https://h.example");
+        assert_eq!(shown("/etc/sluice/list.m3u"), "/etc/sluice/list.m3u");
+        assert_eq!(shown("ht tp://a@b/c?d"), "ht tp://b/c");
     }
 
     #[test]

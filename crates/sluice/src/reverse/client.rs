@@ -14,7 +14,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
-use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::config::{ReverseConfig, RouteConfig, UpstreamProtocol};
@@ -197,7 +196,7 @@ impl ServerConnector {
             .ok_or_else(|| ConnectFailure::BadAddr(uri.to_string()))?;
         let secs = self.timeout.as_secs();
         let work = async {
-            let tcp = dial(&addr).await?;
+            let tcp = super::dial::dial(&addr).await?.tcp;
             match &self.tls {
                 None => Ok(Conn::Plain(tcp)),
                 Some((connector, sni)) => {
@@ -227,29 +226,4 @@ impl ServerConnector {
             Err(_) => Err(ConnectFailure::Timeout { addr, secs }),
         }
     }
-}
-
-/// Resolves `host:port` and connects to the first address that answers.
-pub(super) async fn dial(addr: &str) -> Result<TcpStream, ConnectFailure> {
-    let addrs: Vec<_> = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|source| ConnectFailure::Resolve {
-            addr: addr.to_string(),
-            source,
-        })?
-        .collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no addresses");
-    for a in addrs {
-        match TcpStream::connect(a).await {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
-            }
-            Err(e) => last = e,
-        }
-    }
-    Err(ConnectFailure::Refused {
-        addr: addr.to_string(),
-        source: last,
-    })
 }

@@ -17,13 +17,13 @@ use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::client::ConnectFailure;
+use super::dial::EagerStream;
 use crate::body::Body;
 
-type Io = TokioIo<TcpStream>;
+type Io = TokioIo<EagerStream>;
 
 /// Why an attempt on an owned connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -227,8 +227,7 @@ impl H1Pool {
 
     async fn connect(&self, addr: &str) -> Result<Box<Live>, H1Error> {
         let secs = self.connect_timeout.as_secs();
-        let tcp = match tokio::time::timeout(self.connect_timeout, super::client::dial(addr)).await
-        {
+        let tcp = match tokio::time::timeout(self.connect_timeout, super::dial::dial(addr)).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(ConnectFailure::Timeout {
@@ -238,8 +237,12 @@ impl H1Pool {
                 .into())
             }
         };
-        // An HTTP/1 handshake does no I/O: it only sets the connection up.
-        let (send, conn) = self.builder.handshake(TokioIo::new(tcp)).await?;
+        // An HTTP/1 handshake does no I/O: it only sets the connection up. The request is written
+        // in the attempt's first poll when the TCP handshake is already done (`dial`).
+        let (send, conn) = self
+            .builder
+            .handshake(TokioIo::new(EagerStream::new(tcp)))
+            .await?;
         Ok(Box::new(Live { send, conn }))
     }
 

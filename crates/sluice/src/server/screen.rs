@@ -18,6 +18,10 @@ use sluice_http::h1screen::{Head, Screen};
 use std::future::Future;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// A read smaller than this is served from a read-ahead of `READ_AHEAD` bytes.
+const READ_AHEAD_BELOW: usize = 512;
+const READ_AHEAD: usize = 4096;
+
 /// A downstream stream whose HTTP/1.1 request heads are screened.
 pub struct Screened<I> {
     inner: I,
@@ -100,7 +104,29 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 buf.put_slice(&this.held[..n]);
                 this.held.drain(..n);
                 this.ready -= n;
+                if this.held.is_empty() {
+                    // A connection keeps no read-ahead buffer between requests.
+                    this.held = Vec::new();
+                }
                 return Poll::Ready(Ok(()));
+            }
+            if this.held.is_empty() && buf.remaining() < READ_AHEAD_BELOW {
+                // A small read is the HTTP/2 preface check (24 bytes) before hyper's own: read
+                // what the socket holds at once and give hyper the rest from here, one `recvfrom`
+                // per new connection instead of two.
+                this.held.resize(READ_AHEAD, 0);
+                let mut ahead = ReadBuf::new(&mut this.held);
+                let polled = Pin::new(&mut this.inner).poll_read(cx, &mut ahead);
+                let got = ahead.filled().len();
+                this.held.truncate(got);
+                if got == 0 {
+                    this.held = Vec::new();
+                    return polled;
+                }
+                let mut held = std::mem::take(&mut this.held);
+                this.ready = this.screen(&mut held);
+                this.held = held;
+                continue;
             }
             if this.held.is_empty() {
                 // The common case: bytes go straight into the caller's buffer and are screened
@@ -210,6 +236,59 @@ mod tests {
         screened.read_to_end(&mut out).await.unwrap();
         writer.await.unwrap();
         (out, refused.get())
+    }
+
+    /// Counts the reads that reach the socket.
+    struct Reads<I> {
+        inner: I,
+        count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl<I: AsyncRead + Unpin> AsyncRead for Reads<I> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            self.count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_small_first_read_reads_ahead_and_hands_over_the_rest() {
+        let (mut client, server) = tokio::io::duplex(8192);
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut screened = Screened::new(
+            Reads {
+                inner: server,
+                count: count.clone(),
+            },
+            8192,
+            100,
+            false,
+            Counter::default(),
+            Duration::from_secs(5),
+        );
+        let request: &[u8] = b"GET /a/long/enough/path HTTP/1.1\r\nHost: example\r\n\r\n";
+        client.write_all(request).await.unwrap();
+        // The preface check's 24 bytes, then hyper's read: one read of the socket for both.
+        let mut sniff = [0u8; 24];
+        screened.read_exact(&mut sniff).await.unwrap();
+        let mut rest = vec![0u8; request.len() - 24];
+        screened.read_exact(&mut rest).await.unwrap();
+        assert_eq!(count.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!([&sniff[..], &rest[..]].concat(), request);
+        assert!(
+            screened.held.capacity() == 0,
+            "no buffer kept between requests"
+        );
+        // The end of the stream still reads as the end.
+        drop(client);
+        let mut tail = Vec::new();
+        screened.read_to_end(&mut tail).await.unwrap();
+        assert!(tail.is_empty());
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 //!
 //! Why this seam: hyper owns the client socket and counts every body byte it writes against the
 //! `Content-Length` it sent, so the head, keep-alive, limits and timeouts stay hyper's; only the
-//! bytes themselves take the short way. The stand-in chunks point into one static region that
+//! bytes themselves take the short way. The stand-in chunks point into one region that
 //! nothing else uses, which is how the wrapper tells them from real bytes (hyper queues body
 //! chunks as they are, without copying, on a socket that takes vectored writes).
 
@@ -24,14 +24,25 @@ use super::activity::Watched;
 use crate::body::BoxError;
 use crate::net::splice::feed::{Feed, Waiting};
 
-/// Largest stand-in chunk; also the region every stand-in chunk points into. Never read or
-/// written (zero-initialised, so it costs address space, not memory).
+/// Largest stand-in chunk; also the size of the region every stand-in chunk points into.
 const STAND_IN: usize = 1 << 20;
-static STAND_IN_BYTES: [u8; STAND_IN] = [0; STAND_IN];
+/// The stand-in region: allocated zeroed on the first spliced body, never read or written. A
+/// zeroed heap block this size is fresh anonymous memory that stays unbacked until touched; a
+/// `static` array would sit in `.rodata` and add a whole MiB to the binary file (the router
+/// build's flash), every build paying for it whether it splices or not.
+static STAND_IN_BYTES: std::sync::OnceLock<&'static [u8]> = std::sync::OnceLock::new();
+
+fn stand_in_bytes() -> &'static [u8] {
+    STAND_IN_BYTES.get_or_init(|| Vec::leak(vec![0; STAND_IN]))
+}
 
 /// Whether `buf` is (part of) a stand-in chunk.
 fn is_stand_in(buf: &[u8]) -> bool {
-    let start = STAND_IN_BYTES.as_ptr() as usize;
+    // No region yet: no stand-in chunk was ever made.
+    let Some(region) = STAND_IN_BYTES.get() else {
+        return false;
+    };
+    let start = region.as_ptr() as usize;
     let at = buf.as_ptr() as usize;
     !buf.is_empty() && at >= start && at < start + STAND_IN
 }
@@ -95,7 +106,7 @@ impl http_body::Body for SplicedBody {
         let n = self.left.min(STAND_IN as u64) as usize;
         self.left -= n as u64;
         Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
-            &STAND_IN_BYTES[..n],
+            &stand_in_bytes()[..n],
         )))))
     }
 

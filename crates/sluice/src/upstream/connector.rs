@@ -3,17 +3,21 @@
 //! wait for a setup slot, which the request's time-to-headers deadline bounds).
 
 use std::collections::HashMap;
+#[cfg(feature = "upstream-pool")]
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+#[cfg(feature = "upstream-pool")]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Uri;
+#[cfg(feature = "upstream-pool")]
 use hyper_util::client::legacy::connect::{Connected, Connection};
+#[cfg(feature = "upstream-pool")]
 use hyper_util::rt::TokioIo;
 #[cfg(feature = "tls")]
 use std::sync::OnceLock;
@@ -56,11 +60,13 @@ pub enum ConnectError {
 }
 
 /// Per-connection facts attached to every response it carries.
+#[cfg(feature = "upstream-pool")]
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     uses: Arc<AtomicU64>,
 }
 
+#[cfg(feature = "upstream-pool")]
 impl ConnInfo {
     /// Counts one more response on this connection; `true` if the connection was used before.
     pub fn mark_used(&self) -> bool {
@@ -135,8 +141,14 @@ impl Connector {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         self.inner.resolve_checked(host, port).await
     }
+
+    /// A connection to `uri`'s origin (TLS for `https`), set up as for pooled requests.
+    pub async fn open(&self, uri: &Uri) -> Result<Conn, ConnectError> {
+        self.inner.connect(uri.clone()).await
+    }
 }
 
+#[cfg(feature = "upstream-pool")]
 impl tower_service::Service<Uri> for Connector {
     type Response = TokioIo<Conn>;
     type Error = ConnectError;
@@ -342,6 +354,7 @@ pub enum Conn {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+#[cfg(feature = "upstream-pool")]
 impl Connection for Conn {
     fn connected(&self) -> Connected {
         let info = ConnInfo {

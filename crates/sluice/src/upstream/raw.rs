@@ -6,24 +6,19 @@
 //! small idle pool of its own (the pooled client cannot lend its sockets out).
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::header;
+use bytes::Bytes;
 use http::Uri;
-use sluice_http::response_head::{self, ResponseHead};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use sluice_http::response_head::ResponseHead;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
 use super::connector::Conn;
+use super::h1::{exchange, says_close, Exchange};
 use super::{host_of, Upstream, UpstreamError, UpstreamRequest};
-
-/// Largest response head read.
-const MAX_HEAD: usize = 64 * 1024;
 
 /// A response head and the socket its body follows on.
 pub struct RawResponse {
@@ -43,63 +38,6 @@ impl RawResponse {
         let (pool, key) = self.home.clone()?;
         Some(move |socket| pool.checkin(key, socket))
     }
-}
-
-/// Why an exchange got no head.
-enum Exchange {
-    /// The connection ended before any response byte.
-    Closed,
-    Failed(String),
-}
-
-/// Writes the request head and reads the response head (and whatever body came with it).
-async fn exchange(socket: &mut TcpStream, head: &str) -> Result<(ResponseHead, Bytes), Exchange> {
-    if let Err(e) = socket.write_all(head.as_bytes()).await {
-        return Err(match e.kind() {
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
-                Exchange::Closed
-            }
-            _ => Exchange::Failed(format!("sending the request: {e}")),
-        });
-    }
-    let mut buf = BytesMut::with_capacity(8 * 1024);
-    loop {
-        match response_head::parse(&buf) {
-            Ok(Some(head)) => {
-                let early = buf.split_off(head.len).freeze();
-                return Ok((head, early));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(Exchange::Failed(e.to_string())),
-        }
-        if buf.len() >= MAX_HEAD {
-            return Err(Exchange::Failed(format!(
-                "response head over {MAX_HEAD} bytes"
-            )));
-        }
-        buf.reserve(8 * 1024);
-        match socket.read_buf(&mut buf).await {
-            Ok(0) if buf.is_empty() => return Err(Exchange::Closed),
-            Ok(0) => {
-                return Err(Exchange::Failed(
-                    "connection closed inside the response head".into(),
-                ))
-            }
-            Ok(_) => {}
-            Err(e) if buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return Err(Exchange::Closed)
-            }
-            Err(e) => return Err(Exchange::Failed(format!("reading the response head: {e}"))),
-        }
-    }
-}
-
-/// Whether the response's `Connection` field says the origin closes after it.
-fn says_close(headers: &http::HeaderMap) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
-    })
 }
 
 /// `host:port` of a plain http URL: the pool key.
@@ -240,48 +178,16 @@ impl Upstream {
     }
 }
 
-/// `GET /path?query HTTP/1.1` with `Host` (unless the request sets one), the client's
-/// `User-Agent` (likewise) and the request's headers (keep-alive is HTTP/1.1's default). Header values are
-/// `HeaderValue`s, which cannot hold CR or LF.
+/// The request head of `req` (an `http` URL) for a kept-alive connection.
 fn request_head(req: &UpstreamRequest, user_agent: &http::HeaderValue) -> String {
     let url = &req.url;
     let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
-    let mut head = String::with_capacity(256);
-    let _ = write!(head, "{} {} HTTP/1.1\r\n", req.method, target);
-    if !req.headers.contains_key(header::HOST) {
-        let host = url.host_str().unwrap_or("");
-        match url.port() {
-            Some(port) => {
-                let _ = write!(head, "host: {host}:{port}\r\n");
-            }
-            None => {
-                let _ = write!(head, "host: {host}\r\n");
-            }
-        }
-    }
-    if !req.headers.contains_key(header::USER_AGENT) {
-        push_field(
-            &mut head,
-            header::USER_AGENT.as_str(),
-            user_agent.as_bytes(),
-        );
-    }
-    for (name, value) in &req.headers {
-        if name == header::CONNECTION {
-            continue;
-        }
-        push_field(&mut head, name.as_str(), value.as_bytes());
-    }
-    head.push_str("\r\n");
-    head
-}
-
-fn push_field(head: &mut String, name: &str, value: &[u8]) {
-    head.push_str(name);
-    head.push_str(": ");
-    // Visible ASCII passes as is; other bytes (obs-text) as Latin-1, the way they arrived.
-    head.extend(value.iter().map(|&b| b as char));
-    head.push_str("\r\n");
+    let host = match (url.host_str(), url.port()) {
+        (Some(host), Some(port)) => format!("{host}:{port}"),
+        (host, None) => host.unwrap_or("").to_string(),
+        (None, Some(_)) => String::new(),
+    };
+    super::h1::request_head(&req.method, target, &host, &req.headers, user_agent, false)
 }
 
 #[cfg(test)]
@@ -289,7 +195,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn head_has_target_host_and_fields() {
+    fn head_of_a_url() {
         let mut req =
             UpstreamRequest::get("http://127.0.0.1:8080/a/b.mp4?x=1&y=%20".parse().unwrap());
         req.headers
@@ -300,10 +206,5 @@ mod tests {
             "GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
              referer: http://r/\r\n\r\n"
         );
-        let mut own = UpstreamRequest::get("http://example.com/".parse().unwrap());
-        own.headers
-            .insert(header::HOST, http::HeaderValue::from_static("other"));
-        let head = request_head(&own, &http::HeaderValue::from_static("ua"));
-        assert!(head.starts_with("GET / HTTP/1.1\r\nuser-agent: ua\r\nhost: other\r\n"));
     }
 }

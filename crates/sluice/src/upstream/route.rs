@@ -85,34 +85,71 @@ impl Route {
     }
 }
 
+/// Parses `scheme://[user[:password]@]host[:port][/]`; user and password are percent-decoded.
 fn parse_via(proxy: &str) -> Result<Via, RouteError> {
     let proxy = proxy.trim();
     if proxy.is_empty() || proxy == "direct" {
         return Ok(Via::Direct);
     }
-    let url =
-        url::Url::parse(proxy).map_err(|e| RouteError::BadProxy(mask(proxy), e.to_string()))?;
-    let host = url
-        .host_str()
-        .ok_or_else(|| RouteError::BadProxy(mask(proxy), "no host".into()))?;
-    let auth = (!url.username().is_empty()).then(|| {
-        let user = percent_encoding::percent_decode_str(url.username())
-            .decode_utf8_lossy()
-            .into_owned();
-        let pass = percent_encoding::percent_decode_str(url.password().unwrap_or(""))
-            .decode_utf8_lossy()
-            .into_owned();
-        (user, pass)
-    });
-    let default_port = match url.scheme() {
+    let bad = |why: &str| RouteError::BadProxy(mask(proxy), why.to_string());
+    let (scheme, rest) = proxy
+        .split_once("://")
+        .ok_or_else(|| bad("not scheme://host:port"))?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
         "http" => 8080,
         "socks5" | "socks5h" => 1080,
-        other => return Err(RouteError::BadScheme(other.to_string())),
+        _ => return Err(RouteError::BadScheme(scheme)),
     };
-    let addr = format!("{}:{}", host, url.port().unwrap_or(default_port));
-    Ok(match url.scheme() {
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#']) {
+        return Err(bad("a proxy URL has no path or query"));
+    }
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(v6) => {
+            let (ip, after) = v6.split_once(']').ok_or_else(|| bad("unclosed `[`"))?;
+            ip.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| bad("not an IPv6 address"))?;
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or_else(|| bad("bad port"))?),
+            };
+            (&hostport[..ip.len() + 2], port)
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        },
+    };
+    let host_ok = !host.is_empty()
+        && (host.starts_with('[')
+            || host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')));
+    if !host_ok {
+        return Err(bad("no host, or a host with characters a name cannot have"));
+    }
+    let port = match port {
+        Some(p) => p.parse::<u16>().map_err(|_| bad("bad port"))?,
+        None => default_port,
+    };
+    let auth = userinfo.filter(|u| !u.is_empty()).map(|u| {
+        let (user, pass) = u.split_once(':').unwrap_or((u, ""));
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        (decode(user), decode(pass))
+    });
+    let addr = format!("{host}:{port}");
+    Ok(match scheme.as_str() {
         "http" => Via::HttpConnect { addr, auth },
-        scheme => Via::Socks5 {
+        _ => Via::Socks5 {
             addr,
             auth,
             remote_dns: scheme == "socks5h",
@@ -208,6 +245,62 @@ mod tests {
         assert!(table.lookup("notselfsigned.example").1);
         // `xcdn.example` is not a subdomain of `cdn.example`.
         assert!(matches!(table.lookup("xcdn.example").0, Via::Socks5 { .. }));
+    }
+
+    #[test]
+    fn proxy_urls() {
+        let via = |p: &str| Route::parse(&route("all", p)).map(|r| r.via);
+        assert_eq!(
+            via("socks5h://u%40x:p%3Aw@[::1]:9/").unwrap(),
+            Via::Socks5 {
+                addr: "[::1]:9".into(),
+                auth: Some(("u@x".into(), "p:w".into())),
+                remote_dns: true
+            }
+        );
+        assert_eq!(
+            via("HTTP://proxy.example").unwrap(),
+            Via::HttpConnect {
+                addr: "proxy.example:8080".into(),
+                auth: None
+            }
+        );
+        // An explicit port is kept even when it is the scheme's usual one.
+        assert_eq!(
+            via("http://proxy.example:80").unwrap(),
+            Via::HttpConnect {
+                addr: "proxy.example:80".into(),
+                auth: None
+            }
+        );
+        assert_eq!(
+            via("socks5://u@10.0.0.1").unwrap(),
+            Via::Socks5 {
+                addr: "10.0.0.1:1080".into(),
+                auth: Some(("u".into(), String::new())),
+                remote_dns: false
+            }
+        );
+        for bad in [
+            "proxy:1080",
+            "http://",
+            "http://:8080",
+            "http://h:99999",
+            "http://h:x",
+            "http://h/path",
+            "http://[::1",
+            "http://[zz]:1",
+            "http://a b:1",
+        ] {
+            assert!(
+                matches!(via(bad), Err(RouteError::BadProxy(..))),
+                "{bad}: {:?}",
+                via(bad)
+            );
+        }
+        // The password never reaches the error.
+        let err = via("http://u:secret@h:x").unwrap_err().to_string();
+        assert!(!err.contains("secret"), "{err}");
     }
 
     #[test]

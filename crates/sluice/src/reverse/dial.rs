@@ -1,0 +1,217 @@
+//! Opening a TCP connection to an upstream server: a non-blocking `connect()` that returns at once
+//! when the handshake is already done, and a stream that writes before the runtime has seen it
+//! become writable (see `docs/cache.md`, "S4 (a) and (b) traced again").
+//!
+//! Why not `tokio::net::TcpStream::connect`: it waits for the socket's first readiness event, and
+//! the runtime delivers that event only when it next polls its I/O driver, which under a burst of
+//! client requests is after dozens of queued tasks. On loopback the handshake has finished by the
+//! time `connect()` returns, so the request could go out in the same poll.
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::client::ConnectFailure;
+
+/// Resolves `host:port` and connects to the first address that answers.
+pub(super) async fn dial(addr: &str) -> Result<Connected, ConnectFailure> {
+    let addrs: Vec<_> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|source| ConnectFailure::Resolve {
+            addr: addr.to_string(),
+            source,
+        })?
+        .collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no addresses");
+    for a in addrs {
+        match connect(a).await {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e,
+        }
+    }
+    Err(ConnectFailure::Refused {
+        addr: addr.to_string(),
+        source: last,
+    })
+}
+
+/// A connected stream, and whether the handshake had finished when `connect()` returned (then
+/// the runtime has not yet reported the socket writable: [`EagerStream`] writes anyway).
+pub(super) struct Connected {
+    pub tcp: TcpStream,
+    pub early: bool,
+}
+
+async fn connect(addr: SocketAddr) -> io::Result<Connected> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_nodelay(true);
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let tcp = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    // A socket still in SYN-SENT has no peer yet (ENOTCONN); one with a peer is established.
+    if tcp.peer_addr().is_ok() {
+        return Ok(Connected { tcp, early: true });
+    }
+    tcp.writable().await?;
+    if let Some(e) = tcp.take_error()? {
+        return Err(e);
+    }
+    // Writable without an error but no peer: the connection was reset meanwhile.
+    tcp.peer_addr()?;
+    Ok(Connected { tcp, early: false })
+}
+
+/// A TCP stream whose writes go straight to the socket until one would block, instead of first
+/// waiting for a readiness event the runtime has not delivered yet. After the first `EAGAIN` it is
+/// the plain tokio stream (whose readiness then comes from the event the registration produced).
+/// Reads are untouched: an answer cannot be there before the runtime polls for it.
+pub(super) struct EagerStream {
+    tcp: TcpStream,
+    eager: bool,
+}
+
+impl EagerStream {
+    pub fn new(c: Connected) -> EagerStream {
+        EagerStream {
+            tcp: c.tcp,
+            eager: c.early,
+        }
+    }
+
+    /// One direct write; `None` when it would block (fall back to the runtime's readiness).
+    fn direct(
+        &mut self,
+        write: impl FnOnce(SockRef<'_>) -> io::Result<usize>,
+    ) -> Option<io::Result<usize>> {
+        match write(SockRef::from(&self.tcp)) {
+            Ok(n) => Some(Ok(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.eager = false;
+                None
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+impl AsyncRead for EagerStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for EagerStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.eager {
+            if let Some(r) = self.direct(|s| s.send(buf)) {
+                return Poll::Ready(r);
+            }
+        }
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.eager {
+            if let Some(r) = self.direct(|s| s.send_vectored(bufs)) {
+                return Poll::Ready(r);
+            }
+        }
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn a_loopback_connect_is_established_and_writes_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let c = dial(&addr).await.unwrap();
+        assert!(c.early, "loopback handshakes finish inside connect()");
+        assert!(c.tcp.nodelay().unwrap());
+        let mut s = EagerStream::new(c);
+        // The write completes in its first poll, before the runtime ever polled its driver for
+        // this socket.
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let polled = Pin::new(&mut s).poll_write(&mut cx, b"GET / HTTP/1.1\r\n\r\n");
+        assert!(matches!(polled, Poll::Ready(Ok(18))), "{polled:?}");
+        let (mut peer, _) = listener.accept().await.unwrap();
+        let mut got = [0u8; 18];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"GET / HTTP/1.1\r\n\r\n");
+        peer.write_all(b"pong").await.unwrap();
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"pong");
+    }
+
+    #[tokio::test]
+    async fn a_full_socket_falls_back_to_readiness_and_loses_no_byte() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut s = EagerStream::new(dial(&addr).await.unwrap());
+        let (mut peer, _) = listener.accept().await.unwrap();
+        // Far more than the socket buffers hold: the direct writes hit EAGAIN, the rest waits
+        // for readiness while the peer reads.
+        let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+        let expect = data.clone();
+        let writer = tokio::spawn(async move {
+            s.write_all(&data).await.unwrap();
+            s.shutdown().await.unwrap();
+            s.eager
+        });
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).await.unwrap();
+        assert!(!writer.await.unwrap(), "the socket filled up at least once");
+        assert_eq!(got.len(), expect.len());
+        assert!(got == expect);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_an_error_of_the_dial() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let err = dial(&addr).await.err().unwrap();
+        assert!(matches!(err, ConnectFailure::Refused { .. }), "{err}");
+    }
+}

@@ -1,0 +1,332 @@
+//! Whole-body GETs for the gateway's own fetches (the playlist and the guide): one HTTP/1.1
+//! exchange per hop on a fresh connection from the client's connector (address guard, proxy
+//! routes, setup limit, TLS when built), redirects followed and bounded, the body read by
+//! `Content-Length`, chunked coding or connection close, bounded in size, under the client's
+//! header and idle-read deadlines.
+//!
+//! Not the pooled client: these fetches happen minutes apart, so a kept-alive connection would
+//! only sit idle, and the gateway-only build then needs neither hyper's client nor `url`.
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap, Method, StatusCode, Uri};
+use sluice_http::chunked;
+use sluice_http::response_head::{BodyLength, ResponseHead};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::connector::Conn;
+use super::h1::{self, Exchange};
+use super::{Upstream, UpstreamError};
+
+/// A fetched response: head and whole body.
+#[derive(Debug)]
+pub struct Fetched {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// Why a fetch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("not an absolute http or https URL")]
+    BadUrl,
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("upstream {host} sent nothing for {secs} s")]
+    Idle { host: String, secs: u64 },
+    #[error("upstream body larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("upstream {host} body: {detail}")]
+    Body { host: String, detail: String },
+}
+
+/// Checks that `url` can be fetched: absolute, `http` or `https`, with a host.
+pub fn parse_url(url: &str) -> Result<Uri, FetchError> {
+    let uri: Uri = url.trim().parse().map_err(|_| FetchError::BadUrl)?;
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    if !scheme_ok || uri.host().is_none_or(str::is_empty) {
+        return Err(FetchError::BadUrl);
+    }
+    Ok(uri)
+}
+
+/// `host[:port]` as the `Host` field carries it: the authority without user info.
+fn host_field(uri: &Uri) -> String {
+    let host = uri.host().unwrap_or("");
+    match uri.port_u16() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    }
+}
+
+/// Scheme, host and port: requests keep their credentials only while these stay the same.
+fn origin(uri: &Uri) -> (Option<&str>, String, Option<u16>) {
+    let default = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    (
+        uri.scheme_str(),
+        uri.host().unwrap_or("").to_ascii_lowercase(),
+        Some(uri.port_u16().unwrap_or(default)),
+    )
+}
+
+impl Upstream {
+    /// GETs `url` with `headers`, following redirects, and reads the whole body, refusing more
+    /// than `limit` bytes. Any status is returned; the caller decides what it accepts.
+    pub async fn fetch(
+        &self,
+        url: &str,
+        mut headers: HeaderMap,
+        limit: usize,
+    ) -> Result<Fetched, FetchError> {
+        let mut uri = parse_url(url)?;
+        let mut redirects = 0;
+        loop {
+            let host = uri.host().unwrap_or("").to_string();
+            let (head, conn, early) = self.exchange(&uri, &headers).await?;
+            let location = head.headers.get(header::LOCATION);
+            let redirect = matches!(head.status.as_u16(), 301 | 302 | 303 | 307 | 308);
+            let (true, Some(location)) = (redirect, location) else {
+                let body = self.read_body(&head, conn, early, limit, &host).await?;
+                return Ok(Fetched {
+                    status: head.status,
+                    headers: head.headers,
+                    body,
+                });
+            };
+            let bad = || UpstreamError::BadRedirect {
+                host: host.clone(),
+                location: String::from_utf8_lossy(location.as_bytes()).into_owned(),
+            };
+            let text = location.to_str().map_err(|_| bad())?;
+            let next = sluice_http::location::resolve(&uri, text).map_err(|_| bad())?;
+            redirects += 1;
+            if redirects > self.max_redirects {
+                return Err(UpstreamError::TooManyRedirects {
+                    host,
+                    limit: self.max_redirects,
+                }
+                .into());
+            }
+            if origin(&next) != origin(&uri) {
+                for name in [
+                    header::AUTHORIZATION,
+                    header::COOKIE,
+                    header::PROXY_AUTHORIZATION,
+                ] {
+                    headers.remove(name);
+                }
+            }
+            uri = next;
+        }
+    }
+
+    /// Connects, sends the request and reads the response head (skipping interim 1xx heads)
+    /// within the header deadline.
+    async fn exchange(
+        &self,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<(ResponseHead, Conn, Bytes), UpstreamError> {
+        let host = uri.host().unwrap_or("").to_string();
+        let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let head = h1::request_head(
+            &Method::GET,
+            target,
+            &host_field(uri),
+            headers,
+            &self.user_agent,
+            true,
+        );
+        self.metrics.requests.inc();
+        let mut conn = self.connector.open(uri).await?;
+        let protocol = |detail: String| UpstreamError::Protocol {
+            host: host.clone(),
+            detail,
+        };
+        let exchange = async {
+            let (mut head, mut early) = h1::exchange(&mut conn, &head).await?;
+            while head.status.is_informational() {
+                if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(Exchange::Failed("unasked protocol switch".into()));
+                }
+                (head, early) = h1::read_head(&mut conn, BytesMut::from(&early[..])).await?;
+            }
+            Ok((head, early))
+        };
+        let got = tokio::time::timeout(self.header_timeout, exchange)
+            .await
+            .map_err(|_| UpstreamError::HeaderTimeout {
+                host: host.clone(),
+                secs: self.header_timeout.as_secs(),
+            })?;
+        match got {
+            Ok((head, early)) => Ok((head, conn, early)),
+            Err(Exchange::Closed) => {
+                Err(protocol("connection closed before a response head".into()))
+            }
+            Err(Exchange::Failed(detail)) => Err(protocol(detail)),
+        }
+    }
+
+    /// Reads the body after `head`: `early` came with the head, the rest from `conn`.
+    async fn read_body(
+        &self,
+        head: &ResponseHead,
+        mut conn: Conn,
+        early: Bytes,
+        limit: usize,
+        host: &str,
+    ) -> Result<Bytes, FetchError> {
+        let body_err = |detail: String| FetchError::Body {
+            host: host.to_string(),
+            detail,
+        };
+        let length = head
+            .body_length(false)
+            .map_err(|e| body_err(e.to_string()))?;
+        let mut out = Vec::new();
+        match length {
+            BodyLength::Empty => {}
+            BodyLength::Exact(n) => {
+                if n > limit as u64 {
+                    return Err(FetchError::TooLarge { limit });
+                }
+                let n = n as usize;
+                // What the origin claims, up to a first MiB: the rest grows as bytes arrive.
+                out.reserve_exact(n.min(1 << 20));
+                let mut input = early;
+                loop {
+                    let take = input.len().min(n - out.len());
+                    out.extend_from_slice(&input[..take]);
+                    if out.len() == n {
+                        break;
+                    }
+                    input = self.read_some(&mut conn, host).await?;
+                    if input.is_empty() {
+                        return Err(body_err(format!(
+                            "connection closed after {} of {n} bytes",
+                            out.len()
+                        )));
+                    }
+                }
+            }
+            BodyLength::Coded => {
+                if !chunked_only(&head.headers) {
+                    return Err(body_err("transfer coding other than chunked".to_string()));
+                }
+                let mut decoder = chunked::Decoder::new();
+                let mut input = early;
+                loop {
+                    decoder
+                        .decode(&input, &mut out)
+                        .map_err(|e| body_err(e.to_string()))?;
+                    if out.len() > limit {
+                        return Err(FetchError::TooLarge { limit });
+                    }
+                    if decoder.is_done() {
+                        break;
+                    }
+                    input = self.read_some(&mut conn, host).await?;
+                    if input.is_empty() {
+                        return Err(body_err("connection closed inside a chunked body".into()));
+                    }
+                }
+            }
+            BodyLength::UntilClose => {
+                let mut input = early;
+                loop {
+                    if out.len() + input.len() > limit {
+                        return Err(FetchError::TooLarge { limit });
+                    }
+                    out.extend_from_slice(&input);
+                    input = self.read_some(&mut conn, host).await?;
+                    if input.is_empty() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(Bytes::from(out))
+    }
+
+    /// The next bytes from `conn` (empty at its end), within the idle-read deadline; counted.
+    async fn read_some<S: AsyncRead + Unpin>(
+        &self,
+        conn: &mut S,
+        host: &str,
+    ) -> Result<Bytes, FetchError> {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let read = tokio::time::timeout(self.idle_timeout, conn.read_buf(&mut buf))
+            .await
+            .map_err(|_| FetchError::Idle {
+                host: host.to_string(),
+                secs: self.idle_timeout.as_secs(),
+            })?
+            .map_err(|e| FetchError::Body {
+                host: host.to_string(),
+                detail: e.to_string(),
+            })?;
+        self.metrics.bytes.inc_by(read as u64);
+        Ok(buf.freeze())
+    }
+}
+
+/// Whether `Transfer-Encoding` is exactly `chunked` (the only coding read here).
+fn chunked_only(headers: &HeaderMap) -> bool {
+    let mut codings = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty());
+    codings
+        .next()
+        .is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+        && codings.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_origins() {
+        assert!(parse_url("http://h.example/p?q").is_ok());
+        assert!(parse_url("https://u:p@h.example:8443/").is_ok());
+        for bad in [
+            "ftp://h/",
+            "/relative",
+            "http://",
+            "h.example/x",
+            "http://h/a b",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        let a = parse_url("http://H.example/x").unwrap();
+        assert_eq!(
+            origin(&a),
+            origin(&parse_url("http://h.example:80/y").unwrap())
+        );
+        assert_ne!(
+            origin(&a),
+            origin(&parse_url("https://h.example/x").unwrap())
+        );
+        assert_ne!(
+            origin(&a),
+            origin(&parse_url("http://h.example:81/x").unwrap())
+        );
+        assert_eq!(
+            host_field(&parse_url("http://u:p@h.example:8080/x").unwrap()),
+            "h.example:8080"
+        );
+        let mut te = HeaderMap::new();
+        te.append(header::TRANSFER_ENCODING, "Chunked".parse().unwrap());
+        assert!(chunked_only(&te));
+        te.append(header::TRANSFER_ENCODING, "gzip".parse().unwrap());
+        assert!(!chunked_only(&te));
+    }
+}
