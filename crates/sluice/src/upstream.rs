@@ -45,6 +45,14 @@ use connector::ConnInfo;
 pub use connector::ConnectError;
 use connector::Connector;
 
+/// Request fields that carry credentials: dropped when a redirect leaves the origin they were
+/// meant for (by both the pooled client and the gateway's fetches).
+const CREDENTIAL_FIELDS: [http::HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    http::header::COOKIE,
+    http::header::PROXY_AUTHORIZATION,
+];
+
 /// A request for an upstream: bodiless (GET or HEAD).
 #[cfg(feature = "upstream-pool")]
 #[derive(Debug, Clone)]
@@ -259,11 +267,7 @@ impl Upstream {
                 });
             }
             if next.origin() != url.origin() {
-                for name in [
-                    header::AUTHORIZATION,
-                    header::COOKIE,
-                    header::PROXY_AUTHORIZATION,
-                ] {
+                for name in CREDENTIAL_FIELDS {
                     headers.remove(name);
                 }
             }

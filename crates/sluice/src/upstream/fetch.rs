@@ -112,11 +112,7 @@ impl Upstream {
                 .into());
             }
             if origin(&next) != origin(&uri) {
-                for name in [
-                    header::AUTHORIZATION,
-                    header::COOKIE,
-                    header::PROXY_AUTHORIZATION,
-                ] {
+                for name in super::CREDENTIAL_FIELDS {
                     headers.remove(name);
                 }
             }
