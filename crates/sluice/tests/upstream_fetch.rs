@@ -515,7 +515,14 @@ async fn https_is_verified_and_read() {
             1 << 20,
         )
         .await;
-    assert!(got.is_err(), "the certificate does not name 127.0.0.1");
+    let err = got.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FetchError::Upstream(UpstreamError::Connect(ConnectError::Tls { .. }))
+        ),
+        "the certificate does not name 127.0.0.1, so the handshake must fail: {err}"
+    );
     let got = trusting.fetch(&url, HeaderMap::new(), 1 << 20).await;
     // `localhost` may resolve to ::1 first, where nothing listens: Happy Eyeballs falls back.
     let got = got.unwrap();

@@ -12,7 +12,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 
 /// Bytes a body hands its connection in a row before it yields. A yield costs one task switch,
@@ -51,7 +51,16 @@ impl Turn {
     pub fn hold(&mut self, cx: &mut Context<'_>) -> bool {
         if let Some(d) = &self.yielding {
             if !d.fired.load(Ordering::Acquire) {
-                return true;
+                // Wake whoever polled last (a future's contract), then look again: the
+                // deferred wake may have fired while the waker was being swapped.
+                let mut task = d.task.lock().unwrap_or_else(|e| e.into_inner());
+                if !task.will_wake(cx.waker()) {
+                    *task = cx.waker().clone();
+                }
+                drop(task);
+                if !d.fired.load(Ordering::Acquire) {
+                    return true;
+                }
             }
             self.yielding = None;
             self.sent = 0;
@@ -62,7 +71,7 @@ impl Turn {
         self.due = false;
         let deferred = Arc::new(Deferred {
             fired: AtomicBool::new(false),
-            task: cx.waker().clone(),
+            task: Mutex::new(cx.waker().clone()),
         });
         let waker = Waker::from(deferred.clone());
         let mut yielding = std::pin::pin!(tokio::task::yield_now());
@@ -93,7 +102,8 @@ impl Turn {
 /// The wake a yield hands the scheduler: marks the yield over, then wakes the body's task.
 struct Deferred {
     fired: AtomicBool,
-    task: Waker,
+    /// The task to wake: the one that polled the body last.
+    task: Mutex<Waker>,
 }
 
 impl Wake for Deferred {
@@ -103,7 +113,10 @@ impl Wake for Deferred {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.fired.store(true, Ordering::Release);
-        self.task.wake_by_ref();
+        self.task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wake_by_ref();
     }
 }
 

@@ -167,19 +167,16 @@ fn rewrite_entry(line: &str, base: &str) -> Option<String> {
 
 /// A playlist or guide location as logs and errors may show it: no user info and no query,
 /// where providers put account credentials (`user:pass@`, `?username=..&password=..`).
+/// Everything up to the last `@` goes, wherever it stands: a password with an unencoded `/`,
+/// `?` or `#` hides the end of the user info from a parser, not from this.
 pub(super) fn shown(location: &str) -> String {
-    let no_query = location.split(['?', '#']).next().unwrap_or("");
-    match no_query.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find('/').unwrap_or(rest.len());
-            let authority = &rest[..end];
-            let host = authority
-                .rfind('@')
-                .map_or(authority, |at| &authority[at + 1..]);
-            format!("{scheme}://{host}{}", &rest[end..])
-        }
-        None => no_query.to_string(),
-    }
+    let (prefix, rest) = match location.split_once("://") {
+        Some((scheme, rest)) => (&location[..scheme.len() + 3], rest),
+        None => ("", location),
+    };
+    let rest = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
+    let no_query = rest.split(['?', '#']).next().unwrap_or("");
+    format!("{prefix}{no_query}")
 }
 
 /// Where the playlist comes from.
@@ -345,6 +342,14 @@ http://gw/rtp/239.1.1.1:5000\n";
         assert_eq!(shown("https://h.example#frag"), "https://h.example");
         assert_eq!(shown("/etc/sluice/list.m3u"), "/etc/sluice/list.m3u");
         assert_eq!(shown("ht tp://a@b/c?d"), "ht tp://b/c");
+        // Unencoded `/`, `?`, `#` in a password.
+        assert_eq!(
+            shown("http://user:pa/ss@host/list.m3u"),
+            "http://host/list.m3u"
+        );
+        assert_eq!(shown("http://u:p?x@host/l.m3u"), "http://host/l.m3u");
+        assert_eq!(shown("http://u:p#x@host/l.m3u"), "http://host/l.m3u");
+        assert_eq!(shown("user:pw@host/l.m3u"), "host/l.m3u");
     }
 
     #[test]

@@ -138,7 +138,16 @@ impl Upstream {
             true,
         );
         self.metrics.requests.inc();
-        let mut conn = self.connector.open(uri).await?;
+        // One time-to-headers deadline from here: the wait for a setup slot and the connect
+        // count against it, as for the pooled client's requests.
+        let deadline = tokio::time::Instant::now() + self.header_timeout;
+        let timed_out = || UpstreamError::HeaderTimeout {
+            host: host.clone(),
+            secs: self.header_timeout.as_secs(),
+        };
+        let mut conn = tokio::time::timeout_at(deadline, self.connector.open(uri))
+            .await
+            .map_err(|_| timed_out())??;
         let protocol = |detail: String| UpstreamError::Protocol {
             host: host.clone(),
             detail,
@@ -153,12 +162,9 @@ impl Upstream {
             }
             Ok((head, early))
         };
-        let got = tokio::time::timeout(self.header_timeout, exchange)
+        let got = tokio::time::timeout_at(deadline, exchange)
             .await
-            .map_err(|_| UpstreamError::HeaderTimeout {
-                host: host.clone(),
-                secs: self.header_timeout.as_secs(),
-            })?;
+            .map_err(|_| timed_out())?;
         match got {
             Ok((head, early)) => Ok((head, conn, early)),
             Err(Exchange::Closed) => {

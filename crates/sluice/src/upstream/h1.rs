@@ -2,7 +2,7 @@
 //! read with `sluice_http::response_head` (shared by `raw`, which splices bodies, and `fetch`,
 //! which reads whole ones).
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method};
@@ -20,11 +20,11 @@ pub enum Exchange {
 }
 
 /// Writes the request head and reads the response head (and whatever body came with it).
-pub async fn exchange<S>(socket: &mut S, head: &str) -> Result<(ResponseHead, Bytes), Exchange>
+pub async fn exchange<S>(socket: &mut S, head: &[u8]) -> Result<(ResponseHead, Bytes), Exchange>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    if let Err(e) = socket.write_all(head.as_bytes()).await {
+    if let Err(e) = socket.write_all(head).await {
         return Err(match e.kind() {
             std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
                 Exchange::Closed
@@ -97,8 +97,8 @@ pub fn request_head(
     headers: &HeaderMap,
     user_agent: &HeaderValue,
     close: bool,
-) -> String {
-    let mut head = String::with_capacity(256);
+) -> Vec<u8> {
+    let mut head = Vec::with_capacity(256);
     let _ = write!(head, "{method} {target} HTTP/1.1\r\n");
     if !headers.contains_key(header::HOST) {
         let _ = write!(head, "host: {host}\r\n");
@@ -117,18 +117,18 @@ pub fn request_head(
         push_field(&mut head, name.as_str(), value.as_bytes());
     }
     if close {
-        head.push_str("connection: close\r\n");
+        head.extend_from_slice(b"connection: close\r\n");
     }
-    head.push_str("\r\n");
+    head.extend_from_slice(b"\r\n");
     head
 }
 
-fn push_field(head: &mut String, name: &str, value: &[u8]) {
-    head.push_str(name);
-    head.push_str(": ");
-    // Visible ASCII passes as is; other bytes (obs-text) as Latin-1, the way they arrived.
-    head.extend(value.iter().map(|&b| b as char));
-    head.push_str("\r\n");
+fn push_field(head: &mut Vec<u8>, name: &str, value: &[u8]) {
+    head.extend_from_slice(name.as_bytes());
+    head.extend_from_slice(b": ");
+    // Byte for byte, the way the value arrived (obs-text included).
+    head.extend_from_slice(value);
+    head.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
@@ -150,7 +150,7 @@ mod tests {
         );
         assert_eq!(
             head,
-            "GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
+            b"GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
              referer: http://r/\r\n\r\n"
         );
         let mut own = HeaderMap::new();
@@ -165,7 +165,24 @@ mod tests {
         );
         assert_eq!(
             head,
-            "GET / HTTP/1.1\r\nuser-agent: ua\r\nhost: other\r\nconnection: close\r\n\r\n"
+            b"GET / HTTP/1.1\r\nuser-agent: ua\r\nhost: other\r\nconnection: close\r\n\r\n"
         );
+        // A value with obs-text goes out byte for byte (UTF-8 in, the same UTF-8 out).
+        let mut odd = HeaderMap::new();
+        odd.insert(
+            "x-name",
+            HeaderValue::from_bytes("caf\u{e9}".as_bytes()).unwrap(),
+        );
+        let head = request_head(
+            &Method::GET,
+            "/",
+            "h",
+            &odd,
+            &HeaderValue::from_static("ua"),
+            false,
+        );
+        let want: &[u8] =
+            b"GET / HTTP/1.1\r\nhost: h\r\nuser-agent: ua\r\nx-name: caf\xc3\xa9\r\n\r\n";
+        assert_eq!(head, want);
     }
 }

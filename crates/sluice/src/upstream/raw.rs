@@ -179,7 +179,7 @@ impl Upstream {
 }
 
 /// The request head of `req` (an `http` URL) for a kept-alive connection.
-fn request_head(req: &UpstreamRequest, user_agent: &http::HeaderValue) -> String {
+fn request_head(req: &UpstreamRequest, user_agent: &http::HeaderValue) -> Vec<u8> {
     let url = &req.url;
     let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let host = match (url.host_str(), url.port()) {
@@ -203,7 +203,7 @@ mod tests {
         let head = request_head(&req, &http::HeaderValue::from_static("sluice"));
         assert_eq!(
             head,
-            "GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
+            b"GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
              referer: http://r/\r\n\r\n"
         );
     }

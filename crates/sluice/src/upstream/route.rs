@@ -137,15 +137,19 @@ fn parse_via(proxy: &str) -> Result<Via, RouteError> {
         Some(p) => p.parse::<u16>().map_err(|_| bad("bad port"))?,
         None => default_port,
     };
-    let auth = userinfo.filter(|u| !u.is_empty()).map(|u| {
-        let (user, pass) = u.split_once(':').unwrap_or((u, ""));
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        (decode(user), decode(pass))
-    });
+    // A user name is required for credentials to mean anything (RFC 1929 and Basic both
+    // start from it): `socks5://:pw@h` sends none, as it did before.
+    let auth = userinfo
+        .filter(|u| !u.is_empty() && !u.starts_with(':'))
+        .map(|u| {
+            let (user, pass) = u.split_once(':').unwrap_or((u, ""));
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            (decode(user), decode(pass))
+        });
     let addr = format!("{host}:{port}");
     Ok(match scheme.as_str() {
         "http" => Via::HttpConnect { addr, auth },
@@ -271,6 +275,14 @@ mod tests {
             Via::HttpConnect {
                 addr: "proxy.example:80".into(),
                 auth: None
+            }
+        );
+        assert_eq!(
+            via("socks5://:pw@10.0.0.1").unwrap(),
+            Via::Socks5 {
+                addr: "10.0.0.1:1080".into(),
+                auth: None,
+                remote_dns: false
             }
         );
         assert_eq!(
