@@ -62,6 +62,9 @@ pub struct IptvConfig {
     pub epg_refresh_secs: u64,
     /// Largest guide accepted, decompressed and as downloaded.
     pub epg_max_bytes: usize,
+    /// Longest a whole guide fetch may take (connect to last byte); a source that trickles is
+    /// cut, and requests waiting for the guide get 504 instead of waiting with it.
+    pub epg_fetch_timeout_secs: u64,
     /// Subscribers across all channels (0 = unlimited); beyond it requests get 503.
     pub max_subscribers: usize,
     /// Subscribers of one channel (0 = unlimited); beyond it requests get 429.
@@ -118,6 +121,7 @@ crate::config::section::config_section!(IptvConfig {
     epg_url,
     epg_refresh_secs,
     epg_max_bytes,
+    epg_fetch_timeout_secs,
     max_subscribers,
     max_subscribers_per_channel,
     max_channels,
@@ -149,6 +153,7 @@ impl Default for IptvConfig {
             epg_url: None,
             epg_refresh_secs: 6 * 3600,
             epg_max_bytes: 64 * 1024 * 1024,
+            epg_fetch_timeout_secs: 120,
             max_subscribers: 256,
             max_subscribers_per_channel: 64,
             max_channels: 64,
@@ -197,6 +202,9 @@ impl IptvConfig {
         }
         if self.epg_refresh_secs == 0 {
             return bad("epg_refresh_secs", "must be positive");
+        }
+        if self.epg_fetch_timeout_secs == 0 {
+            return bad("epg_fetch_timeout_secs", "must be positive");
         }
         if self.epg_max_bytes < 1024 {
             return bad("epg_max_bytes", "must be at least 1024");
@@ -304,6 +312,7 @@ impl Iptv {
             config.epg_url.clone(),
             Duration::from_secs(config.epg_refresh_secs),
             config.epg_max_bytes,
+            Duration::from_secs(config.epg_fetch_timeout_secs),
         ));
         if playlist.is_some() || config.epg_url.is_some() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -431,6 +440,9 @@ impl Iptv {
         }
         let guide = match self.epg.get(source).await {
             Ok(g) => g,
+            Err(e @ epg::EpgError::TimedOut(_)) => {
+                return text(StatusCode::GATEWAY_TIMEOUT, &format!("{e}\n"))
+            }
             Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{e}\n")),
         };
         let form = epg::Form::choose(gz_file, &req.headers);

@@ -247,6 +247,54 @@ async fn guide_errors_are_clear() {
     assert_eq!(resp.status(), 502);
     assert_eq!(body, b"EPG larger than iptv.epg_max_bytes (4096 bytes)\n");
 
+    // A source that trickles a byte every 200 ms (each read inside the idle deadline) is cut
+    // by the whole-fetch bound: 504 with the reason, in about that bound, and the next request
+    // is not held behind it.
+    let trickle = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let slow = trickle.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = trickle.accept().await {
+            tokio::spawn(async move {
+                let mut req = [0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut tcp, &mut req).await;
+                let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n<tv>";
+                if tokio::io::AsyncWriteExt::write_all(&mut tcp, head)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                for _ in 0..200 {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if tokio::io::AsyncWriteExt::write_all(&mut tcp, b" ")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut cfg = config();
+    cfg.epg_url = Some(format!("http://{slow}/guide.xml"));
+    cfg.epg_fetch_timeout_secs = 1;
+    let gw = Gateway::start(cfg).await;
+    for _ in 0..2 {
+        let began = std::time::Instant::now();
+        let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
+        assert_eq!(resp.status(), 504);
+        assert_eq!(
+            body,
+            b"EPG fetch took longer than iptv.epg_fetch_timeout_secs (1 s)\n"
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "cut after {:?}",
+            began.elapsed()
+        );
+    }
+
     // An HTML error page is not a guide.
     state.lock().unwrap().body = b"<html><body>maintenance</body></html>".to_vec();
     state.lock().unwrap().etag = "\"h\"".into();

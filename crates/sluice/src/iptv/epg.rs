@@ -36,6 +36,8 @@ pub enum EpgError {
     Gzip(String),
     #[error("EPG is not XMLTV (no <tv> root near the start)")]
     NotXmltv,
+    #[error("EPG fetch took longer than iptv.epg_fetch_timeout_secs ({0} s)")]
+    TimedOut(u64),
 }
 
 /// One fetched guide.
@@ -60,6 +62,8 @@ pub struct Epg {
     configured: Option<String>,
     refresh: Duration,
     max_bytes: usize,
+    /// Bound on one whole fetch (`iptv.epg_fetch_timeout_secs`).
+    fetch_timeout: Duration,
     current: RwLock<Option<(Instant, Arc<Guide>)>>,
     /// Held across a fetch so concurrent requests share it.
     fetching: Mutex<()>,
@@ -84,12 +88,14 @@ impl Epg {
         configured: Option<String>,
         refresh: Duration,
         max_bytes: usize,
+        fetch_timeout: Duration,
     ) -> Self {
         Self {
             upstream,
             configured,
             refresh,
             max_bytes,
+            fetch_timeout,
             current: RwLock::new(None),
             fetching: Mutex::new(()),
         }
@@ -115,7 +121,14 @@ impl Epg {
         }
         let previous = self.cached();
         let outcome = match source {
-            Some(url) => self.fetch(&url, previous.as_deref()).await,
+            // Bounded as a whole: the client's deadlines are per read, and a source sending a
+            // byte now and then would otherwise hold `fetching`, and every request waiting on
+            // it, for as long as it likes.
+            Some(url) => {
+                tokio::time::timeout(self.fetch_timeout, self.fetch(&url, previous.as_deref()))
+                    .await
+                    .unwrap_or(Err(EpgError::TimedOut(self.fetch_timeout.as_secs())))
+            }
             None => Err(EpgError::NoSource),
         };
         match (outcome, previous) {
