@@ -409,7 +409,7 @@ async fn malformed_and_stalled_answers_are_errors() {
         "ftp://127.0.0.1/x",
         "127.0.0.1/x",
         "http:///x",
-        "http://h/a b",
+        "http://h b/a",
     ] {
         assert!(matches!(
             up.fetch(bad, HeaderMap::new(), 1024).await,

@@ -40,9 +40,25 @@ pub enum FetchError {
     Body { host: String, detail: String },
 }
 
+/// Bytes no URL may carry as they are, percent-encoded before parsing the way browsers and
+/// players send them (a playlist URL with a space or an accented letter in its path or query
+/// is common); non-ASCII bytes are encoded too. A `%` stays as written.
+const NOT_IN_URLS: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'<')
+    .add(b'>')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}');
+
 /// Checks that `url` can be fetched: absolute, `http` or `https`, with a host.
 pub fn parse_url(url: &str) -> Result<Uri, FetchError> {
-    let uri: Uri = url.trim().parse().map_err(|_| FetchError::BadUrl)?;
+    let encoded = percent_encoding::utf8_percent_encode(url.trim(), NOT_IN_URLS).to_string();
+    let uri: Uri = encoded.parse().map_err(|_| FetchError::BadUrl)?;
     let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
     if !scheme_ok || uri.host().is_none_or(str::is_empty) {
         return Err(FetchError::BadUrl);
@@ -304,10 +320,16 @@ mod tests {
             "/relative",
             "http://",
             "h.example/x",
-            "http://h/a b",
+            "http://h b/a",
+            "http://h\u{e9}.example/",
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+        // Spaces, quotes and non-ASCII in the path or query are sent encoded; `%XX` as written.
+        assert_eq!(
+            parse_url("http://h/a b/\"c\".m3u?n=caf\u{e9}&x=%41").unwrap(),
+            "http://h/a%20b/%22c%22.m3u?n=caf%C3%A9&x=%41"
+        );
         let a = parse_url("http://H.example/x").unwrap();
         assert_eq!(
             origin(&a),
