@@ -641,3 +641,18 @@ fn respond(
 fn text(status: StatusCode, msg: &str) -> Response<Body> {
     respond(status, "text/plain; charset=utf-8", msg.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_zero_guide_fetch_timeout_is_refused_by_name() {
+        let ok = super::IptvConfig::default();
+        assert!(ok.validate().is_ok());
+        let zero = super::IptvConfig {
+            epg_fetch_timeout_secs: 0,
+            ..super::IptvConfig::default()
+        };
+        let err = zero.validate().unwrap_err().to_string();
+        assert!(err.contains("epg_fetch_timeout_secs"), "{err}");
+    }
+}
