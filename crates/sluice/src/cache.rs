@@ -16,6 +16,7 @@
 //! - `disk`: the disk tier (checksummed slice files, bounded, rebuilt at start).
 //! - `fill`: one slice in flight, followed by its readers.
 //! - `writer`: the detached task that fetches a slice and feeds its fill and the tiers.
+//! - `lane`: the thread and runtime the writers run on (`fill_thread`).
 //! - `serve`: the request phases and response heads.
 //! - `stream`: the response body, slice after slice.
 //! - `origin`: an `Origin` over the shared upstream client.
@@ -28,6 +29,7 @@ pub mod config;
 pub mod disk;
 pub mod fill;
 pub mod index;
+mod lane;
 pub mod memory;
 pub mod metrics;
 pub mod object;
@@ -108,6 +110,10 @@ pub(crate) struct Inner {
     disk: Option<DiskTier>,
     index: ObjectIndex,
     inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
+    /// Where writers run: the fill lane, started by the first fill (`fill_thread`); `None` in it
+    /// when the lane is off or its thread could not start (writers then run on the caller's
+    /// runtime).
+    lane: std::sync::OnceLock<Option<lane::FillLane>>,
     permits: Arc<Semaphore>,
     revalidating: Mutex<HashSet<ObjectId>>,
     generation: AtomicU64,
@@ -186,6 +192,7 @@ impl Cache {
             disk,
             index,
             inflight: Mutex::new(HashMap::new()),
+            lane: std::sync::OnceLock::new(),
             permits: Arc::new(Semaphore::new(config.max_inflight_slices)),
             revalidating: Mutex::new(HashSet::new()),
             // Generations only need to differ between versions of one object; a random start
@@ -261,6 +268,15 @@ impl Cache {
         self.inner.index.len()
     }
 
+    /// Ends the fill lane at shutdown (after [`Cache::flush`]): writers still fetching end their
+    /// fills as failed; fills started afterwards run on the caller's runtime.
+    pub fn close(&self) {
+        let _ = self.inner.lane.set(None);
+        if let Some(Some(lane)) = self.inner.lane.get() {
+            lane.stop();
+        }
+    }
+
     /// For a graceful shutdown: waits (at most `grace`) until the slices and records queued for
     /// the disk tier are written, so they are hits after a restart. Returns whether all were.
     pub async fn flush(&self, grace: Duration) -> bool {
@@ -330,8 +346,32 @@ impl Inner {
         let fill = Fill::new();
         map.insert(key, fill.clone());
         drop(map);
-        tokio::spawn(writer::run(self.clone(), fill.clone(), key, make()));
+        let writer = writer::run(self.clone(), fill.clone(), key, make());
+        match self.lane().filter(|l| l.running()) {
+            Some(lane) => lane.spawn(writer),
+            None => drop(tokio::spawn(writer)),
+        }
         (fill, true)
+    }
+
+    /// The fill lane, started on first use unless `fill_thread` is off.
+    fn lane(&self) -> Option<&lane::FillLane> {
+        self.lane
+            .get_or_init(|| {
+                if !self.config.fill_thread {
+                    return None;
+                }
+                match lane::FillLane::start() {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        tracing::warn!(
+                            "cannot start the cache's fill thread ({e}): fills run on the connection runtime"
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
     }
 
     /// Removes `fill` from the in-flight map if it is still the one registered for `key`.

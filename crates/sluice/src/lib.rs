@@ -134,6 +134,7 @@ pub async fn serve_reloadable(
         if !cache.flush(grace).await {
             tracing::warn!("grace period over before the cache's disk queue was written out");
         }
+        cache.close();
     }
     Ok(())
 }

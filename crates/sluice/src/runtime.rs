@@ -1,6 +1,7 @@
 //! The runtime model (`server.runtime`): one work-stealing runtime for everything, or one
 //! current-thread runtime per core, each accepting on its own `SO_REUSEPORT` listener and keeping its
-//! own reverse proxy upstream pools. Also which per-core worker the calling thread is.
+//! own reverse proxy upstream pools. Also which per-core worker (or the cache's fill lane) the
+//! calling thread is, which picks its upstream pool.
 
 use std::cell::Cell;
 
@@ -29,16 +30,41 @@ pub fn threads(configured: usize) -> usize {
 }
 
 /// How many copies of each reverse proxy upstream pool to keep: one per per-core runtime, or one
-/// shared by all the work-stealing workers.
+/// shared by all the work-stealing workers; plus one, the last, for the cache's fill lane (its
+/// connections are registered with its own runtime and must stay there).
 pub fn pools(model: RuntimeModel, configured_threads: usize) -> usize {
-    match model {
+    let serving = match model {
         RuntimeModel::WorkStealing => 1,
         RuntimeModel::PerCore => threads(configured_threads),
+    };
+    serving + 1
+}
+
+/// Which of `count` pools (as built from [`pools`]) the calling thread uses: the last on the
+/// fill lane, its worker's among the others elsewhere.
+pub fn pool(count: usize) -> usize {
+    if count <= 1 {
+        return 0;
     }
+    if in_fill_lane() {
+        return count - 1;
+    }
+    worker() % (count - 1)
 }
 
 thread_local! {
     static WORKER: Cell<usize> = const { Cell::new(0) };
+    static FILL_LANE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as the cache's fill lane (`cache::lane`).
+pub fn enter_fill_lane() {
+    FILL_LANE.with(|l| l.set(true));
+}
+
+/// Whether the calling thread is the cache's fill lane.
+pub fn in_fill_lane() -> bool {
+    FILL_LANE.with(Cell::get)
 }
 
 /// Marks the calling thread as per-core worker `index` (its pools are `index`).
@@ -92,9 +118,9 @@ mod tests {
 
     #[test]
     fn pools_follow_the_model() {
-        assert_eq!(pools(RuntimeModel::WorkStealing, 8), 1);
-        assert_eq!(pools(RuntimeModel::PerCore, 3), 3);
-        assert!(pools(RuntimeModel::PerCore, 0) >= 1);
+        assert_eq!(pools(RuntimeModel::WorkStealing, 8), 2);
+        assert_eq!(pools(RuntimeModel::PerCore, 3), 4);
+        assert!(pools(RuntimeModel::PerCore, 0) >= 2);
         let m: RuntimeModel = serde_json::from_str("\"per-core\"").unwrap();
         assert_eq!(m, RuntimeModel::PerCore);
     }
@@ -104,5 +130,33 @@ mod tests {
         enter_worker(3);
         assert_eq!(worker(), 3);
         assert_eq!(std::thread::spawn(worker).join().unwrap(), 0);
+    }
+
+    #[test]
+    fn the_fill_lane_has_the_last_pool_and_workers_the_others() {
+        // Per-core with 3 workers: pools 0..3 for the workers, 3 for the lane.
+        let count = pools(RuntimeModel::PerCore, 3);
+        let picks = std::thread::spawn(move || {
+            (0..3)
+                .map(|i| {
+                    enter_worker(i);
+                    pool(count)
+                })
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(picks, vec![0, 1, 2]);
+        let lane = std::thread::spawn(move || {
+            enter_fill_lane();
+            (in_fill_lane(), pool(count), pool(pools(RuntimeModel::WorkStealing, 1)))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(lane, (true, 3, 1));
+        // Work-stealing workers share pool 0; a single pool (built elsewhere) is everyone's.
+        assert_eq!(pool(pools(RuntimeModel::WorkStealing, 4)), 0);
+        assert_eq!(pool(1), 0);
+        assert!(!in_fill_lane());
     }
 }
