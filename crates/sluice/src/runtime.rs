@@ -158,7 +158,11 @@ mod tests {
         assert_eq!(picks, vec![0, 1, 2]);
         let lane = std::thread::spawn(move || {
             enter_fill_lane();
-            (in_fill_lane(), pool(count), pool(pools(RuntimeModel::WorkStealing, 1)))
+            (
+                in_fill_lane(),
+                pool(count),
+                pool(pools(RuntimeModel::WorkStealing, 1)),
+            )
         })
         .join()
         .unwrap();
