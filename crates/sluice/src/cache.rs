@@ -110,15 +110,28 @@ pub(crate) struct Inner {
     disk: Option<DiskTier>,
     index: ObjectIndex,
     inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
-    /// Where writers run: the fill lane, started by the first fill (`fill_thread`); `None` in it
-    /// when the lane is off or its thread could not start (writers then run on the caller's
-    /// runtime).
-    lane: std::sync::OnceLock<Option<lane::FillLane>>,
+    /// Where writers run: the fill lane (`fill_thread`), started with the cache so the first
+    /// fill finds its thread asleep in its event loop; `None` when the lane is off or its thread
+    /// could not start (writers then run on the caller's runtime).
+    lane: Option<lane::FillLane>,
     permits: Arc<Semaphore>,
     revalidating: Mutex<HashSet<ObjectId>>,
     generation: AtomicU64,
     metrics: metrics::CacheMetrics,
     api_password: Option<String>,
+}
+
+/// Starts the fill lane; on failure fills run on the connection runtime.
+fn start_lane() -> Option<lane::FillLane> {
+    match lane::FillLane::start() {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(
+                "cannot start the cache's fill thread ({e}): fills run on the connection runtime"
+            );
+            None
+        }
+    }
 }
 
 /// Why the service could not start.
@@ -192,7 +205,7 @@ impl Cache {
             disk,
             index,
             inflight: Mutex::new(HashMap::new()),
-            lane: std::sync::OnceLock::new(),
+            lane: config.fill_thread.then(start_lane).flatten(),
             permits: Arc::new(Semaphore::new(config.max_inflight_slices)),
             revalidating: Mutex::new(HashSet::new()),
             // Generations only need to differ between versions of one object; a random start
@@ -271,8 +284,7 @@ impl Cache {
     /// Ends the fill lane at shutdown (after [`Cache::flush`]): writers still fetching end their
     /// fills as failed; fills started afterwards run on the caller's runtime.
     pub fn close(&self) {
-        let _ = self.inner.lane.set(None);
-        if let Some(Some(lane)) = self.inner.lane.get() {
+        if let Some(lane) = &self.inner.lane {
             lane.stop();
         }
     }
@@ -347,31 +359,16 @@ impl Inner {
         map.insert(key, fill.clone());
         drop(map);
         let writer = writer::run(self.clone(), fill.clone(), key, make());
-        match self.lane().filter(|l| l.running()) {
+        match self.lane() {
             Some(lane) => lane.spawn(writer),
             None => drop(tokio::spawn(writer)),
         }
         (fill, true)
     }
 
-    /// The fill lane, started on first use unless `fill_thread` is off.
+    /// The fill lane, unless it is off or stopped.
     fn lane(&self) -> Option<&lane::FillLane> {
-        self.lane
-            .get_or_init(|| {
-                if !self.config.fill_thread {
-                    return None;
-                }
-                match lane::FillLane::start() {
-                    Ok(l) => Some(l),
-                    Err(e) => {
-                        tracing::warn!(
-                            "cannot start the cache's fill thread ({e}): fills run on the connection runtime"
-                        );
-                        None
-                    }
-                }
-            })
-            .as_ref()
+        self.lane.as_ref().filter(|l| l.running())
     }
 
     /// Removes `fill` from the in-flight map if it is still the one registered for `key`.
