@@ -16,7 +16,6 @@
 //! - `disk`: the disk tier (checksummed slice files, bounded, rebuilt at start).
 //! - `fill`: one slice in flight, followed by its readers.
 //! - `writer`: the detached task that fetches a slice and feeds its fill and the tiers.
-//! - `lane`: the thread and runtime the writers run on (`fill_thread`).
 //! - `serve`: the request phases and response heads.
 //! - `stream`: the response body, slice after slice.
 //! - `origin`: an `Origin` over the shared upstream client.
@@ -29,7 +28,6 @@ pub mod config;
 pub mod disk;
 pub mod fill;
 pub mod index;
-mod lane;
 pub mod memory;
 pub mod metrics;
 pub mod object;
@@ -110,28 +108,11 @@ pub(crate) struct Inner {
     disk: Option<DiskTier>,
     index: ObjectIndex,
     inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
-    /// Where writers run: the fill lane (`fill_thread`), started with the cache so the first
-    /// fill finds its thread asleep in its event loop; `None` when the lane is off or its thread
-    /// could not start (writers then run on the caller's runtime).
-    lane: Option<lane::FillLane>,
     permits: Arc<Semaphore>,
     revalidating: Mutex<HashSet<ObjectId>>,
     generation: AtomicU64,
     metrics: metrics::CacheMetrics,
     api_password: Option<String>,
-}
-
-/// Starts the fill lane; on failure fills run on the connection runtime.
-fn start_lane() -> Option<lane::FillLane> {
-    match lane::FillLane::start() {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::warn!(
-                "cannot start the cache's fill thread ({e}): fills run on the connection runtime"
-            );
-            None
-        }
-    }
 }
 
 /// Why the service could not start.
@@ -205,7 +186,6 @@ impl Cache {
             disk,
             index,
             inflight: Mutex::new(HashMap::new()),
-            lane: config.fill_thread.then(start_lane).flatten(),
             permits: Arc::new(Semaphore::new(config.max_inflight_slices)),
             revalidating: Mutex::new(HashSet::new()),
             // Generations only need to differ between versions of one object; a random start
@@ -281,14 +261,6 @@ impl Cache {
         self.inner.index.len()
     }
 
-    /// Ends the fill lane at shutdown (after [`Cache::flush`]): writers still fetching end their
-    /// fills as failed; fills started afterwards run on the caller's runtime.
-    pub fn close(&self) {
-        if let Some(lane) = &self.inner.lane {
-            lane.stop();
-        }
-    }
-
     /// For a graceful shutdown: waits (at most `grace`) until the slices and records queued for
     /// the disk tier are written, so they are hits after a restart. Returns whether all were.
     pub async fn flush(&self, grace: Duration) -> bool {
@@ -358,17 +330,8 @@ impl Inner {
         let fill = Fill::new();
         map.insert(key, fill.clone());
         drop(map);
-        let writer = writer::run(self.clone(), fill.clone(), key, make());
-        match self.lane() {
-            Some(lane) => lane.spawn(writer),
-            None => drop(tokio::spawn(writer)),
-        }
+        tokio::spawn(writer::run(self.clone(), fill.clone(), key, make()));
         (fill, true)
-    }
-
-    /// The fill lane, unless it is off or stopped.
-    fn lane(&self) -> Option<&lane::FillLane> {
-        self.lane.as_ref().filter(|l| l.running())
     }
 
     /// Removes `fill` from the in-flight map if it is still the one registered for `key`.

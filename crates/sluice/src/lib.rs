@@ -134,7 +134,6 @@ pub async fn serve_reloadable(
         if !cache.flush(grace).await {
             tracing::warn!("grace period over before the cache's disk queue was written out");
         }
-        cache.close();
     }
     Ok(())
 }

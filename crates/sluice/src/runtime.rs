@@ -1,7 +1,6 @@
 //! The runtime model (`server.runtime`): one work-stealing runtime for everything, or one
 //! current-thread runtime per core, each accepting on its own `SO_REUSEPORT` listener and keeping its
-//! own reverse proxy upstream pools. Also which per-core worker (or the cache's fill lane) the
-//! calling thread is, which picks its upstream pool.
+//! own reverse proxy upstream pools. Also which per-core worker the calling thread is.
 
 use std::cell::Cell;
 
@@ -30,41 +29,16 @@ pub fn threads(configured: usize) -> usize {
 }
 
 /// How many copies of each reverse proxy upstream pool to keep: one per per-core runtime, or one
-/// shared by all the work-stealing workers; plus one, the last, for the cache's fill lane (its
-/// connections are registered with its own runtime and must stay there).
+/// shared by all the work-stealing workers.
 pub fn pools(model: RuntimeModel, configured_threads: usize) -> usize {
-    let serving = match model {
+    match model {
         RuntimeModel::WorkStealing => 1,
         RuntimeModel::PerCore => threads(configured_threads),
-    };
-    serving + 1
-}
-
-/// Which of `count` pools (as built from [`pools`]) the calling thread uses: the last on the
-/// fill lane, its worker's among the others elsewhere.
-pub fn pool(count: usize) -> usize {
-    if count <= 1 {
-        return 0;
     }
-    if in_fill_lane() {
-        return count - 1;
-    }
-    worker() % (count - 1)
 }
 
 thread_local! {
     static WORKER: Cell<usize> = const { Cell::new(0) };
-    static FILL_LANE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks the calling thread as the cache's fill lane (`cache::lane`).
-pub fn enter_fill_lane() {
-    FILL_LANE.with(|l| l.set(true));
-}
-
-/// Whether the calling thread is the cache's fill lane.
-pub fn in_fill_lane() -> bool {
-    FILL_LANE.with(Cell::get)
 }
 
 /// Marks the calling thread as per-core worker `index` (its pools are `index`).
@@ -77,13 +51,6 @@ pub fn worker() -> usize {
     WORKER.with(Cell::get)
 }
 
-/// Tasks a work-stealing worker runs between looks at its runtime's shared (inject) queue, where
-/// wakes from other threads land: the cache's fill lane wakes the readers of a fill from its own
-/// thread. tokio tunes this to ~200 µs of polls, but from an average that many tiny polls pull
-/// down, up to 127 tasks; a burst of 100 requests being read then kept the first readers of a
-/// fill waiting behind the whole burst. Looking costs one atomic load when the queue is empty.
-pub const SHARED_QUEUE_INTERVAL: u32 = 4;
-
 /// Builds the runtime `main` runs on: under per-core, it runs only the control plane (signals,
 /// reload, health checks, the TCP front end), so it gets one worker thread; the per-core runtimes
 /// are started by the server.
@@ -93,9 +60,7 @@ pub fn main_runtime(
     configured_threads: usize,
 ) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder
-        .enable_all()
-        .global_queue_interval(SHARED_QUEUE_INTERVAL);
+    builder.enable_all();
     match model {
         RuntimeModel::WorkStealing => {
             builder.worker_threads(threads(configured_threads));
@@ -127,9 +92,9 @@ mod tests {
 
     #[test]
     fn pools_follow_the_model() {
-        assert_eq!(pools(RuntimeModel::WorkStealing, 8), 2);
-        assert_eq!(pools(RuntimeModel::PerCore, 3), 4);
-        assert!(pools(RuntimeModel::PerCore, 0) >= 2);
+        assert_eq!(pools(RuntimeModel::WorkStealing, 8), 1);
+        assert_eq!(pools(RuntimeModel::PerCore, 3), 3);
+        assert!(pools(RuntimeModel::PerCore, 0) >= 1);
         let m: RuntimeModel = serde_json::from_str("\"per-core\"").unwrap();
         assert_eq!(m, RuntimeModel::PerCore);
     }
@@ -139,37 +104,5 @@ mod tests {
         enter_worker(3);
         assert_eq!(worker(), 3);
         assert_eq!(std::thread::spawn(worker).join().unwrap(), 0);
-    }
-
-    #[test]
-    fn the_fill_lane_has_the_last_pool_and_workers_the_others() {
-        // Per-core with 3 workers: pools 0..3 for the workers, 3 for the lane.
-        let count = pools(RuntimeModel::PerCore, 3);
-        let picks = std::thread::spawn(move || {
-            (0..3)
-                .map(|i| {
-                    enter_worker(i);
-                    pool(count)
-                })
-                .collect::<Vec<_>>()
-        })
-        .join()
-        .unwrap();
-        assert_eq!(picks, vec![0, 1, 2]);
-        let lane = std::thread::spawn(move || {
-            enter_fill_lane();
-            (
-                in_fill_lane(),
-                pool(count),
-                pool(pools(RuntimeModel::WorkStealing, 1)),
-            )
-        })
-        .join()
-        .unwrap();
-        assert_eq!(lane, (true, 3, 1));
-        // Work-stealing workers share pool 0; a single pool (built elsewhere) is everyone's.
-        assert_eq!(pool(pools(RuntimeModel::WorkStealing, 4)), 0);
-        assert_eq!(pool(1), 0);
-        assert!(!in_fill_lane());
     }
 }

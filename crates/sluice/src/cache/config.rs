@@ -105,9 +105,6 @@ pub struct CacheConfig {
     pub disk_write_timeout_ms: u64,
     /// Seconds a fill waits for the origin's response head.
     pub origin_header_timeout_secs: u64,
-    /// Run fills (origin connection, head, body into slices) on a thread of their own, so an
-    /// origin's answer is read as it arrives rather than after the clients queued before it.
-    pub fill_thread: bool,
     /// Seconds a fill waits for the next body bytes from the origin.
     pub origin_idle_timeout_secs: u64,
     /// Key accepted for `PURGE` (in `X-Purge-Key` or `Authorization: Bearer`); the API password is
@@ -144,7 +141,6 @@ impl Default for CacheConfig {
             disk_read_timeout_ms: 1000,
             disk_write_timeout_ms: 10_000,
             origin_header_timeout_secs: 30,
-            fill_thread: true,
             origin_idle_timeout_secs: 30,
             purge_key: String::new(),
             purge_allow: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],

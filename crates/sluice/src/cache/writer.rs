@@ -194,9 +194,10 @@ async fn fetch(
                         parts.status = StatusCode::OK;
                         parts.headers.remove(CONTENT_RANGE);
                     }
-                    // Out of the in-flight map before the waiters learn the answer: a request
-                    // that comes after it (the fill's readers may already be answered while
-                    // this thread is still here) must not join a fill that sends it away.
+                    // Out of the in-flight map before the waiters learn the answer: a reader on
+                    // another worker thread may be answered, and its client ask again, before
+                    // this task gets further, and that request must not join a fill that sends
+                    // it away.
                     inner.release(key, fill);
                     if ranged && !whole {
                         // A partial answer to a Range the client may not have sent: unusable.

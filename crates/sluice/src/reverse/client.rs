@@ -47,8 +47,7 @@ pub struct ServerConnector {
 pub type RouteClient = Client<ServerConnector, Body>;
 
 /// A route's pools: one client per per-core runtime (`server.runtime = "per-core"`), so a worker
-/// only reuses connections its own runtime drives, or a single shared one under work-stealing;
-/// and the last for the cache's fill lane (`runtime::pool`).
+/// only reuses connections its own runtime drives; a single shared one under work-stealing.
 pub struct RoutePools(Vec<RouteClient>);
 
 impl RoutePools {
@@ -67,7 +66,7 @@ impl RoutePools {
 
     /// The calling worker's pool.
     pub fn get(&self) -> &RouteClient {
-        &self.0[crate::runtime::pool(self.0.len())]
+        &self.0[crate::runtime::worker() % self.0.len()]
     }
 }
 
@@ -105,7 +104,7 @@ impl H1Pools {
         if self.0.is_empty() {
             return None;
         }
-        self.0.get(crate::runtime::pool(self.0.len()))
+        self.0.get(crate::runtime::worker() % self.0.len())
     }
 }
 
