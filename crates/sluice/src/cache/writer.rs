@@ -194,6 +194,11 @@ async fn fetch(
                         parts.status = StatusCode::OK;
                         parts.headers.remove(CONTENT_RANGE);
                     }
+                    // Out of the in-flight map before the waiters learn the answer: a reader on
+                    // another worker thread may be answered, and its client ask again, before
+                    // this task gets further, and that request must not join a fill that sends
+                    // it away.
+                    inner.release(key, fill);
                     if ranged && !whole {
                         // A partial answer to a Range the client may not have sent: unusable.
                         fill.finish(FillEnd::Pass {
@@ -495,5 +500,91 @@ pub(crate) fn not_storable_label(r: NotStorable) -> &'static str {
         NotStorable::VaryStar => "vary-star",
         NotStorable::SetCookie => "set-cookie",
         NotStorable::NoLifetime => "no-lifetime",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use crate::cache::{Cache, CacheConfig, OriginFuture};
+
+    /// Answers every request with a `no-store` 200.
+    struct NoStore;
+
+    impl Origin for NoStore {
+        fn fetch(&self, _req: Request<()>) -> OriginFuture {
+            Box::pin(async {
+                let mut r = Response::new(crate::body::boxed(http_body_util::Full::new(
+                    Bytes::from_static(b"not for the cache"),
+                )));
+                r.headers_mut()
+                    .insert(http::header::CACHE_CONTROL, "no-store".parse().unwrap());
+                Ok(r)
+            })
+        }
+    }
+
+    /// A waiting reader's waker that notes, when woken, whether its key is still in flight.
+    struct SeesMap {
+        inner: Arc<Inner>,
+        key: SliceKey,
+        in_flight_at_wake: Mutex<Option<bool>>,
+    }
+
+    impl Wake for SeesMap {
+        fn wake(self: Arc<Self>) {
+            let held = self.inner.inflight.lock().unwrap().contains_key(&self.key);
+            *self.in_flight_at_wake.lock().unwrap() = Some(held);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_uncacheable_answer_leaves_the_inflight_map_before_its_waiters_are_told() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&CacheConfig::default(), None, &mut registry).unwrap();
+        let inner = cache.inner.clone();
+        let key = SliceKey {
+            object: ObjectId::new("scope|/private", ""),
+            generation: 0,
+            index: 0,
+        };
+        let (fill, created) = inner.join_or_start(key, || FillJob {
+            request: Request::get("/private").body(()).unwrap(),
+            origin: Arc::new(NoStore),
+            kind: JobKind::Cold {
+                primary: "scope|/private".into(),
+                req_headers: HeaderMap::new(),
+                policy: CacheConfig::default().policy().freshness(),
+            },
+        });
+        assert!(created);
+        let sees = Arc::new(SeesMap {
+            inner: inner.clone(),
+            key,
+            in_flight_at_wake: Mutex::new(None),
+        });
+        let waker = Waker::from(sees.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut reader = fill.reader();
+        assert!(reader.poll_head(&mut cx).is_pending());
+        // The writer runs on this runtime; wait (bounded) for it to wake the reader.
+        for _ in 0..500 {
+            if sees.in_flight_at_wake.lock().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A request that arrives as soon as this reader is answered finds no fill to join.
+        assert_eq!(*sees.in_flight_at_wake.lock().unwrap(), Some(false));
+        assert!(matches!(
+            reader.poll_head(&mut cx),
+            Poll::Ready(Err(FillEnd::Pass { reason: "no-store" }))
+        ));
+        let resp = fill.take_pass().expect("the answer is left for the reader");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"not for the cache");
     }
 }
