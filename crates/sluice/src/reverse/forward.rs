@@ -53,7 +53,7 @@ pub enum FetchError {
 }
 
 impl FetchError {
-    fn into_proxy_error(self) -> ProxyError {
+    pub(super) fn into_proxy_error(self) -> ProxyError {
         let (status, kind) = match &self {
             FetchError::NoServer { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"),
             FetchError::Refused { .. } => (StatusCode::BAD_GATEWAY, "upstream_refused"),
@@ -677,7 +677,7 @@ fn classify(e: &SendFailure, group: &str, server: &Server) -> FetchError {
     }
 }
 
-fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
+pub(super) fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
     match cf {
         ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
             group: group.to_string(),
@@ -800,7 +800,7 @@ fn version_text(v: Version) -> &'static str {
 }
 
 /// Decrements a gauge when dropped.
-struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+pub(super) struct GaugeGuard(pub(super) prometheus_client::metrics::gauge::Gauge);
 
 impl Drop for GaugeGuard {
     fn drop(&mut self) {
@@ -809,14 +809,14 @@ impl Drop for GaugeGuard {
 }
 
 /// What happens when a response body ends: metrics, access log, and the in-flight marks released.
-struct Done {
-    access_log: Option<super::access_log::AccessLog>,
-    route: Arc<Route>,
-    start: Instant,
-    status: u16,
+pub(super) struct Done {
+    pub(super) access_log: Option<super::access_log::AccessLog>,
+    pub(super) route: Arc<Route>,
+    pub(super) start: Instant,
+    pub(super) status: u16,
     /// Present when there is an access log.
-    entry: Option<Entry>,
-    _hold: (InFlight, GaugeGuard),
+    pub(super) entry: Option<Entry>,
+    pub(super) _hold: (InFlight, GaugeGuard),
 }
 
 impl OnDone for Done {
