@@ -248,13 +248,14 @@ mod tests {
     #[test]
     fn skip_finds_the_same_end_as_decode_however_split() {
         let coded = b"5\r\nhello\r\n6;x=1\r\n world\r\n0\r\nT: 1\r\n\r\nNEXT";
+        let end = coded.len() - 4;
         for split in 0..coded.len() {
             let mut d = Decoder::new();
             let first = d.skip(&coded[..split]).unwrap();
-            assert_eq!(first, split);
-            let second = d.skip(&coded[split..]).unwrap();
+            assert_eq!(first, split.min(end));
+            let second = d.skip(&coded[first..]).unwrap();
             assert!(d.is_done(), "split at {split}");
-            assert_eq!(&coded[split + second..], b"NEXT");
+            assert_eq!(first + second, end);
         }
     }
 

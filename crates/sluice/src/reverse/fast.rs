@@ -84,7 +84,6 @@ impl Reverse {
             Version::HTTP_11,
             &req.headers,
         );
-        let head_only = req.method == Method::HEAD;
         let key = hash_key(route, req.target, &req.headers, down);
         let query = req.target.split_once('?').map(|(_, q)| q);
         let client_head = ClientHead {
@@ -120,6 +119,7 @@ impl Reverse {
         let Exchanged {
             mut conn,
             head,
+            length,
             pool,
             index,
         } = exchanged;
@@ -141,13 +141,7 @@ impl Reverse {
             }),
             _hold: (in_flight, GaugeGuard(gauge)),
         };
-        let length = head.body_length(head_only);
-        let (length, keep_alive) = match length {
-            Ok(BodyLength::UntilClose) => (BodyLength::UntilClose, false),
-            Ok(l) => (l, !close),
-            // Lengths that disagree: the hyper client refuses such a head too.
-            Err(_) => (BodyLength::UntilClose, false),
-        };
+        let keep_alive = !close && length != BodyLength::UntilClose;
         let ResponseHead {
             headers,
             minor_version,
@@ -200,6 +194,7 @@ impl Done {
 struct Exchanged {
     conn: UpConn,
     head: ResponseHead,
+    length: BodyLength,
     pool: Arc<FastPool>,
     index: usize,
 }
@@ -222,12 +217,14 @@ async fn fetch(
             let pool = route.fast.get()?.clone();
             let index = index?;
             let bytes = encode_request(head, server.addr());
+            let head_only = head.method == Method::HEAD;
             let group = route.group.name();
             Some(async move {
-                match pool.exchange(index, server.addr(), &bytes).await {
-                    Ok((conn, head)) => Ok(Exchanged {
+                match pool.exchange(index, server.addr(), &bytes, head_only).await {
+                    Ok((conn, head, length)) => Ok(Exchanged {
                         conn,
                         head,
+                        length,
                         pool,
                         index,
                     }),
@@ -526,7 +523,8 @@ impl FastPool {
         index: usize,
         addr: &str,
         request: &[u8],
-    ) -> Result<(UpConn, ResponseHead), Failure> {
+        head_only: bool,
+    ) -> Result<(UpConn, ResponseHead, BodyLength), Failure> {
         let mut reused = true;
         loop {
             let mut conn = match self.checkout(index) {
@@ -536,8 +534,8 @@ impl FastPool {
                     self.connect(addr).await?
                 }
             };
-            match round_trip(&mut conn, request).await {
-                Ok(head) => return Ok((conn, head)),
+            match round_trip(&mut conn, request, head_only).await {
+                Ok((head, length)) => return Ok((conn, head, length)),
                 Err((answered, detail)) => {
                     if reused && !answered {
                         continue;
@@ -599,12 +597,17 @@ impl FastPool {
 
 /// One request written and its final response head read; the bytes after the head stay in the
 /// connection's buffer. On failure, whether any byte of an answer had arrived.
-async fn round_trip(conn: &mut UpConn, request: &[u8]) -> Result<ResponseHead, (bool, String)> {
+async fn round_trip(
+    conn: &mut UpConn,
+    request: &[u8],
+    head_only: bool,
+) -> Result<(ResponseHead, BodyLength), (bool, String)> {
     conn.buf.clear();
+    // Failures are worded as hyper's client words them, so the error body is the hyper path's.
     conn.io
         .write_all(request)
         .await
-        .map_err(|e| (false, e.to_string()))?;
+        .map_err(|_| (false, "connection error".to_string()))?;
     loop {
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(READ_BUF);
@@ -613,33 +616,48 @@ async fn round_trip(conn: &mut UpConn, request: &[u8]) -> Result<ResponseHead, (
             .io
             .read_buf(&mut conn.buf)
             .await
-            .map_err(|e| (!conn.buf.is_empty(), e.to_string()))?;
+            .map_err(|_| (!conn.buf.is_empty(), "connection error".to_string()))?;
         if n == 0 {
             return Err((
                 !conn.buf.is_empty(),
-                "connection closed before a response head".into(),
+                "connection closed before message completed".into(),
             ));
         }
         loop {
             match response_head::parse(&conn.buf) {
                 Ok(None) if conn.buf.len() >= MAX_RESPONSE_HEAD => {
-                    return Err((true, "response head too large".into()))
+                    return Err((true, "message head is too large".into()))
                 }
                 Ok(None) => break,
                 Ok(Some(head)) if head.status.is_informational() => {
                     if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                        return Err((true, "unexpected 101 to a request without Upgrade".into()));
+                        return Err((true, "invalid HTTP status-code parsed".into()));
                     }
                     // An interim answer (100, 103): the final one follows.
                     conn.buf.drain(..head.len);
                 }
                 Ok(Some(head)) => {
                     conn.buf.drain(..head.len);
-                    return Ok(head);
+                    let length = head
+                        .body_length(head_only)
+                        .map_err(|_| (true, "invalid content-length parsed".to_string()))?;
+                    return Ok((head, length));
                 }
-                Err(e) => return Err((true, e.to_string())),
+                Err(e) => return Err((true, hyper_wording(&e).to_string())),
             }
         }
+    }
+}
+
+/// What hyper's client says of a response head it cannot parse.
+fn hyper_wording(e: &response_head::HeadError) -> &'static str {
+    use response_head::HeadError;
+    match e {
+        HeadError::Malformed(m) if m.contains("version") => "invalid HTTP version parsed",
+        HeadError::Malformed(m) if m.contains("status") => "invalid HTTP status-code parsed",
+        HeadError::TooManyFields => "message head is too large",
+        HeadError::BadLength => "invalid content-length parsed",
+        _ => "invalid HTTP header parsed",
     }
 }
 
