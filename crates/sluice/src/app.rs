@@ -451,7 +451,6 @@ impl App {
         host: &str,
         peer: SocketAddr,
         client: &mut W,
-        close: bool,
         guard: ActivityGuard,
     ) -> crate::reverse::fast::Served {
         let start = Instant::now();
@@ -497,7 +496,7 @@ impl App {
         };
         let served = routing
             .reverse
-            .serve_fast(route, req, path, &down, client, close, on_head)
+            .serve_fast(route, req, path, &down, client, on_head)
             .await;
         series.sent.inc_by(served.sent);
         drop(finish);

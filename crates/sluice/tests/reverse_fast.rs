@@ -206,7 +206,10 @@ async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
     let fast = String::from_utf8(seen[0].clone()).unwrap();
     let hyper = String::from_utf8(seen[1].clone()).unwrap();
     assert_eq!(fast, hyper, "fast path head differs from the hyper path's");
-    assert!(fast.starts_with("GET /y/z?q=1&r=%20 HTTP/1.1\r\n"), "{fast}");
+    assert!(
+        fast.starts_with("GET /y/z?q=1&r=%20 HTTP/1.1\r\n"),
+        "{fast}"
+    );
     assert!(fast.contains("\r\nx-multi: 1\r\nx-multi: 2\r\n"), "{fast}");
     assert!(fast.contains("\r\nhost: Example.COM:8080\r\n"), "{fast}");
     assert!(!fast.to_ascii_lowercase().contains("x-drop"), "{fast}");
@@ -291,7 +294,8 @@ async fn a_post_mid_connection_hands_over_to_hyper_and_the_connection_goes_on() 
 async fn bodiless_answers_and_every_body_framing() {
     let big = pattern(3 * 1024 * 1024 + 17);
     let big2 = big.clone();
-    let answer: Answer = Arc::new(move |t: &str| match t {
+    let answer: Answer = Arc::new(move |t: &str| {
+        match t {
         "/head" => b"HTTP/1.1 200 OK\r\nContent-Length: 12345\r\n\r\n".to_vec(),
         "/204" => b"HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n".to_vec(),
         "/304" => b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 99\r\n\r\n".to_vec(),
@@ -312,6 +316,7 @@ async fn bodiless_answers_and_every_body_framing() {
             out
         }
         _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+    }
     });
     let (origin, _) = raw_origin(answer).await;
     let p = Proxy::start(proxy_config(origin, true, "")).await;
@@ -351,8 +356,8 @@ async fn upstream_faults_match_the_hyper_path() {
     let answer: Answer = Arc::new(|t: &str| match t {
         "/garbage" => b"SPDY/9 banana\r\n\r\nclose-now".to_vec(),
         "/reset" => {
-            let mut out = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nX-Mode: close-now\r\n\r\n"
-                .to_vec();
+            let mut out =
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nX-Mode: close-now\r\n\r\n".to_vec();
             out.extend_from_slice(&pattern(1000));
             out
         }
@@ -378,7 +383,10 @@ async fn upstream_faults_match_the_hyper_path() {
         let mut all = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut all)).await;
         let text = String::from_utf8_lossy(&all[..all.len().min(200)]).into_owned();
-        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "fast={fast}: {text}");
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "fast={fast}: {text}"
+        );
         assert!(all.len() < 1_000_000, "fast={fast}: the cut was hidden");
     }
     assert_eq!(garbage[0].0, 502);
@@ -457,14 +465,14 @@ async fn fast_path_requests_are_metered() {
         "{text}"
     );
     assert!(
-        line("sluice_sent_bytes_total{endpoint=\"reverse\"}")
-            .is_some_and(|l| l.ends_with(" 35")),
+        line("sluice_sent_bytes_total{endpoint=\"reverse\"}").is_some_and(|l| l.ends_with(" 35")),
         "{text}"
     );
     assert!(
-        text.lines().any(|l| l.starts_with("sluice_reverse_requests_total{")
-            && l.contains("class=\"2xx\"")
-            && l.ends_with(" 7")),
+        text.lines()
+            .any(|l| l.starts_with("sluice_reverse_requests_total{")
+                && l.contains("class=\"2xx\"")
+                && l.ends_with(" 7")),
         "{text}"
     );
     assert!(

@@ -33,6 +33,9 @@ pub struct FastRequest<'a> {
     /// The path and query as the client sent them.
     pub target: &'a str,
     pub headers: HeaderMap,
+    /// The client asked for `Connection: close`, or the server is shutting down: the response
+    /// says `Connection: close` and the connection ends after it.
+    pub close: bool,
 }
 
 /// What happened to one request, for the connection and the server-level metrics.
@@ -62,8 +65,7 @@ pub fn serves(route: &Route) -> bool {
 impl Reverse {
     /// Proxies `req` (routed to `route` by the normalised `path`) and writes the response to
     /// `client`. `on_head` is called once with the status and error mark just before the
-    /// response head is written (the server's first-byte clock); `close` asks for a
-    /// `Connection: close` response.
+    /// response head is written (the server's first-byte clock).
     pub async fn serve_fast<W: AsyncWrite + Unpin>(
         &self,
         route: &Arc<Route>,
@@ -71,10 +73,10 @@ impl Reverse {
         path: &str,
         down: &Downstream,
         client: &mut W,
-        close: bool,
         on_head: impl FnOnce(u16, Option<ErrorMark>),
     ) -> Served {
         let start = Instant::now();
+        let close = req.close;
         self.budget.record_request();
         let entry = self.log_entry(
             route,
@@ -149,6 +151,12 @@ impl Reverse {
         } = head;
         let mut headers = headers;
         let coding = headers.get(header::TRANSFER_ENCODING).cloned();
+        // A server that says it closes the connection after this response gets no other.
+        let upstream_closes = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
         let version = if minor_version == 0 {
             Version::HTTP_10
         } else {
@@ -170,7 +178,7 @@ impl Reverse {
                 (sent, false, false)
             }
         };
-        if complete && upstream_clean && minor_version == 1 {
+        if complete && upstream_clean && minor_version == 1 && !upstream_closes {
             pool.checkin(index, conn);
         }
         done.status = status;
@@ -231,10 +239,12 @@ async fn fetch(
                     Err(Failure::Connect(cf)) => {
                         Err(AttemptFailure::Failed(connect_failure(&cf, group)))
                     }
-                    Err(Failure::Broken(detail)) => Err(AttemptFailure::Failed(FetchError::Broken {
-                        server: server.addr().to_string(),
-                        detail,
-                    })),
+                    Err(Failure::Broken(detail)) => {
+                        Err(AttemptFailure::Failed(FetchError::Broken {
+                            server: server.addr().to_string(),
+                            detail,
+                        }))
+                    }
                 }
             })
         },
@@ -686,7 +696,10 @@ mod tests {
 
     #[test]
     fn request_head_bytes() {
-        let h = head(&[("accept", "*/*"), ("x-a", "1"), ("x-a", "2")], Some("example.com"));
+        let h = head(
+            &[("accept", "*/*"), ("x-a", "1"), ("x-a", "2")],
+            Some("example.com"),
+        );
         assert_eq!(
             encode_request(&h, "127.0.0.1:9"),
             b"GET /a?b=c HTTP/1.1\r\naccept: */*\r\nx-a: 1\r\nx-a: 2\r\nhost: example.com\r\n\r\n"

@@ -257,9 +257,7 @@ impl Reverse {
             headers,
             upgrade,
             host: match (&down.host, route.config.preserve_host) {
-                (Some(_), true) if !req.has_authority && client_host.is_some() => {
-                    client_host
-                }
+                (Some(_), true) if !req.has_authority && client_host.is_some() => client_host,
                 (Some(h), true) => HeaderValue::from_str(h).ok(),
                 _ => None,
             },

@@ -38,8 +38,6 @@ struct Simple<'a> {
     host: &'a str,
     /// The normalised path it is routed by.
     path: String,
-    /// The client asked for `Connection: close`.
-    close: bool,
 }
 
 /// Reads and classifies heads; `Err(())`: hand over to hyper.
@@ -110,10 +108,10 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
             method,
             target,
             headers,
+            close,
         },
         host,
         path,
-        close,
     }))
 }
 
@@ -211,17 +209,18 @@ impl Conn {
             return Step::HandOff;
         };
         let guard = stream.activity().begin();
-        let close = simple.close || *self.stop.borrow();
+        let mut request = simple.request;
+        request.close |= *self.stop.borrow();
+        let close = request.close;
         let app = self.app.clone();
         let serve = app.serve_fast(
             &routing,
             &route,
-            simple.request,
+            request,
             &simple.path,
             simple.host,
             peer,
             stream,
-            close,
             guard,
         );
         tokio::pin!(serve);
@@ -270,7 +269,9 @@ mod tests {
     #[test]
     fn what_qualifies() {
         assert!(simple("GET /a?b HTTP/1.1\r\nHost: x\r\n\r\n"));
-        assert!(simple("HEAD / HTTP/1.1\r\nHost: x:80\r\nContent-Length: 0\r\n\r\n"));
+        assert!(simple(
+            "HEAD / HTTP/1.1\r\nHost: x:80\r\nContent-Length: 0\r\n\r\n"
+        ));
         assert!(matches!(
             classify(b"GET / HTTP/1.1\r\nHost: x\r\n", 100),
             Ok(None)
@@ -294,8 +295,11 @@ mod tests {
         ] {
             assert!(hands_off(bad), "{bad:?}");
         }
-        let c = classify(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n", 100);
-        assert!(matches!(c, Ok(Some(s)) if s.close));
+        let c = classify(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n",
+            100,
+        );
+        assert!(matches!(c, Ok(Some(s)) if s.request.close));
         // More fields than `server.max_headers`: hyper refuses it.
         assert!(classify(b"GET / HTTP/1.1\r\nHost: x\r\nA: 1\r\nB: 2\r\n\r\n", 2).is_err());
     }
