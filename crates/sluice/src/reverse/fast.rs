@@ -26,6 +26,8 @@ use crate::error::ErrorMark;
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Upstream reads go into a buffer of this size, kept with the connection.
 const READ_BUF: usize = 16 * 1024;
+/// A large body's reads grow the buffer up to this.
+const MAX_READ_BUF: usize = 256 * 1024;
 
 /// The client request the fast path serves: a GET or HEAD with no body, origin-form target.
 pub struct FastRequest<'a> {
@@ -391,6 +393,7 @@ async fn relay<W: AsyncWrite + Unpin>(
     };
     // The first pass sends the head with whatever body came with it.
     let mut fresh = std::mem::take(&mut conn.buf);
+    let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     let mut first = true;
     loop {
         let (take, finished, clean) = match length {
@@ -424,6 +427,8 @@ async fn relay<W: AsyncWrite + Unpin>(
         sent += take as u64;
         if finished {
             fresh.clear();
+            // An idle connection keeps a small buffer only.
+            fresh.shrink_to(READ_BUF);
             conn.buf = fresh;
             client
                 .flush()
@@ -431,9 +436,30 @@ async fn relay<W: AsyncWrite + Unpin>(
                 .map_err(|e| (sent, RelayError::Client(e)))?;
             return Ok((sent, clean));
         }
+        // A read that filled the buffer says the body comes faster than it is read: the buffer
+        // doubles (up to `MAX_READ_BUF`), so a large body costs few reads and wake-ups.
+        let filled = !fresh.is_empty() && fresh.len() == fresh.capacity();
+        let want = if filled {
+            (fresh.capacity() * 2).min(MAX_READ_BUF)
+        } else {
+            fresh.capacity().max(READ_BUF)
+        };
         fresh.clear();
-        fresh.reserve(READ_BUF);
-        let read = tokio::time::timeout(idle, conn.io.read_buf(&mut fresh)).await;
+        fresh.reserve(want);
+        // One timer for the whole body, pushed back at each read.
+        let deadline = Instant::now() + idle;
+        let sleep = match timer.as_mut() {
+            Some(t) => {
+                t.as_mut().reset(deadline);
+                t
+            }
+            None => timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        let read = tokio::select! {
+            biased;
+            r = conn.io.read_buf(&mut fresh) => Ok(r),
+            _ = sleep.as_mut() => Err(()),
+        };
         match read {
             Ok(Ok(0)) if length == BodyLength::UntilClose => {
                 client

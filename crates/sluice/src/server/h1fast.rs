@@ -11,6 +11,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Method;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::activity::Watched;
 use super::{Conn, SendWatch};
@@ -115,24 +116,30 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     }))
 }
 
-/// Waits for more request bytes: `Ok(0)` at the end of the stream, `Err` on a timeout, an error
-/// or shutdown while no request is under way.
+/// Waits for more request bytes: `Ok(0)` at the end of the stream, `Err` on an error, when
+/// `limit` has passed since `since`, or on shutdown while no request is under way (`stoppable`).
+/// The clock is the connection's one ticker, not a timer per read.
 async fn read_more(
     conn: &mut Conn,
     stream: &mut Watched<TcpStream>,
     buf: &mut Vec<u8>,
-    limit: Duration,
+    ticker: &mut tokio::time::Interval,
+    (since, limit): (Instant, Duration),
     stoppable: bool,
 ) -> Result<usize, ()> {
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(FIRST_READ);
     }
-    tokio::select! {
-        read = tokio::time::timeout(limit, stream.read_buf(buf)) => match read {
-            Ok(Ok(n)) => Ok(n),
-            _ => Err(()),
-        },
-        _ = conn.stop.wait_for(|s| *s), if stoppable => Err(()),
+    loop {
+        tokio::select! {
+            read = stream.read_buf(buf) => return read.map_err(|_| ()),
+            _ = conn.stop.wait_for(|s| *s), if stoppable => return Err(()),
+            _ = ticker.tick() => {
+                if since.elapsed() >= limit {
+                    return Err(());
+                }
+            }
+        }
     }
 }
 
@@ -148,12 +155,17 @@ impl Conn {
         let (max_bytes, max_fields) = self.head_limits;
         let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
         let mut begun = false;
+        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When the connection began waiting for the current head (or went idle).
+        let mut since = Instant::now();
         loop {
             let step = match classify(&buf, max_fields) {
                 Err(()) => Step::HandOff,
                 Ok(Some(simple)) => {
                     begun = true;
-                    self.serve_one(simple, stream, watch, peer).await
+                    self.serve_one(simple, stream, watch, &mut ticker, peer)
+                        .await
                 }
                 Ok(None) if buf.len() >= max_bytes => Step::HandOff,
                 Ok(None) => Step::Read,
@@ -163,6 +175,7 @@ impl Conn {
                 Step::Closed => return End::Closed,
                 Step::Next(len) => {
                     buf.drain(..len);
+                    since = Instant::now();
                     continue;
                 }
                 Step::Read => {}
@@ -182,10 +195,22 @@ impl Conn {
             } else {
                 (t.header_read, false)
             };
-            match read_more(self, stream, &mut buf, limit, stoppable).await {
+            let was_empty = buf.is_empty();
+            match read_more(
+                self,
+                stream,
+                &mut buf,
+                &mut ticker,
+                (since, limit),
+                stoppable,
+            )
+            .await
+            {
                 Ok(0) if buf.is_empty() => return End::Closed,
                 // The end of the stream inside a head: hyper answers a truncated head.
                 Ok(0) => return End::HandOff(buf),
+                // A head begins: its own clock starts.
+                Ok(_) if was_empty => since = Instant::now(),
                 Ok(_) => {}
                 // A slowloris head, an idle connection, or shutdown: closed, as under hyper.
                 Err(()) => return End::Closed,
@@ -199,6 +224,7 @@ impl Conn {
         simple: Simple<'_>,
         stream: &mut Watched<TcpStream>,
         watch: &mut SendWatch,
+        ticker: &mut tokio::time::Interval,
         peer: SocketAddr,
     ) -> Step {
         let t = self.timeouts;
@@ -224,7 +250,6 @@ impl Conn {
             guard,
         );
         tokio::pin!(serve);
-        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
         let served = loop {
             tokio::select! {
                 served = serve.as_mut() => break served,
