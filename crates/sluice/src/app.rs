@@ -372,22 +372,11 @@ impl App {
             }
         };
         series.first_byte.observe(start.elapsed().as_secs_f64());
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                endpoint,
-                status: resp.status().as_u16(),
-            })
-            .inc();
-        if let Some(mark) = resp.extensions().get::<ErrorMark>() {
-            self.metrics
-                .errors
-                .get_or_create(&ErrorLabels {
-                    side: mark.side.label(),
-                    kind: mark.kind,
-                })
-                .inc();
-        }
+        self.count_response(
+            endpoint,
+            resp.status().as_u16(),
+            resp.extensions().get::<ErrorMark>(),
+        );
         let finish = Finish {
             start,
             total: series.total,
@@ -402,6 +391,23 @@ impl App {
                 finish: Some(finish),
             })
         })
+    }
+
+    /// Counts one response head: requests by endpoint and status, errors by side and kind.
+    fn count_response(&self, endpoint: &'static str, status: u16, mark: Option<&ErrorMark>) {
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels { endpoint, status })
+            .inc();
+        if let Some(mark) = mark {
+            self.metrics
+                .errors
+                .get_or_create(&ErrorLabels {
+                    side: mark.side.label(),
+                    kind: mark.kind,
+                })
+                .inc();
+        }
     }
 
     /// The fast path's routing (`server::h1fast`): the route table a plain HTTP/1.1 GET or HEAD
@@ -477,22 +483,7 @@ impl App {
         };
         let on_head = |status: u16, mark: Option<ErrorMark>| {
             series.first_byte.observe(start.elapsed().as_secs_f64());
-            self.metrics
-                .requests
-                .get_or_create(&RequestLabels {
-                    endpoint: "reverse",
-                    status,
-                })
-                .inc();
-            if let Some(mark) = mark {
-                self.metrics
-                    .errors
-                    .get_or_create(&ErrorLabels {
-                        side: mark.side.label(),
-                        kind: mark.kind,
-                    })
-                    .inc();
-            }
+            self.count_response("reverse", status, mark.as_ref());
         };
         let served = routing
             .reverse

@@ -7,7 +7,6 @@ pub mod activity;
 mod h1fast;
 pub mod listener;
 pub mod reload;
-mod replay;
 pub mod routes;
 pub mod screen;
 pub mod spliced;
@@ -517,8 +516,8 @@ impl Conn {
         #[cfg(not(feature = "reverse"))]
         let (this, replayed) = (self, Vec::new());
         let tap = this.splice.then(|| Arc::new(spliced::Tap::default()));
-        let stream = replay::Replay::new(spliced::Tapped::new(stream, tap.clone()), replayed);
-        let stream = this.screened(stream, false);
+        let mut stream = this.screened(spliced::Tapped::new(stream, tap.clone()), false);
+        stream.replay(replayed);
         this.drive(stream, watch, peer, false, tap).await
     }
 

@@ -176,6 +176,36 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool)
     }
 }
 
+/// A client connection to sluice and the bytes read past the last response.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    async fn to(p: &Proxy) -> Client {
+        Client {
+            s: TcpStream::connect(p.addr).await.unwrap(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends one request and reads its response (a HEAD's without a body).
+    async fn ask(&mut self, request: &[u8]) -> Raw {
+        self.s.write_all(request).await.unwrap();
+        read_response(&mut self.s, &mut self.buf, request.starts_with(b"HEAD "))
+            .await
+            .expect("a complete response")
+    }
+
+    /// Reads the next response to a GET.
+    async fn read(&mut self) -> Raw {
+        read_response(&mut self.s, &mut self.buf, false)
+            .await
+            .expect("a complete response")
+    }
+}
+
 fn ok_answer(body: &'static str) -> Answer {
     Arc::new(move |_t: &str| {
         format!(
@@ -194,10 +224,7 @@ async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
     let mut answers = Vec::new();
     for fast in [true, false] {
         let p = Proxy::start(proxy_config(origin, fast, "")).await;
-        let mut s = TcpStream::connect(p.addr).await.unwrap();
-        s.write_all(request).await.unwrap();
-        let mut buf = Vec::new();
-        let r = read_response(&mut s, &mut buf, false).await.unwrap();
+        let r = Client::to(&p).await.ask(request).await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.body, b"hello");
         answers.push(r);
@@ -245,15 +272,14 @@ async fn pipelined_requests_are_answered_in_order() {
     });
     let (origin, _) = raw_origin(answer).await;
     let p = Proxy::start(proxy_config(origin, true, "")).await;
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
+    let mut c = Client::to(&p).await;
     let mut batch = Vec::new();
     for i in 0..5 {
         batch.extend_from_slice(format!("GET /api/n{i} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
     }
-    s.write_all(&batch).await.unwrap();
-    let mut buf = Vec::new();
+    c.s.write_all(&batch).await.unwrap();
     for i in 0..5 {
-        let r = read_response(&mut s, &mut buf, false).await.unwrap();
+        let r = c.read().await;
         assert_eq!(r.status(), 200);
         assert_eq!(String::from_utf8(r.body).unwrap(), format!("/n{i}"));
     }
@@ -263,12 +289,8 @@ async fn pipelined_requests_are_answered_in_order() {
 async fn a_post_mid_connection_hands_over_to_hyper_and_the_connection_goes_on() {
     let o = echo("a").await;
     let p = Proxy::start(proxy_config(o, true, "")).await;
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    let mut buf = Vec::new();
-    s.write_all(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, &mut buf, false).await.unwrap();
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n").await;
     let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(j["path"], "/one");
     // A POST with a body, and a GET pipelined right behind it: hyper takes both.
@@ -280,12 +302,12 @@ async fn a_post_mid_connection_hands_over_to_hyper_and_the_connection_goes_on() 
     .into_bytes();
     post.extend_from_slice(&body);
     post.extend_from_slice(b"GET /api/three HTTP/1.1\r\nHost: a\r\n\r\n");
-    s.write_all(&post).await.unwrap();
-    let r = read_response(&mut s, &mut buf, false).await.unwrap();
+    c.s.write_all(&post).await.unwrap();
+    let r = c.read().await;
     let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(j["method"], "POST");
     assert_eq!(j["sha256"], sha256(&body));
-    let r = read_response(&mut s, &mut buf, false).await.unwrap();
+    let r = c.read().await;
     let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(j["path"], "/three");
 }
@@ -320,33 +342,23 @@ async fn bodiless_answers_and_every_body_framing() {
     });
     let (origin, _) = raw_origin(answer).await;
     let p = Proxy::start(proxy_config(origin, true, "")).await;
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    let mut buf = Vec::new();
-    s.write_all(b"HEAD /api/head HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, &mut buf, true).await.unwrap();
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"HEAD /api/head HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.field("content-length").as_deref(), Some("12345"));
     for (path, status) in [("/api/204", 204), ("/api/304", 304), ("/api/interim", 200)] {
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+        c.s.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
             .await
             .unwrap();
-        let r = read_response(&mut s, &mut buf, false).await.unwrap();
+        let r = c.read().await;
         assert_eq!(r.status(), status, "{path}");
     }
     // Same connection still: nothing was left over from the bodiless answers.
-    s.write_all(b"GET /api/chunked HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, &mut buf, false).await.unwrap();
+    let r = c.ask(b"GET /api/chunked HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.field("transfer-encoding").as_deref(), Some("chunked"));
     assert_eq!(sha256(&r.body), sha256(&big));
     // Close-delimited: relayed, then the client connection is closed.
-    s.write_all(b"GET /api/close HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, &mut buf, false).await.unwrap();
+    let r = c.ask(b"GET /api/close HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.field("connection").as_deref(), Some("close"));
     assert_eq!(sha256(&r.body), sha256(&big));
 }
@@ -368,20 +380,16 @@ async fn upstream_faults_match_the_hyper_path() {
     let mut garbage = Vec::new();
     for fast in [true, false] {
         let p = Proxy::start(proxy_config(origin, fast, "")).await;
-        let mut s = TcpStream::connect(p.addr).await.unwrap();
-        let mut buf = Vec::new();
-        s.write_all(b"GET /api/garbage HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        let r = read_response(&mut s, &mut buf, false).await.unwrap();
+        let mut c = Client::to(&p).await;
+        let r = c.ask(b"GET /api/garbage HTTP/1.1\r\nHost: a\r\n\r\n").await;
         garbage.push((r.status(), r.field("content-type"), r.body));
         // Cut mid-body: the head went out, then the client connection is cut short.
-        let mut s = TcpStream::connect(p.addr).await.unwrap();
-        s.write_all(b"GET /api/reset HTTP/1.1\r\nHost: a\r\n\r\n")
+        let mut c = Client::to(&p).await;
+        c.s.write_all(b"GET /api/reset HTTP/1.1\r\nHost: a\r\n\r\n")
             .await
             .unwrap();
         let mut all = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut all)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.s.read_to_end(&mut all)).await;
         let text = String::from_utf8_lossy(&all[..all.len().min(200)]).into_owned();
         assert!(
             text.starts_with("HTTP/1.1 200 OK\r\n"),
@@ -395,12 +403,8 @@ async fn upstream_faults_match_the_hyper_path() {
     let mut refused = Vec::new();
     for fast in [true, false] {
         let p = Proxy::start(proxy_config(dead, fast, "")).await;
-        let mut s = TcpStream::connect(p.addr).await.unwrap();
-        let mut buf = Vec::new();
-        s.write_all(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        let r = read_response(&mut s, &mut buf, false).await.unwrap();
+        let mut c = Client::to(&p).await;
+        let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
         refused.push((r.status(), r.body));
     }
     assert_eq!(refused[0].0, 502);
@@ -412,27 +416,23 @@ async fn slow_and_idle_clients_are_cut() {
     let (origin, _) = raw_origin(ok_answer("hi")).await;
     let p = Proxy::start(proxy_config(origin, true, "")).await;
     // A head that never completes: closed after header_read_timeout_secs (1 s), no answer.
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    s.write_all(b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+    let mut c = Client::to(&p).await;
+    c.s.write_all(b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Slow: ")
         .await
         .unwrap();
     let started = tokio::time::Instant::now();
     let mut out = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    let read = tokio::time::timeout(Duration::from_secs(5), c.s.read_to_end(&mut out)).await;
     assert!(read.is_ok(), "slowloris connection not cut");
     assert!(out.is_empty());
     assert!(started.elapsed() >= Duration::from_millis(900));
     // Keep-alive: idle for idle_timeout_secs (2 s) after a request, then closed.
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    let mut buf = Vec::new();
-    s.write_all(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, &mut buf, false).await.unwrap();
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.body, b"hi");
     let started = tokio::time::Instant::now();
     let mut rest = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(6), s.read_to_end(&mut rest)).await;
+    let read = tokio::time::timeout(Duration::from_secs(6), c.s.read_to_end(&mut rest)).await;
     assert!(read.is_ok(), "idle connection not cut");
     assert!(rest.is_empty());
     assert!(started.elapsed() >= Duration::from_millis(1900));
@@ -442,13 +442,9 @@ async fn slow_and_idle_clients_are_cut() {
 async fn fast_path_requests_are_metered() {
     let (origin, _) = raw_origin(ok_answer("hello")).await;
     let p = Proxy::start(proxy_config(origin, true, "")).await;
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    let mut buf = Vec::new();
+    let mut c = Client::to(&p).await;
     for _ in 0..7 {
-        s.write_all(b"GET /api/m HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        let r = read_response(&mut s, &mut buf, false).await.unwrap();
+        let r = c.ask(b"GET /api/m HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert_eq!(r.body, b"hello");
     }
     // One upstream connection carried all seven.

@@ -21,9 +21,8 @@ use super::forward::{
 use super::{Reverse, Route};
 use crate::body::Body;
 use crate::error::ErrorMark;
+use crate::upstream::h1::{push_field as field, says_close, MAX_HEAD as MAX_RESPONSE_HEAD};
 
-/// Largest upstream response head read (hyper's client reads up to about this much too).
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Upstream reads go into a buffer of this size, kept with the connection.
 const READ_BUF: usize = 16 * 1024;
 /// A large body's reads grow the buffer up to this.
@@ -154,11 +153,7 @@ impl Reverse {
         let mut headers = headers;
         let coding = headers.get(header::TRANSFER_ENCODING).cloned();
         // A server that says it closes the connection after this response gets no other.
-        let upstream_closes = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        let upstream_closes = says_close(&headers);
         let version = if minor_version == 0 {
             Version::HTTP_10
         } else {
@@ -284,13 +279,6 @@ pub fn encode_request(head: &UpstreamHead, server_addr: &str) -> Vec<u8> {
     }
     out.extend_from_slice(b"\r\n");
     out
-}
-
-fn field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// A response head as hyper's server writes it: status line with the canonical reason, the
