@@ -225,18 +225,24 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// Writes `pieces` with pauses (so reads see them split) and returns what the reader got.
-    async fn through(pieces: Vec<&'static [u8]>) -> (Vec<u8>, u64) {
-        let (mut client, server) = tokio::io::duplex(64);
+    /// `io` screened with the usual limits, and its refusal counter.
+    fn screen_of<I>(io: I) -> (Screened<I>, Counter) {
         let refused = Counter::default();
-        let mut screened = Screened::new(
-            server,
+        let screened = Screened::new(
+            io,
             8192,
             100,
             false,
             refused.clone(),
             Duration::from_secs(5),
         );
+        (screened, refused)
+    }
+
+    /// Writes `pieces` with pauses (so reads see them split) and returns what the reader got.
+    async fn through(pieces: Vec<&'static [u8]>) -> (Vec<u8>, u64) {
+        let (mut client, server) = tokio::io::duplex(64);
+        let (mut screened, refused) = screen_of(server);
         let writer = tokio::spawn(async move {
             for p in pieces {
                 client.write_all(p).await.unwrap();
@@ -319,15 +325,7 @@ mod tests {
     #[tokio::test]
     async fn replayed_bytes_come_first_and_are_screened() {
         let (mut client, server) = tokio::io::duplex(64);
-        let refused = Counter::default();
-        let mut screened = Screened::new(
-            server,
-            8192,
-            100,
-            false,
-            refused.clone(),
-            Duration::from_secs(5),
-        );
+        let (mut screened, refused) = screen_of(server);
         screened.replay(
             b"GET / HTTP/1.1\r\nHost: a\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\n".to_vec(),
         );
