@@ -23,8 +23,9 @@ use crate::body::Body;
 use crate::error::ErrorMark;
 use crate::upstream::h1::{push_field as field, says_close, MAX_HEAD as MAX_RESPONSE_HEAD};
 
-/// Upstream reads go into a buffer of this size, kept with the connection.
-const READ_BUF: usize = 16 * 1024;
+/// Upstream reads go into a buffer of this size, kept with the connection: a 64 KiB body comes
+/// in one read when the server has written it.
+const READ_BUF: usize = 64 * 1024;
 /// A large body's reads grow the buffer up to this.
 const MAX_READ_BUF: usize = 256 * 1024;
 
