@@ -478,3 +478,28 @@ async fn fast_path_requests_are_metered() {
     );
     let _ = Bytes::new();
 }
+
+#[tokio::test]
+async fn shutdown_finishes_the_response_in_flight_then_closes() {
+    let o = origin(|_req| async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        http::Response::new(full(pattern(50_000)))
+    })
+    .await;
+    let p = Proxy::start(proxy_config(o, true, "")).await;
+    let mut c = Client::to(&p).await;
+    c.s.write_all(b"GET /api/slow HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Shutdown begins while the origin is still thinking.
+    drop(p);
+    let r = c.read().await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(sha256(&r.body), sha256(&pattern(50_000)));
+    assert_eq!(r.field("connection").as_deref(), None);
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.s.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "connection not closed after shutdown");
+    assert!(rest.is_empty());
+}
