@@ -282,6 +282,36 @@ enum Step {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the bytes, the classifier answers (serve, wait or hand off) and never panics;
+        /// a head it serves is complete and within the buffer.
+        #[test]
+        fn any_bytes_are_classified(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            if let Ok(Some(s)) = classify(&bytes, 100) {
+                prop_assert!(s.len <= bytes.len());
+                prop_assert!(s.request.method == Method::GET || s.request.method == Method::HEAD);
+            }
+        }
+
+        /// A simple head with arbitrary field names and values either qualifies or is handed
+        /// off; when served, its fields come through in order.
+        #[test]
+        fn simple_heads_keep_their_fields(
+            fields in proptest::collection::vec(("[a-zA-Z-]{1,12}", "[ -~]{0,20}"), 0..8)
+        ) {
+            let mut head = String::from("GET /p HTTP/1.1\r\nHost: h\r\n");
+            for (k, v) in &fields {
+                head.push_str(&format!("X-{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            if let Ok(Some(s)) = classify(head.as_bytes(), 100) {
+                prop_assert_eq!(s.len, head.len());
+                prop_assert_eq!(s.request.headers.len(), fields.len() + 1);
+            }
+        }
+    }
 
     fn simple(raw: &str) -> bool {
         matches!(classify(raw.as_bytes(), 100), Ok(Some(_)))
