@@ -3,12 +3,13 @@
 //! and an IPTV viewer that freezes while others watch.
 
 mod iptv_support;
+mod self_signed;
 mod support;
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use self_signed::SelfSigned;
 use sha2::{Digest, Sha256};
 use support::{enc, get, test_config, Sluice};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -210,15 +211,10 @@ async fn slow_but_reading_client_is_not_cut() {
 
 #[tokio::test]
 async fn tls_handshake_that_never_finishes_is_closed() {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes())
-        .unwrap();
+    let pair = SelfSigned::new(&["localhost"]);
     let mut config = test_config();
-    config.server.tls_cert = Some(cert.path().to_path_buf());
-    config.server.tls_key = Some(key.path().to_path_buf());
+    config.server.tls_cert = Some(pair.cert.path().to_path_buf());
+    config.server.tls_key = Some(pair.key.path().to_path_buf());
     config.server.tls_handshake_timeout_secs = 1;
     config.server.idle_timeout_secs = 30;
     let s = Sluice::start(config).await;

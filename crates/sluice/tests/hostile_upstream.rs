@@ -2,6 +2,7 @@
 //! the media cache hand to other users, and what an origin can make a browser run. Every attack runs
 //! against a sluice started in-process and real origins on 127.0.0.1:0.
 
+mod self_signed;
 mod support;
 
 use std::convert::Infallible;
@@ -14,6 +15,7 @@ use http::{Request, Response};
 use http_body_util::{Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use self_signed::SelfSigned;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -572,7 +574,7 @@ async fn ssrf_refusals_name_the_class_never_the_address() {
 /// its head and one chunk, then nothing (a viewer that never gets more). Counts connections and
 /// records the HTTP version of every request.
 async fn h2_origin_two_streams(
-    c: &tempfile_pair::Pair,
+    c: &SelfSigned,
 ) -> (u16, Arc<AtomicUsize>, Arc<Mutex<Vec<http::Version>>>) {
     let config = sluice::server::tls::server_config(c.cert.path(), c.key.path()).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -616,30 +618,6 @@ async fn h2_origin_two_streams(
     (port, conns, versions)
 }
 
-mod tempfile_pair {
-    use std::io::Write;
-
-    /// A self-signed certificate for 127.0.0.1 and localhost, in temp files.
-    pub struct Pair {
-        pub cert: tempfile::NamedTempFile,
-        pub key: tempfile::NamedTempFile,
-    }
-
-    pub fn new() -> Pair {
-        let ck = rcgen::generate_simple_self_signed(vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-        ])
-        .unwrap();
-        let mut cert = tempfile::NamedTempFile::new().unwrap();
-        cert.write_all(ck.cert.pem().as_bytes()).unwrap();
-        let mut key = tempfile::NamedTempFile::new().unwrap();
-        key.write_all(ck.key_pair.serialize_pem().as_bytes())
-            .unwrap();
-        Pair { cert, key }
-    }
-}
-
 /// Opens a viewer: sends the request and reads until the head and `want` body bytes arrived.
 /// The socket is returned unread from then on: a stalled viewer.
 async fn open_viewer(addr: std::net::SocketAddr, path: &str, want: &str) -> TcpStream {
@@ -669,7 +647,7 @@ async fn open_viewer(addr: std::net::SocketAddr, path: &str, want: &str) -> TcpS
 
 #[tokio::test]
 async fn third_viewer_is_not_capped_by_origin_h2_stream_limit() {
-    let pair = tempfile_pair::new();
+    let pair = SelfSigned::new(&["localhost", "127.0.0.1"]);
     let (port, conns, versions) = h2_origin_two_streams(&pair).await;
     let mut config = test_config();
     config.upstream.insecure_hosts = vec!["127.0.0.1".into()];
@@ -695,7 +673,7 @@ async fn third_viewer_is_not_capped_by_origin_h2_stream_limit() {
 /// together all connect although together they take longer than the deadline.
 #[tokio::test]
 async fn queueing_for_a_setup_slot_is_not_a_connect_timeout() {
-    let pair = tempfile_pair::new();
+    let pair = SelfSigned::new(&["localhost", "127.0.0.1"]);
     let config = sluice::server::tls::server_config(pair.cert.path(), pair.key.path()).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -2,36 +2,15 @@
 //! reload), upstream TLS with SNI, verification against a configured CA, and ALPN h2.
 
 mod reverse_support;
+mod self_signed;
 
-use std::io::Write;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reverse_support::*;
 use rustls::pki_types::{CertificateDer, ServerName};
-
-struct Cert {
-    der: Vec<u8>,
-    cert: tempfile::NamedTempFile,
-    key: tempfile::NamedTempFile,
-}
-
-fn cert(names: &[&str]) -> Cert {
-    let ck =
-        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes())
-        .unwrap();
-    Cert {
-        der: ck.cert.der().to_vec(),
-        cert,
-        key,
-    }
-}
+use self_signed::SelfSigned as Cert;
 
 /// Connects with TLS to `addr` as `name` and returns the certificate the server presented.
 async fn presented(addr: std::net::SocketAddr, name: &str, trust: &[&Cert]) -> Vec<u8> {
@@ -57,9 +36,9 @@ async fn presented(addr: std::net::SocketAddr, name: &str, trust: &[&Cert]) -> V
 
 #[tokio::test]
 async fn downstream_certificates_by_sni_and_reload() {
-    let default = cert(&["default.test"]);
-    let a = cert(&["a.test"]);
-    let wild = cert(&["*.wild.test"]);
+    let default = Cert::new(&["default.test"]);
+    let a = Cert::new(&["a.test"]);
+    let wild = Cert::new(&["*.wild.test"]);
     let o = echo("o").await;
     let text = |a_cert: &Cert| {
         format!(
@@ -108,7 +87,7 @@ upstream = "app"
     let handle = server.tls_handle();
     tokio::spawn(server.run(std::future::pending()));
     assert_eq!(presented(addr, "a.test", &all).await, a.der);
-    let a2 = cert(&["a.test"]);
+    let a2 = Cert::new(&["a.test"]);
     let prepare = sluice::server::reload::tls_part(handle);
     let commit = prepare(&config(&text(&a2))).unwrap();
     commit();
@@ -152,7 +131,7 @@ async fn tls_origin(c: &Cert) -> std::net::SocketAddr {
 
 #[tokio::test]
 async fn upstream_tls_with_sni_verification_and_h2() {
-    let c = cert(&["origin.test"]);
+    let c = Cert::new(&["origin.test"]);
     let o = tls_origin(&c).await;
     let text = |ca: &str| {
         format!(

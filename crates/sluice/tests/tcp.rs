@@ -1,6 +1,7 @@
 //! The TCP front end against real sockets on 127.0.0.1: bytes both ways, half-close, resets,
 //! failing upstreams, timeouts, PROXY protocol, SNI routing, limits, fd leaks, group behaviour.
 
+mod self_signed;
 mod support;
 mod tcp_support;
 
@@ -8,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use self_signed::SelfSigned;
 use sluice_http::proxy_protocol;
 use support::{pattern, sha256};
 use tcp_support::*;
@@ -645,13 +647,7 @@ async fn graceful_shutdown_drains_then_closes() {
 
 #[tokio::test]
 async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
-    use std::io::Write;
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes())
-        .unwrap();
+    let SelfSigned { der, cert, key } = SelfSigned::new(&["localhost"]);
     let echo = Upstream::echo().await;
     let (other, _) = Upstream::recorder("other").await;
     let config = format!(
@@ -665,7 +661,7 @@ async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
     );
     let proxy = Proxy::start(&config);
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(ck.cert.der().clone()).unwrap();
+    roots.add(der.into()).unwrap();
     let client = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

@@ -2,6 +2,7 @@
 //! verification opt-out, HTTP CONNECT and SOCKS5 routes, and the per-host limit applying to setups,
 //! not to open streams.
 
+mod self_signed;
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,32 +12,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use self_signed::SelfSigned as Cert;
 use sluice::config::RouteConfig;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A self-signed certificate for `localhost`, written to temp files.
-struct Cert {
-    der: Vec<u8>,
-    cert: tempfile::NamedTempFile,
-    key: tempfile::NamedTempFile,
-}
-
-fn cert() -> Cert {
-    use std::io::Write;
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes())
-        .unwrap();
-    Cert {
-        der: ck.cert.der().to_vec(),
-        cert,
-        key,
-    }
-}
 
 /// A TLS origin answering every request with its HTTP version.
 async fn tls_origin(c: &Cert) -> u16 {
@@ -69,7 +49,7 @@ async fn tls_origin(c: &Cert) -> u16 {
 
 #[tokio::test]
 async fn upstream_tls_h2_and_verification_opt_out() {
-    let c = cert();
+    let c = Cert::new(&["localhost"]);
     let port = tls_origin(&c).await;
     let d = format!("https://localhost:{port}/x");
     // Verified by default: a self-signed origin fails with a TLS error.
@@ -95,7 +75,7 @@ async fn upstream_tls_h2_and_verification_opt_out() {
 
 #[tokio::test]
 async fn downstream_tls_negotiates_h2() {
-    let c = cert();
+    let c = Cert::new(&["localhost"]);
     let mut config = test_config();
     config.server.tls_cert = Some(c.cert.path().to_path_buf());
     config.server.tls_key = Some(c.key.path().to_path_buf());

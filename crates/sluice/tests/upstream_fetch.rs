@@ -3,6 +3,8 @@
 //! address guard and malformed answers. Built in every feature set (the gateway-only build
 //! included).
 
+mod self_signed;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -466,13 +468,7 @@ async fn the_address_guard_applies() {
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn https_is_verified_and_read() {
-    use std::io::Write;
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(ck.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(ck.key_pair.serialize_pem().as_bytes())
-        .unwrap();
+    let self_signed::SelfSigned { cert, key, .. } = self_signed::SelfSigned::new(&["localhost"]);
     let config = sluice::server::tls::server_config(cert.path(), key.path()).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
