@@ -503,3 +503,44 @@ async fn shutdown_finishes_the_response_in_flight_then_closes() {
     assert!(read.is_ok(), "connection not closed after shutdown");
     assert!(rest.is_empty());
 }
+
+#[tokio::test]
+async fn fast_path_requests_reach_the_access_log() {
+    let (origin, _) = raw_origin(ok_answer("hello")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut config = proxy_config(origin, true, "");
+    config.reverse.access_log = log.to_str().unwrap().to_string();
+    let p = Proxy::start(config).await;
+    let mut c = Client::to(&p).await;
+    let r = c
+        .ask(b"GET /api/log?x=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: probe/1\r\nReferer: http://r/\r\n\r\n")
+        .await;
+    assert_eq!(r.body, b"hello");
+    let r = c.ask(b"HEAD /api/log HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.status(), 200);
+    // Written off the request path: wait for both lines.
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = text.lines().map(str::to_string).collect();
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let get: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(get["method"], "GET");
+    assert_eq!(get["target"], "/api/log?x=1");
+    assert_eq!(get["proto"], "HTTP/1.1");
+    assert_eq!(get["status"], 200);
+    assert_eq!(get["bytes"], 5);
+    assert_eq!(get["client"], "127.0.0.1");
+    assert_eq!(get["server"], origin.to_string());
+    assert_eq!(get["user_agent"], "probe/1");
+    assert_eq!(get["referer"], "http://r/");
+    let head: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert_eq!(head["method"], "HEAD");
+    assert_eq!(head["bytes"], 0);
+}
