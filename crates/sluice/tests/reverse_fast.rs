@@ -544,3 +544,42 @@ async fn fast_path_requests_reach_the_access_log() {
     assert_eq!(head["method"], "HEAD");
     assert_eq!(head["bytes"], 0);
 }
+
+#[tokio::test]
+async fn an_idle_upstream_connection_is_closed_after_pool_idle_secs() {
+    // One connection: answer one request, then time how long sluice keeps it open.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = listener.local_addr().unwrap();
+    let closed_after = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        while find(&got, b"\r\n\r\n").is_none() {
+            let n = s.read(&mut buf).await.unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .unwrap();
+        let idle_from = tokio::time::Instant::now();
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        (n.map(|r| r.unwrap_or(0)).ok(), idle_from.elapsed())
+    });
+    let mut config = proxy_config(origin, true, "");
+    config.reverse.pool_idle_secs = 1;
+    let p = Proxy::start(config).await;
+    let r = Client::to(&p)
+        .await
+        .ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await;
+    assert_eq!(r.body, b"ok");
+    // No further request comes: the pool's sweep closes it, not a later check-out.
+    let (read, after) = closed_after.await.unwrap();
+    assert_eq!(read, Some(0), "the idle upstream connection was not closed");
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed too early: {after:?}"
+    );
+    assert!(after < Duration::from_secs(3), "closed late: {after:?}");
+    drop(p);
+}

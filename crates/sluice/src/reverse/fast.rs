@@ -500,6 +500,8 @@ pub struct FastPool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    /// A sweep task is running (see [`FastPool::sweep_later`]).
+    sweeping: std::sync::atomic::AtomicBool,
 }
 
 /// A route's fast-path pools, one per per-core runtime; empty on a route the fast path does
@@ -524,6 +526,7 @@ impl FastPools {
                         max_idle: shared.pool_max_idle_per_server,
                         idle_timeout: Duration::from_secs(shared.pool_idle_secs),
                         connect_timeout: Duration::from_secs(route.connect_timeout_secs),
+                        sweeping: std::sync::atomic::AtomicBool::new(false),
                     })
                 })
                 .collect(),
@@ -583,25 +586,66 @@ impl FastPool {
         Some(idle.conn)
     }
 
-    fn checkin(&self, index: usize, conn: UpConn) {
+    fn checkin(self: &Arc<Self>, index: usize, conn: UpConn) {
         if self.max_idle == 0 {
             return;
         }
         let Some(Ok(mut stack)) = self.servers.get(index).map(Mutex::lock) else {
             return;
         };
-        while stack
-            .front()
-            .is_some_and(|i| i.since.elapsed() >= self.idle_timeout)
-        {
-            stack.pop_front();
-        }
+        self.expire(&mut stack);
         if stack.len() >= self.max_idle {
             stack.pop_front();
         }
         stack.push_back(Idle {
             conn,
             since: Instant::now(),
+        });
+        drop(stack);
+        self.sweep_later();
+    }
+
+    /// Closes the connections at the old end of `stack` that have been idle too long.
+    fn expire(&self, stack: &mut std::collections::VecDeque<Idle>) {
+        while stack
+            .front()
+            .is_some_and(|i| i.since.elapsed() >= self.idle_timeout)
+        {
+            stack.pop_front();
+        }
+    }
+
+    /// Makes sure idle connections are closed on time even when no request comes: one task per
+    /// pool while it holds any, holding it weakly, sweeping every half idle timeout.
+    fn sweep_later(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering::{AcqRel, Release};
+        if self.sweeping.swap(true, AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Release);
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let every = (self.idle_timeout / 2).max(Duration::from_millis(100));
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(pool) = weak.upgrade() else { return };
+                let mut held = 0;
+                for slot in &pool.servers {
+                    if let Ok(mut stack) = slot.lock() {
+                        pool.expire(&mut stack);
+                        held += stack.len();
+                    }
+                }
+                if held == 0 {
+                    // A check-in racing this store starts its own sweep, or its connection
+                    // expires at check-out.
+                    pool.sweeping.store(false, Release);
+                    return;
+                }
+            }
         });
     }
 
