@@ -122,15 +122,9 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool)
         if let Some(i) = find(buf, b"\r\n\r\n") {
             break i + 4;
         }
-        let mut chunk = [0u8; 65536];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
+        if read_into(s, buf).await? == 0 {
             return None;
         }
-        buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
     buf.drain(..end);
@@ -163,17 +157,21 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool)
         } else {
             raw.body.append(buf);
         }
-        let mut chunk = [0u8; 65536];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
+        if read_into(s, buf).await? == 0 {
             // Close-delimited ends here; any other body was cut.
             return (length.is_none() && !chunked).then_some(raw);
         }
-        buf.extend_from_slice(&chunk[..n]);
     }
+}
+
+/// One read from `s` appended to `buf`, within 5 s: how many bytes (0 at the end); `None` on an
+/// error or the timeout.
+async fn read_into(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    buf.reserve(65536);
+    tokio::time::timeout(Duration::from_secs(5), s.read_buf(buf))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// A client connection to sluice and the bytes read past the last response.
