@@ -280,6 +280,7 @@ SLUICE_REVERSE = """# sluice as a plain reverse proxy: one route, one upstream g
 listen = ["127.0.0.1:{port}"]
 runtime = "{runtime}"
 threads = {threads}
+h1_fast_path = {fast}
 [reverse]
 via = false
 [[upstreams]]
@@ -291,22 +292,24 @@ upstream = "origin"
 """
 
 
-def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing"):
+def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast_path=True):
     """sluice's reverse proxy in front of one origin port or a round-robin group of them, under
     the runtime model `runtime` ("work-stealing" or "per-core"), with as many threads as the
-    other proxies get (`ctx.proxy_threads`)."""
+    other proxies get (`ctx.proxy_threads`); `fast_path` is `server.h1_fast_path`."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-reverse")
     port = procs.free_port()
     servers = ", ".join(f'"127.0.0.1:{p}"' for p in _ports(upstream_port))
     conf = _write(d, "sluice.toml", SLUICE_REVERSE.format(
-        port=port, servers=servers, runtime=runtime, threads=ctx.proxy_threads))
+        port=port, servers=servers, runtime=runtime, threads=ctx.proxy_threads,
+        fast="true" if fast_path else "false"))
     argv = [ctx.sluice_bin, "serve", "--config", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
     procs.wait_tcp(port, p)
-    return Peer(f"sluice ({runtime})", p, port, version_of([ctx.sluice_bin, "--version"]))
+    name = f"sluice ({runtime})" if fast_path else f"sluice ({runtime}, hyper path)"
+    return Peer(name, p, port, version_of([ctx.sluice_bin, "--version"]))
 
 
 SLUICE_TCP = """\

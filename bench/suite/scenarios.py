@@ -148,8 +148,11 @@ def _s1_big(ctx, origin, row, big, params):
 # === S2: reverse proxy, small responses ===
 
 # sluice runs twice, once per runtime model, so S2 also answers design.md's question of which
-# model to ship as the default.
-S2_PEERS = ["direct", "sluice (work-stealing)", "sluice (per-core)", "Varnish pass",
+# model to ship as the default; a third row is work-stealing with the HTTP/1.1 fast path off
+# (`server.h1_fast_path = false`: every request through hyper), for the A/B in
+# docs/reverse-proxy.md.
+S2_HYPER = "sluice (work-stealing, hyper path)"
+S2_PEERS = ["direct", "sluice (work-stealing)", S2_HYPER, "sluice (per-core)", "Varnish pass",
             "nginx proxy_pass", "HAProxy http"]
 
 
@@ -184,7 +187,7 @@ def s2(ctx):
             "rows": rows, "origin": origin.version,
             "question": "Requests/s, p99 and CPU per request for 1 KB (c = 1, 10, 100, 1000), "
                         "64 KiB and 7 MB responses, and a 2-server round-robin group: direct, "
-                        "sluice (work-stealing and per-core runtimes), Varnish (pass), nginx proxy_pass, HAProxy (http)."}
+                        "sluice (work-stealing and per-core runtimes, and work-stealing with the HTTP/1.1 fast path off), Varnish (pass), nginx proxy_pass, HAProxy (http)."}
 
 
 # === S3: TCP proxy ===
@@ -255,6 +258,8 @@ S2_STARTERS = {
     "sluice (work-stealing)": functools.partial(peers.start_sluice_reverse,
                                                 runtime="work-stealing"),
     "sluice (per-core)": functools.partial(peers.start_sluice_reverse, runtime="per-core"),
+    S2_HYPER: functools.partial(peers.start_sluice_reverse, runtime="work-stealing",
+                                fast_path=False),
 }
 
 # S3's sluice row is the TCP front end.

@@ -82,13 +82,25 @@ impl Decoder {
     /// bytes of `input` belong to the body; it stops at the body's end (what follows is the
     /// next message). An error is final.
     pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, ChunkedError> {
+        self.run(input, Some(out))
+    }
+
+    /// Like [`Decoder::decode`] without keeping the body bytes: for a relay that passes the coded
+    /// bytes on as they are and only needs to know where the body ends.
+    pub fn skip(&mut self, input: &[u8]) -> Result<usize, ChunkedError> {
+        self.run(input, None)
+    }
+
+    fn run(&mut self, input: &[u8], mut out: Option<&mut Vec<u8>>) -> Result<usize, ChunkedError> {
         let mut at = 0;
         while at < input.len() {
             match self.state {
                 State::Done => break,
                 State::Data(left) => {
                     let n = (input.len() - at).min(usize::try_from(left).unwrap_or(usize::MAX));
-                    out.extend_from_slice(&input[at..at + n]);
+                    if let Some(out) = out.as_deref_mut() {
+                        out.extend_from_slice(&input[at..at + n]);
+                    }
                     at += n;
                     let left = left - n as u64;
                     self.state = if left == 0 {
@@ -231,6 +243,20 @@ mod tests {
         assert_eq!(out, b"hello world0123456789");
         assert!(done);
         assert_eq!(&coded[used..], b"NEXT");
+    }
+
+    #[test]
+    fn skip_finds_the_same_end_as_decode_however_split() {
+        let coded = b"5\r\nhello\r\n6;x=1\r\n world\r\n0\r\nT: 1\r\n\r\nNEXT";
+        let end = coded.len() - 4;
+        for split in 0..coded.len() {
+            let mut d = Decoder::new();
+            let first = d.skip(&coded[..split]).unwrap();
+            assert_eq!(first, split.min(end));
+            let second = d.skip(&coded[first..]).unwrap();
+            assert!(d.is_done(), "split at {split}");
+            assert_eq!(first + second, end);
+        }
     }
 
     #[test]

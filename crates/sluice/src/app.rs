@@ -372,22 +372,11 @@ impl App {
             }
         };
         series.first_byte.observe(start.elapsed().as_secs_f64());
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                endpoint,
-                status: resp.status().as_u16(),
-            })
-            .inc();
-        if let Some(mark) = resp.extensions().get::<ErrorMark>() {
-            self.metrics
-                .errors
-                .get_or_create(&ErrorLabels {
-                    side: mark.side.label(),
-                    kind: mark.kind,
-                })
-                .inc();
-        }
+        self.count_response(
+            endpoint,
+            resp.status().as_u16(),
+            resp.extensions().get::<ErrorMark>(),
+        );
         let finish = Finish {
             start,
             total: series.total,
@@ -402,6 +391,107 @@ impl App {
                 finish: Some(finish),
             })
         })
+    }
+
+    /// Counts one response head: requests by endpoint and status, errors by side and kind.
+    fn count_response(&self, endpoint: &'static str, status: u16, mark: Option<&ErrorMark>) {
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels { endpoint, status })
+            .inc();
+        if let Some(mark) = mark {
+            self.metrics
+                .errors
+                .get_or_create(&ErrorLabels {
+                    side: mark.side.label(),
+                    kind: mark.kind,
+                })
+                .inc();
+        }
+    }
+
+    /// The fast path's routing (`server::h1fast`): the route table a plain HTTP/1.1 GET or HEAD
+    /// for `host` and the normalised `path` on `listener` reaches, when that is a reverse route the
+    /// fast path serves (plain HTTP/1.1 upstream, no cache). `None`: the request goes to hyper.
+    #[cfg(feature = "reverse")]
+    pub(crate) fn fast_route(
+        &self,
+        listener: crate::server::routes::ListenerId,
+        host: &str,
+        path: &str,
+    ) -> Option<(Arc<Routing>, Arc<crate::reverse::Route>)> {
+        let routing = self.routing.load_full();
+        match routing.lookup(listener, Some(host), path) {
+            Some(crate::server::routes::Target::Proxy(route))
+                if crate::reverse::fast::serves(route) =>
+            {
+                let route = route.clone();
+                Some((routing, route))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether any route of the current table is one the fast path serves.
+    #[cfg(feature = "reverse")]
+    pub(crate) fn has_fast_routes(&self) -> bool {
+        self.routing
+            .load()
+            .reverse
+            .routes()
+            .iter()
+            .any(|r| crate::reverse::fast::serves(r))
+    }
+
+    /// Serves one fast-path request on `route` and meters it exactly as [`App::handle`] meters a
+    /// proxied request: the `reverse` endpoint's active gauge, first-byte and total histograms,
+    /// bytes sent, requests by status and errors by side and kind.
+    #[cfg(feature = "reverse")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn serve_fast<W: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        routing: &Routing,
+        route: &Arc<crate::reverse::Route>,
+        req: crate::reverse::fast::FastRequest<'_>,
+        path: &str,
+        host: &str,
+        peer: SocketAddr,
+        client: &mut W,
+        guard: ActivityGuard,
+    ) -> crate::reverse::fast::Served {
+        let start = Instant::now();
+        let labels = EndpointLabels {
+            endpoint: "reverse",
+        };
+        let series = self
+            .proxy_series
+            .get_or_init(|| EndpointSeries::of(&self.metrics, &labels));
+        series.active.inc();
+        // Dropped with the request, also when a send timeout cuts it.
+        let finish = Finish {
+            start,
+            total: series.total.clone(),
+            active: series.active.clone(),
+            _guard: guard,
+        };
+        let down = Downstream {
+            peer,
+            client_ip: self.auth.client_ip(peer.ip(), &req.headers),
+            trusted: self.auth.is_trusted(peer.ip()),
+            secure: false,
+            host: Some(host.to_string()),
+        };
+        let on_head = |status: u16, mark: Option<ErrorMark>| {
+            series.first_byte.observe(start.elapsed().as_secs_f64());
+            self.count_response("reverse", status, mark.as_ref());
+        };
+        let served = routing
+            .reverse
+            .serve_fast(route, req, path, &down, client, on_head)
+            .await;
+        series.sent.inc_by(served.sent);
+        drop(finish);
+        served
     }
 
     async fn route(

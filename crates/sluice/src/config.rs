@@ -97,6 +97,9 @@ pub struct ServerConfig {
     /// Threads serving connections (work-stealing workers, or per-core runtimes); 0 = one per
     /// available core.
     pub threads: usize,
+    /// Plain-HTTP connections serve simple GET/HEAD requests for plain-HTTP, uncached reverse
+    /// routes on sluice's own HTTP/1.1 path, handing everything else to the general server.
+    pub h1_fast_path: bool,
 }
 
 impl Default for ServerConfig {
@@ -120,6 +123,7 @@ impl Default for ServerConfig {
             h2_max_send_buf_bytes: 128 * 1024,
             runtime: crate::runtime::RuntimeModel::WorkStealing,
             threads: 0,
+            h1_fast_path: true,
         }
     }
 }
@@ -143,6 +147,7 @@ config_section!(ServerConfig {
     h2_max_send_buf_bytes,
     runtime,
     threads,
+    h1_fast_path,
 });
 
 /// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,

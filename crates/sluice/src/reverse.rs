@@ -12,6 +12,7 @@ pub mod cached;
 pub mod client;
 pub mod config;
 mod dial;
+pub mod fast;
 pub mod forward;
 pub mod h1pool;
 pub mod metrics;
@@ -37,6 +38,8 @@ pub struct Route {
     client: client::RoutePools,
     /// Plain-HTTP routes: owned HTTP/1.1 connections for everything but upgrades.
     h1: client::H1Pools,
+    /// Plain-HTTP routes without a cache: the HTTP/1.1 fast path's connections (`fast`).
+    fast: fast::FastPools,
     /// For upgrades on `https` routes: ALPN offers HTTP/1.1 only, since Upgrade needs it.
     upgrade_client: client::RoutePools,
     req_add: Vec<(HeaderName, HeaderValue)>,
@@ -93,6 +96,7 @@ impl Route {
             group,
             client: client::RoutePools::build(config, shared, false, pools)?,
             h1: client::H1Pools::build(config, shared, authorities.len(), pools),
+            fast: fast::FastPools::build(config, shared, authorities.len(), pools),
             upgrade_client: client::RoutePools::build(config, shared, true, pools)?,
             req_add: headers(&config.request_headers_add)?,
             req_remove: names(&config.request_headers_remove)?,

@@ -3,6 +3,8 @@
 //! header and HTTP/2 stream limits, the connection limit, and graceful shutdown.
 
 pub mod activity;
+#[cfg(feature = "reverse")]
+mod h1fast;
 pub mod listener;
 pub mod reload;
 pub mod routes;
@@ -212,6 +214,7 @@ impl Server {
             head_limits: (self.config.max_header_bytes, self.config.max_headers),
             listener: ListenerId::default(),
             splice: self.app.splices_streams(),
+            fast_path: self.config.h1_fast_path,
         };
         let grace = Duration::from_secs(self.config.shutdown_grace_secs);
         let mut acceptors = Vec::new();
@@ -422,6 +425,9 @@ struct Conn {
     listener: ListenerId,
     /// Plain HTTP/1.1 connections offer handlers a splice tap (`spliced`).
     splice: bool,
+    /// `server.h1_fast_path`: plain connections start on the HTTP/1.1 fast path (`h1fast`).
+    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
+    fast_path: bool,
 }
 
 /// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
@@ -494,9 +500,25 @@ impl Conn {
             }
             return;
         }
-        let tap = self.splice.then(|| Arc::new(spliced::Tap::default()));
-        let stream = self.screened(spliced::Tapped::new(stream, tap.clone()), false);
-        self.drive(stream, watch, peer, false, tap).await
+        #[cfg(feature = "reverse")]
+        let (mut self_, mut stream, mut watch) = (self, stream, watch);
+        #[cfg(feature = "reverse")]
+        let replayed = if self_.fast_path && self_.app.has_fast_routes() {
+            match self_.serve_fast(&mut stream, &mut watch, peer).await {
+                h1fast::End::Closed => return,
+                h1fast::End::HandOff(bytes) => bytes,
+            }
+        } else {
+            Vec::new()
+        };
+        #[cfg(feature = "reverse")]
+        let this = self_;
+        #[cfg(not(feature = "reverse"))]
+        let (this, replayed) = (self, Vec::new());
+        let tap = this.splice.then(|| Arc::new(spliced::Tap::default()));
+        let mut stream = this.screened(spliced::Tapped::new(stream, tap.clone()), false);
+        stream.replay(replayed);
+        this.drive(stream, watch, peer, false, tap).await
     }
 
     /// Puts the HTTP/1.1 request screen (`screen`) under hyper.

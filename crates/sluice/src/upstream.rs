@@ -11,7 +11,7 @@ pub mod fetch;
 #[cfg(feature = "groups")]
 pub mod group;
 pub mod guard;
-mod h1;
+pub(crate) mod h1;
 pub mod happy;
 #[cfg(feature = "upstream-pool")]
 pub mod raw;

@@ -10,11 +10,17 @@ fuzz_target!(|data: &[u8]| {
     };
     let step = usize::from(step).max(1);
     let mut decoder = Decoder::new();
+    // The relay's scanner runs beside the decoder and must agree with it on every piece.
+    let mut scanner = Decoder::new();
     let mut out = Vec::new();
     let mut at = 0;
     while at < coded.len() && !decoder.is_done() {
         let end = (at + step).min(coded.len());
-        match decoder.decode(&coded[at..end], &mut out) {
+        let scanned = scanner.skip(&coded[at..end]);
+        let decoded = decoder.decode(&coded[at..end], &mut out);
+        assert_eq!(scanned, decoded);
+        assert_eq!(scanner.is_done(), decoder.is_done());
+        match decoded {
             Ok(used) => {
                 assert!(used <= end - at);
                 // It stops short of its input only at the body's end.

@@ -84,11 +84,22 @@ impl Reverse {
                 .into_response();
         };
         let key = CacheKey::new(&t.scope, &t.target);
-        let balance = hash_key(route, &req, down);
+        let balance = hash_key(
+            route,
+            super::forward::request_target(&req),
+            req.headers(),
+            down,
+        );
         let (mut parts, _) = req.into_parts();
         // The purge authorisation below reads the client's own headers: the head gets a copy.
-        let head = match self.upstream_head(route, &parts, parts.headers.clone(), path, down, false)
-        {
+        let head = match self.upstream_head(
+            route,
+            super::forward::ClientHead::of(&parts),
+            parts.headers.clone(),
+            path,
+            down,
+            false,
+        ) {
             Ok(head) => head,
             Err(e) => {
                 let resp = e.into_response();

@@ -53,7 +53,7 @@ pub enum FetchError {
 }
 
 impl FetchError {
-    fn into_proxy_error(self) -> ProxyError {
+    pub(super) fn into_proxy_error(self) -> ProxyError {
         let (status, kind) = match &self {
             FetchError::NoServer { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"),
             FetchError::Refused { .. } => (StatusCode::BAD_GATEWAY, "upstream_refused"),
@@ -100,22 +100,14 @@ impl Reverse {
             req.version() <= Version::HTTP_11 && hop::wants_upgrade(req.headers(), "websocket");
         let upgrade = (h2_connect || h1_upgrade) && route.config.websocket;
         // Only an access log reads the entry; without one, no strings are copied per request.
-        let entry = self.access_log.as_ref().map(|_| Entry {
-            client: down.client_ip,
-            method: req.method().to_string(),
-            target: req
-                .uri()
-                .path_and_query()
-                .map_or("/".into(), |p| p.as_str().to_string()),
-            version: version_text(req.version()),
-            status: 0,
-            bytes: 0,
-            duration: Duration::ZERO,
-            route: route.name.clone(),
-            server: None,
-            referer: text(req.headers(), header::REFERER),
-            user_agent: text(req.headers(), header::USER_AGENT),
-        });
+        let entry = self.log_entry(
+            route,
+            down,
+            req.method(),
+            request_target(&req),
+            req.version(),
+            req.headers(),
+        );
         let cache_target = if upgrade {
             None
         } else {
@@ -149,11 +141,12 @@ impl Reverse {
                 ));
             }
             let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-            let key = hash_key(route, &req, down);
+            let key = hash_key(route, request_target(&req), req.headers(), down);
             let (mut parts, incoming) = req.into_parts();
             // The client's headers move into the upstream head: no copy of the map.
             let headers = std::mem::take(&mut parts.headers);
-            let mut head = self.upstream_head(route, &parts, headers, path, down, upgrade)?;
+            let mut head =
+                self.upstream_head(route, ClientHead::of(&parts), headers, path, down, upgrade)?;
             let body = BodySlot::new(incoming, limit, route.idle_timeout);
             let fetched = self
                 .fetch(route, &mut head, &body, key.as_deref())
@@ -198,7 +191,7 @@ impl Reverse {
     pub(super) fn upstream_head(
         &self,
         route: &Route,
-        req: &http::request::Parts,
+        req: ClientHead<'_>,
         mut headers: HeaderMap,
         path: &str,
         down: &Downstream,
@@ -241,7 +234,7 @@ impl Reverse {
             }
         }
         let mut path_and_query = rewrite_path(&route.config, path);
-        if let Some(q) = req.uri.query() {
+        if let Some(q) = req.query {
             path_and_query.push('?');
             path_and_query.push_str(q);
         }
@@ -264,9 +257,7 @@ impl Reverse {
             headers,
             upgrade,
             host: match (&down.host, route.config.preserve_host) {
-                (Some(_), true) if req.uri.authority().is_none() && client_host.is_some() => {
-                    client_host
-                }
+                (Some(_), true) if !req.has_authority && client_host.is_some() => client_host,
                 (Some(h), true) => HeaderValue::from_str(h).ok(),
                 _ => None,
             },
@@ -334,26 +325,7 @@ impl Reverse {
             )
             .into_response();
         }
-        hop::strip_hop_by_hop(&mut headers, false);
-        if self.settings.via {
-            let mine = via_value(response.version());
-            match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
-                Some(prior) => {
-                    if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {mine}")) {
-                        headers.insert(header::VIA, v);
-                    }
-                }
-                None => {
-                    headers.insert(header::VIA, HeaderValue::from_static(mine));
-                }
-            }
-        }
-        for name in &route.resp_remove {
-            headers.remove(name);
-        }
-        for (name, value) in &route.resp_add {
-            headers.insert(name.clone(), value.clone());
-        }
+        self.response_fields(route, &mut headers, response.version());
         let done = Done {
             access_log: self.access_log.clone(),
             route: route.clone(),
@@ -371,6 +343,58 @@ impl Reverse {
         *resp.status_mut() = parts.status;
         *resp.headers_mut() = headers;
         resp
+    }
+
+    /// The access log entry of a request, filled in as it ends; only an access log reads it, so
+    /// without one no strings are copied per request.
+    pub(super) fn log_entry(
+        &self,
+        route: &Route,
+        down: &Downstream,
+        method: &Method,
+        target: &str,
+        version: Version,
+        headers: &HeaderMap,
+    ) -> Option<Entry> {
+        self.access_log.as_ref().map(|_| Entry {
+            client: down.client_ip,
+            method: method.to_string(),
+            target: target.to_string(),
+            version: version_text(version),
+            status: 0,
+            bytes: 0,
+            duration: Duration::ZERO,
+            route: route.name.clone(),
+            server: None,
+            referer: text(headers, header::REFERER),
+            user_agent: text(headers, header::USER_AGENT),
+        })
+    }
+
+    /// The upstream response's fields as the client gets them: hop-by-hop fields dropped, this
+    /// hop's `Via` (for an upstream response of version `version`), the route's response
+    /// remove/add.
+    pub(super) fn response_fields(&self, route: &Route, headers: &mut HeaderMap, version: Version) {
+        hop::strip_hop_by_hop(headers, false);
+        if self.settings.via {
+            let mine = via_value(version);
+            match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
+                Some(prior) => {
+                    if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {mine}")) {
+                        headers.insert(header::VIA, v);
+                    }
+                }
+                None => {
+                    headers.insert(header::VIA, HeaderValue::from_static(mine));
+                }
+            }
+        }
+        for name in &route.resp_remove {
+            headers.remove(name);
+        }
+        for (name, value) in &route.resp_add {
+            headers.insert(name.clone(), value.clone());
+        }
     }
 
     /// Metrics and the access log line of a request answered without an upstream body.
@@ -400,6 +424,93 @@ pub(super) async fn attempts(
     body: &BodySlot,
     key: Option<&[u8]>,
 ) -> Result<Fetched, FetchError> {
+    let replayable = head.method.is_idempotent() && body.is_empty();
+    let (response, in_flight) = attempt_loop(
+        budget,
+        route,
+        key,
+        replayable,
+        || body.untouched(),
+        |server, index, final_try| {
+            let lent = body.lend()?;
+            let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
+            let owned = match (route.h1.get(), index) {
+                (Some(pool), Some(i)) if !head.upgrade => Some((pool, i)),
+                _ => None,
+            };
+            let upgrade = head.upgrade;
+            let (req, owned) = match owned {
+                Some(o) => (build_request(head, final_try, &server, None, lent), Some(o)),
+                None => (
+                    build_request(head, final_try, &server, Some(authority), lent),
+                    None,
+                ),
+            };
+            let group = route.group.name();
+            Some(async move {
+                let sent = match owned {
+                    Some((pool, i)) => pool
+                        .send(i, server.addr(), req)
+                        .await
+                        .map_err(SendFailure::Owned),
+                    None => {
+                        let client = if upgrade {
+                            route.upgrade_client.get()
+                        } else {
+                            route.client.get()
+                        };
+                        match client.request(req).await {
+                            Ok(r) => Ok(r.map(UpstreamBody::from)),
+                            Err(e) => Err(SendFailure::Pooled(e)),
+                        }
+                    }
+                };
+                sent.map_err(|e| {
+                    if body.too_large() {
+                        AttemptFailure::Final(FetchError::TooLarge {
+                            limit: route.config.max_body_bytes,
+                        })
+                    } else {
+                        AttemptFailure::Failed(classify(&e, group, &server))
+                    }
+                })
+            })
+        },
+    )
+    .await?;
+    Ok(Fetched {
+        response,
+        in_flight,
+    })
+}
+
+/// How one attempt failed.
+pub(super) enum AttemptFailure {
+    /// The server failed; the loop may move on to the next one.
+    Failed(FetchError),
+    /// The request itself is at fault (its body too large): no other server is tried.
+    Final(FetchError),
+}
+
+/// The attempt loop every upstream request makes, whatever carries it: the group's plan in
+/// order, the per-server metrics and health reports, the in-flight mark (least-connections), the
+/// route's header timeout around each attempt, and the retry rules — after a connect failure
+/// while `untouched()` (the body was not read), after any failure when `replayable`; every move
+/// after the first server takes from the retry budget. `send` starts the attempt on a server (its
+/// index in the group and whether it is the last try); `None` ends the loop (the body cannot be
+/// lent again).
+pub(super) async fn attempt_loop<R, F, Fut>(
+    budget: &super::budget::RetryBudget,
+    route: &Arc<Route>,
+    key: Option<&[u8]>,
+    replayable: bool,
+    untouched: impl Fn() -> bool,
+    mut send: F,
+) -> Result<(R, InFlight), FetchError>
+where
+    F: FnMut(Arc<Server>, Option<usize>, bool) -> Option<Fut>,
+    Fut: std::future::Future<Output = Result<R, AttemptFailure>>,
+{
     let group = &route.group;
     let plan = group.plan(key);
     if plan.is_empty() {
@@ -407,7 +518,6 @@ pub(super) async fn attempts(
             group: group.name().to_string(),
         });
     }
-    let replayable = head.method.is_idempotent() && body.is_empty();
     let mut last: Option<FetchError> = None;
     let tries = plan.len().min(route.config.max_attempts as usize);
     for (attempt, server) in plan.iter().take(tries).enumerate() {
@@ -423,52 +533,18 @@ pub(super) async fn attempts(
         let meters = route.meters.server(index, server.addr());
         route.meters.server_requests(&meters).inc();
         let in_flight = server.begin();
-        let Some(lent) = body.lend() else { break };
-        let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
-        let owned = match (route.h1.get(), index) {
-            (Some(pool), Some(i)) if !head.upgrade => Some((pool, i)),
-            _ => None,
+        let Some(attempt) = send(server.clone(), index, final_try) else {
+            break;
         };
-        let send = async {
-            match owned {
-                Some((pool, i)) => {
-                    let req = build_request(head, final_try, server, None, lent);
-                    pool.send(i, server.addr(), req)
-                        .await
-                        .map_err(SendFailure::Owned)
-                }
-                None => {
-                    let req = build_request(head, final_try, server, Some(authority), lent);
-                    let client = if head.upgrade {
-                        route.upgrade_client.get()
-                    } else {
-                        route.client.get()
-                    };
-                    match client.request(req).await {
-                        Ok(r) => Ok(r.map(UpstreamBody::from)),
-                        Err(e) => Err(SendFailure::Pooled(e)),
-                    }
-                }
-            }
-        };
-        let outcome = tokio::time::timeout(route.header_timeout, send).await;
+        let outcome = tokio::time::timeout(route.header_timeout, attempt).await;
         let failure = match outcome {
             Ok(Ok(response)) => {
                 server.report_success();
                 route.meters.server_healthy(&meters).set(1);
-                return Ok(Fetched {
-                    response,
-                    in_flight,
-                });
+                return Ok((response, in_flight));
             }
-            Ok(Err(e)) => {
-                if body.too_large() {
-                    return Err(FetchError::TooLarge {
-                        limit: route.config.max_body_bytes,
-                    });
-                }
-                classify(&e, group.name(), server)
-            }
+            Ok(Err(AttemptFailure::Final(e))) => return Err(e),
+            Ok(Err(AttemptFailure::Failed(e))) => e,
             Err(_) => FetchError::HeaderTimeout {
                 server: server.addr().to_string(),
                 secs: route.header_timeout.as_secs(),
@@ -484,7 +560,7 @@ pub(super) async fn attempts(
             failure,
             FetchError::Refused { .. } | FetchError::ConnectTimeout { .. }
         );
-        let may_retry = (connect_failed && body.untouched()) || replayable;
+        let may_retry = (connect_failed && untouched()) || replayable;
         last = Some(failure);
         if !may_retry {
             break;
@@ -599,7 +675,7 @@ fn classify(e: &SendFailure, group: &str, server: &Server) -> FetchError {
     }
 }
 
-fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
+pub(super) fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
     match cf {
         ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
             group: group.to_string(),
@@ -628,31 +704,26 @@ pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
     }
 }
 
-/// The bytes `balance = "hash"` hashes, per the group's `hash_key`.
+/// The bytes `balance = "hash"` hashes, per the group's `hash_key`: `target` is the request's
+/// path and query as the client sent them.
 pub(super) fn hash_key(
     route: &Route,
-    req: &Request<Incoming>,
+    target: &str,
+    headers: &HeaderMap,
     down: &Downstream,
 ) -> Option<Vec<u8>> {
     let spec = route.group.hash_key()?;
     if spec == "uri" {
-        return Some(
-            req.uri()
-                .path_and_query()
-                .map_or("/", |p| p.as_str())
-                .as_bytes()
-                .to_vec(),
-        );
+        return Some(target.as_bytes().to_vec());
     }
     if spec == "client_ip" {
         return Some(down.client_ip.to_string().into_bytes());
     }
     if let Some(name) = spec.strip_prefix("header:") {
-        return req.headers().get(name).map(|v| v.as_bytes().to_vec());
+        return headers.get(name).map(|v| v.as_bytes().to_vec());
     }
     if let Some(name) = spec.strip_prefix("cookie:") {
-        return req
-            .headers()
+        return headers
             .get_all(header::COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
@@ -662,6 +733,32 @@ pub(super) fn hash_key(
             .map(|(_, v)| v.as_bytes().to_vec());
     }
     None
+}
+
+/// The path and query of a request as it came (`/` when it has none).
+pub(super) fn request_target<B>(req: &Request<B>) -> &str {
+    req.uri().path_and_query().map_or("/", |p| p.as_str())
+}
+
+/// The parts of the client's request head the upstream head is built from, besides its fields.
+#[derive(Clone, Copy)]
+pub(super) struct ClientHead<'a> {
+    pub method: &'a Method,
+    pub version: Version,
+    pub query: Option<&'a str>,
+    /// The target was in absolute form (or an HTTP/2 authority): its host, not `Host`, was routed.
+    pub has_authority: bool,
+}
+
+impl<'a> ClientHead<'a> {
+    pub fn of(parts: &'a http::request::Parts) -> ClientHead<'a> {
+        ClientHead {
+            method: &parts.method,
+            version: parts.version,
+            query: parts.uri.query(),
+            has_authority: parts.uri.authority().is_some(),
+        }
+    }
 }
 
 fn websocket_key() -> HeaderValue {
@@ -701,7 +798,7 @@ fn version_text(v: Version) -> &'static str {
 }
 
 /// Decrements a gauge when dropped.
-struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+pub(super) struct GaugeGuard(pub(super) prometheus_client::metrics::gauge::Gauge);
 
 impl Drop for GaugeGuard {
     fn drop(&mut self) {
@@ -710,14 +807,14 @@ impl Drop for GaugeGuard {
 }
 
 /// What happens when a response body ends: metrics, access log, and the in-flight marks released.
-struct Done {
-    access_log: Option<super::access_log::AccessLog>,
-    route: Arc<Route>,
-    start: Instant,
-    status: u16,
+pub(super) struct Done {
+    pub(super) access_log: Option<super::access_log::AccessLog>,
+    pub(super) route: Arc<Route>,
+    pub(super) start: Instant,
+    pub(super) status: u16,
     /// Present when there is an access log.
-    entry: Option<Entry>,
-    _hold: (InFlight, GaugeGuard),
+    pub(super) entry: Option<Entry>,
+    pub(super) _hold: (InFlight, GaugeGuard),
 }
 
 impl OnDone for Done {

@@ -61,6 +61,17 @@ impl<I> Screened<I> {
         }
     }
 
+    /// Gives `bytes`, already read off the connection (the HTTP/1.1 fast path's hand-off), back
+    /// first, screened like any others. Called before the first read.
+    pub fn replay(&mut self, bytes: Vec<u8>) {
+        if bytes.is_empty() {
+            return;
+        }
+        let mut held = bytes;
+        self.ready = self.screen(&mut held);
+        self.held = held;
+    }
+
     /// Screens `data` from the start: heads once complete (altered in place when refused), body
     /// bytes as they come. Returns how many bytes were screened; the rest is an incomplete head.
     fn screen(&mut self, data: &mut [u8]) -> usize {
@@ -214,18 +225,24 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// Writes `pieces` with pauses (so reads see them split) and returns what the reader got.
-    async fn through(pieces: Vec<&'static [u8]>) -> (Vec<u8>, u64) {
-        let (mut client, server) = tokio::io::duplex(64);
+    /// `io` screened with the usual limits, and its refusal counter.
+    fn screen_of<I>(io: I) -> (Screened<I>, Counter) {
         let refused = Counter::default();
-        let mut screened = Screened::new(
-            server,
+        let screened = Screened::new(
+            io,
             8192,
             100,
             false,
             refused.clone(),
             Duration::from_secs(5),
         );
+        (screened, refused)
+    }
+
+    /// Writes `pieces` with pauses (so reads see them split) and returns what the reader got.
+    async fn through(pieces: Vec<&'static [u8]>) -> (Vec<u8>, u64) {
+        let (mut client, server) = tokio::io::duplex(64);
+        let (mut screened, refused) = screen_of(server);
         let writer = tokio::spawn(async move {
             for p in pieces {
                 client.write_all(p).await.unwrap();
@@ -303,6 +320,29 @@ mod tests {
             assert_eq!(out, whole, "split at {split}");
             assert_eq!(refused, 0);
         }
+    }
+
+    #[tokio::test]
+    async fn replayed_bytes_come_first_and_are_screened() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let (mut screened, refused) = screen_of(server);
+        screened.replay(
+            b"GET / HTTP/1.1\r\nHost: a\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\n".to_vec(),
+        );
+        client
+            .write_all(b"Transfer-Encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        drop(client);
+        let mut out = Vec::new();
+        screened.read_to_end(&mut out).await.unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("GET / HTTP/1.1\r\nHost: a\r\n\r\nPOST / HTTP/1.1\r\n"));
+        assert_eq!(
+            refused.get(),
+            1,
+            "the replayed head's conflict was not screened"
+        );
     }
 
     #[tokio::test]

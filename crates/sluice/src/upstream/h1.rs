@@ -123,7 +123,8 @@ pub fn request_head(
     head
 }
 
-fn push_field(head: &mut Vec<u8>, name: &str, value: &[u8]) {
+/// `name: value` and CRLF, appended to a head being written.
+pub fn push_field(head: &mut Vec<u8>, name: &str, value: &[u8]) {
     head.extend_from_slice(name.as_bytes());
     head.extend_from_slice(b": ");
     // Byte for byte, the way the value arrived (obs-text included).

@@ -1,0 +1,785 @@
+//! The HTTP/1.1 fast path's proxying: one plain GET or HEAD on a plain-HTTP route without a cache,
+//! relayed as bytes over an owned upstream connection (no hyper on either side), with the same
+//! server choice, retries, forwarding headers, errors and metrics as `forward` (see
+//! `docs/decisions/h1-fast-path.md`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::header::{self, HeaderMap};
+use http::{Method, StatusCode, Version};
+use sluice_http::chunked;
+use sluice_http::response_head::{self, BodyLength, ResponseHead};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use super::dial::{self, EagerStream};
+use super::forward::{
+    attempt_loop, connect_failure, hash_key, AttemptFailure, ClientHead, Done, Downstream,
+    FetchError, GaugeGuard, UpstreamHead,
+};
+use super::{Reverse, Route};
+use crate::body::Body;
+use crate::error::ErrorMark;
+use crate::upstream::h1::{push_field as field, says_close, MAX_HEAD as MAX_RESPONSE_HEAD};
+
+/// Upstream reads go into a buffer of this size, kept with the connection: a 64 KiB body comes
+/// in one read when the server has written it.
+const READ_BUF: usize = 64 * 1024;
+/// A large body's reads grow the buffer up to this.
+const MAX_READ_BUF: usize = 256 * 1024;
+
+/// The client request the fast path serves: a GET or HEAD with no body, origin-form target.
+pub struct FastRequest<'a> {
+    pub method: Method,
+    /// The path and query as the client sent them.
+    pub target: &'a str,
+    pub headers: HeaderMap,
+    /// The client asked for `Connection: close`, or the server is shutting down: the response
+    /// says `Connection: close` and the connection ends after it.
+    pub close: bool,
+}
+
+/// What happened to one request, for the connection and the server-level metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct Served {
+    pub status: u16,
+    /// Response body bytes written to the client.
+    pub sent: u64,
+    /// The response was delimited and complete: the client connection may carry another request.
+    pub reusable: bool,
+}
+
+/// Why a relay ended early.
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error("upstream: {0}")]
+    Upstream(String),
+    #[error("client write failed: {0}")]
+    Client(std::io::Error),
+}
+
+/// Whether a route can be served by the fast path: plain HTTP/1.1 upstream, no cache.
+pub fn serves(route: &Route) -> bool {
+    route.fast.get().is_some() && route.cache_policy.is_none()
+}
+
+impl Reverse {
+    /// Proxies `req` (routed to `route` by the normalised `path`) and writes the response to
+    /// `client`. `on_head` is called once with the status and error mark just before the
+    /// response head is written (the server's first-byte clock).
+    pub async fn serve_fast<W: AsyncWrite + Unpin>(
+        &self,
+        route: &Arc<Route>,
+        req: FastRequest<'_>,
+        path: &str,
+        down: &Downstream,
+        client: &mut W,
+        on_head: impl FnOnce(u16, Option<ErrorMark>),
+    ) -> Served {
+        let start = Instant::now();
+        let close = req.close;
+        self.budget.record_request();
+        let entry = self.log_entry(
+            route,
+            down,
+            &req.method,
+            req.target,
+            Version::HTTP_11,
+            &req.headers,
+        );
+        let key = hash_key(route, req.target, &req.headers, down);
+        let query = req.target.split_once('?').map(|(_, q)| q);
+        let client_head = ClientHead {
+            method: &req.method,
+            version: Version::HTTP_11,
+            query,
+            has_authority: false,
+        };
+        let head = self.upstream_head(route, client_head, req.headers, path, down, false);
+        let fetched = match head {
+            Err(e) => Err(e),
+            Ok(head) => fetch(&self.budget, route, &head, key.as_deref())
+                .await
+                .map_err(FetchError::into_proxy_error),
+        };
+        let ttfb = start.elapsed();
+        route.meters.ttfb().observe(ttfb.as_secs_f64());
+        let (exchanged, in_flight) = match fetched {
+            Ok(f) => f,
+            Err(e) => {
+                let resp = e.into_response();
+                let status = resp.status().as_u16();
+                on_head(status, resp.extensions().get::<ErrorMark>().copied());
+                self.finish_record(route, status, ttfb, entry);
+                let reusable = write_full(client, resp, close).await.is_ok() && !close;
+                return Served {
+                    status,
+                    sent: 0,
+                    reusable,
+                };
+            }
+        };
+        let Exchanged {
+            mut conn,
+            head,
+            length,
+            pool,
+            index,
+        } = exchanged;
+        let status = head.status.as_u16();
+        let server = in_flight.server();
+        let meters = route
+            .meters
+            .server(route.server_index(server), server.addr());
+        let gauge = route.meters.server_in_flight(&meters).clone();
+        gauge.inc();
+        let mut done = Done {
+            access_log: self.access_log.clone(),
+            route: route.clone(),
+            start,
+            status,
+            entry: entry.map(|mut e| {
+                e.server = Some(server.addr().to_string());
+                e
+            }),
+            _hold: (in_flight, GaugeGuard(gauge)),
+        };
+        let keep_alive = !close && length != BodyLength::UntilClose;
+        let ResponseHead {
+            headers,
+            minor_version,
+            ..
+        } = head;
+        let mut headers = headers;
+        let coding = headers.get(header::TRANSFER_ENCODING).cloned();
+        // A server that says it closes the connection after this response gets no other.
+        let upstream_closes = says_close(&headers);
+        let version = if minor_version == 0 {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        self.response_fields(route, &mut headers, version);
+        if let (BodyLength::Coded, Some(te)) = (length, coding) {
+            // Relayed as it came, so its framing stays.
+            headers.insert(header::TRANSFER_ENCODING, te);
+        }
+        let mut out = Vec::with_capacity(512 + conn.buf.len());
+        write_head(&mut out, status, &headers, None, !keep_alive);
+        on_head(status, None);
+        let relayed = relay(&mut conn, length, &mut out, client, route.idle_timeout).await;
+        let (sent, complete, upstream_clean) = match relayed {
+            Ok((sent, clean)) => (sent, true, clean),
+            Err((sent, e)) => {
+                tracing::debug!(route = %route.name, error = %e, "fast path relay cut");
+                (sent, false, false)
+            }
+        };
+        if complete && upstream_clean && minor_version == 1 && !upstream_closes {
+            pool.checkin(index, conn);
+        }
+        done.status = status;
+        Box::new(done).finish(sent, complete);
+        Served {
+            status,
+            sent,
+            reusable: complete && keep_alive,
+        }
+    }
+}
+
+impl Done {
+    fn finish(self: Box<Self>, bytes: u64, complete: bool) {
+        super::body::OnDone::done(self, bytes, complete);
+    }
+}
+
+/// A response head from one server, the connection it came on (its buffer holds the body bytes
+/// read with the head), and where that connection goes back to.
+struct Exchanged {
+    conn: UpConn,
+    head: ResponseHead,
+    length: BodyLength,
+    pool: Arc<FastPool>,
+    index: usize,
+}
+
+/// The attempts across the group's servers (`forward::attempt_loop`): no body, so every failure
+/// may move on to the next server.
+async fn fetch(
+    budget: &super::budget::RetryBudget,
+    route: &Arc<Route>,
+    head: &UpstreamHead,
+    key: Option<&[u8]>,
+) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
+    attempt_loop(
+        budget,
+        route,
+        key,
+        true,
+        || true,
+        |server, index, _final| {
+            let pool = route.fast.get()?.clone();
+            let index = index?;
+            let bytes = encode_request(head, server.addr());
+            let head_only = head.method == Method::HEAD;
+            let group = route.group.name();
+            Some(async move {
+                match pool.exchange(index, server.addr(), &bytes, head_only).await {
+                    Ok((conn, head, length)) => Ok(Exchanged {
+                        conn,
+                        head,
+                        length,
+                        pool,
+                        index,
+                    }),
+                    Err(Failure::Connect(cf)) => {
+                        Err(AttemptFailure::Failed(connect_failure(&cf, group)))
+                    }
+                    Err(Failure::Broken(detail)) => {
+                        Err(AttemptFailure::Failed(FetchError::Broken {
+                            server: server.addr().to_string(),
+                            detail,
+                        }))
+                    }
+                }
+            })
+        },
+    )
+    .await
+}
+
+/// The upstream request head as bytes, exactly as hyper's HTTP/1.1 client writes the same
+/// [`UpstreamHead`] on the owned-connection path: origin-form target, the fields in the map's
+/// order with lower-case names, `host` in place when the map has one, else last.
+pub fn encode_request(head: &UpstreamHead, server_addr: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + head.headers.len() * 48);
+    out.extend_from_slice(head.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(head.path_and_query.as_str().as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let host = match &head.host {
+        Some(v) => v.as_bytes(),
+        None => server_addr.as_bytes(),
+    };
+    let mut host_written = false;
+    for (name, value) in head.headers.iter() {
+        if name == header::HOST {
+            // `insert` replaces every value of the field with one, where the field stood.
+            if !host_written {
+                field(&mut out, "host", host);
+                host_written = true;
+            }
+            continue;
+        }
+        field(&mut out, name.as_str(), value.as_bytes());
+    }
+    if !host_written {
+        field(&mut out, "host", host);
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// A response head as hyper's server writes it: status line with the canonical reason, the
+/// fields in map order, `content-length` when given, `connection: close` when closing, `date`
+/// unless the map has one.
+fn write_head(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &HeaderMap,
+    length: Option<usize>,
+    close: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    out.extend_from_slice(code.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(code.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers.iter() {
+        if close && name == header::CONNECTION {
+            continue;
+        }
+        field(out, name.as_str(), value.as_bytes());
+    }
+    if let Some(n) = length {
+        field(out, "content-length", n.to_string().as_bytes());
+    }
+    if close {
+        field(out, "connection", b"close");
+    }
+    if !headers.contains_key(header::DATE) {
+        now_date(|d| field(out, "date", d.as_bytes()));
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Today's `Date` value, formatted once per second per thread.
+fn now_date(f: impl FnOnce(&str)) {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    CACHED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs || c.1.is_empty() {
+            *c = (secs, httpdate::fmt_http_date(now));
+        }
+        f(&c.1);
+    });
+}
+
+/// Writes a whole response sluice made itself (an error) with its body.
+async fn write_full<W: AsyncWrite + Unpin>(
+    client: &mut W,
+    resp: http::Response<Body>,
+    close: bool,
+) -> std::io::Result<()> {
+    use http_body_util::BodyExt;
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let mut out = Vec::with_capacity(256 + body.len());
+    write_head(
+        &mut out,
+        parts.status.as_u16(),
+        &parts.headers,
+        Some(body.len()),
+        close,
+    );
+    out.extend_from_slice(&body);
+    client.write_all(&out).await?;
+    client.flush().await
+}
+
+/// Relays the body after a response head: `out` holds the client head; the connection's buffer
+/// the body bytes read with the upstream head. Returns the body bytes sent and whether the
+/// upstream connection ended exactly at the body's end (it can carry another request); on error,
+/// the bytes sent before it.
+async fn relay<W: AsyncWrite + Unpin>(
+    conn: &mut UpConn,
+    length: BodyLength,
+    out: &mut Vec<u8>,
+    client: &mut W,
+    idle: Duration,
+) -> Result<(u64, bool), (u64, RelayError)> {
+    let mut sent = 0u64;
+    let mut decoder = chunked::Decoder::new();
+    let mut left = match length {
+        BodyLength::Exact(n) => n,
+        _ => 0,
+    };
+    // The first pass sends the head with whatever body came with it.
+    let mut fresh = std::mem::take(&mut conn.buf);
+    let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    let mut first = true;
+    loop {
+        let (take, finished, clean) = match length {
+            BodyLength::Empty => (0, true, fresh.is_empty()),
+            BodyLength::Exact(_) => {
+                let take = usize::try_from(left).unwrap_or(usize::MAX).min(fresh.len());
+                left -= take as u64;
+                (take, left == 0, take == fresh.len())
+            }
+            BodyLength::Coded => {
+                let used = decoder
+                    .skip(&fresh)
+                    .map_err(|e| (sent, RelayError::Upstream(e.to_string())))?;
+                (used, decoder.is_done(), used == fresh.len())
+            }
+            BodyLength::UntilClose => (fresh.len(), false, false),
+        };
+        if first {
+            out.extend_from_slice(&fresh[..take]);
+            client
+                .write_all(out)
+                .await
+                .map_err(|e| (sent, RelayError::Client(e)))?;
+            first = false;
+        } else if take > 0 {
+            client
+                .write_all(&fresh[..take])
+                .await
+                .map_err(|e| (sent, RelayError::Client(e)))?;
+        }
+        sent += take as u64;
+        if finished {
+            fresh.clear();
+            // An idle connection keeps a small buffer only.
+            fresh.shrink_to(READ_BUF);
+            conn.buf = fresh;
+            client
+                .flush()
+                .await
+                .map_err(|e| (sent, RelayError::Client(e)))?;
+            return Ok((sent, clean));
+        }
+        // A read that filled the buffer says the body comes faster than it is read: the buffer
+        // doubles (up to `MAX_READ_BUF`), so a large body costs few reads and wake-ups.
+        let filled = !fresh.is_empty() && fresh.len() == fresh.capacity();
+        let want = if filled {
+            (fresh.capacity() * 2).min(MAX_READ_BUF)
+        } else {
+            fresh.capacity().max(READ_BUF)
+        };
+        fresh.clear();
+        fresh.reserve(want);
+        // One timer for the whole body, pushed back at each read.
+        let deadline = Instant::now() + idle;
+        let sleep = match timer.as_mut() {
+            Some(t) => {
+                t.as_mut().reset(deadline);
+                t
+            }
+            None => timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        let read = tokio::select! {
+            biased;
+            r = conn.io.read_buf(&mut fresh) => Ok(r),
+            _ = sleep.as_mut() => Err(()),
+        };
+        match read {
+            Ok(Ok(0)) if length == BodyLength::UntilClose => {
+                client
+                    .flush()
+                    .await
+                    .map_err(|e| (sent, RelayError::Client(e)))?;
+                return Ok((sent, false));
+            }
+            Ok(Ok(0)) => {
+                return Err((
+                    sent,
+                    RelayError::Upstream("connection closed inside the body".into()),
+                ))
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err((sent, RelayError::Upstream(e.to_string()))),
+            Err(_) => {
+                return Err((
+                    sent,
+                    RelayError::Upstream(format!("no body byte for {} s", idle.as_secs())),
+                ))
+            }
+        }
+    }
+}
+
+/// How one exchange with a server failed.
+enum Failure {
+    Connect(super::client::ConnectFailure),
+    Broken(String),
+}
+
+/// An owned upstream connection and its read buffer.
+struct UpConn {
+    io: EagerStream,
+    buf: Vec<u8>,
+}
+
+struct Idle {
+    conn: UpConn,
+    since: Instant,
+}
+
+/// One route's fast-path connections (per per-core runtime, like `h1pool`): an idle stack per
+/// server, newest on top, at most `max_idle` each; a connection idle past `idle_timeout` is closed
+/// when next looked at, and by a sweep at each check-in.
+pub struct FastPool {
+    servers: Vec<Mutex<std::collections::VecDeque<Idle>>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+    /// A sweep task is running (see [`FastPool::sweep_later`]).
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+/// A route's fast-path pools, one per per-core runtime; empty on a route the fast path does
+/// not serve.
+pub struct FastPools(Vec<Arc<FastPool>>);
+
+impl FastPools {
+    pub fn build(
+        route: &super::RouteConfig,
+        shared: &super::ReverseConfig,
+        servers: usize,
+        count: usize,
+    ) -> FastPools {
+        if route.upstream_protocol != super::config::UpstreamProtocol::Http1 || route.cache {
+            return FastPools(Vec::new());
+        }
+        FastPools(
+            (0..count.max(1))
+                .map(|_| {
+                    Arc::new(FastPool {
+                        servers: (0..servers).map(|_| Mutex::default()).collect(),
+                        max_idle: shared.pool_max_idle_per_server,
+                        idle_timeout: Duration::from_secs(shared.pool_idle_secs),
+                        connect_timeout: Duration::from_secs(route.connect_timeout_secs),
+                        sweeping: std::sync::atomic::AtomicBool::new(false),
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// The calling worker's pool.
+    pub fn get(&self) -> Option<&Arc<FastPool>> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.get(crate::runtime::worker() % self.0.len())
+    }
+}
+
+impl FastPool {
+    /// Writes `request` to server `index` and reads the response head (1xx heads skipped). A
+    /// reused connection that fails before any byte of an answer is replaced by a new one once:
+    /// the server closed it while idle, and a GET or HEAD is safe to send again.
+    async fn exchange(
+        &self,
+        index: usize,
+        addr: &str,
+        request: &[u8],
+        head_only: bool,
+    ) -> Result<(UpConn, ResponseHead, BodyLength), Failure> {
+        let mut reused = true;
+        loop {
+            let mut conn = match self.checkout(index) {
+                Some(c) => c,
+                None => {
+                    reused = false;
+                    self.connect(addr).await?
+                }
+            };
+            match round_trip(&mut conn, request, head_only).await {
+                Ok((head, length)) => return Ok((conn, head, length)),
+                Err((answered, detail)) => {
+                    if reused && !answered {
+                        continue;
+                    }
+                    return Err(Failure::Broken(detail));
+                }
+            }
+        }
+    }
+
+    fn checkout(&self, index: usize) -> Option<UpConn> {
+        let slot = self.servers.get(index)?;
+        let mut stack = slot.lock().ok()?;
+        let idle = stack.pop_back()?;
+        if idle.since.elapsed() >= self.idle_timeout {
+            // The newest is expired, so is every older one.
+            stack.clear();
+            return None;
+        }
+        Some(idle.conn)
+    }
+
+    fn checkin(self: &Arc<Self>, index: usize, conn: UpConn) {
+        if self.max_idle == 0 {
+            return;
+        }
+        let Some(Ok(mut stack)) = self.servers.get(index).map(Mutex::lock) else {
+            return;
+        };
+        self.expire(&mut stack);
+        if stack.len() >= self.max_idle {
+            stack.pop_front();
+        }
+        stack.push_back(Idle {
+            conn,
+            since: Instant::now(),
+        });
+        drop(stack);
+        self.sweep_later();
+    }
+
+    /// Closes the connections at the old end of `stack` that have been idle too long.
+    fn expire(&self, stack: &mut std::collections::VecDeque<Idle>) {
+        while stack
+            .front()
+            .is_some_and(|i| i.since.elapsed() >= self.idle_timeout)
+        {
+            stack.pop_front();
+        }
+    }
+
+    /// Makes sure idle connections are closed on time even when no request comes: one task per
+    /// pool while it holds any, holding it weakly, sweeping every half idle timeout.
+    fn sweep_later(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering::{AcqRel, Release};
+        if self.sweeping.swap(true, AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Release);
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let every = (self.idle_timeout / 2).max(Duration::from_millis(100));
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(pool) = weak.upgrade() else { return };
+                let mut held = 0;
+                for slot in &pool.servers {
+                    if let Ok(mut stack) = slot.lock() {
+                        pool.expire(&mut stack);
+                        held += stack.len();
+                    }
+                }
+                if held == 0 {
+                    // A check-in racing this store starts its own sweep, or its connection
+                    // expires at check-out.
+                    pool.sweeping.store(false, Release);
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn connect(&self, addr: &str) -> Result<UpConn, Failure> {
+        match tokio::time::timeout(self.connect_timeout, dial::dial(addr)).await {
+            Ok(Ok(c)) => Ok(UpConn {
+                io: EagerStream::new(c),
+                buf: Vec::with_capacity(READ_BUF),
+            }),
+            Ok(Err(e)) => Err(Failure::Connect(e)),
+            Err(_) => Err(Failure::Connect(super::client::ConnectFailure::Timeout {
+                addr: addr.to_string(),
+                secs: self.connect_timeout.as_secs(),
+            })),
+        }
+    }
+}
+
+/// One request written and its final response head read; the bytes after the head stay in the
+/// connection's buffer. On failure, whether any byte of an answer had arrived.
+async fn round_trip(
+    conn: &mut UpConn,
+    request: &[u8],
+    head_only: bool,
+) -> Result<(ResponseHead, BodyLength), (bool, String)> {
+    conn.buf.clear();
+    // Failures are worded as hyper's client words them, so the error body is the hyper path's.
+    conn.io
+        .write_all(request)
+        .await
+        .map_err(|_| (false, "connection error".to_string()))?;
+    loop {
+        if conn.buf.capacity() - conn.buf.len() < 1024 {
+            conn.buf.reserve(READ_BUF);
+        }
+        let n = conn
+            .io
+            .read_buf(&mut conn.buf)
+            .await
+            .map_err(|_| (!conn.buf.is_empty(), "connection error".to_string()))?;
+        if n == 0 {
+            return Err((
+                !conn.buf.is_empty(),
+                "connection closed before message completed".into(),
+            ));
+        }
+        loop {
+            match response_head::parse(&conn.buf) {
+                Ok(None) if conn.buf.len() >= MAX_RESPONSE_HEAD => {
+                    return Err((true, "message head is too large".into()))
+                }
+                Ok(None) => break,
+                Ok(Some(head)) if head.status.is_informational() => {
+                    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                        return Err((true, "invalid HTTP status-code parsed".into()));
+                    }
+                    // An interim answer (100, 103): the final one follows.
+                    conn.buf.drain(..head.len);
+                }
+                Ok(Some(head)) => {
+                    conn.buf.drain(..head.len);
+                    let length = head
+                        .body_length(head_only)
+                        .map_err(|_| (true, "invalid content-length parsed".to_string()))?;
+                    return Ok((head, length));
+                }
+                Err(e) => return Err((true, hyper_wording(&e).to_string())),
+            }
+        }
+    }
+}
+
+/// What hyper's client says of a response head it cannot parse.
+fn hyper_wording(e: &response_head::HeadError) -> &'static str {
+    use response_head::HeadError;
+    match e {
+        HeadError::Malformed(m) if m.contains("version") => "invalid HTTP version parsed",
+        HeadError::Malformed(m) if m.contains("status") => "invalid HTTP status-code parsed",
+        HeadError::TooManyFields => "message head is too large",
+        HeadError::BadLength => "invalid content-length parsed",
+        _ => "invalid HTTP header parsed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::uri::PathAndQuery;
+    use http::HeaderValue;
+
+    fn head(fields: &[(&str, &str)], host: Option<&str>) -> UpstreamHead {
+        let mut headers = HeaderMap::new();
+        for (k, v) in fields {
+            headers.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        UpstreamHead {
+            method: Method::GET,
+            path_and_query: PathAndQuery::from_static("/a?b=c"),
+            headers,
+            upgrade: false,
+            host: host.map(|h| HeaderValue::from_str(h).unwrap()),
+        }
+    }
+
+    #[test]
+    fn request_head_bytes() {
+        let h = head(
+            &[("accept", "*/*"), ("x-a", "1"), ("x-a", "2")],
+            Some("example.com"),
+        );
+        assert_eq!(
+            encode_request(&h, "127.0.0.1:9"),
+            b"GET /a?b=c HTTP/1.1\r\naccept: */*\r\nx-a: 1\r\nx-a: 2\r\nhost: example.com\r\n\r\n"
+        );
+        let h = head(&[("host", "added"), ("x-b", "1")], None);
+        assert_eq!(
+            encode_request(&h, "127.0.0.1:9"),
+            b"GET /a?b=c HTTP/1.1\r\nhost: 127.0.0.1:9\r\nx-b: 1\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn response_head_bytes() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::DATE, HeaderValue::from_static("x"));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        let mut out = Vec::new();
+        write_head(&mut out, 404, &headers, Some(3), true);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 404 Not Found\r\ndate: x\r\ncontent-length: 3\r\nconnection: close\r\n\r\n"
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! The HTTP/1.1 fast path's connection loop: plain (non-TLS) connections read request heads
+//! themselves, serve the unmistakably simple ones (GET or HEAD, no body, one valid Host, routed to
+//! a fast-path reverse route) without hyper, and hand the connection to hyper — the bytes already
+//! read replayed first — at the first request that is anything else. See
+//! `docs/decisions/h1-fast-path.md`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::Method;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::activity::Watched;
+use super::{Conn, SendWatch};
+use crate::reverse::fast::FastRequest;
+
+/// The fields read per head here; a head with more goes to hyper (which applies
+/// `server.max_headers`).
+const FIELDS: usize = 100;
+/// First read buffer; it grows up to `server.max_header_bytes` for a long head.
+const FIRST_READ: usize = 4096;
+
+/// How the fast path left a connection.
+pub(super) enum End {
+    /// Closed (by either side, a timeout, or shutdown): nothing more to do.
+    Closed,
+    /// A request the fast path does not serve: hyper takes the connection, these bytes first.
+    HandOff(Vec<u8>),
+}
+
+/// A request head the fast path will serve, with what it needs from the head.
+struct Simple<'a> {
+    len: usize,
+    request: FastRequest<'a>,
+    /// The client's `Host` value.
+    host: &'a str,
+    /// The normalised path it is routed by.
+    path: String,
+}
+
+/// Reads and classifies heads; `Err(())`: hand over to hyper.
+fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
+    let mut fields = [httparse::EMPTY_HEADER; FIELDS];
+    let mut req = httparse::Request::new(&mut fields);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(()),
+    };
+    if req.version != Some(1) || req.headers.len() > max_fields {
+        return Err(());
+    }
+    let method = match req.method {
+        Some("GET") => Method::GET,
+        Some("HEAD") => Method::HEAD,
+        _ => return Err(()),
+    };
+    let target = req.path.ok_or(())?;
+    // Origin form only, and a target `http` accepts as hyper would.
+    if !target.starts_with('/') || http::uri::PathAndQuery::try_from(target).is_err() {
+        return Err(());
+    }
+    let raw_path = target.split_once('?').map_or(target, |(p, _)| p);
+    if sluice_media::token::split_path_token(raw_path).is_some() {
+        // A tokened path only ever reaches a built-in.
+        return Err(());
+    }
+    let path = sluice_http::path::normalize_path(raw_path).map_err(|_| ())?;
+    let mut host = None;
+    let mut close = false;
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    for f in req.headers.iter() {
+        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| ())?;
+        let value = HeaderValue::from_bytes(f.value).map_err(|_| ())?;
+        match name.as_str() {
+            "host" => {
+                if host.is_some() {
+                    return Err(());
+                }
+                let h = std::str::from_utf8(f.value).map_err(|_| ())?;
+                if h.is_empty() || h.parse::<http::uri::Authority>().is_err() {
+                    return Err(());
+                }
+                host = Some(h);
+            }
+            "content-length" if f.value == b"0" => {}
+            "content-length" | "transfer-encoding" | "upgrade" | "expect" => return Err(()),
+            "connection" => {
+                close |= f
+                    .value
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            }
+            _ => {}
+        }
+        headers.append(name, value);
+    }
+    let host = host.ok_or(())?;
+    // A body-less head only: a second Content-Length (even `0`) is hyper's to judge.
+    if headers.get_all(http::header::CONTENT_LENGTH).iter().count() > 1 {
+        return Err(());
+    }
+    Ok(Some(Simple {
+        len,
+        request: FastRequest {
+            method,
+            target,
+            headers,
+            close,
+        },
+        host,
+        path,
+    }))
+}
+
+/// Waits for more request bytes: `Ok(0)` at the end of the stream, `Err` on an error, when
+/// `limit` has passed since `since`, or on shutdown while no request is under way (`stoppable`).
+/// The clock is the connection's one ticker, not a timer per read.
+async fn read_more(
+    conn: &mut Conn,
+    stream: &mut Watched<TcpStream>,
+    buf: &mut Vec<u8>,
+    ticker: &mut tokio::time::Interval,
+    (since, limit): (Instant, Duration),
+    stoppable: bool,
+) -> Result<usize, ()> {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(FIRST_READ);
+    }
+    loop {
+        tokio::select! {
+            read = stream.read_buf(buf) => return read.map_err(|_| ()),
+            _ = conn.stop.wait_for(|s| *s), if stoppable => return Err(()),
+            _ = ticker.tick() => {
+                if since.elapsed() >= limit {
+                    return Err(());
+                }
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Serves fast-path requests on a plain connection until it closes or a request needs hyper.
+    pub(super) async fn serve_fast(
+        &mut self,
+        stream: &mut Watched<TcpStream>,
+        watch: &mut SendWatch,
+        peer: SocketAddr,
+    ) -> End {
+        let t = self.timeouts;
+        let (max_bytes, max_fields) = self.head_limits;
+        let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
+        let mut begun = false;
+        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When the connection began waiting for the current head (or went idle).
+        let mut since = Instant::now();
+        loop {
+            let step = match classify(&buf, max_fields) {
+                Err(()) => Step::HandOff,
+                Ok(Some(simple)) => {
+                    begun = true;
+                    self.serve_one(simple, stream, watch, &mut ticker, peer)
+                        .await
+                }
+                Ok(None) if buf.len() >= max_bytes => Step::HandOff,
+                Ok(None) => Step::Read,
+            };
+            match step {
+                Step::HandOff => return End::HandOff(buf),
+                Step::Closed => return End::Closed,
+                Step::Next(len) => {
+                    buf.drain(..len);
+                    since = Instant::now();
+                    continue;
+                }
+                Step::Read => {}
+            }
+            // Between requests: the keep-alive idle timeout (the header read timeout before the
+            // first); inside a head: the header read timeout.
+            let (limit, stoppable) = if buf.is_empty() {
+                if *self.stop.borrow() {
+                    return End::Closed;
+                }
+                let limit = if begun {
+                    t.idle
+                } else {
+                    t.header_read.min(t.idle)
+                };
+                (limit, true)
+            } else {
+                (t.header_read, false)
+            };
+            let was_empty = buf.is_empty();
+            match read_more(
+                self,
+                stream,
+                &mut buf,
+                &mut ticker,
+                (since, limit),
+                stoppable,
+            )
+            .await
+            {
+                Ok(0) if buf.is_empty() => return End::Closed,
+                // The end of the stream inside a head: hyper answers a truncated head.
+                Ok(0) => return End::HandOff(buf),
+                // A head begins: its own clock starts.
+                Ok(_) if was_empty => since = Instant::now(),
+                Ok(_) => {}
+                // A slowloris head, an idle connection, or shutdown: closed, as under hyper.
+                Err(()) => return End::Closed,
+            }
+        }
+    }
+
+    /// Serves one classified request; `HandOff` when its route is not one the fast path serves.
+    async fn serve_one(
+        &mut self,
+        simple: Simple<'_>,
+        stream: &mut Watched<TcpStream>,
+        watch: &mut SendWatch,
+        ticker: &mut tokio::time::Interval,
+        peer: SocketAddr,
+    ) -> Step {
+        let t = self.timeouts;
+        let Some((routing, route)) = self
+            .app
+            .fast_route(self.listener, simple.host, &simple.path)
+        else {
+            return Step::HandOff;
+        };
+        let guard = stream.activity().begin();
+        let mut request = simple.request;
+        request.close |= *self.stop.borrow();
+        let close = request.close;
+        let app = self.app.clone();
+        let serve = app.serve_fast(
+            &routing,
+            &route,
+            request,
+            &simple.path,
+            simple.host,
+            peer,
+            stream,
+            guard,
+        );
+        tokio::pin!(serve);
+        let served = loop {
+            tokio::select! {
+                served = serve.as_mut() => break served,
+                _ = ticker.tick() => {
+                    if watch.stalled(t.send) {
+                        app.http_metrics().send_timeouts.inc();
+                        tracing::debug!(%peer, "client stopped reading: send timeout, closing");
+                        return Step::Closed;
+                    }
+                }
+            }
+        };
+        if !served.reusable || close {
+            return Step::Closed;
+        }
+        Step::Next(simple.len)
+    }
+}
+
+/// What the loop does next.
+enum Step {
+    HandOff,
+    Closed,
+    /// The request took this many bytes of the buffer; the next may follow.
+    Next(usize),
+    /// The head is not complete yet.
+    Read,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the bytes, the classifier answers (serve, wait or hand off) and never panics;
+        /// a head it serves is complete and within the buffer.
+        #[test]
+        fn any_bytes_are_classified(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            if let Ok(Some(s)) = classify(&bytes, 100) {
+                prop_assert!(s.len <= bytes.len());
+                prop_assert!(s.request.method == Method::GET || s.request.method == Method::HEAD);
+            }
+        }
+
+        /// A simple head with arbitrary field names and values either qualifies or is handed
+        /// off; when served, its fields come through in order.
+        #[test]
+        fn simple_heads_keep_their_fields(
+            fields in proptest::collection::vec(("[a-zA-Z-]{1,12}", "[ -~]{0,20}"), 0..8)
+        ) {
+            let mut head = String::from("GET /p HTTP/1.1\r\nHost: h\r\n");
+            for (k, v) in &fields {
+                head.push_str(&format!("X-{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            if let Ok(Some(s)) = classify(head.as_bytes(), 100) {
+                prop_assert_eq!(s.len, head.len());
+                prop_assert_eq!(s.request.headers.len(), fields.len() + 1);
+            }
+        }
+    }
+
+    fn simple(raw: &str) -> bool {
+        matches!(classify(raw.as_bytes(), 100), Ok(Some(_)))
+    }
+
+    fn hands_off(raw: &str) -> bool {
+        classify(raw.as_bytes(), 100).is_err()
+    }
+
+    #[test]
+    fn what_qualifies() {
+        assert!(simple("GET /a?b HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(simple(
+            "HEAD / HTTP/1.1\r\nHost: x:80\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(matches!(
+            classify(b"GET / HTTP/1.1\r\nHost: x\r\n", 100),
+            Ok(None)
+        ));
+        for bad in [
+            "POST / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET / HTTP/1.0\r\nHost: x\r\n\r\n",
+            "GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
+            "GET /_token_abc/x HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET /%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost x\r\n\r\n",
+        ] {
+            assert!(hands_off(bad), "{bad:?}");
+        }
+        let c = classify(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n",
+            100,
+        );
+        assert!(matches!(c, Ok(Some(s)) if s.request.close));
+        // More fields than `server.max_headers`: hyper refuses it.
+        assert!(classify(b"GET / HTTP/1.1\r\nHost: x\r\nA: 1\r\nB: 2\r\n\r\n", 2).is_err());
+    }
+}

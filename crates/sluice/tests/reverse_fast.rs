@@ -1,0 +1,583 @@
+//! The HTTP/1.1 fast path end to end against raw origins on 127.0.0.1: the upstream head it
+//! writes is byte for byte the hyper path's, pipelining, the hand-off to hyper in the middle of a
+//! connection, body framings (HEAD, 204, 304, length, chunked, close-delimited, by SHA-256),
+//! upstream faults, slow and idle clients, and the metrics.
+
+mod reverse_support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use reverse_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What a raw origin answers to one request head (its request target given).
+type Answer = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+/// An origin on raw sockets: records every request head byte for byte and answers with the
+/// bytes `answer` gives for its target; `close` after answering when the answer asks for it
+/// (`Connection: close` in it, or no length).
+async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = seen.clone();
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let target = String::from_utf8_lossy(&head)
+                        .split(' ')
+                        .nth(1)
+                        .unwrap_or("")
+                        .to_string();
+                    seen.lock().unwrap().push(head);
+                    let out = answer(&target);
+                    let closes = find(&out, b"close-now").is_some();
+                    if s.write_all(&out).await.is_err() || closes {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, heads)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn proxy_config(origin: SocketAddr, fast: bool, extra: &str) -> sluice::config::Config {
+    config(&format!(
+        r#"
+[server]
+h1_fast_path = {fast}
+header_read_timeout_secs = 1
+idle_timeout_secs = 2
+
+[reverse]
+forwarded = true
+
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/api"
+upstream = "app"
+strip_prefix = true
+request_headers_add = {{ "x-route" = "api" }}
+request_headers_remove = ["x-secret"]
+response_headers_add = {{ "x-served-by" = "sluice" }}
+response_headers_remove = ["x-internal"]
+header_timeout_secs = 2
+{extra}
+"#
+    ))
+}
+
+/// One response read off a client connection: head text and body bytes.
+struct Raw {
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    fn status(&self) -> u16 {
+        self.head[9..12].parse().unwrap()
+    }
+
+    fn field(&self, name: &str) -> Option<String> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// Reads one response (the request was `head_request` or not) from `s`, leaving what follows.
+async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool) -> Option<Raw> {
+    let end = loop {
+        if let Some(i) = find(buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        if read_into(s, buf).await? == 0 {
+            return None;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    buf.drain(..end);
+    let mut raw = Raw {
+        head,
+        body: Vec::new(),
+    };
+    let status = raw.status();
+    if head_request || status == 204 || status == 304 {
+        return Some(raw);
+    }
+    let chunked = raw
+        .field("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"));
+    let length: Option<usize> = raw.field("content-length").map(|v| v.parse().unwrap());
+    let mut decoder = sluice_http::chunked::Decoder::new();
+    loop {
+        if chunked {
+            let used = decoder.decode(buf, &mut raw.body).ok()?;
+            buf.drain(..used);
+            if decoder.is_done() {
+                return Some(raw);
+            }
+        } else if let Some(n) = length {
+            let take = (n - raw.body.len()).min(buf.len());
+            raw.body.extend(buf.drain(..take));
+            if raw.body.len() == n {
+                return Some(raw);
+            }
+        } else {
+            raw.body.append(buf);
+        }
+        if read_into(s, buf).await? == 0 {
+            // Close-delimited ends here; any other body was cut.
+            return (length.is_none() && !chunked).then_some(raw);
+        }
+    }
+}
+
+/// One read from `s` appended to `buf`, within 5 s: how many bytes (0 at the end); `None` on an
+/// error or the timeout.
+async fn read_into(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    buf.reserve(65536);
+    tokio::time::timeout(Duration::from_secs(5), s.read_buf(buf))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// A client connection to sluice and the bytes read past the last response.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    async fn to(p: &Proxy) -> Client {
+        Client {
+            s: TcpStream::connect(p.addr).await.unwrap(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends one request and reads its response (a HEAD's without a body).
+    async fn ask(&mut self, request: &[u8]) -> Raw {
+        self.s.write_all(request).await.unwrap();
+        read_response(&mut self.s, &mut self.buf, request.starts_with(b"HEAD "))
+            .await
+            .expect("a complete response")
+    }
+
+    /// Reads the next response to a GET.
+    async fn read(&mut self) -> Raw {
+        read_response(&mut self.s, &mut self.buf, false)
+            .await
+            .expect("a complete response")
+    }
+}
+
+fn ok_answer(body: &'static str) -> Answer {
+    Arc::new(move |_t: &str| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Internal: 1\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    })
+}
+
+#[tokio::test]
+async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
+    let (origin, heads) = raw_origin(ok_answer("hello")).await;
+    let request = b"GET /api/x/../y/z?q=1&r=%20 HTTP/1.1\r\nHost: Example.COM:8080\r\nUser-Agent: t/1\r\nAccept: */*\r\nX-Multi: 1\r\nConnection: keep-alive, X-Drop\r\nX-Drop: gone\r\nX-Secret: s\r\nx-multi: 2\r\nX-Forwarded-For: 6.6.6.6\r\nVia: 1.0 front\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nCookie: a=b\r\n\r\n";
+    let mut seen = Vec::new();
+    let mut answers = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(origin, fast, "")).await;
+        let r = Client::to(&p).await.ask(request).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.body, b"hello");
+        answers.push(r);
+        seen.push(heads.lock().unwrap().pop().unwrap());
+    }
+    let fast = String::from_utf8(seen[0].clone()).unwrap();
+    let hyper = String::from_utf8(seen[1].clone()).unwrap();
+    assert_eq!(fast, hyper, "fast path head differs from the hyper path's");
+    assert!(
+        fast.starts_with("GET /y/z?q=1&r=%20 HTTP/1.1\r\n"),
+        "{fast}"
+    );
+    assert!(fast.contains("\r\nx-multi: 1\r\nx-multi: 2\r\n"), "{fast}");
+    assert!(fast.contains("\r\nhost: Example.COM:8080\r\n"), "{fast}");
+    assert!(!fast.to_ascii_lowercase().contains("x-drop"), "{fast}");
+    assert!(!fast.contains("x-secret"), "{fast}");
+    // The response head: same fields as the hyper path's, the origin's hop-by-hop ones dropped.
+    let fields = |r: &Raw| {
+        let mut f: Vec<String> = r
+            .head
+            .lines()
+            .skip(1)
+            .filter(|l| !l.is_empty() && !l.starts_with("date:"))
+            .map(str::to_string)
+            .collect();
+        f.sort();
+        f
+    };
+    assert_eq!(fields(&answers[0]), fields(&answers[1]));
+    assert_eq!(answers[0].field("x-served-by").as_deref(), Some("sluice"));
+    assert_eq!(answers[0].field("x-internal"), None);
+    assert_eq!(answers[0].field("x-hop"), None);
+    assert_eq!(answers[0].field("via").as_deref(), Some("1.1 sluice"));
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let answer: Answer = Arc::new(|t: &str| {
+        let body = t.to_string();
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    });
+    let (origin, _) = raw_origin(answer).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut c = Client::to(&p).await;
+    let mut batch = Vec::new();
+    for i in 0..5 {
+        batch.extend_from_slice(format!("GET /api/n{i} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
+    }
+    c.s.write_all(&batch).await.unwrap();
+    for i in 0..5 {
+        let r = c.read().await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(String::from_utf8(r.body).unwrap(), format!("/n{i}"));
+    }
+}
+
+#[tokio::test]
+async fn a_post_mid_connection_hands_over_to_hyper_and_the_connection_goes_on() {
+    let o = echo("a").await;
+    let p = Proxy::start(proxy_config(o, true, "")).await;
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/one HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["path"], "/one");
+    // A POST with a body, and a GET pipelined right behind it: hyper takes both.
+    let body = pattern(100_000);
+    let mut post = format!(
+        "POST /api/two HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    post.extend_from_slice(&body);
+    post.extend_from_slice(b"GET /api/three HTTP/1.1\r\nHost: a\r\n\r\n");
+    c.s.write_all(&post).await.unwrap();
+    let r = c.read().await;
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["method"], "POST");
+    assert_eq!(j["sha256"], sha256(&body));
+    let r = c.read().await;
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["path"], "/three");
+}
+
+#[tokio::test]
+async fn bodiless_answers_and_every_body_framing() {
+    let big = pattern(3 * 1024 * 1024 + 17);
+    let big2 = big.clone();
+    let answer: Answer = Arc::new(move |t: &str| {
+        match t {
+        "/head" => b"HTTP/1.1 200 OK\r\nContent-Length: 12345\r\n\r\n".to_vec(),
+        "/204" => b"HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n".to_vec(),
+        "/304" => b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 99\r\n\r\n".to_vec(),
+        "/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        "/chunked" => {
+            let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            for piece in big2.chunks(70_000) {
+                out.extend_from_slice(format!("{:x};ext=1\r\n", piece.len()).as_bytes());
+                out.extend_from_slice(piece);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\nX-Trailer: t\r\n\r\n");
+            out
+        }
+        "/close" => {
+            let mut out = b"HTTP/1.1 200 OK\r\nX-Mode: close-now\r\n\r\n".to_vec();
+            out.extend_from_slice(&big2);
+            out
+        }
+        _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+    }
+    });
+    let (origin, _) = raw_origin(answer).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"HEAD /api/head HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.field("content-length").as_deref(), Some("12345"));
+    for (path, status) in [("/api/204", 204), ("/api/304", 304), ("/api/interim", 200)] {
+        c.s.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let r = c.read().await;
+        assert_eq!(r.status(), status, "{path}");
+    }
+    // Same connection still: nothing was left over from the bodiless answers.
+    let r = c.ask(b"GET /api/chunked HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.field("transfer-encoding").as_deref(), Some("chunked"));
+    assert_eq!(sha256(&r.body), sha256(&big));
+    // Close-delimited: relayed, then the client connection is closed.
+    let r = c.ask(b"GET /api/close HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.field("connection").as_deref(), Some("close"));
+    assert_eq!(sha256(&r.body), sha256(&big));
+}
+
+#[tokio::test]
+async fn upstream_faults_match_the_hyper_path() {
+    let answer: Answer = Arc::new(|t: &str| match t {
+        "/garbage" => b"SPDY/9 banana\r\n\r\nclose-now".to_vec(),
+        "/reset" => {
+            let mut out =
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nX-Mode: close-now\r\n\r\n".to_vec();
+            out.extend_from_slice(&pattern(1000));
+            out
+        }
+        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+    });
+    let (origin, _) = raw_origin(answer).await;
+    let dead = dead_port().await;
+    let mut garbage = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(origin, fast, "")).await;
+        let mut c = Client::to(&p).await;
+        let r = c.ask(b"GET /api/garbage HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        garbage.push((r.status(), r.field("content-type"), r.body));
+        // Cut mid-body: the head went out, then the client connection is cut short.
+        let mut c = Client::to(&p).await;
+        c.s.write_all(b"GET /api/reset HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let mut all = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.s.read_to_end(&mut all)).await;
+        let text = String::from_utf8_lossy(&all[..all.len().min(200)]).into_owned();
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "fast={fast}: {text}"
+        );
+        assert!(all.len() < 1_000_000, "fast={fast}: the cut was hidden");
+    }
+    assert_eq!(garbage[0].0, 502);
+    assert_eq!(garbage[0], garbage[1]);
+    // A refused server: the same 502 as the hyper path.
+    let mut refused = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(dead, fast, "")).await;
+        let mut c = Client::to(&p).await;
+        let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        refused.push((r.status(), r.body));
+    }
+    assert_eq!(refused[0].0, 502);
+    assert_eq!(refused[0], refused[1]);
+}
+
+#[tokio::test]
+async fn slow_and_idle_clients_are_cut() {
+    let (origin, _) = raw_origin(ok_answer("hi")).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    // A head that never completes: closed after header_read_timeout_secs (1 s), no answer.
+    let mut c = Client::to(&p).await;
+    c.s.write_all(b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "slowloris connection not cut");
+    assert!(out.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    // Keep-alive: idle for idle_timeout_secs (2 s) after a request, then closed.
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.body, b"hi");
+    let started = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(6), c.s.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "idle connection not cut");
+    assert!(rest.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(1900));
+}
+
+#[tokio::test]
+async fn fast_path_requests_are_metered() {
+    let (origin, _) = raw_origin(ok_answer("hello")).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut c = Client::to(&p).await;
+    for _ in 0..7 {
+        let r = c.ask(b"GET /api/m HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.body, b"hello");
+    }
+    // One upstream connection carried all seven.
+    let m = get(&p.url("/metrics"), &[]).await;
+    let text = String::from_utf8(m.body.unwrap().to_vec()).unwrap();
+    let line = |prefix: &str| -> Option<String> {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        line("sluice_requests_total{endpoint=\"reverse\",status=\"200\"}").as_deref(),
+        Some("sluice_requests_total{endpoint=\"reverse\",status=\"200\"} 7"),
+        "{text}"
+    );
+    assert!(
+        line("sluice_sent_bytes_total{endpoint=\"reverse\"}").is_some_and(|l| l.ends_with(" 35")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("sluice_reverse_requests_total{")
+                && l.contains("class=\"2xx\"")
+                && l.ends_with(" 7")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("sluice_reverse_server_requests_total{") && l.ends_with(" 7")),
+        "{text}"
+    );
+    let _ = Bytes::new();
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_response_in_flight_then_closes() {
+    let o = origin(|_req| async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        http::Response::new(full(pattern(50_000)))
+    })
+    .await;
+    let p = Proxy::start(proxy_config(o, true, "")).await;
+    let mut c = Client::to(&p).await;
+    c.s.write_all(b"GET /api/slow HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Shutdown begins while the origin is still thinking.
+    drop(p);
+    let r = c.read().await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(sha256(&r.body), sha256(&pattern(50_000)));
+    assert_eq!(r.field("connection").as_deref(), None);
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.s.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "connection not closed after shutdown");
+    assert!(rest.is_empty());
+}
+
+#[tokio::test]
+async fn fast_path_requests_reach_the_access_log() {
+    let (origin, _) = raw_origin(ok_answer("hello")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut config = proxy_config(origin, true, "");
+    config.reverse.access_log = log.to_str().unwrap().to_string();
+    let p = Proxy::start(config).await;
+    let mut c = Client::to(&p).await;
+    let r = c
+        .ask(b"GET /api/log?x=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: probe/1\r\nReferer: http://r/\r\n\r\n")
+        .await;
+    assert_eq!(r.body, b"hello");
+    let r = c.ask(b"HEAD /api/log HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.status(), 200);
+    // Written off the request path: wait for both lines.
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = text.lines().map(str::to_string).collect();
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let get: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(get["method"], "GET");
+    assert_eq!(get["target"], "/api/log?x=1");
+    assert_eq!(get["proto"], "HTTP/1.1");
+    assert_eq!(get["status"], 200);
+    assert_eq!(get["bytes"], 5);
+    assert_eq!(get["client"], "127.0.0.1");
+    assert_eq!(get["server"], origin.to_string());
+    assert_eq!(get["user_agent"], "probe/1");
+    assert_eq!(get["referer"], "http://r/");
+    let head: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert_eq!(head["method"], "HEAD");
+    assert_eq!(head["bytes"], 0);
+}
+
+#[tokio::test]
+async fn an_idle_upstream_connection_is_closed_after_pool_idle_secs() {
+    // One connection: answer one request, then time how long sluice keeps it open.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = listener.local_addr().unwrap();
+    let closed_after = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        while find(&got, b"\r\n\r\n").is_none() {
+            let n = s.read(&mut buf).await.unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .unwrap();
+        let idle_from = tokio::time::Instant::now();
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        (n.map(|r| r.unwrap_or(0)).ok(), idle_from.elapsed())
+    });
+    let mut config = proxy_config(origin, true, "");
+    config.reverse.pool_idle_secs = 1;
+    let p = Proxy::start(config).await;
+    let r = Client::to(&p)
+        .await
+        .ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await;
+    assert_eq!(r.body, b"ok");
+    // No further request comes: the pool's sweep closes it, not a later check-out.
+    let (read, after) = closed_after.await.unwrap();
+    assert_eq!(read, Some(0), "the idle upstream connection was not closed");
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed too early: {after:?}"
+    );
+    assert!(after < Duration::from_secs(3), "closed late: {after:?}");
+    drop(p);
+}
