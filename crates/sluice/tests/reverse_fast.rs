@@ -330,6 +330,8 @@ async fn bodiless_answers_and_every_body_framing() {
             out.extend_from_slice(b"0\r\nX-Trailer: t\r\n\r\n");
             out
         }
+        // Both framings: the coded one wins (RFC 9112 §6.3), and the client never sees both.
+        "/both" => b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
         "/close" => {
             let mut out = b"HTTP/1.1 200 OK\r\nX-Mode: close-now\r\n\r\n".to_vec();
             out.extend_from_slice(&big2);
@@ -355,6 +357,10 @@ async fn bodiless_answers_and_every_body_framing() {
     let r = c.ask(b"GET /api/chunked HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.field("transfer-encoding").as_deref(), Some("chunked"));
     assert_eq!(sha256(&r.body), sha256(&big));
+    let r = c.ask(b"GET /api/both HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.field("transfer-encoding").as_deref(), Some("chunked"));
+    assert_eq!(r.field("content-length"), None);
+    assert_eq!(r.body, b"hello");
     // Close-delimited: relayed, then the client connection is closed.
     let r = c.ask(b"GET /api/close HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.field("connection").as_deref(), Some("close"));

@@ -161,9 +161,23 @@ impl Reverse {
             Version::HTTP_11
         };
         self.response_fields(route, &mut headers, version);
-        if let (BodyLength::Coded, Some(te)) = (length, coding) {
-            // Relayed as it came, so its framing stays.
-            headers.insert(header::TRANSFER_ENCODING, te);
+        // The framing the body is relayed with, whatever the route's header edits did: a
+        // counted body keeps its length, a coded one is relayed as it came (never with a length
+        // beside it, RFC 9112 §6.3), and one read until close gets neither.
+        match (length, coding) {
+            (BodyLength::Exact(n), _) => {
+                headers.insert(header::CONTENT_LENGTH, n.into());
+                headers.remove(header::TRANSFER_ENCODING);
+            }
+            (BodyLength::Coded, Some(te)) => {
+                headers.remove(header::CONTENT_LENGTH);
+                headers.insert(header::TRANSFER_ENCODING, te);
+            }
+            (BodyLength::UntilClose, _) => {
+                headers.remove(header::CONTENT_LENGTH);
+                headers.remove(header::TRANSFER_ENCODING);
+            }
+            _ => {}
         }
         let mut out = Vec::with_capacity(512 + conn.buf.len());
         write_head(&mut out, status, &headers, None, !keep_alive);
