@@ -30,6 +30,7 @@ pub mod fill;
 pub mod index;
 pub mod memory;
 pub mod metrics;
+pub mod nudge;
 pub mod object;
 pub mod origin;
 pub mod purge;
@@ -324,13 +325,21 @@ impl Inner {
     ) -> (Arc<Fill>, bool) {
         let mut map = self.inflight.lock().expect("inflight");
         if let Some(f) = map.get(&key) {
+            let f = f.clone();
+            drop(map);
             self.metrics.coalesced.inc();
-            return (f.clone(), false);
+            // The origin's head may be in the writer's socket already, unseen until the runtime
+            // polls its driver: ask the writer to look now (`nudge`).
+            if f.awaits_head() {
+                f.nudge().nudge();
+            }
+            return (f, false);
         }
         let fill = Fill::new();
         map.insert(key, fill.clone());
         drop(map);
-        tokio::spawn(writer::run(self.clone(), fill.clone(), key, make()));
+        let writer = writer::run(self.clone(), fill.clone(), key, make());
+        tokio::spawn(fill.nudge().clone().drive(writer));
         (fill, true)
     }
 

@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use http::Response;
 
+use super::nudge::Nudge;
 use super::object::ObjectMeta;
 use crate::body::Body;
 
@@ -47,6 +48,8 @@ struct State {
 pub struct Fill {
     state: Mutex<State>,
     readers: AtomicUsize,
+    /// How joiners ask the writer to read the origin's head now.
+    nudge: Arc<Nudge>,
 }
 
 impl Fill {
@@ -54,6 +57,7 @@ impl Fill {
         Arc::new(Fill {
             state: Mutex::new(State::default()),
             readers: AtomicUsize::new(0),
+            nudge: Nudge::new(),
         })
     }
 
@@ -76,6 +80,17 @@ impl Fill {
         for w in waiters {
             w.wake();
         }
+    }
+
+    /// The nudge the writer runs under.
+    pub fn nudge(&self) -> &Arc<Nudge> {
+        &self.nudge
+    }
+
+    /// Neither a head nor an end yet: the writer still waits for the origin's answer.
+    pub fn awaits_head(&self) -> bool {
+        let s = self.lock();
+        s.head.is_none() && s.end.is_none() && s.pass.is_none()
     }
 
     /// Publishes the object the slice belongs to (before any chunk).

@@ -73,7 +73,7 @@ async fn connect(addr: SocketAddr) -> io::Result<Connected> {
 /// A TCP stream whose writes go straight to the socket until one would block, instead of first
 /// waiting for a readiness event the runtime has not delivered yet. After the first `EAGAIN` it is
 /// the plain tokio stream (whose readiness then comes from the event the registration produced).
-/// Reads are untouched: an answer cannot be there before the runtime polls for it.
+/// Reads go through tokio, except the one read after a cache fill's writer was nudged.
 pub(super) struct EagerStream {
     tcp: TcpStream,
     eager: bool,
@@ -110,6 +110,24 @@ impl AsyncRead for EagerStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // A cache fill's writer that a joining request nudged reads the socket itself: the
+        // origin's answer may be there before the runtime has polled for it (`cache::nudge`).
+        if buf.remaining() > 0 && crate::cache::nudge::take() {
+            // SAFETY: `recv` only writes initialised bytes into the unfilled part, and exactly
+            // the `n` it returns are marked filled.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            match SockRef::from(&self.tcp).recv(unfilled) {
+                Ok(n) => {
+                    unsafe { buf.assume_init(n) };
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
         Pin::new(&mut self.tcp).poll_read(cx, buf)
     }
 }
