@@ -330,6 +330,12 @@ async fn bodiless_answers_and_every_body_framing() {
             out.extend_from_slice(b"0\r\nX-Trailer: t\r\n\r\n");
             out
         }
+        // A coding not ending in chunked: delimited by the close.
+        "/gzip" => {
+            let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nX-Mode: close-now\r\n\r\n".to_vec();
+            out.extend_from_slice(&big2[..100_000]);
+            out
+        }
         // Both framings: the coded one wins (RFC 9112 §6.3), and the client never sees both.
         "/both" => b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
         "/close" => {
@@ -365,6 +371,12 @@ async fn bodiless_answers_and_every_body_framing() {
     let r = c.ask(b"GET /api/close HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(r.field("connection").as_deref(), Some("close"));
     assert_eq!(sha256(&r.body), sha256(&big));
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/gzip HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.field("transfer-encoding").as_deref(), Some("gzip"));
+    assert_eq!(r.field("content-length"), None);
+    assert_eq!(r.field("connection").as_deref(), Some("close"));
+    assert_eq!(sha256(&r.body), sha256(&big[..100_000]));
 }
 
 #[tokio::test]

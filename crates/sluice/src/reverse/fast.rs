@@ -145,7 +145,6 @@ impl Reverse {
             }),
             _hold: (in_flight, GaugeGuard(gauge)),
         };
-        let keep_alive = !close && length != BodyLength::UntilClose;
         let ResponseHead {
             headers,
             minor_version,
@@ -153,6 +152,15 @@ impl Reverse {
         } = head;
         let mut headers = headers;
         let coding = headers.get(header::TRANSFER_ENCODING).cloned();
+        // A coded body whose last coding is not `chunked` ends when the server closes
+        // (RFC 9112 §6.3): it is relayed until then, its codings named as they came.
+        let close_coded = length == BodyLength::Coded && !ends_chunked(coding.as_ref());
+        let length = if close_coded {
+            BodyLength::UntilClose
+        } else {
+            length
+        };
+        let keep_alive = !close && length != BodyLength::UntilClose;
         // A server that says it closes the connection after this response gets no other.
         let upstream_closes = says_close(&headers);
         let version = if minor_version == 0 {
@@ -173,9 +181,12 @@ impl Reverse {
                 headers.remove(header::CONTENT_LENGTH);
                 headers.insert(header::TRANSFER_ENCODING, te);
             }
-            (BodyLength::UntilClose, _) => {
+            (BodyLength::UntilClose, te) => {
                 headers.remove(header::CONTENT_LENGTH);
-                headers.remove(header::TRANSFER_ENCODING);
+                match te.filter(|_| close_coded) {
+                    Some(te) => headers.insert(header::TRANSFER_ENCODING, te),
+                    None => headers.remove(header::TRANSFER_ENCODING),
+                };
             }
             _ => {}
         }
@@ -201,6 +212,13 @@ impl Reverse {
             reusable: complete && keep_alive,
         }
     }
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked`.
+fn ends_chunked(te: Option<&header::HeaderValue>) -> bool {
+    te.and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
 }
 
 impl Done {
