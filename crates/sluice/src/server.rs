@@ -471,13 +471,13 @@ struct Timeouts {
 }
 
 impl Conn {
-    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+    async fn serve(mut self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         // The watch sits under TLS so it measures bytes the client actually accepts.
         let activity = Activity::new();
         // Kept to read the send queue; valid while the connection (which owns it) is alive.
         let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-        let stream = Watched::new(stream, activity.clone());
-        let watch = SendWatch {
+        let mut stream = Watched::new(stream, activity.clone());
+        let mut watch = SendWatch {
             activity,
             fd,
             unacked: None,
@@ -500,25 +500,33 @@ impl Conn {
             }
             return;
         }
-        #[cfg(feature = "reverse")]
-        let (mut self_, mut stream, mut watch) = (self, stream, watch);
-        #[cfg(feature = "reverse")]
-        let replayed = if self_.fast_path && self_.app.has_fast_routes() {
-            match self_.serve_fast(&mut stream, &mut watch, peer).await {
-                h1fast::End::Closed => return,
-                h1fast::End::HandOff(bytes) => bytes,
-            }
-        } else {
-            Vec::new()
+        let Some(replayed) = self.fast_path_first(&mut stream, &mut watch, peer).await else {
+            return;
         };
-        #[cfg(feature = "reverse")]
-        let this = self_;
-        #[cfg(not(feature = "reverse"))]
-        let (this, replayed) = (self, Vec::new());
-        let tap = this.splice.then(|| Arc::new(spliced::Tap::default()));
-        let mut stream = this.screened(spliced::Tapped::new(stream, tap.clone()), false);
+        let tap = self.splice.then(|| Arc::new(spliced::Tap::default()));
+        let mut stream = self.screened(spliced::Tapped::new(stream, tap.clone()), false);
         stream.replay(replayed);
-        this.drive(stream, watch, peer, false, tap).await
+        self.drive(stream, watch, peer, false, tap).await
+    }
+
+    /// What a plain connection hands to hyper: the bytes the HTTP/1.1 fast path read before a
+    /// request it does not serve (none when the fast path is off or no route is one it serves);
+    /// `None` when the fast path ended the connection itself.
+    #[cfg_attr(not(feature = "reverse"), allow(unused_variables))]
+    async fn fast_path_first(
+        &mut self,
+        stream: &mut Watched<tokio::net::TcpStream>,
+        watch: &mut SendWatch,
+        peer: SocketAddr,
+    ) -> Option<Vec<u8>> {
+        #[cfg(feature = "reverse")]
+        if self.fast_path && self.app.has_fast_routes() {
+            return match self.serve_fast(stream, watch, peer).await {
+                h1fast::End::Closed => None,
+                h1fast::End::HandOff(bytes) => Some(bytes),
+            };
+        }
+        Some(Vec::new())
     }
 
     /// Puts the HTTP/1.1 request screen (`screen`) under hyper.

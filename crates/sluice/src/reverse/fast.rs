@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use super::dial::{self, EagerStream};
 use super::forward::{
-    attempt_loop, connect_failure, hash_key, AttemptFailure, ClientHead, Done, Downstream,
-    FetchError, GaugeGuard, UpstreamHead,
+    attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, Done,
+    Downstream, FetchError, UpstreamHead,
 };
 use super::{Reverse, Route};
 use crate::body::Body;
@@ -80,7 +80,7 @@ impl Reverse {
         let start = Instant::now();
         let close = req.close;
         self.budget.record_request();
-        let entry = self.log_entry(
+        let mut entry = self.log_entry(
             route,
             down,
             &req.method,
@@ -128,22 +128,14 @@ impl Reverse {
             index,
         } = exchanged;
         let status = head.status.as_u16();
-        let server = in_flight.server();
-        let meters = route
-            .meters
-            .server(route.server_index(server), server.addr());
-        let gauge = route.meters.server_in_flight(&meters).clone();
-        gauge.inc();
+        let hold = hold_server(route, in_flight, &mut entry);
         let mut done = Done {
             access_log: self.access_log.clone(),
             route: route.clone(),
             start,
             status,
-            entry: entry.map(|mut e| {
-                e.server = Some(server.addr().to_string());
-                e
-            }),
-            _hold: (in_flight, GaugeGuard(gauge)),
+            entry,
+            _hold: hold,
         };
         let ResponseHead {
             headers,

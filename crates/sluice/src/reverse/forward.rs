@@ -278,21 +278,13 @@ impl Reverse {
             in_flight,
         } = fetched;
         let status = response.status();
-        let server = in_flight.server();
-        if let Some(e) = entry.as_mut() {
-            e.server = Some(server.addr().to_string());
-        }
-        let meters = route
-            .meters
-            .server(route.server_index(server), server.addr());
-        let gauge = route.meters.server_in_flight(&meters).clone();
-        gauge.inc();
+        let hold = hold_server(route, in_flight, &mut entry);
         let mut headers = std::mem::take(response.headers_mut());
         let switching = status == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
             if let Some(down) = on_upgrade {
                 let up = hyper::upgrade::on(&mut response);
-                super::tunnel::spawn(down, up, route.idle_timeout, (in_flight, GaugeGuard(gauge)));
+                super::tunnel::spawn(down, up, route.idle_timeout, hold);
                 let mut resp = Response::new(body::empty());
                 if h2_connect {
                     // RFC 8441: an extended CONNECT succeeds with 200 and no upgrade headers.
@@ -332,7 +324,7 @@ impl Reverse {
             start,
             status: status.as_u16(),
             entry,
-            _hold: (in_flight, GaugeGuard(gauge)),
+            _hold: hold,
         };
         let (parts, incoming) = response.into_parts();
         let mut resp = Response::new(body::boxed(ResponseBody::new(
@@ -797,8 +789,27 @@ fn version_text(v: Version) -> &'static str {
     }
 }
 
+/// A response's claim on the server that answered it, held until its body (or tunnel) ends: the
+/// group's in-flight mark and the server's open-requests gauge. Names the server in `entry`.
+pub(super) fn hold_server(
+    route: &Route,
+    in_flight: InFlight,
+    entry: &mut Option<Entry>,
+) -> (InFlight, GaugeGuard) {
+    let server = in_flight.server();
+    if let Some(e) = entry.as_mut() {
+        e.server = Some(server.addr().to_string());
+    }
+    let meters = route
+        .meters
+        .server(route.server_index(server), server.addr());
+    let gauge = route.meters.server_in_flight(&meters).clone();
+    gauge.inc();
+    (in_flight, GaugeGuard(gauge))
+}
+
 /// Decrements a gauge when dropped.
-pub(super) struct GaugeGuard(pub(super) prometheus_client::metrics::gauge::Gauge);
+pub(super) struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
 
 impl Drop for GaugeGuard {
     fn drop(&mut self) {
