@@ -181,25 +181,32 @@ def _cpu_per_request(cpu_pct, rps):
     return cpu_pct / 100 * 1e6 / rps
 
 
-def render_s3(result, out_dir, charts_rel):
+def _duration_rows(result, per_round):
     rows = []
+    width = 9 if per_round else 8
     for row in result["rows"]:
         if row.get("status") != "ok":
-            rows.append([DASH, DASH, row["peer"]] + [DASH] * 8 + [row.get("status", "")])
+            rows.append([DASH, DASH, row["peer"]] + [DASH] * width + [row.get("status", "")])
             continue
         for r in row["results"]:
             rep = r["report"]
             if "failed" in rep:
-                rows.append([r["file"], r["c"], row["peer"]] + [DASH] * 8 + [rep["failed"]])
+                rows.append([r["file"], r["c"], row["peer"]] + [DASH] * width + [rep["failed"]])
                 continue
             u = rep.get("usage") or {}
-            rows.append([f"{r['bytes']:,} B", r["c"], row["peer"], _f(rep["rps"], 0),
-                         _f(rep["latency"]["avg_ms"], 3), _f(rep["latency"]["p50_ms"], 3),
+            rounds = [" / ".join(_f(x, 0) for x in r.get("rounds_rps") or [])] if per_round else []
+            rows.append([f"{r['bytes']:,} B", r["c"], row["peer"], _f(rep["rps"], 0)] + rounds +
+                        [_f(rep["latency"]["avg_ms"], 3), _f(rep["latency"]["p50_ms"], 3),
                          _f(rep["latency"]["p99_ms"], 3), _f(u.get("cpu_pct"), 0),
                          _f(_cpu_per_request(u.get("cpu_pct"), rep["rps"]), 1),
                          _f(u.get("peak_rss_mb")), _f(u.get("peak_uss_mb")),
                          f"{rep['errors']} / {rep['warmup_errors']}"])
     rows.sort(key=lambda r: (str(r[0]), r[1] if isinstance(r[1], int) else 0))
+    return rows
+
+
+def render_s3(result, out_dir, charts_rel):
+    rows = _duration_rows(result, False)
     p = result["params"]
     md = [f"Closed loop over c keep-alive connections for {p['secs']} s after "
           f"{p['warmup_secs']} s of warm-up; origin {result.get('origin', '')}. CPU "
@@ -213,6 +220,64 @@ def render_s3(result, out_dir, charts_rel):
                    f"freshly started. CPU per GB = the proxy's CPU seconds in the median round / "
                    f"GB relayed in it (for *direct*: the origin's).", "",
                table(S3_STREAM_HEAD, stream)]
+    return "\n".join(md)
+
+
+# S2's goals: the default sluice row against each peer, per 1 KB level and the 2-server group.
+S2_SLUICE = "sluice (work-stealing)"
+S2_RIVALS = [("Varnish pass", 1.5), ("nginx proxy_pass", 1.0), ("HAProxy http", 1.0)]
+S2_GOALS_HEAD = ["body", "c", "sluice req/s", "× Varnish (≥ 1.5)", "× nginx (≥ 1.0)",
+                 "× HAProxy (≥ 1.0)", "sluice p99 ms", "peers' p99 ms (Varnish / nginx / HAProxy)",
+                 "met"]
+
+
+def _s2_goal_rows(result):
+    cells = {}
+    for row in result["rows"]:
+        if row.get("status") != "ok":
+            continue
+        for r in row["results"]:
+            if "failed" not in r["report"]:
+                cells[(row["peer"], r["bytes"], r["c"])] = r["report"]
+    out = []
+    keys = sorted({(b, c) for (peer, b, c) in cells if peer == S2_SLUICE})
+    for suffix in ["", ", 2 servers rr"]:
+        for b, c in keys:
+            mine = cells.get((S2_SLUICE + suffix, b, c))
+            if mine is None or (suffix and b != 1024):
+                continue
+            ratios, p99s, met = [], [], True
+            for peer, goal in S2_RIVALS:
+                theirs = cells.get((peer + suffix, b, c))
+                if theirs is None or not theirs["rps"]:
+                    ratios.append(DASH)
+                    p99s.append(DASH)
+                    met = False
+                    continue
+                x = mine["rps"] / theirs["rps"]
+                met &= x >= goal and mine["latency"]["p99_ms"] < theirs["latency"]["p99_ms"]
+                ratios.append(f"{x:.2f}")
+                p99s.append(_f(theirs["latency"]["p99_ms"], 3))
+            out.append([f"{b:,} B", f"{c}{suffix}", _f(mine["rps"], 0)] + ratios +
+                       [_f(mine["latency"]["p99_ms"], 3), " / ".join(p99s),
+                        "**yes**" if met else "no"])
+    return out
+
+
+def render_s2(result, out_dir, charts_rel):
+    p = result["params"]
+    rounds = p.get("rounds", 1)
+    head = S3_HEAD[:4] + (["req/s per round"] if rounds > 1 else []) + S3_HEAD[4:]
+    how = (f"Each cell was measured in {rounds} rounds (every peer once per round, the peers' "
+           f"order rotated each round) and the row shows the round with the median req/s; "
+           f"*req/s per round* lists all of them in round order. " if rounds > 1 else "")
+    md = [f"Closed loop over c keep-alive connections for {p['secs']} s after "
+          f"{p['warmup_secs']} s of warm-up; origin {result.get('origin', '')}. {how}CPU "
+          f"and memory are the proxy's process tree (origin's for *direct*).", "",
+          "**Goals** (issue: ≥ 1.5× Varnish pass, ≥ 1.0× nginx and HAProxy, p99 below all three; "
+          f"the default `{S2_SLUICE}` row, median rounds):", "",
+          table(S2_GOALS_HEAD, _s2_goal_rows(result)), "",
+          table(head, _duration_rows(result, rounds > 1))]
     return "\n".join(md)
 
 
@@ -525,7 +590,7 @@ def render_pending(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
-RENDER = {"S1": render_s1, "S2": render_s3, "S3": render_s3, "S4": report_s4.render,
+RENDER = {"S1": render_s1, "S2": render_s2, "S3": render_s3, "S4": report_s4.render,
           "S5": render_s5, "S6": render_pending}
 
 
