@@ -67,22 +67,31 @@ const EVENT_INTERVAL: u32 = 1024;
 /// Builds the runtime `main` runs on: under per-core, it runs only the control plane (signals,
 /// reload, health checks, the TCP front end), so it gets one worker thread; the per-core runtimes
 /// are started by the server.
+///
+/// Work-stealing with one thread is a current-thread runtime: one worker has nobody to steal
+/// from, and the multi-threaded scheduler's cost (atomic task states, a shared queue and a
+/// driver handed between threads, `main`'s own thread beside the worker) buys nothing there. It
+/// is what the per-core model runs on each core, and from 100 connections on it served the same
+/// requests with 10–30 % less CPU each (`docs/reverse-proxy.md`, "One thread").
 #[cfg(feature = "multi-thread")]
 pub fn main_runtime(
     model: RuntimeModel,
     configured_threads: usize,
 ) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().event_interval(EVENT_INTERVAL);
-    match model {
-        RuntimeModel::WorkStealing => {
-            builder.worker_threads(threads(configured_threads));
-        }
-        RuntimeModel::PerCore => {
-            builder.worker_threads(1);
-        }
+    let workers = match model {
+        RuntimeModel::WorkStealing => threads(configured_threads),
+        RuntimeModel::PerCore => 1,
+    };
+    if model == RuntimeModel::WorkStealing && workers == 1 {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
     }
-    builder.build()
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .event_interval(EVENT_INTERVAL)
+        .worker_threads(workers)
+        .build()
 }
 
 /// Without `multi-thread` (the router build) `main` runs on one current-thread runtime: under

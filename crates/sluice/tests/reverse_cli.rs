@@ -37,12 +37,13 @@ fn get(addr: &str, method: &str, path: &str, extra: &str) -> String {
     out
 }
 
-fn config(listen: &str, origin: &str, pid: &std::path::Path) -> String {
+fn config(listen: &str, origin: &str, pid: &std::path::Path, threads: usize) -> String {
     format!(
         r#"
 [server]
 listen = ["{listen}"]
 pid_file = "{}"
+threads = {threads}
 
 [auth]
 api_password = "pw"
@@ -185,6 +186,19 @@ upstream = "app"
 
 #[test]
 fn reloads_on_signal_and_admin_endpoint() {
+    reload_cycle(0);
+}
+
+/// One thread: `main` runs everything on a current-thread runtime (`runtime::main_runtime`);
+/// serving, signals, reload and shutdown work the same.
+#[test]
+fn reloads_on_one_thread() {
+    reload_cycle(1);
+}
+
+fn reload_cycle(threads: usize) {
+    let config =
+        |listen: &str, origin: &str, pid: &std::path::Path| config(listen, origin, pid, threads);
     let (a, b, c) = (
         fixed_origin("from-a"),
         fixed_origin("from-b"),
