@@ -72,7 +72,8 @@ const EVENT_INTERVAL: u32 = 1024;
 /// from, and the multi-threaded scheduler's cost (atomic task states, a shared queue and a
 /// driver handed between threads, `main`'s own thread beside the worker) buys nothing there. It
 /// is what the per-core model runs on each core, and from 100 connections on it served the same
-/// requests with 10–30 % less CPU each (`docs/reverse-proxy.md`, "One thread").
+/// requests with less CPU each in every paired run (4–31 %, most pairs 14–16 %;
+/// `docs/reverse-proxy.md`, "One thread").
 #[cfg(feature = "multi-thread")]
 pub fn main_runtime(
     model: RuntimeModel,

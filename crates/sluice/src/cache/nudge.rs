@@ -2,9 +2,10 @@
 //! asks the writer to read its origin socket now, instead of when the runtime next polls its I/O
 //! driver (`docs/cache.md`, "S4 (a): joiners nudge the writer").
 //!
-//! tokio answers a socket read from readiness that only a driver poll sets, and a busy worker
-//! polls its driver once per 1,024 tasks (`runtime.rs`): under a burst of client requests the
-//! origin's answer sat in the socket until the whole burst was read. A nudge makes the writer's
+//! tokio answers a socket read from readiness that only a driver poll sets, and a busy runtime
+//! polls its driver only between runs of queued tasks (a multi-threaded worker once per 1,024,
+//! `runtime.rs`): under a burst of client requests the origin's answer sat in the socket until
+//! the whole burst was read. A nudge makes the writer's
 //! next read one direct `recv` (`reverse/dial.rs`, `EagerStream`); a nudge that finds nothing costs
 //! that one `recv` returning `EAGAIN`, and only requests that join a fill before its head nudge.
 
@@ -41,8 +42,9 @@ impl Nudge {
         WRITER.scope(self, recorded).await
     }
 
-    /// Asks the writer to try its socket at once: sets the ask and wakes the writer's task (from
-    /// a worker thread, into the slot that runs next).
+    /// Asks the writer to try its socket at once: sets the ask and wakes the writer's task. A
+    /// multi-threaded worker runs it next (its slot for the task woken last); a current-thread
+    /// runtime (one thread) runs it after the tasks already queued (`docs/cache.md`).
     pub fn nudge(&self) {
         self.asked.store(true, Ordering::Release);
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
