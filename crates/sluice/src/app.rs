@@ -448,7 +448,7 @@ impl App {
     /// bytes sent, requests by status and errors by side and kind.
     #[cfg(feature = "reverse")]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn serve_fast<W: tokio::io::AsyncWrite + Unpin>(
+    pub(crate) async fn serve_fast<W: crate::reverse::fast::FastClient>(
         &self,
         routing: &Routing,
         route: &Arc<crate::reverse::Route>,

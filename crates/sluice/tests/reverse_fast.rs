@@ -1,7 +1,8 @@
 //! The HTTP/1.1 fast path end to end against raw origins on 127.0.0.1: the upstream head it
 //! writes is byte for byte the hyper path's, pipelining, the hand-off to hyper in the middle of a
 //! connection, body framings (HEAD, 204, 304, length, chunked, close-delimited, by SHA-256),
-//! upstream faults, slow and idle clients, and the metrics.
+//! upstream faults, slow and idle clients, and the metrics; large counted bodies spliced socket to
+//! socket (exact bytes, keep-alive after them, a client that stops reading mid-splice).
 
 mod reverse_support;
 
@@ -21,6 +22,20 @@ type Answer = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// bytes `answer` gives for its target; `close` after answering when the answer asks for it
 /// (`Connection: close` in it, or no length).
 async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let (addr, heads, _) = counting_origin(answer).await;
+    (addr, heads)
+}
+
+/// [`raw_origin`], also counting the connections it accepted.
+async fn counting_origin(
+    answer: Answer,
+) -> (
+    SocketAddr,
+    Arc<Mutex<Vec<Vec<u8>>>>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let heads: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
@@ -30,6 +45,7 @@ async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
             let Ok((mut s, _)) = listener.accept().await else {
                 return;
             };
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let seen = seen.clone();
             let answer = answer.clone();
             tokio::spawn(async move {
@@ -53,7 +69,8 @@ async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
                         .to_string();
                     seen.lock().unwrap().push(head);
                     let out = answer(&target);
-                    let closes = find(&out, b"close-now").is_some();
+                    // Marked in the head or just after it: never scan a whole large body.
+                    let closes = find(&out[..out.len().min(4096)], b"close-now").is_some();
                     if s.write_all(&out).await.is_err() || closes {
                         return;
                     }
@@ -61,7 +78,7 @@ async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
             });
         }
     });
-    (addr, heads)
+    (addr, heads, accepted)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -598,4 +615,128 @@ async fn an_idle_upstream_connection_is_closed_after_pool_idle_secs() {
     );
     assert!(after < Duration::from_secs(3), "closed late: {after:?}");
     drop(p);
+}
+
+/// The value of the metric line starting with `prefix` on `p`'s `/metrics`.
+async fn metric(p: &Proxy, prefix: &str) -> Option<String> {
+    let m = get(&p.url("/metrics"), &[]).await;
+    let text = String::from_utf8(m.body.unwrap().to_vec()).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string)
+}
+
+/// An answer with a counted body of `body`'s bytes.
+fn counted(body: &Bytes) -> Vec<u8> {
+    let mut out = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+#[tokio::test]
+async fn large_counted_bodies_are_spliced_exactly_and_both_connections_live_on() {
+    let big = pattern(3 * 1024 * 1024 + 17);
+    // Just above the splice threshold once the head's read took its share, and just below it.
+    let mid = pattern(200_000);
+    let small = pattern(40_000);
+    let (b, m, sm) = (big.clone(), mid.clone(), small.clone());
+    let answer: Answer = Arc::new(move |t: &str| match t {
+        "/big" => counted(&b),
+        "/mid" => counted(&m),
+        _ => counted(&sm),
+    });
+    let (origin, heads, accepted) = counting_origin(answer).await;
+    for splice in [true, false] {
+        heads.lock().unwrap().clear();
+        accepted.store(0, std::sync::atomic::Ordering::SeqCst);
+        let mut config = proxy_config(origin, true, "");
+        config.reverse.splice_bodies = splice;
+        let p = Proxy::start(config).await;
+        let mut c = Client::to(&p).await;
+        // Pipelined: a spliced body must neither swallow nor reorder what follows it.
+        c.s.write_all(
+            b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\nGET /api/small HTTP/1.1\r\nHost: a\r\n\r\n\
+              GET /api/mid HTTP/1.1\r\nHost: a\r\n\r\nGET /api/big HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        for want in [&big, &small, &mid, &big] {
+            let r = c.read().await;
+            assert_eq!(r.status(), 200, "splice={splice}");
+            assert_eq!(
+                r.field("content-length"),
+                Some(want.len().to_string()),
+                "splice={splice}"
+            );
+            assert_eq!(sha256(&r.body), sha256(want), "splice={splice}");
+        }
+        // The client connection carries on after them.
+        let r = c.ask(b"GET /api/small HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(sha256(&r.body), sha256(&small));
+        assert_eq!(heads.lock().unwrap().len(), 5, "splice={splice}");
+        // Every body was read to its end, so one upstream connection carried all five requests.
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "splice={splice}"
+        );
+        let spliced = metric(&p, "sluice_reverse_spliced_bodies_total{").await;
+        let want = if splice { Some("3".to_string()) } else { None };
+        assert_eq!(spliced, want, "splice={splice}");
+        let sent = metric(&p, "sluice_sent_bytes_total{endpoint=\"reverse\"}").await;
+        let total = 2 * big.len() + mid.len() + 2 * small.len();
+        assert_eq!(sent, Some(total.to_string()), "splice={splice}");
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_a_spliced_body_is_cut_and_others_go_on() {
+    // Far more than the loopback socket buffers hold, so the splice blocks on the client.
+    let big = pattern(64 * 1024 * 1024);
+    let b = big.clone();
+    let (origin, _) = raw_origin(Arc::new(move |_t: &str| counted(&b))).await;
+    let mut config = proxy_config(origin, true, "");
+    config.server.send_timeout_secs = 1;
+    let p = Proxy::start(config).await;
+    let mut stalled = Client::to(&p).await;
+    stalled
+        .s
+        .write_all(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // Meanwhile another client gets the whole body.
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(sha256(&r.body), sha256(&big));
+    // The stalled client reads nothing for 4 s (the send timeout is 1 s, checked each second),
+    // then finds its connection ended before the body's end.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut all = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            match stalled.s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => all.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the stalled connection was never cut");
+    assert!(all.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    assert!(
+        all.len() < big.len(),
+        "the whole body arrived: {}",
+        all.len()
+    );
+    let timeouts = metric(&p, "sluice_downstream_send_timeouts_total").await;
+    assert_eq!(timeouts.as_deref(), Some("1"));
+    // Both bodies took the splice path.
+    let spliced = metric(&p, "sluice_reverse_spliced_bodies_total{").await;
+    assert_eq!(spliced.as_deref(), Some("2"));
+    // The proxy still serves.
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(sha256(&r.body), sha256(&big));
 }

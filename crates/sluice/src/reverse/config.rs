@@ -149,6 +149,9 @@ pub struct ReverseConfig {
     pub access_log: String,
     /// `json` (one object per line) or `combined` (the Apache/nginx format).
     pub access_log_format: AccessLogFormat,
+    /// Move large response bodies of known length from a plain-HTTP server to a plain-HTTP/1.1
+    /// client with `splice(2)`, socket to socket, instead of copying them through sluice.
+    pub splice_bodies: bool,
 }
 
 impl Default for ReverseConfig {
@@ -162,6 +165,7 @@ impl Default for ReverseConfig {
             pool_idle_secs: 90,
             access_log: String::new(),
             access_log_format: AccessLogFormat::Json,
+            splice_bodies: true,
         }
     }
 }

@@ -87,6 +87,11 @@ impl EagerStream {
         }
     }
 
+    /// The socket, for calls that bypass the stream (splicing a body out of it).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
     /// One direct write; `None` when it would block (fall back to the runtime's readiness).
     fn direct(
         &mut self,

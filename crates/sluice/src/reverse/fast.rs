@@ -1,7 +1,8 @@
 //! The HTTP/1.1 fast path's proxying: one plain GET or HEAD on a plain-HTTP route without a cache,
 //! relayed as bytes over an owned upstream connection (no hyper on either side), with the same
 //! server choice, retries, forwarding headers, errors and metrics as `forward` (see
-//! `docs/decisions/h1-fast-path.md`).
+//! `docs/decisions/h1-fast-path.md`). A large body of known length is spliced from the upstream
+//! socket into the client's (`reverse.splice_bodies`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use http::{Method, StatusCode, Version};
 use sluice_http::chunked;
 use sluice_http::response_head::{self, BodyLength, ResponseHead};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::dial::{self, EagerStream};
@@ -28,6 +30,22 @@ use crate::upstream::h1::{push_field as field, says_close, MAX_HEAD as MAX_RESPO
 const READ_BUF: usize = 64 * 1024;
 /// A large body's reads grow the buffer up to this.
 const MAX_READ_BUF: usize = 256 * 1024;
+/// A body with at least this much left after the response head's read is spliced (when the
+/// client is a plain TCP socket and `reverse.splice_bodies` is on); less is cheaper to copy than
+/// to move through a pipe (one pipe's default capacity, as for the TCP relay).
+const SPLICE_MIN: u64 = 64 * 1024;
+
+/// The client connection the fast path writes to: a byte sink, and, where it is a plain TCP
+/// socket, that socket, into which a large body is spliced past the writer (which then hears of
+/// the progress through `wrote` and `write_blocked`, for the connection's send timeout).
+pub trait FastClient: AsyncWrite + Unpin {
+    /// The plain TCP socket under the writer; `None` where bytes must go through the writer.
+    fn socket(&self) -> Option<&TcpStream>;
+    /// Body bytes reached the socket past the writer.
+    fn wrote(&self);
+    /// A splice found the client's window shut.
+    fn write_blocked(&self);
+}
 
 /// The client request the fast path serves: a GET or HEAD with no body, origin-form target.
 pub struct FastRequest<'a> {
@@ -68,7 +86,7 @@ impl Reverse {
     /// Proxies `req` (routed to `route` by the normalised `path`) and writes the response to
     /// `client`. `on_head` is called once with the status and error mark just before the
     /// response head is written (the server's first-byte clock).
-    pub async fn serve_fast<W: AsyncWrite + Unpin>(
+    pub async fn serve_fast<W: FastClient>(
         &self,
         route: &Arc<Route>,
         req: FastRequest<'_>,
@@ -185,7 +203,16 @@ impl Reverse {
         let mut out = Vec::with_capacity(512 + conn.buf.len());
         write_head(&mut out, status, &headers, None, !keep_alive);
         on_head(status, None);
-        let relayed = relay(&mut conn, length, &mut out, client, route.idle_timeout).await;
+        let splice = self.settings.splice_bodies.then(|| route.meters.spliced());
+        let relayed = relay(
+            &mut conn,
+            length,
+            &mut out,
+            client,
+            route.idle_timeout,
+            splice,
+        )
+        .await;
         let (sent, complete, upstream_clean) = match relayed {
             Ok((sent, clean)) => (sent, true, clean),
             Err((sent, e)) => {
@@ -390,13 +417,15 @@ async fn write_full<W: AsyncWrite + Unpin>(
 /// Relays the body after a response head: `out` holds the client head; the connection's buffer
 /// the body bytes read with the upstream head. Returns the body bytes sent and whether the
 /// upstream connection ended exactly at the body's end (it can carry another request); on error,
-/// the bytes sent before it.
-async fn relay<W: AsyncWrite + Unpin>(
+/// the bytes sent before it. With `splice` (counting the bodies it moves), a counted body with at
+/// least `SPLICE_MIN` left after the first read goes on socket to socket ([`splice_rest`]).
+async fn relay<W: FastClient>(
     conn: &mut UpConn,
     length: BodyLength,
     out: &mut Vec<u8>,
     client: &mut W,
     idle: Duration,
+    splice: Option<&prometheus_client::metrics::counter::Counter>,
 ) -> Result<(u64, bool), (u64, RelayError)> {
     let mut sent = 0u64;
     let mut decoder = chunked::Decoder::new();
@@ -438,6 +467,22 @@ async fn relay<W: AsyncWrite + Unpin>(
                 .map_err(|e| (sent, RelayError::Client(e)))?;
         }
         sent += take as u64;
+        let spliceable = matches!(length, BodyLength::Exact(_)) && left >= SPLICE_MIN;
+        if let Some(spliced) = splice.filter(|_| spliceable && client.socket().is_some()) {
+            spliced.inc();
+            // Every byte read so far was the body's (`left` > 0), and went out with the head.
+            fresh.clear();
+            fresh.shrink_to(READ_BUF);
+            conn.buf = fresh;
+            client
+                .flush()
+                .await
+                .map_err(|e| (sent, RelayError::Client(e)))?;
+            return match splice_rest(conn.io.tcp(), client, left, idle).await {
+                Ok(n) => Ok((sent + n, true)),
+                Err((n, e)) => Err((sent + n, e)),
+            };
+        }
         if finished {
             fresh.clear();
             // An idle connection keeps a small buffer only.
@@ -497,6 +542,47 @@ async fn relay<W: AsyncWrite + Unpin>(
             }
         }
     }
+}
+
+/// Moves the last `left` bytes of a counted body from `up` into the client's socket with
+/// `splice(2)` (`net::splice::feed`): the kernel moves page references, user space never sees the
+/// bytes. `idle` bounds the wait for each upstream chunk; the client's stalls are the
+/// connection's send timeout's, told through `write_blocked` and `wrote`. Returns the bytes sent;
+/// on error, those sent before it.
+async fn splice_rest<W: FastClient>(
+    up: &TcpStream,
+    client: &W,
+    left: u64,
+    idle: Duration,
+) -> Result<u64, (u64, RelayError)> {
+    use crate::net::splice::feed::{BodySplice, FeedError, Waiting};
+    let Some(dst) = client.socket() else {
+        return Err((
+            0,
+            RelayError::Upstream("no client socket to splice into".into()),
+        ));
+    };
+    let mut body = BodySplice::new(left, idle);
+    let mut sent = 0u64;
+    while !body.is_done() {
+        let moved = std::future::poll_fn(|cx| {
+            let p = body.poll_send(cx, up, dst, usize::MAX, &|_| {});
+            if p.is_pending() && body.waiting() == Waiting::Downstream {
+                client.write_blocked();
+            }
+            p
+        })
+        .await;
+        match moved {
+            Ok(n) => {
+                sent += n as u64;
+                client.wrote();
+            }
+            Err(FeedError::Downstream(e)) => return Err((sent, RelayError::Client(e))),
+            Err(e) => return Err((sent, RelayError::Upstream(e.to_string()))),
+        }
+    }
+    Ok(sent)
 }
 
 /// How one exchange with a server failed.

@@ -41,6 +41,7 @@ pub struct ReverseMetrics {
     pub ttfb: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub total: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub retries: Family<RouteLabels, Counter>,
+    pub spliced: Family<RouteLabels, Counter>,
     pub server_requests: Family<ServerLabels, Counter>,
     pub server_failures: Family<ServerLabels, Counter>,
     pub server_in_flight: Family<ServerLabels, Gauge>,
@@ -63,6 +64,7 @@ impl ReverseMetrics {
             ttfb: Family::new_with_constructor(latency as fn() -> Histogram),
             total: Family::new_with_constructor(latency as fn() -> Histogram),
             retries: Family::default(),
+            spliced: Family::default(),
             server_requests: Family::default(),
             server_failures: Family::default(),
             server_in_flight: Family::default(),
@@ -90,6 +92,11 @@ impl ReverseMetrics {
             "retries",
             "Attempts on another server per route",
             m.retries.clone(),
+        );
+        r.register(
+            "spliced_bodies",
+            "Response bodies moved socket to socket with splice(2) per route",
+            m.spliced.clone(),
         );
         r.register(
             "server_requests",
@@ -146,6 +153,7 @@ pub struct RouteMeters {
     ttfb: OnceLock<Histogram>,
     total: OnceLock<Histogram>,
     retries: OnceLock<Counter>,
+    spliced: OnceLock<Counter>,
     /// Requests by status class: 1xx .. 5xx.
     classes: [OnceLock<Counter>; 5],
     /// The group's servers, in `Group::servers` order.
@@ -177,6 +185,7 @@ impl RouteMeters {
             ttfb: OnceLock::new(),
             total: OnceLock::new(),
             retries: OnceLock::new(),
+            spliced: OnceLock::new(),
             classes: Default::default(),
             servers: server_addrs
                 .map(|addr| ServerMeters::new(group, addr))
@@ -203,6 +212,11 @@ impl RouteMeters {
     pub fn retries(&self) -> &Counter {
         self.retries
             .get_or_init(|| self.families.retries.get_or_create(&self.labels()).clone())
+    }
+
+    pub fn spliced(&self) -> &Counter {
+        self.spliced
+            .get_or_init(|| self.families.spliced.get_or_create(&self.labels()).clone())
     }
 
     /// The request counter for `status`'s class.

@@ -17,6 +17,22 @@ use super::activity::Watched;
 use super::{Conn, SendWatch};
 use crate::reverse::fast::FastRequest;
 
+/// A body the fast path splices goes straight into the client's socket; the connection's activity
+/// still hears of it, so the send timeout sees a client that stopped reading.
+impl crate::reverse::fast::FastClient for Watched<TcpStream> {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self.get_ref())
+    }
+
+    fn wrote(&self) {
+        self.activity().wrote();
+    }
+
+    fn write_blocked(&self) {
+        self.activity().write_blocked();
+    }
+}
+
 /// The fields read per head here; a head with more goes to hyper (which applies
 /// `server.max_headers`).
 const FIELDS: usize = 100;

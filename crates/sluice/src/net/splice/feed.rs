@@ -1,6 +1,7 @@
 //! One HTTP response body of known length moved from an upstream socket into the client's socket
 //! with `splice(2)` through a pooled pipe: the kernel moves page references, user space never
-//! sees the bytes. Driven from the client connection's write path (`server::spliced`).
+//! sees the bytes. Driven from the client connection's write path (`server::spliced`), or, with
+//! the upstream socket lent rather than owned, from the reverse proxy's fast path.
 
 use std::future::Future;
 use std::io;
@@ -44,15 +45,7 @@ pub enum Waiting {
 pub struct Feed {
     /// `None` only once handed back by `Drop`.
     src: Option<TcpStream>,
-    pool: &'static PipePool,
-    pipe: Option<Pipe>,
-    /// Bytes in the pipe, read from the upstream, not yet written to the client.
-    in_pipe: usize,
-    /// Body bytes still in (or on their way to) the upstream socket.
-    unread: u64,
-    idle: Duration,
-    deadline: Pin<Box<Sleep>>,
-    waiting: Waiting,
+    body: BodySplice,
     /// Called with every chunk read from the upstream (metrics).
     on_read: Box<dyn Fn(usize) + Send + Sync>,
     /// Takes the upstream socket back once the body has been read to its end (keep-alive).
@@ -69,13 +62,7 @@ impl Feed {
     ) -> Feed {
         Feed {
             src: Some(src),
-            pool: super::shared_pool(),
-            pipe: None,
-            in_pipe: 0,
-            unread: len,
-            idle,
-            deadline: Box::pin(tokio::time::sleep(idle)),
-            waiting: Waiting::Upstream,
+            body: BodySplice::new(len, idle),
             on_read,
             on_done: None,
         }
@@ -89,12 +76,12 @@ impl Feed {
 
     /// Every byte has reached the client's socket.
     pub fn is_done(&self) -> bool {
-        self.unread == 0 && self.in_pipe == 0
+        self.body.is_done()
     }
 
     /// Which socket the last `Pending` from [`Feed::poll_send`] waits for.
     pub fn waiting(&self) -> Waiting {
-        self.waiting
+        self.body.waiting()
     }
 
     /// Moves up to `max` bytes into `dst`; `Ready(Ok(n))` with `n > 0` unless the feed is done.
@@ -103,6 +90,60 @@ impl Feed {
         cx: &mut Context<'_>,
         dst: &TcpStream,
         max: usize,
+    ) -> Poll<Result<usize, FeedError>> {
+        let src = self.src.as_ref().expect("held until drop");
+        self.body.poll_send(cx, src, dst, max, &*self.on_read)
+    }
+}
+
+/// The state of one body of known length on its way from one socket to another through a pooled
+/// pipe, the sockets borrowed at each call: [`Feed`] owns its upstream socket, the reverse
+/// proxy's fast path keeps its upstream connection and lends it (`reverse::fast`).
+pub struct BodySplice {
+    pool: &'static PipePool,
+    pipe: Option<Pipe>,
+    /// Bytes in the pipe, read from the upstream, not yet written to the client.
+    in_pipe: usize,
+    /// Body bytes still in (or on their way to) the upstream socket.
+    unread: u64,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+    waiting: Waiting,
+}
+
+impl BodySplice {
+    /// The next `len` bytes of an upstream; `idle` bounds the wait for each upstream chunk.
+    pub fn new(len: u64, idle: Duration) -> BodySplice {
+        BodySplice {
+            pool: super::shared_pool(),
+            pipe: None,
+            in_pipe: 0,
+            unread: len,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+            waiting: Waiting::Upstream,
+        }
+    }
+
+    /// Every byte has reached the client's socket.
+    pub fn is_done(&self) -> bool {
+        self.unread == 0 && self.in_pipe == 0
+    }
+
+    /// Which socket the last `Pending` from [`BodySplice::poll_send`] waits for.
+    pub fn waiting(&self) -> Waiting {
+        self.waiting
+    }
+
+    /// Moves up to `max` bytes from `src` into `dst`; `Ready(Ok(n))` with `n > 0` unless the body
+    /// is done. `on_read` is called with every chunk read from `src`.
+    pub fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &TcpStream,
+        dst: &TcpStream,
+        max: usize,
+        on_read: &dyn Fn(usize),
     ) -> Poll<Result<usize, FeedError>> {
         if max == 0 || self.is_done() {
             return Poll::Ready(Ok(0));
@@ -115,7 +156,6 @@ impl Feed {
             self.pipe = Some(pipe);
         }
         let pipe = self.pipe.as_ref().expect("taken above");
-        let src = self.src.as_ref().expect("held until drop");
         if self.in_pipe == 0 {
             // Fill: never more than the body, so bytes after it stay in the upstream socket.
             let want = (pipe.capacity as u64).min(self.unread) as usize;
@@ -138,7 +178,7 @@ impl Feed {
                     Ok(n) => {
                         self.in_pipe = n;
                         self.unread -= n as u64;
-                        (self.on_read)(n);
+                        on_read(n);
                         let next = Instant::now() + self.idle;
                         self.deadline.as_mut().reset(next);
                         break;
@@ -169,19 +209,24 @@ impl Feed {
     }
 }
 
-impl Drop for Feed {
+impl Drop for BodySplice {
     fn drop(&mut self) {
-        if self.is_done() {
-            if let (Some(src), Some(on_done)) = (self.src.take(), self.on_done.take()) {
-                on_done(src);
-            }
-        }
         if let Some(pipe) = self.pipe.take() {
             if self.in_pipe == 0 {
                 self.pool.give(pipe);
             } else {
                 // Bytes still inside: the pipe cannot serve another body.
                 self.pool.forget(pipe);
+            }
+        }
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        if self.is_done() {
+            if let (Some(src), Some(on_done)) = (self.src.take(), self.on_done.take()) {
+                on_done(src);
             }
         }
     }
