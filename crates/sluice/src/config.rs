@@ -100,6 +100,10 @@ pub struct ServerConfig {
     /// Plain-HTTP connections serve simple GET/HEAD requests for plain-HTTP, uncached reverse
     /// routes on sluice's own HTTP/1.1 path, handing everything else to the general server.
     pub h1_fast_path: bool,
+    /// Microseconds a current-thread runtime (one thread, or each per-core runtime) keeps polling
+    /// for events after an HTTP request before it sleeps; 0 = sleep at once
+    /// (`runtime::busy_poll`).
+    pub busy_poll_us: u64,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +128,7 @@ impl Default for ServerConfig {
             runtime: crate::runtime::RuntimeModel::WorkStealing,
             threads: 0,
             h1_fast_path: true,
+            busy_poll_us: 200,
         }
     }
 }
@@ -148,6 +153,7 @@ config_section!(ServerConfig {
     runtime,
     threads,
     h1_fast_path,
+    busy_poll_us,
 });
 
 /// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,

@@ -45,8 +45,11 @@ fn main() -> anyhow::Result<()> {
                 multicast_interface: args.multicast_interface,
             };
             let config = Config::load(args.config.as_deref(), std::env::vars(), &flags)?;
-            let runtime =
-                sluice::runtime::main_runtime(config.server.runtime, config.server.threads)?;
+            let runtime = sluice::runtime::main_runtime(
+                config.server.runtime,
+                config.server.threads,
+                std::time::Duration::from_micros(config.server.busy_poll_us),
+            )?;
             let source = (args.config.clone(), flags);
             runtime.block_on(sluice::serve_reloadable(
                 config,

@@ -2,7 +2,10 @@
 //! current-thread runtime per core, each accepting on its own `SO_REUSEPORT` listener and keeping its
 //! own reverse proxy upstream pools. Also which per-core worker the calling thread is.
 
+pub mod busy_poll;
+
 use std::cell::Cell;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -73,20 +76,26 @@ const EVENT_INTERVAL: u32 = 1024;
 /// driver handed between threads, `main`'s own thread beside the worker) buys nothing there. It
 /// is what the per-core model runs on each core, and from 100 connections on it served the same
 /// requests with less CPU each in every paired run (4–31 %, most pairs 14–16 %;
-/// `docs/reverse-proxy.md`, "One thread").
+/// `docs/reverse-proxy.md`, "One thread"). That runtime polls for `busy_poll` after each
+/// request before it sleeps ([`busy_poll`]); the multi-threaded one leaves it to tokio's workers.
 #[cfg(feature = "multi-thread")]
 pub fn main_runtime(
     model: RuntimeModel,
     configured_threads: usize,
+    busy_poll: Duration,
 ) -> std::io::Result<tokio::runtime::Runtime> {
     let workers = match model {
         RuntimeModel::WorkStealing => threads(configured_threads),
         RuntimeModel::PerCore => 1,
     };
     if model == RuntimeModel::WorkStealing && workers == 1 {
-        return tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build();
+            .build()?;
+        if let Some(poller) = busy_poll::install(busy_poll) {
+            runtime.spawn(poller);
+        }
+        return Ok(runtime);
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -98,15 +107,23 @@ pub fn main_runtime(
 /// Without `multi-thread` (the router build) `main` runs on one current-thread runtime: under
 /// `work-stealing` it serves everything (a gateway's work is a few sockets, and every extra worker
 /// thread costs a router memory and wake-ups); under `per-core` it runs the control plane and the
-/// server starts the per-core runtimes beside it, as in the full build.
+/// server starts the per-core runtimes beside it, as in the full build. Under `work-stealing` it
+/// polls for `busy_poll` after each request before it sleeps ([`busy_poll`]).
 #[cfg(not(feature = "multi-thread"))]
 pub fn main_runtime(
-    _model: RuntimeModel,
+    model: RuntimeModel,
     _configured_threads: usize,
+    busy_poll: Duration,
 ) -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build()?;
+    if model == RuntimeModel::WorkStealing {
+        if let Some(poller) = busy_poll::install(busy_poll) {
+            runtime.spawn(poller);
+        }
+    }
+    Ok(runtime)
 }
 
 #[cfg(test)]

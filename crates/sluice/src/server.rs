@@ -242,6 +242,7 @@ impl Server {
                         acceptor: acceptor.clone(),
                         tracker: tracker.clone(),
                         grace,
+                        busy_poll: Duration::from_micros(self.config.busy_poll_us),
                     };
                     match core.start() {
                         Ok(done) => cores.push(done),
@@ -301,6 +302,8 @@ struct Core {
     acceptor: listener::Acceptor,
     tracker: TaskTracker,
     grace: Duration,
+    /// `server.busy_poll_us`.
+    busy_poll: Duration,
 }
 
 impl Core {
@@ -314,6 +317,9 @@ impl Core {
             .name(format!("sluice-core-{}", self.index))
             .spawn(move || {
                 crate::runtime::enter_worker(self.index);
+                if let Some(poller) = crate::runtime::busy_poll::install(self.busy_poll) {
+                    runtime.spawn(poller);
+                }
                 runtime.block_on(self.serve());
                 // Whatever outlived the grace period (and blocking work) is given a moment only.
                 runtime.shutdown_timeout(Duration::from_secs(1));
@@ -553,6 +559,7 @@ impl Conn {
         let watched = bodies.clone();
         let listener = self.listener;
         let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            crate::runtime::busy_poll::stamp();
             req.extensions_mut().insert(listener);
             if let Some(tap) = tap
                 .as_ref()

@@ -1,6 +1,6 @@
 //! The reverse proxy through the real binary: `check-config` prints the route table, and a running
 //! sluice reloads its routes on `sluice reload` (SIGHUP) and `POST /admin/reload`, keeping the old
-//! config when the new file is invalid.
+//! config when the new file is invalid; busy polling spins only just after requests.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -276,4 +276,77 @@ fn reload_cycle(threads: usize) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!pid.exists(), "pid file left behind");
+}
+
+/// CPU time (user + system) of process `pid` so far, in milliseconds (10 ms ticks).
+fn cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks * 1000 / 100
+}
+
+/// With `busy_poll_us`, one thread spins for that long after a request and then sleeps: an idle
+/// sluice spends no CPU, whatever came before.
+#[test]
+fn busy_polling_spins_only_after_a_request() {
+    let origin = fixed_origin("ok");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    // A window long enough to see on the process's CPU clock.
+    let text = config(&listen, &origin, &pid, 1)
+        .replace("threads = 1", "threads = 1\nbusy_poll_us = 300000");
+    std::fs::write(&file, text).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&listen).is_err() || !pid.exists() {
+        assert!(Instant::now() < deadline, "sluice did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let id = child.id();
+    let spent = |d: Duration| {
+        let before = cpu_ms(id);
+        std::thread::sleep(d);
+        cpu_ms(id) - before
+    };
+    // No request yet: asleep.
+    std::thread::sleep(Duration::from_millis(400));
+    let idle = spent(Duration::from_secs(1));
+    assert!(idle <= 50, "{idle} ms of CPU in an idle second");
+    // Right after a request: polling.
+    assert!(get(&listen, "GET", "/", "").ends_with("ok"));
+    let busy = spent(Duration::from_millis(200));
+    assert!(
+        busy >= 40,
+        "only {busy} ms of CPU in the 200 ms after a request"
+    );
+    // The window is over: asleep again.
+    std::thread::sleep(Duration::from_millis(300));
+    let after = spent(Duration::from_secs(1));
+    assert!(
+        after <= 50,
+        "{after} ms of CPU in an idle second after the window"
+    );
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "sluice did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

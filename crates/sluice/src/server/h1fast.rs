@@ -250,6 +250,7 @@ impl Conn {
         else {
             return Step::HandOff;
         };
+        crate::runtime::busy_poll::stamp();
         let guard = stream.activity().begin();
         let mut request = simple.request;
         request.close |= *self.stop.borrow();
