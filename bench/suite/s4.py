@@ -63,6 +63,8 @@ def run(ctx):
     rows = []
     try:
         p["origin_ttfb"] = _origin_ttfb(ctx, origin, p, run_id)
+        if "a" in cases:
+            p["origin_burst"] = _origin_burst(ctx, origin, p, run_id)
         for name in peers_:
             rows.append(_peer_row(ctx, name, origin, p, f"{run_id}-{_slug(name)}", cases))
     finally:
@@ -137,6 +139,19 @@ def _origin_ttfb(ctx, origin, p, run_id):
                      "--timeout-secs", "60", "--max-secs", "120"], timeout=300)
     lvl = (r.get("levels") or [None])[0] if "failed" not in r else None
     return {"failed": r.get("failed", "no level")} if lvl is None else lvl["ttfb"]
+
+
+def _origin_burst(ctx, origin, p, run_id):
+    """(a)'s release straight to the origin: the same clients, released at once on connections
+    opened beforehand. What the clients get with no cache (the origin serves every request),
+    beside the one-client baseline the goals are held to."""
+    size = p["a_bytes"]
+    url = f"http://127.0.0.1:{origin.port}/gen/{size}/burst-{run_id}"
+    lvl = _batch(ctx, url, p["a_c"], size, _digest(ctx, size), origin.pid, 120, hash_every=10)
+    if "failed" in lvl:
+        return lvl
+    return {"ttfb_from_release": lvl.get("ttfb_from_release") or lvl["ttfb"],
+            "latency": lvl["latency"], "errors": lvl.get("errors", 0)}
 
 
 def _start(ctx, name, origin, p, cache_dir, port=None):
