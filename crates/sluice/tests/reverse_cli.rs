@@ -37,6 +37,43 @@ fn get(addr: &str, method: &str, path: &str, extra: &str) -> String {
     out
 }
 
+/// A loopback address with a port nothing listens on.
+fn free_listen() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// Starts `sluice serve` on `file` and waits until it listens on `listen` and wrote `pid`.
+fn start(file: &std::path::Path, listen: &str, pid: &std::path::Path) -> std::process::Child {
+    let child = Command::new(BIN)
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(listen).is_err() || !pid.exists() {
+        assert!(Instant::now() < deadline, "sluice did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// SIGTERM, and waits for the process to end.
+fn stop(child: &mut std::process::Child) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "sluice did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn config(listen: &str, origin: &str, pid: &std::path::Path, threads: usize) -> String {
     format!(
         r#"
@@ -207,25 +244,9 @@ fn reload_cycle(threads: usize) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.toml");
     let pid = dir.path().join("sluice.pid");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = free_listen();
     std::fs::write(&file, config(&listen, &a, &pid)).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config", file.to_str().unwrap()])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&listen).is_err() || !pid.exists() {
-        assert!(Instant::now() < deadline, "sluice did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut child = start(&file, &listen, &pid);
     assert!(get(&listen, "GET", "/", "").ends_with("from-a"));
 
     let wait_for = |want: &str| {
@@ -269,12 +290,7 @@ fn reload_cycle(threads: usize) {
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     assert!(get(&listen, "GET", "/", "").ends_with("from-c"));
 
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "sluice did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    stop(&mut child);
     assert!(!pid.exists(), "pid file left behind");
 }
 
@@ -297,28 +313,12 @@ fn busy_polling_spins_only_after_a_request() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.toml");
     let pid = dir.path().join("sluice.pid");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = free_listen();
     // A window long enough to see on the process's CPU clock.
     let text = config(&listen, &origin, &pid, 1)
         .replace("threads = 1", "threads = 1\nbusy_poll_us = 300000");
     std::fs::write(&file, text).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config", file.to_str().unwrap()])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&listen).is_err() || !pid.exists() {
-        assert!(Instant::now() < deadline, "sluice did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut child = start(&file, &listen, &pid);
     let id = child.id();
     let spent = |d: Duration| {
         let before = cpu_ms(id);
@@ -343,10 +343,5 @@ fn busy_polling_spins_only_after_a_request() {
         after <= 50,
         "{after} ms of CPU in an idle second after the window"
     );
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "sluice did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    stop(&mut child);
 }

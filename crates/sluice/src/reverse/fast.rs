@@ -471,27 +471,14 @@ async fn relay<W: FastClient>(
         if let Some(spliced) = splice.filter(|_| spliceable && client.socket().is_some()) {
             spliced.inc();
             // Every byte read so far was the body's (`left` > 0), and went out with the head.
-            fresh.clear();
-            fresh.shrink_to(READ_BUF);
-            conn.buf = fresh;
-            client
-                .flush()
-                .await
-                .map_err(|e| (sent, RelayError::Client(e)))?;
+            hand_back(conn, fresh, client, sent).await?;
             return match splice_rest(conn.io.tcp(), client, left, idle).await {
                 Ok(n) => Ok((sent + n, true)),
                 Err((n, e)) => Err((sent + n, e)),
             };
         }
         if finished {
-            fresh.clear();
-            // An idle connection keeps a small buffer only.
-            fresh.shrink_to(READ_BUF);
-            conn.buf = fresh;
-            client
-                .flush()
-                .await
-                .map_err(|e| (sent, RelayError::Client(e)))?;
+            hand_back(conn, fresh, client, sent).await?;
             return Ok((sent, clean));
         }
         // A read that filled the buffer says the body comes faster than it is read: the buffer
@@ -542,6 +529,23 @@ async fn relay<W: FastClient>(
             }
         }
     }
+}
+
+/// Ends `relay`'s use of the read buffer: it goes back to the connection emptied, shrunk to the
+/// small size an idle connection keeps, and whatever the client writer holds is flushed.
+async fn hand_back<W: FastClient>(
+    conn: &mut UpConn,
+    mut fresh: Vec<u8>,
+    client: &mut W,
+    sent: u64,
+) -> Result<(), (u64, RelayError)> {
+    fresh.clear();
+    fresh.shrink_to(READ_BUF);
+    conn.buf = fresh;
+    client
+        .flush()
+        .await
+        .map_err(|e| (sent, RelayError::Client(e)))
 }
 
 /// Moves the last `left` bytes of a counted body from `up` into the client's socket with
