@@ -101,7 +101,7 @@ pub struct ServerConfig {
     /// routes on sluice's own HTTP/1.1 path, handing everything else to the general server.
     pub h1_fast_path: bool,
     /// Microseconds a current-thread runtime (one thread, or each per-core runtime) keeps polling
-    /// for events after an HTTP request before it sleeps; 0 = sleep at once
+    /// for events after an HTTP request or TCP relay traffic before it sleeps; 0 = sleep at once
     /// (`runtime::busy_poll`).
     pub busy_poll_us: u64,
 }

@@ -1,5 +1,6 @@
-//! Busy polling (`server.busy_poll_us`): after an HTTP request, a current-thread runtime keeps
-//! looking for new events, without sleeping, for a short while before it parks.
+//! Busy polling (`server.busy_poll_us`): after an HTTP request, or bytes moved by the TCP relay,
+//! a current-thread runtime keeps looking for new events, without sleeping, for a short while
+//! before it parks.
 //!
 //! Why: a thread that sleeps in `epoll_wait` is woken by the kernel when a packet arrives, and
 //! waking a thread whose CPU is idle costs the *sender's* CPU an inter-processor interrupt; under a
@@ -56,7 +57,8 @@ pub fn install(window: Duration) -> Option<impl std::future::Future<Output = ()>
     Some(run(poller))
 }
 
-/// Notes a request on the calling thread: its runtime polls for the next `window`.
+/// Notes a request (or relayed bytes) on the calling thread: its runtime polls for the next
+/// `window`.
 pub fn stamp() {
     POLLER.with(|p| {
         if let Some(p) = p.borrow().as_ref() {

@@ -285,6 +285,8 @@ async fn pump(
     let last = AtomicU64::new(0);
     let on_bytes = |dir: Direction, n: usize| {
         last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        // While bytes flow, the runtime polls instead of sleeping (`runtime::busy_poll`).
+        crate::runtime::busy_poll::stamp();
         let n = n as u64;
         match dir {
             Direction::Up => {
