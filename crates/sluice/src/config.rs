@@ -700,6 +700,10 @@ impl Config {
         if s.h2_max_send_buf_bytes < 16 * 1024 {
             bail!("server.h2_max_send_buf_bytes must be at least 16384 (one HTTP/2 frame)");
         }
+        // Past a second the poll no longer bridges gaps between packets: it only burns the core.
+        if s.busy_poll_us > 1_000_000 {
+            bail!("server.busy_poll_us must be at most 1000000 (1 s); 0 turns polling off");
+        }
         if self.upstream.max_setups_per_host == 0 {
             bail!("upstream.max_setups_per_host must be at least 1");
         }
@@ -947,6 +951,27 @@ mod tests {
         assert!(whole.contains("expected struct IptvConfig"), "{whole}");
         let variant = err("[iptv]\nslow_subscriber = \"nope\"\n");
         assert!(variant.contains("unknown variant `nope`"), "{variant}");
+    }
+
+    #[test]
+    fn busy_poll_is_bounded() {
+        let load = |v: &str| {
+            Config::load(
+                None,
+                env(&[("SLUICE_SERVER_BUSY_POLL_US", v)]),
+                &Overrides::default(),
+            )
+        };
+        for ok in ["0", "200", "1000000"] {
+            load(ok).unwrap();
+        }
+        for bad in ["1000001", "9223372036854775807"] {
+            let err = format!("{:#}", load(bad).unwrap_err());
+            assert!(
+                err.contains("server.busy_poll_us must be at most 1000000"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
