@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::fill::{Event, FillEnd, FillReader};
 use super::object::{ObjectMeta, SliceKey};
 use super::serve::{clone_parts, slice_request, FILL_ATTEMPTS};
-use super::turn::Turn;
+use super::turn::{Turn, FIRST_BYTES};
 use super::writer::{FillJob, JobKind};
 use super::{Inner, Origin};
 use crate::body::{Body, BoxError};
@@ -130,6 +130,9 @@ pub(crate) fn from_memory(inner: &Inner, meta: &ObjectMeta, plan: &Plan) -> Opti
     );
     Some(crate::body::boxed(http_body_util::StreamBody::new(frames)))
 }
+
+/// How far into a slice (1 / `AHEAD_AT` of it) a body reading on starts the next one.
+const AHEAD_AT: u64 = 2;
 
 /// Starts the fill of slice `i` while the one before it streams, so a long read costs one origin
 /// round trip, not one per slice. Only for origins that honour `Range` (a whole-object answer
@@ -419,6 +422,8 @@ pub(crate) fn inline(
         attempts: 0,
         source: Source::Pick,
         turn: Turn::new(),
+        carry: None,
+        ahead: None,
     };
     if let Some((i, reader)) = first {
         if i == index {
@@ -445,6 +450,10 @@ struct Inline {
     source: Source,
     /// Its share of the connection's turns (`turn.rs`).
     turn: Turn,
+    /// The rest of a frame cut at `FIRST_BYTES`, sent next.
+    carry: Option<Bytes>,
+    /// The read-ahead still to start: slice `.1` once `next` reaches `.0`.
+    ahead: Option<(u64, u64)>,
 }
 
 enum Source {
@@ -471,21 +480,29 @@ impl Inline {
         }
     }
 
-    /// Starts sending slice `index`: its successor is fetched meanwhile when the range goes on.
+    /// Starts sending slice `index`: its successor is fetched meanwhile when the range goes on,
+    /// from the middle of this one (`AHEAD_AT`) rather than from its start, so a burst of
+    /// clients on a cold object asks the origin for one slice at first, not two, while a long
+    /// read still finds the next slice under way when it gets there.
     fn enter(&mut self, index: u64) {
         if self.index == Some(index) {
             return;
         }
         self.index = Some(index);
         self.attempts = 0;
-        if self.end >= (index + 1) * self.inner.slice_bytes {
-            prefetch(
-                &self.inner,
-                &self.meta,
-                &self.origin,
-                &self.parts,
-                index + 1,
-            );
+        let slice = self.inner.slice_bytes;
+        self.ahead = (self.end >= (index + 1) * slice)
+            .then(|| (index * slice + slice / AHEAD_AT, index + 1));
+        self.read_ahead();
+    }
+
+    /// Starts the read-ahead once the body has reached its mark.
+    fn read_ahead(&mut self) {
+        if let Some((at, i)) = self.ahead {
+            if self.next >= at {
+                self.ahead = None;
+                prefetch(&self.inner, &self.meta, &self.origin, &self.parts, i);
+            }
         }
     }
 
@@ -637,9 +654,18 @@ impl http_body::Body for Inline {
         if self.turn.hold(cx) {
             return Poll::Pending;
         }
-        let polled = self.poll_data(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(b))) => self.turn.sent(b.len()),
+        let mut polled = match self.carry.take() {
+            Some(rest) => Poll::Ready(Some(Ok(rest))),
+            None => self.poll_data(cx),
+        };
+        self.read_ahead();
+        match &mut polled {
+            Poll::Ready(Some(Ok(b))) => {
+                if self.turn.first() && b.len() > FIRST_BYTES {
+                    self.carry = Some(b.split_off(FIRST_BYTES));
+                }
+                self.turn.sent(b.len());
+            }
             Poll::Pending => self.turn.waiting(),
             Poll::Ready(_) => {}
         }
@@ -647,7 +673,207 @@ impl http_body::Body for Inline {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.source, Source::Done)
-            || (self.next > self.end && !matches!(self.source, Source::Channel(_)))
+        self.carry.is_none()
+            && (matches!(self.source, Source::Done)
+                || (self.next > self.end && !matches!(self.source, Source::Channel(_))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use http::{Request, Response, StatusCode};
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::cache::{Cache, CacheConfig, CacheKey, OriginFuture};
+
+    const MIB: u64 = 1024 * 1024;
+    const OBJECT: u64 = 2 * MIB;
+
+    /// The byte at `offset` of the test object.
+    fn byte_at(offset: u64) -> u8 {
+        (offset % 251) as u8
+    }
+
+    fn bytes(from: u64, len: u64) -> Bytes {
+        (from..from + len).map(byte_at).collect::<Vec<u8>>().into()
+    }
+
+    /// An origin that answers each slice request with a 206 whose body the test feeds frame by
+    /// frame; it notes the first offset of every request.
+    #[derive(Default)]
+    struct Fed {
+        asked: Mutex<Vec<u64>>,
+        feeds: Mutex<Vec<(u64, mpsc::UnboundedSender<Bytes>)>>,
+    }
+
+    impl Fed {
+        fn asked(&self) -> Vec<u64> {
+            self.asked.lock().unwrap().clone()
+        }
+
+        /// Sends `len` bytes of the answer to the request that started at `start`.
+        fn feed(&self, start: u64, at: u64, len: u64) {
+            let feeds = self.feeds.lock().unwrap();
+            let (_, tx) = feeds.iter().find(|(s, _)| *s == start).expect("asked");
+            tx.send(bytes(at, len)).unwrap();
+        }
+
+        /// Ends the answer to the request that started at `start`.
+        fn end(&self, start: u64) {
+            self.feeds.lock().unwrap().retain(|(s, _)| *s != start);
+        }
+    }
+
+    struct FedOrigin(Arc<Fed>);
+
+    impl Origin for FedOrigin {
+        fn fetch(&self, req: Request<()>) -> OriginFuture {
+            let range = req.headers()[http::header::RANGE].to_str().unwrap();
+            let (a, b) = range["bytes=".len()..].split_once('-').unwrap();
+            let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+            let b = b.min(OBJECT - 1);
+            let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+            self.0.asked.lock().unwrap().push(a);
+            self.0.feeds.lock().unwrap().push((a, tx));
+            let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, BoxError>(Frame::data(b)), rx))
+            });
+            let resp = Response::builder()
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header("content-range", format!("bytes {a}-{b}/{OBJECT}"))
+                .header("content-length", (b - a + 1).to_string())
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"v1\"")
+                .body(crate::body::boxed(http_body_util::StreamBody::new(frames)))
+                .unwrap();
+            Box::pin(async move { Ok(resp) })
+        }
+    }
+
+    fn cache() -> (Cache, Arc<Fed>, Arc<dyn Origin>) {
+        let cfg = CacheConfig {
+            memory_bytes: crate::cache::config::ByteSize(64 * MIB),
+            slice_bytes: crate::cache::config::ByteSize(MIB),
+            ..CacheConfig::default()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&cfg, None, &mut registry).unwrap();
+        let fed = Arc::new(Fed::default());
+        (cache, fed.clone(), Arc::new(FedOrigin(fed)))
+    }
+
+    async fn get(cache: &Cache, origin: &Arc<dyn Origin>) -> Body {
+        let (parts, ()) = Request::get("/object").body(()).unwrap().into_parts();
+        let key = CacheKey::new("test", &parts.uri);
+        let policy = CacheConfig::default().policy().freshness();
+        let resp = cache.serve(&parts, &key, origin.clone(), &policy).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body()
+    }
+
+    /// The next data frame, bounded in time.
+    async fn frame(body: &mut Body) -> Bytes {
+        let f = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("a frame in time")
+            .expect("not the end")
+            .expect("no error");
+        f.into_data().expect("data")
+    }
+
+    /// Lets the spawned fills run.
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    /// Until the origin has been asked for slice `start`, bounded.
+    async fn asked_for(fed: &Fed, start: u64) {
+        for _ in 0..250 {
+            if fed.asked().contains(&start) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the origin was never asked for {start}: {:?}", fed.asked());
+    }
+
+    #[tokio::test]
+    async fn a_client_joining_a_fill_with_bytes_waiting_gets_a_short_first_frame() {
+        let (cache, fed, origin) = cache();
+        let mut first = get(&cache, &origin).await;
+        asked_for(&fed, 0).await;
+        // One large origin frame: 512 KiB already in the fill when the second client joins.
+        fed.feed(0, 0, 512 * 1024);
+        let mut got = 0u64;
+        while got < 512 * 1024 {
+            got += frame(&mut first).await.len() as u64;
+        }
+        let mut second = get(&cache, &origin).await;
+        let head = frame(&mut second).await;
+        assert_eq!(
+            head.len(),
+            FIRST_BYTES,
+            "the first frame is cut, the rest comes after a yield"
+        );
+        assert_eq!(head, bytes(0, FIRST_BYTES as u64));
+        let rest = frame(&mut second).await;
+        assert_eq!(
+            rest,
+            bytes(FIRST_BYTES as u64, 512 * 1024 - FIRST_BYTES as u64)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_next_slice_is_fetched_from_the_middle_of_this_one() {
+        let (cache, fed, origin) = cache();
+        let mut body = get(&cache, &origin).await;
+        asked_for(&fed, 0).await;
+        // A client still in the first half of slice 0: the origin is asked for nothing more.
+        fed.feed(0, 0, 256 * 1024);
+        let mut got = Vec::new();
+        while got.len() < 256 * 1024 {
+            got.extend_from_slice(&frame(&mut body).await);
+        }
+        settle().await;
+        assert_eq!(
+            fed.asked(),
+            vec![0],
+            "no read-ahead before half of the slice"
+        );
+        // Past the middle: the next slice is asked for while this one streams.
+        fed.feed(0, 256 * 1024, 512 * 1024);
+        while got.len() < 768 * 1024 {
+            got.extend_from_slice(&frame(&mut body).await);
+        }
+        let next = tokio::spawn(async move {
+            let mut body = body;
+            let mut rest = Vec::new();
+            while let Some(f) = body.frame().await {
+                rest.extend_from_slice(&f.unwrap().into_data().unwrap());
+            }
+            rest
+        });
+        asked_for(&fed, MIB).await;
+        assert_eq!(fed.asked(), vec![0, MIB]);
+        fed.feed(0, 768 * 1024, 256 * 1024);
+        fed.end(0);
+        fed.feed(MIB, MIB, MIB);
+        fed.end(MIB);
+        let rest = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the body ends")
+            .unwrap();
+        got.extend_from_slice(&rest);
+        assert_eq!(got.len() as u64, OBJECT);
+        assert!(got == bytes(0, OBJECT), "the object's bytes, in order");
     }
 }
