@@ -220,7 +220,8 @@ def _median_a(rounds, p):
     ok = [r for r in rounds
           if "failed" not in r and "failed" not in (r.get("origin_ttfb") or {"failed": 1})]
     if not ok:
-        return rounds[0] if rounds else {"failed": "no round ran"}
+        why = [r.get("failed") or r["origin_ttfb"].get("failed") for r in rounds]
+        return {"failed": next((w for w in why if w), "no round ran")}
 
     def ttfb(r):
         return r.get("ttfb_from_release") or r["ttfb"]
