@@ -423,7 +423,7 @@ impl App {
         let routing = self.routing.load_full();
         match routing.lookup(listener, Some(host), path) {
             Some(crate::server::routes::Target::Proxy(route))
-                if crate::reverse::fast::serves(route) =>
+                if routing.reverse.serves_fast(route) =>
             {
                 let route = route.clone();
                 Some((routing, route))
@@ -435,12 +435,12 @@ impl App {
     /// Whether any route of the current table is one the fast path serves.
     #[cfg(feature = "reverse")]
     pub(crate) fn has_fast_routes(&self) -> bool {
-        self.routing
-            .load()
+        let routing = self.routing.load();
+        routing
             .reverse
             .routes()
             .iter()
-            .any(|r| crate::reverse::fast::serves(r))
+            .any(|r| routing.reverse.serves_fast(r))
     }
 
     /// Serves one fast-path request on `route` and meters it exactly as [`App::handle`] meters a

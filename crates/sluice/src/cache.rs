@@ -35,6 +35,7 @@ pub mod object;
 pub mod origin;
 pub mod purge;
 mod serve;
+pub mod shm;
 pub mod slot;
 mod stream;
 mod turn;
@@ -255,6 +256,11 @@ impl Cache {
     /// Whether both handles are the same cache.
     pub fn same_as(&self, other: &Cache) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Counts the memory-tier bytes a writer sent with `sendfile` (`shm::FileBody`).
+    pub fn sendfile_meter(&self) -> prometheus_client::metrics::counter::Counter {
+        self.inner.metrics.bytes_sendfile.clone()
     }
 
     /// Objects indexed.

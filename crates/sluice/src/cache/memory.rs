@@ -9,12 +9,15 @@ use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 
 use super::object::SliceKey;
+use super::shm::{Backing, FileWriter, FILE_MIN};
 
 /// The bytes of one slice, as the chunks they arrived in (no copy to join them).
 #[derive(Debug, Clone)]
 pub struct Slice {
     pub chunks: Arc<[Bytes]>,
     pub len: u64,
+    /// The shared-memory file the chunks are views of, when they are (`shm.rs`).
+    pub file: Option<Backing>,
 }
 
 impl Slice {
@@ -23,16 +26,45 @@ impl Slice {
         Slice {
             chunks: chunks.into(),
             len,
+            file: None,
         }
     }
 
-    /// The same bytes in one allocation of exactly `len` bytes, so a hit sends a slice as one
-    /// frame (a slice received as views of its `SliceBuf` sent one frame per origin chunk, and hits
-    /// of 7 MiB objects were measurably slower).
-    pub fn compacted(self) -> Slice {
+    /// The slice as the file its chunks were received into, when `buf` wrote them all.
+    pub fn received_in(mut self, buf: &SliceBuf) -> Slice {
+        if let Some(w) = &buf.file {
+            let (file, written) = w.written();
+            if written == self.len && !buf.spilled {
+                self.file = Some(Backing { file, len: written });
+            }
+        }
+        self
+    }
+
+    /// The same bytes in one piece of exactly `len` bytes, so a hit sends a slice as one frame
+    /// (a slice received as views of its `SliceBuf` sent one frame per origin chunk, and hits of
+    /// 7 MiB objects were measurably slower). A file-backed slice is already one piece: its
+    /// whole file; a short one moves to the heap (`FILE_MIN`).
+    pub fn compacted(mut self) -> Slice {
+        match self.file.take() {
+            Some(b) if b.len >= FILE_MIN => {
+                return Slice {
+                    chunks: Arc::from([b.whole()]),
+                    len: self.len,
+                    file: Some(b),
+                };
+            }
+            Some(_) => return self.copied(),
+            None => {}
+        }
         if self.chunks.len() <= 1 {
             return self;
         }
+        self.copied()
+    }
+
+    /// The bytes joined into one heap allocation.
+    fn copied(self) -> Slice {
         let mut joined = BytesMut::with_capacity(self.len as usize);
         for c in self.chunks.iter() {
             joined.extend_from_slice(c);
@@ -40,6 +72,7 @@ impl Slice {
         Slice {
             chunks: Arc::from([joined.freeze()]),
             len: self.len,
+            file: None,
         }
     }
 
@@ -65,21 +98,34 @@ impl Slice {
 /// exact size, and handed out as a view of it. The origin connection's read buffer is then free at
 /// once, the readers of a fill and the stored slice share that one allocation, and a slice costs
 /// its length, whatever the chunk sizes the origin sent (views into read buffers kept about 1.4×
-/// that alive, S4 (d)).
+/// that alive, S4 (d)). From `FILE_MIN` up the allocation is a shared-memory file (`shm.rs`), so
+/// the stored slice can be sent with `sendfile`.
 pub struct SliceBuf {
     buf: BytesMut,
+    file: Option<FileWriter>,
+    /// A push did not fit the file and went to the heap: the file no longer holds the slice.
+    spilled: bool,
 }
 
 impl SliceBuf {
     pub fn new(len: u64) -> SliceBuf {
+        let file = (len >= FILE_MIN).then(|| FileWriter::new(len)).flatten();
         SliceBuf {
-            buf: BytesMut::with_capacity(len as usize),
+            buf: BytesMut::with_capacity(if file.is_some() { 0 } else { len as usize }),
+            file,
+            spilled: false,
         }
     }
 
     /// Copies `data` in and returns the view of it. Callers never push past the length given
     /// (that would reallocate and break the sharing, not the bytes).
     pub fn push(&mut self, data: &[u8]) -> Bytes {
+        if let Some(w) = self.file.as_mut() {
+            if let Some(view) = w.push(data) {
+                return view;
+            }
+            self.spilled = true;
+        }
         self.buf.extend_from_slice(data);
         self.buf.split().freeze()
     }

@@ -34,6 +34,8 @@ pub struct CacheMetrics {
     /// Requests that joined a fill another request had started.
     pub coalesced: Counter,
     pub bytes_memory: Counter,
+    /// Of those, bytes sent with `sendfile` from file-backed slices (`shm.rs`).
+    pub bytes_sendfile: Counter,
     pub bytes_disk: Counter,
     pub bytes_origin: Counter,
     pub tier_bytes: Family<TierLabels, Gauge>,
@@ -59,6 +61,7 @@ impl CacheMetrics {
             requests: Family::default(),
             coalesced: Counter::default(),
             bytes_memory: Counter::default(),
+            bytes_sendfile: Counter::default(),
             bytes_disk: Counter::default(),
             bytes_origin: Counter::default(),
             tier_bytes: Family::default(),
@@ -88,6 +91,11 @@ impl CacheMetrics {
             "memory_sent_bytes",
             "Bytes sent from the memory tier",
             m.bytes_memory.clone(),
+        );
+        r.register(
+            "memory_sendfile_bytes",
+            "Bytes sent from the memory tier with sendfile (no copy into the socket)",
+            m.bytes_sendfile.clone(),
         );
         r.register(
             "disk_sent_bytes",

@@ -535,13 +535,15 @@ impl Inner {
             (_, None) => Plan::until_end(),
         };
         finish_head(&mut headers, age, &status);
+        let mut files = None;
         let body = if parts.method == Method::HEAD {
             body::empty()
-        } else if let Some(b) = first
+        } else if let Some((b, f)) = first
             .is_none()
             .then(|| stream::from_memory(self, &meta, &plan))
             .flatten()
         {
+            files = f;
             b
         } else if let Some(range) = plan.single() {
             stream::inline(self.clone(), meta, origin, clone_parts(parts), range, first)
@@ -551,6 +553,10 @@ impl Inner {
         let mut resp = Response::new(body);
         *resp.status_mut() = code;
         *resp.headers_mut() = headers;
+        if let Some(f) = files {
+            // For a writer that can send file ranges (the HTTP/1.1 fast path); others ignore it.
+            resp.extensions_mut().insert(f);
+        }
         resp
     }
 }

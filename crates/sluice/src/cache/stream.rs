@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use super::fill::{Event, FillEnd, FillReader};
 use super::object::{ObjectMeta, SliceKey};
 use super::serve::{clone_parts, slice_request, FILL_ATTEMPTS};
+use super::shm::{FileBody, Piece};
 use super::turn::{Turn, FIRST_BYTES};
 use super::writer::{FillJob, JobKind};
 use super::{Inner, Origin};
@@ -91,17 +92,24 @@ impl Plan {
 type Item = Result<Bytes, BoxError>;
 
 /// The body straight from the memory tier when every slice it needs is there: no task, no
-/// channel, the stored chunks handed to the connection as they are (the hit fast path).
-pub(crate) fn from_memory(inner: &Inner, meta: &ObjectMeta, plan: &Plan) -> Option<Body> {
+/// channel, the stored chunks handed to the connection as they are (the hit fast path). Beside
+/// it, the same bytes as pieces for `sendfile` when some of the slices are file-backed (`shm.rs`).
+pub(crate) fn from_memory(
+    inner: &Inner,
+    meta: &ObjectMeta,
+    plan: &Plan,
+) -> Option<(Body, Option<FileBody>)> {
     if plan.until_end {
         return None;
     }
     let slice = inner.slice_bytes;
     let mut chunks: Vec<Bytes> = Vec::new();
+    let mut pieces: Vec<Piece> = Vec::new();
     let mut sent = 0u64;
     for (head, range) in &plan.parts {
         if let Some(h) = head {
             chunks.push(h.clone());
+            pieces.push(Piece::Bytes(h.clone()));
         }
         for i in slices_covering(*range, slice) {
             let key = SliceKey {
@@ -113,14 +121,27 @@ pub(crate) fn from_memory(inner: &Inner, meta: &ObjectMeta, plan: &Plan) -> Opti
             let sr = slice_range(i, slice, meta.length);
             let from = range.start.max(sr.start) - sr.start;
             let to = range.end.min(sr.end) - sr.start;
+            let mut len = 0;
             for c in s.range(from, to) {
-                sent += c.len() as u64;
+                len += c.len() as u64;
+                if s.file.is_none() {
+                    pieces.push(Piece::Bytes(c.clone()));
+                }
                 chunks.push(c);
             }
+            if let Some(b) = &s.file {
+                pieces.push(Piece::File {
+                    file: b.file.clone(),
+                    offset: from,
+                    len,
+                });
+            }
+            sent += len;
         }
     }
     if let Some(t) = &plan.tail {
         chunks.push(t.clone());
+        pieces.push(Piece::Bytes(t.clone()));
     }
     inner.metrics.bytes_memory.inc_by(sent);
     let frames = futures_util::stream::iter(
@@ -128,7 +149,9 @@ pub(crate) fn from_memory(inner: &Inner, meta: &ObjectMeta, plan: &Plan) -> Opti
             .into_iter()
             .map(|c| Ok::<_, BoxError>(Frame::data(c))),
     );
-    Some(crate::body::boxed(http_body_util::StreamBody::new(frames)))
+    let files = FileBody { pieces };
+    let body = crate::body::boxed(http_body_util::StreamBody::new(frames));
+    Some((body, files.has_files().then_some(files)))
 }
 
 /// How far into a slice (1 / `AHEAD_AT` of it) a body reading on starts the next one.

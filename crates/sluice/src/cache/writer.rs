@@ -299,7 +299,12 @@ async fn fill_ranged(
         return FillEnd::Failed("origin body ended early".into());
     }
     inner
-        .store_slice(key, Slice::new(fill.chunks()), bytes, Some(fill))
+        .store_slice(
+            key,
+            Slice::new(fill.chunks()).received_in(&buf),
+            bytes,
+            Some(fill),
+        )
         .await;
     FillEnd::Complete {
         last: total.is_some_and(|t| (key.index + 1) * inner.slice_bytes >= t),
@@ -350,8 +355,8 @@ impl WholeBody<'_> {
                     let end = FillEnd::Complete { last: false };
                     let following = current.as_ref().map_or(0, |f| f.readers())
                         + next.as_ref().map_or(0, |f| f.readers());
-                    self.complete(index, std::mem::take(&mut buf), &current, end.clone())
-                        .await;
+                    let whole = Slice::new(std::mem::take(&mut buf)).received_in(&recv);
+                    self.complete(index, whole, &current, end.clone()).await;
                     // Room for the next slice before reading it: a slow disk slows the origin
                     // read rather than growing memory.
                     self.bytes = Some(self.inner.budget.reserve(slice).await);
@@ -399,7 +404,8 @@ impl WholeBody<'_> {
             self.meta = m;
         }
         let end = FillEnd::Complete { last: true };
-        self.complete(index, buf, &current, end.clone()).await;
+        let whole = Slice::new(buf).received_in(&recv);
+        self.complete(index, whole, &current, end.clone()).await;
         // A slice registered past the end holds nothing: its readers learn the object ended.
         self.close(index + 1, &next, end.clone());
         if index < self.own_index {
@@ -439,7 +445,7 @@ impl WholeBody<'_> {
     async fn complete(
         &mut self,
         index: u64,
-        chunks: Vec<Bytes>,
+        slice: Slice,
         current: &Option<Arc<Fill>>,
         end: FillEnd,
     ) {
@@ -450,7 +456,7 @@ impl WholeBody<'_> {
         self.inner
             .store_slice(
                 self.key(index),
-                Slice::new(chunks),
+                slice,
                 bytes,
                 current.as_deref(),
             )

@@ -3,20 +3,21 @@
 
 use std::sync::Arc;
 
-use http::{Method, Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use sluice_http::hop;
 use tokio::time::Instant;
 
 use super::access_log::Entry;
 use super::body::{BodySlot, OnDone, ResponseBody};
 use super::budget::RetryBudget;
+use super::fast::{FastClient, FastRequest, Served};
+use super::fast_write::write_response;
 use super::forward::{attempts, hash_key, rewrite_path, Downstream, FetchError, UpstreamHead};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::cache::purge::invalidation_keys;
 use crate::cache::{CacheKey, Origin, OriginError, OriginFuture};
-use crate::error::ProxyError;
+use crate::error::{ErrorMark, ProxyError};
 use crate::upstream::group::InFlight;
 
 /// What the cache keys of a request on a caching route are made of.
@@ -33,14 +34,14 @@ impl CacheTarget {
     pub(super) fn of(
         reverse: &Reverse,
         route: &Route,
-        req: &Request<Incoming>,
+        uri: &Uri,
         path: &str,
         down: &Downstream,
     ) -> Option<CacheTarget> {
         reverse.cache.as_ref()?;
         route.cache_policy.as_ref()?;
         let mut pq = rewrite_path(&route.config, path);
-        if let Some(q) = req.uri().query() {
+        if let Some(q) = uri.query() {
             pq.push('?');
             pq.push_str(q);
         }
@@ -72,7 +73,7 @@ impl Reverse {
     pub(super) async fn serve_cached(
         &self,
         route: &Arc<Route>,
-        req: Request<Incoming>,
+        mut parts: http::request::Parts,
         path: &str,
         down: &Downstream,
         t: CacheTarget,
@@ -84,13 +85,8 @@ impl Reverse {
                 .into_response();
         };
         let key = CacheKey::new(&t.scope, &t.target);
-        let balance = hash_key(
-            route,
-            super::forward::request_target(&req),
-            req.headers(),
-            down,
-        );
-        let (mut parts, _) = req.into_parts();
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let balance = hash_key(route, target, &parts.headers, down);
         // The purge authorisation below reads the client's own headers: the head gets a copy.
         let head = match self.upstream_head(
             route,
@@ -140,6 +136,66 @@ impl Reverse {
         route.meters.ttfb().observe(elapsed.as_secs_f64());
         self.finish_record(route, resp.status().as_u16(), elapsed, entry);
         resp
+    }
+
+    /// Serves a GET or HEAD on a caching route from the HTTP/1.1 fast path (`server::h1fast`)
+    /// exactly as [`Reverse::handle`] does through hyper, and writes the answer itself: a
+    /// memory-tier hit of file-backed slices goes out with `sendfile` (`fast_write`).
+    pub(super) async fn serve_cached_fast<W: FastClient>(
+        &self,
+        route: &Arc<Route>,
+        req: FastRequest<'_>,
+        path: &str,
+        down: &Downstream,
+        client: &mut W,
+        on_head: impl FnOnce(u16, Option<ErrorMark>),
+    ) -> Served {
+        let start = Instant::now();
+        self.budget.record_request();
+        let (close, head_only) = (req.close, req.method == Method::HEAD);
+        let entry = self.log_entry(
+            route,
+            down,
+            &req.method,
+            req.target,
+            Version::HTTP_11,
+            &req.headers,
+        );
+        let mut parts = Request::new(()).into_parts().0;
+        parts.method = req.method;
+        parts.version = Version::HTTP_11;
+        parts.headers = req.headers;
+        // The fast path only takes origin-form targets `http` accepts.
+        parts.uri = req.target.parse().unwrap_or_default();
+        let resp = match CacheTarget::of(self, route, &parts.uri, path, down) {
+            Some(t) => {
+                self.serve_cached(route, parts, path, down, t, (start, entry))
+                    .await
+            }
+            None => {
+                let resp = ProxyError::downstream(
+                    StatusCode::BAD_REQUEST,
+                    "bad_target",
+                    "the rewritten target is not a valid request target",
+                )
+                .into_response();
+                self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);
+                resp
+            }
+        };
+        let status = resp.status().as_u16();
+        on_head(status, resp.extensions().get::<ErrorMark>().copied());
+        let meter = self
+            .cache
+            .as_ref()
+            .map(|c| c.sendfile_meter())
+            .unwrap_or_default();
+        let written = write_response(client, resp, head_only, close, &meter).await;
+        Served {
+            status,
+            sent: written.sent,
+            reusable: written.complete && !close,
+        }
     }
 
     /// Drops what the cache holds for the target (and same-host `Location` / `Content-Location`)

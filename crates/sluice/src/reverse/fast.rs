@@ -85,6 +85,14 @@ pub fn serves(route: &Route) -> bool {
 }
 
 impl Reverse {
+    /// Whether the fast path serves GET and HEAD on `route`: a relayed route ([`serves`]), or a
+    /// caching one (answered by the cache, written by `fast_write`).
+    pub fn serves_fast(&self, route: &Route) -> bool {
+        serves(route) || (self.cache.is_some() && route.cache_policy.is_some())
+    }
+}
+
+impl Reverse {
     /// Proxies `req` (routed to `route` by the normalised `path`) and writes the response to
     /// `client`. `on_head` is called once with the status and error mark just before the
     /// response head is written (the server's first-byte clock).
@@ -97,6 +105,11 @@ impl Reverse {
         client: &mut W,
         on_head: impl FnOnce(u16, Option<ErrorMark>),
     ) -> Served {
+        if route.cache_policy.is_some() {
+            return self
+                .serve_cached_fast(route, req, path, down, client, on_head)
+                .await;
+        }
         let start = Instant::now();
         let close = req.close;
         self.budget.record_request();
@@ -338,7 +351,7 @@ pub fn encode_request(head: &UpstreamHead, server_addr: &str) -> Vec<u8> {
 /// A response head as hyper's server writes it: status line with the canonical reason, the
 /// fields in map order, `content-length` when given, `connection: close` when closing, `date`
 /// unless the map has one.
-fn write_head(
+pub(super) fn write_head(
     out: &mut Vec<u8>,
     status: u16,
     headers: &HeaderMap,

@@ -111,12 +111,12 @@ impl Reverse {
         let cache_target = if upgrade {
             None
         } else {
-            super::cached::CacheTarget::of(self, route, &req, path, down)
+            super::cached::CacheTarget::of(self, route, req.uri(), path, down)
         };
         let cache_target = match cache_target {
             Some(t) if super::cached::cache_method(req.method()) => {
                 return self
-                    .serve_cached(route, req, path, down, t, (start, entry))
+                    .serve_cached(route, req.into_parts().0, path, down, t, (start, entry))
                     .await;
             }
             Some(t) if super::cached::invalidates(req.method()) => Some(t),

@@ -1,0 +1,326 @@
+//! The HTTP/1.1 fast path's writer for a whole `Response<Body>` (a caching route's answer): the
+//! head as hyper's server writes it, then the body counted, chunked when its length is unknown,
+//! or, for a memory-tier hit whose slices are file-backed (`cache::shm::FileBody`), as file
+//! ranges handed to `sendfile(2)`, so the stored bytes reach the socket without a copy.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncWriteExt, Interest};
+
+use super::fast::{write_head, FastClient};
+use crate::body::Body;
+use crate::cache::shm::{FileBody, Piece};
+
+/// A frame up to this size goes out in one write with what precedes it (the head, a chunk
+/// header); a larger one is written on its own rather than copied.
+const JOIN_MAX: usize = 16 * 1024;
+
+/// How the body is framed on the wire.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Framing {
+    /// No body (HEAD, 1xx, 204, 304).
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// The outcome: body bytes written, and whether the response was complete (the connection may
+/// carry another request).
+pub struct Written {
+    pub sent: u64,
+    pub complete: bool,
+}
+
+/// Writes `resp` to `client`. `head_only` for a HEAD request; `close` adds `Connection: close`.
+/// File pieces go through `sendfile` when the client is a plain socket, counted in `sendfile`.
+pub async fn write_response<W: FastClient>(
+    client: &mut W,
+    resp: Response<Body>,
+    head_only: bool,
+    close: bool,
+    sendfile: &Counter,
+) -> Written {
+    let (mut parts, body) = resp.into_parts();
+    let status = parts.status;
+    let files = parts.extensions.remove::<FileBody>();
+    let framing = framing(status, head_only, &mut parts.headers, &body);
+    let mut out = Vec::with_capacity(512);
+    write_head(&mut out, status.as_u16(), &parts.headers, None, close);
+    let result = match framing {
+        Framing::None => write_all(client, &out).await.map(|()| 0).map_err(|e| (0, e)),
+        Framing::Length(n) => match files.filter(|f| f.len() == n && client.socket().is_some()) {
+            Some(f) => send_pieces(client, out, f, sendfile).await,
+            None => send_frames(client, out, body, Some(n)).await,
+        },
+        Framing::Chunked => send_frames(client, out, body, None).await,
+    };
+    match result {
+        Ok(sent) => Written {
+            sent,
+            complete: client.flush().await.is_ok(),
+        },
+        Err((sent, e)) => {
+            tracing::debug!(error = %e, "fast path: cached response cut");
+            Written {
+                sent,
+                complete: false,
+            }
+        }
+    }
+}
+
+/// The body's framing, with the head's fields made to say it (as hyper would).
+fn framing(
+    status: StatusCode,
+    head_only: bool,
+    headers: &mut http::HeaderMap,
+    body: &Body,
+) -> Framing {
+    if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Framing::None;
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if head_only {
+        // The fields describe the GET answer; there is no body to measure.
+        return Framing::None;
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+    if let Some(n) = declared {
+        return Framing::Length(n);
+    }
+    if let Some(n) = body.size_hint().exact() {
+        headers.insert(header::CONTENT_LENGTH, n.into());
+        return Framing::Length(n);
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(
+        header::TRANSFER_ENCODING,
+        HeaderValue::from_static("chunked"),
+    );
+    Framing::Chunked
+}
+
+type Cut = (u64, io::Error);
+
+async fn write_all<W: FastClient>(client: &mut W, bytes: &[u8]) -> io::Result<()> {
+    client.write_all(bytes).await
+}
+
+/// Writes `pending` and then `data`, in one write when `data` is small.
+async fn write_after<W: FastClient>(
+    client: &mut W,
+    pending: &mut Vec<u8>,
+    data: &[u8],
+) -> io::Result<()> {
+    if data.len() <= JOIN_MAX {
+        pending.extend_from_slice(data);
+        client.write_all(pending).await?;
+    } else {
+        if !pending.is_empty() {
+            client.write_all(pending).await?;
+        }
+        client.write_all(data).await?;
+    }
+    pending.clear();
+    Ok(())
+}
+
+/// The body's frames, counted (`Some(n)`: at most `n` bytes, and exactly that to be complete)
+/// or chunked.
+async fn send_frames<W: FastClient>(
+    client: &mut W,
+    mut pending: Vec<u8>,
+    mut body: Body,
+    length: Option<u64>,
+) -> Result<u64, Cut> {
+    let mut sent = 0u64;
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(f)) => f,
+            Some(Err(e)) => return Err((sent, io::Error::other(e.to_string()))),
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        match length {
+            Some(n) => {
+                if sent + data.len() as u64 > n {
+                    return Err((sent, io::Error::other("body longer than its length")));
+                }
+            }
+            None => pending.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes()),
+        }
+        write_after(client, &mut pending, &data)
+            .await
+            .map_err(|e| (sent, e))?;
+        sent += data.len() as u64;
+        if length.is_none() {
+            pending.extend_from_slice(b"\r\n");
+        }
+    }
+    if length.is_none() {
+        pending.extend_from_slice(b"0\r\n\r\n");
+    }
+    if !pending.is_empty() {
+        write_all(client, &pending).await.map_err(|e| (sent, e))?;
+    }
+    match length {
+        Some(n) if sent != n => Err((sent, io::Error::other("body shorter than its length"))),
+        _ => Ok(sent),
+    }
+}
+
+/// The pieces of a memory-tier hit: bytes written, file ranges sent with `sendfile`.
+async fn send_pieces<W: FastClient>(
+    client: &mut W,
+    mut pending: Vec<u8>,
+    body: FileBody,
+    meter: &Counter,
+) -> Result<u64, Cut> {
+    let mut sent = 0u64;
+    for piece in body.pieces {
+        match piece {
+            Piece::Bytes(b) => {
+                write_after(client, &mut pending, &b)
+                    .await
+                    .map_err(|e| (sent, e))?;
+                sent += b.len() as u64;
+            }
+            Piece::File { file, offset, len } => {
+                if !pending.is_empty() {
+                    write_all(client, &pending).await.map_err(|e| (sent, e))?;
+                    pending.clear();
+                }
+                let moved = send_file(&*client, file.raw_fd(), offset, len).await;
+                let n = match &moved {
+                    Ok(n) | Err((n, _)) => *n,
+                };
+                meter.inc_by(n);
+                sent += n;
+                moved.map_err(|(_, e)| (sent, e))?;
+            }
+        }
+    }
+    if !pending.is_empty() {
+        write_all(client, &pending).await.map_err(|e| (sent, e))?;
+    }
+    Ok(sent)
+}
+
+/// Sends `len` bytes of `fd` from `offset` into the client's socket, waiting for room as a
+/// write would; the connection's send watch hears of stalls and progress.
+async fn send_file<W: FastClient>(
+    client: &W,
+    fd: RawFd,
+    mut offset: u64,
+    len: u64,
+) -> Result<u64, (u64, io::Error)> {
+    let Some(sock) = client.socket() else {
+        return Err((0, io::Error::other("no client socket to send a file into")));
+    };
+    let mut sent = 0u64;
+    while sent < len {
+        let want = (len - sent).min(1 << 30) as usize;
+        let r = sock.try_io(Interest::WRITABLE, || {
+            let mut off = offset as libc::off_t;
+            // SAFETY: both descriptors are open (the socket borrowed, the file held by the
+            // caller's piece); `off` is a valid in-out pointer.
+            let n = unsafe { libc::sendfile(sock.as_raw_fd(), fd, &mut off, want) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as u64)
+            }
+        });
+        match r {
+            Ok(0) => {
+                return Err((
+                    sent,
+                    io::Error::new(io::ErrorKind::WriteZero, "sendfile sent nothing"),
+                ))
+            }
+            Ok(n) => {
+                sent += n;
+                offset += n;
+                client.wrote();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                client.write_blocked();
+                sock.writable().await.map_err(|e| (sent, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((sent, e)),
+        }
+    }
+    Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(fields: &[(&str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in fields {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn framing_follows_the_response() {
+        let streaming = || {
+            crate::body::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
+                Vec::<Result<http_body::Frame<bytes::Bytes>, crate::body::BoxError>>::new(),
+            )))
+        };
+        let mut h = headers(&[("content-length", "10")]);
+        assert_eq!(
+            framing(StatusCode::OK, false, &mut h, &streaming()),
+            Framing::Length(10)
+        );
+        let mut h = headers(&[]);
+        assert_eq!(
+            framing(StatusCode::OK, false, &mut h, &crate::body::full("abc")),
+            Framing::Length(3)
+        );
+        assert_eq!(h.get("content-length").unwrap(), "3");
+        let mut h = headers(&[]);
+        assert_eq!(
+            framing(StatusCode::OK, false, &mut h, &streaming()),
+            Framing::Chunked
+        );
+        assert_eq!(h.get("transfer-encoding").unwrap(), "chunked");
+        let mut h = headers(&[("content-length", "10")]);
+        assert_eq!(
+            framing(StatusCode::OK, true, &mut h, &crate::body::empty()),
+            Framing::None
+        );
+        assert_eq!(h.get("content-length").unwrap(), "10");
+        let mut h = headers(&[("etag", "\"a\"")]);
+        assert_eq!(
+            framing(StatusCode::NOT_MODIFIED, false, &mut h, &crate::body::empty()),
+            Framing::None
+        );
+        assert!(h.get("content-length").is_none());
+    }
+}
