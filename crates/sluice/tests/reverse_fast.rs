@@ -740,3 +740,195 @@ async fn a_client_that_stops_reading_a_spliced_body_is_cut_and_others_go_on() {
     let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(sha256(&r.body), sha256(&big));
 }
+
+/// What a caching origin answers: `/api/big*` a counted body of `big`'s bytes, `/api/chunked` the
+/// bytes of `small` in 7,000-byte chunks (no length), both cacheable for an hour with an ETag.
+fn cacheable(big: Bytes, small: Bytes) -> Answer {
+    Arc::new(move |t: &str| {
+        let fields = "Cache-Control: max-age=3600\r\nETag: \"e1\"\r\nX-Internal: 1\r\n";
+        if t.starts_with("/big") {
+            let mut out = format!(
+                "HTTP/1.1 200 OK\r\n{fields}Content-Length: {}\r\n\r\n",
+                big.len()
+            )
+            .into_bytes();
+            out.extend_from_slice(&big);
+            return out;
+        }
+        let mut out =
+            format!("HTTP/1.1 200 OK\r\n{fields}Transfer-Encoding: chunked\r\n\r\n").into_bytes();
+        for c in small.chunks(7000) {
+            out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    })
+}
+
+const CACHED: &str = r#"cache = true
+
+[cache]
+memory_bytes = "64MiB"
+slice_bytes = "1MiB"
+"#;
+
+/// A response head without the fields that vary from one answer to the next.
+fn stable_head(r: &Raw) -> String {
+    r.head
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            !(l.starts_with("date:") || l.starts_with("age:") || l.starts_with("cache-status:"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn caching_routes_answer_on_the_fast_path_as_through_hyper_with_hits_sent_from_files() {
+    let big = pattern(3 * 1024 * 1024 + 17);
+    let small = pattern(200_000);
+    let (origin, _) = raw_origin(cacheable(big.clone(), small.clone())).await;
+    let range = 1000..=2_100_000usize;
+    let mut heads: Vec<Vec<String>> = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(origin, fast, CACHED)).await;
+        let mut c = Client::to(&p).await;
+        let mut seen = Vec::new();
+        // A miss, then a hit, on one connection.
+        for hit in [false, true] {
+            let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+            assert_eq!(r.status(), 200);
+            assert_eq!(sha256(&r.body), sha256(&big), "fast {fast}, hit {hit}");
+            let status = r.field("cache-status").unwrap();
+            assert_eq!(status.contains("; hit"), hit, "{status}");
+            assert_eq!(r.field("x-served-by").as_deref(), Some("sluice"));
+            assert_eq!(r.field("x-internal"), None);
+            seen.push(stable_head(&r));
+        }
+        let r = c
+            .ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\nRange: bytes=1000-2100000\r\n\r\n")
+            .await;
+        assert_eq!(r.status(), 206);
+        assert_eq!(r.body, &big[range.clone()]);
+        seen.push(stable_head(&r));
+        let r = c
+            .ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\nRange: bytes=0-9,-5\r\n\r\n")
+            .await;
+        assert_eq!(r.status(), 206);
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        assert!(text.contains("Content-Range: bytes 0-9/3145745"), "{text}");
+        assert!(r.body.ends_with(b"--\r\n"));
+        let r = c.ask(b"HEAD /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.field("content-length").as_deref(), Some("3145745"));
+        seen.push(stable_head(&r));
+        let r = c
+            .ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\nIf-None-Match: \"e1\"\r\n\r\n")
+            .await;
+        assert_eq!(r.status(), 304);
+        assert!(r.body.is_empty());
+        seen.push(stable_head(&r));
+        // An object of unknown length goes out chunked while it fills, counted once stored.
+        let r = c.ask(b"GET /api/chunked HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.field("transfer-encoding").as_deref(), Some("chunked"));
+        assert_eq!(sha256(&r.body), sha256(&small));
+        seen.push(stable_head(&r));
+        let r = c.ask(b"GET /api/chunked HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.field("content-length").as_deref(), Some("200000"));
+        assert_eq!(sha256(&r.body), sha256(&small));
+        seen.push(stable_head(&r));
+        // The connection lived through all of it.
+        let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(sha256(&r.body), sha256(&big));
+        let sent = metric(&p, "sluice_cache_memory_sendfile_bytes_total").await;
+        let want = if fast {
+            // The hits' 1 MiB slices (the 17-byte tail is on the heap), the range, the first
+            // part of the two, the stored chunked object, and the last hit.
+            (3 * 1024 * 1024 + (range.end() - range.start() + 1) + 10 + 200_000 + 3 * 1024 * 1024)
+                .to_string()
+        } else {
+            "0".to_string()
+        };
+        assert_eq!(sent.as_deref(), Some(want.as_str()), "fast {fast}");
+        heads.push(seen);
+    }
+    assert_eq!(
+        heads[0], heads[1],
+        "the fast path's heads differ from hyper's"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_on() {
+    // Far more than the loopback socket buffers hold, so `sendfile` blocks on the client.
+    let big = pattern(48 * 1024 * 1024);
+    let b = big.clone();
+    // An origin that honours `Range`, so each slice costs one slice.
+    let origin = origin(move |req: http::Request<hyper::body::Incoming>| {
+        let b = b.clone();
+        async move {
+            let range = req
+                .headers()
+                .get("range")
+                .and_then(|v| v.to_str().ok()?.strip_prefix("bytes=")?.split_once('-'))
+                .map(|(a, z)| (a.parse::<usize>().unwrap(), z.parse::<usize>().unwrap()));
+            let builder = http::Response::builder().header("cache-control", "max-age=3600");
+            match range {
+                Some((a, z)) => {
+                    let z = z.min(b.len() - 1);
+                    builder
+                        .status(206)
+                        .header("content-range", format!("bytes {a}-{z}/{}", b.len()))
+                        .body(full(b.slice(a..=z)))
+                        .unwrap()
+                }
+                None => builder.body(full(b)).unwrap(),
+            }
+        }
+    })
+    .await;
+    let mut config = proxy_config(origin, true, CACHED);
+    config.server.send_timeout_secs = 1;
+    let p = Proxy::start(config).await;
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(sha256(&r.body), sha256(&big));
+    let mut stalled = Client::to(&p).await;
+    stalled
+        .s
+        .write_all(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // Meanwhile another client gets the whole hit.
+    let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(sha256(&r.body), sha256(&big));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut all = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            match stalled.s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => all.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the stalled connection was never cut");
+    assert!(all.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    assert!(all.len() < big.len(), "the whole body arrived");
+    let timeouts = metric(&p, "sluice_downstream_send_timeouts_total").await;
+    assert_eq!(timeouts.as_deref(), Some("1"));
+    // The proxy still serves (on a new connection: the first one idled out meanwhile).
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(sha256(&r.body), sha256(&big));
+    let sent: u64 = metric(&p, "sluice_cache_memory_sendfile_bytes_total")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(sent >= 2 * big.len() as u64, "{sent}");
+}

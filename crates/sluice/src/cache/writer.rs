@@ -454,12 +454,7 @@ impl WholeBody<'_> {
             None => self.inner.budget.reserve(self.inner.slice_bytes).await,
         };
         self.inner
-            .store_slice(
-                self.key(index),
-                slice,
-                bytes,
-                current.as_deref(),
-            )
+            .store_slice(self.key(index), slice, bytes, current.as_deref())
             .await;
         self.close(index, current, end);
     }

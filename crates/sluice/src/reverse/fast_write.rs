@@ -53,7 +53,10 @@ pub async fn write_response<W: FastClient>(
     let mut out = Vec::with_capacity(512);
     write_head(&mut out, status.as_u16(), &parts.headers, None, close);
     let result = match framing {
-        Framing::None => write_all(client, &out).await.map(|()| 0).map_err(|e| (0, e)),
+        Framing::None => write_all(client, &out)
+            .await
+            .map(|()| 0)
+            .map_err(|e| (0, e)),
         Framing::Length(n) => match files.filter(|f| f.len() == n && client.socket().is_some()) {
             Some(f) => send_pieces(client, out, f, sendfile).await,
             None => send_frames(client, out, body, Some(n)).await,
@@ -318,7 +321,12 @@ mod tests {
         assert_eq!(h.get("content-length").unwrap(), "10");
         let mut h = headers(&[("etag", "\"a\"")]);
         assert_eq!(
-            framing(StatusCode::NOT_MODIFIED, false, &mut h, &crate::body::empty()),
+            framing(
+                StatusCode::NOT_MODIFIED,
+                false,
+                &mut h,
+                &crate::body::empty()
+            ),
             Framing::None
         );
         assert!(h.get("content-length").is_none());
