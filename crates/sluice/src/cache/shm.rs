@@ -222,7 +222,7 @@ pub enum Piece {
 }
 
 impl Piece {
-    pub fn len(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         match self {
             Piece::Bytes(b) => b.len() as u64,
             Piece::File { len, .. } => *len,
@@ -236,8 +236,9 @@ impl FileBody {
         self.pieces.iter().any(|p| matches!(p, Piece::File { .. }))
     }
 
-    pub fn len(&self) -> u64 {
-        self.pieces.iter().map(Piece::len).sum()
+    /// Bytes in all pieces.
+    pub fn total(&self) -> u64 {
+        self.pieces.iter().map(Piece::bytes).sum()
     }
 }
 

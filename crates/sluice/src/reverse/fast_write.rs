@@ -57,7 +57,7 @@ pub async fn write_response<W: FastClient>(
             .await
             .map(|()| 0)
             .map_err(|e| (0, e)),
-        Framing::Length(n) => match files.filter(|f| f.len() == n && client.socket().is_some()) {
+        Framing::Length(n) => match files.filter(|f| f.total() == n && client.socket().is_some()) {
             Some(f) => send_pieces(client, out, f, sendfile).await,
             None => send_frames(client, out, body, Some(n)).await,
         },
