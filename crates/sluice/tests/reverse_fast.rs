@@ -772,6 +772,7 @@ const CACHED: &str = r#"cache = true
 [cache]
 memory_bytes = "64MiB"
 slice_bytes = "1MiB"
+sendfile = true
 "#;
 
 /// A response head without the fields that vary from one answer to the next.

@@ -124,6 +124,10 @@ pub struct CacheConfig {
     pub grace_secs: u64,
     /// `honor` (RFC 9111) or `ignore` a client's own cache directives (route default).
     pub request_directives: RequestDirectivesConfig,
+    /// Keep memory-tier slices of 64 KiB and more in shared-memory files, and send HTTP/1.1 hits
+    /// of them with `sendfile(2)`: no copy into the socket, at the cost of a descriptor and a
+    /// mapping per slice. Off by default (see docs/cache.md "Hits with sendfile").
+    pub sendfile: bool,
 }
 
 impl Default for CacheConfig {
@@ -149,6 +153,7 @@ impl Default for CacheConfig {
             default_ttl_secs: 0,
             grace_secs: 0,
             request_directives: RequestDirectivesConfig::Honor,
+            sendfile: false,
         }
     }
 }

@@ -98,8 +98,8 @@ impl Slice {
 /// exact size, and handed out as a view of it. The origin connection's read buffer is then free at
 /// once, the readers of a fill and the stored slice share that one allocation, and a slice costs
 /// its length, whatever the chunk sizes the origin sent (views into read buffers kept about 1.4×
-/// that alive, S4 (d)). From `FILE_MIN` up the allocation is a shared-memory file (`shm.rs`), so
-/// the stored slice can be sent with `sendfile`.
+/// that alive, S4 (d)). With `files` (`cache.sendfile`), from `FILE_MIN` up the allocation is a
+/// shared-memory file (`shm.rs`), so the stored slice can be sent with `sendfile`.
 pub struct SliceBuf {
     buf: BytesMut,
     file: Option<FileWriter>,
@@ -108,8 +108,10 @@ pub struct SliceBuf {
 }
 
 impl SliceBuf {
-    pub fn new(len: u64) -> SliceBuf {
-        let file = (len >= FILE_MIN).then(|| FileWriter::new(len)).flatten();
+    pub fn new(len: u64, files: bool) -> SliceBuf {
+        let file = (files && len >= FILE_MIN)
+            .then(|| FileWriter::new(len))
+            .flatten();
         SliceBuf {
             buf: BytesMut::with_capacity(if file.is_some() { 0 } else { len as usize }),
             file,
@@ -269,12 +271,33 @@ mod tests {
 
     #[test]
     fn slice_buf_views_share_one_allocation() {
-        let mut buf = SliceBuf::new(6);
+        let mut buf = SliceBuf::new(6, false);
         let a = buf.push(b"abc");
         let b = buf.push(b"def");
         assert_eq!((&a[..], &b[..]), (&b"abc"[..], &b"def"[..]));
         // Adjacent views of one buffer.
         assert_eq!(a.as_ptr() as usize + 3, b.as_ptr() as usize);
+    }
+
+    #[test]
+    fn with_files_a_large_slice_is_stored_as_its_file_and_a_short_one_on_the_heap() {
+        let data: Vec<u8> = (0..FILE_MIN as usize + 10).map(|i| i as u8).collect();
+        let mut buf = SliceBuf::new(data.len() as u64, true);
+        let chunks: Vec<Bytes> = data.chunks(7000).map(|c| buf.push(c)).collect();
+        let slice = Slice::new(chunks).received_in(&buf).compacted();
+        assert!(slice.file.is_some());
+        assert_eq!(slice.chunks.len(), 1);
+        assert_eq!(&slice.chunks[0][..], &data[..]);
+        // A whole-object fill reserves a full slice and may get far less.
+        let mut buf = SliceBuf::new(1 << 20, true);
+        let chunks = vec![buf.push(b"short"), buf.push(b" body")];
+        let slice = Slice::new(chunks).received_in(&buf).compacted();
+        assert!(slice.file.is_none());
+        assert_eq!(&slice.chunks[0][..], b"short body");
+        // Without files, nothing changes.
+        let mut buf = SliceBuf::new(data.len() as u64, false);
+        let slice = Slice::new(vec![buf.push(&data)]).received_in(&buf);
+        assert!(slice.file.is_none());
     }
 
     #[test]

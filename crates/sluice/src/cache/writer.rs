@@ -280,7 +280,7 @@ async fn fill_ranged(
     bytes: Reservation,
 ) -> FillEnd {
     let mut got = 0u64;
-    let mut buf = SliceBuf::new(len);
+    let mut buf = SliceBuf::new(len, inner.config.sendfile);
     while let Some(frame) = next_frame(inner, &mut body).await {
         let frame = match frame {
             Ok(f) => f,
@@ -326,7 +326,7 @@ impl WholeBody<'_> {
     async fn run(&mut self, mut body: Body) -> FillEnd {
         let slice = self.inner.slice_bytes;
         let mut index = 0u64;
-        let mut recv = SliceBuf::new(slice);
+        let mut recv = SliceBuf::new(slice, self.inner.config.sendfile);
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buf_len = 0u64;
         let mut current = self.target(0);
@@ -360,7 +360,7 @@ impl WholeBody<'_> {
                     // Room for the next slice before reading it: a slow disk slows the origin
                     // read rather than growing memory.
                     self.bytes = Some(self.inner.budget.reserve(slice).await);
-                    recv = SliceBuf::new(slice);
+                    recv = SliceBuf::new(slice, self.inner.config.sendfile);
                     if index == self.own_index {
                         own_end = Some(end);
                     }

@@ -6,6 +6,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+use futures_util::FutureExt;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::Body as _;
@@ -150,7 +151,19 @@ async fn send_frames<W: FastClient>(
 ) -> Result<u64, Cut> {
     let mut sent = 0u64;
     loop {
-        let frame = match body.frame().await {
+        // What is ready goes out with what precedes it; a body that must wait (a fill still
+        // reading the origin) gets the head, or the chunk so far, sent first (as hyper does).
+        let next = match body.frame().now_or_never() {
+            Some(next) => next,
+            None => {
+                if !pending.is_empty() {
+                    write_all(client, &pending).await.map_err(|e| (sent, e))?;
+                    pending.clear();
+                }
+                body.frame().await
+            }
+        };
+        let frame = match next {
             None => break,
             Some(Ok(f)) => f,
             Some(Err(e)) => return Err((sent, io::Error::other(e.to_string()))),
