@@ -627,6 +627,23 @@ async fn metric(p: &Proxy, prefix: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Everything `s` still delivers until it ends, within 10 s (`None`: it did not end).
+async fn read_until_cut(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut all = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => all.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(all)
+}
+
 /// An answer with a counted body of `body`'s bytes.
 fn counted(body: &Bytes) -> Vec<u8> {
     let mut out = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
@@ -712,18 +729,9 @@ async fn a_client_that_stops_reading_a_spliced_body_is_cut_and_others_go_on() {
     // The stalled client reads nothing for 4 s (the send timeout is 1 s, checked each second),
     // then finds its connection ended before the body's end.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let mut all = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut chunk = vec![0u8; 1 << 20];
-        loop {
-            match stalled.s.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => all.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(read.is_ok(), "the stalled connection was never cut");
+    let all = read_until_cut(&mut stalled.s)
+        .await
+        .expect("the stalled connection was never cut");
     assert!(all.starts_with(b"HTTP/1.1 200 OK\r\n"));
     assert!(
         all.len() < big.len(),
@@ -906,18 +914,9 @@ async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_
     let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(sha256(&r.body), sha256(&big));
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let mut all = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut chunk = vec![0u8; 1 << 20];
-        loop {
-            match stalled.s.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => all.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(read.is_ok(), "the stalled connection was never cut");
+    let all = read_until_cut(&mut stalled.s)
+        .await
+        .expect("the stalled connection was never cut");
     assert!(all.starts_with(b"HTTP/1.1 200 OK\r\n"));
     assert!(all.len() < big.len(), "the whole body arrived");
     let timeouts = metric(&p, "sluice_downstream_send_timeouts_total").await;
