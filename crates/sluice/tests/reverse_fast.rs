@@ -932,3 +932,19 @@ async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_
         .unwrap();
     assert!(sent >= 2 * big.len() as u64, "{sent}");
 }
+
+#[tokio::test]
+async fn a_head_answered_with_an_error_gets_no_body_and_the_connection_lives_on() {
+    let p = Proxy::start(proxy_config(dead_port().await, true, "")).await;
+    let mut c = Client::to(&p).await;
+    for _ in 0..2 {
+        let r = c.ask(b"HEAD /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.status(), 502, "{}", r.head);
+        let length: usize = r.field("content-length").unwrap().parse().unwrap();
+        assert!(length > 0);
+    }
+    // Nothing followed either head: the next answer starts where the last head ended.
+    let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.status(), 502, "{}", r.head);
+    assert!(!r.body.is_empty());
+}

@@ -33,9 +33,8 @@ impl Slice {
     /// The slice as the file its chunks were received into, when `buf` wrote them all.
     pub fn received_in(mut self, buf: &SliceBuf) -> Slice {
         if let Some(w) = &buf.file {
-            let (file, written) = w.written();
-            if written == self.len && !buf.spilled {
-                self.file = Some(Backing { file, len: written });
+            if w.written() == self.len && !buf.spilled {
+                self.file = Some(w.backing());
             }
         }
         self
@@ -47,7 +46,7 @@ impl Slice {
     /// whole file; a short one moves to the heap (`FILE_MIN`).
     pub fn compacted(mut self) -> Slice {
         match self.file.take() {
-            Some(b) if b.len >= FILE_MIN => {
+            Some(b) if b.len() >= FILE_MIN => {
                 return Slice {
                     chunks: Arc::from([b.whole()]),
                     len: self.len,

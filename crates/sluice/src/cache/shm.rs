@@ -63,7 +63,10 @@ impl SliceFile {
     /// A file of `cap` bytes (zero pages, none resident yet), or `None` past the file limit or
     /// when the kernel refuses one.
     pub fn create(cap: usize) -> Option<SliceFile> {
-        if cap == 0 || LIVE.fetch_add(1, Ordering::Relaxed) >= max_files() {
+        if cap == 0 {
+            return None;
+        }
+        if LIVE.fetch_add(1, Ordering::Relaxed) >= max_files() {
             LIVE.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
@@ -178,22 +181,44 @@ impl FileWriter {
         Some(view)
     }
 
-    /// The file and how many bytes of it are written.
-    pub fn written(&self) -> (Arc<SliceFile>, u64) {
-        (self.file.clone(), self.at as u64)
+    /// How many bytes are written.
+    pub fn written(&self) -> u64 {
+        self.at as u64
+    }
+
+    /// What is written so far, as a slice's backing. Later pushes land past it, so it never
+    /// covers a byte still being written.
+    pub fn backing(&self) -> Backing {
+        Backing {
+            file: self.file.clone(),
+            len: self.at as u64,
+        }
     }
 }
 
-/// A written file as a slice's backing: the whole slice as one view, and its file for `sendfile`.
+/// Written bytes of a file as a slice's backing: the whole slice as one view, and its file for
+/// `sendfile`. Only a `FileWriter` makes one.
 #[derive(Clone)]
 pub struct Backing {
-    pub file: Arc<SliceFile>,
-    pub len: u64,
+    file: Arc<SliceFile>,
+    len: u64,
 }
 
 impl Backing {
     pub fn whole(&self) -> Bytes {
         self.file.view(0, self.len as usize)
+    }
+
+    pub fn file(&self) -> &Arc<SliceFile> {
+        &self.file
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -251,15 +276,11 @@ mod tests {
         let mut w = FileWriter::new(1 << 20).expect("memfd");
         let a = w.push(b"hello ").unwrap();
         let b = w.push(b"world").unwrap();
-        let (file, n) = w.written();
-        assert_eq!(n, 11);
+        let backing = w.backing();
+        assert_eq!(backing.len(), 11);
         drop(w);
-        let whole = Backing {
-            file: file.clone(),
-            len: n,
-        }
-        .whole();
-        drop(file);
+        let whole = backing.whole();
+        drop(backing);
         assert_eq!(&a[..], b"hello ");
         assert_eq!(&b[..], b"world");
         assert_eq!(&whole[..], b"hello world");
@@ -271,7 +292,7 @@ mod tests {
         let mut w = FileWriter::new(8).expect("memfd");
         assert!(w.push(b"12345").is_some());
         assert!(w.push(b"6789").is_none());
-        assert_eq!(w.written().1, 5);
+        assert_eq!(w.written(), 5);
         assert_eq!(&w.push(b"678").unwrap()[..], b"678");
     }
 
@@ -279,7 +300,7 @@ mod tests {
     fn the_file_holds_the_bytes_for_the_kernel() {
         let mut w = FileWriter::new(4096).expect("memfd");
         w.push(b"abcdef").unwrap();
-        let (file, _) = w.written();
+        let file = w.backing().file().clone();
         let mut buf = [0u8; 6];
         // SAFETY: a valid buffer and descriptor.
         let n = unsafe { libc::pread(file.raw_fd(), buf.as_mut_ptr().cast(), 6, 0) };

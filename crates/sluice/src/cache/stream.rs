@@ -131,7 +131,7 @@ pub(crate) fn from_memory(
             }
             if let Some(b) = &s.file {
                 pieces.push(Piece::File {
-                    file: b.file.clone(),
+                    file: b.file().clone(),
                     offset: from,
                     len,
                 });

@@ -326,7 +326,7 @@ impl WholeBody<'_> {
     async fn run(&mut self, mut body: Body) -> FillEnd {
         let slice = self.inner.slice_bytes;
         let mut index = 0u64;
-        let mut recv = SliceBuf::new(slice, self.inner.config.sendfile);
+        let mut recv = self.slice_buf(0);
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buf_len = 0u64;
         let mut current = self.target(0);
@@ -360,7 +360,7 @@ impl WholeBody<'_> {
                     // Room for the next slice before reading it: a slow disk slows the origin
                     // read rather than growing memory.
                     self.bytes = Some(self.inner.budget.reserve(slice).await);
-                    recv = SliceBuf::new(slice, self.inner.config.sendfile);
+                    recv = self.slice_buf(index + 1);
                     if index == self.own_index {
                         own_end = Some(end);
                     }
@@ -412,6 +412,17 @@ impl WholeBody<'_> {
             return FillEnd::Complete { last: true };
         }
         own_end.unwrap_or(end)
+    }
+
+    /// The buffer slice `index` is received into: a whole slice, or what is left of an object
+    /// whose length is known (a short object does not take a slice-sized file).
+    fn slice_buf(&self, index: u64) -> SliceBuf {
+        let slice = self.inner.slice_bytes;
+        let len = self
+            .meta
+            .length
+            .map_or(slice, |l| l.saturating_sub(index * slice).clamp(1, slice));
+        SliceBuf::new(len, self.inner.config.sendfile)
     }
 
     fn key(&self, index: u64) -> SliceKey {

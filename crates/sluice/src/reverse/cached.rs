@@ -173,10 +173,12 @@ impl Reverse {
                     .await
             }
             None => {
-                let resp = ProxyError::downstream(
-                    StatusCode::BAD_REQUEST,
-                    "bad_target",
-                    "the rewritten target is not a valid request target",
+                // As `upstream_head` answers on hyper's path.
+                let resp = ProxyError::new(
+                    crate::error::Side::Upstream,
+                    StatusCode::BAD_GATEWAY,
+                    "bad_rewrite",
+                    "the rewritten request target is invalid",
                 )
                 .into_response();
                 self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);

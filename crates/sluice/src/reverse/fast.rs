@@ -112,6 +112,7 @@ impl Reverse {
         }
         let start = Instant::now();
         let close = req.close;
+        let req_head_only = req.method == Method::HEAD;
         self.budget.record_request();
         let mut entry = self.log_entry(
             route,
@@ -145,7 +146,8 @@ impl Reverse {
                 let status = resp.status().as_u16();
                 on_head(status, resp.extensions().get::<ErrorMark>().copied());
                 self.finish_record(route, status, ttfb, entry);
-                let reusable = write_full(client, resp, close).await.is_ok() && !close;
+                let head_only = req_head_only;
+                let reusable = write_full(client, resp, head_only, close).await.is_ok() && !close;
                 return Served {
                     status,
                     sent: 0,
@@ -403,10 +405,12 @@ fn now_date(f: impl FnOnce(&str)) {
     });
 }
 
-/// Writes a whole response sluice made itself (an error) with its body.
+/// Writes a whole response sluice made itself (an error) with its body; the answer to a HEAD
+/// gets the head alone, its length still the body's.
 async fn write_full<W: AsyncWrite + Unpin>(
     client: &mut W,
     resp: http::Response<Body>,
+    head_only: bool,
     close: bool,
 ) -> std::io::Result<()> {
     use http_body_util::BodyExt;
@@ -424,7 +428,9 @@ async fn write_full<W: AsyncWrite + Unpin>(
         Some(body.len()),
         close,
     );
-    out.extend_from_slice(&body);
+    if !head_only {
+        out.extend_from_slice(&body);
+    }
     client.write_all(&out).await?;
     client.flush().await
 }

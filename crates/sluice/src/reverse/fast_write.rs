@@ -90,6 +90,11 @@ fn framing(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
+        // No body, and (as hyper writes them) no length either (RFC 9110 §8.6 for 1xx, 204).
+        if !head_only {
+            headers.remove(header::CONTENT_LENGTH);
+            headers.remove(header::TRANSFER_ENCODING);
+        }
         return Framing::None;
     }
     let declared = headers
@@ -97,7 +102,13 @@ fn framing(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if head_only {
-        // The fields describe the GET answer; there is no body to measure.
+        // The fields describe the GET answer. One sluice made itself (an error) says its own
+        // body's length, as hyper writes it.
+        if declared.is_none() && !headers.contains_key(header::TRANSFER_ENCODING) {
+            if let Some(n) = body.size_hint().exact().filter(|n| *n > 0) {
+                headers.insert(header::CONTENT_LENGTH, n.into());
+            }
+        }
         return Framing::None;
     }
     headers.remove(header::TRANSFER_ENCODING);
@@ -332,7 +343,7 @@ mod tests {
             Framing::None
         );
         assert_eq!(h.get("content-length").unwrap(), "10");
-        let mut h = headers(&[("etag", "\"a\"")]);
+        let mut h = headers(&[("etag", "\"a\""), ("content-length", "12")]);
         assert_eq!(
             framing(
                 StatusCode::NOT_MODIFIED,
@@ -343,5 +354,23 @@ mod tests {
             Framing::None
         );
         assert!(h.get("content-length").is_none());
+        let mut h = headers(&[("content-length", "0")]);
+        assert_eq!(
+            framing(StatusCode::NO_CONTENT, false, &mut h, &crate::body::empty()),
+            Framing::None
+        );
+        assert!(h.get("content-length").is_none());
+        // A HEAD answered with an error sluice made says its body's length.
+        let mut h = headers(&[]);
+        assert_eq!(
+            framing(
+                StatusCode::BAD_GATEWAY,
+                true,
+                &mut h,
+                &crate::body::full("origin down")
+            ),
+            Framing::None
+        );
+        assert_eq!(h.get("content-length").unwrap(), "11");
     }
 }
