@@ -1,7 +1,7 @@
 //! Slices kept in shared-memory files (`memfd`): the memory tier's bytes live in a file the
 //! kernel can send from, so an HTTP/1.1 hit goes out with `sendfile(2)` (page references, no copy
 //! into the socket) while every other reader sees ordinary `Bytes` views of the same pages.
-//! See `docs/cache.md` "Hits without the copy".
+//! Used only with `cache.sendfile`; see `docs/cache.md` "Hits with sendfile".
 //!
 //! A file is written once, front to back, by the one `SliceBuf` that made it, and never changed
 //! afterwards; it is dropped (unmapped, closed) with its last view. Pages the kernel still holds

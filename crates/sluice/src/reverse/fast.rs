@@ -90,9 +90,7 @@ impl Reverse {
     pub fn serves_fast(&self, route: &Route) -> bool {
         serves(route) || (self.cache.is_some() && route.cache_policy.is_some())
     }
-}
 
-impl Reverse {
     /// Proxies `req` (routed to `route` by the normalised `path`) and writes the response to
     /// `client`. `on_head` is called once with the status and error mark just before the
     /// response head is written (the server's first-byte clock).
@@ -146,8 +144,8 @@ impl Reverse {
                 let status = resp.status().as_u16();
                 on_head(status, resp.extensions().get::<ErrorMark>().copied());
                 self.finish_record(route, status, ttfb, entry);
-                let head_only = req_head_only;
-                let reusable = write_full(client, resp, head_only, close).await.is_ok() && !close;
+                let reusable =
+                    write_full(client, resp, req_head_only, close).await.is_ok() && !close;
                 return Served {
                     status,
                     sent: 0,
