@@ -412,7 +412,8 @@ impl App {
 
     /// The fast path's routing (`server::h1fast`): the route table a plain HTTP/1.1 GET or HEAD
     /// for `host` and the normalised `path` on `listener` reaches, when that is a reverse route the
-    /// fast path serves (plain HTTP/1.1 upstream, no cache). `None`: the request goes to hyper.
+    /// fast path serves (plain HTTP/1.1 upstream and no cache, or a caching route; see
+    /// `Reverse::serves_fast`). `None`: the request goes to hyper.
     #[cfg(feature = "reverse")]
     pub(crate) fn fast_route(
         &self,

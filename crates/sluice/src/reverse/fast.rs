@@ -2,7 +2,8 @@
 //! relayed as bytes over an owned upstream connection (no hyper on either side), with the same
 //! server choice, retries, forwarding headers, errors and metrics as `forward` (see
 //! `docs/decisions/h1-fast-path.md`). A large body of known length is spliced from the upstream
-//! socket into the client's (`reverse.splice_bodies`).
+//! socket into the client's (`reverse.splice_bodies`). A GET or HEAD on a caching route goes to
+//! the cache instead (`cached::serve_cached_fast`, written by `fast_write`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,7 +80,8 @@ enum RelayError {
     Client(std::io::Error),
 }
 
-/// Whether a route can be served by the fast path: plain HTTP/1.1 upstream, no cache.
+/// Whether a route's requests can be relayed by the fast path: plain HTTP/1.1 upstream, no
+/// cache (a caching route is served by `serve_cached_fast` instead; see `Reverse::serves_fast`).
 pub fn serves(route: &Route) -> bool {
     route.fast.get().is_some() && route.cache_policy.is_none()
 }
