@@ -488,9 +488,8 @@ impl App {
         };
         let served = routing
             .reverse
-            .serve_fast(route, req, path, &down, client, on_head)
+            .serve_fast(route, req, path, &down, client, (on_head, &series.sent))
             .await;
-        series.sent.inc_by(served.sent);
         drop(finish);
         served
     }

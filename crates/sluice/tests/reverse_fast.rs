@@ -743,6 +743,13 @@ async fn a_client_that_stops_reading_a_spliced_body_is_cut_and_others_go_on() {
     // Both bodies took the splice path.
     let spliced = metric(&p, "sluice_reverse_spliced_bodies_total{").await;
     assert_eq!(spliced.as_deref(), Some("2"));
+    // The cut body's bytes count too: one whole body and part of another.
+    let sent: u64 = metric(&p, "sluice_sent_bytes_total{endpoint=\"reverse\"}")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(sent > big.len() as u64, "{sent}");
     // The proxy still serves.
     let mut c = Client::to(&p).await;
     let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
@@ -931,6 +938,13 @@ async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_
         .parse()
         .unwrap();
     assert!(sent >= 2 * big.len() as u64, "{sent}");
+    // The cut response's bytes count too: a miss, two whole hits and part of one.
+    let sent: u64 = metric(&p, "sluice_sent_bytes_total{endpoint=\"reverse\"}")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(sent > 3 * big.len() as u64, "{sent}");
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode, Uri, Version};
+use prometheus_client::metrics::counter::Counter;
 use sluice_http::hop;
 use tokio::time::Instant;
 
@@ -11,7 +12,7 @@ use super::access_log::Entry;
 use super::body::{BodySlot, OnDone, ResponseBody};
 use super::budget::RetryBudget;
 use super::fast::{FastClient, FastRequest, Served};
-use super::fast_write::write_response;
+use super::fast_write::{write_response, Meters};
 use super::forward::{attempts, hash_key, rewrite_path, Downstream, FetchError, UpstreamHead};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
@@ -148,7 +149,7 @@ impl Reverse {
         path: &str,
         down: &Downstream,
         client: &mut W,
-        on_head: impl FnOnce(u16, Option<ErrorMark>),
+        (on_head, sent_meter): (impl FnOnce(u16, Option<ErrorMark>), &Counter),
     ) -> Served {
         let start = Instant::now();
         self.budget.record_request();
@@ -192,7 +193,11 @@ impl Reverse {
             .as_ref()
             .map(|c| c.sendfile_meter())
             .unwrap_or_default();
-        let written = write_response(client, resp, head_only, close, &meter).await;
+        let meters = Meters {
+            sent: sent_meter,
+            sendfile: &meter,
+        };
+        let written = write_response(client, resp, head_only, close, meters).await;
         Served {
             status,
             sent: written.sent,

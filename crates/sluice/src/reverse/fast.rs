@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
+use prometheus_client::metrics::counter::Counter;
 use sluice_http::chunked;
 use sluice_http::response_head::{self, BodyLength, ResponseHead};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -103,11 +104,11 @@ impl Reverse {
         path: &str,
         down: &Downstream,
         client: &mut W,
-        on_head: impl FnOnce(u16, Option<ErrorMark>),
+        (on_head, sent_meter): (impl FnOnce(u16, Option<ErrorMark>), &Counter),
     ) -> Served {
         if route.cache_policy.is_some() {
             return self
-                .serve_cached_fast(route, req, path, down, client, on_head)
+                .serve_cached_fast(route, req, path, down, client, (on_head, sent_meter))
                 .await;
         }
         let start = Instant::now();
@@ -227,7 +228,7 @@ impl Reverse {
             &mut out,
             client,
             route.idle_timeout,
-            splice,
+            (splice, sent_meter),
         )
         .await;
         let (sent, complete, upstream_clean) = match relayed {
@@ -438,7 +439,8 @@ async fn write_full<W: AsyncWrite + Unpin>(
 /// Relays the body after a response head: `out` holds the client head; the connection's buffer
 /// the body bytes read with the upstream head. Returns the body bytes sent and whether the
 /// upstream connection ended exactly at the body's end (it can carry another request); on error,
-/// the bytes sent before it. With `splice` (counting the bodies it moves), a counted body with at
+/// the bytes sent before it. Body bytes are counted in `sent_meter` as they go out (a send
+/// timeout drops this future). With `splice` (counting the bodies it moves), a counted body with at
 /// least `SPLICE_MIN` left after the first read goes on socket to socket ([`splice_rest`]).
 async fn relay<W: FastClient>(
     conn: &mut UpConn,
@@ -446,7 +448,7 @@ async fn relay<W: FastClient>(
     out: &mut Vec<u8>,
     client: &mut W,
     idle: Duration,
-    splice: Option<&prometheus_client::metrics::counter::Counter>,
+    (splice, sent_meter): (Option<&Counter>, &Counter),
 ) -> Result<(u64, bool), (u64, RelayError)> {
     let mut sent = 0u64;
     let mut decoder = chunked::Decoder::new();
@@ -488,12 +490,13 @@ async fn relay<W: FastClient>(
                 .map_err(|e| (sent, RelayError::Client(e)))?;
         }
         sent += take as u64;
+        sent_meter.inc_by(take as u64);
         let spliceable = matches!(length, BodyLength::Exact(_)) && left >= SPLICE_MIN;
         if let Some(spliced) = splice.filter(|_| spliceable && client.socket().is_some()) {
             spliced.inc();
             // Every byte read so far was the body's (`left` > 0), and went out with the head.
             hand_back(conn, fresh, client, sent).await?;
-            return match splice_rest(conn.io.tcp(), client, left, idle).await {
+            return match splice_rest(conn.io.tcp(), client, left, idle, sent_meter).await {
                 Ok(n) => Ok((sent + n, true)),
                 Err((n, e)) => Err((sent + n, e)),
             };
@@ -585,6 +588,7 @@ async fn splice_rest<W: FastClient>(
     client: &W,
     left: u64,
     idle: Duration,
+    sent_meter: &Counter,
 ) -> Result<u64, (u64, RelayError)> {
     use crate::net::splice::feed::{BodySplice, FeedError, Waiting};
     let Some(dst) = client.socket() else {
@@ -607,6 +611,7 @@ async fn splice_rest<W: FastClient>(
         match moved {
             Ok(n) => {
                 sent += n as u64;
+                sent_meter.inc_by(n as u64);
                 client.wrote();
             }
             Err(FeedError::Downstream(e)) => return Err((sent, RelayError::Client(e))),

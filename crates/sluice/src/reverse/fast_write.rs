@@ -31,6 +31,14 @@ enum Framing {
     Chunked,
 }
 
+/// Where the body bytes written are counted as they go out (a send timeout drops the writer):
+/// all of them, and those sent with `sendfile`.
+#[derive(Clone, Copy)]
+pub struct Meters<'a> {
+    pub sent: &'a Counter,
+    pub sendfile: &'a Counter,
+}
+
 /// The outcome: body bytes written, and whether the response was complete (the connection may
 /// carry another request).
 pub struct Written {
@@ -39,13 +47,13 @@ pub struct Written {
 }
 
 /// Writes `resp` to `client`. `head_only` for a HEAD request; `close` adds `Connection: close`.
-/// File pieces go through `sendfile` when the client is a plain socket, counted in `sendfile`.
+/// File pieces go through `sendfile` when the client is a plain socket.
 pub async fn write_response<W: FastClient>(
     client: &mut W,
     resp: Response<Body>,
     head_only: bool,
     close: bool,
-    sendfile: &Counter,
+    meters: Meters<'_>,
 ) -> Written {
     let (mut parts, body) = resp.into_parts();
     let status = parts.status;
@@ -59,10 +67,10 @@ pub async fn write_response<W: FastClient>(
             .map(|()| 0)
             .map_err(|e| (0, e)),
         Framing::Length(n) => match files.filter(|f| f.total() == n && client.socket().is_some()) {
-            Some(f) => send_pieces(client, out, f, sendfile).await,
-            None => send_frames(client, out, body, Some(n)).await,
+            Some(f) => send_pieces(client, out, f, meters).await,
+            None => send_frames(client, out, body, Some(n), meters.sent).await,
         },
-        Framing::Chunked => send_frames(client, out, body, None).await,
+        Framing::Chunked => send_frames(client, out, body, None, meters.sent).await,
     };
     match result {
         Ok(sent) => Written {
@@ -159,6 +167,7 @@ async fn send_frames<W: FastClient>(
     mut pending: Vec<u8>,
     mut body: Body,
     length: Option<u64>,
+    meter: &Counter,
 ) -> Result<u64, Cut> {
     let mut sent = 0u64;
     loop {
@@ -197,6 +206,7 @@ async fn send_frames<W: FastClient>(
             .await
             .map_err(|e| (sent, e))?;
         sent += data.len() as u64;
+        meter.inc_by(data.len() as u64);
         if length.is_none() {
             pending.extend_from_slice(b"\r\n");
         }
@@ -218,7 +228,7 @@ async fn send_pieces<W: FastClient>(
     client: &mut W,
     mut pending: Vec<u8>,
     body: FileBody,
-    meter: &Counter,
+    meters: Meters<'_>,
 ) -> Result<u64, Cut> {
     let mut sent = 0u64;
     for piece in body.pieces {
@@ -228,17 +238,17 @@ async fn send_pieces<W: FastClient>(
                     .await
                     .map_err(|e| (sent, e))?;
                 sent += b.len() as u64;
+                meters.sent.inc_by(b.len() as u64);
             }
             Piece::File { file, offset, len } => {
                 if !pending.is_empty() {
                     write_all(client, &pending).await.map_err(|e| (sent, e))?;
                     pending.clear();
                 }
-                let moved = send_file(&*client, file.raw_fd(), offset, len).await;
+                let moved = send_file(&*client, file.raw_fd(), (offset, len), meters).await;
                 let n = match &moved {
                     Ok(n) | Err((n, _)) => *n,
                 };
-                meter.inc_by(n);
                 sent += n;
                 moved.map_err(|(_, e)| (sent, e))?;
             }
@@ -251,12 +261,13 @@ async fn send_pieces<W: FastClient>(
 }
 
 /// Sends `len` bytes of `fd` from `offset` into the client's socket, waiting for room as a
-/// write would; the connection's send watch hears of stalls and progress.
+/// write would; the connection's send watch hears of stalls and progress, the meters of every
+/// call's bytes.
 async fn send_file<W: FastClient>(
     client: &W,
     fd: RawFd,
-    mut offset: u64,
-    len: u64,
+    (mut offset, len): (u64, u64),
+    meters: Meters<'_>,
 ) -> Result<u64, (u64, io::Error)> {
     let Some(sock) = client.socket() else {
         return Err((0, io::Error::other("no client socket to send a file into")));
@@ -285,6 +296,8 @@ async fn send_file<W: FastClient>(
             Ok(n) => {
                 sent += n;
                 offset += n;
+                meters.sent.inc_by(n);
+                meters.sendfile.inc_by(n);
                 client.wrote();
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
