@@ -93,7 +93,8 @@ type Item = Result<Bytes, BoxError>;
 
 /// The body straight from the memory tier when every slice it needs is there: no task, no
 /// channel, the stored chunks handed to the connection as they are (the hit fast path). Beside
-/// it, the same bytes as pieces for `sendfile` when some of the slices are file-backed (`shm.rs`).
+/// it, with `cache.sendfile`, the same bytes as pieces for `sendfile` when some of the slices are
+/// file-backed (`shm.rs`).
 pub(crate) fn from_memory(
     inner: &Inner,
     meta: &ObjectMeta,
@@ -104,12 +105,18 @@ pub(crate) fn from_memory(
     }
     let slice = inner.slice_bytes;
     let mut chunks: Vec<Bytes> = Vec::new();
-    let mut pieces: Vec<Piece> = Vec::new();
+    // Only built when slices can be file-backed at all.
+    let mut pieces: Option<Vec<Piece>> = inner.config.sendfile.then(Vec::new);
+    let mut piece = |p: Piece| {
+        if let Some(v) = pieces.as_mut() {
+            v.push(p);
+        }
+    };
     let mut sent = 0u64;
     for (head, range) in &plan.parts {
         if let Some(h) = head {
             chunks.push(h.clone());
-            pieces.push(Piece::Bytes(h.clone()));
+            piece(Piece::Bytes(h.clone()));
         }
         for i in slices_covering(*range, slice) {
             let key = SliceKey {
@@ -125,12 +132,12 @@ pub(crate) fn from_memory(
             for c in s.range(from, to) {
                 len += c.len() as u64;
                 if s.file.is_none() {
-                    pieces.push(Piece::Bytes(c.clone()));
+                    piece(Piece::Bytes(c.clone()));
                 }
                 chunks.push(c);
             }
             if let Some(b) = &s.file {
-                pieces.push(Piece::File {
+                piece(Piece::File {
                     file: b.file().clone(),
                     offset: from,
                     len,
@@ -141,7 +148,7 @@ pub(crate) fn from_memory(
     }
     if let Some(t) = &plan.tail {
         chunks.push(t.clone());
-        pieces.push(Piece::Bytes(t.clone()));
+        piece(Piece::Bytes(t.clone()));
     }
     inner.metrics.bytes_memory.inc_by(sent);
     let frames = futures_util::stream::iter(
@@ -149,9 +156,11 @@ pub(crate) fn from_memory(
             .into_iter()
             .map(|c| Ok::<_, BoxError>(Frame::data(c))),
     );
-    let files = FileBody { pieces };
     let body = crate::body::boxed(http_body_util::StreamBody::new(frames));
-    Some((body, files.has_files().then_some(files)))
+    let files = pieces
+        .map(|pieces| FileBody { pieces })
+        .filter(FileBody::has_files);
+    Some((body, files))
 }
 
 /// How far into a slice (1 / `AHEAD_AT` of it) a body reading on starts the next one.

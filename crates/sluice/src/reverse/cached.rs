@@ -197,11 +197,10 @@ impl Reverse {
             sent: sent_meter,
             sendfile: &meter,
         };
-        let written = write_response(client, resp, head_only, close, meters).await;
+        let complete = write_response(client, resp, head_only, close, meters).await;
         Served {
             status,
-            sent: written.sent,
-            reusable: written.complete && !close,
+            reusable: complete && !close,
         }
     }
 

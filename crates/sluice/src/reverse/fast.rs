@@ -66,8 +66,6 @@ pub struct FastRequest<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Served {
     pub status: u16,
-    /// Response body bytes written to the client.
-    pub sent: u64,
     /// The response was delimited and complete: the client connection may carry another request.
     pub reusable: bool,
 }
@@ -149,11 +147,7 @@ impl Reverse {
                 self.finish_record(route, status, ttfb, entry);
                 let reusable =
                     write_full(client, resp, req_head_only, close).await.is_ok() && !close;
-                return Served {
-                    status,
-                    sent: 0,
-                    reusable,
-                };
+                return Served { status, reusable };
             }
         };
         let Exchanged {
@@ -245,7 +239,6 @@ impl Reverse {
         Box::new(done).finish(sent, complete);
         Served {
             status,
-            sent,
             reusable: complete && keep_alive,
         }
     }

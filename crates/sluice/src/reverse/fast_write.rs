@@ -39,22 +39,16 @@ pub struct Meters<'a> {
     pub sendfile: &'a Counter,
 }
 
-/// The outcome: body bytes written, and whether the response was complete (the connection may
-/// carry another request).
-pub struct Written {
-    pub sent: u64,
-    pub complete: bool,
-}
-
 /// Writes `resp` to `client`. `head_only` for a HEAD request; `close` adds `Connection: close`.
-/// File pieces go through `sendfile` when the client is a plain socket.
+/// File pieces go through `sendfile` when the client is a plain socket. Returns whether the
+/// response went out complete (the connection may carry another request).
 pub async fn write_response<W: FastClient>(
     client: &mut W,
     resp: Response<Body>,
     head_only: bool,
     close: bool,
     meters: Meters<'_>,
-) -> Written {
+) -> bool {
     let (mut parts, body) = resp.into_parts();
     let status = parts.status;
     let files = parts.extensions.remove::<FileBody>();
@@ -62,10 +56,7 @@ pub async fn write_response<W: FastClient>(
     let mut out = Vec::with_capacity(512);
     write_head(&mut out, status.as_u16(), &parts.headers, None, close);
     let result = match framing {
-        Framing::None => write_all(client, &out)
-            .await
-            .map(|()| 0)
-            .map_err(|e| (0, e)),
+        Framing::None => client.write_all(&out).await,
         Framing::Length(n) => match files.filter(|f| f.total() == n && client.socket().is_some()) {
             Some(f) => send_pieces(client, out, f, meters).await,
             None => send_frames(client, out, body, Some(n), meters.sent).await,
@@ -73,16 +64,10 @@ pub async fn write_response<W: FastClient>(
         Framing::Chunked => send_frames(client, out, body, None, meters.sent).await,
     };
     match result {
-        Ok(sent) => Written {
-            sent,
-            complete: client.flush().await.is_ok(),
-        },
-        Err((sent, e)) => {
+        Ok(()) => client.flush().await.is_ok(),
+        Err(e) => {
             tracing::debug!(error = %e, "fast path: cached response cut");
-            Written {
-                sent,
-                complete: false,
-            }
+            false
         }
     }
 }
@@ -135,12 +120,6 @@ fn framing(
     Framing::Chunked
 }
 
-type Cut = (u64, io::Error);
-
-async fn write_all<W: FastClient>(client: &mut W, bytes: &[u8]) -> io::Result<()> {
-    client.write_all(bytes).await
-}
-
 /// Writes `pending` and then `data`, in one write when `data` is small.
 async fn write_after<W: FastClient>(
     client: &mut W,
@@ -161,14 +140,14 @@ async fn write_after<W: FastClient>(
 }
 
 /// The body's frames, counted (`Some(n)`: at most `n` bytes, and exactly that to be complete)
-/// or chunked.
+/// or chunked; `meter` counts the body bytes as they go out.
 async fn send_frames<W: FastClient>(
     client: &mut W,
     mut pending: Vec<u8>,
     mut body: Body,
     length: Option<u64>,
     meter: &Counter,
-) -> Result<u64, Cut> {
+) -> io::Result<()> {
     let mut sent = 0u64;
     loop {
         // What is ready goes out with what precedes it; a body that must wait (a fill still
@@ -177,7 +156,7 @@ async fn send_frames<W: FastClient>(
             Some(next) => next,
             None => {
                 if !pending.is_empty() {
-                    write_all(client, &pending).await.map_err(|e| (sent, e))?;
+                    client.write_all(&pending).await?;
                     pending.clear();
                 }
                 body.frame().await
@@ -186,7 +165,7 @@ async fn send_frames<W: FastClient>(
         let frame = match next {
             None => break,
             Some(Ok(f)) => f,
-            Some(Err(e)) => return Err((sent, io::Error::other(e.to_string()))),
+            Some(Err(e)) => return Err(io::Error::other(e.to_string())),
         };
         let Ok(data) = frame.into_data() else {
             continue;
@@ -195,16 +174,13 @@ async fn send_frames<W: FastClient>(
             continue;
         }
         match length {
-            Some(n) => {
-                if sent + data.len() as u64 > n {
-                    return Err((sent, io::Error::other("body longer than its length")));
-                }
+            Some(n) if sent + data.len() as u64 > n => {
+                return Err(io::Error::other("body longer than its length"));
             }
+            Some(_) => {}
             None => pending.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes()),
         }
-        write_after(client, &mut pending, &data)
-            .await
-            .map_err(|e| (sent, e))?;
+        write_after(client, &mut pending, &data).await?;
         sent += data.len() as u64;
         meter.inc_by(data.len() as u64);
         if length.is_none() {
@@ -215,11 +191,11 @@ async fn send_frames<W: FastClient>(
         pending.extend_from_slice(b"0\r\n\r\n");
     }
     if !pending.is_empty() {
-        write_all(client, &pending).await.map_err(|e| (sent, e))?;
+        client.write_all(&pending).await?;
     }
     match length {
-        Some(n) if sent != n => Err((sent, io::Error::other("body shorter than its length"))),
-        _ => Ok(sent),
+        Some(n) if sent != n => Err(io::Error::other("body shorter than its length")),
+        _ => Ok(()),
     }
 }
 
@@ -229,35 +205,26 @@ async fn send_pieces<W: FastClient>(
     mut pending: Vec<u8>,
     body: FileBody,
     meters: Meters<'_>,
-) -> Result<u64, Cut> {
-    let mut sent = 0u64;
+) -> io::Result<()> {
     for piece in body.pieces {
         match piece {
             Piece::Bytes(b) => {
-                write_after(client, &mut pending, &b)
-                    .await
-                    .map_err(|e| (sent, e))?;
-                sent += b.len() as u64;
+                write_after(client, &mut pending, &b).await?;
                 meters.sent.inc_by(b.len() as u64);
             }
             Piece::File { file, offset, len } => {
                 if !pending.is_empty() {
-                    write_all(client, &pending).await.map_err(|e| (sent, e))?;
+                    client.write_all(&pending).await?;
                     pending.clear();
                 }
-                let moved = send_file(&*client, file.raw_fd(), (offset, len), meters).await;
-                let n = match &moved {
-                    Ok(n) | Err((n, _)) => *n,
-                };
-                sent += n;
-                moved.map_err(|(_, e)| (sent, e))?;
+                send_file(&*client, file.raw_fd(), (offset, len), meters).await?;
             }
         }
     }
     if !pending.is_empty() {
-        write_all(client, &pending).await.map_err(|e| (sent, e))?;
+        client.write_all(&pending).await?;
     }
-    Ok(sent)
+    Ok(())
 }
 
 /// Sends `len` bytes of `fd` from `offset` into the client's socket, waiting for room as a
@@ -268,13 +235,13 @@ async fn send_file<W: FastClient>(
     fd: RawFd,
     (mut offset, len): (u64, u64),
     meters: Meters<'_>,
-) -> Result<u64, (u64, io::Error)> {
+) -> io::Result<()> {
     let Some(sock) = client.socket() else {
-        return Err((0, io::Error::other("no client socket to send a file into")));
+        return Err(io::Error::other("no client socket to send a file into"));
     };
-    let mut sent = 0u64;
-    while sent < len {
-        let want = (len - sent).min(1 << 30) as usize;
+    let end = offset + len;
+    while offset < end {
+        let want = (end - offset).min(1 << 30) as usize;
         let r = sock.try_io(Interest::WRITABLE, || {
             let mut off = offset as libc::off_t;
             // SAFETY: both descriptors are open (the socket borrowed, the file held by the
@@ -288,13 +255,12 @@ async fn send_file<W: FastClient>(
         });
         match r {
             Ok(0) => {
-                return Err((
-                    sent,
-                    io::Error::new(io::ErrorKind::WriteZero, "sendfile sent nothing"),
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "sendfile sent nothing",
                 ))
             }
             Ok(n) => {
-                sent += n;
                 offset += n;
                 meters.sent.inc_by(n);
                 meters.sendfile.inc_by(n);
@@ -302,13 +268,13 @@ async fn send_file<W: FastClient>(
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 client.write_blocked();
-                sock.writable().await.map_err(|e| (sent, e))?;
+                sock.writable().await?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err((sent, e)),
+            Err(e) => return Err(e),
         }
     }
-    Ok(sent)
+    Ok(())
 }
 
 #[cfg(test)]
