@@ -4,7 +4,7 @@
 //! bookkeeping that ends with it.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -27,6 +27,66 @@ pub enum BodyError {
     Read(#[from] hyper::Error),
 }
 
+/// How the client failed to send its request body: none of these is the server's doing, so none
+/// counts against it (passive health) and no other server is tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFault {
+    /// The client closed the connection (or reset it) before the body ended.
+    Aborted,
+    /// The body's framing was broken (a bad chunk, a chunk size that overflows).
+    Malformed,
+    /// No body byte for the route's idle timeout, or the body still coming from the client when
+    /// the header timeout ran out.
+    Slow,
+    /// Over the route's `max_body_bytes`.
+    TooLarge,
+}
+
+impl ClientFault {
+    fn code(self) -> u8 {
+        match self {
+            ClientFault::Aborted => 1,
+            ClientFault::Malformed => 2,
+            ClientFault::Slow => 3,
+            ClientFault::TooLarge => 4,
+        }
+    }
+
+    fn of_code(code: u8) -> Option<ClientFault> {
+        match code {
+            1 => Some(ClientFault::Aborted),
+            2 => Some(ClientFault::Malformed),
+            3 => Some(ClientFault::Slow),
+            4 => Some(ClientFault::TooLarge),
+            _ => None,
+        }
+    }
+
+    /// What a read error of the client's body means.
+    fn of_read(e: &hyper::Error) -> ClientFault {
+        if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+            return ClientFault::Aborted;
+        }
+        if e.is_parse() || e.is_user() {
+            return ClientFault::Malformed;
+        }
+        // hyper reports a bad chunk as an I/O error of kind InvalidData, a reset as another kind.
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                return match io.kind() {
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput => {
+                        ClientFault::Malformed
+                    }
+                    _ => ClientFault::Aborted,
+                };
+            }
+            source = s.source();
+        }
+        ClientFault::Aborted
+    }
+}
+
 /// The downstream request body, shared between attempts.
 pub struct BodySlot {
     shared: Arc<Shared>,
@@ -39,6 +99,12 @@ pub struct BodySlot {
 struct Shared {
     incoming: Mutex<Option<Incoming>>,
     too_large: AtomicBool,
+    /// The client's failure, if any ([`ClientFault::code`]; 0: none).
+    fault: AtomicU8,
+    /// The body was lent and its last poll waited for the client (not for the server to take it).
+    awaiting_client: AtomicBool,
+    /// The body ended (all of it was read from the client).
+    ended: AtomicBool,
     sent: AtomicU64,
     limit: u64,
     idle: Duration,
@@ -53,6 +119,9 @@ impl BodySlot {
             shared: Arc::new(Shared {
                 incoming: Mutex::new(Some(incoming)),
                 too_large: AtomicBool::new(false),
+                fault: AtomicU8::new(0),
+                awaiting_client: AtomicBool::new(false),
+                ended: AtomicBool::new(false),
                 sent: AtomicU64::new(0),
                 limit,
                 idle,
@@ -69,6 +138,9 @@ impl BodySlot {
             shared: Arc::new(Shared {
                 incoming: Mutex::new(None),
                 too_large: AtomicBool::new(false),
+                fault: AtomicU8::new(0),
+                awaiting_client: AtomicBool::new(false),
+                ended: AtomicBool::new(true),
                 sent: AtomicU64::new(0),
                 limit: 0,
                 idle,
@@ -111,6 +183,29 @@ impl BodySlot {
     pub fn too_large(&self) -> bool {
         self.shared.too_large.load(Ordering::Relaxed)
     }
+
+    /// Whether a failed attempt was the client's doing: its body failed (aborted, malformed,
+    /// idle, too large), or, when the attempt ran out of time (`timed_out`), the body was still
+    /// waiting for the client's bytes rather than for the server to take them.
+    pub fn client_fault(&self, timed_out: bool) -> Option<ClientFault> {
+        let s = &self.shared;
+        if let Some(f) = ClientFault::of_code(s.fault.load(Ordering::Relaxed)) {
+            return Some(f);
+        }
+        let stalled = !self.bodiless
+            && !s.ended.load(Ordering::Relaxed)
+            && s.awaiting_client.load(Ordering::Relaxed);
+        (timed_out && stalled).then_some(ClientFault::Slow)
+    }
+}
+
+impl Shared {
+    /// Records the client's failure (the first one stands).
+    fn fault(&self, fault: ClientFault) {
+        let _ = self
+            .fault
+            .compare_exchange(0, fault.code(), Ordering::Relaxed, Ordering::Relaxed);
+    }
 }
 
 /// The body as one attempt sends it.
@@ -152,22 +247,37 @@ impl Body for LentBody {
                         + data.len() as u64;
                     if this.shared.limit > 0 && sent > this.shared.limit {
                         this.shared.too_large.store(true, Ordering::Relaxed);
+                        this.shared.fault(ClientFault::TooLarge);
                         return Poll::Ready(Some(Err(BodyError::TooLarge {
                             limit: this.shared.limit,
                         })));
                     }
                 }
                 this.idle.moved();
+                this.shared.awaiting_client.store(false, Ordering::Relaxed);
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::Read(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.idle.poll_expired(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Idle {
-                    secs: this.shared.idle.as_secs(),
-                }))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Ready(Some(Err(e))) => {
+                this.shared.fault(ClientFault::of_read(&e));
+                Poll::Ready(Some(Err(BodyError::Read(e))))
+            }
+            Poll::Ready(None) => {
+                this.shared.ended.store(true, Ordering::Relaxed);
+                this.shared.awaiting_client.store(false, Ordering::Relaxed);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                this.shared.awaiting_client.store(true, Ordering::Relaxed);
+                match this.idle.poll_expired(cx) {
+                    Poll::Ready(()) => {
+                        this.shared.fault(ClientFault::Slow);
+                        Poll::Ready(Some(Err(BodyError::Idle {
+                            secs: this.shared.idle.as_secs(),
+                        })))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 

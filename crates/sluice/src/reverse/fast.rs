@@ -275,40 +275,31 @@ async fn fetch(
     head: &UpstreamHead,
     key: Option<&[u8]>,
 ) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
-    attempt_loop(
-        budget,
-        route,
-        key,
-        true,
-        || true,
-        |server, index, _final| {
-            let pool = route.fast.get()?.clone();
-            let index = index?;
-            let bytes = encode_request(head, server.addr());
-            let head_only = head.method == Method::HEAD;
-            let group = route.group.name();
-            Some(async move {
-                match pool.exchange(index, server.addr(), &bytes, head_only).await {
-                    Ok((conn, head, length)) => Ok(Exchanged {
-                        conn,
-                        head,
-                        length,
-                        pool,
-                        index,
-                    }),
-                    Err(Failure::Connect(cf)) => {
-                        Err(AttemptFailure::Failed(connect_failure(&cf, group)))
-                    }
-                    Err(Failure::Broken(detail)) => {
-                        Err(AttemptFailure::Failed(FetchError::Broken {
-                            server: server.addr().to_string(),
-                            detail,
-                        }))
-                    }
+    attempt_loop(budget, route, key, true, None, |server, index, _final| {
+        let pool = route.fast.get()?.clone();
+        let index = index?;
+        let bytes = encode_request(head, server.addr());
+        let head_only = head.method == Method::HEAD;
+        let group = route.group.name();
+        Some(async move {
+            match pool.exchange(index, server.addr(), &bytes, head_only).await {
+                Ok((conn, head, length)) => Ok(Exchanged {
+                    conn,
+                    head,
+                    length,
+                    pool,
+                    index,
+                }),
+                Err(Failure::Connect(cf)) => {
+                    Err(AttemptFailure::Failed(connect_failure(&cf, group)))
                 }
-            })
-        },
-    )
+                Err(Failure::Broken(detail)) => Err(AttemptFailure::Failed(FetchError::Broken {
+                    server: server.addr().to_string(),
+                    detail,
+                })),
+            }
+        })
+    })
     .await
 }
 

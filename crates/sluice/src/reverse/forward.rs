@@ -15,7 +15,7 @@ use sluice_http::{forwarded, hop};
 use tokio::time::Instant;
 
 use super::access_log::Entry;
-use super::body::{BodySlot, OnDone, ResponseBody};
+use super::body::{BodySlot, ClientFault, OnDone, ResponseBody};
 use super::client::ConnectFailure;
 use super::h1pool::{H1Error, UpstreamBody};
 use super::{Reverse, Route};
@@ -50,6 +50,18 @@ pub enum FetchError {
     Broken { server: String, detail: String },
     #[error("request body larger than {limit} bytes")]
     TooLarge { limit: u64 },
+    /// The client failed to send its body: the server is not to blame.
+    #[error("{}", client_fault_text(*.0))]
+    Client(ClientFault),
+}
+
+fn client_fault_text(fault: ClientFault) -> &'static str {
+    match fault {
+        ClientFault::Aborted => "the client closed the connection before its request body ended",
+        ClientFault::Malformed => "the request body's framing is invalid",
+        ClientFault::Slow => "the client sent its request body too slowly",
+        ClientFault::TooLarge => "request body too large",
+    }
 }
 
 impl FetchError {
@@ -68,6 +80,17 @@ impl FetchError {
                     "body_too_large",
                     self.to_string(),
                 )
+            }
+            // As nginx answers (and logs) a request body the client fails to send: 400 for a
+            // broken body and for one the client abandons, 408 for one too slow.
+            FetchError::Client(fault) => {
+                let (status, kind) = match fault {
+                    ClientFault::Aborted => (StatusCode::BAD_REQUEST, "client_body_aborted"),
+                    ClientFault::Malformed => (StatusCode::BAD_REQUEST, "bad_body"),
+                    ClientFault::Slow => (StatusCode::REQUEST_TIMEOUT, "client_body_timeout"),
+                    ClientFault::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+                };
+                return ProxyError::downstream(status, kind, self.to_string());
             }
         };
         ProxyError::new(Side::Upstream, status, kind, self.to_string())
@@ -417,12 +440,13 @@ pub(super) async fn attempts(
     key: Option<&[u8]>,
 ) -> Result<Fetched, FetchError> {
     let replayable = head.method.is_idempotent() && body.is_empty();
+    let limit = route.config.max_body_bytes;
     let (response, in_flight) = attempt_loop(
         budget,
         route,
         key,
         replayable,
-        || body.untouched(),
+        Some(body),
         |server, index, final_try| {
             let lent = body.lend()?;
             let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
@@ -457,14 +481,12 @@ pub(super) async fn attempts(
                         }
                     }
                 };
-                sent.map_err(|e| {
-                    if body.too_large() {
-                        AttemptFailure::Final(FetchError::TooLarge {
-                            limit: route.config.max_body_bytes,
-                        })
-                    } else {
-                        AttemptFailure::Failed(classify(&e, group, &server))
+                sent.map_err(|e| match body.client_fault(false) {
+                    Some(ClientFault::TooLarge) => {
+                        AttemptFailure::Final(FetchError::TooLarge { limit })
                     }
+                    Some(fault) => AttemptFailure::Final(FetchError::Client(fault)),
+                    None => AttemptFailure::Failed(classify(&e, group, &server)),
                 })
             })
         },
@@ -487,16 +509,21 @@ pub(super) enum AttemptFailure {
 /// The attempt loop every upstream request makes, whatever carries it: the group's plan in
 /// order, the per-server metrics and health reports, the in-flight mark (least-connections), the
 /// route's header timeout around each attempt, and the retry rules — after a connect failure
-/// while `untouched()` (the body was not read), after any failure when `replayable`; every move
+/// while the request `body` was not read, after any failure when `replayable`; every move
 /// after the first server takes from the retry budget. `send` starts the attempt on a server (its
 /// index in the group and whether it is the last try); `None` ends the loop (the body cannot be
-/// lent again).
+/// lent again). `body`: the client's request body (`None`: the request has none).
+///
+/// Only failures the server caused count against it (passive health): an attempt that failed
+/// because the client's body did (aborted, malformed, too large, idle, or still awaited from the
+/// client when the header timeout ran out) ends the loop with [`FetchError::Client`] and books
+/// nothing, so no client can take a server out of service by failing its own uploads.
 pub(super) async fn attempt_loop<R, F, Fut>(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     key: Option<&[u8]>,
     replayable: bool,
-    untouched: impl Fn() -> bool,
+    body: Option<&BodySlot>,
     mut send: F,
 ) -> Result<(R, InFlight), FetchError>
 where
@@ -537,10 +564,20 @@ where
             }
             Ok(Err(AttemptFailure::Final(e))) => return Err(e),
             Ok(Err(AttemptFailure::Failed(e))) => e,
-            Err(_) => FetchError::HeaderTimeout {
-                server: server.addr().to_string(),
-                secs: route.header_timeout.as_secs(),
-            },
+            Err(_) => {
+                if let Some(fault) = body.and_then(|b| b.client_fault(true)) {
+                    return Err(match fault {
+                        ClientFault::TooLarge => FetchError::TooLarge {
+                            limit: route.config.max_body_bytes,
+                        },
+                        f => FetchError::Client(f),
+                    });
+                }
+                FetchError::HeaderTimeout {
+                    server: server.addr().to_string(),
+                    secs: route.header_timeout.as_secs(),
+                }
+            }
         };
         server.report_failure();
         route.meters.server_failures(&meters).inc();
@@ -552,7 +589,8 @@ where
             failure,
             FetchError::Refused { .. } | FetchError::ConnectTimeout { .. }
         );
-        let may_retry = (connect_failed && untouched()) || replayable;
+        let untouched = body.is_none_or(BodySlot::untouched);
+        let may_retry = (connect_failed && untouched) || replayable;
         last = Some(failure);
         if !may_retry {
             break;
