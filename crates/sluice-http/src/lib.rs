@@ -4,6 +4,7 @@
 //! # Layout
 //! - `route`: host pattern + longest path prefix → target; the route table, built once from config.
 //! - `path`: request path normalisation (dot segments, encoded dots) before routing.
+//! - `host`: `Host` / `:authority` validation (one host, no shape two parsers read differently).
 //! - `hop`: hop-by-hop headers, including those named in `Connection`; upgrade detection.
 //! - `forwarded`: `X-Forwarded-*`, `Forwarded` and `Via` with trusted-proxy semantics.
 //! - `framing`: request framing checks against smuggling (CL+TE, duplicate CL, bad TE).
@@ -29,6 +30,7 @@ pub mod framing;
 pub mod freshness;
 pub mod h1screen;
 pub mod hop;
+pub mod host;
 pub mod location;
 pub mod path;
 pub mod proxy_protocol;

@@ -165,3 +165,151 @@ upstream = "app"
         "{m}"
     );
 }
+
+/// An origin that counts requests and answers with the JSON echo report (`echo`).
+async fn counted_echo() -> (std::net::SocketAddr, Arc<Mutex<Vec<serde_json::Value>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let inner = echo("o").await;
+    let s = seen.clone();
+    let addr = origin(move |req: http::Request<hyper::body::Incoming>| {
+        let s = s.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            let mut b = http::Request::builder()
+                .method(parts.method.clone())
+                .uri(format!(
+                    "http://{inner}{}",
+                    parts.uri.path_and_query().map_or("/", |p| p.as_str())
+                ));
+            for (k, v) in &parts.headers {
+                b = b.header(k, v);
+            }
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<BoxBody>();
+            let resp = client.request(b.body(full(body)).unwrap()).await.unwrap();
+            let (rp, rb) = resp.into_parts();
+            let bytes = rb.collect().await.unwrap().to_bytes();
+            if let Ok(j) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                s.lock().unwrap().push(j);
+            }
+            let mut out = http::Response::new(full(bytes));
+            *out.status_mut() = rp.status;
+            out
+        }
+    })
+    .await;
+    (addr, seen)
+}
+
+/// Finding: `evil.com/.wild.example.com`, `evil.com#.wild.example.com` and `a..wild.example.com`
+/// were routed to `*.wild.example.com` and forwarded verbatim; a request without `Host` and one
+/// with two were accepted. All are 400 now (the HTTP/1.1 fast path hands them to hyper's path,
+/// which refuses them), and HTTP/2's `Host` must agree with `:authority`.
+#[tokio::test]
+async fn invalid_missing_and_repeated_hosts_are_refused() {
+    let (o, seen) = counted_echo().await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+host = "*.wild.example.com"
+path = "/"
+upstream = "app"
+"#
+    )))
+    .await;
+    let bad_hosts = [
+        "evil.com/.wild.example.com",
+        "evil.com#.wild.example.com",
+        "a..wild.example.com",
+        "evil.com?.wild.example.com",
+        "evil.com@a.wild.example.com",
+        "evil.com|a.wild.example.com",
+    ];
+    for method in ["GET", "POST"] {
+        for h in bad_hosts {
+            let req = format!(
+                "{method} /x HTTP/1.1\r\nHost: {h}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let reply = raw(p.addr, req.as_bytes(), Duration::from_secs(5)).await;
+            assert!(reply.starts_with("HTTP/1.1 400"), "{h}: {reply}");
+            assert!(reply.contains("\"kind\":\"bad_host\""), "{h}: {reply}");
+        }
+        for req in [
+            format!("{method} /x HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+            format!(
+                "{method} /x HTTP/1.1\r\nHost: a.wild.example.com\r\nHost: b.wild.example.com\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+            format!(
+                "{method} http://a.wild.example.com/x HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        ] {
+            let reply = raw(p.addr, req.as_bytes(), Duration::from_secs(5)).await;
+            assert!(reply.starts_with("HTTP/1.1 400"), "{req:?}: {reply}");
+        }
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a bad host reached the origin"
+    );
+    // HTTP/2: `Host` beside a different `:authority`.
+    let tcp = TcpStream::connect(p.addr).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = |host: &str| {
+        http::Request::builder()
+            .uri("http://a.wild.example.com/x")
+            .header("host", host)
+            .body(full(""))
+            .unwrap()
+    };
+    let resp = h2.send_request(req("b.wild.example.com")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a mismatched host reached the origin"
+    );
+    let resp = h2.send_request(req("a.wild.example.com")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    // A valid host is served, on the fast path and through hyper, and forwarded as it came.
+    for method in ["GET", "POST"] {
+        let req = format!(
+            "{method} /x HTTP/1.1\r\nHost: A.wild.example.com\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let reply = raw(p.addr, req.as_bytes(), Duration::from_secs(5)).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3);
+    let hosts: Vec<&str> = seen
+        .iter()
+        .map(|j| {
+            j["headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p[0] == "host")
+                .unwrap()[1]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            "a.wild.example.com",
+            "A.wild.example.com",
+            "A.wild.example.com"
+        ]
+    );
+}

@@ -96,11 +96,9 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
                 if host.is_some() {
                     return Err(());
                 }
-                let h = std::str::from_utf8(f.value).map_err(|_| ())?;
-                if h.is_empty() || h.parse::<http::uri::Authority>().is_err() {
-                    return Err(());
-                }
-                host = Some(h);
+                // An invalid host is hyper's path's to refuse (400).
+                sluice_http::host::parse_host(f.value).map_err(|_| ())?;
+                host = Some(std::str::from_utf8(f.value).map_err(|_| ())?);
             }
             "content-length" if f.value == b"0" => {}
             "content-length" | "transfer-encoding" | "upgrade" | "expect" => return Err(()),
@@ -355,6 +353,9 @@ mod tests {
             "GET / HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: evil.com/.x\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a..x\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a|b\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",

@@ -313,6 +313,17 @@ impl Routing {
     pub fn dispatch<B>(&self, req: &http::Request<B>) -> Dispatch {
         use crate::error::ProxyError;
         use http::StatusCode;
+        // One valid host, or nothing is routed by it (RFC 9112 §3.2).
+        let authority = req.uri().authority().map(|a| a.as_str());
+        if let Err(e) =
+            sluice_http::host::check_request_host(req.version(), req.headers(), authority)
+        {
+            return Dispatch::Refused(ProxyError::downstream(
+                StatusCode::BAD_REQUEST,
+                "bad_host",
+                e.to_string(),
+            ));
+        }
         let raw = req.uri().path();
         let (tokened, rest) = match sluice_media::token::split_path_token(raw) {
             Some((_, rest)) => (true, rest),
