@@ -10,6 +10,7 @@ const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// What the proxy knows about the downstream side of this hop.
 #[derive(Debug, Clone)]
@@ -18,6 +19,10 @@ pub struct Hop<'a> {
     pub peer: IpAddr,
     /// Whether that peer is a trusted proxy (its forwarding headers are believed and extended).
     pub trusted: bool,
+    /// The client as this proxy determined it (the peer, or from a trusted proxy's
+    /// `X-Forwarded-For`); `None` when unknown. It alone sets `X-Real-IP`: a client's own value
+    /// never passes.
+    pub client: Option<IpAddr>,
     /// `https` when the downstream connection used TLS.
     pub proto: &'static str,
     /// The `Host` the client asked for.
@@ -52,6 +57,12 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
         set(headers, XFF, &peer);
         set_proto(headers, hop.proto);
         set_host(headers, hop.host);
+    }
+    match hop.client {
+        Some(ip) => set(headers, X_REAL_IP, &ip.to_string()),
+        None => {
+            headers.remove(X_REAL_IP);
+        }
     }
     headers.remove(FORWARDED);
     if hop.forwarded {
@@ -162,6 +173,7 @@ mod tests {
         Hop {
             peer: "10.0.0.2".parse().unwrap(),
             trusted,
+            client: Some("10.0.0.2".parse().unwrap()),
             proto: "http",
             host: Some("example.com"),
             forwarded: true,
@@ -187,8 +199,19 @@ mod tests {
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "evil"),
             ("forwarded", "for=1.2.3.4"),
+            ("x-real-ip", "6.6.6.6"),
         ]);
         apply(&mut h, &hop(false));
+        assert_eq!(h["x-real-ip"], "10.0.0.2");
+        let mut unknown = h.clone();
+        apply(
+            &mut unknown,
+            &Hop {
+                client: None,
+                ..hop(false)
+            },
+        );
+        assert!(unknown.get("x-real-ip").is_none());
         assert_eq!(h["x-forwarded-for"], "10.0.0.2");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "example.com");

@@ -35,6 +35,11 @@ pub struct FreshnessPolicy {
     /// neither (never with `must-revalidate`, `proxy-revalidate` or `no-cache`).
     pub grace: Duration,
     pub request_directives: RequestDirectives,
+    /// Whether a request carrying `Cookie` may fill the cache. Off, such a request is answered
+    /// from a stored response when there is one, and otherwise passed to the origin and its
+    /// answer never stored (Varnish's default): a page personalised by a cookie is not served to
+    /// the next user (web cache deception).
+    pub store_cookie_requests: bool,
 }
 
 impl Default for FreshnessPolicy {
@@ -46,6 +51,7 @@ impl Default for FreshnessPolicy {
             default_ttl: Duration::ZERO,
             grace: Duration::ZERO,
             request_directives: RequestDirectives::Honor,
+            store_cookie_requests: true,
         }
     }
 }
@@ -69,6 +75,20 @@ pub enum NotStorable {
     SetCookie,
     #[error("no-lifetime")]
     NoLifetime,
+    #[error("cookie")]
+    Cookie,
+}
+
+/// Whether a request may fill the cache (its answer be stored) under `policy`, before any
+/// response is seen: a request with `Cookie` may not unless the policy says so.
+pub fn request_may_fill(
+    req_headers: &HeaderMap,
+    policy: &FreshnessPolicy,
+) -> Result<(), NotStorable> {
+    if !policy.store_cookie_requests && req_headers.contains_key(http::header::COOKIE) {
+        return Err(NotStorable::Cookie);
+    }
+    Ok(())
 }
 
 /// What a storable response may do once stored.

@@ -5,6 +5,7 @@
 //! - `route`: host pattern + longest path prefix → target; the route table, built once from config.
 //! - `path`: request path normalisation (dot segments, encoded dots) before routing.
 //! - `host`: `Host` / `:authority` validation (one host, no shape two parsers read differently).
+//! - `fields`: request fields not passed on by default (underscore twins, method/URL overrides).
 //! - `hop`: hop-by-hop headers, including those named in `Connection`; upgrade detection.
 //! - `forwarded`: `X-Forwarded-*`, `Forwarded` and `Via` with trusted-proxy semantics.
 //! - `framing`: request framing checks against smuggling (CL+TE, duplicate CL, bad TE).
@@ -25,6 +26,7 @@ pub mod cache_status;
 pub mod chunked;
 pub mod client_hello;
 pub mod conditional;
+pub mod fields;
 pub mod forwarded;
 pub mod framing;
 pub mod freshness;

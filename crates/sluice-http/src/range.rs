@@ -5,6 +5,10 @@
 /// server ignore a range set it finds abusive), so a client cannot make one request fan out.
 pub const MAX_RANGES: usize = 32;
 
+/// What one part of a `multipart/byteranges` answer costs beyond its bytes (delimiter and part
+/// head, rounded up): the measure of whether several parts are cheaper than the whole.
+pub const PART_OVERHEAD: u64 = 96;
+
 /// One range as asked for, before the length is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeSpec {
@@ -82,6 +86,12 @@ fn digits(s: &str) -> Option<u64> {
 }
 
 /// Resolves a `Range` header against a representation of `length` bytes.
+///
+/// Against amplification (`bytes=0-` 32 times would send the object 32 times), ranges that
+/// overlap or touch are coalesced (RFC 9110 §14.2 allows it; the rest keep the order they were
+/// asked in), and a set of several ranges whose parts would cost as much as the whole
+/// representation is answered with the whole, as a 200 (§14.2 lets a server ignore `Range`). So
+/// no answer is much longer than the representation.
 pub fn resolve_range(value: &str, length: u64) -> RangeOutcome {
     let Some(specs) = parse_range(value) else {
         return RangeOutcome::Whole;
@@ -104,10 +114,39 @@ pub fn resolve_range(value: &str, length: u64) -> RangeOutcome {
         out.push(r);
     }
     if out.is_empty() {
-        RangeOutcome::Unsatisfiable
-    } else {
-        RangeOutcome::Partial(out)
+        return RangeOutcome::Unsatisfiable;
     }
+    let out = coalesce(out);
+    if out.len() > 1 {
+        let cost = out
+            .iter()
+            .map(|r| r.len().saturating_add(PART_OVERHEAD))
+            .fold(0u64, u64::saturating_add);
+        if cost >= length {
+            return RangeOutcome::Whole;
+        }
+    }
+    RangeOutcome::Partial(out)
+}
+
+/// Merges ranges that overlap or touch, in ascending order; a set with none keeps its order.
+pub fn coalesce(ranges: Vec<ByteRange>) -> Vec<ByteRange> {
+    let mut sorted = ranges.clone();
+    sorted.sort_by_key(|r| (r.start, r.end));
+    let touching = sorted
+        .windows(2)
+        .any(|w| w[1].start <= w[0].end.saturating_add(1));
+    if !touching {
+        return ranges;
+    }
+    let mut out: Vec<ByteRange> = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end.saturating_add(1) => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// A parsed `Content-Range` of a 206 or 416.
@@ -245,8 +284,36 @@ mod tests {
             RangeOutcome::Partial(vec![br(50, 99)])
         );
         assert_eq!(
-            resolve_range("bytes=0-0, -1", 100),
-            RangeOutcome::Partial(vec![br(0, 0), br(99, 99)])
+            resolve_range("bytes=0-0, -1", 1000),
+            RangeOutcome::Partial(vec![br(0, 0), br(999, 999)])
+        );
+    }
+
+    #[test]
+    fn amplifying_sets_are_coalesced_or_answered_whole() {
+        let len = 3 << 20;
+        let all = RangeOutcome::Partial(vec![br(0, len - 1)]);
+        // `bytes=0-` 32 times is one range: the object once.
+        let many = format!("bytes={}", vec!["0-"; 32].join(","));
+        assert_eq!(resolve_range(&many, len), all);
+        // Overlapping and touching ranges merge, whatever their order.
+        assert_eq!(
+            resolve_range("bytes=100-199,0-99,50-150,1000-1999,2000-2999", len),
+            RangeOutcome::Partial(vec![br(0, 199), br(1000, 2999)])
+        );
+        // Disjoint ranges keep the order they were asked in.
+        assert_eq!(
+            resolve_range("bytes=5000-5009,0-9", len),
+            RangeOutcome::Partial(vec![br(5000, 5009), br(0, 9)])
+        );
+        // Several parts that cost as much as the whole: the whole, as a 200.
+        assert_eq!(resolve_range("bytes=0-40,60-99", 100), RangeOutcome::Whole);
+        let halves = format!("bytes=0-{},{}-", len / 2 - 2, len / 2);
+        assert_eq!(resolve_range(&halves, len), RangeOutcome::Whole);
+        // One range is a 206 even when it is the whole (players ask `bytes=0-`).
+        assert_eq!(
+            resolve_range("bytes=0-", len),
+            RangeOutcome::Partial(vec![br(0, len - 1)])
         );
     }
 
@@ -338,6 +405,34 @@ mod tests {
         fn never_panics(s in "\\PC{0,100}", len in 0u64..1_000_000) {
             let _ = resolve_range(&s, len);
             let _ = parse_content_range(&s);
+        }
+
+        /// Whatever the set, the answer is never much longer than the representation: at most
+        /// the whole, or parts (with their overhead) that cost less than it.
+        #[test]
+        fn answers_are_bounded(
+            specs in proptest::collection::vec((0u64..5_000, proptest::option::of(0u64..5_000)), 1..40),
+            len in 1u64..5_000,
+        ) {
+            let set: Vec<String> = specs
+                .iter()
+                .map(|(a, b)| match b {
+                    Some(b) => format!("{}-{}", a.min(b), a.max(b)),
+                    None => format!("{a}-"),
+                })
+                .collect();
+            if let RangeOutcome::Partial(rs) = resolve_range(&format!("bytes={}", set.join(",")), len) {
+                let total: u64 = rs.iter().map(ByteRange::len).sum();
+                proptest::prop_assert!(total <= len);
+                if rs.len() > 1 {
+                    proptest::prop_assert!(total + PART_OVERHEAD * rs.len() as u64 <= len);
+                }
+                let mut sorted = rs.clone();
+                sorted.sort_by_key(|r| r.start);
+                for w in sorted.windows(2) {
+                    proptest::prop_assert!(w[1].start > w[0].end + 1, "{:?}", rs);
+                }
+            }
         }
 
         #[test]

@@ -67,7 +67,10 @@ impl Auth {
     }
 
     /// The client's IP: the peer, or — only when the peer is a trusted proxy — the nearest untrusted
-    /// address in `X-Forwarded-For`, read right to left.
+    /// address in `X-Forwarded-For`, read right to left. A hop is an address, or an address with a
+    /// port (`1.2.3.4:5678`, `[2001:db8::1]:443`, as some proxies write it). A hop that is neither
+    /// (`unknown`, garbage) makes the client unknown: [`UNKNOWN_CLIENT`], which no allow-list entry
+    /// but `0.0.0.0/0` holds and no token binding matches, never the trusted proxy's own address.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.is_trusted(peer) {
             return peer;
@@ -76,12 +79,20 @@ impl Auth {
         let hops = headers
             .get_all("x-forwarded-for")
             .iter()
-            .filter_map(|v| v.to_str().ok())
+            .map(|v| v.to_str().ok())
+            .collect::<Option<Vec<_>>>();
+        let Some(hops) = hops else {
+            return UNKNOWN_CLIENT;
+        };
+        let hops = hops
+            .iter()
             .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
             .collect::<Vec<_>>();
         for hop in hops.iter().rev() {
-            let Ok(ip) = hop.trim().parse::<IpAddr>() else {
-                break;
+            let Some(ip) = parse_hop(hop) else {
+                return UNKNOWN_CLIENT;
             };
             client = ip;
             if !self.is_trusted(ip) {
@@ -95,6 +106,21 @@ impl Auth {
         let ip = canonical(ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }
+}
+
+/// The client address of a request whose forwarding chain is unreadable: the unspecified address.
+pub const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// One `X-Forwarded-For` element: an address, `IPv4:port`, `[IPv6]` or `[IPv6]:port`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = hop.parse::<std::net::SocketAddr>() {
+        return Some(sa.ip());
+    }
+    let v6 = hop.strip_prefix('[')?.strip_suffix(']')?;
+    v6.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
 }
 
 fn canonical(ip: IpAddr) -> IpAddr {
@@ -164,5 +190,34 @@ mod tests {
         // A spoofed left-most entry cannot jump over an untrusted hop.
         h.insert("x-forwarded-for", "6.6.6.6, 5.5.5.5".parse().unwrap());
         assert_eq!(a.client_ip(peer, &h), "5.5.5.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn forwarded_for_hops_with_ports_or_garbage() {
+        let a = auth("", &["10.0.0.0/8"]);
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let client = |xff: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", xff.parse().unwrap());
+            a.client_ip(peer, &h)
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(client("1.2.3.4:5678"), ip("1.2.3.4"));
+        assert_eq!(client("[2001:db8::1]:443"), ip("2001:db8::1"));
+        assert_eq!(client("[2001:db8::1]"), ip("2001:db8::1"));
+        assert_eq!(client("1.2.3.4, 10.0.0.9:80"), ip("1.2.3.4"));
+        assert_eq!(client("1.2.3.4,"), ip("1.2.3.4"));
+        // Never the trusted proxy itself.
+        for garbage in [
+            "unknown",
+            "1.2.3.4:port",
+            "[::1",
+            "1.2.3.4, unknown",
+            "_hidden",
+        ] {
+            assert_eq!(client(garbage), UNKNOWN_CLIENT, "{garbage}");
+        }
+        // Garbage left of an untrusted hop is never read.
+        assert_eq!(client("unknown, 1.2.3.4"), ip("1.2.3.4"));
     }
 }

@@ -221,11 +221,14 @@ impl Cache {
         self.inner.handle_purge(req, key, peer)
     }
 
-    /// Drops every stored response for these keys (after a successful unsafe method, RFC 9111
-    /// §4.4: the target URI and same-origin `Location` / `Content-Location`).
+    /// Marks every stored response for these keys as in need of validation (after a successful
+    /// unsafe method, RFC 9111 §4.4: the target URI and same-origin `Location` /
+    /// `Content-Location`). Marked, not dropped (§4.4 allows either): an unsafe request any client
+    /// may send costs the next reader a conditional request (a 304 when nothing changed), never a
+    /// refetch of the object.
     pub fn invalidate(&self, keys: &[CacheKey]) {
         for key in keys {
-            self.inner.purge_matching(|k, _| k == key.0, false);
+            self.inner.purge_matching(|k, _| k == key.0, true);
         }
     }
 

@@ -126,7 +126,9 @@ impl TokenGate {
             exp: None,
             ip: opened.scope.ip.clone(),
         };
-        if claims.check(now, Some(client_ip)).is_err() {
+        // An unknown client (`auth::UNKNOWN_CLIENT`) matches no binding.
+        let client = Some(client_ip).filter(|ip| !ip.is_unspecified());
+        if claims.check(now, client).is_err() {
             return Err(TokenRefusal::WrongAddress);
         }
         Ok(opened)

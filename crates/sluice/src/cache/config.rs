@@ -192,6 +192,9 @@ impl PolicyConfig {
                 RequestDirectivesConfig::Honor => RequestDirectives::Honor,
                 RequestDirectivesConfig::Ignore => RequestDirectives::Ignore,
             },
+            // The media front end's requests carry only cookies its own keys include; a reverse
+            // route decides for itself (`RoutePolicyConfig::cache_cookies`).
+            store_cookie_requests: true,
         }
     }
 }
@@ -203,6 +206,8 @@ pub struct RoutePolicyConfig {
     pub cache_grace_secs: Option<u64>,
     pub cache_default_ttl_secs: Option<u64>,
     pub cache_request_directives: Option<RequestDirectivesConfig>,
+    /// Store responses to requests with `Cookie` (off by default).
+    pub cache_cookies: bool,
 }
 
 impl RoutePolicyConfig {
@@ -218,7 +223,9 @@ impl RoutePolicyConfig {
         if let Some(r) = self.cache_request_directives {
             p.request_directives = r;
         }
-        p.freshness()
+        let mut f = p.freshness();
+        f.store_cookie_requests = self.cache_cookies;
+        f
     }
 }
 

@@ -147,9 +147,16 @@ pub fn tags(headers: &HeaderMap) -> Vec<String> {
     out
 }
 
+/// The layout of the primary keys a record was written under; a record of another layout (the
+/// `route|host|target` keys before 2, which a `|` in a host could make ambiguous) is not read, and
+/// the disk tier deletes it with its slices at start.
+const KEY_LAYOUT: u32 = 2;
+
 /// The on-disk form of [`ObjectMeta`].
 #[derive(Serialize, Deserialize)]
 struct MetaRecord {
+    #[serde(default)]
+    key_layout: u32,
     id: ObjectId,
     primary: String,
     variant: String,
@@ -175,6 +182,7 @@ struct MetaRecord {
 impl ObjectMeta {
     pub fn to_bytes(&self) -> Vec<u8> {
         let rec = MetaRecord {
+            key_layout: KEY_LAYOUT,
             id: self.id,
             primary: self.primary.clone(),
             variant: self.variant.clone(),
@@ -210,6 +218,9 @@ impl ObjectMeta {
     /// Reads a record written by [`ObjectMeta::to_bytes`]; `None` for anything malformed.
     pub fn from_bytes(bytes: &[u8]) -> Option<ObjectMeta> {
         let rec: MetaRecord = serde_json::from_slice(bytes).ok()?;
+        if rec.key_layout != KEY_LAYOUT {
+            return None;
+        }
         let mut headers = HeaderMap::new();
         for (k, v) in rec.headers {
             headers.append(
@@ -296,6 +307,12 @@ mod tests {
             .replace("\"primary\":\"k\"", "\"primary\":\"x\"");
         assert!(ObjectMeta::from_bytes(tampered.as_bytes()).is_none());
         assert!(ObjectMeta::from_bytes(b"{").is_none());
+        // A record of the old key layout (no `key_layout`) is not read.
+        let old = String::from_utf8(meta.to_bytes())
+            .unwrap()
+            .replace("\"key_layout\":2,", "");
+        assert!(!old.contains("key_layout"));
+        assert!(ObjectMeta::from_bytes(old.as_bytes()).is_none());
     }
 
     #[test]

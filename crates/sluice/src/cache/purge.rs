@@ -82,7 +82,9 @@ fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
 impl Inner {
     fn purge_allowed(&self, headers: &HeaderMap, peer: IpAddr) -> bool {
         // Check every condition before deciding, so refusals take the same path.
-        let from_allowed = self.config.purge_allow.iter().any(|n| n.contains(&peer));
+        // An unknown client (an unreadable forwarding chain) is in no allow-list.
+        let from_allowed =
+            !peer.is_unspecified() && self.config.purge_allow.iter().any(|n| n.contains(&peer));
         let offered = offered_key(headers).unwrap_or("").as_bytes();
         let mut ok_key = false;
         for secret in [

@@ -11,7 +11,7 @@ use sluice_http::cache_control::parse_cache_control;
 use sluice_http::cache_status::{CacheStatus, Forward};
 use sluice_http::conditional::{if_range_allows, not_modified};
 use sluice_http::freshness::{
-    decide_use, storability, variant_key, AgeClock, FreshnessPolicy, Use,
+    decide_use, request_may_fill, storability, variant_key, AgeClock, FreshnessPolicy, Use,
 };
 use sluice_http::range::{resolve_range, slice_range, Multipart, RangeOutcome, RangeSpec};
 
@@ -19,7 +19,7 @@ use super::fill::FillEnd;
 use super::index::Lookup;
 use super::object::{merge_not_modified, ObjectId, ObjectMeta, SliceKey};
 use super::stream::{self, Plan};
-use super::writer::{FillJob, JobKind};
+use super::writer::{not_storable_label, FillJob, JobKind};
 use super::{CacheKey, Inner, Origin};
 use crate::body::{self, Body};
 
@@ -373,6 +373,14 @@ impl Inner {
         mut why: Forward,
         vary: &[HeaderName],
     ) -> Response<Body> {
+        if let Err(reason) = request_may_fill(&parts.headers, policy) {
+            // Straight to the origin, alone: no fill another request could join, no memo that
+            // would keep the URL's next answer out of the cache.
+            self.metrics.result("bypass");
+            return self
+                .pass(parts, &origin, Some(not_storable_label(reason)))
+                .await;
+        }
         let first = first_slice(parts, self.slice_bytes);
         let cold_key = |vary: &[HeaderName]| SliceKey {
             object: ObjectId::new(&key.0, &variant_key(vary, &parts.headers)),

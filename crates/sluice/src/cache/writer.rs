@@ -512,6 +512,7 @@ pub(crate) fn not_storable_label(r: NotStorable) -> &'static str {
         NotStorable::VaryStar => "vary-star",
         NotStorable::SetCookie => "set-cookie",
         NotStorable::NoLifetime => "no-lifetime",
+        NotStorable::Cookie => "cookie",
     }
 }
 

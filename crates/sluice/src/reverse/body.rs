@@ -364,6 +364,71 @@ pin_project_lite::pin_project! {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A body sluice answers with itself (a cached response) on its way to the client: counted,
+    /// with the bookkeeping that ends with it.
+    pub struct Counted {
+        #[pin]
+        inner: crate::body::Body,
+        bytes: u64,
+        done: Option<Box<dyn OnDone>>,
+    }
+
+    impl PinnedDrop for Counted {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(done) = this.done.take() {
+                done.done(*this.bytes, false);
+            }
+        }
+    }
+}
+
+impl Counted {
+    pub fn new(inner: crate::body::Body, done: Box<dyn OnDone>) -> Self {
+        Counted {
+            inner,
+            bytes: 0,
+            done: Some(done),
+        }
+    }
+}
+
+impl Body for Counted {
+    type Data = Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    *this.bytes += data.len() as u64;
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(done) = this.done.take() {
+                    done.done(*this.bytes, true);
+                }
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl ResponseBody {
     pub fn new(inner: UpstreamBody, timeout: Duration, done: Box<dyn OnDone>) -> Self {
         ResponseBody {

@@ -1,6 +1,7 @@
 //! Routes with `cache = true`: GET/HEAD through the slice cache with an origin that makes the
 //! route's own attempts, `PURGE` to the cache, and invalidation after unsafe methods.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -9,7 +10,7 @@ use sluice_http::hop;
 use tokio::time::Instant;
 
 use super::access_log::Entry;
-use super::body::{BodySlot, OnDone, ResponseBody};
+use super::body::{BodySlot, Counted, OnDone, ResponseBody};
 use super::budget::RetryBudget;
 use super::fast::{FastClient, FastRequest, Served};
 use super::fast_write::{write_response, Meters};
@@ -23,7 +24,9 @@ use crate::upstream::group::InFlight;
 
 /// What the cache keys of a request on a caching route are made of.
 pub(super) struct CacheTarget {
-    /// `route|host`: the route's name and the host the client asked for (lower case).
+    /// The route's name and the host the client asked for (lower case), each prefixed by its
+    /// length, so no host (or route) can reach into the other field: `a|b` + `c` and `a` + `b|c`
+    /// are different keys.
     scope: String,
     host: String,
     /// The path and query sent upstream (after the route's rewrite).
@@ -48,7 +51,7 @@ impl CacheTarget {
         }
         let host = down.host.as_deref().unwrap_or("").to_ascii_lowercase();
         Some(CacheTarget {
-            scope: format!("{}|{host}", route.name),
+            scope: format!("{}:{}{}:{host}", route.name.len(), route.name, host.len()),
             host,
             target: pq.parse().ok()?,
         })
@@ -70,15 +73,48 @@ pub(super) fn invalidates(method: &Method) -> bool {
 
 impl Reverse {
     /// Serves a GET, HEAD or PURGE on a caching route; `start` and `entry` are for the metrics and
-    /// the access log.
+    /// the access log, recorded (with the bytes sent) when the body ends.
     pub(super) async fn serve_cached(
+        &self,
+        route: &Arc<Route>,
+        parts: http::request::Parts,
+        path: &str,
+        down: &Downstream,
+        t: CacheTarget,
+        (start, entry): (Instant, Option<Entry>),
+    ) -> Response<Body> {
+        let resp = self.cached_response(route, parts, path, down, t).await;
+        route.meters.ttfb().observe(start.elapsed().as_secs_f64());
+        let record = Box::new(self.record(route, start, resp.status().as_u16(), entry));
+        resp.map(|b| body::boxed(Counted::new(b, record)))
+    }
+
+    /// What a request on a caching route is finished with: metrics and the access log line.
+    fn record(
+        &self,
+        route: &Arc<Route>,
+        start: Instant,
+        status: u16,
+        entry: Option<Entry>,
+    ) -> Record {
+        Record {
+            access_log: self.access_log.clone(),
+            route: route.clone(),
+            start,
+            status,
+            entry,
+        }
+    }
+
+    /// The answer to a GET, HEAD or PURGE on a caching route, with this hop's `Via` and the
+    /// route's response edits on what the cache serves.
+    async fn cached_response(
         &self,
         route: &Arc<Route>,
         mut parts: http::request::Parts,
         path: &str,
         down: &Downstream,
         t: CacheTarget,
-        (start, entry): (Instant, Option<Entry>),
     ) -> Response<Body> {
         let (Some(cache), Some(policy)) = (self.cache.as_ref(), route.cache_policy.as_ref()) else {
             // `CacheTarget::of` only exists for caching routes.
@@ -98,11 +134,7 @@ impl Reverse {
             false,
         ) {
             Ok(head) => head,
-            Err(e) => {
-                let resp = e.into_response();
-                self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);
-                return resp;
-            }
+            Err(e) => return e.into_response(),
         };
         let mut resp = if parts.method.as_str() == "PURGE" {
             // The purge authorisation reads the client's own headers.
@@ -125,17 +157,10 @@ impl Reverse {
             cache.serve(&cparts, &key, origin, policy).await
         };
         if parts.method.as_str() != "PURGE" {
-            let headers = resp.headers_mut();
-            for name in &route.resp_remove {
-                headers.remove(name);
-            }
-            for (name, value) in &route.resp_add {
-                headers.insert(name.clone(), value.clone());
-            }
+            // As a relayed response gets them: this hop's `Via` (the stored head is an HTTP/1.1
+            // origin's as the cache keeps it), the route's removals and additions.
+            self.response_fields(route, resp.headers_mut(), Version::HTTP_11);
         }
-        let elapsed = start.elapsed();
-        route.meters.ttfb().observe(elapsed.as_secs_f64());
-        self.finish_record(route, resp.status().as_u16(), elapsed, entry);
         resp
     }
 
@@ -169,35 +194,33 @@ impl Reverse {
         // The fast path only takes origin-form targets `http` accepts.
         parts.uri = req.target.parse().unwrap_or_default();
         let resp = match CacheTarget::of(self, route, &parts.uri, path, down) {
-            Some(t) => {
-                self.serve_cached(route, parts, path, down, t, (start, entry))
-                    .await
-            }
-            None => {
-                // As `upstream_head` answers on hyper's path.
-                let resp = ProxyError::new(
-                    crate::error::Side::Upstream,
-                    StatusCode::BAD_GATEWAY,
-                    "bad_rewrite",
-                    "the rewritten request target is invalid",
-                )
-                .into_response();
-                self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);
-                resp
-            }
+            Some(t) => self.cached_response(route, parts, path, down, t).await,
+            // As `upstream_head` answers on hyper's path.
+            None => ProxyError::new(
+                crate::error::Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "bad_rewrite",
+                "the rewritten request target is invalid",
+            )
+            .into_response(),
         };
+        route.meters.ttfb().observe(start.elapsed().as_secs_f64());
         let status = resp.status().as_u16();
+        let record = Box::new(self.record(route, start, status, entry));
         on_head(status, resp.extensions().get::<ErrorMark>().copied());
         let meter = self
             .cache
             .as_ref()
             .map(|c| c.sendfile_meter())
             .unwrap_or_default();
+        let bytes = AtomicU64::new(0);
         let meters = Meters {
             sent: sent_meter,
             sendfile: &meter,
+            body: &bytes,
         };
         let complete = write_response(client, resp, head_only, close, meters).await;
+        record.done(bytes.into_inner(), complete);
         Served {
             status,
             reusable: complete && !close,
@@ -268,6 +291,30 @@ impl Origin for RouteOrigin {
             *out.headers_mut() = headers;
             Ok(out)
         })
+    }
+}
+
+/// The end of a request on a caching route: metrics, and the access log line with the bytes
+/// the client got.
+struct Record {
+    access_log: Option<super::access_log::AccessLog>,
+    route: Arc<Route>,
+    start: Instant,
+    status: u16,
+    entry: Option<Entry>,
+}
+
+impl OnDone for Record {
+    fn done(self: Box<Self>, bytes: u64, _complete: bool) {
+        let duration = self.start.elapsed();
+        self.route.meters.requests(self.status).inc();
+        self.route.meters.total().observe(duration.as_secs_f64());
+        if let (Some(log), Some(mut entry)) = (&self.access_log, self.entry) {
+            entry.status = self.status;
+            entry.bytes = bytes;
+            entry.duration = duration;
+            log.record(&entry);
+        }
     }
 }
 

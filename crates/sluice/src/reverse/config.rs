@@ -74,6 +74,14 @@ pub struct RouteConfig {
     /// Tunnel WebSocket upgrades (HTTP/1.1 Upgrade and HTTP/2 extended CONNECT).
     #[serde(default = "yes")]
     pub websocket: bool,
+    /// Pass request fields whose name holds `_` (`X_Forwarded_For`...) to the servers; off, they
+    /// are dropped, as nginx's `underscores_in_headers off` does.
+    #[serde(default)]
+    pub underscores_in_headers: bool,
+    /// Pass `X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`, `X-Original-URL` and
+    /// `X-Rewrite-URL` to the servers; off, they are dropped.
+    #[serde(default)]
+    pub override_headers: bool,
     /// Serve GET/HEAD through the slice cache (`[cache]`); unsafe methods invalidate, `PURGE` purges.
     #[serde(default)]
     pub cache: bool,
@@ -86,6 +94,10 @@ pub struct RouteConfig {
     /// `honor` or `ignore` the client's `Cache-Control` (default: `[cache] request_directives`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_request_directives: Option<crate::cache::config::RequestDirectivesConfig>,
+    /// Store responses to requests that carry `Cookie` (off: they are passed to the origin and
+    /// never stored, Varnish's default, so one user's personalised page is not served to others).
+    #[serde(default)]
+    pub cache_cookies: bool,
 }
 
 impl RouteConfig {
@@ -96,6 +108,7 @@ impl RouteConfig {
             cache_grace_secs: self.cache_grace_secs,
             cache_default_ttl_secs: self.cache_default_ttl_secs,
             cache_request_directives: self.cache_request_directives,
+            cache_cookies: self.cache_cookies,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::FutureExt;
 use http::header::{self, HeaderValue};
@@ -32,11 +33,20 @@ enum Framing {
 }
 
 /// Where the body bytes written are counted as they go out (a send timeout drops the writer):
-/// all of them, and those sent with `sendfile`.
+/// all of them, and those sent with `sendfile`; `body` counts this response's (its access log
+/// line).
 #[derive(Clone, Copy)]
 pub struct Meters<'a> {
     pub sent: &'a Counter,
     pub sendfile: &'a Counter,
+    pub body: &'a AtomicU64,
+}
+
+impl Meters<'_> {
+    fn count(&self, n: u64) {
+        self.sent.inc_by(n);
+        self.body.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// Writes `resp` to `client`. `head_only` for a HEAD request; `close` adds `Connection: close`.
@@ -59,9 +69,9 @@ pub async fn write_response<W: FastClient>(
         Framing::None => client.write_all(&out).await,
         Framing::Length(n) => match files.filter(|f| f.total() == n && client.socket().is_some()) {
             Some(f) => send_pieces(client, out, f, meters).await,
-            None => send_frames(client, out, body, Some(n), meters.sent).await,
+            None => send_frames(client, out, body, Some(n), meters).await,
         },
-        Framing::Chunked => send_frames(client, out, body, None, meters.sent).await,
+        Framing::Chunked => send_frames(client, out, body, None, meters).await,
     };
     match result {
         Ok(()) => client.flush().await.is_ok(),
@@ -140,13 +150,13 @@ async fn write_after<W: FastClient>(
 }
 
 /// The body's frames, counted (`Some(n)`: at most `n` bytes, and exactly that to be complete)
-/// or chunked; `meter` counts the body bytes as they go out.
+/// or chunked; `meters` count the body bytes as they go out.
 async fn send_frames<W: FastClient>(
     client: &mut W,
     mut pending: Vec<u8>,
     mut body: Body,
     length: Option<u64>,
-    meter: &Counter,
+    meters: Meters<'_>,
 ) -> io::Result<()> {
     let mut sent = 0u64;
     loop {
@@ -182,7 +192,7 @@ async fn send_frames<W: FastClient>(
         }
         write_after(client, &mut pending, &data).await?;
         sent += data.len() as u64;
-        meter.inc_by(data.len() as u64);
+        meters.count(data.len() as u64);
         if length.is_none() {
             pending.extend_from_slice(b"\r\n");
         }
@@ -210,7 +220,7 @@ async fn send_pieces<W: FastClient>(
         match piece {
             Piece::Bytes(b) => {
                 write_after(client, &mut pending, &b).await?;
-                meters.sent.inc_by(b.len() as u64);
+                meters.count(b.len() as u64);
             }
             Piece::File { file, offset, len } => {
                 if !pending.is_empty() {
@@ -262,7 +272,7 @@ async fn send_file<W: FastClient>(
             }
             Ok(n) => {
                 offset += n;
-                meters.sent.inc_by(n);
+                meters.count(n);
                 meters.sendfile.inc_by(n);
                 client.wrote();
             }

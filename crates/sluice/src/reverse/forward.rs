@@ -11,7 +11,7 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use sluice_http::framing::{self, Framing};
-use sluice_http::{forwarded, hop};
+use sluice_http::{fields, forwarded, hop};
 use tokio::time::Instant;
 
 use super::access_log::Entry;
@@ -22,6 +22,9 @@ use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::upstream::group::{InFlight, Server};
+
+/// The `PURGE` credential field (`cache::purge`).
+const PURGE_KEY: header::HeaderName = header::HeaderName::from_static("x-purge-key");
 
 /// What the proxy knows about the client side of the request.
 #[derive(Debug, Clone)]
@@ -221,6 +224,14 @@ impl Reverse {
         upgrade: bool,
     ) -> Result<UpstreamHead, ProxyError> {
         hop::strip_hop_by_hop(&mut headers, true);
+        if !route.config.underscores_in_headers {
+            fields::strip_underscored(&mut headers);
+        }
+        if !route.config.override_headers {
+            fields::strip_overrides(&mut headers);
+        }
+        // sluice's own purge credential is never an origin's business.
+        headers.remove(PURGE_KEY);
         // The client's Host is sent on as it came (no copy) when the host the route saw is it,
         // i.e. the request had no authority in its target.
         let client_host = headers.remove(header::HOST);
@@ -236,6 +247,7 @@ impl Reverse {
         let hop_info = forwarded::Hop {
             peer: down.peer.ip(),
             trusted: down.trusted,
+            client: Some(down.client_ip).filter(|ip| !ip.is_unspecified()),
             proto: if down.secure { "https" } else { "http" },
             host: down.host.as_deref(),
             forwarded: self.settings.forwarded,

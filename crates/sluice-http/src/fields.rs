@@ -1,0 +1,68 @@
+//! Request fields a proxy does not pass on by default: names with an underscore (CGI, WSGI and
+//! Rack turn `X_Forwarded_For` and `X-Forwarded-For` into the same variable, so the twin of a
+//! field this proxy sets would override it, as nginx's `underscores_in_headers off` prevents), and
+//! the method and URL overrides (`X-HTTP-Method-Override`, `X-Original-URL`...) that frameworks
+//! obey but no cache key includes. No I/O.
+
+use http::header::{HeaderMap, HeaderName};
+
+/// Fields that make a framework read another method or URL than the request line's.
+pub const OVERRIDE_FIELDS: [HeaderName; 5] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
+/// Removes every field whose name holds `_`; returns how many names went. Heads without one (the
+/// usual case) cost one pass over the names and no allocation.
+pub fn strip_underscored(headers: &mut HeaderMap) -> usize {
+    let underscored = |n: &HeaderName| n.as_str().contains('_');
+    if !headers.keys().any(underscored) {
+        return 0;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|n| underscored(n)).cloned().collect();
+    for name in &names {
+        headers.remove(name);
+    }
+    names.len()
+}
+
+/// Removes the method and URL override fields.
+pub fn strip_overrides(headers: &mut HeaderMap) {
+    for name in &OVERRIDE_FIELDS {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn underscores_and_overrides_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("transfer_encoding", "chunked"),
+            ("content_length", "5"),
+            ("x_forwarded_for", "7.7.7.7"),
+            ("x-http-method-override", "DELETE"),
+            ("x-original-url", "/admin"),
+            ("accept", "*/*"),
+        ] {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_static(v),
+            );
+        }
+        assert_eq!(strip_underscored(&mut h), 3);
+        strip_overrides(&mut h);
+        let names: Vec<&str> = h.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-forwarded-for", "accept"]);
+        assert_eq!(strip_underscored(&mut h), 0);
+    }
+}
