@@ -313,3 +313,438 @@ upstream = "app"
         ]
     );
 }
+
+/// Finding: `X_Forwarded_For`, `Transfer_Encoding`... (underscore twins that CGI-style backends
+/// merge with the real fields), the method and URL overrides, the client's own `X-Real-IP` and
+/// the purge key reached the origin. On the fast path (GET) and through hyper (POST).
+#[tokio::test]
+async fn underscore_twins_overrides_real_ip_and_purge_key_stay_here() {
+    let (o, seen) = counted_echo().await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+host = "strict.test"
+path = "/"
+upstream = "app"
+
+[[routes]]
+host = "open.test"
+path = "/"
+upstream = "app"
+underscores_in_headers = true
+override_headers = true
+"#
+    )))
+    .await;
+    let hostile = "X_Forwarded_For: 6.6.6.6\r\nX_Forwarded_Host: evil.test\r\n\
+                   Transfer_Encoding: chunked\r\nContent_Length: 5\r\nX-Real-IP: 6.6.6.6\r\n\
+                   X-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\n\
+                   X-HTTP-Method-Override: DELETE\r\nX-Purge-Key: purge-secret\r\n";
+    let dropped = [
+        "x_forwarded_for",
+        "x_forwarded_host",
+        "transfer_encoding",
+        "content_length",
+        "x-original-url",
+        "x-rewrite-url",
+        "x-http-method-override",
+        "x-purge-key",
+    ];
+    for host in ["strict.test", "open.test"] {
+        for method in ["GET", "POST"] {
+            let req = format!(
+                "{method} /h HTTP/1.1\r\nHost: {host}\r\n{hostile}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let reply = raw(p.addr, req.as_bytes(), Duration::from_secs(5)).await;
+            assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+            let report = seen.lock().unwrap().pop().unwrap();
+            let fields: Vec<(String, String)> = report["headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
+                .collect();
+            let value = |n: &str| {
+                let all: Vec<&str> = fields
+                    .iter()
+                    .filter(|(k, _)| k == n)
+                    .map(|(_, v)| v.as_str())
+                    .collect();
+                assert!(all.len() <= 1, "{n} twice: {fields:?}");
+                all.first().map(|v| v.to_string())
+            };
+            assert_eq!(
+                value("x-real-ip").as_deref(),
+                Some("127.0.0.1"),
+                "{fields:?}"
+            );
+            assert_eq!(value("x-forwarded-for").as_deref(), Some("127.0.0.1"));
+            assert_eq!(value("x-purge-key"), None, "{fields:?}");
+            if host == "strict.test" {
+                for name in dropped {
+                    assert_eq!(
+                        value(name),
+                        None,
+                        "{host} {method}: {name} reached the origin"
+                    );
+                }
+            } else {
+                // The route's opt-ins pass them.
+                assert_eq!(value("x_forwarded_for").as_deref(), Some("6.6.6.6"));
+                assert_eq!(value("x-http-method-override").as_deref(), Some("DELETE"));
+                assert_eq!(value("x-original-url").as_deref(), Some("/admin"));
+            }
+        }
+    }
+}
+
+/// One request a caching origin answered.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: http::HeaderMap,
+}
+
+const OBJ_ETAG: &str = "\"e1\"";
+const BIG: usize = 3 << 20;
+
+/// An origin for caching routes. GET/HEAD: `/big` is 3 MiB of pattern bytes, `/personal` greets
+/// the request's `Cookie`, anything else is `body of <target> for <host>`; every answer is fresh
+/// for an hour with an ETag, honours one `Range` and `If-None-Match`. Any other method: 200.
+async fn cache_origin() -> (std::net::SocketAddr, Arc<Mutex<Vec<Seen>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let big = pattern(BIG);
+    let addr = origin(move |req: http::Request<hyper::body::Incoming>| {
+        let (s, big) = (s.clone(), big.clone());
+        async move {
+            let target = req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            s.lock().unwrap().push(Seen {
+                method: req.method().to_string(),
+                target: target.clone(),
+                headers: req.headers().clone(),
+            });
+            let h = req.headers();
+            if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+                return http::Response::new(full(format!("{} done", req.method())));
+            }
+            let text = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let body = match req.uri().path() {
+                "/big" => big,
+                "/personal" => bytes::Bytes::from(format!("hello {}", text("cookie"))),
+                _ => bytes::Bytes::from(format!("body of {target} for {}", text("host"))),
+            };
+            let b = http::Response::builder()
+                .header("cache-control", "max-age=3600")
+                .header("etag", OBJ_ETAG)
+                .header("content-type", "text/plain");
+            if text("if-none-match") == OBJ_ETAG {
+                return b.status(304).body(full("")).unwrap();
+            }
+            let len = body.len();
+            let range = text("range")
+                .strip_prefix("bytes=")
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, z)| {
+                    let a: usize = a.parse().ok()?;
+                    let z: usize = if z.is_empty() {
+                        len - 1
+                    } else {
+                        z.parse().ok()?
+                    };
+                    (a < len).then_some((a, z.min(len - 1)))
+                });
+            match range {
+                Some((a, z)) => b
+                    .status(206)
+                    .header("content-range", format!("bytes {a}-{z}/{len}"))
+                    .body(full(body.slice(a..=z)))
+                    .unwrap(),
+                None => b.body(full(body)).unwrap(),
+            }
+        }
+    })
+    .await;
+    (addr, seen)
+}
+
+fn caching(o: std::net::SocketAddr, extra_route: &str, extra: &str) -> sluice::config::Config {
+    config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+cache = true
+{extra_route}
+
+[cache]
+memory_bytes = "64MiB"
+slice_bytes = "1MiB"
+purge_key = "purge-secret"
+{extra}
+"#
+    ))
+}
+
+/// Requests of `method` for `target` the origin saw, and how many of those were conditional.
+fn count(seen: &Mutex<Vec<Seen>>, method: &str, target: &str) -> (usize, usize) {
+    let seen = seen.lock().unwrap();
+    let of: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.method == method && s.target == target)
+        .collect();
+    let conditional = of
+        .iter()
+        .filter(|s| s.headers.contains_key("if-none-match"))
+        .count();
+    (of.len(), conditional)
+}
+
+/// Finding: any unsafe method (`POST`, `FOO`, lowercase `purge`) evicted a cached object without
+/// the purge key, and a lowercase `purge` went to the origin with the client's `X-Purge-Key`.
+/// Now: methods are case-sensitive (`purge` is an unknown method, forwarded without the key), and
+/// only a successful unsafe request invalidates, by marking the object stale (RFC 9111 §4.4): the
+/// next reader revalidates (304) instead of refetching.
+#[tokio::test]
+async fn unsafe_methods_mark_stale_and_lowercase_purge_is_not_purge() {
+    let (o, seen) = cache_origin().await;
+    let p = Proxy::start(caching(o, "", "")).await;
+    let url = p.url("/obj/a");
+    let expect = format!("body of /obj/a for {}", p.addr);
+    let r = get(&url, &[]).await;
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), expect.as_bytes());
+    let r = get(&url, &[]).await;
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), expect.as_bytes());
+    assert_eq!(count(&seen, "GET", "/obj/a"), (1, 0), "not a hit");
+    // `PURGE` without the key: refused, the object stays.
+    let r = send("PURGE", &url, &[], full("")).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    get(&url, &[]).await;
+    assert_eq!(count(&seen, "GET", "/obj/a"), (1, 0));
+    for method in ["purge", "POST", "FOO"] {
+        let r = send(method, &url, &[("x-purge-key", "purge-secret")], full("")).await;
+        assert_eq!(r.status, StatusCode::OK, "{method}");
+        assert_eq!(
+            r.body.as_ref().unwrap().as_ref(),
+            format!("{method} done").as_bytes(),
+            "{method} was not forwarded"
+        );
+        let last = seen.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(last.method, method);
+        assert!(
+            !last.headers.contains_key("x-purge-key"),
+            "{method} carried the purge key upstream"
+        );
+        let before = count(&seen, "GET", "/obj/a");
+        let r = get(&url, &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body.as_ref().unwrap().as_ref(), expect.as_bytes());
+        let after = count(&seen, "GET", "/obj/a");
+        // One conditional request, answered 304: the object was marked, not dropped.
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (1, 1),
+            "{method}: {after:?}"
+        );
+    }
+}
+
+/// Finding: `bytes=0-` 32 times turned a 3 MiB cached object into a 100 MB answer. Ranges are
+/// coalesced, and a set whose parts cost as much as the whole gets the whole (200).
+#[tokio::test]
+async fn range_sets_cannot_amplify() {
+    let (o, _seen) = cache_origin().await;
+    let p = Proxy::start(caching(o, "", "")).await;
+    let big = pattern(BIG);
+    let url = p.url("/big");
+    let r = get(&url, &[]).await;
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&big));
+    let many = format!("bytes={}", vec!["0-"; 32].join(","));
+    let r = get(&url, &[("range", &many)]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(
+        r.headers["content-range"],
+        format!("bytes 0-{}/{BIG}", BIG - 1)
+    );
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&big));
+    // Overlapping ranges in any order: one part.
+    let r = get(&url, &[("range", "bytes=500-999,0-499,100-200")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(r.headers["content-range"], format!("bytes 0-999/{BIG}"));
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), &big[..1000]);
+    // Two disjoint halves: the whole, as a 200.
+    let halves = format!("bytes=0-{},{}-", BIG / 2 - 2, BIG / 2);
+    let r = get(&url, &[("range", &halves)]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&big));
+    // A small disjoint set is still answered in parts.
+    let r = get(&url, &[("range", "bytes=0-9,100-109")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    let body = r.body.as_ref().unwrap();
+    assert!(body.len() < 500, "{}", body.len());
+}
+
+/// Finding: responses to requests carrying `Cookie` were stored, the set-up for web cache
+/// deception: a victim's personalised page was served to the next client. Not stored unless the
+/// route opts in (`cache_cookies = true`).
+#[tokio::test]
+async fn responses_to_cookie_requests_are_not_stored() {
+    let (o, seen) = cache_origin().await;
+    let p = Proxy::start(caching(o, "", "")).await;
+    let url = p.url("/personal");
+    let r = get(&url, &[("cookie", "user=victim")]).await;
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), b"hello user=victim");
+    let r = get(&url, &[]).await;
+    assert_eq!(
+        r.body.as_ref().unwrap().as_ref(),
+        b"hello ",
+        "a victim's page was served"
+    );
+    // A cookie-less answer is stored, and served to anyone, with or without cookies.
+    let r = get(&url, &[("cookie", "user=other")]).await;
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), b"hello ");
+    assert_eq!(count(&seen, "GET", "/personal").0, 2);
+    // The opt-in stores them.
+    let (o, seen) = cache_origin().await;
+    let p = Proxy::start(caching(o, "cache_cookies = true", "")).await;
+    let url = p.url("/personal");
+    get(&url, &[("cookie", "user=a")]).await;
+    let r = get(&url, &[]).await;
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), b"hello user=a");
+    assert_eq!(count(&seen, "GET", "/personal").0, 1);
+}
+
+/// Finding: an unparsable right-most `X-Forwarded-For` hop (`unknown`, `IP:port`) made the
+/// trusted proxy itself the client, which passed `purge_allow` behind a same-host proxy. Hops
+/// with a port are read; anything else leaves the client unknown, and refused.
+#[tokio::test]
+async fn unreadable_forwarded_for_is_no_client() {
+    let (o, _seen) = cache_origin().await;
+    let p = Proxy::start(caching(
+        o,
+        "",
+        "purge_allow = [\"127.0.0.1/32\"]\n\n[auth]\ntrusted_proxies = [\"127.0.0.1/32\"]",
+    ))
+    .await;
+    let url = p.url("/obj/p");
+    get(&url, &[]).await;
+    let purge = |xff: &'static str| {
+        let url = url.clone();
+        async move {
+            let mut h = vec![("x-purge-key", "purge-secret")];
+            if !xff.is_empty() {
+                h.push(("x-forwarded-for", xff));
+            }
+            send("PURGE", &url, &h, full("")).await.status
+        }
+    };
+    for refused in [
+        "unknown",
+        "127.0.0.1:port",
+        "1.2.3.4:80",
+        "[::1",
+        "127.0.0.1, _x",
+    ] {
+        assert_eq!(purge(refused).await, StatusCode::FORBIDDEN, "{refused}");
+    }
+    // `IP:port` of an allowed address, and no chain at all (the trusted peer is the client).
+    assert_eq!(purge("127.0.0.1:5555").await, StatusCode::OK);
+    assert_eq!(purge("").await, StatusCode::OK);
+}
+
+/// Finding: the cache key `route|host|target` was ambiguous when the host held `|`: a request
+/// with `Host: shop.test|/y` for `/z` was stored under the key of `shop.test`'s `/y|/z`. Such a
+/// host is refused now, and the key's fields are length-prefixed.
+#[tokio::test]
+async fn a_host_cannot_reach_into_another_cache_key() {
+    let (o, seen) = cache_origin().await;
+    let p = Proxy::start(caching(o, "", "")).await;
+    let poison = raw(
+        p.addr,
+        b"GET /z HTTP/1.1\r\nHost: shop.test|/y\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(poison.starts_with("HTTP/1.1 400"), "{poison}");
+    let victim = raw(
+        p.addr,
+        b"GET /y|/z HTTP/1.1\r\nHost: shop.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(victim.starts_with("HTTP/1.1 200"), "{victim}");
+    assert!(victim.ends_with("body of /y|/z for shop.test"), "{victim}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+/// Also found: on a caching route the access log said 0 bytes for every answer, and cached
+/// answers carried no `Via` while relayed ones did. Both paths: the HTTP/1.1 fast path (GET) and
+/// hyper's (HTTP/2).
+#[tokio::test]
+async fn cached_answers_carry_via_and_log_their_bytes() {
+    let (o, _seen) = cache_origin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut c = caching(o, "", "");
+    c.reverse.access_log = log.display().to_string();
+    let p = Proxy::start(c).await;
+    let big = pattern(BIG);
+    // Miss then hit, on the fast path.
+    for _ in 0..2 {
+        let r = get(&p.url("/big"), &[]).await;
+        assert_eq!(r.headers["via"], "1.1 sluice");
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&big));
+    }
+    // A hit through hyper (HTTP/2).
+    let tcp = TcpStream::connect(p.addr).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let resp = h2
+        .send_request(
+            http::Request::builder()
+                .uri(format!("http://{}/big", p.addr))
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["via"], "1.1 sluice");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(sha256(&body), sha256(&big));
+    // Three lines, each with the bytes sent.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() >= 3 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for l in &lines {
+        assert_eq!(l["status"], 200, "{l}");
+        assert_eq!(l["bytes"], BIG as u64, "{l}");
+    }
+}

@@ -51,11 +51,17 @@ impl CacheTarget {
         }
         let host = down.host.as_deref().unwrap_or("").to_ascii_lowercase();
         Some(CacheTarget {
-            scope: format!("{}:{}{}:{host}", route.name.len(), route.name, host.len()),
+            scope: scope(&route.name, &host),
             host,
             target: pq.parse().ok()?,
         })
     }
+}
+
+/// The part of a cache key before the target: the route's name and the host, each prefixed by
+/// its length.
+fn scope(route: &str, host: &str) -> String {
+    format!("{}:{route}{}:{host}", route.len(), host.len())
 }
 
 /// Whether `method` goes through the cache (or to its purge) rather than straight upstream.
@@ -323,4 +329,24 @@ struct Hold(#[allow(dead_code)] InFlight);
 
 impl OnDone for Hold {
     fn done(self: Box<Self>, _bytes: u64, _complete: bool) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_fields_cannot_run_into_each_other() {
+        let key = |route: &str, host: &str, target: &str| {
+            CacheKey::new(&scope(route, host), &target.parse().unwrap()).0
+        };
+        assert_eq!(key("*/", "a.test", "/x"), "2:*/6:a.test|/x");
+        // `|` or digits and `:` in one field never make the key of other fields.
+        assert_ne!(
+            key("r", "shop.test|/y", "/z"),
+            key("r", "shop.test", "/y|/z")
+        );
+        assert_ne!(key("r|a", "b", "/"), key("r", "a|b", "/"));
+        assert_ne!(key("r", "1:a", "/"), key("r1:", "a", "/"));
+    }
 }
