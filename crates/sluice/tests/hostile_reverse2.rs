@@ -440,6 +440,10 @@ async fn cache_origin() -> (std::net::SocketAddr, Arc<Mutex<Vec<Seen>>>) {
             let text = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
             let body = match req.uri().path() {
                 "/big" => big,
+                "/slow-private" => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    bytes::Bytes::from(format!("private for {}", text("authorization")))
+                }
                 "/personal" => bytes::Bytes::from(format!("hello {}", text("cookie"))),
                 _ => bytes::Bytes::from(format!("body of {target} for {}", text("host"))),
             };
@@ -625,6 +629,52 @@ async fn responses_to_cookie_requests_are_not_stored() {
     let r = get(&url, &[]).await;
     assert_eq!(r.body.as_ref().unwrap().as_ref(), b"hello user=a");
     assert_eq!(count(&seen, "GET", "/personal").0, 1);
+}
+
+/// Checked with the cookie finding: an answer to a request with `Authorization` is not stored
+/// (RFC 9111 §3.5), but a request without it that joined its fetch could be handed that answer
+/// (when the request that started the fetch was gone, or simply slower to take it). Only the
+/// request that started a fetch gets its unstorable answer; the others ask the origin.
+#[tokio::test]
+async fn an_unstorable_answer_goes_only_to_the_request_that_fetched_it() {
+    let (o, seen) = cache_origin().await;
+    let p = Proxy::start(caching(o, "", "")).await;
+    let url = p.url("/slow-private");
+    // Alice starts the fetch (the origin takes 300 ms) over HTTP/2 and gives up after 150 ms.
+    let tcp = TcpStream::connect(p.addr).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let alice = h2.send_request(
+        http::Request::builder()
+            .uri(&url)
+            .header("authorization", "Bearer alice")
+            .body(full(""))
+            .unwrap(),
+    );
+    let others = async {
+        // The others arrive while alice's fetch is under way.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let all = (0..3).map(|_| get(&url, &[]));
+        futures_util::future::join_all(all).await
+    };
+    let (gave_up, others) = tokio::join!(
+        tokio::time::timeout(Duration::from_millis(150), alice),
+        others
+    );
+    assert!(gave_up.is_err(), "alice was answered before giving up");
+    for r in others {
+        assert_eq!(
+            r.body.as_ref().unwrap().as_ref(),
+            b"private for ",
+            "another request's private answer was handed out"
+        );
+    }
+    assert_eq!(count(&seen, "GET", "/slow-private").0, 4);
 }
 
 /// Finding: an unparsable right-most `X-Forwarded-For` hop (`unknown`, `IP:port`) made the

@@ -421,9 +421,11 @@ impl Inner {
                 }
                 Err(FillEnd::Pass { reason }) => {
                     self.metrics.result("bypass");
-                    // The writer's request was the same as this one's: its answer serves one
-                    // client; the others ask the origin themselves (never queue behind it).
-                    if parts.method == Method::GET {
+                    // The writer's answer serves the request that started it, and only that
+                    // one: a joiner shares the key, not the request (an `Authorization` the
+                    // joiner lacks shaped that answer), so it asks the origin itself (never
+                    // queueing behind the writer).
+                    if parts.method == Method::GET && created {
                         if let Some(mut resp) = fill.take_pass() {
                             let code = resp.status().as_u16();
                             set_status(
