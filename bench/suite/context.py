@@ -16,16 +16,17 @@ MiB = 1024 * 1024
 
 
 class Context:
-    def __init__(self, repo, quick, pin):
+    def __init__(self, repo, quick, pin, profile="release"):
         self.repo = repo
         self.bench_dir = os.path.join(repo, "bench")
         self.work = os.path.join(self.bench_dir, "work")
         self.quick = quick
         self.pin = pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
-        self.sluice_bin = os.path.join(repo, "target", "release", "sluice")
+        self.profile = profile
+        self.sluice_bin = os.path.join(repo, "target", profile, "sluice")
         # The gateway-only build: scripts/build-router
         self.sluice_router_bin = os.path.join(repo, "target", "router", "sluice")
-        self.loadgen_bin = os.path.join(repo, "target", "release", "sluice-loadgen")
+        self.loadgen_bin = os.path.join(repo, "target", profile, "sluice-loadgen")
         self._tmp = tempfile.mkdtemp(prefix="run-", dir=self._ensure(os.path.join(self.work, "tmp")))
         self.origin_workers = 1 if self.pin else 2
         self.proxy_threads = 1 if self.pin else 2
@@ -223,9 +224,18 @@ class Context:
                 "--timeout-secs", str(timeout_secs), "--pid", str(pid)]
         return self.loadgen(args, timeout=max_secs + 2 * timeout_secs + 30)
 
-    def duration(self, url, file, c, secs, warmup_secs, pid, max_requests=2_000_000):
+    def duration(self, url, file, c, secs, warmup_secs, pid, max_requests=2_000_000, extra=()):
         _, size, digest = file
         args = ["duration", "--url", url, "--expect-len", str(size), "--expect-sha256", digest,
                 "--c", str(c), "--secs", str(secs), "--warmup-secs", str(warmup_secs),
-                "--max-requests", str(max_requests), "--timeout-secs", "30", "--pid", str(pid)]
+                "--max-requests", str(max_requests), "--timeout-secs", "30", "--pid", str(pid),
+                *extra]
         return self.loadgen(args, timeout=secs + warmup_secs + 90)
+
+    def rate(self, url, file, rate, c, secs, warmup_secs, pid, extra=()):
+        """Open loop: `rate` requests/s offered over c connections (`sluice-loadgen rate`)."""
+        _, size, _ = file
+        args = ["rate", "--url", url, "--expect-len", str(size), "--rate", str(rate),
+                "--c", str(c), "--secs", str(secs), "--warmup-secs", str(warmup_secs),
+                "--timeout-secs", "10", "--pid", str(pid), *extra]
+        return self.loadgen(args, timeout=secs + warmup_secs + 60)

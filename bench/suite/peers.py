@@ -130,7 +130,8 @@ master_process on;
 user root;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
-events {{ worker_connections 8192; use epoll; }}
+worker_rlimit_nofile {nofile};
+events {{ worker_connections {connections}; use epoll; }}
 http {{
     access_log off;
 """
@@ -167,7 +168,7 @@ NGINX_PROXY = """# nginx as a plain reverse proxy (proxy_pass, pooled keep-alive
         keepalive_requests 100000;
     }}
     server {{
-        listen 127.0.0.1:{port} reuseport backlog=4096;
+        listen 127.0.0.1:{port} reuseport backlog=4096{listen_opts};
         location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -193,9 +194,9 @@ sub vcl_recv {{
 
 HAPROXY_HTTP = """# HAProxy in HTTP mode in front of the origin, connection reuse on
 global
-    maxconn 8000
+    maxconn {maxconn}
     nbthread {threads}
-defaults
+{global_extra}defaults
     mode http
     http-reuse always
     timeout connect 5s
@@ -203,7 +204,7 @@ defaults
     timeout server 60s
     timeout http-keep-alive 60s
 frontend in
-    bind 127.0.0.1:{port}
+    bind 127.0.0.1:{port}{bind_opts}
     default_backend origin
 backend origin
     balance roundrobin
@@ -233,7 +234,8 @@ def start_origin(ctx, root, cpus):
     port = procs.free_port()
     conf = os.path.join(d, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(NGINX_ORIGIN.format(workers=ctx.origin_workers, dir=d, port=port, root=root))
+        f.write(NGINX_ORIGIN.format(workers=ctx.origin_workers, dir=d, port=port, root=root,
+                                    connections=8192, nofile=17408))
     argv = [nginx, "-p", d, "-c", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
@@ -281,7 +283,7 @@ listen = ["127.0.0.1:{port}"]
 runtime = "{runtime}"
 threads = {threads}
 h1_fast_path = {fast}
-[reverse]
+{server_extra}[reverse]
 via = false
 [[upstreams]]
 name = "origin"
@@ -292,10 +294,13 @@ upstream = "origin"
 """
 
 
-def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast_path=True):
+def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast_path=True,
+                         busy_poll_us=None, wrapper=()):
     """sluice's reverse proxy in front of one origin port or a round-robin group of them, under
     the runtime model `runtime` ("work-stealing" or "per-core"), with as many threads as the
-    other proxies get (`ctx.proxy_threads`); `fast_path` is `server.h1_fast_path`."""
+    other proxies get (`ctx.proxy_threads`); `fast_path` is `server.h1_fast_path`;
+    `busy_poll_us` sets `server.busy_poll_us` (None: the default); `wrapper` is put before the
+    command (callgrind)."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-reverse")
@@ -303,11 +308,12 @@ def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast
     servers = ", ".join(f'"127.0.0.1:{p}"' for p in _ports(upstream_port))
     conf = _write(d, "sluice.toml", SLUICE_REVERSE.format(
         port=port, servers=servers, runtime=runtime, threads=ctx.proxy_threads,
-        fast="true" if fast_path else "false"))
-    argv = [ctx.sluice_bin, "serve", "--config", conf]
+        fast="true" if fast_path else "false",
+        server_extra="" if busy_poll_us is None else f"busy_poll_us = {busy_poll_us}\n"))
+    argv = [*wrapper, ctx.sluice_bin, "serve", "--config", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
-    procs.wait_tcp(port, p)
+    procs.wait_tcp(port, p, timeout=120 if wrapper else 30)
     name = f"sluice ({runtime})" if fast_path else f"sluice ({runtime}, hyper path)"
     return Peer(name, p, port, version_of([ctx.sluice_bin, "--version"]))
 
@@ -378,13 +384,17 @@ def _ports(upstream):
     return list(upstream) if isinstance(upstream, (list, tuple)) else [upstream]
 
 
-def start_nginx_proxy(ctx, upstream_port, cpus):
+def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False):
+    """nginx `proxy_pass`; `connections` is worker_connections (the idle test raises it), `h2c`
+    makes the listener HTTP/2 by prior knowledge."""
     nginx = ensure_binary("nginx")
     d = ctx.tempdir("nginx-proxy")
     port = procs.free_port()
     servers = "\n".join(f"        server 127.0.0.1:{p};" for p in _ports(upstream_port))
-    conf = _write(d, "nginx.conf", NGINX_PROXY.format(workers=ctx.proxy_threads, dir=d, port=port,
-                                                      servers=servers))
+    conf = _write(d, "nginx.conf", NGINX_PROXY.format(
+        workers=ctx.proxy_threads, dir=d, port=port, servers=servers,
+        connections=connections, nofile=2 * connections + 1024,
+        listen_opts=" http2" if h2c else ""))
     argv = [nginx, "-p", d, "-c", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
@@ -410,14 +420,18 @@ def start_varnish_pass(ctx, upstream_port, cpus):
     return Peer("Varnish pass", p, port, version_of([varnishd, "-V"]))
 
 
-def start_haproxy_http(ctx, upstream_port, cpus):
+def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_polling=False):
+    """HAProxy `mode http`; `maxconn` (the idle test raises it), `h2c` (`proto h2` on the bind),
+    `busy_polling` (its global `busy-polling`)."""
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy-http")
     port = procs.free_port()
     servers = "\n".join(f"    server o{i} 127.0.0.1:{p}"
                          for i, p in enumerate(_ports(upstream_port)))
-    conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(threads=ctx.proxy_threads, port=port,
-                                                        servers=servers))
+    conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(
+        threads=ctx.proxy_threads, port=port, servers=servers, maxconn=maxconn,
+        global_extra="    busy-polling\n" if busy_polling else "",
+        bind_opts=" proto h2" if h2c else ""))
     argv = [haproxy, "-db", "-f", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
@@ -524,7 +538,7 @@ def start_nginx_cache(ctx, upstream_port, cpus, cache_dir, memory_mib, disk_mib,
     port = port or procs.free_port()
     conf = _write(d, "nginx.conf", NGINX_CACHE.format(
         workers=ctx.proxy_threads, dir=d, port=port, upstream=upstream_port,
-        cache_dir=cache_dir, disk_mib=disk_mib))
+        cache_dir=cache_dir, disk_mib=disk_mib, connections=8192, nofile=17408))
     argv = [nginx, "-p", d, "-c", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)

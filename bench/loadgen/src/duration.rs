@@ -1,6 +1,7 @@
 //! Duration mode: requests/s over c keep-alive connections for T seconds, bounded in count too.
 
 use crate::client::{Conn, Expect, Target};
+use crate::meter::{Meter, Window};
 use crate::procstat::{Background, TreeSampler, Usage};
 use crate::stats::Latency;
 use serde::Serialize;
@@ -20,6 +21,8 @@ pub struct Config {
     pub timeout: Duration,
     pub pid: Option<u32>,
     pub sample_interval: Duration,
+    pub cgroup_usage: Option<String>,
+    pub client_core: Option<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -40,6 +43,10 @@ pub struct Report {
     pub hashed: usize,
     pub reconnects: u64,
     pub usage: Option<Usage>,
+    /// The proxy's cgroup CPU and the client core's busy share over the timed window.
+    pub window: Window,
+    /// `window.cgroup_cpu_us` per successful request.
+    pub cpu_us_per_request: Option<f64>,
 }
 
 #[derive(Default)]
@@ -114,12 +121,14 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
     .await;
     let warmup_errors = warm.iter().flat_map(|r| r.errors.values()).sum();
 
+    let meter = Meter::start(cfg.cgroup_usage.clone(), cfg.client_core);
     let sampler = cfg
         .pid
         .map(|pid| Background::run(TreeSampler::start(pid), cfg.sample_interval));
     let start = Instant::now();
     let results = run_phase(&mut pool, &expect, &cfg, start + cfg.secs, cfg.max_requests).await;
     let elapsed = start.elapsed().as_secs_f64();
+    let window = meter.finish();
     let usage = sampler.map(Background::stop);
 
     let mut totals = Vec::new();
@@ -154,5 +163,10 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
         hashed,
         reconnects: pool.iter().map(|c| c.reconnects).sum(),
         usage,
+        cpu_us_per_request: window
+            .cgroup_cpu_us
+            .filter(|_| ok > 0)
+            .map(|us| us / ok as f64),
+        window,
     }
 }

@@ -4,7 +4,10 @@
 //! - `client`: one keep-alive connection, one measured and verified GET
 //! - `batch`: c requests released together, warm-ups, median of timed rounds
 //! - `duration`: closed-loop requests/s over c connections for T seconds
+//! - `rate`: an open loop at a fixed offered rate, latency from each scheduled send time
+//! - `idle`: memory per idle keep-alive connection (HTTP/1.1 or h2c), many source addresses
 //! - `procstat`: CPU time and memory of a process tree over a window
+//! - `meter`: a CPU cgroup's own accounting and one core's busy share over a window
 //! - `stats`: latency percentiles
 //! - `tsgen`: the seeded RTP/MPEG-TS stream, and its byte-exact verifier
 //! - `mcast`: paced multicast sender, loopback interfaces only
@@ -18,10 +21,13 @@ mod client;
 mod duration;
 mod gen;
 mod hls;
+mod idle;
 mod iptv;
 mod mcast;
+mod meter;
 mod origin;
 mod procstat;
+mod rate;
 mod stats;
 mod tsgen;
 
@@ -46,6 +52,10 @@ enum Cmd {
     Batch(BatchArgs),
     /// Closed-loop requests/s over c keep-alive connections for a fixed time.
     Duration(DurationArgs),
+    /// Open loop: a fixed offered rate over c connections, latency from scheduled send times.
+    Rate(RateArgs),
+    /// Memory per idle keep-alive connection: N clients, one request each, then silent.
+    Idle(IdleArgs),
     /// Sample a process tree's CPU and memory for a fixed time.
     Sample(SampleArgs),
     /// Send paced RTP/MPEG-TS to multicast groups on a loopback interface.
@@ -182,6 +192,13 @@ struct Common {
     /// Extra request header `Name: value`, repeatable (e.g. `Range: bytes=0-99`).
     #[arg(long = "header")]
     headers: Vec<String>,
+    /// A CPU cgroup's usage file (`cpuacct.usage`, or a v2 `cpu.stat`), read at the start and
+    /// end of the timed window.
+    #[arg(long)]
+    cgroup_usage: Option<String>,
+    /// The core the client runs on: its busy share in the timed window is reported.
+    #[arg(long)]
+    client_core: Option<usize>,
 }
 
 #[derive(Args)]
@@ -224,6 +241,51 @@ struct DurationArgs {
     /// Hash every n-th body (0: none).
     #[arg(long, default_value_t = 100)]
     hash_every: u64,
+}
+
+#[derive(Args)]
+struct RateArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Offered requests per second, over all connections.
+    #[arg(long)]
+    rate: f64,
+    #[arg(long, default_value_t = 50)]
+    c: usize,
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 1.0)]
+    warmup_secs: f64,
+}
+
+#[derive(Args)]
+struct IdleArgs {
+    /// Target URL; must be http:// on a loopback address.
+    #[arg(long)]
+    url: String,
+    /// Body length of the one answer each connection reads.
+    #[arg(long)]
+    expect_len: u64,
+    /// Cumulative connection counts to measure at, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "5000,50000")]
+    levels: Vec<usize>,
+    /// Speak HTTP/2 by prior knowledge (h2c) instead of HTTP/1.1.
+    #[arg(long)]
+    h2: bool,
+    /// Source addresses 127.0.0.2 onwards.
+    #[arg(long, default_value_t = 8)]
+    sources: u8,
+    #[arg(long, default_value_t = 200)]
+    parallel: usize,
+    #[arg(long, default_value_t = 2.0)]
+    settle_secs: f64,
+    /// Root PID of the server whose tree USS is read.
+    #[arg(long)]
+    pid: u32,
+    #[arg(long, default_value_t = 300.0)]
+    max_secs: f64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -293,9 +355,47 @@ fn main() -> Result<()> {
                 timeout: secs(c.timeout_secs),
                 pid: c.pid,
                 sample_interval: Duration::from_millis(c.sample_ms.max(1)),
+                cgroup_usage: c.cgroup_usage.clone(),
+                client_core: c.client_core,
             };
             let expect = expect_of(c)?;
             let report = runtime(c.threads)?.block_on(duration::run(&c.url, target, expect, cfg));
+            serde_json::to_string_pretty(&report)?
+        }
+        Cmd::Rate(a) => {
+            let c = &a.common;
+            let target = Arc::new(client::Target::parse(&c.url)?.with_headers(&c.headers)?);
+            let cfg = rate::Config {
+                rate: a.rate,
+                c: a.c.max(1),
+                secs: secs(a.secs),
+                warmup_secs: secs(a.warmup_secs),
+                timeout: secs(c.timeout_secs),
+                pid: c.pid,
+                sample_interval: Duration::from_millis(c.sample_ms.max(1)),
+                cgroup_usage: c.cgroup_usage.clone(),
+                client_core: c.client_core,
+            };
+            let expect = expect_of(c)?;
+            let report = runtime(c.threads)?.block_on(rate::run(&c.url, target, expect, cfg));
+            serde_json::to_string_pretty(&report)?
+        }
+        Cmd::Idle(a) => {
+            let target = client::Target::parse(&a.url)?;
+            let cfg = idle::Config {
+                addr: target.addr,
+                host: target.host.clone(),
+                path: target.path_and_query.clone(),
+                expect_len: a.expect_len,
+                levels: a.levels,
+                h2: a.h2,
+                sources: a.sources.max(1),
+                parallel: a.parallel,
+                settle: secs(a.settle_secs),
+                pid: a.pid,
+                max_secs: secs(a.max_secs),
+            };
+            let report = runtime(Some(a.threads))?.block_on(idle::run(cfg))?;
             serde_json::to_string_pretty(&report)?
         }
         Cmd::Sample(a) => {

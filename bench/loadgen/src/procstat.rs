@@ -92,6 +92,15 @@ fn read_memory(pid: u32) -> Option<(u64, u64, u64)> {
     Some((rss, uss, anon))
 }
 
+/// USS (KiB) of the process tree of `root` now: its own and every live descendant's.
+pub fn tree_uss_kb(root: u32) -> u64 {
+    tree_ticks(root)
+        .iter()
+        .filter_map(|(pid, _)| read_memory(*pid))
+        .map(|(_, uss, _)| uss)
+        .sum()
+}
+
 /// The root and all its live descendants, found by walking ppid links over /proc/*/stat.
 /// Returns each member with its CPU ticks.
 fn tree_ticks(root: u32) -> Vec<(u32, u64)> {

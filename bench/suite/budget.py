@@ -1,0 +1,296 @@
+"""Equal budgets: each proxy in a CPU cgroup with a quota, alone on core 1; requests/s and CPU per
+request under the same budget, open-loop latency at fixed rates, and memory per idle connection."""
+
+import os
+import statistics
+import subprocess
+import time
+
+from . import procs
+from .peers import Unavailable
+
+V1_CPU = "/sys/fs/cgroup/cpu"
+V1_ACCT = "/sys/fs/cgroup/cpuacct"
+V2 = "/sys/fs/cgroup"
+PERIOD_US = 100_000
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(str(text))
+
+
+def _tree(root):
+    """The root PID and every live descendant (ppid links over /proc/*/stat)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2:].split()
+        parent[int(name)] = int(fields[1])
+    members = [root]
+    for pid in members:
+        members += [p for p, pp in parent.items() if pp == pid and p not in members]
+    return members
+
+
+class Cgroup:
+    """A CPU cgroup with a quota: v1 `cpu` (quota) + `cpuacct` (usage) where those hierarchies
+    are mounted, else v2 (`cpu.max`, `cpu.stat`). Every process of a tree is moved in; children
+    forked later are born inside."""
+
+    def __init__(self, name, quota_pct):
+        self.name = name
+        if os.path.exists(os.path.join(V1_CPU, "cpu.cfs_quota_us")):
+            self.kind = "v1"
+            self.dirs = [os.path.join(V1_CPU, name), os.path.join(V1_ACCT, name)]
+            for d in self.dirs:
+                os.makedirs(d, exist_ok=True)
+            _write(os.path.join(self.dirs[0], "cpu.cfs_period_us"), PERIOD_US)
+            _write(os.path.join(self.dirs[0], "cpu.cfs_quota_us"),
+                   int(PERIOD_US * quota_pct / 100))
+            self.usage_file = os.path.join(self.dirs[1], "cpuacct.usage")
+        elif "cpu" in open(os.path.join(V2, "cgroup.controllers")).read().split():
+            self.kind = "v2"
+            d = os.path.join(V2, name)
+            os.makedirs(d, exist_ok=True)
+            self.dirs = [d]
+            _write(os.path.join(d, "cpu.max"), f"{int(PERIOD_US * quota_pct / 100)} {PERIOD_US}")
+            self.usage_file = os.path.join(d, "cpu.stat")
+        else:
+            raise Unavailable("no writable CPU cgroup (v1 cpu/cpuacct or v2 cpu controller)")
+        self.quota_pct = quota_pct
+
+    def enter(self, root_pid):
+        for pid in _tree(root_pid):
+            for d in self.dirs:
+                try:
+                    _write(os.path.join(d, "cgroup.procs"), pid)
+                except OSError:
+                    pass  # exited meanwhile
+
+    def remove(self):
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)  # tasks still exiting
+
+
+def machine_load():
+    """Load average and the whole machine's busy share over the last second."""
+    def busy():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v) - v[3] - v[4], sum(v)
+    b0, t0 = busy()
+    time.sleep(1)
+    b1, t1 = busy()
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    return {"loadavg": load, "machine_busy_pct": round(100 * (b1 - b0) / max(1, t1 - t0), 1)}
+
+
+CLIENT_BOUND_PCT = 90.0
+
+
+def _start(ctx, starters, name, origin_port, variant):
+    start = starters[name]
+    return start(ctx, origin_port, ctx.proxy_cpus, **variant.get(name, {}))
+
+
+def budget_cells(ctx, starters, origin, plan, quota_pct, rounds, secs, warm, c, variant=None):
+    """Closed loop at c connections through each peer in its own cgroup capped at `quota_pct`
+    of a core, for every (file, label) in `plan`; peers in a rotated order each round. Returns
+    {peer: {label: [report per round]}} and the machine's load around the run."""
+    variant = variant or {}
+    names = list(starters)
+    out = {n: {} for n in names}
+    load_before = machine_load()
+    for k in range(rounds):
+        order = names[k % len(names):] + names[:k % len(names)]
+        for name in order:
+            try:
+                peer = _start(ctx, starters, name, origin.port, variant)
+            except (Unavailable, RuntimeError) as e:
+                out[name]["status"] = str(e)
+                continue
+            group = Cgroup(f"sluice-bench-{os.getpid()}-{k}-{names.index(name)}", quota_pct)
+            try:
+                group.enter(peer.pid)
+                out[name]["version"] = peer.version
+                for f, label in plan:
+                    url = f"http://127.0.0.1:{peer.port}/{os.path.basename(f[0])}"
+                    r = ctx.duration(url, f, c, secs, warm, peer.pid,
+                                     extra=["--cgroup-usage", group.usage_file,
+                                            "--client-core", "0"])
+                    out[name].setdefault(label, []).append(r)
+            finally:
+                peer.stop()
+                group.remove()
+    return out, {"before": load_before, "after": machine_load()}
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize_budget(cells, sluice, rivals):
+    """Per peer and cell: median req/s, CPU µs per request and client-core busy %, the rounds'
+    req/s; per rival: the median of sluice's paired per-round ratios."""
+    rows = []
+    labels = []
+    for peer in cells.values():
+        for label in peer:
+            if label not in ("status", "version") and label not in labels:
+                labels.append(label)
+    for label in labels:
+        mine = cells.get(sluice, {}).get(label, [])
+        for name, peer in cells.items():
+            runs = peer.get(label)
+            if not runs:
+                rows.append({"peer": name, "cell": label, "status": peer.get("status", "not run")})
+                continue
+            ok = [r for r in runs if "failed" not in r]
+            client = _median([r.get("window", {}).get("client_core_busy_pct") for r in ok])
+            row = {"peer": name, "cell": label, "status": "ok" if ok else runs[0]["failed"],
+                   "rps": _median([r["rps"] for r in ok]),
+                   "rounds_rps": [r.get("rps") for r in runs],
+                   "cpu_us_per_req": _median([r.get("cpu_us_per_request") for r in ok]),
+                   "p99_ms": _median([r["latency"]["p99_ms"] for r in ok]),
+                   "errors": sum(r.get("errors", 0) for r in ok),
+                   "client_core_busy_pct": client,
+                   "client_bound": client is not None and client >= CLIENT_BOUND_PCT}
+            if name != sluice and mine:
+                ratios = [a["rps"] / b["rps"] for a, b in zip(mine, runs)
+                          if "failed" not in a and "failed" not in b and b["rps"] > 0]
+                row["sluice_ratio"] = _median(ratios)
+            rows.append(row)
+    return rows
+
+
+def open_loop(ctx, starters, origin, file, rates, quota_pct, secs, warm, c, variant=None):
+    """Fixed offered rates through each peer under the same cgroup quota: p50/p99/p99.9 from
+    the scheduled send times, achieved vs offered, errors, CPU per request."""
+    variant = variant or {}
+    rows = []
+    for name in starters:
+        try:
+            peer = _start(ctx, starters, name, origin.port, variant)
+        except (Unavailable, RuntimeError) as e:
+            rows.append({"peer": name, "status": str(e)})
+            continue
+        group = Cgroup(f"sluice-bench-open-{os.getpid()}-{len(rows)}", quota_pct)
+        try:
+            group.enter(peer.pid)
+            url = f"http://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
+            for rate in rates:
+                r = ctx.rate(url, file, rate, c, secs, warm, peer.pid,
+                             extra=["--cgroup-usage", group.usage_file, "--client-core", "0"])
+                rows.append({"peer": name, "rate": rate, "status": "ok" if "failed" not in r
+                             else r["failed"], "report": r})
+        finally:
+            peer.stop()
+            group.remove()
+    return rows
+
+
+NOFILE = 200_000
+
+
+def raise_nofile_for_children():
+    """Children inherit the suite's open-file limit: raise it (soft and hard) for the idle
+    test, where each proxy holds tens of thousands of client sockets."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, max(NOFILE, hard)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def idle_memory(ctx, starters, origin, file, levels, h2=False, variant=None):
+    """USS growth per idle keep-alive connection through each peer: `levels` (cumulative)
+    clients, each after one request for `file`, spread over 8 source addresses."""
+    variant = variant or {}
+    nofile = raise_nofile_for_children()
+    rows = []
+    for name in starters:
+        try:
+            peer = _start(ctx, starters, name, origin.port, variant)
+        except (Unavailable, RuntimeError) as e:
+            rows.append({"peer": name, "status": str(e)})
+            continue
+        try:
+            url = f"http://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
+            args = ["idle", "--url", url, "--expect-len", str(file[1]), "--levels",
+                    ",".join(map(str, levels)), "--pid", str(peer.pid)]
+            if h2:
+                args.append("--h2")
+            r = ctx.loadgen(args, timeout=600)
+            rows.append({"peer": name, "status": "ok" if "failed" not in r else r["failed"],
+                         "version": peer.version, "report": r, "nofile": nofile})
+        finally:
+            peer.stop()
+    return rows
+
+
+def instructions_note():
+    """How instructions per request are counted on this machine."""
+    try:
+        r = subprocess.run(["perf", "stat", "-x,", "-e", "instructions", "true"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and "<not supported>" not in r.stderr and "<not counted>" not in r.stderr:
+            return "perf"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "callgrind"
+
+
+def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests=200):
+    """Instructions per request of one proxy's user-space path under callgrind: started under
+    valgrind (`start(ctx, origin_port, cpus, wrapper=[...])`), warmed, its counters zeroed with
+    `callgrind_control -z`, `requests` requests at c = 1, then dumped (`-d`): the dump's total
+    `Ir` divided by the requests. Valgrind runs the program about 50× slower, so only a count,
+    never a time, is taken from it."""
+    import glob
+    import shutil
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        return {"status": "valgrind (callgrind) is not installed"}
+    out_dir = ctx.tempdir("callgrind")
+    wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.%p"]
+    try:
+        peer = start(ctx, origin.port, ctx.proxy_cpus, wrapper=wrapper)
+    except (Unavailable, RuntimeError) as e:
+        return {"status": str(e)}
+    try:
+        url = f"http://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
+        ctx.duration(url, file, 1, 120, 0, peer.pid, max_requests=warm_requests)
+        procs.run(["callgrind_control", "-z", str(peer.pid)], timeout=60)
+        r = ctx.duration(url, file, 1, 300, 0, peer.pid, max_requests=requests)
+        procs.run(["callgrind_control", "-d", str(peer.pid)], timeout=60)
+        time.sleep(1)
+        dumps = sorted(glob.glob(f"{out_dir}/cg.{peer.pid}.*"), key=os.path.getmtime)
+        if not dumps or "failed" in r:
+            return {"status": r.get("failed", "no callgrind dump")}
+        total = None
+        with open(dumps[-1]) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+        done = r.get("ok", 0)
+        return {"status": "ok", "requests": done, "instructions": total,
+                "instructions_per_request": total / done if total and done else None}
+    finally:
+        peer.stop()

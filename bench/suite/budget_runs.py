@@ -1,0 +1,112 @@
+"""`bench/run --budget`: each scenario's proxies under equal CPU budgets (closed loop, busy polling
+off for all and on for all that have it), open-loop latency at 25/50/75 % of the slowest proxy's
+budget-capped peak, and memory per idle connection (HTTP/1.1 and h2c)."""
+
+import functools
+
+from . import budget, peers
+from .context import MiB
+
+QUOTA_PCT = 25
+CLIENTS = 50
+BUSY_POLL_US = 200  # sluice's shipped default, for the "on" table
+
+
+def _params(ctx):
+    if ctx.quick:
+        return {"rounds": 1, "secs": 2, "warm": 0.5, "open_secs": 3, "idle_levels": [5000]}
+    return {"rounds": 3, "secs": 5, "warm": 1, "open_secs": 10, "idle_levels": [5000, 50000]}
+
+
+def _variants(poll_names):
+    """Busy polling off for every proxy, and on for each that has it (`poll_names`: peer →
+    its start argument). Without such a peer, one table: every proxy as shipped."""
+    if not poll_names:
+        return {"as shipped": {}}
+    off = {name: {arg: off_value} for name, (arg, off_value, _) in poll_names.items()}
+    on = {name: {arg: on_value} for name, (arg, _, on_value) in poll_names.items()}
+    return {"off": off, "on": on}
+
+
+def _closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file):
+    p = _params(ctx)
+    out = {"quota_pct": QUOTA_PCT, "c": CLIENTS, "params": p, "budget": {}, "open_loop": {},
+           "instructions": budget.instructions_note()}
+    peaks = {}
+    for mode, variant in _variants(poll_names).items():
+        cells, load = budget.budget_cells(ctx, starters, origin, plan, QUOTA_PCT, p["rounds"],
+                                          p["secs"], p["warm"], CLIENTS, variant)
+        rows = budget.summarize_budget(cells, sluice, [n for n in starters if n != sluice])
+        out["budget"][mode] = {"rows": rows, "load": load}
+        peaks[mode] = [r["rps"] for r in rows
+                       if r["cell"] == plan[0][1] and r.get("rps")]
+    # Rates from the slowest proxy's budget-capped peak on the first cell, busy polling off.
+    first = peaks.get("off") or peaks.get("as shipped") or [0]
+    slowest = min(first) or 1000
+    rates = [round(slowest * f) for f in (0.25, 0.5, 0.75)]
+    out["open_rates"] = rates
+    for mode, variant in _variants(poll_names).items():
+        load = budget.machine_load()
+        rows = budget.open_loop(ctx, starters, origin, open_file, rates, QUOTA_PCT,
+                                p["open_secs"], p["warm"], CLIENTS, variant)
+        out["open_loop"][mode] = {"rows": rows, "load": load}
+    return out
+
+
+def s2(ctx):
+    small = ctx.test_file("1k.bin", 1024)
+    mid = ctx.test_file("64k.bin", 64 * 1024)
+    big = ctx.test_file("7m.bin", 7 * MiB)
+    sluice = "sluice"
+    starters = {
+        sluice: functools.partial(peers.start_sluice_reverse, runtime="work-stealing"),
+        "nginx proxy_pass": peers.start_nginx_proxy,
+        "HAProxy http": peers.start_haproxy_http,
+        "Varnish pass": peers.start_varnish_pass,
+    }
+    poll = {sluice: ("busy_poll_us", 0, BUSY_POLL_US), "HAProxy http": ("busy_polling", False, True)}
+    origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    try:
+        out = _closed_and_open(ctx, starters, origin,
+                               [(small, "1 KB"), (mid, "64 KiB"), (big, "7 MB")], poll, sluice,
+                               small)
+        out["callgrind"] = budget.callgrind_per_request(ctx, starters[sluice], origin, small)
+        out["idle"] = idle(ctx, origin, small)
+    finally:
+        origin.stop()
+    out.update({"id": "S2", "sluice": sluice})
+    return out
+
+
+def idle(ctx, origin, small):
+    """Memory per idle keep-alive connection, HTTP/1.1 and h2c, beside nginx and HAProxy."""
+    levels = _params(ctx)["idle_levels"]
+    big = max(levels) + 10_000
+    starters = {
+        "sluice": functools.partial(peers.start_sluice_reverse, runtime="work-stealing"),
+        "nginx proxy_pass": functools.partial(peers.start_nginx_proxy, connections=big),
+        "HAProxy http": functools.partial(peers.start_haproxy_http, maxconn=big),
+    }
+    out = {"levels": levels, "load": budget.machine_load()}
+    out["http1"] = budget.idle_memory(ctx, starters, origin, small, levels)
+    h2 = {"nginx proxy_pass": {"h2c": True}, "HAProxy http": {"h2c": True}}
+    out["h2c"] = budget.idle_memory(ctx, starters, origin, small, levels, h2=True, variant=h2)
+    return out
+
+
+def s3(ctx):
+    files = [ctx.test_file("hello.txt", 13, b"Hello, world!"), ctx.test_file("64k.bin", 64 * 1024)]
+    sluice = "sluice"
+    starters = {sluice: peers.start_sluice_tcp, "HAProxy tcp": peers.start_haproxy_tcp,
+                "Go io.Copy": peers.start_goproxy}
+    origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    try:
+        out = _closed_and_open(ctx, starters, origin, [(files[0], "13 B"), (files[1], "64 KiB")],
+                               {}, sluice, files[0])
+    finally:
+        origin.stop()
+    out.update({"id": "S3", "sluice": sluice})
+    return out
+
+
+ALL = {"S2": s2, "S3": s3}
