@@ -80,14 +80,22 @@ def s2(ctx):
 
 def idle(ctx, origin, small):
     """Memory per idle keep-alive connection, HTTP/1.1 and h2c, beside nginx and HAProxy."""
-    levels = _params(ctx)["idle_levels"]
-    big = max(levels) + 10_000
+    nofile = budget.raise_nofile_for_children()
+    # HAProxy reserves two descriptors per connection (maxsock = 2 × maxconn) and refuses to
+    # start when the open-file limit is lower: where the hard limit is below 100,000 (a
+    # container without CAP_SYS_RESOURCE), the top level is what all three can hold.
+    wanted = _params(ctx)["idle_levels"]
+    levels = sorted({min(lv, (nofile - 1000) // 2) for lv in wanted})
+    big = max(levels) + 200
     starters = {
-        "sluice": functools.partial(peers.start_sluice_reverse, runtime="work-stealing"),
+        "sluice": functools.partial(peers.start_sluice_reverse, runtime="work-stealing",
+                                    max_connections=big),
         "nginx proxy_pass": functools.partial(peers.start_nginx_proxy, connections=big),
-        "HAProxy http": functools.partial(peers.start_haproxy_http, maxconn=big),
+        "HAProxy http": functools.partial(peers.start_haproxy_http, maxconn=big,
+                                          ulimit_n=nofile),
     }
-    out = {"levels": levels, "load": budget.machine_load()}
+    out = {"levels": levels, "wanted_levels": wanted, "nofile": nofile,
+           "load": budget.machine_load()}
     out["http1"] = budget.idle_memory(ctx, starters, origin, small, levels)
     h2 = {"nginx proxy_pass": {"h2c": True}, "HAProxy http": {"h2c": True}}
     out["h2c"] = budget.idle_memory(ctx, starters, origin, small, levels, h2=True, variant=h2)

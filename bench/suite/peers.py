@@ -295,12 +295,12 @@ upstream = "origin"
 
 
 def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast_path=True,
-                         busy_poll_us=None, wrapper=()):
+                         busy_poll_us=None, wrapper=(), max_connections=None):
     """sluice's reverse proxy in front of one origin port or a round-robin group of them, under
     the runtime model `runtime` ("work-stealing" or "per-core"), with as many threads as the
     other proxies get (`ctx.proxy_threads`); `fast_path` is `server.h1_fast_path`;
     `busy_poll_us` sets `server.busy_poll_us` (None: the default); `wrapper` is put before the
-    command (callgrind)."""
+    command (callgrind); `max_connections` sets `server.max_connections` (the idle test)."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-reverse")
@@ -309,7 +309,8 @@ def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast
     conf = _write(d, "sluice.toml", SLUICE_REVERSE.format(
         port=port, servers=servers, runtime=runtime, threads=ctx.proxy_threads,
         fast="true" if fast_path else "false",
-        server_extra="" if busy_poll_us is None else f"busy_poll_us = {busy_poll_us}\n"))
+        server_extra=("" if busy_poll_us is None else f"busy_poll_us = {busy_poll_us}\n")
+        + ("" if max_connections is None else f"max_connections = {max_connections}\n")))
     argv = [*wrapper, ctx.sluice_bin, "serve", "--config", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
@@ -420,9 +421,11 @@ def start_varnish_pass(ctx, upstream_port, cpus):
     return Peer("Varnish pass", p, port, version_of([varnishd, "-V"]))
 
 
-def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_polling=False):
-    """HAProxy `mode http`; `maxconn` (the idle test raises it), `h2c` (`proto h2` on the bind),
-    `busy_polling` (its global `busy-polling`)."""
+def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_polling=False,
+                       ulimit_n=None):
+    """HAProxy `mode http`; `maxconn` and `ulimit_n` (the idle test raises the one and pins the
+    other to the hard limit it may not exceed), `h2c` (`proto h2` on the bind), `busy_polling`
+    (its global `busy-polling`)."""
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy-http")
     port = procs.free_port()
@@ -430,7 +433,8 @@ def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_p
                          for i, p in enumerate(_ports(upstream_port)))
     conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(
         threads=ctx.proxy_threads, port=port, servers=servers, maxconn=maxconn,
-        global_extra="    busy-polling\n" if busy_polling else "",
+        global_extra=("    busy-polling\n" if busy_polling else "")
+        + (f"    ulimit-n {ulimit_n}\n" if ulimit_n else ""),
         bind_opts=" proto h2" if h2c else ""))
     argv = [haproxy, "-db", "-f", conf]
     ctx.note(argv)
