@@ -64,8 +64,10 @@ impl Meter {
     }
 
     pub fn finish(self) -> Window {
-        let cgroup_cpu_us = match (self.cgroup.as_deref().and_then(cgroup_ns), self.cgroup_start)
-        {
+        let cgroup_cpu_us = match (
+            self.cgroup.as_deref().and_then(cgroup_ns),
+            self.cgroup_start,
+        ) {
             (Some(end), Some(start)) => Some(end.saturating_sub(start) as f64 / 1e3),
             _ => None,
         };

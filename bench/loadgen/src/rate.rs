@@ -198,7 +198,11 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
         url: url.to_string(),
         c: pool.len(),
         offered_rps: cfg.rate,
-        achieved_rps: if elapsed > 0.0 { ok as f64 / elapsed } else { 0.0 },
+        achieved_rps: if elapsed > 0.0 {
+            ok as f64 / elapsed
+        } else {
+            0.0
+        },
         elapsed_s: elapsed,
         scheduled,
         ok,

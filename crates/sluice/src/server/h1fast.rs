@@ -141,12 +141,9 @@ async fn read_more(
     (since, limit): (Instant, Duration),
     stoppable: bool,
 ) -> Result<usize, ()> {
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(FIRST_READ);
-    }
     loop {
         tokio::select! {
-            read = stream.read_buf(buf) => return read.map_err(|_| ()),
+            read = read_into(stream, buf) => return read.map_err(|_| ()),
             _ = conn.stop.wait_for(|s| *s), if stoppable => return Err(()),
             _ = ticker.tick() => {
                 if since.elapsed() >= limit {
@@ -155,6 +152,19 @@ async fn read_more(
             }
         }
     }
+}
+
+/// Reads into `buf`. An idle connection keeps no buffer (as nginx does not): while `buf` is empty
+/// this first waits for the socket to be readable, and only then allocates the first read's
+/// buffer, so tens of thousands of idle keep-alive clients cost their socket and a small task.
+async fn read_into(stream: &mut Watched<TcpStream>, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    if buf.is_empty() && buf.capacity() == 0 {
+        stream.get_ref().readable().await?;
+    }
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(FIRST_READ);
+    }
+    stream.read_buf(buf).await
 }
 
 impl Conn {
@@ -167,7 +177,7 @@ impl Conn {
     ) -> End {
         let t = self.timeouts;
         let (max_bytes, max_fields) = self.head_limits;
-        let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
+        let mut buf: Vec<u8> = Vec::new();
         let mut begun = false;
         let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -178,8 +188,9 @@ impl Conn {
                 Err(()) => Step::HandOff,
                 Ok(Some(simple)) => {
                     begun = true;
-                    self.serve_one(simple, stream, watch, &mut ticker, peer)
-                        .await
+                    // Boxed: the serving state lives on the heap only while a request is served,
+                    // not in every idle connection's task.
+                    Box::pin(self.serve_one(simple, stream, watch, &mut ticker, peer)).await
                 }
                 Ok(None) if buf.len() >= max_bytes => Step::HandOff,
                 Ok(None) => Step::Read,
@@ -189,6 +200,10 @@ impl Conn {
                 Step::Closed => return End::Closed,
                 Step::Next(len) => {
                     buf.drain(..len);
+                    if buf.is_empty() {
+                        // Nothing pipelined behind it: give the buffer back while idle.
+                        buf = Vec::new();
+                    }
                     since = Instant::now();
                     continue;
                 }
