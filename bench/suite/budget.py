@@ -145,7 +145,7 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarize_budget(cells, sluice, rivals):
+def summarize_budget(cells, sluice, quota_pct):
     """Per peer and cell: median req/s, CPU µs per request and client-core busy %, the rounds'
     req/s; per rival: the median of sluice's paired per-round ratios."""
     rows = []
@@ -163,6 +163,12 @@ def summarize_budget(cells, sluice, rivals):
                 continue
             ok = [r for r in runs if "failed" not in r]
             client = _median([r.get("window", {}).get("client_core_busy_pct") for r in ok])
+            # The share of its quota the proxy used: near 100 % it was the bottleneck, whatever
+            # the client core did; below 90 % with the client core saturated, the client was.
+            quota_use = _median([100 * r["window"]["cgroup_cpu_us"] / (r["elapsed_s"] * 1e6
+                                                                       * quota_pct / 100)
+                                 for r in ok if r.get("window", {}).get("cgroup_cpu_us")
+                                 and r.get("elapsed_s")])
             row = {"peer": name, "cell": label, "status": "ok" if ok else runs[0]["failed"],
                    "rps": _median([r["rps"] for r in ok]),
                    "rounds_rps": [r.get("rps") for r in runs],
@@ -170,7 +176,9 @@ def summarize_budget(cells, sluice, rivals):
                    "p99_ms": _median([r["latency"]["p99_ms"] for r in ok]),
                    "errors": sum(r.get("errors", 0) for r in ok),
                    "client_core_busy_pct": client,
-                   "client_bound": client is not None and client >= CLIENT_BOUND_PCT}
+                   "quota_use_pct": quota_use,
+                   "client_bound": client is not None and client >= CLIENT_BOUND_PCT
+                   and (quota_use is None or quota_use < 90)}
             if name != sluice and mine:
                 ratios = [a["rps"] / b["rps"] for a, b in zip(mine, runs)
                           if "failed" not in a and "failed" not in b and b["rps"] > 0]

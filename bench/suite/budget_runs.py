@@ -36,7 +36,7 @@ def _closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file)
     for mode, variant in _variants(poll_names).items():
         cells, load = budget.budget_cells(ctx, starters, origin, plan, QUOTA_PCT, p["rounds"],
                                           p["secs"], p["warm"], CLIENTS, variant)
-        rows = budget.summarize_budget(cells, sluice, [n for n in starters if n != sluice])
+        rows = budget.summarize_budget(cells, sluice, QUOTA_PCT)
         out["budget"][mode] = {"rows": rows, "load": load}
         peaks[mode] = [r["rps"] for r in rows
                        if r["cell"] == plan[0][1] and r.get("rps")]

@@ -27,18 +27,18 @@ def _load(load):
 
 def _budget_table(rows, sluice):
     head = ["cell", "proxy", "req/s (median)", "rounds", "CPU µs / req", "p99 ms",
-            "client core busy %", f"{sluice} ÷ this (paired)", "errors"]
+            "quota used %", "client core busy %", f"{sluice} ÷ this (paired)", "errors"]
     out = []
     for r in rows:
         if r.get("status") != "ok":
-            out.append([r["cell"], r["peer"], r.get("status", DASH)] + [DASH] * 6)
+            out.append([r["cell"], r["peer"], r.get("status", DASH)] + [DASH] * 7)
             continue
         ratio = r.get("sluice_ratio")
         bound = " (client-bound here)" if r.get("client_bound") else ""
         out.append([r["cell"], r["peer"], _f(r["rps"], 0) + bound,
                     " / ".join(_f(x, 0) for x in r["rounds_rps"]),
                     _f(r["cpu_us_per_req"]), _f(r["p99_ms"], 2),
-                    _f(r["client_core_busy_pct"]), DASH if ratio is None else f"{ratio:.2f}×",
+                    _f(r.get("quota_use_pct"), 0), _f(r["client_core_busy_pct"]), DASH if ratio is None else f"{ratio:.2f}×",
                     r["errors"]])
     return table(head, out)
 
@@ -84,7 +84,8 @@ def render(result):
           f"Each proxy, with all its threads and children, runs alone on core 1 in a CPU cgroup "
           f"capped at {result['quota_pct']} % of a core (v1 `cpu.cfs_quota_us`; `cpu.max` under "
           f"cgroup v2); the origin and the load client share core 0, whose busy share is "
-          f"measured in every cell (≥ 90 %: the cell is labelled client-bound). c = "
+          f"measured in every cell (≥ 90 % while the proxy used less than 90 % of its quota: the cell "
+          f"is labelled client-bound and not judged). c = "
           f"{result['c']} keep-alive connections, closed loop, "
           f"{result['params']['rounds']} round(s) of {result['params']['secs']} s, the proxies "
           "in a rotated order each round; medians; the ratio is the median of per-round paired "
