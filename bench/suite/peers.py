@@ -322,7 +322,7 @@ def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast
 SLUICE_TCP = """\
 [server]
 listen = ["127.0.0.1:{http_port}"]
-
+{server_extra}
 [[upstreams]]
 name = "origin"
 servers = ["127.0.0.1:{upstream}"]
@@ -333,14 +333,16 @@ upstream = "origin"
 """
 
 
-def start_sluice_tcp(ctx, upstream_port, cpus):
-    """sluice's TCP front end (`[[tcp]]`, splice relay) in front of `upstream_port`."""
+def start_sluice_tcp(ctx, upstream_port, cpus, busy_poll_us=None):
+    """sluice's TCP front end (`[[tcp]]`, splice relay) in front of `upstream_port`;
+    `busy_poll_us` sets `server.busy_poll_us` (None: the default)."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-tcp")
     port, http_port = procs.free_port(), procs.free_port()
-    conf = _write(d, "sluice.toml", SLUICE_TCP.format(port=port, http_port=http_port,
-                                                       upstream=upstream_port))
+    conf = _write(d, "sluice.toml", SLUICE_TCP.format(
+        port=port, http_port=http_port, upstream=upstream_port,
+        server_extra="" if busy_poll_us is None else f"busy_poll_us = {busy_poll_us}\n"))
     argv = [ctx.sluice_bin, "serve", "--config", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})

@@ -132,8 +132,9 @@ def _verdict(value, goal, higher_better=True, unit="×"):
     ok = value >= goal if higher_better else value <= goal
     if ok:
         return f"met ({value:.2f}{unit})"
-    short = (goal / value - 1) * 100 if higher_better and value else (value / goal - 1) * 100
-    return f"not met ({value:.2f}{unit}; {short:.0f} % short)"
+    if higher_better:
+        return f"not met ({value:.2f}{unit}; {(goal / value - 1) * 100:.0f} % short)"
+    return f"not met ({value:.2f}{unit}; {(value / goal - 1) * 100:.0f} % over)"
 
 
 # The goals under equal budgets: per scenario, (rival names to beat together, factor),
