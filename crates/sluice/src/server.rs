@@ -498,11 +498,11 @@ impl Conn {
         let Some(replayed) = self.fast_path_first(&mut stream, &mut watch, peer).await else {
             return;
         };
-        self.to_hyper(stream, watch, peer, replayed).await
+        self.hand_to_hyper(stream, watch, peer, replayed).await
     }
 
     /// Hands a plain connection to hyper under the request screen, `replayed` first; boxed.
-    fn to_hyper(
+    fn hand_to_hyper(
         self,
         stream: Watched<tokio::net::TcpStream>,
         watch: SendWatch,
