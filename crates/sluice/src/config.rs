@@ -128,9 +128,8 @@ impl Default for ServerConfig {
             runtime: crate::runtime::RuntimeModel::WorkStealing,
             threads: 0,
             h1_fast_path: true,
-            // Off: under an equal CPU budget it cost 9–13 % of the closed-loop rate and about
-            // half again the CPU per request at steady moderate rates, for no p99 it could show
-            // (docs/decisions/busy-poll-default.md).
+            // Off: under an equal CPU budget it cost 1.5–2.4× the CPU per request at steady
+            // moderate rates for at most a few ms of p99 (docs/decisions/busy-poll-default.md).
             busy_poll_us: 0,
         }
     }
