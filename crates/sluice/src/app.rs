@@ -19,8 +19,8 @@ use sluice_media::token::split_path_token;
 use tokio::time::Instant;
 
 pub use crate::auth::token::TokenScope;
-use crate::auth::token::{self, TokenGate};
-use crate::auth::Auth;
+use crate::auth::token;
+use crate::auth::{Auth, Credentials, Keys};
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
@@ -43,8 +43,8 @@ pub use crate::request::RequestContext;
 
 /// Everything the server dispatches to.
 pub struct App {
-    auth: Auth,
-    tokens: Option<Arc<TokenGate>>,
+    /// The password, trusted proxies and token keys; a reload swaps them.
+    keys: Keys,
     metrics: HttpMetrics,
     registry: Registry,
     #[cfg(feature = "media")]
@@ -65,7 +65,7 @@ pub struct App {
     /// reloads keep what it holds.
     #[cfg(feature = "cache")]
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
-    cache: crate::cache::CacheSlot,
+    cache: Arc<crate::cache::CacheSlot>,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
     /// Whether the media front end was built with the cache (`Config::media_caches`).
@@ -109,11 +109,10 @@ impl App {
         // families every build's `/metrics` has.
         #[cfg_attr(not(any(feature = "media", feature = "iptv")), allow(unused_variables))]
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
-        let auth = Auth::new(&config.auth);
-        let tokens = TokenGate::new(&config.auth).map(Arc::new);
+        let keys = Keys::new(&config.auth);
         // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
         #[cfg(feature = "cache")]
-        let cache_slot = crate::cache::CacheSlot::new(auth.secret(), &mut registry);
+        let cache_slot = crate::cache::CacheSlot::new(keys.load().auth.secret(), &mut registry);
         #[cfg(feature = "cache")]
         #[cfg_attr(
             not(any(feature = "media", feature = "reverse")),
@@ -141,7 +140,7 @@ impl App {
             };
             Some(Media::new(
                 upstream.clone(),
-                tokens.clone(),
+                keys.clone(),
                 &config.media,
                 engine,
                 cache
@@ -171,7 +170,7 @@ impl App {
         let routing = build_routing(config)?;
         Ok(Arc::new(App {
             #[cfg(feature = "cache")]
-            cache: cache_slot,
+            cache: Arc::new(cache_slot),
             #[cfg(feature = "groups")]
             groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
@@ -181,8 +180,7 @@ impl App {
             reverse_metrics,
             media_on: config.media_enabled(),
             media_caches: config.media_caches(),
-            auth,
-            tokens,
+            keys,
             #[cfg(feature = "iptv")]
             iptv,
             metrics,
@@ -260,7 +258,16 @@ impl App {
         let swap = self.routing_handle();
         #[cfg(feature = "groups")]
         let live = Arc::clone(&self.groups);
+        // `[auth]` applies live: the new password revokes every token sealed under the old one,
+        // and the cache's purge check follows both it and `[cache]`'s purge keys.
+        let credentials = Credentials::new(&config.auth);
+        let keys = self.keys.clone();
+        #[cfg(feature = "cache")]
+        let purge = (Arc::clone(&self.cache), config.cache.clone());
         Ok(Box::new(move || {
+            #[cfg(feature = "cache")]
+            purge.0.set_purge(&purge.1, credentials.auth.secret());
+            keys.store(credentials);
             // Groups first: the TCP part's commit, which runs after this one, takes its groups
             // from the generation installed here.
             #[cfg(feature = "groups")]
@@ -296,6 +303,34 @@ impl App {
     /// Gives `POST /admin/reload` the reloader to call.
     pub fn set_reloader(&self, reloader: Arc<crate::server::reload::Reloader>) {
         let _ = self.reloader.set(reloader);
+    }
+
+    /// Keys that are live only in some states (see [`crate::server::reload::LIVE_KEYS`]): the
+    /// `[cache]` policy keys when only reverse routes use them (the media front end took its
+    /// lifetimes at start), and all of `[cache]` before a cache was built.
+    pub fn live_keys(self: &Arc<Self>) -> crate::server::reload::LiveKeys {
+        let weak = Arc::downgrade(self);
+        Box::new(move || {
+            let mut keys = Vec::new();
+            #[cfg(feature = "cache")]
+            if let Some(app) = weak.upgrade() {
+                if !app.media_caches {
+                    keys.extend([
+                        "cache.heuristic_percent",
+                        "cache.heuristic_max_secs",
+                        "cache.default_ttl_secs",
+                        "cache.grace_secs",
+                        "cache.request_directives",
+                    ]);
+                }
+                if app.cache.get().is_none() {
+                    keys.push("cache");
+                }
+            }
+            #[cfg(not(feature = "cache"))]
+            let _ = &weak;
+            keys
+        })
     }
 
     /// The reload part for the route table (see [`crate::server::reload`]).
@@ -353,8 +388,8 @@ impl App {
             Dispatch::Proxy(route, path) => {
                 let down = Downstream {
                     peer,
-                    client_ip: self.auth.client_ip(peer.ip(), req.headers()),
-                    trusted: self.auth.is_trusted(peer.ip()),
+                    client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
+                    trusted: self.keys.load().auth.is_trusted(peer.ip()),
                     secure,
                     host: crate::server::routes::request_host(&req),
                 };
@@ -477,8 +512,8 @@ impl App {
         };
         let down = Downstream {
             peer,
-            client_ip: self.auth.client_ip(peer.ip(), &req.headers),
-            trusted: self.auth.is_trusted(peer.ip()),
+            client_ip: self.keys.load().auth.client_ip(peer.ip(), &req.headers),
+            trusted: self.keys.load().auth.is_trusted(peer.ip()),
             secure: false,
             host: Some(host.to_string()),
         };
@@ -540,7 +575,7 @@ impl App {
                 // may not widen what it holds) nor a query parameter (which ends up in logs).
                 Some(media)
                     if ctx.token.is_none()
-                        && self.auth.check(Auth::offered(None, req.headers())) =>
+                        && self.keys.load().auth.check(Auth::offered(None, req.headers())) =>
                 {
                     media.handle_playlist_link(req, &ctx).await
                 }
@@ -569,7 +604,7 @@ impl App {
                 // XC players cannot add `api_password`: the credential rides in the username.
                 Some(media) => {
                     let password_ok =
-                        |offered: Option<&str>| ctx.token.is_some() || self.auth.check(offered);
+                        |offered: Option<&str>| ctx.token.is_some() || self.keys.load().auth.check(offered);
                     media.handle_xtream(req, &ctx, &password_ok).await
                 }
                 None => Err(not_found(p)),
@@ -588,7 +623,7 @@ impl App {
         peer: SocketAddr,
         secure: bool,
     ) -> Result<RequestContext, token::TokenRefusal> {
-        let client_ip = self.auth.client_ip(peer.ip(), req.headers());
+        let client_ip = self.keys.load().auth.client_ip(peer.ip(), req.headers());
         let raw_path = req.uri().path();
         let mut query = Query::parse(req.uri().query().unwrap_or(""));
         let (token, path) = match split_path_token(raw_path) {
@@ -605,8 +640,8 @@ impl App {
         let mut scope = None;
         if let Some(token) = token {
             let opened = self
-                .tokens
-                .as_ref()
+                .keys
+                .tokens()
                 .ok_or(token::TokenRefusal::NoKey)
                 .and_then(|gate| gate.open(&token, client_ip, token::now()))
                 .and_then(|opened| {
@@ -639,7 +674,7 @@ impl App {
             return Ok(());
         }
         let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-        if self.auth.check(offered) {
+        if self.keys.load().auth.check(offered) {
             return Ok(());
         }
         let message = if offered.is_some() {
@@ -671,7 +706,7 @@ impl App {
                 parts.uri = uri;
             }
         }
-        if let Some(gate) = &self.tokens {
+        if let Some(gate) = self.keys.tokens() {
             // Channel paths only, and no expiry of their own: a saved playlist keeps working.
             let token = gate.mint(
                 &[],
@@ -697,7 +732,7 @@ impl App {
                 "use POST",
             ));
         }
-        if !self.auth.check(Auth::offered(None, req.headers())) {
+        if !self.keys.load().auth.check(Auth::offered(None, req.headers())) {
             return Err(ProxyError::downstream(
                 StatusCode::FORBIDDEN,
                 "auth",
@@ -715,7 +750,15 @@ impl App {
             .await
             .map_err(|e| ProxyError::internal(e.to_string()))?;
         match outcome {
-            Ok(()) => Ok(json(StatusCode::OK, r#"{"reloaded":true}"#)),
+            Ok(applied) => {
+                let body = serde_json::json!({"reloaded": true, "changed": applied.changed});
+                let mut resp = Response::new(body::full(body.to_string()));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Ok(resp)
+            }
             Err(e) => {
                 let body = serde_json::json!({"reloaded": false, "error": format!("{e:#}")});
                 let mut resp = Response::new(body::full(body.to_string()));

@@ -4,12 +4,57 @@
 pub mod token;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
+
+/// The password check and the token gate of one `[auth]` section, swapped whole by a reload:
+/// a changed password revokes every token minted under the old one at once.
+pub struct Credentials {
+    pub auth: Auth,
+    /// `None` without a password.
+    pub tokens: Option<Arc<token::TokenGate>>,
+}
+
+impl Credentials {
+    pub fn new(config: &AuthConfig) -> Credentials {
+        Credentials {
+            auth: Auth::new(config),
+            tokens: token::TokenGate::new(config).map(Arc::new),
+        }
+    }
+}
+
+/// The live [`Credentials`], shared by every part that checks a password or mints a token.
+#[derive(Clone)]
+pub struct Keys(Arc<arc_swap::ArcSwap<Credentials>>);
+
+impl Keys {
+    pub fn new(config: &AuthConfig) -> Keys {
+        Keys(Arc::new(arc_swap::ArcSwap::from_pointee(Credentials::new(
+            config,
+        ))))
+    }
+
+    /// The credentials now; a request keeps the ones it started with.
+    pub fn load(&self) -> Arc<Credentials> {
+        self.0.load_full()
+    }
+
+    /// The token gate now (`None` without a password).
+    pub fn tokens(&self) -> Option<Arc<token::TokenGate>> {
+        self.0.load().tokens.clone()
+    }
+
+    /// Installs a reloaded `[auth]`.
+    pub fn store(&self, credentials: Credentials) {
+        self.0.store(Arc::new(credentials));
+    }
+}
 
 /// The credentials check.
 #[derive(Clone)]

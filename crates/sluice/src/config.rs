@@ -586,8 +586,9 @@ impl Config {
         // `Deserialize` is then compiled for one deserializer, not two (~150 KiB of the router
         // build, docs/decisions/footprint.md).
         let merged = toml::to_string(&table).context("encoding the merged settings")?;
-        let config: Config =
-            toml::from_str(&merged).context("applying environment and flag overrides")?;
+        let config: Config = toml::from_str(&merged)
+            .map_err(|e| anyhow::anyhow!("{}", describe_toml_error(&merged, &e)))
+            .context("applying environment and flag overrides")?;
         config.validate()?;
         Ok(config)
     }
@@ -605,7 +606,7 @@ impl Config {
                     "[{key}]: this sluice was built without the `{feature}` feature; remove the \
                      section or use a build that has it (see docs/iptv.md, \"Router build\")"
                 ),
-                None => anyhow::anyhow!("{e}"),
+                None => anyhow::anyhow!("{}", describe_toml_error(text, &e)),
             }
         })
     }
@@ -783,6 +784,57 @@ impl Config {
 }
 
 pub use crate::redact::mask_userinfo;
+
+/// A TOML error as line, column, key and what is wrong, never quoting the file: the line may hold
+/// a password, and this text reaches the log, the `/admin/reload` answer and `check-config`.
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = redact_values(e.message().trim());
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let section = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .and_then(|l| l.split(']').next())
+        .map(|l| l.trim_start_matches('[').trim().to_string());
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim())
+        .filter(|k| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
+        });
+    let place = match (section, key) {
+        (Some(s), Some(k)) => format!(", key `{s}.{k}`"),
+        (None, Some(k)) => format!(", key `{k}`"),
+        (Some(s), None) => format!(", in [{s}]"),
+        (None, None) => String::new(),
+    };
+    format!("TOML error at line {line_no}, column {column}{place}: {message}")
+}
+
+/// A deserializer message without the value it complains about (`invalid type: string "pw",
+/// expected u64` keeps only what was expected): key names in other messages stay.
+fn redact_values(message: &str) -> String {
+    if !(message.starts_with("invalid type") || message.starts_with("invalid value")) {
+        return message.to_string();
+    }
+    match message.split_once(", expected") {
+        Some((what, expected)) => {
+            let kind = what.split(['`', '"']).next().unwrap_or(what).trim_end();
+            format!("{kind} (value not shown), expected{expected}")
+        }
+        None => "invalid value (not shown)".to_string(),
+    }
+}
 
 /// Top-level sections whose front end or service this build leaves out, with its feature.
 pub fn left_out() -> Vec<(&'static str, &'static str)> {
