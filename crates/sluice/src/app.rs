@@ -588,13 +588,16 @@ impl App {
             },
             #[cfg(feature = "iptv")]
             p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
+                Ok(()) if is_channel_path(p) => {
+                    Ok(sandboxed(self.iptv.handle(self.iptv_parts(req, &ctx)).await))
+                }
                 Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
                 Err(e) => Err(e),
             },
             #[cfg(feature = "media")]
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self.authorize(&req, &ctx) {
-                    Ok(()) => media.handle(req, &ctx).await,
+                    Ok(()) => media.handle(req, &ctx).await.map(sandboxed),
                     Err(e) => Err(e),
                 },
                 None => Err(not_found(p)),
@@ -605,7 +608,10 @@ impl App {
                 Some(media) => {
                     let password_ok =
                         |offered: Option<&str>| ctx.token.is_some() || self.keys.load().auth.check(offered);
-                    media.handle_xtream(req, &ctx, &password_ok).await
+                    media
+                        .handle_xtream(req, &ctx, &password_ok)
+                        .await
+                        .map(sandboxed)
                 }
                 None => Err(not_found(p)),
             },
@@ -874,6 +880,28 @@ fn not_found(path: &str) -> ProxyError {
         "not_found",
         format!("no endpoint at {shown}"),
     )
+}
+
+/// The IPTV gateway's channel paths (bodies from a multicast group or an RTSP server).
+#[cfg(feature = "iptv")]
+fn is_channel_path(p: &str) -> bool {
+    token::CHANNEL_SCOPE.iter().any(|prefix| p.starts_with(prefix))
+}
+
+/// Every body piped from an origin (or a multicast group) may be an attacker's HTML: a sandbox
+/// policy gives such a page an opaque origin and no scripts, and `nosniff` keeps the browser to
+/// the declared type. Set last, so no `r_*` parameter or origin header overrides them.
+fn sandboxed(mut resp: Response<Body>) -> Response<Body> {
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
 }
 
 /// Browser players (hls.js, shaka-player) on other origins fetch manifests and segments with CORS;

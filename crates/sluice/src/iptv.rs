@@ -571,10 +571,17 @@ impl Iptv {
                     crate::net::multicast::interface_index(name)
                         .map_err(|e| format!("r2h-ifname-fcc: {e}"))?;
                 }
+                fcc::check_server(*server.ip(), &self.config.fcc.servers).map_err(|class| {
+                    format!(
+                        "fcc={server}: a {class} address; list its network in iptv.fcc.servers \
+                         to use it"
+                    )
+                })?;
                 Some(fcc::FccTarget {
                     server,
                     flavor,
                     interface,
+                    servers: self.config.fcc.servers.clone().into(),
                 })
             }
             None => None,

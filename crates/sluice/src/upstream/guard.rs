@@ -38,11 +38,19 @@ fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
     } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
         // 192.0.0.0/24: protocol assignments (DS-Lite, NAT64 discovery); never a CDN.
         Some("reserved")
+    } else if matches!((o[0], o[1], o[2]), (192, 0, 2) | (198, 51, 100) | (203, 0, 113)) {
+        // TEST-NET-1/2/3: documentation only, yet often routed to lab gear.
+        Some("documentation")
+    } else if (o[0], o[1], o[2]) == (192, 88, 99) {
+        // The deprecated 6to4 relay anycast prefix: a relay reaches what the packet embeds.
+        Some("6to4")
     } else {
         None
     }
 }
 
+/// Classes from the IANA IPv6 special-purpose registry, in order; only global unicast
+/// (`2000::/3`) outside the ranges named here is public.
 fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
     let s = ip.segments();
     if ip.is_loopback() {
@@ -66,6 +74,25 @@ fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
         // ::/96, deprecated IPv4-compatible addresses (::a.b.c.d); some stacks still route them
         // to the embedded IPv4 address.
         Some("IPv4-compatible")
+    } else if s[0..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+        // ::ffff:0:0:0/96, IPv4-translated (SIIT): a translator reaches the embedded address.
+        Some("IPv4-translated")
+    } else if s[0] == 0x0100 && s[1..3] == [0, 0] && s[3] <= 1 {
+        // 100::/64 discard-only and 100:0:0:1::/64 dummy prefix.
+        Some("discard")
+    } else if (s[0] & 0xffc0) == 0xfec0 {
+        // fec0::/10, deprecated site-local: still private where it is used.
+        Some("site-local")
+    } else if s[0] == 0x2001 && s[1] < 0x0200 {
+        // 2001::/23, IETF protocol assignments: Teredo (2001::/32, embeds an IPv4 address a
+        // relay will reach), benchmarking (2001:2::/48), ORCHID and the like.
+        Some("protocol-assignment")
+    } else if s[0] == 0x2001 && s[1] == 0x0db8 || (s[0] & 0xfff0) == 0x3ff0 {
+        // 2001:db8::/32 and 3fff::/20: documentation.
+        Some("documentation")
+    } else if (s[0] & 0xe000) != 0x2000 {
+        // Outside global unicast: unassigned, SRv6 SIDs (5f00::/16) and the like.
+        Some("reserved")
     } else {
         None
     }
@@ -105,10 +132,31 @@ mod tests {
             ("64:ff9b::808:808", Some("NAT64")),
             ("64:ff9b:1::a00:1", Some("NAT64")),
             ("64:ff9b:1:ffff::1", Some("NAT64")),
-            ("64:ff9b:2::1", None),
+            ("64:ff9b:2::1", Some("reserved")),
             ("2002:7f00:1::1", Some("6to4")),
             ("::7f00:1", Some("IPv4-compatible")),
             ("::a00:1", Some("IPv4-compatible")),
+            ("::ffff:0:7f00:1", Some("IPv4-translated")),
+            ("::ffff:0:808:808", Some("IPv4-translated")),
+            ("::ffff:8.8.8.8", None),
+            ("100::1", Some("discard")),
+            ("100:0:0:1::1", Some("discard")),
+            ("fec0::1", Some("site-local")),
+            ("feff::1", Some("site-local")),
+            ("2001::1", Some("protocol-assignment")),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Some("protocol-assignment")),
+            ("2001:2::1", Some("protocol-assignment")),
+            ("2001:1ff::1", Some("protocol-assignment")),
+            ("2001:db8::1", Some("documentation")),
+            ("3fff::1", Some("documentation")),
+            ("5f00::1", Some("reserved")),
+            ("4000::1", Some("reserved")),
+            ("192.0.2.1", Some("documentation")),
+            ("198.51.100.7", Some("documentation")),
+            ("203.0.113.9", Some("documentation")),
+            ("192.88.99.1", Some("6to4")),
+            ("2001:200::1", None),
+            ("2600::1", None),
             ("8.8.8.8", None),
             ("1.1.1.1", None),
             ("2001:4860::8888", None),

@@ -27,6 +27,11 @@ pub fn config() -> IptvConfig {
         no_data_timeout_ms: 3000,
         flush_interval_ms: 5,
         recv_buffer_bytes: 16 * 1024 * 1024,
+        // The mock FCC servers are on loopback.
+        fcc: sluice::iptv::fcc::FccConfig {
+            servers: vec!["127.0.0.0/8".parse().unwrap()],
+            ..Default::default()
+        },
         ..IptvConfig::default()
     }
 }
