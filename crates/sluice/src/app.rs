@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 pub use crate::auth::token::TokenScope;
 use crate::auth::token;
-use crate::auth::{Auth, Credentials, Keys};
+use crate::auth::{browser, Auth, Credentials, Keys};
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
@@ -397,13 +397,21 @@ impl App {
             }
             Dispatch::Refused(e) => e.into_response(),
             Dispatch::Builtin(_) => {
-                let mut resp = if req.method() == http::Method::OPTIONS {
-                    preflight()
+                let guarded = self.keys.load().auth.required();
+                let cors = guarded && browser::is_player_path(effective_path(req.uri().path()));
+                if !guarded && !routing.builtin_host_pinned && !local_host(&req) {
+                    // Without a password only this machine may ask, by a loopback name: a page
+                    // on another site, or a DNS name rebound to 127.0.0.1, is refused here.
+                    misdirected()
+                } else if req.method() == http::Method::OPTIONS {
+                    preflight(cors)
                 } else {
-                    self.route(req, peer, secure).await
-                };
-                allow_any_origin(resp.headers_mut());
-                resp
+                    let mut resp = self.route(req, peer, secure).await;
+                    if cors {
+                        allow_any_origin(resp.headers_mut());
+                    }
+                    resp
+                }
             }
         };
         series.first_byte.observe(start.elapsed().as_secs_f64());
@@ -547,6 +555,14 @@ impl App {
                 return resp;
             }
         };
+        if browser::is_page(&ctx.path) {
+            let creds = self.keys.load();
+            let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
+            if creds.auth.required() && ctx.token.is_none() && !creds.auth.check(offered.as_deref())
+            {
+                return page_login();
+            }
+        }
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
             "/admin/reload" => self.admin_reload(&req).await,
@@ -575,7 +591,11 @@ impl App {
                 // may not widen what it holds) nor a query parameter (which ends up in logs).
                 Some(media)
                     if ctx.token.is_none()
-                        && self.keys.load().auth.check(Auth::offered(None, req.headers())) =>
+                        && self
+                            .keys
+                            .load()
+                            .auth
+                            .check(Auth::offered_in_header(req.headers())) =>
                 {
                     media.handle_playlist_link(req, &ctx).await
                 }
@@ -606,8 +626,13 @@ impl App {
             p if crate::media::xtream::Xtream::serves(p) => match &self.media {
                 // XC players cannot add `api_password`: the credential rides in the username.
                 Some(media) => {
-                    let password_ok =
-                        |offered: Option<&str>| ctx.token.is_some() || self.keys.load().auth.check(offered);
+                    // Only a MediaFlow token (which carries the password) stands for it here: a
+                    // sealed token is scoped to other paths (a playlist link's token opens
+                    // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
+                    let password_ok = |offered: Option<&str>| {
+                        ctx.token.as_ref().is_some_and(|t| t.paths.is_none())
+                            || self.keys.load().auth.check(offered)
+                    };
                     media
                         .handle_xtream(req, &ctx, &password_ok)
                         .await
@@ -680,7 +705,7 @@ impl App {
             return Ok(());
         }
         let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-        if self.keys.load().auth.check(offered) {
+        if self.keys.load().auth.check(offered.as_deref()) {
             return Ok(());
         }
         let message = if offered.is_some() {
@@ -738,7 +763,12 @@ impl App {
                 "use POST",
             ));
         }
-        if !self.keys.load().auth.check(Auth::offered(None, req.headers())) {
+        if !self
+            .keys
+            .load()
+            .auth
+            .check(Auth::offered_in_header(req.headers()))
+        {
             return Err(ProxyError::downstream(
                 StatusCode::FORBIDDEN,
                 "auth",
@@ -917,10 +947,39 @@ fn allow_any_origin(headers: &mut http::HeaderMap) {
     );
 }
 
-/// The answer to a CORS preflight: GET and HEAD with Range and the password header allowed.
-fn preflight() -> Response<Body> {
+/// Whether a password-free server's built-in may answer `req`: a loopback `Host` (or none, which
+/// no browser sends).
+fn local_host<B>(req: &Request<B>) -> bool {
+    match crate::server::routes::request_host(req) {
+        Some(host) => browser::is_loopback_host(&host),
+        None => true,
+    }
+}
+
+/// 421 for a `Host` a password-free server does not answer to.
+fn misdirected() -> Response<Body> {
+    let mut resp = ProxyError::downstream(
+        StatusCode::MISDIRECTED_REQUEST,
+        "host",
+        "this sluice has no password, so it answers only to loopback names (localhost, \
+         127.0.0.1, [::1]); set auth.api_password or endpoints.host to serve another name",
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// The answer to a CORS preflight: for a player path behind a password, GET and HEAD with Range
+/// and the password header allowed from any origin; elsewhere no grant at all (the operator's
+/// endpoints are not for other origins).
+fn preflight(cors: bool) -> Response<Body> {
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::NO_CONTENT;
+    if !cors {
+        return resp;
+    }
+    allow_any_origin(resp.headers_mut());
     let h = resp.headers_mut();
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
@@ -934,6 +993,29 @@ fn preflight() -> Response<Body> {
         header::ACCESS_CONTROL_MAX_AGE,
         HeaderValue::from_static("86400"),
     );
+    resp
+}
+
+/// 401 asking a browser for the password (HTTP Basic; any user name).
+fn page_login() -> Response<Body> {
+    let mut resp = Response::new(body::full(
+        "this page needs the password: sign in with any user name and the api_password\n",
+    ));
+    *resp.status_mut() = StatusCode::UNAUTHORIZED;
+    let h = resp.headers_mut();
+    h.insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"sluice\", charset=\"UTF-8\""),
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.extensions_mut().insert(ErrorMark {
+        side: crate::error::Side::Downstream,
+        kind: "auth",
+    });
     resp
 }
 
