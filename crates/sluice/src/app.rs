@@ -728,27 +728,29 @@ impl App {
         parts
             .extensions
             .insert(SocketAddr::new(ctx.client_ip, ctx.peer.port()));
-        if parts.uri.path() != ctx.path {
-            let pq = match parts.uri.query() {
-                Some(q) => format!("{}?{q}", ctx.path),
-                None => ctx.path.clone(),
-            };
-            if let Ok(uri) = pq.parse() {
-                parts.uri = uri;
-            }
+        // A token's request runs with the query the token fixes (plus what its holder may add).
+        let query = match &ctx.token {
+            Some(_) => Some(ctx.query.encode()).filter(|q| !q.is_empty()),
+            None => parts.uri.query().map(str::to_string),
+        };
+        let pq = match query {
+            Some(q) => format!("{}?{q}", ctx.path),
+            None => ctx.path.clone(),
+        };
+        if let Ok(uri) = pq.parse() {
+            parts.uri = uri;
         }
         if let Some(gate) = self.keys.tokens() {
-            // Channel paths only, and no expiry of their own: a saved playlist keeps working.
-            let token = gate.mint(
-                &[],
-                &token::CHANNEL_SCOPE,
-                ctx.token.as_ref(),
-                false,
-                token::now(),
-            );
+            // Each entry's token opens that channel alone (its path, its query fixed), with no
+            // expiry of its own: a saved playlist keeps working, and cannot open other groups.
+            let parent = ctx.token.clone();
+            let seal = move |path: &str, params: &[(String, String)]| {
+                let token = gate.mint(params, &[path], parent.as_ref(), false, token::now());
+                format!("/_token_{token}")
+            };
             parts
                 .extensions
-                .insert(crate::iptv::EntryPrefix(format!("/_token_{token}")));
+                .insert(crate::iptv::EntrySealer(Arc::new(seal)));
         }
         parts
     }
