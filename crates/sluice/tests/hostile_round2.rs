@@ -583,3 +583,66 @@ async fn the_gzipped_guide_is_routed() {
         assert!(body.starts_with("no EPG source"), "{path}: {body}");
     }
 }
+
+// === 4: a playlist entry's token opens that channel alone ===
+
+#[tokio::test]
+async fn a_playlist_entry_token_opens_its_channel_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("list.m3u");
+    std::fs::write(
+        &list,
+        "#EXTM3U\n#EXTINF:-1,One\nudp://@239.255.20.1:5000\n#EXTINF:-1,Two\nrtp://239.255.20.2:5002?fcc=127.0.0.1:9\n",
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    config.iptv.interface = Some("lo".into());
+    config.iptv.no_data_timeout_ms = 200;
+    config.iptv.playlist = Some(list.to_str().unwrap().to_string());
+    config.iptv.fcc.servers = vec!["127.0.0.0/8".parse().unwrap()];
+    let s = Sluice::start(config).await;
+    let r = get(&s.url("/playlist.m3u?api_password=pw")).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let entries: Vec<&str> = text.lines().filter(|l| l.starts_with("http")).collect();
+    assert_eq!(entries.len(), 2, "{text}");
+    assert!(!text.contains("pw"), "{text}");
+    let token_of = |entry: &str| {
+        let t = entry.split("/_token_").nth(1).unwrap();
+        t.split('/').next().unwrap().to_string()
+    };
+    let (one, two) = (token_of(entries[0]), token_of(entries[1]));
+    assert!(entries[0].ends_with("/udp/239.255.20.1:5000"), "{}", entries[0]);
+    // The second entry's query is inside its token, not in the URL.
+    assert!(entries[1].ends_with("/rtp/239.255.20.2:5002"), "{}", entries[1]);
+    // Its own channel: served (no sender, so 504 after the no-data timeout), never 401.
+    let own = get(&s.url(&format!("/_token_{one}/udp/239.255.20.1:5000"))).await;
+    assert_eq!(own.status, 504);
+    // mDNS, another group, another port, another path family, another interface: refused.
+    for path in [
+        format!("/_token_{one}/udp/224.0.0.251:5353"),
+        format!("/_token_{one}/udp/239.255.20.9:5000"),
+        format!("/_token_{one}/udp/239.255.20.1:50001"),
+        format!("/_token_{one}/rtp/239.255.20.1:5000"),
+        format!("/_token_{one}/rtsp/203.0.113.5:554/x"),
+        format!("/_token_{one}/udp/239.255.20.1:5000?iface=eth0"),
+        format!("/_token_{two}/rtp/239.255.20.2:5002?fcc=127.0.0.2:9"),
+        format!("/_token_{one}/status.json"),
+    ] {
+        let r = get(&s.url(&path)).await;
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.body.unwrap(), r#"{"detail":"invalid token"}"#, "{path}");
+    }
+    // With the password itself: control groups and unconfigured interfaces are still refused.
+    for (path, why) in [
+        ("/udp/224.0.0.251:5353?api_password=pw", "control traffic"),
+        ("/udp/[ff02::fb]:5353?api_password=pw", "control traffic"),
+        ("/udp/239.255.20.1:5000?iface=eth0&api_password=pw", "not one this gateway serves"),
+    ] {
+        let r = get(&s.url(path)).await;
+        assert_eq!(r.status, 400, "{path}");
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(body.contains(why), "{path}: {body}");
+    }
+}
