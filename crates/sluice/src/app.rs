@@ -70,6 +70,12 @@ pub struct App {
     media_on: bool,
     /// Whether the media front end was built with the cache (`Config::media_caches`).
     media_caches: bool,
+    /// `/proxy/*` requests in flight per client IP and per token (`media.max_requests_per_*`).
+    #[cfg(feature = "media")]
+    in_flight: (
+        Arc<crate::media::limit::InFlight<std::net::IpAddr>>,
+        Arc<crate::media::limit::InFlight<[u8; 32]>>,
+    ),
     /// The `reverse` endpoint's series, looked up once: the proxied requests are the many small
     /// ones, so they skip the per-request family lookups.
     proxy_series: std::sync::OnceLock<EndpointSeries>,
@@ -180,6 +186,11 @@ impl App {
             reverse_metrics,
             media_on: config.media_enabled(),
             media_caches: config.media_caches(),
+            #[cfg(feature = "media")]
+            in_flight: (
+                crate::media::limit::InFlight::new(config.media.max_requests_per_client),
+                crate::media::limit::InFlight::new(config.media.max_requests_per_token),
+            ),
             keys,
             #[cfg(feature = "iptv")]
             iptv,
@@ -397,6 +408,19 @@ impl App {
             }
             Dispatch::Refused(e) => e.into_response(),
             Dispatch::Builtin(_) => {
+                if crate::upstream::guard::is_own_loop(req.headers()) {
+                    // An origin sent one of this sluice's own upstream requests back to it.
+                    let resp = ProxyError::downstream(
+                        StatusCode::LOOP_DETECTED,
+                        "loop",
+                        "this request came from this sluice itself (an origin redirected it back \
+                         here); refused so the chain cannot grow",
+                    )
+                    .into_response();
+                    self.count_response(endpoint, resp.status().as_u16(), resp.extensions().get::<ErrorMark>());
+                    active.dec();
+                    return resp;
+                }
                 let guarded = self.keys.load().auth.required();
                 let cors = guarded && browser::is_player_path(effective_path(req.uri().path()));
                 if !guarded && !routing.builtin_host_pinned && !local_host(&req) {
@@ -616,8 +640,14 @@ impl App {
             },
             #[cfg(feature = "media")]
             p if p.starts_with("/proxy/") => match &self.media {
-                Some(media) => match self.authorize(&req, &ctx) {
-                    Ok(()) => media.handle(req, &ctx).await.map(sandboxed),
+                Some(media) => match self
+                    .authorize(&req, &ctx)
+                    .and_then(|()| self.media_places(&req, &ctx))
+                {
+                    Ok(places) => media
+                        .handle(req, &ctx)
+                        .await
+                        .map(|r| crate::media::limit::hold(sandboxed(r), places)),
                     Err(e) => Err(e),
                 },
                 None => Err(not_found(p)),
@@ -633,16 +663,62 @@ impl App {
                         ctx.token.as_ref().is_some_and(|t| t.paths.is_none())
                             || self.keys.load().auth.check(offered)
                     };
-                    media
-                        .handle_xtream(req, &ctx, &password_ok)
-                        .await
-                        .map(sandboxed)
+                    match self.media_places(&req, &ctx) {
+                        Ok(places) => media
+                            .handle_xtream(req, &ctx, &password_ok)
+                            .await
+                            .map(|r| crate::media::limit::hold(sandboxed(r), places)),
+                        Err(e) => Err(e),
+                    }
                 }
                 None => Err(not_found(p)),
             },
             p => Err(not_found(p)),
         };
         result.unwrap_or_else(ProxyError::into_response)
+    }
+
+    /// Places for one media request in its client's and its token's in-flight counts, or a 429
+    /// naming the bound: one client (or one leaked link) cannot make sluice hold unbounded
+    /// upstream fetches.
+    #[cfg(feature = "media")]
+    fn media_places(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Vec<crate::media::limit::Place>, ProxyError> {
+        let busy = |what: &str| {
+            ProxyError::downstream(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                format!("{what} (media.max_requests_per_client / media.max_requests_per_token)"),
+            )
+        };
+        let mut places = Vec::with_capacity(2);
+        places.push(
+            self.in_flight
+                .0
+                .take(ctx.client_ip)
+                .ok_or_else(|| busy("this client has too many requests in flight"))?,
+        );
+        if ctx.token.is_some() {
+            let raw = split_path_token(req.uri().path())
+                .map(|(t, _)| t.to_string())
+                .or_else(|| {
+                    Query::parse(req.uri().query().unwrap_or(""))
+                        .get("token")
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(raw.as_bytes()).into();
+            places.push(
+                self.in_flight
+                    .1
+                    .take(key)
+                    .ok_or_else(|| busy("this token has too many requests in flight"))?,
+            );
+        }
+        Ok(places)
     }
 
     /// Works out the client IP, the routing path and the effective query. A token (in the path as

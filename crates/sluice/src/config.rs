@@ -79,6 +79,13 @@ pub struct ServerConfig {
     /// (new clients wait in the kernel backlog) until one closes. 0: derived from the open-file
     /// limit, which sluice raises to its hard limit at start: (limit - 64) / 2.
     pub max_connections: usize,
+    /// Connections one client IP may hold open at once (0 = no limit); past it a new
+    /// connection from that IP is closed at once, so one client cannot take every slot of
+    /// `max_connections` from everyone else.
+    pub max_connections_per_ip: usize,
+    /// Peers `max_connections_per_ip` does not apply to: by default loopback (a reverse proxy or
+    /// load generator on the same host).
+    pub per_ip_exempt: Vec<ipnet::IpNet>,
     /// Seconds a client may keep its receive window shut (no byte accepted) while a response is
     /// being sent; then the connection is cut and its upstream fetch and buffers released.
     pub send_timeout_secs: u64,
@@ -121,6 +128,11 @@ impl Default for ServerConfig {
             max_headers: 100,
             shutdown_grace_secs: 10,
             max_connections: 0,
+            max_connections_per_ip: 256,
+            per_ip_exempt: vec![
+                "127.0.0.0/8".parse().expect("valid net"),
+                "::1/128".parse().expect("valid net"),
+            ],
             send_timeout_secs: 60,
             tls_handshake_timeout_secs: 10,
             h2_max_concurrent_streams: 100,
@@ -146,6 +158,8 @@ config_section!(ServerConfig {
     max_headers,
     shutdown_grace_secs,
     max_connections,
+    max_connections_per_ip,
+    per_ip_exempt,
     send_timeout_secs,
     tls_handshake_timeout_secs,
     h2_max_concurrent_streams,
@@ -386,6 +400,11 @@ pub struct MediaConfig {
     /// client with `splice(2)` instead of through user space (`docs/tcp-proxy.md`). Read at
     /// start, like the rest of `[media]`.
     pub splice_stream: bool,
+    /// `/proxy/*` requests one client IP may have in flight at once (streams, manifests,
+    /// segments; 0 = no limit); past it 429. Bounds what one client makes sluice hold upstream.
+    pub max_requests_per_client: usize,
+    /// The same bound for one token, whoever presents it (a leaked link shared widely).
+    pub max_requests_per_token: usize,
     // Xtream Codes and Acestream
     /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
     pub xtream_max_response_bytes: usize,
@@ -418,6 +437,8 @@ impl Default for MediaConfig {
             max_segment_bytes: 64 * 1024 * 1024,
             max_playlist_segments: 20_000,
             splice_stream: true,
+            max_requests_per_client: 64,
+            max_requests_per_token: 64,
             prefetch_registry_bytes: 8 * 1024 * 1024,
             remux_to_ts: false,
             xtream_max_response_bytes: 64 * 1024 * 1024,

@@ -77,6 +77,9 @@ pub struct IptvConfig {
     pub max_subscribers: usize,
     /// Subscribers of one channel (0 = unlimited); beyond it requests get 429.
     pub max_subscribers_per_channel: usize,
+    /// Channels one client IP may watch at once (0 = unlimited); beyond it 429. A household
+    /// watches a few; one client opening dozens is joining groups for someone else.
+    pub max_subscribers_per_client: usize,
     /// Channels joined at once, lingering ones included (0 = unlimited); beyond it 503.
     pub max_channels: usize,
     /// Stay joined this long after the last subscriber leaves, so flipping back is instant
@@ -134,6 +137,7 @@ crate::config::section::config_section!(IptvConfig {
     epg_fetch_timeout_secs,
     max_subscribers,
     max_subscribers_per_channel,
+    max_subscribers_per_client,
     max_channels,
     linger_ms,
     no_data_timeout_ms,
@@ -168,6 +172,7 @@ impl Default for IptvConfig {
             epg_fetch_timeout_secs: 120,
             max_subscribers: 256,
             max_subscribers_per_channel: 64,
+            max_subscribers_per_client: 8,
             max_channels: 64,
             linger_ms: 10_000,
             no_data_timeout_ms: 5_000,
@@ -312,6 +317,7 @@ impl Iptv {
             subscribers: config.max_subscribers,
             per_hub: config.max_subscribers_per_channel,
             hubs: config.max_channels,
+            per_client: config.max_subscribers_per_client,
         };
         let metrics = metrics::Metrics::register(registry);
         let rtsp = rtsp::Context::new(config.rtsp.clone(), upstream.clone());
@@ -655,6 +661,7 @@ impl Iptv {
             Refusal::Subscribers(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_subscribers"),
             Refusal::Hubs(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_channels"),
             Refusal::PerHub(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_channel"),
+            Refusal::PerClient(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_client"),
             Refusal::Join(_) => (StatusCode::BAD_GATEWAY, "join_failed"),
         };
         self.registry.metrics.refuse(reason);

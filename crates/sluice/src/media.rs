@@ -5,6 +5,7 @@ pub mod cache;
 pub mod dash;
 pub mod generate;
 pub mod hls;
+pub mod limit;
 pub mod links;
 pub mod pace;
 pub mod pages;

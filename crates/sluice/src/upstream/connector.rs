@@ -308,6 +308,16 @@ impl Inner {
                 host: host.to_string(),
                 source,
             })?;
+        // Never this sluice itself, whatever `allow_private` says: each fetch would come back
+        // as a new request and fetch again.
+        if let Some(addr) = addrs.iter().find(|a| super::guard::is_own_listener(**a)) {
+            tracing::debug!(host, ip = %addr.ip(), "upstream address is this sluice's own listener");
+            return Err(ConnectError::Refused {
+                host: host.to_string(),
+                ip: addr.ip(),
+                reason: "this sluice's own listener",
+            });
+        }
         if !self.allow_private {
             for addr in &addrs {
                 if let Some(reason) = non_public_reason(addr.ip()) {

@@ -4,6 +4,73 @@
 //! told, so an error cannot be used to map the internal network behind a public name.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::OnceLock;
+
+/// The header every upstream request of the media front end and the gateway carries, with this
+/// process's [`loop_mark`]: a request that arrives with it came from this sluice itself (an
+/// origin redirected it back here), and is refused rather than fetched again.
+pub const LOOP_HEADER: &str = "x-sluice-loop";
+
+/// This process's random loop mark (another sluice in a chain has its own, so chains work).
+pub fn loop_mark() -> &'static http::HeaderValue {
+    static MARK: OnceLock<http::HeaderValue> = OnceLock::new();
+    MARK.get_or_init(|| {
+        let mut b = [0u8; 8];
+        let _ = getrandom::getrandom(&mut b);
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        http::HeaderValue::from_str(&hex).unwrap_or(http::HeaderValue::from_static("sluice"))
+    })
+}
+
+/// Whether `headers` carry this process's loop mark.
+pub fn is_own_loop(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(LOOP_HEADER)
+        .iter()
+        .any(|v| v == loop_mark())
+}
+
+/// The addresses this process's HTTP servers listen on, while they run.
+fn own_listeners() -> &'static std::sync::Mutex<Vec<std::net::SocketAddr>> {
+    static OWN: OnceLock<std::sync::Mutex<Vec<std::net::SocketAddr>>> = OnceLock::new();
+    OWN.get_or_init(Default::default)
+}
+
+/// A running server's listening addresses, known to [`is_own_listener`] until dropped.
+pub struct OwnListeners(Vec<std::net::SocketAddr>);
+
+impl OwnListeners {
+    pub fn register(addrs: Vec<std::net::SocketAddr>) -> OwnListeners {
+        let mut own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
+        own.extend(addrs.iter().copied());
+        OwnListeners(addrs)
+    }
+}
+
+impl Drop for OwnListeners {
+    fn drop(&mut self) {
+        let mut own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
+        for addr in &self.0 {
+            if let Some(i) = own.iter().position(|a| a == addr) {
+                own.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Whether `target` is one of this process's own listeners (a wildcard listener counts for
+/// every loopback address and its own port): fetching it would make sluice its own origin.
+pub fn is_own_listener(target: std::net::SocketAddr) -> bool {
+    let ip = match target.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(target.ip(), IpAddr::V4),
+        v4 => v4,
+    };
+    let own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
+    own.iter().any(|l| {
+        l.port() == target.port()
+            && (l.ip() == ip || (l.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified())))
+    })
+}
 
 /// Why an address is refused, or `None` if it is public.
 pub fn non_public_reason(ip: IpAddr) -> Option<&'static str> {
