@@ -534,7 +534,9 @@ async fn fcc_signalling_to_loopback_is_refused() {
     // Something listening where the attacker points FCC.
     let target = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let target_addr = target.local_addr().unwrap();
-    let s = Sluice::start(test_config()).await;
+    let mut config = test_config();
+    config.iptv.interfaces = vec!["lo".into()];
+    let s = Sluice::start(config).await;
     let r = get(&s.url(&format!(
         "/udp/239.255.10.11:5000?iface=lo&fcc={target_addr}&fcc-type=telecom"
     )))
@@ -645,4 +647,166 @@ async fn a_playlist_entry_token_opens_its_channel_only() {
         let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
         assert!(body.contains(why), "{path}: {body}");
     }
+}
+
+// === 3: a self-proxy loop is cut at the first hop, and one client's share is bounded ===
+
+/// An origin answering every request with a redirect to `to` (read per request), counting hits.
+async fn redirecting_origin(
+    to: std::sync::Arc<std::sync::Mutex<String>>,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let to = to.lock().unwrap().clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                            .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+#[tokio::test]
+async fn an_origin_redirecting_to_sluice_itself_starts_no_chain() {
+    let to = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (origin, hits) = redirecting_origin(to.clone()).await;
+    let mut config = test_config();
+    // One upstream exchange per request (no splice attempt before the pipe), so hits count hops.
+    config.media.splice_stream = false;
+    let s = Sluice::start(config).await;
+    let looping = format!("/proxy/stream?d={}", enc(&format!("http://{origin}/loop")));
+    // The origin sends sluice back to itself, by address and by name.
+    for back in [
+        s.url(&looping),
+        format!("http://localhost:{}{looping}", s.addr.port()),
+    ] {
+        *to.lock().unwrap() = back.clone();
+        hits.store(0, std::sync::atomic::Ordering::SeqCst);
+        let r = get(&s.url(&looping)).await;
+        assert_eq!(r.status, 403, "{back}");
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(body.contains("own listener"), "{body}");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "one hop, no chain: {back} {body}");
+    }
+    // A request that carries this sluice's own loop mark (another route back here, through a
+    // name or address the listener check cannot know) is refused before anything is fetched.
+    let origin = Origin::start().await;
+    let mark = sluice::upstream::guard::loop_mark().to_str().unwrap().to_string();
+    let r = request(
+        "GET",
+        &s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small")))),
+        &[("x-sluice-loop", mark.as_str())],
+    )
+    .await;
+    assert_eq!(r.status, 508);
+    assert!(origin.seen_path("/small").is_empty());
+    // Every upstream request carries the mark, so such a loop always shows.
+    let r = get(&s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small"))))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(origin.seen_path("/small")[0].headers["x-sluice-loop"], mark.as_str());
+    // Another sluice's mark is a chain of two proxies, which works.
+    let r = request(
+        "GET",
+        &s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small")))),
+        &[("x-sluice-loop", "0123456789abcdef")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn one_client_holds_at_most_its_share_of_media_requests() {
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.media.max_requests_per_client = 2;
+    let s = Sluice::start(config).await;
+    let hang = s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/hang"))));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = hang.clone();
+            tokio::spawn(async move { get(&url).await })
+        })
+        .collect();
+    // Wait until both reached the origin.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while origin.seen_path("/hang").len() < 2 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let small = s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small"))));
+    let r = get(&small).await;
+    assert_eq!(r.status, 429);
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(body.contains("max_requests_per_client"), "{body}");
+    assert!(origin.seen_path("/small").is_empty());
+    // Once they end (the header timeout cuts them), the client's share is free again.
+    for h in held {
+        assert_eq!(h.await.unwrap().status, 504);
+    }
+    let r = get(&small).await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn one_ip_holds_at_most_its_share_of_connections() {
+    let mut config = test_config();
+    config.server.max_connections_per_ip = 2;
+    config.server.per_ip_exempt = Vec::new();
+    let s = Sluice::start(config).await;
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        c.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        open.push(c);
+    }
+    // The third from the same address is closed without an answer...
+    let mut third = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let _ = third
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the extra connection was left open");
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    // ...while another client is served.
+    let answer = get_from("127.0.0.2", s.addr, "/health", "").await;
+    assert_eq!(status(&answer), 421, "served (a password-free server answers loopback names only): {answer}");
+    drop(open.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = raw_async(s.addr, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
+    assert_eq!(status(&answer), 200, "{answer}");
+}
+
+#[tokio::test]
+async fn one_client_watches_at_most_its_share_of_channels() {
+    let mut config = test_config();
+    config.iptv.interfaces = vec!["lo".into()];
+    config.iptv.max_subscribers_per_client = 1;
+    config.iptv.no_data_timeout_ms = 2000;
+    let s = Sluice::start(config).await;
+    let first = {
+        let url = s.url("/udp/239.255.30.1:5000?iface=lo");
+        tokio::spawn(async move { get(&url).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = get(&s.url("/udp/239.255.30.2:5000?iface=lo")).await;
+    assert_eq!(r.status, 429);
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert_eq!(body, "this client is at its limit of 1 channels at once\n");
+    assert_eq!(first.await.unwrap().status, 504);
 }

@@ -35,11 +35,26 @@ use super::route::{RouteTable, Via};
 use super::tls;
 use super::tunnel;
 
+/// What a client is told about a refused upstream address: its class, never the address.
+fn refused_text(host: &str, reason: &str) -> String {
+    if reason == OWN_LISTENER {
+        format!("{host} is {reason}: fetching it would make sluice its own origin (a loop)")
+    } else {
+        format!(
+            "{host} resolves to a {reason} address; set upstream.allow_private \
+             (--allow-private-upstreams) to allow it"
+        )
+    }
+}
+
+/// The refusal class of an address this sluice itself listens on.
+const OWN_LISTENER: &str = "this sluice's own listener";
+
 /// Why a connection could not be set up. Carried through the pool as the error's source.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// The message names the class only: the resolved address stays in the debug log.
-    #[error("{host} resolves to a {reason} address; set upstream.allow_private (--allow-private-upstreams) to allow it")]
+    #[error("{}", refused_text(host, reason))]
     Refused {
         host: String,
         ip: IpAddr,
@@ -315,7 +330,7 @@ impl Inner {
             return Err(ConnectError::Refused {
                 host: host.to_string(),
                 ip: addr.ip(),
-                reason: "this sluice's own listener",
+                reason: OWN_LISTENER,
             });
         }
         if !self.allow_private {
