@@ -424,7 +424,26 @@ http://gw/rtp/239.1.1.1:5000\n";
             "http://gw",
             Some("http://gw/epg.xml.gz"),
             None,
+            None,
         );
         assert_eq!(added, "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\"\r\n");
+    }
+
+    #[test]
+    fn sealed_entries_carry_their_own_scope_and_query() {
+        let seal = |path: &str, params: &[(String, String)]| {
+            let q: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("/_token_[{path}|{}]", q.join("&"))
+        };
+        let input = "#EXTM3U\n\
+#EXTINF:-1 catchup-source=\"rtsp://h/c?tvdr={utc}&x=1\",A\n\
+udp://@239.1.1.1:5000?fcc=10.0.0.1:8027\n\
+rtsp://h/c\n";
+        let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal));
+        let want = "#EXTM3U\n\
+#EXTINF:-1 catchup-source=\"http://gw/_token_[/rtsp/h/c|x=1]/rtsp/h/c?tvdr={utc}\",A\n\
+http://gw/_token_[/udp/239.1.1.1:5000|fcc=10.0.0.1:8027]/udp/239.1.1.1:5000\n\
+http://gw/_token_[/rtsp/h/c|]/rtsp/h/c\n";
+        assert_eq!(out, want);
     }
 }
