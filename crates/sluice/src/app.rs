@@ -18,8 +18,8 @@ use sluice_media::query::Query;
 use sluice_media::token::split_path_token;
 use tokio::time::Instant;
 
-pub use crate::auth::token::TokenScope;
 use crate::auth::token;
+pub use crate::auth::token::TokenScope;
 use crate::auth::{browser, Auth, Credentials, Keys};
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
@@ -417,7 +417,11 @@ impl App {
                          here); refused so the chain cannot grow",
                     )
                     .into_response();
-                    self.count_response(endpoint, resp.status().as_u16(), resp.extensions().get::<ErrorMark>());
+                    self.count_response(
+                        endpoint,
+                        resp.status().as_u16(),
+                        resp.extensions().get::<ErrorMark>(),
+                    );
                     active.dec();
                     return resp;
                 }
@@ -431,7 +435,12 @@ impl App {
                     preflight(cors)
                 } else {
                     let mut resp = self.route(req, peer, secure).await;
-                    if cors {
+                    // Token refusals stay identical whatever the path (no CORS on any of them).
+                    let refused_token = resp
+                        .extensions()
+                        .get::<ErrorMark>()
+                        .is_some_and(|m| m.kind == "token");
+                    if cors && !refused_token {
                         allow_any_origin(resp.headers_mut());
                     }
                     resp
@@ -632,9 +641,9 @@ impl App {
             },
             #[cfg(feature = "iptv")]
             p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
-                Ok(()) if is_channel_path(p) => {
-                    Ok(sandboxed(self.iptv.handle(self.iptv_parts(req, &ctx)).await))
-                }
+                Ok(()) if is_channel_path(p) => Ok(sandboxed(
+                    self.iptv.handle(self.iptv_parts(req, &ctx)).await,
+                )),
                 Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
                 Err(e) => Err(e),
             },
@@ -993,7 +1002,9 @@ fn not_found(path: &str) -> ProxyError {
 /// The IPTV gateway's channel paths (bodies from a multicast group or an RTSP server).
 #[cfg(feature = "iptv")]
 fn is_channel_path(p: &str) -> bool {
-    token::CHANNEL_SCOPE.iter().any(|prefix| p.starts_with(prefix))
+    token::CHANNEL_SCOPE
+        .iter()
+        .any(|prefix| p.starts_with(prefix))
 }
 
 /// Every body piped from an origin (or a multicast group) may be an attacker's HTML: a sandbox
@@ -1036,16 +1047,13 @@ fn local_host<B>(req: &Request<B>) -> bool {
 
 /// 421 for a `Host` a password-free server does not answer to.
 fn misdirected() -> Response<Body> {
-    let mut resp = ProxyError::downstream(
+    ProxyError::downstream(
         StatusCode::MISDIRECTED_REQUEST,
         "host",
         "this sluice has no password, so it answers only to loopback names (localhost, \
          127.0.0.1, [::1]); set auth.api_password or endpoints.host to serve another name",
     )
-    .into_response();
-    resp.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    resp
+    .into_response()
 }
 
 /// The answer to a CORS preflight: for a player path behind a password, GET and HEAD with Range

@@ -825,14 +825,11 @@ pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
         .find(|l| l.starts_with('['))
         .and_then(|l| l.split(']').next())
         .map(|l| l.trim_start_matches('[').trim().to_string());
-    let key = line
-        .split_once('=')
-        .map(|(k, _)| k.trim())
-        .filter(|k| {
-            !k.is_empty()
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
-        });
+    let key = line.split_once('=').map(|(k, _)| k.trim()).filter(|k| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
+    });
     let place = match (section, key) {
         (Some(s), Some(k)) => format!(", key `{s}.{k}`"),
         (None, Some(k)) => format!(", key `{k}`"),
@@ -1016,10 +1013,14 @@ mod tests {
         );
         let typed = err("[iptv]\nlinger_ms = \"x\"\n");
         assert!(typed.contains("line 2, column 13"), "{typed}");
+        // The value itself is never quoted (it may be a secret); the key is named.
         assert!(
-            typed.contains("invalid type: string \"x\", expected u64"),
+            typed.contains(
+                "key `iptv.linger_ms`: invalid type: string (value not shown), expected u64"
+            ),
             "{typed}"
         );
+        assert!(!typed.contains("\"x\""), "{typed}");
         let whole = err("iptv = 3\n");
         assert!(whole.contains("expected struct IptvConfig"), "{whole}");
         let variant = err("[iptv]\nslow_subscriber = \"nope\"\n");

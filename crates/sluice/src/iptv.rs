@@ -426,13 +426,10 @@ impl Iptv {
         let seal = req.extensions.get::<EntrySealer>().map(|s| s.0.clone());
         // Players fetch the guide from this gateway (cached, and reachable where the source
         // is not) whenever there is one to serve.
-        let epg = self
-            .epg
-            .source(Some(&text_in))
-            .map(|_| match &seal {
-                Some(seal) => format!("{base}{}/epg.xml.gz", seal("/epg.xml.gz", &[])),
-                None => format!("{base}/epg.xml.gz"),
-            });
+        let epg = self.epg.source(Some(&text_in)).map(|_| match &seal {
+            Some(seal) => format!("{base}{}/epg.xml.gz", seal("/epg.xml.gz", &[])),
+            None => format!("{base}/epg.xml.gz"),
+        });
         let rtsp = &self.config.rtsp;
         let catchup =
             (rtsp.enabled && !rtsp.catchup_query.is_empty()).then_some(rtsp.catchup_query.as_str());
@@ -583,7 +580,13 @@ impl Iptv {
                 return Err("no interface: add ?iface=NAME or set iptv.interface".into())
             }
         };
-        if url::is_control_group(ch.group) && !self.config.allow_groups.iter().any(|n| n.contains(&ch.group)) {
+        if url::is_control_group(ch.group)
+            && !self
+                .config
+                .allow_groups
+                .iter()
+                .any(|n| n.contains(&ch.group))
+        {
             return Err(format!(
                 "group {} carries the network's own control traffic: list it in \
                  iptv.allow_groups to serve it",

@@ -98,7 +98,10 @@ fn reload(args: ReloadArgs) -> anyhow::Result<()> {
         match std::fs::read_to_string(&report) {
             Ok(now) if Some(&now) != before.as_ref() => break now,
             _ if std::time::Instant::now() > deadline => {
-                println!("sent SIGHUP to {pid}; no outcome in {} after 30 s: see the server log", report.display());
+                println!(
+                    "sent SIGHUP to {pid}; no outcome in {} after 30 s: see the server log",
+                    report.display()
+                );
                 return Ok(());
             }
             _ => std::thread::sleep(std::time::Duration::from_millis(50)),

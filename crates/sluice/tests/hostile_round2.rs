@@ -144,11 +144,21 @@ fn a_reload_revokes_the_old_password_tokens_and_purge_key() {
     let file = dir.path().join("s.toml");
     let pid = dir.path().join("sluice.pid");
     let listen = free_listen();
-    std::fs::write(&file, reload_config(&listen, &pid, &origin, "old-pw", "key-1", 60)).unwrap();
+    std::fs::write(
+        &file,
+        reload_config(&listen, &pid, &origin, "old-pw", "key-1", 60),
+    )
+    .unwrap();
     let _child = serve(&file, &listen, &pid);
 
     let stream = format!("/proxy/stream?d={}", enc(&format!("http://{origin}/s")));
-    let with_old = raw(&listen, "GET", &format!("{stream}&api_password=old-pw"), "", "");
+    let with_old = raw(
+        &listen,
+        "GET",
+        &format!("{stream}&api_password=old-pw"),
+        "",
+        "",
+    );
     assert_eq!(status(&with_old), 200, "{with_old}");
     assert!(with_old.ends_with("origin-body"));
     // A sealed token minted under the old password.
@@ -172,19 +182,44 @@ fn a_reload_revokes_the_old_password_tokens_and_purge_key() {
     let purge = raw(&listen, "PURGE", "/c/x", "X-Purge-Key: key-1\r\n", "");
     assert_eq!(status(&purge), 200, "{purge}");
 
-    std::fs::write(&file, reload_config(&listen, &pid, &origin, "new-pw", "key-2", 60)).unwrap();
-    let answer = raw(&listen, "POST", "/admin/reload", "api_password: old-pw\r\n", "");
+    std::fs::write(
+        &file,
+        reload_config(&listen, &pid, &origin, "new-pw", "key-2", 60),
+    )
+    .unwrap();
+    let answer = raw(
+        &listen,
+        "POST",
+        "/admin/reload",
+        "api_password: old-pw\r\n",
+        "",
+    );
     assert_eq!(status(&answer), 200, "{answer}");
     assert!(
         answer.ends_with(r#"{"changed":["auth.api_password","cache.purge_key"],"reloaded":true}"#),
         "{answer}"
     );
-    assert!(!answer.contains("new-pw") && !answer.contains("key-2"), "{answer}");
+    assert!(
+        !answer.contains("new-pw") && !answer.contains("key-2"),
+        "{answer}"
+    );
 
     // The old password, its token and the old purge key stop working at once.
-    let old = raw(&listen, "GET", &format!("{stream}&api_password=old-pw"), "", "");
+    let old = raw(
+        &listen,
+        "GET",
+        &format!("{stream}&api_password=old-pw"),
+        "",
+        "",
+    );
     assert_eq!(status(&old), 403, "{old}");
-    let new = raw(&listen, "GET", &format!("{stream}&api_password=new-pw"), "", "");
+    let new = raw(
+        &listen,
+        "GET",
+        &format!("{stream}&api_password=new-pw"),
+        "",
+        "",
+    );
     assert_eq!(status(&new), 200, "{new}");
     let token = raw(&listen, "GET", &token_path, "", "");
     assert_eq!(status(&token), 401, "{token}");
@@ -199,14 +234,34 @@ fn a_reload_revokes_the_old_password_tokens_and_purge_key() {
     assert_eq!(status(&purge), 403, "{purge}");
 
     // A key that needs a restart refuses the reload, by name, and nothing changes.
-    std::fs::write(&file, reload_config(&listen, &pid, &origin, "third-pw", "key-2", 61)).unwrap();
-    let answer = raw(&listen, "POST", "/admin/reload", "api_password: new-pw\r\n", "");
+    std::fs::write(
+        &file,
+        reload_config(&listen, &pid, &origin, "third-pw", "key-2", 61),
+    )
+    .unwrap();
+    let answer = raw(
+        &listen,
+        "POST",
+        "/admin/reload",
+        "api_password: new-pw\r\n",
+        "",
+    );
     assert_eq!(status(&answer), 422, "{answer}");
     assert!(answer.contains(r#""reloaded":false"#), "{answer}");
     assert!(answer.contains("server.idle_timeout_secs"), "{answer}");
     assert!(!answer.contains("third-pw"), "{answer}");
-    let new = raw(&listen, "GET", &format!("{stream}&api_password=new-pw"), "", "");
-    assert_eq!(status(&new), 200, "the refused reload changed nothing: {new}");
+    let new = raw(
+        &listen,
+        "GET",
+        &format!("{stream}&api_password=new-pw"),
+        "",
+        "",
+    );
+    assert_eq!(
+        status(&new),
+        200,
+        "the refused reload changed nothing: {new}"
+    );
     // `sluice reload` (SIGHUP) says the same, and fails.
     let out = Command::new(BIN)
         .args(["reload", "--pid-file", pid.to_str().unwrap()])
@@ -216,15 +271,29 @@ fn a_reload_revokes_the_old_password_tokens_and_purge_key() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("server.idle_timeout_secs"), "{stderr}");
     // With the restart key put back, SIGHUP applies the password and says so.
-    std::fs::write(&file, reload_config(&listen, &pid, &origin, "third-pw", "key-2", 60)).unwrap();
+    std::fs::write(
+        &file,
+        reload_config(&listen, &pid, &origin, "third-pw", "key-2", 60),
+    )
+    .unwrap();
     let out = Command::new(BIN)
         .args(["reload", "--pid-file", pid.to_str().unwrap()])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("changed: auth.api_password"), "{stdout}");
-    let third = raw(&listen, "GET", &format!("{stream}&api_password=third-pw"), "", "");
+    let third = raw(
+        &listen,
+        "GET",
+        &format!("{stream}&api_password=third-pw"),
+        "",
+        "",
+    );
     assert_eq!(status(&third), 200, "{third}");
 }
 
@@ -340,7 +409,9 @@ async fn hls_segments_and_manifests_are_sandboxed() {
     ] {
         let r = get(&s.url(&path)).await;
         assert_eq!(
-            r.headers.get("content-security-policy").map(|v| v.to_str().unwrap()),
+            r.headers
+                .get("content-security-policy")
+                .map(|v| v.to_str().unwrap()),
             Some("sandbox"),
             "{path}: {:?}",
             r.headers
@@ -370,7 +441,10 @@ async fn r_params_may_not_set_cookies_or_lift_the_sandbox() {
         assert_eq!(r.status, 400, "{bad}");
         assert!(r.headers.get("set-cookie").is_none(), "{bad}");
     }
-    assert!(origin.seen_path("/small").is_empty(), "a refused link fetches nothing");
+    assert!(
+        origin.seen_path("/small").is_empty(),
+        "a refused link fetches nothing"
+    );
     // An ordinary response header still works.
     let r = get(&s.url(&format!("/proxy/stream?d={d}&r_x-label=ok"))).await;
     assert_eq!(r.status, 200);
@@ -387,15 +461,25 @@ async fn a_password_free_server_answers_only_loopback_names_and_grants_no_cors()
     for path in ["/status.json", "/metrics", "/playlist.m3u", "/health"] {
         let answer = raw_async(
             s.addr,
-            &format!("GET {path} HTTP/1.1\r\nHost: evil.example:{}\r\n", s.addr.port()),
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: evil.example:{}\r\n",
+                s.addr.port()
+            ),
         )
         .await;
         assert_eq!(status(&answer), 421, "{path}: {answer}");
     }
     let stream = format!("/proxy/stream?d={}", enc(&origin.url("/small")));
-    let answer = raw_async(s.addr, &format!("GET {stream} HTTP/1.1\r\nHost: evil.example\r\n")).await;
+    let answer = raw_async(
+        s.addr,
+        &format!("GET {stream} HTTP/1.1\r\nHost: evil.example\r\n"),
+    )
+    .await;
     assert_eq!(status(&answer), 421, "{answer}");
-    assert!(origin.seen_path("/small").is_empty(), "no open proxy for a foreign page");
+    assert!(
+        origin.seen_path("/small").is_empty(),
+        "no open proxy for a foreign page"
+    );
     let post = raw_async(
         s.addr,
         "POST /admin/reload HTTP/1.1\r\nHost: evil.example\r\nOrigin: http://evil.example\r\nContent-Length: 0\r\n",
@@ -407,11 +491,18 @@ async fn a_password_free_server_answers_only_loopback_names_and_grants_no_cors()
     for host in ["127.0.0.1", "localhost", "[::1]"] {
         let answer = raw_async(
             s.addr,
-            &format!("GET /status.json HTTP/1.1\r\nHost: {host}:{}\r\nOrigin: http://evil.example\r\n", s.addr.port()),
+            &format!(
+                "GET /status.json HTTP/1.1\r\nHost: {host}:{}\r\nOrigin: http://evil.example\r\n",
+                s.addr.port()
+            ),
         )
         .await;
         assert_eq!(status(&answer), 200, "{host}: {answer}");
-        assert_eq!(header(&answer, "access-control-allow-origin"), None, "{answer}");
+        assert_eq!(
+            header(&answer, "access-control-allow-origin"),
+            None,
+            "{answer}"
+        );
     }
     let r = get(&s.url(&stream)).await;
     assert_eq!(r.status, 200);
@@ -436,13 +527,23 @@ async fn behind_a_password_players_get_cors_and_the_operator_endpoints_do_not() 
     let mut config = test_config();
     config.auth.api_password = "pw".into();
     let s = Sluice::start(config).await;
-    let stream = s.url(&format!("/proxy/stream?d={}&api_password=pw", enc(&origin.url("/small"))));
+    let stream = s.url(&format!(
+        "/proxy/stream?d={}&api_password=pw",
+        enc(&origin.url("/small"))
+    ));
     let r = get(&stream).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["access-control-allow-origin"], "*");
-    for path in ["/status.json?api_password=pw", "/metrics?api_password=pw", "/playlist.m3u?api_password=pw"] {
+    for path in [
+        "/status.json?api_password=pw",
+        "/metrics?api_password=pw",
+        "/playlist.m3u?api_password=pw",
+    ] {
         let r = get(&s.url(path)).await;
-        assert!(r.headers.get("access-control-allow-origin").is_none(), "{path}");
+        assert!(
+            r.headers.get("access-control-allow-origin").is_none(),
+            "{path}"
+        );
     }
     // With a password any Host is served (the password is the gate).
     let answer = raw_async(
@@ -460,7 +561,10 @@ async fn the_password_cookie_cannot_reload_or_mint() {
     let mut config = test_config();
     config.auth.api_password = "pw".into();
     let s = Sluice::start(config).await;
-    let cookie = [("cookie", "api_password=pw"), ("content-type", "application/json")];
+    let cookie = [
+        ("cookie", "api_password=pw"),
+        ("content-type", "application/json"),
+    ];
     let r = request("POST", &s.url("/admin/reload"), &cookie).await;
     assert_eq!(r.status, 403);
     let r = request("POST", &s.url("/playlist/link"), &cookie).await;
@@ -502,7 +606,14 @@ async fn the_pages_ask_a_client_for_the_password() {
         sluice::server::Server::from_listeners(vec![listener], &config.server, app).unwrap();
     tokio::spawn(server.run(std::future::pending()));
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    for path in ["/status", "/status.json", "/player", "/playlist/builder", "/url-generator", "/"] {
+    for path in [
+        "/status",
+        "/status.json",
+        "/player",
+        "/playlist/builder",
+        "/url-generator",
+        "/",
+    ] {
         let answer = get_from("127.0.0.2", addr, path, "").await;
         assert_eq!(status(&answer), 401, "{path}: {answer}");
         assert_eq!(
@@ -511,16 +622,33 @@ async fn the_pages_ask_a_client_for_the_password() {
             "{path}"
         );
         // A wrong password is refused the same way.
-        let answer = get_from("127.0.0.2", addr, path, "Authorization: Basic dTp3cm9uZw==\r\n").await;
+        let answer = get_from(
+            "127.0.0.2",
+            addr,
+            path,
+            "Authorization: Basic dTp3cm9uZw==\r\n",
+        )
+        .await;
         assert_eq!(status(&answer), 401, "{path}: {answer}");
     }
     // "u:pw": any user name, the API password.
     for path in ["/status", "/playlist/builder", "/"] {
         let answer = get_from("127.0.0.2", addr, path, "Authorization: Basic dTpwdw==\r\n").await;
         assert_eq!(status(&answer), 200, "{path}: {answer}");
-        assert!(answer.contains("<html") || answer.contains("<!DOCTYPE") || answer.contains("<!doctype"), "{path}");
+        assert!(
+            answer.contains("<html")
+                || answer.contains("<!DOCTYPE")
+                || answer.contains("<!doctype"),
+            "{path}"
+        );
     }
-    let answer = get_from("127.0.0.2", addr, "/status.json", "Authorization: Basic dTpwdw==\r\n").await;
+    let answer = get_from(
+        "127.0.0.2",
+        addr,
+        "/status.json",
+        "Authorization: Basic dTpwdw==\r\n",
+    )
+    .await;
     assert_eq!(status(&answer), 200, "{answer}");
     // From 127.0.0.1 the rule is the same: a same-host reverse proxy makes every client local.
     let answer = get_from("127.0.0.1", addr, "/status", "").await;
@@ -543,7 +671,10 @@ async fn fcc_signalling_to_loopback_is_refused() {
     .await;
     assert_eq!(r.status, 400);
     let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
-    assert!(body.contains("loopback") && body.contains("iptv.fcc.servers"), "{body}");
+    assert!(
+        body.contains("loopback") && body.contains("iptv.fcc.servers"),
+        "{body}"
+    );
     let mut buf = [0u8; 64];
     let got = tokio::time::timeout(Duration::from_millis(300), target.recv_from(&mut buf)).await;
     assert!(got.is_err(), "a datagram reached the loopback target");
@@ -566,7 +697,11 @@ async fn the_upstream_guard_refuses_special_purpose_ipv6() {
         ("[2001:db8::1]", "documentation"),
         ("192.0.2.1", "documentation"),
     ] {
-        let r = get(&s.url(&format!("/proxy/stream?d={}", enc(&format!("http://{host}/x"))))).await;
+        let r = get(&s.url(&format!(
+            "/proxy/stream?d={}",
+            enc(&format!("http://{host}/x"))
+        )))
+        .await;
         assert_eq!(r.status, 403, "{host}");
         let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
         assert!(body.contains(class), "{host}: {body}");
@@ -615,9 +750,17 @@ async fn a_playlist_entry_token_opens_its_channel_only() {
         t.split('/').next().unwrap().to_string()
     };
     let (one, two) = (token_of(entries[0]), token_of(entries[1]));
-    assert!(entries[0].ends_with("/udp/239.255.20.1:5000"), "{}", entries[0]);
+    assert!(
+        entries[0].ends_with("/udp/239.255.20.1:5000"),
+        "{}",
+        entries[0]
+    );
     // The second entry's query is inside its token, not in the URL.
-    assert!(entries[1].ends_with("/rtp/239.255.20.2:5002"), "{}", entries[1]);
+    assert!(
+        entries[1].ends_with("/rtp/239.255.20.2:5002"),
+        "{}",
+        entries[1]
+    );
     // Its own channel: served (no sender, so 504 after the no-data timeout), never 401.
     let own = get(&s.url(&format!("/_token_{one}/udp/239.255.20.1:5000"))).await;
     assert_eq!(own.status, 504);
@@ -640,7 +783,10 @@ async fn a_playlist_entry_token_opens_its_channel_only() {
     for (path, why) in [
         ("/udp/224.0.0.251:5353?api_password=pw", "control traffic"),
         ("/udp/[ff02::fb]:5353?api_password=pw", "control traffic"),
-        ("/udp/239.255.20.1:5000?iface=eth0&api_password=pw", "not one this gateway serves"),
+        (
+            "/udp/239.255.20.1:5000?iface=eth0&api_password=pw",
+            "not one this gateway serves",
+        ),
     ] {
         let r = get(&s.url(path)).await;
         assert_eq!(r.status, 400, "{path}");
@@ -698,12 +844,19 @@ async fn an_origin_redirecting_to_sluice_itself_starts_no_chain() {
         assert_eq!(r.status, 403, "{back}");
         let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
         assert!(body.contains("own listener"), "{body}");
-        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "one hop, no chain: {back} {body}");
+        assert_eq!(
+            hits.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one hop, no chain: {back} {body}"
+        );
     }
     // A request that carries this sluice's own loop mark (another route back here, through a
     // name or address the listener check cannot know) is refused before anything is fetched.
     let origin = Origin::start().await;
-    let mark = sluice::upstream::guard::loop_mark().to_str().unwrap().to_string();
+    let mark = sluice::upstream::guard::loop_mark()
+        .to_str()
+        .unwrap()
+        .to_string();
     let r = request(
         "GET",
         &s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small")))),
@@ -715,7 +868,10 @@ async fn an_origin_redirecting_to_sluice_itself_starts_no_chain() {
     // Every upstream request carries the mark, so such a loop always shows.
     let r = get(&s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small"))))).await;
     assert_eq!(r.status, 200);
-    assert_eq!(origin.seen_path("/small")[0].headers["x-sluice-loop"], mark.as_str());
+    assert_eq!(
+        origin.seen_path("/small")[0].headers["x-sluice-loop"],
+        mark.as_str()
+    );
     // Another sluice's mark is a chain of two proxies, which works.
     let r = request(
         "GET",
@@ -768,7 +924,9 @@ async fn one_ip_holds_at_most_its_share_of_connections() {
     let mut open = Vec::new();
     for _ in 0..2 {
         let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-        c.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+        c.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
         let mut head = [0u8; 12];
         c.read_exact(&mut head).await.unwrap();
         assert_eq!(&head, b"HTTP/1.1 200");
@@ -785,7 +943,11 @@ async fn one_ip_holds_at_most_its_share_of_connections() {
     assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
     // ...while another client is served.
     let answer = get_from("127.0.0.2", s.addr, "/health", "").await;
-    assert_eq!(status(&answer), 421, "served (a password-free server answers loopback names only): {answer}");
+    assert_eq!(
+        status(&answer),
+        421,
+        "served (a password-free server answers loopback names only): {answer}"
+    );
     drop(open.pop());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let answer = raw_async(s.addr, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;

@@ -106,13 +106,26 @@ mod tests {
 
     #[test]
     fn pages_and_player_paths() {
-        for p in ["/", "/status", "/status.json", "/status/events", "/player", "/player/x"] {
+        for p in [
+            "/",
+            "/status",
+            "/status.json",
+            "/status/events",
+            "/player",
+            "/player/x",
+        ] {
             assert!(is_page(p), "{p}");
         }
         for p in ["/playlist/builder", "/url-generator", "/pages/pages.css"] {
             assert!(is_page(p), "{p}");
         }
-        for p in ["/statusx", "/proxy/stream", "/playlist.m3u", "/health", "/players"] {
+        for p in [
+            "/statusx",
+            "/proxy/stream",
+            "/playlist.m3u",
+            "/health",
+            "/players",
+        ] {
             assert!(!is_page(p), "{p}");
         }
         assert!(is_player_path("/proxy/hls/manifest.m3u8"));

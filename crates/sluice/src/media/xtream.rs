@@ -6,7 +6,6 @@
 //! stream lists, the M3U) carries instead a sealed token scoped to XC requests only
 //! ([`XC_SCOPE`]) that names the provider and user, so the API password never appears in a URL.
 
-
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -51,11 +50,7 @@ struct Resolved {
 }
 
 impl Xtream {
-    pub fn new(
-        upstream: Upstream,
-        keys: Keys,
-        max_response_bytes: usize,
-    ) -> Self {
+    pub fn new(upstream: Upstream, keys: Keys, max_response_bytes: usize) -> Self {
         Xtream {
             upstream,
             keys,

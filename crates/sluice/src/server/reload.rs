@@ -98,12 +98,18 @@ impl Reloader {
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         let body = match outcome {
-            Ok(a) => serde_json::json!({"at": stamp.to_string(), "reloaded": true, "changed": a.changed}),
-            Err(e) => serde_json::json!({"at": stamp.to_string(), "reloaded": false, "error": format!("{e:#}")}),
+            Ok(a) => {
+                serde_json::json!({"at": stamp.to_string(), "reloaded": true, "changed": a.changed})
+            }
+            Err(e) => {
+                serde_json::json!({"at": stamp.to_string(), "reloaded": false, "error": format!("{e:#}")})
+            }
         };
         // Written whole then renamed, so a reader never sees half of it.
         let tmp = path.with_extension("reload.tmp");
-        if let Err(e) = std::fs::write(&tmp, format!("{body}\n")).and_then(|()| std::fs::rename(&tmp, path)) {
+        if let Err(e) =
+            std::fs::write(&tmp, format!("{body}\n")).and_then(|()| std::fs::rename(&tmp, path))
+        {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the reload outcome");
         }
     }
@@ -213,7 +219,10 @@ fn flatten(config: &Config) -> BTreeMap<String, toml::Value> {
 }
 
 /// Keys whose value differs, or that one side lacks, in key order.
-fn changed_keys(old: &BTreeMap<String, toml::Value>, new: &BTreeMap<String, toml::Value>) -> Vec<String> {
+fn changed_keys(
+    old: &BTreeMap<String, toml::Value>,
+    new: &BTreeMap<String, toml::Value>,
+) -> Vec<String> {
     let mut keys: Vec<String> = old
         .iter()
         .filter(|(k, v)| new.get(*k) != Some(*v))

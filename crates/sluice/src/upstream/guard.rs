@@ -68,7 +68,8 @@ pub fn is_own_listener(target: std::net::SocketAddr) -> bool {
     let own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
     own.iter().any(|l| {
         l.port() == target.port()
-            && (l.ip() == ip || (l.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified())))
+            && (l.ip() == ip
+                || (l.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified())))
     })
 }
 
@@ -105,7 +106,10 @@ fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
     } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
         // 192.0.0.0/24: protocol assignments (DS-Lite, NAT64 discovery); never a CDN.
         Some("reserved")
-    } else if matches!((o[0], o[1], o[2]), (192, 0, 2) | (198, 51, 100) | (203, 0, 113)) {
+    } else if matches!(
+        (o[0], o[1], o[2]),
+        (192, 0, 2) | (198, 51, 100) | (203, 0, 113)
+    ) {
         // TEST-NET-1/2/3: documentation only, yet often routed to lab gear.
         Some("documentation")
     } else if (o[0], o[1], o[2]) == (192, 88, 99) {
@@ -211,7 +215,10 @@ mod tests {
             ("fec0::1", Some("site-local")),
             ("feff::1", Some("site-local")),
             ("2001::1", Some("protocol-assignment")),
-            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Some("protocol-assignment")),
+            (
+                "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+                Some("protocol-assignment"),
+            ),
             ("2001:2::1", Some("protocol-assignment")),
             ("2001:1ff::1", Some("protocol-assignment")),
             ("2001:db8::1", Some("documentation")),
