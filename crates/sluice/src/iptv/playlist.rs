@@ -24,7 +24,10 @@ const EPG_ATTRIBUTES: [&str; 2] = ["x-tvg-url", "url-tvg"];
 
 /// Seals one entry: its gateway path (`/udp/G:P`) and the query params it fixes, to the path
 /// prefix (`/_token_<T>`) whose token opens that entry alone.
-pub type Seal = Arc<dyn Fn(&str, &[(String, String)]) -> String + Send + Sync>;
+pub type Seal = Arc<SealFn>;
+
+/// What a [`Seal`] calls.
+pub type SealFn = dyn Fn(&str, &[(String, String)]) -> String + Send + Sync;
 
 /// Rewrites multicast and RTSP entries to `{base}/rtp/…`, `{base}/udp/…` or `{base}/rtsp/…`;
 /// `base` has no trailing `/`. With `epg`, the header's guide URL becomes that. With
@@ -36,7 +39,7 @@ pub fn rewrite_playlist(
     base: &str,
     epg: Option<&str>,
     catchup_query: Option<&str>,
-    seal: Option<&(dyn Fn(&str, &[(String, String)]) -> String + Send + Sync)>,
+    seal: Option<&SealFn>,
 ) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 4);
     // Where the last `#EXTINF` line sits in `out`, to add catch-up attributes to it once
@@ -103,11 +106,7 @@ fn title_comma(line: &str) -> usize {
 }
 
 /// An `#EXTINF` line with an `rtsp://` catch-up source pointed at this gateway.
-fn rewrite_catchup_source(
-    line: &str,
-    base: &str,
-    seal: Option<&(dyn Fn(&str, &[(String, String)]) -> String + Send + Sync)>,
-) -> String {
+fn rewrite_catchup_source(line: &str, base: &str, seal: Option<&SealFn>) -> String {
     match attribute(line, "catchup-source") {
         Some(value) if is_rtsp(value) => {
             let at = value.as_ptr() as usize - line.as_ptr() as usize;
@@ -161,11 +160,7 @@ fn replace_epg_attribute(line: &str, epg: &str) -> String {
     format!("{line} x-tvg-url=\"{epg}\"")
 }
 
-fn rewrite_entry(
-    line: &str,
-    base: &str,
-    seal: Option<&(dyn Fn(&str, &[(String, String)]) -> String + Send + Sync)>,
-) -> Option<String> {
+fn rewrite_entry(line: &str, base: &str, seal: Option<&SealFn>) -> Option<String> {
     let (kind, rest) = ["rtp", "udp", "rtsp"].iter().find_map(|k| {
         let scheme = line.get(..k.len() + 3)?;
         scheme
@@ -183,12 +178,7 @@ fn rewrite_entry(
 /// `{base}/{kind}/{rest}`; sealed, `{base}/_token_<T>/{kind}/{path}` with the query's params
 /// inside the token, except catch-up params (and their `{utc:…}` placeholders), which a player
 /// fills in and so stay in the URL.
-fn gateway_url(
-    base: &str,
-    kind: &str,
-    rest: &str,
-    seal: Option<&(dyn Fn(&str, &[(String, String)]) -> String + Send + Sync)>,
-) -> String {
+fn gateway_url(base: &str, kind: &str, rest: &str, seal: Option<&SealFn>) -> String {
     let Some(seal) = seal else {
         return format!("{base}/{kind}/{rest}");
     };
