@@ -322,6 +322,7 @@ impl App {
     pub fn live_keys(self: &Arc<Self>) -> crate::server::reload::LiveKeys {
         let weak = Arc::downgrade(self);
         Box::new(move || {
+            #[cfg_attr(not(feature = "cache"), allow(unused_mut))]
             let mut keys = Vec::new();
             #[cfg(feature = "cache")]
             if let Some(app) = weak.upgrade() {
