@@ -46,8 +46,16 @@ pub struct IptvConfig {
     /// Interface to join on when a request names none (`?iface=`). No default on purpose: a
     /// join must never land on an interface nobody chose.
     pub interface: Option<String>,
-    /// Let requests pick the interface with `?iface=` (also `ifname=`, `r2h-ifname=`).
+    /// Let requests pick the interface with `?iface=` (also `ifname=`, `r2h-ifname=`), among
+    /// `interface`, `fcc.interface` and `interfaces`.
     pub allow_iface_param: bool,
+    /// More interfaces a request may name with `?iface=` (or `?r2h-ifname-fcc=`); any other
+    /// name is refused, so a viewer cannot make the gateway join on an interface nobody chose.
+    pub interfaces: Vec<String>,
+    /// Multicast control and link-local groups a channel may name: 224.0.0.0/24 and
+    /// 224.0.1.0/24 (routing, mDNS, NTP), 239.255.255.250 and .253 (SSDP, SLP), ff01::/16 and
+    /// ff02::/16 are refused unless listed here (`["224.0.1.0/24"]`).
+    pub allow_groups: Vec<ipnet::IpNet>,
     /// M3U to serve at `/playlist.m3u`: a file path or an `http://` URL.
     pub playlist: Option<String>,
     /// Reload the playlist when the cached copy is older than this.
@@ -69,6 +77,9 @@ pub struct IptvConfig {
     pub max_subscribers: usize,
     /// Subscribers of one channel (0 = unlimited); beyond it requests get 429.
     pub max_subscribers_per_channel: usize,
+    /// Channels one client IP may watch at once (0 = unlimited); beyond it 429. A household
+    /// watches a few; one client opening dozens is joining groups for someone else.
+    pub max_subscribers_per_client: usize,
     /// Channels joined at once, lingering ones included (0 = unlimited); beyond it 503.
     pub max_channels: usize,
     /// Stay joined this long after the last subscriber leaves, so flipping back is instant
@@ -115,6 +126,8 @@ pub struct IptvConfig {
 crate::config::section::config_section!(IptvConfig {
     interface,
     allow_iface_param,
+    interfaces,
+    allow_groups,
     playlist,
     playlist_refresh_secs,
     playlist_base_url,
@@ -124,6 +137,7 @@ crate::config::section::config_section!(IptvConfig {
     epg_fetch_timeout_secs,
     max_subscribers,
     max_subscribers_per_channel,
+    max_subscribers_per_client,
     max_channels,
     linger_ms,
     no_data_timeout_ms,
@@ -147,6 +161,8 @@ impl Default for IptvConfig {
         Self {
             interface: None,
             allow_iface_param: true,
+            interfaces: Vec::new(),
+            allow_groups: Vec::new(),
             playlist: None,
             playlist_refresh_secs: 3600,
             playlist_base_url: None,
@@ -156,6 +172,7 @@ impl Default for IptvConfig {
             epg_fetch_timeout_secs: 120,
             max_subscribers: 256,
             max_subscribers_per_channel: 64,
+            max_subscribers_per_client: 8,
             max_channels: 64,
             linger_ms: 10_000,
             no_data_timeout_ms: 5_000,
@@ -260,9 +277,10 @@ impl IptvConfig {
     }
 }
 
-/// A path prefix (such as `/_token_<T>`) the server asks `/playlist.m3u` entries to carry.
-#[derive(Debug, Clone)]
-pub struct EntryPrefix(pub String);
+/// Seals one `/playlist.m3u` entry (its path and query) into the path prefix `/_token_<T>` whose
+/// token opens that entry alone; given by the server when a password is configured.
+#[derive(Clone)]
+pub struct EntrySealer(pub playlist::Seal);
 
 /// The IPTV front end.
 #[derive(Debug)]
@@ -299,6 +317,7 @@ impl Iptv {
             subscribers: config.max_subscribers,
             per_hub: config.max_subscribers_per_channel,
             hubs: config.max_channels,
+            per_client: config.max_subscribers_per_client,
         };
         let metrics = metrics::Metrics::register(registry);
         let rtsp = rtsp::Context::new(config.rtsp.clone(), upstream.clone());
@@ -404,16 +423,13 @@ impl Iptv {
         };
         // Behind a password, entries carry an encrypted token in their path (players cannot add
         // headers, and the password itself must not appear in a URL).
-        let base = match req.extensions.get::<EntryPrefix>() {
-            Some(EntryPrefix(prefix)) => format!("{base}{prefix}"),
-            None => base,
-        };
+        let seal = req.extensions.get::<EntrySealer>().map(|s| s.0.clone());
         // Players fetch the guide from this gateway (cached, and reachable where the source
         // is not) whenever there is one to serve.
-        let epg = self
-            .epg
-            .source(Some(&text_in))
-            .map(|_| format!("{base}/epg.xml.gz"));
+        let epg = self.epg.source(Some(&text_in)).map(|_| match &seal {
+            Some(seal) => format!("{base}{}/epg.xml.gz", seal("/epg.xml.gz", &[])),
+            None => format!("{base}/epg.xml.gz"),
+        });
         let rtsp = &self.config.rtsp;
         let catchup =
             (rtsp.enabled && !rtsp.catchup_query.is_empty()).then_some(rtsp.catchup_query.as_str());
@@ -422,6 +438,7 @@ impl Iptv {
             &base,
             epg.as_deref(),
             catchup,
+            seal.as_deref(),
         );
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
     }
@@ -551,18 +568,42 @@ impl Iptv {
             (Some(_), _) if !self.config.allow_iface_param => {
                 return Err("choosing the interface per request is disabled".into())
             }
+            (Some(name), _) if !self.interface_allowed(&name) => {
+                return Err(format!(
+                    "interface {name:?} is not one this gateway serves: name it in \
+                     iptv.interface or iptv.interfaces"
+                ))
+            }
             (Some(name), _) => name,
             (None, Some(name)) => name.clone(),
             (None, None) => {
                 return Err("no interface: add ?iface=NAME or set iptv.interface".into())
             }
         };
+        if url::is_control_group(ch.group)
+            && !self
+                .config
+                .allow_groups
+                .iter()
+                .any(|n| n.contains(&ch.group))
+        {
+            return Err(format!(
+                "group {} carries the network's own control traffic: list it in \
+                 iptv.allow_groups to serve it",
+                ch.group
+            ));
+        }
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
         let fcc = match ch.fcc {
             Some((server, flavor)) => {
                 let interface = match (ch.fcc_interface, &self.config.fcc.interface) {
                     (Some(_), _) if !self.config.allow_iface_param => {
                         return Err("choosing the interface per request is disabled".into())
+                    }
+                    (Some(name), _) if !self.interface_allowed(&name) => {
+                        return Err(format!(
+                            "r2h-ifname-fcc: interface {name:?} is not one this gateway serves"
+                        ))
                     }
                     (Some(name), _) => Some(name),
                     (None, configured) => configured.clone(),
@@ -571,10 +612,17 @@ impl Iptv {
                     crate::net::multicast::interface_index(name)
                         .map_err(|e| format!("r2h-ifname-fcc: {e}"))?;
                 }
+                fcc::check_server(*server.ip(), &self.config.fcc.servers).map_err(|class| {
+                    format!(
+                        "fcc={server}: a {class} address; list its network in iptv.fcc.servers \
+                         to use it"
+                    )
+                })?;
                 Some(fcc::FccTarget {
                     server,
                     flavor,
                     interface,
+                    servers: self.config.fcc.servers.clone().into(),
                 })
             }
             None => None,
@@ -593,6 +641,14 @@ impl Iptv {
         Ok((key, fcc))
     }
 
+    /// Whether a request may name interface `name`: a configured one only.
+    fn interface_allowed(&self, name: &str) -> bool {
+        let c = &self.config;
+        c.interface.as_deref() == Some(name)
+            || c.fcc.interface.as_deref() == Some(name)
+            || c.interfaces.iter().any(|i| i == name)
+    }
+
     /// Waits for the hub's first published bytes; `None` on timeout or if the hub ended.
     async fn first_data_within(&self, hub: &hub::Hub, wait: Duration) -> Option<Published> {
         let mut rx = hub.published.subscribe();
@@ -608,6 +664,7 @@ impl Iptv {
             Refusal::Subscribers(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_subscribers"),
             Refusal::Hubs(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_channels"),
             Refusal::PerHub(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_channel"),
+            Refusal::PerClient(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_client"),
             Refusal::Join(_) => (StatusCode::BAD_GATEWAY, "join_failed"),
         };
         self.registry.metrics.refuse(reason);

@@ -89,7 +89,11 @@ pub async fn serve_reloadable(
         tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");
     }
     if let Some((file, flags)) = source {
-        let mut reloader = server::reload::Reloader::new(file, flags);
+        let mut reloader = server::reload::Reloader::new(file, flags).running(&config);
+        if let Some(pid_file) = &config.server.pid_file {
+            reloader = reloader.report_to(server::reload::report_path(pid_file));
+        }
+        reloader.add_live(app.live_keys());
         // Order matters: the routes part installs the new upstream generation in its commit, and
         // the TCP part's commit (run after it) re-applies the listeners over that generation.
         reloader.add("routes", app.reload_part());

@@ -62,21 +62,24 @@ fn main() -> anyhow::Result<()> {
 
 /// Sends SIGHUP to the running sluice named by `--pid`, `--pid-file` or the config's pid file.
 fn reload(args: ReloadArgs) -> anyhow::Result<()> {
-    let pid = match (args.pid, args.pid_file, args.config) {
-        (Some(pid), _, _) => pid,
-        (None, Some(path), _) => read_pid(&path)?,
+    let (pid, pid_file) = match (args.pid, args.pid_file, args.config) {
+        (Some(pid), _, _) => (pid, None),
+        (None, Some(path), _) => (read_pid(&path)?, Some(path)),
         (None, None, Some(file)) => {
             let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
             let path = config.server.pid_file.ok_or_else(|| {
                 anyhow::anyhow!("{} sets no server.pid_file; pass --pid", file.display())
             })?;
-            read_pid(&path)?
+            (read_pid(&path)?, Some(path))
         }
         (None, None, None) => anyhow::bail!("name the process: --pid, --pid-file or --config"),
     };
     if pid <= 1 {
         anyhow::bail!("refusing to signal pid {pid}");
     }
+    let before = pid_file
+        .as_deref()
+        .and_then(|p| std::fs::read_to_string(sluice::server::reload::report_path(p)).ok());
     // SAFETY: kill(2) with a positive pid and SIGHUP has no memory effects in this process.
     let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
     if rc != 0 {
@@ -85,8 +88,43 @@ fn reload(args: ReloadArgs) -> anyhow::Result<()> {
             std::io::Error::last_os_error()
         );
     }
-    println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
-    Ok(())
+    let Some(report) = pid_file.map(|p| sluice::server::reload::report_path(&p)) else {
+        println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
+        return Ok(());
+    };
+    // The server writes each outcome beside its pid file: wait for this one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let answer = loop {
+        match std::fs::read_to_string(&report) {
+            Ok(now) if Some(&now) != before.as_ref() => break now,
+            _ if std::time::Instant::now() > deadline => {
+                println!(
+                    "sent SIGHUP to {pid}; no outcome in {} after 30 s: see the server log",
+                    report.display()
+                );
+                return Ok(());
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    };
+    let outcome: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+    if outcome["reloaded"] == serde_json::Value::Bool(true) {
+        let changed: Vec<&str> = outcome["changed"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        if changed.is_empty() {
+            println!("reloaded (pid {pid}); no key changed");
+        } else {
+            println!("reloaded (pid {pid}); changed: {}", changed.join(", "));
+        }
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "reload refused (pid {pid}), the running config stays: {}",
+            outcome["error"].as_str().unwrap_or("see the server log")
+        )
+    }
 }
 
 fn read_pid(path: &std::path::Path) -> anyhow::Result<i32> {

@@ -189,6 +189,8 @@ impl Server {
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight responses finish within
     /// the grace period, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        // While it serves, an upstream fetch to one of these addresses is refused (a loop).
+        let _own = crate::upstream::guard::OwnListeners::register(self.local_addrs());
         let builder = Arc::new(http_builder(&self.config));
         let (stop_tx, stop_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
@@ -197,7 +199,12 @@ impl Server {
             n => n,
         };
         tracing::info!(max_connections = max, "client connection limit");
-        let acceptor = listener::Acceptor::new(max, self.app.http_metrics().accept.clone());
+        let acceptor = listener::Acceptor::new(max, self.app.http_metrics().accept.clone()).per_ip(
+            listener::PerIp::new(
+                self.config.max_connections_per_ip,
+                self.config.per_ip_exempt.clone(),
+            ),
+        );
         let timeouts = Timeouts {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),

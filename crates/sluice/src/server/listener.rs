@@ -121,12 +121,73 @@ pub struct Acceptor {
     /// server saturated for hours logs once a minute, not once per accept.
     warned: Arc<AtomicU64>,
     born: Instant,
+    per_ip: Arc<PerIp>,
+}
+
+/// Connections held per client IP, for `server.max_connections_per_ip`.
+#[derive(Debug, Default)]
+pub struct PerIp {
+    max: usize,
+    exempt: Vec<ipnet::IpNet>,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PerIp {
+    /// At most `max` connections per IP (0: no limit), except from `exempt` peers.
+    pub fn new(max: usize, exempt: Vec<ipnet::IpNet>) -> Arc<PerIp> {
+        Arc::new(PerIp {
+            max,
+            exempt,
+            held: Default::default(),
+        })
+    }
+
+    /// Takes a place for `ip`, or `None` when it holds `max` already.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Option<IpPlace>> {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        if self.max == 0 || self.exempt.iter().any(|n| n.contains(&ip)) {
+            return Some(None);
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Some(IpPlace {
+            owner: self.clone(),
+            ip,
+        }))
+    }
+}
+
+/// One connection's place in its IP's count.
+#[derive(Debug)]
+struct IpPlace {
+    owner: Arc<PerIp>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for IpPlace {
+    fn drop(&mut self) {
+        let mut held = self.owner.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// One open connection's slot; dropping it (connection closed) lets the acceptor take another.
 #[derive(Debug)]
 pub struct Slot {
     _permit: OwnedSemaphorePermit,
+    _ip: Option<IpPlace>,
     open: Gauge,
 }
 
@@ -146,7 +207,14 @@ impl Acceptor {
             metrics,
             warned: Arc::new(AtomicU64::new(0)),
             born: Instant::now(),
+            per_ip: Arc::default(),
         }
+    }
+
+    /// Also caps the connections of each client IP (`server.max_connections_per_ip`).
+    pub fn per_ip(mut self, per_ip: Arc<PerIp>) -> Self {
+        self.per_ip = per_ip;
+        self
     }
 
     fn warn_throttled(&self) {
@@ -185,13 +253,23 @@ impl Acceptor {
                     .expect("the acceptor never closes its semaphore")
             }
         };
-        let (stream, peer) = accept(listener).await;
-        self.metrics.open.inc();
-        let slot = Slot {
-            _permit: permit,
-            open: self.metrics.open.clone(),
-        };
-        (stream, peer, slot)
+        loop {
+            let (stream, peer) = accept(listener).await;
+            let Some(place) = self.per_ip.take(peer.ip()) else {
+                // Over its share: closed at once (the client sees a reset or EOF), and the
+                // slot goes to the next connection.
+                tracing::debug!(%peer, "connection closed: max_connections_per_ip reached");
+                drop(stream);
+                continue;
+            };
+            self.metrics.open.inc();
+            let slot = Slot {
+                _permit: permit,
+                _ip: place,
+                open: self.metrics.open.clone(),
+            };
+            return (stream, peer, slot);
+        }
     }
 }
 

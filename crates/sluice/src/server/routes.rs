@@ -101,6 +101,8 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/url-generator",
             "/url_generator.html",
             "/pages/",
+            // The player page: routed here so the page gate guards it.
+            "/player",
         ],
     ),
     (
@@ -111,6 +113,7 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/rtsp/",
             "/playlist.m3u",
             "/epg.xml",
+            "/epg.xml.gz",
             "/status",
             "/status.json",
         ],
@@ -138,6 +141,8 @@ pub struct Routing {
     /// own, so they are served only where no route or other built-in claims the path.
     #[cfg_attr(not(feature = "media"), allow(dead_code))]
     xtream_host: Option<(usize, HostPattern)>,
+    /// `endpoints.host` names the built-ins' host: the table already refuses every other `Host`.
+    pub builtin_host_pinned: bool,
 }
 
 impl Routing {
@@ -202,6 +207,7 @@ impl Routing {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let builtin_host_pinned = builtin_host != HostPattern::Any;
         let xtream_host = (endpoints.media && media_on).then_some((builtin_listener, builtin_host));
         Ok(Routing {
             tables,
@@ -209,6 +215,7 @@ impl Routing {
             #[cfg(feature = "reverse")]
             reverse,
             xtream_host,
+            builtin_host_pinned,
         })
     }
 
