@@ -109,6 +109,8 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/rtp/",
             "/udp/",
             "/rtsp/",
+            // HLS output of the channels above (iptv::hls).
+            "/hls/",
             "/playlist.m3u",
             "/epg.xml",
             "/status",
