@@ -508,3 +508,40 @@ async fn bad_hls_paths_get_clear_answers() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwatched_hls_channel_stops_and_its_hub_leaves() {
+    require_ffmpeg();
+    let dir = Scratch::new("linger");
+    let source = make_source(&dir.path("source.ts"), 8, 25, None);
+    let gw = Gateway::start(hls_config(1)).await;
+    let group = "239.255.41.5";
+    let url = "/hls/rtp/239.255.41.5:5605/index.m3u8?iface=lo";
+    let first = gw.spawn_get(url);
+    wait_joined(group, true).await;
+    // Real time (8 s of stream over 8 s), so the channel keeps flowing meanwhile.
+    let sending = std::thread::spawn(move || {
+        let sender = Sender::new(group, 5605);
+        let payloads: Vec<&[u8]> = source.chunks(7 * 188).collect();
+        let gap = Duration::from_secs(8) / payloads.len() as u32;
+        for (i, p) in payloads.iter().enumerate() {
+            sender.send_one(&rtp(i as u16, p));
+            std::thread::sleep(gap);
+        }
+    });
+    assert_eq!(first.await.unwrap().status(), 200);
+    assert_eq!(gw.iptv.hls_channels(), 1);
+    // No more requests: after linger_ms (200) plus three target durations the segmenter
+    // lets go, and the hub leaves after its own linger, while the sender still sends.
+    let asked = std::time::Instant::now();
+    wait_joined(group, false).await;
+    assert!(asked.elapsed() >= Duration::from_secs(3), "left too early");
+    assert!(
+        !sending.is_finished(),
+        "left because the sender stopped, not for want of viewers"
+    );
+    assert_eq!(gw.iptv.hls_channels(), 0);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+}

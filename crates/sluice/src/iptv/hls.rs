@@ -206,7 +206,7 @@ impl Iptv {
         };
         channel.touch();
         let target = Duration::from_secs(config.target_duration_secs);
-        match file {
+        let resp = match file {
             File::Playlist => {
                 let wait = self.start_wait(&channel.key) + 2 * target;
                 self.playlist_of(&channel, wait, req.uri.query().unwrap_or(""))
@@ -216,11 +216,15 @@ impl Iptv {
                 let resp = segment_of(&channel, n, 2 * target + Duration::from_secs(1)).await;
                 if req.method == Method::HEAD {
                     let (parts, _) = resp.into_parts();
-                    return Response::from_parts(parts, body::empty());
+                    Response::from_parts(parts, body::empty())
+                } else {
+                    resp
                 }
-                resp
             }
-        }
+        };
+        // A viewer is there until its last answer, not its last question.
+        channel.touch();
+        resp
     }
 
     /// The hub key (and FCC server) of a channel path, as its raw-TS request would have it.
