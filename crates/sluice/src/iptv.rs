@@ -13,6 +13,7 @@
 //! - `playlist`: the M3U, loaded and refreshed, with multicast entries rewritten to this gateway.
 //! - `rtsp`: `/rtsp/` sessions (RTSP client, catch-up) feeding hubs like multicast channels.
 //! - `hls`: `/hls/` — every channel as live HLS, segmented once per channel from its hub.
+//! - `player`: `/player`, the browser page that plays channels through `/hls/` (hls.js embedded).
 //! - `epg`: the playlist's XMLTV guide, cached and served at `/epg.xml` and `/epg.xml.gz`.
 //! - `status`: JSON snapshot, HTML page, server-sent events.
 //! - `metrics`: Prometheus families, per hub.
@@ -23,6 +24,7 @@ pub mod fec;
 pub mod hls;
 pub mod hub;
 pub mod metrics;
+pub mod player;
 pub mod playlist;
 pub mod registry;
 pub mod ring;
@@ -347,6 +349,7 @@ impl Iptv {
     pub fn serves(path: &str) -> bool {
         path.starts_with("/rtp/")
             || path.starts_with("/hls/")
+            || player::serves(path)
             || path.starts_with("/udp/")
             || path.starts_with("/rtsp/")
             || matches!(
@@ -386,6 +389,7 @@ impl Iptv {
             "/epg.xml.gz" => self.guide(&req, true).await,
             p if p.starts_with("/rtsp/") => self.rtsp(&req).await,
             p if p.starts_with("/hls/") => self.hls(&req).await,
+            p if player::serves(p) => player::handle(&req.method, p, &req.headers),
             _ => self.channel(&req).await,
         }
     }

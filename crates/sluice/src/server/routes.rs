@@ -111,6 +111,8 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/rtsp/",
             // HLS output of the channels above (iptv::hls).
             "/hls/",
+            // The page playing them (iptv::player).
+            "/player",
             "/playlist.m3u",
             "/epg.xml",
             "/status",
