@@ -111,6 +111,8 @@ pub struct Segmenter {
     frame: u64,
     gop: u64,
     last_keyframe: Option<u64>,
+    /// Decoding timestamp of the newest picture seen.
+    latest: Option<u64>,
     done: Vec<Segment>,
 }
 
@@ -134,6 +136,7 @@ impl Segmenter {
             frame: 0,
             gop: 0,
             last_keyframe: None,
+            latest: None,
             done: Vec::new(),
         }
     }
@@ -141,6 +144,12 @@ impl Segmenter {
     /// The timing stream's PID and coding, once a PMT has named one.
     pub fn timing(&self) -> Option<(u16, Codec)> {
         self.timing
+    }
+
+    /// Decoding timestamp of the newest picture (or audio frame) of the timing stream: with the
+    /// time it arrived, the anchor that puts segments on the wall clock.
+    pub fn latest(&self) -> Option<u64> {
+        self.latest
     }
 
     /// Takes TS bytes in any chunking; bytes before a packet boundary are skipped until the
@@ -278,6 +287,7 @@ impl Segmenter {
         if h.payload_unit_start {
             if let Some(header) = pes::parse(payload) {
                 if let Some(dts) = header.dts {
+                    self.latest = Some(dts);
                     // The picture before was never shown to be a keyframe.
                     if self.probe.is_some() {
                         self.decide(false);

@@ -14,6 +14,7 @@
 //! - `rtsp`: `/rtsp/` sessions (RTSP client, catch-up) feeding hubs like multicast channels.
 //! - `hls`: `/hls/` — every channel as live HLS, segmented once per channel from its hub.
 //! - `player`: `/player`, the browser page that plays channels through `/hls/` (hls.js embedded).
+//! - `timeshift`: the last minutes of chosen channels' segments on disk, for seeking back.
 //! - `epg`: the playlist's XMLTV guide, cached and served at `/epg.xml` and `/epg.xml.gz`.
 //! - `status`: JSON snapshot, HTML page, server-sent events.
 //! - `metrics`: Prometheus families, per hub.
@@ -31,6 +32,7 @@ pub mod ring;
 pub mod rtsp;
 pub mod status;
 pub mod subscriber;
+pub mod timeshift;
 pub mod url;
 
 use std::sync::Arc;
@@ -116,6 +118,8 @@ pub struct IptvConfig {
     pub fcc: fcc::FccConfig,
     /// HLS output of every channel: `[iptv.hls]`.
     pub hls: hls::HlsConfig,
+    /// Channels kept on disk for seeking back: `[iptv.timeshift]`.
+    pub timeshift: timeshift::TimeshiftConfig,
 }
 
 crate::config::section::config_section!(IptvConfig {
@@ -147,6 +151,7 @@ crate::config::section::config_section!(IptvConfig {
     rtsp,
     fcc,
     hls,
+    timeshift,
 });
 
 impl Default for IptvConfig {
@@ -180,6 +185,7 @@ impl Default for IptvConfig {
             rtsp: rtsp::RtspConfig::default(),
             fcc: fcc::FccConfig::default(),
             hls: hls::HlsConfig::default(),
+            timeshift: timeshift::TimeshiftConfig::default(),
         }
     }
 }
@@ -240,6 +246,12 @@ impl IptvConfig {
                 reason,
             });
         }
+        if let Err(reason) = self.timeshift.validate() {
+            return Err(IptvError::Config {
+                field: "timeshift",
+                reason,
+            });
+        }
         if self.slow_subscriber_timeout_ms < 100 {
             return bad("slow_subscriber_timeout_ms", "must be at least 100");
         }
@@ -287,6 +299,8 @@ pub struct Iptv {
     epg: Arc<epg::Epg>,
     rtsp: Arc<rtsp::Context>,
     hls: hls::Table,
+    /// Timeshift recorders of the channels that have one, by hub key.
+    recorders: std::sync::Mutex<std::collections::HashMap<HubKey, Arc<timeshift::Recorder>>>,
 }
 
 impl Iptv {
@@ -334,14 +348,19 @@ impl Iptv {
                 rt.spawn(epg.clone().refresh_loop(playlist.clone()));
             }
         }
-        Ok(Arc::new(Self {
+        let iptv = Arc::new(Self {
             config,
             registry: Arc::new(hubs),
             playlist,
             epg,
             rtsp,
             hls: hls::Table::default(),
-        }))
+            recorders: Default::default(),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            iptv.start_timeshift();
+        }
+        Ok(iptv)
     }
 
     /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /hls/, /playlist.m3u,

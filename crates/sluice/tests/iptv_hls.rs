@@ -545,3 +545,151 @@ async fn an_unwatched_hls_channel_stops_and_its_hub_leaves() {
         .await
         .unwrap();
 }
+
+/// `secs` of H.264 whose pictures are flat grey at luma `16 + 8 × second`, muxed at a constant
+/// 400 kb/s with no mux delay, so a byte's place in the file is its time in the stream.
+fn make_clock_source(out: &Path, secs: u32) -> Vec<u8> {
+    let status = Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg(format!(
+            "nullsrc=size=160x120:rate=25:duration={secs},geq=lum='16+8*floor(T)':cb=128:cr=128"
+        ))
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .args([
+            "-x264-params",
+            "keyint=25:min-keyint=25:scenecut=0",
+            "-b:v",
+            "150k",
+        ])
+        .args([
+            "-muxrate",
+            "400k",
+            "-muxdelay",
+            "0",
+            "-muxpreload",
+            "0",
+            "-f",
+            "mpegts",
+        ])
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "ffmpeg made the clock source");
+    std::fs::read(out).unwrap()
+}
+
+/// The second of the stream shown `offset` seconds into `segment` (from its luma plane, as
+/// coded: no range conversion).
+fn second_at(segment: &Path, offset: f64) -> u32 {
+    let out = Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(segment)
+        .args(["-ss", &format!("{offset:.3}"), "-frames:v", "1"])
+        .args(["-f", "rawvideo", "-pix_fmt", "yuv420p", "-"])
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.len() >= 160 * 120,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mean = out.stdout[..160 * 120]
+        .iter()
+        .map(|&y| f64::from(y))
+        .sum::<f64>()
+        / (160.0 * 120.0);
+    ((mean - 16.0) / 8.0).round() as u32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeshift_channel_is_recorded_and_a_seek_lands_where_asked() {
+    require_ffmpeg();
+    let dir = Scratch::new("timeshift");
+    let source = make_clock_source(&dir.path("clock.ts"), 12);
+    let mut cfg = hls_config(1);
+    cfg.timeshift.dir = Some(dir.path("shift").to_string_lossy().into_owned());
+    cfg.timeshift.minutes = 5;
+    cfg.timeshift.channels = vec!["/rtp/239.255.41.6:5606?iface=lo".into()];
+    let gw = Gateway::start(cfg).await;
+    // Recorded from start-up, before anyone asks.
+    wait_joined("239.255.41.6", true).await;
+    // Sent in real time from a wall-clock half second, so second k of the stream is on air
+    // from S + k + 0.5 to S + k + 1.5.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let s = now.as_secs() + 1;
+    let t0 = std::time::UNIX_EPOCH + Duration::from_millis(s * 1000 + 500);
+    let sending = std::thread::spawn(move || {
+        let sender = Sender::new("239.255.41.6", 5606);
+        for (i, p) in source.chunks(7 * 188).enumerate() {
+            // 400 kb/s: each datagram's bytes take this long on the wire.
+            let due = t0 + Duration::from_micros(i as u64 * 7 * 188 * 8 * 1_000_000 / 400_000);
+            if let Ok(wait) = due.duration_since(std::time::SystemTime::now()) {
+                std::thread::sleep(wait);
+            }
+            sender.send_one(&rtp(i as u16, p));
+        }
+    });
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let base = "/hls/rtp/239.255.41.6:5606";
+    // The whole window, with wall-clock times.
+    let text = read_text(gw.get(&format!("{base}/index.m3u8?iface=lo")).await).await;
+    let p = parse_playlist(&text);
+    let total: f64 = p.segments.iter().map(|s| s.0).sum();
+    assert!((total - 12.0).abs() < 1.1, "{total} s recorded: {text}");
+    assert_eq!(
+        text.matches("#EXT-X-PROGRAM-DATE-TIME:").count(),
+        p.segments.len()
+    );
+    // Catch-up from S + 6 to S + 9: lands in second 5 of the stream, half a second in.
+    let seek = format!("{base}/index.m3u8?iface=lo&playseek={}-{}", s + 6, s + 9);
+    let resp = gw.get(&seek).await;
+    assert_eq!(resp.status(), 200);
+    let text = read_text(resp).await;
+    let p = parse_playlist(&text);
+    assert!(
+        p.ended && text.contains("#EXT-X-PLAYLIST-TYPE:VOD"),
+        "{text}"
+    );
+    let offset: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-START:TIME-OFFSET="))
+        .and_then(|v| v.split(',').next())
+        .expect("a start offset")
+        .parse()
+        .unwrap();
+    assert!((3..=5).contains(&p.segments.len()), "{text}");
+    let first = fetch(&gw, base, &p.segments[0].2).await;
+    assert_head(&first, PMT, VIDEO, "first catch-up segment");
+    let path = dir.path("first.ts");
+    std::fs::write(&path, &first).unwrap();
+    let second = tokio::task::spawn_blocking(move || second_at(&path, offset))
+        .await
+        .unwrap();
+    assert_eq!(second, 5, "{text}");
+    // Before the window: refused with what the window holds.
+    let resp = gw
+        .get(&format!("{base}/index.m3u8?iface=lo&playseek={}", s - 600))
+        .await;
+    assert_eq!(resp.status(), 404);
+    assert!(read_text(resp)
+        .await
+        .contains("outside the timeshift window"));
+    // The segments are on disk.
+    let files = std::fs::read_dir(dir.path("shift"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .count();
+    assert!(files >= 11, "{files} files");
+}

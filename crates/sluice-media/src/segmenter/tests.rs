@@ -1,4 +1,4 @@
-use super::playlist::{self, Entry, Window};
+use super::playlist::{self, Entry, Kind, Window};
 use super::*;
 
 const VIDEO: u16 = 0x100;
@@ -330,11 +330,13 @@ fn playlist_lists_the_window() {
             sequence: 7,
             duration: 2 * CLOCK,
             discontinuity: false,
+            wall_ms: None,
         },
         Entry {
             sequence: 8,
             duration: 180_450,
             discontinuity: true,
+            wall_ms: None,
         },
     ];
     let window = Window {
@@ -342,11 +344,37 @@ fn playlist_lists_the_window() {
         discontinuity_sequence: 3,
         ended: true,
         query: "iface=lo",
+        kind: Kind::Live,
+        start_ms: None,
     };
     assert_eq!(
         playlist::media(window, &entries),
         "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:7\n\
          #EXT-X-DISCONTINUITY-SEQUENCE:3\n#EXTINF:2.000,\n7.ts?iface=lo\n\
          #EXT-X-DISCONTINUITY\n#EXTINF:2.005,\n8.ts?iface=lo\n#EXT-X-ENDLIST\n"
+    );
+}
+
+#[test]
+fn a_catch_up_playlist_has_its_type_start_and_wall_clock() {
+    let entries = [Entry {
+        sequence: 40,
+        duration: CLOCK,
+        discontinuity: false,
+        wall_ms: Some(1_704_110_407_250),
+    }];
+    let window = Window {
+        target: 1,
+        discontinuity_sequence: 0,
+        ended: true,
+        query: "",
+        kind: Kind::Vod,
+        start_ms: Some(750),
+    };
+    assert_eq!(
+        playlist::media(window, &entries),
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:1\n#EXT-X-MEDIA-SEQUENCE:40\n\
+         #EXT-X-PLAYLIST-TYPE:VOD\n#EXT-X-START:TIME-OFFSET=0.750,PRECISE=YES\n\
+         #EXT-X-PROGRAM-DATE-TIME:2024-01-01T12:00:07.250Z\n#EXTINF:1.000,\n40.ts\n#EXT-X-ENDLIST\n"
     );
 }

@@ -15,13 +15,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use http::{header, Method, Response, StatusCode};
-use sluice_media::segmenter::playlist::{self, Entry};
+use sluice_media::segmenter::playlist::{self, Entry, Kind};
 use sluice_media::segmenter::{Segment, Segmenter, Settings, CLOCK};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::hub::HubKey;
 use super::registry::{self, Subscription};
+use super::timeshift::{self, Recorder};
 use super::{subscriber, Iptv, SlowPolicy};
 use crate::body::{self, Body};
 
@@ -90,6 +91,8 @@ struct Window {
     discontinuities_gone: u64,
     ended: bool,
     failure: Option<Failure>,
+    /// The first segment follows a break in the timeshift recording (a restarted channel).
+    restarted: bool,
 }
 
 /// One channel's segmenter output, shared by its HLS viewers.
@@ -100,6 +103,8 @@ pub struct Channel {
     /// Bumped whenever the window changes, for requests that wait for a segment.
     changed: watch::Sender<u64>,
     touched: Mutex<Instant>,
+    /// Present for a timeshift channel: its disk window.
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl Channel {
@@ -111,14 +116,18 @@ impl Channel {
         registry::lock(&self.touched).elapsed()
     }
 
-    fn store(&self, segments: Vec<Segment>, keep: usize) {
+    /// Adds finished segments to the window; returns them with their sequence numbers.
+    fn store(&self, segments: Vec<Segment>, keep: usize) -> Vec<(u64, Segment)> {
         if segments.is_empty() {
-            return;
+            return Vec::new();
         }
         let mut w = registry::lock(&self.window);
-        for s in segments {
+        let mut stored = Vec::with_capacity(segments.len());
+        for mut s in segments {
             let seq = w.next;
             w.next += 1;
+            s.discontinuity |= std::mem::take(&mut w.restarted);
+            stored.push((seq, s.clone()));
             w.segments.push_back((seq, s));
         }
         while w.segments.len() > keep {
@@ -129,6 +138,7 @@ impl Channel {
         let next = w.next;
         drop(w);
         self.changed.send_replace(next);
+        stored
     }
 
     fn end(&self, failure: Option<Failure>) {
@@ -209,8 +219,7 @@ impl Iptv {
         let resp = match file {
             File::Playlist => {
                 let wait = self.start_wait(&channel.key) + 2 * target;
-                self.playlist_of(&channel, wait, req.uri.query().unwrap_or(""))
-                    .await
+                self.playlist_of(&channel, wait, req).await
             }
             File::Segment(n) => {
                 let resp = segment_of(&channel, n, 2 * target + Duration::from_secs(1)).await;
@@ -268,8 +277,9 @@ impl Iptv {
         }
         let mut table = registry::lock(&self.hls.channels);
         if let Some(c) = table.get(&shared) {
-            let failed = registry::lock(&c.window).failure.is_some();
-            if !failed {
+            // An ended channel is started again (a viewer asks for it, so it plays again).
+            let over = registry::lock(&c.window).ended;
+            if !over {
                 return Ok(c.clone());
             }
         }
@@ -278,11 +288,18 @@ impl Iptv {
             .registry
             .subscribe(key, fcc, peer)
             .map_err(|refusal| self.refused(refusal))?;
+        let recorder = registry::lock(&self.recorders).get(&shared).cloned();
+        let window = Window {
+            next: recorder.as_ref().map_or(0, |r| r.next_sequence()),
+            restarted: recorder.as_ref().is_some_and(|r| r.has_history()),
+            ..Window::default()
+        };
         let channel = Arc::new(Channel {
             key: shared.clone(),
-            window: Mutex::new(Window::default()),
+            window: Mutex::new(window),
             changed: watch::Sender::new(0),
             touched: Mutex::new(Instant::now()),
+            recorder,
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -338,7 +355,13 @@ impl Iptv {
                     item = stream.next() => {
                         let Some(Ok(frame)) = item else {
                             segmenter.finish();
-                            channel.store(segmenter.take(), keep);
+                            let stored = channel.store(segmenter.take(), keep);
+                            if let Some(recorder) = &channel.recorder {
+                                let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                                for (seq, seg) in &stored {
+                                    recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
+                                }
+                            }
                             break 'run None;
                         };
                         let now = client.skips.load(Ordering::Relaxed);
@@ -349,10 +372,18 @@ impl Iptv {
                         if let Ok(data) = frame.into_data() {
                             segmenter.push(&data);
                         }
-                        channel.store(segmenter.take(), keep);
+                        let stored = channel.store(segmenter.take(), keep);
+                        if let Some(recorder) = &channel.recorder {
+                            // What arrives now is live: the newest timestamp is now.
+                            let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                            for (seq, seg) in &stored {
+                                recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
+                            }
+                        }
                     }
                     _ = check.tick() => {
-                        if channel.idle() >= idle_after {
+                        // A timeshift channel records whether anyone watches or not.
+                        if channel.recorder.is_none() && channel.idle() >= idle_after {
                             tracing::info!(channel = %label, "HLS segmenter stopped: no viewer");
                             self.forget(&channel);
                             return;
@@ -381,7 +412,24 @@ impl Iptv {
         }
     }
 
-    async fn playlist_of(&self, channel: &Channel, wait: Duration, query: &str) -> Response<Body> {
+    async fn playlist_of(
+        &self,
+        channel: &Channel,
+        wait: Duration,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        let query = req.uri.query().unwrap_or("");
+        if let Some(recorder) = &channel.recorder {
+            // The disk window answers at once, whatever the live channel is doing now.
+            if recorder.has_history() {
+                return self.timeshift_playlist(recorder, req);
+            }
+        } else if channel.key.rtsp.is_none() && matches!(self.seek_of(req), Ok(Some(_))) {
+            return super::text(
+                StatusCode::NOT_FOUND,
+                "this channel keeps no timeshift window (iptv.timeshift.channels)\n",
+            );
+        }
         let mut rx = channel.changed.subscribe();
         let ready = tokio::time::timeout(
             wait,
@@ -394,6 +442,10 @@ impl Iptv {
         let w = registry::lock(&channel.window);
         if let Some(f) = &w.failure {
             return super::text(f.status, &format!("{}\n", f.reason));
+        }
+        if let Some(recorder) = &channel.recorder {
+            drop(w);
+            return self.timeshift_playlist(recorder, req);
         }
         if ready.is_err() || w.segments.is_empty() {
             return super::text(
@@ -417,6 +469,7 @@ impl Iptv {
                 sequence: *sequence,
                 duration: s.duration,
                 discontinuity: s.discontinuity,
+                wall_ms: None,
             })
             .collect();
         let text = playlist::media(
@@ -425,15 +478,193 @@ impl Iptv {
                 discontinuity_sequence: gone,
                 ended: w.ended,
                 query,
+                kind: Kind::Live,
+                start_ms: None,
             },
             &entries,
         );
         playlist_response(text)
     }
+
+    /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
+    /// a catch-up range (`playseek=`), the segments covering it, starting where it begins.
+    fn timeshift_playlist(
+        &self,
+        recorder: &Recorder,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        let query = req.uri.query().unwrap_or("");
+        let (segments, gone) = recorder.segments();
+        let entry = |r: &timeshift::Recorded| Entry {
+            sequence: r.sequence,
+            duration: r.duration,
+            discontinuity: r.discontinuity,
+            wall_ms: Some(r.wall_ms),
+        };
+        let target = self.config.hls.target_duration_secs;
+        let seek = match self.seek_of(req) {
+            Ok(seek) => seek,
+            Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
+        };
+        if segments.is_empty() {
+            return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
+        }
+        let Some(seek) = seek else {
+            let entries: Vec<Entry> = segments.iter().map(entry).collect();
+            let window = playlist::Window {
+                target,
+                discontinuity_sequence: gone,
+                ended: false,
+                query,
+                kind: Kind::Live,
+                start_ms: None,
+            };
+            return playlist_response(playlist::media(window, &entries));
+        };
+        let begin = seek.begin.unix * 1000;
+        let end = seek.end.map(|e| e.unix * 1000);
+        let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
+            let held = match (segments.first(), segments.last()) {
+                (Some(a), Some(b)) => format!(
+                    "{} to {}",
+                    playlist::iso8601(a.wall_ms),
+                    playlist::iso8601(b.end_ms())
+                ),
+                _ => "nothing yet".into(),
+            };
+            return super::text(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "{} is outside the timeshift window ({held})\n",
+                    playlist::iso8601(begin)
+                ),
+            );
+        };
+        let complete = end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
+        let entries: Vec<Entry> = picked.iter().map(entry).collect();
+        let window = playlist::Window {
+            target,
+            discontinuity_sequence: 0,
+            ended: complete,
+            query,
+            kind: if complete { Kind::Vod } else { Kind::Event },
+            start_ms: Some(offset),
+        };
+        playlist_response(playlist::media(window, &entries))
+    }
+
+    /// The catch-up range of the request (`playseek=`, `tvdr=`, the names in
+    /// `iptv.rtsp.seek_params`), times without a zone read in the client's (`TZ/UTC+8` in its
+    /// User-Agent) or UTC.
+    fn seek_of(
+        &self,
+        req: &http::request::Parts,
+    ) -> Result<Option<sluice_media::rtsp::catchup::Seek>, String> {
+        let Some(query) = req.uri.query() else {
+            return Ok(None);
+        };
+        let zone = req
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(sluice_media::rtsp::catchup::user_agent_zone)
+            .unwrap_or(0);
+        for pair in query.split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if self.config.rtsp.seek_params.iter().any(|p| p == name) {
+                let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+                return sluice_media::rtsp::catchup::parse_seek(&value, zone)
+                    .map(Some)
+                    .map_err(|e| format!("{name}: {e}"));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Starts every `[iptv.timeshift]` channel and keeps it running: each is recorded from now
+    /// on, watched or not, and started again if its source stops and comes back.
+    pub(super) fn start_timeshift(self: &Arc<Self>) {
+        let config = &self.config.timeshift;
+        let Some(dir) = config.dir.as_deref() else {
+            return;
+        };
+        for channel in &config.channels {
+            let (path, query) = channel.split_once('?').unwrap_or((channel, ""));
+            let (key, fcc) = match self.hub_key_of(path, Some(query)) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(%channel, error = %e, "timeshift: channel not recorded");
+                    continue;
+                }
+            };
+            let name = timeshift::dir_name(&format!("{}@{}", key.channel(), key.group.interface));
+            let recorder = match Recorder::open(
+                std::path::Path::new(dir).join(name),
+                config.minutes,
+                config.max_bytes,
+            ) {
+                Ok(r) => Arc::new(r),
+                Err(e) => {
+                    tracing::warn!(%channel, error = %e, "timeshift: channel not recorded");
+                    continue;
+                }
+            };
+            registry::lock(&self.recorders).insert(key.clone(), recorder);
+            let parts = match http::Request::get(channel.as_str()).body(()) {
+                Ok(r) => r.into_parts().0,
+                Err(_) => continue,
+            };
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some(iptv) = weak.upgrade() {
+                    if let Err(resp) = iptv.hls_channel(key.clone(), fcc.clone(), &parts) {
+                        tracing::debug!(status = %resp.status(), "timeshift: channel not started");
+                    }
+                    drop(iptv);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+        }
+    }
 }
 
-/// Segment `n`: at once when held, after a wait when it is the next one, else 404.
+/// Unix time in milliseconds.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Wall-clock start of a segment, from the anchor (the newest timestamp, and when it arrived):
+/// the segment began as long before that as its timestamp is older.
+fn wall_start(seg: &Segment, anchor: Option<(u64, i64)>) -> i64 {
+    let now = unix_ms();
+    let fallback = now - (seg.duration * 1000 / CLOCK) as i64;
+    let Some((latest, at)) = anchor else {
+        return fallback;
+    };
+    let behind = latest.wrapping_sub(seg.start) & ((1 << 33) - 1);
+    if behind > 3600 * CLOCK {
+        // Another timeline (the segment ended at a break): it ended about now.
+        return fallback;
+    }
+    at - (behind * 1000 / CLOCK) as i64
+}
+
+/// Segment `n`: at once when held, after a wait when it is the next one, from the timeshift
+/// window on disk when older, else 404.
 async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
+    if let Some(recorder) = &channel.recorder {
+        let held = registry::lock(&channel.window)
+            .segments
+            .iter()
+            .any(|(seq, _)| *seq == n);
+        if !held {
+            if let Some(data) = recorder.read(n).await {
+                return segment_response(data);
+            }
+        }
+    }
     let mut rx = channel.changed.subscribe();
     let _ = tokio::time::timeout(
         wait,
@@ -445,19 +676,22 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
     .await;
     let w = registry::lock(&channel.window);
     match w.segments.iter().find(|(seq, _)| *seq == n) {
-        Some((_, s)) => {
-            let mut resp = Response::new(body::full(s.data.clone()));
-            let h = resp.headers_mut();
-            h.insert(header::CONTENT_TYPE, "video/mp2t".parse().unwrap());
-            h.insert(header::CONTENT_LENGTH, s.data.len().into());
-            h.insert(header::CACHE_CONTROL, "max-age=60".parse().unwrap());
-            resp
-        }
+        Some((_, s)) => segment_response(s.data.clone()),
         None => super::text(
             StatusCode::NOT_FOUND,
             &format!("segment {n} is not in the window\n"),
         ),
     }
+}
+
+fn segment_response(data: bytes::Bytes) -> Response<Body> {
+    let len = data.len();
+    let mut resp = Response::new(body::full(data));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, "video/mp2t".parse().unwrap());
+    h.insert(header::CONTENT_LENGTH, len.into());
+    h.insert(header::CACHE_CONTROL, "max-age=60".parse().unwrap());
+    resp
 }
 
 fn playlist_response(text: String) -> Response<Body> {
