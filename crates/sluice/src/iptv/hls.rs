@@ -210,7 +210,7 @@ impl Iptv {
         if req.method == Method::HEAD && file == File::Playlist {
             return playlist_response(String::new());
         }
-        let channel = match self.hls_channel(key.0, key.1, req) {
+        let channel = match self.hls_channel(key.0, key.1, req, false) {
             Ok(c) => c,
             Err(resp) => return resp,
         };
@@ -268,6 +268,7 @@ impl Iptv {
         key: HubKey,
         fcc: Option<super::fcc::FccTarget>,
         req: &http::request::Parts,
+        restart: bool,
     ) -> Result<Arc<Channel>, Response<Body>> {
         // A catch-up session is private to its viewer; its HLS channel is shared by the
         // requests of that one URL instead, so the table keys it without its private id.
@@ -277,9 +278,10 @@ impl Iptv {
         }
         let mut table = registry::lock(&self.hls.channels);
         if let Some(c) = table.get(&shared) {
-            // An ended channel is started again (a viewer asks for it, so it plays again).
-            let over = registry::lock(&c.window).ended;
-            if !over {
+            // One that never started is tried again; one that ended is shown ended to its
+            // viewers (`#EXT-X-ENDLIST`) until they go, unless the caller restarts it.
+            let w = registry::lock(&c.window);
+            if w.failure.is_none() && !(restart && w.ended) {
                 return Ok(c.clone());
             }
         }
@@ -617,7 +619,7 @@ impl Iptv {
             let weak = Arc::downgrade(self);
             tokio::spawn(async move {
                 while let Some(iptv) = weak.upgrade() {
-                    if let Err(resp) = iptv.hls_channel(key.clone(), fcc.clone(), &parts) {
+                    if let Err(resp) = iptv.hls_channel(key.clone(), fcc.clone(), &parts, true) {
                         tracing::debug!(status = %resp.status(), "timeshift: channel not started");
                     }
                     drop(iptv);
