@@ -682,7 +682,7 @@ impl Iptv {
 fn query_flag(query: Option<&str>, name: &str) -> Option<bool> {
     query?.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, "1"));
-        (k == name).then(|| matches!(v, "1" | "true" | "yes" | ""))
+        (k == name).then_some(matches!(v, "1" | "true" | "yes" | ""))
     })
 }
 

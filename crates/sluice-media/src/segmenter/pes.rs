@@ -57,9 +57,7 @@ pub(crate) fn keyframe(codec: Codec, es: &[u8], from: usize) -> Option<bool> {
     let mut at = from;
     while let Some(found) = memchr::memmem::find(&es[at..], &[0, 0, 1]) {
         let unit = at + found + 3;
-        let Some(&head) = es.get(unit) else {
-            return None;
-        };
+        let &head = es.get(unit)?;
         let verdict = match codec {
             Codec::H264 => match head & 0x1f {
                 5 => Some(true),

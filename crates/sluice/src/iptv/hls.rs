@@ -205,14 +205,14 @@ impl Iptv {
         };
         let key = match self.key_for(channel_path, req) {
             Ok(key) => key,
-            Err(resp) => return resp,
+            Err(resp) => return *resp,
         };
         if req.method == Method::HEAD && file == File::Playlist {
             return playlist_response(String::new());
         }
         let channel = match self.hls_channel(key.0, key.1, req, false) {
             Ok(c) => c,
-            Err(resp) => return resp,
+            Err(resp) => return *resp,
         };
         channel.touch();
         let target = Duration::from_secs(config.target_duration_secs);
@@ -241,14 +241,14 @@ impl Iptv {
         &self,
         channel_path: &str,
         req: &http::request::Parts,
-    ) -> Result<(HubKey, Option<super::fcc::FccTarget>), Response<Body>> {
+    ) -> Result<(HubKey, Option<super::fcc::FccTarget>), Box<Response<Body>>> {
         if channel_path.starts_with("/rtsp/") {
             return self.rtsp_key(channel_path, req).map(|key| (key, None));
         }
         self.hub_key_of(channel_path, req.uri.query())
             .map_err(|reason| {
                 self.registry.metrics.refuse("bad_request");
-                super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n"))
+                Box::new(super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")))
             })
     }
 
@@ -269,7 +269,7 @@ impl Iptv {
         fcc: Option<super::fcc::FccTarget>,
         req: &http::request::Parts,
         restart: bool,
-    ) -> Result<Arc<Channel>, Response<Body>> {
+    ) -> Result<Arc<Channel>, Box<Response<Body>>> {
         // A catch-up session is private to its viewer; its HLS channel is shared by the
         // requests of that one URL instead, so the table keys it without its private id.
         let mut shared = key.clone();
@@ -289,7 +289,7 @@ impl Iptv {
         let sub = self
             .registry
             .subscribe(key, fcc, peer)
-            .map_err(|refusal| self.refused(refusal))?;
+            .map_err(|refusal| Box::new(self.refused(refusal)))?;
         let recorder = registry::lock(&self.recorders).get(&shared).cloned();
         let window = Window {
             next: recorder.as_ref().map_or(0, |r| r.next_sequence()),

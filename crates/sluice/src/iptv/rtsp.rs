@@ -218,13 +218,13 @@ impl Iptv {
         &self,
         path: &str,
         req: &http::request::Parts,
-    ) -> Result<HubKey, Response<Body>> {
+    ) -> Result<HubKey, Box<Response<Body>>> {
         let ctx = &self.rtsp;
         if !ctx.config.enabled {
-            return Err(super::text(
+            return Err(Box::new(super::text(
                 StatusCode::NOT_FOUND,
                 "RTSP is disabled (iptv.rtsp.enabled)\n",
-            ));
+            )));
         }
         let ua = req
             .headers
@@ -234,7 +234,10 @@ impl Iptv {
             Ok(t) => t,
             Err(e) => {
                 self.registry.metrics.refuse("bad_request");
-                return Err(super::text(StatusCode::BAD_REQUEST, &format!("{e}\n")));
+                return Err(Box::new(super::text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("{e}\n"),
+                )));
             }
         };
         let private = if target.seek {
@@ -265,7 +268,7 @@ impl Iptv {
         let ctx = &self.rtsp;
         let key = match self.rtsp_key(req.uri.path(), req) {
             Ok(key) => key,
-            Err(resp) => return resp,
+            Err(resp) => return *resp,
         };
         if req.method == Method::HEAD {
             return super::stream_response(body::empty());
