@@ -32,3 +32,5 @@ cargo test --workspace --locked "$@"
 cargo test -p sluice --locked --no-default-features --features iptv "$@"
 # The pages in a real browser (installs chromium and playwright-core when missing).
 ./scripts/browser-check/pages.sh
+# The /player page playing a live multicast channel through /hls/ (hls.js embedded in the binary).
+./scripts/browser-check/player.sh

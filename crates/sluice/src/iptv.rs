@@ -12,6 +12,9 @@
 //! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
 //! - `playlist`: the M3U, loaded and refreshed, with multicast entries rewritten to this gateway.
 //! - `rtsp`: `/rtsp/` sessions (RTSP client, catch-up) feeding hubs like multicast channels.
+//! - `hls`: `/hls/` — every channel as live HLS, segmented once per channel from its hub.
+//! - `player`: `/player`, the browser page that plays channels through `/hls/` (hls.js embedded).
+//! - `timeshift`: the last minutes of chosen channels' segments on disk, for seeking back.
 //! - `epg`: the playlist's XMLTV guide, cached and served at `/epg.xml` and `/epg.xml.gz`.
 //! - `status`: JSON snapshot, HTML page, server-sent events.
 //! - `metrics`: Prometheus families, per hub.
@@ -19,14 +22,17 @@
 pub mod epg;
 pub mod fcc;
 pub mod fec;
+pub mod hls;
 pub mod hub;
 pub mod metrics;
+pub mod player;
 pub mod playlist;
 pub mod registry;
 pub mod ring;
 pub mod rtsp;
 pub mod status;
 pub mod subscriber;
+pub mod timeshift;
 pub mod url;
 
 use std::sync::Arc;
@@ -121,6 +127,10 @@ pub struct IptvConfig {
     pub rtsp: rtsp::RtspConfig,
     /// Fast channel change sockets: `[iptv.fcc]`.
     pub fcc: fcc::FccConfig,
+    /// HLS output of every channel: `[iptv.hls]`.
+    pub hls: hls::HlsConfig,
+    /// Channels kept on disk for seeking back: `[iptv.timeshift]`.
+    pub timeshift: timeshift::TimeshiftConfig,
 }
 
 crate::config::section::config_section!(IptvConfig {
@@ -154,6 +164,8 @@ crate::config::section::config_section!(IptvConfig {
     status_interval_ms,
     rtsp,
     fcc,
+    hls,
+    timeshift,
 });
 
 impl Default for IptvConfig {
@@ -189,6 +201,8 @@ impl Default for IptvConfig {
             status_interval_ms: 1000,
             rtsp: rtsp::RtspConfig::default(),
             fcc: fcc::FccConfig::default(),
+            hls: hls::HlsConfig::default(),
+            timeshift: timeshift::TimeshiftConfig::default(),
         }
     }
 }
@@ -243,6 +257,18 @@ impl IptvConfig {
                 reason,
             });
         }
+        if let Err(reason) = self.hls.validate() {
+            return Err(IptvError::Config {
+                field: "hls",
+                reason,
+            });
+        }
+        if let Err(reason) = self.timeshift.validate() {
+            return Err(IptvError::Config {
+                field: "timeshift",
+                reason,
+            });
+        }
         if self.slow_subscriber_timeout_ms < 100 {
             return bad("slow_subscriber_timeout_ms", "must be at least 100");
         }
@@ -290,6 +316,9 @@ pub struct Iptv {
     playlist: Option<Arc<playlist::Playlist>>,
     epg: Arc<epg::Epg>,
     rtsp: Arc<rtsp::Context>,
+    hls: hls::Table,
+    /// Timeshift recorders of the channels that have one, by hub key.
+    recorders: std::sync::Mutex<std::collections::HashMap<HubKey, Arc<timeshift::Recorder>>>,
 }
 
 impl Iptv {
@@ -338,19 +367,27 @@ impl Iptv {
                 rt.spawn(epg.clone().refresh_loop(playlist.clone()));
             }
         }
-        Ok(Arc::new(Self {
+        let iptv = Arc::new(Self {
             config,
             registry: Arc::new(hubs),
             playlist,
             epg,
             rtsp,
-        }))
+            hls: hls::Table::default(),
+            recorders: Default::default(),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            iptv.start_timeshift();
+        }
+        Ok(iptv)
     }
 
-    /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /playlist.m3u, /epg.xml,
-    /// /epg.xml.gz, /status, /status.json, /status/events
+    /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /hls/, /playlist.m3u,
+    /// /epg.xml, /epg.xml.gz, /status, /status.json, /status/events
     pub fn serves(path: &str) -> bool {
         path.starts_with("/rtp/")
+            || path.starts_with("/hls/")
+            || player::serves(path)
             || path.starts_with("/udp/")
             || path.starts_with("/rtsp/")
             || matches!(
@@ -363,6 +400,11 @@ impl Iptv {
                     | "/status.json"
                     | "/status/events"
             )
+    }
+
+    /// HLS channels segmenting now (one per channel, whatever its number of HLS viewers).
+    pub fn hls_channels(&self) -> usize {
+        self.hls.len()
     }
 
     /// Auth has already been checked by the server when this is called.
@@ -384,6 +426,8 @@ impl Iptv {
             "/epg.xml" => self.guide(&req, false).await,
             "/epg.xml.gz" => self.guide(&req, true).await,
             p if p.starts_with("/rtsp/") => self.rtsp(&req).await,
+            p if p.starts_with("/hls/") => self.hls(&req).await,
+            p if player::serves(p) => player::handle(&req.method, p, &req.headers),
             _ => self.channel(&req).await,
         }
     }
@@ -440,6 +484,15 @@ impl Iptv {
             catchup,
             seal.as_deref(),
         );
+        let as_hls = match query_flag(req.uri.query(), "hls") {
+            Some(on) => on,
+            None => self.config.hls.playlist,
+        };
+        let out = if as_hls && self.config.hls.enabled {
+            hls::hls_entries(&out, &base)
+        } else {
+            out
+        };
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
     }
 
@@ -563,7 +616,16 @@ impl Iptv {
         &self,
         req: &http::request::Parts,
     ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
-        let ch = url::parse_channel(req.uri.path(), req.uri.query()).map_err(|e| e.to_string())?;
+        self.hub_key_of(req.uri.path(), req.uri.query())
+    }
+
+    /// The hub key of a `/rtp/` or `/udp/` channel path and its query.
+    fn hub_key_of(
+        &self,
+        path: &str,
+        query: Option<&str>,
+    ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
+        let ch = url::parse_channel(path, query).map_err(|e| e.to_string())?;
         let interface = match (ch.interface, &self.config.interface) {
             (Some(_), _) if !self.config.allow_iface_param => {
                 return Err("choosing the interface per request is disabled".into())
@@ -671,6 +733,14 @@ impl Iptv {
         tracing::debug!(%refusal, "channel request refused");
         text(status, &format!("{refusal}\n"))
     }
+}
+
+/// `?name=1` (or `true`, `yes`) → `Some(true)`, `?name=0` (or anything else) → `Some(false)`.
+fn query_flag(query: Option<&str>, name: &str) -> Option<bool> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, "1"));
+        (k == name).then_some(matches!(v, "1" | "true" | "yes" | ""))
+    })
 }
 
 fn stream_response(b: Body) -> Response<Body> {

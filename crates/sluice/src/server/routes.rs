@@ -111,6 +111,10 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/rtp/",
             "/udp/",
             "/rtsp/",
+            // HLS output of the channels above (iptv::hls).
+            "/hls/",
+            // The page playing them (iptv::player).
+            "/player",
             "/playlist.m3u",
             "/epg.xml",
             "/epg.xml.gz",
