@@ -62,7 +62,7 @@ pub fn is_page(path: &str) -> bool {
 /// The answers a browser player on another origin fetches (manifests, segments, streams,
 /// channels): the only ones that carry CORS, and only when a password guards them.
 pub fn is_player_path(path: &str) -> bool {
-    ["/proxy/", "/rtp/", "/udp/", "/rtsp/"]
+    ["/proxy/", "/rtp/", "/udp/", "/rtsp/", "/hls/"]
         .iter()
         .any(|p| path.starts_with(p))
 }

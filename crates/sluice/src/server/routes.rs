@@ -101,8 +101,6 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/url-generator",
             "/url_generator.html",
             "/pages/",
-            // The player page: routed here so the page gate guards it.
-            "/player",
         ],
     ),
     (
