@@ -1,4 +1,7 @@
-//! The `sluice` command line: `serve`, `check-config`, `reload` (grammar in `sluice::cli`).
+//! The `sluice` command line: `serve`, `check-config`, `reload`, `upgrade` (grammar in
+//! `sluice::cli`).
+
+use std::path::{Path, PathBuf};
 
 use sluice::cli::{Action, ReloadArgs};
 use sluice::config::{Config, Overrides};
@@ -22,7 +25,12 @@ fn main() -> anyhow::Result<()> {
         print!("{text}");
         return Ok(());
     }
+    // Before any thread starts: these read (and the drop-in writes) the process environment.
+    let dropin_notes = sluice::dropin::apply();
     init_logging();
+    for note in dropin_notes {
+        tracing::warn!("MediaFlow environment: {note}");
+    }
     match action {
         Action::Print(_) => Ok(()),
         Action::CheckConfig { file } => {
@@ -32,8 +40,32 @@ fn main() -> anyhow::Result<()> {
             print!("{}", sluice::app::describe_routes(&config)?);
             Ok(())
         }
-        Action::Reload(args) => reload(args),
-        Action::Serve(args) => {
+        Action::Reload(args) => signal(args, libc::SIGHUP),
+        Action::Upgrade(args) => signal(args, libc::SIGUSR2),
+        Action::Serve(mut args) => {
+            use sluice::server::{listener::inherited, notify, upgrade};
+            upgrade::remember_command();
+            notify::init();
+            let activated = inherited::adopt_systemd(
+                std::env::var("LISTEN_PID").ok().as_deref(),
+                std::env::var("LISTEN_FDS").ok().as_deref(),
+            );
+            if activated > 0 {
+                tracing::info!(
+                    sockets = activated,
+                    "socket activation: listening sockets from systemd"
+                );
+            }
+            let handed = upgrade::take_over()?;
+            if handed > 0 {
+                tracing::info!(
+                    sockets = handed,
+                    "upgrade: took over the previous process's listening sockets"
+                );
+            }
+            if args.config.is_none() {
+                args.config = installed_config(Path::new(INSTALLED_CONFIG));
+            }
             let api_password = match (&args.api_password_file, args.api_password) {
                 (Some(path), _) => Some(read_password_file(path)?),
                 (None, pw) => pw,
@@ -60,32 +92,57 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Sends SIGHUP to the running sluice named by `--pid`, `--pid-file` or the config's pid file.
-fn reload(args: ReloadArgs) -> anyhow::Result<()> {
-    let pid = match (args.pid, args.pid_file, args.config) {
+/// Where the packages put the config file; `serve`, `reload` and `upgrade` read it when no other
+/// is named and it exists.
+const INSTALLED_CONFIG: &str = "/etc/sluice/sluice.toml";
+
+fn installed_config(path: &Path) -> Option<PathBuf> {
+    path.is_file().then(|| path.to_path_buf())
+}
+
+/// Sends `sig` (SIGHUP: reload; SIGUSR2: upgrade) to the running sluice named by `--pid`,
+/// `--pid-file` or the config's pid file (the installed config's when nothing is named).
+fn signal(args: ReloadArgs, sig: libc::c_int) -> anyhow::Result<()> {
+    let config = args
+        .config
+        .or_else(|| installed_config(Path::new(INSTALLED_CONFIG)));
+    let pid = match (args.pid, args.pid_file, config) {
         (Some(pid), _, _) => pid,
         (None, Some(path), _) => read_pid(&path)?,
         (None, None, Some(file)) => {
             let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
             let path = config.server.pid_file.ok_or_else(|| {
-                anyhow::anyhow!("{} sets no server.pid_file; pass --pid", file.display())
+                anyhow::anyhow!(
+                    "{} sets no server.pid_file, so the running process cannot be found from \
+                     it; pass --pid (under systemd: systemctl reload sluice)",
+                    file.display()
+                )
             })?;
             read_pid(&path)?
         }
-        (None, None, None) => anyhow::bail!("name the process: --pid, --pid-file or --config"),
+        (None, None, None) => anyhow::bail!(
+            "name the process: --pid, --pid-file or --config (no {INSTALLED_CONFIG} either)"
+        ),
     };
     if pid <= 1 {
         anyhow::bail!("refusing to signal pid {pid}");
     }
-    // SAFETY: kill(2) with a positive pid and SIGHUP has no memory effects in this process.
-    let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
+    // SAFETY: kill(2) with a positive pid and a signal number has no memory effects here.
+    let rc = unsafe { libc::kill(pid, sig) };
     if rc != 0 {
         anyhow::bail!(
             "cannot signal pid {pid}: {}",
             std::io::Error::last_os_error()
         );
     }
-    println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
+    if sig == libc::SIGUSR2 {
+        println!(
+            "sent SIGUSR2 to {pid}; it starts the new binary and drains once that one serves \
+             (the server log says how it went)"
+        );
+    } else {
+        println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
+    }
     Ok(())
 }
 
