@@ -32,7 +32,7 @@ fn main() {
             println!("cargo:rerun-if-changed={p}");
         }
     }
-    println!("cargo:rustc-env=SLUICE_GIT_COMMIT={commit}");
+    println!("cargo:rustc-env=BUILT_COMMIT={commit}");
     let target = std::env::var("TARGET").unwrap_or_default();
-    println!("cargo:rustc-env=SLUICE_TARGET={target}");
+    println!("cargo:rustc-env=BUILT_TARGET={target}");
 }

@@ -343,9 +343,9 @@ pub fn version_text() -> String {
     format!(
         "sluice {} (commit {})\nfeatures: {}\ntarget: {}\n",
         env!("CARGO_PKG_VERSION"),
-        env!("SLUICE_GIT_COMMIT"),
+        env!("BUILT_COMMIT"),
         features.join(" "),
-        env!("SLUICE_TARGET"),
+        env!("BUILT_TARGET"),
     )
 }
 
@@ -617,9 +617,23 @@ mod tests {
         ] {
             assert!(serve.contains(flag), "{flag}");
         }
+        let Action::Print(v) = p(&["-V"]).unwrap() else {
+            panic!("-V prints")
+        };
+        let first = v.lines().next().unwrap();
+        assert!(
+            first.starts_with(&format!("sluice {} (commit ", env!("CARGO_PKG_VERSION"))),
+            "{v}"
+        );
+        assert!(v.contains("\nfeatures: ") && v.contains("\ntarget: "), "{v}");
+        #[cfg(feature = "media")]
+        assert!(v.contains(" media"), "{v}");
         assert_eq!(
-            p(&["-V"]).unwrap(),
-            Action::Print(format!("sluice {}\n", env!("CARGO_PKG_VERSION")))
+            p(&["upgrade", "--pid", "7"]).unwrap(),
+            Action::Upgrade(ReloadArgs {
+                pid: Some(7),
+                ..Default::default()
+            })
         );
         assert_eq!(p(&["--version"]).unwrap(), p(&["-V"]).unwrap());
     }
