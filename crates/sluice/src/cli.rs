@@ -43,6 +43,8 @@ Commands:
                 changes nothing.
   upgrade       Ask a running sluice to start the binary now installed at its path and hand it
                 the listening sockets (sends SIGUSR2); the old process drains and exits.
+  health        GET /health from the sluice serving this config (the container's HEALTHCHECK);
+                exits 0 when it answers 200.
   help          Print this message or the help of the given command.
 
 Options:
@@ -107,6 +109,19 @@ Options:
 Under systemd, `systemctl reload sluice` does the same.
 ";
 
+const HEALTH_HELP: &str = "\
+GET /health from the sluice serving this config, on its first listen address (a wildcard
+address is asked on loopback). Exits 0 when it answers 200 within 3 seconds, 1 otherwise. The
+container image's HEALTHCHECK; it needs no shell or curl.
+
+Usage: sluice health [OPTIONS]
+
+Options:
+  -c, --config <CONFIG>    The config file (default: /etc/sluice/sluice.toml when it exists);
+                           SLUICE_* environment variables apply as for serve.
+  -h, --help               Print help
+";
+
 const UPGRADE_HELP: &str = "\
 Ask a running sluice to upgrade itself (sends SIGUSR2): it starts the binary now installed at
 its own path with its own arguments, hands it every listening socket, and once the new process
@@ -138,6 +153,10 @@ pub enum Action {
     Reload(ReloadArgs),
     /// `sluice upgrade`: the same ways to name the process as `reload`.
     Upgrade(ReloadArgs),
+    /// `sluice health`: the config whose listener to ask.
+    Health {
+        config: Option<PathBuf>,
+    },
 }
 
 /// `sluice serve`'s flags.
@@ -286,6 +305,7 @@ pub fn help(command: Option<&str>) -> Result<String, CliError> {
         Some("check-config") => CHECK_CONFIG_HELP.to_string(),
         Some("reload") => RELOAD_HELP.to_string(),
         Some("upgrade") => UPGRADE_HELP.to_string(),
+        Some("health") => HEALTH_HELP.to_string(),
         Some(other) => return Err(CliError::UnknownCommand(other.to_string())),
     })
 }
@@ -310,6 +330,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Action, CliErro
         "check-config" => check_config(&mut args),
         "reload" => reload(&mut args, "reload", Action::Reload),
         "upgrade" => reload(&mut args, "upgrade", Action::Upgrade),
+        "health" => health(&mut args),
         "help" => match args.next()? {
             None => help(None).map(Action::Print),
             Some(Arg::Word(w)) => help(Some(&utf8(w)?)).map(Action::Print),
@@ -424,6 +445,26 @@ fn check_config(args: &mut Args) -> Result<Action, CliError> {
     }
     let file = file.ok_or(CliError::MissingFile)?;
     Ok(Action::CheckConfig { file })
+}
+
+fn health(args: &mut Args) -> Result<Action, CliError> {
+    let mut config = None;
+    while let Some(arg) = args.next()? {
+        if is_help(&arg) {
+            return help(Some("health")).map(Action::Print);
+        }
+        match arg {
+            Arg::Short('c', v) => config_path(&mut config, args, v)?,
+            Arg::Long(n, v) if n == "config" => config_path(&mut config, args, v)?,
+            other => {
+                return Err(CliError::UnknownArgument {
+                    command: "health",
+                    arg: shown(&other),
+                })
+            }
+        }
+    }
+    Ok(Action::Health { config })
 }
 
 /// `reload` and `upgrade`: the process is named the same way; `action` says which.
@@ -625,7 +666,10 @@ mod tests {
             first.starts_with(&format!("sluice {} (commit ", env!("CARGO_PKG_VERSION"))),
             "{v}"
         );
-        assert!(v.contains("\nfeatures: ") && v.contains("\ntarget: "), "{v}");
+        assert!(
+            v.contains("\nfeatures: ") && v.contains("\ntarget: "),
+            "{v}"
+        );
         #[cfg(feature = "media")]
         assert!(v.contains(" media"), "{v}");
         assert_eq!(

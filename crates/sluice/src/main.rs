@@ -42,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         }
         Action::Reload(args) => signal(args, libc::SIGHUP),
         Action::Upgrade(args) => signal(args, libc::SIGUSR2),
+        Action::Health { config } => health(config),
         Action::Serve(mut args) => {
             use sluice::server::{listener::inherited, notify, upgrade};
             upgrade::remember_command();
@@ -143,6 +144,40 @@ fn signal(args: ReloadArgs, sig: libc::c_int) -> anyhow::Result<()> {
     } else {
         println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
     }
+    Ok(())
+}
+
+/// `sluice health`: GET /health on the config's first listener; an error unless it answers 200.
+fn health(config: Option<PathBuf>) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let file = config.or_else(|| installed_config(Path::new(INSTALLED_CONFIG)));
+    let config = Config::load(file.as_deref(), std::env::vars(), &Overrides::default())?;
+    let mut addr = *config
+        .server
+        .listen
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the config has no server.listen address"))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let limit = std::time::Duration::from_secs(3);
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, limit)
+        .map_err(|e| anyhow::anyhow!("{addr}: {e}"))?;
+    conn.set_read_timeout(Some(limit))?;
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut reply = Vec::new();
+    let _ = conn.take(64 * 1024).read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    let status = reply.lines().next().unwrap_or("");
+    anyhow::ensure!(
+        status.split_whitespace().nth(1) == Some("200"),
+        "{addr}/health: {status:?}"
+    );
+    println!("{}", reply.split("\r\n\r\n").nth(1).unwrap_or("").trim());
     Ok(())
 }
 

@@ -84,7 +84,8 @@ fn notify_sequence_ready_reloading_ready_stopping() {
     let dir = tempfile::tempdir().unwrap();
     let sock_path = dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let port = free_port();
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
@@ -131,7 +132,10 @@ fn notify_sequence_ready_reloading_ready_stopping() {
     // SAFETY: clock_gettime writes the struct we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     let now_usec = now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000;
-    assert!(usec <= now_usec && now_usec - usec < 10_000_000, "{usec} vs {now_usec}");
+    assert!(
+        usec <= now_usec && now_usec - usec < 10_000_000,
+        "{usec} vs {now_usec}"
+    );
     let after = next(&sock);
     assert!(after.starts_with("READY=1\n"), "{after:?}");
 
@@ -241,7 +245,10 @@ fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec
         }
         let lower = h.to_ascii_lowercase();
         if let Some(v) = lower.strip_prefix("content-length:") {
-            len = v.trim().parse().map_err(|_| std::io::ErrorKind::InvalidData)?;
+            len = v
+                .trim()
+                .parse()
+                .map_err(|_| std::io::ErrorKind::InvalidData)?;
         }
         if lower.starts_with("connection:") && lower.contains("close") {
             close = true;
@@ -458,7 +465,10 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
     let (code, digest, len) = stream.join().unwrap().expect("the long stream completes");
     assert_eq!((code, len), (200, BIG));
     assert_eq!(digest, sha(&pattern(BIG)), "the long stream is byte-exact");
-    assert!(relay.join().unwrap().expect("the relay completes"), "relay bytes echoed exactly");
+    assert!(
+        relay.join().unwrap().expect("the relay completes"),
+        "relay bytes echoed exactly"
+    );
     let mut old = old;
     let status = {
         let deadline = Instant::now() + Duration::from_secs(40);
@@ -466,7 +476,10 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
             if let Some(s) = old.try_wait().unwrap() {
                 break s;
             }
-            assert!(Instant::now() < deadline, "the old process did not exit after draining");
+            assert!(
+                Instant::now() < deadline,
+                "the old process did not exit after draining"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };
@@ -475,18 +488,26 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
     let at_exit = ok.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
-    let failures: Vec<String> = loops
-        .into_iter()
-        .flat_map(|l| l.join().unwrap())
-        .collect();
+    let failures: Vec<String> = loops.into_iter().flat_map(|l| l.join().unwrap()).collect();
     let total = ok.load(Ordering::Relaxed);
-    assert!(failures.is_empty(), "{} failed of {total}: {failures:?}", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} failed of {total}: {failures:?}",
+        failures.len()
+    );
     assert!(total > at_exit, "the new process served the loop");
     let log = std::fs::read_to_string(&log_path).unwrap();
-    assert!(log.contains("took over the previous process's listening sockets"), "{log}");
+    assert!(
+        log.contains("took over the previous process's listening sockets"),
+        "{log}"
+    );
 
     // A new binary whose config does not load: the running one stays and keeps serving.
-    std::fs::write(&config, "[server]\nlisten = [\"127.0.0.1:1\"]\nno_such_key = 1\n").unwrap();
+    std::fs::write(
+        &config,
+        "[server]\nlisten = [\"127.0.0.1:1\"]\nno_such_key = 1\n",
+    )
+    .unwrap();
     kill(new_pid, libc::SIGUSR2);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&log_path)
@@ -504,7 +525,10 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
         stop.store(true, Ordering::Relaxed);
         assert!(h.join().unwrap().is_empty());
     });
-    assert!(ok.load(Ordering::Relaxed) > 0, "the old process still serves");
+    assert!(
+        ok.load(Ordering::Relaxed) > 0,
+        "the old process still serves"
+    );
     kill(new_pid, libc::SIGTERM);
     assert_eq!(wait_exit(new_pid, Duration::from_secs(40)), Some(0));
 }
