@@ -445,8 +445,63 @@ def ipk():
     ok("ipk: layout, control, conffiles, modes, the router binary; UCI -> TOML loads in sluice")
 
 
+# === measurements for docs/deploy.md (by hand: `check.py measure`, not part of the test) ===
+
+
+def uss_kib(pid):
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total
+
+
+def measure():
+    size = podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip()
+    print(f"image {IMAGE}: {int(size) / 1e6:.2f} MB")
+    starts = []
+    for i in range(5):
+        port = free_port()
+        name = f"sluice-measure-{i}"
+        podman("rm", "-f", name, check=False)
+        t0 = time.time()
+        podman("run", "-d", "--name", name, "--network=host", "-e", "API_PASSWORD=pw",
+               "-e", f"PORT={port}", IMAGE)
+        wait_health(port)
+        starts.append(time.time() - t0)
+        if i == 4:
+            time.sleep(2)
+            pid = podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+            print(f"idle USS in the container: {uss_kib(int(pid)) / 1024:.1f} MiB")
+        podman("rm", "-f", name, check=False)
+    starts.sort()
+    print(f"podman run to /health answering: median {starts[2] * 1000:.0f} ms "
+          f"(min {starts[0] * 1000:.0f}, max {starts[-1] * 1000:.0f})")
+    # The process alone: exec to READY=1 on a notify socket, median of 5.
+    host_bin = ROUTER_BIN_HOST
+    if host_bin:
+        ready = []
+        for _ in range(5):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "n")
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sock.bind(path)
+                sock.settimeout(10)
+                t0 = time.time()
+                p = subprocess.Popen([host_bin, "serve", "--listen", f"127.0.0.1:{free_port()}"],
+                                     env={"NOTIFY_SOCKET": path}, stderr=subprocess.DEVNULL)
+                sock.recv(1024)
+                ready.append(time.time() - t0)
+                p.terminate()
+                p.wait(10)
+        ready.sort()
+        print(f"exec to READY=1: median {ready[2] * 1000:.1f} ms")
+
+
 STEPS = {"image": image, "router": router, "ipk": ipk, "deb": deb, "helm": helm}
+EXTRA = {"measure": measure}
 
 if __name__ == "__main__":
     for step in sys.argv[1:] or list(STEPS):
-        STEPS[step]()
+        {**STEPS, **EXTRA}[step]()
