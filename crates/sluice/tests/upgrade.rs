@@ -375,7 +375,9 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("sluice");
-    std::fs::copy(BIN, &bin).unwrap();
+    // `UPGRADE_TEST_BIN`: another build to run (docs/deploy.md measures a release build so).
+    let source = std::env::var("UPGRADE_TEST_BIN").unwrap_or_else(|_| BIN.to_string());
+    std::fs::copy(&source, &bin).unwrap();
     let (origin, echo) = (origin(), echo());
     let (http, tcp) = (free_port(), free_port());
     let pid_file = dir.path().join("sluice.pid");
@@ -439,8 +441,9 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
     let before = ok.load(Ordering::Relaxed);
     assert!(before > 0, "load is running");
     let staged = dir.path().join("sluice.new");
-    std::fs::copy(BIN, &staged).unwrap();
+    std::fs::copy(&source, &staged).unwrap();
     std::fs::rename(&staged, &bin).unwrap();
+    let signalled = Instant::now();
     let out = Command::new(BIN)
         .args(["upgrade", "--pid-file", pid_file.to_str().unwrap()])
         .output()
@@ -461,6 +464,7 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let _cleanup_new = Cleanup(vec![], vec![new_pid]);
+    let took_over = signalled.elapsed();
     // The old one drains: it is still there while the long stream and the relay run.
     let (code, digest, len) = stream.join().unwrap().expect("the long stream completes");
     assert_eq!((code, len), (200, BIG));
@@ -484,6 +488,12 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
         }
     };
     assert!(status.success(), "old process: {status}");
+    eprintln!(
+        "upgrade: new process serving {} ms after `sluice upgrade`; old one exited {} ms after \
+         (it waited for the long stream)",
+        took_over.as_millis(),
+        signalled.elapsed().as_millis()
+    );
     // Load goes on against the new process alone for a moment.
     let at_exit = ok.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(500));
