@@ -1,7 +1,9 @@
 //! Records the git commit the binary is built from, for `sluice --version`.
 //!
-//! `SLUICE_GIT_COMMIT` wins (builds from a source tarball or inside a container, where there is
-//! no `.git`); otherwise `git rev-parse`; otherwise "unknown".
+//! `SLUICE_GIT_COMMIT` wins (`scripts/dist` sets it; so can a build from a source tarball or inside
+//! a container, where there is no `.git`); otherwise `git rev-parse` when the build script runs;
+//! otherwise "unknown". A dev build says "dev". HEAD is not watched: that would rebuild the crate
+//! on every commit in every profile.
 
 use std::process::Command;
 
@@ -16,23 +18,13 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed=SLUICE_GIT_COMMIT");
-    let commit = std::env::var("SLUICE_GIT_COMMIT")
-        .ok()
-        .filter(|c| !c.is_empty())
-        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
-        .unwrap_or_else(|| "unknown".to_string());
-    // Rebuild the string when HEAD moves: HEAD itself, and the branch file it points to.
-    for path in ["HEAD", "packed-refs"] {
-        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={p}");
-        }
-    }
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        if let Some(p) = git(&["rev-parse", "--git-path", &branch]) {
-            println!("cargo:rerun-if-changed={p}");
-        }
-    }
-    println!("cargo:rustc-env=BUILT_COMMIT={commit}");
+    println!("cargo:rerun-if-changed=build.rs");
     let target = std::env::var("TARGET").unwrap_or_default();
     println!("cargo:rustc-env=BUILT_TARGET={target}");
+    let commit = match std::env::var("SLUICE_GIT_COMMIT") {
+        Ok(c) if !c.is_empty() => c,
+        _ if std::env::var("PROFILE").as_deref() == Ok("debug") => "dev".to_string(),
+        _ => git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_string()),
+    };
+    println!("cargo:rustc-env=BUILT_COMMIT={commit}");
 }
