@@ -46,9 +46,9 @@ TARGETS=aarch64 scripts/dist router ipk
 
 # A scratch Debian root to install the .deb into (kept between runs; a few minutes to make).
 DEB_ROOT=${DEB_ROOT:-/var/tmp/sluice-deb-root}
-if [ ! -x "$DEB_ROOT/usr/bin/dpkg" ] || [ ! -x "$DEB_ROOT/usr/sbin/adduser" ]; then
+if [ ! -x "$DEB_ROOT/usr/bin/dpkg" ] || [ ! -x "$DEB_ROOT/usr/sbin/adduser" ] || [ ! -e "$DEB_ROOT/lib/systemd/system/sysinit.target" ]; then
   rm -rf "$DEB_ROOT"
-  debootstrap --variant=minbase --include=adduser bookworm "$DEB_ROOT" http://deb.debian.org/debian >/dev/null
+  debootstrap --variant=minbase --include=adduser,systemd bookworm "$DEB_ROOT" http://deb.debian.org/debian >/dev/null
 fi
 
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
