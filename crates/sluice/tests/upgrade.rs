@@ -167,6 +167,7 @@ fn origin() -> SocketAddr {
 }
 
 fn serve_origin(conn: TcpStream) {
+    let _ = conn.set_nodelay(true);
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut conn = conn;
     loop {
@@ -193,10 +194,10 @@ fn serve_origin(conn: TcpStream) {
             "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
-        if conn.write_all(head.as_bytes()).is_err() {
-            return;
-        }
         if path.starts_with("/big") {
+            if conn.write_all(head.as_bytes()).is_err() {
+                return;
+            }
             let chunk = BIG / 40;
             for part in body.chunks(chunk) {
                 if conn.write_all(part).is_err() {
@@ -204,7 +205,7 @@ fn serve_origin(conn: TcpStream) {
                 }
                 std::thread::sleep(Duration::from_millis(BIG_SECS * 1000 / 40));
             }
-        } else if conn.write_all(&body).is_err() {
+        } else if conn.write_all(&[head.as_bytes(), &body].concat()).is_err() {
             return;
         }
     }
@@ -282,7 +283,10 @@ fn keep_alive_loop(
         let reader = match conn.as_mut() {
             Some(r) => r,
             None => match TcpStream::connect(addr) {
-                Ok(s) => conn.insert(BufReader::new(s)),
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    conn.insert(BufReader::new(s))
+                }
                 Err(e) => {
                     failures.push(format!("connect: {e}"));
                     std::thread::sleep(Duration::from_millis(10));
