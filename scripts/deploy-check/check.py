@@ -141,9 +141,12 @@ def get(port, path, host="localhost", timeout=30):
     return status, headers, body
 
 
-def wait_health(port, limit=30):
+def wait_health(port, limit=30, proc=None):
     deadline = time.time() + limit
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            fail(f"exited {proc.returncode} before /health answered: "
+                 f"{proc.stderr.read().decode(errors='replace')[-3000:]}")
         try:
             status, _, body = get(port, "/health", timeout=2)
             if status == 200 and b"healthy" in body:
@@ -308,10 +311,17 @@ def router():
     if "features: iptv" not in v or "aarch64" not in v:
         fail(f"router --version: {v!r}")
     port = free_port()
+    log = tempfile.TemporaryFile()
     p = subprocess.Popen(qemu + ["serve", "--listen", f"127.0.0.1:{port}"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=log)
+    p.stderr = log
     try:
-        wait_health(port, limit=60)
+        log_tail = lambda: (log.seek(0), log.read().decode(errors="replace")[-3000:])[1]
+        try:
+            wait_health(port, limit=60, proc=p)
+        except SystemExit:
+            print(log_tail(), file=sys.stderr)
+            raise
     finally:
         p.terminate()
         try:
@@ -320,7 +330,7 @@ def router():
             p.kill()
             fail("router binary did not stop on SIGTERM")
     if rc != 0:
-        fail(f"router binary exited {rc}: {p.stderr.read().decode()[-2000:]}")
+        fail(f"router binary exited {rc}: {log_tail()}")
     ok(f"aarch64 router binary under qemu: {v.splitlines()[0]}; serve, /health, SIGTERM exit 0")
 
 
