@@ -38,6 +38,11 @@ IPK = os.environ.get("IPK", "")
 # A binary of this machine's architecture, to load generated configs with.
 ROUTER_BIN_HOST = os.environ.get("HOST_BIN", "")
 
+# sluice reads every SLUICE_* variable as config (and refuses unknown sections): none of the
+# build's (SLUICE_GIT_COMMIT, SLUICE_IMAGE) may reach the binaries started here.
+for key in [k for k in os.environ if k.startswith("SLUICE_")]:
+    del os.environ[key]
+
 
 def fail(msg):
     print(f"FAIL: {msg}", file=sys.stderr)
