@@ -23,6 +23,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub mod inherited;
+
 /// Binds `addr` with `SO_REUSEADDR` and a deep backlog (or takes the inherited socket for it).
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     if let Some(inherited) = inherited::take(addr) {
@@ -63,8 +65,6 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     inherited::record(&socket);
     Ok(socket.into())
 }
-
-pub mod inherited;
 
 /// Descriptors kept back from the connection budget for listeners, multicast sockets, config
 /// and playlist files, logs and the like.
