@@ -584,7 +584,8 @@ impl Conn {
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
             async move {
                 let mut resp = app.handle(req, peer, secure, guard).await;
-                if last {
+                // (Not on a protocol switch: its `Connection: upgrade` must stand.)
+                if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                     resp.headers_mut().insert(
                         http::header::CONNECTION,
                         http::HeaderValue::from_static("close"),
