@@ -59,3 +59,5 @@ DEB="$DIST/sluice_${VERSION}_amd64.deb" \
 HOST_BIN="$DIST/sluice-$VERSION-x86_64-linux-musl" \
 DEB_ROOT="$DEB_ROOT" HELM="$HELM" \
   python3 scripts/deploy-check/check.py
+# The images each run leaves untagged (vfs storage keeps full copies).
+podman --runtime runc --cgroup-manager=cgroupfs --storage-driver=vfs image prune -f >/dev/null || true
