@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command that runs every test. Installs what the tests need first (ffmpeg for frame-exact
-# decode checks; GStreamer's RTSP server for the RTSP tests; the pages check installs chromium itself), so nothing is skipped for lack of a tool.
+# decode checks; GStreamer's RTSP server for the RTSP tests; the pages check installs chromium
+# itself; the deploy check installs its own tools), so nothing is skipped for lack of a tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,3 +35,8 @@ cargo test -p sluice --locked --no-default-features --features iptv "$@"
 ./scripts/browser-check/pages.sh
 # The /player page playing a live multicast channel through /hls/ (hls.js embedded in the binary).
 ./scripts/browser-check/player.sh
+# The install paths for real: the container image under podman, the aarch64 router build under
+# qemu, the .deb in a scratch Debian root, systemd-analyze verify, the .ipk, the Helm chart
+# (installs podman, runc, qemu-user-static, debootstrap, helm, the musl targets when missing;
+# builds one x86_64 musl binary and the aarch64 router build: see the script).
+./scripts/deploy-check/run.sh

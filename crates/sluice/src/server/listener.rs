@@ -6,6 +6,10 @@
 //! set, enforced the same way: at the limit the loop stops calling `accept(2)` and waits for a
 //! connection to close. New clients then queue in the kernel's backlog instead of being accepted
 //! and dropped, and nothing spins.
+//!
+//! Binding prefers an inherited socket for the same address: one systemd passed in (`LISTEN_FDS`,
+//! socket activation) or one the previous process handed over on a binary upgrade
+//! (`server::upgrade`). Every listening socket is recorded, so an upgrade can hand them all on.
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,8 +23,15 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Binds `addr` with `SO_REUSEADDR` and a deep backlog.
+pub mod inherited;
+
+/// Binds `addr` with `SO_REUSEADDR` and a deep backlog (or takes the inherited socket for it).
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    if let Some(inherited) = inherited::take(addr) {
+        inherited.set_nonblocking(true)?;
+        inherited::record(&inherited);
+        return TcpListener::from_std(inherited);
+    }
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     if addr.is_ipv6() {
@@ -29,6 +40,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
+    inherited::record(&socket);
     TcpListener::from_std(socket.into())
 }
 
@@ -36,6 +48,11 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 /// own socket to the same address and the kernel spreads new connections over them. Returns a
 /// standard (non-blocking) listener, so the core's own runtime registers it.
 pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    if let Some(inherited) = inherited::take(addr) {
+        inherited.set_nonblocking(true)?;
+        inherited::record(&inherited);
+        return Ok(inherited);
+    }
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
@@ -45,6 +62,7 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
+    inherited::record(&socket);
     Ok(socket.into())
 }
 

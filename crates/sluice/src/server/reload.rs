@@ -242,7 +242,9 @@ pub async fn on_sighup(reloader: Arc<Reloader>) {
     };
     while hup.recv().await.is_some() {
         let r = reloader.clone();
-        let _ = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
+        super::notify::reloading();
+        let applied = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
+        super::notify::reloaded(matches!(applied, Ok(Ok(()))));
     }
 }
 
