@@ -28,6 +28,9 @@ if command -v ip >/dev/null 2>&1; then
   ip link set lo multicast on 2>/dev/null || true
 fi
 
+# The module layers (scripts/layers.toml) hold; the check tests itself on fixtures first.
+./scripts/check-layers-test && ./scripts/check-layers
+
 cargo test --workspace --locked "$@"
 # The gateway-only build (for routers) must build and pass its own tests too.
 cargo test -p sluice --locked --no-default-features --features iptv "$@"
