@@ -244,7 +244,7 @@ pub async fn on_sighup(reloader: Arc<Reloader>) {
         let r = reloader.clone();
         super::notify::reloading();
         let applied = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
-        super::notify::reloaded(matches!(applied, Ok(Ok(()))));
+        super::notify::reloaded(matches!(applied, Ok(Ok(_))));
     }
 }
 
