@@ -89,6 +89,16 @@ impl Drop for Disk {
     }
 }
 
+/// Counters that show the faults reached sluice, copied into the report at the end.
+const EVIDENCE: &[&str] = &[
+    "sluice_cache_disk_",
+    "sluice_cache_tier_bytes",
+    "sluice_cache_origin_errors",
+    "sluice_downstream_accept_paused_total",
+    "sluice_downstream_connections_total",
+    "sluice_upstream_",
+];
+
 fn free_port() -> Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
@@ -96,6 +106,9 @@ fn free_port() -> Result<SocketAddr> {
 fn load_drm(dir: &Path) -> Result<(HashMap<String, Vec<u8>>, players::Drm)> {
     let mut files = HashMap::new();
     origin::load_dir(&dir.join("cenc"), "/drm/cenc", &mut files)?;
+    // The packager wrote a live MPD whose window has long passed; serve it as the 2 s VOD it is.
+    let mpd = files.get_mut("/drm/cenc/manifest.mpd").context("cenc/manifest.mpd")?;
+    *mpd = as_vod(&String::from_utf8_lossy(mpd)).into_bytes();
     let keys = std::fs::read_to_string(dir.join("keys.txt"))?;
     let (mut kids, mut ks) = (Vec::new(), Vec::new());
     for l in keys.lines() {
@@ -108,6 +121,20 @@ fn load_drm(dir: &Path) -> Result<(HashMap<String, Vec<u8>>, players::Drm)> {
     let video_md5 = std::fs::read_to_string(dir.join("source-video.md5"))?.lines().map(str::to_string).collect();
     let keys = format!("key_id={}&key={}", kids.join(","), ks.join(","));
     Ok((files, players::Drm { keys, video_md5 }))
+}
+
+/// A dynamic MPD as a static one of 2 s (the fixture's length), without its live timing attributes.
+fn as_vod(mpd: &str) -> String {
+    let mut out = mpd.replace("type=\"dynamic\"", "type=\"static\" mediaPresentationDuration=\"PT2S\"");
+    for attr in ["publishTime", "availabilityStartTime", "minimumUpdatePeriod", "timeShiftBufferDepth"] {
+        let key = format!(" {attr}=\"");
+        if let Some(a) = out.find(&key) {
+            if let Some(len) = out[a + key.len()..].find('"') {
+                out.replace_range(a..a + key.len() + len + 1, "");
+            }
+        }
+    }
+    out
 }
 
 #[tokio::main]
@@ -150,7 +177,7 @@ async fn run(args: Args) -> Result<bool> {
     let log_file = args.work.join("sluice.log");
     let mut proc = sluice::start(&args.sluice, &config_file, &log_file, args.nofile, addrs.http).await?;
     let pid = proc.pid;
-    let task_metric = "sluice_downstream_connections_open";
+    let task_metric = "sluice_downstream_open_connections";
     let baseline = sampler::sample(pid, 0.0, addrs.http, task_metric).await.context("first sample")?;
     eprintln!("soak: sluice pid {pid} on {}, {} fds at start; {} minutes, seed {}", addrs.http, baseline.fds, args.minutes, args.seed);
 
@@ -212,14 +239,13 @@ async fn run(args: Args) -> Result<bool> {
         match sampler::sample(pid, log.now(), addrs.http, task_metric).await {
             Some(s) => {
                 eprintln!(
-                    "soak: {:7.1}s rss {} MiB uss {} MiB fds {} threads {} conns {:?}; {} ops",
+                    "soak: {:7.1}s rss {} MiB uss {} MiB fds {} threads {} client connections {:?}",
                     s.t,
                     report::mib(s.rss_kib * 1024),
                     report::mib(s.uss_kib * 1024),
                     s.fds,
                     s.threads,
                     s.tasks,
-                    0
                 );
                 samples.push(s);
             }
@@ -241,6 +267,7 @@ async fn run(args: Args) -> Result<bool> {
         eprintln!("soak: injector: {e:#}");
     }
     alive &= proc.child.try_wait()?.is_none();
+    let mut metrics = Vec::new();
     checks.push(("sluice ran the whole time".into(), alive));
     if alive {
         checks.extend(players::probe_all(&ctx).await);
@@ -252,6 +279,7 @@ async fn run(args: Args) -> Result<bool> {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        metrics = sampler::metric_lines(addrs.http, EVIDENCE).await;
         checks.push((format!("descriptors back to the start ({} → {fds}, within 16)", baseline.fds), fds <= baseline.fds + 16));
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
@@ -281,6 +309,7 @@ async fn run(args: Args) -> Result<bool> {
         trends: &trends,
         reloads,
         checks: &checks,
+        metrics: &metrics,
     };
     let text = summary.markdown(true);
     if let Some(parent) = args.report.parent() {

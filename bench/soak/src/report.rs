@@ -16,6 +16,7 @@ pub struct Summary<'a> {
     pub trends: &'a [Trend],
     pub reloads: (u32, u32),
     pub checks: &'a [(String, bool)],
+    pub metrics: &'a [String],
 }
 
 /// The window that explains a failure, if any.
@@ -66,8 +67,15 @@ impl Summary<'_> {
                 );
             }
         }
+        if !self.metrics.is_empty() {
+            let _ = writeln!(m, "\nsluice's own counters at the end (evidence that the faults reached it):\n\n```");
+            for l in self.metrics {
+                let _ = writeln!(m, "{l}");
+            }
+            let _ = writeln!(m, "```");
+        }
         if all_samples {
-            let _ = writeln!(m, "\nSamples every 10 s:\n\n| t (s) | RSS MiB | USS MiB | fds | threads | tasks |\n|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(m, "\nSamples every 10 s:\n\n| t (s) | RSS MiB | USS MiB | fds | threads | client connections |\n|---:|---:|---:|---:|---:|---:|");
             for s in self.samples {
                 let _ = writeln!(
                     m,

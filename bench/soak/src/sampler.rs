@@ -14,7 +14,7 @@ pub struct Sample {
     pub uss_kib: u64,
     pub fds: u64,
     pub threads: u64,
-    /// Live connections/tasks from `/metrics`, when present.
+    /// Open client connections from `/metrics` (sluice exports no task count; each connection is a task).
     pub tasks: Option<u64>,
 }
 
@@ -40,6 +40,20 @@ pub async fn sample(pid: u32, t: f64, metrics: SocketAddr, task_metric: &str) ->
         threads: field_kib(&status, "Threads:"),
         tasks,
     })
+}
+
+/// The lines of `/metrics` whose names start with one of `prefixes` (the report's evidence that the
+/// faults reached sluice: dropped disk writes, accept pauses, ejections).
+pub async fn metric_lines(addr: SocketAddr, prefixes: &[&str]) -> Vec<String> {
+    let target = format!("/metrics?api_password={}", crate::sluice::PASSWORD);
+    let Ok((200, body)) = client::get_body(addr, &target, Duration::from_secs(5)).await else {
+        return vec!["(/metrics unavailable)".into()];
+    };
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The sum of every series of one metric family in `/metrics`.
@@ -99,8 +113,10 @@ pub fn trends(samples: &[Sample], warmup: f64) -> Vec<Trend> {
         trend("RSS (KiB)", &s, |x| Some(x.rss_kib), 0.25, 24 * 1024),
         trend("USS (KiB)", &s, |x| Some(x.uss_kib), 0.25, 24 * 1024),
         trend("open fds", &s, |x| Some(x.fds), 0.0, 48),
-        trend("threads", &s, |x| Some(x.threads), 0.0, 4),
-        trend("tasks", &s, |x| x.tasks, 0.0, 64),
+        // Tokio's blocking pool (disk-tier file I/O) starts threads on demand and ends them after
+        // 10 s idle, so the count follows the disk work of the moment.
+        trend("threads", &s, |x| Some(x.threads), 0.0, 12),
+        trend("open client connections", &s, |x| x.tasks, 0.0, 64),
     ]
     .into_iter()
     .flatten()
