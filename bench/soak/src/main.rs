@@ -37,7 +37,7 @@ use crate::players::Ctx;
 use crate::record::Log;
 
 #[derive(Parser)]
-#[command(about = "Soak-and-fault run of sluice: mixed load on every front end, seeded faults, a report.")]
+#[command(about = "Soak-and-fault run of sluice: mixed load on every front end, seeded faults, a report.", args_override_self = true)]
 struct Args {
     /// Length of the run (load and faults), in minutes.
     #[arg(long, default_value_t = 5.0)]
@@ -152,7 +152,8 @@ async fn run(args: Args) -> Result<bool> {
     let total = args.minutes * 60.0;
     std::fs::create_dir_all(&args.work)?;
     let disk_dir = args.work.join("disk");
-    let _ = std::process::Command::new("umount").arg(&disk_dir).status();
+    // A mount left by an interrupted run.
+    let _ = std::process::Command::new("umount").arg(&disk_dir).stderr(std::process::Stdio::null()).status();
     let disk = Disk::mount(&disk_dir)?;
 
     let (files, drm) = load_drm(&args.fixtures).context("loading the DASH fixtures")?;
