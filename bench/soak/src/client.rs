@@ -16,12 +16,21 @@ pub struct Reply {
 }
 
 /// GET `target` (path and query) from `addr`; `sink` sees each body chunk.
-pub async fn get(addr: SocketAddr, target: &str, limit: Duration, sink: impl FnMut(&[u8])) -> Result<Reply, String> {
+pub async fn get(
+    addr: SocketAddr,
+    target: &str,
+    limit: Duration,
+    sink: impl FnMut(&[u8]),
+) -> Result<Reply, String> {
     request(addr, "GET", target, &[], Bytes::new(), limit, sink).await
 }
 
 /// GET and keep the whole body (manifests, playlists, DASH media).
-pub async fn get_body(addr: SocketAddr, target: &str, limit: Duration) -> Result<(u16, Vec<u8>), String> {
+pub async fn get_body(
+    addr: SocketAddr,
+    target: &str,
+    limit: Duration,
+) -> Result<(u16, Vec<u8>), String> {
     let mut body = Vec::new();
     let r = get(addr, target, limit, |c| body.extend_from_slice(c)).await?;
     Ok((r.status, body))
@@ -50,15 +59,23 @@ async fn exchange(
     body: Bytes,
     mut sink: impl FnMut(&[u8]),
 ) -> Result<Reply, String> {
-    let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {}", e.kind()))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|_| "handshake".to_string())?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {}", e.kind()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|_| "handshake".to_string())?;
     tokio::spawn(conn);
-    let mut req = http::Request::builder().method(method).uri(target).header("host", addr.to_string());
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(target)
+        .header("host", addr.to_string());
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let req = req.body(Full::new(body)).map_err(|e| format!("request: {e}"))?;
+    let req = req
+        .body(Full::new(body))
+        .map_err(|e| format!("request: {e}"))?;
     let resp = sender.send_request(req).await.map_err(|e| {
         if e.is_incomplete_message() {
             "closed before head".to_string()

@@ -17,7 +17,10 @@ pub struct Echo {
 impl Echo {
     pub async fn start() -> Result<Arc<Self>> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let echo = Arc::new(Echo { addr: listener.local_addr()?, task: Mutex::new(None) });
+        let echo = Arc::new(Echo {
+            addr: listener.local_addr()?,
+            task: Mutex::new(None),
+        });
         echo.spawn(listener);
         Ok(echo)
     }
@@ -54,6 +57,9 @@ impl Echo {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        TcpListener::bind(self.addr).await.map(|_| ()).context("rebinding the echo origin")
+        TcpListener::bind(self.addr)
+            .await
+            .map(|_| ())
+            .context("rebinding the echo origin")
     }
 }

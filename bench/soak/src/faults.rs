@@ -64,7 +64,9 @@ impl Kind {
                 matches!(front, ReversePlain | ReverseCached | Stream | Hls | Dash)
             }
             Kind::FdsNearLimit => true,
-            Kind::ServerKilled | Kind::ClientsStopReading | Kind::DiskFull | Kind::DiskReadOnly => false,
+            Kind::ServerKilled | Kind::ClientsStopReading | Kind::DiskFull | Kind::DiskReadOnly => {
+                false
+            }
         }
     }
 }
@@ -103,7 +105,11 @@ pub fn schedule(seed: u64, warmup: f64, total: f64, tail: f64) -> Vec<Window> {
             if t + len > total - tail {
                 break 'cycles;
             }
-            out.push(Window { kind, start: t, end: t + len });
+            out.push(Window {
+                kind,
+                start: t,
+                end: t + len,
+            });
             t += len + 8.0 + rng.below(5) as f64;
         }
     }
@@ -124,12 +130,18 @@ pub struct Targets {
 pub async fn inject(ctx: Arc<Ctx>, t: Targets, windows: Vec<Window>, t0: Instant) -> Result<()> {
     for w in windows {
         tokio::time::sleep_until((t0 + Duration::from_secs_f64(w.start)).into()).await;
-        ctx.faults_open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ctx.faults_open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         eprintln!("soak: {:7.1}s fault on: {}", w.start, w.kind.name());
         let end = t0 + Duration::from_secs_f64(w.end);
         let r = run_window(&ctx, &t, w.kind, end).await;
-        ctx.faults_open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        eprintln!("soak: {:7.1}s fault off: {}", t0.elapsed().as_secs_f64(), w.kind.name());
+        ctx.faults_open
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        eprintln!(
+            "soak: {:7.1}s fault off: {}",
+            t0.elapsed().as_secs_f64(),
+            w.kind.name()
+        );
         r.with_context(|| format!("fault {}", w.kind.name()))?;
     }
     Ok(())
@@ -172,7 +184,9 @@ async fn run_window(ctx: &Ctx, t: &Targets, kind: Kind, end: Instant) -> Result<
             remount(&t.disk, "remount,rw").await?;
         }
         Kind::FdsNearLimit => {
-            let open = std::fs::read_dir(format!("/proc/{}/fd", t.sluice_pid)).map(|d| d.count()).unwrap_or(0) as u64;
+            let open = std::fs::read_dir(format!("/proc/{}/fd", t.sluice_pid))
+                .map(|d| d.count())
+                .unwrap_or(0) as u64;
             // Leave sluice about 40 descriptors for everyone else.
             let want = t.fd_limit.saturating_sub(open + 40);
             let mut idle = Vec::new();
@@ -182,7 +196,11 @@ async fn run_window(ctx: &Ctx, t: &Targets, kind: Kind, end: Instant) -> Result<
                     Err(_) => break,
                 }
             }
-            eprintln!("soak:          {} idle connections held (sluice had {open} fds of {})", idle.len(), t.fd_limit);
+            eprintln!(
+                "soak:          {} idle connections held (sluice had {open} fds of {})",
+                idle.len(),
+                t.fd_limit
+            );
             until.await;
             drop(idle);
         }
@@ -192,7 +210,9 @@ async fn run_window(ctx: &Ctx, t: &Targets, kind: Kind, end: Instant) -> Result<
 
 /// Writes zeros until the disk tier's filesystem is full (bounded by its size).
 async fn fill(path: &std::path::Path) {
-    let Ok(mut f) = tokio::fs::File::create(path).await else { return };
+    let Ok(mut f) = tokio::fs::File::create(path).await else {
+        return;
+    };
     let chunk = vec![0u8; 1 << 20];
     for _ in 0..4096 {
         if f.write_all(&chunk).await.is_err() {
@@ -203,7 +223,11 @@ async fn fill(path: &std::path::Path) {
 }
 
 async fn remount(dir: &std::path::Path, how: &str) -> Result<()> {
-    let st = tokio::process::Command::new("mount").args(["-o", how]).arg(dir).status().await?;
+    let st = tokio::process::Command::new("mount")
+        .args(["-o", how])
+        .arg(dir)
+        .status()
+        .await?;
     anyhow::ensure!(st.success(), "mount -o {how} {} failed", dir.display());
     Ok(())
 }
@@ -222,7 +246,12 @@ async fn stop_reading(ctx: &Ctx) -> Vec<TcpStream> {
     targets.push(format!("/rtp/{}?{pw}", ctx.group));
     let mut held = Vec::new();
     for target in targets {
-        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(5), start_then_stall(ctx.sluice, &target)).await {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_secs(5),
+            start_then_stall(ctx.sluice, &target),
+        )
+        .await
+        {
             held.push(s);
         }
     }
@@ -231,7 +260,8 @@ async fn stop_reading(ctx: &Ctx) -> Vec<TcpStream> {
 
 async fn start_then_stall(addr: SocketAddr, target: &str) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await?;
-    s.write_all(format!("GET {target} HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes()).await?;
+    s.write_all(format!("GET {target} HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes())
+        .await?;
     let mut buf = vec![0u8; 65_536];
     let mut got = 0;
     while got < 65_536 {
@@ -257,6 +287,9 @@ mod tests {
         assert_eq!(kinds.len(), Kind::ALL.len(), "{w:?}");
         assert!(w.windows(2).all(|p| p[0].end + 8.0 <= p[1].start));
         assert!(w.last().unwrap().end <= 270.0);
-        assert_eq!(format!("{w:?}"), format!("{:?}", schedule(7, 20.0, 300.0, 30.0)));
+        assert_eq!(
+            format!("{w:?}"),
+            format!("{:?}", schedule(7, 20.0, 300.0, 30.0))
+        );
     }
 }

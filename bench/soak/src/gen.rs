@@ -49,7 +49,12 @@ pub struct Verifier {
 
 impl Verifier {
     pub fn new(seed: u64) -> Self {
-        Verifier { seed, pos: 0, scratch: Vec::new(), bad: false }
+        Verifier {
+            seed,
+            pos: 0,
+            scratch: Vec::new(),
+            bad: false,
+        }
     }
 
     /// Feeds the next chunk; false once any byte differed.

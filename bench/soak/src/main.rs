@@ -37,7 +37,10 @@ use crate::players::Ctx;
 use crate::record::Log;
 
 #[derive(Parser)]
-#[command(about = "Soak-and-fault run of sluice: mixed load on every front end, seeded faults, a report.", args_override_self = true)]
+#[command(
+    about = "Soak-and-fault run of sluice: mixed load on every front end, seeded faults, a report.",
+    args_override_self = true
+)]
 struct Args {
     /// Length of the run (load and faults), in minutes.
     #[arg(long, default_value_t = 5.0)]
@@ -77,7 +80,10 @@ struct Disk(PathBuf);
 impl Disk {
     fn mount(dir: &Path) -> Result<Disk> {
         std::fs::create_dir_all(dir)?;
-        let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=48m", "sluice-soak"]).arg(dir).status()?;
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=48m", "sluice-soak"])
+            .arg(dir)
+            .status()?;
         anyhow::ensure!(st.success(), "mounting a tmpfs at {}", dir.display());
         Ok(Disk(dir.to_path_buf()))
     }
@@ -107,7 +113,9 @@ fn load_drm(dir: &Path) -> Result<(HashMap<String, Vec<u8>>, players::Drm)> {
     let mut files = HashMap::new();
     origin::load_dir(&dir.join("cenc"), "/drm/cenc", &mut files)?;
     // The packager wrote a live MPD whose window has long passed; serve it as the 2 s VOD it is.
-    let mpd = files.get_mut("/drm/cenc/manifest.mpd").context("cenc/manifest.mpd")?;
+    let mpd = files
+        .get_mut("/drm/cenc/manifest.mpd")
+        .context("cenc/manifest.mpd")?;
     *mpd = as_vod(&String::from_utf8_lossy(mpd)).into_bytes();
     let keys = std::fs::read_to_string(dir.join("keys.txt"))?;
     let (mut kids, mut ks) = (Vec::new(), Vec::new());
@@ -118,15 +126,26 @@ fn load_drm(dir: &Path) -> Result<(HashMap<String, Vec<u8>>, players::Drm)> {
             ks.push(w[2].to_string());
         }
     }
-    let video_md5 = std::fs::read_to_string(dir.join("source-video.md5"))?.lines().map(str::to_string).collect();
+    let video_md5 = std::fs::read_to_string(dir.join("source-video.md5"))?
+        .lines()
+        .map(str::to_string)
+        .collect();
     let keys = format!("key_id={}&key={}", kids.join(","), ks.join(","));
     Ok((files, players::Drm { keys, video_md5 }))
 }
 
 /// A dynamic MPD as a static one of 2 s (the fixture's length), without its live timing attributes.
 fn as_vod(mpd: &str) -> String {
-    let mut out = mpd.replace("type=\"dynamic\"", "type=\"static\" mediaPresentationDuration=\"PT2S\"");
-    for attr in ["publishTime", "availabilityStartTime", "minimumUpdatePeriod", "timeShiftBufferDepth"] {
+    let mut out = mpd.replace(
+        "type=\"dynamic\"",
+        "type=\"static\" mediaPresentationDuration=\"PT2S\"",
+    );
+    for attr in [
+        "publishTime",
+        "availabilityStartTime",
+        "minimumUpdatePeriod",
+        "timeShiftBufferDepth",
+    ] {
         let key = format!(" {attr}=\"");
         if let Some(a) = out.find(&key) {
             if let Some(len) = out[a + key.len()..].find('"') {
@@ -142,7 +161,9 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("run as root: the disk tier is a tmpfs this run mounts, fills and remounts read-only");
+        bail!(
+            "run as root: the disk tier is a tmpfs this run mounts, fills and remounts read-only"
+        );
     }
     let ok = run(args).await?;
     std::process::exit(if ok { 0 } else { 1 });
@@ -153,7 +174,10 @@ async fn run(args: Args) -> Result<bool> {
     std::fs::create_dir_all(&args.work)?;
     let disk_dir = args.work.join("disk");
     // A mount left by an interrupted run.
-    let _ = std::process::Command::new("umount").arg(&disk_dir).stderr(std::process::Stdio::null()).status();
+    let _ = std::process::Command::new("umount")
+        .arg(&disk_dir)
+        .stderr(std::process::Stdio::null())
+        .status();
     let disk = Disk::mount(&disk_dir)?;
 
     let (files, drm) = load_drm(&args.fixtures).context("loading the DASH fixtures")?;
@@ -176,11 +200,23 @@ async fn run(args: Args) -> Result<bool> {
     let config_file = args.work.join("sluice.toml");
     std::fs::write(&config_file, sluice::config(&addrs, &disk_dir, 0))?;
     let log_file = args.work.join("sluice.log");
-    let mut proc = sluice::start(&args.sluice, &config_file, &log_file, args.nofile, addrs.http).await?;
+    let mut proc = sluice::start(
+        &args.sluice,
+        &config_file,
+        &log_file,
+        args.nofile,
+        addrs.http,
+    )
+    .await?;
     let pid = proc.pid;
     let task_metric = "sluice_downstream_open_connections";
-    let baseline = sampler::sample(pid, 0.0, addrs.http, task_metric).await.context("first sample")?;
-    eprintln!("soak: sluice pid {pid} on {}, {} fds at start; {} minutes, seed {}", addrs.http, baseline.fds, args.minutes, args.seed);
+    let baseline = sampler::sample(pid, 0.0, addrs.http, task_metric)
+        .await
+        .context("first sample")?;
+    eprintln!(
+        "soak: sluice pid {pid} on {}, {} fds at start; {} minutes, seed {}",
+        addrs.http, baseline.fds, args.minutes, args.seed
+    );
 
     let t0 = Instant::now();
     let log = Arc::new(Log::new(t0));
@@ -263,7 +299,10 @@ async fn run(args: Args) -> Result<bool> {
     let reloads = reloader.await.unwrap_or((0, 0));
 
     // Recovery: the load has stopped; sluice must serve every kind again and give back descriptors.
-    let mut checks = vec![("the fault injector ran every window".to_string(), injected.is_ok())];
+    let mut checks = vec![(
+        "the fault injector ran every window".to_string(),
+        injected.is_ok(),
+    )];
     if let Err(e) = &injected {
         eprintln!("soak: injector: {e:#}");
     }
@@ -274,14 +313,22 @@ async fn run(args: Args) -> Result<bool> {
         checks.extend(players::probe_all(&ctx).await);
         let mut fds = u64::MAX;
         for _ in 0..40 {
-            fds = sampler::sample(pid, log.now(), addrs.http, "").await.map_or(u64::MAX, |s| s.fds);
+            fds = sampler::sample(pid, log.now(), addrs.http, "")
+                .await
+                .map_or(u64::MAX, |s| s.fds);
             if fds <= baseline.fds + 16 {
                 break;
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         metrics = sampler::metric_lines(addrs.http, EVIDENCE).await;
-        checks.push((format!("descriptors back to the start ({} → {fds}, within 16)", baseline.fds), fds <= baseline.fds + 16));
+        checks.push((
+            format!(
+                "descriptors back to the start ({} → {fds}, within 16)",
+                baseline.fds
+            ),
+            fds <= baseline.fds + 16,
+        ));
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         let exit = tokio::time::timeout(Duration::from_secs(20), proc.child.wait()).await;

@@ -34,7 +34,8 @@ pub fn send(group: SocketAddrV4, kbit_s: u64, until: Instant) -> Result<u64> {
     let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     sock.bind(&SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0).into())?;
     // Pinned to loopback twice over: the device, and the multicast interface by its address.
-    sock.bind_device(Some(b"lo")).context("SO_BINDTODEVICE lo")?;
+    sock.bind_device(Some(b"lo"))
+        .context("SO_BINDTODEVICE lo")?;
     sock.set_multicast_if_v4(&Ipv4Addr::LOCALHOST)?;
     sock.set_multicast_loop_v4(true)?;
     sock.set_multicast_ttl_v4(1)?;

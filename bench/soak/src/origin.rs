@@ -43,10 +43,18 @@ pub struct Origin {
 
 impl Origin {
     /// Binds on loopback and serves. `files` maps request paths to fixed bodies (the DASH fixture).
-    pub async fn start(files: Arc<HashMap<String, Vec<u8>>>, mode: Arc<AtomicU8>) -> Result<Arc<Self>> {
+    pub async fn start(
+        files: Arc<HashMap<String, Vec<u8>>>,
+        mode: Arc<AtomicU8>,
+    ) -> Result<Arc<Self>> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let origin = Arc::new(Origin { addr, mode, files, task: Mutex::new(None) });
+        let origin = Arc::new(Origin {
+            addr,
+            mode,
+            files,
+            task: Mutex::new(None),
+        });
         origin.spawn(listener);
         Ok(origin)
     }
@@ -111,7 +119,10 @@ impl Origin {
                 None => return Ok(()),
             };
             let Some(req) = Request::parse(&head) else {
-                s.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await?;
+                s.write_all(
+                    b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await?;
                 return Ok(());
             };
             if !self.respond(&mut s, &req).await? {
@@ -123,12 +134,16 @@ impl Origin {
     /// Writes one response; false when the connection must end.
     async fn respond(&self, s: &mut TcpStream, req: &Request) -> Result<bool> {
         let Some(body) = self.content(&req.path) else {
-            s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").await?;
+            s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                .await?;
             return Ok(true);
         };
         let mode = self.mode();
         if mode == Mode::Garbage {
-            s.write_all(b"\x16\x03\x01 this is no HTTP answer \xff\xfe\r\n\r\nHTTP/9.9 abc\r\n\r\n").await?;
+            s.write_all(
+                b"\x16\x03\x01 this is no HTTP answer \xff\xfe\r\n\r\nHTTP/9.9 abc\r\n\r\n",
+            )
+            .await?;
             return Ok(false);
         }
         let total = body.len();
@@ -149,7 +164,10 @@ impl Origin {
             content_type(&req.path)
         );
         if status.starts_with("206") {
-            head.push_str(&format!("content-range: bytes {start}-{}/{total}\r\n", end - 1));
+            head.push_str(&format!(
+                "content-range: bytes {start}-{}/{total}\r\n",
+                end - 1
+            ));
         }
         head.push_str("\r\n");
         s.write_all(head.as_bytes()).await?;
@@ -184,7 +202,10 @@ impl Origin {
         if let Some(i) = path.find("/gen/") {
             let rest = &path[i + 5..];
             let size: usize = rest.split('/').next()?.parse().ok()?;
-            return Some(Body::Gen { seed: gen::seed(rest), len: size });
+            return Some(Body::Gen {
+                seed: gen::seed(rest),
+                len: size,
+            });
         }
         // /hls/<name>/index.m3u8 and /hls/<name>/seg<i>.ts
         let rest = path.strip_prefix("/hls/")?;
@@ -197,8 +218,15 @@ impl Origin {
             p.push_str("#EXT-X-ENDLIST\n");
             return Some(Body::Fixed(p.into_bytes()));
         }
-        let i: usize = file.strip_prefix("seg")?.strip_suffix(".ts")?.parse().ok()?;
-        (i < HLS_SEGMENTS).then(|| Body::Gen { seed: hls_segment_seed(name, i), len: HLS_SEGMENT_BYTES })
+        let i: usize = file
+            .strip_prefix("seg")?
+            .strip_suffix(".ts")?
+            .parse()
+            .ok()?;
+        (i < HLS_SEGMENTS).then(|| Body::Gen {
+            seed: hls_segment_seed(name, i),
+            len: HLS_SEGMENT_BYTES,
+        })
     }
 }
 
@@ -272,14 +300,23 @@ impl Request {
         let path = target.split('?').next()?.to_string();
         let mut range = None;
         for line in lines {
-            let Some((name, value)) = line.split_once(':') else { continue };
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
             if name.eq_ignore_ascii_case("range") {
                 let spec = value.trim().strip_prefix("bytes=")?;
                 let (a, b) = spec.split_once('-')?;
-                range = Some(Range { first: a.parse().ok()?, last: b.parse().ok() });
+                range = Some(Range {
+                    first: a.parse().ok()?,
+                    last: b.parse().ok(),
+                });
             }
         }
-        Some(Request { path, head_only: method == "HEAD", range })
+        Some(Request {
+            path,
+            head_only: method == "HEAD",
+            range,
+        })
     }
 }
 

@@ -58,7 +58,10 @@ pub struct Log {
 
 impl Log {
     pub fn new(t0: Instant) -> Self {
-        Log { t0, items: Mutex::new(Vec::new()) }
+        Log {
+            t0,
+            items: Mutex::new(Vec::new()),
+        }
     }
 
     /// Seconds since the run began.
@@ -67,11 +70,23 @@ impl Log {
     }
 
     pub fn ok(&self, front: Front, start: f64, bytes: u64) {
-        self.push(Outcome { front, start, end: self.now(), bytes, error: None });
+        self.push(Outcome {
+            front,
+            start,
+            end: self.now(),
+            bytes,
+            error: None,
+        });
     }
 
     pub fn fail(&self, front: Front, start: f64, bytes: u64, error: impl Into<String>) {
-        self.push(Outcome { front, start, end: self.now(), bytes, error: Some(error.into()) });
+        self.push(Outcome {
+            front,
+            start,
+            end: self.now(),
+            bytes,
+            error: Some(error.into()),
+        });
     }
 
     /// Records a result: Ok(verified bytes) or Err(kind).

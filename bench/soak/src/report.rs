@@ -21,7 +21,9 @@ pub struct Summary<'a> {
 
 /// The window that explains a failure, if any.
 pub fn explain<'w>(o: &Outcome, windows: &'w [Window]) -> Option<&'w Window> {
-    windows.iter().find(|w| w.kind.explains(o.front) && w.covers(o.start, o.end))
+    windows
+        .iter()
+        .find(|w| w.kind.explains(o.front) && w.covers(o.start, o.end))
 }
 
 pub fn mib(b: u64) -> String {
@@ -30,17 +32,26 @@ pub fn mib(b: u64) -> String {
 
 impl Summary<'_> {
     pub fn unexplained(&self) -> Vec<&Outcome> {
-        self.outcomes.iter().filter(|o| o.error.is_some() && explain(o, self.windows).is_none()).collect()
+        self.outcomes
+            .iter()
+            .filter(|o| o.error.is_some() && explain(o, self.windows).is_none())
+            .collect()
     }
 
     pub fn passed(&self) -> bool {
-        self.unexplained().is_empty() && self.trends.iter().all(|t| t.flat) && self.checks.iter().all(|c| c.1)
+        self.unexplained().is_empty()
+            && self.trends.iter().all(|t| t.flat)
+            && self.checks.iter().all(|c| c.1)
     }
 
     pub fn markdown(&self, all_samples: bool) -> String {
         let mut m = String::new();
         let _ = writeln!(m, "{}\n", self.header);
-        let _ = writeln!(m, "Verdict: **{}**\n", if self.passed() { "pass" } else { "FAIL" });
+        let _ = writeln!(
+            m,
+            "Verdict: **{}**\n",
+            if self.passed() { "pass" } else { "FAIL" }
+        );
         self.outcome_table(&mut m);
         self.fault_table(&mut m);
         self.resource_table(&mut m);
@@ -68,7 +79,10 @@ impl Summary<'_> {
             }
         }
         if !self.metrics.is_empty() {
-            let _ = writeln!(m, "\nsluice's own counters at the end (evidence that the faults reached it):\n\n```");
+            let _ = writeln!(
+                m,
+                "\nsluice's own counters at the end (evidence that the faults reached it):\n\n```"
+            );
             for l in self.metrics {
                 let _ = writeln!(m, "{l}");
             }
@@ -100,8 +114,15 @@ impl Summary<'_> {
         for f in Front::ALL {
             let os: Vec<&Outcome> = self.outcomes.iter().filter(|o| o.front == f).collect();
             let ok = os.iter().filter(|o| o.error.is_none()).count();
-            let expl = os.iter().filter(|o| o.error.is_some() && explain(o, self.windows).is_some()).count();
-            let bytes: u64 = os.iter().filter(|o| o.error.is_none()).map(|o| o.bytes).sum();
+            let expl = os
+                .iter()
+                .filter(|o| o.error.is_some() && explain(o, self.windows).is_some())
+                .count();
+            let bytes: u64 = os
+                .iter()
+                .filter(|o| o.error.is_none())
+                .map(|o| o.bytes)
+                .sum();
             let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
             for o in &os {
                 if let Some(e) = &o.error {
@@ -131,13 +152,26 @@ impl Summary<'_> {
         }
         for o in self.outcomes.iter().filter(|o| o.error.is_some()) {
             if let Some(w) = explain(o, self.windows) {
-                *by_kind.entry(w.kind.name()).or_default().2.entry(o.front.name()).or_default() += 1;
+                *by_kind
+                    .entry(w.kind.name())
+                    .or_default()
+                    .2
+                    .entry(o.front.name())
+                    .or_default() += 1;
             }
         }
         let _ = writeln!(m, "| fault | windows | seconds | failures it explains, by front end |\n|---|---:|---:|---|");
         for (k, (n, secs, fronts)) in by_kind {
             let f: Vec<String> = fronts.iter().map(|(f, n)| format!("{f} {n}")).collect();
-            let _ = writeln!(m, "| {k} | {n} | {secs:.0} | {} |", if f.is_empty() { "none".into() } else { f.join(", ") });
+            let _ = writeln!(
+                m,
+                "| {k} | {n} | {secs:.0} | {} |",
+                if f.is_empty() {
+                    "none".into()
+                } else {
+                    f.join(", ")
+                }
+            );
         }
         m.push('\n');
     }
@@ -148,7 +182,15 @@ impl Summary<'_> {
             "| resource (after warm-up) | first third, median | last third, median | max | flat |\n|---|---:|---:|---:|---|"
         );
         for t in self.trends {
-            let _ = writeln!(m, "| {} | {} | {} | {} | {} |", t.name, t.first, t.last, t.max, if t.flat { "yes" } else { "**no**" });
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} | {} | {} |",
+                t.name,
+                t.first,
+                t.last,
+                t.max,
+                if t.flat { "yes" } else { "**no**" }
+            );
         }
         m.push('\n');
     }
@@ -167,4 +209,73 @@ fn short(e: &str) -> String {
         keep_next = w == "status";
     }
     out.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::Kind;
+
+    fn fail(front: Front, start: f64, end: f64) -> Outcome {
+        Outcome {
+            front,
+            start,
+            end,
+            bytes: 0,
+            error: Some("status 502".into()),
+        }
+    }
+
+    #[test]
+    fn a_failure_counts_as_explained_only_inside_a_window_of_a_kind_that_causes_it() {
+        let windows = [
+            Window {
+                kind: Kind::OriginReset,
+                start: 100.0,
+                end: 110.0,
+            },
+            Window {
+                kind: Kind::ServerKilled,
+                start: 200.0,
+                end: 210.0,
+            },
+        ];
+        // In the window, in its grace, and a long request that began before it.
+        for o in [
+            fail(Front::Stream, 105.0, 105.5),
+            fail(Front::Hls, 119.0, 119.5),
+            fail(Front::Dash, 90.0, 101.0),
+        ] {
+            assert!(explain(&o, &windows).is_some(), "{o:?}");
+        }
+        // After the grace; a path the fault cannot reach; a fault that explains nothing.
+        for o in [
+            fail(Front::Stream, 121.0, 121.5),
+            fail(Front::Tcp, 105.0, 106.0),
+            fail(Front::ReversePlain, 205.0, 205.1),
+        ] {
+            assert!(explain(&o, &windows).is_none(), "{o:?}");
+        }
+        let outcomes = [
+            fail(Front::Stream, 105.0, 105.5),
+            fail(Front::Tcp, 105.0, 106.0),
+        ];
+        let s = Summary {
+            header: String::new(),
+            outcomes: &outcomes,
+            windows: &windows,
+            samples: &[],
+            trends: &[],
+            reloads: (0, 0),
+            checks: &[],
+            metrics: &[],
+        };
+        assert_eq!(s.unexplained().len(), 1);
+        assert!(!s.passed());
+        assert!(s
+            .markdown(false)
+            .contains("| [[tcp]] relay | 1 | 0 | 0 | 1 |"));
+        assert_eq!(short("length 17 of 4096"), "length N of N");
+        assert_eq!(short("playlist: status 502"), "playlist: status 502");
+    }
 }

@@ -31,7 +31,11 @@ pub async fn sample(pid: u32, t: f64, metrics: SocketAddr, task_metric: &str) ->
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-    let tasks = if task_metric.is_empty() { None } else { metric_sum(metrics, task_metric).await };
+    let tasks = if task_metric.is_empty() {
+        None
+    } else {
+        metric_sum(metrics, task_metric).await
+    };
     Some(Sample {
         t,
         rss_kib: field_kib(&smaps, "Rss:"),
@@ -59,7 +63,9 @@ pub async fn metric_lines(addr: SocketAddr, prefixes: &[&str]) -> Vec<String> {
 /// The sum of every series of one metric family in `/metrics`.
 async fn metric_sum(addr: SocketAddr, name: &str) -> Option<u64> {
     let target = format!("/metrics?api_password={}", crate::sluice::PASSWORD);
-    let (status, body) = client::get_body(addr, &target, Duration::from_secs(5)).await.ok()?;
+    let (status, body) = client::get_body(addr, &target, Duration::from_secs(5))
+        .await
+        .ok()?;
     if status != 200 {
         return None;
     }
@@ -67,7 +73,9 @@ async fn metric_sum(addr: SocketAddr, name: &str) -> Option<u64> {
     let mut sum = 0f64;
     let mut seen = false;
     for l in text.lines() {
-        let Some(rest) = l.strip_prefix(name) else { continue };
+        let Some(rest) = l.strip_prefix(name) else {
+            continue;
+        };
         if !(rest.starts_with(' ') || rest.starts_with('{')) {
             continue;
         }
@@ -94,7 +102,13 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 /// Flat: the last third's median within `rel` (fraction) or `abs` of the first third's.
-fn trend(name: &'static str, s: &[Sample], get: impl Fn(&Sample) -> Option<u64>, rel: f64, abs: u64) -> Option<Trend> {
+fn trend(
+    name: &'static str,
+    s: &[Sample],
+    get: impl Fn(&Sample) -> Option<u64>,
+    rel: f64,
+    abs: u64,
+) -> Option<Trend> {
     let v: Vec<u64> = s.iter().filter_map(&get).collect();
     if v.len() < 6 {
         return None;
@@ -103,7 +117,13 @@ fn trend(name: &'static str, s: &[Sample], get: impl Fn(&Sample) -> Option<u64>,
     let first = median(v[..third].to_vec());
     let last = median(v[v.len() - third..].to_vec());
     let bound = ((first as f64 * rel) as u64).max(abs);
-    Some(Trend { name, first, last, max: *v.iter().max().unwrap(), flat: last <= first + bound })
+    Some(Trend {
+        name,
+        first,
+        last,
+        max: *v.iter().max().unwrap(),
+        flat: last <= first + bound,
+    })
 }
 
 /// Trends of every resource over the samples taken after `warmup` seconds.
@@ -121,4 +141,29 @@ pub fn trends(samples: &[Sample], warmup: f64) -> Vec<Trend> {
     .into_iter()
     .flatten()
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(rss: impl Fn(u64) -> u64) -> Vec<Sample> {
+        (0..30)
+            .map(|i| Sample {
+                t: i as f64 * 10.0,
+                rss_kib: rss(i),
+                fds: 30,
+                threads: 8,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn steady_growth_is_a_leak_and_noise_is_not() {
+        let leak = trends(&run(|i| 100_000 + i * 4_000), 0.0);
+        assert!(!leak.iter().find(|t| t.name == "RSS (KiB)").unwrap().flat);
+        let noisy = trends(&run(|i| 100_000 + (i % 3) * 5_000), 0.0);
+        assert!(noisy.iter().all(|t| t.flat));
+    }
 }

@@ -129,21 +129,37 @@ pub struct Sluice {
 }
 
 /// Starts `bin serve --config FILE` with RLIMIT_NOFILE = `nofile` (soft and hard) and waits for /health.
-pub async fn start(bin: &Path, config: &Path, log: &Path, nofile: u64, addr: SocketAddr) -> Result<Sluice> {
+pub async fn start(
+    bin: &Path,
+    config: &Path,
+    log: &Path,
+    nofile: u64,
+    addr: SocketAddr,
+) -> Result<Sluice> {
     let out = std::fs::File::create(log)?;
     let mut cmd = tokio::process::Command::new(bin);
-    cmd.arg("serve").arg("--config").arg(config).stdout(out.try_clone()?).stderr(out).stdin(Stdio::null());
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(config)
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .stdin(Stdio::null());
     // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            let lim = libc::rlimit { rlim_cur: nofile, rlim_max: nofile };
+            let lim = libc::rlimit {
+                rlim_cur: nofile,
+                rlim_max: nofile,
+            };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
     let pid = child.id().context("sluice exited at once")?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
@@ -154,7 +170,10 @@ pub async fn start(bin: &Path, config: &Path, log: &Path, nofile: u64, addr: Soc
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    bail!("sluice did not answer /health within 30 s (log: {})", log.display())
+    bail!(
+        "sluice did not answer /health within 30 s (log: {})",
+        log.display()
+    )
 }
 
 async fn post_reload(addr: SocketAddr) -> Result<(u16, String), String> {
@@ -175,9 +194,20 @@ async fn post_reload(addr: SocketAddr) -> Result<(u16, String), String> {
 /// The generation the `/plain` route answers with now (retried: origins may be failing on purpose).
 async fn served_gen(addr: SocketAddr) -> Option<String> {
     for _ in 0..15 {
-        if let Ok(r) = client::get(addr, "/plain/gen/1024/reload-probe", Duration::from_secs(5), |_| {}).await {
+        if let Ok(r) = client::get(
+            addr,
+            "/plain/gen/1024/reload-probe",
+            Duration::from_secs(5),
+            |_| {},
+        )
+        .await
+        {
             if r.status == 200 {
-                return r.headers.get("x-soak-gen").and_then(|v| v.to_str().ok()).map(str::to_string);
+                return r
+                    .headers
+                    .get("x-soak-gen")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -189,7 +219,13 @@ async fn served_gen(addr: SocketAddr) -> Option<String> {
 /// and check that the valid ones took effect and the broken ones were refused with the old config
 /// still serving. The file is left valid after each turn.
 /// Returns (valid reloads applied, invalid reloads refused).
-pub async fn reloads(ctx: Arc<Ctx>, a: Arc<Addrs>, file: PathBuf, disk: PathBuf, every: Duration) -> (u32, u32) {
+pub async fn reloads(
+    ctx: Arc<Ctx>,
+    a: Arc<Addrs>,
+    file: PathBuf,
+    disk: PathBuf,
+    every: Duration,
+) -> (u32, u32) {
     let (mut applied, mut refused) = (0u32, 0u32);
     let mut gen = 0u32;
     let mut turn = 0u32;
@@ -200,9 +236,14 @@ pub async fn reloads(ctx: Arc<Ctx>, a: Arc<Addrs>, file: PathBuf, disk: PathBuf,
         turn += 1;
         let valid = turn % 2 == 1;
         let t = ctx.log.now();
-        let text = if valid { config(&a, &disk, gen + 1) } else { invalid_config(&a, &disk, gen, turn / 2) };
+        let text = if valid {
+            config(&a, &disk, gen + 1)
+        } else {
+            invalid_config(&a, &disk, gen, turn / 2)
+        };
         if let Err(e) = std::fs::write(&file, text) {
-            ctx.log.fail(Front::Reload, t, 0, format!("writing the file: {e}"));
+            ctx.log
+                .fail(Front::Reload, t, 0, format!("writing the file: {e}"));
             continue;
         }
         let answer = post_reload(ctx.sluice).await;
@@ -212,13 +253,17 @@ pub async fn reloads(ctx: Arc<Ctx>, a: Arc<Addrs>, file: PathBuf, disk: PathBuf,
                 gen += 1;
                 match served_gen(ctx.sluice).await {
                     Some(g) if g == gen.to_string() => Ok(0),
-                    g => Err(format!("valid reload not applied (x-soak-gen {g:?}, want {gen})")),
+                    g => Err(format!(
+                        "valid reload not applied (x-soak-gen {g:?}, want {gen})"
+                    )),
                 }
             }
             (true, Ok((s, body))) => Err(format!("valid reload refused: {s} {}", body.trim())),
             (false, Ok((s, _))) if s >= 400 => match served_gen(ctx.sluice).await {
                 Some(g) if g == gen.to_string() => Ok(0),
-                g => Err(format!("after a refused reload x-soak-gen {g:?}, want {gen}")),
+                g => Err(format!(
+                    "after a refused reload x-soak-gen {g:?}, want {gen}"
+                )),
             },
             (false, Ok((s, body))) => Err(format!("invalid file accepted: {s} {}", body.trim())),
         };
