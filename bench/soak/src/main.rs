@@ -57,9 +57,10 @@ struct Args {
     /// Markdown report written here (and printed).
     #[arg(long)]
     report: PathBuf,
-    /// Scratch directory (the disk tier's tmpfs is mounted inside it).
-    #[arg(long, default_value = "/tmp/sluice-soak")]
-    work: PathBuf,
+    /// Scratch directory: config, sluice's log, and the disk tier's tmpfs (default
+    /// /tmp/sluice-soak-PID, so runs side by side do not share it).
+    #[arg(long)]
+    work: Option<PathBuf>,
     /// RLIMIT_NOFILE of the sluice process (soft and hard).
     #[arg(long, default_value_t = 1024)]
     nofile: u64,
@@ -171,8 +172,12 @@ async fn main() -> Result<()> {
 
 async fn run(args: Args) -> Result<bool> {
     let total = args.minutes * 60.0;
-    std::fs::create_dir_all(&args.work)?;
-    let disk_dir = args.work.join("disk");
+    let work = args
+        .work
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/sluice-soak-{}", std::process::id())));
+    std::fs::create_dir_all(&work)?;
+    let disk_dir = work.join("disk");
     // A mount left by an interrupted run.
     let _ = std::process::Command::new("umount")
         .arg(&disk_dir)
@@ -189,7 +194,11 @@ async fn run(args: Args) -> Result<bool> {
     let media = origin::Origin::start(files.clone(), mode.clone()).await?;
     let echo0 = echo::Echo::start().await?;
     let echo1 = echo::Echo::start().await?;
-    let group = SocketAddrV4::new(Ipv4Addr::new(239, 255, 77, 1), 5770);
+    // A port of its own per run: two runs side by side must not hear each other's channel.
+    let group = SocketAddrV4::new(
+        Ipv4Addr::new(239, 255, 77, 1),
+        20_000 + (std::process::id() % 20_000) as u16,
+    );
     let addrs = Arc::new(sluice::Addrs {
         http: free_port()?,
         tcp: free_port()?,
@@ -197,9 +206,9 @@ async fn run(args: Args) -> Result<bool> {
         store: store.addr,
         echo: [echo0.addr, echo1.addr],
     });
-    let config_file = args.work.join("sluice.toml");
+    let config_file = work.join("sluice.toml");
     std::fs::write(&config_file, sluice::config(&addrs, &disk_dir, 0))?;
-    let log_file = args.work.join("sluice.log");
+    let log_file = work.join("sluice.log");
     let mut proc = sluice::start(
         &args.sluice,
         &config_file,
@@ -214,8 +223,12 @@ async fn run(args: Args) -> Result<bool> {
         .await
         .context("first sample")?;
     eprintln!(
-        "soak: sluice pid {pid} on {}, {} fds at start; {} minutes, seed {}",
-        addrs.http, baseline.fds, args.minutes, args.seed
+        "soak: sluice pid {pid} on {}, {} fds at start; {} minutes, seed {}; its log: {}",
+        addrs.http,
+        baseline.fds,
+        args.minutes,
+        args.seed,
+        log_file.display()
     );
 
     let t0 = Instant::now();
@@ -232,7 +245,7 @@ async fn run(args: Args) -> Result<bool> {
         drm,
         until: load_end,
         faults_open: Default::default(),
-        work_dir: args.work.clone(),
+        work_dir: work.clone(),
     });
 
     // The channel runs until after the recovery probes.
