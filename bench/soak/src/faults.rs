@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -53,10 +53,10 @@ impl Kind {
         }
     }
 
-    /// Whether this fault can make an operation on `front` fail. Clients that stop reading, the
-    /// killed server (its group has another, and GETs and TCP connects move on) and the disk tier
-    /// (the cache must fall back to the origin) explain nothing for anyone else: a failure then is
-    /// a finding.
+    /// Whether this fault can make an operation on `front` fail while it lasts. Clients that stop
+    /// reading, the killed server (its group has another, and GETs and TCP connects move on; see
+    /// [`Window::explains`] for what was in flight at the kill) and the disk tier (the cache must
+    /// fall back to the origin) explain nothing for anyone else: a failure then is a finding.
     pub fn explains(self, front: Front) -> bool {
         use Front::*;
         match self {
@@ -83,9 +83,16 @@ pub struct Window {
 }
 
 impl Window {
-    /// Whether an operation that ran from `a` to `b` overlapped this window or its grace.
-    pub fn covers(&self, a: f64, b: f64) -> bool {
-        a <= self.end + GRACE && b >= self.start
+    /// Whether an operation that ran from `a` to `b` and failed on `front` is explained by this
+    /// window: it overlapped the window or its grace, on a path the kind can break. A killed
+    /// server also breaks what was in flight on it at that instant (a TCP session or a response
+    /// body cannot move to the other server), but nothing that began after the kill.
+    pub fn explains(&self, front: Front, a: f64, b: f64) -> bool {
+        let killed_mid_flight = self.kind == Kind::ServerKilled
+            && matches!(front, Front::Tcp | Front::ReversePlain)
+            && a <= self.start
+            && b >= self.start;
+        killed_mid_flight || (self.kind.explains(front) && a <= self.end + GRACE && b >= self.start)
     }
 }
 
@@ -126,25 +133,28 @@ pub struct Targets {
     pub fd_limit: u64,
 }
 
-/// Runs the schedule; each window's effect is undone when it closes (and on the way out).
-pub async fn inject(ctx: Arc<Ctx>, t: Targets, windows: Vec<Window>, t0: Instant) -> Result<()> {
+/// Runs the schedule; each window's effect is undone when it closes. A window that could not be
+/// opened or closed is reported (the run fails on it) and the schedule goes on.
+pub async fn inject(ctx: Arc<Ctx>, t: Targets, windows: Vec<Window>, t0: Instant) -> Vec<String> {
+    let mut errors = Vec::new();
     for w in windows {
         tokio::time::sleep_until((t0 + Duration::from_secs_f64(w.start)).into()).await;
-        ctx.faults_open
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ctx.faults_open.fetch_add(1, Ordering::Relaxed);
         eprintln!("soak: {:7.1}s fault on: {}", w.start, w.kind.name());
         let end = t0 + Duration::from_secs_f64(w.end);
         let r = run_window(&ctx, &t, w.kind, end).await;
-        ctx.faults_open
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        ctx.faults_open.fetch_sub(1, Ordering::Relaxed);
         eprintln!(
             "soak: {:7.1}s fault off: {}",
             t0.elapsed().as_secs_f64(),
             w.kind.name()
         );
-        r.with_context(|| format!("fault {}", w.kind.name()))?;
+        if let Err(e) = r {
+            eprintln!("soak: fault {} at {:.0} s: {e:#}", w.kind.name(), w.start);
+            errors.push(format!("{} at {:.0} s: {e:#}", w.kind.name(), w.start));
+        }
     }
-    Ok(())
+    errors
 }
 
 async fn run_window(ctx: &Ctx, t: &Targets, kind: Kind, end: Instant) -> Result<()> {
@@ -179,9 +189,14 @@ async fn run_window(ctx: &Ctx, t: &Targets, kind: Kind, end: Instant) -> Result<
             let _ = tokio::fs::remove_file(&filler).await;
         }
         Kind::DiskReadOnly => {
-            remount(&t.disk, "remount,ro").await?;
+            // A read-only bind mount stacked on the directory: `remount,ro` of the tmpfs itself is
+            // refused (EBUSY) while sluice has a slice file open for writing. New opens resolve to
+            // the read-only mount; files already open stay as they were, as on a real disk.
+            let dir = t.disk.to_string_lossy();
+            mount(&["--bind", &dir, &dir]).await?;
+            mount(&["-o", "remount,bind,ro", &dir]).await?;
             until.await;
-            remount(&t.disk, "remount,rw").await?;
+            unmount(&t.disk).await?;
         }
         Kind::FdsNearLimit => {
             let open = std::fs::read_dir(format!("/proc/{}/fd", t.sluice_pid))
@@ -222,13 +237,34 @@ async fn fill(path: &std::path::Path) {
     let _ = f.flush().await;
 }
 
-async fn remount(dir: &std::path::Path, how: &str) -> Result<()> {
+async fn mount(args: &[&str]) -> Result<()> {
     let st = tokio::process::Command::new("mount")
-        .args(["-o", how])
+        .args(args)
+        .status()
+        .await?;
+    anyhow::ensure!(st.success(), "mount {} failed", args.join(" "));
+    Ok(())
+}
+
+/// Removes the stacked read-only mount (lazily if a file is still open on it).
+async fn unmount(dir: &std::path::Path) -> Result<()> {
+    for _ in 0..20 {
+        let st = tokio::process::Command::new("umount")
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await?;
+        if st.success() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let st = tokio::process::Command::new("umount")
+        .arg("-l")
         .arg(dir)
         .status()
         .await?;
-    anyhow::ensure!(st.success(), "mount -o {how} {} failed", dir.display());
+    anyhow::ensure!(st.success(), "umount -l {} failed", dir.display());
     Ok(())
 }
 

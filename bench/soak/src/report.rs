@@ -21,9 +21,7 @@ pub struct Summary<'a> {
 
 /// The window that explains a failure, if any.
 pub fn explain<'w>(o: &Outcome, windows: &'w [Window]) -> Option<&'w Window> {
-    windows
-        .iter()
-        .find(|w| w.kind.explains(o.front) && w.covers(o.start, o.end))
+    windows.iter().find(|w| w.explains(o.front, o.start, o.end))
 }
 
 pub fn mib(b: u64) -> String {
@@ -248,7 +246,9 @@ mod tests {
         ] {
             assert!(explain(&o, &windows).is_some(), "{o:?}");
         }
-        // After the grace; a path the fault cannot reach; a fault that explains nothing.
+        // A TCP session cut when its server was killed.
+        assert!(explain(&fail(Front::Tcp, 199.5, 200.0), &windows).is_some());
+        // After the grace; a path the fault cannot reach; a request begun after the kill.
         for o in [
             fail(Front::Stream, 121.0, 121.5),
             fail(Front::Tcp, 105.0, 106.0),
