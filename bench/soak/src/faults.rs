@@ -75,6 +75,10 @@ impl Kind {
 /// began in a stall fails when sluice's idle timeout fires).
 pub const GRACE: f64 = 10.0;
 
+/// Seconds after a kill's scheduled instant in which a new operation may still have reached the
+/// victim before its listener closed.
+const KILL_SLACK: f64 = 0.5;
+
 #[derive(Clone, Copy, Debug)]
 pub struct Window {
     pub kind: Kind,
@@ -88,9 +92,11 @@ impl Window {
     /// server also breaks what was in flight on it at that instant (a TCP session or a response
     /// body cannot move to the other server), but nothing that began after the kill.
     pub fn explains(&self, front: Front, a: f64, b: f64) -> bool {
+        // The kill lands a few milliseconds after the scheduled instant (the injector's own
+        // latency), so an operation begun within KILL_SLACK of it may have reached the victim.
         let killed_mid_flight = self.kind == Kind::ServerKilled
             && matches!(front, Front::Tcp | Front::ReversePlain)
-            && a <= self.start
+            && a <= self.start + KILL_SLACK
             && b >= self.start;
         killed_mid_flight || (self.kind.explains(front) && a <= self.end + GRACE && b >= self.start)
     }

@@ -248,6 +248,7 @@ mod tests {
         }
         // A TCP session cut when its server was killed.
         assert!(explain(&fail(Front::Tcp, 199.5, 200.0), &windows).is_some());
+        assert!(explain(&fail(Front::Tcp, 200.1, 200.1), &windows).is_some());
         // After the grace; a path the fault cannot reach; a request begun after the kill.
         for o in [
             fail(Front::Stream, 121.0, 121.5),
