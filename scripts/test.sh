@@ -32,6 +32,10 @@ fi
 ./scripts/check-layers-test && ./scripts/check-layers
 
 cargo test --workspace --locked "$@"
+# Five minutes of every front end under mixed load with injected faults (bench/README.md, "Soak
+# and faults"); fails on a failure no fault explains or a leak. Needs root (it mounts a tmpfs).
+# Before the gateway-only tests, which rebuild target/debug/sluice without the other front ends.
+./scripts/soak --minutes 5
 # The gateway-only build (for routers) must build and pass its own tests too.
 cargo test -p sluice --locked --no-default-features --features iptv "$@"
 # The pages in a real browser (installs chromium and playwright-core when missing).
