@@ -39,7 +39,7 @@ fn wait_healthy(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut s) = TcpStream::connect(addr) {
-            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
             let mut out = String::new();
             let _ = s.read_to_string(&mut out);
             if out.contains("healthy") {
@@ -415,7 +415,7 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
         let mut s = TcpStream::connect(addr).unwrap();
         let d = format!("http://{origin}/big");
         let req = format!(
-            "GET /proxy/stream?d={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "GET /proxy/stream?d={} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
             url::form_urlencoded::byte_serialize(d.as_bytes()).collect::<String>()
         );
         s.write_all(req.as_bytes()).unwrap();
