@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command that runs every test. Installs what the tests need first (ffmpeg for frame-exact
-# decode checks; GStreamer's RTSP server for the RTSP tests; the pages check installs chromium itself), so nothing is skipped for lack of a tool.
+# decode checks; GStreamer's RTSP server for the RTSP tests; the pages check installs chromium
+# itself; the deploy check installs its own tools), so nothing is skipped for lack of a tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,8 +28,22 @@ if command -v ip >/dev/null 2>&1; then
   ip link set lo multicast on 2>/dev/null || true
 fi
 
+# The module layers (scripts/layers.toml) hold; the check tests itself on fixtures first.
+./scripts/check-layers-test && ./scripts/check-layers
+
 cargo test --workspace --locked "$@"
+# Five minutes of every front end under mixed load with injected faults (bench/README.md, "Soak
+# and faults"); fails on a failure no fault explains or a leak. Needs root (it mounts a tmpfs).
+# Before the gateway-only tests, which rebuild target/debug/sluice without the other front ends.
+./scripts/soak --minutes 5
 # The gateway-only build (for routers) must build and pass its own tests too.
 cargo test -p sluice --locked --no-default-features --features iptv "$@"
 # The pages in a real browser (installs chromium and playwright-core when missing).
 ./scripts/browser-check/pages.sh
+# The /player page playing a live multicast channel through /hls/ (hls.js embedded in the binary).
+./scripts/browser-check/player.sh
+# The install paths for real: the container image under podman, the aarch64 router build under
+# qemu, the .deb in a scratch Debian root, systemd-analyze verify, the .ipk, the Helm chart
+# (installs podman, runc, qemu-user-static, debootstrap, helm, the musl targets when missing;
+# builds one x86_64 musl binary and the aarch64 router build: see the script).
+./scripts/deploy-check/run.sh

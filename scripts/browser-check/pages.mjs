@@ -19,9 +19,12 @@ const browser = await chromium.launch({
     '--disable-component-update', '--no-first-run'],
 });
 
+// The pages ask for the password (HTTP Basic, any user name) when one is set.
+const context = await browser.newContext({ httpCredentials: { username: 'operator', password } });
+
 // Every console error, uncaught exception and failed request of one page.
 async function open(path) {
-  const page = await browser.newPage();
+  const page = await context.newPage();
   const problems = [];
   page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') problems.push(`${m.type()}: ${m.text()}`); });
   page.on('pageerror', (e) => problems.push(`pageerror: ${e.message}`));

@@ -15,6 +15,7 @@
 //! - `remux`: clear fragmented MP4 remuxed to MPEG-TS (Annex B video, ADTS audio, PAT/PMT, PCR).
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway;
 //!   `mpegts::unwrap` strips fake wrappers in front of TS segments (`transformer=ts_stream`).
+//! - `segmenter`: live MPEG-TS cut into HLS segments at keyframes, and their live playlist.
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
 //! - `rtsp`: RTSP client messages, SDP, Transport/Session headers, Digest auth, catch-up times.
 //! - `public_ip`: answers of "what is my IP" echo services, for `/proxy/ip`.
@@ -44,5 +45,6 @@ pub mod remux;
 pub mod rs_fec;
 pub mod rtp;
 pub mod rtsp;
+pub mod segmenter;
 pub mod token;
 pub mod xtream;

@@ -41,6 +41,40 @@ pub fn is_forbidden_header(name: &str) -> bool {
     ) || name.starts_with("proxy-")
 }
 
+/// Response headers no `r_*`/`rp_*` parameter may set: the proxy's answers share the origin of its
+/// pages, so a link could otherwise plant a cookie, lift the sandbox, open CORS, pin HSTS, wipe
+/// site data, redirect, or register a service worker there.
+pub fn is_forbidden_response_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "set-cookie"
+            | "set-cookie2"
+            | "content-security-policy"
+            | "content-security-policy-report-only"
+            | "x-content-type-options"
+            | "x-frame-options"
+            | "strict-transport-security"
+            | "clear-site-data"
+            | "refresh"
+            | "location"
+            | "link"
+            | "service-worker-allowed"
+            | "permissions-policy"
+            | "feature-policy"
+            | "origin-agent-cluster"
+            | "www-authenticate"
+            | "alt-svc"
+            | "nel"
+            | "report-to"
+            | "reporting-endpoints"
+            | "x-xss-protection"
+            | "x-permitted-cross-domain-policies"
+            | "timing-allow-origin"
+    ) || name.starts_with("access-control-")
+        || name.starts_with("cross-origin-")
+}
+
 /// All query pairs of a request, in order, percent-decoded.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Query {
@@ -144,9 +178,11 @@ impl ProxyParams {
             } else if let Some(name) = key.strip_prefix("rp_") {
                 params
                     .propagate_headers
-                    .push(header_pair(key, name, value)?);
+                    .push(response_pair(key, name, value)?);
             } else if let Some(name) = key.strip_prefix("r_") {
-                params.response_headers.push(header_pair(key, name, value)?);
+                params
+                    .response_headers
+                    .push(response_pair(key, name, value)?);
             } else if key == "x_headers" {
                 params.strip_headers.extend(
                     value
@@ -158,6 +194,14 @@ impl ProxyParams {
         }
         Ok(params)
     }
+}
+
+fn response_pair(key: &str, name: &str, value: &str) -> Result<(String, String), QueryError> {
+    let pair = header_pair(key, name, value)?;
+    if is_forbidden_response_header(&pair.0) {
+        return Err(QueryError::ForbiddenHeader(key.to_string()));
+    }
+    Ok(pair)
 }
 
 fn header_pair(key: &str, name: &str, value: &str) -> Result<(String, String), QueryError> {

@@ -18,9 +18,9 @@ use sluice_media::query::Query;
 use sluice_media::token::split_path_token;
 use tokio::time::Instant;
 
+use crate::auth::token;
 pub use crate::auth::token::TokenScope;
-use crate::auth::token::{self, TokenGate};
-use crate::auth::Auth;
+use crate::auth::{browser, Auth, Credentials, Keys};
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
 use crate::error::{ErrorMark, ProxyError};
@@ -43,8 +43,8 @@ pub use crate::request::RequestContext;
 
 /// Everything the server dispatches to.
 pub struct App {
-    auth: Auth,
-    tokens: Option<Arc<TokenGate>>,
+    /// The password, trusted proxies and token keys; a reload swaps them.
+    keys: Keys,
     metrics: HttpMetrics,
     registry: Registry,
     #[cfg(feature = "media")]
@@ -65,11 +65,17 @@ pub struct App {
     /// reloads keep what it holds.
     #[cfg(feature = "cache")]
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
-    cache: crate::cache::CacheSlot,
+    cache: Arc<crate::cache::CacheSlot>,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
     media_on: bool,
     /// Whether the media front end was built with the cache (`Config::media_caches`).
     media_caches: bool,
+    /// `/proxy/*` requests in flight per client IP and per token (`media.max_requests_per_*`).
+    #[cfg(feature = "media")]
+    in_flight: (
+        Arc<crate::media::limit::InFlight<std::net::IpAddr>>,
+        Arc<crate::media::limit::InFlight<[u8; 32]>>,
+    ),
     /// The `reverse` endpoint's series, looked up once: the proxied requests are the many small
     /// ones, so they skip the per-request family lookups.
     proxy_series: std::sync::OnceLock<EndpointSeries>,
@@ -109,11 +115,10 @@ impl App {
         // families every build's `/metrics` has.
         #[cfg_attr(not(any(feature = "media", feature = "iptv")), allow(unused_variables))]
         let upstream = Upstream::new(&config.upstream, &mut registry)?;
-        let auth = Auth::new(&config.auth);
-        let tokens = TokenGate::new(&config.auth).map(Arc::new);
+        let keys = Keys::new(&config.auth);
         // Only built when used: its tiers, gauges task and disk index cost nothing otherwise.
         #[cfg(feature = "cache")]
-        let cache_slot = crate::cache::CacheSlot::new(auth.secret(), &mut registry);
+        let cache_slot = crate::cache::CacheSlot::new(keys.load().auth.secret(), &mut registry);
         #[cfg(feature = "cache")]
         #[cfg_attr(
             not(any(feature = "media", feature = "reverse")),
@@ -141,7 +146,7 @@ impl App {
             };
             Some(Media::new(
                 upstream.clone(),
-                tokens.clone(),
+                keys.clone(),
                 &config.media,
                 engine,
                 cache
@@ -171,7 +176,7 @@ impl App {
         let routing = build_routing(config)?;
         Ok(Arc::new(App {
             #[cfg(feature = "cache")]
-            cache: cache_slot,
+            cache: Arc::new(cache_slot),
             #[cfg(feature = "groups")]
             groups,
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
@@ -181,8 +186,12 @@ impl App {
             reverse_metrics,
             media_on: config.media_enabled(),
             media_caches: config.media_caches(),
-            auth,
-            tokens,
+            #[cfg(feature = "media")]
+            in_flight: (
+                crate::media::limit::InFlight::new(config.media.max_requests_per_client),
+                crate::media::limit::InFlight::new(config.media.max_requests_per_token),
+            ),
+            keys,
             #[cfg(feature = "iptv")]
             iptv,
             metrics,
@@ -260,7 +269,16 @@ impl App {
         let swap = self.routing_handle();
         #[cfg(feature = "groups")]
         let live = Arc::clone(&self.groups);
+        // `[auth]` applies live: the new password revokes every token sealed under the old one,
+        // and the cache's purge check follows both it and `[cache]`'s purge keys.
+        let credentials = Credentials::new(&config.auth);
+        let keys = self.keys.clone();
+        #[cfg(feature = "cache")]
+        let purge = (Arc::clone(&self.cache), config.cache.clone());
         Ok(Box::new(move || {
+            #[cfg(feature = "cache")]
+            purge.0.set_purge(&purge.1, credentials.auth.secret());
+            keys.store(credentials);
             // Groups first: the TCP part's commit, which runs after this one, takes its groups
             // from the generation installed here.
             #[cfg(feature = "groups")]
@@ -296,6 +314,35 @@ impl App {
     /// Gives `POST /admin/reload` the reloader to call.
     pub fn set_reloader(&self, reloader: Arc<crate::server::reload::Reloader>) {
         let _ = self.reloader.set(reloader);
+    }
+
+    /// Keys that are live only in some states (see [`crate::server::reload::LIVE_KEYS`]): the
+    /// `[cache]` policy keys when only reverse routes use them (the media front end took its
+    /// lifetimes at start), and all of `[cache]` before a cache was built.
+    pub fn live_keys(self: &Arc<Self>) -> crate::server::reload::LiveKeys {
+        let weak = Arc::downgrade(self);
+        Box::new(move || {
+            #[cfg_attr(not(feature = "cache"), allow(unused_mut))]
+            let mut keys = Vec::new();
+            #[cfg(feature = "cache")]
+            if let Some(app) = weak.upgrade() {
+                if !app.media_caches {
+                    keys.extend([
+                        "cache.heuristic_percent",
+                        "cache.heuristic_max_secs",
+                        "cache.default_ttl_secs",
+                        "cache.grace_secs",
+                        "cache.request_directives",
+                    ]);
+                }
+                if app.cache.get().is_none() {
+                    keys.push("cache");
+                }
+            }
+            #[cfg(not(feature = "cache"))]
+            let _ = &weak;
+            keys
+        })
     }
 
     /// The reload part for the route table (see [`crate::server::reload`]).
@@ -353,8 +400,8 @@ impl App {
             Dispatch::Proxy(route, path) => {
                 let down = Downstream {
                     peer,
-                    client_ip: self.auth.client_ip(peer.ip(), req.headers()),
-                    trusted: self.auth.is_trusted(peer.ip()),
+                    client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
+                    trusted: self.keys.load().auth.is_trusted(peer.ip()),
                     secure,
                     host: crate::server::routes::request_host(&req),
                 };
@@ -362,13 +409,43 @@ impl App {
             }
             Dispatch::Refused(e) => e.into_response(),
             Dispatch::Builtin(_) => {
-                let mut resp = if req.method() == http::Method::OPTIONS {
-                    preflight()
+                if crate::upstream::guard::is_own_loop(req.headers()) {
+                    // An origin sent one of this sluice's own upstream requests back to it.
+                    let resp = ProxyError::downstream(
+                        StatusCode::LOOP_DETECTED,
+                        "loop",
+                        "this request came from this sluice itself (an origin redirected it back \
+                         here); refused so the chain cannot grow",
+                    )
+                    .into_response();
+                    self.count_response(
+                        endpoint,
+                        resp.status().as_u16(),
+                        resp.extensions().get::<ErrorMark>(),
+                    );
+                    active.dec();
+                    return resp;
+                }
+                let guarded = self.keys.load().auth.required();
+                let cors = guarded && browser::is_player_path(effective_path(req.uri().path()));
+                if !guarded && !routing.builtin_host_pinned && !local_host(&req) {
+                    // Without a password only this machine may ask, by a loopback name: a page
+                    // on another site, or a DNS name rebound to 127.0.0.1, is refused here.
+                    misdirected()
+                } else if req.method() == http::Method::OPTIONS {
+                    preflight(cors)
                 } else {
-                    self.route(req, peer, secure).await
-                };
-                allow_any_origin(resp.headers_mut());
-                resp
+                    let mut resp = self.route(req, peer, secure).await;
+                    // Token refusals stay identical whatever the path (no CORS on any of them).
+                    let refused_token = resp
+                        .extensions()
+                        .get::<ErrorMark>()
+                        .is_some_and(|m| m.kind == "token");
+                    if cors && !refused_token {
+                        allow_any_origin(resp.headers_mut());
+                    }
+                    resp
+                }
             }
         };
         series.first_byte.observe(start.elapsed().as_secs_f64());
@@ -477,8 +554,8 @@ impl App {
         };
         let down = Downstream {
             peer,
-            client_ip: self.auth.client_ip(peer.ip(), &req.headers),
-            trusted: self.auth.is_trusted(peer.ip()),
+            client_ip: self.keys.load().auth.client_ip(peer.ip(), &req.headers),
+            trusted: self.keys.load().auth.is_trusted(peer.ip()),
             secure: false,
             host: Some(host.to_string()),
         };
@@ -512,6 +589,14 @@ impl App {
                 return resp;
             }
         };
+        if browser::is_page(&ctx.path) {
+            let creds = self.keys.load();
+            let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
+            if creds.auth.required() && ctx.token.is_none() && !creds.auth.check(offered.as_deref())
+            {
+                return page_login();
+            }
+        }
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
             "/admin/reload" => self.admin_reload(&req).await,
@@ -540,7 +625,11 @@ impl App {
                 // may not widen what it holds) nor a query parameter (which ends up in logs).
                 Some(media)
                     if ctx.token.is_none()
-                        && self.auth.check(Auth::offered(None, req.headers())) =>
+                        && self
+                            .keys
+                            .load()
+                            .auth
+                            .check(Auth::offered_in_header(req.headers())) =>
                 {
                     media.handle_playlist_link(req, &ctx).await
                 }
@@ -553,13 +642,22 @@ impl App {
             },
             #[cfg(feature = "iptv")]
             p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
+                Ok(()) if is_channel_path(p) => Ok(sandboxed(
+                    self.iptv.handle(self.iptv_parts(req, &ctx)).await,
+                )),
                 Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
                 Err(e) => Err(e),
             },
             #[cfg(feature = "media")]
             p if p.starts_with("/proxy/") => match &self.media {
-                Some(media) => match self.authorize(&req, &ctx) {
-                    Ok(()) => media.handle(req, &ctx).await,
+                Some(media) => match self
+                    .authorize(&req, &ctx)
+                    .and_then(|()| self.media_places(&req, &ctx))
+                {
+                    Ok(places) => media
+                        .handle(req, &ctx)
+                        .await
+                        .map(|r| crate::media::limit::hold(sandboxed(r), places)),
                     Err(e) => Err(e),
                 },
                 None => Err(not_found(p)),
@@ -568,15 +666,69 @@ impl App {
             p if crate::media::xtream::Xtream::serves(p) => match &self.media {
                 // XC players cannot add `api_password`: the credential rides in the username.
                 Some(media) => {
-                    let password_ok =
-                        |offered: Option<&str>| ctx.token.is_some() || self.auth.check(offered);
-                    media.handle_xtream(req, &ctx, &password_ok).await
+                    // Only a MediaFlow token (which carries the password) stands for it here: a
+                    // sealed token is scoped to other paths (a playlist link's token opens
+                    // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
+                    let password_ok = |offered: Option<&str>| {
+                        ctx.token.as_ref().is_some_and(|t| t.paths.is_none())
+                            || self.keys.load().auth.check(offered)
+                    };
+                    match self.media_places(&req, &ctx) {
+                        Ok(places) => media
+                            .handle_xtream(req, &ctx, &password_ok)
+                            .await
+                            .map(|r| crate::media::limit::hold(sandboxed(r), places)),
+                        Err(e) => Err(e),
+                    }
                 }
                 None => Err(not_found(p)),
             },
             p => Err(not_found(p)),
         };
         result.unwrap_or_else(ProxyError::into_response)
+    }
+
+    /// Places for one media request in its client's and its token's in-flight counts, or a 429
+    /// naming the bound: one client (or one leaked link) cannot make sluice hold unbounded
+    /// upstream fetches.
+    #[cfg(feature = "media")]
+    fn media_places(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Vec<crate::media::limit::Place>, ProxyError> {
+        let busy = |what: &str| {
+            ProxyError::downstream(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                format!("{what} (media.max_requests_per_client / media.max_requests_per_token)"),
+            )
+        };
+        let mut places = Vec::with_capacity(2);
+        places.push(
+            self.in_flight
+                .0
+                .take(ctx.client_ip)
+                .ok_or_else(|| busy("this client has too many requests in flight"))?,
+        );
+        if ctx.token.is_some() {
+            let raw = split_path_token(req.uri().path())
+                .map(|(t, _)| t.to_string())
+                .or_else(|| {
+                    Query::parse(req.uri().query().unwrap_or(""))
+                        .get("token")
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(raw.as_bytes()).into();
+            places.push(
+                self.in_flight
+                    .1
+                    .take(key)
+                    .ok_or_else(|| busy("this token has too many requests in flight"))?,
+            );
+        }
+        Ok(places)
     }
 
     /// Works out the client IP, the routing path and the effective query. A token (in the path as
@@ -588,7 +740,7 @@ impl App {
         peer: SocketAddr,
         secure: bool,
     ) -> Result<RequestContext, token::TokenRefusal> {
-        let client_ip = self.auth.client_ip(peer.ip(), req.headers());
+        let client_ip = self.keys.load().auth.client_ip(peer.ip(), req.headers());
         let raw_path = req.uri().path();
         let mut query = Query::parse(req.uri().query().unwrap_or(""));
         let (token, path) = match split_path_token(raw_path) {
@@ -605,8 +757,8 @@ impl App {
         let mut scope = None;
         if let Some(token) = token {
             let opened = self
-                .tokens
-                .as_ref()
+                .keys
+                .tokens()
                 .ok_or(token::TokenRefusal::NoKey)
                 .and_then(|gate| gate.open(&token, client_ip, token::now()))
                 .and_then(|opened| {
@@ -639,7 +791,7 @@ impl App {
             return Ok(());
         }
         let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-        if self.auth.check(offered) {
+        if self.keys.load().auth.check(offered.as_deref()) {
             return Ok(());
         }
         let message = if offered.is_some() {
@@ -662,27 +814,29 @@ impl App {
         parts
             .extensions
             .insert(SocketAddr::new(ctx.client_ip, ctx.peer.port()));
-        if parts.uri.path() != ctx.path {
-            let pq = match parts.uri.query() {
-                Some(q) => format!("{}?{q}", ctx.path),
-                None => ctx.path.clone(),
-            };
-            if let Ok(uri) = pq.parse() {
-                parts.uri = uri;
-            }
+        // A token's request runs with the query the token fixes (plus what its holder may add).
+        let query = match &ctx.token {
+            Some(_) => Some(ctx.query.encode()).filter(|q| !q.is_empty()),
+            None => parts.uri.query().map(str::to_string),
+        };
+        let pq = match query {
+            Some(q) => format!("{}?{q}", ctx.path),
+            None => ctx.path.clone(),
+        };
+        if let Ok(uri) = pq.parse() {
+            parts.uri = uri;
         }
-        if let Some(gate) = &self.tokens {
-            // Channel paths only, and no expiry of their own: a saved playlist keeps working.
-            let token = gate.mint(
-                &[],
-                &token::CHANNEL_SCOPE,
-                ctx.token.as_ref(),
-                false,
-                token::now(),
-            );
+        if let Some(gate) = self.keys.tokens() {
+            // Each entry's token opens that channel alone (its path, its query fixed), with no
+            // expiry of its own: a saved playlist keeps working, and cannot open other groups.
+            let parent = ctx.token.clone();
+            let seal = move |path: &str, params: &[(String, String)]| {
+                let token = gate.mint(params, &[path], parent.as_ref(), false, token::now());
+                format!("/_token_{token}")
+            };
             parts
                 .extensions
-                .insert(crate::iptv::EntryPrefix(format!("/_token_{token}")));
+                .insert(crate::iptv::EntrySealer(Arc::new(seal)));
         }
         parts
     }
@@ -697,7 +851,12 @@ impl App {
                 "use POST",
             ));
         }
-        if !self.auth.check(Auth::offered(None, req.headers())) {
+        if !self
+            .keys
+            .load()
+            .auth
+            .check(Auth::offered_in_header(req.headers()))
+        {
             return Err(ProxyError::downstream(
                 StatusCode::FORBIDDEN,
                 "auth",
@@ -715,7 +874,15 @@ impl App {
             .await
             .map_err(|e| ProxyError::internal(e.to_string()))?;
         match outcome {
-            Ok(()) => Ok(json(StatusCode::OK, r#"{"reloaded":true}"#)),
+            Ok(applied) => {
+                let body = serde_json::json!({"reloaded": true, "changed": applied.changed});
+                let mut resp = Response::new(body::full(body.to_string()));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Ok(resp)
+            }
             Err(e) => {
                 let body = serde_json::json!({"reloaded": false, "error": format!("{e:#}")});
                 let mut resp = Response::new(body::full(body.to_string()));
@@ -833,6 +1000,30 @@ fn not_found(path: &str) -> ProxyError {
     )
 }
 
+/// The IPTV gateway's channel paths (bodies from a multicast group or an RTSP server).
+#[cfg(feature = "iptv")]
+fn is_channel_path(p: &str) -> bool {
+    token::CHANNEL_SCOPE
+        .iter()
+        .any(|prefix| p.starts_with(prefix))
+}
+
+/// Every body piped from an origin (or a multicast group) may be an attacker's HTML: a sandbox
+/// policy gives such a page an opaque origin and no scripts, and `nosniff` keeps the browser to
+/// the declared type. Set last, so no `r_*` parameter or origin header overrides them.
+fn sandboxed(mut resp: Response<Body>) -> Response<Body> {
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
 /// Browser players (hls.js, shaka-player) on other origins fetch manifests and segments with CORS;
 /// responses carry no credentials, so any origin may read them.
 fn allow_any_origin(headers: &mut http::HeaderMap) {
@@ -846,10 +1037,36 @@ fn allow_any_origin(headers: &mut http::HeaderMap) {
     );
 }
 
-/// The answer to a CORS preflight: GET and HEAD with Range and the password header allowed.
-fn preflight() -> Response<Body> {
+/// Whether a password-free server's built-in may answer `req`: a loopback `Host` (or none, which
+/// no browser sends).
+fn local_host<B>(req: &Request<B>) -> bool {
+    match crate::server::routes::request_host(req) {
+        Some(host) => browser::is_loopback_host(&host),
+        None => true,
+    }
+}
+
+/// 421 for a `Host` a password-free server does not answer to.
+fn misdirected() -> Response<Body> {
+    ProxyError::downstream(
+        StatusCode::MISDIRECTED_REQUEST,
+        "host",
+        "this sluice has no password, so it answers only to loopback names (localhost, \
+         127.0.0.1, [::1]); set auth.api_password or endpoints.host to serve another name",
+    )
+    .into_response()
+}
+
+/// The answer to a CORS preflight: for a player path behind a password, GET and HEAD with Range
+/// and the password header allowed from any origin; elsewhere no grant at all (the operator's
+/// endpoints are not for other origins).
+fn preflight(cors: bool) -> Response<Body> {
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::NO_CONTENT;
+    if !cors {
+        return resp;
+    }
+    allow_any_origin(resp.headers_mut());
     let h = resp.headers_mut();
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
@@ -863,6 +1080,29 @@ fn preflight() -> Response<Body> {
         header::ACCESS_CONTROL_MAX_AGE,
         HeaderValue::from_static("86400"),
     );
+    resp
+}
+
+/// 401 asking a browser for the password (HTTP Basic; any user name).
+fn page_login() -> Response<Body> {
+    let mut resp = Response::new(body::full(
+        "this page needs the password: sign in with any user name and the api_password\n",
+    ));
+    *resp.status_mut() = StatusCode::UNAUTHORIZED;
+    let h = resp.headers_mut();
+    h.insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"sluice\", charset=\"UTF-8\""),
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.extensions_mut().insert(ErrorMark {
+        side: crate::error::Side::Downstream,
+        kind: "auth",
+    });
     resp
 }
 

@@ -1,15 +1,62 @@
 //! Who is asking: the shared password (constant-time), and the client IP believed only from trusted
-//! proxies. Tokens live in `auth/token`.
+//! proxies. Tokens live in `auth/token`; what a browser may do, in `auth/browser`.
 
+pub mod browser;
 pub mod token;
 
+use std::borrow::Cow;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
+
+/// The password check and the token gate of one `[auth]` section, swapped whole by a reload:
+/// a changed password revokes every token minted under the old one at once.
+pub struct Credentials {
+    pub auth: Auth,
+    /// `None` without a password.
+    pub tokens: Option<Arc<token::TokenGate>>,
+}
+
+impl Credentials {
+    pub fn new(config: &AuthConfig) -> Credentials {
+        Credentials {
+            auth: Auth::new(config),
+            tokens: token::TokenGate::new(config).map(Arc::new),
+        }
+    }
+}
+
+/// The live [`Credentials`], shared by every part that checks a password or mints a token.
+#[derive(Clone)]
+pub struct Keys(Arc<arc_swap::ArcSwap<Credentials>>);
+
+impl Keys {
+    pub fn new(config: &AuthConfig) -> Keys {
+        Keys(Arc::new(arc_swap::ArcSwap::from_pointee(Credentials::new(
+            config,
+        ))))
+    }
+
+    /// The credentials now; a request keeps the ones it started with.
+    pub fn load(&self) -> Arc<Credentials> {
+        self.0.load_full()
+    }
+
+    /// The token gate now (`None` without a password).
+    pub fn tokens(&self) -> Option<Arc<token::TokenGate>> {
+        self.0.load().tokens.clone()
+    }
+
+    /// Installs a reloaded `[auth]`.
+    pub fn store(&self, credentials: Credentials) {
+        self.0.store(Arc::new(credentials));
+    }
+}
 
 /// The credentials check.
 #[derive(Clone)]
@@ -58,12 +105,23 @@ impl Auth {
         }
     }
 
-    /// Finds the password a request offers: `api_password` query parameter, `api_password` header, or
-    /// `api_password` cookie (players that cannot add headers).
-    pub fn offered<'a>(query: Option<&'a str>, headers: &'a HeaderMap) -> Option<&'a str> {
+    /// Finds the password a request offers: `api_password` query parameter, `api_password` header,
+    /// `api_password` cookie (players that cannot add headers), or the password of HTTP Basic
+    /// credentials (a browser opening the pages). For reading only: a state-changing request
+    /// takes [`Auth::offered_in_header`], which a browser never adds by itself.
+    pub fn offered<'a>(query: Option<&'a str>, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
         query
-            .or_else(|| headers.get("api_password").and_then(|v| v.to_str().ok()))
+            .or_else(|| Self::offered_in_header(headers))
             .or_else(|| cookie(headers, "api_password"))
+            .map(Cow::Borrowed)
+            .or_else(|| basic_password(headers).map(Cow::Owned))
+    }
+
+    /// The password in the `api_password` header only: a cross-site form or image cannot set a
+    /// custom header, and a cross-site fetch that does needs a preflight no operator endpoint
+    /// grants, so cookies and remembered Basic credentials cannot be used to forge the request.
+    pub fn offered_in_header(headers: &HeaderMap) -> Option<&str> {
+        headers.get("api_password").and_then(|v| v.to_str().ok())
     }
 
     /// The client's IP: the peer, or — only when the peer is a trusted proxy — the nearest untrusted
@@ -134,6 +192,21 @@ fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
+/// The password of `Authorization: Basic` credentials (any user name).
+fn basic_password(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine;
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, encoded) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    text.split_once(':').map(|(_, pw)| pw.to_string())
+}
+
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(http::header::COOKIE)
@@ -170,11 +243,16 @@ mod tests {
     #[test]
     fn offered_sources() {
         let mut h = HeaderMap::new();
-        assert_eq!(Auth::offered(Some("q"), &h), Some("q"));
+        assert_eq!(Auth::offered(Some("q"), &h).as_deref(), Some("q"));
+        // "u:b" in base64.
+        h.insert("authorization", "Basic dTpi".parse().unwrap());
+        assert_eq!(Auth::offered(None, &h).as_deref(), Some("b"));
         h.insert("cookie", "a=1; api_password=c".parse().unwrap());
-        assert_eq!(Auth::offered(None, &h), Some("c"));
+        assert_eq!(Auth::offered(None, &h).as_deref(), Some("c"));
+        assert_eq!(Auth::offered_in_header(&h), None);
         h.insert("api_password", "h".parse().unwrap());
-        assert_eq!(Auth::offered(None, &h), Some("h"));
+        assert_eq!(Auth::offered(None, &h).as_deref(), Some("h"));
+        assert_eq!(Auth::offered_in_header(&h), Some("h"));
     }
 
     #[test]

@@ -114,7 +114,8 @@ pub(crate) struct Inner {
     revalidating: Mutex<HashSet<ObjectId>>,
     generation: AtomicU64,
     metrics: metrics::CacheMetrics,
-    api_password: Option<String>,
+    /// Who may purge; a reload swaps it (`Cache::set_purge`).
+    purge: arc_swap::ArcSwap<purge::PurgeSecrets>,
 }
 
 /// Why the service could not start.
@@ -194,7 +195,7 @@ impl Cache {
             // keeps them distinct across restarts too.
             generation: AtomicU64::new(u64::from_le_bytes(seed) >> 1 | 1),
             metrics,
-            api_password: api_password.filter(|p| !p.is_empty()).map(str::to_string),
+            purge: arc_swap::ArcSwap::from_pointee(purge::PurgeSecrets::new(config, api_password)),
         });
         metrics::spawn_gauges(Arc::downgrade(&inner));
         Ok(Cache { inner })

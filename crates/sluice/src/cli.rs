@@ -41,6 +41,10 @@ Commands:
   reload        Ask a running sluice to re-read its config file (sends SIGHUP). Routes, upstream
                 groups, reverse proxy settings and TLS certificates change live; an invalid file
                 changes nothing.
+  upgrade       Ask a running sluice to start the binary now installed at its path and hand it
+                the listening sockets (sends SIGUSR2); the old process drains and exits.
+  health        GET /health from the sluice serving this config (the container's HEALTHCHECK);
+                exits 0 when it answers 200.
   help          Print this message or the help of the given command.
 
 Options:
@@ -56,8 +60,9 @@ Usage: sluice serve [OPTIONS]
 
 Options:
   -c, --config <CONFIG>
-          TOML config file (see sluice.example.toml). Environment variables
-          SLUICE_<SECTION>_<KEY> override it, and the flags below override both.
+          TOML config file (see sluice.example.toml); without it, /etc/sluice/sluice.toml
+          when that file exists. Environment variables SLUICE_<SECTION>_<KEY> override it,
+          and the flags below override both.
       --listen <ADDR>
           Address to listen on; repeat for several (= server.listen).
       --api-password <PW>
@@ -98,7 +103,42 @@ Options:
       --pid <PID>          Process id of the running sluice.
       --pid-file <PATH>    File holding the process id (server.pid_file).
   -c, --config <CONFIG>    The config file of the running sluice; its server.pid_file is used.
+                           Without any of these: /etc/sluice/sluice.toml's server.pid_file.
   -h, --help               Print help
+
+Under systemd, `systemctl reload sluice` does the same.
+";
+
+const HEALTH_HELP: &str = "\
+GET /health from the sluice serving this config, on its first listen address (a wildcard
+address is asked on loopback). Exits 0 when it answers 200 within 3 seconds, 1 otherwise. The
+container image's HEALTHCHECK; it needs no shell or curl.
+
+Usage: sluice health [OPTIONS]
+
+Options:
+  -c, --config <CONFIG>    The config file (default: /etc/sluice/sluice.toml when it exists);
+                           SLUICE_* environment variables apply as for serve.
+  -h, --help               Print help
+";
+
+const UPGRADE_HELP: &str = "\
+Ask a running sluice to upgrade itself (sends SIGUSR2): it starts the binary now installed at
+its own path with its own arguments, hands it every listening socket, and once the new process
+serves, stops accepting and drains (in-flight requests, streams, TCP relays and IPTV viewers
+finish within server.shutdown_grace_secs). If the new process fails to start (a config error),
+the old one goes on serving and logs why.
+
+Usage: sluice upgrade [OPTIONS]
+
+Options:
+      --pid <PID>          Process id of the running sluice.
+      --pid-file <PATH>    File holding the process id (server.pid_file).
+  -c, --config <CONFIG>    The config file of the running sluice; its server.pid_file is used.
+                           Without any of these: /etc/sluice/sluice.toml's server.pid_file.
+  -h, --help               Print help
+
+Under systemd: `systemctl kill -s USR2 --kill-whom=main sluice`.
 ";
 
 /// What the command line asks for.
@@ -111,6 +151,12 @@ pub enum Action {
         file: PathBuf,
     },
     Reload(ReloadArgs),
+    /// `sluice upgrade`: the same ways to name the process as `reload`.
+    Upgrade(ReloadArgs),
+    /// `sluice health`: the config whose listener to ask.
+    Health {
+        config: Option<PathBuf>,
+    },
 }
 
 /// `sluice serve`'s flags.
@@ -124,7 +170,7 @@ pub struct ServeArgs {
     pub multicast_interface: Option<String>,
 }
 
-/// `sluice reload`'s flags: at most one of them names the process.
+/// `sluice reload`'s and `sluice upgrade`'s flags: at most one of them names the process.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ReloadArgs {
     pub pid: Option<i32>,
@@ -258,6 +304,8 @@ pub fn help(command: Option<&str>) -> Result<String, CliError> {
         Some("serve") => SERVE_HELP.to_string(),
         Some("check-config") => CHECK_CONFIG_HELP.to_string(),
         Some("reload") => RELOAD_HELP.to_string(),
+        Some("upgrade") => UPGRADE_HELP.to_string(),
+        Some("health") => HEALTH_HELP.to_string(),
         Some(other) => return Err(CliError::UnknownCommand(other.to_string())),
     })
 }
@@ -280,7 +328,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Action, CliErro
     match command.as_str() {
         "serve" => serve(&mut args),
         "check-config" => check_config(&mut args),
-        "reload" => reload(&mut args),
+        "reload" => reload(&mut args, "reload", Action::Reload),
+        "upgrade" => reload(&mut args, "upgrade", Action::Upgrade),
+        "health" => health(&mut args),
         "help" => match args.next()? {
             None => help(None).map(Action::Print),
             Some(Arg::Word(w)) => help(Some(&utf8(w)?)).map(Action::Print),
@@ -290,8 +340,38 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Action, CliErro
     }
 }
 
+/// The Cargo features this binary was built with (`sluice --version` lists them).
+pub const FEATURES: &[(&str, bool)] = &[
+    ("media", cfg!(feature = "media")),
+    ("iptv", cfg!(feature = "iptv")),
+    ("reverse", cfg!(feature = "reverse")),
+    ("cache", cfg!(feature = "cache")),
+    ("tcp", cfg!(feature = "tcp")),
+    ("tls", cfg!(feature = "tls")),
+    ("dns", cfg!(feature = "dns")),
+    ("http2", cfg!(feature = "http2")),
+    ("multi-thread", cfg!(feature = "multi-thread")),
+    ("jemalloc", cfg!(feature = "jemalloc")),
+];
+
+/// `sluice --version`: the version, the commit, the features built in and the target.
+pub fn version_text() -> String {
+    let features: Vec<&str> = FEATURES
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect();
+    format!(
+        "sluice {} (commit {})\nfeatures: {}\ntarget: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("BUILT_COMMIT"),
+        features.join(" "),
+        env!("BUILT_TARGET"),
+    )
+}
+
 fn version() -> Action {
-    Action::Print(format!("sluice {}\n", env!("CARGO_PKG_VERSION")))
+    Action::Print(version_text())
 }
 
 fn is_help(arg: &Arg) -> bool {
@@ -367,11 +447,36 @@ fn check_config(args: &mut Args) -> Result<Action, CliError> {
     Ok(Action::CheckConfig { file })
 }
 
-fn reload(args: &mut Args) -> Result<Action, CliError> {
+fn health(args: &mut Args) -> Result<Action, CliError> {
+    let mut config = None;
+    while let Some(arg) = args.next()? {
+        if is_help(&arg) {
+            return help(Some("health")).map(Action::Print);
+        }
+        match arg {
+            Arg::Short('c', v) => config_path(&mut config, args, v)?,
+            Arg::Long(n, v) if n == "config" => config_path(&mut config, args, v)?,
+            other => {
+                return Err(CliError::UnknownArgument {
+                    command: "health",
+                    arg: shown(&other),
+                })
+            }
+        }
+    }
+    Ok(Action::Health { config })
+}
+
+/// `reload` and `upgrade`: the process is named the same way; `action` says which.
+fn reload(
+    args: &mut Args,
+    command: &'static str,
+    action: fn(ReloadArgs) -> Action,
+) -> Result<Action, CliError> {
     let mut out = ReloadArgs::default();
     while let Some(arg) = args.next()? {
         if is_help(&arg) {
-            return help(Some("reload")).map(Action::Print);
+            return help(Some(command)).map(Action::Print);
         }
         match arg {
             Arg::Long(n, v) if n == "pid" => {
@@ -394,7 +499,7 @@ fn reload(args: &mut Args) -> Result<Action, CliError> {
             Arg::Long(n, v) if n == "config" => config_path(&mut out.config, args, v)?,
             other => {
                 return Err(CliError::UnknownArgument {
-                    command: "reload",
+                    command,
                     arg: shown(&other),
                 })
             }
@@ -409,7 +514,7 @@ fn reload(args: &mut Args) -> Result<Action, CliError> {
     if let (Some(a), Some(b)) = (given.next(), given.next()) {
         return Err(CliError::Conflict(a, b));
     }
-    Ok(Action::Reload(out))
+    Ok(action(out))
 }
 
 #[cfg(test)]
@@ -553,9 +658,26 @@ mod tests {
         ] {
             assert!(serve.contains(flag), "{flag}");
         }
+        let Action::Print(v) = p(&["-V"]).unwrap() else {
+            panic!("-V prints")
+        };
+        let first = v.lines().next().unwrap();
+        assert!(
+            first.starts_with(&format!("sluice {} (commit ", env!("CARGO_PKG_VERSION"))),
+            "{v}"
+        );
+        assert!(
+            v.contains("\nfeatures: ") && v.contains("\ntarget: "),
+            "{v}"
+        );
+        #[cfg(feature = "media")]
+        assert!(v.contains(" media"), "{v}");
         assert_eq!(
-            p(&["-V"]).unwrap(),
-            Action::Print(format!("sluice {}\n", env!("CARGO_PKG_VERSION")))
+            p(&["upgrade", "--pid", "7"]).unwrap(),
+            Action::Upgrade(ReloadArgs {
+                pid: Some(7),
+                ..Default::default()
+            })
         );
         assert_eq!(p(&["--version"]).unwrap(), p(&["-V"]).unwrap());
     }

@@ -79,6 +79,13 @@ pub struct ServerConfig {
     /// (new clients wait in the kernel backlog) until one closes. 0: derived from the open-file
     /// limit, which sluice raises to its hard limit at start: (limit - 64) / 2.
     pub max_connections: usize,
+    /// Connections one client IP may hold open at once (0 = no limit); past it a new
+    /// connection from that IP is closed at once, so one client cannot take every slot of
+    /// `max_connections` from everyone else.
+    pub max_connections_per_ip: usize,
+    /// Peers `max_connections_per_ip` does not apply to: by default loopback (a reverse proxy or
+    /// load generator on the same host).
+    pub per_ip_exempt: Vec<ipnet::IpNet>,
     /// Seconds a client may keep its receive window shut (no byte accepted) while a response is
     /// being sent; then the connection is cut and its upstream fetch and buffers released.
     pub send_timeout_secs: u64,
@@ -121,6 +128,11 @@ impl Default for ServerConfig {
             max_headers: 100,
             shutdown_grace_secs: 10,
             max_connections: 0,
+            max_connections_per_ip: 256,
+            per_ip_exempt: vec![
+                "127.0.0.0/8".parse().expect("valid net"),
+                "::1/128".parse().expect("valid net"),
+            ],
             send_timeout_secs: 60,
             tls_handshake_timeout_secs: 10,
             h2_max_concurrent_streams: 100,
@@ -148,6 +160,8 @@ config_section!(ServerConfig {
     max_headers,
     shutdown_grace_secs,
     max_connections,
+    max_connections_per_ip,
+    per_ip_exempt,
     send_timeout_secs,
     tls_handshake_timeout_secs,
     h2_max_concurrent_streams,
@@ -388,6 +402,11 @@ pub struct MediaConfig {
     /// client with `splice(2)` instead of through user space (`docs/tcp-proxy.md`). Read at
     /// start, like the rest of `[media]`.
     pub splice_stream: bool,
+    /// `/proxy/*` requests one client IP may have in flight at once (streams, manifests,
+    /// segments; 0 = no limit); past it 429. Bounds what one client makes sluice hold upstream.
+    pub max_requests_per_client: usize,
+    /// The same bound for one token, whoever presents it (a leaked link shared widely).
+    pub max_requests_per_token: usize,
     // Xtream Codes and Acestream
     /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
     pub xtream_max_response_bytes: usize,
@@ -420,6 +439,8 @@ impl Default for MediaConfig {
             max_segment_bytes: 64 * 1024 * 1024,
             max_playlist_segments: 20_000,
             splice_stream: true,
+            max_requests_per_client: 64,
+            max_requests_per_token: 64,
             prefetch_registry_bytes: 8 * 1024 * 1024,
             remux_to_ts: false,
             xtream_max_response_bytes: 64 * 1024 * 1024,
@@ -588,8 +609,9 @@ impl Config {
         // `Deserialize` is then compiled for one deserializer, not two (~150 KiB of the router
         // build, docs/decisions/footprint.md).
         let merged = toml::to_string(&table).context("encoding the merged settings")?;
-        let config: Config =
-            toml::from_str(&merged).context("applying environment and flag overrides")?;
+        let config: Config = toml::from_str(&merged)
+            .map_err(|e| anyhow::anyhow!("{}", describe_toml_error(&merged, &e)))
+            .context("applying environment and flag overrides")?;
         config.validate()?;
         Ok(config)
     }
@@ -607,7 +629,7 @@ impl Config {
                     "[{key}]: this sluice was built without the `{feature}` feature; remove the \
                      section or use a build that has it (see docs/iptv.md, \"Router build\")"
                 ),
-                None => anyhow::anyhow!("{e}"),
+                None => anyhow::anyhow!("{}", describe_toml_error(text, &e)),
             }
         })
     }
@@ -786,6 +808,54 @@ impl Config {
 
 pub use crate::redact::mask_userinfo;
 
+/// A TOML error as line, column, key and what is wrong, never quoting the file: the line may hold
+/// a password, and this text reaches the log, the `/admin/reload` answer and `check-config`.
+pub fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = redact_values(e.message().trim());
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let section = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .and_then(|l| l.split(']').next())
+        .map(|l| l.trim_start_matches('[').trim().to_string());
+    let key = line.split_once('=').map(|(k, _)| k.trim()).filter(|k| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
+    });
+    let place = match (section, key) {
+        (Some(s), Some(k)) => format!(", key `{s}.{k}`"),
+        (None, Some(k)) => format!(", key `{k}`"),
+        (Some(s), None) => format!(", in [{s}]"),
+        (None, None) => String::new(),
+    };
+    format!("TOML error at line {line_no}, column {column}{place}: {message}")
+}
+
+/// A deserializer message without the value it complains about (`invalid type: string "pw",
+/// expected u64` keeps only what was expected): key names in other messages stay.
+fn redact_values(message: &str) -> String {
+    if !(message.starts_with("invalid type") || message.starts_with("invalid value")) {
+        return message.to_string();
+    }
+    match message.split_once(", expected") {
+        Some((what, expected)) => {
+            let kind = what.split(['`', '"']).next().unwrap_or(what).trim_end();
+            format!("{kind} (value not shown), expected{expected}")
+        }
+        None => "invalid value (not shown)".to_string(),
+    }
+}
+
 /// Top-level sections whose front end or service this build leaves out, with its feature.
 pub fn left_out() -> Vec<(&'static str, &'static str)> {
     let mut out = Vec::new();
@@ -945,10 +1015,14 @@ mod tests {
         );
         let typed = err("[iptv]\nlinger_ms = \"x\"\n");
         assert!(typed.contains("line 2, column 13"), "{typed}");
+        // The value itself is never quoted (it may be a secret); the key is named.
         assert!(
-            typed.contains("invalid type: string \"x\", expected u64"),
+            typed.contains(
+                "key `iptv.linger_ms`: invalid type: string (value not shown), expected u64"
+            ),
             "{typed}"
         );
+        assert!(!typed.contains("\"x\""), "{typed}");
         let whole = err("iptv = 3\n");
         assert!(whole.contains("expected struct IptvConfig"), "{whole}");
         let variant = err("[iptv]\nslow_subscriber = \"nope\"\n");

@@ -12,6 +12,9 @@
 //! - `subscriber`: a subscriber's response body and the slow-subscriber policy.
 //! - `playlist`: the M3U, loaded and refreshed, with multicast entries rewritten to this gateway.
 //! - `rtsp`: `/rtsp/` sessions (RTSP client, catch-up) feeding hubs like multicast channels.
+//! - `hls`: `/hls/` — every channel as live HLS, segmented once per channel from its hub.
+//! - `player`: `/player`, the browser page that plays channels through `/hls/` (hls.js embedded).
+//! - `timeshift`: the last minutes of chosen channels' segments on disk, for seeking back.
 //! - `epg`: the playlist's XMLTV guide, cached and served at `/epg.xml` and `/epg.xml.gz`.
 //! - `status`: JSON snapshot, HTML page, server-sent events.
 //! - `metrics`: Prometheus families, per hub.
@@ -19,14 +22,17 @@
 pub mod epg;
 pub mod fcc;
 pub mod fec;
+pub mod hls;
 pub mod hub;
 pub mod metrics;
+pub mod player;
 pub mod playlist;
 pub mod registry;
 pub mod ring;
 pub mod rtsp;
 pub mod status;
 pub mod subscriber;
+pub mod timeshift;
 pub mod url;
 
 use std::sync::Arc;
@@ -46,8 +52,16 @@ pub struct IptvConfig {
     /// Interface to join on when a request names none (`?iface=`). No default on purpose: a
     /// join must never land on an interface nobody chose.
     pub interface: Option<String>,
-    /// Let requests pick the interface with `?iface=` (also `ifname=`, `r2h-ifname=`).
+    /// Let requests pick the interface with `?iface=` (also `ifname=`, `r2h-ifname=`), among
+    /// `interface`, `fcc.interface` and `interfaces`.
     pub allow_iface_param: bool,
+    /// More interfaces a request may name with `?iface=` (or `?r2h-ifname-fcc=`); any other
+    /// name is refused, so a viewer cannot make the gateway join on an interface nobody chose.
+    pub interfaces: Vec<String>,
+    /// Multicast control and link-local groups a channel may name: 224.0.0.0/24 and
+    /// 224.0.1.0/24 (routing, mDNS, NTP), 239.255.255.250 and .253 (SSDP, SLP), ff01::/16 and
+    /// ff02::/16 are refused unless listed here (`["224.0.1.0/24"]`).
+    pub allow_groups: Vec<ipnet::IpNet>,
     /// M3U to serve at `/playlist.m3u`: a file path or an `http://` URL.
     pub playlist: Option<String>,
     /// Reload the playlist when the cached copy is older than this.
@@ -69,6 +83,9 @@ pub struct IptvConfig {
     pub max_subscribers: usize,
     /// Subscribers of one channel (0 = unlimited); beyond it requests get 429.
     pub max_subscribers_per_channel: usize,
+    /// Channels one client IP may watch at once (0 = unlimited); beyond it 429. A household
+    /// watches a few; one client opening dozens is joining groups for someone else.
+    pub max_subscribers_per_client: usize,
     /// Channels joined at once, lingering ones included (0 = unlimited); beyond it 503.
     pub max_channels: usize,
     /// Stay joined this long after the last subscriber leaves, so flipping back is instant
@@ -110,11 +127,17 @@ pub struct IptvConfig {
     pub rtsp: rtsp::RtspConfig,
     /// Fast channel change sockets: `[iptv.fcc]`.
     pub fcc: fcc::FccConfig,
+    /// HLS output of every channel: `[iptv.hls]`.
+    pub hls: hls::HlsConfig,
+    /// Channels kept on disk for seeking back: `[iptv.timeshift]`.
+    pub timeshift: timeshift::TimeshiftConfig,
 }
 
 crate::config::section::config_section!(IptvConfig {
     interface,
     allow_iface_param,
+    interfaces,
+    allow_groups,
     playlist,
     playlist_refresh_secs,
     playlist_base_url,
@@ -124,6 +147,7 @@ crate::config::section::config_section!(IptvConfig {
     epg_fetch_timeout_secs,
     max_subscribers,
     max_subscribers_per_channel,
+    max_subscribers_per_client,
     max_channels,
     linger_ms,
     no_data_timeout_ms,
@@ -140,6 +164,8 @@ crate::config::section::config_section!(IptvConfig {
     status_interval_ms,
     rtsp,
     fcc,
+    hls,
+    timeshift,
 });
 
 impl Default for IptvConfig {
@@ -147,6 +173,8 @@ impl Default for IptvConfig {
         Self {
             interface: None,
             allow_iface_param: true,
+            interfaces: Vec::new(),
+            allow_groups: Vec::new(),
             playlist: None,
             playlist_refresh_secs: 3600,
             playlist_base_url: None,
@@ -156,6 +184,7 @@ impl Default for IptvConfig {
             epg_fetch_timeout_secs: 120,
             max_subscribers: 256,
             max_subscribers_per_channel: 64,
+            max_subscribers_per_client: 8,
             max_channels: 64,
             linger_ms: 10_000,
             no_data_timeout_ms: 5_000,
@@ -172,6 +201,8 @@ impl Default for IptvConfig {
             status_interval_ms: 1000,
             rtsp: rtsp::RtspConfig::default(),
             fcc: fcc::FccConfig::default(),
+            hls: hls::HlsConfig::default(),
+            timeshift: timeshift::TimeshiftConfig::default(),
         }
     }
 }
@@ -226,6 +257,18 @@ impl IptvConfig {
                 reason,
             });
         }
+        if let Err(reason) = self.hls.validate() {
+            return Err(IptvError::Config {
+                field: "hls",
+                reason,
+            });
+        }
+        if let Err(reason) = self.timeshift.validate() {
+            return Err(IptvError::Config {
+                field: "timeshift",
+                reason,
+            });
+        }
         if self.slow_subscriber_timeout_ms < 100 {
             return bad("slow_subscriber_timeout_ms", "must be at least 100");
         }
@@ -260,9 +303,10 @@ impl IptvConfig {
     }
 }
 
-/// A path prefix (such as `/_token_<T>`) the server asks `/playlist.m3u` entries to carry.
-#[derive(Debug, Clone)]
-pub struct EntryPrefix(pub String);
+/// Seals one `/playlist.m3u` entry (its path and query) into the path prefix `/_token_<T>` whose
+/// token opens that entry alone; given by the server when a password is configured.
+#[derive(Clone)]
+pub struct EntrySealer(pub playlist::Seal);
 
 /// The IPTV front end.
 #[derive(Debug)]
@@ -272,6 +316,9 @@ pub struct Iptv {
     playlist: Option<Arc<playlist::Playlist>>,
     epg: Arc<epg::Epg>,
     rtsp: Arc<rtsp::Context>,
+    hls: hls::Table,
+    /// Timeshift recorders of the channels that have one, by hub key.
+    recorders: std::sync::Mutex<std::collections::HashMap<HubKey, Arc<timeshift::Recorder>>>,
 }
 
 impl Iptv {
@@ -299,6 +346,7 @@ impl Iptv {
             subscribers: config.max_subscribers,
             per_hub: config.max_subscribers_per_channel,
             hubs: config.max_channels,
+            per_client: config.max_subscribers_per_client,
         };
         let metrics = metrics::Metrics::register(registry);
         let rtsp = rtsp::Context::new(config.rtsp.clone(), upstream.clone());
@@ -319,19 +367,27 @@ impl Iptv {
                 rt.spawn(epg.clone().refresh_loop(playlist.clone()));
             }
         }
-        Ok(Arc::new(Self {
+        let iptv = Arc::new(Self {
             config,
             registry: Arc::new(hubs),
             playlist,
             epg,
             rtsp,
-        }))
+            hls: hls::Table::default(),
+            recorders: Default::default(),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            iptv.start_timeshift();
+        }
+        Ok(iptv)
     }
 
-    /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /playlist.m3u, /epg.xml,
-    /// /epg.xml.gz, /status, /status.json, /status/events
+    /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /hls/, /playlist.m3u,
+    /// /epg.xml, /epg.xml.gz, /status, /status.json, /status/events
     pub fn serves(path: &str) -> bool {
         path.starts_with("/rtp/")
+            || path.starts_with("/hls/")
+            || player::serves(path)
             || path.starts_with("/udp/")
             || path.starts_with("/rtsp/")
             || matches!(
@@ -344,6 +400,11 @@ impl Iptv {
                     | "/status.json"
                     | "/status/events"
             )
+    }
+
+    /// HLS channels segmenting now (one per channel, whatever its number of HLS viewers).
+    pub fn hls_channels(&self) -> usize {
+        self.hls.len()
     }
 
     /// Auth has already been checked by the server when this is called.
@@ -365,6 +426,8 @@ impl Iptv {
             "/epg.xml" => self.guide(&req, false).await,
             "/epg.xml.gz" => self.guide(&req, true).await,
             p if p.starts_with("/rtsp/") => self.rtsp(&req).await,
+            p if p.starts_with("/hls/") => self.hls(&req).await,
+            p if player::serves(p) => player::handle(&req.method, p, &req.headers),
             _ => self.channel(&req).await,
         }
     }
@@ -404,16 +467,13 @@ impl Iptv {
         };
         // Behind a password, entries carry an encrypted token in their path (players cannot add
         // headers, and the password itself must not appear in a URL).
-        let base = match req.extensions.get::<EntryPrefix>() {
-            Some(EntryPrefix(prefix)) => format!("{base}{prefix}"),
-            None => base,
-        };
+        let seal = req.extensions.get::<EntrySealer>().map(|s| s.0.clone());
         // Players fetch the guide from this gateway (cached, and reachable where the source
         // is not) whenever there is one to serve.
-        let epg = self
-            .epg
-            .source(Some(&text_in))
-            .map(|_| format!("{base}/epg.xml.gz"));
+        let epg = self.epg.source(Some(&text_in)).map(|_| match &seal {
+            Some(seal) => format!("{base}{}/epg.xml.gz", seal("/epg.xml.gz", &[])),
+            None => format!("{base}/epg.xml.gz"),
+        });
         let rtsp = &self.config.rtsp;
         let catchup =
             (rtsp.enabled && !rtsp.catchup_query.is_empty()).then_some(rtsp.catchup_query.as_str());
@@ -422,7 +482,17 @@ impl Iptv {
             &base,
             epg.as_deref(),
             catchup,
+            seal.as_deref(),
         );
+        let as_hls = match query_flag(req.uri.query(), "hls") {
+            Some(on) => on,
+            None => self.config.hls.playlist,
+        };
+        let out = if as_hls && self.config.hls.enabled {
+            hls::hls_entries(&out, &base)
+        } else {
+            out
+        };
         respond(StatusCode::OK, "audio/x-mpegurl; charset=utf-8", out)
     }
 
@@ -546,10 +616,25 @@ impl Iptv {
         &self,
         req: &http::request::Parts,
     ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
-        let ch = url::parse_channel(req.uri.path(), req.uri.query()).map_err(|e| e.to_string())?;
+        self.hub_key_of(req.uri.path(), req.uri.query())
+    }
+
+    /// The hub key of a `/rtp/` or `/udp/` channel path and its query.
+    fn hub_key_of(
+        &self,
+        path: &str,
+        query: Option<&str>,
+    ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
+        let ch = url::parse_channel(path, query).map_err(|e| e.to_string())?;
         let interface = match (ch.interface, &self.config.interface) {
             (Some(_), _) if !self.config.allow_iface_param => {
                 return Err("choosing the interface per request is disabled".into())
+            }
+            (Some(name), _) if !self.interface_allowed(&name) => {
+                return Err(format!(
+                    "interface {name:?} is not one this gateway serves: name it in \
+                     iptv.interface or iptv.interfaces"
+                ))
             }
             (Some(name), _) => name,
             (None, Some(name)) => name.clone(),
@@ -557,12 +642,30 @@ impl Iptv {
                 return Err("no interface: add ?iface=NAME or set iptv.interface".into())
             }
         };
+        if url::is_control_group(ch.group)
+            && !self
+                .config
+                .allow_groups
+                .iter()
+                .any(|n| n.contains(&ch.group))
+        {
+            return Err(format!(
+                "group {} carries the network's own control traffic: list it in \
+                 iptv.allow_groups to serve it",
+                ch.group
+            ));
+        }
         crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
         let fcc = match ch.fcc {
             Some((server, flavor)) => {
                 let interface = match (ch.fcc_interface, &self.config.fcc.interface) {
                     (Some(_), _) if !self.config.allow_iface_param => {
                         return Err("choosing the interface per request is disabled".into())
+                    }
+                    (Some(name), _) if !self.interface_allowed(&name) => {
+                        return Err(format!(
+                            "r2h-ifname-fcc: interface {name:?} is not one this gateway serves"
+                        ))
                     }
                     (Some(name), _) => Some(name),
                     (None, configured) => configured.clone(),
@@ -571,10 +674,17 @@ impl Iptv {
                     crate::net::multicast::interface_index(name)
                         .map_err(|e| format!("r2h-ifname-fcc: {e}"))?;
                 }
+                fcc::check_server(*server.ip(), &self.config.fcc.servers).map_err(|class| {
+                    format!(
+                        "fcc={server}: a {class} address; list its network in iptv.fcc.servers \
+                         to use it"
+                    )
+                })?;
                 Some(fcc::FccTarget {
                     server,
                     flavor,
                     interface,
+                    servers: self.config.fcc.servers.clone().into(),
                 })
             }
             None => None,
@@ -593,6 +703,14 @@ impl Iptv {
         Ok((key, fcc))
     }
 
+    /// Whether a request may name interface `name`: a configured one only.
+    fn interface_allowed(&self, name: &str) -> bool {
+        let c = &self.config;
+        c.interface.as_deref() == Some(name)
+            || c.fcc.interface.as_deref() == Some(name)
+            || c.interfaces.iter().any(|i| i == name)
+    }
+
     /// Waits for the hub's first published bytes; `None` on timeout or if the hub ended.
     async fn first_data_within(&self, hub: &hub::Hub, wait: Duration) -> Option<Published> {
         let mut rx = hub.published.subscribe();
@@ -608,12 +726,21 @@ impl Iptv {
             Refusal::Subscribers(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_subscribers"),
             Refusal::Hubs(_) => (StatusCode::SERVICE_UNAVAILABLE, "max_channels"),
             Refusal::PerHub(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_channel"),
+            Refusal::PerClient(_) => (StatusCode::TOO_MANY_REQUESTS, "max_per_client"),
             Refusal::Join(_) => (StatusCode::BAD_GATEWAY, "join_failed"),
         };
         self.registry.metrics.refuse(reason);
         tracing::debug!(%refusal, "channel request refused");
         text(status, &format!("{refusal}\n"))
     }
+}
+
+/// `?name=1` (or `true`, `yes`) → `Some(true)`, `?name=0` (or anything else) → `Some(false)`.
+fn query_flag(query: Option<&str>, name: &str) -> Option<bool> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, "1"));
+        (k == name).then_some(matches!(v, "1" | "true" | "yes" | ""))
+    })
 }
 
 fn stream_response(b: Body) -> Response<Body> {

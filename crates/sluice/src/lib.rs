@@ -20,6 +20,7 @@
 //! - `net`: socket services: multicast join on a named interface, batched receive, splice relay.
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
+//! - `dropin`: MediaFlow's container environment variables read as sluice's own.
 //!
 //! Each front end is a Cargo feature, all on by default: `media`, `iptv`, `reverse` (with the
 //! `cache` service), `tcp`; `groups` (upstream groups) comes with `reverse` or `tcp`. Services
@@ -34,6 +35,7 @@ pub mod body;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod dropin;
 pub mod error;
 #[cfg(feature = "iptv")]
 pub mod iptv;
@@ -89,7 +91,11 @@ pub async fn serve_reloadable(
         tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");
     }
     if let Some((file, flags)) = source {
-        let mut reloader = server::reload::Reloader::new(file, flags);
+        let mut reloader = server::reload::Reloader::new(file, flags).running(&config);
+        if let Some(pid_file) = &config.server.pid_file {
+            reloader = reloader.report_to(server::reload::report_path(pid_file));
+        }
+        reloader.add_live(app.live_keys());
         // Order matters: the routes part installs the new upstream generation in its commit, and
         // the TCP part's commit (run after it) re-applies the listeners over that generation.
         reloader.add("routes", app.reload_part());
@@ -108,6 +114,12 @@ pub async fn serve_reloadable(
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
+    for addr in server::listener::inherited::close_unclaimed() {
+        tracing::warn!(%addr, "an inherited listening socket the config no longer names: closed");
+    }
+    // Every listener is bound: tell the previous process (upgrade) or the service manager.
+    server::upgrade::announce_ready();
+    tokio::spawn(server::notify::watchdog());
     #[cfg(any(feature = "tcp", feature = "cache"))]
     let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -116,7 +128,12 @@ pub async fn serve_reloadable(
     };
     tokio::join!(
         async {
-            shutdown.await;
+            // A signal drains and exits; so does a binary upgrade, once the new process serves
+            // (the service manager then already knows it as the main process: no STOPPING).
+            tokio::select! {
+                _ = shutdown => server::notify::stopping(),
+                _ = server::upgrade::on_sigusr2() => {}
+            }
             let _ = stop_tx.send(true);
         },
         server.run(stopped(stop_rx.clone())),
@@ -151,6 +168,11 @@ impl PidFile {
 
 impl Drop for PidFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        // After a binary upgrade the file names the new process: leave it.
+        let ours = std::fs::read_to_string(&self.0)
+            .is_ok_and(|t| t.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }

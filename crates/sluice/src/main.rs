@@ -1,4 +1,7 @@
-//! The `sluice` command line: `serve`, `check-config`, `reload` (grammar in `sluice::cli`).
+//! The `sluice` command line: `serve`, `check-config`, `reload`, `upgrade` (grammar in
+//! `sluice::cli`).
+
+use std::path::{Path, PathBuf};
 
 use sluice::cli::{Action, ReloadArgs};
 use sluice::config::{Config, Overrides};
@@ -22,7 +25,12 @@ fn main() -> anyhow::Result<()> {
         print!("{text}");
         return Ok(());
     }
+    // Before any thread starts: these read (and the drop-in writes) the process environment.
+    let dropin_notes = sluice::dropin::apply();
     init_logging();
+    for note in dropin_notes {
+        tracing::warn!("MediaFlow environment: {note}");
+    }
     match action {
         Action::Print(_) => Ok(()),
         Action::CheckConfig { file } => {
@@ -32,8 +40,33 @@ fn main() -> anyhow::Result<()> {
             print!("{}", sluice::app::describe_routes(&config)?);
             Ok(())
         }
-        Action::Reload(args) => reload(args),
-        Action::Serve(args) => {
+        Action::Reload(args) => signal(args, libc::SIGHUP),
+        Action::Upgrade(args) => signal(args, libc::SIGUSR2),
+        Action::Health { config } => health(config),
+        Action::Serve(mut args) => {
+            use sluice::server::{listener::inherited, notify, upgrade};
+            upgrade::remember_command();
+            notify::init();
+            let activated = inherited::adopt_systemd(
+                std::env::var("LISTEN_PID").ok().as_deref(),
+                std::env::var("LISTEN_FDS").ok().as_deref(),
+            );
+            if activated > 0 {
+                tracing::info!(
+                    sockets = activated,
+                    "socket activation: listening sockets from systemd"
+                );
+            }
+            let handed = upgrade::take_over()?;
+            if handed > 0 {
+                tracing::info!(
+                    sockets = handed,
+                    "upgrade: took over the previous process's listening sockets"
+                );
+            }
+            if args.config.is_none() {
+                args.config = installed_config(Path::new(INSTALLED_CONFIG));
+            }
             let api_password = match (&args.api_password_file, args.api_password) {
                 (Some(path), _) => Some(read_password_file(path)?),
                 (None, pw) => pw,
@@ -60,32 +93,130 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Sends SIGHUP to the running sluice named by `--pid`, `--pid-file` or the config's pid file.
-fn reload(args: ReloadArgs) -> anyhow::Result<()> {
-    let pid = match (args.pid, args.pid_file, args.config) {
-        (Some(pid), _, _) => pid,
-        (None, Some(path), _) => read_pid(&path)?,
+/// Where the packages put the config file; `serve`, `reload` and `upgrade` read it when no other
+/// is named and it exists.
+const INSTALLED_CONFIG: &str = "/etc/sluice/sluice.toml";
+
+fn installed_config(path: &Path) -> Option<PathBuf> {
+    path.is_file().then(|| path.to_path_buf())
+}
+
+/// Sends `sig` (SIGHUP: reload; SIGUSR2: upgrade) to the running sluice named by `--pid`,
+/// `--pid-file` or the config's pid file (the installed config's when nothing is named). After a
+/// SIGHUP with a known pid file, waits for the outcome the server writes beside it.
+fn signal(args: ReloadArgs, sig: libc::c_int) -> anyhow::Result<()> {
+    let config = args
+        .config
+        .or_else(|| installed_config(Path::new(INSTALLED_CONFIG)));
+    let (pid, pid_file) = match (args.pid, args.pid_file, config) {
+        (Some(pid), _, _) => (pid, None),
+        (None, Some(path), _) => (read_pid(&path)?, Some(path)),
         (None, None, Some(file)) => {
             let config = Config::load(Some(&file), std::env::vars(), &Overrides::default())?;
             let path = config.server.pid_file.ok_or_else(|| {
-                anyhow::anyhow!("{} sets no server.pid_file; pass --pid", file.display())
+                anyhow::anyhow!(
+                    "{} sets no server.pid_file, so the running process cannot be found from \
+                     it; pass --pid (under systemd: systemctl reload sluice)",
+                    file.display()
+                )
             })?;
-            read_pid(&path)?
+            (read_pid(&path)?, Some(path))
         }
-        (None, None, None) => anyhow::bail!("name the process: --pid, --pid-file or --config"),
+        (None, None, None) => anyhow::bail!(
+            "name the process: --pid, --pid-file or --config (no {INSTALLED_CONFIG} either)"
+        ),
     };
     if pid <= 1 {
         anyhow::bail!("refusing to signal pid {pid}");
     }
-    // SAFETY: kill(2) with a positive pid and SIGHUP has no memory effects in this process.
-    let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
+    let before = pid_file
+        .as_deref()
+        .and_then(|p| std::fs::read_to_string(sluice::server::reload::report_path(p)).ok());
+    // SAFETY: kill(2) with a positive pid and a signal number has no memory effects here.
+    let rc = unsafe { libc::kill(pid, sig) };
     if rc != 0 {
         anyhow::bail!(
             "cannot signal pid {pid}: {}",
             std::io::Error::last_os_error()
         );
     }
-    println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
+    if sig == libc::SIGUSR2 {
+        println!(
+            "sent SIGUSR2 to {pid}; it starts the new binary and drains once that one serves \
+             (the server log says how it went)"
+        );
+        return Ok(());
+    }
+    let Some(report) = pid_file.map(|p| sluice::server::reload::report_path(&p)) else {
+        println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
+        return Ok(());
+    };
+    // The server writes each outcome beside its pid file: wait for this one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let answer = loop {
+        match std::fs::read_to_string(&report) {
+            Ok(now) if Some(&now) != before.as_ref() => break now,
+            _ if std::time::Instant::now() > deadline => {
+                println!(
+                    "sent SIGHUP to {pid}; no outcome in {} after 30 s: see the server log",
+                    report.display()
+                );
+                return Ok(());
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    };
+    let outcome: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+    if outcome["reloaded"] == serde_json::Value::Bool(true) {
+        let changed: Vec<&str> = outcome["changed"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        if changed.is_empty() {
+            println!("reloaded (pid {pid}); no key changed");
+        } else {
+            println!("reloaded (pid {pid}); changed: {}", changed.join(", "));
+        }
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "reload refused (pid {pid}), the running config stays: {}",
+            outcome["error"].as_str().unwrap_or("see the server log")
+        )
+    }
+}
+
+/// `sluice health`: GET /health on the config's first listener; an error unless it answers 200.
+fn health(config: Option<PathBuf>) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let file = config.or_else(|| installed_config(Path::new(INSTALLED_CONFIG)));
+    let config = Config::load(file.as_deref(), std::env::vars(), &Overrides::default())?;
+    let mut addr = *config
+        .server
+        .listen
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the config has no server.listen address"))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let limit = std::time::Duration::from_secs(3);
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, limit)
+        .map_err(|e| anyhow::anyhow!("{addr}: {e}"))?;
+    conn.set_read_timeout(Some(limit))?;
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut reply = Vec::new();
+    let _ = conn.take(64 * 1024).read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    let status = reply.lines().next().unwrap_or("");
+    anyhow::ensure!(
+        status.split_whitespace().nth(1) == Some("200"),
+        "{addr}/health: {status:?}"
+    );
+    println!("{}", reply.split("\r\n\r\n").nth(1).unwrap_or("").trim());
     Ok(())
 }
 

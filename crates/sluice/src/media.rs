@@ -5,6 +5,7 @@ pub mod cache;
 pub mod dash;
 pub mod generate;
 pub mod hls;
+pub mod limit;
 pub mod links;
 pub mod pace;
 pub mod pages;
@@ -22,7 +23,7 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
-use crate::auth::token::TokenGate;
+use crate::auth::Keys;
 use crate::body::Body;
 use crate::config::MediaConfig;
 use crate::error::ProxyError;
@@ -32,8 +33,8 @@ use crate::upstream::Upstream;
 /// The media proxy.
 pub struct Media {
     upstream: Upstream,
-    /// Mints child URLs' tokens; `None` without a password.
-    tokens: Option<Arc<TokenGate>>,
+    /// Mints child URLs' tokens (none without a password); swapped by a reload.
+    keys: Keys,
     settings: MediaConfig,
     /// MPDs, init segments and segments through the slice cache service.
     pub cache: Arc<cache::MediaCache>,
@@ -57,7 +58,7 @@ impl Media {
     /// the `[cache]` policy keys its lifetimes apply over.
     pub fn new(
         upstream: Upstream,
-        tokens: Option<Arc<TokenGate>>,
+        keys: Keys,
         config: &MediaConfig,
         engine_upstream: Option<Upstream>,
         cache: Option<(crate::cache::Cache, crate::cache::config::PolicyConfig)>,
@@ -84,7 +85,7 @@ impl Media {
         let dash = dash::Dash::new(cache.clone(), prefetcher.clone(), config, registry);
         let xtream = xtream::Xtream::new(
             upstream.clone(),
-            tokens.clone(),
+            keys.clone(),
             config.xtream_max_response_bytes,
         );
         let acestream = match engine_upstream.filter(|_| config.acestream.enabled) {
@@ -107,7 +108,7 @@ impl Media {
             pacer,
             public_ip,
             upstream,
-            tokens,
+            keys,
             settings: config.clone(),
             cache,
             prefetcher,
@@ -176,7 +177,7 @@ impl Media {
 
     /// Child-URL builder for a manifest served to `ctx`.
     pub fn links(&self, ctx: &RequestContext) -> links::Links {
-        links::Links::new(ctx, self.tokens.as_ref())
+        links::Links::new(ctx, self.keys.tokens().as_ref())
     }
 
     /// Whether `/proxy/stream` splices plain HTTP/1.1 bodies (`media.splice_stream`).

@@ -6,12 +6,14 @@ pub mod activity;
 #[cfg(feature = "reverse")]
 mod h1fast;
 pub mod listener;
+pub mod notify;
 pub mod reload;
 pub mod routes;
 pub mod screen;
 pub mod spliced;
 pub mod stall;
 pub mod tls;
+pub mod upgrade;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,6 +33,11 @@ use crate::app::App;
 use crate::config::ServerConfig;
 use activity::{Activity, Watched};
 use routes::ListenerId;
+
+/// On shutdown or hand-over, how long a keep-alive connection with nothing in flight stays open:
+/// a client that sends its next request in that moment gets an answer (with `Connection: close`)
+/// instead of a connection closed under it.
+pub const DRAIN_IDLE: Duration = Duration::from_secs(1);
 
 /// A bound server, ready to run.
 pub struct Server {
@@ -190,6 +197,8 @@ impl Server {
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight responses finish within
     /// the grace period, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        // While it serves, an upstream fetch to one of these addresses is refused (a loop).
+        let _own = crate::upstream::guard::OwnListeners::register(self.local_addrs());
         let builder = Arc::new(http_builder(&self.config));
         let (stop_tx, stop_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
@@ -198,7 +207,12 @@ impl Server {
             n => n,
         };
         tracing::info!(max_connections = max, "client connection limit");
-        let acceptor = listener::Acceptor::new(max, self.app.http_metrics().accept.clone());
+        let acceptor = listener::Acceptor::new(max, self.app.http_metrics().accept.clone()).per_ip(
+            listener::PerIp::new(
+                self.config.max_connections_per_ip,
+                self.config.per_ip_exempt.clone(),
+            ),
+        );
         let timeouts = Timeouts {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),
@@ -583,6 +597,7 @@ impl Conn {
         let bodies = stall::Watchlist::new();
         let watched = bodies.clone();
         let listener = self.listener;
+        let stopping = self.stop.clone();
         let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
             crate::runtime::busy_poll::stamp();
             req.extensions_mut().insert(listener);
@@ -594,11 +609,20 @@ impl Conn {
             }
             let app = app.clone();
             let guard = act.begin();
+            // Draining: this is the connection's last HTTP/1 response.
+            let last = *stopping.borrow() && req.version() < http::Version::HTTP_2;
             // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
             async move {
-                let resp = app.handle(req, peer, secure, guard).await;
+                let mut resp = app.handle(req, peer, secure, guard).await;
+                // (Not on a protocol switch: its `Connection: upgrade` must stand.)
+                if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
                 Ok::<_, Infallible>(match watched {
                     Some(list) => resp.map(|b| list.guard(b)),
                     None => resp,
@@ -617,10 +641,10 @@ impl Conn {
         tokio::pin!(conn);
         let t = self.timeouts;
         let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
-        let mut closing = *self.stop.borrow();
-        if closing {
-            conn.as_mut().graceful_shutdown();
-        }
+        // Draining: responses say `Connection: close`, and a connection with nothing in flight
+        // is closed once it has been idle for `DRAIN_IDLE`.
+        let mut draining = *self.stop.borrow();
+        let mut closing = false;
         loop {
             tokio::select! {
                 res = conn.as_mut() => {
@@ -629,10 +653,9 @@ impl Conn {
                     }
                     return;
                 }
-                changed = self.stop.changed(), if !closing => {
+                changed = self.stop.changed(), if !draining => {
                     if changed.is_err() || *self.stop.borrow() {
-                        closing = true;
-                        conn.as_mut().graceful_shutdown();
+                        draining = true;
                     }
                 }
                 _ = ticker.tick() => {
@@ -655,7 +678,13 @@ impl Conn {
                     // A connection that has not sent a first request has the header read
                     // timeout (an incomplete head is the screen's); between requests, the idle
                     // timeout.
-                    let limit = if activity.began() { t.idle } else { t.header_read.min(t.idle) };
+                    let limit = if draining {
+                        DRAIN_IDLE
+                    } else if activity.began() {
+                        t.idle
+                    } else {
+                        t.header_read.min(t.idle)
+                    };
                     if !closing && activity.idle_for().is_some_and(|d| d >= limit) {
                         closing = true;
                         conn.as_mut().graceful_shutdown();

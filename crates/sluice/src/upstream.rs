@@ -241,6 +241,8 @@ impl Upstream {
         if !headers.contains_key(header::USER_AGENT) {
             headers.insert(header::USER_AGENT, self.user_agent.clone());
         }
+        // Kept across redirects: a redirect back to this sluice must show it (`guard::LOOP_HEADER`).
+        headers.insert(guard::LOOP_HEADER, guard::loop_mark().clone());
         let mut redirects = 0;
         loop {
             let resp = self.send_once(&req.method, &url, &headers).await?;

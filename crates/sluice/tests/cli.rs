@@ -103,7 +103,7 @@ fn serve_answers_then_stops_on_sigterm() {
     let body = loop {
         if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
             use std::io::Read;
-            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).unwrap();

@@ -49,7 +49,7 @@ async fn connection_limit_pauses_accept_until_one_closes() {
     let _second = TcpStream::connect(s.addr).await.unwrap();
     // Make sure both are accepted (and hold their slots) before the third arrives.
     first
-        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let mut head = [0u8; 12];
@@ -60,7 +60,7 @@ async fn connection_limit_pauses_accept_until_one_closes() {
     // The third completes the TCP handshake (kernel backlog) but is not served...
     let mut third = TcpStream::connect(s.addr).await.unwrap();
     third
-        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut answer = Vec::new();
@@ -143,7 +143,7 @@ async fn client_that_stops_reading_is_cut_and_its_upstream_closed() {
         enc(&format!("http://{origin}/live.ts"))
     );
     client
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut head = [0u8; 15];
@@ -185,7 +185,7 @@ async fn slow_but_reading_client_is_not_cut() {
     let mut client = TcpStream::connect(s.addr).await.unwrap();
     let path = format!("/proxy/stream?d={}", enc(&format!("http://{origin}/a")));
     client
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .unwrap();
     // A trickle for 3 s: 64 KiB every 100 ms, far below the stream rate but never stopped, so
@@ -512,7 +512,7 @@ async fn iptv_hub_stops_holding_history_for_a_frozen_viewer() {
     sock.set_recv_buffer_size(4096).unwrap();
     let mut frozen = sock.connect(gw.addr).await.unwrap();
     frozen
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .unwrap();
     // Let it attach before the stream starts (it then holds from the live edge).

@@ -512,9 +512,16 @@ async fn cross_origin_redirect_drops_credentials() {
 async fn piped_html_cannot_run_on_the_proxy_origin() {
     let o = Echo::start().await;
     let s = Sluice::start(test_config()).await;
-    // An attacker's page through /proxy/stream: sandboxed, no sniffing, and r_* cannot undo it.
+    // r_* may not touch the sandbox or nosniff: such a link is refused outright.
     let r = get(&s.url(&format!(
         "/proxy/stream?d={}&r_content-security-policy=default-src%20*&r_x-content-type-options=x",
+        enc(&o.url("/page.html"))
+    )))
+    .await;
+    assert_eq!(r.status, 400);
+    // An attacker's page through /proxy/stream: sandboxed, no sniffing.
+    let r = get(&s.url(&format!(
+        "/proxy/stream?d={}&r_content-type=text%2Fhtml",
         enc(&o.url("/page.html"))
     )))
     .await;
@@ -622,7 +629,7 @@ async fn h2_origin_two_streams(
 /// The socket is returned unread from then on: a stalled viewer.
 async fn open_viewer(addr: std::net::SocketAddr, path: &str, want: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut got = Vec::new();

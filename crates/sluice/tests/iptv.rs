@@ -261,8 +261,13 @@ async fn bad_urls_get_400_with_reasons() {
         ("/rtp/239.1.1.1:5000", "no interface"),
         (
             "/rtp/239.1.1.1:5000?iface=nosuch0",
-            "no network interface named",
+            "interface \"nosuch0\" is not one this gateway serves",
         ),
+        // Control groups: mDNS, SSDP, all-hosts, IPv6 link-local.
+        ("/udp/224.0.0.251:5353?iface=lo", "control traffic"),
+        ("/udp/239.255.255.250:1900?iface=lo", "control traffic"),
+        ("/rtp/224.0.0.1:5000?iface=lo", "control traffic"),
+        ("/udp/[ff02::fb]:5353?iface=lo", "control traffic"),
         (
             "/udp/224.0.0.1@239.1.1.1:5000?iface=lo",
             "must be a unicast address",
@@ -359,6 +364,7 @@ async fn default_no_data_timeout_is_five_seconds() {
     let group = "239.71.0.16";
     let cfg = sluice::iptv::IptvConfig {
         linger_ms: 0,
+        interfaces: vec!["lo".into()],
         ..Default::default()
     };
     let gw = Gateway::start(cfg).await;

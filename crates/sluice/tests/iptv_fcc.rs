@@ -774,7 +774,7 @@ async fn a_bad_fcc_interface_is_a_clear_400() {
     assert_eq!(resp.status(), 400);
     assert_eq!(
         read_text(resp).await,
-        "r2h-ifname-fcc: no network interface named \"nosuch0\"\n"
+        "r2h-ifname-fcc: interface \"nosuch0\" is not one this gateway serves\n"
     );
     let resp = gw
         .get("/rtp/239.71.9.63:46196?iface=lo&fcc=10.0.0.1:8027&r2h-ifname-fcc=")

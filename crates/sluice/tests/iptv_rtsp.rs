@@ -823,3 +823,46 @@ async fn playlist_entries_offer_catch_up() {
         "#EXTM3U\n#EXTINF:-1 tvg-id=\"one\" catchup=\"default\" catchup-source=\"http://gw.test/rtsp/10.1.1.1:554/live/one?playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}\",One\nhttp://gw.test/rtsp/10.1.1.1:554/live/one\n"
     );
 }
+
+/// The first segment of an `/hls/rtsp/…` playlist, once the playlist lists one.
+async fn first_hls_segment(gw: &Gateway, channel: &str, query: &str) -> Vec<u8> {
+    let q = if query.is_empty() {
+        String::new()
+    } else {
+        format!("?{query}")
+    };
+    let resp = get_with(gw, &format!("/hls{channel}/index.m3u8{q}"), &[]).await;
+    assert_eq!(resp.status(), 200, "{channel}");
+    let text = body_text(resp).await;
+    let first = text
+        .lines()
+        .find(|l| !l.starts_with('#'))
+        .unwrap_or_else(|| panic!("no segment listed: {text}"));
+    assert_eq!(first, format!("0.ts{q}"), "{text}");
+    let resp = get_with(gw, &format!("/hls{channel}/{first}"), &[]).await;
+    assert_eq!(resp.status(), 200);
+    read_bytes(resp, usize::MAX).await
+}
+
+/// An RTSP channel as HLS: one session, segments that are the source's packets after their
+/// repeated PAT and PMT; a catch-up URL as HLS starts at the second asked for.
+#[tokio::test]
+async fn rtsp_channels_and_catch_up_as_hls() {
+    let server = RtspServer::start_seekable(&[]);
+    let mut cfg = rtsp_config();
+    cfg.hls.target_duration_secs = 1;
+    let gw = Gateway::start(cfg).await;
+    let live = format!("/rtsp/127.0.0.1:{}/live", server.port);
+    let seg = first_hls_segment(&gw, &live, "").await;
+    let pid = |i: usize| u16::from_be_bytes([seg[i * 188 + 1] & 0x1f, seg[i * 188 + 2]]);
+    assert_eq!((pid(0), pid(1)), (0, 0x1000), "PAT and PMT first");
+    assert_slice_of_source(&seg[2 * TS_PACKET..]);
+    assert_decodes(&seg);
+    // Asked again (another viewer): the same session.
+    let again = first_hls_segment(&gw, &live, "").await;
+    assert_eq!(again, seg);
+    assert_eq!(server.requests("PLAY").len(), 1);
+    let shift = format!("/rtsp/127.0.0.1:{}/timeshift", server.port);
+    let seg = first_hls_segment(&gw, &shift, "playseek=20240101120007-20240101120100").await;
+    assert_eq!(first_frame_second(&seg), 7);
+}

@@ -475,6 +475,13 @@ async fn bad_requests_and_dead_sources() {
 #[tokio::test]
 async fn pages_are_embedded_and_locked_down() {
     let s = Sluice::start(config(PW, true)).await;
+    let basic = {
+        use base64::Engine;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("viewer:{PW}"))
+        )
+    };
     const CSP: &str =
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
                        img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
@@ -512,7 +519,10 @@ async fn pages_are_embedded_and_locked_down() {
             "/generate_url",
         ),
     ] {
+        // With a password the pages ask for it: signed in (HTTP Basic, any user name) they load.
         let r = get(&s.url(path)).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{path}");
+        let r = request("GET", &s.url(path), &[("authorization", basic.as_str())]).await;
         assert_eq!(r.status, StatusCode::OK, "{path}");
         assert_eq!(r.headers["content-type"], ctype, "{path}");
         assert_eq!(r.headers["content-security-policy"], CSP, "{path}");
@@ -520,11 +530,21 @@ async fn pages_are_embedded_and_locked_down() {
         assert_eq!(r.headers["referrer-policy"], "no-referrer", "{path}");
         assert!(text(&r).contains(marker), "{path}");
     }
-    let home = text(&get(&s.url("/")).await);
+    let home = text(&request("GET", &s.url("/"), &[("authorization", basic.as_str())]).await);
     assert!(home.contains(&format!("sluice {} is running", env!("CARGO_PKG_VERSION"))));
     // A form posted without its script (which would otherwise be a GET carrying the password).
-    let r = request("POST", &s.url("/url-generator"), &[]).await;
+    let r = request(
+        "POST",
+        &s.url("/url-generator"),
+        &[("authorization", basic.as_str())],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
-    let r = get(&s.url("/pages/nothing.js")).await;
+    let r = request(
+        "GET",
+        &s.url("/pages/nothing.js"),
+        &[("authorization", basic.as_str())],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 }

@@ -177,6 +177,7 @@ async fn media_and_iptv_under_per_core() {
     let origin = support::Origin::start().await;
     let mut config = support::test_config();
     config.iptv.interface = None;
+    config.iptv.interfaces = vec!["lo".into()];
     let running = start(config, RuntimeModel::PerCore, 2).await;
     // Media: a 24 MB stream through /proxy/stream, byte for byte, from several connections.
     let url = format!(
@@ -203,12 +204,12 @@ async fn media_and_iptv_under_per_core() {
     let total: usize = stream.iter().map(Vec::len).sum();
     let sender = iptv_support::Sender::new(group, 46901);
     let (addr, p) = (running.addr, path.clone());
-    let first = tokio::spawn(async move { iptv_support::get(addr, &p).await });
+    let first = tokio::spawn(async move { iptv_support::get_as(addr, &p, "127.0.0.1").await });
     iptv_support::wait_joined(group, true).await;
     sender.send_rtp(&stream[..1], 0);
     let mut viewers = vec![first.await.unwrap()];
     for _ in 1..4 {
-        viewers.push(iptv_support::get(running.addr, &path).await);
+        viewers.push(iptv_support::get_as(running.addr, &path, "127.0.0.1").await);
     }
     sender.send_rtp(&stream[1..], 1);
     let want = sha2::Sha256::digest(stream.concat());

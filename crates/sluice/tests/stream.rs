@@ -204,7 +204,7 @@ async fn stalled_client_does_not_slow_another() {
     let mut stalled = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     let path = format!("/proxy/stream?d={}", enc(&origin.url("/big")));
     stalled
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut first = [0u8; 12];
@@ -369,8 +369,12 @@ async fn graceful_shutdown_finishes_in_flight() {
 #[tokio::test]
 async fn cors_for_browser_players() {
     let origin = Origin::start().await;
-    let s = Sluice::start(test_config()).await;
-    let r = get(&stream_url(&s, &origin.url("/small"), "")).await;
+    // CORS is for players of a password-guarded server (a password-free one answers only
+    // this machine, and grants no other origin anything).
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    let s = Sluice::start(config).await;
+    let r = get(&stream_url(&s, &origin.url("/small"), "&api_password=pw")).await;
     assert_eq!(r.headers["access-control-allow-origin"], "*");
     let r = request(
         "OPTIONS",

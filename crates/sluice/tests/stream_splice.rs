@@ -17,7 +17,7 @@ fn stream_path(d: &str) -> String {
 
 /// Sends one request on `conn` (kept open).
 async fn send(conn: &mut TcpStream, method: &str, path: &str, extra: &str) {
-    let req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n{extra}\r\n");
+    let req = format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{extra}\r\n");
     conn.write_all(req.as_bytes()).await.unwrap();
 }
 
@@ -111,7 +111,7 @@ async fn spliced_bodies_are_exact_and_the_connection_stays_alive() {
     assert_eq!(head.status, 200);
     assert_eq!(body.unwrap(), b"hello");
     let pipelined =
-        format!("GET {big} HTTP/1.1\r\nhost: t\r\n\r\nGET {small} HTTP/1.1\r\nhost: t\r\n\r\n");
+        format!("GET {big} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\nGET {small} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
     conn.write_all(pipelined.as_bytes()).await.unwrap();
     let (_, body) = read_response(&mut conn, &mut pending, false).await;
     assert_eq!(sha256(&body.unwrap()), sha256(&origin.big));

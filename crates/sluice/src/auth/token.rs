@@ -203,7 +203,7 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
             query.merge_missing(extra.cloned().collect());
         }
         Some(paths) => {
-            if !paths.iter().any(|prefix| path.starts_with(prefix.as_str())) {
+            if !paths.iter().any(|scope| opens(scope, path)) {
                 return Err(TokenRefusal::OutOfScope);
             }
             let mut added = Vec::new();
@@ -219,6 +219,18 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
         }
     }
     Ok(query)
+}
+
+/// Whether a token scope entry opens `path`: one ending in `/` opens everything under it (an
+/// endpoint family, `/proxy/hls/`); any other opens that path alone and what lies below it
+/// (`/proxy/stream` and `/proxy/stream/name.mp4`), so a playlist entry's `/udp/G:P` does not
+/// open `/udp/G:P0` or another group.
+fn opens(scope: &str, path: &str) -> bool {
+    if scope.ends_with('/') {
+        return path.starts_with(scope);
+    }
+    path.strip_prefix(scope)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// The one answer to every token failure: same status, body and headers whatever went wrong.

@@ -79,17 +79,44 @@ fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
     }
 }
 
+/// The purge key, the addresses purges come from and the API password, as the last reload left
+/// them (`[cache]` sizes and tiers need a restart; these do not).
+#[derive(Debug, Clone)]
+pub struct PurgeSecrets {
+    purge_key: String,
+    purge_allow: Vec<ipnet::IpNet>,
+    api_password: Option<String>,
+}
+
+impl PurgeSecrets {
+    pub fn new(config: &super::CacheConfig, api_password: Option<&str>) -> PurgeSecrets {
+        PurgeSecrets {
+            purge_key: config.purge_key.clone(),
+            purge_allow: config.purge_allow.clone(),
+            api_password: api_password.filter(|p| !p.is_empty()).map(str::to_string),
+        }
+    }
+}
+
+impl super::Cache {
+    /// Installs a reloaded purge key, `purge_allow` and API password: the old ones stop working.
+    pub fn set_purge(&self, secrets: PurgeSecrets) {
+        self.inner.purge.store(std::sync::Arc::new(secrets));
+    }
+}
+
 impl Inner {
     fn purge_allowed(&self, headers: &HeaderMap, peer: IpAddr) -> bool {
+        let secrets = self.purge.load();
         // Check every condition before deciding, so refusals take the same path.
         // An unknown client (an unreadable forwarding chain) is in no allow-list.
         let from_allowed =
-            !peer.is_unspecified() && self.config.purge_allow.iter().any(|n| n.contains(&peer));
+            !peer.is_unspecified() && secrets.purge_allow.iter().any(|n| n.contains(&peer));
         let offered = offered_key(headers).unwrap_or("").as_bytes();
         let mut ok_key = false;
         for secret in [
-            Some(self.config.purge_key.as_str()),
-            self.api_password.as_deref(),
+            Some(secrets.purge_key.as_str()),
+            secrets.api_password.as_deref(),
         ]
         .into_iter()
         .flatten()

@@ -13,7 +13,8 @@ use super::{Cache, CacheConfig, CacheError};
 pub struct CacheSlot {
     cache: Mutex<Option<Cache>>,
     metrics: CacheMetrics,
-    api_password: Option<String>,
+    /// The API password a cache built later accepts as a purge key (swapped by a reload).
+    api_password: Mutex<Option<String>>,
 }
 
 impl CacheSlot {
@@ -22,7 +23,7 @@ impl CacheSlot {
         CacheSlot {
             cache: Mutex::new(None),
             metrics: CacheMetrics::new(registry),
-            api_password: api_password.map(str::to_string),
+            api_password: Mutex::new(api_password.map(str::to_string)),
         }
     }
 
@@ -39,10 +40,24 @@ impl CacheSlot {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let cache =
-            Cache::with_metrics(config, self.api_password.as_deref(), self.metrics.clone())?;
+        let password = self
+            .api_password
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let cache = Cache::with_metrics(config, password.as_deref(), self.metrics.clone())?;
         *slot = Some(cache.clone());
         Ok(cache)
+    }
+
+    /// A reload's `[auth]` password and `[cache]` purge keys: for the cache if built, and for
+    /// the one a later reload builds.
+    pub fn set_purge(&self, config: &CacheConfig, api_password: Option<&str>) {
+        *self.api_password.lock().unwrap_or_else(|e| e.into_inner()) =
+            api_password.map(str::to_string);
+        if let Some(cache) = self.get() {
+            cache.set_purge(super::purge::PurgeSecrets::new(config, api_password));
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Cache>> {

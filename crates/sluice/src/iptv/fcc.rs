@@ -60,12 +60,29 @@ pub struct FccConfig {
     /// Interface for FCC signalling and bursts (rtp2httpd's `upstream-interface-fcc`);
     /// `?r2h-ifname-fcc=` picks per request. None: the route to the server decides.
     pub interface: Option<String>,
+    /// Networks FCC servers may be in besides public addresses: the operator's IPTV network
+    /// (`["10.0.0.0/8"]`). An `?fcc=` server, or one a server redirects to, that is loopback,
+    /// private, link-local or otherwise not public and outside these is refused.
+    pub servers: Vec<ipnet::Ipv4Net>,
 }
 
 crate::config::section::config_section!(FccConfig {
     listen_port_range,
     interface,
+    servers,
 });
+
+/// Whether FCC signalling may go to `ip`: a public address (the upstream guard's rule) or one
+/// inside `servers`. `Err` names the class of a refused address.
+pub fn check_server(ip: Ipv4Addr, servers: &[ipnet::Ipv4Net]) -> Result<(), &'static str> {
+    if servers.iter().any(|n| n.contains(&ip)) {
+        return Ok(());
+    }
+    match crate::upstream::guard::non_public_reason(std::net::IpAddr::V4(ip)) {
+        Some(class) => Err(class),
+        None => Ok(()),
+    }
+}
 
 impl FccConfig {
     pub fn validate(&self) -> Result<(), String> {
@@ -163,6 +180,8 @@ pub struct FccTarget {
     pub flavor: Flavor,
     /// `?r2h-ifname-fcc=` or `[iptv.fcc] interface`; None: the route decides.
     pub interface: Option<String>,
+    /// `[iptv.fcc] servers`: where a redirect may send the session.
+    pub servers: std::sync::Arc<[ipnet::Ipv4Net]>,
 }
 
 /// Where the session stands; shown on the status page.
@@ -230,6 +249,8 @@ pub struct FccSession {
     asked: SocketAddrV4,
     /// Addresses the burst may come from.
     peers: Vec<Ipv4Addr>,
+    /// `[iptv.fcc] servers`, for the addresses answers name.
+    servers: std::sync::Arc<[ipnet::Ipv4Net]>,
     phase: Phase,
     since: Instant,
     last_unicast: Instant,
@@ -277,6 +298,7 @@ pub fn start(
         server: target.server,
         asked: target.server,
         peers: vec![*target.server.ip()],
+        servers: target.servers.clone(),
         phase: Phase::Requested,
         since: now,
         last_unicast: now,
@@ -431,6 +453,13 @@ impl FccSession {
             {
                 if !r.accepted(self.flavor) {
                     return self.fall_back(sock, "server refused");
+                }
+                // An answer names the next hop itself: it gets the same check as `?fcc=`.
+                if let Some(ip) = r.server {
+                    if let Err(class) = check_server(ip, &self.servers) {
+                        tracing::debug!(%ip, class, "FCC: answer names a refused address");
+                        return self.fall_back(sock, "server named a refused address");
+                    }
                 }
                 if let Some(ip) = r.server {
                     if !self.peers.contains(&ip) {

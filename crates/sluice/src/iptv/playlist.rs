@@ -6,6 +6,7 @@
 //! that the header's guide URL (`x-tvg-url`) points at this gateway's `/epg.xml.gz` when the
 //! gateway serves it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,15 +22,24 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Attribute names players read the guide URL from, in the `#EXTM3U` header line.
 const EPG_ATTRIBUTES: [&str; 2] = ["x-tvg-url", "url-tvg"];
 
+/// Seals one entry: its gateway path (`/udp/G:P`) and the query params it fixes, to the path
+/// prefix (`/_token_<T>`) whose token opens that entry alone.
+pub type Seal = Arc<SealFn>;
+
+/// What a [`Seal`] calls.
+pub type SealFn = dyn Fn(&str, &[(String, String)]) -> String + Send + Sync;
+
 /// Rewrites multicast and RTSP entries to `{base}/rtp/…`, `{base}/udp/…` or `{base}/rtsp/…`;
 /// `base` has no trailing `/`. With `epg`, the header's guide URL becomes that. With
 /// `catchup_query`, RTSP entries without catch-up attributes get
-/// `catchup-source="{entry}?{catchup_query}"`.
+/// `catchup-source="{entry}?{catchup_query}"`. With `seal`, each entry URL carries a token
+/// opening that entry alone, its query fixed inside the token.
 pub fn rewrite_playlist(
     text: &str,
     base: &str,
     epg: Option<&str>,
     catchup_query: Option<&str>,
+    seal: Option<&SealFn>,
 ) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 4);
     // Where the last `#EXTINF` line sits in `out`, to add catch-up attributes to it once
@@ -42,12 +52,12 @@ pub fn rewrite_playlist(
         let header = epg.filter(|_| trimmed.starts_with("#EXTM3U"));
         if header.is_none() && trimmed.starts_with("#EXTINF") {
             let start = out.len();
-            out.push_str(&rewrite_catchup_source(body, base));
+            out.push_str(&rewrite_catchup_source(body, base, seal));
             extinf = Some(start..out.len());
             out.push_str(ending);
             continue;
         }
-        match (header, rewrite_entry(trimmed, base)) {
+        match (header, rewrite_entry(trimmed, base, seal)) {
             (Some(epg), _) => {
                 out.push_str(&replace_epg_attribute(body, epg));
                 out.push_str(ending);
@@ -96,11 +106,11 @@ fn title_comma(line: &str) -> usize {
 }
 
 /// An `#EXTINF` line with an `rtsp://` catch-up source pointed at this gateway.
-fn rewrite_catchup_source(line: &str, base: &str) -> String {
+fn rewrite_catchup_source(line: &str, base: &str, seal: Option<&SealFn>) -> String {
     match attribute(line, "catchup-source") {
         Some(value) if is_rtsp(value) => {
             let at = value.as_ptr() as usize - line.as_ptr() as usize;
-            let url = format!("{base}/rtsp/{}", &value[7..]);
+            let url = gateway_url(base, "rtsp", &value[7..], seal);
             format!("{}{url}{}", &line[..at], &line[at + value.len()..])
         }
         _ => line.to_string(),
@@ -150,7 +160,7 @@ fn replace_epg_attribute(line: &str, epg: &str) -> String {
     format!("{line} x-tvg-url=\"{epg}\"")
 }
 
-fn rewrite_entry(line: &str, base: &str) -> Option<String> {
+fn rewrite_entry(line: &str, base: &str, seal: Option<&SealFn>) -> Option<String> {
     let (kind, rest) = ["rtp", "udp", "rtsp"].iter().find_map(|k| {
         let scheme = line.get(..k.len() + 3)?;
         scheme
@@ -162,7 +172,39 @@ fn rewrite_entry(line: &str, base: &str) -> Option<String> {
         "rtsp" => rest,
         _ => rest.strip_prefix('@').unwrap_or(rest),
     };
-    Some(format!("{base}/{kind}/{rest}"))
+    Some(gateway_url(base, kind, rest, seal))
+}
+
+/// `{base}/{kind}/{rest}`; sealed, `{base}/_token_<T>/{kind}/{path}` with the query's params
+/// inside the token, except catch-up params (and their `{utc:…}` placeholders), which a player
+/// fills in and so stay in the URL.
+fn gateway_url(base: &str, kind: &str, rest: &str, seal: Option<&SealFn>) -> String {
+    let Some(seal) = seal else {
+        return format!("{base}/{kind}/{rest}");
+    };
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (format!("/{kind}/{p}"), q),
+        None => (format!("/{kind}/{rest}"), ""),
+    };
+    let mut kept = Vec::new();
+    let mut fixed = String::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let name = pair.split('=').next().unwrap_or("");
+        if kind == "rtsp" && crate::auth::token::CATCHUP_PARAMS.contains(&name) {
+            kept.push(pair);
+        } else {
+            if !fixed.is_empty() {
+                fixed.push('&');
+            }
+            fixed.push_str(pair);
+        }
+    }
+    let params = sluice_media::query::Query::parse(&fixed).pairs().to_vec();
+    let prefix = seal(&path, &params);
+    match kept.is_empty() {
+        true => format!("{base}{prefix}{path}"),
+        false => format!("{base}{prefix}{path}?{}", kept.join("&")),
+    }
 }
 
 /// A playlist or guide location as logs and errors may show it: no user info and no query,
@@ -293,7 +335,7 @@ UDP://@239.1.1.2:1234\n\
 rtp://10.0.0.9@232.1.1.1:5140\n\
 #EXTINF:-1,D\n\
 http://example.invalid/d.m3u8\n";
-        let out = rewrite_playlist(input, "http://gw:8080", None, None);
+        let out = rewrite_playlist(input, "http://gw:8080", None, None, None);
         let want = "#EXTM3U x-tvg-url=\"http://epg/e.xml\"\r\n\
 #EXTINF:-1 tvg-id=\"a\" group-title=\"News\" catchup=\"default\" catchup-source=\"http://gw:8080/rtsp/10.0.0.1/a?playseek={utc}\",A\r\n\
 http://gw:8080/rtp/239.1.1.1:5000\r\n\
@@ -319,7 +361,7 @@ RTSP://h/ch3\n\
 #EXTINF:-1,Multicast\n\
 rtp://239.1.1.1:5000\n";
         let q = "playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}";
-        let out = rewrite_playlist(input, "http://gw", None, Some(q));
+        let out = rewrite_playlist(input, "http://gw", None, Some(q), None);
         let want = "#EXTM3U\n\
 #EXTINF:-1 tvg-id=\"x,y\" catchup=\"default\" catchup-source=\"http://gw/rtsp/10.0.0.1:554/ch1?a=1&playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}\",News, late\n\
 http://gw/rtsp/10.0.0.1:554/ch1?a=1\n\
@@ -362,7 +404,7 @@ http://gw/rtp/239.1.1.1:5000\n";
         );
         assert_eq!(epg_url("#EXTM3U my-x-tvg-url=\"http://no\"\n"), None);
         assert_eq!(epg_url("#EXTINF:-1,A\n"), None);
-        let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"), None);
+        let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"), None, None);
         assert_eq!(
             out,
             "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\" catchup=\"append\"\n#EXTINF:-1,A\nhttp://gw/rtp/239.1.1.1:5000\n"
@@ -372,7 +414,26 @@ http://gw/rtp/239.1.1.1:5000\n";
             "http://gw",
             Some("http://gw/epg.xml.gz"),
             None,
+            None,
         );
         assert_eq!(added, "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\"\r\n");
+    }
+
+    #[test]
+    fn sealed_entries_carry_their_own_scope_and_query() {
+        let seal = |path: &str, params: &[(String, String)]| {
+            let q: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("/_token_[{path}|{}]", q.join("&"))
+        };
+        let input = "#EXTM3U\n\
+#EXTINF:-1 catchup-source=\"rtsp://h/c?tvdr={utc}&x=1\",A\n\
+udp://@239.1.1.1:5000?fcc=10.0.0.1:8027\n\
+rtsp://h/c\n";
+        let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal));
+        let want = "#EXTM3U\n\
+#EXTINF:-1 catchup-source=\"http://gw/_token_[/rtsp/h/c|x=1]/rtsp/h/c?tvdr={utc}\",A\n\
+http://gw/_token_[/udp/239.1.1.1:5000|fcc=10.0.0.1:8027]/udp/239.1.1.1:5000\n\
+http://gw/_token_[/rtsp/h/c|]/rtsp/h/c\n";
+        assert_eq!(out, want);
     }
 }

@@ -18,6 +18,8 @@ pub struct Limits {
     pub subscribers: usize,
     pub per_hub: usize,
     pub hubs: usize,
+    /// Subscriptions one client IP may hold at once (`iptv.max_subscribers_per_client`).
+    pub per_client: usize,
 }
 
 /// Why a subscription was refused.
@@ -29,6 +31,8 @@ pub enum Refusal {
     PerHub(usize),
     #[error("gateway is at its limit of {0} channels")]
     Hubs(usize),
+    #[error("this client is at its limit of {0} channels at once")]
+    PerClient(usize),
     #[error("cannot join: {0}")]
     Join(#[from] std::io::Error),
 }
@@ -37,6 +41,8 @@ pub enum Refusal {
 pub struct Registry {
     hubs: Mutex<HashMap<HubKey, Arc<Hub>>>,
     total: AtomicUsize,
+    /// Subscriptions held per client IP (entries leave at zero).
+    clients: Mutex<HashMap<std::net::IpAddr, usize>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
     pub settings: HubSettings,
@@ -48,6 +54,7 @@ impl Registry {
         Self {
             hubs: Mutex::new(HashMap::new()),
             total: AtomicUsize::new(0),
+            clients: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
             settings,
@@ -70,6 +77,14 @@ impl Registry {
         let total = self.total.load(Ordering::Acquire);
         if over(self.limits.subscribers, total) {
             return Err(Refusal::Subscribers(self.limits.subscribers));
+        }
+        // Checked before a hub is started: one client must not make the gateway join groups
+        // (or exhaust `max_channels`) beyond its share.
+        if let Some(ip) = peer.map(|p| p.ip()) {
+            let held = lock(&self.clients).get(&ip).copied().unwrap_or(0);
+            if over(self.limits.per_client, held) {
+                return Err(Refusal::PerClient(self.limits.per_client));
+            }
         }
         let hub = match table.get(&key) {
             Some(hub) => hub.clone(),
@@ -103,6 +118,9 @@ impl Registry {
 
     fn attach(self: &Arc<Self>, hub: Arc<Hub>, peer: Option<std::net::SocketAddr>) -> Subscription {
         self.total.fetch_add(1, Ordering::AcqRel);
+        if let Some(ip) = peer.map(|p| p.ip()) {
+            *lock(&self.clients).entry(ip).or_insert(0) += 1;
+        }
         hub.subscribers.fetch_add(1, Ordering::AcqRel);
         self.metrics.subscribers.inc();
         hub.metrics.subscribers.inc();
@@ -183,6 +201,15 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         lock(&self.hub.clients).remove(&self.client.id);
         self.registry.total.fetch_sub(1, Ordering::AcqRel);
+        if let Some(ip) = self.client.peer.map(|p| p.ip()) {
+            let mut clients = lock(&self.registry.clients);
+            if let Some(n) = clients.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    clients.remove(&ip);
+                }
+            }
+        }
         self.registry.metrics.subscribers.dec();
         self.hub.metrics.subscribers.dec();
         if self.hub.subscribers.fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -212,35 +212,40 @@ impl RtspKey {
 pub struct SessionLimit(pub usize);
 
 impl Iptv {
-    /// `GET /rtsp/…`: auth has been checked by the server.
-    pub(super) async fn rtsp(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
+    /// The hub key of an `/rtsp/` path (with the request's query and User-Agent); a catch-up
+    /// range gets a private session id. Refused when RTSP is disabled or the URL is bad.
+    pub(super) fn rtsp_key(
+        &self,
+        path: &str,
+        req: &http::request::Parts,
+    ) -> Result<HubKey, Box<Response<Body>>> {
         let ctx = &self.rtsp;
         if !ctx.config.enabled {
-            return super::text(
+            return Err(Box::new(super::text(
                 StatusCode::NOT_FOUND,
                 "RTSP is disabled (iptv.rtsp.enabled)\n",
-            );
+            )));
         }
         let ua = req
             .headers
             .get(header::USER_AGENT)
             .and_then(|v| v.to_str().ok());
-        let target = match request::parse(req.uri.path(), req.uri.query(), ua, &ctx.config) {
+        let target = match request::parse(path, req.uri.query(), ua, &ctx.config) {
             Ok(t) => t,
             Err(e) => {
                 self.registry.metrics.refuse("bad_request");
-                return super::text(StatusCode::BAD_REQUEST, &format!("{e}\n"));
+                return Err(Box::new(super::text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("{e}\n"),
+                )));
             }
         };
-        if req.method == Method::HEAD {
-            return super::stream_response(body::empty());
-        }
         let private = if target.seek {
             ctx.next_private.fetch_add(1, Ordering::Relaxed)
         } else {
             0
         };
-        let key = HubKey {
+        Ok(HubKey {
             mode: super::url::Mode::Rtp,
             group: crate::net::multicast::Group {
                 group: NO_GROUP,
@@ -250,7 +255,24 @@ impl Iptv {
             },
             fec: None,
             rtsp: Some(RtspKey { target, private }),
+        })
+    }
+
+    /// Why an RTSP hub's session failed, if it did.
+    pub(super) fn rtsp_failure(&self, hub: &Hub) -> Option<String> {
+        self.rtsp.failure(hub)
+    }
+
+    /// `GET /rtsp/…`: auth has been checked by the server.
+    pub(super) async fn rtsp(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
+        let ctx = &self.rtsp;
+        let key = match self.rtsp_key(req.uri.path(), req) {
+            Ok(key) => key,
+            Err(resp) => return *resp,
         };
+        if req.method == Method::HEAD {
+            return super::stream_response(body::empty());
+        }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = match self.registry.subscribe(key, None, peer) {
             Ok(sub) => sub,

@@ -77,6 +77,23 @@ pub enum UrlError {
     FccFamily,
 }
 
+/// Whether `group` carries a network's own control traffic rather than a channel: the local
+/// and internetwork control blocks (224.0.0.0/24: routing, mDNS, IGMP; 224.0.1.0/24: NTP and
+/// the like), SSDP and SLP (239.255.255.250, .253), and interface- or link-local IPv6 scopes.
+pub fn is_control_group(group: IpAddr) -> bool {
+    match group {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            (o[0] == 224 && o[1] == 0 && o[2] <= 1)
+                || (o[0], o[1], o[2]) == (239, 255, 255) && matches!(o[3], 250 | 253)
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments()[0];
+            (s & 0xff00) == 0xff00 && matches!(s & 0x000f, 1 | 2)
+        }
+    }
+}
+
 /// Parses a request path and query into a channel.
 pub fn parse_channel(path: &str, query: Option<&str>) -> Result<Channel, UrlError> {
     let (mode, rest) = if let Some(r) = path.strip_prefix("/rtp/") {

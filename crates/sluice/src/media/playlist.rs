@@ -57,7 +57,7 @@ pub async fn serve(
             format!("no playlist could be fetched ({})", reasons.join("; ")),
         ));
     }
-    let linker = Linker::new(ctx, media.tokens.as_ref());
+    let linker = Linker::new(ctx, media.keys.tokens().as_ref());
     let size: usize = fetched
         .iter()
         .map(|f| match f {
@@ -218,7 +218,7 @@ pub async fn link(
     let request: LinkRequest = super::generate::read_json(req).await?;
     m3u::parse_sources(&request.d).map_err(|e| bad(&e.to_string()))?;
     let params = vec![("d".to_string(), request.d)];
-    let url = match &media.tokens {
+    let url = match &media.keys.tokens() {
         Some(gate) => {
             let now = token::now();
             let limit = (request.expiration > 0).then(|| TokenScope {

@@ -6,8 +6,6 @@
 //! stream lists, the M3U) carries instead a sealed token scoped to XC requests only
 //! ([`XC_SCOPE`]) that names the provider and user, so the API password never appears in a URL.
 
-use std::sync::Arc;
-
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -19,7 +17,8 @@ use url::Url;
 
 use super::stream;
 use crate::app::RequestContext;
-use crate::auth::token::{self, TokenGate};
+use crate::auth::token;
+use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::upstream::{Upstream, UpstreamRequest};
@@ -38,7 +37,7 @@ const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 /// The XC front end.
 pub struct Xtream {
     upstream: Upstream,
-    tokens: Option<Arc<TokenGate>>,
+    keys: Keys,
     /// Largest API answer read for rewriting (stream lists of big providers run to megabytes).
     max_response_bytes: usize,
 }
@@ -51,14 +50,10 @@ struct Resolved {
 }
 
 impl Xtream {
-    pub fn new(
-        upstream: Upstream,
-        tokens: Option<Arc<TokenGate>>,
-        max_response_bytes: usize,
-    ) -> Self {
+    pub fn new(upstream: Upstream, keys: Keys, max_response_bytes: usize) -> Self {
         Xtream {
             upstream,
-            tokens,
+            keys,
             max_response_bytes,
         }
     }
@@ -123,7 +118,7 @@ impl Xtream {
         ctx: &RequestContext,
         password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
     ) -> Result<Resolved, ProxyError> {
-        if let Some(gate) = self.tokens.as_ref().filter(|_| sealed::is_sealed(raw)) {
+        if let Some(gate) = self.keys.tokens().filter(|_| sealed::is_sealed(raw)) {
             let opened = gate.open(raw, ctx.client_ip, token::now()).map_err(|why| {
                 tracing::debug!(reason = %why, "XC username token refused");
                 refusal()
@@ -156,7 +151,7 @@ impl Xtream {
     /// The username written into everything sent back: a sealed XC-only token, or (with no
     /// server password to protect) MediaFlow's base64 form without a password.
     fn public_user(&self, account: &Resolved) -> String {
-        match &self.tokens {
+        match &self.keys.tokens() {
             Some(gate) => gate.mint(
                 &[
                     (SERVER_PARAM.to_string(), account.server.clone()),
@@ -286,7 +281,7 @@ impl Xtream {
     fn to_hls(&self, ctx: &RequestContext, url: Url) -> Response<Body> {
         let params = vec![("d".to_string(), url.to_string())];
         let origin = public_origin(ctx);
-        let location = match &self.tokens {
+        let location = match &self.keys.tokens() {
             Some(gate) => {
                 let t = gate.mint(&params, &["/proxy/hls/"], None, true, token::now());
                 format!("{origin}/_token_{t}/proxy/hls/manifest.m3u8")

@@ -141,12 +141,18 @@ async fn read_more(
     (since, limit): (Instant, Duration),
     stoppable: bool,
 ) -> Result<usize, ()> {
+    // On shutdown an idle connection stays `DRAIN_IDLE` more, so a request sent in that moment
+    // is answered (with `Connection: close`) rather than met by a closed connection.
+    let mut drain_from = None;
     loop {
         tokio::select! {
             read = read_into(stream, buf) => return read.map_err(|_| ()),
-            _ = conn.stop.wait_for(|s| *s), if stoppable => return Err(()),
+            _ = conn.stop.wait_for(|s| *s), if stoppable && drain_from.is_none() => {
+                drain_from = Some(Instant::now());
+            }
             _ = ticker.tick() => {
-                if since.elapsed() >= limit {
+                let drained = drain_from.is_some_and(|d| d.elapsed() >= super::DRAIN_IDLE);
+                if since.elapsed() >= limit || drained {
                     return Err(());
                 }
             }
@@ -213,14 +219,18 @@ impl Conn {
             // first); inside a head: the header read timeout.
             let (limit, stoppable) = if buf.is_empty() {
                 if *self.stop.borrow() {
-                    return End::Closed;
-                }
-                let limit = if begun {
-                    t.idle
+                    if since.elapsed() >= super::DRAIN_IDLE {
+                        return End::Closed;
+                    }
+                    (super::DRAIN_IDLE, false)
                 } else {
-                    t.header_read.min(t.idle)
-                };
-                (limit, true)
+                    let limit = if begun {
+                        t.idle
+                    } else {
+                        t.header_read.min(t.idle)
+                    };
+                    (limit, true)
+                }
             } else {
                 (t.header_read, false)
             };

@@ -6,6 +6,10 @@
 //! set, enforced the same way: at the limit the loop stops calling `accept(2)` and waits for a
 //! connection to close. New clients then queue in the kernel's backlog instead of being accepted
 //! and dropped, and nothing spins.
+//!
+//! Binding prefers an inherited socket for the same address: one systemd passed in (`LISTEN_FDS`,
+//! socket activation) or one the previous process handed over on a binary upgrade
+//! (`server::upgrade`). Every listening socket is recorded, so an upgrade can hand them all on.
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,8 +23,15 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Binds `addr` with `SO_REUSEADDR` and a deep backlog.
+pub mod inherited;
+
+/// Binds `addr` with `SO_REUSEADDR` and a deep backlog (or takes the inherited socket for it).
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    if let Some(inherited) = inherited::take(addr) {
+        inherited.set_nonblocking(true)?;
+        inherited::record(&inherited);
+        return TcpListener::from_std(inherited);
+    }
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     if addr.is_ipv6() {
@@ -29,6 +40,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
+    inherited::record(&socket);
     TcpListener::from_std(socket.into())
 }
 
@@ -36,6 +48,11 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 /// own socket to the same address and the kernel spreads new connections over them. Returns a
 /// standard (non-blocking) listener, so the core's own runtime registers it.
 pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    if let Some(inherited) = inherited::take(addr) {
+        inherited.set_nonblocking(true)?;
+        inherited::record(&inherited);
+        return Ok(inherited);
+    }
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
@@ -45,6 +62,7 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
+    inherited::record(&socket);
     Ok(socket.into())
 }
 
@@ -121,12 +139,73 @@ pub struct Acceptor {
     /// server saturated for hours logs once a minute, not once per accept.
     warned: Arc<AtomicU64>,
     born: Instant,
+    per_ip: Arc<PerIp>,
+}
+
+/// Connections held per client IP, for `server.max_connections_per_ip`.
+#[derive(Debug, Default)]
+pub struct PerIp {
+    max: usize,
+    exempt: Vec<ipnet::IpNet>,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PerIp {
+    /// At most `max` connections per IP (0: no limit), except from `exempt` peers.
+    pub fn new(max: usize, exempt: Vec<ipnet::IpNet>) -> Arc<PerIp> {
+        Arc::new(PerIp {
+            max,
+            exempt,
+            held: Default::default(),
+        })
+    }
+
+    /// Takes a place for `ip`, or `None` when it holds `max` already.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Option<IpPlace>> {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        if self.max == 0 || self.exempt.iter().any(|n| n.contains(&ip)) {
+            return Some(None);
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Some(IpPlace {
+            owner: self.clone(),
+            ip,
+        }))
+    }
+}
+
+/// One connection's place in its IP's count.
+#[derive(Debug)]
+struct IpPlace {
+    owner: Arc<PerIp>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for IpPlace {
+    fn drop(&mut self) {
+        let mut held = self.owner.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// One open connection's slot; dropping it (connection closed) lets the acceptor take another.
 #[derive(Debug)]
 pub struct Slot {
     _permit: OwnedSemaphorePermit,
+    _ip: Option<IpPlace>,
     open: Gauge,
 }
 
@@ -146,7 +225,14 @@ impl Acceptor {
             metrics,
             warned: Arc::new(AtomicU64::new(0)),
             born: Instant::now(),
+            per_ip: Arc::default(),
         }
+    }
+
+    /// Also caps the connections of each client IP (`server.max_connections_per_ip`).
+    pub fn per_ip(mut self, per_ip: Arc<PerIp>) -> Self {
+        self.per_ip = per_ip;
+        self
     }
 
     fn warn_throttled(&self) {
@@ -185,13 +271,23 @@ impl Acceptor {
                     .expect("the acceptor never closes its semaphore")
             }
         };
-        let (stream, peer) = accept(listener).await;
-        self.metrics.open.inc();
-        let slot = Slot {
-            _permit: permit,
-            open: self.metrics.open.clone(),
-        };
-        (stream, peer, slot)
+        loop {
+            let (stream, peer) = accept(listener).await;
+            let Some(place) = self.per_ip.take(peer.ip()) else {
+                // Over its share: closed at once (the client sees a reset or EOF), and the
+                // slot goes to the next connection.
+                tracing::debug!(%peer, "connection closed: max_connections_per_ip reached");
+                drop(stream);
+                continue;
+            };
+            self.metrics.open.inc();
+            let slot = Slot {
+                _permit: permit,
+                _ip: place,
+                open: self.metrics.open.clone(),
+            };
+            return (stream, peer, slot);
+        }
     }
 }
 

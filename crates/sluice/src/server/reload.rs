@@ -3,9 +3,15 @@
 //! them succeeded are they committed, so a bad file changes nothing (the log says why).
 //!
 //! Front ends hook in with [`Reloader::add`]: a prepare function returning the commit to run.
+//!
+//! A reload compares the new settings with the running ones key by key: a changed key that no
+//! part applies live ([`LIVE_KEYS`], plus what [`Reloader::add_live`] reports) refuses the whole
+//! reload and names the key, so a reload never reports a change it did not make
+//! (docs/reload.md has the table).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::config::{Config, Overrides};
 
@@ -15,11 +21,49 @@ pub type Commit = Box<dyn FnOnce() + Send>;
 /// Prepares one part's new state from a validated config.
 pub type Prepare = Box<dyn Fn(&Config) -> anyhow::Result<Commit> + Send + Sync>;
 
+/// Keys (and whole sections or arrays, by prefix) a reload applies to the running server.
+pub const LIVE_KEYS: &[&str] = &[
+    "auth",
+    "routes",
+    "upstreams",
+    "reverse",
+    "endpoints",
+    "tcp",
+    "server.tls_cert",
+    "server.tls_key",
+    "server.certificates",
+    "cache.purge_key",
+    "cache.purge_allow",
+];
+
+/// Reports more live keys as the running state allows (the `[cache]` sizes before any cache
+/// was built, say).
+pub type LiveKeys = Box<dyn Fn() -> Vec<&'static str> + Send + Sync>;
+
 /// Where the config comes from, and who applies it.
 pub struct Reloader {
     file: Option<PathBuf>,
     flags: Overrides,
     parts: Vec<(&'static str, Prepare)>,
+    live: Vec<LiveKeys>,
+    /// The settings running now, flattened to `section.key` paths; `None` until
+    /// [`Reloader::running`] names them, and then no key check is made.
+    running: Mutex<Option<BTreeMap<String, toml::Value>>>,
+    /// Where each outcome is written for `sluice reload` to read (beside the pid file).
+    report: Option<PathBuf>,
+}
+
+/// The file beside `pid_file` where a running server writes each reload's outcome.
+pub fn report_path(pid_file: &std::path::Path) -> PathBuf {
+    let mut name = pid_file.as_os_str().to_owned();
+    name.push(".reload");
+    PathBuf::from(name)
+}
+
+/// What a reload that went through changed (key names only, never values).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub changed: Vec<String>,
 }
 
 impl Reloader {
@@ -29,7 +73,50 @@ impl Reloader {
             file,
             flags,
             parts: Vec::new(),
+            live: Vec::new(),
+            running: Mutex::new(None),
+            report: None,
         }
+    }
+
+    /// Names the settings the server started with, so each reload can tell which keys it changes.
+    pub fn running(self, config: &Config) -> Reloader {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(flatten(config));
+        self
+    }
+
+    /// Writes each outcome to `path` as one JSON object (`reloaded`, `changed`, `error`).
+    pub fn report_to(mut self, path: PathBuf) -> Reloader {
+        self.report = Some(path);
+        self
+    }
+
+    fn write_report(&self, outcome: &anyhow::Result<Applied>) {
+        let Some(path) = &self.report else { return };
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let body = match outcome {
+            Ok(a) => {
+                serde_json::json!({"at": stamp.to_string(), "reloaded": true, "changed": a.changed})
+            }
+            Err(e) => {
+                serde_json::json!({"at": stamp.to_string(), "reloaded": false, "error": format!("{e:#}")})
+            }
+        };
+        // Written whole then renamed, so a reader never sees half of it.
+        let tmp = path.with_extension("reload.tmp");
+        if let Err(e) =
+            std::fs::write(&tmp, format!("{body}\n")).and_then(|()| std::fs::rename(&tmp, path))
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the reload outcome");
+        }
+    }
+
+    /// Registers a source of keys that are live in the running state (see [`LiveKeys`]).
+    pub fn add_live(&mut self, live: LiveKeys) {
+        self.live.push(live);
     }
 
     /// Registers a part that can change live (routes and groups, TLS certificates, TCP listeners).
@@ -37,9 +124,29 @@ impl Reloader {
         self.parts.push((name, prepare));
     }
 
-    /// Re-reads and applies the config; on any error nothing changes.
-    pub fn reload(&self) -> anyhow::Result<()> {
+    /// Re-reads and applies the config; on any error nothing changes. A changed key that needs a
+    /// restart is an error naming it.
+    pub fn reload(&self) -> anyhow::Result<Applied> {
         let config = Config::load(self.file.as_deref(), std::env::vars(), &self.flags)?;
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let new = flatten(&config);
+        let changed = match running.as_ref() {
+            Some(old) => changed_keys(old, &new),
+            None => Vec::new(),
+        };
+        let extra: Vec<&str> = self.live.iter().flat_map(|f| f()).collect();
+        let stuck: Vec<&str> = changed
+            .iter()
+            .map(String::as_str)
+            .filter(|k| !is_live(k, LIVE_KEYS) && !is_live(k, &extra))
+            .collect();
+        if !stuck.is_empty() {
+            anyhow::bail!(
+                "changed keys need a restart, so nothing was applied: {} (restart sluice, or \
+                 put the old values back to reload the rest)",
+                stuck.join(", ")
+            );
+        }
         let mut commits = Vec::with_capacity(self.parts.len());
         for (name, prepare) in &self.parts {
             commits.push(prepare(&config).map_err(|e| anyhow::anyhow!("{name}: {e:#}"))?);
@@ -47,15 +154,27 @@ impl Reloader {
         for commit in commits {
             commit();
         }
-        Ok(())
+        if running.is_some() {
+            *running = Some(new);
+        }
+        Ok(Applied { changed })
     }
 
     /// Reloads, logging the outcome.
-    pub fn reload_logged(&self, why: &str) -> anyhow::Result<()> {
-        match self.reload() {
-            Ok(()) => {
-                tracing::info!("config reloaded ({why})");
-                Ok(())
+    pub fn reload_logged(&self, why: &str) -> anyhow::Result<Applied> {
+        let outcome = self.reload();
+        self.write_report(&outcome);
+        match outcome {
+            Ok(applied) => {
+                if applied.changed.is_empty() {
+                    tracing::info!("config reloaded ({why}); no key changed");
+                } else {
+                    tracing::info!(
+                        "config reloaded ({why}); changed: {}",
+                        applied.changed.join(", ")
+                    );
+                }
+                Ok(applied)
             }
             Err(e) => {
                 tracing::error!("config reload ({why}) refused, the running config stays: {e:#}");
@@ -63,6 +182,55 @@ impl Reloader {
             }
         }
     }
+}
+
+/// `key` is one of `live` or under one of them (`auth` covers `auth.api_password`).
+fn is_live(key: &str, live: &[&str]) -> bool {
+    live.iter().any(|l| {
+        key == *l
+            || key
+                .strip_prefix(l)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// The settings as `section.key` paths; arrays (routes, listeners, groups) are one value each.
+fn flatten(config: &Config) -> BTreeMap<String, toml::Value> {
+    fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, toml::Value>) {
+        for (k, v) in table {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk(&path, t, out),
+                other => {
+                    out.insert(path, other.clone());
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if let Ok(table) = toml::Table::try_from(config) {
+        walk("", &table, &mut out);
+    }
+    out
+}
+
+/// Keys whose value differs, or that one side lacks, in key order.
+fn changed_keys(
+    old: &BTreeMap<String, toml::Value>,
+    new: &BTreeMap<String, toml::Value>,
+) -> Vec<String> {
+    let mut keys: Vec<String> = old
+        .iter()
+        .filter(|(k, v)| new.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.extend(new.keys().filter(|k| !old.contains_key(*k)).cloned());
+    keys.sort();
+    keys
 }
 
 /// Reloads on every SIGHUP until the process ends.
@@ -74,7 +242,9 @@ pub async fn on_sighup(reloader: Arc<Reloader>) {
     };
     while hup.recv().await.is_some() {
         let r = reloader.clone();
-        let _ = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
+        super::notify::reloading();
+        let applied = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
+        super::notify::reloaded(matches!(applied, Ok(Ok(_))));
     }
 }
 
@@ -89,4 +259,23 @@ pub fn tls_part(handle: super::TlsHandle) -> Prepare {
         let handle = handle.clone();
         Ok(Box::new(move || handle.store(new)) as Commit)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_compared_one_by_one_and_arrays_whole() {
+        let a = Config::default();
+        let mut b = a.clone();
+        b.auth.api_password = "new".into();
+        b.server.idle_timeout_secs += 1;
+        let changed = changed_keys(&flatten(&a), &flatten(&b));
+        assert_eq!(changed, ["auth.api_password", "server.idle_timeout_secs"]);
+        assert!(is_live("auth.api_password", LIVE_KEYS));
+        assert!(!is_live("server.idle_timeout_secs", LIVE_KEYS));
+        assert!(!is_live("authx", &["auth"]));
+        assert!(is_live("cache.memory_bytes", &["cache"]));
+    }
 }

@@ -109,8 +109,13 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
             "/rtp/",
             "/udp/",
             "/rtsp/",
+            // HLS output of the channels above (iptv::hls).
+            "/hls/",
+            // The page playing them (iptv::player).
+            "/player",
             "/playlist.m3u",
             "/epg.xml",
+            "/epg.xml.gz",
             "/status",
             "/status.json",
         ],
@@ -138,6 +143,8 @@ pub struct Routing {
     /// own, so they are served only where no route or other built-in claims the path.
     #[cfg_attr(not(feature = "media"), allow(dead_code))]
     xtream_host: Option<(usize, HostPattern)>,
+    /// `endpoints.host` names the built-ins' host: the table already refuses every other `Host`.
+    pub builtin_host_pinned: bool,
 }
 
 impl Routing {
@@ -202,6 +209,7 @@ impl Routing {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let builtin_host_pinned = builtin_host != HostPattern::Any;
         let xtream_host = (endpoints.media && media_on).then_some((builtin_listener, builtin_host));
         Ok(Routing {
             tables,
@@ -209,6 +217,7 @@ impl Routing {
             #[cfg(feature = "reverse")]
             reverse,
             xtream_host,
+            builtin_host_pinned,
         })
     }
 

@@ -7,24 +7,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::{session, Settings, Shared};
 
-/// Binds `addr` with `SO_REUSEADDR` and a deep backlog.
+/// Binds `addr` the way the HTTP listeners are bound (`server::listener::bind`): an inherited
+/// socket for it (socket activation, binary upgrade) is taken over, and the socket is recorded
+/// so the next upgrade hands it on.
 pub(super) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(4096)?;
-    TcpListener::from_std(socket.into())
+    crate::server::listener::bind(addr)
 }
 
 /// Accepts until `stop` turns true; each connection runs as a task on `tracker`.

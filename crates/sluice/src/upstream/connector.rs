@@ -35,11 +35,26 @@ use super::route::{RouteTable, Via};
 use super::tls;
 use super::tunnel;
 
+/// What a client is told about a refused upstream address: its class, never the address.
+fn refused_text(host: &str, reason: &str) -> String {
+    if reason == OWN_LISTENER {
+        format!("{host} is {reason}: fetching it would make sluice its own origin (a loop)")
+    } else {
+        format!(
+            "{host} resolves to a {reason} address; set upstream.allow_private \
+             (--allow-private-upstreams) to allow it"
+        )
+    }
+}
+
+/// The refusal class of an address this sluice itself listens on.
+const OWN_LISTENER: &str = "this sluice's own listener";
+
 /// Why a connection could not be set up. Carried through the pool as the error's source.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// The message names the class only: the resolved address stays in the debug log.
-    #[error("{host} resolves to a {reason} address; set upstream.allow_private (--allow-private-upstreams) to allow it")]
+    #[error("{}", refused_text(host, reason))]
     Refused {
         host: String,
         ip: IpAddr,
@@ -308,6 +323,16 @@ impl Inner {
                 host: host.to_string(),
                 source,
             })?;
+        // Never this sluice itself, whatever `allow_private` says: each fetch would come back
+        // as a new request and fetch again.
+        if let Some(addr) = addrs.iter().find(|a| super::guard::is_own_listener(**a)) {
+            tracing::debug!(host, ip = %addr.ip(), "upstream address is this sluice's own listener");
+            return Err(ConnectError::Refused {
+                host: host.to_string(),
+                ip: addr.ip(),
+                reason: OWN_LISTENER,
+            });
+        }
         if !self.allow_private {
             for addr in &addrs {
                 if let Some(reason) = non_public_reason(addr.ip()) {

@@ -122,7 +122,11 @@ impl Upstream {
             .map_err(|e: http::uri::InvalidUri| protocol(e.to_string()))?;
         self.metrics.requests.inc();
         let key = origin_key(url);
-        let head = request_head(req, &self.user_agent);
+        let mut marked = req.clone();
+        marked
+            .headers
+            .insert(super::guard::LOOP_HEADER, super::guard::loop_mark().clone());
+        let head = request_head(&marked, &self.user_agent);
         loop {
             let (mut socket, reused) = match self.raw_pool.checkout(&key) {
                 Some(s) => (s, true),

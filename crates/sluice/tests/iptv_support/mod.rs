@@ -27,6 +27,13 @@ pub fn config() -> IptvConfig {
         no_data_timeout_ms: 3000,
         flush_interval_ms: 5,
         recv_buffer_bytes: 16 * 1024 * 1024,
+        // Every URL names `lo`; the mock FCC servers are on loopback.
+        interfaces: vec!["lo".into()],
+        // The mock FCC servers are on loopback.
+        fcc: sluice::iptv::fcc::FccConfig {
+            servers: vec!["127.0.0.0/8".parse().unwrap()],
+            ..Default::default()
+        },
         ..IptvConfig::default()
     }
 }
@@ -119,13 +126,18 @@ async fn accept(listener: TcpListener, iptv: Arc<Iptv>) {
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> Response<Incoming> {
+    get_as(addr, path, "gw.test").await
+}
+
+/// [`get`] with another `Host` (a whole sluice without a password answers only loopback names).
+pub async fn get_as(addr: SocketAddr, path: &str, host: &str) -> Response<Incoming> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .unwrap();
     tokio::spawn(conn);
     let req = Request::get(path)
-        .header("host", "gw.test")
+        .header("host", host)
         .body(Empty::<Bytes>::new())
         .unwrap();
     tokio::time::timeout(Duration::from_secs(10), send.send_request(req))

@@ -1,0 +1,468 @@
+//! Live MPEG-TS cut into HLS media segments at random-access points. No I/O.
+//!
+//! The gateway feeds a channel's TS once (whatever number of viewers it has) through
+//! [`Segmenter::push`], in chunks of any size. A segment ends where a keyframe of the timing
+//! stream (the first video stream, else the first audio stream) begins, once it is long enough;
+//! every segment starts with the latest PAT and PMT repeated, then that keyframe's first packet,
+//! so each one decodes on its own. The stream is otherwise kept byte for byte: the segments,
+//! concatenated without their repeated tables, are the input from the first keyframe on.
+//!
+//! Durations come from the timing stream's decoding timestamps (90 kHz, wrapping at 2^33). A
+//! segment is cut at a keyframe when it has reached the target, or when waiting for the next
+//! keyframe (one GOP more, as the last GOP was) would overshoot it; when no keyframe comes in
+//! time, it is cut at the next picture anyway (the segment is marked not independent), so no
+//! segment is ever longer than the target duration rounds to. A timestamp that jumps (a sender
+//! restart), a PAT or PMT that describes another layout (new PIDs), or a gap in the input
+//! ([`Segmenter::gap`]) ends the segment and marks the next one as a discontinuity; after it,
+//! cutting waits for a keyframe again.
+//!
+//! # Layout
+//! - `psi`: PAT and PMT reassembly and parsing.
+//! - `pes`: PES headers and keyframe detection (H.264, H.265, MPEG-2 video).
+//! - `playlist`: the live media playlist for a window of segments.
+
+mod pes;
+pub mod playlist;
+mod psi;
+
+use bytes::Bytes;
+
+pub use psi::Codec;
+
+use crate::mpegts::{self, TsHeader, PACKET_LEN, SYNC_BYTE};
+
+/// TS timestamps count at 90 kHz.
+pub const CLOCK: u64 = 90_000;
+/// Timestamps wrap at 2^33.
+const WRAP: u64 = 1 << 33;
+/// A timestamp step larger than this (or any step back) is a break in the stream, not time
+/// passing: a sender that restarted, or a splice.
+const MAX_STEP: u64 = 10 * CLOCK;
+
+/// One finished media segment.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    /// PAT, PMT, then the stream from a picture start.
+    pub data: Bytes,
+    /// In 90 kHz ticks.
+    pub duration: u64,
+    /// Starts on a keyframe (false only when none came within the target duration).
+    pub keyframe: bool,
+    /// The stream before it was broken off (restart, new PIDs, lost input).
+    pub discontinuity: bool,
+    /// Decoding timestamp of its first picture (90 kHz, as the source stamped it).
+    pub start: u64,
+}
+
+/// Tunables of a [`Segmenter`].
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Target duration in 90 kHz ticks.
+    pub target: u64,
+    /// A segment that grows past this many bytes (a stream without usable timestamps) is
+    /// ended as if the input had a gap.
+    pub max_bytes: usize,
+}
+
+/// Where a picture of the timing stream begins, while its keyframe-ness is being decided.
+#[derive(Debug)]
+struct Probe {
+    /// Offset of its first packet in `buf`.
+    offset: usize,
+    dts: u64,
+    /// Elementary-stream bytes seen so far (for the NAL scan).
+    es: Vec<u8>,
+    scanned: usize,
+}
+
+/// The segment being built.
+#[derive(Debug)]
+struct Building {
+    start: u64,
+    last: u64,
+    keyframe: bool,
+    discontinuity: bool,
+}
+
+/// The live cutter of one channel.
+#[derive(Debug)]
+pub struct Segmenter {
+    settings: Settings,
+    /// A partial packet left over from the last chunk.
+    carry: Vec<u8>,
+    pat: psi::Collector,
+    pmt: psi::Collector,
+    /// Latest PAT packets, and the PMT PID they name.
+    pat_packets: Vec<u8>,
+    pmt_pid: Option<u16>,
+    /// Latest PMT packets, the layout they describe, and its timing stream.
+    pmt_packets: Vec<u8>,
+    program: Option<psi::Program>,
+    timing: Option<(u16, Codec)>,
+    /// Bytes of the segment being built (from its head), or, while waiting, from the probe.
+    buf: Vec<u8>,
+    building: Option<Building>,
+    probe: Option<Probe>,
+    /// First timestamp seen while waiting for a keyframe.
+    waiting_since: Option<u64>,
+    /// The next segment follows a break.
+    pending_discontinuity: bool,
+    /// Ticks between the last two pictures, and between the last two keyframes.
+    frame: u64,
+    gop: u64,
+    last_keyframe: Option<u64>,
+    /// Decoding timestamp of the newest picture seen.
+    latest: Option<u64>,
+    done: Vec<Segment>,
+}
+
+impl Segmenter {
+    pub fn new(settings: Settings) -> Segmenter {
+        Segmenter {
+            settings,
+            carry: Vec::with_capacity(PACKET_LEN),
+            pat: psi::Collector::default(),
+            pmt: psi::Collector::default(),
+            pat_packets: Vec::new(),
+            pmt_pid: None,
+            pmt_packets: Vec::new(),
+            program: None,
+            timing: None,
+            buf: Vec::new(),
+            building: None,
+            probe: None,
+            waiting_since: None,
+            pending_discontinuity: false,
+            frame: 0,
+            gop: 0,
+            last_keyframe: None,
+            latest: None,
+            done: Vec::new(),
+        }
+    }
+
+    /// The timing stream's PID and coding, once a PMT has named one.
+    pub fn timing(&self) -> Option<(u16, Codec)> {
+        self.timing
+    }
+
+    /// Decoding timestamp of the newest picture (or audio frame) of the timing stream: with the
+    /// time it arrived, the anchor that puts segments on the wall clock.
+    pub fn latest(&self) -> Option<u64> {
+        self.latest
+    }
+
+    /// Takes TS bytes in any chunking; bytes before a packet boundary are skipped until the
+    /// stream lines up again.
+    pub fn push(&mut self, mut chunk: &[u8]) {
+        if !self.carry.is_empty() {
+            let need = PACKET_LEN - self.carry.len();
+            let take = need.min(chunk.len());
+            self.carry.extend_from_slice(&chunk[..take]);
+            if self.carry.len() < PACKET_LEN {
+                return;
+            }
+            let pkt = std::mem::take(&mut self.carry);
+            // The completed packet counts only if the next one lines up behind it; otherwise
+            // the carried bytes were noise and the chunk is searched for sync afresh.
+            if chunk.get(take).is_none_or(|&b| b == SYNC_BYTE) {
+                self.packet(&pkt);
+                chunk = &chunk[take..];
+            }
+            self.carry = pkt;
+            self.carry.clear();
+        }
+        while !chunk.is_empty() {
+            if chunk[0] != SYNC_BYTE {
+                match mpegts::find_sync(chunk) {
+                    Some(at) => chunk = &chunk[at..],
+                    None => {
+                        // Keep a possible packet start for the next chunk.
+                        let at = memchr::memchr(SYNC_BYTE, chunk).unwrap_or(chunk.len());
+                        chunk = &chunk[at..];
+                        if chunk.len() >= PACKET_LEN {
+                            chunk = &chunk[1..];
+                            continue;
+                        }
+                    }
+                }
+            }
+            if chunk.len() < PACKET_LEN {
+                self.carry.extend_from_slice(chunk);
+                return;
+            }
+            let (pkt, rest) = chunk.split_at(PACKET_LEN);
+            self.packet(pkt);
+            chunk = rest;
+        }
+    }
+
+    /// Input was lost (the reader fell behind, the source broke): the segment so far is kept,
+    /// and the next one is a discontinuity.
+    pub fn gap(&mut self) {
+        self.carry.clear();
+        self.break_all();
+    }
+
+    /// The input ended: the segment being built is finished as it stands.
+    pub fn finish(&mut self) {
+        self.break_all();
+    }
+
+    /// Segments finished since the last call, oldest first.
+    pub fn take(&mut self) -> Vec<Segment> {
+        std::mem::take(&mut self.done)
+    }
+
+    fn packet(&mut self, pkt: &[u8]) {
+        let Some(h) = mpegts::parse_header(pkt) else {
+            return;
+        };
+        if h.pid == 0 {
+            if let Some((section, packets)) = self.pat.push(pkt, &h) {
+                self.on_pat(&section, packets);
+            }
+        } else if Some(h.pid) == self.pmt_pid {
+            if let Some((section, packets)) = self.pmt.push(pkt, &h) {
+                self.on_pmt(&section, packets);
+            }
+        }
+        let timing = self.timing;
+        match timing {
+            Some((pid, codec)) if pid == h.pid => self.timing_packet(pkt, &h, codec),
+            _ => {
+                if self.building.is_some() || self.probe.is_some() {
+                    self.buf.extend_from_slice(pkt);
+                }
+            }
+        }
+        if self.buf.len() > self.settings.max_bytes {
+            self.gap();
+        }
+    }
+
+    fn on_pat(&mut self, section: &[u8], packets: Vec<u8>) {
+        let Some(pmt_pid) = psi::pat_program(section) else {
+            return;
+        };
+        if self.pmt_pid.is_some_and(|p| p != pmt_pid) {
+            self.layout_changed();
+            self.program = None;
+            self.timing = None;
+            self.pmt_packets.clear();
+            self.pmt = psi::Collector::default();
+        }
+        self.pmt_pid = Some(pmt_pid);
+        self.pat_packets = packets;
+    }
+
+    fn on_pmt(&mut self, section: &[u8], packets: Vec<u8>) {
+        let Some(program) = psi::Program::parse(section) else {
+            return;
+        };
+        if self.program.as_ref().is_some_and(|p| *p != program) {
+            self.layout_changed();
+        }
+        self.timing = program.timing();
+        self.program = Some(program);
+        self.pmt_packets = packets;
+    }
+
+    /// New PIDs: what was built so far is a segment of the old layout.
+    fn layout_changed(&mut self) {
+        self.break_all();
+    }
+
+    /// Ends the segment being built with everything received, and forgets the picture being
+    /// probed: the next segment waits for a keyframe.
+    fn break_all(&mut self) {
+        let end = self.buf.len();
+        self.break_off(end);
+        self.probe = None;
+        self.buf.clear();
+    }
+
+    fn timing_packet(&mut self, pkt: &[u8], h: &TsHeader, codec: Codec) {
+        let payload = payload(pkt, h).unwrap_or_default();
+        if h.payload_unit_start {
+            if let Some(header) = pes::parse(payload) {
+                if let Some(dts) = header.dts {
+                    self.latest = Some(dts);
+                    // The picture before was never shown to be a keyframe.
+                    if self.probe.is_some() {
+                        self.decide(false);
+                    }
+                    let es = payload.get(header.es_offset..).unwrap_or_default();
+                    self.probe = Some(Probe {
+                        offset: self.buf.len(),
+                        dts,
+                        es: Vec::new(),
+                        scanned: 0,
+                    });
+                    self.buf.extend_from_slice(pkt);
+                    let verdict = match codec {
+                        Codec::Audio => Some(true),
+                        _ if h.random_access => Some(true),
+                        _ => self.scan(codec, es),
+                    };
+                    if let Some(k) = verdict {
+                        self.decide(k);
+                    }
+                    return;
+                }
+            }
+        }
+        if self.building.is_some() || self.probe.is_some() {
+            self.buf.extend_from_slice(pkt);
+        }
+        if self.probe.is_some() && !h.payload_unit_start {
+            if let Some(k) = self.scan(codec, payload) {
+                self.decide(k);
+            }
+        }
+    }
+
+    /// Adds elementary-stream bytes to the probe and looks for the picture's first slice.
+    fn scan(&mut self, codec: Codec, es: &[u8]) -> Option<bool> {
+        let probe = self.probe.as_mut()?;
+        probe.es.extend_from_slice(es);
+        let verdict = pes::keyframe(codec, &probe.es, probe.scanned);
+        if verdict.is_none() {
+            probe.scanned = probe.es.len().saturating_sub(5);
+            if probe.es.len() >= pes::MAX_PROBE {
+                return Some(false);
+            }
+        }
+        verdict
+    }
+
+    /// The probe's picture is (or is not) a keyframe: start, cut, or keep waiting.
+    fn decide(&mut self, keyframe: bool) {
+        // Decided: later packets of this picture are not scanned.
+        let Some(Probe { offset, dts, .. }) = self.probe.take() else {
+            return;
+        };
+        let frame = self.frame.max(1);
+        let Some(seg) = self.building.as_ref() else {
+            return self.decide_waiting(offset, dts, keyframe);
+        };
+        let step = dts.wrapping_sub(seg.last) & (WRAP - 1);
+        if step > MAX_STEP {
+            // Back in time or far ahead: a restart or a splice.
+            self.break_off(offset);
+            // The picture now starts `buf`.
+            return self.decide_waiting(0, dts, keyframe);
+        }
+        if step > 0 && step < CLOCK {
+            self.frame = step;
+        }
+        let elapsed = dts.wrapping_sub(seg.start) & (WRAP - 1);
+        let limit = self.settings.target + CLOCK / 2 - 1;
+        let cut = if keyframe {
+            elapsed >= self.settings.target || (elapsed > 0 && elapsed + self.gop > limit)
+        } else {
+            elapsed + frame > limit
+        };
+        if keyframe {
+            if let Some(prev) = self.last_keyframe {
+                let gop = dts.wrapping_sub(prev) & (WRAP - 1);
+                if gop > 0 && gop <= MAX_STEP {
+                    self.gop = gop;
+                }
+            }
+            self.last_keyframe = Some(dts);
+        }
+        if cut {
+            self.close(offset, Some(dts));
+            self.start(0, dts, keyframe);
+        } else if let Some(seg) = self.building.as_mut() {
+            seg.last = dts;
+        }
+    }
+
+    fn decide_waiting(&mut self, offset: usize, dts: u64, keyframe: bool) {
+        // What came before the picture cannot start a segment.
+        self.buf.drain(..offset.min(self.buf.len()));
+        let since = *self.waiting_since.get_or_insert(dts);
+        let waited = dts.wrapping_sub(since) & (WRAP - 1);
+        if waited > MAX_STEP {
+            self.waiting_since = Some(dts);
+        }
+        if keyframe {
+            self.last_keyframe = Some(dts);
+        }
+        if keyframe || (waited >= self.settings.target && waited <= MAX_STEP) {
+            self.start(0, dts, keyframe);
+        }
+    }
+
+    /// A segment begins at `offset` of `buf` (the tables are put in front of it).
+    fn start(&mut self, offset: usize, dts: u64, keyframe: bool) {
+        let mut head = Vec::with_capacity(
+            self.pat_packets.len() + self.pmt_packets.len() + self.buf.len() - offset,
+        );
+        head.extend_from_slice(&self.pat_packets);
+        head.extend_from_slice(&self.pmt_packets);
+        head.extend_from_slice(&self.buf[offset..]);
+        self.buf = head;
+        self.waiting_since = None;
+        self.building = Some(Building {
+            start: dts,
+            last: dts,
+            keyframe,
+            discontinuity: std::mem::take(&mut self.pending_discontinuity),
+        });
+    }
+
+    /// A break at `end` of `buf`: the segment being built ends there, the next one is a
+    /// discontinuity and starts on a keyframe.
+    fn break_off(&mut self, end: usize) {
+        if self.building.is_some() {
+            self.close(end, None);
+            self.pending_discontinuity = true;
+        }
+        self.waiting_since = None;
+        self.last_keyframe = None;
+        self.gop = 0;
+    }
+
+    /// Ends the segment being built at `end` of `buf`, lasting until `until` (a timestamp)
+    /// or, without one, until one picture after its last. Bytes after `end` stay in `buf`.
+    fn close(&mut self, end: usize, until: Option<u64>) {
+        let Some(seg) = self.building.take() else {
+            return;
+        };
+        let until = until.unwrap_or(seg.last + self.frame);
+        let duration = until.wrapping_sub(seg.start) & (WRAP - 1);
+        let rest = self.buf.split_off(end.min(self.buf.len()));
+        let data = std::mem::replace(&mut self.buf, rest);
+        let tables = self.pat_packets.len() + self.pmt_packets.len();
+        if data.len() <= tables || duration == 0 {
+            return;
+        }
+        self.done.push(Segment {
+            data: Bytes::from(data),
+            duration,
+            keyframe: seg.keyframe,
+            discontinuity: seg.discontinuity,
+            start: seg.start,
+        });
+    }
+}
+
+/// The payload of a packet (after its adaptation field); `None` when it has none.
+pub(crate) fn payload<'p>(pkt: &'p [u8], h: &TsHeader) -> Option<&'p [u8]> {
+    if !h.has_payload {
+        return None;
+    }
+    let start = if pkt[3] & 0x20 != 0 {
+        5 + usize::from(pkt[4])
+    } else {
+        4
+    };
+    pkt.get(start..PACKET_LEN)
+}
+
+#[cfg(test)]
+#[path = "segmenter/tests.rs"]
+mod tests;

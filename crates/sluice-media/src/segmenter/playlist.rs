@@ -1,0 +1,122 @@
+//! The HLS media playlist of a window of segments (RFC 8216): live, a timeshift window with
+//! wall-clock times, or a catch-up range (EVENT or VOD, starting at an offset). No I/O.
+
+use std::fmt::Write;
+
+use super::CLOCK;
+
+/// One segment as the playlist lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Media sequence number.
+    pub sequence: u64,
+    /// In 90 kHz ticks.
+    pub duration: u64,
+    pub discontinuity: bool,
+    /// Wall-clock start (Unix milliseconds), written as `#EXT-X-PROGRAM-DATE-TIME`.
+    pub wall_ms: Option<i64>,
+}
+
+/// `#EXT-X-PLAYLIST-TYPE`, when there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A sliding window (no type).
+    Live,
+    /// Segments are only ever added.
+    Event,
+    /// Complete.
+    Vod,
+}
+
+/// What the playlist says about the window as a whole.
+#[derive(Debug, Clone, Copy)]
+pub struct Window<'a> {
+    /// Seconds; every entry rounds to at most this.
+    pub target: u64,
+    /// Discontinuities that have left the window (`EXT-X-DISCONTINUITY-SEQUENCE`).
+    pub discontinuity_sequence: u64,
+    /// The stream has ended: `EXT-X-ENDLIST`.
+    pub ended: bool,
+    /// Appended to every segment URI (`?iface=lo`, say), empty for none.
+    pub query: &'a str,
+    pub kind: Kind,
+    /// Where playback should start, in milliseconds from the first segment's start
+    /// (`#EXT-X-START:TIME-OFFSET=…,PRECISE=YES`).
+    pub start_ms: Option<u64>,
+}
+
+/// Writes the playlist; segment URIs are `<sequence>.ts` relative to the playlist.
+pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
+    let mut out = String::with_capacity(128 + entries.len() * 48);
+    let first = entries.first().map_or(0, |e| e.sequence);
+    // Longer entries cannot happen (the segmenter cuts before), but a playlist must never
+    // claim less than its longest segment.
+    let longest = entries
+        .iter()
+        .map(|e| (e.duration + CLOCK / 2) / CLOCK)
+        .max()
+        .unwrap_or(0);
+    let _ = write!(
+        out,
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:{}\n#EXT-X-MEDIA-SEQUENCE:{first}\n",
+        window.target.max(longest)
+    );
+    match window.kind {
+        Kind::Live => {}
+        Kind::Event => out.push_str("#EXT-X-PLAYLIST-TYPE:EVENT\n"),
+        Kind::Vod => out.push_str("#EXT-X-PLAYLIST-TYPE:VOD\n"),
+    }
+    if let Some(ms) = window.start_ms {
+        let _ = writeln!(
+            out,
+            "#EXT-X-START:TIME-OFFSET={}.{:03},PRECISE=YES",
+            ms / 1000,
+            ms % 1000
+        );
+    }
+    if window.discontinuity_sequence > 0 {
+        let _ = writeln!(
+            out,
+            "#EXT-X-DISCONTINUITY-SEQUENCE:{}",
+            window.discontinuity_sequence
+        );
+    }
+    for e in entries {
+        if e.discontinuity {
+            out.push_str("#EXT-X-DISCONTINUITY\n");
+        }
+        if let Some(ms) = e.wall_ms {
+            let _ = writeln!(out, "#EXT-X-PROGRAM-DATE-TIME:{}", iso8601(ms));
+        }
+        let ms = e.duration * 1000 / CLOCK;
+        let _ = write!(
+            out,
+            "#EXTINF:{}.{:03},\n{}.ts",
+            ms / 1000,
+            ms % 1000,
+            e.sequence
+        );
+        if !window.query.is_empty() {
+            let _ = write!(out, "?{}", window.query);
+        }
+        out.push('\n');
+    }
+    if window.ended {
+        out.push_str("#EXT-X-ENDLIST\n");
+    }
+    out
+}
+
+/// `2024-01-01T12:00:00.000Z`.
+pub fn iso8601(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let (y, mo, d) = crate::civil::civil_from_days(secs.div_euclid(86_400));
+    let t = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60,
+        unix_ms.rem_euclid(1000)
+    )
+}

@@ -1,0 +1,380 @@
+use super::playlist::{self, Entry, Kind, Window};
+use super::*;
+
+const VIDEO: u16 = 0x100;
+const AUDIO: u16 = 0x101;
+const FRAME: u64 = 3600; // 25 pictures a second
+
+/// A TS generator: PAT, PMT, then pictures and audio frames, counters running.
+struct Gen {
+    cc: std::collections::HashMap<u16, u8>,
+    pmt_pid: u16,
+    video: (u16, u8),
+}
+
+impl Gen {
+    fn new() -> Gen {
+        Gen {
+            cc: Default::default(),
+            pmt_pid: 0x1000,
+            video: (VIDEO, 0x1b),
+        }
+    }
+
+    fn packet(&mut self, pid: u16, start: bool, random_access: bool, payload: &[u8]) -> Vec<u8> {
+        let cc = self.cc.entry(pid).or_insert(0);
+        let mut p = vec![
+            0x47,
+            (pid >> 8) as u8 | if start { 0x40 } else { 0 },
+            pid as u8,
+        ];
+        let room = 184 - if random_access { 2 } else { 0 };
+        let take = payload.len().min(room);
+        let stuffing = room - take;
+        if random_access || stuffing > 0 {
+            let af_len = if random_access { 1 } else { 0 } + stuffing;
+            let af_len = if random_access { af_len } else { stuffing - 1 };
+            p.push(0x30 | *cc);
+            p.push(af_len as u8);
+            if af_len > 0 {
+                p.push(if random_access { 0x40 } else { 0x00 });
+                p.resize(p.len() + af_len - 1, 0xff);
+            }
+        } else {
+            p.push(0x10 | *cc);
+        }
+        *cc = (*cc + 1) & 0x0f;
+        p.extend_from_slice(&payload[..take]);
+        assert_eq!(p.len(), 188, "packet built to size");
+        p
+    }
+
+    fn section(&mut self, pid: u16, section: &[u8]) -> Vec<u8> {
+        let mut payload = vec![0];
+        payload.extend_from_slice(section);
+        payload.resize(184, 0xff);
+        self.packet(pid, true, false, &payload)
+    }
+
+    fn tables(&mut self) -> Vec<u8> {
+        let pmt_pid = self.pmt_pid;
+        let pat = [
+            0x00,
+            0xb0,
+            13,
+            0,
+            1,
+            0xc1,
+            0,
+            0,
+            0,
+            1,
+            0xe0 | (pmt_pid >> 8) as u8,
+            pmt_pid as u8,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let (vpid, vtype) = self.video;
+        let pmt = [
+            0x02,
+            0xb0,
+            23,
+            0,
+            1,
+            0xc1,
+            0,
+            0,
+            0xe0 | (vpid >> 8) as u8,
+            vpid as u8,
+            0xf0,
+            0,
+            vtype,
+            0xe0 | (vpid >> 8) as u8,
+            vpid as u8,
+            0xf0,
+            0,
+            0x0f,
+            0xe0 | (AUDIO >> 8) as u8,
+            AUDIO as u8,
+            0xf0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let mut out = self.section(0, &pat);
+        out.extend(self.section(pmt_pid, &pmt));
+        out
+    }
+
+    /// One picture (a PES over several packets) at `dts`, then one audio frame.
+    fn picture(&mut self, dts: u64, keyframe: bool, flag: bool) -> Vec<u8> {
+        let mut pes = vec![0, 0, 1, 0xe0, 0, 0, 0x80, 0x80, 5];
+        pes.extend_from_slice(&stamp(0x21, dts));
+        pes.extend_from_slice(&[0, 0, 0, 1, 0x09, 0xf0]); // access unit delimiter
+        if keyframe {
+            pes.extend_from_slice(&[0, 0, 0, 1, 0x67, 1, 2, 3, 0, 0, 0, 1, 0x68, 4]);
+            pes.extend_from_slice(&[0, 0, 0, 1, 0x06]); // SEI, long
+            pes.resize(pes.len() + 300, 0x55);
+            pes.extend_from_slice(&[0, 0, 1, 0x65]);
+        } else {
+            pes.extend_from_slice(&[0, 0, 1, 0x41]);
+        }
+        pes.resize(pes.len() + 500, (dts / FRAME) as u8 | 0x80);
+        let mut out = Vec::new();
+        for (i, part) in pes.chunks(184).enumerate() {
+            let first = i == 0;
+            let room = if first && flag { 182 } else { 184 };
+            let _ = room;
+            out.extend(self.packet(self.video.0, first, first && flag && keyframe, part));
+        }
+        let mut audio = vec![0, 0, 1, 0xc0, 0, 0, 0x80, 0x80, 5];
+        audio.extend_from_slice(&stamp(0x21, dts));
+        audio.resize(150, 0x33);
+        out.extend(self.packet(AUDIO, true, false, &audio));
+        out
+    }
+}
+
+fn stamp(prefix: u8, ts: u64) -> [u8; 5] {
+    [
+        prefix | ((ts >> 29) & 0x0e) as u8,
+        (ts >> 22) as u8,
+        ((ts >> 14) & 0xfe) as u8 | 1,
+        (ts >> 7) as u8,
+        ((ts << 1) & 0xfe) as u8 | 1,
+    ]
+}
+
+fn settings(target_secs: u64) -> Settings {
+    Settings {
+        target: target_secs * CLOCK,
+        max_bytes: 16 << 20,
+    }
+}
+
+/// `secs` of stream from `dts0`: tables every 10 pictures, a keyframe every `gop` pictures
+/// (none when 0).
+fn stream(g: &mut Gen, dts0: u64, pictures: u64, gop: u64, flag: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 0..pictures {
+        if i % 10 == 0 {
+            out.extend(g.tables());
+        }
+        let key = gop > 0 && i % gop == 0;
+        out.extend(g.picture(dts0 + i * FRAME, key, flag));
+    }
+    out
+}
+
+fn starts_clean(seg: &Segment, g_tables: usize) {
+    let d = &seg.data;
+    assert_eq!(mpegts::parse_header(&d[..188]).unwrap().pid, 0, "PAT first");
+    assert_eq!(
+        mpegts::parse_header(&d[188..376]).unwrap().pid,
+        0x1000,
+        "PMT second"
+    );
+    let third = mpegts::parse_header(&d[376..564]).unwrap();
+    assert_eq!(third.pid, VIDEO);
+    assert!(third.payload_unit_start);
+    let _ = g_tables;
+}
+
+fn run(input: &[u8], target: u64, chunk: usize) -> Vec<Segment> {
+    let mut s = Segmenter::new(settings(target));
+    for c in input.chunks(chunk) {
+        s.push(c);
+    }
+    s.finish();
+    s.take()
+}
+
+#[test]
+fn segments_start_with_tables_and_a_keyframe_and_keep_every_byte() {
+    let mut g = Gen::new();
+    // A picture before the first keyframe is dropped; keyframes every 25 pictures (1 s).
+    let mut input = g.tables();
+    input.extend(g.picture(0, false, false));
+    let from = input.len();
+    input.extend(stream(&mut g, FRAME, 250, 25, false));
+    let segs = run(&input, 2, 1316);
+    assert_eq!(segs.len(), 5, "10 s in 2 s segments");
+    let mut joined = Vec::new();
+    for (i, seg) in segs.iter().enumerate() {
+        starts_clean(seg, 2);
+        assert!(seg.keyframe && !seg.discontinuity, "segment {i}");
+        assert_eq!(seg.duration, 2 * CLOCK, "segment {i}");
+        joined.extend_from_slice(&seg.data[376..]);
+    }
+    // The stream from the first keyframe on (after its tables), byte for byte.
+    assert!(
+        joined == input[from + 376..],
+        "{} vs {} bytes",
+        joined.len(),
+        input.len() - from - 376
+    );
+}
+
+#[test]
+fn chunking_does_not_change_the_segments() {
+    let mut g = Gen::new();
+    let input = stream(&mut g, 0, 120, 12, false);
+    let whole = run(&input, 2, input.len());
+    for chunk in [1, 187, 188, 189, 1316, 7000] {
+        let parts = run(&input, 2, chunk);
+        assert_eq!(parts.len(), whole.len(), "chunk {chunk}");
+        for (a, b) in parts.iter().zip(&whole) {
+            assert_eq!(a.data, b.data, "chunk {chunk}");
+            assert_eq!(a.duration, b.duration);
+        }
+    }
+}
+
+#[test]
+fn the_random_access_flag_alone_marks_a_keyframe() {
+    let mut g = Gen::new();
+    g.video = (VIDEO, 0xea); // a codec whose pictures are not scanned
+    let input = stream(&mut g, 0, 100, 25, true);
+    let segs = run(&input, 2, 1316);
+    assert_eq!(segs.len(), 2);
+    assert!(segs.iter().all(|s| s.keyframe));
+}
+
+#[test]
+fn a_gop_longer_than_the_target_never_makes_a_longer_segment() {
+    for (gop, target) in [(75u64, 2u64), (250, 4), (0, 2), (48, 4), (36, 4)] {
+        let mut g = Gen::new();
+        let mut input = stream(&mut g, 0, 1, 1, false);
+        input.extend(stream(&mut g, FRAME, 400, gop, false));
+        let segs = run(&input, target, 1316);
+        assert!(segs.len() > 2, "gop {gop}");
+        for seg in &segs {
+            assert!(
+                (seg.duration + CLOCK / 2) / CLOCK <= target,
+                "gop {gop}: {} ticks",
+                seg.duration
+            );
+            assert!(!seg.discontinuity);
+            starts_clean(seg, 2);
+        }
+        if gop == 48 {
+            // 1.92 s GOPs in 4 s: two GOPs a segment (a third would overshoot).
+            assert!(segs[1..segs.len() - 1]
+                .iter()
+                .all(|s| s.keyframe && s.duration == 96 * FRAME));
+        }
+    }
+}
+
+#[test]
+fn a_restarted_sender_and_new_pids_are_discontinuities() {
+    let mut g = Gen::new();
+    let mut input = stream(&mut g, 500_000, 100, 25, false);
+    // Restart: timestamps from near zero again.
+    input.extend(stream(&mut g, 0, 100, 25, false));
+    // New PIDs (same timeline going on).
+    g.pmt_pid = 0x1100;
+    g.video = (0x200, 0x1b);
+    input.extend(stream(&mut g, 100 * FRAME, 100, 25, false));
+    let segs = run(&input, 2, 1316);
+    let flags: Vec<bool> = segs.iter().map(|s| s.discontinuity).collect();
+    assert_eq!(
+        flags,
+        [false, false, true, false, true, false],
+        "{:?}",
+        segs.iter().map(|s| s.duration).collect::<Vec<_>>()
+    );
+    let after = &segs[4].data;
+    assert_eq!(mpegts::parse_header(&after[188..]).unwrap().pid, 0x1100);
+    assert_eq!(mpegts::parse_header(&after[376..]).unwrap().pid, 0x200);
+    assert!(segs.iter().all(|s| s.keyframe));
+}
+
+#[test]
+fn a_gap_ends_the_segment_and_the_next_waits_for_a_keyframe() {
+    let mut g = Gen::new();
+    let input = stream(&mut g, 0, 60, 25, false);
+    let mut s = Segmenter::new(settings(2));
+    s.push(&input[..input.len() / 2]);
+    s.gap();
+    s.push(&input[input.len() / 2..]);
+    s.finish();
+    let segs = s.take();
+    assert_eq!(segs.len(), 2);
+    assert!(!segs[0].discontinuity && segs[1].discontinuity);
+    assert_eq!(segs[1].start, 50 * FRAME, "restarted on the next keyframe");
+}
+
+#[test]
+fn garbage_is_skipped_without_panicking() {
+    let mut s = Segmenter::new(settings(2));
+    let mut noise = vec![0x47u8; 5000];
+    for (i, b) in noise.iter_mut().enumerate() {
+        *b = (i * 7919 % 251) as u8;
+    }
+    s.push(&noise);
+    let mut g = Gen::new();
+    s.push(&stream(&mut g, 0, 60, 25, false));
+    s.finish();
+    assert_eq!(s.take().len(), 2);
+}
+
+#[test]
+fn playlist_lists_the_window() {
+    let entries = [
+        Entry {
+            sequence: 7,
+            duration: 2 * CLOCK,
+            discontinuity: false,
+            wall_ms: None,
+        },
+        Entry {
+            sequence: 8,
+            duration: 180_450,
+            discontinuity: true,
+            wall_ms: None,
+        },
+    ];
+    let window = Window {
+        target: 2,
+        discontinuity_sequence: 3,
+        ended: true,
+        query: "iface=lo",
+        kind: Kind::Live,
+        start_ms: None,
+    };
+    assert_eq!(
+        playlist::media(window, &entries),
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:7\n\
+         #EXT-X-DISCONTINUITY-SEQUENCE:3\n#EXTINF:2.000,\n7.ts?iface=lo\n\
+         #EXT-X-DISCONTINUITY\n#EXTINF:2.005,\n8.ts?iface=lo\n#EXT-X-ENDLIST\n"
+    );
+}
+
+#[test]
+fn a_catch_up_playlist_has_its_type_start_and_wall_clock() {
+    let entries = [Entry {
+        sequence: 40,
+        duration: CLOCK,
+        discontinuity: false,
+        wall_ms: Some(1_704_110_407_250),
+    }];
+    let window = Window {
+        target: 1,
+        discontinuity_sequence: 0,
+        ended: true,
+        query: "",
+        kind: Kind::Vod,
+        start_ms: Some(750),
+    };
+    assert_eq!(
+        playlist::media(window, &entries),
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:1\n#EXT-X-MEDIA-SEQUENCE:40\n\
+         #EXT-X-PLAYLIST-TYPE:VOD\n#EXT-X-START:TIME-OFFSET=0.750,PRECISE=YES\n\
+         #EXT-X-PROGRAM-DATE-TIME:2024-01-01T12:00:07.250Z\n#EXTINF:1.000,\n40.ts\n#EXT-X-ENDLIST\n"
+    );
+}

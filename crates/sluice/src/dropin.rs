@@ -1,0 +1,308 @@
+//! MediaFlow Proxy's environment variables read as sluice's own, so sluice's container image is a
+//! drop-in for MediaFlow's (and MediaFlow Proxy Light's): a compose file keeps its `environment:`
+//! block and changes only the image name.
+//!
+//! On only when `SLUICE_ENV_COMPAT=mediaflow` (the image sets it). Each MediaFlow variable becomes
+//! the `SLUICE_*` variable (or `RUST_LOG`) that means the same, unless that one is set already:
+//!
+//! | MediaFlow (Light)                                   | sluice                                  |
+//! |-----------------------------------------------------|-----------------------------------------|
+//! | `API_PASSWORD` (`APP__AUTH__API_PASSWORD`)          | `SLUICE_AUTH_API_PASSWORD`              |
+//! | `PORT`, `HOST` (`APP__SERVER__PORT`, `..._HOST`)    | `SLUICE_SERVER_LISTEN` = `HOST:PORT`    |
+//! | `LOG_LEVEL` (`APP__LOG_LEVEL`)                      | `RUST_LOG`                              |
+//! | `PROXY_URL` + `ALL_PROXY=true`, `TRANSPORT_ROUTES`, | `SLUICE_UPSTREAM_ROUTES`                |
+//! | `DISABLE_SSL_VERIFICATION_GLOBALLY` (`APP__PROXY__*`)|                                        |
+//!
+//! No I/O in [`translate`]; [`apply`] reads and writes the process environment.
+
+use std::collections::BTreeMap;
+
+/// The switch, and its one value.
+pub const SWITCH: &str = "SLUICE_ENV_COMPAT";
+
+/// What the translation sets, and what it has to say about the input.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Translation {
+    /// Variables to set (none of them set before).
+    pub set: Vec<(String, String)>,
+    /// Warnings for the log: values that could not be read, and their consequences.
+    pub notes: Vec<String>,
+}
+
+/// The sluice variables MediaFlow's variables in `env` stand for.
+pub fn translate(env: &[(String, String)]) -> Translation {
+    let vars: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // The Python image's name first, then Light's.
+    let get = |python: &str, light: &str| -> Option<&str> {
+        vars.get(python)
+            .or_else(|| vars.get(light))
+            .copied()
+            .filter(|v| !v.trim().is_empty())
+    };
+    let mut out = Translation::default();
+    let set = |key: &str, value: String, out: &mut Translation| {
+        if !vars.contains_key(key) {
+            out.set.push((key.to_string(), value));
+        }
+    };
+    if let Some(pw) = get("API_PASSWORD", "APP__AUTH__API_PASSWORD") {
+        set("SLUICE_AUTH_API_PASSWORD", pw.to_string(), &mut out);
+    }
+    let port = get("PORT", "APP__SERVER__PORT");
+    let host = get("HOST", "APP__SERVER__HOST");
+    if port.is_some() || host.is_some() {
+        let port = port.unwrap_or("8888").trim();
+        let host = host.unwrap_or("0.0.0.0").trim();
+        match port.parse::<u16>() {
+            Ok(port) => {
+                let listen = if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                set("SLUICE_SERVER_LISTEN", listen, &mut out);
+            }
+            Err(_) => out
+                .notes
+                .push(format!("PORT {port:?} is not a port number; ignored")),
+        }
+    }
+    if let Some(level) = get("LOG_LEVEL", "APP__LOG_LEVEL") {
+        match log_level(level) {
+            Some(l) => set("RUST_LOG", l.to_string(), &mut out),
+            None => out
+                .notes
+                .push(format!("LOG_LEVEL {level:?} is not a level; ignored")),
+        }
+    }
+    match routes(&get) {
+        Ok(Some(routes)) => set("SLUICE_UPSTREAM_ROUTES", routes, &mut out),
+        Ok(None) => {}
+        Err(e) => out.notes.push(e),
+    }
+    out
+}
+
+/// MediaFlow's (Python logging) level names as `RUST_LOG` levels.
+fn log_level(level: &str) -> Option<&'static str> {
+    Some(match level.trim().to_ascii_lowercase().as_str() {
+        "trace" => "trace",
+        "debug" => "debug",
+        "info" => "info",
+        "warning" | "warn" => "warn",
+        "error" | "critical" | "fatal" => "error",
+        _ => return None,
+    })
+}
+
+fn truthy(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
+/// `[upstream] routes` as a TOML array of inline tables, from `PROXY_URL`, `ALL_PROXY`,
+/// `TRANSPORT_ROUTES` and `DISABLE_SSL_VERIFICATION_GLOBALLY`; `None` when none is set.
+fn routes<'a>(get: &impl Fn(&str, &str) -> Option<&'a str>) -> Result<Option<String>, String> {
+    let proxy_url = get("PROXY_URL", "APP__PROXY__PROXY_URL").map(str::trim);
+    let all_proxy = truthy(get("ALL_PROXY", "APP__PROXY__ALL_PROXY"));
+    let no_verify = truthy(get(
+        "DISABLE_SSL_VERIFICATION_GLOBALLY",
+        "APP__PROXY__DISABLE_SSL_VERIFICATION_GLOBALLY",
+    ));
+    let mut routes: Vec<(String, String, bool)> = Vec::new();
+    if let Some(json) = get("TRANSPORT_ROUTES", "APP__PROXY__TRANSPORT_ROUTES") {
+        let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
+            .map_err(|e| format!("TRANSPORT_ROUTES is not a JSON object ({e}); ignored"))?;
+        for (pattern, route) in map {
+            let Some(sluice_pattern) = pattern_of(&pattern) else {
+                return Err(format!(
+                    "TRANSPORT_ROUTES pattern {pattern:?} is not one sluice reads \
+                     (all://, all://host, all://*.domain, http(s)://...); routes ignored"
+                ));
+            };
+            let field = |name: &str| route.get(name);
+            let via = match field("proxy_url").and_then(|v| v.as_str()) {
+                Some(url) if !url.is_empty() => url.to_string(),
+                _ if field("proxy").and_then(|v| v.as_bool()).unwrap_or(true) => {
+                    proxy_url.unwrap_or_default().to_string()
+                }
+                _ => String::new(),
+            };
+            let verify = field("verify_ssl")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(!no_verify);
+            routes.push((sluice_pattern, via, verify));
+        }
+    }
+    if !routes.iter().any(|(p, _, _)| p == "all") && (all_proxy || no_verify) {
+        let via = if all_proxy {
+            proxy_url.unwrap_or_default().to_string()
+        } else {
+            String::new()
+        };
+        routes.push(("all".to_string(), via, !no_verify));
+    }
+    if routes.is_empty() {
+        return Ok(None);
+    }
+    let array: Vec<toml::Value> = routes
+        .into_iter()
+        .map(|(pattern, proxy, verify)| {
+            let mut t = toml::Table::new();
+            t.insert("pattern".into(), toml::Value::String(pattern));
+            t.insert("proxy".into(), toml::Value::String(proxy));
+            t.insert("verify_tls".into(), toml::Value::Boolean(verify));
+            toml::Value::Table(t)
+        })
+        .collect();
+    Ok(Some(toml::Value::Array(array).to_string()))
+}
+
+/// MediaFlow's route patterns (`all://`, `all://*.domain`, `https://host`) as sluice's (`all`,
+/// `*.domain`, `host`). sluice's routes do not tell schemes apart: `http://host` and
+/// `https://host` both become `host`.
+fn pattern_of(pattern: &str) -> Option<String> {
+    let (_, rest) = pattern.split_once("://")?;
+    let host = rest.trim_end_matches('/');
+    if host.is_empty() || host == "*" {
+        return Some("all".to_string());
+    }
+    let plain = host.strip_prefix("*.").unwrap_or(host);
+    let ok = !plain.is_empty()
+        && plain
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    ok.then(|| host.to_ascii_lowercase())
+}
+
+/// With the switch on, sets the translated variables in this process's environment (so a live
+/// reload, which reads the environment again, sees them too) and removes the switch. Call from
+/// `main` before any thread starts; returns the notes to log once logging is up.
+pub fn apply() -> Vec<String> {
+    let Some(switch) = std::env::var_os(SWITCH) else {
+        return Vec::new();
+    };
+    std::env::remove_var(SWITCH);
+    if switch != "mediaflow" {
+        return vec![format!(
+            "{SWITCH}={}: the only value is \"mediaflow\"; ignored",
+            switch.to_string_lossy()
+        )];
+    }
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let t = translate(&env);
+    for (k, v) in &t.set {
+        std::env::set_var(k, v);
+    }
+    t.notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn set(t: &Translation, key: &str) -> Option<String> {
+        t.set.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn the_python_images_variables() {
+        let t = translate(&env(&[
+            ("API_PASSWORD", "secret"),
+            ("PORT", "9000"),
+            ("LOG_LEVEL", "WARNING"),
+            ("PROXY_URL", "socks5://tor:9050"),
+            ("ALL_PROXY", "true"),
+        ]));
+        assert_eq!(set(&t, "SLUICE_AUTH_API_PASSWORD").unwrap(), "secret");
+        assert_eq!(set(&t, "SLUICE_SERVER_LISTEN").unwrap(), "0.0.0.0:9000");
+        assert_eq!(set(&t, "RUST_LOG").unwrap(), "warn");
+        assert_eq!(
+            set(&t, "SLUICE_UPSTREAM_ROUTES").unwrap(),
+            r#"[{ pattern = "all", proxy = "socks5://tor:9050", verify_tls = true }]"#
+        );
+        assert!(t.notes.is_empty());
+    }
+
+    #[test]
+    fn lights_spellings_and_sluices_own_win() {
+        let t = translate(&env(&[
+            ("APP__AUTH__API_PASSWORD", "light"),
+            ("APP__SERVER__HOST", "::"),
+            ("APP__SERVER__PORT", "8080"),
+            ("SLUICE_AUTH_API_PASSWORD", "own"),
+        ]));
+        assert_eq!(set(&t, "SLUICE_AUTH_API_PASSWORD"), None);
+        assert_eq!(set(&t, "SLUICE_SERVER_LISTEN").unwrap(), "[::]:8080");
+    }
+
+    #[test]
+    fn transport_routes() {
+        let t = translate(&env(&[
+            ("PROXY_URL", "http://corp:3128"),
+            (
+                "TRANSPORT_ROUTES",
+                r#"{"all://*.streaming.com": {"proxy": true},
+                    "https://cdn.example.org": {"proxy_url": "socks5://other:1080", "verify_ssl": false},
+                    "all://direct.example.net": {"proxy": false}}"#,
+            ),
+        ]));
+        let routes: toml::Table = format!("r = {}", set(&t, "SLUICE_UPSTREAM_ROUTES").unwrap())
+            .parse()
+            .unwrap();
+        let list: Vec<(String, String, bool)> = routes["r"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["pattern"].as_str().unwrap().to_string(),
+                    r["proxy"].as_str().unwrap().to_string(),
+                    r["verify_tls"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            list,
+            vec![
+                ("*.streaming.com".into(), "http://corp:3128".into(), true),
+                ("direct.example.net".into(), "".into(), true),
+                (
+                    "cdn.example.org".into(),
+                    "socks5://other:1080".into(),
+                    false
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_values_are_noted_not_applied() {
+        let t = translate(&env(&[
+            ("PORT", "eighty"),
+            ("LOG_LEVEL", "loud"),
+            ("TRANSPORT_ROUTES", "{not json"),
+        ]));
+        assert!(t.set.is_empty());
+        assert_eq!(t.notes.len(), 3, "{:?}", t.notes);
+    }
+
+    #[test]
+    fn nothing_set_nothing_translated() {
+        assert_eq!(
+            translate(&env(&[("HOME", "/root")])),
+            Translation::default()
+        );
+    }
+}

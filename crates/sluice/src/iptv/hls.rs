@@ -1,0 +1,769 @@
+//! `/hls/<channel>/index.m3u8` and its segments: every channel the gateway serves, as live HLS.
+//!
+//! One HLS channel per hub key, whatever the number of HLS viewers: it is a single subscriber
+//! of the channel's hub (so raw-TS and HLS viewers share one join and one history), feeding one
+//! [`Segmenter`] that cuts the stream at keyframes. Finished segments are kept in a short window
+//! (`window` listed in the playlist, one more for players that loaded the previous playlist),
+//! shared by every viewer without a copy. The channel has no connection to hold it: it stays
+//! while requests come, and leaves its hub `linger_ms` plus three target durations after the
+//! last one, after which the hub lingers as it does for any subscriber.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use http::{header, Method, Response, StatusCode};
+use sluice_media::segmenter::playlist::{self, Entry, Kind};
+use sluice_media::segmenter::{Segment, Segmenter, Settings, CLOCK};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::hub::HubKey;
+use super::registry::{self, Subscription};
+use super::timeshift::{self, Recorder};
+use super::{subscriber, Iptv, SlowPolicy};
+use crate::body::{self, Body};
+
+/// `[iptv.hls]` in the config file.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HlsConfig {
+    /// Serve `/hls/` at all.
+    pub enabled: bool,
+    /// Segment target duration, in seconds: segments are cut at the keyframes that keep them
+    /// within it (at a plain picture when a GOP is longer).
+    pub target_duration_secs: u64,
+    /// Segments listed in the playlist.
+    pub window: usize,
+    /// `/playlist.m3u` lists HLS URLs (`/hls/…/index.m3u8`) instead of raw TS ones;
+    /// `?hls=1` or `?hls=0` on the request overrides it.
+    pub playlist: bool,
+}
+
+crate::config::section::config_section!(HlsConfig {
+    enabled,
+    target_duration_secs,
+    window,
+    playlist,
+});
+
+impl Default for HlsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            target_duration_secs: 4,
+            window: 4,
+            playlist: false,
+        }
+    }
+}
+
+impl HlsConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=30).contains(&self.target_duration_secs) {
+            return Err("target_duration_secs must be 1 to 30".into());
+        }
+        if !(2..=30).contains(&self.window) {
+            return Err("window must be 2 to 30".into());
+        }
+        Ok(())
+    }
+}
+
+/// A segment bigger than this (a stream without usable timestamps) is cut as a gap.
+const MAX_SEGMENT_BYTES: usize = 32 << 20;
+
+/// Why an HLS channel could not start.
+#[derive(Debug, Clone)]
+struct Failure {
+    status: StatusCode,
+    reason: String,
+}
+
+/// The segments of one channel, as the playlist shows them.
+#[derive(Debug, Default)]
+struct Window {
+    segments: VecDeque<(u64, Segment)>,
+    /// Sequence number the next segment gets.
+    next: u64,
+    /// Discontinuities that have left the window.
+    discontinuities_gone: u64,
+    ended: bool,
+    failure: Option<Failure>,
+    /// The first segment follows a break in the timeshift recording (a restarted channel).
+    restarted: bool,
+}
+
+/// One channel's segmenter output, shared by its HLS viewers.
+#[derive(Debug)]
+pub struct Channel {
+    key: HubKey,
+    window: Mutex<Window>,
+    /// Bumped whenever the window changes, for requests that wait for a segment.
+    changed: watch::Sender<u64>,
+    touched: Mutex<Instant>,
+    /// Present for a timeshift channel: its disk window.
+    recorder: Option<Arc<Recorder>>,
+}
+
+impl Channel {
+    fn touch(&self) {
+        *registry::lock(&self.touched) = Instant::now();
+    }
+
+    fn idle(&self) -> Duration {
+        registry::lock(&self.touched).elapsed()
+    }
+
+    /// Adds finished segments to the window; returns them with their sequence numbers.
+    fn store(&self, segments: Vec<Segment>, keep: usize) -> Vec<(u64, Segment)> {
+        if segments.is_empty() {
+            return Vec::new();
+        }
+        let mut w = registry::lock(&self.window);
+        let mut stored = Vec::with_capacity(segments.len());
+        for mut s in segments {
+            let seq = w.next;
+            w.next += 1;
+            s.discontinuity |= std::mem::take(&mut w.restarted);
+            stored.push((seq, s.clone()));
+            w.segments.push_back((seq, s));
+        }
+        while w.segments.len() > keep {
+            if let Some((_, gone)) = w.segments.pop_front() {
+                w.discontinuities_gone += u64::from(gone.discontinuity);
+            }
+        }
+        let next = w.next;
+        drop(w);
+        self.changed.send_replace(next);
+        stored
+    }
+
+    fn end(&self, failure: Option<Failure>) {
+        let mut w = registry::lock(&self.window);
+        w.ended = true;
+        if w.failure.is_none() {
+            w.failure = failure;
+        }
+        drop(w);
+        self.changed.send_modify(|n| *n += 0);
+    }
+}
+
+/// Live HLS channels by hub key.
+#[derive(Debug, Default)]
+pub struct Table {
+    channels: Mutex<HashMap<HubKey, Arc<Channel>>>,
+}
+
+impl Table {
+    /// HLS channels running now.
+    pub fn len(&self) -> usize {
+        registry::lock(&self.channels).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What an `/hls/` path asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum File {
+    Playlist,
+    Segment(u64),
+}
+
+/// Splits `/hls/<channel path>/<file>` into the channel's own path and the file.
+fn split(path: &str) -> Option<(&str, File)> {
+    let rest = path.strip_prefix("/hls")?;
+    let (channel, file) = rest.rsplit_once('/')?;
+    let file = match file {
+        "index.m3u8" => File::Playlist,
+        f => File::Segment(f.strip_suffix(".ts")?.parse().ok()?),
+    };
+    (channel.len() > 1).then_some((channel, file))
+}
+
+impl Iptv {
+    /// `GET /hls/…`: auth has been checked by the server.
+    pub(super) async fn hls(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
+        let config = &self.config.hls;
+        if !config.enabled {
+            return super::text(
+                StatusCode::NOT_FOUND,
+                "HLS is disabled (iptv.hls.enabled)\n",
+            );
+        }
+        let Some((channel_path, file)) = split(req.uri.path()) else {
+            return super::text(
+                StatusCode::NOT_FOUND,
+                "HLS paths are /hls/<channel>/index.m3u8 and /hls/<channel>/<n>.ts\n",
+            );
+        };
+        let key = match self.key_for(channel_path, req) {
+            Ok(key) => key,
+            Err(resp) => return *resp,
+        };
+        if req.method == Method::HEAD && file == File::Playlist {
+            return playlist_response(String::new());
+        }
+        let channel = match self.hls_channel(key.0, key.1, req, false) {
+            Ok(c) => c,
+            Err(resp) => return *resp,
+        };
+        channel.touch();
+        let target = Duration::from_secs(config.target_duration_secs);
+        let resp = match file {
+            File::Playlist => {
+                let wait = self.start_wait(&channel.key) + 2 * target;
+                self.playlist_of(&channel, wait, req).await
+            }
+            File::Segment(n) => {
+                let resp = segment_of(&channel, n, 2 * target + Duration::from_secs(1)).await;
+                if req.method == Method::HEAD {
+                    let (parts, _) = resp.into_parts();
+                    Response::from_parts(parts, body::empty())
+                } else {
+                    resp
+                }
+            }
+        };
+        // A viewer is there until its last answer, not its last question.
+        channel.touch();
+        resp
+    }
+
+    /// The hub key (and FCC server) of a channel path, as its raw-TS request would have it.
+    fn key_for(
+        &self,
+        channel_path: &str,
+        req: &http::request::Parts,
+    ) -> Result<(HubKey, Option<super::fcc::FccTarget>), Box<Response<Body>>> {
+        if channel_path.starts_with("/rtsp/") {
+            return self.rtsp_key(channel_path, req).map(|key| (key, None));
+        }
+        self.hub_key_of(channel_path, req.uri.query())
+            .map_err(|reason| {
+                self.registry.metrics.refuse("bad_request");
+                Box::new(super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")))
+            })
+    }
+
+    /// How long a new channel may take to publish its first bytes.
+    fn start_wait(&self, key: &HubKey) -> Duration {
+        let setup = if key.rtsp.is_some() {
+            self.config.rtsp.setup_timeout_ms
+        } else {
+            0
+        };
+        Duration::from_millis(self.config.no_data_timeout_ms + setup)
+    }
+
+    /// The running HLS channel for `key`, or a new one subscribed to the channel's hub.
+    fn hls_channel(
+        self: &Arc<Self>,
+        key: HubKey,
+        fcc: Option<super::fcc::FccTarget>,
+        req: &http::request::Parts,
+        restart: bool,
+    ) -> Result<Arc<Channel>, Box<Response<Body>>> {
+        // A catch-up session is private to its viewer; its HLS channel is shared by the
+        // requests of that one URL instead, so the table keys it without its private id.
+        let mut shared = key.clone();
+        if let Some(rtsp) = shared.rtsp.as_mut() {
+            rtsp.private = 0;
+        }
+        let mut table = registry::lock(&self.hls.channels);
+        if let Some(c) = table.get(&shared) {
+            // One that never started is tried again; one that ended is shown ended to its
+            // viewers (`#EXT-X-ENDLIST`) until they go, unless the caller restarts it.
+            let w = registry::lock(&c.window);
+            if w.failure.is_none() && !(restart && w.ended) {
+                return Ok(c.clone());
+            }
+        }
+        let peer = req.extensions.get::<std::net::SocketAddr>().copied();
+        let sub = self
+            .registry
+            .subscribe(key, fcc, peer)
+            .map_err(|refusal| Box::new(self.refused(refusal)))?;
+        let recorder = registry::lock(&self.recorders).get(&shared).cloned();
+        let window = Window {
+            next: recorder.as_ref().map_or(0, |r| r.next_sequence()),
+            restarted: recorder.as_ref().is_some_and(|r| r.has_history()),
+            ..Window::default()
+        };
+        let channel = Arc::new(Channel {
+            key: shared.clone(),
+            window: Mutex::new(window),
+            changed: watch::Sender::new(0),
+            touched: Mutex::new(Instant::now()),
+            recorder,
+        });
+        table.insert(shared, channel.clone());
+        drop(table);
+        tokio::spawn(self.clone().segment(channel.clone(), sub));
+        Ok(channel)
+    }
+
+    /// The channel's one reader: hub history in, segments out, until the hub ends or no
+    /// viewer has asked for anything for a while.
+    async fn segment(self: Arc<Self>, channel: Arc<Channel>, sub: Subscription) {
+        let config = &self.config.hls;
+        let target = Duration::from_secs(config.target_duration_secs);
+        let idle_after = Duration::from_millis(self.config.linger_ms) + 3 * target;
+        let keep = config.window + 1;
+        let label = sub.hub.key.channel();
+        let wait = self.start_wait(&sub.hub.key);
+        let failure = 'run: {
+            let Some(_first) = self.first_data_within(&sub.hub, wait).await else {
+                let reason = match self.rtsp_failure(&sub.hub) {
+                    Some(reason) => format!("RTSP upstream: {reason}"),
+                    None => format!("no data from {label} within {} ms", wait.as_millis()),
+                };
+                break 'run Some(Failure {
+                    status: StatusCode::GATEWAY_TIMEOUT,
+                    reason,
+                });
+            };
+            // From the oldest byte held: the segmenter needs the PAT and PMT in front of the
+            // keyframe a new viewer would start at, and the whole history gives players
+            // segments at once (a catch-up session's history is its recording's start).
+            let start = {
+                let ring = registry::lock(&sub.hub.ring);
+                let start = super::ring::Position {
+                    index: ring.base(),
+                    offset: 0,
+                };
+                sub.client.position.store(start.index, Ordering::Release);
+                start
+            };
+            let client = sub.client.clone();
+            let reader =
+                subscriber::Reader::new(sub, start, SlowPolicy::Skip, self.config.burst_bytes);
+            let mut stream = std::pin::pin!(reader.into_stream());
+            let mut segmenter = Segmenter::new(Settings {
+                target: config.target_duration_secs * CLOCK,
+                max_bytes: MAX_SEGMENT_BYTES,
+            });
+            let mut skips = 0;
+            let mut check = tokio::time::interval(Duration::from_millis(250));
+            tracing::info!(channel = %label, "HLS segmenter started");
+            loop {
+                tokio::select! {
+                    item = stream.next() => {
+                        let Some(Ok(frame)) = item else {
+                            segmenter.finish();
+                            let stored = channel.store(segmenter.take(), keep);
+                            if let Some(recorder) = &channel.recorder {
+                                let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                                for (seq, seg) in &stored {
+                                    recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
+                                }
+                            }
+                            break 'run None;
+                        };
+                        let now = client.skips.load(Ordering::Relaxed);
+                        if now != skips {
+                            skips = now;
+                            segmenter.gap();
+                        }
+                        if let Ok(data) = frame.into_data() {
+                            segmenter.push(&data);
+                        }
+                        let stored = channel.store(segmenter.take(), keep);
+                        if let Some(recorder) = &channel.recorder {
+                            // What arrives now is live: the newest timestamp is now.
+                            let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                            for (seq, seg) in &stored {
+                                recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
+                            }
+                        }
+                    }
+                    _ = check.tick() => {
+                        // A timeshift channel records whether anyone watches or not.
+                        if channel.recorder.is_none() && channel.idle() >= idle_after {
+                            tracing::info!(channel = %label, "HLS segmenter stopped: no viewer");
+                            self.forget(&channel);
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        // Ended (or never started): viewers get the last segments and the end of the list,
+        // or the reason, until they stop asking.
+        channel.end(failure);
+        tracing::info!(channel = %label, "HLS channel ended");
+        while channel.idle() < idle_after {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        self.forget(&channel);
+    }
+
+    fn forget(&self, channel: &Arc<Channel>) {
+        let mut table = registry::lock(&self.hls.channels);
+        if table
+            .get(&channel.key)
+            .is_some_and(|c| Arc::ptr_eq(c, channel))
+        {
+            table.remove(&channel.key);
+        }
+    }
+
+    async fn playlist_of(
+        &self,
+        channel: &Channel,
+        wait: Duration,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        let query = req.uri.query().unwrap_or("");
+        if let Some(recorder) = &channel.recorder {
+            // The disk window answers at once, whatever the live channel is doing now.
+            if recorder.has_history() {
+                return self.timeshift_playlist(recorder, req);
+            }
+        } else if channel.key.rtsp.is_none() && matches!(self.seek_of(req), Ok(Some(_))) {
+            return super::text(
+                StatusCode::NOT_FOUND,
+                "this channel keeps no timeshift window (iptv.timeshift.channels)\n",
+            );
+        }
+        let mut rx = channel.changed.subscribe();
+        let ready = tokio::time::timeout(
+            wait,
+            rx.wait_for(|_| {
+                let w = registry::lock(&channel.window);
+                !w.segments.is_empty() || w.ended
+            }),
+        )
+        .await;
+        let w = registry::lock(&channel.window);
+        if let Some(f) = &w.failure {
+            return super::text(f.status, &format!("{}\n", f.reason));
+        }
+        if let Some(recorder) = &channel.recorder {
+            drop(w);
+            return self.timeshift_playlist(recorder, req);
+        }
+        if ready.is_err() || w.segments.is_empty() {
+            return super::text(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!("no segment of {} yet\n", channel.key.channel()),
+            );
+        }
+        let listed = w.segments.len().min(self.config.hls.window);
+        let skipped = w.segments.len() - listed;
+        let gone = w.discontinuities_gone
+            + w.segments
+                .iter()
+                .take(skipped)
+                .map(|(_, s)| u64::from(s.discontinuity))
+                .sum::<u64>();
+        let entries: Vec<Entry> = w
+            .segments
+            .iter()
+            .skip(skipped)
+            .map(|(sequence, s)| Entry {
+                sequence: *sequence,
+                duration: s.duration,
+                discontinuity: s.discontinuity,
+                wall_ms: None,
+            })
+            .collect();
+        let text = playlist::media(
+            playlist::Window {
+                target: self.config.hls.target_duration_secs,
+                discontinuity_sequence: gone,
+                ended: w.ended,
+                query,
+                kind: Kind::Live,
+                start_ms: None,
+            },
+            &entries,
+        );
+        playlist_response(text)
+    }
+
+    /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
+    /// a catch-up range (`playseek=`), the segments covering it, starting where it begins.
+    fn timeshift_playlist(
+        &self,
+        recorder: &Recorder,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        let query = req.uri.query().unwrap_or("");
+        let (segments, gone) = recorder.segments();
+        let entry = |r: &timeshift::Recorded| Entry {
+            sequence: r.sequence,
+            duration: r.duration,
+            discontinuity: r.discontinuity,
+            wall_ms: Some(r.wall_ms),
+        };
+        let target = self.config.hls.target_duration_secs;
+        let seek = match self.seek_of(req) {
+            Ok(seek) => seek,
+            Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
+        };
+        if segments.is_empty() {
+            return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
+        }
+        let Some(seek) = seek else {
+            let entries: Vec<Entry> = segments.iter().map(entry).collect();
+            let window = playlist::Window {
+                target,
+                discontinuity_sequence: gone,
+                ended: false,
+                query,
+                kind: Kind::Live,
+                start_ms: None,
+            };
+            return playlist_response(playlist::media(window, &entries));
+        };
+        let begin = seek.begin.unix * 1000;
+        let end = seek.end.map(|e| e.unix * 1000);
+        let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
+            let held = match (segments.first(), segments.last()) {
+                (Some(a), Some(b)) => format!(
+                    "{} to {}",
+                    playlist::iso8601(a.wall_ms),
+                    playlist::iso8601(b.end_ms())
+                ),
+                _ => "nothing yet".into(),
+            };
+            return super::text(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "{} is outside the timeshift window ({held})\n",
+                    playlist::iso8601(begin)
+                ),
+            );
+        };
+        let complete = end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
+        let entries: Vec<Entry> = picked.iter().map(entry).collect();
+        let window = playlist::Window {
+            target,
+            discontinuity_sequence: 0,
+            ended: complete,
+            query,
+            kind: if complete { Kind::Vod } else { Kind::Event },
+            start_ms: Some(offset),
+        };
+        playlist_response(playlist::media(window, &entries))
+    }
+
+    /// The catch-up range of the request (`playseek=`, `tvdr=`, the names in
+    /// `iptv.rtsp.seek_params`), times without a zone read in the client's (`TZ/UTC+8` in its
+    /// User-Agent) or UTC.
+    fn seek_of(
+        &self,
+        req: &http::request::Parts,
+    ) -> Result<Option<sluice_media::rtsp::catchup::Seek>, String> {
+        let Some(query) = req.uri.query() else {
+            return Ok(None);
+        };
+        let zone = req
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(sluice_media::rtsp::catchup::user_agent_zone)
+            .unwrap_or(0);
+        for pair in query.split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if self.config.rtsp.seek_params.iter().any(|p| p == name) {
+                let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+                return sluice_media::rtsp::catchup::parse_seek(&value, zone)
+                    .map(Some)
+                    .map_err(|e| format!("{name}: {e}"));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Starts every `[iptv.timeshift]` channel and keeps it running: each is recorded from now
+    /// on, watched or not, and started again if its source stops and comes back.
+    pub(super) fn start_timeshift(self: &Arc<Self>) {
+        let config = &self.config.timeshift;
+        let Some(dir) = config.dir.as_deref() else {
+            return;
+        };
+        for channel in &config.channels {
+            let (path, query) = channel.split_once('?').unwrap_or((channel, ""));
+            let (key, fcc) = match self.hub_key_of(path, Some(query)) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(%channel, error = %e, "timeshift: channel not recorded");
+                    continue;
+                }
+            };
+            let name = timeshift::dir_name(&format!("{}@{}", key.channel(), key.group.interface));
+            let recorder = match Recorder::open(
+                std::path::Path::new(dir).join(name),
+                config.minutes,
+                config.max_bytes,
+            ) {
+                Ok(r) => Arc::new(r),
+                Err(e) => {
+                    tracing::warn!(%channel, error = %e, "timeshift: channel not recorded");
+                    continue;
+                }
+            };
+            registry::lock(&self.recorders).insert(key.clone(), recorder);
+            let parts = match http::Request::get(channel.as_str()).body(()) {
+                Ok(r) => r.into_parts().0,
+                Err(_) => continue,
+            };
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some(iptv) = weak.upgrade() {
+                    if let Err(resp) = iptv.hls_channel(key.clone(), fcc.clone(), &parts, true) {
+                        tracing::debug!(status = %resp.status(), "timeshift: channel not started");
+                    }
+                    drop(iptv);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+        }
+    }
+}
+
+/// Unix time in milliseconds.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Wall-clock start of a segment, from the anchor (the newest timestamp, and when it arrived):
+/// the segment began as long before that as its timestamp is older.
+fn wall_start(seg: &Segment, anchor: Option<(u64, i64)>) -> i64 {
+    let now = unix_ms();
+    let fallback = now - (seg.duration * 1000 / CLOCK) as i64;
+    let Some((latest, at)) = anchor else {
+        return fallback;
+    };
+    let behind = latest.wrapping_sub(seg.start) & ((1 << 33) - 1);
+    if behind > 3600 * CLOCK {
+        // Another timeline (the segment ended at a break): it ended about now.
+        return fallback;
+    }
+    at - (behind * 1000 / CLOCK) as i64
+}
+
+/// Segment `n`: at once when held, after a wait when it is the next one, from the timeshift
+/// window on disk when older, else 404.
+async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
+    if let Some(recorder) = &channel.recorder {
+        let held = registry::lock(&channel.window)
+            .segments
+            .iter()
+            .any(|(seq, _)| *seq == n);
+        if !held {
+            if let Some(data) = recorder.read(n).await {
+                return segment_response(data);
+            }
+        }
+    }
+    let mut rx = channel.changed.subscribe();
+    let _ = tokio::time::timeout(
+        wait,
+        rx.wait_for(|_| {
+            let w = registry::lock(&channel.window);
+            w.next > n || w.ended || n > w.next + 1
+        }),
+    )
+    .await;
+    let w = registry::lock(&channel.window);
+    match w.segments.iter().find(|(seq, _)| *seq == n) {
+        Some((_, s)) => segment_response(s.data.clone()),
+        None => super::text(
+            StatusCode::NOT_FOUND,
+            &format!("segment {n} is not in the window\n"),
+        ),
+    }
+}
+
+fn segment_response(data: bytes::Bytes) -> Response<Body> {
+    let len = data.len();
+    let mut resp = Response::new(body::full(data));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, "video/mp2t".parse().unwrap());
+    h.insert(header::CONTENT_LENGTH, len.into());
+    h.insert(header::CACHE_CONTROL, "max-age=60".parse().unwrap());
+    resp
+}
+
+fn playlist_response(text: String) -> Response<Body> {
+    let mut resp = Response::new(body::full(text));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        "application/vnd.apple.mpegurl".parse().unwrap(),
+    );
+    h.insert(header::CACHE_CONTROL, "no-cache".parse().unwrap());
+    resp
+}
+
+/// `/playlist.m3u` entries of this gateway's channels turned into their HLS form:
+/// `{base}/rtp/G:P?q` becomes `{base}/hls/rtp/G:P/index.m3u8?q` (attributes are left alone).
+pub fn hls_entries(playlist: &str, base: &str) -> String {
+    let mut out = String::with_capacity(playlist.len() + 1024);
+    for line in playlist.lines() {
+        let converted = line.strip_prefix(base).and_then(|rest| {
+            ["/rtp/", "/udp/", "/rtsp/"]
+                .iter()
+                .any(|p| rest.starts_with(p))
+                .then(|| {
+                    let (path, query) = match rest.split_once('?') {
+                        Some((p, q)) => (p, Some(q)),
+                        None => (rest, None),
+                    };
+                    let path = path.trim_end_matches('/');
+                    match query {
+                        Some(q) => format!("{base}/hls{path}/index.m3u8?{q}"),
+                        None => format!("{base}/hls{path}/index.m3u8"),
+                    }
+                })
+        });
+        out.push_str(converted.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_into_channel_and_file() {
+        assert_eq!(
+            split("/hls/rtp/239.1.1.1:5000/index.m3u8"),
+            Some(("/rtp/239.1.1.1:5000", File::Playlist))
+        );
+        assert_eq!(
+            split("/hls/rtsp/10.0.0.1:554/live/ch1/17.ts"),
+            Some(("/rtsp/10.0.0.1:554/live/ch1", File::Segment(17)))
+        );
+        assert_eq!(split("/hls/index.m3u8"), None);
+        assert_eq!(split("/hls/rtp/239.1.1.1:5000/x.ts"), None);
+        assert_eq!(split("/hls/rtp/239.1.1.1:5000/1.mp4"), None);
+    }
+
+    #[test]
+    fn playlist_entries_become_hls_urls() {
+        let base = "http://gw:8888";
+        let m3u = "#EXTM3U\n#EXTINF:-1 catchup-source=\"http://gw:8888/rtsp/h/p?x\",A\n\
+                   http://gw:8888/rtp/239.1.1.1:5000?iface=eth0\n#EXTINF:-1,B\n\
+                   http://gw:8888/udp/239.1.1.2:5000/\nhttp://elsewhere/x.m3u8\n";
+        assert_eq!(
+            hls_entries(m3u, base),
+            "#EXTM3U\n#EXTINF:-1 catchup-source=\"http://gw:8888/rtsp/h/p?x\",A\n\
+             http://gw:8888/hls/rtp/239.1.1.1:5000/index.m3u8?iface=eth0\n#EXTINF:-1,B\n\
+             http://gw:8888/hls/udp/239.1.1.2:5000/index.m3u8\nhttp://elsewhere/x.m3u8\n"
+        );
+    }
+}

@@ -1,0 +1,284 @@
+//! Timeshift: the last minutes of a channel's HLS segments kept on disk, so players can pause
+//! and seek back, and `playseek` catch-up inside that window is answered without the operator.
+//!
+//! Opt-in per channel (`[iptv.timeshift] channels`): each listed channel is segmented from
+//! start-up on, watched or not, and every finished segment is written to `dir/<channel>/<n>.ts`
+//! with its wall-clock start. Files older than `minutes` (or beyond `max_bytes` per channel) are
+//! deleted as new ones arrive; the index of what is on disk lives in memory, and a restart
+//! starts an empty window (leftover files are removed).
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use sluice_media::segmenter::{Segment, CLOCK};
+
+use super::registry;
+
+/// `[iptv.timeshift]` in the config file.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TimeshiftConfig {
+    /// Directory for the recorded segments (one subdirectory per channel). Required when
+    /// `channels` lists any.
+    pub dir: Option<String>,
+    /// How far back a viewer can go.
+    pub minutes: u64,
+    /// Most bytes kept per channel, whatever `minutes` says.
+    pub max_bytes: u64,
+    /// Channels to keep, as their gateway paths with the query they need
+    /// (`/rtp/239.1.1.1:5000?iface=eth0`).
+    pub channels: Vec<String>,
+}
+
+crate::config::section::config_section!(TimeshiftConfig {
+    dir,
+    minutes,
+    max_bytes,
+    channels,
+});
+
+impl Default for TimeshiftConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            minutes: 30,
+            max_bytes: 2 << 30,
+            channels: Vec::new(),
+        }
+    }
+}
+
+impl TimeshiftConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.channels.is_empty() {
+            return Ok(());
+        }
+        if self.dir.as_deref().is_none_or(str::is_empty) {
+            return Err("dir is required when channels are listed".into());
+        }
+        if !(1..=24 * 60).contains(&self.minutes) {
+            return Err("minutes must be 1 to 1440".into());
+        }
+        if self.max_bytes < 1 << 20 {
+            return Err("max_bytes must be at least 1 MiB".into());
+        }
+        for c in &self.channels {
+            let (path, query) = c.split_once('?').unwrap_or((c, ""));
+            super::url::parse_channel(path, Some(query))
+                .map_err(|e| format!("channels: {c:?}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// One segment on disk.
+#[derive(Debug, Clone, Copy)]
+pub struct Recorded {
+    pub sequence: u64,
+    /// Wall-clock start, Unix milliseconds.
+    pub wall_ms: i64,
+    /// 90 kHz ticks.
+    pub duration: u64,
+    pub discontinuity: bool,
+    pub len: u64,
+}
+
+impl Recorded {
+    pub fn end_ms(&self) -> i64 {
+        self.wall_ms + (self.duration * 1000 / CLOCK) as i64
+    }
+}
+
+/// What is on disk for one channel.
+#[derive(Debug, Default)]
+struct Index {
+    segments: VecDeque<Recorded>,
+    bytes: u64,
+    /// Sequence number of the next segment (carried across restarts of the channel).
+    next: u64,
+    /// Discontinuities that have left the window.
+    discontinuities_gone: u64,
+}
+
+/// The disk window of one channel.
+#[derive(Debug)]
+pub struct Recorder {
+    dir: PathBuf,
+    keep_ms: i64,
+    max_bytes: u64,
+    index: Mutex<Index>,
+}
+
+impl Recorder {
+    /// Prepares (and empties) the channel's directory.
+    pub fn open(dir: PathBuf, minutes: u64, max_bytes: u64) -> std::io::Result<Recorder> {
+        std::fs::create_dir_all(&dir)?;
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "ts") {
+                std::fs::remove_file(path)?;
+            }
+        }
+        Ok(Recorder {
+            dir,
+            keep_ms: (minutes * 60_000) as i64,
+            max_bytes,
+            index: Mutex::new(Index::default()),
+        })
+    }
+
+    /// Where a (re)started channel's sequence numbers go on.
+    pub fn next_sequence(&self) -> u64 {
+        registry::lock(&self.index).next
+    }
+
+    /// Whether anything was recorded before (a restarted channel follows a break).
+    pub fn has_history(&self) -> bool {
+        !registry::lock(&self.index).segments.is_empty()
+    }
+
+    /// Writes one segment and drops what fell out of the window.
+    pub async fn keep(&self, sequence: u64, segment: &Segment, wall_ms: i64) {
+        let path = self.dir.join(format!("{sequence}.ts"));
+        if let Err(e) = tokio::fs::write(&path, &segment.data).await {
+            tracing::warn!(path = %path.display(), error = %e, "timeshift: segment not written");
+            return;
+        }
+        let gone = {
+            let mut index = registry::lock(&self.index);
+            index.next = index.next.max(sequence + 1);
+            index.bytes += segment.data.len() as u64;
+            index.segments.push_back(Recorded {
+                sequence,
+                wall_ms,
+                duration: segment.duration,
+                discontinuity: segment.discontinuity,
+                len: segment.data.len() as u64,
+            });
+            let mut gone = Vec::new();
+            while let Some(old) = index.segments.front().copied() {
+                let too_old = wall_ms - old.wall_ms > self.keep_ms;
+                if !too_old && index.bytes <= self.max_bytes || index.segments.len() == 1 {
+                    break;
+                }
+                index.segments.pop_front();
+                index.bytes -= old.len;
+                index.discontinuities_gone += u64::from(old.discontinuity);
+                gone.push(old.sequence);
+            }
+            gone
+        };
+        for n in gone {
+            let _ = tokio::fs::remove_file(self.dir.join(format!("{n}.ts"))).await;
+        }
+    }
+
+    /// Every segment on disk, oldest first, and the discontinuities already dropped.
+    pub fn segments(&self) -> (Vec<Recorded>, u64) {
+        let index = registry::lock(&self.index);
+        (
+            index.segments.iter().copied().collect(),
+            index.discontinuities_gone,
+        )
+    }
+
+    /// Segment `n`, when it is still on disk.
+    pub async fn read(&self, n: u64) -> Option<Bytes> {
+        let held = registry::lock(&self.index)
+            .segments
+            .iter()
+            .any(|r| r.sequence == n);
+        if !held {
+            return None;
+        }
+        tokio::fs::read(self.dir.join(format!("{n}.ts")))
+            .await
+            .ok()
+            .map(Bytes::from)
+    }
+}
+
+/// The segments covering `[begin, end)` (Unix milliseconds) and the offset of `begin` in the
+/// first; `None` when `begin` is not inside the window.
+pub fn range(segments: &[Recorded], begin: i64, end: Option<i64>) -> Option<(Vec<Recorded>, u64)> {
+    let first = segments
+        .iter()
+        .position(|r| r.wall_ms <= begin && begin < r.end_ms())
+        .or_else(|| {
+            // In a gap between two recordings: from the next one on.
+            segments
+                .iter()
+                .position(|r| r.wall_ms > begin)
+                .filter(|&i| i > 0)
+        })?;
+    let picked: Vec<Recorded> = segments[first..]
+        .iter()
+        .take_while(|r| end.is_none_or(|e| r.wall_ms < e))
+        .copied()
+        .collect();
+    let offset = (begin - picked.first()?.wall_ms).max(0) as u64;
+    Some((picked, offset))
+}
+
+/// The subdirectory name of a channel: its label with anything but letters, digits, dots and
+/// dashes made `_`.
+pub fn dir_name(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(sequence: u64, wall_ms: i64) -> Recorded {
+        Recorded {
+            sequence,
+            wall_ms,
+            duration: 2 * CLOCK,
+            discontinuity: false,
+            len: 1,
+        }
+    }
+
+    #[test]
+    fn a_range_starts_in_the_segment_holding_its_begin() {
+        let segs = [
+            rec(5, 10_000),
+            rec(6, 12_000),
+            rec(7, 14_000),
+            rec(8, 30_000),
+        ];
+        let (picked, offset) = range(&segs, 12_500, Some(15_000)).unwrap();
+        assert_eq!(
+            picked.iter().map(|r| r.sequence).collect::<Vec<_>>(),
+            [6, 7]
+        );
+        assert_eq!(offset, 500);
+        // Open-ended: to the live edge.
+        assert_eq!(range(&segs, 14_000, None).unwrap().0.len(), 2);
+        // In the gap before the last recording: from it, at its start.
+        let (picked, offset) = range(&segs, 20_000, None).unwrap();
+        assert_eq!((picked[0].sequence, offset), (8, 0));
+        // Before the window, or after its end.
+        assert!(range(&segs, 9_999, None).is_none());
+        assert!(range(&segs, 40_000, None).is_none());
+    }
+
+    #[test]
+    fn channel_directories_are_plain_names() {
+        assert_eq!(
+            dir_name("rtp://239.1.1.1:5000?fec=5002"),
+            "rtp___239.1.1.1_5000_fec_5002"
+        );
+    }
+}

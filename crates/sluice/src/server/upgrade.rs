@@ -1,0 +1,302 @@
+//! Zero-downtime binary upgrade: on SIGUSR2 (`sluice upgrade`) the running process starts the
+//! binary now at its own path with its own arguments, hands it every listening socket over a Unix
+//! socket pair (`SCM_RIGHTS`), and waits for it to say it is serving. Then it tells the service
+//! manager the new main pid, stops accepting and drains within the grace period. If the new
+//! process fails (a config error, a crash) before it is ready, the old one never stopped
+//! accepting and goes on serving.
+//!
+//! The wire is one message each way on the pair: old → new, one line `listen <addr>` per socket
+//! with the sockets themselves attached in the same order; new → old, `ready <pid>`.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use super::listener::inherited;
+
+/// The environment variable that names, in the new process, its end of the pair.
+pub const FD_VAR: &str = "SLUICE_UPGRADE_FD";
+
+/// How long the new process has to bind and say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The most sockets handed over (the kernel's `SCM_MAX_FD` is 253 per message).
+const MAX_SOCKETS: usize = 250;
+
+/// The binary and arguments this process was started with, recorded at startup (the path is
+/// read again at upgrade time, so it is the new file there).
+static COMMAND: OnceLock<(PathBuf, Vec<std::ffi::OsString>)> = OnceLock::new();
+
+/// In a process started by an upgrade: its end of the pair, until it says it is ready.
+static PARENT: Mutex<Option<UnixStream>> = Mutex::new(None);
+
+/// Records how this process was started; call at the top of `main`.
+pub fn remember_command() {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    let args = std::env::args_os().skip(1).collect();
+    let _ = COMMAND.set((exe, args));
+}
+
+/// In a process started by an upgrade (`SLUICE_UPGRADE_FD` set): receives the previous
+/// process's listening sockets into the inherited pool, so `bind` takes them instead of binding.
+/// Returns how many; `Ok(0)` when this is a plain start. Call before the runtime starts.
+pub fn take_over() -> anyhow::Result<usize> {
+    let Some(raw) = std::env::var_os(FD_VAR) else {
+        return Ok(0);
+    };
+    std::env::remove_var(FD_VAR);
+    let fd: i32 = raw
+        .to_str()
+        .and_then(|s| s.parse().ok())
+        .filter(|fd| *fd > 2)
+        .ok_or_else(|| anyhow::anyhow!("{FD_VAR} is not a descriptor number"))?;
+    // SAFETY: the previous process left this descriptor open for us, and nothing else owns it.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: marking our own descriptor close-on-exec.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    stream.set_read_timeout(Some(READY_TIMEOUT))?;
+    let (text, fds) = receive(&stream)?;
+    let listeners = inherited::listeners_from(fds)?;
+    let lines = text.lines().filter(|l| l.starts_with("listen ")).count();
+    anyhow::ensure!(
+        lines == listeners.len(),
+        "upgrade: {lines} listeners announced, {} received",
+        listeners.len()
+    );
+    let n = listeners.len();
+    inherited::adopt(listeners);
+    *PARENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
+    Ok(n)
+}
+
+/// Every listener is bound: tells the previous process (after an upgrade) or the service
+/// manager (`READY=1`) that this process is serving.
+pub fn announce_ready() {
+    let parent = PARENT.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match parent {
+        Some(mut stream) => {
+            let line = format!("ready {}\n", std::process::id());
+            if let Err(e) = stream.write_all(line.as_bytes()) {
+                tracing::warn!(error = %e, "upgrade: cannot tell the previous process we are ready");
+            }
+        }
+        None => super::notify::ready(),
+    }
+}
+
+/// Resolves when a new process has taken over the listeners (after a SIGUSR2); each failed
+/// attempt is logged and this process goes on serving. Never resolves if SIGUSR2 cannot be
+/// caught.
+pub async fn on_sigusr2() -> u32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr2) = signal(SignalKind::user_defined2()) else {
+        tracing::warn!("cannot install the SIGUSR2 handler; binary upgrade is off");
+        return std::future::pending().await;
+    };
+    while usr2.recv().await.is_some() {
+        tracing::info!("SIGUSR2: starting the new binary and handing it the listeners");
+        match hand_over().await {
+            Ok(pid) => {
+                tracing::info!(
+                    new_pid = pid,
+                    "upgrade: the new process is serving; draining and exiting"
+                );
+                super::notify::handed_over(pid);
+                return pid;
+            }
+            Err(e) => tracing::error!("upgrade failed, this process goes on serving: {e:#}"),
+        }
+    }
+    std::future::pending().await
+}
+
+/// Starts the new binary, sends it the sockets, waits for its `ready`.
+async fn hand_over() -> anyhow::Result<u32> {
+    let (exe, args) = COMMAND
+        .get()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("the start command was not recorded"))?;
+    let sockets = inherited::handover();
+    anyhow::ensure!(!sockets.is_empty(), "no listening socket to hand over");
+    anyhow::ensure!(
+        sockets.len() <= MAX_SOCKETS,
+        "{} listening sockets; at most {MAX_SOCKETS} can be handed over",
+        sockets.len()
+    );
+    let (ours, theirs) = UnixStream::pair()?;
+    let mut child = spawn(&exe, &args, theirs.as_fd())?;
+    drop(theirs);
+    let pid = child.id();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        for (addr, _) in &sockets {
+            text.push_str(&format!("listen {addr}\n"));
+        }
+        let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, fd)| fd.as_fd()).collect();
+        send(&ours, text.as_bytes(), &fds)?;
+        drop(sockets);
+        wait_ready(ours, pid)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("upgrade task: {e}"))?;
+    if result.is_err() {
+        // Reap it (it exits on its own when it failed; a hung one is killed).
+        let _ = child.kill();
+        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    }
+    result
+}
+
+/// Starts `exe` with `args`, its end of the pair left open across exec and named in the
+/// environment; the socket-activation variables (they named this process) are not passed on.
+fn spawn(
+    exe: &std::path::Path,
+    args: &[std::ffi::OsString],
+    theirs: BorrowedFd<'_>,
+) -> anyhow::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let fd = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args)
+        .env(FD_VAR, fd.to_string())
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        .env_remove("LISTEN_FDNAMES")
+        .env_remove("WATCHDOG_PID");
+    // SAFETY: between fork and exec only fcntl(2), which is async-signal-safe, runs.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", exe.display()))
+}
+
+/// Reads the new process's `ready <pid>` line; its end closing first means it failed.
+fn wait_ready(mut stream: UnixStream, pid: u32) -> anyhow::Result<u32> {
+    stream.set_read_timeout(Some(READY_TIMEOUT))?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 64];
+    while !reply.contains(&b'\n') && reply.len() < 256 {
+        match stream.read(&mut buf) {
+            Ok(0) => anyhow::bail!("the new process (pid {pid}) exited before it was ready"),
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                anyhow::bail!(
+                    "the new process (pid {pid}) was not ready within {} s",
+                    READY_TIMEOUT.as_secs()
+                )
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let line = String::from_utf8_lossy(&reply);
+    match line.trim().strip_prefix("ready ") {
+        Some(p) if p.parse() == Ok(pid) => Ok(pid),
+        _ => anyhow::bail!("the new process answered {:?}", line.trim()),
+    }
+}
+
+/// Sends `text` with `fds` attached, in one message.
+fn send(stream: &UnixStream, text: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("control buffer too small"));
+    }
+    let sent = rustix::net::sendmsg(
+        stream,
+        &[IoSlice::new(text)],
+        &mut control,
+        SendFlags::empty(),
+    )?;
+    if sent != text.len() {
+        return Err(io::Error::other("the socket list was sent in part"));
+    }
+    Ok(())
+}
+
+/// Receives one message: its text and the descriptors attached.
+fn receive(stream: &UnixStream) -> io::Result<(String, Vec<OwnedFd>)> {
+    let mut text = vec![0u8; 64 * 1024];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        stream,
+        &mut [IoSliceMut::new(&mut text)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    if got.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the previous process sent nothing",
+        ));
+    }
+    text.truncate(got.bytes);
+    Ok((String::from_utf8_lossy(&text).into_owned(), fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_cross_a_pair_with_their_addresses() {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (x, y) = UnixStream::pair().unwrap();
+        let text = format!(
+            "listen {}\nlisten {}\n",
+            a.local_addr().unwrap(),
+            b.local_addr().unwrap()
+        );
+        send(&x, text.as_bytes(), &[a.as_fd(), b.as_fd()]).unwrap();
+        let (got, fds) = receive(&y).unwrap();
+        assert_eq!(got, text);
+        let listeners = inherited::listeners_from(fds).unwrap();
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        assert_eq!(
+            addrs,
+            vec![a.local_addr().unwrap(), b.local_addr().unwrap()]
+        );
+        // The received socket is the same listening socket: a client connecting to `a` is
+        // accepted on the copy.
+        drop(a);
+        let _client = std::net::TcpStream::connect(addrs[0]).unwrap();
+        let (_conn, _) = listeners[0].accept().unwrap();
+    }
+
+    #[test]
+    fn a_connected_socket_is_not_taken_for_a_listener() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let fd: OwnedFd = c.into();
+        assert!(inherited::listeners_from(vec![fd]).is_err());
+    }
+}

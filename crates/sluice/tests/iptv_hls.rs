@@ -1,0 +1,695 @@
+//! HLS output of multicast channels end to end: a real H.264/AAC TS made by ffmpeg, sent as RTP
+//! on loopback, read back as `/hls/…` playlists and segments, and decoded by ffmpeg frame by
+//! frame against the source. Every join and sender names `lo`.
+
+#[path = "iptv_support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use sluice::iptv::IptvConfig;
+use sluice_media::mpegts;
+use support::*;
+
+fn require_ffmpeg() {
+    assert!(
+        Command::new("ffmpeg").arg("-version").output().is_ok(),
+        "ffmpeg is required: apt-get update && apt-get install -y ffmpeg"
+    );
+}
+
+/// A temporary directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("sluice-hls-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `secs` of 25 fps H.264 (B-frames, a keyframe every `gop` pictures) and AAC in MPEG-TS;
+/// `pids` moves the PMT and elementary streams elsewhere (another sender's layout), with
+/// timestamps `secs` later (carrying on where the first left off).
+fn make_source(out: &Path, secs: u32, gop: u32, pids: Option<(u16, u16)>) -> Vec<u8> {
+    let mut cmd = Command::new("ffmpeg");
+    cmd.args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg(format!("testsrc2=size=320x240:rate=25:duration={secs}"))
+        .args(["-f", "lavfi", "-i"])
+        .arg(format!(
+            "sine=frequency=440:sample_rate=48000:duration={secs}"
+        ))
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+            "-bf",
+            "2",
+        ])
+        .arg("-x264-params")
+        .arg(format!("keyint={gop}:min-keyint={gop}:scenecut=0"))
+        .args(["-c:a", "aac", "-b:a", "64k"]);
+    if let Some((pmt, first)) = pids {
+        // One picture later than the first source's last decoding timestamp.
+        cmd.arg("-output_ts_offset")
+            .arg(format!("{secs}.08"))
+            .arg("-mpegts_pmt_start_pid")
+            .arg(pmt.to_string())
+            .arg("-mpegts_start_pid")
+            .arg(first.to_string());
+    }
+    let status = cmd.args(["-f", "mpegts"]).arg(out).status().unwrap();
+    assert!(status.success(), "ffmpeg made the source");
+    std::fs::read(out).unwrap()
+}
+
+/// One md5 per decoded frame of the first `kind` stream (`v` or `a`) of `input`.
+fn frame_hashes(input: &Path, kind: &str) -> Vec<String> {
+    let out = Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(input)
+        .arg("-map")
+        .arg(format!("0:{kind}:0"))
+        .args(["-f", "framemd5", "-"])
+        .output()
+        .expect("ffmpeg runs");
+    assert!(
+        out.status.success(),
+        "ffmpeg failed on {}: {}",
+        input.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.rsplit(',').next().unwrap().trim().to_string())
+        .collect()
+}
+
+fn hls_config(target: u64) -> IptvConfig {
+    let mut cfg = config();
+    cfg.hls.target_duration_secs = target;
+    cfg.hls.window = 30;
+    cfg
+}
+
+/// Sends `ts` as RTP (7 packets a datagram) from `seq`, off the runtime; returns the next seq.
+async fn send(sender: &Sender, ts: &[u8], seq: u16) -> u16 {
+    let payloads: Vec<Vec<u8>> = ts.chunks(7 * 188).map(<[u8]>::to_vec).collect();
+    let n = payloads.len() as u16;
+    let handle = sender.spawn_rtp_paced(payloads, seq, 8);
+    tokio::task::spawn_blocking(move || handle.join().unwrap())
+        .await
+        .unwrap();
+    seq.wrapping_add(n)
+}
+
+/// A parsed media playlist: header values and `(duration, discontinuity, uri)` per segment.
+#[derive(Debug)]
+struct Playlist {
+    target: u64,
+    sequence: u64,
+    ended: bool,
+    segments: Vec<(f64, bool, String)>,
+}
+
+fn parse_playlist(text: &str) -> Playlist {
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("#EXTM3U"), "{text}");
+    let mut p = Playlist {
+        target: 0,
+        sequence: u64::MAX,
+        ended: false,
+        segments: Vec::new(),
+    };
+    let (mut duration, mut disc) = (None, false);
+    for line in lines {
+        if let Some(v) = line.strip_prefix("#EXT-X-TARGETDURATION:") {
+            p.target = v.parse().unwrap();
+        } else if let Some(v) = line.strip_prefix("#EXT-X-MEDIA-SEQUENCE:") {
+            p.sequence = v.parse().unwrap();
+        } else if let Some(v) = line.strip_prefix("#EXTINF:") {
+            duration = Some(v.trim_end_matches(',').parse::<f64>().unwrap());
+        } else if line == "#EXT-X-DISCONTINUITY" {
+            disc = true;
+        } else if line == "#EXT-X-ENDLIST" {
+            p.ended = true;
+        } else if !line.starts_with('#') {
+            let d = duration.take().expect("EXTINF before every URI");
+            p.segments
+                .push((d, std::mem::take(&mut disc), line.to_string()));
+        }
+    }
+    assert!(p.target > 0 && p.sequence != u64::MAX, "{text}");
+    // Target duration respected (RFC 8216 §4.3.3.1: rounded EXTINF ≤ target).
+    for (d, _, uri) in &p.segments {
+        assert!(d.round() as u64 <= p.target, "{uri}: {d} s > {}", p.target);
+    }
+    p
+}
+
+/// The playlist once it ends (the sender stopped and the hub timed out), at most 30 s.
+async fn ended_playlist(gw: &Gateway, url: &str) -> (Playlist, String) {
+    for _ in 0..300 {
+        let resp = gw.get(url).await;
+        if resp.status() == 200 {
+            let text = read_text(resp).await;
+            let p = parse_playlist(&text);
+            if p.ended {
+                return (p, text);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} never ended");
+}
+
+/// The segment's head: PAT, PMT (PID `pmt`), then the first packet of a video PES.
+fn assert_head(seg: &[u8], pmt: u16, video: u16, what: &str) {
+    let pid = |i: usize| mpegts::parse_header(&seg[i * 188..]).unwrap();
+    assert_eq!(pid(0).pid, 0, "{what}: PAT first");
+    assert_eq!(pid(1).pid, pmt, "{what}: PMT second");
+    let third = pid(2);
+    assert!(
+        third.pid == video && third.payload_unit_start,
+        "{what}: then video"
+    );
+}
+
+/// Whether the first video PES of a segment holds an IDR picture (NAL type 5) before any
+/// other slice: the segment decodes on its own.
+fn starts_on_idr(seg: &[u8], video: u16) -> bool {
+    let mut es = Vec::new();
+    for (i, pkt) in seg.chunks_exact(188).enumerate().skip(2) {
+        let h = mpegts::parse_header(pkt).unwrap();
+        if h.pid != video {
+            continue;
+        }
+        if h.payload_unit_start && i > 2 {
+            break;
+        }
+        let at = if pkt[3] & 0x20 != 0 {
+            5 + pkt[4] as usize
+        } else {
+            4
+        };
+        es.extend_from_slice(&pkt[at.min(188)..]);
+    }
+    let mut i = 0;
+    while i + 3 < es.len() {
+        if es[i..i + 3] == [0, 0, 1] {
+            match es[i + 3] & 0x1f {
+                5 => return true,
+                1 => return false,
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    false
+}
+
+async fn fetch(gw: &Gateway, base: &str, uri: &str) -> Vec<u8> {
+    let resp = gw.get(&format!("{base}/{uri}")).await;
+    assert_eq!(resp.status(), 200, "{uri}");
+    assert_eq!(resp.headers()["content-type"], "video/mp2t");
+    read_bytes(resp, usize::MAX).await
+}
+
+/// ffmpeg's default PIDs: PMT 0x1000, video 0x100.
+const PMT: u16 = 0x1000;
+const VIDEO: u16 = 0x100;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hls_of_a_multicast_channel_decodes_frame_exactly() {
+    require_ffmpeg();
+    let dir = Scratch::new("exact");
+    let source = make_source(&dir.path("source.ts"), 8, 25, None);
+    let gw = Gateway::start(hls_config(2)).await;
+    let base = "/hls/rtp/239.255.41.1:5601";
+    let url = format!("{base}/index.m3u8?iface=lo");
+    // The first request starts the channel and waits for its first segment.
+    let first = gw.spawn_get(&url);
+    wait_joined("239.255.41.1", true).await;
+    let sender = Sender::new("239.255.41.1", 5601);
+    send(&sender, &source, 1).await;
+    let resp = first.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/vnd.apple.mpegurl"
+    );
+    let (p, text) = ended_playlist(&gw, &url).await;
+    assert_eq!(p.sequence, 0, "{text}");
+    assert_eq!(p.target, 2);
+    assert_eq!(p.segments.len(), 4, "8 s in 2 s segments: {text}");
+    let mut joined = Vec::new();
+    for (i, (d, disc, uri)) in p.segments.iter().enumerate() {
+        assert_eq!(uri, &format!("{i}.ts?iface=lo"));
+        assert!(!disc);
+        assert!((d - 2.0).abs() < 0.001, "{text}");
+        let seg = fetch(&gw, base, uri).await;
+        assert_head(&seg, PMT, VIDEO, uri);
+        assert!(starts_on_idr(&seg, VIDEO), "{uri} starts on an IDR picture");
+        joined.extend_from_slice(&seg);
+    }
+    let out = dir.path("hls.ts");
+    std::fs::write(&out, &joined).unwrap();
+    let (src, got) = (dir.path("source.ts"), out.clone());
+    let (want, got) =
+        tokio::task::spawn_blocking(move || (frame_hashes(&src, "v"), frame_hashes(&got, "v")))
+            .await
+            .unwrap();
+    assert_eq!(want.len(), 200);
+    assert!(
+        got == want,
+        "decoded video differs from the source ({} frames vs {})",
+        got.len(),
+        want.len()
+    );
+    // ffmpeg's own HLS client, reading the gateway's playlist, decodes the same frames.
+    let playlist_url = format!("http://{}{url}", gw.addr);
+    let via_hls = tokio::task::spawn_blocking(move || {
+        let out = Command::new("ffmpeg")
+            .args([
+                "-v",
+                "error",
+                "-i",
+                &playlist_url,
+                "-map",
+                "0:v:0",
+                "-f",
+                "framemd5",
+                "-",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit(',').next().unwrap().trim().to_string())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(
+        via_hls == want,
+        "ffmpeg via the playlist: {} frames",
+        via_hls.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_sender_and_new_pids_are_discontinuities() {
+    require_ffmpeg();
+    let dir = Scratch::new("restart");
+    let a = make_source(&dir.path("a.ts"), 4, 25, None);
+    let b = make_source(&dir.path("b.ts"), 4, 25, Some((0x1200, 0x300)));
+    let gw = Gateway::start(hls_config(2)).await;
+    let base = "/hls/udp/239.255.41.2:5602";
+    let url = format!("{base}/index.m3u8?iface=lo");
+    let first = gw.spawn_get(&url);
+    wait_joined("239.255.41.2", true).await;
+    let sender = Sender::new("239.255.41.2", 5602);
+    let seq = send(&sender, &a, 100).await;
+    // The sender restarts (timestamps from the start again) after a pause shorter than the
+    // channel's no-data timeout, then another encoder with other PIDs takes over, its clock
+    // carrying on (only the new PMT tells).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let seq = send(&sender, &a, seq).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send(&sender, &b, seq).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    let (p, text) = ended_playlist(&gw, &url).await;
+    let discs: Vec<usize> = (0..p.segments.len()).filter(|&i| p.segments[i].1).collect();
+    assert_eq!(discs, [2, 4], "{text}");
+    assert_eq!(p.segments.len(), 6, "{text}");
+    // Each run, its segments concatenated, decodes to its source's pictures exactly.
+    let runs = [
+        (0..2, "a.ts", PMT, VIDEO),
+        (2..4, "a.ts", PMT, VIDEO),
+        (4..6, "b.ts", 0x1200, 0x300),
+    ];
+    for (n, (range, src, pmt, video)) in runs.into_iter().enumerate() {
+        let mut joined = Vec::new();
+        for (d, _, uri) in &p.segments[range] {
+            assert!(*d > 1.0, "{text}");
+            let seg = fetch(&gw, base, uri).await;
+            assert_head(&seg, pmt, video, uri);
+            assert!(starts_on_idr(&seg, video), "{uri}");
+            joined.extend_from_slice(&seg);
+        }
+        let out = dir.path(&format!("run{n}.ts"));
+        std::fs::write(&out, &joined).unwrap();
+        let src = dir.path(src);
+        let (want, got) =
+            tokio::task::spawn_blocking(move || (frame_hashes(&src, "v"), frame_hashes(&out, "v")))
+                .await
+                .unwrap();
+        assert!(
+            got == want,
+            "run {n}: {} frames vs {}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_seconds_without_a_keyframe_still_respects_the_target() {
+    require_ffmpeg();
+    let dir = Scratch::new("nokey");
+    // Keyframes at 0 s and 12 s only.
+    let source = make_source(&dir.path("source.ts"), 14, 300, None);
+    let gw = Gateway::start(hls_config(2)).await;
+    let base = "/hls/rtp/239.255.41.3:5603";
+    let url = format!("{base}/index.m3u8?iface=lo");
+    let first = gw.spawn_get(&url);
+    wait_joined("239.255.41.3", true).await;
+    let sender = Sender::new("239.255.41.3", 5603);
+    send(&sender, &source, 7).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    let (p, text) = ended_playlist(&gw, &url).await;
+    // 12 s until the second keyframe, in segments that round to 2 s (parse_playlist checked).
+    assert!(p.segments.len() >= 6, "{text}");
+    let mut joined = Vec::new();
+    let mut idr = Vec::new();
+    for (_, disc, uri) in &p.segments {
+        assert!(!disc, "{text}");
+        let seg = fetch(&gw, base, uri).await;
+        assert_head(&seg, PMT, VIDEO, uri);
+        idr.push(starts_on_idr(&seg, VIDEO));
+        joined.extend_from_slice(&seg);
+    }
+    assert!(idr[0], "the first segment starts on the first keyframe");
+    assert_eq!(idr.iter().filter(|&&k| k).count(), 2, "{idr:?}");
+    let out = dir.path("hls.ts");
+    std::fs::write(&out, &joined).unwrap();
+    let src = dir.path("source.ts");
+    let (want, got) =
+        tokio::task::spawn_blocking(move || (frame_hashes(&src, "v"), frame_hashes(&out, "v")))
+            .await
+            .unwrap();
+    assert!(got == want, "{} frames vs {}", got.len(), want.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_hls_viewers_and_raw_viewers_share_one_join_and_one_segmenter() {
+    require_ffmpeg();
+    let dir = Scratch::new("many");
+    let source = make_source(&dir.path("source.ts"), 6, 25, None);
+    let gw = Gateway::start(hls_config(1)).await;
+    let group = "239.255.41.4";
+    let url = "/hls/rtp/239.255.41.4:5604/index.m3u8?iface=lo";
+    let viewers: Vec<_> = (0..24).map(|_| gw.spawn_get(url)).collect();
+    let raw: Vec<_> = (0..2)
+        .map(|_| gw.spawn_get("/rtp/239.255.41.4:5604?iface=lo"))
+        .collect();
+    wait_joined(group, true).await;
+    let sender = Sender::new(group, 5604);
+    let sending = send(&sender, &source, 1);
+    tokio::pin!(sending);
+    let mut texts = Vec::new();
+    tokio::select! {
+        _ = &mut sending => panic!("playlists should be served while the channel plays"),
+        _ = async {
+            for v in viewers {
+                let resp = v.await.unwrap();
+                assert_eq!(resp.status(), 200);
+                texts.push(read_text(resp).await);
+            }
+        } => {}
+    }
+    // One membership, one HLS channel, and three hub subscribers: the segmenter and the two
+    // raw-TS viewers (HLS viewers are not subscribers).
+    assert_eq!(igmp_memberships(group).len(), 1);
+    assert_eq!(gw.iptv.hls_channels(), 1);
+    let status = gw.status().await;
+    let hubs = status["hubs"].as_array().unwrap();
+    assert_eq!(hubs.len(), 1, "{status}");
+    assert_eq!(hubs[0]["subscribers"], 3, "{status}");
+    for t in &texts {
+        let p = parse_playlist(t);
+        assert_eq!(p.sequence, 0);
+        assert!(!p.segments.is_empty());
+    }
+    sending.await;
+    for r in raw {
+        let resp = r.await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn playlist_entries_switch_to_hls() {
+    let m3u = "#EXTM3U\n#EXTINF:-1,X\nrtp://239.5.5.6:1234\n";
+    let origin = serve_text(m3u).await;
+    let mut cfg = config();
+    cfg.playlist = Some(format!("http://{origin}/list.m3u"));
+    cfg.playlist_base_url = Some("https://tv.example/".into());
+    cfg.hls.playlist = true;
+    let gw = Gateway::start(cfg).await;
+    let hls = read_text(gw.get("/playlist.m3u").await).await;
+    assert_eq!(
+        hls,
+        "#EXTM3U\n#EXTINF:-1,X\nhttps://tv.example/hls/rtp/239.5.5.6:1234/index.m3u8\n"
+    );
+    let raw = read_text(gw.get("/playlist.m3u?hls=0").await).await;
+    assert_eq!(
+        raw,
+        "#EXTM3U\n#EXTINF:-1,X\nhttps://tv.example/rtp/239.5.5.6:1234\n"
+    );
+}
+
+#[tokio::test]
+async fn bad_hls_paths_get_clear_answers() {
+    let gw = Gateway::start(config()).await;
+    for (path, status) in [
+        ("/hls/rtp/239.255.41.9:5609/other.txt?iface=lo", 404),
+        ("/hls/index.m3u8", 404),
+        ("/hls/rtp/10.0.0.1:5609/index.m3u8?iface=lo", 400),
+        ("/hls/rtp/239.255.41.9:5609/index.m3u8", 400),
+    ] {
+        let resp = gw.get(path).await;
+        assert_eq!(resp.status(), status, "{path}");
+    }
+    // A channel that sends nothing: 504 after the no-data timeout, with the reason.
+    let resp = gw
+        .get("/hls/rtp/239.255.41.9:5609/index.m3u8?iface=lo")
+        .await;
+    assert_eq!(resp.status(), 504);
+    let text = read_text(resp).await;
+    assert!(
+        text.contains("no data from rtp://239.255.41.9:5609"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwatched_hls_channel_stops_and_its_hub_leaves() {
+    require_ffmpeg();
+    let dir = Scratch::new("linger");
+    let source = make_source(&dir.path("source.ts"), 8, 25, None);
+    let gw = Gateway::start(hls_config(1)).await;
+    let group = "239.255.41.5";
+    let url = "/hls/rtp/239.255.41.5:5605/index.m3u8?iface=lo";
+    let first = gw.spawn_get(url);
+    wait_joined(group, true).await;
+    // Real time (8 s of stream over 8 s), so the channel keeps flowing meanwhile.
+    let sending = std::thread::spawn(move || {
+        let sender = Sender::new(group, 5605);
+        let payloads: Vec<&[u8]> = source.chunks(7 * 188).collect();
+        let gap = Duration::from_secs(8) / payloads.len() as u32;
+        for (i, p) in payloads.iter().enumerate() {
+            sender.send_one(&rtp(i as u16, p));
+            std::thread::sleep(gap);
+        }
+    });
+    assert_eq!(first.await.unwrap().status(), 200);
+    assert_eq!(gw.iptv.hls_channels(), 1);
+    // No more requests: after linger_ms (200) plus three target durations the segmenter
+    // lets go, and the hub leaves after its own linger, while the sender still sends.
+    let asked = std::time::Instant::now();
+    wait_joined(group, false).await;
+    assert!(asked.elapsed() >= Duration::from_secs(3), "left too early");
+    assert!(
+        !sending.is_finished(),
+        "left because the sender stopped, not for want of viewers"
+    );
+    assert_eq!(gw.iptv.hls_channels(), 0);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+}
+
+/// `secs` of H.264 whose pictures are flat grey at luma `16 + 8 × second`, muxed at a constant
+/// 400 kb/s with no mux delay, so a byte's place in the file is its time in the stream.
+fn make_clock_source(out: &Path, secs: u32) -> Vec<u8> {
+    let status = Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg(format!(
+            "nullsrc=size=160x120:rate=25:duration={secs},geq=lum='16+8*floor(T)':cb=128:cr=128"
+        ))
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .args([
+            "-x264-params",
+            "keyint=25:min-keyint=25:scenecut=0",
+            "-b:v",
+            "150k",
+        ])
+        .args([
+            "-muxrate",
+            "400k",
+            "-muxdelay",
+            "0",
+            "-muxpreload",
+            "0",
+            "-f",
+            "mpegts",
+        ])
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "ffmpeg made the clock source");
+    std::fs::read(out).unwrap()
+}
+
+/// The second of the stream shown `offset` seconds into `segment` (from its luma plane, as
+/// coded: no range conversion).
+fn second_at(segment: &Path, offset: f64) -> u32 {
+    let out = Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(segment)
+        .args(["-ss", &format!("{offset:.3}"), "-frames:v", "1"])
+        .args(["-f", "rawvideo", "-pix_fmt", "yuv420p", "-"])
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.len() >= 160 * 120,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mean = out.stdout[..160 * 120]
+        .iter()
+        .map(|&y| f64::from(y))
+        .sum::<f64>()
+        / (160.0 * 120.0);
+    ((mean - 16.0) / 8.0).round() as u32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeshift_channel_is_recorded_and_a_seek_lands_where_asked() {
+    require_ffmpeg();
+    let dir = Scratch::new("timeshift");
+    let source = make_clock_source(&dir.path("clock.ts"), 12);
+    let mut cfg = hls_config(1);
+    cfg.timeshift.dir = Some(dir.path("shift").to_string_lossy().into_owned());
+    cfg.timeshift.minutes = 5;
+    cfg.timeshift.channels = vec!["/rtp/239.255.41.6:5606?iface=lo".into()];
+    let gw = Gateway::start(cfg).await;
+    // Recorded from start-up, before anyone asks.
+    wait_joined("239.255.41.6", true).await;
+    // Sent in real time from a wall-clock half second, so second k of the stream is on air
+    // from S + k + 0.5 to S + k + 1.5.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let s = now.as_secs() + 1;
+    let t0 = std::time::UNIX_EPOCH + Duration::from_millis(s * 1000 + 500);
+    let sending = std::thread::spawn(move || {
+        let sender = Sender::new("239.255.41.6", 5606);
+        for (i, p) in source.chunks(7 * 188).enumerate() {
+            // 400 kb/s: each datagram's bytes take this long on the wire.
+            let due = t0 + Duration::from_micros(i as u64 * 7 * 188 * 8 * 1_000_000 / 400_000);
+            if let Ok(wait) = due.duration_since(std::time::SystemTime::now()) {
+                std::thread::sleep(wait);
+            }
+            sender.send_one(&rtp(i as u16, p));
+        }
+    });
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let base = "/hls/rtp/239.255.41.6:5606";
+    // The whole window, with wall-clock times.
+    let text = read_text(gw.get(&format!("{base}/index.m3u8?iface=lo")).await).await;
+    let p = parse_playlist(&text);
+    let total: f64 = p.segments.iter().map(|s| s.0).sum();
+    assert!((total - 12.0).abs() < 1.1, "{total} s recorded: {text}");
+    assert_eq!(
+        text.matches("#EXT-X-PROGRAM-DATE-TIME:").count(),
+        p.segments.len()
+    );
+    // Catch-up from S + 6 to S + 9: lands in second 5 of the stream, half a second in.
+    let seek = format!("{base}/index.m3u8?iface=lo&playseek={}-{}", s + 6, s + 9);
+    let resp = gw.get(&seek).await;
+    assert_eq!(resp.status(), 200);
+    let text = read_text(resp).await;
+    let p = parse_playlist(&text);
+    assert!(
+        p.ended && text.contains("#EXT-X-PLAYLIST-TYPE:VOD"),
+        "{text}"
+    );
+    let offset: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-START:TIME-OFFSET="))
+        .and_then(|v| v.split(',').next())
+        .expect("a start offset")
+        .parse()
+        .unwrap();
+    assert!((3..=5).contains(&p.segments.len()), "{text}");
+    let first = fetch(&gw, base, &p.segments[0].2).await;
+    assert_head(&first, PMT, VIDEO, "first catch-up segment");
+    let path = dir.path("first.ts");
+    std::fs::write(&path, &first).unwrap();
+    let second = tokio::task::spawn_blocking(move || second_at(&path, offset))
+        .await
+        .unwrap();
+    assert_eq!(second, 5, "{text}");
+    // Before the window: refused with what the window holds.
+    let resp = gw
+        .get(&format!("{base}/index.m3u8?iface=lo&playseek={}", s - 600))
+        .await;
+    assert_eq!(resp.status(), 404);
+    assert!(read_text(resp)
+        .await
+        .contains("outside the timeshift window"));
+    // The segments are on disk.
+    let files = std::fs::read_dir(dir.path("shift"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .count();
+    assert!(files >= 11, "{files} files");
+}

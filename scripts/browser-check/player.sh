@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Plays a live multicast channel in headless Chromium through sluice's /player page: the channel
+# list from /playlist.m3u, the current programme from /epg.xml, hls.js (embedded in the binary)
+# playing /hls/rtp/... Checks that the video advances, that the programme shown is the guide's,
+# and that no JavaScript error, CSP violation or failed request happened.
+# The multicast sender (ffmpeg, paced, bounded by -stream_loop) sends on lo only; everything listens
+# on 127.0.0.1; every process started here is stopped on exit by its PID.
+# Installs what it lacks (Debian's chromium, ffmpeg, node; playwright-core from npm). Exits non-zero on failure.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+shot="${SCREENSHOT:-}"
+log() { echo "player-check: $*" >&2; }
+
+need_apt=()
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
+command -v node >/dev/null || need_apt+=(nodejs npm)
+command -v python3 >/dev/null || need_apt+=(python3)
+command -v curl >/dev/null || need_apt+=(curl)
+if ((${#need_apt[@]})); then
+  log "installing ${need_apt[*]} from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if [[ ! -d "$here/node_modules/playwright-core" ]]; then
+  log "installing playwright-core (npm ci)"
+  (cd "$here" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+fi
+CHROMIUM="${CHROMIUM:-$(command -v chromium)}"
+export CHROMIUM
+
+(cd "$repo" && cargo build -p sluice --locked --quiet)
+sluice="${CARGO_TARGET_DIR:-$repo/target}/debug/sluice"
+
+work="$(mktemp -d /tmp/sluice-player-check.XXXXXX)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+wait_http() {
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  log "nothing answers at $1"; return 1
+}
+
+ip link set lo multicast on 2>/dev/null || true
+group=239.255.42.$((RANDOM % 200 + 1))
+port=$((20000 + RANDOM % 20000))
+
+# 20 s of H.264 + AAC, a keyframe a second, sent in real time three times over (60 s at most).
+ffmpeg -hide_banner -loglevel error -f lavfi -i testsrc2=size=320x240:rate=25 \
+  -f lavfi -i sine=frequency=440:sample_rate=48000 -t 20 \
+  -c:v libx264 -preset ultrafast -pix_fmt yuv420p -g 25 -c:a aac -b:a 64k -f mpegts "$work/source.ts"
+ffmpeg -hide_banner -loglevel error -re -stream_loop 2 -i "$work/source.ts" -c copy \
+  -f rtp_mpegts "rtp://$group:$port?localaddr=127.0.0.1&ttl=0&pkt_size=1328" >"$work/sender.log" 2>&1 &
+pids+=($!)
+
+# The guide: one programme on air now, one after it (UTC).
+mkdir -p "$work/origin"
+python3 - "$work/origin/epg.xml" <<'PY'
+import sys, datetime
+now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+f = lambda t: t.strftime('%Y%m%d%H%M%S +0000')
+a, b, c = now - datetime.timedelta(minutes=30), now + datetime.timedelta(minutes=30), now + datetime.timedelta(minutes=90)
+open(sys.argv[1], 'w').write(f'''<?xml version="1.0" encoding="UTF-8"?>
+<tv><channel id="check.1"><display-name>Check One</display-name></channel>
+<programme start="{f(a)}" stop="{f(b)}" channel="check.1"><title>Browser check live</title></programme>
+<programme start="{f(b)}" stop="{f(c)}" channel="check.1"><title>After the check</title></programme>
+</tv>
+''')
+PY
+origin_port=$(free_port)
+python3 -m http.server "$origin_port" --bind 127.0.0.1 --directory "$work/origin" >"$work/origin.log" 2>&1 &
+pids+=($!)
+cat >"$work/channels.m3u" <<LIST
+#EXTM3U x-tvg-url="http://127.0.0.1:$origin_port/epg.xml"
+#EXTINF:-1 tvg-id="check.1" group-title="Check",Check One
+rtp://$group:$port
+LIST
+
+sluice_port=$(free_port)
+cat >"$work/sluice.toml" <<CONF
+[server]
+listen = ["127.0.0.1:$sluice_port"]
+[upstream]
+allow_private = true
+[iptv]
+interface = "lo"
+playlist = "$work/channels.m3u"
+[iptv.hls]
+target_duration_secs = 1
+window = 6
+CONF
+"$sluice" serve --config "$work/sluice.toml" >"$work/sluice.log" 2>&1 &
+pids+=($!)
+proxy="http://127.0.0.1:$sluice_port"
+wait_http "$proxy/health"
+wait_http "http://127.0.0.1:$origin_port/epg.xml"
+
+status=0
+node "$here/player.mjs" "$proxy" "$shot" || status=$?
+if ((status != 0)); then
+  log "sluice log (last 30 lines):"; tail -n 30 "$work/sluice.log" >&2 || true
+  log "sender log:"; tail -n 5 "$work/sender.log" >&2 || true
+fi
+exit "$status"
