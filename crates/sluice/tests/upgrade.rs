@@ -39,7 +39,8 @@ fn wait_healthy(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut s) = TcpStream::connect(addr) {
-            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+            let _ = s
+                .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
             let mut out = String::new();
             let _ = s.read_to_string(&mut out);
             if out.contains("healthy") {
