@@ -51,7 +51,7 @@ def _start(ctx, name, origin):
 # === S1: media proxy, /proxy/stream ===
 
 # The second sluice row is the same binary with the body copied through user space instead of
-# spliced (media.splice_stream), measured side by side for the A/B in docs/tcp-proxy.md.
+# spliced (media.splice_stream), measured side by side for the A/B in docs/history/tcp-proxy-tuning.md.
 S1_UNSPLICED = "sluice (splice_stream = false)"
 S1_PEERS = ["nginx direct", "sluice", S1_UNSPLICED, "MediaFlow"]
 

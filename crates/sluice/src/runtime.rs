@@ -63,7 +63,7 @@ pub fn worker() -> usize {
 /// buffer) a worker serves what one poll woke, then polls again, as an `epoll_wait` loop does,
 /// and the latencies are one narrow band. An idle or lightly loaded worker polls the driver
 /// whenever it runs out of tasks, so this changes nothing below saturation
-/// (`docs/reverse-proxy.md`, "Fairness at 1,000 connections").
+/// (`docs/history/reverse-proxy-tuning.md`, "Fairness at 1,000 connections").
 #[cfg(feature = "multi-thread")]
 const EVENT_INTERVAL: u32 = 1024;
 
@@ -76,7 +76,7 @@ const EVENT_INTERVAL: u32 = 1024;
 /// driver handed between threads, `main`'s own thread beside the worker) buys nothing there. It
 /// is what the per-core model runs on each core, and from 100 connections on it served the same
 /// requests with less CPU each in every paired run (4–31 %, most pairs 14–16 %;
-/// `docs/reverse-proxy.md`, "One thread"). That runtime polls for `busy_poll` after each
+/// `docs/history/reverse-proxy-tuning.md`, "One thread"). That runtime polls for `busy_poll` after each
 /// request before it sleeps ([`busy_poll`]); the multi-threaded one leaves it to tokio's workers.
 #[cfg(feature = "multi-thread")]
 pub fn main_runtime(
