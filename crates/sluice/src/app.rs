@@ -1,6 +1,8 @@
 //! Request dispatch: one place that meters every request, checks auth, and hands the request to the
 //! front end that owns its path.
 
+pub mod routes;
+
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,7 +34,7 @@ use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabe
 #[cfg(feature = "reverse")]
 use crate::reverse::{forward::Downstream, metrics::ReverseMetrics, Reverse};
 use crate::server::activity::ActivityGuard;
-use crate::server::routes::{Dispatch, Routing};
+use routes::{Dispatch, Routing};
 #[cfg(feature = "reverse")]
 use crate::upstream::group::Groups;
 #[cfg(feature = "groups")]
@@ -40,6 +42,13 @@ use crate::upstream::group::{live::Live, metrics::GroupMetrics};
 use crate::upstream::Upstream;
 
 pub use crate::request::RequestContext;
+use crate::server::Handler;
+#[cfg(feature = "reverse")]
+use crate::server::handler::{FastClient, FastRequest, Served};
+
+/// What the fast path found for a simple head: the table it was routed by and the route.
+#[cfg(feature = "reverse")]
+type FastRoute = (Arc<Routing>, Arc<crate::reverse::Route>);
 
 /// Everything the server dispatches to.
 pub struct App {
@@ -359,18 +368,9 @@ impl App {
         self.routing.load().describe()
     }
 
-    pub(crate) fn connection_accepted(&self) {
-        self.metrics.connections.inc();
-    }
-
-    /// The server's connection-level metrics (accept pauses, send and handshake timeouts).
-    pub(crate) fn http_metrics(&self) -> &crate::metrics::HttpMetrics {
-        &self.metrics
-    }
-
     /// Serves one request and meters it from arrival to the end of its body.
     pub async fn handle(
-        self: &Arc<Self>,
+        &self,
         req: Request<Incoming>,
         peer: SocketAddr,
         secure: bool,
@@ -403,7 +403,7 @@ impl App {
                     client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
                     trusted: self.keys.load().auth.is_trusted(peer.ip()),
                     secure,
-                    host: crate::server::routes::request_host(&req),
+                    host: routes::request_host(&req),
                 };
                 routing.reverse.handle(&route, req, &path, &down).await
             }
@@ -492,15 +492,15 @@ impl App {
     /// fast path serves (plain HTTP/1.1 upstream and no cache, or a caching route; see
     /// `Reverse::serves_fast`). `None`: the request goes to hyper.
     #[cfg(feature = "reverse")]
-    pub(crate) fn fast_route(
+    fn fast_route(
         &self,
-        listener: crate::server::routes::ListenerId,
+        listener: routes::ListenerId,
         host: &str,
         path: &str,
-    ) -> Option<(Arc<Routing>, Arc<crate::reverse::Route>)> {
+    ) -> Option<FastRoute> {
         let routing = self.routing.load_full();
         match routing.lookup(listener, Some(host), path) {
-            Some(crate::server::routes::Target::Proxy(route))
+            Some(routes::Target::Proxy(route))
                 if routing.reverse.serves_fast(route) =>
             {
                 let route = route.clone();
@@ -512,7 +512,7 @@ impl App {
 
     /// Whether any route of the current table is one the fast path serves.
     #[cfg(feature = "reverse")]
-    pub(crate) fn has_fast_routes(&self) -> bool {
+    fn has_fast_routes(&self) -> bool {
         let routing = self.routing.load();
         routing
             .reverse
@@ -526,17 +526,16 @@ impl App {
     /// bytes sent, requests by status and errors by side and kind.
     #[cfg(feature = "reverse")]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn serve_fast<W: crate::reverse::fast::FastClient>(
+    async fn serve_fast<W: FastClient>(
         &self,
-        routing: &Routing,
-        route: &Arc<crate::reverse::Route>,
-        req: crate::reverse::fast::FastRequest<'_>,
+        (routing, route): FastRoute,
+        req: FastRequest<'_>,
         path: &str,
         host: &str,
         peer: SocketAddr,
         client: &mut W,
         guard: ActivityGuard,
-    ) -> crate::reverse::fast::Served {
+    ) -> Served {
         let start = Instant::now();
         let labels = EndpointLabels {
             endpoint: "reverse",
@@ -565,7 +564,7 @@ impl App {
         };
         let served = routing
             .reverse
-            .serve_fast(route, req, path, &down, client, (on_head, &series.sent))
+            .serve_fast(&route, req, path, &down, client, (on_head, &series.sent))
             .await;
         drop(finish);
         served
@@ -918,6 +917,58 @@ impl App {
     }
 }
 
+/// The server hands every request (and every fast-path head) to the app.
+impl Handler for App {
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+        guard: ActivityGuard,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        App::handle(self, req, peer, secure, guard)
+    }
+
+    fn connection_accepted(&self) {
+        self.metrics.connections.inc();
+    }
+
+    fn http_metrics(&self) -> &HttpMetrics {
+        &self.metrics
+    }
+
+    fn splices_streams(&self) -> bool {
+        App::splices_streams(self)
+    }
+
+    #[cfg(feature = "reverse")]
+    type FastRoute = FastRoute;
+
+    #[cfg(feature = "reverse")]
+    fn has_fast_routes(&self) -> bool {
+        App::has_fast_routes(self)
+    }
+
+    #[cfg(feature = "reverse")]
+    fn fast_route(&self, listener: routes::ListenerId, host: &str, path: &str) -> Option<FastRoute> {
+        App::fast_route(self, listener, host, path)
+    }
+
+    #[cfg(feature = "reverse")]
+    fn serve_fast<W: FastClient + Send + Sync>(
+        &self,
+        route: FastRoute,
+        req: FastRequest<'_>,
+        path: &str,
+        host: &str,
+        peer: SocketAddr,
+        client: &mut W,
+        guard: ActivityGuard,
+    ) -> impl std::future::Future<Output = Served> + Send {
+        App::serve_fast(self, route, req, path, host, peer, client, guard)
+    }
+}
+
 /// The effective route table `config` gives, in precedence order (for `sluice check-config`).
 pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
     #[cfg(feature = "reverse")]
@@ -1040,7 +1091,7 @@ fn allow_any_origin(headers: &mut http::HeaderMap) {
 /// Whether a password-free server's built-in may answer `req`: a loopback `Host` (or none, which
 /// no browser sends).
 fn local_host<B>(req: &Request<B>) -> bool {
-    match crate::server::routes::request_host(req) {
+    match routes::request_host(req) {
         Some(host) => browser::is_loopback_host(&host),
         None => true,
     }
