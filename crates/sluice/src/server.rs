@@ -206,12 +206,11 @@ impl<H: Handler> Server<H> {
             n => n,
         };
         tracing::info!(max_connections = max, "client connection limit");
-        let acceptor = listener::Acceptor::new(max, self.handler.http_metrics().accept.clone()).per_ip(
-            listener::PerIp::new(
+        let acceptor = listener::Acceptor::new(max, self.handler.http_metrics().accept.clone())
+            .per_ip(listener::PerIp::new(
                 self.config.max_connections_per_ip,
                 self.config.per_ip_exempt.clone(),
-            ),
-        );
+            ));
         let timeouts = Timeouts {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),
