@@ -12,7 +12,7 @@ use super::endpoints::is_channel_path;
 use super::endpoints::{allow_any_origin, json, not_found, preflight, sandboxed};
 use super::gate::{local_host, misdirected, page_login};
 use super::metering::{effective_path, endpoint_label, EndpointSeries, Finish, Metered};
-use super::routes::{self, Dispatch};
+use super::routes::Dispatch;
 use super::App;
 use crate::auth::{browser, token, Auth};
 use crate::body::{self, Body};
@@ -62,7 +62,7 @@ impl App {
                     client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
                     trusted: self.keys.load().auth.is_trusted(peer.ip()),
                     secure,
-                    host: routes::request_host(&req),
+                    host: super::routes::request_host(&req),
                 };
                 routing.reverse.handle(&route, req, &path, &down).await
             }
