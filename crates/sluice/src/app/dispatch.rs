@@ -228,7 +228,7 @@ impl App {
                     // sealed token is scoped to other paths (a playlist link's token opens
                     // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
                     let password_ok = |offered: Option<&str>| {
-                        ctx.token.as_ref().is_some_and(|t| t.paths.is_none())
+                        super::gate::token_proves_password(ctx.token.as_ref())
                             || self.keys.load().auth.check(offered)
                     };
                     match self.media_places(&req, &ctx) {

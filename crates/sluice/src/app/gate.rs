@@ -128,3 +128,45 @@ pub(super) fn page_login() -> Response<Body> {
     });
     resp
 }
+
+/// Whether the token a request came with stands for the API password where a credential is
+/// checked inside the request (the XC paths): only a MediaFlow token, which carries the password,
+/// does. A sealed token is scoped to the paths it was minted for and proves nothing else, even
+/// where its scope happens to open a path another handler parses (a playlist link's token opens
+/// `/playlist/playlist/...`, which the XC short form `/{user}/{pass}/{id}` also matches).
+#[cfg(feature = "media")]
+pub(super) fn token_proves_password(token: Option<&crate::auth::token::TokenScope>) -> bool {
+    token.is_some_and(|t| t.paths.is_none())
+}
+
+#[cfg(all(test, feature = "media"))]
+mod tests {
+    use super::token_proves_password;
+    use crate::auth::token::TokenScope;
+
+    fn scope(paths: Option<&[&str]>) -> TokenScope {
+        TokenScope {
+            exp: None,
+            ip: None,
+            paths: paths.map(|p| p.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn only_a_mediaflow_token_stands_for_the_password() {
+        assert!(token_proves_password(Some(&scope(None))));
+        assert!(!token_proves_password(None));
+        // A playlist link's token, an HLS child's and the XC username's: scoped, so no.
+        for paths in [
+            &["/playlist/playlist"][..],
+            &["/proxy/hls/"][..],
+            &[crate::media::xtream::XC_SCOPE][..],
+            &[][..],
+        ] {
+            assert!(
+                !token_proves_password(Some(&scope(Some(paths)))),
+                "{paths:?}"
+            );
+        }
+    }
+}
