@@ -64,13 +64,15 @@ fn family(endpoint: &str) -> &str {
     }
 }
 
-/// The parent's parameters that children inherit: everything except the destination, credentials
-/// and the names `drop` rejects.
+/// The parent's parameters that children inherit: everything except the destination, credentials,
+/// LL-HLS delivery directives and the names `drop` rejects.
 pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     query
         .pairs()
         .iter()
         .filter(|(k, _)| !matches!(k.as_str(), "d" | "api_password" | "token" | "exp" | "ip"))
+        // LL-HLS delivery directives name one reload of one playlist, never a child's.
+        .filter(|(k, _)| !k.starts_with("_HLS_"))
         .filter(|(k, _)| !drop(k))
         .cloned()
         .collect()
