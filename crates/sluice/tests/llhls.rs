@@ -330,6 +330,11 @@ async fn directives_work_on_token_children_and_bad_ones_are_refused() {
     let s = Sluice::start(c).await;
     let top = text(&manifest(&s, &o, "&api_password=ll-hls-test-password")).await;
     assert!(!top.contains("ll-hls-test-password"));
+    // A reload names every segment and part by the same URL (players compare them).
+    assert_eq!(
+        text(&manifest(&s, &o, "&api_password=ll-hls-test-password")).await,
+        top
+    );
     // The rendition report's URI is a sealed token; a player appends its directives to it.
     let report = top
         .lines()
