@@ -21,10 +21,10 @@ name=llhls
 extra_apt=ffmpeg
 source "$here/common.sh"
 
-# 40 s of H.264 + AAC cut into 0.2 s fMP4 fragments, a keyframe every 0.8 s (each segment start).
+# 20 s of H.264 + AAC cut into 0.2 s fMP4 fragments, a keyframe every 0.8 s (each segment start).
 mkdir -p "$work/origin" "$work/page"
 ffmpeg -hide_banner -loglevel error -f lavfi -i testsrc2=size=320x240:rate=25 \
-  -f lavfi -i sine=frequency=440:sample_rate=48000 -t 40 \
+  -f lavfi -i sine=frequency=440:sample_rate=48000 -t 20 \
   -c:v libx264 -preset ultrafast -g 20 -keyint_min 20 -sc_threshold 0 -pix_fmt yuv420p \
   -c:a aac -b:a 64k -f hls -hls_time 0.2 -hls_flags split_by_time -hls_segment_type fmp4 \
   -hls_fmp4_init_filename init.mp4 -hls_segment_filename "$work/origin/p%d.m4s" \
