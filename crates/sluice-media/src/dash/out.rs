@@ -499,12 +499,12 @@ fn count(
     }
 }
 
-fn block<'a>(
-    blocks: &'a [Vec<Vec<String>>],
+fn block(
+    blocks: &[Vec<Vec<String>>],
     period: Option<usize>,
     set: Option<usize>,
     rep: Option<usize>,
-) -> Result<&'a str, DashError> {
+) -> Result<&str, DashError> {
     period
         .zip(set)
         .zip(rep)

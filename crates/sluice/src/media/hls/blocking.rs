@@ -32,10 +32,12 @@ const MAX_FLIGHTS: usize = 4096;
 /// The playlist text and the URL it came from (after redirects).
 pub type Answer = Arc<(String, Url)>;
 type Outcome = Option<Result<Answer, ProxyError>>;
+/// Requests in flight or held, by key: a generation number and the answer's channel.
+type Flights = HashMap<String, (u64, watch::Receiver<Outcome>)>;
 
 /// Blocking reloads in flight, by upstream request.
 pub struct Blocking {
-    flights: Arc<Mutex<HashMap<String, (u64, watch::Receiver<Outcome>)>>>,
+    flights: Arc<Mutex<Flights>>,
     next_id: std::sync::atomic::AtomicU64,
     upstream_requests: Counter,
     shared: Counter,
