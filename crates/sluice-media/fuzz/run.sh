@@ -7,7 +7,7 @@ target=${1:?usage: run.sh TARGET [SECONDS]}
 secs=${2:-600}
 case "$target" in
   # media.max_manifest_bytes / media.max_mpd_bytes default to 8 MiB.
-  hls_rewrite|mpd_parse) max_len=8388608 ;;
+  hls_rewrite|mpd_parse|mpd_out) max_len=8388608 ;;
   # One source of /playlist/playlist is capped at media.max_manifest_bytes too.
   m3u_merge) max_len=8388608 ;;
   # A realistic init plus media segment; the server allows 64 MiB, which libFuzzer cannot explore.

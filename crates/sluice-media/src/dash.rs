@@ -14,6 +14,7 @@
 //! - `sidx`: `sidx` box → per-fragment byte ranges for SegmentBase tracks.
 //! - `master`, `media`: HLS master and media playlists.
 //! - `proxy`: the `/proxy/mpd/*` request parameters, child-URL parameters and key checks.
+//! - `out`: DASH out, the MPD itself rewritten so every init and segment goes through the proxy.
 //!
 //! Data flows one way: `parse_mpd` → `segment_index` → `to_hls_master` / `to_hls_media`. The caller
 //! supplies "now", the proxy URL shapes (closures) and, for SegmentBase tracks, the fetched `sidx`:
@@ -27,6 +28,7 @@
 mod master;
 mod media;
 mod mpd;
+pub mod out;
 mod protection;
 pub mod proxy;
 mod segment_info;

@@ -20,10 +20,16 @@
 //! and blank lines are copied byte for byte, each line keeps its own terminator (LF or CRLF).
 //! Anything before `#EXTM3U` (a BOM, blank lines) is dropped: players want `#EXTM3U` first.
 //!
+//! # LL-HLS
+//! Parts, preload hints and rendition reports are routed as above; `blocking` checks the delivery
+//! directives of blocking reloads (`_HLS_msn`, `_HLS_part`, `_HLS_skip`) and puts them on the
+//! upstream URL.
+//!
 //! # Options
 //! See [`RewriteOptions`]; `skip` and the start offsets are documented there with their rules.
 
 mod attr;
+pub mod blocking;
 mod lines;
 mod rewrite;
 mod scan;
@@ -134,7 +140,8 @@ pub struct RewriteOptions {
     /// Like `start_offset` but only for live media playlists, and only when `start_offset` is
     /// unset. Live means: not a master, no `#EXT-X-ENDLIST`, and no `#EXT-X-PLAYLIST-TYPE:VOD`
     /// (`EVENT` counts as live). The media sequence number plays no part: a stream that has just
-    /// started at sequence 0 is as live as any.
+    /// started at sequence 0 is as live as any. Not for LL-HLS playlists (`EXT-X-PART-INF`): a
+    /// start far behind the live edge would undo the part hold-back low latency rests on.
     pub default_live_start_offset: Option<f64>,
     /// Time ranges in seconds, measured by summing `EXTINF` durations from the first segment.
     /// In media playlists, segments overlapping a range are removed together with their own
@@ -225,7 +232,7 @@ pub fn rewrite_playlist(
 fn start_offset(opts: &RewriteOptions, summary: &scan::Summary) -> Result<Option<f64>, HlsError> {
     let offset = match (opts.start_offset, opts.default_live_start_offset) {
         (Some(x), _) => Some(x),
-        (None, Some(x)) if summary.is_live => Some(x),
+        (None, Some(x)) if summary.is_live && !summary.low_latency => Some(x),
         _ => None,
     };
     match offset {

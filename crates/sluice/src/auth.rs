@@ -2,6 +2,7 @@
 //! proxies. Tokens live in `auth/token`; what a browser may do, in `auth/browser`.
 
 pub mod browser;
+pub mod reuse;
 pub mod token;
 
 use std::borrow::Cow;

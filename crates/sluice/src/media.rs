@@ -51,6 +51,8 @@ pub struct Media {
     public_ip: public_ip::PublicIp,
     /// `/proxy/stream` bodies spliced socket to socket.
     spliced: prometheus_client::metrics::counter::Counter,
+    /// LL-HLS blocking playlist reloads shared across viewers.
+    blocking: hls::blocking::Blocking,
 }
 
 impl Media {
@@ -103,7 +105,9 @@ impl Media {
             "/proxy/stream response bodies moved socket to socket with splice(2)",
             spliced.clone(),
         );
+        let blocking = hls::blocking::Blocking::new(registry);
         Ok(Media {
+            blocking,
             spliced,
             pacer,
             public_ip,

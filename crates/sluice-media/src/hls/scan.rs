@@ -11,6 +11,8 @@ pub(crate) struct Summary {
     pub has_start: bool,
     /// Media playlist without `EXT-X-ENDLIST` and not `PLAYLIST-TYPE:VOD`.
     pub is_live: bool,
+    /// LL-HLS: the playlist has `EXT-X-PART-INF` (parts, a part hold-back for players).
+    pub low_latency: bool,
     /// Height of the variants that survive selection; `None` keeps them all.
     pub keep_height: Option<u32>,
 }
@@ -20,6 +22,7 @@ pub(crate) fn scan(body: &str, opts: &RewriteOptions) -> Result<Summary, HlsErro
     let mut has_start = false;
     let mut ended = false;
     let mut vod = false;
+    let mut low_latency = false;
     let mut heights = Vec::new();
     for line in lines(body) {
         if line.text.len() > MAX_LINE_LEN {
@@ -42,6 +45,7 @@ pub(crate) fn scan(body: &str, opts: &RewriteOptions) -> Result<Summary, HlsErro
             | "EXT-X-SESSION-DATA" => is_master = true,
             "EXT-X-START" => has_start = true,
             "EXT-X-ENDLIST" => ended = true,
+            "EXT-X-PART-INF" => low_latency = true,
             "EXT-X-PLAYLIST-TYPE" => vod |= value.trim() == "VOD",
             _ => {}
         }
@@ -55,6 +59,7 @@ pub(crate) fn scan(body: &str, opts: &RewriteOptions) -> Result<Summary, HlsErro
         is_master,
         has_start,
         is_live: !is_master && !ended && !vod,
+        low_latency,
         keep_height,
     })
 }

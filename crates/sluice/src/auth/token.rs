@@ -79,6 +79,8 @@ pub struct TokenGate {
     mediaflow: Option<TokenKey>,
     digest: [u8; 32],
     child_ttl: u64,
+    /// Child tokens reused across reloads (`auth::reuse`); starts empty with each password.
+    reuse: std::sync::Arc<super::reuse::Reuse>,
 }
 
 impl TokenGate {
@@ -95,6 +97,7 @@ impl TokenGate {
                 .then(|| TokenKey::new(password)),
             digest: Sha256::digest(password.as_bytes()).into(),
             child_ttl: config.child_token_ttl_secs,
+            reuse: Default::default(),
         })
     }
 
@@ -183,6 +186,25 @@ impl TokenGate {
             ip: parent.and_then(|p| p.ip.clone()),
         };
         self.sealed.seal(&grant, random_nonce())
+    }
+
+    /// [`TokenGate::mint`] of an expiring child, reusing the token this child of this parent
+    /// was last given while it has at least half the child lifetime left, so manifest reloads
+    /// keep their URLs (`auth::reuse`).
+    pub fn mint_child(
+        &self,
+        params: &[(String, String)],
+        paths: &[&str],
+        parent: Option<&TokenScope>,
+        now: u64,
+    ) -> String {
+        self.reuse
+            .get_or_mint(params, paths, parent, now, self.child_ttl, || {
+                let parent_exp = parent.and_then(|p| p.exp);
+                let own = now.saturating_add(self.child_ttl);
+                let exp = Some(parent_exp.map_or(own, |p| p.min(own)));
+                (self.mint(params, paths, parent, true, now), exp)
+            })
     }
 }
 

@@ -6,8 +6,10 @@
 //! - `manifest`: `manifest.m3u8` (master) and `playlist.m3u8` (one profile), MPD and sidx loading.
 //! - `segment`: `init.mp4` and `segment.mp4`, init processing and decryption.
 //! - `remux`: `segment.ts`, a segment decrypted and remuxed to MPEG-TS.
+//! - `out`: DASH out, `manifest.mpd` and its templated segments `out/{number}/{time}/segment.mp4`.
 
 pub mod manifest;
+pub mod out;
 pub mod remux;
 pub mod segment;
 
@@ -112,6 +114,10 @@ impl Dash {
             "segment.mp4" | "segment" => segment::segment(self, ctx).await,
             "segment.ts" => remux::segment_ts(self, ctx).await,
             "init.mp4" | "init" => segment::init(self, ctx).await,
+            "manifest.mpd" => out::manifest(self, ctx, links).await,
+            e if e.starts_with("out/") => {
+                out::template_segment(self, ctx, &e["out/".len()..]).await
+            }
             _ => Err(ProxyError::downstream(
                 StatusCode::NOT_FOUND,
                 "not_found",

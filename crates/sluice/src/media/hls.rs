@@ -5,6 +5,7 @@
 //! (`.m3u8`, `.m3u`, `.m3u_plus`, `type=m3u*`), `force_playlist_proxy` is set, or the upstream
 //! Content-Type contains `mpegurl`. Anything else streams through untouched.
 
+pub mod blocking;
 pub mod options;
 
 use http::header::{self, HeaderMap, HeaderValue};
@@ -106,6 +107,13 @@ async fn manifest(
 ) -> Result<Response<Body>, ProxyError> {
     let params = stream::parse_params(ctx)?;
     let opts = options::parse(&ctx.query, key_proxy, media.settings.live_start_offset)?;
+    // LL-HLS: a blocking reload or delta update goes upstream with its directives, shared.
+    let directives = rewriter::blocking::parse_directives(&ctx.query).map_err(|e| {
+        ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+    })?;
+    if let Some(d) = directives {
+        return blocking::serve(media, req.method() == Method::HEAD, ctx, &opts, &params, &d).await;
+    }
     let by_url = opts.force_playlist || rewriter::is_playlist_url(&params.destination);
     let up = if by_url {
         send(media, stream::fetch_request(&params)?).await?

@@ -4,7 +4,9 @@
 //! When a password is configured children are sealed path tokens (`/_token_<T>/proxy/...`) scoped
 //! to the child's endpoint family, expiring after `auth.child_token_ttl_secs` or with the parent,
 //! and bound to the parent's address, so the password never appears in a URL and a time- or
-//! IP-bound parent cannot mint unbounded children. Without a password children are plain query URLs.
+//! IP-bound parent cannot mint unbounded children. A reload gets the same child tokens while
+//! they have half their lifetime left, so live playlists keep stable URLs. Without a password
+//! children are plain query URLs.
 
 use std::sync::Arc;
 
@@ -41,7 +43,7 @@ impl Links {
         match &self.gate {
             Some(gate) => {
                 let family = family(endpoint);
-                let token = gate.mint(params, &[family], self.parent.as_ref(), true, token::now());
+                let token = gate.mint_child(params, &[family], self.parent.as_ref(), token::now());
                 format!("{}/_token_{token}{endpoint}", self.origin)
             }
             None => format!(
@@ -64,13 +66,15 @@ fn family(endpoint: &str) -> &str {
     }
 }
 
-/// The parent's parameters that children inherit: everything except the destination, credentials
-/// and the names `drop` rejects.
+/// The parent's parameters that children inherit: everything except the destination, credentials,
+/// LL-HLS delivery directives and the names `drop` rejects.
 pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     query
         .pairs()
         .iter()
         .filter(|(k, _)| !matches!(k.as_str(), "d" | "api_password" | "token" | "exp" | "ip"))
+        // LL-HLS delivery directives name one reload of one playlist, never a child's.
+        .filter(|(k, _)| !k.starts_with("_HLS_"))
         .filter(|(k, _)| !drop(k))
         .cloned()
         .collect()

@@ -135,6 +135,15 @@ async fn load(
 /// `mpd_ttl` (unless the origin says otherwise); a live one is used for at most its
 /// `minimumUpdatePeriod` (and `live_mpd_ttl`), so an older copy is fetched again.
 async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd>, ProxyError> {
+    Ok(load_mpd_text(dash, url, headers).await?.0)
+}
+
+/// [`load_mpd`] with the MPD's text (DASH out rewrites the text itself).
+pub(super) async fn load_mpd_text(
+    dash: &Dash,
+    url: &Url,
+    headers: &HeaderMap,
+) -> Result<(Arc<Mpd>, bytes::Bytes), ProxyError> {
     let part = Part {
         url: url.clone(),
         range: None,
@@ -149,7 +158,7 @@ async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd
         let text = std::str::from_utf8(&fetched.bytes).map_err(|_| bad_mpd("not UTF-8 text"))?;
         let mpd = parse_mpd(text, &fetched.final_url).map_err(bad_mpd)?;
         if !mpd.is_live() || max_age.is_some() {
-            return Ok(Arc::new(mpd));
+            return Ok((Arc::new(mpd), fetched.bytes));
         }
         let refresh = mpd
             .minimum_update_period
@@ -159,7 +168,7 @@ async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd
             .min(dash.settings.live_mpd_ttl)
             .as_secs();
         if fetched.age <= refresh {
-            return Ok(Arc::new(mpd));
+            return Ok((Arc::new(mpd), fetched.bytes));
         }
         // A live MPD older than its refresh period: once more, no older than that.
         max_age = Some(refresh);
@@ -167,7 +176,7 @@ async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd
 }
 
 /// The fragments listed by the `sidx` in `range` of `url` (bytes cached).
-async fn load_sidx(
+pub(super) async fn load_sidx(
     dash: &Dash,
     url: &Url,
     range: ByteRange,
@@ -191,7 +200,7 @@ async fn load_sidx(
 }
 
 /// A 502 for an MPD (or sidx) that cannot be used, with the reason.
-fn bad_mpd(e: impl std::fmt::Display) -> ProxyError {
+pub(super) fn bad_mpd(e: impl std::fmt::Display) -> ProxyError {
     ProxyError::new(
         Side::Upstream,
         StatusCode::BAD_GATEWAY,
@@ -200,7 +209,7 @@ fn bad_mpd(e: impl std::fmt::Display) -> ProxyError {
     )
 }
 
-fn unix_now() -> f64 {
+pub(super) fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())

@@ -1,0 +1,112 @@
+//! DASH out: `manifest.mpd` serves the origin's MPD rewritten for DASH players (every init and
+//! segment back through sluice, decrypted when the request carries ClearKey keys), and
+//! `out/{number}/{time}/segment.mp4` serves the segments of its SegmentTemplate tracks.
+
+use std::collections::HashMap;
+
+use http::{Response, StatusCode};
+use sluice_media::dash::out::{
+    rewrite_mpd, template_params, template_path, template_segment_url, OutOptions, OutUrl,
+};
+use sluice_media::dash::proxy::{self, media_params};
+use sluice_media::dash::{DashError, SidxFetch};
+use sluice_media::query::{ProxyParams, Query};
+use url::Url;
+
+use super::manifest::{bad_mpd, load_mpd_text, load_sidx, unix_now};
+use super::{bad_request, respond, segment, upstream_headers, Dash};
+use crate::body::Body;
+use crate::error::ProxyError;
+use crate::media::links::{self, Links};
+use crate::request::RequestContext;
+
+const MPD_TYPE: &str = "application/dash+xml";
+
+/// Most `sidx` boxes fetched for one MPD (one per SegmentBase Representation and Period).
+const MAX_SIDX_FETCHES: usize = 64;
+
+/// `/proxy/mpd/manifest.mpd`.
+pub async fn manifest(
+    dash: &Dash,
+    ctx: &RequestContext,
+    links: &Links,
+) -> Result<Response<Body>, ProxyError> {
+    let params = ProxyParams::from_query(&ctx.query).map_err(bad_request)?;
+    let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
+    let headers = upstream_headers(&params)?;
+    let (mpd, text) = load_mpd_text(dash, &params.destination, &headers).await?;
+    let text = std::str::from_utf8(&text).map_err(|_| bad_mpd("not UTF-8 text"))?;
+    let live = mpd.is_live();
+    // Keys: sluice decrypts, so players must not see protection. No keys: the content passes
+    // through as the origin serves it, protection signalling and all, for a player with its
+    // own licence.
+    let mut options = OutOptions {
+        now: unix_now(),
+        strip_protection: keys.is_some(),
+        sidx: HashMap::new(),
+    };
+    let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
+    for _ in 0..=MAX_SIDX_FETCHES {
+        let made = rewrite_mpd(text, &mpd, &options, |target| {
+            let (endpoint, mut p) = match target {
+                OutUrl::Template {
+                    rep,
+                    template,
+                    init,
+                } => (
+                    template_path(template),
+                    template_params(rep, template, init, live),
+                ),
+                OutUrl::Media(m) => {
+                    let (endpoint, p) = media_params(m, live);
+                    (endpoint.to_owned(), p)
+                }
+                OutUrl::File { url, .. } => {
+                    let mut p = vec![("d".to_owned(), url.to_string())];
+                    p.extend(carried.iter().filter(|(k, _)| k.starts_with("h_")).cloned());
+                    return links.url("/proxy/stream", &p);
+                }
+            };
+            p.extend(carried.iter().cloned());
+            links.url(&endpoint, &p)
+        });
+        match made {
+            Ok(out) => return respond(out, MPD_TYPE, &params),
+            Err(DashError::SidxMissing { url, range }) => {
+                let url = Url::parse(&url).map_err(bad_mpd)?;
+                let fragments = load_sidx(dash, &url, range, &headers).await?;
+                options.sidx.insert(SidxFetch { url, range }, fragments);
+            }
+            Err(e) => return Err(bad_mpd(e)),
+        }
+    }
+    Err(bad_mpd("too many sidx boxes to fetch"))
+}
+
+/// `/proxy/mpd/out/{number}/{time}/segment.mp4`: the sealed template rendered for the segment
+/// the player names in the path, then served as `segment.mp4` is.
+pub async fn template_segment(
+    dash: &Dash,
+    ctx: &RequestContext,
+    rest: &str,
+) -> Result<Response<Body>, ProxyError> {
+    let url = template_segment_url(rest, &ctx.query).map_err(|e| {
+        ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+    })?;
+    let mut pairs: Vec<(String, String)> = ctx
+        .query
+        .pairs()
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "seg_base" | "seg_template" | "rep_id" | "bandwidth"
+            )
+        })
+        .cloned()
+        .collect();
+    pairs.push(("segment_url".to_owned(), url.to_string()));
+    let mut child = ctx.clone();
+    child.query = Query::from_pairs(pairs);
+    segment::segment(dash, &child).await
+}
