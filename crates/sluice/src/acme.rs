@@ -404,12 +404,14 @@ impl Acme {
         };
         match issuer.renewal_window(&id).await {
             Some((start, end, ask_again)) => {
-                let at = pick_in(start, end);
+                // Never later than a sixth of the lifetime before expiry, whatever the window
+                // says: an order takes time, and a late window must not outlive the certificate.
+                let at = pick_in(start, end).min(held.renew_at(self.config.renew_remaining / 2.0));
                 let ask_again = ask_again.clamp(Duration::from_secs(60), Duration::from_secs(6 * 3600));
                 schedule
                     .ari
                     .insert(name.to_string(), (at, Instant::now() + ask_again));
-                at.min(held.not_after)
+                at
             }
             None => fallback,
         }

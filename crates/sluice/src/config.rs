@@ -884,6 +884,7 @@ pub fn left_out() -> Vec<(&'static str, &'static str)> {
     absent(cfg!(feature = "groups"), "upstreams", "reverse");
     absent(cfg!(feature = "tcp"), "tcp", "tcp");
     absent(cfg!(feature = "cache"), "cache", "cache");
+    absent(cfg!(feature = "acme"), "acme", "acme");
     out
 }
 
@@ -1189,7 +1190,8 @@ mod tests {
             feature = "media",
             feature = "iptv",
             feature = "reverse",
-            feature = "tcp"
+            feature = "tcp",
+            feature = "acme"
         ));
         assert_eq!(left_out().is_empty(), full);
         for (key, feature) in left_out() {

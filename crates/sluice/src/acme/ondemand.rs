@@ -102,7 +102,8 @@ impl OnDemand {
         let _ = tx.send(Some(issued));
     }
 
-    /// Names remembered now (for tests and the status of a flood).
+    /// Names remembered now.
+    #[cfg(test)]
     pub fn remembered(&self) -> usize {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.tried.len()

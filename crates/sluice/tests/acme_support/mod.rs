@@ -286,6 +286,7 @@ impl Bind {
   dnssec-validation no;
   allow-query {{ any; }};
 }};
+controls {{ }};
 {key_text}
 zone "{zone}" {{
   type primary;
