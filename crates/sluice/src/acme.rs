@@ -257,9 +257,8 @@ impl Acme {
             Some(path) => read_pem_certs(path)?,
             None => Vec::new(),
         };
-        let tls = crate::upstream::tls::client_config(true, false, &extra);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config((*tls).clone())
+            .with_tls_config(http1_client_config(&extra))
             .https_only()
             .enable_http1()
             .build();
@@ -479,6 +478,16 @@ impl Acme {
         let secs = min.saturating_mul(1u64 << failures.saturating_sub(1).min(30));
         Duration::from_secs(secs.min(self.config.retry_max_secs))
     }
+}
+
+/// Upstream TLS's client settings (bundled and system roots, plus `extra`) without ALPN, which
+/// the HTTPS connector sets itself.
+pub(crate) fn http1_client_config(
+    extra: &[rustls::pki_types::CertificateDer<'static>],
+) -> rustls::ClientConfig {
+    let mut config = (*crate::upstream::tls::client_config(true, false, extra)).clone();
+    config.alpn_protocols.clear();
+    config
 }
 
 /// The certificates of a PEM file (`acme.directory_ca`).

@@ -45,9 +45,8 @@ pub struct OnDemand {
 
 impl OnDemand {
     pub fn new(config: &OnDemandConfig) -> anyhow::Result<OnDemand> {
-        let tls = crate::upstream::tls::client_config(true, false, &[]);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config((*tls).clone())
+            .with_tls_config(super::http1_client_config(&[]))
             .https_or_http()
             .enable_http1()
             .build();

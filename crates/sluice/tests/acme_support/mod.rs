@@ -280,6 +280,8 @@ impl Bind {
                 r#"options {{
   directory "{w}";
   pid-file "{w}/named.pid";
+  session-keyfile "{w}/session.key";
+  managed-keys-directory "{w}";
   listen-on port {port} {{ 127.0.0.1; }};
   listen-on-v6 {{ none; }};
   recursion no;
