@@ -277,7 +277,11 @@ impl Acme {
             if let Some(json) = self.store.read_account(url) {
                 let creds: AccountCredentials =
                     serde_json::from_str(&json).context("unreadable stored ACME account")?;
-                return Ok(self.account_builder()?.from_credentials(creds).await?);
+                return self
+                    .account_builder()?
+                    .from_credentials(creds)
+                    .await
+                    .with_context(|| format!("ACME directory {url}"));
             }
             if let Some(l) = self.store.try_lock("account")? {
                 lock = Some(l);
@@ -298,7 +302,8 @@ impl Acme {
         let (account, creds) = self
             .account_builder()?
             .create(&new, url.to_string(), None)
-            .await?;
+            .await
+            .with_context(|| format!("ACME directory {url}"))?;
         self.store
             .write_account(url, &serde_json::to_string(&creds)?)
             .context("writing the ACME account")?;

@@ -223,7 +223,7 @@ async fn dns01_wildcard_through_rfc2136_updates_signed_with_tsig() {
     let log = bind.proc.log_text();
     assert!(log.contains("adding an RR at '_acme-challenge.dns01.test' TXT"), "{log}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !bind.proc.log_text().contains("deleting an RR at '_acme-challenge.dns01.test' TXT") {
+    while !bind.proc.log_text().contains("deleting an RR at _acme-challenge.dns01.test TXT") {
         assert!(Instant::now() < deadline, "{}", bind.proc.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -483,7 +483,7 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     let log = s.proc.log_text();
     let failed = log.matches("acme: order failed").count();
     assert!((2..=6).contains(&failed), "{failed} failures\n{log}");
-    assert!(log.contains("outcome=\"ca_error\"") || log.contains("outcome=ca_error"), "{log}");
+    assert!(log.contains("outcome=\"ca_error\""), "{log}");
     assert!(log.contains("retry_in_secs=4"), "{log}");
     assert_eq!(handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0], held[0]);
     assert!(handshake(s.tls, "new.acme.test", &[&root]).await.is_err());
@@ -501,8 +501,7 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     assert!(s.proc.running());
     assert_eq!(handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0], held[0]);
     let log = s.proc.log_text();
-    assert!(log.contains("acme: order failed"), "{log}");
-    assert!(log.contains("503") || log.contains("overloaded"), "{log}");
+    assert!(log.contains("acme: order failed name=new.acme.test outcome=\"ca_error\" error=CA error: ACME directory https://"), "{log}");
 }
 
 /// An HTTPS server (the test's listener CA) that answers every request with a 503 problem.
