@@ -71,8 +71,8 @@ impl Acme {
             return Ok(None);
         }
         let dir = config.state_path();
-        let store = Store::open(&dir)
-            .with_context(|| format!("acme state directory {}", dir.display()))?;
+        let store =
+            Store::open(&dir).with_context(|| format!("acme state directory {}", dir.display()))?;
         let dns = match &config.dns {
             Some(d) => Some(Arc::new(dns::Updater::new(d)?)),
             None => None,
@@ -214,7 +214,9 @@ impl Acme {
         }
         match self.certs.install(name, &pem, modified) {
             Ok(()) => self.export_expiry(name),
-            Err(e) => tracing::warn!(%name, error = %format!("{e:#}"), "acme: stored certificate unusable"),
+            Err(e) => {
+                tracing::warn!(%name, error = %format!("{e:#}"), "acme: stored certificate unusable")
+            }
         }
     }
 
@@ -238,7 +240,10 @@ impl Acme {
     async fn issuer(&self) -> Result<&Issuer, OrderError> {
         self.issuer
             .get_or_try_init(|| async {
-                let account = self.account().await.map_err(|e| OrderError::Ca(format!("{e:#}")))?;
+                let account = self
+                    .account()
+                    .await
+                    .map_err(|e| OrderError::Ca(format!("{e:#}")))?;
                 Ok(Issuer {
                     account,
                     certs: self.certs.clone(),
@@ -262,10 +267,9 @@ impl Acme {
             .https_only()
             .enable_http1()
             .build();
-        let client = hyper_util::client::legacy::Client::builder(
-            hyper_util::rt::TokioExecutor::new(),
-        )
-        .build::<_, instant_acme::BodyWrapper<bytes::Bytes>>(https);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build::<_, instant_acme::BodyWrapper<bytes::Bytes>>(https);
         Ok(Account::builder_with_http(Box::new(client)))
     }
 
@@ -411,7 +415,8 @@ impl Acme {
                 // Never later than a sixth of the lifetime before expiry, whatever the window
                 // says: an order takes time, and a late window must not outlive the certificate.
                 let at = pick_in(start, end).min(held.renew_at(self.config.renew_remaining / 2.0));
-                let ask_again = ask_again.clamp(Duration::from_secs(60), Duration::from_secs(6 * 3600));
+                let ask_again =
+                    ask_again.clamp(Duration::from_secs(60), Duration::from_secs(6 * 3600));
                 schedule
                     .ari
                     .insert(name.to_string(), (at, Instant::now() + ask_again));

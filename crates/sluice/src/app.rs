@@ -178,7 +178,8 @@ impl App {
         #[cfg(not(feature = "reverse"))]
         let routing = build_routing(config)?;
         #[cfg(feature = "acme")]
-        let acme = crate::acme::Acme::from_config(&config.acme, &config.route_hosts(), &mut registry)?;
+        let acme =
+            crate::acme::Acme::from_config(&config.acme, &config.route_hosts(), &mut registry)?;
         Ok(Arc::new(App {
             #[cfg(feature = "acme")]
             acme,

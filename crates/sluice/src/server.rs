@@ -551,7 +551,9 @@ impl Conn {
             if let Some(acme) = acme {
                 return acme.accept(stream, settings).await;
             }
-            tokio_rustls::TlsAcceptor::from(settings).accept(stream).await
+            tokio_rustls::TlsAcceptor::from(settings)
+                .accept(stream)
+                .await
         };
         match tokio::time::timeout(limit, handshake).await {
             Ok(Ok(tls)) => {

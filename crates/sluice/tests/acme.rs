@@ -84,7 +84,13 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
         ),
     );
     let root = pebble.root().await;
-    let chain = wait_for_cert(sluice.tls, "web.acme.test", &[&root], Duration::from_secs(30)).await;
+    let chain = wait_for_cert(
+        sluice.tls,
+        "web.acme.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
     // The leaf is for the name, and the file in the state directory is what is served.
     let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
     let sans: Vec<String> = leaf
@@ -117,16 +123,34 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
 
     // The plain listener redirects everything else to https, before any route or auth.
     let plain = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
-    let reply = raw(plain, b"GET /a?b=c HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n").await;
+    let reply = raw(
+        plain,
+        b"GET /a?b=c HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(reply.starts_with("HTTP/1.1 308"), "{reply}");
-    assert!(reply.contains("location: https://web.acme.test/a?b=c\r\n"), "{reply}");
-    let reply = raw(plain, b"GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert!(
+        reply.contains("location: https://web.acme.test/a?b=c\r\n"),
+        "{reply}"
+    );
+    let reply = raw(
+        plain,
+        b"GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
 
     let m = metrics(&sluice, "web.acme.test", &root).await;
-    assert_eq!(metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"), Some(1.0), "{m}");
-    let expiry = metric(&m, "sluice_acme_certificate_expiry_timestamp_seconds{name=\"web.acme.test\"}")
-        .expect("expiry gauge");
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    let expiry = metric(
+        &m,
+        "sluice_acme_certificate_expiry_timestamp_seconds{name=\"web.acme.test\"}",
+    )
+    .expect("expiry gauge");
     let not_after = leaf.validity().not_after.timestamp() as f64;
     assert_eq!(expiry, not_after);
 }
@@ -169,16 +193,30 @@ async fn tls_alpn01_in_the_handshake_and_unknown_names_fail_cleanly() {
         ),
     );
     let root = pebble.root().await;
-    let chain = wait_for_cert(sluice.tls, "alpn.acme.test", &[&root], Duration::from_secs(30)).await;
+    let chain = wait_for_cert(
+        sluice.tls,
+        "alpn.acme.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
     assert!(chain.len() >= 2, "leaf and intermediate");
     // A name nothing covers, on-demand off: the handshake fails (an alert), nothing is ordered,
     // and the server goes on serving.
-    let err = handshake(sluice.tls, "unknown.acme.test", &[&root]).await.unwrap_err();
+    let err = handshake(sluice.tls, "unknown.acme.test", &[&root])
+        .await
+        .unwrap_err();
     assert!(!err.is_empty());
-    let again = handshake(sluice.tls, "alpn.acme.test", &[&root]).await.unwrap();
+    let again = handshake(sluice.tls, "alpn.acme.test", &[&root])
+        .await
+        .unwrap();
     assert_eq!(again[0], chain[0]);
     let m = metrics(&sluice, "alpn.acme.test", &root).await;
-    assert_eq!(metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"), Some(1.0), "{m}");
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
     assert!(!m.contains("unknown.acme.test"));
 }
 
@@ -214,16 +252,36 @@ async fn dns01_wildcard_through_rfc2136_updates_signed_with_tsig() {
         ),
     );
     let root = pebble.root().await;
-    let chain = wait_for_cert(sluice.tls, "a.dns01.test", &[&root], Duration::from_secs(40)).await;
-    let other = handshake(sluice.tls, "b.dns01.test", &[&root]).await.unwrap();
-    assert_eq!(other[0], chain[0], "one wildcard certificate for every name under it");
+    let chain = wait_for_cert(
+        sluice.tls,
+        "a.dns01.test",
+        &[&root],
+        Duration::from_secs(40),
+    )
+    .await;
+    let other = handshake(sluice.tls, "b.dns01.test", &[&root])
+        .await
+        .unwrap();
+    assert_eq!(
+        other[0], chain[0],
+        "one wildcard certificate for every name under it"
+    );
     // Two labels deep is not covered by `*.dns01.test`.
-    assert!(handshake(sluice.tls, "x.y.dns01.test", &[&root]).await.is_err());
+    assert!(handshake(sluice.tls, "x.y.dns01.test", &[&root])
+        .await
+        .is_err());
     // BIND took the signed update, and the removal once the order was done.
     let log = bind.proc.log_text();
-    assert!(log.contains("adding an RR at '_acme-challenge.dns01.test' TXT"), "{log}");
+    assert!(
+        log.contains("adding an RR at '_acme-challenge.dns01.test' TXT"),
+        "{log}"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !bind.proc.log_text().contains("deleting an RR at _acme-challenge.dns01.test TXT") {
+    while !bind
+        .proc
+        .log_text()
+        .contains("deleting an RR at _acme-challenge.dns01.test TXT")
+    {
         assert!(Instant::now() < deadline, "{}", bind.proc.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -258,7 +316,13 @@ async fn renews_by_ari_and_swaps_live_with_no_failed_handshake() {
         ),
     );
     let root = pebble.root().await;
-    let first = wait_for_cert(sluice.tls, "renew.acme.test", &[&root], Duration::from_secs(30)).await;
+    let first = wait_for_cert(
+        sluice.tls,
+        "renew.acme.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
     let first_serial = serial(&first[0]);
     // Handshakes back to back, 4 at a time, until a new certificate is served (40 s at most).
     let failures = Arc::new(AtomicUsize::new(0));
@@ -292,10 +356,22 @@ async fn renews_by_ari_and_swaps_live_with_no_failed_handshake() {
     for w in workers {
         renewed.extend(w.await.unwrap());
     }
-    assert!(!renewed.is_empty(), "no renewed certificate within 40 s\n{}", sluice.proc.log_text());
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "{} handshakes", done.load(Ordering::Relaxed));
+    assert!(
+        !renewed.is_empty(),
+        "no renewed certificate within 40 s\n{}",
+        sluice.proc.log_text()
+    );
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "{} handshakes",
+        done.load(Ordering::Relaxed)
+    );
     let m = metrics(&sluice, "renew.acme.test", &root).await;
-    assert!(metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}").unwrap() >= 2.0, "{m}");
+    assert!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}").unwrap() >= 2.0,
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,7 +409,13 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
     // One account for both.
     let accounts = std::fs::read_dir(&state)
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("account-"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("account-")
+        })
         .count();
     assert_eq!(accounts, 1);
 }
@@ -356,7 +438,12 @@ async fn ask_server(allowed: &'static str) -> (std::net::SocketAddr, Arc<AtomicU
                 let ok = head.starts_with(&format!("GET /ask?domain={allowed} "));
                 let status = if ok { "200 OK" } else { "403 Forbidden" };
                 let _ = s
-                    .write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes())
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
                     .await;
             });
         }
@@ -400,13 +487,23 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
     if let Err(e) = handshake(sluice.tls, "yes.ondemand.test", &[&root]).await {
         eprintln!("first on-demand handshake did not wait long enough: {e}");
     }
-    wait_for_cert(sluice.tls, "yes.ondemand.test", &[&root], Duration::from_secs(30)).await;
+    wait_for_cert(
+        sluice.tls,
+        "yes.ondemand.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(asked.load(Ordering::Relaxed), 1);
     // A name the ask URL refuses: asked once, no order, the handshake fails.
-    assert!(handshake(sluice.tls, "no.ondemand.test", &[&root]).await.is_err());
+    assert!(handshake(sluice.tls, "no.ondemand.test", &[&root])
+        .await
+        .is_err());
     assert_eq!(asked.load(Ordering::Relaxed), 2);
     // And not asked again right away (once per name per `per_name_secs`).
-    assert!(handshake(sluice.tls, "no.ondemand.test", &[&root]).await.is_err());
+    assert!(handshake(sluice.tls, "no.ondemand.test", &[&root])
+        .await
+        .is_err());
     assert_eq!(asked.load(Ordering::Relaxed), 2);
 
     // A flood: 400 made-up names, 16 at a time. At most `per_minute` (5, two used) reach the
@@ -425,7 +522,9 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
                     return ended;
                 }
                 let name = format!("made-up-{i}.flood.test");
-                let r = tokio::time::timeout(Duration::from_secs(20), handshake(addr, &name, &[&root])).await;
+                let r =
+                    tokio::time::timeout(Duration::from_secs(20), handshake(addr, &name, &[&root]))
+                        .await;
                 assert!(matches!(r, Ok(Err(_))), "{name}: {r:?}");
                 ended += 1;
             }
@@ -436,15 +535,41 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         ended += w.await.unwrap();
     }
     assert_eq!(ended, 400);
-    assert!(asked.load(Ordering::Relaxed) <= 5, "asked {}", asked.load(Ordering::Relaxed));
+    assert!(
+        asked.load(Ordering::Relaxed) <= 5,
+        "asked {}",
+        asked.load(Ordering::Relaxed)
+    );
     let mut s = sluice;
     assert!(s.proc.running());
     let rss_after = s.rss_kb();
-    assert!(rss_after < rss_before + 20 * 1024, "{rss_before} kB -> {rss_after} kB");
+    assert!(
+        rss_after < rss_before + 20 * 1024,
+        "{rss_before} kB -> {rss_after} kB"
+    );
     let m = metrics(&s, "yes.ondemand.test", &root).await;
-    assert!(metric(&m, "sluice_acme_on_demand_decisions_total{decision=\"rate_limited\"}").unwrap() >= 390.0, "{m}");
-    assert_eq!(metric(&m, "sluice_acme_on_demand_decisions_total{decision=\"refused_by_ask\"}"), Some(4.0), "{m}");
-    assert_eq!(metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"), Some(1.0), "{m}");
+    assert!(
+        metric(
+            &m,
+            "sluice_acme_on_demand_decisions_total{decision=\"rate_limited\"}"
+        )
+        .unwrap()
+            >= 390.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_acme_on_demand_decisions_total{decision=\"refused_by_ask\"}"
+        ),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -467,12 +592,21 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     let names = "names = [\"kept.acme.test\"]\nchallenges = [\"tls-alpn-01\"]";
     let root = pebble.root().await;
     let held = {
-        let s = Sluice::start(t.dir.path(), "first", tls_port, &acme_section(&pebble, &state, names));
+        let s = Sluice::start(
+            t.dir.path(),
+            "first",
+            tls_port,
+            &acme_section(&pebble, &state, names),
+        );
         wait_for_cert(s.tls, "kept.acme.test", &[&root], Duration::from_secs(30)).await
     };
 
     // The CA goes away; sluice restarts with one more name to order.
-    let section = acme_section(&pebble, &state, "names = [\"kept.acme.test\", \"new.acme.test\"]\nchallenges = [\"tls-alpn-01\"]");
+    let section = acme_section(
+        &pebble,
+        &state,
+        "names = [\"kept.acme.test\", \"new.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+    );
     drop(pebble);
     let mut s = Sluice::start(t.dir.path(), "ca-down", tls_port, &section);
     let served = wait_for_cert(s.tls, "kept.acme.test", &[&root], Duration::from_secs(10)).await;
@@ -485,7 +619,10 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     assert!((2..=6).contains(&failed), "{failed} failures\n{log}");
     assert!(log.contains("outcome=\"ca_error\""), "{log}");
     assert!(log.contains("retry_in_secs=4"), "{log}");
-    assert_eq!(handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0], held[0]);
+    assert_eq!(
+        handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0],
+        held[0]
+    );
     assert!(handshake(s.tls, "new.acme.test", &[&root]).await.is_err());
     drop(s);
 
@@ -499,7 +636,10 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     let mut s = Sluice::start(t.dir.path(), "ca-errors", tls_port, &section);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(s.proc.running());
-    assert_eq!(handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0], held[0]);
+    assert_eq!(
+        handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0],
+        held[0]
+    );
     let log = s.proc.log_text();
     assert!(log.contains("acme: order failed name=new.acme.test outcome=\"ca_error\" error=CA error: ACME directory https://"), "{log}");
 }
@@ -514,16 +654,20 @@ async fn broken_ca(ca: &ListenerCa) -> std::net::SocketAddr {
         while let Ok((s, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else { return };
-                let svc = hyper::service::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
-                    let body = r#"{"type":"urn:ietf:params:acme:error:serverInternal","detail":"overloaded","status":503}"#;
-                    let resp = http::Response::builder()
-                        .status(503)
-                        .header("content-type", "application/problem+json")
-                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                        .unwrap();
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(
+                    |_req: http::Request<hyper::body::Incoming>| async {
+                        let body = r#"{"type":"urn:ietf:params:acme:error:serverInternal","detail":"overloaded","status":503}"#;
+                        let resp = http::Response::builder()
+                            .status(503)
+                            .header("content-type", "application/problem+json")
+                            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
                     .await;

@@ -142,9 +142,7 @@ impl Default for OnDemandConfig {
 impl AcmeConfig {
     /// Whether anything asks for automatic HTTPS (`route_hosts`: the `[[routes]]` hosts).
     pub fn active(&self, route_hosts: &[String]) -> bool {
-        !self.names.is_empty()
-            || self.on_demand.enabled
-            || (self.routes && !route_hosts.is_empty())
+        !self.names.is_empty() || self.on_demand.enabled || (self.routes && !route_hosts.is_empty())
     }
 
     /// The directory URL, with `production` and `staging` spelled out.
@@ -252,7 +250,9 @@ pub fn check_name(name: &str) -> anyhow::Result<()> {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         });
     if !ok {
         bail!("{name:?} is not a hostname a CA issues for");
@@ -277,7 +277,11 @@ mod tests {
         assert!(c.validate(&[]).unwrap_err().to_string().contains("dns-01"));
         c.names.pop();
         c.challenges.push(Challenge::Http01);
-        assert!(c.validate(&[]).unwrap_err().to_string().contains("http_listen"));
+        assert!(c
+            .validate(&[])
+            .unwrap_err()
+            .to_string()
+            .contains("http_listen"));
         assert!(check_name("bad_name.example.com").is_err());
         assert!(check_name("localhost").is_err());
         assert!(check_name("*.x.example").is_ok());

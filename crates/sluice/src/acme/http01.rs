@@ -89,7 +89,11 @@ pub fn answer<B>(certs: &Certs, req: &Request<B>) -> Response<Full<Bytes>> {
     if let Some(token) = path.strip_prefix(PREFIX) {
         return match certs.http_token(token) {
             Some(key_auth) => reply(StatusCode::OK, "text/plain", key_auth),
-            None => reply(StatusCode::NOT_FOUND, "text/plain", "no such challenge\n".into()),
+            None => reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "no such challenge\n".into(),
+            ),
         };
     }
     let host = req

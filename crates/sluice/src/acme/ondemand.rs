@@ -158,7 +158,10 @@ mod tests {
         ));
         assert!(matches!(g.gate("b.example.com"), Gate::Start(_)));
         assert!(matches!(g.gate("c.example.com"), Gate::Start(_)));
-        assert!(matches!(g.gate("d.example.com"), Gate::Refused("rate_limited")));
+        assert!(matches!(
+            g.gate("d.example.com"),
+            Gate::Refused("rate_limited")
+        ));
         assert!(matches!(g.gate("not_a name"), Gate::Refused("bad_name")));
         assert!(matches!(g.gate("*.example.com"), Gate::Refused("bad_name")));
 

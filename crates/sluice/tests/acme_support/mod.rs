@@ -209,9 +209,14 @@ impl Pebble {
 
     /// Pebble's root (made anew at each start), DER: what sluice's certificates must chain to.
     pub async fn root(&self) -> Vec<u8> {
-        let pem = https_text(self.management, "localhost", &[&self.listener_ca.ca_der], "/roots/0")
-            .await
-            .expect("pebble's root");
+        let pem = https_text(
+            self.management,
+            "localhost",
+            &[&self.listener_ca.ca_der],
+            "/roots/0",
+        )
+        .await
+        .expect("pebble's root");
         use rustls::pki_types::pem::PemObject;
         let der = CertificateDer::pem_slice_iter(pem.as_bytes()).next();
         der.unwrap().unwrap().to_vec()
@@ -430,10 +435,9 @@ pub async fn https_get(
         .connect(sn, tcp)
         .await
         .map_err(|e| e.to_string())?;
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
     let req = http::Request::get(path)
         .header("host", "127.0.0.1")
