@@ -395,6 +395,16 @@ impl Handler for App {
         App::splices_streams(self)
     }
 
+    #[cfg(feature = "tls")]
+    fn managed_certs(&self) -> Option<crate::server::tls::Managed> {
+        App::managed_certs(self)
+    }
+
+    #[cfg(feature = "acme")]
+    fn on_demand(&self) -> Option<Arc<crate::acme::Acme>> {
+        self.acme.clone().filter(|a| a.on_demand())
+    }
+
     #[cfg(feature = "reverse")]
     type FastRoute = FastRoute;
 

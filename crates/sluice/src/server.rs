@@ -76,13 +76,12 @@ pub fn tls_settings(
     tls::sni_server_config_with(default, &config.certificates, acme).map(Some)
 }
 
-/// The live TLS settings for a server config (with the app's ACME certificates); in a build
+/// The live TLS settings for a server config (with the handler's ACME certificates); in a build
 /// without `tls`, a config that asks for TLS is refused instead of served in plain text.
 #[cfg(feature = "tls")]
-fn tls_handle(config: &ServerConfig, app: &App) -> anyhow::Result<TlsHandle> {
+fn tls_handle(config: &ServerConfig, acme: Option<tls::Managed>) -> anyhow::Result<TlsHandle> {
     Ok(Arc::new(arc_swap::ArcSwapOption::new(tls_settings(
-        config,
-        app.managed_certs(),
+        config, acme,
     )?)))
 }
 
@@ -119,7 +118,7 @@ impl<H: Handler> Server<H> {
             return Ok(Server {
                 listeners: Listeners::PerCore(per_core),
                 #[cfg(feature = "tls")]
-                tls: tls_handle(config, &app)?,
+                tls: tls_handle(config, handler.managed_certs())?,
                 config: config.clone(),
                 handler,
             });
@@ -136,7 +135,7 @@ impl<H: Handler> Server<H> {
         Ok(Server {
             listeners: Listeners::Shared(listeners),
             #[cfg(feature = "tls")]
-            tls: tls_handle(config, &app)?,
+            tls: tls_handle(config, handler.managed_certs())?,
             config: config.clone(),
             handler,
         })
@@ -160,7 +159,7 @@ impl<H: Handler> Server<H> {
                     .collect(),
             ),
             #[cfg(feature = "tls")]
-            tls: tls_handle(config, &app)?,
+            tls: tls_handle(config, handler.managed_certs())?,
             config: config.clone(),
             handler,
         })
@@ -558,7 +557,7 @@ impl<H: Handler> Conn<H> {
     ) {
         let limit = self.timeouts.tls_handshake;
         #[cfg(feature = "acme")]
-        let acme = self.app.acme().filter(|a| a.on_demand()).cloned();
+        let acme = self.handler.on_demand();
         let handshake = async move {
             // On-demand issuance reads the ClientHello first and may order a certificate.
             #[cfg(feature = "acme")]
