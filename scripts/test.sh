@@ -23,6 +23,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# The ACME tests: Pebble and its DNS test server (Go module proxy), BIND 9 (Debian).
+./scripts/acme-tools
+
 # Multicast tests join groups on the loopback interface only.
 if command -v ip >/dev/null 2>&1; then
   ip link set lo multicast on 2>/dev/null || true

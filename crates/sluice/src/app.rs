@@ -75,6 +75,9 @@ pub struct App {
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     cache: Arc<crate::cache::CacheSlot>,
     reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
+    /// Automatic HTTPS, when `[acme]` asks for it.
+    #[cfg(feature = "acme")]
+    acme: Option<Arc<crate::acme::Acme>>,
     media_on: bool,
     /// Whether the media front end was built with the cache (`Config::media_caches`).
     media_caches: bool,
@@ -162,7 +165,12 @@ impl App {
         )?;
         #[cfg(not(feature = "reverse"))]
         let routing = build_routing(config)?;
+        #[cfg(feature = "acme")]
+        let acme =
+            crate::acme::Acme::from_config(&config.acme, &config.route_hosts(), &mut registry)?;
         Ok(Arc::new(App {
+            #[cfg(feature = "acme")]
+            acme,
             #[cfg(feature = "cache")]
             cache: Arc::new(cache_slot),
             #[cfg(feature = "groups")]
@@ -281,6 +289,21 @@ impl App {
         self.cache.get()
     }
 
+    /// The ACME service, when `[acme]` asks for it.
+    #[cfg(feature = "acme")]
+    pub fn acme(&self) -> Option<&Arc<crate::acme::Acme>> {
+        self.acme.as_ref()
+    }
+
+    /// The certificates ACME keeps, for the TLS settings (`None` without ACME).
+    #[cfg(feature = "tls")]
+    pub fn managed_certs(&self) -> Option<crate::server::tls::Managed> {
+        #[cfg(feature = "acme")]
+        return self.acme.as_ref().map(|a| a.certs().clone());
+        #[cfg(not(feature = "acme"))]
+        None
+    }
+
     /// Whether plain HTTP/1.1 connections offer `/proxy/stream` a splice tap.
     pub fn splices_streams(&self) -> bool {
         #[cfg(feature = "media")]
@@ -370,6 +393,16 @@ impl Handler for App {
 
     fn splices_streams(&self) -> bool {
         App::splices_streams(self)
+    }
+
+    #[cfg(feature = "tls")]
+    fn managed_certs(&self) -> Option<crate::server::tls::Managed> {
+        App::managed_certs(self)
+    }
+
+    #[cfg(feature = "acme")]
+    fn on_demand(&self) -> Option<Arc<crate::acme::Acme>> {
+        self.acme.clone().filter(|a| a.on_demand())
     }
 
     #[cfg(feature = "reverse")]

@@ -46,6 +46,9 @@ pub struct Config {
     /// The slice cache service (`[cache]`), used by routes with `cache = true`.
     #[cfg(feature = "cache")]
     pub cache: crate::cache::CacheConfig,
+    /// Automatic HTTPS (`[acme]`).
+    #[cfg(feature = "acme")]
+    pub acme: crate::acme::AcmeConfig,
 }
 
 /// Listeners and the downstream HTTP server.
@@ -566,6 +569,14 @@ impl Config {
         false
     }
 
+    /// Every `[[routes]]` host (what `acme.routes = true` holds certificates for).
+    pub fn route_hosts(&self) -> Vec<String> {
+        #[cfg(feature = "reverse")]
+        return self.routes.iter().filter_map(|r| r.host.clone()).collect();
+        #[cfg(not(feature = "reverse"))]
+        Vec::new()
+    }
+
     /// Whether any front end uses the slice cache service.
     #[cfg(feature = "cache")]
     pub fn needs_cache(&self) -> bool {
@@ -638,6 +649,8 @@ impl Config {
     /// Checks what types alone cannot.
     pub fn validate(&self) -> anyhow::Result<()> {
         let s = &self.server;
+        #[cfg(feature = "acme")]
+        self.acme.validate(&self.route_hosts())?;
         if s.listen.is_empty() {
             bail!("server.listen is empty: give at least one address, e.g. \"127.0.0.1:8888\"");
         }
@@ -872,6 +885,7 @@ pub fn left_out() -> Vec<(&'static str, &'static str)> {
     absent(cfg!(feature = "groups"), "upstreams", "reverse");
     absent(cfg!(feature = "tcp"), "tcp", "tcp");
     absent(cfg!(feature = "cache"), "cache", "cache");
+    absent(cfg!(feature = "acme"), "acme", "acme");
     out
 }
 
@@ -1177,7 +1191,8 @@ mod tests {
             feature = "media",
             feature = "iptv",
             feature = "reverse",
-            feature = "tcp"
+            feature = "tcp",
+            feature = "acme"
         ));
         assert_eq!(left_out().is_empty(), full);
         for (key, feature) in left_out() {

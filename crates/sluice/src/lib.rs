@@ -21,6 +21,7 @@
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
 //! - `dropin`: MediaFlow's container environment variables read as sluice's own.
+//! - `acme`: automatic HTTPS: certificates from an ACME CA, renewed, shared through a directory.
 //!
 //! Each front end is a Cargo feature, all on by default: `media`, `iptv`, `reverse` (with the
 //! `cache` service), `tcp`; `groups` (upstream groups) comes with `reverse` or `tcp`. Services
@@ -28,6 +29,8 @@
 //! `http2`, `multi-thread` (the work-stealing runtime). `app`, `config`, `server` and this file
 //! are the wiring points that know which are built; see `docs/iptv.md` for the gateway-only build.
 
+#[cfg(feature = "acme")]
+pub mod acme;
 pub mod app;
 pub mod auth;
 pub mod body;
@@ -87,6 +90,10 @@ pub async fn serve_reloadable(
     #[cfg(feature = "tcp")]
     tcp.apply(&config.tcp, app.groups().current())?;
     let server = server::Server::bind(&config.server, app.clone())?;
+    #[cfg(feature = "acme")]
+    if let Some(acme) = app.acme() {
+        acme.start()?;
+    }
     for (listener, addr) in server.bound() {
         tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");
     }
@@ -100,7 +107,10 @@ pub async fn serve_reloadable(
         // the TCP part's commit (run after it) re-applies the listeners over that generation.
         reloader.add("routes", app.reload_part());
         #[cfg(feature = "tls")]
-        reloader.add("tls", server::reload::tls_part(server.tls_handle()));
+        reloader.add(
+            "tls",
+            server::reload::tls_part_with(server.tls_handle(), app.managed_certs()),
+        );
         #[cfg(feature = "tcp")]
         reloader.add(
             "tcp",

@@ -62,23 +62,26 @@ pub type TlsHandle = Arc<arc_swap::ArcSwapOption<rustls::ServerConfig>>;
 
 /// The TLS settings a server config asks for (`None`: plain HTTP).
 #[cfg(feature = "tls")]
-pub fn tls_settings(config: &ServerConfig) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+pub fn tls_settings(
+    config: &ServerConfig,
+    acme: Option<tls::Managed>,
+) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
     let default = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
         _ => None,
     };
-    if default.is_none() && config.certificates.is_empty() {
+    if default.is_none() && config.certificates.is_empty() && acme.is_none() {
         return Ok(None);
     }
-    tls::sni_server_config(default, &config.certificates).map(Some)
+    tls::sni_server_config_with(default, &config.certificates, acme).map(Some)
 }
 
-/// The live TLS settings for a server config; in a build without `tls`, a config that asks for
-/// TLS is refused instead of served in plain text.
+/// The live TLS settings for a server config (with the handler's ACME certificates); in a build
+/// without `tls`, a config that asks for TLS is refused instead of served in plain text.
 #[cfg(feature = "tls")]
-fn tls_handle(config: &ServerConfig) -> anyhow::Result<TlsHandle> {
+fn tls_handle(config: &ServerConfig, acme: Option<tls::Managed>) -> anyhow::Result<TlsHandle> {
     Ok(Arc::new(arc_swap::ArcSwapOption::new(tls_settings(
-        config,
+        config, acme,
     )?)))
 }
 
@@ -115,7 +118,7 @@ impl<H: Handler> Server<H> {
             return Ok(Server {
                 listeners: Listeners::PerCore(per_core),
                 #[cfg(feature = "tls")]
-                tls: tls_handle(config)?,
+                tls: tls_handle(config, handler.managed_certs())?,
                 config: config.clone(),
                 handler,
             });
@@ -132,7 +135,7 @@ impl<H: Handler> Server<H> {
         Ok(Server {
             listeners: Listeners::Shared(listeners),
             #[cfg(feature = "tls")]
-            tls: tls_handle(config)?,
+            tls: tls_handle(config, handler.managed_certs())?,
             config: config.clone(),
             handler,
         })
@@ -156,7 +159,7 @@ impl<H: Handler> Server<H> {
                     .collect(),
             ),
             #[cfg(feature = "tls")]
-            tls: tls_handle(config)?,
+            tls: tls_handle(config, handler.managed_certs())?,
             config: config.clone(),
             handler,
         })
@@ -552,11 +555,28 @@ impl<H: Handler> Conn<H> {
         peer: SocketAddr,
         settings: Arc<rustls::ServerConfig>,
     ) {
-        let acceptor = tokio_rustls::TlsAcceptor::from(settings);
         let limit = self.timeouts.tls_handshake;
-        match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+        #[cfg(feature = "acme")]
+        let acme = self.handler.on_demand();
+        let handshake = async move {
+            // On-demand issuance reads the ClientHello first and may order a certificate.
+            #[cfg(feature = "acme")]
+            if let Some(acme) = acme {
+                return acme.accept(stream, settings).await;
+            }
+            tokio_rustls::TlsAcceptor::from(settings)
+                .accept(stream)
+                .await
+        };
+        match tokio::time::timeout(limit, handshake).await {
             Ok(Ok(tls)) => {
-                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let alpn = tls.get_ref().1.alpn_protocol();
+                // A TLS-ALPN-01 validation: the handshake was all of it (RFC 8737 section 3).
+                #[cfg(feature = "acme")]
+                if alpn == Some(crate::acme::ACME_TLS_ALPN) {
+                    return;
+                }
+                let h2 = alpn == Some(b"h2");
                 let tls = self.screened(tls, h2);
                 self.drive(tls, watch, peer, true, None).await
             }

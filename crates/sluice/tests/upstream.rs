@@ -256,7 +256,7 @@ async fn a_private_ca_in_upstream_ca_file_is_trusted() {
     let leaf_key = rcgen::KeyPair::generate().unwrap();
     let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
         .unwrap()
-        .signed_by(&leaf_key, &ca, &ca_key)
+        .signed_by(&leaf_key, &rcgen::Issuer::from_params(&ca_params, &ca_key))
         .unwrap();
     let mut cert = tempfile::NamedTempFile::new().unwrap();
     cert.write_all(leaf.pem().as_bytes()).unwrap();

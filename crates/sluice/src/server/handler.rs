@@ -41,6 +41,20 @@ pub trait Handler: Send + Sync + 'static {
     /// Whether plain HTTP/1.1 connections offer handlers a splice tap (`spliced`).
     fn splices_streams(&self) -> bool;
 
+    /// The certificates automatic HTTPS keeps, for the SNI resolver (`None`: certificate files
+    /// only).
+    #[cfg(feature = "tls")]
+    fn managed_certs(&self) -> Option<super::tls::Managed> {
+        None
+    }
+
+    /// Automatic HTTPS with on-demand issuance on: it completes TLS handshakes itself (reading
+    /// the ClientHello first).
+    #[cfg(feature = "acme")]
+    fn on_demand(&self) -> Option<std::sync::Arc<crate::acme::Acme>> {
+        None
+    }
+
     /// What [`Handler::fast_route`] found for a simple head, handed back to
     /// [`Handler::serve_fast`].
     #[cfg(feature = "reverse")]

@@ -251,8 +251,14 @@ pub async fn on_sighup(reloader: Arc<Reloader>) {
 /// The TLS part: new certificates for new handshakes. Turning TLS on or off needs a restart.
 #[cfg(feature = "tls")]
 pub fn tls_part(handle: super::TlsHandle) -> Prepare {
+    tls_part_with(handle, None)
+}
+
+/// [`tls_part`] for a server that also serves ACME's certificates (`acme`).
+#[cfg(feature = "tls")]
+pub fn tls_part_with(handle: super::TlsHandle, acme: Option<super::tls::Managed>) -> Prepare {
     Box::new(move |config: &Config| {
-        let new = super::tls_settings(&config.server)?;
+        let new = super::tls_settings(&config.server, acme.clone())?;
         if new.is_some() != handle.load().is_some() {
             anyhow::bail!("turning TLS on or off needs a restart");
         }

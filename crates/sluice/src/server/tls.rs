@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "tls")]
 mod sni;
 #[cfg(feature = "tls")]
-pub use sni::{server_config, sni_server_config};
+pub use sni::{server_config, sni_server_config, sni_server_config_with, Managed};
 
 /// One `[[server.certificates]]` entry: a certificate served for the names listed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -18,7 +18,7 @@ impl SelfSigned {
         let mut cert = tempfile::NamedTempFile::new().unwrap();
         cert.write_all(ck.cert.pem().as_bytes()).unwrap();
         let mut key = tempfile::NamedTempFile::new().unwrap();
-        key.write_all(ck.key_pair.serialize_pem().as_bytes())
+        key.write_all(ck.signing_key.serialize_pem().as_bytes())
             .unwrap();
         SelfSigned {
             der: ck.cert.der().to_vec(),

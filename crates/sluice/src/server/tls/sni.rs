@@ -25,6 +25,16 @@ pub fn sni_server_config(
     default: Option<(&Path, &Path)>,
     by_name: &[CertConfig],
 ) -> anyhow::Result<Arc<ServerConfig>> {
+    sni_server_config_with(default, by_name, None)
+}
+
+/// [`sni_server_config`], plus the certificates ACME keeps (`acme`): after an exact static
+/// name, before a static wildcard; and the TLS-ALPN-01 challenge certificates.
+pub fn sni_server_config_with(
+    default: Option<(&Path, &Path)>,
+    by_name: &[CertConfig],
+    acme: Option<Managed>,
+) -> anyhow::Result<Arc<ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let load = |cert: &Path, key: &Path| -> anyhow::Result<Arc<CertifiedKey>> {
         // PEM read by `rustls-pki-types` (`rustls-pemfile` is unmaintained, RUSTSEC-2025-0134).
@@ -71,6 +81,15 @@ pub fn sni_server_config(
     resolver
         .wildcard
         .sort_by_key(|w| std::cmp::Reverse(w.0.len()));
+    #[cfg(feature = "acme")]
+    if let Some(certs) = &acme {
+        certs.set_static(
+            resolver.exact.keys().cloned().collect(),
+            resolver.wildcard.iter().map(|w| w.0.clone()).collect(),
+        );
+    }
+    let acme_on = acme.is_some();
+    resolver.acme = acme;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
@@ -80,24 +99,64 @@ pub fn sni_server_config(
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    // Offered by the CA's validation only (RFC 8737); no browser asks for it.
+    #[cfg(feature = "acme")]
+    if acme_on {
+        config
+            .alpn_protocols
+            .push(crate::acme::ACME_TLS_ALPN.to_vec());
+    }
+    #[cfg(not(feature = "acme"))]
+    let _ = acme_on;
     Ok(Arc::new(config))
 }
 
+/// The certificates ACME keeps, when the build has it.
+#[cfg(feature = "acme")]
+pub type Managed = Arc<crate::acme::Certs>;
+#[cfg(not(feature = "acme"))]
+pub type Managed = std::convert::Infallible;
+
 /// Certificates by server name.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct SniResolver {
     exact: HashMap<String, Arc<CertifiedKey>>,
     /// `.domain` suffixes, longest first.
     wildcard: Vec<(String, Arc<CertifiedKey>)>,
     default: Option<Arc<CertifiedKey>>,
+    #[cfg_attr(not(feature = "acme"), allow(dead_code))]
+    acme: Option<Managed>,
+}
+
+impl std::fmt::Debug for SniResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SniResolver")
+            .field("exact", &self.exact.keys())
+            .field("acme", &self.acme.is_some())
+            .finish()
+    }
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         if let Some(name) = hello.server_name() {
             let name = name.to_ascii_lowercase();
+            #[cfg(feature = "acme")]
+            if let Some(acme) = &self.acme {
+                // A TLS-ALPN-01 validation gets the challenge certificate or nothing.
+                let challenge = hello.alpn().is_some_and(|mut protocols| {
+                    protocols.any(|p| p == crate::acme::ACME_TLS_ALPN)
+                });
+                if challenge {
+                    return acme.alpn_challenge(&name);
+                }
+            }
             if let Some(c) = self.exact.get(&name) {
                 return Some(c.clone());
+            }
+            #[cfg(feature = "acme")]
+            if let Some(c) = self.acme.as_ref().and_then(|a| a.certificate(&name)) {
+                return Some(c);
             }
             if let Some((_, c)) = self
                 .wildcard

@@ -1,0 +1,535 @@
+//! Automatic HTTPS: certificates from an ACME CA (RFC 8555) for the configured hostnames and,
+//! behind the operator's `ask` check, for names first seen in a handshake; renewed before expiry
+//! (RFC 9773 renewal windows when the CA offers them); kept in a state directory several nodes
+//! share, one order per name at a time across them.
+//!
+//! The TLS server asks [`Certs`] for a name's certificate in each handshake; this module only
+//! fills it. HTTP-01 is answered on the plain listener of `acme.http_listen` (`http01`),
+//! TLS-ALPN-01 in the handshake (`certs`), DNS-01 by RFC 2136 updates (`dns`).
+
+mod certs;
+pub mod config;
+mod dns;
+mod http01;
+mod issue;
+mod metrics;
+mod ondemand;
+mod store;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use instant_acme::{Account, AccountCredentials, CertificateIdentifier, NewAccount};
+use prometheus_client::registry::Registry;
+use tokio::sync::{Notify, OnceCell};
+
+pub use certs::{Certs, ACME_TLS_ALPN};
+pub use config::AcmeConfig;
+pub use dns::parse_key_file;
+use issue::{Issuer, OrderError};
+use metrics::{AcmeMetrics, NameLabels};
+use ondemand::{Gate, OnDemand};
+use store::Store;
+
+/// The ACME service: one account, one store, one set of live certificates.
+pub struct Acme {
+    config: AcmeConfig,
+    names: Vec<String>,
+    certs: Arc<Certs>,
+    store: Store,
+    metrics: AcmeMetrics,
+    issuer: OnceCell<Issuer>,
+    dns: Option<Arc<dns::Updater>>,
+    on_demand: Option<OnDemand>,
+    /// When each order of the last hour started (`acme.orders_per_hour`).
+    orders: Mutex<VecDeque<Instant>>,
+    /// Wakes the renewal loop early (an on-demand name was added).
+    wake: Notify,
+}
+
+/// Per-name state of the renewal loop.
+#[derive(Default)]
+struct Schedule {
+    /// Failures in a row and when to try again.
+    retry: HashMap<String, (u32, Instant)>,
+    /// The ARI renewal time chosen for a certificate, and when to ask again.
+    ari: HashMap<String, (SystemTime, Instant)>,
+}
+
+impl Acme {
+    /// Builds the service when the section asks for anything (`route_hosts`: the `[[routes]]`
+    /// hosts), and loads what the state directory already holds. Nothing is ordered yet.
+    pub fn from_config(
+        config: &AcmeConfig,
+        route_hosts: &[String],
+        registry: &mut Registry,
+    ) -> anyhow::Result<Option<Arc<Acme>>> {
+        if !config.active(route_hosts) {
+            return Ok(None);
+        }
+        let dir = config.state_path();
+        let store =
+            Store::open(&dir).with_context(|| format!("acme state directory {}", dir.display()))?;
+        let dns = match &config.dns {
+            Some(d) => Some(Arc::new(dns::Updater::new(d)?)),
+            None => None,
+        };
+        let on_demand = match config.on_demand.enabled {
+            true => Some(OnDemand::new(&config.on_demand)?),
+            false => None,
+        };
+        let acme = Acme {
+            config: config.clone(),
+            names: config.all_names(route_hosts),
+            certs: Arc::new(Certs::default()),
+            store,
+            metrics: AcmeMetrics::register(registry),
+            issuer: OnceCell::new(),
+            dns,
+            on_demand,
+            orders: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+        };
+        for name in acme.store.stored_names() {
+            acme.refresh_from_store(&name);
+        }
+        Ok(Some(Arc::new(acme)))
+    }
+
+    /// The live certificates the SNI resolver reads.
+    pub fn certs(&self) -> &Arc<Certs> {
+        &self.certs
+    }
+
+    /// Whether handshakes for unknown names may start orders.
+    pub fn on_demand(&self) -> bool {
+        self.on_demand.is_some()
+    }
+
+    /// Binds `acme.http_listen` and starts the renewal loop; returns the plain listeners' addresses.
+    pub fn start(self: &Arc<Self>) -> anyhow::Result<Vec<SocketAddr>> {
+        let bound = http01::start(&self.config.http_listen, self.certs.clone())?;
+        for addr in &bound {
+            tracing::info!(%addr, "acme: plain listener for HTTP-01 and redirects");
+        }
+        tokio::spawn(self.clone().run());
+        Ok(bound)
+    }
+
+    /// Completes a TLS handshake, first obtaining a certificate on demand when the ClientHello
+    /// names a host nothing covers yet (within `acme.on_demand.wait_secs`).
+    pub async fn accept<IO>(
+        self: &Arc<Self>,
+        io: IO,
+        settings: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<IO>>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let acceptor = rustls::server::Acceptor::default();
+        let start = tokio_rustls::LazyConfigAcceptor::new(acceptor, io).await?;
+        let hello = start.client_hello();
+        let challenge = hello
+            .alpn()
+            .is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN));
+        let name = hello.server_name().map(|n| n.to_ascii_lowercase());
+        if let (Some(name), false) = (name, challenge) {
+            if !self.certs.covers(&name) {
+                self.obtain(&name).await;
+            }
+        }
+        start.into_stream(settings).await
+    }
+
+    /// On-demand issuance for `name`; true when a certificate for it is held afterwards.
+    pub async fn obtain(self: &Arc<Self>, name: &str) -> bool {
+        let Some(od) = &self.on_demand else {
+            return false;
+        };
+        let mut rx = match od.gate(name) {
+            Gate::Refused(why) => {
+                self.metrics.decision(why);
+                tracing::debug!(%name, why, "acme: on-demand issuance refused");
+                return false;
+            }
+            Gate::Wait(rx) => rx,
+            Gate::Start(tx) => {
+                let rx = tx.subscribe();
+                let me = self.clone();
+                let name = name.to_string();
+                tokio::spawn(async move {
+                    let issued = me.ask_and_issue(&name).await;
+                    if let Some(od) = &me.on_demand {
+                        od.done(&name, tx, issued);
+                    }
+                    if issued {
+                        me.wake.notify_one();
+                    }
+                });
+                rx
+            }
+        };
+        let wait = Duration::from_secs(od.config.wait_secs);
+        let _ = tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await;
+        self.certs.certificate(name).is_some()
+    }
+
+    async fn ask_and_issue(&self, name: &str) -> bool {
+        let Some(od) = &self.on_demand else {
+            return false;
+        };
+        match od.ask(name).await {
+            Ok(true) => {
+                self.metrics.decision("allowed");
+                self.issue(name).await.is_ok()
+            }
+            Ok(false) => {
+                self.metrics.decision("refused_by_ask");
+                tracing::info!(%name, "acme: the ask URL refused on-demand issuance");
+                false
+            }
+            Err(e) => {
+                self.metrics.decision("ask_failed");
+                tracing::warn!(%name, error = %e, "acme: the ask URL did not answer; no on-demand issuance");
+                false
+            }
+        }
+    }
+
+    /// Reads `name`'s stored certificate if the file is newer than the one held (another node
+    /// may have renewed it). A broken file is logged and left; the held certificate stays.
+    fn refresh_from_store(&self, name: &str) {
+        let Some((pem, modified)) = self.store.read_cert(name) else {
+            return;
+        };
+        if self
+            .certs
+            .held(name)
+            .is_some_and(|h| h.modified >= modified)
+        {
+            return;
+        }
+        match self.certs.install(name, &pem, modified) {
+            Ok(()) => self.export_expiry(name),
+            Err(e) => {
+                tracing::warn!(%name, error = %format!("{e:#}"), "acme: stored certificate unusable")
+            }
+        }
+    }
+
+    fn export_expiry(&self, name: &str) {
+        if let Some(h) = self.certs.held(name) {
+            let secs = h
+                .not_after
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            self.metrics
+                .expiry
+                .get_or_create(&NameLabels {
+                    name: name.to_string(),
+                })
+                .set(secs as i64);
+        }
+    }
+
+    /// The account (created, or read from the state directory) and the order machinery.
+    async fn issuer(&self) -> Result<&Issuer, OrderError> {
+        self.issuer
+            .get_or_try_init(|| async {
+                let account = self
+                    .account()
+                    .await
+                    .map_err(|e| OrderError::Ca(format!("{e:#}")))?;
+                Ok(Issuer {
+                    account,
+                    certs: self.certs.clone(),
+                    dns: self.dns.clone(),
+                    challenges: self.config.challenges.clone(),
+                    timeout: Duration::from_secs(self.config.order_timeout_secs),
+                })
+            })
+            .await
+    }
+
+    /// The CA's HTTPS client: the roots upstream TLS trusts (bundled and system), plus
+    /// `acme.directory_ca`.
+    fn account_builder(&self) -> anyhow::Result<instant_acme::AccountBuilder> {
+        let extra = match &self.config.directory_ca {
+            Some(path) => read_pem_certs(path)?,
+            None => Vec::new(),
+        };
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(http1_client_config(&extra))
+            .https_only()
+            .enable_http1()
+            .build();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build::<_, instant_acme::BodyWrapper<bytes::Bytes>>(https);
+        Ok(Account::builder_with_http(Box::new(client)))
+    }
+
+    async fn account(&self) -> anyhow::Result<Account> {
+        let url = self.config.directory_url();
+        // Another node may be creating the account: wait for its lock, then read what it wrote.
+        let mut lock = None;
+        for _ in 0..300 {
+            if let Some(json) = self.store.read_account(url) {
+                let creds: AccountCredentials =
+                    serde_json::from_str(&json).context("unreadable stored ACME account")?;
+                return self
+                    .account_builder()?
+                    .from_credentials(creds)
+                    .await
+                    .with_context(|| format!("ACME directory {url}"));
+            }
+            if let Some(l) = self.store.try_lock("account")? {
+                lock = Some(l);
+                if self.store.read_account(url).is_none() {
+                    break;
+                }
+                continue;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _lock = lock.context("another node holds the account lock")?;
+        let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
+        let new = NewAccount {
+            contact: &contact,
+            terms_of_service_agreed: true,
+            only_return_existing: false,
+        };
+        let (account, creds) = self
+            .account_builder()?
+            .create(&new, url.to_string(), None)
+            .await
+            .with_context(|| format!("ACME directory {url}"))?;
+        self.store
+            .write_account(url, &serde_json::to_string(&creds)?)
+            .context("writing the ACME account")?;
+        tracing::info!(directory = url, "acme: account created");
+        Ok(account)
+    }
+
+    /// Whether `acme.orders_per_hour` allows one more order now (and counts it).
+    fn take_order_budget(&self) -> bool {
+        let mut started = self.orders.lock().unwrap_or_else(|e| e.into_inner());
+        let hour = Duration::from_secs(3600);
+        while started.front().is_some_and(|t| t.elapsed() >= hour) {
+            started.pop_front();
+        }
+        if started.len() >= self.config.orders_per_hour as usize {
+            return false;
+        }
+        started.push_back(Instant::now());
+        true
+    }
+
+    /// Orders `name` unless another node is on it (then its certificate is picked up later),
+    /// stores and installs the result, and counts the outcome.
+    async fn issue(&self, name: &str) -> Result<(), OrderError> {
+        let result = self.issue_locked(name).await;
+        match &result {
+            Ok(true) => self.metrics.order("issued"),
+            Ok(false) => {}
+            Err(OrderError::Locked) => {
+                tracing::info!(%name, "acme: another node is ordering this name; its certificate is read when stored")
+            }
+            Err(e) => {
+                self.metrics.order(e.label());
+                tracing::warn!(%name, outcome = e.label(), error = %e, "acme: order failed");
+            }
+        }
+        result.map(|_| ())
+    }
+
+    /// True when this call ordered the certificate; false when another node's is now in use.
+    async fn issue_locked(&self, name: &str) -> Result<bool, OrderError> {
+        let store_err = |e: std::io::Error| OrderError::Store(e.to_string());
+        let before = self.certs.held(name).map(|h| h.modified);
+        let Some(_lock) = self.store.try_lock(name).map_err(store_err)? else {
+            return Err(OrderError::Locked);
+        };
+        // The lock's previous holder may have just ordered it: then that one is in use now.
+        self.refresh_from_store(name);
+        let held = self.certs.held(name);
+        if held.as_ref().map(|h| h.modified) != before {
+            return Ok(false);
+        }
+        let replaces = held.and_then(|h| self.config.ari.then(|| cert_id(&h)).flatten());
+        if !self.take_order_budget() {
+            return Err(OrderError::RateLimited(format!(
+                "acme.orders_per_hour ({}) reached",
+                self.config.orders_per_hour
+            )));
+        }
+        let issuer = self.issuer().await?;
+        let issued = issuer.order(name, replaces).await?;
+        self.store
+            .write_cert(name, &issued.chain_pem, &issued.key_pem)
+            .map_err(store_err)?;
+        let (pem, modified) = self
+            .store
+            .read_cert(name)
+            .ok_or_else(|| OrderError::Store("the stored certificate vanished".into()))?;
+        self.certs
+            .install(name, &pem, modified)
+            .map_err(|e| OrderError::Store(format!("{e:#}")))?;
+        self.export_expiry(name);
+        tracing::info!(%name, "acme: certificate issued");
+        Ok(true)
+    }
+
+    /// Without ARI: when `renew_remaining` of the lifetime is left.
+    fn fallback_renew_at(&self, held: &certs::Held) -> SystemTime {
+        held.renew_at(self.config.renew_remaining)
+    }
+
+    /// When `name` is due: now without a certificate; the CA's ARI window when it offers one;
+    /// else by lifetime.
+    async fn renew_at(&self, name: &str, schedule: &mut Schedule) -> SystemTime {
+        let Some(held) = self.certs.held(name) else {
+            return SystemTime::UNIX_EPOCH;
+        };
+        let fallback = self.fallback_renew_at(&held);
+        if !self.config.ari {
+            return fallback;
+        }
+        if let Some((at, ask_again)) = schedule.ari.get(name) {
+            if Instant::now() < *ask_again {
+                return *at;
+            }
+        }
+        let Some(id) = cert_id(&held) else {
+            return fallback;
+        };
+        let Ok(issuer) = self.issuer().await else {
+            return fallback;
+        };
+        match issuer.renewal_window(&id).await {
+            Some((start, end, ask_again)) => {
+                // Never later than a sixth of the lifetime before expiry, whatever the window
+                // says: an order takes time, and a late window must not outlive the certificate.
+                let at = pick_in(start, end).min(held.renew_at(self.config.renew_remaining / 2.0));
+                let ask_again =
+                    ask_again.clamp(Duration::from_secs(60), Duration::from_secs(6 * 3600));
+                schedule
+                    .ari
+                    .insert(name.to_string(), (at, Instant::now() + ask_again));
+                at
+            }
+            None => fallback,
+        }
+    }
+
+    /// Every name the loop looks after: the configured ones, then on-demand ones held.
+    fn managed_names(&self) -> Vec<String> {
+        let mut names = self.names.clone();
+        for (name, _) in self.certs.expiries() {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// The renewal loop: re-read the store, order what is missing or due, back off on failure.
+    async fn run(self: Arc<Self>) {
+        let mut schedule = Schedule::default();
+        let check = Duration::from_secs(self.config.check_secs);
+        loop {
+            let mut next = Instant::now() + check;
+            for name in self.managed_names() {
+                self.refresh_from_store(&name);
+                if let Some((_, at)) = schedule.retry.get(&name) {
+                    if Instant::now() < *at {
+                        next = next.min(*at);
+                        continue;
+                    }
+                }
+                let due = self.renew_at(&name, &mut schedule).await;
+                if let Ok(wait) = due.duration_since(SystemTime::now()) {
+                    next = next.min(Instant::now() + wait);
+                    continue;
+                }
+                match self.issue(&name).await {
+                    Ok(()) => {
+                        schedule.retry.remove(&name);
+                        schedule.ari.remove(&name);
+                    }
+                    Err(e) => {
+                        let failures = schedule.retry.get(&name).map_or(0, |r| r.0) + 1;
+                        let wait = self.backoff(failures, &e);
+                        tracing::info!(%name, retry_in_secs = wait.as_secs(), "acme: will try again");
+                        let at = Instant::now() + wait;
+                        schedule.retry.insert(name.clone(), (failures, at));
+                        next = next.min(at);
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// `retry_min_secs` doubled per failure in a row, up to `retry_max_secs`; another node's
+    /// order in progress is looked at again after the minimum.
+    fn backoff(&self, failures: u32, e: &OrderError) -> Duration {
+        let min = self.config.retry_min_secs;
+        if matches!(e, OrderError::Locked) {
+            return Duration::from_secs(min);
+        }
+        let secs = min.saturating_mul(1u64 << failures.saturating_sub(1).min(30));
+        Duration::from_secs(secs.min(self.config.retry_max_secs))
+    }
+}
+
+/// Upstream TLS's client settings (bundled and system roots, plus `extra`) without ALPN, which
+/// the HTTPS connector sets itself.
+pub(crate) fn http1_client_config(
+    extra: &[rustls::pki_types::CertificateDer<'static>],
+) -> rustls::ClientConfig {
+    let mut config = (*crate::upstream::tls::client_config(true, false, extra)).clone();
+    config.alpn_protocols.clear();
+    config
+}
+
+/// The certificates of a PEM file (`acme.directory_ca`).
+fn read_pem_certs(
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::pem::PemObject;
+    let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("opening acme.directory_ca {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading acme.directory_ca {}", path.display()))?;
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "acme.directory_ca {} holds no PEM certificate",
+        path.display()
+    );
+    Ok(certs)
+}
+
+/// The ARI identifier of a held certificate (its issuer's key id and its serial).
+fn cert_id(held: &certs::Held) -> Option<CertificateIdentifier<'static>> {
+    let leaf = held.key.cert.first()?;
+    CertificateIdentifier::try_from(leaf)
+        .ok()
+        .map(CertificateIdentifier::into_owned)
+}
+
+/// A uniformly random time in `[start, end]` (RFC 9773 section 4.2: spread renewals out).
+fn pick_in(start: SystemTime, end: SystemTime) -> SystemTime {
+    let span = end.duration_since(start).unwrap_or_default();
+    let mut r = [0u8; 8];
+    let _ = getrandom::getrandom(&mut r);
+    let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
+    start + span.mul_f64(frac)
+}

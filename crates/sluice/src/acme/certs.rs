@@ -1,0 +1,241 @@
+//! The certificates held in memory: issued ones by name (what the SNI resolver serves), the
+//! TLS-ALPN-01 challenge certificates, and the HTTP-01 key authorizations by token.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::sign::CertifiedKey;
+
+/// The ALPN protocol of TLS-ALPN-01 (RFC 8737 section 6.2).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
+/// One issued certificate in use.
+#[derive(Debug)]
+pub struct Held {
+    pub key: Arc<CertifiedKey>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// The stored file's modification time when this was read (a newer file is re-read).
+    pub modified: SystemTime,
+}
+
+impl Held {
+    /// When a renewal is due without ARI: `remaining` (a fraction) of the lifetime left.
+    pub fn renew_at(&self, remaining: f64) -> SystemTime {
+        let life = self
+            .not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default();
+        self.not_after - life.mul_f64(remaining)
+    }
+}
+
+/// The live certificates; cheap to read on every handshake.
+pub struct Certs {
+    provider: Arc<CryptoProvider>,
+    /// Names the static certificate files cover (exact names, `.domain` suffixes), so on-demand
+    /// issuance leaves them alone.
+    static_names: RwLock<(Vec<String>, Vec<String>)>,
+    issued: RwLock<HashMap<String, Arc<Held>>>,
+    alpn_challenges: Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    http_tokens: Mutex<HashMap<String, String>>,
+}
+
+impl Default for Certs {
+    fn default() -> Self {
+        Certs {
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            static_names: RwLock::default(),
+            issued: RwLock::default(),
+            alpn_challenges: Mutex::default(),
+            http_tokens: Mutex::default(),
+        }
+    }
+}
+
+impl Certs {
+    /// The certificate for a TLS server name: the name itself, else `*.` its parent.
+    pub fn certificate(&self, server_name: &str) -> Option<Arc<CertifiedKey>> {
+        let issued = self.issued.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = issued.get(server_name) {
+            return Some(h.key.clone());
+        }
+        let (_, parent) = server_name.split_once('.')?;
+        issued.get(&format!("*.{parent}")).map(|h| h.key.clone())
+    }
+
+    /// Records what the static certificate files cover (the SNI resolver calls this when built).
+    pub fn set_static(&self, exact: Vec<String>, suffixes: Vec<String>) {
+        *self.static_names.write().unwrap_or_else(|e| e.into_inner()) = (exact, suffixes);
+    }
+
+    /// Whether a certificate (issued or static) covers `server_name`.
+    pub fn covers(&self, server_name: &str) -> bool {
+        if self.certificate(server_name).is_some() {
+            return true;
+        }
+        let s = self.static_names.read().unwrap_or_else(|e| e.into_inner());
+        s.0.iter().any(|n| n == server_name)
+            || s.1
+                .iter()
+                .any(|d| server_name.len() > d.len() && server_name.ends_with(d.as_str()))
+    }
+
+    /// The held certificate of a configured name (`*.example.com` for a wildcard).
+    pub fn held(&self, name: &str) -> Option<Arc<Held>> {
+        let issued = self.issued.read().unwrap_or_else(|e| e.into_inner());
+        issued.get(name).cloned()
+    }
+
+    /// Every held name with its expiry.
+    pub fn expiries(&self) -> Vec<(String, SystemTime)> {
+        let issued = self.issued.read().unwrap_or_else(|e| e.into_inner());
+        issued
+            .iter()
+            .map(|(n, h)| (n.clone(), h.not_after))
+            .collect()
+    }
+
+    /// Puts a certificate (PEM chain then key, as stored) in use for `name`; new handshakes get it.
+    pub fn install(&self, name: &str, pem: &[u8], modified: SystemTime) -> anyhow::Result<()> {
+        let held = parse_bundle(pem, &self.provider, modified)?;
+        let mut issued = self.issued.write().unwrap_or_else(|e| e.into_inner());
+        issued.insert(name.to_string(), Arc::new(held));
+        Ok(())
+    }
+
+    /// The TLS-ALPN-01 certificate for `server_name`, while its challenge is open.
+    pub fn alpn_challenge(&self, server_name: &str) -> Option<Arc<CertifiedKey>> {
+        let open = self
+            .alpn_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        open.get(server_name).cloned()
+    }
+
+    /// Opens a TLS-ALPN-01 challenge: a self-signed certificate for `name` carrying the
+    /// `acmeIdentifier` extension with the key authorization's SHA-256 (RFC 8737 section 3).
+    pub fn open_alpn_challenge(&self, name: &str, digest: &[u8]) -> anyhow::Result<()> {
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
+        params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.self_signed(&key)?;
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let signer = self.provider.key_provider.load_private_key(der)?;
+        let certified = CertifiedKey::new(vec![cert.der().clone()], signer);
+        self.alpn_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), Arc::new(certified));
+        Ok(())
+    }
+
+    pub fn close_alpn_challenge(&self, name: &str) {
+        self.alpn_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    /// The HTTP-01 answer for `token`, while its challenge is open.
+    pub fn http_token(&self, token: &str) -> Option<String> {
+        let open = self.http_tokens.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(token).cloned()
+    }
+
+    pub fn open_http_token(&self, token: &str, key_authorization: &str) {
+        self.http_tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token.to_string(), key_authorization.to_string());
+    }
+
+    pub fn close_http_token(&self, token: &str) {
+        self.http_tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token);
+    }
+}
+
+/// Reads a stored bundle: the certificate chain, then the private key.
+fn parse_bundle(
+    pem: &[u8],
+    provider: &CryptoProvider,
+    modified: SystemTime,
+) -> anyhow::Result<Held> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading the certificate chain")?;
+    let Some(leaf) = chain.first() else {
+        bail!("no certificate in the file");
+    };
+    let (not_before, not_after) = validity(leaf)?;
+    let key = PrivateKeyDer::from_pem_slice(pem).context("reading the private key")?;
+    let signer = provider
+        .key_provider
+        .load_private_key(key)
+        .context("unusable private key")?;
+    let certified = CertifiedKey::new(chain, signer);
+    certified
+        .keys_match()
+        .context("the key does not match the certificate")?;
+    Ok(Held {
+        key: Arc::new(certified),
+        not_before,
+        not_after,
+        modified,
+    })
+}
+
+/// A certificate's `notBefore` and `notAfter`.
+pub fn validity(leaf: &CertificateDer<'_>) -> anyhow::Result<(SystemTime, SystemTime)> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .map_err(|e| anyhow::anyhow!("unreadable certificate: {e}"))?;
+    let at = |t: x509_parser::time::ASN1Time| {
+        let secs = t.timestamp().max(0) as u64;
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    };
+    Ok((
+        at(cert.validity().not_before),
+        at(cert.validity().not_after),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_then_wildcard_and_challenges() {
+        let certs = Certs::default();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["*.w.test".to_string()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let pem = format!("{}{}", cert.pem(), key.serialize_pem());
+        certs
+            .install("*.w.test", pem.as_bytes(), SystemTime::now())
+            .unwrap();
+        assert!(certs.certificate("a.w.test").is_some());
+        assert!(certs.certificate("a.b.w.test").is_none());
+        assert!(certs.certificate("w.test").is_none());
+        let held = certs.held("*.w.test").unwrap();
+        assert!(held.not_after > held.not_before);
+        assert!(held.renew_at(0.25) < held.not_after);
+        assert!(certs.install("x", b"junk", SystemTime::now()).is_err());
+
+        certs.open_alpn_challenge("c.test", &[7; 32]).unwrap();
+        assert!(certs.alpn_challenge("c.test").is_some());
+        certs.close_alpn_challenge("c.test");
+        assert!(certs.alpn_challenge("c.test").is_none());
+        certs.open_http_token("tok", "tok.thumb");
+        assert_eq!(certs.http_token("tok").unwrap(), "tok.thumb");
+        certs.close_http_token("tok");
+        assert!(certs.http_token("tok").is_none());
+    }
+}

@@ -1,0 +1,152 @@
+//! The plain-HTTP listener of `acme.http_listen`: HTTP-01 answers under
+//! `/.well-known/acme-challenge/`, and a redirect to `https://` for everything else. Nothing else
+//! runs here: no route, no auth, no body read.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use super::certs::Certs;
+
+/// The challenge path prefix (RFC 8555 section 8.3).
+pub const PREFIX: &str = "/.well-known/acme-challenge/";
+
+/// Connections open at once on these listeners; past it, new ones wait in the backlog.
+const MAX_CONNECTIONS: usize = 1024;
+
+/// Binds every address (with `SO_REUSEPORT`, so a binary upgrade's new process binds beside the
+/// old one) and serves until the runtime ends. Returns the bound addresses.
+pub fn start(addrs: &[SocketAddr], certs: Arc<Certs>) -> anyhow::Result<Vec<SocketAddr>> {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut bound = Vec::new();
+    for addr in addrs {
+        let std = bind(*addr).map_err(|e| anyhow::anyhow!("acme.http_listen {addr}: {e}"))?;
+        let listener = TcpListener::from_std(std)?;
+        bound.push(listener.local_addr()?);
+        tokio::spawn(accept(listener, certs.clone(), permits.clone()));
+    }
+    Ok(bound)
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+async fn accept(listener: TcpListener, certs: Arc<Certs>, permits: Arc<Semaphore>) {
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "acme.http_listen: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let certs = certs.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let resp = answer(&certs, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .max_buf_size(16 * 1024)
+                .serve_connection(TokioIo::new(stream), service);
+            // A whole connection gets a minute: a validation is one or two small requests.
+            let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
+            drop(permit);
+        });
+    }
+}
+
+/// The answer to one request on the plain listener.
+pub fn answer<B>(certs: &Certs, req: &Request<B>) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if let Some(token) = path.strip_prefix(PREFIX) {
+        return match certs.http_token(token) {
+            Some(key_auth) => reply(StatusCode::OK, "text/plain", key_auth),
+            None => reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "no such challenge\n".into(),
+            ),
+        };
+    }
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse::<http::uri::Authority>().ok());
+    let Some(host) = host else {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "a Host header is required\n".into(),
+        );
+    };
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let location = format!("https://{}{target}", host.host());
+    let mut resp = reply(StatusCode::PERMANENT_REDIRECT, "text/plain", String::new());
+    if let Ok(v) = header::HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
+fn reply(status: StatusCode, kind: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenge_or_redirect() {
+        let certs = Certs::default();
+        certs.open_http_token("tok", "tok.thumb");
+        let get = |uri: &str, host: Option<&str>| {
+            let mut b = Request::builder().uri(uri);
+            if let Some(h) = host {
+                b = b.header("host", h);
+            }
+            answer(&certs, &b.body(()).unwrap())
+        };
+        let r = get("/.well-known/acme-challenge/tok", None);
+        assert_eq!(r.status(), 200);
+        assert_eq!(get("/.well-known/acme-challenge/other", None).status(), 404);
+        let r = get("/a/b?c=d", Some("example.com:80"));
+        assert_eq!(r.status(), 308);
+        assert_eq!(r.headers()["location"], "https://example.com/a/b?c=d");
+        assert_eq!(get("/", None).status(), 400);
+        assert_eq!(get("/", Some("bad host")).status(), 400);
+    }
+}

@@ -1,0 +1,265 @@
+//! One order (RFC 8555 section 7.4): challenges opened, answered, closed again whatever happens;
+//! a new key and CSR; the chain fetched. Failures say why, in the CA's words where it gave any.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use instant_acme::{
+    Account, AuthorizationStatus, CertificateIdentifier, ChallengeType, Identifier, NewOrder,
+    OrderStatus, RetryPolicy,
+};
+
+use super::certs::Certs;
+use super::config::Challenge;
+use super::dns::Updater;
+
+/// Why an order failed; the outcome label says what kind.
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    /// The CA refused for its rate limits (`rateLimited`).
+    #[error("rate limited by the CA: {0}")]
+    RateLimited(String),
+    /// A challenge was not validated, or the CA refused the names.
+    #[error("not authorized: {0}")]
+    Invalid(String),
+    /// The CA could not be reached, answered an error, or took too long.
+    #[error("CA error: {0}")]
+    Ca(String),
+    /// Ours: a challenge could not be set up (DNS update refused, ...).
+    #[error("challenge set-up failed: {0}")]
+    Setup(String),
+    /// The state directory could not take the certificate.
+    #[error("state directory: {0}")]
+    Store(String),
+    /// Another node holds this name's lock (it is ordering it now).
+    #[error("another node is ordering this name")]
+    Locked,
+}
+
+impl OrderError {
+    /// The `outcome` label of `sluice_acme_orders_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            OrderError::RateLimited(_) => "rate_limited",
+            OrderError::Invalid(_) => "invalid",
+            OrderError::Ca(_) => "ca_error",
+            OrderError::Setup(_) => "setup_error",
+            OrderError::Store(_) => "store_error",
+            OrderError::Locked => "locked",
+        }
+    }
+}
+
+impl From<instant_acme::Error> for OrderError {
+    fn from(e: instant_acme::Error) -> Self {
+        match &e {
+            instant_acme::Error::Api(p) => {
+                let kind = p.r#type.as_deref().unwrap_or("");
+                if kind.ends_with(":rateLimited") {
+                    OrderError::RateLimited(p.to_string())
+                } else if kind.ends_with(":unauthorized")
+                    || kind.ends_with(":rejectedIdentifier")
+                    || kind.ends_with(":caa")
+                {
+                    OrderError::Invalid(p.to_string())
+                } else {
+                    OrderError::Ca(p.to_string())
+                }
+            }
+            _ => OrderError::Ca(e.to_string()),
+        }
+    }
+}
+
+/// What an issued order yields.
+pub struct Issued {
+    pub chain_pem: String,
+    pub key_pem: String,
+}
+
+/// A challenge set up for one authorization, undone after the order.
+enum Opened {
+    Http(String),
+    Alpn(String),
+    Dns(String, String),
+}
+
+/// Places orders for one account.
+pub struct Issuer {
+    pub account: Account,
+    pub certs: Arc<Certs>,
+    pub dns: Option<Arc<Updater>>,
+    pub challenges: Vec<Challenge>,
+    pub timeout: Duration,
+}
+
+impl Issuer {
+    /// Orders a certificate for `name` (`replaces`: the one it renews, for ARI).
+    pub async fn order(
+        &self,
+        name: &str,
+        replaces: Option<CertificateIdentifier<'static>>,
+    ) -> Result<Issued, OrderError> {
+        let mut opened = Vec::new();
+        let result = tokio::time::timeout(self.timeout, self.run(name, replaces, &mut opened))
+            .await
+            .unwrap_or_else(|_| {
+                Err(OrderError::Ca(format!(
+                    "no certificate within {} s",
+                    self.timeout.as_secs()
+                )))
+            });
+        for o in opened {
+            match o {
+                Opened::Http(token) => self.certs.close_http_token(&token),
+                Opened::Alpn(name) => self.certs.close_alpn_challenge(&name),
+                Opened::Dns(name, value) => {
+                    if let Some(dns) = &self.dns {
+                        if let Err(e) = dns.remove_txt(&name, &value).await {
+                            tracing::warn!(%name, error = %e, "cannot remove the DNS-01 TXT record");
+                        }
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    async fn run(
+        &self,
+        name: &str,
+        replaces: Option<CertificateIdentifier<'static>>,
+        opened: &mut Vec<Opened>,
+    ) -> Result<Issued, OrderError> {
+        let identifiers = [Identifier::Dns(name.to_string())];
+        let plain = NewOrder::new(&identifiers);
+        let mut order = match replaces {
+            Some(r) => match self.account.new_order(&plain.replaces(r)).await {
+                // A CA without ARI, or one that no longer knows the old certificate: order anew.
+                Err(instant_acme::Error::Unsupported(_)) => {
+                    self.account.new_order(&NewOrder::new(&identifiers)).await?
+                }
+                other => other?,
+            },
+            None => self.account.new_order(&plain).await?,
+        };
+        let mut authorizations = order.authorizations();
+        while let Some(authz) = authorizations.next().await {
+            let mut authz = authz?;
+            match authz.status {
+                AuthorizationStatus::Valid => continue,
+                AuthorizationStatus::Pending => {}
+                other => return Err(OrderError::Invalid(format!("authorization is {other:?}"))),
+            }
+            let wildcard = authz.wildcard;
+            let Identifier::Dns(domain) = authz.identifier().identifier.clone() else {
+                return Err(OrderError::Invalid("not a DNS identifier".into()));
+            };
+            let offered: Vec<ChallengeType> =
+                authz.challenges.iter().map(|c| c.r#type.clone()).collect();
+            let Some(kind) = self.pick(wildcard, &offered) else {
+                return Err(OrderError::Invalid(format!(
+                    "no configured challenge type among those offered for {domain}: {offered:?}"
+                )));
+            };
+            let mut challenge = authz
+                .challenge(wire_type(kind))
+                .ok_or_else(|| OrderError::Invalid("challenge vanished".into()))?;
+            let key_auth = challenge.key_authorization();
+            match kind {
+                Challenge::Http01 => {
+                    self.certs
+                        .open_http_token(&challenge.token, key_auth.as_str());
+                    opened.push(Opened::Http(challenge.token.clone()));
+                }
+                Challenge::TlsAlpn01 => {
+                    self.certs
+                        .open_alpn_challenge(&domain, key_auth.digest().as_ref())
+                        .map_err(|e| OrderError::Setup(e.to_string()))?;
+                    opened.push(Opened::Alpn(domain.clone()));
+                }
+                Challenge::Dns01 => {
+                    let dns = self
+                        .dns
+                        .as_ref()
+                        .ok_or_else(|| OrderError::Setup("no [acme.dns]".into()))?;
+                    let value = key_auth.dns_value();
+                    dns.add_txt(&domain, &value)
+                        .await
+                        .map_err(|e| OrderError::Setup(format!("{e:#}")))?;
+                    opened.push(Opened::Dns(domain.clone(), value));
+                }
+            }
+            challenge.set_ready().await?;
+        }
+        let polling = RetryPolicy::new()
+            .initial_delay(Duration::from_millis(250))
+            .backoff(1.5)
+            .timeout(self.timeout);
+        let status = order.poll_ready(&polling).await?;
+        if status != OrderStatus::Ready {
+            return Err(OrderError::Invalid(challenge_errors(&mut order).await));
+        }
+        let key_pem = order.finalize().await?;
+        let chain_pem = order.poll_certificate(&polling).await?;
+        Ok(Issued { chain_pem, key_pem })
+    }
+
+    /// The CA's suggested renewal window for a certificate (RFC 9773) and when to ask again;
+    /// `None` when the CA offers no ARI or did not answer.
+    pub async fn renewal_window(
+        &self,
+        id: &CertificateIdentifier<'_>,
+    ) -> Option<(SystemTime, SystemTime, Duration)> {
+        match self.account.renewal_info(id).await {
+            Ok((info, ask_again)) => Some((
+                SystemTime::from(info.suggested_window.start),
+                SystemTime::from(info.suggested_window.end),
+                ask_again,
+            )),
+            Err(instant_acme::Error::Unsupported(_)) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "acme: no renewal information");
+                None
+            }
+        }
+    }
+
+    /// The first configured challenge type the CA offers (a wildcard: DNS-01 only).
+    fn pick(&self, wildcard: bool, offered: &[ChallengeType]) -> Option<Challenge> {
+        self.challenges
+            .iter()
+            .copied()
+            .filter(|c| !wildcard || *c == Challenge::Dns01)
+            .find(|c| offered.contains(&wire_type(*c)))
+    }
+}
+
+fn wire_type(c: Challenge) -> ChallengeType {
+    match c {
+        Challenge::Http01 => ChallengeType::Http01,
+        Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+        Challenge::Dns01 => ChallengeType::Dns01,
+    }
+}
+
+/// The CA's reasons for an invalid order, from its authorizations' challenges.
+async fn challenge_errors(order: &mut instant_acme::Order) -> String {
+    let mut reasons = Vec::new();
+    let mut authorizations = order.authorizations();
+    while let Some(Ok(mut authz)) = authorizations.next().await {
+        let ident = authz.identifier().to_string();
+        if let Ok(state) = authz.refresh().await {
+            for c in &state.challenges {
+                if let Some(p) = &c.error {
+                    reasons.push(format!("{ident} {:?}: {p}", c.r#type));
+                }
+            }
+        }
+    }
+    if reasons.is_empty() {
+        "the order became invalid".into()
+    } else {
+        reasons.join("; ")
+    }
+}

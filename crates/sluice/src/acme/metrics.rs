@@ -1,0 +1,67 @@
+//! The ACME metric families, registered under `acme_`: certificates held by name with their
+//! expiry, orders by outcome, on-demand decisions.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NameLabels {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `issued`, `invalid`, `rate_limited`, `ca_error`, `setup_error`, `store_error`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `allowed`, `refused_by_ask`, `ask_failed`, `recently_tried`, `rate_limited`, `full`,
+    /// `bad_name`.
+    pub decision: &'static str,
+}
+
+/// Every ACME family.
+#[derive(Clone, Default)]
+pub struct AcmeMetrics {
+    pub expiry: Family<NameLabels, Gauge>,
+    pub orders: Family<OutcomeLabels, Counter>,
+    pub on_demand: Family<DecisionLabels, Counter>,
+}
+
+impl AcmeMetrics {
+    pub fn register(registry: &mut Registry) -> AcmeMetrics {
+        let m = AcmeMetrics::default();
+        let r = registry.sub_registry_with_prefix("acme");
+        r.register(
+            "certificate_expiry_timestamp_seconds",
+            "Each held certificate's notAfter, by name (Unix time)",
+            m.expiry.clone(),
+        );
+        r.register(
+            "orders",
+            "Certificate orders finished, by outcome",
+            m.orders.clone(),
+        );
+        r.register(
+            "on_demand_decisions",
+            "Handshakes for names without a certificate, by what on-demand issuance decided",
+            m.on_demand.clone(),
+        );
+        m
+    }
+
+    pub fn order(&self, outcome: &'static str) {
+        self.orders.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    pub fn decision(&self, decision: &'static str) {
+        self.on_demand
+            .get_or_create(&DecisionLabels { decision })
+            .inc();
+    }
+}

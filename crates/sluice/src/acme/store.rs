@@ -1,0 +1,157 @@
+//! The state directory: the account, one PEM file per name (chain then key, replaced atomically),
+//! and a lock file per name so two nodes sharing the directory never order one name at once.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// An exclusive `flock` on a name, released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct NameLock {
+    _file: File,
+}
+
+impl Store {
+    /// Opens (creating) the directory and its `certs/` and `locks/` folders, owner-only.
+    pub fn open(root: &Path) -> std::io::Result<Store> {
+        for dir in [root.to_path_buf(), root.join("certs"), root.join("locks")] {
+            fs::create_dir_all(&dir)?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        }
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The account file for one directory URL (accounts are per CA).
+    fn account_path(&self, directory: &str) -> PathBuf {
+        self.root
+            .join(format!("account-{}.json", short_hash(directory.as_bytes())))
+    }
+
+    pub fn read_account(&self, directory: &str) -> Option<String> {
+        fs::read_to_string(self.account_path(directory)).ok()
+    }
+
+    pub fn write_account(&self, directory: &str, json: &str) -> std::io::Result<()> {
+        write_atomic(&self.account_path(directory), json.as_bytes())
+    }
+
+    /// The PEM file of `name` (`*.example.com` is stored as `_.example.com.pem`).
+    pub fn cert_path(&self, name: &str) -> PathBuf {
+        self.root
+            .join("certs")
+            .join(format!("{}.pem", name.replace('*', "_")))
+    }
+
+    /// The stored chain and key of `name`, with the file's modification time.
+    pub fn read_cert(&self, name: &str) -> Option<(Vec<u8>, SystemTime)> {
+        let path = self.cert_path(name);
+        let modified = fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+        Some((fs::read(path).ok()?, modified))
+    }
+
+    /// Every name with a stored certificate (`_.example.com.pem` is `*.example.com`).
+    pub fn stored_names(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(self.root.join("certs")) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|f| f.strip_suffix(".pem").map(str::to_string))
+            .map(|n| match n.strip_prefix("_.") {
+                Some(rest) => format!("*.{rest}"),
+                None => n,
+            })
+            .collect()
+    }
+
+    /// Replaces `name`'s PEM file whole: readers see the old file or the new one, never half.
+    pub fn write_cert(&self, name: &str, chain_pem: &str, key_pem: &str) -> std::io::Result<()> {
+        let mut both = String::with_capacity(chain_pem.len() + key_pem.len() + 1);
+        both.push_str(chain_pem.trim_end());
+        both.push('\n');
+        both.push_str(key_pem);
+        write_atomic(&self.cert_path(name), both.as_bytes())
+    }
+
+    /// Takes `key`'s lock without waiting; `None` while another process holds it.
+    pub fn try_lock(&self, key: &str) -> std::io::Result<Option<NameLock>> {
+        let path = self
+            .root
+            .join("locks")
+            .join(format!("{}.lock", key.replace('*', "_")));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(path)?;
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(Some(NameLock { _file: file }));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+/// Writes a sibling temporary file, syncs it, and renames it over `path`.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, path)
+}
+
+fn short_hash(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(bytes);
+    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_and_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.write_cert("*.a.test", "CHAIN\n\n", "KEY\n").unwrap();
+        let (bytes, _) = store.read_cert("*.a.test").unwrap();
+        assert_eq!(bytes, b"CHAIN\nKEY\n");
+        assert!(store.cert_path("*.a.test").ends_with("certs/_.a.test.pem"));
+        assert_eq!(store.stored_names(), ["*.a.test"]);
+        let held = store.try_lock("a.test").unwrap();
+        assert!(held.is_some());
+        // flock is per open file: a second open (as another node would) is refused.
+        assert!(store.try_lock("a.test").unwrap().is_none());
+        drop(held);
+        assert!(store.try_lock("a.test").unwrap().is_some());
+        assert!(store.read_account("https://ca/dir").is_none());
+        store.write_account("https://ca/dir", "{}").unwrap();
+        assert_eq!(store.read_account("https://ca/dir").unwrap(), "{}");
+    }
+}

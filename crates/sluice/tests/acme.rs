@@ -1,0 +1,678 @@
+//! Automatic HTTPS against a real ACME CA: Pebble (Let's Encrypt's test CA) issues to a sluice
+//! child process by each challenge (HTTP-01 on the plain listener, TLS-ALPN-01 in the handshake,
+//! DNS-01 through BIND 9 with TSIG); the served chain verifies against Pebble's root; renewal by
+//! ARI swaps the certificate under a handshake loop with none failing; two nodes on one state
+//! directory order once; on-demand issuance asks first and stays bounded under a flood of
+//! made-up names; a CA that is down or answers errors leaves the held certificate in service.
+//!
+//! Tools come from `scripts/acme-tools` (Pebble from the Go module proxy, BIND from Debian).
+//! Every process listens on 127.0.0.1; every loop is bounded in count and time.
+
+mod acme_support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use acme_support::*;
+
+/// The `[acme]` section every test starts from: fast retries and checks.
+fn acme_section(pebble: &Pebble, state: &Path, body: &str) -> String {
+    format!(
+        r#"[acme]
+directory = "{}"
+directory_ca = "{}"
+state_dir = "{}"
+contact = ["mailto:ops@example.test"]
+check_secs = 1
+retry_min_secs = 1
+retry_max_secs = 4
+{body}
+"#,
+        pebble.directory(),
+        pebble.listener_ca.ca_pem.display(),
+        state.display(),
+    )
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    ca: Arc<ListenerCa>,
+}
+
+fn setup() -> Setup {
+    install_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Arc::new(ListenerCa::new(dir.path()));
+    Setup { dir, ca }
+}
+
+async fn metrics(s: &Sluice, name: &str, root: &[u8]) -> String {
+    let (status, body) = https_get(s.tls, name, &[root], "/metrics").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let (http_port, tls_port) = (free_port(), free_port());
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port,
+            tls_port: free_port(),
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let sluice = Sluice::start(
+        t.dir.path(),
+        "http01",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "names = [\"web.acme.test\"]\nchallenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{http_port}\"]"
+            ),
+        ),
+    );
+    let root = pebble.root().await;
+    let chain = wait_for_cert(
+        sluice.tls,
+        "web.acme.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
+    // The leaf is for the name, and the file in the state directory is what is served.
+    let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
+    let sans: Vec<String> = leaf
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => d.to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(sans, ["web.acme.test"]);
+    let stored = std::fs::read(state.join("certs/web.acme.test.pem")).unwrap();
+    use rustls::pki_types::pem::PemObject;
+    let first = rustls::pki_types::CertificateDer::pem_slice_iter(&stored)
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.as_ref(), chain[0].as_slice());
+    // Owner-only: the file holds the private key.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state.join("certs/web.acme.test.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // The plain listener redirects everything else to https, before any route or auth.
+    let plain = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
+    let reply = raw(
+        plain,
+        b"GET /a?b=c HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 308"), "{reply}");
+    assert!(
+        reply.contains("location: https://web.acme.test/a?b=c\r\n"),
+        "{reply}"
+    );
+    let reply = raw(
+        plain,
+        b"GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+
+    let m = metrics(&sluice, "web.acme.test", &root).await;
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    let expiry = metric(
+        &m,
+        "sluice_acme_certificate_expiry_timestamp_seconds{name=\"web.acme.test\"}",
+    )
+    .expect("expiry gauge");
+    let not_after = leaf.validity().not_after.timestamp() as f64;
+    assert_eq!(expiry, not_after);
+}
+
+/// Sends raw bytes, reads until the server closes (5 s at most).
+async fn raw(addr: std::net::SocketAddr, req: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(req).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_alpn01_in_the_handshake_and_unknown_names_fail_cleanly() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let tls_port = free_port();
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port,
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let sluice = Sluice::start(
+        t.dir.path(),
+        "alpn",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            "names = [\"alpn.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+        ),
+    );
+    let root = pebble.root().await;
+    let chain = wait_for_cert(
+        sluice.tls,
+        "alpn.acme.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(chain.len() >= 2, "leaf and intermediate");
+    // A name nothing covers, on-demand off: the handshake fails (an alert), nothing is ordered,
+    // and the server goes on serving.
+    let err = handshake(sluice.tls, "unknown.acme.test", &[&root])
+        .await
+        .unwrap_err();
+    assert!(!err.is_empty());
+    let again = handshake(sluice.tls, "alpn.acme.test", &[&root])
+        .await
+        .unwrap();
+    assert_eq!(again[0], chain[0]);
+    let m = metrics(&sluice, "alpn.acme.test", &root).await;
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(!m.contains("unknown.acme.test"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns01_wildcard_through_rfc2136_updates_signed_with_tsig() {
+    let t = setup();
+    let bind = Bind::start(t.dir.path(), "dns01.test");
+    let tls_port = free_port();
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port: free_port(),
+            dns: bind.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let sluice = Sluice::start(
+        t.dir.path(),
+        "dns01",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "names = [\"*.dns01.test\"]\nchallenges = [\"dns-01\"]\n[acme.dns]\nserver = \"{}\"\nzone = \"dns01.test\"\ntsig_key_file = \"{}\"\n",
+                bind.dns,
+                bind.key_file.display()
+            ),
+        ),
+    );
+    let root = pebble.root().await;
+    let chain = wait_for_cert(
+        sluice.tls,
+        "a.dns01.test",
+        &[&root],
+        Duration::from_secs(40),
+    )
+    .await;
+    let other = handshake(sluice.tls, "b.dns01.test", &[&root])
+        .await
+        .unwrap();
+    assert_eq!(
+        other[0], chain[0],
+        "one wildcard certificate for every name under it"
+    );
+    // Two labels deep is not covered by `*.dns01.test`.
+    assert!(handshake(sluice.tls, "x.y.dns01.test", &[&root])
+        .await
+        .is_err());
+    // BIND took the signed update, and the removal once the order was done.
+    let log = bind.proc.log_text();
+    assert!(
+        log.contains("adding an RR at '_acme-challenge.dns01.test' TXT"),
+        "{log}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !bind
+        .proc
+        .log_text()
+        .contains("deleting an RR at _acme-challenge.dns01.test TXT")
+    {
+        assert!(Instant::now() < deadline, "{}", bind.proc.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renews_by_ari_and_swaps_live_with_no_failed_handshake() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let tls_port = free_port();
+    // A 30 s lifetime: Pebble's ARI window then opens at issuance and ends at expiry.
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port,
+            dns: dns.dns,
+            validity_secs: 30,
+            always_valid: false,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let sluice = Sluice::start(
+        t.dir.path(),
+        "renew",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            "names = [\"renew.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+        ),
+    );
+    let root = pebble.root().await;
+    let first = wait_for_cert(
+        sluice.tls,
+        "renew.acme.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
+    let first_serial = serial(&first[0]);
+    // Handshakes back to back, 4 at a time, until a new certificate is served (40 s at most).
+    let failures = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (failures, done, root) = (failures.clone(), done.clone(), root.clone());
+        let first_serial = first_serial.clone();
+        let addr = sluice.tls;
+        workers.push(tokio::spawn(async move {
+            let mut renewed = None;
+            while Instant::now() < deadline && renewed.is_none() {
+                match handshake(addr, "renew.acme.test", &[&root]).await {
+                    Ok(chain) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                        if serial(&chain[0]) != first_serial {
+                            renewed = Some(chain[0].clone());
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("handshake failed: {e}");
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            renewed
+        }));
+    }
+    let mut renewed = Vec::new();
+    for w in workers {
+        renewed.extend(w.await.unwrap());
+    }
+    assert!(
+        !renewed.is_empty(),
+        "no renewed certificate within 40 s\n{}",
+        sluice.proc.log_text()
+    );
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "{} handshakes",
+        done.load(Ordering::Relaxed)
+    );
+    let m = metrics(&sluice, "renew.acme.test", &root).await;
+    assert!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}").unwrap() >= 2.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    // Every challenge passes: this test is about the lock, not validation.
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port: free_port(),
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: true,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let section = acme_section(
+        &pebble,
+        &state,
+        "names = [\"shared.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+    );
+    let a = Sluice::start(t.dir.path(), "node-a", free_port(), &section);
+    let b = Sluice::start(t.dir.path(), "node-b", free_port(), &section);
+    let root = pebble.root().await;
+    let from_a = wait_for_cert(a.tls, "shared.acme.test", &[&root], Duration::from_secs(30)).await;
+    let from_b = wait_for_cert(b.tls, "shared.acme.test", &[&root], Duration::from_secs(30)).await;
+    assert_eq!(from_a[0], from_b[0], "both nodes serve the one certificate");
+    let issued = |m: &str| metric(m, "sluice_acme_orders_total{outcome=\"issued\"}").unwrap_or(0.0);
+    let ma = metrics(&a, "shared.acme.test", &root).await;
+    let mb = metrics(&b, "shared.acme.test", &root).await;
+    assert_eq!(issued(&ma) + issued(&mb), 1.0, "{ma}\n{mb}");
+    // One account for both.
+    let accounts = std::fs::read_dir(&state)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("account-")
+        })
+        .count();
+    assert_eq!(accounts, 1);
+}
+
+/// A tiny `ask` endpoint: 200 for `allowed`, 403 for every other `domain=`; counts requests.
+async fn ask_server(allowed: &'static str) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0; 4096];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                seen.fetch_add(1, Ordering::Relaxed);
+                let ok = head.starts_with(&format!("GET /ask?domain={allowed} "));
+                let status = if ok { "200 OK" } else { "403 Forbidden" };
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let tls_port = free_port();
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port,
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+        },
+    );
+    let (ask, asked) = ask_server("yes.ondemand.test").await;
+    let state = t.dir.path().join("state");
+    let sluice = Sluice::start(
+        t.dir.path(),
+        "ondemand",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "challenges = [\"tls-alpn-01\"]\n[acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\nper_minute = 5\nmax_names = 50\nwait_secs = 8\n"
+            ),
+        ),
+    );
+    let root = pebble.root().await;
+    // The first handshake for an allowed name waits for its certificate (within `wait_secs`;
+    // on a loaded machine the order may take longer, then a later handshake gets it).
+    if let Err(e) = handshake(sluice.tls, "yes.ondemand.test", &[&root]).await {
+        eprintln!("first on-demand handshake did not wait long enough: {e}");
+    }
+    wait_for_cert(
+        sluice.tls,
+        "yes.ondemand.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(asked.load(Ordering::Relaxed), 1);
+    // A name the ask URL refuses: asked once, no order, the handshake fails.
+    assert!(handshake(sluice.tls, "no.ondemand.test", &[&root])
+        .await
+        .is_err());
+    assert_eq!(asked.load(Ordering::Relaxed), 2);
+    // And not asked again right away (once per name per `per_name_secs`).
+    assert!(handshake(sluice.tls, "no.ondemand.test", &[&root])
+        .await
+        .is_err());
+    assert_eq!(asked.load(Ordering::Relaxed), 2);
+
+    // A flood: 400 made-up names, 16 at a time. At most `per_minute` (5, two used) reach the
+    // ask URL; every handshake ends (refused), the process stays up, memory bounded.
+    let rss_before = sluice.rss_kb();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..16 {
+        let (next, root) = (next.clone(), root.clone());
+        let addr = sluice.tls;
+        workers.push(tokio::spawn(async move {
+            let mut ended = 0;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= 400 {
+                    return ended;
+                }
+                let name = format!("made-up-{i}.flood.test");
+                let r =
+                    tokio::time::timeout(Duration::from_secs(20), handshake(addr, &name, &[&root]))
+                        .await;
+                assert!(matches!(r, Ok(Err(_))), "{name}: {r:?}");
+                ended += 1;
+            }
+        }));
+    }
+    let mut ended = 0;
+    for w in workers {
+        ended += w.await.unwrap();
+    }
+    assert_eq!(ended, 400);
+    assert!(
+        asked.load(Ordering::Relaxed) <= 5,
+        "asked {}",
+        asked.load(Ordering::Relaxed)
+    );
+    let mut s = sluice;
+    assert!(s.proc.running());
+    let rss_after = s.rss_kb();
+    assert!(
+        rss_after < rss_before + 20 * 1024,
+        "{rss_before} kB -> {rss_after} kB"
+    );
+    let m = metrics(&s, "yes.ondemand.test", &root).await;
+    assert!(
+        metric(
+            &m,
+            "sluice_acme_on_demand_decisions_total{decision=\"rate_limited\"}"
+        )
+        .unwrap()
+            >= 390.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_acme_on_demand_decisions_total{decision=\"refused_by_ask\"}"
+        ),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_service() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let tls_port = free_port();
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port,
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let names = "names = [\"kept.acme.test\"]\nchallenges = [\"tls-alpn-01\"]";
+    let root = pebble.root().await;
+    let held = {
+        let s = Sluice::start(
+            t.dir.path(),
+            "first",
+            tls_port,
+            &acme_section(&pebble, &state, names),
+        );
+        wait_for_cert(s.tls, "kept.acme.test", &[&root], Duration::from_secs(30)).await
+    };
+
+    // The CA goes away; sluice restarts with one more name to order.
+    let section = acme_section(
+        &pebble,
+        &state,
+        "names = [\"kept.acme.test\", \"new.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+    );
+    drop(pebble);
+    let mut s = Sluice::start(t.dir.path(), "ca-down", tls_port, &section);
+    let served = wait_for_cert(s.tls, "kept.acme.test", &[&root], Duration::from_secs(10)).await;
+    assert_eq!(served[0], held[0], "the stored certificate serves at once");
+    // Retries back off (1 s, 2 s, 4 s, capped at 4 s): a few failures in 8 s, not hundreds.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(s.proc.running());
+    let log = s.proc.log_text();
+    let failed = log.matches("acme: order failed").count();
+    assert!((2..=6).contains(&failed), "{failed} failures\n{log}");
+    assert!(log.contains("outcome=\"ca_error\""), "{log}");
+    assert!(log.contains("retry_in_secs=4"), "{log}");
+    assert_eq!(
+        handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0],
+        held[0]
+    );
+    assert!(handshake(s.tls, "new.acme.test", &[&root]).await.is_err());
+    drop(s);
+
+    // A CA that answers, but only errors: the same.
+    let broken = broken_ca(&t.ca).await;
+    let section = format!(
+        "[acme]\ndirectory = \"https://{broken}/dir\"\ndirectory_ca = \"{}\"\nstate_dir = \"{}\"\ncheck_secs = 1\nretry_min_secs = 1\nretry_max_secs = 4\nnames = [\"kept.acme.test\", \"new.acme.test\"]\nchallenges = [\"tls-alpn-01\"]\n",
+        t.ca.ca_pem.display(),
+        state.display()
+    );
+    let mut s = Sluice::start(t.dir.path(), "ca-errors", tls_port, &section);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(s.proc.running());
+    assert_eq!(
+        handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0],
+        held[0]
+    );
+    let log = s.proc.log_text();
+    assert!(log.contains("acme: order failed name=new.acme.test outcome=\"ca_error\" error=CA error: ACME directory https://"), "{log}");
+}
+
+/// An HTTPS server (the test's listener CA) that answers every request with a 503 problem.
+async fn broken_ca(ca: &ListenerCa) -> std::net::SocketAddr {
+    let config = sluice::server::tls::server_config(&ca.cert, &ca.key).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(
+                    |_req: http::Request<hyper::body::Incoming>| async {
+                        let body = r#"{"type":"urn:ietf:params:acme:error:serverInternal","detail":"overloaded","status":503}"#;
+                        let resp = http::Response::builder()
+                            .status(503)
+                            .header("content-type", "application/problem+json")
+                            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
