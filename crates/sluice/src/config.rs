@@ -416,6 +416,8 @@ pub struct MediaConfig {
     pub ratelimit: ratelimit::RateLimitConfig,
     /// `[media.public_ip]`: the echo services behind `/proxy/ip`.
     pub public_ip: public_ip::PublicIpConfig,
+    /// `[media.forward]`: the `/proxy/forward` relay.
+    pub forward: crate::media::forward::ForwardConfig,
 }
 
 #[cfg(feature = "media")]
@@ -447,6 +449,7 @@ impl Default for MediaConfig {
             acestream: Default::default(),
             ratelimit: Default::default(),
             public_ip: Default::default(),
+            forward: Default::default(),
         }
     }
 }
@@ -471,6 +474,7 @@ impl MediaConfig {
         self.acestream.validate()?;
         self.ratelimit.validate()?;
         self.public_ip.validate()?;
+        self.forward.validate()?;
         if self.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

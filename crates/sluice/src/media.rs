@@ -3,6 +3,7 @@
 pub mod acestream;
 pub mod cache;
 pub mod dash;
+pub mod forward;
 pub mod generate;
 pub mod hls;
 pub mod limit;
@@ -51,6 +52,8 @@ pub struct Media {
     public_ip: public_ip::PublicIp,
     /// `/proxy/stream` bodies spliced socket to socket.
     spliced: prometheus_client::metrics::counter::Counter,
+    /// `/proxy/forward`.
+    forward: forward::Forward,
 }
 
 impl Media {
@@ -104,6 +107,7 @@ impl Media {
             spliced.clone(),
         );
         Ok(Media {
+            forward: forward::Forward::new(&config.forward),
             spliced,
             pacer,
             public_ip,
@@ -208,6 +212,7 @@ impl Media {
                 let splice = self.settings.splice_stream.then_some(&self.spliced);
                 stream::serve(&self.upstream, &req, ctx, filename.as_deref(), splice).await
             }
+            ("forward", None) => self.forward.serve(self, req, ctx).await,
             ("ip", None) => {
                 require_get_or_head(req.method())?;
                 self.public_ip.serve().await
