@@ -334,9 +334,11 @@ config_section!(UpstreamConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
-    /// `all`, `example.com` (exact host) or `*.example.com` (the domain and its subdomains).
+    /// `all`, `example.com` (exact host) or `*.example.com` (the domain and its subdomains), or
+    /// MediaFlow's `all://*.example.com`, `https://example.com`, `http://example.com:8080`.
     pub pattern: String,
-    /// `http://[user:pass@]host:port` (CONNECT) or `socks5://[user:pass@]host:port`; empty = direct.
+    /// `http://[user:pass@]host:port` (CONNECT), `socks5[h]://[user:pass@]host:port` or
+    /// `socks4[a]://[user@]host:port` (`h`/`a`: the proxy resolves names); empty = direct.
     #[serde(default)]
     pub proxy: String,
     /// Verify TLS certificates for hosts on this route.
