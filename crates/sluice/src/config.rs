@@ -420,6 +420,8 @@ pub struct MediaConfig {
     pub public_ip: public_ip::PublicIpConfig,
     /// `[media.forward]`: the `/proxy/forward` relay.
     pub forward: crate::media::forward::ForwardConfig,
+    /// `[media.epg]`: the `/proxy/epg` guide proxy.
+    pub epg: crate::media::epg::EpgConfig,
 }
 
 #[cfg(feature = "media")]
@@ -452,6 +454,7 @@ impl Default for MediaConfig {
             ratelimit: Default::default(),
             public_ip: Default::default(),
             forward: Default::default(),
+            epg: Default::default(),
         }
     }
 }
@@ -477,6 +480,7 @@ impl MediaConfig {
         self.ratelimit.validate()?;
         self.public_ip.validate()?;
         self.forward.validate()?;
+        self.epg.validate()?;
         if self.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

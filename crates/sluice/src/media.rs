@@ -3,6 +3,7 @@
 pub mod acestream;
 pub mod cache;
 pub mod dash;
+pub mod epg;
 pub mod forward;
 pub mod generate;
 pub mod hls;
@@ -54,6 +55,8 @@ pub struct Media {
     spliced: prometheus_client::metrics::counter::Counter,
     /// `/proxy/forward`.
     forward: forward::Forward,
+    /// `/proxy/epg`.
+    epg: epg::EpgProxy,
 }
 
 impl Media {
@@ -108,6 +111,7 @@ impl Media {
         );
         Ok(Media {
             forward: forward::Forward::new(&config.forward),
+            epg: epg::EpgProxy::new(upstream.clone(), &config.epg),
             spliced,
             pacer,
             public_ip,
@@ -213,6 +217,10 @@ impl Media {
                 stream::serve(&self.upstream, &req, ctx, filename.as_deref(), splice).await
             }
             ("forward", None) => self.forward.serve(self, req, ctx).await,
+            ("epg", None) => {
+                require_get_or_head(req.method())?;
+                self.epg.serve(&req, ctx).await
+            }
             ("ip", None) => {
                 require_get_or_head(req.method())?;
                 self.public_ip.serve().await
