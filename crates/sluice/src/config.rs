@@ -377,6 +377,9 @@ pub struct MediaConfig {
     pub cache_bytes: Option<u64>,
     /// Segments fetched ahead of the player after each segment request; 0 turns prefetch off.
     pub prefetch_segments: usize,
+    /// Segments of an HLS media playlist fetched into the cache when the playlist is served (the
+    /// first ones of a VOD, the newest of a live one); 0 turns it off. Needs `prefetch_segments`.
+    pub prebuffer_segments: usize,
     /// Seconds a media segment stays cached when the origin gives no freshness of its own.
     pub segment_ttl_secs: u64,
     /// Seconds an init segment (or `sidx` box) stays cached when the origin gives no freshness.
@@ -436,6 +439,7 @@ impl Default for MediaConfig {
             cache: true,
             cache_bytes: None,
             prefetch_segments: 3,
+            prebuffer_segments: 3,
             segment_ttl_secs: 60,
             init_ttl_secs: 3600,
             mpd_ttl_secs: 60,

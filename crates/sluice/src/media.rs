@@ -11,6 +11,7 @@ pub mod limit;
 pub mod links;
 pub mod pace;
 pub mod pages;
+pub mod prebuffer;
 pub mod playlist;
 pub mod prefetch;
 pub mod public_ip;
