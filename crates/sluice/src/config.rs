@@ -425,6 +425,8 @@ pub struct MediaConfig {
     pub forward: crate::media::forward::ForwardConfig,
     /// `[media.epg]`: the `/proxy/epg` guide proxy.
     pub epg: crate::media::epg::EpgConfig,
+    /// `[media.extractors]`: the commands behind `/extractor/video`.
+    pub extractors: crate::media::extractor::ExtractorsConfig,
 }
 
 #[cfg(feature = "media")]
@@ -459,6 +461,7 @@ impl Default for MediaConfig {
             public_ip: Default::default(),
             forward: Default::default(),
             epg: Default::default(),
+            extractors: Default::default(),
         }
     }
 }
@@ -485,6 +488,7 @@ impl MediaConfig {
         self.public_ip.validate()?;
         self.forward.validate()?;
         self.epg.validate()?;
+        self.extractors.validate()?;
         if self.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

@@ -4,6 +4,7 @@ pub mod acestream;
 pub mod cache;
 pub mod dash;
 pub mod epg;
+pub mod extractor;
 pub mod forward;
 pub mod generate;
 pub mod hls;
@@ -58,6 +59,8 @@ pub struct Media {
     forward: forward::Forward,
     /// `/proxy/epg`.
     epg: epg::EpgProxy,
+    /// `/extractor/video`.
+    extractors: extractor::Extractors,
 }
 
 impl Media {
@@ -113,6 +116,7 @@ impl Media {
         Ok(Media {
             forward: forward::Forward::new(&config.forward),
             epg: epg::EpgProxy::new(upstream.clone(), &config.epg),
+            extractors: extractor::Extractors::new(&config.extractors),
             spliced,
             pacer,
             public_ip,
@@ -182,6 +186,20 @@ impl Media {
         ctx: &RequestContext,
     ) -> Result<Response<Body>, ProxyError> {
         playlist::link(self, req, ctx).await
+    }
+
+    /// Whether `path` is `/extractor/video[.ext]`'s (any path under `/extractor/`).
+    pub fn serves_extractor(path: &str) -> bool {
+        path.starts_with("/extractor/")
+    }
+
+    /// `/extractor/video[.ext]` for a request that has passed auth.
+    pub async fn handle_extractor(
+        &self,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        self.extractors.serve(self, &req, ctx).await
     }
 
     /// Child-URL builder for a manifest served to `ctx`.
