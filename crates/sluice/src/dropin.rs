@@ -12,6 +12,8 @@
 //! | `LOG_LEVEL` (`APP__LOG_LEVEL`)                      | `RUST_LOG`                              |
 //! | `PROXY_URL` + `ALL_PROXY=true`, `TRANSPORT_ROUTES`, | `SLUICE_UPSTREAM_ROUTES`                |
 //! | `DISABLE_SSL_VERIFICATION_GLOBALLY` (`APP__PROXY__*`)|                                        |
+//! | `HLS_PREBUFFER_SEGMENTS`, `ENABLE_HLS_PREBUFFER`    | `SLUICE_MEDIA_PREBUFFER_SEGMENTS`       |
+//! | (`APP__HLS__PREBUFFER_SEGMENTS`)                    |                                         |
 //!
 //! No I/O in [`translate`]; [`apply`] reads and writes the process environment.
 
@@ -73,6 +75,19 @@ pub fn translate(env: &[(String, String)]) -> Translation {
             None => out
                 .notes
                 .push(format!("LOG_LEVEL {level:?} is not a level; ignored")),
+        }
+    }
+    // The HLS prebuffer: how many segments, or off.
+    let prebuffer = get("HLS_PREBUFFER_SEGMENTS", "APP__HLS__PREBUFFER_SEGMENTS");
+    let enabled = get("ENABLE_HLS_PREBUFFER", "APP__HLS__ENABLE_PREBUFFER");
+    if enabled.is_some_and(|v| !truthy(Some(v))) {
+        set("SLUICE_MEDIA_PREBUFFER_SEGMENTS", "0".to_string(), &mut out);
+    } else if let Some(n) = prebuffer {
+        match n.trim().parse::<usize>() {
+            Ok(n) => set("SLUICE_MEDIA_PREBUFFER_SEGMENTS", n.to_string(), &mut out),
+            Err(_) => out.notes.push(format!(
+                "HLS_PREBUFFER_SEGMENTS {n:?} is not a number; ignored"
+            )),
         }
     }
     match routes(&get) {
@@ -268,7 +283,10 @@ mod tests {
             ),
         ]));
         assert_eq!(pattern_of("ALL://"), Some("all".into()));
-        assert_eq!(pattern_of("http://h.example:8080/"), Some("http://h.example:8080".into()));
+        assert_eq!(
+            pattern_of("http://h.example:8080/"),
+            Some("http://h.example:8080".into())
+        );
         assert_eq!(pattern_of("https://"), None);
         assert_eq!(pattern_of("ftp://h.example"), None);
         assert_eq!(pattern_of("all://h.example:port"), None);
@@ -290,7 +308,11 @@ mod tests {
         assert_eq!(
             list,
             vec![
-                ("all://*.streaming.com".into(), "http://corp:3128".into(), true),
+                (
+                    "all://*.streaming.com".into(),
+                    "http://corp:3128".into(),
+                    true
+                ),
                 ("all://direct.example.net".into(), "".into(), true),
                 (
                     "https://cdn.example.org".into(),
@@ -299,6 +321,17 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn prebuffer() {
+        let t = translate(&env(&[("APP__HLS__PREBUFFER_SEGMENTS", "5")]));
+        assert_eq!(set(&t, "SLUICE_MEDIA_PREBUFFER_SEGMENTS").unwrap(), "5");
+        let t = translate(&env(&[
+            ("HLS_PREBUFFER_SEGMENTS", "5"),
+            ("ENABLE_HLS_PREBUFFER", "false"),
+        ]));
+        assert_eq!(set(&t, "SLUICE_MEDIA_PREBUFFER_SEGMENTS").unwrap(), "0");
     }
 
     #[test]

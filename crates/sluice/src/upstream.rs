@@ -253,12 +253,10 @@ impl Upstream {
         if let Some(h) = builder.headers_mut() {
             h.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
-        let request = builder
-            .body(body)
-            .map_err(|e| UpstreamError::Protocol {
-                host: host_of(url),
-                detail: e.to_string(),
-            })?;
+        let request = builder.body(body).map_err(|e| UpstreamError::Protocol {
+            host: host_of(url),
+            detail: e.to_string(),
+        })?;
         self.metrics.requests.inc();
         let resp = tokio::time::timeout(self.header_timeout, self.client.request(request))
             .await

@@ -42,7 +42,8 @@ async fn source() -> Source {
                     let counter = counter.clone();
                     async move {
                         counter.fetch_add(1, Ordering::SeqCst);
-                        let full = |b: Bytes| -> BoxBody { Full::new(b).map_err(|n| match n {}).boxed() };
+                        let full =
+                            |b: Bytes| -> BoxBody { Full::new(b).map_err(|n| match n {}).boxed() };
                         let resp = match req.uri().path() {
                             "/guide.xml" => Response::builder()
                                 .header("content-type", "text/xml")
@@ -107,7 +108,10 @@ async fn guide_is_fetched_once_then_served_from_memory() {
     let r = request("GET", &url, &[("if-none-match", etag.as_str())]).await;
     assert_eq!(r.status, 304);
     let r = request("HEAD", &url, &[]).await;
-    assert_eq!(r.headers["content-length"], XMLTV.len().to_string().as_str());
+    assert_eq!(
+        r.headers["content-length"],
+        XMLTV.len().to_string().as_str()
+    );
     assert!(r.body.unwrap().is_empty());
     let r = request("GET", &url, &[("accept-encoding", "gzip")]).await;
     assert_eq!(r.headers["content-encoding"], "gzip");

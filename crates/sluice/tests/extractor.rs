@@ -17,7 +17,10 @@ fn script(dir: &Path, name: &str, body: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join(name);
     let log = dir.join("runs.log");
-    let text = format!("#!/bin/sh\necho \"{name} $*\" >> '{}'\n{body}\n", log.display());
+    let text = format!(
+        "#!/bin/sh\necho \"{name} $*\" >> '{}'\n{body}\n",
+        log.display()
+    );
     std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path.display().to_string()
@@ -106,7 +109,10 @@ async fn answers_json_and_redirects_to_a_sealed_stream() {
     let r = get(&extract(&s, "/extractor/video", "ok", page, "")).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let v = json(&r);
-    assert_eq!(v["destination_url"], format!("http://{}/small", s.origin.addr));
+    assert_eq!(
+        v["destination_url"],
+        format!("http://{}/small", s.origin.addr)
+    );
     assert_eq!(v["request_headers"]["referer"], "https://page.example/");
     assert_eq!(v["mediaflow_endpoint"], "proxy_stream_endpoint");
     let proxied = v["mediaflow_proxy_url"].as_str().unwrap().to_string();
@@ -121,7 +127,14 @@ async fn answers_json_and_redirects_to_a_sealed_stream() {
         "https://page.example/"
     );
     // A redirect for players; the answer was kept, so the command ran once.
-    let r = get(&extract(&s, "/extractor/video.mp4", "Ok", page, "&redirect_stream=true")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video.mp4",
+        "Ok",
+        page,
+        "&redirect_stream=true",
+    ))
+    .await;
     assert_eq!(r.status, 302);
     let location = r.headers["location"].to_str().unwrap().to_string();
     let r = get(&location).await;
@@ -132,7 +145,14 @@ async fn answers_json_and_redirects_to_a_sealed_stream() {
 #[tokio::test]
 async fn hls_answers_point_at_the_playlist_endpoint_and_patterns_choose() {
     let s = setup().await;
-    let r = get(&extract(&s, "/extractor/video.m3u8", "HLS", "https://a.example/x", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video.m3u8",
+        "HLS",
+        "https://a.example/x",
+        "",
+    ))
+    .await;
     let v = json(&r);
     assert_eq!(v["mediaflow_endpoint"], "hls_manifest_proxy");
     assert!(v["mediaflow_proxy_url"]
@@ -141,10 +161,24 @@ async fn hls_answers_point_at_the_playlist_endpoint_and_patterns_choose() {
         .ends_with("/proxy/hls/manifest.m3u8"));
     assert_eq!(v["request_headers"]["user-agent"], "UA/1");
     // No `host`: the page's host picks the command.
-    let r = get(&extract(&s, "/extractor/video", "", "https://www.pattern.example/p", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "",
+        "https://www.pattern.example/p",
+        "",
+    ))
+    .await;
     assert_eq!(r.status, 200);
     // Neither: 404 naming what is missing, and nothing runs.
-    let r = get(&extract(&s, "/extractor/video", "Vidoza", "https://v.example/1", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Vidoza",
+        "https://v.example/1",
+        "",
+    ))
+    .await;
     assert_eq!(r.status, 404);
     assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("Vidoza"));
 }
@@ -164,24 +198,72 @@ async fn concurrent_requests_share_one_run() {
 async fn bounds_and_refusals() {
     let s = setup().await;
     let started = Instant::now();
-    let r = get(&extract(&s, "/extractor/video", "Slow", "https://a.example/1", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Slow",
+        "https://a.example/1",
+        "",
+    ))
+    .await;
     assert_eq!(r.status, 504);
     assert!(started.elapsed() < Duration::from_secs(15));
-    let r = get(&extract(&s, "/extractor/video", "Chatty", "https://a.example/1", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Chatty",
+        "https://a.example/1",
+        "",
+    ))
+    .await;
     assert_eq!(r.status, 502);
-    let r = get(&extract(&s, "/extractor/video", "Fail", "https://a.example/1", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Fail",
+        "https://a.example/1",
+        "",
+    ))
+    .await;
     assert_eq!(r.status, 502);
     assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("page gone"));
     // Errors are not kept: the failing command runs again.
-    let _ = get(&extract(&s, "/extractor/video", "Fail", "https://a.example/1", "")).await;
-    assert_eq!(runs(&s.dir).iter().filter(|l| l.starts_with("fail.sh")).count(), 2);
+    let _ = get(&extract(
+        &s,
+        "/extractor/video",
+        "Fail",
+        "https://a.example/1",
+        "",
+    ))
+    .await;
+    assert_eq!(
+        runs(&s.dir)
+            .iter()
+            .filter(|l| l.starts_with("fail.sh"))
+            .count(),
+        2
+    );
     // No password: nothing runs.
     let d = enc("https://host.example/v/3");
     let r = get(&s.sluice.url(&format!("/extractor/video?host=Ok&d={d}"))).await;
     assert_eq!(r.status, 403);
-    let r = get(&extract(&s, "/extractor/video", "Ok", "https://host.example/v/3", "&extra_params=[1]")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Ok",
+        "https://host.example/v/3",
+        "&extra_params=[1]",
+    ))
+    .await;
     assert_eq!(r.status, 400);
-    let r = get(&extract(&s, "/extractor/other", "Ok", "https://host.example/v/3", "")).await;
+    let r = get(&extract(
+        &s,
+        "/extractor/other",
+        "Ok",
+        "https://host.example/v/3",
+        "",
+    ))
+    .await;
     assert_eq!(r.status, 404);
     assert!(!runs(&s.dir).iter().any(|l| l.contains("/v/3")));
 }

@@ -183,7 +183,10 @@ async fn start(origin: &Origin, tweak: impl FnOnce(&mut sluice::config::Config))
 }
 
 fn forward(s: &Sluice, d: &str, extra: &str) -> String {
-    s.url(&format!("/proxy/forward?api_password=pw&d={}{extra}", enc(d)))
+    s.url(&format!(
+        "/proxy/forward?api_password=pw&d={}{extra}",
+        enc(d)
+    ))
 }
 
 #[tokio::test]
@@ -210,7 +213,11 @@ async fn post_with_placeholder_reaches_the_origin_from_sluice() {
     .await;
     assert_eq!(r.status, 201);
     let filled = br#"{"magnet":"x","ip":"203.0.113.9"}"#;
-    let expected = format!(r#"{{"len":{},"sha256":"{}"}}"#, filled.len(), sha256(filled));
+    let expected = format!(
+        r#"{{"len":{},"sha256":"{}"}}"#,
+        filled.len(),
+        sha256(filled)
+    );
     assert_eq!(r.body.unwrap(), Bytes::from(expected));
     assert_eq!(r.headers["content-type"], "application/json");
     assert_eq!(r.headers["x-ratelimit-remaining"], "41");
@@ -225,7 +232,10 @@ async fn post_with_placeholder_reaches_the_origin_from_sluice() {
     assert_eq!(&g.body[..], filled);
     assert_eq!(g.headers["authorization"], "Bearer tok");
     assert_eq!(g.headers["content-type"], "application/json");
-    assert_eq!(g.headers["content-length"], filled.len().to_string().as_str());
+    assert_eq!(
+        g.headers["content-length"],
+        filled.len().to_string().as_str()
+    );
     for leak in ["x-forwarded-for", "x-real-ip", "cookie", "forwarded"] {
         assert!(g.headers.get(leak).is_none(), "{leak}: {:?}", g.headers);
     }
@@ -251,15 +261,32 @@ async fn large_bodies_stream_both_ways() {
         assert_eq!(r.body.unwrap(), Bytes::from(want.clone()), "{method}");
     }
     let got = origin.got("/echo");
-    assert_eq!(got[0].headers["content-length"], up.len().to_string().as_str());
+    assert_eq!(
+        got[0].headers["content-length"],
+        up.len().to_string().as_str()
+    );
     assert!(got[1].headers.get("content-length").is_none());
     // 5 MiB down.
-    let r = send("GET", &forward(&s, &origin.url("/big"), ""), &[], Bytes::new(), false).await;
+    let r = send(
+        "GET",
+        &forward(&s, &origin.url("/big"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["content-length"], BIG.to_string().as_str());
     assert_eq!(sha256(&r.body.unwrap()), sha256(&pattern(BIG)));
     // HEAD stays HEAD.
-    let r = send("HEAD", &forward(&s, &origin.url("/big"), ""), &[], Bytes::new(), false).await;
+    let r = send(
+        "HEAD",
+        &forward(&s, &origin.url("/big"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(origin.got("/big")[1].method, "HEAD");
 }
@@ -274,17 +301,35 @@ async fn caps_bound_both_directions() {
     .await;
     let up = pattern(2 << 20);
     // A declared length over the cap never reaches the origin.
-    let r = send("POST", &forward(&s, &origin.url("/echo"), ""), &[], up.clone(), false).await;
+    let r = send(
+        "POST",
+        &forward(&s, &origin.url("/echo"), ""),
+        &[],
+        up.clone(),
+        false,
+    )
+    .await;
     assert!(r.status == 413 || r.status == 599, "{:?}", r.status);
     // A chunked body is stopped where it passes the cap.
-    let r = send("POST", &forward(&s, &origin.url("/echo"), ""), &[], up, true).await;
+    let r = send(
+        "POST",
+        &forward(&s, &origin.url("/echo"), ""),
+        &[],
+        up,
+        true,
+    )
+    .await;
     assert!(r.status == 413 || r.status == 599, "{:?}", r.status);
-    assert!(origin
-        .got("/echo")
-        .iter()
-        .all(|g| g.body.len() <= 1 << 20));
+    assert!(origin.got("/echo").iter().all(|g| g.body.len() <= 1 << 20));
     // A declared answer over the cap is a 502; one that grows past it is cut off.
-    let r = send("GET", &forward(&s, &origin.url("/big"), ""), &[], Bytes::new(), false).await;
+    let r = send(
+        "GET",
+        &forward(&s, &origin.url("/big"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
     assert_eq!(r.status, 502);
     let r = send(
         "GET",
@@ -343,7 +388,14 @@ async fn refusals() {
     let r = send("GET", &forward(&s, &d, ""), &[], Bytes::new(), false).await;
     assert_eq!(r.status, 403);
     // Methods that are not requests for a resource.
-    let r = send("TRACE", &forward(&s, &origin.url("/echo"), ""), &[], Bytes::new(), false).await;
+    let r = send(
+        "TRACE",
+        &forward(&s, &origin.url("/echo"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
     assert_eq!(r.status, 405);
     assert!(origin.got("/echo").is_empty());
 
@@ -354,7 +406,14 @@ async fn refusals() {
         format!("http://localhost:{}/echo", origin.addr.port()),
         format!("http://[::ffff:127.0.0.1]:{}/echo", origin.addr.port()),
     ] {
-        let r = send("POST", &forward(&strict, &d, ""), &[], Bytes::from_static(b"x"), false).await;
+        let r = send(
+            "POST",
+            &forward(&strict, &d, ""),
+            &[],
+            Bytes::from_static(b"x"),
+            false,
+        )
+        .await;
         assert_eq!(r.status, 403, "{d}");
     }
     // Allowed hosts narrow it further.
@@ -362,7 +421,14 @@ async fn refusals() {
         c.media.forward.allowed_hosts = vec!["*.debrid.example".into()];
     })
     .await;
-    let r = send("GET", &forward(&narrow, &origin.url("/echo"), ""), &[], Bytes::new(), false).await;
+    let r = send(
+        "GET",
+        &forward(&narrow, &origin.url("/echo"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
     assert_eq!(r.status, 403);
     assert!(origin.got("/echo").is_empty());
 }

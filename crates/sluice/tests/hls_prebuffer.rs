@@ -110,7 +110,12 @@ impl HlsOrigin {
     }
 
     fn referers(&self, path: &str) -> Vec<Option<String>> {
-        self.hits.lock().unwrap().get(path).cloned().unwrap_or_default()
+        self.hits
+            .lock()
+            .unwrap()
+            .get(path)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Waits (at most 5 s) until `path` has been fetched at least once.
@@ -159,11 +164,18 @@ async fn vod_playlist_warms_its_first_segments_and_viewers_share_them() {
     let urls = playlist(&s, &origin, "/vod/index.m3u8").await;
     assert_eq!(urls.len(), SEGMENTS);
     for i in 0..3 {
-        assert!(origin.wait_for(&format!("/vod/seg{i}.ts")).await, "seg{i} not warmed");
+        assert!(
+            origin.wait_for(&format!("/vod/seg{i}.ts")).await,
+            "seg{i} not warmed"
+        );
     }
     // Ten viewers of the first three segments, all at once.
     let fetches = (0..10).flat_map(|_| urls[..3].iter().map(|u| get(u)));
-    for (n, r) in futures_util::future::join_all(fetches).await.into_iter().enumerate() {
+    for (n, r) in futures_util::future::join_all(fetches)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         assert_eq!(r.status, 200);
         assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(n % 3)));
     }

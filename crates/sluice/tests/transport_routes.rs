@@ -72,7 +72,10 @@ async fn the_address_guard_holds_through_remote_dns() {
     let port = origin.addr.port();
     let proxy = Socks::start(&[("origin.test", LOOPBACK)]).await;
     let s = start(
-        vec![route("all", format!("socks5h://127.0.0.1:{}", proxy.addr.port()))],
+        vec![route(
+            "all",
+            format!("socks5h://127.0.0.1:{}", proxy.addr.port()),
+        )],
         false,
     )
     .await;
@@ -96,7 +99,10 @@ async fn socks5_and_socks4_with_local_names_carry_addresses() {
     for (scheme, version) in [("socks5", 5), ("socks4", 4)] {
         let proxy = Socks::start(&[]).await;
         let s = start(
-            vec![route("all", format!("{scheme}://127.0.0.1:{}", proxy.addr.port()))],
+            vec![route(
+                "all",
+                format!("{scheme}://127.0.0.1:{}", proxy.addr.port()),
+            )],
             true,
         )
         .await;

@@ -218,9 +218,10 @@ impl EpgProxy {
                     format!("EPG source answered {}", resp.status),
                 ));
             }
-            resp.body.collect_limited(max).await.map_err(|e| {
-                upstream_err(StatusCode::BAD_GATEWAY, "epg_body", format!("EPG: {e}"))
-            })
+            resp.body
+                .collect_limited(max)
+                .await
+                .map_err(|e| upstream_err(StatusCode::BAD_GATEWAY, "epg_body", format!("EPG: {e}")))
         };
         let raw = tokio::time::timeout(Duration::from_secs(secs), fetch)
             .await
@@ -234,7 +235,14 @@ impl EpgProxy {
         // Decompressing and hashing tens of MB is CPU work; keep it off the threads that move video.
         tokio::task::spawn_blocking(move || xmltv::prepare(raw, max))
             .await
-            .map_err(|e| ProxyError::new(Side::Internal, StatusCode::INTERNAL_SERVER_ERROR, "epg", e.to_string()))?
+            .map_err(|e| {
+                ProxyError::new(
+                    Side::Internal,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "epg",
+                    e.to_string(),
+                )
+            })?
             .map_err(|e| {
                 let status = match e {
                     XmltvError::TooLarge(_) | XmltvError::Gzip(_) | XmltvError::NotXmltv => {
@@ -285,10 +293,19 @@ fn respond(
     };
     let mut h = HeaderMap::new();
     put(&mut h, header::ETAG, etag);
-    put(&mut h, header::LAST_MODIFIED, httpdate::fmt_http_date(last_modified));
-    put(&mut h, header::CACHE_CONTROL, format!("public, max-age={ttl}"));
+    put(
+        &mut h,
+        header::LAST_MODIFIED,
+        httpdate::fmt_http_date(last_modified),
+    );
+    put(
+        &mut h,
+        header::CACHE_CONTROL,
+        format!("public, max-age={ttl}"),
+    );
     put(&mut h, header::VARY, "Accept-Encoding".into());
-    put(&mut h, 
+    put(
+        &mut h,
         header::HeaderName::from_static("x-epg-cache"),
         if hit { "HIT" } else { "MISS" }.into(),
     );
@@ -298,7 +315,11 @@ fn respond(
         *resp.headers_mut() = h;
         return resp;
     }
-    put(&mut h, header::CONTENT_TYPE, "application/xml; charset=utf-8".into());
+    put(
+        &mut h,
+        header::CONTENT_TYPE,
+        "application/xml; charset=utf-8".into(),
+    );
     let bytes: Result<Bytes, _> = match gzip {
         true => {
             put(&mut h, header::CONTENT_ENCODING, "gzip".into());

@@ -148,7 +148,9 @@ impl Extractors {
         super::require_get_or_head(req.method())?;
         let rest = ctx.path.strip_prefix(PATH).unwrap_or("x");
         if !(rest.is_empty() || rest.starts_with('.') && !rest.contains('/')) {
-            return Err(not_found("no such extractor endpoint: use /extractor/video[.ext]"));
+            return Err(not_found(
+                "no such extractor endpoint: use /extractor/video[.ext]",
+            ));
         }
         let params = super::stream::parse_params(ctx)?;
         let host = ctx.query.get("host").unwrap_or("").trim().to_string();
@@ -161,15 +163,19 @@ impl Extractors {
             .get("redirect_stream")
             .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
         let page = params.destination.clone();
-        let index = self.choose(&host, page.host_str().unwrap_or("")).ok_or_else(|| {
-            not_found(&format!(
-                "no extractor is configured for host {host:?} or pages on {} \
+        let index = self
+            .choose(&host, page.host_str().unwrap_or(""))
+            .ok_or_else(|| {
+                not_found(&format!(
+                    "no extractor is configured for host {host:?} or pages on {} \
                  (media.extractors.commands)",
-                page.host_str().unwrap_or("")
-            ))
-        })?;
+                    page.host_str().unwrap_or("")
+                ))
+            })?;
         let key = answer_key(index, page.as_str(), &extra);
-        let found = self.answer(index, key, &host, page.as_str(), &extra).await?;
+        let found = self
+            .answer(index, key, &host, page.as_str(), &extra)
+            .await?;
         respond(media, ctx, &params, &found, redirect)
     }
 
@@ -217,7 +223,10 @@ impl Extractors {
             let ttl = Duration::from_secs(self.config.cache_secs);
             answers.retain(|_, (at, _)| at.elapsed() < ttl);
             while answers.len() >= self.config.cache_entries {
-                let oldest = answers.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| *k);
+                let oldest = answers
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| *k);
                 match oldest {
                     Some(k) => answers.remove(&k),
                     None => break,
@@ -300,9 +309,13 @@ pub fn parse_output(out: &[u8]) -> Result<Found, String> {
         return Err("destination_url is not an http(s) URL".into());
     }
     let mut headers = Vec::new();
-    if let Some(map) = field(&["request_headers", "http_headers", "headers"]).and_then(|h| h.as_object()) {
+    if let Some(map) =
+        field(&["request_headers", "http_headers", "headers"]).and_then(|h| h.as_object())
+    {
         for (name, value) in map {
-            let Some(value) = value.as_str() else { continue };
+            let Some(value) = value.as_str() else {
+                continue;
+            };
             let valid = http::HeaderName::from_bytes(name.as_bytes()).is_ok()
                 && HeaderValue::from_str(value).is_ok();
             // Framing headers and invalid ones are left out rather than failing the stream.
@@ -325,7 +338,11 @@ pub fn parse_output(out: &[u8]) -> Result<Found, String> {
 
 fn answer_key(index: usize, page: &str, extra: &str) -> [u8; 32] {
     let mut h = Sha256::new();
-    for part in [index.to_string().as_bytes(), page.as_bytes(), extra.as_bytes()] {
+    for part in [
+        index.to_string().as_bytes(),
+        page.as_bytes(),
+        extra.as_bytes(),
+    ] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
@@ -402,16 +419,25 @@ mod tests {
         )
         .unwrap();
         assert!(f.hls);
-        assert_eq!(f.headers, vec![("referer".into(), "https://page.example/".into())]);
+        assert_eq!(
+            f.headers,
+            vec![("referer".into(), "https://page.example/".into())]
+        );
         let y = parse_output(
             b"{\"url\":\"https://cdn.example/file\",\"protocol\":\"https\",\"http_headers\":{\"User-Agent\":\"UA\"}}\n{\"url\":\"x\"}\n",
         )
         .unwrap();
         assert!(!y.hls);
         assert_eq!(y.url.as_str(), "https://cdn.example/file");
-        let h = parse_output(br#"{"url":"https://cdn.example/live","protocol":"m3u8_native"}"#).unwrap();
+        let h = parse_output(br#"{"url":"https://cdn.example/live","protocol":"m3u8_native"}"#)
+            .unwrap();
         assert!(h.hls);
-        for bad in [&b"not json"[..], br#"{"destination_url":"file:///etc/passwd"}"#, br#"{"x":1}"#, b"\xff"] {
+        for bad in [
+            &b"not json"[..],
+            br#"{"destination_url":"file:///etc/passwd"}"#,
+            br#"{"x":1}"#,
+            b"\xff",
+        ] {
             assert!(parse_output(bad).is_err());
         }
     }

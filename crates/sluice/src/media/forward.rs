@@ -229,7 +229,9 @@ impl Forward {
                 crate::error::Side::Upstream,
                 StatusCode::BAD_GATEWAY,
                 "response_too_large",
-                format!("the upstream answer is larger than media.forward.max_response_bytes ({max})"),
+                format!(
+                    "the upstream answer is larger than media.forward.max_response_bytes ({max})"
+                ),
             ));
         }
         let mut resp = Response::new(bodies::boxed(Capped::new(
@@ -265,7 +267,11 @@ impl Forward {
             return Ok(bytes);
         }
         let ip = media.public_ip.lookup().await?.to_string();
-        Ok(replace_bytes(&bytes, IP_PLACEHOLDER.as_bytes(), ip.as_bytes()))
+        Ok(replace_bytes(
+            &bytes,
+            IP_PLACEHOLDER.as_bytes(),
+            ip.as_bytes(),
+        ))
     }
 }
 
@@ -402,14 +408,19 @@ mod tests {
 
     #[test]
     fn placeholder_in_url_and_body() {
-        let url = Url::parse("https://api.example/x?ip={mediaflow_ip}&b=%7BMediaflow_IP%7D").unwrap();
+        let url =
+            Url::parse("https://api.example/x?ip={mediaflow_ip}&b=%7BMediaflow_IP%7D").unwrap();
         assert!(has_placeholder(url.as_str()));
         assert_eq!(
             replace_in_url(&url, "203.0.113.9").unwrap().as_str(),
             "https://api.example/x?ip=203.0.113.9&b=203.0.113.9"
         );
         assert_eq!(
-            &replace_bytes(b"a={mediaflow_ip}&b={mediaflow_ip}", IP_PLACEHOLDER.as_bytes(), b"1.2.3.4")[..],
+            &replace_bytes(
+                b"a={mediaflow_ip}&b={mediaflow_ip}",
+                IP_PLACEHOLDER.as_bytes(),
+                b"1.2.3.4"
+            )[..],
             b"a=1.2.3.4&b=1.2.3.4"
         );
     }
@@ -418,8 +429,14 @@ mod tests {
     fn client_address_never_leaves() {
         let mut client = HeaderMap::new();
         client.insert("x-forwarded-for", HeaderValue::from_static("198.51.100.7"));
-        client.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic eDpw"));
-        client.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        client.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic eDpw"),
+        );
+        client.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         let extra = vec![
             ("X-Real-IP".to_string(), "198.51.100.7".to_string()),
             ("authorization".to_string(), "Bearer t".to_string()),

@@ -50,7 +50,11 @@ mod tests {
                 range: None,
             })
             .collect();
-        let names = |v: Vec<Part>| v.iter().map(|p| p.url.path().to_string()).collect::<Vec<_>>();
+        let names = |v: Vec<Part>| {
+            v.iter()
+                .map(|p| p.url.path().to_string())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names(pick(&parts, true, 2)), ["/0.ts", "/1.ts"]);
         assert_eq!(names(pick(&parts, false, 2)), ["/3.ts", "/4.ts"]);
         assert_eq!(pick(&parts, true, 9).len(), 5);

@@ -381,7 +381,11 @@ impl Inner {
     /// not the guard is on, as those schemes promise. An IPv4 address is preferred: the proxy
     /// gets one address and cannot fall back from one family to the other, and SOCKS4 has no
     /// IPv6.
-    async fn resolve_for_proxy(&self, host: &str, port: u16) -> Result<Option<IpAddr>, ConnectError> {
+    async fn resolve_for_proxy(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Option<IpAddr>, ConnectError> {
         if let Ok(ip) = host.parse::<IpAddr>() {
             return Ok(self.check_via_proxy(host, port).await?.or(Some(ip)));
         }

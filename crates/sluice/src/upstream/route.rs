@@ -412,7 +412,13 @@ mod tests {
                 remote_dns: true
             }
         );
-        assert!(matches!(via(8080, false), Via::Socks4 { remote_dns: false, .. }));
+        assert!(matches!(
+            via(8080, false),
+            Via::Socks4 {
+                remote_dns: false,
+                ..
+            }
+        ));
         assert!(matches!(via(80, false), Via::Socks5 { .. }));
         assert!(via(80, false).resolves_names() && via(443, true).resolves_names());
         assert!(!via(8080, false).resolves_names());

@@ -142,7 +142,9 @@ pub async fn socks4(
             req.push(0);
         }
         Some(IpAddr::V6(_)) => {
-            return Err(proxy_error("SOCKS4 cannot reach an IPv6 address; use socks5"));
+            return Err(proxy_error(
+                "SOCKS4 cannot reach an IPv6 address; use socks5",
+            ));
         }
         None => {
             // 4a: an address 0.0.0.x (x not 0) says the name follows the user id.

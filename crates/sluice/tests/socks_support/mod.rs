@@ -77,9 +77,7 @@ async fn serve(
         }
         _ => {
             let code = if ok { 0 } else { 4 };
-            client
-                .write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0])
-                .await?;
+            client.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await?;
         }
     }
     if let Some(mut up) = upstream {

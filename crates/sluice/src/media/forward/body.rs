@@ -162,7 +162,9 @@ mod tests {
         assert!(capped.collect().await.is_err());
         assert!(over.load(Ordering::Relaxed));
         // The read-ahead itself refuses more than the cap.
-        assert!(read_ahead(chunks(&[b"abcdef", b"ghij"]), 100, 8).await.is_err());
+        assert!(read_ahead(chunks(&[b"abcdef", b"ghij"]), 100, 8)
+            .await
+            .is_err());
         // A known length stays known.
         let full = Capped::new(
             Some(Bytes::from_static(b"xy")),
