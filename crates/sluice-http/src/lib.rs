@@ -16,6 +16,7 @@
 //! - `freshness`: may a response be stored, for how long, its age, `Vary` (RFC 9111, RFC 5861).
 //! - `cache_status`: the `Cache-Status` response field (RFC 9211).
 //! - `conditional`: `If-None-Match` / `If-Modified-Since` against a stored response (→ 304).
+//! - `coding`: which content codings a client accepts (`Accept-Encoding`).
 //! - `range`: `Range` sets, `Content-Range`, and the aligned slices that cover them.
 //! - `response_head`: an HTTP/1.x response head off a raw socket and how its body is delimited.
 //! - `chunked`: a chunked response body decoded incrementally, its end found exactly.
@@ -25,6 +26,7 @@ pub mod cache_control;
 pub mod cache_status;
 pub mod chunked;
 pub mod client_hello;
+pub mod coding;
 pub mod conditional;
 pub mod fields;
 pub mod forwarded;

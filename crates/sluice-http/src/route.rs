@@ -61,6 +61,16 @@ impl HostPattern {
             HostPattern::Exact(name)
         })
     }
+
+    /// Whether `host` (any case, no port) is one this pattern names.
+    pub fn matches(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        match self {
+            HostPattern::Any => true,
+            HostPattern::Exact(h) => *h == host,
+            HostPattern::Wildcard(suffix) => host.len() > suffix.len() && host.ends_with(suffix),
+        }
+    }
 }
 
 impl std::fmt::Display for HostPattern {

@@ -24,6 +24,7 @@
 //! - `civil`: calendar dates to days since the Unix epoch and back.
 //! - `fcc`: fast channel change signalling (Telecom/ZTE/FiberHome and Huawei) packets.
 //! - `gzip`: gzip members around raw deflate (the IPTV guide), with a small CRC-32.
+//! - `xmltv`: XMLTV guides checked, held gzip-compressed and named by a hash (`/epg.xml`, `/proxy/epg`).
 
 pub mod acestream;
 pub mod b64url;
@@ -47,4 +48,5 @@ pub mod rtp;
 pub mod rtsp;
 pub mod segmenter;
 pub mod token;
+pub mod xmltv;
 pub mod xtream;

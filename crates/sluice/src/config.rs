@@ -338,9 +338,11 @@ config_section!(UpstreamConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
-    /// `all`, `example.com` (exact host) or `*.example.com` (the domain and its subdomains).
+    /// `all`, `example.com` (exact host) or `*.example.com` (the domain and its subdomains), or
+    /// MediaFlow's `all://*.example.com`, `https://example.com`, `http://example.com:8080`.
     pub pattern: String,
-    /// `http://[user:pass@]host:port` (CONNECT) or `socks5://[user:pass@]host:port`; empty = direct.
+    /// `http://[user:pass@]host:port` (CONNECT), `socks5[h]://[user:pass@]host:port` or
+    /// `socks4[a]://[user@]host:port` (`h`/`a`: the proxy resolves names); empty = direct.
     #[serde(default)]
     pub proxy: String,
     /// Verify TLS certificates for hosts on this route.
@@ -379,6 +381,9 @@ pub struct MediaConfig {
     pub cache_bytes: Option<u64>,
     /// Segments fetched ahead of the player after each segment request; 0 turns prefetch off.
     pub prefetch_segments: usize,
+    /// Segments of an HLS media playlist fetched into the cache when the playlist is served (the
+    /// first ones of a VOD, the newest of a live one); 0 turns it off. Needs `prefetch_segments`.
+    pub prebuffer_segments: usize,
     /// Seconds a media segment stays cached when the origin gives no freshness of its own.
     pub segment_ttl_secs: u64,
     /// Seconds an init segment (or `sidx` box) stays cached when the origin gives no freshness.
@@ -420,6 +425,12 @@ pub struct MediaConfig {
     pub ratelimit: ratelimit::RateLimitConfig,
     /// `[media.public_ip]`: the echo services behind `/proxy/ip`.
     pub public_ip: public_ip::PublicIpConfig,
+    /// `[media.forward]`: the `/proxy/forward` relay.
+    pub forward: crate::media::forward::ForwardConfig,
+    /// `[media.epg]`: the `/proxy/epg` guide proxy.
+    pub epg: crate::media::epg::EpgConfig,
+    /// `[media.extractors]`: the commands behind `/extractor/video`.
+    pub extractors: crate::media::extractor::ExtractorsConfig,
 }
 
 #[cfg(feature = "media")]
@@ -434,6 +445,7 @@ impl Default for MediaConfig {
             cache: true,
             cache_bytes: None,
             prefetch_segments: 3,
+            prebuffer_segments: 3,
             segment_ttl_secs: 60,
             init_ttl_secs: 3600,
             mpd_ttl_secs: 60,
@@ -451,6 +463,9 @@ impl Default for MediaConfig {
             acestream: Default::default(),
             ratelimit: Default::default(),
             public_ip: Default::default(),
+            forward: Default::default(),
+            epg: Default::default(),
+            extractors: Default::default(),
         }
     }
 }
@@ -475,6 +490,9 @@ impl MediaConfig {
         self.acestream.validate()?;
         self.ratelimit.validate()?;
         self.public_ip.validate()?;
+        self.forward.validate()?;
+        self.epg.validate()?;
+        self.extractors.validate()?;
         if self.max_manifest_bytes < 1024 {
             bail!("media.max_manifest_bytes must be at least 1024");
         }

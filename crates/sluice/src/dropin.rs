@@ -12,6 +12,8 @@
 //! | `LOG_LEVEL` (`APP__LOG_LEVEL`)                      | `RUST_LOG`                              |
 //! | `PROXY_URL` + `ALL_PROXY=true`, `TRANSPORT_ROUTES`, | `SLUICE_UPSTREAM_ROUTES`                |
 //! | `DISABLE_SSL_VERIFICATION_GLOBALLY` (`APP__PROXY__*`)|                                        |
+//! | `HLS_PREBUFFER_SEGMENTS`, `ENABLE_HLS_PREBUFFER`    | `SLUICE_MEDIA_PREBUFFER_SEGMENTS`       |
+//! | (`APP__HLS__PREBUFFER_SEGMENTS`)                    |                                         |
 //!
 //! No I/O in [`translate`]; [`apply`] reads and writes the process environment.
 
@@ -73,6 +75,19 @@ pub fn translate(env: &[(String, String)]) -> Translation {
             None => out
                 .notes
                 .push(format!("LOG_LEVEL {level:?} is not a level; ignored")),
+        }
+    }
+    // The HLS prebuffer: how many segments, or off.
+    let prebuffer = get("HLS_PREBUFFER_SEGMENTS", "APP__HLS__PREBUFFER_SEGMENTS");
+    let enabled = get("ENABLE_HLS_PREBUFFER", "APP__HLS__ENABLE_PREBUFFER");
+    if enabled.is_some_and(|v| !truthy(Some(v))) {
+        set("SLUICE_MEDIA_PREBUFFER_SEGMENTS", "0".to_string(), &mut out);
+    } else if let Some(n) = prebuffer {
+        match n.trim().parse::<usize>() {
+            Ok(n) => set("SLUICE_MEDIA_PREBUFFER_SEGMENTS", n.to_string(), &mut out),
+            Err(_) => out.notes.push(format!(
+                "HLS_PREBUFFER_SEGMENTS {n:?} is not a number; ignored"
+            )),
         }
     }
     match routes(&get) {
@@ -162,21 +177,30 @@ fn routes<'a>(get: &impl Fn(&str, &str) -> Option<&'a str>) -> Result<Option<Str
     Ok(Some(toml::Value::Array(array).to_string()))
 }
 
-/// MediaFlow's route patterns (`all://`, `all://*.domain`, `https://host`) as sluice's (`all`,
-/// `*.domain`, `host`). sluice's routes do not tell schemes apart: `http://host` and
-/// `https://host` both become `host`.
+/// MediaFlow's route patterns (`all://`, `all://*.domain`, `https://host`, `http://host:8080`) as
+/// sluice reads them: `all://` alone is `all`; the others stay as they are (lower case), since
+/// sluice's routes take MediaFlow's spelling, scheme and port included.
 fn pattern_of(pattern: &str) -> Option<String> {
-    let (_, rest) = pattern.split_once("://")?;
-    let host = rest.trim_end_matches('/');
-    if host.is_empty() || host == "*" {
-        return Some("all".to_string());
+    let lower = pattern.trim().to_ascii_lowercase();
+    let (scheme, rest) = lower.split_once("://")?;
+    if !matches!(scheme, "all" | "http" | "https") {
+        return None;
     }
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest == "*" {
+        return (scheme == "all").then(|| "all".to_string());
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (rest, None),
+    };
     let plain = host.strip_prefix("*.").unwrap_or(host);
     let ok = !plain.is_empty()
         && plain
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
-    ok.then(|| host.to_ascii_lowercase())
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        && port.is_none_or(|p| p.parse::<u16>().is_ok());
+    ok.then(|| format!("{scheme}://{rest}"))
 }
 
 /// With the switch on, sets the translated variables in this process's environment (so a live
@@ -258,6 +282,14 @@ mod tests {
                     "all://direct.example.net": {"proxy": false}}"#,
             ),
         ]));
+        assert_eq!(pattern_of("ALL://"), Some("all".into()));
+        assert_eq!(
+            pattern_of("http://h.example:8080/"),
+            Some("http://h.example:8080".into())
+        );
+        assert_eq!(pattern_of("https://"), None);
+        assert_eq!(pattern_of("ftp://h.example"), None);
+        assert_eq!(pattern_of("all://h.example:port"), None);
         let routes: toml::Table = format!("r = {}", set(&t, "SLUICE_UPSTREAM_ROUTES").unwrap())
             .parse()
             .unwrap();
@@ -276,15 +308,30 @@ mod tests {
         assert_eq!(
             list,
             vec![
-                ("*.streaming.com".into(), "http://corp:3128".into(), true),
-                ("direct.example.net".into(), "".into(), true),
                 (
-                    "cdn.example.org".into(),
+                    "all://*.streaming.com".into(),
+                    "http://corp:3128".into(),
+                    true
+                ),
+                ("all://direct.example.net".into(), "".into(), true),
+                (
+                    "https://cdn.example.org".into(),
                     "socks5://other:1080".into(),
                     false
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn prebuffer() {
+        let t = translate(&env(&[("APP__HLS__PREBUFFER_SEGMENTS", "5")]));
+        assert_eq!(set(&t, "SLUICE_MEDIA_PREBUFFER_SEGMENTS").unwrap(), "5");
+        let t = translate(&env(&[
+            ("HLS_PREBUFFER_SEGMENTS", "5"),
+            ("ENABLE_HLS_PREBUFFER", "false"),
+        ]));
+        assert_eq!(set(&t, "SLUICE_MEDIA_PREBUFFER_SEGMENTS").unwrap(), "0");
     }
 
     #[test]

@@ -3,6 +3,9 @@
 pub mod acestream;
 pub mod cache;
 pub mod dash;
+pub mod epg;
+pub mod extractor;
+pub mod forward;
 pub mod generate;
 pub mod hls;
 pub mod limit;
@@ -10,6 +13,7 @@ pub mod links;
 pub mod pace;
 pub mod pages;
 pub mod playlist;
+pub mod prebuffer;
 pub mod prefetch;
 pub mod public_ip;
 pub mod spliced;
@@ -53,6 +57,12 @@ pub struct Media {
     spliced: prometheus_client::metrics::counter::Counter,
     /// LL-HLS blocking playlist reloads shared across viewers.
     blocking: hls::blocking::Blocking,
+    /// `/proxy/forward`.
+    forward: forward::Forward,
+    /// `/proxy/epg`.
+    epg: epg::EpgProxy,
+    /// `/extractor/video`.
+    extractors: extractor::Extractors,
 }
 
 impl Media {
@@ -108,6 +118,9 @@ impl Media {
         let blocking = hls::blocking::Blocking::new(registry);
         Ok(Media {
             blocking,
+            forward: forward::Forward::new(&config.forward),
+            epg: epg::EpgProxy::new(upstream.clone(), &config.epg),
+            extractors: extractor::Extractors::new(&config.extractors),
             spliced,
             pacer,
             public_ip,
@@ -179,6 +192,20 @@ impl Media {
         playlist::link(self, req, ctx).await
     }
 
+    /// Whether `path` is `/extractor/video[.ext]`'s (any path under `/extractor/`).
+    pub fn serves_extractor(path: &str) -> bool {
+        path.starts_with("/extractor/")
+    }
+
+    /// `/extractor/video[.ext]` for a request that has passed auth.
+    pub async fn handle_extractor(
+        &self,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        self.extractors.serve(self, &req, ctx).await
+    }
+
     /// Child-URL builder for a manifest served to `ctx`.
     pub fn links(&self, ctx: &RequestContext) -> links::Links {
         links::Links::new(ctx, self.keys.tokens().as_ref())
@@ -211,6 +238,11 @@ impl Media {
                 let filename = filename.filter(|f| !f.is_empty()).map(decode_segment);
                 let splice = self.settings.splice_stream.then_some(&self.spliced);
                 stream::serve(&self.upstream, &req, ctx, filename.as_deref(), splice).await
+            }
+            ("forward", None) => self.forward.serve(self, req, ctx).await,
+            ("epg", None) => {
+                require_get_or_head(req.method())?;
+                self.epg.serve(&req, ctx).await
             }
             ("ip", None) => {
                 require_get_or_head(req.method())?;

@@ -15,6 +15,8 @@ pub(crate) mod h1;
 pub mod happy;
 #[cfg(feature = "upstream-pool")]
 pub mod raw;
+#[cfg(feature = "upstream-pool")]
+pub mod relay;
 pub mod resolve;
 pub mod route;
 #[cfg(feature = "tls")]
@@ -236,45 +238,7 @@ impl Upstream {
     /// Sends `req`, following redirects, and returns the response head with its streaming body.
     #[cfg(feature = "upstream-pool")]
     pub async fn send(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
-        let mut url = req.url;
-        let mut headers = req.headers;
-        if !headers.contains_key(header::USER_AGENT) {
-            headers.insert(header::USER_AGENT, self.user_agent.clone());
-        }
-        // Kept across redirects: a redirect back to this sluice must show it (`guard::LOOP_HEADER`).
-        headers.insert(guard::LOOP_HEADER, guard::loop_mark().clone());
-        let mut redirects = 0;
-        loop {
-            let resp = self.send_once(&req.method, &url, &headers).await?;
-            let Some(next) = self.redirect_target(&url, &resp)? else {
-                let host = host_of(&url);
-                let (parts, incoming) = resp.into_parts();
-                return Ok(UpstreamResponse {
-                    status: parts.status,
-                    headers: parts.headers,
-                    body: UpstreamBody::new(
-                        incoming,
-                        self.idle_timeout,
-                        host,
-                        self.metrics.bytes.clone(),
-                    ),
-                    final_url: url,
-                });
-            };
-            redirects += 1;
-            if redirects > self.max_redirects {
-                return Err(UpstreamError::TooManyRedirects {
-                    host: host_of(&url),
-                    limit: self.max_redirects,
-                });
-            }
-            if next.origin() != url.origin() {
-                for name in CREDENTIAL_FIELDS {
-                    headers.remove(name);
-                }
-            }
-            url = next;
-        }
+        self.relay(req, relay::RelayBody::Empty).await
     }
 
     #[cfg(feature = "upstream-pool")]
@@ -283,17 +247,16 @@ impl Upstream {
         method: &Method,
         url: &Url,
         headers: &HeaderMap,
+        body: crate::body::Body,
     ) -> Result<http::Response<hyper::body::Incoming>, UpstreamError> {
         let mut builder = Request::builder().method(method.clone()).uri(url.as_str());
         if let Some(h) = builder.headers_mut() {
             h.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
-        let request = builder
-            .body(crate::body::empty())
-            .map_err(|e| UpstreamError::Protocol {
-                host: host_of(url),
-                detail: e.to_string(),
-            })?;
+        let request = builder.body(body).map_err(|e| UpstreamError::Protocol {
+            host: host_of(url),
+            detail: e.to_string(),
+        })?;
         self.metrics.requests.inc();
         let resp = tokio::time::timeout(self.header_timeout, self.client.request(request))
             .await

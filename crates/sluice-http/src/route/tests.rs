@@ -28,6 +28,18 @@ fn host_patterns_parse() {
 }
 
 #[test]
+fn host_patterns_match() {
+    let wild = HostPattern::parse("*.debrid.example").unwrap();
+    assert!(wild.matches("api.Debrid.example"));
+    assert!(wild.matches("a.b.debrid.example."));
+    assert!(!wild.matches("debrid.example"));
+    assert!(!wild.matches("xdebrid.example"));
+    let exact = HostPattern::parse("api.example").unwrap();
+    assert!(exact.matches("API.example") && !exact.matches("x.api.example"));
+    assert!(HostPattern::Any.matches("anything"));
+}
+
+#[test]
 fn longest_prefix_wins_and_ties_go_to_the_first() {
     let t = table(&[
         ("", "/", 1),

@@ -207,6 +207,20 @@ impl App {
                 Err(e) => Err(e),
             },
             #[cfg(feature = "media")]
+            p if Media::serves_extractor(p) => match &self.media {
+                Some(media) => match self
+                    .authorize(&req, &ctx)
+                    .and_then(|()| self.media_places(&req, &ctx))
+                {
+                    Ok(places) => media
+                        .handle_extractor(req, &ctx)
+                        .await
+                        .map(|r| crate::media::limit::hold(sandboxed(r), places)),
+                    Err(e) => Err(e),
+                },
+                None => Err(not_found(p)),
+            },
+            #[cfg(feature = "media")]
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self
                     .authorize(&req, &ctx)

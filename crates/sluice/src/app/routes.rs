@@ -48,6 +48,7 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
         Builtin::Media,
         &[
             "/proxy/",
+            "/extractor/",
             "/generate_url",
             "/generate_urls",
             "/generate_encrypted_or_encoded_url",

@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
+#[cfg(test)]
 use sha2::{Digest, Sha256};
-use sluice_media::gzip;
+use sluice_media::{gzip, xmltv};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -249,49 +250,26 @@ impl Guide {
     }
 }
 
-/// Checks and normalises fetched bytes: gunzip with a bound when gzip, check it is XMLTV,
-/// hash it, and compress it when it came plain.
+/// Checks and normalises fetched bytes (`sluice_media::xmltv`, shared with `/proxy/epg`).
 fn prepare(raw: Bytes, max: usize) -> Result<Guide, EpgError> {
-    let is_gzip = raw.starts_with(&[0x1f, 0x8b]);
-    let xml: Bytes = if is_gzip {
-        match gzip::decompress(&raw, max) {
-            Ok(out) => out.into(),
-            Err(gzip::GzipError::TooLarge(_)) => return Err(EpgError::TooLarge(max)),
-            Err(e) => return Err(EpgError::Gzip(e.to_string())),
-        }
-    } else {
-        raw.clone()
-    };
-    if !looks_like_xmltv(&xml) {
-        return Err(EpgError::NotXmltv);
-    }
-    let digest = Sha256::digest(&xml);
-    let etag = format!("\"{}\"", hex16(&digest));
-    let gz = if is_gzip {
-        raw
-    } else {
-        Bytes::from(gzip::compress(&xml, 6))
-    };
+    let p = xmltv::prepare(raw, max).map_err(|e| match e {
+        xmltv::XmltvError::TooLarge(n) => EpgError::TooLarge(n),
+        xmltv::XmltvError::Gzip(why) => EpgError::Gzip(why),
+        xmltv::XmltvError::NotXmltv => EpgError::NotXmltv,
+    })?;
     Ok(Guide {
-        gz,
-        xml_len: xml.len(),
-        etag,
+        gz: p.gz,
+        xml_len: p.xml_len,
+        etag: p.etag,
         last_modified: SystemTime::now(),
         upstream_etag: None,
         upstream_modified: None,
     })
 }
 
-/// An XMLTV document has a `<tv` root within its first few KiB (after the prolog and DOCTYPE);
-/// an HTML error page or a JSON answer does not.
-pub fn looks_like_xmltv(xml: &[u8]) -> bool {
-    let head = &xml[..xml.len().min(8192)];
-    let head = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
-    let first = head.iter().position(|b| !b.is_ascii_whitespace());
-    first.is_some_and(|at| head[at] == b'<')
-        && head.windows(4).any(|w| w == b"<tv>" || w == b"<tv ")
-}
+pub use sluice_media::xmltv::looks_like_xmltv;
 
+#[cfg(test)]
 fn hex16(digest: &[u8]) -> String {
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -329,23 +307,7 @@ impl Form {
     }
 }
 
-/// `Accept-Encoding` lists gzip with a non-zero q (or `*`).
-pub fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|item| {
-            let mut parts = item.split(';').map(str::trim);
-            let coding = parts.next().unwrap_or("");
-            let q_zero = parts.any(|p| {
-                p.strip_prefix("q=")
-                    .is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q <= 0.0))
-            });
-            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !q_zero
-        })
-}
+pub use sluice_http::coding::accepts_gzip;
 
 /// RFC 9110 §13.1.2 and §13.1.3: `If-None-Match` (weak comparison) decides when present,
 /// else `If-Modified-Since` against the content's Last-Modified.

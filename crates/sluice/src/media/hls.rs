@@ -239,6 +239,7 @@ async fn rewrite(
         err.upstream = base.host_str().map(str::to_string);
         return Err(err);
     }
+    let vod = job_is_vod(&text);
     let job = RewriteJob {
         links: media.links(ctx),
         playlist: options::carried(&ctx.query, Child::Playlist, opts.key_proxy),
@@ -255,7 +256,9 @@ async fn rewrite(
         job.run()
     };
     if rewritten.is_ok() && !parts.is_empty() {
+        let warm = super::prebuffer::pick(&parts, vod, media.settings.prebuffer_segments);
         media.prefetcher.register_playlist(base.as_str(), parts);
+        super::prebuffer::warm(media, ctx, warm);
     }
     rewritten.map_err(|e| {
         let mut err = ProxyError::new(
@@ -271,6 +274,11 @@ async fn rewrite(
         err.upstream = base.host_str().map(str::to_string);
         err
     })
+}
+
+/// A playlist that ends (or says it is VOD) plays from its top; any other is live.
+fn job_is_vod(text: &str) -> bool {
+    text.contains("#EXT-X-ENDLIST") || text.contains("#EXT-X-PLAYLIST-TYPE:VOD")
 }
 
 /// Everything a rewrite needs, owned, so it can run on the blocking pool.

@@ -166,7 +166,13 @@ impl Prefetcher {
                 .cloned()
                 .collect()
         };
-        for part in next {
+        self.warm(next, headers);
+    }
+
+    /// Fetches `parts` into the cache in the background, each unless cached or in flight already
+    /// (the cache's coalescing makes a viewer that asks meanwhile join the fetch).
+    pub fn warm(self: &Arc<Self>, parts: Vec<Part>, headers: &HeaderMap) {
+        for part in parts {
             if self.cache.holds(&part, headers) {
                 continue;
             }

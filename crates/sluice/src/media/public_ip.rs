@@ -52,7 +52,8 @@ impl PublicIp {
         Ok(resp)
     }
 
-    async fn lookup(&self) -> Result<IpAddr, ProxyError> {
+    /// The address, from memory while fresh, else from the services.
+    pub(crate) async fn lookup(&self) -> Result<IpAddr, ProxyError> {
         let mut found = self.found.lock().await;
         let ttl = Duration::from_secs(self.config.cache_secs);
         if let Some((ip, at)) = *found {

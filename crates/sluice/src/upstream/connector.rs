@@ -217,7 +217,7 @@ impl Inner {
     }
 
     async fn establish(&self, host: &str, port: u16, tls: bool) -> Result<Conn, ConnectError> {
-        let (via, verify) = self.routes.lookup(host);
+        let (via, verify) = self.routes.lookup_for(host, port, tls);
         let stream = match &via {
             Via::Direct => {
                 let addrs = self.resolve_checked(host, port).await?;
@@ -249,10 +249,27 @@ impl Inner {
                 auth,
                 remote_dns,
             } => {
-                let target_ip = self.check_via_proxy(host, port).await?;
-                let ip = if *remote_dns { None } else { target_ip };
+                let ip = match remote_dns {
+                    true => self.check_name_for_proxy(host)?,
+                    false => self.resolve_for_proxy(host, port).await?,
+                };
                 let mut s = proxy_stream(host, addr).await?;
                 tunnel::socks5(&mut s, host, ip, port, auth.as_ref())
+                    .await
+                    .map_err(|source| proxy_err(host, source))?;
+                s
+            }
+            Via::Socks4 {
+                addr,
+                user,
+                remote_dns,
+            } => {
+                let ip = match remote_dns {
+                    true => self.check_name_for_proxy(host)?,
+                    false => self.resolve_for_proxy(host, port).await?,
+                };
+                let mut s = proxy_stream(host, addr).await?;
+                tunnel::socks4(&mut s, host, ip, port, user.as_deref())
                     .await
                     .map_err(|source| proxy_err(host, source))?;
                 s
@@ -356,6 +373,54 @@ impl Inner {
         }
         let addrs = self.resolve_checked(host, port).await?;
         Ok(addrs.first().map(|a| a.ip()))
+    }
+}
+
+impl Inner {
+    /// For a proxy that is given addresses (socks5, socks4): the name resolved here, whether or
+    /// not the guard is on, as those schemes promise. An IPv4 address is preferred: the proxy
+    /// gets one address and cannot fall back from one family to the other, and SOCKS4 has no
+    /// IPv6.
+    async fn resolve_for_proxy(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Option<IpAddr>, ConnectError> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(self.check_via_proxy(host, port).await?.or(Some(ip)));
+        }
+        let addrs = self.resolve_checked(host, port).await?;
+        let v4 = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first());
+        Ok(v4.map(|a| a.ip()))
+    }
+
+    /// For a proxy that resolves names itself (socks5h, socks4a): the name is not resolved here
+    /// (in a container behind a VPN the local resolver may not know it, and asking it would leak
+    /// the name), so the address guard applies to what can be judged without DNS: an address
+    /// literal is checked and sent as an address, and `localhost` names are refused. What a name
+    /// resolves to on the proxy's side is the proxy's network.
+    fn check_name_for_proxy(&self, host: &str) -> Result<Option<IpAddr>, ConnectError> {
+        let refused = |ip: IpAddr, reason: &'static str| ConnectError::Refused {
+            host: host.to_string(),
+            ip,
+            reason,
+        };
+        match host.parse::<IpAddr>() {
+            Ok(ip) => {
+                if let Some(reason) = non_public_reason(ip).filter(|_| !self.allow_private) {
+                    return Err(refused(ip, reason));
+                }
+                Ok(Some(ip))
+            }
+            Err(_) => {
+                let name = host.trim_end_matches('.').to_ascii_lowercase();
+                let local = name == "localhost" || name.ends_with(".localhost");
+                if local && !self.allow_private {
+                    return Err(refused(IpAddr::from([127, 0, 0, 1]), "loopback"));
+                }
+                Ok(None)
+            }
+        }
     }
 }
 

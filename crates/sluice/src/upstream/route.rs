@@ -1,4 +1,7 @@
-//! Outgoing proxy routes: which hosts go through which HTTP CONNECT or SOCKS5 proxy, and TLS opt-outs.
+//! Outgoing proxy routes: which hosts go through which HTTP CONNECT, SOCKS4 or SOCKS5 proxy, and
+//! TLS opt-outs. Patterns are sluice's (`all`, `host`, `*.domain`) or MediaFlow's
+//! `transport_routes` keys (`all://*.domain`, `https://host`, `http://host:8080`), whose scheme
+//! and port narrow the route to requests with that scheme and port.
 
 use crate::config::RouteConfig;
 
@@ -17,6 +20,31 @@ pub enum Via {
         auth: Option<(String, String)>,
         remote_dns: bool,
     },
+    /// SOCKS4 (IPv4 addresses only); `remote_dns` (socks4a) lets the proxy resolve names. The user
+    /// name of the URL, if any, is SOCKS4's user id.
+    Socks4 {
+        addr: String,
+        user: Option<String>,
+        remote_dns: bool,
+    },
+}
+
+impl Via {
+    /// Whether the proxy resolves host names itself (socks5h, socks4a): then sluice does not
+    /// resolve them, so a name only the proxy's network knows still works, and none leaks to the
+    /// local resolver.
+    pub fn resolves_names(&self) -> bool {
+        matches!(
+            self,
+            Via::Socks5 {
+                remote_dns: true,
+                ..
+            } | Via::Socks4 {
+                remote_dns: true,
+                ..
+            }
+        )
+    }
 }
 
 /// Which hosts a route covers.
@@ -32,6 +60,10 @@ enum Pattern {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pattern: Pattern,
+    /// `Some(true)` for `https://` patterns, `Some(false)` for `http://`; `None` for every scheme.
+    tls: Option<bool>,
+    /// A pattern's `:port`: the route covers that port only.
+    port: Option<u16>,
     pub via: Via,
     pub verify_tls: bool,
 }
@@ -43,16 +75,37 @@ pub enum RouteError {
     EmptyPattern,
     #[error("proxy URL {0:?} is not valid: {1}")]
     BadProxy(String, String),
-    #[error("proxy scheme `{0}` is not supported: use http, socks5 or socks5h")]
+    #[error("proxy scheme `{0}` is not supported: use http, socks4, socks4a, socks5 or socks5h")]
     BadScheme(String),
+    #[error("pattern scheme `{0}` is not one of all://, http://, https://")]
+    BadPatternScheme(String),
+    #[error("pattern port in {0:?} is not a port number")]
+    BadPatternPort(String),
 }
 
 impl Route {
     /// Parses one `[[upstream.routes]]` entry.
     pub fn parse(config: &RouteConfig) -> Result<Route, RouteError> {
-        let p = config.pattern.trim().to_ascii_lowercase();
-        // Accept MediaFlow's `all://`, `https://host` and `all://*.domain` spellings too.
-        let p = p.split("://").last().unwrap_or("").trim_end_matches('/');
+        let lower = config.pattern.trim().to_ascii_lowercase();
+        // MediaFlow's `all://`, `https://host`, `http://host:port` and `all://*.domain` spellings.
+        let (tls, p) = match lower.split_once("://") {
+            None => (None, lower.as_str()),
+            Some(("all", rest)) => (None, rest),
+            Some(("http", rest)) => (Some(false), rest),
+            Some(("https", rest)) => (Some(true), rest),
+            Some((other, _)) => return Err(RouteError::BadPatternScheme(other.to_string())),
+        };
+        let p = p.trim_end_matches('/');
+        let (p, port) = match p.rsplit_once(':') {
+            Some((h, port)) if !h.contains(':') || h.ends_with(']') => (
+                h,
+                Some(
+                    port.parse::<u16>()
+                        .map_err(|_| RouteError::BadPatternPort(config.pattern.clone()))?,
+                ),
+            ),
+            _ => (p, None),
+        };
         let pattern = match p {
             "" => return Err(RouteError::EmptyPattern),
             "all" | "*" => Pattern::All,
@@ -64,13 +117,24 @@ impl Route {
         let via = parse_via(&config.proxy)?;
         Ok(Route {
             pattern,
+            tls,
+            port,
             via,
             verify_tls: config.verify_tls,
         })
     }
 
-    /// How specific the match for `host` is: `None` when it does not match; larger is more specific.
-    fn specificity(&self, host: &str) -> Option<usize> {
+    /// How specific the match for a request is: `None` when it does not match; larger is more
+    /// specific. The host decides first; a scheme or port named in the pattern breaks ties.
+    fn specificity(&self, host: &str, port: u16, tls: bool) -> Option<(usize, u8)> {
+        if self.tls.is_some_and(|t| t != tls) || self.port.is_some_and(|p| p != port) {
+            return None;
+        }
+        let narrowing = u8::from(self.tls.is_some()) + u8::from(self.port.is_some());
+        self.host_specificity(host).map(|h| (h, narrowing))
+    }
+
+    fn host_specificity(&self, host: &str) -> Option<usize> {
         match &self.pattern {
             Pattern::All => Some(0),
             Pattern::Exact(h) => (h == host).then_some(usize::MAX),
@@ -98,7 +162,7 @@ fn parse_via(proxy: &str) -> Result<Via, RouteError> {
     let scheme = scheme.to_ascii_lowercase();
     let default_port = match scheme.as_str() {
         "http" => 8080,
-        "socks5" | "socks5h" => 1080,
+        "socks5" | "socks5h" | "socks4" | "socks4a" => 1080,
         _ => return Err(RouteError::BadScheme(scheme)),
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
@@ -153,6 +217,11 @@ fn parse_via(proxy: &str) -> Result<Via, RouteError> {
     let addr = format!("{host}:{port}");
     Ok(match scheme.as_str() {
         "http" => Via::HttpConnect { addr, auth },
+        "socks4" | "socks4a" => Via::Socks4 {
+            addr,
+            user: auth.map(|(user, _)| user),
+            remote_dns: scheme == "socks4a",
+        },
         _ => Via::Socks5 {
             addr,
             auth,
@@ -189,16 +258,24 @@ impl RouteTable {
         Ok(RouteTable { routes, insecure })
     }
 
-    /// The most specific route for `host`, or direct.
+    /// The most specific route for `host`, or direct, whatever the port and scheme.
     pub fn lookup(&self, host: &str) -> (Via, bool) {
+        self.lookup_for(host, 0, false)
+    }
+
+    /// The most specific route for a request to `host:port` (over TLS or not), or direct.
+    pub fn lookup_for(&self, host: &str, port: u16, tls: bool) -> (Via, bool) {
         let host = host.to_ascii_lowercase();
         let best = self
             .routes
             .iter()
-            .filter_map(|r| r.specificity(&host).map(|s| (s, r)))
+            .filter_map(|r| r.specificity(&host, port, tls).map(|s| (s, r)))
             .max_by_key(|(s, _)| *s)
             .map(|(_, r)| r);
-        let insecure = self.insecure.iter().any(|r| r.specificity(&host).is_some());
+        let insecure = self
+            .insecure
+            .iter()
+            .any(|r| r.specificity(&host, port, tls).is_some());
         match best {
             Some(r) => (r.via.clone(), r.verify_tls && !insecure),
             None => (Via::Direct, !insecure),
@@ -313,6 +390,41 @@ mod tests {
         // The password never reaches the error.
         let err = via("http://u:secret@h:x").unwrap_err().to_string();
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn scheme_and_port_narrow_a_route() {
+        let table = RouteTable::new(
+            &[
+                route("all://*.cdn.example", "socks5h://127.0.0.1:1"),
+                route("https://a.cdn.example", "socks4a://me@127.0.0.1:2"),
+                route("http://a.cdn.example:8080", "socks4://127.0.0.1:3"),
+            ],
+            &[],
+        )
+        .unwrap();
+        let via = |port, tls| table.lookup_for("a.cdn.example", port, tls).0;
+        assert_eq!(
+            via(443, true),
+            Via::Socks4 {
+                addr: "127.0.0.1:2".into(),
+                user: Some("me".into()),
+                remote_dns: true
+            }
+        );
+        assert!(matches!(
+            via(8080, false),
+            Via::Socks4 {
+                remote_dns: false,
+                ..
+            }
+        ));
+        assert!(matches!(via(80, false), Via::Socks5 { .. }));
+        assert!(via(80, false).resolves_names() && via(443, true).resolves_names());
+        assert!(!via(8080, false).resolves_names());
+        for bad in ["ftp://x.example", "all://x.example:http", "https://x:99999"] {
+            assert!(Route::parse(&route(bad, "")).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Client handshakes for outgoing proxies: HTTP CONNECT and SOCKS5 (RFC 1928, RFC 1929 auth).
+//! Client handshakes for outgoing proxies: HTTP CONNECT, SOCKS5 (RFC 1928, RFC 1929 auth) and
+//! SOCKS4 with its 4a extension (names resolved by the proxy).
 
 use std::io;
 use std::net::IpAddr;
@@ -117,6 +118,52 @@ pub async fn socks5(
     };
     let mut rest = vec![0u8; skip + 2];
     stream.read_exact(&mut rest).await?;
+    Ok(())
+}
+
+/// Opens a SOCKS4 tunnel to `host:port`: to `ip` (IPv4 only) when given, else to the name (4a).
+pub async fn socks4(
+    stream: &mut TcpStream,
+    host: &str,
+    ip: Option<IpAddr>,
+    port: u16,
+    user: Option<&str>,
+) -> io::Result<()> {
+    let user = user.unwrap_or("");
+    if user.len() > 255 || host.len() > 255 || user.contains('\0') || host.contains('\0') {
+        return Err(proxy_error("SOCKS4 user id or host name too long"));
+    }
+    let mut req = vec![0x04, 0x01];
+    req.extend_from_slice(&port.to_be_bytes());
+    match ip {
+        Some(IpAddr::V4(v4)) => {
+            req.extend_from_slice(&v4.octets());
+            req.extend_from_slice(user.as_bytes());
+            req.push(0);
+        }
+        Some(IpAddr::V6(_)) => {
+            return Err(proxy_error(
+                "SOCKS4 cannot reach an IPv6 address; use socks5",
+            ));
+        }
+        None => {
+            // 4a: an address 0.0.0.x (x not 0) says the name follows the user id.
+            req.extend_from_slice(&[0, 0, 0, 1]);
+            req.extend_from_slice(user.as_bytes());
+            req.push(0);
+            req.extend_from_slice(host.as_bytes());
+            req.push(0);
+        }
+    }
+    stream.write_all(&req).await?;
+    let mut reply = [0u8; 8];
+    stream.read_exact(&mut reply).await?;
+    if reply[1] != 0x5a {
+        return Err(proxy_error(&format!(
+            "SOCKS4 connect failed with code {:#04x}",
+            reply[1]
+        )));
+    }
     Ok(())
 }
 

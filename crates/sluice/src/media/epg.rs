@@ -1,0 +1,348 @@
+//! `/proxy/epg`: an XMLTV guide fetched through sluice and kept for a while, MediaFlow's EPG proxy
+//! (`cache_ttl`, `X-EPG-Cache: HIT|MISS`) on the gateway's guide handling (`sluice_media::xmltv`:
+//! checked to be XMLTV, held gzip-compressed, named by a hash for conditional GETs).
+//!
+//! Guides are keyed by the URL and every `h_*` header, so one caller's credentials never serve
+//! another's guide. Concurrent misses of one key share one fetch. The cache is bounded in entries
+//! and in compressed bytes; the oldest fetch goes first.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sluice_media::query::ProxyParams;
+use sluice_media::xmltv::{self, Prepared, XmltvError};
+use tokio::time::Instant;
+
+use crate::body::{self, Body};
+use crate::error::{ProxyError, Side};
+use crate::request::RequestContext;
+use crate::upstream::Upstream;
+
+/// The longest `cache_ttl` a request may ask for: a week.
+const MAX_REQUEST_TTL: u64 = 7 * 24 * 3600;
+
+/// `[media.epg]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EpgConfig {
+    /// Serve `/proxy/epg`.
+    pub enabled: bool,
+    /// Seconds a guide is served from memory (MediaFlow's `EPG_CACHE_TTL`); a request's
+    /// `cache_ttl` overrides it (0: fetch every time, keep nothing).
+    pub cache_ttl_secs: u64,
+    /// Largest guide accepted, in bytes of XML (a gzip source is bounded once decompressed).
+    pub max_bytes: usize,
+    /// Guides kept at once.
+    pub max_entries: usize,
+    /// Bytes of compressed guides kept at once; a guide larger than this is served, not kept.
+    pub cache_bytes: usize,
+    /// Seconds one whole fetch may take.
+    pub fetch_timeout_secs: u64,
+}
+
+impl Default for EpgConfig {
+    fn default() -> Self {
+        EpgConfig {
+            enabled: true,
+            cache_ttl_secs: 3600,
+            max_bytes: 256 * 1024 * 1024,
+            max_entries: 32,
+            cache_bytes: 64 * 1024 * 1024,
+            fetch_timeout_secs: 120,
+        }
+    }
+}
+
+impl EpgConfig {
+    /// Checks the values before anything binds.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.max_bytes < 1024 || self.fetch_timeout_secs == 0 {
+            anyhow::bail!(
+                "media.epg.max_bytes must be at least 1024 and fetch_timeout_secs at least 1"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One kept guide.
+struct Entry {
+    guide: Arc<Prepared>,
+    fetched: Instant,
+    last_modified: SystemTime,
+}
+
+/// The guide cache.
+pub struct EpgProxy {
+    upstream: Upstream,
+    config: EpgConfig,
+    entries: Mutex<HashMap<[u8; 32], Entry>>,
+    /// One lock per key being fetched, so concurrent misses share one fetch.
+    fetching: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl EpgProxy {
+    pub fn new(upstream: Upstream, config: &EpgConfig) -> Self {
+        EpgProxy {
+            upstream,
+            config: config.clone(),
+            entries: Mutex::new(HashMap::new()),
+            fetching: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Serves `/proxy/epg`.
+    pub async fn serve(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        if !self.config.enabled {
+            return Err(ProxyError::downstream(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "/proxy/epg is turned off (media.epg.enabled)",
+            ));
+        }
+        let params = super::stream::parse_params(ctx)?;
+        let ttl = match ctx.query.get("cache_ttl") {
+            None => self.config.cache_ttl_secs,
+            Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                ProxyError::downstream(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "cache_ttl must be a whole number of seconds",
+                )
+            })?,
+        }
+        .min(MAX_REQUEST_TTL);
+        let key = cache_key(&params);
+        let (guide, last_modified, hit) = match self.fresh(&key, ttl) {
+            Some((g, lm)) => (g, lm, true),
+            None => {
+                let gate = self.gate(&key);
+                let _held = gate.lock().await;
+                match self.fresh(&key, ttl) {
+                    Some((g, lm)) => (g, lm, true),
+                    None => {
+                        let outcome = self.fetch(&params).await;
+                        self.fetching.lock().expect("epg lock").remove(&key);
+                        let guide = Arc::new(outcome?);
+                        let lm = SystemTime::now();
+                        if ttl > 0 {
+                            self.keep(key, guide.clone(), lm);
+                        }
+                        (guide, lm, false)
+                    }
+                }
+            }
+        };
+        Ok(respond(req, &guide, last_modified, hit, ttl))
+    }
+
+    fn fresh(&self, key: &[u8; 32], ttl: u64) -> Option<(Arc<Prepared>, SystemTime)> {
+        let entries = self.entries.lock().expect("epg lock");
+        let e = entries.get(key)?;
+        (ttl > 0 && e.fetched.elapsed() < Duration::from_secs(ttl))
+            .then(|| (e.guide.clone(), e.last_modified))
+    }
+
+    fn gate(&self, key: &[u8; 32]) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.fetching.lock().expect("epg lock");
+        map.entry(*key).or_default().clone()
+    }
+
+    fn keep(&self, key: [u8; 32], guide: Arc<Prepared>, last_modified: SystemTime) {
+        if guide.gz.len() > self.config.cache_bytes || self.config.max_entries == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock().expect("epg lock");
+        entries.remove(&key);
+        let mut total: usize = entries.values().map(|e| e.guide.gz.len()).sum();
+        while entries.len() >= self.config.max_entries
+            || total + guide.gz.len() > self.config.cache_bytes
+        {
+            let Some(oldest) = entries
+                .iter()
+                .min_by_key(|(_, e)| e.fetched)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            if let Some(e) = entries.remove(&oldest) {
+                total -= e.guide.gz.len();
+            }
+        }
+        entries.insert(
+            key,
+            Entry {
+                guide,
+                fetched: Instant::now(),
+                last_modified,
+            },
+        );
+    }
+
+    async fn fetch(&self, params: &ProxyParams) -> Result<Prepared, ProxyError> {
+        let secs = self.config.fetch_timeout_secs;
+        let max = self.config.max_bytes;
+        let host = params.destination.host_str().unwrap_or("").to_string();
+        let upstream_err = |status: StatusCode, kind: &'static str, msg: String| {
+            let mut e = ProxyError::new(Side::Upstream, status, kind, msg);
+            e.upstream = Some(host.clone());
+            e
+        };
+        let fetch = async {
+            let request = super::stream::fetch_request(params)?;
+            let resp = self
+                .upstream
+                .send(request)
+                .await
+                .map_err(|e| ProxyError::from_upstream(&e))?;
+            if !resp.status.is_success() {
+                // As MediaFlow: the source's error status, said in words.
+                let status = match resp.status.as_u16() {
+                    400..=599 => resp.status,
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                return Err(upstream_err(
+                    status,
+                    "epg_status",
+                    format!("EPG source answered {}", resp.status),
+                ));
+            }
+            resp.body
+                .collect_limited(max)
+                .await
+                .map_err(|e| upstream_err(StatusCode::BAD_GATEWAY, "epg_body", format!("EPG: {e}")))
+        };
+        let raw = tokio::time::timeout(Duration::from_secs(secs), fetch)
+            .await
+            .map_err(|_| {
+                upstream_err(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "epg_timeout",
+                    format!("EPG fetch took longer than media.epg.fetch_timeout_secs ({secs} s)"),
+                )
+            })??;
+        // Decompressing and hashing tens of MB is CPU work; keep it off the threads that move video.
+        tokio::task::spawn_blocking(move || xmltv::prepare(raw, max))
+            .await
+            .map_err(|e| {
+                ProxyError::new(
+                    Side::Internal,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "epg",
+                    e.to_string(),
+                )
+            })?
+            .map_err(|e| {
+                let status = match e {
+                    XmltvError::TooLarge(_) | XmltvError::Gzip(_) | XmltvError::NotXmltv => {
+                        StatusCode::BAD_GATEWAY
+                    }
+                };
+                upstream_err(status, "epg_content", format!("EPG: {e}"))
+            })
+    }
+}
+
+/// SHA-256 over the URL and every `h_*` header, length-prefixed.
+fn cache_key(params: &ProxyParams) -> [u8; 32] {
+    let mut h = Sha256::new();
+    let mut field = |b: &[u8]| {
+        h.update((b.len() as u64).to_be_bytes());
+        h.update(b);
+    };
+    field(params.destination.as_str().as_bytes());
+    let mut headers: Vec<_> = params.request_headers.iter().collect();
+    headers.sort();
+    for (k, v) in headers {
+        field(k.to_ascii_lowercase().as_bytes());
+        field(v.as_bytes());
+    }
+    h.finalize().into()
+}
+
+fn put(h: &mut HeaderMap, name: header::HeaderName, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        h.insert(name, v);
+    }
+}
+
+/// The guide as the client asked: gzip-encoded when it accepts gzip, XML otherwise; 304 when
+/// its validators match.
+fn respond(
+    req: &Request<Incoming>,
+    guide: &Prepared,
+    last_modified: SystemTime,
+    hit: bool,
+    ttl: u64,
+) -> Response<Body> {
+    let gzip = sluice_http::coding::accepts_gzip(req.headers());
+    let etag = match gzip {
+        true => format!("{}-gz\"", guide.etag.trim_end_matches('"')),
+        false => guide.etag.clone(),
+    };
+    let mut h = HeaderMap::new();
+    put(&mut h, header::ETAG, etag);
+    put(
+        &mut h,
+        header::LAST_MODIFIED,
+        httpdate::fmt_http_date(last_modified),
+    );
+    put(
+        &mut h,
+        header::CACHE_CONTROL,
+        format!("public, max-age={ttl}"),
+    );
+    put(&mut h, header::VARY, "Accept-Encoding".into());
+    put(
+        &mut h,
+        header::HeaderName::from_static("x-epg-cache"),
+        if hit { "HIT" } else { "MISS" }.into(),
+    );
+    if sluice_http::conditional::not_modified(req.headers(), &h) {
+        let mut resp = Response::new(body::empty());
+        *resp.status_mut() = StatusCode::NOT_MODIFIED;
+        *resp.headers_mut() = h;
+        return resp;
+    }
+    put(
+        &mut h,
+        header::CONTENT_TYPE,
+        "application/xml; charset=utf-8".into(),
+    );
+    let bytes: Result<Bytes, _> = match gzip {
+        true => {
+            put(&mut h, header::CONTENT_ENCODING, "gzip".into());
+            Ok(guide.gz.clone())
+        }
+        false => guide.xml(),
+    };
+    let bytes = match bytes {
+        Ok(b) => b,
+        // Checked when it was prepared; a failure here is a bug, said plainly.
+        Err(e) => {
+            return ProxyError::new(
+                Side::Internal,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "epg",
+                e.to_string(),
+            )
+            .into_response()
+        }
+    };
+    put(&mut h, header::CONTENT_LENGTH, bytes.len().to_string());
+    let mut resp = Response::new(body::full_unless_head(req.method(), bytes));
+    // A HEAD answer has no body but keeps the GET answer's length.
+    *resp.headers_mut() = h;
+    resp
+}

@@ -1,0 +1,470 @@
+//! `/proxy/forward`: any HTTP request relayed to `d` from sluice's own address (MediaFlow's
+//! transparent relay for debrid APIs), its body streamed both ways under byte caps.
+//!
+//! The upstream request carries the method, the body, a few of the client's content headers and
+//! the `h_*` headers, never the client's address (no `X-Forwarded-For` or the like, whatever
+//! `h_*` asks). `{mediaflow_ip}` in `d`, or in a body small enough to be read ahead, becomes the
+//! address `/proxy/ip` reports. Private destinations are refused by the upstream client's address
+//! guard (`upstream.allow_private`), and `[media.forward]` may narrow the hosts further.
+
+pub mod body;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use sluice_http::route::HostPattern;
+use url::Url;
+
+use self::body::{read_ahead, Capped, Held, TooLarge};
+use crate::body::{self as bodies, Body};
+use crate::error::ProxyError;
+use crate::request::RequestContext;
+use crate::upstream::relay::RelayBody;
+use crate::upstream::UpstreamRequest;
+
+/// MediaFlow's placeholder for the proxy's public address.
+pub const IP_PLACEHOLDER: &str = "{mediaflow_ip}";
+
+/// Request bodies up to this size are read whole before the upstream request starts, so the
+/// placeholder can be replaced in them and a redirect can replay them.
+const READ_AHEAD_BYTES: usize = 64 * 1024;
+
+/// Client request headers relayed upstream (besides `h_*`): what describes the body and what the
+/// caller accepts. Never `Authorization` or `Cookie`: a browser sends those for sluice itself.
+const CLIENT_HEADERS: &[HeaderName] = &[
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::ACCEPT,
+    header::ACCEPT_LANGUAGE,
+    header::RANGE,
+    header::IF_RANGE,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+];
+
+/// Headers that would tell the upstream who the caller is: never sent, not even through `h_*`.
+const IP_DISCLOSURE: &[&str] = &[
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "x-client-ip",
+    "true-client-ip",
+    "forwarded",
+    "cf-connecting-ip",
+    "x-original-forwarded-for",
+    "x-cluster-client-ip",
+    "via",
+];
+
+/// Upstream response headers that concern one connection hop.
+const HOP_BY_HOP: &[HeaderName] = &[
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::ALT_SVC,
+];
+
+/// `[media.forward]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ForwardConfig {
+    /// Serve `/proxy/forward`.
+    pub enabled: bool,
+    /// When not empty, only these hosts (`host` or `*.domain`, every subdomain) may be forwarded to.
+    pub allowed_hosts: Vec<String>,
+    /// Hosts never forwarded to, in the same form.
+    pub denied_hosts: Vec<String>,
+    /// Largest request body relayed, in bytes; past it the answer is 413.
+    pub max_request_bytes: u64,
+    /// Largest response body relayed, in bytes: a larger declared length is a 502, and a body
+    /// that grows past it is cut off.
+    pub max_response_bytes: u64,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        ForwardConfig {
+            enabled: true,
+            allowed_hosts: Vec::new(),
+            denied_hosts: Vec::new(),
+            // MediaFlow's limits: torrent and NZB uploads in, API answers out.
+            max_request_bytes: 50 * 1024 * 1024,
+            max_response_bytes: 10 * 1024 * 1024,
+        }
+    }
+}
+
+impl ForwardConfig {
+    /// Checks the values before anything binds.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (key, list) in [
+            ("allowed_hosts", &self.allowed_hosts),
+            ("denied_hosts", &self.denied_hosts),
+        ] {
+            for h in list {
+                HostPattern::parse(h).map_err(|e| anyhow::anyhow!("media.forward.{key}: {e}"))?;
+            }
+        }
+        if self.max_request_bytes == 0 || self.max_response_bytes == 0 {
+            anyhow::bail!("media.forward.max_request_bytes and max_response_bytes must be above 0");
+        }
+        Ok(())
+    }
+}
+
+/// The relay, built from its config.
+pub struct Forward {
+    config: ForwardConfig,
+    allowed: Vec<HostPattern>,
+    denied: Vec<HostPattern>,
+}
+
+impl Forward {
+    pub fn new(config: &ForwardConfig) -> Self {
+        let parse = |list: &[String]| {
+            list.iter()
+                .filter_map(|h| HostPattern::parse(h).ok())
+                .collect()
+        };
+        Forward {
+            allowed: parse(&config.allowed_hosts),
+            denied: parse(&config.denied_hosts),
+            config: config.clone(),
+        }
+    }
+
+    /// Relays one request.
+    pub async fn serve(
+        &self,
+        media: &super::Media,
+        req: Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Response<Body>, ProxyError> {
+        if !self.config.enabled {
+            return Err(ProxyError::downstream(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "/proxy/forward is turned off (media.forward.enabled)",
+            ));
+        }
+        let method = req.method().clone();
+        if !matches!(
+            method.as_str(),
+            "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS"
+        ) {
+            return Err(ProxyError::downstream(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method",
+                "/proxy/forward relays GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS",
+            ));
+        }
+        let params = super::stream::parse_params(ctx)?;
+        let mut url = params.destination.clone();
+        if has_placeholder(url.as_str()) {
+            let ip = media.public_ip.lookup().await?.to_string();
+            url = replace_in_url(&url, &ip)?;
+        }
+        self.check_host(&url)?;
+        let headers = request_headers(req.headers(), &params.request_headers)?;
+        let declared = declared_length(req.headers())?;
+        if declared.is_some_and(|n| n > self.config.max_request_bytes) {
+            return Err(too_large(self.config.max_request_bytes));
+        }
+        let over = Arc::new(AtomicBool::new(false));
+        let (parts, incoming) = req.into_parts();
+        let body = match read_ahead(incoming, READ_AHEAD_BYTES, self.config.max_request_bytes).await
+        {
+            Ok(Held::Whole(bytes)) if bytes.is_empty() => RelayBody::Empty,
+            Ok(Held::Whole(bytes)) => RelayBody::Whole(self.fill(media, bytes).await?),
+            Ok(Held::Partial(head, rest)) => RelayBody::Stream(bodies::boxed(Capped::new(
+                Some(head),
+                rest,
+                self.config.max_request_bytes,
+                over.clone(),
+            ))),
+            Err(e) if e.is::<TooLarge>() => return Err(too_large(self.config.max_request_bytes)),
+            Err(e) => {
+                return Err(ProxyError::downstream(
+                    StatusCode::BAD_REQUEST,
+                    "request_body",
+                    format!("reading the request body failed: {e}"),
+                ))
+            }
+        };
+        let mut headers = headers;
+        if let (RelayBody::Stream(_), Some(n)) = (&body, declared) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        let up = media
+            .upstream
+            .relay(
+                UpstreamRequest {
+                    method: parts.method,
+                    url,
+                    headers,
+                },
+                body,
+            )
+            .await
+            .map_err(|e| match over.load(Ordering::Relaxed) {
+                true => too_large(self.config.max_request_bytes),
+                false => ProxyError::from_upstream(&e),
+            })?;
+        let max = self.config.max_response_bytes;
+        if declared_length(&up.headers)
+            .ok()
+            .flatten()
+            .is_some_and(|n| n > max)
+        {
+            return Err(ProxyError::new(
+                crate::error::Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "response_too_large",
+                format!(
+                    "the upstream answer is larger than media.forward.max_response_bytes ({max})"
+                ),
+            ));
+        }
+        let mut resp = Response::new(bodies::boxed(Capped::new(
+            None,
+            up.body,
+            max,
+            Arc::new(AtomicBool::new(false)),
+        )));
+        *resp.status_mut() = up.status;
+        relay_response_headers(&up.headers, up.status, resp.headers_mut());
+        super::stream::apply_params(&params, resp.headers_mut())?;
+        Ok(resp)
+    }
+
+    /// `d`'s host against `allowed_hosts` and `denied_hosts`.
+    fn check_host(&self, url: &Url) -> Result<(), ProxyError> {
+        let host = url.host_str().unwrap_or("");
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let listed = |list: &[HostPattern]| list.iter().any(|p| p.matches(host));
+        if (!self.allowed.is_empty() && !listed(&self.allowed)) || listed(&self.denied) {
+            return Err(ProxyError::downstream(
+                StatusCode::FORBIDDEN,
+                "forward_host",
+                format!("forwarding to {host} is not allowed (media.forward)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The placeholder replaced in a body held whole.
+    async fn fill(&self, media: &super::Media, bytes: Bytes) -> Result<Bytes, ProxyError> {
+        if !contains(&bytes, IP_PLACEHOLDER.as_bytes()) {
+            return Ok(bytes);
+        }
+        let ip = media.public_ip.lookup().await?.to_string();
+        Ok(replace_bytes(
+            &bytes,
+            IP_PLACEHOLDER.as_bytes(),
+            ip.as_bytes(),
+        ))
+    }
+}
+
+fn too_large(max: u64) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request_too_large",
+        format!("the request body is larger than media.forward.max_request_bytes ({max})"),
+    )
+}
+
+/// `Content-Length` as a number; a value that is not one is the client's error.
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
+    match headers.get(header::CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                ProxyError::downstream(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "Content-Length is not a number",
+                )
+            }),
+    }
+}
+
+/// The upstream request's headers: the client's content headers, then `h_*`, minus anything that
+/// would disclose the client.
+fn request_headers(
+    client: &HeaderMap,
+    extra: &[(String, String)],
+) -> Result<HeaderMap, ProxyError> {
+    let mut out = HeaderMap::new();
+    for name in CLIENT_HEADERS {
+        if let Some(v) = client.get(name) {
+            out.insert(name.clone(), v.clone());
+        }
+    }
+    for (name, value) in extra {
+        if IP_DISCLOSURE.contains(&name.to_ascii_lowercase().as_str()) {
+            continue;
+        }
+        let bad = || {
+            ProxyError::downstream(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("header `{name}` is not valid"),
+            )
+        };
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
+        let value = HeaderValue::from_str(value).map_err(|_| bad())?;
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
+/// The upstream's headers as the client gets them: all but hop-by-hop ones and those that would
+/// act on sluice's own origin (cookies, security policies; a `Location` only on a redirect).
+fn relay_response_headers(from: &HeaderMap, status: StatusCode, to: &mut HeaderMap) {
+    for (name, value) in from {
+        let keep = !HOP_BY_HOP.contains(name)
+            && !name.as_str().starts_with("proxy-")
+            && name.as_str() != "keep-alive"
+            && (!sluice_media::query::is_forbidden_response_header(name.as_str())
+                || (*name == header::LOCATION && status.is_redirection()));
+        if keep {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+fn has_placeholder(url: &str) -> bool {
+    url.contains(IP_PLACEHOLDER) || url.to_ascii_lowercase().contains("%7bmediaflow_ip%7d")
+}
+
+/// `url` with the placeholder (as written or as the URL parser percent-encoded it) replaced.
+fn replace_in_url(url: &Url, ip: &str) -> Result<Url, ProxyError> {
+    let text = url.as_str();
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    loop {
+        let lower = rest.to_ascii_lowercase();
+        let found = [IP_PLACEHOLDER, "%7bmediaflow_ip%7d"]
+            .iter()
+            .filter_map(|p| lower.find(p).map(|at| (at, p.len())))
+            .min();
+        match found {
+            Some((at, len)) => {
+                out.push_str(&rest[..at]);
+                out.push_str(ip);
+                rest = &rest[at + len..];
+            }
+            None => {
+                out.push_str(rest);
+                break;
+            }
+        }
+    }
+    Url::parse(&out).map_err(|e| {
+        ProxyError::downstream(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("`d` with the address filled in is not a URL: {e}"),
+        )
+    })
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn replace_bytes(hay: &[u8], needle: &[u8], with: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(hay.len());
+    let mut i = 0;
+    while i < hay.len() {
+        if hay[i..].starts_with(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            out.push(hay[i]);
+            i += 1;
+        }
+    }
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholder_in_url_and_body() {
+        let url =
+            Url::parse("https://api.example/x?ip={mediaflow_ip}&b=%7BMediaflow_IP%7D").unwrap();
+        assert!(has_placeholder(url.as_str()));
+        assert_eq!(
+            replace_in_url(&url, "203.0.113.9").unwrap().as_str(),
+            "https://api.example/x?ip=203.0.113.9&b=203.0.113.9"
+        );
+        assert_eq!(
+            &replace_bytes(
+                b"a={mediaflow_ip}&b={mediaflow_ip}",
+                IP_PLACEHOLDER.as_bytes(),
+                b"1.2.3.4"
+            )[..],
+            b"a=1.2.3.4&b=1.2.3.4"
+        );
+    }
+
+    #[test]
+    fn client_address_never_leaves() {
+        let mut client = HeaderMap::new();
+        client.insert("x-forwarded-for", HeaderValue::from_static("198.51.100.7"));
+        client.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic eDpw"),
+        );
+        client.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let extra = vec![
+            ("X-Real-IP".to_string(), "198.51.100.7".to_string()),
+            ("authorization".to_string(), "Bearer t".to_string()),
+        ];
+        let out = request_headers(&client, &extra).unwrap();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[header::CONTENT_TYPE], "application/json");
+        assert_eq!(out[header::AUTHORIZATION], "Bearer t");
+    }
+
+    #[test]
+    fn response_headers_that_would_act_on_sluice_stay_behind() {
+        let mut up = HeaderMap::new();
+        for (k, v) in [
+            ("set-cookie", "a=b"),
+            ("content-type", "application/json"),
+            ("connection", "close"),
+            ("location", "https://elsewhere.example/"),
+            ("x-ratelimit-remaining", "9"),
+        ] {
+            up.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let mut out = HeaderMap::new();
+        relay_response_headers(&up, StatusCode::OK, &mut out);
+        let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-ratelimit-remaining"]);
+        let mut out = HeaderMap::new();
+        relay_response_headers(&up, StatusCode::TEMPORARY_REDIRECT, &mut out);
+        assert!(out.contains_key(header::LOCATION));
+    }
+}

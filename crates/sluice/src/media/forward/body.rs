@@ -1,0 +1,177 @@
+//! Bodies of `/proxy/forward`: the client's request body read ahead a little (small bodies whole)
+//! and both directions streamed under a byte cap.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use crate::body::BoxError;
+
+/// A body went past its cap.
+#[derive(Debug, thiserror::Error)]
+#[error("body larger than {0} bytes")]
+pub struct TooLarge(pub u64);
+
+/// What reading ahead found.
+pub enum Held<B> {
+    /// The whole body, no longer than the read-ahead window.
+    Whole(Bytes),
+    /// The first bytes, and the rest still to come.
+    Partial(Bytes, B),
+}
+
+/// Reads `body` until it ends or more than `window` bytes have come, refusing more than `max`.
+pub async fn read_ahead<B>(mut body: B, window: usize, max: u64) -> Result<Held<B>, BoxError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut head = BytesMut::new();
+    while head.len() <= window {
+        match body.frame().await {
+            None => return Ok(Held::Whole(head.freeze())),
+            Some(frame) => {
+                if let Ok(data) = frame.map_err(Into::into)?.into_data() {
+                    if head.len() as u64 + data.len() as u64 > max {
+                        return Err(Box::new(TooLarge(max)));
+                    }
+                    head.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+    Ok(Held::Partial(head.freeze(), body))
+}
+
+pin_project_lite::pin_project! {
+    /// `inner` after an optional first chunk, ending in [`TooLarge`] (and raising `over`) once more
+    /// than `max` bytes have passed.
+    pub struct Capped<B> {
+        head: Option<Bytes>,
+        #[pin]
+        inner: B,
+        seen: u64,
+        max: u64,
+        over: Arc<AtomicBool>,
+    }
+}
+
+impl<B> Capped<B> {
+    pub fn new(head: Option<Bytes>, inner: B, max: u64, over: Arc<AtomicBool>) -> Self {
+        let seen = head.as_ref().map_or(0, |h| h.len() as u64);
+        Capped {
+            head: head.filter(|h| !h.is_empty()),
+            inner,
+            seen,
+            max,
+            over,
+        }
+    }
+}
+
+impl<B> Body for Capped<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if let Some(head) = this.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    *this.seen += data.len() as u64;
+                    if *this.seen > *this.max {
+                        this.over.store(true, Ordering::Relaxed);
+                        return Poll::Ready(Some(Err(Box::new(TooLarge(*this.max)))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + head);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + head);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{Full, StreamBody};
+
+    fn chunks(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = BoxError> + Unpin {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn small_bodies_are_whole_large_ones_stream_under_the_cap() {
+        match read_ahead(chunks(&[b"ab", b"cd"]), 8, 100).await.unwrap() {
+            Held::Whole(b) => assert_eq!(&b[..], b"abcd"),
+            Held::Partial(..) => panic!("whole"),
+        }
+        let held = read_ahead(chunks(&[b"abcdef", b"ghij", b"klmn"]), 8, 100)
+            .await
+            .unwrap();
+        let Held::Partial(head, rest) = held else {
+            panic!("partial")
+        };
+        assert_eq!(&head[..], b"abcdefghij");
+        let over = Arc::new(AtomicBool::new(false));
+        let all = Capped::new(Some(head.clone()), rest, 100, over.clone())
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&all[..], b"abcdefghijklmn");
+        assert!(!over.load(Ordering::Relaxed));
+        // Past the cap: an error and the flag.
+        let capped = Capped::new(None, chunks(&[b"abcdef", b"ghij"]), 8, over.clone());
+        assert!(capped.collect().await.is_err());
+        assert!(over.load(Ordering::Relaxed));
+        // The read-ahead itself refuses more than the cap.
+        assert!(read_ahead(chunks(&[b"abcdef", b"ghij"]), 100, 8)
+            .await
+            .is_err());
+        // A known length stays known.
+        let full = Capped::new(
+            Some(Bytes::from_static(b"xy")),
+            Full::new(Bytes::from_static(b"abc")),
+            100,
+            over,
+        );
+        assert_eq!(full.size_hint().exact(), Some(5));
+    }
+}

@@ -1,0 +1,177 @@
+//! `/proxy/epg` against a local guide source: the guide's bytes, `X-EPG-Cache` MISS then HIT,
+//! `cache_ttl`, one cache entry per set of `h_*` headers, gzip sources and gzip answers,
+//! conditional GETs, concurrent misses sharing one fetch, and the errors.
+
+mod support;
+
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+use tokio::net::TcpListener;
+
+const XMLTV: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE tv SYSTEM \"xmltv.dtd\">\n<tv generator-info-name=\"test\"><channel id=\"one\"><display-name>One</display-name></channel><programme start=\"20261127150000 +0000\" stop=\"20261127160000 +0000\" channel=\"one\"><title>News</title></programme></tv>\n";
+
+/// A guide source counting its fetches: `/guide.xml`, `/guide.xml.gz` (gzip), `/slow.xml`
+/// (answers after 200 ms), `/page.html` (an HTML page), anything else 404.
+struct Source {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+}
+
+async fn source() -> Source {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let counter = counter.clone();
+                    async move {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        let full =
+                            |b: Bytes| -> BoxBody { Full::new(b).map_err(|n| match n {}).boxed() };
+                        let resp = match req.uri().path() {
+                            "/guide.xml" => Response::builder()
+                                .header("content-type", "text/xml")
+                                .body(full(Bytes::from(XMLTV))),
+                            "/guide.xml.gz" => {
+                                let gz = sluice_media::gzip::compress(XMLTV.as_bytes(), 6);
+                                Response::builder()
+                                    .header("content-type", "application/gzip")
+                                    .body(full(Bytes::from(gz)))
+                            }
+                            "/slow.xml" => {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                Response::builder().body(full(Bytes::from(XMLTV)))
+                            }
+                            "/page.html" => Response::builder()
+                                .header("content-type", "text/html")
+                                .body(full(Bytes::from("<html><body>login</body></html>"))),
+                            _ => Response::builder().status(404).body(full(Bytes::new())),
+                        };
+                        Ok::<_, Infallible>(resp.unwrap())
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Source { addr, hits }
+}
+
+fn epg(s: &Sluice, src: &Source, path: &str, extra: &str) -> String {
+    let d = enc(&format!("http://{}{path}", src.addr));
+    s.url(&format!("/proxy/epg?api_password=pw&d={d}{extra}"))
+}
+
+async fn sluice() -> Sluice {
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    Sluice::start(config).await
+}
+
+#[tokio::test]
+async fn guide_is_fetched_once_then_served_from_memory() {
+    let src = source().await;
+    let s = sluice().await;
+    let url = epg(&s, &src, "/guide.xml", "");
+    let r = get(&url).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-epg-cache"], "MISS");
+    assert_eq!(r.headers["content-type"], "application/xml; charset=utf-8");
+    assert_eq!(r.headers["cache-control"], "public, max-age=3600");
+    assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+    let etag = r.headers["etag"].to_str().unwrap().to_string();
+
+    let r = get(&url).await;
+    assert_eq!(r.headers["x-epg-cache"], "HIT");
+    assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+    assert_eq!(src.hits.load(Ordering::SeqCst), 1);
+
+    // Revalidation by ETag; HEAD keeps the length; gzip for a client that takes it.
+    let r = request("GET", &url, &[("if-none-match", etag.as_str())]).await;
+    assert_eq!(r.status, 304);
+    let r = request("HEAD", &url, &[]).await;
+    assert_eq!(
+        r.headers["content-length"],
+        XMLTV.len().to_string().as_str()
+    );
+    assert!(r.body.unwrap().is_empty());
+    let r = request("GET", &url, &[("accept-encoding", "gzip")]).await;
+    assert_eq!(r.headers["content-encoding"], "gzip");
+    let mut xml = String::new();
+    flate2::read::GzDecoder::new(&r.body.unwrap()[..])
+        .read_to_string(&mut xml)
+        .unwrap();
+    assert_eq!(xml, XMLTV);
+    assert_eq!(src.hits.load(Ordering::SeqCst), 1);
+
+    // Other credentials are another entry; cache_ttl=0 fetches every time.
+    let r = get(&epg(&s, &src, "/guide.xml", "&h_authorization=Bearer%20x")).await;
+    assert_eq!(r.headers["x-epg-cache"], "MISS");
+    assert_eq!(src.hits.load(Ordering::SeqCst), 2);
+    for _ in 0..2 {
+        let r = get(&epg(&s, &src, "/guide.xml", "&cache_ttl=0")).await;
+        assert_eq!(r.headers["x-epg-cache"], "MISS");
+    }
+    assert_eq!(src.hits.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn gzip_sources_and_concurrent_misses() {
+    let src = source().await;
+    let s = sluice().await;
+    let r = get(&epg(&s, &src, "/guide.xml.gz", "")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+    // Ten viewers of a guide nobody has fetched yet cost the source one fetch.
+    let url = epg(&s, &src, "/slow.xml", "");
+    let all = futures_util::future::join_all((0..10).map(|_| get(&url))).await;
+    for r in all {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+    }
+    assert_eq!(src.hits.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn errors_are_clear_and_not_cached() {
+    let src = source().await;
+    let s = sluice().await;
+    // No password: the source hears nothing.
+    let d = enc(&format!("http://{}/guide.xml", src.addr));
+    let r = get(&s.url(&format!("/proxy/epg?d={d}"))).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(src.hits.load(Ordering::SeqCst), 0);
+    // The source's status, as MediaFlow answers it.
+    let r = get(&epg(&s, &src, "/gone.xml", "")).await;
+    assert_eq!(r.status, 404);
+    // An HTML page is not a guide.
+    for _ in 0..2 {
+        let r = get(&epg(&s, &src, "/page.html", "")).await;
+        assert_eq!(r.status, 502);
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(body.contains("not XMLTV"), "{body}");
+    }
+    assert_eq!(src.hits.load(Ordering::SeqCst), 3);
+    let r = get(&epg(&s, &src, "/guide.xml", "&cache_ttl=soon")).await;
+    assert_eq!(r.status, 400);
+    let r = request("POST", &epg(&s, &src, "/guide.xml", ""), &[]).await;
+    assert_eq!(r.status, 405);
+}

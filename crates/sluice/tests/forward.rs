@@ -1,0 +1,434 @@
+//! `/proxy/forward` against a real local origin: methods, bodies both ways (read ahead and
+//! streamed, checked by hash), `{mediaflow_ip}`, the client's address kept back, caps, redirects,
+//! and the refusals (no password, private destinations, host lists).
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+use tokio::net::TcpListener;
+
+/// One request as the origin saw it.
+#[derive(Debug, Clone)]
+struct Got {
+    method: String,
+    path_and_query: String,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+/// An origin that records every request (body included) and answers by path:
+/// `/echo` 201 with the body's hash, `/big` 5 MiB with a length, `/big-chunked` 2 MiB without,
+/// `/see-other` and `/temporary` redirects to `/echo`, `/ip` an echo service's answer.
+struct Origin {
+    addr: SocketAddr,
+    got: Arc<Mutex<Vec<Got>>>,
+}
+
+const BIG: usize = 5 * 1024 * 1024;
+
+impl Origin {
+    async fn start() -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let seen = got.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body.collect().await.unwrap().to_bytes();
+                            seen.lock().unwrap().push(Got {
+                                method: parts.method.to_string(),
+                                path_and_query: parts.uri.to_string(),
+                                headers: parts.headers.clone(),
+                                body: body.clone(),
+                            });
+                            Ok::<_, Infallible>(answer(parts.uri.path(), &body))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Origin { addr, got }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn got(&self, path: &str) -> Vec<Got> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| g.path_and_query.split('?').next() == Some(path))
+            .cloned()
+            .collect()
+    }
+}
+
+fn answer(path: &str, body: &Bytes) -> Response<BoxBody> {
+    let full = |b: Bytes| Full::new(b).map_err(|n| match n {}).boxed();
+    let redirect = |status: u16| {
+        Response::builder()
+            .status(status)
+            .header("location", "/echo?redirected=1")
+            .body(full(Bytes::new()))
+            .unwrap()
+    };
+    match path {
+        "/echo" => Response::builder()
+            .status(201)
+            .header("content-type", "application/json")
+            .header("x-ratelimit-remaining", "41")
+            .header("set-cookie", "session=upstream; Path=/")
+            .body(full(Bytes::from(format!(
+                r#"{{"len":{},"sha256":"{}"}}"#,
+                body.len(),
+                sha256(body)
+            ))))
+            .unwrap(),
+        "/big" => Response::new(full(pattern(BIG))),
+        "/big-chunked" => {
+            let chunks: Vec<Result<Frame<Bytes>, std::io::Error>> = pattern(2 * 1024 * 1024)
+                .chunks(64 * 1024)
+                .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+                .collect();
+            Response::new(StreamBody::new(futures_util::stream::iter(chunks)).boxed())
+        }
+        "/see-other" => redirect(303),
+        "/temporary" => redirect(307),
+        "/ip" => Response::new(full(Bytes::from_static(b"203.0.113.9\n"))),
+        _ => Response::builder()
+            .status(404)
+            .body(full(Bytes::new()))
+            .unwrap(),
+    }
+}
+
+/// A request to sluice with `body`; `chunked` sends it without a length, in 64 KiB frames.
+async fn send(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+    chunked: bool,
+) -> Reply {
+    let client =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http::<BoxBody>();
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let body: BoxBody = if chunked {
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = body
+            .chunks(64 * 1024)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames)).boxed()
+    } else {
+        Full::new(body).map_err(|n| match n {}).boxed()
+    };
+    match client.request(b.body(body).unwrap()).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            Reply {
+                status: parts.status,
+                headers: parts.headers,
+                body: body
+                    .collect()
+                    .await
+                    .map(|c| c.to_bytes())
+                    .map_err(|e| e.to_string()),
+            }
+        }
+        // sluice may answer 413 and close before the whole body is sent.
+        Err(e) => Reply {
+            status: StatusCode::from_u16(599).unwrap(),
+            headers: Default::default(),
+            body: Err(e.to_string()),
+        },
+    }
+}
+
+async fn start(origin: &Origin, tweak: impl FnOnce(&mut sluice::config::Config)) -> Sluice {
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    config.media.public_ip.services = vec![sluice::config::public_ip::EchoService {
+        url: origin.url("/ip"),
+        field: String::new(),
+    }];
+    tweak(&mut config);
+    Sluice::start(config).await
+}
+
+fn forward(s: &Sluice, d: &str, extra: &str) -> String {
+    s.url(&format!(
+        "/proxy/forward?api_password=pw&d={}{extra}",
+        enc(d)
+    ))
+}
+
+#[tokio::test]
+async fn post_with_placeholder_reaches_the_origin_from_sluice() {
+    let origin = Origin::start().await;
+    let s = start(&origin, |_| {}).await;
+    let body = r#"{"magnet":"x","ip":"{mediaflow_ip}"}"#;
+    let url = forward(
+        &s,
+        &origin.url("/echo?ip={mediaflow_ip}&k=v"),
+        "&h_Authorization=Bearer%20tok&h_X-Real-IP=198.51.100.7&r_x-note=relayed",
+    );
+    let r = send(
+        "POST",
+        &url,
+        &[
+            ("content-type", "application/json"),
+            ("x-forwarded-for", "198.51.100.7"),
+            ("cookie", "api_password=pw"),
+        ],
+        Bytes::from(body),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let filled = br#"{"magnet":"x","ip":"203.0.113.9"}"#;
+    let expected = format!(
+        r#"{{"len":{},"sha256":"{}"}}"#,
+        filled.len(),
+        sha256(filled)
+    );
+    assert_eq!(r.body.unwrap(), Bytes::from(expected));
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert_eq!(r.headers["x-ratelimit-remaining"], "41");
+    assert_eq!(r.headers["x-note"], "relayed");
+    assert!(r.headers.get("set-cookie").is_none(), "{:?}", r.headers);
+
+    let got = origin.got("/echo");
+    assert_eq!(got.len(), 1);
+    let g = &got[0];
+    assert_eq!(g.method, "POST");
+    assert_eq!(g.path_and_query, "/echo?ip=203.0.113.9&k=v");
+    assert_eq!(&g.body[..], filled);
+    assert_eq!(g.headers["authorization"], "Bearer tok");
+    assert_eq!(g.headers["content-type"], "application/json");
+    assert_eq!(
+        g.headers["content-length"],
+        filled.len().to_string().as_str()
+    );
+    for leak in ["x-forwarded-for", "x-real-ip", "cookie", "forwarded"] {
+        assert!(g.headers.get(leak).is_none(), "{leak}: {:?}", g.headers);
+    }
+}
+
+#[tokio::test]
+async fn large_bodies_stream_both_ways() {
+    let origin = Origin::start().await;
+    let s = start(&origin, |c| c.media.forward.max_response_bytes = 8 << 20).await;
+    // 3 MiB up, with a length and without one.
+    let up = pattern(3 * 1024 * 1024 + 17);
+    let want = format!(r#"{{"len":{},"sha256":"{}"}}"#, up.len(), sha256(&up));
+    for (method, chunked) in [("PUT", false), ("POST", true)] {
+        let r = send(
+            method,
+            &forward(&s, &origin.url("/echo"), ""),
+            &[],
+            up.clone(),
+            chunked,
+        )
+        .await;
+        assert_eq!(r.status, 201, "{method}");
+        assert_eq!(r.body.unwrap(), Bytes::from(want.clone()), "{method}");
+    }
+    let got = origin.got("/echo");
+    assert_eq!(
+        got[0].headers["content-length"],
+        up.len().to_string().as_str()
+    );
+    assert!(got[1].headers.get("content-length").is_none());
+    // 5 MiB down.
+    let r = send(
+        "GET",
+        &forward(&s, &origin.url("/big"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-length"], BIG.to_string().as_str());
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&pattern(BIG)));
+    // HEAD stays HEAD.
+    let r = send(
+        "HEAD",
+        &forward(&s, &origin.url("/big"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(origin.got("/big")[1].method, "HEAD");
+}
+
+#[tokio::test]
+async fn caps_bound_both_directions() {
+    let origin = Origin::start().await;
+    let s = start(&origin, |c| {
+        c.media.forward.max_request_bytes = 1 << 20;
+        c.media.forward.max_response_bytes = 1 << 20;
+    })
+    .await;
+    let up = pattern(2 << 20);
+    // A declared length over the cap never reaches the origin.
+    let r = send(
+        "POST",
+        &forward(&s, &origin.url("/echo"), ""),
+        &[],
+        up.clone(),
+        false,
+    )
+    .await;
+    assert!(r.status == 413 || r.status == 599, "{:?}", r.status);
+    // A chunked body is stopped where it passes the cap.
+    let r = send(
+        "POST",
+        &forward(&s, &origin.url("/echo"), ""),
+        &[],
+        up,
+        true,
+    )
+    .await;
+    assert!(r.status == 413 || r.status == 599, "{:?}", r.status);
+    assert!(origin.got("/echo").iter().all(|g| g.body.len() <= 1 << 20));
+    // A declared answer over the cap is a 502; one that grows past it is cut off.
+    let r = send(
+        "GET",
+        &forward(&s, &origin.url("/big"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 502);
+    let r = send(
+        "GET",
+        &forward(&s, &origin.url("/big-chunked"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.is_err(), "the body must not end cleanly");
+}
+
+#[tokio::test]
+async fn redirects_replay_small_bodies_as_clients_do() {
+    let origin = Origin::start().await;
+    let s = start(&origin, |_| {}).await;
+    let body = Bytes::from_static(b"a=1&b=2");
+    let r = send(
+        "POST",
+        &forward(&s, &origin.url("/temporary"), ""),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        body.clone(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let r = send(
+        "POST",
+        &forward(&s, &origin.url("/see-other"), ""),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        body.clone(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let got = origin.got("/echo");
+    assert_eq!((got[0].method.as_str(), &got[0].body), ("POST", &body));
+    assert_eq!(got[1].method, "GET");
+    assert!(got[1].body.is_empty() && got[1].headers.get("content-type").is_none());
+}
+
+#[tokio::test]
+async fn refusals() {
+    let origin = Origin::start().await;
+    let s = start(&origin, |c| {
+        c.media.forward.denied_hosts = vec!["localhost".into()];
+    })
+    .await;
+    // No password: nothing leaves.
+    let url = s.url(&format!("/proxy/forward?d={}", enc(&origin.url("/echo"))));
+    let r = send("POST", &url, &[], Bytes::from_static(b"x"), false).await;
+    assert_eq!(r.status, 403);
+    // A denied host.
+    let d = format!("http://localhost:{}/echo", origin.addr.port());
+    let r = send("GET", &forward(&s, &d, ""), &[], Bytes::new(), false).await;
+    assert_eq!(r.status, 403);
+    // Methods that are not requests for a resource.
+    let r = send(
+        "TRACE",
+        &forward(&s, &origin.url("/echo"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 405);
+    assert!(origin.got("/echo").is_empty());
+
+    // Private destinations are refused unless the operator allows them.
+    let strict = start(&origin, |c| c.upstream.allow_private = false).await;
+    for d in [
+        origin.url("/echo"),
+        format!("http://localhost:{}/echo", origin.addr.port()),
+        format!("http://[::ffff:127.0.0.1]:{}/echo", origin.addr.port()),
+    ] {
+        let r = send(
+            "POST",
+            &forward(&strict, &d, ""),
+            &[],
+            Bytes::from_static(b"x"),
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 403, "{d}");
+    }
+    // Allowed hosts narrow it further.
+    let narrow = start(&origin, |c| {
+        c.media.forward.allowed_hosts = vec!["*.debrid.example".into()];
+    })
+    .await;
+    let r = send(
+        "GET",
+        &forward(&narrow, &origin.url("/echo"), ""),
+        &[],
+        Bytes::new(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(origin.got("/echo").is_empty());
+}

@@ -1,0 +1,219 @@
+//! HLS prebuffer: serving a media playlist warms its first segments (VOD) or its newest (live)
+//! into the cache, with the segment requests' headers, and ten viewers arriving together cost the
+//! origin one fetch per segment. Counted at a local origin; bodies checked by hash.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+use tokio::net::TcpListener;
+
+const SEGMENTS: usize = 6;
+
+fn segment_bytes(i: usize) -> Bytes {
+    let mut b = pattern(200_000 + i * 1000).to_vec();
+    b[0] = 0x47;
+    Bytes::from(b)
+}
+
+/// Counts requests per path and the `Referer` each came with; segments answer after 50 ms.
+struct HlsOrigin {
+    addr: SocketAddr,
+    hits: Arc<Mutex<HashMap<String, Vec<Option<String>>>>>,
+}
+
+impl HlsOrigin {
+    async fn start() -> HlsOrigin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(Mutex::new(HashMap::new()));
+        let log = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let log = log.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let referer = req
+                                .headers()
+                                .get("referer")
+                                .map(|v| v.to_str().unwrap().to_string());
+                            log.lock()
+                                .unwrap()
+                                .entry(path.clone())
+                                .or_insert_with(Vec::new)
+                                .push(referer);
+                            let full = |b: Bytes| -> BoxBody {
+                                Full::new(b).map_err(|n| match n {}).boxed()
+                            };
+                            let playlist = |live: bool| {
+                                let mut p = String::from(
+                                    "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n#EXT-X-MEDIA-SEQUENCE:0\n",
+                                );
+                                for i in 0..SEGMENTS {
+                                    p.push_str(&format!("#EXTINF:4.0,\nseg{i}.ts\n"));
+                                }
+                                if !live {
+                                    p.push_str("#EXT-X-ENDLIST\n");
+                                }
+                                p
+                            };
+                            let resp = match path.as_str() {
+                                "/vod/index.m3u8" => Response::builder()
+                                    .header("content-type", "application/vnd.apple.mpegurl")
+                                    .body(full(Bytes::from(playlist(false)))),
+                                "/live/index.m3u8" => Response::builder()
+                                    .header("content-type", "application/vnd.apple.mpegurl")
+                                    .body(full(Bytes::from(playlist(true)))),
+                                p if p.contains("/seg") => {
+                                    tokio::time::sleep(Duration::from_millis(50)).await;
+                                    let i: usize = p
+                                        .trim_end_matches(".ts")
+                                        .rsplit("seg")
+                                        .next()
+                                        .unwrap()
+                                        .parse()
+                                        .unwrap();
+                                    Response::builder()
+                                        .header("content-type", "video/mp2t")
+                                        .body(full(segment_bytes(i)))
+                                }
+                                _ => Response::builder().status(404).body(full(Bytes::new())),
+                            };
+                            Ok::<_, Infallible>(resp.unwrap())
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        HlsOrigin { addr, hits }
+    }
+
+    fn count(&self, path: &str) -> usize {
+        self.hits.lock().unwrap().get(path).map_or(0, Vec::len)
+    }
+
+    fn referers(&self, path: &str) -> Vec<Option<String>> {
+        self.hits
+            .lock()
+            .unwrap()
+            .get(path)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Waits (at most 5 s) until `path` has been fetched at least once.
+    async fn wait_for(&self, path: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.count(path) > 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+}
+
+async fn start(prebuffer: usize) -> Sluice {
+    let mut config = test_config();
+    config.media.prebuffer_segments = prebuffer;
+    // Fetching ahead after segment requests would blur what the playlist itself warmed.
+    config.media.prefetch_segments = 1;
+    Sluice::start(config).await
+}
+
+/// The playlist through sluice, and its segment URLs (on sluice) in order.
+async fn playlist(s: &Sluice, origin: &HlsOrigin, path: &str) -> Vec<String> {
+    let d = enc(&format!("http://{}{path}", origin.addr));
+    let r = get(&s.url(&format!(
+        "/proxy/hls/manifest.m3u8?d={d}&h_referer=https%3A%2F%2Fsite.example%2F"
+    )))
+    .await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| match l.starts_with('/') {
+            true => s.url(l),
+            false => l.to_string(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn vod_playlist_warms_its_first_segments_and_viewers_share_them() {
+    let origin = HlsOrigin::start().await;
+    let s = start(3).await;
+    let urls = playlist(&s, &origin, "/vod/index.m3u8").await;
+    assert_eq!(urls.len(), SEGMENTS);
+    for i in 0..3 {
+        assert!(
+            origin.wait_for(&format!("/vod/seg{i}.ts")).await,
+            "seg{i} not warmed"
+        );
+    }
+    // Ten viewers of the first three segments, all at once.
+    let fetches = (0..10).flat_map(|_| urls[..3].iter().map(|u| get(u)));
+    for (n, r) in futures_util::future::join_all(fetches)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r.status, 200);
+        assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(n % 3)));
+    }
+    for i in 0..3 {
+        let path = format!("/vod/seg{i}.ts");
+        assert_eq!(origin.count(&path), 1, "{path}");
+        // Warmed with the headers the segment requests carry.
+        assert_eq!(
+            origin.referers(&path),
+            vec![Some("https://site.example/".to_string())]
+        );
+    }
+    assert_eq!(origin.count("/vod/seg5.ts"), 0);
+}
+
+#[tokio::test]
+async fn live_playlist_warms_its_newest_segments() {
+    let origin = HlsOrigin::start().await;
+    let s = start(2).await;
+    let urls = playlist(&s, &origin, "/live/index.m3u8").await;
+    assert!(origin.wait_for("/live/seg4.ts").await);
+    assert!(origin.wait_for("/live/seg5.ts").await);
+    // A refresh of the playlist does not fetch them again.
+    let _ = playlist(&s, &origin, "/live/index.m3u8").await;
+    let r = get(&urls[5]).await;
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(5)));
+    assert_eq!(origin.count("/live/seg5.ts"), 1);
+    assert_eq!(origin.count("/live/seg4.ts"), 1);
+    assert_eq!(origin.count("/live/seg0.ts"), 0);
+}
+
+#[tokio::test]
+async fn off_means_nothing_is_fetched_before_a_viewer_asks() {
+    let origin = HlsOrigin::start().await;
+    let s = start(0).await;
+    let _ = playlist(&s, &origin, "/vod/index.m3u8").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..SEGMENTS {
+        assert_eq!(origin.count(&format!("/vod/seg{i}.ts")), 0);
+    }
+}
