@@ -172,7 +172,11 @@ fn write_parts(out: &mut String, parts: &[PartEntry], sequence: u64, query: &str
             p.sequence,
             p.index,
             query_suffix(query),
-            if p.independent { ",INDEPENDENT=YES" } else { "" }
+            if p.independent {
+                ",INDEPENDENT=YES"
+            } else {
+                ""
+            }
         );
     }
 }

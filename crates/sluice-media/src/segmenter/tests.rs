@@ -411,7 +411,11 @@ fn parts_make_up_their_segment_and_start_independent_at_keyframes() {
     for seg in &segs {
         let mine: Vec<&Part> = parts.iter().filter(|p| p.number == seg.number).collect();
         let joined: Vec<u8> = mine.iter().flat_map(|p| p.data.iter().copied()).collect();
-        assert!(joined == seg.data[..], "segment {}: parts join to it", seg.number);
+        assert!(
+            joined == seg.data[..],
+            "segment {}: parts join to it",
+            seg.number
+        );
         assert_eq!(mine.iter().map(|p| p.duration).sum::<u64>(), seg.duration);
         for (i, p) in mine.iter().enumerate() {
             assert_eq!(p.index as usize, i, "indexes count from 0");

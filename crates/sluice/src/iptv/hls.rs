@@ -7,6 +7,11 @@
 //! shared by every viewer without a copy. The channel has no connection to hold it: it stays
 //! while requests come, and leaves its hub `linger_ms` plus three target durations after the
 //! last one, after which the hub lingers as it does for any subscriber.
+//!
+//! # Layout
+//! - `parts`: low-latency HLS (partial segments, blocking reloads).
+
+mod parts;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -15,8 +20,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use http::{header, Method, Response, StatusCode};
-use sluice_media::segmenter::playlist::{self, Entry, Kind};
-use sluice_media::segmenter::{Segment, Segmenter, Settings, CLOCK};
+use sluice_media::segmenter::playlist::{self, Entry, Kind, LowLatency};
+use sluice_media::segmenter::{Part, Segment, Segmenter, Settings, CLOCK};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -39,6 +44,9 @@ pub struct HlsConfig {
     /// `/playlist.m3u` lists HLS URLs (`/hls/…/index.m3u8`) instead of raw TS ones;
     /// `?hls=1` or `?hls=0` on the request overrides it.
     pub playlist: bool,
+    /// Low-latency HLS: partial segments of at most this many milliseconds, preload hints
+    /// and blocking reloads; 0 turns it off.
+    pub part_target_ms: u64,
 }
 
 crate::config::section::config_section!(HlsConfig {
@@ -46,6 +54,7 @@ crate::config::section::config_section!(HlsConfig {
     target_duration_secs,
     window,
     playlist,
+    part_target_ms,
 });
 
 impl Default for HlsConfig {
@@ -55,6 +64,7 @@ impl Default for HlsConfig {
             target_duration_secs: 4,
             window: 4,
             playlist: false,
+            part_target_ms: 0,
         }
     }
 }
@@ -66,6 +76,12 @@ impl HlsConfig {
         }
         if !(2..=30).contains(&self.window) {
             return Err("window must be 2 to 30".into());
+        }
+        let part = self.part_target_ms;
+        if part != 0 && !(100..self.target_duration_secs * 1000).contains(&part) {
+            return Err(
+                "part_target_ms must be 0 (off) or from 100 to below target_duration_secs".into(),
+            );
         }
         Ok(())
     }
@@ -93,6 +109,8 @@ struct Window {
     failure: Option<Failure>,
     /// The first segment follows a break in the timeshift recording (a restarted channel).
     restarted: bool,
+    /// Low-latency HLS: parts and wall clock.
+    held: parts::Held,
 }
 
 /// One channel's segmenter output, shared by its HLS viewers.
@@ -116,16 +134,25 @@ impl Channel {
         registry::lock(&self.touched).elapsed()
     }
 
-    /// Adds finished segments to the window; returns them with their sequence numbers.
-    fn store(&self, segments: Vec<Segment>, keep: usize) -> Vec<(u64, Segment)> {
-        if segments.is_empty() {
+    /// Adds finished parts and segments to the window (`anchor`: the newest timestamp and
+    /// when it arrived); returns the segments with their sequence numbers.
+    fn store(
+        &self,
+        parts: Vec<Part>,
+        segments: Vec<Segment>,
+        keep: usize,
+        anchor: Option<(u64, i64)>,
+    ) -> Vec<(u64, Segment)> {
+        if segments.is_empty() && parts.is_empty() {
             return Vec::new();
         }
         let mut w = registry::lock(&self.window);
+        w.held.add(parts);
         let mut stored = Vec::with_capacity(segments.len());
         for mut s in segments {
             let seq = w.next;
             w.next += 1;
+            w.held.complete(s.number, seq, wall_start(&s, anchor), keep);
             s.discontinuity |= std::mem::take(&mut w.restarted);
             stored.push((seq, s.clone()));
             w.segments.push_back((seq, s));
@@ -135,9 +162,9 @@ impl Channel {
                 w.discontinuities_gone += u64::from(gone.discontinuity);
             }
         }
-        let next = w.next;
         drop(w);
-        self.changed.send_replace(next);
+        // Parts change the playlist too: every change wakes the requests waiting for one.
+        self.changed.send_modify(|n| *n += 1);
         stored
     }
 
@@ -174,6 +201,8 @@ impl Table {
 enum File {
     Playlist,
     Segment(u64),
+    /// Part `.1` of segment `.0` (low-latency HLS).
+    Part(u64, u32),
 }
 
 /// Splits `/hls/<channel path>/<file>` into the channel's own path and the file.
@@ -182,7 +211,13 @@ fn split(path: &str) -> Option<(&str, File)> {
     let (channel, file) = rest.rsplit_once('/')?;
     let file = match file {
         "index.m3u8" => File::Playlist,
-        f => File::Segment(f.strip_suffix(".ts")?.parse().ok()?),
+        f => {
+            let name = f.strip_suffix(".ts")?;
+            match name.split_once('.') {
+                Some((seq, part)) => File::Part(seq.parse().ok()?, part.parse().ok()?),
+                None => File::Segment(name.parse().ok()?),
+            }
+        }
     };
     (channel.len() > 1).then_some((channel, file))
 }
@@ -203,6 +238,20 @@ impl Iptv {
                 "HLS paths are /hls/<channel>/index.m3u8 and /hls/<channel>/<n>.ts\n",
             );
         };
+        // The delivery directives are the player's, not the channel's: the hub key, the
+        // RTSP URL and the segment URIs are made without them.
+        let (query, block) = match parts::directives(req.uri.query().unwrap_or("")) {
+            Ok(d) => d,
+            Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
+        };
+        let stripped;
+        let req = if query.len() == req.uri.query().unwrap_or("").len() {
+            req
+        } else {
+            stripped = with_query(req, &query);
+            &stripped
+        };
+        let block = block.filter(|_| config.part_target_ms > 0);
         let key = match self.key_for(channel_path, req) {
             Ok(key) => key,
             Err(resp) => return *resp,
@@ -219,7 +268,19 @@ impl Iptv {
         let resp = match file {
             File::Playlist => {
                 let wait = self.start_wait(&channel.key) + 2 * target;
-                self.playlist_of(&channel, wait, req).await
+                match block {
+                    Some(block) => self.blocking_playlist(&channel, block, wait, req).await,
+                    None => self.playlist_of(&channel, wait, req).await,
+                }
+            }
+            File::Part(n, i) => {
+                let resp = part_of(&channel, n, i, 2 * target + Duration::from_secs(1)).await;
+                if req.method == Method::HEAD {
+                    let (parts, _) = resp.into_parts();
+                    Response::from_parts(parts, body::empty())
+                } else {
+                    resp
+                }
             }
             File::Segment(n) => {
                 let resp = segment_of(&channel, n, 2 * target + Duration::from_secs(1)).await;
@@ -348,6 +409,7 @@ impl Iptv {
             let mut segmenter = Segmenter::new(Settings {
                 target: config.target_duration_secs * CLOCK,
                 max_bytes: MAX_SEGMENT_BYTES,
+                part: config.part_target_ms * CLOCK / 1000,
             });
             let mut skips = 0;
             let mut check = tokio::time::interval(Duration::from_millis(250));
@@ -357,9 +419,14 @@ impl Iptv {
                     item = stream.next() => {
                         let Some(Ok(frame)) = item else {
                             segmenter.finish();
-                            let stored = channel.store(segmenter.take(), keep);
+                            let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                            let stored = channel.store(
+                                segmenter.take_parts(),
+                                segmenter.take(),
+                                keep,
+                                anchor,
+                            );
                             if let Some(recorder) = &channel.recorder {
-                                let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
                                 for (seq, seg) in &stored {
                                     recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
                                 }
@@ -374,10 +441,11 @@ impl Iptv {
                         if let Ok(data) = frame.into_data() {
                             segmenter.push(&data);
                         }
-                        let stored = channel.store(segmenter.take(), keep);
+                        // What arrives now is live: the newest timestamp is now.
+                        let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                        let stored =
+                            channel.store(segmenter.take_parts(), segmenter.take(), keep, anchor);
                         if let Some(recorder) = &channel.recorder {
-                            // What arrives now is live: the newest timestamp is now.
-                            let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
                             for (seq, seg) in &stored {
                                 recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
                             }
@@ -455,6 +523,12 @@ impl Iptv {
                 &format!("no segment of {} yet\n", channel.key.channel()),
             );
         }
+        playlist_response(self.live_playlist(&w, query))
+    }
+
+    /// The live playlist of a channel's window (with its parts, for low-latency HLS).
+    fn live_playlist(&self, w: &Window, query: &str) -> String {
+        let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
         let listed = w.segments.len().min(self.config.hls.window);
         let skipped = w.segments.len() - listed;
         let gone = w.discontinuities_gone
@@ -471,10 +545,17 @@ impl Iptv {
                 sequence: *sequence,
                 duration: s.duration,
                 discontinuity: s.discontinuity,
-                wall_ms: None,
+                wall_ms: (part_target > 0)
+                    .then(|| w.held.wall_ms(*sequence))
+                    .flatten(),
             })
             .collect();
-        let text = playlist::media(
+        let parts = if part_target > 0 {
+            w.held.entries(w.next)
+        } else {
+            Vec::new()
+        };
+        playlist::media(
             playlist::Window {
                 target: self.config.hls.target_duration_secs,
                 discontinuity_sequence: gone,
@@ -482,10 +563,70 @@ impl Iptv {
                 query,
                 kind: Kind::Live,
                 start_ms: None,
+                low_latency: (part_target > 0).then_some(LowLatency {
+                    part_target,
+                    parts: &parts,
+                }),
             },
             &entries,
-        );
-        playlist_response(text)
+        )
+    }
+
+    /// A blocking reload (low-latency HLS): the live playlist once it lists segment `msn` (or
+    /// its part), 400 when that is too far ahead, 503 when it does not come within three
+    /// target durations.
+    async fn blocking_playlist(
+        &self,
+        channel: &Channel,
+        block: parts::Block,
+        wait: Duration,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        // A timeshift window has no parts; nothing yet: the first playlist, when it comes,
+        // answers.
+        let (empty, next) = {
+            let w = registry::lock(&channel.window);
+            (w.segments.is_empty() && !w.ended, w.next)
+        };
+        if channel.recorder.is_some() || empty {
+            return self.playlist_of(channel, wait, req).await;
+        }
+        if block.too_far(next) {
+            return super::text(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "_HLS_msn={} is more than two segments past the last one ({})\n",
+                    block.msn,
+                    next.saturating_sub(1)
+                ),
+            );
+        }
+        let hold = Duration::from_secs(3 * self.config.hls.target_duration_secs);
+        let mut rx = channel.changed.subscribe();
+        let ready = tokio::time::timeout(
+            hold,
+            rx.wait_for(|_| {
+                let w = registry::lock(&channel.window);
+                w.ended || w.failure.is_some() || block.ready(w.next, w.held.building())
+            }),
+        )
+        .await;
+        let w = registry::lock(&channel.window);
+        if let Some(f) = &w.failure {
+            return super::text(f.status, &format!("{}\n", f.reason));
+        }
+        if ready.is_err() {
+            return super::text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "segment {} of {} did not come within {} s\n",
+                    block.msn,
+                    channel.key.channel(),
+                    hold.as_secs()
+                ),
+            );
+        }
+        playlist_response(self.live_playlist(&w, req.uri.query().unwrap_or("")))
     }
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
@@ -520,6 +661,7 @@ impl Iptv {
                 query,
                 kind: Kind::Live,
                 start_ms: None,
+                low_latency: None,
             };
             return playlist_response(playlist::media(window, &entries));
         };
@@ -551,6 +693,7 @@ impl Iptv {
             query,
             kind: if complete { Kind::Vod } else { Kind::Event },
             start_ms: Some(offset),
+            low_latency: None,
         };
         playlist_response(playlist::media(window, &entries))
     }
@@ -684,6 +827,47 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
             &format!("segment {n} is not in the window\n"),
         ),
     }
+}
+
+/// Part `i` of segment `n` (low-latency HLS): at once when held, after a wait when it is yet
+/// to come (a preload hint names the next part before it exists), else 404.
+async fn part_of(channel: &Channel, n: u64, i: u32, wait: Duration) -> Response<Body> {
+    let mut rx = channel.changed.subscribe();
+    let _ = tokio::time::timeout(
+        wait,
+        rx.wait_for(|_| {
+            let w = registry::lock(&channel.window);
+            // Held, or never going to be: its segment is complete (or gone), or the request
+            // is for a segment after the next.
+            w.ended || w.held.get(n, i, w.next).is_some() || w.next > n || n > w.next + 1
+        }),
+    )
+    .await;
+    let w = registry::lock(&channel.window);
+    match w.held.get(n, i, w.next) {
+        Some(data) => segment_response(data),
+        None => super::text(
+            StatusCode::NOT_FOUND,
+            &format!("part {n}.{i} is not in the window\n"),
+        ),
+    }
+}
+
+/// The request with another query (the same path, method, headers and extensions).
+fn with_query(req: &http::request::Parts, query: &str) -> http::request::Parts {
+    let mut parts = req.clone();
+    let path = req.uri.path();
+    let pq = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    let mut uri = http::uri::Parts::from(req.uri.clone());
+    uri.path_and_query = pq.parse().ok();
+    if let Ok(u) = http::Uri::from_parts(uri) {
+        parts.uri = u;
+    }
+    parts
 }
 
 fn segment_response(data: bytes::Bytes) -> Response<Body> {
