@@ -589,6 +589,13 @@ impl App {
                 return resp;
             }
         };
+        let operator = browser::is_page(&ctx.path) || ctx.path.starts_with("/admin/");
+        if operator && !self.keys.load().auth.required() && !ctx.client_ip.is_loopback() {
+            // No password: the pages and admin endpoints are this machine's only. A client
+            // elsewhere reaching them through a trusted front proxy (which may well send a
+            // loopback `Host`) is refused.
+            return local_only();
+        }
         if browser::is_page(&ctx.path) {
             let creds = self.keys.load();
             let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
@@ -1053,6 +1060,17 @@ fn misdirected() -> Response<Body> {
         "host",
         "this sluice has no password, so it answers only to loopback names (localhost, \
          127.0.0.1, [::1]); set auth.api_password or endpoints.host to serve another name",
+    )
+    .into_response()
+}
+
+/// 403 for an operator page or endpoint asked from another host of a password-free server.
+fn local_only() -> Response<Body> {
+    ProxyError::downstream(
+        StatusCode::FORBIDDEN,
+        "auth",
+        "this sluice has no password, so its pages and admin endpoints answer only clients on \
+         this machine; set auth.api_password to use them from elsewhere",
     )
     .into_response()
 }

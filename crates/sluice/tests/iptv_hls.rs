@@ -844,3 +844,60 @@ async fn low_latency_hls_lists_parts_and_holds_reloads_until_the_next_part() {
         .await
         .unwrap();
 }
+
+/// The status code of `GET path` sent from the loopback address `source`.
+async fn status_from(source: &str, addr: std::net::SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut tcp = sock.connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut head))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hls_viewers_count_in_max_subscribers_per_channel() {
+    require_ffmpeg();
+    let dir = Scratch::new("limit");
+    let source = make_source(&dir.path("source.ts"), 6, 25, None);
+    let mut cfg = hls_config(1);
+    cfg.max_subscribers_per_channel = 2;
+    let gw = Gateway::start(cfg).await;
+    let hls = "/hls/rtp/239.255.41.10:5610/index.m3u8?iface=lo";
+    let raw = "/rtp/239.255.41.10:5610?iface=lo";
+    let first = gw.spawn_get(hls);
+    wait_joined("239.255.41.10", true).await;
+    let sending = send_live("239.255.41.10", 5610, source, 6.0);
+    // One HLS viewer (127.0.0.1) and one raw-TS viewer fill the channel.
+    assert_eq!(first.await.unwrap().status(), 200);
+    let watching = gw.get(raw).await;
+    assert_eq!(watching.status(), 200);
+    // A second HLS viewer, from another address, and a second raw viewer are refused.
+    assert_eq!(status_from("127.0.0.2", gw.addr, hls).await, 429);
+    assert_eq!(status_from("127.0.0.3", gw.addr, raw).await, 429);
+    // The HLS viewer already counted keeps playing.
+    assert_eq!(gw.get(hls).await.status(), 200);
+    // The segmenter is no viewer: the hub holds it and the raw viewer.
+    let status = gw.status().await;
+    assert_eq!(status["hubs"][0]["subscribers"], 2, "{status}");
+    // The raw viewer leaves: there is room for the second HLS viewer.
+    drop(watching);
+    let mut admitted = 0;
+    for _ in 0..40 {
+        admitted = status_from("127.0.0.2", gw.addr, hls).await;
+        if admitted == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(admitted, 200);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+}

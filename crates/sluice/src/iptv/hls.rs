@@ -10,8 +10,10 @@
 //!
 //! # Layout
 //! - `parts`: low-latency HLS (partial segments, blocking reloads).
+//! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
 
 mod parts;
+mod viewers;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -25,7 +27,7 @@ use sluice_media::segmenter::{Part, Segment, Segmenter, Settings, CLOCK};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::hub::HubKey;
+use super::hub::{Hub, HubKey};
 use super::registry::{self, Subscription};
 use super::timeshift::{self, Recorder};
 use super::{subscriber, Iptv, SlowPolicy};
@@ -123,6 +125,9 @@ pub struct Channel {
     touched: Mutex<Instant>,
     /// Present for a timeshift channel: its disk window.
     recorder: Option<Arc<Recorder>>,
+    /// The channel's hub, and the HLS viewers counted on it.
+    hub: Arc<Hub>,
+    viewers: viewers::Viewers,
 }
 
 impl Channel {
@@ -263,6 +268,13 @@ impl Iptv {
             Ok(c) => c,
             Err(resp) => return *resp,
         };
+        let peer = req.extensions.get::<std::net::SocketAddr>().map(|p| p.ip());
+        let limit = self.registry.limits.per_hub;
+        if let Some(ip) = peer.filter(|_| limit > 0) {
+            if !channel.viewers.admit(&channel.hub, ip, limit) {
+                return self.refused(registry::Refusal::PerHub(limit));
+            }
+        }
         channel.touch();
         let target = Duration::from_secs(config.target_duration_secs);
         let resp = match file {
@@ -357,12 +369,15 @@ impl Iptv {
             restarted: recorder.as_ref().is_some_and(|r| r.has_history()),
             ..Window::default()
         };
+        sub.hub.hls_segmenters.fetch_add(1, Ordering::AcqRel);
         let channel = Arc::new(Channel {
             key: shared.clone(),
             window: Mutex::new(window),
             changed: watch::Sender::new(0),
             touched: Mutex::new(Instant::now()),
             recorder,
+            hub: sub.hub.clone(),
+            viewers: viewers::Viewers::default(),
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -452,16 +467,26 @@ impl Iptv {
                         }
                     }
                     _ = check.tick() => {
+                        // A player asks at least once a target duration.
+                        channel.viewers.prune(&channel.hub, 3 * target);
                         // A timeshift channel records whether anyone watches or not.
                         if channel.recorder.is_none() && channel.idle() >= idle_after {
                             tracing::info!(channel = %label, "HLS segmenter stopped: no viewer");
                             self.forget(&channel);
-                            return;
+                            break 'run None;
                         }
                     }
                 }
             }
         };
+        channel.hub.hls_segmenters.fetch_sub(1, Ordering::AcqRel);
+        channel.viewers.clear(&channel.hub);
+        let stopped = !registry::lock(&self.hls.channels)
+            .get(&channel.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &channel));
+        if stopped {
+            return;
+        }
         // Ended (or never started): viewers get the last segments and the end of the list,
         // or the reason, until they stop asking.
         channel.end(failure);

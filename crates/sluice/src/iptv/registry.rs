@@ -110,7 +110,7 @@ impl Registry {
                 hub
             }
         };
-        if over(self.limits.per_hub, hub.subscribers.load(Ordering::Acquire)) {
+        if over(self.limits.per_hub, hub.viewers()) {
             return Err(Refusal::PerHub(self.limits.per_hub));
         }
         Ok(self.attach(hub, peer))
