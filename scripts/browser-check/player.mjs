@@ -64,8 +64,10 @@ try {
   check(hlsRequests.some((u) => u.includes('/index.m3u8')) && hlsRequests.some((u) => /\/\d+(\.\d+)?\.ts/.test(u)),
     `playlist and segments fetched from /hls/ (${hlsRequests.length} requests)`);
   if (lowLatency) {
-    // Settled playback: hls.js has caught up to its target; sample the latency a few times.
-    await page.waitForTimeout(4000);
+    // Settled playback: hls.js catches up to its target after the start-up (20 s at most,
+    // playing a little faster); then the latency is sampled a few times.
+    await page.waitForFunction(() => hls && hls.latency > 0 && hls.latency < 3, null,
+      { timeout: 20000, polling: 500 }).catch(() => {});
     const samples = [];
     for (let i = 0; i < 5; i++) {
       samples.push(await page.evaluate(() => ({

@@ -49,6 +49,10 @@ pub struct HlsConfig {
     /// Low-latency HLS: partial segments of at most this many milliseconds, preload hints
     /// and blocking reloads; 0 turns it off.
     pub part_target_ms: u64,
+    /// An RTSP catch-up session keeps every segment (an EVENT playlist, then VOD once the
+    /// programme has been received) up to this many bytes; beyond it the oldest go and the
+    /// playlist slides like a live one.
+    pub catchup_max_bytes: u64,
 }
 
 crate::config::section::config_section!(HlsConfig {
@@ -57,6 +61,7 @@ crate::config::section::config_section!(HlsConfig {
     window,
     playlist,
     part_target_ms,
+    catchup_max_bytes,
 });
 
 impl Default for HlsConfig {
@@ -67,6 +72,7 @@ impl Default for HlsConfig {
             window: 4,
             playlist: false,
             part_target_ms: 0,
+            catchup_max_bytes: 256 << 20,
         }
     }
 }
@@ -88,6 +94,9 @@ impl HlsConfig {
         Ok(())
     }
 }
+
+/// A catch-up programme stays this long after its last request (a player may pause).
+const CATCHUP_IDLE: Duration = Duration::from_secs(300);
 
 /// A segment bigger than this (a stream without usable timestamps) is cut as a gap.
 const MAX_SEGMENT_BYTES: usize = 32 << 20;
@@ -113,6 +122,11 @@ struct Window {
     restarted: bool,
     /// Low-latency HLS: parts and wall clock.
     held: parts::Held,
+    /// Bytes of the segments held, and the length (90 kHz) of those that left the window.
+    bytes: u64,
+    gone_ticks: u64,
+    /// A catch-up window lost its oldest segments (to `catchup_max_bytes`).
+    trimmed: bool,
 }
 
 /// One channel's segmenter output, shared by its HLS viewers.
@@ -125,6 +139,8 @@ pub struct Channel {
     touched: Mutex<Instant>,
     /// Present for a timeshift channel: its disk window.
     recorder: Option<Arc<Recorder>>,
+    /// An RTSP catch-up session: where its range begins (Unix ms).
+    catchup: Option<i64>,
     /// The channel's hub, and the HLS viewers counted on it.
     hub: Arc<Hub>,
     viewers: viewers::Viewers,
@@ -145,7 +161,7 @@ impl Channel {
         &self,
         parts: Vec<Part>,
         segments: Vec<Segment>,
-        keep: usize,
+        (keep, max_bytes): (usize, u64),
         anchor: Option<(u64, i64)>,
     ) -> Vec<(u64, Segment)> {
         if segments.is_empty() && parts.is_empty() {
@@ -160,11 +176,15 @@ impl Channel {
             w.held.complete(s.number, seq, wall_start(&s, anchor), keep);
             s.discontinuity |= std::mem::take(&mut w.restarted);
             stored.push((seq, s.clone()));
+            w.bytes += s.data.len() as u64;
             w.segments.push_back((seq, s));
         }
-        while w.segments.len() > keep {
+        while w.segments.len() > keep || (w.bytes > max_bytes && w.segments.len() > 1) {
+            w.trimmed |= w.segments.len() <= keep;
             if let Some((_, gone)) = w.segments.pop_front() {
                 w.discontinuities_gone += u64::from(gone.discontinuity);
+                w.bytes -= gone.data.len() as u64;
+                w.gone_ticks += gone.duration;
             }
         }
         drop(w);
@@ -370,12 +390,17 @@ impl Iptv {
             ..Window::default()
         };
         sub.hub.hls_segmenters.fetch_add(1, Ordering::AcqRel);
+        let catchup = match (&shared.rtsp, self.seek_of(req)) {
+            (Some(_), Ok(Some(seek))) => Some(seek.begin.unix * 1000),
+            _ => None,
+        };
         let channel = Arc::new(Channel {
             key: shared.clone(),
             window: Mutex::new(window),
             changed: watch::Sender::new(0),
             touched: Mutex::new(Instant::now()),
             recorder,
+            catchup,
             hub: sub.hub.clone(),
             viewers: viewers::Viewers::default(),
         });
@@ -390,8 +415,16 @@ impl Iptv {
     async fn segment(self: Arc<Self>, channel: Arc<Channel>, sub: Subscription) {
         let config = &self.config.hls;
         let target = Duration::from_secs(config.target_duration_secs);
-        let idle_after = Duration::from_millis(self.config.linger_ms) + 3 * target;
-        let keep = config.window + 1;
+        let mut idle_after = Duration::from_millis(self.config.linger_ms) + 3 * target;
+        if channel.catchup.is_some() {
+            // A paused player does not ask for a complete (VOD) playlist again.
+            idle_after = idle_after.max(CATCHUP_IDLE);
+        }
+        // A catch-up session keeps its whole programme, within its byte budget.
+        let keep = match channel.catchup {
+            Some(_) => (usize::MAX, config.catchup_max_bytes),
+            None => (config.window + 1, u64::MAX),
+        };
         let label = sub.hub.key.channel();
         let wait = self.start_wait(&sub.hub.key);
         let failure = 'run: {
@@ -548,13 +581,31 @@ impl Iptv {
                 &format!("no segment of {} yet\n", channel.key.channel()),
             );
         }
-        playlist_response(self.live_playlist(&w, query))
+        playlist_response(self.live_playlist(channel, &w, query))
     }
 
-    /// The live playlist of a channel's window (with its parts, for low-latency HLS).
-    fn live_playlist(&self, w: &Window, query: &str) -> String {
+    /// The playlist of a channel's window (with its parts, for low-latency HLS): live, or for
+    /// a catch-up session every segment so far, as EVENT and then VOD, on the programme's clock.
+    fn live_playlist(&self, channel: &Channel, w: &Window, query: &str) -> String {
         let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
-        let listed = w.segments.len().min(self.config.hls.window);
+        let listed = match channel.catchup {
+            Some(_) => w.segments.len(),
+            None => w.segments.len().min(self.config.hls.window),
+        };
+        let kind = match channel.catchup {
+            Some(_) if w.trimmed => Kind::Live,
+            Some(_) if w.ended => Kind::Vod,
+            Some(_) => Kind::Event,
+            None => Kind::Live,
+        };
+        let mut elapsed = w.gone_ticks;
+        let mut on_clock = |s: &Segment| {
+            let at = channel
+                .catchup
+                .map(|begin| begin + (elapsed * 1000 / CLOCK) as i64);
+            elapsed += s.duration;
+            at
+        };
         let skipped = w.segments.len() - listed;
         let gone = w.discontinuities_gone
             + w.segments
@@ -570,9 +621,11 @@ impl Iptv {
                 sequence: *sequence,
                 duration: s.duration,
                 discontinuity: s.discontinuity,
-                wall_ms: (part_target > 0)
-                    .then(|| w.held.wall_ms(*sequence))
-                    .flatten(),
+                wall_ms: on_clock(s).or_else(|| {
+                    (part_target > 0)
+                        .then(|| w.held.wall_ms(*sequence))
+                        .flatten()
+                }),
             })
             .collect();
         let parts = if part_target > 0 {
@@ -586,7 +639,7 @@ impl Iptv {
                 discontinuity_sequence: gone,
                 ended: w.ended,
                 query,
-                kind: Kind::Live,
+                kind,
                 start_ms: None,
                 low_latency: (part_target > 0).then_some(LowLatency {
                     part_target,
@@ -651,7 +704,7 @@ impl Iptv {
                 ),
             );
         }
-        playlist_response(self.live_playlist(&w, req.uri.query().unwrap_or("")))
+        playlist_response(self.live_playlist(channel, &w, req.uri.query().unwrap_or("")))
     }
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
