@@ -21,6 +21,7 @@
 //! - `tcp`: the TCP (L4) front end: `[[tcp]]` listeners relayed to upstream groups.
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
 //! - `dropin`: MediaFlow's container environment variables read as sluice's own.
+//! - `atomic`: 64-bit atomics on every target (32-bit MIPS routers have none).
 //!
 //! Each front end is a Cargo feature, all on by default: `media`, `iptv`, `reverse` (with the
 //! `cache` service), `tcp`; `groups` (upstream groups) comes with `reverse` or `tcp`. Services
@@ -29,6 +30,7 @@
 //! are the wiring points that know which are built; see `docs/iptv.md` for the gateway-only build.
 
 pub mod app;
+pub mod atomic;
 pub mod auth;
 pub mod body;
 #[cfg(feature = "cache")]

@@ -16,7 +16,9 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
