@@ -715,9 +715,11 @@ fn send_live(
     })
 }
 
-/// `(sequence, index, duration, independent)` of every `#EXT-X-PART`, and the preload hint's
-/// `(sequence, index)`.
-fn parse_parts(text: &str) -> (Vec<(u64, u32, f64, bool)>, Option<(u64, u32)>) {
+/// One `#EXT-X-PART`: `(sequence, index, duration, independent)`.
+type PartLine = (u64, u32, f64, bool);
+
+/// Every `#EXT-X-PART` of a playlist, and the preload hint's `(sequence, index)`.
+fn parse_parts(text: &str) -> (Vec<PartLine>, Option<(u64, u32)>) {
     let name = |uri: &str| -> (u64, u32) {
         let file = uri.split('?').next().unwrap().strip_suffix(".ts").unwrap();
         let (s, i) = file.split_once('.').unwrap();

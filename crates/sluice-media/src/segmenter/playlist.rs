@@ -150,9 +150,9 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
             .map(|p| p.index + 1)
             .max()
             .unwrap_or(0);
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"{next}.{index}.ts{}\"\n",
+            "#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"{next}.{index}.ts{}\"",
             query_suffix(window.query)
         );
     }
@@ -165,9 +165,9 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
 /// `#EXT-X-PART` lines of segment `sequence`.
 fn write_parts(out: &mut String, parts: &[PartEntry], sequence: u64, query: &str) {
     for p in parts.iter().filter(|p| p.sequence == sequence) {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "#EXT-X-PART:DURATION={},URI=\"{}.{}.ts{}\"{}\n",
+            "#EXT-X-PART:DURATION={},URI=\"{}.{}.ts{}\"{}",
             seconds(p.duration),
             p.sequence,
             p.index,
