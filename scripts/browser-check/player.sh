@@ -3,6 +3,9 @@
 # list from /playlist.m3u, the current programme from /epg.xml, hls.js (embedded in the binary)
 # playing /hls/rtp/... Checks that the video advances, that the programme shown is the guide's,
 # and that no JavaScript error, CSP violation or failed request happened.
+# With --low-latency the gateway serves low-latency HLS (2 s segments in 0.5 s parts) and the check
+# also asserts that hls.js follows the parts with blocking reloads and plays less than 4.5 s behind
+# the moment the gateway received the picture (non-low-latency HLS of 2 s segments sits at 6 s or more).
 # The multicast sender (ffmpeg, paced, bounded by -stream_loop) sends on lo only; everything listens
 # on 127.0.0.1; every process started here is stopped on exit by its PID.
 # Installs what it lacks (Debian's chromium, ffmpeg, node; playwright-core from npm). Exits non-zero on failure.
@@ -11,6 +14,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 shot="${SCREENSHOT:-}"
+mode="${1:-}"
 log() { echo "player-check: $*" >&2; }
 
 name=player
@@ -61,10 +65,12 @@ allow_private = true
 [iptv]
 interface = "lo"
 playlist = "$work/channels.m3u"
-[iptv.hls]
-target_duration_secs = 1
-window = 6
 CONF
+if [[ "$mode" == --low-latency ]]; then
+  printf '[iptv.hls]\ntarget_duration_secs = 2\nwindow = 6\npart_target_ms = 500\n' >>"$work/sluice.toml"
+else
+  printf '[iptv.hls]\ntarget_duration_secs = 1\nwindow = 6\n' >>"$work/sluice.toml"
+fi
 "$sluice" serve --config "$work/sluice.toml" >"$work/sluice.log" 2>&1 &
 pids+=($!)
 proxy="http://127.0.0.1:$sluice_port"
@@ -72,7 +78,7 @@ wait_http "$proxy/health"
 wait_http "http://127.0.0.1:$origin_port/epg.xml"
 
 status=0
-node "$here/player.mjs" "$proxy" "$shot" || status=$?
+node "$here/player.mjs" "$proxy" "$shot" "$mode" || status=$?
 if ((status != 0)); then
   log "sluice log (last 30 lines):"; tail -n 30 "$work/sluice.log" >&2 || true
   log "sender log:"; tail -n 5 "$work/sender.log" >&2 || true

@@ -16,6 +16,11 @@
 //! ([`Segmenter::gap`]) ends the segment and marks the next one as a discontinuity; after it,
 //! cutting waits for a keyframe again.
 //!
+//! For low-latency HLS ([`Settings::part`]), each segment is also cut into partial segments as
+//! it grows, at picture starts: a part never lasts longer than the part target, a keyframe
+//! always begins a new (independent) part, and the parts of a GOP are of even length. A
+//! segment's parts, concatenated, are the segment.
+//!
 //! # Layout
 //! - `psi`: PAT and PMT reassembly and parsing.
 //! - `pes`: PES headers and keyframe detection (H.264, H.265, MPEG-2 video).
@@ -52,6 +57,22 @@ pub struct Segment {
     pub discontinuity: bool,
     /// Decoding timestamp of its first picture (90 kHz, as the source stamped it).
     pub start: u64,
+    /// The segmenter's count of segments begun before this one: its parts carry the same.
+    pub number: u64,
+}
+
+/// One partial segment (low-latency HLS): part `index` of segment `number`.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// [`Segment::number`] of the segment it belongs to.
+    pub number: u64,
+    /// Its place in that segment, from 0 (the first part holds the PAT and PMT).
+    pub index: u32,
+    pub data: Bytes,
+    /// In 90 kHz ticks.
+    pub duration: u64,
+    /// Begins with a keyframe (decodes on its own).
+    pub independent: bool,
 }
 
 /// Tunables of a [`Segmenter`].
@@ -62,6 +83,8 @@ pub struct Settings {
     /// A segment that grows past this many bytes (a stream without usable timestamps) is
     /// ended as if the input had a gap.
     pub max_bytes: usize,
+    /// Part target duration in 90 kHz ticks; 0 makes no parts.
+    pub part: u64,
 }
 
 /// Where a picture of the timing stream begins, while its keyframe-ness is being decided.
@@ -82,6 +105,12 @@ struct Building {
     last: u64,
     keyframe: bool,
     discontinuity: bool,
+    number: u64,
+    /// The part being built: its offset in `buf`, first timestamp, index and independence.
+    part_from: usize,
+    part_start: u64,
+    part_index: u32,
+    part_independent: bool,
 }
 
 /// The live cutter of one channel.
@@ -113,7 +142,10 @@ pub struct Segmenter {
     last_keyframe: Option<u64>,
     /// Decoding timestamp of the newest picture seen.
     latest: Option<u64>,
+    /// Segments begun so far.
+    begun: u64,
     done: Vec<Segment>,
+    parts: Vec<Part>,
 }
 
 impl Segmenter {
@@ -137,7 +169,9 @@ impl Segmenter {
             gop: 0,
             last_keyframe: None,
             latest: None,
+            begun: 0,
             done: Vec::new(),
+            parts: Vec::new(),
         }
     }
 
@@ -212,6 +246,12 @@ impl Segmenter {
     /// Segments finished since the last call, oldest first.
     pub fn take(&mut self) -> Vec<Segment> {
         std::mem::take(&mut self.done)
+    }
+
+    /// Parts finished since the last call, oldest first (none unless [`Settings::part`] is set).
+    /// Take them before [`Segmenter::take`]: a segment's last part comes with the segment.
+    pub fn take_parts(&mut self) -> Vec<Part> {
+        std::mem::take(&mut self.parts)
     }
 
     fn packet(&mut self, pkt: &[u8]) {
@@ -377,7 +417,52 @@ impl Segmenter {
             self.start(0, dts, keyframe);
         } else if let Some(seg) = self.building.as_mut() {
             seg.last = dts;
+            if self.settings.part > 0 {
+                self.cut_part(offset, dts, keyframe);
+            }
         }
+    }
+
+    /// Ends the part being built before the picture at `offset` when the picture is a video
+    /// keyframe (it starts an independent part) or when the part has its length.
+    fn cut_part(&mut self, offset: usize, dts: u64, keyframe: bool) {
+        let span = self.part_span();
+        let frame = self.frame.max(1);
+        let video_key = keyframe && !matches!(self.timing, Some((_, Codec::Audio)));
+        let Some(seg) = self.building.as_mut() else {
+            return;
+        };
+        let elapsed = dts.wrapping_sub(seg.part_start) & (WRAP - 1);
+        if elapsed == 0 || offset <= seg.part_from {
+            return;
+        }
+        if !(video_key || elapsed + frame / 2 >= span || elapsed + frame > self.settings.part) {
+            return;
+        }
+        self.parts.push(Part {
+            number: seg.number,
+            index: seg.part_index,
+            data: Bytes::copy_from_slice(&self.buf[seg.part_from..offset]),
+            duration: elapsed,
+            independent: seg.part_independent,
+        });
+        seg.part_from = offset;
+        seg.part_start = dts;
+        seg.part_index += 1;
+        seg.part_independent = keyframe;
+    }
+
+    /// The length a part is cut at: as many pictures as fit in the part target, spread evenly
+    /// over the GOP so that the part before a keyframe is not a sliver.
+    fn part_span(&self) -> u64 {
+        let frame = self.frame.max(1);
+        let most = (self.settings.part / frame).max(1);
+        if self.gop == 0 {
+            return most * frame;
+        }
+        let pictures = ((self.gop + frame / 2) / frame).max(1);
+        let parts = pictures.div_ceil(most);
+        pictures.div_ceil(parts) * frame
     }
 
     fn decide_waiting(&mut self, offset: usize, dts: u64, keyframe: bool) {
@@ -411,7 +496,13 @@ impl Segmenter {
             last: dts,
             keyframe,
             discontinuity: std::mem::take(&mut self.pending_discontinuity),
+            number: self.begun,
+            part_from: 0,
+            part_start: dts,
+            part_index: 0,
+            part_independent: keyframe,
         });
+        self.begun += 1;
     }
 
     /// A break at `end` of `buf`: the segment being built ends there, the next one is a
@@ -440,12 +531,22 @@ impl Segmenter {
         if data.len() <= tables || duration == 0 {
             return;
         }
+        if self.settings.part > 0 && data.len() > seg.part_from {
+            self.parts.push(Part {
+                number: seg.number,
+                index: seg.part_index,
+                data: Bytes::copy_from_slice(&data[seg.part_from..]),
+                duration: until.wrapping_sub(seg.part_start) & (WRAP - 1),
+                independent: seg.part_independent,
+            });
+        }
         self.done.push(Segment {
             data: Bytes::from(data),
             duration,
             keyframe: seg.keyframe,
             discontinuity: seg.discontinuity,
             start: seg.start,
+            number: seg.number,
         });
     }
 }

@@ -22,6 +22,7 @@
 //! - `cache`: the slice cache service (memory + disk tiers, coalescing, RFC 9111 policy, purge).
 //! - `dropin`: MediaFlow's container environment variables read as sluice's own.
 //! - `acme`: automatic HTTPS: certificates from an ACME CA, renewed, shared through a directory.
+//! - `atomic`: 64-bit atomics on every target (32-bit MIPS routers have none).
 //!
 //! Each front end is a Cargo feature, all on by default: `media`, `iptv`, `reverse` (with the
 //! `cache` service), `tcp`; `groups` (upstream groups) comes with `reverse` or `tcp`. Services
@@ -32,6 +33,7 @@
 #[cfg(feature = "acme")]
 pub mod acme;
 pub mod app;
+pub mod atomic;
 pub mod auth;
 pub mod body;
 #[cfg(feature = "cache")]

@@ -693,3 +693,213 @@ async fn a_timeshift_channel_is_recorded_and_a_seek_lands_where_asked() {
         .count();
     assert!(files >= 11, "{files} files");
 }
+
+/// Sends `ts` as RTP over about `secs` seconds (a live sender), from a thread.
+fn send_live(
+    group: &'static str,
+    port: u16,
+    ts: Vec<u8>,
+    secs: f64,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let sender = Sender::new(group, port);
+        let payloads: Vec<Vec<u8>> = ts.chunks(7 * 188).map(<[u8]>::to_vec).collect();
+        let tick = Duration::from_millis(20);
+        let per_tick = (payloads.len() as f64 / (secs / tick.as_secs_f64())).ceil() as usize;
+        let start = std::time::Instant::now();
+        for (i, batch) in payloads.chunks(per_tick.max(1)).enumerate() {
+            sender.send_rtp(batch, (i * per_tick) as u16);
+            let due = start + tick * (i as u32 + 1);
+            std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        }
+    })
+}
+
+/// One `#EXT-X-PART`: `(sequence, index, duration, independent)`.
+type PartLine = (u64, u32, f64, bool);
+
+/// Every `#EXT-X-PART` of a playlist, and the preload hint's `(sequence, index)`.
+fn parse_parts(text: &str) -> (Vec<PartLine>, Option<(u64, u32)>) {
+    let name = |uri: &str| -> (u64, u32) {
+        let file = uri.split('?').next().unwrap().strip_suffix(".ts").unwrap();
+        let (s, i) = file.split_once('.').unwrap();
+        (s.parse().unwrap(), i.parse().unwrap())
+    };
+    let attr = |line: &str, key: &str| -> Option<String> {
+        line.split(',').find_map(|kv| {
+            kv.strip_prefix(key)
+                .and_then(|v| v.strip_prefix('='))
+                .map(|v| v.trim_matches('"').to_string())
+        })
+    };
+    let mut parts = Vec::new();
+    let mut hint = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("#EXT-X-PART:") {
+            let (s, i) = name(&attr(rest, "URI").unwrap());
+            let d: f64 = attr(rest, "DURATION").unwrap().parse().unwrap();
+            parts.push((s, i, d, attr(rest, "INDEPENDENT").as_deref() == Some("YES")));
+        } else if let Some(rest) = line.strip_prefix("#EXT-X-PRELOAD-HINT:") {
+            assert_eq!(attr(rest, "TYPE").as_deref(), Some("PART"), "{line}");
+            hint = Some(name(&attr(rest, "URI").unwrap()));
+        }
+    }
+    (parts, hint)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn low_latency_hls_lists_parts_and_holds_reloads_until_the_next_part() {
+    require_ffmpeg();
+    let dir = Scratch::new("llhls");
+    let source = make_source(&dir.path("source.ts"), 8, 25, None);
+    let mut cfg = hls_config(2);
+    cfg.hls.part_target_ms = 500;
+    let gw = Gateway::start(cfg).await;
+    let base = "/hls/rtp/239.255.41.9:5609";
+    let url = format!("{base}/index.m3u8?iface=lo");
+    let first = gw.spawn_get(&url);
+    wait_joined("239.255.41.9", true).await;
+    let sending = send_live("239.255.41.9", 5609, source, 8.0);
+    let resp = first.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = read_text(resp).await;
+    assert!(
+        text.contains("#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK=1.500\n")
+            && text.contains("#EXT-X-PART-INF:PART-TARGET=0.500\n"),
+        "{text}"
+    );
+    // Live segments carry their wall clock, a few seconds old at most.
+    let pdt = text
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-PROGRAM-DATE-TIME:"))
+        .expect("wall clock");
+    assert!(pdt.ends_with('Z') && pdt.len() == 24, "{pdt}");
+
+    // Follow the live edge as a player does: a blocking reload for the hinted part, and the
+    // hinted part itself, asked for before it exists.
+    let (mut parts, mut hint) = parse_parts(&text);
+    let mut bodies = std::collections::HashMap::new();
+    let mut reloads = 0;
+    while hint.is_some_and(|(s, _)| s < 3) {
+        let (msn, part) = hint.unwrap();
+        let early = gw.spawn_get(&format!("{base}/{msn}.{part}.ts?iface=lo"));
+        let resp = gw
+            .get(&format!("{url}&_HLS_msn={msn}&_HLS_part={part}"))
+            .await;
+        assert_eq!(resp.status(), 200);
+        let text = read_text(resp).await;
+        let (now, next) = parse_parts(&text);
+        assert!(
+            now.iter().any(|p| (p.0, p.1) == (msn, part))
+                || parse_playlist(&text)
+                    .segments
+                    .iter()
+                    .any(|s| s.2.starts_with(&format!("{msn}.ts"))),
+            "the reload answered once {msn}.{part} was there:\n{text}"
+        );
+        let body = early.await.unwrap();
+        assert_eq!(body.status(), 200, "{msn}.{part}");
+        let bytes = read_bytes(body, usize::MAX).await;
+        if !bytes.is_empty() {
+            bodies.insert((msn, part), bytes);
+        }
+        parts.extend(now);
+        hint = next;
+        reloads += 1;
+        assert!(reloads < 100, "the live edge kept moving");
+    }
+    parts.sort_by_key(|p| (p.0, p.1));
+    parts.dedup_by_key(|p| (p.0, p.1));
+    // Every part fits the part target; each segment's first part starts on a keyframe; the
+    // parts of a segment, joined, are the segment byte for byte.
+    for seq in 1..3u64 {
+        let mine: Vec<_> = parts.iter().filter(|p| p.0 == seq).collect();
+        assert!(!mine.is_empty(), "parts of segment {seq}: {parts:?}");
+        assert!(mine[0].3, "segment {seq} begins with an independent part");
+        let mut joined = Vec::new();
+        for (i, p) in mine.iter().enumerate() {
+            assert_eq!(p.1 as usize, i);
+            assert!(p.2 <= 0.5, "part {seq}.{i} lasts {}", p.2);
+            let bytes = match bodies.get(&(p.0, p.1)) {
+                Some(b) => b.clone(),
+                None => fetch(&gw, base, &format!("{seq}.{i}.ts?iface=lo")).await,
+            };
+            joined.extend_from_slice(&bytes);
+        }
+        let whole = fetch(&gw, base, &format!("{seq}.ts?iface=lo")).await;
+        assert_head(&whole, PMT, VIDEO, "segment");
+        assert!(joined == whole, "segment {seq}: parts join to the segment");
+        let total: f64 = mine.iter().map(|p| p.2).sum();
+        assert!(
+            (total - 2.0).abs() < 0.01,
+            "segment {seq}: parts last {total} s"
+        );
+    }
+    // A reload too far ahead is refused at once; a malformed one too.
+    let resp = gw.get(&format!("{url}&_HLS_msn=40")).await;
+    assert_eq!(resp.status(), 400);
+    assert!(read_text(resp)
+        .await
+        .contains("more than two segments past"));
+    assert_eq!(gw.get(&format!("{url}&_HLS_msn=x")).await.status(), 400);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+}
+
+/// The status code of `GET path` sent from the loopback address `source`.
+async fn status_from(source: &str, addr: std::net::SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut tcp = sock.connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut head))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hls_viewers_count_in_max_subscribers_per_channel() {
+    require_ffmpeg();
+    let dir = Scratch::new("limit");
+    let source = make_source(&dir.path("source.ts"), 6, 25, None);
+    let mut cfg = hls_config(1);
+    cfg.max_subscribers_per_channel = 2;
+    let gw = Gateway::start(cfg).await;
+    let hls = "/hls/rtp/239.255.41.10:5610/index.m3u8?iface=lo";
+    let raw = "/rtp/239.255.41.10:5610?iface=lo";
+    let first = gw.spawn_get(hls);
+    wait_joined("239.255.41.10", true).await;
+    let sending = send_live("239.255.41.10", 5610, source, 6.0);
+    // One HLS viewer (127.0.0.1) and one raw-TS viewer fill the channel.
+    assert_eq!(first.await.unwrap().status(), 200);
+    let watching = gw.get(raw).await;
+    assert_eq!(watching.status(), 200);
+    // A second HLS viewer, from another address, and a second raw viewer are refused.
+    assert_eq!(status_from("127.0.0.2", gw.addr, hls).await, 429);
+    assert_eq!(status_from("127.0.0.3", gw.addr, raw).await, 429);
+    // The HLS viewer already counted keeps playing.
+    assert_eq!(gw.get(hls).await.status(), 200);
+    // The segmenter is no viewer: the hub holds it and the raw viewer.
+    let status = gw.status().await;
+    assert_eq!(status["hubs"][0]["subscribers"], 2, "{status}");
+    // The raw viewer leaves: there is room for the second HLS viewer.
+    drop(watching);
+    let mut admitted = 0;
+    for _ in 0..40 {
+        admitted = status_from("127.0.0.2", gw.addr, hls).await;
+        if admitted == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(admitted, 200);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+}

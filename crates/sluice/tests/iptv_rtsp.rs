@@ -119,6 +119,43 @@ fn first_frame_second(out: &[u8]) -> u32 {
     second.round() as u32
 }
 
+/// The second of [`source_mp4`] shown `offset` seconds into the HLS playlist at `url`, as
+/// ffmpeg's HLS client seeks there (`-ss` before `-i`) and decodes.
+fn second_of_hls(url: &str, offset: f64) -> u32 {
+    let decoded = Command::new("ffmpeg")
+        .args([
+            "-loglevel",
+            "error",
+            "-ss",
+            &format!("{offset:.3}"),
+            "-i",
+            url,
+        ])
+        .args([
+            "-frames:v",
+            "1",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "yuv420p",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    let luma = MP4_WIDTH * MP4_HEIGHT;
+    assert!(
+        decoded.stdout.len() >= luma,
+        "no frame decoded at {offset} s: {}",
+        String::from_utf8_lossy(&decoded.stderr)
+    );
+    let mean = decoded.stdout[..luma]
+        .iter()
+        .map(|&y| f64::from(y))
+        .sum::<f64>()
+        / luma as f64;
+    ((mean - 16.0) / 8.0).round() as u32
+}
+
 /// GStreamer's RTSP server in a child process, with the requests it logged.
 struct RtspServer {
     port: u16,
@@ -865,4 +902,77 @@ async fn rtsp_channels_and_catch_up_as_hls() {
     let shift = format!("/rtsp/127.0.0.1:{}/timeshift", server.port);
     let seg = first_hls_segment(&gw, &shift, "playseek=20240101120007-20240101120100").await;
     assert_eq!(first_frame_second(&seg), 7);
+}
+
+/// An RTSP catch-up session as HLS keeps the whole programme: an EVENT playlist on the
+/// programme's clock while it arrives, VOD with its end once it has, and a seek into it lands
+/// on the second asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_session_is_a_seekable_event_then_vod_playlist() {
+    let server = RtspServer::start_seekable(&[]);
+    let mut cfg = rtsp_config();
+    cfg.hls.target_duration_secs = 1;
+    cfg.hls.window = 2;
+    let gw = Gateway::start(cfg).await;
+    let path = format!(
+        "/hls/rtsp/127.0.0.1:{}/timeshift/index.m3u8?playseek=20240101120018-20240101120025",
+        server.port
+    );
+    let resp = get_with(&gw, &path, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let text = body_text(resp).await;
+    assert!(
+        text.contains("#EXT-X-PLAYLIST-TYPE:EVENT\n")
+            && text.contains("#EXT-X-PROGRAM-DATE-TIME:2024-01-01T12:00:18.000Z\n#EXTINF:"),
+        "{text}"
+    );
+    // The programme ends (the recording's end, then no data): the playlist is complete.
+    let mut text = text;
+    for _ in 0..300 {
+        if text.contains("#EXT-X-ENDLIST") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        text = body_text(get_with(&gw, &path, &[]).await).await;
+    }
+    assert!(text.contains("#EXT-X-ENDLIST\n"), "never complete: {text}");
+    assert!(text.contains("#EXT-X-PLAYLIST-TYPE:VOD\n"), "{text}");
+    assert!(text.contains("#EXT-X-MEDIA-SEQUENCE:0\n"), "{text}");
+    // Every segment from the first, more than the live window of 2.
+    let uris: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(uris.len() >= 5, "{text}");
+    let query = "?playseek=20240101120018-20240101120025";
+    for (i, uri) in uris.iter().enumerate() {
+        assert_eq!(*uri, format!("{i}.ts{query}"));
+    }
+    let total: f64 = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("#EXTINF:"))
+        .map(|d| d.trim_end_matches(',').parse::<f64>().unwrap())
+        .sum();
+    assert!(
+        (6.0..=8.0).contains(&total),
+        "7 s of programme, listed {total} s"
+    );
+    // The programme starts at its first second, and a seek into it lands where asked: 4 s in
+    // is its 22nd second.
+    let url = format!("http://{}{path}", gw.addr);
+    let first = read_bytes(
+        get_with(&gw, &path.replace("index.m3u8", "0.ts"), &[]).await,
+        usize::MAX,
+    )
+    .await;
+    let seconds = tokio::task::spawn_blocking(move || {
+        [
+            first_frame_second(&first),
+            second_of_hls(&url, 4.0),
+            second_of_hls(&url, 5.5),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(seconds, [18, 22, 23]);
+    // One session for all of it.
+    let plays = server.requests("PLAY");
+    assert_eq!(plays.len(), 1, "{plays:?}");
 }

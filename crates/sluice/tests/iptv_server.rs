@@ -89,3 +89,39 @@ async fn rtsp_needs_auth_and_its_entries_and_catch_up_carry_tokens() {
     // Nothing else may be added to what the token fixes.
     assert_eq!(get(&format!("{entry}?user=admin")).await.status, 401);
 }
+
+/// A password-free sluice behind a front proxy on the same machine (a trusted proxy): the proxy
+/// connects from loopback and, as nginx does by default, names the upstream `127.0.0.1:port` in
+/// `Host`, so only `X-Forwarded-For` says the client is elsewhere. The operator's pages and the
+/// admin endpoint must not open to that client; this machine's own clients keep them.
+#[tokio::test]
+async fn a_password_free_server_keeps_its_pages_from_clients_behind_a_front_proxy() {
+    let mut config = test_config();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(config).await;
+    let remote = [("x-forwarded-for", "203.0.113.7")];
+    for (method, path) in [
+        ("GET", "/status"),
+        ("GET", "/status.json"),
+        ("GET", "/player"),
+        ("GET", "/"),
+        ("GET", "/playlist/builder"),
+        ("POST", "/admin/reload"),
+    ] {
+        let r = request(method, &s.url(path), &remote).await;
+        assert_eq!(r.status, 403, "{method} {path} from 203.0.113.7");
+        let body = String::from_utf8_lossy(&r.body.clone().unwrap_or_default()).into_owned();
+        assert!(body.contains("no password"), "{path}: {body}");
+    }
+    // The same pages for a client on this machine, forwarded or not.
+    for via in [&[][..], &[("x-forwarded-for", "127.0.0.1")][..]] {
+        for path in ["/status.json", "/player"] {
+            let r = request("GET", &s.url(path), via).await;
+            assert_eq!(r.status, 200, "{path} via {via:?}");
+        }
+    }
+    // Channels and health stay open to the forwarded client (no password, by the operator's
+    // choice): only the operator's pages are this machine's.
+    let r = request("GET", &s.url("/health"), &remote).await;
+    assert_eq!(r.status, 200);
+}

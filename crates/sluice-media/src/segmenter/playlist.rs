@@ -1,5 +1,6 @@
 //! The HLS media playlist of a window of segments (RFC 8216): live, a timeshift window with
-//! wall-clock times, or a catch-up range (EVENT or VOD, starting at an offset). No I/O.
+//! wall-clock times, or a catch-up range (EVENT or VOD, starting at an offset); low-latency
+//! HLS adds partial segments and a preload hint to a live one. No I/O.
 
 use std::fmt::Write;
 
@@ -43,6 +44,29 @@ pub struct Window<'a> {
     /// Where playback should start, in milliseconds from the first segment's start
     /// (`#EXT-X-START:TIME-OFFSET=…,PRECISE=YES`).
     pub start_ms: Option<u64>,
+    /// Low-latency HLS: the partial segments to list.
+    pub low_latency: Option<LowLatency<'a>>,
+}
+
+/// One partial segment as the playlist lists it: `<sequence>.<index>.ts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartEntry {
+    /// Media sequence number of the segment it belongs to.
+    pub sequence: u64,
+    pub index: u32,
+    /// In 90 kHz ticks.
+    pub duration: u64,
+    pub independent: bool,
+}
+
+/// What a low-latency playlist adds (RFC 8216bis §4.4.4.9, §4.4.5.2, §4.4.5.3).
+#[derive(Debug, Clone, Copy)]
+pub struct LowLatency<'a> {
+    /// Part target duration in 90 kHz ticks; no part is longer.
+    pub part_target: u64,
+    /// Parts of the last few segments and of the one being built (the sequence after the
+    /// last entry), oldest first; each is listed before its segment.
+    pub parts: &'a [PartEntry],
 }
 
 /// Writes the playlist; segment URIs are `<sequence>.ts` relative to the playlist.
@@ -56,11 +80,23 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
         .map(|e| (e.duration + CLOCK / 2) / CLOCK)
         .max()
         .unwrap_or(0);
+    let version = if window.low_latency.is_some() { 6 } else { 3 };
     let _ = write!(
         out,
-        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:{}\n#EXT-X-MEDIA-SEQUENCE:{first}\n",
+        "#EXTM3U\n#EXT-X-VERSION:{version}\n#EXT-X-TARGETDURATION:{}\n",
         window.target.max(longest)
     );
+    if let Some(ll) = &window.low_latency {
+        // Players stay three parts behind the live edge and may hold their reloads.
+        let _ = write!(
+            out,
+            "#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK={}\n\
+             #EXT-X-PART-INF:PART-TARGET={}\n",
+            seconds(3 * ll.part_target),
+            seconds(ll.part_target)
+        );
+    }
+    let _ = writeln!(out, "#EXT-X-MEDIA-SEQUENCE:{first}");
     match window.kind {
         Kind::Live => {}
         Kind::Event => out.push_str("#EXT-X-PLAYLIST-TYPE:EVENT\n"),
@@ -81,7 +117,9 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
             window.discontinuity_sequence
         );
     }
+    let parts = window.low_latency.map_or(&[][..], |ll| ll.parts);
     for e in entries {
+        write_parts(&mut out, parts, e.sequence, window.query);
         if e.discontinuity {
             out.push_str("#EXT-X-DISCONTINUITY\n");
         }
@@ -101,10 +139,60 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
         }
         out.push('\n');
     }
+    if window.low_latency.is_some() && !window.ended {
+        // The segment being built: its parts so far, then the next one's address, which a
+        // player may ask for at once (the request waits until the part is complete).
+        let next = entries.last().map_or(0, |e| e.sequence + 1);
+        write_parts(&mut out, parts, next, window.query);
+        let index = parts
+            .iter()
+            .filter(|p| p.sequence == next)
+            .map(|p| p.index + 1)
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"{next}.{index}.ts{}\"",
+            query_suffix(window.query)
+        );
+    }
     if window.ended {
         out.push_str("#EXT-X-ENDLIST\n");
     }
     out
+}
+
+/// `#EXT-X-PART` lines of segment `sequence`.
+fn write_parts(out: &mut String, parts: &[PartEntry], sequence: u64, query: &str) {
+    for p in parts.iter().filter(|p| p.sequence == sequence) {
+        let _ = writeln!(
+            out,
+            "#EXT-X-PART:DURATION={},URI=\"{}.{}.ts{}\"{}",
+            seconds(p.duration),
+            p.sequence,
+            p.index,
+            query_suffix(query),
+            if p.independent {
+                ",INDEPENDENT=YES"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+fn query_suffix(query: &str) -> String {
+    if query.is_empty() {
+        String::new()
+    } else {
+        format!("?{query}")
+    }
+}
+
+/// 90 kHz ticks as seconds with three decimals (`0.480`).
+fn seconds(ticks: u64) -> String {
+    let ms = ticks * 1000 / CLOCK;
+    format!("{}.{:03}", ms / 1000, ms % 1000)
 }
 
 /// `2024-01-01T12:00:00.000Z`.

@@ -1,4 +1,4 @@
-use super::playlist::{self, Entry, Kind, Window};
+use super::playlist::{self, Entry, Kind, LowLatency, PartEntry, Window};
 use super::*;
 
 const VIDEO: u16 = 0x100;
@@ -153,6 +153,7 @@ fn settings(target_secs: u64) -> Settings {
     Settings {
         target: target_secs * CLOCK,
         max_bytes: 16 << 20,
+        part: 0,
     }
 }
 
@@ -346,6 +347,7 @@ fn playlist_lists_the_window() {
         query: "iface=lo",
         kind: Kind::Live,
         start_ms: None,
+        low_latency: None,
     };
     assert_eq!(
         playlist::media(window, &entries),
@@ -370,11 +372,115 @@ fn a_catch_up_playlist_has_its_type_start_and_wall_clock() {
         query: "",
         kind: Kind::Vod,
         start_ms: Some(750),
+        low_latency: None,
     };
     assert_eq!(
         playlist::media(window, &entries),
         "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:1\n#EXT-X-MEDIA-SEQUENCE:40\n\
          #EXT-X-PLAYLIST-TYPE:VOD\n#EXT-X-START:TIME-OFFSET=0.750,PRECISE=YES\n\
          #EXT-X-PROGRAM-DATE-TIME:2024-01-01T12:00:07.250Z\n#EXTINF:1.000,\n40.ts\n#EXT-X-ENDLIST\n"
+    );
+}
+
+/// Segments and parts of `input` pushed in `chunk`-byte pieces, parts taken before segments
+/// after each push, as the gateway does.
+fn run_parts(input: &[u8], settings: Settings, chunk: usize) -> (Vec<Segment>, Vec<Part>) {
+    let mut s = Segmenter::new(settings);
+    let (mut segs, mut parts) = (Vec::new(), Vec::new());
+    for c in input.chunks(chunk) {
+        s.push(c);
+        parts.extend(s.take_parts());
+        segs.extend(s.take());
+    }
+    s.finish();
+    parts.extend(s.take_parts());
+    segs.extend(s.take());
+    (segs, parts)
+}
+
+#[test]
+fn parts_make_up_their_segment_and_start_independent_at_keyframes() {
+    let mut g = Gen::new();
+    let input = stream(&mut g, 0, 250, 25, false);
+    let low = Settings {
+        part: CLOCK / 2,
+        ..settings(2)
+    };
+    let (segs, parts) = run_parts(&input, low, 1316);
+    assert_eq!(segs.len(), 5);
+    for seg in &segs {
+        let mine: Vec<&Part> = parts.iter().filter(|p| p.number == seg.number).collect();
+        let joined: Vec<u8> = mine.iter().flat_map(|p| p.data.iter().copied()).collect();
+        assert!(
+            joined == seg.data[..],
+            "segment {}: parts join to it",
+            seg.number
+        );
+        assert_eq!(mine.iter().map(|p| p.duration).sum::<u64>(), seg.duration);
+        for (i, p) in mine.iter().enumerate() {
+            assert_eq!(p.index as usize, i, "indexes count from 0");
+            assert!(p.duration <= CLOCK / 2, "part {i}: {} ticks", p.duration);
+        }
+        assert!(mine[0].independent, "a segment starts on a keyframe part");
+        // Once the GOP is known (after the first), each 25-picture GOP is 9 + 9 + 7 pictures,
+        // the keyframe part independent, the others not.
+        if seg.number > 0 {
+            let frames: Vec<u64> = mine.iter().map(|p| p.duration / FRAME).collect();
+            assert_eq!(frames, [9, 9, 7, 9, 9, 7], "segment {}", seg.number);
+            let independent: Vec<bool> = mine.iter().map(|p| p.independent).collect();
+            assert_eq!(independent, [true, false, false, true, false, false]);
+        }
+    }
+    // Same parts whatever the chunking.
+    let (_, other) = run_parts(&input, low, 187);
+    assert_eq!(other.len(), parts.len());
+    assert!(other.iter().zip(&parts).all(|(a, b)| a.data == b.data));
+    // Without a part target there are none.
+    assert!(run_parts(&input, settings(2), 1316).1.is_empty());
+}
+
+#[test]
+fn a_low_latency_playlist_lists_parts_and_a_preload_hint() {
+    let entries = [Entry {
+        sequence: 7,
+        duration: 2 * CLOCK,
+        discontinuity: false,
+        wall_ms: Some(1_704_110_407_250),
+    }];
+    let part = |sequence, index, duration, independent| PartEntry {
+        sequence,
+        index,
+        duration,
+        independent,
+    };
+    let parts = [
+        part(7, 0, 45_000, true),
+        part(7, 1, 45_000, false),
+        part(7, 2, 40_000, false),
+        part(8, 0, 32_400, true),
+    ];
+    let window = Window {
+        target: 2,
+        discontinuity_sequence: 0,
+        ended: false,
+        query: "iface=lo",
+        kind: Kind::Live,
+        start_ms: None,
+        low_latency: Some(LowLatency {
+            part_target: CLOCK / 2,
+            parts: &parts,
+        }),
+    };
+    assert_eq!(
+        playlist::media(window, &entries),
+        "#EXTM3U\n#EXT-X-VERSION:6\n#EXT-X-TARGETDURATION:2\n\
+         #EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK=1.500\n\
+         #EXT-X-PART-INF:PART-TARGET=0.500\n#EXT-X-MEDIA-SEQUENCE:7\n\
+         #EXT-X-PART:DURATION=0.500,URI=\"7.0.ts?iface=lo\",INDEPENDENT=YES\n\
+         #EXT-X-PART:DURATION=0.500,URI=\"7.1.ts?iface=lo\"\n\
+         #EXT-X-PART:DURATION=0.444,URI=\"7.2.ts?iface=lo\"\n\
+         #EXT-X-PROGRAM-DATE-TIME:2024-01-01T12:00:07.250Z\n#EXTINF:2.000,\n7.ts?iface=lo\n\
+         #EXT-X-PART:DURATION=0.360,URI=\"8.0.ts?iface=lo\",INDEPENDENT=YES\n\
+         #EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"8.1.ts?iface=lo\"\n"
     );
 }

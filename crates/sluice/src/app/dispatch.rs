@@ -10,7 +10,7 @@ use tokio::time::Instant;
 #[cfg(feature = "iptv")]
 use super::endpoints::is_channel_path;
 use super::endpoints::{allow_any_origin, json, not_found, preflight, sandboxed};
-use super::gate::{local_host, misdirected, page_login};
+use super::gate::{local_host, local_only, misdirected, page_login};
 use super::metering::{effective_path, endpoint_label, EndpointSeries, Finish, Metered};
 use super::routes::Dispatch;
 use super::App;
@@ -147,6 +147,13 @@ impl App {
                 return resp;
             }
         };
+        let operator = browser::is_page(&ctx.path) || ctx.path.starts_with("/admin/");
+        if operator && !self.keys.load().auth.required() && !ctx.client_ip.is_loopback() {
+            // No password: the pages and admin endpoints are this machine's only. A client
+            // elsewhere reaching them through a trusted front proxy (which may well send a
+            // loopback `Host`) is refused.
+            return local_only();
+        }
         if browser::is_page(&ctx.path) {
             let creds = self.keys.load();
             let offered = Auth::offered(ctx.query.get("api_password"), req.headers());

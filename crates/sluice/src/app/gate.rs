@@ -106,6 +106,17 @@ pub(super) fn misdirected() -> Response<Body> {
     .into_response()
 }
 
+/// 403 for an operator page or endpoint asked from another host of a password-free server.
+pub(super) fn local_only() -> Response<Body> {
+    ProxyError::downstream(
+        StatusCode::FORBIDDEN,
+        "auth",
+        "this sluice has no password, so its pages and admin endpoints answer only clients on \
+         this machine; set auth.api_password to use them from elsewhere",
+    )
+    .into_response()
+}
+
 /// 401 asking a browser for the password (HTTP Basic; any user name).
 pub(super) fn page_login() -> Response<Body> {
     let mut resp = Response::new(body::full(

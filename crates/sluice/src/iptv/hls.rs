@@ -7,6 +7,13 @@
 //! shared by every viewer without a copy. The channel has no connection to hold it: it stays
 //! while requests come, and leaves its hub `linger_ms` plus three target durations after the
 //! last one, after which the hub lingers as it does for any subscriber.
+//!
+//! # Layout
+//! - `parts`: low-latency HLS (partial segments, blocking reloads).
+//! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
+
+mod parts;
+mod viewers;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -15,12 +22,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use http::{header, Method, Response, StatusCode};
-use sluice_media::segmenter::playlist::{self, Entry, Kind};
-use sluice_media::segmenter::{Segment, Segmenter, Settings, CLOCK};
+use sluice_media::segmenter::playlist::{self, Entry, Kind, LowLatency};
+use sluice_media::segmenter::{Part, Segment, Segmenter, Settings, CLOCK};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::hub::HubKey;
+use super::hub::{Hub, HubKey};
 use super::registry::{self, Subscription};
 use super::timeshift::{self, Recorder};
 use super::{subscriber, Iptv, SlowPolicy};
@@ -39,6 +46,13 @@ pub struct HlsConfig {
     /// `/playlist.m3u` lists HLS URLs (`/hls/…/index.m3u8`) instead of raw TS ones;
     /// `?hls=1` or `?hls=0` on the request overrides it.
     pub playlist: bool,
+    /// Low-latency HLS: partial segments of at most this many milliseconds, preload hints
+    /// and blocking reloads; 0 turns it off.
+    pub part_target_ms: u64,
+    /// An RTSP catch-up session keeps every segment (an EVENT playlist, then VOD once the
+    /// programme has been received) up to this many bytes; beyond it the oldest go and the
+    /// playlist slides like a live one.
+    pub catchup_max_bytes: u64,
 }
 
 crate::config::section::config_section!(HlsConfig {
@@ -46,6 +60,8 @@ crate::config::section::config_section!(HlsConfig {
     target_duration_secs,
     window,
     playlist,
+    part_target_ms,
+    catchup_max_bytes,
 });
 
 impl Default for HlsConfig {
@@ -55,6 +71,8 @@ impl Default for HlsConfig {
             target_duration_secs: 4,
             window: 4,
             playlist: false,
+            part_target_ms: 0,
+            catchup_max_bytes: 256 << 20,
         }
     }
 }
@@ -67,9 +85,18 @@ impl HlsConfig {
         if !(2..=30).contains(&self.window) {
             return Err("window must be 2 to 30".into());
         }
+        let part = self.part_target_ms;
+        if part != 0 && !(100..self.target_duration_secs * 1000).contains(&part) {
+            return Err(
+                "part_target_ms must be 0 (off) or from 100 to below target_duration_secs".into(),
+            );
+        }
         Ok(())
     }
 }
+
+/// A catch-up programme stays this long after its last request (a player may pause).
+const CATCHUP_IDLE: Duration = Duration::from_secs(300);
 
 /// A segment bigger than this (a stream without usable timestamps) is cut as a gap.
 const MAX_SEGMENT_BYTES: usize = 32 << 20;
@@ -93,6 +120,13 @@ struct Window {
     failure: Option<Failure>,
     /// The first segment follows a break in the timeshift recording (a restarted channel).
     restarted: bool,
+    /// Low-latency HLS: parts and wall clock.
+    held: parts::Held,
+    /// Bytes of the segments held, and the length (90 kHz) of those that left the window.
+    bytes: u64,
+    gone_ticks: u64,
+    /// A catch-up window lost its oldest segments (to `catchup_max_bytes`).
+    trimmed: bool,
 }
 
 /// One channel's segmenter output, shared by its HLS viewers.
@@ -105,6 +139,11 @@ pub struct Channel {
     touched: Mutex<Instant>,
     /// Present for a timeshift channel: its disk window.
     recorder: Option<Arc<Recorder>>,
+    /// An RTSP catch-up session: where its range begins (Unix ms).
+    catchup: Option<i64>,
+    /// The channel's hub, and the HLS viewers counted on it.
+    hub: Arc<Hub>,
+    viewers: viewers::Viewers,
 }
 
 impl Channel {
@@ -116,28 +155,41 @@ impl Channel {
         registry::lock(&self.touched).elapsed()
     }
 
-    /// Adds finished segments to the window; returns them with their sequence numbers.
-    fn store(&self, segments: Vec<Segment>, keep: usize) -> Vec<(u64, Segment)> {
-        if segments.is_empty() {
+    /// Adds finished parts and segments to the window (`anchor`: the newest timestamp and
+    /// when it arrived); returns the segments with their sequence numbers.
+    fn store(
+        &self,
+        parts: Vec<Part>,
+        segments: Vec<Segment>,
+        (keep, max_bytes): (usize, u64),
+        anchor: Option<(u64, i64)>,
+    ) -> Vec<(u64, Segment)> {
+        if segments.is_empty() && parts.is_empty() {
             return Vec::new();
         }
         let mut w = registry::lock(&self.window);
+        w.held.add(parts);
         let mut stored = Vec::with_capacity(segments.len());
         for mut s in segments {
             let seq = w.next;
             w.next += 1;
+            w.held.complete(s.number, seq, wall_start(&s, anchor), keep);
             s.discontinuity |= std::mem::take(&mut w.restarted);
             stored.push((seq, s.clone()));
+            w.bytes += s.data.len() as u64;
             w.segments.push_back((seq, s));
         }
-        while w.segments.len() > keep {
+        while w.segments.len() > keep || (w.bytes > max_bytes && w.segments.len() > 1) {
+            w.trimmed |= w.segments.len() <= keep;
             if let Some((_, gone)) = w.segments.pop_front() {
                 w.discontinuities_gone += u64::from(gone.discontinuity);
+                w.bytes -= gone.data.len() as u64;
+                w.gone_ticks += gone.duration;
             }
         }
-        let next = w.next;
         drop(w);
-        self.changed.send_replace(next);
+        // Parts change the playlist too: every change wakes the requests waiting for one.
+        self.changed.send_modify(|n| *n += 1);
         stored
     }
 
@@ -174,6 +226,8 @@ impl Table {
 enum File {
     Playlist,
     Segment(u64),
+    /// Part `.1` of segment `.0` (low-latency HLS).
+    Part(u64, u32),
 }
 
 /// Splits `/hls/<channel path>/<file>` into the channel's own path and the file.
@@ -182,7 +236,13 @@ fn split(path: &str) -> Option<(&str, File)> {
     let (channel, file) = rest.rsplit_once('/')?;
     let file = match file {
         "index.m3u8" => File::Playlist,
-        f => File::Segment(f.strip_suffix(".ts")?.parse().ok()?),
+        f => {
+            let name = f.strip_suffix(".ts")?;
+            match name.split_once('.') {
+                Some((seq, part)) => File::Part(seq.parse().ok()?, part.parse().ok()?),
+                None => File::Segment(name.parse().ok()?),
+            }
+        }
     };
     (channel.len() > 1).then_some((channel, file))
 }
@@ -203,6 +263,20 @@ impl Iptv {
                 "HLS paths are /hls/<channel>/index.m3u8 and /hls/<channel>/<n>.ts\n",
             );
         };
+        // The delivery directives are the player's, not the channel's: the hub key, the
+        // RTSP URL and the segment URIs are made without them.
+        let (query, block) = match parts::directives(req.uri.query().unwrap_or("")) {
+            Ok(d) => d,
+            Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
+        };
+        let stripped;
+        let req = if query.len() == req.uri.query().unwrap_or("").len() {
+            req
+        } else {
+            stripped = with_query(req, &query);
+            &stripped
+        };
+        let block = block.filter(|_| config.part_target_ms > 0);
         let key = match self.key_for(channel_path, req) {
             Ok(key) => key,
             Err(resp) => return *resp,
@@ -214,12 +288,31 @@ impl Iptv {
             Ok(c) => c,
             Err(resp) => return *resp,
         };
+        let peer = req.extensions.get::<std::net::SocketAddr>().map(|p| p.ip());
+        let limit = self.registry.limits.per_hub;
+        if let Some(ip) = peer.filter(|_| limit > 0) {
+            if !channel.viewers.admit(&channel.hub, ip, limit) {
+                return self.refused(registry::Refusal::PerHub(limit));
+            }
+        }
         channel.touch();
         let target = Duration::from_secs(config.target_duration_secs);
         let resp = match file {
             File::Playlist => {
                 let wait = self.start_wait(&channel.key) + 2 * target;
-                self.playlist_of(&channel, wait, req).await
+                match block {
+                    Some(block) => self.blocking_playlist(&channel, block, wait, req).await,
+                    None => self.playlist_of(&channel, wait, req).await,
+                }
+            }
+            File::Part(n, i) => {
+                let resp = part_of(&channel, n, i, 2 * target + Duration::from_secs(1)).await;
+                if req.method == Method::HEAD {
+                    let (parts, _) = resp.into_parts();
+                    Response::from_parts(parts, body::empty())
+                } else {
+                    resp
+                }
             }
             File::Segment(n) => {
                 let resp = segment_of(&channel, n, 2 * target + Duration::from_secs(1)).await;
@@ -296,12 +389,20 @@ impl Iptv {
             restarted: recorder.as_ref().is_some_and(|r| r.has_history()),
             ..Window::default()
         };
+        sub.hub.hls_segmenters.fetch_add(1, Ordering::AcqRel);
+        let catchup = match (&shared.rtsp, self.seek_of(req)) {
+            (Some(_), Ok(Some(seek))) => Some(seek.begin.unix * 1000),
+            _ => None,
+        };
         let channel = Arc::new(Channel {
             key: shared.clone(),
             window: Mutex::new(window),
             changed: watch::Sender::new(0),
             touched: Mutex::new(Instant::now()),
             recorder,
+            catchup,
+            hub: sub.hub.clone(),
+            viewers: viewers::Viewers::default(),
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -314,8 +415,16 @@ impl Iptv {
     async fn segment(self: Arc<Self>, channel: Arc<Channel>, sub: Subscription) {
         let config = &self.config.hls;
         let target = Duration::from_secs(config.target_duration_secs);
-        let idle_after = Duration::from_millis(self.config.linger_ms) + 3 * target;
-        let keep = config.window + 1;
+        let mut idle_after = Duration::from_millis(self.config.linger_ms) + 3 * target;
+        if channel.catchup.is_some() {
+            // A paused player does not ask for a complete (VOD) playlist again.
+            idle_after = idle_after.max(CATCHUP_IDLE);
+        }
+        // A catch-up session keeps its whole programme, within its byte budget.
+        let keep = match channel.catchup {
+            Some(_) => (usize::MAX, config.catchup_max_bytes),
+            None => (config.window + 1, u64::MAX),
+        };
         let label = sub.hub.key.channel();
         let wait = self.start_wait(&sub.hub.key);
         let failure = 'run: {
@@ -348,6 +457,7 @@ impl Iptv {
             let mut segmenter = Segmenter::new(Settings {
                 target: config.target_duration_secs * CLOCK,
                 max_bytes: MAX_SEGMENT_BYTES,
+                part: config.part_target_ms * CLOCK / 1000,
             });
             let mut skips = 0;
             let mut check = tokio::time::interval(Duration::from_millis(250));
@@ -357,9 +467,14 @@ impl Iptv {
                     item = stream.next() => {
                         let Some(Ok(frame)) = item else {
                             segmenter.finish();
-                            let stored = channel.store(segmenter.take(), keep);
+                            let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                            let stored = channel.store(
+                                segmenter.take_parts(),
+                                segmenter.take(),
+                                keep,
+                                anchor,
+                            );
                             if let Some(recorder) = &channel.recorder {
-                                let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
                                 for (seq, seg) in &stored {
                                     recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
                                 }
@@ -374,26 +489,37 @@ impl Iptv {
                         if let Ok(data) = frame.into_data() {
                             segmenter.push(&data);
                         }
-                        let stored = channel.store(segmenter.take(), keep);
+                        // What arrives now is live: the newest timestamp is now.
+                        let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
+                        let stored =
+                            channel.store(segmenter.take_parts(), segmenter.take(), keep, anchor);
                         if let Some(recorder) = &channel.recorder {
-                            // What arrives now is live: the newest timestamp is now.
-                            let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
                             for (seq, seg) in &stored {
                                 recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
                             }
                         }
                     }
                     _ = check.tick() => {
+                        // A player asks at least once a target duration.
+                        channel.viewers.prune(&channel.hub, 3 * target);
                         // A timeshift channel records whether anyone watches or not.
                         if channel.recorder.is_none() && channel.idle() >= idle_after {
                             tracing::info!(channel = %label, "HLS segmenter stopped: no viewer");
                             self.forget(&channel);
-                            return;
+                            break 'run None;
                         }
                     }
                 }
             }
         };
+        channel.hub.hls_segmenters.fetch_sub(1, Ordering::AcqRel);
+        channel.viewers.clear(&channel.hub);
+        let stopped = !registry::lock(&self.hls.channels)
+            .get(&channel.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &channel));
+        if stopped {
+            return;
+        }
         // Ended (or never started): viewers get the last segments and the end of the list,
         // or the reason, until they stop asking.
         channel.end(failure);
@@ -455,7 +581,31 @@ impl Iptv {
                 &format!("no segment of {} yet\n", channel.key.channel()),
             );
         }
-        let listed = w.segments.len().min(self.config.hls.window);
+        playlist_response(self.live_playlist(channel, &w, query))
+    }
+
+    /// The playlist of a channel's window (with its parts, for low-latency HLS): live, or for
+    /// a catch-up session every segment so far, as EVENT and then VOD, on the programme's clock.
+    fn live_playlist(&self, channel: &Channel, w: &Window, query: &str) -> String {
+        let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
+        let listed = match channel.catchup {
+            Some(_) => w.segments.len(),
+            None => w.segments.len().min(self.config.hls.window),
+        };
+        let kind = match channel.catchup {
+            Some(_) if w.trimmed => Kind::Live,
+            Some(_) if w.ended => Kind::Vod,
+            Some(_) => Kind::Event,
+            None => Kind::Live,
+        };
+        let mut elapsed = w.gone_ticks;
+        let mut on_clock = |s: &Segment| {
+            let at = channel
+                .catchup
+                .map(|begin| begin + (elapsed * 1000 / CLOCK) as i64);
+            elapsed += s.duration;
+            at
+        };
         let skipped = w.segments.len() - listed;
         let gone = w.discontinuities_gone
             + w.segments
@@ -471,21 +621,90 @@ impl Iptv {
                 sequence: *sequence,
                 duration: s.duration,
                 discontinuity: s.discontinuity,
-                wall_ms: None,
+                wall_ms: on_clock(s).or_else(|| {
+                    (part_target > 0)
+                        .then(|| w.held.wall_ms(*sequence))
+                        .flatten()
+                }),
             })
             .collect();
-        let text = playlist::media(
+        let parts = if part_target > 0 {
+            w.held.entries(w.next)
+        } else {
+            Vec::new()
+        };
+        playlist::media(
             playlist::Window {
                 target: self.config.hls.target_duration_secs,
                 discontinuity_sequence: gone,
                 ended: w.ended,
                 query,
-                kind: Kind::Live,
+                kind,
                 start_ms: None,
+                low_latency: (part_target > 0).then_some(LowLatency {
+                    part_target,
+                    parts: &parts,
+                }),
             },
             &entries,
-        );
-        playlist_response(text)
+        )
+    }
+
+    /// A blocking reload (low-latency HLS): the live playlist once it lists segment `msn` (or
+    /// its part), 400 when that is too far ahead, 503 when it does not come within three
+    /// target durations.
+    async fn blocking_playlist(
+        &self,
+        channel: &Channel,
+        block: parts::Block,
+        wait: Duration,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        // A timeshift window has no parts; nothing yet: the first playlist, when it comes,
+        // answers.
+        let (empty, next) = {
+            let w = registry::lock(&channel.window);
+            (w.segments.is_empty() && !w.ended, w.next)
+        };
+        if channel.recorder.is_some() || empty {
+            return self.playlist_of(channel, wait, req).await;
+        }
+        if block.too_far(next) {
+            return super::text(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "_HLS_msn={} is more than two segments past the last one ({})\n",
+                    block.msn,
+                    next.saturating_sub(1)
+                ),
+            );
+        }
+        let hold = Duration::from_secs(3 * self.config.hls.target_duration_secs);
+        let mut rx = channel.changed.subscribe();
+        let ready = tokio::time::timeout(
+            hold,
+            rx.wait_for(|_| {
+                let w = registry::lock(&channel.window);
+                w.ended || w.failure.is_some() || block.ready(w.next, w.held.building())
+            }),
+        )
+        .await;
+        let w = registry::lock(&channel.window);
+        if let Some(f) = &w.failure {
+            return super::text(f.status, &format!("{}\n", f.reason));
+        }
+        if ready.is_err() {
+            return super::text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "segment {} of {} did not come within {} s\n",
+                    block.msn,
+                    channel.key.channel(),
+                    hold.as_secs()
+                ),
+            );
+        }
+        playlist_response(self.live_playlist(channel, &w, req.uri.query().unwrap_or("")))
     }
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
@@ -520,6 +739,7 @@ impl Iptv {
                 query,
                 kind: Kind::Live,
                 start_ms: None,
+                low_latency: None,
             };
             return playlist_response(playlist::media(window, &entries));
         };
@@ -551,6 +771,7 @@ impl Iptv {
             query,
             kind: if complete { Kind::Vod } else { Kind::Event },
             start_ms: Some(offset),
+            low_latency: None,
         };
         playlist_response(playlist::media(window, &entries))
     }
@@ -684,6 +905,47 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
             &format!("segment {n} is not in the window\n"),
         ),
     }
+}
+
+/// Part `i` of segment `n` (low-latency HLS): at once when held, after a wait when it is yet
+/// to come (a preload hint names the next part before it exists), else 404.
+async fn part_of(channel: &Channel, n: u64, i: u32, wait: Duration) -> Response<Body> {
+    let mut rx = channel.changed.subscribe();
+    let _ = tokio::time::timeout(
+        wait,
+        rx.wait_for(|_| {
+            let w = registry::lock(&channel.window);
+            // Held, or never going to be: its segment is complete (or gone), or the request
+            // is for a segment after the next.
+            w.ended || w.held.get(n, i, w.next).is_some() || w.next > n || n > w.next + 1
+        }),
+    )
+    .await;
+    let w = registry::lock(&channel.window);
+    match w.held.get(n, i, w.next) {
+        Some(data) => segment_response(data),
+        None => super::text(
+            StatusCode::NOT_FOUND,
+            &format!("part {n}.{i} is not in the window\n"),
+        ),
+    }
+}
+
+/// The request with another query (the same path, method, headers and extensions).
+fn with_query(req: &http::request::Parts, query: &str) -> http::request::Parts {
+    let mut parts = req.clone();
+    let path = req.uri.path();
+    let pq = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    let mut uri = http::uri::Parts::from(req.uri.clone());
+    uri.path_and_query = pq.parse().ok();
+    if let Ok(u) = http::Uri::from_parts(uri) {
+        parts.uri = u;
+    }
+    parts
 }
 
 fn segment_response(data: bytes::Bytes) -> Response<Body> {

@@ -16,7 +16,9 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,6 +131,9 @@ pub struct Hub {
     pub ring: Mutex<Ring>,
     pub published: watch::Sender<Published>,
     pub subscribers: AtomicUsize,
+    /// HLS segmenters among `subscribers` (not viewers), and the HLS viewers they serve.
+    pub hls_segmenters: AtomicUsize,
+    pub hls_viewers: AtomicUsize,
     pub clients: Mutex<HashMap<u64, Arc<ClientStats>>>,
     pub created: Instant,
     /// Bits per second over the last second, in and out.
@@ -170,6 +175,13 @@ impl FccStatus {
 }
 
 impl Hub {
+    /// Viewers counted against `max_subscribers_per_channel`: raw-TS subscribers and HLS
+    /// viewers (an HLS segmenter is not a viewer).
+    pub fn viewers(&self) -> usize {
+        (self.subscribers.load(Ordering::Acquire) + self.hls_viewers.load(Ordering::Acquire))
+            .saturating_sub(self.hls_segmenters.load(Ordering::Acquire))
+    }
+
     /// Opens the socket and starts the receive loop. Must run inside a tokio runtime.
     ///
     /// With `fcc`, the multicast is joined only when the FCC session says so (or gives up);
@@ -244,6 +256,8 @@ impl Hub {
             ring: Mutex::new(Ring::new(settings.ring_bytes, settings.history)),
             published: watch::Sender::new(Published::default()),
             subscribers: AtomicUsize::new(0),
+            hls_segmenters: AtomicUsize::new(0),
+            hls_viewers: AtomicUsize::new(0),
             clients: Mutex::new(HashMap::new()),
             created: Instant::now(),
             rate_in: AtomicU64::new(0),

@@ -4,7 +4,9 @@
 //! attach to a hub that has just decided to leave its group.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
@@ -110,7 +112,7 @@ impl Registry {
                 hub
             }
         };
-        if over(self.limits.per_hub, hub.subscribers.load(Ordering::Acquire)) {
+        if over(self.limits.per_hub, hub.viewers()) {
             return Err(Refusal::PerHub(self.limits.per_hub));
         }
         Ok(self.attach(hub, peer))

@@ -14,7 +14,9 @@ pub mod request;
 pub mod session;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -18,7 +18,9 @@
 //! idle process does not wake at all.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

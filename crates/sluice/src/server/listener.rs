@@ -13,7 +13,9 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,9 @@
 //! and send-buffer limits, and ends with an error whenever it is polled again.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;

@@ -120,7 +120,9 @@ function play(i) {
   state.textContent = '';
   if (hls) { hls.destroy(); hls = null; }
   if (window.Hls && window.Hls.isSupported()) {
-    hls = new window.Hls({ lowLatencyMode: false });
+    // Low-latency HLS is used when the gateway offers it (iptv.hls.part_target_ms); after a
+    // stall, playback speeds up a little to get back to its distance from live.
+    hls = new window.Hls({ lowLatencyMode: true, maxLiveSyncPlaybackRate: 1.5 });
     hls.on(window.Hls.Events.ERROR, (_, d) => {
       if (d.fatal) state.textContent = `Playback failed: ${d.details}${d.response ? ` (HTTP ${d.response.code})` : ''}`;
     });
