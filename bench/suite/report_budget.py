@@ -106,6 +106,8 @@ def render(result):
              "this machine's `perf stat -e instructions` says `<not supported>` (no PMU in "
              "the VM), so they come from callgrind on sluice's path where measured (see "
              "docs/decisions/)."), ""]
+    if result.get("note"):
+        md += [result["note"], ""]
     for mode, block in result.get("budget", {}).items():
         md += [f"**Busy polling {mode}** (closed loop). {_load(block.get('load'))}", "",
                _budget_table(block["rows"], sluice), ""]
