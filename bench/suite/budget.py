@@ -13,6 +13,11 @@ V1_CPU = "/sys/fs/cgroup/cpu"
 V1_ACCT = "/sys/fs/cgroup/cpuacct"
 V2 = "/sys/fs/cgroup"
 PERIOD_US = 100_000
+# The machine may be shared with other work (compiles): the groups the suite makes get the
+# largest CPU weight, so that work yields to the proxy (within its quota), the origin and the
+# load client instead of shrinking their share unevenly from round to round.
+V1_SHARES = 262_144
+V2_WEIGHT = 10_000
 
 
 def _write(path, text):
@@ -45,22 +50,28 @@ class Cgroup:
     forked later are born inside."""
 
     def __init__(self, name, quota_pct):
+        """`quota_pct` of a core, or no quota when None (the origin's and client's group)."""
         self.name = name
         if os.path.exists(os.path.join(V1_CPU, "cpu.cfs_quota_us")):
             self.kind = "v1"
             self.dirs = [os.path.join(V1_CPU, name), os.path.join(V1_ACCT, name)]
             for d in self.dirs:
                 os.makedirs(d, exist_ok=True)
-            _write(os.path.join(self.dirs[0], "cpu.cfs_period_us"), PERIOD_US)
-            _write(os.path.join(self.dirs[0], "cpu.cfs_quota_us"),
-                   int(PERIOD_US * quota_pct / 100))
+            _write(os.path.join(self.dirs[0], "cpu.shares"), V1_SHARES)
+            if quota_pct is not None:
+                _write(os.path.join(self.dirs[0], "cpu.cfs_period_us"), PERIOD_US)
+                _write(os.path.join(self.dirs[0], "cpu.cfs_quota_us"),
+                       int(PERIOD_US * quota_pct / 100))
             self.usage_file = os.path.join(self.dirs[1], "cpuacct.usage")
         elif "cpu" in open(os.path.join(V2, "cgroup.controllers")).read().split():
             self.kind = "v2"
             d = os.path.join(V2, name)
             os.makedirs(d, exist_ok=True)
             self.dirs = [d]
-            _write(os.path.join(d, "cpu.max"), f"{int(PERIOD_US * quota_pct / 100)} {PERIOD_US}")
+            _write(os.path.join(d, "cpu.weight"), V2_WEIGHT)
+            if quota_pct is not None:
+                _write(os.path.join(d, "cpu.max"),
+                       f"{int(PERIOD_US * quota_pct / 100)} {PERIOD_US}")
             self.usage_file = os.path.join(d, "cpu.stat")
         else:
             raise Unavailable("no writable CPU cgroup (v1 cpu/cpuacct or v2 cpu controller)")
@@ -84,6 +95,18 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.1)  # tasks still exiting
+
+
+def helpers_group(ctx, origin):
+    """The origin and every load-client run go into one group without a quota but with the
+    largest weight (see `V1_SHARES`); returns it (remove it when done), or None without cgroups."""
+    try:
+        group = Cgroup(f"sluice-bench-helpers-{os.getpid()}", None)
+    except (Unavailable, OSError):
+        return None
+    group.enter(origin.pid)
+    ctx.client_cgroup = [os.path.join(d, "cgroup.procs") for d in group.dirs]
+    return group
 
 
 def machine_load():
@@ -128,11 +151,15 @@ def budget_cells(ctx, starters, origin, plan, quota_pct, rounds, secs, warm, c, 
             try:
                 group.enter(peer.pid)
                 out[name]["version"] = peer.version
-                for f, label in plan:
-                    url = f"http://127.0.0.1:{peer.port}/{os.path.basename(f[0])}"
-                    r = ctx.duration(url, f, c, secs, warm, peer.pid,
+                for f, label, *opts in plan:
+                    # A cell may name its scheme, its connection count and extra client
+                    # arguments (the TLS cells: `--ca`, `--handshake`, `--h2-streams`).
+                    opt = opts[0] if opts else {}
+                    url = (f"{opt.get('scheme', 'http')}://127.0.0.1:{peer.port}/"
+                           f"{os.path.basename(f[0])}")
+                    r = ctx.duration(url, f, opt.get("c", c), secs, warm, peer.pid,
                                      extra=["--cgroup-usage", group.usage_file,
-                                            "--client-core", "0"])
+                                            "--client-core", "0", *opt.get("args", [])])
                     out[name].setdefault(label, []).append(r)
             finally:
                 peer.stop()
@@ -267,12 +294,14 @@ def instructions_note():
     return "callgrind"
 
 
-def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests=200):
+def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests=200,
+                          scheme="http", extra=()):
     """Instructions per request of one proxy's user-space path under callgrind: started under
     valgrind (`start(ctx, origin_port, cpus, wrapper=[...])`), warmed, its counters zeroed with
     `callgrind_control -z`, `requests` requests at c = 1, then dumped (`-d`): the dump's total
     `Ir` divided by the requests. Valgrind runs the program about 50× slower, so only a count,
-    never a time, is taken from it."""
+    never a time, is taken from it. `scheme` and `extra` (load-client arguments) pick a TLS cell;
+    the dump's path is kept in the result for `callgrind_annotate`."""
     import glob
     import shutil
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
@@ -284,10 +313,10 @@ def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests
     except (Unavailable, RuntimeError) as e:
         return {"status": str(e)}
     try:
-        url = f"http://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
-        ctx.duration(url, file, 1, 120, 0, peer.pid, max_requests=warm_requests)
+        url = f"{scheme}://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
+        ctx.duration(url, file, 1, 120, 0, peer.pid, max_requests=warm_requests, extra=extra)
         procs.run(["callgrind_control", "-z", str(peer.pid)], timeout=60)
-        r = ctx.duration(url, file, 1, 300, 0, peer.pid, max_requests=requests)
+        r = ctx.duration(url, file, 1, 300, 0, peer.pid, max_requests=requests, extra=extra)
         procs.run(["callgrind_control", "-d", str(peer.pid)], timeout=60)
         time.sleep(1)
         dumps = sorted(glob.glob(f"{out_dir}/cg.{peer.pid}.*"), key=os.path.getmtime)
@@ -299,7 +328,7 @@ def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests
                 if line.startswith(("summary:", "totals:")):
                     total = int(line.split()[1])
         done = r.get("ok", 0)
-        return {"status": "ok", "requests": done, "instructions": total,
+        return {"status": "ok", "requests": done, "instructions": total, "dump": dumps[-1],
                 "instructions_per_request": total / done if total and done else None}
     finally:
         peer.stop()

@@ -120,4 +120,10 @@ def s3(ctx):
     return out
 
 
-ALL = {"S2": s2, "S3": s3}
+def tls(ctx):
+    """The TLS and HTTP/2 cells (`suite/tls_budget.py`), a budget-only run."""
+    from . import tls_budget
+    return tls_budget.tls(ctx)
+
+
+ALL = {"S2": s2, "S3": s3, "TLS": tls}

@@ -32,6 +32,8 @@ class Context:
         self.proxy_threads = 1 if self.pin else 2
         self.files = {}
         self.commands = []  # exact commands, for the report
+        # `cgroup.procs` files each load-client run joins first (`budget.helpers_group`).
+        self.client_cgroup = []
 
     @staticmethod
     def _ensure(d):
@@ -206,6 +208,10 @@ class Context:
         if self.client_cpus:
             argv = ["taskset", "-c", self.client_cpus] + argv
         self.note(argv)
+        if self.client_cgroup:
+            # The shell joins the group, then becomes the client (so all its threads are in it).
+            argv = ["sh", "-c", 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; '
+                    'shift; done; shift; exec "$@"', "sh", *self.client_cgroup, "--", *argv]
         try:
             r = procs.run(argv, timeout=timeout)
         except subprocess.TimeoutExpired:

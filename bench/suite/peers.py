@@ -169,7 +169,7 @@ NGINX_PROXY = """# nginx as a plain reverse proxy (proxy_pass, pooled keep-alive
     }}
     server {{
         listen 127.0.0.1:{port} reuseport backlog=4096{listen_opts};
-        location / {{
+{server_extra}        location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -295,12 +295,13 @@ upstream = "origin"
 
 
 def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast_path=True,
-                         busy_poll_us=None, wrapper=(), max_connections=None):
+                         busy_poll_us=None, wrapper=(), max_connections=None, tls=None):
     """sluice's reverse proxy in front of one origin port or a round-robin group of them, under
     the runtime model `runtime` ("work-stealing" or "per-core"), with as many threads as the
     other proxies get (`ctx.proxy_threads`); `fast_path` is `server.h1_fast_path`;
     `busy_poll_us` sets `server.busy_poll_us` (None: the default); `wrapper` is put before the
-    command (callgrind); `max_connections` sets `server.max_connections` (the idle test)."""
+    command (callgrind); `max_connections` sets `server.max_connections` (the idle test); `tls`
+    (a `tls_budget.Certs`) makes the listener TLS (HTTP/2 and 1.1 by ALPN)."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-reverse")
@@ -310,7 +311,8 @@ def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast
         port=port, servers=servers, runtime=runtime, threads=ctx.proxy_threads,
         fast="true" if fast_path else "false",
         server_extra=("" if busy_poll_us is None else f"busy_poll_us = {busy_poll_us}\n")
-        + ("" if max_connections is None else f"max_connections = {max_connections}\n")))
+        + ("" if max_connections is None else f"max_connections = {max_connections}\n")
+        + ("" if tls is None else f'tls_cert = "{tls.cert}"\ntls_key = "{tls.key}"\n')))
     argv = [*wrapper, ctx.sluice_bin, "serve", "--config", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})
@@ -387,9 +389,10 @@ def _ports(upstream):
     return list(upstream) if isinstance(upstream, (list, tuple)) else [upstream]
 
 
-def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False):
+def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False, tls=None):
     """nginx `proxy_pass`; `connections` is worker_connections (the idle test raises it), `h2c`
-    makes the listener HTTP/2 by prior knowledge."""
+    makes the listener HTTP/2 by prior knowledge; `tls` (a `tls_budget.Certs`) makes it TLS with
+    HTTP/2 and 1.1 by ALPN, a shared session cache beside the default tickets."""
     nginx = ensure_binary("nginx")
     d = ctx.tempdir("nginx-proxy")
     port = procs.free_port()
@@ -397,7 +400,10 @@ def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False):
     conf = _write(d, "nginx.conf", NGINX_PROXY.format(
         workers=ctx.proxy_threads, dir=d, port=port, servers=servers,
         connections=connections, nofile=2 * connections + 1024,
-        listen_opts=" http2" if h2c else ""))
+        listen_opts=" ssl http2" if tls else " http2" if h2c else "",
+        server_extra="" if tls is None else (
+            f"        ssl_certificate {tls.cert};\n        ssl_certificate_key {tls.key};\n"
+            "        ssl_session_cache shared:SSL:10m;\n")))
     argv = [nginx, "-p", d, "-c", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
@@ -424,10 +430,11 @@ def start_varnish_pass(ctx, upstream_port, cpus):
 
 
 def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_polling=False,
-                       ulimit_n=None):
+                       ulimit_n=None, tls=None):
     """HAProxy `mode http`; `maxconn` and `ulimit_n` (the idle test raises the one and pins the
     other to the hard limit it may not exceed), `h2c` (`proto h2` on the bind), `busy_polling`
-    (its global `busy-polling`)."""
+    (its global `busy-polling`), `tls` (a `tls_budget.Certs`: `ssl crt` with ALPN h2 and
+    http/1.1; its session cache and tickets as shipped)."""
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy-http")
     port = procs.free_port()
@@ -437,7 +444,8 @@ def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_p
         threads=ctx.proxy_threads, port=port, servers=servers, maxconn=maxconn,
         global_extra=("    busy-polling\n" if busy_polling else "")
         + (f"    ulimit-n {ulimit_n}\n" if ulimit_n else ""),
-        bind_opts=" proto h2" if h2c else ""))
+        bind_opts=(f" ssl crt {tls.combined} alpn h2,http/1.1" if tls
+                   else " proto h2" if h2c else "")))
     argv = [haproxy, "-db", "-f", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)

@@ -43,6 +43,17 @@ def _budget_table(rows, sluice):
     return table(head, out)
 
 
+def _handshake_line(handshakes):
+    """How many TLS handshakes each peer's run resumed, per cell that made new connections."""
+    parts = []
+    for peer, by_cell in handshakes.items():
+        for cell, n in by_cell.items():
+            if n["full"] + n["resumed"] > 1000:
+                parts.append(f"{peer}, {cell.split(', ', 1)[-1]}: {n['resumed']:,} of "
+                             f"{n['full'] + n['resumed']:,} resumed")
+    return "TLS handshakes (warm-up included): " + "; ".join(parts) + "." if parts else ""
+
+
 def _open_table(rows):
     head = ["proxy", "offered req/s", "achieved req/s", "p50 ms", "p99 ms", "p99.9 ms",
             "max ms", "late sends", "errors", "CPU µs / req", "client core busy %"]
@@ -95,9 +106,13 @@ def render(result):
              "this machine's `perf stat -e instructions` says `<not supported>` (no PMU in "
              "the VM), so they come from callgrind on sluice's path where measured (see "
              "docs/decisions/)."), ""]
+    if result.get("note"):
+        md += [result["note"], ""]
     for mode, block in result.get("budget", {}).items():
         md += [f"**Busy polling {mode}** (closed loop). {_load(block.get('load'))}", "",
                _budget_table(block["rows"], sluice), ""]
+        if block.get("handshakes"):
+            md += [_handshake_line(block["handshakes"]), ""]
     cg = result.get("callgrind")
     if cg:
         if cg.get("status") == "ok":
@@ -106,6 +121,13 @@ def render(result):
                    f"{_f(cg['instructions_per_request'], 0)}.", ""]
         else:
             md += [f"**Instructions per request**: not measured ({cg.get('status')}).", ""]
+    per_cell = result.get("callgrind_cells")
+    if per_cell:
+        md += ["**Instructions per request** (callgrind, sluice's user-space path, ECDSA, c = 1 "
+               "connection, after a warm-up): " + "; ".join(
+                   f"{cell}: {_f(r.get('instructions_per_request'), 0)}"
+                   if r.get("status") == "ok" else f"{cell}: not measured ({r.get('status')})"
+                   for cell, r in per_cell.items()) + ".", ""]
     rates = result.get("open_rates")
     if rates:
         md += [f"**Open loop** at {', '.join(map(str, rates))} req/s (25/50/75 % of the slowest "
@@ -144,6 +166,7 @@ GOALS = {
            "open": ("nginx proxy_pass", "HAProxy http")},
     "S3": {"budget": [(("HAProxy tcp", "Go io.Copy"), 1.2)],
            "open": ("HAProxy tcp", "Go io.Copy")},
+    "TLS": {"budget": [(("nginx proxy_pass", "HAProxy http"), 1.2)], "open": ()},
 }
 
 

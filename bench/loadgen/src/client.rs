@@ -1,15 +1,21 @@
-//! One keep-alive HTTP/1.1 connection to a loopback target, and one measured, verified GET on it.
+//! One keep-alive connection to a loopback target (HTTP/1.1, or HTTP/2 over TLS), and one
+//! measured, verified GET on it.
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use sha2::{Digest, Sha256};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+use crate::tls::{Handshake, TlsClient};
 
 /// Where requests go. Only loopback addresses are accepted: the suite never sends load anywhere
 /// else.
@@ -20,16 +26,25 @@ pub struct Target {
     pub(crate) path_and_query: String,
     /// Extra request headers (e.g. `Range`), sent with every request.
     pub(crate) headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// `https://`: set by `with_tls`, which such a target needs.
+    pub(crate) secure: bool,
+    pub(crate) tls: Option<TlsClient>,
+    /// HTTP/2 (over TLS, by ALPN), with this many concurrent streams per connection.
+    pub(crate) h2_streams: Option<usize>,
 }
 
 impl Target {
     pub fn parse(url: &str) -> Result<Self> {
         let uri: http::Uri = url.parse().with_context(|| format!("bad url {url}"))?;
-        if uri.scheme_str() != Some("http") {
-            bail!("only http:// targets are supported: {url}");
-        }
+        let secure = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => bail!("only http:// and https:// targets are supported: {url}"),
+        };
         let authority = uri.authority().context("url has no host")?;
-        let port = authority.port_u16().unwrap_or(80);
+        let port = authority
+            .port_u16()
+            .unwrap_or(if secure { 443 } else { 80 });
         let addr = (authority.host(), port)
             .to_socket_addrs()?
             .next()
@@ -46,7 +61,34 @@ impl Target {
             host: authority.as_str().to_string(),
             path_and_query,
             headers: Vec::new(),
+            secure,
+            tls: None,
+            h2_streams: None,
         })
+    }
+
+    /// TLS for an `https://` target: trust `ca`, handshake as `handshake` says, and speak
+    /// HTTP/2 with `h2_streams` concurrent streams per connection when given.
+    pub fn with_tls(
+        mut self,
+        ca: Option<&std::path::Path>,
+        handshake: Handshake,
+        h2_streams: Option<usize>,
+    ) -> Result<Self> {
+        if !self.secure {
+            if ca.is_some() || h2_streams.is_some() || handshake != Handshake::Keep {
+                bail!("--ca, --handshake and --h2-streams need an https:// url");
+            }
+            return Ok(self);
+        }
+        let ca = ca.context("an https:// url needs --ca (the PEM file of the CA to trust)")?;
+        let host = self
+            .host
+            .rsplit_once(':')
+            .map_or(self.host.as_str(), |h| h.0);
+        self.tls = Some(TlsClient::new(ca, host, handshake, h2_streams.is_some())?);
+        self.h2_streams = h2_streams.map(|m| m.max(1));
+        Ok(self)
     }
 
     /// Adds `Name: value` request headers.
@@ -103,26 +145,100 @@ impl Outcome {
     }
 }
 
+/// The request half of an open HTTP/1.1 or HTTP/2 connection.
+enum Sender {
+    H1(http1::SendRequest<Empty<Bytes>>),
+    H2(http2::SendRequest<Empty<Bytes>>),
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
+    async fn ready(&mut self) -> hyper::Result<()> {
+        match self {
+            Sender::H1(s) => s.ready().await,
+            Sender::H2(s) => s.ready().await,
+        }
+    }
+
+    async fn send(
+        &mut self,
+        req: http::Request<Empty<Bytes>>,
+    ) -> hyper::Result<http::Response<Incoming>> {
+        match self {
+            Sender::H1(s) => s.send_request(req).await,
+            Sender::H2(s) => s.send_request(req).await,
+        }
+    }
+}
+
+/// The HTTP/2 connection that several `Conn`s (its streams) share.
+pub type SharedH2 = Arc<Mutex<Option<http2::SendRequest<Empty<Bytes>>>>>;
+
 /// A connection that reconnects when the server closed it.
 pub struct Conn {
     target: Arc<Target>,
-    sender: Option<SendRequest<Empty<Bytes>>>,
+    sender: Option<Sender>,
     /// New TCP connections opened after the first one.
     pub reconnects: u64,
+    /// TLS handshakes by kind.
+    pub tls_full: u64,
+    pub tls_resumed: u64,
     opened: bool,
     /// This connection's number in its pool: `{i}` in the target path is replaced by it, so each
     /// client of a round can ask for its own object.
     index: usize,
+    tls_config: Option<Arc<rustls::ClientConfig>>,
+    /// For HTTP/2: the connection this stream shares with others.
+    shared_h2: Option<SharedH2>,
+}
+
+/// `c` connections' worth of clients: one `Conn` each, or for HTTP/2 `streams` `Conn`s sharing
+/// each connection.
+pub fn pool(target: &Arc<Target>, c: usize) -> Vec<Conn> {
+    let streams = target.h2_streams.unwrap_or(1);
+    let slots: Vec<SharedH2> = (0..c).map(|_| SharedH2::default()).collect();
+    (0..c * streams)
+        .map(|i| {
+            let mut conn = Conn::with_index(target.clone(), i);
+            if target.h2_streams.is_some() {
+                conn.shared_h2 = Some(slots[i / streams].clone());
+            }
+            conn
+        })
+        .collect()
+}
+
+async fn handshake_h1<I>(io: I) -> Result<Sender>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        // The connection ends when the server closes it or the sender is dropped.
+        let _ = conn.await;
+    });
+    Ok(Sender::H1(sender))
 }
 
 impl Conn {
     pub fn with_index(target: Arc<Target>, index: usize) -> Self {
+        let tls_config = target.tls.as_ref().map(TlsClient::config_for_connection);
         Conn {
             target,
             sender: None,
             reconnects: 0,
+            tls_full: 0,
+            tls_resumed: 0,
             opened: false,
             index,
+            tls_config,
+            shared_h2: None,
         }
     }
 
@@ -134,20 +250,56 @@ impl Conn {
             }
         }
         self.sender = None;
+        if let Some(slot) = self.shared_h2.clone() {
+            let mut open = slot.lock().await;
+            if let Some(s) = open.as_ref().filter(|s| !s.is_closed()) {
+                let mut s = s.clone();
+                s.ready().await?;
+                self.sender = Some(Sender::H2(s));
+                return Ok(());
+            }
+            let Sender::H2(s) = self.connect().await? else {
+                bail!("no h2 connection");
+            };
+            *open = Some(s.clone());
+            self.sender = Some(Sender::H2(s));
+            return Ok(());
+        }
+        self.sender = Some(self.connect().await?);
+        Ok(())
+    }
+
+    /// A new TCP (and TLS) connection and its HTTP handshake.
+    async fn connect(&mut self) -> Result<Sender> {
         let stream = TcpStream::connect(self.target.addr).await?;
         stream.set_nodelay(true)?;
-        let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            // The connection ends when the server closes it or the sender is dropped.
-            let _ = conn.await;
-        });
+        let mut sender = match (&self.target.tls, &self.tls_config) {
+            (Some(tls), Some(config)) => {
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                let io = connector.connect(tls.server_name.clone(), stream).await?;
+                match io.get_ref().1.handshake_kind() {
+                    Some(rustls::HandshakeKind::Resumed) => self.tls_resumed += 1,
+                    _ => self.tls_full += 1,
+                }
+                if self.target.h2_streams.is_some() {
+                    let (sender, conn) =
+                        http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await?;
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    Sender::H2(sender)
+                } else {
+                    handshake_h1(io).await?
+                }
+            }
+            _ => handshake_h1(stream).await?,
+        };
         sender.ready().await?;
-        self.sender = Some(sender);
         if self.opened {
             self.reconnects += 1;
         }
         self.opened = true;
-        Ok(())
+        Ok(sender)
     }
 
     /// One GET, read to the end, checked against `expect`, bounded by `timeout`.
@@ -181,9 +333,22 @@ impl Conn {
         } else {
             path.clone()
         };
-        let mut builder = http::Request::get(path.as_str())
-            .header(http::header::HOST, self.target.host.as_str())
-            .header(http::header::USER_AGENT, "sluice-loadgen");
+        let h2 = self.target.h2_streams.is_some();
+        let per_request = self
+            .target
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.handshake != Handshake::Keep);
+        let mut builder = if h2 {
+            // HTTP/2 takes the authority from the URI (`:authority`), not from `Host`.
+            http::Request::get(format!("https://{}{path}", self.target.host))
+        } else {
+            http::Request::get(path.as_str()).header(http::header::HOST, self.target.host.as_str())
+        };
+        builder = builder.header(http::header::USER_AGENT, "sluice-loadgen");
+        if per_request && !h2 {
+            builder = builder.header(http::header::CONNECTION, "close");
+        }
         for (name, value) in &self.target.headers {
             builder = builder.header(name, value);
         }
@@ -191,7 +356,7 @@ impl Conn {
             Ok(r) => r,
             Err(_) => return Outcome::failed("request", start),
         };
-        let resp = match sender.send_request(req).await {
+        let resp = match sender.send(req).await {
             Ok(r) => r,
             Err(_) => return Outcome::failed("send", start),
         };
@@ -214,6 +379,10 @@ impl Conn {
             }
         }
         let total = start.elapsed();
+        if per_request {
+            // The next request opens (and handshakes) a new connection.
+            self.sender = None;
+        }
         let error = if status != expect.status {
             Some(format!("status_{status}"))
         } else if expect.len.is_some_and(|len| len != bytes) {
@@ -255,7 +424,8 @@ mod tests {
     #[test]
     fn rejects_non_loopback() {
         assert!(Target::parse("http://10.0.0.1:80/x").is_err());
-        assert!(Target::parse("https://127.0.0.1/x").is_err());
+        assert!(Target::parse("ftp://127.0.0.1/x").is_err());
+        assert!(Target::parse("https://127.0.0.1/x").unwrap().secure);
         let t = Target::parse("http://127.0.0.1:8080/a?b=c").unwrap();
         assert_eq!(t.path_and_query, "/a?b=c");
         assert_eq!(t.host, "127.0.0.1:8080");

@@ -1,6 +1,6 @@
 //! Duration mode: requests/s over c keep-alive connections for T seconds, bounded in count too.
 
-use crate::client::{Conn, Expect, Target};
+use crate::client::{self, Conn, Expect, Target};
 use crate::meter::{Meter, Window};
 use crate::procstat::{Background, TreeSampler, Usage};
 use crate::stats::Latency;
@@ -42,6 +42,9 @@ pub struct Report {
     pub ttfb: Latency,
     pub hashed: usize,
     pub reconnects: u64,
+    /// TLS handshakes over the whole run (warm-up included), by kind.
+    pub tls_full_handshakes: u64,
+    pub tls_resumed_handshakes: u64,
     pub usage: Option<Usage>,
     /// The proxy's cgroup CPU and the client core's busy share over the timed window.
     pub window: Window,
@@ -105,9 +108,7 @@ async fn run_phase(
 
 pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) -> Report {
     let expect = Arc::new(expect);
-    let mut pool: Vec<Conn> = (0..cfg.c)
-        .map(|i| Conn::with_index(target.clone(), i))
-        .collect();
+    let mut pool = client::pool(&target, cfg.c);
     for conn in pool.iter_mut() {
         let _ = conn.ready().await;
     }
@@ -162,6 +163,8 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
         ttfb: Latency::from_samples(&ttfbs),
         hashed,
         reconnects: pool.iter().map(|c| c.reconnects).sum(),
+        tls_full_handshakes: pool.iter().map(|c| c.tls_full).sum(),
+        tls_resumed_handshakes: pool.iter().map(|c| c.tls_resumed).sum(),
         usage,
         cpu_us_per_request: window
             .cgroup_cpu_us

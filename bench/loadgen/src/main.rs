@@ -29,6 +29,7 @@ mod origin;
 mod procstat;
 mod rate;
 mod stats;
+mod tls;
 mod tsgen;
 
 use anyhow::{Context, Result};
@@ -167,7 +168,7 @@ struct HlsArgs {
 
 #[derive(Args)]
 struct Common {
-    /// Target URL; must be http:// on a loopback address.
+    /// Target URL; must be http:// or https:// on a loopback address.
     #[arg(long)]
     url: String,
     #[arg(long, default_value_t = 200)]
@@ -199,6 +200,24 @@ struct Common {
     /// The core the client runs on: its busy share in the timed window is reported.
     #[arg(long)]
     client_core: Option<usize>,
+    /// PEM file of the CA an https:// target's certificate must chain to.
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
+    /// TLS handshakes (HTTP/1.1): `keep` (keep-alive), `full` (a new connection and a full
+    /// handshake per request), `resume` (a new connection per request, resuming the last session).
+    #[arg(long, value_enum, default_value = "keep")]
+    handshake: tls::Handshake,
+    /// HTTP/2 over TLS (ALPN h2) with this many concurrent streams per connection.
+    #[arg(long)]
+    h2_streams: Option<usize>,
+}
+
+impl Common {
+    fn target(&self) -> Result<client::Target> {
+        client::Target::parse(&self.url)?
+            .with_headers(&self.headers)?
+            .with_tls(self.ca.as_deref(), self.handshake, self.h2_streams)
+    }
 }
 
 #[derive(Args)]
@@ -326,7 +345,7 @@ fn main() -> Result<()> {
     let json = match Cli::parse().cmd {
         Cmd::Batch(a) => {
             let c = &a.common;
-            let target = Arc::new(client::Target::parse(&c.url)?.with_headers(&c.headers)?);
+            let target = Arc::new(c.target()?);
             let cfg = batch::Config {
                 levels: a.levels.clone(),
                 rounds: a.rounds,
@@ -345,7 +364,7 @@ fn main() -> Result<()> {
         }
         Cmd::Duration(a) => {
             let c = &a.common;
-            let target = Arc::new(client::Target::parse(&c.url)?.with_headers(&c.headers)?);
+            let target = Arc::new(c.target()?);
             let cfg = duration::Config {
                 c: a.c.max(1),
                 secs: secs(a.secs),
@@ -364,7 +383,7 @@ fn main() -> Result<()> {
         }
         Cmd::Rate(a) => {
             let c = &a.common;
-            let target = Arc::new(client::Target::parse(&c.url)?.with_headers(&c.headers)?);
+            let target = Arc::new(c.target()?);
             let cfg = rate::Config {
                 rate: a.rate,
                 c: a.c.max(1),

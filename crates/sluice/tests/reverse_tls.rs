@@ -162,3 +162,104 @@ tls_sni = "origin.test"
     let r = get(&p.url("/"), &[("host", "site.test")]).await;
     assert_eq!(r.status, http::StatusCode::BAD_GATEWAY);
 }
+
+/// One TLS connection to `addr` with `config`: a `GET /size/1000` read to the end (so the
+/// session tickets sent after the handshake arrive), returning whether the handshake resumed a
+/// session, the cipher suite and the response's bytes.
+async fn fetch_over_tls(
+    addr: std::net::SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+) -> (bool, rustls::CipherSuite, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connector = tokio_rustls::TlsConnector::from(config.clone());
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("site.test").unwrap(), tcp)
+        .await
+        .unwrap();
+    let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+    let suite = tls.get_ref().1.negotiated_cipher_suite().unwrap().suite();
+    tls.write_all(b"GET /size/1000 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = tls.read_to_end(&mut got).await;
+    (resumed, suite, got)
+}
+
+/// Clients resume their TLS sessions: TLS 1.3 by ticket, TLS 1.2 by ticket and by session ID
+/// alone, and a reload (which builds new server settings) keeps the sessions clients hold. The
+/// server picks AES-128-GCM even for clients that list AES-256 first (rustls does).
+#[tokio::test]
+async fn downstream_sessions_resume_across_a_reload() {
+    let cert = Cert::new(&["site.test"]);
+    let o = echo("o").await;
+    let text = format!(
+        "[server]\ntls_cert = \"{}\"\ntls_key = \"{}\"\n[[upstreams]]\nname = \"app\"\n\
+         servers = [\"{o}\"]\n[[routes]]\nupstream = \"app\"\n",
+        cert.cert.path().display(),
+        cert.key.path().display(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = config(&text);
+    let app = sluice::app::App::new(&cfg).unwrap();
+    let server = sluice::server::Server::from_listeners(vec![listener], &cfg.server, app).unwrap();
+    let handle = server.tls_handle();
+    tokio::spawn(server.run(std::future::pending()));
+
+    let client = |versions: &[&'static rustls::SupportedProtocolVersion],
+                  tls12: rustls::client::Tls12Resumption| {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from(cert.der.clone())).unwrap();
+        let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(versions)
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        c.resumption = rustls::client::Resumption::in_memory_sessions(8).tls12_resumption(tls12);
+        Arc::new(c)
+    };
+    use rustls::client::Tls12Resumption::{SessionIdOnly, SessionIdOrTickets};
+    let clients = [
+        (
+            "TLS 1.3",
+            client(&[&rustls::version::TLS13], SessionIdOrTickets),
+        ),
+        (
+            "TLS 1.2, tickets",
+            client(&[&rustls::version::TLS12], SessionIdOrTickets),
+        ),
+        (
+            "TLS 1.2, session IDs",
+            client(&[&rustls::version::TLS12], SessionIdOnly),
+        ),
+    ];
+    let want = pattern(1000);
+    let ends_with_body = |got: &[u8]| got.starts_with(b"HTTP/1.1 200") && got.ends_with(&want[..]);
+    for (name, c) in &clients {
+        let (resumed, suite, got) = fetch_over_tls(addr, c).await;
+        assert!(!resumed && ends_with_body(&got), "{name}: first connection");
+        let want_suite = if name.starts_with("TLS 1.3") {
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+        } else {
+            rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        };
+        assert_eq!(suite, want_suite, "{name}");
+        let (resumed, _, got) = fetch_over_tls(addr, c).await;
+        assert!(resumed, "{name}: the second connection did not resume");
+        assert!(ends_with_body(&got), "{name}: resumed connection's answer");
+    }
+
+    // A reload builds new server settings; the sessions clients hold still resume.
+    let prepare = sluice::server::reload::tls_part(handle);
+    let commit = prepare(&config(&text)).unwrap();
+    commit();
+    for (name, c) in &clients {
+        let (resumed, _, got) = fetch_over_tls(addr, c).await;
+        assert!(resumed, "{name}: no resumption after a reload");
+        assert!(ends_with_body(&got), "{name}: answer after a reload");
+    }
+}

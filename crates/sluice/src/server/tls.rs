@@ -1,5 +1,6 @@
 //! Downstream TLS: certificates and keys from PEM files, chosen by SNI (exact name, then the longest
-//! `*.domain` wildcard, then the default certificate), ALPN h2 and http/1.1.
+//! `*.domain` wildcard, then the default certificate), ALPN h2 and http/1.1, session resumption
+//! (rotating tickets and a session-ID cache) on by default.
 //!
 //! The config type is always built, so one config file serves every build; the rustls part
 //! (`sni`) only with the `tls` feature.
@@ -9,7 +10,11 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "tls")]
+mod resume;
+#[cfg(feature = "tls")]
 mod sni;
+#[cfg(feature = "tls")]
+mod suites;
 #[cfg(feature = "tls")]
 pub use sni::{server_config, sni_server_config, sni_server_config_with, Managed};
 

@@ -1,5 +1,6 @@
 //! rustls server settings from PEM files, the certificate chosen by SNI (exact name, then the
-//! longest `*.domain` wildcard, then the default certificate), ALPN h2 and http/1.1.
+//! longest `*.domain` wildcard, then the default certificate), ALPN h2 and http/1.1, the
+//! server's cipher suite order (`suites`) and session resumption (`resume`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -35,7 +36,7 @@ pub fn sni_server_config_with(
     by_name: &[CertConfig],
     acme: Option<Managed>,
 ) -> anyhow::Result<Arc<ServerConfig>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(super::suites::provider());
     let load = |cert: &Path, key: &Path| -> anyhow::Result<Arc<CertifiedKey>> {
         // PEM read by `rustls-pki-types` (`rustls-pemfile` is unmaintained, RUSTSEC-2025-0134).
         let certs = CertificateDer::pem_file_iter(cert)
@@ -94,6 +95,8 @@ pub fn sni_server_config_with(
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
+    config.ignore_client_order = true;
+    super::resume::enable(&mut config);
     config.alpn_protocols = if cfg!(feature = "http2") {
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     } else {
