@@ -20,7 +20,7 @@ pub mod xtream;
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use prometheus_client::registry::Registry;
 
 use crate::auth::Keys;

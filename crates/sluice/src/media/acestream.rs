@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use sluice_media::acestream::Content;
 use sluice_media::query::Query;
 

@@ -4,7 +4,7 @@
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use serde::Serialize;
 use sluice_media::{b64url, generate};
 

@@ -4,7 +4,7 @@
 //! only in the bodies or headers of the POSTs they make.
 
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sluice_media::m3u::{self, Endpoint, Fetched, ProxyTarget, Source};
 use sluice_media::query::Query;

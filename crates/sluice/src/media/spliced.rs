@@ -9,7 +9,7 @@ use http::header::{self, HeaderMap};
 use http::{Method, Request, Response};
 use http_body::Frame;
 use http_body_util::StreamBody;
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use sluice_http::response_head::BodyLength;
 use sluice_media::query::ProxyParams;

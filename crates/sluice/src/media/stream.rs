@@ -6,7 +6,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use sluice_media::query::ProxyParams;
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use sluice_media::mpegts::unwrap::{self, Outcome, TsUnwrap};
 use sluice_media::query::{ProxyParams, Query};
 

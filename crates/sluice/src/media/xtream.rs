@@ -8,7 +8,7 @@
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use sluice_media::query::{ProxyParams, Query};
 use sluice_media::token::sealed;
 use sluice_media::xtream::rewrite::Rewriter;

@@ -1,0 +1,116 @@
+//! One HTTP/3 connection: accepts request streams until the client goes, the connection idles
+//! out, or the server drains (GOAWAY, in-flight requests finish, then the connection closes).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use super::exchange;
+use crate::app::App;
+use crate::server::activity::Activity;
+use crate::server::routes::ListenerId;
+
+/// H3_NO_ERROR: the application close code of a connection that ends normally.
+const H3_NO_ERROR: u32 = 0x100;
+
+/// What every connection of one endpoint shares.
+pub struct Settings {
+    pub app: Arc<App>,
+    pub listener: ListenerId,
+    /// `server.idle_timeout_secs`: no request in flight for this long closes the connection.
+    pub idle: Duration,
+    /// `server.send_timeout_secs`, per response stream.
+    pub send_timeout: Duration,
+    /// `server.max_header_bytes`, as HTTP/3's `SETTINGS_MAX_FIELD_SECTION_SIZE`.
+    pub max_field_section_size: u64,
+    pub stop: watch::Receiver<bool>,
+    pub tracker: TaskTracker,
+}
+
+/// What the request streams of one connection share.
+pub struct Shared {
+    pub app: Arc<App>,
+    pub listener: ListenerId,
+    pub activity: Arc<Activity>,
+    pub send_timeout: Duration,
+    pub requests: Counter,
+}
+
+/// What woke the connection loop.
+enum Event {
+    Accepted(Result<Option<h3::server::RequestResolver<h3_quinn::Connection, Bytes>>, h3::error::ConnectionError>),
+    Stop(bool),
+    Tick,
+}
+
+/// Serves one established QUIC connection to its end.
+pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
+    let peer: SocketAddr = quic.remote_address();
+    let built = h3::server::builder()
+        .max_field_section_size(settings.max_field_section_size)
+        .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
+        .await;
+    let mut h3 = match built {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "HTTP/3 connection set-up failed");
+            return;
+        }
+    };
+    let shared = Arc::new(Shared {
+        app: settings.app.clone(),
+        listener: settings.listener,
+        activity: Activity::new(),
+        send_timeout: settings.send_timeout,
+        requests: settings.app.http_metrics().protocol.http3.clone(),
+    });
+    let mut stop = settings.stop.clone();
+    let mut draining = false;
+    let mut goaway = *stop.borrow();
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        if goaway && !draining {
+            draining = true;
+            // GOAWAY: the requests already accepted finish here; the client sends new ones on a
+            // new connection.
+            if let Err(e) = h3.shutdown(0).await {
+                tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
+                break;
+            }
+        }
+        let event = tokio::select! {
+            accepted = h3.accept() => Event::Accepted(accepted),
+            changed = stop.changed(), if !goaway => Event::Stop(changed.is_err() || *stop.borrow()),
+            _ = ticker.tick() => Event::Tick,
+        };
+        match event {
+            Event::Accepted(Ok(Some(resolver))) => {
+                settings
+                    .tracker
+                    .spawn(exchange::serve(resolver, shared.clone(), peer));
+            }
+            Event::Accepted(Ok(None)) => break,
+            Event::Accepted(Err(e)) => {
+                if !e.is_h3_no_error() {
+                    tracing::debug!(%peer, error = %e, "HTTP/3 connection ended with an error");
+                }
+                break;
+            }
+            Event::Stop(stopping) => goaway = stopping,
+            Event::Tick => {
+                let idle = shared.activity.idle_for();
+                // Draining: closed as soon as nothing is in flight; otherwise after the idle
+                // timeout with nothing in flight.
+                if idle.is_some_and(|d| draining || d >= settings.idle) {
+                    break;
+                }
+            }
+        }
+    }
+    quic.close(H3_NO_ERROR.into(), b"");
+}
