@@ -23,6 +23,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# The HTTP/3 tests' client (aioquic from PyPI, in a venv under target/).
+./scripts/aioquic-venv
+
 # Multicast tests join groups on the loopback interface only.
 if command -v ip >/dev/null 2>&1; then
   ip link set lo multicast on 2>/dev/null || true

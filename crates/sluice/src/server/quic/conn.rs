@@ -53,6 +53,9 @@ pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
     let peer: SocketAddr = quic.remote_address();
     let built = h3::server::builder()
         .max_field_section_size(settings.max_field_section_size)
+        // No GREASE frames: h3 puts one after a response's last DATA frame, and clients on
+        // aioquic then never see the response end (the FIN arrives with the unknown frame).
+        .send_grease(false)
         .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
         .await;
     let mut h3 = match built {
