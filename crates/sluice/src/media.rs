@@ -19,8 +19,8 @@ pub mod xtream;
 
 use std::sync::Arc;
 
-use http::{Method, Request, Response, StatusCode};
 use crate::body::Incoming;
+use http::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 
 use crate::auth::Keys;

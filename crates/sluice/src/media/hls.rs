@@ -7,9 +7,9 @@
 
 pub mod options;
 
+use crate::body::Incoming;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use crate::body::Incoming;
 use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;

@@ -3,8 +3,8 @@
 //! third-party origin). They fetch nothing upstream, so they need no password; the forms send it
 //! only in the bodies or headers of the POSTs they make.
 
-use http::{header, HeaderValue, Request, Response, StatusCode};
 use crate::body::Incoming;
+use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;

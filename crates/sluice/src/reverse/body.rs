@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::body::Incoming;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use crate::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use super::h1pool::UpstreamBody;

@@ -6,10 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::body::Incoming;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use crate::body::Incoming;
 use sluice_http::framing::{self, Framing};
 use sluice_http::{fields, forwarded, hop};
 use tokio::time::Instant;

@@ -87,7 +87,10 @@ impl Http3Config {
         }
         for (name, value) in [
             ("max_connections", self.max_connections as u64),
-            ("max_concurrent_streams", u64::from(self.max_concurrent_streams)),
+            (
+                "max_concurrent_streams",
+                u64::from(self.max_concurrent_streams),
+            ),
             ("max_handshakes", self.max_handshakes as u64),
         ] {
             if value == 0 {

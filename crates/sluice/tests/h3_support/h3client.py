@@ -104,6 +104,29 @@ class Client(QuicConnectionProtocol):
         return ex
 
 
+def qpack_int(value, prefix_bits, first):
+    """An integer with an N-bit prefix (RFC 9204 §4.1.1), the prefix's high bits from `first`."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = [first | limit]
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def qpack_literals(fields):
+    """A QPACK field section with no dynamic table: every field a literal with a literal name."""
+    out = b"\x00\x00"
+    for name, value in fields:
+        out += qpack_int(len(name), 3, 0x20) + name
+        out += qpack_int(len(value), 7, 0x00) + value
+    return out
+
+
 def configuration(plan):
     c = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
     c.verify_mode = ssl.CERT_NONE
@@ -150,11 +173,22 @@ async def run(plan):
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()
         elif attack == "big-headers":
-            ex = client.request(
-                plan.get("authority", "127.0.0.1"),
-                plan["then"],
-                [["x-big", "a" * plan["size"]]],
+            # A head over the server's SETTINGS_MAX_FIELD_SECTION_SIZE (aioquic's encoder would
+            # refuse to write it, so the field section is encoded here).
+            fields = [
+                (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"),
+                (b":path", plan["then"].encode()), (b"x-big", b"a" * plan["size"]),
+            ]
+            sid = q.get_next_available_stream_id()
+            ex = Exchange()
+            client.exchanges[sid] = ex
+            block = qpack_literals(fields)
+            q.send_stream_data(
+                sid,
+                encode_uint_var(FrameType.HEADERS) + encode_uint_var(len(block)) + block,
+                end_stream=True,
             )
+            client.transmit()
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()
         elif attack == "too-many-streams":

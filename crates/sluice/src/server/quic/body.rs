@@ -30,7 +30,9 @@ impl H3Body {
     pub fn new(mut recv: Recv, length: Option<u64>) -> H3Body {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let (first, ended) = match recv.poll_recv_data(&mut cx) {
-            Poll::Ready(Ok(Some(mut chunk))) => (Some(chunk.copy_to_bytes(chunk.remaining())), false),
+            Poll::Ready(Ok(Some(mut chunk))) => {
+                (Some(chunk.copy_to_bytes(chunk.remaining())), false)
+            }
             Poll::Ready(Ok(None)) => (None, true),
             // An error is reported on the first read; pending means more is coming.
             Poll::Ready(Err(_)) | Poll::Pending => (None, false),

@@ -14,6 +14,7 @@ use super::exchange;
 use crate::app::App;
 use crate::server::activity::Activity;
 use crate::server::routes::ListenerId;
+use crate::server::DRAIN_IDLE;
 
 /// H3_NO_ERROR: the application close code of a connection that ends normally.
 const H3_NO_ERROR: u32 = 0x100;
@@ -43,7 +44,12 @@ pub struct Shared {
 
 /// What woke the connection loop.
 enum Event {
-    Accepted(Result<Option<h3::server::RequestResolver<h3_quinn::Connection, Bytes>>, h3::error::ConnectionError>),
+    Accepted(
+        Result<
+            Option<h3::server::RequestResolver<h3_quinn::Connection, Bytes>>,
+            h3::error::ConnectionError,
+        >,
+    ),
     Stop(bool),
     Tick,
 }
@@ -76,6 +82,7 @@ pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
     let mut draining = false;
     let mut goaway = *stop.borrow();
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    let mut last_traffic = 0;
     loop {
         if goaway && !draining {
             draining = true;
@@ -106,10 +113,15 @@ pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
             }
             Event::Stop(stopping) => goaway = stopping,
             Event::Tick => {
-                let idle = shared.activity.idle_for();
-                // Draining: closed as soon as nothing is in flight; otherwise after the idle
-                // timeout with nothing in flight.
-                if idle.is_some_and(|d| draining || d >= settings.idle) {
+                // A finished response may still sit in QUIC's send buffer, and a close discards
+                // it: the connection closes only once it has also gone quiet (no datagram either
+                // way for a tick, so nothing left to send or acknowledge).
+                let stats = quic.stats();
+                let traffic = stats.udp_tx.bytes + stats.udp_rx.bytes;
+                let quiet = std::mem::replace(&mut last_traffic, traffic) == traffic;
+                // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining.
+                let limit = if draining { DRAIN_IDLE } else { settings.idle };
+                if quiet && shared.activity.idle_for().is_some_and(|d| d >= limit) {
                     break;
                 }
             }

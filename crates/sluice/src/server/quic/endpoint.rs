@@ -205,7 +205,10 @@ impl Accepting {
 }
 
 /// Counts one in the given gauge and counter while alive.
-struct Held<'a>(&'a AtomicUsize, &'a prometheus_client::metrics::gauge::Gauge);
+struct Held<'a>(
+    &'a AtomicUsize,
+    &'a prometheus_client::metrics::gauge::Gauge,
+);
 
 impl<'a> Held<'a> {
     fn new(count: &'a AtomicUsize, gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {

@@ -22,6 +22,10 @@ pub async fn serve(
     shared: std::sync::Arc<Shared>,
     peer: SocketAddr,
 ) {
+    // The connection counts this stream in flight until its response is sent (the handler's
+    // own guard may end with the response head), so neither the idle timeout nor a drain closes
+    // the connection under a body still going out.
+    let _stream = shared.activity.begin();
     let (req, stream) = match resolver.resolve_request().await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
