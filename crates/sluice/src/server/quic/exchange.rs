@@ -14,7 +14,7 @@ use super::body::H3Body;
 use super::conn::Shared;
 use crate::body::Incoming;
 
-type Send = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+type Responder = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Serves one request stream to its end.
 pub async fn serve(
@@ -66,7 +66,7 @@ enum SendError {
 }
 
 async fn respond(
-    send: &mut Send,
+    send: &mut Responder,
     resp: Response<crate::body::Body>,
     limit: Duration,
 ) -> Result<(), SendError> {
