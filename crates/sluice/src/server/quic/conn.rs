@@ -42,14 +42,12 @@ pub struct Shared {
     pub requests: Counter,
 }
 
+type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+
 /// What woke the connection loop.
 enum Event {
-    Accepted(
-        Result<
-            Option<h3::server::RequestResolver<h3_quinn::Connection, Bytes>>,
-            h3::error::ConnectionError,
-        >,
-    ),
+    /// The next request stream (boxed: the resolver is large beside the other events).
+    Accepted(Result<Option<Box<Resolver>>, h3::error::ConnectionError>),
     Stop(bool),
     Tick,
 }
@@ -94,7 +92,7 @@ pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
             }
         }
         let event = tokio::select! {
-            accepted = h3.accept() => Event::Accepted(accepted),
+            accepted = h3.accept() => Event::Accepted(accepted.map(|r| r.map(Box::new))),
             changed = stop.changed(), if !goaway => Event::Stop(changed.is_err() || *stop.borrow()),
             _ = ticker.tick() => Event::Tick,
         };

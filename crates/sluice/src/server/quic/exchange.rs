@@ -18,7 +18,7 @@ type Responder = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Serves one request stream to its end.
 pub async fn serve(
-    resolver: RequestResolver<h3_quinn::Connection, Bytes>,
+    resolver: Box<RequestResolver<h3_quinn::Connection, Bytes>>,
     shared: std::sync::Arc<Shared>,
     peer: SocketAddr,
 ) {
