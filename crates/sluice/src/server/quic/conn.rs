@@ -11,17 +11,16 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::exchange;
-use crate::app::App;
 use crate::server::activity::Activity;
-use crate::server::routes::ListenerId;
+use crate::server::handler::{Handler, ListenerId};
 use crate::server::DRAIN_IDLE;
 
 /// H3_NO_ERROR: the application close code of a connection that ends normally.
 const H3_NO_ERROR: u32 = 0x100;
 
 /// What every connection of one endpoint shares.
-pub struct Settings {
-    pub app: Arc<App>,
+pub struct Settings<H> {
+    pub handler: Arc<H>,
     pub listener: ListenerId,
     /// `server.idle_timeout_secs`: no request in flight for this long closes the connection.
     pub idle: Duration,
@@ -34,8 +33,8 @@ pub struct Settings {
 }
 
 /// What the request streams of one connection share.
-pub struct Shared {
-    pub app: Arc<App>,
+pub struct Shared<H> {
+    pub handler: Arc<H>,
     pub listener: ListenerId,
     pub activity: Arc<Activity>,
     pub send_timeout: Duration,
@@ -53,7 +52,7 @@ enum Event {
 }
 
 /// Serves one established QUIC connection to its end.
-pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
+pub async fn serve<H: Handler>(quic: quinn::Connection, settings: Arc<Settings<H>>) {
     let peer: SocketAddr = quic.remote_address();
     let built = h3::server::builder()
         .max_field_section_size(settings.max_field_section_size)
@@ -70,11 +69,11 @@ pub async fn serve(quic: quinn::Connection, settings: Arc<Settings>) {
         }
     };
     let shared = Arc::new(Shared {
-        app: settings.app.clone(),
+        handler: settings.handler.clone(),
         listener: settings.listener,
         activity: Activity::new(),
         send_timeout: settings.send_timeout,
-        requests: settings.app.http_metrics().protocol.http3.clone(),
+        requests: settings.handler.http_metrics().protocol.http3.clone(),
     });
     let mut stop = settings.stop.clone();
     let mut draining = false;

@@ -14,10 +14,9 @@ use tokio_util::task::TaskTracker;
 
 use super::conn::{self, Settings};
 use super::Http3Config;
-use crate::app::App;
 use crate::config::ServerConfig;
 use crate::metrics::protocol::ProtocolMetrics;
-use crate::server::routes::ListenerId;
+use crate::server::handler::{Handler, ListenerId};
 use crate::server::TlsHandle;
 
 /// Unidirectional streams a client may open: HTTP/3's control stream, the two QPACK streams,
@@ -71,11 +70,11 @@ struct Accepting {
 impl Bound {
     /// Starts serving on the current runtime: connections and requests are tasks of `tracker`,
     /// and drain when `stop` turns true.
-    pub fn serve(
+    pub fn serve<H: Handler>(
         self,
         server: &ServerConfig,
         tls: TlsHandle,
-        app: Arc<App>,
+        handler: Arc<H>,
         stop: watch::Receiver<bool>,
         tracker: TaskTracker,
     ) -> anyhow::Result<Endpoints> {
@@ -85,8 +84,8 @@ impl Bound {
             tls,
             idle,
             handshake_timeout: Duration::from_secs(server.tls_handshake_timeout_secs),
-            metrics: app.http_metrics().protocol.clone(),
-            handshake_timeouts: app.http_metrics().tls_handshake_timeouts.clone(),
+            metrics: handler.http_metrics().protocol.clone(),
+            handshake_timeouts: handler.http_metrics().tls_handshake_timeouts.clone(),
             open: AtomicUsize::new(0),
             handshaking: AtomicUsize::new(0),
         });
@@ -108,7 +107,7 @@ impl Bound {
                 tracing::info!(%addr, "HTTP/3 listening (udp)");
             }
             let settings = Arc::new(Settings {
-                app: app.clone(),
+                handler: handler.clone(),
                 listener,
                 idle,
                 send_timeout: Duration::from_secs(server.send_timeout_secs),
@@ -225,10 +224,10 @@ impl Drop for Held<'_> {
     }
 }
 
-async fn accept_loop(
+async fn accept_loop<H: Handler>(
     endpoint: quinn::Endpoint,
     accepting: Arc<Accepting>,
-    settings: Arc<Settings>,
+    settings: Arc<Settings<H>>,
     mut tls: Arc<rustls::ServerConfig>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
@@ -266,7 +265,7 @@ async fn accept_loop(
             match done {
                 Ok(Ok(connection)) => {
                     let _open = Held::new(&accepting.open, &accepting.metrics.quic_open);
-                    settings.app.connection_accepted();
+                    settings.handler.connection_accepted();
                     conn::serve(connection, settings).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "QUIC handshake failed"),

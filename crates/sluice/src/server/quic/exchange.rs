@@ -13,13 +13,14 @@ use http_body_util::BodyExt;
 use super::body::H3Body;
 use super::conn::Shared;
 use crate::body::Incoming;
+use crate::server::handler::Handler;
 
 type Responder = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Serves one request stream to its end.
-pub async fn serve(
+pub async fn serve<H: Handler>(
     resolver: Box<RequestResolver<h3_quinn::Connection, Bytes>>,
-    shared: std::sync::Arc<Shared>,
+    shared: std::sync::Arc<Shared<H>>,
     peer: SocketAddr,
 ) {
     // The connection counts this stream in flight until its response is sent (the handler's
@@ -43,11 +44,11 @@ pub async fn serve(
     req.extensions_mut().insert(shared.listener);
     shared.requests.inc();
     let guard = shared.activity.begin();
-    let resp = shared.app.handle(req, peer, true, guard).await;
+    let resp = shared.handler.handle(req, peer, true, guard).await;
     match respond(&mut send, resp, shared.send_timeout).await {
         Ok(()) => {}
         Err(SendError::Stalled(_)) => {
-            shared.app.http_metrics().send_timeouts.inc();
+            shared.handler.http_metrics().send_timeouts.inc();
             tracing::debug!(%peer, "HTTP/3 stream not read: send timeout");
         }
         Err(e) => tracing::debug!(%peer, error = %e, "HTTP/3 response not finished"),
