@@ -25,6 +25,8 @@ fi
 
 # The ACME tests: Pebble and its DNS test server (Go module proxy), BIND 9 (Debian).
 ./scripts/acme-tools
+# The HTTP/3 tests' client (aioquic from PyPI, in a venv under target/).
+./scripts/aioquic-venv
 
 # Multicast tests join groups on the loopback interface only.
 if command -v ip >/dev/null 2>&1; then

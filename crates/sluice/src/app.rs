@@ -15,8 +15,8 @@ mod tokens;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::body::Incoming;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
 pub use crate::auth::token::TokenScope;

@@ -39,3 +39,71 @@ where
 {
     body.map_err(Into::into).boxed_unsync()
 }
+
+/// A request body as it arrives from the client: hyper's own (HTTP/1.1, HTTP/2), or one the server
+/// adapts from another transport (HTTP/3). Front ends read it only through `http_body::Body`, so
+/// every protocol takes the same request path.
+pub enum Incoming {
+    Hyper(hyper::body::Incoming),
+    Adapted(std::pin::Pin<Box<dyn http_body::Body<Data = Bytes, Error = BoxError> + Send + Sync>>),
+}
+
+/// Why reading a request body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// The adapted transport's own failure (the client reset the stream, the connection closed).
+    #[error("{0}")]
+    Adapted(BoxError),
+}
+
+impl Incoming {
+    /// A body from another transport.
+    pub fn adapted<B>(body: B) -> Incoming
+    where
+        B: http_body::Body<Data = Bytes, Error = BoxError> + Send + Sync + 'static,
+    {
+        Incoming::Adapted(Box::pin(body))
+    }
+}
+
+impl From<hyper::body::Incoming> for Incoming {
+    fn from(body: hyper::body::Incoming) -> Incoming {
+        Incoming::Hyper(body)
+    }
+}
+
+impl http_body::Body for Incoming {
+    type Data = Bytes;
+    type Error = ReadError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, ReadError>>> {
+        match self.get_mut() {
+            Incoming::Hyper(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(ReadError::Hyper))),
+            Incoming::Adapted(b) => b
+                .as_mut()
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(ReadError::Adapted))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Incoming::Hyper(b) => b.is_end_stream(),
+            Incoming::Adapted(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Incoming::Hyper(b) => b.size_hint(),
+            Incoming::Adapted(b) => b.size_hint(),
+        }
+    }
+}

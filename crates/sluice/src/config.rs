@@ -115,6 +115,8 @@ pub struct ServerConfig {
     /// for events after an HTTP request or TCP relay traffic before it sleeps; 0 = sleep at once
     /// (`runtime::busy_poll`).
     pub busy_poll_us: u64,
+    /// `[server.http3]`: HTTP/3 (QUIC) on the TLS listeners.
+    pub http3: crate::server::quic::Http3Config,
 }
 
 impl Default for ServerConfig {
@@ -147,6 +149,7 @@ impl Default for ServerConfig {
             // Off: under an equal CPU budget it cost 1.5–2.4× the CPU per request at steady
             // moderate rates for at most a few ms of p99 (docs/decisions/busy-poll-default.md).
             busy_poll_us: 0,
+            http3: Default::default(),
         }
     }
 }
@@ -174,6 +177,7 @@ config_section!(ServerConfig {
     threads,
     h1_fast_path,
     busy_poll_us,
+    http3,
 });
 
 /// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,
@@ -718,6 +722,8 @@ impl Config {
             }
             _ => {}
         }
+        s.http3
+            .validate(s.tls_cert.is_some() || !s.certificates.is_empty())?;
         for (name, value) in [
             ("server.idle_timeout_secs", s.idle_timeout_secs),
             ("server.send_timeout_secs", s.send_timeout_secs),

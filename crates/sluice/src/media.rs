@@ -23,8 +23,8 @@ pub mod xtream;
 
 use std::sync::Arc;
 
+use crate::body::Incoming;
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
 use crate::auth::Keys;

@@ -1,6 +1,7 @@
 //! HTTP-level metric families of the server; other modules register their own in the same registry.
 
 pub mod process;
+pub mod protocol;
 
 use std::fmt::Write;
 
@@ -54,6 +55,8 @@ pub struct HttpMetrics {
     pub tls_handshake_timeouts: Counter,
     /// HTTP/1.1 requests refused for ambiguous framing (`server::screen`).
     pub smuggling_refused: Counter,
+    /// Requests by HTTP version; QUIC connections.
+    pub protocol: protocol::ProtocolMetrics,
 }
 
 impl HttpMetrics {
@@ -71,6 +74,7 @@ impl HttpMetrics {
             send_timeouts: Counter::default(),
             tls_handshake_timeouts: Counter::default(),
             smuggling_refused: Counter::default(),
+            protocol: protocol::ProtocolMetrics::new(registry),
         };
         registry.register(
             "requests",

@@ -8,6 +8,7 @@ mod h1fast;
 pub mod handler;
 pub mod listener;
 pub mod notify;
+pub mod quic;
 pub mod reload;
 pub mod screen;
 pub mod spliced;
@@ -45,6 +46,9 @@ pub struct Server<H> {
     tls: TlsHandle,
     config: ServerConfig,
     handler: Arc<H>,
+    /// HTTP/3's UDP sockets (`server.http3.enabled` with TLS).
+    #[cfg(feature = "http3")]
+    quic: Option<quic::Bound>,
 }
 
 /// The sockets a server accepts on, by runtime model.
@@ -115,13 +119,16 @@ impl<H: Handler> Server<H> {
                     core.push((ListenerId(id), socket));
                 }
             }
-            return Ok(Server {
+            return Server {
                 listeners: Listeners::PerCore(per_core),
                 #[cfg(feature = "tls")]
                 tls: tls_handle(config, handler.managed_certs())?,
                 config: config.clone(),
                 handler,
-            });
+                #[cfg(feature = "http3")]
+                quic: None,
+            }
+            .with_http3();
         }
         let listeners = config
             .all_listen()
@@ -132,13 +139,16 @@ impl<H: Handler> Server<H> {
                     .map_err(|e| failed(&addr, e))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Server {
+        Server {
             listeners: Listeners::Shared(listeners),
             #[cfg(feature = "tls")]
             tls: tls_handle(config, handler.managed_certs())?,
             config: config.clone(),
             handler,
-        })
+            #[cfg(feature = "http3")]
+            quic: None,
+        }
+        .with_http3()
     }
 
     /// Uses listeners bound by the caller (tests bind `127.0.0.1:0`), all of them the `main`
@@ -151,7 +161,7 @@ impl<H: Handler> Server<H> {
     ) -> anyhow::Result<Server<H>> {
         #[cfg(not(feature = "tls"))]
         refuse_tls(config)?;
-        Ok(Server {
+        Server {
             listeners: Listeners::Shared(
                 listeners
                     .into_iter()
@@ -162,7 +172,37 @@ impl<H: Handler> Server<H> {
             tls: tls_handle(config, handler.managed_certs())?,
             config: config.clone(),
             handler,
-        })
+            #[cfg(feature = "http3")]
+            quic: None,
+        }
+        .with_http3()
+    }
+
+    /// Binds HTTP/3's UDP sockets beside the TLS listeners, when asked for.
+    fn with_http3(self) -> anyhow::Result<Server<H>> {
+        #[cfg(feature = "http3")]
+        if self.config.http3.enabled && self.tls.load().is_some() {
+            let names = self.config.listener_names();
+            let addrs: Vec<_> = self
+                .bound()
+                .into_iter()
+                .map(|(name, addr)| {
+                    let id = names.iter().position(|n| *n == name).unwrap_or(0);
+                    (ListenerId(id), addr)
+                })
+                .collect();
+            let quic = Some(quic::bind(&addrs)?);
+            return Ok(Server { quic, ..self });
+        }
+        Ok(self)
+    }
+
+    /// Whether HTTP/3 is served beside the TLS listeners.
+    fn serves_http3(&self) -> bool {
+        #[cfg(feature = "http3")]
+        return self.quic.is_some();
+        #[cfg(not(feature = "http3"))]
+        false
     }
 
     /// Where a reload puts new certificates.
@@ -231,6 +271,34 @@ impl<H: Handler> Server<H> {
             listener: ListenerId::default(),
             splice: self.handler.splices_streams(),
             fast_path: self.config.h1_fast_path,
+            alt_svc: None,
+        };
+        // The `Alt-Svc` value of the TLS listener on an address (`None`: not advertised).
+        let http3 = self.serves_http3();
+        let alt_svc = |addr: std::io::Result<SocketAddr>| -> Option<http::HeaderValue> {
+            #[cfg(feature = "http3")]
+            if http3 {
+                return self.config.http3.alt_svc(addr.ok()?.port());
+            }
+            let _ = (http3, addr);
+            None
+        };
+        #[cfg(feature = "http3")]
+        let quic = match self.quic {
+            Some(bound) => match bound.serve(
+                &self.config,
+                self.tls.clone(),
+                self.handler.clone(),
+                stop_rx.clone(),
+                tracker.clone(),
+            ) {
+                Ok(endpoints) => Some(endpoints),
+                Err(e) => {
+                    tracing::error!(error = %e, "HTTP/3 not served");
+                    None
+                }
+            },
+            None => None,
         };
         let grace = Duration::from_secs(self.config.shutdown_grace_secs);
         let mut acceptors = Vec::new();
@@ -238,10 +306,12 @@ impl<H: Handler> Server<H> {
         match self.listeners {
             Listeners::Shared(listeners) => {
                 for (id, listener) in listeners {
+                    let alt_svc = alt_svc(listener.local_addr());
                     acceptors.push(tokio::spawn(accept_loop(
                         listener,
                         Conn {
                             listener: id,
+                            alt_svc,
                             ..conn.clone()
                         },
                         acceptor.clone(),
@@ -253,6 +323,10 @@ impl<H: Handler> Server<H> {
                 for (index, listeners) in per_core.into_iter().enumerate() {
                     let core = Core {
                         index,
+                        alt_svc: listeners
+                            .iter()
+                            .map(|(_, l)| alt_svc(l.local_addr()))
+                            .collect(),
                         listeners,
                         conn: conn.clone(),
                         acceptor: acceptor.clone(),
@@ -275,6 +349,10 @@ impl<H: Handler> Server<H> {
         for a in &acceptors {
             a.abort();
         }
+        #[cfg(feature = "http3")]
+        if let Some(q) = &quic {
+            q.stop_accepting();
+        }
         let _ = stop_tx.send(true);
         tracker.close();
         if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
@@ -282,6 +360,10 @@ impl<H: Handler> Server<H> {
                 "grace period of {} s over; closing remaining connections",
                 grace.as_secs()
             );
+        }
+        #[cfg(feature = "http3")]
+        if let Some(q) = quic {
+            q.close().await;
         }
         // Each per-core runtime stops on its own once its connections are done or the grace
         // period is over.
@@ -314,6 +396,8 @@ async fn accept_loop<H: Handler>(
 struct Core<H> {
     index: usize,
     listeners: Vec<(ListenerId, std::net::TcpListener)>,
+    /// Each listener's `Alt-Svc` value, in the order of `listeners`.
+    alt_svc: Vec<Option<http::HeaderValue>>,
     conn: Conn<H>,
     acceptor: listener::Acceptor,
     tracker: TaskTracker,
@@ -347,12 +431,13 @@ impl<H: Handler> Core<H> {
     async fn serve(self) {
         let mut stop = self.conn.stop.clone();
         let mut loops = Vec::new();
-        for (id, std_listener) in self.listeners {
+        for ((id, std_listener), alt_svc) in self.listeners.into_iter().zip(self.alt_svc) {
             match TcpListener::from_std(std_listener) {
                 Ok(l) => loops.push(tokio::spawn(accept_loop(
                     l,
                     Conn {
                         listener: id,
+                        alt_svc,
                         ..self.conn.clone()
                     },
                     self.acceptor.clone(),
@@ -449,6 +534,8 @@ struct Conn<H> {
     /// `server.h1_fast_path`: plain connections start on the HTTP/1.1 fast path (`h1fast`).
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     fast_path: bool,
+    /// `Alt-Svc` for this listener's TLS responses: HTTP/3 on the same port.
+    alt_svc: Option<http::HeaderValue>,
 }
 
 impl<H> Clone for Conn<H> {
@@ -464,6 +551,7 @@ impl<H> Clone for Conn<H> {
             listener: self.listener,
             splice: self.splice,
             fast_path: self.fast_path,
+            alt_svc: self.alt_svc.clone(),
         }
     }
 }
@@ -632,8 +720,12 @@ impl<H: Handler> Conn<H> {
         let watched = bodies.clone();
         let listener = self.listener;
         let stopping = self.stop.clone();
-        let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        let alt_svc = self.alt_svc.clone().filter(|_| secure);
+        let by_version = handler.http_metrics().protocol.clone();
+        let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             crate::runtime::busy_poll::stamp();
+            let mut req = req.map(crate::body::Incoming::Hyper);
+            by_version.requests(req.version()).inc();
             req.extensions_mut().insert(listener);
             if let Some(tap) = tap
                 .as_ref()
@@ -648,6 +740,7 @@ impl<H: Handler> Conn<H> {
             // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
+            let alt_svc = alt_svc.clone();
             async move {
                 let mut resp = handler.handle(req, peer, secure, guard).await;
                 // (Not on a protocol switch: its `Connection: upgrade` must stand.)
@@ -656,6 +749,11 @@ impl<H: Handler> Conn<H> {
                         http::header::CONNECTION,
                         http::HeaderValue::from_static("close"),
                     );
+                }
+                if let Some(value) = alt_svc {
+                    resp.headers_mut()
+                        .entry(http::header::ALT_SVC)
+                        .or_insert(value);
                 }
                 Ok::<_, Infallible>(match watched {
                     Some(list) => resp.map(|b| list.guard(b)),
@@ -751,7 +849,7 @@ mod tests {
     impl Handler for Unused {
         async fn handle(
             &self,
-            _: http::Request<hyper::body::Incoming>,
+            _: http::Request<crate::body::Incoming>,
             _: SocketAddr,
             _: bool,
             _: activity::ActivityGuard,

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
+use crate::body::Incoming;
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 #[cfg(feature = "iptv")]

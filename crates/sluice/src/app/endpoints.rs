@@ -1,8 +1,8 @@
 //! The small built-ins (`/admin/reload`, `/metrics`) and the response helpers every built-in
 //! shares: JSON, 404, the sandbox headers, CORS for browser players.
 
+use crate::body::Incoming;
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use super::App;
 #[cfg(feature = "iptv")]

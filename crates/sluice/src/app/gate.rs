@@ -1,8 +1,8 @@
 //! The authorization gate: the password (or a token opened in `tokens`) before a built-in, the
 //! loopback-only answer of a server without one, the browser login, and the in-flight caps.
 
+use crate::body::Incoming;
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 #[cfg(feature = "media")]
 use sluice_media::query::Query;
 #[cfg(feature = "media")]

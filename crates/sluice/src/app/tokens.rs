@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 #[cfg(feature = "iptv")]
 use std::sync::Arc;
 
+use crate::body::Incoming;
 use http::{header, Request};
-use hyper::body::Incoming;
 use sluice_media::query::Query;
 use sluice_media::token::split_path_token;
 

@@ -12,9 +12,9 @@ pub mod session;
 
 use std::sync::Arc;
 
+use crate::body::Incoming;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use sluice_media::acestream::Content;
 use sluice_media::query::Query;
 

@@ -16,8 +16,8 @@ pub mod segment;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::body::Incoming;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use sluice_media::dash::proxy::RequestError;

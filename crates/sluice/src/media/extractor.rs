@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sluice_http::route::HostPattern;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sluice_http::route::HostPattern;
 use url::Url;

@@ -2,9 +2,9 @@
 //! `/base64/{encode,decode,check}`: MediaFlow's URL helpers. They fetch nothing, so like MediaFlow's
 //! they need no password; an encrypted URL is sealed with the password given in the request body.
 
+use crate::body::Incoming;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde::Serialize;
 use sluice_media::{b64url, generate};
 

@@ -8,9 +8,9 @@
 pub mod blocking;
 pub mod options;
 
+use crate::body::Incoming;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;

@@ -3,8 +3,8 @@
 //! third-party origin). They fetch nothing upstream, so they need no password; the forms send it
 //! only in the bodies or headers of the POSTs they make.
 
+use crate::body::Incoming;
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;

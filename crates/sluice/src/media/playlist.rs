@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::body::Incoming;
 use futures_util::future::join_all;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sluice_media::m3u::{self, Endpoint, Fetched, ProxyTarget, Source};
 use sluice_media::query::Query;

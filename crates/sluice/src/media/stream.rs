@@ -4,9 +4,9 @@
 //! they are, HEAD stays HEAD, and the body streams with backpressure (dropping the client drops
 //! the upstream request), or is spliced socket to socket where both sides allow it (`spliced`).
 
+use crate::body::Incoming;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use sluice_media::query::ProxyParams;
 

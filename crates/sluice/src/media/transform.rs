@@ -8,11 +8,11 @@
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use crate::body::Incoming;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use hyper::body::Incoming;
 use sluice_media::mpegts::unwrap::{self, Outcome, TsUnwrap};
 use sluice_media::query::{ProxyParams, Query};
 

@@ -6,9 +6,9 @@
 //! stream lists, the M3U) carries instead a sealed token scoped to XC requests only
 //! ([`XC_SCOPE`]) that names the provider and user, so the API password never appears in a URL.
 
+use crate::body::Incoming;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use sluice_media::query::{ProxyParams, Query};
 use sluice_media::token::sealed;
 use sluice_media::xtream::rewrite::Rewriter;

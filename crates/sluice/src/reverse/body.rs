@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::body::Incoming;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use super::h1pool::UpstreamBody;
@@ -25,6 +25,8 @@ pub enum BodyError {
     Idle { secs: u64 },
     #[error("body read failed: {0}")]
     Read(#[from] hyper::Error),
+    #[error("request body read failed: {0}")]
+    Client(crate::body::ReadError),
 }
 
 /// How the client failed to send its request body: none of these is the server's doing, so none
@@ -63,7 +65,12 @@ impl ClientFault {
     }
 
     /// What a read error of the client's body means.
-    fn of_read(e: &hyper::Error) -> ClientFault {
+    fn of_read(e: &crate::body::ReadError) -> ClientFault {
+        let e = match e {
+            crate::body::ReadError::Hyper(e) => e,
+            // An HTTP/3 stream reset or a connection lost: the client went away.
+            crate::body::ReadError::Adapted(_) => return ClientFault::Aborted,
+        };
         if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
             return ClientFault::Aborted;
         }
@@ -259,7 +266,7 @@ impl Body for LentBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 this.shared.fault(ClientFault::of_read(&e));
-                Poll::Ready(Some(Err(BodyError::Read(e))))
+                Poll::Ready(Some(Err(BodyError::Client(e))))
             }
             Poll::Ready(None) => {
                 this.shared.ended.store(true, Ordering::Relaxed);

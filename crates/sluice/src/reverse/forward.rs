@@ -6,10 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::body::Incoming;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
 use sluice_http::framing::{self, Framing};
 use sluice_http::{fields, forwarded, hop};
 use tokio::time::Instant;
@@ -241,6 +241,7 @@ impl Reverse {
         headers.remove(header::EXPECT);
         let version = match req.version {
             Version::HTTP_2 => "2",
+            Version::HTTP_3 => "3",
             Version::HTTP_10 => "1.0",
             _ => "1.1",
         };

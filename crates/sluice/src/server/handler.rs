@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use crate::body::Incoming;
 use http::{HeaderMap, Method, Request, Response};
-use hyper::body::Incoming;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 

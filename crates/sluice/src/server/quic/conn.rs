@@ -1,0 +1,128 @@
+//! One HTTP/3 connection: accepts request streams until the client goes, the connection idles
+//! out, or the server drains (GOAWAY, in-flight requests finish, then the connection closes).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use super::exchange;
+use crate::server::activity::Activity;
+use crate::server::handler::{Handler, ListenerId};
+use crate::server::DRAIN_IDLE;
+
+/// H3_NO_ERROR: the application close code of a connection that ends normally.
+const H3_NO_ERROR: u32 = 0x100;
+
+/// What every connection of one endpoint shares.
+pub struct Settings<H> {
+    pub handler: Arc<H>,
+    pub listener: ListenerId,
+    /// `server.idle_timeout_secs`: no request in flight for this long closes the connection.
+    pub idle: Duration,
+    /// `server.send_timeout_secs`, per response stream.
+    pub send_timeout: Duration,
+    /// `server.max_header_bytes`, as HTTP/3's `SETTINGS_MAX_FIELD_SECTION_SIZE`.
+    pub max_field_section_size: u64,
+    pub stop: watch::Receiver<bool>,
+    pub tracker: TaskTracker,
+}
+
+/// What the request streams of one connection share.
+pub struct Shared<H> {
+    pub handler: Arc<H>,
+    pub listener: ListenerId,
+    pub activity: Arc<Activity>,
+    pub send_timeout: Duration,
+    pub requests: Counter,
+}
+
+type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+
+/// What woke the connection loop.
+enum Event {
+    /// The next request stream (boxed: the resolver is large beside the other events).
+    Accepted(Result<Option<Box<Resolver>>, h3::error::ConnectionError>),
+    Stop(bool),
+    Tick,
+}
+
+/// Serves one established QUIC connection to its end.
+pub async fn serve<H: Handler>(quic: quinn::Connection, settings: Arc<Settings<H>>) {
+    let peer: SocketAddr = quic.remote_address();
+    let built = h3::server::builder()
+        .max_field_section_size(settings.max_field_section_size)
+        // No GREASE frames: h3 puts one after a response's last DATA frame, and clients on
+        // aioquic then never see the response end (the FIN arrives with the unknown frame).
+        .send_grease(false)
+        .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
+        .await;
+    let mut h3 = match built {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "HTTP/3 connection set-up failed");
+            return;
+        }
+    };
+    let shared = Arc::new(Shared {
+        handler: settings.handler.clone(),
+        listener: settings.listener,
+        activity: Activity::new(),
+        send_timeout: settings.send_timeout,
+        requests: settings.handler.http_metrics().protocol.http3.clone(),
+    });
+    let mut stop = settings.stop.clone();
+    let mut draining = false;
+    let mut goaway = *stop.borrow();
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    let mut last_traffic = 0;
+    loop {
+        if goaway && !draining {
+            draining = true;
+            // GOAWAY: the requests already accepted finish here; the client sends new ones on a
+            // new connection.
+            if let Err(e) = h3.shutdown(0).await {
+                tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
+                break;
+            }
+        }
+        let event = tokio::select! {
+            accepted = h3.accept() => Event::Accepted(accepted.map(|r| r.map(Box::new))),
+            changed = stop.changed(), if !goaway => Event::Stop(changed.is_err() || *stop.borrow()),
+            _ = ticker.tick() => Event::Tick,
+        };
+        match event {
+            Event::Accepted(Ok(Some(resolver))) => {
+                settings
+                    .tracker
+                    .spawn(exchange::serve(resolver, shared.clone(), peer));
+            }
+            Event::Accepted(Ok(None)) => break,
+            Event::Accepted(Err(e)) => {
+                if !e.is_h3_no_error() {
+                    tracing::debug!(%peer, error = %e, "HTTP/3 connection ended with an error");
+                }
+                break;
+            }
+            Event::Stop(stopping) => goaway = stopping,
+            Event::Tick => {
+                // A finished response may still sit in QUIC's send buffer, and a close discards
+                // it: the connection closes only once it has also gone quiet (no datagram either
+                // way for a tick, so nothing left to send or acknowledge).
+                let stats = quic.stats();
+                let traffic = stats.udp_tx.bytes + stats.udp_rx.bytes;
+                let quiet = std::mem::replace(&mut last_traffic, traffic) == traffic;
+                // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining.
+                let limit = if draining { DRAIN_IDLE } else { settings.idle };
+                if quiet && shared.activity.idle_for().is_some_and(|d| d >= limit) {
+                    break;
+                }
+            }
+        }
+    }
+    quic.close(H3_NO_ERROR.into(), b"");
+}

@@ -1,0 +1,279 @@
+//! The QUIC endpoints: one UDP socket per TLS listener address (same port as its TCP socket),
+//! the QUIC and TLS settings, and the accept loop with its limits.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use quinn::crypto::rustls::QuicServerConfig;
+use quinn::VarInt;
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use super::conn::{self, Settings};
+use super::Http3Config;
+use crate::config::ServerConfig;
+use crate::metrics::protocol::ProtocolMetrics;
+use crate::server::handler::{Handler, ListenerId};
+use crate::server::TlsHandle;
+
+/// Unidirectional streams a client may open: HTTP/3's control stream, the two QPACK streams,
+/// and a few for GREASE and extensions it may try.
+const MAX_UNI_STREAMS: u32 = 8;
+
+/// UDP sockets bound for HTTP/3, not yet serving.
+pub struct Bound(Vec<(ListenerId, std::net::UdpSocket)>);
+
+/// Binds one UDP socket on each of `addrs` (the TLS listeners' bound addresses). Each socket
+/// has `SO_REUSEPORT`, so the process a binary upgrade starts can bind its own beside it.
+pub fn bind(addrs: &[(ListenerId, SocketAddr)]) -> anyhow::Result<Bound> {
+    let mut sockets = Vec::new();
+    for (id, addr) in addrs {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(*addr),
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket
+            .bind(&(*addr).into())
+            .with_context(|| format!("cannot listen for HTTP/3 on udp {addr}"))?;
+        sockets.push((*id, socket.into()));
+    }
+    Ok(Bound(sockets))
+}
+
+/// The running endpoints.
+pub struct Endpoints {
+    endpoints: Vec<quinn::Endpoint>,
+    loops: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What the accept loops share.
+struct Accepting {
+    config: Http3Config,
+    tls: TlsHandle,
+    idle: Duration,
+    handshake_timeout: Duration,
+    metrics: ProtocolMetrics,
+    handshake_timeouts: prometheus_client::metrics::counter::Counter,
+    open: AtomicUsize,
+    handshaking: AtomicUsize,
+}
+
+impl Bound {
+    /// Starts serving on the current runtime: connections and requests are tasks of `tracker`,
+    /// and drain when `stop` turns true.
+    pub fn serve<H: Handler>(
+        self,
+        server: &ServerConfig,
+        tls: TlsHandle,
+        handler: Arc<H>,
+        stop: watch::Receiver<bool>,
+        tracker: TaskTracker,
+    ) -> anyhow::Result<Endpoints> {
+        let idle = Duration::from_secs(server.idle_timeout_secs);
+        let accepting = Arc::new(Accepting {
+            config: server.http3.clone(),
+            tls,
+            idle,
+            handshake_timeout: Duration::from_secs(server.tls_handshake_timeout_secs),
+            metrics: handler.http_metrics().protocol.clone(),
+            handshake_timeouts: handler.http_metrics().tls_handshake_timeouts.clone(),
+            open: AtomicUsize::new(0),
+            handshaking: AtomicUsize::new(0),
+        });
+        let mut running = Endpoints {
+            endpoints: Vec::new(),
+            loops: Vec::new(),
+        };
+        for (listener, socket) in self.0 {
+            let Some(tls) = accepting.tls.load_full() else {
+                anyhow::bail!("HTTP/3 needs TLS on the listeners");
+            };
+            let endpoint = quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                Some(accepting.quic_config(&tls)?),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )?;
+            if let Ok(addr) = endpoint.local_addr() {
+                tracing::info!(%addr, "HTTP/3 listening (udp)");
+            }
+            let settings = Arc::new(Settings {
+                handler: handler.clone(),
+                listener,
+                idle,
+                send_timeout: Duration::from_secs(server.send_timeout_secs),
+                max_field_section_size: server.max_header_bytes as u64,
+                stop: stop.clone(),
+                tracker: tracker.clone(),
+            });
+            running.loops.push(tokio::spawn(accept_loop(
+                endpoint.clone(),
+                accepting.clone(),
+                settings,
+                tls,
+            )));
+            running.endpoints.push(endpoint);
+        }
+        Ok(running)
+    }
+}
+
+impl Endpoints {
+    /// Stops accepting new connections (the open ones drain on their own).
+    pub fn stop_accepting(&self) {
+        for l in &self.loops {
+            l.abort();
+        }
+        for e in &self.endpoints {
+            e.set_server_config(None);
+        }
+    }
+
+    /// Closes whatever is still open and waits a moment for the close to reach the clients.
+    pub async fn close(self) {
+        for e in &self.endpoints {
+            e.close(VarInt::from_u32(0x100), b"");
+        }
+        for e in &self.endpoints {
+            let _ = tokio::time::timeout(Duration::from_secs(1), e.wait_idle()).await;
+        }
+    }
+}
+
+impl Accepting {
+    /// The QUIC settings over the listeners' current TLS settings.
+    fn quic_config(&self, tls: &rustls::ServerConfig) -> anyhow::Result<quinn::ServerConfig> {
+        let h3 = &self.config;
+        let mut tls = tls.clone();
+        tls.alpn_protocols = vec![b"h3".to_vec()];
+        // QUIC takes 0 (no early data) or all of it (`u32::MAX`); early data may be replayed.
+        tls.max_early_data_size = if h3.early_data { u32::MAX } else { 0 };
+        let crypto = QuicServerConfig::try_from(tls).context("TLS settings unfit for QUIC")?;
+        let mut transport = quinn::TransportConfig::default();
+        transport
+            .max_concurrent_bidi_streams(VarInt::from_u32(h3.max_concurrent_streams))
+            .max_concurrent_uni_streams(VarInt::from_u32(MAX_UNI_STREAMS))
+            .stream_receive_window(VarInt::from_u32(h3.stream_window_bytes))
+            .receive_window(VarInt::from_u32(h3.connection_window_bytes))
+            .send_window(h3.send_window_bytes)
+            .max_idle_timeout(Some(self.idle.try_into().context("idle timeout too long")?));
+        let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        config
+            .transport_config(Arc::new(transport))
+            // Client Initials waiting for a decision, and the bytes they may hold: bounded, so a
+            // flood of Initials costs a fixed amount of memory.
+            .max_incoming(h3.max_handshakes)
+            .incoming_buffer_size(64 * 1024)
+            .incoming_buffer_size_total(h3.max_handshakes as u64 * 16 * 1024);
+        Ok(config)
+    }
+
+    /// Whether a new connection attempt is let in, sent a Retry, or refused.
+    fn admit(&self, incoming: quinn::Incoming) -> Option<quinn::Incoming> {
+        let h3 = &self.config;
+        let handshaking = self.handshaking.load(Ordering::Relaxed);
+        if self.open.load(Ordering::Relaxed) >= h3.max_connections
+            || handshaking >= h3.max_handshakes
+        {
+            self.metrics.quic_refused.inc();
+            incoming.refuse();
+            return None;
+        }
+        if handshaking >= h3.retry_above_handshakes
+            && !incoming.remote_address_validated()
+            && incoming.may_retry()
+        {
+            self.metrics.quic_retries.inc();
+            // A Retry costs no state: the client comes back with a token that proves its address.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().ignore();
+            }
+            return None;
+        }
+        Some(incoming)
+    }
+}
+
+/// Counts one in the given gauge and counter while alive.
+struct Held<'a>(
+    &'a AtomicUsize,
+    &'a prometheus_client::metrics::gauge::Gauge,
+);
+
+impl<'a> Held<'a> {
+    fn new(count: &'a AtomicUsize, gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        gauge.inc();
+        Held(count, gauge)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.1.dec();
+    }
+}
+
+async fn accept_loop<H: Handler>(
+    endpoint: quinn::Endpoint,
+    accepting: Arc<Accepting>,
+    settings: Arc<Settings<H>>,
+    mut tls: Arc<rustls::ServerConfig>,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        // A reload swapped the certificates: new handshakes use them.
+        if let Some(now) = accepting.tls.load_full() {
+            if !Arc::ptr_eq(&now, &tls) {
+                match accepting.quic_config(&now) {
+                    Ok(c) => endpoint.set_server_config(Some(c)),
+                    Err(e) => tracing::warn!(error = %e, "HTTP/3 keeps its previous certificates"),
+                }
+                tls = now;
+            }
+        }
+        let Some(incoming) = accepting.admit(incoming) else {
+            continue;
+        };
+        let accepting = accepting.clone();
+        let settings = settings.clone();
+        settings.tracker.clone().spawn(async move {
+            let peer = incoming.remote_address();
+            let handshake = Held::new(&accepting.handshaking, &accepting.metrics.quic_handshakes);
+            let early = accepting.config.early_data;
+            let done = tokio::time::timeout(accepting.handshake_timeout, async move {
+                let connecting = incoming.accept()?;
+                if early {
+                    match connecting.into_0rtt() {
+                        Ok((c, _)) => return Ok(c),
+                        Err(connecting) => return connecting.await,
+                    }
+                }
+                connecting.await
+            })
+            .await;
+            drop(handshake);
+            match done {
+                Ok(Ok(connection)) => {
+                    let _open = Held::new(&accepting.open, &accepting.metrics.quic_open);
+                    settings.handler.connection_accepted();
+                    conn::serve(connection, settings).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "QUIC handshake failed"),
+                Err(_) => {
+                    accepting.handshake_timeouts.inc();
+                    tracing::debug!(%peer, "QUIC handshake timed out");
+                }
+            }
+        });
+    }
+}

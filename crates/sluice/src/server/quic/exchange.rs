@@ -1,0 +1,119 @@
+//! One HTTP/3 request stream: the request head and body handed to the handler as any other
+//! request, the response head and body written back, with the send timeout HTTP/2 streams have.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h3::error::Code;
+use h3::server::{RequestResolver, RequestStream};
+use http::{header, HeaderMap, Request, Response};
+use http_body_util::BodyExt;
+
+use super::body::H3Body;
+use super::conn::Shared;
+use crate::body::Incoming;
+use crate::server::handler::Handler;
+
+type Responder = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Serves one request stream to its end.
+pub async fn serve<H: Handler>(
+    resolver: Box<RequestResolver<h3_quinn::Connection, Bytes>>,
+    shared: std::sync::Arc<Shared<H>>,
+    peer: SocketAddr,
+) {
+    // The connection counts this stream in flight until its response is sent (the handler's
+    // own guard may end with the response head), so neither the idle timeout nor a drain closes
+    // the connection under a body still going out.
+    let _stream = shared.activity.begin();
+    let (req, stream) = match resolver.resolve_request().await {
+        Ok(r) => r,
+        // A malformed head: h3 has already answered with the stream or connection error.
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "HTTP/3 request refused");
+            return;
+        }
+    };
+    let (mut send, recv) = stream.split();
+    let length = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(H3Body::new(recv, length)));
+    req.extensions_mut().insert(shared.listener);
+    shared.requests.inc();
+    let guard = shared.activity.begin();
+    let resp = shared.handler.handle(req, peer, true, guard).await;
+    match respond(&mut send, resp, shared.send_timeout).await {
+        Ok(()) => {}
+        Err(SendError::Stalled(_)) => {
+            shared.handler.http_metrics().send_timeouts.inc();
+            tracing::debug!(%peer, "HTTP/3 stream not read: send timeout");
+        }
+        Err(e) => tracing::debug!(%peer, error = %e, "HTTP/3 response not finished"),
+    }
+}
+
+/// Why a response stopped early.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error("stream: {0}")]
+    Stream(#[from] h3::error::StreamError),
+    #[error("client accepted no byte for {0:?}")]
+    Stalled(Duration),
+    #[error("response body: {0}")]
+    Body(crate::body::BoxError),
+}
+
+async fn respond(
+    send: &mut Responder,
+    resp: Response<crate::body::Body>,
+    limit: Duration,
+) -> Result<(), SendError> {
+    let (mut parts, mut body) = resp.into_parts();
+    strip_connection_fields(&mut parts.headers);
+    send.send_response(Response::from_parts(parts, ())).await?;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                // The upstream failed mid-body: the client must not take a short body as whole.
+                send.stop_stream(Code::H3_INTERNAL_ERROR);
+                return Err(SendError::Body(e));
+            }
+        };
+        let written = match frame.into_data() {
+            Ok(data) => tokio::time::timeout(limit, send.send_data(data)).await,
+            Err(frame) => match frame.into_trailers() {
+                Ok(trailers) => tokio::time::timeout(limit, send.send_trailers(trailers)).await,
+                Err(_) => continue,
+            },
+        };
+        match written {
+            Ok(r) => r?,
+            Err(_) => {
+                // Nothing accepted for the send timeout: the stream is reset, and dropping the
+                // body drops the upstream fetch behind it.
+                send.stop_stream(Code::H3_REQUEST_CANCELLED);
+                return Err(SendError::Stalled(limit));
+            }
+        }
+    }
+    send.finish().await?;
+    Ok(())
+}
+
+/// HTTP/3 has no connection-specific fields (RFC 9114 §4.2): a response carrying one is
+/// malformed, so the ones HTTP/1.1 responses may carry are dropped.
+fn strip_connection_fields(headers: &mut HeaderMap) {
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::HeaderName::from_static("keep-alive"),
+        header::HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(name);
+    }
+}

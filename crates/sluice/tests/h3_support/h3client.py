@@ -1,0 +1,268 @@
+"""An HTTP/3 test client on aioquic: runs the plan given as JSON in argv[1] and prints one JSON
+object with what happened. Plans:
+
+  {"addr": "127.0.0.1:P", "sni": "h3.test", "gets": [{"path": "/x", "headers": [["range", "bytes=0-9"]]}]}
+      Requests on one connection, in parallel; per request: status, headers, length, sha256, and
+      the stream reset code if the server reset the stream.
+  {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers", ...}
+      One hostile exchange, then (on a new connection when the first is gone) a plain GET of
+      "then" to show the server still serves.
+  {"addr": ..., "flood": N}
+      N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
+      server's answers by packet type (Retry or Initial).
+"""
+
+import asyncio
+import hashlib
+import json
+import socket
+import ssl
+import sys
+import time
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import H3_ALPN, FrameType, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionTerminated, StreamReset
+
+
+class Exchange:
+    def __init__(self):
+        self.status = None
+        self.headers = []
+        self.body = bytearray()
+        self.reset = None
+        self.done = asyncio.get_event_loop().create_future()
+
+    def finish(self):
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def report(self):
+        return {
+            "status": self.status,
+            "headers": self.headers,
+            "length": len(self.body),
+            "sha256": hashlib.sha256(bytes(self.body)).hexdigest(),
+            "reset": self.reset,
+        }
+
+
+class Client(QuicConnectionProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.http = H3Connection(self._quic)
+        self.exchanges = {}
+        self.terminated = asyncio.get_event_loop().create_future()
+
+    def quic_event_received(self, event):
+        if isinstance(event, ConnectionTerminated):
+            if not self.terminated.done():
+                self.terminated.set_result(
+                    {"error_code": event.error_code, "reason": event.reason_phrase}
+                )
+            for ex in self.exchanges.values():
+                ex.finish()
+        if isinstance(event, StreamReset) and event.stream_id in self.exchanges:
+            ex = self.exchanges[event.stream_id]
+            ex.reset = event.error_code
+            ex.finish()
+        for h3 in self.http.handle_event(event):
+            ex = self.exchanges.get(getattr(h3, "stream_id", None))
+            if ex is None:
+                continue
+            if isinstance(h3, HeadersReceived):
+                for k, v in h3.headers:
+                    if k == b":status":
+                        ex.status = int(v)
+                    else:
+                        ex.headers.append([k.decode(), v.decode()])
+                if h3.stream_ended:
+                    ex.finish()
+            elif isinstance(h3, DataReceived):
+                ex.body += h3.data
+                if h3.stream_ended:
+                    ex.finish()
+
+    def request(self, authority, path, headers=(), method="GET", fields=None):
+        stream_id = self._quic.get_next_available_stream_id()
+        if fields is None:
+            fields = [
+                (b":method", method.encode()),
+                (b":scheme", b"https"),
+                (b":authority", authority.encode()),
+                (b":path", path.encode()),
+            ] + [(k.encode(), v.encode()) for k, v in headers]
+        ex = Exchange()
+        self.exchanges[stream_id] = ex
+        self.http.send_headers(stream_id, fields, end_stream=True)
+        self.transmit()
+        return ex
+
+
+def qpack_int(value, prefix_bits, first):
+    """An integer with an N-bit prefix (RFC 9204 §4.1.1), the prefix's high bits from `first`."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = [first | limit]
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def qpack_literals(fields):
+    """A QPACK field section with no dynamic table: every field a literal with a literal name."""
+    out = b"\x00\x00"
+    for name, value in fields:
+        out += qpack_int(len(name), 3, 0x20) + name
+        out += qpack_int(len(value), 7, 0x00) + value
+    return out
+
+
+def configuration(plan):
+    c = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
+    c.verify_mode = ssl.CERT_NONE
+    c.server_name = plan.get("sni", "h3.test")
+    c.max_data = 64 * 1024 * 1024
+    c.max_stream_data = 16 * 1024 * 1024
+    c.idle_timeout = plan.get("timeout", 30)
+    return c
+
+
+async def gets(client, plan, items, timeout):
+    authority = plan.get("authority", "127.0.0.1")
+    exs = [client.request(authority, g["path"], g.get("headers", [])) for g in items]
+    await asyncio.wait_for(asyncio.gather(*(e.done for e in exs)), timeout)
+    return [e.report() for e in exs]
+
+
+async def run(plan):
+    host, port = plan["addr"].rsplit(":", 1)
+    port = int(port)
+    timeout = plan.get("timeout", 30)
+    out = {}
+    async with connect(
+        host, port, configuration=configuration(plan), create_protocol=Client, wait_connected=True
+    ) as client:
+        attack = plan.get("attack")
+        if attack is None:
+            out["responses"] = await gets(client, plan, plan["gets"], timeout)
+            return out
+        q = client._quic
+        if attack == "data-first":
+            # A DATA frame where the request's HEADERS must come first: H3_FRAME_UNEXPECTED.
+            sid = q.get_next_available_stream_id()
+            q.send_stream_data(sid, encode_uint_var(FrameType.DATA) + encode_uint_var(3) + b"abc")
+            client.transmit()
+        elif attack == "no-path":
+            # A request without :path is malformed: the stream is reset (H3_MESSAGE_ERROR) and
+            # the connection goes on.
+            ex = client.request(
+                "",
+                "",
+                fields=[(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"127.0.0.1")],
+            )
+            await asyncio.wait_for(ex.done, timeout)
+            out["attack"] = ex.report()
+        elif attack == "big-headers":
+            # A head over the server's SETTINGS_MAX_FIELD_SECTION_SIZE (aioquic's encoder would
+            # refuse to write it, so the field section is encoded here).
+            fields = [
+                (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"),
+                (b":path", plan["then"].encode()), (b"x-big", b"a" * plan["size"]),
+            ]
+            sid = q.get_next_available_stream_id()
+            ex = Exchange()
+            client.exchanges[sid] = ex
+            block = qpack_literals(fields)
+            q.send_stream_data(
+                sid,
+                encode_uint_var(FrameType.HEADERS) + encode_uint_var(len(block)) + block,
+                end_stream=True,
+            )
+            client.transmit()
+            await asyncio.wait_for(ex.done, timeout)
+            out["attack"] = ex.report()
+        elif attack == "too-many-streams":
+            # Ignore the server's stream limit and open far more request streams than it allows.
+            q._remote_max_streams_bidi = 1 << 20
+            for _ in range(plan["streams"]):
+                sid = q.get_next_available_stream_id()
+                q.send_stream_data(sid, b"", end_stream=False)
+                client.http.send_headers(
+                    sid,
+                    [(b":method", b"GET"), (b":scheme", b"https"),
+                     (b":authority", b"127.0.0.1"), (b":path", plan["then"].encode())],
+                    end_stream=True,
+                )
+            client.transmit()
+        if attack in ("data-first", "too-many-streams"):
+            out["terminated"] = await asyncio.wait_for(client.terminated, timeout)
+        else:
+            out["responses"] = await gets(client, plan, [{"path": plan["then"]}], timeout)
+            return out
+    # The first connection is gone; a new one must be served.
+    async with connect(
+        host, port, configuration=configuration(plan), create_protocol=Client, wait_connected=True
+    ) as client:
+        out["responses"] = await gets(client, plan, [{"path": plan["then"]}], timeout)
+    return out
+
+
+def flood(plan):
+    """Sends real client Initials from many source ports and never answers; returns counts of
+    what came back, by long-header packet type."""
+    host, port = plan["addr"].rsplit(":", 1)
+    addr = (host, int(port))
+    socks = []
+    sent = 0
+    for _ in range(plan["flood"]):
+        quic = QuicConnection(configuration=configuration(plan))
+        quic.connect(addr, now=time.time())
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        for data, _ in quic.datagrams_to_send(now=time.time()):
+            s.sendto(data, addr)
+            sent += 1
+        socks.append(s)
+    counts = {"retry": 0, "initial": 0, "other": 0, "silent": 0, "sent": sent}
+    deadline = time.time() + plan.get("wait", 3)
+    answered = set()
+    while time.time() < deadline and len(answered) < len(socks):
+        for i, s in enumerate(socks):
+            if i in answered:
+                continue
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                continue
+            answered.add(i)
+            kind = (data[0] & 0x30) >> 4 if data[0] & 0x80 else -1
+            counts["retry" if kind == 3 else "initial" if kind == 0 else "other"] += 1
+        time.sleep(0.01)
+    counts["silent"] = len(socks) - len(answered)
+    for s in socks:
+        s.close()
+    return counts
+
+
+def main():
+    plan = json.loads(sys.argv[1])
+    if "flood" in plan:
+        out = flood(plan)
+    else:
+        out = asyncio.run(asyncio.wait_for(run(plan), plan.get("timeout", 30) * 2))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,550 @@
+//! HTTP/3 downstream against a real client (aioquic, in the venv `scripts/aioquic-venv` makes):
+//! byte-exact bodies from a reverse route, a cached route and `/proxy/stream`; `Alt-Svc` on
+//! HTTP/1.1 and HTTP/2 over TLS; hostile frames and limits answered with the right HTTP/3 and QUIC
+//! errors while the server keeps serving; a flood of QUIC Initials met with Retry; and a drain
+//! on shutdown that lets an in-flight response finish.
+
+mod reverse_support;
+mod self_signed;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use reverse_support::{config, full, origin, pattern, sha256};
+use self_signed::SelfSigned;
+use serde_json::{json, Value};
+use sluice::app::App;
+use sluice::server::Server;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+const SEVEN_MB: usize = 7 * 1024 * 1024;
+
+/// The Python of the aioquic venv; a missing venv is an error, never a skip.
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_AIOQUIC_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let p = target.parent().unwrap().join("aioquic-venv/bin/python3");
+    assert!(
+        p.exists(),
+        "no aioquic venv at {}: run scripts/aioquic-venv (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Runs one client plan (see tests/h3_support/h3client.py) and returns its report.
+async fn client(plan: Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h3_support/h3client.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new(python())
+            .arg(script)
+            .arg(plan.to_string())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("HTTP/3 client did not finish in 90 s")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The origin: `/…/size/N` answers N pattern bytes (honouring one `Range`), cacheable for a
+/// minute; `/…/slow/N` sends N bytes after half a second; it counts the requests it sees.
+async fn start_origin(seen: Arc<AtomicUsize>) -> SocketAddr {
+    origin(move |req: Request<Incoming>| {
+        let seen = seen.clone();
+        async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let path = req.uri().path().to_string();
+            let n: usize = path.rsplit('/').next().unwrap().parse().unwrap_or(0);
+            if path.contains("/slow/") {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let body = pattern(n);
+            let range = req
+                .headers()
+                .get("range")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|r| r.strip_prefix("bytes="))
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, z)| Some((a.parse::<usize>().ok()?, z.parse::<usize>().ok()?)));
+            let b = Response::builder()
+                .header("cache-control", "max-age=60")
+                .header("accept-ranges", "bytes")
+                .header("etag", "\"v1\"");
+            match range {
+                Some((a, z)) if a <= z && z < n => b
+                    .status(StatusCode::PARTIAL_CONTENT)
+                    .header("content-range", format!("bytes {a}-{z}/{n}"))
+                    .body(full(body.slice(a..=z)))
+                    .unwrap(),
+                _ => b.body(full(body)).unwrap(),
+            }
+        }
+    })
+    .await
+}
+
+/// The test config: TLS with `cert`, HTTP/3 on, a plain and a cached route to `origin`, and
+/// `extra` lines in `[server]`.
+fn config_text(origin: SocketAddr, cert: &SelfSigned, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+tls_cert = "{}"
+tls_key = "{}"
+shutdown_grace_secs = 5
+{extra}
+
+[upstream]
+allow_private = true
+
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/plain/"
+upstream = "app"
+
+[[routes]]
+path = "/cached/"
+upstream = "app"
+cache = true
+
+[cache]
+memory_bytes = "64MiB"
+slice_bytes = "1MiB"
+"#,
+        cert.cert.path().display(),
+        cert.key.path().display(),
+    )
+}
+
+/// A running sluice with TLS and HTTP/3 on one port.
+struct H3Sluice {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+    _cert: SelfSigned,
+}
+
+impl H3Sluice {
+    async fn start(origin: SocketAddr, extra: &str) -> H3Sluice {
+        let cert = SelfSigned::new(&["h3.test"]);
+        let mut c = config(&config_text(origin, &cert, extra));
+        c.server.http3.enabled = true;
+        c.validate().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = App::new(&c).unwrap();
+        let server = Server::from_listeners(vec![listener], &c.server, app.clone()).unwrap();
+        let (tx, rx) = oneshot::channel();
+        let done = tokio::spawn(server.run(async {
+            let _ = rx.await;
+        }));
+        H3Sluice {
+            addr,
+            stop: Some(tx),
+            done,
+            _cert: cert,
+        }
+    }
+
+    fn plan(&self, mut plan: Value) -> Value {
+        plan["addr"] = json!(self.addr.to_string());
+        plan
+    }
+
+    /// The value of one sample line of `/metrics` (fetched over HTTP/1.1) (`name{labels}` exactly), 0 when absent.
+    async fn metric(&self, series: &str) -> f64 {
+        metric(self.addr, series).await
+    }
+}
+
+/// The value of one sample line of `/metrics` at `addr` (`name{labels}` exactly, fetched over
+/// HTTP/1.1 with TLS), 0 when absent.
+async fn metric(addr: SocketAddr, series: &str) -> f64 {
+    {
+        use http_body_util::BodyExt;
+        let resp = https_get(addr, b"http/1.1", "/metrics").await;
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+fn gets(paths: &[(&str, Option<&str>)]) -> Value {
+    let items: Vec<Value> = paths
+        .iter()
+        .map(|(p, range)| match range {
+            Some(r) => json!({"path": p, "headers": [["range", r]]}),
+            None => json!({"path": p}),
+        })
+        .collect();
+    json!({ "gets": items })
+}
+
+fn header<'a>(resp: &'a Value, name: &str) -> Option<&'a str> {
+    resp["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == name)
+        .and_then(|h| h[1].as_str())
+}
+
+/// Asserts one response: status, exact length and hash of `expected`.
+fn assert_body(resp: &Value, status: u16, expected: &[u8]) {
+    assert_eq!(resp["status"], status, "{resp}");
+    assert_eq!(resp["reset"], Value::Null, "{resp}");
+    assert_eq!(resp["length"], expected.len(), "{resp}");
+    assert_eq!(resp["sha256"], sha256(expected), "{resp}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_http3_are_byte_exact() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen.clone()).await;
+    let s = H3Sluice::start(o, "").await;
+    let stream = |n: usize| format!("/proxy/stream?d=http://{o}/media/size/{n}");
+    let (s1k, s7m) = (stream(1024), stream(SEVEN_MB));
+    let big = pattern(SEVEN_MB);
+    let r = client(s.plan(gets(&[
+        ("/plain/size/1024", None),
+        ("/plain/size/7340032", None),
+        ("/plain/size/7340032", Some("bytes=1000-2999")),
+        ("/cached/size/7340032", None),
+        (&s1k, None),
+        (&s7m, None),
+        (&s7m, Some("bytes=5000000-5000099")),
+        ("/health", None),
+    ])))
+    .await;
+    let r = &r["responses"];
+    assert_body(&r[0], 200, &pattern(1024));
+    assert_body(&r[1], 200, &big);
+    assert_body(&r[2], 206, &big[1000..3000]);
+    assert_eq!(
+        header(&r[2], "content-range"),
+        Some("bytes 1000-2999/7340032")
+    );
+    assert_body(&r[3], 200, &big);
+    assert_body(&r[4], 200, &pattern(1024));
+    assert_body(&r[5], 200, &big);
+    assert_body(&r[6], 206, &big[5_000_000..5_000_100]);
+    assert_eq!(
+        header(&r[6], "content-range"),
+        Some("bytes 5000000-5000099/7340032")
+    );
+    assert_eq!(r[7]["status"], 200, "{}", r[7]);
+    // No connection-specific field reaches an HTTP/3 client.
+    for resp in r.as_array().unwrap() {
+        for h in ["connection", "transfer-encoding", "keep-alive"] {
+            assert_eq!(header(resp, h), None, "{resp}");
+        }
+    }
+
+    // The cached route again: the whole object and a range come from the cache.
+    let before = seen.load(Ordering::SeqCst);
+    let r = client(s.plan(gets(&[
+        ("/cached/size/7340032", None),
+        ("/cached/size/7340032", Some("bytes=3000000-3999999")),
+    ])))
+    .await;
+    let r = &r["responses"];
+    assert_body(&r[0], 200, &big);
+    assert_body(&r[1], 206, &big[3_000_000..4_000_000]);
+    assert_eq!(
+        header(&r[1], "content-range"),
+        Some("bytes 3000000-3999999/7340032")
+    );
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        before,
+        "the cache went upstream"
+    );
+    assert!(
+        header(&r[0], "cache-status").unwrap().contains("hit"),
+        "{}",
+        r[0]
+    );
+
+    // Metrics count requests by HTTP version: ten over HTTP/3, none over HTTP/1.1 or 2.
+    assert_eq!(
+        s.metric("sluice_downstream_requests_by_version_total{http_version=\"3\"}")
+            .await,
+        10.0
+    );
+    assert_eq!(
+        s.metric("sluice_downstream_requests_by_version_total{http_version=\"2\"}")
+            .await,
+        0.0
+    );
+}
+
+/// An HTTPS client speaking `alpn` (h2 or http/1.1) that trusts anything: what the TLS listener
+/// answers to `GET path`.
+async fn https_get(addr: SocketAddr, alpn: &[u8], path: &str) -> Response<Incoming> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    #[derive(Debug)]
+    struct Anything;
+    impl rustls::client::danger::ServerCertVerifier for Anything {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(Anything))
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("h3.test").unwrap();
+    let io = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let req = Request::get(format!("https://127.0.0.1{path}"))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    if alpn == b"h2" {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await.unwrap()
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut req = req;
+        *req.uri_mut() = path.parse().unwrap();
+        req.headers_mut()
+            .insert("host", http::HeaderValue::from_static("127.0.0.1"));
+        send.send_request(req).await.unwrap()
+    }
+}
+
+#[tokio::test]
+async fn alt_svc_on_http1_and_http2_over_tls() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen).await;
+    let s = H3Sluice::start(o, "").await;
+    let expected = format!("h3=\":{}\"; ma=86400", s.addr.port());
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        for path in ["/health", "/plain/size/10"] {
+            let resp = https_get(s.addr, alpn, path).await;
+            assert_eq!(resp.status(), 200);
+            let alt: Vec<_> = resp.headers().get_all("alt-svc").iter().collect();
+            assert_eq!(alt, [expected.as_str()], "{path} over {alpn:?}");
+        }
+    }
+    // Off by key: no advertisement, HTTP/3 still served.
+    let quiet = H3Sluice::start(o, "[server.http3]\nalt_svc = false").await;
+    let resp = https_get(quiet.addr, b"h2", "/health").await;
+    assert_eq!(resp.headers().get("alt-svc"), None);
+    let r = client(quiet.plan(gets(&[("/plain/size/10", None)]))).await;
+    assert_body(&r["responses"][0], 200, &pattern(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_get_the_right_errors_and_others_are_served() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen).await;
+    let s = H3Sluice::start(
+        o,
+        "max_header_bytes = 4096\n[server.http3]\nmax_concurrent_streams = 10",
+    )
+    .await;
+    let then = "/plain/size/2048";
+    let check_then = |r: &Value| assert_body(&r["responses"][0], 200, &pattern(2048));
+
+    // DATA before HEADERS on a request stream: connection error H3_FRAME_UNEXPECTED (0x105).
+    let r = client(s.plan(json!({"attack": "data-first", "then": then}))).await;
+    assert_eq!(r["terminated"]["error_code"], 0x105, "{r}");
+    check_then(&r);
+
+    // A request without :path: stream error H3_MESSAGE_ERROR (0x10e); the same connection goes on.
+    let r = client(s.plan(json!({"attack": "no-path", "then": then}))).await;
+    assert_eq!(r["attack"]["reset"], 0x10e, "{r}");
+    check_then(&r);
+
+    // A head over server.max_header_bytes: 431, and the same connection goes on.
+    let r = client(s.plan(json!({"attack": "big-headers", "size": 8000, "then": then}))).await;
+    assert_eq!(r["attack"]["status"], 431, "{r}");
+    check_then(&r);
+
+    // Fifty request streams where ten are allowed: QUIC STREAM_LIMIT_ERROR (0x4).
+    let r =
+        client(s.plan(json!({"attack": "too-many-streams", "streams": 50, "then": then}))).await;
+    assert_eq!(r["terminated"]["error_code"], 0x4, "{r}");
+    check_then(&r);
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// The sluice binary as a child process (so its memory is its own), on 127.0.0.1:0; returns it
+/// with the address its log says it bound for HTTP/3.
+async fn spawn_sluice(text: &str, dir: &tempfile::TempDir) -> (tokio::process::Child, SocketAddr) {
+    let conf = dir.path().join("sluice.toml");
+    let text = text.replace("[server]", "[server]\nlisten = [\"127.0.0.1:0\"]");
+    std::fs::write(&conf, text).unwrap();
+    let log = dir.path().join("log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .env("RUST_LOG", "info")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..300 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("HTTP/3 listening")) {
+            let addr = line.rsplit("addr=").next().unwrap().trim();
+            return (child, addr.parse().unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "sluice did not start: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_flood_meets_retry_and_a_real_client_is_served() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen).await;
+    let cert = SelfSigned::new(&["h3.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(o, &cert, "")
+        .replace(
+            "[cache]",
+            "[server.http3]\nenabled = true\nretry_above_handshakes = 8\nmax_handshakes = 64\n\n[cache]",
+        );
+    let (child, addr) = spawn_sluice(&text, &dir).await;
+    let pid = child.id().unwrap();
+    let plan = |p: Value| {
+        let mut p = p;
+        p["addr"] = json!(addr.to_string());
+        p
+    };
+    // Warm up (the first connection sets up what every later one shares), then measure.
+    let r = client(plan(gets(&[("/plain/size/1000", None)]))).await;
+    assert_body(&r["responses"][0], 200, &pattern(1000));
+    let before = rss(pid);
+    let flood = 1500;
+    let r = client(plan(json!({"flood": flood, "wait": 3}))).await;
+    // Every Initial got an answer: a handshake for the first few, a Retry (no state kept) for
+    // the rest while those are pending.
+    let retries = r["retry"].as_u64().unwrap();
+    let initials = r["initial"].as_u64().unwrap();
+    assert!(retries > 0, "{r}");
+    assert!(initials >= 8, "{r}");
+    assert_eq!(
+        retries + initials + r["other"].as_u64().unwrap() + r["silent"].as_u64().unwrap(),
+        flood,
+        "{r}"
+    );
+    assert!(metric(addr, "sluice_quic_retries_total").await >= retries as f64);
+    assert!(metric(addr, "sluice_quic_handshakes").await <= 64.0);
+    // A legitimate client (aioquic follows the Retry) is served byte-exact meanwhile.
+    let r = client(plan(gets(&[("/plain/size/100000", None)]))).await;
+    assert_body(&r["responses"][0], 200, &pattern(100_000));
+    let grown = rss(pid).saturating_sub(before);
+    assert!(grown < 32 * 1024 * 1024, "memory grew by {grown} bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_http3_in_flight_responses() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen.clone()).await;
+    let mut s = H3Sluice::start(o, "").await;
+    let plan = s.plan(gets(&[("/plain/slow/3000000", None)]));
+    let running = tokio::spawn(client(plan));
+    // The request is upstream (the origin waits half a second before answering): drain now.
+    while seen.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = s.stop.take().unwrap().send(());
+    let r = running.await.unwrap();
+    assert_body(&r["responses"][0], 200, &pattern(3_000_000));
+    // The server finished once the drained connection closed, well within its grace period.
+    tokio::time::timeout(Duration::from_secs(4), &mut s.done)
+        .await
+        .expect("server did not finish draining")
+        .unwrap();
+    // Nothing listens any more: a new client gets no connection.
+    let plan = s.plan(json!({"gets": [{"path": "/health"}], "timeout": 3}));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h3_support/h3client.py");
+    let out = tokio::process::Command::new(python())
+        .arg(script)
+        .arg(plan.to_string())
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}
