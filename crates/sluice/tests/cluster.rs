@@ -1,0 +1,347 @@
+//! A cache cluster for real: three sluice nodes, each in its own network namespace on a bridge,
+//! in front of a byte-counting origin. A cold object through every node at once is fetched from
+//! the origin once per slice; a forged hop marker buys nothing; a purge reaches a node that was
+//! away when it was sent; a node killed mid-load costs the other nodes' clients no errors; and
+//! the ring follows DNS.
+
+mod cluster_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cluster_support::*;
+
+const MIB: usize = 1 << 20;
+
+fn object(seed: u8, len: usize) -> Bytes {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Slice requests the origin saw for `path`.
+fn fetches(state: &Shared, path: &str) -> Vec<String> {
+    state
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(p, _)| p == path)
+        .map(|(_, r)| r.clone())
+        .collect()
+}
+
+#[test]
+fn three_nodes_in_namespaces_behave_as_one_cache() {
+    let net = Arc::new(Net::new(1, 3));
+    for i in 1..=3 {
+        net.start(i, &Net::peers(3));
+    }
+    let n = net.clone();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        n.in_hub({
+            let net = n.clone();
+            move || rt().block_on(scenarios(&net))
+        })
+    }));
+    if outcome.is_err() {
+        for i in 1..=3 {
+            eprintln!("--- node {i} ---\n{}", net.log(i));
+        }
+        std::panic::resume_unwind(outcome.unwrap_err());
+    }
+}
+
+async fn scenarios(net: &Net) {
+    let state: Shared = Arc::default();
+    let cold = object(1, 3 * MIB + 5);
+    let forged = object(2, 2 * MIB);
+    let purged = object(3, MIB / 2);
+    {
+        let mut s = state.lock().unwrap();
+        s.objects
+            .insert("/cold.bin".into(), (cold.clone(), "\"c1\"".into()));
+        s.objects
+            .insert("/forged.bin".into(), (forged.clone(), "\"f1\"".into()));
+        s.objects
+            .insert("/purged.bin".into(), (purged.clone(), "\"p1\"".into()));
+        for k in 0..6u8 {
+            s.objects.insert(
+                format!("/slow/load{k}.bin"),
+                (object(10 + k, 2 * MIB + 7), format!("\"l{k}\"")),
+            );
+        }
+    }
+    origin(state.clone()).await;
+    wait_up(&[1, 2, 3]).await;
+
+    // 1. A cold object through every node at once (four clients each): exact bytes everywhere,
+    //    and the origin sends each of its four slices once.
+    let mut jobs = Vec::new();
+    for i in 1..=3 {
+        for _ in 0..4 {
+            jobs.push(tokio::spawn(request("GET", Net::addr(i), "/cold.bin", &[])));
+        }
+    }
+    let mut nodes_named = std::collections::HashSet::new();
+    for j in jobs {
+        let r = j.await.unwrap().expect("request");
+        assert_eq!(r.status, 200);
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&cold));
+        let status = r.headers["cache-status"].to_str().unwrap().to_string();
+        let node = status
+            .split("node=\"")
+            .nth(1)
+            .expect("Cache-Status names the node");
+        nodes_named.insert(node.split('"').next().unwrap().to_string());
+    }
+    let mut seen = fetches(&state, "/cold.bin");
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "bytes=0-1048575",
+            "bytes=1048576-2097151",
+            "bytes=2097152-3145727",
+            "bytes=3145728-4194303"
+        ],
+        "one origin request per slice for the whole cluster"
+    );
+    assert_eq!(
+        nodes_named.len(),
+        1,
+        "every answer came from the owner's cache"
+    );
+    // A range through every node: exact bytes, no new origin request.
+    for i in 1..=3 {
+        let r = request(
+            "GET",
+            Net::addr(i),
+            "/cold.bin",
+            &[("range", "bytes=1500000-2600000")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 206);
+        assert_eq!(
+            r.body.as_ref().unwrap().as_ref(),
+            &cold[1_500_000..=2_600_000]
+        );
+    }
+    assert_eq!(fetches(&state, "/cold.bin").len(), 4);
+
+    // 2. A forged hop marker: each node still relays to the owner (one fetch per slice), and
+    //    the control listener refuses unsigned or badly signed purges.
+    let fake = format!("10.77.0.12:8080 {} {}", now_secs(), "ab".repeat(32));
+    for i in 1..=3 {
+        let r = request("GET", Net::addr(i), "/forged.bin", &[("sluice-hop", &fake)])
+            .await
+            .unwrap();
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&forged));
+    }
+    assert_eq!(
+        fetches(&state, "/forged.bin").len(),
+        2,
+        "a forged marker made a node fill itself"
+    );
+    let control: std::net::SocketAddr = "10.77.0.11:8899".parse().unwrap();
+    let r = request("POST", control, "/cluster/purge", &[("sluice-hop", &fake)])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403);
+    let r = request("GET", control, "/cluster/log", &[]).await.unwrap();
+    assert_eq!(r.status, 403);
+
+    // 3. A purge while the owner is away (stopped): the answer says which peer missed it; when
+    //    the owner is back it does not serve the purged bytes.
+    let r = request("GET", Net::addr(1), "/purged.bin", &[])
+        .await
+        .unwrap();
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&purged));
+    let status = r.headers["cache-status"].to_str().unwrap().to_string();
+    let owner: usize = status.split("10.77.0.1").nth(1).unwrap()[..1]
+        .parse()
+        .unwrap();
+    let other = if owner == 1 { 2 } else { 1 };
+    net.pause(owner, true);
+    let r = request(
+        "PURGE",
+        Net::addr(other),
+        "/purged.bin",
+        &[("x-purge-key", PURGE_KEY)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let report: serde_json::Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+    let away = format!("10.77.0.1{owner}:8080");
+    assert!(report["peers"][&away]["error"].is_string(), "{report}");
+    let third = 6 - owner - other;
+    assert!(
+        report["peers"][format!("10.77.0.1{third}:8080")]["purged"].is_u64(),
+        "{report}"
+    );
+    let v2 = object(4, MIB / 2);
+    state
+        .lock()
+        .unwrap()
+        .objects
+        .insert("/purged.bin".into(), (v2.clone(), "\"p2\"".into()));
+    net.pause(owner, false);
+    // Back: within a check interval it has pulled the purge from the log.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in [owner, other, third] {
+        let r = request("GET", Net::addr(i), "/purged.bin", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            sha256(r.body.as_ref().unwrap()),
+            sha256(&v2),
+            "node {i} served purged bytes"
+        );
+    }
+
+    // 4. A node killed in the middle of a load: clients of the other nodes see no error and
+    //    exact bytes; the origin sends each slice at most once more.
+    let load: Vec<(String, Bytes)> = {
+        let s = state.lock().unwrap();
+        (0..6)
+            .map(|k| {
+                let p = format!("/slow/load{k}.bin");
+                let b = s.objects[&p].0.clone();
+                (p, b)
+            })
+            .collect()
+    };
+    let victim = 3;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut clients = Vec::new();
+    for c in 0..8usize {
+        let load = load.clone();
+        clients.push(tokio::spawn(async move {
+            let node = 1 + c % 2;
+            let mut errors = Vec::new();
+            for round in 0..6 {
+                if Instant::now() > deadline {
+                    break;
+                }
+                let (p, b) = &load[(c + round) % load.len()];
+                match request("GET", Net::addr(node), p, &[]).await {
+                    Ok(r)
+                        if r.status == 200
+                            && r.body.as_ref().is_ok_and(|x| sha256(x) == sha256(b)) => {}
+                    Ok(r) => errors.push(format!(
+                        "{p} via {node}: {} {:?}",
+                        r.status,
+                        r.body.map(|b| b.len())
+                    )),
+                    Err(e) => errors.push(format!("{p} via {node}: {e}")),
+                }
+            }
+            errors
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    net.kill(victim);
+    let mut errors = Vec::new();
+    for c in clients {
+        errors.extend(c.await.unwrap());
+    }
+    assert!(
+        errors.is_empty(),
+        "clients of live nodes saw errors: {errors:?}"
+    );
+    // Some of those answers lost their owner mid-body and were continued elsewhere.
+    let resumed = metric(1, "sluice_cache_cluster_resumed_total")
+        .await
+        .unwrap_or(0.0)
+        + metric(2, "sluice_cache_cluster_resumed_total")
+            .await
+            .unwrap_or(0.0);
+    assert!(
+        resumed >= 1.0,
+        "no answer was continued: the kill came too late to test anything"
+    );
+    for (p, _) in &load {
+        let mut f = fetches(&state, p);
+        f.sort();
+        let total = f.len();
+        f.dedup();
+        assert!(
+            total <= f.len() * 2,
+            "{p}: {total} origin requests for {} slices",
+            f.len()
+        );
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn the_ring_follows_dns() {
+    let net = Arc::new(Net::new(2, 3));
+    let answer: Arc<Mutex<Vec<[u8; 4]>>> =
+        Arc::new(Mutex::new(vec![[10, 77, 0, 11], [10, 77, 0, 12]]));
+    let dns_cfg = "dns = \"nodes.cluster.test:8080\"\ndns_server = \"10.77.0.1:5353\"\ndns_min_refresh_secs = 1\ndns_max_refresh_secs = 2";
+    let n = net.clone();
+    let a = answer.clone();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        n.in_hub({
+            let net = n.clone();
+            move || {
+                rt().block_on(async move {
+                    dns("nodes.cluster.test", a.clone()).await;
+                    for i in 1..=3 {
+                        net.start(i, dns_cfg);
+                    }
+                    wait_up(&[1, 2, 3]).await;
+                    let members = |want: f64| async move {
+                        let deadline = Instant::now() + Duration::from_secs(8);
+                        loop {
+                            let got = metric(1, "sluice_cache_cluster_members").await;
+                            if got == Some(want) {
+                                return;
+                            }
+                            assert!(
+                                Instant::now() < deadline,
+                                "ring has {got:?} members, want {want}"
+                            );
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    };
+                    members(2.0).await;
+                    a.lock().unwrap().push([10, 77, 0, 13]);
+                    members(3.0).await;
+                    a.lock().unwrap().retain(|x| x[3] != 12);
+                    members(2.0).await;
+                })
+            }
+        })
+    }));
+    if outcome.is_err() {
+        for i in 1..=3 {
+            eprintln!("--- node {i} ---\n{}", net.log(i));
+        }
+        std::panic::resume_unwind(outcome.unwrap_err());
+    }
+}
