@@ -89,6 +89,7 @@ async fn scenarios(net: &Net) {
     }
     origin(state.clone()).await;
     wait_up(&[1, 2, 3]).await;
+    wait_ring(&[1, 2, 3], 3).await;
 
     // 1. A cold object through every node at once (four clients each): exact bytes everywhere,
     //    and the origin sends each of its four slices once.
@@ -190,7 +191,11 @@ async fn scenarios(net: &Net) {
     assert_eq!(r.status, 200);
     let report: serde_json::Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
     let away = format!("10.77.0.1{owner}:8080");
-    assert!(report["peers"][&away]["error"].is_string(), "{report}");
+    assert!(
+        report["peers"][&away]["error"].is_string(),
+        "{report} {status} {}",
+        net.state(owner)
+    );
     let third = 6 - owner - other;
     assert!(
         report["peers"][format!("10.77.0.1{third}:8080")]["purged"].is_u64(),

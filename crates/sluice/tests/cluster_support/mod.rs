@@ -201,6 +201,19 @@ rampup_secs = 0
         unsafe { libc::kill(pid, if stop { libc::SIGSTOP } else { libc::SIGCONT }) };
     }
 
+    /// The process state line of node `i` (for failure messages).
+    pub fn state(&self, i: usize) -> String {
+        let map = self.children.lock().unwrap();
+        let pid = map.get(&i).map_or(0, |c| c.id());
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let state = status
+            .lines()
+            .find(|l| l.starts_with("State"))
+            .unwrap_or("");
+        let name = status.lines().next().unwrap_or("");
+        format!("pid {pid} {name} {state}")
+    }
+
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("node{i}.log"))).unwrap_or_default()
     }
@@ -227,6 +240,35 @@ pub async fn wait_up(nodes: &[usize]) {
     for &i in nodes {
         while tokio::net::TcpStream::connect(Net::addr(i)).await.is_err() {
             assert!(Instant::now() < deadline, "node {i} did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Waits until each of `nodes` sees `members` members on its ring, every one up (a node that
+/// checked a peer before it started holds it out until its next check passes).
+pub async fn wait_ring(nodes: &[usize], members: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for &i in nodes {
+        loop {
+            let path = format!("/metrics?api_password={PASSWORD}");
+            let text = match request("GET", Net::addr(i), &path, &[]).await {
+                Ok(r) => {
+                    String::from_utf8_lossy(r.body.as_ref().map_or(&[][..], |b| b)).to_string()
+                }
+                Err(_) => String::new(),
+            };
+            let up = text
+                .lines()
+                .filter(|l| l.starts_with("sluice_cache_cluster_member_up{") && l.ends_with(" 1"))
+                .count();
+            if up == members {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {i} sees {up} of {members} members up"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
