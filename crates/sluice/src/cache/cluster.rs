@@ -61,7 +61,13 @@ impl Cluster {
         metrics: metrics::ClusterMetrics,
         head_timeout: Duration,
     ) -> Cluster {
-        let key = HopKey::new(&config.secret);
+        // Validated before: the secret is there (a file that vanished since signs with nothing
+        // a peer accepts, and says so).
+        let secret = config.secret().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cache cluster secret unreadable");
+            String::new()
+        });
+        let key = HopKey::new(&secret);
         let timeout = Duration::from_millis(config.peer_timeout_ms);
         Cluster {
             ring: Arc::new(Ring::new(
@@ -69,7 +75,16 @@ impl Cluster {
                 Duration::from_secs(config.rampup_secs),
             )),
             log: PurgeLog::new(config.purge_log_entries),
-            peer: peer::PeerClient::new(key.clone(), &config.self_addr, timeout, head_timeout),
+            peer: peer::PeerClient::new(
+                key.clone(),
+                if config.self_addr.is_empty() {
+                    "node"
+                } else {
+                    &config.self_addr
+                },
+                timeout,
+                head_timeout,
+            ),
             key,
             metrics,
             config: config.clone(),
@@ -103,13 +118,13 @@ impl Cluster {
             cache,
             Duration::from_millis(self.config.health_interval_ms),
         );
-        tracing::info!(node = %self.config.self_addr, control = %bound, "cache cluster started");
+        tracing::info!(node = %self.self_addr(), control = %bound, "cache cluster started");
         Ok(())
     }
 
-    /// This node's address on the ring.
-    pub fn self_addr(&self) -> &str {
-        &self.config.self_addr
+    /// This node's address on the ring (configured, or found among the members).
+    pub fn self_addr(&self) -> String {
+        self.ring.self_addr()
     }
 
     /// Where the control listener bound.
@@ -159,16 +174,9 @@ impl Cluster {
         let Some(v) = headers.get("cache-status").and_then(|v| v.to_str().ok()) else {
             return;
         };
-        if let Ok(named) =
-            HeaderValue::from_str(&format!("{v}; node=\"{}\"", self.config.self_addr))
-        {
+        if let Ok(named) = HeaderValue::from_str(&format!("{v}; node=\"{}\"", self.self_addr())) {
             headers.insert("cache-status", named);
         }
-    }
-
-    /// Local copies on non-owners live at most this long.
-    pub fn peer_copy_ttl(&self) -> Duration {
-        Duration::from_secs(self.config.peer_copy_ttl_secs)
     }
 
     /// Logs a purge this node took from a client and sends it to every other member; the

@@ -124,9 +124,15 @@ impl Net {
         format!("10.77.0.{}:8080", 10 + i).parse().unwrap()
     }
 
-    /// Writes node `i`'s config (`cluster` is its `[cache.cluster]` body) and starts it.
+    /// Writes node `i`'s config (`cluster` is its `[cache.cluster]` body) and starts it. With
+    /// DNS membership the node is not told its own address: it finds itself among the members.
     pub fn start(&self, i: usize, cluster: &str) {
         let me = Net::addr(i);
+        let self_line = if cluster.contains("dns =") {
+            String::new()
+        } else {
+            format!("self = \"{me}\"")
+        };
         let disk = self.dir.path().join(format!("disk{i}"));
         let text = format!(
             r#"[server]
@@ -154,7 +160,7 @@ purge_key = "{PURGE_KEY}"
 purge_allow = ["10.77.0.0/24"]
 
 [cache.cluster]
-self = "{me}"
+{self_line}
 secret = "{SECRET}"
 health_interval_ms = 200
 peer_timeout_ms = 500

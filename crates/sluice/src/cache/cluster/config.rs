@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// This node as its peers reach its HTTP listener (`ip:port`); with DNS membership, the
-    /// address the DNS answer names it by.
+    /// This node as its peers reach its HTTP listener (`ip:port`). Empty: the member whose
+    /// address is one of this host's own (a pod behind a headless Service needs no config).
     #[serde(rename = "self")]
     pub self_addr: String,
     /// Static members (`"ip:port"` or `{ addr = "ip:port", weight = 2, control = "ip:port" }`);
@@ -27,6 +27,9 @@ pub struct ClusterConfig {
     /// The shared secret the hop marker and the peer control requests are signed with (at least
     /// 16 characters; the same on every node).
     pub secret: String,
+    /// A file holding the secret instead (a mounted Kubernetes Secret); surrounding whitespace
+    /// is ignored.
+    pub secret_file: Option<std::path::PathBuf>,
     /// Port of every node's cluster control listener (purge fan-out, purge log, health); a static
     /// peer may name its own `control` address instead.
     pub control_port: u16,
@@ -40,8 +43,6 @@ pub struct ClusterConfig {
     pub max_fails: u32,
     /// Seconds over which a node that joined (or came back) takes on its share of the keys.
     pub rampup_secs: u64,
-    /// Seconds a non-owner keeps a local copy on routes with `cache_peer_copy = true`.
-    pub peer_copy_ttl_secs: u64,
     /// Purges this node remembers for peers that were away when they were sent.
     pub purge_log_entries: usize,
 }
@@ -96,13 +97,13 @@ impl Default for ClusterConfig {
             dns_min_refresh_secs: 1,
             dns_max_refresh_secs: 30,
             secret: String::new(),
+            secret_file: None,
             control_port: 8899,
             control_listen: None,
             health_interval_ms: 1000,
             peer_timeout_ms: 1000,
             max_fails: 2,
             rampup_secs: 10,
-            peer_copy_ttl_secs: 5,
             purge_log_entries: 10_000,
         }
     }
@@ -114,13 +115,13 @@ pub const MAX_WEIGHT: u32 = 100;
 impl ClusterConfig {
     /// Checks what types alone cannot.
     pub fn validate(&self) -> Result<(), String> {
-        if self.self_addr.parse::<SocketAddr>().is_err() {
+        if !self.self_addr.is_empty() && self.self_addr.parse::<SocketAddr>().is_err() {
             return Err(format!(
                 "self = {:?} must be this node's ip:port as its peers reach it",
                 self.self_addr
             ));
         }
-        if self.secret.chars().count() < 16 {
+        if self.secret()?.chars().count() < 16 {
             return Err("secret must be at least 16 characters, the same on every node".into());
         }
         match (&self.dns, self.peers.is_empty()) {
@@ -174,6 +175,17 @@ impl ClusterConfig {
             }
         }
         Ok(())
+    }
+
+    /// The secret, from `secret` or `secret_file` (not both).
+    pub fn secret(&self) -> Result<String, String> {
+        match (&self.secret_file, self.secret.is_empty()) {
+            (None, _) => Ok(self.secret.clone()),
+            (Some(_), false) => Err("set secret or secret_file, not both".into()),
+            (Some(path), true) => std::fs::read_to_string(path)
+                .map(|s| s.trim().to_string())
+                .map_err(|e| format!("secret_file {}: {e}", path.display())),
+        }
     }
 
     /// Where the control listener binds.

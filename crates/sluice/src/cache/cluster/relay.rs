@@ -42,10 +42,8 @@ impl Cluster {
                 return None;
             };
             match self.peer.relay(&owner, &req).await {
-                Ok(resp)
-                    if !resp.status().is_server_error()
-                        || resp.status() == StatusCode::NOT_IMPLEMENTED =>
-                {
+                // Any answer is the owner's to give (a 5xx is the origin's, passed on).
+                Ok(resp) => {
                     owner.state.report_success();
                     self.metrics.peer_fills.inc();
                     let resp = relayed(resp);
@@ -68,12 +66,6 @@ impl Cluster {
                         }),
                         None => resp,
                     });
-                }
-                Ok(resp) => {
-                    // The owner itself is failing (a 5xx of its own, not the origin's).
-                    tracing::debug!(owner = %owner.addr, status = %resp.status(), "owner failed");
-                    self.owner_failed(&owner.state);
-                    skip = Some(owner.addr.clone());
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "owner unreachable");

@@ -157,7 +157,11 @@ impl Ring {
         let names: Vec<&str> = members.iter().map(|m| m.addr.as_str()).collect();
         let weights: Vec<u32> = members.iter().map(|m| m.weight).collect();
         let ring = HashRing::new(&names, &weights);
-        let self_index = members.iter().position(|m| m.addr == self.self_addr);
+        let self_index = if self.self_addr.is_empty() {
+            members.iter().position(|m| is_local(&m.addr))
+        } else {
+            members.iter().position(|m| m.addr == self.self_addr)
+        };
         tracing::info!(members = ?names, "cache cluster ring changed");
         self.view.store(Arc::new(View {
             members,
@@ -165,6 +169,16 @@ impl Ring {
             self_index,
         }));
         true
+    }
+
+    /// This node's address on the ring: as configured, or the member found to be local.
+    pub fn self_addr(&self) -> String {
+        if !self.self_addr.is_empty() {
+            return self.self_addr.clone();
+        }
+        let view = self.view.load();
+        view.self_index
+            .map_or_else(|| "unknown".to_string(), |i| view.members[i].addr.clone())
     }
 
     pub fn view(&self) -> Arc<View> {
@@ -204,6 +218,12 @@ impl Ring {
             _ => Owner::Local,
         }
     }
+}
+
+/// Whether `addr`'s IP is one of this host's (binding to it works only then).
+fn is_local(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .is_ok_and(|a| std::net::UdpSocket::bind(SocketAddr::new(a.ip(), 0)).is_ok())
 }
 
 /// Whether a member up for `age_ms` of a `rampup_ms` rampup owns a key at `share` (0..1000) of
@@ -266,6 +286,20 @@ mod tests {
             let s = n as f64 / keys.len() as f64;
             assert!((0.15..0.25).contains(&s), "member {m} owns {s}");
         }
+    }
+
+    #[test]
+    fn an_unnamed_node_finds_itself_by_its_own_address() {
+        let ring = Ring::new("", Duration::ZERO);
+        let mut members = specs(2);
+        members.push(MemberSpec {
+            addr: "127.0.0.1:8888".into(),
+            control: "127.0.0.1:8899".parse().unwrap(),
+            weight: 1,
+        });
+        ring.set_members(members);
+        assert_eq!(ring.self_addr(), "127.0.0.1:8888");
+        assert!(ring.view().self_index.is_some());
     }
 
     #[test]
