@@ -52,6 +52,7 @@ fn three_nodes_in_namespaces_behave_as_one_cache() {
     for i in 1..=3 {
         net.start(i, &Net::peers(3));
     }
+    net.start_balancer(3);
     let n = net.clone();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         n.in_hub({
@@ -60,7 +61,7 @@ fn three_nodes_in_namespaces_behave_as_one_cache() {
         })
     }));
     if outcome.is_err() {
-        for i in 1..=3 {
+        for i in 0..=3 {
             eprintln!("--- node {i} ---\n{}", net.log(i));
         }
         std::panic::resume_unwind(outcome.unwrap_err());
@@ -72,6 +73,8 @@ async fn scenarios(net: &Net) {
     let cold = object(1, 3 * MIB + 5);
     let forged = object(2, 2 * MIB);
     let purged = object(3, MIB / 2);
+    let hot = object(5, MIB + MIB / 2);
+    let front = object(6, 2 * MIB + 1);
     {
         let mut s = state.lock().unwrap();
         s.objects
@@ -80,6 +83,10 @@ async fn scenarios(net: &Net) {
             .insert("/forged.bin".into(), (forged.clone(), "\"f1\"".into()));
         s.objects
             .insert("/purged.bin".into(), (purged.clone(), "\"p1\"".into()));
+        s.objects
+            .insert("/copy/hot.bin".into(), (hot.clone(), "\"h1\"".into()));
+        s.objects
+            .insert("/front.bin".into(), (front.clone(), "\"b1\"".into()));
         for k in 0..6u8 {
             s.objects.insert(
                 format!("/slow/load{k}.bin"),
@@ -90,6 +97,11 @@ async fn scenarios(net: &Net) {
     origin(state.clone()).await;
     wait_up(&[1, 2, 3]).await;
     wait_ring(&[1, 2, 3], 3).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(Net::front()).await.is_err() {
+        assert!(Instant::now() < deadline, "the balancer did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // 1. A cold object through every node at once (four clients each): exact bytes everywhere,
     //    and the origin sends each of its four slices once.
@@ -128,6 +140,22 @@ async fn scenarios(net: &Net) {
         1,
         "every answer came from the owner's cache"
     );
+    // The same through the balancer in front (round robin over the nodes): nine clients at
+    // once on a cold object, three slices, three origin requests.
+    let mut jobs = Vec::new();
+    for _ in 0..9 {
+        jobs.push(tokio::spawn(request(
+            "GET",
+            Net::front(),
+            "/front.bin",
+            &[],
+        )));
+    }
+    for j in jobs {
+        let r = j.await.unwrap().expect("request through the balancer");
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&front));
+    }
+    assert_eq!(fetches(&state, "/front.bin").len(), 3);
     // A range through every node: exact bytes, no new origin request.
     for i in 1..=3 {
         let r = request(
@@ -167,6 +195,36 @@ async fn scenarios(net: &Net) {
     assert_eq!(r.status, 403);
     let r = request("GET", control, "/cluster/log", &[]).await.unwrap();
     assert_eq!(r.status, 403);
+
+    // 2b. A route that keeps local copies: after one miss each node answers from its own cache,
+    //     and the origin still sent each slice once.
+    for i in 1..=3 {
+        for round in 0..2 {
+            let r = request("GET", Net::addr(i), "/copy/hot.bin", &[])
+                .await
+                .unwrap();
+            assert_eq!(
+                sha256(r.body.as_ref().unwrap()),
+                sha256(&hot),
+                "node {i} round {round}: {} {:?} {:?} origin {:?}",
+                r.status,
+                r.headers,
+                r.body.as_ref().map(|b| b.len()),
+                fetches(&state, "/copy/hot.bin")
+            );
+            let status = r.headers["cache-status"].to_str().unwrap().to_string();
+            assert!(
+                status.contains(&format!("node=\"{}\"", Net::addr(i))),
+                "{status}"
+            );
+            if round == 1 {
+                assert!(status.starts_with("sluice; hit"), "node {i}: {status}");
+            }
+        }
+    }
+    let mut seen = fetches(&state, "/copy/hot.bin");
+    seen.sort();
+    assert_eq!(seen, ["bytes=0-1048575", "bytes=1048576-2097151"]);
 
     // 3. A purge while the owner is away (stopped): the answer says which peer missed it; when
     //    the owner is back it does not serve the purged bytes.

@@ -10,12 +10,14 @@
 //! - `members`: the member list from the static list or DNS.
 //! - `peer`: the keep-alive client (relayed misses, control requests).
 //! - `relay`: a miss through its owner, continued elsewhere when the owner fails.
+//! - `copy`: local copies on non-owners, filled from the owner.
 //! - `control`: the control listener and the active checker (which pulls purge logs).
 //! - `purge_log`: purges kept for peers that were away.
 //! - `metrics`: `sluice_cache_cluster_*`.
 
 pub mod config;
 mod control;
+mod copy;
 pub mod hop;
 mod members;
 pub mod metrics;

@@ -186,6 +186,24 @@ impl Reverse {
                 balance,
             });
             match (cluster, relay) {
+                (Some(c), Some((false, authority, target)))
+                    if route.config.cache_peer_copy
+                        && matches!(c.owner(&key), crate::cache::cluster::Owner::Peer(_)) =>
+                {
+                    // A local copy, filled from the owner and kept for a short while.
+                    let req = RelayRequest {
+                        method: parts.method.clone(),
+                        authority,
+                        target,
+                        headers: parts.headers.clone(),
+                    };
+                    let origin = c.owner_origin(&key, req, origin);
+                    let mut resp = cache
+                        .serve(&cparts, &key, origin, &c.copy_policy(policy))
+                        .await;
+                    c.name_node(resp.headers_mut());
+                    resp
+                }
                 (Some(c), Some((false, authority, target))) => {
                     let local = local_fill(cache, cparts, &key, origin, policy);
                     let req = RelayRequest {

@@ -147,6 +147,12 @@ name = "origin"
 servers = ["10.77.0.1:9000"]
 
 [[routes]]
+path = "/copy/"
+upstream = "origin"
+cache = true
+cache_peer_copy = true
+
+[[routes]]
 path = "/"
 upstream = "origin"
 cache = true
@@ -184,6 +190,46 @@ rampup_secs = 0
             .spawn()
             .unwrap();
         self.children.lock().unwrap().insert(i, child);
+    }
+
+    /// A sluice in the hub spreading TCP connections on 10.77.0.1:7000 over nodes 1..=n, round
+    /// robin (`[[tcp]]`): the balancer in front of the cluster.
+    pub fn start_balancer(&self, n: usize) {
+        let servers: Vec<String> = (1..=n).map(|i| format!("\"{}\"", Net::addr(i))).collect();
+        let text = format!(
+            r#"[server]
+listen = ["127.0.0.1:8888"]
+
+[[upstreams]]
+name = "nodes"
+servers = [{}]
+
+[[tcp]]
+name = "front"
+listen = "10.77.0.1:7000"
+upstream = "nodes"
+"#,
+            servers.join(", ")
+        );
+        let path = self.dir.path().join("balancer.toml");
+        std::fs::write(&path, text).unwrap();
+        let log = std::fs::File::create(self.dir.path().join("node0.log")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.hub])
+            .arg(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.lock().unwrap().insert(0, child);
+    }
+
+    /// The balancer's address.
+    pub fn front() -> SocketAddr {
+        "10.77.0.1:7000".parse().unwrap()
     }
 
     /// The static peer list of nodes 1..=n.

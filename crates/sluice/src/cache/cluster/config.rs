@@ -43,6 +43,9 @@ pub struct ClusterConfig {
     pub max_fails: u32,
     /// Seconds over which a node that joined (or came back) takes on its share of the keys.
     pub rampup_secs: u64,
+    /// Seconds a node keeps its copy of an object another node owns, on routes with
+    /// `cache_peer_copy = true` (on top of the object's age; never past its own lifetime).
+    pub peer_copy_ttl_secs: u64,
     /// Purges this node remembers for peers that were away when they were sent.
     pub purge_log_entries: usize,
 }
@@ -104,6 +107,7 @@ impl Default for ClusterConfig {
             peer_timeout_ms: 1000,
             max_fails: 2,
             rampup_secs: 10,
+            peer_copy_ttl_secs: 10,
             purge_log_entries: 10_000,
         }
     }

@@ -77,7 +77,7 @@ impl Cluster {
         None
     }
 
-    fn owner_failed(&self, state: &super::ring::PeerState) {
+    pub(super) fn owner_failed(&self, state: &super::ring::PeerState) {
         self.metrics.owner_failures.inc();
         if state.report_failure(self.config.max_fails) {
             tracing::warn!("cache cluster owner taken out of the ring after failures");
