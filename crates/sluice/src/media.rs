@@ -2,6 +2,7 @@
 
 pub mod acestream;
 pub mod cache;
+mod cluster;
 pub mod dash;
 pub mod generate;
 pub mod hls;

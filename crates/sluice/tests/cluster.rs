@@ -75,6 +75,7 @@ async fn scenarios(net: &Net) {
     let purged = object(3, MIB / 2);
     let hot = object(5, MIB + MIB / 2);
     let front = object(6, 2 * MIB + 1);
+    let mpd = Bytes::from_static(MPD.as_bytes());
     {
         let mut s = state.lock().unwrap();
         s.objects
@@ -87,6 +88,8 @@ async fn scenarios(net: &Net) {
             .insert("/copy/hot.bin".into(), (hot.clone(), "\"h1\"".into()));
         s.objects
             .insert("/front.bin".into(), (front.clone(), "\"b1\"".into()));
+        s.objects
+            .insert("/media/a.mpd".into(), (mpd.clone(), "\"m1\"".into()));
         for k in 0..6u8 {
             s.objects.insert(
                 format!("/slow/load{k}.bin"),
@@ -226,6 +229,50 @@ async fn scenarios(net: &Net) {
     seen.sort();
     assert_eq!(seen, ["bytes=0-1048575", "bytes=1048576-2097151"]);
 
+    // 2c. The media front end: an MPD asked through every node is fetched once for the
+    //     cluster, and a viewer with other headers (h_cookie) has objects of its own, fetched
+    //     with its own cookie, across the hop too.
+    let d = "http%3A%2F%2F10.77.0.1%3A9000%2Fmedia%2Fa.mpd";
+    let mut playlists = Vec::new();
+    for user in ["", "&h_cookie=user%3D2"] {
+        for i in 1..=3 {
+            let path = format!("/proxy/mpd/manifest.m3u8?d={d}&api_password={PASSWORD}{user}");
+            let r = request("GET", Net::addr(i), &path, &[]).await.unwrap();
+            assert_eq!(r.status, 200, "{:?}", r.body);
+            playlists.push(r.body.unwrap());
+        }
+    }
+    // Alike but for the token each answer mints afresh.
+    let untokened = |p: &Bytes| {
+        let t = String::from_utf8_lossy(p).to_string();
+        t.split('/')
+            .filter(|part| !part.starts_with("_token_"))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    assert!(untokened(&playlists[0]).contains("BANDWIDTH=500000"));
+    assert!(
+        playlists[..3]
+            .iter()
+            .all(|p| untokened(p) == untokened(&playlists[0])),
+        "{:?}",
+        &playlists[..2]
+    );
+    assert_eq!(
+        fetches(&state, "/media/a.mpd").len(),
+        2,
+        "one MPD fetch per viewer's key"
+    );
+    let cookies: Vec<String> = state
+        .lock()
+        .unwrap()
+        .cookies
+        .iter()
+        .filter(|(p, _)| p == "/media/a.mpd")
+        .map(|(_, c)| c.clone())
+        .collect();
+    assert_eq!(cookies, ["user=2"]);
+
     // 3. A purge while the owner is away (stopped): the answer says which peer missed it; when
     //    the owner is back it does not serve the purged bytes.
     let r = request("GET", Net::addr(1), "/purged.bin", &[])
@@ -319,7 +366,24 @@ async fn scenarios(net: &Net) {
             errors
         }));
     }
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Kill it once fills are under way (the origin trickles each slice over ~160 ms), so
+    // answers it relays are cut mid-body.
+    let started = Instant::now();
+    loop {
+        let paths: std::collections::HashSet<String> = state
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|(p, _)| p.starts_with("/slow/"))
+            .map(|(p, _)| p.clone())
+            .collect();
+        if paths.len() >= 5 || started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(60)).await;
     net.kill(victim);
     let mut errors = Vec::new();
     for c in clients {
@@ -352,6 +416,18 @@ async fn scenarios(net: &Net) {
         );
     }
 }
+
+/// A small static MPD the media front end turns into an HLS playlist.
+const MPD: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<MPD xmlns="urn:mpeg:dash:schema:mpd:2011" type="static" mediaPresentationDuration="PT8S" minBufferTime="PT2S" profiles="urn:mpeg:dash:profile:isoff-live:2011">
+  <Period id="0" start="PT0S">
+    <AdaptationSet id="0" contentType="video" mimeType="video/mp4" segmentAlignment="true">
+      <SegmentTemplate timescale="1" duration="2" startNumber="1" initialization="init-$RepresentationID$.mp4" media="seg-$RepresentationID$-$Number$.m4s"/>
+      <Representation id="v" bandwidth="500000" codecs="avc1.64001f" width="640" height="360"/>
+    </AdaptationSet>
+  </Period>
+</MPD>
+"#;
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()

@@ -44,8 +44,21 @@ use metrics::ResultLabels;
 use purge_log::{PurgeLog, PurgeOrder};
 use ring::Ring;
 
+/// A front end's own fill, run on the owner for a peer: the order (the front end's own encoding,
+/// signed in transit) in, the answer out (streaming).
+pub type FillHandler = Arc<
+    dyn Fn(
+            Bytes,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = http::Response<crate::body::Body>> + Send>,
+        > + Send
+        + Sync,
+>;
+
 /// This node's part in a cache cluster.
 pub struct Cluster {
+    /// Fills front ends run for peers, by name (`POST /cluster/fill/<name>`).
+    fills: std::sync::RwLock<std::collections::HashMap<&'static str, FillHandler>>,
     config: ClusterConfig,
     key: HopKey,
     ring: Arc<Ring>,
@@ -91,6 +104,7 @@ impl Cluster {
             metrics,
             config: config.clone(),
             control: std::sync::OnceLock::new(),
+            fills: Default::default(),
         }
     }
 
@@ -179,6 +193,54 @@ impl Cluster {
         if let Ok(named) = HeaderValue::from_str(&format!("{v}; node=\"{}\"", self.self_addr())) {
             headers.insert("cache-status", named);
         }
+    }
+
+    /// Lets peers run `handler` here (a front end whose requests are not routes: the media
+    /// front end's fetches); the latest registration of a name wins (a reload).
+    pub fn register_fill(&self, name: &'static str, handler: FillHandler) {
+        self.fills
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, handler);
+    }
+
+    /// Runs fill `name` with `order` on the owner of `key` (then the next node); `None` when
+    /// this node owns the key or no owner answered (fill it here).
+    pub async fn fill_via_owner(
+        &self,
+        name: &str,
+        key: &CacheKey,
+        order: Bytes,
+    ) -> Option<http::Response<crate::body::Body>> {
+        let mut skip: Option<String> = None;
+        for _ in 0..2 {
+            let Owner::Peer(owner) = self.ring.owner(&key.0, skip.as_deref()) else {
+                return None;
+            };
+            let target = format!("/cluster/fill/{name}");
+            match self
+                .peer
+                .control_stream(&owner, &target, order.clone())
+                .await
+            {
+                Ok(resp) if !resp.headers().contains_key(control::CONTROL_ERROR) => {
+                    owner.state.report_success();
+                    self.metrics.peer_fills.inc();
+                    return Some(peer::relayed(resp));
+                }
+                Ok(resp) => {
+                    // A peer without that fill (another version) or another secret.
+                    tracing::debug!(owner = %owner.addr, status = %resp.status(), "peer fill refused");
+                    skip = Some(owner.addr.clone());
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "owner unreachable for a fill");
+                    self.owner_failed(&owner.state);
+                    skip = Some(owner.addr.clone());
+                }
+            }
+        }
+        None
     }
 
     /// Logs a purge this node took from a client and sends it to every other member; the

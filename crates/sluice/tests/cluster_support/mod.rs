@@ -142,6 +142,9 @@ per_ip_exempt = ["10.77.0.0/24"]
 [auth]
 api_password = "{PASSWORD}"
 
+[upstream]
+allow_private = true
+
 [[upstreams]]
 name = "origin"
 servers = ["10.77.0.1:9000"]
@@ -335,6 +338,8 @@ pub struct OriginState {
     pub objects: HashMap<String, (Bytes, String)>,
     /// (path, Range header) of every GET, in order.
     pub requests: Vec<(String, String)>,
+    /// (path, Cookie header) of every GET that carried one.
+    pub cookies: Vec<(String, String)>,
     pub bytes_sent: u64,
 }
 
@@ -392,6 +397,9 @@ fn serve_origin(req: Request<Incoming>, state: &Shared) -> Response<OriginBody> 
         .unwrap_or("")
         .to_string();
     s.requests.push((path.clone(), range.clone()));
+    if let Some(c) = req.headers().get("cookie").and_then(|v| v.to_str().ok()) {
+        s.cookies.push((path.clone(), c.to_string()));
+    }
     let Some((body, etag)) = s.objects.get(&path).cloned() else {
         let mut r = Response::new(Full::new(Bytes::from_static(b"no")).boxed());
         *r.status_mut() = StatusCode::NOT_FOUND;

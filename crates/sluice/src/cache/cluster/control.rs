@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -17,14 +17,23 @@ use super::hop::HOP_HEADER;
 use super::peer::body_digest;
 use super::purge_log::{LogPage, PurgeOrder};
 use super::Cluster;
+use crate::body::Body;
 use crate::cache::Inner;
+
+/// Marks the control listener's own error answers.
+pub(crate) const CONTROL_ERROR: &str = "sluice-cluster-error";
 
 /// Largest control request body (one purge order).
 const MAX_BODY: usize = 64 << 10;
 
-fn answer(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+fn answer(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(crate::body::full(body));
     *r.status_mut() = status;
+    if status != StatusCode::OK {
+        // The control plane's own refusal, told apart from a fill's answer (an origin's 404).
+        r.headers_mut()
+            .insert(CONTROL_ERROR, http::HeaderValue::from_static("1"));
+    }
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
@@ -71,7 +80,7 @@ async fn handle(
     req: Request<Incoming>,
     cluster: Weak<Cluster>,
     cache: Weak<Inner>,
-) -> Response<Full<Bytes>> {
+) -> Response<Body> {
     let (Some(cluster), Some(cache)) = (cluster.upgrade(), cache.upgrade()) else {
         return answer(StatusCode::SERVICE_UNAVAILABLE, "{}".into());
     };
@@ -103,6 +112,22 @@ async fn handle(
                 serde_json::json!({ "error": e.to_string() }).to_string(),
             ),
         },
+        (Method::POST, path) if path.starts_with("/cluster/fill/") => {
+            let name = &path["/cluster/fill/".len()..];
+            let handler = cluster
+                .fills
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name)
+                .cloned();
+            match handler {
+                Some(h) => {
+                    cluster.metrics.hops.inc();
+                    h(body).await
+                }
+                None => answer(StatusCode::NOT_FOUND, "{\"error\":\"no such fill\"}".into()),
+            }
+        }
         (Method::GET, "/cluster/log") => {
             let q = parts.uri.query().unwrap_or("");
             let get = |name: &str| {

@@ -147,6 +147,34 @@ impl PeerClient {
     }
 }
 
+impl PeerClient {
+    /// A signed control request whose answer streams back (a fill another front end asked the
+    /// owner for); the head within the relay's head timeout.
+    pub async fn control_stream(
+        &self,
+        member: &Member,
+        target: &str,
+        body: Bytes,
+    ) -> Result<Response<hyper::body::Incoming>, PeerError> {
+        let fail = |e: String| PeerError::Failed(member.addr.clone(), e);
+        let digest = body_digest(&body);
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = format!("http://{}{target}", member.control)
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| fail(e.to_string()))?;
+        req.headers_mut().insert(
+            HOP_HEADER,
+            self.key.sign(&self.from, "POST", &digest, target),
+        );
+        match tokio::time::timeout(self.head_timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(fail(e.to_string())),
+            Err(_) => Err(PeerError::Timeout(member.addr.clone())),
+        }
+    }
+}
+
 /// The owner's answer as this node passes it on: hop-by-hop fields gone, the body streaming.
 pub fn relayed(resp: Response<hyper::body::Incoming>) -> Response<Body> {
     let (mut parts, incoming) = resp.into_parts();
