@@ -43,7 +43,7 @@ pub struct FreshnessPolicy {
     /// For a copy of another cache's object (a cluster node keeping what the owner sent): fresh
     /// for at most this long after it arrives, on top of the `Age` it arrives with, and never
     /// longer than its own lifetime. `None`: no cap.
-    pub copy_ttl: Option<Duration>,
+    pub copy_ttl_secs: Option<std::num::NonZeroU32>,
 }
 
 impl Default for FreshnessPolicy {
@@ -56,7 +56,7 @@ impl Default for FreshnessPolicy {
             grace: Duration::ZERO,
             request_directives: RequestDirectives::Honor,
             store_cookie_requests: true,
-            copy_ttl: None,
+            copy_ttl_secs: None,
         }
     }
 }
@@ -173,14 +173,14 @@ pub fn storability(
         }
         None => return Err(NotStorable::Status),
     };
-    let lifetime = match policy.copy_ttl {
+    let lifetime = match policy.copy_ttl_secs {
         Some(cap) => {
             let age = resp_headers
                 .get(http::header::AGE)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .unwrap_or(0);
-            lifetime.min(age.saturating_add(cap.as_secs()))
+            lifetime.min(age.saturating_add(u64::from(cap.get())))
         }
         None => lifetime,
     };

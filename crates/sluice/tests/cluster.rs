@@ -60,11 +60,11 @@ fn three_nodes_in_namespaces_behave_as_one_cache() {
             move || rt().block_on(scenarios(&net))
         })
     }));
-    if outcome.is_err() {
+    if let Err(panic) = outcome {
         for i in 0..=3 {
             eprintln!("--- node {i} ---\n{}", net.log(i));
         }
-        std::panic::resume_unwind(outcome.unwrap_err());
+        std::panic::resume_unwind(panic);
     }
 }
 
@@ -477,10 +477,10 @@ fn the_ring_follows_dns() {
             }
         })
     }));
-    if outcome.is_err() {
+    if let Err(panic) = outcome {
         for i in 1..=3 {
             eprintln!("--- node {i} ---\n{}", net.log(i));
         }
-        std::panic::resume_unwind(outcome.unwrap_err());
+        std::panic::resume_unwind(panic);
     }
 }

@@ -365,7 +365,7 @@ fn s4_1_vary() {
 #[test]
 fn a_copy_of_another_caches_object_is_capped_after_its_age() {
     let copy = FreshnessPolicy {
-        copy_ttl: Some(Duration::from_secs(10)),
+        copy_ttl_secs: std::num::NonZeroU32::new(10),
         ..FreshnessPolicy::default()
     };
     let life = |resp: &HeaderMap| {

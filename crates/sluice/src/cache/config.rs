@@ -199,7 +199,7 @@ impl PolicyConfig {
             // The media front end's requests carry only cookies its own keys include; a reverse
             // route decides for itself (`RoutePolicyConfig::cache_cookies`).
             store_cookie_requests: true,
-            copy_ttl: None,
+            copy_ttl_secs: None,
         }
     }
 }

@@ -82,6 +82,22 @@ fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
     }
 }
 
+/// Why a purge is refused.
+pub(super) enum Refusal {
+    /// Not from an allowed address with the key (every refusal looks the same).
+    Forbidden,
+    Bad(&'static str),
+}
+
+impl Refusal {
+    fn into_response(self) -> Response<Body> {
+        match self {
+            Refusal::Forbidden => forbidden(),
+            Refusal::Bad(msg) => json(StatusCode::BAD_REQUEST, format!("{{\"error\":\"{msg}\"}}")),
+        }
+    }
+}
+
 /// The purge key, the addresses purges come from and the API password, as the last reload left
 /// them (`[cache]` sizes and tiers need a restart; these do not).
 #[derive(Debug, Clone)]
@@ -116,7 +132,7 @@ impl super::Cache {
         };
         let order = match self.inner.purge_order(parts, key, peer) {
             Ok(o) => o,
-            Err(resp) => return resp,
+            Err(refusal) => return refusal.into_response(),
         };
         let n = self.inner.apply_order(&order, false);
         let mut peers = serde_json::Map::new();
@@ -170,7 +186,10 @@ impl Inner {
         key: &CacheKey,
         peer: IpAddr,
     ) -> Response<Body> {
-        match self.purge_order(parts, key, peer) {
+        match self
+            .purge_order(parts, key, peer)
+            .map_err(Refusal::into_response)
+        {
             Ok(order) => {
                 let n = self.apply_order(&order, false);
                 json(
@@ -188,19 +207,11 @@ impl Inner {
         parts: &Parts,
         key: &CacheKey,
         peer: IpAddr,
-    ) -> Result<PurgeOrder, Response<Body>> {
+    ) -> Result<PurgeOrder, Refusal> {
         if !self.purge_allowed(&parts.headers, peer) {
-            return Err(forbidden());
+            return Err(Refusal::Forbidden);
         }
-        let scope = match scope(&parts.headers) {
-            Ok(s) => s,
-            Err(msg) => {
-                return Err(json(
-                    StatusCode::BAD_REQUEST,
-                    format!("{{\"error\":\"{msg}\"}}"),
-                ))
-            }
-        };
+        let scope = scope(&parts.headers).map_err(Refusal::Bad)?;
         let soft = parts
             .headers
             .get("x-purge-soft")

@@ -173,6 +173,7 @@ impl ClusterConfig {
             ("peer_timeout_ms", self.peer_timeout_ms),
             ("max_fails", u64::from(self.max_fails)),
             ("purge_log_entries", self.purge_log_entries as u64),
+            ("peer_copy_ttl_secs", self.peer_copy_ttl_secs),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));

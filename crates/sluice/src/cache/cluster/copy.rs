@@ -4,7 +4,6 @@
 //! change at the owner; an owner that fails sends the fill to the next node or the origin.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::header;
 use http::Request;
@@ -52,7 +51,8 @@ impl Cluster {
     /// The route's policy for a local copy: its freshness capped.
     pub fn copy_policy(&self, policy: &FreshnessPolicy) -> FreshnessPolicy {
         let mut p = policy.clone();
-        p.copy_ttl = Some(Duration::from_secs(self.config.peer_copy_ttl_secs));
+        let secs = u32::try_from(self.config.peer_copy_ttl_secs).unwrap_or(u32::MAX);
+        p.copy_ttl_secs = std::num::NonZeroU32::new(secs.max(1));
         p
     }
 }
