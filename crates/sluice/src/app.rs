@@ -1,45 +1,53 @@
-//! Request dispatch: one place that meters every request, checks auth, and hands the request to the
-//! front end that owns its path.
+//! The composition root: builds every service and front end from the config, swaps the route
+//! table on reload, and is the handler the server hands each request to. The jobs live in the
+//! submodules: `routes` (the table), `dispatch`, `fast` (the HTTP/1.1 fast path's dispatch),
+//! `gate` (authorization), `tokens`, `endpoints` (the small built-ins) and `metering`.
+
+mod dispatch;
+mod endpoints;
+#[cfg(feature = "reverse")]
+mod fast;
+mod gate;
+mod metering;
+pub mod routes;
+mod tokens;
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response, StatusCode};
-use http_body::{Frame, SizeHint};
+use http::{Request, Response};
 use hyper::body::Incoming;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sluice_media::query::Query;
-use sluice_media::token::split_path_token;
-use tokio::time::Instant;
 
-use crate::auth::token;
 pub use crate::auth::token::TokenScope;
-use crate::auth::{browser, Auth, Credentials, Keys};
-use crate::body::{self, Body, BoxError};
+use crate::auth::{Credentials, Keys};
+use crate::body::Body;
 use crate::config::Config;
-use crate::error::{ErrorMark, ProxyError};
 #[cfg(feature = "iptv")]
 use crate::iptv::Iptv;
 #[cfg(feature = "media")]
 use crate::media::Media;
-use crate::metrics::{self, EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
+use crate::metrics::HttpMetrics;
 #[cfg(feature = "reverse")]
-use crate::reverse::{forward::Downstream, metrics::ReverseMetrics, Reverse};
+use crate::reverse::{metrics::ReverseMetrics, Reverse};
 use crate::server::activity::ActivityGuard;
-use crate::server::routes::{Dispatch, Routing};
+#[cfg(feature = "reverse")]
+use crate::server::handler::{FastClient, FastRequest, Served};
+use crate::server::Handler;
 #[cfg(feature = "reverse")]
 use crate::upstream::group::Groups;
 #[cfg(feature = "groups")]
 use crate::upstream::group::{live::Live, metrics::GroupMetrics};
 use crate::upstream::Upstream;
+pub use endpoints::json;
+use metering::EndpointSeries;
+use routes::Routing;
 
 pub use crate::request::RequestContext;
+
+/// What the fast path found for a simple head: the table it was routed by and the route.
+#[cfg(feature = "reverse")]
+type FastRoute = (Arc<Routing>, Arc<crate::reverse::Route>);
 
 /// Everything the server dispatches to.
 pub struct App {
@@ -79,26 +87,6 @@ pub struct App {
     /// The `reverse` endpoint's series, looked up once: the proxied requests are the many small
     /// ones, so they skip the per-request family lookups.
     proxy_series: std::sync::OnceLock<EndpointSeries>,
-}
-
-/// One endpoint's per-request series (active, time to first byte, total time, bytes sent).
-#[derive(Clone)]
-struct EndpointSeries {
-    active: Gauge,
-    first_byte: Histogram,
-    total: Histogram,
-    sent: Counter,
-}
-
-impl EndpointSeries {
-    fn of(metrics: &HttpMetrics, labels: &EndpointLabels) -> EndpointSeries {
-        EndpointSeries {
-            active: metrics.active.get_or_create(labels).clone(),
-            first_byte: metrics.first_byte.get_or_create(labels).clone(),
-            total: metrics.total.get_or_create(labels).clone(),
-            sent: metrics.sent_bytes.get_or_create(labels).clone(),
-        }
-    }
 }
 
 impl App {
@@ -358,563 +346,62 @@ impl App {
     pub fn describe_routes(&self) -> String {
         self.routing.load().describe()
     }
+}
 
-    pub(crate) fn connection_accepted(&self) {
-        self.metrics.connections.inc();
-    }
-
-    /// The server's connection-level metrics (accept pauses, send and handshake timeouts).
-    pub(crate) fn http_metrics(&self) -> &crate::metrics::HttpMetrics {
-        &self.metrics
-    }
-
-    /// Serves one request and meters it from arrival to the end of its body.
-    pub async fn handle(
-        self: &Arc<Self>,
+/// The server hands every request (and every fast-path head) to the app.
+impl Handler for App {
+    fn handle(
+        &self,
         req: Request<Incoming>,
         peer: SocketAddr,
         secure: bool,
         guard: ActivityGuard,
-    ) -> Response<Body> {
-        let start = Instant::now();
-        // In-flight requests keep the table they started with; a reload only affects new ones.
-        let routing = self.routing.load_full();
-        let dispatch = routing.dispatch(&req);
-        let endpoint = match &dispatch {
-            #[cfg(feature = "reverse")]
-            Dispatch::Proxy(..) => "reverse",
-            _ => endpoint_label(effective_path(req.uri().path())),
-        };
-        let labels = EndpointLabels { endpoint };
-        let series = if endpoint == "reverse" {
-            self.proxy_series
-                .get_or_init(|| EndpointSeries::of(&self.metrics, &labels))
-                .clone()
-        } else {
-            EndpointSeries::of(&self.metrics, &labels)
-        };
-        let active = series.active;
-        active.inc();
-        let resp = match dispatch {
-            #[cfg(feature = "reverse")]
-            Dispatch::Proxy(route, path) => {
-                let down = Downstream {
-                    peer,
-                    client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
-                    trusted: self.keys.load().auth.is_trusted(peer.ip()),
-                    secure,
-                    host: crate::server::routes::request_host(&req),
-                };
-                routing.reverse.handle(&route, req, &path, &down).await
-            }
-            Dispatch::Refused(e) => e.into_response(),
-            Dispatch::Builtin(_) => {
-                if crate::upstream::guard::is_own_loop(req.headers()) {
-                    // An origin sent one of this sluice's own upstream requests back to it.
-                    let resp = ProxyError::downstream(
-                        StatusCode::LOOP_DETECTED,
-                        "loop",
-                        "this request came from this sluice itself (an origin redirected it back \
-                         here); refused so the chain cannot grow",
-                    )
-                    .into_response();
-                    self.count_response(
-                        endpoint,
-                        resp.status().as_u16(),
-                        resp.extensions().get::<ErrorMark>(),
-                    );
-                    active.dec();
-                    return resp;
-                }
-                let guarded = self.keys.load().auth.required();
-                let cors = guarded && browser::is_player_path(effective_path(req.uri().path()));
-                if !guarded && !routing.builtin_host_pinned && !local_host(&req) {
-                    // Without a password only this machine may ask, by a loopback name: a page
-                    // on another site, or a DNS name rebound to 127.0.0.1, is refused here.
-                    misdirected()
-                } else if req.method() == http::Method::OPTIONS {
-                    preflight(cors)
-                } else {
-                    let mut resp = self.route(req, peer, secure).await;
-                    // Token refusals stay identical whatever the path (no CORS on any of them).
-                    let refused_token = resp
-                        .extensions()
-                        .get::<ErrorMark>()
-                        .is_some_and(|m| m.kind == "token");
-                    if cors && !refused_token {
-                        allow_any_origin(resp.headers_mut());
-                    }
-                    resp
-                }
-            }
-        };
-        series.first_byte.observe(start.elapsed().as_secs_f64());
-        self.count_response(
-            endpoint,
-            resp.status().as_u16(),
-            resp.extensions().get::<ErrorMark>(),
-        );
-        let finish = Finish {
-            start,
-            total: series.total,
-            active,
-            _guard: guard,
-        };
-        let sent = series.sent;
-        resp.map(|inner| {
-            body::boxed(Metered {
-                inner,
-                sent,
-                finish: Some(finish),
-            })
-        })
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        App::handle(self, req, peer, secure, guard)
     }
 
-    /// Counts one response head: requests by endpoint and status, errors by side and kind.
-    fn count_response(&self, endpoint: &'static str, status: u16, mark: Option<&ErrorMark>) {
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels { endpoint, status })
-            .inc();
-        if let Some(mark) = mark {
-            self.metrics
-                .errors
-                .get_or_create(&ErrorLabels {
-                    side: mark.side.label(),
-                    kind: mark.kind,
-                })
-                .inc();
-        }
+    fn connection_accepted(&self) {
+        self.metrics.connections.inc();
     }
 
-    /// The fast path's routing (`server::h1fast`): the route table a plain HTTP/1.1 GET or HEAD
-    /// for `host` and the normalised `path` on `listener` reaches, when that is a reverse route the
-    /// fast path serves (plain HTTP/1.1 upstream and no cache, or a caching route; see
-    /// `Reverse::serves_fast`). `None`: the request goes to hyper.
+    fn http_metrics(&self) -> &HttpMetrics {
+        &self.metrics
+    }
+
+    fn splices_streams(&self) -> bool {
+        App::splices_streams(self)
+    }
+
     #[cfg(feature = "reverse")]
-    pub(crate) fn fast_route(
+    type FastRoute = FastRoute;
+
+    #[cfg(feature = "reverse")]
+    fn has_fast_routes(&self) -> bool {
+        App::has_fast_routes(self)
+    }
+
+    #[cfg(feature = "reverse")]
+    fn fast_route(
         &self,
-        listener: crate::server::routes::ListenerId,
+        listener: routes::ListenerId,
         host: &str,
         path: &str,
-    ) -> Option<(Arc<Routing>, Arc<crate::reverse::Route>)> {
-        let routing = self.routing.load_full();
-        match routing.lookup(listener, Some(host), path) {
-            Some(crate::server::routes::Target::Proxy(route))
-                if routing.reverse.serves_fast(route) =>
-            {
-                let route = route.clone();
-                Some((routing, route))
-            }
-            _ => None,
-        }
+    ) -> Option<FastRoute> {
+        App::fast_route(self, listener, host, path)
     }
 
-    /// Whether any route of the current table is one the fast path serves.
     #[cfg(feature = "reverse")]
-    pub(crate) fn has_fast_routes(&self) -> bool {
-        let routing = self.routing.load();
-        routing
-            .reverse
-            .routes()
-            .iter()
-            .any(|r| routing.reverse.serves_fast(r))
-    }
-
-    /// Serves one fast-path request on `route` and meters it exactly as [`App::handle`] meters a
-    /// proxied request: the `reverse` endpoint's active gauge, first-byte and total histograms,
-    /// bytes sent, requests by status and errors by side and kind.
-    #[cfg(feature = "reverse")]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn serve_fast<W: crate::reverse::fast::FastClient>(
+    fn serve_fast<W: FastClient + Send + Sync>(
         &self,
-        routing: &Routing,
-        route: &Arc<crate::reverse::Route>,
-        req: crate::reverse::fast::FastRequest<'_>,
+        route: FastRoute,
+        req: FastRequest<'_>,
         path: &str,
         host: &str,
         peer: SocketAddr,
         client: &mut W,
         guard: ActivityGuard,
-    ) -> crate::reverse::fast::Served {
-        let start = Instant::now();
-        let labels = EndpointLabels {
-            endpoint: "reverse",
-        };
-        let series = self
-            .proxy_series
-            .get_or_init(|| EndpointSeries::of(&self.metrics, &labels));
-        series.active.inc();
-        // Dropped with the request, also when a send timeout cuts it.
-        let finish = Finish {
-            start,
-            total: series.total.clone(),
-            active: series.active.clone(),
-            _guard: guard,
-        };
-        let down = Downstream {
-            peer,
-            client_ip: self.keys.load().auth.client_ip(peer.ip(), &req.headers),
-            trusted: self.keys.load().auth.is_trusted(peer.ip()),
-            secure: false,
-            host: Some(host.to_string()),
-        };
-        let on_head = |status: u16, mark: Option<ErrorMark>| {
-            series.first_byte.observe(start.elapsed().as_secs_f64());
-            self.count_response("reverse", status, mark.as_ref());
-        };
-        let served = routing
-            .reverse
-            .serve_fast(route, req, path, &down, client, (on_head, &series.sent))
-            .await;
-        drop(finish);
-        served
-    }
-
-    async fn route(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        secure: bool,
-    ) -> Response<Body> {
-        let ctx = match self.context(&req, peer, secure) {
-            Ok(ctx) => ctx,
-            Err(why) => {
-                tracing::debug!(reason = %why, "token refused");
-                let mut resp = token::refusal();
-                resp.extensions_mut().insert(ErrorMark {
-                    side: crate::error::Side::Downstream,
-                    kind: "token",
-                });
-                return resp;
-            }
-        };
-        if browser::is_page(&ctx.path) {
-            let creds = self.keys.load();
-            let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-            if creds.auth.required() && ctx.token.is_none() && !creds.auth.check(offered.as_deref())
-            {
-                return page_login();
-            }
-        }
-        let result = match ctx.path.as_str() {
-            "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
-            "/admin/reload" => self.admin_reload(&req).await,
-            "/metrics" => self.serve_metrics(&req, &ctx),
-            #[cfg(feature = "media")]
-            p if Media::serves_open(p) && self.media.is_some() => match &self.media {
-                Some(media) => media.handle_open(req, &ctx).await,
-                None => Err(not_found(p)),
-            },
-            #[cfg(feature = "media")]
-            p if Media::serves_page(p) && self.media.is_some() => match &self.media {
-                Some(media) => media.handle_page(&req, &ctx),
-                None => Err(not_found(p)),
-            },
-            #[cfg(feature = "media")]
-            crate::media::playlist::PLAYLIST_PATH => match &self.media {
-                Some(media) => match self.authorize(&req, &ctx) {
-                    Ok(()) => media.handle_playlist(req, &ctx).await,
-                    Err(e) => Err(e),
-                },
-                None => Err(not_found(&ctx.path)),
-            },
-            #[cfg(feature = "media")]
-            crate::media::playlist::LINK_PATH => match &self.media {
-                // Minting needs the password itself, in a header: never a token (a token holder
-                // may not widen what it holds) nor a query parameter (which ends up in logs).
-                Some(media)
-                    if ctx.token.is_none()
-                        && self
-                            .keys
-                            .load()
-                            .auth
-                            .check(Auth::offered_in_header(req.headers())) =>
-                {
-                    media.handle_playlist_link(req, &ctx).await
-                }
-                Some(_) => Err(ProxyError::downstream(
-                    StatusCode::FORBIDDEN,
-                    "auth",
-                    "minting a playlist URL needs the password in the api_password header",
-                )),
-                None => Err(not_found(&ctx.path)),
-            },
-            #[cfg(feature = "iptv")]
-            p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
-                Ok(()) if is_channel_path(p) => Ok(sandboxed(
-                    self.iptv.handle(self.iptv_parts(req, &ctx)).await,
-                )),
-                Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
-                Err(e) => Err(e),
-            },
-            #[cfg(feature = "media")]
-            p if p.starts_with("/proxy/") => match &self.media {
-                Some(media) => match self
-                    .authorize(&req, &ctx)
-                    .and_then(|()| self.media_places(&req, &ctx))
-                {
-                    Ok(places) => media
-                        .handle(req, &ctx)
-                        .await
-                        .map(|r| crate::media::limit::hold(sandboxed(r), places)),
-                    Err(e) => Err(e),
-                },
-                None => Err(not_found(p)),
-            },
-            #[cfg(feature = "media")]
-            p if crate::media::xtream::Xtream::serves(p) => match &self.media {
-                // XC players cannot add `api_password`: the credential rides in the username.
-                Some(media) => {
-                    // Only a MediaFlow token (which carries the password) stands for it here: a
-                    // sealed token is scoped to other paths (a playlist link's token opens
-                    // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
-                    let password_ok = |offered: Option<&str>| {
-                        ctx.token.as_ref().is_some_and(|t| t.paths.is_none())
-                            || self.keys.load().auth.check(offered)
-                    };
-                    match self.media_places(&req, &ctx) {
-                        Ok(places) => media
-                            .handle_xtream(req, &ctx, &password_ok)
-                            .await
-                            .map(|r| crate::media::limit::hold(sandboxed(r), places)),
-                        Err(e) => Err(e),
-                    }
-                }
-                None => Err(not_found(p)),
-            },
-            p => Err(not_found(p)),
-        };
-        result.unwrap_or_else(ProxyError::into_response)
-    }
-
-    /// Places for one media request in its client's and its token's in-flight counts, or a 429
-    /// naming the bound: one client (or one leaked link) cannot make sluice hold unbounded
-    /// upstream fetches.
-    #[cfg(feature = "media")]
-    fn media_places(
-        &self,
-        req: &Request<Incoming>,
-        ctx: &RequestContext,
-    ) -> Result<Vec<crate::media::limit::Place>, ProxyError> {
-        let busy = |what: &str| {
-            ProxyError::downstream(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_requests",
-                format!("{what} (media.max_requests_per_client / media.max_requests_per_token)"),
-            )
-        };
-        let mut places = Vec::with_capacity(2);
-        places.push(
-            self.in_flight
-                .0
-                .take(ctx.client_ip)
-                .ok_or_else(|| busy("this client has too many requests in flight"))?,
-        );
-        if ctx.token.is_some() {
-            let raw = split_path_token(req.uri().path())
-                .map(|(t, _)| t.to_string())
-                .or_else(|| {
-                    Query::parse(req.uri().query().unwrap_or(""))
-                        .get("token")
-                        .map(str::to_string)
-                })
-                .unwrap_or_default();
-            let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(raw.as_bytes()).into();
-            places.push(
-                self.in_flight
-                    .1
-                    .take(key)
-                    .ok_or_else(|| busy("this token has too many requests in flight"))?,
-            );
-        }
-        Ok(places)
-    }
-
-    /// Works out the client IP, the routing path and the effective query. A token (in the path as
-    /// `/_token_<T>/...` or as `?token=`) is opened and its scope enforced here, before any front
-    /// end sees the request; every token failure gets the same [`token::refusal`].
-    fn context(
-        &self,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-        secure: bool,
-    ) -> Result<RequestContext, token::TokenRefusal> {
-        let client_ip = self.keys.load().auth.client_ip(peer.ip(), req.headers());
-        let raw_path = req.uri().path();
-        let mut query = Query::parse(req.uri().query().unwrap_or(""));
-        let (token, path) = match split_path_token(raw_path) {
-            Some((token, rest)) => (Some(token.to_string()), rest.to_string()),
-            None => (query.get("token").map(str::to_string), raw_path.to_string()),
-        };
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| req.uri().authority().map(|a| a.as_str()))
-            .filter(|h| h.bytes().all(|b| b.is_ascii_graphic()))
-            .map(str::to_string);
-        let mut scope = None;
-        if let Some(token) = token {
-            let opened = self
-                .keys
-                .tokens()
-                .ok_or(token::TokenRefusal::NoKey)
-                .and_then(|gate| gate.open(&token, client_ip, token::now()))
-                .and_then(|opened| {
-                    let q = token::scoped_query(&opened, &path, &query)?;
-                    Ok((opened.scope, q))
-                });
-            match opened {
-                Ok((s, q)) => {
-                    query = q;
-                    scope = Some(s);
-                }
-                Err(why) => return Err(why),
-            }
-        }
-        Ok(RequestContext {
-            peer,
-            client_ip,
-            query,
-            path,
-            host,
-            secure,
-            token: scope,
-        })
-    }
-
-    fn authorize(&self, req: &Request<Incoming>, ctx: &RequestContext) -> Result<(), ProxyError> {
-        if ctx.token.is_some() {
-            // Authenticated and scoped in `context`: a sealed token only reaches the paths it was
-            // minted for, a MediaFlow token carries the password.
-            return Ok(());
-        }
-        let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-        if self.keys.load().auth.check(offered.as_deref()) {
-            return Ok(());
-        }
-        let message = if offered.is_some() {
-            "wrong api_password"
-        } else {
-            "missing api_password: pass it as the api_password query parameter or header"
-        };
-        Err(ProxyError::downstream(
-            StatusCode::FORBIDDEN,
-            "auth",
-            message,
-        ))
-    }
-
-    /// The request head as the IPTV front end sees it: the token prefix stripped from the path, and
-    /// the prefix playlist entries need when a password is configured.
-    #[cfg(feature = "iptv")]
-    fn iptv_parts(&self, req: Request<Incoming>, ctx: &RequestContext) -> http::request::Parts {
-        let (mut parts, _) = req.into_parts();
-        parts
-            .extensions
-            .insert(SocketAddr::new(ctx.client_ip, ctx.peer.port()));
-        // A token's request runs with the query the token fixes (plus what its holder may add).
-        let query = match &ctx.token {
-            Some(_) => Some(ctx.query.encode()).filter(|q| !q.is_empty()),
-            None => parts.uri.query().map(str::to_string),
-        };
-        let pq = match query {
-            Some(q) => format!("{}?{q}", ctx.path),
-            None => ctx.path.clone(),
-        };
-        if let Ok(uri) = pq.parse() {
-            parts.uri = uri;
-        }
-        if let Some(gate) = self.keys.tokens() {
-            // Each entry's token opens that channel alone (its path, its query fixed), with no
-            // expiry of its own: a saved playlist keeps working, and cannot open other groups.
-            let parent = ctx.token.clone();
-            let seal = move |path: &str, params: &[(String, String)]| {
-                let token = gate.mint(params, &[path], parent.as_ref(), false, token::now());
-                format!("/_token_{token}")
-            };
-            parts
-                .extensions
-                .insert(crate::iptv::EntrySealer(Arc::new(seal)));
-        }
-        parts
-    }
-
-    /// `POST /admin/reload`: only with the password in the `api_password` header (never a token or
-    /// a query parameter, which end up in logs).
-    async fn admin_reload(&self, req: &Request<Incoming>) -> Result<Response<Body>, ProxyError> {
-        if req.method() != http::Method::POST {
-            return Err(ProxyError::downstream(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method",
-                "use POST",
-            ));
-        }
-        if !self
-            .keys
-            .load()
-            .auth
-            .check(Auth::offered_in_header(req.headers()))
-        {
-            return Err(ProxyError::downstream(
-                StatusCode::FORBIDDEN,
-                "auth",
-                "the admin endpoint needs the password in the api_password header",
-            ));
-        }
-        let Some(reloader) = self.reloader.get().cloned() else {
-            return Err(ProxyError::downstream(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "live reload is not set up for this server",
-            ));
-        };
-        let outcome = tokio::task::spawn_blocking(move || reloader.reload_logged("admin endpoint"))
-            .await
-            .map_err(|e| ProxyError::internal(e.to_string()))?;
-        match outcome {
-            Ok(applied) => {
-                let body = serde_json::json!({"reloaded": true, "changed": applied.changed});
-                let mut resp = Response::new(body::full(body.to_string()));
-                resp.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                Ok(resp)
-            }
-            Err(e) => {
-                let body = serde_json::json!({"reloaded": false, "error": format!("{e:#}")});
-                let mut resp = Response::new(body::full(body.to_string()));
-                *resp.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
-                resp.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                Ok(resp)
-            }
-        }
-    }
-
-    fn serve_metrics(
-        &self,
-        req: &Request<Incoming>,
-        ctx: &RequestContext,
-    ) -> Result<Response<Body>, ProxyError> {
-        if !self.metrics_open {
-            self.authorize(req, ctx)?;
-        }
-        let accept = req
-            .headers()
-            .get(header::ACCEPT)
-            .and_then(|a| a.to_str().ok());
-        let format = metrics::Format::negotiate(accept);
-        let mut resp = Response::new(body::full(metrics::exposition(&self.registry, format)));
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(format.content_type()),
-        );
-        Ok(resp)
+    ) -> impl std::future::Future<Output = Served> + Send {
+        App::serve_fast(self, route, req, path, host, peer, client, guard)
     }
 }
 
@@ -989,209 +476,4 @@ pub fn build_routing(
         config.media_enabled(),
         config.server.listener_names(),
     )
-}
-
-fn not_found(path: &str) -> ProxyError {
-    let shown: String = path.chars().take(200).collect();
-    ProxyError::downstream(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!("no endpoint at {shown}"),
-    )
-}
-
-/// The IPTV gateway's channel paths (bodies from a multicast group or an RTSP server).
-#[cfg(feature = "iptv")]
-fn is_channel_path(p: &str) -> bool {
-    token::CHANNEL_SCOPE
-        .iter()
-        .any(|prefix| p.starts_with(prefix))
-}
-
-/// Every body piped from an origin (or a multicast group) may be an attacker's HTML: a sandbox
-/// policy gives such a page an opaque origin and no scripts, and `nosniff` keeps the browser to
-/// the declared type. Set last, so no `r_*` parameter or origin header overrides them.
-fn sandboxed(mut resp: Response<Body>) -> Response<Body> {
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("sandbox"),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    resp
-}
-
-/// Browser players (hls.js, shaka-player) on other origins fetch manifests and segments with CORS;
-/// responses carry no credentials, so any origin may read them.
-fn allow_any_origin(headers: &mut http::HeaderMap) {
-    headers.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    headers.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Content-Length, Content-Range, Accept-Ranges"),
-    );
-}
-
-/// Whether a password-free server's built-in may answer `req`: a loopback `Host` (or none, which
-/// no browser sends).
-fn local_host<B>(req: &Request<B>) -> bool {
-    match crate::server::routes::request_host(req) {
-        Some(host) => browser::is_loopback_host(&host),
-        None => true,
-    }
-}
-
-/// 421 for a `Host` a password-free server does not answer to.
-fn misdirected() -> Response<Body> {
-    ProxyError::downstream(
-        StatusCode::MISDIRECTED_REQUEST,
-        "host",
-        "this sluice has no password, so it answers only to loopback names (localhost, \
-         127.0.0.1, [::1]); set auth.api_password or endpoints.host to serve another name",
-    )
-    .into_response()
-}
-
-/// The answer to a CORS preflight: for a player path behind a password, GET and HEAD with Range
-/// and the password header allowed from any origin; elsewhere no grant at all (the operator's
-/// endpoints are not for other origins).
-fn preflight(cors: bool) -> Response<Body> {
-    let mut resp = Response::new(body::empty());
-    *resp.status_mut() = StatusCode::NO_CONTENT;
-    if !cors {
-        return resp;
-    }
-    allow_any_origin(resp.headers_mut());
-    let h = resp.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("GET, HEAD, POST, OPTIONS"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("Range, If-Range, Content-Type, api_password"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_MAX_AGE,
-        HeaderValue::from_static("86400"),
-    );
-    resp
-}
-
-/// 401 asking a browser for the password (HTTP Basic; any user name).
-fn page_login() -> Response<Body> {
-    let mut resp = Response::new(body::full(
-        "this page needs the password: sign in with any user name and the api_password\n",
-    ));
-    *resp.status_mut() = StatusCode::UNAUTHORIZED;
-    let h = resp.headers_mut();
-    h.insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Basic realm=\"sluice\", charset=\"UTF-8\""),
-    );
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp.extensions_mut().insert(ErrorMark {
-        side: crate::error::Side::Downstream,
-        kind: "auth",
-    });
-    resp
-}
-
-/// A small JSON response.
-pub fn json(status: StatusCode, text: &'static str) -> Response<Body> {
-    let mut resp = Response::new(body::full(text));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-/// The path without a `/_token_<T>` prefix.
-fn effective_path(path: &str) -> &str {
-    split_path_token(path).map_or(path, |(_, rest)| rest)
-}
-
-/// Metric label for a path; a fixed set so label cardinality stays bounded.
-fn endpoint_label(path: &str) -> &'static str {
-    match path {
-        "/health" => "health",
-        "/metrics" => "metrics",
-        p if p == "/proxy/stream" || p.starts_with("/proxy/stream/") => "stream",
-        p if p.starts_with("/proxy/hls/") => "hls",
-        p if p.starts_with("/proxy/mpd/") => "mpd",
-        p if p.starts_with("/proxy/acestream/") => "acestream",
-        p if p.starts_with("/playlist/") => "playlist",
-        #[cfg(feature = "media")]
-        p if crate::media::xtream::Xtream::serves(p) => "xtream",
-        _ => "other",
-    }
-}
-
-/// Records the total time and releases the connection's in-flight mark once the body is done or
-/// dropped (a client that goes away counts too).
-struct Finish {
-    start: Instant,
-    total: Histogram,
-    active: Gauge,
-    _guard: ActivityGuard,
-}
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        self.total.observe(self.start.elapsed().as_secs_f64());
-        self.active.dec();
-    }
-}
-
-pin_project_lite::pin_project! {
-    struct Metered {
-        #[pin]
-        inner: Body,
-        sent: Counter,
-        finish: Option<Finish>,
-    }
-}
-
-impl http_body::Body for Metered {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        let poll = this.inner.poll_frame(cx);
-        match &poll {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.sent.inc_by(data.len() as u64);
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
-                this.finish.take();
-            }
-            Poll::Pending => {}
-        }
-        poll
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }

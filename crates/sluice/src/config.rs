@@ -3,6 +3,7 @@
 //! Precedence, lowest first: built-in defaults, the config file, `SLUICE_<SECTION>_<KEY>` environment
 //! variables, command-line flags. Everything is validated before anything binds.
 
+pub mod endpoints;
 #[cfg(feature = "media")]
 pub mod public_ip;
 #[cfg(feature = "media")]
@@ -38,7 +39,7 @@ pub struct Config {
     #[cfg(feature = "reverse")]
     pub reverse: crate::reverse::ReverseConfig,
     /// Where the built-in endpoints are served, or whether at all.
-    pub endpoints: crate::server::routes::EndpointsConfig,
+    pub endpoints: endpoints::EndpointsConfig,
     /// TCP (L4) listeners (`[[tcp]]`).
     #[cfg(feature = "tcp")]
     pub tcp: Vec<crate::tcp::TcpConfig>,

@@ -5,10 +5,10 @@
 pub mod activity;
 #[cfg(feature = "reverse")]
 mod h1fast;
+pub mod handler;
 pub mod listener;
 pub mod notify;
 pub mod reload;
-pub mod routes;
 pub mod screen;
 pub mod spliced;
 pub mod stall;
@@ -29,23 +29,22 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use crate::app::App;
 use crate::config::ServerConfig;
 use activity::{Activity, Watched};
-use routes::ListenerId;
+pub use handler::{Handler, ListenerId};
 
 /// On shutdown or hand-over, how long a keep-alive connection with nothing in flight stays open:
 /// a client that sends its next request in that moment gets an answer (with `Connection: close`)
 /// instead of a connection closed under it.
 pub const DRAIN_IDLE: Duration = Duration::from_secs(1);
 
-/// A bound server, ready to run.
-pub struct Server {
+/// A bound server, ready to run, handing its requests to `H`.
+pub struct Server<H> {
     listeners: Listeners,
     #[cfg(feature = "tls")]
     tls: TlsHandle,
     config: ServerConfig,
-    app: Arc<App>,
+    handler: Arc<H>,
 }
 
 /// The sockets a server accepts on, by runtime model.
@@ -91,10 +90,10 @@ fn refuse_tls(config: &ServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Server {
+impl<H: Handler> Server<H> {
     /// Binds every configured listener (nothing is served until [`Server::run`]). Under
     /// `server.runtime = "per-core"` each address is bound once per core with `SO_REUSEPORT`.
-    pub fn bind(config: &ServerConfig, app: Arc<App>) -> anyhow::Result<Server> {
+    pub fn bind(config: &ServerConfig, handler: Arc<H>) -> anyhow::Result<Server<H>> {
         #[cfg(not(feature = "tls"))]
         refuse_tls(config)?;
         let failed =
@@ -118,7 +117,7 @@ impl Server {
                 #[cfg(feature = "tls")]
                 tls: tls_handle(config)?,
                 config: config.clone(),
-                app,
+                handler,
             });
         }
         let listeners = config
@@ -135,7 +134,7 @@ impl Server {
             #[cfg(feature = "tls")]
             tls: tls_handle(config)?,
             config: config.clone(),
-            app,
+            handler,
         })
     }
 
@@ -145,8 +144,8 @@ impl Server {
     pub fn from_listeners(
         listeners: Vec<TcpListener>,
         config: &ServerConfig,
-        app: Arc<App>,
-    ) -> anyhow::Result<Server> {
+        handler: Arc<H>,
+    ) -> anyhow::Result<Server<H>> {
         #[cfg(not(feature = "tls"))]
         refuse_tls(config)?;
         Ok(Server {
@@ -159,7 +158,7 @@ impl Server {
             #[cfg(feature = "tls")]
             tls: tls_handle(config)?,
             config: config.clone(),
-            app,
+            handler,
         })
     }
 
@@ -207,12 +206,11 @@ impl Server {
             n => n,
         };
         tracing::info!(max_connections = max, "client connection limit");
-        let acceptor = listener::Acceptor::new(max, self.app.http_metrics().accept.clone()).per_ip(
-            listener::PerIp::new(
+        let acceptor = listener::Acceptor::new(max, self.handler.http_metrics().accept.clone())
+            .per_ip(listener::PerIp::new(
                 self.config.max_connections_per_ip,
                 self.config.per_ip_exempt.clone(),
-            ),
-        );
+            ));
         let timeouts = Timeouts {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),
@@ -221,14 +219,14 @@ impl Server {
         };
         let conn = Conn {
             builder,
-            app: self.app.clone(),
+            handler: self.handler.clone(),
             #[cfg(feature = "tls")]
             tls: self.tls.clone(),
             stop: stop_rx.clone(),
             timeouts,
             head_limits: (self.config.max_header_bytes, self.config.max_headers),
             listener: ListenerId::default(),
-            splice: self.app.splices_streams(),
+            splice: self.handler.splices_streams(),
             fast_path: self.config.h1_fast_path,
         };
         let grace = Duration::from_secs(self.config.shutdown_grace_secs);
@@ -291,15 +289,15 @@ impl Server {
 }
 
 /// Accepts on one listener until aborted, each connection a tracked task of the calling runtime.
-async fn accept_loop(
+async fn accept_loop<H: Handler>(
     listener: TcpListener,
-    conn: Conn,
+    conn: Conn<H>,
     acceptor: listener::Acceptor,
     tracker: TaskTracker,
 ) {
     loop {
         let (stream, peer, slot) = acceptor.accept(&listener).await;
-        conn.app.connection_accepted();
+        conn.handler.connection_accepted();
         let conn = conn.clone();
         tracker.spawn(async move {
             conn.serve(stream, peer).await;
@@ -310,10 +308,10 @@ async fn accept_loop(
 
 /// One per-core runtime: a thread running a current-thread runtime that accepts on its own
 /// sockets and serves those connections (and the upstream requests they make) itself.
-struct Core {
+struct Core<H> {
     index: usize,
     listeners: Vec<(ListenerId, std::net::TcpListener)>,
-    conn: Conn,
+    conn: Conn<H>,
     acceptor: listener::Acceptor,
     tracker: TaskTracker,
     grace: Duration,
@@ -321,7 +319,7 @@ struct Core {
     busy_poll: Duration,
 }
 
-impl Core {
+impl<H: Handler> Core<H> {
     /// Starts the thread; the receiver resolves when its runtime has stopped.
     fn start(self) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -432,10 +430,9 @@ fn http_builder(config: &ServerConfig) -> HttpBuilder {
 }
 
 /// What one connection task needs.
-#[derive(Clone)]
-struct Conn {
+struct Conn<H> {
     builder: Arc<HttpBuilder>,
-    app: Arc<App>,
+    handler: Arc<H>,
     #[cfg(feature = "tls")]
     tls: TlsHandle,
     stop: watch::Receiver<bool>,
@@ -449,6 +446,23 @@ struct Conn {
     /// `server.h1_fast_path`: plain connections start on the HTTP/1.1 fast path (`h1fast`).
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     fast_path: bool,
+}
+
+impl<H> Clone for Conn<H> {
+    fn clone(&self) -> Self {
+        Conn {
+            builder: self.builder.clone(),
+            handler: self.handler.clone(),
+            #[cfg(feature = "tls")]
+            tls: self.tls.clone(),
+            stop: self.stop.clone(),
+            timeouts: self.timeouts,
+            head_limits: self.head_limits,
+            listener: self.listener,
+            splice: self.splice,
+            fast_path: self.fast_path,
+        }
+    }
 }
 
 /// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
@@ -491,7 +505,7 @@ struct Timeouts {
     header_read: Duration,
 }
 
-impl Conn {
+impl<H: Handler> Conn<H> {
     async fn serve(mut self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         // The watch sits under TLS so it measures bytes the client actually accepts.
         let activity = Activity::new();
@@ -548,7 +562,7 @@ impl Conn {
             }
             Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => {
-                self.app.http_metrics().tls_handshake_timeouts.inc();
+                self.handler.http_metrics().tls_handshake_timeouts.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");
             }
         }
@@ -565,7 +579,7 @@ impl Conn {
         peer: SocketAddr,
     ) -> Option<Vec<u8>> {
         #[cfg(feature = "reverse")]
-        if self.fast_path && self.app.has_fast_routes() {
+        if self.fast_path && self.handler.has_fast_routes() {
             return match self.serve_fast(stream, watch, peer).await {
                 h1fast::End::Closed => None,
                 h1fast::End::HandOff(bytes) => Some(bytes),
@@ -577,7 +591,7 @@ impl Conn {
     /// Puts the HTTP/1.1 request screen (`screen`) under hyper.
     fn screened<I>(&self, io: I, http2: bool) -> screen::Screened<I> {
         let (bytes, fields) = self.head_limits;
-        let refused = self.app.http_metrics().smuggling_refused.clone();
+        let refused = self.handler.http_metrics().smuggling_refused.clone();
         screen::Screened::new(io, bytes, fields, http2, refused, self.timeouts.header_read)
     }
 
@@ -592,7 +606,7 @@ impl Conn {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let activity = watch.activity.clone();
-        let app = self.app.clone();
+        let handler = self.handler.clone();
         let act = activity.clone();
         let bodies = stall::Watchlist::new();
         let watched = bodies.clone();
@@ -607,7 +621,7 @@ impl Conn {
             {
                 req.extensions_mut().insert(spliced::SpliceTap(tap.clone()));
             }
-            let app = app.clone();
+            let handler = handler.clone();
             let guard = act.begin();
             // Draining: this is the connection's last HTTP/1 response.
             let last = *stopping.borrow() && req.version() < http::Version::HTTP_2;
@@ -615,7 +629,7 @@ impl Conn {
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
             async move {
-                let mut resp = app.handle(req, peer, secure, guard).await;
+                let mut resp = handler.handle(req, peer, secure, guard).await;
                 // (Not on a protocol switch: its `Connection: upgrade` must stand.)
                 if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                     resp.headers_mut().insert(
@@ -662,7 +676,7 @@ impl Conn {
                     if watch.stalled(t.send) {
                         // Dropping the connection drops its response bodies, and with them the
                         // upstream fetches and everything they buffer.
-                        self.app.http_metrics().send_timeouts.inc();
+                        self.handler.http_metrics().send_timeouts.inc();
                         tracing::debug!(%peer, "client stopped reading: send timeout, closing");
                         return;
                     }
@@ -671,7 +685,7 @@ impl Conn {
                         // HTTP/2 client holding its flow-control window shut on that stream.
                         let released = bodies.release_stalled(t.send);
                         if released > 0 {
-                            self.app.http_metrics().send_timeouts.inc_by(released as u64);
+                            self.handler.http_metrics().send_timeouts.inc_by(released as u64);
                             tracing::debug!(%peer, released, "streams not read: send timeout");
                         }
                     }
@@ -711,9 +725,54 @@ mod tests {
     /// idle keep-alive connections included: hyper's connection, TLS and a request being served
     /// are boxed, so what an idle connection keeps is the fast path's wait for its next head
     /// (1,368 bytes in a dev build; it was 3,000 with TLS and hyper's state laid out inline).
+    /// A handler that is never called: the connection task's size does not depend on it.
+    struct Unused;
+
+    impl Handler for Unused {
+        async fn handle(
+            &self,
+            _: http::Request<hyper::body::Incoming>,
+            _: SocketAddr,
+            _: bool,
+            _: activity::ActivityGuard,
+        ) -> http::Response<crate::body::Body> {
+            unreachable!()
+        }
+        fn connection_accepted(&self) {}
+        fn http_metrics(&self) -> &crate::metrics::HttpMetrics {
+            unreachable!()
+        }
+        fn splices_streams(&self) -> bool {
+            false
+        }
+        #[cfg(feature = "reverse")]
+        type FastRoute = ();
+        #[cfg(feature = "reverse")]
+        fn has_fast_routes(&self) -> bool {
+            true
+        }
+        #[cfg(feature = "reverse")]
+        fn fast_route(&self, _: ListenerId, _: &str, _: &str) -> Option<()> {
+            None
+        }
+        #[cfg(feature = "reverse")]
+        async fn serve_fast<W: handler::FastClient + Send + Sync>(
+            &self,
+            _: (),
+            _: handler::FastRequest<'_>,
+            _: &str,
+            _: &str,
+            _: SocketAddr,
+            _: &mut W,
+            _: activity::ActivityGuard,
+        ) -> handler::Served {
+            unreachable!()
+        }
+    }
+
     #[test]
     fn an_idle_connection_task_stays_small() {
-        let size = size_of_output(Conn::serve);
+        let size = size_of_output(Conn::<Unused>::serve);
         assert!(size <= 1536, "Conn::serve's future grew to {size} bytes");
     }
 }

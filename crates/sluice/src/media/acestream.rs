@@ -19,9 +19,9 @@ use sluice_media::acestream::Content;
 use sluice_media::query::Query;
 
 use super::Media;
-use crate::app::RequestContext;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::request::RequestContext;
 use session::{Kind, Sessions};
 
 pub use crate::config::AcestreamConfig;

@@ -16,11 +16,11 @@ use sluice_media::xtream::{self, Api, XcPath};
 use url::Url;
 
 use super::stream;
-use crate::app::RequestContext;
 use crate::auth::token;
 use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::request::RequestContext;
 use crate::upstream::{Upstream, UpstreamRequest};
 
 /// The scope of an XC username token. It starts with no `/`, so it opens no path as a

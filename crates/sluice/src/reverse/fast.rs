@@ -39,36 +39,8 @@ const MAX_READ_BUF: usize = 256 * 1024;
 /// to move through a pipe (one pipe's default capacity, as for the TCP relay).
 const SPLICE_MIN: u64 = 64 * 1024;
 
-/// The client connection the fast path writes to: a byte sink, and, where it is a plain TCP
-/// socket, that socket, into which a large body is spliced past the writer (which then hears of
-/// the progress through `wrote` and `write_blocked`, for the connection's send timeout).
-pub trait FastClient: AsyncWrite + Unpin {
-    /// The plain TCP socket under the writer; `None` where bytes must go through the writer.
-    fn socket(&self) -> Option<&TcpStream>;
-    /// Body bytes reached the socket past the writer.
-    fn wrote(&self);
-    /// A splice found the client's window shut.
-    fn write_blocked(&self);
-}
-
-/// The client request the fast path serves: a GET or HEAD with no body, origin-form target.
-pub struct FastRequest<'a> {
-    pub method: Method,
-    /// The path and query as the client sent them.
-    pub target: &'a str,
-    pub headers: HeaderMap,
-    /// The client asked for `Connection: close`, or the server is shutting down: the response
-    /// says `Connection: close` and the connection ends after it.
-    pub close: bool,
-}
-
-/// What happened to one request, for the connection and the server-level metrics.
-#[derive(Debug, Clone, Copy)]
-pub struct Served {
-    pub status: u16,
-    /// The response was delimited and complete: the client connection may carry another request.
-    pub reusable: bool,
-}
+// The fast path's client, request and outcome belong to the server's handler interface.
+pub use crate::server::handler::{FastClient, FastRequest, Served};
 
 /// Why a relay ended early.
 #[derive(Debug, thiserror::Error)]

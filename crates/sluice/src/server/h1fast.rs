@@ -14,12 +14,12 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::activity::Watched;
+use super::handler::{FastClient, FastRequest, Handler};
 use super::{Conn, SendWatch};
-use crate::reverse::fast::FastRequest;
 
 /// A body the fast path splices goes straight into the client's socket; the connection's activity
 /// still hears of it, so the send timeout sees a client that stopped reading.
-impl crate::reverse::fast::FastClient for Watched<TcpStream> {
+impl FastClient for Watched<TcpStream> {
     fn socket(&self) -> Option<&TcpStream> {
         Some(self.get_ref())
     }
@@ -133,8 +133,8 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
 /// Waits for more request bytes: `Ok(0)` at the end of the stream, `Err` on an error, when
 /// `limit` has passed since `since`, or on shutdown while no request is under way (`stoppable`).
 /// The clock is the connection's one ticker, not a timer per read.
-async fn read_more(
-    conn: &mut Conn,
+async fn read_more<H: Handler>(
+    conn: &mut Conn<H>,
     stream: &mut Watched<TcpStream>,
     buf: &mut Vec<u8>,
     ticker: &mut tokio::time::Interval,
@@ -173,7 +173,7 @@ async fn read_into(stream: &mut Watched<TcpStream>, buf: &mut Vec<u8>) -> std::i
     stream.read_buf(buf).await
 }
 
-impl Conn {
+impl<H: Handler> Conn<H> {
     /// Serves fast-path requests on a plain connection until it closes or a request needs hyper.
     pub(super) async fn serve_fast(
         &mut self,
@@ -267,8 +267,8 @@ impl Conn {
         peer: SocketAddr,
     ) -> Step {
         let t = self.timeouts;
-        let Some((routing, route)) = self
-            .app
+        let Some(route) = self
+            .handler
             .fast_route(self.listener, simple.host, &simple.path)
         else {
             return Step::HandOff;
@@ -278,10 +278,9 @@ impl Conn {
         let mut request = simple.request;
         request.close |= *self.stop.borrow();
         let close = request.close;
-        let app = self.app.clone();
-        let serve = app.serve_fast(
-            &routing,
-            &route,
+        let handler = self.handler.clone();
+        let serve = handler.serve_fast(
+            route,
             request,
             &simple.path,
             simple.host,
@@ -295,7 +294,7 @@ impl Conn {
                 served = serve.as_mut() => break served,
                 _ = ticker.tick() => {
                     if watch.stalled(t.send) {
-                        app.http_metrics().send_timeouts.inc();
+                        handler.http_metrics().send_timeouts.inc();
                         tracing::debug!(%peer, "client stopped reading: send timeout, closing");
                         return Step::Closed;
                     }

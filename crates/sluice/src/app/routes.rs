@@ -5,56 +5,12 @@
 #[cfg(feature = "reverse")]
 use std::sync::Arc;
 
-use serde::Serialize;
 use sluice_http::route::{HostPattern, RouteTable};
 
+pub use crate::config::endpoints::EndpointsConfig;
 #[cfg(feature = "reverse")]
 use crate::reverse::{Reverse, Route};
-
-/// `[endpoints]`: where the built-in endpoints are served, or whether at all.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct EndpointsConfig {
-    /// Serve the built-ins only for this host (`example.com` or `*.example.com`); empty = any host.
-    pub host: String,
-    /// Serve the built-ins only on this listener (a `[[server.listeners]]` name); empty = `main`
-    /// (`server.listen`).
-    pub listener: String,
-    /// The MediaFlow-compatible `/proxy/*`, `/generate_url*`, `/base64/*` and `/playlist/*`
-    /// endpoints, and the pages (`/`, `/playlist/builder`, `/url-generator`).
-    pub media: bool,
-    /// The IPTV gateway: `/rtp/`, `/udp/`, `/rtsp/`, `/playlist.m3u`, `/status`.
-    pub iptv: bool,
-    /// `/health`.
-    pub health: bool,
-    /// `/metrics`.
-    pub metrics: bool,
-    /// `POST /admin/reload` (password in the `api_password` header).
-    pub admin: bool,
-}
-
-crate::config::section::config_section!(EndpointsConfig {
-    host,
-    listener,
-    media,
-    iptv,
-    health,
-    metrics,
-    admin,
-});
-
-impl Default for EndpointsConfig {
-    fn default() -> Self {
-        EndpointsConfig {
-            host: String::new(),
-            listener: String::new(),
-            media: true,
-            iptv: true,
-            health: true,
-            metrics: true,
-            admin: true,
-        }
-    }
-}
+pub use crate::server::ListenerId;
 
 /// A built-in endpoint family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,11 +80,6 @@ const BUILTINS: &[(Builtin, &[&str])] = &[
     (Builtin::Metrics, &["/metrics"]),
     (Builtin::Admin, &["/admin/"]),
 ];
-
-/// Which listener accepted a request's connection (an index into
-/// `ServerConfig::listener_names`), put in the request's extensions by the server.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ListenerId(pub usize);
 
 /// The tables plus the reverse proxy they point into.
 pub struct Routing {

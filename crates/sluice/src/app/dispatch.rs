@@ -1,0 +1,248 @@
+//! Dispatch: each request through the route table to a user route or a built-in, metered from
+//! arrival to the end of its body; the built-ins by path behind the authorization gate.
+
+use std::net::SocketAddr;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+#[cfg(feature = "iptv")]
+use super::endpoints::is_channel_path;
+use super::endpoints::{allow_any_origin, json, not_found, preflight, sandboxed};
+use super::gate::{local_host, misdirected, page_login};
+use super::metering::{effective_path, endpoint_label, EndpointSeries, Finish, Metered};
+use super::routes::Dispatch;
+use super::App;
+use crate::auth::{browser, token, Auth};
+use crate::body::{self, Body};
+use crate::error::{ErrorMark, ProxyError};
+#[cfg(feature = "iptv")]
+use crate::iptv::Iptv;
+#[cfg(feature = "media")]
+use crate::media::Media;
+use crate::metrics::EndpointLabels;
+#[cfg(feature = "reverse")]
+use crate::reverse::forward::Downstream;
+use crate::server::activity::ActivityGuard;
+
+impl App {
+    /// Serves one request and meters it from arrival to the end of its body.
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+        guard: ActivityGuard,
+    ) -> Response<Body> {
+        let start = Instant::now();
+        // In-flight requests keep the table they started with; a reload only affects new ones.
+        let routing = self.routing.load_full();
+        let dispatch = routing.dispatch(&req);
+        let endpoint = match &dispatch {
+            #[cfg(feature = "reverse")]
+            Dispatch::Proxy(..) => "reverse",
+            _ => endpoint_label(effective_path(req.uri().path())),
+        };
+        let labels = EndpointLabels { endpoint };
+        let series = if endpoint == "reverse" {
+            self.proxy_series
+                .get_or_init(|| EndpointSeries::of(&self.metrics, &labels))
+                .clone()
+        } else {
+            EndpointSeries::of(&self.metrics, &labels)
+        };
+        let active = series.active;
+        active.inc();
+        let resp = match dispatch {
+            #[cfg(feature = "reverse")]
+            Dispatch::Proxy(route, path) => {
+                let down = Downstream {
+                    peer,
+                    client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
+                    trusted: self.keys.load().auth.is_trusted(peer.ip()),
+                    secure,
+                    host: super::routes::request_host(&req),
+                };
+                routing.reverse.handle(&route, req, &path, &down).await
+            }
+            Dispatch::Refused(e) => e.into_response(),
+            Dispatch::Builtin(_) => {
+                if crate::upstream::guard::is_own_loop(req.headers()) {
+                    // An origin sent one of this sluice's own upstream requests back to it.
+                    let resp = ProxyError::downstream(
+                        StatusCode::LOOP_DETECTED,
+                        "loop",
+                        "this request came from this sluice itself (an origin redirected it back \
+                         here); refused so the chain cannot grow",
+                    )
+                    .into_response();
+                    self.count_response(
+                        endpoint,
+                        resp.status().as_u16(),
+                        resp.extensions().get::<ErrorMark>(),
+                    );
+                    active.dec();
+                    return resp;
+                }
+                let guarded = self.keys.load().auth.required();
+                let cors = guarded && browser::is_player_path(effective_path(req.uri().path()));
+                if !guarded && !routing.builtin_host_pinned && !local_host(&req) {
+                    // Without a password only this machine may ask, by a loopback name: a page
+                    // on another site, or a DNS name rebound to 127.0.0.1, is refused here.
+                    misdirected()
+                } else if req.method() == http::Method::OPTIONS {
+                    preflight(cors)
+                } else {
+                    let mut resp = self.route(req, peer, secure).await;
+                    // Token refusals stay identical whatever the path (no CORS on any of them).
+                    let refused_token = resp
+                        .extensions()
+                        .get::<ErrorMark>()
+                        .is_some_and(|m| m.kind == "token");
+                    if cors && !refused_token {
+                        allow_any_origin(resp.headers_mut());
+                    }
+                    resp
+                }
+            }
+        };
+        series.first_byte.observe(start.elapsed().as_secs_f64());
+        self.count_response(
+            endpoint,
+            resp.status().as_u16(),
+            resp.extensions().get::<ErrorMark>(),
+        );
+        let finish = Finish {
+            start,
+            total: series.total,
+            active,
+            _guard: guard,
+        };
+        let sent = series.sent;
+        resp.map(|inner| {
+            body::boxed(Metered {
+                inner,
+                sent,
+                finish: Some(finish),
+            })
+        })
+    }
+
+    pub(super) async fn route(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+    ) -> Response<Body> {
+        let ctx = match self.context(&req, peer, secure) {
+            Ok(ctx) => ctx,
+            Err(why) => {
+                tracing::debug!(reason = %why, "token refused");
+                let mut resp = token::refusal();
+                resp.extensions_mut().insert(ErrorMark {
+                    side: crate::error::Side::Downstream,
+                    kind: "token",
+                });
+                return resp;
+            }
+        };
+        if browser::is_page(&ctx.path) {
+            let creds = self.keys.load();
+            let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
+            if creds.auth.required() && ctx.token.is_none() && !creds.auth.check(offered.as_deref())
+            {
+                return page_login();
+            }
+        }
+        let result = match ctx.path.as_str() {
+            "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
+            "/admin/reload" => self.admin_reload(&req).await,
+            "/metrics" => self.serve_metrics(&req, &ctx),
+            #[cfg(feature = "media")]
+            p if Media::serves_open(p) && self.media.is_some() => match &self.media {
+                Some(media) => media.handle_open(req, &ctx).await,
+                None => Err(not_found(p)),
+            },
+            #[cfg(feature = "media")]
+            p if Media::serves_page(p) && self.media.is_some() => match &self.media {
+                Some(media) => media.handle_page(&req, &ctx),
+                None => Err(not_found(p)),
+            },
+            #[cfg(feature = "media")]
+            crate::media::playlist::PLAYLIST_PATH => match &self.media {
+                Some(media) => match self.authorize(&req, &ctx) {
+                    Ok(()) => media.handle_playlist(req, &ctx).await,
+                    Err(e) => Err(e),
+                },
+                None => Err(not_found(&ctx.path)),
+            },
+            #[cfg(feature = "media")]
+            crate::media::playlist::LINK_PATH => match &self.media {
+                // Minting needs the password itself, in a header: never a token (a token holder
+                // may not widen what it holds) nor a query parameter (which ends up in logs).
+                Some(media)
+                    if ctx.token.is_none()
+                        && self
+                            .keys
+                            .load()
+                            .auth
+                            .check(Auth::offered_in_header(req.headers())) =>
+                {
+                    media.handle_playlist_link(req, &ctx).await
+                }
+                Some(_) => Err(ProxyError::downstream(
+                    StatusCode::FORBIDDEN,
+                    "auth",
+                    "minting a playlist URL needs the password in the api_password header",
+                )),
+                None => Err(not_found(&ctx.path)),
+            },
+            #[cfg(feature = "iptv")]
+            p if Iptv::serves(p) => match self.authorize(&req, &ctx) {
+                Ok(()) if is_channel_path(p) => Ok(sandboxed(
+                    self.iptv.handle(self.iptv_parts(req, &ctx)).await,
+                )),
+                Ok(()) => Ok(self.iptv.handle(self.iptv_parts(req, &ctx)).await),
+                Err(e) => Err(e),
+            },
+            #[cfg(feature = "media")]
+            p if p.starts_with("/proxy/") => match &self.media {
+                Some(media) => match self
+                    .authorize(&req, &ctx)
+                    .and_then(|()| self.media_places(&req, &ctx))
+                {
+                    Ok(places) => media
+                        .handle(req, &ctx)
+                        .await
+                        .map(|r| crate::media::limit::hold(sandboxed(r), places)),
+                    Err(e) => Err(e),
+                },
+                None => Err(not_found(p)),
+            },
+            #[cfg(feature = "media")]
+            p if crate::media::xtream::Xtream::serves(p) => match &self.media {
+                // XC players cannot add `api_password`: the credential rides in the username.
+                Some(media) => {
+                    // Only a MediaFlow token (which carries the password) stands for it here: a
+                    // sealed token is scoped to other paths (a playlist link's token opens
+                    // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
+                    let password_ok = |offered: Option<&str>| {
+                        super::gate::token_proves_password(ctx.token.as_ref())
+                            || self.keys.load().auth.check(offered)
+                    };
+                    match self.media_places(&req, &ctx) {
+                        Ok(places) => media
+                            .handle_xtream(req, &ctx, &password_ok)
+                            .await
+                            .map(|r| crate::media::limit::hold(sandboxed(r), places)),
+                        Err(e) => Err(e),
+                    }
+                }
+                None => Err(not_found(p)),
+            },
+            p => Err(not_found(p)),
+        };
+        result.unwrap_or_else(ProxyError::into_response)
+    }
+}

@@ -1,0 +1,172 @@
+//! The authorization gate: the password (or a token opened in `tokens`) before a built-in, the
+//! loopback-only answer of a server without one, the browser login, and the in-flight caps.
+
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+#[cfg(feature = "media")]
+use sluice_media::query::Query;
+#[cfg(feature = "media")]
+use sluice_media::token::split_path_token;
+
+use super::routes;
+use super::App;
+use crate::auth::{browser, Auth};
+use crate::body::{self, Body};
+use crate::error::{ErrorMark, ProxyError};
+use crate::request::RequestContext;
+
+impl App {
+    /// Places for one media request in its client's and its token's in-flight counts, or a 429
+    /// naming the bound: one client (or one leaked link) cannot make sluice hold unbounded
+    /// upstream fetches.
+    #[cfg(feature = "media")]
+    pub(super) fn media_places(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<Vec<crate::media::limit::Place>, ProxyError> {
+        let busy = |what: &str| {
+            ProxyError::downstream(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                format!("{what} (media.max_requests_per_client / media.max_requests_per_token)"),
+            )
+        };
+        let mut places = Vec::with_capacity(2);
+        places.push(
+            self.in_flight
+                .0
+                .take(ctx.client_ip)
+                .ok_or_else(|| busy("this client has too many requests in flight"))?,
+        );
+        if ctx.token.is_some() {
+            let raw = split_path_token(req.uri().path())
+                .map(|(t, _)| t.to_string())
+                .or_else(|| {
+                    Query::parse(req.uri().query().unwrap_or(""))
+                        .get("token")
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(raw.as_bytes()).into();
+            places.push(
+                self.in_flight
+                    .1
+                    .take(key)
+                    .ok_or_else(|| busy("this token has too many requests in flight"))?,
+            );
+        }
+        Ok(places)
+    }
+
+    pub(super) fn authorize(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+    ) -> Result<(), ProxyError> {
+        if ctx.token.is_some() {
+            // Authenticated and scoped in `context`: a sealed token only reaches the paths it was
+            // minted for, a MediaFlow token carries the password.
+            return Ok(());
+        }
+        let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
+        if self.keys.load().auth.check(offered.as_deref()) {
+            return Ok(());
+        }
+        let message = if offered.is_some() {
+            "wrong api_password"
+        } else {
+            "missing api_password: pass it as the api_password query parameter or header"
+        };
+        Err(ProxyError::downstream(
+            StatusCode::FORBIDDEN,
+            "auth",
+            message,
+        ))
+    }
+}
+
+/// Whether a password-free server's built-in may answer `req`: a loopback `Host` (or none, which
+/// no browser sends).
+pub(super) fn local_host<B>(req: &Request<B>) -> bool {
+    match routes::request_host(req) {
+        Some(host) => browser::is_loopback_host(&host),
+        None => true,
+    }
+}
+
+/// 421 for a `Host` a password-free server does not answer to.
+pub(super) fn misdirected() -> Response<Body> {
+    ProxyError::downstream(
+        StatusCode::MISDIRECTED_REQUEST,
+        "host",
+        "this sluice has no password, so it answers only to loopback names (localhost, \
+         127.0.0.1, [::1]); set auth.api_password or endpoints.host to serve another name",
+    )
+    .into_response()
+}
+
+/// 401 asking a browser for the password (HTTP Basic; any user name).
+pub(super) fn page_login() -> Response<Body> {
+    let mut resp = Response::new(body::full(
+        "this page needs the password: sign in with any user name and the api_password\n",
+    ));
+    *resp.status_mut() = StatusCode::UNAUTHORIZED;
+    let h = resp.headers_mut();
+    h.insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"sluice\", charset=\"UTF-8\""),
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.extensions_mut().insert(ErrorMark {
+        side: crate::error::Side::Downstream,
+        kind: "auth",
+    });
+    resp
+}
+
+/// Whether the token a request came with stands for the API password where a credential is
+/// checked inside the request (the XC paths): only a MediaFlow token, which carries the password,
+/// does. A sealed token is scoped to the paths it was minted for and proves nothing else, even
+/// where its scope happens to open a path another handler parses (a playlist link's token opens
+/// `/playlist/playlist/...`, which the XC short form `/{user}/{pass}/{id}` also matches).
+#[cfg(feature = "media")]
+pub(super) fn token_proves_password(token: Option<&crate::auth::token::TokenScope>) -> bool {
+    token.is_some_and(|t| t.paths.is_none())
+}
+
+#[cfg(all(test, feature = "media"))]
+mod tests {
+    use super::token_proves_password;
+    use crate::auth::token::TokenScope;
+
+    fn scope(paths: Option<&[&str]>) -> TokenScope {
+        TokenScope {
+            exp: None,
+            ip: None,
+            paths: paths.map(|p| p.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn only_a_mediaflow_token_stands_for_the_password() {
+        assert!(token_proves_password(Some(&scope(None))));
+        assert!(!token_proves_password(None));
+        // A playlist link's token, an HLS child's and the XC username's: scoped, so no.
+        for paths in [
+            &["/playlist/playlist"][..],
+            &["/proxy/hls/"][..],
+            &[crate::media::xtream::XC_SCOPE][..],
+            &[][..],
+        ] {
+            assert!(
+                !token_proves_password(Some(&scope(Some(paths)))),
+                "{paths:?}"
+            );
+        }
+    }
+}
