@@ -273,7 +273,7 @@ async fn scenarios(net: &Net) {
         .collect();
     assert_eq!(cookies, ["user=2"]);
 
-    // 3. A purge while the owner is away (stopped): the answer says which peer missed it; when
+    // 3. A purge while the owner is away (cut off): the answer says which peer missed it; when
     //    the owner is back it does not serve the purged bytes.
     let r = request("GET", Net::addr(1), "/purged.bin", &[])
         .await

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -172,7 +173,8 @@ purge_allow = ["10.77.0.0/24"]
 {self_line}
 secret = "{SECRET}"
 health_interval_ms = 200
-peer_timeout_ms = 500
+peer_timeout_ms = 1500
+max_fails = 3
 rampup_secs = 0
 {cluster}
 "#,
@@ -187,6 +189,8 @@ rampup_secs = 0
             .args(["serve", "--config"])
             .arg(&path)
             .env("RUST_LOG", "sluice=info")
+            // A process group of its own: signals meant for the test's group never reach it.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -222,6 +226,8 @@ upstream = "nodes"
             .arg(env!("CARGO_BIN_EXE_sluice"))
             .args(["serve", "--config"])
             .arg(&path)
+            // A process group of its own: signals meant for the test's group never reach it.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -248,12 +254,10 @@ upstream = "nodes"
         }
     }
 
-    /// Stops (SIGSTOP) or continues (SIGCONT) node `i`: unreachable but keeping its cache.
-    pub fn pause(&self, i: usize, stop: bool) {
-        let map = self.children.lock().unwrap();
-        let pid = map[&i].id() as i32;
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(pid, if stop { libc::SIGSTOP } else { libc::SIGCONT }) };
+    /// Cuts node `i` off the network (its link down) or puts it back: away, keeping its cache.
+    pub fn pause(&self, i: usize, away: bool) {
+        let state = if away { "down" } else { "up" };
+        ip(&["-n", &self.nodes[i - 1], "link", "set", "eth0", state]);
     }
 
     /// The process state line of node `i` (for failure messages).
@@ -277,8 +281,6 @@ upstream = "nodes"
 impl Drop for Net {
     fn drop(&mut self) {
         for (_, mut c) in self.children.lock().unwrap().drain() {
-            // SAFETY: our own child; a stopped one must be continued to die promptly.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
             let _ = c.kill();
             let _ = c.wait();
         }
