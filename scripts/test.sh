@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
+# The cache cluster test (crates/sluice/tests/cluster.rs) puts each node in its own network
+# namespace with ip(8) (root, like the soak's tmpfs).
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # The RTSP tests run GStreamer's RTSP server from the distribution's Python; its seekable mounts
 # demux an H.264 MP4 (qtdemux, h264parse: good and bad plugins) and re-mux it (mpegtsmux: bad).
 if ! /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); from gi.repository import GstRtspServer' >/dev/null 2>&1 \

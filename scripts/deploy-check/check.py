@@ -393,7 +393,8 @@ def helm():
         fail("the chart must refuse to render without a password")
     rendered = []
     for extra in ([], ["--set", "hostNetwork=true", "--set", "password.existingSecret=s"],
-                  ["--set", "persistence.existingClaim=cache", "--set", "preStopSleepSeconds=0"]):
+                  ["--set", "persistence.existingClaim=cache", "--set", "preStopSleepSeconds=0"],
+                  ["--set", "cluster.enabled=true"]):
         out = run([HELM, "template", "t", chart, "--set", "password.value=x", *extra]).stdout
         path = tempfile.mktemp(suffix=".yaml")
         with open(path, "w") as f:
@@ -410,7 +411,14 @@ def helm():
             fail(f"rendered chart lacks {want!r}")
     if "hostNetwork: true" not in rendered[1][1]:
         fail("hostNetwork=true is not rendered")
-    ok("helm: lint --strict, template (3 value sets), kubernetes-validate --strict against 1.32")
+    for want in ("clusterIP: None", "[cache.cluster]", "t-sluice-peers.default.svc.cluster.local:8888",
+                 "secret_file = \"/etc/sluice-cluster/cluster-secret\"", "containerPort: 8899",
+                 "seconds: 15", "terminationGracePeriodSeconds: 50"):
+        if want not in rendered[3][1]:
+            fail(f"the chart's cluster mode lacks {want!r}")
+    if "[cache.cluster]" in out:
+        fail("cluster mode is rendered without cluster.enabled")
+    ok("helm: lint --strict, template (4 value sets), kubernetes-validate --strict against 1.32")
 
 
 # === the OpenWrt package ===

@@ -40,6 +40,10 @@ pub struct FreshnessPolicy {
     /// answer never stored (Varnish's default): a page personalised by a cookie is not served to
     /// the next user (web cache deception).
     pub store_cookie_requests: bool,
+    /// For a copy of another cache's object (a cluster node keeping what the owner sent): fresh
+    /// for at most this long after it arrives, on top of the `Age` it arrives with, and never
+    /// longer than its own lifetime. `None`: no cap.
+    pub copy_ttl_secs: Option<std::num::NonZeroU32>,
 }
 
 impl Default for FreshnessPolicy {
@@ -52,6 +56,7 @@ impl Default for FreshnessPolicy {
             grace: Duration::ZERO,
             request_directives: RequestDirectives::Honor,
             store_cookie_requests: true,
+            copy_ttl_secs: None,
         }
     }
 }
@@ -167,6 +172,17 @@ pub fn storability(
                 .unwrap_or(policy.default_ttl.as_secs())
         }
         None => return Err(NotStorable::Status),
+    };
+    let lifetime = match policy.copy_ttl_secs {
+        Some(cap) => {
+            let age = resp_headers
+                .get(http::header::AGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            lifetime.min(age.saturating_add(u64::from(cap.get())))
+        }
+        None => lifetime,
     };
     let must_revalidate = cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
     let strict = must_revalidate || cc.no_cache;

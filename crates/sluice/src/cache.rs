@@ -22,8 +22,10 @@
 //! - `purge`: `PURGE` by URL, prefix or tag, and invalidation after unsafe methods.
 //! - `slot`: the process's one cache, built on first need and kept across reloads.
 //! - `metrics`: the cache's metric families.
+//! - `cluster`: several nodes as one cache (owners on a ring, peer fills, cluster purge).
 
 pub mod budget;
+pub mod cluster;
 pub mod config;
 pub mod disk;
 pub mod fill;
@@ -116,6 +118,8 @@ pub(crate) struct Inner {
     metrics: metrics::CacheMetrics,
     /// Who may purge; a reload swaps it (`Cache::set_purge`).
     purge: arc_swap::ArcSwap<purge::PurgeSecrets>,
+    /// This node's part in a cache cluster (`[cache.cluster]`).
+    cluster: Option<Arc<cluster::Cluster>>,
 }
 
 /// Why the service could not start.
@@ -123,6 +127,8 @@ pub(crate) struct Inner {
 pub enum CacheError {
     #[error("in [cache]: {0}")]
     Config(#[from] config::CacheConfigError),
+    #[error("in [cache.cluster]: {0}")]
+    Cluster(String),
     #[error("cache disk_path {path}: {source}")]
     Disk {
         path: String,
@@ -179,6 +185,13 @@ impl Cache {
         };
         let mut seed = [0u8; 8];
         let _ = getrandom::getrandom(&mut seed);
+        let cluster = config.cluster.as_ref().map(|c| {
+            Arc::new(cluster::Cluster::new(
+                c,
+                metrics.cluster.clone(),
+                Duration::from_secs(config.origin_header_timeout_secs),
+            ))
+        });
         let memory = Arc::new(MemoryTier::new(config.memory_bytes.0, slice_bytes));
         let budget = Budget::new(config.memory_bytes.0, slice_bytes, memory.clone());
         let inner = Arc::new(Inner {
@@ -196,7 +209,19 @@ impl Cache {
             generation: AtomicU64::new(u64::from_le_bytes(seed) >> 1 | 1),
             metrics,
             purge: arc_swap::ArcSwap::from_pointee(purge::PurgeSecrets::new(config, api_password)),
+            cluster,
         });
+        if let Some(c) = &inner.cluster {
+            c.start(Arc::downgrade(&inner)).map_err(|e| {
+                CacheError::Cluster(format!(
+                    "control listener on {}: {e}",
+                    config
+                        .cluster
+                        .as_ref()
+                        .map_or_else(String::new, |c| c.control_bind().to_string())
+                ))
+            })?;
+        }
         metrics::spawn_gauges(Arc::downgrade(&inner));
         Ok(Cache { inner })
     }
@@ -255,6 +280,11 @@ impl Cache {
             .lock()
             .expect("inflight")
             .contains_key(&cold)
+    }
+
+    /// This node's part in a cache cluster, when `[cache.cluster]` is set.
+    pub fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
+        self.inner.cluster.as_ref()
     }
 
     /// Whether both handles are the same cache.

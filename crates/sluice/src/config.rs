@@ -837,6 +837,10 @@ impl Config {
         if !copy.cache.purge_key.is_empty() {
             copy.cache.purge_key = "********".to_string();
         }
+        #[cfg(feature = "cache")]
+        if let Some(c) = copy.cache.cluster.as_mut() {
+            c.secret = "********".to_string();
+        }
         // Through a table, like `load`: one `Serialize` instantiation per config type, not two.
         toml::Table::try_from(copy)
             .and_then(|table| toml::to_string_pretty(&table))

@@ -2,6 +2,7 @@
 
 pub mod acestream;
 pub mod cache;
+mod cluster;
 pub mod dash;
 pub mod epg;
 pub mod extractor;

@@ -362,6 +362,36 @@ fn s4_1_vary() {
     assert_eq!(vary_names(&headers(&[("vary", "*")])), Err(VaryStar));
 }
 
+#[test]
+fn a_copy_of_another_caches_object_is_capped_after_its_age() {
+    let copy = FreshnessPolicy {
+        copy_ttl_secs: std::num::NonZeroU32::new(10),
+        ..FreshnessPolicy::default()
+    };
+    let life = |resp: &HeaderMap| {
+        storability(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            resp,
+            t(0),
+            &copy,
+        )
+        .map(|f| f.lifetime)
+    };
+    // 3600 s at the owner, 50 s old when it arrives: fresh here until 60 s of age.
+    assert_eq!(
+        life(&headers(&[
+            ("cache-control", "max-age=3600"),
+            ("age", "50")
+        ])),
+        Ok(60)
+    );
+    // Never beyond its own lifetime.
+    assert_eq!(life(&headers(&[("cache-control", "max-age=5")])), Ok(5));
+    assert_eq!(life(&headers(&[("cache-control", "max-age=3600")])), Ok(10));
+}
+
 proptest::proptest! {
     #[test]
     fn fresh_only_below_lifetime(lifetime in 1u64..10_000, age in 0u64..20_000) {

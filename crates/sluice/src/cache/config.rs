@@ -128,6 +128,9 @@ pub struct CacheConfig {
     /// of them with `sendfile(2)`: no copy into the socket, at the cost of a descriptor and a
     /// mapping per slice. Off by default (see docs/cache.md "Hits with sendfile").
     pub sendfile: bool,
+    /// Several nodes as one cache (`[cache.cluster]`, docs/cache.md "Running a cluster").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<super::cluster::ClusterConfig>,
 }
 
 impl Default for CacheConfig {
@@ -154,6 +157,7 @@ impl Default for CacheConfig {
             grace_secs: 0,
             request_directives: RequestDirectivesConfig::Honor,
             sendfile: false,
+            cluster: None,
         }
     }
 }
@@ -195,6 +199,7 @@ impl PolicyConfig {
             // The media front end's requests carry only cookies its own keys include; a reverse
             // route decides for itself (`RoutePolicyConfig::cache_cookies`).
             store_cookie_requests: true,
+            copy_ttl_secs: None,
         }
     }
 }
@@ -242,6 +247,8 @@ pub enum CacheConfigError {
     Zero(&'static str),
     #[error("heuristic_percent must be at most 100")]
     Heuristic,
+    #[error("[cache.cluster]: {0}")]
+    Cluster(String),
 }
 
 impl CacheConfig {
@@ -292,6 +299,9 @@ impl CacheConfig {
         }
         if self.heuristic_percent > 100 {
             return Err(CacheConfigError::Heuristic);
+        }
+        if let Some(c) = &self.cluster {
+            c.validate().map_err(CacheConfigError::Cluster)?;
         }
         Ok(())
     }

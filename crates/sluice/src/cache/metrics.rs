@@ -53,6 +53,8 @@ pub struct CacheMetrics {
     pub version_mismatch: Counter,
     pub origin_errors: Counter,
     pub origin_latency: Histogram,
+    /// `sluice_cache_cluster_*`.
+    pub cluster: super::cluster::metrics::ClusterMetrics,
 }
 
 impl CacheMetrics {
@@ -79,8 +81,13 @@ impl CacheMetrics {
             origin_errors: Counter::default(),
             // 0.5 ms .. ~16 s
             origin_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            cluster: Default::default(),
         };
         let r = registry.sub_registry_with_prefix("cache");
+        let m = CacheMetrics {
+            cluster: super::cluster::metrics::ClusterMetrics::register(r),
+            ..m
+        };
         r.register("requests", "Cached requests by outcome", m.requests.clone());
         r.register(
             "coalesced_waiters",

@@ -13,6 +13,9 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use subtle::ConstantTimeEq;
 
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::cluster::purge_log::PurgeOrder;
 use super::object::ObjectMeta;
 use super::{CacheKey, Inner};
 use crate::body::{self, Body};
@@ -79,6 +82,22 @@ fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
     }
 }
 
+/// Why a purge is refused.
+pub(super) enum Refusal {
+    /// Not from an allowed address with the key (every refusal looks the same).
+    Forbidden,
+    Bad(&'static str),
+}
+
+impl Refusal {
+    fn into_response(self) -> Response<Body> {
+        match self {
+            Refusal::Forbidden => forbidden(),
+            Refusal::Bad(msg) => json(StatusCode::BAD_REQUEST, format!("{{\"error\":\"{msg}\"}}")),
+        }
+    }
+}
+
 /// The purge key, the addresses purges come from and the API password, as the last reload left
 /// them (`[cache]` sizes and tiers need a restart; these do not).
 #[derive(Debug, Clone)]
@@ -99,6 +118,40 @@ impl PurgeSecrets {
 }
 
 impl super::Cache {
+    /// Handles a `PURGE` for `key` from `peer` on every node of the cluster: here, then each
+    /// peer (the answer lists each one's result; a peer that misses it pulls it from this node's
+    /// purge log when it is back). Without a cluster, as [`super::Cache::purge`].
+    pub async fn purge_everywhere(
+        &self,
+        parts: &Parts,
+        key: &CacheKey,
+        peer: IpAddr,
+    ) -> Response<Body> {
+        let Some(cluster) = self.inner.cluster.clone() else {
+            return self.inner.handle_purge(parts, key, peer);
+        };
+        let order = match self.inner.purge_order(parts, key, peer) {
+            Ok(o) => o,
+            Err(refusal) => return refusal.into_response(),
+        };
+        let n = self.inner.apply_order(&order, false);
+        let mut peers = serde_json::Map::new();
+        for (addr, result) in cluster.fan_out(&order).await {
+            let v = match result {
+                Ok(n) => serde_json::json!({ "purged": n }),
+                Err(e) => serde_json::json!({ "error": e }),
+            };
+            peers.insert(addr, v);
+        }
+        let body = serde_json::json!({
+            "purged": n,
+            "soft": order.soft,
+            "node": cluster.self_addr(),
+            "peers": peers,
+        });
+        json(StatusCode::OK, body.to_string())
+    }
+
     /// Installs a reloaded purge key, `purge_allow` and API password: the old ones stop working.
     pub fn set_purge(&self, secrets: PurgeSecrets) {
         self.inner.purge.store(std::sync::Arc::new(secrets));
@@ -133,28 +186,68 @@ impl Inner {
         key: &CacheKey,
         peer: IpAddr,
     ) -> Response<Body> {
-        if !self.purge_allowed(&parts.headers, peer) {
-            return forbidden();
+        match self
+            .purge_order(parts, key, peer)
+            .map_err(Refusal::into_response)
+        {
+            Ok(order) => {
+                let n = self.apply_order(&order, false);
+                json(
+                    StatusCode::OK,
+                    format!("{{\"purged\":{n},\"soft\":{}}}", order.soft),
+                )
+            }
+            Err(resp) => resp,
         }
-        let scope = match scope(&parts.headers) {
-            Ok(s) => s,
-            Err(msg) => return json(StatusCode::BAD_REQUEST, format!("{{\"error\":\"{msg}\"}}")),
-        };
+    }
+
+    /// The purge a client asks for, once it is allowed; the refusal otherwise.
+    pub(super) fn purge_order(
+        &self,
+        parts: &Parts,
+        key: &CacheKey,
+        peer: IpAddr,
+    ) -> Result<PurgeOrder, Refusal> {
+        if !self.purge_allowed(&parts.headers, peer) {
+            return Err(Refusal::Forbidden);
+        }
+        let scope = scope(&parts.headers).map_err(Refusal::Bad)?;
         let soft = parts
             .headers
             .get("x-purge-soft")
             .is_some_and(|v| matches!(v.as_bytes(), b"1" | b"true" | b"yes"));
-        let n = match &scope {
-            PurgeScope::Url => self.purge_matching(|k, _| k == key.0, soft),
-            PurgeScope::Prefix => self.purge_matching(|k, _| k.starts_with(&key.0), soft),
-            PurgeScope::Tags(tags) => {
-                self.purge_matching(|_, m| m.tags.iter().any(|t| tags.contains(t)), soft)
-            }
+        let (mode, tags) = match scope {
+            PurgeScope::Url => ("url", vec![]),
+            PurgeScope::Prefix => ("prefix", vec![]),
+            PurgeScope::Tags(tags) => ("tag", tags),
         };
-        json(
-            StatusCode::OK,
-            format!("{{\"purged\":{n},\"soft\":{soft}}}"),
-        )
+        Ok(PurgeOrder {
+            mode: mode.into(),
+            key: key.0.clone(),
+            tags,
+            soft,
+            at_ms: super::cluster::purge_log::now_ms(),
+        })
+    }
+
+    /// Applies a purge; returns how many objects it touched. A replayed one (from a peer's log,
+    /// missed while this node was away) spares objects fetched after it was made.
+    pub(crate) fn apply_order(&self, order: &PurgeOrder, replay: bool) -> usize {
+        // Clocks of two nodes differ a little: a replay errs on the side of purging.
+        const SKEW: Duration = Duration::from_secs(2);
+        let made = UNIX_EPOCH + Duration::from_millis(order.at_ms) + SKEW;
+        let older = |m: &ObjectMeta| !replay || m.clock.response_time < made;
+        match order.mode.as_str() {
+            "url" => self.purge_matching(|k, m| k == order.key && older(m), order.soft),
+            "prefix" => {
+                self.purge_matching(|k, m| k.starts_with(&order.key) && older(m), order.soft)
+            }
+            "tag" => self.purge_matching(
+                |_, m| m.tags.iter().any(|t| order.tags.contains(t)) && older(m),
+                order.soft,
+            ),
+            _ => 0,
+        }
     }
 
     /// Purges matching objects; returns how many.

@@ -177,14 +177,16 @@ impl MediaCache {
         defaults: &PolicyConfig,
         metrics: MediaCacheMetrics,
     ) -> Arc<MediaCache> {
-        Arc::new(MediaCache {
+        let me = Arc::new(MediaCache {
             cache,
             upstream,
             mpd: media_policy(defaults, config.mpd_ttl_secs),
             init: media_policy(defaults, config.init_ttl_secs),
             segment: media_policy(defaults, config.segment_ttl_secs),
             metrics,
-        })
+        });
+        super::cluster::register(&me);
+        me
     }
 
     fn policy(&self, kind: CacheKind) -> &FreshnessPolicy {
@@ -223,28 +225,23 @@ impl MediaCache {
             }
         };
         let key = request_key(&part.url, headers);
-        let origin = Arc::new(MediaOrigin {
-            upstream: self.upstream.clone(),
-            url: part.url.clone(),
-            headers: headers.clone(),
-            error: Arc::default(),
-        });
-        let mut req = Request::new(());
-        *req.method_mut() = Method::GET;
-        if let Some((a, b)) = part.range {
-            req.headers_mut().insert(header::RANGE, range_value(a, b));
-        }
-        if let Some(secs) = max_age {
-            req.headers_mut().insert(
-                header::CACHE_CONTROL,
-                HeaderValue::from_str(&format!("max-age={secs}")).expect("digits"),
-            );
-        }
-        let (parts, ()) = req.into_parts();
-        let dyn_origin: Arc<dyn Origin> = origin.clone();
-        let resp = cache
-            .serve(&parts, &key, dyn_origin, self.policy(kind))
-            .await;
+        // In a cache cluster, the key's owner fills it (one origin fetch for the cluster).
+        let peer = match cache.cluster() {
+            Some(cluster) => {
+                let order = super::cluster::order(kind, part, headers, max_age);
+                cluster
+                    .fill_via_owner(super::cluster::FILL, &key, order)
+                    .await
+            }
+            None => None,
+        };
+        let resp = match peer {
+            Some(resp) => resp,
+            None => {
+                self.serve_local(cache, &key, kind, part, headers, max_age)
+                    .await?
+            }
+        };
         let status = resp.headers().get("cache-status");
         self.metrics.count(
             kind,
@@ -252,9 +249,6 @@ impl MediaCache {
         );
         let host = part.url.host_str().unwrap_or("").to_owned();
         if !resp.status().is_success() {
-            if let Some(e) = origin.take_error() {
-                return Err(e);
-            }
             return Err(ProxyError::upstream_status(
                 resp.status(),
                 &host,
@@ -282,6 +276,54 @@ impl MediaCache {
             final_url,
             age,
         })
+    }
+}
+
+impl MediaCache {
+    /// `part` through this node's own cache: the answer, or why the origin exchange failed
+    /// (the same error as without the cache).
+    pub(super) async fn serve_local(
+        &self,
+        cache: &Cache,
+        key: &CacheKey,
+        kind: CacheKind,
+        part: &Part,
+        headers: &HeaderMap,
+        max_age: Option<u64>,
+    ) -> Result<Response<Body>, ProxyError> {
+        let origin = Arc::new(MediaOrigin {
+            upstream: self.upstream.clone(),
+            url: part.url.clone(),
+            headers: headers.clone(),
+            error: Arc::default(),
+        });
+        let mut req = Request::new(());
+        *req.method_mut() = Method::GET;
+        if let Some((a, b)) = part.range {
+            req.headers_mut().insert(header::RANGE, range_value(a, b));
+        }
+        if let Some(secs) = max_age {
+            req.headers_mut().insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_str(&format!("max-age={secs}")).expect("digits"),
+            );
+        }
+        let (parts, ()) = req.into_parts();
+        let dyn_origin: Arc<dyn Origin> = origin.clone();
+        let resp = cache
+            .serve(&parts, key, dyn_origin, self.policy(kind))
+            .await;
+        if !resp.status().is_success() {
+            if let Some(e) = origin.take_error() {
+                return Err(e);
+            }
+        }
+        Ok(resp)
+    }
+
+    /// The process's cache, for a peer's fill (`media::cluster`).
+    pub(super) fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
     }
 }
 

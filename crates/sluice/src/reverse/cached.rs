@@ -17,8 +17,9 @@ use super::fast_write::{write_response, Meters};
 use super::forward::{attempts, hash_key, rewrite_path, Downstream, FetchError, UpstreamHead};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
+use crate::cache::cluster::{relay::Local, RelayRequest};
 use crate::cache::purge::invalidation_keys;
-use crate::cache::{CacheKey, Origin, OriginError, OriginFuture};
+use crate::cache::{Cache, CacheKey, FreshnessPolicy, Origin, OriginError, OriginFuture};
 use crate::error::{ErrorMark, ProxyError};
 use crate::upstream::group::InFlight;
 
@@ -128,6 +129,30 @@ impl Reverse {
                 .into_response();
         };
         let key = CacheKey::new(&t.scope, &t.target);
+        // In a cache cluster, a request a peer relayed (a valid hop marker) is served here; a
+        // client's marker is removed and counts for nothing.
+        let cluster = cache.cluster().cloned();
+        let relay = cluster.as_ref().map(|c| {
+            let authority = parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+                .or_else(|| parts.uri.authority().map(|a| a.to_string()))
+                .unwrap_or_default();
+            let target = parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            let from_peer = c.take_hop(
+                &mut parts.headers,
+                parts.method.as_str(),
+                &authority,
+                &target,
+            );
+            (from_peer, authority, target)
+        });
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let balance = hash_key(route, target, &parts.headers, down);
         // The purge authorisation below reads the client's own headers: the head gets a copy.
@@ -145,7 +170,7 @@ impl Reverse {
         let mut resp = if parts.method.as_str() == "PURGE" {
             // The purge authorisation reads the client's own headers.
             parts.uri = t.target.clone();
-            cache.purge(&parts, &key, down.client_ip)
+            cache.purge_everywhere(&parts, &key, down.client_ip).await
         } else {
             // The cache sees the request as the upstream would (forwarding headers added, route
             // header edits applied), so its origin requests need no further rewriting.
@@ -160,7 +185,50 @@ impl Reverse {
                 host: head.host,
                 balance,
             });
-            cache.serve(&cparts, &key, origin, policy).await
+            match (cluster, relay) {
+                (Some(c), Some((false, authority, target)))
+                    if route.config.cache_peer_copy
+                        && matches!(c.owner(&key), crate::cache::cluster::Owner::Peer(_)) =>
+                {
+                    // A local copy, filled from the owner and kept for a short while.
+                    let req = RelayRequest {
+                        method: parts.method.clone(),
+                        authority,
+                        target,
+                        headers: parts.headers.clone(),
+                    };
+                    let origin = c.owner_origin(&key, req, origin);
+                    let mut resp = cache
+                        .serve(&cparts, &key, origin, &c.copy_policy(policy))
+                        .await;
+                    c.name_node(resp.headers_mut());
+                    resp
+                }
+                (Some(c), Some((false, authority, target))) => {
+                    let local = local_fill(cache, cparts, &key, origin, policy);
+                    let req = RelayRequest {
+                        method: parts.method.clone(),
+                        authority,
+                        target,
+                        headers: parts.headers.clone(),
+                    };
+                    match c.through_owner(&key, req, local.clone()).await {
+                        Some(resp) => resp,
+                        None => {
+                            let mut resp = local(parts.headers.clone()).await;
+                            c.name_node(resp.headers_mut());
+                            resp
+                        }
+                    }
+                }
+                (c, _) => {
+                    let mut resp = cache.serve(&cparts, &key, origin, policy).await;
+                    if let Some(c) = c {
+                        c.name_node(resp.headers_mut());
+                    }
+                    resp
+                }
+            }
         };
         if parts.method.as_str() != "PURGE" {
             // As a relayed response gets them: this hop's `Via` (the stored head is an HTTP/1.1
@@ -247,6 +315,43 @@ impl Reverse {
             ));
         }
     }
+}
+
+/// This node's own answer to a request of a cluster (its cache and the route's origin), with
+/// the client's `Range` and conditionals of `client` over the upstream view `cparts`: a miss this
+/// node owns, one whose owners all failed, and the rest of a body an owner stopped sending.
+fn local_fill(
+    cache: &Cache,
+    cparts: http::request::Parts,
+    key: &CacheKey,
+    origin: Arc<dyn Origin>,
+    policy: &FreshnessPolicy,
+) -> Local {
+    let (cache, key, policy) = (cache.clone(), key.clone(), policy.clone());
+    let cparts = Arc::new(cparts);
+    Arc::new(move |client: http::HeaderMap| {
+        let (cache, key, policy, origin) =
+            (cache.clone(), key.clone(), policy.clone(), origin.clone());
+        let mut parts = Request::new(()).into_parts().0;
+        parts.method = cparts.method.clone();
+        parts.uri = cparts.uri.clone();
+        parts.version = cparts.version;
+        parts.headers = cparts.headers.clone();
+        for name in [
+            http::header::RANGE,
+            http::header::IF_RANGE,
+            http::header::IF_NONE_MATCH,
+            http::header::IF_MODIFIED_SINCE,
+            http::header::IF_MATCH,
+            http::header::IF_UNMODIFIED_SINCE,
+        ] {
+            parts.headers.remove(&name);
+            for v in client.get_all(&name) {
+                parts.headers.append(name.clone(), v.clone());
+            }
+        }
+        Box::pin(async move { cache.serve(&parts, &key, origin, &policy).await })
+    })
 }
 
 /// The cache's origin for one request: the route's attempts across its upstream group

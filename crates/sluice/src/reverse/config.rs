@@ -98,6 +98,10 @@ pub struct RouteConfig {
     /// never stored, Varnish's default, so one user's personalised page is not served to others).
     #[serde(default)]
     pub cache_cookies: bool,
+    /// In a cache cluster, keep a local copy of what the owner sends (for at most
+    /// `[cache.cluster] peer_copy_ttl_secs`): hot objects are then hits on every node.
+    #[serde(default)]
+    pub cache_peer_copy: bool,
 }
 
 impl RouteConfig {

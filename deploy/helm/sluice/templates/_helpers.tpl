@@ -22,3 +22,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "sluice.secretName" -}}
 {{- default (include "sluice.fullname" .) .Values.password.existingSecret -}}
 {{- end -}}
+
+{{- define "sluice.clusterSecretName" -}}
+{{- default (printf "%s-cluster" (include "sluice.fullname" .)) .Values.cluster.existingSecret -}}
+{{- end -}}
+
+{{/* The preStop pause: the drain of cluster mode, or the plain one. */}}
+{{- define "sluice.preStopSeconds" -}}
+{{- if .Values.cluster.enabled -}}
+{{- max .Values.preStopSleepSeconds .Values.cluster.drainSeconds -}}
+{{- else -}}
+{{- .Values.preStopSleepSeconds -}}
+{{- end -}}
+{{- end -}}

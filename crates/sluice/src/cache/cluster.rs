@@ -1,0 +1,285 @@
+//! One cache across several sluice nodes: each key has one owner on a consistent-hash ring, a
+//! miss on another node is fetched through the owner (one hop, marked so it is never forwarded
+//! again), purges fan out to every node and are kept in a log for nodes that were away. No
+//! shared store and no coordinator: the config (or DNS) is the membership.
+//!
+//! # Layout
+//! - `config`: `[cache.cluster]`.
+//! - `hop`: the signed hop marker.
+//! - `ring`: members, their state, rampup, the owner of a key.
+//! - `members`: the member list from the static list or DNS.
+//! - `peer`: the keep-alive client (relayed misses, control requests).
+//! - `relay`: a miss through its owner, continued elsewhere when the owner fails.
+//! - `copy`: local copies on non-owners, filled from the owner.
+//! - `control`: the control listener and the active checker (which pulls purge logs).
+//! - `purge_log`: purges kept for peers that were away.
+//! - `metrics`: `sluice_cache_cluster_*`.
+
+pub mod config;
+mod control;
+mod copy;
+pub mod hop;
+mod members;
+pub mod metrics;
+pub mod peer;
+pub mod purge_log;
+pub mod relay;
+pub mod ring;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http::Method;
+
+pub use config::ClusterConfig;
+pub use peer::RelayRequest;
+pub use ring::{Member, Owner};
+
+use super::{CacheKey, Inner};
+use hop::{HopKey, HOP_HEADER};
+use metrics::ResultLabels;
+use purge_log::{PurgeLog, PurgeOrder};
+use ring::Ring;
+
+/// A front end's own fill, run on the owner for a peer: the order (the front end's own encoding,
+/// signed in transit) in, the answer out (streaming).
+pub type FillHandler = Arc<
+    dyn Fn(
+            Bytes,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = http::Response<crate::body::Body>> + Send>,
+        > + Send
+        + Sync,
+>;
+
+/// This node's part in a cache cluster.
+pub struct Cluster {
+    /// Fills front ends run for peers, by name (`POST /cluster/fill/<name>`).
+    fills: std::sync::RwLock<std::collections::HashMap<&'static str, FillHandler>>,
+    config: ClusterConfig,
+    key: HopKey,
+    ring: Arc<Ring>,
+    log: PurgeLog,
+    peer: peer::PeerClient,
+    metrics: metrics::ClusterMetrics,
+    /// Where the control listener bound (known once started).
+    control: std::sync::OnceLock<SocketAddr>,
+}
+
+impl Cluster {
+    /// The cluster as configured; nothing runs before [`Cluster::start`].
+    pub fn new(
+        config: &ClusterConfig,
+        metrics: metrics::ClusterMetrics,
+        head_timeout: Duration,
+    ) -> Cluster {
+        // Validated before: the secret is there (a file that vanished since signs with nothing
+        // a peer accepts, and says so).
+        let secret = config.secret().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cache cluster secret unreadable");
+            String::new()
+        });
+        let key = HopKey::new(&secret);
+        let timeout = Duration::from_millis(config.peer_timeout_ms);
+        Cluster {
+            ring: Arc::new(Ring::new(
+                &config.self_addr,
+                Duration::from_secs(config.rampup_secs),
+            )),
+            log: PurgeLog::new(config.purge_log_entries),
+            peer: peer::PeerClient::new(
+                key.clone(),
+                if config.self_addr.is_empty() {
+                    "node"
+                } else {
+                    &config.self_addr
+                },
+                timeout,
+                head_timeout,
+            ),
+            key,
+            metrics,
+            config: config.clone(),
+            control: std::sync::OnceLock::new(),
+            fills: Default::default(),
+        }
+    }
+
+    /// Binds the control listener and starts the checker and the DNS membership task.
+    pub(super) fn start(self: &Arc<Self>, cache: Weak<Inner>) -> std::io::Result<()> {
+        let bound = control::listen(
+            self.config.control_bind(),
+            Arc::downgrade(self),
+            cache.clone(),
+        )?;
+        let _ = self.control.set(bound);
+        match &self.config.dns {
+            #[cfg(feature = "dns")]
+            Some(_) => members::spawn_dns(
+                &self.config,
+                Arc::downgrade(&self.ring),
+                self.metrics.dns_resolutions.clone(),
+            ),
+            #[cfg(not(feature = "dns"))]
+            Some(_) => {}
+            None => {
+                self.ring.set_members(members::static_members(&self.config));
+            }
+        }
+        control::spawn_checker(
+            Arc::downgrade(self),
+            cache,
+            Duration::from_millis(self.config.health_interval_ms),
+        );
+        tracing::info!(node = %self.self_addr(), control = %bound, "cache cluster started");
+        Ok(())
+    }
+
+    /// This node's address on the ring (configured, or found among the members).
+    pub fn self_addr(&self) -> String {
+        self.ring.self_addr()
+    }
+
+    /// Where the control listener bound.
+    pub fn control_addr(&self) -> Option<SocketAddr> {
+        self.control.get().copied()
+    }
+
+    /// The live ring.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    pub fn metrics(&self) -> &metrics::ClusterMetrics {
+        &self.metrics
+    }
+
+    /// The owner of `key`'s misses now.
+    pub fn owner(&self, key: &CacheKey) -> Owner {
+        self.ring.owner(&key.0, None)
+    }
+
+    /// Takes the hop marker off a request: whether it was a valid one (the request comes from a
+    /// peer and is served here, never forwarded). A client's forged marker is removed and counts
+    /// for nothing.
+    pub fn take_hop(
+        &self,
+        headers: &mut HeaderMap,
+        method: &str,
+        authority: &str,
+        target: &str,
+    ) -> bool {
+        let Some(v) = headers.remove(HOP_HEADER) else {
+            return false;
+        };
+        let ok = self.key.verify(&v, method, authority, target).is_some();
+        if ok {
+            self.metrics.hops.inc();
+        } else {
+            tracing::debug!("a request carried an invalid hop marker; ignored");
+        }
+        ok
+    }
+
+    /// Names this node in the response's `Cache-Status` entry (`node="ip:port"`), so a client
+    /// sees which node's cache answered.
+    pub fn name_node(&self, headers: &mut HeaderMap) {
+        let Some(v) = headers.get("cache-status").and_then(|v| v.to_str().ok()) else {
+            return;
+        };
+        if let Ok(named) = HeaderValue::from_str(&format!("{v}; node=\"{}\"", self.self_addr())) {
+            headers.insert("cache-status", named);
+        }
+    }
+
+    /// Lets peers run `handler` here (a front end whose requests are not routes: the media
+    /// front end's fetches); the latest registration of a name wins (a reload).
+    pub fn register_fill(&self, name: &'static str, handler: FillHandler) {
+        self.fills
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, handler);
+    }
+
+    /// Runs fill `name` with `order` on the owner of `key` (then the next node); `None` when
+    /// this node owns the key or no owner answered (fill it here).
+    pub async fn fill_via_owner(
+        &self,
+        name: &str,
+        key: &CacheKey,
+        order: Bytes,
+    ) -> Option<http::Response<crate::body::Body>> {
+        let mut skip: Option<String> = None;
+        for _ in 0..2 {
+            let Owner::Peer(owner) = self.ring.owner(&key.0, skip.as_deref()) else {
+                return None;
+            };
+            let target = format!("/cluster/fill/{name}");
+            match self
+                .peer
+                .control_stream(&owner, &target, order.clone())
+                .await
+            {
+                Ok(resp) if !resp.headers().contains_key(control::CONTROL_ERROR) => {
+                    owner.state.report_success();
+                    self.metrics.peer_fills.inc();
+                    return Some(peer::relayed(resp));
+                }
+                Ok(resp) => {
+                    // A peer without that fill (another version) or another secret.
+                    tracing::debug!(owner = %owner.addr, status = %resp.status(), "peer fill refused");
+                    skip = Some(owner.addr.clone());
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "owner unreachable for a fill");
+                    self.owner_failed(&owner.state);
+                    skip = Some(owner.addr.clone());
+                }
+            }
+        }
+        None
+    }
+
+    /// Logs a purge this node took from a client and sends it to every other member; the
+    /// outcome per member (`Ok(objects purged)` or why it failed). A member that misses it pulls
+    /// it from the log when it is back.
+    pub async fn fan_out(&self, order: &PurgeOrder) -> Vec<(String, Result<u64, String>)> {
+        self.log.append(order.clone());
+        let view = self.ring.view();
+        let body = Bytes::from(serde_json::to_vec(order).unwrap_or_default());
+        let sends = view
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != view.self_index)
+            .map(|(_, m)| {
+                let body = body.clone();
+                async move {
+                    let got = self
+                        .peer
+                        .control(m, Method::POST, "/cluster/purge", body)
+                        .await;
+                    let result = match got {
+                        Ok((http::StatusCode::OK, b)) => {
+                            serde_json::from_slice::<serde_json::Value>(&b)
+                                .ok()
+                                .and_then(|v| v.get("purged").and_then(|n| n.as_u64()))
+                                .ok_or_else(|| "bad answer".to_string())
+                        }
+                        Ok((status, _)) => Err(format!("status {}", status.as_u16())),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let label = if result.is_ok() { "ok" } else { "error" };
+                    self.metrics
+                        .purges_sent
+                        .get_or_create(&ResultLabels { result: label })
+                        .inc();
+                    (m.addr.clone(), result)
+                }
+            });
+        futures_util::future::join_all(sends).await
+    }
+}

@@ -1,0 +1,226 @@
+//! The control listener (purges from peers, this node's purge log) and the active checker: each
+//! interval it pulls every peer's purge log after the last entry it applied, which is also the
+//! peer's health check (a peer that answers is up; `max_fails` misses in a row take it out).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use super::hop::HOP_HEADER;
+use super::peer::body_digest;
+use super::purge_log::{LogPage, PurgeOrder};
+use super::Cluster;
+use crate::body::Body;
+use crate::cache::Inner;
+
+/// Marks the control listener's own error answers.
+pub(crate) const CONTROL_ERROR: &str = "sluice-cluster-error";
+
+/// Largest control request body (one purge order).
+const MAX_BODY: usize = 64 << 10;
+
+fn answer(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(crate::body::full(body));
+    *r.status_mut() = status;
+    if status != StatusCode::OK {
+        // The control plane's own refusal, told apart from a fill's answer (an origin's 404).
+        r.headers_mut()
+            .insert(CONTROL_ERROR, http::HeaderValue::from_static("1"));
+    }
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Binds the control listener and serves it while the cache lives.
+pub(crate) fn listen(
+    bind: SocketAddr,
+    cluster: Weak<Cluster>,
+    cache: Weak<Inner>,
+) -> std::io::Result<SocketAddr> {
+    let std = std::net::TcpListener::bind(bind)?;
+    std.set_nonblocking(true)?;
+    let local = std.local_addr()?;
+    let listener = TcpListener::from_std(std)?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            if cluster.strong_count() == 0 {
+                return;
+            }
+            let _ = stream.set_nodelay(true);
+            let (cluster, cache) = (cluster.clone(), cache.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let (cluster, cache) = (cluster.clone(), cache.clone());
+                    async move { Ok::<_, std::convert::Infallible>(handle(req, cluster, cache).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(local)
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    cluster: Weak<Cluster>,
+    cache: Weak<Inner>,
+) -> Response<Body> {
+    let (Some(cluster), Some(cache)) = (cluster.upgrade(), cache.upgrade()) else {
+        return answer(StatusCode::SERVICE_UNAVAILABLE, "{}".into());
+    };
+    let (parts, body) = req.into_parts();
+    let Ok(body) = Limited::new(body, MAX_BODY).collect().await else {
+        return answer(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{\"error\":\"too large\"}".into(),
+        );
+    };
+    let body = body.to_bytes();
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let signed = parts.headers.get(HOP_HEADER).and_then(|v| {
+        cluster
+            .key
+            .verify(v, parts.method.as_str(), &body_digest(&body), target)
+    });
+    if signed.is_none() {
+        return answer(StatusCode::FORBIDDEN, "{\"error\":\"forbidden\"}".into());
+    }
+    match (parts.method.clone(), parts.uri.path()) {
+        (Method::POST, "/cluster/purge") => match serde_json::from_slice::<PurgeOrder>(&body) {
+            Ok(order) => {
+                let n = cache.apply_order(&order, false);
+                answer(StatusCode::OK, format!("{{\"purged\":{n}}}"))
+            }
+            Err(e) => answer(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({ "error": e.to_string() }).to_string(),
+            ),
+        },
+        (Method::POST, path) if path.starts_with("/cluster/fill/") => {
+            let name = &path["/cluster/fill/".len()..];
+            let handler = cluster
+                .fills
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name)
+                .cloned();
+            match handler {
+                Some(h) => {
+                    cluster.metrics.hops.inc();
+                    h(body).await
+                }
+                None => answer(StatusCode::NOT_FOUND, "{\"error\":\"no such fill\"}".into()),
+            }
+        }
+        (Method::GET, "/cluster/log") => {
+            let q = parts.uri.query().unwrap_or("");
+            let get = |name: &str| {
+                q.split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(k, _)| *k == name)
+                    .and_then(|(_, v)| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let page = cluster.log.page(get("boot"), get("after"));
+            answer(
+                StatusCode::OK,
+                serde_json::to_string(&page).unwrap_or_default(),
+            )
+        }
+        _ => answer(StatusCode::NOT_FOUND, "{\"error\":\"not found\"}".into()),
+    }
+}
+
+/// Checks every peer each `health_interval_ms` while the cache lives.
+pub(crate) fn spawn_checker(cluster: Weak<Cluster>, cache: Weak<Inner>, interval: Duration) {
+    tokio::spawn(async move {
+        loop {
+            {
+                let (Some(cluster), Some(cache)) = (cluster.upgrade(), cache.upgrade()) else {
+                    return;
+                };
+                check_all(&cluster, &cache).await;
+            }
+            tokio::time::sleep(interval).await;
+        }
+    });
+}
+
+async fn check_all(cluster: &Arc<Cluster>, cache: &Arc<Inner>) {
+    let view = cluster.ring.view();
+    let checks = view
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != view.self_index)
+        .map(|(_, m)| async move {
+            let state = &m.state;
+            let boot = state.log_boot.load(std::sync::atomic::Ordering::Relaxed);
+            let after = state.log_seq.load(std::sync::atomic::Ordering::Relaxed);
+            let target = format!("/cluster/log?boot={boot}&after={after}");
+            let got = cluster
+                .peer
+                .control(m, Method::GET, &target, Bytes::new())
+                .await;
+            let page = match got {
+                Ok((StatusCode::OK, body)) => serde_json::from_slice::<LogPage>(&body).ok(),
+                _ => None,
+            };
+            let Some(page) = page else {
+                cluster.metrics.owner_failures.inc();
+                if state.report_failure(cluster.config.max_fails) {
+                    tracing::warn!(peer = %m.addr, "cache cluster peer is out of the ring");
+                }
+                return;
+            };
+            // Up again: first apply what it purged meanwhile, then take it back.
+            for e in &page.entries {
+                cache.apply_order(&e.order, true);
+                cluster.metrics.purges_replayed.inc();
+            }
+            let last = page.entries.last().map_or(after, |e| e.seq);
+            let last = if page.boot == boot {
+                last
+            } else {
+                page.entries.last().map_or(0, |e| e.seq)
+            };
+            state
+                .log_boot
+                .store(page.boot, std::sync::atomic::Ordering::Relaxed);
+            state
+                .log_seq
+                .store(last, std::sync::atomic::Ordering::Relaxed);
+            if !state.is_up() {
+                tracing::info!(peer = %m.addr, "cache cluster peer is back");
+            }
+            state.report_success();
+        });
+    futures_util::future::join_all(checks).await;
+    let up = |m: &super::ring::Member, i| Some(i) == view.self_index || m.state.is_up();
+    cluster.metrics.members.set(view.members.len() as i64);
+    for (i, m) in view.members.iter().enumerate() {
+        cluster
+            .metrics
+            .member_up
+            .get_or_create(&super::metrics::MemberLabels {
+                member: m.addr.clone(),
+            })
+            .set(i64::from(up(m, i)));
+    }
+}

@@ -1,0 +1,132 @@
+//! The purges a node took from clients, kept (bounded) so that a peer that was away when one was
+//! fanned out applies it when it is back: each node pulls every peer's log after the last entry
+//! it applied, with each active check (docs/decisions/cache-cluster-purge.md).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// One purge as it travels between nodes (fan-out and log).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgeOrder {
+    /// `url`, `prefix` or `tag`.
+    pub mode: String,
+    /// The cache key (url, prefix); empty for tags.
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub soft: bool,
+    /// When the node that took it from a client did (Unix milliseconds).
+    pub at_ms: u64,
+}
+
+/// A logged purge.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogEntry {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub order: PurgeOrder,
+}
+
+/// What a peer's log holds after a point.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogPage {
+    /// Changes when the process restarts: sequence numbers start over.
+    pub boot: u64,
+    /// The oldest sequence number still held (a reader behind it missed some).
+    pub first: u64,
+    pub entries: Vec<LogEntry>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The bounded log.
+pub struct PurgeLog {
+    boot: u64,
+    cap: usize,
+    inner: Mutex<(u64, VecDeque<LogEntry>)>,
+}
+
+/// Entries one pull returns at most.
+const PAGE: usize = 1000;
+
+impl PurgeLog {
+    pub fn new(cap: usize) -> PurgeLog {
+        let mut b = [0u8; 8];
+        let _ = getrandom::getrandom(&mut b);
+        PurgeLog {
+            boot: u64::from_le_bytes(b) >> 1 | 1,
+            cap,
+            inner: Mutex::new((1, VecDeque::new())),
+        }
+    }
+
+    pub fn append(&self, order: PurgeOrder) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = g.0;
+        g.0 += 1;
+        g.1.push_back(LogEntry { seq, order });
+        while g.1.len() > self.cap {
+            g.1.pop_front();
+        }
+    }
+
+    /// The entries after `after` of boot `boot` (all held ones for another boot), at most a page.
+    pub fn page(&self, boot: u64, after: u64) -> LogPage {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let after = if boot == self.boot { after } else { 0 };
+        LogPage {
+            boot: self.boot,
+            first: g.1.front().map_or(g.0, |e| e.seq),
+            entries: g
+                .1
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(PAGE)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(key: &str) -> PurgeOrder {
+        PurgeOrder {
+            mode: "url".into(),
+            key: key.into(),
+            tags: vec![],
+            soft: false,
+            at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn pages_follow_sequence_and_boot() {
+        let log = PurgeLog::new(3);
+        for k in ["a", "b", "c", "d"] {
+            log.append(order(k));
+        }
+        let all = log.page(0, 0);
+        assert_eq!(all.first, 2, "the oldest went over the cap");
+        let keys: Vec<&str> = all.entries.iter().map(|e| e.order.key.as_str()).collect();
+        assert_eq!(keys, ["b", "c", "d"]);
+        let rest = log.page(all.boot, 3);
+        assert_eq!(rest.entries.len(), 1);
+        assert_eq!(rest.entries[0].order.key, "d");
+        // A reader that knew another boot gets everything held.
+        assert_eq!(log.page(all.boot ^ 2, 3).entries.len(), 3);
+        let json = serde_json::to_string(&rest).unwrap();
+        let back: LogPage = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.entries[0].order, order("d"));
+    }
+}

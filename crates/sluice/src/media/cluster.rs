@@ -1,0 +1,126 @@
+//! The media front end in a cache cluster: a fetch whose key another node owns is filled there
+//! (one origin fetch for the whole cluster), through the cluster's signed fill hop. The order
+//! carries everything the key is made of (URL, every header sluice sends), so the owner keys it
+//! exactly as this node would: one user's headers never fetch bytes for another.
+
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+use sluice_media::dash::proxy::Part;
+use url::Url;
+
+use super::cache::{request_key, CacheKind, MediaCache};
+use crate::error::ProxyError;
+
+/// The name of the media fill on the cluster's control listener.
+pub const FILL: &str = "media";
+
+/// One media fetch, as a peer asks the owner for it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    kind: String,
+    url: String,
+    headers: Vec<(String, String)>,
+    range: Option<(u64, u64)>,
+    max_age: Option<u64>,
+}
+
+fn kind_name(kind: CacheKind) -> &'static str {
+    match kind {
+        CacheKind::Mpd => "mpd",
+        CacheKind::Sidx => "sidx",
+        CacheKind::Init => "init",
+        CacheKind::Segment => "segment",
+    }
+}
+
+fn kind_of(name: &str) -> Option<CacheKind> {
+    Some(match name {
+        "mpd" => CacheKind::Mpd,
+        "sidx" => CacheKind::Sidx,
+        "init" => CacheKind::Init,
+        "segment" => CacheKind::Segment,
+        _ => return None,
+    })
+}
+
+/// The order for a fetch of `part` with `headers`.
+pub fn order(kind: CacheKind, part: &Part, headers: &HeaderMap, max_age: Option<u64>) -> Bytes {
+    let order = Order {
+        kind: kind_name(kind).into(),
+        url: part.url.to_string(),
+        headers: headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect(),
+        range: part.range,
+        max_age,
+    };
+    Bytes::from(serde_json::to_vec(&order).unwrap_or_default())
+}
+
+/// Lets the cluster's peers run media fills on this node (when there is a cluster).
+pub fn register(media: &Arc<MediaCache>) {
+    let Some(cluster) = media.cache().and_then(|c| c.cluster()) else {
+        return;
+    };
+    let weak: Weak<MediaCache> = Arc::downgrade(media);
+    cluster.register_fill(
+        FILL,
+        Arc::new(move |body: Bytes| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                let Some(media) = weak.upgrade() else {
+                    return bad("the media front end was reloaded");
+                };
+                match run(&media, &body).await {
+                    Ok(resp) => resp,
+                    Err(e) => e.into_response(),
+                }
+            })
+        }),
+    );
+}
+
+fn bad(why: &'static str) -> http::Response<crate::body::Body> {
+    ProxyError::downstream(http::StatusCode::BAD_REQUEST, "cluster_fill", why).into_response()
+}
+
+async fn run(
+    media: &MediaCache,
+    body: &[u8],
+) -> Result<http::Response<crate::body::Body>, ProxyError> {
+    let refuse = |why: &'static str| {
+        ProxyError::downstream(http::StatusCode::BAD_REQUEST, "cluster_fill", why)
+    };
+    let order: Order = serde_json::from_slice(body).map_err(|_| refuse("bad fill order"))?;
+    let kind = kind_of(&order.kind).ok_or_else(|| refuse("bad fill kind"))?;
+    let url = Url::parse(&order.url).map_err(|_| refuse("bad fill url"))?;
+    let mut headers = HeaderMap::new();
+    for (k, v) in &order.headers {
+        let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) else {
+            return Err(refuse("bad fill header"));
+        };
+        headers.append(k, v);
+    }
+    let Some(cache) = media.cache() else {
+        return Err(refuse("no cache here"));
+    };
+    let part = Part {
+        url,
+        range: order.range,
+    };
+    let key = request_key(&part.url, &headers);
+    let mut resp = media
+        .serve_local(cache, &key, kind, &part, &headers, order.max_age)
+        .await?;
+    if let Some(cluster) = cache.cluster() {
+        cluster.name_node(resp.headers_mut());
+    }
+    Ok(resp)
+}

@@ -1,0 +1,490 @@
+//! A cache cluster for real: three sluice nodes, each in its own network namespace on a bridge,
+//! in front of a byte-counting origin. A cold object through every node at once is fetched from
+//! the origin once per slice; a forged hop marker buys nothing; a purge reaches a node that was
+//! away when it was sent; a node killed mid-load costs the other nodes' clients no errors; and
+//! the ring follows DNS.
+
+mod cluster_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cluster_support::*;
+
+const MIB: usize = 1 << 20;
+
+fn object(seed: u8, len: usize) -> Bytes {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Slice requests the origin saw for `path`.
+fn fetches(state: &Shared, path: &str) -> Vec<String> {
+    state
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(p, _)| p == path)
+        .map(|(_, r)| r.clone())
+        .collect()
+}
+
+#[test]
+fn three_nodes_in_namespaces_behave_as_one_cache() {
+    let net = Arc::new(Net::new(1, 3));
+    for i in 1..=3 {
+        net.start(i, &Net::peers(3));
+    }
+    net.start_balancer(3);
+    let n = net.clone();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        n.in_hub({
+            let net = n.clone();
+            move || rt().block_on(scenarios(&net))
+        })
+    }));
+    if let Err(panic) = outcome {
+        for i in 0..=3 {
+            eprintln!("--- node {i} ---\n{}", net.log(i));
+        }
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn scenarios(net: &Net) {
+    let state: Shared = Arc::default();
+    let cold = object(1, 3 * MIB + 5);
+    let forged = object(2, 2 * MIB);
+    let purged = object(3, MIB / 2);
+    let hot = object(5, MIB + MIB / 2);
+    let front = object(6, 2 * MIB + 1);
+    let mpd = Bytes::from_static(MPD.as_bytes());
+    {
+        let mut s = state.lock().unwrap();
+        s.objects
+            .insert("/cold.bin".into(), (cold.clone(), "\"c1\"".into()));
+        s.objects
+            .insert("/forged.bin".into(), (forged.clone(), "\"f1\"".into()));
+        s.objects
+            .insert("/purged.bin".into(), (purged.clone(), "\"p1\"".into()));
+        s.objects
+            .insert("/copy/hot.bin".into(), (hot.clone(), "\"h1\"".into()));
+        s.objects
+            .insert("/front.bin".into(), (front.clone(), "\"b1\"".into()));
+        s.objects
+            .insert("/media/a.mpd".into(), (mpd.clone(), "\"m1\"".into()));
+        for k in 0..6u8 {
+            s.objects.insert(
+                format!("/slow/load{k}.bin"),
+                (object(10 + k, 2 * MIB + 7), format!("\"l{k}\"")),
+            );
+        }
+    }
+    origin(state.clone()).await;
+    wait_up(&[1, 2, 3]).await;
+    wait_ring(&[1, 2, 3], 3).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(Net::front()).await.is_err() {
+        assert!(Instant::now() < deadline, "the balancer did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // 1. A cold object through every node at once (four clients each): exact bytes everywhere,
+    //    and the origin sends each of its four slices once.
+    let mut jobs = Vec::new();
+    for i in 1..=3 {
+        for _ in 0..4 {
+            jobs.push(tokio::spawn(request("GET", Net::addr(i), "/cold.bin", &[])));
+        }
+    }
+    let mut nodes_named = std::collections::HashSet::new();
+    for j in jobs {
+        let r = j.await.unwrap().expect("request");
+        assert_eq!(r.status, 200);
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&cold));
+        let status = r.headers["cache-status"].to_str().unwrap().to_string();
+        let node = status
+            .split("node=\"")
+            .nth(1)
+            .expect("Cache-Status names the node");
+        nodes_named.insert(node.split('"').next().unwrap().to_string());
+    }
+    let mut seen = fetches(&state, "/cold.bin");
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "bytes=0-1048575",
+            "bytes=1048576-2097151",
+            "bytes=2097152-3145727",
+            "bytes=3145728-4194303"
+        ],
+        "one origin request per slice for the whole cluster"
+    );
+    assert_eq!(
+        nodes_named.len(),
+        1,
+        "every answer came from the owner's cache"
+    );
+    // The same through the balancer in front (round robin over the nodes): nine clients at
+    // once on a cold object, three slices, three origin requests.
+    let mut jobs = Vec::new();
+    for _ in 0..9 {
+        jobs.push(tokio::spawn(request(
+            "GET",
+            Net::front(),
+            "/front.bin",
+            &[],
+        )));
+    }
+    for j in jobs {
+        let r = j.await.unwrap().expect("request through the balancer");
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&front));
+    }
+    assert_eq!(fetches(&state, "/front.bin").len(), 3);
+    // A range through every node: exact bytes, no new origin request.
+    for i in 1..=3 {
+        let r = request(
+            "GET",
+            Net::addr(i),
+            "/cold.bin",
+            &[("range", "bytes=1500000-2600000")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 206);
+        assert_eq!(
+            r.body.as_ref().unwrap().as_ref(),
+            &cold[1_500_000..=2_600_000]
+        );
+    }
+    assert_eq!(fetches(&state, "/cold.bin").len(), 4);
+
+    // 2. A forged hop marker: each node still relays to the owner (one fetch per slice), and
+    //    the control listener refuses unsigned or badly signed purges.
+    let fake = format!("10.77.0.12:8080 {} {}", now_secs(), "ab".repeat(32));
+    for i in 1..=3 {
+        let r = request("GET", Net::addr(i), "/forged.bin", &[("sluice-hop", &fake)])
+            .await
+            .unwrap();
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&forged));
+    }
+    assert_eq!(
+        fetches(&state, "/forged.bin").len(),
+        2,
+        "a forged marker made a node fill itself"
+    );
+    let control: std::net::SocketAddr = "10.77.0.11:8899".parse().unwrap();
+    let r = request("POST", control, "/cluster/purge", &[("sluice-hop", &fake)])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403);
+    let r = request("GET", control, "/cluster/log", &[]).await.unwrap();
+    assert_eq!(r.status, 403);
+
+    // 2b. A route that keeps local copies: after one miss each node answers from its own cache,
+    //     and the origin still sent each slice once.
+    for i in 1..=3 {
+        for round in 0..2 {
+            let r = request("GET", Net::addr(i), "/copy/hot.bin", &[])
+                .await
+                .unwrap();
+            assert_eq!(
+                sha256(r.body.as_ref().unwrap()),
+                sha256(&hot),
+                "node {i} round {round}: {} {:?} {:?} origin {:?}",
+                r.status,
+                r.headers,
+                r.body.as_ref().map(|b| b.len()),
+                fetches(&state, "/copy/hot.bin")
+            );
+            let status = r.headers["cache-status"].to_str().unwrap().to_string();
+            assert!(
+                status.contains(&format!("node=\"{}\"", Net::addr(i))),
+                "{status}"
+            );
+            if round == 1 {
+                assert!(status.starts_with("sluice; hit"), "node {i}: {status}");
+            }
+        }
+    }
+    let mut seen = fetches(&state, "/copy/hot.bin");
+    seen.sort();
+    assert_eq!(seen, ["bytes=0-1048575", "bytes=1048576-2097151"]);
+
+    // 2c. The media front end: an MPD asked through every node is fetched once for the
+    //     cluster, and a viewer with other headers (h_cookie) has objects of its own, fetched
+    //     with its own cookie, across the hop too.
+    let d = "http%3A%2F%2F10.77.0.1%3A9000%2Fmedia%2Fa.mpd";
+    let mut playlists = Vec::new();
+    for user in ["", "&h_cookie=user%3D2"] {
+        for i in 1..=3 {
+            let path = format!("/proxy/mpd/manifest.m3u8?d={d}&api_password={PASSWORD}{user}");
+            let r = request("GET", Net::addr(i), &path, &[]).await.unwrap();
+            assert_eq!(r.status, 200, "{:?}", r.body);
+            playlists.push(r.body.unwrap());
+        }
+    }
+    // Alike but for the token each answer mints afresh.
+    let untokened = |p: &Bytes| {
+        let t = String::from_utf8_lossy(p).to_string();
+        t.split('/')
+            .filter(|part| !part.starts_with("_token_"))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    assert!(untokened(&playlists[0]).contains("BANDWIDTH=500000"));
+    assert!(
+        playlists[..3]
+            .iter()
+            .all(|p| untokened(p) == untokened(&playlists[0])),
+        "{:?}",
+        &playlists[..2]
+    );
+    assert_eq!(
+        fetches(&state, "/media/a.mpd").len(),
+        2,
+        "one MPD fetch per viewer's key"
+    );
+    let cookies: Vec<String> = state
+        .lock()
+        .unwrap()
+        .cookies
+        .iter()
+        .filter(|(p, _)| p == "/media/a.mpd")
+        .map(|(_, c)| c.clone())
+        .collect();
+    assert_eq!(cookies, ["user=2"]);
+
+    // 3. A purge while the owner is away (killed, to come back with its disk tier): the answer says which peer missed it; when
+    //    the owner is back it does not serve the purged bytes.
+    let r = request("GET", Net::addr(1), "/purged.bin", &[])
+        .await
+        .unwrap();
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&purged));
+    let status = r.headers["cache-status"].to_str().unwrap().to_string();
+    let owner: usize = status.split("10.77.0.1").nth(1).unwrap()[..1]
+        .parse()
+        .unwrap();
+    let other = if owner == 1 { 2 } else { 1 };
+    // The copy must be on its disk tier before the node goes (it comes back with it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    net.kill(owner);
+    let r = request(
+        "PURGE",
+        Net::addr(other),
+        "/purged.bin",
+        &[("x-purge-key", PURGE_KEY)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let report: serde_json::Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+    let away = format!("10.77.0.1{owner}:8080");
+    assert!(
+        report["peers"][&away]["error"].is_string(),
+        "{report} {status} {}",
+        net.state(owner)
+    );
+    let third = 6 - owner - other;
+    assert!(
+        report["peers"][format!("10.77.0.1{third}:8080")]["purged"].is_u64(),
+        "{report}"
+    );
+    let v2 = object(4, MIB / 2);
+    state
+        .lock()
+        .unwrap()
+        .objects
+        .insert("/purged.bin".into(), (v2.clone(), "\"p2\"".into()));
+    net.start(owner, &Net::peers(3));
+    wait_up(&[owner]).await;
+    wait_ring(&[owner], 3).await;
+    // Back (its disk tier still holds the old bytes): its first checks pulled the purge from
+    // the others' logs before it took any request.
+    for i in [owner, other, third] {
+        let r = request("GET", Net::addr(i), "/purged.bin", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            sha256(r.body.as_ref().unwrap()),
+            sha256(&v2),
+            "node {i} served purged bytes"
+        );
+    }
+
+    // 4. A node killed in the middle of a load: clients of the other nodes see no error and
+    //    exact bytes; the origin sends each slice at most once more.
+    let load: Vec<(String, Bytes)> = {
+        let s = state.lock().unwrap();
+        (0..6)
+            .map(|k| {
+                let p = format!("/slow/load{k}.bin");
+                let b = s.objects[&p].0.clone();
+                (p, b)
+            })
+            .collect()
+    };
+    let victim = 3;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut clients = Vec::new();
+    for c in 0..8usize {
+        let load = load.clone();
+        clients.push(tokio::spawn(async move {
+            let node = 1 + c % 2;
+            let mut errors = Vec::new();
+            for round in 0..6 {
+                if Instant::now() > deadline {
+                    break;
+                }
+                let (p, b) = &load[(c + round) % load.len()];
+                match request("GET", Net::addr(node), p, &[]).await {
+                    Ok(r)
+                        if r.status == 200
+                            && r.body.as_ref().is_ok_and(|x| sha256(x) == sha256(b)) => {}
+                    Ok(r) => errors.push(format!(
+                        "{p} via {node}: {} {:?}",
+                        r.status,
+                        r.body.map(|b| b.len())
+                    )),
+                    Err(e) => errors.push(format!("{p} via {node}: {e}")),
+                }
+            }
+            errors
+        }));
+    }
+    // Kill it once fills are under way (the origin trickles each slice over ~160 ms), so
+    // answers it relays are cut mid-body.
+    let started = Instant::now();
+    loop {
+        let paths: std::collections::HashSet<String> = state
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|(p, _)| p.starts_with("/slow/"))
+            .map(|(p, _)| p.clone())
+            .collect();
+        if paths.len() >= 5 || started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    net.kill(victim);
+    let mut errors = Vec::new();
+    for c in clients {
+        errors.extend(c.await.unwrap());
+    }
+    assert!(
+        errors.is_empty(),
+        "clients of live nodes saw errors: {errors:?}"
+    );
+    // Some of those answers lost their owner mid-body and were continued elsewhere.
+    let resumed = metric(1, "sluice_cache_cluster_resumed_total")
+        .await
+        .unwrap_or(0.0)
+        + metric(2, "sluice_cache_cluster_resumed_total")
+            .await
+            .unwrap_or(0.0);
+    assert!(
+        resumed >= 1.0,
+        "no answer was continued: the kill came too late to test anything"
+    );
+    for (p, _) in &load {
+        let mut f = fetches(&state, p);
+        f.sort();
+        let total = f.len();
+        f.dedup();
+        assert!(
+            total <= f.len() * 2,
+            "{p}: {total} origin requests for {} slices",
+            f.len()
+        );
+    }
+}
+
+/// A small static MPD the media front end turns into an HLS playlist.
+const MPD: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<MPD xmlns="urn:mpeg:dash:schema:mpd:2011" type="static" mediaPresentationDuration="PT8S" minBufferTime="PT2S" profiles="urn:mpeg:dash:profile:isoff-live:2011">
+  <Period id="0" start="PT0S">
+    <AdaptationSet id="0" contentType="video" mimeType="video/mp4" segmentAlignment="true">
+      <SegmentTemplate timescale="1" duration="2" startNumber="1" initialization="init-$RepresentationID$.mp4" media="seg-$RepresentationID$-$Number$.m4s"/>
+      <Representation id="v" bandwidth="500000" codecs="avc1.64001f" width="640" height="360"/>
+    </AdaptationSet>
+  </Period>
+</MPD>
+"#;
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn the_ring_follows_dns() {
+    let net = Arc::new(Net::new(2, 3));
+    let answer: Arc<Mutex<Vec<[u8; 4]>>> =
+        Arc::new(Mutex::new(vec![[10, 77, 0, 11], [10, 77, 0, 12]]));
+    let dns_cfg = "dns = \"nodes.cluster.test:8080\"\ndns_server = \"10.77.0.1:5353\"\ndns_min_refresh_secs = 1\ndns_max_refresh_secs = 2";
+    let n = net.clone();
+    let a = answer.clone();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        n.in_hub({
+            let net = n.clone();
+            move || {
+                rt().block_on(async move {
+                    dns("nodes.cluster.test", a.clone()).await;
+                    for i in 1..=3 {
+                        net.start(i, dns_cfg);
+                    }
+                    wait_up(&[1, 2, 3]).await;
+                    let members = |want: f64| async move {
+                        let deadline = Instant::now() + Duration::from_secs(8);
+                        loop {
+                            let got = metric(1, "sluice_cache_cluster_members").await;
+                            if got == Some(want) {
+                                return;
+                            }
+                            assert!(
+                                Instant::now() < deadline,
+                                "ring has {got:?} members, want {want}"
+                            );
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    };
+                    members(2.0).await;
+                    a.lock().unwrap().push([10, 77, 0, 13]);
+                    members(3.0).await;
+                    a.lock().unwrap().retain(|x| x[3] != 12);
+                    members(2.0).await;
+                })
+            }
+        })
+    }));
+    if let Err(panic) = outcome {
+        for i in 1..=3 {
+            eprintln!("--- node {i} ---\n{}", net.log(i));
+        }
+        std::panic::resume_unwind(panic);
+    }
+}
