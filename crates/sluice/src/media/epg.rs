@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::body::Incoming;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use crate::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sluice_media::query::ProxyParams;

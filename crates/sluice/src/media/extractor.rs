@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::body::Incoming;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
-use crate::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sluice_http::route::HostPattern;

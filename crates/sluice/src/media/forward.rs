@@ -12,10 +12,10 @@ pub mod body;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crate::body::Incoming;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
-use crate::body::Incoming;
 use serde::{Deserialize, Serialize};
 use sluice_http::route::HostPattern;
 use url::Url;
