@@ -50,12 +50,12 @@ cargo test -p sluice --locked --no-default-features --features iptv "$@"
 ./scripts/browser-check/pages.sh
 # The /player page playing a live multicast channel through /hls/ (hls.js embedded in the binary).
 ./scripts/browser-check/player.sh
+# The same with low-latency HLS: partial segments, blocking reloads, a few seconds behind live.
+./scripts/browser-check/player.sh --low-latency
 # DASH out (/proxy/mpd/manifest.mpd) played by Shaka Player, ClearKey content decrypted by sluice.
 ./scripts/browser-check/dash-out.sh
 # LL-HLS (blocking reloads through sluice) played by hls.js in low-latency mode.
 ./scripts/browser-check/llhls.sh
-# The same with low-latency HLS: partial segments, blocking reloads, a few seconds behind live.
-./scripts/browser-check/player.sh --low-latency
 # The install paths for real: the container image under podman, the aarch64 router build under
 # qemu, the .deb in a scratch Debian root, systemd-analyze verify, the .ipk, the Helm chart
 # (installs podman, runc, qemu-user-static, debootstrap, helm, the musl targets when missing;
