@@ -733,18 +733,18 @@ async fn a_playlist_entry_token_opens_its_channel_only() {
     )
     .unwrap();
     let mut config = test_config();
-    config.auth.api_password = "pw".into();
+    config.auth.api_password = "entry-scope-pw-4417".into();
     config.iptv.interface = Some("lo".into());
     config.iptv.no_data_timeout_ms = 200;
     config.iptv.playlist = Some(list.to_str().unwrap().to_string());
     config.iptv.fcc.servers = vec!["127.0.0.0/8".parse().unwrap()];
     let s = Sluice::start(config).await;
-    let r = get(&s.url("/playlist.m3u?api_password=pw")).await;
+    let r = get(&s.url("/playlist.m3u?api_password=entry-scope-pw-4417")).await;
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
     let entries: Vec<&str> = text.lines().filter(|l| l.starts_with("http")).collect();
     assert_eq!(entries.len(), 2, "{text}");
-    assert!(!text.contains("pw"), "{text}");
+    assert!(!text.contains("entry-scope-pw-4417"), "{text}");
     let token_of = |entry: &str| {
         let t = entry.split("/_token_").nth(1).unwrap();
         t.split('/').next().unwrap().to_string()
@@ -781,10 +781,16 @@ async fn a_playlist_entry_token_opens_its_channel_only() {
     }
     // With the password itself: control groups and unconfigured interfaces are still refused.
     for (path, why) in [
-        ("/udp/224.0.0.251:5353?api_password=pw", "control traffic"),
-        ("/udp/[ff02::fb]:5353?api_password=pw", "control traffic"),
         (
-            "/udp/239.255.20.1:5000?iface=eth0&api_password=pw",
+            "/udp/224.0.0.251:5353?api_password=entry-scope-pw-4417",
+            "control traffic",
+        ),
+        (
+            "/udp/[ff02::fb]:5353?api_password=entry-scope-pw-4417",
+            "control traffic",
+        ),
+        (
+            "/udp/239.255.20.1:5000?iface=eth0&api_password=entry-scope-pw-4417",
             "not one this gateway serves",
         ),
     ] {
