@@ -130,7 +130,13 @@ async fn manifest(
             up
         }
     };
-    let text = match playlist_text(media, up).await? {
+    let text = match playlist_text(
+        up,
+        media.settings.max_manifest_bytes,
+        media.settings.graceful_stream_end,
+    )
+    .await?
+    {
         Some((text, base)) => rewrite(media, ctx, &opts, text, base).await?,
         None => rewriter::graceful_end_playlist().to_string(),
     };
@@ -151,9 +157,10 @@ async fn send(
 /// Reads the playlist body and the URL it came from (after redirects), turning every way it can
 /// be wrong into an error a user can act on. `None`: an HTML page (login wall, CDN block) came
 /// instead and `media.graceful_stream_end` asks for an ended playlist rather than an error.
-async fn playlist_text(
-    media: &Media,
+pub(super) async fn playlist_text(
     up: UpstreamResponse,
+    limit: usize,
+    graceful_stream_end: bool,
 ) -> Result<Option<(String, url::Url)>, ProxyError> {
     let host = up.final_url.host_str().unwrap_or("").to_string();
     let fail = |status: StatusCode, kind: &'static str, message: String| {
@@ -180,7 +187,6 @@ async fn playlist_text(
     }
     let html_type = content_type(&up.headers).contains("text/html");
     let base = up.final_url.clone();
-    let limit = media.settings.max_manifest_bytes;
     let bytes = up.body.collect_limited(limit).await.map_err(|e| match e {
         CollectError::TooLarge { .. } => fail(
             StatusCode::BAD_GATEWAY,
@@ -195,7 +201,7 @@ async fn playlist_text(
     match sniffed {
         Sniff::Playlist => Ok(Some((String::from_utf8_lossy(&bytes).into_owned(), base))),
         _ if sniffed == Sniff::Html || html_type => {
-            if media.settings.graceful_stream_end {
+            if graceful_stream_end {
                 return Ok(None);
             }
             Err(fail(

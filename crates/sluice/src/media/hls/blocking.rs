@@ -13,12 +13,11 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sluice_media::hls::blocking::{upstream_url, Directives, DIRECTIVES};
-use sluice_media::hls::{self as rewriter, Sniff};
 use tokio::sync::watch;
 use url::Url;
 
 use crate::error::{ProxyError, Side};
-use crate::upstream::{CollectError, Upstream, UpstreamRequest};
+use crate::upstream::{Upstream, UpstreamRequest};
 use http::StatusCode;
 
 /// How long a finished answer keeps serving the same request: long enough for viewers whose
@@ -142,51 +141,18 @@ async fn fetch_playlist(
         .send(req)
         .await
         .map_err(|e| ProxyError::from_upstream(&e))?;
-    let host = up.final_url.host_str().unwrap_or("").to_owned();
-    let fail = |status: StatusCode, kind: &'static str, message: String| {
-        let mut e = ProxyError::new(Side::Upstream, status, kind, message);
-        e.upstream = Some(host.clone());
-        e
-    };
-    if up.status.is_client_error() || up.status.is_server_error() {
-        return Err(fail(
-            up.status,
-            "upstream_status",
-            format!("upstream {host} answered {} for the playlist", up.status),
-        ));
-    }
-    if !up.status.is_success() {
-        return Err(fail(
-            StatusCode::BAD_GATEWAY,
-            "upstream_status",
-            format!(
-                "upstream {host} answered {} instead of a playlist",
-                up.status
-            ),
-        ));
-    }
-    let base = up.final_url.clone();
-    let bytes = up.body.collect_limited(limit).await.map_err(|e| match e {
-        CollectError::TooLarge { .. } => fail(
-            StatusCode::BAD_GATEWAY,
-            "playlist_too_large",
-            format!(
-                "upstream {host} sent a playlist over {limit} bytes (media.max_manifest_bytes)"
-            ),
-        ),
-        CollectError::Body(e) => fail(StatusCode::BAD_GATEWAY, "upstream_body", e.to_string()),
-    })?;
-    if rewriter::sniff(&bytes[..bytes.len().min(1024)]) != Sniff::Playlist {
-        return Err(fail(
-            StatusCode::BAD_GATEWAY,
-            "not_a_playlist",
-            format!("upstream {host} sent no HLS playlist for a blocking reload"),
-        ));
-    }
-    Ok(Arc::new((
-        String::from_utf8_lossy(&bytes).into_owned(),
-        base,
-    )))
+    // Without a graceful end an HTML page is already an error; `None` cannot come back.
+    super::playlist_text(up, limit, false)
+        .await?
+        .map(Arc::new)
+        .ok_or_else(|| {
+            ProxyError::new(
+                Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "not_a_playlist",
+                "upstream sent no HLS playlist",
+            )
+        })
 }
 
 /// `/proxy/hls/manifest.m3u8` with delivery directives: forwarded upstream on the URL, shared
