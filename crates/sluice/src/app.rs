@@ -9,6 +9,7 @@ mod endpoints;
 mod fast;
 mod gate;
 mod metering;
+pub mod reload;
 pub mod routes;
 mod tokens;
 
@@ -54,6 +55,8 @@ pub struct App {
     /// The password, trusted proxies and token keys; a reload swaps them.
     keys: Keys,
     metrics: HttpMetrics,
+    /// The server acceptor's families, registered here with the rest.
+    accept: crate::server::listener::AcceptMetrics,
     registry: Registry,
     #[cfg(feature = "media")]
     media: Option<Media>,
@@ -74,7 +77,7 @@ pub struct App {
     #[cfg(feature = "cache")]
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     cache: Arc<crate::cache::CacheSlot>,
-    reloader: std::sync::OnceLock<Arc<crate::server::reload::Reloader>>,
+    reloader: std::sync::OnceLock<Arc<reload::Reloader>>,
     /// Automatic HTTPS, when `[acme]` asks for it.
     #[cfg(feature = "acme")]
     acme: Option<Arc<crate::acme::Acme>>,
@@ -102,6 +105,7 @@ impl App {
     /// server (the TCP front end, upstream groups) have already registered their families.
     pub fn with_registry(config: &Config, mut registry: Registry) -> anyhow::Result<Arc<App>> {
         let metrics = HttpMetrics::new(&mut registry);
+        let accept = crate::server::listener::AcceptMetrics::register(&mut registry);
         // Built even when no front end here fetches over HTTP: it registers the upstream metric
         // families every build's `/metrics` has.
         #[cfg_attr(not(any(feature = "media", feature = "iptv")), allow(unused_variables))]
@@ -191,6 +195,7 @@ impl App {
             #[cfg(feature = "iptv")]
             iptv,
             metrics,
+            accept,
             registry,
             #[cfg(feature = "media")]
             media,
@@ -212,7 +217,7 @@ impl App {
 
     /// Builds the new table from `config` without touching the running one; the returned commit
     /// swaps it in. Sections other than routes, upstreams, reverse and endpoints need a restart.
-    pub fn prepare_reload(&self, config: &Config) -> anyhow::Result<crate::server::reload::Commit> {
+    pub fn prepare_reload(&self, config: &Config) -> anyhow::Result<reload::Commit> {
         let old = self.routing.load_full();
         let result = (|| {
             if config.media_enabled() != self.media_on {
@@ -323,14 +328,14 @@ impl App {
     }
 
     /// Gives `POST /admin/reload` the reloader to call.
-    pub fn set_reloader(&self, reloader: Arc<crate::server::reload::Reloader>) {
+    pub fn set_reloader(&self, reloader: Arc<reload::Reloader>) {
         let _ = self.reloader.set(reloader);
     }
 
-    /// Keys that are live only in some states (see [`crate::server::reload::LIVE_KEYS`]): the
+    /// Keys that are live only in some states (see [`reload::LIVE_KEYS`]): the
     /// `[cache]` policy keys when only reverse routes use them (the media front end took its
     /// lifetimes at start), and all of `[cache]` before a cache was built.
-    pub fn live_keys(self: &Arc<Self>) -> crate::server::reload::LiveKeys {
+    pub fn live_keys(self: &Arc<Self>) -> reload::LiveKeys {
         let weak = Arc::downgrade(self);
         Box::new(move || {
             #[cfg_attr(not(feature = "cache"), allow(unused_mut))]
@@ -356,8 +361,8 @@ impl App {
         })
     }
 
-    /// The reload part for the route table (see [`crate::server::reload`]).
-    pub fn reload_part(self: &Arc<Self>) -> crate::server::reload::Prepare {
+    /// The reload part for the route table (see [`reload`]).
+    pub fn reload_part(self: &Arc<Self>) -> reload::Prepare {
         let weak = Arc::downgrade(self);
         Box::new(move |config: &Config| match weak.upgrade() {
             Some(app) => app.prepare_reload(config),
@@ -389,6 +394,10 @@ impl Handler for App {
 
     fn http_metrics(&self) -> &HttpMetrics {
         &self.metrics
+    }
+
+    fn accept_metrics(&self) -> &crate::server::listener::AcceptMetrics {
+        &self.accept
     }
 
     fn splices_streams(&self) -> bool {

@@ -2,6 +2,7 @@
 //! proxies. Tokens live in `auth/token`; what a browser may do, in `auth/browser`.
 
 pub mod browser;
+pub mod config;
 pub mod reuse;
 pub mod token;
 
@@ -13,7 +14,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::AuthConfig;
+pub use config::AuthConfig;
 
 /// The password check and the token gate of one `[auth]` section, swapped whole by a reload:
 /// a changed password revokes every token minted under the old one at once.

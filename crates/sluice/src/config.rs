@@ -1,22 +1,26 @@
-//! The TOML configuration: defaults, file, environment and flag overrides, validation, masking.
+//! The TOML configuration: composes the sections the modules own, layers defaults, file,
+//! environment and flag overrides, checks what spans sections, and masks secrets.
 //!
 //! Precedence, lowest first: built-in defaults, the config file, `SLUICE_<SECTION>_<KEY>` environment
 //! variables, command-line flags. Everything is validated before anything binds.
-
-pub mod endpoints;
-#[cfg(feature = "media")]
-pub mod public_ip;
-#[cfg(feature = "media")]
-pub mod ratelimit;
-pub mod section;
+//!
+//! Each section's type, defaults, doc comments and own checks live with the module that reads it:
+//! `[server]` and `[endpoints]` in `server::config`, `[auth]` in `auth::config`, `[upstream]` in
+//! `upstream::config`, `[media]` in `media::config`, `[iptv]` in `iptv`, `[[upstreams]]` in
+//! `upstream::group`, `[[routes]]` and `[reverse]` in `reverse::config`, `[[tcp]]` in
+//! `tcp::config`, `[cache]` in `cache::config`, `[acme]` in `acme::config`. The re-exports below
+//! keep the old paths working.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use section::config_section;
+pub use crate::auth::AuthConfig;
+#[cfg(feature = "media")]
+pub use crate::media::config::{public_ip, ratelimit, AcestreamConfig, MediaConfig};
+pub use crate::server::config::{EndpointsConfig, NamedListener, ServerConfig, MAIN_LISTENER};
+pub use crate::upstream::{RouteConfig, UpstreamConfig};
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -39,7 +43,7 @@ pub struct Config {
     #[cfg(feature = "reverse")]
     pub reverse: crate::reverse::ReverseConfig,
     /// Where the built-in endpoints are served, or whether at all.
-    pub endpoints: endpoints::EndpointsConfig,
+    pub endpoints: EndpointsConfig,
     /// TCP (L4) listeners (`[[tcp]]`).
     #[cfg(feature = "tcp")]
     pub tcp: Vec<crate::tcp::TcpConfig>,
@@ -49,511 +53,6 @@ pub struct Config {
     /// Automatic HTTPS (`[acme]`).
     #[cfg(feature = "acme")]
     pub acme: crate::acme::AcmeConfig,
-}
-
-/// Listeners and the downstream HTTP server.
-#[derive(Debug, Clone, Serialize)]
-pub struct ServerConfig {
-    /// Addresses to listen on: the main listener (named `main`), which serves the user routes and
-    /// the built-ins unless they name another listener.
-    pub listen: Vec<SocketAddr>,
-    /// More listeners, each with a name that routes (`listener = "..."`) and `[endpoints]`
-    /// (`listener = "..."`) use to put themselves there instead: an admin port for `/metrics`.
-    pub listeners: Vec<NamedListener>,
-    /// PEM certificate chain; with `tls_key`, every listener speaks TLS (HTTP/2 and 1.1 by ALPN).
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key for `tls_cert`.
-    pub tls_key: Option<PathBuf>,
-    /// More certificates, chosen by the TLS server name (SNI); `tls_cert` serves every other name.
-    pub certificates: Vec<crate::server::tls::CertConfig>,
-    /// File the process id is written to at startup, for `sluice reload`.
-    pub pid_file: Option<PathBuf>,
-    /// Seconds a keep-alive connection may sit idle between requests.
-    pub idle_timeout_secs: u64,
-    /// Seconds a client has to send a complete request head once it has begun one, and to begin
-    /// the first one on a new connection.
-    pub header_read_timeout_secs: u64,
-    /// Largest request head accepted, in bytes.
-    pub max_header_bytes: usize,
-    /// Most request headers accepted.
-    pub max_headers: usize,
-    /// Seconds in-flight responses get to finish after SIGTERM/SIGINT.
-    pub shutdown_grace_secs: u64,
-    /// Client connections open at once across all listeners; at the limit sluice stops accepting
-    /// (new clients wait in the kernel backlog) until one closes. 0: derived from the open-file
-    /// limit, which sluice raises to its hard limit at start: (limit - 64) / 2.
-    pub max_connections: usize,
-    /// Connections one client IP may hold open at once (0 = no limit); past it a new
-    /// connection from that IP is closed at once, so one client cannot take every slot of
-    /// `max_connections` from everyone else.
-    pub max_connections_per_ip: usize,
-    /// Peers `max_connections_per_ip` does not apply to: by default loopback (a reverse proxy or
-    /// load generator on the same host).
-    pub per_ip_exempt: Vec<ipnet::IpNet>,
-    /// Seconds a client may keep its receive window shut (no byte accepted) while a response is
-    /// being sent; then the connection is cut and its upstream fetch and buffers released.
-    pub send_timeout_secs: u64,
-    /// Seconds a TLS client has to finish its handshake (separate from `idle_timeout_secs`).
-    pub tls_handshake_timeout_secs: u64,
-    /// HTTP/2: streams a client may have open at once on one connection; more are refused
-    /// with `REFUSED_STREAM`.
-    pub h2_max_concurrent_streams: u32,
-    /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
-    /// one connection holds at most this times `h2_max_concurrent_streams`.
-    pub h2_max_send_buf_bytes: usize,
-    /// The runtime model: `work-stealing` (one multi-threaded runtime) or `per-core` (one
-    /// current-thread runtime per thread, each with its own `SO_REUSEPORT` listeners and upstream
-    /// pools).
-    pub runtime: crate::runtime::RuntimeModel,
-    /// Threads serving connections (work-stealing workers, or per-core runtimes); 0 = one per
-    /// available core.
-    pub threads: usize,
-    /// Plain-HTTP connections serve simple GET/HEAD requests for plain-HTTP, uncached reverse
-    /// routes on sluice's own HTTP/1.1 path, handing everything else to the general server.
-    pub h1_fast_path: bool,
-    /// Microseconds a current-thread runtime (one thread, or each per-core runtime) keeps polling
-    /// for events after an HTTP request or TCP relay traffic before it sleeps; 0 = sleep at once
-    /// (`runtime::busy_poll`).
-    pub busy_poll_us: u64,
-    /// `[server.http3]`: HTTP/3 (QUIC) on the TLS listeners.
-    pub http3: crate::server::quic::Http3Config,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8888))],
-            listeners: Vec::new(),
-            tls_cert: None,
-            tls_key: None,
-            certificates: Vec::new(),
-            pid_file: None,
-            idle_timeout_secs: 75,
-            header_read_timeout_secs: 30,
-            max_header_bytes: 64 * 1024,
-            max_headers: 100,
-            shutdown_grace_secs: 10,
-            max_connections: 0,
-            max_connections_per_ip: 256,
-            per_ip_exempt: vec![
-                "127.0.0.0/8".parse().expect("valid net"),
-                "::1/128".parse().expect("valid net"),
-            ],
-            send_timeout_secs: 60,
-            tls_handshake_timeout_secs: 10,
-            h2_max_concurrent_streams: 100,
-            h2_max_send_buf_bytes: 128 * 1024,
-            runtime: crate::runtime::RuntimeModel::WorkStealing,
-            threads: 0,
-            h1_fast_path: true,
-            // Off: under an equal CPU budget it cost 1.5–2.4× the CPU per request at steady
-            // moderate rates for at most a few ms of p99 (docs/decisions/busy-poll-default.md).
-            busy_poll_us: 0,
-            http3: Default::default(),
-        }
-    }
-}
-
-config_section!(ServerConfig {
-    listen,
-    listeners,
-    tls_cert,
-    tls_key,
-    certificates,
-    pid_file,
-    idle_timeout_secs,
-    header_read_timeout_secs,
-    max_header_bytes,
-    max_headers,
-    shutdown_grace_secs,
-    max_connections,
-    max_connections_per_ip,
-    per_ip_exempt,
-    send_timeout_secs,
-    tls_handshake_timeout_secs,
-    h2_max_concurrent_streams,
-    h2_max_send_buf_bytes,
-    runtime,
-    threads,
-    h1_fast_path,
-    busy_poll_us,
-    http3,
-});
-
-/// `[[server.listeners]]`: a named listener. It serves only the routes and built-ins that name it,
-/// with the server's TLS settings and limits.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct NamedListener {
-    /// The name routes and `[endpoints]` refer to (`main` is `server.listen`).
-    pub name: String,
-    /// Addresses this listener binds.
-    pub listen: Vec<SocketAddr>,
-}
-
-/// The name of the listener `server.listen` declares.
-pub const MAIN_LISTENER: &str = "main";
-
-impl ServerConfig {
-    /// Every listener's name, by listener id: `main` (id 0), then `[[server.listeners]]` in order.
-    pub fn listener_names(&self) -> Vec<String> {
-        std::iter::once(MAIN_LISTENER.to_string())
-            .chain(self.listeners.iter().map(|l| l.name.clone()))
-            .collect()
-    }
-
-    /// Every address to bind with the id of the listener it belongs to.
-    pub fn all_listen(&self) -> Vec<(usize, SocketAddr)> {
-        let main = self.listen.iter().map(|a| (0, *a));
-        let named = self
-            .listeners
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| l.listen.iter().map(move |a| (i + 1, *a)));
-        main.chain(named).collect()
-    }
-
-    /// The id of the listener called `name` (empty = `main`).
-    pub fn listener_id(&self, name: &str) -> Option<usize> {
-        if name.is_empty() {
-            return Some(0);
-        }
-        self.listener_names().iter().position(|n| n == name)
-    }
-}
-
-/// Who may use the proxy.
-#[derive(Debug, Clone, Serialize)]
-pub struct AuthConfig {
-    /// Shared secret (`api_password` query parameter or header). Empty: no auth, loopback listeners only.
-    pub api_password: String,
-    /// Peers (IPs or CIDRs) whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// Accept MediaFlow-format tokens (from `/generate_url` or MediaFlow's own generators) when their
-    /// claims carry the password.
-    pub accept_mediaflow_tokens: bool,
-    /// Seconds a minted child token (a rewritten manifest's child URL) stays valid, unless the parent
-    /// token expires sooner.
-    pub child_token_ttl_secs: u64,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        AuthConfig {
-            api_password: String::new(),
-            trusted_proxies: Vec::new(),
-            accept_mediaflow_tokens: true,
-            // Long enough for a feature film paused for lunch: VOD players fetch the media
-            // playlist once and then only its children.
-            child_token_ttl_secs: 12 * 3600,
-        }
-    }
-}
-
-config_section!(AuthConfig {
-    api_password,
-    trusted_proxies,
-    accept_mediaflow_tokens,
-    child_token_ttl_secs,
-});
-
-/// The pooled upstream HTTP client shared by every front end.
-#[derive(Debug, Clone, Serialize)]
-pub struct UpstreamConfig {
-    /// Seconds to set up a connection (DNS, TCP, proxy, TLS).
-    pub connect_timeout_secs: u64,
-    /// Seconds from sending a request to receiving its response head.
-    pub header_timeout_secs: u64,
-    /// Seconds a response body may go without a byte before it is abandoned (no total deadline).
-    pub idle_read_timeout_secs: u64,
-    /// Connection setups in flight per host at once (never a limit on open streams).
-    pub max_setups_per_host: usize,
-    /// Redirects followed before giving up.
-    pub max_redirects: usize,
-    /// Allow upstreams that resolve to non-public addresses (every class of `upstream::guard`).
-    pub allow_private: bool,
-    /// Seconds an idle pooled connection is kept.
-    pub pool_idle_secs: u64,
-    /// Idle pooled connections kept per origin.
-    pub pool_max_idle_per_host: usize,
-    /// User-Agent sent when the request names none.
-    pub user_agent: String,
-    /// Hosts (exact, or `*.domain`) whose TLS certificates are not verified.
-    pub insecure_hosts: Vec<String>,
-    /// PEM file of extra CA certificates trusted for upstream TLS (a private CA), beside the
-    /// bundled webpki roots and the system's roots.
-    pub ca_file: Option<std::path::PathBuf>,
-    /// Outgoing proxy routes; the most specific matching pattern wins.
-    pub routes: Vec<RouteConfig>,
-    /// Offer HTTP/2 (ALPN `h2`) to TLS upstreams. Off: every request gets its own HTTP/1.1
-    /// connection, so an origin's `MAX_CONCURRENT_STREAMS` cannot cap viewers and one stalled
-    /// viewer cannot hold back the others' shared connection window.
-    pub http2: bool,
-    /// Seconds between HTTP/2 keep-alive pings (only with `http2`); a connection whose ping goes
-    /// unanswered for as long is closed.
-    pub http2_keepalive_secs: u64,
-    /// Read buffer of each upstream HTTP/1 connection, in bytes (fixed, not grown adaptively).
-    pub read_buffer_bytes: usize,
-}
-
-impl Default for UpstreamConfig {
-    fn default() -> Self {
-        UpstreamConfig {
-            connect_timeout_secs: 10,
-            header_timeout_secs: 30,
-            idle_read_timeout_secs: 60,
-            max_setups_per_host: 10,
-            max_redirects: 5,
-            allow_private: false,
-            pool_idle_secs: 90,
-            pool_max_idle_per_host: 64,
-            user_agent: "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) \
-                         Chrome/136.0.0.0 Safari/537.36"
-                .to_string(),
-            insecure_hosts: Vec::new(),
-            ca_file: None,
-            routes: Vec::new(),
-            http2: false,
-            http2_keepalive_secs: 30,
-            read_buffer_bytes: 96 * 1024,
-        }
-    }
-}
-
-config_section!(UpstreamConfig {
-    connect_timeout_secs,
-    header_timeout_secs,
-    idle_read_timeout_secs,
-    max_setups_per_host,
-    max_redirects,
-    allow_private,
-    pool_idle_secs,
-    pool_max_idle_per_host,
-    user_agent,
-    insecure_hosts,
-    ca_file,
-    routes,
-    http2,
-    http2_keepalive_secs,
-    read_buffer_bytes,
-});
-
-/// One outgoing proxy route.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteConfig {
-    /// `all`, `example.com` (exact host) or `*.example.com` (the domain and its subdomains), or
-    /// MediaFlow's `all://*.example.com`, `https://example.com`, `http://example.com:8080`.
-    pub pattern: String,
-    /// `http://[user:pass@]host:port` (CONNECT), `socks5[h]://[user:pass@]host:port` or
-    /// `socks4[a]://[user@]host:port` (`h`/`a`: the proxy resolves names); empty = direct.
-    #[serde(default)]
-    pub proxy: String,
-    /// Verify TLS certificates for hosts on this route.
-    #[serde(default = "yes")]
-    pub verify_tls: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// The MediaFlow-compatible media proxy front end.
-#[cfg(feature = "media")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MediaConfig {
-    /// Serve `/proxy/*`.
-    pub enabled: bool,
-    // HLS
-    /// Largest HLS playlist fetched for rewriting, in bytes.
-    pub max_manifest_bytes: usize,
-    /// `EXT-X-START` time offset (seconds) injected into live media playlists (HLS, and DASH
-    /// converted to HLS) that have none, unless the request gives `start_offset`; 0 disables it.
-    /// MediaFlow's default is -18, which leaves room for prefetching.
-    pub live_start_offset: f64,
-    /// An HTML page where a playlist was expected becomes an empty, ended playlist (players stop
-    /// cleanly) instead of a 502.
-    pub graceful_stream_end: bool,
-    // DASH and caches
-    /// MPDs, `sidx` boxes, init segments and the segments of playlists sluice rewrote go through
-    /// the slice cache service (`[cache]`).
-    pub cache: bool,
-    /// Deprecated (the media front end now uses `[cache]`): 0 means `cache = false`; another
-    /// value raises `[cache] memory_bytes` to at least this many bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache_bytes: Option<u64>,
-    /// Segments fetched ahead of the player after each segment request; 0 turns prefetch off.
-    pub prefetch_segments: usize,
-    /// Segments of an HLS media playlist fetched into the cache when the playlist is served (the
-    /// first ones of a VOD, the newest of a live one); 0 turns it off. Needs `prefetch_segments`.
-    pub prebuffer_segments: usize,
-    /// Seconds a media segment stays cached when the origin gives no freshness of its own.
-    pub segment_ttl_secs: u64,
-    /// Seconds an init segment (or `sidx` box) stays cached when the origin gives no freshness.
-    pub init_ttl_secs: u64,
-    /// Seconds an MPD stays cached when the origin gives no freshness (live MPDs: see below).
-    pub mpd_ttl_secs: u64,
-    /// Seconds a live MPD stays cached when it names no `minimumUpdatePeriod`; with one, the
-    /// shorter of the two.
-    pub live_mpd_ttl_secs: u64,
-    /// Newest segments a live DASH media playlist lists (more when `start_offset` reaches further back).
-    pub mpd_live_playlist_depth: usize,
-    /// Largest MPD accepted, in bytes.
-    pub max_mpd_bytes: usize,
-    /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
-    pub max_segment_bytes: usize,
-    /// Most segments one HLS media playlist may list; above it the request gets a 400 instead of
-    /// unbounded rewriting work. (DASH representations have the MPD parser's own cap.)
-    pub max_playlist_segments: usize,
-    /// Bytes the prefetch registry (the segment lists of recently served playlists) may hold.
-    pub prefetch_registry_bytes: usize,
-    /// DASH media playlists point at `/proxy/mpd/segment.ts` (decrypted and remuxed to MPEG-TS)
-    /// unless the request says `remux_to_ts=0`; off, they point at fMP4 unless it says `=1`.
-    pub remux_to_ts: bool,
-    /// `/proxy/stream` moves a plain-HTTP upstream body of known length to a plain HTTP/1.1
-    /// client with `splice(2)` instead of through user space (`docs/tcp-proxy.md`). Read at
-    /// start, like the rest of `[media]`.
-    pub splice_stream: bool,
-    /// `/proxy/*` requests one client IP may have in flight at once (streams, manifests,
-    /// segments; 0 = no limit); past it 429. Bounds what one client makes sluice hold upstream.
-    pub max_requests_per_client: usize,
-    /// The same bound for one token, whoever presents it (a leaked link shared widely).
-    pub max_requests_per_token: usize,
-    // Xtream Codes and Acestream
-    /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
-    pub xtream_max_response_bytes: usize,
-    /// `[media.acestream]`: the Acestream engine and its shared sessions.
-    pub acestream: AcestreamConfig,
-    /// `[media.ratelimit]`: per-host pacing for fragile CDNs.
-    pub ratelimit: ratelimit::RateLimitConfig,
-    /// `[media.public_ip]`: the echo services behind `/proxy/ip`.
-    pub public_ip: public_ip::PublicIpConfig,
-    /// `[media.forward]`: the `/proxy/forward` relay.
-    pub forward: crate::media::forward::ForwardConfig,
-    /// `[media.epg]`: the `/proxy/epg` guide proxy.
-    pub epg: crate::media::epg::EpgConfig,
-    /// `[media.extractors]`: the commands behind `/extractor/video`.
-    pub extractors: crate::media::extractor::ExtractorsConfig,
-}
-
-#[cfg(feature = "media")]
-impl Default for MediaConfig {
-    fn default() -> Self {
-        MediaConfig {
-            enabled: true,
-            // HLS
-            max_manifest_bytes: 8 * 1024 * 1024,
-            live_start_offset: -18.0,
-            graceful_stream_end: false,
-            cache: true,
-            cache_bytes: None,
-            prefetch_segments: 3,
-            prebuffer_segments: 3,
-            segment_ttl_secs: 60,
-            init_ttl_secs: 3600,
-            mpd_ttl_secs: 60,
-            live_mpd_ttl_secs: 3,
-            mpd_live_playlist_depth: 15,
-            max_mpd_bytes: 8 * 1024 * 1024,
-            max_segment_bytes: 64 * 1024 * 1024,
-            max_playlist_segments: 20_000,
-            splice_stream: true,
-            max_requests_per_client: 64,
-            max_requests_per_token: 64,
-            prefetch_registry_bytes: 8 * 1024 * 1024,
-            remux_to_ts: false,
-            xtream_max_response_bytes: 64 * 1024 * 1024,
-            acestream: Default::default(),
-            ratelimit: Default::default(),
-            public_ip: Default::default(),
-            forward: Default::default(),
-            epg: Default::default(),
-            extractors: Default::default(),
-        }
-    }
-}
-
-#[cfg(feature = "media")]
-impl MediaConfig {
-    /// Checks the values before anything binds.
-    fn validate(&self) -> anyhow::Result<()> {
-        if self.max_playlist_segments == 0 {
-            bail!("media.max_playlist_segments must be at least 1");
-        }
-        if self.live_mpd_ttl_secs == 0 || self.mpd_ttl_secs == 0 {
-            bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");
-        }
-        if self.max_segment_bytes < 1024 || self.max_mpd_bytes < 1024 {
-            bail!("media.max_segment_bytes and media.max_mpd_bytes must be at least 1024");
-        }
-        // HLS
-        if self.xtream_max_response_bytes < 1024 {
-            bail!("media.xtream_max_response_bytes must be at least 1024");
-        }
-        self.acestream.validate()?;
-        self.ratelimit.validate()?;
-        self.public_ip.validate()?;
-        self.forward.validate()?;
-        self.epg.validate()?;
-        self.extractors.validate()?;
-        if self.max_manifest_bytes < 1024 {
-            bail!("media.max_manifest_bytes must be at least 1024");
-        }
-        if !self.live_start_offset.is_finite() {
-            bail!("media.live_start_offset must be a finite number of seconds (0 disables it)");
-        }
-        Ok(())
-    }
-}
-
-/// `[media.acestream]`: where the engine is and how sessions are shared.
-#[cfg(feature = "media")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AcestreamConfig {
-    /// Serve `/proxy/acestream/*`.
-    pub enabled: bool,
-    /// The engine's HTTP API, `http://host:port` (the engine's default port is 6878).
-    pub engine_url: String,
-    /// Seconds a session stays open after its last viewer leaves (a zap back is instant).
-    pub linger_secs: u64,
-    /// Bytes of stream each session buffers for its viewers; a viewer further behind skips ahead.
-    pub buffer_bytes: usize,
-    /// Engine sessions open at once; more answer 503.
-    pub max_sessions: usize,
-}
-
-#[cfg(feature = "media")]
-impl Default for AcestreamConfig {
-    fn default() -> Self {
-        AcestreamConfig {
-            enabled: true,
-            engine_url: "http://127.0.0.1:6878".into(),
-            linger_secs: 10,
-            buffer_bytes: 4 * 1024 * 1024,
-            max_sessions: 16,
-        }
-    }
-}
-
-#[cfg(feature = "media")]
-impl AcestreamConfig {
-    /// Checks the values before anything binds.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let url = url::Url::parse(&self.engine_url)
-            .map_err(|e| anyhow::anyhow!("media.acestream.engine_url: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            anyhow::bail!("media.acestream.engine_url must be an http(s) URL with a host");
-        }
-        if self.buffer_bytes < 64 * 1024 {
-            anyhow::bail!("media.acestream.buffer_bytes must be at least 65536");
-        }
-        if self.max_sessions == 0 {
-            anyhow::bail!("media.acestream.max_sessions must be at least 1");
-        }
-        Ok(())
-    }
 }
 
 /// Settings given on the command line; each equals a config key.
@@ -668,26 +167,12 @@ impl Config {
         })
     }
 
-    /// Checks what types alone cannot.
+    /// Checks what types alone cannot: each section's own checks, then what spans sections.
     pub fn validate(&self) -> anyhow::Result<()> {
         let s = &self.server;
         #[cfg(feature = "acme")]
         self.acme.validate(&self.route_hosts())?;
-        if s.listen.is_empty() {
-            bail!("server.listen is empty: give at least one address, e.g. \"127.0.0.1:8888\"");
-        }
-        let mut names = std::collections::HashSet::new();
-        for l in &s.listeners {
-            if l.name.is_empty() || l.name == MAIN_LISTENER || !names.insert(l.name.as_str()) {
-                bail!(
-                    "server.listeners: name {:?} is empty, reserved (\"main\" is server.listen) or used twice",
-                    l.name
-                );
-            }
-            if l.listen.is_empty() {
-                bail!("server.listeners {:?}: listen is empty", l.name);
-            }
-        }
+        s.validate()?;
         if s.listener_id(&self.endpoints.listener).is_none() {
             bail!(
                 "endpoints.listener {:?} names no listener (have: {})",
@@ -716,78 +201,7 @@ impl Config {
                 );
             }
         }
-        match (&s.tls_cert, &s.tls_key) {
-            (Some(_), None) | (None, Some(_)) => {
-                bail!("server.tls_cert and server.tls_key must be given together")
-            }
-            _ => {}
-        }
-        s.http3
-            .validate(s.tls_cert.is_some() || !s.certificates.is_empty())?;
-        for (name, value) in [
-            ("server.idle_timeout_secs", s.idle_timeout_secs),
-            ("server.send_timeout_secs", s.send_timeout_secs),
-            (
-                "server.tls_handshake_timeout_secs",
-                s.tls_handshake_timeout_secs,
-            ),
-            (
-                "server.h2_max_concurrent_streams",
-                u64::from(s.h2_max_concurrent_streams),
-            ),
-            (
-                "server.header_read_timeout_secs",
-                s.header_read_timeout_secs,
-            ),
-            (
-                "upstream.connect_timeout_secs",
-                self.upstream.connect_timeout_secs,
-            ),
-            (
-                "upstream.header_timeout_secs",
-                self.upstream.header_timeout_secs,
-            ),
-            (
-                "upstream.idle_read_timeout_secs",
-                self.upstream.idle_read_timeout_secs,
-            ),
-        ] {
-            if value == 0 {
-                bail!("{name} must be at least 1");
-            }
-        }
-        if s.max_header_bytes < 1024 {
-            bail!("server.max_header_bytes must be at least 1024");
-        }
-        if s.h2_max_send_buf_bytes < 16 * 1024 {
-            bail!("server.h2_max_send_buf_bytes must be at least 16384 (one HTTP/2 frame)");
-        }
-        // Past a second the poll no longer bridges gaps between packets: it only burns the core.
-        if s.busy_poll_us > 1_000_000 {
-            bail!("server.busy_poll_us must be at most 1000000 (1 s); 0 turns polling off");
-        }
-        if self.upstream.max_setups_per_host == 0 {
-            bail!("upstream.max_setups_per_host must be at least 1");
-        }
-        if !(4096..=1024 * 1024).contains(&self.upstream.read_buffer_bytes) {
-            bail!("upstream.read_buffer_bytes must be between 4096 and 1048576");
-        }
-        if !cfg!(feature = "http2") && self.upstream.http2 {
-            bail!("upstream.http2 needs a build with the `http2` feature");
-        }
-        if !cfg!(feature = "tls") {
-            if s.tls_cert.is_some() || !s.certificates.is_empty() {
-                bail!(
-                    "server.tls_cert and server.certificates need a build with the `tls` feature"
-                );
-            }
-            if self.upstream.ca_file.is_some() {
-                bail!("upstream.ca_file needs a build with the `tls` feature");
-            }
-        }
-        if self.upstream.http2 && self.upstream.http2_keepalive_secs == 0 {
-            bail!("upstream.http2_keepalive_secs must be at least 1");
-        }
+        self.upstream.validate()?;
         #[cfg(feature = "groups")]
         crate::upstream::group::Groups::new(&self.upstreams).context("in [[upstreams]]")?;
         #[cfg(feature = "tcp")]
@@ -806,10 +220,6 @@ impl Config {
                 bail!("route {i} has cache = true but [cache] memory_bytes is 0");
             }
         }
-        for route in &self.upstream.routes {
-            crate::upstream::route::Route::parse(route)
-                .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
-        }
         #[cfg(feature = "reverse")]
         {
             let groups: Vec<&str> = self.upstreams.iter().map(|g| g.name.as_str()).collect();
@@ -817,8 +227,7 @@ impl Config {
                 route.validate(i, &groups).context("in [[routes]]")?;
             }
         }
-        sluice_http::route::HostPattern::parse(&self.endpoints.host)
-            .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
+        self.endpoints.validate()?;
         #[cfg(feature = "media")]
         self.media.validate()?;
         Ok(())

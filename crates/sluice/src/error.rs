@@ -1,10 +1,12 @@
 //! The proxy error: which side failed (downstream, upstream, internal), the status it maps to, and a
 //! short JSON body a user can act on. Messages never carry secrets or full upstream URLs.
 
+pub mod upstream;
+
 use http::{header, Response, StatusCode};
 
 use crate::body::{self, Body};
-use crate::upstream::{ConnectError, UpstreamError};
+use upstream::{ConnectError, UpstreamError};
 
 /// The side of the proxy that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -133,7 +133,7 @@ pub struct IptvConfig {
     pub timeshift: timeshift::TimeshiftConfig,
 }
 
-crate::config::section::config_section!(IptvConfig {
+crate::section::config_section!(IptvConfig {
     interface,
     allow_iface_param,
     interfaces,

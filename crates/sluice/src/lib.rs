@@ -54,6 +54,7 @@ pub mod request;
 #[cfg(feature = "reverse")]
 pub mod reverse;
 pub mod runtime;
+pub mod section;
 pub mod server;
 #[cfg(feature = "tcp")]
 pub mod tcp;
@@ -100,9 +101,9 @@ pub async fn serve_reloadable(
         tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");
     }
     if let Some((file, flags)) = source {
-        let mut reloader = server::reload::Reloader::new(file, flags).running(&config);
+        let mut reloader = app::reload::Reloader::new(file, flags).running(&config);
         if let Some(pid_file) = &config.server.pid_file {
-            reloader = reloader.report_to(server::reload::report_path(pid_file));
+            reloader = reloader.report_to(app::reload::report_path(pid_file));
         }
         reloader.add_live(app.live_keys());
         // Order matters: the routes part installs the new upstream generation in its commit, and
@@ -111,7 +112,7 @@ pub async fn serve_reloadable(
         #[cfg(feature = "tls")]
         reloader.add(
             "tls",
-            server::reload::tls_part_with(server.tls_handle(), app.managed_certs()),
+            server::tls_reload(server.tls_handle(), app.managed_certs()),
         );
         #[cfg(feature = "tcp")]
         reloader.add(
@@ -120,7 +121,7 @@ pub async fn serve_reloadable(
         );
         let reloader = Arc::new(reloader);
         app.set_reloader(reloader.clone());
-        tokio::spawn(server::reload::on_sighup(reloader));
+        tokio::spawn(app::reload::on_sighup(reloader));
     }
     let _pid = match &config.server.pid_file {
         Some(path) => Some(PidFile::write(path)?),

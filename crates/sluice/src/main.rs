@@ -131,7 +131,7 @@ fn signal(args: ReloadArgs, sig: libc::c_int) -> anyhow::Result<()> {
     }
     let before = pid_file
         .as_deref()
-        .and_then(|p| std::fs::read_to_string(sluice::server::reload::report_path(p)).ok());
+        .and_then(|p| std::fs::read_to_string(sluice::app::reload::report_path(p)).ok());
     // SAFETY: kill(2) with a positive pid and a signal number has no memory effects here.
     let rc = unsafe { libc::kill(pid, sig) };
     if rc != 0 {
@@ -147,7 +147,7 @@ fn signal(args: ReloadArgs, sig: libc::c_int) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let Some(report) = pid_file.map(|p| sluice::server::reload::report_path(&p)) else {
+    let Some(report) = pid_file.map(|p| sluice::app::reload::report_path(&p)) else {
         println!("sent SIGHUP to {pid}; the server log says whether the new config was applied");
         return Ok(());
     };

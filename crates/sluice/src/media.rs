@@ -3,6 +3,7 @@
 pub mod acestream;
 pub mod cache;
 mod cluster;
+pub mod config;
 pub mod dash;
 pub mod epg;
 pub mod extractor;
@@ -30,10 +31,10 @@ use prometheus_client::registry::Registry;
 
 use crate::auth::Keys;
 use crate::body::Body;
-use crate::config::MediaConfig;
 use crate::error::ProxyError;
 use crate::request::RequestContext;
 use crate::upstream::Upstream;
+pub use config::MediaConfig;
 
 /// The media proxy.
 pub struct Media {

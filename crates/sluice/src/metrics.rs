@@ -1,4 +1,5 @@
-//! HTTP-level metric families of the server; other modules register their own in the same registry.
+//! HTTP-level metric families of the server; other modules (the acceptor in `server::listener`,
+//! the front ends, the services) register their own in the same registry.
 
 pub mod process;
 pub mod protocol;
@@ -47,8 +48,6 @@ pub struct HttpMetrics {
     pub total: Family<EndpointLabels, Histogram, fn() -> Histogram>,
     pub errors: Family<ErrorLabels, Counter>,
     pub connections: Counter,
-    /// Accept pauses at `server.max_connections` and connections open now.
-    pub accept: crate::server::listener::AcceptMetrics,
     /// Connections cut because the client stopped reading for `server.send_timeout_secs`.
     pub send_timeouts: Counter,
     /// TLS handshakes not finished within `server.tls_handshake_timeout_secs`.
@@ -70,7 +69,6 @@ impl HttpMetrics {
             total: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             errors: Family::default(),
             connections: Counter::default(),
-            accept: Default::default(),
             send_timeouts: Counter::default(),
             tls_handshake_timeouts: Counter::default(),
             smuggling_refused: Counter::default(),
@@ -110,16 +108,6 @@ impl HttpMetrics {
             "downstream_connections",
             "Client connections accepted",
             m.connections.clone(),
-        );
-        registry.register(
-            "downstream_accept_paused",
-            "Times accepting paused because server.max_connections connections were open",
-            m.accept.paused.clone(),
-        );
-        registry.register(
-            "downstream_open_connections",
-            "Client connections open now",
-            m.accept.open.clone(),
         );
         registry.register(
             "downstream_send_timeouts",

@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 
 use sluice_media::query::Query;
 
-use crate::auth::token::TokenScope;
-
 /// What a front end needs to know about the request besides the request itself.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
@@ -23,4 +21,13 @@ pub struct RequestContext {
     pub secure: bool,
     /// Present when the request was authorized by an encrypted token.
     pub token: Option<TokenScope>,
+}
+
+/// The limits of the token a request came with; child tokens inherit them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenScope {
+    pub exp: Option<u64>,
+    pub ip: Option<String>,
+    /// Path prefixes the token opens; `None` for a MediaFlow token, which proves the password.
+    pub paths: Option<Vec<String>>,
 }

@@ -3,13 +3,13 @@
 //! header and HTTP/2 stream limits, the connection limit, and graceful shutdown.
 
 pub mod activity;
+pub mod config;
 #[cfg(feature = "reverse")]
 mod h1fast;
 pub mod handler;
 pub mod listener;
 pub mod notify;
 pub mod quic;
-pub mod reload;
 pub mod screen;
 pub mod spliced;
 pub mod stall;
@@ -30,8 +30,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use crate::config::ServerConfig;
 use activity::{Activity, Watched};
+pub use config::{EndpointsConfig, ServerConfig};
 pub use handler::{Handler, ListenerId};
 
 /// On shutdown or hand-over, how long a keep-alive connection with nothing in flight stays open:
@@ -78,6 +78,23 @@ pub fn tls_settings(
         return Ok(None);
     }
     tls::sni_server_config_with(default, &config.certificates, acme).map(Some)
+}
+
+/// The live-reload hook for `[server]`'s certificates: new certificates for new handshakes
+/// (with the handler's ACME certificates, `acme`). Turning TLS on or off needs a restart.
+#[cfg(feature = "tls")]
+pub fn tls_reload(
+    handle: TlsHandle,
+    acme: Option<tls::Managed>,
+) -> crate::section::Prepare<ServerConfig> {
+    Box::new(move |config: &ServerConfig| {
+        let new = tls_settings(config, acme.clone())?;
+        if new.is_some() != handle.load().is_some() {
+            anyhow::bail!("turning TLS on or off needs a restart");
+        }
+        let handle = handle.clone();
+        Ok(Box::new(move || handle.store(new)) as crate::section::Commit)
+    })
 }
 
 /// The live TLS settings for a server config (with the handler's ACME certificates); in a build
@@ -249,11 +266,12 @@ impl<H: Handler> Server<H> {
             n => n,
         };
         tracing::info!(max_connections = max, "client connection limit");
-        let acceptor = listener::Acceptor::new(max, self.handler.http_metrics().accept.clone())
-            .per_ip(listener::PerIp::new(
+        let acceptor = listener::Acceptor::new(max, self.handler.accept_metrics().clone()).per_ip(
+            listener::PerIp::new(
                 self.config.max_connections_per_ip,
                 self.config.per_ip_exempt.clone(),
-            ));
+            ),
+        );
         let timeouts = Timeouts {
             idle: Duration::from_secs(self.config.idle_timeout_secs),
             send: Duration::from_secs(self.config.send_timeout_secs),
@@ -858,6 +876,9 @@ mod tests {
         }
         fn connection_accepted(&self) {}
         fn http_metrics(&self) -> &crate::metrics::HttpMetrics {
+            unreachable!()
+        }
+        fn accept_metrics(&self) -> &listener::AcceptMetrics {
             unreachable!()
         }
         fn splices_streams(&self) -> bool {

@@ -208,19 +208,19 @@ impl TcpProxy {
 }
 
 /// The live-reload part for `[[tcp]]`. The upstream groups are prepared and installed by the
-/// routes part (see [`crate::app::App::prepare_reload`]), whose commit runs before this one; the
+/// routes part (the composition root's `App::prepare_reload`), whose commit runs before this one; the
 /// commit here re-applies the listeners over that generation without cutting connections.
 pub fn reload_part(
     tcp: Arc<TcpProxy>,
     groups: Arc<crate::upstream::group::live::Live>,
-) -> crate::server::reload::Prepare {
-    Box::new(move |config: &crate::config::Config| {
-        let listeners = config.tcp.clone();
+) -> crate::section::Prepare<[TcpConfig]> {
+    Box::new(move |listeners: &[TcpConfig]| {
+        let listeners = listeners.to_vec();
         let (tcp, groups) = (Arc::clone(&tcp), Arc::clone(&groups));
         Ok(Box::new(move || {
             if let Err(e) = tcp.apply(&listeners, groups.current()) {
                 tracing::warn!(error = %format!("{e:#}"), "[[tcp]] reload kept the old listeners");
             }
-        }) as crate::server::reload::Commit)
+        }) as crate::section::Commit)
     })
 }

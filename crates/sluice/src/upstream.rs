@@ -6,6 +6,7 @@
 
 #[cfg(feature = "upstream-pool")]
 pub mod body;
+pub mod config;
 pub mod connector;
 pub mod fetch;
 #[cfg(feature = "groups")]
@@ -39,12 +40,12 @@ use prometheus_client::registry::Registry;
 #[cfg(feature = "upstream-pool")]
 use url::Url;
 
-use crate::config::UpstreamConfig;
+pub use crate::error::upstream::{ConnectError, UpstreamError};
 #[cfg(feature = "upstream-pool")]
 pub use body::{CollectError, UpstreamBody, UpstreamBodyError};
+pub use config::{RouteConfig, UpstreamConfig};
 #[cfg(feature = "upstream-pool")]
 use connector::ConnInfo;
-pub use connector::ConnectError;
 use connector::Connector;
 
 /// Request fields that carry credentials: dropped when a redirect leaves the origin they were
@@ -83,40 +84,6 @@ pub struct UpstreamResponse {
     pub body: UpstreamBody,
     /// The URL that answered, after redirects (relative manifest URIs resolve against it).
     pub final_url: Url,
-}
-
-/// Why an upstream exchange failed before a response head arrived.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error(transparent)]
-    Connect(#[from] ConnectError),
-    #[error("upstream {host} sent no response head within {secs} s")]
-    HeaderTimeout { host: String, secs: u64 },
-    #[error("upstream {host} redirected more than {limit} times")]
-    TooManyRedirects { host: String, limit: usize },
-    #[error("upstream {host} sent an unusable redirect: {location}")]
-    BadRedirect { host: String, location: String },
-    #[error("upstream {host}: {detail}")]
-    Protocol { host: String, detail: String },
-}
-
-impl UpstreamError {
-    /// The upstream host the error concerns.
-    pub fn host(&self) -> Option<&str> {
-        match self {
-            UpstreamError::Connect(ConnectError::Refused { host, .. })
-            | UpstreamError::Connect(ConnectError::Dns { host, .. })
-            | UpstreamError::Connect(ConnectError::Connect { host, .. })
-            | UpstreamError::Connect(ConnectError::Timeout { host, .. })
-            | UpstreamError::Connect(ConnectError::Proxy { host, .. })
-            | UpstreamError::Connect(ConnectError::Tls { host, .. })
-            | UpstreamError::HeaderTimeout { host, .. }
-            | UpstreamError::TooManyRedirects { host, .. }
-            | UpstreamError::BadRedirect { host, .. }
-            | UpstreamError::Protocol { host, .. } => Some(host),
-            UpstreamError::Connect(ConnectError::NoHost) => None,
-        }
-    }
 }
 
 /// Counters the client keeps.

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
+use sluice::app::reload::Reloader;
 use sluice::app::App;
 use sluice::config::{Config, Overrides};
-use sluice::server::reload::Reloader;
 use sluice::server::Server;
 use sluice::tcp::{TcpMetrics, TcpProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

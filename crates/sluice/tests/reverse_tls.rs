@@ -88,7 +88,7 @@ upstream = "app"
     tokio::spawn(server.run(std::future::pending()));
     assert_eq!(presented(addr, "a.test", &all).await, a.der);
     let a2 = Cert::new(&["a.test"]);
-    let prepare = sluice::server::reload::tls_part(handle);
+    let prepare = sluice::app::reload::tls_part(handle);
     let commit = prepare(&config(&text(&a2))).unwrap();
     commit();
     assert_eq!(presented(addr, "a.test", &[&a2]).await, a2.der);
@@ -254,7 +254,7 @@ async fn downstream_sessions_resume_across_a_reload() {
     }
 
     // A reload builds new server settings; the sessions clients hold still resume.
-    let prepare = sluice::server::reload::tls_part(handle);
+    let prepare = sluice::app::reload::tls_part(handle);
     let commit = prepare(&config(&text)).unwrap();
     commit();
     for (name, c) in &clients {

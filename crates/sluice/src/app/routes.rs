@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use sluice_http::route::{HostPattern, RouteTable};
 
-pub use crate::config::endpoints::EndpointsConfig;
 #[cfg(feature = "reverse")]
 use crate::reverse::{Reverse, Route};
+pub use crate::server::EndpointsConfig;
 pub use crate::server::ListenerId;
 
 /// A built-in endpoint family.

@@ -10,8 +10,8 @@ use sluice_media::token::sealed::{self, Grant, SealedError, SealedKey};
 use sluice_media::token::{TokenError, TokenKey};
 use subtle::ConstantTimeEq;
 
+use super::AuthConfig;
 use crate::body::{self, Body};
-use crate::config::AuthConfig;
 
 /// Params a holder of a sealed token may add to the request; everything else the token fixes.
 /// Only LL-HLS delivery directives, which players append to media playlist URLs by themselves and
@@ -32,14 +32,7 @@ pub const CATCHUP_PARAMS: [&str; 6] = [
 /// Path prefixes an IPTV playlist entry token opens.
 pub const CHANNEL_SCOPE: [&str; 3] = ["/rtp/", "/udp/", "/rtsp/"];
 
-/// The limits of the token a request came with; child tokens inherit them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenScope {
-    pub exp: Option<u64>,
-    pub ip: Option<String>,
-    /// Path prefixes the token opens; `None` for a MediaFlow token, which proves the password.
-    pub paths: Option<Vec<String>>,
-}
+pub use crate::request::TokenScope;
 
 /// A token that opened: what it grants and the params the request is served with.
 #[derive(Debug, Clone)]

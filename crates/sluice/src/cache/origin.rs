@@ -63,7 +63,7 @@ mod tests {
     #[test]
     fn paths_go_under_the_base() {
         let mut registry = prometheus_client::registry::Registry::default();
-        let up = Upstream::new(&crate::config::UpstreamConfig::default(), &mut registry).unwrap();
+        let up = Upstream::new(&crate::upstream::UpstreamConfig::default(), &mut registry).unwrap();
         let o = UpstreamOrigin::new(up, Url::parse("http://origin.test:8080/media/").unwrap());
         let uri: http::Uri = "/a/b.mp4?x=1".parse().unwrap();
         assert_eq!(

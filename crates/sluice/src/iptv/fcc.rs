@@ -66,7 +66,7 @@ pub struct FccConfig {
     pub servers: Vec<ipnet::Ipv4Net>,
 }
 
-crate::config::section::config_section!(FccConfig {
+crate::section::config_section!(FccConfig {
     listen_port_range,
     interface,
     servers,

@@ -55,7 +55,7 @@ pub struct HlsConfig {
     pub catchup_max_bytes: u64,
 }
 
-crate::config::section::config_section!(HlsConfig {
+crate::section::config_section!(HlsConfig {
     enabled,
     target_duration_secs,
     window,

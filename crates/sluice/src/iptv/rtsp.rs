@@ -79,7 +79,7 @@ pub struct RtspConfig {
     pub catchup_query: String,
 }
 
-crate::config::section::config_section!(RtspConfig {
+crate::section::config_section!(RtspConfig {
     enabled,
     transport,
     max_sessions,

@@ -31,7 +31,7 @@ pub struct TimeshiftConfig {
     pub channels: Vec<String>,
 }
 
-crate::config::section::config_section!(TimeshiftConfig {
+crate::section::config_section!(TimeshiftConfig {
     dir,
     minutes,
     max_bytes,

@@ -24,7 +24,7 @@ use crate::error::ProxyError;
 use crate::request::RequestContext;
 use session::{Kind, Sessions};
 
-pub use crate::config::AcestreamConfig;
+pub use super::config::AcestreamConfig;
 
 /// Serves `/proxy/acestream/<rest>` (auth already checked).
 pub async fn handle(

@@ -28,10 +28,10 @@ use prometheus_client::registry::Registry;
 use sluice_media::dash::proxy::Part;
 use url::Url;
 
+use super::MediaConfig;
 use crate::body::Body;
 use crate::cache::config::PolicyConfig;
 use crate::cache::{Cache, CacheKey, FreshnessPolicy, Origin, OriginError, OriginFuture};
-use crate::config::MediaConfig;
 use crate::error::{ProxyError, Side};
 use crate::upstream::{Upstream, UpstreamError, UpstreamRequest};
 

@@ -25,8 +25,8 @@ use sluice_media::query::{ProxyParams, Query};
 
 use super::cache::MediaCache;
 use super::prefetch::Prefetcher;
+use super::MediaConfig;
 use crate::body::{self, Body};
-use crate::config::MediaConfig;
 use crate::error::ProxyError;
 use crate::request::RequestContext;
 

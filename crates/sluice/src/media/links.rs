@@ -83,7 +83,7 @@ pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::AuthConfig;
+    use crate::auth::AuthConfig;
 
     fn ctx(token: Option<TokenScope>) -> RequestContext {
         RequestContext {

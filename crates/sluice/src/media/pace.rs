@@ -20,7 +20,7 @@ use http::StatusCode;
 use sluice_media::query::{ProxyParams, Query};
 use tokio::time::Instant;
 
-use crate::config::ratelimit::{RateLimitConfig, MAX_INTERVAL_MS};
+use super::config::ratelimit::{RateLimitConfig, MAX_INTERVAL_MS};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
 

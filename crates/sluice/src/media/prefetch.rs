@@ -222,11 +222,11 @@ mod tests {
     fn prefetcher(budget: usize) -> Arc<Prefetcher> {
         let mut registry = Registry::default();
         let upstream =
-            Upstream::new(&crate::config::UpstreamConfig::default(), &mut registry).unwrap();
+            Upstream::new(&crate::upstream::UpstreamConfig::default(), &mut registry).unwrap();
         let cache = MediaCache::new(
             None,
             upstream,
-            &crate::config::MediaConfig::default(),
+            &crate::media::MediaConfig::default(),
             &crate::cache::config::PolicyConfig::default(),
             Default::default(),
         );

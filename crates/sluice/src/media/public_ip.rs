@@ -16,8 +16,8 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use url::Url;
 
+use super::config::public_ip::{EchoService, PublicIpConfig};
 use crate::body::{self, Body};
-use crate::config::public_ip::{EchoService, PublicIpConfig};
 use crate::error::{ProxyError, Side};
 use crate::upstream::{Upstream, UpstreamRequest};
 

@@ -35,8 +35,12 @@ pub trait Handler: Send + Sync + 'static {
     /// A connection was accepted.
     fn connection_accepted(&self);
 
-    /// The connection-level metrics (accept pauses, send and handshake timeouts, smuggling).
+    /// The connection-level metrics (send and handshake timeouts, smuggling).
     fn http_metrics(&self) -> &HttpMetrics;
+
+    /// The acceptor's families (pauses at the connection limit, connections open), registered
+    /// with the others by whoever builds the handler ([`super::listener::AcceptMetrics::register`]).
+    fn accept_metrics(&self) -> &super::listener::AcceptMetrics;
 
     /// Whether plain HTTP/1.1 connections offer handlers a splice tap (`spliced`).
     fn splices_streams(&self) -> bool;

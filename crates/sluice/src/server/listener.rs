@@ -130,6 +130,24 @@ pub struct AcceptMetrics {
     pub open: Gauge,
 }
 
+impl AcceptMetrics {
+    /// Creates the acceptor's families and registers them in `registry`.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = AcceptMetrics::default();
+        registry.register(
+            "downstream_accept_paused",
+            "Times accepting paused because server.max_connections connections were open",
+            m.paused.clone(),
+        );
+        registry.register(
+            "downstream_open_connections",
+            "Client connections open now",
+            m.open.clone(),
+        );
+        m
+    }
+}
+
 /// Accepts connections while fewer than `max` are open; shared by every listener of one front
 /// end so the limit covers them together.
 #[derive(Clone, Debug)]

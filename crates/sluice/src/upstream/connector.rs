@@ -27,6 +27,9 @@ use tokio::sync::Semaphore;
 #[cfg(feature = "tls")]
 use tokio_rustls::{client::TlsStream, TlsConnector};
 
+pub use crate::error::upstream::ConnectError;
+use crate::error::upstream::OWN_LISTENER;
+
 use super::guard::non_public_reason;
 use super::happy;
 use super::resolve::Resolver;
@@ -34,45 +37,6 @@ use super::route::{RouteTable, Via};
 #[cfg(feature = "tls")]
 use super::tls;
 use super::tunnel;
-
-/// What a client is told about a refused upstream address: its class, never the address.
-fn refused_text(host: &str, reason: &str) -> String {
-    if reason == OWN_LISTENER {
-        format!("{host} is {reason}: fetching it would make sluice its own origin (a loop)")
-    } else {
-        format!(
-            "{host} resolves to a {reason} address; set upstream.allow_private \
-             (--allow-private-upstreams) to allow it"
-        )
-    }
-}
-
-/// The refusal class of an address this sluice itself listens on.
-const OWN_LISTENER: &str = "this sluice's own listener";
-
-/// Why a connection could not be set up. Carried through the pool as the error's source.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// The message names the class only: the resolved address stays in the debug log.
-    #[error("{}", refused_text(host, reason))]
-    Refused {
-        host: String,
-        ip: IpAddr,
-        reason: &'static str,
-    },
-    #[error("cannot resolve {host}: {source}")]
-    Dns { host: String, source: io::Error },
-    #[error("cannot connect to {host}: {source}")]
-    Connect { host: String, source: io::Error },
-    #[error("connecting to {host} took longer than {secs} s")]
-    Timeout { host: String, secs: u64 },
-    #[error("outgoing proxy for {host} failed: {source}")]
-    Proxy { host: String, source: io::Error },
-    #[error("TLS with {host} failed: {source}")]
-    Tls { host: String, source: io::Error },
-    #[error("URL has no host")]
-    NoHost,
-}
 
 /// Per-connection facts attached to every response it carries.
 #[cfg(feature = "upstream-pool")]

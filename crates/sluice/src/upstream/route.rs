@@ -3,7 +3,7 @@
 //! `transport_routes` keys (`all://*.domain`, `https://host`, `http://host:8080`), whose scheme
 //! and port narrow the route to requests with that scheme and port.
 
-use crate::config::RouteConfig;
+use super::RouteConfig;
 
 /// How a route reaches its hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]

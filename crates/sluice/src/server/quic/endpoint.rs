@@ -14,9 +14,9 @@ use tokio_util::task::TaskTracker;
 
 use super::conn::{self, Settings};
 use super::Http3Config;
-use crate::config::ServerConfig;
 use crate::metrics::protocol::ProtocolMetrics;
 use crate::server::handler::{Handler, ListenerId};
+use crate::server::ServerConfig;
 use crate::server::TlsHandle;
 
 /// Unidirectional streams a client may open: HTTP/3's control stream, the two QPACK streams,

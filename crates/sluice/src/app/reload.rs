@@ -2,7 +2,9 @@
 //! that can change live first prepares its new state from the new config, and only when all of
 //! them succeeded are they committed, so a bad file changes nothing (the log says why).
 //!
-//! Front ends hook in with [`Reloader::add`]: a prepare function returning the commit to run.
+//! Front ends hook in with [`Reloader::add`]: a prepare function returning the commit to run. A
+//! module's hook reads only its own section (`section::Prepare<S>`); [`Part`] hands it that
+//! section of the new config, so only this composition root knows the whole `Config`.
 //!
 //! A reload compares the new settings with the running ones key by key: a changed key that no
 //! part applies live ([`LIVE_KEYS`], plus what [`Reloader::add_live`] reports) refuses the whole
@@ -14,12 +16,35 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use crate::config::{Config, Overrides};
+pub use crate::section::Commit;
 
-/// Applies a prepared change; runs only after every part prepared successfully.
-pub type Commit = Box<dyn FnOnce() + Send>;
+/// Prepares one part's new state from the whole validated config.
+pub type Prepare = crate::section::Prepare<Config>;
 
-/// Prepares one part's new state from a validated config.
-pub type Prepare = Box<dyn Fn(&Config) -> anyhow::Result<Commit> + Send + Sync>;
+/// A reload hook, by the section it reads: each becomes a [`Prepare`] over the whole config that
+/// hands the hook its own section.
+pub trait Part {
+    fn into_prepare(self) -> Prepare;
+}
+
+impl Part for Prepare {
+    fn into_prepare(self) -> Prepare {
+        self
+    }
+}
+
+impl Part for crate::section::Prepare<crate::server::ServerConfig> {
+    fn into_prepare(self) -> Prepare {
+        Box::new(move |config: &Config| self(&config.server))
+    }
+}
+
+#[cfg(feature = "tcp")]
+impl Part for crate::section::Prepare<[crate::tcp::TcpConfig]> {
+    fn into_prepare(self) -> Prepare {
+        Box::new(move |config: &Config| self(&config.tcp))
+    }
+}
 
 /// Keys (and whole sections or arrays, by prefix) a reload applies to the running server.
 pub const LIVE_KEYS: &[&str] = &[
@@ -120,7 +145,8 @@ impl Reloader {
     }
 
     /// Registers a part that can change live (routes and groups, TLS certificates, TCP listeners).
-    pub fn add(&mut self, name: &'static str, prepare: Prepare) {
+    pub fn add(&mut self, name: &'static str, part: impl Part) {
+        let prepare = part.into_prepare();
         self.parts.push((name, prepare));
     }
 
@@ -242,29 +268,17 @@ pub async fn on_sighup(reloader: Arc<Reloader>) {
     };
     while hup.recv().await.is_some() {
         let r = reloader.clone();
-        super::notify::reloading();
+        crate::server::notify::reloading();
         let applied = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
-        super::notify::reloaded(matches!(applied, Ok(Ok(_))));
+        crate::server::notify::reloaded(matches!(applied, Ok(Ok(_))));
     }
 }
 
-/// The TLS part: new certificates for new handshakes. Turning TLS on or off needs a restart.
+/// The TLS part for a server without ACME: new certificates for new handshakes (see
+/// [`crate::server::tls_reload`]).
 #[cfg(feature = "tls")]
-pub fn tls_part(handle: super::TlsHandle) -> Prepare {
-    tls_part_with(handle, None)
-}
-
-/// [`tls_part`] for a server that also serves ACME's certificates (`acme`).
-#[cfg(feature = "tls")]
-pub fn tls_part_with(handle: super::TlsHandle, acme: Option<super::tls::Managed>) -> Prepare {
-    Box::new(move |config: &Config| {
-        let new = super::tls_settings(&config.server, acme.clone())?;
-        if new.is_some() != handle.load().is_some() {
-            anyhow::bail!("turning TLS on or off needs a restart");
-        }
-        let handle = handle.clone();
-        Ok(Box::new(move || handle.store(new)) as Commit)
-    })
+pub fn tls_part(handle: crate::server::TlsHandle) -> Prepare {
+    crate::server::tls_reload(handle, None).into_prepare()
 }
 
 #[cfg(test)]

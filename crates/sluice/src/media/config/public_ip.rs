@@ -1,6 +1,5 @@
 //! `[media.public_ip]`: the echo services `/proxy/ip` asks for the server's public address
-//! (`media::public_ip` uses it; it lives here so a build without the media front end still parses
-//! every config).
+//! (`media::public_ip` asks them).
 
 use serde::{Deserialize, Serialize};
 

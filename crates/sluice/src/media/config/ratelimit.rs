@@ -1,5 +1,5 @@
-//! `[media.ratelimit]`: per-host pacing of upstream requests for fragile CDNs (`media::pace` uses
-//! it; it lives here so a build without the media front end still parses every config).
+//! `[media.ratelimit]`: per-host pacing of upstream requests for fragile CDNs (`media::pace`
+//! applies it).
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,8 @@
-//! Compact `Deserialize` for the config sections: one key lookup and one assignment per field.
+//! Config sections as the modules that own them declare them: a compact `Deserialize`
+//! ([`config_section!`]) and the hook a section's owner gives the live reload ([`Prepare`]).
+//!
+//! A leaf, so every module can declare its section without importing `config`, which composes
+//! them. The `Deserialize` reads one key lookup and one assignment per field:
 //!
 //! `#[derive(Deserialize)]` on a section with `#[serde(default, deny_unknown_fields)]` writes, per
 //! struct, a field-name visitor, an `Option` slot and a duplicate check for every field, and a
@@ -13,6 +17,13 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, Visitor};
+
+/// Applies a prepared change; runs only after every part of a reload prepared successfully.
+pub type Commit = Box<dyn FnOnce() + Send>;
+
+/// Prepares one part's new state from its section `S` of a validated config (the composition
+/// root hands each part its own section).
+pub type Prepare<S> = Box<dyn Fn(&S) -> anyhow::Result<Commit> + Send + Sync>;
 
 /// A config section read by [`config_section!`]: starts from `Default`, then every key present
 /// in the table overwrites its field.
@@ -101,7 +112,7 @@ impl<'de, S: Section> DeserializeSeed<'de> for Field<'_, S> {
 /// struct whose every field is listed (a field left out of the list does not compile).
 macro_rules! config_section {
     ($ty:ident { $($field:ident),+ $(,)? }) => {
-        impl $crate::config::section::Section for $ty {
+        impl $crate::section::Section for $ty {
             const NAME: &'static str = stringify!($ty);
             const FIELDS: &'static [&'static str] = &[$(stringify!($field)),+];
 
@@ -115,7 +126,7 @@ macro_rules! config_section {
                     _ => {
                         return Err(<D::Error as serde::de::Error>::unknown_field(
                             key,
-                            <Self as $crate::config::section::Section>::FIELDS,
+                            <Self as $crate::section::Section>::FIELDS,
                         ))
                     }
                 }
@@ -130,7 +141,7 @@ macro_rules! config_section {
                 fn every_field_is_listed(section: &$ty) {
                     let $ty { $($field: _),+ } = section;
                 }
-                $crate::config::section::deserialize(d)
+                $crate::section::deserialize(d)
             }
         }
     };

@@ -1,0 +1,79 @@
+//! Why an upstream exchange failed: the connection setup (`ConnectError`) or the exchange before
+//! a response head (`UpstreamError`). A leaf, so the proxy error can map them without importing
+//! the client that raises them.
+
+use std::io;
+use std::net::IpAddr;
+
+/// What a client is told about a refused upstream address: its class, never the address.
+fn refused_text(host: &str, reason: &str) -> String {
+    if reason == OWN_LISTENER {
+        format!("{host} is {reason}: fetching it would make sluice its own origin (a loop)")
+    } else {
+        format!(
+            "{host} resolves to a {reason} address; set upstream.allow_private \
+             (--allow-private-upstreams) to allow it"
+        )
+    }
+}
+
+/// The refusal class of an address this sluice itself listens on.
+pub(crate) const OWN_LISTENER: &str = "this sluice's own listener";
+
+/// Why a connection could not be set up. Carried through the pool as the error's source.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The message names the class only: the resolved address stays in the debug log.
+    #[error("{}", refused_text(host, reason))]
+    Refused {
+        host: String,
+        ip: IpAddr,
+        reason: &'static str,
+    },
+    #[error("cannot resolve {host}: {source}")]
+    Dns { host: String, source: io::Error },
+    #[error("cannot connect to {host}: {source}")]
+    Connect { host: String, source: io::Error },
+    #[error("connecting to {host} took longer than {secs} s")]
+    Timeout { host: String, secs: u64 },
+    #[error("outgoing proxy for {host} failed: {source}")]
+    Proxy { host: String, source: io::Error },
+    #[error("TLS with {host} failed: {source}")]
+    Tls { host: String, source: io::Error },
+    #[error("URL has no host")]
+    NoHost,
+}
+
+/// Why an upstream exchange failed before a response head arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("upstream {host} sent no response head within {secs} s")]
+    HeaderTimeout { host: String, secs: u64 },
+    #[error("upstream {host} redirected more than {limit} times")]
+    TooManyRedirects { host: String, limit: usize },
+    #[error("upstream {host} sent an unusable redirect: {location}")]
+    BadRedirect { host: String, location: String },
+    #[error("upstream {host}: {detail}")]
+    Protocol { host: String, detail: String },
+}
+
+impl UpstreamError {
+    /// The upstream host the error concerns.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            UpstreamError::Connect(ConnectError::Refused { host, .. })
+            | UpstreamError::Connect(ConnectError::Dns { host, .. })
+            | UpstreamError::Connect(ConnectError::Connect { host, .. })
+            | UpstreamError::Connect(ConnectError::Timeout { host, .. })
+            | UpstreamError::Connect(ConnectError::Proxy { host, .. })
+            | UpstreamError::Connect(ConnectError::Tls { host, .. })
+            | UpstreamError::HeaderTimeout { host, .. }
+            | UpstreamError::TooManyRedirects { host, .. }
+            | UpstreamError::BadRedirect { host, .. }
+            | UpstreamError::Protocol { host, .. } => Some(host),
+            UpstreamError::Connect(ConnectError::NoHost) => None,
+        }
+    }
+}
