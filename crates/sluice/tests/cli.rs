@@ -140,7 +140,11 @@ fn environment_errors_name_the_variable() {
     ] {
         let (ok, _, err) = run_env(&["check-config", path], &[(var, value)]);
         assert!(!ok);
-        assert_eq!(err.lines().next(), Some(&*format!("Error: {message}")), "{err}");
+        assert_eq!(
+            err.lines().next(),
+            Some(&*format!("Error: {message}")),
+            "{err}"
+        );
         assert!(!err.contains("line "), "{err}");
         assert!(!err.contains(value), "the value stays out: {err}");
     }

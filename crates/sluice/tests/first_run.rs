@@ -226,7 +226,8 @@ fn text(r: &Reply) -> String {
     String::from_utf8(r.body.as_ref().unwrap().to_vec()).unwrap()
 }
 
-const NO_PASSWORD_HINT: &str = "No API password is set: nothing here needs one, and sluice answers \
+const NO_PASSWORD_HINT: &str =
+    "No API password is set: nothing here needs one, and sluice answers \
      only on loopback addresses, for loopback host names (127.0.0.1, localhost). To serve other \
      hosts, set one (auth.api_password, SLUICE_AUTH_API_PASSWORD or --api-password-file).";
 const PASSWORD_HINT: &str =
@@ -371,10 +372,7 @@ async fn upstream_failures_read_plainly() {
     let open = refused(origin.url("/small")).await;
     let shut = refused(format!("http://127.0.0.1:{closed}/x")).await;
     assert_eq!(open.status, 403);
-    assert_eq!(
-        (shut.status, text(&shut)),
-        (open.status, text(&open))
-    );
+    assert_eq!((shut.status, text(&shut)), (open.status, text(&open)));
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use crate::config::Config;
 pub(super) fn size(bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (unit, name) in UNITS {
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{} {name}", bytes / unit);
         }
     }
@@ -116,7 +116,10 @@ pub(super) fn tcp_target(t: &crate::tcp::TcpConfig) -> String {
         notes.push("accepts PROXY".to_string());
     }
     if let Some(v) = t.send_proxy {
-        notes.push(format!("sends PROXY {}", format!("{v:?}").to_ascii_lowercase()));
+        notes.push(format!(
+            "sends PROXY {}",
+            format!("{v:?}").to_ascii_lowercase()
+        ));
     }
     let notes = if notes.is_empty() {
         String::new()
