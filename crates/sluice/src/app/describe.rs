@@ -49,25 +49,24 @@ pub fn route_cache(config: &Config, shown: &crate::reverse::RouteConfig) -> Stri
 
 /// The cache service and the TCP listeners, each under its own heading (nothing when unused).
 #[cfg_attr(
-    not(any(feature = "cache", feature = "tcp")),
+    not(any(feature = "reverse", feature = "tcp")),
     allow(unused_variables, unused_mut)
 )]
 pub fn others(config: &Config) -> String {
     let mut out = String::new();
-    #[cfg(feature = "cache")]
-    if config.needs_cache() {
+    // The tiers behind the routes marked above (the media front end's use alone shows in the
+    // settings' `[cache]` and `[media] cache`).
+    #[cfg(feature = "reverse")]
+    if config.routes.iter().any(|r| r.cache) {
         let c = config.cache_section();
-        let mut users = Vec::new();
-        #[cfg(feature = "reverse")]
-        if config.routes.iter().any(|r| r.cache) {
-            users.push("routes marked (cache: ...) above");
-        }
-        if config.media_caches() {
-            users.push("the media front end's manifests and segments");
-        }
+        let media = if config.media_caches() {
+            " and the media front end's manifests and segments"
+        } else {
+            ""
+        };
         out.push_str(&format!(
-            "\n# cache, used by {}\nmemory {}, disk {}, slices of {}\n",
-            users.join(" and "),
+            "\n# cache, used by routes marked (cache: ...) above{media}\n\
+             memory {}, disk {}, slices of {}\n",
             size(c.memory_bytes.0),
             match &c.disk_path {
                 Some(path) => format!("{} at {}", size(c.disk_bytes.0), path.display()),
