@@ -173,6 +173,7 @@ fn environment_errors_name_the_variable() {
 }
 
 #[test]
+#[cfg(all(feature = "reverse", feature = "tcp"))]
 fn check_config_shows_caching_routes_and_tcp_listeners() {
     let f = config_file(
         r#"
