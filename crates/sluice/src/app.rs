@@ -1,7 +1,8 @@
 //! The composition root: builds every service and front end from the config, swaps the route
 //! table on reload, and is the handler the server hands each request to. The jobs live in the
 //! submodules: `routes` (the table), `dispatch`, `fast` (the HTTP/1.1 fast path's dispatch),
-//! `gate` (authorization), `tokens`, `endpoints` (the small built-ins) and `metering`.
+//! `gate` (authorization), `tokens`, `endpoints` (the small built-ins), `metering`, `home` (what
+//! the home page says about each job) and `describe` (`check-config`'s notes beside the table).
 
 mod describe;
 mod dispatch;

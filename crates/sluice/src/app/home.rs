@@ -147,9 +147,14 @@ fn iptv(config: &Config) -> Option<Job> {
             .to_string(),
     };
     let playlist = if i.playlist.is_some() {
-        "The configured channel list is at /playlist.m3u, its guide at /epg.xml."
+        "The configured channel list is at /playlist.m3u."
     } else {
         "No channel list is configured (iptv.playlist)."
+    };
+    let rtsp = if i.rtsp.enabled {
+        " and /rtsp/<host>:<port>/<path>"
+    } else {
+        ""
     };
     let hls = if i.hls.enabled {
         " Every channel also plays as HLS at /hls/<channel path>/index.m3u8, and /player plays \
@@ -160,9 +165,8 @@ fn iptv(config: &Config) -> Option<Job> {
     Some(Job {
         title: "IPTV gateway".to_string(),
         summary: format!(
-            "Channels play at /rtp/<group>:<port>, /udp/<group>:<port> and \
-             /rtsp/<host>:<port>/<path>.{hls} {interface} {playlist} /status shows channels, \
-             viewers and loss live."
+            "Channels play at /rtp/<group>:<port>, /udp/<group>:<port>{rtsp}.{hls} {interface} \
+             {playlist} /status shows channels, viewers and loss live."
         ),
         ..Job::default()
     })
