@@ -424,3 +424,37 @@ async fn purge_refusal_says_what_to_configure() {
     assert_eq!(purge(&s, Some("guess")).await, plain);
     assert_eq!(purge(&s, Some("pk-77")).await.0, 200);
 }
+
+#[tokio::test]
+async fn home_page_follows_a_reload() {
+    let first = parsed("");
+    let app = sluice::app::App::new(&first).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &first.server, app.clone()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let home = || async move { text(&get(&format!("http://{addr}/")).await) };
+    assert!(home()
+        .await
+        .contains("<h2>Not set up here</h2>\n<p>reverse proxy"));
+    // A route added by a reload shows at once, its names escaped.
+    app.reload(&parsed(
+        "[[upstreams]]\nname = \"web&co\"\nservers = [\"127.0.0.1:9\"]\n\n[[routes]]\n\
+         path = \"/w/\"\nupstream = \"web&co\"\n",
+    ))
+    .unwrap();
+    let page = home().await;
+    assert!(
+        page.contains(
+            "<tr><td>any</td><td>/w/</td><td>web&amp;co (127.0.0.1:9)</td><td>no</td></tr>"
+        ),
+        "{page}"
+    );
+    assert!(!page.contains("<p>reverse proxy ("), "{page}");
+    let _ = stop.send(());
+    let _ = done.await;
+}
