@@ -1,13 +1,17 @@
 //! The composition root: builds every service and front end from the config, swaps the route
 //! table on reload, and is the handler the server hands each request to. The jobs live in the
 //! submodules: `routes` (the table), `dispatch`, `fast` (the HTTP/1.1 fast path's dispatch),
-//! `gate` (authorization), `tokens`, `endpoints` (the small built-ins) and `metering`.
+//! `gate` (authorization), `tokens`, `endpoints` (the small built-ins), `metering`, `home` (what
+//! the home page says about each job) and `describe` (`check-config`'s notes beside the table).
 
+mod describe;
 mod dispatch;
 mod endpoints;
 #[cfg(feature = "reverse")]
 mod fast;
 mod gate;
+#[cfg(feature = "media")]
+mod home;
 mod metering;
 pub mod reload;
 pub mod routes;
@@ -93,6 +97,9 @@ pub struct App {
     /// The `reverse` endpoint's series, looked up once: the proxied requests are the many small
     /// ones, so they skip the per-request family lookups.
     proxy_series: std::sync::OnceLock<EndpointSeries>,
+    /// What the home page says about the other jobs; a reload replaces it.
+    #[cfg(feature = "media")]
+    home: Arc<arc_swap::ArcSwap<crate::media::pages::Home>>,
 }
 
 impl App {
@@ -182,6 +189,8 @@ impl App {
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
             proxy_series: std::sync::OnceLock::new(),
+            #[cfg(feature = "media")]
+            home: Arc::new(arc_swap::ArcSwap::from_pointee(home::describe(config))),
             #[cfg(feature = "reverse")]
             reverse_metrics,
             media_on: config.media_enabled(),
@@ -276,7 +285,11 @@ impl App {
         let keys = self.keys.clone();
         #[cfg(feature = "cache")]
         let purge = (Arc::clone(&self.cache), config.cache.clone());
+        #[cfg(feature = "media")]
+        let home = (Arc::clone(&self.home), home::describe(config));
         Ok(Box::new(move || {
+            #[cfg(feature = "media")]
+            home.0.store(Arc::new(home.1));
             #[cfg(feature = "cache")]
             purge.0.set_purge(&purge.1, credentials.auth.secret());
             keys.store(credentials);
@@ -461,10 +474,12 @@ pub fn describe_routes(config: &Config) -> anyhow::Result<String> {
         let metrics = ReverseMetrics::new(&mut Registry::default());
         // Built only to be described: no health checker runs on these groups.
         let groups = Groups::new(&config.upstreams)?;
-        Ok(build_routing(&quiet, None, &groups, &metrics, None)?.describe())
+        let table = build_routing(&quiet, None, &groups, &metrics, None)?
+            .describe_with(&|route| describe::route_cache(config, route));
+        Ok(table + &describe::others(config))
     }
     #[cfg(not(feature = "reverse"))]
-    Ok(build_routing(config)?.describe())
+    Ok(build_routing(config)?.describe() + &describe::others(config))
 }
 
 /// The route table of a build without the reverse proxy: the built-ins alone.

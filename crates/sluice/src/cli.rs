@@ -50,6 +50,18 @@ Commands:
 Options:
   -h, --help     Print help
   -V, --version  Print version
+
+Options of serve (more in 'sluice serve --help'; every command has its own --help):
+  -c, --config <CONFIG>           TOML config file (default: /etc/sluice/sluice.toml if present)
+      --listen <ADDR>             Address to listen on; repeat for several
+      --api-password-file <PATH>  Read the API password from this file
+      --api-password <PW>         The API password (visible in the process list: prefer the file)
+      --allow-private-upstreams   Allow upstreams on loopback, private and link-local addresses
+      --multicast-interface <NAME>
+                                  Interface for the IPTV gateway's multicast joins
+
+Quick start: 'sluice serve' listens on 127.0.0.1:8888; open http://127.0.0.1:8888/ for what
+runs. Every key of the config file can also be set as SLUICE_<SECTION>_<KEY>.
 ";
 
 const SERVE_HELP: &str = "\

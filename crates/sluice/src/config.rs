@@ -11,6 +11,8 @@
 //! `tcp::config`, `[cache]` in `cache::config`, `[acme]` in `acme::config`. The re-exports below
 //! keep the old paths working.
 
+mod env;
+
 use std::net::SocketAddr;
 
 use anyhow::{bail, Context};
@@ -136,15 +138,24 @@ impl Config {
                 .with_context(|| format!("in config file {}", path.display()))?;
             merge(&mut table, toml::Table::try_from(parsed)?);
         }
-        apply_env(&mut table, env)?;
+        let base = table.clone();
+        let applied = apply_env(&mut table, env)?;
         apply_flags(&mut table, flags)?;
         // Back through the text parser rather than `Value::try_into`: every config type's
         // `Deserialize` is then compiled for one deserializer, not two (~150 KiB of the router
         // build, docs/decisions/footprint.md).
         let merged = toml::to_string(&table).context("encoding the merged settings")?;
-        let config: Config = toml::from_str(&merged)
-            .map_err(|e| anyhow::anyhow!("{}", describe_toml_error(&merged, &e)))
-            .context("applying environment and flag overrides")?;
+        let config: Config = match toml::from_str(&merged) {
+            Ok(config) => config,
+            // The merged document is no file of the user's: name the variable, not its line.
+            Err(e) => match env::blame(&base, &applied) {
+                Some(message) => bail!("{message}"),
+                None => {
+                    return Err(anyhow::anyhow!("{}", describe_toml_error(&merged, &e)))
+                        .context("applying environment and flag overrides")
+                }
+            },
+        };
         config.validate()?;
         Ok(config)
     }
@@ -342,7 +353,8 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<env::Applied>> {
+    let mut applied = Vec::new();
     let sections: Vec<String> = table.keys().cloned().collect();
     for (name, raw) in env {
         let Some(rest) = name.strip_prefix("SLUICE_") else {
@@ -361,9 +373,15 @@ fn apply_env(
         };
         let existing = section_table.get(key);
         let value = env_value(&raw, existing);
-        section_table.insert(key.to_string(), value);
+        section_table.insert(key.to_string(), value.clone());
+        applied.push(env::Applied {
+            section: section.clone(),
+            key: key.to_string(),
+            value,
+            name,
+        });
     }
-    Ok(())
+    Ok(applied)
 }
 
 fn env_value(raw: &str, existing: Option<&toml::Value>) -> toml::Value {

@@ -167,13 +167,14 @@ impl Media {
         pages::serves(path)
     }
 
-    /// Serves a [`Media::serves_page`] path.
+    /// Serves a [`Media::serves_page`] path; the home page also describes `home`.
     pub fn handle_page(
         &self,
         req: &Request<Incoming>,
         ctx: &RequestContext,
+        home: &pages::Home,
     ) -> Result<Response<Body>, ProxyError> {
-        pages::handle(req, &ctx.path)
+        pages::handle(req, &ctx.path, home, self.keys.load().auth.required())
     }
 
     /// `/playlist/playlist` for a request that has passed auth.

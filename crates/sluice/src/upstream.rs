@@ -306,8 +306,9 @@ fn clone_connect(e: &ConnectError) -> ConnectError {
             host: host.clone(),
             source: io(source),
         },
-        ConnectError::Connect { host, source } => ConnectError::Connect {
+        ConnectError::Connect { host, port, source } => ConnectError::Connect {
             host: host.clone(),
+            port: *port,
             source: io(source),
         },
         ConnectError::Timeout { host, secs } => ConnectError::Timeout {

@@ -1,4 +1,5 @@
-//! The `sluice` binary: config errors, check-config masking, serve with defaults and SIGTERM.
+//! The `sluice` binary: config errors (in the file and in `SLUICE_*` variables), check-config
+//! masking and its route table, help text, serve with defaults and SIGTERM.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -7,9 +8,17 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 fn run(args: &[&str]) -> (bool, String, String) {
+    run_env(args, &[])
+}
+
+/// `run` with these environment variables set (and no backtrace after an error).
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(BIN)
         .args(args)
         .env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
@@ -83,6 +92,161 @@ fn help_and_version() {
     }
     let (ok, out, _) = run(&["--version"]);
     assert!(ok && out.starts_with("sluice "));
+}
+
+#[test]
+fn top_level_help_lists_the_flags_and_every_command_has_its_own() {
+    let (ok, out, _) = run(&["--help"]);
+    assert!(ok);
+    for flag in [
+        "-c, --config <CONFIG>",
+        "--listen <ADDR>",
+        "--api-password-file <PATH>",
+        "--api-password <PW>",
+        "--allow-private-upstreams",
+        "--multicast-interface <NAME>",
+    ] {
+        assert!(out.contains(flag), "{flag} in {out}");
+    }
+    for command in ["serve", "check-config", "reload", "upgrade", "health"] {
+        let (ok, own, err) = run(&[command, "--help"]);
+        assert!(ok, "{command}: {err}");
+        assert!(
+            own.contains(&format!("Usage: sluice {command} ")),
+            "{command}: {own}"
+        );
+        assert!(own.contains("-h, --help"), "{command}: {own}");
+        assert_eq!(run(&["help", command]).1, own, "sluice help {command}");
+    }
+}
+
+#[test]
+fn environment_errors_name_the_variable() {
+    let f = config_file("[server]\nlisten = [\"127.0.0.1:8888\"]\n");
+    let path = f.path().to_str().unwrap();
+    for (var, value, message) in [
+        (
+            "SLUICE_SERVER_MAX_CONNECTIONS",
+            "lots",
+            "environment variable SLUICE_SERVER_MAX_CONNECTIONS (sets server.max_connections): \
+             not a valid value: expected a whole number",
+        ),
+        (
+            "SLUICE_UPSTREAM_ALLOW_PRIVATE",
+            "maybe",
+            "environment variable SLUICE_UPSTREAM_ALLOW_PRIVATE (sets upstream.allow_private): \
+             not a valid value: expected a boolean",
+        ),
+    ] {
+        let (ok, _, err) = run_env(&["check-config", path], &[(var, value)]);
+        assert!(!ok);
+        assert_eq!(
+            err.lines().next(),
+            Some(&*format!("Error: {message}")),
+            "{err}"
+        );
+        assert!(!err.contains("line "), "{err}");
+        assert!(!err.contains(value), "the value stays out: {err}");
+    }
+    // A key the section does not have: named by the variable, with the keys it does have.
+    let (ok, _, err) = run_env(
+        &["check-config", path],
+        &[("SLUICE_SERVER_IDLE_TIMEOUT", "5")],
+    );
+    assert!(!ok);
+    let first = err.lines().next().unwrap();
+    assert!(
+        first.starts_with(
+            "Error: environment variable SLUICE_SERVER_IDLE_TIMEOUT (sets server.idle_timeout): \
+             unknown field `idle_timeout`, expected one of"
+        ),
+        "{err}"
+    );
+    assert!(first.contains("`idle_timeout_secs`"), "{err}");
+    // The same variable with a good value is taken.
+    let (ok, out, err) = run_env(
+        &["check-config", path],
+        &[("SLUICE_SERVER_MAX_CONNECTIONS", "77")],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("max_connections = 77\n"), "{out}");
+}
+
+#[test]
+#[cfg(all(feature = "reverse", feature = "tcp"))]
+fn check_config_shows_caching_routes_and_tcp_listeners() {
+    let f = config_file(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["127.0.0.1:9000"]
+
+[[upstreams]]
+name = "db"
+servers = ["127.0.0.1:5433"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+cache = true
+
+[[routes]]
+path = "/api/"
+upstream = "app"
+
+[[routes]]
+path = "/static/"
+upstream = "app"
+cache = true
+cache_default_ttl_secs = 300
+cache_cookies = true
+
+[cache]
+grace_secs = 10
+memory_bytes = "64MiB"
+
+[[tcp]]
+listen = "127.0.0.1:15432"
+upstream = "db"
+
+[[tcp]]
+name = "edge"
+listen = "127.0.0.1:15443"
+upstream = "app"
+sni = [{ server_name = "db.example.com", upstream = "db" }]
+accept_proxy = true
+trusted_proxies = ["127.0.0.1/32"]
+"#,
+    );
+    let (ok, out, err) = run(&["check-config", f.path().to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let table: Vec<String> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("# effective route table"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.contains("built-in"))
+        .collect();
+    assert_eq!(
+        table,
+        [
+            "# effective route table per listener, in precedence order",
+            "main * /static/ -> upstream \"app\" (cache: default ttl 300 s, grace 10 s, \
+             client Cache-Control honor, requests with Cookie stored)",
+            "main * /api/ -> upstream \"app\"",
+            "main * / -> upstream \"app\" (cache: default ttl 0 s, grace 10 s, client \
+             Cache-Control honor, requests with Cookie passed)",
+            "",
+            "# cache, used by routes marked (cache: ...) above and the media front end's \
+             manifests and segments",
+            "memory 64 MiB, disk off (cache.disk_path unset), slices of 1 MiB",
+            "",
+            "# tcp listeners",
+            "127.0.0.1:15432 -> upstream \"db\"",
+            "127.0.0.1:15443 -> sni db.example.com -> \"db\", other names -> \"app\" (name \
+             \"edge\", accepts PROXY)",
+        ],
+        "{out}"
+    );
 }
 
 #[test]

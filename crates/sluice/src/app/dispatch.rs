@@ -173,7 +173,7 @@ impl App {
             },
             #[cfg(feature = "media")]
             p if Media::serves_page(p) && self.media.is_some() => match &self.media {
-                Some(media) => media.handle_page(&req, &ctx),
+                Some(media) => media.handle_page(&req, &ctx, &self.home.load()),
                 None => Err(not_found(p)),
             },
             #[cfg(feature = "media")]

@@ -213,6 +213,17 @@ impl Routing {
 
     /// The effective table in precedence order, one line per entry (for `sluice check-config`).
     pub fn describe(&self) -> String {
+        #[cfg(feature = "reverse")]
+        return self.describe_with(&|_| String::new());
+        #[cfg(not(feature = "reverse"))]
+        self.describe_with()
+    }
+
+    /// [`Routing::describe`], with `note` appended to each user route's line.
+    pub fn describe_with(
+        &self,
+        #[cfg(feature = "reverse")] note: &dyn Fn(&crate::reverse::RouteConfig) -> String,
+    ) -> String {
         let mut out = String::from("# effective route table per listener, in precedence order\n");
         for (id, table) in self.tables.iter().enumerate() {
             let listener = &self.listeners[id];
@@ -228,6 +239,7 @@ impl Routing {
                         if let Some(rw) = &r.config.rewrite {
                             s.push_str(&format!(" (rewrite to {rw})"));
                         }
+                        s.push_str(&note(&r.config));
                         s
                     }
                 };

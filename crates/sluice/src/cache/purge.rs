@@ -38,8 +38,11 @@ fn json(status: StatusCode, text: String) -> Response<Body> {
     resp
 }
 
-fn forbidden() -> Response<Body> {
-    json(StatusCode::FORBIDDEN, "{\"error\":\"forbidden\"}".into())
+fn forbidden(text: &'static str) -> Response<Body> {
+    json(
+        StatusCode::FORBIDDEN,
+        serde_json::json!({ "error": text }).to_string(),
+    )
 }
 
 fn offered_key(headers: &HeaderMap) -> Option<&str> {
@@ -84,15 +87,16 @@ fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
 
 /// Why a purge is refused.
 pub(super) enum Refusal {
-    /// Not from an allowed address with the key (every refusal looks the same).
-    Forbidden,
+    /// Not from an allowed address with the key. The text depends on the configuration alone
+    /// (what to set when no purge key is), so every refused client sees the same answer.
+    Forbidden(&'static str),
     Bad(&'static str),
 }
 
 impl Refusal {
     fn into_response(self) -> Response<Body> {
         match self {
-            Refusal::Forbidden => forbidden(),
+            Refusal::Forbidden(text) => forbidden(text),
             Refusal::Bad(msg) => json(StatusCode::BAD_REQUEST, format!("{{\"error\":\"{msg}\"}}")),
         }
     }
@@ -108,6 +112,21 @@ pub struct PurgeSecrets {
 }
 
 impl PurgeSecrets {
+    /// The 403's text: plain `forbidden` once a purge key is set; before that, what to set.
+    fn refusal_text(&self) -> &'static str {
+        match (self.purge_key.is_empty(), self.api_password.is_some()) {
+            (false, _) => "forbidden",
+            (true, false) => {
+                "forbidden: PURGE is off until cache.purge_key is set; then send that key in \
+                 X-Purge-Key from an address in cache.purge_allow"
+            }
+            (true, true) => {
+                "forbidden: no cache.purge_key is set; send the API password in X-Purge-Key \
+                 from an address in cache.purge_allow, or set cache.purge_key"
+            }
+        }
+    }
+
     pub fn new(config: &super::CacheConfig, api_password: Option<&str>) -> PurgeSecrets {
         PurgeSecrets {
             purge_key: config.purge_key.clone(),
@@ -209,7 +228,7 @@ impl Inner {
         peer: IpAddr,
     ) -> Result<PurgeOrder, Refusal> {
         if !self.purge_allowed(&parts.headers, peer) {
-            return Err(Refusal::Forbidden);
+            return Err(Refusal::Forbidden(self.purge.load().refusal_text()));
         }
         let scope = scope(&parts.headers).map_err(Refusal::Bad)?;
         let soft = parts

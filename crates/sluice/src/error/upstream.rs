@@ -17,6 +17,27 @@ fn refused_text(host: &str, reason: &str) -> String {
     }
 }
 
+/// `host:port`, with an IPv6 literal in brackets.
+fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// A socket error as a user reads it: `connection refused`, not `Connection refused (os error
+/// 111)`.
+fn plain_io(e: &io::Error) -> String {
+    let text = e.to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text);
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text.to_string(),
+    }
+}
+
 /// The refusal class of an address this sluice itself listens on.
 pub(crate) const OWN_LISTENER: &str = "this sluice's own listener";
 
@@ -32,8 +53,12 @@ pub enum ConnectError {
     },
     #[error("cannot resolve {host}: {source}")]
     Dns { host: String, source: io::Error },
-    #[error("cannot connect to {host}: {source}")]
-    Connect { host: String, source: io::Error },
+    #[error("cannot connect to {}: {}", authority(host, *port), plain_io(source))]
+    Connect {
+        host: String,
+        port: u16,
+        source: io::Error,
+    },
     #[error("connecting to {host} took longer than {secs} s")]
     Timeout { host: String, secs: u64 },
     #[error("outgoing proxy for {host} failed: {source}")]

@@ -71,14 +71,99 @@ pub fn serves(path: &str) -> bool {
     asset(path).is_some()
 }
 
-/// Serves one of [`serves`]' paths.
-pub fn handle(req: &Request<Incoming>, path: &str) -> Result<Response<Body>, ProxyError> {
+/// One job besides the media proxy on the home page, as the composition root describes it (this
+/// front end knows no other).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Job {
+    pub title: String,
+    /// One paragraph of plain text.
+    pub summary: String,
+    /// Column headings; no table when empty.
+    pub columns: Vec<&'static str>,
+    pub rows: Vec<Vec<String>>,
+}
+
+/// What the home page says beside the media proxy: the other jobs, and who may use this sluice.
+#[derive(Debug, Clone, Default)]
+pub struct Home {
+    pub jobs: Vec<Job>,
+}
+
+/// Text made safe inside HTML elements and attribute values.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The jobs as HTML: a heading, a paragraph and a table each.
+fn render_jobs(jobs: &[Job]) -> String {
+    let mut out = String::new();
+    for job in jobs {
+        out.push_str(&format!(
+            "<h2>{}</h2>\n<p>{}</p>\n",
+            escape(&job.title),
+            escape(&job.summary)
+        ));
+        if job.columns.is_empty() || job.rows.is_empty() {
+            continue;
+        }
+        out.push_str("<table>\n  <tr>");
+        for c in &job.columns {
+            out.push_str(&format!("<th>{}</th>", escape(c)));
+        }
+        out.push_str("</tr>\n");
+        for row in &job.rows {
+            out.push_str("  <tr>");
+            for cell in row {
+                out.push_str(&format!("<td>{}</td>", escape(cell)));
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
+    }
+    out
+}
+
+/// Who may use this sluice: with a password, what needs it; without, that only this machine may.
+fn access(password_set: bool) -> &'static str {
+    if password_set {
+        "Every endpoint that fetches on a client's behalf needs the API password or a token."
+    } else {
+        "No API password is set: nothing here needs one, and sluice answers only on loopback \
+         addresses, for loopback host names (127.0.0.1, localhost). To serve other hosts, set one \
+         (auth.api_password, SLUICE_AUTH_API_PASSWORD or --api-password-file)."
+    }
+}
+
+/// Serves one of [`serves`]' paths; the home page tells `home` and whether a password is set.
+pub fn handle(
+    req: &Request<Incoming>,
+    path: &str,
+    home: &Home,
+    password_set: bool,
+) -> Result<Response<Body>, ProxyError> {
     super::require_get_or_head(req.method())?;
     let asset = asset(path).ok_or_else(|| {
         ProxyError::downstream(StatusCode::NOT_FOUND, "not_found", "no such page")
     })?;
     let text = if asset.content_type == HTML {
-        asset.body.replace("{{version}}", env!("CARGO_PKG_VERSION"))
+        let text = asset.body.replace("{{version}}", env!("CARGO_PKG_VERSION"));
+        if path == "/" {
+            text.replace("{{jobs}}", &render_jobs(&home.jobs))
+                .replace("{{access}}", access(password_set))
+        } else {
+            text
+        }
     } else {
         asset.body.to_string()
     };

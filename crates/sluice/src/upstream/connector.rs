@@ -191,6 +191,7 @@ impl Inner {
                     .await
                     .map_err(|source| ConnectError::Connect {
                         host: host.to_string(),
+                        port,
                         source,
                     })?
             }

@@ -64,7 +64,7 @@ impl Resolver {
             Some(dns) => dns
                 .lookup_ip(host)
                 .await
-                .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.to_string()))?
+                .map_err(|e| plain(&e))?
                 .iter()
                 .map(|ip| SocketAddr::new(ip, port))
                 .collect(),
@@ -77,6 +77,30 @@ impl Resolver {
         }
         Ok(addrs)
     }
+}
+
+/// A resolver failure in words a user reads: the resolver's own text is a debug dump of the
+/// query, and it ends up in a JSON error and in logs.
+#[cfg(feature = "dns")]
+fn plain(e: &hickory_resolver::ResolveError) -> io::Error {
+    use hickory_resolver::proto::ProtoErrorKind;
+    use io::ErrorKind;
+    let (kind, text) = match e.proto().map(|p| p.kind()) {
+        _ if e.is_nx_domain() => (ErrorKind::NotFound, "no such name in DNS"),
+        Some(ProtoErrorKind::NoRecordsFound { .. }) => {
+            (ErrorKind::NotFound, "the name has no address in DNS")
+        }
+        Some(ProtoErrorKind::Timeout) => (ErrorKind::TimedOut, "the DNS server did not answer"),
+        Some(ProtoErrorKind::RequestRefused) => {
+            (ErrorKind::Other, "the DNS server refused the query")
+        }
+        Some(ProtoErrorKind::NoConnections | ProtoErrorKind::Io(_) | ProtoErrorKind::Busy) => {
+            (ErrorKind::Other, "the DNS server could not be reached")
+        }
+        _ => (ErrorKind::Other, "the name could not be resolved"),
+    };
+    tracing::debug!(error = %e, "name resolution failed");
+    io::Error::new(kind, text)
 }
 
 #[cfg(test)]
