@@ -217,7 +217,8 @@ def _start_nodes(ctx, net, kind, n, memory_mib):
                 f.write(SLUICE_NODE.format(me=me, port=NODE_PORT, subnet=SUBNET, origin=ORIGIN_PORT,
                                            memory_mib=memory_mib, cluster=cluster))
             argv = net.exec(net.nodes[i - 1], [ctx.sluice_bin, "serve", "--config", conf])
-            env = {"RUST_LOG": "warn"}
+            # A listener other hosts can reach needs a password (routes do not ask for it).
+            env = {"RUST_LOG": "warn", "SLUICE_AUTH_API_PASSWORD": "s7-password"}
         else:
             varnishd = peers.ensure_binary("varnishd")
             if n == 1:

@@ -98,11 +98,20 @@ fn next(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Whether this process runs in a network namespace of its own (not the host's): there, and
-/// only there, targets other than loopback are the bench's own private addresses.
+/// Whether this process runs in a named network namespace (one `ip netns add` made, not the
+/// host's): there, and only there, targets other than loopback are the bench's own private
+/// addresses.
 pub fn in_private_netns() -> bool {
-    let ns = |p: &str| std::fs::read_link(p).ok();
-    matches!((ns("/proc/self/ns/net"), ns("/proc/1/ns/net")), (Some(a), Some(b)) if a != b)
+    use std::os::unix::fs::MetadataExt;
+    let Ok(me) = std::fs::metadata("/proc/self/ns/net") else {
+        return false;
+    };
+    let Ok(named) = std::fs::read_dir("/run/netns") else {
+        return false;
+    };
+    named.flatten().any(|e| {
+        std::fs::metadata(e.path()).is_ok_and(|m| m.dev() == me.dev() && m.ino() == me.ino())
+    })
 }
 
 /// Refuses an address the suite may not send load to.
@@ -133,13 +142,7 @@ async fn connect(addr: SocketAddr) -> Result<Sender> {
 }
 
 /// One GET; the body's length (and hash) checked.
-async fn get(
-    send: &mut Sender,
-    addr: SocketAddr,
-    path: &str,
-    cfg: &Config,
-    hash: bool,
-) -> Result<u64> {
+async fn get(send: &mut Sender, path: &str, cfg: &Config, hash: bool) -> Result<u64> {
     send.ready().await?;
     let req = http::Request::get(path)
         .header(http::header::HOST, cfg.host.as_str())
