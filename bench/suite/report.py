@@ -5,7 +5,7 @@ import os
 import platform
 import subprocess
 
-from . import report_s4, svg
+from . import report_s4, s7, svg
 
 DASH = "–"
 
@@ -603,7 +603,7 @@ def render_pending(result, out_dir, charts_rel):
 
 
 RENDER = {"S1": render_s1, "S2": render_s2, "S3": render_s3, "S4": report_s4.render,
-          "S5": render_s5, "S6": render_pending}
+          "S5": render_s5, "S6": render_pending, "S7": s7.render}
 
 
 def render_section(result, out_dir, charts_rel):

@@ -10,6 +10,7 @@ import urllib.request
 
 from . import peers, procs
 from . import s4 as s4_cases
+from . import s7 as s7_cases
 from .context import MiB
 
 PASSWORD = "bench-pw"
@@ -670,6 +671,12 @@ def _criterion(ctx):
     return {"results": found}
 
 
-ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6}
+def s7(ctx):
+    """One cache across nodes (Zipf, N = 1, 3, 5, beside independent nodes and Varnish's shard
+    director): see s7.py."""
+    return s7_cases.run(ctx)
+
+
+ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7}
 # Slots that measure nothing yet: cheap to produce, so the report always shows them.
 SLOTS = set()

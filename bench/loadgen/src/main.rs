@@ -15,6 +15,7 @@
 //! - `hls`: players that fetch a playlist (following a master) through a proxy, then every segment in order
 //! - `gen`: generated object bytes, computable at any offset
 //! - `origin`: an origin serving generated objects of any size, counting the bytes it sends
+//! - `zipf`: a Zipf-distributed workload over a catalogue of generated objects, several targets
 
 mod batch;
 mod client;
@@ -31,6 +32,7 @@ mod rate;
 mod stats;
 mod tls;
 mod tsgen;
+mod zipf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -70,10 +72,51 @@ enum Cmd {
     Origin(OriginArgs),
     /// SHA-256 of bytes [start, end) of the generated object of `size` bytes.
     GenDigest(GenDigestArgs),
+    /// GETs of generated objects whose popularity follows a Zipf law, spread over targets.
+    Zipf(ZipfArgs),
+}
+
+#[derive(Args)]
+struct ZipfArgs {
+    /// `ip:port` of each node; connection i goes to target i mod n.
+    #[arg(long, value_delimiter = ',', required = true)]
+    targets: Vec<std::net::SocketAddr>,
+    /// Objects in the catalogue.
+    #[arg(long)]
+    objects: u64,
+    /// Bytes per object.
+    #[arg(long)]
+    size: u64,
+    /// The Zipf exponent.
+    #[arg(long, default_value_t = 1.0)]
+    s: f64,
+    /// Requests in all (split evenly over the connections).
+    #[arg(long)]
+    requests: u64,
+    #[arg(long, default_value_t = 8)]
+    c: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value = "z")]
+    prefix: String,
+    /// The `Host` of every request (the same for every node: caches key on it).
+    #[arg(long, default_value = "s7.test")]
+    host: String,
+    #[arg(long, default_value_t = 120.0)]
+    max_secs: f64,
+    #[arg(long, default_value_t = 30.0)]
+    timeout_secs: f64,
+    #[arg(long, default_value_t = 16)]
+    hash_every: u64,
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Args)]
 struct OriginArgs {
+    /// Loopback, or an address of a private network namespace (S7).
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: std::net::IpAddr,
     #[arg(long)]
     port: u16,
     /// Delay before every answer under /swr/ (a slow revalidation).
@@ -469,11 +512,31 @@ fn main() -> Result<()> {
         }
         Cmd::Origin(a) => {
             let cfg = origin::Config {
+                bind: a.bind,
                 port: a.port,
                 swr_delay: Duration::from_millis(a.swr_delay_ms),
             };
             runtime(Some(a.threads))?.block_on(origin::run(cfg))?;
             return Ok(());
+        }
+        Cmd::Zipf(a) => {
+            let cfg = zipf::Config {
+                targets: a.targets,
+                objects: a.objects,
+                size: a.size,
+                s: a.s,
+                requests: a.requests,
+                c: a.c.max(1),
+                seed: a.seed,
+                prefix: a.prefix,
+                host: a.host,
+                max_secs: secs(a.max_secs),
+                timeout: secs(a.timeout_secs),
+                hash_every: a.hash_every,
+                digest: String::new(),
+            };
+            let report = runtime(a.threads)?.block_on(zipf::run(cfg))?;
+            serde_json::to_string_pretty(&report)?
         }
         Cmd::GenDigest(a) => {
             let end = a.end.unwrap_or(a.size).min(a.size);

@@ -29,6 +29,8 @@ const LAST_MODIFIED: &str = "Mon, 02 Nov 2026 00:00:00 GMT";
 
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Where to listen: loopback, or any address inside a private network namespace.
+    pub bind: std::net::IpAddr,
     pub port: u16,
     pub swr_delay: Duration,
 }
@@ -280,11 +282,13 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
-/// Serves until killed; binds 127.0.0.1 only.
+/// Serves until killed; binds loopback, or (S7) an address of a private network namespace.
 pub async fn run(cfg: Config) -> Result<()> {
-    let listener = TcpListener::bind(("127.0.0.1", cfg.port))
+    let addr = std::net::SocketAddr::new(cfg.bind, cfg.port);
+    crate::zipf::check_addr(&addr)?;
+    let listener = TcpListener::bind(addr)
         .await
-        .with_context(|| format!("bind 127.0.0.1:{}", cfg.port))?;
+        .with_context(|| format!("bind {addr}"))?;
     let counters = Arc::new(Counters::default());
     let cfg = Arc::new(cfg);
     loop {

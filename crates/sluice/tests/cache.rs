@@ -1189,6 +1189,37 @@ async fn many_cold_streams_stay_within_the_byte_budget() {
     );
 }
 
+/// A fill of a known object's short last slice holds only that slice's length of the budget
+/// while it waits for the origin: holding a whole slice for a short object kept the memory tier
+/// smaller than its budget by a slice per fill (S7: small objects through a cluster).
+#[tokio::test]
+async fn a_known_short_slice_reserves_its_own_length() {
+    let (origin, oaddr) = start_origin().await;
+    let len = MIB + 64 * KIB;
+    origin.set("/tail", Obj::new(len, "max-age=600"));
+    let front = start_front(config(MIB), oaddr).await;
+    // The first slice: from here on the object and its length are known.
+    let r = request("GET", &front.url("/tail"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    // The last slice (64 KiB), from an origin that takes its time to answer.
+    origin.update("/tail", |o| o.delay = Duration::from_millis(2500));
+    let url = front.url("/tail");
+    let tail = tokio::spawn(async move {
+        let range = format!("bytes={MIB}-");
+        request("GET", &url, &[("range", range.as_str())]).await
+    });
+    // The gauges refresh once a second.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(
+        metric(&front, "sluice_cache_tier_bytes{tier=\"transit\"}"),
+        64 * KIB,
+        "the fill of a 64 KiB slice holds 64 KiB of the budget"
+    );
+    let r = tail.await.unwrap();
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, MIB, len - 1)));
+}
+
 #[tokio::test]
 async fn corrupt_or_truncated_disk_files_are_dropped_never_served() {
     let dir = tempfile::tempdir().unwrap();

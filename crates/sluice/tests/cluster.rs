@@ -1,8 +1,10 @@
-//! A cache cluster for real: three sluice nodes, each in its own network namespace on a bridge,
+//! A cache cluster for real: five sluice nodes, each in its own network namespace on a bridge,
 //! in front of a byte-counting origin. A cold object through every node at once is fetched from
-//! the origin once per slice; a forged hop marker buys nothing; a purge reaches a node that was
-//! away when it was sent; a node killed mid-load costs the other nodes' clients no errors; and
-//! the ring follows DNS.
+//! the origin once per slice; a forged hop marker buys nothing; each variant of a `Vary`ing
+//! object is fetched once and reaches only its own clients; a purge reaches a node that was away
+//! when it was sent; a node killed mid-load costs the other nodes' clients no errors and the
+//! origin each slice at most once more; a node that comes back is ramped up; and the ring
+//! follows DNS.
 
 mod cluster_support;
 
@@ -13,6 +15,10 @@ use bytes::Bytes;
 use cluster_support::*;
 
 const MIB: usize = 1 << 20;
+/// Nodes in the cluster (the issue's "done when": five behave as one cache).
+const N: usize = 5;
+/// How long the other nodes take to hand a returning node its whole share.
+const RAMPUP_SECS: u64 = 3;
 
 fn object(seed: u8, len: usize) -> Bytes {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed);
@@ -46,13 +52,28 @@ fn fetches(state: &Shared, path: &str) -> Vec<String> {
         .collect()
 }
 
+/// Node `i`'s `[cache.cluster]` members and rampup.
+fn members() -> String {
+    format!("{}\nrampup_secs = {RAMPUP_SECS}", Net::peers(N))
+}
+
+/// The node a `Cache-Status` names (`node="10.77.0.1<i>:8080"`).
+fn named(r: &Reply) -> usize {
+    let status = r.headers["cache-status"].to_str().unwrap();
+    let node = status
+        .split("node=\"10.77.0.1")
+        .nth(1)
+        .unwrap_or_else(|| panic!("Cache-Status names no node: {status}"));
+    node[..1].parse().unwrap()
+}
+
 #[test]
-fn three_nodes_in_namespaces_behave_as_one_cache() {
-    let net = Arc::new(Net::new(1, 3));
-    for i in 1..=3 {
-        net.start(i, &Net::peers(3));
+fn five_nodes_in_namespaces_behave_as_one_cache() {
+    let net = Arc::new(Net::new(1, N));
+    for i in 1..=N {
+        net.start(i, &members());
     }
-    net.start_balancer(3);
+    net.start_balancer(N);
     let n = net.clone();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         n.in_hub({
@@ -61,7 +82,7 @@ fn three_nodes_in_namespaces_behave_as_one_cache() {
         })
     }));
     if let Err(panic) = outcome {
-        for i in 0..=3 {
+        for i in 0..=N {
             eprintln!("--- node {i} ---\n{}", net.log(i));
         }
         std::panic::resume_unwind(panic);
@@ -90,7 +111,7 @@ async fn scenarios(net: &Net) {
             .insert("/front.bin".into(), (front.clone(), "\"b1\"".into()));
         s.objects
             .insert("/media/a.mpd".into(), (mpd.clone(), "\"m1\"".into()));
-        for k in 0..6u8 {
+        for k in 0..LOAD_OBJECTS as u8 {
             s.objects.insert(
                 format!("/slow/load{k}.bin"),
                 (object(10 + k, 2 * MIB + 7), format!("\"l{k}\"")),
@@ -98,8 +119,9 @@ async fn scenarios(net: &Net) {
         }
     }
     origin(state.clone()).await;
-    wait_up(&[1, 2, 3]).await;
-    wait_ring(&[1, 2, 3], 3).await;
+    let all: Vec<usize> = (1..=N).collect();
+    wait_up(&all).await;
+    wait_ring(&all, N).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(Net::front()).await.is_err() {
         assert!(Instant::now() < deadline, "the balancer did not come up");
@@ -109,7 +131,7 @@ async fn scenarios(net: &Net) {
     // 1. A cold object through every node at once (four clients each): exact bytes everywhere,
     //    and the origin sends each of its four slices once.
     let mut jobs = Vec::new();
-    for i in 1..=3 {
+    for i in 1..=N {
         for _ in 0..4 {
             jobs.push(tokio::spawn(request("GET", Net::addr(i), "/cold.bin", &[])));
         }
@@ -143,10 +165,10 @@ async fn scenarios(net: &Net) {
         1,
         "every answer came from the owner's cache"
     );
-    // The same through the balancer in front (round robin over the nodes): nine clients at
-    // once on a cold object, three slices, three origin requests.
+    // The same through the balancer in front (round robin over the nodes): three clients per
+    // node at once on a cold object, three slices, three origin requests.
     let mut jobs = Vec::new();
-    for _ in 0..9 {
+    for _ in 0..3 * N {
         jobs.push(tokio::spawn(request(
             "GET",
             Net::front(),
@@ -160,7 +182,7 @@ async fn scenarios(net: &Net) {
     }
     assert_eq!(fetches(&state, "/front.bin").len(), 3);
     // A range through every node: exact bytes, no new origin request.
-    for i in 1..=3 {
+    for i in 1..=N {
         let r = request(
             "GET",
             Net::addr(i),
@@ -180,7 +202,7 @@ async fn scenarios(net: &Net) {
     // 2. A forged hop marker: each node still relays to the owner (one fetch per slice), and
     //    the control listener refuses unsigned or badly signed purges.
     let fake = format!("10.77.0.12:8080 {} {}", now_secs(), "ab".repeat(32));
-    for i in 1..=3 {
+    for i in 1..=N {
         let r = request("GET", Net::addr(i), "/forged.bin", &[("sluice-hop", &fake)])
             .await
             .unwrap();
@@ -201,7 +223,7 @@ async fn scenarios(net: &Net) {
 
     // 2b. A route that keeps local copies: after one miss each node answers from its own cache,
     //     and the origin still sent each slice once.
-    for i in 1..=3 {
+    for i in 1..=N {
         for round in 0..2 {
             let r = request("GET", Net::addr(i), "/copy/hot.bin", &[])
                 .await
@@ -235,7 +257,7 @@ async fn scenarios(net: &Net) {
     let d = "http%3A%2F%2F10.77.0.1%3A9000%2Fmedia%2Fa.mpd";
     let mut playlists = Vec::new();
     for user in ["", "&h_cookie=user%3D2"] {
-        for i in 1..=3 {
+        for i in 1..=N {
             let path = format!("/proxy/mpd/manifest.m3u8?d={d}&api_password={PASSWORD}{user}");
             let r = request("GET", Net::addr(i), &path, &[]).await.unwrap();
             assert_eq!(r.status, 200, "{:?}", r.body);
@@ -252,7 +274,7 @@ async fn scenarios(net: &Net) {
     };
     assert!(untokened(&playlists[0]).contains("BANDWIDTH=500000"));
     assert!(
-        playlists[..3]
+        playlists[..N]
             .iter()
             .all(|p| untokened(p) == untokened(&playlists[0])),
         "{:?}",
@@ -273,6 +295,8 @@ async fn scenarios(net: &Net) {
         .collect();
     assert_eq!(cookies, ["user=2"]);
 
+    vary_across_the_hop(&state).await;
+
     // 3. A purge while the owner is away (killed, to come back with its disk tier): the answer says which peer missed it; when
     //    the owner is back it does not serve the purged bytes.
     let r = request("GET", Net::addr(1), "/purged.bin", &[])
@@ -280,9 +304,7 @@ async fn scenarios(net: &Net) {
         .unwrap();
     assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&purged));
     let status = r.headers["cache-status"].to_str().unwrap().to_string();
-    let owner: usize = status.split("10.77.0.1").nth(1).unwrap()[..1]
-        .parse()
-        .unwrap();
+    let owner = named(&r);
     let other = if owner == 1 { 2 } else { 1 };
     // The copy must be on its disk tier before the node goes (it comes back with it).
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -303,23 +325,26 @@ async fn scenarios(net: &Net) {
         "{report} {status} {}",
         net.state(owner)
     );
-    let third = 6 - owner - other;
-    assert!(
-        report["peers"][format!("10.77.0.1{third}:8080")]["purged"].is_u64(),
-        "{report}"
-    );
+    let rest: Vec<usize> = (1..=N).filter(|&i| i != owner && i != other).collect();
+    for &i in &rest {
+        assert!(
+            report["peers"][format!("10.77.0.1{i}:8080")]["purged"].is_u64(),
+            "{report}"
+        );
+    }
     let v2 = object(4, MIB / 2);
     state
         .lock()
         .unwrap()
         .objects
         .insert("/purged.bin".into(), (v2.clone(), "\"p2\"".into()));
-    net.start(owner, &Net::peers(3));
+    net.start(owner, &members());
     wait_up(&[owner]).await;
-    wait_ring(&[owner], 3).await;
+    wait_ring(&[owner], N).await;
+    let back = Instant::now();
     // Back (its disk tier still holds the old bytes): its first checks pulled the purge from
     // the others' logs before it took any request.
-    for i in [owner, other, third] {
+    for i in [owner, other].into_iter().chain(rest) {
         let r = request("GET", Net::addr(i), "/purged.bin", &[])
             .await
             .unwrap();
@@ -332,9 +357,14 @@ async fn scenarios(net: &Net) {
 
     // 4. A node killed in the middle of a load: clients of the other nodes see no error and
     //    exact bytes; the origin sends each slice at most once more.
+    // The others ramp the node that came back up; the load starts once they gave it its whole
+    // share again, so keys moving back to it are not counted as the kill's cost.
+    wait_ring(&all, N).await;
+    let ramped = back + Duration::from_millis(RAMPUP_SECS * 1000 + 300);
+    tokio::time::sleep_until(ramped.into()).await;
     let load: Vec<(String, Bytes)> = {
         let s = state.lock().unwrap();
-        (0..6)
+        (0..LOAD_OBJECTS)
             .map(|k| {
                 let p = format!("/slow/load{k}.bin");
                 let b = s.objects[&p].0.clone();
@@ -342,13 +372,13 @@ async fn scenarios(net: &Net) {
             })
             .collect()
     };
-    let victim = 3;
+    let victim = N;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut clients = Vec::new();
-    for c in 0..8usize {
+    for c in 0..3 * (N - 1) {
         let load = load.clone();
         clients.push(tokio::spawn(async move {
-            let node = 1 + c % 2;
+            let node = 1 + c % (N - 1);
             let mut errors = Vec::new();
             for round in 0..6 {
                 if Instant::now() > deadline {
@@ -382,7 +412,7 @@ async fn scenarios(net: &Net) {
             .filter(|(p, _)| p.starts_with("/slow/"))
             .map(|(p, _)| p.clone())
             .collect();
-        if paths.len() >= 5 || started.elapsed() > Duration::from_secs(5) {
+        if paths.len() >= LOAD_OBJECTS - 1 || started.elapsed() > Duration::from_secs(5) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -398,26 +428,185 @@ async fn scenarios(net: &Net) {
         "clients of live nodes saw errors: {errors:?}"
     );
     // Some of those answers lost their owner mid-body and were continued elsewhere.
-    let resumed = metric(1, "sluice_cache_cluster_resumed_total")
-        .await
-        .unwrap_or(0.0)
-        + metric(2, "sluice_cache_cluster_resumed_total")
+    let mut resumed = 0.0;
+    for i in 1..N {
+        resumed += metric(i, "sluice_cache_cluster_resumed_total")
             .await
             .unwrap_or(0.0);
+    }
     assert!(
         resumed >= 1.0,
         "no answer was continued: the kill came too late to test anything"
     );
+    // Each slice at most once more than the one fetch it cost before the kill.
     for (p, _) in &load {
-        let mut f = fetches(&state, p);
-        f.sort();
-        let total = f.len();
-        f.dedup();
+        let f = fetches(&state, p);
+        for slice in &f {
+            let n = f.iter().filter(|r| *r == slice).count();
+            assert!(n <= 2, "{p} {slice}: {n} origin requests ({f:?})");
+        }
+    }
+
+    // 5. The killed node comes back: the others ramp it up, so at first it is handed almost
+    //    none of its keys (they go on to the next node), and over `rampup_secs` all of them.
+    net.start(victim, &members());
+    wait_up(&[victim]).await;
+    wait_ring(&all, N).await;
+    let keys: Vec<String> = (0..40).map(|k| format!("/ramp/k{k}.bin")).collect();
+    {
+        let mut s = state.lock().unwrap();
+        for (k, p) in keys.iter().enumerate() {
+            s.objects
+                .insert(p.clone(), (object(40 + k as u8, 4096), format!("\"r{k}\"")));
+        }
+    }
+    let through = 1;
+    let mut early = Vec::new();
+    for p in &keys {
+        let r = request("GET", Net::addr(through), p, &[]).await.unwrap();
+        assert_eq!(r.status, 200);
+        early.push(named(&r));
+    }
+    tokio::time::sleep(Duration::from_millis(RAMPUP_SECS * 1000 + 300)).await;
+    let mut late = Vec::new();
+    for p in &keys {
+        let r = request("GET", Net::addr(through), p, &[]).await.unwrap();
+        let want = state.lock().unwrap().objects[p].0.clone();
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&want));
+        late.push(named(&r));
+    }
+    let its: Vec<usize> = (0..keys.len()).filter(|&k| late[k] == victim).collect();
+    let at_once = its.iter().filter(|&&k| early[k] == victim).count();
+    assert!(
+        its.len() >= 3,
+        "the returned node owns {} of 40 keys",
+        its.len()
+    );
+    assert!(
+        at_once * 2 <= its.len(),
+        "the returned node was handed {at_once} of its {} keys at once: {early:?} {late:?}",
+        its.len()
+    );
+    for k in 0..keys.len() {
+        if late[k] != victim {
+            assert_eq!(
+                early[k], late[k],
+                "{}: only the returned node's keys move",
+                keys[k]
+            );
+        }
+        // The keys that moved cost one more fetch each, no more.
+        let n = fetches(&state, &keys[k]).len();
         assert!(
-            total <= f.len() * 2,
-            "{p}: {total} origin requests for {} slices",
-            f.len()
+            n <= 1 + usize::from(early[k] != late[k]),
+            "{}: {n} fetches",
+            keys[k]
         );
+    }
+}
+
+/// Objects the kill-mid-load step reads (enough that the killed node owns some).
+const LOAD_OBJECTS: usize = 10;
+
+/// An origin that varies on `Accept-Language`: two variants asked through every node (so
+/// through every non-owner) get each its own exact bytes, the origin sends each variant's
+/// slices once, and `Cache-Status` names the owner's cache; with local copies each node keeps
+/// both variants apart too.
+async fn vary_across_the_hop(state: &Shared) {
+    let langs = ["en", "fr"];
+    for base in ["/vary/page.bin", "/copy/vary/page.bin"] {
+        let mut bodies = Vec::new();
+        {
+            let mut s = state.lock().unwrap();
+            for (k, lang) in langs.iter().enumerate() {
+                let b = object(30 + k as u8 + base.len() as u8, MIB + 300_000 + k);
+                s.objects
+                    .insert(format!("{base}#{lang}"), (b.clone(), format!("\"{lang}\"")));
+                bodies.push(b);
+            }
+        }
+        let copy = base.starts_with("/copy/");
+        // "en" through one node after another; "fr" through every node at once.
+        let mut owners = std::collections::HashSet::new();
+        for i in 1..=N {
+            let r = request("GET", Net::addr(i), base, &[("accept-language", "en")])
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+            assert_eq!(
+                sha256(r.body.as_ref().unwrap()),
+                sha256(&bodies[0]),
+                "{base} en via {i}"
+            );
+            owners.insert(if copy { 0 } else { named(&r) });
+            if copy {
+                assert_eq!(named(&r), i, "a local copy is this node's own answer");
+            }
+        }
+        assert_eq!(
+            owners.len(),
+            1,
+            "{base}: every answer from the owner's cache"
+        );
+        let mut jobs = Vec::new();
+        for i in 1..=N {
+            jobs.push(tokio::spawn(async move {
+                (
+                    i,
+                    request("GET", Net::addr(i), base, &[("accept-language", "fr")]).await,
+                )
+            }));
+        }
+        for j in jobs {
+            let (i, r) = j.await.unwrap();
+            let r = r.unwrap();
+            assert_eq!(r.status, 200);
+            assert_eq!(
+                sha256(r.body.as_ref().unwrap()),
+                sha256(&bodies[1]),
+                "{base} fr via {i}"
+            );
+            assert_eq!(r.headers["vary"], "Accept-Language");
+            if !copy {
+                assert!(owners.contains(&named(&r)), "{base} fr via {i}");
+            }
+        }
+        // Both variants again through every node, and a range of one: hits, own bytes.
+        for i in 1..=N {
+            for (k, lang) in langs.iter().enumerate() {
+                let r = request("GET", Net::addr(i), base, &[("accept-language", lang)])
+                    .await
+                    .unwrap();
+                assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&bodies[k]));
+                let status = r.headers["cache-status"].to_str().unwrap();
+                assert!(
+                    status.starts_with("sluice; hit"),
+                    "{base} {lang} via {i}: {status}"
+                );
+            }
+            let r = request(
+                "GET",
+                Net::addr(i),
+                base,
+                &[
+                    ("accept-language", "fr"),
+                    ("range", "bytes=1000000-1100000"),
+                ],
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 206);
+            assert_eq!(r.body.unwrap().as_ref(), &bodies[1][1_000_000..=1_100_000]);
+        }
+        for lang in langs {
+            let mut f = fetches(state, &format!("{base}#{lang}"));
+            f.sort();
+            assert_eq!(
+                f,
+                ["bytes=0-1048575", "bytes=1048576-2097151"],
+                "{base}: the origin sends each slice of the {lang} variant once"
+            );
+        }
     }
 }
 

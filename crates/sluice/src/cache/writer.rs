@@ -52,8 +52,10 @@ pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: 
     };
     let end = match inner.permits.clone().acquire_owned().await {
         Ok(_permit) => {
-            // The slice's bytes are taken from the budget before the first one arrives.
-            let bytes = inner.budget.reserve(inner.slice_bytes).await;
+            // The slice's bytes are taken from the budget before the first one arrives: its
+            // exact length when the object is known (a short object's slice is short; holding
+            // a whole slice for it would keep the memory tier that much smaller), else a slice.
+            let bytes = inner.budget.reserve(reserve_for(&inner, &job, key)).await;
             fetch(&inner, &fill, key, job, bytes, &guard.alias).await
         }
         Err(_) => FillEnd::Failed("cache closed".into()),
@@ -61,6 +63,18 @@ pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: 
     inner.release(key, &fill);
     fill.finish(end);
     drop(guard);
+}
+
+/// Bytes a fill of `key` reserves: the slice's own length when the object's length is known.
+fn reserve_for(inner: &Inner, job: &FillJob, key: SliceKey) -> u64 {
+    let slice = inner.slice_bytes;
+    match &job.kind {
+        JobKind::Warm { meta } => meta.length.map_or(slice, |len| {
+            len.saturating_sub(key.index.saturating_mul(slice))
+                .clamp(1, slice)
+        }),
+        JobKind::Cold { .. } => slice,
+    }
 }
 
 struct Unregister {

@@ -175,10 +175,17 @@ secret = "{SECRET}"
 health_interval_ms = 200
 peer_timeout_ms = 1500
 max_fails = 3
-rampup_secs = 0
+{rampup}
 {cluster}
 "#,
-            disk = disk.display()
+            disk = disk.display(),
+            // A test that ramps returning members up says how long; the others hand a member
+            // its whole share at once.
+            rampup = if cluster.contains("rampup_secs") {
+                ""
+            } else {
+                "rampup_secs = 0"
+            }
         );
         let path = self.dir.path().join(format!("node{i}.toml"));
         std::fs::write(&path, text).unwrap();
@@ -338,7 +345,8 @@ pub async fn wait_ring(nodes: &[usize], members: usize) {
 pub struct OriginState {
     /// path → (body, etag)
     pub objects: HashMap<String, (Bytes, String)>,
-    /// (path, Range header) of every GET, in order.
+    /// (path, Range header) of every GET, in order; under `/vary/` the path carries the
+    /// variant asked for (`/vary/page.bin#en`).
     pub requests: Vec<(String, String)>,
     /// (path, Cookie header) of every GET that carried one.
     pub cookies: Vec<(String, String)>,
@@ -348,7 +356,8 @@ pub struct OriginState {
 pub type Shared = Arc<Mutex<OriginState>>;
 
 /// Serves `state` on 10.77.0.1:9000 (call from the hub): `Range` honoured, `ETag`, a minute of
-/// freshness.
+/// freshness. A path with `/vary/` in it varies on `Accept-Language`: its bytes are those of
+/// `<path>#<language>` (`Vary: Accept-Language` on the answer).
 pub async fn origin(state: Shared) {
     let listener = TcpListener::bind("10.77.0.1:9000").await.unwrap();
     tokio::spawn(async move {
@@ -391,7 +400,17 @@ fn body_for(path: &str, part: Bytes) -> OriginBody {
 
 fn serve_origin(req: Request<Incoming>, state: &Shared) -> Response<OriginBody> {
     let mut s = state.lock().unwrap();
-    let path = req.uri().path().to_string();
+    let varies = req.uri().path().contains("/vary/");
+    let path = if varies {
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        format!("{}#{lang}", req.uri().path())
+    } else {
+        req.uri().path().to_string()
+    };
     let range = req
         .headers()
         .get("range")
@@ -440,6 +459,10 @@ fn serve_origin(req: Request<Incoming>, state: &Shared) -> Response<OriginBody> 
     r.headers_mut().insert("etag", etag.parse().unwrap());
     r.headers_mut()
         .insert("cache-control", "max-age=60".parse().unwrap());
+    if varies {
+        r.headers_mut()
+            .insert("vary", "Accept-Language".parse().unwrap());
+    }
     r
 }
 
