@@ -285,6 +285,14 @@ pub struct UpstreamConfig {
     pub ca_file: Option<std::path::PathBuf>,
     /// Outgoing proxy routes; the most specific matching pattern wins.
     pub routes: Vec<RouteConfig>,
+    /// MediaFlow's spelling of routes, added to `routes` (`upstream::transport_routes`): the
+    /// proxy of `proxy = true` entries without their own, and of `all_proxy`.
+    pub proxy_url: String,
+    /// MediaFlow's `all_proxy`: hosts no route names go through `proxy_url`.
+    pub all_proxy: bool,
+    /// MediaFlow's `transport_routes`: a table per pattern, or the JSON object its environment
+    /// variable holds.
+    pub transport_routes: crate::upstream::transport_routes::TransportRoutes,
     /// Offer HTTP/2 (ALPN `h2`) to TLS upstreams. Off: every request gets its own HTTP/1.1
     /// connection, so an origin's `MAX_CONCURRENT_STREAMS` cannot cap viewers and one stalled
     /// viewer cannot hold back the others' shared connection window.
@@ -313,6 +321,9 @@ impl Default for UpstreamConfig {
             insecure_hosts: Vec::new(),
             ca_file: None,
             routes: Vec::new(),
+            proxy_url: String::new(),
+            all_proxy: false,
+            transport_routes: Default::default(),
             http2: false,
             http2_keepalive_secs: 30,
             read_buffer_bytes: 96 * 1024,
@@ -333,6 +344,9 @@ config_section!(UpstreamConfig {
     insecure_hosts,
     ca_file,
     routes,
+    proxy_url,
+    all_proxy,
+    transport_routes,
     http2,
     http2_keepalive_secs,
     read_buffer_bytes,
@@ -806,7 +820,11 @@ impl Config {
                 bail!("route {i} has cache = true but [cache] memory_bytes is 0");
             }
         }
-        for route in &self.upstream.routes {
+        let routes = self
+            .upstream
+            .route_entries()
+            .map_err(|e| anyhow::anyhow!("in [upstream]: {e}"))?;
+        for route in &routes {
             crate::upstream::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
         }
@@ -833,6 +851,8 @@ impl Config {
         for route in &mut copy.upstream.routes {
             route.proxy = mask_userinfo(&route.proxy);
         }
+        copy.upstream.proxy_url = mask_userinfo(&copy.upstream.proxy_url);
+        copy.upstream.transport_routes = copy.upstream.transport_routes.masked();
         #[cfg(feature = "cache")]
         if !copy.cache.purge_key.is_empty() {
             copy.cache.purge_key = "********".to_string();
