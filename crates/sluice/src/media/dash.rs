@@ -6,12 +6,14 @@
 //! - `manifest`: `manifest.m3u8` (master) and `playlist.m3u8` (one profile), MPD and sidx loading.
 //! - `segment`: `init.mp4` and `segment.mp4`, init processing and decryption.
 //! - `remux`: `segment.ts`, a segment decrypted and remuxed to MPEG-TS.
+//! - `sequences`: live media sequence state per track, kept between playlist requests.
 //! - `out`: DASH out, `manifest.mpd` and its templated segments `out/{number}/{time}/segment.mp4`.
 
 pub mod manifest;
 pub mod out;
 pub mod remux;
 pub mod segment;
+pub mod sequences;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,8 @@ pub struct Dash {
     pub(crate) remux_seconds: Histogram,
     /// MPEG-TS continuity counters carried from one remuxed segment to the next.
     pub(crate) ts_counters: remux::Counters,
+    /// HLS media sequence state of live tracks.
+    pub(crate) sequences: sequences::Sequences,
 }
 
 /// The `media.*` settings the DASH endpoints use.
@@ -91,6 +95,7 @@ impl Dash {
         Dash {
             remux_seconds,
             ts_counters: remux::Counters::default(),
+            sequences: Default::default(),
             cache,
             prefetcher,
             settings: Settings::from_config(config),
