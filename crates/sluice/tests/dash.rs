@@ -755,6 +755,40 @@ async fn concurrent_requests_for_one_segment_fetch_it_once() {
     assert_eq!(o.hits("cenc/video/1.m4s").len(), 1);
 }
 
+/// Twenty viewers asking for one protected segment at once, and one more later, cost one
+/// decryption: the clear segment is shared (it was one per viewer). Another key list is
+/// decrypted on its own.
+#[tokio::test]
+async fn viewers_of_one_segment_share_one_decryption() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let url = |keys: &str| {
+        s.url(&format!(
+            "/proxy/mpd/segment.mp4?init_url={}&segment_url={}&use_map=true&{keys}",
+            enc(&o.url("cenc/video/init.mp4")),
+            enc(&o.url("cenc/video/1.m4s")),
+        ))
+    };
+    let decrypts = || async {
+        let metrics = text(&s.url("/metrics")).await;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_media_decrypt_seconds_count "))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+            .unwrap_or(0)
+    };
+    let shared = url(&hex_keys());
+    let bodies = futures_util::future::join_all((0..20).map(|_| bytes(&shared))).await;
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+    assert_eq!(bytes(&shared).await, bodies[0]);
+    assert_eq!(decrypts().await, 1);
+    // The video key alone (the audio KID is not needed here): another key list, its own run.
+    let own = url(&format!("key_id={VIDEO_KID}&key={VIDEO_KEY}"));
+    assert_eq!(bytes(&own).await, bodies[0]);
+    assert_eq!(decrypts().await, 2);
+}
+
 /// A clear on-demand MPD of `n` one-second segments with distinct bodies.
 fn put_clear_series(o: &FileOrigin, n: u32) {
     o.put(
