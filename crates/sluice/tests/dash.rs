@@ -1151,10 +1151,13 @@ async fn token_mode_ts_children_are_scoped_sealed_tokens_that_play() {
     assert_eq!(added.status, 401);
 }
 
+/// One Period of [`live_periods_mpd`]: id, start (seconds), first `$Number$`, segments.
+type LivePeriod<'a> = (&'a str, u32, u32, u32);
+
 /// A live MPD of clear one-file-per-segment tracks whose Periods all restart `$Number$` at
 /// `start_number`: `(id, start secs, start number, segments)`; segment `N` of Period `p` holds
 /// the text `p-N`, its init `p-init`.
-fn live_periods_mpd(ast: &str, periods: &[(&str, u32, u32, u32)]) -> String {
+fn live_periods_mpd(ast: &str, periods: &[LivePeriod]) -> String {
     let mut out = format!(
         "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" type=\"dynamic\" \
          availabilityStartTime=\"{ast}\" minimumUpdatePeriod=\"PT1S\" \
@@ -1211,7 +1214,7 @@ async fn a_live_period_that_restarts_numbers_never_sends_the_media_sequence_back
     ));
     // (Periods in the MPD, then what the playlist must list: media sequence, discontinuity
     // sequence, and the segments with a discontinuity before each `|`.)
-    let updates: [(&[(&str, u32, u32, u32)], u64, u64, &str); 4] = [
+    let updates: [(&[LivePeriod], u64, u64, &str); 4] = [
         (&[("a", 80, 50, 5)], 51, 0, "a-51 a-52 a-53 a-54"),
         (
             &[("a", 80, 50, 5), ("b", 90, 1, 3)],
