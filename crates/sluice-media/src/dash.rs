@@ -13,6 +13,7 @@
 //! - `segments`: Representation + Period + now → init segment and segment list.
 //! - `sidx`: `sidx` box → per-fragment byte ranges for SegmentBase tracks.
 //! - `master`, `media`: HLS master and media playlists.
+//! - `sequence`: live media and discontinuity sequence numbers kept across MPD updates.
 //! - `proxy`: the `/proxy/mpd/*` request parameters, child-URL parameters and key checks.
 //! - `out`: DASH out, the MPD itself rewritten so every init and segment goes through the proxy.
 //!
@@ -33,6 +34,7 @@ mod protection;
 pub mod proxy;
 mod segment_info;
 mod segments;
+mod sequence;
 mod sidx;
 mod template;
 mod time;
@@ -44,7 +46,7 @@ mod xml;
 mod tests;
 
 pub use master::{to_hls_master, MasterOptions, MAX_AUDIO_LANGUAGES, MAX_VIDEO_VARIANTS};
-pub use media::{to_hls_media, MediaOptions, MediaUrl};
+pub use media::{to_hls_media, to_hls_media_live, MediaOptions, MediaUrl};
 pub use mpd::{
     parse_mpd, AdaptationSet, ContentKind, Mpd, Period, PresentationType, Representation,
     DEFAULT_TIME_SHIFT_DEPTH,
@@ -55,6 +57,7 @@ pub use segment_info::{
     UrlRange,
 };
 pub use segments::{segment_index, sidx_fetch, InitSegment, Segment, SegmentIndex, SidxFetch};
+pub use sequence::{LiveSequence, Placed};
 pub use sidx::{parse_sidx, SidxFragment};
 pub use template::{Template, TemplateVars};
 pub use time::{format_datetime, parse_datetime, parse_duration};

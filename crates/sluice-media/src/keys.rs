@@ -33,7 +33,7 @@ pub enum KeyError {
 }
 
 /// Content keys by KID. Small (a handful of entries), so a vector beats a map.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct KeyRing {
     pairs: Vec<(Kid, Key)>,
 }

@@ -253,6 +253,8 @@ impl Config {
         for route in &mut copy.upstream.routes {
             route.proxy = mask_userinfo(&route.proxy);
         }
+        copy.upstream.proxy_url = mask_userinfo(&copy.upstream.proxy_url);
+        copy.upstream.transport_routes = copy.upstream.transport_routes.masked();
         #[cfg(feature = "cache")]
         if !copy.cache.purge_key.is_empty() {
             copy.cache.purge_key = "********".to_string();

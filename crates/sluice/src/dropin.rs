@@ -10,8 +10,8 @@
 //! | `API_PASSWORD` (`APP__AUTH__API_PASSWORD`)          | `SLUICE_AUTH_API_PASSWORD`              |
 //! | `PORT`, `HOST` (`APP__SERVER__PORT`, `..._HOST`)    | `SLUICE_SERVER_LISTEN` = `HOST:PORT`    |
 //! | `LOG_LEVEL` (`APP__LOG_LEVEL`)                      | `RUST_LOG`                              |
-//! | `PROXY_URL` + `ALL_PROXY=true`, `TRANSPORT_ROUTES`, | `SLUICE_UPSTREAM_ROUTES`                |
-//! | `DISABLE_SSL_VERIFICATION_GLOBALLY` (`APP__PROXY__*`)|                                        |
+//! | `PROXY_URL`, `ALL_PROXY`, `TRANSPORT_ROUTES`        | `SLUICE_UPSTREAM_PROXY_URL`, `..._ALL_PROXY`, `..._TRANSPORT_ROUTES` |
+//! | `DISABLE_SSL_VERIFICATION_GLOBALLY` (`APP__PROXY__*`)| `SLUICE_UPSTREAM_INSECURE_HOSTS=all`  |
 //! | `HLS_PREBUFFER_SEGMENTS`, `ENABLE_HLS_PREBUFFER`    | `SLUICE_MEDIA_PREBUFFER_SEGMENTS`       |
 //! | (`APP__HLS__PREBUFFER_SEGMENTS`)                    |                                         |
 //!
@@ -90,10 +90,8 @@ pub fn translate(env: &[(String, String)]) -> Translation {
             )),
         }
     }
-    match routes(&get) {
-        Ok(Some(routes)) => set("SLUICE_UPSTREAM_ROUTES", routes, &mut out),
-        Ok(None) => {}
-        Err(e) => out.notes.push(e),
+    for (key, value) in routes(&get) {
+        set(key, value, &mut out);
     }
     out
 }
@@ -119,88 +117,29 @@ fn truthy(value: Option<&str>) -> bool {
     })
 }
 
-/// `[upstream] routes` as a TOML array of inline tables, from `PROXY_URL`, `ALL_PROXY`,
-/// `TRANSPORT_ROUTES` and `DISABLE_SSL_VERIFICATION_GLOBALLY`; `None` when none is set.
-fn routes<'a>(get: &impl Fn(&str, &str) -> Option<&'a str>) -> Result<Option<String>, String> {
-    let proxy_url = get("PROXY_URL", "APP__PROXY__PROXY_URL").map(str::trim);
-    let all_proxy = truthy(get("ALL_PROXY", "APP__PROXY__ALL_PROXY"));
-    let no_verify = truthy(get(
+/// MediaFlow's outgoing proxy variables as `[upstream]`'s keys of the same names
+/// (`upstream::transport_routes` reads them into the route table; a `TRANSPORT_ROUTES` that is
+/// not a JSON object stops the start with a clear error rather than sending its hosts direct).
+/// `DISABLE_SSL_VERIFICATION_GLOBALLY` is `insecure_hosts = ["all"]`.
+fn routes<'a>(get: &impl Fn(&str, &str) -> Option<&'a str>) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(url) = get("PROXY_URL", "APP__PROXY__PROXY_URL") {
+        out.push(("SLUICE_UPSTREAM_PROXY_URL", url.trim().to_string()));
+    }
+    if let Some(all) = get("ALL_PROXY", "APP__PROXY__ALL_PROXY") {
+        out.push(("SLUICE_UPSTREAM_ALL_PROXY", truthy(Some(all)).to_string()));
+    }
+    if let Some(json) = get("TRANSPORT_ROUTES", "APP__PROXY__TRANSPORT_ROUTES") {
+        out.push(("SLUICE_UPSTREAM_TRANSPORT_ROUTES", json.to_string()));
+    }
+    let no_verify = get(
         "DISABLE_SSL_VERIFICATION_GLOBALLY",
         "APP__PROXY__DISABLE_SSL_VERIFICATION_GLOBALLY",
-    ));
-    let mut routes: Vec<(String, String, bool)> = Vec::new();
-    if let Some(json) = get("TRANSPORT_ROUTES", "APP__PROXY__TRANSPORT_ROUTES") {
-        let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
-            .map_err(|e| format!("TRANSPORT_ROUTES is not a JSON object ({e}); ignored"))?;
-        for (pattern, route) in map {
-            let Some(sluice_pattern) = pattern_of(&pattern) else {
-                return Err(format!(
-                    "TRANSPORT_ROUTES pattern {pattern:?} is not one sluice reads \
-                     (all://, all://host, all://*.domain, http(s)://...); routes ignored"
-                ));
-            };
-            let field = |name: &str| route.get(name);
-            let via = match field("proxy_url").and_then(|v| v.as_str()) {
-                Some(url) if !url.is_empty() => url.to_string(),
-                _ if field("proxy").and_then(|v| v.as_bool()).unwrap_or(true) => {
-                    proxy_url.unwrap_or_default().to_string()
-                }
-                _ => String::new(),
-            };
-            let verify = field("verify_ssl")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(!no_verify);
-            routes.push((sluice_pattern, via, verify));
-        }
+    );
+    if truthy(no_verify) {
+        out.push(("SLUICE_UPSTREAM_INSECURE_HOSTS", "all".to_string()));
     }
-    if !routes.iter().any(|(p, _, _)| p == "all") && (all_proxy || no_verify) {
-        let via = if all_proxy {
-            proxy_url.unwrap_or_default().to_string()
-        } else {
-            String::new()
-        };
-        routes.push(("all".to_string(), via, !no_verify));
-    }
-    if routes.is_empty() {
-        return Ok(None);
-    }
-    let array: Vec<toml::Value> = routes
-        .into_iter()
-        .map(|(pattern, proxy, verify)| {
-            let mut t = toml::Table::new();
-            t.insert("pattern".into(), toml::Value::String(pattern));
-            t.insert("proxy".into(), toml::Value::String(proxy));
-            t.insert("verify_tls".into(), toml::Value::Boolean(verify));
-            toml::Value::Table(t)
-        })
-        .collect();
-    Ok(Some(toml::Value::Array(array).to_string()))
-}
-
-/// MediaFlow's route patterns (`all://`, `all://*.domain`, `https://host`, `http://host:8080`) as
-/// sluice reads them: `all://` alone is `all`; the others stay as they are (lower case), since
-/// sluice's routes take MediaFlow's spelling, scheme and port included.
-fn pattern_of(pattern: &str) -> Option<String> {
-    let lower = pattern.trim().to_ascii_lowercase();
-    let (scheme, rest) = lower.split_once("://")?;
-    if !matches!(scheme, "all" | "http" | "https") {
-        return None;
-    }
-    let rest = rest.trim_end_matches('/');
-    if rest.is_empty() || rest == "*" {
-        return (scheme == "all").then(|| "all".to_string());
-    }
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (rest, None),
-    };
-    let plain = host.strip_prefix("*.").unwrap_or(host);
-    let ok = !plain.is_empty()
-        && plain
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
-        && port.is_none_or(|p| p.parse::<u16>().is_ok());
-    ok.then(|| format!("{scheme}://{rest}"))
+    out
 }
 
 /// With the switch on, sets the translated variables in this process's environment (so a live
@@ -253,9 +192,10 @@ mod tests {
         assert_eq!(set(&t, "SLUICE_SERVER_LISTEN").unwrap(), "0.0.0.0:9000");
         assert_eq!(set(&t, "RUST_LOG").unwrap(), "warn");
         assert_eq!(
-            set(&t, "SLUICE_UPSTREAM_ROUTES").unwrap(),
-            r#"[{ pattern = "all", proxy = "socks5://tor:9050", verify_tls = true }]"#
+            set(&t, "SLUICE_UPSTREAM_PROXY_URL").unwrap(),
+            "socks5://tor:9050"
         );
+        assert_eq!(set(&t, "SLUICE_UPSTREAM_ALL_PROXY").unwrap(), "true");
         assert!(t.notes.is_empty());
     }
 
@@ -272,53 +212,24 @@ mod tests {
     }
 
     #[test]
-    fn transport_routes() {
+    fn transport_routes_go_to_upstream_as_written() {
+        let json = r#"{"all://*.streaming.com": {"proxy": true}}"#;
         let t = translate(&env(&[
-            ("PROXY_URL", "http://corp:3128"),
-            (
-                "TRANSPORT_ROUTES",
-                r#"{"all://*.streaming.com": {"proxy": true},
-                    "https://cdn.example.org": {"proxy_url": "socks5://other:1080", "verify_ssl": false},
-                    "all://direct.example.net": {"proxy": false}}"#,
-            ),
+            ("APP__PROXY__PROXY_URL", " http://corp:3128 "),
+            ("APP__PROXY__ALL_PROXY", "yes"),
+            ("APP__PROXY__TRANSPORT_ROUTES", json),
+            ("DISABLE_SSL_VERIFICATION_GLOBALLY", "1"),
         ]));
-        assert_eq!(pattern_of("ALL://"), Some("all".into()));
         assert_eq!(
-            pattern_of("http://h.example:8080/"),
-            Some("http://h.example:8080".into())
-        );
-        assert_eq!(pattern_of("https://"), None);
-        assert_eq!(pattern_of("ftp://h.example"), None);
-        assert_eq!(pattern_of("all://h.example:port"), None);
-        let routes: toml::Table = format!("r = {}", set(&t, "SLUICE_UPSTREAM_ROUTES").unwrap())
-            .parse()
-            .unwrap();
-        let list: Vec<(String, String, bool)> = routes["r"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["pattern"].as_str().unwrap().to_string(),
-                    r["proxy"].as_str().unwrap().to_string(),
-                    r["verify_tls"].as_bool().unwrap(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            list,
+            t.set,
             vec![
                 (
-                    "all://*.streaming.com".into(),
-                    "http://corp:3128".into(),
-                    true
+                    "SLUICE_UPSTREAM_PROXY_URL".into(),
+                    "http://corp:3128".into()
                 ),
-                ("all://direct.example.net".into(), "".into(), true),
-                (
-                    "https://cdn.example.org".into(),
-                    "socks5://other:1080".into(),
-                    false
-                ),
+                ("SLUICE_UPSTREAM_ALL_PROXY".into(), "true".into()),
+                ("SLUICE_UPSTREAM_TRANSPORT_ROUTES".into(), json.into()),
+                ("SLUICE_UPSTREAM_INSECURE_HOSTS".into(), "all".into()),
             ]
         );
     }
@@ -336,13 +247,9 @@ mod tests {
 
     #[test]
     fn bad_values_are_noted_not_applied() {
-        let t = translate(&env(&[
-            ("PORT", "eighty"),
-            ("LOG_LEVEL", "loud"),
-            ("TRANSPORT_ROUTES", "{not json"),
-        ]));
+        let t = translate(&env(&[("PORT", "eighty"), ("LOG_LEVEL", "loud")]));
         assert!(t.set.is_empty());
-        assert_eq!(t.notes.len(), 3, "{:?}", t.notes);
+        assert_eq!(t.notes.len(), 2, "{:?}", t.notes);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod resolve;
 pub mod route;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod transport_routes;
 pub mod tunnel;
 
 #[cfg(feature = "upstream-pool")]
@@ -139,7 +140,7 @@ impl Upstream {
             "Body bytes received from upstreams",
             metrics.bytes.clone(),
         );
-        let routes = route::RouteTable::new(&config.routes, &config.insecure_hosts)?;
+        let routes = route::RouteTable::new(&config.route_entries()?, &config.insecure_hosts)?;
         #[cfg(feature = "tls")]
         let extra_roots = match &config.ca_file {
             Some(path) => tls::load_ca_file(path)?,

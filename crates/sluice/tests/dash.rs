@@ -755,6 +755,40 @@ async fn concurrent_requests_for_one_segment_fetch_it_once() {
     assert_eq!(o.hits("cenc/video/1.m4s").len(), 1);
 }
 
+/// Twenty viewers asking for one protected segment at once, and one more later, cost one
+/// decryption: the clear segment is shared (it was one per viewer). Another key list is
+/// decrypted on its own.
+#[tokio::test]
+async fn viewers_of_one_segment_share_one_decryption() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let url = |keys: &str| {
+        s.url(&format!(
+            "/proxy/mpd/segment.mp4?init_url={}&segment_url={}&use_map=true&{keys}",
+            enc(&o.url("cenc/video/init.mp4")),
+            enc(&o.url("cenc/video/1.m4s")),
+        ))
+    };
+    let decrypts = || async {
+        let metrics = text(&s.url("/metrics")).await;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_media_decrypt_seconds_count "))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+            .unwrap_or(0)
+    };
+    let shared = url(&hex_keys());
+    let bodies = futures_util::future::join_all((0..20).map(|_| bytes(&shared))).await;
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+    assert_eq!(bytes(&shared).await, bodies[0]);
+    assert_eq!(decrypts().await, 1);
+    // The video key alone (the audio KID is not needed here): another key list, its own run.
+    let own = url(&format!("key_id={VIDEO_KID}&key={VIDEO_KEY}"));
+    assert_eq!(bytes(&own).await, bodies[0]);
+    assert_eq!(decrypts().await, 2);
+}
+
 /// A clear on-demand MPD of `n` one-second segments with distinct bodies.
 fn put_clear_series(o: &FileOrigin, n: u32) {
     o.put(
@@ -1115,4 +1149,149 @@ async fn token_mode_ts_children_are_scoped_sealed_tokens_that_play() {
     assert_eq!(elsewhere.status, 401);
     let added = get(&format!("{}?remux_to_ts=0", segments[0])).await;
     assert_eq!(added.status, 401);
+}
+
+/// One Period of [`live_periods_mpd`]: id, start (seconds), first `$Number$`, segments.
+type LivePeriod<'a> = (&'a str, u32, u32, u32);
+
+/// A live MPD of clear one-file-per-segment tracks whose Periods all restart `$Number$` at
+/// `start_number`: `(id, start secs, start number, segments)`; segment `N` of Period `p` holds
+/// the text `p-N`, its init `p-init`.
+fn live_periods_mpd(ast: &str, periods: &[LivePeriod]) -> String {
+    let mut out = format!(
+        "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" type=\"dynamic\" \
+         availabilityStartTime=\"{ast}\" minimumUpdatePeriod=\"PT1S\" \
+         timeShiftBufferDepth=\"PT600S\">"
+    );
+    for (id, start, first, count) in periods {
+        out.push_str(&format!(
+            "<Period id=\"{id}\" start=\"PT{start}S\"><AdaptationSet id=\"1\" \
+             mimeType=\"video/mp4\"><SegmentTemplate timescale=\"1\" startNumber=\"{first}\" \
+             media=\"{id}-$Number$.m4s\" initialization=\"{id}-init.mp4\"><SegmentTimeline>\
+             <S t=\"0\" d=\"2\" r=\"{}\"/></SegmentTimeline></SegmentTemplate>\
+             <Representation id=\"v\" bandwidth=\"1000\" codecs=\"avc1.4d400b\" width=\"160\" \
+             height=\"90\"/></AdaptationSet></Period>",
+            count - 1
+        ));
+    }
+    out.push_str("</MPD>");
+    out
+}
+
+/// A live MPD adds a Period that restarts `$Number$` at 1, then its first Period leaves the
+/// window, then another Period arrives. Over those reloads a player must see a media sequence
+/// that never goes back, the same number for the same segment on every reload, one
+/// `EXT-X-DISCONTINUITY` and a new `EXT-X-MAP` at each Period, and a discontinuity sequence that
+/// counts the Periods gone from the window.
+#[tokio::test]
+async fn a_live_period_that_restarts_numbers_never_sends_the_media_sequence_back() {
+    let o = FileOrigin::start().await;
+    for (id, first, count) in [("a", 50, 5), ("b", 1, 5), ("c", 1, 2)] {
+        o.put(
+            &format!("live/{id}-init.mp4"),
+            format!("{id}-init").as_bytes(),
+        );
+        for n in first..first + count {
+            o.put(
+                &format!("live/{id}-{n}.m4s"),
+                format!("{id}-{n}").as_bytes(),
+            );
+        }
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let ast = sluice_media::dash::format_datetime((now - 120.0).floor());
+    let mut config = test_config();
+    config.media.mpd_live_playlist_depth = 4;
+    // Start 4 s behind the edge: the start offset must not widen the four-segment window.
+    config.media.live_start_offset = -4.0;
+    let s = Sluice::start(config).await;
+    let playlist = s.url(&format!(
+        "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000",
+        enc(&o.url("live/manifest.mpd"))
+    ));
+    // (Periods in the MPD, then what the playlist must list: media sequence, discontinuity
+    // sequence, and the segments with a discontinuity before each `|`.)
+    let updates: [(&[LivePeriod], u64, u64, &str); 4] = [
+        (&[("a", 80, 50, 5)], 51, 0, "a-51 a-52 a-53 a-54"),
+        (
+            &[("a", 80, 50, 5), ("b", 90, 1, 3)],
+            54,
+            0,
+            "a-54 | b-1 b-2 b-3",
+        ),
+        (&[("b", 90, 1, 5)], 56, 1, "b-2 b-3 b-4 b-5"),
+        (
+            &[("b", 90, 1, 5), ("c", 100, 1, 2)],
+            58,
+            1,
+            "b-4 b-5 | c-1 c-2",
+        ),
+    ];
+    for (i, (periods, sequence, discontinuity, listed)) in updates.into_iter().enumerate() {
+        o.put(
+            "live/manifest.mpd",
+            live_periods_mpd(&ast, periods).as_bytes(),
+        );
+        if i > 0 {
+            // Past the MPD's minimumUpdatePeriod, so sluice fetches the new one.
+            tokio::time::sleep(Duration::from_millis(2100)).await;
+        }
+        let m3u8 = text(&playlist).await;
+        let tag = |name: &str| {
+            m3u8.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.parse::<u64>().unwrap())
+        };
+        assert_eq!(
+            tag("#EXT-X-MEDIA-SEQUENCE:"),
+            Some(sequence),
+            "update {i}:\n{m3u8}"
+        );
+        assert_eq!(
+            tag("#EXT-X-DISCONTINUITY-SEQUENCE:").unwrap_or(0),
+            discontinuity,
+            "update {i}:\n{m3u8}"
+        );
+        // What each line points at, fetched through sluice.
+        let mut seen = Vec::new();
+        let mut maps = Vec::new();
+        for line in m3u8.lines() {
+            if line == "#EXT-X-DISCONTINUITY" {
+                seen.push("|".to_string());
+            } else if let Some(rest) = line.strip_prefix("#EXT-X-MAP:URI=\"") {
+                let body = bytes(rest.trim_end_matches('"')).await;
+                maps.push(String::from_utf8(body.to_vec()).unwrap());
+            } else if !line.starts_with('#') && !line.is_empty() {
+                let body = bytes(line).await;
+                seen.push(String::from_utf8(body.to_vec()).unwrap());
+            }
+        }
+        assert_eq!(seen.join(" "), listed, "update {i}:\n{m3u8}");
+        let periods_listed: Vec<String> = listed
+            .split(' ')
+            .filter(|s| *s != "|")
+            .map(|s| format!("{}-init", &s[..1]))
+            .fold(Vec::new(), |mut v, p| {
+                if v.last() != Some(&p) {
+                    v.push(p);
+                }
+                v
+            });
+        assert_eq!(maps, periods_listed, "update {i}: one map per Period");
+        // The same segment has the same number on every reload: a-N is N, b-N is 54 + N, c-N
+        // is 59 + N (each Period continues one past the last segment before it).
+        for (at, name) in seen.iter().filter(|s| *s != "|").enumerate() {
+            let (period, n) = name.split_once('-').unwrap();
+            let n: u64 = n.parse().unwrap();
+            let want = match period {
+                "a" => n,
+                "b" => 54 + n,
+                _ => 59 + n,
+            };
+            assert_eq!(sequence + at as u64, want, "update {i}: {name}");
+        }
+    }
 }

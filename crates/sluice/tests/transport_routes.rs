@@ -1,6 +1,7 @@
 //! Outgoing proxy routes against a real SOCKS server: SOCKS5 and SOCKS4 with names resolved by
 //! sluice or by the proxy (socks5h, socks4a), MediaFlow's `transport_routes` spelling read from
-//! its environment variables, and the address guard through every kind.
+//! sluice's TOML and from MediaFlow's environment variables, and the address guard through every
+//! kind.
 //!
 //! MediaFlow Light's "SOCKS5 routes give 502 in Docker": a proxy container (a VPN's, say) knows
 //! names the host's resolver does not, and a socks5h route must hand the name to the proxy
@@ -119,43 +120,112 @@ async fn socks5_and_socks4_with_local_names_carry_addresses() {
     }
 }
 
+/// One routing in the three ways it can be written: sluice's `[[upstream.routes]]`, MediaFlow's
+/// `transport_routes` as a TOML table (Light's file), and MediaFlow's environment variables (the
+/// drop-in translation, then `Config::load` as at start-up). Each must send a name only the
+/// proxy knows through SOCKS5 with remote names (socks5h), a local name through plain SOCKS5 as
+/// an address, and one origin direct; the proxy sees exactly the same requests.
 #[tokio::test]
-async fn mediaflow_environment_routes_through_socks_with_a_direct_exception() {
-    let origin = Origin::start().await;
-    let port = origin.addr.port();
-    let proxy = Socks::start(&[("origin.test", LOOPBACK)]).await;
-    // Light's issue, as its user configured it: everything through the proxy, one host direct.
-    let env = |k: &str, v: String| (k.to_string(), v);
-    let t = sluice::dropin::translate(&[
-        env(
-            "APP__PROXY__PROXY_URL",
-            format!("socks5h://localhost:{}", proxy.addr.port()),
-        ),
-        env("APP__PROXY__ALL_PROXY", "true".into()),
-        env(
-            "APP__PROXY__TRANSPORT_ROUTES",
-            format!(r#"{{"http://127.0.0.1:{port}": {{"proxy": false}}}}"#),
-        ),
-    ]);
-    assert!(t.notes.is_empty(), "{:?}", t.notes);
-    let (_, value) = t
-        .set
-        .iter()
-        .find(|(k, _)| k == "SLUICE_UPSTREAM_ROUTES")
-        .unwrap();
-    let table: toml::Table = format!("routes = {value}").parse().unwrap();
-    let routes: Vec<RouteConfig> = table["routes"].clone().try_into().unwrap();
-    let s = start(routes, true).await;
+async fn sluice_toml_mediaflow_toml_and_mediaflow_environment_route_alike() {
+    for spelling in ["sluice", "transport_routes table", "environment"] {
+        let origin = Origin::start().await;
+        let port = origin.addr.port();
+        let proxy = Socks::start(&[("origin.test", LOOPBACK)]).await;
+        let socks5 = format!("socks5://127.0.0.1:{}", proxy.addr.port());
+        let socks5h = format!("socks5h://localhost:{}", proxy.addr.port());
+        let direct = format!("http://127.0.0.1:{port}");
+        let mut config = match spelling {
+            "sluice" => {
+                let mut c = Config::default();
+                c.upstream.routes = vec![
+                    route("*.test", socks5h.clone()),
+                    route("localhost", socks5.clone()),
+                    route(&direct, String::new()),
+                ];
+                c
+            }
+            "transport_routes table" => Config::parse_file(&format!(
+                r#"
+                [upstream]
+                proxy_url = "{socks5}"
+                [upstream.transport_routes."all://*.test"]
+                proxy_url = "{socks5h}"
+                [upstream.transport_routes."all://localhost"]
+                proxy = true
+                [upstream.transport_routes."{direct}"]
+                proxy = false
+                "#
+            ))
+            .unwrap(),
+            _ => {
+                let json = format!(
+                    r#"{{"all://*.test": {{"proxy_url": "{socks5h}"}}, "all://localhost": {{}},
+                        "{direct}": {{"proxy": false}}}}"#
+                );
+                let t = sluice::dropin::translate(&[
+                    ("APP__PROXY__PROXY_URL".to_string(), socks5.clone()),
+                    ("APP__PROXY__TRANSPORT_ROUTES".to_string(), json),
+                ]);
+                assert!(t.notes.is_empty(), "{:?}", t.notes);
+                Config::load(None, t.set, &Default::default()).unwrap()
+            }
+        };
+        config.server.listen.clear();
+        config.upstream.allow_private = true;
+        config.upstream.connect_timeout_secs = 2;
+        config.upstream.header_timeout_secs = 2;
+        let s = Sluice::start(config).await;
 
-    let r = get(&stream(&s, &format!("http://origin.test:{port}/small"))).await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.body.unwrap(), Bytes::from("hello"));
-    // The exception goes direct: the proxy hears of nothing more.
-    let r = get(&stream(&s, &format!("http://127.0.0.1:{port}/small"))).await;
-    assert_eq!(r.status, 200);
-    assert_eq!(
-        proxy.asked(),
-        vec![(5, Asked::Name("origin.test".into(), port))]
-    );
-    assert_eq!(origin.seen_path("/small").len(), 2);
+        for host in ["origin.test", "localhost", "127.0.0.1"] {
+            let r = get(&stream(&s, &format!("http://{host}:{port}/small"))).await;
+            assert_eq!(r.status, 200, "{spelling}, {host}: {:?}", r.body);
+            assert_eq!(r.body.unwrap(), Bytes::from("hello"), "{spelling}, {host}");
+        }
+        let asked = proxy.asked();
+        assert_eq!(asked.len(), 2, "{spelling}: {asked:?}");
+        assert_eq!(
+            asked[0],
+            (5, Asked::Name("origin.test".into(), port)),
+            "{spelling}"
+        );
+        assert!(
+            matches!(asked[1], (5, Asked::Addr(a)) if a.ip().is_loopback() && a.port() == port),
+            "{spelling}: {asked:?}"
+        );
+        assert_eq!(origin.seen_path("/small").len(), 3, "{spelling}");
+    }
+}
+
+/// MediaFlow's `TRANSPORT_ROUTES` that is not a JSON object, or that names a pattern sluice's own
+/// routes already name, stops the start with a message: its hosts would otherwise go direct,
+/// outside the proxy the operator meant them to use.
+#[test]
+fn unreadable_transport_routes_stop_the_start() {
+    let load = |pairs: &[(&str, &str)]| {
+        let env: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(None, env, &Default::default())
+    };
+    let e = load(&[("SLUICE_UPSTREAM_TRANSPORT_ROUTES", "{not json")]).unwrap_err();
+    assert!(format!("{e:#}").contains("not a JSON object"), "{e:#}");
+    let e = load(&[(
+        "SLUICE_UPSTREAM_TRANSPORT_ROUTES",
+        r#"{"ftp://h.example": {"proxy": false}}"#,
+    )])
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("ftp"), "{e:#}");
+    let e = load(&[
+        (
+            "SLUICE_UPSTREAM_ROUTES",
+            r#"[{ pattern = "*.example.com", proxy = "" }]"#,
+        ),
+        (
+            "SLUICE_UPSTREAM_TRANSPORT_ROUTES",
+            r#"{"all://*.example.com": {"proxy": false}}"#,
+        ),
+    ])
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("in both"), "{e:#}");
 }

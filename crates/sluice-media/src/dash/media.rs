@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use super::master::clean;
 use super::mpd::{Mpd, Period, Representation};
 use super::segments::{segment_index, sidx_fetch, InitSegment, Segment, SidxFetch};
+use super::sequence::{LiveSequence, Placed};
 use super::sidx::SidxFragment;
 use super::time::format_datetime;
 use super::{shorten, DashError};
@@ -56,6 +57,8 @@ struct Entry<'a> {
     wall_clock: Option<f64>,
     /// Something was skipped right before it.
     after_gap: bool,
+    /// Its HLS media and discontinuity sequence numbers.
+    placed: Placed,
 }
 
 /// The profiles the playlist follows: the exact profile id in each Period, else the track of the
@@ -98,6 +101,7 @@ fn collect_entries<'a>(
             .map(Vec::as_slice);
         let listed = segment_index(mpd, period, rep, options.now, sidx)?;
         for segment in listed.segments {
+            let segment_number = segment.number;
             let start = period.start + segment.start_secs;
             let wall_clock = mpd
                 .availability_start_time
@@ -111,6 +115,10 @@ fn collect_entries<'a>(
                 start,
                 wall_clock,
                 after_gap: false,
+                placed: Placed {
+                    media_sequence: segment_number,
+                    discontinuity_sequence: 0,
+                },
             });
         }
         if entries.len() > super::MAX_SEGMENTS {
@@ -120,15 +128,41 @@ fn collect_entries<'a>(
     Ok(entries)
 }
 
-/// Builds the media playlist of `profile_id` (see [`Representation::profile_id`]).
+/// Builds the media playlist of `profile_id` (see [`Representation::profile_id`]). A live MPD's
+/// media sequence starts from this one update alone: see [`to_hls_media_live`].
 pub fn to_hls_media(
     mpd: &Mpd,
     profile_id: &str,
     options: &MediaOptions,
+    url: impl FnMut(MediaUrl<'_>) -> String,
+) -> Result<String, DashError> {
+    to_hls_media_live(mpd, profile_id, options, &mut LiveSequence::default(), url)
+}
+
+/// [`to_hls_media`] for a track whose [`LiveSequence`] the caller keeps between MPD updates, so
+/// the media sequence never goes back when a new Period restarts `$Number$`, and the
+/// discontinuity sequence counts the Periods that have left the window. A static MPD leaves
+/// `sequence` alone.
+pub fn to_hls_media_live(
+    mpd: &Mpd,
+    profile_id: &str,
+    options: &MediaOptions,
+    sequence: &mut LiveSequence,
     mut url: impl FnMut(MediaUrl<'_>) -> String,
 ) -> Result<String, DashError> {
     let mut entries = collect_entries(mpd, profile_id, options)?;
     if mpd.is_live() {
+        // Every listed segment, before the window is cut, so each new Period meets the one
+        // before it.
+        let keys: Vec<String> = entries.iter().map(|e| period_key(mpd, e.period)).collect();
+        let placed = sequence.place(
+            keys.iter()
+                .zip(&entries)
+                .map(|(k, e)| (k.as_str(), e.segment.number)),
+        );
+        for (entry, placed) in entries.iter_mut().zip(placed) {
+            entry.placed = placed;
+        }
         keep_newest(&mut entries, options);
     }
     apply_skips(&mut entries, &options.skip);
@@ -139,8 +173,12 @@ pub fn to_hls_media(
         .ceil();
     let mut out = String::from("#EXTM3U\n#EXT-X-VERSION:6\n");
     out.push_str(&format!("#EXT-X-TARGETDURATION:{target}\n"));
-    let sequence = entries.first().map_or(0, |e| e.segment.number);
-    out.push_str(&format!("#EXT-X-MEDIA-SEQUENCE:{sequence}\n"));
+    let first = entries.first().map(|e| e.placed);
+    let media_sequence = first.map_or(0, |p| p.media_sequence);
+    out.push_str(&format!("#EXT-X-MEDIA-SEQUENCE:{media_sequence}\n"));
+    if let Some(d) = first.map(|p| p.discontinuity_sequence).filter(|d| *d > 0) {
+        out.push_str(&format!("#EXT-X-DISCONTINUITY-SEQUENCE:{d}\n"));
+    }
     if !mpd.is_live() {
         out.push_str("#EXT-X-PLAYLIST-TYPE:VOD\n");
     }
@@ -191,6 +229,15 @@ pub fn to_hls_media(
         out.push_str("#EXT-X-ENDLIST\n");
     }
     Ok(out)
+}
+
+/// What names a Period from one MPD update to the next: its `id`, else its start.
+fn period_key(mpd: &Mpd, index: usize) -> String {
+    let period = &mpd.periods[index];
+    match &period.id {
+        Some(id) => format!("id {id}"),
+        None => format!("start {:.3}", period.start),
+    }
 }
 
 /// Drops all but the newest `live_depth` segments, keeping enough to honour a negative start offset.

@@ -5,13 +5,17 @@
 //! # Layout
 //! - `manifest`: `manifest.m3u8` (master) and `playlist.m3u8` (one profile), MPD and sidx loading.
 //! - `segment`: `init.mp4` and `segment.mp4`, init processing and decryption.
+//! - `clear`: decrypted segments kept briefly, one decryption per segment for all its viewers.
 //! - `remux`: `segment.ts`, a segment decrypted and remuxed to MPEG-TS.
+//! - `sequences`: live media sequence state per track, kept between playlist requests.
 //! - `out`: DASH out, `manifest.mpd` and its templated segments `out/{number}/{time}/segment.mp4`.
 
+pub mod clear;
 pub mod manifest;
 pub mod out;
 pub mod remux;
 pub mod segment;
+pub mod sequences;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +45,10 @@ pub struct Dash {
     pub(crate) remux_seconds: Histogram,
     /// MPEG-TS continuity counters carried from one remuxed segment to the next.
     pub(crate) ts_counters: remux::Counters,
+    /// HLS media sequence state of live tracks.
+    pub(crate) sequences: sequences::Sequences,
+    /// Decrypted segments, shared by the viewers asking for them.
+    pub(crate) clear: clear::ClearSegments,
 }
 
 /// The `media.*` settings the DASH endpoints use.
@@ -91,6 +99,8 @@ impl Dash {
         Dash {
             remux_seconds,
             ts_counters: remux::Counters::default(),
+            sequences: Default::default(),
+            clear: clear::ClearSegments::new(Duration::from_secs(config.segment_ttl_secs.min(60))),
             cache,
             prefetcher,
             settings: Settings::from_config(config),

@@ -34,6 +34,14 @@ pub struct UpstreamConfig {
     pub ca_file: Option<std::path::PathBuf>,
     /// Outgoing proxy routes; the most specific matching pattern wins.
     pub routes: Vec<RouteConfig>,
+    /// MediaFlow's spelling of routes, added to `routes` (`upstream::transport_routes`): the
+    /// proxy of `proxy = true` entries without their own, and of `all_proxy`.
+    pub proxy_url: String,
+    /// MediaFlow's `all_proxy`: hosts no route names go through `proxy_url`.
+    pub all_proxy: bool,
+    /// MediaFlow's `transport_routes`: a table per pattern, or the JSON object its environment
+    /// variable holds.
+    pub transport_routes: super::transport_routes::TransportRoutes,
     /// Offer HTTP/2 (ALPN `h2`) to TLS upstreams. Off: every request gets its own HTTP/1.1
     /// connection, so an origin's `MAX_CONCURRENT_STREAMS` cannot cap viewers and one stalled
     /// viewer cannot hold back the others' shared connection window.
@@ -62,6 +70,9 @@ impl Default for UpstreamConfig {
             insecure_hosts: Vec::new(),
             ca_file: None,
             routes: Vec::new(),
+            proxy_url: String::new(),
+            all_proxy: false,
+            transport_routes: Default::default(),
             http2: false,
             http2_keepalive_secs: 30,
             read_buffer_bytes: 96 * 1024,
@@ -82,6 +93,9 @@ config_section!(UpstreamConfig {
     insecure_hosts,
     ca_file,
     routes,
+    proxy_url,
+    all_proxy,
+    transport_routes,
     http2,
     http2_keepalive_secs,
     read_buffer_bytes,
@@ -137,7 +151,10 @@ impl UpstreamConfig {
         if self.http2 && self.http2_keepalive_secs == 0 {
             bail!("upstream.http2_keepalive_secs must be at least 1");
         }
-        for route in &self.routes {
+        let routes = self
+            .route_entries()
+            .map_err(|e| anyhow::anyhow!("in [upstream]: {e}"))?;
+        for route in &routes {
             super::route::Route::parse(route)
                 .with_context(|| format!("in upstream.routes pattern {:?}", route.pattern))?;
         }

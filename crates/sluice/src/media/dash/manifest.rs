@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderMap, Response, StatusCode};
 use sluice_media::dash::proxy::{self, Part, RequestError, PLAYLIST_PATH};
 use sluice_media::dash::{
-    parse_mpd, parse_sidx, to_hls_master, to_hls_media, ByteRange, DashError, MediaOptions,
+    parse_mpd, parse_sidx, to_hls_master, to_hls_media_live, ByteRange, DashError, MediaOptions,
     MediaUrl, Mpd, SidxFetch, SidxFragment,
 };
 use sluice_media::query::ProxyParams;
@@ -70,27 +70,29 @@ pub async fn media(
     let ts = proxy::remux_to_ts(&ctx.query, dash.settings.remux_to_ts);
     options.no_map = ts;
     let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
+    let track = format!("dash {} {profile}", params.destination);
     for _ in 0..=MAX_SIDX_FETCHES {
         let mut parts = Vec::new();
-        let made = to_hls_media(&mpd, &profile, &options, |target| {
-            if let MediaUrl::Segment { segment, .. } = target {
-                parts.push(Part {
-                    url: segment.url.clone(),
-                    range: segment.byte_range,
-                });
-            }
-            let (endpoint, mut p) = if ts {
-                proxy::ts_media_params(target, live)
-            } else {
-                proxy::media_params(target, live)
-            };
-            p.extend(carried.iter().cloned());
-            links.url(endpoint, &p)
+        let made = dash.sequences.with(&track, |sequence| {
+            to_hls_media_live(&mpd, &profile, &options, sequence, |target| {
+                if let MediaUrl::Segment { segment, .. } = target {
+                    parts.push(Part {
+                        url: segment.url.clone(),
+                        range: segment.byte_range,
+                    });
+                }
+                let (endpoint, mut p) = if ts {
+                    proxy::ts_media_params(target, live)
+                } else {
+                    proxy::media_params(target, live)
+                };
+                p.extend(carried.iter().cloned());
+                links.url(endpoint, &p)
+            })
         });
         match made {
             Ok(text) => {
-                let key = format!("dash {} {profile}", params.destination);
-                dash.prefetcher.register_playlist(&key, parts);
+                dash.prefetcher.register_playlist(&track, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
             Err(DashError::SidxMissing { url, range }) => {

@@ -11,10 +11,11 @@ use sluice_media::cenc::{decrypt_segment, rewrite_init, CencError, InitInfo};
 use sluice_media::dash::proxy::{self, Part, SegmentRequest};
 use sluice_media::keys::KeyRing;
 
+use super::clear::ClearKey;
 use super::{bad_request, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::CacheKind;
+use crate::media::cache::{request_key, CacheKind};
 use crate::request::RequestContext;
 
 /// `/proxy/mpd/segment.mp4`.
@@ -42,7 +43,17 @@ pub async fn segment(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>
     };
     let (init, media) = tokio::try_join!(init, dash.prefetcher.get_or_fetch(&part, &headers))?;
     let media = match (&keys, init.as_ref().and_then(|(_, info)| info.as_ref())) {
-        (Some(keys), Some(info)) if info.is_protected() => decrypt(dash, &media, info, keys)?,
+        (Some(keys), Some(info)) if info.is_protected() => {
+            let key = ClearKey {
+                segment: request_key(&part.url, &headers),
+                segment_part: part.clone(),
+                init: req.init.clone().unwrap_or_else(|| part.clone()),
+                keys: keys.clone(),
+            };
+            dash.clear
+                .get_or_decrypt(key, || decrypt(dash, &media, info, keys))
+                .await?
+        }
         _ => media,
     };
     let body = match init {
