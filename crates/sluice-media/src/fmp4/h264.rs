@@ -47,7 +47,8 @@ pub(super) fn samples(pes: &[Pes]) -> (Vec<u8>, Vec<Picture>, Option<AvcConfig>)
             let kind = nal[0] & 0x1f;
             match kind {
                 AUD => continue,
-                SPS => remember(&mut sps, nal),
+                // The avcC copies profile, compatibility and level from the SPS's first bytes.
+                SPS if nal.len() >= 4 => remember(&mut sps, nal),
                 PPS => remember(&mut pps, nal),
                 IDR => sync = true,
                 _ => {}

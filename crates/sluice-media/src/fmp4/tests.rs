@@ -272,3 +272,22 @@ mod hostile {
         }
     }
 }
+
+#[test]
+fn a_short_sps_is_not_a_configuration() {
+    // An SPS of two bytes has no profile and level for the avcC to copy.
+    let pes = demux::Pes {
+        pts: Some(9000),
+        dts: Some(9000),
+        es: vec![0, 0, 1, 0x67, 0x42, 0, 0, 1, 0x68, 0xce, 0, 0, 1, 0x65, 0x88],
+    };
+    let (data, pictures, config) = h264::samples(&[pes]);
+    assert!(config.is_none());
+    assert_eq!(pictures.len(), 1);
+    assert!(pictures[0].sync);
+    // Every NAL unit, delimiters aside, with a 4-byte length.
+    assert_eq!(
+        data,
+        [0, 0, 0, 2, 0x67, 0x42, 0, 0, 0, 2, 0x68, 0xce, 0, 0, 0, 2, 0x65, 0x88]
+    );
+}
