@@ -190,7 +190,7 @@ impl Writer {
                     .collect();
                 runs.push(Run {
                     track_id,
-                    config: Config::Aac(config.clone()),
+                    config: Config::Aac(*config),
                     start,
                     samples,
                     data,
@@ -217,7 +217,7 @@ impl Writer {
         if streams.audio.is_some() {
             if let Some(a) = &self.audio {
                 let id = if streams.video.is_some() { 2 } else { 1 };
-                configs.push((id, Config::Aac(a.clone())));
+                configs.push((id, Config::Aac(*a)));
             }
         }
         let init = boxes::init(&configs);

@@ -279,7 +279,9 @@ fn a_short_sps_is_not_a_configuration() {
     let pes = demux::Pes {
         pts: Some(9000),
         dts: Some(9000),
-        es: vec![0, 0, 1, 0x67, 0x42, 0, 0, 1, 0x68, 0xce, 0, 0, 1, 0x65, 0x88],
+        es: vec![
+            0, 0, 1, 0x67, 0x42, 0, 0, 1, 0x68, 0xce, 0, 0, 1, 0x65, 0x88,
+        ],
     };
     let (data, pictures, config) = h264::samples(&[pes]);
     assert!(config.is_none());
