@@ -23,9 +23,12 @@ class Context:
         self.quick = quick
         self.pin = pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
         self.profile = profile
-        self.sluice_bin = os.path.join(repo, "target", profile, "sluice")
+        # BENCH_SLUICE_BIN and BENCH_SLUICE_ROUTER_BIN name binaries built elsewhere (with
+        # --no-build; not SLUICE_*, which sluice reads as config overrides).
+        self.sluice_bin = os.environ.get("BENCH_SLUICE_BIN") or os.path.join(repo, "target", profile, "sluice")
         # The gateway-only build: scripts/build-router
-        self.sluice_router_bin = os.path.join(repo, "target", "router", "sluice")
+        self.sluice_router_bin = (os.environ.get("BENCH_SLUICE_ROUTER_BIN")
+                                  or os.path.join(repo, "target", "router", "sluice"))
         self.loadgen_bin = os.path.join(repo, "target", profile, "sluice-loadgen")
         self._tmp = tempfile.mkdtemp(prefix="run-", dir=self._ensure(os.path.join(self.work, "tmp")))
         self.origin_workers = 1 if self.pin else 2

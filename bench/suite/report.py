@@ -602,8 +602,53 @@ def render_pending(result, out_dir, charts_rel):
     return "\n".join(md)
 
 
+# === S5-HLS ===
+
+S5H_HEAD = ["build", "channel", "HLS + raw viewers", "segments", "binary MiB", "gateway CPU %",
+            "USS MiB", "RSS MiB", "Mbit/s per raw viewer", "Mbit/s per HLS viewer"]
+
+
+def render_s5_hls(result, out_dir, charts_rel):
+    p = result["params"]
+    rows = []
+    for r in result["rows"]:
+        head = [r["build"], f"{r['mbps']} Mb/s", f"{r['hls']} + {r['raw']}", r["container"].upper()]
+        if r.get("status") != "ok":
+            rows.append(head + [DASH] * 5 + [r.get("status", "")])
+            continue
+        size = r.get("binary_mib") or r["binary_bytes"] / 2**20
+        rows.append(head + [_f(size, 2), _f(r["cpu_pct"], 1), _f(r["uss_mib"]),
+                            _f(r["rss_mib"]), _f(r.get("raw_mbps_each"), 2),
+                            _f(r.get("hls_mbps_each"), 2)])
+    md = [f"`bench/s5-hls` (run once per row): one channel of ffmpeg-made H.264/AAC (720p25, 1 s "
+          f"GOP) at a constant mux rate, sent as RTP multicast on `lo` by a paced Python sender; "
+          f"sluice joins it on `lo` with `[iptv.hls] target_duration_secs = "
+          f"{p['target_duration_secs']}` (window 4); raw-TS viewers read `/rtp/G:P`, HLS viewers "
+          f"fetch the playlist every second and every new segment (and the init segment, for "
+          f"fMP4), as a player does. {p['warmup_secs']:g} s warm-up, then the gateway's CPU "
+          f"(utime + stime over {p['secs']:g} s; 100 = one core) and its USS and RSS at the end. "
+          f"*full* is the build with every front end, *router* the gateway-only "
+          f"`scripts/build-router` build (binary sizes of stripped copies).", "",
+          table(S5H_HEAD, rows)]
+    binaries = {}
+    for r in result["rows"]:
+        binaries.setdefault(r["build"], r.get("binary"))
+    if all(binaries.values()):
+        md += ["", "Binaries: " + "; ".join(f"{b} `{path}`" for b, path in binaries.items()) + "."]
+    pub = result.get("published") or []
+    one_group = next((r for r in pub if r[0].startswith("8 clients, 1 group")), None)
+    if one_group:
+        md += ["", f"For comparison (**published, not measured here**; an aarch64 VM on an M3 Max, "
+                   f"raw TS, no HLS): rtp2httpd's {one_group[0]}: {one_group[1]} (CPU % / USS MB); "
+                   f"msd_lite {one_group[2]}; tvgate {one_group[4]}. No tvgate row: in its sources "
+                   f"(qist/tvgate, `handler/udp_handler.go`) `/udp/` and `/rtp/` stream the "
+                   f"multicast as raw TS, and no path segments a multicast channel into HLS, with "
+                   f"ffmpeg or otherwise, so there is nothing of it to run here."]
+    return "\n".join(md)
+
+
 RENDER = {"S1": render_s1, "S2": render_s2, "S3": render_s3, "S4": report_s4.render,
-          "S5": render_s5, "S6": render_pending, "S7": s7.render}
+          "S5": render_s5, "S5-HLS": render_s5_hls, "S6": render_pending, "S7": s7.render}
 
 
 def render_section(result, out_dir, charts_rel):

@@ -498,6 +498,64 @@ def _s5_gateway(ctx, case, groups, label, env, warm, secs, build="full"):
     return row
 
 
+# === S5-HLS: the gateway's HLS output ===
+
+# (build, HLS viewers, raw-TS viewers, channel Mb/s, container). The issue's budget cell is 4 HLS
+# + 4 raw at 8 Mb/s; 8 HLS viewers at 40 Mb/s is rtp2httpd's published "8 clients, 1 group, ~40
+# Mb/s" raw-TS case, watched through HLS instead.
+S5H_RUNS = [
+    ("full", 0, 8, 8, "ts"),
+    ("full", 8, 0, 8, "ts"),
+    ("full", 4, 4, 8, "ts"),
+    ("full", 8, 0, 40, "ts"),
+    ("router", 0, 8, 8, "ts"),
+    ("router", 8, 0, 8, "ts"),
+    ("router", 4, 4, 8, "ts"),
+    ("router", 8, 0, 40, "ts"),
+    ("router", 8, 0, 8, "fmp4"),
+]
+S5H_SCRIPT = ("bench", "s5-hls")
+
+
+def s5_hls(ctx):
+    """Runs `bench/s5-hls` for each of S5H_RUNS: one channel on lo, HLS and raw-TS viewers at
+    once, the gateway's CPU and USS over a window."""
+    warm, secs = (4, 10) if ctx.quick else (8, 30)
+    sources = ctx.tempdir("s5-hls-sources")
+    rows = []
+    for build, hls, raw, mbps, container in S5H_RUNS:
+        binary = ctx.sluice_router_bin if build == "router" else ctx.sluice_bin
+        row = {"build": build, "hls": hls, "raw": raw, "mbps": mbps, "container": container,
+               "binary": ctx.relative(binary)}
+        rows.append(row)
+        if not os.path.exists(binary):
+            row["status"] = f"not built: {ctx.relative(binary)}"
+            continue
+        row["binary_mib"] = _stripped_mib(ctx, binary)
+        argv = [os.path.join(ctx.repo, *S5H_SCRIPT), "--sluice", binary, "--label", build,
+                "--hls", str(hls), "--raw", str(raw), "--mbps", str(mbps), "--container", container,
+                "--warmup", str(warm), "--secs", str(secs), "--source-dir", sources, "--json"]
+        ctx.note(argv)
+        try:
+            out = procs.run(argv, timeout=warm + secs + 180)
+        except subprocess.TimeoutExpired:
+            row["status"] = "timed out"
+            continue
+        line = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
+        try:
+            row.update(json.loads(line[0]))
+            row["status"] = "ok"
+        except (IndexError, ValueError):
+            row["status"] = (out.stderr.strip() or out.stdout.strip())[-300:] or "no output"
+    return {"id": "S5-HLS", "title": "IPTV gateway: HLS output", "status": "measured",
+            "quick": ctx.quick, "rows": rows,
+            "params": {"warmup_secs": warm, "secs": secs, "target_duration_secs": 2},
+            "published": S5_PUBLISHED,
+            "question": "CPU and memory of HLS output: one multicast channel to HLS viewers, raw-TS "
+                        "viewers, and both at once, full and router builds; beside rtp2httpd's "
+                        "published raw-TS figures for the same number of viewers."}
+
+
 # === S6: ClearKey decryption ===
 
 CENC_BENCH = ("crates", "sluice-media", "benches", "cenc.rs")
@@ -677,6 +735,6 @@ def s7(ctx):
     return s7_cases.run(ctx)
 
 
-ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7}
+ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S5-HLS": s5_hls, "S6": s6, "S7": s7}
 # Slots that measure nothing yet: cheap to produce, so the report always shows them.
 SLOTS = set()

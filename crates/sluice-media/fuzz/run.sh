@@ -12,6 +12,8 @@ case "$target" in
   m3u_merge) max_len=8388608 ;;
   # A realistic init plus media segment; the server allows 64 MiB, which libFuzzer cannot explore.
   mp4_decrypt|remux_ts) max_len=1048576 ;;
+  # A few TS segments; the gateway cuts at 32 MiB, which libFuzzer cannot explore.
+  fmp4_writer) max_len=1048576 ;;
   # One datagram run; media.iptv max_datagram_bytes is 1536.
   rtp_mpegts|rs_fec) max_len=65536 ;;
   # A token is at most 16 KiB (sealed::MAX_TOKEN_LEN); a query string rarely more than a URL.

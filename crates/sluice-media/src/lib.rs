@@ -16,6 +16,7 @@
 //! - `rtp`, `mpegts`: RTP header removal, reordering, MPEG-TS continuity for the IPTV gateway;
 //!   `mpegts::unwrap` strips fake wrappers in front of TS segments (`transformer=ts_stream`).
 //! - `segmenter`: live MPEG-TS cut into HLS segments at keyframes, and their live playlist.
+//! - `fmp4`: those TS segments rewritten as fragmented MP4 (init segment, `moof`/`mdat`).
 //! - `xtream`: Xtream Codes usernames and paths, and XC responses rewritten to point at the proxy.
 //! - `rtsp`: RTSP client messages, SDP, Transport/Session headers, Digest auth, catch-up times.
 //! - `public_ip`: answers of "what is my IP" echo services, for `/proxy/ip`.
@@ -33,6 +34,7 @@ pub mod civil;
 pub mod dash;
 pub mod fcc;
 pub mod fec;
+pub mod fmp4;
 pub mod generate;
 pub mod gzip;
 pub mod hls;

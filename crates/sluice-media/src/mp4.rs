@@ -14,7 +14,7 @@ pub use fragment::{
 };
 pub use movie::{Frma, Hdlr, Pssh, SampleEntry, Schm, Stsd, Tenc, Tkhd, Trex};
 pub use reader::Reader;
-pub use write::{rebuild, write_box, Edit};
+pub use write::{rebuild, write_box, write_box_with, write_full_box_with, Edit};
 
 /// A four-character box type such as `*b"moof"`.
 pub type FourCC = [u8; 4];

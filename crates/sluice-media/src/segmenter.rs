@@ -28,7 +28,7 @@
 
 mod pes;
 pub mod playlist;
-mod psi;
+pub(crate) mod psi;
 
 use bytes::Bytes;
 

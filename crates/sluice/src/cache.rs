@@ -293,7 +293,7 @@ impl Cache {
     }
 
     /// Counts the memory-tier bytes a writer sent with `sendfile` (`shm::FileBody`).
-    pub fn sendfile_meter(&self) -> prometheus_client::metrics::counter::Counter {
+    pub fn sendfile_meter(&self) -> crate::atomic::Counter {
         self.inner.metrics.bytes_sendfile.clone()
     }
 

@@ -56,7 +56,7 @@ pub struct Media {
     /// `/proxy/ip`.
     public_ip: public_ip::PublicIp,
     /// `/proxy/stream` bodies spliced socket to socket.
-    spliced: prometheus_client::metrics::counter::Counter,
+    spliced: crate::atomic::Counter,
     /// LL-HLS blocking playlist reloads shared across viewers.
     blocking: hls::blocking::Blocking,
     /// `/proxy/forward`.
@@ -111,7 +111,7 @@ impl Media {
         };
         let pacer = pace::Pacer::new(&config.ratelimit);
         let public_ip = public_ip::PublicIp::new(upstream.clone(), &config.public_ip);
-        let spliced = prometheus_client::metrics::counter::Counter::default();
+        let spliced = crate::atomic::Counter::default();
         registry.register(
             "media_spliced_bodies",
             "/proxy/stream response bodies moved socket to socket with splice(2)",

@@ -29,6 +29,7 @@ pub mod tunnel;
 use std::error::Error as _;
 use std::time::Duration;
 
+use crate::atomic::Counter;
 use http::HeaderValue;
 #[cfg(feature = "upstream-pool")]
 use http::{header, HeaderMap, Method, Request, StatusCode};
@@ -36,7 +37,6 @@ use http::{header, HeaderMap, Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 #[cfg(feature = "upstream-pool")]
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 #[cfg(feature = "upstream-pool")]
 use url::Url;

@@ -493,6 +493,11 @@ async fn bad_hls_paths_get_clear_answers() {
         ("/hls/index.m3u8", 404),
         ("/hls/rtp/10.0.0.1:5609/index.m3u8?iface=lo", 400),
         ("/hls/rtp/239.255.41.9:5609/index.m3u8", 400),
+        (
+            "/hls/rtp/239.255.41.9:5609/index.m3u8?iface=lo&container=mkv",
+            400,
+        ),
+        ("/hls/rtp/239.255.41.9:5609/init-x.mp4?iface=lo", 404),
     ] {
         let resp = gw.get(path).await;
         assert_eq!(resp.status(), status, "{path}");
@@ -686,6 +691,12 @@ async fn a_timeshift_channel_is_recorded_and_a_seek_lands_where_asked() {
     assert!(read_text(resp)
         .await
         .contains("outside the timeshift window"));
+    // The window is kept as TS: no fMP4 form of it.
+    let resp = gw
+        .get(&format!("{base}/index.m3u8?iface=lo&container=fmp4"))
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert!(read_text(resp).await.contains("kept as TS"));
     // The segments are on disk.
     let files = std::fs::read_dir(dir.path("shift"))
         .unwrap()
@@ -902,4 +913,248 @@ async fn hls_viewers_count_in_max_subscribers_per_channel() {
     tokio::task::spawn_blocking(move || sending.join().unwrap())
         .await
         .unwrap();
+}
+
+/// The fMP4 form of a channel: the playlist's `(init, segment)` URIs, fetched and joined
+/// (each init once, before the first segment that needs it) into one playable file per init.
+async fn fetch_fmp4(gw: &Gateway, base: &str, text: &str) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(uri) = line
+            .strip_prefix("#EXT-X-MAP:URI=\"")
+            .and_then(|l| l.strip_suffix('"'))
+        {
+            let resp = gw.get(&format!("{base}/{uri}")).await;
+            assert_eq!(resp.status(), 200, "{uri}");
+            assert_eq!(resp.headers()["content-type"], "video/mp4");
+            files.push((uri.to_string(), read_bytes(resp, usize::MAX).await));
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let resp = gw.get(&format!("{base}/{line}")).await;
+            assert_eq!(resp.status(), 200, "{line}");
+            assert_eq!(resp.headers()["content-type"], "video/mp4");
+            let media = read_bytes(resp, usize::MAX).await;
+            assert_eq!(&media[4..8], b"moof", "{line}");
+            files.last_mut().expect("EXT-X-MAP first").1.extend(media);
+        }
+    }
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fmp4_segments_decode_frame_exactly() {
+    require_ffmpeg();
+    let dir = Scratch::new("fmp4");
+    let source = make_source(&dir.path("source.ts"), 8, 25, None);
+    let gw = Gateway::start(hls_config(2)).await;
+    let base = "/hls/rtp/239.255.41.12:5612";
+    let url = format!("{base}/index.m3u8?iface=lo&container=fmp4");
+    let first = gw.spawn_get(&url);
+    wait_joined("239.255.41.12", true).await;
+    let sender = Sender::new("239.255.41.12", 5612);
+    send(&sender, &source, 1).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    let (p, text) = ended_playlist(&gw, &url).await;
+    assert!(text.starts_with("#EXTM3U\n#EXT-X-VERSION:7\n"), "{text}");
+    assert_eq!(p.segments.len(), 4, "{text}");
+    for (i, (d, disc, uri)) in p.segments.iter().enumerate() {
+        // The container is the viewer's choice, not part of the segment URIs.
+        assert_eq!(uri, &format!("{i}.m4s?iface=lo"));
+        assert!(!disc && (d - 2.0).abs() < 0.001, "{text}");
+    }
+    assert_eq!(
+        text.matches("#EXT-X-MAP:").count(),
+        1,
+        "one init for one layout: {text}"
+    );
+    assert!(
+        text.contains("#EXT-X-MAP:URI=\"init-1.mp4?iface=lo\"\n"),
+        "{text}"
+    );
+    let files = fetch_fmp4(&gw, base, &text).await;
+    let out = dir.path("hls.mp4");
+    std::fs::write(&out, &files[0].1).unwrap();
+    // The TS segments of the same window: the audio reference (the source from the first
+    // keyframe on, as TS viewers get it).
+    let mut ts = Vec::new();
+    for i in 0..4 {
+        ts.extend(fetch(&gw, base, &format!("{i}.ts?iface=lo")).await);
+    }
+    let ts_out = dir.path("hls.ts");
+    std::fs::write(&ts_out, &ts).unwrap();
+    let src = dir.path("source.ts");
+    let (want, got, want_audio, got_audio) = tokio::task::spawn_blocking(move || {
+        (
+            frame_hashes(&src, "v"),
+            frame_hashes(&out, "v"),
+            frame_hashes(&ts_out, "a"),
+            frame_hashes(&out, "a"),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(want.len(), 200);
+    assert!(got == want, "video: {} frames vs {}", got.len(), want.len());
+    assert!(want_audio.len() > 300, "{} audio frames", want_audio.len());
+    assert!(
+        got_audio == want_audio,
+        "audio: {} frames vs {}",
+        got_audio.len(),
+        want_audio.len()
+    );
+    // ffmpeg's own HLS client, through the playlist and its EXT-X-MAP, decodes the same frames.
+    let playlist_url = format!("http://{}{url}", gw.addr);
+    let via_hls = tokio::task::spawn_blocking(move || {
+        let out = Command::new("ffmpeg")
+            .args(["-v", "error", "-i", &playlist_url])
+            .args(["-map", "0:v:0", "-f", "framemd5", "-"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit(',').next().unwrap().trim().to_string())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(
+        via_hls == want,
+        "ffmpeg via the playlist: {} frames",
+        via_hls.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_encoder_gets_a_new_fmp4_init_after_the_discontinuity() {
+    require_ffmpeg();
+    let dir = Scratch::new("fmp4-pids");
+    let a = make_source(&dir.path("a.ts"), 4, 25, None);
+    // Another encoder takes over: other PIDs, another picture size (so another SPS), its
+    // clock carrying on.
+    let status = Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("testsrc2=size=320x180:rate=25:duration=4")
+        .args([
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=frequency=440:sample_rate=48000:duration=4",
+        ])
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+            "-bf",
+            "2",
+        ])
+        .args(["-x264-params", "keyint=25:min-keyint=25:scenecut=0"])
+        .args(["-c:a", "aac", "-b:a", "64k", "-output_ts_offset", "4.08"])
+        .args([
+            "-mpegts_pmt_start_pid",
+            "4608",
+            "-mpegts_start_pid",
+            "768",
+            "-f",
+            "mpegts",
+        ])
+        .arg(dir.path("b.ts"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let b = std::fs::read(dir.path("b.ts")).unwrap();
+    let mut cfg = hls_config(2);
+    // fMP4 by default: the plain playlist URL asks for it.
+    cfg.hls.container = sluice::iptv::hls::Container::Fmp4;
+    let gw = Gateway::start(cfg).await;
+    let base = "/hls/udp/239.255.41.13:5613";
+    let url = format!("{base}/index.m3u8?iface=lo");
+    let first = gw.spawn_get(&url);
+    wait_joined("239.255.41.13", true).await;
+    let sender = Sender::new("239.255.41.13", 5613);
+    let seq = send(&sender, &a, 100).await;
+    send(&sender, &b, seq).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    let (p, text) = ended_playlist(&gw, &url).await;
+    let discs: Vec<usize> = (0..p.segments.len()).filter(|&i| p.segments[i].1).collect();
+    assert_eq!(discs, [2], "{text}");
+    // The second encoder's init (a new SPS) comes right after its discontinuity.
+    assert!(
+        text.contains("#EXT-X-DISCONTINUITY\n#EXT-X-MAP:URI=\"init-2.mp4?iface=lo\"\n"),
+        "{text}"
+    );
+    let files = fetch_fmp4(&gw, base, &text).await;
+    assert_eq!(files.len(), 2, "{text}");
+    // The TS form of the same channel is still there for other viewers.
+    let resp = gw.get(&format!("{url}&container=ts")).await;
+    assert_eq!(resp.status(), 200);
+    assert!(read_text(resp).await.contains("0.ts?iface=lo\n"));
+    for (n, ((_, mp4), src)) in files.into_iter().zip(["a.ts", "b.ts"]).enumerate() {
+        let out = dir.path(&format!("run{n}.mp4"));
+        std::fs::write(&out, &mp4).unwrap();
+        let src = dir.path(src);
+        let (want, got) =
+            tokio::task::spawn_blocking(move || (frame_hashes(&src, "v"), frame_hashes(&out, "v")))
+                .await
+                .unwrap();
+        assert!(
+            got == want,
+            "run {n}: {} frames vs {}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_without_h264_or_aac_has_no_fmp4_form() {
+    require_ffmpeg();
+    let dir = Scratch::new("fmp4-mpeg2");
+    let status = Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("testsrc2=size=320x240:rate=25:duration=3")
+        .args([
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=frequency=440:sample_rate=48000:duration=3",
+        ])
+        .args([
+            "-c:v",
+            "mpeg2video",
+            "-g",
+            "25",
+            "-c:a",
+            "mp2",
+            "-f",
+            "mpegts",
+        ])
+        .arg(dir.path("mpeg2.ts"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let source = std::fs::read(dir.path("mpeg2.ts")).unwrap();
+    let gw = Gateway::start(hls_config(1)).await;
+    let url = "/hls/rtp/239.255.41.14:5614/index.m3u8?iface=lo";
+    let first = gw.spawn_get(url);
+    wait_joined("239.255.41.14", true).await;
+    let sender = Sender::new("239.255.41.14", 5614);
+    send(&sender, &source, 1).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    let resp = gw.get(&format!("{url}&container=fmp4")).await;
+    assert_eq!(resp.status(), 406);
+    let text = read_text(resp).await;
+    assert!(text.contains("no H.264 or AAC stream"), "{text}");
+    // Its TS form is unaffected.
+    let resp = gw.get(url).await;
+    assert_eq!(resp.status(), 200);
+    assert!(read_text(resp).await.contains("0.ts?iface=lo"));
 }

@@ -35,6 +35,32 @@ pub fn write_box(out: &mut Vec<u8>, kind: FourCC, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
+/// Appends a box of type `kind` whose payload `fill` writes straight into `out` (no copy of
+/// the payload); the size is patched afterwards. For boxes under 4 GiB, as every box a
+/// writer here makes is.
+pub fn write_box_with(out: &mut Vec<u8>, kind: FourCC, fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&kind);
+    fill(out);
+    let size = u32::try_from(out.len() - start).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&size.to_be_bytes());
+}
+
+/// [`write_box_with`] for a full box: version and flags come first in the payload.
+pub fn write_full_box_with(
+    out: &mut Vec<u8>,
+    kind: FourCC,
+    version: u8,
+    flags: u32,
+    fill: impl FnOnce(&mut Vec<u8>),
+) {
+    write_box_with(out, kind, |out| {
+        out.extend_from_slice(&((u32::from(version) << 24) | (flags & 0x00ff_ffff)).to_be_bytes());
+        fill(out);
+    });
+}
+
 /// Rebuilds `children` into `out`, asking `edit` about every box it meets. `edit` receives the
 /// types of the enclosing boxes (outermost first) and the box itself.
 pub fn rebuild<'a, E, F>(children: Boxes<'a>, out: &mut Vec<u8>, edit: &mut F) -> Result<(), E>

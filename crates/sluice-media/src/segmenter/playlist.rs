@@ -71,6 +71,21 @@ pub struct LowLatency<'a> {
 
 /// Writes the playlist; segment URIs are `<sequence>.ts` relative to the playlist.
 pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
+    write(window, entries, None)
+}
+
+/// Writes the playlist of fMP4 segments: URIs `<sequence>.m4s`, and `#EXT-X-MAP` naming
+/// `init-<id>.mp4` before the first entry and wherever the init changes; `inits` has the init
+/// number of each entry. Parts are not listed (they are TS only).
+pub fn media_fmp4(window: Window<'_>, entries: &[Entry], inits: &[u64]) -> String {
+    let window = Window {
+        low_latency: None,
+        ..window
+    };
+    write(window, entries, Some(inits))
+}
+
+fn write(window: Window<'_>, entries: &[Entry], inits: Option<&[u64]>) -> String {
     let mut out = String::with_capacity(128 + entries.len() * 48);
     let first = entries.first().map_or(0, |e| e.sequence);
     // Longer entries cannot happen (the segmenter cuts before), but a playlist must never
@@ -80,7 +95,13 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
         .map(|e| (e.duration + CLOCK / 2) / CLOCK)
         .max()
         .unwrap_or(0);
-    let version = if window.low_latency.is_some() { 6 } else { 3 };
+    // EXT-X-MAP needs version 6; fMP4 segments are written as ffmpeg and Apple's tools do (7).
+    let version = match (inits.is_some(), window.low_latency.is_some()) {
+        (true, _) => 7,
+        (false, true) => 6,
+        (false, false) => 3,
+    };
+    let extension = if inits.is_some() { "m4s" } else { "ts" };
     let _ = write!(
         out,
         "#EXTM3U\n#EXT-X-VERSION:{version}\n#EXT-X-TARGETDURATION:{}\n",
@@ -118,10 +139,20 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
         );
     }
     let parts = window.low_latency.map_or(&[][..], |ll| ll.parts);
-    for e in entries {
+    for (i, e) in entries.iter().enumerate() {
         write_parts(&mut out, parts, e.sequence, window.query);
         if e.discontinuity {
             out.push_str("#EXT-X-DISCONTINUITY\n");
+        }
+        if let Some(inits) = inits {
+            let id = inits.get(i).copied().unwrap_or(0);
+            if i == 0 || inits.get(i - 1) != Some(&id) {
+                let _ = writeln!(
+                    out,
+                    "#EXT-X-MAP:URI=\"init-{id}.mp4{}\"",
+                    query_suffix(window.query)
+                );
+            }
         }
         if let Some(ms) = e.wall_ms {
             let _ = writeln!(out, "#EXT-X-PROGRAM-DATE-TIME:{}", iso8601(ms));
@@ -129,7 +160,7 @@ pub fn media(window: Window<'_>, entries: &[Entry]) -> String {
         let ms = e.duration * 1000 / CLOCK;
         let _ = write!(
             out,
-            "#EXTINF:{}.{:03},\n{}.ts",
+            "#EXTINF:{}.{:03},\n{}.{extension}",
             ms / 1000,
             ms % 1000,
             e.sequence

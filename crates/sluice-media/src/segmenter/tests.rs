@@ -358,6 +358,33 @@ fn playlist_lists_the_window() {
 }
 
 #[test]
+fn an_fmp4_playlist_maps_its_inits() {
+    let entry = |sequence, discontinuity| Entry {
+        sequence,
+        duration: 2 * CLOCK,
+        discontinuity,
+        wall_ms: None,
+    };
+    let entries = [entry(7, false), entry(8, false), entry(9, true)];
+    let window = Window {
+        target: 2,
+        discontinuity_sequence: 0,
+        ended: false,
+        query: "iface=lo",
+        kind: Kind::Live,
+        start_ms: None,
+        low_latency: None,
+    };
+    assert_eq!(
+        playlist::media_fmp4(window, &entries, &[1, 1, 2]),
+        "#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:7\n\
+         #EXT-X-MAP:URI=\"init-1.mp4?iface=lo\"\n#EXTINF:2.000,\n7.m4s?iface=lo\n\
+         #EXTINF:2.000,\n8.m4s?iface=lo\n\
+         #EXT-X-DISCONTINUITY\n#EXT-X-MAP:URI=\"init-2.mp4?iface=lo\"\n#EXTINF:2.000,\n9.m4s?iface=lo\n"
+    );
+}
+
+#[test]
 fn a_catch_up_playlist_has_its_type_start_and_wall_clock() {
     let entries = [Entry {
         sequence: 40,

@@ -4,10 +4,10 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use sluice_media::token::split_path_token;
 use tokio::time::Instant;

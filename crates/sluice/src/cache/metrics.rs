@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 

@@ -10,10 +10,14 @@
 //!
 //! # Layout
 //! - `parts`: low-latency HLS (partial segments, blocking reloads).
+//! - `fmp4`: the segments as fragmented MP4, for players that ask for it.
 //! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
 
+mod fmp4;
 mod parts;
 mod viewers;
+
+pub use fmp4::Container;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -53,6 +57,9 @@ pub struct HlsConfig {
     /// programme has been received) up to this many bytes; beyond it the oldest go and the
     /// playlist slides like a live one.
     pub catchup_max_bytes: u64,
+    /// Segments as `ts` (MPEG-TS, as the channel carries it) or `fmp4` (fragmented MP4 with
+    /// an init segment); `?container=ts` or `?container=fmp4` on the playlist overrides it.
+    pub container: Container,
 }
 
 crate::section::config_section!(HlsConfig {
@@ -62,6 +69,7 @@ crate::section::config_section!(HlsConfig {
     playlist,
     part_target_ms,
     catchup_max_bytes,
+    container,
 });
 
 impl Default for HlsConfig {
@@ -73,6 +81,7 @@ impl Default for HlsConfig {
             playlist: false,
             part_target_ms: 0,
             catchup_max_bytes: 256 << 20,
+            container: Container::Ts,
         }
     }
 }
@@ -144,6 +153,8 @@ pub struct Channel {
     /// The channel's hub, and the HLS viewers counted on it.
     hub: Arc<Hub>,
     viewers: viewers::Viewers,
+    /// Its segments as fMP4, once a viewer asks for them.
+    fmp4: fmp4::Converted,
 }
 
 impl Channel {
@@ -153,6 +164,15 @@ impl Channel {
 
     fn idle(&self) -> Duration {
         registry::lock(&self.touched).elapsed()
+    }
+
+    /// Starts rewriting the channel's segments as fMP4 (once), beginning with those held.
+    fn want_fmp4(&self) {
+        self.fmp4.want(|| {
+            let w = registry::lock(&self.window);
+            let oldest = w.segments.front().map_or(0, |(seq, _)| *seq);
+            (w.segments.iter().cloned().collect(), oldest)
+        });
     }
 
     /// Adds finished parts and segments to the window (`anchor`: the newest timestamp and
@@ -187,7 +207,9 @@ impl Channel {
                 w.gone_ticks += gone.duration;
             }
         }
+        let oldest = w.segments.front().map_or(0, |(seq, _)| *seq);
         drop(w);
+        self.fmp4.add(&stored, oldest);
         // Parts change the playlist too: every change wakes the requests waiting for one.
         self.changed.send_modify(|n| *n += 1);
         stored
@@ -228,6 +250,10 @@ enum File {
     Segment(u64),
     /// Part `.1` of segment `.0` (low-latency HLS).
     Part(u64, u32),
+    /// Segment `.0` as fMP4 (`<n>.m4s`).
+    Fragment(u64),
+    /// fMP4 init segment number `.0` (`init-<n>.mp4`).
+    Init(u64),
 }
 
 /// Splits `/hls/<channel path>/<file>` into the channel's own path and the file.
@@ -236,6 +262,13 @@ fn split(path: &str) -> Option<(&str, File)> {
     let (channel, file) = rest.rsplit_once('/')?;
     let file = match file {
         "index.m3u8" => File::Playlist,
+        f if f.ends_with(".m4s") => File::Fragment(f.strip_suffix(".m4s")?.parse().ok()?),
+        f if f.starts_with("init-") => File::Init(
+            f.strip_prefix("init-")?
+                .strip_suffix(".mp4")?
+                .parse()
+                .ok()?,
+        ),
         f => {
             let name = f.strip_suffix(".ts")?;
             match name.split_once('.') {
@@ -260,12 +293,15 @@ impl Iptv {
         let Some((channel_path, file)) = split(req.uri.path()) else {
             return super::text(
                 StatusCode::NOT_FOUND,
-                "HLS paths are /hls/<channel>/index.m3u8 and /hls/<channel>/<n>.ts\n",
+                "HLS paths are /hls/<channel>/index.m3u8, /hls/<channel>/<n>.ts, <n>.m4s and init-<n>.mp4\n",
             );
         };
         // The delivery directives are the player's, not the channel's: the hub key, the
         // RTSP URL and the segment URIs are made without them.
-        let (query, block) = match parts::directives(req.uri.query().unwrap_or("")) {
+        // So is the container: TS and fMP4 viewers share the channel.
+        let directives = parts::directives(req.uri.query().unwrap_or(""))
+            .and_then(|(query, block)| Ok((fmp4::container(&query, config.container)?, block)));
+        let ((query, container), block) = match directives {
             Ok(d) => d,
             Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
         };
@@ -276,7 +312,7 @@ impl Iptv {
             stripped = with_query(req, &query);
             &stripped
         };
-        let block = block.filter(|_| config.part_target_ms > 0);
+        let block = block.filter(|_| config.part_target_ms > 0 && container == Container::Ts);
         let key = match self.key_for(channel_path, req) {
             Ok(key) => key,
             Err(resp) => return *resp,
@@ -296,15 +332,28 @@ impl Iptv {
             }
         }
         channel.touch();
+        let fmp4 =
+            container == Container::Fmp4 || matches!(file, File::Fragment(_) | File::Init(_));
+        if fmp4 && channel.recorder.is_some() {
+            return super::text(
+                StatusCode::BAD_REQUEST,
+                "a timeshift channel's window is kept as TS: its playlist has no fMP4 form (container=ts)\n",
+            );
+        }
         let target = Duration::from_secs(config.target_duration_secs);
         let resp = match file {
             File::Playlist => {
                 let wait = self.start_wait(&channel.key) + 2 * target;
                 match block {
                     Some(block) => self.blocking_playlist(&channel, block, wait, req).await,
-                    None => self.playlist_of(&channel, wait, req).await,
+                    None => self.playlist_of(&channel, wait, req, container).await,
                 }
             }
+            File::Fragment(n) => {
+                let resp = fragment_of(&channel, n, 2 * target + Duration::from_secs(1)).await;
+                head_only(req, resp)
+            }
+            File::Init(id) => head_only(req, init_of(&channel, id)),
             File::Part(n, i) => {
                 let resp = part_of(&channel, n, i, 2 * target + Duration::from_secs(1)).await;
                 if req.method == Method::HEAD {
@@ -403,6 +452,7 @@ impl Iptv {
             catchup,
             hub: sub.hub.clone(),
             viewers: viewers::Viewers::default(),
+            fmp4: fmp4::Converted::default(),
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -545,6 +595,7 @@ impl Iptv {
         channel: &Channel,
         wait: Duration,
         req: &http::request::Parts,
+        container: Container,
     ) -> Response<Body> {
         let query = req.uri.query().unwrap_or("");
         if let Some(recorder) = &channel.recorder {
@@ -567,6 +618,9 @@ impl Iptv {
             }),
         )
         .await;
+        if container == Container::Fmp4 {
+            channel.want_fmp4();
+        }
         let w = registry::lock(&channel.window);
         if let Some(f) = &w.failure {
             return super::text(f.status, &format!("{}\n", f.reason));
@@ -581,12 +635,89 @@ impl Iptv {
                 &format!("no segment of {} yet\n", channel.key.channel()),
             );
         }
+        if container == Container::Fmp4 {
+            // The fMP4 state is locked after the window is let go (`want_fmp4` takes them the
+            // other way round).
+            let listing = self.listing(channel, &w);
+            let ended = w.ended;
+            drop(w);
+            return match self.fmp4_playlist(channel, listing, ended, query) {
+                Ok(text) => playlist_response(text),
+                Err(reason) => super::text(StatusCode::NOT_ACCEPTABLE, &reason),
+            };
+        }
         playlist_response(self.live_playlist(channel, &w, query))
     }
 
     /// The playlist of a channel's window (with its parts, for low-latency HLS): live, or for
     /// a catch-up session every segment so far, as EVENT and then VOD, on the programme's clock.
     fn live_playlist(&self, channel: &Channel, w: &Window, query: &str) -> String {
+        let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
+        let (entries, gone, kind) = self.listing(channel, w);
+        let parts = if part_target > 0 {
+            w.held.entries(w.next)
+        } else {
+            Vec::new()
+        };
+        playlist::media(
+            playlist::Window {
+                target: self.config.hls.target_duration_secs,
+                discontinuity_sequence: gone,
+                ended: w.ended,
+                query,
+                kind,
+                start_ms: None,
+                low_latency: (part_target > 0).then_some(LowLatency {
+                    part_target,
+                    parts: &parts,
+                }),
+            },
+            &entries,
+        )
+    }
+
+    /// The fMP4 playlist of a channel's window: as [`Iptv::live_playlist`] without parts, from
+    /// the first segment after the last one that has no fMP4 form; `Err` when none has one.
+    fn fmp4_playlist(
+        &self,
+        channel: &Channel,
+        (entries, gone, kind): (Vec<Entry>, u64, Kind),
+        ended: bool,
+        query: &str,
+    ) -> Result<String, String> {
+        let sequences: Vec<u64> = entries.iter().map(|e| e.sequence).collect();
+        let (skipped, inits) = channel.fmp4.listing(&sequences);
+        if inits.is_empty() {
+            let why = channel.fmp4.error().unwrap_or_default();
+            return Err(format!(
+                "{} has no fMP4 form ({why}; fMP4 segments carry H.264 video and AAC audio); \
+                 its TS playlist is index.m3u8?container=ts\n",
+                channel.key.channel()
+            ));
+        }
+        let gone = gone
+            + entries[..skipped]
+                .iter()
+                .map(|e| u64::from(e.discontinuity))
+                .sum::<u64>();
+        Ok(playlist::media_fmp4(
+            playlist::Window {
+                target: self.config.hls.target_duration_secs,
+                discontinuity_sequence: gone,
+                ended,
+                query,
+                kind,
+                start_ms: None,
+                low_latency: None,
+            },
+            &entries[skipped..skipped + inits.len()],
+            &inits,
+        ))
+    }
+
+    /// The window's segments as a playlist lists them, the discontinuities before the first,
+    /// and the playlist type.
+    fn listing(&self, channel: &Channel, w: &Window) -> (Vec<Entry>, u64, Kind) {
         let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
         let listed = match channel.catchup {
             Some(_) => w.segments.len(),
@@ -628,26 +759,7 @@ impl Iptv {
                 }),
             })
             .collect();
-        let parts = if part_target > 0 {
-            w.held.entries(w.next)
-        } else {
-            Vec::new()
-        };
-        playlist::media(
-            playlist::Window {
-                target: self.config.hls.target_duration_secs,
-                discontinuity_sequence: gone,
-                ended: w.ended,
-                query,
-                kind,
-                start_ms: None,
-                low_latency: (part_target > 0).then_some(LowLatency {
-                    part_target,
-                    parts: &parts,
-                }),
-            },
-            &entries,
-        )
+        (entries, gone, kind)
     }
 
     /// A blocking reload (low-latency HLS): the live playlist once it lists segment `msn` (or
@@ -667,7 +779,7 @@ impl Iptv {
             (w.segments.is_empty() && !w.ended, w.next)
         };
         if channel.recorder.is_some() || empty {
-            return self.playlist_of(channel, wait, req).await;
+            return self.playlist_of(channel, wait, req, Container::Ts).await;
         }
         if block.too_far(next) {
             return super::text(
@@ -907,6 +1019,60 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
     }
 }
 
+/// Segment `n` as fMP4: at once when held, after a wait when it is the next one, else 404.
+async fn fragment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
+    channel.want_fmp4();
+    let mut rx = channel.changed.subscribe();
+    let _ = tokio::time::timeout(
+        wait,
+        rx.wait_for(|_| {
+            let w = registry::lock(&channel.window);
+            w.next > n || w.ended || n > w.next + 1
+        }),
+    )
+    .await;
+    match channel.fmp4.fragment(n) {
+        Some(Some(f)) => mp4_response(f.media),
+        Some(None) => super::text(
+            StatusCode::NOT_FOUND,
+            &format!("segment {n} has no fMP4 form\n"),
+        ),
+        None => super::text(
+            StatusCode::NOT_FOUND,
+            &format!("segment {n} is not in the window\n"),
+        ),
+    }
+}
+
+/// fMP4 init segment `id`, while a segment in the window needs it.
+fn init_of(channel: &Channel, id: u64) -> Response<Body> {
+    channel.want_fmp4();
+    match channel.fmp4.init(id) {
+        Some(init) => mp4_response(init),
+        None => super::text(
+            StatusCode::NOT_FOUND,
+            &format!("no segment in the window uses init segment {id}\n"),
+        ),
+    }
+}
+
+/// A HEAD request gets the answer's head only.
+fn head_only(req: &http::request::Parts, resp: Response<Body>) -> Response<Body> {
+    if req.method == Method::HEAD {
+        let (parts, _) = resp.into_parts();
+        Response::from_parts(parts, body::empty())
+    } else {
+        resp
+    }
+}
+
+fn mp4_response(data: bytes::Bytes) -> Response<Body> {
+    let mut resp = segment_response(data);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, "video/mp4".parse().unwrap());
+    resp
+}
+
 /// Part `i` of segment `n` (low-latency HLS): at once when held, after a wait when it is yet
 /// to come (a preload hint names the next part before it exists), else 404.
 async fn part_of(channel: &Channel, n: u64, i: u32, wait: Duration) -> Response<Body> {
@@ -1013,6 +1179,15 @@ mod tests {
         assert_eq!(split("/hls/index.m3u8"), None);
         assert_eq!(split("/hls/rtp/239.1.1.1:5000/x.ts"), None);
         assert_eq!(split("/hls/rtp/239.1.1.1:5000/1.mp4"), None);
+        assert_eq!(
+            split("/hls/rtp/239.1.1.1:5000/17.m4s"),
+            Some(("/rtp/239.1.1.1:5000", File::Fragment(17)))
+        );
+        assert_eq!(
+            split("/hls/rtp/239.1.1.1:5000/init-2.mp4"),
+            Some(("/rtp/239.1.1.1:5000", File::Init(2)))
+        );
+        assert_eq!(split("/hls/rtp/239.1.1.1:5000/init-x.mp4"), None);
     }
 
     #[test]

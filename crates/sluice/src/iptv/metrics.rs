@@ -1,10 +1,10 @@
 //! Prometheus metric families of the IPTV gateway (all names in this one file), and the per-hub
 //! handles the hot path increments without touching the families' locks.
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// Labels identifying one hub.

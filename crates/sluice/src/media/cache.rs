@@ -18,11 +18,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::atomic::Counter;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use sluice_media::dash::proxy::Part;

@@ -12,9 +12,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::atomic::Counter;
 use bytes::Bytes;
 use http::HeaderMap;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sluice_media::dash::proxy::Part;
 

@@ -4,13 +4,13 @@
 //! goes from the upstream socket to the client's with `splice(2)` (`server::spliced`).
 //! Everything else takes the streamed path (a close-delimited body is read from the same socket).
 
+use crate::atomic::Counter;
 use crate::body::Incoming;
 use bytes::BytesMut;
 use http::header::{self, HeaderMap};
 use http::{Method, Request, Response};
 use http_body::Frame;
 use http_body_util::StreamBody;
-use prometheus_client::metrics::counter::Counter;
 use sluice_http::response_head::BodyLength;
 use sluice_media::query::ProxyParams;
 use tokio::io::AsyncReadExt;

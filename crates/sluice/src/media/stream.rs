@@ -4,10 +4,10 @@
 //! they are, HEAD stays HEAD, and the body streams with backpressure (dropping the client drops
 //! the upstream request), or is spliced socket to socket where both sides allow it (`spliced`).
 
+use crate::atomic::Counter;
 use crate::body::Incoming;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use prometheus_client::metrics::counter::Counter;
 use sluice_media::query::ProxyParams;
 
 use crate::body::{self, Body};

@@ -1,10 +1,10 @@
 //! Downstream requests by HTTP version, and the QUIC endpoint's own families (connections,
 //! handshakes, Retry, refusals).
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// The `http_version` label.

@@ -2,7 +2,8 @@
 //!
 //! Why each choice:
 //! - Bound to the group address, not the wildcard, and `IP_MULTICAST_ALL` off: with N channels
-//!   on one port a wildcard socket receives all N (the Go `ListenMulticastUDP` trap).
+//!   on one port a wildcard socket receives all N (the Go `ListenMulticastUDP` trap). Where the
+//!   option does not exist (qemu-user, kernels before 2.6.31) the bind alone does that.
 //! - Joined by interface index resolved from the name on every (re)join: an address or
 //!   "default" interface silently picks another NIC, and PPPoE redials change indexes.
 //! - Source-specific joins use `MCAST_JOIN_SOURCE_GROUP`, the protocol-independent form that
@@ -55,12 +56,21 @@ pub fn open(g: &Group, recv_buffer: usize) -> io::Result<Socket> {
     sock.set_reuse_address(true)?;
     sock.set_nonblocking(true)?;
     set_recv_buffer(&sock, recv_buffer);
-    match g.group {
-        IpAddr::V4(_) => sock.set_multicast_all_v4(false)?,
+    let all_off = match g.group {
+        IpAddr::V4(_) => sock.set_multicast_all_v4(false),
         IpAddr::V6(_) => {
             sock.set_only_v6(true)?;
-            sock.set_multicast_all_v6(false)?;
+            sock.set_multicast_all_v6(false)
         }
+    };
+    match all_off {
+        // Kernels before 2.6.31 and user-mode emulators (qemu-user) do not know the option;
+        // the group-address bind still keeps other groups out, only one group joined on two
+        // interfaces then reaches the hubs of both.
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+            tracing::debug!(group = %g.group, "IP_MULTICAST_ALL not supported here; left on");
+        }
+        other => other?,
     }
     let bind = match g.group {
         // A link-scoped IPv6 group needs the scope id to bind.

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
-use prometheus_client::metrics::counter::Counter;
+use crate::atomic::Counter;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 

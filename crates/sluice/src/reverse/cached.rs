@@ -4,8 +4,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use crate::atomic::Counter;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use prometheus_client::metrics::counter::Counter;
 use sluice_http::hop;
 use tokio::time::Instant;
 

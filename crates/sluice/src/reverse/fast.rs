@@ -8,9 +8,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::atomic::Counter;
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
-use prometheus_client::metrics::counter::Counter;
 use sluice_http::chunked;
 use sluice_http::response_head::{self, BodyLength, ResponseHead};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};

@@ -7,12 +7,12 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::atomic::Counter;
 use futures_util::FutureExt;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncWriteExt, Interest};
 
 use super::fast::{write_head, FastClient};

@@ -860,7 +860,7 @@ pub(super) fn hold_server(
 }
 
 /// Decrements a gauge when dropped.
-pub(super) struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+pub(super) struct GaugeGuard(crate::atomic::Gauge);
 
 impl Drop for GaugeGuard {
     fn drop(&mut self) {

@@ -1,10 +1,10 @@
 //! The reverse proxy's metric families: per route (requests by status class, time to first byte,
 //! total time, retries) and per upstream server (requests, failures, in flight, health).
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::OnceLock;

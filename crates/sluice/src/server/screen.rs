@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
+use crate::atomic::Counter;
 use sluice_http::h1screen::{Head, Screen};
 use std::future::Future;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};

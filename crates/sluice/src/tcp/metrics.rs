@@ -1,10 +1,10 @@
 //! The TCP front end's metric families (per listener and per upstream server), registered under
 //! `tcp_`; a connection takes its counter handles once, so the relay only does atomic adds.
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 

@@ -5,10 +5,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::atomic::Counter;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
 /// Why an upstream body ended early.

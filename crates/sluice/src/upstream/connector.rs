@@ -76,7 +76,7 @@ struct Inner {
     verified: OnceLock<TlsConnector>,
     #[cfg(feature = "tls")]
     unverified: OnceLock<TlsConnector>,
-    opened: prometheus_client::metrics::counter::Counter,
+    opened: crate::atomic::Counter,
 }
 
 impl Connector {
@@ -87,7 +87,7 @@ impl Connector {
         http2: bool,
         connect_timeout: Duration,
         max_setups: usize,
-        opened: prometheus_client::metrics::counter::Counter,
+        opened: crate::atomic::Counter,
     ) -> Self {
         Connector {
             inner: Arc::new(Inner {

@@ -30,11 +30,7 @@ pub fn static_members(config: &ClusterConfig) -> Vec<MemberSpec> {
 
 /// Keeps the ring's members in step with DNS until the ring is dropped.
 #[cfg(feature = "dns")]
-pub fn spawn_dns(
-    config: &ClusterConfig,
-    ring: Weak<Ring>,
-    resolved: prometheus_client::metrics::counter::Counter,
-) {
+pub fn spawn_dns(config: &ClusterConfig, ring: Weak<Ring>, resolved: crate::atomic::Counter) {
     let resolver = dns::resolver(config.dns_server);
     let name = config.dns.clone().unwrap_or_default();
     let (min, max) = (

@@ -1,10 +1,10 @@
 //! The cluster's metric families (`sluice_cache_cluster_*`): peer fills, hops served for peers,
 //! owner failures, purge fan-out, and the ring itself (one `member_up` series per member).
 
+use crate::atomic::Counter;
+use crate::atomic::Gauge;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

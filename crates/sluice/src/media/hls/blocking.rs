@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
+use crate::atomic::Counter;
 use prometheus_client::registry::Registry;
 use sluice_media::hls::blocking::{upstream_url, Directives, DIRECTIVES};
 use tokio::sync::watch;

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::atomic::Counter;
 use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 

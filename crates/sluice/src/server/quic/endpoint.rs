@@ -62,7 +62,7 @@ struct Accepting {
     idle: Duration,
     handshake_timeout: Duration,
     metrics: ProtocolMetrics,
-    handshake_timeouts: prometheus_client::metrics::counter::Counter,
+    handshake_timeouts: crate::atomic::Counter,
     open: AtomicUsize,
     handshaking: AtomicUsize,
 }
@@ -204,13 +204,10 @@ impl Accepting {
 }
 
 /// Counts one in the given gauge and counter while alive.
-struct Held<'a>(
-    &'a AtomicUsize,
-    &'a prometheus_client::metrics::gauge::Gauge,
-);
+struct Held<'a>(&'a AtomicUsize, &'a crate::atomic::Gauge);
 
 impl<'a> Held<'a> {
-    fn new(count: &'a AtomicUsize, gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+    fn new(count: &'a AtomicUsize, gauge: &'a crate::atomic::Gauge) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
         gauge.inc();
         Held(count, gauge)
