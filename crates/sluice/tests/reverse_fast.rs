@@ -493,7 +493,10 @@ async fn idle_connections_are_closed_on_time_by_the_shared_clock() {
     let mut idle = Vec::new();
     for _ in 0..40 {
         let mut c = Client::to(&p).await;
-        assert_eq!(c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await.body, b"hi");
+        assert_eq!(
+            c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await.body,
+            b"hi"
+        );
         idle.push((c, tokio::time::Instant::now()));
     }
     let mut silent = TcpStream::connect(p.addr).await.unwrap();
@@ -513,16 +516,28 @@ async fn idle_connections_are_closed_on_time_by_the_shared_clock() {
     };
     let silent_cut = async {
         let rest = closed_within(&mut silent, Duration::from_secs(6)).await;
-        assert_eq!(rest.as_deref(), Some(&b""[..]), "a silent connection was not cut");
+        assert_eq!(
+            rest.as_deref(),
+            Some(&b""[..]),
+            "a silent connection was not cut"
+        );
         // header_read_timeout_secs = 1
         assert!(silent_since.elapsed() >= Duration::from_millis(950));
     };
     let idle_cut = async {
         for (c, since) in &mut idle {
             let rest = closed_within(&mut c.s, Duration::from_secs(6)).await;
-            assert_eq!(rest.as_deref(), Some(&b""[..]), "an idle connection was not cut");
+            assert_eq!(
+                rest.as_deref(),
+                Some(&b""[..]),
+                "an idle connection was not cut"
+            );
             // idle_timeout_secs = 2
-            assert!(since.elapsed() >= Duration::from_millis(1_950), "{:?}", since.elapsed());
+            assert!(
+                since.elapsed() >= Duration::from_millis(1_950),
+                "{:?}",
+                since.elapsed()
+            );
         }
     };
     tokio::join!(keep_asking, silent_cut, idle_cut);
@@ -540,7 +555,10 @@ async fn shutdown_drains_idle_connections_waiting_on_the_clock() {
     let mut asks = Client::to(&p).await;
     let mut quiet = Client::to(&p).await;
     for c in [&mut asks, &mut quiet] {
-        assert_eq!(c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await.body, b"hi");
+        assert_eq!(
+            c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await.body,
+            b"hi"
+        );
     }
     // Both idle on the clock by now.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -553,7 +571,11 @@ async fn shutdown_drains_idle_connections_waiting_on_the_clock() {
     let rest = closed_within(&mut asks.s, Duration::from_secs(3)).await;
     assert_eq!(rest.as_deref(), Some(&b""[..]));
     let rest = closed_within(&mut quiet.s, Duration::from_secs(3)).await;
-    assert_eq!(rest.as_deref(), Some(&b""[..]), "an idle connection outlived the drain");
+    assert_eq!(
+        rest.as_deref(),
+        Some(&b""[..]),
+        "an idle connection outlived the drain"
+    );
     assert!(stopped.elapsed() >= Duration::from_millis(950));
 }
 

@@ -277,7 +277,9 @@ mod tests {
             let (clock, fired) = (clock.clone(), fired.clone());
             tasks.push(tokio::spawn(async move {
                 let mut alarm = Alarm::new(clock);
-                alarm.until(start + Duration::from_millis(100 * (i + 1))).await;
+                alarm
+                    .until(start + Duration::from_millis(100 * (i + 1)))
+                    .await;
                 fired.lock().unwrap().push(i);
             }));
         }

@@ -170,7 +170,11 @@ impl Idle {
     /// the keep-alive idle timeout (the header read timeout before the first request), or
     /// `DRAIN_IDLE` after shutdown, so a request sent in that moment is still answered (with
     /// `Connection: close`) rather than met by a closed connection.
-    pub(super) fn poll_wait<H: Handler>(&mut self, conn: &Conn<H>, cx: &mut Context<'_>) -> Poll<bool> {
+    pub(super) fn poll_wait<H: Handler>(
+        &mut self,
+        conn: &Conn<H>,
+        cx: &mut Context<'_>,
+    ) -> Poll<bool> {
         match self.stream.get_ref().poll_read_ready(cx) {
             Poll::Ready(ready) => return Poll::Ready(ready.is_ok()),
             Poll::Pending => {}
@@ -196,7 +200,11 @@ impl Idle {
 impl<H: Handler> Conn<H> {
     /// Reads and serves requests while they keep coming, until the socket has nothing more
     /// (`End::Idle`: the connection waits, idle, again), it closes, or hyper takes over.
-    pub(super) async fn serve_busy(self: Arc<Self>, mut idle: Idle, peer: SocketAddr) -> (Idle, End) {
+    pub(super) async fn serve_busy(
+        self: Arc<Self>,
+        mut idle: Idle,
+        peer: SocketAddr,
+    ) -> (Idle, End) {
         let end = self.serve_requests(&mut idle, peer).await;
         (idle, end)
     }

@@ -39,12 +39,7 @@ enum State {
 
 impl<H: Handler> Connection<H> {
     /// A connection that goes its whole way in `work` (TLS, or hyper from the start).
-    pub(super) fn other(
-        conn: Arc<Conn<H>>,
-        peer: SocketAddr,
-        slot: Slot,
-        work: Boxed<()>,
-    ) -> Self {
+    pub(super) fn other(conn: Arc<Conn<H>>, peer: SocketAddr, slot: Slot, work: Boxed<()>) -> Self {
         Connection {
             conn,
             peer,
