@@ -5,6 +5,8 @@
 pub mod activity;
 pub mod config;
 #[cfg(feature = "reverse")]
+mod clock;
+#[cfg(feature = "reverse")]
 mod h1fast;
 pub mod handler;
 pub mod listener;
@@ -13,6 +15,7 @@ pub mod quic;
 pub mod screen;
 pub mod spliced;
 pub mod stall;
+mod task;
 pub mod tls;
 pub mod upgrade;
 
@@ -290,6 +293,8 @@ impl<H: Handler> Server<H> {
             splice: self.handler.splices_streams(),
             fast_path: self.config.h1_fast_path,
             alt_svc: None,
+            #[cfg(feature = "reverse")]
+            clock: clock::Clock::start(stop_rx.clone()),
         };
         // The `Alt-Svc` value of the TLS listener on an address (`None`: not advertised).
         let http3 = self.serves_http3();
@@ -398,14 +403,12 @@ async fn accept_loop<H: Handler>(
     acceptor: listener::Acceptor,
     tracker: TaskTracker,
 ) {
+    // Shared by the listener's connections: a connection task holds a pointer, not a copy.
+    let conn = Arc::new(conn);
     loop {
         let (stream, peer, slot) = acceptor.accept(&listener).await;
         conn.handler.connection_accepted();
-        let conn = conn.clone();
-        tracker.spawn(async move {
-            conn.serve(stream, peer).await;
-            drop(slot);
-        });
+        tracker.spawn(Conn::serve(conn.clone(), stream, peer, slot));
     }
 }
 
@@ -449,6 +452,12 @@ impl<H: Handler> Core<H> {
     async fn serve(self) {
         let mut stop = self.conn.stop.clone();
         let mut loops = Vec::new();
+        // This runtime's own clock for its connections' deadlines.
+        let base = Conn {
+            #[cfg(feature = "reverse")]
+            clock: clock::Clock::start(stop.clone()),
+            ..self.conn.clone()
+        };
         for ((id, std_listener), alt_svc) in self.listeners.into_iter().zip(self.alt_svc) {
             match TcpListener::from_std(std_listener) {
                 Ok(l) => loops.push(tokio::spawn(accept_loop(
@@ -456,7 +465,7 @@ impl<H: Handler> Core<H> {
                     Conn {
                         listener: id,
                         alt_svc,
-                        ..self.conn.clone()
+                        ..base.clone()
                     },
                     self.acceptor.clone(),
                     self.tracker.clone(),
@@ -554,6 +563,9 @@ struct Conn<H> {
     fast_path: bool,
     /// `Alt-Svc` for this listener's TLS responses: HTTP/3 on the same port.
     alt_svc: Option<http::HeaderValue>,
+    /// The runtime's clock for the fast path's connection deadlines (`clock`).
+    #[cfg(feature = "reverse")]
+    clock: Arc<clock::Clock>,
 }
 
 impl<H> Clone for Conn<H> {
@@ -570,6 +582,8 @@ impl<H> Clone for Conn<H> {
             splice: self.splice,
             fast_path: self.fast_path,
             alt_svc: self.alt_svc.clone(),
+            #[cfg(feature = "reverse")]
+            clock: self.clock.clone(),
         }
     }
 }
@@ -583,6 +597,15 @@ struct SendWatch {
 }
 
 impl SendWatch {
+    fn of(stream: &Watched<tokio::net::TcpStream>) -> SendWatch {
+        SendWatch {
+            activity: stream.activity().clone(),
+            // Kept to read the send queue; valid while the connection (which owns it) is alive.
+            fd: std::os::fd::AsRawFd::as_raw_fd(stream.get_ref()),
+            unacked: None,
+        }
+    }
+
     fn stalled(&mut self, limit: Duration) -> bool {
         if self.activity.send_stalled_for().is_none() {
             self.unacked = None;
@@ -615,37 +638,36 @@ struct Timeouts {
 }
 
 impl<H: Handler> Conn<H> {
-    async fn serve(mut self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+    /// The task of one accepted connection (`task`).
+    fn serve(
+        self: Arc<Self>,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        slot: listener::Slot,
+    ) -> task::Connection<H> {
         // The watch sits under TLS so it measures bytes the client actually accepts.
-        let activity = Activity::new();
-        // Kept to read the send queue; valid while the connection (which owns it) is alive.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-        let mut stream = Watched::new(stream, activity.clone());
-        let mut watch = SendWatch {
-            activity,
-            fd,
-            unacked: None,
-        };
-        // Whatever follows the first wait is boxed (TLS, hyper's connection, the screen), so the
-        // task of an idle connection the fast path serves keeps only that wait's small state.
+        let stream = Watched::new(stream, Activity::new());
         #[cfg(feature = "tls")]
         if let Some(settings) = self.tls.load_full() {
-            return Box::pin(self.serve_tls(stream, watch, peer, settings)).await;
+            let tls = Box::pin(Conn::clone(&self).serve_tls(stream, peer, settings));
+            return task::Connection::other(self, peer, slot, tls);
         }
-        let Some(replayed) = self.fast_path_first(&mut stream, &mut watch, peer).await else {
-            return;
-        };
-        self.hand_to_hyper(stream, watch, peer, replayed).await
+        #[cfg(feature = "reverse")]
+        if self.fast_path && self.handler.has_fast_routes() {
+            return task::Connection::fast(self, stream, peer, slot);
+        }
+        let hyper = Conn::clone(&self).hand_to_hyper(stream, peer, Vec::new());
+        task::Connection::other(self, peer, slot, hyper)
     }
 
     /// Hands a plain connection to hyper under the request screen, `replayed` first; boxed.
     fn hand_to_hyper(
         self,
         stream: Watched<tokio::net::TcpStream>,
-        watch: SendWatch,
         peer: SocketAddr,
         replayed: Vec<u8>,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let watch = SendWatch::of(&stream);
         let tap = self.splice.then(|| Arc::new(spliced::Tap::default()));
         let mut stream = self.screened(spliced::Tapped::new(stream, tap.clone()), false);
         stream.replay(replayed);
@@ -657,10 +679,10 @@ impl<H: Handler> Conn<H> {
     async fn serve_tls(
         self,
         stream: Watched<tokio::net::TcpStream>,
-        watch: SendWatch,
         peer: SocketAddr,
         settings: Arc<rustls::ServerConfig>,
     ) {
+        let watch = SendWatch::of(&stream);
         let limit = self.timeouts.tls_handshake;
         #[cfg(feature = "acme")]
         let acme = self.handler.on_demand();
@@ -692,26 +714,6 @@ impl<H: Handler> Conn<H> {
                 tracing::debug!(%peer, "TLS handshake timed out");
             }
         }
-    }
-
-    /// What a plain connection hands to hyper: the bytes the HTTP/1.1 fast path read before a
-    /// request it does not serve (none when the fast path is off or no route is one it serves);
-    /// `None` when the fast path ended the connection itself.
-    #[cfg_attr(not(feature = "reverse"), allow(unused_variables))]
-    async fn fast_path_first(
-        &mut self,
-        stream: &mut Watched<tokio::net::TcpStream>,
-        watch: &mut SendWatch,
-        peer: SocketAddr,
-    ) -> Option<Vec<u8>> {
-        #[cfg(feature = "reverse")]
-        if self.fast_path && self.handler.has_fast_routes() {
-            return match self.serve_fast(stream, watch, peer).await {
-                h1fast::End::Closed => None,
-                h1fast::End::HandOff(bytes) => Some(bytes),
-            };
-        }
-        Some(Vec::new())
     }
 
     /// Puts the HTTP/1.1 request screen (`screen`) under hyper.
@@ -849,18 +851,12 @@ impl<H: Handler> Conn<H> {
 mod tests {
     use super::*;
 
-    /// The size of what `f` returns, without calling it.
-    fn size_of_output<A, B, C, F, Fut>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C) -> Fut,
-    {
-        std::mem::size_of::<Fut>()
-    }
-
-    /// Every open connection is one task holding `Conn::serve`'s state for as long as it lives,
-    /// idle keep-alive connections included: hyper's connection, TLS and a request being served
-    /// are boxed, so what an idle connection keeps is the fast path's wait for its next head
-    /// (1,368 bytes in a dev build; it was 3,000 with TLS and hyper's state laid out inline).
+    /// Every open connection is one task holding a `task::Connection` for as long as it lives,
+    /// idle keep-alive connections included: hyper's connection, TLS and everything a request
+    /// needs are boxed, so what an idle connection keeps is the fast path's wait for its next
+    /// request (the socket, two instants and its place on the runtime's clock). It was 3,000
+    /// bytes with TLS and hyper's state laid out inline, then 1,368 with the fast path's read
+    /// loop and a per-connection timer inline.
     /// A handler that is never called: the connection task's size does not depend on it.
     struct Unused;
 
@@ -911,7 +907,7 @@ mod tests {
 
     #[test]
     fn an_idle_connection_task_stays_small() {
-        let size = size_of_output(Conn::<Unused>::serve);
-        assert!(size <= 1536, "Conn::serve's future grew to {size} bytes");
+        let size = std::mem::size_of::<task::Connection<Unused>>();
+        assert!(size <= 256, "a connection's task grew to {size} bytes");
     }
 }

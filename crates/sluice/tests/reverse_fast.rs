@@ -471,6 +471,114 @@ async fn slow_and_idle_clients_are_cut() {
     assert!(started.elapsed() >= Duration::from_millis(1900));
 }
 
+/// Reads until the proxy closes the connection (bounded): the bytes read, or `None` when it
+/// was still open after `limit`.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut rest = Vec::new();
+    tokio::time::timeout(limit, s.read_to_end(&mut rest))
+        .await
+        .ok()?
+        .ok()?;
+    Some(rest)
+}
+
+/// Idle connections wait on the runtime's one clock rather than a timer each: a crowd of idle
+/// keep-alive clients is still closed at the idle timeout (not before, and not long after), one
+/// that never sends a head at the header read timeout, and a client that keeps asking within
+/// the timeout is served past it, its clock restarting with each request.
+#[tokio::test]
+async fn idle_connections_are_closed_on_time_by_the_shared_clock() {
+    let (origin, _) = raw_origin(ok_answer("hi")).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        let mut c = Client::to(&p).await;
+        assert_eq!(
+            c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await.body,
+            b"hi"
+        );
+        idle.push((c, tokio::time::Instant::now()));
+    }
+    let mut silent = TcpStream::connect(p.addr).await.unwrap();
+    let silent_since = tokio::time::Instant::now();
+    let mut busy = Client::to(&p).await;
+    let busy_since = tokio::time::Instant::now();
+    let keep_asking = async {
+        // Every 600 ms for 3.6 s: longer than the 2 s idle timeout, never idle that long.
+        for _ in 0..6 {
+            let r = busy.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+            assert_eq!(r.body, b"hi");
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        assert!(busy_since.elapsed() >= Duration::from_millis(3_500));
+        let r = busy.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.body, b"hi");
+    };
+    let silent_cut = async {
+        let rest = closed_within(&mut silent, Duration::from_secs(6)).await;
+        assert_eq!(
+            rest.as_deref(),
+            Some(&b""[..]),
+            "a silent connection was not cut"
+        );
+        // header_read_timeout_secs = 1
+        assert!(silent_since.elapsed() >= Duration::from_millis(900));
+    };
+    let idle_cut = async {
+        for (c, since) in &mut idle {
+            let rest = closed_within(&mut c.s, Duration::from_secs(6)).await;
+            assert_eq!(
+                rest.as_deref(),
+                Some(&b""[..]),
+                "an idle connection was not cut"
+            );
+            // idle_timeout_secs = 2
+            assert!(
+                since.elapsed() >= Duration::from_millis(1_800),
+                "{:?}",
+                since.elapsed()
+            );
+        }
+    };
+    tokio::join!(keep_asking, silent_cut, idle_cut);
+}
+
+/// On shutdown the clock wakes every idle connection: one that asks in the next moment is
+/// answered with `Connection: close`, one that stays silent is closed about a second later,
+/// long before its 30 s keep-alive timeout.
+#[tokio::test]
+async fn shutdown_drains_idle_connections_waiting_on_the_clock() {
+    let (origin, _) = raw_origin(ok_answer("hi")).await;
+    let mut config = proxy_config(origin, true, "");
+    config.server.idle_timeout_secs = 30;
+    let p = Proxy::start(config).await;
+    let mut asks = Client::to(&p).await;
+    let mut quiet = Client::to(&p).await;
+    for c in [&mut asks, &mut quiet] {
+        assert_eq!(
+            c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await.body,
+            b"hi"
+        );
+    }
+    // Both idle on the clock by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = tokio::time::Instant::now();
+    drop(p);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = asks.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.body, b"hi");
+    assert_eq!(r.field("connection").as_deref(), Some("close"));
+    let rest = closed_within(&mut asks.s, Duration::from_secs(3)).await;
+    assert_eq!(rest.as_deref(), Some(&b""[..]));
+    let rest = closed_within(&mut quiet.s, Duration::from_secs(3)).await;
+    assert_eq!(
+        rest.as_deref(),
+        Some(&b""[..]),
+        "an idle connection outlived the drain"
+    );
+    assert!(stopped.elapsed() >= Duration::from_millis(950));
+}
+
 #[tokio::test]
 async fn fast_path_requests_are_metered() {
     let (origin, _) = raw_origin(ok_answer("hello")).await;

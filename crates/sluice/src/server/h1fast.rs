@@ -5,15 +5,17 @@
 //! `docs/decisions/h1-fast-path.md`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Method;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::activity::Watched;
+use super::clock::{Alarm, Clock};
 use super::handler::{FastClient, FastRequest, Handler};
 use super::{Conn, SendWatch};
 
@@ -39,8 +41,10 @@ const FIELDS: usize = 100;
 /// First read buffer; it grows up to `server.max_header_bytes` for a long head.
 const FIRST_READ: usize = 4096;
 
-/// How the fast path left a connection.
+/// How a busy stretch of the fast path left a connection.
 pub(super) enum End {
+    /// Nothing more to read: wait, idle, for the next request.
+    Idle,
     /// Closed (by either side, a timeout, or shutdown): nothing more to do.
     Closed,
     /// A request the fast path does not serve: hyper takes the connection, these bytes first.
@@ -130,74 +134,92 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     }))
 }
 
-/// Waits for more request bytes: `Ok(0)` at the end of the stream, `Err` on an error, when
-/// `limit` has passed since `since`, or on shutdown while no request is under way (`stoppable`).
-/// The clock is the connection's one ticker, not a timer per read.
-async fn read_more<H: Handler>(
-    conn: &mut Conn<H>,
-    stream: &mut Watched<TcpStream>,
-    buf: &mut Vec<u8>,
-    ticker: &mut tokio::time::Interval,
-    (since, limit): (Instant, Duration),
-    stoppable: bool,
-) -> Result<usize, ()> {
-    // On shutdown an idle connection stays `DRAIN_IDLE` more, so a request sent in that moment
-    // is answered (with `Connection: close`) rather than met by a closed connection.
-    let mut drain_from = None;
-    loop {
-        tokio::select! {
-            read = read_into(stream, buf) => return read.map_err(|_| ()),
-            _ = conn.stop.wait_for(|s| *s), if stoppable && drain_from.is_none() => {
-                drain_from = Some(Instant::now());
-            }
-            _ = ticker.tick() => {
-                let drained = drain_from.is_some_and(|d| d.elapsed() >= super::DRAIN_IDLE);
-                if since.elapsed() >= limit || drained {
-                    return Err(());
-                }
-            }
-        }
-    }
+/// What a plain fast-path connection keeps while it waits for a request: the socket, when it
+/// went idle, whether a request was served, and its place on the runtime's clock. Everything a
+/// request needs (the head buffer, the request being served) lives in a box allocated when the
+/// request's first bytes arrive and dropped once the connection is idle again, so tens of
+/// thousands of idle keep-alive clients cost their socket and a small task each, as under nginx.
+pub(super) struct Idle {
+    stream: Watched<TcpStream>,
+    /// When the connection went idle (accepted, or its last response ended).
+    since: Instant,
+    /// A request has been served: the keep-alive idle timeout applies, not the header read
+    /// timeout.
+    begun: bool,
+    /// Shutdown was seen while idle, at this instant: the drain clock.
+    drain_from: Option<Instant>,
+    alarm: Alarm,
 }
 
-/// Reads into `buf`. An idle connection keeps no buffer (as nginx does not): while `buf` is empty
-/// this first waits for the socket to be readable, and only then allocates the first read's
-/// buffer, so tens of thousands of idle keep-alive clients cost their socket and a small task.
-async fn read_into(stream: &mut Watched<TcpStream>, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-    if buf.is_empty() && buf.capacity() == 0 {
-        stream.get_ref().readable().await?;
+impl Idle {
+    pub(super) fn new(stream: Watched<TcpStream>, clock: Arc<Clock>) -> Idle {
+        Idle {
+            stream,
+            since: Instant::now(),
+            begun: false,
+            drain_from: None,
+            alarm: Alarm::new(clock),
+        }
     }
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(FIRST_READ);
+
+    pub(super) fn into_stream(self) -> Watched<TcpStream> {
+        self.stream
     }
-    stream.read_buf(buf).await
+
+    /// Waits until a request's bytes arrive (`true`) or the connection is to close (`false`):
+    /// the keep-alive idle timeout (the header read timeout before the first request), or
+    /// `DRAIN_IDLE` after shutdown, so a request sent in that moment is still answered (with
+    /// `Connection: close`) rather than met by a closed connection.
+    pub(super) fn poll_wait<H: Handler>(
+        &mut self,
+        conn: &Conn<H>,
+        cx: &mut Context<'_>,
+    ) -> Poll<bool> {
+        match self.stream.get_ref().poll_read_ready(cx) {
+            Poll::Ready(ready) => return Poll::Ready(ready.is_ok()),
+            Poll::Pending => {}
+        }
+        let now = Instant::now();
+        let t = conn.timeouts;
+        let deadline = if *conn.stop.borrow() {
+            *self.drain_from.get_or_insert(now) + super::DRAIN_IDLE
+        } else if self.begun {
+            self.since + t.idle
+        } else {
+            self.since + t.header_read.min(t.idle)
+        };
+        if now >= deadline {
+            return Poll::Ready(false);
+        }
+        // The clock also wakes every waiting connection on shutdown.
+        self.alarm.wake_by(deadline, cx.waker());
+        Poll::Pending
+    }
 }
 
 impl<H: Handler> Conn<H> {
-    /// Serves fast-path requests on a plain connection until it closes or a request needs hyper.
-    pub(super) async fn serve_fast(
-        &mut self,
-        stream: &mut Watched<TcpStream>,
-        watch: &mut SendWatch,
+    /// Reads and serves requests while they keep coming, until the socket has nothing more
+    /// (`End::Idle`: the connection waits, idle, again), it closes, or hyper takes over.
+    pub(super) async fn serve_busy(
+        self: Arc<Self>,
+        mut idle: Idle,
         peer: SocketAddr,
-    ) -> End {
+    ) -> (Idle, End) {
+        let end = self.serve_requests(&mut idle, peer).await;
+        (idle, end)
+    }
+
+    async fn serve_requests(&self, idle: &mut Idle, peer: SocketAddr) -> End {
         let t = self.timeouts;
         let (max_bytes, max_fields) = self.head_limits;
+        let mut watch = SendWatch::of(&idle.stream);
         let mut buf: Vec<u8> = Vec::new();
-        let mut begun = false;
-        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // When the connection began waiting for the current head (or went idle).
-        let mut since = Instant::now();
+        // When the current head's first bytes arrived.
+        let mut head_since = Instant::now();
         loop {
             let step = match classify(&buf, max_fields) {
                 Err(()) => Step::HandOff,
-                Ok(Some(simple)) => {
-                    begun = true;
-                    // Boxed: the serving state lives on the heap only while a request is served,
-                    // not in every idle connection's task.
-                    Box::pin(self.serve_one(simple, stream, watch, &mut ticker, peer)).await
-                }
+                Ok(Some(simple)) => self.serve_one(simple, idle, &mut watch, peer).await,
                 Ok(None) if buf.len() >= max_bytes => Step::HandOff,
                 Ok(None) => Step::Read,
             };
@@ -206,64 +228,52 @@ impl<H: Handler> Conn<H> {
                 Step::Closed => return End::Closed,
                 Step::Next(len) => {
                     buf.drain(..len);
+                    idle.begun = true;
+                    idle.since = Instant::now();
+                    head_since = idle.since;
                     if buf.is_empty() {
-                        // Nothing pipelined behind it: give the buffer back while idle.
+                        // Nothing pipelined behind it: the buffer goes back while idle.
                         buf = Vec::new();
                     }
-                    since = Instant::now();
                     continue;
                 }
                 Step::Read => {}
             }
-            // Between requests: the keep-alive idle timeout (the header read timeout before the
-            // first); inside a head: the header read timeout.
-            let (limit, stoppable) = if buf.is_empty() {
-                if *self.stop.borrow() {
-                    if since.elapsed() >= super::DRAIN_IDLE {
-                        return End::Closed;
-                    }
-                    (super::DRAIN_IDLE, false)
-                } else {
-                    let limit = if begun {
-                        t.idle
-                    } else {
-                        t.header_read.min(t.idle)
-                    };
-                    (limit, true)
-                }
-            } else {
-                (t.header_read, false)
-            };
+            if buf.capacity() - buf.len() < 1024 {
+                buf.reserve(FIRST_READ);
+            }
             let was_empty = buf.is_empty();
-            match read_more(
-                self,
-                stream,
-                &mut buf,
-                &mut ticker,
-                (since, limit),
-                stoppable,
-            )
-            .await
-            {
-                Ok(0) if buf.is_empty() => return End::Closed,
+            match idle.stream.get_ref().try_read_buf(&mut buf) {
+                Ok(0) if was_empty => return End::Closed,
                 // The end of the stream inside a head: hyper answers a truncated head.
                 Ok(0) => return End::HandOff(buf),
                 // A head begins: its own clock starts.
-                Ok(_) if was_empty => since = Instant::now(),
+                Ok(_) if was_empty => head_since = Instant::now(),
                 Ok(_) => {}
-                // A slowloris head, an idle connection, or shutdown: closed, as under hyper.
-                Err(()) => return End::Closed,
+                // Nothing more: the connection is idle (the box this runs in is dropped).
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && was_empty => {
+                    return End::Idle
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Inside a head: the header read timeout (a slowloris head is closed, as
+                    // under hyper).
+                    let stream = idle.stream.get_ref();
+                    tokio::select! {
+                        ready = stream.readable() => if ready.is_err() { return End::Closed },
+                        _ = idle.alarm.until(head_since + t.header_read) => return End::Closed,
+                    }
+                }
+                Err(_) => return End::Closed,
             }
         }
     }
 
     /// Serves one classified request; `HandOff` when its route is not one the fast path serves.
     async fn serve_one(
-        &mut self,
+        &self,
         simple: Simple<'_>,
-        stream: &mut Watched<TcpStream>,
+        idle: &mut Idle,
         watch: &mut SendWatch,
-        ticker: &mut tokio::time::Interval,
         peer: SocketAddr,
     ) -> Step {
         let t = self.timeouts;
@@ -274,6 +284,7 @@ impl<H: Handler> Conn<H> {
             return Step::HandOff;
         };
         crate::runtime::busy_poll::stamp();
+        let stream = &mut idle.stream;
         let guard = stream.activity().begin();
         let mut request = simple.request;
         request.close |= *self.stop.borrow();
@@ -289,10 +300,15 @@ impl<H: Handler> Conn<H> {
             guard,
         );
         tokio::pin!(serve);
+        // The send timeout is looked at once a tick while the response is under way, on the
+        // runtime's clock (a fast response never arms it).
+        let tick = Duration::from_secs(1).min(t.idle).min(t.send);
+        let mut check_at = Instant::now() + tick;
         let served = loop {
             tokio::select! {
                 served = serve.as_mut() => break served,
-                _ = ticker.tick() => {
+                _ = idle.alarm.until(check_at) => {
+                    check_at = Instant::now() + tick;
                     if watch.stalled(t.send) {
                         handler.http_metrics().send_timeouts.inc();
                         tracing::debug!(%peer, "client stopped reading: send timeout, closing");

@@ -1,0 +1,116 @@
+//! A client connection's task, written out by hand so an idle keep-alive connection on the
+//! HTTP/1.1 fast path holds only its wait for the next request: the socket, a few instants and
+//! its place on the runtime's clock. Everything else (a request being served, TLS, hyper's
+//! connection) is one box, allocated while it works.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::listener::Slot;
+use super::{Conn, Handler};
+
+/// A boxed stretch of a connection's life.
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One accepted connection, spawned as its own task; its slot is let go when it ends.
+pub(super) struct Connection<H> {
+    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
+    conn: Arc<Conn<H>>,
+    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
+    peer: SocketAddr,
+    state: State,
+    _slot: Slot,
+}
+
+enum State {
+    /// Waiting, idle, for the fast path's next request.
+    #[cfg(feature = "reverse")]
+    Idle(super::h1fast::Idle),
+    /// Serving fast-path requests; the connection comes back once the socket has nothing more.
+    #[cfg(feature = "reverse")]
+    Busy(Boxed<(super::h1fast::Idle, super::h1fast::End)>),
+    /// TLS, or hyper's connection: to the end.
+    Other(Boxed<()>),
+    Done,
+}
+
+impl<H: Handler> Connection<H> {
+    /// A connection that goes its whole way in `work` (TLS, or hyper from the start).
+    pub(super) fn other(conn: Arc<Conn<H>>, peer: SocketAddr, slot: Slot, work: Boxed<()>) -> Self {
+        Connection {
+            conn,
+            peer,
+            state: State::Other(work),
+            _slot: slot,
+        }
+    }
+
+    /// A plain connection starting on the fast path, waiting for its first request.
+    #[cfg(feature = "reverse")]
+    pub(super) fn fast(
+        conn: Arc<Conn<H>>,
+        stream: super::activity::Watched<tokio::net::TcpStream>,
+        peer: SocketAddr,
+        slot: Slot,
+    ) -> Self {
+        let idle = super::h1fast::Idle::new(stream, conn.clock.clone());
+        Connection {
+            conn,
+            peer,
+            state: State::Idle(idle),
+            _slot: slot,
+        }
+    }
+}
+
+impl<H: Handler> Future for Connection<H> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Every field is `Unpin` (the futures it drives are boxed).
+        let this = self.get_mut();
+        loop {
+            match &mut this.state {
+                #[cfg(feature = "reverse")]
+                State::Idle(idle) => match idle.poll_wait(&this.conn, cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(false) => this.state = State::Done,
+                    Poll::Ready(true) => {
+                        let State::Idle(idle) = std::mem::replace(&mut this.state, State::Done)
+                        else {
+                            unreachable!()
+                        };
+                        let busy = this.conn.clone().serve_busy(idle, this.peer);
+                        this.state = State::Busy(Box::pin(busy));
+                    }
+                },
+                #[cfg(feature = "reverse")]
+                State::Busy(busy) => {
+                    use super::h1fast::End;
+                    let Poll::Ready((idle, end)) = busy.as_mut().poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    this.state = match end {
+                        End::Idle => State::Idle(idle),
+                        End::Closed => State::Done,
+                        End::HandOff(bytes) => State::Other(Conn::clone(&this.conn).hand_to_hyper(
+                            idle.into_stream(),
+                            this.peer,
+                            bytes,
+                        )),
+                    };
+                }
+                State::Other(work) => {
+                    if work.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    this.state = State::Done;
+                }
+                State::Done => return Poll::Ready(()),
+            }
+        }
+    }
+}
