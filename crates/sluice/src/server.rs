@@ -3,9 +3,9 @@
 //! header and HTTP/2 stream limits, the connection limit, and graceful shutdown.
 
 pub mod activity;
-pub mod config;
 #[cfg(feature = "reverse")]
 mod clock;
+pub mod config;
 #[cfg(feature = "reverse")]
 mod h1fast;
 pub mod handler;
