@@ -56,6 +56,9 @@ cargo test -p sluice --locked --no-default-features --features iptv "$@"
 ./scripts/browser-check/dash-out.sh
 # LL-HLS (blocking reloads through sluice) played by hls.js in low-latency mode.
 ./scripts/browser-check/llhls.sh
+# A two-period DASH presentation as HLS: one discontinuity, a map per period, each period decoded
+# frame-exactly by ffmpeg, and hls.js playing across the boundary.
+./scripts/browser-check/multiperiod.sh
 # The install paths for real: the container image under podman, the aarch64 router build under
 # qemu, the .deb in a scratch Debian root, systemd-analyze verify, the .ipk, the Helm chart
 # (installs podman, runc, qemu-user-static, debootstrap, helm, the musl targets when missing;

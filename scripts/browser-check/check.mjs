@@ -3,7 +3,7 @@
 import { chromium } from 'playwright-core';
 
 const [pageUrl, screenshot] = process.argv.slice(2);
-const THRESHOLD = 1.5; // seconds of media time
+const THRESHOLD = Number(process.env.CHECK_THRESHOLD || 1.5); // seconds of media time
 const TIMEOUT_MS = Number(process.env.CHECK_TIMEOUT_MS || 30000);
 
 const browser = await chromium.launch({
@@ -40,7 +40,7 @@ try {
   for (const [name, p] of Object.entries(state.players)) {
     const ok = p.currentTime > THRESHOLD && p.frames > 0;
     if (!ok) failed = true;
-    const label = name === 'dash' ? 'DASH-ClearKey' : 'HLS';
+    const label = name === 'dash' ? (process.env.CHECK_DASH_LABEL || 'DASH-ClearKey') : 'HLS';
     console.log(`${ok ? 'PASS' : 'FAIL'} ${label}: currentTime=${p.currentTime.toFixed(3)}s frames=${p.frames} ` +
       `dropped=${p.dropped} size=${p.size} errors=${p.errors.length ? JSON.stringify(p.errors) : 'none'}`);
     if (!ok) console.log(`  events: ${p.events.join(' ')}`);
