@@ -1,7 +1,8 @@
-# Shared set-up of the browser checks (sourced by pages.sh and player.sh): installs what they lack
+# Shared set-up of the browser checks (sourced by each of their scripts): installs what they lack
 # (Debian's chromium, node, python3, curl and the caller's $extra_apt; playwright-core from npm),
 # builds the debug binary the test suite builds anyway, and gives $work, $pids (stopped on exit by
-# PID), free_port and wait_http. The caller sets $here, $repo, $name and log() first.
+# PID), free_port, wait_http, serve_dir, start_sluice_with_password and enc. The caller sets
+# $here, $repo, $name and log() first.
 
 need_apt=()
 command -v chromium >/dev/null || need_apt+=(chromium)
@@ -47,3 +48,35 @@ wait_http() {
   done
   log "nothing answers at $1"; return 1
 }
+
+# Serves directory $2 over plain HTTP on a free loopback port, whose number goes into variable $1.
+serve_dir() {
+  local port
+  port=$(free_port)
+  python3 -m http.server "$port" --bind 127.0.0.1 --directory "$2" >"$work/http-$port.log" 2>&1 &
+  pids+=($!)
+  printf -v "$1" '%s' "$port"
+}
+
+# Starts sluice with an API password (so CORS is on for the page's origin and child URLs are
+# sealed tokens) and private upstreams allowed; sets $password, $proxy and waits for /health.
+start_sluice_with_password() {
+  local port
+  port=$(free_port)
+  password="$name-check-$RANDOM$RANDOM"
+  cat >"$work/sluice.toml" <<CONF
+[server]
+listen = ["127.0.0.1:$port"]
+[upstream]
+allow_private = true
+[auth]
+api_password = "$password"
+CONF
+  "$sluice" serve --config "$work/sluice.toml" >"$work/sluice.log" 2>&1 &
+  pids+=($!)
+  proxy="http://127.0.0.1:$port"
+  wait_http "$proxy/health"
+}
+
+# $1 percent-encoded for a query parameter.
+enc() { python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1"; }

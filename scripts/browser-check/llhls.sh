@@ -35,28 +35,12 @@ cp "$here/node_modules/hls.js/dist/hls.min.js" "$work/page/"
 origin_port=$(free_port)
 python3 "$here/llhls-origin.py" "$work/origin" "$origin_port" 2>"$work/origin.log" &
 pids+=($!)
-page_port=$(free_port)
-python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$work/page" >"$work/page.log" 2>&1 &
-pids+=($!)
-sluice_port=$(free_port)
-password="llhls-check-$RANDOM$RANDOM"
-cat >"$work/sluice.toml" <<CONF
-[server]
-listen = ["127.0.0.1:$sluice_port"]
-[upstream]
-allow_private = true
-[auth]
-api_password = "$password"
-CONF
-"$sluice" serve --config "$work/sluice.toml" >"$work/sluice.log" 2>&1 &
-pids+=($!)
-proxy="http://127.0.0.1:$sluice_port"
+serve_dir page_port "$work/page"
+start_sluice_with_password
 origin="http://127.0.0.1:$origin_port"
-wait_http "$proxy/health"
 wait_http "$origin/live.m3u8"
 wait_http "http://127.0.0.1:$page_port/index.html"
 
-enc() { python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1"; }
 hls_url="$proxy/proxy/hls/manifest.m3u8?d=$(enc "$origin/live.m3u8")&api_password=$password"
 page_url="http://127.0.0.1:$page_port/index.html?hls=$(enc "$hls_url")"
 

@@ -42,32 +42,13 @@ PY
 cp "$here/page.html" "$work/page/index.html"
 cp "$here/node_modules/hls.js/dist/hls.min.js" "$work/page/"
 
-origin_port=$(free_port)
-python3 -m http.server "$origin_port" --bind 127.0.0.1 --directory "$work/origin" >"$work/origin.log" 2>&1 &
-pids+=($!)
-page_port=$(free_port)
-python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$work/page" >"$work/page.log" 2>&1 &
-pids+=($!)
-sluice_port=$(free_port)
-# A password is set, so CORS is on for the page's origin and the playlist's URLs are tokens.
-password="multiperiod-check-$RANDOM$RANDOM"
-cat >"$work/sluice.toml" <<CONF
-[server]
-listen = ["127.0.0.1:$sluice_port"]
-[upstream]
-allow_private = true
-[auth]
-api_password = "$password"
-CONF
-"$sluice" serve --config "$work/sluice.toml" >"$work/sluice.log" 2>&1 &
-pids+=($!)
-proxy="http://127.0.0.1:$sluice_port"
+serve_dir origin_port "$work/origin"
+serve_dir page_port "$work/page"
+start_sluice_with_password
 origin="http://127.0.0.1:$origin_port"
-wait_http "$proxy/health"
 wait_http "$origin/dash/manifest.mpd"
 wait_http "http://127.0.0.1:$page_port/index.html"
 
-enc() { python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1"; }
 dash_url="$proxy/proxy/mpd/manifest.m3u8?d=$(enc "$origin/dash/manifest.mpd")&key_id=$VIDEO_KID,$AUDIO_KID&key=$VIDEO_KEY,$AUDIO_KEY&api_password=$password"
 
 # The video playlist: one discontinuity between the periods and a map for each.
