@@ -1000,15 +1000,7 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
             }
         }
     }
-    let mut rx = channel.changed.subscribe();
-    let _ = tokio::time::timeout(
-        wait,
-        rx.wait_for(|_| {
-            let w = registry::lock(&channel.window);
-            w.next > n || w.ended || n > w.next + 1
-        }),
-    )
-    .await;
+    wait_for_segment(channel, n, wait).await;
     let w = registry::lock(&channel.window);
     match w.segments.iter().find(|(seq, _)| *seq == n) {
         Some((_, s)) => segment_response(s.data.clone()),
@@ -1019,9 +1011,9 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
     }
 }
 
-/// Segment `n` as fMP4: at once when held, after a wait when it is the next one, else 404.
-async fn fragment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
-    channel.want_fmp4();
+/// Waits (at most `wait`) until segment `n` is cut, the channel ended, or `n` is beyond the next
+/// one (it will not come soon).
+async fn wait_for_segment(channel: &Channel, n: u64, wait: Duration) {
     let mut rx = channel.changed.subscribe();
     let _ = tokio::time::timeout(
         wait,
@@ -1031,6 +1023,12 @@ async fn fragment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body
         }),
     )
     .await;
+}
+
+/// Segment `n` as fMP4: at once when held, after a wait when it is the next one, else 404.
+async fn fragment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
+    channel.want_fmp4();
+    wait_for_segment(channel, n, wait).await;
     match channel.fmp4.fragment(n) {
         Some(Some(f)) => mp4_response(f.media),
         Some(None) => super::text(
