@@ -52,6 +52,8 @@ cargo test -p sluice --locked --no-default-features --features iptv "$@"
 ./scripts/browser-check/player.sh
 # The same with low-latency HLS: partial segments, blocking reloads, a few seconds behind live.
 ./scripts/browser-check/player.sh --low-latency
+# A timeshift channel: the recorded window is seekable in the page, and a seek 10 s back plays.
+./scripts/browser-check/player.sh --timeshift
 # DASH out (/proxy/mpd/manifest.mpd) played by Shaka Player, ClearKey content decrypted by sluice.
 ./scripts/browser-check/dash-out.sh
 # LL-HLS (blocking reloads through sluice) played by hls.js in low-latency mode.

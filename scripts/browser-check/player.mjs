@@ -3,11 +3,15 @@
 // programme on air is the guide's. No JavaScript error, CSP violation or failed request.
 // With --low-latency: hls.js follows partial segments with blocking reloads, and plays less than
 // 4.5 s behind the wall clock of the picture's arrival (#EXT-X-PROGRAM-DATE-TIME).
-// Usage: node player.mjs <sluice origin> [screenshot path] [--low-latency]. Exit 1 on any failure.
+// With --timeshift: the channel's window (recorded to disk) is seekable, a seek 10 s back lands
+// there, fetches a segment older than any fetched before it, and playback goes on from it.
+// Usage: node player.mjs <sluice origin> [screenshot path] [--low-latency|--timeshift].
+// Exit 1 on any failure.
 import { chromium } from 'playwright-core';
 
 const [proxy, shot, mode] = process.argv.slice(2);
 const lowLatency = mode === '--low-latency';
+const timeshift = mode === '--timeshift';
 const failures = [];
 const check = (ok, what) => {
   console.log(`${ok ? 'PASS' : 'FAIL'} ${what}`);
@@ -82,6 +86,37 @@ try {
       `(hls.js estimate ${samples.map((s) => s.estimate?.toFixed(2)).join(' ')}, target ${samples[0].target})`);
     check(hlsRequests.some((u) => /\/\d+\.\d+\.ts/.test(u)), 'partial segments fetched');
     check(hlsRequests.some((u) => u.includes('_HLS_msn=')), 'blocking playlist reloads (_HLS_msn)');
+  }
+  if (timeshift) {
+    // Segment names are their sequence numbers; the seek must fetch one older than all before it.
+    const seq = (u) => Number((u.match(/\/(\d+)\.ts/) || [])[1]);
+    const before = requests.filter((u) => u.includes('/hls/rtp/') && /\/\d+\.ts/.test(u)).map(seq);
+    const oldest = Math.min(...before);
+    const range = await page.$eval('#video', (v) => ({
+      start: v.seekable.length ? v.seekable.start(0) : NaN,
+      end: v.seekable.length ? v.seekable.end(v.seekable.length - 1) : NaN,
+      now: v.currentTime,
+    }));
+    // sluice recorded for 16 s before the page opened: the whole of it is seekable, not just the
+    // live playlist's last 6 segments.
+    check(range.end - range.start >= 14, `seekable window covers the recording: ` +
+      `${range.start.toFixed(1)}–${range.end.toFixed(1)} s (now ${range.now.toFixed(1)})`);
+    const target = Math.max(range.start + 1, range.now - 10);
+    await page.evaluate((t) => new Promise((resolve) => {
+      const v = document.getElementById('video');
+      v.addEventListener('seeked', resolve, { once: true });
+      v.currentTime = t;
+    }), target);
+    const resumed = await page.waitForFunction((t) => {
+      const v = document.getElementById('video');
+      return !v.paused && v.readyState >= 3 && v.currentTime > t + 2 && v.currentTime < t + 8;
+    }, target, { timeout: 20000 }).then(() => true, () => false);
+    const after = await page.$eval('#video', (v) => v.currentTime);
+    check(resumed, `seek back 10 s: playback goes on from ${target.toFixed(1)} s (now ${after.toFixed(1)} s)`);
+    const older = requests.filter((u) => u.includes('/hls/rtp/') && /\/\d+\.ts/.test(u)).map(seq)
+      .slice(before.length).filter((n) => n < oldest);
+    check(older.length > 0, `the seek fetched recorded segments older than any played live ` +
+      `(${older.slice(0, 5).join(', ')} < ${oldest})`);
   }
   const elsewhere = requests.filter((u) => !u.startsWith(proxy) && !u.startsWith('blob:'));
   check(elsewhere.length === 0, `nothing fetched from another origin ${elsewhere.join(' ')}`);

@@ -6,6 +6,9 @@
 # With --low-latency the gateway serves low-latency HLS (2 s segments in 0.5 s parts) and the check
 # also asserts that hls.js follows the parts with blocking reloads and plays less than 4.5 s behind
 # the moment the gateway received the picture (non-low-latency HLS of 2 s segments sits at 6 s or more).
+# With --timeshift the channel is recorded to disk from start-up ([iptv.timeshift]); the page plays
+# it live, then seeks 10 s back: the check asserts the seekable range covers the recorded window,
+# that the seek lands there, that an older segment is fetched for it and that playback goes on.
 # The multicast sender (ffmpeg, paced, bounded by -stream_loop) sends on lo only; everything listens
 # on 127.0.0.1; every process started here is stopped on exit by its PID.
 # Installs what it lacks (Debian's chromium, ffmpeg, node; playwright-core from npm). Exits non-zero on failure.
@@ -68,6 +71,10 @@ playlist = "$work/channels.m3u"
 CONF
 if [[ "$mode" == --low-latency ]]; then
   printf '[iptv.hls]\ntarget_duration_secs = 2\nwindow = 6\npart_target_ms = 500\n' >>"$work/sluice.toml"
+elif [[ "$mode" == --timeshift ]]; then
+  printf '[iptv.hls]\ntarget_duration_secs = 1\nwindow = 6\n' >>"$work/sluice.toml"
+  printf '[iptv.timeshift]\ndir = "%s"\nminutes = 2\nchannels = ["/rtp/%s:%s?iface=lo"]\n' \
+    "$work/timeshift" "$group" "$port" >>"$work/sluice.toml"
 else
   printf '[iptv.hls]\ntarget_duration_secs = 1\nwindow = 6\n' >>"$work/sluice.toml"
 fi
@@ -76,6 +83,10 @@ pids+=($!)
 proxy="http://127.0.0.1:$sluice_port"
 wait_http "$proxy/health"
 wait_http "http://127.0.0.1:$origin_port/epg.xml"
+if [[ "$mode" == --timeshift ]]; then
+  # The recording starts with sluice, watched or not: let the window grow past the seek distance.
+  sleep 16
+fi
 
 status=0
 node "$here/player.mjs" "$proxy" "$shot" "$mode" || status=$?
