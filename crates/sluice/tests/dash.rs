@@ -789,6 +789,40 @@ async fn viewers_of_one_segment_share_one_decryption() {
     assert_eq!(decrypts().await, 2);
 }
 
+/// The same for `segment.ts`: twenty viewers of one protected segment as MPEG-TS cost one
+/// decryption and one remux between them (both were once per viewer), and get the same bytes.
+#[tokio::test]
+async fn viewers_of_one_ts_segment_share_one_decryption_and_remux() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let s = Sluice::start(test_config()).await;
+    let url = s.url(&format!(
+        "/proxy/mpd/segment.ts?init_url={}&segment_url={}&{}",
+        enc(&o.url("cenc/video/init.mp4")),
+        enc(&o.url("cenc/video/1.m4s")),
+        hex_keys()
+    ));
+    let count = |name: &'static str| {
+        let s = &s;
+        async move {
+            let metrics = text(&s.url("/metrics")).await;
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().parse::<u64>().unwrap())
+                .unwrap_or(0)
+        }
+    };
+    let bodies = futures_util::future::join_all((0..20).map(|_| bytes(&url))).await;
+    assert!(bodies[0].len() > 1000 && bodies[0].len() % 188 == 0);
+    assert_eq!(bodies[0][0], 0x47);
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+    assert_eq!(bytes(&url).await, bodies[0]);
+    assert_eq!(count("sluice_media_decrypt_seconds_count ").await, 1);
+    assert_eq!(count("sluice_media_remux_seconds_count ").await, 1);
+    assert_eq!(o.hits("cenc/video/1.m4s").len(), 1);
+}
+
 /// A clear on-demand MPD of `n` one-second segments with distinct bodies.
 fn put_clear_series(o: &FileOrigin, n: u32) {
     o.put(

@@ -49,6 +49,8 @@ pub struct Dash {
     pub(crate) sequences: sequences::Sequences,
     /// Decrypted segments, shared by the viewers asking for them.
     pub(crate) clear: clear::ClearSegments,
+    /// Segments remuxed to MPEG-TS (decrypted first when keys are given), shared the same way.
+    pub(crate) ts: clear::ClearSegments,
 }
 
 /// The `media.*` settings the DASH endpoints use.
@@ -101,6 +103,7 @@ impl Dash {
             ts_counters: remux::Counters::default(),
             sequences: Default::default(),
             clear: clear::ClearSegments::new(Duration::from_secs(config.segment_ttl_secs.min(60))),
+            ts: clear::ClearSegments::new(Duration::from_secs(config.segment_ttl_secs.min(60))),
             cache,
             prefetcher,
             settings: Settings::from_config(config),

@@ -16,10 +16,12 @@ use sluice_media::dash::proxy::Part;
 use sluice_media::dash::proxy::{self, SegmentRequest};
 use sluice_media::remux::{RemuxError, RemuxState, Remuxer};
 
+use super::clear::ClearKey;
 use super::segment::{clear_init, decrypt, raw_init};
 use super::{bad_request, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
+use crate::media::cache::request_key;
 use crate::request::RequestContext;
 
 const TS_TYPE: &str = "video/mp2t";
@@ -50,21 +52,38 @@ pub async fn segment_ts(dash: &Dash, ctx: &RequestContext) -> Result<Response<Bo
     };
     let ((init, info), media) =
         tokio::try_join!(init, dash.prefetcher.get_or_fetch(&part, &headers))?;
-    let media = match (&keys, &info) {
-        (Some(keys), Some(info)) if info.is_protected() => decrypt(dash, &media, info, keys)?,
-        _ => media,
+    // One decryption and one remux per segment however many viewers ask for it: the output is a
+    // function of the fetched bytes, the init and the keys (the continuity counters it starts
+    // from are those the previous segment of the stream ended with, the same for every viewer).
+    let key = ClearKey {
+        segment: request_key(&part.url, &headers),
+        segment_part: part.clone(),
+        init: init_part.clone(),
+        keys: keys.clone().unwrap_or_default(),
     };
-    let start = Instant::now();
-    let remuxer = Remuxer::new(&init).map_err(remux_error)?;
-    let span = remuxer.span(&media).map_err(remux_error)?;
-    let mut state = span
-        .and_then(|s| dash.ts_counters.take(&init_part, s.start))
-        .unwrap_or_default();
-    let ts = remuxer.segment(&media, &mut state).map_err(remux_error)?;
-    if let Some(span) = span {
-        dash.ts_counters.put(&init_part, span.end, state);
-    }
-    dash.remux_seconds.observe(start.elapsed().as_secs_f64());
+    let ts = dash
+        .ts
+        .get_or_decrypt(key, || {
+            let media = match (&keys, &info) {
+                (Some(keys), Some(info)) if info.is_protected() => {
+                    decrypt(dash, &media, info, keys)?
+                }
+                _ => media,
+            };
+            let start = Instant::now();
+            let remuxer = Remuxer::new(&init).map_err(remux_error)?;
+            let span = remuxer.span(&media).map_err(remux_error)?;
+            let mut state = span
+                .and_then(|s| dash.ts_counters.take(&init_part, s.start))
+                .unwrap_or_default();
+            let ts = remuxer.segment(&media, &mut state).map_err(remux_error)?;
+            if let Some(span) = span {
+                dash.ts_counters.put(&init_part, span.end, state);
+            }
+            dash.remux_seconds.observe(start.elapsed().as_secs_f64());
+            Ok(bytes::Bytes::from(ts))
+        })
+        .await?;
     respond(ts, TS_TYPE, &params)
 }
 
