@@ -118,12 +118,16 @@ class Helpers:
         ctx.meter_args = ["--client-cgroup-usage", self.client.usage_file,
                           "--origin-cgroup-usage", self.origin.usage_file]
 
-    def remove(self):
-        """Call once the origin has stopped."""
+    def remove_client(self):
+        """The load client's group (no client runs after this)."""
         self.ctx.client_cgroup = []
         self.ctx.meter_args = []
-        for g in (self.client, self.origin):
-            g.remove()
+        self.client.remove()
+
+    def remove(self):
+        """Call once the origin has stopped."""
+        self.remove_client()
+        self.origin.remove()
 
 
 def helper_groups(ctx, origin, origin_quota_pct=None):
