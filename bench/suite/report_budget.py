@@ -330,3 +330,65 @@ def render_goals(results):
         return ""
     return "\n".join(["## Goals under equal budgets (met / not met)", "",
                       table(["scenario", "measure", "cell", "goal", "verdict"], rows)])
+
+
+JOBS = {"S1": "Media proxy, `/proxy/stream` 7 MiB", "S2": "HTTP reverse proxy",
+        "S3": "TCP (L4) proxy", "S4": "Slice cache, hits", "TLS": "TLS termination (1 KB)"}
+# Rows that are a ceiling to read against, not a proxy an operator would run instead.
+CEILINGS = ("nginx direct (ceiling)",)
+
+
+def _cheapest_cells(result):
+    """Per cell of the busy-polling-off (as shipped) tables: sluice's CPU per request over the
+    cheapest other proxy's, with that proxy's name."""
+    sluice = result.get("sluice", "sluice")
+    out = []
+    for mode, block in result.get("budget", {}).items():
+        if not (mode == "as shipped" or mode.startswith("off")):
+            continue
+        cells = {}
+        for r in block["rows"]:
+            if r.get("status") == "ok" and r.get("cpu_us_per_req"):
+                cells.setdefault(r["cell"], {})[r["peer"]] = r["cpu_us_per_req"]
+        for cell, cpu in cells.items():
+            mine = cpu.get(sluice)
+            rivals = {n: v for n, v in cpu.items() if n != sluice and n not in CEILINGS}
+            if mine is None or not rivals:
+                continue
+            best = min(rivals, key=rivals.get)
+            out.append((cell, mine / rivals[best], best))
+    return out
+
+
+def render_summary(results):
+    """For each job: is sluice the cheapest proxy to run (CPU per request under the same budget,
+    busy polling off as shipped), yes / no, and by how much, cell by cell."""
+    lines = []
+    for sid, job in JOBS.items():
+        r = results.get(sid + "-budget")
+        if not r:
+            lines.append(f"- **{job}** ({sid}): not measured under equal budgets yet.")
+            continue
+        cells = _cheapest_cells(r)
+        if not cells:
+            lines.append(f"- **{job}** ({sid}): no cell with sluice and a rival measured.")
+            continue
+        wins = sum(1 for _, ratio, _ in cells if ratio <= 1)
+        verdict = ("**yes**" if wins == len(cells) else "**no**" if wins == 0
+                   else f"**in {wins} of {len(cells)} cells**")
+        parts = []
+        for cell, ratio, best in cells:
+            if ratio <= 1:
+                parts.append(f"{cell}: {(1 - ratio) * 100:.0f} % less CPU per request than "
+                             f"{best}")
+            else:
+                parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best}")
+        quick = " (quick run)" if r.get("quick") else ""
+        lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + ".")
+    return "\n".join(
+        ["## Equal budgets: is sluice the cheapest to run?", "",
+         "CPU per request (or per GB) of each proxy's cgroup, each alone on core 1 under the same "
+         "quota, busy polling off (as every proxy ships), compared with the cheapest other "
+         "proxy in the same cell (nginx serving the file itself, a ceiling, is left out). The "
+         "tables per scenario are in its *under equal CPU budgets* section; the goals are "
+         "below.", ""] + lines)
