@@ -3,6 +3,7 @@ request under the same budget, open-loop latency at fixed rates, and memory per 
 
 import atexit
 import os
+import signal
 import statistics
 import subprocess
 import time
@@ -145,7 +146,20 @@ _LIVE = []
 
 
 def _remove_live():
+    """At exit: a group still here was left by a failure; what still runs in it is ours (a load
+    client outliving an interrupted run), so it is ended before the group is removed."""
     for g in list(_LIVE):
+        for d in g.dirs:
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         g.remove()
 
 

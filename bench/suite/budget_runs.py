@@ -132,7 +132,8 @@ def idle(ctx, origin, small):
 
 
 def s3(ctx):
-    files = [ctx.test_file("hello.txt", 13, b"Hello, world!"), ctx.test_file("64k.bin", 64 * 1024)]
+    files = [ctx.test_file("hello.txt", 13, b"Hello, world!"), ctx.test_file("64k.bin", 64 * 1024),
+             ctx.test_file("256m.bin", 256 * MiB)]
     sluice = "sluice"
     starters = {sluice: peers.start_sluice_tcp, "HAProxy tcp": peers.start_haproxy_tcp,
                 "Go io.Copy": peers.start_goproxy}
@@ -140,14 +141,16 @@ def s3(ctx):
     helpers = None
     try:
         out, helpers = closed_and_open(ctx, starters, origin,
-                                       [(files[0], "13 B"), (files[1], "64 KiB")],
+                                       [(files[0], "13 B"), (files[1], "64 KiB"),
+                                        # Two long transfers at a time: CPU per GB of a stream.
+                                        (files[2], "256 MB stream", {"c": 2})],
                                        {sluice: ("busy_poll_us", 0, BUSY_POLL_US)}, sluice,
                                        files[0])
     finally:
         origin.stop()
         if helpers:
             helpers.remove()
-    out.update({"id": "S3", "sluice": sluice})
+    out.update({"id": "S3", "sluice": sluice, "bytes_view": True})
     return out
 
 

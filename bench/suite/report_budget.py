@@ -223,8 +223,10 @@ def _verdict(value, goal, higher_better=True, unit="×"):
     ok = value >= goal if higher_better else value <= goal
     if ok:
         return f"met ({value:.2f}{unit})"
+    if unit.strip() == "ms over the origin":
+        return f"not met ({value:.2f}{unit}; goal ≤ {goal:g} ms)"
     if higher_better:
-        return f"not met ({value:.2f}{unit}; {(goal / value - 1) * 100:.0f} % short)"
+        return f"not met ({value:.2f}{unit}; needs {(goal / value - 1) * 100:.0f} % more)"
     return f"not met ({value:.2f}{unit}; {(value / goal - 1) * 100:.0f} % over)"
 
 
@@ -236,14 +238,14 @@ GOALS = {
     "S2": {"budget": [(("nginx proxy_pass", "HAProxy http"), 1.2), (("Varnish pass",), 3.0)],
            "open": ("nginx proxy_pass", "HAProxy http")},
     "S3": {"budget": [(("HAProxy tcp", "Go io.Copy"), 1.2)],
-           "open": ("HAProxy tcp", "Go io.Copy")},
+           "open": ("HAProxy tcp", "Go io.Copy"), "per_gb": ("256 MB stream",)},
     "S4": {"budget": [(("nginx proxy_cache + slice", "Varnish malloc"), 1.2)],
            "open": ("nginx proxy_cache + slice", "Varnish malloc")},
     "TLS": {"budget": [(("nginx proxy_pass", "HAProxy http"), 1.2)], "open": ()},
 }
 
 
-def _budget_verdict(by_peer, sluice, rivals, factor):
+def _budget_verdict(by_peer, sluice, rivals, factor, by_cpu=False):
     """sluice against the best of `rivals` in one cell: by req/s when every proxy was the
     bottleneck of its own run, else by CPU per request (requests per CPU-second)."""
     mine = by_peer.get(sluice, {})
@@ -254,14 +256,15 @@ def _budget_verdict(by_peer, sluice, rivals, factor):
         why = "; ".join(f"{n}: {by_peer.get(n, {}).get('status', 'not run')}" for n in rivals)
         return f"not shown ({why})"
     rows = [mine, *there]
-    if all(r.get("bound", "proxy") == "proxy" for r in rows):
+    if not by_cpu and all(r.get("bound", "proxy") == "proxy" for r in rows):
         best = max(r.get("rps") or 0 for r in there)
         return _verdict(mine["rps"] / best if mine.get("rps") and best else None, factor)
     best = min((r.get("cpu_us_per_req") or float("inf")) for r in there)
     cpu = mine.get("cpu_us_per_req")
     ratio = best / cpu if cpu and best != float("inf") else None
     sides = ", ".join(sorted({r["peer"] for r in rows if r.get("bound") != "proxy"}))
-    return f"{_verdict(ratio, factor)} by CPU per request (not proxy-bound here: {sides})"
+    why = f" (not proxy-bound here: {sides})" if sides else ""
+    return f"{_verdict(ratio, factor)} by CPU per request{why}"
 
 
 def goal_rows(result):
@@ -277,9 +280,15 @@ def goal_rows(result):
         for r in block["rows"]:
             cells.setdefault(r["cell"], {})[r["peer"]] = r
         for cell, by_peer in cells.items():
+            measure = f"budget, {mode if mode == 'as shipped' else 'busy poll ' + mode}"
+            if cell in spec.get("per_gb", ()):
+                # A stream's goal: CPU per GB no more than each rival's.
+                rivals = spec["budget"][0][0]
+                rows.append([sid, measure, cell, f"CPU per GB ≤ each of {' / '.join(rivals)}",
+                             _budget_verdict(by_peer, sluice, rivals, 1.0, by_cpu=True)])
+                continue
             for rivals, factor in spec["budget"]:
-                rows.append([sid, f"budget, {mode if mode == 'as shipped' else 'busy poll ' + mode}",
-                             cell, f"≥ {factor}× best of {' / '.join(rivals)}",
+                rows.append([sid, measure, cell, f"≥ {factor}× best of {' / '.join(rivals)}",
                              _budget_verdict(by_peer, sluice, rivals, factor)])
     for mode, block in result.get("open_loop", {}).items():
         by_rate = {}
@@ -383,7 +392,7 @@ def render_summary(results):
                              f"{best}")
             else:
                 parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best}")
-        quick = " (quick run)" if r.get("quick") else ""
+        quick = ", quick run" if r.get("quick") else ""
         lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + ".")
     return "\n".join(
         ["## Equal budgets: is sluice the cheapest to run?", "",
