@@ -369,6 +369,31 @@ def _cheapest_cells(result):
     return out
 
 
+def _missing_sentence(result):
+    """Rivals that have no number in the budget tables (not installable, failed to start)."""
+    missing = sorted({row["peer"] for block in result.get("budget", {}).values()
+                      for row in block["rows"] if row.get("status") != "ok"})
+    return f" Not measured (see its table): {', '.join(missing)}." if missing else ""
+
+
+def _idle_sentence(result):
+    """Memory per idle connection at the top level, each proxy, where the run measured it."""
+    idle = result.get("idle") or {}
+    parts = []
+    for proto, name in (("http1", "HTTP/1.1"), ("h2c", "h2c")):
+        per = []
+        for r in idle.get(proto, []):
+            levels = (r.get("report") or {}).get("levels") or []
+            if r.get("status") == "ok" and levels:
+                per.append(f"{r['peer']} {levels[-1]['kb_per_conn']:.2f}")
+        if per:
+            top = max(idle.get("levels") or [0])
+            parts.append(f"{name} at {top:,}: " + ", ".join(per))
+    if not parts:
+        return ""
+    return " Memory per idle connection (KiB): " + "; ".join(parts) + "."
+
+
 def render_summary(results):
     """For each job: is sluice the cheapest proxy to run (CPU per request under the same budget,
     busy polling off as shipped), yes / no, and by how much, cell by cell."""
@@ -384,7 +409,7 @@ def render_summary(results):
             continue
         wins = sum(1 for _, ratio, _ in cells if ratio <= 1)
         verdict = ("**yes**" if wins == len(cells) else "**no**" if wins == 0
-                   else f"**in {wins} of {len(cells)} cells**")
+                   else f"**partly** (cheapest in {wins} of {len(cells)} cells)")
         parts = []
         for cell, ratio, best in cells:
             if ratio <= 1:
@@ -393,7 +418,8 @@ def render_summary(results):
             else:
                 parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best}")
         quick = ", quick run" if r.get("quick") else ""
-        lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + ".")
+        lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + "."
+                     + _missing_sentence(r) + _idle_sentence(r))
     return "\n".join(
         ["## Equal budgets: is sluice the cheapest to run?", "",
          "CPU per request (or per GB) of each proxy's cgroup, each alone on core 1 under the same "

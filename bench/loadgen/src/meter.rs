@@ -138,6 +138,27 @@ mod tests {
     }
 
     #[test]
+    fn helper_groups_are_reported_in_percent_of_a_core() {
+        let dir = std::env::temp_dir().join(format!("meter-pct-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let client = dir.join("client.usage");
+        fs::write(&client, "1000\n").unwrap();
+        let spec = Spec {
+            client_cgroup: Some(client.to_str().unwrap().to_string()),
+            ..Spec::default()
+        };
+        let meter = Meter::start(&spec);
+        // 50 ms of CPU in a window of at least 100 ms: at most half a core.
+        fs::write(&client, "50001000\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let w = meter.finish();
+        let pct = w.client_cpu_pct.unwrap();
+        assert!(pct > 0.0 && pct <= 50.0, "{pct}");
+        assert!(w.origin_cpu_pct.is_none() && w.cgroup_cpu_us.is_none());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn core_zero_is_read() {
         let (busy, total) = core_ticks(0).unwrap();
         assert!(busy <= total && total > 0);

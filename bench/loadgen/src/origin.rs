@@ -363,7 +363,48 @@ pub async fn run(cfg: Config) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_range;
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// A paced body sends its first chunk at once and the rest no sooner than the pace allows;
+    /// every byte is the generated object's.
+    #[tokio::test]
+    async fn paced_body_waits_between_chunks() {
+        let size = 4 * CHUNK;
+        let counters = Arc::new(Counters::default());
+        let mut body = GenBody {
+            seed: gen::seed_for(size),
+            pos: 0,
+            end: size,
+            counters: counters.clone(),
+            pace: Some(Pace {
+                start: Instant::now(),
+                sent: 0,
+                bytes_per_sec: 10e6,
+                wait: None,
+            }),
+        };
+        let t0 = std::time::Instant::now();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_millis(5),
+            "first chunk not held"
+        );
+        let mut all = first.to_vec();
+        while let Some(frame) = body.frame().await {
+            all.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        // Three chunks after the first at 10 MB/s: at least 3 × 65,536 / 10⁷ s.
+        assert!(
+            t0.elapsed() >= Duration::from_micros(19_660),
+            "{:?}",
+            t0.elapsed()
+        );
+        let mut want = vec![0u8; size as usize];
+        gen::fill(gen::seed_for(size), 0, &mut want);
+        assert_eq!(all, want);
+        assert_eq!(counters.body_bytes.load(Ordering::Relaxed), size);
+    }
 
     #[test]
     fn ranges() {
