@@ -264,7 +264,7 @@ def _budget_verdict(by_peer, sluice, rivals, factor, by_cpu=False):
     ratio = best / cpu if cpu and best != float("inf") else None
     sides = ", ".join(sorted({r["peer"] for r in rows if r.get("bound") != "proxy"}))
     why = f" (not proxy-bound here: {sides})" if sides else ""
-    return f"{_verdict(ratio, factor)} by CPU per request{why}"
+    return f"{_verdict(ratio, factor)} by CPU per {'GB' if by_cpu else 'request'}{why}"
 
 
 def goal_rows(result):
