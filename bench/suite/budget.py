@@ -1,7 +1,9 @@
 """Equal budgets: each proxy in a CPU cgroup with a quota, alone on core 1; requests/s and CPU per
 request under the same budget, open-loop latency at fixed rates, and memory per idle connection."""
 
+import atexit
 import os
+import signal
 import statistics
 import subprocess
 import time
@@ -76,6 +78,7 @@ class Cgroup:
         else:
             raise Unavailable("no writable CPU cgroup (v1 cpu/cpuacct or v2 cpu controller)")
         self.quota_pct = quota_pct
+        _LIVE.append(self)
 
     def enter(self, root_pid):
         for pid in _tree(root_pid):
@@ -86,6 +89,8 @@ class Cgroup:
                     pass  # exited meanwhile
 
     def remove(self):
+        if self in _LIVE:
+            _LIVE.remove(self)
         for d in self.dirs:
             for _ in range(50):
                 try:
@@ -97,16 +102,68 @@ class Cgroup:
                     time.sleep(0.1)  # tasks still exiting
 
 
-def helpers_group(ctx, origin):
-    """The origin and every load-client run go into one group without a quota but with the
-    largest weight (see `V1_SHARES`); returns it (remove it when done), or None without cgroups."""
+class Helpers:
+    """The load client and the origin, each in its own CPU cgroup without a quota but with the
+    largest weight (see `V1_SHARES`), so other work on their core yields to them, and each
+    metered on its own: "client-bound" is judged from what they used, not from how busy their
+    core was (other builds keep it busy whatever the suite does). `origin_quota_pct` throttles
+    the origin instead (S4 (a): a slow miss)."""
+
+    def __init__(self, ctx, origin, origin_quota_pct=None):
+        tag = f"{os.getpid()}-{id(self) % 10_000}"
+        self.ctx = ctx
+        self.client = Cgroup(f"sluice-bench-client-{tag}", None)
+        self.origin = Cgroup(f"sluice-bench-origin-{tag}", origin_quota_pct)
+        self.origin.enter(origin.pid)
+        ctx.client_cgroup = [os.path.join(d, "cgroup.procs") for d in self.client.dirs]
+        ctx.meter_args = ["--client-cgroup-usage", self.client.usage_file,
+                          "--origin-cgroup-usage", self.origin.usage_file]
+
+    def remove_client(self):
+        """The load client's group (no client runs after this)."""
+        self.ctx.client_cgroup = []
+        self.ctx.meter_args = []
+        self.client.remove()
+
+    def remove(self):
+        """Call once the origin has stopped."""
+        self.remove_client()
+        self.origin.remove()
+
+
+def helper_groups(ctx, origin, origin_quota_pct=None):
+    """`Helpers` for this origin, or None where no CPU cgroup is writable (the cells then fall
+    back to the client core's busy share)."""
     try:
-        group = Cgroup(f"sluice-bench-helpers-{os.getpid()}", None)
+        return Helpers(ctx, origin, origin_quota_pct)
     except (Unavailable, OSError):
         return None
-    group.enter(origin.pid)
-    ctx.client_cgroup = [os.path.join(d, "cgroup.procs") for d in group.dirs]
-    return group
+
+
+# Every group made and not yet removed, removed at exit too (after a failure or Ctrl-C the
+# suite's children are already stopped by `procs`, so the groups are empty by then).
+_LIVE = []
+
+
+def _remove_live():
+    """At exit: a group still here was left by a failure; what still runs in it is ours (a load
+    client outliving an interrupted run), so it is ended before the group is removed."""
+    for g in list(_LIVE):
+        for d in g.dirs:
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        g.remove()
+
+
+atexit.register(_remove_live)
 
 
 def machine_load():
@@ -124,6 +181,7 @@ def machine_load():
 
 
 CLIENT_BOUND_PCT = 90.0
+PROXY_BOUND_PCT = 90.0
 
 
 def _start(ctx, starters, name, origin_port, variant):
@@ -131,10 +189,25 @@ def _start(ctx, starters, name, origin_port, variant):
     return start(ctx, origin_port, ctx.proxy_cpus, **variant.get(name, {}))
 
 
+def url_of(peer, file, opt=None):
+    """The URL of a cell through `peer`: the cell's `path` (default: the file's name at the root),
+    through the peer's `path_for` where it has one (the media proxy's `/proxy/stream?d=…`)."""
+    opt = opt or {}
+    path = opt.get("path") or f"/{os.path.basename(file[0])}"
+    path_for = getattr(peer, "path_for", None)
+    return (f"{opt.get('scheme', 'http')}://127.0.0.1:{peer.port}"
+            f"{path_for(path) if path_for else path}")
+
+
+def _meter(ctx, group):
+    return ["--cgroup-usage", group.usage_file, "--client-core", "0",
+            *getattr(ctx, "meter_args", [])]
+
+
 def budget_cells(ctx, starters, origin, plan, quota_pct, rounds, secs, warm, c, variant=None):
     """Closed loop at c connections through each peer in its own cgroup capped at `quota_pct`
-    of a core, for every (file, label) in `plan`; peers in a rotated order each round. Returns
-    {peer: {label: [report per round]}} and the machine's load around the run."""
+    of a core, for every (file, label[, options]) in `plan`; peers in a rotated order each round.
+    Returns {peer: {label: [report per round]}} and the machine's load around the run."""
     variant = variant or {}
     names = list(starters)
     out = {n: {} for n in names}
@@ -152,14 +225,13 @@ def budget_cells(ctx, starters, origin, plan, quota_pct, rounds, secs, warm, c, 
                 group.enter(peer.pid)
                 out[name]["version"] = peer.version
                 for f, label, *opts in plan:
-                    # A cell may name its scheme, its connection count and extra client
-                    # arguments (the TLS cells: `--ca`, `--handshake`, `--h2-streams`).
+                    # A cell may name its scheme, path, connection count, warm-up and extra
+                    # client arguments (the TLS cells: `--ca`, `--handshake`, `--h2-streams`).
                     opt = opts[0] if opts else {}
-                    url = (f"{opt.get('scheme', 'http')}://127.0.0.1:{peer.port}/"
-                           f"{os.path.basename(f[0])}")
-                    r = ctx.duration(url, f, opt.get("c", c), secs, warm, peer.pid,
-                                     extra=["--cgroup-usage", group.usage_file,
-                                            "--client-core", "0", *opt.get("args", [])])
+                    r = ctx.duration(url_of(peer, f, opt), f, opt.get("c", c), secs,
+                                     opt.get("warm", warm), peer.pid,
+                                     extra=[*_meter(ctx, group), *opt.get("args", [])])
+                    r["bytes"] = f[1]
                     out[name].setdefault(label, []).append(r)
             finally:
                 peer.stop()
@@ -172,9 +244,25 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def bound_by(quota_use, client_pct, origin_pct, core_busy):
+    """Which side set a cell's rate: "proxy" when it used ≥ 90 % of its quota; else "client"
+    when the load client and the origin (both on core 0) used ≥ 90 % of a core between them by
+    their own cgroups' accounting (by the core's busy share where they have no cgroups); else
+    "neither" (other work took core 0 despite their weight, or the load was too light)."""
+    if quota_use is not None and quota_use >= PROXY_BOUND_PCT:
+        return "proxy"
+    if client_pct is not None:
+        helpers = client_pct + (origin_pct or 0)
+        return "client" if helpers >= CLIENT_BOUND_PCT else "neither"
+    if core_busy is not None and core_busy >= CLIENT_BOUND_PCT:
+        return "client"
+    return "neither"
+
+
 def summarize_budget(cells, sluice, quota_pct):
-    """Per peer and cell: median req/s, CPU µs per request and client-core busy %, the rounds'
-    req/s; per rival: the median of sluice's paired per-round ratios."""
+    """Per peer and cell: median req/s, MB/s, CPU µs per request, the proxy's share of its quota,
+    the client's and the origin's CPU, which side bound the cell, the rounds' req/s; per rival:
+    the median of sluice's paired per-round ratios."""
     rows = []
     labels = []
     for peer in cells.values():
@@ -189,23 +277,32 @@ def summarize_budget(cells, sluice, quota_pct):
                 rows.append({"peer": name, "cell": label, "status": peer.get("status", "not run")})
                 continue
             ok = [r for r in runs if "failed" not in r]
-            client = _median([r.get("window", {}).get("client_core_busy_pct") for r in ok])
+
+            def window(key):
+                return _median([r.get("window", {}).get(key) for r in ok])
+            core = window("client_core_busy_pct")
+            client, origin = window("client_cpu_pct"), window("origin_cpu_pct")
             # The share of its quota the proxy used: near 100 % it was the bottleneck, whatever
-            # the client core did; below 90 % with the client core saturated, the client was.
+            # the client did.
             quota_use = _median([100 * r["window"]["cgroup_cpu_us"] / (r["elapsed_s"] * 1e6
                                                                        * quota_pct / 100)
                                  for r in ok if r.get("window", {}).get("cgroup_cpu_us")
                                  and r.get("elapsed_s")])
+            rps = _median([r["rps"] for r in ok])
+            cpu = _median([r.get("cpu_us_per_request") for r in ok])
+            size = runs[0].get("bytes")
+            bound = bound_by(quota_use, client, origin, core)
             row = {"peer": name, "cell": label, "status": "ok" if ok else runs[0]["failed"],
-                   "rps": _median([r["rps"] for r in ok]),
-                   "rounds_rps": [r.get("rps") for r in runs],
-                   "cpu_us_per_req": _median([r.get("cpu_us_per_request") for r in ok]),
+                   "rps": rps, "rounds_rps": [r.get("rps") for r in runs],
+                   "cpu_us_per_req": cpu,
+                   "mb_per_s": rps * size / 1e6 if rps is not None and size else None,
+                   # CPU seconds per GB (10^9 bytes) delivered.
+                   "cpu_s_per_gb": cpu * 1e-6 * 1e9 / size if cpu is not None and size else None,
                    "p99_ms": _median([r["latency"]["p99_ms"] for r in ok]),
                    "errors": sum(r.get("errors", 0) for r in ok),
-                   "client_core_busy_pct": client,
-                   "quota_use_pct": quota_use,
-                   "client_bound": client is not None and client >= CLIENT_BOUND_PCT
-                   and (quota_use is None or quota_use < 90)}
+                   "client_core_busy_pct": core, "client_cpu_pct": client,
+                   "origin_cpu_pct": origin, "quota_use_pct": quota_use, "bound": bound,
+                   "client_bound": bound == "client"}
             if name != sluice and mine:
                 ratios = [a["rps"] / b["rps"] for a, b in zip(mine, runs)
                           if "failed" not in a and "failed" not in b and b["rps"] > 0]
@@ -214,10 +311,13 @@ def summarize_budget(cells, sluice, quota_pct):
     return rows
 
 
-def open_loop(ctx, starters, origin, file, rates, quota_pct, secs, warm, c, variant=None):
+def open_loop(ctx, starters, origin, file, rates, quota_pct, secs, warm, c, variant=None,
+              opt=None):
     """Fixed offered rates through each peer under the same cgroup quota: p50/p99/p99.9 from
-    the scheduled send times, achieved vs offered, errors, CPU per request."""
+    the scheduled send times, achieved vs offered, errors, CPU per request. `opt` names the
+    cell's path and warm-up as in `budget_cells`."""
     variant = variant or {}
+    opt = opt or {}
     rows = []
     for name in starters:
         try:
@@ -228,10 +328,9 @@ def open_loop(ctx, starters, origin, file, rates, quota_pct, secs, warm, c, vari
         group = Cgroup(f"sluice-bench-open-{os.getpid()}-{len(rows)}", quota_pct)
         try:
             group.enter(peer.pid)
-            url = f"http://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
             for rate in rates:
-                r = ctx.rate(url, file, rate, c, secs, warm, peer.pid,
-                             extra=["--cgroup-usage", group.usage_file, "--client-core", "0"])
+                r = ctx.rate(url_of(peer, file, opt), file, rate, c, secs,
+                             opt.get("warm", warm), peer.pid, extra=_meter(ctx, group))
                 rows.append({"peer": name, "rate": rate, "status": "ok" if "failed" not in r
                              else r["failed"], "report": r})
         finally:
@@ -313,7 +412,7 @@ def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests
     except (Unavailable, RuntimeError) as e:
         return {"status": str(e)}
     try:
-        url = f"{scheme}://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
+        url = url_of(peer, file, {"scheme": scheme})
         ctx.duration(url, file, 1, 120, 0, peer.pid, max_requests=warm_requests, extra=extra)
         procs.run(["callgrind_control", "-z", str(peer.pid)], timeout=60)
         r = ctx.duration(url, file, 1, 300, 0, peer.pid, max_requests=requests, extra=extra)

@@ -1,8 +1,10 @@
 """`bench/run --budget`: each scenario's proxies under equal CPU budgets (closed loop, busy polling
 off for all and on for all that have it), open-loop latency at 25/50/75 % of the slowest proxy's
-budget-capped peak, and memory per idle connection (HTTP/1.1 and h2c)."""
+budget-capped peak, and memory per idle connection (HTTP/1.1 and h2c). S1 and S4 live in
+`budget_media.py`."""
 
 import functools
+import os
 
 from . import budget, peers
 from .context import MiB
@@ -29,18 +31,38 @@ def _variants(poll_names):
     return {"off": off, "on": on}
 
 
-def _closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file):
+def closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file, open_opt=None,
+                    secs=None, c=CLIENTS):
+    """The budget tables for every cell of `plan`, then (unless `open_file` is None) the open
+    loop on `open_file` (`open_opt`: its path and warm-up). The client and the origin each get
+    their own high-weight cgroup for the whole run (`budget.Helpers`)."""
+    helpers = budget.helper_groups(ctx, origin)
+    try:
+        out = _closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file,
+                               open_opt, secs, c)
+    finally:
+        # The origin is stopped by the caller; its group is removed at exit if not empty now.
+        if helpers:
+            helpers.remove_client()
+    out["helpers_metered"] = helpers is not None
+    return out, helpers
+
+
+def _closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file, open_opt, secs,
+                     c):
     p = _params(ctx)
-    out = {"quota_pct": QUOTA_PCT, "c": CLIENTS, "params": p, "budget": {}, "open_loop": {},
-           "instructions": budget.instructions_note()}
+    out = {"quota_pct": QUOTA_PCT, "c": c, "params": dict(p, secs=secs or p["secs"]),
+           "budget": {}, "open_loop": {}, "instructions": budget.instructions_note()}
     peaks = {}
     for mode, variant in _variants(poll_names).items():
         cells, load = budget.budget_cells(ctx, starters, origin, plan, QUOTA_PCT, p["rounds"],
-                                          p["secs"], p["warm"], CLIENTS, variant)
+                                          secs or p["secs"], p["warm"], c, variant)
         rows = budget.summarize_budget(cells, sluice, QUOTA_PCT)
         out["budget"][mode] = {"rows": rows, "load": load}
         peaks[mode] = [r["rps"] for r in rows
                        if r["cell"] == plan[0][1] and r.get("rps")]
+    if open_file is None:
+        return out
     # Rates from the slowest proxy's budget-capped peak on the first cell, busy polling off.
     first = peaks.get("off") or peaks.get("as shipped") or [0]
     slowest = min(first) or 1000
@@ -49,7 +71,7 @@ def _closed_and_open(ctx, starters, origin, plan, poll_names, sluice, open_file)
     for mode, variant in _variants(poll_names).items():
         load = budget.machine_load()
         rows = budget.open_loop(ctx, starters, origin, open_file, rates, QUOTA_PCT,
-                                p["open_secs"], p["warm"], CLIENTS, variant)
+                                p["open_secs"], p["warm"], c, variant, open_opt)
         out["open_loop"][mode] = {"rows": rows, "load": load}
     return out
 
@@ -67,14 +89,18 @@ def s2(ctx):
     }
     poll = {sluice: ("busy_poll_us", 0, BUSY_POLL_US), "HAProxy http": ("busy_polling", False, True)}
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    helpers = None
     try:
-        out = _closed_and_open(ctx, starters, origin,
-                               [(small, "1 KB"), (mid, "64 KiB"), (big, "7 MB")], poll, sluice,
-                               small)
+        out, helpers = closed_and_open(ctx, starters, origin,
+                                       [(small, "1 KB"), (mid, "64 KiB"), (big, "7 MB")], poll,
+                                       sluice, small)
         out["callgrind"] = budget.callgrind_per_request(ctx, starters[sluice], origin, small)
-        out["idle"] = idle(ctx, origin, small)
+        if os.environ.get("BENCH_BUDGET_IDLE", "1") != "0":
+            out["idle"] = idle(ctx, origin, small)
     finally:
         origin.stop()
+        if helpers:
+            helpers.remove()
     out.update({"id": "S2", "sluice": sluice})
     return out
 
@@ -106,17 +132,25 @@ def idle(ctx, origin, small):
 
 
 def s3(ctx):
-    files = [ctx.test_file("hello.txt", 13, b"Hello, world!"), ctx.test_file("64k.bin", 64 * 1024)]
+    files = [ctx.test_file("hello.txt", 13, b"Hello, world!"), ctx.test_file("64k.bin", 64 * 1024),
+             ctx.test_file("256m.bin", 256 * MiB)]
     sluice = "sluice"
     starters = {sluice: peers.start_sluice_tcp, "HAProxy tcp": peers.start_haproxy_tcp,
                 "Go io.Copy": peers.start_goproxy}
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
+    helpers = None
     try:
-        out = _closed_and_open(ctx, starters, origin, [(files[0], "13 B"), (files[1], "64 KiB")],
-                               {sluice: ("busy_poll_us", 0, BUSY_POLL_US)}, sluice, files[0])
+        out, helpers = closed_and_open(ctx, starters, origin,
+                                       [(files[0], "13 B"), (files[1], "64 KiB"),
+                                        # Two long transfers at a time: CPU per GB of a stream.
+                                        (files[2], "256 MB stream", {"c": 2})],
+                                       {sluice: ("busy_poll_us", 0, BUSY_POLL_US)}, sluice,
+                                       files[0])
     finally:
         origin.stop()
-    out.update({"id": "S3", "sluice": sluice})
+        if helpers:
+            helpers.remove()
+    out.update({"id": "S3", "sluice": sluice, "bytes_view": True})
     return out
 
 
@@ -126,4 +160,14 @@ def tls(ctx):
     return tls_budget.tls(ctx)
 
 
-ALL = {"S2": s2, "S3": s3, "TLS": tls}
+def s1(ctx):
+    from . import budget_media
+    return budget_media.s1(ctx)
+
+
+def s4(ctx):
+    from . import budget_media
+    return budget_media.s4(ctx)
+
+
+ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "TLS": tls}

@@ -37,6 +37,8 @@ class Context:
         self.commands = []  # exact commands, for the report
         # `cgroup.procs` files each load-client run joins first (`budget.helpers_group`).
         self.client_cgroup = []
+        # Load-client arguments naming the client's and the origin's cgroup usage files.
+        self.meter_args = []
 
     @staticmethod
     def _ensure(d):

@@ -455,16 +455,18 @@ def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_p
 
 # === S4: caches in front of the generated origin ===
 
-def start_gen_origin(ctx, cpus, swr_delay_ms):
+def start_gen_origin(ctx, cpus, swr_delay_ms, pace_mbps=0):
     """`sluice-loadgen origin`: generated objects of any size (`/gen/<size>/<name>`, fresh for a
     day; `/swr/<size>/<name>`, fresh for 1 s with stale-while-revalidate and a slow answer), with
-    Range, ETag / Last-Modified, 304s, and counters of requests and body bytes sent (`/__stats`)."""
+    Range, ETag / Last-Modified, 304s, and counters of requests and body bytes sent (`/__stats`);
+    `pace_mbps` sends each body at that rate after its first chunk (a slow miss)."""
     if not os.path.exists(ctx.loadgen_bin):
         raise Unavailable(f"not built ({os.path.relpath(ctx.loadgen_bin, ctx.repo)})")
     d = ctx.tempdir("gen-origin")
     port = procs.free_port()
     argv = [ctx.loadgen_bin, "origin", "--port", str(port), "--swr-delay-ms", str(swr_delay_ms),
-            "--threads", "1" if ctx.pin else "2"]
+            "--threads", "1" if ctx.pin else "2", *(["--pace-mbps", str(pace_mbps)] if pace_mbps
+                                                   else [])]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
     procs.wait_tcp(port, p)

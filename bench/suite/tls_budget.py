@@ -74,7 +74,7 @@ def tls(ctx):
     p = _params(ctx)
     certs = make_certs(ctx)
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
-    helpers = budget.helpers_group(ctx, origin)
+    helpers = budget.helper_groups(ctx, origin)
     out = {"quota_pct": QUOTA_PCT, "c": CLIENTS, "params": p, "budget": {},
            "instructions": budget.instructions_note(), "cells": [c[0] for c in CELLS]}
     try:
@@ -93,7 +93,6 @@ def tls(ctx):
                                                  certs["ECDSA P-256"])
     finally:
         origin.stop()
-        ctx.client_cgroup = []
         if helpers:
             helpers.remove()
     out.update({"id": "TLS", "sluice": sluice, "shares_raised": helpers is not None})

@@ -21,8 +21,7 @@ pub struct Config {
     pub timeout: Duration,
     pub pid: Option<u32>,
     pub sample_interval: Duration,
-    pub cgroup_usage: Option<String>,
-    pub client_core: Option<usize>,
+    pub meter: crate::meter::Spec,
 }
 
 #[derive(Debug, Serialize)]
@@ -122,7 +121,7 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
     .await;
     let warmup_errors = warm.iter().flat_map(|r| r.errors.values()).sum();
 
-    let meter = Meter::start(cfg.cgroup_usage.clone(), cfg.client_core);
+    let meter = Meter::start(&cfg.meter);
     let sampler = cfg
         .pid
         .map(|pid| Background::run(TreeSampler::start(pid), cfg.sample_interval));

@@ -122,6 +122,9 @@ struct OriginArgs {
     /// Delay before every answer under /swr/ (a slow revalidation).
     #[arg(long, default_value_t = 200)]
     swr_delay_ms: u64,
+    /// Send each body at this many MB/s after its first chunk (0: unpaced).
+    #[arg(long, default_value_t = 0.0)]
+    pace_mbps: f64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
 }
@@ -243,6 +246,13 @@ struct Common {
     /// The core the client runs on: its busy share in the timed window is reported.
     #[arg(long)]
     client_core: Option<usize>,
+    /// The load client's own CPU cgroup usage file: its CPU in % of a core over the timed
+    /// window is reported (what "client-bound" is judged on, whatever else runs on its core).
+    #[arg(long)]
+    client_cgroup_usage: Option<String>,
+    /// The origin's CPU cgroup usage file, reported the same way.
+    #[arg(long)]
+    origin_cgroup_usage: Option<String>,
     /// PEM file of the CA an https:// target's certificate must chain to.
     #[arg(long)]
     ca: Option<std::path::PathBuf>,
@@ -256,6 +266,15 @@ struct Common {
 }
 
 impl Common {
+    fn meter(&self) -> meter::Spec {
+        meter::Spec {
+            cgroup: self.cgroup_usage.clone(),
+            client_cgroup: self.client_cgroup_usage.clone(),
+            origin_cgroup: self.origin_cgroup_usage.clone(),
+            core: self.client_core,
+        }
+    }
+
     fn target(&self) -> Result<client::Target> {
         client::Target::parse(&self.url)?
             .with_headers(&self.headers)?
@@ -417,8 +436,7 @@ fn main() -> Result<()> {
                 timeout: secs(c.timeout_secs),
                 pid: c.pid,
                 sample_interval: Duration::from_millis(c.sample_ms.max(1)),
-                cgroup_usage: c.cgroup_usage.clone(),
-                client_core: c.client_core,
+                meter: c.meter(),
             };
             let expect = expect_of(c)?;
             let report = runtime(c.threads)?.block_on(duration::run(&c.url, target, expect, cfg));
@@ -435,8 +453,7 @@ fn main() -> Result<()> {
                 timeout: secs(c.timeout_secs),
                 pid: c.pid,
                 sample_interval: Duration::from_millis(c.sample_ms.max(1)),
-                cgroup_usage: c.cgroup_usage.clone(),
-                client_core: c.client_core,
+                meter: c.meter(),
             };
             let expect = expect_of(c)?;
             let report = runtime(c.threads)?.block_on(rate::run(&c.url, target, expect, cfg));
@@ -515,6 +532,7 @@ fn main() -> Result<()> {
                 bind: a.bind,
                 port: a.port,
                 swr_delay: Duration::from_millis(a.swr_delay_ms),
+                pace: (a.pace_mbps > 0.0).then_some(a.pace_mbps * 1e6),
             };
             runtime(Some(a.threads))?.block_on(origin::run(cfg))?;
             return Ok(());

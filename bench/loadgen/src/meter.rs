@@ -1,9 +1,20 @@
-//! Window meters for budget runs: a CPU cgroup's own accounting (`cpuacct.usage` in nanoseconds
-//! under cgroup v1, `usage_usec` of `cpu.stat` under v2) and how busy one core was, from its line
-//! of /proc/stat.
+//! Window meters for budget runs: CPU cgroups' own accounting (`cpuacct.usage` in nanoseconds
+//! under cgroup v1, `usage_usec` of `cpu.stat` under v2) for the proxy, the load client and the
+//! origin, and how busy one core was, from its line of /proc/stat.
 
 use serde::Serialize;
 use std::fs;
+use std::time::Instant;
+
+/// What to meter over a window: usage files of the proxy's, the client's and the origin's CPU
+/// cgroups, and the client's core.
+#[derive(Debug, Clone, Default)]
+pub struct Spec {
+    pub cgroup: Option<String>,
+    pub client_cgroup: Option<String>,
+    pub origin_cgroup: Option<String>,
+    pub core: Option<usize>,
+}
 
 /// What the meters read over one window.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -12,13 +23,20 @@ pub struct Window {
     pub cgroup_cpu_us: Option<f64>,
     /// Busy share (0–100) of the client's core in the window (None without `--client-core`).
     pub client_core_busy_pct: Option<f64>,
+    /// CPU the load client's own cgroup used, in % of one core over the window (None without
+    /// `--client-cgroup-usage`): unlike the core's busy share, other work on the core is not in it.
+    pub client_cpu_pct: Option<f64>,
+    /// The same for the origin's cgroup (`--origin-cgroup-usage`).
+    pub origin_cpu_pct: Option<f64>,
 }
 
 /// Readings at the start of a window.
 pub struct Meter {
-    cgroup: Option<String>,
-    core: Option<usize>,
+    spec: Spec,
+    started: Instant,
     cgroup_start: Option<u64>,
+    client_start: Option<u64>,
+    origin_start: Option<u64>,
     core_start: Option<(u64, u64)>,
 }
 
@@ -53,25 +71,41 @@ fn core_ticks(core: usize) -> Option<(u64, u64)> {
     Some((total.saturating_sub(idle), total))
 }
 
+/// Nanoseconds a cgroup used since `start` (its reading at the window's start).
+fn used_ns(path: Option<&str>, start: Option<u64>) -> Option<u64> {
+    match (path.and_then(cgroup_ns), start) {
+        (Some(end), Some(start)) => Some(end.saturating_sub(start)),
+        _ => None,
+    }
+}
+
 impl Meter {
-    pub fn start(cgroup: Option<String>, core: Option<usize>) -> Self {
+    pub fn start(spec: &Spec) -> Self {
+        let read = |p: &Option<String>| p.as_deref().and_then(cgroup_ns);
         Meter {
-            cgroup_start: cgroup.as_deref().and_then(cgroup_ns),
-            core_start: core.and_then(core_ticks),
-            cgroup,
-            core,
+            cgroup_start: read(&spec.cgroup),
+            client_start: read(&spec.client_cgroup),
+            origin_start: read(&spec.origin_cgroup),
+            core_start: spec.core.and_then(core_ticks),
+            started: Instant::now(),
+            spec: spec.clone(),
         }
     }
 
     pub fn finish(self) -> Window {
-        let cgroup_cpu_us = match (
-            self.cgroup.as_deref().and_then(cgroup_ns),
-            self.cgroup_start,
-        ) {
-            (Some(end), Some(start)) => Some(end.saturating_sub(start) as f64 / 1e3),
-            _ => None,
-        };
-        let client_core_busy_pct = match (self.core.and_then(core_ticks), self.core_start) {
+        let wall_ns = self.started.elapsed().as_nanos().max(1) as f64;
+        let pct = |used: Option<u64>| used.map(|ns| ns as f64 * 100.0 / wall_ns);
+        let cgroup_cpu_us =
+            used_ns(self.spec.cgroup.as_deref(), self.cgroup_start).map(|ns| ns as f64 / 1e3);
+        let client_cpu_pct = pct(used_ns(
+            self.spec.client_cgroup.as_deref(),
+            self.client_start,
+        ));
+        let origin_cpu_pct = pct(used_ns(
+            self.spec.origin_cgroup.as_deref(),
+            self.origin_start,
+        ));
+        let client_core_busy_pct = match (self.spec.core.and_then(core_ticks), self.core_start) {
             (Some((b1, t1)), Some((b0, t0))) if t1 > t0 => {
                 Some((b1 - b0) as f64 * 100.0 / (t1 - t0) as f64)
             }
@@ -80,6 +114,8 @@ impl Meter {
         Window {
             cgroup_cpu_us,
             client_core_busy_pct,
+            client_cpu_pct,
+            origin_cpu_pct,
         }
     }
 }
@@ -98,6 +134,27 @@ mod tests {
         let v2 = dir.join("cpu.stat");
         fs::write(&v2, "usage_usec 42\nuser_usec 40\nsystem_usec 2\n").unwrap();
         assert_eq!(cgroup_ns(v2.to_str().unwrap()), Some(42_000));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn helper_groups_are_reported_in_percent_of_a_core() {
+        let dir = std::env::temp_dir().join(format!("meter-pct-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let client = dir.join("client.usage");
+        fs::write(&client, "1000\n").unwrap();
+        let spec = Spec {
+            client_cgroup: Some(client.to_str().unwrap().to_string()),
+            ..Spec::default()
+        };
+        let meter = Meter::start(&spec);
+        // 50 ms of CPU in a window of at least 100 ms: at most half a core.
+        fs::write(&client, "50001000\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let w = meter.finish();
+        let pct = w.client_cpu_pct.unwrap();
+        assert!(pct > 0.0 && pct <= 50.0, "{pct}");
+        assert!(w.origin_cpu_pct.is_none() && w.cgroup_cpu_us.is_none());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -4,7 +4,8 @@
 //! Paths: `/gen/<size>/<name>` is fresh for a day; `/swr/<size>/<name>` is fresh for 1 s with
 //! `stale-while-revalidate=60` and answers (every request, conditional or not) after a delay, so a
 //! cache that refreshes in the foreground shows it in its latency. `/__stats` returns the
-//! counters as JSON and is not counted itself.
+//! counters as JSON and is not counted itself. With a pace, every body after its first chunk is
+//! sent at that many MB/s (a slow origin whose misses take a while to fill).
 
 use crate::gen;
 use anyhow::{Context, Result};
@@ -16,12 +17,14 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context as TaskCx, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::time::{Instant, Sleep};
 
 /// Body chunks are small so that a client that goes away leaves few uncounted bytes behind.
 const CHUNK: u64 = 64 * 1024;
@@ -33,6 +36,9 @@ pub struct Config {
     pub bind: std::net::IpAddr,
     pub port: u16,
     pub swr_delay: Duration,
+    /// Body bytes per second of each response after its first chunk (None: as fast as the
+    /// client reads).
+    pub pace: Option<f64>,
 }
 
 #[derive(Default)]
@@ -69,6 +75,37 @@ struct GenBody {
     pos: u64,
     end: u64,
     counters: Arc<Counters>,
+    pace: Option<Pace>,
+}
+
+/// When each chunk of a paced body is due: `start + sent / bytes_per_sec`.
+struct Pace {
+    start: Instant,
+    sent: u64,
+    bytes_per_sec: f64,
+    wait: Option<Pin<Box<Sleep>>>,
+}
+
+impl Pace {
+    /// Ready once the next chunk is due.
+    fn poll_due(&mut self, cx: &mut TaskCx<'_>) -> Poll<()> {
+        let due = self.start + Duration::from_secs_f64(self.sent as f64 / self.bytes_per_sec);
+        if Instant::now() >= due {
+            self.wait = None;
+            return Poll::Ready(());
+        }
+        let wait = self
+            .wait
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        wait.as_mut().reset(due);
+        match wait.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.wait = None;
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl Body for GenBody {
@@ -77,12 +114,18 @@ impl Body for GenBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut TaskCx<'_>,
+        cx: &mut TaskCx<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if self.pos >= self.end {
             return Poll::Ready(None);
         }
         let n = (self.end - self.pos).min(CHUNK);
+        if let Some(pace) = self.pace.as_mut() {
+            if pace.poll_due(cx).is_pending() {
+                return Poll::Pending;
+            }
+            pace.sent += n;
+        }
         let mut buf = BytesMut::zeroed(n as usize);
         gen::fill(self.seed, self.pos, &mut buf);
         self.pos += n;
@@ -270,6 +313,12 @@ async fn handle(
             pos: start,
             end,
             counters,
+            pace: cfg.pace.map(|bytes_per_sec| Pace {
+                start: Instant::now(),
+                sent: 0,
+                bytes_per_sec,
+                wait: None,
+            }),
         });
     }
     Ok(resp)
@@ -314,7 +363,48 @@ pub async fn run(cfg: Config) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_range;
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// A paced body sends its first chunk at once and the rest no sooner than the pace allows;
+    /// every byte is the generated object's.
+    #[tokio::test]
+    async fn paced_body_waits_between_chunks() {
+        let size = 4 * CHUNK;
+        let counters = Arc::new(Counters::default());
+        let mut body = GenBody {
+            seed: gen::seed_for(size),
+            pos: 0,
+            end: size,
+            counters: counters.clone(),
+            pace: Some(Pace {
+                start: Instant::now(),
+                sent: 0,
+                bytes_per_sec: 10e6,
+                wait: None,
+            }),
+        };
+        let t0 = std::time::Instant::now();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_millis(5),
+            "first chunk not held"
+        );
+        let mut all = first.to_vec();
+        while let Some(frame) = body.frame().await {
+            all.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        // Three chunks after the first at 10 MB/s: at least 3 × 65,536 / 10⁷ s.
+        assert!(
+            t0.elapsed() >= Duration::from_micros(19_660),
+            "{:?}",
+            t0.elapsed()
+        );
+        let mut want = vec![0u8; size as usize];
+        gen::fill(gen::seed_for(size), 0, &mut want);
+        assert_eq!(all, want);
+        assert_eq!(counters.body_bytes.load(Ordering::Relaxed), size);
+    }
 
     #[test]
     fn ranges() {

@@ -26,8 +26,7 @@ pub struct Config {
     pub timeout: Duration,
     pub pid: Option<u32>,
     pub sample_interval: Duration,
-    pub cgroup_usage: Option<String>,
-    pub client_core: Option<usize>,
+    pub meter: crate::meter::Spec,
 }
 
 /// Latency percentiles from the histogram, in milliseconds.
@@ -159,7 +158,7 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
     if !cfg.warmup_secs.is_zero() {
         phase(&mut pool, &expect, &cfg, cfg.warmup_secs).await;
     }
-    let meter = Meter::start(cfg.cgroup_usage.clone(), cfg.client_core);
+    let meter = Meter::start(&cfg.meter);
     let sampler = cfg
         .pid
         .map(|pid| Background::run(TreeSampler::start(pid), cfg.sample_interval));
