@@ -649,7 +649,7 @@ impl<H: Handler> Conn<H> {
         let stream = Watched::new(stream, Activity::new());
         #[cfg(feature = "tls")]
         if let Some(settings) = self.tls.load_full() {
-            let tls = Box::pin(Conn::clone(&self).serve_tls(stream, peer, settings));
+            let tls = Box::pin(self.clone().serve_tls(stream, peer, settings));
             return task::Connection::other(self, peer, slot, tls);
         }
         #[cfg(feature = "reverse")]
@@ -674,10 +674,11 @@ impl<H: Handler> Conn<H> {
         Box::pin(self.drive(stream, watch, peer, false, tap))
     }
 
-    /// A TLS connection: the handshake within `server.tls_handshake_timeout_secs`, then hyper.
+    /// A TLS connection: the handshake within `server.tls_handshake_timeout_secs`, then the
+    /// HTTP/1.1 fast path (`h1fast`) as for a plain connection, or hyper (HTTP/2 by ALPN).
     #[cfg(feature = "tls")]
     async fn serve_tls(
-        self,
+        self: Arc<Self>,
         stream: Watched<tokio::net::TcpStream>,
         peer: SocketAddr,
         settings: Arc<rustls::ServerConfig>,
@@ -705,8 +706,12 @@ impl<H: Handler> Conn<H> {
                     return;
                 }
                 let h2 = alpn == Some(b"h2");
+                #[cfg(feature = "reverse")]
+                if !h2 && self.fast_path && self.handler.has_fast_routes() {
+                    return self.serve_tls_fast(tls, peer).await;
+                }
                 let tls = self.screened(tls, h2);
-                self.drive(tls, watch, peer, true, None).await
+                Conn::clone(&self).drive(tls, watch, peer, true, None).await
             }
             Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => {

@@ -1,5 +1,6 @@
 //! TLS on both sides of the reverse proxy: downstream certificates chosen by SNI (and swapped by a
-//! reload), upstream TLS with SNI, verification against a configured CA, and ALPN h2.
+//! reload), upstream TLS with SNI, verification against a configured CA, and ALPN h2; HTTP/1.1
+//! over TLS on the fast path (the hyper path's bytes, the hand-off, the same refusals as plain).
 
 mod reverse_support;
 mod self_signed;
@@ -261,5 +262,277 @@ async fn downstream_sessions_resume_across_a_reload() {
         let (resumed, _, got) = fetch_over_tls(addr, c).await;
         assert!(resumed, "{name}: no resumption after a reload");
         assert!(ends_with_body(&got), "{name}: answer after a reload");
+    }
+}
+
+// === HTTP/1.1 over TLS on the fast path ===
+
+/// A reverse proxy in front of `origin` with `h1_fast_path = fast`, over TLS with `cert` when
+/// given (else plain), the head limits small enough to reach in a test.
+fn fast_config(
+    origin: std::net::SocketAddr,
+    fast: bool,
+    cert: Option<&Cert>,
+) -> sluice::config::Config {
+    let tls = cert.map_or(String::new(), |c| {
+        format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+            c.cert.path().display(),
+            c.key.path().display()
+        )
+    });
+    config(&format!(
+        "[server]\nh1_fast_path = {fast}\nheader_read_timeout_secs = 1\nmax_header_bytes = 4096\n\
+         {tls}[reverse]\nforwarded = true\n[[upstreams]]\nname = \"app\"\nservers = [\"{origin}\"]\n\
+         [[routes]]\npath = \"/api\"\nupstream = \"app\"\nstrip_prefix = true\n"
+    ))
+}
+
+/// A client connection, TLS (ALPN `http/1.1`, trusting `cert`) or plain, and what it read past
+/// the last response.
+struct Conn {
+    io: Box<dyn Io>,
+    buf: Vec<u8>,
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+impl Conn {
+    async fn to(addr: std::net::SocketAddr, cert: Option<&Cert>) -> Conn {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let Some(cert) = cert else {
+            return Conn {
+                io: Box::new(tcp),
+                buf: Vec::new(),
+            };
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from(cert.der.clone())).unwrap();
+        let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(c))
+            .connect(ServerName::try_from("site.test").unwrap(), tcp)
+            .await
+            .unwrap();
+        Conn {
+            io: Box::new(tls),
+            buf: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.io.write_all(bytes).await.unwrap();
+        self.io.flush().await.unwrap();
+    }
+
+    /// Reads one response with a `Content-Length` body (none to a HEAD): its head with the
+    /// `date` line taken out, and its body.
+    async fn response(&mut self, head_request: bool) -> (String, Vec<u8>) {
+        let end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(self.read().await > 0, "closed inside a head");
+        };
+        let head = String::from_utf8(self.buf.drain(..end).collect()).unwrap();
+        let length: usize = match head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().unwrap())
+        }) {
+            Some(n) if !head_request => n,
+            _ => 0,
+        };
+        while self.buf.len() < length {
+            assert!(self.read().await > 0, "closed inside a body");
+        }
+        let body = self.buf.drain(..length).collect();
+        (without_date(&head), body)
+    }
+
+    /// Everything until the server closes the connection (within 5 s), without `date` lines.
+    async fn rest(&mut self) -> String {
+        while self.read().await > 0 {}
+        let all = std::mem::take(&mut self.buf);
+        without_date(&String::from_utf8_lossy(&all))
+    }
+
+    async fn read(&mut self) -> usize {
+        use tokio::io::AsyncReadExt;
+        self.buf.reserve(16384);
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            self.io.read_buf(&mut self.buf),
+        )
+        .await
+        {
+            Ok(Ok(n)) => n,
+            // A TLS peer that closes without `close_notify`, or a reset: the end too.
+            Ok(Err(_)) => 0,
+            Err(_) => panic!(
+                "no byte and no close for 5 s after {:?}",
+                String::from_utf8_lossy(&self.buf)
+            ),
+        }
+    }
+}
+
+fn without_date(text: &str) -> String {
+    text.split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("date:"))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+/// A metric's value as the proxy's `/metrics` says it, asked over `cert`'s TLS or plain.
+async fn metric(addr: std::net::SocketAddr, cert: Option<&Cert>, series: &str) -> f64 {
+    let mut c = Conn::to(addr, cert).await;
+    c.send(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await;
+    let (_, body) = c.response(false).await;
+    String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+const FAST_TLS: &str = "sluice_h1_fast_path_requests_total{transport=\"tls\"} ";
+
+/// Keep-alive and pipelined HTTP/1.1 requests over TLS are served by the fast path (its counter
+/// says so), with exactly the bytes the hyper path sends for them: the same response heads and
+/// bodies, the same upstream request (`https` in the forwarding fields). A request the fast path
+/// does not serve hands the connection to hyper, which keeps answering on it.
+#[tokio::test]
+async fn tls_http1_takes_the_fast_path_with_the_hyper_paths_bytes() {
+    let cert = Cert::new(&["site.test"]);
+    let o = echo("o").await;
+    let mut by_path = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(fast_config(o, fast, Some(&cert))).await;
+        let mut c = Conn::to(p.addr, Some(&cert)).await;
+        let mut got = Vec::new();
+        // Two pipelined in one write, then one at a time.
+        c.send(
+            b"GET /api/echo?q=1 HTTP/1.1\r\nHost: site.test\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n\
+                 HEAD /api/size/1000 HTTP/1.1\r\nHost: site.test\r\n\r\n",
+        )
+        .await;
+        got.push(c.response(false).await);
+        got.push(c.response(true).await);
+        c.send(b"GET /api/size/70000 HTTP/1.1\r\nHost: site.test\r\n\r\n")
+            .await;
+        got.push(c.response(false).await);
+        let served_fast = metric(p.addr, Some(&cert), FAST_TLS).await;
+        assert_eq!(served_fast, if fast { 3.0 } else { 0.0 }, "fast {fast}");
+        // A POST is not the fast path's: hyper takes the connection and answers the rest.
+        c.send(
+            b"POST /api/echo HTTP/1.1\r\nHost: site.test\r\nContent-Length: 3\r\n\r\nabc\
+                 GET /api/size/10 HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        got.push(c.response(false).await);
+        got.push(c.response(false).await);
+        assert_eq!(c.rest().await, "", "fast {fast}");
+        // The /metrics request and the three before it: hyper served the last two.
+        let after = metric(p.addr, Some(&cert), FAST_TLS).await;
+        assert_eq!(after, served_fast, "fast {fast}");
+        by_path.push(got);
+    }
+    let (fast, hyper) = (&by_path[0], &by_path[1]);
+    for (i, (f, h)) in fast.iter().zip(hyper).enumerate() {
+        assert_eq!(f.0, h.0, "response {i}: heads differ");
+        assert_eq!(sha256(&f.1), sha256(&h.1), "response {i}: bodies differ");
+    }
+    assert!(
+        fast[0].0.starts_with("HTTP/1.1 200 OK\r\n"),
+        "{}",
+        fast[0].0
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&fast[0].1).unwrap();
+    let field = |name: &str| {
+        seen["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p[0] == name)
+            .map(|p| p[1].as_str().unwrap().to_string())
+    };
+    assert_eq!(field("x-forwarded-proto").as_deref(), Some("https"));
+    assert!(
+        field("forwarded").unwrap().contains("proto=https"),
+        "{seen}"
+    );
+    assert_eq!(sha256(&fast[2].1), sha256(&pattern(70_000)));
+    assert_eq!(fast[1].1, b"");
+    assert!(
+        fast[1].0.contains("\r\ncontent-length: 1000\r\n"),
+        "{}",
+        fast[1].0
+    );
+    assert_eq!(sha256(&fast[4].1), sha256(&pattern(10)));
+    assert!(
+        fast[4].0.contains("\r\nconnection: close\r\n"),
+        "{}",
+        fast[4].0
+    );
+}
+
+/// What the fast path hands to hyper over a plain connection it hands over TLS, and the answer
+/// is the same: ambiguous framing (the request screen's 400, counted), a bad `Host`, a second
+/// `Host`, a head over `server.max_header_bytes`, a bad request line, HTTP/1.0, a tokened path;
+/// a head that never ends is cut after the header read timeout on both.
+#[tokio::test]
+async fn tls_http1_is_refused_as_plain_is() {
+    let cert = Cert::new(&["site.test"]);
+    let o = echo("o").await;
+    let plain = Proxy::start(fast_config(o, true, None)).await;
+    let tls = Proxy::start(fast_config(o, true, Some(&cert))).await;
+    let big = format!(
+        "GET /api/x HTTP/1.1\r\nHost: site.test\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(20_000)
+    );
+    let cases: Vec<Vec<u8>> = vec![
+        b"GET /api/x HTTP/1.1\r\nHost: site.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_vec(),
+        b"GET /api/x HTTP/1.1\r\nHost: a|b\r\nConnection: close\r\n\r\n".to_vec(),
+        b"GET /api/x HTTP/1.1\r\nHost: site.test\r\nHost: other.test\r\nConnection: close\r\n\r\n".to_vec(),
+        big.into_bytes(),
+        b"GET /api/x HTTP/1.1 x\r\nHost: site.test\r\n\r\n".to_vec(),
+        b"GET /api/size/5 HTTP/1.0\r\nHost: site.test\r\n\r\n".to_vec(),
+        b"GET /_token_abc/api/x HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n".to_vec(),
+    ];
+    for case in &cases {
+        let mut answers = Vec::new();
+        for (addr, cert) in [(plain.addr, None), (tls.addr, Some(&cert))] {
+            let mut c = Conn::to(addr, cert).await;
+            c.send(case).await;
+            answers.push(c.rest().await);
+        }
+        let what = String::from_utf8_lossy(&case[..case.len().min(60)]).into_owned();
+        assert_eq!(answers[0], answers[1], "{what:?}");
+        assert!(
+            answers[0].starts_with("HTTP/1."),
+            "{what:?}: {}",
+            answers[0]
+        );
+    }
+    for (addr, cert) in [(plain.addr, None), (tls.addr, Some(&cert))] {
+        let refused = metric(addr, cert, "sluice_downstream_smuggling_refused_total ").await;
+        assert_eq!(refused, 1.0, "tls {}", cert.is_some());
+        assert_eq!(metric(addr, cert, FAST_TLS).await, 0.0);
+        // A head begun and never finished: closed without an answer, as hyper's path does.
+        let mut c = Conn::to(addr, cert).await;
+        c.send(b"GET /api/x HTTP/1.1\r\nHost: site").await;
+        let started = std::time::Instant::now();
+        assert_eq!(c.rest().await, "", "tls {}", cert.is_some());
+        assert!(started.elapsed() >= std::time::Duration::from_millis(900));
     }
 }

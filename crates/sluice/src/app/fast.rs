@@ -81,7 +81,7 @@ impl App {
             peer,
             client_ip: self.keys.load().auth.client_ip(peer.ip(), &req.headers),
             trusted: self.keys.load().auth.is_trusted(peer.ip()),
-            secure: false,
+            secure: req.secure,
             host: Some(host.to_string()),
         };
         let on_head = |status: u16, mark: Option<ErrorMark>| {

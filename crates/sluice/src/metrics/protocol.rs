@@ -13,12 +13,21 @@ pub struct VersionLabels {
     pub http_version: &'static str,
 }
 
+/// The `transport` label of the HTTP/1.1 fast path's requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabels {
+    pub transport: &'static str,
+}
+
 /// The series, fetched once so a request only increments an atomic.
 #[derive(Clone)]
 pub struct ProtocolMetrics {
     pub http1: Counter,
     pub http2: Counter,
     pub http3: Counter,
+    /// HTTP/1.1 requests served by the fast path (no hyper), over plain TCP and over TLS.
+    pub fast_tcp: Counter,
+    pub fast_tls: Counter,
     /// QUIC connections open now (handshake done).
     pub quic_open: Gauge,
     /// QUIC handshakes in progress now.
@@ -38,10 +47,17 @@ impl ProtocolMetrics {
                 .get_or_create(&VersionLabels { http_version: v })
                 .clone()
         };
+        let fast: Family<TransportLabels, Counter> = Family::default();
+        let fast_series = |t| {
+            fast.get_or_create(&TransportLabels { transport: t })
+                .clone()
+        };
         let m = ProtocolMetrics {
             http1: series("1.1"),
             http2: series("2"),
             http3: series("3"),
+            fast_tcp: fast_series("tcp"),
+            fast_tls: fast_series("tls"),
             quic_open: Gauge::default(),
             quic_handshakes: Gauge::default(),
             quic_retries: Counter::default(),
@@ -51,6 +67,11 @@ impl ProtocolMetrics {
             "downstream_requests_by_version",
             "Requests by the HTTP version the client spoke (1.1 includes 1.0)",
             by_version,
+        );
+        registry.register(
+            "h1_fast_path_requests",
+            "HTTP/1.1 requests served by the fast path (server.h1_fast_path), by transport",
+            fast,
         );
         registry.register(
             "quic_open_connections",
@@ -73,6 +94,15 @@ impl ProtocolMetrics {
             m.quic_refused.clone(),
         );
         m
+    }
+
+    /// The counter of fast-path requests over TLS (`secure`) or plain TCP.
+    pub fn fast_path(&self, secure: bool) -> &Counter {
+        if secure {
+            &self.fast_tls
+        } else {
+            &self.fast_tcp
+        }
     }
 
     /// The counter of requests in `version`.

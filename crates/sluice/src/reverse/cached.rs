@@ -253,6 +253,7 @@ impl Reverse {
         let start = Instant::now();
         self.budget.record_request();
         let (close, head_only) = (req.close, req.method == Method::HEAD);
+        let alt_svc = req.alt_svc.clone();
         let entry = self.log_entry(
             route,
             down,
@@ -267,7 +268,7 @@ impl Reverse {
         parts.headers = req.headers;
         // The fast path only takes origin-form targets `http` accepts.
         parts.uri = req.target.parse().unwrap_or_default();
-        let resp = match CacheTarget::of(self, route, &parts.uri, path, down) {
+        let mut resp = match CacheTarget::of(self, route, &parts.uri, path, down) {
             Some(t) => self.cached_response(route, parts, path, down, t).await,
             // As `upstream_head` answers on hyper's path.
             None => ProxyError::new(
@@ -279,6 +280,7 @@ impl Reverse {
             .into_response(),
         };
         route.meters.ttfb().observe(start.elapsed().as_secs_f64());
+        super::fast::offer_alt_svc(resp.headers_mut(), alt_svc);
         let status = resp.status().as_u16();
         let record = Box::new(self.record(route, start, status, entry));
         on_head(status, resp.extensions().get::<ErrorMark>().copied());

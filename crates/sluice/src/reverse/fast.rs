@@ -83,6 +83,7 @@ impl Reverse {
         }
         let start = Instant::now();
         let close = req.close;
+        let alt_svc = req.alt_svc.clone();
         let req_head_only = req.method == Method::HEAD;
         self.budget.record_request();
         let mut entry = self.log_entry(
@@ -113,7 +114,8 @@ impl Reverse {
         let (exchanged, in_flight) = match fetched {
             Ok(f) => f,
             Err(e) => {
-                let resp = e.into_response();
+                let mut resp = e.into_response();
+                offer_alt_svc(resp.headers_mut(), alt_svc);
                 let status = resp.status().as_u16();
                 on_head(status, resp.extensions().get::<ErrorMark>().copied());
                 self.finish_record(route, status, ttfb, entry);
@@ -184,6 +186,7 @@ impl Reverse {
             }
             _ => {}
         }
+        offer_alt_svc(&mut headers, alt_svc);
         let mut out = Vec::with_capacity(512 + conn.buf.len());
         write_head(&mut out, status, &headers, None, !keep_alive);
         on_head(status, None);
@@ -213,6 +216,14 @@ impl Reverse {
             status,
             reusable: complete && keep_alive,
         }
+    }
+}
+
+/// The listener's `Alt-Svc` (HTTP/3 offered on a TLS listener) on a response that names none, as
+/// the server adds it to hyper's responses.
+pub(super) fn offer_alt_svc(headers: &mut HeaderMap, alt_svc: Option<header::HeaderValue>) {
+    if let Some(value) = alt_svc {
+        headers.entry(header::ALT_SVC).or_insert(value);
     }
 }
 

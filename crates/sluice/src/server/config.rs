@@ -66,8 +66,9 @@ pub struct ServerConfig {
     /// Threads serving connections (work-stealing workers, or per-core runtimes); 0 = one per
     /// available core.
     pub threads: usize,
-    /// Plain-HTTP connections serve simple GET/HEAD requests for plain-HTTP, uncached reverse
-    /// routes on sluice's own HTTP/1.1 path, handing everything else to the general server.
+    /// HTTP/1.1 connections (plain, or TLS that settled on HTTP/1.1) serve simple GET/HEAD
+    /// requests for plain-HTTP, uncached reverse routes on sluice's own HTTP/1.1 path, handing
+    /// everything else to the general server.
     pub h1_fast_path: bool,
     /// Microseconds a current-thread runtime (one thread, or each per-core runtime) keeps polling
     /// for events after an HTTP request or TCP relay traffic before it sleeps; 0 = sleep at once

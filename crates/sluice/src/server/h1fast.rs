@@ -1,8 +1,12 @@
-//! The HTTP/1.1 fast path's connection loop: plain (non-TLS) connections read request heads
-//! themselves, serve the unmistakably simple ones (GET or HEAD, no body, one valid Host, routed to
-//! a fast-path reverse route) without hyper, and hand the connection to hyper — the bytes already
-//! read replayed first — at the first request that is anything else. See
-//! `docs/decisions/h1-fast-path.md`.
+//! The HTTP/1.1 fast path's connection loop: plain connections, and TLS ones once the handshake
+//! chose HTTP/1.1, read request heads themselves, serve the unmistakably simple ones (GET or HEAD,
+//! no body, one valid Host, routed to a fast-path reverse route) without hyper, and hand the
+//! connection to hyper — the bytes already read replayed first — at the first request that is
+//! anything else. See `docs/decisions/h1-fast-path.md`.
+
+mod stream;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,24 +20,9 @@ use tokio::time::Instant;
 
 use super::activity::Watched;
 use super::clock::{Alarm, Clock};
-use super::handler::{FastClient, FastRequest, Handler};
+use super::handler::{FastRequest, Handler};
 use super::{Conn, SendWatch};
-
-/// A body the fast path splices goes straight into the client's socket; the connection's activity
-/// still hears of it, so the send timeout sees a client that stopped reading.
-impl FastClient for Watched<TcpStream> {
-    fn socket(&self) -> Option<&TcpStream> {
-        Some(self.get_ref())
-    }
-
-    fn wrote(&self) {
-        self.activity().wrote();
-    }
-
-    fn write_blocked(&self) {
-        self.activity().write_blocked();
-    }
-}
+pub(super) use stream::FastStream;
 
 /// The fields read per head here; a head with more goes to hyper (which applies
 /// `server.max_headers`).
@@ -128,19 +117,21 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
             target,
             headers,
             close,
+            secure: false,
+            alt_svc: None,
         },
         host,
         path,
     }))
 }
 
-/// What a plain fast-path connection keeps while it waits for a request: the socket, when it
+/// What a fast-path connection keeps while it waits for a request: the socket, when it
 /// went idle, whether a request was served, and its place on the runtime's clock. Everything a
 /// request needs (the head buffer, the request being served) lives in a box allocated when the
 /// request's first bytes arrive and dropped once the connection is idle again, so tens of
 /// thousands of idle keep-alive clients cost their socket and a small task each, as under nginx.
-pub(super) struct Idle {
-    stream: Watched<TcpStream>,
+pub(super) struct Idle<S = Watched<TcpStream>> {
+    stream: S,
     /// When the connection went idle (accepted, or its last response ended).
     since: Instant,
     /// A request has been served: the keep-alive idle timeout applies, not the header read
@@ -151,8 +142,8 @@ pub(super) struct Idle {
     alarm: Alarm,
 }
 
-impl Idle {
-    pub(super) fn new(stream: Watched<TcpStream>, clock: Arc<Clock>) -> Idle {
+impl<S: FastStream> Idle<S> {
+    pub(super) fn new(stream: S, clock: Arc<Clock>) -> Idle<S> {
         Idle {
             stream,
             since: Instant::now(),
@@ -162,7 +153,7 @@ impl Idle {
         }
     }
 
-    pub(super) fn into_stream(self) -> Watched<TcpStream> {
+    pub(super) fn into_stream(self) -> S {
         self.stream
     }
 
@@ -175,7 +166,7 @@ impl Idle {
         conn: &Conn<H>,
         cx: &mut Context<'_>,
     ) -> Poll<bool> {
-        match self.stream.get_ref().poll_read_ready(cx) {
+        match self.stream.tcp().get_ref().poll_read_ready(cx) {
             Poll::Ready(ready) => return Poll::Ready(ready.is_ok()),
             Poll::Pending => {}
         }
@@ -200,19 +191,19 @@ impl Idle {
 impl<H: Handler> Conn<H> {
     /// Reads and serves requests while they keep coming, until the socket has nothing more
     /// (`End::Idle`: the connection waits, idle, again), it closes, or hyper takes over.
-    pub(super) async fn serve_busy(
+    pub(super) async fn serve_busy<S: FastStream>(
         self: Arc<Self>,
-        mut idle: Idle,
+        mut idle: Idle<S>,
         peer: SocketAddr,
-    ) -> (Idle, End) {
+    ) -> (Idle<S>, End) {
         let end = self.serve_requests(&mut idle, peer).await;
         (idle, end)
     }
 
-    async fn serve_requests(&self, idle: &mut Idle, peer: SocketAddr) -> End {
+    async fn serve_requests<S: FastStream>(&self, idle: &mut Idle<S>, peer: SocketAddr) -> End {
         let t = self.timeouts;
         let (max_bytes, max_fields) = self.head_limits;
-        let mut watch = SendWatch::of(&idle.stream);
+        let mut watch = SendWatch::of(idle.stream.tcp());
         let mut buf: Vec<u8> = Vec::new();
         // When the current head's first bytes arrived.
         let mut head_since = Instant::now();
@@ -243,7 +234,7 @@ impl<H: Handler> Conn<H> {
                 buf.reserve(FIRST_READ);
             }
             let was_empty = buf.is_empty();
-            match idle.stream.get_ref().try_read_buf(&mut buf) {
+            match idle.stream.try_read_buf(&mut buf) {
                 Ok(0) if was_empty => return End::Closed,
                 // The end of the stream inside a head: hyper answers a truncated head.
                 Ok(0) => return End::HandOff(buf),
@@ -257,7 +248,7 @@ impl<H: Handler> Conn<H> {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     // Inside a head: the header read timeout (a slowloris head is closed, as
                     // under hyper).
-                    let stream = idle.stream.get_ref();
+                    let stream = idle.stream.tcp().get_ref();
                     tokio::select! {
                         ready = stream.readable() => if ready.is_err() { return End::Closed },
                         _ = idle.alarm.until(head_since + t.header_read) => return End::Closed,
@@ -269,10 +260,10 @@ impl<H: Handler> Conn<H> {
     }
 
     /// Serves one classified request; `HandOff` when its route is not one the fast path serves.
-    async fn serve_one(
+    async fn serve_one<S: FastStream>(
         &self,
         simple: Simple<'_>,
-        idle: &mut Idle,
+        idle: &mut Idle<S>,
         watch: &mut SendWatch,
         peer: SocketAddr,
     ) -> Step {
@@ -284,10 +275,17 @@ impl<H: Handler> Conn<H> {
             return Step::HandOff;
         };
         crate::runtime::busy_poll::stamp();
+        let protocol = &self.handler.http_metrics().protocol;
+        protocol.http1.inc();
+        protocol.fast_path(S::SECURE).inc();
         let stream = &mut idle.stream;
         let guard = stream.activity().begin();
         let mut request = simple.request;
         request.close |= *self.stop.borrow();
+        if S::SECURE {
+            request.secure = true;
+            request.alt_svc = self.alt_svc.clone();
+        }
         let close = request.close;
         let handler = self.handler.clone();
         let serve = handler.serve_fast(

@@ -111,6 +111,10 @@ pub struct FastRequest<'a> {
     /// The client asked for `Connection: close`, or the server is shutting down: the response
     /// says `Connection: close` and the connection ends after it.
     pub close: bool,
+    /// The request came over TLS (`https`).
+    pub secure: bool,
+    /// The listener's `Alt-Svc` (HTTP/3 on the same port), for every response that has none.
+    pub alt_svc: Option<http::HeaderValue>,
 }
 
 /// What happened to one fast-path request, for the connection and the server-level metrics.
