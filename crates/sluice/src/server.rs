@@ -767,7 +767,10 @@ impl<H: Handler> Conn<H> {
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
             let alt_svc = alt_svc.clone();
             async move {
-                let mut resp = handler.handle(req, peer, secure, guard).await;
+                // Boxed: the handler's future is tens of KiB (every front end's state), and
+                // hyper moves this one into each HTTP/2 stream's task and again when it spawns it;
+                // behind a pointer those moves copy a few words instead.
+                let mut resp = Box::pin(handler.handle(req, peer, secure, guard)).await;
                 // (Not on a protocol switch: its `Connection: upgrade` must stand.)
                 if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                     resp.headers_mut().insert(

@@ -44,7 +44,9 @@ pub async fn serve<H: Handler>(
     req.extensions_mut().insert(shared.listener);
     shared.requests.inc();
     let guard = shared.activity.begin();
-    let resp = shared.handler.handle(req, peer, true, guard).await;
+    // Boxed, as on the HTTP/1.1 and HTTP/2 path: the handler's future is large, and this one is
+    // moved into the stream's spawned task.
+    let resp = Box::pin(shared.handler.handle(req, peer, true, guard)).await;
     match respond(&mut send, resp, shared.send_timeout).await {
         Ok(()) => {}
         Err(SendError::Stalled(_)) => {
