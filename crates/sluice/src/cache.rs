@@ -61,7 +61,7 @@ pub use sluice_http::freshness::FreshnessPolicy;
 use crate::body::Body;
 use budget::Budget;
 use disk::DiskTier;
-use fill::Fill;
+use fill::{Fill, FillEnd};
 use index::ObjectIndex;
 use memory::{MemoryTier, Slice};
 use object::{ObjectId, SliceKey};
@@ -374,6 +374,17 @@ impl Inner {
                 f.nudge().nudge();
             }
             return (f, false);
+        }
+        // The caller found the slice neither stored nor in flight; its writer may have stored
+        // it and left the map since (it stores before it leaves): follow the stored bytes then,
+        // not a second fetch.
+        if let Some(stored) = self.memory.get(&key) {
+            drop(map);
+            let last = stored.len < self.slice_bytes;
+            return (
+                Fill::stored(&stored.chunks, FillEnd::Complete { last }),
+                false,
+            );
         }
         let fill = Fill::new();
         map.insert(key, fill.clone());
