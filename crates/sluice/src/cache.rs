@@ -394,6 +394,31 @@ impl Inner {
         (fill, true)
     }
 
+    /// [`Inner::join_or_start`] for a miss's first slice: `None` when the object the miss was
+    /// for is in the index by now (its fill ended between the caller's lookup and this call;
+    /// a writer indexes the object before it leaves the map), so the caller serves it as a hit
+    /// instead of fetching the slice again.
+    fn join_or_start_miss(
+        self: &Arc<Self>,
+        key: SliceKey,
+        primary: &str,
+        req: &http::HeaderMap,
+        make: impl FnOnce() -> writer::FillJob,
+    ) -> Option<(Arc<Fill>, bool)> {
+        {
+            let map = self.inflight.lock().expect("inflight");
+            if !map.contains_key(&key)
+                && matches!(
+                    self.index.lookup(primary, req, std::time::Instant::now()),
+                    index::Lookup::Hit(_)
+                )
+            {
+                return None;
+            }
+        }
+        Some(self.join_or_start(key, make))
+    }
+
     /// Removes `fill` from the in-flight map if it is still the one registered for `key`.
     fn release(&self, key: SliceKey, fill: &Arc<Fill>) {
         let mut map = self.inflight.lock().expect("inflight");
