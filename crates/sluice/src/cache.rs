@@ -61,7 +61,7 @@ pub use sluice_http::freshness::FreshnessPolicy;
 use crate::body::Body;
 use budget::Budget;
 use disk::DiskTier;
-use fill::Fill;
+use fill::{Fill, FillEnd};
 use index::ObjectIndex;
 use memory::{MemoryTier, Slice};
 use object::{ObjectId, SliceKey};
@@ -375,12 +375,48 @@ impl Inner {
             }
             return (f, false);
         }
+        // The caller found the slice neither stored nor in flight; its writer may have stored
+        // it and left the map since (it stores before it leaves): follow the stored bytes then,
+        // not a second fetch.
+        if let Some(stored) = self.memory.get(&key) {
+            drop(map);
+            let last = stored.len < self.slice_bytes;
+            return (
+                Fill::stored(&stored.chunks, FillEnd::Complete { last }),
+                false,
+            );
+        }
         let fill = Fill::new();
         map.insert(key, fill.clone());
         drop(map);
         let writer = writer::run(self.clone(), fill.clone(), key, make());
         tokio::spawn(fill.nudge().clone().drive(writer));
         (fill, true)
+    }
+
+    /// [`Inner::join_or_start`] for a miss's first slice: `None` when the object the miss was
+    /// for is in the index by now (its fill ended between the caller's lookup and this call;
+    /// a writer indexes the object before it leaves the map), so the caller serves it as a hit
+    /// instead of fetching the slice again.
+    fn join_or_start_miss(
+        self: &Arc<Self>,
+        key: SliceKey,
+        primary: &str,
+        req: &http::HeaderMap,
+        make: impl FnOnce() -> writer::FillJob,
+    ) -> Option<(Arc<Fill>, bool)> {
+        {
+            let map = self.inflight.lock().expect("inflight");
+            if !map.contains_key(&key)
+                && matches!(
+                    self.index.lookup(primary, req, std::time::Instant::now()),
+                    index::Lookup::Hit(_)
+                )
+            {
+                return None;
+            }
+        }
+        Some(self.join_or_start(key, make))
     }
 
     /// Removes `fill` from the in-flight map if it is still the one registered for `key`.

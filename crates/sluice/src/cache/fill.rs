@@ -82,6 +82,18 @@ impl Fill {
         }
     }
 
+    /// A fill that is already over: `chunks` and then `end` (a slice stored as its reader
+    /// looked for a fill to follow).
+    pub fn stored(chunks: &[Bytes], end: FillEnd) -> Arc<Fill> {
+        let fill = Fill::new();
+        {
+            let mut s = fill.lock();
+            s.chunks = chunks.to_vec();
+            s.end = Some(end);
+        }
+        fill
+    }
+
     /// The nudge the writer runs under.
     pub fn nudge(&self) -> &Arc<Nudge> {
         &self.nudge

@@ -106,9 +106,20 @@ pub fn stored_headers(from: &HeaderMap) -> HeaderMap {
         {
             continue;
         }
-        out.append(name.clone(), value.clone());
+        out.append(name.clone(), owned(value));
     }
     out
+}
+
+/// `value` in an allocation of its own. A value hyper parsed is a view of the connection's read
+/// buffer, which holds the start of the body too (for a 256 KiB object, the whole of it): kept
+/// in the index, it kept that buffer alive as long as the object was indexed, long after the
+/// memory tier had evicted its bytes (RSS grew by about an object's size per indexed object,
+/// far past `memory_bytes`: S7).
+fn owned(value: &HeaderValue) -> HeaderValue {
+    let mut v = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+    v.set_sensitive(value.is_sensitive());
+    v
 }
 
 /// Updates stored headers with those of a 304 (RFC 9111 §4.3.4), leaving framing alone.
@@ -267,6 +278,25 @@ impl ObjectMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_headers_do_not_pin_the_buffer_they_were_parsed_from() {
+        // A read buffer with a response head and the body after it, as hyper leaves it.
+        let buffer = bytes::Bytes::from(vec![b'x'; 256 << 10]);
+        let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
+        let mut parsed = HeaderMap::new();
+        parsed.insert(
+            header::ETAG,
+            HeaderValue::from_maybe_shared(buffer.slice(10..16)).unwrap(),
+        );
+        let stored = stored_headers(&parsed);
+        let v = &stored[header::ETAG];
+        assert_eq!(v.as_bytes(), b"xxxxxx");
+        assert!(
+            !range.contains(&(v.as_bytes().as_ptr() as usize)),
+            "the stored value is a view of the read buffer"
+        );
+    }
 
     #[test]
     fn meta_round_trips_and_rejects_tampering() {

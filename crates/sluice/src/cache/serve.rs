@@ -389,7 +389,7 @@ impl Inner {
         };
         let mut cold = cold_key(vary);
         for _ in 0..FILL_ATTEMPTS {
-            let (fill, created) = self.join_or_start(cold, || FillJob {
+            let joined = self.join_or_start_miss(cold, &key.0, &parts.headers, || FillJob {
                 request: slice_request(parts, first, self.slice_bytes),
                 origin: origin.clone(),
                 kind: JobKind::Cold {
@@ -398,6 +398,11 @@ impl Inner {
                     policy: policy.clone(),
                 },
             });
+            let Some((fill, created)) = joined else {
+                // Stored since this request looked (on a loaded machine the thread can be
+                // preempted for milliseconds in between): a hit, not a second fetch.
+                return Box::pin(self.serve(parts, key, origin, policy)).await;
+            };
             let mut reader = fill.reader();
             match reader.head().await {
                 Ok(meta) if meta.variant != variant_key(&meta.vary, &parts.headers) => {

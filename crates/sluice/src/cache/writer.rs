@@ -246,6 +246,19 @@ async fn fetch(
                 soft_purged: false,
                 range_capable: ranged,
             });
+            // Registered under the object's own slice key before the object is in the index:
+            // a request that finds it there and reads this slice must join this fill, not
+            // start a second fetch of the slice.
+            let real = SliceKey {
+                object: meta.id,
+                generation: meta.generation,
+                index: key.index,
+            };
+            if real != key {
+                let mut map = inner.inflight.lock().expect("inflight");
+                map.entry(real).or_insert_with(|| fill.clone());
+                *alias.lock().expect("alias") = Some(real);
+            }
             let dropped = inner.index.insert(meta.clone());
             inner.drop_objects(&dropped);
             if let Some(disk) = &inner.disk {
@@ -261,12 +274,6 @@ async fn fetch(
         generation: meta.generation,
         index: key.index,
     };
-    if real != key {
-        // Requests that find the object in the index from now on must join this fill too.
-        let mut map = inner.inflight.lock().expect("inflight");
-        map.entry(real).or_insert_with(|| fill.clone());
-        *alias.lock().expect("alias") = Some(real);
-    }
     if ranged {
         let len = want.end.min(total.unwrap_or(1) - 1) - want.start + 1;
         let end = fill_ranged(inner, fill, real, len, total, body, bytes).await;
@@ -566,6 +573,37 @@ mod tests {
             let held = self.inner.inflight.lock().unwrap().contains_key(&self.key);
             *self.in_flight_at_wake.lock().unwrap() = Some(held);
         }
+    }
+
+    #[tokio::test]
+    async fn a_slice_stored_since_its_reader_looked_is_followed_not_fetched_again() {
+        use crate::cache::fill::Event;
+        use crate::cache::memory::Slice;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&CacheConfig::default(), None, &mut registry).unwrap();
+        let inner = cache.inner.clone();
+        let key = SliceKey {
+            object: ObjectId::new("scope|/a", ""),
+            generation: 7,
+            index: 0,
+        };
+        // A reader found neither the slice nor its fill; the writer then stored the slice and
+        // left the in-flight map before the reader asked to join.
+        inner
+            .memory
+            .insert(key, Slice::new(vec![Bytes::from_static(b"stored bytes")]));
+        let (fill, created) = inner.join_or_start(key, || panic!("a second fetch of the slice"));
+        assert!(!created);
+        let mut reader = fill.reader();
+        match reader.next().await {
+            Event::Chunk(c) => assert_eq!(&c[..], b"stored bytes"),
+            Event::End(e) => panic!("no bytes: {e:?}"),
+        }
+        assert!(matches!(
+            reader.next().await,
+            Event::End(FillEnd::Complete { last: true })
+        ));
+        assert!(!inner.inflight.lock().unwrap().contains_key(&key));
     }
 
     #[tokio::test]

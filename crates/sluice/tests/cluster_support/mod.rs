@@ -195,7 +195,7 @@ max_fails = 3
             .arg(env!("CARGO_BIN_EXE_sluice"))
             .args(["serve", "--config"])
             .arg(&path)
-            .env("RUST_LOG", "sluice=info")
+            .env("RUST_LOG", "sluice=info,sluice::cache::cluster=debug")
             // A process group of its own: signals meant for the test's group never reach it.
             .process_group(0)
             .stdin(Stdio::null())

@@ -137,7 +137,8 @@ async fn handle(
                     .and_then(|(_, v)| v.parse::<u64>().ok())
                     .unwrap_or(0)
             };
-            let page = cluster.log.page(get("boot"), get("after"));
+            let mut page = cluster.log.page(get("boot"), get("after"));
+            page.up_ms = cluster.ring.up_ms();
             answer(
                 StatusCode::OK,
                 serde_json::to_string(&page).unwrap_or_default(),
@@ -210,6 +211,11 @@ async fn check_all(cluster: &Arc<Cluster>, cache: &Arc<Inner>) {
                 tracing::info!(peer = %m.addr, "cache cluster peer is back");
             }
             state.report_success();
+            if page.up_ms > 0 {
+                // Its rampup runs from its own start, as it runs its own: every node agrees
+                // on who owns a key while it ramps, whenever each of them noticed it.
+                state.started_ago(page.up_ms);
+            }
         });
     futures_util::future::join_all(checks).await;
     let up = |m: &super::ring::Member, i| Some(i) == view.self_index || m.state.is_up();

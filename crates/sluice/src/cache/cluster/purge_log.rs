@@ -39,6 +39,10 @@ pub struct LogPage {
     /// The oldest sequence number still held (a reader behind it missed some).
     pub first: u64,
     pub entries: Vec<LogEntry>,
+    /// How long the answering node's cluster part has run (milliseconds), so every node ramps
+    /// it up from the same moment it ramps itself (`ring`); 0 from a node that does not say.
+    #[serde(default)]
+    pub up_ms: u64,
 }
 
 pub fn now_ms() -> u64 {
@@ -92,6 +96,7 @@ impl PurgeLog {
                 .take(PAGE)
                 .cloned()
                 .collect(),
+            up_ms: 0,
         }
     }
 }

@@ -25,7 +25,9 @@ pub(crate) fn clock_ms() -> u64 {
 pub struct PeerState {
     up: AtomicBool,
     failures: AtomicU32,
-    /// `clock_ms` when it joined or came back (rampup starts there).
+    /// `clock_ms` when its rampup started: when it started, as it says in its check answers;
+    /// before its first answer, when it joined (0 for a member of the first list: not ramped)
+    /// or came back. 0: not ramped.
     up_since: AtomicU64,
     /// The peer's purge log as far as this node has applied it: its boot id and sequence.
     pub(super) log_boot: AtomicU64,
@@ -49,7 +51,14 @@ impl PeerState {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// A check or fetch reached the peer: back in the ring (its rampup starts over if it was out).
+    /// The peer said it started `up_ms` ago: its rampup runs from then (in this node's clock).
+    pub fn started_ago(&self, up_ms: u64) {
+        self.up_since
+            .store(clock_ms().saturating_sub(up_ms).max(1), Ordering::Relaxed);
+    }
+
+    /// A check or fetch reached the peer: back in the ring (its rampup starts over if it was
+    /// out, until its check answer says when it started).
     pub fn report_success(&self) {
         self.failures.store(0, Ordering::Relaxed);
         if !self.up.swap(true, Ordering::Relaxed) {
@@ -108,6 +117,8 @@ pub struct Ring {
     view: ArcSwap<View>,
     states: Mutex<HashMap<String, Arc<PeerState>>>,
     rampup: Duration,
+    /// `clock_ms` when this node's cluster part started: its own rampup runs from there.
+    started: u64,
 }
 
 impl Ring {
@@ -122,7 +133,13 @@ impl Ring {
             view: ArcSwap::from_pointee(empty),
             states: Mutex::new(HashMap::new()),
             rampup,
+            started: clock_ms(),
         }
+    }
+
+    /// How long this node's cluster part has run (its peers ramp it up from its start).
+    pub fn up_ms(&self) -> u64 {
+        clock_ms() - self.started
     }
 
     /// Installs a member list (sorted, duplicates removed); states of members that stay are kept.
@@ -140,14 +157,28 @@ impl Ring {
             return false;
         }
         let joined = !old.members.is_empty();
+        let self_index = if self.self_addr.is_empty() {
+            specs.iter().position(|m| is_local(&m.addr))
+        } else {
+            specs.iter().position(|m| m.addr == self.self_addr)
+        };
         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
         states.retain(|addr, _| specs.iter().any(|s| &s.addr == addr));
         let members: Vec<Member> = specs
             .into_iter()
-            .map(|s| Member {
+            .enumerate()
+            .map(|(i, s)| Member {
                 state: states
                     .entry(s.addr.clone())
-                    .or_insert_with(|| Arc::new(PeerState::new(joined)))
+                    .or_insert_with(|| {
+                        let state = PeerState::new(joined);
+                        if Some(i) == self_index {
+                            // This node ramps itself up from its own start, as its peers do
+                            // from what its check answers say (`up_ms`).
+                            state.up_since.store(self.started, Ordering::Relaxed);
+                        }
+                        Arc::new(state)
+                    })
                     .clone(),
                 addr: s.addr,
                 control: s.control,
@@ -157,11 +188,6 @@ impl Ring {
         let names: Vec<&str> = members.iter().map(|m| m.addr.as_str()).collect();
         let weights: Vec<u32> = members.iter().map(|m| m.weight).collect();
         let ring = HashRing::new(&names, &weights);
-        let self_index = if self.self_addr.is_empty() {
-            members.iter().position(|m| is_local(&m.addr))
-        } else {
-            members.iter().position(|m| m.addr == self.self_addr)
-        };
         tracing::info!(members = ?names, "cache cluster ring changed");
         self.view.store(Arc::new(View {
             members,
@@ -327,6 +353,53 @@ mod tests {
         // Skipping one member for a retry works the same way.
         two.state.report_success();
         assert_eq!(owners(&ring, &keys), before);
+    }
+
+    #[test]
+    fn a_late_member_is_ramped_alike_by_itself_and_by_the_others() {
+        // Node 4 starts after node 1: node 1 had it out, and takes it back when it answers.
+        let hour = Duration::from_secs(3600);
+        let one = Ring::new("10.0.0.1:8888", hour);
+        one.set_members(specs(4));
+        let four = Ring::new("10.0.0.4:8888", hour);
+        four.set_members(specs(4));
+        let late = |r: &Ring| {
+            let v = r.view();
+            v.members
+                .iter()
+                .find(|m| m.addr == "10.0.0.4:8888")
+                .unwrap()
+                .clone()
+        };
+        let state = late(&one).state;
+        assert!(state.report_failure(1));
+        state.report_success();
+        let named = |r: &Ring, keys: &[String]| -> Vec<String> {
+            keys.iter()
+                .map(|k| match r.owner(k, None) {
+                    Owner::Local => r.self_addr(),
+                    Owner::Peer(m) => m.addr,
+                })
+                .collect()
+        };
+        let keys: Vec<String> = (0..3000).map(|i| format!("k{i}")).collect();
+        // Before either has a check answer from the other, they disagree on some keys.
+        assert_ne!(named(&one, &keys), named(&four, &keys));
+        // Check answers say when each started: both ramp each of them from there (node 4 as
+        // node 4 ramps itself), and agree on every key.
+        state.started_ago(four.up_ms());
+        let first = four.view();
+        let first = first
+            .members
+            .iter()
+            .find(|m| m.addr == "10.0.0.1:8888")
+            .unwrap();
+        first.state.started_ago(one.up_ms());
+        assert_eq!(named(&one, &keys), named(&four, &keys));
+        assert!(
+            named(&one, &keys).iter().all(|o| o != "10.0.0.4:8888"),
+            "an hour's rampup has handed it nothing yet"
+        );
     }
 
     #[test]
