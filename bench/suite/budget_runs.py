@@ -126,4 +126,10 @@ def tls(ctx):
     return tls_budget.tls(ctx)
 
 
-ALL = {"S2": s2, "S3": s3, "TLS": tls}
+def h3(ctx):
+    """HTTP/3 against sluice's own HTTP/2 and HTTP/1.1 (`suite/h3_budget.py`), budget-only."""
+    from . import h3_budget
+    return h3_budget.h3(ctx)
+
+
+ALL = {"S2": s2, "S3": s3, "TLS": tls, "H3": h3}
