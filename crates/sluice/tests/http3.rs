@@ -618,6 +618,24 @@ fn kill(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
+/// Inodes of the IPv4 sockets bound to `port` in the kernel's table (`tcp`: listening ones only):
+/// the same inode before and after an upgrade is the same socket, handed over.
+fn socket_inodes(table: &str, port: u16) -> Vec<u64> {
+    let text = std::fs::read_to_string(format!("/proc/net/{table}")).unwrap();
+    let mut out: Vec<u64> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            let listening = table != "tcp" || f.get(3) == Some(&"0A");
+            (local_port == port && listening).then(|| f.get(9)?.parse().ok())?
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn read_pid(path: &std::path::Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -636,14 +654,25 @@ async fn http3_keeps_working_across_a_binary_upgrade() {
         .local_addr()
         .unwrap()
         .port();
+    let plain = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let pid_file = dir.path().join("sluice.pid");
     let extra = format!(
         "listen = [\"127.0.0.1:{port}\"]\npid_file = \"{}\"",
         pid_file.display()
     );
+    // ACME's plain HTTP-01 listener is handed over too (its CA is never reached here).
+    let acme = format!(
+        "[acme]\nnames = [\"h3.test\"]\ndirectory = \"https://127.0.0.1:1/directory\"\n\
+         state_dir = \"{}\"\nchallenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{plain}\"]\n\n",
+        dir.path().join("acme").display()
+    );
     let text = config_text(o, &cert, &extra).replace(
         "[cache]",
-        "[server.http3]\nenabled = true\n\n[cache]",
+        &format!("[server.http3]\nenabled = true\n\n{acme}[cache]"),
     );
     let conf = dir.path().join("sluice.toml");
     std::fs::write(&conf, text).unwrap();
@@ -682,6 +711,15 @@ async fn http3_keeps_working_across_a_binary_upgrade() {
         assert!(i < 400, "the client sent nothing");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    let sockets = (
+        socket_inodes("tcp", port),
+        socket_inodes("udp", port),
+        socket_inodes("tcp", plain),
+    );
+    assert!(
+        sockets.0.len() == 1 && sockets.1.len() == 1 && sockets.2.len() == 1,
+        "{sockets:?}"
+    );
     kill(old_pid, libc::SIGUSR2);
     // The old process drains and exits on its own.
     let status = tokio::time::timeout(Duration::from_secs(20), old.wait())
@@ -692,6 +730,26 @@ async fn http3_keeps_working_across_a_binary_upgrade() {
     let new_pid = read_pid(&pid_file).expect("the new process wrote its pid");
     assert_ne!(new_pid, old_pid);
     let r = running.await.unwrap();
+    // The new process serves on the very sockets the old one had: TLS over TCP, QUIC over UDP,
+    // and the plain listener (which still answers: a redirect to https://).
+    let after = (
+        socket_inodes("tcp", port),
+        socket_inodes("udp", port),
+        socket_inodes("tcp", plain),
+    );
+    assert_eq!(after, sockets);
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", plain))
+            .await
+            .unwrap();
+        s.write_all(b"GET /x HTTP/1.1\r\nHost: h3.test\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer)).await;
+        assert!(answer.starts_with("HTTP/1.1 30"), "{answer}");
+    }
     kill(new_pid, libc::SIGTERM);
     let reqs = r["requests"].as_array().unwrap();
     assert!(reqs.len() > 20, "{r}");
