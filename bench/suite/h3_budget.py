@@ -85,10 +85,10 @@ def compare(rows):
 
 
 def _callgrind(ctx, start, origin, file, cert, args, top=12):
-    """Instructions per 1 KB request at c = 1 under callgrind, and the functions (exclusive
-    cost) that take most of them."""
-    r = budget.callgrind_per_request(ctx, start, origin, file, requests=1000,
-                                     warm_requests=100, scheme="https",
+    """Instructions per 1 KB request over one connection under callgrind, and the functions
+    (exclusive cost) that take most of them."""
+    r = budget.callgrind_per_request(ctx, start, origin, file, requests=400,
+                                     warm_requests=50, scheme="https",
                                      extra=["--ca", cert.ca, *args])
     dump = r.pop("dump", None)
     if dump and shutil.which("callgrind_annotate"):
@@ -135,8 +135,8 @@ def note(result):
                      f"{_f(r['rps_vs_h2'], 2)}× |")
     cg = result.get("callgrind_cells") or {}
     if cg:
-        lines += ["", "Instructions per 1 KB request (callgrind, c = 1 connection, one stream, "
-                  "after a warm-up): " + "; ".join(
+        lines += ["", "Instructions per 1 KB request (callgrind, one connection, 10 concurrent "
+                  "streams for HTTP/2 and HTTP/3, after a warm-up): " + "; ".join(
                       f"{k}: {_f(v.get('instructions_per_request'), 0)}"
                       if v.get("status") == "ok" else f"{k}: not measured ({v.get('status')})"
                       for k, v in cg.items()) + "."]
