@@ -265,7 +265,12 @@ impl Common {
     fn target(&self) -> Result<client::Target> {
         client::Target::parse(&self.url)?
             .with_headers(&self.headers)?
-            .with_tls(self.ca.as_deref(), self.handshake, self.h2_streams, self.h3_streams)
+            .with_tls(
+                self.ca.as_deref(),
+                self.handshake,
+                self.h2_streams,
+                self.h3_streams,
+            )
     }
 }
 

@@ -74,7 +74,8 @@ impl H3Conn {
         hash: bool,
         start: Instant,
     ) -> std::result::Result<Got, &'static str> {
-        let mut builder = http::Request::get(uri).header(http::header::USER_AGENT, "sluice-loadgen");
+        let mut builder =
+            http::Request::get(uri).header(http::header::USER_AGENT, "sluice-loadgen");
         for (name, value) in headers {
             builder = builder.header(name, value);
         }

@@ -87,7 +87,9 @@ fn adopt(text: &str, fds: Vec<OwnedFd>) -> anyhow::Result<usize> {
         let mut words = line.split_whitespace();
         match words.next() {
             Some("listen") => {
-                let fd = fds.next().ok_or_else(|| anyhow::anyhow!("upgrade: a socket is missing"))?;
+                let fd = fds
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("upgrade: a socket is missing"))?;
                 listeners.extend(inherited::listeners_from(vec![fd])?);
             }
             Some("udp") => {

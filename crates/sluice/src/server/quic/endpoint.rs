@@ -14,10 +14,10 @@ use tokio_util::task::TaskTracker;
 
 use super::conn::{self, Settings};
 use super::socket::{self, QuicSocket};
-use crate::server::listener::inherited;
 use super::Http3Config;
 use crate::metrics::protocol::ProtocolMetrics;
 use crate::server::handler::{Handler, ListenerId};
+use crate::server::listener::inherited;
 use crate::server::listener::{Acceptor, Full, Slot};
 use crate::server::ServerConfig;
 use crate::server::TlsHandle;

@@ -172,7 +172,12 @@ impl QuicSocket {
 
     /// Passes on the previous process's datagrams among `n` received; compacts the rest to
     /// the front and returns how many remain.
-    fn pass_on(&self, prev: &Previous, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> usize {
+    fn pass_on(
+        &self,
+        prev: &Previous,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> usize {
         let mut kept = 0;
         for i in 0..meta.len() {
             let m = meta[i];
