@@ -229,13 +229,13 @@ impl QuicSocket {
             };
             let len = payload.len().min(first.len());
             first[..len].copy_from_slice(&payload[..len]);
-            let mut m = RecvMeta::default();
-            m.addr = addr;
-            m.len = len;
-            m.stride = len;
-            m.ecn = None;
-            m.dst_ip = dst_ip;
-            meta[0] = m;
+            meta[0] = RecvMeta {
+                addr,
+                len,
+                stride: len,
+                ecn: None,
+                dst_ip,
+            };
             return Poll::Ready(Ok(1));
         }
     }
