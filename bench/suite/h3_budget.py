@@ -109,6 +109,8 @@ def _top(text, n):
         parts = line.split()
         if len(parts) < 3 or not parts[0].replace(",", "").isdigit() or "(" not in parts[1]:
             continue
+        if "PROGRAM TOTALS" in line or "libc-start" in line:
+            continue
         share = parts[1].strip("()%")
         name = " ".join(parts[2:])
         out.append((share, name[:140]))
