@@ -170,4 +170,10 @@ def s4(ctx):
     return budget_media.s4(ctx)
 
 
-ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "TLS": tls}
+def h3(ctx):
+    """HTTP/3 against sluice's own HTTP/2 and HTTP/1.1 (`suite/h3_budget.py`), budget-only."""
+    from . import h3_budget
+    return h3_budget.h3(ctx)
+
+
+ALL = {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "TLS": tls, "H3": h3}

@@ -371,6 +371,11 @@ def render(r, _out_dir=None, _charts_rel=None):
             f"{row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['rps']:.0f} | "
             f"{', '.join(str(x) for x in row['rss_mib'])} | {row['errors']} |")
     lines += ["", *goals(r)]
+    # Hand-written findings about these runs (kept beside the results, so a re-render keeps them).
+    notes = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks", "s7-notes.md")
+    if os.path.exists(notes):
+        with open(notes) as f:
+            lines += ["", f.read().rstrip("\n")]
     return "\n".join(lines)
 
 

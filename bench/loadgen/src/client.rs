@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
+use crate::quic::{H3Conn, SharedH3};
 use crate::tls::{Handshake, TlsClient};
 
 /// Where requests go. Only loopback addresses are accepted: the suite never sends load anywhere
@@ -31,6 +32,9 @@ pub struct Target {
     pub(crate) tls: Option<TlsClient>,
     /// HTTP/2 (over TLS, by ALPN), with this many concurrent streams per connection.
     pub(crate) h2_streams: Option<usize>,
+    /// HTTP/3 (QUIC to the same port over UDP), with this many concurrent streams per
+    /// connection.
+    pub(crate) h3_streams: Option<usize>,
 }
 
 impl Target {
@@ -64,30 +68,46 @@ impl Target {
             secure,
             tls: None,
             h2_streams: None,
+            h3_streams: None,
         })
     }
 
     /// TLS for an `https://` target: trust `ca`, handshake as `handshake` says, and speak
-    /// HTTP/2 with `h2_streams` concurrent streams per connection when given.
+    /// HTTP/2 (`h2_streams`) or HTTP/3 (`h3_streams`) with that many concurrent streams per
+    /// connection when given.
     pub fn with_tls(
         mut self,
         ca: Option<&std::path::Path>,
         handshake: Handshake,
         h2_streams: Option<usize>,
+        h3_streams: Option<usize>,
     ) -> Result<Self> {
+        let multiplexed = h2_streams.is_some() || h3_streams.is_some();
         if !self.secure {
-            if ca.is_some() || h2_streams.is_some() || handshake != Handshake::Keep {
-                bail!("--ca, --handshake and --h2-streams need an https:// url");
+            if ca.is_some() || multiplexed || handshake != Handshake::Keep {
+                bail!("--ca, --handshake, --h2-streams and --h3-streams need an https:// url");
             }
             return Ok(self);
+        }
+        if h2_streams.is_some() && h3_streams.is_some() {
+            bail!("--h2-streams and --h3-streams are two protocols: give one");
+        }
+        if h3_streams.is_some() && handshake != Handshake::Keep {
+            bail!("--h3-streams keeps its QUIC connections open: --handshake must be keep");
         }
         let ca = ca.context("an https:// url needs --ca (the PEM file of the CA to trust)")?;
         let host = self
             .host
             .rsplit_once(':')
             .map_or(self.host.as_str(), |h| h.0);
-        self.tls = Some(TlsClient::new(ca, host, handshake, h2_streams.is_some())?);
+        let alpn: &[u8] = match (h2_streams, h3_streams) {
+            (Some(_), _) => b"h2",
+            (_, Some(_)) => b"h3",
+            _ => b"http/1.1",
+        };
+        self.tls = Some(TlsClient::new(ca, host, handshake, alpn)?);
         self.h2_streams = h2_streams.map(|m| m.max(1));
+        self.h3_streams = h3_streams.map(|m| m.max(1));
         Ok(self)
     }
 
@@ -196,18 +216,25 @@ pub struct Conn {
     tls_config: Option<Arc<rustls::ClientConfig>>,
     /// For HTTP/2: the connection this stream shares with others.
     shared_h2: Option<SharedH2>,
+    /// For HTTP/3: the connection this stream shares with others, and this stream's copy.
+    shared_h3: Option<SharedH3>,
+    h3: Option<H3Conn>,
 }
 
-/// `c` connections' worth of clients: one `Conn` each, or for HTTP/2 `streams` `Conn`s sharing
-/// each connection.
+/// `c` connections' worth of clients: one `Conn` each, or for HTTP/2 and HTTP/3 `streams`
+/// `Conn`s sharing each connection.
 pub fn pool(target: &Arc<Target>, c: usize) -> Vec<Conn> {
-    let streams = target.h2_streams.unwrap_or(1);
+    let streams = target.h2_streams.or(target.h3_streams).unwrap_or(1);
     let slots: Vec<SharedH2> = (0..c).map(|_| SharedH2::default()).collect();
+    let slots3: Vec<SharedH3> = (0..c).map(|_| SharedH3::default()).collect();
     (0..c * streams)
         .map(|i| {
             let mut conn = Conn::with_index(target.clone(), i);
             if target.h2_streams.is_some() {
                 conn.shared_h2 = Some(slots[i / streams].clone());
+            }
+            if target.h3_streams.is_some() {
+                conn.shared_h3 = Some(slots3[i / streams].clone());
             }
             conn
         })
@@ -239,11 +266,39 @@ impl Conn {
             index,
             tls_config,
             shared_h2: None,
+            shared_h3: None,
+            h3: None,
         }
+    }
+
+    /// Makes sure this stream's HTTP/3 connection is open (the first stream of a slot to find
+    /// it closed opens the next one for all).
+    async fn ready_h3(&mut self, slot: SharedH3) -> Result<()> {
+        if self.h3.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(());
+        }
+        let mut open = slot.lock().await;
+        if let Some(c) = open.as_ref().filter(|c| !c.is_closed()) {
+            self.h3 = Some(c.clone());
+            return Ok(());
+        }
+        let tls = self.target.tls.as_ref().context("HTTP/3 needs TLS")?;
+        let c = H3Conn::connect(self.target.addr, tls).await?;
+        self.tls_full += 1;
+        if self.opened {
+            self.reconnects += 1;
+        }
+        self.opened = true;
+        *open = Some(c.clone());
+        self.h3 = Some(c);
+        Ok(())
     }
 
     /// Makes sure a usable connection is open, so that a timed request does not pay for connect.
     pub async fn ready(&mut self) -> Result<()> {
+        if let Some(slot) = self.shared_h3.clone() {
+            return self.ready_h3(slot).await;
+        }
         if let Some(s) = self.sender.as_mut() {
             if !s.is_closed() && s.ready().await.is_ok() {
                 return Ok(());
@@ -315,23 +370,64 @@ impl Conn {
             }
             Err(_) => {
                 self.sender = None;
+                self.h3 = None;
                 Outcome::failed("timeout", start)
             }
         }
     }
 
-    async fn get_inner(&mut self, expect: &Expect, hash: bool, start: Instant) -> Outcome {
+    /// One GET over HTTP/3.
+    async fn get_h3(&mut self, expect: &Expect, hash: bool, start: Instant) -> Outcome {
         if self.ready().await.is_err() {
             return Outcome::failed("connect", start);
         }
-        let Some(sender) = self.sender.as_mut() else {
+        let uri = format!("https://{}{}", self.target.host, self.path());
+        let Some(conn) = self.h3.as_mut() else {
             return Outcome::failed("connect", start);
         };
+        match conn.get(&uri, &self.target.headers, hash, start).await {
+            Ok(got) => {
+                let error = judge(got.status, got.bytes, got.digest, expect);
+                if error.is_some() {
+                    self.h3 = None;
+                }
+                Outcome {
+                    error,
+                    bytes: got.bytes,
+                    ttfb: got.ttfb,
+                    total: start.elapsed(),
+                    hashed: hash && expect.sha256.is_some(),
+                    started: start,
+                }
+            }
+            Err(step) => {
+                // A GOAWAY or a closed connection: the next request opens a new one.
+                self.h3 = None;
+                Outcome::failed(step, start)
+            }
+        }
+    }
+
+    /// The target's path, with `{i}` replaced by this connection's number.
+    fn path(&self) -> String {
         let path = &self.target.path_and_query;
-        let path = if path.contains("{i}") {
+        if path.contains("{i}") {
             path.replace("{i}", &self.index.to_string())
         } else {
             path.clone()
+        }
+    }
+
+    async fn get_inner(&mut self, expect: &Expect, hash: bool, start: Instant) -> Outcome {
+        if self.shared_h3.is_some() {
+            return self.get_h3(expect, hash, start).await;
+        }
+        if self.ready().await.is_err() {
+            return Outcome::failed("connect", start);
+        }
+        let path = self.path();
+        let Some(sender) = self.sender.as_mut() else {
+            return Outcome::failed("connect", start);
         };
         let h2 = self.target.h2_streams.is_some();
         let per_request = self
@@ -383,17 +479,7 @@ impl Conn {
             // The next request opens (and handshakes) a new connection.
             self.sender = None;
         }
-        let error = if status != expect.status {
-            Some(format!("status_{status}"))
-        } else if expect.len.is_some_and(|len| len != bytes) {
-            Some("length".to_string())
-        } else {
-            let digest = hasher.map(|h| h.finalize());
-            match (digest, expect.sha256) {
-                (Some(got), Some(want)) if got.as_slice() != want => Some("sha256".to_string()),
-                _ => None,
-            }
-        };
+        let error = judge(status, bytes, hasher.map(|h| h.finalize().into()), expect);
         Outcome {
             error,
             bytes,
@@ -401,6 +487,20 @@ impl Conn {
             total,
             hashed: hash && expect.sha256.is_some(),
             started: start,
+        }
+    }
+}
+
+/// What is wrong with a response, if anything: its status, length or digest.
+fn judge(status: u16, bytes: u64, digest: Option<[u8; 32]>, expect: &Expect) -> Option<String> {
+    if status != expect.status {
+        Some(format!("status_{status}"))
+    } else if expect.len.is_some_and(|len| len != bytes) {
+        Some("length".to_string())
+    } else {
+        match (digest, expect.sha256) {
+            (Some(got), Some(want)) if got != want => Some("sha256".to_string()),
+            _ => None,
         }
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - `client`: one keep-alive connection, one measured and verified GET
+//! - `quic`: an HTTP/3 connection (quinn + h3) that request streams share, one GET on it
 //! - `batch`: c requests released together, warm-ups, median of timed rounds
 //! - `duration`: closed-loop requests/s over c connections for T seconds
 //! - `rate`: an open loop at a fixed offered rate, latency from each scheduled send time
@@ -28,6 +29,7 @@ mod mcast;
 mod meter;
 mod origin;
 mod procstat;
+mod quic;
 mod rate;
 mod stats;
 mod tls;
@@ -263,6 +265,10 @@ struct Common {
     /// HTTP/2 over TLS (ALPN h2) with this many concurrent streams per connection.
     #[arg(long)]
     h2_streams: Option<usize>,
+    /// HTTP/3 (QUIC over UDP to the same port) with this many concurrent streams per
+    /// connection.
+    #[arg(long)]
+    h3_streams: Option<usize>,
 }
 
 impl Common {
@@ -278,7 +284,12 @@ impl Common {
     fn target(&self) -> Result<client::Target> {
         client::Target::parse(&self.url)?
             .with_headers(&self.headers)?
-            .with_tls(self.ca.as_deref(), self.handshake, self.h2_streams)
+            .with_tls(
+                self.ca.as_deref(),
+                self.handshake,
+                self.h2_streams,
+                self.h3_streams,
+            )
     }
 }
 

@@ -32,9 +32,9 @@ pub struct TlsClient {
 }
 
 impl TlsClient {
-    /// Trusts the PEM certificates in `ca` and no other; offers h2 and http/1.1 by ALPN
-    /// (`h2` first when `http2`).
-    pub fn new(ca: &Path, host: &str, handshake: Handshake, http2: bool) -> Result<Self> {
+    /// Trusts the PEM certificates in `ca` and no other; offers `alpn` (`h2`, `http/1.1` or
+    /// `h3`).
+    pub fn new(ca: &Path, host: &str, handshake: Handshake, alpn: &[u8]) -> Result<Self> {
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(ca)
             .with_context(|| format!("opening {}", ca.display()))?
@@ -49,11 +49,7 @@ impl TlsClient {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        base.alpn_protocols = if http2 {
-            vec![b"h2".to_vec()]
-        } else {
-            vec![b"http/1.1".to_vec()]
-        };
+        base.alpn_protocols = vec![alpn.to_vec()];
         if handshake == Handshake::Full {
             base.resumption = Resumption::disabled();
         }

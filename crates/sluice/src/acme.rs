@@ -109,9 +109,11 @@ impl Acme {
         self.on_demand.is_some()
     }
 
-    /// Binds `acme.http_listen` and starts the renewal loop; returns the plain listeners' addresses.
-    pub fn start(self: &Arc<Self>) -> anyhow::Result<Vec<SocketAddr>> {
-        let bound = http01::start(&self.config.http_listen, self.certs.clone())?;
+    /// Binds `acme.http_listen` with `bind` (the server's, which takes a socket handed over by
+    /// the previous process on a binary upgrade and records it for the next one) and starts the
+    /// renewal loop; returns the plain listeners' addresses.
+    pub fn start(self: &Arc<Self>, bind: http01::Bind) -> anyhow::Result<Vec<SocketAddr>> {
+        let bound = http01::start(&self.config.http_listen, self.certs.clone(), bind)?;
         for addr in &bound {
             tracing::info!(%addr, "acme: plain listener for HTTP-01 and redirects");
         }

@@ -95,7 +95,8 @@ pub async fn serve_reloadable(
     let server = server::Server::bind(&config.server, app.clone())?;
     #[cfg(feature = "acme")]
     if let Some(acme) = app.acme() {
-        acme.start()?;
+        // Bound like the server's listeners: handed over on a binary upgrade.
+        acme.start(server::listener::bind_reuseport)?;
     }
     for (listener, addr) in server.bound() {
         tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");

@@ -314,6 +314,7 @@ impl<H: Handler> Server<H> {
                 self.handler.clone(),
                 stop_rx.clone(),
                 tracker.clone(),
+                acceptor.clone(),
             ) {
                 Ok(endpoints) => Some(endpoints),
                 Err(e) => {

@@ -548,3 +548,238 @@ async fn shutdown_drains_http3_in_flight_responses() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// Whether a TCP connection to `addr` is closed by the server at once (over a connection limit)
+/// rather than left open waiting for the client's TLS hello.
+async fn tcp_closed_at_once(addr: SocketAddr) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    matches!(
+        tokio::time::timeout(Duration::from_millis(700), s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+/// Waits (bounded) for `path` to exist.
+async fn wait_for_file(path: &std::path::Path) {
+    for _ in 0..300 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_connections_count_toward_the_per_ip_and_global_limits() {
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let dir = tempfile::tempdir().unwrap();
+    // Per IP: loopback is exempt by default; not here.
+    let s = H3Sluice::start(o, "max_connections_per_ip = 2\nper_ip_exempt = []").await;
+    let ready = dir.path().join("held");
+    let mut plan = s.plan(json!({"hold": 3, "path": "/health", "hold_secs": 3}));
+    plan["ready_file"] = json!(ready.to_str().unwrap());
+    let held = tokio::spawn(client(plan));
+    wait_for_file(&ready).await;
+    // The two QUIC connections fill the address's share for TCP too: a TCP connection from it
+    // is closed at once, as a third TCP connection would be.
+    assert!(tcp_closed_at_once(s.addr).await);
+    let r = held.await.unwrap();
+    let conns = r["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 3, "{r}");
+    for c in &conns[..2] {
+        assert_eq!(c["response"]["status"], 200, "{r}");
+    }
+    // The third is refused in its handshake: CONNECTION_REFUSED (0x2), no connection state.
+    assert_eq!(conns[2]["refused"]["error_code"], 2, "{r}");
+    // Once they closed, the address has its places back.
+    let mut back = false;
+    for _ in 0..20 {
+        if !tcp_closed_at_once(s.addr).await {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "the QUIC connections' places were not given back");
+    assert!(s.metric("sluice_quic_refused_total").await >= 1.0);
+
+    // The global limit: two TCP connections hold both places; a QUIC connection is refused,
+    // then served once they close.
+    let s = H3Sluice::start(o, "max_connections = 2\nmax_connections_per_ip = 0").await;
+    let a = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let b = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = client(s.plan(json!({"hold": 1, "path": "/health"}))).await;
+    assert_eq!(r["connections"][0]["refused"]["error_code"], 2, "{r}");
+    drop((a, b));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = client(s.plan(json!({"hold": 1, "path": "/health"}))).await;
+    assert_eq!(r["connections"][0]["response"]["status"], 200, "{r}");
+}
+
+/// A sluice started as a child with its own config on a fixed port (an upgrade re-reads it).
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a process this test started.
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// Inodes of the IPv4 sockets bound to `port` in the kernel's table (`tcp`: listening ones only):
+/// the same inode before and after an upgrade is the same socket, handed over.
+fn socket_inodes(table: &str, port: u16) -> Vec<u64> {
+    let text = std::fs::read_to_string(format!("/proc/net/{table}")).unwrap();
+    let mut out: Vec<u64> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            let listening = table != "tcp" || f.get(3) == Some(&"0A");
+            (local_port == port && listening).then(|| f.get(9)?.parse().ok())?
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn read_pid(path: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_keeps_working_across_a_binary_upgrade() {
+    // The new process outlives the old one; as subreaper this test reaps it.
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only changes this process's reaping.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen.clone()).await;
+    let cert = SelfSigned::new(&["h3.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let plain = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let pid_file = dir.path().join("sluice.pid");
+    let extra = format!(
+        "listen = [\"127.0.0.1:{port}\"]\npid_file = \"{}\"",
+        pid_file.display()
+    );
+    // ACME's plain HTTP-01 listener is handed over too (its CA is never reached here).
+    let acme = format!(
+        "[acme]\nnames = [\"h3.test\"]\ndirectory = \"https://127.0.0.1:1/directory\"\n\
+         state_dir = \"{}\"\nchallenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{plain}\"]\n\n",
+        dir.path().join("acme").display()
+    );
+    let text = config_text(o, &cert, &extra).replace(
+        "[cache]",
+        &format!("[server.http3]\nenabled = true\n\n{acme}[cache]"),
+    );
+    let conf = dir.path().join("sluice.toml");
+    std::fs::write(&conf, text).unwrap();
+    let log = dir.path().join("log");
+    let out = std::fs::File::create(&log).unwrap();
+    let mut old = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .env("RUST_LOG", "info")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let old_pid = old.id().unwrap() as i32;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    for i in 0.. {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("HTTP/3 listening") {
+            break;
+        }
+        assert!(i < 300, "sluice did not start: {text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One request at a time for 8 s, and a 3 MB response that the origin starts only after
+    // half a second: it is in flight on the first connection when the upgrade happens.
+    let small = 20_000;
+    let plan = json!({"addr": addr.to_string(), "timeout": 20, "sequence": {
+        "path": format!("/plain/size/{small}"), "secs": 8, "interval": 0.05,
+        "slow": "/plain/slow/3000000"}});
+    let running = tokio::spawn(client(plan));
+    for i in 0.. {
+        if seen.load(Ordering::SeqCst) >= 3 {
+            break;
+        }
+        assert!(i < 400, "the client sent nothing");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let sockets = (
+        socket_inodes("tcp", port),
+        socket_inodes("udp", port),
+        socket_inodes("tcp", plain),
+    );
+    assert!(
+        sockets.0.len() == 1 && sockets.1.len() == 1 && sockets.2.len() == 1,
+        "{sockets:?}"
+    );
+    kill(old_pid, libc::SIGUSR2);
+    // The old process drains and exits on its own.
+    let status = tokio::time::timeout(Duration::from_secs(20), old.wait())
+        .await
+        .expect("the old process did not exit after the upgrade")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let new_pid = read_pid(&pid_file).expect("the new process wrote its pid");
+    assert_ne!(new_pid, old_pid);
+    let r = running.await.unwrap();
+    // The new process serves on the very sockets the old one had: TLS over TCP, QUIC over UDP,
+    // and the plain listener (which still answers: a redirect to https://).
+    let after = (
+        socket_inodes("tcp", port),
+        socket_inodes("udp", port),
+        socket_inodes("tcp", plain),
+    );
+    assert_eq!(after, sockets);
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", plain))
+            .await
+            .unwrap();
+        s.write_all(b"GET /x HTTP/1.1\r\nHost: h3.test\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer)).await;
+        assert!(answer.starts_with("HTTP/1.1 30"), "{answer}");
+    }
+    kill(new_pid, libc::SIGTERM);
+    let reqs = r["requests"].as_array().unwrap();
+    assert!(reqs.len() > 20, "{r}");
+    for q in reqs {
+        assert_eq!(q["status"], 200, "{q}");
+        assert_eq!(q["sha256"], sha256(&pattern(small)), "{q}");
+    }
+    // The response in flight across the hand-over finished byte-exact in the old process.
+    assert_eq!(r["slow"]["status"], 200, "{r}");
+    assert_eq!(r["slow"]["sha256"], sha256(&pattern(3_000_000)));
+    // The old connection got a GOAWAY, and the client went on over a new connection.
+    assert!(r["goaways"].as_u64().unwrap() >= 1, "{r}");
+    let last = reqs.last().unwrap()["connection"].as_u64().unwrap();
+    assert!(last >= 2, "{r}");
+    let on_new = reqs.iter().filter(|q| q["connection"] == last).count();
+    assert!(on_new >= 10, "{r}");
+    for _ in 0..100 {
+        // SAFETY: waitpid on the process this test adopted as subreaper.
+        if unsafe { libc::waitpid(new_pid, std::ptr::null_mut(), libc::WNOHANG) } == new_pid {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(new_pid, libc::SIGKILL);
+}

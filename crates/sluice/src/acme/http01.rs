@@ -23,32 +23,26 @@ pub const PREFIX: &str = "/.well-known/acme-challenge/";
 /// Connections open at once on these listeners; past it, new ones wait in the backlog.
 const MAX_CONNECTIONS: usize = 1024;
 
-/// Binds every address (with `SO_REUSEPORT`, so a binary upgrade's new process binds beside the
-/// old one) and serves until the runtime ends. Returns the bound addresses.
-pub fn start(addrs: &[SocketAddr], certs: Arc<Certs>) -> anyhow::Result<Vec<SocketAddr>> {
+/// How a plain listener is bound: an address in, a listening socket out.
+pub type Bind = fn(SocketAddr) -> std::io::Result<std::net::TcpListener>;
+
+/// Binds every address with `bind` and serves until the runtime ends. Returns the bound
+/// addresses.
+pub fn start(
+    addrs: &[SocketAddr],
+    certs: Arc<Certs>,
+    bind: Bind,
+) -> anyhow::Result<Vec<SocketAddr>> {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut bound = Vec::new();
     for addr in addrs {
         let std = bind(*addr).map_err(|e| anyhow::anyhow!("acme.http_listen {addr}: {e}"))?;
+        std.set_nonblocking(true)?;
         let listener = TcpListener::from_std(std)?;
         bound.push(listener.local_addr()?);
         tokio::spawn(accept(listener, certs.clone(), permits.clone()));
     }
     Ok(bound)
-}
-
-fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    Ok(socket.into())
 }
 
 async fn accept(listener: TcpListener, certs: Arc<Certs>, permits: Arc<Semaphore>) {

@@ -311,6 +311,35 @@ impl Acceptor {
     }
 }
 
+/// Why [`Acceptor::try_slot`] refused a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// `server.max_connections` connections are open.
+    Connections,
+    /// The client's IP holds `server.max_connections_per_ip` already.
+    PerIp,
+}
+
+impl Acceptor {
+    /// A slot for a connection that arrives without `accept(2)` (a QUIC connection attempt),
+    /// taken at once or refused: the same two limits TCP connections meet, counted together
+    /// with them.
+    pub fn try_slot(&self, ip: std::net::IpAddr) -> Result<Slot, Full> {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            self.metrics.paused.inc();
+            self.warn_throttled();
+            return Err(Full::Connections);
+        };
+        let place = self.per_ip.take(ip).ok_or(Full::PerIp)?;
+        self.metrics.open.inc();
+        Ok(Slot {
+            _permit: permit,
+            _ip: place,
+            open: self.metrics.open.clone(),
+        })
+    }
+}
+
 /// Accepts one connection. Errors that mean "out of resources" pause the loop instead of spinning;
 /// per-connection errors (the client reset before accept) are skipped.
 pub async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {

@@ -8,6 +8,8 @@
 //! - `conn`: one HTTP/3 connection: accepts request streams, drains with GOAWAY on shutdown.
 //! - `exchange`: one request stream: the request in, the handler's response out.
 //! - `body`: an HTTP/3 request stream as an `http_body::Body`.
+//! - `socket`: the UDP socket under an endpoint: tagged connection IDs, and the datagram
+//!   hand-off between the old and the new process of a binary upgrade.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,9 +21,13 @@ mod conn;
 mod endpoint;
 #[cfg(feature = "http3")]
 mod exchange;
+#[cfg(feature = "http3")]
+mod socket;
 
 #[cfg(feature = "http3")]
 pub use endpoint::{bind, Bound, Endpoints};
+#[cfg(feature = "http3")]
+pub use socket::{hand_over, tag, take_back};
 
 /// `[server.http3]`: HTTP/3 on the TLS listeners.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -5,8 +5,15 @@
 //! process fails (a config error, a crash) before it is ready, the old one never stopped
 //! accepting and goes on serving.
 //!
-//! The wire is one message each way on the pair: old → new, one line `listen <addr>` per socket
-//! with the sockets themselves attached in the same order; new → old, `ready <pid>`.
+//! HTTP/3 keeps working across it: the new process takes over each QUIC endpoint's UDP socket
+//! and passes the datagrams of the old process's connections (known by the tag their
+//! connection IDs begin with) back to it over a Unix datagram channel, so those connections
+//! drain with GOAWAY in the old process while new ones start in the new (`quic::socket`).
+//!
+//! The wire is one message each way on the pair: old → new, one line `listen <addr>` per TCP
+//! socket, then one line `udp <addr> <tag>` per QUIC socket, with the descriptors attached in
+//! the same order (two for each QUIC socket: the socket, then the new process's end of its
+//! channel); new → old, `ready <pid>`.
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
@@ -65,16 +72,46 @@ pub fn take_over() -> anyhow::Result<usize> {
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     stream.set_read_timeout(Some(READY_TIMEOUT))?;
     let (text, fds) = receive(&stream)?;
-    let listeners = inherited::listeners_from(fds)?;
-    let lines = text.lines().filter(|l| l.starts_with("listen ")).count();
-    anyhow::ensure!(
-        lines == listeners.len(),
-        "upgrade: {lines} listeners announced, {} received",
-        listeners.len()
-    );
-    let n = listeners.len();
-    inherited::adopt(listeners);
+    let n = adopt(&text, fds)?;
     *PARENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
+    Ok(n)
+}
+
+/// Puts the received sockets in the inherited pools, matching them to the lines that announced
+/// them; returns how many sockets that is.
+fn adopt(text: &str, fds: Vec<OwnedFd>) -> anyhow::Result<usize> {
+    let mut fds = fds.into_iter();
+    let mut listeners = Vec::new();
+    let mut quic = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("listen") => {
+                let fd = fds
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("upgrade: a socket is missing"))?;
+                listeners.extend(inherited::listeners_from(vec![fd])?);
+            }
+            Some("udp") => {
+                let (Some(udp), Some(channel)) = (fds.next(), fds.next()) else {
+                    anyhow::bail!("upgrade: a QUIC socket is missing");
+                };
+                let tag = words
+                    .nth(1)
+                    .and_then(|t| u16::from_str_radix(t, 16).ok())
+                    .ok_or_else(|| anyhow::anyhow!("upgrade: bad line {line:?}"))?;
+                quic.push(inherited::quic_from(udp, channel, tag.to_be_bytes())?);
+            }
+            _ => {}
+        }
+    }
+    anyhow::ensure!(
+        fds.next().is_none(),
+        "upgrade: more sockets received than announced"
+    );
+    let n = listeners.len() + quic.len() * 2;
+    inherited::adopt(listeners);
+    inherited::adopt_quic(quic);
     Ok(n)
 }
 
@@ -127,13 +164,22 @@ async fn hand_over() -> anyhow::Result<u32> {
         .ok_or_else(|| anyhow::anyhow!("the start command was not recorded"))?;
     let sockets = inherited::handover();
     anyhow::ensure!(!sockets.is_empty(), "no listening socket to hand over");
-    anyhow::ensure!(
-        sockets.len() <= MAX_SOCKETS,
-        "{} listening sockets; at most {MAX_SOCKETS} can be handed over",
-        sockets.len()
-    );
+    // From here the QUIC sockets' datagrams come through the new process; `take_back` below
+    // if it fails.
+    let quic = hand_over_quic()?;
+    let count = sockets.len() + quic.len() * 2;
+    if count > MAX_SOCKETS {
+        take_back_quic();
+        anyhow::bail!("{count} sockets; at most {MAX_SOCKETS} can be handed over");
+    }
     let (ours, theirs) = UnixStream::pair()?;
-    let mut child = spawn(&exe, &args, theirs.as_fd())?;
+    let mut child = match spawn(&exe, &args, theirs.as_fd()) {
+        Ok(c) => c,
+        Err(e) => {
+            take_back_quic();
+            return Err(e);
+        }
+    };
     drop(theirs);
     let pid = child.id();
     let result = tokio::task::spawn_blocking(move || {
@@ -141,19 +187,49 @@ async fn hand_over() -> anyhow::Result<u32> {
         for (addr, _) in &sockets {
             text.push_str(&format!("listen {addr}\n"));
         }
-        let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, fd)| fd.as_fd()).collect();
+        let mut fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, fd)| fd.as_fd()).collect();
+        for (addr, tag, udp, channel) in &quic {
+            text.push_str(&format!("udp {addr} {tag:04x}\n"));
+            fds.push(udp.as_fd());
+            fds.push(channel.as_fd());
+        }
         send(&ours, text.as_bytes(), &fds)?;
+        drop(fds);
         drop(sockets);
+        drop(quic);
         wait_ready(ours, pid)
     })
     .await
     .map_err(|e| anyhow::anyhow!("upgrade task: {e}"))?;
     if result.is_err() {
+        take_back_quic();
         // Reap it (it exits on its own when it failed; a hung one is killed).
         let _ = child.kill();
         let _ = tokio::task::spawn_blocking(move || child.wait()).await;
     }
     result
+}
+
+/// The QUIC sockets to hand over: (address, this process's connection ID tag, socket, channel).
+type QuicHandover = Vec<(std::net::SocketAddr, u16, OwnedFd, OwnedFd)>;
+
+#[cfg(feature = "http3")]
+fn hand_over_quic() -> anyhow::Result<QuicHandover> {
+    let tag = u16::from_be_bytes(super::quic::tag());
+    Ok(super::quic::hand_over()?
+        .into_iter()
+        .map(|h| (h.addr, tag, h.udp, h.channel))
+        .collect())
+}
+
+#[cfg(not(feature = "http3"))]
+fn hand_over_quic() -> anyhow::Result<QuicHandover> {
+    Ok(Vec::new())
+}
+
+fn take_back_quic() {
+    #[cfg(feature = "http3")]
+    super::quic::take_back();
 }
 
 /// Starts `exe` with `args`, its end of the pair left open across exec and named in the

@@ -7,12 +7,22 @@ object with what happened. Plans:
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
+  {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
+      One request at a time for `secs` seconds (and `slow` once, beside them, at the start), as
+      a client that honours GOAWAY: after one, or once the connection is gone, requests go on a
+      new connection; a request refused with H3_REQUEST_REJECTED (not processed) is sent again
+      there. Reports every request (connection number, time, status, length, sha256, resends).
+  {"addr": ..., "hold": N, "path": "/health", "hold_secs": 2}
+      Opens N connections one after another from one address, a GET of `path` on each, keeps
+      those that opened for `hold_secs` (writing `ready_file`, if given, once they are open); per
+      connection: the response, or the close code.
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
 """
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import socket
@@ -52,15 +62,36 @@ class Exchange:
         }
 
 
+class GoawayAwareH3(H3Connection):
+    """aioquic's HTTP/3 connection, noting a GOAWAY on the control stream (it ignores them)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.goaway = False
+
+    def _handle_control_frame(self, frame_type, frame_data):
+        if frame_type == FrameType.GOAWAY:
+            self.goaway = True
+        return super()._handle_control_frame(frame_type, frame_data)
+
+
+H3_REQUEST_REJECTED = 0x10B
+
+
 class Client(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.http = H3Connection(self._quic)
+        self.http = GoawayAwareH3(self._quic)
         self.exchanges = {}
         self.terminated = asyncio.get_event_loop().create_future()
 
+    # The last close any connection saw (a refused handshake leaves no protocol to ask).
+    last_terminated = None
+
     def quic_event_received(self, event):
         if isinstance(event, ConnectionTerminated):
+            Client.last_terminated = {"error_code": event.error_code,
+                                      "reason": event.reason_phrase}
             if not self.terminated.done():
                 self.terminated.set_result(
                     {"error_code": event.error_code, "reason": event.reason_phrase}
@@ -217,6 +248,87 @@ async def run(plan):
     return out
 
 
+async def sequence(plan):
+    host, port = plan["addr"].rsplit(":", 1)
+    port = int(port)
+    seq = plan["sequence"]
+    timeout = plan.get("timeout", 30)
+    authority = plan.get("authority", "127.0.0.1")
+    conns = []
+    out = {"requests": []}
+    start = time.monotonic()
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def new_connection():
+            c = await stack.enter_async_context(
+                connect(host, port, configuration=configuration(plan), create_protocol=Client,
+                        wait_connected=True)
+            )
+            conns.append(c)
+            return c
+
+        client = await new_connection()
+        slow = client.request(authority, seq["slow"]) if seq.get("slow") else None
+        while time.monotonic() - start < seq["secs"]:
+            if client.http.goaway or client.terminated.done():
+                client = await new_connection()
+            resent = 0
+            while True:
+                ex = client.request(authority, seq["path"])
+                await asyncio.wait_for(ex.done, timeout)
+                if ex.reset == H3_REQUEST_REJECTED and resent < 3:
+                    resent += 1
+                    client = await new_connection()
+                    continue
+                break
+            r = ex.report()
+            r.update({"connection": len(conns), "at": round(time.monotonic() - start, 3),
+                      "resent": resent})
+            out["requests"].append(r)
+            await asyncio.sleep(seq.get("interval", 0.05))
+        if slow is not None:
+            await asyncio.wait_for(slow.done, timeout)
+            out["slow"] = slow.report()
+        out["connections"] = len(conns)
+        out["goaways"] = sum(1 for c in conns if c.http.goaway)
+        for c in conns:
+            # Connections to a process that is gone: do not wait for their close to be answered.
+            c._quic.close()
+            c.transmit()
+    return out
+
+
+async def hold(plan):
+    host, port = plan["addr"].rsplit(":", 1)
+    port = int(port)
+    timeout = plan.get("timeout", 10)
+    authority = plan.get("authority", "127.0.0.1")
+    out = {"connections": []}
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(plan["hold"]):
+            try:
+                c = await asyncio.wait_for(stack.enter_async_context(
+                    connect(host, port, configuration=configuration(plan),
+                            create_protocol=Client, wait_connected=True)), timeout)
+            except ConnectionError:
+                out["connections"].append({"refused": Client.last_terminated})
+                continue
+            except asyncio.TimeoutError:
+                out["connections"].append({"refused": "timeout"})
+                continue
+            ex = c.request(authority, plan["path"])
+            await asyncio.wait_for(ex.done, timeout)
+            if c.terminated.done():
+                out["connections"].append({"refused": c.terminated.result()})
+            else:
+                out["connections"].append({"response": ex.report()})
+        if plan.get("ready_file"):
+            with open(plan["ready_file"], "w") as f:
+                f.write("held\n")
+        await asyncio.sleep(plan.get("hold_secs", 0))
+    return out
+
+
 def flood(plan):
     """Sends real client Initials from many source ports and never answers; returns counts of
     what came back, by long-header packet type."""
@@ -259,6 +371,10 @@ def main():
     plan = json.loads(sys.argv[1])
     if "flood" in plan:
         out = flood(plan)
+    elif "sequence" in plan:
+        out = asyncio.run(asyncio.wait_for(sequence(plan), plan["sequence"]["secs"] + 60))
+    elif "hold" in plan:
+        out = asyncio.run(asyncio.wait_for(hold(plan), 60))
     else:
         out = asyncio.run(asyncio.wait_for(run(plan), plan.get("timeout", 30) * 2))
     print(json.dumps(out))

@@ -1,5 +1,6 @@
 //! Listening sockets this process did not bind itself (systemd's `LISTEN_FDS`, or the ones the
-//! previous process handed over on upgrade), and the record of every listening socket open now.
+//! previous process handed over on upgrade, HTTP/3's UDP sockets among them), and the record of
+//! every listening socket open now.
 //!
 //! A socket is identified by its inode (`fstat` on a socket gives one unique to it), so a
 //! descriptor number that was closed and reused is never handed on as a listener.
@@ -11,6 +12,33 @@ use std::sync::Mutex;
 
 /// Sockets waiting for a `bind` of their address.
 static POOL: Mutex<Vec<std::net::TcpListener>> = Mutex::new(Vec::new());
+
+/// HTTP/3's UDP sockets handed over, waiting for the QUIC endpoint of their address.
+static QUIC_POOL: Mutex<Vec<InheritedQuic>> = Mutex::new(Vec::new());
+
+/// A QUIC endpoint's UDP socket as the previous process handed it over.
+#[derive(Debug)]
+pub struct InheritedQuic {
+    pub socket: std::net::UdpSocket,
+    /// The first two bytes of the connection IDs the previous process issued.
+    pub tag: [u8; 2],
+    /// Where datagrams for the previous process's connections go back to it.
+    pub channel: std::os::unix::net::UnixDatagram,
+}
+
+/// Adds handed-over QUIC sockets to their pool.
+pub fn adopt_quic(sockets: Vec<InheritedQuic>) {
+    lock(&QUIC_POOL).extend(sockets);
+}
+
+/// Takes the handed-over QUIC socket bound to exactly `addr`.
+pub fn take_quic(addr: SocketAddr) -> Option<InheritedQuic> {
+    let mut pool = lock(&QUIC_POOL);
+    let at = pool
+        .iter()
+        .position(|q| q.socket.local_addr().ok() == Some(addr))?;
+    Some(pool.remove(at))
+}
 
 /// Every listening socket bound or adopted: (descriptor, inode).
 static OPEN: Mutex<Vec<(RawFd, u64)>> = Mutex::new(Vec::new());
@@ -47,9 +75,14 @@ pub fn waiting() -> usize {
 /// Closes the inherited sockets the config no longer names (their queued clients are reset);
 /// returns their addresses.
 pub fn close_unclaimed() -> Vec<SocketAddr> {
+    let quic: Vec<SocketAddr> = lock(&QUIC_POOL)
+        .drain(..)
+        .filter_map(|q| q.socket.local_addr().ok())
+        .collect();
     lock(&POOL)
         .drain(..)
         .filter_map(|l| l.local_addr().ok())
+        .chain(quic)
         .collect()
 }
 
@@ -139,6 +172,28 @@ fn getsockopt_accepting(socket: &socket2::Socket) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     Ok(value != 0)
+}
+
+/// Turns a handed-over UDP socket and its channel into an [`InheritedQuic`], refusing
+/// descriptors of any other kind.
+pub fn quic_from(udp: OwnedFd, channel: OwnedFd, tag: [u8; 2]) -> io::Result<InheritedQuic> {
+    let socket = socket2::Socket::from(udp);
+    let channel = socket2::Socket::from(channel);
+    let fits = socket.r#type()? == socket2::Type::DGRAM
+        && socket.local_addr()?.as_socket().is_some()
+        && channel.r#type()? == socket2::Type::DGRAM
+        && channel.local_addr()?.is_unix();
+    if !fits {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a handed-over QUIC descriptor is not a UDP socket with its Unix channel",
+        ));
+    }
+    Ok(InheritedQuic {
+        socket: socket.into(),
+        tag,
+        channel: std::os::unix::net::UnixDatagram::from(OwnedFd::from(channel)),
+    })
 }
 
 /// systemd socket activation: the descriptors 3.. that `LISTEN_FDS` counts, when `LISTEN_PID`

@@ -13,9 +13,12 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::conn::{self, Settings};
+use super::socket::{self, QuicSocket};
 use super::Http3Config;
 use crate::metrics::protocol::ProtocolMetrics;
 use crate::server::handler::{Handler, ListenerId};
+use crate::server::listener::inherited;
+use crate::server::listener::{Acceptor, Full, Slot};
 use crate::server::ServerConfig;
 use crate::server::TlsHandle;
 
@@ -23,14 +26,23 @@ use crate::server::TlsHandle;
 /// and a few for GREASE and extensions it may try.
 const MAX_UNI_STREAMS: u32 = 8;
 
-/// UDP sockets bound for HTTP/3, not yet serving.
-pub struct Bound(Vec<(ListenerId, std::net::UdpSocket)>);
+/// UDP sockets bound for HTTP/3, not yet serving; each with the previous process's tag and
+/// channel when it was handed over by a binary upgrade.
+pub struct Bound(Vec<(ListenerId, std::net::UdpSocket, Option<Previous>)>);
 
-/// Binds one UDP socket on each of `addrs` (the TLS listeners' bound addresses). Each socket
-/// has `SO_REUSEPORT`, so the process a binary upgrade starts can bind its own beside it.
+type Previous = ([u8; 2], std::os::unix::net::UnixDatagram);
+
+/// Binds one UDP socket on each of `addrs` (the TLS listeners' bound addresses), or takes the
+/// one the previous process handed over for that address. Each socket has `SO_REUSEPORT`.
 pub fn bind(addrs: &[(ListenerId, SocketAddr)]) -> anyhow::Result<Bound> {
     let mut sockets = Vec::new();
     for (id, addr) in addrs {
+        if let Some(q) = inherited::take_quic(*addr) {
+            socket::avoid_tag(q.tag);
+            q.socket.set_nonblocking(true)?;
+            sockets.push((*id, q.socket, Some((q.tag, q.channel))));
+            continue;
+        }
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(*addr),
             socket2::Type::DGRAM,
@@ -44,7 +56,7 @@ pub fn bind(addrs: &[(ListenerId, SocketAddr)]) -> anyhow::Result<Bound> {
         socket
             .bind(&(*addr).into())
             .with_context(|| format!("cannot listen for HTTP/3 on udp {addr}"))?;
-        sockets.push((*id, socket.into()));
+        sockets.push((*id, socket.into(), None));
     }
     Ok(Bound(sockets))
 }
@@ -65,11 +77,14 @@ struct Accepting {
     handshake_timeouts: crate::atomic::Counter,
     open: AtomicUsize,
     handshaking: AtomicUsize,
+    /// The TCP listeners' connection limits (`server.max_connections`, and
+    /// `max_connections_per_ip`): a QUIC connection holds a slot there like a TCP one.
+    acceptor: Acceptor,
 }
 
 impl Bound {
     /// Starts serving on the current runtime: connections and requests are tasks of `tracker`,
-    /// and drain when `stop` turns true.
+    /// and drain when `stop` turns true. Each connection holds a slot of `acceptor`.
     pub fn serve<H: Handler>(
         self,
         server: &ServerConfig,
@@ -77,6 +92,7 @@ impl Bound {
         handler: Arc<H>,
         stop: watch::Receiver<bool>,
         tracker: TaskTracker,
+        acceptor: Acceptor,
     ) -> anyhow::Result<Endpoints> {
         let idle = Duration::from_secs(server.idle_timeout_secs);
         let accepting = Arc::new(Accepting {
@@ -88,19 +104,22 @@ impl Bound {
             handshake_timeouts: handler.http_metrics().tls_handshake_timeouts.clone(),
             open: AtomicUsize::new(0),
             handshaking: AtomicUsize::new(0),
+            acceptor,
         });
         let mut running = Endpoints {
             endpoints: Vec::new(),
             loops: Vec::new(),
         };
-        for (listener, socket) in self.0 {
+        for (listener, socket, previous) in self.0 {
             let Some(tls) = accepting.tls.load_full() else {
                 anyhow::bail!("HTTP/3 needs TLS on the listeners");
             };
-            let endpoint = quinn::Endpoint::new(
-                quinn::EndpointConfig::default(),
+            let mut endpoint_config = quinn::EndpointConfig::default();
+            endpoint_config.cid_generator(|| Box::new(socket::TaggedCids));
+            let endpoint = quinn::Endpoint::new_with_abstract_socket(
+                endpoint_config,
                 Some(accepting.quic_config(&tls)?),
-                socket,
+                QuicSocket::new(socket, previous)?,
                 Arc::new(quinn::TokioRuntime),
             )?;
             if let Ok(addr) = endpoint.local_addr() {
@@ -177,8 +196,9 @@ impl Accepting {
         Ok(config)
     }
 
-    /// Whether a new connection attempt is let in, sent a Retry, or refused.
-    fn admit(&self, incoming: quinn::Incoming) -> Option<quinn::Incoming> {
+    /// Whether a new connection attempt is let in (with its connection slot), sent a Retry, or
+    /// refused.
+    fn admit(&self, incoming: quinn::Incoming) -> Option<(quinn::Incoming, Slot)> {
         let h3 = &self.config;
         let handshaking = self.handshaking.load(Ordering::Relaxed);
         if self.open.load(Ordering::Relaxed) >= h3.max_connections
@@ -199,7 +219,26 @@ impl Accepting {
             }
             return None;
         }
-        Some(incoming)
+        // The slot is taken after the Retry decision: under load only a client that proved its
+        // address can hold one, so spoofed Initials cannot use up another address's share.
+        match self.acceptor.try_slot(incoming.remote_address().ip()) {
+            Ok(slot) => Some((incoming, slot)),
+            Err(full) => {
+                self.metrics.quic_refused.inc();
+                let peer = incoming.remote_address();
+                match full {
+                    Full::PerIp => {
+                        tracing::debug!(%peer, "QUIC connection refused: max_connections_per_ip reached")
+                    }
+                    Full::Connections => {
+                        tracing::debug!(%peer, "QUIC connection refused: max_connections reached")
+                    }
+                }
+                // CONNECTION_REFUSED at once, as a TCP connection over its share is closed at once.
+                incoming.refuse();
+                None
+            }
+        }
     }
 }
 
@@ -238,7 +277,7 @@ async fn accept_loop<H: Handler>(
                 tls = now;
             }
         }
-        let Some(incoming) = accepting.admit(incoming) else {
+        let Some((incoming, slot)) = accepting.admit(incoming) else {
             continue;
         };
         let accepting = accepting.clone();
@@ -264,6 +303,7 @@ async fn accept_loop<H: Handler>(
                     let _open = Held::new(&accepting.open, &accepting.metrics.quic_open);
                     settings.handler.connection_accepted();
                     conn::serve(connection, settings).await;
+                    drop(slot);
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "QUIC handshake failed"),
                 Err(_) => {
