@@ -18,6 +18,9 @@ use tokio::io::AsyncRead;
 use tokio_util::codec::FramedRead as InnerFramedRead;
 use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 
+/// Read buffer reserved before each read once it has been released.
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
@@ -100,6 +103,15 @@ impl<T> FramedRead<T> {
     #[inline]
     pub fn set_header_table_size(&mut self, val: usize) {
         self.decoder.set_header_table_size(val);
+    }
+
+    /// Frees the read buffer when it holds no partial frame, and the HPACK scratch buffer.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        let buf = self.inner.read_buffer_mut();
+        if buf.is_empty() && buf.capacity() != 0 {
+            *buf = BytesMut::new();
+        }
+        self.decoder.hpack.release_buffer();
     }
 }
 
@@ -421,6 +433,11 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
+            // tokio-util reserves a single byte before a read; after a release, give the
+            // read a full buffer instead.
+            if self.inner.read_buffer().capacity() == 0 {
+                self.inner.read_buffer_mut().reserve(READ_BUFFER_CAPACITY);
+            }
             let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),

@@ -93,7 +93,8 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
+                // Allocated by the first frame buffered, released by `release_idle_buffer`.
+                buf: Cursor::new(BytesMut::new()),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
@@ -223,6 +224,9 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        if self.buf.get_ref().capacity() == 0 {
+            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +311,11 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // A released buffer (capacity 0) is allocated again by `buffer`.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
     }
 
     fn is_empty(&self) -> bool {
@@ -341,6 +347,14 @@ impl<T, B> FramedWrite<T, B> {
     /// Set the peer's header table size.
     pub fn set_header_table_size(&mut self, val: usize) {
         self.encoder.hpack.update_max_size(val);
+    }
+
+    /// Frees the write buffer when nothing is waiting in it; the next frame buffered
+    /// allocates it again. Called while the connection is idle.
+    pub(crate) fn release_idle_buffer(&mut self) {
+        if self.encoder.next.is_none() && !self.encoder.buf.has_remaining() {
+            self.encoder.buf = Cursor::new(BytesMut::new());
+        }
     }
 
     /// Retrieve the last data frame that has been sent

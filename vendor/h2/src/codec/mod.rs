@@ -41,13 +41,15 @@ where
         // Wrap with writer
         let framed_write = FramedWrite::new(io);
 
-        // Delimit the frames
-        let delimited = length_delimited::Builder::new()
+        // Delimit the frames. The read buffer starts empty: `FramedRead::poll_next` reserves
+        // it before each read and `release_idle_buffers` frees it again.
+        let codec = length_delimited::Builder::new()
             .big_endian()
             .length_field_length(3)
             .length_adjustment(9)
             .num_skip(0) // Don't skip the header
-            .new_read(framed_write);
+            .new_codec();
+        let delimited = tokio_util::codec::FramedRead::with_capacity(framed_write, codec, 0);
 
         let mut inner = FramedRead::new(delimited);
 
@@ -114,6 +116,14 @@ impl<T, B> Codec<T, B> {
     /// Get a mutable reference to the inner stream.
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut().get_mut()
+    }
+
+    /// Frees the read and write buffers and the HPACK decoder's scratch buffer when nothing is
+    /// waiting in them; each is allocated again when next used. Called while the connection
+    /// has no open stream.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        self.inner.release_idle_buffers();
+        self.framed_write().release_idle_buffer();
     }
 
     /// Takes the data payload value that was fully written to the socket

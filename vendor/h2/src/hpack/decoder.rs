@@ -10,6 +10,9 @@ use std::cmp;
 use std::collections::VecDeque;
 use std::io::Cursor;
 use std::ops::ControlFlow;
+
+/// Scratch buffer reserved for Huffman-coded strings once it has been released.
+const SCRATCH_CAPACITY: usize = 4096;
 use std::str::Utf8Error;
 
 /// Decodes headers using HPACK
@@ -158,8 +161,14 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // Reserved by the first Huffman-coded string, freed by `release_buffer`.
+            buffer: BytesMut::new(),
         }
+    }
+
+    /// Frees the scratch buffer for Huffman-coded strings; the next one reserves it again.
+    pub fn release_buffer(&mut self) {
+        self.buffer = BytesMut::new();
     }
 
     /// Queues a potential size update
@@ -214,8 +223,10 @@ impl Decoder {
                     can_resize = false;
                     let entry = self.decode_literal(src, true)?;
 
-                    // Insert the header into the table
-                    self.table.insert(entry.clone());
+                    // Insert the header into the table, in its own allocation: the decoded
+                    // strings point into the read and scratch buffers, which a table entry
+                    // would otherwise keep alive for as long as the connection lasts.
+                    self.table.insert(entry.detached());
                     consume(src);
 
                     if f(entry).is_break() {
@@ -333,6 +344,9 @@ impl Decoder {
 
         let offset = (buf.position() - old_pos) as usize;
         if huff {
+            if self.buffer.capacity() == 0 {
+                self.buffer.reserve(SCRATCH_CAPACITY);
+            }
             let ret = {
                 let raw = &buf.chunk()[..len];
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {

@@ -40,6 +40,30 @@ pub fn len(name: &HeaderName, value: &HeaderValue) -> usize {
     32 + n.len() + value.len()
 }
 
+impl Header {
+    /// A copy whose strings own their bytes instead of sharing a larger buffer.
+    pub(crate) fn detached(&self) -> Header {
+        fn value(v: &HeaderValue) -> HeaderValue {
+            let mut copy = HeaderValue::from_maybe_shared(Bytes::copy_from_slice(v.as_bytes()))
+                .expect("a valid header value stays valid");
+            copy.set_sensitive(v.is_sensitive());
+            copy
+        }
+        match self {
+            Header::Field { name, value: v } => Header::Field {
+                name: HeaderName::from_bytes(name.as_str().as_bytes())
+                    .expect("a valid header name stays valid"),
+                value: value(v),
+            },
+            Header::Authority(v) => Header::Authority(BytesStr::from(v.as_str())),
+            Header::Scheme(v) => Header::Scheme(BytesStr::from(v.as_str())),
+            Header::Path(v) => Header::Path(BytesStr::from(v.as_str())),
+            Header::Protocol(v) => Header::Protocol(Protocol::from(v.as_str())),
+            Header::Method(_) | Header::Status(_) => self.clone(),
+        }
+    }
+}
+
 impl Header<Option<HeaderName>> {
     pub fn reify(self) -> Result<Header, HeaderValue> {
         use self::Header::*;

@@ -332,6 +332,12 @@ where
                                 continue;
                             }
 
+                            // Idle: everything is flushed and no stream is open, so the
+                            // codec's buffers are freed until the next frame.
+                            if !self.inner.streams.has_streams() {
+                                self.codec.release_idle_buffers();
+                            }
+
                             return Poll::Pending;
                         }
                     };
