@@ -337,9 +337,12 @@ impl Table {
     fn insert(&mut self, header: Header, hash: HashValue) {
         self.inserted = self.inserted.wrapping_add(1);
 
+        // In its own allocation: a value sent on (an upstream's response header, say) may point
+        // into a much larger buffer, which a table entry would keep alive for the connection's
+        // whole life.
         self.slots.push_front(Slot {
             hash,
-            header,
+            header: header.detached(),
             next: None,
         });
     }

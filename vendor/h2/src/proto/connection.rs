@@ -336,6 +336,7 @@ where
                             // codec's buffers are freed until the next frame.
                             if !self.inner.streams.has_streams() {
                                 self.codec.release_idle_buffers();
+                                self.inner.streams.release_idle_memory();
                             }
 
                             return Poll::Pending;

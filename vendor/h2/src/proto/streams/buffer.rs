@@ -33,6 +33,13 @@ impl<T> Buffer<T> {
     pub fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
+
+    /// Frees the slab's slots once no frame is left in it.
+    pub fn release_if_empty(&mut self) {
+        if self.slab.is_empty() {
+            self.slab = Slab::new();
+        }
+    }
 }
 
 impl Deque {

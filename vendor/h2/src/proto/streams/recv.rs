@@ -85,6 +85,11 @@ pub(crate) enum Open {
 }
 
 impl Recv {
+    /// Frees the received-frame buffer's slots once nothing is buffered.
+    pub(super) fn release_idle_buffer(&mut self) {
+        self.buffer.release_if_empty();
+    }
+
     pub fn new(peer: peer::Dyn, config: &Config) -> Self {
         let next_stream_id = if peer.is_server() { 1 } else { 2 };
 

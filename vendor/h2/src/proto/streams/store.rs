@@ -86,6 +86,13 @@ impl Store {
         }
     }
 
+    /// Frees the slab's slots (a stream is over a kilobyte) once no stream is left in it.
+    pub(super) fn release_if_empty(&mut self) {
+        if self.slab.is_empty() && self.ids.is_empty() {
+            *self = Store::new();
+        }
+    }
+
     pub fn find_mut(&mut self, id: &StreamId) -> Option<Ptr<'_>> {
         let index = {
             let key = self.ids.get(id)?;

@@ -1139,6 +1139,18 @@ where
         me.store.num_active_streams()
     }
 
+    /// Frees the stream store and the frame buffers while they hold nothing (an idle
+    /// connection); they grow again with the next stream.
+    pub fn release_idle_memory(&self) {
+        {
+            let mut me = self.inner.lock().unwrap();
+            let me = &mut *me;
+            me.store.release_if_empty();
+            me.actions.recv.release_idle_buffer();
+        }
+        self.send_buffer.inner.lock().unwrap().release_if_empty();
+    }
+
     pub fn has_streams(&self) -> bool {
         let me = self.inner.lock().unwrap();
         me.counts.has_streams()
