@@ -115,8 +115,10 @@ def idle(ctx, origin, small):
     levels = sorted({min(lv, (nofile - 1000) // 2) for lv in wanted})
     big = max(levels) + 200
     starters = {
+        # The same upstream keep-alive cap as nginx's `keepalive 256`: the ramp fills the pool,
+        # and sluice's default cap (1,024) would count a larger fixed pool as per-connection cost.
         "sluice": functools.partial(peers.start_sluice_reverse, runtime="work-stealing",
-                                    max_connections=big),
+                                    max_connections=big, pool_max_idle=256),
         # worker_connections counts upstream connections too, and at the limit nginx closes
         # idle keep-alive clients to make room: twice the level keeps every client open.
         "nginx proxy_pass": functools.partial(peers.start_nginx_proxy, connections=2 * big),

@@ -285,7 +285,7 @@ threads = {threads}
 h1_fast_path = {fast}
 {server_extra}[reverse]
 via = false
-[[upstreams]]
+{reverse_extra}[[upstreams]]
 name = "origin"
 servers = [{servers}]
 [[routes]]
@@ -296,14 +296,15 @@ upstream = "origin"
 
 def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast_path=True,
                          busy_poll_us=None, wrapper=(), max_connections=None, tls=None,
-                         http3=False):
+                         http3=False, pool_max_idle=None):
     """sluice's reverse proxy in front of one origin port or a round-robin group of them, under
     the runtime model `runtime` ("work-stealing" or "per-core"), with as many threads as the
     other proxies get (`ctx.proxy_threads`); `fast_path` is `server.h1_fast_path`;
     `busy_poll_us` sets `server.busy_poll_us` (None: the default); `wrapper` is put before the
     command (callgrind); `max_connections` sets `server.max_connections` (the idle test); `tls`
     (a `tls_budget.Certs`) makes the listener TLS (HTTP/2 and 1.1 by ALPN); `http3` (with
-    `tls`) serves HTTP/3 on the same port over UDP."""
+    `tls`) serves HTTP/3 on the same port over UDP; `pool_max_idle` sets
+    `reverse.pool_max_idle_per_server` (the idle test: nginx's `keepalive 256`)."""
     if not sluice_has_serve(ctx.sluice_bin):
         raise Unavailable("not built (this branch's sluice has no `serve` command yet)")
     d = ctx.tempdir("sluice-reverse")
@@ -315,7 +316,9 @@ def start_sluice_reverse(ctx, upstream_port, cpus, runtime="work-stealing", fast
         server_extra=("" if busy_poll_us is None else f"busy_poll_us = {busy_poll_us}\n")
         + ("" if max_connections is None else f"max_connections = {max_connections}\n")
         + ("" if tls is None else f'tls_cert = "{tls.cert}"\ntls_key = "{tls.key}"\n')
-        + ("[server.http3]\nenabled = true\n" if http3 else "")))
+        + ("[server.http3]\nenabled = true\n" if http3 else ""),
+        reverse_extra=("" if pool_max_idle is None
+                       else f"pool_max_idle_per_server = {pool_max_idle}\n")))
     argv = [*wrapper, ctx.sluice_bin, "serve", "--config", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus, env={"RUST_LOG": "warn"})

@@ -119,6 +119,13 @@ def _idle_table(rows):
         for lv in rep["levels"]:
             out.append([r["peer"], f"{lv['connections']:,}", f"{lv['open']:,}", lv["failed"],
                         _f(lv["growth_kb"] / 1024), _f(lv["kb_per_conn"], 2)])
+        # The slope between the two top levels leaves out fixed costs (pools the ramp fills).
+        lv = rep["levels"]
+        if len(lv) >= 2 and lv[-1]["open"] > lv[-2]["open"]:
+            a, z = lv[-2], lv[-1]
+            out.append([r["peer"], f"marginal, {a['open']:,} → {z['open']:,}", DASH, DASH,
+                        _f((z["growth_kb"] - a["growth_kb"]) / 1024),
+                        _f((z["growth_kb"] - a["growth_kb"]) / (z["open"] - a["open"]), 2)])
         if rep.get("stopped_early"):
             out.append([r["peer"], rep["stopped_early"]] + [DASH] * 4)
     return table(head, out)
@@ -136,6 +143,14 @@ def _bound_text(result):
             "(*client CPU %* + *origin CPU %*), and *neither side saturated* when not. A cell "
             "that is not proxy-bound for every proxy is judged by CPU per request (what the "
             "budget-capped rate would be if the client kept up), not by req/s.")
+
+
+def _idle_run(idle):
+    """The idle run's own date and commit when it was re-run apart from the rest."""
+    run = idle.get("run")
+    if not run:
+        return ""
+    return f"Run on its own {run['date']} at commit {run['commit']} ({run['branch']}). "
 
 
 def render(result):
@@ -212,7 +227,7 @@ def render(result):
         md += ["**Memory per idle keep-alive connection**: clients spread over 127.0.0.2–9, "
                "each after one 1 KB request through the plain reverse route, then silent; USS "
                "growth of the proxy's process tree over its baseline (after one request), read "
-               f"once it settled. {_load(idle.get('load'))}", "",
+               f"once it settled. {_idle_run(idle)}{_load(idle.get('load'))}", "",
                "HTTP/1.1:", "", _idle_table(idle.get("http1", [])), "",
                "HTTP/2 by prior knowledge (h2c):", "", _idle_table(idle.get("h2c", [])), ""]
     return "\n".join(md).rstrip()
