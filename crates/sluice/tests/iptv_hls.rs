@@ -81,7 +81,9 @@ fn make_source(out: &Path, secs: u32, gop: u32, pids: Option<(u16, u16)>) -> Vec
 }
 
 /// One md5 per decoded frame of the first `kind` stream (`v` or `a`) of `input`.
-fn frame_hashes(input: &Path, kind: &str) -> Vec<String> {
+/// The frames' MD5s of `input` (a file or a URL ffmpeg reads, such as an HLS playlist).
+fn frame_hashes(input: impl AsRef<std::ffi::OsStr>, kind: &str) -> Vec<String> {
+    let input = input.as_ref();
     let out = Command::new("ffmpeg")
         .args(["-v", "error", "-i"])
         .arg(input)
@@ -93,7 +95,7 @@ fn frame_hashes(input: &Path, kind: &str) -> Vec<String> {
     assert!(
         out.status.success(),
         "ffmpeg failed on {}: {}",
-        input.display(),
+        input.to_string_lossy(),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout)
@@ -287,35 +289,9 @@ async fn hls_of_a_multicast_channel_decodes_frame_exactly() {
     );
     // ffmpeg's own HLS client, reading the gateway's playlist, decodes the same frames.
     let playlist_url = format!("http://{}{url}", gw.addr);
-    let via_hls = tokio::task::spawn_blocking(move || {
-        let out = Command::new("ffmpeg")
-            .args([
-                "-v",
-                "error",
-                "-i",
-                &playlist_url,
-                "-map",
-                "0:v:0",
-                "-f",
-                "framemd5",
-                "-",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| l.rsplit(',').next().unwrap().trim().to_string())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
+    let via_hls = tokio::task::spawn_blocking(move || frame_hashes(&playlist_url, "v"))
+        .await
+        .unwrap();
     assert!(
         via_hls == want,
         "ffmpeg via the playlist: {} frames",
@@ -1003,26 +979,9 @@ async fn fmp4_segments_decode_frame_exactly() {
     );
     // ffmpeg's own HLS client, through the playlist and its EXT-X-MAP, decodes the same frames.
     let playlist_url = format!("http://{}{url}", gw.addr);
-    let via_hls = tokio::task::spawn_blocking(move || {
-        let out = Command::new("ffmpeg")
-            .args(["-v", "error", "-i", &playlist_url])
-            .args(["-map", "0:v:0", "-f", "framemd5", "-"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| l.rsplit(',').next().unwrap().trim().to_string())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
+    let via_hls = tokio::task::spawn_blocking(move || frame_hashes(&playlist_url, "v"))
+        .await
+        .unwrap();
     assert!(
         via_hls == want,
         "ffmpeg via the playlist: {} frames",
