@@ -304,7 +304,14 @@ async fn segments_survive_a_restart_with_the_disk_tier() {
     assert_eq!(sha256(&first), sha256(&segment_body("/seg1.ts", "")));
     // The disk writer works off the request path: wait for the object's record and both slices
     // of seg1 and of the prefetched seg2.
-    let count = |sub: &str| std::fs::read_dir(dir.path().join(sub)).map_or(0, |d| d.count());
+    // Files still being written end in `.tmp` and are renamed when complete: count only those.
+    let count = |sub: &str| {
+        std::fs::read_dir(dir.path().join(sub)).map_or(0, |d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_none_or(|x| x != "tmp"))
+                .count()
+        })
+    };
     for _ in 0..300 {
         if count("objects") >= 2 && count("slices") >= 4 {
             break;
