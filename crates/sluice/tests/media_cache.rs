@@ -302,9 +302,10 @@ async fn segments_survive_a_restart_with_the_disk_tier() {
     load_playlist(&s, &o).await;
     let first = body_of(&seg_url(&s, &o, "seg1.ts", None)).await;
     assert_eq!(sha256(&first), sha256(&segment_body("/seg1.ts", "")));
-    // The disk writer works off the request path: wait for the object's record and both slices
-    // of seg1 and of the prefetched seg2.
-    // Files still being written end in `.tmp` and are renamed when complete: count only those.
+    // The disk writer works off the request path, and serving the playlist warmed more segments
+    // than seg1: wait until every slice the origin was asked for (one ranged request each) and
+    // every segment's record is on disk. Files still being written end in `.tmp` and are renamed
+    // when complete: count only those.
     let count = |sub: &str| {
         std::fs::read_dir(dir.path().join(sub)).map_or(0, |d| {
             d.filter_map(Result::ok)
@@ -312,13 +313,29 @@ async fn segments_survive_a_restart_with_the_disk_tier() {
                 .count()
         })
     };
-    for _ in 0..300 {
-        if count("objects") >= 2 && count("slices") >= 4 {
+    let fetched = || {
+        let hits = o.hits.lock().unwrap();
+        let slices = hits.iter().filter(|(_, _, r)| r.is_some()).count();
+        let mut segments: Vec<&str> = hits
+            .iter()
+            .filter(|(_, _, r)| r.is_some())
+            .map(|(p, _, _)| p.as_str())
+            .collect();
+        segments.sort_unstable();
+        segments.dedup();
+        (segments.len(), slices)
+    };
+    let on_disk = || {
+        let (segments, slices) = fetched();
+        count("objects") >= segments.max(2) && count("slices") >= slices.max(4)
+    };
+    for _ in 0..500 {
+        if on_disk() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(count("objects") >= 2 && count("slices") >= 4);
+    assert!(on_disk(), "fetched {:?}", fetched());
     s.shutdown();
     let _ = (&mut s.done).await;
     let before = o.count("/seg1.ts");
