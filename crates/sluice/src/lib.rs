@@ -40,6 +40,8 @@ pub mod body;
 pub mod cache;
 pub mod cli;
 pub mod config;
+#[cfg(feature = "tls")]
+pub mod crypto;
 pub mod dropin;
 pub mod error;
 #[cfg(feature = "iptv")]

@@ -49,7 +49,7 @@ pub struct Certs {
 impl Default for Certs {
     fn default() -> Self {
         Certs {
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            provider: Arc::new(crate::crypto::default_provider()),
             static_names: RwLock::default(),
             issued: RwLock::default(),
             alpn_challenges: Mutex::default(),

@@ -49,10 +49,10 @@ pub fn client_config(
     http2: bool,
     extra_roots: &[CertificateDer<'static>],
 ) -> Arc<ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crate::crypto::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions");
+        .expect("the provider supports the default protocol versions");
     let mut config = if verify {
         builder
             .with_root_certificates(roots(extra_roots))

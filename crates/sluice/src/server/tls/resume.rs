@@ -25,7 +25,7 @@ struct Shared {
 fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| Shared {
-        tickets: match rustls::crypto::ring::Ticketer::new() {
+        tickets: match crate::crypto::ticketer() {
             Ok(t) => Some(t),
             Err(e) => {
                 tracing::warn!(error = %e, "no TLS session tickets (key generation failed)");

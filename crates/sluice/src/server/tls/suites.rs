@@ -7,11 +7,11 @@
 //! Clients that list AES-256 first (OpenSSL's default, curl, most HTTP libraries) would otherwise
 //! get the dearer suite.
 
-use rustls::crypto::ring::cipher_suite as suite;
+use crate::crypto::backend::cipher_suite as suite;
 use rustls::crypto::CryptoProvider;
 use rustls::SupportedCipherSuite;
 
-/// Every suite the ring provider offers, cheapest first within each protocol version.
+/// Every suite the provider offers by default, cheapest first within each protocol version.
 const ORDER: &[SupportedCipherSuite] = &[
     suite::TLS13_AES_128_GCM_SHA256,
     suite::TLS13_AES_256_GCM_SHA384,
@@ -24,12 +24,12 @@ const ORDER: &[SupportedCipherSuite] = &[
     suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 ];
 
-/// The ring provider with the suites in the server's order (set `ignore_client_order` on the
+/// The build's provider (`crate::crypto`) with the suites in the server's order (set `ignore_client_order` on the
 /// config that uses it).
 pub fn provider() -> CryptoProvider {
     CryptoProvider {
         cipher_suites: ORDER.to_vec(),
-        ..rustls::crypto::ring::default_provider()
+        ..crate::crypto::default_provider()
     }
 }
 
@@ -41,7 +41,7 @@ mod tests {
     #[test]
     fn same_suites_as_the_provider() {
         let mut ours: Vec<_> = ORDER.iter().map(|s| s.suite()).collect();
-        let mut theirs: Vec<_> = rustls::crypto::ring::DEFAULT_CIPHER_SUITES
+        let mut theirs: Vec<_> = crate::crypto::backend::DEFAULT_CIPHER_SUITES
             .iter()
             .map(|s| s.suite())
             .collect();
