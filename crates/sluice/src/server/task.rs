@@ -96,7 +96,7 @@ impl<H: Handler> Future for Connection<H> {
                     this.state = match end {
                         End::Idle => State::Idle(idle),
                         End::Closed => State::Done,
-                        End::HandOff(bytes) => State::Other(Conn::clone(&this.conn).hand_to_hyper(
+                        End::HandOff(bytes) => State::Other(this.conn.clone().hand_to_hyper(
                             idle.into_stream(),
                             this.peer,
                             bytes,
