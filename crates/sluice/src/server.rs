@@ -923,9 +923,13 @@ mod tests {
         }
     }
 
+    /// tokio lays a task out in a 128-byte-aligned cell: its header and trailer (96 bytes), the
+    /// future (here with the task tracker's token, 8 bytes) and its stage. At 152 bytes or less
+    /// the connection fits a 256-byte cell; it was 208 (a 384-byte cell).
     #[test]
     fn an_idle_connection_task_stays_small() {
         let size = std::mem::size_of::<task::Connection<Unused>>();
-        assert!(size <= 256, "a connection's task grew to {size} bytes");
+        eprintln!("task::Connection: {size} bytes");
+        assert!(size <= 152, "a connection's task grew to {size} bytes");
     }
 }
