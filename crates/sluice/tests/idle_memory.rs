@@ -208,7 +208,10 @@ async fn idle_connections_hold_little_heap() {
     // here, a debug build. An h2c connection keeps hyper's connection (one box, ~2.1 KiB), h2's
     // stream state and the two HPACK tables (~4.9 KiB); with h2's buffers kept while idle it
     // held over 17 KiB (a pinned upstream read buffer among them).
-    assert!(h1_cost <= 700, "an idle HTTP/1.1 connection holds {h1_cost} B");
+    assert!(
+        h1_cost <= 700,
+        "an idle HTTP/1.1 connection holds {h1_cost} B"
+    );
     assert!(
         h2_cost <= 5 * 1024 + 512,
         "an idle h2c connection holds {h2_cost} B"
