@@ -150,11 +150,12 @@ pub struct Alarm {
     armed: Option<Armed>,
 }
 
+/// (`generation` is never 0, so an `Option<Armed>` takes no more room than an `Armed`.)
 #[derive(Debug, Clone, Copy)]
 struct Armed {
     due: u64,
     key: u32,
-    generation: u32,
+    generation: std::num::NonZeroU32,
 }
 
 impl Alarm {
@@ -174,9 +175,9 @@ impl Alarm {
         }
         let mut wheel = self.clock.lock();
         if let Some(a) = self.armed.take() {
-            wheel.remove(a.key, a.generation);
+            wheel.remove(a.key, a.generation.get());
         }
-        wheel.generation = wheel.generation.wrapping_add(1);
+        wheel.generation = wheel.generation.wrapping_add(1).max(1);
         let generation = wheel.generation;
         let key = wheel.entries.insert(Entry {
             waker: waker.clone(),
@@ -189,7 +190,7 @@ impl Alarm {
         self.armed = Some(Armed {
             due,
             key,
-            generation,
+            generation: std::num::NonZeroU32::new(generation).expect("never 0"),
         });
         if first {
             self.clock.earlier.notify_one();
@@ -212,7 +213,7 @@ impl Alarm {
 impl Drop for Alarm {
     fn drop(&mut self) {
         if let Some(a) = self.armed.take() {
-            self.clock.lock().remove(a.key, a.generation);
+            self.clock.lock().remove(a.key, a.generation.get());
         }
     }
 }

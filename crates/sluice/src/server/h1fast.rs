@@ -132,13 +132,14 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
 /// thousands of idle keep-alive clients cost their socket and a small task each, as under nginx.
 pub(super) struct Idle<S = Watched<TcpStream>> {
     stream: S,
-    /// When the connection went idle (accepted, or its last response ended).
+    /// When the connection went idle (accepted, or its last response ended); once `draining`,
+    /// when shutdown was seen while idle: the drain clock.
     since: Instant,
     /// A request has been served: the keep-alive idle timeout applies, not the header read
     /// timeout.
     begun: bool,
-    /// Shutdown was seen while idle, at this instant: the drain clock.
-    drain_from: Option<Instant>,
+    /// Shutdown was seen while idle (at `since`).
+    draining: bool,
     alarm: Alarm,
 }
 
@@ -148,7 +149,7 @@ impl<S: FastStream> Idle<S> {
             stream,
             since: Instant::now(),
             begun: false,
-            drain_from: None,
+            draining: false,
             alarm: Alarm::new(clock),
         }
     }
@@ -173,7 +174,11 @@ impl<S: FastStream> Idle<S> {
         let now = Instant::now();
         let t = conn.timeouts;
         let deadline = if *conn.stop.borrow() {
-            *self.drain_from.get_or_insert(now) + super::DRAIN_IDLE
+            if !self.draining {
+                self.draining = true;
+                self.since = now;
+            }
+            self.since + super::DRAIN_IDLE
         } else if self.begun {
             self.since + t.idle
         } else {

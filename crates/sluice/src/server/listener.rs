@@ -222,15 +222,32 @@ impl Drop for IpPlace {
 }
 
 /// One open connection's slot; dropping it (connection closed) lets the acceptor take another.
+/// Every open connection's task holds one, so it is kept to three pointers: the acceptor's
+/// semaphore (the permit itself is forgotten and given back on drop) and the per-IP place,
+/// boxed, since only a connection from a counted address has one.
 #[derive(Debug)]
 pub struct Slot {
-    _permit: OwnedSemaphorePermit,
-    _ip: Option<IpPlace>,
+    slots: Arc<Semaphore>,
+    _ip: Option<Box<IpPlace>>,
     open: Gauge,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, ip: Option<IpPlace>, open: Gauge) -> Slot {
+        let slots = permit.semaphore().clone();
+        debug_assert_eq!(permit.num_permits(), 1);
+        permit.forget();
+        Slot {
+            slots,
+            _ip: ip.map(Box::new),
+            open,
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        self.slots.add_permits(1);
         self.open.dec();
     }
 }
@@ -301,11 +318,7 @@ impl Acceptor {
                 continue;
             };
             self.metrics.open.inc();
-            let slot = Slot {
-                _permit: permit,
-                _ip: place,
-                open: self.metrics.open.clone(),
-            };
+            let slot = Slot::new(permit, place, self.metrics.open.clone());
             return (stream, peer, slot);
         }
     }
@@ -332,11 +345,7 @@ impl Acceptor {
         };
         let place = self.per_ip.take(ip).ok_or(Full::PerIp)?;
         self.metrics.open.inc();
-        Ok(Slot {
-            _permit: permit,
-            _ip: place,
-            open: self.metrics.open.clone(),
-        })
+        Ok(Slot::new(permit, place, self.metrics.open.clone()))
     }
 }
 

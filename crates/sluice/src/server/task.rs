@@ -20,7 +20,7 @@ pub(super) struct Connection<H> {
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     conn: Arc<Conn<H>>,
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
-    peer: SocketAddr,
+    peer: Peer,
     state: State,
     _slot: Slot,
 }
@@ -37,12 +37,38 @@ enum State {
     Done,
 }
 
+/// The client's address in 16 bytes instead of `SocketAddr`'s 32 (an IPv6 one boxed): every
+/// open connection's task holds it, and those 16 bytes decide whether an idle connection's task
+/// fits tokio's 256-byte cell or takes a 384-byte one.
+#[derive(Debug, Clone)]
+enum Peer {
+    V4(std::net::SocketAddrV4),
+    V6(Box<std::net::SocketAddrV6>),
+}
+
+impl Peer {
+    fn new(addr: SocketAddr) -> Peer {
+        match addr {
+            SocketAddr::V4(v4) => Peer::V4(v4),
+            SocketAddr::V6(v6) => Peer::V6(Box::new(v6)),
+        }
+    }
+
+    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
+    fn get(&self) -> SocketAddr {
+        match self {
+            Peer::V4(v4) => SocketAddr::V4(*v4),
+            Peer::V6(v6) => SocketAddr::V6(**v6),
+        }
+    }
+}
+
 impl<H: Handler> Connection<H> {
     /// A connection that goes its whole way in `work` (TLS, or hyper from the start).
     pub(super) fn other(conn: Arc<Conn<H>>, peer: SocketAddr, slot: Slot, work: Boxed<()>) -> Self {
         Connection {
             conn,
-            peer,
+            peer: Peer::new(peer),
             state: State::Other(work),
             _slot: slot,
         }
@@ -59,7 +85,7 @@ impl<H: Handler> Connection<H> {
         let idle = super::h1fast::Idle::new(stream, conn.clock.clone());
         Connection {
             conn,
-            peer,
+            peer: Peer::new(peer),
             state: State::Idle(idle),
             _slot: slot,
         }
@@ -83,7 +109,7 @@ impl<H: Handler> Future for Connection<H> {
                         else {
                             unreachable!()
                         };
-                        let busy = this.conn.clone().serve_busy(idle, this.peer);
+                        let busy = this.conn.clone().serve_busy(idle, this.peer.get());
                         this.state = State::Busy(Box::pin(busy));
                     }
                 },
@@ -96,9 +122,9 @@ impl<H: Handler> Future for Connection<H> {
                     this.state = match end {
                         End::Idle => State::Idle(idle),
                         End::Closed => State::Done,
-                        End::HandOff(bytes) => State::Other(Conn::clone(&this.conn).hand_to_hyper(
+                        End::HandOff(bytes) => State::Other(this.conn.clone().hand_to_hyper(
                             idle.into_stream(),
-                            this.peer,
+                            this.peer.get(),
                             bytes,
                         )),
                     };

@@ -38,7 +38,7 @@ impl<H: Handler> Conn<H> {
                     let watch = SendWatch::of(tls.tcp());
                     let mut tls = self.screened(tls, false);
                     tls.replay(bytes);
-                    return Conn::clone(&self).drive(tls, watch, peer, true, None).await;
+                    return self.clone().drive(tls, watch, peer, true, None).await;
                 }
             }
         }
