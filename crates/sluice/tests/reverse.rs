@@ -723,7 +723,9 @@ async fn many_small_h2_responses_at_once_each_arrive_whole() {
     .await
     .unwrap();
     tokio::spawn(conn);
-    let mut sizes = vec![0, 1, 200, 255, 256, 257, 1000, 1024, 2048, 4087, 4095, 4096, 4097];
+    let mut sizes = vec![
+        0, 1, 200, 255, 256, 257, 1000, 1024, 2048, 4087, 4095, 4096, 4097,
+    ];
     sizes.extend([5000, 8192, 12000, 16375, 16384, 16385, 20000, 70000]);
     sizes.extend((0..40).map(|i| 900 + i * 97));
     let tasks: Vec<_> = sizes
@@ -747,6 +749,10 @@ async fn many_small_h2_responses_at_once_each_arrive_whole() {
             .expect("h2 stream timed out")
             .unwrap();
         assert_eq!(body.len(), n, "stream for {n} bytes");
-        assert_eq!(sha256(&body), sha256(&sized_body(n)), "stream for {n} bytes");
+        assert_eq!(
+            sha256(&body),
+            sha256(&sized_body(n)),
+            "stream for {n} bytes"
+        );
     }
 }
