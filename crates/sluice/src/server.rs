@@ -780,7 +780,7 @@ impl<H: Handler> Conn<H> {
                 // Boxed: the handler's future is tens of KiB (every front end's state), and
                 // hyper moves this one into each HTTP/2 stream's task and again when it spawns it;
                 // behind a pointer those moves copy a few words instead.
-                let mut resp = Box::pin(handler.handle(req, peer, secure, guard)).await;
+                let mut resp = boxed_in_place(|| handler.handle(req, peer, secure, guard)).await;
                 // (Not on a protocol switch: its `Connection: upgrade` must stand.)
                 if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                     resp.headers_mut().insert(
@@ -863,6 +863,21 @@ impl<H: Handler> Conn<H> {
             }
         }
     }
+}
+
+/// The future `make` returns, in a box of its own, built where it stays: `Box::pin(make())`
+/// builds it on the stack first and then copies it (tens of KiB for the handler's future) into
+/// the box. The box is allocated first and `make` is not inlined, so its result is written
+/// straight into the box (the compiler's call-slot optimisation drops the copy).
+fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    #[inline(never)]
+    fn call<F>(make: impl FnOnce() -> F) -> F {
+        make()
+    }
+    let mut slot = Box::<F>::new_uninit();
+    slot.write(call(make));
+    // SAFETY: `write` initialised the box just above.
+    Box::into_pin(unsafe { slot.assume_init() })
 }
 
 #[cfg(test)]

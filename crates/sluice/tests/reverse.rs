@@ -694,3 +694,65 @@ async fn upstream_connections_are_reused_across_requests_and_bodiless_answers() 
     // Twelve sequential requests, one upstream connection.
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// Bytes that depend on both the position and the body's length, so no two of the sizes asked
+/// for below share a prefix (a body cut short or taken from another stream shows).
+fn sized_body(n: usize) -> Bytes {
+    (0..n)
+        .map(|i| (i.wrapping_mul(31) ^ n.wrapping_mul(7)) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+#[tokio::test]
+async fn many_small_h2_responses_at_once_each_arrive_whole() {
+    // Sizes around the points where the h2 writer copies a DATA payload into its buffer or
+    // chains it (256 B, 4 KiB, a full 16 KiB buffer), many streams at once so their frames
+    // share writes.
+    let o = origin(|req: http::Request<hyper::body::Incoming>| async move {
+        let n: usize = req.uri().path().trim_start_matches("/n/").parse().unwrap();
+        http::Response::new(full(sized_body(n)))
+    })
+    .await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut sizes = vec![
+        0, 1, 200, 255, 256, 257, 1000, 1024, 2048, 4087, 4095, 4096, 4097,
+    ];
+    sizes.extend([5000, 8192, 12000, 16375, 16384, 16385, 20000, 70000]);
+    sizes.extend((0..40).map(|i| 900 + i * 97));
+    let tasks: Vec<_> = sizes
+        .iter()
+        .map(|&n| {
+            let mut send = send.clone();
+            let uri = format!("http://{}/n/{n}", p.addr);
+            tokio::spawn(async move {
+                let req = http::Request::get(uri).body(full(Bytes::new())).unwrap();
+                let resp = send.send_request(req).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                use http_body_util::BodyExt;
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                (n, body)
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (n, body) = tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("h2 stream timed out")
+            .unwrap();
+        assert_eq!(body.len(), n, "stream for {n} bytes");
+        assert_eq!(
+            sha256(&body),
+            sha256(&sized_body(n)),
+            "stream for {n} bytes"
+        );
+    }
+}

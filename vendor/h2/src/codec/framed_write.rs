@@ -76,6 +76,12 @@ const CHAIN_THRESHOLD: usize = 256;
 /// fragmented data being sent, and hereby improve the throughput.
 const CHAIN_THRESHOLD_WITHOUT_VECTORED_IO: usize = 1024;
 
+/// A DATA payload up to this size is copied into the write buffer when it fits there, instead
+/// of being chained. A chained payload must be written out before any other frame can be
+/// buffered, so many streams' small responses each cost a write (and over TLS a record of
+/// their own); copied, they go out together in one write.
+const COPY_SMALL_DATA: usize = 4 * 1024;
+
 // TODO: Make generic
 impl<T, B> FramedWrite<T, B>
 where
@@ -241,7 +247,7 @@ where
                     return Err(PayloadTooBig);
                 }
 
-                if len >= self.chain_threshold {
+                if len >= self.chain_threshold && !self.copies(len) {
                     let head = v.head();
 
                     // Encode the frame head to the buffer
@@ -316,6 +322,13 @@ where
             && (self.buf.get_ref().capacity() == 0
                 || self.buf.get_ref().capacity() - self.buf.get_ref().len()
                     >= self.min_buffer_capacity)
+    }
+
+    /// Whether a DATA payload of `len` bytes (at least the chain threshold) is copied into the
+    /// write buffer with its frame head instead of chained (`COPY_SMALL_DATA`).
+    fn copies(&self, len: usize) -> bool {
+        let buf = self.buf.get_ref();
+        len <= COPY_SMALL_DATA && buf.capacity() - buf.len() >= len + frame::HEADER_LEN
     }
 
     fn is_empty(&self) -> bool {
