@@ -171,7 +171,11 @@ impl Reverse {
         // beside it, RFC 9112 §6.3), and one read until close gets neither.
         match (length, coding) {
             (BodyLength::Exact(n), _) => {
-                headers.insert(header::CONTENT_LENGTH, n.into());
+                // The server's own single `Content-Length` is usually that length already: kept
+                // as it is (where it is), not formatted again.
+                if !says_length(&headers, n) {
+                    headers.insert(header::CONTENT_LENGTH, n.into());
+                }
                 headers.remove(header::TRANSFER_ENCODING);
             }
             (BodyLength::Coded, Some(te)) => {
@@ -226,6 +230,18 @@ pub(super) fn offer_alt_svc(headers: &mut HeaderMap, alt_svc: Option<header::Hea
     if let Some(value) = alt_svc {
         headers.entry(header::ALT_SVC).or_insert(value);
     }
+}
+
+/// Whether `headers` hold exactly one `Content-Length`, and it is `n` written plainly (digits
+/// only, no leading zero): then inserting `n` again would change nothing.
+fn says_length(headers: &HeaderMap, n: u64) -> bool {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let (Some(v), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let v = v.as_bytes();
+    let plain = !v.is_empty() && v.iter().all(u8::is_ascii_digit) && (v.len() == 1 || v[0] != b'0');
+    plain && std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) == Some(n)
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
@@ -915,6 +931,22 @@ mod tests {
             encode_request(&h, "127.0.0.1:9"),
             b"GET /a?b=c HTTP/1.1\r\nhost: 127.0.0.1:9\r\nx-b: 1\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_plain_length_is_kept_and_any_other_rewritten() {
+        let with = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
+            }
+            h
+        };
+        assert!(says_length(&with(&["42"]), 42));
+        assert!(says_length(&with(&["0"]), 0));
+        for odd in [&["042"][..], &["42", "42"], &["+42"], &["4 2"], &["43"], &[]] {
+            assert!(!says_length(&with(odd), 42), "{odd:?}");
+        }
     }
 
     #[test]
