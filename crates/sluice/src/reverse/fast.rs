@@ -241,7 +241,11 @@ fn says_length(headers: &HeaderMap, n: u64) -> bool {
     };
     let v = v.as_bytes();
     let plain = !v.is_empty() && v.iter().all(u8::is_ascii_digit) && (v.len() == 1 || v[0] != b'0');
-    plain && std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()) == Some(n)
+    plain
+        && std::str::from_utf8(v)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            == Some(n)
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
@@ -944,7 +948,14 @@ mod tests {
         };
         assert!(says_length(&with(&["42"]), 42));
         assert!(says_length(&with(&["0"]), 0));
-        for odd in [&["042"][..], &["42", "42"], &["+42"], &["4 2"], &["43"], &[]] {
+        for odd in [
+            &["042"][..],
+            &["42", "42"],
+            &["+42"],
+            &["4 2"],
+            &["43"],
+            &[],
+        ] {
             assert!(!says_length(&with(odd), 42), "{odd:?}");
         }
     }
