@@ -1,6 +1,7 @@
 //! HTTP/1.x response heads read off a raw upstream socket: status, fields, head length, and how
 //! the body is delimited (RFC 9112 §6.3). No I/O.
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
@@ -44,6 +45,21 @@ pub enum HeadError {
     BadLength,
 }
 
+/// A field's value as a view of `raw`, the head's bytes copied once (`raw` holds the start of
+/// `buf`, and `value` lies in it): one allocation per head instead of one per field.
+pub fn shared_value(
+    raw: &Bytes,
+    buf: &[u8],
+    value: &[u8],
+) -> Result<HeaderValue, header::InvalidHeaderValue> {
+    let at = (value.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    match at.checked_add(value.len()) {
+        Some(end) if end <= raw.len() => HeaderValue::from_maybe_shared(raw.slice(at..end)),
+        // Not inside the head (never, from `parse`): copied.
+        _ => HeaderValue::from_bytes(value),
+    }
+}
+
 /// Parses the response head at the start of `buf`: `Ok(None)` while it is incomplete.
 pub fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
@@ -59,11 +75,13 @@ pub fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
         .ok_or_else(|| HeadError::Malformed("no status".into()))?;
     let status =
         StatusCode::from_u16(code).map_err(|_| HeadError::Malformed(format!("status {code}")))?;
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    // Room for the fields a proxy adds on the way back (`Via`, `Alt-Svc`), without a rehash.
+    let mut headers = HeaderMap::with_capacity(resp.headers.len() + 2);
+    let raw = Bytes::copy_from_slice(&buf[..len]);
     for f in resp.headers.iter() {
         let name = HeaderName::from_bytes(f.name.as_bytes())
             .map_err(|_| HeadError::BadField(f.name.to_string()))?;
-        let value = HeaderValue::from_bytes(f.value)
+        let value = shared_value(&raw, buf, f.value)
             .map_err(|_| HeadError::BadField(f.name.to_string()))?;
         headers.append(name, value);
     }

@@ -248,6 +248,17 @@ async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
     let fast = String::from_utf8(seen[0].clone()).unwrap();
     let hyper = String::from_utf8(seen[1].clone()).unwrap();
     assert_eq!(fast, hyper, "fast path head differs from the hyper path's");
+    // And byte for byte what both paths have always sent: the forwarding fields' names, values
+    // and places (the client's X-Forwarded-For replaced, not extended: the peer is not trusted).
+    assert_eq!(
+        fast,
+        "GET /y/z?q=1&r=%20 HTTP/1.1\r\nte: trailers\r\nuser-agent: t/1\r\naccept: */*\r\n\
+         x-multi: 1\r\nx-multi: 2\r\ncookie: a=b\r\nvia: 1.0 front, 1.1 sluice\r\n\
+         forwarded: for=127.0.0.1;host=\"Example.COM:8080\";proto=http\r\n\
+         x-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n\
+         x-forwarded-host: Example.COM:8080\r\nx-real-ip: 127.0.0.1\r\nx-route: api\r\n\
+         host: Example.COM:8080\r\n\r\n"
+    );
     assert!(
         fast.starts_with("GET /y/z?q=1&r=%20 HTTP/1.1\r\n"),
         "{fast}"

@@ -127,6 +127,7 @@ impl Reverse {
         let Exchanged {
             mut conn,
             head,
+            body_at,
             length,
             pool,
             index,
@@ -170,7 +171,11 @@ impl Reverse {
         // beside it, RFC 9112 §6.3), and one read until close gets neither.
         match (length, coding) {
             (BodyLength::Exact(n), _) => {
-                headers.insert(header::CONTENT_LENGTH, n.into());
+                // The server's own single `Content-Length` is usually that length already: kept
+                // as it is (where it is), not formatted again.
+                if !says_length(&headers, n) {
+                    headers.insert(header::CONTENT_LENGTH, n.into());
+                }
                 headers.remove(header::TRANSFER_ENCODING);
             }
             (BodyLength::Coded, Some(te)) => {
@@ -187,13 +192,13 @@ impl Reverse {
             _ => {}
         }
         offer_alt_svc(&mut headers, alt_svc);
-        let mut out = Vec::with_capacity(512 + conn.buf.len());
+        let mut out = Vec::with_capacity(512);
         write_head(&mut out, status, &headers, None, !keep_alive);
         on_head(status, None);
         let splice = self.settings.splice_bodies.then(|| route.meters.spliced());
         let relayed = relay(
             &mut conn,
-            length,
+            (length, body_at),
             &mut out,
             client,
             route.idle_timeout,
@@ -227,6 +232,22 @@ pub(super) fn offer_alt_svc(headers: &mut HeaderMap, alt_svc: Option<header::Hea
     }
 }
 
+/// Whether `headers` hold exactly one `Content-Length`, and it is `n` written plainly (digits
+/// only, no leading zero): then inserting `n` again would change nothing.
+fn says_length(headers: &HeaderMap, n: u64) -> bool {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let (Some(v), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let v = v.as_bytes();
+    let plain = !v.is_empty() && v.iter().all(u8::is_ascii_digit) && (v.len() == 1 || v[0] != b'0');
+    plain
+        && std::str::from_utf8(v)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            == Some(n)
+}
+
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
 fn ends_chunked(te: Option<&header::HeaderValue>) -> bool {
     te.and_then(|v| v.to_str().ok())
@@ -240,11 +261,12 @@ impl Done {
     }
 }
 
-/// A response head from one server, the connection it came on (its buffer holds the body bytes
-/// read with the head), and where that connection goes back to.
+/// A response head from one server, the connection it came on (its buffer holds the head and,
+/// from `body_at` on, the body bytes read with it), and where that connection goes back to.
 struct Exchanged {
     conn: UpConn,
     head: ResponseHead,
+    body_at: usize,
     length: BodyLength,
     pool: Arc<FastPool>,
     index: usize,
@@ -266,9 +288,10 @@ async fn fetch(
         let group = route.group.name();
         Some(async move {
             match pool.exchange(index, server.addr(), &bytes, head_only).await {
-                Ok((conn, head, length)) => Ok(Exchanged {
+                Ok((conn, head, body_at, length)) => Ok(Exchanged {
                     conn,
                     head,
+                    body_at,
                     length,
                     pool,
                     index,
@@ -403,15 +426,16 @@ async fn write_full<W: AsyncWrite + Unpin>(
     client.flush().await
 }
 
-/// Relays the body after a response head: `out` holds the client head; the connection's buffer
-/// the body bytes read with the upstream head. Returns the body bytes sent and whether the
+/// Relays the body after a response head: `out` holds the client head; the connection's buffer,
+/// from `body_at` on, the body bytes read with the upstream head (written beside the client head
+/// in one vectored write where the client takes one, so they are never copied). Returns the body bytes sent and whether the
 /// upstream connection ended exactly at the body's end (it can carry another request); on error,
 /// the bytes sent before it. Body bytes are counted in `sent_meter` as they go out (a send
 /// timeout drops this future). With `splice` (counting the bodies it moves), a counted body with at
 /// least `SPLICE_MIN` left after the first read goes on socket to socket ([`splice_rest`]).
 async fn relay<W: FastClient>(
     conn: &mut UpConn,
-    length: BodyLength,
+    (length, body_at): (BodyLength, usize),
     out: &mut Vec<u8>,
     client: &mut W,
     idle: Duration,
@@ -427,32 +451,35 @@ async fn relay<W: FastClient>(
     let mut fresh = std::mem::take(&mut conn.buf);
     let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     let mut first = true;
+    // Where the body starts in `fresh`: past the upstream head on the first pass, 0 after.
+    let mut at = body_at;
     loop {
+        let got = &fresh[at..];
         let (take, finished, clean) = match length {
-            BodyLength::Empty => (0, true, fresh.is_empty()),
+            BodyLength::Empty => (0, true, got.is_empty()),
             BodyLength::Exact(_) => {
-                let take = usize::try_from(left).unwrap_or(usize::MAX).min(fresh.len());
+                let take = usize::try_from(left).unwrap_or(usize::MAX).min(got.len());
                 left -= take as u64;
-                (take, left == 0, take == fresh.len())
+                (take, left == 0, take == got.len())
             }
             BodyLength::Coded => {
                 let used = decoder
-                    .skip(&fresh)
+                    .skip(got)
                     .map_err(|e| (sent, RelayError::Upstream(e.to_string())))?;
-                (used, decoder.is_done(), used == fresh.len())
+                (used, decoder.is_done(), used == got.len())
             }
-            BodyLength::UntilClose => (fresh.len(), false, false),
+            BodyLength::UntilClose => (got.len(), false, false),
         };
+        let body = &got[..take];
         if first {
-            out.extend_from_slice(&fresh[..take]);
-            client
-                .write_all(out)
+            head_and_body(client, out, body)
                 .await
                 .map_err(|e| (sent, RelayError::Client(e)))?;
             first = false;
+            at = 0;
         } else if take > 0 {
             client
-                .write_all(&fresh[..take])
+                .write_all(body)
                 .await
                 .map_err(|e| (sent, RelayError::Client(e)))?;
         }
@@ -526,6 +553,30 @@ async fn relay<W: FastClient>(
             }
         }
     }
+}
+
+/// Writes the client head in `out` and the first body bytes: one vectored write where the client
+/// takes one (the body stays in the upstream read buffer), else the body appended to `out`.
+async fn head_and_body<W: AsyncWrite + Unpin>(
+    client: &mut W,
+    out: &mut Vec<u8>,
+    body: &[u8],
+) -> std::io::Result<()> {
+    use std::io::IoSlice;
+    if body.is_empty() || !client.is_write_vectored() {
+        out.extend_from_slice(body);
+        return client.write_all(out).await;
+    }
+    let mut slices = [IoSlice::new(out), IoSlice::new(body)];
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = client.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
 }
 
 /// Ends `relay`'s use of the read buffer: it goes back to the connection emptied, shrunk to the
@@ -665,7 +716,7 @@ impl FastPool {
         addr: &str,
         request: &[u8],
         head_only: bool,
-    ) -> Result<(UpConn, ResponseHead, BodyLength), Failure> {
+    ) -> Result<(UpConn, ResponseHead, usize, BodyLength), Failure> {
         let mut reused = true;
         loop {
             let mut conn = match self.checkout(index) {
@@ -676,7 +727,7 @@ impl FastPool {
                 }
             };
             match round_trip(&mut conn, request, head_only).await {
-                Ok((head, length)) => return Ok((conn, head, length)),
+                Ok((head, body_at, length)) => return Ok((conn, head, body_at, length)),
                 Err((answered, detail)) => {
                     if reused && !answered {
                         continue;
@@ -778,13 +829,16 @@ impl FastPool {
 }
 
 /// One request written and its final response head read; the bytes after the head stay in the
-/// connection's buffer. On failure, whether any byte of an answer had arrived.
+/// connection's buffer, from the offset returned on (left where they were read: a body that came
+/// with its head is not moved). On failure, whether any byte of an answer had arrived.
 async fn round_trip(
     conn: &mut UpConn,
     request: &[u8],
     head_only: bool,
-) -> Result<(ResponseHead, BodyLength), (bool, String)> {
+) -> Result<(ResponseHead, usize, BodyLength), (bool, String)> {
     conn.buf.clear();
+    // Where the head being parsed starts (past any interim heads).
+    let mut at = 0;
     // Failures are worded as hyper's client words them, so the error body is the hyper path's.
     conn.io
         .write_all(request)
@@ -806,8 +860,8 @@ async fn round_trip(
             ));
         }
         loop {
-            match response_head::parse(&conn.buf) {
-                Ok(None) if conn.buf.len() >= MAX_RESPONSE_HEAD => {
+            match response_head::parse(&conn.buf[at..]) {
+                Ok(None) if conn.buf.len() - at >= MAX_RESPONSE_HEAD => {
                     return Err((true, "message head is too large".into()))
                 }
                 Ok(None) => break,
@@ -816,14 +870,14 @@ async fn round_trip(
                         return Err((true, "invalid HTTP status-code parsed".into()));
                     }
                     // An interim answer (100, 103): the final one follows.
-                    conn.buf.drain(..head.len);
+                    at += head.len;
                 }
                 Ok(Some(head)) => {
-                    conn.buf.drain(..head.len);
                     let length = head
                         .body_length(head_only)
                         .map_err(|_| (true, "invalid content-length parsed".to_string()))?;
-                    return Ok((head, length));
+                    let body_at = at + head.len;
+                    return Ok((head, body_at, length));
                 }
                 Err(e) => return Err((true, hyper_wording(&e).to_string())),
             }
@@ -881,6 +935,29 @@ mod tests {
             encode_request(&h, "127.0.0.1:9"),
             b"GET /a?b=c HTTP/1.1\r\nhost: 127.0.0.1:9\r\nx-b: 1\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_plain_length_is_kept_and_any_other_rewritten() {
+        let with = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
+            }
+            h
+        };
+        assert!(says_length(&with(&["42"]), 42));
+        assert!(says_length(&with(&["0"]), 0));
+        for odd in [
+            &["042"][..],
+            &["42", "42"],
+            &["+42"],
+            &["4 2"],
+            &["43"],
+            &[],
+        ] {
+            assert!(!says_length(&with(odd), 42), "{odd:?}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName};
 use http::Method;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -80,10 +80,13 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     let path = sluice_http::path::normalize_path(raw_path).map_err(|_| ())?;
     let mut host = None;
     let mut close = false;
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    // Room for the forwarding fields added on the way up, without a rehash.
+    let mut headers = HeaderMap::with_capacity(req.headers.len() + 6);
+    // The values are views of one copy of the head, not one allocation each.
+    let raw = bytes::Bytes::copy_from_slice(&buf[..len]);
     for f in req.headers.iter() {
         let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| ())?;
-        let value = HeaderValue::from_bytes(f.value).map_err(|_| ())?;
+        let value = sluice_http::response_head::shared_value(&raw, buf, f.value).map_err(|_| ())?;
         match name.as_str() {
             "host" => {
                 if host.is_some() {
