@@ -548,6 +548,7 @@ async fn fast_path_hits_are_exact_bytes() {
          content-length: 18\r\n\
          age: <age>\r\n\
          cache-status: sluice; hit; ttl=<ttl>\r\n\
+         via: 1.1 sluice\r\n\
          x-route: cached\r\n\r\n"
     );
     assert_eq!(body, b"body of /exact.txt");
@@ -564,10 +565,11 @@ async fn fast_path_hits_are_exact_bytes() {
          accept-ranges: bytes\r\n\
          content-type: application/octet-stream\r\n\
          date: <date>\r\n\
-         content-length: 4\r\n\
          content-range: bytes 2-5/18\r\n\
+         content-length: 4\r\n\
          age: <age>\r\n\
          cache-status: sluice; hit; ttl=<ttl>\r\n\
+         via: 1.1 sluice\r\n\
          x-route: cached\r\n\r\n"
     );
     assert_eq!(body, b"dy o");
@@ -584,6 +586,7 @@ async fn fast_path_hits_are_exact_bytes() {
          etag: \"e1\"\r\n\
          age: <age>\r\n\
          cache-status: sluice; hit; ttl=<ttl>\r\n\
+         via: 1.1 sluice\r\n\
          x-route: cached\r\n\r\n"
     );
     assert!(body.is_empty());
