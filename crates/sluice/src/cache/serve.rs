@@ -672,7 +672,9 @@ enum Revalidated {
 
 fn finish_head(headers: &mut HeaderMap, age: u64, status: &CacheStatus) {
     headers.insert(header::AGE, age.into());
-    if let Ok(v) = HeaderValue::from_str(&status.render(CACHE_NAME)) {
+    // The rendered string becomes the value as it is (no second copy).
+    let rendered = bytes::Bytes::from(status.render(CACHE_NAME));
+    if let Ok(v) = HeaderValue::from_maybe_shared(rendered) {
         headers.insert(CACHE_STATUS.clone(), v);
     }
 }

@@ -278,17 +278,20 @@ async fn write_gathered<W: FastClient>(
     // The bytes of `head` not yet written, then those of `bufs[at]` from `off` onwards.
     let mut head_left = head.len();
     let (mut at, mut off) = (0, 0);
-    let mut iov: Vec<io::IoSlice<'_>> = Vec::with_capacity(bufs.len() + 1);
+    // On the stack: a write takes the head and up to `IOV` slices; the rest go in later ones.
+    const IOV: usize = 16;
+    let mut iov = [io::IoSlice::new(&[]); IOV + 1];
     while head_left > 0 || at < bufs.len() {
-        iov.clear();
+        let mut k = 0;
         if head_left > 0 {
-            iov.push(io::IoSlice::new(&head[head.len() - head_left..]));
+            iov[k] = io::IoSlice::new(&head[head.len() - head_left..]);
+            k += 1;
         }
-        if at < bufs.len() {
-            iov.push(io::IoSlice::new(&bufs[at][off..]));
-            iov.extend(bufs[at + 1..].iter().map(|b| io::IoSlice::new(b)));
+        for (i, b) in bufs[at..].iter().take(IOV).enumerate() {
+            iov[k] = io::IoSlice::new(if i == 0 { &b[off..] } else { b });
+            k += 1;
         }
-        let mut n = client.write_vectored(&iov).await?;
+        let mut n = client.write_vectored(&iov[..k]).await?;
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::WriteZero, "write sent nothing"));
         }
