@@ -48,15 +48,21 @@ impl CacheTarget {
         reverse.cache.as_ref()?;
         route.cache_policy.as_ref()?;
         let mut pq = rewrite_path(&route.config, path);
-        if let Some(q) = uri.query() {
-            pq.push('?');
-            pq.push_str(q);
-        }
+        let target = if uri.scheme().is_none() && uri.authority().is_none() && pq == uri.path() {
+            // Origin form, not rewritten: the client's target as it is (no second parse).
+            uri.clone()
+        } else {
+            if let Some(q) = uri.query() {
+                pq.push('?');
+                pq.push_str(q);
+            }
+            pq.parse().ok()?
+        };
         let host = down.host.as_deref().unwrap_or("").to_ascii_lowercase();
         Some(CacheTarget {
             scope: scope(&route.name, &host),
             host,
-            target: pq.parse().ok()?,
+            target,
         })
     }
 }
