@@ -479,7 +479,11 @@ async fn read_response(s: &mut tokio::net::TcpStream, head_only: bool) -> (Strin
             .await
             .expect("a response within 10 s")
             .unwrap();
-        assert!(n > 0, "closed inside a head: {:?}", String::from_utf8_lossy(&buf));
+        assert!(
+            n > 0,
+            "closed inside a head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8(buf[..end].to_vec()).unwrap();
@@ -533,7 +537,10 @@ async fn fast_path_hits_are_exact_bytes() {
     c.write_all(get("").as_bytes()).await.unwrap();
     let (miss, body) = read_response(&mut c, false).await;
     assert_eq!(body, b"body of /exact.txt");
-    assert!(miss.contains("cache-status: sluice; fwd=uri-miss"), "{miss}");
+    assert!(
+        miss.contains("cache-status: sluice; fwd=uri-miss"),
+        "{miss}"
+    );
     // The hit: the whole head, field by field in order, and the body.
     c.write_all(get("").as_bytes()).await.unwrap();
     let (hit, body) = read_response(&mut c, false).await;

@@ -293,7 +293,10 @@ async fn write_gathered<W: FastClient>(
         }
         let mut n = client.write_vectored(&iov[..k]).await?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "write sent nothing"));
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "write sent nothing",
+            ));
         }
         let from_head = n.min(head_left);
         head_left -= from_head;
