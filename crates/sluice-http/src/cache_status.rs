@@ -52,7 +52,9 @@ pub struct CacheStatus {
 impl CacheStatus {
     /// Renders the field value for a cache named `name` (a token such as `sluice`).
     pub fn render(&self, name: &str) -> String {
-        let mut out = String::from(name);
+        // Room for the longest usual value, so it is built in one allocation.
+        let mut out = String::with_capacity(name.len() + 64);
+        out.push_str(name);
         if self.hit {
             out.push_str("; hit");
         }

@@ -31,16 +31,20 @@ pub fn parse_etag(s: &str) -> Option<EntityTag<'_>> {
 /// Whether the stored response is "not modified" for this request, so a 304 answers it
 /// (§13.2.2 order: `If-None-Match` first, weak comparison; `If-Modified-Since` only without it).
 pub fn not_modified(req: &HeaderMap, stored: &HeaderMap) -> bool {
-    let stored_etag = stored
-        .get(ETAG)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_etag);
+    // Most requests carry neither: nothing stored is parsed for them.
+    if !req.contains_key(IF_NONE_MATCH) && !req.contains_key(IF_MODIFIED_SINCE) {
+        return false;
+    }
     let inm: Vec<&str> = req
         .get_all(IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .collect();
     if !inm.is_empty() {
+        let stored_etag = stored
+            .get(ETAG)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_etag);
         return inm.iter().flat_map(|v| v.split(',')).any(|item| {
             let item = item.trim();
             if item == "*" {

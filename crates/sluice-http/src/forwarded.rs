@@ -12,6 +12,9 @@ const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
+/// Every field [`apply`] may write or remove (`Via` only when the hop names one).
+pub const FIELDS: [HeaderName; 6] = [XFF, XFP, XFH, FORWARDED, X_REAL_IP, http::header::VIA];
+
 /// What the proxy knows about the downstream side of this hop.
 #[derive(Debug, Clone)]
 pub struct Hop<'a> {

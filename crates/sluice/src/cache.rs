@@ -94,7 +94,11 @@ impl CacheKey {
     /// query follow. Purge by prefix compares these strings.
     pub fn new(scope: &str, uri: &http::Uri) -> CacheKey {
         let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        CacheKey(format!("{scope}|{pq}"))
+        let mut key = String::with_capacity(scope.len() + 1 + pq.len());
+        key.push_str(scope);
+        key.push('|');
+        key.push_str(pq);
+        CacheKey(key)
     }
 }
 
@@ -235,6 +239,21 @@ impl Cache {
         policy: &FreshnessPolicy,
     ) -> Response<Body> {
         self.inner.serve(req, key, origin, policy).await
+    }
+
+    /// A fresh hit that needs no origin (every slice of its body in the memory tier), answered
+    /// at once; `None` otherwise, and then [`Cache::serve`] answers the request. `unseen` names
+    /// request fields `req` lacks or holds as the client sent them rather than as the origin
+    /// would get them (a front end's forwarding fields, added only when an origin is asked): an
+    /// object that varies on one of them is left to `serve`.
+    pub fn serve_fresh(
+        &self,
+        req: &http::request::Parts,
+        key: &CacheKey,
+        policy: &FreshnessPolicy,
+        unseen: &[http::HeaderName],
+    ) -> Option<Response<Body>> {
+        self.inner.serve_fresh(req, key, policy, unseen)
     }
 
     /// Handles a `PURGE` request for `key` from `peer` (see `purge`).

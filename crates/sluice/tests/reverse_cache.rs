@@ -91,6 +91,20 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
             .body(Full::new(Bytes::new()))
             .unwrap();
     }
+    if path == "/vary-xff" {
+        // Varies on the forwarding field sluice writes: the body names the value it got.
+        let xff = req
+            .headers()
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string();
+        return Response::builder()
+            .header("cache-control", "public, max-age=3600")
+            .header("vary", "X-Forwarded-For")
+            .body(Full::new(Bytes::from(format!("for {xff}"))))
+            .unwrap();
+    }
     let body = if path.starts_with("/big") {
         pattern(BIG_LEN)
     } else {
@@ -449,4 +463,178 @@ async fn a_reload_that_adds_the_first_caching_route_builds_the_cache() {
     let fresh = sluice::app::App::new(&plain).unwrap();
     assert!(fresh.reload(&broken).is_err());
     let _ = stop.send(());
+}
+
+/// One response read from a raw connection: the head as text, the body (by its
+/// `Content-Length`; none for HEAD and 304).
+async fn read_response(s: &mut tokio::net::TcpStream, head_only: bool) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut chunk))
+            .await
+            .expect("a response within 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed inside a head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8(buf[..end].to_vec()).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let want = if head_only || head.starts_with("HTTP/1.1 304") {
+        0
+    } else {
+        len
+    };
+    let mut body = buf[end..].to_vec();
+    while body.len() < want {
+        let mut chunk = vec![0u8; want - body.len()];
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "closed inside a body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(body.len(), want, "nothing past the body");
+    (head, body)
+}
+
+/// The head with the clock's fields made comparable: the origin's `Date` value, `Age` and the
+/// `ttl` in `Cache-Status` (each within a second of what a hit right after the fill says).
+fn clockless(head: &str) -> String {
+    head.split("\r\n")
+        .map(|l| {
+            if l.starts_with("date: ") {
+                "date: <date>".to_string()
+            } else if let Some(age) = l.strip_prefix("age: ") {
+                assert!(age == "0" || age == "1", "{l}");
+                "age: <age>".to_string()
+            } else if let Some((before, ttl)) = l.split_once("ttl=") {
+                assert!(ttl == "3600" || ttl == "3599", "{l}");
+                format!("{before}ttl=<ttl>")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+#[tokio::test]
+async fn fast_path_hits_are_exact_bytes() {
+    use tokio::io::AsyncWriteExt;
+    let (origin, s) = start().await;
+    let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let get = |extra: &str| format!("GET /exact.txt HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n");
+    c.write_all(get("").as_bytes()).await.unwrap();
+    let (miss, body) = read_response(&mut c, false).await;
+    assert_eq!(body, b"body of /exact.txt");
+    assert!(
+        miss.contains("cache-status: sluice; fwd=uri-miss"),
+        "{miss}"
+    );
+    // The hit: the whole head, field by field in order, and the body.
+    c.write_all(get("").as_bytes()).await.unwrap();
+    let (hit, body) = read_response(&mut c, false).await;
+    assert_eq!(
+        clockless(&hit),
+        "HTTP/1.1 200 OK\r\n\
+         cache-control: public, max-age=3600\r\n\
+         etag: \"e1\"\r\n\
+         accept-ranges: bytes\r\n\
+         content-type: application/octet-stream\r\n\
+         date: <date>\r\n\
+         content-length: 18\r\n\
+         age: <age>\r\n\
+         cache-status: sluice; hit; ttl=<ttl>\r\n\
+         via: 1.1 sluice\r\n\
+         x-route: cached\r\n\r\n"
+    );
+    assert_eq!(body, b"body of /exact.txt");
+    // A range of the hit.
+    c.write_all(get("Range: bytes=2-5\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (ranged, body) = read_response(&mut c, false).await;
+    assert_eq!(
+        clockless(&ranged),
+        "HTTP/1.1 206 Partial Content\r\n\
+         cache-control: public, max-age=3600\r\n\
+         etag: \"e1\"\r\n\
+         accept-ranges: bytes\r\n\
+         content-type: application/octet-stream\r\n\
+         date: <date>\r\n\
+         content-range: bytes 2-5/18\r\n\
+         content-length: 4\r\n\
+         age: <age>\r\n\
+         cache-status: sluice; hit; ttl=<ttl>\r\n\
+         via: 1.1 sluice\r\n\
+         x-route: cached\r\n\r\n"
+    );
+    assert_eq!(body, b"dy o");
+    // A conditional request the hit satisfies: 304 with the validators, no body.
+    c.write_all(get("If-None-Match: \"e1\"\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (not_modified, body) = read_response(&mut c, false).await;
+    assert_eq!(
+        clockless(&not_modified),
+        "HTTP/1.1 304 Not Modified\r\n\
+         cache-control: public, max-age=3600\r\n\
+         date: <date>\r\n\
+         etag: \"e1\"\r\n\
+         age: <age>\r\n\
+         cache-status: sluice; hit; ttl=<ttl>\r\n\
+         via: 1.1 sluice\r\n\
+         x-route: cached\r\n\r\n"
+    );
+    assert!(body.is_empty());
+    // HEAD: the GET's head, no body; the connection still carries the next request.
+    c.write_all(b"HEAD /exact.txt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = read_response(&mut c, true).await;
+    assert_eq!(clockless(&head), clockless(&hit));
+    assert!(body.is_empty());
+    c.write_all(get("").as_bytes()).await.unwrap();
+    let (again, body) = read_response(&mut c, false).await;
+    assert_eq!(clockless(&again), clockless(&hit));
+    assert_eq!(body, b"body of /exact.txt");
+    assert_eq!(origin.count("GET", "/exact.txt"), 1);
+}
+
+/// An object that varies on `X-Forwarded-For` is matched on the value sluice sends upstream,
+/// never on one a client wrote: a client that forges another client's address gets its own
+/// variant, fetched for its own address.
+#[tokio::test]
+async fn a_forged_forwarding_field_does_not_pick_another_clients_variant() {
+    use tokio::io::AsyncWriteExt;
+    let (origin, s) = start().await;
+    let ask = |from: [u8; 4], extra: &'static str| async move {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddr::from((from, 0))).unwrap();
+        let mut c = sock.connect(s.addr).await.unwrap();
+        let req = format!("GET /vary-xff HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n");
+        c.write_all(req.as_bytes()).await.unwrap();
+        let (head, body) = read_response(&mut c, false).await;
+        (head, String::from_utf8(body).unwrap())
+    };
+    let (_, first) = ask([127, 0, 0, 1], "").await;
+    assert_eq!(first, "for 127.0.0.1");
+    let (head, again) = ask([127, 0, 0, 1], "").await;
+    assert_eq!(again, "for 127.0.0.1");
+    assert!(head.contains("cache-status: sluice; hit"), "{head}");
+    assert_eq!(origin.count("GET", "/vary-xff"), 1);
+    // Another client claiming to be 127.0.0.1.
+    let (head, forged) = ask([127, 0, 0, 2], "X-Forwarded-For: 127.0.0.1\r\n").await;
+    assert_eq!(forged, "for 127.0.0.2", "{head}");
+    assert_eq!(origin.count("GET", "/vary-xff"), 2);
 }

@@ -458,6 +458,60 @@ impl Inner {
         error_response(StatusCode::BAD_GATEWAY, "origin unavailable")
     }
 
+    /// A fresh hit answered from what this process holds, or `None` (then [`Inner::serve`]
+    /// answers): the lookup and freshness decision of `serve`, with a response only when it needs
+    /// no origin at all (a 304, a 416, a HEAD, or a body whose every slice is in the memory
+    /// tier). `unseen` names request fields `parts` does not carry as the origin would see them:
+    /// an object that varies on one of them is left to `serve`.
+    pub(super) fn serve_fresh(
+        self: &Arc<Self>,
+        parts: &Parts,
+        key: &CacheKey,
+        policy: &FreshnessPolicy,
+        unseen: &[HeaderName],
+    ) -> Option<Response<Body>> {
+        if parts.method != Method::GET && parts.method != Method::HEAD {
+            return None;
+        }
+        let Lookup::Hit(meta) = self.index.lookup(&key.0, &parts.headers, Instant::now()) else {
+            return None;
+        };
+        if meta.soft_purged || meta.vary.iter().any(|v| unseen.contains(v)) {
+            return None;
+        }
+        let now = SystemTime::now();
+        let age = meta.clock.current_age(now);
+        let req_cc = parse_cache_control(&parts.headers);
+        if decide_use(&meta.freshness, age, &req_cc, policy) != Use::Fresh {
+            return None;
+        }
+        let status = CacheStatus {
+            hit: true,
+            ttl: Some(meta.ttl(now)),
+            ..Default::default()
+        };
+        let resp = match self.head(parts, &meta, age, &status) {
+            Head::Done(resp) => resp,
+            Head::Body { code, headers, .. } if parts.method == Method::HEAD => {
+                with_head(body::empty(), code, headers)
+            }
+            Head::Body {
+                code,
+                headers,
+                plan,
+            } => {
+                let (body, files) = stream::from_memory(self, &meta, &plan)?;
+                let mut resp = with_head(body, code, headers);
+                if let Some(f) = files {
+                    resp.extensions_mut().insert(f);
+                }
+                resp
+            }
+        };
+        self.metrics.result("hit");
+        Some(resp)
+    }
+
     /// The response for a stored (or just stored) object.
     fn respond(
         self: &Arc<Self>,
@@ -467,8 +521,41 @@ impl Inner {
         status: CacheStatus,
         first: Option<(u64, super::fill::FillReader)>,
     ) -> Response<Body> {
-        let now = SystemTime::now();
-        let age = meta.clock.current_age(now);
+        let age = meta.clock.current_age(SystemTime::now());
+        let (code, headers, plan) = match self.head(parts, &meta, age, &status) {
+            Head::Done(resp) => return resp,
+            Head::Body {
+                code,
+                headers,
+                plan,
+            } => (code, headers, plan),
+        };
+        let mut files = None;
+        let body = if parts.method == Method::HEAD {
+            body::empty()
+        } else if let Some((b, f)) = first
+            .is_none()
+            .then(|| stream::from_memory(self, &meta, &plan))
+            .flatten()
+        {
+            files = f;
+            b
+        } else if let Some(range) = plan.single() {
+            stream::inline(self.clone(), meta, origin, clone_parts(parts), range, first)
+        } else {
+            stream::spawn(self.clone(), meta, origin, clone_parts(parts), plan, first)
+        };
+        let mut resp = with_head(body, code, headers);
+        if let Some(f) = files {
+            // For a writer that can send file ranges (the HTTP/1.1 fast path); others ignore it.
+            resp.extensions_mut().insert(f);
+        }
+        resp
+    }
+
+    /// The head of the answer to `parts` from `meta` (of age `age`): a whole response when it
+    /// has no body from the object (304, 416), else the status, fields and body plan.
+    fn head(&self, parts: &Parts, meta: &ObjectMeta, age: u64, status: &CacheStatus) -> Head {
         if meta.status == StatusCode::OK && not_modified(&parts.headers, &meta.headers) {
             let mut resp = Response::new(body::empty());
             *resp.status_mut() = StatusCode::NOT_MODIFIED;
@@ -485,8 +572,8 @@ impl Inner {
                     resp.headers_mut().append(name.clone(), v.clone());
                 }
             }
-            finish_head(resp.headers_mut(), age, &status);
-            return resp;
+            finish_head(resp.headers_mut(), age, status);
+            return Head::Done(resp);
         }
         let mut headers = meta.headers.clone();
         let mut code = meta.status;
@@ -510,8 +597,8 @@ impl Inner {
                             header::CONTENT_RANGE,
                             HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"),
                         );
-                        finish_head(resp.headers_mut(), age, &status);
-                        return resp;
+                        finish_head(resp.headers_mut(), age, status);
+                        return Head::Done(resp);
                     }
                     Some(RangeOutcome::Partial(ranges)) if ranges.len() == 1 => {
                         code = StatusCode::PARTIAL_CONTENT;
@@ -549,31 +636,31 @@ impl Inner {
             }
             (_, None) => Plan::until_end(),
         };
-        finish_head(&mut headers, age, &status);
-        let mut files = None;
-        let body = if parts.method == Method::HEAD {
-            body::empty()
-        } else if let Some((b, f)) = first
-            .is_none()
-            .then(|| stream::from_memory(self, &meta, &plan))
-            .flatten()
-        {
-            files = f;
-            b
-        } else if let Some(range) = plan.single() {
-            stream::inline(self.clone(), meta, origin, clone_parts(parts), range, first)
-        } else {
-            stream::spawn(self.clone(), meta, origin, clone_parts(parts), plan, first)
-        };
-        let mut resp = Response::new(body);
-        *resp.status_mut() = code;
-        *resp.headers_mut() = headers;
-        if let Some(f) = files {
-            // For a writer that can send file ranges (the HTTP/1.1 fast path); others ignore it.
-            resp.extensions_mut().insert(f);
+        finish_head(&mut headers, age, status);
+        Head::Body {
+            code,
+            headers,
+            plan,
         }
-        resp
     }
+}
+
+/// What a stored object answers a request with, before its body.
+enum Head {
+    /// No body from the object: 304 or 416.
+    Done(Response<Body>),
+    Body {
+        code: StatusCode,
+        headers: HeaderMap,
+        plan: Plan,
+    },
+}
+
+fn with_head(body: Body, code: StatusCode, headers: HeaderMap) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = code;
+    *resp.headers_mut() = headers;
+    resp
 }
 
 enum Revalidated {
@@ -585,7 +672,9 @@ enum Revalidated {
 
 fn finish_head(headers: &mut HeaderMap, age: u64, status: &CacheStatus) {
     headers.insert(header::AGE, age.into());
-    if let Ok(v) = HeaderValue::from_str(&status.render(CACHE_NAME)) {
+    // The rendered string becomes the value as it is (no second copy).
+    let rendered = bytes::Bytes::from(status.render(CACHE_NAME));
+    if let Ok(v) = HeaderValue::from_maybe_shared(rendered) {
         headers.insert(CACHE_STATUS.clone(), v);
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::atomic::Counter;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use sluice_http::hop;
+use sluice_http::{forwarded, hop};
 use tokio::time::Instant;
 
 use super::access_log::Entry;
@@ -14,7 +14,9 @@ use super::body::{BodySlot, Counted, OnDone, ResponseBody};
 use super::budget::RetryBudget;
 use super::fast::{FastClient, FastRequest, Served};
 use super::fast_write::{write_response, Meters};
-use super::forward::{attempts, hash_key, rewrite_path, Downstream, FetchError, UpstreamHead};
+use super::forward::{
+    attempts, hash_key, rewrite_path, upstream_host, Downstream, FetchError, UpstreamHead,
+};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::cache::cluster::{relay::Local, RelayRequest};
@@ -46,15 +48,21 @@ impl CacheTarget {
         reverse.cache.as_ref()?;
         route.cache_policy.as_ref()?;
         let mut pq = rewrite_path(&route.config, path);
-        if let Some(q) = uri.query() {
-            pq.push('?');
-            pq.push_str(q);
-        }
+        let target = if uri.scheme().is_none() && uri.authority().is_none() && pq == uri.path() {
+            // Origin form, not rewritten: the client's target as it is (no second parse).
+            uri.clone()
+        } else {
+            if let Some(q) = uri.query() {
+                pq.push('?');
+                pq.push_str(q);
+            }
+            pq.parse().ok()?
+        };
         let host = down.host.as_deref().unwrap_or("").to_ascii_lowercase();
         Some(CacheTarget {
             scope: scope(&route.name, &host),
             host,
-            target: pq.parse().ok()?,
+            target,
         })
     }
 }
@@ -62,7 +70,10 @@ impl CacheTarget {
 /// The part of a cache key before the target: the route's name and the host, each prefixed by
 /// its length.
 fn scope(route: &str, host: &str) -> String {
-    format!("{}:{route}{}:{host}", route.len(), host.len())
+    use std::fmt::Write;
+    let mut s = String::with_capacity(route.len() + host.len() + 8);
+    let _ = write!(s, "{}:{route}{}:{host}", route.len(), host.len());
+    s
 }
 
 /// Whether `method` goes through the cache (or to its purge) rather than straight upstream.
@@ -132,6 +143,13 @@ impl Reverse {
         // In a cache cluster, a request a peer relayed (a valid hop marker) is served here; a
         // client's marker is removed and counts for nothing.
         let cluster = cache.cluster().cloned();
+        if cluster.is_none() && parts.method.as_str() != "PURGE" {
+            let mut resp = self
+                .cached_alone(route, cache, policy, parts, down, t, &key)
+                .await;
+            self.response_fields(route, resp.headers_mut(), Version::HTTP_11);
+            return resp;
+        }
         let relay = cluster.as_ref().map(|c| {
             let authority = parts
                 .headers
@@ -236,6 +254,45 @@ impl Reverse {
             self.response_fields(route, resp.headers_mut(), Version::HTTP_11);
         }
         resp
+    }
+
+    /// A GET or HEAD on a cache of its own (no cluster). A fresh hit whose body is in memory is
+    /// answered from the client's fields as the upstream would get them, before anything only an
+    /// origin request needs is made: this hop's forwarding fields (unless the object varies on
+    /// one), the origin. Anything else goes on to [`Cache::serve`] with those fields added.
+    #[allow(clippy::too_many_arguments)]
+    async fn cached_alone(
+        &self,
+        route: &Arc<Route>,
+        cache: &Cache,
+        policy: &FreshnessPolicy,
+        mut parts: http::request::Parts,
+        down: &Downstream,
+        t: CacheTarget,
+        key: &CacheKey,
+    ) -> Response<Body> {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let balance = hash_key(route, target, &parts.headers, down);
+        let has_authority = parts.uri.authority().is_some();
+        let headers = std::mem::take(&mut parts.headers);
+        let (headers, client_host) =
+            self.upstream_fields(route, headers, down, parts.version, false);
+        let mut cparts = Request::new(()).into_parts().0;
+        cparts.method = parts.method;
+        cparts.uri = t.target;
+        cparts.version = parts.version;
+        cparts.headers = headers;
+        if let Some(resp) = cache.serve_fresh(&cparts, key, policy, &forwarded::FIELDS) {
+            return resp;
+        }
+        self.add_forwarding(route, &mut cparts.headers, down, parts.version);
+        let origin: Arc<dyn Origin> = Arc::new(RouteOrigin {
+            budget: self.budget.clone(),
+            route: route.clone(),
+            host: upstream_host(route, down, has_authority, client_host),
+            balance,
+        });
+        cache.serve(&cparts, key, origin, policy).await
     }
 
     /// Serves a GET or HEAD on a caching route from the HTTP/1.1 fast path (`server::h1fast`)

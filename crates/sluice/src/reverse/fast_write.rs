@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::atomic::Counter;
+use bytes::Bytes;
 use futures_util::FutureExt;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
@@ -22,6 +23,8 @@ use crate::cache::shm::{FileBody, Piece};
 /// A frame up to this size goes out in one write with what precedes it (the head, a chunk
 /// header); a larger one is written on its own rather than copied.
 const JOIN_MAX: usize = 16 * 1024;
+/// At most this many body frames go into one vectored write (well under `IOV_MAX`).
+const GATHER_MAX: usize = 64;
 
 /// How the body is framed on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -69,7 +72,7 @@ pub async fn write_response<W: FastClient>(
         Framing::None => client.write_all(&out).await,
         Framing::Length(n) => match files.filter(|f| f.total() == n && client.socket().is_some()) {
             Some(f) => send_pieces(client, out, f, meters).await,
-            None => send_frames(client, out, body, Some(n), meters).await,
+            None => send_counted(client, out, body, n, meters).await,
         },
         Framing::Chunked => send_frames(client, out, body, None, meters).await,
     };
@@ -207,6 +210,111 @@ async fn send_frames<W: FastClient>(
         Some(n) if sent != n => Err(io::Error::other("body shorter than its length")),
         _ => Ok(()),
     }
+}
+
+/// A counted body: what is ready goes out at once with what precedes it (the head) in vectored
+/// writes, none of it copied (a hit from memory: the head and every slice in as few `writev`s
+/// as the socket takes); a body that must wait (a fill still reading the origin) has what it
+/// gave so far written first. The body must be exactly `length` bytes to be complete.
+async fn send_counted<W: FastClient>(
+    client: &mut W,
+    mut head: Vec<u8>,
+    mut body: Body,
+    length: u64,
+    meters: Meters<'_>,
+) -> io::Result<()> {
+    let mut sent = 0u64;
+    let mut ready: Vec<Bytes> = Vec::new();
+    loop {
+        let mut ended = false;
+        // Everything ready now, up to a bounded batch.
+        while ready.len() < GATHER_MAX {
+            let next = match body.frame().now_or_never() {
+                Some(next) => next,
+                None if head.is_empty() && ready.is_empty() => body.frame().await,
+                None => break,
+            };
+            match next {
+                None => {
+                    ended = true;
+                    break;
+                }
+                Some(Err(e)) => return Err(io::Error::other(e.to_string())),
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    sent += data.len() as u64;
+                    if sent > length {
+                        return Err(io::Error::other("body longer than its length"));
+                    }
+                    ready.push(data);
+                }
+            }
+        }
+        write_gathered(client, &head, &ready, meters).await?;
+        head.clear();
+        ready.clear();
+        if ended {
+            break;
+        }
+    }
+    if sent != length {
+        return Err(io::Error::other("body shorter than its length"));
+    }
+    Ok(())
+}
+
+/// Writes `head` and then `bufs` with vectored writes, counting the body bytes of each write.
+async fn write_gathered<W: FastClient>(
+    client: &mut W,
+    head: &[u8],
+    bufs: &[Bytes],
+    meters: Meters<'_>,
+) -> io::Result<()> {
+    // The bytes of `head` not yet written, then those of `bufs[at]` from `off` onwards.
+    let mut head_left = head.len();
+    let (mut at, mut off) = (0, 0);
+    // On the stack: a write takes the head and up to `IOV` slices; the rest go in later ones.
+    const IOV: usize = 16;
+    let mut iov = [io::IoSlice::new(&[]); IOV + 1];
+    while head_left > 0 || at < bufs.len() {
+        let mut k = 0;
+        if head_left > 0 {
+            iov[k] = io::IoSlice::new(&head[head.len() - head_left..]);
+            k += 1;
+        }
+        for (i, b) in bufs[at..].iter().take(IOV).enumerate() {
+            iov[k] = io::IoSlice::new(if i == 0 { &b[off..] } else { b });
+            k += 1;
+        }
+        let mut n = client.write_vectored(&iov[..k]).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "write sent nothing",
+            ));
+        }
+        let from_head = n.min(head_left);
+        head_left -= from_head;
+        n -= from_head;
+        meters.count(n as u64);
+        while n > 0 {
+            let left = bufs[at].len() - off;
+            if n < left {
+                off += n;
+                n = 0;
+            } else {
+                n -= left;
+                at += 1;
+                off = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pieces of a memory-tier hit: bytes written, file ranges sent with `sendfile`.

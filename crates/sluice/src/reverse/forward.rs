@@ -218,49 +218,13 @@ impl Reverse {
         &self,
         route: &Route,
         req: ClientHead<'_>,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         path: &str,
         down: &Downstream,
         upgrade: bool,
     ) -> Result<UpstreamHead, ProxyError> {
-        hop::strip_hop_by_hop(&mut headers, true);
-        if !route.config.underscores_in_headers {
-            fields::strip_underscored(&mut headers);
-        }
-        if !route.config.override_headers {
-            fields::strip_overrides(&mut headers);
-        }
-        // sluice's own purge credential is never an origin's business.
-        headers.remove(PURGE_KEY);
-        // The client's Host is sent on as it came (no copy) when the host the route saw is it,
-        // i.e. the request had no authority in its target.
-        let client_host = headers.remove(header::HOST);
-        // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
-        // which is once an upstream connection is ready) and streams the body; the upstream never
-        // needs to.
-        headers.remove(header::EXPECT);
-        let version = match req.version {
-            Version::HTTP_2 => "2",
-            Version::HTTP_3 => "3",
-            Version::HTTP_10 => "1.0",
-            _ => "1.1",
-        };
-        let hop_info = forwarded::Hop {
-            peer: down.peer.ip(),
-            trusted: down.trusted,
-            client: Some(down.client_ip).filter(|ip| !ip.is_unspecified()),
-            proto: if down.secure { "https" } else { "http" },
-            host: down.host.as_deref(),
-            forwarded: self.settings.forwarded,
-            via: self.settings.via.then_some(("sluice", version)),
-        };
-        forwarded::apply(&mut headers, &hop_info);
-        for name in &route.req_remove {
-            headers.remove(name);
-        }
-        for (name, value) in &route.req_add {
-            headers.insert(name.clone(), value.clone());
-        }
+        let (mut headers, client_host) =
+            self.upstream_fields(route, headers, down, req.version, true);
         if upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
@@ -292,12 +256,77 @@ impl Reverse {
             path_and_query,
             headers,
             upgrade,
-            host: match (&down.host, route.config.preserve_host) {
-                (Some(_), true) if !req.has_authority && client_host.is_some() => client_host,
-                (Some(h), true) => HeaderValue::from_str(h).ok(),
-                _ => None,
-            },
+            host: upstream_host(route, down, req.has_authority, client_host),
         })
+    }
+
+    /// The client's `headers` as the upstream gets them (hop-by-hop, underscored and override
+    /// fields, sluice's purge credential, `Host` and `Expect` taken out, the route's removals and
+    /// additions made), with this hop's forwarding fields when `forwarding` (else
+    /// [`Reverse::add_forwarding`] adds them later, as if they had been). Also returns the
+    /// client's `Host`.
+    pub(super) fn upstream_fields(
+        &self,
+        route: &Route,
+        mut headers: HeaderMap,
+        down: &Downstream,
+        version: Version,
+        forwarding: bool,
+    ) -> (HeaderMap, Option<HeaderValue>) {
+        hop::strip_hop_by_hop(&mut headers, true);
+        if !route.config.underscores_in_headers {
+            fields::strip_underscored(&mut headers);
+        }
+        if !route.config.override_headers {
+            fields::strip_overrides(&mut headers);
+        }
+        // sluice's own purge credential is never an origin's business.
+        headers.remove(PURGE_KEY);
+        // The client's Host is sent on as it came (no copy) when the host the route saw is it,
+        // i.e. the request had no authority in its target.
+        let client_host = headers.remove(header::HOST);
+        // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
+        // which is once an upstream connection is ready) and streams the body; the upstream never
+        // needs to.
+        headers.remove(header::EXPECT);
+        if forwarding {
+            forwarded::apply(&mut headers, &self.hop_info(down, version));
+        }
+        route_edits(route, &mut headers);
+        (headers, client_host)
+    }
+
+    /// Adds this hop's forwarding fields to fields made by [`Reverse::upstream_fields`] without
+    /// them: the same fields as if they had been added there (each forwarding field depends only
+    /// on its own prior value, and the route's edits, made again, still have the last word).
+    pub(super) fn add_forwarding(
+        &self,
+        route: &Route,
+        headers: &mut HeaderMap,
+        down: &Downstream,
+        version: Version,
+    ) {
+        forwarded::apply(headers, &self.hop_info(down, version));
+        route_edits(route, headers);
+    }
+
+    /// What `forwarded::apply` needs to know of this hop.
+    fn hop_info<'a>(&'a self, down: &'a Downstream, version: Version) -> forwarded::Hop<'a> {
+        let version = match version {
+            Version::HTTP_2 => "2",
+            Version::HTTP_3 => "3",
+            Version::HTTP_10 => "1.0",
+            _ => "1.1",
+        };
+        forwarded::Hop {
+            peer: down.peer.ip(),
+            trusted: down.trusted,
+            client: Some(down.client_ip).filter(|ip| !ip.is_unspecified()),
+            proto: if down.secure { "https" } else { "http" },
+            host: down.host.as_deref(),
+            forwarded: self.settings.forwarded,
+            via: self.settings.via.then_some(("sluice", version)),
+        }
     }
 
     fn respond(
@@ -801,6 +830,30 @@ impl<'a> ClientHead<'a> {
             query: parts.uri.query(),
             has_authority: parts.uri.authority().is_some(),
         }
+    }
+}
+
+/// The route's request field removals, then its additions.
+fn route_edits(route: &Route, headers: &mut HeaderMap) {
+    for name in &route.req_remove {
+        headers.remove(name);
+    }
+    for (name, value) in &route.req_add {
+        headers.insert(name.clone(), value.clone());
+    }
+}
+
+/// The `Host` the upstream gets when the route preserves it (`None`: the server's own).
+pub(super) fn upstream_host(
+    route: &Route,
+    down: &Downstream,
+    has_authority: bool,
+    client_host: Option<HeaderValue>,
+) -> Option<HeaderValue> {
+    match (&down.host, route.config.preserve_host) {
+        (Some(_), true) if !has_authority && client_host.is_some() => client_host,
+        (Some(h), true) => HeaderValue::from_str(h).ok(),
+        _ => None,
     }
 }
 
