@@ -164,7 +164,7 @@ fn tls_config(route: &RouteConfig, h1_only: bool) -> anyhow::Result<Arc<ClientCo
             roots.add(cert.map_err(|e| anyhow::anyhow!("tls_ca {}: {e}", path.display()))?)?;
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crate::crypto::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
