@@ -944,7 +944,6 @@ mod tests {
     #[test]
     fn an_idle_connection_task_stays_small() {
         let size = std::mem::size_of::<task::Connection<Unused>>();
-        eprintln!("task::Connection: {size} bytes");
         assert!(size <= 152, "a connection's task grew to {size} bytes");
     }
 }

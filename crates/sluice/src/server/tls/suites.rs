@@ -24,8 +24,8 @@ const ORDER: &[SupportedCipherSuite] = &[
     suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 ];
 
-/// The build's provider (`crate::crypto`) with the suites in the server's order (set `ignore_client_order` on the
-/// config that uses it).
+/// The build's provider (`crate::crypto`) with the suites in the server's order (set
+/// `ignore_client_order` on the config that uses it).
 pub fn provider() -> CryptoProvider {
     CryptoProvider {
         cipher_suites: ORDER.to_vec(),
