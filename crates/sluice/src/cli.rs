@@ -360,8 +360,12 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("cache", cfg!(feature = "cache")),
     ("tcp", cfg!(feature = "tcp")),
     ("tls", cfg!(feature = "tls")),
+    ("aws-lc", cfg!(feature = "aws-lc")),
+    ("ring", cfg!(feature = "ring")),
     ("dns", cfg!(feature = "dns")),
     ("http2", cfg!(feature = "http2")),
+    ("http3", cfg!(feature = "http3")),
+    ("acme", cfg!(feature = "acme")),
     ("multi-thread", cfg!(feature = "multi-thread")),
     ("jemalloc", cfg!(feature = "jemalloc")),
 ];
