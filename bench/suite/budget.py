@@ -260,9 +260,10 @@ def bound_by(quota_use, client_pct, origin_pct, core_busy):
 
 
 def summarize_budget(cells, sluice, quota_pct):
-    """Per peer and cell: median req/s, MB/s, CPU µs per request, the proxy's share of its quota,
-    the client's and the origin's CPU, which side bound the cell, the rounds' req/s; per rival:
-    the median of sluice's paired per-round ratios."""
+    """Per peer and cell: median req/s, MB/s, CPU µs per request, the kernel's share of it, the
+    proxy's share of its quota, the client's and the origin's CPU, which side bound the cell,
+    the rounds' req/s and CPU per request; per rival: sluice's paired per-round ratios (req/s and
+    CPU per request, round k against round k) and the median of the req/s ones."""
     rows = []
     labels = []
     for peer in cells.values():
@@ -290,11 +291,14 @@ def summarize_budget(cells, sluice, quota_pct):
                                  and r.get("elapsed_s")])
             rps = _median([r["rps"] for r in ok])
             cpu = _median([r.get("cpu_us_per_request") for r in ok])
+            kernel = window("cgroup_sys_pct")
             size = runs[0].get("bytes")
             bound = bound_by(quota_use, client, origin, core)
             row = {"peer": name, "cell": label, "status": "ok" if ok else runs[0]["failed"],
                    "rps": rps, "rounds_rps": [r.get("rps") for r in runs],
                    "cpu_us_per_req": cpu,
+                   "rounds_cpu": [r.get("cpu_us_per_request") for r in runs],
+                   "kernel_pct": kernel,
                    "mb_per_s": rps * size / 1e6 if rps is not None and size else None,
                    # CPU seconds per GB (10^9 bytes) delivered.
                    "cpu_s_per_gb": cpu * 1e-6 * 1e9 / size if cpu is not None and size else None,
@@ -304,9 +308,15 @@ def summarize_budget(cells, sluice, quota_pct):
                    "origin_cpu_pct": origin, "quota_use_pct": quota_use, "bound": bound,
                    "client_bound": bound == "client"}
             if name != sluice and mine:
-                ratios = [a["rps"] / b["rps"] for a, b in zip(mine, runs)
-                          if "failed" not in a and "failed" not in b and b["rps"] > 0]
+                pairs = [(a, b) for a, b in zip(mine, runs)
+                         if "failed" not in a and "failed" not in b]
+                ratios = [a["rps"] / b["rps"] for a, b in pairs if b["rps"] > 0]
                 row["sluice_ratio"] = _median(ratios)
+                row["sluice_ratios"] = ratios
+                # Round k's CPU per request, sluice's over this proxy's (< 1: sluice cheaper).
+                row["sluice_cpu_ratios"] = [
+                    a["cpu_us_per_request"] / b["cpu_us_per_request"] for a, b in pairs
+                    if a.get("cpu_us_per_request") and b.get("cpu_us_per_request")]
             rows.append(row)
     return rows
 
@@ -355,9 +365,11 @@ def raise_nofile_for_children():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def idle_memory(ctx, starters, origin, file, levels, h2=False, variant=None):
+def idle_memory(ctx, starters, origin, file, levels, h2=False, variant=None, client_procs=1):
     """USS growth per idle keep-alive connection through each peer: `levels` (cumulative)
-    clients, each after one request for `file`, spread over 8 source addresses."""
+    clients, each after one request for `file`, spread over 8 source addresses and over
+    `client_procs` load-client processes (each needs one descriptor per connection, and none
+    may hold more than the hard open-file limit)."""
     variant = variant or {}
     nofile = raise_nofile_for_children()
     rows = []
@@ -370,7 +382,8 @@ def idle_memory(ctx, starters, origin, file, levels, h2=False, variant=None):
         try:
             url = f"http://127.0.0.1:{peer.port}/{os.path.basename(file[0])}"
             args = ["idle", "--url", url, "--expect-len", str(file[1]), "--levels",
-                    ",".join(map(str, levels)), "--pid", str(peer.pid)]
+                    ",".join(map(str, levels)), "--pid", str(peer.pid),
+                    "--procs", str(client_procs)]
             if h2:
                 args.append("--h2")
             r = ctx.loadgen(args, timeout=600)
@@ -393,14 +406,68 @@ def instructions_note():
     return "callgrind"
 
 
+def callgrind_self_costs(path):
+    """Self (exclusive) `Ir` per function of one callgrind dump, and the dump's total: read from
+    the file itself (cost lines under each `fn=`, less the inclusive cost lines that follow a
+    `calls=` line), so no `callgrind_annotate` version's defaults or thresholds are involved."""
+    names = {}
+    costs = {}
+    fn = None
+    after_call = False
+    total = None
+
+    def name_of(value):
+        # Name compression: "(12) name" defines 12, "(12)" refers to it.
+        value = value.strip()
+        if value.startswith("("):
+            ref, _, rest = value.partition(")")
+            rest = rest.strip()
+            if rest:
+                names[ref] = rest
+            return names.get(ref, value)
+        return value
+
+    with open(path, errors="replace") as f:
+        for line in f:
+            c = line[:1]
+            if c.isdigit() or c in "+-*":
+                if after_call:
+                    after_call = False
+                    continue
+                parts = line.split()
+                if fn is not None and len(parts) >= 2:
+                    try:
+                        costs[fn] = costs.get(fn, 0) + int(parts[-1])
+                    except ValueError:
+                        pass
+                continue
+            if line.startswith("fn="):
+                fn = name_of(line[3:])
+            elif line.startswith("cfn="):
+                name_of(line[4:])  # may define a name used later
+            elif line.startswith("calls="):
+                after_call = True
+            elif line.startswith(("summary:", "totals:")):
+                total = int(line.split()[1])
+    return costs, total
+
+
+def callgrind_top(path, n=12):
+    """The `n` functions with the most self `Ir` in a callgrind dump: [(share %, name)]."""
+    costs, total = callgrind_self_costs(path)
+    total = total or sum(costs.values()) or 1
+    top = sorted(costs.items(), key=lambda kv: -kv[1])[:n]
+    return [(f"{100 * v / total:.1f}", name[:140]) for name, v in top]
+
+
 def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests=200,
-                          scheme="http", extra=()):
+                          scheme="http", extra=(), top=12):
     """Instructions per request of one proxy's user-space path under callgrind: started under
     valgrind (`start(ctx, origin_port, cpus, wrapper=[...])`), warmed, its counters zeroed with
     `callgrind_control -z`, `requests` requests at c = 1, then dumped (`-d`): the dump's total
     `Ir` divided by the requests. Valgrind runs the program about 50× slower, so only a count,
-    never a time, is taken from it. `scheme` and `extra` (load-client arguments) pick a TLS cell;
-    the dump's path is kept in the result for `callgrind_annotate`."""
+    never a time, is taken from it. `scheme` and `extra` (load-client arguments) pick a TLS cell.
+    The result names the dump and, with `top`, the functions with the most self cost."""
     import glob
     import shutil
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
@@ -427,7 +494,13 @@ def callgrind_per_request(ctx, start, origin, file, requests=2000, warm_requests
                 if line.startswith(("summary:", "totals:")):
                     total = int(line.split()[1])
         done = r.get("ok", 0)
-        return {"status": "ok", "requests": done, "instructions": total, "dump": dumps[-1],
-                "instructions_per_request": total / done if total and done else None}
+        out = {"status": "ok", "requests": done, "instructions": total, "dump": dumps[-1],
+               "instructions_per_request": total / done if total and done else None}
+        if top:
+            try:
+                out["top"] = callgrind_top(dumps[-1], top)
+            except (OSError, ValueError, IndexError):
+                pass
+        return out
     finally:
         peer.stop()

@@ -95,6 +95,7 @@ def s2(ctx):
                                        [(small, "1 KB"), (mid, "64 KiB"), (big, "7 MB")], poll,
                                        sluice, small)
         out["callgrind"] = budget.callgrind_per_request(ctx, starters[sluice], origin, small)
+        out["callgrind"].pop("dump", None)
         if os.environ.get("BENCH_BUDGET_IDLE", "1") != "0":
             out["idle"] = idle(ctx, origin, small)
     finally:
@@ -105,14 +106,20 @@ def s2(ctx):
     return out
 
 
+# Connections one load-client process holds at most; above it the idle test adds processes.
+IDLE_PER_CLIENT = 10_000
+
+
 def idle(ctx, origin, small):
     """Memory per idle keep-alive connection, HTTP/1.1 and h2c, beside nginx and HAProxy."""
     nofile = budget.raise_nofile_for_children()
-    # HAProxy reserves two descriptors per connection (maxsock = 2 × maxconn) and refuses to
-    # start when the open-file limit is lower: where the hard limit is below 100,000 (a
-    # container without CAP_SYS_RESOURCE), the top level is what all three can hold.
+    # Every proxy needs a descriptor per idle client, and so does the load client. Where the
+    # hard open-file limit is below the wanted level (a container without CAP_SYS_RESOURCE
+    # cannot raise it), the top level is what one process can hold with room to spare, and
+    # the load client is spread over several processes, each under the limit.
     wanted = _params(ctx)["idle_levels"]
-    levels = sorted({min(lv, (nofile - 1000) // 2) for lv in wanted})
+    levels = sorted({min(lv, nofile - 1000) for lv in wanted})
+    client_procs = -(-max(levels) // min(IDLE_PER_CLIENT, nofile - 1000))
     big = max(levels) + 200
     starters = {
         # The same upstream keep-alive cap as nginx's `keepalive 256`: the ramp fills the pool,
@@ -122,14 +129,19 @@ def idle(ctx, origin, small):
         # worker_connections counts upstream connections too, and at the limit nginx closes
         # idle keep-alive clients to make room: twice the level keeps every client open.
         "nginx proxy_pass": functools.partial(peers.start_nginx_proxy, connections=2 * big),
+        # HAProxy reserves two descriptors per connection (maxsock = 2 × maxconn) and by default
+        # refuses to start when the limit is lower (`strict-limits`); an idle client holds one,
+        # since the upstream connections are pooled and shared.
         "HAProxy http": functools.partial(peers.start_haproxy_http, maxconn=big,
-                                          ulimit_n=nofile),
+                                          ulimit_n=nofile, strict_limits=False),
     }
     out = {"levels": levels, "wanted_levels": wanted, "nofile": nofile,
-           "load": budget.machine_load()}
-    out["http1"] = budget.idle_memory(ctx, starters, origin, small, levels)
+           "client_procs": client_procs, "load": budget.machine_load()}
+    out["http1"] = budget.idle_memory(ctx, starters, origin, small, levels,
+                                      client_procs=client_procs)
     h2 = {"nginx proxy_pass": {"h2c": True}, "HAProxy http": {"h2c": True}}
-    out["h2c"] = budget.idle_memory(ctx, starters, origin, small, levels, h2=True, variant=h2)
+    out["h2c"] = budget.idle_memory(ctx, starters, origin, small, levels, h2=True, variant=h2,
+                                    client_procs=client_procs)
     return out
 
 

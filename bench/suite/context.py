@@ -23,19 +23,21 @@ class Context:
         self.quick = quick
         self.pin = pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
         self.profile = profile
-        # BENCH_SLUICE_BIN and BENCH_SLUICE_ROUTER_BIN name binaries built elsewhere (with
-        # --no-build; not SLUICE_*, which sluice reads as config overrides).
+        # BENCH_SLUICE_BIN, BENCH_SLUICE_ROUTER_BIN and BENCH_LOADGEN_BIN name binaries built
+        # elsewhere (with --no-build; not SLUICE_*, which sluice reads as config overrides), so
+        # the load client can come from another build than the proxy under test.
         self.sluice_bin = os.environ.get("BENCH_SLUICE_BIN") or os.path.join(repo, "target", profile, "sluice")
         # The gateway-only build: scripts/build-router
         self.sluice_router_bin = (os.environ.get("BENCH_SLUICE_ROUTER_BIN")
                                   or os.path.join(repo, "target", "router", "sluice"))
-        self.loadgen_bin = os.path.join(repo, "target", profile, "sluice-loadgen")
+        self.loadgen_bin = (os.environ.get("BENCH_LOADGEN_BIN")
+                            or os.path.join(repo, "target", profile, "sluice-loadgen"))
         self._tmp = tempfile.mkdtemp(prefix="run-", dir=self._ensure(os.path.join(self.work, "tmp")))
         self.origin_workers = 1 if self.pin else 2
         self.proxy_threads = 1 if self.pin else 2
         self.files = {}
         self.commands = []  # exact commands, for the report
-        # `cgroup.procs` files each load-client run joins first (`budget.helpers_group`).
+        # `cgroup.procs` files each load-client run joins first (`budget.helper_groups`).
         self.client_cgroup = []
         # Load-client arguments naming the client's and the origin's cgroup usage files.
         self.meter_args = []

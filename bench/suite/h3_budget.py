@@ -4,8 +4,6 @@ requests/s, 7 MB MB/s, CPU µs per request, and callgrind's instructions per 1 K
 the functions they go to."""
 
 import functools
-import shutil
-import subprocess
 
 from . import budget, peers
 from .budget_runs import CLIENTS, QUOTA_PCT, _params
@@ -37,7 +35,7 @@ def h3(ctx):
     starters = {SLUICE: start}
     p = _params(ctx)
     origin = peers.start_origin(ctx, ctx.files_dir, ctx.origin_cpus)
-    helpers = budget.helpers_group(ctx, origin)
+    helpers = budget.helper_groups(ctx, origin)
     plan = []
     for f, size, cells in ((small, "1 KB", PROTOCOLS), (big, "7 MB", BIG)):
         for label, c, args in cells:
@@ -86,37 +84,12 @@ def compare(rows):
 
 def _callgrind(ctx, start, origin, file, cert, args, top=12):
     """Instructions per 1 KB request over one connection under callgrind, and the functions
-    (exclusive cost) that take most of them."""
+    (self cost) that take most of them."""
     r = budget.callgrind_per_request(ctx, start, origin, file, requests=400,
                                      warm_requests=50, scheme="https",
-                                     extra=["--ca", cert.ca, *args])
-    dump = r.pop("dump", None)
-    if dump and shutil.which("callgrind_annotate"):
-        try:
-            text = subprocess.run(["callgrind_annotate", "--inclusive=no", dump],
-                                  capture_output=True, text=True, timeout=300).stdout
-            r["top"] = _top(text, top)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+                                     extra=["--ca", cert.ca, *args], top=top)
+    r.pop("dump", None)
     return r
-
-
-def _top(text, n):
-    """The first `n` function lines of `callgrind_annotate`'s exclusive listing: (share %,
-    function)."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or not parts[0].replace(",", "").isdigit() or "(" not in parts[1]:
-            continue
-        if "PROGRAM TOTALS" in line or "libc-start" in line:
-            continue
-        share = parts[1].strip("()%")
-        name = " ".join(parts[2:])
-        out.append((share, name[:140]))
-        if len(out) == n:
-            break
-    return out
 
 
 def _f(v, digits=1):
@@ -144,7 +117,7 @@ def note(result):
                       for k, v in cg.items()) + "."]
         for k, v in cg.items():
             if v.get("top"):
-                lines += ["", f"Where {k}'s instructions go (exclusive, top "
+                lines += ["", f"Where {k}'s instructions go (self cost, top "
                           f"{len(v['top'])}):", ""]
                 lines += [f"- {share} % `{name}`" for share, name in v["top"]]
     return "\n".join(lines)

@@ -398,7 +398,8 @@ def _ports(upstream):
 def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False, tls=None):
     """nginx `proxy_pass`; `connections` is worker_connections (the idle test raises it), `h2c`
     makes the listener HTTP/2 by prior knowledge; `tls` (a `tls_budget.Certs`) makes it TLS with
-    HTTP/2 and 1.1 by ALPN, a shared session cache beside the default tickets."""
+    HTTP/2 and 1.1 by ALPN, TLS 1.2 and 1.3, a shared session cache beside the default
+    tickets."""
     nginx = ensure_binary("nginx")
     d = ctx.tempdir("nginx-proxy")
     port = procs.free_port()
@@ -409,6 +410,9 @@ def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False, tls
         listen_opts=" ssl http2" if tls else " http2" if h2c else "",
         server_extra="" if tls is None else (
             f"        ssl_certificate {tls.cert};\n        ssl_certificate_key {tls.key};\n"
+            # nginx 1.22 (Debian 12) still defaults to TLSv1 TLSv1.1 TLSv1.2; 1.23.4 added
+            # TLS 1.3 to the default. Offer what sluice and HAProxy offer.
+            "        ssl_protocols TLSv1.2 TLSv1.3;\n"
             "        ssl_session_cache shared:SSL:10m;\n")))
     argv = [nginx, "-p", d, "-c", conf]
     ctx.note(argv)
@@ -436,11 +440,12 @@ def start_varnish_pass(ctx, upstream_port, cpus):
 
 
 def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_polling=False,
-                       ulimit_n=None, tls=None):
+                       ulimit_n=None, tls=None, strict_limits=True):
     """HAProxy `mode http`; `maxconn` and `ulimit_n` (the idle test raises the one and pins the
-    other to the hard limit it may not exceed), `h2c` (`proto h2` on the bind), `busy_polling`
-    (its global `busy-polling`), `tls` (a `tls_budget.Certs`: `ssl crt` with ALPN h2 and
-    http/1.1; its session cache and tickets as shipped)."""
+    other to the hard limit it may not exceed; `strict_limits=False` lets HAProxy start when
+    that limit is below the two descriptors per connection it reserves), `h2c` (`proto h2` on
+    the bind), `busy_polling` (its global `busy-polling`), `tls` (a `tls_budget.Certs`: `ssl
+    crt` with ALPN h2 and http/1.1; its session cache and tickets as shipped)."""
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy-http")
     port = procs.free_port()
@@ -449,7 +454,8 @@ def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_p
     conf = _write(d, "haproxy.cfg", HAPROXY_HTTP.format(
         threads=ctx.proxy_threads, port=port, servers=servers, maxconn=maxconn,
         global_extra=("    busy-polling\n" if busy_polling else "")
-        + (f"    ulimit-n {ulimit_n}\n" if ulimit_n else ""),
+        + (f"    ulimit-n {ulimit_n}\n" if ulimit_n else "")
+        + ("" if strict_limits else "    no strict-limits\n"),
         bind_opts=(f" ssl crt {tls.combined} alpn h2,http/1.1" if tls
                    else " proto h2" if h2c else "")))
     argv = [haproxy, "-db", "-f", conf]

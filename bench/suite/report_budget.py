@@ -30,8 +30,8 @@ BOUND_LABEL = {"client": " (client-bound here)", "neither": " (neither side satu
 
 def _budget_table(rows, sluice, bytes_view=False):
     head = ["cell", "proxy", "req/s (median)"] + (["MB/s", "CPU s / GB"] if bytes_view else []) + [
-        "rounds", "CPU µs / req", "p99 ms", "quota used %", "client CPU %", "origin CPU %",
-        "core 0 busy %", f"{sluice} ÷ this (paired)", "errors"]
+        "rounds", "CPU µs / req", "kernel %", "p99 ms", "quota used %", "client CPU %",
+        "origin CPU %", "core 0 busy %", f"{sluice} ÷ this (paired)", "errors"]
     out = []
     for r in rows:
         if r.get("status") != "ok":
@@ -44,7 +44,7 @@ def _budget_table(rows, sluice, bytes_view=False):
                    + ([_f(r.get("mb_per_s"), 0), _f(r.get("cpu_s_per_gb"), 2)]
                       if bytes_view else [])
                    + [" / ".join(_f(x, 0) for x in r["rounds_rps"]),
-                      _f(r["cpu_us_per_req"]), _f(r["p99_ms"], 2),
+                      _f(r["cpu_us_per_req"]), _f(r.get("kernel_pct"), 0), _f(r["p99_ms"], 2),
                       _f(r.get("quota_use_pct"), 0), _f(r.get("client_cpu_pct"), 0),
                       _f(r.get("origin_cpu_pct"), 0), _f(r["client_core_busy_pct"], 0),
                       DASH if ratio is None else f"{ratio:.2f}×", r["errors"]])
@@ -77,15 +77,26 @@ def _coalesced_table(block):
     return table(head, out)
 
 
-def _handshake_line(handshakes):
-    """How many TLS handshakes each peer's run resumed, per cell that made new connections."""
-    parts = []
+def _handshake_table(handshakes):
+    """Per peer and cell: the TLS handshakes the load client made (warm-up included), how many
+    resumed, and which protocol version they settled on."""
+    out = []
     for peer, by_cell in handshakes.items():
         for cell, n in by_cell.items():
-            if n["full"] + n["resumed"] > 1000:
-                parts.append(f"{peer}, {cell.split(', ', 1)[-1]}: {n['resumed']:,} of "
-                             f"{n['full'] + n['resumed']:,} resumed")
-    return "TLS handshakes (warm-up included): " + "; ".join(parts) + "." if parts else ""
+            total = n["full"] + n["resumed"]
+            if not total:
+                continue
+            tls12 = n.get("tls12")
+            version = ("not counted" if tls12 is None else "TLS 1.3" if tls12 == 0
+                       else "TLS 1.2" if tls12 == total
+                       else f"TLS 1.2 in {tls12:,}, TLS 1.3 in {total - tls12:,}")
+            out.append([cell.split(", ", 1)[-1], peer, f"{total:,}", f"{n['resumed']:,}",
+                        version])
+    if not out:
+        return ""
+    return ("TLS handshakes the load client made in each cell (all rounds, warm-up included), "
+            "how many resumed a session, and the protocol version the server settled on:\n\n"
+            + table(["cell", "proxy", "handshakes", "resumed", "version"], out))
 
 
 def _open_table(rows):
@@ -145,6 +156,23 @@ def _bound_text(result):
             "budget-capped rate would be if the client kept up), not by req/s.")
 
 
+def _idle_limit(idle):
+    """Why the top level is below the one wanted, and how the load client was spread."""
+    wanted = max(idle.get("wanted_levels") or [0])
+    top = max(idle.get("levels") or [0])
+    procs = idle.get("client_procs") or 1
+    spread = (f"The load client ran as {procs} processes, each holding under "
+              f"{-(-top // procs):,} connections. " if procs > 1 else "")
+    if top >= wanted:
+        return spread
+    return (f"The top level is {top:,}, not {wanted:,}: this machine's hard open-file limit is "
+            f"{idle.get('nofile', 0):,} per process (`ulimit -Hn`), which a process without "
+            "CAP_SYS_RESOURCE (a container's default) cannot raise, and each proxy holds one "
+            "descriptor per idle client beside its upstream and listening sockets. "
+            "50,000 needs the limit raised for the proxy (`LimitNOFILE=` in a unit, or a "
+            "privileged container). " + spread)
+
+
 def _idle_run(idle):
     """The idle run's own date and commit when it was re-run apart from the rest."""
     run = idle.get("run")
@@ -153,9 +181,39 @@ def _idle_run(idle):
     return f"Run on its own {run['date']} at commit {run['commit']} ({run['branch']}). "
 
 
+def run_line(result):
+    """**Run:** which sluice build, quick or full, rounds × seconds, when, and the machine's load
+    before and after the section."""
+    p = result.get("params") or {}
+    shape = (f"{'quick' if result.get('quick') else 'full'} mode, {p.get('rounds', '?')} round(s) "
+             f"× {p.get('secs', '?')} s per cell")
+    if p.get("open_secs") and result.get("open_rates"):
+        shape += f", open loop {p['open_secs']} s per rate"
+    run = result.get("run")
+    meta = result.get("meta") or {}
+    if not run:
+        return (f"**Run:** {shape}; written {meta.get('date', '?')} from commit "
+                f"{meta.get('commit', '?')} (the build was not recorded).")
+    version = "; ".join(run.get("sluice_version") or []) or "no `--version` output"
+    took = result.get("seconds")
+    took = f", {took / 60:.0f} min" if took else ""
+    before, after = run.get("load_before") or {}, run.get("load_after") or {}
+    return (f"**Run:** sluice `{run['sluice_bin']}` ({version}; profile `{run['profile']}`), load "
+            f"client `{run['loadgen_bin']}`; {shape}; {run['started']} to "
+            f"{run.get('finished', '?')}{took}; load average {before.get('loadavg', '?')} before, "
+            f"{after.get('loadavg', '?')} after (whole machine {before.get('machine_busy_pct', '?')} "
+            f"% / {after.get('machine_busy_pct', '?')} % busy in the second before / after).")
+
+
+def _top_list(title, top, n=8):
+    if not top:
+        return []
+    return ["", title, ""] + [f"- {share} % `{name}`" for share, name in top[:n]]
+
+
 def render(result):
     sluice = result.get("sluice", "sluice")
-    md = [f"### {result['id']} under equal CPU budgets", "",
+    md = [f"### {result['id']} under equal CPU budgets", "", run_line(result), "",
           f"Each proxy, with all its threads and children, runs alone on core 1 in a CPU cgroup "
           f"capped at {result['quota_pct']} % of a core (v1 `cpu.cfs_quota_us`; `cpu.max` under "
           f"cgroup v2). The origin and the load client share core 0, each in a cgroup of its own "
@@ -164,7 +222,10 @@ def render(result):
           f"keep-alive connections, closed loop, {result['params']['rounds']} round(s) of "
           f"{result['params']['secs']} s, the proxies in a rotated order each round; medians; the "
           "ratio is the median of per-round paired ratios. CPU µs per request is the proxy "
-          "cgroup's own `cpuacct.usage` over the timed window divided by the requests answered. "
+          "cgroup's own `cpuacct.usage` over the timed window divided by the requests answered; "
+          "*kernel %* is the system-time share of that CPU (`cpuacct.usage_sys` over "
+          "`usage_sys` + `usage_user`, tick-sampled), since a small request's cost is mostly "
+          "the kernel's. "
           + _bound_text(result)
           + " Instructions per request: "
           + ("`perf stat`." if result.get("instructions") == "perf" else
@@ -179,13 +240,16 @@ def render(result):
         md += [f"**{title}** (closed loop). {_load(block.get('load'))}", "",
                _budget_table(block["rows"], sluice, result.get("bytes_view")), ""]
         if block.get("handshakes"):
-            md += [_handshake_line(block["handshakes"]), ""]
+            md += [_handshake_table(block["handshakes"]), ""]
     cg = result.get("callgrind")
     if cg:
         if cg.get("status") == "ok":
             md += [f"**Instructions per request** (callgrind, sluice's user-space path, 1 KB, "
                    f"c = 1, {cg['requests']:,} requests after a warm-up): "
-                   f"{_f(cg['instructions_per_request'], 0)}.", ""]
+                   f"{_f(cg['instructions_per_request'], 0)}."]
+            md += _top_list("Where they go (self cost, share of all instructions):",
+                            cg.get("top"))
+            md += [""]
         else:
             md += [f"**Instructions per request**: not measured ({cg.get('status')}).", ""]
     per_cell = result.get("callgrind_cells")
@@ -194,7 +258,12 @@ def render(result):
                "connection, after a warm-up): " + "; ".join(
                    f"{cell}: {_f(r.get('instructions_per_request'), 0)}"
                    if r.get("status") == "ok" else f"{cell}: not measured ({r.get('status')})"
-                   for cell, r in per_cell.items()) + ".", ""]
+                   for cell, r in per_cell.items()) + "."]
+        for cell, r in per_cell.items():
+            if result["id"] == "TLS" and ("resumed" in cell or "HTTP/2" in cell):
+                md += _top_list(f"Where the *{cell}* cell's instructions go (self cost):",
+                                r.get("top"))
+        md += [""]
     rates = result.get("open_rates")
     if rates:
         md += [f"**Open loop** at {', '.join(map(str, rates))} req/s (25/50/75 % of the slowest "
@@ -227,7 +296,8 @@ def render(result):
         md += ["**Memory per idle keep-alive connection**: clients spread over 127.0.0.2–9, "
                "each after one 1 KB request through the plain reverse route, then silent; USS "
                "growth of the proxy's process tree over its baseline (after one request), read "
-               f"once it settled. {_idle_run(idle)}{_load(idle.get('load'))}", "",
+               f"once it settled. {_idle_limit(idle)}{_idle_run(idle)}{_load(idle.get('load'))}",
+               "",
                "HTTP/1.1:", "", _idle_table(idle.get("http1", [])), "",
                "HTTP/2 by prior knowledge (h2c):", "", _idle_table(idle.get("h2c", [])), ""]
     return "\n".join(md).rstrip()
@@ -261,9 +331,20 @@ GOALS = {
 }
 
 
+def _rounds_text(ratios, goal):
+    """The paired per-round ratios' range, and whether they straddle the goal line."""
+    ratios = [x for x in ratios or [] if x]
+    if len(ratios) < 2:
+        return ""
+    lo, hi = min(ratios), max(ratios)
+    straddle = "; the rounds straddle the goal" if lo < goal <= hi else ""
+    return f" (rounds {lo:.2f}–{hi:.2f}×{straddle})"
+
+
 def _budget_verdict(by_peer, sluice, rivals, factor, by_cpu=False):
     """sluice against the best of `rivals` in one cell: by req/s when every proxy was the
-    bottleneck of its own run, else by CPU per request (requests per CPU-second)."""
+    bottleneck of its own run, else by CPU per request (requests per CPU-second). The paired
+    per-round ratios against that rival follow, with a note when they straddle the goal."""
     mine = by_peer.get(sluice, {})
     if mine.get("status") != "ok":
         return f"not shown (sluice: {mine.get('status', 'not run')})"
@@ -273,14 +354,18 @@ def _budget_verdict(by_peer, sluice, rivals, factor, by_cpu=False):
         return f"not shown ({why})"
     rows = [mine, *there]
     if not by_cpu and all(r.get("bound", "proxy") == "proxy" for r in rows):
-        best = max(r.get("rps") or 0 for r in there)
-        return _verdict(mine["rps"] / best if mine.get("rps") and best else None, factor)
-    best = min((r.get("cpu_us_per_req") or float("inf")) for r in there)
-    cpu = mine.get("cpu_us_per_req")
-    ratio = best / cpu if cpu and best != float("inf") else None
+        best = max(there, key=lambda r: r.get("rps") or 0)
+        ratio = mine["rps"] / best["rps"] if mine.get("rps") and best.get("rps") else None
+        return (_verdict(ratio, factor)
+                + _rounds_text(best.get("sluice_ratios"), factor))
+    best = min(there, key=lambda r: r.get("cpu_us_per_req") or float("inf"))
+    cpu, best_cpu = mine.get("cpu_us_per_req"), best.get("cpu_us_per_req")
+    ratio = best_cpu / cpu if cpu and best_cpu else None
     sides = ", ".join(sorted({r["peer"] for r in rows if r.get("bound") != "proxy"}))
     why = f" (not proxy-bound here: {sides})" if sides else ""
-    return f"{_verdict(ratio, factor)} by CPU per {'GB' if by_cpu else 'request'}{why}"
+    paired = [1 / x for x in best.get("sluice_cpu_ratios") or [] if x]
+    return (f"{_verdict(ratio, factor)} by CPU per {'GB' if by_cpu else 'request'}{why}"
+            + _rounds_text(paired, factor))
 
 
 def goal_rows(result):
@@ -363,9 +448,22 @@ JOBS = {"S1": "Media proxy, `/proxy/stream` 7 MiB", "S2": "HTTP reverse proxy",
 CEILINGS = ("nginx direct (ceiling)",)
 
 
+# Within this much of 1.0, CPU per request is called level, not cheaper or dearer.
+LEVEL_BAND = 0.05
+
+
+def cell_verdict(ratio, paired):
+    """"cheaper", "dearer" or "level" for sluice's CPU per request over a rival's: level when
+    the ratio is within ±5 % of 1.0 or the paired per-round ratios fall on both sides of 1.0."""
+    paired = [x for x in paired or [] if x]
+    if abs(ratio - 1) <= LEVEL_BAND or (paired and min(paired) < 1 < max(paired)):
+        return "level"
+    return "cheaper" if ratio < 1 else "dearer"
+
+
 def _cheapest_cells(result):
     """Per cell of the busy-polling-off (as shipped) tables: sluice's CPU per request over the
-    cheapest other proxy's, with that proxy's name."""
+    cheapest other proxy's, that proxy's name, and the paired per-round ratios against it."""
     sluice = result.get("sluice", "sluice")
     out = []
     for mode, block in result.get("budget", {}).items():
@@ -374,14 +472,15 @@ def _cheapest_cells(result):
         cells = {}
         for r in block["rows"]:
             if r.get("status") == "ok" and r.get("cpu_us_per_req"):
-                cells.setdefault(r["cell"], {})[r["peer"]] = r["cpu_us_per_req"]
-        for cell, cpu in cells.items():
-            mine = cpu.get(sluice)
-            rivals = {n: v for n, v in cpu.items() if n != sluice and n not in CEILINGS}
+                cells.setdefault(r["cell"], {})[r["peer"]] = r
+        for cell, by_peer in cells.items():
+            mine = by_peer.get(sluice)
+            rivals = {n: r for n, r in by_peer.items() if n != sluice and n not in CEILINGS}
             if mine is None or not rivals:
                 continue
-            best = min(rivals, key=rivals.get)
-            out.append((cell, mine / rivals[best], best))
+            best = min(rivals, key=lambda n: rivals[n]["cpu_us_per_req"])
+            ratio = mine["cpu_us_per_req"] / rivals[best]["cpu_us_per_req"]
+            out.append((cell, ratio, best, rivals[best].get("sluice_cpu_ratios") or []))
     return out
 
 
@@ -423,16 +522,34 @@ def render_summary(results):
         if not cells:
             lines.append(f"- **{job}** ({sid}): no cell with sluice and a rival measured.")
             continue
-        wins = sum(1 for _, ratio, _ in cells if ratio <= 1)
-        verdict = ("**yes**" if wins == len(cells) else "**no**" if wins == 0
-                   else f"**partly** (cheapest in {wins} of {len(cells)} cells)")
+        verdicts = [cell_verdict(ratio, paired) for _, ratio, _, paired in cells]
+        n = len(cells)
+        counts = {v: verdicts.count(v) for v in ("cheaper", "level", "dearer")}
+        if counts["cheaper"] == n:
+            verdict = "**yes**"
+        elif counts["dearer"] == n:
+            verdict = "**no**"
+        elif counts["level"] == n:
+            verdict = "**level**"
+        else:
+            verdict = "**mixed** (" + ", ".join(
+                f"{word} in {counts[key]} of {n} cells"
+                for key, word in (("cheaper", "cheapest"), ("level", "level"),
+                                  ("dearer", "dearer"))
+                if counts[key]) + ")"
         parts = []
-        for cell, ratio, best in cells:
-            if ratio <= 1:
+        for (cell, ratio, best, paired), v in zip(cells, verdicts):
+            rounds = (f", rounds {min(paired):.2f}–{max(paired):.2f}×" if len(paired) > 1
+                      else "")
+            if v == "level":
+                parts.append(f"{cell}: level with {best} ({ratio:.2f}× its CPU per request"
+                             f"{rounds})")
+            elif v == "cheaper":
                 parts.append(f"{cell}: {(1 - ratio) * 100:.0f} % less CPU per request than "
-                             f"{best}")
+                             f"{best} ({ratio:.2f}×{rounds})")
             else:
-                parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best}")
+                parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best} "
+                             f"({ratio:.2f}×{rounds})")
         quick = ", quick run" if r.get("quick") else ""
         lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + "."
                      + _missing_sentence(r) + _idle_sentence(r))
@@ -440,6 +557,8 @@ def render_summary(results):
         ["## Equal budgets: is sluice the cheapest to run?", "",
          "CPU per request (or per GB) of each proxy's cgroup, each alone on core 1 under the same "
          "quota, busy polling off (as every proxy ships), compared with the cheapest other "
-         "proxy in the same cell (nginx serving the file itself, a ceiling, is left out). The "
-         "tables per scenario are in its *under equal CPU budgets* section; the goals are "
-         "below.", ""] + lines)
+         "proxy in the same cell (nginx serving the file itself, a ceiling, is left out). "
+         "*Level* means within ±5 % of it, or cheaper in some rounds and dearer in others "
+         "(the ratios of round k against round k); the ratio is sluice's CPU over the "
+         "rival's. The tables per scenario are in its *under equal CPU budgets* section; the "
+         "goals are below.", ""] + lines)

@@ -113,8 +113,9 @@ def callgrind_cells(ctx, start, origin, file, cert, requests=1000):
 
 
 def _handshakes(cells):
-    """Per peer and cell, the share of handshakes that were resumptions (so a "resumed" cell
-    that fell back to full handshakes shows it)."""
+    """Per peer and cell, the handshakes that were resumptions (so a "resumed" cell that fell
+    back to full handshakes shows it) and those that settled on TLS 1.2 (so a server that did
+    not run TLS 1.3 shows it)."""
     out = {}
     for peer, by_cell in cells.items():
         for label, runs in by_cell.items():
@@ -122,5 +123,6 @@ def _handshakes(cells):
                 continue
             full = sum(r.get("tls_full_handshakes", 0) for r in runs)
             resumed = sum(r.get("tls_resumed_handshakes", 0) for r in runs)
-            out.setdefault(peer, {})[label] = {"full": full, "resumed": resumed}
+            tls12 = sum(r.get("tls12_handshakes", 0) for r in runs)
+            out.setdefault(peer, {})[label] = {"full": full, "resumed": resumed, "tls12": tls12}
     return out

@@ -209,6 +209,9 @@ pub struct Conn {
     /// TLS handshakes by kind.
     pub tls_full: u64,
     pub tls_resumed: u64,
+    /// TLS handshakes that settled on TLS 1.2 (the rest were TLS 1.3), so a report can say
+    /// which version each server ran.
+    pub tls12: u64,
     opened: bool,
     /// This connection's number in its pool: `{i}` in the target path is replaced by it, so each
     /// client of a round can ask for its own object.
@@ -262,6 +265,7 @@ impl Conn {
             reconnects: 0,
             tls_full: 0,
             tls_resumed: 0,
+            tls12: 0,
             opened: false,
             index,
             tls_config,
@@ -332,9 +336,13 @@ impl Conn {
             (Some(tls), Some(config)) => {
                 let connector = tokio_rustls::TlsConnector::from(config.clone());
                 let io = connector.connect(tls.server_name.clone(), stream).await?;
-                match io.get_ref().1.handshake_kind() {
+                let session = io.get_ref().1;
+                match session.handshake_kind() {
                     Some(rustls::HandshakeKind::Resumed) => self.tls_resumed += 1,
                     _ => self.tls_full += 1,
+                }
+                if session.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2) {
+                    self.tls12 += 1;
                 }
                 if self.target.h2_streams.is_some() {
                     let (sender, conn) =

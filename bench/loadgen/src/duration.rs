@@ -44,6 +44,8 @@ pub struct Report {
     /// TLS handshakes over the whole run (warm-up included), by kind.
     pub tls_full_handshakes: u64,
     pub tls_resumed_handshakes: u64,
+    /// Of those, the handshakes that settled on TLS 1.2 (the others were TLS 1.3).
+    pub tls12_handshakes: u64,
     pub usage: Option<Usage>,
     /// The proxy's cgroup CPU and the client core's busy share over the timed window.
     pub window: Window,
@@ -164,6 +166,7 @@ pub async fn run(url: &str, target: Arc<Target>, expect: Expect, cfg: Config) ->
         reconnects: pool.iter().map(|c| c.reconnects).sum(),
         tls_full_handshakes: pool.iter().map(|c| c.tls_full).sum(),
         tls_resumed_handshakes: pool.iter().map(|c| c.tls_resumed).sum(),
+        tls12_handshakes: pool.iter().map(|c| c.tls12).sum(),
         usage,
         cpu_us_per_request: window
             .cgroup_cpu_us

@@ -58,7 +58,10 @@ pub struct Report {
     pub url_path: String,
     pub baseline_uss_kb: u64,
     pub levels: Vec<Level>,
+    /// This process's open-file limit.
     pub nofile: u64,
+    /// Client processes the connections were spread over (this one and its helpers).
+    pub procs: usize,
     pub stopped_early: Option<String>,
 }
 
@@ -240,64 +243,131 @@ async fn open_one(cfg: Arc<Config>, n: usize, req: Arc<Vec<u8>>) -> Result<TcpSt
     Ok(stream)
 }
 
-pub async fn run(cfg: Config) -> Result<Report> {
-    if !cfg.addr.ip().is_loopback() {
-        bail!("refusing non-loopback target");
+/// Connections this process holds open: opened in parallel batches, each then held by its own
+/// task (`hold`), which counts it out when the server closes it.
+pub struct Holder {
+    cfg: Arc<Config>,
+    req: Arc<Vec<u8>>,
+    /// Connections attempted so far (open, closed since, or failed).
+    opened: usize,
+    open: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+}
+
+impl Holder {
+    pub fn new(cfg: Arc<Config>) -> Self {
+        let req = Arc::new(if cfg.h2 {
+            h2_request(&cfg)
+        } else {
+            h1_request(&cfg)
+        });
+        Holder {
+            cfg,
+            req,
+            opened: 0,
+            open: Arc::new(AtomicU64::new(0)),
+            failed: Arc::new(AtomicU64::new(0)),
+        }
     }
-    let biggest = cfg.levels.iter().copied().max().unwrap_or(0) as u64;
-    let nofile = raise_nofile(biggest + 1024);
-    if nofile < biggest + 64 {
-        bail!("open-file limit {nofile} is too low for {biggest} connections");
+
+    /// One exchange on a connection that is closed again (a warm server and a pooled upstream).
+    pub async fn warm(&self) -> Result<()> {
+        drop(open_one(self.cfg.clone(), 0, self.req.clone()).await?);
+        Ok(())
     }
-    let cfg = Arc::new(cfg);
-    let req = Arc::new(if cfg.h2 {
-        h2_request(&cfg)
-    } else {
-        h1_request(&cfg)
-    });
-    // One exchange first (a warm server and a pooled upstream), then the baseline.
-    let warm = open_one(cfg.clone(), 0, req.clone()).await?;
-    drop(warm);
-    let baseline = settled_uss(cfg.pid, cfg.settle).await;
-    let started = Instant::now();
-    let open = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let mut levels = Vec::new();
-    let mut opened = 0usize;
-    let mut stopped_early = None;
-    'levels: for &level in &cfg.levels {
-        let t0 = Instant::now();
-        while opened < level {
-            if started.elapsed() > cfg.max_secs {
-                stopped_early = Some(format!("time budget reached at {opened} connections"));
-                break 'levels;
+
+    pub fn attempted(&self) -> usize {
+        self.opened
+    }
+
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Opens connections until `target` were attempted; false when `deadline` came first.
+    pub async fn open_to(&mut self, target: usize, deadline: Instant) -> bool {
+        while self.opened < target {
+            if Instant::now() > deadline {
+                return false;
             }
-            let batch = (level - opened).min(cfg.parallel.max(1));
+            let batch = (target - self.opened).min(self.cfg.parallel.max(1));
             let mut tasks = Vec::with_capacity(batch);
-            for n in opened..opened + batch {
-                tasks.push(tokio::spawn(open_one(cfg.clone(), n, req.clone())));
+            for n in self.opened..self.opened + batch {
+                tasks.push(tokio::spawn(open_one(
+                    self.cfg.clone(),
+                    n,
+                    self.req.clone(),
+                )));
             }
-            opened += batch;
+            self.opened += batch;
             for t in tasks {
                 match t.await {
                     Ok(Ok(stream)) => {
-                        open.fetch_add(1, Ordering::Relaxed);
-                        tokio::spawn(hold(stream, cfg.h2, open.clone()));
+                        self.open.fetch_add(1, Ordering::Relaxed);
+                        tokio::spawn(hold(stream, self.cfg.h2, self.open.clone()));
                     }
                     _ => {
-                        failed.fetch_add(1, Ordering::Relaxed);
+                        self.failed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
         }
+        true
+    }
+}
+
+/// This process's part of `level` connections when `procs` processes share them (process
+/// `index`; the first process is 0).
+pub fn share(level: usize, index: usize, procs: usize) -> usize {
+    let procs = procs.max(1);
+    level * (index + 1) / procs - level * index / procs
+}
+
+/// Measures memory per idle connection at each level; the connections are spread over this
+/// process and `workers` (helper processes, `idle_workers`), so that no process needs more
+/// descriptors than its open-file limit allows.
+pub async fn run(cfg: Config, mut workers: crate::idle_workers::Workers) -> Result<Report> {
+    if !cfg.addr.ip().is_loopback() {
+        bail!("refusing non-loopback target");
+    }
+    let procs = workers.len() + 1;
+    let biggest = cfg.levels.iter().copied().max().unwrap_or(0);
+    let mine = share(biggest, 0, procs) as u64;
+    let nofile = raise_nofile(mine + 1024);
+    if nofile < mine + 64 {
+        bail!("open-file limit {nofile} is too low for {mine} connections");
+    }
+    let cfg = Arc::new(cfg);
+    let mut holder = Holder::new(cfg.clone());
+    holder.warm().await?;
+    let baseline = settled_uss(cfg.pid, cfg.settle).await;
+    let deadline = Instant::now() + cfg.max_secs;
+    let mut levels = Vec::new();
+    let mut stopped_early = None;
+    for &level in &cfg.levels {
+        let t0 = Instant::now();
+        workers.open_to(level)?;
+        let on_time = holder.open_to(share(level, 0, procs), deadline).await;
+        let theirs = workers.replies().await?;
+        if !on_time || theirs.stopped {
+            let attempted = holder.opened + theirs.attempted;
+            stopped_early = Some(format!("time budget reached at {attempted} connections"));
+            break;
+        }
         let open_secs = t0.elapsed().as_secs_f64();
         let uss = settled_uss(cfg.pid, cfg.settle).await;
-        let now_open = open.load(Ordering::Relaxed);
+        // The connections still open once the memory settled (the server may have closed some).
+        let theirs = workers.counts().await?;
+        let now_open = holder.open() + theirs.open;
         let growth = uss.saturating_sub(baseline);
         levels.push(Level {
             connections: level,
             open: now_open,
-            failed: failed.load(Ordering::Relaxed),
+            failed: holder.failed() + theirs.failed,
             uss_kb: uss,
             growth_kb: growth,
             kb_per_conn: if now_open > 0 {
@@ -308,6 +378,7 @@ pub async fn run(cfg: Config) -> Result<Report> {
             open_secs,
         });
     }
+    drop(workers);
     Ok(Report {
         mode: "idle",
         protocol: if cfg.h2 { "h2c" } else { "http/1.1" },
@@ -315,6 +386,7 @@ pub async fn run(cfg: Config) -> Result<Report> {
         baseline_uss_kb: baseline,
         levels,
         nofile,
+        procs,
         stopped_early,
     })
 }
@@ -322,6 +394,15 @@ pub async fn run(cfg: Config) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_add_up_to_the_level() {
+        for (level, procs) in [(19_000, 2), (5_000, 3), (7, 4), (0, 2), (10, 1)] {
+            let parts: Vec<usize> = (0..procs).map(|i| share(level, i, procs)).collect();
+            assert_eq!(parts.iter().sum::<usize>(), level);
+            assert!(parts.iter().max().unwrap() - parts.iter().min().unwrap() <= 1);
+        }
+    }
 
     #[test]
     fn h2_request_is_a_preface_settings_and_one_headers_frame() {

@@ -7,6 +7,7 @@
 //! - `duration`: closed-loop requests/s over c connections for T seconds
 //! - `rate`: an open loop at a fixed offered rate, latency from each scheduled send time
 //! - `idle`: memory per idle keep-alive connection (HTTP/1.1 or h2c), many source addresses
+//! - `idle_workers`: helper processes that hold part of the idle connections
 //! - `procstat`: CPU time and memory of a process tree over a window
 //! - `meter`: a CPU cgroup's own accounting and one core's busy share over a window
 //! - `stats`: latency percentiles
@@ -24,6 +25,7 @@ mod duration;
 mod gen;
 mod hls;
 mod idle;
+mod idle_workers;
 mod iptv;
 mod mcast;
 mod meter;
@@ -378,6 +380,13 @@ struct IdleArgs {
     max_secs: f64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Client processes to spread the connections over (this one measures; the others are
+    /// helpers it starts), so that none needs more descriptors than its open-file limit.
+    #[arg(long, default_value_t = 1)]
+    procs: usize,
+    /// Run as one of those helpers (started by the measuring process; commands on stdin).
+    #[arg(long, hide = true)]
+    worker: bool,
 }
 
 #[derive(Args)]
@@ -485,7 +494,14 @@ fn main() -> Result<()> {
                 pid: a.pid,
                 max_secs: secs(a.max_secs),
             };
-            let report = runtime(Some(a.threads))?.block_on(idle::run(cfg))?;
+            let rt = runtime(Some(a.threads))?;
+            if a.worker {
+                rt.block_on(idle_workers::serve(cfg))?;
+                return Ok(());
+            }
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            let workers = idle_workers::Workers::spawn(a.procs.max(1) - 1, &args)?;
+            let report = rt.block_on(idle::run(cfg, workers))?;
             serde_json::to_string_pretty(&report)?
         }
         Cmd::Sample(a) => {

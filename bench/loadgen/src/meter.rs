@@ -1,6 +1,8 @@
 //! Window meters for budget runs: CPU cgroups' own accounting (`cpuacct.usage` in nanoseconds
 //! under cgroup v1, `usage_usec` of `cpu.stat` under v2) for the proxy, the load client and the
-//! origin, and how busy one core was, from its line of /proc/stat.
+//! origin, the proxy's kernel share (`cpuacct.usage_sys` / `usage_user` beside v1's
+//! `cpuacct.usage`, `system_usec` / `user_usec` of v2's `cpu.stat`), and how busy one core was,
+//! from its line of /proc/stat.
 
 use serde::Serialize;
 use std::fs;
@@ -21,6 +23,9 @@ pub struct Spec {
 pub struct Window {
     /// CPU the cgroup used in the window, in microseconds (None without `--cgroup-usage`).
     pub cgroup_cpu_us: Option<f64>,
+    /// The kernel's share (0–100) of the proxy cgroup's CPU in the window: system time over
+    /// system + user time, as the cgroup splits them (tick-sampled, so coarse for short windows).
+    pub cgroup_sys_pct: Option<f64>,
     /// Busy share (0–100) of the client's core in the window (None without `--client-core`).
     pub client_core_busy_pct: Option<f64>,
     /// CPU the load client's own cgroup used, in % of one core over the window (None without
@@ -35,6 +40,7 @@ pub struct Meter {
     spec: Spec,
     started: Instant,
     cgroup_start: Option<u64>,
+    split_start: Option<(u64, u64)>,
     client_start: Option<u64>,
     origin_start: Option<u64>,
     core_start: Option<(u64, u64)>,
@@ -52,6 +58,31 @@ fn cgroup_ns(path: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix("usage_usec "))
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|us| us * 1000)
+}
+
+/// The cgroup's `(system, user)` time so far in nanoseconds, from the files beside its usage
+/// file: v1 `cpuacct.usage_sys` and `cpuacct.usage_user`, or v2 `cpu.stat`'s `system_usec` and
+/// `user_usec`.
+fn cgroup_split_ns(path: &str) -> Option<(u64, u64)> {
+    let file = std::path::Path::new(path);
+    if file.file_name()? == "cpu.stat" {
+        let text = fs::read_to_string(file).ok()?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|us| us * 1000)
+        };
+        return Some((field("system_usec ")?, field("user_usec ")?));
+    }
+    let read = |name: &str| -> Option<u64> {
+        fs::read_to_string(file.with_file_name(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("cpuacct.usage_sys")?, read("cpuacct.usage_user")?))
 }
 
 /// `(busy, total)` ticks of one core from /proc/stat.
@@ -84,6 +115,7 @@ impl Meter {
         let read = |p: &Option<String>| p.as_deref().and_then(cgroup_ns);
         Meter {
             cgroup_start: read(&spec.cgroup),
+            split_start: spec.cgroup.as_deref().and_then(cgroup_split_ns),
             client_start: read(&spec.client_cgroup),
             origin_start: read(&spec.origin_cgroup),
             core_start: spec.core.and_then(core_ticks),
@@ -97,6 +129,14 @@ impl Meter {
         let pct = |used: Option<u64>| used.map(|ns| ns as f64 * 100.0 / wall_ns);
         let cgroup_cpu_us =
             used_ns(self.spec.cgroup.as_deref(), self.cgroup_start).map(|ns| ns as f64 / 1e3);
+        let split_end = self.spec.cgroup.as_deref().and_then(cgroup_split_ns);
+        let cgroup_sys_pct = match (self.split_start, split_end) {
+            (Some((s0, u0)), Some((s1, u1))) => {
+                let (sys, user) = (s1.saturating_sub(s0), u1.saturating_sub(u0));
+                (sys + user > 0).then(|| sys as f64 * 100.0 / (sys + user) as f64)
+            }
+            _ => None,
+        };
         let client_cpu_pct = pct(used_ns(
             self.spec.client_cgroup.as_deref(),
             self.client_start,
@@ -113,6 +153,7 @@ impl Meter {
         };
         Window {
             cgroup_cpu_us,
+            cgroup_sys_pct,
             client_core_busy_pct,
             client_cpu_pct,
             origin_cpu_pct,
@@ -134,6 +175,10 @@ mod tests {
         let v2 = dir.join("cpu.stat");
         fs::write(&v2, "usage_usec 42\nuser_usec 40\nsystem_usec 2\n").unwrap();
         assert_eq!(cgroup_ns(v2.to_str().unwrap()), Some(42_000));
+        assert_eq!(cgroup_split_ns(v2.to_str().unwrap()), Some((2_000, 40_000)));
+        fs::write(dir.join("cpuacct.usage_sys"), "7\n").unwrap();
+        fs::write(dir.join("cpuacct.usage_user"), "9\n").unwrap();
+        assert_eq!(cgroup_split_ns(v1.to_str().unwrap()), Some((7, 9)));
         fs::remove_dir_all(&dir).unwrap();
     }
 
