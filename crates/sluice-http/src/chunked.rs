@@ -3,7 +3,8 @@
 //!
 //! Strict where a lenient reading could disagree with another parser about where the body ends:
 //! a chunk size is 1–16 hex digits, every line ends with CRLF, chunk data is followed by CRLF.
-//! Extensions are skipped (bounded), trailer fields are read and dropped (bounded).
+//! Extensions are skipped (bounded); trailer fields are bounded and either dropped or, with
+//! [`Decoder::decode_with_trailer`], kept as raw lines for [`parse_trailer`].
 
 /// Longest chunk-size line tail (extensions) and longest trailer section accepted.
 pub const MAX_LINE: usize = 4096;
@@ -19,6 +20,8 @@ pub enum ChunkedError {
     BadDataEnd,
     #[error("chunk extensions or trailer longer than {MAX_LINE} bytes")]
     TooLong,
+    #[error("trailer field is malformed")]
+    BadTrailer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,16 +85,33 @@ impl Decoder {
     /// bytes of `input` belong to the body; it stops at the body's end (what follows is the
     /// next message). An error is final.
     pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, ChunkedError> {
-        self.run(input, Some(out))
+        self.run(input, Some(out), None)
+    }
+
+    /// Like [`Decoder::decode`], also appending the trailer section's bytes (its field lines and
+    /// the empty line that ends it) to `trailer`, in the same pass: for a relay that passes the
+    /// trailer fields on ([`parse_trailer`] reads them once the body [`is_done`](Self::is_done)).
+    pub fn decode_with_trailer(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        trailer: &mut Vec<u8>,
+    ) -> Result<usize, ChunkedError> {
+        self.run(input, Some(out), Some(trailer))
     }
 
     /// Like [`Decoder::decode`] without keeping the body bytes: for a relay that passes the coded
     /// bytes on as they are and only needs to know where the body ends.
     pub fn skip(&mut self, input: &[u8]) -> Result<usize, ChunkedError> {
-        self.run(input, None)
+        self.run(input, None, None)
     }
 
-    fn run(&mut self, input: &[u8], mut out: Option<&mut Vec<u8>>) -> Result<usize, ChunkedError> {
+    fn run(
+        &mut self,
+        input: &[u8],
+        mut out: Option<&mut Vec<u8>>,
+        mut trailer: Option<&mut Vec<u8>>,
+    ) -> Result<usize, ChunkedError> {
         let mut at = 0;
         while at < input.len() {
             match self.state {
@@ -111,12 +131,38 @@ impl Decoder {
                 }
                 state => {
                     self.state = step(state, input[at])?;
+                    if let (State::Trailer { .. }, Some(t)) = (state, trailer.as_deref_mut()) {
+                        // Bounded: `step` refuses a trailer longer than `MAX_LINE`.
+                        t.push(input[at]);
+                    }
                     at += 1;
                 }
             }
         }
         Ok(at)
     }
+}
+
+/// The trailer fields of a chunked body as [`Decoder::decode_with_trailer`] kept them (empty
+/// when the body had none). More than 64 fields, or a field that is no valid name and value,
+/// is [`ChunkedError::BadTrailer`].
+pub fn parse_trailer(raw: &[u8]) -> Result<http::HeaderMap, ChunkedError> {
+    let mut fields = http::HeaderMap::new();
+    if raw.is_empty() || raw == b"\r\n" {
+        return Ok(fields);
+    }
+    let mut slots = [httparse::EMPTY_HEADER; 64];
+    let parsed = match httparse::parse_headers(raw, &mut slots) {
+        Ok(httparse::Status::Complete((_, parsed))) => parsed,
+        _ => return Err(ChunkedError::BadTrailer),
+    };
+    for f in parsed {
+        let name = http::HeaderName::from_bytes(f.name.as_bytes())
+            .map_err(|_| ChunkedError::BadTrailer)?;
+        let value = http::HeaderValue::from_bytes(f.value).map_err(|_| ChunkedError::BadTrailer)?;
+        fields.append(name, value);
+    }
+    Ok(fields)
 }
 
 fn hex(b: u8) -> Option<u64> {
@@ -257,6 +303,39 @@ mod tests {
             assert!(d.is_done(), "split at {split}");
             assert_eq!(first + second, end);
         }
+    }
+
+    #[test]
+    fn trailer_fields_are_kept_in_the_same_pass_however_split() {
+        let coded = b"3\r\nabc\r\n0\r\nGrpc-Status: 0\r\nx-sum: a b\r\n\r\nNEXT";
+        let end = coded.len() - 4;
+        for split in 0..coded.len() {
+            let mut d = Decoder::new();
+            let (mut out, mut trailer) = (Vec::new(), Vec::new());
+            let first = d
+                .decode_with_trailer(&coded[..split], &mut out, &mut trailer)
+                .unwrap();
+            let second = d
+                .decode_with_trailer(&coded[first..], &mut out, &mut trailer)
+                .unwrap();
+            assert!(d.is_done(), "split at {split}");
+            assert_eq!(first + second, end);
+            assert_eq!(out, b"abc");
+            let fields = parse_trailer(&trailer).unwrap();
+            assert_eq!(fields.len(), 2);
+            assert_eq!(fields["grpc-status"], "0");
+            assert_eq!(fields["x-sum"], "a b");
+        }
+        let mut d = Decoder::new();
+        let (mut out, mut trailer) = (Vec::new(), Vec::new());
+        d.decode_with_trailer(b"0\r\n\r\n", &mut out, &mut trailer)
+            .unwrap();
+        assert!(d.is_done());
+        assert!(parse_trailer(&trailer).unwrap().is_empty());
+        assert_eq!(
+            parse_trailer(b"bad name: 1\r\n\r\n"),
+            Err(ChunkedError::BadTrailer)
+        );
     }
 
     #[test]

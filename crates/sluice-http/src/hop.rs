@@ -33,27 +33,69 @@ pub fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
 
 /// Removes hop-by-hop headers and those named in `Connection`. `TE: trailers` survives when
 /// `keep_te_trailers` (a gRPC client must be able to tell the upstream it accepts trailers).
+///
+/// One pass over the names present finds which hop-by-hop fields there are; only those (and the
+/// names `Connection` lists) are then removed, each one hashed lookup. Most heads carry none, and
+/// most that do carry one (`Connection: keep-alive`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
-    // Most heads carry none of them: one pass over the names present instead of a hashed removal
-    // per hop-by-hop name. Names listed in `Connection` need a `Connection`, which is one of them.
-    if !headers.keys().any(is_hop_by_hop) {
+    // Bit i: `HOP_BY_HOP[i]` is present; bit 8: `proxy-connection`.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        } else if name.as_str() == "proxy-connection" {
+            present |= 1 << HOP_BY_HOP.len();
+        }
+    }
+    if present == 0 {
         return;
     }
-    let named = connection_names(headers);
     let te_trailers = keep_te_trailers
+        && present & (1 << 3) != 0
         && headers
             .get_all(header::TE)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    // `Connection` is `HOP_BY_HOP[0]`: the fields it lists go first, in its order (removing
+    // moves the map's last field into the gap, so the order of removals is the order of what is
+    // left). A listed name no field has (`close`, usually) costs a lookup, no allocation.
+    let mut named = Vec::new();
+    if present & 1 != 0 {
+        for token in headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+        {
+            if let Some(i) = HOP_BY_HOP
+                .iter()
+                .position(|h| token.eq_ignore_ascii_case(h.as_str()))
+            {
+                if present & (1 << i) != 0 {
+                    present &= !(1 << i);
+                    named.push(HOP_BY_HOP[i].clone());
+                }
+            } else if headers.contains_key(token) {
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    named.push(name);
+                }
+            }
+        }
+    }
     for name in named {
         headers.remove(&name);
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
-    headers.remove("proxy-connection");
+    if present & (1 << HOP_BY_HOP.len()) != 0 {
+        headers.remove("proxy-connection");
+    }
     if te_trailers {
         headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
     }

@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 mod dial;
 pub mod fast;
+mod fast_h2;
 mod fast_write;
 pub mod forward;
 pub mod h1pool;

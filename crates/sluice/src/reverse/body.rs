@@ -308,7 +308,7 @@ impl Body for LentBody {
 /// clock, allocates a timer or puts one on the timer wheel. The deadline runs from the first wait
 /// after the last frame, which is later than the frame itself by no more than the time the frame
 /// took to be taken.
-struct IdleClock {
+pub(super) struct IdleClock {
     timeout: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
     /// A frame went through since the deadline was set: move it at the next wait.
@@ -316,7 +316,7 @@ struct IdleClock {
 }
 
 impl IdleClock {
-    fn new(timeout: Duration) -> Self {
+    pub(super) fn new(timeout: Duration) -> Self {
         IdleClock {
             timeout,
             sleep: None,
@@ -325,12 +325,12 @@ impl IdleClock {
     }
 
     /// A frame went through.
-    fn moved(&mut self) {
+    pub(super) fn moved(&mut self) {
         self.moved = true;
     }
 
     /// The body has to wait: ready once it has waited `timeout` with no frame.
-    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let timeout = self.timeout;
         if std::mem::take(&mut self.moved) {
             if let Some(sleep) = self.sleep.as_mut() {

@@ -169,6 +169,9 @@ pub struct ReverseConfig {
     /// Move large response bodies of known length from a plain-HTTP server to a plain-HTTP/1.1
     /// client with `splice(2)`, socket to socket, instead of copying them through sluice.
     pub splice_bodies: bool,
+    /// Send HTTP/2 GET and HEAD requests without a body on plain-HTTP routes without a cache
+    /// through the HTTP/1.1 fast path's upstream connections instead of hyper's client.
+    pub h2_fast_path: bool,
 }
 
 impl Default for ReverseConfig {
@@ -183,6 +186,7 @@ impl Default for ReverseConfig {
             access_log: String::new(),
             access_log_format: AccessLogFormat::Json,
             splice_bodies: true,
+            h2_fast_path: true,
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::upstream::h1::{push_field as field, says_close, MAX_HEAD as MAX_RESPO
 /// in one read with its head when the server has written both (the 4 KiB is room for the head;
 /// with 64 KiB alone, the last bytes of such a body took a second read, which cost S2's 64 KiB
 /// cell 12 % of its rate).
-const READ_BUF: usize = 68 * 1024;
+pub(super) const READ_BUF: usize = 68 * 1024;
 /// A large body's reads grow the buffer up to this.
 const MAX_READ_BUF: usize = 256 * 1024;
 /// A body with at least this much left after the response head's read is spliced (when the
@@ -234,7 +234,7 @@ pub(super) fn offer_alt_svc(headers: &mut HeaderMap, alt_svc: Option<header::Hea
 
 /// Whether `headers` hold exactly one `Content-Length`, and it is `n` written plainly (digits
 /// only, no leading zero): then inserting `n` again would change nothing.
-fn says_length(headers: &HeaderMap, n: u64) -> bool {
+pub(super) fn says_length(headers: &HeaderMap, n: u64) -> bool {
     let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
     let (Some(v), None) = (values.next(), values.next()) else {
         return false;
@@ -249,7 +249,7 @@ fn says_length(headers: &HeaderMap, n: u64) -> bool {
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
-fn ends_chunked(te: Option<&header::HeaderValue>) -> bool {
+pub(super) fn ends_chunked(te: Option<&header::HeaderValue>) -> bool {
     te.and_then(|v| v.to_str().ok())
         .and_then(|v| v.rsplit(',').next())
         .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
@@ -263,18 +263,18 @@ impl Done {
 
 /// A response head from one server, the connection it came on (its buffer holds the head and,
 /// from `body_at` on, the body bytes read with it), and where that connection goes back to.
-struct Exchanged {
-    conn: UpConn,
-    head: ResponseHead,
-    body_at: usize,
-    length: BodyLength,
-    pool: Arc<FastPool>,
-    index: usize,
+pub(super) struct Exchanged {
+    pub(super) conn: UpConn,
+    pub(super) head: ResponseHead,
+    pub(super) body_at: usize,
+    pub(super) length: BodyLength,
+    pub(super) pool: Arc<FastPool>,
+    pub(super) index: usize,
 }
 
 /// The attempts across the group's servers (`forward::attempt_loop`): no body, so every failure
 /// may move on to the next server.
-async fn fetch(
+pub(super) async fn fetch(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     head: &UpstreamHead,
@@ -646,9 +646,9 @@ enum Failure {
 }
 
 /// An owned upstream connection and its read buffer.
-struct UpConn {
-    io: EagerStream,
-    buf: Vec<u8>,
+pub(super) struct UpConn {
+    pub(super) io: EagerStream,
+    pub(super) buf: Vec<u8>,
 }
 
 struct Idle {
@@ -750,7 +750,7 @@ impl FastPool {
         Some(idle.conn)
     }
 
-    fn checkin(self: &Arc<Self>, index: usize, conn: UpConn) {
+    pub(super) fn checkin(self: &Arc<Self>, index: usize, conn: UpConn) {
         if self.max_idle == 0 {
             return;
         }

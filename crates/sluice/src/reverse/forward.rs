@@ -115,6 +115,9 @@ impl Reverse {
         path: &str,
         down: &Downstream,
     ) -> Response<Body> {
+        if super::fast_h2::takes(self, route, &req) {
+            return self.handle_h2_fast(route, req, path, down).await;
+        }
         let start = Instant::now();
         self.budget.record_request();
         let h2_connect = req.method() == Method::CONNECT

@@ -1,0 +1,435 @@
+//! HTTP/2 streams on a plain reverse route through the fast path's upstream exchange: a GET or
+//! HEAD without a body, on a route without a cache whose upstream is plain HTTP/1.1, is written
+//! as bytes on the fast path's pooled connections (`fast::fetch`), its answer read with
+//! `httparse`, and the body relayed to hyper's HTTP/2 server as it is read, without hyper's
+//! client or a second request and response. Server choice, retries, forwarding fields, errors and
+//! metrics are `forward`'s and `fast`'s (see `docs/decisions/tls-cost.md`, "HTTP/2 streams on
+//! the fast path's upstream exchange"); every other HTTP/2 request takes `forward`'s path.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap};
+use http::{Method, Request, Response, Version};
+use http_body::{Frame, SizeHint};
+use sluice_http::chunked;
+use sluice_http::response_head::{BodyLength, ResponseHead};
+use tokio::time::Instant;
+
+use super::access_log::Entry;
+use super::body::{IdleClock, OnDone};
+use super::fast::{self, Exchanged, FastPool, UpConn};
+use super::forward::{
+    hash_key, hold_server, request_target, ClientHead, Done, Downstream, FetchError,
+};
+use super::{Reverse, Route};
+use crate::body::{self, Body, Incoming};
+use crate::upstream::group::InFlight;
+use crate::upstream::h1::says_close;
+
+/// Reads of a body that did not come whole with its head ask for this much room.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Whether `req` takes this path on `route`: HTTP/2, GET or HEAD, no body (the stream ended with
+/// its head, and no framing field claims otherwise), a route the fast path relays.
+pub(super) fn takes(reverse: &Reverse, route: &Route, req: &Request<Incoming>) -> bool {
+    use http_body::Body as _;
+    reverse.settings.h2_fast_path
+        && req.version() == Version::HTTP_2
+        && (req.method() == Method::GET || req.method() == Method::HEAD)
+        && req.body().is_end_stream()
+        && !req.headers().contains_key(header::CONTENT_LENGTH)
+        && !req.headers().contains_key(header::TRANSFER_ENCODING)
+        && fast::serves(route)
+}
+
+impl Reverse {
+    /// Proxies one request that [`takes`] this path, as [`Reverse::handle`] would: the same
+    /// upstream head, attempts, errors and bookkeeping.
+    pub(super) async fn handle_h2_fast(
+        &self,
+        route: &Arc<Route>,
+        req: Request<Incoming>,
+        path: &str,
+        down: &Downstream,
+    ) -> Response<Body> {
+        let start = Instant::now();
+        self.budget.record_request();
+        let entry = self.log_entry(
+            route,
+            down,
+            req.method(),
+            request_target(&req),
+            req.version(),
+            req.headers(),
+        );
+        let key = hash_key(route, request_target(&req), req.headers(), down);
+        let (mut parts, _) = req.into_parts();
+        // The client's fields move into the upstream head: no copy of the map.
+        let fields = std::mem::take(&mut parts.headers);
+        let fetched =
+            match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
+                Err(e) => Err(e),
+                Ok(head) => fast::fetch(&self.budget, route, &head, key.as_deref())
+                    .await
+                    .map_err(FetchError::into_proxy_error),
+            };
+        let ttfb = start.elapsed();
+        route.meters.ttfb().observe(ttfb.as_secs_f64());
+        match fetched {
+            Err(e) => {
+                let resp = e.into_response();
+                self.finish_record(route, resp.status().as_u16(), ttfb, entry);
+                resp
+            }
+            Ok((exchanged, in_flight)) => {
+                self.respond_h2_fast(route, exchanged, in_flight, start, entry)
+            }
+        }
+    }
+
+    /// The client's response from a server's answer: its fields as `forward` gives them, the
+    /// body bytes read with the head first, the rest relayed by [`Relay`].
+    fn respond_h2_fast(
+        &self,
+        route: &Arc<Route>,
+        exchanged: Exchanged,
+        in_flight: InFlight,
+        start: Instant,
+        mut entry: Option<Entry>,
+    ) -> Response<Body> {
+        let Exchanged {
+            mut conn,
+            head,
+            body_at,
+            length,
+            pool,
+            index,
+        } = exchanged;
+        let ResponseHead {
+            status,
+            mut headers,
+            minor_version,
+            ..
+        } = head;
+        let hold = hold_server(route, in_flight, &mut entry);
+        // A coded body whose last coding is not `chunked` ends when the server closes
+        // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 frames the body itself).
+        let length = match length {
+            BodyLength::Coded if !fast::ends_chunked(headers.get(header::TRANSFER_ENCODING)) => {
+                BodyLength::UntilClose
+            }
+            other => other,
+        };
+        let reusable = minor_version == 1 && !says_close(&headers);
+        let version = if minor_version == 0 {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        self.response_fields(route, &mut headers, version);
+        match length {
+            // The server's own single `Content-Length` is kept where it is.
+            BodyLength::Exact(n) if !fast::says_length(&headers, n) => {
+                headers.insert(header::CONTENT_LENGTH, n.into());
+            }
+            BodyLength::Coded | BodyLength::UntilClose => {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            _ => {}
+        }
+        let done = Done {
+            access_log: self.access_log.clone(),
+            route: route.clone(),
+            start,
+            status: status.as_u16(),
+            entry,
+            _hold: hold,
+        };
+        let mut up = Upstream {
+            framing: match length {
+                BodyLength::Exact(n) => Framing::Exact(n),
+                BodyLength::Coded => Framing::Chunked(chunked::Decoder::new(), Vec::new()),
+                BodyLength::UntilClose => Framing::UntilClose,
+                BodyLength::Empty => Framing::Exact(0),
+            },
+            buf: BytesMut::new(),
+            conn: None,
+            pool,
+            index,
+            reusable,
+        };
+        // The body bytes that came with the head are copied out of the connection's read
+        // buffer, which stays with the connection.
+        let got = conn.buf.get(body_at..).unwrap_or_default();
+        let taken = take(&mut up.framing, got);
+        conn.buf.clear();
+        conn.buf.shrink_to(fast::READ_BUF);
+        up.conn = Some(conn);
+        let mut relay = Relay {
+            first: None,
+            up: None,
+            trailers: None,
+            failed: None,
+            idle: IdleClock::new(route.idle_timeout),
+            idle_secs: route.idle_timeout.as_secs(),
+            bytes: 0,
+            ended: false,
+            done: Some(Box::new(done)),
+        };
+        match taken {
+            Ok(taken) => {
+                relay.first = Some(taken.data).filter(|d| !d.is_empty());
+                match taken.finished {
+                    Some(trailers) => {
+                        up.finish(taken.clean);
+                        relay.trailers = trailers;
+                    }
+                    None => relay.up = Some(Box::new(up)),
+                }
+            }
+            Err(e) => relay.failed = Some(e),
+        }
+        let mut resp = Response::new(body::boxed(relay));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        resp
+    }
+}
+
+/// Why a relayed body ended early.
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error("upstream: {0}")]
+    Upstream(String),
+    #[error("no body bytes for {0} s")]
+    Idle(u64),
+}
+
+/// How the rest of a body is delimited.
+enum Framing {
+    /// This many bytes still to come.
+    Exact(u64),
+    /// Chunked: decoded, its trailer section kept for the trailers frame.
+    Chunked(chunked::Decoder, Vec<u8>),
+    /// Until the server closes.
+    UntilClose,
+}
+
+/// The connection a body is still being read from.
+struct Upstream {
+    framing: Framing,
+    /// Where reads go; each read's body bytes leave as one frame without a copy (but chunked
+    /// ones, which are decoded).
+    buf: BytesMut,
+    /// `None` once the body has ended.
+    conn: Option<UpConn>,
+    pool: Arc<FastPool>,
+    index: usize,
+    /// The server keeps the connection open after this response (HTTP/1.1, no `close`).
+    reusable: bool,
+}
+
+/// What one read gave: body bytes, whether they ended the body (with its trailers, if any) and
+/// whether nothing followed the body's end.
+struct Taken {
+    data: Bytes,
+    finished: Option<Option<HeaderMap>>,
+    clean: bool,
+}
+
+/// Takes the body bytes out of `got` (bytes read from the server), copied.
+fn take(framing: &mut Framing, got: &[u8]) -> Result<Taken, RelayError> {
+    let (data, finished, clean) = match framing {
+        Framing::Exact(left) => {
+            let take = usize::try_from(*left).unwrap_or(usize::MAX).min(got.len());
+            *left -= take as u64;
+            let data = Bytes::copy_from_slice(&got[..take]);
+            (data, (*left == 0).then_some(None), take == got.len())
+        }
+        Framing::Chunked(decoder, trailer) => {
+            let mut out = Vec::new();
+            let used = decoder
+                .decode_with_trailer(got, &mut out, trailer)
+                .map_err(|e| RelayError::Upstream(e.to_string()))?;
+            let finished = if decoder.is_done() {
+                let fields = chunked::parse_trailer(trailer)
+                    .map_err(|e| RelayError::Upstream(e.to_string()))?;
+                Some(Some(fields).filter(|f| !f.is_empty()))
+            } else {
+                None
+            };
+            (Bytes::from(out), finished, used == got.len())
+        }
+        Framing::UntilClose => (Bytes::copy_from_slice(got), None, false),
+    };
+    Ok(Taken {
+        data,
+        finished,
+        clean,
+    })
+}
+
+/// An HTTP/2 response body relayed from an upstream HTTP/1.1 connection: the bytes read with the
+/// head, then one frame per read, then the trailers of a chunked body; the route's idle timeout
+/// between reads. The bookkeeping (`Done`) runs when it ends or is dropped.
+struct Relay {
+    first: Option<Bytes>,
+    /// Boxed: most bodies come whole with their head and never need it.
+    up: Option<Box<Upstream>>,
+    trailers: Option<HeaderMap>,
+    failed: Option<RelayError>,
+    idle: IdleClock,
+    idle_secs: u64,
+    bytes: u64,
+    ended: bool,
+    done: Option<Box<Done>>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            OnDone::done(done, self.bytes, self.ended);
+        }
+    }
+}
+
+impl http_body::Body for Relay {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(data) = this.first.take() {
+                this.bytes += data.len() as u64;
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            if let Some(e) = this.failed.take() {
+                this.up = None;
+                return Poll::Ready(Some(Err(e)));
+            }
+            let Some(up) = this.up.as_mut() else {
+                if let Some(t) = this.trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                }
+                this.ended = true;
+                if let Some(done) = this.done.take() {
+                    OnDone::done(done, this.bytes, true);
+                }
+                return Poll::Ready(None);
+            };
+            match up.poll_read(cx) {
+                Poll::Ready(Ok(0)) => {
+                    let until_close = matches!(up.framing, Framing::UntilClose);
+                    this.up = None;
+                    if !until_close {
+                        this.failed = Some(RelayError::Upstream(
+                            "connection closed inside the body".into(),
+                        ));
+                    }
+                }
+                Poll::Ready(Ok(_)) => {
+                    this.idle.moved();
+                    match up.take_read() {
+                        Ok(taken) => {
+                            if let Some(trailers) = taken.finished {
+                                up.finish(taken.clean);
+                                this.trailers = trailers;
+                                this.up = None;
+                            }
+                            this.first = Some(taken.data).filter(|d| !d.is_empty());
+                        }
+                        Err(e) => this.failed = Some(e),
+                    }
+                }
+                Poll::Ready(Err(e)) => this.failed = Some(RelayError::Upstream(e.to_string())),
+                Poll::Pending => {
+                    return match this.idle.poll_expired(cx) {
+                        Poll::Ready(()) => {
+                            this.up = None;
+                            Poll::Ready(Some(Err(RelayError::Idle(this.idle_secs))))
+                        }
+                        Poll::Pending => Poll::Pending,
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none()
+            && self.up.is_none()
+            && self.trailers.is_none()
+            && self.failed.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let first = self.first.as_ref().map_or(0, |d| d.len() as u64);
+        match self.up.as_deref().map(|u| &u.framing) {
+            None if self.trailers.is_none() => SizeHint::with_exact(first),
+            Some(Framing::Exact(left)) => SizeHint::with_exact(first + left),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+impl Upstream {
+    /// One read from the server into `buf`.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(Ok(0));
+        };
+        let want = match self.framing {
+            Framing::Exact(left) => usize::try_from(left).unwrap_or(usize::MAX).min(READ_CHUNK),
+            _ => READ_CHUNK,
+        };
+        // Room for the rest of a counted body (and some past it, so bytes after the body show),
+        // or a chunk of any other.
+        self.buf.reserve(want.max(1024));
+        tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut self.buf)
+    }
+
+    /// The body bytes of what [`Upstream::poll_read`] read: a counted or close-delimited body's
+    /// split off `buf` without a copy, a chunked one's decoded.
+    fn take_read(&mut self) -> Result<Taken, RelayError> {
+        match &mut self.framing {
+            Framing::Exact(left) => {
+                let take = usize::try_from(*left)
+                    .unwrap_or(usize::MAX)
+                    .min(self.buf.len());
+                *left -= take as u64;
+                let clean = take == self.buf.len();
+                Ok(Taken {
+                    data: self.buf.split_to(take).freeze(),
+                    finished: (*left == 0).then_some(None),
+                    clean,
+                })
+            }
+            Framing::UntilClose => Ok(Taken {
+                data: self.buf.split().freeze(),
+                finished: None,
+                clean: false,
+            }),
+            Framing::Chunked(..) => {
+                let got = self.buf.split();
+                take(&mut self.framing, &got)
+            }
+        }
+    }
+
+    /// The body ended: the connection goes back to its pool when the server keeps it open and
+    /// sent nothing past the body (`clean`), else it is closed.
+    fn finish(&mut self, clean: bool) {
+        if let Some(conn) = self.conn.take() {
+            if clean && self.reusable {
+                self.pool.checkin(self.index, conn);
+            }
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! HTTP/2 streams on the fast path's upstream exchange (`reverse/fast_h2.rs`) end to end, each
+//! case against the same requests with `reverse.h2_fast_path = false` (hyper's client): the
+//! upstream head byte for byte, response fields, bodies by SHA-256 (1 KB, 64 KiB, 7 MB, chunked
+//! with trailers, close-delimited), HEAD, 204 and 304, an upstream that closes mid-body, upstream
+//! errors, many streams at once on one connection, pooled upstream connections, and the metrics
+//! and access log.
+
+mod reverse_support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body_util::BodyExt;
+use reverse_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What a raw origin answers to one request target.
+type Answer = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+/// A raw HTTP/1.1 origin: records every request head byte for byte, counts its connections, and
+/// answers with the bytes `answer` gives for the target; closes after an answer that holds
+/// `close-now` in its first 4 KiB.
+async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>, Arc<AtomicUsize>) {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let seen = seen.clone();
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let target = String::from_utf8_lossy(&head)
+                        .split(' ')
+                        .nth(1)
+                        .unwrap_or("")
+                        .to_string();
+                    seen.lock().unwrap().push(head);
+                    let out = answer(&target);
+                    let closes = find(&out[..out.len().min(4096)], b"close-now").is_some();
+                    if s.write_all(&out).await.is_err() || closes {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, heads, accepted)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn proxy_config(origin: SocketAddr, fast: bool) -> sluice::config::Config {
+    let mut c = config(&format!(
+        r#"
+[reverse]
+forwarded = true
+
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/api"
+upstream = "app"
+strip_prefix = true
+request_headers_add = {{ "x-route" = "api" }}
+request_headers_remove = ["x-secret"]
+response_headers_add = {{ "x-served-by" = "sluice" }}
+response_headers_remove = ["x-internal"]
+header_timeout_secs = 2
+idle_timeout_secs = 2
+"#
+    ));
+    c.reverse.h2_fast_path = fast;
+    c
+}
+
+/// An h2c (prior knowledge) client connection to `p`.
+async fn h2(p: &Proxy) -> hyper::client::conn::http2::SendRequest<BoxBody> {
+    let tcp = TcpStream::connect(p.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// One HTTP/2 answer, whole: status, fields, body (or the error that cut it) and trailers.
+#[derive(Debug)]
+struct Answered {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Result<Bytes, String>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Answered {
+    /// The response fields but `date`, sorted, as text.
+    fn fields(&self) -> Vec<String> {
+        let mut f: Vec<String> = self
+            .headers
+            .iter()
+            .filter(|(k, _)| *k != "date")
+            .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap()))
+            .collect();
+        f.sort();
+        f
+    }
+}
+
+async fn ask(
+    send: &mut hyper::client::conn::http2::SendRequest<BoxBody>,
+    p: &Proxy,
+    method: &str,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> Answered {
+    // One authority for every proxy, so upstream heads compare across proxies.
+    let _ = p;
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(format!("http://h2.test{path}"));
+    for (k, v) in fields {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(full(Bytes::new())).unwrap();
+    let resp = match tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
+        .await
+        .expect("no response head")
+    {
+        Ok(resp) => resp,
+        // The stream was reset before its head was read (a body cut right after the head).
+        Err(e) => {
+            return Answered {
+                status: StatusCode::from_u16(599).unwrap(),
+                headers: HeaderMap::new(),
+                body: Err(e.to_string()),
+                trailers: None,
+            }
+        }
+    };
+    let (parts, body) = resp.into_parts();
+    let collected = tokio::time::timeout(Duration::from_secs(20), body.collect())
+        .await
+        .expect("body timed out");
+    let (body, trailers) = match collected {
+        Ok(c) => {
+            let trailers = c.trailers().cloned();
+            (Ok(c.to_bytes()), trailers)
+        }
+        Err(e) => (Err(e.to_string()), None),
+    };
+    Answered {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+        trailers,
+    }
+}
+
+/// The same request through a fresh proxy with the HTTP/2 fast path on and then off: the two
+/// answers and the two upstream heads.
+async fn both_ways(
+    origin: SocketAddr,
+    heads: &Mutex<Vec<Vec<u8>>>,
+    method: &str,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> Vec<(Answered, Option<String>)> {
+    let mut out = Vec::new();
+    for fast in [true, false] {
+        heads.lock().unwrap().clear();
+        let p = Proxy::start(proxy_config(origin, fast)).await;
+        let mut send = h2(&p).await;
+        let a = ask(&mut send, &p, method, path, fields).await;
+        let head = heads
+            .lock()
+            .unwrap()
+            .pop()
+            .map(|h| String::from_utf8(h).unwrap());
+        out.push((a, head));
+    }
+    out
+}
+
+fn counted(body: &[u8], extra: &str) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nX-Internal: 1\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\n{extra}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+fn chunked(body: &[u8], piece: usize, trailer: &str) -> Vec<u8> {
+    let mut out = b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n".to_vec();
+    for p in body.chunks(piece) {
+        out.extend_from_slice(format!("{:x};ext=1\r\n", p.len()).as_bytes());
+        out.extend_from_slice(p);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("0\r\n{trailer}\r\n").as_bytes());
+    out
+}
+
+const SIZES: [usize; 4] = [1024, 64 * 1024, 7 * 1024 * 1024, 0];
+
+fn sized(target: &str) -> Option<usize> {
+    let path = target.split('?').next()?;
+    path.strip_prefix("/n/")?.parse().ok()
+}
+
+fn answers() -> Answer {
+    Arc::new(|t: &str| {
+        if let Some(n) = sized(t) {
+            return counted(&pattern(n), "");
+        }
+        match t {
+            "/chunked" => chunked(&pattern(300_000), 70_000, "X-Sum: abc\r\nGrpc-Status: 0\r\n"),
+            "/chunked-plain" => chunked(&pattern(5000), 1000, ""),
+            "/head" => b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 12345\r\nETag: \"e\"\r\n\r\n".to_vec(),
+            "/204" => b"HTTP/1.1 204 No Content\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nX-A: 1\r\n\r\n".to_vec(),
+            "/304" => b"HTTP/1.1 304 Not Modified\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nETag: \"x\"\r\nContent-Length: 99\r\n\r\n".to_vec(),
+            "/close" => {
+                let mut out = b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nX-Mode: close-now\r\n\r\n".to_vec();
+                out.extend_from_slice(&pattern(200_000));
+                out
+            }
+            "/cut" => {
+                let mut out = b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 1000000\r\nX-Mode: close-now\r\n\r\n".to_vec();
+                out.extend_from_slice(&pattern(100_000));
+                out
+            }
+            "/garbage" => b"SPDY/9 banana\r\n\r\nclose-now".to_vec(),
+            _ => b"HTTP/1.1 404 Not Found\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        }
+    })
+}
+
+#[tokio::test]
+async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    let fields = [
+        ("user-agent", "t/1"),
+        ("accept", "*/*"),
+        ("x-multi", "1"),
+        ("x-secret", "s"),
+        ("x-multi", "2"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("via", "1.0 front"),
+        ("te", "trailers"),
+        ("cookie", "a=b"),
+        ("x-http-method-override", "DELETE"),
+        ("x_under", "1"),
+    ];
+    let got = both_ways(origin, &heads, "GET", "/api/x/../n/1024?q=1&r=%20", &fields).await;
+    let fast = got[0].1.clone().unwrap();
+    let hyper = got[1].1.clone().unwrap();
+    assert_eq!(fast, hyper, "the HTTP/2 fast path's upstream head differs");
+    assert!(
+        fast.starts_with("GET /n/1024?q=1&r=%20 HTTP/1.1\r\n"),
+        "{fast}"
+    );
+    assert!(fast.contains("\r\nvia: 1.0 front, 2 sluice\r\n"), "{fast}");
+    assert!(
+        fast.contains("\r\nx-forwarded-for: 127.0.0.1\r\n"),
+        "{fast}"
+    );
+    assert!(fast.contains("\r\nx-route: api\r\n"), "{fast}");
+    assert!(fast.contains("\r\nte: trailers\r\n"), "{fast}");
+    for gone in ["x-secret", "x-http-method-override", "x_under"] {
+        assert!(!fast.contains(gone), "{gone} reached the upstream: {fast}");
+    }
+    assert!(fast.ends_with("host: h2.test\r\n\r\n"), "{fast}");
+    // The response: same status and fields both ways, the origin's hop-by-hop ones dropped.
+    let (a, b) = (&got[0].0, &got[1].0);
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.fields(), b.fields());
+    assert_eq!(a.headers["x-served-by"], "sluice");
+    assert_eq!(a.headers["via"], "1.1 sluice");
+    assert_eq!(a.headers["content-length"], "1024");
+    assert!(a.headers.get("x-internal").is_none());
+    assert!(a.headers.get("x-hop").is_none());
+    assert_eq!(a.body.as_ref().unwrap(), &pattern(1024));
+}
+
+#[tokio::test]
+async fn counted_bodies_arrive_whole_by_hash() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    for n in SIZES {
+        let got = both_ways(origin, &heads, "GET", &format!("/api/n/{n}"), &[]).await;
+        for (a, _) in &got {
+            assert_eq!(a.status, StatusCode::OK, "{n}");
+            let body = a.body.as_ref().unwrap();
+            assert_eq!(body.len(), n);
+            assert_eq!(sha256(body), sha256(&pattern(n)), "{n} bytes");
+            assert_eq!(a.headers["content-length"], n.to_string().as_str());
+        }
+        assert_eq!(got[0].0.fields(), got[1].0.fields(), "{n}");
+    }
+}
+
+#[tokio::test]
+async fn chunked_bodies_are_decoded_and_their_trailers_kept() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    let got = both_ways(origin, &heads, "GET", "/api/chunked", &[]).await;
+    for (a, _) in &got {
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(sha256(a.body.as_ref().unwrap()), sha256(&pattern(300_000)));
+        assert!(a.headers.get("transfer-encoding").is_none());
+        assert!(a.headers.get("content-length").is_none());
+        let t = a.trailers.as_ref().expect("trailers");
+        assert_eq!(t["x-sum"], "abc");
+        assert_eq!(t["grpc-status"], "0");
+    }
+    assert_eq!(got[0].0.fields(), got[1].0.fields());
+    assert_eq!(got[0].0.trailers, got[1].0.trailers);
+    let got = both_ways(origin, &heads, "GET", "/api/chunked-plain", &[]).await;
+    for (a, _) in &got {
+        assert_eq!(sha256(a.body.as_ref().unwrap()), sha256(&pattern(5000)));
+        assert_eq!(a.trailers, None);
+    }
+    let got = both_ways(origin, &heads, "GET", "/api/close", &[]).await;
+    for (a, _) in &got {
+        assert_eq!(sha256(a.body.as_ref().unwrap()), sha256(&pattern(200_000)));
+    }
+    assert_eq!(got[0].0.fields(), got[1].0.fields());
+}
+
+#[tokio::test]
+async fn bodiless_answers_match_the_hyper_path() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    for (method, path, status) in [
+        ("HEAD", "/api/head", 200),
+        ("HEAD", "/api/n/1024", 200),
+        ("GET", "/api/204", 204),
+        ("GET", "/api/304", 304),
+        ("GET", "/api/missing", 404),
+    ] {
+        let got = both_ways(origin, &heads, method, path, &[]).await;
+        for (a, _) in &got {
+            assert_eq!(a.status.as_u16(), status, "{method} {path}");
+            assert!(a.body.as_ref().unwrap().is_empty(), "{method} {path}");
+        }
+        assert_eq!(got[0].0.fields(), got[1].0.fields(), "{method} {path}");
+    }
+    let got = both_ways(origin, &heads, "HEAD", "/api/head", &[]).await;
+    assert_eq!(got[0].0.headers["content-length"], "12345");
+}
+
+#[tokio::test]
+async fn upstream_faults_match_the_hyper_path() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    // Cut mid-body: the head went out, then the stream is reset, never a short body passed off
+    // as whole.
+    let got = both_ways(origin, &heads, "GET", "/api/cut", &[]).await;
+    for (a, _) in &got {
+        // The reset may overtake the head on its way to the client's code.
+        assert!(
+            a.status == StatusCode::OK || a.status.as_u16() == 599,
+            "{}",
+            a.status
+        );
+        assert!(
+            a.body.is_err(),
+            "the cut was hidden: {:?}",
+            a.body.as_ref().map(|b| b.len())
+        );
+    }
+    let got = both_ways(origin, &heads, "GET", "/api/garbage", &[]).await;
+    assert_eq!(got[0].0.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(got[0].0.body, got[1].0.body);
+    assert_eq!(got[0].0.fields(), got[1].0.fields());
+    let dead = dead_port().await;
+    let mut refused = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(dead, fast)).await;
+        let mut send = h2(&p).await;
+        refused.push(ask(&mut send, &p, "GET", "/api/x", &[]).await);
+    }
+    assert_eq!(refused[0].status, StatusCode::BAD_GATEWAY);
+    assert_eq!(refused[0].body, refused[1].body);
+    // A server that never answers: the route's header timeout, 504, both ways.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let mut timed_out = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(addr, fast)).await;
+        let mut send = h2(&p).await;
+        timed_out.push(ask(&mut send, &p, "GET", "/api/x", &[]).await);
+    }
+    assert_eq!(timed_out[0].status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(timed_out[0].body, timed_out[1].body);
+}
+
+#[tokio::test]
+async fn many_streams_at_once_each_arrive_whole_over_pooled_connections() {
+    let (origin, _, accepted) = raw_origin(answers()).await;
+    let p = Proxy::start(proxy_config(origin, true)).await;
+    let send = h2(&p).await;
+    // One at a time first: a single upstream connection carries them all.
+    let mut one = send.clone();
+    for _ in 0..20 {
+        let a = ask(&mut one, &p, "GET", "/api/n/1024", &[]).await;
+        assert_eq!(a.body.unwrap(), pattern(1024));
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    let mut sizes: Vec<usize> = vec![0, 1, 255, 4096, 16_384, 16_385, 70_000, 300_000];
+    sizes.extend((0..92).map(|i| 900 + i * 97));
+    let addr = p.addr;
+    let tasks: Vec<_> = sizes
+        .iter()
+        .map(|&n| {
+            let mut send = send.clone();
+            tokio::spawn(async move {
+                let req = http::Request::get(format!("http://{addr}/api/n/{n}"))
+                    .body(full(Bytes::new()))
+                    .unwrap();
+                let resp = send.send_request(req).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                (n, body)
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (n, body) = tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("h2 stream timed out")
+            .unwrap();
+        assert_eq!(sha256(&body), sha256(&pattern(n)), "stream for {n} bytes");
+    }
+    // The connections opened for them went back to the pool: another round opens none.
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!(opened <= sizes.len() + 1, "{opened}");
+    let mut again = send.clone();
+    for _ in 0..5 {
+        let a = ask(&mut again, &p, "GET", "/api/n/1024", &[]).await;
+        assert_eq!(a.body.unwrap(), pattern(1024));
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), opened);
+}
+
+#[tokio::test]
+async fn requests_are_metered_and_logged() {
+    let (origin, _, _) = raw_origin(answers()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut config = proxy_config(origin, true);
+    config.reverse.access_log = log.to_str().unwrap().to_string();
+    let p = Proxy::start(config).await;
+    let mut send = h2(&p).await;
+    for _ in 0..7 {
+        let a = ask(
+            &mut send,
+            &p,
+            "GET",
+            "/api/n/1024",
+            &[("user-agent", "probe/1")],
+        )
+        .await;
+        assert_eq!(a.body.unwrap().len(), 1024);
+    }
+    let a = ask(&mut send, &p, "HEAD", "/api/n/1024", &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let m = get(&p.url("/metrics"), &[]).await;
+    let text = String::from_utf8(m.body.unwrap().to_vec()).unwrap();
+    let line = |prefix: &str| -> Option<String> {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        line("sluice_requests_total{endpoint=\"reverse\",status=\"200\"}").as_deref(),
+        Some("sluice_requests_total{endpoint=\"reverse\",status=\"200\"} 8"),
+        "{text}"
+    );
+    assert!(
+        line("sluice_sent_bytes_total{endpoint=\"reverse\"}")
+            .is_some_and(|l| l.ends_with(&format!(" {}", 7 * 1024))),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("sluice_reverse_server_requests_total{") && l.ends_with(" 8")),
+        "{text}"
+    );
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = text.lines().map(str::to_string).collect();
+        if lines.len() >= 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 8, "{lines:?}");
+    let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(first["method"], "GET");
+    assert_eq!(first["target"], "/api/n/1024");
+    assert_eq!(first["proto"], "HTTP/2");
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["bytes"], 1024);
+    assert_eq!(first["server"], origin.to_string());
+    assert_eq!(first["user_agent"], "probe/1");
+    let head: serde_json::Value = serde_json::from_str(&lines[7]).unwrap();
+    assert_eq!(head["method"], "HEAD");
+    assert_eq!(head["bytes"], 0);
+}
