@@ -6,6 +6,8 @@
 //! slash (`%2F`), other escapes and the query are kept as they are. A `..` above the root, a NUL or
 //! control byte, a malformed escape, or a path not starting with `/` is an error (400).
 
+use std::borrow::Cow;
+
 /// Why a path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -33,8 +35,38 @@ fn unreserved(b: u8) -> bool {
 }
 
 /// Normalises a request path (without the query). The result starts with `/`; a trailing slash is
-/// kept, since `/dir/` and `/dir` may differ to the upstream.
-pub fn normalize_path(raw: &str) -> Result<String, PathError> {
+/// kept, since `/dir/` and `/dir` may differ to the upstream. A path that is already normal (the
+/// usual case) is returned as it is, borrowed.
+pub fn normalize_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
+    if is_normal(raw) {
+        return Ok(Cow::Borrowed(raw));
+    }
+    normalize_owned(raw).map(Cow::Owned)
+}
+
+/// Whether `raw` is its own normal form: starts with `/`, no escape, no control byte, no empty,
+/// `.` or `..` segment (except an empty last one, the trailing slash).
+fn is_normal(raw: &str) -> bool {
+    let Some(rest) = raw.strip_prefix('/') else {
+        return false;
+    };
+    if raw
+        .bytes()
+        .any(|b| b == b'%' || b.is_ascii_control() || b == 0x7f)
+    {
+        return false;
+    }
+    let mut segments = rest.split('/').peekable();
+    while let Some(seg) = segments.next() {
+        let last = segments.peek().is_none();
+        if seg == "." || seg == ".." || (seg.is_empty() && !last) {
+            return false;
+        }
+    }
+    true
+}
+
+fn normalize_owned(raw: &str) -> Result<String, PathError> {
     let bytes = raw.as_bytes();
     if bytes.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
@@ -103,6 +135,19 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn a_normal_path_is_borrowed() {
+        for p in ["/", "/a", "/a/b/", "/a.b/c..d/.e", "/x?y"] {
+            assert!(
+                matches!(normalize_path(p), Ok(Cow::Borrowed(b)) if b == p),
+                "{p}"
+            );
+        }
+        for p in ["//a", "/a//b", "/a/./b", "/a/..", "/a/.", "/%41"] {
+            assert!(matches!(normalize_path(p), Ok(Cow::Owned(_))), "{p}");
+        }
+    }
+
+    #[test]
     fn resolves_dot_segments() {
         assert_eq!(normalize_path("/api/../admin").unwrap(), "/admin");
         assert_eq!(normalize_path("/api/./x").unwrap(), "/api/x");
@@ -153,6 +198,17 @@ mod tests {
         #[test]
         fn any_string_is_safe(s in ".{0,60}") {
             let _ = normalize_path(&s);
+        }
+
+        /// A path kept as it came is exactly what the full normalisation makes of it.
+        #[test]
+        fn a_borrowed_path_is_the_normal_form(s in "/[a-z./%0-9A-F\u{e9}\x01]{0,40}") {
+            let full = normalize_owned(&s);
+            match normalize_path(&s) {
+                Ok(Cow::Borrowed(b)) => prop_assert_eq!(Ok(b.to_string()), full),
+                Ok(Cow::Owned(o)) => prop_assert_eq!(Ok(o), full),
+                Err(e) => prop_assert_eq!(Err(e), full),
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 //! A prefix ending in `/` matches every path under it; any other prefix matches itself exactly and
 //! every path continuing with `/` (so `/api` serves `/api` and `/api/x` but never `/apix`).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// Which hosts a route serves.
@@ -192,7 +193,7 @@ impl<T: Clone> RouteTable<T> {
     /// Whether any route names this host (exactly or by wildcard); "any host" routes do not count.
     pub fn serves_host(&self, host: &str) -> bool {
         let h = normalize_host(host);
-        self.exact.contains_key(&h)
+        self.exact.contains_key(h.as_ref())
             || self
                 .wildcard
                 .iter()
@@ -225,8 +226,9 @@ impl<T: Clone> RouteTable<T> {
     }
 }
 
-/// Lowercases a `Host` value and drops its port and a trailing dot (`Example.COM.:80` → `example.com`).
-pub fn normalize_host(host: &str) -> String {
+/// Lowercases a `Host` value and drops its port and a trailing dot (`Example.COM.:80` → `example.com`);
+/// a name already in lower case is borrowed, not copied.
+pub fn normalize_host(host: &str) -> Cow<'_, str> {
     let h = host.trim();
     let name = if let Some(rest) = h.strip_prefix('[') {
         // IPv6 literal: keep the brackets' content.
@@ -237,7 +239,12 @@ pub fn normalize_host(host: &str) -> String {
             _ => h,
         }
     };
-    name.trim_end_matches('.').to_ascii_lowercase()
+    let name = name.trim_end_matches('.');
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(name)
+    }
 }
 
 fn pick<'a, T>(list: &'a [Entry<T>], path: &str) -> Option<&'a T> {

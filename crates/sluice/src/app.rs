@@ -97,6 +97,8 @@ pub struct App {
     /// The `reverse` endpoint's series, looked up once: the proxied requests are the many small
     /// ones, so they skip the per-request family lookups.
     proxy_series: std::sync::OnceLock<EndpointSeries>,
+    /// The `reverse` endpoint's count of 200 answers, looked up once for the same reason.
+    proxy_ok: std::sync::OnceLock<crate::atomic::Counter>,
     /// What the home page says about the other jobs; a reload replaces it.
     #[cfg(feature = "media")]
     home: Arc<arc_swap::ArcSwap<crate::media::pages::Home>>,
@@ -189,6 +191,7 @@ impl App {
             routing: Arc::new(arc_swap::ArcSwap::from_pointee(routing)),
             reloader: std::sync::OnceLock::new(),
             proxy_series: std::sync::OnceLock::new(),
+            proxy_ok: std::sync::OnceLock::new(),
             #[cfg(feature = "media")]
             home: Arc::new(arc_swap::ArcSwap::from_pointee(home::describe(config))),
             #[cfg(feature = "reverse")]

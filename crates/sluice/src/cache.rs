@@ -55,6 +55,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
 
 pub use config::{ByteSize, CacheConfig, RoutePolicyConfig};
+pub use serve::StoredHead;
 pub use slot::CacheSlot;
 pub use sluice_http::freshness::FreshnessPolicy;
 
@@ -245,15 +246,18 @@ impl Cache {
     /// at once; `None` otherwise, and then [`Cache::serve`] answers the request. `unseen` names
     /// request fields `req` lacks or holds as the client sent them rather than as the origin
     /// would get them (a front end's forwarding fields, added only when an origin is asked): an
-    /// object that varies on one of them is left to `serve`.
+    /// object that varies on one of them is left to `serve`. With `wire`, a plain GET's whole
+    /// answer comes with its head as a [`StoredHead`] extension and an empty header map (for a
+    /// writer of HTTP/1.1 bytes that adds nothing to the head).
     pub fn serve_fresh(
         &self,
         req: &http::request::Parts,
         key: &CacheKey,
         policy: &FreshnessPolicy,
         unseen: &[http::HeaderName],
+        wire: bool,
     ) -> Option<Response<Body>> {
-        self.inner.serve_fresh(req, key, policy, unseen)
+        self.inner.serve_fresh(req, key, policy, unseen, wire)
     }
 
     /// Handles a `PURGE` request for `key` from `peer` (see `purge`).

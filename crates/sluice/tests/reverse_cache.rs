@@ -105,6 +105,25 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
             .body(Full::new(Bytes::from(format!("for {xff}"))))
             .unwrap();
     }
+    if path == "/short" {
+        // Fresh for a second; revalidated with a 304 whose `x-served` names the request count.
+        let served = seen.lock().unwrap().len().to_string();
+        let b = Response::builder()
+            .header("cache-control", "max-age=1")
+            .header("etag", "\"s1\"")
+            .header("x-served", served);
+        let status = if req.headers().contains_key("if-none-match") {
+            StatusCode::NOT_MODIFIED
+        } else {
+            StatusCode::OK
+        };
+        let body = if status == StatusCode::OK {
+            Bytes::from_static(b"short body")
+        } else {
+            Bytes::new()
+        };
+        return b.status(status).body(Full::new(body)).unwrap();
+    }
     let body = if path.starts_with("/big") {
         pattern(BIG_LEN)
     } else {
@@ -637,4 +656,116 @@ async fn a_forged_forwarding_field_does_not_pick_another_clients_variant() {
     let (head, forged) = ask([127, 0, 0, 2], "X-Forwarded-For: 127.0.0.1\r\n").await;
     assert_eq!(forged, "for 127.0.0.2", "{head}");
     assert_eq!(origin.count("GET", "/vary-xff"), 2);
+}
+
+/// A route that adds nothing to a response (no `Via`, no edits) has its whole hits' heads written
+/// from the bytes stored with the object: the same head as the map-built one (a HEAD's), with
+/// `Age` and `Cache-Status` of each answer, and new bytes once a revalidation changed the fields.
+#[tokio::test]
+async fn a_hits_stored_head_follows_age_and_revalidation() {
+    use tokio::io::AsyncWriteExt;
+    let origin = CountingOrigin::start().await;
+    let mut config = cached_config(origin.addr);
+    config.reverse.via = false;
+    for r in &mut config.routes {
+        r.response_headers_add.clear();
+    }
+    let s = Sluice::start(config).await;
+    let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let get =
+        |method: &str, path: &str| format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let field = |head: &str, name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(": ")))
+            .map(str::to_string)
+    };
+    c.write_all(get("GET", "/exact.txt").as_bytes())
+        .await
+        .unwrap();
+    let (_, body) = read_response(&mut c, false).await;
+    assert_eq!(body, b"body of /exact.txt");
+    c.write_all(get("GET", "/exact.txt").as_bytes())
+        .await
+        .unwrap();
+    let (hit, body) = read_response(&mut c, false).await;
+    assert_eq!(body, b"body of /exact.txt");
+    assert_eq!(
+        clockless(&hit),
+        "HTTP/1.1 200 OK\r\n\
+         cache-control: public, max-age=3600\r\n\
+         etag: \"e1\"\r\n\
+         accept-ranges: bytes\r\n\
+         content-type: application/octet-stream\r\n\
+         date: <date>\r\n\
+         content-length: 18\r\n\
+         age: <age>\r\n\
+         cache-status: sluice; hit; ttl=<ttl>\r\n\r\n"
+    );
+    // A HEAD's head is built as a map: the same fields in the same order.
+    c.write_all(get("HEAD", "/exact.txt").as_bytes())
+        .await
+        .unwrap();
+    let (head, _) = read_response(&mut c, true).await;
+    assert_eq!(clockless(&head), clockless(&hit));
+    // Age moves on while the stored bytes stay (bounded wait for the next second).
+    let first_age: u64 = field(&hit, "age").unwrap().parse().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let later = loop {
+        c.write_all(get("GET", "/exact.txt").as_bytes())
+            .await
+            .unwrap();
+        let (h, body) = read_response(&mut c, false).await;
+        assert_eq!(body, b"body of /exact.txt");
+        let age: u64 = field(&h, "age").unwrap().parse().unwrap();
+        if age > first_age {
+            break h;
+        }
+        assert!(std::time::Instant::now() < deadline, "age stuck at {age}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let ttl = |h: &str| -> i64 {
+        field(h, "cache-status")
+            .unwrap()
+            .rsplit("ttl=")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(ttl(&later) < ttl(&hit), "{later}");
+    assert_eq!(origin.count("GET", "/exact.txt"), 1);
+
+    // Revalidation: the 304's fields replace the stored ones, and the next hit writes those.
+    c.write_all(get("GET", "/short").as_bytes()).await.unwrap();
+    let (miss, body) = read_response(&mut c, false).await;
+    assert_eq!(body, b"short body");
+    let first = field(&miss, "x-served").unwrap();
+    c.write_all(get("GET", "/short").as_bytes()).await.unwrap();
+    let (hit, _) = read_response(&mut c, false).await;
+    assert_eq!(field(&hit, "x-served"), Some(first.clone()), "{hit}");
+    assert!(hit.contains("cache-status: sluice; hit"), "{hit}");
+    // Stale after a second: the next GET revalidates (bounded wait).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let revalidated = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        c.write_all(get("GET", "/short").as_bytes()).await.unwrap();
+        let (h, body) = read_response(&mut c, false).await;
+        assert_eq!(body, b"short body");
+        if !h.contains("cache-status: sluice; hit") {
+            break h;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never revalidated: {h}"
+        );
+    };
+    let second = field(&revalidated, "x-served").unwrap();
+    assert_ne!(second, first, "{revalidated}");
+    assert!(origin.requests("GET", "/short").len() >= 2);
+    c.write_all(get("GET", "/short").as_bytes()).await.unwrap();
+    let (after, body) = read_response(&mut c, false).await;
+    assert_eq!(body, b"short body");
+    if after.contains("cache-status: sluice; hit") {
+        assert_eq!(field(&after, "x-served"), Some(second), "{after}");
+    }
 }

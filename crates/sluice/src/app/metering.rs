@@ -26,10 +26,15 @@ impl App {
         status: u16,
         mark: Option<&ErrorMark>,
     ) {
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels { endpoint, status })
-            .inc();
+        let labels = RequestLabels { endpoint, status };
+        if endpoint == "reverse" && status == 200 {
+            // The common answer's series, looked up once.
+            self.proxy_ok
+                .get_or_init(|| self.metrics.requests.get_or_create(&labels).clone())
+                .inc();
+        } else {
+            self.metrics.requests.get_or_create(&labels).inc();
+        }
         if let Some(mark) = mark {
             self.metrics
                 .errors

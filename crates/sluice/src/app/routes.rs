@@ -337,7 +337,9 @@ impl Routing {
         let _ = tokened;
         match self.lookup(listener, host.as_deref(), &path) {
             #[cfg(feature = "reverse")]
-            Some(Target::Proxy(route)) if !tokened => Dispatch::Proxy(route.clone(), path),
+            Some(Target::Proxy(route)) if !tokened => {
+                Dispatch::Proxy(route.clone(), path.into_owned())
+            }
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
             None if self.serves_xtream(listener, host.as_deref(), &path) => {
                 Dispatch::Builtin(Builtin::Media)

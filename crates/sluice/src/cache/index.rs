@@ -250,6 +250,7 @@ mod tests {
             vary,
             soft_purged: false,
             range_capable: true,
+            wire: Default::default(),
         })
     }
 

@@ -73,6 +73,27 @@ pub struct ObjectMeta {
     pub soft_purged: bool,
     /// The origin answered a slice request with 206: later slices may be fetched ahead.
     pub range_capable: bool,
+    /// The fields of a whole 200 answer from this object, written once (`serve::WireHit`).
+    pub wire: WireHead,
+}
+
+/// The stored fields of an object as a whole-body answer writes them (`name: value` lines, the
+/// fields that change per answer left out), made on the first hit that asks and kept with the
+/// object's metadata. A copy of the metadata (a revalidation's new head, a soft purge) starts
+/// empty, so the bytes never outlive the fields they were made from.
+#[derive(Debug, Default)]
+pub struct WireHead(std::sync::OnceLock<bytes::Bytes>);
+
+impl WireHead {
+    pub fn get_or_make(&self, make: impl FnOnce() -> bytes::Bytes) -> &bytes::Bytes {
+        self.0.get_or_init(make)
+    }
+}
+
+impl Clone for WireHead {
+    fn clone(&self) -> WireHead {
+        WireHead::default()
+    }
 }
 
 impl ObjectMeta {
@@ -271,6 +292,7 @@ impl ObjectMeta {
             vary,
             soft_purged: rec.soft_purged,
             range_capable: rec.range_capable,
+            wire: WireHead::default(),
         })
     }
 }
@@ -326,6 +348,7 @@ mod tests {
             vary: vec![header::ACCEPT_ENCODING],
             soft_purged: false,
             range_capable: true,
+            wire: Default::default(),
         };
         let back = ObjectMeta::from_bytes(&meta.to_bytes()).unwrap();
         assert_eq!(back.headers, meta.headers);

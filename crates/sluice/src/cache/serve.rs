@@ -469,6 +469,7 @@ impl Inner {
         key: &CacheKey,
         policy: &FreshnessPolicy,
         unseen: &[HeaderName],
+        wire: bool,
     ) -> Option<Response<Body>> {
         if parts.method != Method::GET && parts.method != Method::HEAD {
             return None;
@@ -490,6 +491,12 @@ impl Inner {
             ttl: Some(meta.ttl(now)),
             ..Default::default()
         };
+        if wire {
+            if let Some(resp) = self.whole_from_wire(parts, &meta, age, &status) {
+                self.metrics.result("hit");
+                return Some(resp);
+            }
+        }
         let resp = match self.head(parts, &meta, age, &status) {
             Head::Done(resp) => resp,
             Head::Body { code, headers, .. } if parts.method == Method::HEAD => {
@@ -509,6 +516,43 @@ impl Inner {
             }
         };
         self.metrics.result("hit");
+        Some(resp)
+    }
+
+    /// A plain GET's whole 200 answer from the memory tier with its head as stored bytes
+    /// ([`StoredHead`]) and no header map: `None` when the request asks for a part, is
+    /// conditional, or the body is not all in memory (then the head is built as a map).
+    fn whole_from_wire(
+        &self,
+        parts: &Parts,
+        meta: &ObjectMeta,
+        age: u64,
+        status: &CacheStatus,
+    ) -> Option<Response<Body>> {
+        let length = meta.length?;
+        if parts.method != Method::GET
+            || meta.status != StatusCode::OK
+            || parts.headers.contains_key(header::RANGE)
+            || not_modified(&parts.headers, &meta.headers)
+        {
+            return None;
+        }
+        let (body, files) = stream::from_memory(self, meta, &Plan::whole(length))?;
+        let fields = meta
+            .wire
+            .get_or_make(|| wire_fields(&meta.headers, length))
+            .clone();
+        let mut resp = Response::new(body);
+        resp.extensions_mut().insert(StoredHead {
+            fields,
+            age,
+            cache_status: status.render(CACHE_NAME),
+            has_date: meta.headers.contains_key(header::DATE),
+            length,
+        });
+        if let Some(f) = files {
+            resp.extensions_mut().insert(f);
+        }
         Some(resp)
     }
 
@@ -668,6 +712,43 @@ enum Revalidated {
     Changed,
     /// The origin failed; a 5xx answer is kept to pass on when no stale copy may be served.
     Failed(Option<Response<Body>>),
+}
+
+/// The head of a whole 200 answer from a stored object, for a writer of HTTP/1.1 bytes: the
+/// object's fields as written once (`ObjectMeta::wire`), and what changes per answer. The same
+/// fields as [`Inner::head`] makes as a map for that answer (`Accept-Ranges`, `Content-Length`,
+/// `Age`, `Cache-Status`), hop-by-hop fields left out as the proxy leaves them out.
+#[derive(Clone, Debug)]
+pub struct StoredHead {
+    /// `name: value\r\n` lines: the stored fields, `accept-ranges` and `content-length`.
+    pub fields: bytes::Bytes,
+    pub age: u64,
+    /// The `Cache-Status` value.
+    pub cache_status: String,
+    /// The stored fields have a `Date` (else the writer adds today's).
+    pub has_date: bool,
+    /// The body's length.
+    pub length: u64,
+}
+
+/// The stored fields of a whole 200 answer of `length` bytes as `name: value` lines, in the
+/// order the map answer has them, without the per-answer `Age` and `Cache-Status`.
+fn wire_fields(stored: &HeaderMap, length: u64) -> bytes::Bytes {
+    let mut headers = stored.clone();
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    headers.insert(header::CONTENT_LENGTH, length.into());
+    sluice_http::hop::strip_hop_by_hop(&mut headers, false);
+    let mut out = Vec::with_capacity(64 + headers.len() * 48);
+    for (name, value) in &headers {
+        if name == header::AGE || name == CACHE_STATUS {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    bytes::Bytes::from(out)
 }
 
 fn finish_head(headers: &mut HeaderMap, age: u64, status: &CacheStatus) {

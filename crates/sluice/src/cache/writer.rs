@@ -245,6 +245,7 @@ async fn fetch(
                 vary,
                 soft_purged: false,
                 range_capable: ranged,
+                wire: Default::default(),
             });
             // Registered under the object's own slice key before the object is in the index:
             // a request that finds it there and reads this slice must join this fill, not

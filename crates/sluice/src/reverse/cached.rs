@@ -101,7 +101,9 @@ impl Reverse {
         t: CacheTarget,
         (start, entry): (Instant, Option<Entry>),
     ) -> Response<Body> {
-        let resp = self.cached_response(route, parts, path, down, t).await;
+        let resp = self
+            .cached_response(route, parts, path, down, t, false)
+            .await;
         route.meters.ttfb().observe(start.elapsed().as_secs_f64());
         let record = Box::new(self.record(route, start, resp.status().as_u16(), entry));
         resp.map(|b| body::boxed(Counted::new(b, record)))
@@ -133,6 +135,7 @@ impl Reverse {
         path: &str,
         down: &Downstream,
         t: CacheTarget,
+        wire: bool,
     ) -> Response<Body> {
         let (Some(cache), Some(policy)) = (self.cache.as_ref(), route.cache_policy.as_ref()) else {
             // `CacheTarget::of` only exists for caching routes.
@@ -145,7 +148,7 @@ impl Reverse {
         let cluster = cache.cluster().cloned();
         if cluster.is_none() && parts.method.as_str() != "PURGE" {
             let mut resp = self
-                .cached_alone(route, cache, policy, parts, down, t, &key)
+                .cached_alone(route, cache, policy, parts, down, (t, &key), wire)
                 .await;
             self.response_fields(route, resp.headers_mut(), Version::HTTP_11);
             return resp;
@@ -260,6 +263,7 @@ impl Reverse {
     /// answered from the client's fields as the upstream would get them, before anything only an
     /// origin request needs is made: this hop's forwarding fields (unless the object varies on
     /// one), the origin. Anything else goes on to [`Cache::serve`] with those fields added.
+    /// `wire`: a whole hit may come with its head as stored bytes (see [`Cache::serve_fresh`]).
     #[allow(clippy::too_many_arguments)]
     async fn cached_alone(
         &self,
@@ -268,8 +272,8 @@ impl Reverse {
         policy: &FreshnessPolicy,
         mut parts: http::request::Parts,
         down: &Downstream,
-        t: CacheTarget,
-        key: &CacheKey,
+        (t, key): (CacheTarget, &CacheKey),
+        wire: bool,
     ) -> Response<Body> {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let balance = hash_key(route, target, &parts.headers, down);
@@ -282,7 +286,7 @@ impl Reverse {
         cparts.uri = t.target;
         cparts.version = parts.version;
         cparts.headers = headers;
-        if let Some(resp) = cache.serve_fresh(&cparts, key, policy, &forwarded::FIELDS) {
+        if let Some(resp) = cache.serve_fresh(&cparts, key, policy, &forwarded::FIELDS, wire) {
             return resp;
         }
         self.add_forwarding(route, &mut cparts.headers, down, parts.version);
@@ -325,8 +329,18 @@ impl Reverse {
         parts.headers = req.headers;
         // The fast path only takes origin-form targets `http` accepts.
         parts.uri = req.target.parse().unwrap_or_default();
+        // A hit's head may be written from the stored bytes when nothing on the way edits it:
+        // no `Via`, no route response edits, no `Alt-Svc` to offer.
+        let wire = !head_only
+            && alt_svc.is_none()
+            && !self.settings.via
+            && route.resp_remove.is_empty()
+            && route.resp_add.is_empty();
         let mut resp = match CacheTarget::of(self, route, &parts.uri, path, down) {
-            Some(t) => self.cached_response(route, parts, path, down, t).await,
+            Some(t) => {
+                self.cached_response(route, parts, path, down, t, wire)
+                    .await
+            }
             // As `upstream_head` answers on hyper's path.
             None => ProxyError::new(
                 crate::error::Side::Upstream,

@@ -376,7 +376,7 @@ pub(super) fn write_head(
 }
 
 /// Today's `Date` value, formatted once per second per thread.
-fn now_date(f: impl FnOnce(&str)) {
+pub(super) fn now_date(f: impl FnOnce(&str)) {
     use std::cell::RefCell;
     use std::time::{SystemTime, UNIX_EPOCH};
     thread_local! {

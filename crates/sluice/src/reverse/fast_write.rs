@@ -16,9 +16,11 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncWriteExt, Interest};
 
-use super::fast::{write_head, FastClient};
+use super::fast::{now_date, write_head, FastClient};
 use crate::body::Body;
 use crate::cache::shm::{FileBody, Piece};
+use crate::cache::StoredHead;
+use crate::upstream::h1::push_field as field;
 
 /// A frame up to this size goes out in one write with what precedes it (the head, a chunk
 /// header); a larger one is written on its own rather than copied.
@@ -65,9 +67,16 @@ pub async fn write_response<W: FastClient>(
     let (mut parts, body) = resp.into_parts();
     let status = parts.status;
     let files = parts.extensions.remove::<FileBody>();
-    let framing = framing(status, head_only, &mut parts.headers, &body);
-    let mut out = Vec::with_capacity(512);
-    write_head(&mut out, status.as_u16(), &parts.headers, None, close);
+    let (out, framing) = match parts.extensions.remove::<StoredHead>() {
+        // A whole hit: the stored head's bytes, not a map made and written per answer.
+        Some(stored) if !head_only => (stored_head(&stored, close), Framing::Length(stored.length)),
+        _ => {
+            let framing = framing(status, head_only, &mut parts.headers, &body);
+            let mut out = Vec::with_capacity(512);
+            write_head(&mut out, status.as_u16(), &parts.headers, None, close);
+            (out, framing)
+        }
+    };
     let result = match framing {
         Framing::None => client.write_all(&out).await,
         Framing::Length(n) => match files.filter(|f| f.total() == n && client.socket().is_some()) {
@@ -83,6 +92,26 @@ pub async fn write_response<W: FastClient>(
             false
         }
     }
+}
+
+/// A whole hit's head from its stored bytes: as `write_head` writes the same answer's map (the
+/// stored fields, then `Age`, `Cache-Status`, `Connection: close` when closing, and `Date`
+/// unless stored).
+fn stored_head(stored: &StoredHead, close: bool) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(stored.fields.len() + 160);
+    out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    out.extend_from_slice(&stored.fields);
+    let _ = write!(out, "age: {}\r\n", stored.age);
+    field(&mut out, "cache-status", stored.cache_status.as_bytes());
+    if close {
+        field(&mut out, "connection", b"close");
+    }
+    if !stored.has_date {
+        now_date(|d| field(&mut out, "date", d.as_bytes()));
+    }
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 /// The body's framing, with the head's fields made to say it (as hyper would).

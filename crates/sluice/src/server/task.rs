@@ -109,8 +109,10 @@ impl<H: Handler> Future for Connection<H> {
                         else {
                             unreachable!()
                         };
-                        let busy = this.conn.clone().serve_busy(idle, this.peer.get());
-                        this.state = State::Busy(Box::pin(busy));
+                        // Built in its box, not copied there (it is large).
+                        let (conn, peer) = (this.conn.clone(), this.peer.get());
+                        let busy = super::boxed_in_place(|| conn.serve_busy(idle, peer));
+                        this.state = State::Busy(busy);
                     }
                 },
                 #[cfg(feature = "reverse")]

@@ -270,12 +270,12 @@ impl Group {
     pub fn plan(&self, key: Option<&[u8]>) -> Vec<Arc<Server>> {
         let now = clock_ms();
         let mut trial = None;
-        let mut usable = vec![false; self.servers.len()];
+        let mut usable = Marks::new(self.servers.len());
         for (i, s) in self.servers.iter().enumerate() {
             match s.admit(now) {
-                Admit::Yes => usable[i] = true,
+                Admit::Yes => usable.set(i),
                 Admit::Trial if trial.is_none() => {
-                    usable[i] = true;
+                    usable.set(i);
                     trial = Some(i);
                 }
                 // A second expired server waits for the next plan.
@@ -283,87 +283,117 @@ impl Group {
                 Admit::No => {}
             }
         }
-        let mut order = if self.primaries.iter().any(|&i| usable[i]) {
-            self.order_primaries(key, &usable)
+        // The plan is the one allocation: the order is worked out in it.
+        let live = self.primaries.iter().filter(|&&i| usable.get(i)).count();
+        let mut order = if live > 0 {
+            self.order_primaries(key, &usable, live)
         } else {
-            let live: Vec<usize> = self
+            let mut order: Vec<Arc<Server>> = self
                 .backups
                 .iter()
-                .copied()
-                .filter(|&i| usable[i])
+                .filter(|&&i| usable.get(i))
+                .map(|&i| Arc::clone(&self.servers[i]))
                 .collect();
-            rotate(live, self.next.fetch_add(1, Ordering::Relaxed))
+            rotate(&mut order, self.next.fetch_add(1, Ordering::Relaxed));
+            order
         };
         if let Some(t) = trial {
-            if let Some(pos) = order.iter().position(|&i| i == t) {
-                order.remove(pos);
-                order.insert(0, t);
+            let t = &self.servers[t];
+            if let Some(pos) = order.iter().position(|s| Arc::ptr_eq(s, t)) {
+                order[..=pos].rotate_right(1);
             }
         }
         order
-            .into_iter()
-            .map(|i| Arc::clone(&self.servers[i]))
-            .collect()
     }
 
-    fn order_primaries(&self, key: Option<&[u8]>, usable: &[bool]) -> Vec<usize> {
-        let live: Vec<usize> = self
-            .primaries
-            .iter()
-            .copied()
-            .filter(|&i| usable[i])
-            .collect();
+    /// The `live` usable primaries in the order the balancing asks for.
+    fn order_primaries(&self, key: Option<&[u8]>, usable: &Marks, live: usize) -> Vec<Arc<Server>> {
+        let mut order = Vec::with_capacity(live);
+        let usable_primaries = || self.primaries.iter().copied().filter(|&i| usable.get(i));
         match (self.balance, key, &self.ring) {
             (Balance::Hash, Some(key), Some(ring)) => {
                 let first = ring
-                    .pick(ring.slot(key), |p| usable[self.primaries[p]])
+                    .pick(ring.slot(key), |p| usable.get(self.primaries[p]))
                     .map(|p| self.primaries[p]);
-                let mut order = live;
-                if let Some(first) = first {
-                    let pos = order.iter().position(|&i| i == first).unwrap_or(0);
-                    order.rotate_left(pos);
-                }
-                order
+                let pos = first
+                    .and_then(|first| usable_primaries().position(|i| i == first))
+                    .unwrap_or(0);
+                order.extend(usable_primaries().map(|i| Arc::clone(&self.servers[i])));
+                order.rotate_left(pos);
             }
             (Balance::LeastConn, _, _) => {
-                let live = rotate(live, self.next.fetch_add(1, Ordering::Relaxed));
-                let mut loads: Vec<(usize, u64, u32)> = live
-                    .iter()
-                    .map(|&i| {
+                let mut loads: Vec<(usize, u64, u32)> = usable_primaries()
+                    .map(|i| {
                         let s = &self.servers[i];
                         (i, s.in_flight() as u64, s.weight)
                     })
                     .collect();
+                rotate(&mut loads, self.next.fetch_add(1, Ordering::Relaxed));
                 select::order_by_load(&mut loads);
-                loads.into_iter().map(|(i, _, _)| i).collect()
+                order.extend(
+                    loads
+                        .into_iter()
+                        .map(|(i, _, _)| Arc::clone(&self.servers[i])),
+                );
             }
             _ => {
                 // Walk the weighted cycle from the next position; the first usable entry leads,
                 // the other usable primaries follow in cycle order.
                 let start = self.next.fetch_add(1, Ordering::Relaxed);
                 let n = self.cycle.len();
-                let mut order = Vec::with_capacity(live.len());
+                let mut taken = Marks::new(self.servers.len());
                 for k in 0..n {
                     let i = self.cycle[(start + k) % n];
-                    if usable[i] && !order.contains(&i) {
-                        order.push(i);
-                        if order.len() == live.len() {
+                    if usable.get(i) && !taken.get(i) {
+                        taken.set(i);
+                        order.push(Arc::clone(&self.servers[i]));
+                        if order.len() == live {
                             break;
                         }
                     }
                 }
-                order
             }
+        }
+        order
+    }
+}
+
+/// A set of server indices: bits in a word for a group of up to 64 servers (no allocation), a
+/// vector beyond.
+enum Marks {
+    Word(u64),
+    Many(Vec<bool>),
+}
+
+impl Marks {
+    fn new(n: usize) -> Marks {
+        if n <= 64 {
+            Marks::Word(0)
+        } else {
+            Marks::Many(vec![false; n])
+        }
+    }
+
+    fn set(&mut self, i: usize) {
+        match self {
+            Marks::Word(w) => *w |= 1 << i,
+            Marks::Many(v) => v[i] = true,
+        }
+    }
+
+    fn get(&self, i: usize) -> bool {
+        match self {
+            Marks::Word(w) => i < 64 && *w & (1 << i) != 0,
+            Marks::Many(v) => v.get(i).copied().unwrap_or(false),
         }
     }
 }
 
-fn rotate(mut v: Vec<usize>, by: usize) -> Vec<usize> {
+fn rotate<T>(v: &mut [T], by: usize) {
     if !v.is_empty() {
         let n = v.len();
         v.rotate_left(by % n);
     }
-    v
 }
 
 /// Milliseconds since the first call, never 0 (0 means "not ejected").

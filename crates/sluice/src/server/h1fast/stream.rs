@@ -3,8 +3,11 @@
 //! socket's readiness, so the loop in `h1fast` is the same for either.
 
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::server::activity::{Activity, Watched};
@@ -23,7 +26,8 @@ pub(in crate::server) trait FastStream:
 
     /// Appends what can be read now to `buf`; `WouldBlock` when nothing can be without waiting
     /// for the socket (then waiting for its readiness is right: nothing is held above it).
-    fn try_read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize>;
+    /// `cx` is the reading task's: a read may register it for the socket's next readiness.
+    fn read_now(&mut self, cx: &mut Context<'_>, buf: &mut Vec<u8>) -> io::Result<usize>;
 
     /// The connection's activity record (requests in flight, send stalls).
     fn activity(&self) -> &Arc<Activity> {
@@ -54,8 +58,22 @@ impl FastStream for Watched<TcpStream> {
         self
     }
 
-    fn try_read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        self.get_ref().try_read_buf(buf)
+    /// Through tokio's own read: a socket last seen drained (a read shorter than the room
+    /// given, or `WouldBlock`) is not read again until the poller reports new bytes, so the
+    /// read after a response that would find nothing is not made.
+    fn read_now(&mut self, cx: &mut Context<'_>, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let len = buf.len();
+        let mut spare = ReadBuf::uninit(buf.spare_capacity_mut());
+        match Pin::new(self).poll_read(cx, &mut spare) {
+            Poll::Ready(Ok(())) => {
+                let n = spare.filled().len();
+                // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
+                unsafe { buf.set_len(len + n) };
+                Ok(n)
+            }
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 }
 
@@ -88,10 +106,8 @@ impl FastStream for TlsClient {
     /// plaintext and the socket would block (it reads until then), so the caller waits on the
     /// socket. Polled with a waker that does nothing: the caller registers its own through the
     /// socket's readiness.
-    fn try_read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        use std::pin::Pin;
-        use std::task::{Context, Poll, Waker};
-        use tokio::io::{AsyncRead, ReadBuf};
+    fn read_now(&mut self, _: &mut Context<'_>, buf: &mut Vec<u8>) -> io::Result<usize> {
+        use std::task::Waker;
         let len = buf.len();
         let mut spare = ReadBuf::uninit(buf.spare_capacity_mut());
         let mut cx = Context::from_waker(Waker::noop());
