@@ -136,6 +136,17 @@ pub async fn serve_reloadable(
     // Every listener is bound: tell the previous process (upgrade) or the service manager.
     server::upgrade::announce_ready();
     tokio::spawn(server::notify::watchdog());
+    let release = if config.server.release_memory && runtime::release::supported() {
+        let app = app.clone();
+        Some(tokio::spawn(runtime::release::run(move || {
+            use server::Handler;
+            let m = app.http_metrics();
+            let p = &m.protocol;
+            m.connections.get() + p.http1.get() + p.http2.get() + p.http3.get()
+        })))
+    } else {
+        None
+    };
     #[cfg(any(feature = "tcp", feature = "cache"))]
     let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -161,6 +172,9 @@ pub async fn serve_reloadable(
             }
         },
     );
+    if let Some(release) = release {
+        release.abort();
+    }
     // Slices queued for the disk tier are hits after the restart only once written.
     #[cfg(feature = "cache")]
     if let Some(cache) = app.cache() {

@@ -12,6 +12,14 @@ use sluice::config::{Config, Overrides};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Otherwise the C library's malloc, with tokio's 128-byte-aligned task cells and socket
+/// registrations packed in pools instead of carved out of larger chunks
+/// (`sluice::runtime::aligned_pool`; docs/decisions/idle-connection-memory.md).
+#[cfg(not(feature = "jemalloc"))]
+#[global_allocator]
+static GLOBAL: sluice::runtime::aligned_pool::AlignedPool =
+    sluice::runtime::aligned_pool::AlignedPool;
+
 fn main() -> anyhow::Result<()> {
     let action = match sluice::cli::parse(std::env::args_os().skip(1)) {
         Ok(action) => action,

@@ -2,7 +2,9 @@
 //! current-thread runtime per core, each accepting on its own `SO_REUSEPORT` listener and keeping its
 //! own reverse proxy upstream pools. Also which per-core worker the calling thread is.
 
+pub mod aligned_pool;
 pub mod busy_poll;
+pub mod release;
 
 use std::cell::Cell;
 use std::time::Duration;

@@ -799,16 +799,17 @@ impl<H: Handler> Conn<H> {
                 })
             }
         });
+        // Pinned where it is built: `tokio::pin!` moves it into a second binding, and an
+        // unoptimised build kept both 1.5 KiB copies in every idle HTTP/2 connection's state.
         #[cfg(feature = "http2")]
-        let conn = self
+        let mut conn = std::pin::pin!(self
             .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service);
+            .serve_connection_with_upgrades(TokioIo::new(io), service));
         #[cfg(not(feature = "http2"))]
-        let conn = self
+        let mut conn = std::pin::pin!(self
             .builder
             .serve_connection(TokioIo::new(io), service)
-            .with_upgrades();
-        tokio::pin!(conn);
+            .with_upgrades());
         let t = &self.timeouts;
         let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
         // Draining: responses say `Connection: close`, and a connection with nothing in flight

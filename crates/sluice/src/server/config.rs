@@ -74,6 +74,9 @@ pub struct ServerConfig {
     /// for events after an HTTP request or TCP relay traffic before it sleeps; 0 = sleep at once
     /// (`runtime::busy_poll`).
     pub busy_poll_us: u64,
+    /// After a burst, once a second passes with no new connection or request, free memory goes
+    /// back to the system (`malloc_trim`, glibc builds only; `runtime::release`).
+    pub release_memory: bool,
     /// `[server.http3]`: HTTP/3 (QUIC) on the TLS listeners.
     pub http3: super::quic::Http3Config,
 }
@@ -108,6 +111,7 @@ impl Default for ServerConfig {
             // Off: under an equal CPU budget it cost 1.5–2.4× the CPU per request at steady
             // moderate rates for at most a few ms of p99 (docs/decisions/busy-poll-default.md).
             busy_poll_us: 0,
+            release_memory: true,
             http3: Default::default(),
         }
     }
@@ -136,6 +140,7 @@ config_section!(ServerConfig {
     threads,
     h1_fast_path,
     busy_poll_us,
+    release_memory,
     http3,
 });
 
