@@ -40,10 +40,16 @@ pub struct Hop<'a> {
 pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
     let mut peer_text = IpText::default();
     let peer = peer_text.of(hop.peer);
-    let prior_xff = joined(headers, &XFF);
-    let prior_fwd = joined(headers, &FORWARDED);
+    // The prior chains are read only where they are extended (a trusted peer).
+    let prior_fwd = if hop.trusted && hop.forwarded {
+        joined(headers, &FORWARDED)
+    } else {
+        None
+    };
+    // The peer's own value, when it is `X-Forwarded-For` whole, serves `X-Real-IP` too.
+    let mut peer_value = None;
     if hop.trusted {
-        let xff = match prior_xff {
+        let xff = match joined(headers, &XFF) {
             Some(chain) if !chain.trim().is_empty() => format!("{chain}, {peer}"),
             _ => peer.to_string(),
         };
@@ -58,12 +64,25 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
         set_host(headers, xfh.as_deref());
     } else {
         // The common case on the request path: no joined strings, the proto without a copy.
-        set(headers, XFF, peer);
+        match HeaderValue::from_str(peer) {
+            Ok(v) => {
+                headers.insert(XFF, v.clone());
+                peer_value = Some(v);
+            }
+            Err(_) => {
+                headers.remove(XFF);
+            }
+        }
         set_proto(headers, hop.proto);
         set_host(headers, hop.host);
     }
     match hop.client {
-        Some(ip) if ip == hop.peer => set(headers, X_REAL_IP, peer),
+        Some(ip) if ip == hop.peer => match peer_value {
+            Some(v) => {
+                headers.insert(X_REAL_IP, v);
+            }
+            None => set(headers, X_REAL_IP, peer),
+        },
         Some(ip) => set(headers, X_REAL_IP, IpText::default().of(ip)),
         None => {
             headers.remove(X_REAL_IP);

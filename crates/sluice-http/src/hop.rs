@@ -3,21 +3,30 @@
 
 use http::header::{self, HeaderMap, HeaderName};
 
-/// Headers that describe one connection, never the message.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    HeaderName::from_static("keep-alive"),
-];
+/// How many names are hop-by-hop by definition: those that describe one connection, never the
+/// message (`hop_name` lists them, `proxy-connection` last).
+const HOP_NAMES: usize = 9;
 
 /// Whether `name` is hop-by-hop by definition (not counting names listed in `Connection`).
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name) || name.as_str() == "proxy-connection"
+    hop_index(name.as_str()).is_some()
+}
+
+/// Where the lower-case `name` stands among the hop-by-hop names (`hop_name`'s order). A match
+/// on the text: a constant array of names would be built and dropped at every search.
+fn hop_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "connection" => 0,
+        "proxy-authenticate" => 1,
+        "proxy-authorization" => 2,
+        "te" => 3,
+        "trailer" => 4,
+        "transfer-encoding" => 5,
+        "upgrade" => 6,
+        "keep-alive" => 7,
+        "proxy-connection" => 8,
+        _ => return None,
+    })
 }
 
 /// The header names listed in every `Connection` header (lowercase, invalid tokens skipped).
@@ -38,13 +47,11 @@ pub fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
 /// names `Connection` lists) are then removed, each one hashed lookup. Most heads carry none, and
 /// most that do carry one (`Connection: keep-alive`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
-    // Bit i: `HOP_BY_HOP[i]` is present; bit 8: `proxy-connection`.
+    // Bit i: `hop_name(i)` is present.
     let mut present = 0u16;
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+        if let Some(i) = hop_index(name.as_str()) {
             present |= 1 << i;
-        } else if name.as_str() == "proxy-connection" {
-            present |= 1 << HOP_BY_HOP.len();
         }
     }
     if present == 0 {
@@ -58,7 +65,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
-    // `Connection` is `HOP_BY_HOP[0]`: the fields it lists go first, in its order (removing
+    // `Connection` is `hop_name(0)`: the fields it lists go first, in its order (removing
     // moves the map's last field into the gap, so the order of removals is the order of what is
     // left). A listed name no field has (`close`, usually) costs a lookup, no allocation.
     let mut named = Vec::new();
@@ -70,13 +77,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
             .flat_map(|v| v.split(','))
             .map(str::trim)
         {
-            if let Some(i) = HOP_BY_HOP
-                .iter()
-                .position(|h| token.eq_ignore_ascii_case(h.as_str()))
-            {
+            let hop = match hop_index(token) {
+                Some(i) => Some(i),
+                None if token.bytes().any(|b| b.is_ascii_uppercase()) => {
+                    hop_index(&token.to_ascii_lowercase())
+                }
+                None => None,
+            };
+            if let Some(i) = hop {
                 if present & (1 << i) != 0 {
                     present &= !(1 << i);
-                    named.push(HOP_BY_HOP[i].clone());
+                    named.push(hop_name(i));
                 }
             } else if headers.contains_key(token) {
                 if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
@@ -88,16 +99,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
     for name in named {
         headers.remove(&name);
     }
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+    for i in 0..HOP_NAMES {
         if present & (1 << i) != 0 {
-            headers.remove(name);
+            headers.remove(hop_name(i));
         }
-    }
-    if present & (1 << HOP_BY_HOP.len()) != 0 {
-        headers.remove("proxy-connection");
     }
     if te_trailers {
         headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
+    }
+}
+
+/// The hop-by-hop name at `hop_index` `i`.
+fn hop_name(i: usize) -> HeaderName {
+    match i {
+        0 => header::CONNECTION,
+        1 => header::PROXY_AUTHENTICATE,
+        2 => header::PROXY_AUTHORIZATION,
+        3 => header::TE,
+        4 => header::TRAILER,
+        5 => header::TRANSFER_ENCODING,
+        6 => header::UPGRADE,
+        7 => HeaderName::from_static("keep-alive"),
+        _ => HeaderName::from_static("proxy-connection"),
     }
 }
 

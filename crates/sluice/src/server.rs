@@ -761,7 +761,11 @@ impl<H: Handler> Conn<H> {
             crate::runtime::busy_poll::stamp();
             let mut req = req.map(crate::body::Incoming::Hyper);
             by_version.requests(req.version()).inc();
-            req.extensions_mut().insert(listener);
+            // Routing takes a request without one for the main listener's: inserting it costs
+            // the extensions map and a box per request (two allocations).
+            if listener != ListenerId::default() {
+                req.extensions_mut().insert(listener);
+            }
             if let Some(tap) = tap
                 .as_ref()
                 .filter(|_| req.version() == http::Version::HTTP_11)

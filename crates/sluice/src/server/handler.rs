@@ -15,15 +15,17 @@ use crate::body::Body;
 use crate::metrics::HttpMetrics;
 
 /// Which listener accepted a request's connection (an index into
-/// `ServerConfig::listener_names`), put in the request's extensions by the server.
+/// `ServerConfig::listener_names`), put in the request's extensions by the server for every
+/// listener but the main one: a request without one came from `ListenerId(0)`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ListenerId(pub usize);
 
 /// The dispatch above the server. Generic (not a trait object) in the server, so a request costs
 /// no dynamic call and no allocation for reaching it.
 pub trait Handler: Send + Sync + 'static {
-    /// Serves one request (its extensions carry the [`ListenerId`]); `guard` is held until the
-    /// response body ends, so the connection counts the request as in flight.
+    /// Serves one request (its extensions carry the [`ListenerId`], but the main listener's);
+    /// `guard` is held until the response body ends, so the connection counts the request as in
+    /// flight.
     fn handle(
         &self,
         req: Request<Incoming>,

@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use super::body::H3Body;
 use super::conn::Shared;
 use crate::body::Incoming;
-use crate::server::handler::Handler;
+use crate::server::handler::{Handler, ListenerId};
 
 type Responder = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
@@ -41,7 +41,10 @@ pub async fn serve<H: Handler>(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok());
     let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(H3Body::new(recv, length)));
-    req.extensions_mut().insert(shared.listener);
+    // As over TCP: none for the main listener (see `ListenerId`).
+    if shared.listener != ListenerId::default() {
+        req.extensions_mut().insert(shared.listener);
+    }
     shared.requests.inc();
     let guard = shared.activity.begin();
     // Boxed, as on the HTTP/1.1 and HTTP/2 path: the handler's future is large, and this one is
