@@ -3,7 +3,6 @@
 //! header and HTTP/2 stream limits, the connection limit, and graceful shutdown.
 
 pub mod activity;
-#[cfg(feature = "reverse")]
 mod clock;
 pub mod config;
 #[cfg(feature = "reverse")]
@@ -24,6 +23,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -31,6 +31,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use activity::{Activity, Watched};
@@ -293,7 +294,6 @@ impl<H: Handler> Server<H> {
             splice: self.handler.splices_streams(),
             fast_path: self.config.h1_fast_path,
             alt_svc: None,
-            #[cfg(feature = "reverse")]
             clock: clock::Clock::start(stop_rx.clone()),
         };
         // The `Alt-Svc` value of the TLS listener on an address (`None`: not advertised).
@@ -455,7 +455,6 @@ impl<H: Handler> Core<H> {
         let mut loops = Vec::new();
         // This runtime's own clock for its connections' deadlines.
         let base = Conn {
-            #[cfg(feature = "reverse")]
             clock: clock::Clock::start(stop.clone()),
             ..self.conn.clone()
         };
@@ -567,8 +566,7 @@ struct Conn<H> {
     fast_path: bool,
     /// `Alt-Svc` for this listener's TLS responses: HTTP/3 on the same port.
     alt_svc: Option<http::HeaderValue>,
-    /// The runtime's clock for the fast path's connection deadlines (`clock`).
-    #[cfg(feature = "reverse")]
+    /// The runtime's clock for its connections' deadlines (`clock`).
     clock: Arc<clock::Clock>,
 }
 
@@ -586,7 +584,6 @@ impl<H> Clone for Conn<H> {
             splice: self.splice,
             fast_path: self.fast_path,
             alt_svc: self.alt_svc.clone(),
-            #[cfg(feature = "reverse")]
             clock: self.clock.clone(),
         }
     }
@@ -594,9 +591,15 @@ impl<H> Clone for Conn<H> {
 
 /// Tells a client that stopped reading from one that reads slowly: writes blocked for the whole
 /// send timeout *and* the socket's unacknowledged bytes not shrinking meanwhile.
+///
+/// A stall is judged only from a second look within it: a first look finds no earlier count to
+/// compare with, and a look that came late (a busy thread, a late timer) could otherwise cut a
+/// client whose window shut just after the look before and which has been reading since.
 struct SendWatch {
     activity: Arc<Activity>,
     fd: std::os::fd::RawFd,
+    /// The last look found writes blocked.
+    looked: bool,
     unacked: Option<u64>,
 }
 
@@ -606,12 +609,14 @@ impl SendWatch {
             activity: stream.activity().clone(),
             // Kept to read the send queue; valid while the connection (which owns it) is alive.
             fd: std::os::fd::AsRawFd::as_raw_fd(stream.get_ref()),
+            looked: false,
             unacked: None,
         }
     }
 
     fn stalled(&mut self, limit: Duration) -> bool {
         if self.activity.send_stalled_for().is_none() {
+            self.looked = false;
             self.unacked = None;
             return false;
         }
@@ -622,7 +627,8 @@ impl SendWatch {
             }
         }
         self.unacked = now;
-        self.activity.send_stalled_for().is_some_and(|d| d >= limit)
+        let second = std::mem::replace(&mut self.looked, true);
+        second && self.activity.send_stalled_for().is_some_and(|d| d >= limit)
     }
 }
 
@@ -748,23 +754,27 @@ impl<H: Handler> Conn<H> {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let activity = watch.activity.clone();
-        let handler = self.handler.clone();
         let act = activity.clone();
         let bodies = stall::Watchlist::new();
         let watched = bodies.clone();
-        let listener = self.listener;
-        let stopping = self.stop.clone();
         let mut stop = self.stop.clone();
-        let alt_svc = self.alt_svc.clone().filter(|_| secure);
-        let by_version = handler.http_metrics().protocol.clone();
+        // The service reads the connection's settings (handler, listener, stop flag, `Alt-Svc`,
+        // metrics) through one pointer: hyper keeps it for the connection's whole life, idle or
+        // not, and copies of each came to ~140 bytes per connection.
+        let settings = self.clone();
         let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             crate::runtime::busy_poll::stamp();
             let mut req = req.map(crate::body::Incoming::Hyper);
-            by_version.requests(req.version()).inc();
+            let handler = settings.handler.clone();
+            handler
+                .http_metrics()
+                .protocol
+                .requests(req.version())
+                .inc();
             // Routing takes a request without one for the main listener's: inserting it costs
             // the extensions map and a box per request (two allocations).
-            if listener != ListenerId::default() {
-                req.extensions_mut().insert(listener);
+            if settings.listener != ListenerId::default() {
+                req.extensions_mut().insert(settings.listener);
             }
             if let Some(tap) = tap
                 .as_ref()
@@ -772,14 +782,13 @@ impl<H: Handler> Conn<H> {
             {
                 req.extensions_mut().insert(spliced::SpliceTap(tap.clone()));
             }
-            let handler = handler.clone();
             let guard = act.begin();
             // Draining: this is the connection's last HTTP/1 response.
-            let last = *stopping.borrow() && req.version() < http::Version::HTTP_2;
+            let last = *settings.stop.borrow() && req.version() < http::Version::HTTP_2;
             // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
-            let alt_svc = alt_svc.clone();
+            let alt_svc = settings.alt_svc.as_ref().filter(|_| secure).cloned();
             async move {
                 // Boxed: the handler's future is tens of KiB (every front end's state), and
                 // hyper moves this one into each HTTP/2 stream's task and again when it spawns it;
@@ -815,13 +824,60 @@ impl<H: Handler> Conn<H> {
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades());
         let t = &self.timeouts;
-        let mut ticker = tokio::time::interval(Duration::from_secs(1).min(t.idle).min(t.send));
+        let tick = Duration::from_secs(1).min(t.idle).min(t.send);
+        // The checks below run on the runtime's clock: once a tick while a response is under
+        // way or writes are blocked, otherwise once, when the idle limit is reached; an idle
+        // connection is not woken every second.
+        let mut alarm = clock::Alarm::new(self.clock.clone());
+        // Ticks fall on a grid from the connection's start, as an `Interval`'s did: the send
+        // watch compares the bytes the client acknowledged from one tick to the next, and a gap
+        // longer than the send timeout could cut a client that reads slowly.
+        let start = Instant::now();
+        let tick_ns = tick.as_nanos().max(1);
+        let after = |now: Instant| {
+            let n = now.saturating_duration_since(start).as_nanos() / tick_ns + 1;
+            start + Duration::from_nanos(u64::try_from(n * tick_ns).unwrap_or(u64::MAX))
+        };
+        // The next tick, while one is due.
+        let mut next_tick: Option<Instant> = None;
         // Draining: responses say `Connection: close`, and a connection with nothing in flight
         // is closed once it has been idle for `DRAIN_IDLE`.
         let mut draining = *stop.borrow();
         let mut closing = false;
         loop {
+            // A connection that has not sent a first request has the header read timeout (an
+            // incomplete head is the screen's); between requests, the idle timeout.
+            let limit = if draining {
+                DRAIN_IDLE
+            } else if activity.began() {
+                t.idle
+            } else {
+                t.header_read.min(t.idle)
+            };
+            // Looked at each time the task wakes (after hyper, which may just have begun a
+            // request), so a tick is due as soon as a response is under way.
+            let checked = std::future::poll_fn(|cx| {
+                let now = Instant::now();
+                let due = match activity.idle_for() {
+                    Some(idle) if activity.send_stalled_for().is_none() => {
+                        next_tick = None;
+                        if closing {
+                            // Only hyper's own close is left to wait for.
+                            return Poll::Pending;
+                        }
+                        now + limit.saturating_sub(idle)
+                    }
+                    _ => *next_tick.get_or_insert_with(|| after(now)),
+                };
+                if now >= due {
+                    next_tick = None;
+                    return Poll::Ready(());
+                }
+                alarm.wake_by(due, cx.waker());
+                Poll::Pending
+            });
             tokio::select! {
+                biased;
                 res = conn.as_mut() => {
                     if let Err(e) = res {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -833,7 +889,7 @@ impl<H: Handler> Conn<H> {
                         draining = true;
                     }
                 }
-                _ = ticker.tick() => {
+                _ = checked => {
                     if watch.stalled(t.send) {
                         // Dropping the connection drops its response bodies, and with them the
                         // upstream fetches and everything they buffer.
@@ -850,16 +906,6 @@ impl<H: Handler> Conn<H> {
                             tracing::debug!(%peer, released, "streams not read: send timeout");
                         }
                     }
-                    // A connection that has not sent a first request has the header read
-                    // timeout (an incomplete head is the screen's); between requests, the idle
-                    // timeout.
-                    let limit = if draining {
-                        DRAIN_IDLE
-                    } else if activity.began() {
-                        t.idle
-                    } else {
-                        t.header_read.min(t.idle)
-                    };
                     if !closing && activity.idle_for().is_some_and(|d| d >= limit) {
                         closing = true;
                         conn.as_mut().graceful_shutdown();

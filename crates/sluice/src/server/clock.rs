@@ -1,7 +1,8 @@
-//! One clock per runtime for the HTTP/1.1 fast path's connection deadlines (keep-alive idle,
-//! header read, drain, send-stall checks): a sorted set of deadlines and the task to wake at each,
-//! fired by one task, instead of a timer owned by every connection. A connection holds only its
-//! place on it ([`Alarm`]), so an idle one costs its socket and a few bytes of task.
+//! One clock per runtime for its connections' deadlines (keep-alive idle, header read, drain,
+//! send-stall checks; the HTTP/1.1 fast path's and those of the connections hyper serves): a
+//! sorted set of deadlines and the task to wake at each, fired by one task, instead of a timer
+//! owned by every connection. A connection holds only its place on it ([`Alarm`]), so an idle one
+//! costs its socket and a few bytes of task.
 //!
 //! An alarm is armed lazily: a connection asks to be woken *by* a deadline, and an entry already
 //! due earlier (and still ahead) is kept; when it fires early the connection finds its deadline
@@ -199,6 +200,7 @@ impl Alarm {
 
     /// Ready once `deadline` has passed; until then the task is woken by it (spurious wakes
     /// included, so this is polled inside a loop or a `select!`).
+    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     pub fn until(&mut self, deadline: Instant) -> impl std::future::Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| {
             if Instant::now() >= deadline {
