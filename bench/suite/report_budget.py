@@ -517,6 +517,19 @@ def _idle_sentence(result):
     return " Memory per idle connection (KiB): " + "; ".join(parts) + "."
 
 
+def _build_tag(result):
+    """", full run, <which sluice>" for a summary line: the build's own description where the run
+    was given one (BENCH_SLUICE_BUILD), else the commit its `--version` names."""
+    mode = ", quick run" if result.get("quick") else ", full run"
+    run = result.get("run") or {}
+    if run.get("sluice_build"):
+        return f"{mode}, {run['sluice_build'].split(',')[0].split(';')[0]}"
+    version = " ".join(run.get("sluice_version") or [])
+    if "(commit " in version:
+        return f"{mode}, sluice at {version.split('(commit ', 1)[1].split(')')[0]}"
+    return mode
+
+
 def render_summary(results):
     """For each job: is sluice the cheapest proxy to run (CPU per request under the same budget,
     busy polling off as shipped), yes / no, and by how much, cell by cell."""
@@ -558,8 +571,7 @@ def render_summary(results):
             else:
                 parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best} "
                              f"({ratio:.2f}×{rounds})")
-        quick = ", quick run" if r.get("quick") else ""
-        lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + "."
+        lines.append(f"- **{job}** ({sid}{_build_tag(r)}): {verdict}. " + "; ".join(parts) + "."
                      + _missing_sentence(r) + _idle_sentence(r))
     return "\n".join(
         ["## Equal budgets: is sluice the cheapest to run?", "",
