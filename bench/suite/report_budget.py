@@ -198,7 +198,8 @@ def run_line(result):
     took = result.get("seconds")
     took = f", {took / 60:.0f} min" if took else ""
     before, after = run.get("load_before") or {}, run.get("load_after") or {}
-    return (f"**Run:** sluice `{run['sluice_bin']}` ({version}; profile `{run['profile']}`), load "
+    build = f"{run['sluice_build']}; " if run.get("sluice_build") else ""
+    return (f"**Run:** sluice `{run['sluice_bin']}` ({build}{version}; profile `{run['profile']}`), load "
             f"client `{run['loadgen_bin']}`; {shape}; {run['started']} to "
             f"{run.get('finished', '?')}{took}; load average {before.get('loadavg', '?')} before, "
             f"{after.get('loadavg', '?')} after (whole machine {before.get('machine_busy_pct', '?')} "
@@ -337,8 +338,15 @@ def _rounds_text(ratios, goal):
     if len(ratios) < 2:
         return ""
     lo, hi = min(ratios), max(ratios)
-    straddle = "; the rounds straddle the goal" if lo < goal <= hi else ""
-    return f" (rounds {lo:.2f}–{hi:.2f}×{straddle})"
+    straddle = ", straddling the goal" if lo < goal <= hi else ""
+    return f"; rounds {lo:.2f}–{hi:.2f}×{straddle}"
+
+
+def _with_rounds(verdict, rounds):
+    """`verdict` ("met (1.23×)", "not met (…)") with the rounds' range inside its brackets."""
+    if rounds and verdict.endswith(")"):
+        return verdict[:-1] + rounds + ")"
+    return verdict
 
 
 def _budget_verdict(by_peer, sluice, rivals, factor, by_cpu=False):
@@ -356,16 +364,16 @@ def _budget_verdict(by_peer, sluice, rivals, factor, by_cpu=False):
     if not by_cpu and all(r.get("bound", "proxy") == "proxy" for r in rows):
         best = max(there, key=lambda r: r.get("rps") or 0)
         ratio = mine["rps"] / best["rps"] if mine.get("rps") and best.get("rps") else None
-        return (_verdict(ratio, factor)
-                + _rounds_text(best.get("sluice_ratios"), factor))
+        return _with_rounds(_verdict(ratio, factor),
+                            _rounds_text(best.get("sluice_ratios"), factor))
     best = min(there, key=lambda r: r.get("cpu_us_per_req") or float("inf"))
     cpu, best_cpu = mine.get("cpu_us_per_req"), best.get("cpu_us_per_req")
     ratio = best_cpu / cpu if cpu and best_cpu else None
     sides = ", ".join(sorted({r["peer"] for r in rows if r.get("bound") != "proxy"}))
     why = f" (not proxy-bound here: {sides})" if sides else ""
     paired = [1 / x for x in best.get("sluice_cpu_ratios") or [] if x]
-    return (f"{_verdict(ratio, factor)} by CPU per {'GB' if by_cpu else 'request'}{why}"
-            + _rounds_text(paired, factor))
+    verdict = _with_rounds(_verdict(ratio, factor), _rounds_text(paired, factor))
+    return f"{verdict} by CPU per {'GB' if by_cpu else 'request'}{why}"
 
 
 def goal_rows(result):
@@ -509,6 +517,19 @@ def _idle_sentence(result):
     return " Memory per idle connection (KiB): " + "; ".join(parts) + "."
 
 
+def _build_tag(result):
+    """", full run, <which sluice>" for a summary line: the build's own description where the run
+    was given one (BENCH_SLUICE_BUILD), else the commit its `--version` names."""
+    mode = ", quick run" if result.get("quick") else ", full run"
+    run = result.get("run") or {}
+    if run.get("sluice_build"):
+        return f"{mode}, {run['sluice_build'].split(',')[0].split(';')[0]}"
+    version = " ".join(run.get("sluice_version") or [])
+    if "(commit " in version:
+        return f"{mode}, sluice at {version.split('(commit ', 1)[1].split(')')[0]}"
+    return mode
+
+
 def render_summary(results):
     """For each job: is sluice the cheapest proxy to run (CPU per request under the same budget,
     busy polling off as shipped), yes / no, and by how much, cell by cell."""
@@ -550,8 +571,7 @@ def render_summary(results):
             else:
                 parts.append(f"{cell}: {(ratio - 1) * 100:.0f} % more than {best} "
                              f"({ratio:.2f}×{rounds})")
-        quick = ", quick run" if r.get("quick") else ""
-        lines.append(f"- **{job}** ({sid}{quick}): {verdict}. " + "; ".join(parts) + "."
+        lines.append(f"- **{job}** ({sid}{_build_tag(r)}): {verdict}. " + "; ".join(parts) + "."
                      + _missing_sentence(r) + _idle_sentence(r))
     return "\n".join(
         ["## Equal budgets: is sluice the cheapest to run?", "",
