@@ -62,18 +62,7 @@ impl FastStream for Watched<TcpStream> {
     /// given, or `WouldBlock`) is not read again until the poller reports new bytes, so the
     /// read after a response that would find nothing is not made.
     fn read_now(&mut self, cx: &mut Context<'_>, buf: &mut Vec<u8>) -> io::Result<usize> {
-        let len = buf.len();
-        let mut spare = ReadBuf::uninit(buf.spare_capacity_mut());
-        match Pin::new(self).poll_read(cx, &mut spare) {
-            Poll::Ready(Ok(())) => {
-                let n = spare.filled().len();
-                // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
-                unsafe { buf.set_len(len + n) };
-                Ok(n)
-            }
-            Poll::Ready(Err(e)) => Err(e),
-            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
-        }
+        read_into_spare(self, cx, buf)
     }
 }
 
@@ -107,19 +96,31 @@ impl FastStream for TlsClient {
     /// socket. Polled with a waker that does nothing: the caller registers its own through the
     /// socket's readiness.
     fn read_now(&mut self, _: &mut Context<'_>, buf: &mut Vec<u8>) -> io::Result<usize> {
-        use std::task::Waker;
-        let len = buf.len();
-        let mut spare = ReadBuf::uninit(buf.spare_capacity_mut());
-        let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut *self).poll_read(&mut cx, &mut spare) {
-            Poll::Ready(Ok(())) => {
-                let n = spare.filled().len();
-                // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
-                unsafe { buf.set_len(len + n) };
-                Ok(n)
-            }
-            Poll::Ready(Err(e)) => Err(e),
-            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        read_into_spare(
+            self,
+            &mut Context::from_waker(std::task::Waker::noop()),
+            buf,
+        )
+    }
+}
+
+/// One `poll_read` into `buf`'s spare capacity, the bytes read appended: `WouldBlock` for
+/// `Pending`.
+fn read_into_spare<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    cx: &mut Context<'_>,
+    buf: &mut Vec<u8>,
+) -> io::Result<usize> {
+    let len = buf.len();
+    let mut spare = ReadBuf::uninit(buf.spare_capacity_mut());
+    match Pin::new(reader).poll_read(cx, &mut spare) {
+        Poll::Ready(Ok(())) => {
+            let n = spare.filled().len();
+            // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
+            unsafe { buf.set_len(len + n) };
+            Ok(n)
         }
+        Poll::Ready(Err(e)) => Err(e),
+        Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
     }
 }
