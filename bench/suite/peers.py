@@ -395,11 +395,13 @@ def _ports(upstream):
     return list(upstream) if isinstance(upstream, (list, tuple)) else [upstream]
 
 
-def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False, tls=None):
+def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False, tls=None,
+                      wrapper=()):
     """nginx `proxy_pass`; `connections` is worker_connections (the idle test raises it), `h2c`
     makes the listener HTTP/2 by prior knowledge; `tls` (a `tls_budget.Certs`) makes it TLS with
     HTTP/2 and 1.1 by ALPN, TLS 1.2 and 1.3, a shared session cache beside the default
-    tickets."""
+    tickets; `wrapper` is put before the command (callgrind), and then nginx runs as one process
+    (`master_process off`), so the wrapper sees the process that serves."""
     nginx = ensure_binary("nginx")
     d = ctx.tempdir("nginx-proxy")
     port = procs.free_port()
@@ -414,10 +416,15 @@ def start_nginx_proxy(ctx, upstream_port, cpus, connections=8192, h2c=False, tls
             # TLS 1.3 to the default. Offer what sluice and HAProxy offer.
             "        ssl_protocols TLSv1.2 TLSv1.3;\n"
             "        ssl_session_cache shared:SSL:10m;\n")))
-    argv = [nginx, "-p", d, "-c", conf]
+    if wrapper:
+        with open(conf) as f:
+            text = f.read()
+        with open(conf, "w") as f:
+            f.write(text.replace("master_process on;", "master_process off;"))
+    argv = [*wrapper, nginx, "-p", d, "-c", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
-    procs.wait_tcp(port, p)
+    procs.wait_tcp(port, p, timeout=120 if wrapper else 30)
     return Peer("nginx proxy_pass", p, port, version_of([nginx, "-v"]))
 
 
@@ -440,12 +447,13 @@ def start_varnish_pass(ctx, upstream_port, cpus):
 
 
 def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_polling=False,
-                       ulimit_n=None, tls=None, strict_limits=True):
+                       ulimit_n=None, tls=None, strict_limits=True, wrapper=()):
     """HAProxy `mode http`; `maxconn` and `ulimit_n` (the idle test raises the one and pins the
     other to the hard limit it may not exceed; `strict_limits=False` lets HAProxy start when
     that limit is below the two descriptors per connection it reserves), `h2c` (`proto h2` on
     the bind), `busy_polling` (its global `busy-polling`), `tls` (a `tls_budget.Certs`: `ssl
-    crt` with ALPN h2 and http/1.1; its session cache and tickets as shipped)."""
+    crt` with ALPN h2 and http/1.1; its session cache and tickets as shipped); `wrapper` is put
+    before the command (callgrind)."""
     haproxy = ensure_binary("haproxy")
     d = ctx.tempdir("haproxy-http")
     port = procs.free_port()
@@ -458,10 +466,10 @@ def start_haproxy_http(ctx, upstream_port, cpus, maxconn=8000, h2c=False, busy_p
         + ("" if strict_limits else "    no strict-limits\n"),
         bind_opts=(f" ssl crt {tls.combined} alpn h2,http/1.1" if tls
                    else " proto h2" if h2c else "")))
-    argv = [haproxy, "-db", "-f", conf]
+    argv = [*wrapper, haproxy, "-db", "-f", conf]
     ctx.note(argv)
     p = procs.start(argv, os.path.join(d, "out.log"), cpus=cpus)
-    procs.wait_tcp(port, p)
+    procs.wait_tcp(port, p, timeout=120 if wrapper else 30)
     return Peer("HAProxy http", p, port, version_of([haproxy, "-v"]))
 
 

@@ -260,6 +260,26 @@ def render(result):
                    f"{cell}: {_f(r.get('instructions_per_request'), 0)}"
                    if r.get("status") == "ok" else f"{cell}: not measured ({r.get('status')})"
                    for cell, r in per_cell.items()) + "."]
+        others = result.get("callgrind_peers") or {}
+        if others:
+            names = ["sluice", *others]
+            md += ["", "The same count for each proxy (callgrind, user space only, ECDSA, c = 1; "
+                   "under valgrind every proxy's crypto takes its portable code paths, so this "
+                   "compares the proxies' own work, not the crypto that runs natively; the "
+                   "kernel's share, which callgrind does not see, is in the *kernel %* column):",
+                   "", "| cell | " + " | ".join(names) + " | sluice ÷ the fewer of the peers |",
+                   "|---|" + "---|" * (len(names) + 1)]
+            for cell, r in per_cell.items():
+                counts = [r.get("instructions_per_request") if r.get("status") == "ok" else None]
+                if not any(cell in o for o in others.values()):
+                    continue
+                counts += [(o.get(cell) or {}).get("instructions_per_request")
+                           if (o.get(cell) or {}).get("status") == "ok" else None
+                           for o in others.values()]
+                peers_ = [c for c in counts[1:] if c]
+                ratio = (f"{counts[0] / min(peers_):.2f}×" if counts[0] and peers_ else "—")
+                md += [f"| {cell} | " + " | ".join(_f(c, 0) if c else "not measured"
+                                                   for c in counts) + f" | {ratio} |"]
         for cell, r in per_cell.items():
             if result["id"] == "TLS" and ("resumed" in cell or "HTTP/2" in cell):
                 md += _top_list(f"Where the *{cell}* cell's instructions go (self cost):",

@@ -91,6 +91,13 @@ def tls(ctx):
                 "handshakes": _handshakes(cells)}
         out["callgrind_cells"] = callgrind_cells(ctx, starters[sluice], origin, small,
                                                  certs["ECDSA P-256"])
+        # The peers' own counts by the same method, so instructions compare across proxies
+        # (their crypto, like sluice's, takes valgrind's portable code paths), in the two cells
+        # a request's own work decides; the handshake cells are the key exchange's.
+        out["callgrind_peers"] = {
+            name: callgrind_cells(ctx, start, origin, small, certs["ECDSA P-256"], top=0,
+                                  only=("keep-alive HTTP/1.1", "HTTP/2 (10 conn × 10 streams)"))
+            for name, start in starters.items() if name != sluice}
     finally:
         origin.stop()
         if helpers:
@@ -99,14 +106,18 @@ def tls(ctx):
     return out
 
 
-def callgrind_cells(ctx, start, origin, file, cert, requests=1000):
-    """sluice's instructions per request in each cell (callgrind, ECDSA): the before/after of
-    each cut, which a shared machine's timings cannot show to a few percent."""
+def callgrind_cells(ctx, start, origin, file, cert, requests=1000, top=12, only=None):
+    """One proxy's instructions per request in each cell (callgrind, ECDSA): for sluice the
+    before/after of each cut, which a shared machine's timings cannot show to a few percent;
+    for the peers the same count beside it. `top`: how many functions to list by self cost;
+    `only`: the cells to count (all when None)."""
     out = {}
     for label, _, args in CELLS:
+        if only is not None and label not in only:
+            continue
         r = budget.callgrind_per_request(ctx, functools.partial(start, tls=cert), origin, file,
                                          requests=requests, warm_requests=100, scheme="https",
-                                         extra=["--ca", cert.ca, *args])
+                                         extra=["--ca", cert.ca, *args], top=top)
         r.pop("dump", None)
         out[label] = r
     return out
