@@ -94,7 +94,11 @@ impl App {
                 } else if req.method() == http::Method::OPTIONS {
                     preflight(cors)
                 } else {
-                    let mut resp = self.route(req, peer, secure).await;
+                    // Boxed: the built-in front ends' future (media, IPTV, ...) is the largest
+                    // part of this one, and every request's future (reverse routes' too) was
+                    // as large as it, which hyper moves per HTTP/2 stream.
+                    let mut resp =
+                        crate::server::boxed_in_place(|| self.route(req, peer, secure)).await;
                     // Token refusals stay identical whatever the path (no CORS on any of them).
                     let refused_token = resp
                         .extensions()
