@@ -30,6 +30,10 @@ pub struct Hop<'a> {
     pub proto: &'static str,
     /// The `Host` the client asked for.
     pub host: Option<&'a str>,
+    /// `host` as a field value already made (the client's own `Host` field, when that is where
+    /// `host` came from): `X-Forwarded-Host` shares it instead of copying `host`. It must hold
+    /// the same text as `host`.
+    pub host_value: Option<HeaderValue>,
     /// Also write a `Forwarded` header.
     pub forwarded: bool,
     /// This proxy's `Via` pseudonym and the downstream protocol version (`1.1`, `2`).
@@ -39,7 +43,8 @@ pub struct Hop<'a> {
 /// Rewrites the forwarding headers of an outgoing request in place.
 pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
     let mut peer_text = IpText::default();
-    let peer = peer_text.of(hop.peer);
+    peer_text.of(hop.peer);
+    let peer = peer_text.text();
     // The prior chains are read only where they are extended (a trusted peer).
     let prior_fwd = if hop.trusted && hop.forwarded {
         joined(headers, &FORWARDED)
@@ -63,8 +68,9 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
         }
         set_host(headers, xfh.as_deref());
     } else {
-        // The common case on the request path: no joined strings, the proto without a copy.
-        match HeaderValue::from_str(peer) {
+        // The common case on the request path: no joined strings, the proto without a copy, the
+        // peer's text in one allocation that `X-Real-IP` shares.
+        match peer_text.value() {
             Ok(v) => {
                 headers.insert(XFF, v.clone());
                 peer_value = Some(v);
@@ -74,7 +80,12 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
             }
         }
         set_proto(headers, hop.proto);
-        set_host(headers, hop.host);
+        match &hop.host_value {
+            Some(v) => {
+                headers.insert(XFH, v.clone());
+            }
+            None => set_host(headers, hop.host),
+        }
     }
     match hop.client {
         Some(ip) if ip == hop.peer => match peer_value {
@@ -114,9 +125,16 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
 /// An address's text, written into a buffer on the stack: `Display` for `IpAddr` goes through the
 /// formatting machinery and a `String` (most of this module's cost per request when it did). IPv4
 /// is written by hand; IPv6, rarer, still through `Display`, into the same buffer.
+#[derive(Clone, Copy)]
 struct IpText {
     buf: [u8; 46],
     len: usize,
+}
+
+impl AsRef<[u8]> for IpText {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
 }
 
 impl Default for IpText {
@@ -155,8 +173,19 @@ impl IpText {
                 self.len = cursor.position() as usize;
             }
         }
+        self.text()
+    }
+
+    /// The text written last.
+    fn text(&self) -> &str {
         // Only ASCII digits, dots, colons and hex digits were written.
         std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+
+    /// The text written last, as a field value whose clones share one allocation (a value made
+    /// from a copied `Vec` allocates again at its first clone).
+    fn value(&self) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+        HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(*self))
     }
 
     fn push(&mut self, b: u8) {
@@ -254,6 +283,7 @@ mod tests {
             client: Some("10.0.0.2".parse().unwrap()),
             proto: "http",
             host: Some("example.com"),
+            host_value: None,
             forwarded: true,
             via: Some(("sluice", "1.1")),
         }
@@ -268,6 +298,26 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn a_given_host_value_makes_the_same_fields() {
+        for trusted in [false, true] {
+            let start = with(&[("x-forwarded-host", "old"), ("accept", "*/*")]);
+            let (mut copied, mut shared) = (start.clone(), start);
+            apply(&mut copied, &hop(trusted));
+            let given = Hop {
+                host_value: Some(HeaderValue::from_static("example.com")),
+                ..hop(trusted)
+            };
+            apply(&mut shared, &given);
+            let fields = |h: &HeaderMap| {
+                h.iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(fields(&copied), fields(&shared), "trusted: {trusted}");
+        }
     }
 
     #[test]

@@ -41,6 +41,11 @@ pub struct HostPort<'a> {
 /// Parses a `Host` value or an authority without user info.
 pub fn parse_host(value: &[u8]) -> Result<HostPort<'_>, HostError> {
     let text = std::str::from_utf8(value).map_err(|_| HostError::Invalid)?;
+    parse_host_text(text)
+}
+
+/// [`parse_host`] for a value already known to be text.
+pub fn parse_host_text(text: &str) -> Result<HostPort<'_>, HostError> {
     let (host, port) = if text.starts_with('[') {
         let close = text.find(']').ok_or(HostError::Invalid)?;
         let literal = &text[1..close];
@@ -54,8 +59,9 @@ pub fn parse_host(value: &[u8]) -> Result<HostPort<'_>, HostError> {
         };
         (&text[..=close], port)
     } else {
-        match text.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
+        // The first `:`, found by byte (it is ASCII, so both halves stay text).
+        match text.bytes().position(|b| b == b':') {
+            Some(at) => (&text[..at], Some(&text[at + 1..])),
             None => (text, None),
         }
     };
@@ -70,26 +76,42 @@ pub fn parse_host(value: &[u8]) -> Result<HostPort<'_>, HostError> {
 }
 
 /// A registered name or IPv4 address: non-empty labels of `[A-Za-z0-9_~-]` separated by single
-/// dots, an optional final dot.
+/// dots, an optional final dot. One pass over the bytes.
 fn valid_name(host: &str) -> bool {
     if host.is_empty() || host.len() > MAX_HOST {
         return false;
     }
     let body = host.strip_suffix('.').unwrap_or(host);
-    !body.is_empty()
-        && body.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~'))
-        })
+    // The length of the label being read.
+    let mut label = 0usize;
+    for b in body.bytes() {
+        if b == b'.' {
+            if label == 0 {
+                return false;
+            }
+            label = 0;
+        } else if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
+            label += 1;
+        } else {
+            return false;
+        }
+    }
+    label > 0
 }
 
+/// 1 to 5 digits, at most 65535.
 fn parse_port(p: &str) -> Option<u16> {
-    if p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()) {
+    if p.is_empty() || p.len() > 5 {
         return None;
     }
-    p.parse().ok()
+    let mut n = 0u32;
+    for b in p.bytes() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u32::from(b - b'0');
+    }
+    u16::try_from(n).ok()
 }
 
 /// Checks the host of a request: its `Host` fields (`headers`) and the authority of its target
@@ -140,6 +162,50 @@ mod tests {
     use super::*;
     use http::HeaderValue;
     use proptest::prelude::*;
+
+    /// The label and port checks as they were first written (split on dots, `str::parse`),
+    /// which the one-pass versions must agree with.
+    fn reference(text: &str) -> Option<(String, Option<u16>)> {
+        let (host, port) = if text.starts_with('[') {
+            return parse_host_text(text)
+                .ok()
+                .map(|h| (h.host.to_string(), h.port));
+        } else {
+            match text.split_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (text, None),
+            }
+        };
+        let body = host.strip_suffix('.').unwrap_or(host);
+        let name_ok = !host.is_empty()
+            && host.len() <= MAX_HOST
+            && !body.is_empty()
+            && body.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~'))
+            });
+        if !name_ok {
+            return None;
+        }
+        let port = match port {
+            None => None,
+            Some(p) if p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()) => {
+                return None
+            }
+            Some(p) => Some(p.parse::<u16>().ok()?),
+        };
+        Some((host.to_string(), port))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn one_pass_checks_agree_with_the_reference(text in "[a-z0-9._~:|-]{0,12}|[a-z.]{0,6}:[0-9]{0,7}") {
+            let got = parse_host_text(&text).ok().map(|h| (h.host.to_string(), h.port));
+            proptest::prop_assert_eq!(got, reference(&text));
+        }
+    }
 
     fn ok(v: &str) -> bool {
         parse_host(v.as_bytes()).is_ok()

@@ -25,7 +25,7 @@ use super::forward::{
 use super::{Reverse, Route};
 use crate::body::Body;
 use crate::error::ErrorMark;
-use crate::upstream::h1::{push_field as field, says_close, MAX_HEAD as MAX_RESPONSE_HEAD};
+use crate::upstream::h1::{push_field as field, MAX_HEAD as MAX_RESPONSE_HEAD};
 
 /// Upstream reads go into a buffer of this size, kept with the connection: a 64 KiB body comes
 /// in one read with its head when the server has written both (the 4 KiB is room for the head;
@@ -145,6 +145,7 @@ impl Reverse {
         let ResponseHead {
             headers,
             minor_version,
+            close: upstream_closes,
             ..
         } = head;
         let mut headers = headers;
@@ -158,8 +159,6 @@ impl Reverse {
             length
         };
         let keep_alive = !close && length != BodyLength::UntilClose;
-        // A server that says it closes the connection after this response gets no other.
-        let upstream_closes = says_close(&headers);
         let version = if minor_version == 0 {
             Version::HTTP_10
         } else {
@@ -240,12 +239,8 @@ pub(super) fn says_length(headers: &HeaderMap, n: u64) -> bool {
         return false;
     };
     let v = v.as_bytes();
-    let plain = !v.is_empty() && v.iter().all(u8::is_ascii_digit) && (v.len() == 1 || v[0] != b'0');
-    plain
-        && std::str::from_utf8(v)
-            .ok()
-            .and_then(|t| t.parse::<u64>().ok())
-            == Some(n)
+    let plain = v.len() == 1 || v.first() != Some(&b'0');
+    plain && response_head::decimal(v) == Some(n)
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.

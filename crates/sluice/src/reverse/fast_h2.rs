@@ -27,7 +27,6 @@ use super::forward::{
 use super::{Reverse, Route};
 use crate::body::{self, Body, Incoming};
 use crate::upstream::group::InFlight;
-use crate::upstream::h1::says_close;
 
 /// Reads of a body that did not come whole with its head ask for this much room.
 const READ_CHUNK: usize = 64 * 1024;
@@ -112,6 +111,7 @@ impl Reverse {
             status,
             mut headers,
             minor_version,
+            close,
             ..
         } = head;
         let hold = hold_server(route, in_flight, &mut entry);
@@ -123,7 +123,7 @@ impl Reverse {
             }
             other => other,
         };
-        let reusable = minor_version == 1 && !says_close(&headers);
+        let reusable = minor_version == 1 && !close;
         let version = if minor_version == 0 {
             Version::HTTP_10
         } else {

@@ -283,17 +283,37 @@ impl Reverse {
         if !route.config.override_headers {
             fields::strip_overrides(&mut headers);
         }
+        // Which of the two rare fields below are there: one look at the names, instead of a
+        // hashed removal of each that is usually absent.
+        let (mut purge, mut expect) = (false, false);
+        for name in headers.keys() {
+            match name.as_str() {
+                "x-purge-key" => purge = true,
+                "expect" => expect = true,
+                _ => {}
+            }
+        }
         // sluice's own purge credential is never an origin's business.
-        headers.remove(PURGE_KEY);
+        if purge {
+            headers.remove(PURGE_KEY);
+        }
         // The client's Host is sent on as it came (no copy) when the host the route saw is it,
         // i.e. the request had no authority in its target.
         let client_host = headers.remove(header::HOST);
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
         // which is once an upstream connection is ready) and streams the body; the upstream never
         // needs to.
-        headers.remove(header::EXPECT);
+        if expect {
+            headers.remove(header::EXPECT);
+        }
         if forwarding {
-            forwarded::apply(&mut headers, &self.hop_info(down, version));
+            let mut hop = self.hop_info(down, version);
+            // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
+            hop.host_value = client_host
+                .as_ref()
+                .filter(|v| down.host.as_deref().map(str::as_bytes) == Some(v.as_bytes()))
+                .cloned();
+            forwarded::apply(&mut headers, &hop);
         }
         route_edits(route, &mut headers);
         (headers, client_host)
@@ -327,6 +347,7 @@ impl Reverse {
             client: Some(down.client_ip).filter(|ip| !ip.is_unspecified()),
             proto: if down.secure { "https" } else { "http" },
             host: down.host.as_deref(),
+            host_value: None,
             forwarded: self.settings.forwarded,
             via: self.settings.via.then_some(("sluice", version)),
         }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::HeaderMap;
 use http::Method;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -76,7 +76,10 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     if !target.starts_with('/') || http::uri::PathAndQuery::try_from(target).is_err() {
         return Err(());
     }
-    let raw_path = target.split_once('?').map_or(target, |(p, _)| p);
+    let raw_path = match target.bytes().position(|b| b == b'?') {
+        Some(at) => &target[..at],
+        None => target,
+    };
     if sluice_media::token::split_path_token(raw_path).is_some() {
         // A tokened path only ever reaches a built-in.
         return Err(());
@@ -89,16 +92,17 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     // The values are views of one copy of the head, not one allocation each.
     let raw = bytes::Bytes::copy_from_slice(&buf[..len]);
     for f in req.headers.iter() {
-        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| ())?;
-        let value = sluice_http::response_head::shared_value(&raw, buf, f.value).map_err(|_| ())?;
+        let name = sluice_http::wire::field_name(f.name.as_bytes()).map_err(|_| ())?;
+        let value = sluice_http::wire::shared_value(&raw, buf, f.value).map_err(|_| ())?;
         match name.as_str() {
             "host" => {
                 if host.is_some() {
                     return Err(());
                 }
                 // An invalid host is hyper's path's to refuse (400).
-                sluice_http::host::parse_host(f.value).map_err(|_| ())?;
-                host = Some(std::str::from_utf8(f.value).map_err(|_| ())?);
+                let text = std::str::from_utf8(f.value).map_err(|_| ())?;
+                sluice_http::host::parse_host_text(text).map_err(|_| ())?;
+                host = Some(text);
             }
             "content-length" if f.value == b"0" => {}
             "content-length" | "transfer-encoding" | "upgrade" | "expect" => return Err(()),
@@ -313,16 +317,19 @@ impl<H: Handler> Conn<H> {
         }
         let close = request.close;
         let handler = self.handler.clone();
-        let serve = handler.serve_fast(
-            route,
-            request,
-            &simple.path,
-            simple.host,
-            peer,
-            stream,
-            guard,
-        );
-        tokio::pin!(serve);
+        // Made in its box: built on the stack, the whole proxying future (several KB) was copied
+        // into this one's state and this one into the loop's, at every request.
+        let mut serve = super::boxed_in_place(|| {
+            handler.serve_fast(
+                route,
+                request,
+                &simple.path,
+                simple.host,
+                peer,
+                stream,
+                guard,
+            )
+        });
         // The send timeout is looked at once a tick while the response is under way, on the
         // runtime's clock (a fast response never arms it).
         let tick = Duration::from_secs(1).min(t.idle).min(t.send);
