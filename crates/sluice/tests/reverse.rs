@@ -756,3 +756,52 @@ async fn many_small_h2_responses_at_once_each_arrive_whole() {
         );
     }
 }
+
+#[tokio::test]
+async fn h2_bursts_of_streams_after_idle_moments_each_arrive_whole() {
+    // h2 frees a connection's stream store and frame buffers whenever no stream is open and
+    // takes room for the last burst's streams with the next one: bursts larger than that room,
+    // smaller, and larger again on one connection, each answered whole.
+    let o = origin(|req: http::Request<hyper::body::Incoming>| async move {
+        let n: usize = req.uri().path().trim_start_matches("/n/").parse().unwrap();
+        http::Response::new(full(sized_body(n)))
+    })
+    .await;
+    let p = Proxy::start(one_group(o, "")).await;
+    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for (round, streams) in [40usize, 3, 1, 50, 10].into_iter().enumerate() {
+        let tasks: Vec<_> = (0..streams)
+            .map(|i| {
+                let n = 700 + round * 1000 + i * 131;
+                let mut send = send.clone();
+                let uri = format!("http://{}/n/{n}", p.addr);
+                tokio::spawn(async move {
+                    let req = http::Request::get(uri).body(full(Bytes::new())).unwrap();
+                    let resp = send.send_request(req).await.unwrap();
+                    assert_eq!(resp.status(), StatusCode::OK);
+                    use http_body_util::BodyExt;
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    (n, body)
+                })
+            })
+            .collect();
+        for t in tasks {
+            let (n, body) = tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .expect("h2 stream timed out")
+                .unwrap();
+            assert_eq!(
+                sha256(&body),
+                sha256(&sized_body(n)),
+                "round {round}: stream for {n} bytes"
+            );
+        }
+    }
+}

@@ -78,17 +78,22 @@ impl Send {
     }
 
     fn check_headers(fields: &http::HeaderMap) -> Result<(), UserError> {
+        use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+
         // 8.1.2.2. Connection-Specific Header Fields
-        if fields.contains_key(http::header::CONNECTION)
-            || fields.contains_key(http::header::TRANSFER_ENCODING)
-            || fields.contains_key(http::header::UPGRADE)
-            || fields.contains_key("keep-alive")
-            || fields.contains_key("proxy-connection")
-        {
-            tracing::debug!("illegal connection-specific headers found");
-            return Err(UserError::MalformedHeaders);
-        } else if let Some(te) = fields.get(http::header::TE) {
-            if te != "trailers" {
+        //
+        // One pass over the names: a lookup per forbidden name hashed each of them, and the
+        // two given as text were parsed into names first, on every message sent.
+        for name in fields.keys() {
+            let illegal = if name == CONNECTION || name == TRANSFER_ENCODING || name == UPGRADE {
+                true
+            } else if name == TE {
+                matches!(fields.get(TE), Some(te) if te != "trailers")
+            } else {
+                let name = name.as_str();
+                name == "keep-alive" || name == "proxy-connection"
+            };
+            if illegal {
                 tracing::debug!("illegal connection-specific headers found");
                 return Err(UserError::MalformedHeaders);
             }

@@ -1,3 +1,4 @@
+use super::buffer::Regrow;
 use super::*;
 
 use indexmap::{self, IndexMap};
@@ -12,6 +13,7 @@ use std::ops;
 pub(super) struct Store {
     slab: slab::Slab<Stream>,
     ids: IndexMap<StreamId, SlabIndex>,
+    regrow: Regrow,
 }
 
 /// "Pointer" to an entry in the store
@@ -83,13 +85,29 @@ impl Store {
         Store {
             slab: slab::Slab::new(),
             ids: IndexMap::new(),
+            regrow: Regrow::default(),
         }
     }
 
     /// Frees the slab's slots (a stream is over a kilobyte) once no stream is left in it.
     pub(super) fn release_if_empty(&mut self) {
         if self.slab.is_empty() && self.ids.is_empty() {
-            *self = Store::new();
+            self.slab = slab::Slab::new();
+            self.ids = IndexMap::new();
+            self.regrow.released();
+        }
+    }
+
+    /// Before a stream is inserted: after a release, room for as many as were open at once
+    /// before it (see `Regrow`).
+    #[inline]
+    fn make_room(&mut self) {
+        let room = self
+            .regrow
+            .before_insert(self.slab.len(), self.slab.capacity());
+        if room > 0 {
+            self.slab.reserve(room);
+            self.ids.reserve(room);
         }
     }
 
@@ -109,6 +127,7 @@ impl Store {
     }
 
     pub fn insert(&mut self, id: StreamId, val: Stream) -> Ptr<'_> {
+        self.make_room();
         let index = SlabIndex(self.slab.insert(val) as u32);
         assert!(self.ids.insert(id, index).is_none());
 
@@ -124,6 +143,7 @@ impl Store {
     pub fn find_entry(&mut self, id: StreamId) -> Entry<'_> {
         use self::indexmap::map::Entry::*;
 
+        self.make_room();
         match self.ids.entry(id) {
             Occupied(e) => Entry::Occupied(OccupiedEntry { ids: e }),
             Vacant(e) => Entry::Vacant(VacantEntry {
