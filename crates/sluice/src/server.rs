@@ -784,7 +784,7 @@ impl<H: Handler> Conn<H> {
             }
             let guard = act.begin();
             // Draining: this is the connection's last HTTP/1 response.
-            let last = *settings.stop.borrow() && req.version() < http::Version::HTTP_2;
+            let last = req.version() < http::Version::HTTP_2 && *settings.stop.borrow();
             // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
@@ -808,7 +808,7 @@ impl<H: Handler> Conn<H> {
                 }
                 Ok::<_, Infallible>(match watched {
                     Some(list) => resp.map(|b| list.guard(b)),
-                    None => resp,
+                    None => resp.map(stall::Outgoing::Plain),
                 })
             }
         });

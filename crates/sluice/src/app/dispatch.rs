@@ -62,7 +62,7 @@ impl App {
                     client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
                     trusted: self.keys.load().auth.is_trusted(peer.ip()),
                     secure,
-                    host: super::routes::request_host(&req),
+                    host: super::routes::request_host(&req).map(str::to_owned),
                 };
                 routing.reverse.handle(&route, req, &path, &down).await
             }

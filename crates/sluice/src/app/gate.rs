@@ -90,7 +90,7 @@ impl App {
 /// no browser sends).
 pub(super) fn local_host<B>(req: &Request<B>) -> bool {
     match routes::request_host(req) {
-        Some(host) => browser::is_loopback_host(&host),
+        Some(host) => browser::is_loopback_host(host),
         None => true,
     }
 }

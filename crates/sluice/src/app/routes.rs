@@ -268,16 +268,15 @@ pub enum Dispatch {
 }
 
 /// The host a request names: the authority of an HTTP/2 or absolute-form request, else `Host`.
-pub fn request_host<B>(req: &http::Request<B>) -> Option<String> {
-    req.uri()
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| {
-            req.headers()
-                .get(http::header::HOST)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        })
+/// Borrowed: routing reads it without a copy; only a proxied request keeps one.
+pub fn request_host<B>(req: &http::Request<B>) -> Option<&str> {
+    match req.uri().authority() {
+        Some(a) => Some(a.as_str()),
+        None => req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok()),
+    }
 }
 
 impl Routing {
@@ -321,9 +320,7 @@ impl Routing {
         // An absolute-form target (`GET http://other/ HTTP/1.1`) names the host it wants; sluice is
         // not an open proxy, so a host no route names is misdirected.
         if req.version() <= http::Version::HTTP_11 && req.uri().authority().is_some() {
-            let named = host
-                .as_deref()
-                .is_some_and(|h| self.serves_host(listener, h));
+            let named = host.is_some_and(|h| self.serves_host(listener, h));
             if !named {
                 return Dispatch::Refused(ProxyError::downstream(
                     StatusCode::MISDIRECTED_REQUEST,
@@ -335,15 +332,13 @@ impl Routing {
         // Only user routes care: a tokened path is never proxied.
         #[cfg(not(feature = "reverse"))]
         let _ = tokened;
-        match self.lookup(listener, host.as_deref(), &path) {
+        match self.lookup(listener, host, &path) {
             #[cfg(feature = "reverse")]
             Some(Target::Proxy(route)) if !tokened => {
                 Dispatch::Proxy(route.clone(), path.into_owned())
             }
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
-            None if self.serves_xtream(listener, host.as_deref(), &path) => {
-                Dispatch::Builtin(Builtin::Media)
-            }
+            None if self.serves_xtream(listener, host, &path) => Dispatch::Builtin(Builtin::Media),
             _ => {
                 let shown: String = rest.chars().take(200).collect();
                 Dispatch::Refused(ProxyError::downstream(

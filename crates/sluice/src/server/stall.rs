@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::Instant;
 
-use crate::body::{self, Body, BoxError};
+use crate::body::{Body, BoxError};
 
 /// The bodies of one connection's responses in flight.
 #[derive(Debug)]
@@ -52,32 +52,28 @@ impl Watchlist {
         })
     }
 
-    fn now_mark(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64 + 1
-    }
-
     /// Wraps a response body so the watchdog can see whether it is being pulled.
-    pub fn guard(self: &Arc<Self>, inner: Body) -> Body {
+    pub fn guard(&self, inner: Body) -> Outgoing {
         if inner.is_end_stream() {
-            return inner;
+            return Outgoing::Plain(inner);
         }
         let shared = Arc::new(Shared {
             inner: Mutex::new(Some(inner)),
-            waiting_ms: AtomicU64::new(self.now_mark()),
+            waiting_ms: AtomicU64::new(mark(self.start)),
         });
         let mut bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
         bodies.retain(|w| w.strong_count() > 0);
         bodies.push(Arc::downgrade(&shared));
         drop(bodies);
-        body::boxed(Guarded {
+        Outgoing::Guarded(Guarded {
             shared,
-            list: self.clone(),
+            start: self.start,
         })
     }
 
     /// Releases every body not pulled for `limit`; returns how many.
     pub fn release_stalled(&self, limit: Duration) -> usize {
-        let now = self.now_mark();
+        let now = mark(self.start);
         let limit = limit.as_millis() as u64;
         let mut released = 0;
         let mut bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,10 +97,24 @@ impl Watchlist {
     }
 }
 
+/// 1 + milliseconds from `start` to now (0 stands for "being pulled").
+fn mark(start: Instant) -> u64 {
+    start.elapsed().as_millis() as u64 + 1
+}
+
+/// A response body as a connection hands it to hyper: as the handler made it, or behind the
+/// watch. Not boxed again: hyper takes the body type as it is, so the watch costs the shared
+/// state only, not a second box and a second dynamic call per frame.
+pub enum Outgoing {
+    Plain(Body),
+    Guarded(Guarded),
+}
+
 /// A response body that reports when it is pulled.
-struct Guarded {
+pub struct Guarded {
     shared: Arc<Shared>,
-    list: Arc<Watchlist>,
+    /// The watch list's `start`, which the marks count from.
+    start: Instant,
 }
 
 impl HttpBody for Guarded {
@@ -125,9 +135,7 @@ impl HttpBody for Guarded {
         };
         let res = Pin::new(&mut *body).poll_frame(cx);
         if matches!(res, Poll::Ready(Some(Ok(_)))) && !body.is_end_stream() {
-            shared
-                .waiting_ms
-                .store(self.list.now_mark(), Ordering::Relaxed);
+            shared.waiting_ms.store(mark(self.start), Ordering::Relaxed);
         }
         res
     }
@@ -143,6 +151,36 @@ impl HttpBody for Guarded {
     }
 }
 
+impl HttpBody for Outgoing {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // Both kinds are `Unpin` (a box, an `Arc`).
+        match self.get_mut() {
+            Outgoing::Plain(body) => Pin::new(body).poll_frame(cx),
+            Outgoing::Guarded(guarded) => Pin::new(guarded).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Outgoing::Plain(body) => body.is_end_stream(),
+            Outgoing::Guarded(guarded) => guarded.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Outgoing::Plain(body) => body.size_hint(),
+            Outgoing::Guarded(guarded) => guarded.size_hint(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,7 +192,7 @@ mod tests {
         let chunks = futures_util::stream::iter(
             (0..3).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"abc")))),
         );
-        let mut body = list.guard(body::boxed(http_body_util::StreamBody::new(chunks)));
+        let mut body = list.guard(crate::body::boxed(http_body_util::StreamBody::new(chunks)));
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"abc");
         tokio::time::advance(Duration::from_millis(900)).await;
@@ -172,7 +210,7 @@ mod tests {
     #[test]
     fn finished_bodies_are_not_watched() {
         let list = Watchlist::new();
-        let _ = list.guard(body::empty());
+        let _ = list.guard(crate::body::empty());
         assert!(list.bodies.lock().unwrap().is_empty());
     }
 }
