@@ -51,6 +51,15 @@ pub use crate::wire::shared_value;
 
 /// Parses the response head at the start of `buf`: `Ok(None)` while it is incomplete.
 pub fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
+    parse_with(buf, HeaderMap::with_capacity)
+}
+
+/// [`parse`], with the fields put in the empty map that `map` gives for room for a number of
+/// fields (a map from a stock of emptied ones, say); asked for only once the head is complete.
+pub fn parse_with(
+    buf: &[u8],
+    map: impl FnOnce(usize) -> HeaderMap,
+) -> Result<Option<ResponseHead>, HeadError> {
     // Left uninitialised: the parser writes only the fields it finds (writing 100 empty ones
     // first was a sixth of this function's cost for an 8-field head).
     let mut fields =
@@ -72,7 +81,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
     let status =
         StatusCode::from_u16(code).map_err(|_| HeadError::Malformed(format!("status {code}")))?;
     // Room for the fields a proxy adds on the way back (`Via`, `Alt-Svc`), without a rehash.
-    let mut headers = HeaderMap::with_capacity(resp.headers.len() + 2);
+    let mut headers = map(resp.headers.len() + 2);
     let raw = Bytes::copy_from_slice(&buf[..len]);
     let mut close = false;
     for f in resp.headers.iter() {

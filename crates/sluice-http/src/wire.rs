@@ -15,7 +15,7 @@ pub fn field_name(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
     // The first listed spelling `name` matches, or `None`.
     macro_rules! known {
         ($($lower:literal => $value:expr),+ $(,)?) => {
-            $( if name.eq_ignore_ascii_case($lower) { Some($value) } else )+ { None }
+            $( if same_name(name, $lower) { Some($value) } else )+ { None }
         };
     }
     // By length first: a name of no listed length costs one branch.
@@ -67,6 +67,42 @@ pub fn field_name(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
         Some(n) => Ok(n),
         None => HeaderName::from_bytes(name),
     }
+}
+
+/// Whether `name` spells `lower` (lower-case letters, digits and `-`) in any case. Eight bytes
+/// at a time: where `lower` has a letter (bit 0x40 set) the case bit 0x20 is ignored, every other
+/// byte must be the same.
+#[inline]
+fn same_name(name: &[u8], lower: &[u8]) -> bool {
+    let n = lower.len();
+    if name.len() != n {
+        return false;
+    }
+    if n < 8 {
+        return name
+            .iter()
+            .zip(lower)
+            .all(|(&x, &y)| x | ((y & 0x40) >> 1) == y);
+    }
+    let mut at = 0;
+    while at + 8 < n {
+        if !same_word(&name[at..at + 8], &lower[at..at + 8]) {
+            return false;
+        }
+        at += 8;
+    }
+    // The last eight bytes (overlapping the word before when `n` is not a multiple of eight).
+    same_word(&name[n - 8..], &lower[n - 8..])
+}
+
+/// [`same_name`] for eight bytes.
+#[inline]
+fn same_word(name: &[u8], lower: &[u8]) -> bool {
+    let (Ok(x), Ok(y)) = (<[u8; 8]>::try_from(name), <[u8; 8]>::try_from(lower)) else {
+        return false;
+    };
+    let (x, y) = (u64::from_le_bytes(x), u64::from_le_bytes(y));
+    x | ((y & 0x4040_4040_4040_4040) >> 1) == y
 }
 
 /// A field's value as a view of `raw`, the head's bytes copied once (`raw` holds the start of
@@ -168,6 +204,20 @@ mod tests {
             }
         }
         assert_eq!(field_name(b"ETag").unwrap(), header::ETAG);
+        // A byte one case bit away from a letter or a hyphen is not that letter or hyphen.
+        for name in NAMES {
+            for at in 0..name.len() {
+                for flip in [0x20u8, 0x40, 0x60, 0x01] {
+                    let mut odd = name.as_bytes().to_vec();
+                    odd[at] ^= flip;
+                    assert_eq!(
+                        field_name(&odd).ok(),
+                        HeaderName::from_bytes(&odd).ok(),
+                        "{odd:?}"
+                    );
+                }
+            }
+        }
         assert_eq!(field_name(b"X-Custom").unwrap().as_str(), "x-custom");
         for bad in [&b""[..], b"a b", b"host:", b"\xff"] {
             assert!(field_name(bad).is_err(), "{bad:?}");

@@ -5,6 +5,7 @@
 pub mod activity;
 mod clock;
 pub mod config;
+pub mod field_maps;
 #[cfg(feature = "reverse")]
 mod h1fast;
 pub mod handler;

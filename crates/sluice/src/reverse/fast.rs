@@ -25,6 +25,7 @@ use super::forward::{
 use super::{Reverse, Route};
 use crate::body::Body;
 use crate::error::ErrorMark;
+use crate::server::field_maps;
 use crate::upstream::h1::{push_field as field, MAX_HEAD as MAX_RESPONSE_HEAD};
 
 /// Upstream reads go into a buffer of this size, kept with the connection: a 64 KiB body comes
@@ -105,9 +106,13 @@ impl Reverse {
         let head = self.upstream_head(route, client_head, req.headers, path, down, false);
         let fetched = match head {
             Err(e) => Err(e),
-            Ok(head) => fetch(&self.budget, route, &head, key.as_deref())
-                .await
-                .map_err(FetchError::into_proxy_error),
+            Ok(head) => {
+                let fetched = fetch(&self.budget, route, &head, key.as_deref())
+                    .await
+                    .map_err(FetchError::into_proxy_error);
+                field_maps::give(head.headers);
+                fetched
+            }
         };
         let ttfb = start.elapsed();
         route.meters.ttfb().observe(ttfb.as_secs_f64());
@@ -193,6 +198,7 @@ impl Reverse {
         offer_alt_svc(&mut headers, alt_svc);
         let mut out = Vec::with_capacity(512);
         write_head(&mut out, status, &headers, None, !keep_alive);
+        field_maps::give(headers);
         on_head(status, None);
         let splice = self.settings.splice_bodies.then(|| route.meters.spliced());
         let relayed = relay(
@@ -215,7 +221,7 @@ impl Reverse {
             pool.checkin(index, conn);
         }
         done.status = status;
-        Box::new(done).finish(sent, complete);
+        done.record(sent, complete);
         Served {
             status,
             reusable: complete && keep_alive,
@@ -250,12 +256,6 @@ pub(super) fn ends_chunked(te: Option<&header::HeaderValue>) -> bool {
         .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
 }
 
-impl Done {
-    fn finish(self: Box<Self>, bytes: u64, complete: bool) {
-        super::body::OnDone::done(self, bytes, complete);
-    }
-}
-
 /// A response head from one server, the connection it came on (its buffer holds the head and,
 /// from `body_at` on, the body bytes read with it), and where that connection goes back to.
 pub(super) struct Exchanged {
@@ -278,11 +278,9 @@ pub(super) async fn fetch(
     attempt_loop(budget, route, key, true, None, |server, index, _final| {
         let pool = route.fast.get()?.clone();
         let index = index?;
-        let bytes = encode_request(head, server.addr());
-        let head_only = head.method == Method::HEAD;
         let group = route.group.name();
         Some(async move {
-            match pool.exchange(index, server.addr(), &bytes, head_only).await {
+            match pool.exchange(index, server.addr(), head).await {
                 Ok((conn, head, body_at, length)) => Ok(Exchanged {
                     conn,
                     head,
@@ -309,6 +307,13 @@ pub(super) async fn fetch(
 /// order with lower-case names, `host` in place when the map has one, else last.
 pub fn encode_request(head: &UpstreamHead, server_addr: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + head.headers.len() * 48);
+    encode_request_into(&mut out, head, server_addr);
+    out
+}
+
+/// [`encode_request`] appending to `out` (an upstream connection's emptied read buffer: no
+/// allocation of its own).
+fn encode_request_into(out: &mut Vec<u8>, head: &UpstreamHead, server_addr: &str) {
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(head.path_and_query.as_str().as_bytes());
@@ -322,18 +327,17 @@ pub fn encode_request(head: &UpstreamHead, server_addr: &str) -> Vec<u8> {
         if name == header::HOST {
             // `insert` replaces every value of the field with one, where the field stood.
             if !host_written {
-                field(&mut out, "host", host);
+                field(out, "host", host);
                 host_written = true;
             }
             continue;
         }
-        field(&mut out, name.as_str(), value.as_bytes());
+        field(out, name.as_str(), value.as_bytes());
     }
     if !host_written {
-        field(&mut out, "host", host);
+        field(out, "host", host);
     }
     out.extend_from_slice(b"\r\n");
-    out
 }
 
 /// A response head as hyper's server writes it: status line with the canonical reason, the
@@ -709,8 +713,7 @@ impl FastPool {
         &self,
         index: usize,
         addr: &str,
-        request: &[u8],
-        head_only: bool,
+        request: &UpstreamHead,
     ) -> Result<(UpConn, ResponseHead, usize, BodyLength), Failure> {
         let mut reused = true;
         loop {
@@ -721,7 +724,7 @@ impl FastPool {
                     self.connect(addr).await?
                 }
             };
-            match round_trip(&mut conn, request, head_only).await {
+            match round_trip(&mut conn, request, addr).await {
                 Ok((head, body_at, length)) => return Ok((conn, head, body_at, length)),
                 Err((answered, detail)) => {
                     if reused && !answered {
@@ -823,22 +826,24 @@ impl FastPool {
     }
 }
 
-/// One request written and its final response head read; the bytes after the head stay in the
-/// connection's buffer, from the offset returned on (left where they were read: a body that came
-/// with its head is not moved). On failure, whether any byte of an answer had arrived.
+/// One request written (encoded in the connection's read buffer, which it leaves empty) and its
+/// final response head read; the bytes after the head stay in the connection's buffer, from the
+/// offset returned on (left where they were read: a body that came with its head is not moved).
+/// On failure, whether any byte of an answer had arrived.
 async fn round_trip(
     conn: &mut UpConn,
-    request: &[u8],
-    head_only: bool,
+    request: &UpstreamHead,
+    server_addr: &str,
 ) -> Result<(ResponseHead, usize, BodyLength), (bool, String)> {
+    let head_only = request.method == Method::HEAD;
     conn.buf.clear();
+    encode_request_into(&mut conn.buf, request, server_addr);
     // Where the head being parsed starts (past any interim heads).
     let mut at = 0;
     // Failures are worded as hyper's client words them, so the error body is the hyper path's.
-    conn.io
-        .write_all(request)
-        .await
-        .map_err(|_| (false, "connection error".to_string()))?;
+    let written = conn.io.write_all(&conn.buf).await;
+    conn.buf.clear();
+    written.map_err(|_| (false, "connection error".to_string()))?;
     loop {
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(READ_BUF);
@@ -855,7 +860,7 @@ async fn round_trip(
             ));
         }
         loop {
-            match response_head::parse(&conn.buf[at..]) {
+            match response_head::parse_with(&conn.buf[at..], field_maps::take) {
                 Ok(None) if conn.buf.len() - at >= MAX_RESPONSE_HEAD => {
                     return Err((true, "message head is too large".into()))
                 }

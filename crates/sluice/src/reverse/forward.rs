@@ -957,7 +957,15 @@ pub(super) struct Done {
 }
 
 impl OnDone for Done {
-    fn done(self: Box<Self>, bytes: u64, _complete: bool) {
+    fn done(self: Box<Self>, bytes: u64, complete: bool) {
+        (*self).record(bytes, complete);
+    }
+}
+
+impl Done {
+    /// The request's metrics and access log line, once its body ended (`OnDone`'s work, for a
+    /// `Done` that needs no box).
+    pub(super) fn record(self, bytes: u64, _complete: bool) {
         let duration = self.start.elapsed();
         self.route.meters.requests(self.status).inc();
         self.route.meters.total().observe(duration.as_secs_f64());

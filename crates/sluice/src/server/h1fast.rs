@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::HeaderMap;
 use http::Method;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -88,7 +87,7 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     let mut host = None;
     let mut close = false;
     // Room for the forwarding fields added on the way up, without a rehash.
-    let mut headers = HeaderMap::with_capacity(req.headers.len() + 6);
+    let mut headers = super::field_maps::take(req.headers.len() + 6);
     // The values are views of one copy of the head, not one allocation each.
     let raw = bytes::Bytes::copy_from_slice(&buf[..len]);
     for f in req.headers.iter() {

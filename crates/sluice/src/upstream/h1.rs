@@ -124,6 +124,7 @@ pub fn request_head(
 }
 
 /// `name: value` and CRLF, appended to a head being written.
+#[inline]
 pub fn push_field(head: &mut Vec<u8>, name: &str, value: &[u8]) {
     head.extend_from_slice(name.as_bytes());
     head.extend_from_slice(b": ");
