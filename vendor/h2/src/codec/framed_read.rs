@@ -163,9 +163,6 @@ impl FrameDecoder {
 ///
 /// This function is intentionally de-generified and outlined because it is very large.
 fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Option<Frame>, Error> {
-    let span = tracing::trace_span!("FramedRead::decode_frame", offset = bytes.len());
-    let _e = span.enter();
-
     tracing::trace!("decoding frame from {}B", bytes.len());
 
     // Parse the head
@@ -431,8 +428,6 @@ where
     type Item = Result<Frame, Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let span = tracing::trace_span!("FramedRead::poll_next");
-        let _e = span.enter();
         loop {
             tracing::trace!("poll");
             // tokio-util reserves a single byte before a read; after a release, give the

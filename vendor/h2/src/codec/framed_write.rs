@@ -143,9 +143,6 @@ where
 
     /// Flush buffered data to the wire
     pub fn flush(&mut self, cx: &mut Context) -> Poll<io::Result<()>> {
-        let span = tracing::trace_span!("FramedWrite::flush");
-        let _e = span.enter();
-
         loop {
             while !self.encoder.is_empty() {
                 let n = match self.encoder.next {
@@ -233,8 +230,6 @@ where
         if self.buf.get_ref().capacity() == 0 {
             self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
         }
-        let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
-        let _e = span.enter();
 
         tracing::debug!(frame = ?item, "send");
 

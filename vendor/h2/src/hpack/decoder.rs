@@ -199,9 +199,6 @@ impl Decoder {
             self.last_max_update = size;
         }
 
-        let span = tracing::trace_span!("hpack::decode");
-        let _e = span.enter();
-
         tracing::trace!("decode");
 
         while let Some(ty) = peek_u8(src) {

@@ -102,9 +102,6 @@ impl Encoder {
     where
         I: IntoIterator<Item = Header<Option<HeaderName>>>,
     {
-        let span = tracing::trace_span!("hpack::encode");
-        let _e = span.enter();
-
         self.encode_size_updates(dst);
 
         let mut last_index = None;

@@ -217,8 +217,6 @@ where
     /// processing of received frames.
     fn poll_ready(&mut self, cx: &mut Context) -> Poll<Result<(), Error>> {
         let _e = self.inner.span.enter();
-        let span = tracing::trace_span!("poll_ready");
-        let _e = span.enter();
         // The order of these calls don't really matter too much
         ready!(self.inner.ping_pong.send_pending_pong(cx, &mut self.codec))?;
         ready!(self.inner.ping_pong.send_pending_ping(cx, &mut self.codec))?;
@@ -305,8 +303,6 @@ where
         // `poll2`, which means that we can't borrow `self.span` to enter it.
         // The clone is just an atomic ref bump.
         let span = self.inner.span.clone();
-        let _e = span.enter();
-        let span = tracing::trace_span!("poll");
         let _e = span.enter();
 
         loop {

@@ -116,8 +116,6 @@ impl Prioritize {
         stream: &mut store::Ptr,
         task: &mut Option<Waker>,
     ) {
-        let span = tracing::trace_span!("Prioritize::queue_frame", ?stream.id);
-        let _e = span.enter();
         // Queue the frame in the buffer
         stream.pending_send.push_back(buffer, frame);
         self.schedule_send(stream, task);
@@ -172,9 +170,6 @@ impl Prioritize {
         // Update the buffered data counter
         stream.buffered_send_data += sz as usize;
 
-        let span =
-            tracing::trace_span!("send_data", sz, requested = stream.requested_send_capacity);
-        let _e = span.enter();
         tracing::trace!(buffered = stream.buffered_send_data);
 
         // Implicitly request more send capacity if not enough has been
@@ -228,15 +223,6 @@ impl Prioritize {
         stream: &mut store::Ptr,
         counts: &mut Counts,
     ) {
-        let span = tracing::trace_span!(
-            "reserve_capacity",
-            ?stream.id,
-            requested = capacity,
-            effective = (capacity as usize) + stream.buffered_send_data,
-            curr = stream.requested_send_capacity
-        );
-        let _e = span.enter();
-
         // Actual capacity is `capacity` + the current amount of buffered data.
         // If it were less, then we could never send out the buffered data.
         let capacity = (capacity as usize) + stream.buffered_send_data;
@@ -288,15 +274,6 @@ impl Prioritize {
         inc: WindowSize,
         stream: &mut store::Ptr,
     ) -> Result<(), Reason> {
-        let span = tracing::trace_span!(
-            "recv_stream_window_update",
-            ?stream.id,
-            ?stream.state,
-            inc,
-            flow = ?stream.send_flow
-        );
-        let _e = span.enter();
-
         if stream.state.is_send_closed() && stream.buffered_send_data == 0 {
             // We can't send any data, so don't bother doing anything else.
             return Ok(());
@@ -358,8 +335,6 @@ impl Prioritize {
     }
 
     pub fn clear_pending_capacity(&mut self, store: &mut Store, counts: &mut Counts) {
-        let span = tracing::trace_span!("clear_pending_capacity");
-        let _e = span.enter();
         while let Some(stream) = self.pending_capacity.pop(store) {
             counts.transition(stream, |_, stream| {
                 tracing::trace!(?stream.id, "clear_pending_capacity");
@@ -375,9 +350,6 @@ impl Prioritize {
     ) where
         R: Resolve,
     {
-        let span = tracing::trace_span!("assign_connection_capacity", inc);
-        let _e = span.enter();
-
         // TODO: proper error handling
         let _res = self.flow.assign_capacity(inc);
         debug_assert!(_res.is_ok());
@@ -427,8 +399,6 @@ impl Prioritize {
             // Can't assign more than what is available
             stream.send_flow.window_size() - stream.send_flow.available().as_size(),
         );
-        let span = tracing::trace_span!("try_assign_capacity", ?stream.id);
-        let _e = span.enter();
         tracing::trace!(
             requested = total_requested,
             additional,
@@ -585,9 +555,6 @@ impl Prioritize {
     where
         B: Buf,
     {
-        let span = tracing::trace_span!("try_reclaim_frame");
-        let _e = span.enter();
-
         // First check if there are any data chunks to take back
         if let Some(frame) = dst.take_last_data_frame() {
             self.reclaim_frame_inner(buffer, store, frame)
@@ -665,9 +632,6 @@ impl Prioritize {
     }
 
     pub fn clear_queue<B>(&mut self, buffer: &mut Buffer<Frame<B>>, stream: &mut store::Ptr) {
-        let span = tracing::trace_span!("clear_queue", ?stream.id);
-        let _e = span.enter();
-
         // TODO: make this more efficient?
         while let Some(frame) = stream.pending_send.pop_front(buffer) {
             tracing::trace!(?frame, "dropping");
@@ -710,13 +674,8 @@ impl Prioritize {
     where
         B: Buf,
     {
-        let span = tracing::trace_span!("pop_frame");
-        let _e = span.enter();
-
         loop {
             let mut stream = self.pending_send.pop(store)?;
-            let span = tracing::trace_span!("popped", ?stream.id, ?stream.state);
-            let _e = span.enter();
 
             // It's possible that this stream, besides having data to send,
             // is also queued to send a reset, and thus is already in the queue
@@ -802,34 +761,28 @@ impl Prioritize {
                     tracing::trace!(len, "sending data frame");
 
                     // Update the flow control
-                    tracing::trace_span!("updating stream flow").in_scope(|| {
-                        stream.send_data(len, self.max_buffer_size);
+                    stream.send_data(len, self.max_buffer_size);
 
-                        // Assign the capacity back to the connection that
-                        // was just consumed from the stream in the previous
-                        // line.
-                        // TODO: proper error handling
-                        let _res = self.flow.assign_capacity(len);
-                        debug_assert!(_res.is_ok());
-                    });
+                    // Assign the capacity back to the connection that
+                    // was just consumed from the stream in the previous
+                    // line.
+                    // TODO: proper error handling
+                    let _res = self.flow.assign_capacity(len);
+                    debug_assert!(_res.is_ok());
 
-                    let (eos, len) =
-                        tracing::trace_span!("updating connection flow").in_scope(|| {
-                            // TODO: proper error handling
-                            let _res = self.flow.send_data(len);
-                            debug_assert!(_res.is_ok());
+                    // TODO: proper error handling
+                    let _res = self.flow.send_data(len);
+                    debug_assert!(_res.is_ok());
 
-                            // Wrap the frame's data payload to ensure that the
-                            // correct amount of data gets written.
+                    // Wrap the frame's data payload to ensure that the
+                    // correct amount of data gets written.
 
-                            let eos = frame.is_end_stream();
-                            let len = len as usize;
+                    let eos = frame.is_end_stream();
+                    let len = len as usize;
 
-                            if frame.payload().remaining() > len {
-                                frame.set_end_stream(false);
-                            }
-                            (eos, len)
-                        });
+                    if frame.payload().remaining() > len {
+                        frame.set_end_stream(false);
+                    }
 
                     Frame::Data(frame.map(|buf| Prioritized {
                         inner: buf.take(len),
