@@ -937,6 +937,13 @@ pub(super) struct Done {
 
 impl OnDone for Done {
     fn done(self: Box<Self>, bytes: u64, _complete: bool) {
+        (*self).record(bytes);
+    }
+}
+
+impl Done {
+    /// The response ended (whole or not) after `bytes` body bytes: its metrics and log line.
+    pub(super) fn record(self, bytes: u64) {
         let duration = self.start.elapsed();
         self.route.meters.requests(self.status).inc();
         self.route.meters.total().observe(duration.as_secs_f64());
