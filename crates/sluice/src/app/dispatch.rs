@@ -57,10 +57,18 @@ impl App {
         let resp = match dispatch {
             #[cfg(feature = "reverse")]
             Dispatch::Proxy(route, path) => {
+                let (client_ip, trusted) = {
+                    let keys = self.keys.load();
+                    let auth = &keys.auth;
+                    (
+                        auth.client_ip(peer.ip(), req.headers()),
+                        auth.is_trusted(peer.ip()),
+                    )
+                };
                 let down = Downstream {
                     peer,
-                    client_ip: self.keys.load().auth.client_ip(peer.ip(), req.headers()),
-                    trusted: self.keys.load().auth.is_trusted(peer.ip()),
+                    client_ip,
+                    trusted,
                     secure,
                     host: super::routes::request_host(&req).map(str::to_owned),
                 };

@@ -279,6 +279,44 @@ pub fn request_host<B>(req: &http::Request<B>) -> Option<&str> {
     }
 }
 
+/// The longest authority [`check_host`] remembers.
+const REMEMBERED_AUTHORITY: usize = 255;
+
+thread_local! {
+    /// The last authority [`check_host`] found valid on this thread.
+    static VALID_AUTHORITY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// [`sluice_http::host::check_request_host`], skipping the parse for an HTTP/2 or HTTP/3 request
+/// that names only an authority (no `Host` field) equal to the last one found valid on this
+/// thread: such a request passes or fails by that text alone, and a client names the same
+/// authority on every stream of a connection.
+fn check_host(
+    version: http::Version,
+    headers: &http::HeaderMap,
+    authority: Option<&str>,
+) -> Result<(), sluice_http::host::HostError> {
+    use sluice_http::host::check_request_host;
+    let Some(authority) = authority.filter(|a| {
+        version >= http::Version::HTTP_2
+            && !a.is_empty()
+            && a.len() <= REMEMBERED_AUTHORITY
+            && !headers.contains_key(http::header::HOST)
+    }) else {
+        return check_request_host(version, headers, authority);
+    };
+    if VALID_AUTHORITY.with(|last| *last.borrow() == authority) {
+        return Ok(());
+    }
+    check_request_host(version, headers, Some(authority))?;
+    VALID_AUTHORITY.with(|last| {
+        let mut last = last.borrow_mut();
+        last.clear();
+        last.push_str(authority);
+    });
+    Ok(())
+}
+
 impl Routing {
     /// Routes one request. A path carrying a sluice token (`/_token_<T>/...`) is routed by the rest
     /// of the path and only ever reaches a built-in.
@@ -287,9 +325,7 @@ impl Routing {
         use http::StatusCode;
         // One valid host, or nothing is routed by it (RFC 9112 §3.2).
         let authority = req.uri().authority().map(|a| a.as_str());
-        if let Err(e) =
-            sluice_http::host::check_request_host(req.version(), req.headers(), authority)
-        {
+        if let Err(e) = check_host(req.version(), req.headers(), authority) {
             return Dispatch::Refused(ProxyError::downstream(
                 StatusCode::BAD_REQUEST,
                 "bad_host",
@@ -348,5 +384,31 @@ impl Routing {
                 ))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue, Version};
+
+    #[test]
+    fn a_remembered_authority_is_still_checked_against_host() {
+        let none = HeaderMap::new();
+        assert!(check_host(Version::HTTP_2, &none, Some("example.com:8443")).is_ok());
+        // Remembered now; the same text passes again, a bad one still fails.
+        assert!(check_host(Version::HTTP_2, &none, Some("example.com:8443")).is_ok());
+        assert!(check_host(Version::HTTP_2, &none, Some("bad host")).is_err());
+        assert!(check_host(Version::HTTP_2, &none, Some("")).is_err());
+        assert!(check_host(Version::HTTP_2, &none, None).is_err());
+        // A `Host` field beside it is compared every time.
+        let mut other = HeaderMap::new();
+        other.insert(
+            http::header::HOST,
+            HeaderValue::from_static("other.example"),
+        );
+        assert!(check_host(Version::HTTP_2, &other, Some("example.com:8443")).is_err());
+        // HTTP/1.1 absolute form: the `Host` field is required whatever was remembered.
+        assert!(check_host(Version::HTTP_11, &none, Some("example.com:8443")).is_err());
     }
 }

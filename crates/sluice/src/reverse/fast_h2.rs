@@ -19,7 +19,7 @@ use sluice_http::response_head::{BodyLength, ResponseHead};
 use tokio::time::Instant;
 
 use super::access_log::Entry;
-use super::body::{IdleClock, OnDone};
+use super::body::IdleClock;
 use super::fast::{self, Exchanged, FastPool, UpConn};
 use super::forward::{
     hash_key, hold_server, request_target, ClientHead, Done, Downstream, FetchError,
@@ -176,8 +176,7 @@ impl Reverse {
             idle: IdleClock::new(route.idle_timeout),
             idle_secs: route.idle_timeout.as_secs(),
             bytes: 0,
-            ended: false,
-            done: Some(Box::new(done)),
+            done: Some(done),
         };
         match taken {
             Ok(taken) => {
@@ -284,14 +283,14 @@ struct Relay {
     idle: IdleClock,
     idle_secs: u64,
     bytes: u64,
-    ended: bool,
-    done: Option<Box<Done>>,
+    /// Inline, not boxed: the relay itself is boxed once as the response body.
+    done: Option<Done>,
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
         if let Some(done) = self.done.take() {
-            OnDone::done(done, self.bytes, self.ended);
+            done.record(self.bytes, false);
         }
     }
 }
@@ -318,9 +317,8 @@ impl http_body::Body for Relay {
                 if let Some(t) = this.trailers.take() {
                     return Poll::Ready(Some(Ok(Frame::trailers(t))));
                 }
-                this.ended = true;
                 if let Some(done) = this.done.take() {
-                    OnDone::done(done, this.bytes, true);
+                    done.record(this.bytes, true);
                 }
                 return Poll::Ready(None);
             };
