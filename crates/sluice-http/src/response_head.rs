@@ -87,7 +87,9 @@ pub fn parse_with(
     for f in resp.headers.iter() {
         let name = crate::wire::field_name(f.name.as_bytes())
             .map_err(|_| HeadError::BadField(f.name.to_string()))?;
-        let value = shared_value(&raw, buf, f.value)
+        // SAFETY: `raw` copies the head's bytes from `buf`, and `f.value` is httparse's output
+        // for `buf`.
+        let value = unsafe { shared_value(&raw, buf, f.value) }
             .map_err(|_| HeadError::BadField(f.name.to_string()))?;
         if name == header::CONNECTION {
             close |= names_close(f.value);

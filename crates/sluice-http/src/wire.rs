@@ -105,14 +105,16 @@ fn same_word(name: &[u8], lower: &[u8]) -> bool {
     x | ((y & 0x4040_4040_4040_4040) >> 1) == y
 }
 
-/// A field's value as a view of `raw`, the head's bytes copied once (`raw` holds the start of
-/// `buf`, and `value` lies in it): one allocation per head instead of one per field.
+/// A field's value as a view of `raw`, the head's bytes copied once: one allocation per head
+/// instead of one per field. A value that is not ASCII is checked as any other; one that is not
+/// inside `raw` is copied and checked.
 ///
-/// `value` must come from `httparse` (default configuration) parsing `buf`: then it holds only
-/// HTAB, visible ASCII, space and obs-text, all of which a `HeaderValue` allows, and an ASCII value
-/// is taken without checking its bytes again. A value that is not ASCII, or not inside `raw`, is
-/// checked as any other.
-pub fn shared_value(
+/// # Safety
+/// `raw` must hold a copy of the start of `buf`, and `value`, where it lies inside that start, must
+/// be a field value `httparse` (default configuration) accepted while parsing `buf`. Such a value
+/// holds only HTAB, visible ASCII, space and obs-text, all of which a `HeaderValue` allows, so an
+/// ASCII one is taken without checking its bytes again.
+pub unsafe fn shared_value(
     raw: &Bytes,
     buf: &[u8],
     value: &[u8],
@@ -124,7 +126,8 @@ pub fn shared_value(
             debug_assert_eq!(&view[..], value);
             // SAFETY: `from_maybe_shared_unchecked` asks for bytes a `HeaderValue` allows
             // (HTAB, 0x20-0x7E, 0x80-0xFF) and states its contract as UTF-8; `view` is ASCII
-            // (checked just above), so it is UTF-8, and it is a field value `httparse` accepted,
+            // (checked just above), so it is UTF-8, and (the caller's promise) the same bytes as
+            // a field value `httparse` accepted,
             // whose value grammar (HTAB, SP, VCHAR, obs-text; CR, LF, DEL and other controls
             // refused, in its scalar and SIMD scanners alike) leaves no byte a `HeaderValue`
             // refuses. Debug builds check it again inside the call.
@@ -228,13 +231,21 @@ mod tests {
     fn values_are_views_and_odd_ones_are_checked() {
         let buf = b"X-A: b c\r\nX-B: caf\xc3\xa9\r\n";
         let raw = Bytes::copy_from_slice(buf);
-        let v = shared_value(&raw, buf, &buf[5..8]).unwrap();
-        assert_eq!(v, "b c");
-        let v = shared_value(&raw, buf, &buf[15..20]).unwrap();
-        assert_eq!(v.as_bytes(), "caf\u{e9}".as_bytes());
+        // SAFETY: `raw` copies `buf`; the two values inside it are the ones httparse would return
+        // for this head, and the other two lie outside it.
+        let (v1, v2, outside, elsewhere) = unsafe {
+            (
+                shared_value(&raw, buf, &buf[5..8]),
+                shared_value(&raw, buf, &buf[15..20]),
+                shared_value(&raw, buf, b"x\x7fy"),
+                shared_value(&raw, buf, b"elsewhere"),
+            )
+        };
+        assert_eq!(v1.unwrap(), "b c");
+        assert_eq!(v2.unwrap().as_bytes(), "caf\u{e9}".as_bytes());
         // Not inside `buf`: copied, and checked.
-        assert!(shared_value(&raw, buf, b"x\x7fy").is_err());
-        assert_eq!(shared_value(&raw, buf, b"elsewhere").unwrap(), "elsewhere");
+        assert!(outside.is_err());
+        assert_eq!(elsewhere.unwrap(), "elsewhere");
     }
 
     /// Field names: mostly tokens, some known names in any case, some other bytes.
@@ -285,7 +296,8 @@ mod tests {
                 let raw = Bytes::copy_from_slice(&buf[..len]);
                 for f in resp.headers.iter() {
                     let checked = HeaderValue::from_bytes(f.value);
-                    let fast = shared_value(&raw, &buf, f.value);
+                    // SAFETY: `raw` copies the start of `buf`, which httparse just parsed.
+                    let fast = unsafe { shared_value(&raw, &buf, f.value) };
                     proptest::prop_assert_eq!(checked.ok(), fast.ok());
                     let name = field_name(f.name.as_bytes()).ok();
                     proptest::prop_assert_eq!(name, HeaderName::from_bytes(f.name.as_bytes()).ok());

@@ -399,14 +399,7 @@ async fn grpc_over_h2_keeps_trailers() {
     c.routes[0].upstream_protocol = sluice::reverse::config::UpstreamProtocol::H2c;
     let p = Proxy::start(c).await;
     // An h2c (prior knowledge) client, as gRPC clients are.
-    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_client(p.addr).await;
     let msg = Bytes::from_static(b"\x00\x00\x00\x00\x05hello");
     let req = http::Request::builder()
         .method("POST")
@@ -520,14 +513,7 @@ async fn ws_echo_origin() -> std::net::SocketAddr {
 async fn websocket_over_h2_extended_connect() {
     let o = ws_echo_origin().await;
     let p = Proxy::start(one_group(o, "")).await;
-    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_client(p.addr).await;
     // Let the server's SETTINGS (with ENABLE_CONNECT_PROTOCOL) arrive.
     send.ready().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -704,6 +690,25 @@ fn sized_body(n: usize) -> Bytes {
         .into()
 }
 
+/// Asks for `/n/<n>` on an HTTP/2 connection in a task of its own: the task returns `n` and the
+/// body, after checking the status.
+fn fetch_sized(
+    send: &hyper::client::conn::http2::SendRequest<BoxBody>,
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> tokio::task::JoinHandle<(usize, Bytes)> {
+    let mut send = send.clone();
+    let uri = format!("http://{addr}/n/{n}");
+    tokio::spawn(async move {
+        let req = http::Request::get(uri).body(full(Bytes::new())).unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        use http_body_util::BodyExt;
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (n, body)
+    })
+}
+
 #[tokio::test]
 async fn many_small_h2_responses_at_once_each_arrive_whole() {
     // Sizes around the points where the h2 writer copies a DATA payload into its buffer or
@@ -715,14 +720,7 @@ async fn many_small_h2_responses_at_once_each_arrive_whole() {
     })
     .await;
     let p = Proxy::start(one_group(o, "")).await;
-    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let send = h2_client(p.addr).await;
     let mut sizes = vec![
         0, 1, 200, 255, 256, 257, 1000, 1024, 2048, 4087, 4095, 4096, 4097,
     ];
@@ -730,18 +728,7 @@ async fn many_small_h2_responses_at_once_each_arrive_whole() {
     sizes.extend((0..40).map(|i| 900 + i * 97));
     let tasks: Vec<_> = sizes
         .iter()
-        .map(|&n| {
-            let mut send = send.clone();
-            let uri = format!("http://{}/n/{n}", p.addr);
-            tokio::spawn(async move {
-                let req = http::Request::get(uri).body(full(Bytes::new())).unwrap();
-                let resp = send.send_request(req).await.unwrap();
-                assert_eq!(resp.status(), StatusCode::OK);
-                use http_body_util::BodyExt;
-                let body = resp.into_body().collect().await.unwrap().to_bytes();
-                (n, body)
-            })
-        })
+        .map(|&n| fetch_sized(&send, p.addr, n))
         .collect();
     for t in tasks {
         let (n, body) = tokio::time::timeout(Duration::from_secs(20), t)
@@ -768,29 +755,10 @@ async fn h2_bursts_of_streams_after_idle_moments_each_arrive_whole() {
     })
     .await;
     let p = Proxy::start(one_group(o, "")).await;
-    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let send = h2_client(p.addr).await;
     for (round, streams) in [40usize, 3, 1, 50, 10].into_iter().enumerate() {
         let tasks: Vec<_> = (0..streams)
-            .map(|i| {
-                let n = 700 + round * 1000 + i * 131;
-                let mut send = send.clone();
-                let uri = format!("http://{}/n/{n}", p.addr);
-                tokio::spawn(async move {
-                    let req = http::Request::get(uri).body(full(Bytes::new())).unwrap();
-                    let resp = send.send_request(req).await.unwrap();
-                    assert_eq!(resp.status(), StatusCode::OK);
-                    use http_body_util::BodyExt;
-                    let body = resp.into_body().collect().await.unwrap().to_bytes();
-                    (n, body)
-                })
-            })
+            .map(|i| fetch_sized(&send, p.addr, 700 + round * 1000 + i * 131))
             .collect();
         for t in tasks {
             let (n, body) = tokio::time::timeout(Duration::from_secs(20), t)

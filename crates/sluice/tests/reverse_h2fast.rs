@@ -17,7 +17,7 @@ use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use reverse_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// What a raw origin answers to one request target.
 type Answer = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
@@ -104,15 +104,7 @@ idle_timeout_secs = 2
 
 /// An h2c (prior knowledge) client connection to `p`.
 async fn h2(p: &Proxy) -> hyper::client::conn::http2::SendRequest<BoxBody> {
-    let tcp = TcpStream::connect(p.addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    send
+    h2_client(p.addr).await
 }
 
 /// One HTTP/2 answer, whole: status, fields, body (or the error that cut it) and trailers.

@@ -128,3 +128,19 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The byte check in front of the slice compare changes no answer: the rule is "`path` starts
+    /// with `prefix`, at a segment boundary".
+    #[test]
+    fn prefix_match_is_the_segment_rule(
+        prefix in "/[ab/]{0,4}",
+        path in "/?[ab/]{0,6}",
+    ) {
+        let rule = match path.strip_prefix(prefix.as_str()) {
+            None => false,
+            Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+        };
+        prop_assert_eq!(prefix_matches(&prefix, &path), rule);
+    }
+}

@@ -92,7 +92,10 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     let raw = bytes::Bytes::copy_from_slice(&buf[..len]);
     for f in req.headers.iter() {
         let name = sluice_http::wire::field_name(f.name.as_bytes()).map_err(|_| ())?;
-        let value = sluice_http::wire::shared_value(&raw, buf, f.value).map_err(|_| ())?;
+        // SAFETY: `raw` copies the head's bytes from `buf`, and `f.value` is httparse's output
+        // for `buf`.
+        let value =
+            unsafe { sluice_http::wire::shared_value(&raw, buf, f.value) }.map_err(|_| ())?;
         match name.as_str() {
             "host" => {
                 if host.is_some() {

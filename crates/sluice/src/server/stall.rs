@@ -104,7 +104,10 @@ fn mark(start: Instant) -> u64 {
 
 /// A response body as a connection hands it to hyper: as the handler made it, or behind the
 /// watch. Not boxed again: hyper takes the body type as it is, so the watch costs the shared
-/// state only, not a second box and a second dynamic call per frame.
+/// state only, not a second box and a second dynamic call per frame. (`http_body_util::Either`
+/// would do the same, but its error bound, `Into<BoxError>` on each side, makes the compiler
+/// fail to prove the connection future `Send`: "implementation of `From` is not general
+/// enough".)
 pub enum Outgoing {
     Plain(Body),
     Guarded(Guarded),

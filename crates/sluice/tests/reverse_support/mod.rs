@@ -203,6 +203,17 @@ pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: BoxBo
     }
 }
 
+/// An h2c (prior knowledge) client connection to `addr`, its connection task spawned.
+pub async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<BoxBody> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
 pub async fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
     send("GET", url, headers, full(Bytes::new())).await
 }
