@@ -385,8 +385,11 @@ where
         let span = tracing::trace_span!("server_handshake");
         let entered = span.enter();
 
-        // Create the codec.
+        // Create the codec. Responses are encoded without the HPACK dynamic table: a
+        // server's fields (dates, lengths, tags) mostly change per response, and looking
+        // each one up and inserting it cost more than the bytes it saved.
         let mut codec = Codec::new(io);
+        codec.encode_headers_without_table();
 
         if let Some(max) = builder.settings.max_frame_size() {
             codec.set_max_recv_frame_size(max as usize);

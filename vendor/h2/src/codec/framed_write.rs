@@ -357,6 +357,11 @@ impl<T, B> FramedWrite<T, B> {
         self.encoder.hpack.update_max_size(val);
     }
 
+    /// See `Codec::encode_headers_without_table`.
+    pub(crate) fn encode_headers_without_table(&mut self) {
+        self.encoder.hpack.set_without_table();
+    }
+
     /// Frees the write buffer when nothing is waiting in it; the next frame buffered
     /// allocates it again. Called while the connection is idle.
     pub(crate) fn release_idle_buffer(&mut self) {

@@ -97,6 +97,12 @@ impl<T, B> Codec<T, B> {
         self.framed_write().set_header_table_size(val)
     }
 
+    /// Encode every later header block without the HPACK dynamic table (static-table
+    /// indexes and literals only). The server side of a connection does this.
+    pub(crate) fn encode_headers_without_table(&mut self) {
+        self.framed_write().encode_headers_without_table()
+    }
+
     /// Set the decoder header table size size.
     pub fn set_recv_header_table_size(&mut self, val: usize) {
         self.inner.set_header_table_size(val)

@@ -992,6 +992,25 @@ impl HeaderBlock {
     fn into_encoding(self, encoder: &mut hpack::Encoder) -> EncodingHeaderBlock {
         let mut hpack = encoder.take_scratch();
         hpack.clear();
+        if encoder.is_without_table() {
+            let Pseudo {
+                method,
+                scheme,
+                authority,
+                path,
+                protocol,
+                status,
+            } = self.pseudo;
+            // In the order `Iter` yields them.
+            let pseudo = (method.map(hpack::Header::Method).into_iter())
+                .chain(scheme.map(hpack::Header::Scheme))
+                .chain(authority.map(hpack::Header::Authority))
+                .chain(path.map(hpack::Header::Path))
+                .chain(protocol.map(hpack::Header::Protocol))
+                .chain(status.map(hpack::Header::Status));
+            encoder.encode_without_table(pseudo, &self.fields, &mut hpack);
+            return EncodingHeaderBlock { hpack };
+        }
         let headers = Iter {
             pseudo: Some(self.pseudo),
             fields: self.fields.into_iter(),

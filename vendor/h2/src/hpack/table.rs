@@ -1,6 +1,6 @@
 use super::Header;
 
-use http::header;
+use http::header::{self, HeaderName};
 use http::method::Method;
 
 use std::collections::VecDeque;
@@ -729,67 +729,15 @@ impl Hasher for NameHasher {
 
 /// Checks the static table for the header. If found, returns the index and a
 /// boolean representing if the value matched as well.
-fn index_static(header: &Header) -> Option<(usize, bool)> {
+pub(super) fn index_static(header: &Header) -> Option<(usize, bool)> {
     match *header {
         Header::Field {
             ref name,
             ref value,
-        } => match *name {
-            header::ACCEPT_CHARSET => Some((15, false)),
-            header::ACCEPT_ENCODING => {
-                if value == "gzip, deflate" {
-                    Some((16, true))
-                } else {
-                    Some((16, false))
-                }
-            }
-            header::ACCEPT_LANGUAGE => Some((17, false)),
-            header::ACCEPT_RANGES => Some((18, false)),
-            header::ACCEPT => Some((19, false)),
-            header::ACCESS_CONTROL_ALLOW_ORIGIN => Some((20, false)),
-            header::AGE => Some((21, false)),
-            header::ALLOW => Some((22, false)),
-            header::AUTHORIZATION => Some((23, false)),
-            header::CACHE_CONTROL => Some((24, false)),
-            header::CONTENT_DISPOSITION => Some((25, false)),
-            header::CONTENT_ENCODING => Some((26, false)),
-            header::CONTENT_LANGUAGE => Some((27, false)),
-            header::CONTENT_LENGTH => Some((28, false)),
-            header::CONTENT_LOCATION => Some((29, false)),
-            header::CONTENT_RANGE => Some((30, false)),
-            header::CONTENT_TYPE => Some((31, false)),
-            header::COOKIE => Some((32, false)),
-            header::DATE => Some((33, false)),
-            header::ETAG => Some((34, false)),
-            header::EXPECT => Some((35, false)),
-            header::EXPIRES => Some((36, false)),
-            header::FROM => Some((37, false)),
-            header::HOST => Some((38, false)),
-            header::IF_MATCH => Some((39, false)),
-            header::IF_MODIFIED_SINCE => Some((40, false)),
-            header::IF_NONE_MATCH => Some((41, false)),
-            header::IF_RANGE => Some((42, false)),
-            header::IF_UNMODIFIED_SINCE => Some((43, false)),
-            header::LAST_MODIFIED => Some((44, false)),
-            header::LINK => Some((45, false)),
-            header::LOCATION => Some((46, false)),
-            header::MAX_FORWARDS => Some((47, false)),
-            header::PROXY_AUTHENTICATE => Some((48, false)),
-            header::PROXY_AUTHORIZATION => Some((49, false)),
-            header::RANGE => Some((50, false)),
-            header::REFERER => Some((51, false)),
-            header::REFRESH => Some((52, false)),
-            header::RETRY_AFTER => Some((53, false)),
-            header::SERVER => Some((54, false)),
-            header::SET_COOKIE => Some((55, false)),
-            header::STRICT_TRANSPORT_SECURITY => Some((56, false)),
-            header::TRANSFER_ENCODING => Some((57, false)),
-            header::USER_AGENT => Some((58, false)),
-            header::VARY => Some((59, false)),
-            header::VIA => Some((60, false)),
-            header::WWW_AUTHENTICATE => Some((61, false)),
-            _ => None,
-        },
+        } => {
+            let idx = static_name_index(name)?;
+            Some((idx, idx == 16 && value == "gzip, deflate"))
+        }
         Header::Authority(_) => Some((1, false)),
         Header::Method(ref v) => match *v {
             Method::GET => Some((2, true)),
@@ -818,4 +766,59 @@ fn index_static(header: &Header) -> Option<(usize, bool)> {
             _ => Some((8, false)),
         },
     }
+}
+
+/// The static table's index of a field name (RFC 7541, appendix A), if it is there: a `match`
+/// on the standard header, no hashing.
+pub(super) fn static_name_index(name: &HeaderName) -> Option<usize> {
+    Some(match *name {
+        header::ACCEPT_CHARSET => 15,
+        header::ACCEPT_ENCODING => 16,
+        header::ACCEPT_LANGUAGE => 17,
+        header::ACCEPT_RANGES => 18,
+        header::ACCEPT => 19,
+        header::ACCESS_CONTROL_ALLOW_ORIGIN => 20,
+        header::AGE => 21,
+        header::ALLOW => 22,
+        header::AUTHORIZATION => 23,
+        header::CACHE_CONTROL => 24,
+        header::CONTENT_DISPOSITION => 25,
+        header::CONTENT_ENCODING => 26,
+        header::CONTENT_LANGUAGE => 27,
+        header::CONTENT_LENGTH => 28,
+        header::CONTENT_LOCATION => 29,
+        header::CONTENT_RANGE => 30,
+        header::CONTENT_TYPE => 31,
+        header::COOKIE => 32,
+        header::DATE => 33,
+        header::ETAG => 34,
+        header::EXPECT => 35,
+        header::EXPIRES => 36,
+        header::FROM => 37,
+        header::HOST => 38,
+        header::IF_MATCH => 39,
+        header::IF_MODIFIED_SINCE => 40,
+        header::IF_NONE_MATCH => 41,
+        header::IF_RANGE => 42,
+        header::IF_UNMODIFIED_SINCE => 43,
+        header::LAST_MODIFIED => 44,
+        header::LINK => 45,
+        header::LOCATION => 46,
+        header::MAX_FORWARDS => 47,
+        header::PROXY_AUTHENTICATE => 48,
+        header::PROXY_AUTHORIZATION => 49,
+        header::RANGE => 50,
+        header::REFERER => 51,
+        header::REFRESH => 52,
+        header::RETRY_AFTER => 53,
+        header::SERVER => 54,
+        header::SET_COOKIE => 55,
+        header::STRICT_TRANSPORT_SECURITY => 56,
+        header::TRANSFER_ENCODING => 57,
+        header::USER_AGENT => 58,
+        header::VARY => 59,
+        header::VIA => 60,
+        header::WWW_AUTHENTICATE => 61,
+        _ => return None,
+    })
 }
