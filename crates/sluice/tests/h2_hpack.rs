@@ -236,7 +236,7 @@ fn fields_are_static_indexes_and_raw_literals_without_indexing() {
         0x88, // :status 200, the static entry 8
         0x0f, 0x0d, 0x01, b'5', // content-length (28): without indexing, raw "5"
         0x1f, 0x28, 0x04, b'i', b'd', b'=', b'1', // set-cookie (55): never indexed
-        0x00, 0x03, b'x', b'-', b'a', 0x03, 0xe9, b't', 0xe9, // a literal name, obs-text value
+        0x00, 0x03, b'x', b'-', b'a', 0x03, 0xe9, b't', 0xe9, // literal name, obs-text
         0x0f, 0x27, 0x7f, 0x49, // server (54), a 200-byte value: 127 + 73
     ];
     want.extend_from_slice(long.as_bytes());
@@ -271,7 +271,10 @@ fn many_responses_on_one_connection_each_decode_whole() {
         let (client_io, server_io) = tokio::io::duplex(1 << 20);
         let fields = {
             let mut m = HeaderMap::new();
-            m.insert("date", HeaderValue::from_static("Wed, 02 Dec 2026 10:41:38 GMT"));
+            m.insert(
+                "date",
+                HeaderValue::from_static("Wed, 02 Dec 2026 10:41:38 GMT"),
+            );
             m.insert("etag", HeaderValue::from_static("\"6b0ff0fc-400\""));
             m.insert("x-served-by", HeaderValue::from_static("sluice"));
             m

@@ -784,7 +784,10 @@ fn odd_fields() -> Vec<(&'static str, Vec<u8>)> {
         ("cache-control", b"public, max-age=60".to_vec()),
         ("set-cookie", b"id=a3fWa; Path=/; Secure; HttpOnly".to_vec()),
         ("set-cookie", b"lang=en-US; Max-Age=3600".to_vec()),
-        ("set-cookie", b"session=; Expires=Thu, 01 Jan 1970 00:00:00 GMT".to_vec()),
+        (
+            "set-cookie",
+            b"session=; Expires=Thu, 01 Jan 1970 00:00:00 GMT".to_vec(),
+        ),
         ("x-obs-text", b"caf\xe9 \xff\x80 na\xefve".to_vec()),
         ("x-long", vec![b'L'; 5000]),
         (
@@ -802,7 +805,10 @@ fn odd_fields() -> Vec<(&'static str, Vec<u8>)> {
         "x-f20", "x-f21", "x-f22", "x-f23", "x-f24", "x-f25", "x-f26", "x-f27", "x-f28", "x-f29",
     ];
     for (i, name) in NAMES.into_iter().enumerate() {
-        f.push((name, format!("value {i} ~!@#$%^&*()_+`-={{}}|[]\\:\";'<>?,./").into_bytes()));
+        f.push((
+            name,
+            format!("value {i} ~!@#$%^&*()_+`-={{}}|[]\\:\";'<>?,./").into_bytes(),
+        ));
     }
     f
 }
@@ -821,7 +827,10 @@ async fn odd_fields_origin() -> std::net::SocketAddr {
 
 /// A field's values, in order.
 fn values_of(h: &http::HeaderMap, name: &str) -> Vec<Vec<u8>> {
-    h.get_all(name).iter().map(|v| v.as_bytes().to_vec()).collect()
+    h.get_all(name)
+        .iter()
+        .map(|v| v.as_bytes().to_vec())
+        .collect()
 }
 
 #[tokio::test]
@@ -915,7 +924,9 @@ async fn curl_decodes_h2_responses_field_for_field() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let colon = line.iter().position(|&b| b == b':').unwrap();
             let name = String::from_utf8(line[..colon].to_vec()).unwrap();
-            let value = line[colon + 1..].strip_prefix(b" ").unwrap_or(&line[colon + 1..]);
+            let value = line[colon + 1..]
+                .strip_prefix(b" ")
+                .unwrap_or(&line[colon + 1..]);
             got.push((name, value.to_vec()));
         }
         for (name, value) in odd_fields() {
@@ -931,6 +942,8 @@ async fn curl_decodes_h2_responses_field_for_field() {
                 .collect();
             assert_eq!(seen, sent, "field {name} ({} bytes)", value.len());
         }
-        assert!(got.iter().any(|(n, v)| n == "x-served-by" && v == b"sluice"));
+        assert!(got
+            .iter()
+            .any(|(n, v)| n == "x-served-by" && v == b"sluice"));
     }
 }
