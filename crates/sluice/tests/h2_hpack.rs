@@ -10,22 +10,33 @@ use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Serves one response with `status` and `fields` from an h2 server and returns what an h2
-/// client decoded, both ends in this process over an in-memory pipe.
-async fn round_trip(status: StatusCode, fields: HeaderMap) -> (StatusCode, HeaderMap) {
-    let (client_io, server_io) = tokio::io::duplex(1 << 20);
-    let server = tokio::spawn(async move {
-        let mut conn = h2::server::handshake(server_io).await.unwrap();
+/// An h2 server on `io` that answers the first request with `status` and `fields` (no body), then
+/// drives the connection until the client is done with it.
+fn answer_once(
+    io: tokio::io::DuplexStream,
+    status: StatusCode,
+    fields: HeaderMap,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut conn = h2::server::handshake(io).await.unwrap();
         let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
         let mut resp = Response::new(());
         *resp.status_mut() = status;
         *resp.headers_mut() = fields;
         respond.send_response(resp, true).unwrap();
-        // Drive the connection until the client is done with it.
         while let Some(r) = conn.accept().await {
-            r.unwrap();
+            if r.is_err() {
+                break;
+            }
         }
-    });
+    })
+}
+
+/// Serves one response with `status` and `fields` from an h2 server and returns what an h2
+/// client decoded, both ends in this process over an in-memory pipe.
+async fn round_trip(status: StatusCode, fields: HeaderMap) -> (StatusCode, HeaderMap) {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let server = answer_once(server_io, status, fields);
     let (send, conn) = h2::client::handshake(client_io).await.unwrap();
     let conn = tokio::spawn(conn);
     let mut send = send.ready().await.unwrap();
@@ -169,19 +180,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 /// the bytes of its HEADERS frame.
 async fn response_block(settings: &[u8], status: StatusCode, fields: HeaderMap) -> Vec<u8> {
     let (mut client, server_io) = tokio::io::duplex(1 << 16);
-    let server = tokio::spawn(async move {
-        let mut conn = h2::server::handshake(server_io).await.unwrap();
-        let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
-        let mut resp = Response::new(());
-        *resp.status_mut() = status;
-        *resp.headers_mut() = fields;
-        respond.send_response(resp, true).unwrap();
-        while let Some(r) = conn.accept().await {
-            if r.is_err() {
-                break;
-            }
-        }
-    });
+    let server = answer_once(server_io, status, fields);
     let mut out = PREFACE.to_vec();
     out.extend(frame(0x4, 0, 0, settings));
     // :method GET, :scheme http, :path /, :authority "a" (a literal with the static name).
