@@ -47,9 +47,8 @@ pub async fn serve<H: Handler>(
     }
     shared.requests.inc();
     let guard = shared.activity.begin();
-    // Built in a box of its own, as on the HTTP/1.1 and HTTP/2 path: the handler's future is
-    // tens of KiB, and `Box::pin(handle(..))` built it on the stack and then copied it into the
-    // box, once per request (a fifth of an HTTP/3 request's instructions).
+    // Built in a box of its own, as on the HTTP/1.1 and HTTP/2 path: `Box::pin(handle(..))`
+    // builds the handler's large future on the stack and then copies it into the box.
     let resp =
         crate::server::boxed_in_place(|| shared.handler.handle(req, peer, true, guard)).await;
     match respond(&mut send, resp, shared.send_timeout).await {
