@@ -209,7 +209,16 @@ def run_line(result):
 def _top_list(title, top, n=8):
     if not top:
         return []
+    if all(_unnamed(name) for _, name in top[:n]):
+        # A stripped binary (the shipped `dist` build): callgrind has only addresses.
+        return ["", title + " not named, since the binary is stripped and callgrind sees only "
+                "addresses (an unstripped build of the same profile names them)."]
     return ["", title, ""] + [f"- {share} % `{name}`" for share, name in top[:n]]
+
+
+def _unnamed(name):
+    """Whether callgrind gave a function only as an address (`0x…`): a stripped binary."""
+    return name.startswith("0x")
 
 
 def render(result):
