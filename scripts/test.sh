@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
+# An outside HTTP/2 client for the response encoder's check (crates/sluice/tests/reverse.rs).
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The cache cluster test (crates/sluice/tests/cluster.rs) puts each node in its own network
 # namespace with ip(8) (root, like the soak's tmpfs).
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
