@@ -78,9 +78,13 @@ impl Reverse {
         (on_head, sent_meter): (impl FnOnce(u16, Option<ErrorMark>), &Counter),
     ) -> Served {
         if route.cache_policy.is_some() {
-            return self
-                .serve_cached_fast(route, req, path, down, client, (on_head, sent_meter))
-                .await;
+            // In a box of its own: the cache's future is several times the relay's, and inline
+            // it would set the size of this one, which is built (and copied into its box) at
+            // every request of a plain route too.
+            return crate::server::boxed_in_place(|| {
+                self.serve_cached_fast(route, req, path, down, client, (on_head, sent_meter))
+            })
+            .await;
         }
         let start = Instant::now();
         let close = req.close;
