@@ -1,17 +1,20 @@
 //! `memcpy` and `memmove` for the static x86-64 build (the `static-memcpy` feature), in place of
-//! the generic one its C toolchain links (docs/decisions/allocator.md, "The static build").
+//! the generic ones its C toolchain links (docs/decisions/allocator.md, "The static build").
 //!
-//! glibc picks a copy routine for the CPU at run time; a static musl binary has no such step, and
-//! zig, the static build's C toolchain, links its compiler-rt `memcpy`: a 16-byte loop for every
-//! size. These routines keep to the baseline instruction set (SSE2, which every x86-64 has):
-//! overlapping loads for up to 64 bytes, a 64-byte loop for up to [`REP_FROM`] bytes, and
-//! `rep movsb` above that on CPUs that advertise fast string moves (ERMS; checked once by
-//! [`init`]), where the CPU copies at its full width. Every path loads what it stores before the
-//! stores that could overwrite it, so `memmove` shares the forward paths and adds a backward loop.
+//! glibc picks a copy routine for the CPU at run time; a static binary has no such step, and zig,
+//! the static build's C toolchain, links its compiler-rt `memcpy`: a 16-byte loop for every size.
+//! Most of a proxy's copies are Rust moving 100–500-byte values (futures, frames, request parts);
+//! a few are bodies and TLS records of kilobytes. Here: overlapping loads and stores up to 64
+//! bytes; above that a loop of 128-byte blocks with AVX where the CPU and the kernel support it;
+//! otherwise a loop of 64-byte blocks (SSE2, which every x86-64 has), and from [`REP_FROM`] bytes
+//! `rep movsb` where the CPU advertises fast string moves (ERMS). [`init`] checks the CPU once;
+//! until it runs, every size takes the SSE2 paths. Each path loads what it stores before the stores
+//! that could overwrite it, so `memmove` shares the forward paths and adds a backward loop.
 //!
 //! Written in assembly so that the compiler cannot turn a copy loop back into a call to `memcpy`.
-//! The symbols `memcpy` and `memmove` themselves are only defined by the static musl build
-//! (`main.rs`); tests call `sluice_copy_forward` and `sluice_copy_move` on any x86-64 target.
+//! The symbols `memcpy` and `memmove` are defined only in the static musl build with the feature
+//! (where they take precedence over the toolchain's weak ones); tests call `sluice_copy_forward`
+//! and `sluice_copy_move` on any x86-64 target.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -19,15 +22,13 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// for 16-byte vectors).
 pub const REP_FROM: usize = 2048;
 
-/// How copies of more than 64 bytes are done: bit 0, `rep movsb` from [`REP_FROM`] bytes on (the
-/// CPU has ERMS); bit 1, 32-byte AVX loads and stores below that (the CPU and the kernel support
-/// AVX). 0 (also before [`init`] runs): the 16-byte SSE2 loop. `MUSL`: musl's algorithm for every
-/// size (measurement only).
+/// How copies of more than 64 bytes are done: bit 0 (`REP`), `rep movsb` from [`REP_FROM`] bytes
+/// on; bit 1 (`AVX`), 32-byte AVX loads and stores (below [`REP_FROM`] when both are set). 0 (also
+/// before [`init`] runs): the 16-byte SSE2 loop.
 static COPY_MODE: AtomicU8 = AtomicU8::new(0);
 
 const REP: u8 = 1;
 const AVX: u8 = 2;
-const MUSL: u8 = 0x80;
 
 /// How copies of more than 64 bytes are done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,31 +37,22 @@ pub enum Mode {
     Vector,
     /// `rep movsb` from [`REP_FROM`] bytes on, SSE2 below.
     RepMovsb,
-    /// AVX below [`REP_FROM`], SSE2 above.
+    /// The 128-byte AVX loop for every size.
     Avx,
-    /// AVX below [`REP_FROM`], `rep movsb` from there.
-    AvxRepMovsb,
-    /// `rep movsq` for every size of 8 bytes or more, as musl's own x86-64 `memcpy` (measurement).
-    RepMovsq,
 }
 
-/// Checks the CPU once (ERMS, AVX) and sets the mode; before this runs, every size takes the SSE2
-/// paths.
+/// Checks the CPU once and sets the mode; before this runs, every size takes the SSE2 paths.
+/// `rep movsb` only where there is no AVX: it is the one way to copy wider than 16 bytes there,
+/// while with AVX the loop is as fast up to a few KiB and within ~15 % at 12 KiB (measured), and
+/// a profiler that counts instructions (callgrind) counts each byte of a `rep movsb` as one.
 pub fn init() {
-    let mode = match std::env::var("XLUICE_COPY_MODE").as_deref() {
-        Ok("vector") => Mode::Vector,
-        Ok("movsq") => Mode::RepMovsq,
-        Ok("movsb") => Mode::RepMovsb,
-        Ok("avx") => Mode::Avx,
-        Ok("avxmovsb") => Mode::AvxRepMovsb,
-        _ => match (has_erms(), has_avx()) {
-            (false, false) => Mode::Vector,
-            (true, false) => Mode::RepMovsb,
-            (false, true) => Mode::Avx,
-            (true, true) => Mode::AvxRepMovsb,
-        },
-    };
-    set_mode(mode);
+    set_mode(if has_avx() {
+        Mode::Avx
+    } else if has_erms() {
+        Mode::RepMovsb
+    } else {
+        Mode::Vector
+    });
 }
 
 /// Sets the mode (tests; [`init`]).
@@ -69,8 +61,6 @@ pub fn set_mode(mode: Mode) {
         Mode::Vector => 0,
         Mode::RepMovsb => REP,
         Mode::Avx => AVX,
-        Mode::AvxRepMovsb => AVX | REP,
-        Mode::RepMovsq => MUSL,
     };
     COPY_MODE.store(v, Ordering::Relaxed);
 }
@@ -109,8 +99,9 @@ extern "C" {
     pub fn sluice_copy_move(dst: *mut u8, src: *const u8, n: usize) -> *mut u8;
 }
 
-// System V: rdi = dst, rsi = src, rdx = n; rax returns dst. Scratch: rcx, r8, r9, xmm0-xmm7.
 /// The routines; `$fwd` and `$mov` are extra labels at their entries (`memcpy`, `memmove`).
+/// System V: rdi = dst, rsi = src, rdx = n; rax returns dst. Scratch: rcx, r8, r9, xmm0-xmm7
+/// (ymm0-ymm7 on the AVX paths, which end with `vzeroupper`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! copy_asm {
     ([$($fwd:literal),*], [$($mov:literal),*]) => {
@@ -121,9 +112,6 @@ std::arch::global_asm!(
     ".type sluice_copy_forward,@function",
     "sluice_copy_forward:",
     $($fwd,)*
-    "    cmp byte ptr [rip + {mode}], {musl}",
-    "    je 30f",
-    ".Lsluice_copy_body:",
     "    mov rax, rdi",
     "    cmp rdx, 16",
     "    jb 20f",
@@ -265,26 +253,6 @@ std::arch::global_asm!(
     "    mov [rdi + rdx - 1], r8b",
     "23:",
     "    ret",
-    "30:",
-    // musl's x86-64 algorithm, for measurement: align dst to 8 bytewise, `rep movsq`, bytes.
-    "    mov rax, rdi",
-    "    cmp rdx, 8",
-    "    jb 32f",
-    "    test edi, 7",
-    "    jz 32f",
-    "31:",
-    "    movsb",
-    "    dec rdx",
-    "    test edi, 7",
-    "    jnz 31b",
-    "32:",
-    "    mov rcx, rdx",
-    "    shr rcx, 3",
-    "    rep movsq",
-    "    mov ecx, edx",
-    "    and ecx, 7",
-    "    rep movsb",
-    "    ret",
     ".size sluice_copy_forward, . - sluice_copy_forward",
     "",
     ".p2align 5",
@@ -299,7 +267,7 @@ std::arch::global_asm!(
     "    cmp rax, rdx",
     "    jae sluice_copy_forward",
     "    cmp rdx, 64",
-    "    jbe .Lsluice_copy_body",
+    "    jbe sluice_copy_forward",
     "    mov rax, rdi",
     // Backward: the first 64 bytes are loaded first and stored last; the loop copies whole
     // 64-byte blocks from the end while more than 64 bytes remain.
@@ -336,7 +304,6 @@ std::arch::global_asm!(
     rep_from = const REP_FROM,
     rep = const REP,
     avx = const AVX,
-    musl = const MUSL,
 );
     };
 }
@@ -346,7 +313,10 @@ copy_asm!(
     [".globl memcpy", ".type memcpy,@function", "memcpy:"],
     [".globl memmove", ".type memmove,@function", "memmove:"]
 );
-#[cfg(all(target_arch = "x86_64", not(all(feature = "static-memcpy", target_env = "musl"))))]
+#[cfg(all(
+    target_arch = "x86_64",
+    not(all(feature = "static-memcpy", target_env = "musl"))
+))]
 copy_asm!([], []);
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -363,20 +333,33 @@ mod tests {
             for d in 0..17 {
                 let mut dst = vec![0xAA_u8; n + 64];
                 // SAFETY: both ranges are inside their buffers and do not overlap.
-                let r = unsafe { sluice_copy_forward(dst.as_mut_ptr().add(d), src[so..].as_ptr(), n) };
+                let r =
+                    unsafe { sluice_copy_forward(dst.as_mut_ptr().add(d), src[so..].as_ptr(), n) };
                 assert_eq!(r, dst[d..].as_mut_ptr(), "returns dst");
-                assert!(dst[..d].iter().all(|&b| b == 0xAA), "n={n}: wrote before dst");
+                assert!(
+                    dst[..d].iter().all(|&b| b == 0xAA),
+                    "n={n}: wrote before dst"
+                );
                 assert_eq!(&dst[d..d + n], &src[so..so + n], "n={n} src+{so} dst+{d}");
-                assert!(dst[d + n..].iter().all(|&b| b == 0xAA), "n={n}: wrote past the end");
+                assert!(
+                    dst[d + n..].iter().all(|&b| b == 0xAA),
+                    "n={n}: wrote past the end"
+                );
             }
         }
     }
 
     fn check_move(src: &[u8], n: usize) {
-        for dist in [0, 1, 3, 8, 15, 16, 17, 31, 32, 63, 64, 65, 100, 200, 1000, 3000] {
+        for dist in [
+            0, 1, 3, 8, 15, 16, 17, 31, 32, 63, 64, 65, 100, 200, 1000, 3000,
+        ] {
             for dst_above in [false, true] {
                 let len = n + dist + 32;
-                let (s, d) = if dst_above { (8, 8 + dist) } else { (8 + dist, 8) };
+                let (s, d) = if dst_above {
+                    (8, 8 + dist)
+                } else {
+                    (8 + dist, 8)
+                };
                 let mut buf = src[..len].to_vec();
                 let mut want = buf.clone();
                 want.copy_within(s..s + n, d);
@@ -395,10 +378,12 @@ mod tests {
     fn copies_every_size_alignment_and_overlap() {
         let src = pattern(70_000);
         let mut sizes: Vec<usize> = (0..=300).collect();
-        sizes.extend([511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049, 4097, 16_384, 65_539]);
+        sizes.extend([
+            511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049, 4097, 16_384, 65_539,
+        ]);
         let mut modes = vec![Mode::Vector, Mode::RepMovsb];
         if has_avx() {
-            modes.extend([Mode::Avx, Mode::AvxRepMovsb]);
+            modes.push(Mode::Avx);
         }
         for mode in modes {
             set_mode(mode);
