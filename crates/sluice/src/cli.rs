@@ -368,6 +368,7 @@ pub const FEATURES: &[(&str, bool)] = &[
     ("acme", cfg!(feature = "acme")),
     ("multi-thread", cfg!(feature = "multi-thread")),
     ("jemalloc", cfg!(feature = "jemalloc")),
+    ("static-memcpy", cfg!(feature = "static-memcpy")),
 ];
 
 /// `sluice --version`: the version, the commit, the features built in and the target.

@@ -21,6 +21,8 @@ static GLOBAL: sluice::runtime::aligned_pool::AlignedPool =
     sluice::runtime::aligned_pool::AlignedPool;
 
 fn main() -> anyhow::Result<()> {
+    #[cfg(all(feature = "static-memcpy", target_arch = "x86_64", target_env = "musl"))]
+    sluice::runtime::copy::init();
     let action = match sluice::cli::parse(std::env::args_os().skip(1)) {
         Ok(action) => action,
         Err(e) => {

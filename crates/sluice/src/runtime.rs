@@ -4,6 +4,7 @@
 
 pub mod aligned_pool;
 pub mod busy_poll;
+pub mod copy;
 pub mod release;
 
 use std::cell::Cell;
