@@ -450,6 +450,7 @@ impl Origin for RouteOrigin {
             headers: parts.headers,
             upgrade: false,
             host: self.host.clone(),
+            forwarding: None,
         };
         let (budget, route) = (self.budget.clone(), self.route.clone());
         let balance = self.balance.clone();

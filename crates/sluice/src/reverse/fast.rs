@@ -102,6 +102,8 @@ impl Reverse {
             version: Version::HTTP_11,
             query,
             has_authority: false,
+            target: Some(&req.path_and_query),
+            authority: None,
         };
         let head = self.upstream_head(route, client_head, req.headers, path, down, false);
         let fetched = match head {
@@ -333,6 +335,10 @@ fn encode_request_into(out: &mut Vec<u8>, head: &UpstreamHead, server_addr: &str
             continue;
         }
         field(out, name.as_str(), value.as_bytes());
+    }
+    // Where inserting them into the map would have put them: after its fields.
+    if let Some(fresh) = &head.forwarding {
+        fresh.each(|name, value| field(out, name, value));
     }
     if !host_written {
         field(out, "host", host);
@@ -917,6 +923,7 @@ mod tests {
             headers,
             upgrade: false,
             host: host.map(|h| HeaderValue::from_str(h).unwrap()),
+            forwarding: None,
         }
     }
 

@@ -226,8 +226,16 @@ impl Reverse {
         down: &Downstream,
         upgrade: bool,
     ) -> Result<UpstreamHead, ProxyError> {
-        let (mut headers, client_host) =
-            self.upstream_fields(route, headers, down, req.version, true);
+        // A head the fast path encodes (or hyper's client on a route the fast path serves,
+        // `build_request`) gets this hop's forwarding fields as bytes after its other fields when
+        // it has none of its own: no values made, no insertions into the map.
+        let forwarding = if !upgrade && super::fast::serves(route) {
+            Forwarding::Aside(req.authority)
+        } else {
+            Forwarding::Now
+        };
+        let (mut headers, client_host, fresh) =
+            self.fields(route, headers, down, req.version, forwarding);
         if upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
@@ -236,19 +244,31 @@ impl Reverse {
                 headers.insert(header::SEC_WEBSOCKET_KEY, websocket_key());
             }
         }
-        let mut path_and_query = rewrite_path(&route.config, path);
-        if let Some(q) = req.query {
-            path_and_query.push('?');
-            path_and_query.push_str(q);
-        }
-        let path_and_query = PathAndQuery::try_from(path_and_query).map_err(|e| {
-            ProxyError::new(
-                Side::Upstream,
-                StatusCode::BAD_GATEWAY,
-                "bad_rewrite",
-                format!("the rewritten request target is invalid: {e}"),
-            )
-        })?;
+        let path_and_query = match req.target {
+            // The path goes up as the client sent it: its target is reused (its bytes shared),
+            // not written out and parsed again.
+            // (A target without a path, `http://h?q` in absolute form, gets its `/` below.)
+            Some(t)
+                if !rewrites(&route.config) && t.path() == path && t.as_str().starts_with('/') =>
+            {
+                t.clone()
+            }
+            _ => {
+                let mut path_and_query = rewrite_path(&route.config, path);
+                if let Some(q) = req.query {
+                    path_and_query.push('?');
+                    path_and_query.push_str(q);
+                }
+                PathAndQuery::try_from(path_and_query).map_err(|e| {
+                    ProxyError::new(
+                        Side::Upstream,
+                        StatusCode::BAD_GATEWAY,
+                        "bad_rewrite",
+                        format!("the rewritten request target is invalid: {e}"),
+                    )
+                })?
+            }
+        };
         let method = if upgrade {
             Method::GET
         } else {
@@ -260,6 +280,7 @@ impl Reverse {
             headers,
             upgrade,
             host: upstream_host(route, down, req.has_authority, client_host),
+            forwarding: fresh,
         })
     }
 
@@ -271,11 +292,30 @@ impl Reverse {
     pub(super) fn upstream_fields(
         &self,
         route: &Route,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         down: &Downstream,
         version: Version,
         forwarding: bool,
     ) -> (HeaderMap, Option<HeaderValue>) {
+        let forwarding = if forwarding {
+            Forwarding::Now
+        } else {
+            Forwarding::Later
+        };
+        let (headers, client_host, _) = self.fields(route, headers, down, version, forwarding);
+        (headers, client_host)
+    }
+
+    /// [`Reverse::upstream_fields`], with this hop's forwarding fields made as `forwarding` says;
+    /// the fields kept aside when they are.
+    fn fields(
+        &self,
+        route: &Route,
+        mut headers: HeaderMap,
+        down: &Downstream,
+        version: Version,
+        forwarding: Forwarding<'_>,
+    ) -> (HeaderMap, Option<HeaderValue>, Option<forwarded::Fresh>) {
         hop::strip_hop_by_hop(&mut headers, true);
         if !route.config.underscores_in_headers {
             fields::strip_underscored(&mut headers);
@@ -283,13 +323,15 @@ impl Reverse {
         if !route.config.override_headers {
             fields::strip_overrides(&mut headers);
         }
-        // Which of the two rare fields below are there: one look at the names, instead of a
-        // hashed removal of each that is usually absent.
-        let (mut purge, mut expect) = (false, false);
+        // Which of the rare fields below are there (and `Host`, absent from HTTP/2 requests, and
+        // any forwarding field): one look at the names, instead of a hashed removal of each.
+        let (mut purge, mut expect, mut host, mut prior) = (false, false, false, false);
         for name in headers.keys() {
             match name.as_str() {
                 "x-purge-key" => purge = true,
                 "expect" => expect = true,
+                "host" => host = true,
+                n if forwarded::is_forwarding_field(n) => prior = true,
                 _ => {}
             }
         }
@@ -299,24 +341,51 @@ impl Reverse {
         }
         // The client's Host is sent on as it came (no copy) when the host the route saw is it,
         // i.e. the request had no authority in its target.
-        let client_host = headers.remove(header::HOST);
+        let client_host = if host {
+            headers.remove(header::HOST)
+        } else {
+            None
+        };
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
         // which is once an upstream connection is ready) and streams the body; the upstream never
         // needs to.
         if expect {
             headers.remove(header::EXPECT);
         }
-        if forwarding {
-            let mut hop = self.hop_info(down, version);
-            // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
-            hop.host_value = client_host
-                .as_ref()
-                .filter(|v| down.host.as_deref().map(str::as_bytes) == Some(v.as_bytes()))
-                .cloned();
+        let authority = match forwarding {
+            Forwarding::Later => {
+                route_edits(route, &mut headers);
+                return (headers, client_host, None);
+            }
+            Forwarding::Now => None,
+            Forwarding::Aside(authority) => Some(authority),
+        };
+        let mut hop = self.hop_info(down, version);
+        // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
+        hop.host_value = client_host
+            .as_ref()
+            .filter(|v| down.host.as_deref().map(str::as_bytes) == Some(v.as_bytes()))
+            .cloned();
+        // Kept aside only when appending them is all `apply` would do (no prior field to replace
+        // or extend) and the route's edits, which have the last word, have none to make.
+        let aside = match authority {
+            Some(authority)
+                if !prior && route.req_remove.is_empty() && route.req_add.is_empty() =>
+            {
+                let host = match (&hop.host_value, authority) {
+                    (Some(v), _) => Some(forwarded::FreshHost::Value(v.clone())),
+                    (None, Some(a)) => Some(forwarded::FreshHost::Authority(a.clone())),
+                    (None, None) => None,
+                };
+                forwarded::Fresh::new(&hop, host)
+            }
+            _ => None,
+        };
+        if aside.is_none() {
             forwarded::apply(&mut headers, &hop);
+            route_edits(route, &mut headers);
         }
-        route_edits(route, &mut headers);
-        (headers, client_host)
+        (headers, client_host, aside)
     }
 
     /// Adds this hop's forwarding fields to fields made by [`Reverse::upstream_fields`] without
@@ -605,7 +674,7 @@ where
     }
     let mut last: Option<FetchError> = None;
     let tries = plan.len().min(route.config.max_attempts as usize);
-    for (attempt, server) in plan.iter().take(tries).enumerate() {
+    for (attempt, (index, server)) in plan.indexed().take(tries).enumerate() {
         // The last possible attempt takes the head's headers instead of a copy.
         let final_try = attempt + 1 == tries;
         if attempt > 0 {
@@ -614,7 +683,8 @@ where
             }
             route.meters.retries().inc();
         }
-        let index = route.server_index(server);
+        // The plan is the route's group's: its index is the server's place in the group.
+        let index = Some(index);
         let meters = route.meters.server(index, server.addr());
         route.meters.server_requests(&meters).inc();
         let in_flight = server.begin();
@@ -675,6 +745,21 @@ pub struct UpstreamHead {
     pub upgrade: bool,
     /// The Host to send; `None` sends the server's `host:port`.
     pub host: Option<HeaderValue>,
+    /// This hop's forwarding fields when they are not in `headers`: they go after its fields
+    /// (and before a `Host` not among them).
+    pub forwarding: Option<forwarded::Fresh>,
+}
+
+/// How [`Reverse::fields`] makes this hop's forwarding fields.
+#[derive(Clone, Copy)]
+enum Forwarding<'a> {
+    /// In the map.
+    Now,
+    /// Not at all: [`Reverse::add_forwarding`] adds them later.
+    Later,
+    /// Kept aside ([`forwarded::Fresh`]) when they can be, else in the map; the authority of the
+    /// request's target, if any, may be `X-Forwarded-Host`'s text.
+    Aside(Option<&'a Authority>),
 }
 
 /// The request for one attempt (`final_try`: no attempt follows, the headers move out of `head`).
@@ -716,6 +801,9 @@ fn build_request(
     } else {
         head.headers.clone()
     };
+    if let Some(fresh) = &head.forwarding {
+        fresh.add_to(&mut headers);
+    }
     let host = match &head.host {
         Some(v) => Some(v.clone()),
         None => HeaderValue::from_str(server.addr()).ok(),
@@ -782,6 +870,11 @@ pub(super) fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
     }
 }
 
+/// Whether the route changes the path it sends upstream.
+fn rewrites(route: &super::RouteConfig) -> bool {
+    route.rewrite.is_some() || route.strip_prefix
+}
+
 /// The path sent upstream: the normalised path with the route's prefix stripped or rewritten.
 pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
     let replacement = match (&route.rewrite, route.strip_prefix) {
@@ -844,6 +937,10 @@ pub(super) struct ClientHead<'a> {
     pub query: Option<&'a str>,
     /// The target was in absolute form (or an HTTP/2 authority): its host, not `Host`, was routed.
     pub has_authority: bool,
+    /// The target's path and query as the client sent them, when the request has them parsed.
+    pub target: Option<&'a PathAndQuery>,
+    /// The target's authority, when it has one.
+    pub authority: Option<&'a Authority>,
 }
 
 impl<'a> ClientHead<'a> {
@@ -853,6 +950,8 @@ impl<'a> ClientHead<'a> {
             version: parts.version,
             query: parts.uri.query(),
             has_authority: parts.uri.authority().is_some(),
+            target: parts.uri.path_and_query(),
+            authority: parts.uri.authority(),
         }
     }
 }
