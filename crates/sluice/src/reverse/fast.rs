@@ -103,7 +103,6 @@ impl Reverse {
             query,
             has_authority: false,
             target: Some(&req.path_and_query),
-            authority: None,
         };
         let head = self.upstream_head(route, client_head, req.headers, path, down, false);
         let fetched = match head {

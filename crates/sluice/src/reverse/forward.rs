@@ -35,7 +35,56 @@ pub struct Downstream {
     pub trusted: bool,
     pub secure: bool,
     /// The host the client asked for (`Host`, or the authority of an HTTP/2 or absolute-form request).
-    pub host: Option<String>,
+    pub host: Option<ClientHost>,
+}
+
+/// The host a client asked for, as its request holds it: a clone shares the request's bytes (no
+/// copy per request); reads as text.
+#[derive(Debug, Clone)]
+pub enum ClientHost {
+    /// The authority of the request's target.
+    Authority(Authority),
+    /// Its `Host` field (text: only a value that is one is taken).
+    Field(HeaderValue),
+    /// Text made for it.
+    Text(String),
+}
+
+impl ClientHost {
+    /// The host `req` asks for: its target's authority, else its `Host` field when that is text.
+    pub fn of_request<B>(req: &Request<B>) -> Option<ClientHost> {
+        match req.uri().authority() {
+            Some(a) => Some(ClientHost::Authority(a.clone())),
+            None => req
+                .headers()
+                .get(header::HOST)
+                .filter(|v| v.to_str().is_ok())
+                .map(|v| ClientHost::Field(v.clone())),
+        }
+    }
+
+    /// `host`, shared with the `Host` field of `headers` when that holds it.
+    pub fn of_field(headers: &HeaderMap, host: &str) -> ClientHost {
+        match headers.get(header::HOST) {
+            Some(v) if v.as_bytes() == host.as_bytes() && v.to_str().is_ok() => {
+                ClientHost::Field(v.clone())
+            }
+            _ => ClientHost::Text(host.to_string()),
+        }
+    }
+}
+
+impl std::ops::Deref for ClientHost {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            ClientHost::Authority(a) => a.as_str(),
+            // Only a value that is text is taken.
+            ClientHost::Field(v) => v.to_str().unwrap_or_default(),
+            ClientHost::Text(t) => t.as_str(),
+        }
+    }
 }
 
 /// Why no upstream response head came back.
@@ -230,7 +279,7 @@ impl Reverse {
         // `build_request`) gets this hop's forwarding fields as bytes after its other fields when
         // it has none of its own: no values made, no insertions into the map.
         let forwarding = if !upgrade && super::fast::serves(route) {
-            Forwarding::Aside(req.authority)
+            Forwarding::Aside
         } else {
             Forwarding::Now
         };
@@ -314,7 +363,7 @@ impl Reverse {
         mut headers: HeaderMap,
         down: &Downstream,
         version: Version,
-        forwarding: Forwarding<'_>,
+        forwarding: Forwarding,
     ) -> (HeaderMap, Option<HeaderValue>, Option<forwarded::Fresh>) {
         hop::strip_hop_by_hop(&mut headers, true);
         if !route.config.underscores_in_headers {
@@ -352,14 +401,10 @@ impl Reverse {
         if expect {
             headers.remove(header::EXPECT);
         }
-        let authority = match forwarding {
-            Forwarding::Later => {
-                route_edits(route, &mut headers);
-                return (headers, client_host, None);
-            }
-            Forwarding::Now => None,
-            Forwarding::Aside(authority) => Some(authority),
-        };
+        if matches!(forwarding, Forwarding::Later) {
+            route_edits(route, &mut headers);
+            return (headers, client_host, None);
+        }
         let mut hop = self.hop_info(down, version);
         // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
         hop.host_value = client_host
@@ -368,14 +413,16 @@ impl Reverse {
             .cloned();
         // Kept aside only when appending them is all `apply` would do (no prior field to replace
         // or extend) and the route's edits, which have the last word, have none to make.
-        let aside = match authority {
-            Some(authority)
+        let aside = match forwarding {
+            Forwarding::Aside
                 if !prior && route.req_remove.is_empty() && route.req_add.is_empty() =>
             {
-                let host = match (&hop.host_value, authority) {
-                    (Some(v), _) => Some(forwarded::FreshHost::Value(v.clone())),
-                    (None, Some(a)) => Some(forwarded::FreshHost::Authority(a.clone())),
-                    (None, None) => None,
+                let host = match &down.host {
+                    Some(ClientHost::Field(v)) => Some(forwarded::FreshHost::Value(v.clone())),
+                    Some(ClientHost::Authority(a)) => {
+                        Some(forwarded::FreshHost::Authority(a.clone()))
+                    }
+                    _ => None,
                 };
                 forwarded::Fresh::new(&hop, host)
             }
@@ -752,14 +799,13 @@ pub struct UpstreamHead {
 
 /// How [`Reverse::fields`] makes this hop's forwarding fields.
 #[derive(Clone, Copy)]
-enum Forwarding<'a> {
+enum Forwarding {
     /// In the map.
     Now,
     /// Not at all: [`Reverse::add_forwarding`] adds them later.
     Later,
-    /// Kept aside ([`forwarded::Fresh`]) when they can be, else in the map; the authority of the
-    /// request's target, if any, may be `X-Forwarded-Host`'s text.
-    Aside(Option<&'a Authority>),
+    /// Kept aside ([`forwarded::Fresh`]) when they can be, else in the map.
+    Aside,
 }
 
 /// The request for one attempt (`final_try`: no attempt follows, the headers move out of `head`).
@@ -939,8 +985,6 @@ pub(super) struct ClientHead<'a> {
     pub has_authority: bool,
     /// The target's path and query as the client sent them, when the request has them parsed.
     pub target: Option<&'a PathAndQuery>,
-    /// The target's authority, when it has one.
-    pub authority: Option<&'a Authority>,
 }
 
 impl<'a> ClientHead<'a> {
@@ -951,7 +995,6 @@ impl<'a> ClientHead<'a> {
             query: parts.uri.query(),
             has_authority: parts.uri.authority().is_some(),
             target: parts.uri.path_and_query(),
-            authority: parts.uri.authority(),
         }
     }
 }
@@ -975,6 +1018,7 @@ pub(super) fn upstream_host(
 ) -> Option<HeaderValue> {
     match (&down.host, route.config.preserve_host) {
         (Some(_), true) if !has_authority && client_host.is_some() => client_host,
+        (Some(ClientHost::Field(v)), true) => Some(v.clone()),
         (Some(h), true) => HeaderValue::from_str(h).ok(),
         _ => None,
     }
