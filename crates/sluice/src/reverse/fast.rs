@@ -320,7 +320,7 @@ fn encode_request_into(out: &mut Vec<u8>, head: &UpstreamHead, server_addr: &str
     out.extend_from_slice(head.path_and_query.as_str().as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host = match &head.host {
-        Some(v) => v.as_bytes(),
+        Some(h) => h.as_bytes(),
         None => server_addr.as_bytes(),
     };
     let mut host_written = false;
@@ -905,6 +905,7 @@ fn hyper_wording(e: &response_head::HeadError) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reverse::forward::ClientHost;
     use http::uri::PathAndQuery;
     use http::HeaderValue;
 
@@ -921,7 +922,7 @@ mod tests {
             path_and_query: PathAndQuery::from_static("/a?b=c"),
             headers,
             upgrade: false,
-            host: host.map(|h| HeaderValue::from_str(h).unwrap()),
+            host: host.map(|h| ClientHost::Field(HeaderValue::from_str(h).unwrap())),
             forwarding: None,
         }
     }

@@ -72,6 +72,24 @@ impl ClientHost {
             _ => ClientHost::Text(host.to_string()),
         }
     }
+
+    /// The host as a field value (`None`: its text is not one).
+    pub fn value(&self) -> Option<HeaderValue> {
+        match self {
+            ClientHost::Field(v) => Some(v.clone()),
+            _ => HeaderValue::from_str(self).ok(),
+        }
+    }
+
+    /// Whether the text is a field value ([`ClientHost::value`] is `Some`).
+    fn is_value(&self) -> bool {
+        match self {
+            // Made from one, or from an authority's (visible ASCII) text.
+            ClientHost::Field(_) | ClientHost::Authority(_) => true,
+            // As `HeaderValue::from_str` judges.
+            ClientHost::Text(t) => t.bytes().all(|b| (b >= 32 && b != 127) || b == b'\t'),
+        }
+    }
 }
 
 impl std::ops::Deref for ClientHost {
@@ -328,7 +346,7 @@ impl Reverse {
             path_and_query,
             headers,
             upgrade,
-            host: upstream_host(route, down, req.has_authority, client_host),
+            host: head_host(route, down, req.has_authority, client_host),
             forwarding: fresh,
         })
     }
@@ -790,8 +808,9 @@ pub struct UpstreamHead {
     pub path_and_query: PathAndQuery,
     pub headers: HeaderMap,
     pub upgrade: bool,
-    /// The Host to send; `None` sends the server's `host:port`.
-    pub host: Option<HeaderValue>,
+    /// The Host to send (a field value: [`ClientHost::value`] is `Some`); `None` sends the
+    /// server's `host:port`.
+    pub host: Option<ClientHost>,
     /// This hop's forwarding fields when they are not in `headers`: they go after its fields
     /// (and before a `Host` not among them).
     pub forwarding: Option<forwarded::Fresh>,
@@ -851,7 +870,7 @@ fn build_request(
         fresh.add_to(&mut headers);
     }
     let host = match &head.host {
-        Some(v) => Some(v.clone()),
+        Some(h) => h.value(),
         None => HeaderValue::from_str(server.addr()).ok(),
     };
     if let Some(v) = host {
@@ -1016,10 +1035,23 @@ pub(super) fn upstream_host(
     has_authority: bool,
     client_host: Option<HeaderValue>,
 ) -> Option<HeaderValue> {
+    head_host(route, down, has_authority, client_host).and_then(|h| h.value())
+}
+
+/// [`upstream_host`] as the request holds it (not made into a field value: the fast path
+/// writes its text).
+fn head_host(
+    route: &Route,
+    down: &Downstream,
+    has_authority: bool,
+    client_host: Option<HeaderValue>,
+) -> Option<ClientHost> {
     match (&down.host, route.config.preserve_host) {
-        (Some(_), true) if !has_authority && client_host.is_some() => client_host,
-        (Some(ClientHost::Field(v)), true) => Some(v.clone()),
-        (Some(h), true) => HeaderValue::from_str(h).ok(),
+        (Some(_), true) if !has_authority && client_host.is_some() => {
+            client_host.map(ClientHost::Field)
+        }
+        // Text that is no field value is not sent: the server's own instead.
+        (Some(h), true) => h.is_value().then(|| h.clone()),
         _ => None,
     }
 }
