@@ -78,12 +78,16 @@ pub enum FreshHost {
 }
 
 impl FreshHost {
-    fn text(&self) -> &str {
+    fn bytes(&self) -> &[u8] {
         match self {
-            // Only made from a value whose bytes are the hop's host text (UTF-8).
-            FreshHost::Value(v) => v.to_str().unwrap_or_default(),
-            FreshHost::Authority(a) => a.as_str(),
+            FreshHost::Value(v) => v.as_bytes(),
+            FreshHost::Authority(a) => a.as_str().as_bytes(),
         }
+    }
+
+    fn text(&self) -> &str {
+        // Only kept when its bytes are the hop's host text ([`Fresh::new`]).
+        std::str::from_utf8(self.bytes()).unwrap_or_default()
     }
 }
 
@@ -97,7 +101,7 @@ impl Fresh {
         }
         let host = match (hop.host, host) {
             (None, _) => None,
-            (Some(h), Some(given)) if given.text() == h && !h.is_empty() => Some(given),
+            (Some(h), Some(given)) if given.bytes() == h.as_bytes() && !h.is_empty() => Some(given),
             _ => return None,
         };
         Some(Fresh {
@@ -115,7 +119,7 @@ impl Fresh {
         field("x-forwarded-for", text.of(self.peer).as_bytes());
         field("x-forwarded-proto", self.proto.as_bytes());
         if let Some(h) = &self.host {
-            field("x-forwarded-host", h.text().as_bytes());
+            field("x-forwarded-host", h.bytes());
         }
         if let Some(ip) = self.client {
             field("x-real-ip", text.of(ip).as_bytes());

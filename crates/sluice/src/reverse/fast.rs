@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use super::dial::{self, EagerStream};
 use super::forward::{
-    attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, Done,
-    Downstream, FetchError, UpstreamHead,
+    attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, ClientHost,
+    Done, Downstream, FetchError, UpstreamHead,
 };
 use super::{Reverse, Route};
 use crate::body::Body;
@@ -320,7 +320,7 @@ fn encode_request_into(out: &mut Vec<u8>, head: &UpstreamHead, server_addr: &str
     out.extend_from_slice(head.path_and_query.as_str().as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host = match &head.host {
-        Some(h) => h.as_bytes(),
+        Some(h) => ClientHost::as_bytes(h),
         None => server_addr.as_bytes(),
     };
     let mut host_written = false;
@@ -905,7 +905,6 @@ fn hyper_wording(e: &response_head::HeadError) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reverse::forward::ClientHost;
     use http::uri::PathAndQuery;
     use http::HeaderValue;
 

@@ -66,10 +66,18 @@ impl ClientHost {
     /// `host`, shared with the `Host` field of `headers` when that holds it.
     pub fn of_field(headers: &HeaderMap, host: &str) -> ClientHost {
         match headers.get(header::HOST) {
-            Some(v) if v.as_bytes() == host.as_bytes() && v.to_str().is_ok() => {
-                ClientHost::Field(v.clone())
-            }
+            // Its bytes are `host`'s: text.
+            Some(v) if v.as_bytes() == host.as_bytes() => ClientHost::Field(v.clone()),
             _ => ClientHost::Text(host.to_string()),
+        }
+    }
+
+    /// The text's bytes (no check that they are text: they were when it was made).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            ClientHost::Authority(a) => a.as_str().as_bytes(),
+            ClientHost::Field(v) => v.as_bytes(),
+            ClientHost::Text(t) => t.as_bytes(),
         }
     }
 
@@ -98,8 +106,8 @@ impl std::ops::Deref for ClientHost {
     fn deref(&self) -> &str {
         match self {
             ClientHost::Authority(a) => a.as_str(),
-            // Only a value that is text is taken.
-            ClientHost::Field(v) => v.to_str().unwrap_or_default(),
+            // Only a value that is text is taken (UTF-8's check is the quicker one).
+            ClientHost::Field(v) => std::str::from_utf8(v.as_bytes()).unwrap_or_default(),
             ClientHost::Text(t) => t.as_str(),
         }
     }
@@ -427,7 +435,7 @@ impl Reverse {
         // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
         hop.host_value = client_host
             .as_ref()
-            .filter(|v| down.host.as_deref().map(str::as_bytes) == Some(v.as_bytes()))
+            .filter(|v| down.host.as_ref().map(ClientHost::as_bytes) == Some(v.as_bytes()))
             .cloned();
         // Kept aside only when appending them is all `apply` would do (no prior field to replace
         // or extend) and the route's edits, which have the last word, have none to make.
