@@ -37,7 +37,128 @@ pub struct Hop<'a> {
     /// Also write a `Forwarded` header.
     pub forwarded: bool,
     /// This proxy's `Via` pseudonym and the downstream protocol version (`1.1`, `2`).
-    pub via: Option<(&'a str, &'a str)>,
+    pub via: Option<(&'static str, &'static str)>,
+}
+
+/// Whether `name` is one of the fields [`apply`] writes or removes ([`FIELDS`]).
+pub fn is_forwarding_field(name: &str) -> bool {
+    matches!(
+        name,
+        "x-forwarded-for"
+            | "x-forwarded-proto"
+            | "x-forwarded-host"
+            | "forwarded"
+            | "x-real-ip"
+            | "via"
+    )
+}
+
+/// This hop's forwarding fields for a head that has none of them ([`is_forwarding_field`]) and no
+/// `Forwarded` to write: the fields [`apply`] would append to it, in its order, kept aside so that
+/// a head encoder writes them straight after the head's other fields ([`Fresh::each`]) instead of
+/// values being made and inserted into the map ([`Fresh::add_to`] does that for a head that is not
+/// encoded so).
+#[derive(Debug, Clone)]
+pub struct Fresh {
+    peer: IpAddr,
+    client: Option<IpAddr>,
+    proto: &'static str,
+    host: Option<FreshHost>,
+    via: Option<(&'static str, &'static str)>,
+}
+
+/// The `X-Forwarded-Host` text of a [`Fresh`]: a value or an authority the request already holds
+/// (a clone shares its bytes).
+#[derive(Debug, Clone)]
+pub enum FreshHost {
+    /// The client's own `Host` field.
+    Value(HeaderValue),
+    /// The authority of the request's target.
+    Authority(http::uri::Authority),
+}
+
+impl FreshHost {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            FreshHost::Value(v) => v.as_bytes(),
+            FreshHost::Authority(a) => a.as_str().as_bytes(),
+        }
+    }
+
+    fn text(&self) -> &str {
+        // Only kept when its bytes are the hop's host text ([`Fresh::new`]).
+        std::str::from_utf8(self.bytes()).unwrap_or_default()
+    }
+}
+
+impl Fresh {
+    /// The fields `hop` adds to a head without forwarding fields, with `host` holding
+    /// `hop.host`'s text. `None` when they cannot be kept aside: `hop` writes `Forwarded`, or
+    /// `host` does not hold `hop.host`'s text.
+    pub fn new(hop: &Hop<'_>, host: Option<FreshHost>) -> Option<Fresh> {
+        if hop.forwarded {
+            return None;
+        }
+        let host = match (hop.host, host) {
+            (None, _) => None,
+            (Some(h), Some(given)) if given.bytes() == h.as_bytes() && !h.is_empty() => Some(given),
+            _ => return None,
+        };
+        Some(Fresh {
+            peer: hop.peer,
+            client: hop.client,
+            proto: hop.proto,
+            host,
+            via: hop.via,
+        })
+    }
+
+    /// Calls `field` with each field's name and value, in the order [`apply`] appends them.
+    pub fn each(&self, mut field: impl FnMut(&'static str, &[u8])) {
+        let mut text = IpText::default();
+        field("x-forwarded-for", text.of(self.peer).as_bytes());
+        field("x-forwarded-proto", self.proto.as_bytes());
+        if let Some(h) = &self.host {
+            field("x-forwarded-host", h.bytes());
+        }
+        if let Some(ip) = self.client {
+            field("x-real-ip", text.of(ip).as_bytes());
+        }
+        if let Some((name, version)) = self.via {
+            let mut buf = [0u8; 64];
+            let (v, n) = (version.as_bytes(), name.as_bytes());
+            let len = v.len() + 1 + n.len();
+            if len <= buf.len() {
+                buf[..v.len()].copy_from_slice(v);
+                buf[v.len()] = b' ';
+                buf[v.len() + 1..len].copy_from_slice(n);
+                field("via", &buf[..len]);
+            } else {
+                field("via", format!("{version} {name}").as_bytes());
+            }
+        }
+    }
+
+    /// Adds the fields to `headers` (a head without forwarding fields) as [`apply`] would have.
+    pub fn add_to(&self, headers: &mut HeaderMap) {
+        let host_value = match &self.host {
+            Some(FreshHost::Value(v)) => Some(v.clone()),
+            _ => None,
+        };
+        apply(
+            headers,
+            &Hop {
+                peer: self.peer,
+                trusted: false,
+                client: self.client,
+                proto: self.proto,
+                host: self.host.as_ref().map(FreshHost::text),
+                host_value,
+                forwarded: false,
+                via: self.via,
+            },
+        );
+    }
 }
 
 /// Rewrites the forwarding headers of an outgoing request in place.
@@ -434,6 +555,74 @@ mod tests {
             got,
             want.map(|(k, v)| (k.to_string(), v.to_string())).to_vec()
         );
+    }
+
+    #[test]
+    fn fields_kept_aside_are_the_ones_apply_appends() {
+        let authority = http::uri::Authority::from_static("example.com");
+        let value = HeaderValue::from_static("example.com");
+        let hosts = [
+            None,
+            Some(FreshHost::Value(value.clone())),
+            Some(FreshHost::Authority(authority.clone())),
+        ];
+        for peer in ["10.0.0.2", "::1", "::ffff:1.2.3.4"] {
+            for client in [None, Some(peer), Some("192.0.2.7")] {
+                for via in [None, Some(("sluice", "2"))] {
+                    for (i, given) in hosts.iter().enumerate() {
+                        for trusted in [false, true] {
+                            let hp = Hop {
+                                peer: peer.parse().unwrap(),
+                                trusted,
+                                client: client.map(|c| c.parse().unwrap()),
+                                proto: "https",
+                                host: (i > 0).then_some("example.com"),
+                                host_value: (i == 1).then(|| value.clone()),
+                                forwarded: false,
+                                via,
+                            };
+                            let start = with(&[("accept", "*/*"), ("x-other", "1")]);
+                            let mut applied = start.clone();
+                            apply(&mut applied, &hp);
+                            let fresh = Fresh::new(&hp, given.clone()).unwrap();
+                            let mut added = start.clone();
+                            fresh.add_to(&mut added);
+                            let fields = |h: &HeaderMap| {
+                                h.iter()
+                                    .map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec()))
+                                    .collect::<Vec<_>>()
+                            };
+                            assert_eq!(fields(&applied), fields(&added));
+                            let mut each = fields(&start);
+                            fresh.each(|name, value| each.push((name.to_string(), value.to_vec())));
+                            assert_eq!(fields(&applied), each, "{peer} {client:?} {via:?} {i}");
+                        }
+                    }
+                }
+            }
+        }
+        // `Forwarded` is not kept aside, nor a host the given text is not.
+        let hp = hop(false);
+        assert!(Fresh::new(&hp, Some(FreshHost::Value(value.clone()))).is_none());
+        let hp = Hop {
+            forwarded: false,
+            ..hop(false)
+        };
+        assert!(Fresh::new(&hp, None).is_none());
+        assert!(Fresh::new(
+            &hp,
+            Some(FreshHost::Value(HeaderValue::from_static("other")))
+        )
+        .is_none());
+        assert!(Fresh::new(&hp, Some(FreshHost::Authority(authority))).is_some());
+    }
+
+    #[test]
+    fn forwarding_field_names() {
+        for name in FIELDS {
+            assert!(is_forwarding_field(name.as_str()));
+        }
+        assert!(!is_forwarding_field("x-forwarded-port"));
     }
 
     #[test]

@@ -286,6 +286,50 @@ async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
     assert_eq!(answers[0].field("via").as_deref(), Some("1.1 sluice"));
 }
 
+/// A head without forwarding fields of its own, on a route without header edits and without
+/// `Forwarded`: this hop's fields follow the client's in `forwarded::apply`'s order, then `host`,
+/// the same on the fast path (written as bytes) and through hyper's client; the target goes up
+/// as the client sent it.
+#[tokio::test]
+async fn forwarding_fields_after_a_plain_head_are_the_hyper_paths() {
+    let (origin, heads) = raw_origin(ok_answer("hello")).await;
+    let request = b"GET /plain/a?b=1&c=%20 HTTP/1.1\r\nHost: Example.com\r\nAccept: */*\r\nConnection: keep-alive\r\n\r\n";
+    let mut seen = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(config(&format!(
+            r#"
+[server]
+h1_fast_path = {fast}
+header_read_timeout_secs = 1
+idle_timeout_secs = 2
+
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/plain"
+upstream = "app"
+header_timeout_secs = 2
+"#
+        )))
+        .await;
+        let r = Client::to(&p).await.ask(request).await;
+        assert_eq!(r.status(), 200);
+        seen.push(String::from_utf8(heads.lock().unwrap().pop().unwrap()).unwrap());
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "fast path head differs from the hyper path's"
+    );
+    assert_eq!(
+        seen[0],
+        "GET /plain/a?b=1&c=%20 HTTP/1.1\r\naccept: */*\r\nx-forwarded-for: 127.0.0.1\r\n\
+         x-forwarded-proto: http\r\nx-forwarded-host: Example.com\r\nx-real-ip: 127.0.0.1\r\n\
+         via: 1.1 sluice\r\nhost: Example.com\r\n\r\n"
+    );
+}
+
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let answer: Answer = Arc::new(|t: &str| {

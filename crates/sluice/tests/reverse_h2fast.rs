@@ -307,6 +307,64 @@ async fn the_upstream_head_is_the_hyper_paths_byte_for_byte() {
     assert_eq!(a.body.as_ref().unwrap(), &pattern(1024));
 }
 
+/// A head without forwarding fields of its own, on a route without header edits and without
+/// `Forwarded`: this hop's fields follow the client's in `forwarded::apply`'s order, then `host`,
+/// the same on the fast path (written as bytes) and through hyper's client; the target goes up
+/// as the client sent it.
+#[tokio::test]
+async fn forwarding_fields_after_a_plain_head_are_the_hyper_paths() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    let mut got = Vec::new();
+    for fast in [true, false] {
+        heads.lock().unwrap().clear();
+        let mut c = config(&format!(
+            r#"
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+header_timeout_secs = 2
+idle_timeout_secs = 2
+"#
+        ));
+        c.reverse.h2_fast_path = fast;
+        let p = Proxy::start(c).await;
+        let mut send = h2(&p).await;
+        let a = ask(
+            &mut send,
+            &p,
+            "GET",
+            "/n/16?x=1&y=%20",
+            &[("accept", "*/*")],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK);
+        let head = heads.lock().unwrap().pop().unwrap();
+        got.push(String::from_utf8(head).unwrap());
+    }
+    assert_eq!(
+        got[0], got[1],
+        "the HTTP/2 fast path's upstream head differs"
+    );
+    assert!(
+        got[0].starts_with("GET /n/16?x=1&y=%20 HTTP/1.1\r\n"),
+        "{}",
+        got[0]
+    );
+    assert!(
+        got[0].ends_with(
+            "\r\naccept: */*\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n\
+             x-forwarded-host: h2.test\r\nx-real-ip: 127.0.0.1\r\nvia: 2 sluice\r\n\
+             host: h2.test\r\n\r\n"
+        ),
+        "{}",
+        got[0]
+    );
+}
+
 #[tokio::test]
 async fn counted_bodies_arrive_whole_by_hash() {
     let (origin, heads, _) = raw_origin(answers()).await;

@@ -23,7 +23,7 @@ use crate::iptv::Iptv;
 use crate::media::Media;
 use crate::metrics::EndpointLabels;
 #[cfg(feature = "reverse")]
-use crate::reverse::forward::Downstream;
+use crate::reverse::forward::{ClientHost, Downstream};
 use crate::server::activity::ActivityGuard;
 
 impl App {
@@ -70,9 +70,20 @@ impl App {
                     client_ip,
                     trusted,
                     secure,
-                    host: super::routes::request_host(&req).map(str::to_owned),
+                    host: ClientHost::of_request(&req),
                 };
-                routing.reverse.handle(&route, req, &path, &down).await
+                // A path already normal is the target's own: its bytes shared, not copied.
+                let target = match path {
+                    Some(_) => None,
+                    None => req.uri().path_and_query().cloned(),
+                };
+                let path = match (&path, &target) {
+                    (Some(p), _) => p.as_str(),
+                    (None, Some(t)) => t.path(),
+                    // (A normal path starts with `/`: the target has one.)
+                    (None, None) => "/",
+                };
+                routing.reverse.handle(&route, req, path, &down).await
             }
             Dispatch::Refused(e) => e.into_response(),
             Dispatch::Builtin(_) => {

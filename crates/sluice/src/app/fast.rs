@@ -10,7 +10,7 @@ use super::routes;
 use super::{App, FastRoute};
 use crate::error::ErrorMark;
 use crate::metrics::EndpointLabels;
-use crate::reverse::forward::Downstream;
+use crate::reverse::forward::{ClientHost, Downstream};
 use crate::server::activity::ActivityGuard;
 use crate::server::handler::{FastClient, FastRequest, Served};
 
@@ -82,7 +82,7 @@ impl App {
             client_ip: self.keys.load().auth.client_ip(peer.ip(), &req.headers),
             trusted: self.keys.load().auth.is_trusted(peer.ip()),
             secure: req.secure,
-            host: Some(host.to_string()),
+            host: Some(ClientHost::of_field(&req.headers, host)),
         };
         let on_head = |status: u16, mark: Option<ErrorMark>| {
             series.first_byte.observe(start.elapsed().as_secs_f64());

@@ -258,9 +258,10 @@ impl Routing {
 
 /// Where one request goes.
 pub enum Dispatch {
-    /// A user route; the normalised path it matched.
+    /// A user route; the normalised path it matched, when that is not the target's own path
+    /// (`None`: it is, and is read from the request without a copy).
     #[cfg(feature = "reverse")]
-    Proxy(Arc<Route>, String),
+    Proxy(Arc<Route>, Option<String>),
     /// A built-in endpoint (it parses its own path and token).
     Builtin(Builtin),
     /// Refused before any front end: bad path, misdirected, no route.
@@ -371,7 +372,11 @@ impl Routing {
         match self.lookup(listener, host, &path) {
             #[cfg(feature = "reverse")]
             Some(Target::Proxy(route)) if !tokened => {
-                Dispatch::Proxy(route.clone(), path.into_owned())
+                let normalised = match path {
+                    std::borrow::Cow::Borrowed(_) => None,
+                    std::borrow::Cow::Owned(p) => Some(p),
+                };
+                Dispatch::Proxy(route.clone(), normalised)
             }
             Some(Target::Builtin(b)) => Dispatch::Builtin(*b),
             None if self.serves_xtream(listener, host, &path) => Dispatch::Builtin(Builtin::Media),

@@ -203,7 +203,7 @@ impl Reverse {
             let origin: Arc<dyn Origin> = Arc::new(RouteOrigin {
                 budget: self.budget.clone(),
                 route: route.clone(),
-                host: head.host,
+                host: head.host.and_then(|h| h.value()),
                 balance,
             });
             match (cluster, relay) {
@@ -449,7 +449,8 @@ impl Origin for RouteOrigin {
                 .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             headers: parts.headers,
             upgrade: false,
-            host: self.host.clone(),
+            host: self.host.clone().map(super::forward::ClientHost::Field),
+            forwarding: None,
         };
         let (budget, route) = (self.budget.clone(), self.route.clone());
         let balance = self.balance.clone();

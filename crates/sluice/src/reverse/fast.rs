@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use super::dial::{self, EagerStream};
 use super::forward::{
-    attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, Done,
-    Downstream, FetchError, UpstreamHead,
+    attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, ClientHost,
+    Done, Downstream, FetchError, UpstreamHead,
 };
 use super::{Reverse, Route};
 use crate::body::Body;
@@ -106,6 +106,7 @@ impl Reverse {
             version: Version::HTTP_11,
             query,
             has_authority: false,
+            target: Some(&req.path_and_query),
         };
         let head = self.upstream_head(route, client_head, req.headers, path, down, false);
         let fetched = match head {
@@ -323,7 +324,7 @@ fn encode_request_into(out: &mut Vec<u8>, head: &UpstreamHead, server_addr: &str
     out.extend_from_slice(head.path_and_query.as_str().as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host = match &head.host {
-        Some(v) => v.as_bytes(),
+        Some(h) => ClientHost::as_bytes(h),
         None => server_addr.as_bytes(),
     };
     let mut host_written = false;
@@ -337,6 +338,10 @@ fn encode_request_into(out: &mut Vec<u8>, head: &UpstreamHead, server_addr: &str
             continue;
         }
         field(out, name.as_str(), value.as_bytes());
+    }
+    // Where inserting them into the map would have put them: after its fields.
+    if let Some(fresh) = &head.forwarding {
+        fresh.each(|name, value| field(out, name, value));
     }
     if !host_written {
         field(out, "host", host);
@@ -920,7 +925,8 @@ mod tests {
             path_and_query: PathAndQuery::from_static("/a?b=c"),
             headers,
             upgrade: false,
-            host: host.map(|h| HeaderValue::from_str(h).unwrap()),
+            host: host.map(|h| ClientHost::Field(HeaderValue::from_str(h).unwrap())),
+            forwarding: None,
         }
     }
 

@@ -35,7 +35,82 @@ pub struct Downstream {
     pub trusted: bool,
     pub secure: bool,
     /// The host the client asked for (`Host`, or the authority of an HTTP/2 or absolute-form request).
-    pub host: Option<String>,
+    pub host: Option<ClientHost>,
+}
+
+/// The host a client asked for, as its request holds it: a clone shares the request's bytes (no
+/// copy per request); reads as text.
+#[derive(Debug, Clone)]
+pub enum ClientHost {
+    /// The authority of the request's target.
+    Authority(Authority),
+    /// Its `Host` field (text: only a value that is one is taken).
+    Field(HeaderValue),
+    /// Text made for it.
+    Text(String),
+}
+
+impl ClientHost {
+    /// The host `req` asks for: its target's authority, else its `Host` field when that is text.
+    pub fn of_request<B>(req: &Request<B>) -> Option<ClientHost> {
+        match req.uri().authority() {
+            Some(a) => Some(ClientHost::Authority(a.clone())),
+            None => req
+                .headers()
+                .get(header::HOST)
+                .filter(|v| v.to_str().is_ok())
+                .map(|v| ClientHost::Field(v.clone())),
+        }
+    }
+
+    /// `host`, shared with the `Host` field of `headers` when that holds it.
+    pub fn of_field(headers: &HeaderMap, host: &str) -> ClientHost {
+        match headers.get(header::HOST) {
+            // Its bytes are `host`'s: text.
+            Some(v) if v.as_bytes() == host.as_bytes() => ClientHost::Field(v.clone()),
+            _ => ClientHost::Text(host.to_string()),
+        }
+    }
+
+    /// The text's bytes (no check that they are text: they were when it was made).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            ClientHost::Authority(a) => a.as_str().as_bytes(),
+            ClientHost::Field(v) => v.as_bytes(),
+            ClientHost::Text(t) => t.as_bytes(),
+        }
+    }
+
+    /// The host as a field value (`None`: its text is not one).
+    pub fn value(&self) -> Option<HeaderValue> {
+        match self {
+            ClientHost::Field(v) => Some(v.clone()),
+            _ => HeaderValue::from_str(self).ok(),
+        }
+    }
+
+    /// Whether the text is a field value ([`ClientHost::value`] is `Some`).
+    fn is_value(&self) -> bool {
+        match self {
+            // Made from one, or from an authority's (visible ASCII) text.
+            ClientHost::Field(_) | ClientHost::Authority(_) => true,
+            // As `HeaderValue::from_str` judges.
+            ClientHost::Text(t) => t.bytes().all(|b| (b >= 32 && b != 127) || b == b'\t'),
+        }
+    }
+}
+
+impl std::ops::Deref for ClientHost {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            ClientHost::Authority(a) => a.as_str(),
+            // Only a value that is text is taken (UTF-8's check is the quicker one).
+            ClientHost::Field(v) => std::str::from_utf8(v.as_bytes()).unwrap_or_default(),
+            ClientHost::Text(t) => t.as_str(),
+        }
+    }
 }
 
 /// Why no upstream response head came back.
@@ -226,8 +301,16 @@ impl Reverse {
         down: &Downstream,
         upgrade: bool,
     ) -> Result<UpstreamHead, ProxyError> {
-        let (mut headers, client_host) =
-            self.upstream_fields(route, headers, down, req.version, true);
+        // A head the fast path encodes (or hyper's client on a route the fast path serves,
+        // `build_request`) gets this hop's forwarding fields as bytes after its other fields when
+        // it has none of its own: no values made, no insertions into the map.
+        let forwarding = if !upgrade && super::fast::serves(route) {
+            Forwarding::Aside
+        } else {
+            Forwarding::Now
+        };
+        let (mut headers, client_host, fresh) =
+            self.fields(route, headers, down, req.version, forwarding);
         if upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
@@ -236,19 +319,31 @@ impl Reverse {
                 headers.insert(header::SEC_WEBSOCKET_KEY, websocket_key());
             }
         }
-        let mut path_and_query = rewrite_path(&route.config, path);
-        if let Some(q) = req.query {
-            path_and_query.push('?');
-            path_and_query.push_str(q);
-        }
-        let path_and_query = PathAndQuery::try_from(path_and_query).map_err(|e| {
-            ProxyError::new(
-                Side::Upstream,
-                StatusCode::BAD_GATEWAY,
-                "bad_rewrite",
-                format!("the rewritten request target is invalid: {e}"),
-            )
-        })?;
+        let path_and_query = match req.target {
+            // The path goes up as the client sent it: its target is reused (its bytes shared),
+            // not written out and parsed again.
+            // (A target without a path, `http://h?q` in absolute form, gets its `/` below.)
+            Some(t)
+                if !rewrites(&route.config) && t.path() == path && t.as_str().starts_with('/') =>
+            {
+                t.clone()
+            }
+            _ => {
+                let mut path_and_query = rewrite_path(&route.config, path);
+                if let Some(q) = req.query {
+                    path_and_query.push('?');
+                    path_and_query.push_str(q);
+                }
+                PathAndQuery::try_from(path_and_query).map_err(|e| {
+                    ProxyError::new(
+                        Side::Upstream,
+                        StatusCode::BAD_GATEWAY,
+                        "bad_rewrite",
+                        format!("the rewritten request target is invalid: {e}"),
+                    )
+                })?
+            }
+        };
         let method = if upgrade {
             Method::GET
         } else {
@@ -259,7 +354,8 @@ impl Reverse {
             path_and_query,
             headers,
             upgrade,
-            host: upstream_host(route, down, req.has_authority, client_host),
+            host: head_host(route, down, req.has_authority, client_host),
+            forwarding: fresh,
         })
     }
 
@@ -271,11 +367,30 @@ impl Reverse {
     pub(super) fn upstream_fields(
         &self,
         route: &Route,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         down: &Downstream,
         version: Version,
         forwarding: bool,
     ) -> (HeaderMap, Option<HeaderValue>) {
+        let forwarding = if forwarding {
+            Forwarding::Now
+        } else {
+            Forwarding::Later
+        };
+        let (headers, client_host, _) = self.fields(route, headers, down, version, forwarding);
+        (headers, client_host)
+    }
+
+    /// [`Reverse::upstream_fields`], with this hop's forwarding fields made as `forwarding` says;
+    /// the fields kept aside when they are.
+    fn fields(
+        &self,
+        route: &Route,
+        mut headers: HeaderMap,
+        down: &Downstream,
+        version: Version,
+        forwarding: Forwarding,
+    ) -> (HeaderMap, Option<HeaderValue>, Option<forwarded::Fresh>) {
         hop::strip_hop_by_hop(&mut headers, true);
         if !route.config.underscores_in_headers {
             fields::strip_underscored(&mut headers);
@@ -283,13 +398,15 @@ impl Reverse {
         if !route.config.override_headers {
             fields::strip_overrides(&mut headers);
         }
-        // Which of the two rare fields below are there: one look at the names, instead of a
-        // hashed removal of each that is usually absent.
-        let (mut purge, mut expect) = (false, false);
+        // Which of the rare fields below are there (and `Host`, absent from HTTP/2 requests, and
+        // any forwarding field): one look at the names, instead of a hashed removal of each.
+        let (mut purge, mut expect, mut host, mut prior) = (false, false, false, false);
         for name in headers.keys() {
             match name.as_str() {
                 "x-purge-key" => purge = true,
                 "expect" => expect = true,
+                "host" => host = true,
+                n if forwarded::is_forwarding_field(n) => prior = true,
                 _ => {}
             }
         }
@@ -299,24 +416,49 @@ impl Reverse {
         }
         // The client's Host is sent on as it came (no copy) when the host the route saw is it,
         // i.e. the request had no authority in its target.
-        let client_host = headers.remove(header::HOST);
+        let client_host = if host {
+            headers.remove(header::HOST)
+        } else {
+            None
+        };
         // sluice answers `Expect: 100-continue` itself (hyper sends 100 when the body is first read,
         // which is once an upstream connection is ready) and streams the body; the upstream never
         // needs to.
         if expect {
             headers.remove(header::EXPECT);
         }
-        if forwarding {
-            let mut hop = self.hop_info(down, version);
-            // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
-            hop.host_value = client_host
-                .as_ref()
-                .filter(|v| down.host.as_deref().map(str::as_bytes) == Some(v.as_bytes()))
-                .cloned();
-            forwarded::apply(&mut headers, &hop);
+        if matches!(forwarding, Forwarding::Later) {
+            route_edits(route, &mut headers);
+            return (headers, client_host, None);
         }
-        route_edits(route, &mut headers);
-        (headers, client_host)
+        let mut hop = self.hop_info(down, version);
+        // `X-Forwarded-Host` shares the client's own `Host` value when that is the host.
+        hop.host_value = client_host
+            .as_ref()
+            .filter(|v| down.host.as_ref().map(ClientHost::as_bytes) == Some(v.as_bytes()))
+            .cloned();
+        // Kept aside only when appending them is all `apply` would do (no prior field to replace
+        // or extend) and the route's edits, which have the last word, have none to make.
+        let aside = match forwarding {
+            Forwarding::Aside
+                if !prior && route.req_remove.is_empty() && route.req_add.is_empty() =>
+            {
+                let host = match &down.host {
+                    Some(ClientHost::Field(v)) => Some(forwarded::FreshHost::Value(v.clone())),
+                    Some(ClientHost::Authority(a)) => {
+                        Some(forwarded::FreshHost::Authority(a.clone()))
+                    }
+                    _ => None,
+                };
+                forwarded::Fresh::new(&hop, host)
+            }
+            _ => None,
+        };
+        if aside.is_none() {
+            forwarded::apply(&mut headers, &hop);
+            route_edits(route, &mut headers);
+        }
+        (headers, client_host, aside)
     }
 
     /// Adds this hop's forwarding fields to fields made by [`Reverse::upstream_fields`] without
@@ -605,7 +747,7 @@ where
     }
     let mut last: Option<FetchError> = None;
     let tries = plan.len().min(route.config.max_attempts as usize);
-    for (attempt, server) in plan.iter().take(tries).enumerate() {
+    for (attempt, (index, server)) in plan.indexed().take(tries).enumerate() {
         // The last possible attempt takes the head's headers instead of a copy.
         let final_try = attempt + 1 == tries;
         if attempt > 0 {
@@ -614,7 +756,8 @@ where
             }
             route.meters.retries().inc();
         }
-        let index = route.server_index(server);
+        // The plan is the route's group's: its index is the server's place in the group.
+        let index = Some(index);
         let meters = route.meters.server(index, server.addr());
         route.meters.server_requests(&meters).inc();
         let in_flight = server.begin();
@@ -673,8 +816,23 @@ pub struct UpstreamHead {
     pub path_and_query: PathAndQuery,
     pub headers: HeaderMap,
     pub upgrade: bool,
-    /// The Host to send; `None` sends the server's `host:port`.
-    pub host: Option<HeaderValue>,
+    /// The Host to send (a field value: [`ClientHost::value`] is `Some`); `None` sends the
+    /// server's `host:port`.
+    pub host: Option<ClientHost>,
+    /// This hop's forwarding fields when they are not in `headers`: they go after its fields
+    /// (and before a `Host` not among them).
+    pub forwarding: Option<forwarded::Fresh>,
+}
+
+/// How [`Reverse::fields`] makes this hop's forwarding fields.
+#[derive(Clone, Copy)]
+enum Forwarding {
+    /// In the map.
+    Now,
+    /// Not at all: [`Reverse::add_forwarding`] adds them later.
+    Later,
+    /// Kept aside ([`forwarded::Fresh`]) when they can be, else in the map.
+    Aside,
 }
 
 /// The request for one attempt (`final_try`: no attempt follows, the headers move out of `head`).
@@ -716,8 +874,11 @@ fn build_request(
     } else {
         head.headers.clone()
     };
+    if let Some(fresh) = &head.forwarding {
+        fresh.add_to(&mut headers);
+    }
     let host = match &head.host {
-        Some(v) => Some(v.clone()),
+        Some(h) => h.value(),
         None => HeaderValue::from_str(server.addr()).ok(),
     };
     if let Some(v) = host {
@@ -782,6 +943,11 @@ pub(super) fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
     }
 }
 
+/// Whether the route changes the path it sends upstream.
+fn rewrites(route: &super::RouteConfig) -> bool {
+    route.rewrite.is_some() || route.strip_prefix
+}
+
 /// The path sent upstream: the normalised path with the route's prefix stripped or rewritten.
 pub fn rewrite_path(route: &super::RouteConfig, path: &str) -> String {
     let replacement = match (&route.rewrite, route.strip_prefix) {
@@ -844,6 +1010,8 @@ pub(super) struct ClientHead<'a> {
     pub query: Option<&'a str>,
     /// The target was in absolute form (or an HTTP/2 authority): its host, not `Host`, was routed.
     pub has_authority: bool,
+    /// The target's path and query as the client sent them, when the request has them parsed.
+    pub target: Option<&'a PathAndQuery>,
 }
 
 impl<'a> ClientHead<'a> {
@@ -853,6 +1021,7 @@ impl<'a> ClientHead<'a> {
             version: parts.version,
             query: parts.uri.query(),
             has_authority: parts.uri.authority().is_some(),
+            target: parts.uri.path_and_query(),
         }
     }
 }
@@ -874,9 +1043,23 @@ pub(super) fn upstream_host(
     has_authority: bool,
     client_host: Option<HeaderValue>,
 ) -> Option<HeaderValue> {
+    head_host(route, down, has_authority, client_host).and_then(|h| h.value())
+}
+
+/// [`upstream_host`] as the request holds it (not made into a field value: the fast path
+/// writes its text).
+fn head_host(
+    route: &Route,
+    down: &Downstream,
+    has_authority: bool,
+    client_host: Option<HeaderValue>,
+) -> Option<ClientHost> {
     match (&down.host, route.config.preserve_host) {
-        (Some(_), true) if !has_authority && client_host.is_some() => client_host,
-        (Some(h), true) => HeaderValue::from_str(h).ok(),
+        (Some(_), true) if !has_authority && client_host.is_some() => {
+            client_host.map(ClientHost::Field)
+        }
+        // Text that is no field value is not sent: the server's own instead.
+        (Some(h), true) => h.is_value().then(|| h.clone()),
         _ => None,
     }
 }

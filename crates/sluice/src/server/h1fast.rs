@@ -71,8 +71,8 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
         _ => return Err(()),
     };
     let target = req.path.ok_or(())?;
-    // Origin form only, and a target `http` accepts as hyper would.
-    if !target.starts_with('/') || http::uri::PathAndQuery::try_from(target).is_err() {
+    // Origin form only (and a target `http` accepts as hyper would, checked below).
+    if !target.starts_with('/') {
         return Err(());
     }
     let raw_path = match target.bytes().position(|b| b == b'?') {
@@ -90,6 +90,12 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     let mut headers = super::field_maps::take(req.headers.len() + 6);
     // The values are views of one copy of the head, not one allocation each.
     let raw = bytes::Bytes::copy_from_slice(&buf[..len]);
+    // The target parsed once, as a view of the same copy (it goes upstream as it is when the
+    // route keeps the path).
+    let at = target.as_ptr() as usize - buf.as_ptr() as usize;
+    let path_and_query =
+        http::uri::PathAndQuery::from_maybe_shared(raw.slice(at..at + target.len()))
+            .map_err(|_| ())?;
     for f in req.headers.iter() {
         let name = sluice_http::wire::field_name(f.name.as_bytes()).map_err(|_| ())?;
         // SAFETY: `raw` copies the head's bytes from `buf`, and `f.value` is httparse's output
@@ -128,6 +134,7 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
         request: FastRequest {
             method,
             target,
+            path_and_query,
             headers,
             close,
             secure: false,

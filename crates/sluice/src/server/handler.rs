@@ -109,6 +109,8 @@ pub struct FastRequest<'a> {
     pub method: Method,
     /// The path and query as the client sent them.
     pub target: &'a str,
+    /// `target` parsed (its bytes shared with the head's field values).
+    pub path_and_query: http::uri::PathAndQuery,
     pub headers: HeaderMap,
     /// The client asked for `Connection: close`, or the server is shutting down: the response
     /// says `Connection: close` and the connection ends after it.

@@ -267,7 +267,10 @@ impl Group {
     ///
     /// A server whose ejection has just expired is let back for one trial: it goes first in exactly
     /// one plan, and its outcome decides whether it stays.
-    pub fn plan(&self, key: Option<&[u8]>) -> Vec<Arc<Server>> {
+    ///
+    /// The plan is the servers' indexes, held inline for up to `INLINE` servers: a request's plan
+    /// allocates nothing in a group of that size.
+    pub fn plan(&self, key: Option<&[u8]>) -> Plan<'_> {
         let now = clock_ms();
         let mut trial = None;
         let mut usable = Marks::new(self.servers.len());
@@ -283,32 +286,33 @@ impl Group {
                 Admit::No => {}
             }
         }
-        // The plan is the one allocation: the order is worked out in it.
         let live = self.primaries.iter().filter(|&&i| usable.get(i)).count();
-        let mut order = if live > 0 {
-            self.order_primaries(key, &usable, live)
+        let mut order = Order::default();
+        if live > 0 {
+            self.order_primaries(key, &usable, live, &mut order);
         } else {
-            let mut order: Vec<Arc<Server>> = self
-                .backups
-                .iter()
-                .filter(|&&i| usable.get(i))
-                .map(|&i| Arc::clone(&self.servers[i]))
-                .collect();
-            rotate(&mut order, self.next.fetch_add(1, Ordering::Relaxed));
-            order
-        };
+            for &i in self.backups.iter().filter(|&&i| usable.get(i)) {
+                order.push(i);
+            }
+            rotate(
+                order.as_mut_slice(),
+                self.next.fetch_add(1, Ordering::Relaxed),
+            );
+        }
         if let Some(t) = trial {
-            let t = &self.servers[t];
-            if let Some(pos) = order.iter().position(|s| Arc::ptr_eq(s, t)) {
+            let order = order.as_mut_slice();
+            if let Some(pos) = order.iter().position(|&i| i == t) {
                 order[..=pos].rotate_right(1);
             }
         }
-        order
+        Plan {
+            servers: &self.servers,
+            order,
+        }
     }
 
-    /// The `live` usable primaries in the order the balancing asks for.
-    fn order_primaries(&self, key: Option<&[u8]>, usable: &Marks, live: usize) -> Vec<Arc<Server>> {
-        let mut order = Vec::with_capacity(live);
+    /// The `live` usable primaries in the order the balancing asks for, into `order`.
+    fn order_primaries(&self, key: Option<&[u8]>, usable: &Marks, live: usize, order: &mut Order) {
         let usable_primaries = || self.primaries.iter().copied().filter(|&i| usable.get(i));
         match (self.balance, key, &self.ring) {
             (Balance::Hash, Some(key), Some(ring)) => {
@@ -318,23 +322,35 @@ impl Group {
                 let pos = first
                     .and_then(|first| usable_primaries().position(|i| i == first))
                     .unwrap_or(0);
-                order.extend(usable_primaries().map(|i| Arc::clone(&self.servers[i])));
-                order.rotate_left(pos);
+                for i in usable_primaries() {
+                    order.push(i);
+                }
+                order.as_mut_slice().rotate_left(pos);
             }
             (Balance::LeastConn, _, _) => {
-                let mut loads: Vec<(usize, u64, u32)> = usable_primaries()
-                    .map(|i| {
-                        let s = &self.servers[i];
-                        (i, s.in_flight() as u64, s.weight)
-                    })
-                    .collect();
-                rotate(&mut loads, self.next.fetch_add(1, Ordering::Relaxed));
-                select::order_by_load(&mut loads);
-                order.extend(
-                    loads
-                        .into_iter()
-                        .map(|(i, _, _)| Arc::clone(&self.servers[i])),
-                );
+                let load = |i: usize| {
+                    let s = &self.servers[i];
+                    (i, s.in_flight() as u64, s.weight)
+                };
+                // On the stack for a small group, as the plan itself.
+                let mut inline = [(0, 0, 0); INLINE];
+                let mut heap = Vec::new();
+                let loads: &mut [(usize, u64, u32)] = if live <= INLINE {
+                    let mut n = 0;
+                    for i in usable_primaries() {
+                        inline[n] = load(i);
+                        n += 1;
+                    }
+                    &mut inline[..n]
+                } else {
+                    heap.extend(usable_primaries().map(load));
+                    &mut heap
+                };
+                rotate(loads, self.next.fetch_add(1, Ordering::Relaxed));
+                select::order_by_load(loads);
+                for &(i, _, _) in loads.iter() {
+                    order.push(i);
+                }
             }
             _ => {
                 // Walk the weighted cycle from the next position; the first usable entry leads,
@@ -346,7 +362,7 @@ impl Group {
                     let i = self.cycle[(start + k) % n];
                     if usable.get(i) && !taken.get(i) {
                         taken.set(i);
-                        order.push(Arc::clone(&self.servers[i]));
+                        order.push(i);
                         if order.len() == live {
                             break;
                         }
@@ -354,7 +370,112 @@ impl Group {
                 }
             }
         }
-        order
+    }
+}
+
+/// How many servers a [`Plan`] holds without allocating.
+const INLINE: usize = 8;
+
+/// The order to try a group's servers in, for one request or connection ([`Group::plan`]).
+pub struct Plan<'a> {
+    servers: &'a [Arc<Server>],
+    order: Order,
+}
+
+impl<'a> Plan<'a> {
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.len() == 0
+    }
+
+    /// The servers in order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a Arc<Server>> + '_ {
+        let servers = self.servers;
+        self.order.as_slice().iter().map(move |&i| &servers[i])
+    }
+
+    /// The servers in order, each with its index in [`Group::servers`].
+    pub fn indexed(&self) -> impl Iterator<Item = (usize, &'a Arc<Server>)> + '_ {
+        let servers = self.servers;
+        self.order.as_slice().iter().map(move |&i| (i, &servers[i]))
+    }
+}
+
+impl std::ops::Index<usize> for Plan<'_> {
+    type Output = Arc<Server>;
+
+    fn index(&self, k: usize) -> &Arc<Server> {
+        &self.servers[self.order.as_slice()[k]]
+    }
+}
+
+impl<'a> IntoIterator for Plan<'a> {
+    type Item = &'a Arc<Server>;
+    type IntoIter = PlanIter<'a>;
+
+    fn into_iter(self) -> PlanIter<'a> {
+        PlanIter { plan: self, at: 0 }
+    }
+}
+
+/// A [`Plan`]'s servers, by value.
+pub struct PlanIter<'a> {
+    plan: Plan<'a>,
+    at: usize,
+}
+
+impl<'a> Iterator for PlanIter<'a> {
+    type Item = &'a Arc<Server>;
+
+    fn next(&mut self) -> Option<&'a Arc<Server>> {
+        let i = *self.plan.order.as_slice().get(self.at)?;
+        self.at += 1;
+        Some(&self.plan.servers[i])
+    }
+}
+
+/// Server indexes: up to `INLINE` in place, more in a vector (which then holds them all).
+#[derive(Default)]
+struct Order {
+    len: usize,
+    inline: [usize; INLINE],
+    heap: Vec<usize>,
+}
+
+impl Order {
+    fn push(&mut self, i: usize) {
+        if self.heap.is_empty() && self.len < INLINE {
+            self.inline[self.len] = i;
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&self.inline);
+            }
+            self.heap.push(i);
+        }
+        self.len += 1;
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        if self.heap.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [usize] {
+        if self.heap.is_empty() {
+            &mut self.inline[..self.len]
+        } else {
+            &mut self.heap
+        }
     }
 }
 
