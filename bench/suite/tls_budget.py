@@ -61,10 +61,10 @@ CELLS = [
 ]
 
 
-# Five rounds in full mode (S2 and S3 keep three): the paired ratios of these cells are within a
-# few percent of 1.0, where three rounds cannot tell a difference from the machine's drift. The
-# run: 2 certificates × 4 cells × 3 peers × 5 rounds × (5 s + 1 s warm-up) = 12 min, plus about
-# 1–2 min of callgrind.
+# Five rounds in full mode (the other budget runs keep three): several of these cells' paired
+# ratios are near 1.0, and three rounds spread wider than that difference. The run: 2
+# certificates × 4 cells × 3 peers × 5 rounds × (5 s + 1 s warm-up) = 12 min, plus about 1–2 min
+# of callgrind (the 3-round run took 8.4 min in all).
 ROUNDS = 5
 
 
