@@ -13,6 +13,7 @@ from .peers import Unavailable
 
 V1_CPU = "/sys/fs/cgroup/cpu"
 V1_ACCT = "/sys/fs/cgroup/cpuacct"
+V1_FREEZER = "/sys/fs/cgroup/freezer"
 V2 = "/sys/fs/cgroup"
 PERIOD_US = 100_000
 # The machine may be shared with other work (compiles): the groups the suite makes get the
@@ -49,11 +50,13 @@ def _tree(root):
 class Cgroup:
     """A CPU cgroup with a quota: v1 `cpu` (quota) + `cpuacct` (usage) where those hierarchies
     are mounted, else v2 (`cpu.max`, `cpu.stat`). Every process of a tree is moved in; children
-    forked later are born inside."""
+    forked later are born inside. A `freezable` group can also be frozen and thawed whole (v1
+    `freezer`, v2 `cgroup.freeze`) where the kernel offers it."""
 
-    def __init__(self, name, quota_pct):
+    def __init__(self, name, quota_pct, freezable=False):
         """`quota_pct` of a core, or no quota when None (the origin's and client's group)."""
         self.name = name
+        self.freezer = None
         if os.path.exists(os.path.join(V1_CPU, "cpu.cfs_quota_us")):
             self.kind = "v1"
             self.dirs = [os.path.join(V1_CPU, name), os.path.join(V1_ACCT, name)]
@@ -65,6 +68,16 @@ class Cgroup:
                 _write(os.path.join(self.dirs[0], "cpu.cfs_quota_us"),
                        int(PERIOD_US * quota_pct / 100))
             self.usage_file = os.path.join(self.dirs[1], "cpuacct.usage")
+            if freezable and os.path.isdir(V1_FREEZER):
+                d = os.path.join(V1_FREEZER, name)
+                try:
+                    os.makedirs(d, exist_ok=True)
+                except OSError:
+                    d = None  # not writable: the group's processes idle instead (`freeze`)
+                if d:
+                    self.dirs.append(d)
+                    if os.path.exists(os.path.join(d, "freezer.state")):
+                        self.freezer = ("v1", d)
         elif "cpu" in open(os.path.join(V2, "cgroup.controllers")).read().split():
             self.kind = "v2"
             d = os.path.join(V2, name)
@@ -75,6 +88,8 @@ class Cgroup:
                 _write(os.path.join(d, "cpu.max"),
                        f"{int(PERIOD_US * quota_pct / 100)} {PERIOD_US}")
             self.usage_file = os.path.join(d, "cpu.stat")
+            if freezable and os.path.exists(os.path.join(d, "cgroup.freeze")):
+                self.freezer = ("v2", d)
         else:
             raise Unavailable("no writable CPU cgroup (v1 cpu/cpuacct or v2 cpu controller)")
         self.quota_pct = quota_pct
@@ -88,7 +103,40 @@ class Cgroup:
                 except OSError:
                     pass  # exited meanwhile
 
+    def freeze(self):
+        """Stops every process of the group until `thaw` (no-op without a freezer). The kernel
+        does it without a signal the processes could see, and waits here until all are stopped
+        (a task in an uninterruptible wait can delay that; after 5 s this gives up waiting)."""
+        if self.freezer is None:
+            return
+        kind, d = self.freezer
+        if kind == "v1":
+            _write(os.path.join(d, "freezer.state"), "FROZEN")
+            done = (os.path.join(d, "freezer.state"), "FROZEN")
+        else:
+            _write(os.path.join(d, "cgroup.freeze"), 1)
+            done = (os.path.join(d, "cgroup.events"), "frozen 1")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(done[0]) as f:
+                if done[1] in f.read():
+                    return
+            time.sleep(0.01)
+
+    def thaw(self):
+        if self.freezer is None:
+            return
+        kind, d = self.freezer
+        try:
+            if kind == "v1":
+                _write(os.path.join(d, "freezer.state"), "THAWED")
+            else:
+                _write(os.path.join(d, "cgroup.freeze"), 0)
+        except OSError:
+            pass  # already removed
+
     def remove(self):
+        self.thaw()  # a frozen task cannot exit, so its group could not be removed
         if self in _LIVE:
             _LIVE.remove(self)
         for d in self.dirs:
@@ -145,9 +193,16 @@ def helper_groups(ctx, origin, origin_quota_pct=None):
 _LIVE = []
 
 
+def _thaw_live():
+    """Every group thawed: a frozen process neither acts on SIGTERM nor dies of SIGKILL (v1)."""
+    for g in list(_LIVE):
+        g.thaw()
+
+
 def _remove_live():
     """At exit: a group still here was left by a failure; what still runs in it is ours (a load
     client outliving an interrupted run), so it is ended before the group is removed."""
+    _thaw_live()
     for g in list(_LIVE):
         for d in g.dirs:
             try:
@@ -164,6 +219,9 @@ def _remove_live():
 
 
 atexit.register(_remove_live)
+# After a failure or Ctrl-C the suite stops its children before the exit handlers run: a peer
+# frozen between its turns (`budget_cells`) must be thawed first to be stopped.
+procs.before_stop_all.append(_thaw_live)
 
 
 def machine_load():
@@ -206,37 +264,66 @@ def _meter(ctx, group):
 
 def budget_cells(ctx, starters, origin, plan, quota_pct, rounds, secs, warm, c, variant=None):
     """Closed loop at c connections through each peer in its own cgroup capped at `quota_pct`
-    of a core, for every (file, label[, options]) in `plan`; peers in a rotated order each round.
+    of a core, for every (file, label[, options]) in `plan`, in `rounds` rounds. A round starts
+    every peer, then takes the cells one by one and measures the peers of a cell back to back,
+    so the rounds k of two peers, which give the paired ratios, are seconds apart instead of a
+    whole round: the machine's speed drifts over tens of seconds, and a pair taken that close
+    shares most of it. The peers' order is rotated by round and by cell, so no peer is always
+    first. Only the measured peer runs on core 1: the others are frozen (`Cgroup.freeze`)
+    between their turns, so their timers, and a busy-polling peer's polling (HAProxy
+    `busy-polling` spins even when idle), take nothing from it. Where no freezer is offered
+    they idle there instead. Either way each load-client run reads the usage of its own peer's
+    group only (`_meter`), so no peer is charged for another's work.
     Returns {peer: {label: [report per round]}} and the machine's load around the run."""
     variant = variant or {}
     names = list(starters)
     out = {n: {} for n in names}
     load_before = machine_load()
+    frozen = False
     for k in range(rounds):
-        order = names[k % len(names):] + names[:k % len(names)]
-        for name in order:
-            try:
-                peer = _start(ctx, starters, name, origin.port, variant)
-            except (Unavailable, RuntimeError) as e:
-                out[name]["status"] = str(e)
-                continue
-            group = Cgroup(f"sluice-bench-{os.getpid()}-{k}-{names.index(name)}", quota_pct)
-            try:
+        running = {}
+        try:
+            for i, name in enumerate(names):
+                try:
+                    peer = _start(ctx, starters, name, origin.port, variant)
+                except (Unavailable, RuntimeError) as e:
+                    out[name]["status"] = str(e)
+                    continue
+                # Every starter takes its own free port and temp directory (config, pid file,
+                # logs), so the peers can all be up at once.
+                group = Cgroup(f"sluice-bench-{os.getpid()}-{k}-{i}", quota_pct, freezable=True)
+                running[name] = (peer, group)
                 group.enter(peer.pid)
+                group.freeze()
+                frozen = frozen or group.freezer is not None
                 out[name]["version"] = peer.version
-                for f, label, *opts in plan:
-                    # A cell may name its scheme, path, connection count, warm-up and extra
-                    # client arguments (the TLS cells: `--ca`, `--handshake`, `--h2-streams`).
-                    opt = opts[0] if opts else {}
-                    r = ctx.duration(url_of(peer, f, opt), f, opt.get("c", c), secs,
-                                     opt.get("warm", warm), peer.pid,
-                                     extra=[*_meter(ctx, group), *opt.get("args", [])])
+            for j, (f, label, *opts) in enumerate(plan):
+                # A cell may name its scheme, path, connection count, warm-up and extra
+                # client arguments (the TLS cells: `--ca`, `--handshake`, `--h2-streams`).
+                opt = opts[0] if opts else {}
+                shift = (k + j) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    if name not in running:
+                        continue
+                    peer, group = running[name]
+                    group.thaw()
+                    try:
+                        r = ctx.duration(url_of(peer, f, opt), f, opt.get("c", c), secs,
+                                         opt.get("warm", warm), peer.pid,
+                                         extra=[*_meter(ctx, group), *opt.get("args", [])])
+                    finally:
+                        group.freeze()
                     r["bytes"] = f[1]
                     out[name].setdefault(label, []).append(r)
-            finally:
+        finally:
+            for peer, group in running.values():
+                group.thaw()
                 peer.stop()
                 group.remove()
-    return out, {"before": load_before, "after": machine_load()}
+    # How the rounds were taken, for the report: in the order above, the waiting peers frozen
+    # or idle.
+    return out, {"before": load_before, "after": machine_load(), "order": "paired",
+                 "waiting": "frozen" if frozen else "idle"}
 
 
 def _median(xs):
@@ -263,7 +350,7 @@ def summarize_budget(cells, sluice, quota_pct):
     """Per peer and cell: median req/s, MB/s, CPU µs per request, the kernel's share of it, the
     proxy's share of its quota, the client's and the origin's CPU, which side bound the cell,
     the rounds' req/s and CPU per request; per rival: sluice's paired per-round ratios (req/s and
-    CPU per request, round k against round k) and the median of the req/s ones."""
+    CPU per request, round k against round k) and the median of each."""
     rows = []
     labels = []
     for peer in cells.values():
@@ -317,6 +404,7 @@ def summarize_budget(cells, sluice, quota_pct):
                 row["sluice_cpu_ratios"] = [
                     a["cpu_us_per_request"] / b["cpu_us_per_request"] for a, b in pairs
                     if a.get("cpu_us_per_request") and b.get("cpu_us_per_request")]
+                row["sluice_cpu_ratio"] = _median(row["sluice_cpu_ratios"])
             rows.append(row)
     return rows
 

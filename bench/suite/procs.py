@@ -57,7 +57,13 @@ def stop(p, grace=5.0):
     _children.remove(p)
 
 
+# Called first by `stop_all` (`budget` thaws the cgroups it froze there).
+before_stop_all = []
+
+
 def stop_all():
+    for hook in before_stop_all:
+        hook()
     for p in list(reversed(_children)):
         stop(p, grace=3.0)
 

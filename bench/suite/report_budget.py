@@ -28,10 +28,25 @@ def _load(load):
 BOUND_LABEL = {"client": " (client-bound here)", "neither": " (neither side saturated)"}
 
 
-def _budget_table(rows, sluice, bytes_view=False):
+def _cpu_pairs(r):
+    """sluice's CPU per request over this proxy's, round k against round k: the median, then
+    the lowest and highest round ("0.91× (0.84–1.02)"), so a reader sees how firm it is."""
+    ratios = [x for x in r.get("sluice_cpu_ratios") or [] if x]
+    if not ratios:
+        return DASH
+    ratios.sort()
+    n = len(ratios)
+    median = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2
+    spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if n > 1 else ""
+    return f"{median:.2f}×{spread}"
+
+
+def _budget_table(rows, sluice, bytes_view=False, cpu_pairs=False):
+    """`cpu_pairs`: a column with the paired CPU-per-request ratios' median and range."""
     head = ["cell", "proxy", "req/s (median)"] + (["MB/s", "CPU s / GB"] if bytes_view else []) + [
         "rounds", "CPU µs / req", "kernel %", "p99 ms", "quota used %", "client CPU %",
-        "origin CPU %", "core 0 busy %", f"{sluice} ÷ this (paired)", "errors"]
+        "origin CPU %", "core 0 busy %", f"{sluice} ÷ this (paired)"] + (
+        [f"CPU / req, {sluice} ÷ this (round min–max)"] if cpu_pairs else []) + ["errors"]
     out = []
     for r in rows:
         if r.get("status") != "ok":
@@ -47,7 +62,8 @@ def _budget_table(rows, sluice, bytes_view=False):
                       _f(r["cpu_us_per_req"]), _f(r.get("kernel_pct"), 0), _f(r["p99_ms"], 2),
                       _f(r.get("quota_use_pct"), 0), _f(r.get("client_cpu_pct"), 0),
                       _f(r.get("origin_cpu_pct"), 0), _f(r["client_core_busy_pct"], 0),
-                      DASH if ratio is None else f"{ratio:.2f}×", r["errors"]])
+                      DASH if ratio is None else f"{ratio:.2f}×"]
+                   + ([_cpu_pairs(r)] if cpu_pairs else []) + [r["errors"]])
     return table(head, out)
 
 
@@ -221,6 +237,26 @@ def _unnamed(name):
     return name.startswith("0x")
 
 
+# The runs whose budget tables show the paired CPU-per-request ratios with their range.
+CPU_PAIRS = ("TLS",)
+_CPU_PAIRS_TEXT = ("; *CPU / req, sluice ÷ this (round min–max)* is sluice's CPU per request "
+                   "over the proxy's, round k against round k: the median, then the lowest and "
+                   "the highest round in brackets")
+
+
+def _order_text(result):
+    """How the rounds were taken: each cell's proxies back to back (`budget.budget_cells` since
+    the paired order), or, in results written before it, each proxy through all the cells."""
+    loads = [b.get("load") or {} for b in result.get("budget", {}).values()]
+    if not loads or any(x.get("order") != "paired" for x in loads):
+        return ", the proxies in a rotated order each round"
+    waiting = ("frozen (cgroup freezer)" if all(x.get("waiting") == "frozen" for x in loads)
+               else "idle")
+    return (" per cell; each round starts every proxy, then takes the cells one by one and "
+            "measures a cell's proxies back to back, the order rotated by round and by cell, "
+            f"the proxies not being measured {waiting} meanwhile")
+
+
 def render(result):
     sluice = result.get("sluice", "sluice")
     md = [f"### {result['id']} under equal CPU budgets", "", run_line(result), "",
@@ -230,8 +266,11 @@ def render(result):
           f"with no quota and the largest CPU weight (v1 `cpu.shares` 262144), as is the proxy's, "
           f"so other work on the machine (builds) yields to all three. c = {result['c']} "
           f"keep-alive connections, closed loop, {result['params']['rounds']} round(s) of "
-          f"{result['params']['secs']} s, the proxies in a rotated order each round; medians; the "
-          "ratio is the median of per-round paired ratios. CPU µs per request is the proxy "
+          f"{result['params']['secs']} s{_order_text(result)}; medians; *{sluice} ÷ this "
+          "(paired)* is the median of the per-round paired req/s ratios (sluice's round k over "
+          "the proxy's round k)"
+          + (_CPU_PAIRS_TEXT if result["id"] in CPU_PAIRS else "")
+          + ". CPU µs per request is the proxy "
           "cgroup's own `cpuacct.usage` over the timed window divided by the requests answered; "
           "*kernel %* is the system-time share of that CPU (`cpuacct.usage_sys` over "
           "`usage_sys` + `usage_user`, tick-sampled), since a small request's cost is mostly "
@@ -245,10 +284,11 @@ def render(result):
     if result.get("note"):
         md += [result["note"], ""]
     for mode, block in result.get("budget", {}).items():
+        cpu_pairs = result["id"] in CPU_PAIRS
         title = ("Every proxy as shipped (sluice's busy polling is off by default; the others "
                  "have none)" if mode == "as shipped" else f"Busy polling {mode}")
         md += [f"**{title}** (closed loop). {_load(block.get('load'))}", "",
-               _budget_table(block["rows"], sluice, result.get("bytes_view")), ""]
+               _budget_table(block["rows"], sluice, result.get("bytes_view"), cpu_pairs), ""]
         if block.get("handshakes"):
             md += [_handshake_table(block["handshakes"]), ""]
     cg = result.get("callgrind")
