@@ -29,9 +29,11 @@ BOUND_LABEL = {"client": " (client-bound here)", "neither": " (neither side satu
 
 
 def _cpu_pairs(r):
-    """sluice's CPU per request over this proxy's, round k against round k: the median, then
-    the lowest and highest round ("0.91× (0.84–1.02)"), so a reader sees how firm it is."""
-    ratios = [x for x in r.get("sluice_cpu_ratios") or [] if x]
+    """This proxy's CPU per request over sluice's, round k against round k (> 1: sluice is
+    cheaper, as the goal "1.2× the better peer" reads): the median, then the lowest and highest
+    round ("1.09× (0.98–1.19)"), so a reader sees how firm it is. The results store the inverse
+    (`sluice_cpu_ratios`, sluice over the proxy)."""
+    ratios = [1 / x for x in r.get("sluice_cpu_ratios") or [] if x]
     if not ratios:
         return DASH
     ratios.sort()
@@ -46,7 +48,7 @@ def _budget_table(rows, sluice, bytes_view=False, cpu_pairs=False):
     head = ["cell", "proxy", "req/s (median)"] + (["MB/s", "CPU s / GB"] if bytes_view else []) + [
         "rounds", "CPU µs / req", "kernel %", "p99 ms", "quota used %", "client CPU %",
         "origin CPU %", "core 0 busy %", f"{sluice} ÷ this (paired)"] + (
-        [f"CPU / req, {sluice} ÷ this (round min–max)"] if cpu_pairs else []) + ["errors"]
+        [f"CPU / req, this ÷ {sluice} (rounds min–max)"] if cpu_pairs else []) + ["errors"]
     out = []
     for r in rows:
         if r.get("status") != "ok":
@@ -239,9 +241,9 @@ def _unnamed(name):
 
 # The runs whose budget tables show the paired CPU-per-request ratios with their range.
 CPU_PAIRS = ("TLS",)
-_CPU_PAIRS_TEXT = ("; *CPU / req, sluice ÷ this (round min–max)* is sluice's CPU per request "
-                   "over the proxy's, round k against round k: the median, then the lowest and "
-                   "the highest round in brackets")
+_CPU_PAIRS_TEXT = ("; *CPU / req, this ÷ sluice (rounds min–max)* is the proxy's CPU per "
+                   "request over sluice's, round k against round k (above 1: sluice is the "
+                   "cheaper): the median, then the lowest and the highest round in brackets")
 
 
 def _order_text(result):
