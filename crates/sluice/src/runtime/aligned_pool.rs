@@ -52,6 +52,7 @@ static POOLS: [Mutex<FreeList>; CLASSES] =
     [const { Mutex::new(FreeList(ptr::null_mut())) }; CLASSES];
 
 /// The pool a layout is served from, if any.
+#[inline]
 fn class_of(layout: Layout) -> Option<usize> {
     if layout.align() <= 16 || layout.align() > GRAIN || layout.size() > GRAIN * CLASSES {
         return None;
@@ -99,6 +100,7 @@ unsafe fn pool_free(block: *mut u8, class: usize) {
 
 /// # Safety
 /// As `GlobalAlloc::alloc`, for a layout no pool serves.
+#[inline]
 unsafe fn unpooled_alloc(layout: Layout, zeroed: bool) -> *mut u8 {
     // SAFETY: the caller's contract, passed on.
     unsafe {
@@ -112,6 +114,7 @@ unsafe fn unpooled_alloc(layout: Layout, zeroed: bool) -> *mut u8 {
 
 /// # Safety
 /// As `GlobalAlloc::dealloc`, for a layout no pool serves.
+#[inline]
 unsafe fn unpooled_dealloc(ptr: *mut u8, layout: Layout) {
     // SAFETY: the caller's contract, passed on; `unpooled_alloc` chose the same side.
     unsafe {
@@ -127,6 +130,7 @@ unsafe fn unpooled_dealloc(ptr: *mut u8, layout: Layout) {
 // large as asked; everything else is `System`'s. A layout decides its side the same way on
 // allocation and on release, so each block goes back where it came from.
 unsafe impl GlobalAlloc for AlignedPool {
+    #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match class_of(layout) {
             Some(class) => pool_alloc(class),
@@ -135,6 +139,7 @@ unsafe impl GlobalAlloc for AlignedPool {
         }
     }
 
+    #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         match class_of(layout) {
             Some(class) => {
@@ -150,6 +155,7 @@ unsafe impl GlobalAlloc for AlignedPool {
         }
     }
 
+    #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         match class_of(layout) {
             // SAFETY: allocated by `alloc` with this layout, so from this class's pool.
@@ -159,6 +165,7 @@ unsafe impl GlobalAlloc for AlignedPool {
         }
     }
 
+    #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller guarantees `new_size` forms a valid layout with this alignment.
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };

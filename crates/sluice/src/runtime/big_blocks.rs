@@ -38,8 +38,10 @@ pub const TOTAL: usize = 32 * 1024 * 1024;
 pub const PER_CLASS: usize = 8 * 1024 * 1024;
 
 /// The class of a request, if it has one.
+#[inline]
 pub fn class_of(layout: Layout) -> Option<usize> {
     let size = layout.size();
+    // Small blocks first: nearly every request, one comparison.
     if size <= SMALL_MAX || size > LAST || layout.align() > MAX_ALIGN {
         return None;
     }
@@ -161,11 +163,18 @@ impl BigBlocks {
     ///
     /// # Safety
     /// As `GlobalAlloc::alloc`.
+    #[inline]
     pub unsafe fn alloc(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        let Some(class) = class_of(layout) else {
+        match class_of(layout) {
+            Some(class) => self.alloc_in(class, layout, zeroed),
             // SAFETY: the caller's contract, passed on.
-            return unsafe { system_alloc(layout, zeroed) };
-        };
+            None => unsafe { system_alloc(layout, zeroed) },
+        }
+    }
+
+    /// A block of `class` for `layout`: a kept one, or a new one of the class's size.
+    #[inline(never)]
+    fn alloc_in(&self, class: usize, layout: Layout, zeroed: bool) -> *mut u8 {
         let block = self.take(class);
         if block.is_null() {
             // SAFETY: a class layout is valid and non-zero.
@@ -182,16 +191,25 @@ impl BigBlocks {
     ///
     /// # Safety
     /// As `GlobalAlloc::dealloc`, for a block from this cache's `alloc` or `realloc`.
+    #[inline]
     pub unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         match class_of(layout) {
-            // SAFETY: a block of this class was allocated at the class's size.
-            Some(class) => unsafe {
-                if !self.keep(block, class) {
-                    System.dealloc(block, class_layout(class));
-                }
-            },
+            // SAFETY: as this function's.
+            Some(class) => unsafe { self.dealloc_in(class, block) },
             // SAFETY: the caller's contract, passed on.
             None => unsafe { System.dealloc(block, layout) },
+        }
+    }
+
+    /// # Safety
+    /// `block` was allocated for a layout of `class` by this cache and is no longer used.
+    #[inline(never)]
+    unsafe fn dealloc_in(&self, class: usize, block: *mut u8) {
+        // SAFETY: a block of this class was allocated at the class's size.
+        unsafe {
+            if !self.keep(block, class) {
+                System.dealloc(block, class_layout(class));
+            }
         }
     }
 
@@ -199,10 +217,31 @@ impl BigBlocks {
     ///
     /// # Safety
     /// As `GlobalAlloc::realloc`, for a block from this cache's `alloc` or `realloc`.
+    #[inline]
     pub unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller guarantees `new_size` forms a valid layout with this alignment.
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let (from, to) = (class_of(layout), class_of(new));
+        match (class_of(layout), class_of(new)) {
+            // SAFETY: the caller's contract, passed on.
+            (None, None) => unsafe { System.realloc(block, layout, new_size) },
+            // SAFETY: as this function's.
+            (from, to) => unsafe { self.realloc_classes(block, layout, new_size, from, to) },
+        }
+    }
+
+    /// `realloc` where either side has a class (`from`, `to`: the old and new layouts' classes).
+    ///
+    /// # Safety
+    /// As `realloc`.
+    #[inline(never)]
+    unsafe fn realloc_classes(
+        &self,
+        block: *mut u8,
+        layout: Layout,
+        new_size: usize,
+        from: Option<usize>,
+        to: Option<usize>,
+    ) -> *mut u8 {
         if from.is_some() && from == to {
             // The block is already its class's size.
             return block;
@@ -234,6 +273,7 @@ fn class_layout(class: usize) -> Layout {
 
 /// # Safety
 /// As `GlobalAlloc::alloc`.
+#[inline]
 unsafe fn system_alloc(layout: Layout, zeroed: bool) -> *mut u8 {
     // SAFETY: the caller's contract.
     unsafe {
