@@ -32,10 +32,13 @@ const CLASSES: usize = 1 + 4 * (LAST.ilog2() - FIRST.ilog2()) as usize;
 /// The largest alignment served from the classes (`malloc`'s own).
 const MAX_ALIGN: usize = 16;
 
-/// Bytes kept in all classes together, at most.
-pub const TOTAL: usize = 32 * 1024 * 1024;
-/// Bytes kept in any one class, at most.
-pub const PER_CLASS: usize = 8 * 1024 * 1024;
+/// Bytes kept in all classes together, at most. Cold 7 MB objects through a 32 MiB memory tier
+/// (every miss evicts): 16 MiB and 4 MiB per class took page faults per miss from ~4,450 to ~150
+/// and held ~9 MB while busy; 32 and 8 MiB, ~125 and ~13 MB (docs/decisions/allocator.md).
+pub const TOTAL: usize = 16 * 1024 * 1024;
+/// Bytes kept in any one class, at most: four 1 MiB cache slices, nine of hyper's 448 KiB read
+/// buffers, sixty-four 64 KiB blocks.
+pub const PER_CLASS: usize = 4 * 1024 * 1024;
 
 /// The class of a request, if it has one.
 #[inline]
