@@ -12,8 +12,8 @@
 //! either goes back to the system at once, and `drain` gives back everything (after a burst,
 //! `runtime::release`).
 //!
-//! Only over-aligned blocks (more than 16 bytes) and sizes outside the classes pass straight
-//! through to `System`. Each block is allocated from `System` at its class's size, so a layout
+//! Over-aligned blocks (more than 16 bytes) and sizes outside the classes pass straight through
+//! to `System`. Each block is allocated from `System` at its class's size, so a layout
 //! maps to the same class on allocation and on release and the block always goes back whole.
 
 use std::alloc::{GlobalAlloc, Layout, System};
