@@ -137,6 +137,7 @@ pub async fn serve_reloadable(
     server::upgrade::announce_ready();
     tokio::spawn(server::notify::watchdog());
     let release = if config.server.release_memory && runtime::release::supported() {
+        runtime::release::after_start();
         let app = app.clone();
         Some(tokio::spawn(runtime::release::run(move || {
             use server::Handler;

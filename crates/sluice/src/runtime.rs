@@ -3,6 +3,7 @@
 //! own reverse proxy upstream pools. Also which per-core worker the calling thread is.
 
 pub mod aligned_pool;
+pub mod big_blocks;
 pub mod busy_poll;
 pub mod copy;
 pub mod release;

@@ -10,10 +10,26 @@
 //! blocks are cut from 32 KiB runs of one size, packed with no gap, and a freed block goes back
 //! to its size's list for the next one. Runs are never returned: the pools keep room for the
 //! most tasks and sockets the process held at once, as a slab would.
+//!
+//! In the static (musl) build, large blocks also go through a bounded cache of freed ones
+//! (`big_blocks`): that build's `malloc` maps and unmaps each of them. glibc's keeps them itself.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
 use std::sync::{Mutex, PoisonError};
+
+use super::big_blocks::{self, BigBlocks};
+
+/// Whether large blocks go through `LARGE` (see the module's notes).
+const LARGE_CACHED: bool = cfg!(target_env = "musl");
+
+/// The static build's freed large blocks.
+static LARGE: BigBlocks = BigBlocks::new(big_blocks::TOTAL, big_blocks::PER_CLASS);
+
+/// Gives the large blocks kept for reuse back to the system; how many bytes that was.
+pub fn release_large() -> usize {
+    LARGE.drain()
+}
 
 /// Pooled block sizes are multiples of this, which is also the largest alignment pooled.
 const GRAIN: usize = 128;
@@ -36,6 +52,7 @@ static POOLS: [Mutex<FreeList>; CLASSES] =
     [const { Mutex::new(FreeList(ptr::null_mut())) }; CLASSES];
 
 /// The pool a layout is served from, if any.
+#[inline]
 fn class_of(layout: Layout) -> Option<usize> {
     if layout.align() <= 16 || layout.align() > GRAIN || layout.size() > GRAIN * CLASSES {
         return None;
@@ -81,18 +98,48 @@ unsafe fn pool_free(block: *mut u8, class: usize) {
     list.0 = block;
 }
 
+/// # Safety
+/// As `GlobalAlloc::alloc`, for a layout no pool serves.
+#[inline]
+unsafe fn unpooled_alloc(layout: Layout, zeroed: bool) -> *mut u8 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match (LARGE_CACHED, zeroed) {
+            (true, _) => LARGE.alloc(layout, zeroed),
+            (false, false) => System.alloc(layout),
+            (false, true) => System.alloc_zeroed(layout),
+        }
+    }
+}
+
+/// # Safety
+/// As `GlobalAlloc::dealloc`, for a layout no pool serves.
+#[inline]
+unsafe fn unpooled_dealloc(ptr: *mut u8, layout: Layout) {
+    // SAFETY: the caller's contract, passed on; `unpooled_alloc` chose the same side.
+    unsafe {
+        if LARGE_CACHED {
+            LARGE.dealloc(ptr, layout)
+        } else {
+            System.dealloc(ptr, layout)
+        }
+    }
+}
+
 // SAFETY: pooled blocks are GRAIN-aligned (which covers every alignment pooled) and at least as
 // large as asked; everything else is `System`'s. A layout decides its side the same way on
 // allocation and on release, so each block goes back where it came from.
 unsafe impl GlobalAlloc for AlignedPool {
+    #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match class_of(layout) {
             Some(class) => pool_alloc(class),
             // SAFETY: the caller's contract, passed on.
-            None => unsafe { System.alloc(layout) },
+            None => unsafe { unpooled_alloc(layout, false) },
         }
     }
 
+    #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         match class_of(layout) {
             Some(class) => {
@@ -104,25 +151,33 @@ unsafe impl GlobalAlloc for AlignedPool {
                 p
             }
             // SAFETY: the caller's contract, passed on.
-            None => unsafe { System.alloc_zeroed(layout) },
+            None => unsafe { unpooled_alloc(layout, true) },
         }
     }
 
+    #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         match class_of(layout) {
             // SAFETY: allocated by `alloc` with this layout, so from this class's pool.
             Some(class) => unsafe { pool_free(ptr, class) },
             // SAFETY: the caller's contract, passed on.
-            None => unsafe { System.dealloc(ptr, layout) },
+            None => unsafe { unpooled_dealloc(ptr, layout) },
         }
     }
 
+    #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller guarantees `new_size` forms a valid layout with this alignment.
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         if class_of(layout).is_none() && class_of(new).is_none() {
-            // SAFETY: the caller's contract, passed on; both sides are `System`'s.
-            return unsafe { System.realloc(ptr, layout, new_size) };
+            // SAFETY: the caller's contract, passed on; neither side is pooled.
+            return unsafe {
+                if LARGE_CACHED {
+                    LARGE.realloc(ptr, layout, new_size)
+                } else {
+                    System.realloc(ptr, layout, new_size)
+                }
+            };
         }
         // SAFETY: as above; the old block stays valid until it is copied and released.
         unsafe {

@@ -11,8 +11,9 @@
 //! back every whole page inside them (`madvise`); a page used again later costs a page fault.
 //! A process that never pauses is never trimmed, and its free memory is reused by its own traffic.
 //!
-//! Only with glibc's allocator: jemalloc (the `jemalloc` feature) returns its free pages itself,
-//! and other C libraries have no `malloc_trim`.
+//! With glibc's allocator, and in the static (musl) build, where what is released is the large
+//! blocks kept for reuse (`aligned_pool`, `big_blocks`): that build's `malloc` returns the rest
+//! itself or never. jemalloc (the `jemalloc` feature) returns its free pages itself.
 
 use std::time::Duration;
 
@@ -24,11 +25,18 @@ const QUIET: Duration = Duration::from_secs(1);
 pub async fn run(work: impl Fn() -> u64) {
     after_bursts(work, || async {
         // Off the workers: it holds each heap's lock while it walks it.
-        if let Ok(Some(took)) = tokio::task::spawn_blocking(trim).await {
-            tracing::debug!(?took, "free memory released after a burst");
+        if let Ok(Some((took, large))) = tokio::task::spawn_blocking(trim).await {
+            tracing::debug!(?took, large, "free memory released after a burst");
         }
     })
     .await
+}
+
+/// Gives back the large blocks that starting up left kept for reuse (the static build; 80 KiB
+/// with the callgrind harness's config); the heaps' free pages are left to the first burst.
+pub fn after_start() {
+    let large = super::aligned_pool::release_large();
+    tracing::debug!(large, "large free blocks released after the start");
 }
 
 /// Calls `release` once after each burst of `work`: at the first quiet second that follows it.
@@ -57,22 +65,24 @@ async fn after_bursts<F: std::future::Future<Output = ()>>(
 pub fn supported() -> bool {
     cfg!(all(
         target_os = "linux",
-        target_env = "gnu",
+        any(target_env = "gnu", target_env = "musl"),
         not(feature = "jemalloc")
     ))
 }
 
-/// Hands the heaps' free pages back; how long it took.
-fn trim() -> Option<Duration> {
-    #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
-    {
-        let start = std::time::Instant::now();
-        // SAFETY: malloc_trim only rearranges the allocator's own free memory.
-        unsafe { libc::malloc_trim(0) };
-        Some(start.elapsed())
+/// Hands the heaps' free pages back; how long it took, and the bytes of large blocks given back.
+fn trim() -> Option<(Duration, usize)> {
+    if !supported() {
+        return None;
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
-    None
+    let start = std::time::Instant::now();
+    let large = super::aligned_pool::release_large();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only rearranges the allocator's own free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    Some((start.elapsed(), large))
 }
 
 #[cfg(test)]

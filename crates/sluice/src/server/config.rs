@@ -75,7 +75,8 @@ pub struct ServerConfig {
     /// (`runtime::busy_poll`).
     pub busy_poll_us: u64,
     /// After a burst, once a second passes with no new connection or request, free memory goes
-    /// back to the system (`malloc_trim`, glibc builds only; `runtime::release`).
+    /// back to the system (`malloc_trim` with glibc, the kept large blocks in the static musl
+    /// build; `runtime::release`).
     pub release_memory: bool,
     /// `[server.http3]`: HTTP/3 (QUIC) on the TLS listeners.
     pub http3: super::quic::Http3Config,
