@@ -1,6 +1,8 @@
 """Markdown for `bench/run --budget` results: equal-budget tables, open-loop tables, memory per
 idle connection, and the issue's goals restated as met / not met."""
 
+import statistics
+
 DASH = "—"
 
 
@@ -36,11 +38,8 @@ def _cpu_pairs(r):
     ratios = [1 / x for x in r.get("sluice_cpu_ratios") or [] if x]
     if not ratios:
         return DASH
-    ratios.sort()
-    n = len(ratios)
-    median = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2
-    spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if n > 1 else ""
-    return f"{median:.2f}×{spread}"
+    spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
+    return f"{statistics.median(ratios):.2f}×{spread}"
 
 
 def _budget_table(rows, sluice, bytes_view=False, cpu_pairs=False):
