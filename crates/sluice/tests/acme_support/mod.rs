@@ -32,22 +32,39 @@ pub fn install_tools() {
     });
 }
 
+/// A loopback port free for TCP and UDP, below the kernel's ephemeral range (32768 and up).
+///
+/// A port the kernel handed out with `bind(0)` and that was closed again can be taken as the local
+/// port of any outgoing connection before the process meant to listen on it starts (Pebble, BIND
+/// and sluice all connect out here), which makes that listener fail with "address in use".
+/// Outgoing connections never take a port below the ephemeral range, so a port from there stays
+/// free unless another test picks it; a counter seeded by the process id keeps the picks of
+/// parallel tests and test binaries apart.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {}", LOW + SPAN)
 }
 
 fn free_udp_port() -> u16 {
-    // A port free for both: DNS servers listen on UDP and TCP.
-    loop {
-        let p = free_port();
-        if std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok() {
-            return p;
-        }
-    }
+    // `free_port` checks UDP too: DNS servers listen on both.
+    free_port()
 }
 
 /// Waits until something accepts TCP connections on `addr`.
@@ -337,11 +354,34 @@ impl Sluice {
             .env("RUST_LOG", "info,sluice::acme=debug");
         let proc = Proc::spawn(&mut cmd, dir.join(format!("sluice-{tag}.log")));
         let tls: SocketAddr = format!("127.0.0.1:{tls_port}").parse().unwrap();
-        wait_port(tls, "sluice");
-        Sluice {
+        let mut sluice = Sluice {
             proc,
             tls,
             config: path,
+        };
+        sluice.wait_listening();
+        sluice
+    }
+
+    /// Waits until sluice accepts on its TLS port; if it exits or does not listen in time, the
+    /// panic carries its log.
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect_timeout(&self.tls, Duration::from_millis(200)).is_err() {
+            if let Ok(Some(status)) = self.proc.child.try_wait() {
+                panic!(
+                    "sluice exited ({status}) before listening on {}:\n{}",
+                    self.tls,
+                    self.proc.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not listen on {} within 30 s:\n{}",
+                self.tls,
+                self.proc.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(30));
         }
     }
 
