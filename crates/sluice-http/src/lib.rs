@@ -19,6 +19,7 @@
 //! - `coding`: which content codings a client accepts (`Accept-Encoding`).
 //! - `range`: `Range` sets, `Content-Range`, and the aligned slices that cover them.
 //! - `response_head`: an HTTP/1.x response head off a raw socket and how its body is delimited.
+//! - `plain_head`: an HTTP/1.1 response head passed on as it came, when nothing in it needs editing.
 //! - `wire`: field names and values from a parsed HTTP/1 head, without a second check.
 //! - `chunked`: a chunked response body decoded incrementally, its end found exactly.
 //! - `location`: a redirect's `Location` resolved against the URI that answered.
@@ -38,6 +39,7 @@ pub mod hop;
 pub mod host;
 pub mod location;
 pub mod path;
+pub mod plain_head;
 pub mod proxy_protocol;
 pub mod range;
 pub mod response_head;

@@ -330,6 +330,154 @@ header_timeout_secs = 2
     );
 }
 
+/// A response head with nothing to edit, on a route without response edits, is passed on as it
+/// came (`plain_head`): byte for byte what the field-map path writes for the same head (a route
+/// whose only edit removes a field no head has), this hop's `Connection`/`Keep-Alive` dropped,
+/// `Via` and `Connection: close` added in the same places; with `via = false` too.
+#[tokio::test]
+async fn plain_response_heads_are_the_field_map_paths_byte_for_byte() {
+    let answer: Answer = Arc::new(|t: &str| {
+        let t = t.rsplit('/').next().unwrap_or("");
+        let head = match t {
+            "nginx" => "HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+                        Content-Type: application/octet-stream\r\nContent-Length: 5\r\n\
+                        Last-Modified: Wed, 02 Dec 2026 10:00:00 GMT\r\nConnection: keep-alive\r\n\
+                        Keep-Alive: timeout=5\r\nETag: \"6752-5\"\r\nAccept-Ranges: bytes\r\n\r\n",
+            "cookies" => "HTTP/1.1 201 Created\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\nX-Obs: caf\u{e9}\tok\r\n\
+                          Date: Thu, 03 Dec 2026 06:00:00 GMT\r\nContent-Length: 5\r\n\r\n",
+            "nodate" => "HTTP/1.1 404 Gone Fishing\r\nContent-Length: 5\r\n\r\n",
+            "closes" => "HTTP/1.1 200 OK\r\nConnection: close\r\nX-Mode: close-now\r\n\
+                         Date: Thu, 03 Dec 2026 06:00:00 GMT\r\nContent-Length: 5\r\n\r\n",
+            "via" => "HTTP/1.1 200 OK\r\nVia: 1.1 cdn\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+                      Content-Length: 5\r\n\r\n",
+            _ => "HTTP/1.1 200 OK\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\nContent-Length: 5\r\n\r\n",
+        };
+        let mut out = head.as_bytes().to_vec();
+        out.extend_from_slice(b"hello");
+        out
+    });
+    let (origin, _, accepted) = counting_origin(answer).await;
+    // Sorted `date:` lines aside (sluice's own is this second's), the head as text.
+    let head_of = |r: &Raw| {
+        let has_date = r.head.contains("Thu, 03 Dec 2026");
+        r.head
+            .lines()
+            .filter(|l| has_date || !l.starts_with("date:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for via in [true, false] {
+        let p = Proxy::start(config(&format!(
+            r#"
+[server]
+header_read_timeout_secs = 1
+idle_timeout_secs = 2
+
+[reverse]
+via = {via}
+
+[[upstreams]]
+name = "app"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/plain"
+upstream = "app"
+
+[[routes]]
+path = "/mapped"
+upstream = "app"
+response_headers_remove = ["x-no-head-has-this"]
+"#
+        )))
+        .await;
+        for (t, method, closing) in [
+            ("nginx", "GET", false),
+            ("nginx", "HEAD", false),
+            ("nginx", "GET", true),
+            ("cookies", "GET", false),
+            ("nodate", "GET", false),
+            ("closes", "GET", false),
+            ("via", "GET", false),
+        ] {
+            let mut heads = Vec::new();
+            for route in ["plain", "mapped"] {
+                let close = if closing { "Connection: close\r\n" } else { "" };
+                let request = format!("{method} /{route}/{t} HTTP/1.1\r\nHost: a\r\n{close}\r\n");
+                let mut c = Client::to(&p).await;
+                let r = c.ask(request.as_bytes()).await;
+                if method == "GET" {
+                    assert_eq!(r.body, b"hello", "{route} {t}");
+                }
+                heads.push(head_of(&r));
+            }
+            // The same status line and fields; the order can differ where the map path took a
+            // hop-by-hop field out (a field map moves its last field into the gap).
+            let sorted = |h: &str| {
+                let mut lines: Vec<&str> = h.lines().collect();
+                lines[1..].sort_unstable();
+                lines.join("\n")
+            };
+            assert_eq!(
+                sorted(&heads[0]),
+                sorted(&heads[1]),
+                "{t} {method} close={closing} via={via}"
+            );
+            let head = &heads[0];
+            assert!(!head.contains("keep-alive"), "{head}");
+            assert_eq!(head.contains("1.1 sluice"), via, "{head}");
+            assert_eq!(head.contains("connection: close"), closing, "{head}");
+            if t == "closes" {
+                // The origin's order, its own `Connection` left out.
+                let expected = "HTTP/1.1 200 OK\nx-mode: close-now\n\
+                                date: Thu, 03 Dec 2026 06:00:00 GMT\ncontent-length: 5";
+                assert!(head.starts_with(expected), "{head}");
+            }
+            if t == "nginx" {
+                let expected = "HTTP/1.1 200 OK\nserver: nginx/1.22.1\n\
+                                date: Thu, 03 Dec 2026 06:00:00 GMT\n\
+                                content-type: application/octet-stream\ncontent-length: 5\n\
+                                last-modified: Wed, 02 Dec 2026 10:00:00 GMT\n\
+                                etag: \"6752-5\"\naccept-ranges: bytes";
+                assert!(head.starts_with(expected), "{head}");
+            }
+            if t == "nodate" {
+                assert!(head.starts_with("HTTP/1.1 404 Not Found\n"), "{head}");
+            }
+        }
+        // A keep-alive client gets several plain answers on one connection, and the upstream
+        // connection is reused (the origin saw one connection for them).
+        let mut c = Client::to(&p).await;
+        let before = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            let r = c.ask(b"GET /plain/nginx HTTP/1.1\r\nHost: a\r\n\r\n").await;
+            assert_eq!(r.body, b"hello");
+        }
+        let after = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            after - before <= 1,
+            "{} upstream connections",
+            after - before
+        );
+    }
+    // The order of a repeated name is the origin's on the plain path (a field map groups it).
+    let p = Proxy::start(config(&format!(
+        "[[upstreams]]\nname = \"app\"\nservers = [\"{origin}\"]\n\
+         [[routes]]\npath = \"/plain\"\nupstream = \"app\"\n"
+    )))
+    .await;
+    let r = Client::to(&p)
+        .await
+        .ask(b"GET /plain/cookies HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    assert!(
+        r.head
+            .contains("set-cookie: a=1\r\nset-cookie: b=2\r\nx-obs: caf\u{e9}\tok\r\n"),
+        "{}",
+        r.head
+    );
+}
+
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let answer: Answer = Arc::new(|t: &str| {

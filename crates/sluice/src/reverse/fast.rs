@@ -12,6 +12,7 @@ use crate::atomic::Counter;
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
 use sluice_http::chunked;
+use sluice_http::plain_head::{self, PlainHead};
 use sluice_http::response_head::{self, BodyLength, ResponseHead};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -109,10 +110,14 @@ impl Reverse {
             target: Some(&req.path_and_query),
         };
         let head = self.upstream_head(route, client_head, req.headers, path, down, false);
+        // On a route without response field edits, a plain response head is passed on as it
+        // came (`plain_head`); any other takes the field map.
+        let plain = (route.resp_add.is_empty() && route.resp_remove.is_empty())
+            .then_some(self.settings.via);
         let fetched = match head {
             Err(e) => Err(e),
             Ok(head) => {
-                let fetched = fetch(&self.budget, route, &head, key.as_deref())
+                let fetched = fetch(&self.budget, route, &head, key.as_deref(), plain)
                     .await
                     .map_err(FetchError::into_proxy_error);
                 field_maps::give(head.headers);
@@ -142,7 +147,10 @@ impl Reverse {
             pool,
             index,
         } = exchanged;
-        let status = head.status.as_u16();
+        let status = match &head {
+            Answer::Map(h) => h.status.as_u16(),
+            Answer::Plain(h, _) => h.status.as_u16(),
+        };
         let hold = hold_server(route, in_flight, &mut entry);
         let mut done = Done {
             access_log: self.access_log.clone(),
@@ -152,13 +160,63 @@ impl Reverse {
             entry,
             _hold: hold,
         };
-        let ResponseHead {
-            headers,
-            minor_version,
-            close: upstream_closes,
-            ..
-        } = head;
-        let mut headers = headers;
+        let (length, keep_alive, reusable, mut out) = match head {
+            Answer::Plain(plain, out) => {
+                // Its length is counted (or it answers HEAD): the connection stays open unless
+                // the client asked otherwise.
+                let keep_alive = !close;
+                let out = plain_head_end(out, &plain, self.settings.via, alt_svc, keep_alive);
+                (length, keep_alive, !plain.close, out)
+            }
+            Answer::Map(head) => {
+                let reusable = head.minor_version == 1 && !head.close;
+                let (length, keep_alive, out) = self.map_head(route, head, length, alt_svc, close);
+                (length, keep_alive, reusable, out)
+            }
+        };
+        on_head(status, None);
+        let splice = self.settings.splice_bodies.then(|| route.meters.spliced());
+        let relayed = relay(
+            &mut conn,
+            (length, body_at),
+            &mut out,
+            client,
+            route.idle_timeout,
+            (splice, sent_meter),
+        )
+        .await;
+        let (sent, complete, upstream_clean) = match relayed {
+            Ok((sent, clean)) => (sent, true, clean),
+            Err((sent, e)) => {
+                tracing::debug!(route = %route.name, error = %e, "fast path relay cut");
+                (sent, false, false)
+            }
+        };
+        if complete && upstream_clean && reusable {
+            pool.checkin(index, conn);
+        }
+        done.status = status;
+        done.record(sent, complete);
+        Served {
+            status,
+            reusable: complete && keep_alive,
+        }
+    }
+
+    /// The client's head from a head parsed into a field map: hop-by-hop fields out, this hop's
+    /// and the route's edits, the body's framing, `Alt-Svc`. With the body's length as relayed
+    /// (a coded body not ending in `chunked` is read until close) and whether the client's
+    /// connection stays open.
+    fn map_head(
+        &self,
+        route: &Route,
+        head: ResponseHead,
+        length: BodyLength,
+        alt_svc: Option<header::HeaderValue>,
+        close: bool,
+    ) -> (BodyLength, bool, Vec<u8>) {
+        let status = head.status.as_u16();
+        let mut headers = head.headers;
         let coding = headers.get(header::TRANSFER_ENCODING).cloned();
         // A coded body whose last coding is not `chunked` ends when the server closes
         // (RFC 9112 §6.3): it is relayed until then, its codings named as they came.
@@ -169,7 +227,7 @@ impl Reverse {
             length
         };
         let keep_alive = !close && length != BodyLength::UntilClose;
-        let version = if minor_version == 0 {
+        let version = if head.minor_version == 0 {
             Version::HTTP_10
         } else {
             Version::HTTP_11
@@ -204,34 +262,34 @@ impl Reverse {
         let mut out = Vec::with_capacity(512);
         write_head(&mut out, status, &headers, None, !keep_alive);
         field_maps::give(headers);
-        on_head(status, None);
-        let splice = self.settings.splice_bodies.then(|| route.meters.spliced());
-        let relayed = relay(
-            &mut conn,
-            (length, body_at),
-            &mut out,
-            client,
-            route.idle_timeout,
-            (splice, sent_meter),
-        )
-        .await;
-        let (sent, complete, upstream_clean) = match relayed {
-            Ok((sent, clean)) => (sent, true, clean),
-            Err((sent, e)) => {
-                tracing::debug!(route = %route.name, error = %e, "fast path relay cut");
-                (sent, false, false)
-            }
-        };
-        if complete && upstream_clean && minor_version == 1 && !upstream_closes {
-            pool.checkin(index, conn);
-        }
-        done.status = status;
-        done.record(sent, complete);
-        Served {
-            status,
-            reusable: complete && keep_alive,
-        }
+        (length, keep_alive, out)
     }
+}
+
+/// The end of a head `plain_head` passed on: this hop's `Via`, the listener's `Alt-Svc` when the
+/// server named none, `Connection: close` when the client's connection ends with it, and `Date`
+/// when the server sent none, in the order `map_head` writes them; then the blank line.
+fn plain_head_end(
+    mut out: Vec<u8>,
+    plain: &PlainHead,
+    via: bool,
+    alt_svc: Option<header::HeaderValue>,
+    keep_alive: bool,
+) -> Vec<u8> {
+    if via {
+        out.extend_from_slice(b"via: 1.1 sluice\r\n");
+    }
+    if let Some(value) = alt_svc.filter(|_| !plain.has_alt_svc) {
+        field(&mut out, "alt-svc", value.as_bytes());
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !plain.has_date {
+        now_date(|d| field(&mut out, "date", d.as_bytes()));
+    }
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 /// The listener's `Alt-Svc` (HTTP/3 offered on a TLS listener) on a response that names none, as
@@ -261,11 +319,19 @@ pub(super) fn ends_chunked(te: Option<&header::HeaderValue>) -> bool {
         .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
 }
 
+/// An upstream response head as the exchange read it.
+pub(super) enum Answer {
+    /// Parsed into a field map (`response_head`).
+    Map(ResponseHead),
+    /// Passed on as it came (`plain_head`): its status line and fields, written for the client.
+    Plain(PlainHead, Vec<u8>),
+}
+
 /// A response head from one server, the connection it came on (its buffer holds the head and,
 /// from `body_at` on, the body bytes read with it), and where that connection goes back to.
 pub(super) struct Exchanged {
     pub(super) conn: UpConn,
-    pub(super) head: ResponseHead,
+    pub(super) head: Answer,
     pub(super) body_at: usize,
     pub(super) length: BodyLength,
     pub(super) pool: Arc<FastPool>,
@@ -273,19 +339,21 @@ pub(super) struct Exchanged {
 }
 
 /// The attempts across the group's servers (`forward::attempt_loop`): no body, so every failure
-/// may move on to the next server.
+/// may move on to the next server. `plain`: a plain response head may be passed on as it came
+/// (`Answer::Plain`), with this hop's `Via` added (`Some(true)`) or not (`Some(false)`).
 pub(super) async fn fetch(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     head: &UpstreamHead,
     key: Option<&[u8]>,
+    plain: Option<bool>,
 ) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
     attempt_loop(budget, route, key, true, None, |server, index, _final| {
         let pool = route.fast.get()?.clone();
         let index = index?;
         let group = route.group.name();
         Some(async move {
-            match pool.exchange(index, server.addr(), head).await {
+            match pool.exchange(index, server.addr(), head, plain).await {
                 Ok((conn, head, body_at, length)) => Ok(Exchanged {
                     conn,
                     head,
@@ -723,7 +791,8 @@ impl FastPool {
         index: usize,
         addr: &str,
         request: &UpstreamHead,
-    ) -> Result<(UpConn, ResponseHead, usize, BodyLength), Failure> {
+        plain: Option<bool>,
+    ) -> Result<(UpConn, Answer, usize, BodyLength), Failure> {
         let mut reused = true;
         loop {
             let mut conn = match self.checkout(index) {
@@ -733,7 +802,7 @@ impl FastPool {
                     self.connect(addr).await?
                 }
             };
-            match round_trip(&mut conn, request, addr).await {
+            match round_trip(&mut conn, request, addr, plain).await {
                 Ok((head, body_at, length)) => return Ok((conn, head, body_at, length)),
                 Err((answered, detail)) => {
                     if reused && !answered {
@@ -843,7 +912,8 @@ async fn round_trip(
     conn: &mut UpConn,
     request: &UpstreamHead,
     server_addr: &str,
-) -> Result<(ResponseHead, usize, BodyLength), (bool, String)> {
+    plain: Option<bool>,
+) -> Result<(Answer, usize, BodyLength), (bool, String)> {
     let head_only = request.method == Method::HEAD;
     conn.buf.clear();
     encode_request_into(&mut conn.buf, request, server_addr);
@@ -869,6 +939,13 @@ async fn round_trip(
             ));
         }
         loop {
+            if let Some(via) = plain {
+                let mut out = Vec::with_capacity(512);
+                if let Some(p) = plain_head::write_plain(&conn.buf[at..], head_only, via, &mut out)
+                {
+                    return Ok((Answer::Plain(p, out), at + p.len, p.length));
+                }
+            }
             match response_head::parse_with(&conn.buf[at..], field_maps::take) {
                 Ok(None) if conn.buf.len() - at >= MAX_RESPONSE_HEAD => {
                     return Err((true, "message head is too large".into()))
@@ -886,7 +963,7 @@ async fn round_trip(
                         .body_length(head_only)
                         .map_err(|_| (true, "invalid content-length parsed".to_string()))?;
                     let body_at = at + head.len;
-                    return Ok((head, body_at, length));
+                    return Ok((Answer::Map(head), body_at, length));
                 }
                 Err(e) => return Err((true, hyper_wording(&e).to_string())),
             }

@@ -71,7 +71,7 @@ impl Reverse {
         let fetched =
             match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
                 Err(e) => Err(e),
-                Ok(head) => fast::fetch(&self.budget, route, &head, key.as_deref())
+                Ok(head) => fast::fetch(&self.budget, route, &head, key.as_deref(), None)
                     .await
                     .map_err(FetchError::into_proxy_error),
             };
@@ -107,13 +107,16 @@ impl Reverse {
             pool,
             index,
         } = exchanged;
-        let ResponseHead {
+        let fast::Answer::Map(ResponseHead {
             status,
             mut headers,
             minor_version,
             close,
             ..
-        } = head;
+        }) = head
+        else {
+            unreachable!("HTTP/2 streams ask for a field map (`fetch` with `plain` None)")
+        };
         let hold = hold_server(route, in_flight, &mut entry);
         // A coded body whose last coding is not `chunked` ends when the server closes
         // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 frames the body itself).

@@ -1,0 +1,391 @@
+//! HTTP/1.1 response heads a proxy may pass on almost as they came: parsed once and written out
+//! field by field (names in lower case, this hop's `Connection: keep-alive` left out) instead of
+//! being built into a field map, edited and encoded again. A head this cannot vouch for gives
+//! `None`, and the caller takes the general path ([`crate::response_head`]). No I/O.
+
+use http::StatusCode;
+
+use crate::response_head::{decimal, BodyLength, MAX_FIELDS};
+
+/// A head [`write_plain`] passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainHead {
+    pub status: StatusCode,
+    /// Bytes the head took, blank line included; what follows is body.
+    pub len: usize,
+    /// `Exact` from its one `Content-Length`, or `Empty` for the answer to HEAD.
+    pub length: BodyLength,
+    /// Its `Connection` field names `close`: the server closes after this response.
+    pub close: bool,
+    /// It has a `Date` field.
+    pub has_date: bool,
+    /// It has an `Alt-Svc` field.
+    pub has_alt_svc: bool,
+}
+
+/// Parses the complete response head at the start of `buf` and, when it is plain, appends its
+/// status line and fields to `out` (no blank line: the caller adds its own fields first).
+///
+/// Plain: HTTP/1.1, a final status other than 101, 204 and 304, exactly one `Content-Length` of
+/// plain digits, no `Transfer-Encoding`, no hop-by-hop field but `Connection` (listing only
+/// `keep-alive` or `close`) and `Keep-Alive` (both left out), no `Via` when `via` is set (the
+/// caller's own is then appended, not merged), and field values without control characters.
+/// Anything else (including an incomplete or malformed head) is `None`, with `out` as it was.
+/// The fields keep their order; a field map would group the values of a repeated name.
+pub fn write_plain(
+    buf: &[u8],
+    head_request: bool,
+    via: bool,
+    out: &mut Vec<u8>,
+) -> Option<PlainHead> {
+    let mut fields =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    ) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return None,
+    };
+    if resp.version != Some(1) {
+        return None;
+    }
+    let status = StatusCode::from_u16(resp.code?).ok()?;
+    let code = status.as_u16();
+    if status.is_informational() || code == 204 || code == 304 {
+        return None;
+    }
+    let start = out.len();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut length = None;
+    let mut close = false;
+    let (mut has_date, mut has_alt_svc) = (false, false);
+    let mut plain = true;
+    for f in resp.headers.iter() {
+        let name = f.name.as_bytes();
+        let value = f.value;
+        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+            plain = false;
+            break;
+        }
+        match Name::of(name) {
+            Name::Other => {}
+            Name::ContentLength => {
+                if length.is_some() {
+                    plain = false;
+                    break;
+                }
+                match decimal(value) {
+                    Some(n) => length = Some(n),
+                    None => {
+                        plain = false;
+                        break;
+                    }
+                }
+            }
+            Name::Connection => {
+                match connection_tokens(value) {
+                    Some(closes) => close |= closes,
+                    None => {
+                        plain = false;
+                        break;
+                    }
+                }
+                continue;
+            }
+            Name::KeepAlive => continue,
+            Name::OtherHop => {
+                plain = false;
+                break;
+            }
+            Name::Via if via => {
+                plain = false;
+                break;
+            }
+            Name::Via => {}
+            Name::Date => has_date = true,
+            Name::AltSvc => has_alt_svc = true,
+        }
+        out.extend(name.iter().map(u8::to_ascii_lowercase));
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    let length = match length {
+        Some(n) if plain => n,
+        _ => {
+            out.truncate(start);
+            return None;
+        }
+    };
+    Some(PlainHead {
+        status,
+        len,
+        length: if head_request {
+            BodyLength::Empty
+        } else {
+            BodyLength::Exact(length)
+        },
+        close,
+        has_date,
+        has_alt_svc,
+    })
+}
+
+/// The field names this path treats apart from the rest.
+enum Name {
+    ContentLength,
+    Connection,
+    KeepAlive,
+    /// Hop-by-hop names other than `Connection` and `Keep-Alive`, and `Transfer-Encoding`.
+    OtherHop,
+    Via,
+    Date,
+    AltSvc,
+    Other,
+}
+
+impl Name {
+    fn of(name: &[u8]) -> Name {
+        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        match name.len() {
+            2 if is("te") => Name::OtherHop,
+            3 if is("via") => Name::Via,
+            4 if is("date") => Name::Date,
+            7 if is("upgrade") || is("trailer") => Name::OtherHop,
+            7 if is("alt-svc") => Name::AltSvc,
+            10 if is("connection") => Name::Connection,
+            10 if is("keep-alive") => Name::KeepAlive,
+            14 if is("content-length") => Name::ContentLength,
+            16 if is("proxy-connection") => Name::OtherHop,
+            17 if is("transfer-encoding") => Name::OtherHop,
+            18 if is("proxy-authenticate") => Name::OtherHop,
+            19 if is("proxy-authorization") => Name::OtherHop,
+            _ => Name::Other,
+        }
+    }
+}
+
+/// A `Connection` value that lists only `keep-alive` and `close` (empty elements allowed):
+/// whether it lists `close`. `None` when it names any other field, which would have to go too.
+fn connection_tokens(value: &[u8]) -> Option<bool> {
+    let mut close = false;
+    for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        if token.eq_ignore_ascii_case(b"close") {
+            close = true;
+        } else if !(token.is_empty() || token.eq_ignore_ascii_case(b"keep-alive")) {
+            return None;
+        }
+    }
+    Some(close)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::response_head;
+
+    fn plain(text: &str, via: bool) -> Option<(PlainHead, String)> {
+        let mut out = b"x".to_vec();
+        let r = write_plain(text.as_bytes(), false, via, &mut out);
+        if r.is_none() {
+            assert_eq!(out, b"x", "a head that is not plain leaves `out` alone");
+        }
+        r.map(|h| (h, String::from_utf8(out[1..].to_vec()).unwrap()))
+    }
+
+    #[test]
+    fn an_origins_usual_head_is_passed_on_without_this_hops_fields() {
+        let raw = "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+                   Content-Type: application/octet-stream\r\nContent-Length: 1024\r\n\
+                   Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"a-1\"\r\n\r\nBODY";
+        let (h, out) = plain(raw, true).unwrap();
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nserver: nginx\r\ndate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+             content-type: application/octet-stream\r\ncontent-length: 1024\r\netag: \"a-1\"\r\n"
+        );
+        assert_eq!(h.len, raw.len() - 4);
+        assert_eq!(h.length, BodyLength::Exact(1024));
+        assert!(h.has_date && !h.has_alt_svc && !h.close);
+        // The same head through the general parser: the same status, length and framing.
+        let g = response_head::parse(raw.as_bytes()).unwrap().unwrap();
+        assert_eq!((g.status, g.len), (h.status, h.len));
+        assert_eq!(g.body_length(false), Ok(h.length));
+        let mut out = Vec::new();
+        let head = write_plain(raw.as_bytes(), true, false, &mut out).unwrap();
+        assert_eq!(
+            head.length,
+            BodyLength::Empty,
+            "the answer to HEAD has no body"
+        );
+    }
+
+    #[test]
+    fn close_is_noted_and_the_reason_is_the_canonical_one() {
+        let (h, out) = plain(
+            "HTTP/1.1 404 Nope\r\nconnection: Keep-Alive, close\r\ncontent-length: 0\r\n\r\n",
+            true,
+        )
+        .unwrap();
+        assert!(h.close);
+        assert_eq!(out, "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n");
+    }
+
+    #[test]
+    fn anything_else_takes_the_general_path() {
+        for raw in [
+            // Incomplete, malformed, another version, no or unusual framing.
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n",
+            "HTTP/1.1 200 OK\r\nContent Length: 1\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: +1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // Interim and bodiless statuses.
+            "HTTP/1.1 100 Continue\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+            // Hop-by-hop fields to strip, and a Connection naming another field.
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: x-secret\r\nX-Secret: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nUpgrade: h2c\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTrailer: x\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTE: trailers\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nProxy-Connection: close\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nProxy-Authenticate: Basic\r\n\r\n",
+            // A Via to merge with this hop's.
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nVia: 1.1 cdn\r\n\r\n",
+            // A control character in a value.
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX-A: a\x7fb\r\n\r\n",
+        ] {
+            assert!(plain(raw, true).is_none(), "{raw:?}");
+        }
+        // Without this hop's Via, an upstream's is passed on as it is.
+        let (_, out) = plain(
+            "HTTP/1.1 200 OK\r\nVia: 1.1 cdn\r\nContent-Length: 1\r\nAlt-Svc: clear\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nvia: 1.1 cdn\r\ncontent-length: 1\r\nalt-svc: clear\r\n"
+        );
+    }
+
+    /// The fields the property below draws from: the names this path treats apart, in any
+    /// case, with good and bad values, and ordinary ones.
+    const FIELDS: &[(&str, &[&str])] = &[
+        (
+            "Content-Length",
+            &["5", "0", " 5", "5, 5", "+5", "x", "99999999999999999999"],
+        ),
+        ("Transfer-Encoding", &["chunked", "gzip"]),
+        (
+            "Connection",
+            &[
+                "keep-alive",
+                "close",
+                "Keep-Alive, close",
+                "x-a",
+                ",",
+                "upgrade",
+            ],
+        ),
+        ("Keep-Alive", &["timeout=5"]),
+        ("TE", &["trailers"]),
+        ("Trailer", &["x-t"]),
+        ("Upgrade", &["h2c"]),
+        ("Proxy-Connection", &["close"]),
+        ("Via", &["1.1 cdn"]),
+        ("Date", &["Thu, 03 Dec 2026 06:00:00 GMT"]),
+        ("Alt-Svc", &["clear"]),
+        ("X-A", &["a", "", "a\tb", "caf\u{e9}", "a\x01b", "a\x7fb"]),
+        ("Set-Cookie", &["k=v"]),
+    ];
+
+    proptest::proptest! {
+        /// Whatever head it passes on, the general parser reads the same status, head length and
+        /// body length from it, and what it wrote parses again to the fields the general path
+        /// keeps: every field but this hop's, values as they were.
+        #[test]
+        fn agrees_with_the_general_parser(
+            code in proptest::sample::select(vec![100u16, 101, 200, 200, 204, 206, 304, 404, 503]),
+            minor in proptest::sample::select(vec![0u8, 1, 1, 1]),
+            // Ordinary fields (and Connection, Keep-Alive) drawn more often than the rest.
+            picks in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![0usize, 1, 2, 2, 2, 3, 3, 4, 5, 6, 7, 8, 9, 9, 10, 11, 11, 11, 12, 12]),
+                    0usize..8,
+                    proptest::bool::ANY,
+                ),
+                0..8,
+            ),
+            head_request in proptest::bool::ANY,
+            via in proptest::bool::ANY,
+            length_at in proptest::option::of(0usize..10),
+            plainish in proptest::bool::ANY,
+        ) {
+            // Half the heads are near-plain: a final status, one length, and only fields this
+            // path may pass on or leave out (some values still bad).
+            let (code, minor) = if plainish { (200 + code % 7, 1) } else { (code, minor) };
+            let length_at = if plainish { Some(length_at.unwrap_or(0) % (picks.len() + 1)) } else { length_at };
+            let mut raw = format!("HTTP/1.{minor} {code} Whatever\r\n");
+            for (i, (f, v, upper)) in picks.iter().enumerate() {
+                // Most plain heads have their one length among other fields.
+                if length_at == Some(i) {
+                    raw.push_str("Content-Length: 7\r\n");
+                }
+                let (f, v) = if plainish {
+                    ([2, 3, 9, 10, 11, 12][f % 6], if *f % 6 == 0 { v % 2 } else { *v })
+                } else {
+                    (*f, *v)
+                };
+                let (name, values) = FIELDS[f];
+                let name = if *upper { name.to_ascii_uppercase() } else { name.to_ascii_lowercase() };
+                raw.push_str(&format!("{name}: {}\r\n", values[v % values.len()]));
+            }
+            if length_at == Some(picks.len()) {
+                raw.push_str("Content-Length: 7\r\n");
+            }
+            raw.push_str("\r\n");
+            let mut out = Vec::new();
+            let Some(plain) = write_plain(raw.as_bytes(), head_request, via, &mut out) else {
+                proptest::prop_assert!(out.is_empty());
+                return Ok(());
+            };
+            let general = response_head::parse(raw.as_bytes()).unwrap().unwrap();
+            proptest::prop_assert_eq!((general.status, general.len), (plain.status, plain.len));
+            proptest::prop_assert_eq!(general.body_length(head_request), Ok(plain.length));
+            proptest::prop_assert_eq!(general.minor_version, 1);
+            proptest::prop_assert_eq!(general.close, plain.close);
+            out.extend_from_slice(b"\r\n");
+            let again = response_head::parse(&out).unwrap().unwrap();
+            let mut kept = general.headers.clone();
+            crate::hop::strip_hop_by_hop(&mut kept, false);
+            proptest::prop_assert_eq!(again.headers, kept);
+        }
+    }
+
+    #[test]
+    fn what_it_writes_parses_to_the_general_parsers_fields_in_order() {
+        let raw = "HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nX-B: 2\r\nSet-Cookie: b=2\r\n\
+                   X-Obs: café\tok\r\nContent-Length: 3\r\n\r\n";
+        let (_, mut out) = plain(raw, true).unwrap();
+        out.push_str("\r\n");
+        let again = response_head::parse(out.as_bytes()).unwrap().unwrap();
+        let first = response_head::parse(raw.as_bytes()).unwrap().unwrap();
+        assert_eq!(again.headers, first.headers);
+        // The order is the upstream's, not a map's grouping.
+        assert!(out.contains("set-cookie: a=1\r\nx-b: 2\r\nset-cookie: b=2\r\n"));
+    }
+}
