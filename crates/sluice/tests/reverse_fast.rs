@@ -357,7 +357,7 @@ async fn plain_response_heads_are_the_field_map_paths_byte_for_byte() {
         out
     });
     let (origin, _, accepted) = counting_origin(answer).await;
-    // Sorted `date:` lines aside (sluice's own is this second's), the head as text.
+    // The head as text, without a `date:` line sluice added (its own is this second's).
     let head_of = |r: &Raw| {
         let has_date = r.head.contains("Thu, 03 Dec 2026");
         r.head
