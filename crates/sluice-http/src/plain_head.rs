@@ -58,6 +58,9 @@ pub fn write_plain(
         return None;
     }
     let start = out.len();
+    // Room for the head and the few fields the caller appends: no allocation before the head is
+    // known complete and final, and none again while it is written.
+    out.reserve(len + 128);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');

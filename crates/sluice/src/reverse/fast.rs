@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::dial::{self, EagerStream};
+use super::forward::via_value;
 use super::forward::{
     attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, ClientHost,
     Done, Downstream, FetchError, UpstreamHead,
@@ -147,10 +148,7 @@ impl Reverse {
             pool,
             index,
         } = exchanged;
-        let status = match &head {
-            Answer::Map(h) => h.status.as_u16(),
-            Answer::Plain(h, _) => h.status.as_u16(),
-        };
+        let status = head.status().as_u16();
         let hold = hold_server(route, in_flight, &mut entry);
         let mut done = Done {
             access_log: self.access_log.clone(),
@@ -277,13 +275,13 @@ fn plain_head_end(
     keep_alive: bool,
 ) -> Vec<u8> {
     if via {
-        out.extend_from_slice(b"via: 1.1 sluice\r\n");
+        field(&mut out, "via", via_value(Version::HTTP_11).as_bytes());
     }
     if let Some(value) = alt_svc.filter(|_| !plain.has_alt_svc) {
         field(&mut out, "alt-svc", value.as_bytes());
     }
     if !keep_alive {
-        out.extend_from_slice(b"connection: close\r\n");
+        field(&mut out, "connection", b"close");
     }
     if !plain.has_date {
         now_date(|d| field(&mut out, "date", d.as_bytes()));
@@ -325,6 +323,15 @@ pub(super) enum Answer {
     Map(ResponseHead),
     /// Passed on as it came (`plain_head`): its status line and fields, written for the client.
     Plain(PlainHead, Vec<u8>),
+}
+
+impl Answer {
+    pub(super) fn status(&self) -> StatusCode {
+        match self {
+            Answer::Map(h) => h.status,
+            Answer::Plain(h, _) => h.status,
+        }
+    }
 }
 
 /// A response head from one server, the connection it came on (its buffer holds the head and,
@@ -940,7 +947,7 @@ async fn round_trip(
         }
         loop {
             if let Some(via) = plain {
-                let mut out = Vec::with_capacity(512);
+                let mut out = Vec::new();
                 if let Some(p) = plain_head::write_plain(&conn.buf[at..], head_only, via, &mut out)
                 {
                     return Ok((Answer::Plain(p, out), at + p.len, p.length));

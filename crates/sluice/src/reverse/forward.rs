@@ -1080,7 +1080,7 @@ fn text(headers: &HeaderMap, name: header::HeaderName) -> Option<String> {
 }
 
 /// This hop's `Via` element for a response of version `v`.
-fn via_value(v: Version) -> &'static str {
+pub(super) fn via_value(v: Version) -> &'static str {
     match v {
         Version::HTTP_09 => "0.9 sluice",
         Version::HTTP_10 => "1.0 sluice",
