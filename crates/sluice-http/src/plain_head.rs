@@ -38,6 +38,54 @@ pub fn write_plain(
     via: bool,
     out: &mut Vec<u8>,
 ) -> Option<PlainHead> {
+    plain(buf, head_request, via, Form::H1, out).map(|p| p.head)
+}
+
+/// A head [`write_plain_hpack`] passed on, with the fields it left to the caller's field map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainHpack<'b> {
+    pub head: PlainHead,
+    /// Its one `Content-Length` (also for the answer to HEAD, whose `head.length` is `Empty`).
+    pub content_length: u64,
+    /// Its `Date` value, when it has one.
+    pub date: Option<&'b [u8]>,
+    /// Its `Alt-Svc` value, when it has one.
+    pub alt_svc: Option<&'b [u8]>,
+}
+
+/// [`write_plain`] for an HTTP/2 response: the same test of plainness, but each field passed on is
+/// appended to `out` as an HPACK field line (RFC 7541: a literal without indexing, with the static
+/// table's name index where the name has one, names in lower case, nothing Huffman-coded), ready
+/// to follow the status in a header block, and no status line.
+///
+/// `Content-Length`, `Date` and `Alt-Svc` are not written: they are returned, for the response's
+/// field map, where the HTTP/2 server and the listener look for them. A value that begins or ends
+/// with a space or tab, which HTTP/2 forbids (RFC 9113 section 8.2.1), makes the head not plain.
+pub fn write_plain_hpack<'b>(
+    buf: &'b [u8],
+    head_request: bool,
+    via: bool,
+    out: &mut Vec<u8>,
+) -> Option<PlainHpack<'b>> {
+    plain(buf, head_request, via, Form::Hpack, out)
+}
+
+/// How [`plain`] writes what it passes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// An HTTP/1.1 status line and `name: value` lines.
+    H1,
+    /// HPACK field lines, without the fields [`PlainHpack`] returns.
+    Hpack,
+}
+
+fn plain<'b>(
+    buf: &'b [u8],
+    head_request: bool,
+    via: bool,
+    form: Form,
+    out: &mut Vec<u8>,
+) -> Option<PlainHpack<'b>> {
     let mut fields =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut resp = httparse::Response::new(&mut []);
@@ -61,14 +109,16 @@ pub fn write_plain(
     // Room for the head and the few fields the caller appends: no allocation before the head is
     // known complete and final, and none again while it is written.
     out.reserve(len + 128);
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
-    out.extend_from_slice(b"\r\n");
+    if form == Form::H1 {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     let mut length = None;
     let mut close = false;
-    let (mut has_date, mut has_alt_svc) = (false, false);
+    let (mut date, mut alt_svc) = (None, None);
     let mut plain = true;
     for f in resp.headers.iter() {
         let name = f.name.as_bytes();
@@ -77,7 +127,8 @@ pub fn write_plain(
             plain = false;
             break;
         }
-        match Name::of(name) {
+        let kind = Name::of(name);
+        match kind {
             Name::Other => {}
             Name::ContentLength => {
                 if length.is_some() {
@@ -112,13 +163,27 @@ pub fn write_plain(
                 break;
             }
             Name::Via => {}
-            Name::Date => has_date = true,
-            Name::AltSvc => has_alt_svc = true,
+            Name::Date => date = Some(value),
+            Name::AltSvc => alt_svc = Some(value),
         }
-        out.extend(name.iter().map(u8::to_ascii_lowercase));
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
+        match form {
+            Form::H1 => {
+                out.extend(name.iter().map(u8::to_ascii_lowercase));
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+            }
+            Form::Hpack => {
+                if matches!(value.first().zip(value.last()), Some((a, z)) if is_blank(*a) || is_blank(*z))
+                {
+                    plain = false;
+                    break;
+                }
+                if !matches!(kind, Name::ContentLength | Name::Date | Name::AltSvc) {
+                    hpack_field(out, name, value);
+                }
+            }
+        }
     }
     let length = match length {
         Some(n) if plain => n,
@@ -127,7 +192,7 @@ pub fn write_plain(
             return None;
         }
     };
-    Some(PlainHead {
+    let head = PlainHead {
         status,
         len,
         length: if head_request {
@@ -136,8 +201,111 @@ pub fn write_plain(
             BodyLength::Exact(length)
         },
         close,
-        has_date,
-        has_alt_svc,
+        has_date: date.is_some(),
+        has_alt_svc: alt_svc.is_some(),
+    };
+    Some(PlainHpack {
+        head,
+        content_length: length,
+        date,
+        alt_svc,
+    })
+}
+
+fn is_blank(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+/// Appends one HPACK field line for `name` (any case; written in lower case) and `value`: a
+/// literal without indexing (RFC 7541 section 6.2.2), with the static table's index for the name
+/// when it has one, else the name as a literal; neither string Huffman-coded.
+pub fn hpack_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    match static_name_index(name) {
+        Some(index) => hpack_int(out, 0x00, 4, index),
+        None => {
+            out.push(0x00);
+            hpack_int(out, 0x00, 7, name.len());
+            out.extend(name.iter().map(u8::to_ascii_lowercase));
+        }
+    }
+    hpack_int(out, 0x00, 7, value.len());
+    out.extend_from_slice(value);
+}
+
+/// An HPACK integer (RFC 7541 section 5.1) in an `prefix`-bit prefix, the byte's other bits
+/// `flags`.
+fn hpack_int(out: &mut Vec<u8>, flags: u8, prefix: u32, mut n: usize) {
+    let max = (1usize << prefix) - 1;
+    if n < max {
+        out.push(flags | n as u8);
+        return;
+    }
+    out.push(flags | max as u8);
+    n -= max;
+    while n >= 0x80 {
+        out.push(0x80 | (n & 0x7f) as u8);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// The first index of `name` (any case) in HPACK's static table (RFC 7541 Appendix A), for the
+/// regular field names it has.
+fn static_name_index(name: &[u8]) -> Option<usize> {
+    let mut lower = [0u8; 27];
+    let lower = lower.get_mut(..name.len())?;
+    for (l, b) in lower.iter_mut().zip(name) {
+        *l = b.to_ascii_lowercase();
+    }
+    Some(match &*lower {
+        b"accept-charset" => 15,
+        b"accept-encoding" => 16,
+        b"accept-language" => 17,
+        b"accept-ranges" => 18,
+        b"accept" => 19,
+        b"access-control-allow-origin" => 20,
+        b"age" => 21,
+        b"allow" => 22,
+        b"authorization" => 23,
+        b"cache-control" => 24,
+        b"content-disposition" => 25,
+        b"content-encoding" => 26,
+        b"content-language" => 27,
+        b"content-length" => 28,
+        b"content-location" => 29,
+        b"content-range" => 30,
+        b"content-type" => 31,
+        b"cookie" => 32,
+        b"date" => 33,
+        b"etag" => 34,
+        b"expect" => 35,
+        b"expires" => 36,
+        b"from" => 37,
+        b"host" => 38,
+        b"if-match" => 39,
+        b"if-modified-since" => 40,
+        b"if-none-match" => 41,
+        b"if-range" => 42,
+        b"if-unmodified-since" => 43,
+        b"last-modified" => 44,
+        b"link" => 45,
+        b"location" => 46,
+        b"max-forwards" => 47,
+        b"proxy-authenticate" => 48,
+        b"proxy-authorization" => 49,
+        b"range" => 50,
+        b"referer" => 51,
+        b"refresh" => 52,
+        b"retry-after" => 53,
+        b"server" => 54,
+        b"set-cookie" => 55,
+        b"strict-transport-security" => 56,
+        b"transfer-encoding" => 57,
+        b"user-agent" => 58,
+        b"vary" => 59,
+        b"via" => 60,
+        b"www-authenticate" => 61,
+        _ => return None,
     })
 }
 
@@ -362,10 +530,29 @@ mod tests {
             }
             raw.push_str("\r\n");
             let mut out = Vec::new();
+            let mut hpack = Vec::new();
+            let h2 = write_plain_hpack(raw.as_bytes(), head_request, via, &mut hpack);
             let Some(plain) = write_plain(raw.as_bytes(), head_request, via, &mut out) else {
                 proptest::prop_assert!(out.is_empty());
+                proptest::prop_assert!(h2.is_none() && hpack.is_empty());
                 return Ok(());
             };
+            // The HPACK form passes on the same heads, and the same fields but the three it
+            // leaves to the caller's map.
+            proptest::prop_assert!(h2.is_some());
+            if let Some(h2) = h2 {
+                proptest::prop_assert_eq!(h2.head, plain);
+                let g = response_head::parse(raw.as_bytes()).unwrap().unwrap();
+                let mut want: Vec<(String, Vec<u8>)> = g.headers.iter()
+                    .filter(|(n, _)| !matches!(n.as_str(), "content-length" | "date" | "alt-svc"
+                        | "connection" | "keep-alive"))
+                    .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+                    .collect();
+                let mut got = decode(&hpack);
+                want.sort();
+                got.sort();
+                proptest::prop_assert_eq!(got, want);
+            }
             let general = response_head::parse(raw.as_bytes()).unwrap().unwrap();
             proptest::prop_assert_eq!((general.status, general.len), (plain.status, plain.len));
             proptest::prop_assert_eq!(general.body_length(head_request), Ok(plain.length));
@@ -376,6 +563,192 @@ mod tests {
             let mut kept = general.headers.clone();
             crate::hop::strip_hop_by_hop(&mut kept, false);
             proptest::prop_assert_eq!(again.headers, kept);
+        }
+    }
+
+    /// RFC 7541 Appendix A's names, written out apart from the encoder's table.
+    const STATIC_NAMES: [&str; 62] = [
+        "",
+        ":authority",
+        ":method",
+        ":method",
+        ":path",
+        ":path",
+        ":scheme",
+        ":scheme",
+        ":status",
+        ":status",
+        ":status",
+        ":status",
+        ":status",
+        ":status",
+        ":status",
+        "accept-charset",
+        "accept-encoding",
+        "accept-language",
+        "accept-ranges",
+        "accept",
+        "access-control-allow-origin",
+        "age",
+        "allow",
+        "authorization",
+        "cache-control",
+        "content-disposition",
+        "content-encoding",
+        "content-language",
+        "content-length",
+        "content-location",
+        "content-range",
+        "content-type",
+        "cookie",
+        "date",
+        "etag",
+        "expect",
+        "expires",
+        "from",
+        "host",
+        "if-match",
+        "if-modified-since",
+        "if-none-match",
+        "if-range",
+        "if-unmodified-since",
+        "last-modified",
+        "link",
+        "location",
+        "max-forwards",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "range",
+        "referer",
+        "refresh",
+        "retry-after",
+        "server",
+        "set-cookie",
+        "strict-transport-security",
+        "transfer-encoding",
+        "user-agent",
+        "vary",
+        "via",
+        "www-authenticate",
+    ];
+
+    /// Decodes field lines of the forms `hpack_field` writes (and refuses any other byte).
+    fn decode(mut b: &[u8]) -> Vec<(String, Vec<u8>)> {
+        fn int(b: &mut &[u8], prefix: u32) -> usize {
+            let max = (1usize << prefix) - 1;
+            let mut n = usize::from(b[0]) & max;
+            *b = &b[1..];
+            if n == max {
+                let mut shift = 0;
+                loop {
+                    let x = b[0];
+                    *b = &b[1..];
+                    n += usize::from(x & 0x7f) << shift;
+                    shift += 7;
+                    if x & 0x80 == 0 {
+                        break;
+                    }
+                }
+            }
+            n
+        }
+        fn string(b: &mut &[u8]) -> Vec<u8> {
+            assert_eq!(b[0] & 0x80, 0, "not Huffman-coded");
+            let n = int(b, 7);
+            let s = b[..n].to_vec();
+            *b = &b[n..];
+            s
+        }
+        let mut fields = Vec::new();
+        while !b.is_empty() {
+            assert_eq!(b[0] & 0xf0, 0, "a literal without indexing");
+            let index = int(&mut b, 4);
+            let name = if index == 0 {
+                String::from_utf8(string(&mut b)).unwrap()
+            } else {
+                STATIC_NAMES[index].to_string()
+            };
+            fields.push((name, string(&mut b)));
+        }
+        fields
+    }
+
+    #[test]
+    fn hpack_integers_and_lines_are_rfc_7541s() {
+        // C.1.1 and C.1.2: 10 and 1337 in a 5-bit prefix.
+        let mut out = Vec::new();
+        hpack_int(&mut out, 0, 5, 10);
+        hpack_int(&mut out, 0, 5, 1337);
+        assert_eq!(out, [0x0a, 0x1f, 0x9a, 0x0a]);
+        // A static name (etag = 34 = 15 + 19 past the 4-bit prefix), then a literal one.
+        let mut out = Vec::new();
+        hpack_field(&mut out, b"ETag", b"\"a-1\"");
+        hpack_field(&mut out, b"X-A", b"1");
+        assert_eq!(out, b"\x0f\x13\x05\"a-1\"\x00\x03x-a\x011");
+        // A value of 127 bytes or more takes a second length byte.
+        let mut out = Vec::new();
+        hpack_field(&mut out, b"server", &[b'a'; 200]);
+        assert_eq!(out[..4], [0x0f, 54 - 15, 0x7f, 200 - 127]);
+        assert_eq!(decode(&out), vec![("server".to_string(), vec![b'a'; 200])]);
+        for (i, name) in STATIC_NAMES.iter().enumerate().skip(15) {
+            if STATIC_NAMES[..i].contains(name) {
+                continue;
+            }
+            assert_eq!(
+                static_name_index(name.to_uppercase().as_bytes()),
+                Some(i),
+                "{name}"
+            );
+        }
+        assert_eq!(static_name_index(b"x-not-in-the-table"), None);
+        assert_eq!(
+            static_name_index(b"a-name-longer-than-any-in-the-table"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_hpack_form_leaves_the_framing_and_listener_fields_to_the_map() {
+        let raw = "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+                   Content-Type: application/octet-stream\r\nContent-Length: 1024\r\n\
+                   Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"a-1\"\r\n\
+                   Alt-Svc: clear\r\nX-Long: caf\u{e9}\r\n\r\nBODY";
+        let mut out = b"x".to_vec();
+        let p = write_plain_hpack(raw.as_bytes(), false, true, &mut out).unwrap();
+        assert_eq!(p.head.len, raw.len() - 4);
+        assert_eq!(p.head.length, BodyLength::Exact(1024));
+        assert_eq!(p.content_length, 1024);
+        assert_eq!(p.date, Some(&b"Thu, 03 Dec 2026 06:00:00 GMT"[..]));
+        assert_eq!(p.alt_svc, Some(&b"clear"[..]));
+        assert_eq!(
+            decode(&out[1..]),
+            [
+                ("server", "nginx".as_bytes()),
+                ("content-type", b"application/octet-stream"),
+                ("etag", b"\"a-1\""),
+                ("x-long", "caf\u{e9}".as_bytes()),
+            ]
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+        );
+        let mut out = Vec::new();
+        let p = write_plain_hpack(raw.as_bytes(), true, true, &mut out).unwrap();
+        assert_eq!((p.head.length, p.content_length), (BodyLength::Empty, 1024));
+        // The parser trims a value's blank edges, which HTTP/2 forbids.
+        let mut out = Vec::new();
+        let trimmed = "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX-A: \t a \t\r\n\r\n";
+        write_plain_hpack(trimmed.as_bytes(), false, true, &mut out).unwrap();
+        assert_eq!(decode(&out), [("x-a".to_string(), b"a".to_vec())]);
+        // Anything `write_plain` refuses is not plain here either.
+        for raw in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nVia: 1.1 cdn\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let mut out = b"x".to_vec();
+            assert!(
+                write_plain_hpack(raw.as_bytes(), false, true, &mut out).is_none(),
+                "{raw:?}"
+            );
+            assert_eq!(out, b"x");
         }
     }
 

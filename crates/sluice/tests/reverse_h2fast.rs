@@ -96,6 +96,14 @@ response_headers_add = {{ "x-served-by" = "sluice" }}
 response_headers_remove = ["x-internal"]
 header_timeout_secs = 2
 idle_timeout_secs = 2
+
+# No response field edits: a plain head goes out as HPACK lines (`plain_head`).
+[[routes]]
+path = "/plain"
+upstream = "app"
+strip_prefix = true
+header_timeout_secs = 2
+idle_timeout_secs = 2
 "#
     ));
     c.reverse.h2_fast_path = fast;
@@ -123,7 +131,7 @@ impl Answered {
             .headers
             .iter()
             .filter(|(k, _)| *k != "date")
-            .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap()))
+            .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
             .collect();
         f.sort();
         f
@@ -233,10 +241,29 @@ fn sized(target: &str) -> Option<usize> {
     path.strip_prefix("/n/")?.parse().ok()
 }
 
+/// A head the fast path may pass on as it came (`plain_head`): one length, only this hop's
+/// connection fields to leave out, repeated and long fields, an `Alt-Svc` and a `Date` for the map.
+fn plain_answer(body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\nServer: o\r\nSet-Cookie: a=1\r\nContent-Type: text/plain\r\n\
+         Date: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: {}\r\nSet-Cookie: b=2\r\n\
+         Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"e\"\r\nAlt-Svc: clear\r\n\
+         X-Long: {}\r\nCache-Control: max-age=60\r\nX-Obs: caf\u{e9}\r\n\r\n",
+        body.len(),
+        "v".repeat(300)
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
 fn answers() -> Answer {
     Arc::new(|t: &str| {
         if let Some(n) = sized(t) {
             return counted(&pattern(n), "");
+        }
+        if let Some(n) = t.strip_prefix("/p/").and_then(|n| n.parse().ok()) {
+            return plain_answer(&pattern(n));
         }
         match t {
             "/chunked" => chunked(&pattern(300_000), 70_000, "X-Sum: abc\r\nGrpc-Status: 0\r\n"),
@@ -379,6 +406,76 @@ async fn counted_bodies_arrive_whole_by_hash() {
         }
         assert_eq!(got[0].0.fields(), got[1].0.fields(), "{n}");
     }
+}
+
+#[tokio::test]
+async fn plain_heads_go_out_as_hpack_lines_with_the_hyper_paths_fields() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    for (method, path) in [
+        ("GET", "/plain/p/1024".to_string()),
+        ("GET", "/plain/p/0".to_string()),
+        ("GET", format!("/plain/p/{}", 7 * 1024 * 1024)),
+        ("HEAD", "/plain/p/1024".to_string()),
+        ("HEAD", "/plain/head".to_string()),
+        ("GET", "/plain/missing".to_string()),
+    ] {
+        let got = both_ways(origin, &heads, method, &path, &[]).await;
+        let n = sized(&path.replace("/plain/p/", "/n/")).unwrap_or(0);
+        for (a, _) in &got {
+            let body = a.body.as_ref().unwrap();
+            if method == "GET" && path.contains("/p/") {
+                assert_eq!(a.status, StatusCode::OK);
+                assert_eq!(sha256(body), sha256(&pattern(n)), "{path}");
+                assert_eq!(a.headers["content-length"], n.to_string().as_str());
+            } else {
+                assert!(body.is_empty(), "{method} {path}");
+            }
+        }
+        assert_eq!(got[0].0.fields(), got[1].0.fields(), "{method} {path}");
+        assert_eq!(got[0].0.headers["date"], got[1].0.headers["date"]);
+        // The HPACK path puts the map's fields first: the origin's order shows the map path.
+        let first = |a: &Answered| a.headers.keys().next().unwrap().as_str().to_string();
+        assert_eq!(first(&got[0].0), "content-length", "{method} {path}");
+        if path.contains("/p/") {
+            assert_eq!(first(&got[1].0), "server", "{method} {path}");
+            let a = &got[0].0;
+            assert_eq!(a.headers["via"], "1.1 sluice");
+            assert_eq!(a.headers["alt-svc"], "clear");
+            assert_eq!(a.headers["x-long"], "v".repeat(300).as_str());
+            assert_eq!(a.headers["x-obs"].as_bytes(), "caf\u{e9}".as_bytes());
+            let cookies: Vec<_> = a.headers.get_all("set-cookie").iter().collect();
+            assert_eq!(cookies, ["a=1", "b=2"]);
+            assert!(a.headers.get("connection").is_none() && a.headers.get("keep-alive").is_none());
+        }
+    }
+    // Many plain answers on one connection: every stream whole, the same fields each time.
+    let p = Proxy::start(proxy_config(origin, true)).await;
+    let mut send = h2(&p).await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let mut send = send.clone();
+        let p_addr = p.addr;
+        tasks.push(tokio::spawn(async move {
+            let n = 1000 + i * 97;
+            let req = http::Request::builder()
+                .uri(format!("http://h2.test/plain/p/{n}"))
+                .body(full(Bytes::new()))
+                .unwrap();
+            let resp = send.send_request(req).await.unwrap();
+            let _ = p_addr;
+            let fields = resp.headers().len();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(sha256(&body), sha256(&pattern(n)));
+            fields
+        }));
+    }
+    for t in tasks {
+        // content-length, date, alt-svc; server, 2 set-cookie, content-type, etag, x-long,
+        // cache-control, x-obs; via.
+        assert_eq!(t.await.unwrap(), 12);
+    }
+    let a = ask(&mut send, &p, "GET", "/plain/p/10", &[]).await;
+    assert_eq!(a.body.unwrap(), pattern(10));
 }
 
 #[tokio::test]

@@ -53,3 +53,13 @@ impl fmt::Debug for Protocol {
         self.value.fmt(f)
     }
 }
+
+/// Response field lines a server has already HPACK-encoded, put in a response's extensions: sent
+/// after the response's own fields in the same header block.
+///
+/// Each line must be a complete representation that does not touch the dynamic table: a literal
+/// field line without indexing or never indexed (RFC 7541 sections 6.2.2 and 6.2.3), with a static
+/// table name index or a literal lower-case name. The lines are not checked: they must not carry a
+/// pseudo-header, a connection-specific field, or a field the response's map also has.
+#[derive(Clone, Debug)]
+pub struct EncodedFields(pub Bytes);

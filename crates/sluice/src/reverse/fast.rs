@@ -113,8 +113,10 @@ impl Reverse {
         let head = self.upstream_head(route, client_head, req.headers, path, down, false);
         // On a route without response field edits, a plain response head is passed on as it
         // came (`plain_head`); any other takes the field map.
-        let plain = (route.resp_add.is_empty() && route.resp_remove.is_empty())
-            .then_some(self.settings.via);
+        let plain = (route.resp_add.is_empty() && route.resp_remove.is_empty()).then_some(Plain {
+            via: self.settings.via,
+            hpack: false,
+        });
         let fetched = match head {
             Err(e) => Err(e),
             Ok(head) => {
@@ -166,6 +168,7 @@ impl Reverse {
                 let out = plain_head_end(out, &plain, self.settings.via, alt_svc, keep_alive);
                 (length, keep_alive, !plain.close, out)
             }
+            Answer::Hpack(..) => unreachable!("asked for the HTTP/1.1 form"),
             Answer::Map(head) => {
                 let reusable = head.minor_version == 1 && !head.close;
                 let (length, keep_alive, out) = self.map_head(route, head, length, alt_svc, close);
@@ -323,15 +326,27 @@ pub(super) enum Answer {
     Map(ResponseHead),
     /// Passed on as it came (`plain_head`): its status line and fields, written for the client.
     Plain(PlainHead, Vec<u8>),
+    /// Passed on as it came, for an HTTP/2 client (`plain_head::write_plain_hpack`): its fields as
+    /// HPACK field lines, but for `Content-Length`, `Date` and `Alt-Svc`, which are in the map.
+    Hpack(PlainHead, Vec<u8>, HeaderMap),
 }
 
 impl Answer {
     pub(super) fn status(&self) -> StatusCode {
         match self {
             Answer::Map(h) => h.status,
-            Answer::Plain(h, _) => h.status,
+            Answer::Plain(h, _) | Answer::Hpack(h, ..) => h.status,
         }
     }
+}
+
+/// A plain response head may be passed on as it came: written for an HTTP/1.1 client
+/// (`Answer::Plain`) or, with `hpack`, an HTTP/2 one (`Answer::Hpack`), with this hop's `Via`
+/// added (`via`) or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Plain {
+    pub(super) via: bool,
+    pub(super) hpack: bool,
 }
 
 /// A response head from one server, the connection it came on (its buffer holds the head and,
@@ -346,14 +361,14 @@ pub(super) struct Exchanged {
 }
 
 /// The attempts across the group's servers (`forward::attempt_loop`): no body, so every failure
-/// may move on to the next server. `plain`: a plain response head may be passed on as it came
-/// (`Answer::Plain`), with this hop's `Via` added (`Some(true)`) or not (`Some(false)`).
+/// may move on to the next server. `plain`: whether and how a plain response head may be passed
+/// on as it came.
 pub(super) async fn fetch(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     head: &UpstreamHead,
     key: Option<&[u8]>,
-    plain: Option<bool>,
+    plain: Option<Plain>,
 ) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
     attempt_loop(budget, route, key, true, None, |server, index, _final| {
         let pool = route.fast.get()?.clone();
@@ -798,7 +813,7 @@ impl FastPool {
         index: usize,
         addr: &str,
         request: &UpstreamHead,
-        plain: Option<bool>,
+        plain: Option<Plain>,
     ) -> Result<(UpConn, Answer, usize, BodyLength), Failure> {
         let mut reused = true;
         loop {
@@ -919,7 +934,7 @@ async fn round_trip(
     conn: &mut UpConn,
     request: &UpstreamHead,
     server_addr: &str,
-    plain: Option<bool>,
+    plain: Option<Plain>,
 ) -> Result<(Answer, usize, BodyLength), (bool, String)> {
     let head_only = request.method == Method::HEAD;
     conn.buf.clear();
@@ -946,12 +961,26 @@ async fn round_trip(
             ));
         }
         loop {
-            if let Some(via) = plain {
-                let mut out = Vec::new();
-                if let Some(p) = plain_head::write_plain(&conn.buf[at..], head_only, via, &mut out)
-                {
-                    return Ok((Answer::Plain(p, out), at + p.len, p.length));
+            match plain {
+                Some(Plain { via, hpack: false }) => {
+                    let mut out = Vec::new();
+                    if let Some(p) =
+                        plain_head::write_plain(&conn.buf[at..], head_only, via, &mut out)
+                    {
+                        return Ok((Answer::Plain(p, out), at + p.len, p.length));
+                    }
                 }
+                Some(Plain { via, hpack: true }) => {
+                    let mut out = Vec::new();
+                    if let Some(p) =
+                        plain_head::write_plain_hpack(&conn.buf[at..], head_only, via, &mut out)
+                    {
+                        let map = hpack_map(&p);
+                        let head = p.head;
+                        return Ok((Answer::Hpack(head, out, map), at + head.len, head.length));
+                    }
+                }
+                None => {}
             }
             match response_head::parse_with(&conn.buf[at..], field_maps::take) {
                 Ok(None) if conn.buf.len() - at >= MAX_RESPONSE_HEAD => {
@@ -976,6 +1005,23 @@ async fn round_trip(
             }
         }
     }
+}
+
+/// The fields of a plain head that stay in the HTTP/2 response's map: its length (which hyper's
+/// server would otherwise set from the body) and its `Date` and `Alt-Svc` (which hyper's server and
+/// the listener add when the map has none).
+fn hpack_map(p: &plain_head::PlainHpack<'_>) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(2 + usize::from(p.alt_svc.is_some()));
+    map.insert(header::CONTENT_LENGTH, p.content_length.into());
+    // (Checked by `write_plain_hpack`: no control characters.)
+    let value = |v: &[u8]| header::HeaderValue::from_bytes(v).ok();
+    if let Some(date) = p.date.and_then(value) {
+        map.insert(header::DATE, date);
+    }
+    if let Some(alt_svc) = p.alt_svc.and_then(value) {
+        map.insert(header::ALT_SVC, alt_svc);
+    }
+    map
 }
 
 /// What hyper's client says of a response head it cannot parse.

@@ -12,10 +12,10 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap};
-use http::{Method, Request, Response, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-use sluice_http::chunked;
 use sluice_http::response_head::{BodyLength, ResponseHead};
+use sluice_http::{chunked, plain_head};
 use tokio::time::Instant;
 
 use super::access_log::Entry;
@@ -68,10 +68,17 @@ impl Reverse {
         let (mut parts, _) = req.into_parts();
         // The client's fields move into the upstream head: no copy of the map.
         let fields = std::mem::take(&mut parts.headers);
+        // On a route without response field edits, a plain response head is passed on as HPACK
+        // field lines (`plain_head::write_plain_hpack`); any other takes the field map.
+        let plain =
+            (route.resp_add.is_empty() && route.resp_remove.is_empty()).then_some(fast::Plain {
+                via: self.settings.via,
+                hpack: true,
+            });
         let fetched =
             match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
                 Err(e) => Err(e),
-                Ok(head) => fast::fetch(&self.budget, route, &head, key.as_deref(), None)
+                Ok(head) => fast::fetch(&self.budget, route, &head, key.as_deref(), plain)
                     .await
                     .map_err(FetchError::into_proxy_error),
             };
@@ -107,42 +114,24 @@ impl Reverse {
             pool,
             index,
         } = exchanged;
-        let fast::Answer::Map(ResponseHead {
-            status,
-            mut headers,
-            minor_version,
-            close,
-            ..
-        }) = head
-        else {
-            unreachable!("HTTP/2 streams ask for a field map (`fetch` with `plain` None)")
-        };
         let hold = hold_server(route, in_flight, &mut entry);
-        // A coded body whose last coding is not `chunked` ends when the server closes
-        // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 frames the body itself).
-        let length = match length {
-            BodyLength::Coded if !fast::ends_chunked(headers.get(header::TRANSFER_ENCODING)) => {
-                BodyLength::UntilClose
+        let (status, headers, length, reusable, encoded) = match head {
+            fast::Answer::Hpack(plain, mut encoded, map) => {
+                // Plain: HTTP/1.1, counted, no field of this hop's to strip and none to edit.
+                if self.settings.via {
+                    let via = super::forward::via_value(Version::HTTP_11);
+                    plain_head::hpack_field(&mut encoded, b"via", via.as_bytes());
+                }
+                (plain.status, map, length, !plain.close, Some(encoded))
             }
-            other => other,
+            fast::Answer::Map(head) => {
+                let (status, headers, length, reusable) = self.map_fields(route, head, length);
+                (status, headers, length, reusable, None)
+            }
+            fast::Answer::Plain(..) => {
+                unreachable!("HTTP/2 streams ask for the HPACK form or a field map")
+            }
         };
-        let reusable = minor_version == 1 && !close;
-        let version = if minor_version == 0 {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        };
-        self.response_fields(route, &mut headers, version);
-        match length {
-            // The server's own single `Content-Length` is kept where it is.
-            BodyLength::Exact(n) if !fast::says_length(&headers, n) => {
-                headers.insert(header::CONTENT_LENGTH, n.into());
-            }
-            BodyLength::Coded | BodyLength::UntilClose => {
-                headers.remove(header::CONTENT_LENGTH);
-            }
-            _ => {}
-        }
         let done = Done {
             access_log: self.access_log.clone(),
             route: route.clone(),
@@ -197,7 +186,56 @@ impl Reverse {
         let mut resp = Response::new(body::boxed(relay));
         *resp.status_mut() = status;
         *resp.headers_mut() = headers;
+        if let Some(encoded) = encoded {
+            resp.extensions_mut()
+                .insert(h2::ext::EncodedFields(Bytes::from(encoded)));
+        }
         resp
+    }
+}
+
+impl Reverse {
+    /// A response head read into a field map: its fields as `forward` gives them, its framing
+    /// for HTTP/2, and whether the connection can be reused after its body.
+    fn map_fields(
+        &self,
+        route: &Route,
+        head: ResponseHead,
+        length: BodyLength,
+    ) -> (StatusCode, HeaderMap, BodyLength, bool) {
+        let ResponseHead {
+            status,
+            mut headers,
+            minor_version,
+            close,
+            ..
+        } = head;
+        // A coded body whose last coding is not `chunked` ends when the server closes
+        // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 frames the body itself).
+        let length = match length {
+            BodyLength::Coded if !fast::ends_chunked(headers.get(header::TRANSFER_ENCODING)) => {
+                BodyLength::UntilClose
+            }
+            other => other,
+        };
+        let reusable = minor_version == 1 && !close;
+        let version = if minor_version == 0 {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        self.response_fields(route, &mut headers, version);
+        match length {
+            // The server's own single `Content-Length` is kept where it is.
+            BodyLength::Exact(n) if !fast::says_length(&headers, n) => {
+                headers.insert(header::CONTENT_LENGTH, n.into());
+            }
+            BodyLength::Coded | BodyLength::UntilClose => {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            _ => {}
+        }
+        (status, headers, length, reusable)
     }
 }
 

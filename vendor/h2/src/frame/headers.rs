@@ -6,7 +6,7 @@ use crate::hpack::{self, BytesStr};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{uri, HeaderMap, Method, Request, StatusCode, Uri};
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use std::fmt;
 use std::io::Cursor;
@@ -100,6 +100,9 @@ struct HeaderBlock {
     /// Pseudo headers, these are broken out as they must be sent as part of the
     /// headers frame.
     pseudo: Pseudo,
+
+    /// Field lines already HPACK-encoded (`ext::EncodedFields`), sent after `fields`.
+    encoded: Option<Bytes>,
 }
 
 #[derive(Debug)]
@@ -126,6 +129,7 @@ impl Headers {
                 fields,
                 is_over_size: false,
                 pseudo,
+                encoded: None,
             },
             flags: HeadersFlag::default(),
         }
@@ -143,6 +147,7 @@ impl Headers {
                 fields,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
+                encoded: None,
             },
             flags,
         }
@@ -208,6 +213,7 @@ impl Headers {
                 field_size: 0,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
+                encoded: None,
             },
             flags,
         };
@@ -242,6 +248,11 @@ impl Headers {
 
     pub fn set_end_stream(&mut self) {
         self.flags.set_end_stream()
+    }
+
+    /// Field lines already HPACK-encoded, sent after the map's fields.
+    pub fn set_encoded_fields(&mut self, encoded: Bytes) {
+        self.header_block.encoded = Some(encoded);
     }
 
     pub fn is_over_size(&self) -> bool {
@@ -368,6 +379,7 @@ impl PushPromise {
                 fields,
                 is_over_size: false,
                 pseudo,
+                encoded: None,
             },
             promised_id,
             stream_id,
@@ -459,6 +471,7 @@ impl PushPromise {
                 field_size: 0,
                 is_over_size: false,
                 pseudo: Pseudo::default(),
+                encoded: None,
             },
             promised_id,
             stream_id: head.stream_id(),
@@ -1009,14 +1022,21 @@ impl HeaderBlock {
                 .chain(protocol.map(hpack::Header::Protocol))
                 .chain(status.map(hpack::Header::Status));
             encoder.encode_without_table(pseudo, &self.fields, &mut hpack);
+            if let Some(encoded) = &self.encoded {
+                hpack.extend_from_slice(encoded);
+            }
             return EncodingHeaderBlock { hpack };
         }
+        let encoded = self.encoded;
         let headers = Iter {
             pseudo: Some(self.pseudo),
             fields: self.fields.into_iter(),
         };
 
         encoder.encode(headers, &mut hpack);
+        if let Some(encoded) = &encoded {
+            hpack.extend_from_slice(encoded);
+        }
 
         EncodingHeaderBlock { hpack }
     }

@@ -1312,6 +1312,10 @@ impl<B> StreamRef<B> {
         mut response: Response<()>,
         end_of_stream: bool,
     ) -> Result<(), UserError> {
+        // Field lines the server encoded itself go into the frame.
+        let encoded = response
+            .extensions_mut()
+            .remove::<crate::ext::EncodedFields>();
         // Clear before taking lock, incase extensions contain a StreamRef.
         response.extensions_mut().clear();
         let mut me = self.opaque.inner.lock().unwrap();
@@ -1323,7 +1327,10 @@ impl<B> StreamRef<B> {
         let send_buffer = &mut *send_buffer;
 
         me.counts.transition(stream, |counts, stream| {
-            let frame = server::Peer::convert_send_message(stream.id, response, end_of_stream);
+            let mut frame = server::Peer::convert_send_message(stream.id, response, end_of_stream);
+            if let Some(crate::ext::EncodedFields(encoded)) = encoded {
+                frame.set_encoded_fields(encoded);
+            }
 
             actions
                 .send
