@@ -120,13 +120,11 @@ fn plain<'b>(
     let mut close = false;
     let (mut date, mut alt_svc) = (None, None);
     let mut plain = true;
+    // httparse has refused any control character in a value but the tab (and any name that is
+    // not a token), so a value needs no scan of its own here.
     for f in resp.headers.iter() {
         let name = f.name.as_bytes();
         let value = f.value;
-        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            plain = false;
-            break;
-        }
         let kind = Name::of(name);
         match kind {
             Name::Other => {}
@@ -257,56 +255,112 @@ fn static_name_index(name: &[u8]) -> Option<usize> {
     for (l, b) in lower.iter_mut().zip(name) {
         *l = b.to_ascii_lowercase();
     }
-    Some(match &*lower {
-        b"accept-charset" => 15,
-        b"accept-encoding" => 16,
-        b"accept-language" => 17,
-        b"accept-ranges" => 18,
-        b"accept" => 19,
-        b"access-control-allow-origin" => 20,
-        b"age" => 21,
-        b"allow" => 22,
-        b"authorization" => 23,
-        b"cache-control" => 24,
-        b"content-disposition" => 25,
-        b"content-encoding" => 26,
-        b"content-language" => 27,
-        b"content-length" => 28,
-        b"content-location" => 29,
-        b"content-range" => 30,
-        b"content-type" => 31,
-        b"cookie" => 32,
-        b"date" => 33,
-        b"etag" => 34,
-        b"expect" => 35,
-        b"expires" => 36,
-        b"from" => 37,
-        b"host" => 38,
-        b"if-match" => 39,
-        b"if-modified-since" => 40,
-        b"if-none-match" => 41,
-        b"if-range" => 42,
-        b"if-unmodified-since" => 43,
-        b"last-modified" => 44,
-        b"link" => 45,
-        b"location" => 46,
-        b"max-forwards" => 47,
-        b"proxy-authenticate" => 48,
-        b"proxy-authorization" => 49,
-        b"range" => 50,
-        b"referer" => 51,
-        b"refresh" => 52,
-        b"retry-after" => 53,
-        b"server" => 54,
-        b"set-cookie" => 55,
-        b"strict-transport-security" => 56,
-        b"transfer-encoding" => 57,
-        b"user-agent" => 58,
-        b"vary" => 59,
-        b"via" => 60,
-        b"www-authenticate" => 61,
+    // By length first: a few comparisons at most.
+    let index = match lower.len() {
+        3 => match &*lower {
+            b"age" => 21,
+            b"via" => 60,
+            _ => return None,
+        },
+        4 => match &*lower {
+            b"date" => 33,
+            b"etag" => 34,
+            b"from" => 37,
+            b"host" => 38,
+            b"link" => 45,
+            b"vary" => 59,
+            _ => return None,
+        },
+        5 => match &*lower {
+            b"allow" => 22,
+            b"range" => 50,
+            _ => return None,
+        },
+        6 => match &*lower {
+            b"accept" => 19,
+            b"cookie" => 32,
+            b"expect" => 35,
+            b"server" => 54,
+            _ => return None,
+        },
+        7 => match &*lower {
+            b"expires" => 36,
+            b"referer" => 51,
+            b"refresh" => 52,
+            _ => return None,
+        },
+        8 => match &*lower {
+            b"if-match" => 39,
+            b"if-range" => 42,
+            b"location" => 46,
+            _ => return None,
+        },
+        10 => match &*lower {
+            b"set-cookie" => 55,
+            b"user-agent" => 58,
+            _ => return None,
+        },
+        11 => match &*lower {
+            b"retry-after" => 53,
+            _ => return None,
+        },
+        12 => match &*lower {
+            b"content-type" => 31,
+            b"max-forwards" => 47,
+            _ => return None,
+        },
+        13 => match &*lower {
+            b"accept-ranges" => 18,
+            b"authorization" => 23,
+            b"cache-control" => 24,
+            b"content-range" => 30,
+            b"if-none-match" => 41,
+            b"last-modified" => 44,
+            _ => return None,
+        },
+        14 => match &*lower {
+            b"accept-charset" => 15,
+            b"content-length" => 28,
+            _ => return None,
+        },
+        15 => match &*lower {
+            b"accept-encoding" => 16,
+            b"accept-language" => 17,
+            _ => return None,
+        },
+        16 => match &*lower {
+            b"content-encoding" => 26,
+            b"content-language" => 27,
+            b"content-location" => 29,
+            b"www-authenticate" => 61,
+            _ => return None,
+        },
+        17 => match &*lower {
+            b"if-modified-since" => 40,
+            b"transfer-encoding" => 57,
+            _ => return None,
+        },
+        18 => match &*lower {
+            b"proxy-authenticate" => 48,
+            _ => return None,
+        },
+        19 => match &*lower {
+            b"content-disposition" => 25,
+            b"if-unmodified-since" => 43,
+            b"proxy-authorization" => 49,
+            _ => return None,
+        },
+        25 => match &*lower {
+            b"strict-transport-security" => 56,
+            _ => return None,
+        },
+        27 => match &*lower {
+            b"access-control-allow-origin" => 20,
+            _ => return None,
+        },
         _ => return None,
-    })
+    };
+    Some(index)
 }
 
 /// The field names this path treats apart from the rest.

@@ -62,4 +62,4 @@ impl fmt::Debug for Protocol {
 /// table name index or a literal lower-case name. The lines are not checked: they must not carry a
 /// pseudo-header, a connection-specific field, or a field the response's map also has.
 #[derive(Clone, Debug)]
-pub struct EncodedFields(pub Bytes);
+pub struct EncodedFields(pub Vec<u8>);

@@ -1011,7 +1011,7 @@ async fn round_trip(
 /// server would otherwise set from the body) and its `Date` and `Alt-Svc` (which hyper's server and
 /// the listener add when the map has none).
 fn hpack_map(p: &plain_head::PlainHpack<'_>) -> HeaderMap {
-    let mut map = HeaderMap::with_capacity(2 + usize::from(p.alt_svc.is_some()));
+    let mut map = field_maps::take(2 + usize::from(p.alt_svc.is_some()));
     map.insert(header::CONTENT_LENGTH, p.content_length.into());
     // (Checked by `write_plain_hpack`: no control characters.)
     let value = |v: &[u8]| header::HeaderValue::from_bytes(v).ok();

@@ -26,6 +26,7 @@ use super::forward::{
 };
 use super::{Reverse, Route};
 use crate::body::{self, Body, Incoming};
+use crate::server::field_maps;
 use crate::upstream::group::InFlight;
 
 /// Reads of a body that did not come whole with its head ask for this much room.
@@ -78,9 +79,14 @@ impl Reverse {
         let fetched =
             match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
                 Err(e) => Err(e),
-                Ok(head) => fast::fetch(&self.budget, route, &head, key.as_deref(), plain)
-                    .await
-                    .map_err(FetchError::into_proxy_error),
+                Ok(head) => {
+                    let fetched = fast::fetch(&self.budget, route, &head, key.as_deref(), plain)
+                        .await
+                        .map_err(FetchError::into_proxy_error);
+                    // The client's map, emptied, serves the answer's head (`field_maps`).
+                    field_maps::give(head.headers);
+                    fetched
+                }
             };
         let ttfb = start.elapsed();
         route.meters.ttfb().observe(ttfb.as_secs_f64());
@@ -188,7 +194,7 @@ impl Reverse {
         *resp.headers_mut() = headers;
         if let Some(encoded) = encoded {
             resp.extensions_mut()
-                .insert(h2::ext::EncodedFields(Bytes::from(encoded)));
+                .insert(h2::ext::EncodedFields(encoded));
         }
         resp
     }

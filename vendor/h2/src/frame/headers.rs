@@ -6,7 +6,7 @@ use crate::hpack::{self, BytesStr};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{uri, HeaderMap, Method, Request, StatusCode, Uri};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 
 use std::fmt;
 use std::io::Cursor;
@@ -102,7 +102,7 @@ struct HeaderBlock {
     pseudo: Pseudo,
 
     /// Field lines already HPACK-encoded (`ext::EncodedFields`), sent after `fields`.
-    encoded: Option<Bytes>,
+    encoded: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -251,7 +251,7 @@ impl Headers {
     }
 
     /// Field lines already HPACK-encoded, sent after the map's fields.
-    pub fn set_encoded_fields(&mut self, encoded: Bytes) {
+    pub fn set_encoded_fields(&mut self, encoded: Vec<u8>) {
         self.header_block.encoded = Some(encoded);
     }
 
