@@ -166,7 +166,7 @@ fn plain<'b>(
         }
         match form {
             Form::H1 => {
-                out.extend(name.iter().map(u8::to_ascii_lowercase));
+                push_lower(out, name);
                 out.extend_from_slice(b": ");
                 out.extend_from_slice(value);
                 out.extend_from_slice(b"\r\n");
@@ -210,6 +210,13 @@ fn plain<'b>(
     })
 }
 
+/// Appends `name` in lower case (copied whole, then lowered in place: not byte by byte).
+fn push_lower(out: &mut Vec<u8>, name: &[u8]) {
+    let at = out.len();
+    out.extend_from_slice(name);
+    out[at..].make_ascii_lowercase();
+}
+
 fn is_blank(b: u8) -> bool {
     b == b' ' || b == b'\t'
 }
@@ -223,7 +230,7 @@ pub fn hpack_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
         None => {
             out.push(0x00);
             hpack_int(out, 0x00, 7, name.len());
-            out.extend(name.iter().map(u8::to_ascii_lowercase));
+            push_lower(out, name);
         }
     }
     hpack_int(out, 0x00, 7, value.len());
@@ -252,9 +259,8 @@ fn hpack_int(out: &mut Vec<u8>, flags: u8, prefix: u32, mut n: usize) {
 fn static_name_index(name: &[u8]) -> Option<usize> {
     let mut lower = [0u8; 27];
     let lower = lower.get_mut(..name.len())?;
-    for (l, b) in lower.iter_mut().zip(name) {
-        *l = b.to_ascii_lowercase();
-    }
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase();
     // By length first: a few comparisons at most.
     let index = match lower.len() {
         3 => match &*lower {
