@@ -1,7 +1,8 @@
 //! HTTP/1.1 response heads a proxy may pass on almost as they came: parsed once and written out
-//! field by field (names in lower case, this hop's `Connection: keep-alive` left out) instead of
-//! being built into a field map, edited and encoded again. A head this cannot vouch for gives
-//! `None`, and the caller takes the general path ([`crate::response_head`]). No I/O.
+//! field by field (names in lower case, this hop's `Connection: keep-alive` left out), for an
+//! HTTP/1.1 client as text or for an HTTP/2 one as HPACK field lines, instead of being built into
+//! a field map, edited and encoded again. A head this cannot vouch for gives `None`, and the
+//! caller takes the general path ([`crate::response_head`]). No I/O.
 
 use http::StatusCode;
 
@@ -60,7 +61,8 @@ pub struct PlainHpack<'b> {
 ///
 /// `Content-Length`, `Date` and `Alt-Svc` are not written: they are returned, for the response's
 /// field map, where the HTTP/2 server and the listener look for them. A value that begins or ends
-/// with a space or tab, which HTTP/2 forbids (RFC 9113 section 8.2.1), makes the head not plain.
+/// with a space or tab, which HTTP/2 forbids (RFC 9113 section 8.2.1), makes the head not plain
+/// (httparse trims them; this holds whatever the parser does).
 pub fn write_plain_hpack<'b>(
     buf: &'b [u8],
     head_request: bool,
@@ -79,6 +81,8 @@ enum Form {
     Hpack,
 }
 
+/// Both writers: parses the head at the start of `buf`, decides whether it is plain and writes
+/// what is passed on in `form`.
 fn plain<'b>(
     buf: &'b [u8],
     head_request: bool,

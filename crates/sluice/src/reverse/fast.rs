@@ -1013,7 +1013,7 @@ async fn round_trip(
 fn hpack_map(p: &plain_head::PlainHpack<'_>) -> HeaderMap {
     let mut map = field_maps::take(2 + usize::from(p.alt_svc.is_some()));
     map.insert(header::CONTENT_LENGTH, p.content_length.into());
-    // (Checked by `write_plain_hpack`: no control characters.)
+    // (httparse refused control characters in values: these convert.)
     let value = |v: &[u8]| header::HeaderValue::from_bytes(v).ok();
     if let Some(date) = p.date.and_then(value) {
         map.insert(header::DATE, date);

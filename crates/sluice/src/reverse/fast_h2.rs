@@ -2,9 +2,11 @@
 //! HEAD without a body, on a route without a cache whose upstream is plain HTTP/1.1, is written
 //! as bytes on the fast path's pooled connections (`fast::fetch`), its answer read with
 //! `httparse`, and the body relayed to hyper's HTTP/2 server as it is read, without hyper's
-//! client or a second request and response. Server choice, retries, forwarding fields, errors and
-//! metrics are `forward`'s and `fast`'s (see `docs/decisions/tls-cost.md`, "HTTP/2 streams on
-//! the fast path's upstream exchange"); every other HTTP/2 request takes `forward`'s path.
+//! client or a second request and response. A plain answer's fields go to h2 as HPACK lines
+//! written while its head is parsed (`plain_head::write_plain_hpack`), not as a field map. Server
+//! choice, retries, forwarding fields, errors and metrics are `forward`'s and `fast`'s (see
+//! `docs/decisions/tls-cost.md`, "HTTP/2 streams on the fast path's upstream exchange"); every
+//! other HTTP/2 request takes `forward`'s path.
 
 use std::pin::Pin;
 use std::sync::Arc;
