@@ -266,6 +266,30 @@ fn answers() -> Answer {
             return plain_answer(&pattern(n));
         }
         match t {
+            // Plain without a `Date` (hyper's own goes in), after an interim answer, with a
+            // repeated `Alt-Svc` (the map path keeps both), and a head past one HTTP/2 frame.
+            "/p-no-date" => {
+                return b"HTTP/1.1 200 OK\r\nServer: o\r\nContent-Length: 5\r\n\r\nhello".to_vec()
+            }
+            "/p-early" => {
+                let mut out = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n".to_vec();
+                out.extend_from_slice(&plain_answer(&pattern(3000)));
+                return out;
+            }
+            "/p-two-alt" => {
+                return b"HTTP/1.1 200 OK\r\nAlt-Svc: clear\r\nContent-Length: 2\r\nAlt-Svc: h3=\":1\"\r\n\r\nok".to_vec()
+            }
+            "/p-big" => {
+                let mut out = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec();
+                for i in 0..3 {
+                    out.extend_from_slice(format!("X-Big-{i}: {}\r\n", "b".repeat(7000)).as_bytes());
+                }
+                out.extend_from_slice(b"\r\nok");
+                return out;
+            }
+            _ => {}
+        }
+        match t {
             "/chunked" => chunked(&pattern(300_000), 70_000, "X-Sum: abc\r\nGrpc-Status: 0\r\n"),
             "/chunked-plain" => chunked(&pattern(5000), 1000, ""),
             "/head" => b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 12345\r\nETag: \"e\"\r\n\r\n".to_vec(),
@@ -431,6 +455,7 @@ async fn plain_heads_go_out_as_hpack_lines_with_the_hyper_paths_fields() {
                 assert!(body.is_empty(), "{method} {path}");
             }
         }
+        assert_eq!(got[0].0.status, got[1].0.status, "{method} {path}");
         assert_eq!(got[0].0.fields(), got[1].0.fields(), "{method} {path}");
         assert_eq!(got[0].0.headers["date"], got[1].0.headers["date"]);
         // The HPACK path puts the map's fields first: the origin's order shows the map path.
@@ -454,7 +479,6 @@ async fn plain_heads_go_out_as_hpack_lines_with_the_hyper_paths_fields() {
     let mut tasks = Vec::new();
     for i in 0..40 {
         let mut send = send.clone();
-        let p_addr = p.addr;
         tasks.push(tokio::spawn(async move {
             let n = 1000 + i * 97;
             let req = http::Request::builder()
@@ -462,7 +486,6 @@ async fn plain_heads_go_out_as_hpack_lines_with_the_hyper_paths_fields() {
                 .body(full(Bytes::new()))
                 .unwrap();
             let resp = send.send_request(req).await.unwrap();
-            let _ = p_addr;
             let fields = resp.headers().len();
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(sha256(&body), sha256(&pattern(n)));
@@ -476,6 +499,55 @@ async fn plain_heads_go_out_as_hpack_lines_with_the_hyper_paths_fields() {
     }
     let a = ask(&mut send, &p, "GET", "/plain/p/10", &[]).await;
     assert_eq!(a.body.unwrap(), pattern(10));
+}
+
+#[tokio::test]
+async fn plain_heads_without_date_after_interim_answers_repeated_or_large_match_the_hyper_path() {
+    let (origin, heads, _) = raw_origin(answers()).await;
+    for path in ["/plain/p-no-date", "/plain/p-early", "/plain/p-two-alt"] {
+        let got = both_ways(origin, &heads, "GET", path, &[]).await;
+        assert_eq!(got[0].0.status, StatusCode::OK, "{path}");
+        assert_eq!(got[0].0.body, got[1].0.body, "{path}");
+        assert_eq!(got[0].0.fields(), got[1].0.fields(), "{path}");
+        let date: Vec<_> = got[0].0.headers.get_all("date").iter().collect();
+        assert_eq!(
+            date.len(),
+            1,
+            "{path}: one Date, the origin's or the server's"
+        );
+    }
+    let got = both_ways(origin, &heads, "GET", "/plain/p-early", &[]).await;
+    assert_eq!(
+        sha256(got[0].0.body.as_ref().unwrap()),
+        sha256(&pattern(3000))
+    );
+    let got = both_ways(origin, &heads, "GET", "/plain/p-two-alt", &[]).await;
+    let alt: Vec<_> = got[0].0.headers.get_all("alt-svc").iter().collect();
+    assert_eq!(alt, ["clear", "h3=\":1\""]);
+    // 21 KB of fields: the HEADERS frame and a CONTINUATION, read by a client that takes them.
+    let mut seen = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(origin, fast)).await;
+        let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .max_header_list_size(64 * 1024)
+                .handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let a = ask(&mut send, &p, "GET", "/plain/p-big", &[]).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.body.as_deref().unwrap(), b"ok");
+        for i in 0..3 {
+            assert_eq!(
+                a.headers[format!("x-big-{i}").as_str()],
+                "b".repeat(7000).as_str()
+            );
+        }
+        seen.push(a.fields());
+    }
+    assert_eq!(seen[0], seen[1]);
 }
 
 #[tokio::test]
