@@ -30,7 +30,8 @@ pub struct PlainHead {
 /// Plain: HTTP/1.1, a final status other than 101, 204 and 304, exactly one `Content-Length` of
 /// plain digits, no `Transfer-Encoding`, no hop-by-hop field but `Connection` (listing only
 /// `keep-alive` or `close`) and `Keep-Alive` (both left out), no `Via` when `via` is set (the
-/// caller's own is then appended, not merged), and field values without control characters.
+/// caller's own is then appended, not merged), at most one `Date` and one `Alt-Svc` (the HPACK
+/// form hands each to the caller as one value), and field values without control characters.
 /// Anything else (including an incomplete or malformed head) is `None`, with `out` as it was.
 /// The fields keep their order; a field map would group the values of a repeated name.
 pub fn write_plain(
