@@ -1,9 +1,9 @@
 //! HTTP/2 streams on the fast path's upstream exchange (`reverse/fast_h2.rs`) end to end, each
 //! case against the same requests with `reverse.h2_fast_path = false` (hyper's client): the
 //! upstream head byte for byte, response fields, bodies by SHA-256 (1 KB, 64 KiB, 7 MB, chunked
-//! with trailers, close-delimited), HEAD, 204 and 304, an upstream that closes mid-body, upstream
-//! errors, many streams at once on one connection, pooled upstream connections, and the metrics
-//! and access log.
+//! with trailers, close-delimited), HEAD, 204 and 304, plain heads sent as HPACK lines (one past a
+//! frame among them), an upstream that closes mid-body, upstream errors, many streams at once on
+//! one connection, pooled upstream connections, and the metrics and access log.
 
 mod reverse_support;
 
