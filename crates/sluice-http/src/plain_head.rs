@@ -242,26 +242,26 @@ fn is_blank(b: u8) -> bool {
 /// when it has one, else the name as a literal; neither string Huffman-coded.
 pub fn hpack_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     match static_name_index(name) {
-        Some(index) => hpack_int(out, 0x00, 4, index),
+        Some(index) => hpack_int(out, 4, index),
         None => {
             out.push(0x00);
-            hpack_int(out, 0x00, 7, name.len());
+            hpack_int(out, 7, name.len());
             push_lower(out, name);
         }
     }
-    hpack_int(out, 0x00, 7, value.len());
+    hpack_int(out, 7, value.len());
     out.extend_from_slice(value);
 }
 
-/// An HPACK integer (RFC 7541 section 5.1) in an `prefix`-bit prefix, the byte's other bits
-/// `flags`.
-fn hpack_int(out: &mut Vec<u8>, flags: u8, prefix: u32, mut n: usize) {
+/// An HPACK integer (RFC 7541 section 5.1) in a `prefix`-bit prefix, the byte's other bits zero
+/// (every form written here: a literal without indexing, a string without Huffman coding).
+fn hpack_int(out: &mut Vec<u8>, prefix: u32, mut n: usize) {
     let max = (1usize << prefix) - 1;
     if n < max {
-        out.push(flags | n as u8);
+        out.push(n as u8);
         return;
     }
-    out.push(flags | max as u8);
+    out.push(max as u8);
     n -= max;
     while n >= 0x80 {
         out.push(0x80 | (n & 0x7f) as u8);
@@ -772,8 +772,8 @@ mod tests {
     fn hpack_integers_and_lines_are_rfc_7541s() {
         // C.1.1 and C.1.2: 10 and 1337 in a 5-bit prefix.
         let mut out = Vec::new();
-        hpack_int(&mut out, 0, 5, 10);
-        hpack_int(&mut out, 0, 5, 1337);
+        hpack_int(&mut out, 5, 10);
+        hpack_int(&mut out, 5, 1337);
         assert_eq!(out, [0x0a, 0x1f, 0x9a, 0x0a]);
         // A static name (etag = 34 = 15 + 19 past the 4-bit prefix), then a literal one.
         let mut out = Vec::new();
