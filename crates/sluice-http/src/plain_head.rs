@@ -30,8 +30,8 @@ pub struct PlainHead {
 /// Plain: HTTP/1.1, a final status other than 101, 204 and 304, exactly one `Content-Length` of
 /// plain digits, no `Transfer-Encoding`, no hop-by-hop field but `Connection` (listing only
 /// `keep-alive` or `close`) and `Keep-Alive` (both left out), no `Via` when `via` is set (the
-/// caller's own is then appended, not merged), at most one `Date` and one `Alt-Svc` (the HPACK
-/// form hands each to the caller as one value), and field values without control characters.
+/// caller's own is then appended, not merged), at most one `Alt-Svc` (the HPACK form hands it to
+/// the caller as one value), and field values without control characters.
 /// Anything else (including an incomplete or malformed head) is `None`, with `out` as it was.
 /// The fields keep their order; a field map would group the values of a repeated name.
 pub fn write_plain(
@@ -43,14 +43,10 @@ pub fn write_plain(
     plain(buf, head_request, via, Form::H1, out).map(|p| p.head)
 }
 
-/// A head [`write_plain_hpack`] passed on, with the fields it left to the caller's field map.
+/// A head [`write_plain_hpack`] passed on, with the one field it left to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlainHpack<'b> {
     pub head: PlainHead,
-    /// Its one `Content-Length` (also for the answer to HEAD, whose `head.length` is `Empty`).
-    pub content_length: u64,
-    /// Its `Date` value, when it has one.
-    pub date: Option<&'b [u8]>,
     /// Its `Alt-Svc` value, when it has one.
     pub alt_svc: Option<&'b [u8]>,
 }
@@ -60,8 +56,9 @@ pub struct PlainHpack<'b> {
 /// table's name index where the name has one, names in lower case, nothing Huffman-coded), ready
 /// to follow the status in a header block, and no status line.
 ///
-/// `Content-Length`, `Date` and `Alt-Svc` are not written: they are returned, for the response's
-/// field map, where the HTTP/2 server and the listener look for them. A value that begins or ends
+/// `Alt-Svc` is not written but returned, for the response's field map, where the listener looks
+/// for it before adding its own. A head without `Date` (`head.has_date` false) needs one appended
+/// by the caller, as an HTTP/2 server adds one. A value that begins or ends
 /// with a space or tab, which HTTP/2 forbids (RFC 9113 section 8.2.1), makes the head not plain
 /// (httparse trims them; this holds whatever the parser does).
 pub fn write_plain_hpack<'b>(
@@ -78,7 +75,7 @@ pub fn write_plain_hpack<'b>(
 enum Form {
     /// An HTTP/1.1 status line and `name: value` lines.
     H1,
-    /// HPACK field lines, without the fields [`PlainHpack`] returns.
+    /// HPACK field lines, without the `Alt-Svc` [`PlainHpack`] returns.
     Hpack,
 }
 
@@ -123,7 +120,7 @@ fn plain<'b>(
     }
     let mut length = None;
     let mut close = false;
-    let (mut date, mut alt_svc) = (None, None);
+    let (mut has_date, mut alt_svc) = (false, None);
     let mut plain = true;
     // httparse has refused any control character in a value but the tab (and any name that is
     // not a token), so a value needs no scan of its own here.
@@ -166,15 +163,11 @@ fn plain<'b>(
                 break;
             }
             Name::Via => {}
-            // A second `Date` or `Alt-Svc` (a list field) is left to the map path, which keeps
-            // every value; the HPACK form hands these to the caller as one value each.
-            Name::Date | Name::AltSvc => {
-                let slot = if matches!(kind, Name::Date) {
-                    &mut date
-                } else {
-                    &mut alt_svc
-                };
-                if slot.replace(value).is_some() {
+            Name::Date => has_date = true,
+            // A second `Alt-Svc` (a list field) is left to the map path, which keeps every
+            // value; the HPACK form hands this one to the caller as one value.
+            Name::AltSvc => {
+                if alt_svc.replace(value).is_some() {
                     plain = false;
                     break;
                 }
@@ -193,7 +186,7 @@ fn plain<'b>(
                     plain = false;
                     break;
                 }
-                if !matches!(kind, Name::ContentLength | Name::Date | Name::AltSvc) {
+                if !matches!(kind, Name::AltSvc) {
                     hpack_field(out, name, value);
                 }
             }
@@ -215,15 +208,10 @@ fn plain<'b>(
             BodyLength::Exact(length)
         },
         close,
-        has_date: date.is_some(),
+        has_date,
         has_alt_svc: alt_svc.is_some(),
     };
-    Some(PlainHpack {
-        head,
-        content_length: length,
-        date,
-        alt_svc,
-    })
+    Some(PlainHpack { head, alt_svc })
 }
 
 /// Appends `name` in lower case (copied whole, then lowered in place: not byte by byte).
@@ -613,15 +601,14 @@ mod tests {
                 proptest::prop_assert!(h2.is_none() && hpack.is_empty());
                 return Ok(());
             };
-            // The HPACK form passes on the same heads, and the same fields but the three it
+            // The HPACK form passes on the same heads, and the same fields but the `Alt-Svc` it
             // leaves to the caller's map.
             proptest::prop_assert!(h2.is_some());
             if let Some(h2) = h2 {
                 proptest::prop_assert_eq!(h2.head, plain);
                 let g = response_head::parse(raw.as_bytes()).unwrap().unwrap();
                 let want: Vec<(String, Vec<u8>)> = g.headers.iter()
-                    .filter(|(n, _)| !matches!(n.as_str(), "content-length" | "date" | "alt-svc"
-                        | "connection" | "keep-alive"))
+                    .filter(|(n, _)| !matches!(n.as_str(), "alt-svc" | "connection" | "keep-alive"))
                     .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
                     .collect();
                 let got = decode(&hpack);
@@ -634,19 +621,15 @@ mod tests {
                 for (n, _) in &want {
                     proptest::prop_assert_eq!(by_name(&got, n), by_name(&want, n));
                 }
-                // The three left to the map are the general parser's only values.
+                // The one left to the map is the general parser's only value.
                 let only = |n: &str| -> Option<Vec<u8>> {
                     let mut all = g.headers.get_all(n).iter();
                     let first = all.next().map(|v| v.as_bytes().to_vec());
                     assert!(all.next().is_none(), "{n} repeated in a plain head");
                     first
                 };
-                proptest::prop_assert_eq!(h2.date.map(<[u8]>::to_vec), only("date"));
                 proptest::prop_assert_eq!(h2.alt_svc.map(<[u8]>::to_vec), only("alt-svc"));
-                proptest::prop_assert_eq!(
-                    Some(h2.content_length.to_string().into_bytes()),
-                    only("content-length")
-                );
+                proptest::prop_assert_eq!(h2.head.has_date, g.headers.contains_key("date"));
             }
             let general = response_head::parse(raw.as_bytes()).unwrap().unwrap();
             proptest::prop_assert_eq!((general.status, general.len), (plain.status, plain.len));
@@ -803,7 +786,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hpack_form_leaves_the_framing_and_listener_fields_to_the_map() {
+    fn the_hpack_form_leaves_alt_svc_to_the_map() {
         let raw = "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
                    Content-Type: application/octet-stream\r\nContent-Length: 1024\r\n\
                    Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"a-1\"\r\n\
@@ -812,14 +795,15 @@ mod tests {
         let p = write_plain_hpack(raw.as_bytes(), false, true, &mut out).unwrap();
         assert_eq!(p.head.len, raw.len() - 4);
         assert_eq!(p.head.length, BodyLength::Exact(1024));
-        assert_eq!(p.content_length, 1024);
-        assert_eq!(p.date, Some(&b"Thu, 03 Dec 2026 06:00:00 GMT"[..]));
+        assert!(p.head.has_date);
         assert_eq!(p.alt_svc, Some(&b"clear"[..]));
         assert_eq!(
             decode(&out[1..]),
             [
                 ("server", "nginx".as_bytes()),
+                ("date", b"Thu, 03 Dec 2026 06:00:00 GMT"),
                 ("content-type", b"application/octet-stream"),
+                ("content-length", b"1024"),
                 ("etag", b"\"a-1\""),
                 ("x-long", "caf\u{e9}".as_bytes()),
             ]
@@ -827,19 +811,41 @@ mod tests {
         );
         let mut out = Vec::new();
         let p = write_plain_hpack(raw.as_bytes(), true, true, &mut out).unwrap();
-        assert_eq!((p.head.length, p.content_length), (BodyLength::Empty, 1024));
+        // The answer to HEAD keeps the length of what a GET would have had.
+        assert_eq!(p.head.length, BodyLength::Empty);
+        assert!(decode(&out).contains(&("content-length".to_string(), b"1024".to_vec())));
+        // Each `Date` passes, in its place; none at all is the caller's to add.
+        let mut out = Vec::new();
+        let dates = "HTTP/1.1 200 OK\r\nDate: a\r\nContent-Length: 1\r\nDate: b\r\n\r\n";
+        let p = write_plain_hpack(dates.as_bytes(), false, true, &mut out).unwrap();
+        assert!(p.head.has_date);
+        assert_eq!(
+            decode(&out),
+            [("date", b"a"), ("content-length", b"1"), ("date", b"b")]
+                .map(|(n, v)| (n.to_string(), v.to_vec()))
+        );
+        let mut out = Vec::new();
+        let bare = "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n";
+        assert!(
+            !write_plain_hpack(bare.as_bytes(), false, true, &mut out)
+                .unwrap()
+                .head
+                .has_date
+        );
         // The parser trims a value's blank edges, which HTTP/2 forbids.
         let mut out = Vec::new();
         let trimmed = "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX-A: \t a \t\r\n\r\n";
         write_plain_hpack(trimmed.as_bytes(), false, true, &mut out).unwrap();
-        assert_eq!(decode(&out), [("x-a".to_string(), b"a".to_vec())]);
+        assert_eq!(
+            decode(&out),
+            [("content-length", b"1"), ("x-a", b"a")].map(|(n, v)| (n.to_string(), v.to_vec()))
+        );
         // Anything `write_plain` refuses is not plain here either.
         for raw in [
             "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nVia: 1.1 cdn\r\n\r\n",
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
             // A repeated field the map would hold: every value must survive.
             "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nAlt-Svc: clear\r\nAlt-Svc: h3=\":1\"\r\n\r\n",
-            "HTTP/1.1 200 OK\r\nDate: a\r\nContent-Length: 1\r\nDate: b\r\n\r\n",
         ] {
             let mut out = b"x".to_vec();
             assert!(

@@ -5,6 +5,7 @@
 pub mod activity;
 mod clock;
 pub mod config;
+pub mod date;
 pub mod field_maps;
 #[cfg(feature = "reverse")]
 mod h1fast;
@@ -513,6 +514,33 @@ macro_rules! http1_settings {
 /// hyper's HTTP/1 request head field limit when none is set.
 const HYPER_MAX_HEADERS: usize = 100;
 
+/// Adds the listener's `Alt-Svc` offer unless the response has an `Alt-Svc` of its own: as one more
+/// HPACK line when its fields go to h2 as lines (`h2::ext::EncodedFields`, from the HTTP/2 fast
+/// path, which leaves a server's `Alt-Svc` in the map), else in its map.
+fn offer_alt_svc<B>(resp: &mut http::Response<B>, value: http::HeaderValue) {
+    if resp.headers().contains_key(http::header::ALT_SVC) {
+        return;
+    }
+    #[cfg(feature = "http2")]
+    if let Some(lines) = resp.extensions_mut().get_mut::<h2::ext::EncodedFields>() {
+        sluice_http::plain_head::hpack_field(&mut lines.0, b"alt-svc", value.as_bytes());
+        return;
+    }
+    resp.headers_mut().insert(http::header::ALT_SVC, value);
+}
+
+/// Gives an HTTP/2 response a `Date` unless it has one, as hyper's server would (its own dating is
+/// off: it cannot see the HTTP/2 fast path's HPACK lines, which always carry one).
+fn date_h2<B>(resp: &mut http::Response<B>) {
+    #[cfg(feature = "http2")]
+    if resp.extensions().get::<h2::ext::EncodedFields>().is_some() {
+        return;
+    }
+    if !resp.headers().contains_key(http::header::DATE) {
+        resp.headers_mut().insert(http::header::DATE, date::value());
+    }
+}
+
 #[cfg(feature = "http2")]
 fn http_builder(config: &ServerConfig) -> HttpBuilder {
     let mut builder = HttpBuilder::new(hyper_util::rt::TokioExecutor::new());
@@ -530,6 +558,9 @@ fn http_builder(config: &ServerConfig) -> HttpBuilder {
         .max_send_buf_size(config.h2_max_send_buf_bytes)
         // RFC 8441 extended CONNECT, so WebSocket works over HTTP/2 too.
         .enable_connect_protocol()
+        // The service dates each response (`date_h2`): a fast-path answer carries its `Date` in
+        // its HPACK lines, where hyper would not see it.
+        .auto_date_header(false)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .adaptive_window(true);
     builder
@@ -790,6 +821,7 @@ impl<H: Handler> Conn<H> {
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
             let alt_svc = settings.alt_svc.as_ref().filter(|_| secure).cloned();
+            let h2 = req.version() == http::Version::HTTP_2;
             async move {
                 // Boxed: the handler's future is tens of KiB (every front end's state), and
                 // hyper moves this one into each HTTP/2 stream's task and again when it spawns it;
@@ -803,9 +835,10 @@ impl<H: Handler> Conn<H> {
                     );
                 }
                 if let Some(value) = alt_svc {
-                    resp.headers_mut()
-                        .entry(http::header::ALT_SVC)
-                        .or_insert(value);
+                    offer_alt_svc(&mut resp, value);
+                }
+                if h2 {
+                    date_h2(&mut resp);
                 }
                 Ok::<_, Infallible>(match watched {
                     Some(list) => resp.map(|b| list.guard(b)),

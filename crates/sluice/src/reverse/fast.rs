@@ -27,7 +27,7 @@ use super::forward::{
 use super::{Reverse, Route};
 use crate::body::Body;
 use crate::error::ErrorMark;
-use crate::server::field_maps;
+use crate::server::{date, field_maps};
 use crate::upstream::h1::{push_field as field, MAX_HEAD as MAX_RESPONSE_HEAD};
 
 /// Upstream reads go into a buffer of this size, kept with the connection: a 64 KiB body comes
@@ -287,7 +287,7 @@ fn plain_head_end(
         field(&mut out, "connection", b"close");
     }
     if !plain.has_date {
-        now_date(|d| field(&mut out, "date", d.as_bytes()));
+        date::with_text(|d| field(&mut out, "date", d.as_bytes()));
     }
     out.extend_from_slice(b"\r\n");
     out
@@ -327,7 +327,8 @@ pub(super) enum Answer {
     /// Passed on as it came (`plain_head`): its status line and fields, written for the client.
     Plain(PlainHead, Vec<u8>),
     /// Passed on as it came, for an HTTP/2 client (`plain_head::write_plain_hpack`): its fields as
-    /// HPACK field lines, but for `Content-Length`, `Date` and `Alt-Svc`, which are in the map.
+    /// HPACK field lines (a `Date` added when it had none), but for an `Alt-Svc`, which is in the
+    /// map (empty without one).
     Hpack(PlainHead, Vec<u8>, HeaderMap),
 }
 
@@ -468,30 +469,9 @@ pub(super) fn write_head(
         field(out, "connection", b"close");
     }
     if !headers.contains_key(header::DATE) {
-        now_date(|d| field(out, "date", d.as_bytes()));
+        date::with_text(|d| field(out, "date", d.as_bytes()));
     }
     out.extend_from_slice(b"\r\n");
-}
-
-/// Today's `Date` value, formatted once per second per thread.
-pub(super) fn now_date(f: impl FnOnce(&str)) {
-    use std::cell::RefCell;
-    use std::time::{SystemTime, UNIX_EPOCH};
-    thread_local! {
-        static CACHED: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
-    }
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    CACHED.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.0 != secs || c.1.is_empty() {
-            *c = (secs, httpdate::fmt_http_date(now));
-        }
-        f(&c.1);
-    });
 }
 
 /// Writes a whole response sluice made itself (an error) with its body; the answer to a HEAD
@@ -975,7 +955,7 @@ async fn round_trip(
                     if let Some(p) =
                         plain_head::write_plain_hpack(&conn.buf[at..], head_only, via, &mut out)
                     {
-                        let map = hpack_map(&p);
+                        let map = hpack_rest(&p, &mut out);
                         let head = p.head;
                         return Ok((Answer::Hpack(head, out, map), at + head.len, head.length));
                     }
@@ -1007,21 +987,25 @@ async fn round_trip(
     }
 }
 
-/// The fields of a plain head that stay in the HTTP/2 response's map: its length (which hyper's
-/// server would otherwise set from the body) and its `Date` and `Alt-Svc` (which hyper's server and
-/// the listener add when the map has none).
-fn hpack_map(p: &plain_head::PlainHpack<'_>) -> HeaderMap {
-    let mut map = field_maps::take(2 + usize::from(p.alt_svc.is_some()));
-    map.insert(header::CONTENT_LENGTH, p.content_length.into());
-    // (httparse refused control characters in values: these convert.)
-    let value = |v: &[u8]| header::HeaderValue::from_bytes(v).ok();
-    if let Some(date) = p.date.and_then(value) {
-        map.insert(header::DATE, date);
+/// What a plain head's HPACK lines still need: a `Date` line when the server sent none (hyper's
+/// server does not date HTTP/2 responses here; `server::date`), and the server's `Alt-Svc` in the
+/// response's map, where the listener looks before adding its own. Most heads need no map.
+fn hpack_rest(p: &plain_head::PlainHpack<'_>, out: &mut Vec<u8>) -> HeaderMap {
+    if !p.head.has_date {
+        date::with_text(|d| plain_head::hpack_field(out, b"date", d.as_bytes()));
     }
-    if let Some(alt_svc) = p.alt_svc.and_then(value) {
-        map.insert(header::ALT_SVC, alt_svc);
+    // (httparse refused control characters in values: this converts.)
+    match p
+        .alt_svc
+        .and_then(|v| header::HeaderValue::from_bytes(v).ok())
+    {
+        Some(alt_svc) => {
+            let mut map = field_maps::take(1);
+            map.insert(header::ALT_SVC, alt_svc);
+            map
+        }
+        None => HeaderMap::new(),
     }
-    map
 }
 
 /// What hyper's client says of a response head it cannot parse.

@@ -176,6 +176,7 @@ impl Reverse {
             idle: IdleClock::new(route.idle_timeout),
             idle_secs: route.idle_timeout.as_secs(),
             bytes: 0,
+            length_in_lines: encoded.is_some(),
             done: Some(done),
         };
         match taken {
@@ -332,6 +333,9 @@ struct Relay {
     idle: IdleClock,
     idle_secs: u64,
     bytes: u64,
+    /// The head's HPACK lines carry its `Content-Length`: the size hint stops short of exact, or
+    /// hyper's server would add a second one to the response's map.
+    length_in_lines: bool,
     /// Inline, not boxed: the relay itself is boxed once as the response body.
     done: Option<Done>,
 }
@@ -418,11 +422,17 @@ impl http_body::Body for Relay {
 
     fn size_hint(&self) -> SizeHint {
         let first = self.first.as_ref().map_or(0, |d| d.len() as u64);
-        match self.up.as_deref().map(|u| &u.framing) {
-            None if self.trailers.is_none() => SizeHint::with_exact(first),
-            Some(Framing::Exact(left)) => SizeHint::with_exact(first + left),
-            _ => SizeHint::default(),
+        let exact = match self.up.as_deref().map(|u| &u.framing) {
+            None if self.trailers.is_none() => first,
+            Some(Framing::Exact(left)) => first + left,
+            _ => return SizeHint::default(),
+        };
+        if self.length_in_lines {
+            let mut hint = SizeHint::new();
+            hint.set_lower(exact);
+            return hint;
         }
+        SizeHint::with_exact(exact)
     }
 }
 

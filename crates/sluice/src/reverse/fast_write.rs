@@ -16,10 +16,11 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncWriteExt, Interest};
 
-use super::fast::{now_date, write_head, FastClient};
+use super::fast::{write_head, FastClient};
 use crate::body::Body;
 use crate::cache::shm::{FileBody, Piece};
 use crate::cache::StoredHead;
+use crate::server::date;
 use crate::upstream::h1::push_field as field;
 
 /// A frame up to this size goes out in one write with what precedes it (the head, a chunk
@@ -108,7 +109,7 @@ fn stored_head(stored: &StoredHead, close: bool) -> Vec<u8> {
         field(&mut out, "connection", b"close");
     }
     if !stored.has_date {
-        now_date(|d| field(&mut out, "date", d.as_bytes()));
+        date::with_text(|d| field(&mut out, "date", d.as_bytes()));
     }
     out.extend_from_slice(b"\r\n");
     out
