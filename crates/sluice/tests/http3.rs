@@ -254,11 +254,14 @@ async fn bodies_over_http3_are_byte_exact() {
         Some("bytes 5000000-5000099/7340032")
     );
     assert_eq!(r[7]["status"], 200, "{}", r[7]);
-    // No connection-specific field reaches an HTTP/3 client.
+    // No connection-specific field reaches an HTTP/3 client; every answer is dated, sluice's own
+    // (`/health`) too.
     for resp in r.as_array().unwrap() {
         for h in ["connection", "transfer-encoding", "keep-alive"] {
             assert_eq!(header(resp, h), None, "{resp}");
         }
+        let date = header(resp, "date").unwrap_or_else(|| panic!("no date: {resp}"));
+        assert!(httpdate::parse_http_date(date).is_ok(), "{resp}");
     }
 
     // The cached route again: the whole object and a range come from the cache.

@@ -551,6 +551,41 @@ async fn plain_heads_without_date_after_interim_answers_repeated_or_large_match_
     assert_eq!(seen[0], seen[1]);
 }
 
+/// hyper's HTTP/2 dating is off (the fast path's lines carry their own `Date`): every answer, the
+/// proxy's own ones too, still has exactly one, and a current one.
+#[tokio::test]
+async fn every_http2_answer_has_one_date() {
+    let (origin, _, _) = raw_origin(answers()).await;
+    let p = Proxy::start(proxy_config(origin, true)).await;
+    let mut send = h2(&p).await;
+    // The proxy's own 404 (no route), a plain answer without a `Date` (the fast path's line), a
+    // plain one with the origin's, a mapped one (`/api`), a 204 and an upstream that sends garbage
+    // (the proxy's 502).
+    for (path, status, origin_date) in [
+        ("/nowhere", 404, false),
+        ("/plain/p-no-date", 200, false),
+        ("/plain/p/10", 200, true),
+        ("/api/n/10", 200, true),
+        ("/plain/204", 204, true),
+        ("/plain/garbage", 502, false),
+    ] {
+        let a = ask(&mut send, &p, "GET", path, &[]).await;
+        assert_eq!(a.status.as_u16(), status, "{path}");
+        let dates: Vec<_> = a.headers.get_all("date").iter().collect();
+        assert_eq!(dates.len(), 1, "{path}: {dates:?}");
+        let date = dates[0].to_str().unwrap();
+        if origin_date {
+            assert_eq!(date, "Tue, 01 Dec 2026 00:00:00 GMT", "{path}");
+        } else {
+            let at = httpdate::parse_http_date(date).unwrap();
+            let off = std::time::SystemTime::now()
+                .duration_since(at)
+                .unwrap_or_default();
+            assert!(off.as_secs() <= 2, "{path}: {date}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn chunked_bodies_are_decoded_and_their_trailers_kept() {
     let (origin, heads, _) = raw_origin(answers()).await;

@@ -85,7 +85,9 @@ impl Reverse {
                     let fetched = fast::fetch(&self.budget, route, &head, key.as_deref(), plain)
                         .await
                         .map_err(FetchError::into_proxy_error);
-                    // The client's map, emptied, serves the answer's head (`field_maps`).
+                    // The client's map, emptied, goes back to the thread's stock (`field_maps`)
+                    // for a head that needs one: a plain answer's takes none unless it has an
+                    // `Alt-Svc`.
                     field_maps::give(head.headers);
                     fetched
                 }

@@ -79,6 +79,12 @@ async fn respond(
 ) -> Result<(), SendError> {
     let (mut parts, mut body) = resp.into_parts();
     strip_connection_fields(&mut parts.headers);
+    // Dated as HTTP/1.1 and HTTP/2 answers are (RFC 9110 section 6.6.1).
+    if !parts.headers.contains_key(header::DATE) {
+        parts
+            .headers
+            .insert(header::DATE, crate::server::date::value());
+    }
     send.send_response(Response::from_parts(parts, ())).await?;
     while let Some(frame) = body.frame().await {
         let frame = match frame {
