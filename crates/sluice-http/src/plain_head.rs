@@ -860,7 +860,7 @@ mod tests {
             // A repeated field the map would hold: every value must survive.
             "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nAlt-Svc: clear\r\nAlt-Svc: h3=\":1\"\r\n\r\n",
             "HTTP/1.1 200 OK\r\nDate: a\r\nContent-Length: 1\r\nDate: b\r\n\r\n",
-            // The map path writes `7`: a plain head's length goes out as it came.
+            // Not plain: a plain head's length goes out as it came, and the map path writes `7`.
             "HTTP/1.1 200 OK\r\nContent-Length: 007\r\n\r\n",
         ] {
             let mut out = b"x".to_vec();
