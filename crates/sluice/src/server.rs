@@ -17,6 +17,7 @@ pub mod screen;
 pub mod spliced;
 pub mod stall;
 mod task;
+pub mod ticks;
 pub mod tls;
 pub mod upgrade;
 
@@ -789,6 +790,9 @@ impl<H: Handler> Conn<H> {
         let act = activity.clone();
         let bodies = stall::Watchlist::new();
         let watched = bodies.clone();
+        // HTTP/2 streams waiting on something are woken at each tick below (`ticks`).
+        let stream_ticks = ticks::Ticks::new();
+        let streams = stream_ticks.clone();
         let mut stop = self.stop.clone();
         // The service reads the connection's settings (handler, listener, stop flag, `Alt-Svc`,
         // metrics) through one pointer: hyper keeps it for the connection's whole life, idle or
@@ -820,13 +824,20 @@ impl<H: Handler> Conn<H> {
             // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
             // pulled whenever the socket takes bytes, which the send watch already covers.
             let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
+            // An HTTP/1 response is polled in this connection's own task, which ticks; an
+            // HTTP/2 stream's task is woken by the tick through `ticks`.
+            let ticked = (req.version() == http::Version::HTTP_2).then(|| streams.clone());
             let alt_svc = settings.alt_svc.as_ref().filter(|_| secure).cloned();
             let h2 = req.version() == http::Version::HTTP_2;
             async move {
                 // Boxed: the handler's future is tens of KiB (every front end's state), and
                 // hyper moves this one into each HTTP/2 stream's task and again when it spawns it;
                 // behind a pointer those moves copy a few words instead.
-                let mut resp = boxed_in_place(|| handler.handle(req, peer, secure, guard)).await;
+                let mut resp = ticks::Ticked::new(
+                    ticked,
+                    boxed_in_place(|| handler.handle(req, peer, secure, guard)),
+                )
+                .await;
                 // (Not on a protocol switch: its `Connection: upgrade` must stand.)
                 if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                     resp.headers_mut().insert(
@@ -924,6 +935,7 @@ impl<H: Handler> Conn<H> {
                     }
                 }
                 _ = checked => {
+                    stream_ticks.tick();
                     if watch.stalled(t.send) {
                         // Dropping the connection drops its response bodies, and with them the
                         // upstream fetches and everything they buffer.

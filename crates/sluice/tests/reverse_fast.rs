@@ -86,7 +86,12 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 fn proxy_config(origin: SocketAddr, fast: bool, extra: &str) -> sluice::config::Config {
-    config(&format!(
+    config(&(toml_of(origin, fast) + extra))
+}
+
+/// [`proxy_config`]'s text, without anything extra.
+fn toml_of(origin: SocketAddr, fast: bool) -> String {
+    format!(
         r#"
 [server]
 h1_fast_path = {fast}
@@ -109,9 +114,8 @@ request_headers_remove = ["x-secret"]
 response_headers_add = {{ "x-served-by" = "sluice" }}
 response_headers_remove = ["x-internal"]
 header_timeout_secs = 2
-{extra}
 "#
-    ))
+    )
 }
 
 /// One response read off a client connection: head text and body bytes.
@@ -645,6 +649,70 @@ async fn upstream_faults_match_the_hyper_path() {
     }
     assert_eq!(refused[0].0, 502);
     assert_eq!(refused[0], refused[1]);
+}
+
+/// An origin that takes connections and requests and never answers.
+async fn silent_origin() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut sink = [0u8; 4096];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+/// An origin that takes the request and never answers: the fast path, which keeps the route's
+/// header timeout (2 s here) without a timer of its own, looking at it on its connection's tick
+/// (1 s here), answers the same 504 as the hyper path within a tick of the deadline, and the
+/// connection serves the next request. With a second server in the group, the request moves on
+/// to it and is answered.
+#[tokio::test]
+async fn a_silent_upstream_times_out_as_on_the_hyper_path() {
+    let silent = silent_origin().await;
+    let mut answers = Vec::new();
+    for fast in [true, false] {
+        let p = Proxy::start(proxy_config(silent, fast, "")).await;
+        let mut c = Client::to(&p).await;
+        let started = tokio::time::Instant::now();
+        let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1990) && took < Duration::from_millis(3500),
+            "fast={fast}: answered after {took:?}"
+        );
+        answers.push((r.status(), r.field("content-type"), r.body));
+    }
+    assert_eq!(answers[0].0, 504);
+    assert_eq!(answers[0], answers[1]);
+
+    let (origin, _) = raw_origin(ok_answer("hi")).await;
+    let both = format!("servers = [\"{silent}\", \"{origin}\"]");
+    for fast in [true, false] {
+        let text = toml_of(silent, fast).replace(&format!("servers = [\"{silent}\"]"), &both);
+        let p = Proxy::start(config(&text)).await;
+        let mut c = Client::to(&p).await;
+        let mut slow = 0;
+        for _ in 0..2 {
+            let started = tokio::time::Instant::now();
+            let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+            assert_eq!(
+                (r.status(), r.body.as_slice()),
+                (200, &b"hi"[..]),
+                "fast={fast}"
+            );
+            if started.elapsed() >= Duration::from_millis(1990) {
+                slow += 1;
+            }
+        }
+        // Round robin sends one of the two to the silent server first (or only the first, if
+        // its failure took it out of the plan).
+        assert!(slow >= 1, "fast={fast}: the silent server was never tried");
+    }
 }
 
 #[tokio::test]

@@ -666,7 +666,9 @@ async fn upstream_faults_match_the_hyper_path() {
     }
     assert_eq!(refused[0].status, StatusCode::BAD_GATEWAY);
     assert_eq!(refused[0].body, refused[1].body);
-    // A server that never answers: the route's header timeout, 504, both ways.
+    // A server that never answers: the route's header timeout (2 s), 504, both ways. The fast
+    // path keeps it without a timer, looked at when its connection's tick (1 s here) wakes the
+    // stream: three streams waiting at once on one connection each end within a tick of it.
     let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = silent.local_addr().unwrap();
     tokio::spawn(async move {
@@ -678,11 +680,25 @@ async fn upstream_faults_match_the_hyper_path() {
     let mut timed_out = Vec::new();
     for fast in [true, false] {
         let p = Proxy::start(proxy_config(addr, fast)).await;
-        let mut send = h2(&p).await;
-        timed_out.push(ask(&mut send, &p, "GET", "/api/x", &[]).await);
+        let send = h2(&p).await;
+        let started = tokio::time::Instant::now();
+        let streams = (0..3).map(|_| {
+            let (mut send, p) = (send.clone(), &p);
+            async move { ask(&mut send, p, "GET", "/api/x", &[]).await }
+        });
+        for a in futures_util::future::join_all(streams).await {
+            let took = started.elapsed();
+            assert!(
+                took >= Duration::from_millis(1990) && took < Duration::from_millis(3500),
+                "fast={fast}: answered after {took:?}"
+            );
+            timed_out.push(a);
+        }
     }
     assert_eq!(timed_out[0].status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(timed_out[0].body, timed_out[1].body);
+    for a in &timed_out[1..] {
+        assert_eq!((a.status, &a.body), (timed_out[0].status, &timed_out[0].body));
+    }
 }
 
 #[tokio::test]

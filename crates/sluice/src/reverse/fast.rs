@@ -22,7 +22,7 @@ use super::dial::{self, EagerStream};
 use super::forward::via_value;
 use super::forward::{
     attempt_loop, connect_failure, hash_key, hold_server, AttemptFailure, ClientHead, ClientHost,
-    Done, Downstream, FetchError, UpstreamHead,
+    Done, Downstream, FetchError, HeadClock, UpstreamHead,
 };
 use super::{Reverse, Route};
 use crate::body::Body;
@@ -120,9 +120,17 @@ impl Reverse {
         let fetched = match head {
             Err(e) => Err(e),
             Ok(head) => {
-                let fetched = fetch(&self.budget, route, &head, key.as_deref(), plain)
-                    .await
-                    .map_err(FetchError::into_proxy_error);
+                // The HTTP/1.1 fast path's connection polls this at least once a tick
+                // (`server::h1fast`): its header timeout needs no timer of its own.
+                let fetched = fetch(
+                    &self.budget,
+                    route,
+                    &head,
+                    key.as_deref(),
+                    (plain, HeadClock::Polled),
+                )
+                .await
+                .map_err(FetchError::into_proxy_error);
                 field_maps::give(head.headers);
                 fetched
             }
@@ -363,38 +371,47 @@ pub(super) struct Exchanged {
 
 /// The attempts across the group's servers (`forward::attempt_loop`): no body, so every failure
 /// may move on to the next server. `plain`: whether and how a plain response head may be passed
-/// on as it came.
+/// on as it came; `clock`: how the header timeout is kept.
 pub(super) async fn fetch(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     head: &UpstreamHead,
     key: Option<&[u8]>,
-    plain: Option<Plain>,
+    (plain, clock): (Option<Plain>, HeadClock),
 ) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
-    attempt_loop(budget, route, key, true, None, |server, index, _final| {
-        let pool = route.fast.get()?.clone();
-        let index = index?;
-        let group = route.group.name();
-        Some(async move {
-            match pool.exchange(index, server.addr(), head, plain).await {
-                Ok((conn, head, body_at, length)) => Ok(Exchanged {
-                    conn,
-                    head,
-                    body_at,
-                    length,
-                    pool,
-                    index,
-                }),
-                Err(Failure::Connect(cf)) => {
-                    Err(AttemptFailure::Failed(connect_failure(&cf, group)))
+    attempt_loop(
+        budget,
+        route,
+        key,
+        true,
+        (None, clock),
+        |server, index, _final| {
+            let pool = route.fast.get()?.clone();
+            let index = index?;
+            let group = route.group.name();
+            Some(async move {
+                match pool.exchange(index, server.addr(), head, plain).await {
+                    Ok((conn, head, body_at, length)) => Ok(Exchanged {
+                        conn,
+                        head,
+                        body_at,
+                        length,
+                        pool,
+                        index,
+                    }),
+                    Err(Failure::Connect(cf)) => {
+                        Err(AttemptFailure::Failed(connect_failure(&cf, group)))
+                    }
+                    Err(Failure::Broken(detail)) => {
+                        Err(AttemptFailure::Failed(FetchError::Broken {
+                            server: server.addr().to_string(),
+                            detail,
+                        }))
+                    }
                 }
-                Err(Failure::Broken(detail)) => Err(AttemptFailure::Failed(FetchError::Broken {
-                    server: server.addr().to_string(),
-                    detail,
-                })),
-            }
-        })
-    })
+            })
+        },
+    )
     .await
 }
 
@@ -801,7 +818,11 @@ impl FastPool {
                 Some(c) => c,
                 None => {
                     reused = false;
-                    self.connect(addr).await?
+                    // In a box of its own: the dial's future (name lookup, connect) is several
+                    // times the exchange's, and inline it would set the size of every
+                    // exchange, which is built and moved at each request on a pooled
+                    // connection too.
+                    Box::pin(self.connect(addr)).await?
                 }
             };
             match round_trip(&mut conn, request, addr, plain).await {
@@ -835,23 +856,21 @@ impl FastPool {
         let Some(Ok(mut stack)) = self.servers.get(index).map(Mutex::lock) else {
             return;
         };
-        self.expire(&mut stack);
+        let now = Instant::now();
+        self.expire(&mut stack, now);
         if stack.len() >= self.max_idle {
             stack.pop_front();
         }
-        stack.push_back(Idle {
-            conn,
-            since: Instant::now(),
-        });
+        stack.push_back(Idle { conn, since: now });
         drop(stack);
         self.sweep_later();
     }
 
-    /// Closes the connections at the old end of `stack` that have been idle too long.
-    fn expire(&self, stack: &mut std::collections::VecDeque<Idle>) {
+    /// Closes the connections at the old end of `stack` that have been idle too long at `now`.
+    fn expire(&self, stack: &mut std::collections::VecDeque<Idle>, now: Instant) {
         while stack
             .front()
-            .is_some_and(|i| i.since.elapsed() >= self.idle_timeout)
+            .is_some_and(|i| now.saturating_duration_since(i.since) >= self.idle_timeout)
         {
             stack.pop_front();
         }
@@ -877,7 +896,7 @@ impl FastPool {
                 let mut held = 0;
                 for slot in &pool.servers {
                     if let Ok(mut stack) = slot.lock() {
-                        pool.expire(&mut stack);
+                        pool.expire(&mut stack, Instant::now());
                         held += stack.len();
                     }
                 }

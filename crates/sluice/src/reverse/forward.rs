@@ -654,7 +654,7 @@ pub(super) async fn attempts(
         route,
         key,
         replayable,
-        Some(body),
+        (Some(body), HeadClock::Timer),
         |server, index, final_try| {
             let lent = body.lend()?;
             let authority = index.and_then(|i| route.authorities.get(i)?.as_ref());
@@ -720,7 +720,8 @@ pub(super) enum AttemptFailure {
 /// while the request `body` was not read, after any failure when `replayable`; every move
 /// after the first server takes from the retry budget. `send` starts the attempt on a server (its
 /// index in the group and whether it is the last try); `None` ends the loop (the body cannot be
-/// lent again). `body`: the client's request body (`None`: the request has none).
+/// lent again). `body`: the client's request body (`None`: the request has none); `clock`: how
+/// the header timeout is kept.
 ///
 /// Only failures the server caused count against it (passive health): an attempt that failed
 /// because the client's body did (aborted, malformed, too large, idle, or still awaited from the
@@ -731,7 +732,7 @@ pub(super) async fn attempt_loop<R, F, Fut>(
     route: &Arc<Route>,
     key: Option<&[u8]>,
     replayable: bool,
-    body: Option<&BodySlot>,
+    (body, clock): (Option<&BodySlot>, HeadClock),
     mut send: F,
 ) -> Result<(R, InFlight), FetchError>
 where
@@ -764,7 +765,12 @@ where
         let Some(attempt) = send(server.clone(), index, final_try) else {
             break;
         };
-        let outcome = tokio::time::timeout(route.header_timeout, attempt).await;
+        let outcome = match clock {
+            HeadClock::Timer => tokio::time::timeout(route.header_timeout, attempt)
+                .await
+                .map_err(|_| ()),
+            HeadClock::Polled => Polled::new(route.header_timeout, attempt).await,
+        };
         let failure = match outcome {
             Ok(Ok(response)) => {
                 server.report_success();
@@ -808,6 +814,55 @@ where
     Err(last.unwrap_or(FetchError::NoServer {
         group: group.name().to_string(),
     }))
+}
+
+/// How [`attempt_loop`] keeps an attempt's header timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeadClock {
+    /// A timer of the attempt's own, firing at the deadline.
+    Timer,
+    /// No timer: the deadline is looked at whenever the attempt is polled and not ready. Only for
+    /// a caller that is polled at least once a tick while it waits (at most a second apart): the
+    /// HTTP/1.1 fast path's send-timeout tick, and an HTTP/2 stream's connection tick
+    /// (`server::ticks`). The timeout then fires within a tick of its deadline, and a request
+    /// costs no timer's registration and removal.
+    Polled,
+}
+
+pin_project_lite::pin_project! {
+    /// An attempt under [`HeadClock::Polled`]: `Err(())` when polled, not ready, past its
+    /// deadline.
+    struct Polled<F> {
+        deadline: Instant,
+        #[pin]
+        attempt: F,
+    }
+}
+
+impl<F> Polled<F> {
+    fn new(timeout: Duration, attempt: F) -> Polled<F> {
+        Polled {
+            deadline: Instant::now() + timeout,
+            attempt,
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Polled<F> {
+    type Output = Result<F::Output, ()>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.project();
+        match this.attempt.poll(cx) {
+            Poll::Ready(out) => Poll::Ready(Ok(out)),
+            Poll::Pending if Instant::now() >= *this.deadline => Poll::Ready(Err(())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// The upstream request head (see [`Reverse::fetch`]).

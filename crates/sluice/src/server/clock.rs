@@ -167,10 +167,15 @@ impl Alarm {
     /// Makes sure `waker` is woken at `deadline` or before (to the millisecond). The waker must
     /// be the same task's each time (a connection's alarm belongs to its task).
     pub fn wake_by(&mut self, deadline: Instant, waker: &Waker) {
+        self.wake_by_at(deadline, Instant::now(), waker);
+    }
+
+    /// [`Alarm::wake_by`] for a caller that has just read the clock (`now`).
+    pub fn wake_by_at(&mut self, deadline: Instant, now: Instant, waker: &Waker) {
         let due = self.clock.ms_ceil(deadline);
         if let Some(a) = self.armed {
             // Still ahead and not later than asked: it will do.
-            if a.due <= due && a.due > self.clock.ms_floor(Instant::now()) {
+            if a.due <= due && a.due > self.clock.ms_floor(now) {
                 return;
             }
         }
@@ -203,10 +208,11 @@ impl Alarm {
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     pub fn until(&mut self, deadline: Instant) -> impl std::future::Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| {
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return std::task::Poll::Ready(());
             }
-            self.wake_by(deadline, cx.waker());
+            self.wake_by_at(deadline, now, cx.waker());
             std::task::Poll::Pending
         })
     }

@@ -208,7 +208,7 @@ impl<S: FastStream> Idle<S> {
             return Poll::Ready(false);
         }
         // The clock also wakes every waiting connection on shutdown.
-        self.alarm.wake_by(deadline, cx.waker());
+        self.alarm.wake_by_at(deadline, now, cx.waker());
         Poll::Pending
     }
 }

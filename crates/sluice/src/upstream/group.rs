@@ -271,18 +271,21 @@ impl Group {
     /// The plan is the servers' indexes, held inline for up to `INLINE` servers: a request's plan
     /// allocates nothing in a group of that size.
     pub fn plan(&self, key: Option<&[u8]>) -> Plan<'_> {
-        let now = clock_ms();
+        // Read once, and only when some server is ejected.
+        let mut now = None;
         let mut trial = None;
         let mut usable = Marks::new(self.servers.len());
         for (i, s) in self.servers.iter().enumerate() {
-            match s.admit(now) {
+            match s.admit(&mut now) {
                 Admit::Yes => usable.set(i),
                 Admit::Trial if trial.is_none() => {
                     usable.set(i);
                     trial = Some(i);
                 }
                 // A second expired server waits for the next plan.
-                Admit::Trial => s.ejected_until.store(now.max(1), Ordering::Relaxed),
+                Admit::Trial => s
+                    .ejected_until
+                    .store(now.unwrap_or_else(clock_ms).max(1), Ordering::Relaxed),
                 Admit::No => {}
             }
         }
@@ -602,7 +605,8 @@ impl Server {
         until != 0 && clock_ms() < until
     }
 
-    fn admit(&self, now: u64) -> Admit {
+    /// `now`: [`clock_ms`], read here the first time a caller's servers need it.
+    fn admit(&self, now: &mut Option<u64>) -> Admit {
         if !self.is_healthy() {
             return Admit::No;
         }
@@ -610,6 +614,7 @@ impl Server {
         if until == 0 {
             return Admit::Yes;
         }
+        let now = *now.get_or_insert_with(clock_ms);
         if now < until {
             return Admit::No;
         }
