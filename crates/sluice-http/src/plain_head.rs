@@ -128,7 +128,11 @@ fn plain<'b>(
     for f in resp.headers.iter() {
         let name = f.name.as_bytes();
         let value = f.value;
-        let kind = Name::of(name);
+        // Lowered once, for the look-ups and the writing both.
+        let lower = Lower::of(name);
+        let kind = lower
+            .as_ref()
+            .map_or(Name::Other, |l| Name::of(l.as_bytes()));
         match kind {
             Name::Other => {}
             Name::ContentLength => {
@@ -182,7 +186,10 @@ fn plain<'b>(
         }
         match form {
             Form::H1 => {
-                push_lower(out, name);
+                match &lower {
+                    Some(l) => out.extend_from_slice(l.as_bytes()),
+                    None => push_lower(out, name),
+                }
                 out.extend_from_slice(b": ");
                 out.extend_from_slice(value);
                 out.extend_from_slice(b"\r\n");
@@ -194,7 +201,7 @@ fn plain<'b>(
                     break;
                 }
                 if !matches!(kind, Name::AltSvc) {
-                    hpack_field(out, name, value);
+                    hpack_field_lowered(out, name, lower.as_ref(), value);
                 }
             }
         }
@@ -236,20 +243,71 @@ fn is_blank(b: u8) -> bool {
 /// literal without indexing (RFC 7541 section 6.2.2), with the static table's index for the name
 /// when it has one, else the name as a literal; neither string Huffman-coded.
 pub fn hpack_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    match static_name_index(name) {
+    hpack_field_lowered(out, name, Lower::of(name).as_ref(), value);
+}
+
+/// [`hpack_field`] with `name` already lowered (`lower`: `None` for a name too long to have been).
+fn hpack_field_lowered(out: &mut Vec<u8>, name: &[u8], lower: Option<&Lower>, value: &[u8]) {
+    match lower.and_then(|l| static_index(l.as_bytes())) {
         Some(index) => hpack_int(out, 4, index),
         None => {
             out.push(0x00);
             hpack_int(out, 7, name.len());
-            push_lower(out, name);
+            match lower {
+                Some(l) => out.extend_from_slice(l.as_bytes()),
+                None => push_lower(out, name),
+            }
         }
     }
     hpack_int(out, 7, value.len());
     out.extend_from_slice(value);
 }
 
+/// A field name in lower case, for a name of up to [`Lower::MAX`] bytes: every name this module
+/// looks up is shorter (a longer one is lowered where it is written).
+struct Lower {
+    buf: [u8; Lower::MAX],
+    len: usize,
+}
+
+impl Lower {
+    const MAX: usize = 32;
+
+    fn of(name: &[u8]) -> Option<Lower> {
+        let mut buf = [0u8; Lower::MAX];
+        buf.get_mut(..name.len())?.copy_from_slice(name);
+        // A word at a time: the byte-by-byte loop was most of the cost of writing a field.
+        for word in buf.chunks_exact_mut(8) {
+            let w = u64::from_ne_bytes(word.try_into().expect("eight bytes"));
+            word.copy_from_slice(&lower8(w).to_ne_bytes());
+        }
+        Some(Lower {
+            buf,
+            len: name.len(),
+        })
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Eight bytes in ASCII lower case at once: each byte `A`-`Z` gains its 0x20 bit, every other
+/// byte (0x80 and above included) stays as it is.
+fn lower8(x: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Each byte's low seven bits plus at most 0x3f stays below 0x100: no carry between bytes.
+    let b = x & LOW7;
+    let from_a = b + 0x3f3f_3f3f_3f3f_3f3f; // high bit set where the byte is 0x41 (`A`) or more
+    let past_z = b + 0x2525_2525_2525_2525; // high bit set where it is 0x5b (past `Z`) or more
+    let upper = from_a & !past_z & !x & HIGH;
+    x | (upper >> 2)
+}
+
 /// An HPACK integer (RFC 7541 section 5.1) in a `prefix`-bit prefix, the byte's other bits zero
 /// (every form written here: a literal without indexing, a string without Huffman coding).
+#[inline]
 fn hpack_int(out: &mut Vec<u8>, prefix: u32, mut n: usize) {
     let max = (1usize << prefix) - 1;
     if n < max {
@@ -267,19 +325,21 @@ fn hpack_int(out: &mut Vec<u8>, prefix: u32, mut n: usize) {
 
 /// The first index of `name` (any case) in HPACK's static table (RFC 7541 Appendix A), for the
 /// regular field names it has.
+#[cfg(test)]
 fn static_name_index(name: &[u8]) -> Option<usize> {
-    let mut lower = [0u8; 27];
-    let lower = lower.get_mut(..name.len())?;
-    lower.copy_from_slice(name);
-    lower.make_ascii_lowercase();
+    static_index(Lower::of(name)?.as_bytes())
+}
+
+/// [`static_name_index`] of a name in lower case.
+fn static_index(lower: &[u8]) -> Option<usize> {
     // By length first: a few comparisons at most.
     let index = match lower.len() {
-        3 => match &*lower {
+        3 => match lower {
             b"age" => 21,
             b"via" => 60,
             _ => return None,
         },
-        4 => match &*lower {
+        4 => match lower {
             b"date" => 33,
             b"etag" => 34,
             b"from" => 37,
@@ -288,45 +348,45 @@ fn static_name_index(name: &[u8]) -> Option<usize> {
             b"vary" => 59,
             _ => return None,
         },
-        5 => match &*lower {
+        5 => match lower {
             b"allow" => 22,
             b"range" => 50,
             _ => return None,
         },
-        6 => match &*lower {
+        6 => match lower {
             b"accept" => 19,
             b"cookie" => 32,
             b"expect" => 35,
             b"server" => 54,
             _ => return None,
         },
-        7 => match &*lower {
+        7 => match lower {
             b"expires" => 36,
             b"referer" => 51,
             b"refresh" => 52,
             _ => return None,
         },
-        8 => match &*lower {
+        8 => match lower {
             b"if-match" => 39,
             b"if-range" => 42,
             b"location" => 46,
             _ => return None,
         },
-        10 => match &*lower {
+        10 => match lower {
             b"set-cookie" => 55,
             b"user-agent" => 58,
             _ => return None,
         },
-        11 => match &*lower {
+        11 => match lower {
             b"retry-after" => 53,
             _ => return None,
         },
-        12 => match &*lower {
+        12 => match lower {
             b"content-type" => 31,
             b"max-forwards" => 47,
             _ => return None,
         },
-        13 => match &*lower {
+        13 => match lower {
             b"accept-ranges" => 18,
             b"authorization" => 23,
             b"cache-control" => 24,
@@ -335,43 +395,43 @@ fn static_name_index(name: &[u8]) -> Option<usize> {
             b"last-modified" => 44,
             _ => return None,
         },
-        14 => match &*lower {
+        14 => match lower {
             b"accept-charset" => 15,
             b"content-length" => 28,
             _ => return None,
         },
-        15 => match &*lower {
+        15 => match lower {
             b"accept-encoding" => 16,
             b"accept-language" => 17,
             _ => return None,
         },
-        16 => match &*lower {
+        16 => match lower {
             b"content-encoding" => 26,
             b"content-language" => 27,
             b"content-location" => 29,
             b"www-authenticate" => 61,
             _ => return None,
         },
-        17 => match &*lower {
+        17 => match lower {
             b"if-modified-since" => 40,
             b"transfer-encoding" => 57,
             _ => return None,
         },
-        18 => match &*lower {
+        18 => match lower {
             b"proxy-authenticate" => 48,
             _ => return None,
         },
-        19 => match &*lower {
+        19 => match lower {
             b"content-disposition" => 25,
             b"if-unmodified-since" => 43,
             b"proxy-authorization" => 49,
             _ => return None,
         },
-        25 => match &*lower {
+        25 => match lower {
             b"strict-transport-security" => 56,
             _ => return None,
         },
-        27 => match &*lower {
+        27 => match lower {
             b"access-control-allow-origin" => 20,
             _ => return None,
         },
@@ -394,21 +454,18 @@ enum Name {
 }
 
 impl Name {
-    fn of(name: &[u8]) -> Name {
-        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
-        match name.len() {
-            2 if is("te") => Name::OtherHop,
-            3 if is("via") => Name::Via,
-            4 if is("date") => Name::Date,
-            7 if is("upgrade") || is("trailer") => Name::OtherHop,
-            7 if is("alt-svc") => Name::AltSvc,
-            10 if is("connection") => Name::Connection,
-            10 if is("keep-alive") => Name::KeepAlive,
-            14 if is("content-length") => Name::ContentLength,
-            16 if is("proxy-connection") => Name::OtherHop,
-            17 if is("transfer-encoding") => Name::OtherHop,
-            18 if is("proxy-authenticate") => Name::OtherHop,
-            19 if is("proxy-authorization") => Name::OtherHop,
+    /// Of a name in lower case.
+    fn of(lower: &[u8]) -> Name {
+        match lower {
+            b"te" | b"upgrade" | b"trailer" => Name::OtherHop,
+            b"via" => Name::Via,
+            b"date" => Name::Date,
+            b"alt-svc" => Name::AltSvc,
+            b"connection" => Name::Connection,
+            b"keep-alive" => Name::KeepAlive,
+            b"content-length" => Name::ContentLength,
+            b"proxy-connection" | b"transfer-encoding" => Name::OtherHop,
+            b"proxy-authenticate" | b"proxy-authorization" => Name::OtherHop,
             _ => Name::Other,
         }
     }
@@ -771,6 +828,32 @@ mod tests {
             fields.push((name, string(&mut b)));
         }
         fields
+    }
+
+    proptest::proptest! {
+        /// The word-at-a-time lowering is `make_ascii_lowercase`, whatever the bytes (any value,
+        /// any length up to the limit; a longer name is not lowered here).
+        #[test]
+        fn names_are_lowered_as_byte_by_byte(
+            name in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)
+        ) {
+            let mut want = name.clone();
+            want.make_ascii_lowercase();
+            match Lower::of(&name) {
+                Some(l) => proptest::prop_assert_eq!(l.as_bytes(), &want[..]),
+                None => proptest::prop_assert!(name.len() > Lower::MAX),
+            }
+        }
+    }
+
+    #[test]
+    fn every_byte_value_is_lowered_as_byte_by_byte() {
+        for b in 0..=255u8 {
+            let word = u64::from_ne_bytes([b, b'Z', b, b'@', b'[', b, 0xc1, b'a']);
+            let mut want = word.to_ne_bytes();
+            want.make_ascii_lowercase();
+            assert_eq!(lower8(word).to_ne_bytes(), want, "{b:#x}");
+        }
     }
 
     #[test]

@@ -697,7 +697,10 @@ async fn upstream_faults_match_the_hyper_path() {
     }
     assert_eq!(timed_out[0].status, StatusCode::GATEWAY_TIMEOUT);
     for a in &timed_out[1..] {
-        assert_eq!((a.status, &a.body), (timed_out[0].status, &timed_out[0].body));
+        assert_eq!(
+            (a.status, &a.body),
+            (timed_out[0].status, &timed_out[0].body)
+        );
     }
 }
 
