@@ -116,13 +116,13 @@ impl Fresh {
     /// Calls `field` with each field's name and value, in the order [`apply`] appends them.
     pub fn each(&self, mut field: impl FnMut(&'static str, &[u8])) {
         let mut text = IpText::default();
-        field("x-forwarded-for", text.of(self.peer).as_bytes());
+        field("x-forwarded-for", text.bytes_of(self.peer));
         field("x-forwarded-proto", self.proto.as_bytes());
         if let Some(h) = &self.host {
             field("x-forwarded-host", h.bytes());
         }
         if let Some(ip) = self.client {
-            field("x-real-ip", text.of(ip).as_bytes());
+            field("x-real-ip", text.bytes_of(ip));
         }
         if let Some((name, version)) = self.via {
             let mut buf = [0u8; 64];
@@ -270,6 +270,12 @@ impl Default for IpText {
 impl IpText {
     /// The address as `Display` writes it (dotted decimal; RFC 5952 for IPv6).
     fn of(&mut self, ip: IpAddr) -> &str {
+        self.bytes_of(ip);
+        self.text()
+    }
+
+    /// [`IpText::of`] as bytes, for a head's encoder (no check that they are text).
+    fn bytes_of(&mut self, ip: IpAddr) -> &[u8] {
         self.len = 0;
         match ip {
             IpAddr::V4(v4) => {
@@ -294,7 +300,7 @@ impl IpText {
                 self.len = cursor.position() as usize;
             }
         }
-        self.text()
+        &self.buf[..self.len]
     }
 
     /// The text written last.
