@@ -905,7 +905,10 @@ impl<H: Handler> Conn<H> {
                 let now = Instant::now();
                 let due = match activity.idle_for() {
                     Some(idle) if activity.send_stalled_for().is_none() => {
-                        next_tick = None;
+                        // Busy until now: the streams' list gives its room back.
+                        if next_tick.take().is_some() {
+                            stream_ticks.settle();
+                        }
                         if closing {
                             // Only hyper's own close is left to wait for.
                             return Poll::Pending;

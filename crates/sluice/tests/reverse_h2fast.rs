@@ -684,12 +684,15 @@ async fn upstream_faults_match_the_hyper_path() {
         let started = tokio::time::Instant::now();
         let streams = (0..3).map(|_| {
             let (mut send, p) = (send.clone(), &p);
-            async move { ask(&mut send, p, "GET", "/api/x", &[]).await }
+            async move {
+                let a = ask(&mut send, p, "GET", "/api/x", &[]).await;
+                (a, started.elapsed())
+            }
         });
-        for a in futures_util::future::join_all(streams).await {
-            let took = started.elapsed();
+        // Each stream's own time (a second allowed beyond the tick for a loaded machine).
+        for (a, took) in futures_util::future::join_all(streams).await {
             assert!(
-                took >= Duration::from_millis(1990) && took < Duration::from_millis(3500),
+                took >= Duration::from_millis(1990) && took < Duration::from_millis(4500),
                 "fast={fast}: answered after {took:?}"
             );
             timed_out.push(a);

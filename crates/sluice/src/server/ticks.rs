@@ -22,18 +22,31 @@ impl Ticks {
         Arc::default()
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slab<Waker>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Wakes every stream waiting now (each stays on the list until it is done).
     pub fn tick(&self) {
-        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        for (_, waker) in waiting.iter() {
+        for (_, waker) in self.lock().iter() {
             waker.wake_by_ref();
         }
     }
 
-    /// How many streams are waiting.
+    /// The connection has nothing in flight: an empty list gives its room back, so an idle
+    /// connection holds none after a burst of streams.
+    pub fn settle(&self) {
+        let mut waiting = self.lock();
+        if waiting.is_empty() && waiting.capacity() > 0 {
+            *waiting = Slab::new();
+        }
+    }
+
+    /// How many streams are waiting, and the room the list holds.
     #[cfg(test)]
-    fn len(&self) -> usize {
-        self.waiting.lock().unwrap().len()
+    fn held(&self) -> (usize, usize) {
+        let waiting = self.lock();
+        (waiting.len(), waiting.capacity())
     }
 }
 
@@ -42,8 +55,10 @@ pin_project_lite::pin_project! {
     /// is without).
     pub struct Ticked<F> {
         ticks: Option<Arc<Ticks>>,
-        // Its place on the list, from its first pending poll until it is ready or dropped.
-        key: Option<usize>,
+        // Its place on the list, from its first pending poll until it is ready or dropped, and
+        // the waker put there (`Waker::will_wake`'s two pointers, to see a new one without the
+        // lock).
+        key: Option<(usize, WakerId)>,
         #[pin]
         inner: F,
     }
@@ -66,10 +81,23 @@ impl<F> Ticked<F> {
     }
 }
 
-fn leave(ticks: Option<&Ticks>, key: &mut Option<usize>) {
-    if let (Some(ticks), Some(k)) = (ticks, key.take()) {
-        let mut waiting = ticks.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.try_remove(k);
+/// What `Waker::will_wake` compares: the data and vtable pointers (as addresses: compared,
+/// never followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WakerId(usize, usize);
+
+impl WakerId {
+    fn of(waker: &Waker) -> WakerId {
+        WakerId(
+            waker.data() as usize,
+            std::ptr::from_ref(waker.vtable()) as usize,
+        )
+    }
+}
+
+fn leave(ticks: Option<&Ticks>, key: &mut Option<(usize, WakerId)>) {
+    if let (Some(ticks), Some((k, _))) = (ticks, key.take()) {
+        ticks.lock().try_remove(k);
     }
 }
 
@@ -84,10 +112,21 @@ impl<F: Future> Future for Ticked<F> {
                 Poll::Ready(out)
             }
             Poll::Pending => {
-                // A task's waker stays the same: registered once.
-                if let (Some(ticks), None) = (this.ticks.as_deref(), *this.key) {
-                    let mut waiting = ticks.waiting.lock().unwrap_or_else(|e| e.into_inner());
-                    *this.key = Some(waiting.insert(cx.waker().clone()));
+                let Some(ticks) = this.ticks.as_deref() else {
+                    return Poll::Pending;
+                };
+                let id = WakerId::of(cx.waker());
+                match *this.key {
+                    // Registered with this waker (a task's stays the same): nothing to do.
+                    Some((_, put)) if put == id => {}
+                    // Polled with another waker: it replaces the one on the list.
+                    Some((k, _)) => {
+                        if let Some(w) = ticks.lock().get_mut(k) {
+                            w.clone_from(cx.waker());
+                        }
+                        *this.key = Some((k, id));
+                    }
+                    None => *this.key = Some((ticks.lock().insert(cx.waker().clone()), id)),
                 }
                 Poll::Pending
             }
@@ -123,10 +162,10 @@ mod tests {
             std::future::pending::<()>(),
         ));
         tokio::task::yield_now().await;
-        assert_eq!(ticks.len(), 2);
+        assert_eq!(ticks.held().0, 2);
         dropped.abort();
         let _ = dropped.await;
-        assert_eq!(ticks.len(), 1);
+        assert_eq!(ticks.held().0, 1);
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             ticks.tick();
@@ -135,8 +174,50 @@ mod tests {
         stream.await.unwrap();
         // Polled first, then once a tick until the deadline had passed.
         assert_eq!(looks.load(std::sync::atomic::Ordering::SeqCst), 3);
-        assert_eq!(ticks.len(), 0);
+        assert_eq!(ticks.held().0, 0);
+        // Idle, the list gives its room back.
+        assert!(ticks.held().1 > 0);
+        ticks.settle();
+        assert_eq!(ticks.held(), (0, 0));
         // Without a list it is only the future it wraps.
         assert_eq!(Ticked::new(None, async { 7 }).await, 7);
+    }
+
+    /// Counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Polled with another waker than the one registered, the list holds the new one: the
+    /// tick reaches whoever polled last.
+    #[test]
+    fn a_new_waker_replaces_the_registered_one() {
+        let ticks = Ticks::new();
+        let mut waiting = std::pin::pin!(Ticked::new(
+            Some(ticks.clone()),
+            std::future::pending::<()>()
+        ));
+        let (first, second) = (
+            Arc::new(Count(Default::default())),
+            Arc::new(Count(Default::default())),
+        );
+        for count in [&first, &second, &second] {
+            let waker = Waker::from(count.clone());
+            assert!(waiting
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+        }
+        assert_eq!(ticks.held().0, 1);
+        ticks.tick();
+        let woken = |c: &Arc<Count>| c.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!((woken(&first), woken(&second)), (0, 1));
     }
 }
