@@ -120,17 +120,9 @@ impl Reverse {
         let fetched = match head {
             Err(e) => Err(e),
             Ok(head) => {
-                // The HTTP/1.1 fast path's connection polls this at least once a tick
-                // (`server::h1fast`): its header timeout needs no timer of its own.
-                let fetched = fetch(
-                    &self.budget,
-                    route,
-                    &head,
-                    key.as_deref(),
-                    (plain, HeadClock::Polled),
-                )
-                .await
-                .map_err(FetchError::into_proxy_error);
+                let fetched = fetch(&self.budget, route, &head, key.as_deref(), plain)
+                    .await
+                    .map_err(FetchError::into_proxy_error);
                 field_maps::give(head.headers);
                 fetched
             }
@@ -371,20 +363,24 @@ pub(super) struct Exchanged {
 
 /// The attempts across the group's servers (`forward::attempt_loop`): no body, so every failure
 /// may move on to the next server. `plain`: whether and how a plain response head may be passed
-/// on as it came; `clock`: how the header timeout is kept.
+/// on as it came.
+///
+/// The header timeout is kept with [`HeadClock::Polled`]: both callers' tasks are polled at
+/// least once a tick while they wait (the HTTP/1.1 fast path's connection, `server::h1fast`; an
+/// HTTP/2 stream, woken by its connection's tick through `server::ticks`).
 pub(super) async fn fetch(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     head: &UpstreamHead,
     key: Option<&[u8]>,
-    (plain, clock): (Option<Plain>, HeadClock),
+    plain: Option<Plain>,
 ) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
     attempt_loop(
         budget,
         route,
         key,
         true,
-        (None, clock),
+        (None, HeadClock::Polled),
         |server, index, _final| {
             let pool = route.fast.get()?.clone();
             let index = index?;

@@ -24,7 +24,7 @@ use super::access_log::Entry;
 use super::body::IdleClock;
 use super::fast::{self, Exchanged, FastPool, UpConn};
 use super::forward::{
-    hash_key, hold_server, request_target, ClientHead, Done, Downstream, FetchError, HeadClock,
+    hash_key, hold_server, request_target, ClientHead, Done, Downstream, FetchError,
 };
 use super::{Reverse, Route};
 use crate::body::{self, Body, Incoming};
@@ -82,17 +82,9 @@ impl Reverse {
             match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
                 Err(e) => Err(e),
                 Ok(head) => {
-                    let fetched = fast::fetch(
-                        &self.budget,
-                        route,
-                        &head,
-                        key.as_deref(),
-                        // An HTTP/2 stream is woken at its connection's tick
-                        // (`server::ticks`): no timer of its own for the header timeout.
-                        (plain, HeadClock::Polled),
-                    )
-                    .await
-                    .map_err(FetchError::into_proxy_error);
+                    let fetched = fast::fetch(&self.budget, route, &head, key.as_deref(), plain)
+                        .await
+                        .map_err(FetchError::into_proxy_error);
                     // The client's map, emptied, goes back to the thread's stock (`field_maps`)
                     // for a head that needs one: a plain answer's takes none unless it has an
                     // `Alt-Svc`.
