@@ -30,13 +30,16 @@ use std::task::Poll;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+#[cfg(feature = "http2")]
+use crate::runtime::recent::FreshExecutor;
+use crate::runtime::recent::{recent, Fresh, RecentTimer};
 use activity::{Activity, Watched};
 pub use config::{EndpointsConfig, ServerConfig};
 pub use handler::{Handler, ListenerId};
@@ -412,7 +415,7 @@ async fn accept_loop<H: Handler>(
     loop {
         let (stream, peer, slot) = acceptor.accept(&listener).await;
         conn.handler.connection_accepted();
-        tracker.spawn(Conn::serve(conn.clone(), stream, peer, slot));
+        tracker.spawn(Fresh::new(Conn::serve(conn.clone(), stream, peer, slot)));
     }
 }
 
@@ -490,7 +493,7 @@ impl<H: Handler> Core<H> {
 
 /// HTTP/1.1 and HTTP/2 (h2c by prior knowledge, h2 by ALPN); HTTP/1.1 alone without `http2`.
 #[cfg(feature = "http2")]
-type HttpBuilder = hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>;
+type HttpBuilder = hyper_util::server::conn::auto::Builder<FreshExecutor>;
 #[cfg(not(feature = "http2"))]
 type HttpBuilder = hyper::server::conn::http1::Builder;
 
@@ -505,7 +508,7 @@ type HttpBuilder = hyper::server::conn::http1::Builder;
 macro_rules! http1_settings {
     ($builder:expr, $config:expr) => {
         $builder
-            .timer(TokioTimer::new())
+            .timer(RecentTimer)
             .header_read_timeout(None)
             .max_buf_size($config.max_header_bytes.max(8192))
             .keep_alive(true)
@@ -544,7 +547,7 @@ fn date_h2<B>(resp: &mut http::Response<B>) {
 
 #[cfg(feature = "http2")]
 fn http_builder(config: &ServerConfig) -> HttpBuilder {
-    let mut builder = HttpBuilder::new(hyper_util::rt::TokioExecutor::new());
+    let mut builder = HttpBuilder::new(FreshExecutor);
     http1_settings!(builder.http1(), config);
     // hyper's own limit is 100 fields, kept on the stack; an explicit limit (even 100) makes it
     // allocate and fill two field arrays per request head, so set it only when it differs.
@@ -553,7 +556,7 @@ fn http_builder(config: &ServerConfig) -> HttpBuilder {
     }
     builder
         .http2()
-        .timer(TokioTimer::new())
+        .timer(RecentTimer)
         .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(config.h2_max_concurrent_streams)
         .max_send_buf_size(config.h2_max_send_buf_bytes)
@@ -877,7 +880,7 @@ impl<H: Handler> Conn<H> {
         // Ticks fall on a grid from the connection's start, as an `Interval`'s did: the send
         // watch compares the bytes the client acknowledged from one tick to the next, and a gap
         // longer than the send timeout could cut a client that reads slowly.
-        let start = Instant::now();
+        let start = recent();
         let tick_ns = tick.as_nanos().max(1);
         let after = |now: Instant| {
             let n = now.saturating_duration_since(start).as_nanos() / tick_ns + 1;
@@ -902,7 +905,7 @@ impl<H: Handler> Conn<H> {
             // Looked at each time the task wakes (after hyper, which may just have begun a
             // request), so a tick is due as soon as a response is under way.
             let checked = std::future::poll_fn(|cx| {
-                let now = Instant::now();
+                let now = recent();
                 let due = match activity.idle_for() {
                     Some(idle) if activity.send_stalled_for().is_none() => {
                         // Busy until now: the streams' list gives its room back.

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 
 use crate::body::Incoming;
 use http::{Request, Response, StatusCode};
-use tokio::time::Instant;
 
 #[cfg(feature = "iptv")]
 use super::endpoints::is_channel_path;
@@ -24,6 +23,7 @@ use crate::media::Media;
 use crate::metrics::EndpointLabels;
 #[cfg(feature = "reverse")]
 use crate::reverse::forward::{ClientHost, Downstream};
+use crate::runtime::recent::{self, recent};
 use crate::server::activity::ActivityGuard;
 
 impl App {
@@ -35,7 +35,7 @@ impl App {
         secure: bool,
         guard: ActivityGuard,
     ) -> Response<Body> {
-        let start = Instant::now();
+        let start = recent();
         // In-flight requests keep the table they started with; a reload only affects new ones.
         let routing = self.routing.load_full();
         let dispatch = routing.dispatch(&req);
@@ -130,7 +130,9 @@ impl App {
                 }
             }
         };
-        series.first_byte.observe(start.elapsed().as_secs_f64());
+        series
+            .first_byte
+            .observe(recent::since(start).as_secs_f64());
         self.count_response(
             endpoint,
             resp.status().as_u16(),

@@ -3,14 +3,13 @@
 
 use std::net::SocketAddr;
 
-use tokio::time::Instant;
-
 use super::metering::{EndpointSeries, Finish};
 use super::routes;
 use super::{App, FastRoute};
 use crate::error::ErrorMark;
 use crate::metrics::EndpointLabels;
 use crate::reverse::forward::{ClientHost, Downstream};
+use crate::runtime::recent::{self, recent};
 use crate::server::activity::ActivityGuard;
 use crate::server::handler::{FastClient, FastRequest, Served};
 
@@ -62,7 +61,7 @@ impl App {
         client: &mut W,
         guard: ActivityGuard,
     ) -> Served {
-        let start = Instant::now();
+        let start = recent();
         let labels = EndpointLabels {
             endpoint: "reverse",
         };
@@ -85,7 +84,9 @@ impl App {
             host: Some(ClientHost::of_field(&req.headers, host)),
         };
         let on_head = |status: u16, mark: Option<ErrorMark>| {
-            series.first_byte.observe(start.elapsed().as_secs_f64());
+            series
+                .first_byte
+                .observe(recent::since(start).as_secs_f64());
             self.count_response("reverse", status, mark.as_ref());
         };
         let served = routing

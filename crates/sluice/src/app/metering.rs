@@ -16,6 +16,7 @@ use super::App;
 use crate::body::{Body, BoxError};
 use crate::error::ErrorMark;
 use crate::metrics::{EndpointLabels, ErrorLabels, HttpMetrics, RequestLabels};
+use crate::runtime::recent;
 use crate::server::activity::ActivityGuard;
 
 impl App {
@@ -99,7 +100,7 @@ pub(super) struct Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        self.total.observe(self.start.elapsed().as_secs_f64());
+        self.total.observe(recent::since(self.start).as_secs_f64());
         self.active.dec();
     }
 }

@@ -1,8 +1,9 @@
 //! The retry budget: retries may add at most a percentage of the recent request rate (plus a small
 //! floor), so an outage cannot multiply the load on the servers that are left.
 
+use crate::runtime::recent::{self, recent};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// Requests and retries counted over the current and previous one-second windows.
 #[derive(Debug)]
@@ -21,7 +22,7 @@ pub struct RetryBudget {
 impl RetryBudget {
     pub fn new(percent: u32, floor_per_sec: u32) -> Self {
         RetryBudget {
-            epoch: Instant::now(),
+            epoch: recent(),
             percent: percent as u64,
             floor: floor_per_sec as u64,
             window: AtomicU64::new(0),
@@ -32,7 +33,7 @@ impl RetryBudget {
     }
 
     fn roll(&self) {
-        let now = self.epoch.elapsed().as_secs();
+        let now = recent::since(self.epoch).as_secs();
         let window = self.window.load(Ordering::Relaxed);
         if now != window
             && self

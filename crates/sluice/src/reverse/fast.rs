@@ -27,6 +27,7 @@ use super::forward::{
 use super::{Reverse, Route};
 use crate::body::Body;
 use crate::error::ErrorMark;
+use crate::runtime::recent::{self, recent};
 use crate::server::{date, field_maps};
 use crate::upstream::h1::{push_field as field, MAX_HEAD as MAX_RESPONSE_HEAD};
 
@@ -88,7 +89,7 @@ impl Reverse {
             })
             .await;
         }
-        let start = Instant::now();
+        let start = recent();
         let close = req.close;
         let alt_svc = req.alt_svc.clone();
         let req_head_only = req.method == Method::HEAD;
@@ -127,7 +128,7 @@ impl Reverse {
                 fetched
             }
         };
-        let ttfb = start.elapsed();
+        let ttfb = recent::since(start);
         route.meters.ttfb().observe(ttfb.as_secs_f64());
         let (exchanged, in_flight) = match fetched {
             Ok(f) => f,
@@ -607,7 +608,7 @@ async fn relay<W: FastClient>(
         fresh.clear();
         fresh.reserve(want);
         // One timer for the whole body, pushed back at each read.
-        let deadline = Instant::now() + idle;
+        let deadline = recent() + idle;
         let sleep = match timer.as_mut() {
             Some(t) => {
                 t.as_mut().reset(deadline);
@@ -837,7 +838,7 @@ impl FastPool {
         let slot = self.servers.get(index)?;
         let mut stack = slot.lock().ok()?;
         let idle = stack.pop_back()?;
-        if idle.since.elapsed() >= self.idle_timeout {
+        if recent::since(idle.since) >= self.idle_timeout {
             // The newest is expired, so is every older one.
             stack.clear();
             return None;
@@ -852,7 +853,7 @@ impl FastPool {
         let Some(Ok(mut stack)) = self.servers.get(index).map(Mutex::lock) else {
             return;
         };
-        let now = Instant::now();
+        let now = recent();
         self.expire(&mut stack, now);
         if stack.len() >= self.max_idle {
             stack.pop_front();
@@ -892,7 +893,7 @@ impl FastPool {
                 let mut held = 0;
                 for slot in &pool.servers {
                     if let Ok(mut stack) = slot.lock() {
-                        pool.expire(&mut stack, Instant::now());
+                        pool.expire(&mut stack, recent());
                         held += stack.len();
                     }
                 }

@@ -28,6 +28,7 @@ use super::forward::{
 };
 use super::{Reverse, Route};
 use crate::body::{self, Body, Incoming};
+use crate::runtime::recent::{self, recent};
 use crate::server::field_maps;
 use crate::upstream::group::InFlight;
 
@@ -57,7 +58,7 @@ impl Reverse {
         path: &str,
         down: &Downstream,
     ) -> Response<Body> {
-        let start = Instant::now();
+        let start = recent();
         self.budget.record_request();
         let entry = self.log_entry(
             route,
@@ -92,7 +93,7 @@ impl Reverse {
                     fetched
                 }
             };
-        let ttfb = start.elapsed();
+        let ttfb = recent::since(start);
         route.meters.ttfb().observe(ttfb.as_secs_f64());
         match fetched {
             Err(e) => {

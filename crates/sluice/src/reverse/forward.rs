@@ -21,6 +21,7 @@ use super::h1pool::{H1Error, UpstreamBody};
 use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
+use crate::runtime::recent::{self, recent};
 use crate::upstream::group::{InFlight, Server};
 
 /// The `PURGE` credential field (`cache::purge`).
@@ -193,7 +194,7 @@ impl Reverse {
         if super::fast_h2::takes(self, route, &req) {
             return self.handle_h2_fast(route, req, path, down).await;
         }
-        let start = Instant::now();
+        let start = recent();
         self.budget.record_request();
         let h2_connect = req.method() == Method::CONNECT
             && req
@@ -259,7 +260,7 @@ impl Reverse {
             Ok((fetched, on_upgrade))
         }
         .await;
-        let ttfb = start.elapsed();
+        let ttfb = recent::since(start);
         route.meters.ttfb().observe(ttfb.as_secs_f64());
         match result {
             Err(e) => {
@@ -534,7 +535,7 @@ impl Reverse {
                     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
                     *resp.headers_mut() = headers;
                 }
-                self.finish_record(route, resp.status().as_u16(), start.elapsed(), entry);
+                self.finish_record(route, resp.status().as_u16(), recent::since(start), entry);
                 return resp;
             }
         }
@@ -842,7 +843,7 @@ pin_project_lite::pin_project! {
 impl<F> Polled<F> {
     fn new(timeout: Duration, attempt: F) -> Polled<F> {
         Polled {
-            deadline: Instant::now() + timeout,
+            deadline: recent() + timeout,
             attempt,
         }
     }
@@ -859,7 +860,7 @@ impl<F: std::future::Future> std::future::Future for Polled<F> {
         let this = self.project();
         match this.attempt.poll(cx) {
             Poll::Ready(out) => Poll::Ready(Ok(out)),
-            Poll::Pending if Instant::now() >= *this.deadline => Poll::Ready(Err(())),
+            Poll::Pending if recent() >= *this.deadline => Poll::Ready(Err(())),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -1204,7 +1205,7 @@ impl Done {
     /// The request's metrics and access log line, once its body ended (`OnDone`'s work, for a
     /// `Done` that needs no box).
     pub(super) fn record(self, bytes: u64, _complete: bool) {
-        let duration = self.start.elapsed();
+        let duration = recent::since(self.start);
         self.route.meters.requests(self.status).inc();
         self.route.meters.total().observe(duration.as_secs_f64());
         if let (Some(log), Some(mut entry)) = (&self.access_log, self.entry) {

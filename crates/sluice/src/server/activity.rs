@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::runtime::recent::{self, recent};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
@@ -32,7 +33,7 @@ pub struct Activity {
 impl Activity {
     pub fn new() -> Arc<Self> {
         Arc::new(Activity {
-            start: Instant::now(),
+            start: recent(),
             last_ms: AtomicU64::new(0),
             blocked_ms: AtomicU64::new(0),
             in_flight: AtomicU32::new(0),
@@ -58,17 +59,13 @@ impl Activity {
             return None;
         }
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-        Some(self.start.elapsed().saturating_sub(last))
+        Some(recent::since(self.start).saturating_sub(last))
     }
 
     /// How long writes to the client have been blocked without a byte going out, if they are.
     pub fn send_stalled_for(&self) -> Option<Duration> {
         let since = self.blocked_ms.load(Ordering::Relaxed).checked_sub(1)?;
-        Some(
-            self.start
-                .elapsed()
-                .saturating_sub(Duration::from_millis(since)),
-        )
+        Some(recent::since(self.start).saturating_sub(Duration::from_millis(since)))
     }
 
     /// The client took bytes although no write went through: the kernel only wakes a blocked
@@ -76,7 +73,7 @@ impl Activity {
     /// reader can look blocked for seconds. Restarts the stall clock.
     pub fn drained(&self) {
         if self.blocked_ms.load(Ordering::Relaxed) != 0 {
-            let now = self.start.elapsed().as_millis() as u64;
+            let now = recent::since(self.start).as_millis() as u64;
             self.blocked_ms.store(now + 1, Ordering::Relaxed);
         }
     }
@@ -89,7 +86,7 @@ impl Activity {
     /// A write found the client's window shut.
     pub fn write_blocked(&self) {
         if self.blocked_ms.load(Ordering::Relaxed) == 0 {
-            let now = self.start.elapsed().as_millis() as u64;
+            let now = recent::since(self.start).as_millis() as u64;
             self.blocked_ms.store(now + 1, Ordering::Relaxed);
         }
     }
@@ -110,7 +107,7 @@ pub struct ActivityGuard(Arc<Activity>);
 
 impl Drop for ActivityGuard {
     fn drop(&mut self) {
-        let now = self.0.start.elapsed().as_millis() as u64;
+        let now = recent::since(self.0.start).as_millis() as u64;
         self.0.last_ms.store(now, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }

@@ -18,6 +18,8 @@ use slab::Slab;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use crate::runtime::recent::recent;
+
 /// After shutdown, how often the firing task looks whether every connection has let go of it.
 const STOPPED_POLL: Duration = Duration::from_millis(100);
 
@@ -167,7 +169,7 @@ impl Alarm {
     /// Makes sure `waker` is woken at `deadline` or before (to the millisecond). The waker must
     /// be the same task's each time (a connection's alarm belongs to its task).
     pub fn wake_by(&mut self, deadline: Instant, waker: &Waker) {
-        self.wake_by_at(deadline, Instant::now(), waker);
+        self.wake_by_at(deadline, recent(), waker);
     }
 
     /// [`Alarm::wake_by`] for a caller that has just read the clock (`now`).
@@ -208,7 +210,7 @@ impl Alarm {
     #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
     pub fn until(&mut self, deadline: Instant) -> impl std::future::Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| {
-            let now = Instant::now();
+            let now = recent();
             if now >= deadline {
                 return std::task::Poll::Ready(());
             }

@@ -22,6 +22,7 @@ use super::activity::Watched;
 use super::clock::{Alarm, Clock};
 use super::handler::{FastRequest, Handler};
 use super::{Conn, SendWatch};
+use crate::runtime::recent::recent;
 pub(super) use stream::FastStream;
 
 /// The fields read per head here; a head with more goes to hyper (which applies
@@ -167,7 +168,7 @@ impl<S: FastStream> Idle<S> {
     pub(super) fn new(stream: S, clock: Arc<Clock>) -> Idle<S> {
         Idle {
             stream,
-            since: Instant::now(),
+            since: recent(),
             begun: false,
             draining: false,
             alarm: Alarm::new(clock),
@@ -191,7 +192,7 @@ impl<S: FastStream> Idle<S> {
             Poll::Ready(ready) => return Poll::Ready(ready.is_ok()),
             Poll::Pending => {}
         }
-        let now = Instant::now();
+        let now = recent();
         let t = conn.timeouts;
         let deadline = if *conn.stop.borrow() {
             if !self.draining {
@@ -246,7 +247,7 @@ impl<H: Handler> Conn<H> {
         let (max_bytes, max_fields) = self.head_limits;
         let mut watch = SendWatch::of(idle.stream.tcp());
         // When the current head's first bytes arrived.
-        let mut head_since = Instant::now();
+        let mut head_since = recent();
         loop {
             let step = match classify(buf, max_fields) {
                 Err(()) => Step::HandOff,
@@ -260,7 +261,7 @@ impl<H: Handler> Conn<H> {
                 Step::Next(len) => {
                     buf.drain(..len);
                     idle.begun = true;
-                    idle.since = Instant::now();
+                    idle.since = recent();
                     head_since = idle.since;
                     continue;
                 }
@@ -276,7 +277,7 @@ impl<H: Handler> Conn<H> {
                 // The end of the stream inside a head: hyper answers a truncated head.
                 Ok(0) => return End::HandOff(std::mem::take(buf)),
                 // A head begins: its own clock starts.
-                Ok(_) if was_empty => head_since = Instant::now(),
+                Ok(_) if was_empty => head_since = recent(),
                 Ok(_) => {}
                 // Nothing more: the connection is idle (the box this runs in is dropped, the
                 // buffer goes back to the thread's stock).
@@ -342,12 +343,12 @@ impl<H: Handler> Conn<H> {
         // The send timeout is looked at once a tick while the response is under way, on the
         // runtime's clock (a fast response never arms it).
         let tick = Duration::from_secs(1).min(t.idle).min(t.send);
-        let mut check_at = Instant::now() + tick;
+        let mut check_at = recent() + tick;
         let served = loop {
             tokio::select! {
                 served = serve.as_mut() => break served,
                 _ = idle.alarm.until(check_at) => {
-                    check_at = Instant::now() + tick;
+                    check_at = recent() + tick;
                     if watch.stalled(t.send) {
                         handler.http_metrics().send_timeouts.inc();
                         tracing::debug!(%peer, "client stopped reading: send timeout, closing");

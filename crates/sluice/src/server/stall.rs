@@ -20,6 +20,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::Instant;
 
 use crate::body::{Body, BoxError};
+use crate::runtime::recent::{self, recent};
 
 /// The bodies of one connection's responses in flight.
 #[derive(Debug)]
@@ -47,7 +48,7 @@ impl std::fmt::Debug for Shared {
 impl Watchlist {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
-            start: Instant::now(),
+            start: recent(),
             bodies: Mutex::new(Vec::new()),
         })
     }
@@ -99,7 +100,7 @@ impl Watchlist {
 
 /// 1 + milliseconds from `start` to now (0 stands for "being pulled").
 fn mark(start: Instant) -> u64 {
-    start.elapsed().as_millis() as u64 + 1
+    recent::since(start).as_millis() as u64 + 1
 }
 
 /// A response body as a connection hands it to hyper: as the handler made it, or behind the
