@@ -30,7 +30,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 
 #[cfg(feature = "http2")]
 use crate::runtime::recent::FreshExecutor;
-use crate::runtime::recent::{recent, Fresh, RecentTimer};
+use crate::runtime::recent::{recent, Fresh};
 use activity::{Activity, Watched};
 pub use config::{EndpointsConfig, ServerConfig};
 pub use handler::{Handler, ListenerId};
@@ -508,7 +508,7 @@ type HttpBuilder = hyper::server::conn::http1::Builder;
 macro_rules! http1_settings {
     ($builder:expr, $config:expr) => {
         $builder
-            .timer(RecentTimer)
+            .timer(TokioTimer::new())
             .header_read_timeout(None)
             .max_buf_size($config.max_header_bytes.max(8192))
             .keep_alive(true)
@@ -556,7 +556,7 @@ fn http_builder(config: &ServerConfig) -> HttpBuilder {
     }
     builder
         .http2()
-        .timer(RecentTimer)
+        .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(config.h2_max_concurrent_streams)
         .max_send_buf_size(config.h2_max_send_buf_bytes)
@@ -1048,7 +1048,7 @@ mod tests {
     /// the connection fits a 256-byte cell; it was 208 (a 384-byte cell).
     #[test]
     fn an_idle_connection_task_stays_small() {
-        let size = std::mem::size_of::<task::Connection<Unused>>();
+        let size = std::mem::size_of::<crate::runtime::recent::Fresh<task::Connection<Unused>>>();
         assert!(size <= 152, "a connection's task grew to {size} bytes");
     }
 }

@@ -35,7 +35,9 @@ impl RetryBudget {
     fn roll(&self) {
         let now = recent::since(self.epoch).as_secs();
         let window = self.window.load(Ordering::Relaxed);
-        if now != window
+        // Forward only: threads read the time at the start of their polls, so one may come late
+        // with a second another has already left; moving back would empty the counts again.
+        if now > window
             && self
                 .window
                 .compare_exchange(window, now, Ordering::Relaxed, Ordering::Relaxed)
@@ -75,6 +77,17 @@ impl RetryBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_late_clock_does_not_move_the_window_back() {
+        // Another thread has moved on to second 5; this one's poll began in second 0.
+        let b = RetryBudget::new(10, 1);
+        b.window.store(5, Ordering::Relaxed);
+        b.requests.store(7, Ordering::Relaxed);
+        b.record_request();
+        assert_eq!(b.window.load(Ordering::Relaxed), 5);
+        assert_eq!(b.requests.load(Ordering::Relaxed), 8, "the counts are kept");
+    }
 
     #[test]
     fn floor_then_percentage() {

@@ -1,10 +1,13 @@
 //! The clock read once per poll of a connection's or stream's task ([`Fresh`]) instead of at
-//! every place that asks for the time ([`recent`]): a keep-alive request asked it ~17 times
+//! every place that asks for the time ([`recent`]): a keep-alive request asked it ~19 times
 //! (idle and header deadlines, pool ages, the upstream timeout, latency, metering, the retry
 //! budget), each a `clock_gettime` of ~25 ns.
 //!
 //! Outside a [`Fresh`] poll, [`recent`] reads the clock: a cached instant never outlives the
-//! poll that read it, so no caller can see one older than the work it is doing.
+//! poll that read it, so no caller can see one older than the work it is doing. Only sluice's own
+//! sites ask it; hyper's HTTP/2 pings keep the clock, because their round-trip time compares an
+//! instant from one task with one from another, which poll-start instants could put in the wrong
+//! order on a multi-threaded runtime.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -20,7 +23,9 @@ thread_local! {
 /// When the current [`Fresh`] poll on this thread began, or the clock outside one.
 ///
 /// Good for deadlines, ages and latencies, all of which tolerate the few microseconds one poll
-/// runs; not for timing work done inside that same poll (it would read zero).
+/// runs; not for timing work done inside that same poll (it reads zero). A request answered
+/// within one poll (a memory-cache hit) so records no time, as nginx's `$request_time`, which
+/// reads a clock cached once per turn of its event loop, records `0.000`.
 #[inline]
 pub fn recent() -> Instant {
     POLL_BEGAN.with(Cell::get).unwrap_or_else(Instant::now)
@@ -94,29 +99,6 @@ where
     }
 }
 
-/// hyper's timer: tokio's, except that "now" (read by HTTP/2's keep-alive and window pings on
-/// every frame and every poll of the connection) is [`recent`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RecentTimer;
-
-impl hyper::rt::Timer for RecentTimer {
-    fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        hyper_util::rt::TokioTimer::new().sleep(duration)
-    }
-
-    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        hyper_util::rt::TokioTimer::new().sleep_until(deadline)
-    }
-
-    fn now(&self) -> std::time::Instant {
-        recent().into_std()
-    }
-
-    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
-        hyper_util::rt::TokioTimer::new().reset(sleep, new_deadline)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,7 +162,10 @@ mod tests {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
         let mut task = Box::pin(Fresh::new(Holds(Notes(seen.clone()))));
         let waker = std::task::Waker::noop();
-        assert!(task.as_mut().poll(&mut Context::from_waker(waker)).is_ready());
+        assert!(task
+            .as_mut()
+            .poll(&mut Context::from_waker(waker))
+            .is_ready());
         assert_eq!(*seen.lock().unwrap(), Some(true), "dropped within the poll");
     }
 
