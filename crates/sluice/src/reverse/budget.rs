@@ -1,9 +1,11 @@
 //! The retry budget: retries may add at most a percentage of the recent request rate (plus a small
 //! floor), so an outage cannot multiply the load on the servers that are left.
 
-use crate::runtime::recent::{self, recent};
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use tokio::time::Instant;
+
+use crate::runtime::recent::{self, recent};
 
 /// Requests and retries counted over the current and previous one-second windows.
 #[derive(Debug)]
