@@ -87,7 +87,10 @@ pub fn tls_settings(
     if default.is_none() && config.certificates.is_empty() && acme.is_none() {
         return Ok(None);
     }
-    tls::sni_server_config_with(default, &config.certificates, acme).map(Some)
+    let settings = tls::sni_server_config_with(default, &config.certificates, acme)?;
+    let mut settings = Arc::unwrap_or_clone(settings);
+    tls::own_record_layer(&mut settings);
+    Ok(Some(Arc::new(settings)))
 }
 
 /// The live-reload hook for `[server]`'s certificates: new certificates for new handshakes
@@ -737,6 +740,7 @@ impl<H: Handler> Conn<H> {
         #[cfg(feature = "acme")]
         let acme = self.handler.on_demand();
         let handshake = async move {
+            let stream = tls::Framed::new(stream);
             // On-demand issuance reads the ClientHello first and may order a certificate.
             #[cfg(feature = "acme")]
             if let Some(acme) = acme {
@@ -746,8 +750,8 @@ impl<H: Handler> Conn<H> {
                 .accept(stream)
                 .await
         };
-        match tokio::time::timeout(limit, handshake).await {
-            Ok(Ok(tls)) => {
+        match tokio::time::timeout(limit, tls::capture(handshake)).await {
+            Ok((Ok(tls), secrets)) => {
                 let alpn = tls.get_ref().1.alpn_protocol();
                 // A TLS-ALPN-01 validation: the handshake was all of it (RFC 8737 section 3).
                 #[cfg(feature = "acme")]
@@ -755,6 +759,10 @@ impl<H: Handler> Conn<H> {
                     return;
                 }
                 let h2 = alpn == Some(b"h2");
+                let tls = match tls::ServerTls::take_over(tls, secrets) {
+                    Ok(tls) => tls,
+                    Err(e) => return tracing::debug!(%peer, error = %e, "TLS takeover failed"),
+                };
                 #[cfg(feature = "reverse")]
                 if !h2 && self.fast_path && self.handler.has_fast_routes() {
                     return self.serve_tls_fast(tls, peer).await;
@@ -762,7 +770,7 @@ impl<H: Handler> Conn<H> {
                 let tls = self.screened(tls, h2);
                 self.clone().drive(tls, watch, peer, true, None).await
             }
-            Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            Ok((Err(e), _)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => {
                 self.handler.http_metrics().tls_handshake_timeouts.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");

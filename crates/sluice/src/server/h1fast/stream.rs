@@ -66,10 +66,10 @@ impl FastStream for Watched<TcpStream> {
     }
 }
 
-/// A TLS client: every byte goes through the TLS writer (no splice, no `sendfile`), so a body is
-/// copied as on any other socket the fast path cannot splice into.
+/// A TLS client: every byte goes through the record layer (no splice, no `sendfile`), so a body
+/// is copied as on any other socket the fast path cannot splice into.
 #[cfg(feature = "tls")]
-pub(in crate::server) type TlsClient = tokio_rustls::server::TlsStream<Watched<TcpStream>>;
+pub(in crate::server) type TlsClient = crate::server::tls::ServerTls<Watched<TcpStream>>;
 
 #[cfg(feature = "tls")]
 impl FastClient for TlsClient {
@@ -88,13 +88,13 @@ impl FastStream for TlsClient {
     const SECURE: bool = true;
 
     fn tcp(&self) -> &Watched<TcpStream> {
-        self.get_ref().0
+        self.get_ref()
     }
 
-    /// rustls decrypts what the socket holds; `Pending` from the TLS reader means it holds no
-    /// plaintext and the socket would block (it reads until then), so the caller waits on the
-    /// socket. Polled with a waker that does nothing: the caller registers its own through the
-    /// socket's readiness.
+    /// The record layer (sluice's own for TLS 1.3, rustls's otherwise: `tls::stream`) opens
+    /// what the socket holds; `Pending` means it holds no plaintext and the socket would block
+    /// (it reads until then), so the caller waits on the socket. Polled with a waker that does
+    /// nothing: the caller registers its own through the socket's readiness.
     fn read_now(&mut self, _: &mut Context<'_>, buf: &mut Vec<u8>) -> io::Result<usize> {
         read_into_spare(
             self,

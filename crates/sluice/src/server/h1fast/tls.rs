@@ -1,6 +1,6 @@
 //! TLS connections on the HTTP/1.1 fast path: once the handshake settled on HTTP/1.1 (ALPN
 //! `http/1.1`, or none), the connection is served by the same loop as a plain one, its answers
-//! written through the TLS writer, until a request the fast path does not serve hands it to
+//! written through the record layer, until a request the fast path does not serve hands it to
 //! hyper under the request screen, as a plain connection is handed.
 
 use std::net::SocketAddr;
@@ -17,7 +17,7 @@ use crate::server::{Conn, Handler, SendWatch};
 impl<H: Handler> Conn<H> {
     /// Serves a TLS connection whose handshake is done, to its end. It starts by reading, not by
     /// waiting for the socket: the first request may have come with the handshake's last
-    /// flight, already decrypted and held by rustls.
+    /// flight, already opened and held by the record layer.
     pub(in crate::server) async fn serve_tls_fast(
         self: Arc<Self>,
         tls: TlsClient,

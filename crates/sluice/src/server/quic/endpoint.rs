@@ -174,6 +174,9 @@ impl Accepting {
         let h3 = &self.config;
         let mut tls = tls.clone();
         tls.alpn_protocols = vec![b"h3".to_vec()];
+        // QUIC keeps its own record protection: no secrets kept for a takeover.
+        tls.enable_secret_extraction = false;
+        tls.key_log = Arc::new(rustls::NoKeyLog);
         // QUIC takes 0 (no early data) or all of it (`u32::MAX`); early data may be replayed.
         tls.max_early_data_size = if h3.early_data { u32::MAX } else { 0 };
         let crypto = QuicServerConfig::try_from(tls).context("TLS settings unfit for QUIC")?;

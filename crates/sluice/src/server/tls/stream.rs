@@ -1,0 +1,186 @@
+//! A client's TLS connection once its handshake is done: TLS 1.3 on sluice's own record layer
+//! (`own`), taken over from rustls with the keys and sequence numbers rustls reached; TLS 1.2, or
+//! a handshake that ended in a state the takeover cannot start from, stays with rustls.
+
+use std::io::{self, IoSlice, Read};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rustls::{ConnectionTrafficSecrets, SupportedCipherSuite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::capture::Secrets;
+use super::framed::Framed;
+use super::own::{Keys, Own};
+use super::record;
+
+/// The handshake's stream: rustls over the socket read a record at a time.
+pub type Handshaken<IO> = tokio_rustls::server::TlsStream<Framed<IO>>;
+
+/// A client's TLS connection after the handshake.
+pub enum ServerTls<IO> {
+    Own(Own<IO>),
+    Rustls(Box<Handshaken<IO>>),
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> ServerTls<IO> {
+    /// The connection `tls` continues on sluice's record layer when it can (TLS 1.3, the
+    /// traffic secrets kept by `capture`, nothing of rustls's left unsent or half read).
+    pub fn take_over(tls: Handshaken<IO>, secrets: Secrets) -> io::Result<ServerTls<IO>> {
+        let (framed, conn) = tls.get_ref();
+        let suite = match conn.negotiated_cipher_suite() {
+            Some(SupportedCipherSuite::Tls13(suite)) => suite,
+            _ => return Ok(ServerTls::Rustls(Box::new(tls))),
+        };
+        let (Some(client), Some(server)) = (secrets.client, secrets.server) else {
+            return Ok(ServerTls::Rustls(Box::new(tls)));
+        };
+        if conn.wants_write() || framed.holds_part() {
+            return Ok(ServerTls::Rustls(Box::new(tls)));
+        }
+        let (framed, mut conn) = tls.into_inner();
+        // A request that came with the handshake's last flight, opened by rustls already.
+        let mut early = Vec::new();
+        let mut closed = false;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match conn.reader().read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => early.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let extracted = conn.dangerous_extract_secrets().map_err(io::Error::other)?;
+        let rx = record::keys_of(suite, client);
+        let tx = record::keys_of(suite, server);
+        // The kept secrets must give the keys rustls used, or the key updates would not follow.
+        if !same_keys(&extracted.rx.1, &rx) || !same_keys(&extracted.tx.1, &tx) {
+            return Err(io::Error::other(
+                "TLS traffic secrets do not match the keys",
+            ));
+        }
+        let mut seal = suite.aead_alg.encrypter(tx.key, tx.iv);
+        if extracted.tx.0 > 0 {
+            // aws-lc's TLS 1.3 AES-GCM learns its nonce mask from the first record it seals,
+            // taken to be record 0, and refuses a sequence that does not rise after it. rustls
+            // sealed record 0 (the session ticket) under this key already; sealing it again
+            // here teaches the mask, and the output is dropped unsent (no nonce is seen twice).
+            let empty = rustls::crypto::cipher::OutboundPlainMessage {
+                typ: rustls::ContentType::ApplicationData,
+                version: rustls::ProtocolVersion::TLSv1_2,
+                payload: rustls::crypto::cipher::OutboundChunks::new_empty(),
+            };
+            seal.encrypt(empty, 0).map_err(io::Error::other)?;
+        }
+        let (io, rest) = framed.into_parts();
+        let rest = rest.ok_or_else(|| io::Error::other("TLS record split at the takeover"))?;
+        Ok(ServerTls::Own(Own::new(
+            io,
+            suite,
+            Keys {
+                protect: suite.aead_alg.decrypter(rx.key, rx.iv),
+                seq: extracted.rx.0,
+                secret: rx.secret,
+            },
+            Keys {
+                protect: seal,
+                seq: extracted.tx.0,
+                secret: tx.secret,
+            },
+            rest,
+            early,
+            closed,
+        )))
+    }
+}
+
+impl<IO> ServerTls<IO> {
+    /// The socket underneath.
+    pub fn get_ref(&self) -> &IO {
+        match self {
+            ServerTls::Own(own) => own.get_ref(),
+            ServerTls::Rustls(tls) => tls.get_ref().0.get_ref(),
+        }
+    }
+
+    /// Served by sluice's record layer.
+    pub fn is_own(&self) -> bool {
+        matches!(self, ServerTls::Own(_))
+    }
+}
+
+fn same_keys(theirs: &ConnectionTrafficSecrets, ours: &record::Keys) -> bool {
+    let (key, iv) = match theirs {
+        ConnectionTrafficSecrets::Aes128Gcm { key, iv }
+        | ConnectionTrafficSecrets::Aes256Gcm { key, iv }
+        | ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (key, iv),
+        _ => return false,
+    };
+    key.as_ref() == ours.key.as_ref() && iv.as_ref() == ours.iv.as_ref()
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for ServerTls<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerTls::Own(s) => Pin::new(s).poll_read(cx, buf),
+            ServerTls::Rustls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ServerTls<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ServerTls::Own(s) => Pin::new(s).poll_write(cx, data),
+            ServerTls::Rustls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ServerTls::Own(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ServerTls::Rustls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ServerTls::Own(s) => s.is_write_vectored(),
+            ServerTls::Rustls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerTls::Own(s) => Pin::new(s).poll_flush(cx),
+            ServerTls::Rustls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerTls::Own(s) => Pin::new(s).poll_shutdown(cx),
+            ServerTls::Rustls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;
