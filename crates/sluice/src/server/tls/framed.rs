@@ -22,6 +22,8 @@ pub struct Framed<IO> {
     at: usize,
     /// What is left of the record being handed on, once its first bytes have been.
     left: usize,
+    /// Reads go straight to the socket once the bytes here are handed on (`pass_through`).
+    through: bool,
 }
 
 impl<IO> Framed<IO> {
@@ -31,11 +33,18 @@ impl<IO> Framed<IO> {
             buf: Vec::new(),
             at: 0,
             left: 0,
+            through: false,
         }
     }
 
     pub fn get_ref(&self) -> &IO {
         &self.io
+    }
+
+    /// After a handshake that stays with rustls: what is here is handed on, then reads go
+    /// straight to the socket (no copy, no record boundaries).
+    pub fn pass_through(&mut self) {
+        self.through = true;
     }
 
     /// rustls holds part of a record (its reader had less room than the record).
@@ -72,6 +81,18 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Framed<IO> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.through {
+            let unread = this.buf.len() - this.at;
+            if unread == 0 {
+                this.buf = Vec::new();
+                this.at = 0;
+                return Pin::new(&mut this.io).poll_read(cx, out);
+            }
+            let n = unread.min(out.remaining());
+            out.put_slice(&this.buf[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
         loop {
             if this.left == 0 {
                 this.left = this.whole_record().unwrap_or(0);
@@ -171,5 +192,24 @@ mod tests {
         assert_eq!(f.read(&mut got).await.unwrap(), 6);
         let (_, rest) = f.into_parts();
         assert!(rest.is_none());
+    }
+
+    /// Passing through: what was read ahead first, then the socket as it comes.
+    #[tokio::test]
+    async fn pass_through() {
+        let (mut a, b) = tokio::io::duplex(1 << 16);
+        let mut f = Framed::new(b);
+        tokio::io::AsyncWriteExt::write_all(&mut a, &[23, 3, 3, 0, 1, 1, 23, 3])
+            .await
+            .unwrap();
+        let mut got = [0u8; 64];
+        assert_eq!(f.read(&mut got).await.unwrap(), 6);
+        f.pass_through();
+        assert_eq!(f.read(&mut got).await.unwrap(), 2);
+        tokio::io::AsyncWriteExt::write_all(&mut a, &[3, 0])
+            .await
+            .unwrap();
+        assert_eq!(f.read(&mut got).await.unwrap(), 2);
+        assert_eq!(&got[..2], &[3, 0]);
     }
 }

@@ -29,15 +29,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ServerTls<IO> {
     pub fn take_over(tls: Handshaken<IO>, secrets: Secrets) -> io::Result<ServerTls<IO>> {
         let (framed, conn) = tls.get_ref();
         let suite = match conn.negotiated_cipher_suite() {
-            Some(SupportedCipherSuite::Tls13(suite)) => suite,
-            _ => return Ok(ServerTls::Rustls(Box::new(tls))),
+            Some(SupportedCipherSuite::Tls13(suite)) => Some(suite),
+            _ => None,
         };
-        let (Some(client), Some(server)) = (secrets.client, secrets.server) else {
-            return Ok(ServerTls::Rustls(Box::new(tls)));
+        let ready = !conn.wants_write() && !framed.holds_part();
+        let (Some(suite), Some(client), Some(server), true) =
+            (suite, secrets.client, secrets.server, ready)
+        else {
+            return Ok(ServerTls::rustls(tls));
         };
-        if conn.wants_write() || framed.holds_part() {
-            return Ok(ServerTls::Rustls(Box::new(tls)));
-        }
         let (framed, mut conn) = tls.into_inner();
         // A request that came with the handshake's last flight, opened by rustls already.
         let mut early = Vec::new();
@@ -99,6 +99,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ServerTls<IO> {
 }
 
 impl<IO> ServerTls<IO> {
+    /// The connection stays with rustls, its reads no longer a record at a time.
+    fn rustls(mut tls: Handshaken<IO>) -> ServerTls<IO> {
+        tls.get_mut().0.pass_through();
+        ServerTls::Rustls(Box::new(tls))
+    }
+
     /// The socket underneath.
     pub fn get_ref(&self) -> &IO {
         match self {

@@ -14,6 +14,13 @@ use super::ServerTls;
 type Client = tokio_rustls::client::TlsStream<DuplexStream>;
 
 fn configs(suite: rustls::CipherSuite) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+    configs_for(suite, &rustls::version::TLS13)
+}
+
+fn configs_for(
+    suite: rustls::CipherSuite,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["own.test".to_string()])
         .unwrap()
@@ -35,7 +42,7 @@ fn configs(suite: rustls::CipherSuite) -> (Arc<rustls::ServerConfig>, Arc<rustls
     let mut provider = rustls::crypto::ring::default_provider();
     provider.cipher_suites.retain(|s| s.suite() == suite);
     let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&[&rustls::version::TLS13])
+        .with_protocol_versions(&[version])
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
@@ -44,7 +51,14 @@ fn configs(suite: rustls::CipherSuite) -> (Arc<rustls::ServerConfig>, Arc<rustls
 
 /// A handshake over an in-memory socket, the server's side taken over.
 async fn pair(suite: rustls::CipherSuite) -> (ServerTls<DuplexStream>, Client) {
-    let (server_config, client_config) = configs(suite);
+    let (server, client) = handshake(configs(suite)).await;
+    assert!(server.is_own(), "TLS 1.3 continues on the own record layer");
+    (server, client)
+}
+
+async fn handshake(
+    (server_config, client_config): (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>),
+) -> (ServerTls<DuplexStream>, Client) {
     let (a, b) = tokio::io::duplex(1 << 20);
     let accept = tokio::spawn(async move {
         let (tls, secrets) =
@@ -56,8 +70,34 @@ async fn pair(suite: rustls::CipherSuite) -> (ServerTls<DuplexStream>, Client) {
         .await
         .unwrap();
     let server = accept.await.unwrap();
-    assert!(server.is_own(), "TLS 1.3 continues on the own record layer");
     (server, client)
+}
+
+/// TLS 1.2 stays with rustls, its reads passed straight through.
+#[tokio::test]
+async fn tls12_stays_with_rustls() {
+    let configs = configs_for(
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        &rustls::version::TLS12,
+    );
+    let (mut server, mut client) = handshake(configs).await;
+    assert!(!server.is_own());
+    let up = pattern(100_000, 3);
+    let sent = up.clone();
+    let writer = tokio::spawn(async move {
+        client.write_all(&sent).await.unwrap();
+        client.flush().await.unwrap();
+        client
+    });
+    let mut got = vec![0; up.len()];
+    server.read_exact(&mut got).await.unwrap();
+    assert!(got == up);
+    let mut client = writer.await.unwrap();
+    server.write_all(&pattern(70_000, 4)).await.unwrap();
+    server.flush().await.unwrap();
+    let mut back = vec![0; 70_000];
+    client.read_exact(&mut back).await.unwrap();
+    assert!(back == pattern(70_000, 4));
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
