@@ -88,6 +88,9 @@ pub fn tls_settings(
         return Ok(None);
     }
     let settings = tls::sni_server_config_with(default, &config.certificates, acme)?;
+    if !config.tls_own_record_layer {
+        return Ok(Some(settings));
+    }
     let mut settings = Arc::unwrap_or_clone(settings);
     tls::own_record_layer(&mut settings);
     Ok(Some(Arc::new(settings)))

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     pub send_timeout_secs: u64,
     /// Seconds a TLS client has to finish its handshake (separate from `idle_timeout_secs`).
     pub tls_handshake_timeout_secs: u64,
+    /// TLS 1.3 connections continue on sluice's own record layer after rustls's handshake
+    /// (records decrypted and encrypted in place); `false` keeps rustls's throughout.
+    pub tls_own_record_layer: bool,
     /// HTTP/2: streams a client may have open at once on one connection; more are refused
     /// with `REFUSED_STREAM`.
     pub h2_max_concurrent_streams: u32,
@@ -104,6 +107,7 @@ impl Default for ServerConfig {
             ],
             send_timeout_secs: 60,
             tls_handshake_timeout_secs: 10,
+            tls_own_record_layer: true,
             h2_max_concurrent_streams: 100,
             h2_max_send_buf_bytes: 128 * 1024,
             runtime: crate::runtime::RuntimeModel::WorkStealing,
@@ -135,6 +139,7 @@ config_section!(ServerConfig {
     per_ip_exempt,
     send_timeout_secs,
     tls_handshake_timeout_secs,
+    tls_own_record_layer,
     h2_max_concurrent_streams,
     h2_max_send_buf_bytes,
     runtime,
