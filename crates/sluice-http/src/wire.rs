@@ -8,6 +8,17 @@ use http::header::{self, HeaderName, HeaderValue, InvalidHeaderName, InvalidHead
 /// `Keep-Alive`, which `http` has no constant for.
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
+/// A field value as text: the ASCII check first (a short value's is a few instructions, where
+/// `from_utf8`'s set-up costs a hundred or more), UTF-8's only for a value with other bytes.
+pub fn text(value: &[u8]) -> Option<&str> {
+    if value.is_ascii() {
+        // SAFETY: ASCII is UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(value) })
+    } else {
+        std::str::from_utf8(value).ok()
+    }
+}
+
 /// The field name `name` (as a parser found it: a token, any case). The names most heads carry
 /// are known constants, matched without regard to case (which is all `HeaderName::from_bytes`
 /// would do to them: lower-case a token); any other goes through `from_bytes`, which checks it.

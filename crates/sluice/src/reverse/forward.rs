@@ -107,8 +107,8 @@ impl std::ops::Deref for ClientHost {
     fn deref(&self) -> &str {
         match self {
             ClientHost::Authority(a) => a.as_str(),
-            // Only a value that is text is taken (UTF-8's check is the quicker one).
-            ClientHost::Field(v) => std::str::from_utf8(v.as_bytes()).unwrap_or_default(),
+            // Only a value that is text is taken.
+            ClientHost::Field(v) => sluice_http::wire::text(v.as_bytes()).unwrap_or_default(),
             ClientHost::Text(t) => t.as_str(),
         }
     }

@@ -109,7 +109,7 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
                     return Err(());
                 }
                 // An invalid host is hyper's path's to refuse (400).
-                let text = std::str::from_utf8(f.value).map_err(|_| ())?;
+                let text = sluice_http::wire::text(f.value).ok_or(())?;
                 sluice_http::host::parse_host_text(text).map_err(|_| ())?;
                 host = Some(text);
             }
