@@ -536,3 +536,162 @@ async fn tls_http1_is_refused_as_plain_is() {
         assert!(started.elapsed() >= std::time::Duration::from_millis(900));
     }
 }
+
+/// A TLS 1.3 client of the running server whose records the test writes itself.
+async fn raw_tls(
+    addr: std::net::SocketAddr,
+    cert: &Cert,
+) -> (tokio::net::TcpStream, rustls::ClientConnection) {
+    connect_tls(addr, cert).await.into_inner()
+}
+
+/// The TLS 1.3 record layer's refusals, against the running server: a forged record, a record
+/// longer than TLS allows, a plaintext record after the handshake and a flood of key updates
+/// each end their own connection with the alert RFC 8446 names, and a client served between
+/// them sees nothing of it; a client's key update (asking for one back) is followed, on the
+/// fast path and after the hand-off to hyper.
+#[tokio::test]
+async fn tls_record_attacks_end_only_their_own_connection() {
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cert = Cert::new(&["site.test"]);
+    let o = echo("o").await;
+    let p = Proxy::start(fast_config(o, true, Some(&cert))).await;
+    let request = b"GET /api/size/10 HTTP/1.1\r\nHost: site.test\r\n\r\n";
+    type Tamper = fn(&mut rustls::ClientConnection, Vec<u8>) -> Vec<u8>;
+    let cases: [(&str, Tamper, rustls::AlertDescription); 4] = [
+        (
+            "forged",
+            |_, mut w| {
+                let last = w.len() - 1;
+                w[last] ^= 0x80;
+                w
+            },
+            rustls::AlertDescription::BadRecordMac,
+        ),
+        (
+            "overlong",
+            |_, _| vec![23, 3, 3, 0x48, 0x00],
+            rustls::AlertDescription::RecordOverflow,
+        ),
+        (
+            "plaintext",
+            |_, _| vec![21, 3, 3, 0, 2, 1, 0],
+            rustls::AlertDescription::UnexpectedMessage,
+        ),
+        (
+            "key update flood",
+            |conn, mut w| {
+                for _ in 0..100 {
+                    conn.refresh_traffic_keys().unwrap();
+                    conn.write_tls(&mut w).unwrap();
+                }
+                w
+            },
+            rustls::AlertDescription::UnexpectedMessage,
+        ),
+    ];
+    for (name, tamper, expected) in cases {
+        let (mut tcp, mut conn) = raw_tls(p.addr, &cert).await;
+        conn.writer().write_all(request).unwrap();
+        let mut wire = Vec::new();
+        conn.write_tls(&mut wire).unwrap();
+        let wire = tamper(&mut conn, wire);
+        tcp.write_all(&wire).await.unwrap();
+        let mut back = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tcp.read_to_end(&mut back),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the connection stays open"))
+        .ok();
+        conn.read_tls(&mut &back[..]).unwrap();
+        match conn.process_new_packets() {
+            Err(rustls::Error::AlertReceived(a)) => assert_eq!(a, expected, "{name}"),
+            other => panic!("{name}: no alert but {other:?}"),
+        }
+        let mut c = Conn::to(p.addr, Some(&cert)).await;
+        c.send(request).await;
+        let (head, body) = c.response(false).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{name}: {head}");
+        assert_eq!(body.len(), 10);
+    }
+    // Key updates followed: on the fast path, then over hyper after a POST hands it over.
+    let mut tls = connect_tls(p.addr, &cert).await;
+    let mut buf = Vec::new();
+    for round in 0..6 {
+        tls.get_mut().1.refresh_traffic_keys().unwrap();
+        if round == 3 {
+            tls.write_all(
+                b"POST /api/echo HTTP/1.1\r\nHost: site.test\r\nContent-Length: 3\r\n\r\nabc",
+            )
+            .await
+            .unwrap();
+            let (head, _) = read_response(&mut tls, &mut buf).await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            tls.get_mut().1.refresh_traffic_keys().unwrap();
+        }
+        tls.write_all(request).await.unwrap();
+        let (head, body) = read_response(&mut tls, &mut buf).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "round {round}: {head}");
+        assert_eq!(body.len(), 10, "round {round}");
+    }
+}
+
+async fn connect_tls(
+    addr: std::net::SocketAddr,
+    cert: &Cert,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from(cert.der.clone())).unwrap();
+    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(c))
+        .connect(ServerName::try_from("site.test").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+/// One response with a `Content-Length` body from `io` (within 5 s): its head and its body.
+async fn read_response<R: tokio::io::AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut Vec<u8>,
+) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let deadline = std::time::Duration::from_secs(5);
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(deadline, io.read_buf(buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed inside a head");
+    };
+    let head = String::from_utf8(buf.drain(..end).collect()).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    while buf.len() < length {
+        let n = tokio::time::timeout(deadline, io.read_buf(buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed inside a body");
+    }
+    (head, buf.drain(..length).collect())
+}

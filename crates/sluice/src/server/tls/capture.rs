@@ -52,10 +52,20 @@ pub async fn capture<F: Future>(fut: F) -> (F::Output, Secrets) {
     let mut mine = Some(Secrets::default());
     let out = std::future::poll_fn(|cx| {
         POLLING.with(|p| *p.borrow_mut() = mine.take());
+        // Emptied again however the poll ends, a panic included.
+        let _clear = Clear;
         let r = fut.as_mut().poll(cx);
         mine = POLLING.with(|p| p.borrow_mut().take());
         r
     })
     .await;
     (out, mine.unwrap_or_default())
+}
+
+struct Clear;
+
+impl Drop for Clear {
+    fn drop(&mut self) {
+        POLLING.with(|p| p.borrow_mut().take());
+    }
 }

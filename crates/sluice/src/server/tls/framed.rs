@@ -24,6 +24,8 @@ pub struct Framed<IO> {
     left: usize,
     /// Reads go straight to the socket once the bytes here are handed on (`pass_through`).
     through: bool,
+    /// A record was just handed on: the next read yields first (see `poll_read`).
+    handed: bool,
 }
 
 impl<IO> Framed<IO> {
@@ -34,6 +36,7 @@ impl<IO> Framed<IO> {
             at: 0,
             left: 0,
             through: false,
+            handed: false,
         }
     }
 
@@ -45,6 +48,7 @@ impl<IO> Framed<IO> {
     /// straight to the socket (no copy, no record boundaries).
     pub fn pass_through(&mut self) {
         self.through = true;
+        self.handed = false;
     }
 
     /// rustls holds part of a record (its reader had less room than the record).
@@ -93,6 +97,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Framed<IO> {
             this.at += n;
             return Poll::Ready(Ok(()));
         }
+        // tokio-rustls reads on after the handshake is over, while rustls wants bytes: what it
+        // read past the record that ended the handshake (a key update, an alert) would change
+        // rustls's keys under the takeover. So each read after a record handed on yields once
+        // (the task is woken at once): the handshake's loop sees the handshake over and stops.
+        if std::mem::take(&mut this.handed) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         loop {
             if this.left == 0 {
                 this.left = this.whole_record().unwrap_or(0);
@@ -102,6 +114,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Framed<IO> {
                 out.put_slice(&this.buf[this.at..this.at + n]);
                 this.at += n;
                 this.left -= n;
+                this.handed = this.left == 0;
                 return Poll::Ready(Ok(()));
             }
             // Not a whole record yet: read more, keeping the part already here.
@@ -118,6 +131,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Framed<IO> {
                 if rest == 0 {
                     return Poll::Ready(Ok(()));
                 }
+                // Not a whole record: rustls sees it and then the end.
                 this.left = rest;
                 continue;
             }

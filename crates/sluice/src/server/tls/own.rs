@@ -51,8 +51,9 @@ pub struct Own<IO> {
     plain: Range<usize>,
     /// Plaintext rustls had decrypted before the takeover, read first.
     early: Vec<u8>,
-    /// Key updates received since the last application data.
-    updates_in_a_row: u32,
+    /// Records without application data (key updates, empty records, ignored warnings) since
+    /// the last that had some.
+    idle_in_a_row: u32,
     /// The peer sent `close_notify`.
     read_closed: bool,
     /// The connection failed: every read and write after says so.
@@ -87,7 +88,7 @@ impl<IO> Own<IO> {
             rat: 0,
             plain: 0..0,
             early,
-            updates_in_a_row: 0,
+            idle_in_a_row: 0,
             read_closed,
             failed: None,
             wbuf: Vec::new(),
@@ -99,6 +100,12 @@ impl<IO> Own<IO> {
 
     pub fn get_ref(&self) -> &IO {
         &self.io
+    }
+
+    /// The write buffer's size (tests of its bound).
+    #[cfg(test)]
+    pub fn write_buffer_capacity(&self) -> usize {
+        self.wbuf.capacity()
     }
 
     /// Seals records under one key up to `limit` only (tests of the key update it forces).
@@ -117,9 +124,10 @@ impl<IO> Own<IO> {
         if self.failed.is_none() {
             self.failed = Some(why);
             if why.alert != alert::CLOSE_NOTIFY && !self.close_sent {
-                self.close_sent = true;
                 let _ = self.seal_raw(ContentType::Alert, &[&[2, why.alert]]);
             }
+            // Nothing follows a fatal alert, sent or received: not even `close_notify`.
+            self.close_sent = true;
         }
         Self::error(why)
     }
@@ -154,6 +162,12 @@ impl<IO> Own<IO> {
             self.wbuf = sealed;
             self.wat = 0;
         } else {
+            // What was sent goes first, so the buffer holds only unsent bytes (bounded by
+            // `WRITE_LIMIT` and a record) however long a slow reader keeps it from emptying.
+            if self.wat > 0 {
+                self.wbuf.drain(..self.wat);
+                self.wat = 0;
+            }
             self.wbuf.extend_from_slice(&sealed);
         }
         Ok(())
@@ -227,27 +241,28 @@ impl<IO> Own<IO> {
             self.rx.seq += 1;
             let at = start + HEADER + (plain.payload.as_ptr() as usize - base);
             let range = at..at + plain.payload.len();
-            match record::classify(u8::from(plain.typ), plain.payload)? {
-                Inner::Data => {
-                    self.updates_in_a_row = 0;
-                    if !range.is_empty() {
-                        self.plain = range;
-                        return Ok(true);
-                    }
-                }
+            let inner = record::classify(u8::from(plain.typ), plain.payload)?;
+            if inner == Inner::Data && !range.is_empty() {
+                self.idle_in_a_row = 0;
+                self.plain = range;
+                return Ok(true);
+            }
+            // Each costs a decryption (a key update a key derivation too) and gives nothing: a
+            // stream of them is an attack on CPU, not a use (rustls's limits are alike).
+            self.idle_in_a_row += 1;
+            if self.idle_in_a_row > record::MAX_IDLE_RECORDS_IN_A_ROW {
+                return Err(Fatal {
+                    alert: alert::UNEXPECTED_MESSAGE,
+                    why: "too many key updates, empty records or warnings in a row",
+                });
+            }
+            match inner {
+                Inner::Data | Inner::Ignore => {}
                 Inner::Closed => {
                     self.read_closed = true;
                     return Ok(false);
                 }
-                Inner::Ignore => {}
                 Inner::KeyUpdate(request) => {
-                    self.updates_in_a_row += 1;
-                    if self.updates_in_a_row > record::MAX_KEY_UPDATES_IN_A_ROW {
-                        return Err(Fatal {
-                            alert: alert::UNEXPECTED_MESSAGE,
-                            why: "too many key updates in a row",
-                        });
-                    }
                     // What follows is under the new key; ours changes before our next
                     // record (`seal_one`).
                     self.update_rx();
@@ -349,6 +364,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Own<IO> {
             if let Err(why) = this.take_plain(out) {
                 let e = this.fail(why);
                 let _ = this.poll_send(cx);
+                // Plaintext read before the bad record is the reader's; the failure is told at
+                // the next read.
+                if out.filled().len() > before {
+                    return Poll::Ready(Ok(()));
+                }
                 return Poll::Ready(Err(e));
             }
             if out.filled().len() > before || this.read_closed || out.remaining() == 0 {

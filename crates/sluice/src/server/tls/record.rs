@@ -13,9 +13,9 @@ pub const MAX_PLAINTEXT: usize = 1 << 14;
 /// The most ciphertext one record may carry: the plaintext, its content type and padding, and
 /// the AEAD tag within 256 bytes (section 5.2).
 pub const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 256;
-/// Key updates a peer may send in a row without application data between them. Each costs a
-/// key derivation; a stream of them is an attack on CPU, not a use (rustls's limit is alike).
-pub const MAX_KEY_UPDATES_IN_A_ROW: u32 = 32;
+/// Records without application data (key updates, empty records, ignored warnings) a peer may
+/// send in a row.
+pub const MAX_IDLE_RECORDS_IN_A_ROW: u32 = 32;
 
 /// Content types (section 5.1).
 pub const CHANGE_CIPHER_SPEC: u8 = 20;
@@ -29,6 +29,7 @@ pub mod alert {
     pub const UNEXPECTED_MESSAGE: u8 = 10;
     pub const BAD_RECORD_MAC: u8 = 20;
     pub const RECORD_OVERFLOW: u8 = 22;
+    pub const ILLEGAL_PARAMETER: u8 = 47;
     pub const DECODE_ERROR: u8 = 50;
     pub const USER_CANCELED: u8 = 90;
 }
@@ -85,7 +86,8 @@ pub enum Inner {
     Data,
     /// `close_notify`: the peer sends nothing more.
     Closed,
-    /// An alert to pass over (`user_canceled`, which a `close_notify` follows).
+    /// An alert to pass over (`user_canceled` at warning level, which a `close_notify`
+    /// follows).
     Ignore,
     /// A key update: new receive keys from the next record on; `true` when the peer asks for
     /// one of the send keys too.
@@ -101,23 +103,27 @@ pub fn classify(typ: u8, plain: &[u8]) -> Result<Inner, Fatal> {
         APPLICATION_DATA => Ok(Inner::Data),
         ALERT => match plain {
             [_, alert::CLOSE_NOTIFY] => Ok(Inner::Closed),
-            [_, alert::USER_CANCELED] => Ok(Inner::Ignore),
+            [1, alert::USER_CANCELED] => Ok(Inner::Ignore),
             [_, _] => Err(fatal(alert::CLOSE_NOTIFY, "the client sent a fatal alert")),
+            [] => Err(fatal(alert::UNEXPECTED_MESSAGE, "empty alert record")),
             _ => Err(fatal(alert::DECODE_ERROR, "malformed alert")),
         },
         // After the handshake a client may send only a key update: sluice asks for no
-        // certificate, and tickets go the other way. A handshake message split over records,
-        // or one followed by another in the same record, is refused: a key update must end its
-        // record (section 5.1) and is five bytes long.
+        // certificate, and tickets go the other way. A key update must end its record (section
+        // 5.1) and is five bytes long; one split over records is refused too.
         HANDSHAKE => match plain {
             [24, 0, 0, 1, request] => match request {
                 0 => Ok(Inner::KeyUpdate(false)),
                 1 => Ok(Inner::KeyUpdate(true)),
                 _ => Err(fatal(
-                    alert::DECODE_ERROR,
+                    alert::ILLEGAL_PARAMETER,
                     "key update with a bad request field",
                 )),
             },
+            [24, 0, 0, 1, _, ..] => Err(fatal(
+                alert::UNEXPECTED_MESSAGE,
+                "a message after a key update in its record",
+            )),
             [24, ..] => Err(fatal(alert::DECODE_ERROR, "malformed key update")),
             _ => Err(fatal(
                 alert::UNEXPECTED_MESSAGE,
@@ -151,6 +157,12 @@ pub fn keys_of(suite: &Tls13CipherSuite, secret: OkmBlock) -> Keys {
         iv: rustls::internal::derive_traffic_iv(expander.as_ref()),
         secret,
     }
+}
+
+/// The IV of traffic secret `secret` alone (half the work of `keys_of`).
+pub fn iv_of(suite: &Tls13CipherSuite, secret: &OkmBlock) -> Iv {
+    let expander = suite.hkdf_provider.expander_for_okm(secret);
+    rustls::internal::derive_traffic_iv(expander.as_ref())
 }
 
 /// `HKDF-Expand-Label` with an empty context, as long as the hash.
@@ -195,13 +207,24 @@ mod tests {
         assert_eq!(classify(23, b""), Ok(Inner::Data));
         assert_eq!(classify(21, &[1, 0]), Ok(Inner::Closed));
         assert_eq!(classify(21, &[1, 90]), Ok(Inner::Ignore));
+        assert!(classify(21, &[2, 90]).is_err());
         assert!(classify(21, &[2, 40]).is_err());
+        assert_eq!(
+            classify(21, &[]).unwrap_err().alert,
+            alert::UNEXPECTED_MESSAGE
+        );
         assert!(classify(21, &[1]).is_err());
         assert_eq!(classify(22, &[24, 0, 0, 1, 0]), Ok(Inner::KeyUpdate(false)));
         assert_eq!(classify(22, &[24, 0, 0, 1, 1]), Ok(Inner::KeyUpdate(true)));
         assert_eq!(
             classify(22, &[24, 0, 0, 1, 2]).unwrap_err().alert,
-            alert::DECODE_ERROR
+            alert::ILLEGAL_PARAMETER
+        );
+        assert_eq!(
+            classify(22, &[24, 0, 0, 1, 0, 24, 0, 0, 1, 0])
+                .unwrap_err()
+                .alert,
+            alert::UNEXPECTED_MESSAGE
         );
         // Two key updates in one record, a split one, and a ticket from the client.
         assert!(classify(22, &[24, 0, 0, 1, 0, 24, 0, 0, 1, 0]).is_err());

@@ -157,6 +157,36 @@ async fn data_both_ways_then_close_notify() {
     }
 }
 
+/// A key update and a request sent with the client's Finished, before the server reads it:
+/// rustls stops at the Finished and the takeover starts from the keys the handshake made.
+#[tokio::test]
+async fn a_key_update_right_after_the_handshake() {
+    let (server_config, client_config) = configs(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let accept = tokio::spawn(async move {
+        let (tls, secrets) =
+            capture(tokio_rustls::TlsAcceptor::from(server_config).accept(Framed::new(b))).await;
+        ServerTls::take_over(tls.unwrap(), secrets)
+    });
+    let mut client = tokio_rustls::TlsConnector::from(client_config)
+        .connect(ServerName::try_from("own.test").unwrap(), a)
+        .await
+        .unwrap();
+    client.get_mut().1.refresh_traffic_keys().unwrap();
+    client.write_all(b"first").await.unwrap();
+    client.flush().await.unwrap();
+    let mut server = accept.await.unwrap().unwrap();
+    assert!(server.is_own());
+    let mut got = [0; 5];
+    server.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"first");
+    server.write_all(b"answer").await.unwrap();
+    server.flush().await.unwrap();
+    let mut back = [0; 6];
+    client.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"answer");
+}
+
 /// A client's key update (which asks for one back) is followed both ways.
 #[tokio::test]
 async fn follows_key_updates() {
@@ -191,6 +221,39 @@ async fn changes_keys_at_the_record_limit() {
         client.read_exact(&mut got).await.unwrap();
         assert_eq!(got, [i; 50]);
     }
+}
+
+/// A client that reads slowly holds the server's write buffer at its bound, however much is
+/// written: what was sent does not stay in it.
+#[tokio::test]
+async fn a_slow_reader_holds_a_bounded_write_buffer() {
+    let (server, client) = pair(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256).await;
+    let ServerTls::Own(mut own) = server else {
+        unreachable!()
+    };
+    let (mut raw, _conn) = client.into_inner();
+    let reader = tokio::spawn(async move {
+        let mut sink = [0u8; 1500];
+        let mut total = 0;
+        while total < 4_000_000 {
+            match raw.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+            tokio::task::yield_now().await;
+        }
+        total
+    });
+    let chunk = pattern(10_000, 5);
+    let mut most = 0;
+    for _ in 0..300 {
+        own.write_all(&chunk).await.unwrap();
+        most = most.max(own.write_buffer_capacity());
+    }
+    own.flush().await.unwrap();
+    assert!(most < 2 * 64 * 1024 + 40_000, "write buffer grew to {most}");
+    drop(own);
+    assert!(reader.await.unwrap() > 3_000_000);
 }
 
 /// Records that arrive a byte at a time are read as they complete.
@@ -296,6 +359,54 @@ async fn a_record_too_short_for_its_tag_is_refused() {
     let (mut server, mut raw, mut conn) = raw_pair().await;
     let (_, alert) = attack(&mut server, &mut raw, &mut conn, &[23, 3, 3, 0, 3, 1, 2, 3]).await;
     assert_eq!(alert, Some(rustls::AlertDescription::BadRecordMac));
+}
+
+/// The same flood behind a request, in pieces: the request is answered (after the key update
+/// the client asked for), then the flood ends the connection.
+#[tokio::test]
+async fn a_flood_of_key_updates_after_a_request_is_refused() {
+    let (mut server, mut raw, mut conn) = raw_pair().await;
+    let mut wire = sealed(&mut conn, b"GET / HTTP/1.1\r\n\r\n");
+    for _ in 0..100 {
+        conn.refresh_traffic_keys().unwrap();
+        conn.write_tls(&mut wire).unwrap();
+    }
+    let feeder = tokio::spawn(async move {
+        for piece in wire.chunks(7) {
+            raw.write_all(piece).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        raw
+    });
+    let mut buf = [0; 64];
+    let mut got = Vec::new();
+    let err = loop {
+        match server.read(&mut buf).await {
+            Ok(n) => {
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+                // Refused once the flood has been read.
+                if server.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_ok() {
+                    server.flush().await.unwrap();
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("key updates"), "{err}");
+    let _ = server.flush().await;
+    let mut raw = feeder.await.unwrap();
+    let mut back = vec![0; 65536];
+    let n = raw.read(&mut back).await.unwrap();
+    conn.read_tls(&mut &back[..n]).unwrap();
+    assert_eq!(
+        conn.process_new_packets().map(|_| ()),
+        Err(rustls::Error::AlertReceived(
+            rustls::AlertDescription::UnexpectedMessage
+        ))
+    );
+    // The request itself was read, whether the flood came with it or after.
+    assert_eq!(got, b"GET / HTTP/1.1\r\n\r\n");
 }
 
 #[tokio::test]
