@@ -18,7 +18,9 @@ use super::record;
 /// The handshake's stream: rustls over the socket read a record at a time.
 pub type Handshaken<IO> = tokio_rustls::server::TlsStream<Framed<IO>>;
 
-/// A client's TLS connection after the handshake.
+/// A client's TLS connection after the handshake. sluice's record layer, the common case, is
+/// held inline (it is read and written for every request); rustls's, boxed.
+#[allow(clippy::large_enum_variant)]
 pub enum ServerTls<IO> {
     Own(Own<IO>),
     Rustls(Box<Handshaken<IO>>),
