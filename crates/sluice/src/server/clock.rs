@@ -156,9 +156,7 @@ pub struct Alarm {
 /// (`generation` is never 0, so an `Option<Armed>` takes no more room than an `Armed`.)
 #[derive(Debug, Clone, Copy)]
 struct Armed {
-    /// When the entry is due, as an instant: the check whether it still does compares instants,
-    /// which costs a fraction of the millisecond arithmetic (twice per keep-alive request).
-    due_at: Instant,
+    due: u64,
     key: u32,
     generation: std::num::NonZeroU32,
 }
@@ -176,13 +174,13 @@ impl Alarm {
 
     /// [`Alarm::wake_by`] for a caller that has just read the clock (`now`).
     pub fn wake_by_at(&mut self, deadline: Instant, now: Instant, waker: &Waker) {
+        let due = self.clock.ms_ceil(deadline);
         if let Some(a) = self.armed {
             // Still ahead and not later than asked: it will do.
-            if a.due_at <= deadline && a.due_at > now {
+            if a.due <= due && a.due > self.clock.ms_floor(now) {
                 return;
             }
         }
-        let due = self.clock.ms_ceil(deadline);
         let mut wheel = self.clock.lock();
         if let Some(a) = self.armed.take() {
             wheel.remove(a.key, a.generation.get());
@@ -198,7 +196,7 @@ impl Alarm {
         let first = wheel.due.first() == Some(&(due, key));
         drop(wheel);
         self.armed = Some(Armed {
-            due_at: self.clock.epoch + Duration::from_millis(due),
+            due,
             key,
             generation: std::num::NonZeroU32::new(generation).expect("never 0"),
         });
