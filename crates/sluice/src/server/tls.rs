@@ -20,6 +20,8 @@ mod record;
 #[cfg(feature = "tls")]
 mod resume;
 #[cfg(feature = "tls")]
+mod seal;
+#[cfg(feature = "tls")]
 mod sni;
 #[cfg(feature = "tls")]
 mod stream;

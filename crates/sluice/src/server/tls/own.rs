@@ -8,14 +8,13 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use rustls::crypto::cipher::{
-    InboundOpaqueMessage, MessageDecrypter, MessageEncrypter, OutboundChunks, OutboundPlainMessage,
-};
+use rustls::crypto::cipher::{InboundOpaqueMessage, MessageDecrypter};
 use rustls::crypto::tls13::OkmBlock;
 use rustls::{ContentType, ProtocolVersion, Tls13CipherSuite};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::record::{self, alert, Fatal, Inner, HEADER, MAX_CIPHERTEXT, MAX_PLAINTEXT};
+use super::seal::Sealer;
 
 /// Bytes read from the socket at once when the record needs no more: a request head or two.
 const READ_AHEAD: usize = 4096;
@@ -27,10 +26,11 @@ const KEEP: usize = 2 * (HEADER + MAX_CIPHERTEXT);
 /// Slices gathered into one record at most.
 const GATHER: usize = 16;
 
-/// One direction's keys: rustls's record protection for the current traffic secret, the next
-/// record's sequence number, and the secret (for the next key update).
-pub struct Keys<P: ?Sized> {
-    pub protect: Box<P>,
+/// One direction's keys: the record protection for the current traffic secret (rustls's to open,
+/// the provider's AEAD to seal in place), the next record's sequence number, and the secret (for
+/// the next key update).
+pub struct Keys<P> {
+    pub protect: P,
     pub seq: u64,
     pub secret: OkmBlock,
 }
@@ -39,8 +39,8 @@ pub struct Keys<P: ?Sized> {
 pub struct Own<IO> {
     io: IO,
     suite: &'static Tls13CipherSuite,
-    rx: Keys<dyn MessageDecrypter>,
-    tx: Keys<dyn MessageEncrypter>,
+    rx: Keys<Box<dyn MessageDecrypter>>,
+    tx: Keys<Sealer>,
     /// Records sealed under one key before a key update (the suite's confidentiality limit,
     /// with room for the update's own record).
     tx_limit: u64,
@@ -72,8 +72,8 @@ impl<IO> Own<IO> {
     pub fn new(
         io: IO,
         suite: &'static Tls13CipherSuite,
-        rx: Keys<dyn MessageDecrypter>,
-        tx: Keys<dyn MessageEncrypter>,
+        rx: Keys<Box<dyn MessageDecrypter>>,
+        tx: Keys<Sealer>,
         rest: Vec<u8>,
         early: Vec<u8>,
         read_closed: bool,
@@ -142,34 +142,20 @@ impl<IO> Own<IO> {
     }
 
     fn seal_raw(&mut self, typ: ContentType, parts: &[&[u8]]) -> Result<(), Fatal> {
-        let msg = OutboundPlainMessage {
-            typ,
-            version: ProtocolVersion::TLSv1_2,
-            payload: OutboundChunks::new(parts),
-        };
-        let sealed = self
-            .tx
+        if self.wat > 0 {
+            // What was sent goes first, so the buffer holds only unsent bytes (bounded by
+            // `WRITE_LIMIT` and a record) however long a slow reader keeps it from emptying.
+            self.wbuf.drain(..self.wat);
+            self.wat = 0;
+        }
+        self.tx
             .protect
-            .encrypt(msg, self.tx.seq)
+            .seal_into(&mut self.wbuf, typ, parts, self.tx.seq)
             .map_err(|_| Fatal {
                 alert: alert::CLOSE_NOTIFY,
                 why: "encryption failed",
-            })?
-            .encode();
+            })?;
         self.tx.seq += 1;
-        if self.wat == self.wbuf.len() {
-            // Nothing waits: the sealed record is the buffer (no copy).
-            self.wbuf = sealed;
-            self.wat = 0;
-        } else {
-            // What was sent goes first, so the buffer holds only unsent bytes (bounded by
-            // `WRITE_LIMIT` and a record) however long a slow reader keeps it from emptying.
-            if self.wat > 0 {
-                self.wbuf.drain(..self.wat);
-                self.wat = 0;
-            }
-            self.wbuf.extend_from_slice(&sealed);
-        }
         Ok(())
     }
 
@@ -179,8 +165,14 @@ impl<IO> Own<IO> {
         let msg = record::key_update(false);
         self.seal_raw(ContentType::Handshake, &[&msg])?;
         let next = record::next_keys(self.suite, &self.tx.secret);
+        let Some(protect) = Sealer::new(self.suite, &next.key, next.iv) else {
+            return Err(Fatal {
+                alert: alert::CLOSE_NOTIFY,
+                why: "encryption failed",
+            });
+        };
         self.tx = Keys {
-            protect: self.suite.aead_alg.encrypter(next.key, next.iv),
+            protect,
             seq: 0,
             secret: next.secret,
         };

@@ -14,6 +14,7 @@ use super::capture::Secrets;
 use super::framed::Framed;
 use super::own::{Keys, Own};
 use super::record;
+use super::seal::Sealer;
 
 /// The handshake's stream: rustls over the socket read a record at a time.
 pub type Handshaken<IO> = tokio_rustls::server::TlsStream<Framed<IO>>;
@@ -32,7 +33,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ServerTls<IO> {
     pub fn take_over(tls: Handshaken<IO>, secrets: Secrets) -> io::Result<ServerTls<IO>> {
         let (framed, conn) = tls.get_ref();
         let suite = match conn.negotiated_cipher_suite() {
-            Some(SupportedCipherSuite::Tls13(suite)) => Some(suite),
+            Some(SupportedCipherSuite::Tls13(suite)) if Sealer::knows(suite) => Some(suite),
             _ => None,
         };
         let ready = !conn.wants_write() && !framed.holds_part();
@@ -72,19 +73,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ServerTls<IO> {
                 "TLS traffic secrets do not match the keys",
             ));
         }
-        let mut seal = suite.aead_alg.encrypter(tx_key, tx_iv);
-        if tx_seq > 0 {
-            // aws-lc's TLS 1.3 AES-GCM learns its nonce mask from the first record it seals,
-            // taken to be record 0, and refuses a sequence that does not rise after it. rustls
-            // sealed record 0 (the session ticket) under this key already; sealing it again
-            // here teaches the mask, and the output is dropped unsent (no nonce is seen twice).
-            let empty = rustls::crypto::cipher::OutboundPlainMessage {
-                typ: rustls::ContentType::ApplicationData,
-                version: rustls::ProtocolVersion::TLSv1_2,
-                payload: rustls::crypto::cipher::OutboundChunks::new_empty(),
-            };
-            seal.encrypt(empty, 0).map_err(io::Error::other)?;
-        }
+        // Records are sealed with the provider's AEAD itself (`seal`), into the write buffer.
+        let Some(seal) = Sealer::new(suite, &tx_key, tx_iv) else {
+            return Err(io::Error::other("TLS 1.3 suite without a sealer"));
+        };
         let (io, rest) = framed.into_parts();
         let rest = rest.ok_or_else(|| io::Error::other("TLS record split at the takeover"))?;
         Ok(ServerTls::Own(Own::new(
