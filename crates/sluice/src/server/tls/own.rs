@@ -1,6 +1,7 @@
 //! sluice's own TLS 1.3 record layer for a client connection whose handshake rustls did: each
-//! record is opened where it lies in the read buffer and sealed straight into the write buffer,
-//! with rustls's record protection and its key schedule (`docs/decisions/own-record-layer.md`).
+//! record is opened where it lies in the read buffer (rustls's record protection) and sealed
+//! straight into the write buffer (the provider's AEAD, `seal`), with rustls's key schedule
+//! (`docs/decisions/own-record-layer.md`).
 //! The rules it keeps (alerts, key updates, the AES-GCM record limit) are in `record`.
 
 use std::io::{self, IoSlice};
@@ -162,8 +163,7 @@ impl<IO> Own<IO> {
     /// Sends a key update (not asking for one back) under the current key (the limit leaves
     /// room for this record), then seals under the next one.
     fn update_tx(&mut self) -> Result<(), Fatal> {
-        let msg = record::key_update(false);
-        self.seal_raw(ContentType::Handshake, &[&msg])?;
+        // The next key first: a key update is never sent without one to follow it.
         let next = record::next_keys(self.suite, &self.tx.secret);
         let Some(protect) = Sealer::new(self.suite, &next.key, next.iv) else {
             return Err(Fatal {
@@ -171,6 +171,8 @@ impl<IO> Own<IO> {
                 why: "encryption failed",
             });
         };
+        let msg = record::key_update(false);
+        self.seal_raw(ContentType::Handshake, &[&msg])?;
         self.tx = Keys {
             protect,
             seq: 0,

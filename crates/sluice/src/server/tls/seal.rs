@@ -19,6 +19,9 @@ const TAG: usize = 16;
 pub struct Sealer {
     key: aead::LessSafeKey,
     iv: Iv,
+    /// The lowest sequence number not used yet: a nonce is never sealed under twice (the
+    /// general key keeps no such state of its own, as rustls's TLS 1.3 one did).
+    next: u64,
 }
 
 /// Why a record could not be sealed.
@@ -33,6 +36,7 @@ impl Sealer {
         Some(Sealer {
             key: aead::LessSafeKey::new(key),
             iv,
+            next: 0,
         })
     }
 
@@ -43,16 +47,17 @@ impl Sealer {
 
     /// Appends record number `seq` to `out`: `parts` (at most `MAX_PLAINTEXT` bytes together)
     /// and the inner content type `typ`, encrypted in place after the record header, then the
-    /// tag. On an error `out` is as it was.
+    /// tag. A sequence number below one already used is refused. On an error `out` is as it
+    /// was.
     pub fn seal_into(
-        &self,
+        &mut self,
         out: &mut Vec<u8>,
         typ: ContentType,
         parts: &[&[u8]],
         seq: u64,
     ) -> Result<(), SealError> {
         let plain: usize = parts.iter().map(|p| p.len()).sum();
-        if plain > MAX_PLAINTEXT {
+        if plain > MAX_PLAINTEXT || seq < self.next {
             return Err(SealError);
         }
         // The inner plaintext (the data, then its type byte) and the tag.
@@ -75,6 +80,7 @@ impl Sealer {
         match sealed {
             Ok(tag) => {
                 out.extend_from_slice(tag.as_ref());
+                self.next = seq.saturating_add(1);
                 Ok(())
             }
             Err(_) => {
@@ -129,7 +135,7 @@ mod tests {
         assert_eq!(all.len(), 3, "the provider's TLS 1.3 suites");
         for suite in all {
             let (key, iv) = key_iv(suite);
-            let sealer = Sealer::new(suite, &key, iv).expect("a known suite");
+            let mut sealer = Sealer::new(suite, &key, iv).expect("a known suite");
             let (key, iv) = key_iv(suite);
             let mut open = suite.aead_alg.decrypter(key, iv);
             let mut out = b"before".to_vec();
@@ -168,12 +174,57 @@ mod tests {
     fn refuses_more_than_a_record_and_leaves_the_buffer() {
         let suite = suites()[0];
         let (key, iv) = key_iv(suite);
-        let sealer = Sealer::new(suite, &key, iv).unwrap();
+        let mut sealer = Sealer::new(suite, &key, iv).unwrap();
         let mut out = b"kept".to_vec();
         let big = vec![0u8; MAX_PLAINTEXT + 1];
         assert!(sealer
             .seal_into(&mut out, ContentType::ApplicationData, &[&big], 0)
             .is_err());
         assert_eq!(out, b"kept");
+        // A sequence number used already, or below one, is refused too.
+        sealer
+            .seal_into(&mut out, ContentType::ApplicationData, &[b"x"], 7)
+            .unwrap();
+        let sealed = out.clone();
+        for seq in [7, 6, 0] {
+            assert!(sealer
+                .seal_into(&mut out, ContentType::ApplicationData, &[b"x"], seq)
+                .is_err());
+            assert_eq!(out, sealed);
+        }
+    }
+
+    /// The edges: an empty record, an alert and a handshake message, a record of exactly
+    /// `MAX_PLAINTEXT` (the length field's largest value), and a sequence number with every byte
+    /// set, each opened by rustls with its type and bytes.
+    #[test]
+    fn edges_open_with_their_type() {
+        let suite = suites()[0];
+        let (key, iv) = key_iv(suite);
+        let mut sealer = Sealer::new(suite, &key, iv).unwrap();
+        let (key, iv) = key_iv(suite);
+        let mut open = suite.aead_alg.decrypter(key, iv);
+        let full = vec![0x5au8; MAX_PLAINTEXT];
+        let cases: [(ContentType, &[u8], u64); 4] = [
+            (ContentType::ApplicationData, b"", 1),
+            (ContentType::Alert, &[1, 0], 2),
+            (ContentType::Handshake, &[24, 0, 0, 1, 0], 3),
+            (ContentType::ApplicationData, &full, 0x0102_0304_0506_0708),
+        ];
+        for (typ, data, seq) in cases {
+            let mut out = Vec::new();
+            sealer.seal_into(&mut out, typ, &[data], seq).unwrap();
+            let len = u16::from_be_bytes([out[3], out[4]]) as usize;
+            assert_eq!(len, data.len() + 1 + TAG);
+            assert_eq!(out.len(), HEADER + len);
+            let msg = InboundOpaqueMessage::new(
+                ContentType::ApplicationData,
+                ProtocolVersion::TLSv1_2,
+                &mut out[HEADER..],
+            );
+            let plain = open.decrypt(msg, seq).expect("opened");
+            assert_eq!(plain.typ, typ);
+            assert_eq!(plain.payload, data);
+        }
     }
 }
