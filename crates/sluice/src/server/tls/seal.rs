@@ -1,6 +1,6 @@
 //! Sealing TLS 1.3 records straight into the record layer's write buffer with the crypto
 //! provider's AEAD (aws-lc-rs, or ring in a `ring` build): rustls's own record protection seals
-//! into a buffer of its own per record, which then had to be copied (`own-record-layer.md`).
+//! into a `Vec` of its own, an allocation and a free per record (`own-record-layer.md`).
 
 #[cfg(feature = "aws-lc")]
 use aws_lc_rs::aead;
