@@ -10,6 +10,8 @@ pub mod field_maps;
 #[cfg(feature = "reverse")]
 mod h1fast;
 pub mod handler;
+#[cfg(feature = "http2")]
+mod http2;
 pub mod listener;
 pub mod notify;
 pub mod quic;
@@ -306,6 +308,12 @@ impl<H: Handler> Server<H> {
             splice: self.handler.splices_streams(),
             fast_path: self.config.h1_fast_path,
             alt_svc: None,
+            #[cfg(feature = "http2")]
+            h2_own: self.config.h2_own_server.then(|| http2::Limits {
+                max_concurrent_streams: self.config.h2_max_concurrent_streams,
+                max_header_list_size: u32::try_from(self.config.max_header_bytes)
+                    .unwrap_or(u32::MAX),
+            }),
             clock: clock::Clock::start(stop_rx.clone()),
         };
         // The `Alt-Svc` value of the TLS listener on an address (`None`: not advertised).
@@ -608,6 +616,9 @@ struct Conn<H> {
     fast_path: bool,
     /// `Alt-Svc` for this listener's TLS responses: HTTP/3 on the same port.
     alt_svc: Option<http::HeaderValue>,
+    /// HTTP/2 connections go to sluice's own server (`http2`) with these limits; `None`: hyper's.
+    #[cfg(feature = "http2")]
+    h2_own: Option<http2::Limits>,
     /// The runtime's clock for its connections' deadlines (`clock`).
     clock: Arc<clock::Clock>,
 }
@@ -626,6 +637,8 @@ impl<H> Clone for Conn<H> {
             splice: self.splice,
             fast_path: self.fast_path,
             alt_svc: self.alt_svc.clone(),
+            #[cfg(feature = "http2")]
+            h2_own: self.h2_own,
             clock: self.clock.clone(),
         }
     }
@@ -723,6 +736,13 @@ impl<H: Handler> Conn<H> {
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let watch = SendWatch::of(&stream);
         let h2c = replayed.starts_with(H2_PREFACE);
+        #[cfg(feature = "http2")]
+        if let Some(limits) = self.h2_own.filter(|_| h2c) {
+            // The preface was read: what came after it is replayed to the HTTP/2 server.
+            let mut io = self.screened(spliced::Tapped::new(stream, None), true);
+            io.replay(replayed[H2_PREFACE.len()..].to_vec());
+            return Box::pin(self.drive_h2(io, watch, peer, false, true, limits));
+        }
         let tap = (self.splice && !h2c).then(|| Arc::new(spliced::Tap::default()));
         let mut stream = self.screened(spliced::Tapped::new(stream, tap.clone()), h2c);
         stream.replay(replayed);
@@ -770,6 +790,10 @@ impl<H: Handler> Conn<H> {
                 if !h2 && self.fast_path && self.handler.has_fast_routes() {
                     return self.serve_tls_fast(tls, peer).await;
                 }
+                #[cfg(feature = "http2")]
+                if let Some(limits) = self.h2_own.filter(|_| h2) {
+                    return self.drive_h2(tls, watch, peer, true, false, limits).await;
+                }
                 let tls = self.screened(tls, h2);
                 self.clone().drive(tls, watch, peer, true, None).await
             }
@@ -793,95 +817,80 @@ impl<H: Handler> Conn<H> {
     async fn drive<I>(
         self: Arc<Self>,
         io: I,
-        mut watch: SendWatch,
+        watch: SendWatch,
         peer: SocketAddr,
         secure: bool,
         tap: Option<Arc<spliced::Tap>>,
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let activity = watch.activity.clone();
-        let act = activity.clone();
-        let bodies = stall::Watchlist::new();
-        let watched = bodies.clone();
-        // HTTP/2 streams waiting on something are woken at each tick below (`ticks`).
-        let stream_ticks = ticks::Ticks::new();
-        let streams = stream_ticks.clone();
-        let mut stop = self.stop.clone();
-        // The service reads the connection's settings (handler, listener, stop flag, `Alt-Svc`,
-        // metrics) through one pointer: hyper keeps it for the connection's whole life, idle or
-        // not, and copies of each came to ~140 bytes per connection.
-        let settings = self.clone();
+        let watch = Watch::new(watch);
+        let respond = Responder::new(&self, &watch, peer, secure, tap);
         let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            crate::runtime::busy_poll::stamp();
-            let mut req = req.map(crate::body::Incoming::Hyper);
-            let handler = settings.handler.clone();
-            handler
-                .http_metrics()
-                .protocol
-                .requests(req.version())
-                .inc();
-            // Routing takes a request without one for the main listener's: inserting it costs
-            // the extensions map and a box per request (two allocations).
-            if settings.listener != ListenerId::default() {
-                req.extensions_mut().insert(settings.listener);
-            }
-            if let Some(tap) = tap
-                .as_ref()
-                .filter(|_| req.version() == http::Version::HTTP_11)
-            {
-                req.extensions_mut().insert(spliced::SpliceTap(tap.clone()));
-            }
-            let guard = act.begin();
-            // Draining: this is the connection's last HTTP/1 response.
-            let last = req.version() < http::Version::HTTP_2 && *settings.stop.borrow();
-            // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is
-            // pulled whenever the socket takes bytes, which the send watch already covers.
-            let watched = (req.version() == http::Version::HTTP_2).then(|| watched.clone());
-            // An HTTP/1 response is polled in this connection's own task, which ticks; an
-            // HTTP/2 stream's task is woken by the tick through `ticks`.
-            let ticked = (req.version() == http::Version::HTTP_2).then(|| streams.clone());
-            let alt_svc = settings.alt_svc.as_ref().filter(|_| secure).cloned();
-            let h2 = req.version() == http::Version::HTTP_2;
-            async move {
-                // Boxed: the handler's future is tens of KiB (every front end's state), and
-                // hyper moves this one into each HTTP/2 stream's task and again when it spawns it;
-                // behind a pointer those moves copy a few words instead.
-                let mut resp = ticks::Ticked::new(
-                    ticked,
-                    boxed_in_place(|| handler.handle(req, peer, secure, guard)),
-                )
-                .await;
-                // (Not on a protocol switch: its `Connection: upgrade` must stand.)
-                if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
-                    resp.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
-                }
-                if let Some(value) = alt_svc {
-                    offer_alt_svc(&mut resp, value);
-                }
-                if h2 {
-                    date_h2(&mut resp);
-                }
-                Ok::<_, Infallible>(match watched {
-                    Some(list) => resp.map(|b| list.guard(b)),
-                    None => resp.map(stall::Outgoing::Plain),
-                })
-            }
+            futures_util::FutureExt::map(respond.call(req.map(crate::body::Incoming::Hyper)), |resp| {
+                Ok::<_, Infallible>(resp)
+            })
         });
         // Pinned where it is built: `tokio::pin!` moves it into a second binding, and an
         // unoptimised build kept both 1.5 KiB copies in every idle HTTP/2 connection's state.
         #[cfg(feature = "http2")]
-        let mut conn = std::pin::pin!(self
+        let conn = std::pin::pin!(self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), service));
         #[cfg(not(feature = "http2"))]
-        let mut conn = std::pin::pin!(self
+        let conn = std::pin::pin!(self
             .builder
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades());
+        self.watch_over(conn, watch, peer, |c| c.graceful_shutdown())
+            .await
+    }
+
+    /// Serves `io` with the HTTP/2 server of sluice's own (`http2`) until it ends; `prefaced`:
+    /// the client's preface was read already.
+    #[cfg(feature = "http2")]
+    async fn drive_h2<I>(
+        self: Arc<Self>,
+        io: I,
+        watch: SendWatch,
+        peer: SocketAddr,
+        secure: bool,
+        prefaced: bool,
+        limits: http2::Limits,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let watch = Watch::new(watch);
+        let respond = Responder::new(&self, &watch, peer, secure, None);
+        let conn = std::pin::pin!(http2::Connection::new(
+            io,
+            move |req| respond.call(req),
+            limits,
+            prefaced
+        ));
+        self.watch_over(conn, watch, peer, |c| c.get_mut().graceful_shutdown())
+            .await
+    }
+
+    /// Runs a connection's server to its end under the connection's clocks: the idle and header
+    /// timeouts, the send watch, stalled HTTP/2 streams, and draining on shutdown.
+    async fn watch_over<C, E>(
+        &self,
+        mut conn: Pin<&mut C>,
+        watch: Watch,
+        peer: SocketAddr,
+        shut_down: impl Fn(Pin<&mut C>),
+    ) where
+        C: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let Watch {
+            mut send,
+            activity,
+            bodies,
+            ticks: stream_ticks,
+        } = watch;
+        let mut stop = self.stop.clone();
         let t = &self.timeouts;
         let tick = Duration::from_secs(1).min(t.idle).min(t.send);
         // The checks below run on the runtime's clock: once a tick while a response is under
@@ -953,7 +962,7 @@ impl<H: Handler> Conn<H> {
                 }
                 _ = checked => {
                     stream_ticks.tick();
-                    if watch.stalled(t.send) {
+                    if send.stalled(t.send) {
                         // Dropping the connection drops its response bodies, and with them the
                         // upstream fetches and everything they buffer.
                         self.handler.http_metrics().send_timeouts.inc();
@@ -971,10 +980,132 @@ impl<H: Handler> Conn<H> {
                     }
                     if !closing && activity.idle_for().is_some_and(|d| d >= limit) {
                         closing = true;
-                        conn.as_mut().graceful_shutdown();
+                        shut_down(conn.as_mut());
                     }
                 }
             }
+        }
+    }
+}
+
+/// What every request on a connection goes through before and after the handler, for
+/// hyper's server and the HTTP/2 one of sluice's own alike: the protocol's metrics, the
+/// listener, the splice tap, the in-flight guard, `Connection: close` while draining, `Alt-Svc`,
+/// `Date`, and the stall guard on HTTP/2 bodies.
+struct Responder<H> {
+    /// The connection's settings (handler, listener, stop flag, `Alt-Svc`, metrics) through one
+    /// pointer: the server keeps this for the connection's whole life, idle or not, and copies of
+    /// each came to ~140 bytes per connection.
+    settings: Arc<Conn<H>>,
+    activity: Arc<Activity>,
+    bodies: Arc<stall::Watchlist>,
+    ticks: Arc<ticks::Ticks>,
+    peer: SocketAddr,
+    secure: bool,
+    tap: Option<Arc<spliced::Tap>>,
+}
+
+impl<H: Handler> Responder<H> {
+    fn new(
+        settings: &Arc<Conn<H>>,
+        watch: &Watch,
+        peer: SocketAddr,
+        secure: bool,
+        tap: Option<Arc<spliced::Tap>>,
+    ) -> Self {
+        Responder {
+            settings: settings.clone(),
+            activity: watch.activity.clone(),
+            bodies: watch.bodies.clone(),
+            ticks: watch.ticks.clone(),
+            peer,
+            secure,
+            tap,
+        }
+    }
+
+    fn call(
+        &self,
+        mut req: http::Request<crate::body::Incoming>,
+    ) -> impl Future<Output = http::Response<stall::Outgoing>> + Send + 'static {
+        crate::runtime::busy_poll::stamp();
+        let settings = &self.settings;
+        let handler = settings.handler.clone();
+        handler
+            .http_metrics()
+            .protocol
+            .requests(req.version())
+            .inc();
+        // Routing takes a request without one for the main listener's: inserting it costs the
+        // extensions map and a box per request (two allocations).
+        if settings.listener != ListenerId::default() {
+            req.extensions_mut().insert(settings.listener);
+        }
+        if let Some(tap) = self
+            .tap
+            .as_ref()
+            .filter(|_| req.version() == http::Version::HTTP_11)
+        {
+            req.extensions_mut().insert(spliced::SpliceTap(tap.clone()));
+        }
+        let guard = self.activity.begin();
+        // Draining: this is the connection's last HTTP/1 response.
+        let last = req.version() < http::Version::HTTP_2 && *settings.stop.borrow();
+        let h2 = req.version() == http::Version::HTTP_2;
+        // Only an HTTP/2 stream can sit unpulled on a writable socket; an HTTP/1 body is pulled
+        // whenever the socket takes bytes, which the send watch already covers.
+        let watched = h2.then(|| self.bodies.clone());
+        // An HTTP/1 response is polled in this connection's own task, which ticks; an HTTP/2
+        // stream is woken by the tick through `ticks`.
+        let ticked = h2.then(|| self.ticks.clone());
+        let alt_svc = settings.alt_svc.as_ref().filter(|_| self.secure).cloned();
+        let (peer, secure) = (self.peer, self.secure);
+        async move {
+            // Boxed: the handler's future is tens of KiB (every front end's state), and hyper
+            // moves this one into each HTTP/2 stream's task and again when it spawns it; behind a
+            // pointer those moves copy a few words instead.
+            let mut resp = ticks::Ticked::new(
+                ticked,
+                boxed_in_place(|| handler.handle(req, peer, secure, guard)),
+            )
+            .await;
+            // (Not on a protocol switch: its `Connection: upgrade` must stand.)
+            if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
+            if let Some(value) = alt_svc {
+                offer_alt_svc(&mut resp, value);
+            }
+            if h2 {
+                date_h2(&mut resp);
+            }
+            match watched {
+                Some(list) => resp.map(|b| list.guard(b)),
+                None => resp.map(stall::Outgoing::Plain),
+            }
+        }
+    }
+}
+
+/// The clocks' view of one connection: its send watch, in-flight record, HTTP/2 bodies to watch
+/// for stalls, and the ticks that wake stream tasks.
+struct Watch {
+    send: SendWatch,
+    activity: Arc<Activity>,
+    bodies: Arc<stall::Watchlist>,
+    ticks: Arc<ticks::Ticks>,
+}
+
+impl Watch {
+    fn new(send: SendWatch) -> Watch {
+        Watch {
+            activity: send.activity.clone(),
+            send,
+            bodies: stall::Watchlist::new(),
+            ticks: ticks::Ticks::new(),
         }
     }
 }

@@ -59,6 +59,9 @@ pub struct ServerConfig {
     /// HTTP/2: streams a client may have open at once on one connection; more are refused
     /// with `REFUSED_STREAM`.
     pub h2_max_concurrent_streams: u32,
+    /// HTTP/2 connections are served by sluice's own HTTP/2 server (`server/http2`); `false`
+    /// serves them with hyper's.
+    pub h2_own_server: bool,
     /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
     /// one connection holds at most this times `h2_max_concurrent_streams`.
     pub h2_max_send_buf_bytes: usize,
@@ -109,6 +112,7 @@ impl Default for ServerConfig {
             tls_handshake_timeout_secs: 10,
             tls_own_record_layer: true,
             h2_max_concurrent_streams: 100,
+            h2_own_server: true,
             h2_max_send_buf_bytes: 128 * 1024,
             runtime: crate::runtime::RuntimeModel::WorkStealing,
             threads: 0,
@@ -141,6 +145,7 @@ config_section!(ServerConfig {
     tls_handshake_timeout_secs,
     tls_own_record_layer,
     h2_max_concurrent_streams,
+    h2_own_server,
     h2_max_send_buf_bytes,
     runtime,
     threads,

@@ -1,0 +1,872 @@
+//! HTTP/2 connections served by sluice itself over h2's frame codec (its frame reader and writer
+//! and HPACK): the streams, flow control in both directions and the limits are kept here, and
+//! each stream's handler and response body are polled inside the connection's own task, woken
+//! per stream (`wake`), with no task, channel or lock of its own per stream. See
+//! `docs/decisions/http2-server.md`.
+
+mod recv;
+mod request;
+mod wake;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use h2::frame::{self, Frame, Headers, Pseudo, StreamId};
+use h2::Reason;
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Request, Response, StatusCode};
+use slab::Slab;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::body::{BoxError, Incoming};
+use recv::{NoBody, RecvBody, Shared};
+use wake::{Ready, StreamWake};
+
+/// How an HTTP/2 connection begins (RFC 9113 section 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The window each request body gets, and the connection's for all of them: what one
+/// connection can make this server hold of request bodies not yet read.
+const STREAM_WINDOW: u32 = 1 << 20;
+const CONN_WINDOW: u32 = 1 << 20;
+/// RFC 9113's initial window, before SETTINGS says otherwise.
+const DEFAULT_WINDOW: i64 = 65_535;
+/// A window may not exceed this (section 6.9.1).
+const MAX_WINDOW: i64 = (1 << 31) - 1;
+/// Control frames (SETTINGS and PING acknowledgements, resets) waiting to be written: past this
+/// many, frames stop being read until the client reads what it was sent.
+const MAX_CONTROL: usize = 64;
+/// Streams the client may reset, or make this server reset by a malformed request, before their
+/// response is done; each complete response earns one back. At zero the connection is closed
+/// with `ENHANCE_YOUR_CALM` (the "rapid reset" attack, CVE-2023-44487).
+const RESET_BUDGET: u32 = 200;
+/// Streams this server reset that the client may not have heard of yet: frames for them are
+/// dropped, not taken as errors.
+const RECENTLY_RESET: usize = 32;
+
+/// What the listener's settings give this front end.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub max_concurrent_streams: u32,
+    pub max_header_list_size: u32,
+}
+
+/// Why a connection ended badly.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    #[error("I/O: {0}")]
+    Io(std::io::Error),
+    #[error("the client broke the protocol: {0:?}")]
+    Protocol(Reason),
+    #[error("not an HTTP/2 connection preface")]
+    Preface,
+}
+
+/// A stream's handler, then its response body.
+enum Phase<F, B> {
+    Handling(Pin<Box<F>>),
+    Sending(Pin<Box<B>>),
+    /// The response is all written.
+    Sent,
+}
+
+/// One open stream.
+struct Slot<F, B> {
+    id: StreamId,
+    phase: Phase<F, B>,
+    wake: Arc<StreamWake>,
+    waker: Waker,
+    /// What this server may still send on the stream.
+    send_window: i64,
+    /// What the client may still send on the stream, and what it read but was not yet given back.
+    recv_window: i64,
+    unreleased: u32,
+    /// The request body's queue, while the client may still send on the stream.
+    recv: Option<Arc<Shared>>,
+    /// Bytes still to come by the request's `content-length`.
+    remaining: Option<u64>,
+    /// A HEAD request: the response's body is not sent.
+    head: bool,
+    /// A frame made but not yet written (windows, or the writer full).
+    out: Option<Out>,
+    /// The response was begun (for the reset budget).
+    answered: bool,
+}
+
+/// An HTTP/2 connection over `io`, each request handed to `service`.
+pub(crate) struct Connection<I, S, F, B> {
+    state: State,
+    codec: h2::Codec<I, Bytes>,
+    service: S,
+    limits: Limits,
+    streams: Slab<Slot<F, B>>,
+    /// Open streams by id (ids only grow, so this stays sorted).
+    ids: VecDeque<(u32, usize)>,
+    ready: Arc<Ready>,
+    /// Streams to poll now, and a spare for the queue's swap.
+    to_poll: Vec<usize>,
+    /// Streams waiting for the writer to take frames, or for the connection's send window.
+    write_blocked: Vec<usize>,
+    window_blocked: Vec<usize>,
+    control: VecDeque<Frame<Bytes>>,
+    /// The highest stream id the client opened.
+    last_id: u32,
+    /// The connection's send window, the client's initial stream window, our receive window.
+    send_window: i64,
+    peer_initial: i64,
+    recv_window: i64,
+    /// Connection-window bytes read (or dropped) and not yet given back.
+    unreleased: u32,
+    resets: u32,
+    recently_reset: VecDeque<u32>,
+    /// GOAWAY sent: streams above this id are ignored, and the connection ends when the rest do.
+    going_away: Option<u32>,
+    /// The client said GOAWAY: no new streams will come.
+    peer_going_away: bool,
+    /// A connection error: GOAWAY queued, the connection ends once it is written.
+    failed: Option<Reason>,
+}
+
+enum State {
+    /// Reading the client's preface: this many bytes of it so far.
+    Preface(usize),
+    Open,
+}
+
+/// A stream's next frame.
+enum Out {
+    /// The response head, or trailers.
+    Head(Headers),
+    /// Body bytes, and whether they end the stream.
+    Data(Bytes, bool),
+}
+
+/// What a stream's turn ended with.
+enum Turn {
+    /// Waits for a wake, a window or the writer.
+    Parked,
+    /// The response is all written.
+    Done,
+    /// The response body failed: the stream is reset.
+    Failed,
+}
+
+impl<I, S, F, B> Connection<I, S, F, B>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<Incoming>) -> F,
+    F: Future<Output = Response<B>>,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    /// A connection whose preface has not been read yet (`prefaced`: the caller read and checked
+    /// it already).
+    pub fn new(io: I, service: S, limits: Limits, prefaced: bool) -> Self {
+        let mut codec = h2::Codec::new(io);
+        codec.set_max_recv_header_list_size(limits.max_header_list_size as usize);
+        let mut ours = frame::Settings::default();
+        ours.set_max_concurrent_streams(Some(limits.max_concurrent_streams));
+        ours.set_initial_window_size(Some(STREAM_WINDOW));
+        ours.set_max_header_list_size(Some(limits.max_header_list_size));
+        let control = VecDeque::from([
+            Frame::from(ours),
+            frame::WindowUpdate::new(StreamId::zero(), CONN_WINDOW - DEFAULT_WINDOW as u32).into(),
+        ]);
+        Connection {
+            state: if prefaced {
+                State::Open
+            } else {
+                State::Preface(0)
+            },
+            codec,
+            service,
+            limits,
+            streams: Slab::new(),
+            ids: VecDeque::new(),
+            ready: Arc::new(Ready::default()),
+            to_poll: Vec::new(),
+            write_blocked: Vec::new(),
+            window_blocked: Vec::new(),
+            control,
+            last_id: 0,
+            send_window: DEFAULT_WINDOW,
+            peer_initial: DEFAULT_WINDOW,
+            recv_window: i64::from(CONN_WINDOW),
+            unreleased: 0,
+            resets: RESET_BUDGET,
+            recently_reset: VecDeque::new(),
+            going_away: None,
+            peer_going_away: false,
+            failed: None,
+        }
+    }
+
+    /// Stops taking new streams (GOAWAY) and ends the connection once the open ones are done.
+    pub fn graceful_shutdown(&mut self) {
+        if self.going_away.is_none() {
+            self.going_away = Some(self.last_id);
+            self.control.push_back(
+                frame::GoAway::new(StreamId::from(self.last_id), Reason::NO_ERROR).into(),
+            );
+        }
+    }
+
+    fn fail(&mut self, reason: Reason) {
+        if self.failed.is_some() {
+            return;
+        }
+        tracing::debug!(?reason, "HTTP/2 connection error");
+        self.failed = Some(reason);
+        self.control.clear();
+        self.control
+            .push_back(frame::GoAway::new(StreamId::from(self.last_id), reason).into());
+        for slot in self.streams.drain() {
+            if let Some(recv) = &slot.recv {
+                recv.fail(reason);
+            }
+        }
+        self.ids.clear();
+    }
+
+    fn slot_of(&self, id: u32) -> Option<usize> {
+        self.ids
+            .binary_search_by_key(&id, |(i, _)| *i)
+            .ok()
+            .map(|at| self.ids[at].1)
+    }
+
+    fn reset(&mut self, id: u32, reason: Reason) {
+        self.control
+            .push_back(frame::Reset::new(StreamId::from(id), reason).into());
+        if self.recently_reset.len() == RECENTLY_RESET {
+            self.recently_reset.pop_front();
+        }
+        self.recently_reset.push_back(id);
+    }
+
+    /// A stream closed before its response was done, by the client or for its mistake.
+    fn spend_reset(&mut self) {
+        self.resets = self.resets.saturating_sub(1);
+        if self.resets == 0 {
+            self.fail(Reason::ENHANCE_YOUR_CALM);
+        }
+    }
+
+    /// Removes a stream; its handler and body are dropped (and with them any upstream fetch).
+    fn remove(&mut self, key: usize) {
+        let slot = self.streams.remove(key);
+        if let Ok(at) = self.ids.binary_search_by_key(&slot.id.into(), |(i, _)| *i) {
+            self.ids.remove(at);
+        }
+        if let Some(recv) = &slot.recv {
+            recv.fail(Reason::CANCEL);
+            // Whatever it held unread no longer counts against the connection.
+            let (n, _) = recv.take_consumed();
+            self.unreleased += n as u32;
+        }
+        self.unreleased += slot.unreleased;
+    }
+
+    /// One frame from the client.
+    fn recv_frame(&mut self, frame: Frame) {
+        match frame {
+            Frame::Headers(h) => self.recv_headers(h),
+            Frame::Data(d) => self.recv_data(d),
+            Frame::WindowUpdate(w) => {
+                let inc = i64::from(w.size_increment());
+                let id = u32::from(w.stream_id());
+                if id == 0 {
+                    self.send_window += inc;
+                    if self.send_window > MAX_WINDOW {
+                        return self.fail(Reason::FLOW_CONTROL_ERROR);
+                    }
+                    self.to_poll.append(&mut self.window_blocked);
+                } else if let Some(key) = self.slot_of(id) {
+                    let slot = &mut self.streams[key];
+                    slot.send_window += inc;
+                    if slot.send_window > MAX_WINDOW {
+                        self.remove(key);
+                        self.reset(id, Reason::FLOW_CONTROL_ERROR);
+                        return;
+                    }
+                    self.to_poll.push(key);
+                } else if id > self.last_id {
+                    self.fail(Reason::PROTOCOL_ERROR);
+                }
+            }
+            Frame::Settings(s) => {
+                if s.is_ack() {
+                    return;
+                }
+                if let Some(w) = s.initial_window_size() {
+                    let delta = i64::from(w) - self.peer_initial;
+                    self.peer_initial = i64::from(w);
+                    for (key, slot) in self.streams.iter_mut() {
+                        slot.send_window += delta;
+                        if slot.send_window > MAX_WINDOW {
+                            return self.fail(Reason::FLOW_CONTROL_ERROR);
+                        }
+                        if delta > 0 {
+                            self.to_poll.push(key);
+                        }
+                    }
+                }
+                if let Some(size) = s.max_frame_size() {
+                    self.codec.set_max_send_frame_size(size as usize);
+                }
+                if let Some(size) = s.header_table_size() {
+                    self.codec.set_send_header_table_size(size as usize);
+                }
+                self.control.push_back(frame::Settings::ack().into());
+            }
+            Frame::Ping(p) => {
+                if !p.is_ack() {
+                    self.control
+                        .push_back(frame::Ping::pong(p.into_payload()).into());
+                }
+            }
+            Frame::Reset(r) => {
+                let id = u32::from(r.stream_id());
+                if let Some(key) = self.slot_of(id) {
+                    let done = matches!(self.streams[key].phase, Phase::Sent);
+                    self.remove(key);
+                    if !done {
+                        self.spend_reset();
+                    }
+                } else if id > self.last_id {
+                    self.fail(Reason::PROTOCOL_ERROR);
+                }
+            }
+            Frame::GoAway(_) => self.peer_going_away = true,
+            Frame::Priority(_) => {}
+            Frame::PushPromise(_) => self.fail(Reason::PROTOCOL_ERROR),
+        }
+    }
+
+    fn recv_headers(&mut self, h: Headers) {
+        let id = u32::from(h.stream_id());
+        if id % 2 == 0 {
+            return self.fail(Reason::PROTOCOL_ERROR);
+        }
+        if let Some(key) = self.slot_of(id) {
+            return self.recv_trailers(key, h);
+        }
+        if id <= self.last_id {
+            if !self.recently_reset.contains(&id) {
+                self.fail(Reason::STREAM_CLOSED);
+            }
+            return;
+        }
+        self.last_id = id;
+        if self.going_away.is_some_and(|last| id > last) || self.failed.is_some() {
+            return;
+        }
+        if self.streams.len() >= self.limits.max_concurrent_streams as usize {
+            return self.reset(id, Reason::REFUSED_STREAM);
+        }
+        let end_stream = h.is_end_stream();
+        if h.is_over_size() {
+            // RFC 9113 section 10.5.1: a 431, then the stream is closed either way.
+            let mut head = Headers::new(
+                StreamId::from(id),
+                Pseudo::response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+                HeaderMap::new(),
+            );
+            head.set_end_stream();
+            self.control.push_back(head.into());
+            if !end_stream {
+                self.reset(id, Reason::NO_ERROR);
+            }
+            return self.spend_reset();
+        }
+        let (req, framing) = match request::build(h, false) {
+            Ok(built) => built,
+            Err(request::Malformed(why)) => {
+                tracing::debug!(stream = id, why, "malformed HTTP/2 request");
+                self.reset(id, Reason::PROTOCOL_ERROR);
+                return self.spend_reset();
+            }
+        };
+        let entry = self.streams.vacant_entry();
+        let key = entry.key();
+        let wake = StreamWake::new(key, self.ready.clone());
+        let waker = Waker::from(wake.clone());
+        let (recv, req) = if end_stream {
+            (None, req.map(|()| Incoming::adapted(NoBody)))
+        } else {
+            let shared = Shared::new(framing.length);
+            let body = RecvBody::new(shared.clone(), waker.clone());
+            (Some(shared), req.map(|()| Incoming::adapted(body)))
+        };
+        let fut = (self.service)(req);
+        entry.insert(Slot {
+            id: StreamId::from(id),
+            phase: Phase::Handling(Box::pin(fut)),
+            wake,
+            waker,
+            send_window: self.peer_initial,
+            recv_window: i64::from(STREAM_WINDOW),
+            unreleased: 0,
+            recv,
+            remaining: framing.length,
+            head: framing.head,
+            out: None,
+            answered: false,
+        });
+        self.ids.push_back((id, key));
+        self.to_poll.push(key);
+    }
+
+    fn recv_trailers(&mut self, key: usize, h: Headers) {
+        let id = u32::from(h.stream_id());
+        let slot = &mut self.streams[key];
+        let Some(recv) = slot.recv.take() else {
+            // The client already ended its side.
+            self.remove(key);
+            self.reset(id, Reason::STREAM_CLOSED);
+            return self.spend_reset();
+        };
+        let short = slot.remaining.is_some_and(|n| n > 0);
+        let h_end = h.is_end_stream();
+        let (pseudo, fields) = h.into_parts();
+        let has_pseudo = pseudo.method.is_some()
+            || pseudo.scheme.is_some()
+            || pseudo.authority.is_some()
+            || pseudo.path.is_some()
+            || pseudo.protocol.is_some()
+            || pseudo.status.is_some();
+        // Trailers end the stream, carry no pseudo-field, and follow the whole body.
+        if short || has_pseudo || !h_end {
+            recv.fail(Reason::PROTOCOL_ERROR);
+            slot.recv = Some(recv);
+            self.remove(key);
+            self.reset(id, Reason::PROTOCOL_ERROR);
+            return self.spend_reset();
+        }
+        recv.end(Some(fields));
+        self.to_poll.push(key);
+    }
+
+    fn recv_data(&mut self, d: frame::Data) {
+        let id = u32::from(d.stream_id());
+        let len = d.flow_controlled_len();
+        self.recv_window -= len as i64;
+        if self.recv_window < 0 {
+            return self.fail(Reason::FLOW_CONTROL_ERROR);
+        }
+        let end = d.is_end_stream();
+        let Some(key) = self.slot_of(id) else {
+            // A stream already closed: the bytes go back to the connection's window at once.
+            self.unreleased += len as u32;
+            if id > self.last_id {
+                self.fail(Reason::PROTOCOL_ERROR);
+            }
+            return;
+        };
+        let slot = &mut self.streams[key];
+        let payload = d.into_payload();
+        let padding = len - payload.len();
+        slot.recv_window -= len as i64;
+        let over = slot.recv_window < 0;
+        let too_long = slot
+            .remaining
+            .is_some_and(|n| (payload.len() as u64) > n);
+        if let Some(n) = slot.remaining.as_mut() {
+            *n = n.saturating_sub(payload.len() as u64);
+        }
+        let short_at_end = end && slot.remaining.is_some_and(|n| n > 0);
+        let Some(recv) = slot.recv.clone() else {
+            self.unreleased += len as u32;
+            self.remove(key);
+            self.reset(id, Reason::STREAM_CLOSED);
+            return self.spend_reset();
+        };
+        if over || too_long || short_at_end {
+            self.unreleased += len as u32;
+            self.remove(key);
+            let reason = if over {
+                Reason::FLOW_CONTROL_ERROR
+            } else {
+                Reason::PROTOCOL_ERROR
+            };
+            self.reset(id, reason);
+            return self.spend_reset();
+        }
+        // Padding is never read: given back at once.
+        slot.unreleased += padding as u32;
+        self.unreleased += padding as u32;
+        let n = payload.len() as u32;
+        if !recv.push(payload) {
+            slot.unreleased += n;
+            self.unreleased += n;
+        }
+        if end {
+            recv.end(None);
+            slot.recv = None;
+        }
+        self.to_poll.push(key);
+    }
+
+    /// An error the codec found in what the client sent.
+    fn recv_error(&mut self, e: h2::proto::Error) -> Result<(), Error> {
+        match e {
+            h2::proto::Error::Reset(id, reason, _) => {
+                let id = u32::from(id);
+                if let Some(key) = self.slot_of(id) {
+                    self.remove(key);
+                } else if id > self.last_id {
+                    self.last_id = id;
+                }
+                self.reset(id, reason);
+                self.spend_reset();
+                Ok(())
+            }
+            h2::proto::Error::GoAway(_, reason, _) => {
+                self.fail(reason);
+                Ok(())
+            }
+            h2::proto::Error::Io(kind, msg) => Err(Error::Io(std::io::Error::new(
+                kind,
+                msg.unwrap_or_default(),
+            ))),
+        }
+    }
+
+    /// Gives one stream its turn: its handler, then its body, as far as windows and the writer
+    /// allow.
+    fn turn(&mut self, key: usize, cx: &mut Context<'_>) -> Result<Turn, Error> {
+        let Some(slot) = self.streams.get_mut(key) else {
+            return Ok(Turn::Parked);
+        };
+        slot.wake.polling();
+        // Window the handler gave back by reading the request body.
+        if let Some(recv) = &slot.recv {
+            let (n, _) = recv.take_consumed();
+            slot.unreleased += n as u32;
+            self.unreleased += n as u32;
+            if slot.unreleased >= STREAM_WINDOW / 4 {
+                let n = std::mem::take(&mut slot.unreleased);
+                slot.recv_window += i64::from(n);
+                self.control
+                    .push_back(frame::WindowUpdate::new(slot.id, n).into());
+            }
+        }
+        let mut scx = Context::from_waker(&slot.waker);
+        loop {
+            match slot.out.take() {
+                None => {}
+                Some(Out::Head(head)) => {
+                    match self.codec.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => return Err(Error::Io(e)),
+                        Poll::Pending => {
+                            slot.out = Some(Out::Head(head));
+                            self.write_blocked.push(key);
+                            return Ok(Turn::Parked);
+                        }
+                    }
+                    let end = head.is_end_stream();
+                    self.codec.buffer(head.into()).map_err(send_error)?;
+                    if end {
+                        return Ok(Turn::Done);
+                    }
+                }
+                Some(Out::Data(mut data, end)) => {
+                    let room = slot
+                        .send_window
+                        .min(self.send_window)
+                        .min(self.codec.max_send_frame_size() as i64);
+                    if !data.is_empty() && room <= 0 {
+                        slot.out = Some(Out::Data(data, end));
+                        if self.send_window <= 0 {
+                            self.window_blocked.push(key);
+                        }
+                        return Ok(Turn::Parked);
+                    }
+                    match self.codec.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => return Err(Error::Io(e)),
+                        Poll::Pending => {
+                            slot.out = Some(Out::Data(data, end));
+                            self.write_blocked.push(key);
+                            return Ok(Turn::Parked);
+                        }
+                    }
+                    let n = data.len().min(room.max(0) as usize);
+                    let chunk = data.split_to(n);
+                    let last = end && data.is_empty();
+                    let mut frame = frame::Data::new(slot.id, chunk);
+                    frame.set_end_stream(last);
+                    self.codec.buffer(frame.into()).map_err(send_error)?;
+                    slot.send_window -= n as i64;
+                    self.send_window -= n as i64;
+                    if last {
+                        return Ok(Turn::Done);
+                    }
+                    if !data.is_empty() {
+                        slot.out = Some(Out::Data(data, end));
+                        continue;
+                    }
+                }
+            }
+            match &mut slot.phase {
+                Phase::Handling(fut) => {
+                    let Poll::Ready(resp) = fut.as_mut().poll(&mut scx) else {
+                        return Ok(Turn::Parked);
+                    };
+                    let (mut parts, body) = resp.into_parts();
+                    strip_connection_fields(&mut parts.headers);
+                    let mut head =
+                        Headers::new(slot.id, Pseudo::response(parts.status), parts.headers);
+                    if let Some(lines) = parts.extensions.remove::<h2::ext::EncodedFields>() {
+                        head.set_encoded_fields(lines.0);
+                    }
+                    slot.answered = true;
+                    if slot.head || body.is_end_stream() {
+                        head.set_end_stream();
+                        slot.phase = Phase::Sent;
+                    } else {
+                        slot.phase = Phase::Sending(Box::pin(body));
+                    }
+                    slot.out = Some(Out::Head(head));
+                }
+                Phase::Sending(body) => {
+                    if slot.send_window <= 0 {
+                        return Ok(Turn::Parked);
+                    }
+                    if self.send_window <= 0 {
+                        self.window_blocked.push(key);
+                        return Ok(Turn::Parked);
+                    }
+                    match body.as_mut().poll_frame(&mut scx) {
+                        Poll::Pending => return Ok(Turn::Parked),
+                        Poll::Ready(None) => {
+                            slot.phase = Phase::Sent;
+                            slot.out = Some(Out::Data(Bytes::new(), true));
+                        }
+                        Poll::Ready(Some(Err(e))) => {
+                            let e: BoxError = e.into();
+                            tracing::debug!(error = %e, "HTTP/2 response body failed");
+                            return Ok(Turn::Failed);
+                        }
+                        Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                            Ok(data) => {
+                                let end = body.is_end_stream();
+                                if end {
+                                    slot.phase = Phase::Sent;
+                                }
+                                if !data.is_empty() || end {
+                                    slot.out = Some(Out::Data(data, end));
+                                }
+                            }
+                            Err(frame) => {
+                                if let Ok(trailers) = frame.into_trailers() {
+                                    let mut t = Headers::trailers(slot.id, trailers);
+                                    t.set_end_stream();
+                                    slot.phase = Phase::Sent;
+                                    slot.out = Some(Out::Head(t));
+                                }
+                            }
+                        },
+                    }
+                }
+                // Only reached with nothing left to write.
+                Phase::Sent => return Ok(Turn::Done),
+            }
+        }
+    }
+
+    /// A stream's response is done (or failed): the stream is closed and removed.
+    fn finish(&mut self, key: usize, turn: Turn) {
+        if let Turn::Parked = turn {
+            return;
+        }
+        let id = u32::from(self.streams[key].id);
+        let client_sending = self.streams[key].recv.is_some();
+        match turn {
+            Turn::Parked => {}
+            Turn::Done => {
+                self.resets = (self.resets + 1).min(RESET_BUDGET);
+                // The client may stop sending a body the answer no longer needs (RFC 9113
+                // section 8.1).
+                if client_sending {
+                    self.reset(id, Reason::NO_ERROR);
+                }
+            }
+            Turn::Failed => self.reset(id, Reason::INTERNAL_ERROR),
+        }
+        self.remove(key);
+    }
+
+    /// Polls every stream that was woken or unblocked.
+    fn run_streams(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
+        if !self.write_blocked.is_empty() && matches!(self.codec.poll_ready(cx), Poll::Ready(Ok(())))
+        {
+            self.to_poll.append(&mut self.write_blocked);
+        }
+        self.ready.take(&mut self.to_poll);
+        while !self.to_poll.is_empty() {
+            let mut batch = std::mem::take(&mut self.to_poll);
+            for key in batch.drain(..) {
+                if self.failed.is_some() {
+                    break;
+                }
+                let turn = self.turn(key, cx)?;
+                self.finish(key, turn);
+            }
+            // Reuse the allocation unless a turn queued more streams meanwhile.
+            if self.to_poll.is_empty() {
+                self.to_poll = batch;
+            } else {
+                self.to_poll.append(&mut batch);
+            }
+            self.ready.take(&mut self.to_poll);
+        }
+        Ok(())
+    }
+
+    /// Reads the client's preface; `Ready(Ok)` once it is all here and right.
+    fn poll_preface(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        while let State::Preface(got) = self.state {
+            let mut buf = [0u8; 24];
+            let mut read = ReadBuf::new(&mut buf[..PREFACE.len() - got]);
+            match Pin::new(self.codec.get_mut()).poll_read(cx, &mut read) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io(e))),
+                Poll::Ready(Ok(())) => {
+                    let n = read.filled().len();
+                    if n == 0 || read.filled() != &PREFACE[got..got + n] {
+                        return Poll::Ready(Err(Error::Preface));
+                    }
+                    self.state = if got + n == PREFACE.len() {
+                        State::Open
+                    } else {
+                        State::Preface(got + n)
+                    };
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes queued control frames and the connection's window update, then flushes.
+    fn write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.unreleased >= CONN_WINDOW / 4 && self.failed.is_none() {
+            let n = std::mem::take(&mut self.unreleased);
+            self.recv_window += i64::from(n);
+            self.control
+                .push_back(frame::WindowUpdate::new(StreamId::zero(), n).into());
+        }
+        while !self.control.is_empty() {
+            match self.codec.poll_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io(e))),
+                Poll::Pending => return Poll::Pending,
+            }
+            if let Some(f) = self.control.pop_front() {
+                self.codec.buffer(f).map_err(send_error)?;
+            }
+        }
+        self.codec.flush(cx).map_err(Error::Io)
+    }
+}
+
+impl<I, S, F, B> Future for Connection<I, S, F, B>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<Incoming>) -> F + Unpin,
+    F: Future<Output = Response<B>>,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let this = self.get_mut();
+        if let State::Preface(_) = this.state {
+            if this.going_away.is_some() {
+                return Poll::Ready(Ok(()));
+            }
+            std::task::ready!(this.poll_preface(cx))?;
+        }
+        this.ready.register(cx.waker());
+        loop {
+            // Frames in, while there is room to answer them.
+            let mut stopped_full = false;
+            let mut ended = false;
+            while this.failed.is_none() {
+                if this.control.len() >= MAX_CONTROL {
+                    stopped_full = true;
+                    break;
+                }
+                match Pin::new(&mut this.codec).poll_next(cx) {
+                    Poll::Ready(Some(Ok(frame))) => this.recv_frame(frame),
+                    Poll::Ready(Some(Err(e))) => this.recv_error(e)?,
+                    Poll::Ready(None) => {
+                        ended = true;
+                        break;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if ended {
+                // The client closed the connection: nothing sent now would be read.
+                for slot in this.streams.drain() {
+                    if let Some(recv) = &slot.recv {
+                        recv.fail(Reason::CANCEL);
+                    }
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.failed.is_none() {
+                this.run_streams(cx)?;
+            }
+            let flushed = this.write_out(cx)?;
+            if let Some(reason) = this.failed {
+                if flushed.is_ready() {
+                    let _ = this.codec.shutdown(cx);
+                    return Poll::Ready(Err(Error::Protocol(reason)));
+                }
+                return Poll::Pending;
+            }
+            if (this.going_away.is_some() || this.peer_going_away)
+                && this.streams.is_empty()
+                && flushed.is_ready()
+            {
+                let _ = this.codec.shutdown(cx);
+                return Poll::Ready(Ok(()));
+            }
+            // Reading stopped at a pending read (its waker registered) unless the control
+            // queue was full; then go round again once the writer took the queue.
+            if !(stopped_full && flushed.is_ready()) {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+/// The writer refused a frame: only a frame too big for it (a bug here, not the client's).
+fn send_error(e: h2::UserError) -> Error {
+    Error::Io(std::io::Error::other(format!("HTTP/2 frame refused: {e:?}")))
+}
+
+/// Fields that mean something only to an HTTP/1.1 connection (RFC 9113 section 8.2.2): an HTTP/2
+/// response must not carry them.
+fn strip_connection_fields(fields: &mut HeaderMap) {
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        fields.remove(name);
+    }
+    if fields.get(header::TE).is_some_and(|v| v != "trailers") {
+        fields.remove(header::TE);
+    }
+}

@@ -1,0 +1,233 @@
+//! A request body as the connection receives it: DATA frames queued for the handler, and the
+//! bytes the handler has read counted so the connection can give their window back.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Frame, SizeHint};
+
+use crate::body::BoxError;
+
+/// What the connection and the body's reader share.
+#[derive(Default)]
+pub(super) struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    data: VecDeque<Bytes>,
+    trailers: Option<HeaderMap>,
+    ended: bool,
+    /// The client reset the stream, or the connection ended, before the body did.
+    failed: Option<h2::Reason>,
+    reader: Option<Waker>,
+    /// Bytes read (or dropped unread) since the connection last took the count.
+    consumed: usize,
+    /// The reader is gone: what arrives from now on is released at once.
+    dropped: bool,
+    /// Bytes still to come by the request's `content-length`.
+    remaining: Option<u64>,
+}
+
+impl Shared {
+    pub fn new(length: Option<u64>) -> Arc<Shared> {
+        let shared = Shared::default();
+        shared.lock().remaining = length;
+        Arc::new(shared)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A DATA frame's payload; `false` if the reader is gone (its bytes count as consumed).
+    pub fn push(&self, data: Bytes) -> bool {
+        let mut s = self.lock();
+        if s.dropped {
+            s.consumed += data.len();
+            return false;
+        }
+        if !data.is_empty() {
+            s.data.push_back(data);
+        }
+        if let Some(w) = s.reader.take() {
+            drop(s);
+            w.wake();
+        }
+        true
+    }
+
+    /// The body ended (END_STREAM), with trailers if it had any.
+    pub fn end(&self, trailers: Option<HeaderMap>) {
+        let mut s = self.lock();
+        s.ended = true;
+        s.trailers = trailers;
+        if let Some(w) = s.reader.take() {
+            drop(s);
+            w.wake();
+        }
+    }
+
+    /// The stream was reset or the connection closed before the body ended.
+    pub fn fail(&self, reason: h2::Reason) {
+        let mut s = self.lock();
+        if s.ended {
+            return;
+        }
+        s.failed = Some(reason);
+        if let Some(w) = s.reader.take() {
+            drop(s);
+            w.wake();
+        }
+    }
+
+    /// Bytes read since the last call, and whether the reader is gone.
+    pub fn take_consumed(&self) -> (usize, bool) {
+        let mut s = self.lock();
+        (std::mem::take(&mut s.consumed), s.dropped)
+    }
+}
+
+/// The handler's side: an `http_body::Body` that wakes the connection (through the stream's
+/// waker) as it reads, so the window is given back.
+pub(super) struct RecvBody {
+    shared: Arc<Shared>,
+    conn: Waker,
+}
+
+impl RecvBody {
+    pub fn new(shared: Arc<Shared>, conn: Waker) -> RecvBody {
+        RecvBody { shared, conn }
+    }
+}
+
+impl http_body::Body for RecvBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let mut s = this.shared.lock();
+        if let Some(data) = s.data.pop_front() {
+            s.consumed += data.len();
+            if let Some(r) = s.remaining.as_mut() {
+                *r = r.saturating_sub(data.len() as u64);
+            }
+            drop(s);
+            this.conn.wake_by_ref();
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(trailers) = s.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        if s.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(reason) = s.failed {
+            return Poll::Ready(Some(Err(format!("HTTP/2 stream ended: {reason}").into())));
+        }
+        if !s.reader.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            s.reader = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let s = self.shared.lock();
+        s.ended && s.data.is_empty() && s.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.shared.lock().remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for RecvBody {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        s.dropped = true;
+        let unread: usize = s.data.drain(..).map(|d| d.len()).sum();
+        s.consumed += unread;
+        drop(s);
+        self.conn.wake_by_ref();
+    }
+}
+
+/// The body of a request that ended with its head.
+pub(super) struct NoBody;
+
+impl http_body::Body for NoBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        true
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn frames_read_in_order_with_trailers_and_counted() {
+        let shared = Shared::new(Some(5));
+        let mut body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(5));
+        assert!(shared.push(Bytes::from_static(b"ab")));
+        assert!(shared.push(Bytes::from_static(b"cde")));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        shared.end(Some(trailers));
+        let a = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&a[..], b"ab");
+        assert_eq!(shared.take_consumed(), (2, false));
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(3));
+        let b = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&b[..], b"cde");
+        let t = body.frame().await.unwrap().unwrap().into_trailers().unwrap();
+        assert_eq!(t["grpc-status"], "0");
+        assert!(body.frame().await.is_none());
+        assert!(http_body::Body::is_end_stream(&body));
+    }
+
+    #[tokio::test]
+    async fn a_reset_is_an_error_and_a_dropped_reader_releases_everything() {
+        let shared = Shared::new(None);
+        let mut body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
+        shared.push(Bytes::from_static(b"xyz"));
+        shared.fail(h2::Reason::CANCEL);
+        assert!(body.frame().await.unwrap().is_ok());
+        assert!(body.frame().await.unwrap().is_err());
+        let shared = Shared::new(None);
+        let body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
+        shared.push(Bytes::from_static(b"1234"));
+        drop(body);
+        assert_eq!(shared.take_consumed(), (4, true));
+        assert!(!shared.push(Bytes::from_static(b"56")));
+        assert_eq!(shared.take_consumed(), (2, true));
+    }
+}

@@ -1,0 +1,227 @@
+//! A request's HEADERS frame made an `http::Request`, by RFC 9113 section 8.3's rules for its
+//! pseudo-header fields and section 8.1.1's for `content-length`; pure.
+
+use h2::frame::{Headers, Pseudo};
+use http::{header, uri, HeaderMap, Method, Request, Version};
+
+/// Why a request head was refused: the stream is reset with `PROTOCOL_ERROR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Malformed(pub &'static str);
+
+/// What the connection keeps of a request to check its body against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Framing {
+    /// The `content-length` the client declared, if any.
+    pub length: Option<u64>,
+    /// A HEAD request: the response carries no body.
+    pub head: bool,
+    /// An extended CONNECT (RFC 8441): the stream becomes a tunnel.
+    pub connect: bool,
+}
+
+/// The request in `frame`. `extended_connect`: whether this server announced
+/// `SETTINGS_ENABLE_CONNECT_PROTOCOL` (a `:protocol` is refused otherwise).
+pub(super) fn build(
+    frame: Headers,
+    extended_connect: bool,
+) -> Result<(Request<()>, Framing), Malformed> {
+    let end_stream = frame.is_end_stream();
+    let (pseudo, fields) = frame.into_parts();
+    let length = content_length(&fields)?;
+    let Pseudo {
+        method,
+        scheme,
+        authority,
+        path,
+        protocol,
+        status,
+    } = pseudo;
+    let method = method.ok_or(Malformed("no :method"))?;
+    if status.is_some() {
+        return Err(Malformed(":status in a request"));
+    }
+    let connect = method == Method::CONNECT;
+    let extended = protocol.is_some();
+    if extended && (!connect || !extended_connect) {
+        return Err(Malformed(":protocol not allowed"));
+    }
+    if connect && !extended {
+        // A plain CONNECT names only an authority (section 8.5); this server proxies none, and
+        // the handler answers it, but its form is checked first.
+        if scheme.is_some() || path.is_some() || authority.is_none() {
+            return Err(Malformed("CONNECT with :scheme or :path, or without :authority"));
+        }
+    } else if scheme.is_none() || path.as_ref().is_none_or(|p| p.is_empty()) {
+        return Err(Malformed("no :scheme or no :path"));
+    }
+    if end_stream && length.is_some_and(|n| n > 0) {
+        return Err(Malformed("content-length above zero on a request without a body"));
+    }
+    let mut parts = uri::Parts::default();
+    if let Some(authority) = authority {
+        parts.authority = Some(
+            uri::Authority::from_maybe_shared(authority.into_inner())
+                .map_err(|_| Malformed("bad :authority"))?,
+        );
+    }
+    if let Some(scheme) = scheme {
+        let scheme: uri::Scheme = scheme.parse().map_err(|_| Malformed("bad :scheme"))?;
+        // A URI cannot have a scheme without an authority: the scheme is checked, then dropped.
+        if parts.authority.is_some() {
+            parts.scheme = Some(scheme);
+        }
+    }
+    if let Some(path) = path {
+        parts.path_and_query = Some(
+            uri::PathAndQuery::from_maybe_shared(path.into_inner())
+                .map_err(|_| Malformed("bad :path"))?,
+        );
+    }
+    let uri = uri::Uri::from_parts(parts).map_err(|_| Malformed("bad request target"))?;
+    let mut req = Request::new(());
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_2;
+    *req.headers_mut() = fields;
+    if let Some(protocol) = protocol {
+        req.extensions_mut().insert(protocol);
+    }
+    let head = req.method() == Method::HEAD;
+    Ok((
+        req,
+        Framing {
+            length,
+            head,
+            connect: extended,
+        },
+    ))
+}
+
+/// The request's `content-length`: every value the same valid number, or none.
+fn content_length(fields: &HeaderMap) -> Result<Option<u64>, Malformed> {
+    let mut length = None;
+    for value in fields.get_all(header::CONTENT_LENGTH) {
+        let n = std::str::from_utf8(value.as_bytes())
+            .ok()
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or(Malformed("bad content-length"))?;
+        if length.is_some_and(|l| l != n) {
+            return Err(Malformed("conflicting content-length"));
+        }
+        length = Some(n);
+    }
+    Ok(length)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use h2::frame::StreamId;
+
+    fn frame(pseudo: Pseudo, fields: HeaderMap, end: bool) -> Headers {
+        let mut h = Headers::new(StreamId::from(1), pseudo, fields);
+        if end {
+            h.set_end_stream();
+        }
+        h
+    }
+
+    fn get(path: &str) -> Pseudo {
+        let uri: http::Uri = format!("https://example.test{path}").parse().unwrap();
+        Pseudo::request(Method::GET, uri, None)
+    }
+
+    #[test]
+    fn a_get_becomes_a_request_with_its_target_and_fields() {
+        let mut fields = HeaderMap::new();
+        fields.insert("accept", "*/*".parse().unwrap());
+        let (req, framing) = build(frame(get("/a?b=c"), fields, true), false).unwrap();
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/a?b=c");
+        assert_eq!(req.uri().authority().unwrap().as_str(), "example.test");
+        assert_eq!(req.uri().scheme_str(), Some("https"));
+        assert_eq!(req.version(), Version::HTTP_2);
+        assert_eq!(req.headers()["accept"], "*/*");
+        assert_eq!(
+            framing,
+            Framing {
+                length: None,
+                head: false,
+                connect: false
+            }
+        );
+    }
+
+    #[test]
+    fn pseudo_field_mistakes_are_refused() {
+        let mut no_method = get("/");
+        no_method.method = None;
+        assert!(build(frame(no_method, HeaderMap::new(), true), false).is_err());
+        let mut no_path = get("/");
+        no_path.path = None;
+        assert!(build(frame(no_path, HeaderMap::new(), true), false).is_err());
+        let mut empty_path = get("/");
+        empty_path.path = Some(unsafe_str(""));
+        assert!(build(frame(empty_path, HeaderMap::new(), true), false).is_err());
+        let mut no_scheme = get("/");
+        no_scheme.scheme = None;
+        assert!(build(frame(no_scheme, HeaderMap::new(), true), false).is_err());
+        let mut status = get("/");
+        status.status = Some(http::StatusCode::OK);
+        assert!(build(frame(status, HeaderMap::new(), true), false).is_err());
+        let mut bad_authority = get("/");
+        bad_authority.authority = Some(unsafe_str("exa mple"));
+        assert!(build(frame(bad_authority, HeaderMap::new(), true), false).is_err());
+    }
+
+    #[test]
+    fn protocol_only_on_connect_and_only_when_announced() {
+        let uri: http::Uri = "https://example.test/chat".parse().unwrap();
+        let ws = || {
+            Pseudo::request(
+                Method::CONNECT,
+                uri.clone(),
+                Some(h2::ext::Protocol::from("websocket")),
+            )
+        };
+        assert!(build(frame(ws(), HeaderMap::new(), false), false).is_err());
+        let (req, framing) = build(frame(ws(), HeaderMap::new(), false), true).unwrap();
+        assert!(framing.connect);
+        assert_eq!(
+            req.extensions().get::<h2::ext::Protocol>().unwrap().as_str(),
+            "websocket"
+        );
+        let get_with_protocol =
+            Pseudo::request(Method::GET, uri, Some(h2::ext::Protocol::from("websocket")));
+        assert!(build(frame(get_with_protocol, HeaderMap::new(), true), true).is_err());
+    }
+
+    #[test]
+    fn content_length_is_checked() {
+        let mut fields = HeaderMap::new();
+        fields.append(header::CONTENT_LENGTH, "5".parse().unwrap());
+        let (_, framing) = build(frame(get("/"), fields.clone(), false), false).unwrap();
+        assert_eq!(framing.length, Some(5));
+        // Declared a body, sent none.
+        assert!(build(frame(get("/"), fields.clone(), true), false).is_err());
+        fields.append(header::CONTENT_LENGTH, "6".parse().unwrap());
+        assert!(build(frame(get("/"), fields, false), false).is_err());
+        for bad in ["-1", "", "1 2", "+3", "99999999999999999999999"] {
+            let mut fields = HeaderMap::new();
+            fields.insert(header::CONTENT_LENGTH, bad.parse().unwrap());
+            assert!(
+                build(frame(get("/"), fields, false), false).is_err(),
+                "{bad:?}"
+            );
+        }
+        let mut zero = HeaderMap::new();
+        zero.insert(header::CONTENT_LENGTH, "0".parse().unwrap());
+        assert!(build(frame(get("/"), zero, true), false).is_ok());
+    }
+
+    fn unsafe_str(s: &'static str) -> h2::frame::BytesStr {
+        h2::frame::BytesStr::try_from(Bytes::from_static(s.as_bytes())).unwrap()
+    }
+}
