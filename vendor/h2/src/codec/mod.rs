@@ -127,7 +127,7 @@ impl<T, B> Codec<T, B> {
     /// Frees the read and write buffers and the HPACK decoder's scratch buffer when nothing is
     /// waiting in them; each is allocated again when next used. Called while the connection
     /// has no open stream.
-    pub(crate) fn release_idle_buffers(&mut self) {
+    pub fn release_idle_buffers(&mut self) {
         self.inner.release_idle_buffers();
         self.framed_write().release_idle_buffer();
     }

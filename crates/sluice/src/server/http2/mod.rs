@@ -753,6 +753,31 @@ where
         Poll::Ready(Ok(()))
     }
 
+    /// With no stream open and everything written, gives back the buffers an idle connection
+    /// does not need (the codec's read and write buffers, the queues); each is allocated again
+    /// when next used.
+    fn release_idle_memory(&mut self) {
+        self.codec.release_idle_buffers();
+        if self.streams.capacity() != 0 {
+            self.streams = Slab::new();
+        }
+        if self.control.capacity() != 0 {
+            self.control = VecDeque::new();
+        }
+        if self.ids.capacity() != 0 {
+            self.ids = VecDeque::new();
+        }
+        for list in [
+            &mut self.to_poll,
+            &mut self.write_blocked,
+            &mut self.window_blocked,
+        ] {
+            if list.capacity() != 0 {
+                *list = Vec::new();
+            }
+        }
+    }
+
     /// Writes queued control frames and the connection's window update, then flushes.
     fn write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if self.unreleased >= CONN_WINDOW / 4 && self.failed.is_none() {
@@ -843,6 +868,9 @@ where
             // Reading stopped at a pending read (its waker registered) unless the control
             // queue was full; then go round again once the writer took the queue.
             if !(stopped_full && flushed.is_ready()) {
+                if this.streams.is_empty() && flushed.is_ready() {
+                    this.release_idle_memory();
+                }
                 return Poll::Pending;
             }
         }
