@@ -44,6 +44,10 @@ const MAX_CONTROL: usize = 64;
 /// response is done; each complete response earns one back. At zero the connection is closed
 /// with `ENHANCE_YOUR_CALM` (the "rapid reset" attack, CVE-2023-44487).
 const RESET_BUDGET: u32 = 200;
+/// Request body bytes a client may send after the response was complete and the body's reader
+/// gone before the stream is reset with `NO_ERROR`: a short rest is read (and checked) rather than
+/// cut, a long upload is stopped.
+const MAX_UNREAD_AFTER_ANSWER: u64 = 1 << 20;
 /// Streams this server reset that the client may not have heard of yet: frames for them are
 /// dropped, not taken as errors.
 const RECENTLY_RESET: usize = 32;
@@ -95,6 +99,8 @@ struct Slot<F, B> {
     out: Option<Out>,
     /// The response was begun (for the reset budget).
     answered: bool,
+    /// Request body bytes that arrived after its reader was gone.
+    dropped: u64,
 }
 
 /// An HTTP/2 connection over `io`, each request handed to `service`.
@@ -331,6 +337,9 @@ where
             }
             Frame::Reset(r) => {
                 let id = u32::from(r.stream_id());
+                if id == 0 {
+                    return self.fail(Reason::PROTOCOL_ERROR);
+                }
                 if let Some(key) = self.slot_of(id) {
                     let done = matches!(self.streams[key].phase, Phase::Sent);
                     self.remove(key);
@@ -416,6 +425,7 @@ where
             head: framing.head,
             out: None,
             answered: false,
+            dropped: 0,
         });
         self.ids.push_back((id, key));
         self.to_poll.push(key);
@@ -448,6 +458,9 @@ where
             return self.spend_reset();
         }
         recv.end(Some(fields));
+        if matches!(slot.phase, Phase::Sent) && slot.out.is_none() {
+            return self.remove(key);
+        }
         self.to_poll.push(key);
     }
 
@@ -463,7 +476,13 @@ where
             // A stream already closed: the bytes go back to the connection's window at once.
             self.unreleased += len as u32;
             if id > self.last_id {
+                // Never opened.
                 self.fail(Reason::PROTOCOL_ERROR);
+            } else if !self.recently_reset.contains(&id) {
+                // Closed by both sides; data after this server's reset is what the client sent
+                // before it heard of it.
+                self.reset(id, Reason::STREAM_CLOSED);
+                self.spend_reset();
             }
             return;
         };
@@ -501,12 +520,25 @@ where
         self.unreleased += padding as u32;
         let n = payload.len() as u32;
         if !recv.push(payload) {
+            // Nobody reads it: its window goes back at once.
             slot.unreleased += n;
             self.unreleased += n;
+            slot.dropped += u64::from(n);
         }
         if end {
             recv.end(None);
             slot.recv = None;
+        }
+        if matches!(slot.phase, Phase::Sent) && slot.out.is_none() {
+            if slot.recv.is_none() {
+                return self.remove(key);
+            }
+            if slot.dropped > MAX_UNREAD_AFTER_ANSWER {
+                // Ask the client to stop sending a body the answer did not wait for (RFC 9113
+                // section 8.1).
+                self.remove(key);
+                return self.reset(id, Reason::NO_ERROR);
+            }
         }
         self.to_poll.push(key);
     }
@@ -691,10 +723,11 @@ where
             Turn::Parked => {}
             Turn::Done => {
                 self.resets = (self.resets + 1).min(RESET_BUDGET);
-                // The client may stop sending a body the answer no longer needs (RFC 9113
-                // section 8.1).
                 if client_sending {
-                    self.reset(id, Reason::NO_ERROR);
+                    // The answer is out before the request's end: the rest of its body is
+                    // read and checked, then dropped (`recv_data`), unless there is much of it.
+                    self.streams[key].phase = Phase::Sent;
+                    return;
                 }
             }
             Turn::Failed => self.reset(id, Reason::INTERNAL_ERROR),
@@ -786,6 +819,12 @@ where
             self.control
                 .push_back(frame::WindowUpdate::new(StreamId::zero(), n).into());
         }
+        std::task::ready!(self.write_control(cx))?;
+        self.codec.flush(cx).map_err(Error::Io)
+    }
+
+    /// Hands the queued control frames to the writer.
+    fn write_control(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         while !self.control.is_empty() {
             match self.codec.poll_ready(cx) {
                 Poll::Ready(Ok(())) => {}
@@ -796,7 +835,7 @@ where
                 self.codec.buffer(f).map_err(send_error)?;
             }
         }
-        self.codec.flush(cx).map_err(Error::Io)
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -848,6 +887,9 @@ where
                 return Poll::Ready(Ok(()));
             }
             if this.failed.is_none() {
+                // Acknowledgements first: a client that changed a setting hears so before it
+                // sees data sent under it.
+                let _ = this.write_control(cx)?;
                 this.run_streams(cx)?;
             }
             let flushed = this.write_out(cx)?;
