@@ -12,6 +12,8 @@ mod h1fast;
 pub mod handler;
 #[cfg(feature = "http2")]
 mod http2;
+#[cfg(feature = "http2")]
+pub(crate) use http2::tunnel as h2_tunnel;
 pub mod listener;
 pub mod notify;
 pub mod quic;

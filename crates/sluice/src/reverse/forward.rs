@@ -245,7 +245,15 @@ impl Reverse {
                     "CONNECT is not proxied",
                 ));
             }
-            let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+            // sluice's own HTTP/2 server hands an extended CONNECT's stream over in the request.
+            let own = req
+                .extensions_mut()
+                .remove::<crate::server::h2_tunnel::Tunnel>()
+                .and_then(|t| t.take());
+            let on_upgrade = upgrade.then(|| match own {
+                Some((io, out)) => (super::tunnel::Down::Stream(io), Some(out)),
+                None => (super::tunnel::Down::Hyper(hyper::upgrade::on(&mut req)), None),
+            });
             let key = hash_key(route, request_target(&req), req.headers(), down);
             let (mut parts, incoming) = req.into_parts();
             // The client's headers move into the upstream head: no copy of the map.
@@ -500,7 +508,10 @@ impl Reverse {
         &self,
         route: &Arc<Route>,
         fetched: Fetched,
-        on_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        on_upgrade: Option<(
+            super::tunnel::Down,
+            Option<crate::server::h2_tunnel::TunnelBody>,
+        )>,
         h2_connect: bool,
         start: Instant,
         mut entry: Option<Entry>,
@@ -514,10 +525,15 @@ impl Reverse {
         let mut headers = std::mem::take(response.headers_mut());
         let switching = status == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
-            if let Some(down) = on_upgrade {
+            if let Some((down, out)) = on_upgrade {
                 let up = hyper::upgrade::on(&mut response);
                 super::tunnel::spawn(down, up, route.idle_timeout, hold);
-                let mut resp = Response::new(body::empty());
+                // On sluice's own HTTP/2 server the tunnel's bytes to the client are the
+                // response's body.
+                let mut resp = Response::new(match out {
+                    Some(out) => body::boxed(out),
+                    None => body::empty(),
+                });
                 if h2_connect {
                     // RFC 8441: an extended CONNECT succeeds with 200 and no upgrade headers.
                     *resp.status_mut() = StatusCode::OK;

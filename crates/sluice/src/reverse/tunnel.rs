@@ -12,11 +12,25 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+use tokio_util::either::Either;
+
+/// The client's end of a tunnel: a connection hyper upgraded (HTTP/1.1 Upgrade, or extended
+/// CONNECT on hyper's HTTP/2 server), or an extended CONNECT stream of sluice's own HTTP/2 server.
+pub enum Down {
+    Hyper(OnUpgrade),
+    Stream(crate::server::h2_tunnel::TunnelIo),
+}
 
 /// Waits for both upgrades, then copies until close or idle; `hold` (in-flight marks, metrics) is
 /// released when the tunnel ends.
-pub fn spawn<H: Send + 'static>(down: OnUpgrade, up: OnUpgrade, idle: Duration, hold: H) {
+pub fn spawn<H: Send + 'static>(down: Down, up: OnUpgrade, idle: Duration, hold: H) {
     tokio::spawn(async move {
+        let down = async move {
+            match down {
+                Down::Hyper(on) => on.await.map(|d| Either::Left(TokioIo::new(d))),
+                Down::Stream(io) => Ok(Either::Right(io)),
+            }
+        };
         let (down, up) = match tokio::join!(down, up) {
             (Ok(d), Ok(u)) => (d, u),
             (d, u) => {
@@ -27,7 +41,7 @@ pub fn spawn<H: Send + 'static>(down: OnUpgrade, up: OnUpgrade, idle: Duration, 
         let start = Instant::now();
         let last = Arc::new(AtomicU64::new(0));
         let mut down = Watched {
-            io: TokioIo::new(down),
+            io: down,
             last: last.clone(),
             start,
         };

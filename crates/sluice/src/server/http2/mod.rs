@@ -6,6 +6,7 @@
 
 mod recv;
 mod request;
+pub(crate) mod tunnel;
 mod wake;
 
 use std::collections::VecDeque;
@@ -178,6 +179,8 @@ where
         ours.set_max_concurrent_streams(Some(limits.max_concurrent_streams));
         ours.set_initial_window_size(Some(STREAM_WINDOW));
         ours.set_max_header_list_size(Some(limits.max_header_list_size));
+        // RFC 8441: WebSocket over HTTP/2.
+        ours.set_enable_connect_protocol(Some(1));
         let control = VecDeque::from([
             Frame::from(ours),
             frame::WindowUpdate::new(StreamId::zero(), CONN_WINDOW - DEFAULT_WINDOW as u32).into(),
@@ -392,7 +395,7 @@ where
             }
             return self.spend_reset();
         }
-        let (req, framing) = match request::build(h, false) {
+        let (req, framing) = match request::build(h, true) {
             Ok(built) => built,
             Err(request::Malformed(why)) => {
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
@@ -410,6 +413,11 @@ where
             let shared = Shared::new(framing.length);
             let body = RecvBody::new(shared.clone(), waker.clone());
             (Some(shared), req.map(|()| Incoming::adapted(body)))
+        };
+        let req = if framing.connect {
+            tunnel_request(req)
+        } else {
+            req
         };
         let fut = (self.service)(req);
         entry.insert(Slot {
@@ -917,6 +925,24 @@ where
             }
         }
     }
+}
+
+/// An extended CONNECT: its body becomes the tunnel's incoming side, handed to the handler in
+/// the request's extensions (`tunnel::Tunnel`); the request itself carries no body.
+fn tunnel_request(req: Request<Incoming>) -> Request<Incoming> {
+    let (mut parts, body) = req.into_parts();
+    let websocket = parts
+        .extensions
+        .get::<h2::ext::Protocol>()
+        .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+    if websocket {
+        // The handlers look for hyper's name of it.
+        parts
+            .extensions
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+    }
+    parts.extensions.insert(tunnel::Tunnel::new(body));
+    Request::from_parts(parts, Incoming::adapted(NoBody))
 }
 
 /// The writer refused a frame: only a frame too big for it (a bug here, not the client's).
