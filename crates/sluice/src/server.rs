@@ -829,9 +829,10 @@ impl<H: Handler> Conn<H> {
         let watch = Watch::new(watch);
         let respond = Responder::new(&self, &watch, peer, secure, tap);
         let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            futures_util::FutureExt::map(respond.call(req.map(crate::body::Incoming::Hyper)), |resp| {
-                Ok::<_, Infallible>(resp)
-            })
+            futures_util::FutureExt::map(
+                respond.call(req.map(crate::body::Incoming::Hyper)),
+                |resp| Ok::<_, Infallible>(resp),
+            )
         });
         // Pinned where it is built: `tokio::pin!` moves it into a second binding, and an
         // unoptimised build kept both 1.5 KiB copies in every idle HTTP/2 connection's state.

@@ -252,7 +252,10 @@ impl Reverse {
                 .and_then(|t| t.take());
             let on_upgrade = upgrade.then(|| match own {
                 Some((io, out)) => (super::tunnel::Down::Stream(io), Some(out)),
-                None => (super::tunnel::Down::Hyper(hyper::upgrade::on(&mut req)), None),
+                None => (
+                    super::tunnel::Down::Hyper(hyper::upgrade::on(&mut req)),
+                    None,
+                ),
             });
             let key = hash_key(route, request_target(&req), req.headers(), down);
             let (mut parts, incoming) = req.into_parts();

@@ -92,6 +92,12 @@ struct Slot<F, B> {
     unreleased: u32,
     /// The request body's queue, while the client may still send on the stream.
     recv: Option<Arc<Shared>>,
+    /// The same queue for the stream's whole life: what the handler read of it is counted.
+    body: Option<Arc<Shared>>,
+    /// Flow-controlled bytes the stream received, and how many of them went back to the
+    /// connection's window.
+    received: u64,
+    returned: u64,
     /// Bytes still to come by the request's `content-length`.
     remaining: Option<u64>,
     /// A HEAD request: the response's body is not sent.
@@ -273,11 +279,10 @@ where
         }
         if let Some(recv) = &slot.recv {
             recv.fail(Reason::CANCEL);
-            // Whatever it held unread no longer counts against the connection.
-            let (n, _) = recv.take_consumed();
-            self.unreleased += n as u32;
         }
-        self.unreleased += slot.unreleased;
+        // What the stream took of the connection's window and did not give back yet, read or
+        // not, no longer counts against the connection.
+        self.unreleased += slot.received.saturating_sub(slot.returned) as u32;
     }
 
     /// One frame from the client.
@@ -410,7 +415,7 @@ where
         let (recv, req) = if end_stream {
             (None, req.map(|()| Incoming::adapted(NoBody)))
         } else {
-            let shared = Shared::new(framing.length);
+            let shared = Shared::new(framing.length, framing.expects_continue);
             let body = RecvBody::new(shared.clone(), waker.clone());
             (Some(shared), req.map(|()| Incoming::adapted(body)))
         };
@@ -428,7 +433,10 @@ where
             send_window: self.peer_initial,
             recv_window: i64::from(STREAM_WINDOW),
             unreleased: 0,
+            body: recv.clone(),
             recv,
+            received: 0,
+            returned: 0,
             remaining: framing.length,
             head: framing.head,
             out: None,
@@ -497,23 +505,20 @@ where
         let slot = &mut self.streams[key];
         let payload = d.into_payload();
         let padding = len - payload.len();
+        slot.received += len as u64;
         slot.recv_window -= len as i64;
         let over = slot.recv_window < 0;
-        let too_long = slot
-            .remaining
-            .is_some_and(|n| (payload.len() as u64) > n);
+        let too_long = slot.remaining.is_some_and(|n| (payload.len() as u64) > n);
         if let Some(n) = slot.remaining.as_mut() {
             *n = n.saturating_sub(payload.len() as u64);
         }
         let short_at_end = end && slot.remaining.is_some_and(|n| n > 0);
         let Some(recv) = slot.recv.clone() else {
-            self.unreleased += len as u32;
             self.remove(key);
             self.reset(id, Reason::STREAM_CLOSED);
             return self.spend_reset();
         };
         if over || too_long || short_at_end {
-            self.unreleased += len as u32;
             self.remove(key);
             let reason = if over {
                 Reason::FLOW_CONTROL_ERROR
@@ -524,15 +529,16 @@ where
             return self.spend_reset();
         }
         // Padding is never read: given back at once.
-        slot.unreleased += padding as u32;
-        self.unreleased += padding as u32;
+        let mut back = padding as u32;
         let n = payload.len() as u32;
         if !recv.push(payload) {
             // Nobody reads it: its window goes back at once.
-            slot.unreleased += n;
-            self.unreleased += n;
+            back += n;
             slot.dropped += u64::from(n);
         }
+        slot.unreleased += back;
+        slot.returned += u64::from(back);
+        self.unreleased += back;
         if end {
             recv.end(None);
             slot.recv = None;
@@ -584,11 +590,22 @@ where
         };
         slot.wake.polling();
         // Window the handler gave back by reading the request body.
-        if let Some(recv) = &slot.recv {
-            let (n, _) = recv.take_consumed();
+        if let Some(body) = &slot.body {
+            if slot.out.is_none()
+                && matches!(slot.phase, Phase::Handling(_))
+                && body.take_continue()
+            {
+                slot.out = Some(Out::Head(Headers::new(
+                    slot.id,
+                    Pseudo::response(StatusCode::CONTINUE),
+                    HeaderMap::new(),
+                )));
+            }
+            let (n, _) = body.take_consumed();
             slot.unreleased += n as u32;
+            slot.returned += n as u64;
             self.unreleased += n as u32;
-            if slot.unreleased >= STREAM_WINDOW / 4 {
+            if slot.recv.is_some() && slot.unreleased >= STREAM_WINDOW / 4 {
                 let n = std::mem::take(&mut slot.unreleased);
                 slot.recv_window += i64::from(n);
                 self.control
@@ -745,7 +762,8 @@ where
 
     /// Polls every stream that was woken or unblocked.
     fn run_streams(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
-        if !self.write_blocked.is_empty() && matches!(self.codec.poll_ready(cx), Poll::Ready(Ok(())))
+        if !self.write_blocked.is_empty()
+            && matches!(self.codec.poll_ready(cx), Poll::Ready(Ok(())))
         {
             self.to_poll.append(&mut self.write_blocked);
         }
@@ -947,12 +965,17 @@ fn tunnel_request(req: Request<Incoming>) -> Request<Incoming> {
 
 /// The writer refused a frame: only a frame too big for it (a bug here, not the client's).
 fn send_error(e: h2::UserError) -> Error {
-    Error::Io(std::io::Error::other(format!("HTTP/2 frame refused: {e:?}")))
+    Error::Io(std::io::Error::other(format!(
+        "HTTP/2 frame refused: {e:?}"
+    )))
 }
 
 /// Fields that mean something only to an HTTP/1.1 connection (RFC 9113 section 8.2.2): an HTTP/2
 /// response must not carry them.
 fn strip_connection_fields(fields: &mut HeaderMap) {
+    if fields.is_empty() {
+        return;
+    }
     for name in [
         header::CONNECTION,
         header::TRANSFER_ENCODING,
@@ -964,5 +987,116 @@ fn strip_connection_fields(fields: &mut HeaderMap) {
     }
     if fields.get(header::TE).is_some_and(|v| v != "trailers") {
         fields.remove(header::TE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// Reads frames until a GOAWAY; its error code.
+    async fn goaway(io: &mut tokio::io::DuplexStream) -> u32 {
+        loop {
+            let mut head = [0u8; 9];
+            io.read_exact(&mut head).await.unwrap();
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            io.read_exact(&mut payload).await.unwrap();
+            if head[3] == 7 {
+                return u32::from_be_bytes(payload[4..8].try_into().unwrap());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_window_nobody_reads_is_a_flow_control_error() {
+        let (mut client, server) = tokio::io::duplex(4 << 20);
+        // A handler that holds the request (and its body) and never reads or answers.
+        let service = |req: Request<Incoming>| async move {
+            let _held = req;
+            std::future::pending::<Response<http_body_util::Empty<Bytes>>>().await
+        };
+        let limits = Limits {
+            max_concurrent_streams: 10,
+            max_header_list_size: 16 * 1024,
+        };
+        let conn = tokio::spawn(Connection::new(server, service, limits, false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        // POST / (static table), :authority literal.
+        let mut block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x'];
+        out.extend(frame(1, 4, 1, &block));
+        block.clear();
+        // 1 MiB is the window (stream and connection): one byte more is past it.
+        let chunk = vec![0u8; 16 * 1024];
+        for _ in 0..64 {
+            out.extend(frame(0, 0, 1, &chunk));
+        }
+        out.extend(frame(0, 0, 1, b"!"));
+        client.write_all(&out).await.unwrap();
+        assert_eq!(goaway(&mut client).await, 0x3, "FLOW_CONTROL_ERROR");
+        assert!(matches!(
+            conn.await.unwrap(),
+            Err(Error::Protocol(Reason::FLOW_CONTROL_ERROR))
+        ));
+    }
+
+    #[tokio::test]
+    async fn bytes_nobody_reads_go_back_to_the_connection_window() {
+        let (mut client, server) = tokio::io::duplex(4 << 20);
+        // Answers at once without reading the body: what the client sends after is dropped
+        // and its window given back, so the connection never runs out of window.
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+        };
+        let limits = Limits {
+            max_concurrent_streams: 10,
+            max_header_list_size: 16 * 1024,
+        };
+        let _conn = tokio::spawn(Connection::new(server, service, limits, false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        client.write_all(&out).await.unwrap();
+        let chunk = vec![0u8; 16 * 1024];
+        // Three streams of 512 KiB each: 1.5 MiB, past the connection's 1 MiB unless the
+        // window comes back.
+        for id in [1u32, 3, 5] {
+            let block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x'];
+            client.write_all(&frame(1, 4, id, &block)).await.unwrap();
+            for i in 0..32 {
+                let end = if i == 31 { 1 } else { 0 };
+                client.write_all(&frame(0, end, id, &chunk)).await.unwrap();
+            }
+        }
+        // Every stream answered, no GOAWAY: count the three answers' END_STREAM DATA frames.
+        let mut ended = 0;
+        let read = async {
+            while ended < 3 {
+                let mut head = [0u8; 9];
+                client.read_exact(&mut head).await.unwrap();
+                let len = (usize::from(head[0]) << 16)
+                    | (usize::from(head[1]) << 8)
+                    | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                client.read_exact(&mut payload).await.unwrap();
+                assert_ne!(head[3], 7, "GOAWAY");
+                if head[3] == 0 && head[4] & 1 == 1 {
+                    ended += 1;
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("all three answered");
     }
 }

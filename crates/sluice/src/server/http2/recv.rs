@@ -32,24 +32,36 @@ struct State {
     dropped: bool,
     /// Bytes still to come by the request's `content-length`.
     remaining: Option<u64>,
+    /// The client waits for a `100 Continue` before it sends the body: owed once the body is
+    /// first read, and sent by the connection.
+    expects_continue: bool,
+    continue_owed: bool,
 }
 
 impl Shared {
-    pub fn new(length: Option<u64>) -> Arc<Shared> {
+    pub fn new(length: Option<u64>, expects_continue: bool) -> Arc<Shared> {
         let shared = Shared::default();
-        shared.lock().remaining = length;
+        {
+            let mut s = shared.lock();
+            s.remaining = length;
+            s.expects_continue = expects_continue;
+        }
         Arc::new(shared)
+    }
+
+    /// Whether a `100 Continue` is owed now (once per stream).
+    pub fn take_continue(&self) -> bool {
+        std::mem::take(&mut self.lock().continue_owed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A DATA frame's payload; `false` if the reader is gone (its bytes count as consumed).
+    /// A DATA frame's payload; `false` if the reader is gone (the caller gives its window back).
     pub fn push(&self, data: Bytes) -> bool {
         let mut s = self.lock();
         if s.dropped {
-            s.consumed += data.len();
             return false;
         }
         if !data.is_empty() {
@@ -134,6 +146,11 @@ impl http_body::Body for RecvBody {
         if let Some(reason) = s.failed {
             return Poll::Ready(Some(Err(format!("HTTP/2 stream ended: {reason}").into())));
         }
+        if std::mem::take(&mut s.expects_continue) {
+            // The handler wants the body: the client is told to send it.
+            s.continue_owed = true;
+            this.conn.wake_by_ref();
+        }
         if !s.reader.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             s.reader = Some(cx.waker().clone());
         }
@@ -194,7 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn frames_read_in_order_with_trailers_and_counted() {
-        let shared = Shared::new(Some(5));
+        let shared = Shared::new(Some(5), false);
         let mut body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
         assert_eq!(http_body::Body::size_hint(&body).exact(), Some(5));
         assert!(shared.push(Bytes::from_static(b"ab")));
@@ -208,7 +225,13 @@ mod tests {
         assert_eq!(http_body::Body::size_hint(&body).exact(), Some(3));
         let b = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&b[..], b"cde");
-        let t = body.frame().await.unwrap().unwrap().into_trailers().unwrap();
+        let t = body
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_trailers()
+            .unwrap();
         assert_eq!(t["grpc-status"], "0");
         assert!(body.frame().await.is_none());
         assert!(http_body::Body::is_end_stream(&body));
@@ -216,18 +239,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_reset_is_an_error_and_a_dropped_reader_releases_everything() {
-        let shared = Shared::new(None);
+        let shared = Shared::new(None, false);
         let mut body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
         shared.push(Bytes::from_static(b"xyz"));
         shared.fail(h2::Reason::CANCEL);
         assert!(body.frame().await.unwrap().is_ok());
         assert!(body.frame().await.unwrap().is_err());
-        let shared = Shared::new(None);
+        let shared = Shared::new(None, false);
         let body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
         shared.push(Bytes::from_static(b"1234"));
         drop(body);
         assert_eq!(shared.take_consumed(), (4, true));
         assert!(!shared.push(Bytes::from_static(b"56")));
-        assert_eq!(shared.take_consumed(), (2, true));
+        assert_eq!(shared.take_consumed(), (0, true));
     }
 }

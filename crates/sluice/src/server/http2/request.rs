@@ -17,6 +17,8 @@ pub(super) struct Framing {
     pub head: bool,
     /// An extended CONNECT (RFC 8441): the stream becomes a tunnel.
     pub connect: bool,
+    /// `expect: 100-continue`: the client waits for a `100` before it sends the body.
+    pub expects_continue: bool,
 }
 
 /// The request in `frame`. `extended_connect`: whether this server announced
@@ -49,13 +51,17 @@ pub(super) fn build(
         // A plain CONNECT names only an authority (section 8.5); this server proxies none, and
         // the handler answers it, but its form is checked first.
         if scheme.is_some() || path.is_some() || authority.is_none() {
-            return Err(Malformed("CONNECT with :scheme or :path, or without :authority"));
+            return Err(Malformed(
+                "CONNECT with :scheme or :path, or without :authority",
+            ));
         }
     } else if scheme.is_none() || path.as_ref().is_none_or(|p| p.is_empty()) {
         return Err(Malformed("no :scheme or no :path"));
     }
     if end_stream && length.is_some_and(|n| n > 0) {
-        return Err(Malformed("content-length above zero on a request without a body"));
+        return Err(Malformed(
+            "content-length above zero on a request without a body",
+        ));
     }
     let mut parts = uri::Parts::default();
     if let Some(authority) = authority {
@@ -87,12 +93,18 @@ pub(super) fn build(
         req.extensions_mut().insert(protocol);
     }
     let head = req.method() == Method::HEAD;
+    let expects_continue = !end_stream
+        && req
+            .headers()
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     Ok((
         req,
         Framing {
             length,
             head,
             connect: extended,
+            expects_continue,
         },
     ))
 }
@@ -149,7 +161,8 @@ mod tests {
             Framing {
                 length: None,
                 head: false,
-                connect: false
+                connect: false,
+                expects_continue: false,
             }
         );
     }
@@ -190,7 +203,10 @@ mod tests {
         let (req, framing) = build(frame(ws(), HeaderMap::new(), false), true).unwrap();
         assert!(framing.connect);
         assert_eq!(
-            req.extensions().get::<h2::ext::Protocol>().unwrap().as_str(),
+            req.extensions()
+                .get::<h2::ext::Protocol>()
+                .unwrap()
+                .as_str(),
             "websocket"
         );
         let get_with_protocol =

@@ -100,7 +100,11 @@ impl AsyncRead for TunnelIo {
 }
 
 impl AsyncWrite for TunnelIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, src: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        src: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let mut p = lock(&self.pipe);
         if p.gone || p.shut {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
@@ -190,7 +194,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_cross_both_ways_and_shutdown_ends_the_body() {
-        let shared = super::super::recv::Shared::new(None);
+        let shared = super::super::recv::Shared::new(None, false);
         let incoming = Incoming::adapted(super::super::recv::RecvBody::new(
             shared.clone(),
             futures_util::task::noop_waker(),

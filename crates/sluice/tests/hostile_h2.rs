@@ -1,0 +1,249 @@
+//! Attacks on sluice's own HTTP/2 server, each against a running server with raw frames over
+//! h2c: the rapid-reset flood (CVE-2023-44487) ends in GOAWAY `ENHANCE_YOUR_CALM`; a PING flood
+//! from a client that never reads stops being read (memory stays bounded) while other clients are
+//! served; streams past the limit are refused; a window pushed past 2^31 - 1 is a flow-control
+//! error; an oversized head gets a 431. (A request body past its window: `server/http2`'s own
+//! tests, where the handler can be made never to read.) After each, a fresh client is served.
+
+mod reverse_support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reverse_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const WINDOW_UPDATE: u8 = 8;
+const END_STREAM: u8 = 1;
+const END_HEADERS: u8 = 4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An HPACK block for `GET http://localhost/` from static-table entries and one literal.
+fn get_block() -> Vec<u8> {
+    // :method GET (2), :scheme http (6), :path / (4), :authority literal "localhost" (name 1).
+    let mut b = vec![0x82, 0x86, 0x84, 0x41, 9];
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+fn post_block() -> Vec<u8> {
+    // :method POST (3), :scheme http, :path /, :authority localhost.
+    let mut b = vec![0x83, 0x86, 0x84, 0x41, 9];
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// A connection past the preface and the empty SETTINGS.
+async fn open(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    s.write_all(&hello).await.unwrap();
+    s
+}
+
+/// Reads frames until one of `kind` arrives (its flags, stream and payload), the connection
+/// closes, or `wait` passes.
+async fn until(s: &mut TcpStream, kind: u8, wait: Duration) -> Option<(u8, u32, Vec<u8>)> {
+    let read = async {
+        loop {
+            let mut head = [0u8; 9];
+            s.read_exact(&mut head).await.ok()?;
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            s.read_exact(&mut payload).await.ok()?;
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            if head[3] == kind {
+                return Some((head[4], stream, payload));
+            }
+        }
+    };
+    tokio::time::timeout(wait, read).await.ok().flatten()
+}
+
+fn goaway_code(payload: &[u8]) -> u32 {
+    u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]])
+}
+
+async fn proxy() -> (Proxy, SocketAddr) {
+    let o = echo("o").await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[server]
+h2_max_concurrent_streams = 10
+max_header_bytes = 8192
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    )))
+    .await;
+    let addr = p.addr;
+    (p, addr)
+}
+
+/// A well-behaved client still gets its answer.
+async fn still_served(addr: SocketAddr) {
+    let mut client = h2_client(addr).await;
+    let req = http::Request::get(format!("http://{addr}/after"))
+        .body(full(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn rapid_reset_flood_ends_in_enhance_your_calm() {
+    let (_p, addr) = proxy().await;
+    let mut s = open(addr).await;
+    let mut burst = Vec::new();
+    for i in 0..400u32 {
+        let id = 2 * i + 1;
+        burst.extend(frame(HEADERS, END_STREAM | END_HEADERS, id, &get_block()));
+        burst.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+    }
+    let _ = s.write_all(&burst).await;
+    let (_, _, payload) = until(&mut s, GOAWAY, Duration::from_secs(5))
+        .await
+        .expect("GOAWAY");
+    assert_eq!(goaway_code(&payload), 0xb, "ENHANCE_YOUR_CALM");
+    still_served(addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_from_a_client_that_never_reads_is_not_buffered() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let (_p, addr) = proxy().await;
+    let s = open(addr).await;
+    let (_keep_reader, mut w) = s.into_split();
+    let pings: Vec<u8> = (0..2000u64)
+        .flat_map(|i| frame(PING, 0, 0, &i.to_be_bytes()))
+        .collect();
+    // Never read: the server's answers fill the sockets' buffers, then it must stop reading,
+    // and these writes stop moving. Bounded: at most 12 s or 4,000 rounds.
+    let written = Arc::new(AtomicU64::new(0));
+    let count = written.clone();
+    let flood = tokio::spawn(async move {
+        for _ in 0..4000 {
+            let mut at = 0;
+            while at < pings.len() {
+                match w.write(&pings[at..]).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        at += n;
+                        count.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    });
+    // Wait until the writes stop moving for a whole second (the buffers full).
+    let mut last = u64::MAX;
+    let mut stalled = false;
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = written.load(Ordering::Relaxed);
+        if now == last {
+            // Stopped short of the whole flood: the server stopped reading.
+            stalled = !flood.is_finished();
+            break;
+        }
+        last = now;
+    }
+    flood.abort();
+    assert!(
+        stalled,
+        "the server kept reading a client that never read its answers ({last} bytes)"
+    );
+    still_served(addr).await;
+}
+
+#[tokio::test]
+async fn streams_past_the_limit_are_refused() {
+    let (_p, addr) = proxy().await;
+    let mut s = open(addr).await;
+    // Eleven POSTs left open (no END_STREAM) on a limit of ten.
+    let mut burst = Vec::new();
+    for i in 0..11u32 {
+        burst.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &post_block()));
+    }
+    s.write_all(&burst).await.unwrap();
+    let (_, stream, payload) = until(&mut s, RST_STREAM, Duration::from_secs(5))
+        .await
+        .expect("a reset");
+    assert_eq!(stream, 21);
+    assert_eq!(
+        u32::from_be_bytes(payload[..4].try_into().unwrap()),
+        7,
+        "REFUSED_STREAM"
+    );
+    still_served(addr).await;
+}
+
+#[tokio::test]
+async fn a_window_pushed_past_its_limit_is_a_flow_control_error() {
+    let (_p, addr) = proxy().await;
+    let mut s = open(addr).await;
+    // Two increments that together take the connection's send window past 2^31 - 1.
+    let mut two = frame(WINDOW_UPDATE, 0, 0, &0x7fff_0000u32.to_be_bytes());
+    two.extend(frame(WINDOW_UPDATE, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    s.write_all(&two).await.unwrap();
+    let (_, _, payload) = until(&mut s, GOAWAY, Duration::from_secs(5))
+        .await
+        .expect("GOAWAY");
+    assert_eq!(goaway_code(&payload), 0x3, "FLOW_CONTROL_ERROR");
+    still_served(addr).await;
+}
+
+#[tokio::test]
+async fn an_oversized_head_gets_431() {
+    let (_p, addr) = proxy().await;
+    let mut s = open(addr).await;
+    let mut block = get_block();
+    // x-big: 10,000 bytes, a literal without indexing with a new name.
+    block.extend([0x00, 5]);
+    block.extend_from_slice(b"x-big");
+    let value = vec![b'a'; 10_000];
+    // 10,000 as an HPACK integer with a 7-bit prefix: 127, then 9,873 in 7-bit groups.
+    block.extend([0x7f, 0x91, 0x4d]);
+    block.extend_from_slice(&value);
+    s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    let (flags, stream, payload) = until(&mut s, HEADERS, Duration::from_secs(5))
+        .await
+        .expect("an answer");
+    assert_eq!(stream, 1);
+    assert!(flags & END_STREAM != 0);
+    // `:status 431` is not in the static table: a literal with `:status`'s name, its value
+    // "431" plain or Huffman-coded.
+    assert!(
+        payload
+            .windows(3)
+            .any(|w| w == b"431" || w == [0x69, 0x90, 0xff]),
+        "{payload:?}"
+    );
+    still_served(addr).await;
+}
