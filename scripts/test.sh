@@ -30,6 +30,8 @@ fi
 
 # The ACME tests: Pebble and its DNS test server (Go module proxy), BIND 9 (Debian).
 ./scripts/acme-tools
+# The HTTP/2 conformance test's h2spec (Go module proxy).
+./scripts/h2spec-tool
 # The HTTP/3 tests' client (aioquic from PyPI, in a venv under target/).
 ./scripts/aioquic-venv
 

@@ -831,7 +831,7 @@ impl<H: Handler> Conn<H> {
         let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
             futures_util::FutureExt::map(
                 respond.call(req.map(crate::body::Incoming::Hyper)),
-                |resp| Ok::<_, Infallible>(resp),
+                Ok::<_, Infallible>,
             )
         });
         // Pinned where it is built: `tokio::pin!` moves it into a second binding, and an

@@ -75,8 +75,11 @@ pub(crate) enum Error {
 enum Phase<F, B> {
     Handling(Pin<Box<F>>),
     Sending(Pin<Box<B>>),
-    /// The response is all written.
+    /// The response is all made (its last frames may still wait in `out`).
     Sent,
+    /// The response is all written, and the client is still sending its body: kept to read and
+    /// check the rest.
+    Answered,
 }
 
 /// One open stream.
@@ -106,6 +109,9 @@ struct Slot<F, B> {
     out: Option<Out>,
     /// The response was begun (for the reset budget).
     answered: bool,
+    /// Queued in `write_blocked` or `window_blocked` (once each).
+    in_write_blocked: bool,
+    in_window_blocked: bool,
     /// Request body bytes that arrived after its reader was gone.
     dropped: u64,
 }
@@ -150,7 +156,9 @@ enum State {
     Open,
 }
 
-/// A stream's next frame.
+/// A stream's next frame. (Not boxed: a HEADERS frame is made once per response, and a box
+/// would cost an allocation each time.)
+#[allow(clippy::large_enum_variant)]
 enum Out {
     /// The response head, or trailers.
     Head(Headers),
@@ -227,6 +235,19 @@ where
             self.control.push_back(
                 frame::GoAway::new(StreamId::from(self.last_id), Reason::NO_ERROR).into(),
             );
+            // Streams already answered wait only for the rest of a body nobody needs: the
+            // client is asked to stop sending it (else a client that never ends one would hold
+            // the connection open).
+            let answered: Vec<(usize, u32)> = self
+                .streams
+                .iter()
+                .filter(|(_, slot)| matches!(slot.phase, Phase::Answered))
+                .map(|(key, slot)| (key, u32::from(slot.id)))
+                .collect();
+            for (key, id) in answered {
+                self.remove(key);
+                self.reset(id, Reason::NO_ERROR);
+            }
         }
     }
 
@@ -349,7 +370,7 @@ where
                     return self.fail(Reason::PROTOCOL_ERROR);
                 }
                 if let Some(key) = self.slot_of(id) {
-                    let done = matches!(self.streams[key].phase, Phase::Sent);
+                    let done = matches!(self.streams[key].phase, Phase::Answered);
                     self.remove(key);
                     if !done {
                         self.spend_reset();
@@ -373,7 +394,8 @@ where
             return self.recv_trailers(key, h);
         }
         if id <= self.last_id {
-            if !self.recently_reset.contains(&id) {
+            let unopened = self.going_away.is_some_and(|last| id > last);
+            if !self.recently_reset.contains(&id) && !unopened {
                 self.fail(Reason::STREAM_CLOSED);
             }
             return;
@@ -441,6 +463,8 @@ where
             head: framing.head,
             out: None,
             answered: false,
+            in_write_blocked: false,
+            in_window_blocked: false,
             dropped: 0,
         });
         self.ids.push_back((id, key));
@@ -474,7 +498,7 @@ where
             return self.spend_reset();
         }
         recv.end(Some(fields));
-        if matches!(slot.phase, Phase::Sent) && slot.out.is_none() {
+        if matches!(slot.phase, Phase::Answered) {
             return self.remove(key);
         }
         self.to_poll.push(key);
@@ -494,11 +518,12 @@ where
             if id > self.last_id {
                 // Never opened.
                 self.fail(Reason::PROTOCOL_ERROR);
-            } else if !self.recently_reset.contains(&id) {
-                // Closed by both sides; data after this server's reset is what the client sent
-                // before it heard of it.
+            } else if !self.recently_reset.contains(&id)
+                && self.going_away.is_none_or(|last| id <= last)
+            {
+                // Closed by both sides; data after this server's reset (or on a stream its
+                // GOAWAY left unopened) is what the client sent before it heard of it.
                 self.reset(id, Reason::STREAM_CLOSED);
-                self.spend_reset();
             }
             return;
         };
@@ -543,7 +568,7 @@ where
             recv.end(None);
             slot.recv = None;
         }
-        if matches!(slot.phase, Phase::Sent) && slot.out.is_none() {
+        if matches!(slot.phase, Phase::Answered) {
             if slot.recv.is_none() {
                 return self.remove(key);
             }
@@ -589,6 +614,9 @@ where
             return Ok(Turn::Parked);
         };
         slot.wake.polling();
+        // Polled now: if still blocked, it queues itself again.
+        slot.in_write_blocked = false;
+        slot.in_window_blocked = false;
         // Window the handler gave back by reading the request body.
         if let Some(body) = &slot.body {
             if slot.out.is_none()
@@ -622,7 +650,9 @@ where
                         Poll::Ready(Err(e)) => return Err(Error::Io(e)),
                         Poll::Pending => {
                             slot.out = Some(Out::Head(head));
-                            self.write_blocked.push(key);
+                            if !std::mem::replace(&mut slot.in_write_blocked, true) {
+                                self.write_blocked.push(key);
+                            }
                             return Ok(Turn::Parked);
                         }
                     }
@@ -640,7 +670,11 @@ where
                     if !data.is_empty() && room <= 0 {
                         slot.out = Some(Out::Data(data, end));
                         if self.send_window <= 0 {
-                            self.window_blocked.push(key);
+                            if !std::mem::replace(&mut slot.in_window_blocked, true) {
+                                if !std::mem::replace(&mut slot.in_window_blocked, true) {
+                                    self.window_blocked.push(key);
+                                }
+                            }
                         }
                         return Ok(Turn::Parked);
                     }
@@ -649,7 +683,9 @@ where
                         Poll::Ready(Err(e)) => return Err(Error::Io(e)),
                         Poll::Pending => {
                             slot.out = Some(Out::Data(data, end));
-                            self.write_blocked.push(key);
+                            if !std::mem::replace(&mut slot.in_write_blocked, true) {
+                                self.write_blocked.push(key);
+                            }
                             return Ok(Turn::Parked);
                         }
                     }
@@ -696,7 +732,9 @@ where
                         return Ok(Turn::Parked);
                     }
                     if self.send_window <= 0 {
-                        self.window_blocked.push(key);
+                        if !std::mem::replace(&mut slot.in_window_blocked, true) {
+                            self.window_blocked.push(key);
+                        }
                         return Ok(Turn::Parked);
                     }
                     match body.as_mut().poll_frame(&mut scx) {
@@ -733,6 +771,7 @@ where
                 }
                 // Only reached with nothing left to write.
                 Phase::Sent => return Ok(Turn::Done),
+                Phase::Answered => return Ok(Turn::Parked),
             }
         }
     }
@@ -748,11 +787,15 @@ where
             Turn::Parked => {}
             Turn::Done => {
                 self.resets = (self.resets + 1).min(RESET_BUDGET);
-                if client_sending {
+                if client_sending && self.going_away.is_none() {
                     // The answer is out before the request's end: the rest of its body is
-                    // read and checked, then dropped (`recv_data`), unless there is much of it.
-                    self.streams[key].phase = Phase::Sent;
+                    // read and checked, then dropped (`recv_data`), unless there is much of it
+                    // or the connection is draining (`graceful_shutdown`).
+                    self.streams[key].phase = Phase::Answered;
                     return;
+                }
+                if client_sending {
+                    self.reset(id, Reason::NO_ERROR);
                 }
             }
             Turn::Failed => self.reset(id, Reason::INTERNAL_ERROR),
@@ -1003,6 +1046,20 @@ mod tests {
         f
     }
 
+    /// The next frame's type, flags and stream.
+    async fn next_frame(io: &mut tokio::io::DuplexStream) -> (u8, u8, u32) {
+        let mut head = [0u8; 9];
+        io.read_exact(&mut head).await.unwrap();
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload).await.unwrap();
+        (
+            head[3],
+            head[4],
+            u32::from_be_bytes([head[5], head[6], head[7], head[8]]),
+        )
+    }
+
     /// Reads frames until a GOAWAY; its error code.
     async fn goaway(io: &mut tokio::io::DuplexStream) -> u32 {
         loop {
@@ -1098,5 +1155,49 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), read)
             .await
             .expect("all three answered");
+    }
+
+    #[tokio::test]
+    async fn a_drain_resets_answered_streams_whose_client_never_ends_its_body() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+        };
+        let limits = Limits {
+            max_concurrent_streams: 10,
+            max_header_list_size: 16 * 1024,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut conn = std::pin::pin!(Connection::new(server, service, limits, false));
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                _ = stopped => {}
+            }
+            conn.as_mut().get_mut().graceful_shutdown();
+            conn.await
+        });
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        // A POST whose body never comes.
+        out.extend(frame(1, 4, 1, &[0x83, 0x86, 0x84, 0x41, 1, b'x']));
+        client.write_all(&out).await.unwrap();
+        let mut frames = Vec::new();
+        // The answer, all of it.
+        while !frames
+            .iter()
+            .any(|&(t, f, id)| t == 0 && f & 1 == 1 && id == 1)
+        {
+            frames.push(next_frame(&mut client).await);
+        }
+        stop.send(()).unwrap();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("the drain ends the connection")
+            .unwrap();
+        assert!(ended.is_ok());
+        while !frames.iter().any(|&(t, _, id)| t == 3 && id == 1) {
+            frames.push(next_frame(&mut client).await);
+        }
     }
 }
