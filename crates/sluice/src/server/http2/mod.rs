@@ -669,12 +669,10 @@ where
                         .min(self.codec.max_send_frame_size() as i64);
                     if !data.is_empty() && room <= 0 {
                         slot.out = Some(Out::Data(data, end));
-                        if self.send_window <= 0 {
-                            if !std::mem::replace(&mut slot.in_window_blocked, true) {
-                                if !std::mem::replace(&mut slot.in_window_blocked, true) {
-                                    self.window_blocked.push(key);
-                                }
-                            }
+                        if self.send_window <= 0
+                            && !std::mem::replace(&mut slot.in_window_blocked, true)
+                        {
+                            self.window_blocked.push(key);
                         }
                         return Ok(Turn::Parked);
                     }
