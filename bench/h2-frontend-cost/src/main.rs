@@ -27,7 +27,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{FutureExt, Stream};
 use h2::frame::{self, Frame, Headers, Pseudo, Settings, StreamId};
 use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Request, Response, StatusCode};
@@ -48,7 +48,11 @@ fn body() -> Bytes {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (mode, port) = match (args.get(1), args.get(2).and_then(|p| p.parse::<u16>().ok())) {
-        (Some(m), Some(p)) if ["hyper", "frames", "tasks"].contains(&m.as_str()) => (m.clone(), p),
+        (Some(m), Some(p))
+            if ["hyper", "frames", "tasks", "h2inline", "h2tasks"].contains(&m.as_str()) =>
+        {
+            (m.clone(), p)
+        }
         _ => {
             eprintln!("usage: h2-frontend-cost <hyper|frames|tasks> PORT");
             std::process::exit(2);
@@ -67,6 +71,8 @@ fn main() {
             let body = body.clone();
             if mode == "hyper" {
                 tokio::spawn(serve_hyper(sock, body));
+            } else if mode.starts_with("h2") {
+                tokio::spawn(serve_h2(sock, body, mode == "h2tasks"));
             } else {
                 let tasks = mode == "tasks";
                 tokio::spawn(async move {
@@ -118,6 +124,32 @@ async fn serve_hyper(sock: TcpStream, body: Bytes) {
     let _ = builder
         .serve_connection(hyper_util::rt::TokioIo::new(sock), service)
         .await;
+}
+
+/// h2's own server (its stream store, flow control and limits) without hyper: each request
+/// answered inline in the connection's task (`h2inline`) or from a task per stream (`h2tasks`).
+async fn serve_h2(sock: TcpStream, body: Bytes, tasks: bool) {
+    let mut builder = h2::server::Builder::new();
+    builder.max_concurrent_streams(100).enable_connect_protocol();
+    let Ok(mut conn) = builder.handshake::<_, Bytes>(sock).await else {
+        return;
+    };
+    while let Some(Ok((req, mut respond))) = conn.accept().await {
+        let body = body.clone();
+        let answer = move |req: Request<h2::RecvStream>| async move {
+            let (head, full) = handle(req, body.clone()).await.into_parts();
+            let _ = full;
+            let Ok(mut send) = respond.send_response(Response::from_parts(head, ()), false) else {
+                return;
+            };
+            let _ = send.send_data(body, true);
+        };
+        if tasks {
+            tokio::spawn(answer(req));
+        } else {
+            answer(req).now_or_never();
+        }
+    }
 }
 
 /// One connection of the minimal server.
