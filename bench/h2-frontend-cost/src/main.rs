@@ -1,4 +1,4 @@
-//! What serving one HTTP/2 request costs a server's protocol layer, two ways, over h2c on one
+//! What serving one HTTP/2 request costs a server's protocol layer, five ways, over h2c on one
 //! thread, each answering every GET with the same 1 KB body:
 //! - `hyper`: hyper's HTTP/2 server over the h2 crate (sluice's patched copy), with the settings
 //!   sluice's listener uses; the answer a `Full` body, as a handler gives it.
@@ -11,8 +11,10 @@
 //!   `http::Request` (as h2 makes it), handed to a task of its own that calls the handler (an
 //!   `async fn` giving a `Response` with a `Full` body, as in `hyper`), and the answer sent back
 //!   to the connection's task over a channel, which frames it.
+//! - `h2inline`, `h2tasks`: h2's own server (its stream store, flow control and limits) without
+//!   hyper, each request answered inside the connection's task or from a task per stream.
 //!
-//! `h2-frontend-cost <hyper|frames|tasks> PORT` serves until killed. Count with callgrind while h2load
+//! `h2-frontend-cost <hyper|frames|tasks|h2inline|h2tasks> PORT` serves until killed. Count with callgrind while h2load
 //! loads it (the command is in `docs/decisions/tls-cost.md`, "An HTTP/2 front end of sluice's
 //! own: the probe"):
 //! `valgrind --tool=callgrind target/release/h2-frontend-cost frames 18443`, then
