@@ -132,15 +132,16 @@ async fn serve_hyper(sock: TcpStream, body: Bytes) {
 /// answered inline in the connection's task (`h2inline`) or from a task per stream (`h2tasks`).
 async fn serve_h2(sock: TcpStream, body: Bytes, tasks: bool) {
     let mut builder = h2::server::Builder::new();
-    builder.max_concurrent_streams(100).enable_connect_protocol();
+    builder
+        .max_concurrent_streams(100)
+        .enable_connect_protocol();
     let Ok(mut conn) = builder.handshake::<_, Bytes>(sock).await else {
         return;
     };
     while let Some(Ok((req, mut respond))) = conn.accept().await {
         let body = body.clone();
         let answer = move |req: Request<h2::RecvStream>| async move {
-            let (head, full) = handle(req, body.clone()).await.into_parts();
-            let _ = full;
+            let (head, _) = handle(req, body.clone()).await.into_parts();
             let Ok(mut send) = respond.send_response(Response::from_parts(head, ()), false) else {
                 return;
             };
