@@ -69,3 +69,35 @@ upstream = "app"
     assert_eq!(count(" skipped"), 0, "{summary}");
     assert!(count(" passed") >= 145, "{summary}");
 }
+
+/// `server.h2_own_server = false` goes back to hyper's HTTP/2 server: a POST over h2c still
+/// reaches the origin whole (its body's hash as the origin saw it).
+#[tokio::test]
+async fn hypers_server_serves_http2_when_chosen() {
+    use http_body_util::BodyExt;
+    let o = echo("o").await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[server]
+h2_own_server = false
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    )))
+    .await;
+    let body = pattern(100_000);
+    let mut client = h2_client(p.addr).await;
+    let req = http::Request::post(format!("http://{}/up", p.addr))
+        .body(full(body.clone()))
+        .unwrap();
+    let resp = client.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let report: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(report["len"], 100_000);
+    assert_eq!(report["sha256"], sha256(&body));
+}

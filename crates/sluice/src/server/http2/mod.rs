@@ -93,10 +93,11 @@ struct Slot<F, B> {
     /// What the client may still send on the stream, and what it read but was not yet given back.
     recv_window: i64,
     unreleased: u32,
-    /// The request body's queue, while the client may still send on the stream.
-    recv: Option<Arc<Shared>>,
-    /// The same queue for the stream's whole life: what the handler read of it is counted.
+    /// The request body's queue (`None`: the request ended with its head); what the handler
+    /// reads of it is counted.
     body: Option<Arc<Shared>>,
+    /// The client may still send on the stream.
+    sending: bool,
     /// Flow-controlled bytes the stream received, and how many of them went back to the
     /// connection's window.
     received: u64,
@@ -107,8 +108,6 @@ struct Slot<F, B> {
     head: bool,
     /// A frame made but not yet written (windows, or the writer full).
     out: Option<Out>,
-    /// The response was begun (for the reset budget).
-    answered: bool,
     /// Queued in `write_blocked` or `window_blocked` (once each).
     in_write_blocked: bool,
     in_window_blocked: bool,
@@ -261,8 +260,8 @@ where
         self.control
             .push_back(frame::GoAway::new(StreamId::from(self.last_id), reason).into());
         for slot in self.streams.drain() {
-            if let Some(recv) = &slot.recv {
-                recv.fail(reason);
+            if let Some(body) = &slot.body {
+                body.fail(reason);
             }
         }
         self.ids.clear();
@@ -298,8 +297,8 @@ where
         if let Ok(at) = self.ids.binary_search_by_key(&slot.id.into(), |(i, _)| *i) {
             self.ids.remove(at);
         }
-        if let Some(recv) = &slot.recv {
-            recv.fail(Reason::CANCEL);
+        if let Some(body) = &slot.body {
+            body.fail(Reason::CANCEL);
         }
         // What the stream took of the connection's window and did not give back yet, read or
         // not, no longer counts against the connection.
@@ -455,14 +454,13 @@ where
             send_window: self.peer_initial,
             recv_window: i64::from(STREAM_WINDOW),
             unreleased: 0,
-            body: recv.clone(),
-            recv,
+            sending: recv.is_some(),
+            body: recv,
             received: 0,
             returned: 0,
             remaining: framing.length,
             head: framing.head,
             out: None,
-            answered: false,
             in_write_blocked: false,
             in_window_blocked: false,
             dropped: 0,
@@ -474,7 +472,7 @@ where
     fn recv_trailers(&mut self, key: usize, h: Headers) {
         let id = u32::from(h.stream_id());
         let slot = &mut self.streams[key];
-        let Some(recv) = slot.recv.take() else {
+        let Some(recv) = slot.body.clone().filter(|_| slot.sending) else {
             // The client already ended its side.
             self.remove(key);
             self.reset(id, Reason::STREAM_CLOSED);
@@ -492,12 +490,12 @@ where
         // Trailers end the stream, carry no pseudo-field, and follow the whole body.
         if short || has_pseudo || !h_end {
             recv.fail(Reason::PROTOCOL_ERROR);
-            slot.recv = Some(recv);
             self.remove(key);
             self.reset(id, Reason::PROTOCOL_ERROR);
             return self.spend_reset();
         }
         recv.end(Some(fields));
+        slot.sending = false;
         if matches!(slot.phase, Phase::Answered) {
             return self.remove(key);
         }
@@ -538,7 +536,7 @@ where
             *n = n.saturating_sub(payload.len() as u64);
         }
         let short_at_end = end && slot.remaining.is_some_and(|n| n > 0);
-        let Some(recv) = slot.recv.clone() else {
+        let Some(recv) = slot.body.clone().filter(|_| slot.sending) else {
             self.remove(key);
             self.reset(id, Reason::STREAM_CLOSED);
             return self.spend_reset();
@@ -566,10 +564,10 @@ where
         self.unreleased += back;
         if end {
             recv.end(None);
-            slot.recv = None;
+            slot.sending = false;
         }
         if matches!(slot.phase, Phase::Answered) {
-            if slot.recv.is_none() {
+            if !slot.sending {
                 return self.remove(key);
             }
             if slot.dropped > MAX_UNREAD_AFTER_ANSWER {
@@ -633,7 +631,7 @@ where
             slot.unreleased += n as u32;
             slot.returned += n as u64;
             self.unreleased += n as u32;
-            if slot.recv.is_some() && slot.unreleased >= STREAM_WINDOW / 4 {
+            if slot.sending && slot.unreleased >= STREAM_WINDOW / 4 {
                 let n = std::mem::take(&mut slot.unreleased);
                 slot.recv_window += i64::from(n);
                 self.control
@@ -716,7 +714,6 @@ where
                     if let Some(lines) = parts.extensions.remove::<h2::ext::EncodedFields>() {
                         head.set_encoded_fields(lines.0);
                     }
-                    slot.answered = true;
                     if slot.head || body.is_end_stream() {
                         head.set_end_stream();
                         slot.phase = Phase::Sent;
@@ -780,7 +777,7 @@ where
             return;
         }
         let id = u32::from(self.streams[key].id);
-        let client_sending = self.streams[key].recv.is_some();
+        let client_sending = self.streams[key].sending;
         match turn {
             Turn::Parked => {}
             Turn::Done => {
@@ -947,8 +944,8 @@ where
             if ended {
                 // The client closed the connection: nothing sent now would be read.
                 for slot in this.streams.drain() {
-                    if let Some(recv) = &slot.recv {
-                        recv.fail(Reason::CANCEL);
+                    if let Some(body) = &slot.body {
+                        body.fail(Reason::CANCEL);
                     }
                 }
                 return Poll::Ready(Ok(()));
