@@ -523,6 +523,30 @@ mod tests {
     }
 
     #[test]
+    fn the_http2_window_is_bounded() {
+        let load = |v: &str| {
+            Config::load(
+                None,
+                env(&[("SLUICE_SERVER_H2_RECV_WINDOW_BYTES", v)]),
+                &Overrides::default(),
+            )
+        };
+        for ok in ["65535", "1048576", "67108864"] {
+            assert_eq!(
+                load(ok).unwrap().server.h2_recv_window_bytes.to_string(),
+                ok
+            );
+        }
+        for bad in ["65534", "0", "67108865"] {
+            let err = format!("{:#}", load(bad).unwrap_err());
+            assert!(
+                err.contains("server.h2_recv_window_bytes must be from 65535 to 67108864"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_address_is_reported() {
         let err = Config::parse_file("[server]\nlisten = [\"127.0.0.1\"]\n")
             .unwrap_err()

@@ -315,6 +315,7 @@ impl<H: Handler> Server<H> {
                 max_concurrent_streams: self.config.h2_max_concurrent_streams,
                 max_header_list_size: u32::try_from(self.config.max_header_bytes)
                     .unwrap_or(u32::MAX),
+                window: self.config.h2_recv_window_bytes,
             }),
             clock: clock::Clock::start(stop_rx.clone()),
         };

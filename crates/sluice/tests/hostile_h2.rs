@@ -2,8 +2,9 @@
 //! h2c: the rapid-reset flood (CVE-2023-44487) ends in GOAWAY `ENHANCE_YOUR_CALM`; a PING flood
 //! from a client that never reads stops being read (memory stays bounded) while other clients are
 //! served; streams past the limit are refused; a window pushed past 2^31 - 1 is a flow-control
-//! error; an oversized head gets a 431. (A request body past its window: `server/http2`'s own
-//! tests, where the handler can be made never to read.) After each, a fresh client is served.
+//! error; an oversized head gets a 431; the request-body window is the configured one. (A request
+//! body past its window: `server/http2`'s own tests, where the handler can be made never to
+//! read.) After each, a fresh client is served.
 
 mod reverse_support;
 
@@ -215,6 +216,58 @@ async fn a_window_pushed_past_its_limit_is_a_flow_control_error() {
         .expect("GOAWAY");
     assert_eq!(goaway_code(&payload), 0x3, "FLOW_CONTROL_ERROR");
     still_served(addr).await;
+}
+
+#[tokio::test]
+async fn the_request_body_window_is_the_configured_one() {
+    // (Past it: `a_body_past_the_window_nobody_reads_is_a_flow_control_error` in
+    // `server/http2`, where the handler can be made never to read.)
+    let o = echo("o").await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[server]
+h2_recv_window_bytes = 131072
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    )))
+    .await;
+    let mut s = open(p.addr).await;
+    let (_, _, settings) = until(&mut s, SETTINGS, Duration::from_secs(5))
+        .await
+        .expect("the server's SETTINGS");
+    let initial = settings
+        .chunks(6)
+        .find(|f| f[..2] == [0, 4])
+        .map(|f| u32::from_be_bytes([f[2], f[3], f[4], f[5]]));
+    assert_eq!(initial, Some(131_072), "SETTINGS_INITIAL_WINDOW_SIZE");
+    let (_, stream, update) = until(&mut s, WINDOW_UPDATE, Duration::from_secs(5))
+        .await
+        .expect("the connection's window");
+    assert_eq!(stream, 0);
+    assert_eq!(
+        u32::from_be_bytes([update[0], update[1], update[2], update[3]]),
+        131_072 - 65_535
+    );
+    // A body of exactly the window goes through to the origin and back.
+    let body = vec![7u8; 131_072];
+    let mut out = frame(HEADERS, END_HEADERS, 1, &post_block());
+    for (i, chunk) in body.chunks(16_384).enumerate() {
+        let end = if i == 7 { END_STREAM } else { 0 };
+        out.extend(frame(0, end, 1, chunk));
+    }
+    s.write_all(&out).await.unwrap();
+    let (_, stream, _) = until(&mut s, HEADERS, Duration::from_secs(5))
+        .await
+        .expect("an answer");
+    assert_eq!(stream, 1);
+    assert!(until(&mut s, GOAWAY, Duration::from_millis(300))
+        .await
+        .is_none());
+    still_served(p.addr).await;
 }
 
 #[tokio::test]

@@ -65,6 +65,10 @@ pub struct ServerConfig {
     /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
     /// one connection holds at most this times `h2_max_concurrent_streams`.
     pub h2_max_send_buf_bytes: usize,
+    /// HTTP/2 (sluice's own server): the flow-control window of each request body and of a
+    /// connection's bodies together. What one connection can make the server hold of request
+    /// bodies not yet read, and what one upload moves per round trip.
+    pub h2_recv_window_bytes: u32,
     /// The runtime model: `work-stealing` (one multi-threaded runtime) or `per-core` (one
     /// current-thread runtime per thread, each with its own `SO_REUSEPORT` listeners and upstream
     /// pools).
@@ -114,6 +118,7 @@ impl Default for ServerConfig {
             h2_max_concurrent_streams: 100,
             h2_own_server: true,
             h2_max_send_buf_bytes: 128 * 1024,
+            h2_recv_window_bytes: 1 << 20,
             runtime: crate::runtime::RuntimeModel::WorkStealing,
             threads: 0,
             h1_fast_path: true,
@@ -147,6 +152,7 @@ config_section!(ServerConfig {
     h2_max_concurrent_streams,
     h2_own_server,
     h2_max_send_buf_bytes,
+    h2_recv_window_bytes,
     runtime,
     threads,
     h1_fast_path,
@@ -168,6 +174,10 @@ pub struct NamedListener {
 
 /// The name of the listener `server.listen` declares.
 pub const MAIN_LISTENER: &str = "main";
+
+/// Bounds of `server.h2_recv_window_bytes`: HTTP/2's initial window, and 64 MiB.
+const MIN_H2_WINDOW: u32 = 65_535;
+const MAX_H2_WINDOW: u32 = 64 << 20;
 
 impl ServerConfig {
     /// Every listener's name, by listener id: `main` (id 0), then `[[server.listeners]]` in order.
@@ -246,6 +256,12 @@ impl ServerConfig {
         }
         if self.h2_max_send_buf_bytes < 16 * 1024 {
             bail!("server.h2_max_send_buf_bytes must be at least 16384 (one HTTP/2 frame)");
+        }
+        // Below HTTP/2's initial 65535 the connection's window could not be shrunk to match.
+        if !(MIN_H2_WINDOW..=MAX_H2_WINDOW).contains(&self.h2_recv_window_bytes) {
+            bail!(
+                "server.h2_recv_window_bytes must be from {MIN_H2_WINDOW} to {MAX_H2_WINDOW} (64 MiB)"
+            );
         }
         // Past a second the poll no longer bridges gaps between packets: it only burns the core.
         if self.busy_poll_us > 1_000_000 {

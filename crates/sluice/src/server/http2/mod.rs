@@ -30,10 +30,6 @@ use wake::{Ready, StreamWake};
 
 /// How an HTTP/2 connection begins (RFC 9113 section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// The window each request body gets, and the connection's for all of them: what one
-/// connection can make this server hold of request bodies not yet read.
-const STREAM_WINDOW: u32 = 1 << 20;
-const CONN_WINDOW: u32 = 1 << 20;
 /// RFC 9113's initial window, before SETTINGS says otherwise.
 const DEFAULT_WINDOW: i64 = 65_535;
 /// A window may not exceed this (section 6.9.1).
@@ -58,6 +54,9 @@ const RECENTLY_RESET: usize = 32;
 pub(crate) struct Limits {
     pub max_concurrent_streams: u32,
     pub max_header_list_size: u32,
+    /// The window each request body gets, and the connection's for all of them: what one
+    /// connection can make this server hold of request bodies not yet read (at least 65535).
+    pub window: u32,
 }
 
 /// Why a connection ended badly.
@@ -190,14 +189,15 @@ where
         codec.set_max_recv_header_list_size(limits.max_header_list_size as usize);
         let mut ours = frame::Settings::default();
         ours.set_max_concurrent_streams(Some(limits.max_concurrent_streams));
-        ours.set_initial_window_size(Some(STREAM_WINDOW));
+        ours.set_initial_window_size(Some(limits.window));
         ours.set_max_header_list_size(Some(limits.max_header_list_size));
         // RFC 8441: WebSocket over HTTP/2.
         ours.set_enable_connect_protocol(Some(1));
-        let control = VecDeque::from([
-            Frame::from(ours),
-            frame::WindowUpdate::new(StreamId::zero(), CONN_WINDOW - DEFAULT_WINDOW as u32).into(),
-        ]);
+        let mut control = VecDeque::from([Frame::from(ours)]);
+        let grow = limits.window.saturating_sub(DEFAULT_WINDOW as u32);
+        if grow > 0 {
+            control.push_back(frame::WindowUpdate::new(StreamId::zero(), grow).into());
+        }
         Connection {
             state: if prefaced {
                 State::Open
@@ -217,7 +217,7 @@ where
             last_id: 0,
             send_window: DEFAULT_WINDOW,
             peer_initial: DEFAULT_WINDOW,
-            recv_window: i64::from(CONN_WINDOW),
+            recv_window: i64::from(limits.window.max(DEFAULT_WINDOW as u32)),
             unreleased: 0,
             resets: RESET_BUDGET,
             recently_reset: VecDeque::new(),
@@ -452,7 +452,7 @@ where
             wake,
             waker,
             send_window: self.peer_initial,
-            recv_window: i64::from(STREAM_WINDOW),
+            recv_window: i64::from(self.limits.window),
             unreleased: 0,
             sending: recv.is_some(),
             body: recv,
@@ -631,7 +631,7 @@ where
             slot.unreleased += n as u32;
             slot.returned += n as u64;
             self.unreleased += n as u32;
-            if slot.sending && slot.unreleased >= STREAM_WINDOW / 4 {
+            if slot.sending && slot.unreleased >= self.limits.window / 4 {
                 let n = std::mem::take(&mut slot.unreleased);
                 slot.recv_window += i64::from(n);
                 self.control
@@ -877,7 +877,7 @@ where
 
     /// Writes queued control frames and the connection's window update, then flushes.
     fn write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        if self.unreleased >= CONN_WINDOW / 4 && self.failed.is_none() {
+        if self.unreleased >= self.limits.window / 4 && self.failed.is_none() {
             let n = std::mem::take(&mut self.unreleased);
             self.recv_window += i64::from(n);
             self.control
@@ -1070,10 +1070,11 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_body_past_the_window_nobody_reads_is_a_flow_control_error() {
+    /// A handler that holds the request (and its body) and never reads or answers, on a
+    /// connection with `window`: the server's SETTINGS and connection window say `window`, and
+    /// a body of exactly `window` bytes is taken; one byte more is a FLOW_CONTROL_ERROR.
+    async fn past_a_window_nobody_reads(window: u32) {
         let (mut client, server) = tokio::io::duplex(4 << 20);
-        // A handler that holds the request (and its body) and never reads or answers.
         let service = |req: Request<Incoming>| async move {
             let _held = req;
             std::future::pending::<Response<http_body_util::Empty<Bytes>>>().await
@@ -1081,26 +1082,72 @@ mod tests {
         let limits = Limits {
             max_concurrent_streams: 10,
             max_header_list_size: 16 * 1024,
+            window,
         };
         let conn = tokio::spawn(Connection::new(server, service, limits, false));
         let mut out = PREFACE.to_vec();
         out.extend(frame(4, 0, 0, &[]));
-        // POST / (static table), :authority literal.
-        let mut block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x'];
-        out.extend(frame(1, 4, 1, &block));
-        block.clear();
-        // 1 MiB is the window (stream and connection): one byte more is past it.
-        let chunk = vec![0u8; 16 * 1024];
-        for _ in 0..64 {
-            out.extend(frame(0, 0, 1, &chunk));
-        }
-        out.extend(frame(0, 0, 1, b"!"));
         client.write_all(&out).await.unwrap();
+        // The server's first frames: its SETTINGS, then (above 65535) the connection's window.
+        let (kind, payload) = next_payload(&mut client).await;
+        assert_eq!(kind, 4, "SETTINGS first");
+        let initial = payload
+            .chunks(6)
+            .find(|s| s[..2] == [0, 4])
+            .map(|s| u32::from_be_bytes(s[2..6].try_into().unwrap()));
+        assert_eq!(initial, Some(window), "SETTINGS_INITIAL_WINDOW_SIZE");
+        if window > 65_535 {
+            let (kind, payload) = next_payload(&mut client).await;
+            assert_eq!(kind, 8, "WINDOW_UPDATE on the connection");
+            assert_eq!(
+                u32::from_be_bytes(payload[..4].try_into().unwrap()),
+                window - 65_535
+            );
+        }
+        // POST / (static table), :authority literal; then `window` bytes and one more.
+        let mut out = frame(1, 4, 1, &[0x83, 0x86, 0x84, 0x41, 1, b'x']);
+        let chunk = vec![0u8; 16 * 1024];
+        let mut left = window as usize;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            out.extend(frame(0, 0, 1, &chunk[..n]));
+            left -= n;
+        }
+        client.write_all(&out).await.unwrap();
+        // The whole window is taken: no GOAWAY while the connection is otherwise quiet.
+        let ping = frame(6, 0, 0, b"12345678");
+        client.write_all(&ping).await.unwrap();
+        loop {
+            let (kind, payload) = next_payload(&mut client).await;
+            assert_ne!(kind, 7, "no GOAWAY within the window");
+            if kind == 6 && payload == b"12345678" {
+                break;
+            }
+        }
+        client.write_all(&frame(0, 0, 1, b"!")).await.unwrap();
         assert_eq!(goaway(&mut client).await, 0x3, "FLOW_CONTROL_ERROR");
         assert!(matches!(
             conn.await.unwrap(),
             Err(Error::Protocol(Reason::FLOW_CONTROL_ERROR))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_window_nobody_reads_is_a_flow_control_error() {
+        // The default window, the smallest allowed and one between.
+        for window in [1 << 20, 65_535, 200_000] {
+            past_a_window_nobody_reads(window).await;
+        }
+    }
+
+    /// The next frame's type and payload.
+    async fn next_payload(io: &mut tokio::io::DuplexStream) -> (u8, Vec<u8>) {
+        let mut head = [0u8; 9];
+        io.read_exact(&mut head).await.unwrap();
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload).await.unwrap();
+        (head[3], payload)
     }
 
     #[tokio::test]
@@ -1114,6 +1161,7 @@ mod tests {
         let limits = Limits {
             max_concurrent_streams: 10,
             max_header_list_size: 16 * 1024,
+            window: 1 << 20,
         };
         let _conn = tokio::spawn(Connection::new(server, service, limits, false));
         let mut out = PREFACE.to_vec();
@@ -1161,6 +1209,7 @@ mod tests {
         let limits = Limits {
             max_concurrent_streams: 10,
             max_header_list_size: 16 * 1024,
+            window: 1 << 20,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
