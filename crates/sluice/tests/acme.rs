@@ -84,13 +84,7 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
         ),
     );
     let root = pebble.root().await;
-    let chain = wait_for_cert(
-        sluice.tls,
-        "web.acme.test",
-        &[&root],
-        Duration::from_secs(30),
-    )
-    .await;
+    let chain = wait_for_cert(&sluice, "web.acme.test", &[&root], Duration::from_secs(30)).await;
     // The leaf is for the name, and the file in the state directory is what is served.
     let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
     let sans: Vec<String> = leaf
@@ -193,13 +187,7 @@ async fn tls_alpn01_in_the_handshake_and_unknown_names_fail_cleanly() {
         ),
     );
     let root = pebble.root().await;
-    let chain = wait_for_cert(
-        sluice.tls,
-        "alpn.acme.test",
-        &[&root],
-        Duration::from_secs(30),
-    )
-    .await;
+    let chain = wait_for_cert(&sluice, "alpn.acme.test", &[&root], Duration::from_secs(30)).await;
     assert!(chain.len() >= 2, "leaf and intermediate");
     // A name nothing covers, on-demand off: the handshake fails (an alert), nothing is ordered,
     // and the server goes on serving.
@@ -252,13 +240,7 @@ async fn dns01_wildcard_through_rfc2136_updates_signed_with_tsig() {
         ),
     );
     let root = pebble.root().await;
-    let chain = wait_for_cert(
-        sluice.tls,
-        "a.dns01.test",
-        &[&root],
-        Duration::from_secs(40),
-    )
-    .await;
+    let chain = wait_for_cert(&sluice, "a.dns01.test", &[&root], Duration::from_secs(40)).await;
     let other = handshake(sluice.tls, "b.dns01.test", &[&root])
         .await
         .unwrap();
@@ -317,7 +299,7 @@ async fn renews_by_ari_and_swaps_live_with_no_failed_handshake() {
     );
     let root = pebble.root().await;
     let first = wait_for_cert(
-        sluice.tls,
+        &sluice,
         "renew.acme.test",
         &[&root],
         Duration::from_secs(30),
@@ -399,8 +381,8 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
     let a = Sluice::start(t.dir.path(), "node-a", free_port(), &section);
     let b = Sluice::start(t.dir.path(), "node-b", free_port(), &section);
     let root = pebble.root().await;
-    let from_a = wait_for_cert(a.tls, "shared.acme.test", &[&root], Duration::from_secs(30)).await;
-    let from_b = wait_for_cert(b.tls, "shared.acme.test", &[&root], Duration::from_secs(30)).await;
+    let from_a = wait_for_cert(&a, "shared.acme.test", &[&root], Duration::from_secs(30)).await;
+    let from_b = wait_for_cert(&b, "shared.acme.test", &[&root], Duration::from_secs(30)).await;
     assert_eq!(from_a[0], from_b[0], "both nodes serve the one certificate");
     let issued = |m: &str| metric(m, "sluice_acme_orders_total{outcome=\"issued\"}").unwrap_or(0.0);
     let ma = metrics(&a, "shared.acme.test", &root).await;
@@ -488,7 +470,7 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         eprintln!("first on-demand handshake did not wait long enough: {e}");
     }
     wait_for_cert(
-        sluice.tls,
+        &sluice,
         "yes.ondemand.test",
         &[&root],
         Duration::from_secs(30),
@@ -598,7 +580,7 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
             tls_port,
             &acme_section(&pebble, &state, names),
         );
-        wait_for_cert(s.tls, "kept.acme.test", &[&root], Duration::from_secs(30)).await
+        wait_for_cert(&s, "kept.acme.test", &[&root], Duration::from_secs(30)).await
     };
 
     // The CA goes away; sluice restarts with one more name to order.
@@ -609,7 +591,7 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     );
     drop(pebble);
     let mut s = Sluice::start(t.dir.path(), "ca-down", tls_port, &section);
-    let served = wait_for_cert(s.tls, "kept.acme.test", &[&root], Duration::from_secs(10)).await;
+    let served = wait_for_cert(&s, "kept.acme.test", &[&root], Duration::from_secs(10)).await;
     assert_eq!(served[0], held[0], "the stored certificate serves at once");
     // Retries back off (1 s, 2 s, 4 s, capped at 4 s): a few failures in 8 s, not hundreds.
     tokio::time::sleep(Duration::from_secs(8)).await;

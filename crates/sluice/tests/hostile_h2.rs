@@ -252,21 +252,26 @@ upstream = "app"
         u32::from_be_bytes([update[0], update[1], update[2], update[3]]),
         131_072 - 65_535
     );
-    // A body of exactly the window goes through to the origin and back.
-    let body = vec![7u8; 131_072];
-    let mut out = frame(HEADERS, END_HEADERS, 1, &post_block());
-    for (i, chunk) in body.chunks(16_384).enumerate() {
-        let end = if i == 7 { END_STREAM } else { 0 };
-        out.extend(frame(0, end, 1, chunk));
-    }
-    s.write_all(&out).await.unwrap();
-    let (_, stream, _) = until(&mut s, HEADERS, Duration::from_secs(5))
+    drop(s);
+    // A body of four windows and more reaches the origin whole: the window is given back as
+    // the body is read, in updates of a quarter window.
+    let body = pattern(4 * 131_072 + 1_000);
+    let mut client = h2_client(p.addr).await;
+    let req = http::Request::post(format!("http://{}/up", p.addr))
+        .body(full(body.clone()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.send_request(req))
         .await
-        .expect("an answer");
-    assert_eq!(stream, 1);
-    assert!(until(&mut s, GOAWAY, Duration::from_millis(300))
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
         .await
-        .is_none());
+        .unwrap()
+        .to_bytes();
+    let report: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(report["len"], 4 * 131_072 + 1_000);
+    assert_eq!(report["sha256"], sha256(&body));
     still_served(p.addr).await;
 }
 

@@ -439,19 +439,28 @@ pub async fn handshake(
 
 /// Handshakes until one for `name` verifies against `roots` (or `limit` passes).
 pub async fn wait_for_cert(
-    addr: SocketAddr,
+    sluice: &Sluice,
     name: &str,
     roots: &[&[u8]],
     limit: Duration,
 ) -> Vec<Vec<u8>> {
     let deadline = Instant::now() + limit;
     loop {
-        match handshake(addr, name, roots).await {
+        match handshake(sluice.tls, name, roots).await {
             Ok(chain) => return chain,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "no verified certificate for {name} within {limit:?}: {e}"
-            ),
+            Err(e) => {
+                if Instant::now() >= deadline {
+                    // Why the order did not complete is in sluice's log (acme at debug).
+                    let log = sluice.proc.log_text();
+                    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    panic!(
+                        "no verified certificate for {name} within {limit:?}: {e}\n\
+                         sluice's log, last lines:\n{}",
+                        tail.join("\n")
+                    );
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -185,6 +185,10 @@ where
     /// A connection whose preface has not been read yet (`prefaced`: the caller read and checked
     /// it already).
     pub fn new(io: I, service: S, limits: Limits, prefaced: bool) -> Self {
+        debug_assert!(
+            i64::from(limits.window) >= DEFAULT_WINDOW,
+            "checked by the config"
+        );
         let mut codec = h2::Codec::new(io);
         codec.set_max_recv_header_list_size(limits.max_header_list_size as usize);
         let mut ours = frame::Settings::default();
@@ -217,7 +221,7 @@ where
             last_id: 0,
             send_window: DEFAULT_WINDOW,
             peer_initial: DEFAULT_WINDOW,
-            recv_window: i64::from(limits.window.max(DEFAULT_WINDOW as u32)),
+            recv_window: i64::from(limits.window),
             unreleased: 0,
             resets: RESET_BUDGET,
             recently_reset: VecDeque::new(),
@@ -1089,7 +1093,7 @@ mod tests {
         out.extend(frame(4, 0, 0, &[]));
         client.write_all(&out).await.unwrap();
         // The server's first frames: its SETTINGS, then (above 65535) the connection's window.
-        let (kind, payload) = next_payload(&mut client).await;
+        let (kind, _, payload) = next_payload(&mut client).await;
         assert_eq!(kind, 4, "SETTINGS first");
         let initial = payload
             .chunks(6)
@@ -1097,8 +1101,8 @@ mod tests {
             .map(|s| u32::from_be_bytes(s[2..6].try_into().unwrap()));
         assert_eq!(initial, Some(window), "SETTINGS_INITIAL_WINDOW_SIZE");
         if window > 65_535 {
-            let (kind, payload) = next_payload(&mut client).await;
-            assert_eq!(kind, 8, "WINDOW_UPDATE on the connection");
+            let (kind, stream, payload) = next_payload(&mut client).await;
+            assert_eq!((kind, stream), (8, 0), "WINDOW_UPDATE on the connection");
             assert_eq!(
                 u32::from_be_bytes(payload[..4].try_into().unwrap()),
                 window - 65_535
@@ -1118,8 +1122,12 @@ mod tests {
         let ping = frame(6, 0, 0, b"12345678");
         client.write_all(&ping).await.unwrap();
         loop {
-            let (kind, payload) = next_payload(&mut client).await;
-            assert_ne!(kind, 7, "no GOAWAY within the window");
+            let (kind, _, payload) = next_payload(&mut client).await;
+            // Within the window: no reset, no GOAWAY, and no window given back (nothing read).
+            assert!(
+                ![3, 7, 8].contains(&kind),
+                "frame type {kind} within the window"
+            );
             if kind == 6 && payload == b"12345678" {
                 break;
             }
@@ -1136,18 +1144,24 @@ mod tests {
     async fn a_body_past_the_window_nobody_reads_is_a_flow_control_error() {
         // The default window, the smallest allowed and one between.
         for window in [1 << 20, 65_535, 200_000] {
-            past_a_window_nobody_reads(window).await;
+            tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                past_a_window_nobody_reads(window),
+            )
+            .await
+            .expect("the connection answered in time");
         }
     }
 
-    /// The next frame's type and payload.
-    async fn next_payload(io: &mut tokio::io::DuplexStream) -> (u8, Vec<u8>) {
+    /// The next frame's type, stream and payload.
+    async fn next_payload(io: &mut tokio::io::DuplexStream) -> (u8, u32, Vec<u8>) {
         let mut head = [0u8; 9];
         io.read_exact(&mut head).await.unwrap();
         let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
         let mut payload = vec![0u8; len];
         io.read_exact(&mut payload).await.unwrap();
-        (head[3], payload)
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        (head[3], stream, payload)
     }
 
     #[tokio::test]
