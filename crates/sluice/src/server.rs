@@ -720,24 +720,12 @@ impl<H: Handler> Conn<H> {
             let tls = Box::pin(self.clone().serve_tls(stream, peer, settings));
             return task::Connection::other(self, peer, slot, tls);
         }
-        // The fast path's loop also reads the first bytes for sluice's HTTP/2 server when no
-        // route is a fast one: h2c by prior knowledge is handed to it there (`hand_to_hyper`),
-        // and anything else to hyper after one head is read.
         #[cfg(feature = "reverse")]
-        if self.fast_path && (self.handler.has_fast_routes() || self.serves_h2c_itself()) {
+        if self.fast_path && self.handler.has_fast_routes() {
             return task::Connection::fast(self, stream, peer, slot);
         }
         let hyper = self.clone().hand_to_hyper(stream, peer, Vec::new());
         task::Connection::other(self, peer, slot, hyper)
-    }
-
-    /// Whether h2c connections are sluice's own HTTP/2 server's (`server.h2_own_server`).
-    #[cfg(feature = "reverse")]
-    fn serves_h2c_itself(&self) -> bool {
-        #[cfg(feature = "http2")]
-        return self.h2_own.is_some();
-        #[cfg(not(feature = "http2"))]
-        false
     }
 
     /// Hands a plain connection to hyper under the request screen, `replayed` first; boxed.

@@ -1,8 +1,7 @@
 //! HTTP/2 conformance of sluice's own HTTP/2 server: h2spec's whole suite (its RFC 9113 and
 //! RFC 7541 cases: framing, stream states, flow control, settings, HPACK, malformed requests) run
 //! against a TLS listener with a reverse route, every case passing. h2spec is built from the Go
-//! module proxy by `scripts/h2spec-tool` when missing. Also: hyper's server when chosen, and h2c
-//! on a listener without fast routes on sluice's own.
+//! module proxy by `scripts/h2spec-tool` when missing. Also: hyper's server when chosen.
 
 mod reverse_support;
 mod self_signed;
@@ -101,51 +100,4 @@ upstream = "app"
     let report: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(report["len"], 100_000);
     assert_eq!(report["sha256"], sha256(&body));
-}
-
-/// h2c by prior knowledge on a listener with no reverse route (so none the HTTP/1.1 fast path
-/// serves) is still sluice's own HTTP/2 server: its SETTINGS carry the configured request-body
-/// window and extended CONNECT, and it answers; HTTP/1.1 on the same listener still works.
-#[tokio::test]
-async fn h2c_without_a_fast_route_is_served_by_sluices_own_server() {
-    use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let p = Proxy::start(config(
-        r#"
-[server]
-h2_recv_window_bytes = 131072
-"#,
-    ))
-    .await;
-    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    s.write_all(&hello).await.unwrap();
-    let mut head = [0u8; 9];
-    s.read_exact(&mut head).await.unwrap();
-    assert_eq!(head[3], 4, "SETTINGS first");
-    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-    let mut settings = vec![0u8; len];
-    s.read_exact(&mut settings).await.unwrap();
-    let value = |id: u16| {
-        settings
-            .chunks(6)
-            .find(|f| f[..2] == id.to_be_bytes())
-            .map(|f| u32::from_be_bytes([f[2], f[3], f[4], f[5]]))
-    };
-    assert_eq!(value(4), Some(131_072), "SETTINGS_INITIAL_WINDOW_SIZE");
-    assert_eq!(value(8), Some(1), "SETTINGS_ENABLE_CONNECT_PROTOCOL");
-    drop(s);
-    let mut client = h2_client(p.addr).await;
-    let req = http::Request::get(format!("http://{}/health", p.addr))
-        .body(full(bytes::Bytes::new()))
-        .unwrap();
-    let resp = client.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.version(), http::Version::HTTP_2);
-    let h2_body = resp.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(&h2_body[..], br#"{"status":"healthy"}"#);
-    let h1 = get(&format!("http://{}/health", p.addr), &[]).await;
-    assert_eq!(h1.status, 200);
-    assert_eq!(h1.body.unwrap(), h2_body);
 }

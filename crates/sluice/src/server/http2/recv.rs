@@ -12,11 +12,13 @@ use http_body::{Frame, SizeHint};
 
 use crate::body::BoxError;
 
-/// DATA payloads shorter than this are copied into one buffer rather than queued as they came:
-/// a queued payload is a view of the codec's read buffer and keeps its frame head and padding
-/// alive with it, so a client sending one-byte frames would make the window's worth of body
-/// cost tens of times its size. Longer ones are queued as views (at most ~6 % more).
-const COPY_BELOW: usize = 4096;
+/// DATA payloads up to this size (every payload under the frame size this server announces,
+/// HTTP/2's default 16 KiB) are copied into the body's own buffer, queued in chunks of at least
+/// this size. A payload queued as it came would be a view of the codec's read buffer and keep
+/// that whole buffer alive, so a client sending tiny or padded frames, or frames the server
+/// reads and drops in between, could make the window's worth of body cost many times its size.
+/// With the copy, what a stream holds is its unread bytes.
+const CHUNK: usize = 16 * 1024;
 
 /// What the connection and the body's reader share.
 #[derive(Default)]
@@ -72,9 +74,9 @@ impl Shared {
         if s.dropped {
             return false;
         }
-        if data.len() < COPY_BELOW {
+        if data.len() <= CHUNK {
             s.tail.extend_from_slice(&data);
-            if s.tail.len() >= COPY_BELOW {
+            if s.tail.len() >= CHUNK {
                 let full = s.tail.split().freeze();
                 s.data.push_back(full);
             }
@@ -261,38 +263,62 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn short_payloads_are_copied_together_and_long_ones_kept_in_order() {
+    async fn payloads_are_copied_into_chunks_in_order() {
         let shared = Shared::new(None, false);
         let mut body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
-        // 5,000 one-byte payloads, then a long one, then two short ones.
         let mut sent = Vec::new();
-        for i in 0..5_000u32 {
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        // 20,000 one-byte payloads (read once on the way), then one larger than a frame of
+        // this server's (kept as it came), then two short ones.
+        for i in 0..20_000u32 {
             let b = Bytes::copy_from_slice(&[(i % 251) as u8]);
             sent.extend_from_slice(&b);
             assert!(shared.push(b));
+            if i == 99 {
+                let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+                sizes.push(data.len());
+                got.extend_from_slice(&data);
+            }
         }
-        let long = Bytes::from(vec![9u8; 10_000]);
+        let long = Bytes::from(vec![9u8; 20_000]);
         sent.extend_from_slice(&long);
-        shared.push(long.clone());
+        assert!(shared.push(long.clone()));
         for tail in [&b"xy"[..], b"z"] {
             sent.extend_from_slice(tail);
-            shared.push(Bytes::copy_from_slice(tail));
+            assert!(shared.push(Bytes::copy_from_slice(tail)));
         }
         shared.end(None);
-        // Queued: one 4,096-byte copy of the first short ones, the rest of them (904), the long
-        // one as it came, and the last two together.
+        // Queued: one chunk of 16 KiB, the rest of the short ones, the long one; then the
+        // last two copied together.
         assert_eq!(shared.lock().data.len(), 3);
-        let mut got = Vec::new();
-        let mut sizes = Vec::new();
         while let Some(frame) = body.frame().await {
             let data = frame.unwrap().into_data().unwrap();
+            if data.len() == long.len() {
+                assert_eq!(
+                    data.as_ptr(),
+                    long.as_ptr(),
+                    "the long payload is not copied"
+                );
+            }
             sizes.push(data.len());
             got.extend_from_slice(&data);
         }
         assert_eq!(got, sent);
-        assert_eq!(sizes, [4096, 904, 10_000, 3]);
+        assert_eq!(sizes, [100, CHUNK, 20_000 - 100 - CHUNK, 20_000, 3]);
         assert_eq!(shared.take_consumed(), (sent.len(), false));
         assert!(http_body::Body::is_end_stream(&body));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_reader_releases_the_queue_and_the_copies() {
+        let shared = Shared::new(None, false);
+        let body = RecvBody::new(shared.clone(), futures_util::task::noop_waker());
+        assert!(shared.push(Bytes::from(vec![1u8; 20_000])));
+        assert!(shared.push(Bytes::from_static(b"abc")));
+        drop(body);
+        assert_eq!(shared.take_consumed(), (20_003, true));
+        assert!(shared.lock().data.is_empty() && shared.lock().tail.is_empty());
     }
 
     #[tokio::test]
