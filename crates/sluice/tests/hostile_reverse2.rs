@@ -798,3 +798,59 @@ async fn cached_answers_carry_via_and_log_their_bytes() {
         assert_eq!(l["bytes"], BIG as u64, "{l}");
     }
 }
+
+/// A client that sends half a request head and stops does not hold a graceful shutdown: the
+/// drain closes it at once instead of waiting for the header timeout (30 s) or the grace (20 s).
+#[tokio::test]
+async fn a_half_sent_head_does_not_hold_the_drain() {
+    let o = echo("o").await;
+    let config = config(&format!(
+        r#"
+[server]
+shutdown_grace_secs = 20
+header_read_timeout_secs = 30
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = sluice::app::App::new(&config).unwrap();
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &config.server, app).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    // A whole request first, so the connection is on the fast path's loop, then half a head.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /a HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = s.read(&mut got).await.unwrap();
+    assert!(
+        got[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&got[..n])
+    );
+    s.write_all(b"GET /b HTTP/1.1\r\nHost: loc").await.unwrap();
+    // A fresh connection with half a head from the start.
+    let mut fresh = TcpStream::connect(addr).await.unwrap();
+    fresh.write_all(b"GET /c HTTP/1.1\r\nHo").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(5), done)
+        .await
+        .expect("the drain did not wait for the half-sent heads")
+        .unwrap();
+    // Both connections were closed by the server (whatever the first had buffered before).
+    for conn in [&mut s, &mut fresh] {
+        let mut rest = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(2), conn.read_to_end(&mut rest)).await;
+        assert!(end.is_ok(), "the connection was closed");
+    }
+}

@@ -286,11 +286,17 @@ impl<H: Handler> Conn<H> {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     // Inside a head: the header read timeout (a slowloris head is closed, as
-                    // under hyper).
+                    // under hyper), and a drain, which does not wait for a head not yet
+                    // whole (else one slow client would hold the shutdown for its grace).
+                    if *self.stop.borrow() {
+                        return End::Closed;
+                    }
+                    let mut stop = self.stop.clone();
                     let stream = idle.stream.tcp().get_ref();
                     tokio::select! {
                         ready = stream.readable() => if ready.is_err() { return End::Closed },
                         _ = idle.alarm.until(head_since + t.header_read) => return End::Closed,
+                        _ = stop.wait_for(|stopping| *stopping) => return End::Closed,
                     }
                 }
                 Err(_) => return End::Closed,
