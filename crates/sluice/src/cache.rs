@@ -386,7 +386,18 @@ impl Inner {
         key: SliceKey,
         make: impl FnOnce() -> writer::FillJob,
     ) -> (Arc<Fill>, bool) {
-        let mut map = self.inflight.lock().expect("inflight");
+        let map = self.inflight.lock().expect("inflight");
+        self.join_or_start_locked(map, key, make)
+    }
+
+    /// [`Inner::join_or_start`] with the in-flight map already locked by the caller (who may
+    /// have looked at the index under the same lock).
+    fn join_or_start_locked(
+        self: &Arc<Self>,
+        mut map: std::sync::MutexGuard<'_, HashMap<SliceKey, Arc<Fill>>>,
+        key: SliceKey,
+        make: impl FnOnce() -> writer::FillJob,
+    ) -> (Arc<Fill>, bool) {
         if let Some(f) = map.get(&key) {
             let f = f.clone();
             drop(map);
@@ -428,18 +439,19 @@ impl Inner {
         req: &http::HeaderMap,
         make: impl FnOnce() -> writer::FillJob,
     ) -> Option<(Arc<Fill>, bool)> {
+        // One critical section for the look at the index and the election: with two, a whole
+        // fill could index its object and leave the map in between (a preempted thread on a
+        // loaded machine), and this request would fetch the object a second time.
+        let map = self.inflight.lock().expect("inflight");
+        if !map.contains_key(&key)
+            && matches!(
+                self.index.lookup(primary, req, std::time::Instant::now()),
+                index::Lookup::Hit(_)
+            )
         {
-            let map = self.inflight.lock().expect("inflight");
-            if !map.contains_key(&key)
-                && matches!(
-                    self.index.lookup(primary, req, std::time::Instant::now()),
-                    index::Lookup::Hit(_)
-                )
-            {
-                return None;
-            }
+            return None;
         }
-        Some(self.join_or_start(key, make))
+        Some(self.join_or_start_locked(map, key, make))
     }
 
     /// Removes `fill` from the in-flight map if it is still the one registered for `key`.
