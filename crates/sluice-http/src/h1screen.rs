@@ -27,8 +27,12 @@ pub enum Head {
     /// A complete head of this many bytes, refused: it was altered so the HTTP parser rejects it.
     Refused(usize, FramingError),
     /// Not an HTTP/1 request the screen can follow (HTTP/2 preface, a parse error hyper will answer
-    /// itself, a head past the size limit): the screen is now off for this connection.
+    /// itself): the screen is now off for this connection.
     Off,
+    /// A head longer than the limit, whole or not: the connection is to be answered 431 and closed
+    /// (hyper's own limit cannot be set below 8 KiB, so it is not left to hyper). The screen is
+    /// now off for this connection.
+    TooLarge,
 }
 
 /// Where the screen is in the byte stream.
@@ -68,8 +72,8 @@ pub struct Screen {
 }
 
 impl Screen {
-    /// A screen for a new connection; heads longer than `max_head_bytes` or with more than
-    /// `max_headers` fields are left to hyper (which refuses them).
+    /// A screen for a new connection; heads longer than `max_head_bytes` are [`Head::TooLarge`],
+    /// heads with more than `max_headers` fields are left to hyper (which refuses them).
     pub fn new(max_head_bytes: usize, max_headers: usize) -> Screen {
         Screen {
             state: State::Head,
@@ -109,9 +113,17 @@ impl Screen {
         };
         let mut req = httparse::Request::new(&mut []);
         let len = match req.parse_with_uninit_headers(data, slots) {
+            Ok(httparse::Status::Complete(n)) if n > self.max_head_bytes => {
+                self.state = State::Off;
+                return Head::TooLarge;
+            }
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) if data.len() <= self.max_head_bytes => {
                 return Head::Partial
+            }
+            Ok(httparse::Status::Partial) => {
+                self.state = State::Off;
+                return Head::TooLarge;
             }
             _ => {
                 self.state = State::Off;
@@ -281,7 +293,7 @@ mod tests {
                 match h {
                     Head::Passed(n) => at += n,
                     Head::Refused(n, _) => at += n,
-                    Head::Partial | Head::Off => break,
+                    Head::Partial | Head::Off | Head::TooLarge => break,
                 }
             } else {
                 at += s.body(&data[at..]);
@@ -359,14 +371,27 @@ mod tests {
     }
 
     #[test]
-    fn partial_heads_wait_and_oversize_heads_turn_it_off() {
+    fn partial_heads_wait_and_oversize_heads_are_too_large() {
         let mut s = screen();
         assert_eq!(s.head(&mut b"GET / HTTP/1.1\r\nHo".to_vec()), Head::Partial);
+        // Past the limit before its end...
         let mut s = Screen::new(32, 100);
         let mut long = b"GET / HTTP/1.1\r\nX-Long: ".to_vec();
         long.extend(std::iter::repeat_n(b'a', 64));
-        assert_eq!(s.head(&mut long), Head::Off);
+        assert_eq!(s.head(&mut long), Head::TooLarge);
         assert!(s.is_off());
+        // ...or whole in one piece, one byte over; at the limit it passes.
+        let head = |len: usize| {
+            let mut h = b"GET / HTTP/1.1\r\nX: ".to_vec();
+            h.resize(len - 4, b'a');
+            h.extend_from_slice(b"\r\n\r\n");
+            h
+        };
+        let mut s = Screen::new(64, 100);
+        assert_eq!(s.head(&mut head(65)), Head::TooLarge);
+        assert!(s.is_off());
+        let mut s = Screen::new(64, 100);
+        assert_eq!(s.head(&mut head(64)), Head::Passed(64));
     }
 
     #[test]
@@ -417,7 +442,7 @@ mod tests {
                                 verdicts.push(s.is_off());
                                 held.drain(..n);
                             }
-                            Head::Off => break,
+                            Head::Off | Head::TooLarge => break,
                         }
                     } else {
                         let n = s.body(&held);

@@ -854,3 +854,117 @@ upstream = "app"
         assert!(end.is_ok(), "the connection was closed");
     }
 }
+
+/// A request head over `server.max_header_bytes` is answered 431 and reaches no origin, however it
+/// arrives: whole in one write (one read could bring more than the limit, and the fast path served
+/// such a head), or without its end; on the fast path and under hyper alike (hyper's own limit
+/// cannot go below 8 KiB, so a 3 KB head passed there at a 2 KiB limit). A head at the limit is
+/// served.
+#[tokio::test]
+async fn a_head_over_the_limit_is_431_however_it_arrives() {
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let o = {
+        let seen = seen.clone();
+        origin(move |_req: http::Request<hyper::body::Incoming>| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { http::Response::new(full("ok")) }
+        })
+        .await
+    };
+    let head = |len: usize, end: bool| {
+        let mut h = b"GET /a HTTP/1.1\r\nHost: localhost\r\nX-Pad: ".to_vec();
+        h.resize(len - 4, b'p');
+        if end {
+            h.extend_from_slice(b"\r\n\r\n");
+        }
+        h
+    };
+    for fast in [true, false] {
+        let p = Proxy::start(config(&format!(
+            r#"
+[server]
+h1_fast_path = {fast}
+max_header_bytes = 2048
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+        )))
+        .await;
+        for (len, end) in [(3000, true), (2049, true), (6000, false), (20_000, false)] {
+            let mut s = TcpStream::connect(p.addr).await.unwrap();
+            s.set_nodelay(true).unwrap();
+            s.write_all(&head(len, end)).await.unwrap();
+            let mut out = Vec::new();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            let text = String::from_utf8_lossy(&out);
+            assert!(
+                text.starts_with("HTTP/1.1 431"),
+                "fast path {fast}, {len} bytes, whole {end}: {text}"
+            );
+            assert!(
+                closed.is_ok(),
+                "fast path {fast}, {len}: connection left open"
+            );
+        }
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // At the limit: served.
+        let r = raw(p.addr, &head(2048, true), Duration::from_millis(500)).await;
+        assert!(r.starts_with("HTTP/1.1 200"), "fast path {fast}: {r}");
+        assert_eq!(seen.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
+
+/// A connection's first head has `server.header_read_timeout_secs` from the connection's accept,
+/// as the wait for its first byte had: a client that sends its first byte just before the limit
+/// and then trickles the rest is cut at the limit, not at twice it (the fast path restarted the
+/// clock at the first byte). Under hyper alike.
+#[tokio::test]
+async fn a_first_head_has_the_header_timeout_from_accept() {
+    let o = echo("o").await;
+    for fast in [true, false] {
+        let p = Proxy::start(config(&format!(
+            r#"
+[server]
+h1_fast_path = {fast}
+header_read_timeout_secs = 2
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+        )))
+        .await;
+        let mut s = TcpStream::connect(p.addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let accepted = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.write_all(b"GET /a HTTP/1.1\r\n").await.unwrap();
+        // A byte of a field every 200 ms until the server closes (bounded: 30 bytes, 6 s).
+        let mut closed_at = None;
+        for _ in 0..30 {
+            let mut byte = [0u8; 64];
+            match tokio::time::timeout(Duration::from_millis(200), s.read(&mut byte)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed_at = Some(accepted.elapsed());
+                    break;
+                }
+                Ok(Ok(n)) => panic!("fast path {fast}: answered {:?}", &byte[..n]),
+                Err(_) => {}
+            }
+            if s.write_all(b"x").await.is_err() {
+                closed_at = Some(accepted.elapsed());
+                break;
+            }
+        }
+        let took = closed_at.unwrap_or_else(|| panic!("fast path {fast}: never closed"));
+        assert!(
+            took >= Duration::from_millis(1500) && took < Duration::from_millis(2900),
+            "fast path {fast}: closed {took:?} after accept (limit 2 s)"
+        );
+    }
+}

@@ -7,6 +7,10 @@
 //! is complete (hyper waits for the whole head anyway), then released, altered if refused. Since
 //! hyper's header read timeout only starts once it sees part of a head, a held head has the same
 //! deadline here (`server.header_read_timeout_secs`): a slowloris client is cut all the same.
+//!
+//! A head longer than `server.max_header_bytes` (whole or not) is not handed to hyper, whose own
+//! limit cannot go below 8 KiB: hyper is given a head it must refuse as too large instead, so it
+//! answers 431 and closes the connection, as for a head past its own limit.
 
 use std::io;
 use std::pin::Pin;
@@ -34,6 +38,20 @@ pub struct Screened<I> {
     head_timeout: Duration,
     /// Running while an incomplete head is held.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A head was too large: what hyper is given in its place ([`overflow_head`]).
+    too_large: bool,
+    max_head_bytes: usize,
+}
+
+/// The head hyper reads in place of one longer than `max_head_bytes`: a request line and one field
+/// value longer than hyper's read buffer may grow (`max_head_bytes`, at least 8 KiB, as the server
+/// sets it), so its parser stops with "too large" and hyper answers 431.
+fn overflow_head(max_head_bytes: usize) -> Vec<u8> {
+    let prefix = b"GET / HTTP/1.1\r\nx-too-large: ";
+    let mut head = Vec::with_capacity(prefix.len() + max_head_bytes.max(8192) + 1);
+    head.extend_from_slice(prefix);
+    head.resize(prefix.len() + max_head_bytes.max(8192) + 1, b'a');
+    head
 }
 
 impl<I> Screened<I> {
@@ -58,7 +76,22 @@ impl<I> Screened<I> {
             refused,
             head_timeout,
             deadline: None,
+            too_large: false,
+            max_head_bytes,
         }
+    }
+
+    /// `held`, of which the first `ready` bytes are screened, kept for hyper; after a head too
+    /// large, what follows those bytes is replaced by [`overflow_head`].
+    fn keep(&mut self, mut held: Vec<u8>, ready: usize) {
+        if self.too_large {
+            held.truncate(ready);
+            held.extend_from_slice(&overflow_head(self.max_head_bytes));
+            self.ready = held.len();
+        } else {
+            self.ready = ready;
+        }
+        self.held = held;
     }
 
     /// Gives `bytes`, already read off the connection (the HTTP/1.1 fast path's hand-off), back
@@ -68,8 +101,8 @@ impl<I> Screened<I> {
             return;
         }
         let mut held = bytes;
-        self.ready = self.screen(&mut held);
-        self.held = held;
+        let ready = self.screen(&mut held);
+        self.keep(held, ready);
     }
 
     /// Screens `data` from the start: heads once complete (altered in place when refused), body
@@ -90,6 +123,11 @@ impl<I> Screened<I> {
                         at += n;
                     }
                     Head::Off => {}
+                    Head::TooLarge => {
+                        tracing::debug!("request head over server.max_header_bytes: 431");
+                        self.too_large = true;
+                        return at;
+                    }
                 }
             } else {
                 at += self.screen.body(&data[at..]);
@@ -135,8 +173,8 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                     return polled;
                 }
                 let mut held = std::mem::take(&mut this.held);
-                this.ready = this.screen(&mut held);
-                this.held = held;
+                let ready = this.screen(&mut held);
+                this.keep(held, ready);
                 continue;
             }
             if this.held.is_empty() {
@@ -151,7 +189,11 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 let fresh = &mut buf.filled_mut()[before..];
                 let screened = this.screen(fresh);
                 if screened < fresh.len() {
-                    this.held.extend_from_slice(&fresh[screened..]);
+                    if this.too_large {
+                        this.keep(Vec::new(), 0);
+                    } else {
+                        this.held.extend_from_slice(&fresh[screened..]);
+                    }
                     buf.set_filled(before + screened);
                 }
                 if screened > 0 {
@@ -184,8 +226,8 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 continue;
             }
             let mut held = std::mem::take(&mut this.held);
-            this.ready = this.screen(&mut held);
-            this.held = held;
+            let ready = this.screen(&mut held);
+            this.keep(held, ready);
         }
     }
 }
