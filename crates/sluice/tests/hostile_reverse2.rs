@@ -872,7 +872,7 @@ async fn a_head_over_the_limit_is_431_however_it_arrives() {
         .await
     };
     let head = |len: usize, end: bool| {
-        let mut h = b"GET /a HTTP/1.1\r\nHost: localhost\r\nX-Pad: ".to_vec();
+        let mut h = b"GET /a HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Pad: ".to_vec();
         h.resize(len - 4, b'p');
         if end {
             h.extend_from_slice(b"\r\n\r\n");
@@ -893,7 +893,9 @@ upstream = "app"
 "#
         )))
         .await;
-        for (len, end) in [(3000, true), (2049, true), (6000, false), (20_000, false)] {
+        // (Each at most one first read, so the server reads all of it: a close with bytes left
+        // unread would be a reset that could take the 431 with it.)
+        for (len, end) in [(3000, true), (2049, true), (4000, false), (2500, false)] {
             let mut s = TcpStream::connect(p.addr).await.unwrap();
             s.set_nodelay(true).unwrap();
             s.write_all(&head(len, end)).await.unwrap();
@@ -912,7 +914,7 @@ upstream = "app"
         }
         assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0);
         // At the limit: served.
-        let r = raw(p.addr, &head(2048, true), Duration::from_millis(500)).await;
+        let r = raw(p.addr, &head(2048, true), Duration::from_secs(5)).await;
         assert!(r.starts_with("HTTP/1.1 200"), "fast path {fast}: {r}");
         assert_eq!(seen.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
     }
@@ -963,7 +965,7 @@ upstream = "app"
         }
         let took = closed_at.unwrap_or_else(|| panic!("fast path {fast}: never closed"));
         assert!(
-            took >= Duration::from_millis(1500) && took < Duration::from_millis(2900),
+            took >= Duration::from_millis(1900) && took < Duration::from_millis(2900),
             "fast path {fast}: closed {took:?} after accept (limit 2 s)"
         );
     }

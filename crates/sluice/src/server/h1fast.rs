@@ -255,7 +255,7 @@ impl<H: Handler> Conn<H> {
                 // screen under hyper answers it 431.
                 Ok(Some(simple)) if simple.len > max_bytes => Step::HandOff,
                 Ok(Some(simple)) => self.serve_one(simple, idle, &mut watch, peer).await,
-                Ok(None) if buf.len() >= max_bytes => Step::HandOff,
+                Ok(None) if buf.len() > max_bytes => Step::HandOff,
                 Ok(None) => Step::Read,
             };
             match step {

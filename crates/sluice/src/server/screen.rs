@@ -8,9 +8,10 @@
 //! hyper's header read timeout only starts once it sees part of a head, a held head has the same
 //! deadline here (`server.header_read_timeout_secs`): a slowloris client is cut all the same.
 //!
-//! A head longer than `server.max_header_bytes` (whole or not) is not handed to hyper, whose own
-//! limit cannot go below 8 KiB: hyper is given a head it must refuse as too large instead, so it
-//! answers 431 and closes the connection, as for a head past its own limit.
+//! A head longer than `server.max_header_bytes` (whole or not) is not handed to hyper, whose read
+//! buffer limit (the one its automatic HTTP/1-or-2 builder takes) cannot go below 8 KiB: hyper is
+//! given a head it must refuse as too large instead, so it answers 431 and closes the connection,
+//! as for a head past its own limits; the connection's later bytes are not read.
 
 use std::io;
 use std::pin::Pin;
@@ -38,19 +39,33 @@ pub struct Screened<I> {
     head_timeout: Duration,
     /// Running while an incomplete head is held.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// A head was too large: what hyper is given in its place ([`overflow_head`]).
+    /// A head was too large: hyper is given [`overflow_head`] in its place, then the end of the
+    /// stream.
     too_large: bool,
-    max_head_bytes: usize,
+    /// `server.max_header_bytes` and `server.max_headers`, as hyper has them.
+    limits: (usize, usize),
 }
 
-/// The head hyper reads in place of one longer than `max_head_bytes`: a request line and one field
-/// value longer than hyper's read buffer may grow (`max_head_bytes`, at least 8 KiB, as the server
-/// sets it), so its parser stops with "too large" and hyper answers 431.
-fn overflow_head(max_head_bytes: usize) -> Vec<u8> {
-    let prefix = b"GET / HTTP/1.1\r\nx-too-large: ";
-    let mut head = Vec::with_capacity(prefix.len() + max_head_bytes.max(8192) + 1);
-    head.extend_from_slice(prefix);
-    head.resize(prefix.len() + max_head_bytes.max(8192) + 1, b'a');
+/// The head hyper reads in place of one longer than `max_head_bytes`, which hyper's parser must
+/// stop at as too large (431): one field more than `max_headers` (hyper's field limit is the
+/// server's), or, if that is the longer, a field value past hyper's read buffer limit
+/// (`max_head_bytes`, at least 8 KiB, as the server sets it). A few hundred bytes at the usual
+/// limits.
+fn overflow_head((max_head_bytes, max_headers): (usize, usize)) -> Vec<u8> {
+    const LINE: &[u8] = b"GET / HTTP/1.1\r\n";
+    let by_fields = LINE.len() + 4 * (max_headers + 1) + 2;
+    let by_bytes = LINE.len() + max_head_bytes.max(8192) + 16;
+    let mut head = Vec::with_capacity(by_fields.min(by_bytes));
+    head.extend_from_slice(LINE);
+    if by_fields <= by_bytes {
+        for _ in 0..=max_headers {
+            head.extend_from_slice(b"a:\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+    } else {
+        head.extend_from_slice(b"a: ");
+        head.resize(by_bytes, b'a');
+    }
     head
 }
 
@@ -77,7 +92,7 @@ impl<I> Screened<I> {
             head_timeout,
             deadline: None,
             too_large: false,
-            max_head_bytes,
+            limits: (max_head_bytes, max_headers),
         }
     }
 
@@ -86,7 +101,7 @@ impl<I> Screened<I> {
     fn keep(&mut self, mut held: Vec<u8>, ready: usize) {
         if self.too_large {
             held.truncate(ready);
-            held.extend_from_slice(&overflow_head(self.max_head_bytes));
+            held.extend_from_slice(&overflow_head(self.limits));
             self.ready = held.len();
         } else {
             self.ready = ready;
@@ -157,6 +172,10 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                     // A connection keeps no read-ahead buffer between requests.
                     this.held = Vec::new();
                 }
+                return Poll::Ready(Ok(()));
+            }
+            if this.too_large {
+                // The head in place of the one too large was given whole: nothing more.
                 return Poll::Ready(Ok(()));
             }
             if this.held.is_empty() && buf.remaining() < READ_AHEAD_BELOW {
@@ -313,6 +332,26 @@ mod tests {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Pin::new(&mut self.inner).poll_read(cx, buf)
         }
+    }
+
+    /// What hyper is given for a head too large stops its parser as too large either way: by
+    /// one field over its field limit (the usual limits, a few hundred bytes), or by a field
+    /// value past its read buffer limit when that is the shorter.
+    #[test]
+    fn the_head_given_in_place_is_one_hyper_refuses_as_too_large() {
+        let fields = overflow_head((2048, 100));
+        assert!(fields.len() < 500, "{}", fields.len());
+        let mut slots = [httparse::EMPTY_HEADER; 100];
+        assert_eq!(
+            httparse::Request::new(&mut slots).parse(&fields),
+            Err(httparse::Error::TooManyHeaders)
+        );
+        let bytes = overflow_head((1024, 100_000));
+        assert!(bytes.len() > 8192 && bytes.len() < 8300, "{}", bytes.len());
+        let mut slots = [httparse::EMPTY_HEADER; 4];
+        assert!(httparse::Request::new(&mut slots)
+            .parse(&bytes)
+            .is_ok_and(|s| s.is_partial()));
     }
 
     #[tokio::test]
