@@ -724,8 +724,54 @@ impl<H: Handler> Conn<H> {
         if self.fast_path && self.handler.has_fast_routes() {
             return task::Connection::fast(self, stream, peer, slot);
         }
+        #[cfg(feature = "http2")]
+        if self.h2_own.is_some() {
+            // h2c by prior knowledge goes to sluice's own HTTP/2 server here too: its first bytes
+            // decide (hyper's server would take the preface itself).
+            let sniffed = Box::pin(self.clone().sniff(stream, peer));
+            return task::Connection::other(self, peer, slot, sniffed);
+        }
         let hyper = self.clone().hand_to_hyper(stream, peer, Vec::new());
         task::Connection::other(self, peer, slot, hyper)
+    }
+
+    /// Reads a plain connection's first bytes until they either are the HTTP/2 preface or cannot
+    /// be, then hands the connection (those bytes first) to [`Conn::hand_to_hyper`], which sends
+    /// h2c to sluice's own HTTP/2 server. The wait has the first head's limit from the accept
+    /// (`header_read_timeout_secs`), cut to `DRAIN_IDLE` by a drain, as the watchdog has it
+    /// under hyper.
+    #[cfg(feature = "http2")]
+    async fn sniff(self: Arc<Self>, stream: Watched<tokio::net::TcpStream>, peer: SocketAddr) {
+        let mut deadline = recent() + self.timeouts.header_read.min(self.timeouts.idle);
+        let mut stop = self.stop.clone();
+        let mut draining = false;
+        let mut first: Vec<u8> = Vec::new();
+        loop {
+            tokio::select! {
+                ready = stream.get_ref().readable() => if ready.is_err() { return },
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = stop.wait_for(|stopping| *stopping), if !draining => {
+                    draining = true;
+                    deadline = deadline.min(recent() + DRAIN_IDLE);
+                    continue;
+                }
+            }
+            if first.capacity() == 0 {
+                // Room for a whole first head most of the time: it is handed on, not read again.
+                first.reserve(4096);
+            }
+            match stream.get_ref().try_read_buf(&mut first) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+            let n = first.len().min(H2_PREFACE.len());
+            if first[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
+                break;
+            }
+        }
+        self.hand_to_hyper(stream, peer, first).await
     }
 
     /// Hands a plain connection to hyper under the request screen, `replayed` first; boxed.

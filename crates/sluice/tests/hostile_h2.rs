@@ -83,12 +83,16 @@ fn goaway_code(payload: &[u8]) -> u32 {
 }
 
 async fn proxy() -> (Proxy, SocketAddr) {
+    proxy_with("h2_max_concurrent_streams = 10\nmax_header_bytes = 8192").await
+}
+
+/// sluice with `server` as its `[server]` lines, one reverse route to an echo origin.
+async fn proxy_with(server: &str) -> (Proxy, SocketAddr) {
     let o = echo("o").await;
     let p = Proxy::start(config(&format!(
         r#"
 [server]
-h2_max_concurrent_streams = 10
-max_header_bytes = 8192
+{server}
 [[upstreams]]
 name = "app"
 servers = ["{o}"]
@@ -218,61 +222,61 @@ async fn a_window_pushed_past_its_limit_is_a_flow_control_error() {
     still_served(addr).await;
 }
 
+/// The request-body window is `server.h2_recv_window_bytes`, also for h2c on a listener that
+/// does not start on the HTTP/1.1 fast path (`h1_fast_path = false`): its first bytes send it to
+/// sluice's own HTTP/2 server there too (hyper's advertised a window of its own).
 #[tokio::test]
 async fn the_request_body_window_is_the_configured_one() {
     // (Past it: `a_body_past_the_window_nobody_reads_is_a_flow_control_error` in
     // `server/http2`, where the handler can be made never to read.)
-    let o = echo("o").await;
-    let p = Proxy::start(config(&format!(
-        r#"
-[server]
-h2_recv_window_bytes = 131072
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-    )))
-    .await;
-    let mut s = open(p.addr).await;
-    let (_, _, settings) = until(&mut s, SETTINGS, Duration::from_secs(5))
-        .await
-        .expect("the server's SETTINGS");
-    let initial = settings
-        .chunks(6)
-        .find(|f| f[..2] == [0, 4])
-        .map(|f| u32::from_be_bytes([f[2], f[3], f[4], f[5]]));
-    assert_eq!(initial, Some(131_072), "SETTINGS_INITIAL_WINDOW_SIZE");
-    let (_, stream, update) = until(&mut s, WINDOW_UPDATE, Duration::from_secs(5))
-        .await
-        .expect("the connection's window");
-    assert_eq!(stream, 0);
-    assert_eq!(
-        u32::from_be_bytes([update[0], update[1], update[2], update[3]]),
-        131_072 - 65_535
-    );
-    drop(s);
-    // A body of four windows and more reaches the origin whole: the window is given back as
-    // the body is read, in updates of a quarter window.
-    let body = pattern(4 * 131_072 + 1_000);
-    let mut client = h2_client(p.addr).await;
-    let req = http::Request::post(format!("http://{}/up", p.addr))
-        .body(full(body.clone()))
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), client.send_request(req))
-        .await
-        .expect("answered in time")
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let bytes = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    let report: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(report["len"], 4 * 131_072 + 1_000);
-    assert_eq!(report["sha256"], sha256(&body));
-    still_served(p.addr).await;
+    for fast in [true, false] {
+        let (_p, addr) = proxy_with(&format!(
+            "h2_recv_window_bytes = 131072\nh1_fast_path = {fast}"
+        ))
+        .await;
+        let mut s = open(addr).await;
+        let (_, _, settings) = until(&mut s, SETTINGS, Duration::from_secs(5))
+            .await
+            .expect("the server's SETTINGS");
+        let initial = settings
+            .chunks(6)
+            .find(|f| f[..2] == [0, 4])
+            .map(|f| u32::from_be_bytes([f[2], f[3], f[4], f[5]]));
+        assert_eq!(
+            initial,
+            Some(131_072),
+            "SETTINGS_INITIAL_WINDOW_SIZE, fast path {fast}"
+        );
+        let (_, stream, update) = until(&mut s, WINDOW_UPDATE, Duration::from_secs(5))
+            .await
+            .expect("the connection's window");
+        assert_eq!(stream, 0);
+        assert_eq!(
+            u32::from_be_bytes([update[0], update[1], update[2], update[3]]),
+            131_072 - 65_535
+        );
+        drop(s);
+        // A body of four windows and more reaches the origin whole: the window is given back
+        // as the body is read, in updates of a quarter window.
+        let body = pattern(4 * 131_072 + 1_000);
+        let mut client = h2_client(addr).await;
+        let req = http::Request::post(format!("http://{addr}/up"))
+            .body(full(body.clone()))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), client.send_request(req))
+            .await
+            .expect("answered in time")
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let report: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(report["len"], 4 * 131_072 + 1_000);
+        assert_eq!(report["sha256"], sha256(&body));
+        still_served(addr).await;
+    }
 }
 
 #[tokio::test]

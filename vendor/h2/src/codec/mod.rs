@@ -99,7 +99,7 @@ impl<T, B> Codec<T, B> {
 
     /// Encode every later header block without the HPACK dynamic table (static-table
     /// indexes and literals only). The server side of a connection does this.
-    pub(crate) fn encode_headers_without_table(&mut self) {
+    pub fn encode_headers_without_table(&mut self) {
         self.framed_write().encode_headers_without_table()
     }
 

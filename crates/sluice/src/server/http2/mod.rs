@@ -190,6 +190,9 @@ where
             "checked by the config"
         );
         let mut codec = h2::Codec::new(io);
+        // Response heads without the HPACK dynamic table, as hyper's server sends them here
+        // (`vendor/h2-hpack-static.patch`): a server's fields mostly change per response.
+        codec.encode_headers_without_table();
         codec.set_max_recv_header_list_size(limits.max_header_list_size as usize);
         let mut ours = frame::Settings::default();
         ours.set_max_concurrent_streams(Some(limits.max_concurrent_streams));
