@@ -728,50 +728,58 @@ impl<H: Handler> Conn<H> {
         if self.h2_own.is_some() {
             // h2c by prior knowledge goes to sluice's own HTTP/2 server here too: its first bytes
             // decide (hyper's server would take the preface itself).
-            let sniffed = Box::pin(self.clone().sniff(stream, peer));
-            return task::Connection::other(self, peer, slot, sniffed);
+            return task::Connection::sniffing(self, stream, peer, slot);
         }
         let hyper = self.clone().hand_to_hyper(stream, peer, Vec::new());
         task::Connection::other(self, peer, slot, hyper)
     }
 
     /// Reads a plain connection's first bytes until they either are the HTTP/2 preface or cannot
-    /// be, then hands the connection (those bytes first) to [`Conn::hand_to_hyper`], which sends
-    /// h2c to sluice's own HTTP/2 server. The wait has the first head's limit from the accept
-    /// (`header_read_timeout_secs`), cut to `DRAIN_IDLE` by a drain, as the watchdog has it
-    /// under hyper.
+    /// be; the connection and those bytes then go to [`Conn::hand_to_hyper`], which sends h2c to
+    /// sluice's own HTTP/2 server (`None`: closed). The wait has the first head's limit from the
+    /// accept (`header_read_timeout_secs`), cut to `DRAIN_IDLE` by a drain, as the watchdog has
+    /// it under hyper.
     #[cfg(feature = "http2")]
-    async fn sniff(self: Arc<Self>, stream: Watched<tokio::net::TcpStream>, peer: SocketAddr) {
-        let mut deadline = recent() + self.timeouts.header_read.min(self.timeouts.idle);
+    async fn sniff(
+        self: Arc<Self>,
+        stream: Watched<tokio::net::TcpStream>,
+    ) -> Option<(Watched<tokio::net::TcpStream>, Vec<u8>)> {
+        let deadline =
+            tokio::time::sleep_until(recent() + self.timeouts.header_read.min(self.timeouts.idle));
+        tokio::pin!(deadline);
         let mut stop = self.stop.clone();
         let mut draining = false;
         let mut first: Vec<u8> = Vec::new();
         loop {
             tokio::select! {
-                ready = stream.get_ref().readable() => if ready.is_err() { return },
-                _ = tokio::time::sleep_until(deadline) => return,
+                // The socket first: a client whose bytes are there costs no timer.
+                biased;
+                ready = stream.get_ref().readable() => ready.ok()?,
                 _ = stop.wait_for(|stopping| *stopping), if !draining => {
                     draining = true;
-                    deadline = deadline.min(recent() + DRAIN_IDLE);
+                    let cut = recent() + DRAIN_IDLE;
+                    if cut < deadline.deadline() {
+                        deadline.as_mut().reset(cut);
+                    }
                     continue;
                 }
+                _ = &mut deadline => return None,
             }
             if first.capacity() == 0 {
                 // Room for a whole first head most of the time: it is handed on, not read again.
                 first.reserve(4096);
             }
             match stream.get_ref().try_read_buf(&mut first) {
-                Ok(0) => return,
+                Ok(0) => return None,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(_) => return,
+                Err(_) => return None,
             }
             let n = first.len().min(H2_PREFACE.len());
             if first[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
-                break;
+                return Some((stream, first));
             }
         }
-        self.hand_to_hyper(stream, peer, first).await
     }
 
     /// Hands a plain connection to hyper under the request screen, `replayed` first; boxed.
@@ -892,7 +900,7 @@ impl<H: Handler> Conn<H> {
             .builder
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades());
-        self.watch_over(conn, watch, peer, |c| c.graceful_shutdown())
+        self.watch_over(conn, watch, peer, false, |c| c.graceful_shutdown())
             .await
     }
 
@@ -918,17 +926,23 @@ impl<H: Handler> Conn<H> {
             limits,
             prefaced
         ));
-        self.watch_over(conn, watch, peer, |c| c.get_mut().graceful_shutdown())
+        // A drain says GOAWAY at once: the client opens no new stream here and the open ones
+        // finish, however busy the connection is.
+        self.watch_over(conn, watch, peer, true, |c| c.get_mut().graceful_shutdown())
             .await
     }
 
     /// Runs a connection's server to its end under the connection's clocks: the idle and header
-    /// timeouts, the send watch, stalled HTTP/2 streams, and draining on shutdown.
+    /// timeouts, the send watch, stalled HTTP/2 streams, and draining on shutdown. On a drain,
+    /// `at_once`: `shut_down` right away (an HTTP/2 server's GOAWAY); else once the connection has
+    /// been idle for `DRAIN_IDLE` (an HTTP/1 connection's responses say `Connection: close` in
+    /// the meantime, and hyper's automatic server does not say which protocol it serves).
     async fn watch_over<C, E>(
         &self,
         mut conn: Pin<&mut C>,
         watch: Watch,
         peer: SocketAddr,
+        at_once: bool,
         shut_down: impl Fn(Pin<&mut C>),
     ) where
         C: Future<Output = Result<(), E>>,
@@ -962,6 +976,10 @@ impl<H: Handler> Conn<H> {
         // is closed once it has been idle for `DRAIN_IDLE`.
         let mut draining = *stop.borrow();
         let mut closing = false;
+        if draining && at_once {
+            closing = true;
+            shut_down(conn.as_mut());
+        }
         loop {
             // A connection that has not sent a first request has the header read timeout (an
             // incomplete head is the screen's); between requests, the idle timeout.
@@ -1008,6 +1026,10 @@ impl<H: Handler> Conn<H> {
                 changed = stop.changed(), if !draining => {
                     if changed.is_err() || *stop.borrow() {
                         draining = true;
+                        if at_once && !closing {
+                            closing = true;
+                            shut_down(conn.as_mut());
+                        }
                     }
                 }
                 _ = checked => {

@@ -309,3 +309,158 @@ async fn an_oversized_head_gets_431() {
     );
     still_served(addr).await;
 }
+
+/// A drain (graceful shutdown, or the binary upgrade handing over) tells a busy HTTP/2 connection
+/// to go away at once: a client that keeps opening streams gets a GOAWAY, its streams up to the
+/// GOAWAY's last id are answered, and the server's run ends soon after, not at the end of the
+/// grace. (The drain waited for the connection to be idle for a second before it said GOAWAY, so
+/// a client sending a request every 100 ms was never told and was cut at the grace.)
+#[tokio::test]
+async fn a_drain_sends_goaway_to_a_busy_connection() {
+    let o = echo("o").await;
+    let config = config(&format!(
+        r#"
+[server]
+shutdown_grace_secs = 20
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = sluice::app::App::new(&config).unwrap();
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &config.server, app).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let (mut r, mut w) = open(addr).await.into_split();
+    // Every frame's kind, stream and (for a GOAWAY) last stream id, until the server closes.
+    let reader = tokio::spawn(async move {
+        let mut seen: Vec<(u8, u32, Option<u32>, std::time::Instant)> = Vec::new();
+        loop {
+            let mut head = [0u8; 9];
+            if r.read_exact(&mut head).await.is_err() {
+                return seen;
+            }
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            if r.read_exact(&mut payload).await.is_err() {
+                return seen;
+            }
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            let last = (head[3] == GOAWAY).then(|| {
+                u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff
+            });
+            seen.push((head[3], stream, last, std::time::Instant::now()));
+        }
+    });
+    // A request every 100 ms for at most 4 s; the drain after the fifth.
+    let mut stop = Some(stop);
+    let mut drained_at = None;
+    let mut id = 1u32;
+    for i in 0..40 {
+        if i == 5 {
+            let _ = stop.take().unwrap().send(());
+            drained_at = Some(std::time::Instant::now());
+        }
+        if reader.is_finished()
+            || w.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, id, &get_block()))
+                .await
+                .is_err()
+        {
+            break;
+        }
+        id += 2;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("the server closed the connection")
+        .unwrap();
+    let drained_at = drained_at.unwrap();
+    let (_, _, last, at) = seen
+        .iter()
+        .find(|f| f.0 == GOAWAY)
+        .copied()
+        .expect("a GOAWAY");
+    let last = last.unwrap();
+    assert!(
+        at.duration_since(drained_at) < Duration::from_millis(1500),
+        "GOAWAY {:?} after the drain",
+        at.duration_since(drained_at)
+    );
+    // Every stream up to the GOAWAY's last id was answered.
+    for stream in (1..=last).step_by(2) {
+        assert!(
+            seen.iter().any(|f| f.0 == HEADERS && f.1 == stream),
+            "stream {stream} of {last} unanswered"
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(5), done)
+        .await
+        .expect("the drain ended before the grace")
+        .unwrap();
+}
+
+/// On a listener that does not start on the HTTP/1.1 fast path, a connection's first bytes are
+/// read to tell h2c from HTTP/1.1: a preface split across two writes still reaches sluice's own
+/// HTTP/2 server (its SETTINGS carry the configured window), HTTP/1.1 still reaches hyper's, and a
+/// client that sends one byte of a preface and stops is closed at the header timeout.
+#[tokio::test]
+async fn the_first_bytes_tell_h2c_from_http1() {
+    let (p, addr) = proxy_with(
+        "h1_fast_path = false\nh2_recv_window_bytes = 131072\nheader_read_timeout_secs = 1",
+    )
+    .await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(&PREFACE[..16]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut rest = PREFACE[16..].to_vec();
+    rest.extend(frame(SETTINGS, 0, 0, &[]));
+    s.write_all(&rest).await.unwrap();
+    let (_, _, settings) = until(&mut s, SETTINGS, Duration::from_secs(5))
+        .await
+        .expect("the server's SETTINGS");
+    assert!(
+        settings.chunks(6).any(|f| f == [0, 4, 0, 2, 0, 0]),
+        "SETTINGS_INITIAL_WINDOW_SIZE 131072: {settings:02x?}"
+    );
+    s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block()))
+        .await
+        .unwrap();
+    let (_, stream, _) = until(&mut s, HEADERS, Duration::from_secs(5))
+        .await
+        .expect("an answer over h2c");
+    assert_eq!(stream, 1);
+    // HTTP/1.1 on the same listener.
+    let r = raw(
+        addr,
+        b"GET /a HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    // One byte of a preface, then nothing: closed at the header timeout (1 s).
+    let mut p_only = TcpStream::connect(addr).await.unwrap();
+    p_only.write_all(b"P").await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), p_only.read_to_end(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "a connection that sent one byte was kept open"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(p);
+}

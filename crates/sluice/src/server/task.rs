@@ -17,9 +17,9 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One accepted connection, spawned as its own task; its slot is let go when it ends.
 pub(super) struct Connection<H> {
-    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "reverse", feature = "http2")), allow(dead_code))]
     conn: Arc<Conn<H>>,
-    #[cfg_attr(not(feature = "reverse"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "reverse", feature = "http2")), allow(dead_code))]
     peer: Peer,
     state: State,
     _slot: Slot,
@@ -32,6 +32,10 @@ enum State {
     /// Serving fast-path requests; the connection comes back once the socket has nothing more.
     #[cfg(feature = "reverse")]
     Busy(Boxed<(super::h1fast::Idle, super::h1fast::End)>),
+    /// A plain connection's first bytes being read to tell h2c from HTTP/1.1 (`Conn::sniff`);
+    /// its box is let go at the hand-off.
+    #[cfg(feature = "http2")]
+    Sniff(Boxed<Option<(super::activity::Watched<tokio::net::TcpStream>, Vec<u8>)>>),
     /// TLS, or hyper's connection: to the end.
     Other(Boxed<()>),
     Done,
@@ -70,6 +74,23 @@ impl<H: Handler> Connection<H> {
             conn,
             peer: Peer::new(peer),
             state: State::Other(work),
+            _slot: slot,
+        }
+    }
+
+    /// A plain connection whose first bytes decide between sluice's HTTP/2 server and hyper.
+    #[cfg(feature = "http2")]
+    pub(super) fn sniffing(
+        conn: Arc<Conn<H>>,
+        stream: super::activity::Watched<tokio::net::TcpStream>,
+        peer: SocketAddr,
+        slot: Slot,
+    ) -> Self {
+        let sniff = Box::pin(conn.clone().sniff(stream));
+        Connection {
+            conn,
+            peer: Peer::new(peer),
+            state: State::Sniff(sniff),
             _slot: slot,
         }
     }
@@ -129,6 +150,20 @@ impl<H: Handler> Future for Connection<H> {
                             this.peer.get(),
                             bytes,
                         )),
+                    };
+                }
+                #[cfg(feature = "http2")]
+                State::Sniff(sniff) => {
+                    let Poll::Ready(sniffed) = sniff.as_mut().poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    this.state = match sniffed {
+                        Some((stream, bytes)) => State::Other(this.conn.clone().hand_to_hyper(
+                            stream,
+                            this.peer.get(),
+                            bytes,
+                        )),
+                        None => State::Done,
                     };
                 }
                 State::Other(work) => {
