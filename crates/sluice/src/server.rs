@@ -926,17 +926,18 @@ impl<H: Handler> Conn<H> {
             limits,
             prefaced
         ));
-        // A drain says GOAWAY at once: the client opens no new stream here and the open ones
-        // finish, however busy the connection is.
+        // A drain says GOAWAY at once (once a request has begun): the client opens no new
+        // stream here and the open ones finish, however busy the connection is.
         self.watch_over(conn, watch, peer, true, |c| c.get_mut().graceful_shutdown())
             .await
     }
 
     /// Runs a connection's server to its end under the connection's clocks: the idle and header
     /// timeouts, the send watch, stalled HTTP/2 streams, and draining on shutdown. On a drain,
-    /// `at_once`: `shut_down` right away (an HTTP/2 server's GOAWAY); else once the connection has
-    /// been idle for `DRAIN_IDLE` (an HTTP/1 connection's responses say `Connection: close` in
-    /// the meantime, and hyper's automatic server does not say which protocol it serves).
+    /// `at_once`: `shut_down` as soon as a request has begun (an HTTP/2 server's GOAWAY); in any
+    /// case once the connection has been idle for `DRAIN_IDLE` (an HTTP/1 connection's responses
+    /// say `Connection: close` in the meantime, and hyper's automatic server does not say which
+    /// protocol it serves).
     async fn watch_over<C, E>(
         &self,
         mut conn: Pin<&mut C>,
@@ -976,11 +977,15 @@ impl<H: Handler> Conn<H> {
         // is closed once it has been idle for `DRAIN_IDLE`.
         let mut draining = *stop.borrow();
         let mut closing = false;
-        if draining && at_once {
-            closing = true;
-            shut_down(conn.as_mut());
-        }
         loop {
+            // `at_once`, once the client is past its preface (a request has begun; until then a
+            // drain waits for `DRAIN_IDLE` of idleness as for any connection, so a connection
+            // accepted as the drain began is not dropped unanswered): checked each time round,
+            // so a first request that begins during the drain gets the GOAWAY at the next tick.
+            if at_once && draining && !closing && activity.began() {
+                closing = true;
+                shut_down(conn.as_mut());
+            }
             // A connection that has not sent a first request has the header read timeout (an
             // incomplete head is the screen's); between requests, the idle timeout.
             let limit = if draining {
@@ -1026,10 +1031,6 @@ impl<H: Handler> Conn<H> {
                 changed = stop.changed(), if !draining => {
                     if changed.is_err() || *stop.borrow() {
                         draining = true;
-                        if at_once && !closing {
-                            closing = true;
-                            shut_down(conn.as_mut());
-                        }
                     }
                 }
                 _ = checked => {

@@ -360,6 +360,20 @@ upstream = "app"
             seen.push((head[3], stream, last, std::time::Instant::now()));
         }
     });
+    // A connection accepted before the drain whose client speaks only after it began: its
+    // preface and first request 200 ms into the drain are answered, not dropped.
+    let mut late = TcpStream::connect(addr).await.unwrap();
+    let (began_tx, began) = tokio::sync::oneshot::channel::<()>();
+    let late = tokio::spawn(async move {
+        let _ = began.await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame(SETTINGS, 0, 0, &[]));
+        hello.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block()));
+        late.write_all(&hello).await.unwrap();
+        until(&mut late, HEADERS, Duration::from_secs(5)).await
+    });
+    let mut began_tx = Some(began_tx);
     // A request every 100 ms for at most 4 s; the drain after the fifth.
     let mut stop = Some(stop);
     let mut drained_at = None;
@@ -368,6 +382,7 @@ upstream = "app"
         if i == 5 {
             let _ = stop.take().unwrap().send(());
             drained_at = Some(std::time::Instant::now());
+            let _ = began_tx.take().unwrap().send(());
         }
         if reader.is_finished()
             || w.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, id, &get_block()))
@@ -402,6 +417,12 @@ upstream = "app"
             "stream {stream} of {last} unanswered"
         );
     }
+    let answer = late.await.unwrap();
+    assert_eq!(
+        answer.map(|a| a.1),
+        Some(1),
+        "a request on a connection accepted before the drain was answered"
+    );
     tokio::time::timeout(Duration::from_secs(5), done)
         .await
         .expect("the drain ended before the grace")

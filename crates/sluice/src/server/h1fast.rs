@@ -297,10 +297,16 @@ impl<H: Handler> Conn<H> {
                         return End::Closed;
                     }
                     let mut stop = self.stop.clone();
+                    // A first head's limit is the one its first byte had (`Idle::poll_wait`).
+                    let limit = if idle.begun {
+                        t.header_read
+                    } else {
+                        t.header_read.min(t.idle)
+                    };
                     let stream = idle.stream.tcp().get_ref();
                     tokio::select! {
                         ready = stream.readable() => if ready.is_err() { return End::Closed },
-                        _ = idle.alarm.until(head_since + t.header_read) => return End::Closed,
+                        _ = idle.alarm.until(head_since + limit) => return End::Closed,
                         _ = stop.wait_for(|stopping| *stopping) => return End::Closed,
                     }
                 }

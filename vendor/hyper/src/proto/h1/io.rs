@@ -137,7 +137,12 @@ where
     }
 
     pub(crate) fn headers_buf(&mut self) -> &mut Vec<u8> {
+        // sluice: a head buffer let go while idle comes back as large as it last was.
+        let hint = self.write_buf.head_hint;
         let buf = self.write_buf.headers_mut();
+        if buf.bytes.capacity() == 0 {
+            buf.bytes.reserve(hint);
+        }
         &mut buf.bytes
     }
 
@@ -221,10 +226,30 @@ where
                     self.partial_len = None;
                 }
             }
-            if ready!(self.poll_read_from_io(cx)).map_err(crate::Error::new_io)? == 0 {
+            let polled = self.poll_read_from_io(cx);
+            if polled.is_pending() && S::is_server() && self.read_buf.is_empty() {
+                // sluice: a server waiting, with nothing of a head yet, for its next request
+                // (an idle keep-alive connection) holds no buffers.
+                self.release_idle_buffers();
+            }
+            if ready!(polled).map_err(crate::Error::new_io)? == 0 {
                 trace!("parse eof");
                 return Poll::Ready(Err(crate::Error::new_incomplete()));
             }
+        }
+    }
+
+    /// sluice: lets the read buffer go (it is empty), and the head buffer once everything
+    /// written has been flushed; the next read and the next head take new ones, the head
+    /// buffer as large as the last one was.
+    fn release_idle_buffers(&mut self) {
+        self.read_buf = BytesMut::new();
+        if self.write_buf.remaining() == 0 {
+            let last = self.write_buf.headers.bytes.capacity();
+            if last > 0 {
+                self.write_buf.head_hint = last;
+            }
+            self.write_buf.headers = Cursor::new(Vec::new());
         }
     }
 
@@ -261,15 +286,6 @@ where
             }
             Poll::Pending => {
                 self.read_blocked = true;
-                // sluice: nothing buffered either way (the connection waits, idle, for its next
-                // message, or for more of a body): give both buffers back, so an idle keep-alive
-                // connection holds neither; the next read and the next response take new ones.
-                if self.read_buf.is_empty() {
-                    self.read_buf = BytesMut::new();
-                    if self.write_buf.remaining() == 0 {
-                        self.write_buf.headers = Cursor::new(Vec::new());
-                    }
-                }
                 Poll::Pending
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -535,6 +551,8 @@ impl<T: AsRef<[u8]>> Buf for Cursor<T> {
 pub(super) struct WriteBuf<B> {
     /// Re-usable buffer that holds message headers.
     headers: Cursor<Vec<u8>>,
+    /// sluice: the head buffer's size when it was let go while idle.
+    head_hint: usize,
     max_buf_size: usize,
     /// Deque of user buffers if strategy is `Queue`.
     queue: BufList<B>,
@@ -544,8 +562,8 @@ pub(super) struct WriteBuf<B> {
 impl<B: Buf> WriteBuf<B> {
     fn new(strategy: WriteStrategy) -> WriteBuf<B> {
         WriteBuf {
-            // sluice: allocated when a head is written (it reserves its size), not up front.
-            headers: Cursor::new(Vec::new()),
+            headers: Cursor::new(Vec::with_capacity(INIT_BUFFER_SIZE)),
+            head_hint: INIT_BUFFER_SIZE,
             max_buf_size: DEFAULT_MAX_BUFFER_SIZE,
             queue: BufList::new(),
             strategy,
