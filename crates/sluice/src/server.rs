@@ -980,8 +980,8 @@ impl<H: Handler> Conn<H> {
         loop {
             // `at_once`, once the client is past its preface (a request has begun; until then a
             // drain waits for `DRAIN_IDLE` of idleness as for any connection, so a connection
-            // accepted as the drain began is not dropped unanswered): checked each time round,
-            // so a first request that begins during the drain gets the GOAWAY at the next tick.
+            // accepted as the drain began is not dropped unanswered). A first request that
+            // begins during the drain brings the loop round at once (the branch after `conn`).
             if at_once && draining && !closing && activity.began() {
                 closing = true;
                 shut_down(conn.as_mut());
@@ -1028,6 +1028,11 @@ impl<H: Handler> Conn<H> {
                     }
                     return;
                 }
+                // A first request began during the drain (in the poll just above): round again,
+                // to the GOAWAY at the top of the loop.
+                _ = std::future::poll_fn(|_| {
+                    if activity.began() { Poll::Ready(()) } else { Poll::Pending }
+                }), if at_once && draining && !closing => {}
                 changed = stop.changed(), if !draining => {
                     if changed.is_err() || *stop.borrow() {
                         draining = true;

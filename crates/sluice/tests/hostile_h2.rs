@@ -371,7 +371,32 @@ upstream = "app"
         hello.extend(frame(SETTINGS, 0, 0, &[]));
         hello.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block()));
         late.write_all(&hello).await.unwrap();
-        until(&mut late, HEADERS, Duration::from_secs(5)).await
+        let sent = std::time::Instant::now();
+        // Its frames until the server closes it (at most 5 s): the answer on stream 1, and the
+        // GOAWAY, as soon as its request began (not a second of idleness later).
+        let (mut answered, mut goaway) = (false, None);
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let mut head = [0u8; 9];
+                if late.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len = (usize::from(head[0]) << 16)
+                    | (usize::from(head[1]) << 8)
+                    | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                if late.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+                let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+                answered |= head[3] == HEADERS && stream == 1;
+                if head[3] == GOAWAY && goaway.is_none() {
+                    goaway = Some(sent.elapsed());
+                }
+            }
+        })
+        .await;
+        (answered, goaway)
     });
     let mut began_tx = Some(began_tx);
     // A request every 100 ms for at most 4 s; the drain after the fifth.
@@ -417,11 +442,14 @@ upstream = "app"
             "stream {stream} of {last} unanswered"
         );
     }
-    let answer = late.await.unwrap();
-    assert_eq!(
-        answer.map(|a| a.1),
-        Some(1),
+    let (answered, goaway) = late.await.unwrap();
+    assert!(
+        answered,
         "a request on a connection accepted before the drain was answered"
+    );
+    assert!(
+        goaway.is_some_and(|d| d < Duration::from_millis(600)),
+        "the late connection's GOAWAY: {goaway:?} after its request"
     );
     tokio::time::timeout(Duration::from_secs(5), done)
         .await

@@ -215,13 +215,15 @@ async fn idle_connections_hold_little_heap() {
     eprintln!("live heap per idle connection: HTTP/1.1 {h1_cost} B, h2c {h2_cost} B");
     // The HTTP/1.1 fast path keeps its task (a 256-byte cell; 384 before it was cut to fit),
     // the socket's registration (256), the activity record (64) and a clock entry: ~0.6 KiB
-    // here, a debug build. An h2c connection keeps sluice's HTTP/2 connection (`server/http2`:
+    // here, a debug build. (632-677 B: the in-process origin's connections, on hyper, let their
+    // buffers go while idle, and one 8 KiB buffer more or less of theirs at one of the two counts
+    // is 41 B per connection.) An h2c connection keeps sluice's HTTP/2 connection (`server/http2`:
     // h2's codec with its two HPACK tables, its buffers and queues given back while idle):
     // ~4.3 KiB. The bound was set for hyper's server over h2 (hyper's connection, h2's stream
     // state and the HPACK tables, ~4.9 KiB; with h2's buffers kept while idle it held over
     // 17 KiB, a pinned upstream read buffer among them).
     assert!(
-        h1_cost <= 700,
+        h1_cost <= 768,
         "an idle HTTP/1.1 connection holds {h1_cost} B"
     );
     assert!(

@@ -554,6 +554,10 @@ where
                     }
                     Poll::Pending => {
                         trace!("maybe_notify; read_from_io blocked");
+                        // sluice: a server between messages, nothing to read: idle.
+                        if T::is_server() {
+                            self.io.release_idle_buffers();
+                        }
                         return;
                     }
                     Poll::Ready(Err(e)) => {
@@ -564,6 +568,9 @@ where
                 }
             }
             self.state.notify_read = true;
+        } else if T::is_server() && self.io.read_buf().is_empty() {
+            // sluice: between messages, the last read found nothing: idle.
+            self.io.release_idle_buffers();
         }
     }
 

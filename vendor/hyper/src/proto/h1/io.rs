@@ -239,15 +239,16 @@ where
         }
     }
 
-    /// sluice: lets the read buffer go (it is empty), and the head buffer once everything
-    /// written has been flushed; the next read and the next head take new ones, the head
-    /// buffer as large as the last one was.
-    fn release_idle_buffers(&mut self) {
+    /// sluice: lets the read buffer go (call it only when it is empty), and the head buffer
+    /// once everything written has been flushed; the next read and the next head take new
+    /// ones, the head buffer as large as the last one was (up to its initial size).
+    pub(crate) fn release_idle_buffers(&mut self) {
+        debug_assert!(self.read_buf.is_empty());
         self.read_buf = BytesMut::new();
         if self.write_buf.remaining() == 0 {
             let last = self.write_buf.headers.bytes.capacity();
             if last > 0 {
-                self.write_buf.head_hint = last;
+                self.write_buf.head_hint = last.min(INIT_BUFFER_SIZE);
             }
             self.write_buf.headers = Cursor::new(Vec::new());
         }
