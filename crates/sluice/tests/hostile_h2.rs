@@ -329,15 +329,7 @@ servers = ["{o}"]
 upstream = "app"
 "#
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = sluice::app::App::new(&config).unwrap();
-    let server =
-        sluice::server::Server::from_listeners(vec![listener], &config.server, app).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
+    let (addr, stop, done) = serve_until_stopped(&config).await;
     let (mut r, mut w) = open(addr).await.into_split();
     // Every frame's kind, stream and (for a GOAWAY) last stream id, until the server closes.
     let reader = tokio::spawn(async move {

@@ -816,15 +816,7 @@ servers = ["{o}"]
 upstream = "app"
 "#
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = sluice::app::App::new(&config).unwrap();
-    let server =
-        sluice::server::Server::from_listeners(vec![listener], &config.server, app).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
+    let (addr, stop, done) = serve_until_stopped(&config).await;
     // A whole request first, so the connection is on the fast path's loop, then half a head.
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /a HTTP/1.1\r\nHost: localhost\r\n\r\n")
@@ -855,6 +847,24 @@ upstream = "app"
     }
 }
 
+/// sluice with one reverse route to `o`, the HTTP/1.1 fast path on or off, and `server` as more
+/// `[server]` lines.
+async fn proxy_to(o: std::net::SocketAddr, fast: bool, server: &str) -> Proxy {
+    Proxy::start(config(&format!(
+        r#"
+[server]
+h1_fast_path = {fast}
+{server}
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    )))
+    .await
+}
+
 /// A request head over `server.max_header_bytes` is answered 431 and reaches no origin, however it
 /// arrives: whole in one write (one read could bring more than the limit, and the fast path served
 /// such a head), or without its end; on the fast path and under hyper alike (hyper's own limit
@@ -880,19 +890,7 @@ async fn a_head_over_the_limit_is_431_however_it_arrives() {
         h
     };
     for fast in [true, false] {
-        let p = Proxy::start(config(&format!(
-            r#"
-[server]
-h1_fast_path = {fast}
-max_header_bytes = 2048
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-        )))
-        .await;
+        let p = proxy_to(o, fast, "max_header_bytes = 2048").await;
         // (Each at most one first read, so the server reads all of it: a close with bytes left
         // unread would be a reset that could take the 431 with it.)
         for (len, end) in [(3000, true), (2049, true), (4000, false), (2500, false)] {
@@ -928,19 +926,7 @@ upstream = "app"
 async fn a_first_head_has_the_header_timeout_from_accept() {
     let o = echo("o").await;
     for fast in [true, false] {
-        let p = Proxy::start(config(&format!(
-            r#"
-[server]
-h1_fast_path = {fast}
-header_read_timeout_secs = 2
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-        )))
-        .await;
+        let p = proxy_to(o, fast, "header_read_timeout_secs = 2").await;
         let mut s = TcpStream::connect(p.addr).await.unwrap();
         s.set_nodelay(true).unwrap();
         let accepted = std::time::Instant::now();

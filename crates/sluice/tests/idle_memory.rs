@@ -197,9 +197,10 @@ fn h2c_client(addr: SocketAddr) -> TcpStream {
 
 /// Each protocol's connections are measured with the other's still open, so that the upstream
 /// keep-alive connection and every lazily built table exist before the first measurement.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_connections_hold_little_heap() {
-    let p = proxy(true).await;
+/// Each protocol's idle cost on `p`, its connections measured with the other's still open, so
+/// that the upstream keep-alive connection and every lazily built table exist before the first
+/// measurement; the connections are closed on return.
+async fn costs(p: &Proxy) -> (isize, isize) {
     let addr = p.addr;
     // Warm up: the upstream connection, the route's state, the runtime's first allocations.
     let warm = tokio::task::spawn_blocking(move || {
@@ -209,19 +210,31 @@ async fn idle_connections_hold_little_heap() {
     })
     .await
     .unwrap();
-
     let (h1, h1_cost) = idle_cost(CONNECTIONS, move || http1_client(addr)).await;
     let (h2, h2_cost) = idle_cost(CONNECTIONS, move || h2c_client(addr)).await;
+    drop((warm, h1, h2));
+    (h1_cost, h2_cost)
+}
+
+/// On the HTTP/1.1 fast path, then off it (HTTP/1.1 under hyper's server, h2c under sluice's own
+/// after the first bytes were read to tell them apart; the box that read them is let go at the
+/// hand-off, so it adds nothing to an idle connection). One test: the heap count is the whole
+/// binary's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_hold_little_heap() {
+    let p = proxy(true).await;
+    let (h1_cost, h2_cost) = costs(&p).await;
+    drop(p);
     eprintln!("live heap per idle connection: HTTP/1.1 {h1_cost} B, h2c {h2_cost} B");
     // The HTTP/1.1 fast path keeps its task (a 256-byte cell; 384 before it was cut to fit),
     // the socket's registration (256), the activity record (64) and a clock entry: ~0.6 KiB
     // here, a debug build. (632-677 B: the in-process origin's connections, on hyper, let their
     // buffers go while idle, and one 8 KiB buffer more or less of theirs at one of the two counts
-    // is 41 B per connection.) An h2c connection keeps sluice's HTTP/2 connection (`server/http2`:
-    // h2's codec with its two HPACK tables, its buffers and queues given back while idle):
-    // ~4.3 KiB. The bound was set for hyper's server over h2 (hyper's connection, h2's stream
-    // state and the HPACK tables, ~4.9 KiB; with h2's buffers kept while idle it held over
-    // 17 KiB, a pinned upstream read buffer among them).
+    // is 41 B per connection.) An h2c connection keeps sluice's HTTP/2 connection
+    // (`server/http2`: h2's codec with its two HPACK tables, its buffers and queues given back
+    // while idle): ~4.3 KiB. The bound was set for hyper's server over h2 (hyper's connection,
+    // h2's stream state and the HPACK tables, ~4.9 KiB; with h2's buffers kept while idle it held
+    // over 17 KiB, a pinned upstream read buffer among them).
     assert!(
         h1_cost <= 768,
         "an idle HTTP/1.1 connection holds {h1_cost} B"
@@ -230,26 +243,9 @@ async fn idle_connections_hold_little_heap() {
         h2_cost <= 5 * 1024 + 512,
         "an idle h2c connection holds {h2_cost} B"
     );
-    drop((warm, h1, h2, p));
-    off_the_fast_path().await;
-}
 
-/// The same without the HTTP/1.1 fast path: HTTP/1.1 under hyper's server, h2c under sluice's
-/// own after the first bytes were read to tell them apart (the box that read them is let go at
-/// the hand-off, so it adds nothing to an idle connection). In the same test: the heap count is
-/// the whole binary's.
-async fn off_the_fast_path() {
     let p = proxy(false).await;
-    let addr = p.addr;
-    let warm = tokio::task::spawn_blocking(move || {
-        (0..4)
-            .flat_map(|_| [http1_client(addr), h2c_client(addr)])
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
-    let (h1, h1_cost) = idle_cost(CONNECTIONS, move || http1_client(addr)).await;
-    let (h2, h2_cost) = idle_cost(CONNECTIONS, move || h2c_client(addr)).await;
+    let (h1_cost, h2_cost) = costs(&p).await;
     eprintln!("live heap per idle connection, no fast path: HTTP/1.1 {h1_cost} B, h2c {h2_cost} B");
     assert!(
         h1_cost <= H1_HYPER_BOUND,
@@ -259,5 +255,4 @@ async fn off_the_fast_path() {
         h2_cost <= 5 * 1024 + 512,
         "an idle h2c connection holds {h2_cost} B"
     );
-    drop((warm, h1, h2));
 }

@@ -57,6 +57,22 @@ impl Proxy {
     }
 }
 
+/// sluice serving `config` until the sender is used (or dropped): its address, the sender, and
+/// its run, which ends once the drain that follows has ended.
+pub async fn serve_until_stopped(
+    config: &Config,
+) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = App::new(config).unwrap();
+    let server = Server::from_listeners(vec![listener], &config.server, app).unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    (addr, stop, run)
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {
