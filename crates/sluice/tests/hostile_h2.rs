@@ -88,19 +88,7 @@ async fn proxy() -> (Proxy, SocketAddr) {
 
 /// sluice with `server` as its `[server]` lines, one reverse route to an echo origin.
 async fn proxy_with(server: &str) -> (Proxy, SocketAddr) {
-    let o = echo("o").await;
-    let p = Proxy::start(config(&format!(
-        r#"
-[server]
-{server}
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-    )))
-    .await;
+    let p = Proxy::start(route_config(echo("o").await, server)).await;
     let addr = p.addr;
     (p, addr)
 }
@@ -317,18 +305,7 @@ async fn an_oversized_head_gets_431() {
 /// a client sending a request every 100 ms was never told and was cut at the grace.)
 #[tokio::test]
 async fn a_drain_sends_goaway_to_a_busy_connection() {
-    let o = echo("o").await;
-    let config = config(&format!(
-        r#"
-[server]
-shutdown_grace_secs = 20
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-    ));
+    let config = route_config(echo("o").await, "shutdown_grace_secs = 20");
     let (addr, stop, done) = serve_until_stopped(&config).await;
     let (mut r, mut w) = open(addr).await.into_split();
     // Every frame's kind, stream and (for a GOAWAY) last stream id, until the server closes.

@@ -803,19 +803,10 @@ async fn cached_answers_carry_via_and_log_their_bytes() {
 /// drain closes it at once instead of waiting for the header timeout (30 s) or the grace (20 s).
 #[tokio::test]
 async fn a_half_sent_head_does_not_hold_the_drain() {
-    let o = echo("o").await;
-    let config = config(&format!(
-        r#"
-[server]
-shutdown_grace_secs = 20
-header_read_timeout_secs = 30
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-    ));
+    let config = route_config(
+        echo("o").await,
+        "shutdown_grace_secs = 20\nheader_read_timeout_secs = 30",
+    );
     let (addr, stop, done) = serve_until_stopped(&config).await;
     // A whole request first, so the connection is on the fast path's loop, then half a head.
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -850,19 +841,7 @@ upstream = "app"
 /// sluice with one reverse route to `o`, the HTTP/1.1 fast path on or off, and `server` as more
 /// `[server]` lines.
 async fn proxy_to(o: std::net::SocketAddr, fast: bool, server: &str) -> Proxy {
-    Proxy::start(config(&format!(
-        r#"
-[server]
-h1_fast_path = {fast}
-{server}
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-[[routes]]
-upstream = "app"
-"#
-    )))
-    .await
+    Proxy::start(route_config(o, &format!("h1_fast_path = {fast}\n{server}"))).await
 }
 
 /// A request head over `server.max_header_bytes` is answered 431 and reaches no origin, however it

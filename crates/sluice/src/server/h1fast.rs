@@ -246,8 +246,17 @@ impl<H: Handler> Conn<H> {
         let t = self.timeouts;
         let (max_bytes, max_fields) = self.head_limits;
         let mut watch = SendWatch::of(idle.stream.tcp());
-        // When the current head's first bytes arrived.
-        let mut head_since = recent();
+        // When the current head must be whole: the header read timeout from its first byte, but
+        // for a connection's first head from the accept, with the limit the wait for its first
+        // byte had (`Idle::poll_wait`), so a head may not take twice the limit.
+        let head_deadline = |idle: &Idle<S>| {
+            if idle.begun {
+                recent() + t.header_read
+            } else {
+                idle.since + t.header_read.min(t.idle)
+            }
+        };
+        let mut head_by = head_deadline(idle);
         loop {
             let step = match classify(buf, max_fields) {
                 Err(()) => Step::HandOff,
@@ -265,7 +274,7 @@ impl<H: Handler> Conn<H> {
                     buf.drain(..len);
                     idle.begun = true;
                     idle.since = recent();
-                    head_since = idle.since;
+                    head_by = idle.since + t.header_read;
                     continue;
                 }
                 Step::Read => {}
@@ -279,10 +288,8 @@ impl<H: Handler> Conn<H> {
                 Ok(0) if was_empty => return End::Closed,
                 // The end of the stream inside a head: hyper answers a truncated head.
                 Ok(0) => return End::HandOff(std::mem::take(buf)),
-                // A head begins: its own clock starts, but a connection's first head has had its
-                // clock running since the connection was accepted (the wait for its first byte
-                // was bounded by the same limit), so a head may not take twice the limit.
-                Ok(_) if was_empty => head_since = if idle.begun { recent() } else { idle.since },
+                // A head begins: its clock starts.
+                Ok(_) if was_empty => head_by = head_deadline(idle),
                 Ok(_) => {}
                 // Nothing more: the connection is idle (the box this runs in is dropped, the
                 // buffer goes back to the thread's stock).
@@ -297,16 +304,10 @@ impl<H: Handler> Conn<H> {
                         return End::Closed;
                     }
                     let mut stop = self.stop.clone();
-                    // A first head's limit is the one its first byte had (`Idle::poll_wait`).
-                    let limit = if idle.begun {
-                        t.header_read
-                    } else {
-                        t.header_read.min(t.idle)
-                    };
                     let stream = idle.stream.tcp().get_ref();
                     tokio::select! {
                         ready = stream.readable() => if ready.is_err() { return End::Closed },
-                        _ = idle.alarm.until(head_since + limit) => return End::Closed,
+                        _ = idle.alarm.until(head_by) => return End::Closed,
                         _ = stop.wait_for(|stopping| *stopping) => return End::Closed,
                     }
                 }

@@ -57,6 +57,22 @@ impl Proxy {
     }
 }
 
+/// A config with one reverse route to the origin `o` (upstream `app`) and `server` as its
+/// `[server]` lines.
+pub fn route_config(o: SocketAddr, server: &str) -> Config {
+    config(&format!(
+        r#"
+[server]
+{server}
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+[[routes]]
+upstream = "app"
+"#
+    ))
+}
+
 /// sluice serving `config` until the sender is used (or dropped): its address, the sender, and
 /// its run, which ends once the drain that follows has ended.
 pub async fn serve_until_stopped(
