@@ -41,7 +41,7 @@ pub fn write_plain(
     via: bool,
     out: &mut Vec<u8>,
 ) -> Option<PlainHead> {
-    plain(buf, head_request, via, Form::H1, out).map(|p| p.head)
+    plain(buf, head_request, via, Form::H1, out).map(|(p, _)| p.head)
 }
 
 /// A head [`write_plain_hpack`] passed on, with the one field it left to the caller.
@@ -68,7 +68,7 @@ pub fn write_plain_hpack<'b>(
     via: bool,
     out: &mut Vec<u8>,
 ) -> Option<PlainHpack<'b>> {
-    plain(buf, head_request, via, Form::Hpack, out)
+    plain(buf, head_request, via, Form::Hpack, out).map(|(p, _)| p)
 }
 
 /// How [`plain`] writes what it passes on.
@@ -80,15 +80,24 @@ enum Form {
     Hpack,
 }
 
+/// Where a passed-on head's one `Date` value lies: `len` bytes at `input` in the head as it came
+/// and at `output` in what was written for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DateAt {
+    input: usize,
+    output: usize,
+    len: usize,
+}
+
 /// Both writers: parses the head at the start of `buf`, decides whether it is plain and writes
-/// what is passed on in `form`.
+/// what is passed on in `form` (and says where its `Date` value went, for [`Memo`]).
 fn plain<'b>(
     buf: &'b [u8],
     head_request: bool,
     via: bool,
     form: Form,
     out: &mut Vec<u8>,
-) -> Option<PlainHpack<'b>> {
+) -> Option<(PlainHpack<'b>, Option<DateAt>)> {
     let mut fields =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut resp = httparse::Response::new(&mut []);
@@ -121,7 +130,7 @@ fn plain<'b>(
     }
     let mut length = None;
     let mut close = false;
-    let (mut has_date, mut alt_svc) = (false, None);
+    let (mut has_date, mut alt_svc, mut date_at) = (false, None, None);
     let mut plain = true;
     // httparse has refused any control character in a value but the tab (and any name that is
     // not a token), so a value needs no scan of its own here.
@@ -192,7 +201,6 @@ fn plain<'b>(
                 }
                 out.extend_from_slice(b": ");
                 out.extend_from_slice(value);
-                out.extend_from_slice(b"\r\n");
             }
             Form::Hpack => {
                 if matches!(value.first().zip(value.last()), Some((a, z)) if is_blank(*a) || is_blank(*z))
@@ -204,6 +212,17 @@ fn plain<'b>(
                     hpack_field_lowered(out, name, lower.as_ref(), value);
                 }
             }
+        }
+        // Either form wrote the value last (httparse's value is a slice of `buf`).
+        if matches!(kind, Name::Date) {
+            date_at = Some(DateAt {
+                input: value.as_ptr() as usize - buf.as_ptr() as usize,
+                output: out.len() - start - value.len(),
+                len: value.len(),
+            });
+        }
+        if form == Form::H1 {
+            out.extend_from_slice(b"\r\n");
         }
     }
     let length = match length {
@@ -225,7 +244,150 @@ fn plain<'b>(
         has_date,
         has_alt_svc: alt_svc.is_some(),
     };
-    Some(PlainHpack { head, alt_svc })
+    Some((PlainHpack { head, alt_svc }, date_at))
+}
+
+/// The last plain head passed on over one upstream connection, kept so that the next one with the
+/// same bytes but for its `Date` value (an origin answering the same resource again) is passed on
+/// by a comparison and a copy instead of a parse: what it writes and returns is exactly what
+/// [`write_plain`] or [`write_plain_hpack`] would for that head. Heads over [`Memo::MAX`] bytes
+/// are not kept.
+#[derive(Debug, Default)]
+pub struct Memo {
+    kept: Option<Kept>,
+    /// The head as it came.
+    input: Vec<u8>,
+    /// What was written for it.
+    output: Vec<u8>,
+}
+
+/// What a [`Memo`] holds besides the bytes: the call it answered and what that returned.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    form: Form,
+    head_request: bool,
+    via: bool,
+    head: PlainHead,
+    date: Option<DateAt>,
+    /// Where its `Alt-Svc` value lies in the head (the HPACK form returns it).
+    alt_svc: Option<(usize, usize)>,
+}
+
+impl Memo {
+    /// The longest head kept, in bytes (so a memo holds at most twice this).
+    pub const MAX: usize = 2048;
+
+    /// [`write_plain`], answered from the memo when it can be.
+    pub fn write_plain(
+        &mut self,
+        buf: &[u8],
+        head_request: bool,
+        via: bool,
+        out: &mut Vec<u8>,
+    ) -> Option<PlainHead> {
+        self.pass(buf, head_request, via, Form::H1, out)
+            .map(|p| p.head)
+    }
+
+    /// [`write_plain_hpack`], answered from the memo when it can be.
+    pub fn write_plain_hpack<'b>(
+        &mut self,
+        buf: &'b [u8],
+        head_request: bool,
+        via: bool,
+        out: &mut Vec<u8>,
+    ) -> Option<PlainHpack<'b>> {
+        self.pass(buf, head_request, via, Form::Hpack, out)
+    }
+
+    fn pass<'b>(
+        &mut self,
+        buf: &'b [u8],
+        head_request: bool,
+        via: bool,
+        form: Form,
+        out: &mut Vec<u8>,
+    ) -> Option<PlainHpack<'b>> {
+        if let Some(p) = self.recall(buf, head_request, via, form, out) {
+            return Some(p);
+        }
+        let start = out.len();
+        let (p, date) = plain(buf, head_request, via, form, out)?;
+        self.input.clear();
+        self.output.clear();
+        self.kept = None;
+        if p.head.len <= Memo::MAX {
+            self.input.extend_from_slice(&buf[..p.head.len]);
+            self.output.extend_from_slice(&out[start..]);
+            let base = buf.as_ptr() as usize;
+            self.kept = Some(Kept {
+                form,
+                head_request,
+                via,
+                head: p.head,
+                date,
+                alt_svc: p.alt_svc.map(|v| (v.as_ptr() as usize - base, v.len())),
+            });
+        }
+        Some(p)
+    }
+
+    /// The kept answer when `buf` starts with the kept head, byte for byte but for a `Date` value
+    /// of the same length that the parser would take as it is (visible characters and spaces,
+    /// none at either end).
+    fn recall<'b>(
+        &self,
+        buf: &'b [u8],
+        head_request: bool,
+        via: bool,
+        form: Form,
+        out: &mut Vec<u8>,
+    ) -> Option<PlainHpack<'b>> {
+        let kept = self.kept.as_ref()?;
+        if (kept.form, kept.head_request, kept.via) != (form, head_request, via) {
+            return None;
+        }
+        let head = buf.get(..self.input.len())?;
+        let date = match kept.date {
+            None => {
+                if head != self.input.as_slice() {
+                    return None;
+                }
+                None
+            }
+            Some(d) => {
+                let end = d.input + d.len;
+                if head[..d.input] != self.input[..d.input] || head[end..] != self.input[end..] {
+                    return None;
+                }
+                let value = &head[d.input..end];
+                if value == &self.input[d.input..end] {
+                    None
+                } else if plain_value(value) {
+                    Some((d.output, value))
+                } else {
+                    return None;
+                }
+            }
+        };
+        out.reserve(self.input.len() + 128);
+        let at = out.len();
+        out.extend_from_slice(&self.output);
+        if let Some((output, value)) = date {
+            out[at + output..at + output + value.len()].copy_from_slice(value);
+        }
+        Some(PlainHpack {
+            head: kept.head,
+            alt_svc: kept.alt_svc.map(|(a, n)| &buf[a..a + n]),
+        })
+    }
+}
+
+/// A field value the parser takes as it is and both forms pass on: visible ASCII and spaces, with
+/// neither end a space.
+fn plain_value(v: &[u8]) -> bool {
+    matches!(v.first().zip(v.last()), Some((a, z)) if *a != b' ' && *z != b' ')
+        && v.iter().all(|&c| c == b' ' || c.is_ascii_graphic())
 }
 
 /// Appends `name` in lower case (copied whole, then lowered in place: not byte by byte).
@@ -966,5 +1128,138 @@ mod tests {
         assert_eq!(again.headers, first.headers);
         // The order is the upstream's, not a map's grouping.
         assert!(out.contains("set-cookie: a=1\r\nx-b: 2\r\nset-cookie: b=2\r\n"));
+    }
+
+    /// What a writer returned (the head, and the `Alt-Svc` value of the HPACK form) and wrote.
+    type Written = (Option<(PlainHead, Option<Vec<u8>>)>, Vec<u8>);
+
+    /// What each writer returns and writes (after `prefix`) for `buf`, fresh and from `memo`.
+    fn both_ways(
+        memo: &mut Memo,
+        buf: &[u8],
+        head_request: bool,
+        via: bool,
+        hpack: bool,
+    ) -> [Written; 2] {
+        let prefix = b"ab".to_vec();
+        let (mut fresh, mut kept) = (prefix.clone(), prefix);
+        let (a, b) = if hpack {
+            let a = write_plain_hpack(buf, head_request, via, &mut fresh)
+                .map(|p| (p.head, p.alt_svc.map(<[u8]>::to_vec)));
+            let b = memo
+                .write_plain_hpack(buf, head_request, via, &mut kept)
+                .map(|p| (p.head, p.alt_svc.map(<[u8]>::to_vec)));
+            (a, b)
+        } else {
+            let a = write_plain(buf, head_request, via, &mut fresh).map(|h| (h, None));
+            let b = memo
+                .write_plain(buf, head_request, via, &mut kept)
+                .map(|h| (h, None));
+            (a, b)
+        };
+        [(a, fresh), (b, kept)]
+    }
+
+    #[test]
+    fn a_memo_answers_a_repeated_head_with_a_new_date() {
+        let first = b"HTTP/1.1 200 OK\r\nServer: o\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+                      Content-Length: 5\r\nAlt-Svc: clear\r\n\r\nhello";
+        let next = b"HTTP/1.1 200 OK\r\nServer: o\r\nDate: Thu, 03 Dec 2026 06:00:01 GMT\r\n\
+                     Content-Length: 5\r\nAlt-Svc: clear\r\n\r\nhello";
+        for hpack in [false, true] {
+            let mut memo = Memo::default();
+            let [fresh, kept] = both_ways(&mut memo, first, false, true, hpack);
+            assert_eq!(fresh, kept);
+            assert!(memo.kept.is_some());
+            // The next head is answered from the memo (poisoned here to tell), its date its own.
+            memo.kept.as_mut().unwrap().head.close = true;
+            let [fresh, kept] = both_ways(&mut memo, next, false, true, hpack);
+            assert!(kept.0.unwrap().0.close);
+            let date = b"06:00:01 GMT";
+            assert!(kept.1.windows(date.len()).any(|w| w == date));
+            assert_eq!(fresh.1, kept.1);
+            memo.kept.as_mut().unwrap().head.close = false;
+            // Another call (a HEAD request, no Via) is not.
+            let [fresh, kept] = both_ways(&mut memo, next, true, false, hpack);
+            assert_eq!(fresh, kept);
+            // Nor is a date of another length, or one the parser would read otherwise.
+            for date in [
+                &b"Thu, 03 Dec 2026 06:00:1 GMT"[..],
+                b"Thu, 03 Dec 2026 06:00:0\r\nGMT",
+                b"Thu, 03 Dec 2026 06:00:\t1 GMT",
+                b"Thu, 03 Dec 2026 06:00:01 GM ",
+            ] {
+                let mut raw = first.to_vec();
+                let at = raw.windows(4).position(|w| w == b"Thu,").unwrap();
+                raw.splice(at..at + 29, date.iter().copied());
+                let [fresh, kept] = both_ways(&mut memo, &raw, true, false, hpack);
+                assert_eq!(fresh, kept, "{date:?}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Over any run of heads that differ from one another here and there, a memo writes and
+        /// returns exactly what the writers do, head by head.
+        #[test]
+        fn a_memo_answers_as_the_writers_do(
+            picks in proptest::collection::vec((0usize..13, 0usize..8, proptest::bool::ANY), 0..6),
+            date_at in 0usize..7,
+            runs in proptest::collection::vec(
+                (
+                    0usize..5,
+                    proptest::collection::vec(proptest::sample::select(
+                        vec![b'0', b'9', b' ', b'\t', b'\r', b'\n', b'x', 0x80u8, 0x01, b':']), 0..3),
+                    0usize..400,
+                ),
+                1..8,
+            ),
+            head_request in proptest::bool::ANY,
+            via in proptest::bool::ANY,
+            hpack in proptest::bool::ANY,
+        ) {
+            let mut base = String::from("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n");
+            for (i, (f, v, upper)) in picks.iter().enumerate() {
+                if i == date_at {
+                    base.push_str("Date: Thu, 03 Dec 2026 06:00:00 GMT\r\n");
+                }
+                let (name, values) = FIELDS[*f];
+                let name = if *upper { name.to_ascii_uppercase() } else { name.to_string() };
+                base.push_str(&format!("{name}: {}\r\n", values[v % values.len()]));
+            }
+            if date_at >= picks.len() {
+                base.push_str("Date: Thu, 03 Dec 2026 06:00:00 GMT\r\n");
+            }
+            base.push_str("\r\nbody...");
+            let date = base.find("Thu,").unwrap();
+            let mut memo = Memo::default();
+            let mut hpack = hpack;
+            for (how, bytes, at) in runs {
+                let mut raw = base.clone().into_bytes();
+                match how {
+                    // The same head again.
+                    0 => {}
+                    // Its date's last bytes changed (to bytes the parser may or may not take).
+                    1 => {
+                        for (i, b) in bytes.iter().enumerate() {
+                            raw[date + 28 - i] = *b;
+                        }
+                    }
+                    // A byte changed anywhere.
+                    2 => {
+                        let i = at % raw.len();
+                        raw[i] = bytes.first().copied().unwrap_or(b'Z');
+                    }
+                    // The other form.
+                    3 => hpack = !hpack,
+                    // A date of another length.
+                    _ => {
+                        raw.splice(date + 20..date + 20, bytes.iter().copied());
+                    }
+                }
+                let [fresh, kept] = both_ways(&mut memo, &raw, head_request, via, hpack);
+                proptest::prop_assert_eq!(fresh, kept);
+            }
+        }
     }
 }

@@ -482,6 +482,99 @@ response_headers_remove = ["x-no-head-has-this"]
     );
 }
 
+/// Heads that repeat with a new date, or differ in a length, a field or the date's form, come
+/// through one upstream connection each as it came (sluice keeps the last plain head per upstream
+/// connection and passes the next one like it on without a parse).
+#[tokio::test]
+async fn heads_repeated_or_changed_on_one_upstream_connection_each_come_through_as_they_came() {
+    // The target says what to answer: `d<N>` a date of second N (`h<N>` the same for HEAD, no
+    // body), `len` a longer body, `field` one field more, `short` a date of another length,
+    // `ctl` a date the parser refuses.
+    let answer: Answer = Arc::new(|t: &str| {
+        let t = t.rsplit('/').next().unwrap_or("").to_string();
+        let (date, extra, body) = match t.as_str() {
+            "len" => ("Fri, 04 Dec 2026 06:00:00 GMT".to_string(), "", "hello!"),
+            "field" => (
+                "Fri, 04 Dec 2026 06:00:00 GMT".to_string(),
+                "X-More: 1\r\n",
+                "hello",
+            ),
+            "short" => ("Fri, 4 Dec 2026 06:00:00 GMT".to_string(), "", "hello"),
+            "ctl" => ("Fri, 04 Dec 2026 06:00:\x010 GMT".to_string(), "", "hello"),
+            d => (
+                format!(
+                    "Fri, 04 Dec 2026 06:00:{:02} GMT",
+                    d[1..].parse::<u32>().unwrap()
+                ),
+                "",
+                "hello",
+            ),
+        };
+        let sent = if t.starts_with('h') { "" } else { body };
+        format!(
+            "HTTP/1.1 200 OK\r\nServer: o\r\nDate: {date}\r\n{extra}Content-Length: {}\r\n\
+             ETag: \"e\"\r\n\r\n{sent}",
+            body.len()
+        )
+        .into_bytes()
+    });
+    let (origin, _, accepted) = counting_origin(answer).await;
+    // A route without edits: its heads are plain.
+    let p = Proxy::start(config(&format!(
+        "[[upstreams]]\nname = \"app\"\nservers = [\"{origin}\"]\n\
+         [[routes]]\npath = \"/\"\nupstream = \"app\"\n"
+    )))
+    .await;
+    let mut c = Client::to(&p).await;
+    for (t, method) in [
+        ("d1", "GET"),
+        ("d1", "GET"),
+        ("d2", "GET"),
+        ("h3", "HEAD"),
+        ("d4", "GET"),
+        ("len", "GET"),
+        ("d5", "GET"),
+        ("field", "GET"),
+        ("d6", "GET"),
+        ("short", "GET"),
+        ("d7", "GET"),
+        ("ctl", "GET"),
+        ("d8", "GET"),
+    ] {
+        let r = c
+            .ask(format!("{method} /{t} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+            .await;
+        if t == "ctl" {
+            // Refused by the parser as on any path; the connection goes on.
+            assert_eq!(r.status(), 502, "{}", r.head);
+            continue;
+        }
+        assert_eq!(r.status(), 200, "{t}: {}", r.head);
+        let date = match t {
+            "short" => "Fri, 4 Dec 2026 06:00:00 GMT".to_string(),
+            "len" | "field" => "Fri, 04 Dec 2026 06:00:00 GMT".to_string(),
+            d => format!(
+                "Fri, 04 Dec 2026 06:00:{:02} GMT",
+                d[1..].parse::<u32>().unwrap()
+            ),
+        };
+        assert_eq!(r.field("date").as_deref(), Some(date.as_str()), "{t}");
+        let body: &[u8] = if t == "len" { b"hello!" } else { b"hello" };
+        assert_eq!(
+            r.field("content-length"),
+            Some(body.len().to_string()),
+            "{t}"
+        );
+        assert_eq!(r.field("x-more").is_some(), t == "field", "{t}");
+        assert_eq!(r.field("etag").as_deref(), Some("\"e\""), "{t}");
+        if method == "GET" {
+            assert_eq!(r.body, body, "{t}");
+        }
+    }
+    // All of them on one upstream connection but after the refused head (which closes it).
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let answer: Answer = Arc::new(|t: &str| {

@@ -1,10 +1,10 @@
-//! Feeds arbitrary bytes to the upstream response head parser and its body framing rules, and
-//! to the plain-head writers (text and HPACK), which must agree with the parser on every head
-//! they pass on.
+//! Feeds arbitrary bytes to the upstream response head parser and its body framing rules, to
+//! the plain-head writers (text and HPACK), which must agree with the parser on every head they
+//! pass on, and to a plain-head memo, which must answer as the writers do.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_http::plain_head::{write_plain, write_plain_hpack};
+use sluice_http::plain_head::{write_plain, write_plain_hpack, Memo};
 use sluice_http::response_head::{parse, BodyLength};
 
 fuzz_target!(|data: &[u8]| {
@@ -22,6 +22,22 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(h2.map(|p| p.head), text);
     if h2.is_none() {
         assert!(hpack.is_empty());
+    }
+    // A memo that saw the first half (a head of its own, or not) and then the whole, twice.
+    let (mut memo, mut memo_h2) = (Memo::default(), Memo::default());
+    for buf in [&data[..data.len() / 2], data, data] {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert_eq!(
+            memo.write_plain(buf, false, true, &mut a),
+            write_plain(buf, false, true, &mut b)
+        );
+        assert_eq!(a, b);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert_eq!(
+            memo_h2.write_plain_hpack(buf, false, true, &mut a),
+            write_plain_hpack(buf, false, true, &mut b)
+        );
+        assert_eq!(a, b);
     }
     if let Some(plain) = text {
         let head = general

@@ -43,7 +43,11 @@ pub struct DiskStats {
 }
 
 /// A slice waiting for the writer, with what it holds of the budget and of the queue.
-struct Queued {
+/// The slices between [`DiskTier::write_slice`] and the end of their write (the jobs hold their
+/// bytes anyway: this shares them).
+type Queued = Arc<Mutex<HashMap<SliceKey, Slice>>>;
+
+struct QueuedSlice {
     key: SliceKey,
     slice: Slice,
     since: Instant,
@@ -52,7 +56,7 @@ struct Queued {
 }
 
 enum Job {
-    Slice(Queued),
+    Slice(QueuedSlice),
     Meta(Arc<ObjectMeta>),
     RemoveObject(ObjectId),
 }
@@ -117,6 +121,9 @@ pub struct DiskTier {
     read_timeout: Duration,
     write_timeout: Duration,
     index: Arc<Mutex<Index>>,
+    /// Slices queued and not yet written (or dropped): read from here meanwhile, so a slice the
+    /// memory tier lets go before its file exists is not fetched again.
+    queued: Queued,
     /// Unbounded as a channel: slices are bounded by `slots` and the budget, object records and
     /// removals are small and one per object stored or dropped.
     jobs: mpsc::UnboundedSender<Job>,
@@ -149,12 +156,14 @@ impl DiskTier {
         let stats = Arc::new(DiskStats::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
+        let queued = Queued::default();
         tokio::spawn(write_loop(
             Writer {
                 root: root.to_path_buf(),
                 capacity,
                 write_timeout: opts.write_timeout,
                 index: index.clone(),
+                queued: queued.clone(),
                 stats: stats.clone(),
                 pending: pending.clone(),
             },
@@ -167,6 +176,7 @@ impl DiskTier {
                 read_timeout: opts.read_timeout,
                 write_timeout: opts.write_timeout,
                 index,
+                queued,
                 jobs: tx,
                 slots: Arc::new(Semaphore::new(opts.queue)),
                 pending,
@@ -194,7 +204,11 @@ impl DiskTier {
                 return;
             }
         };
-        self.submit(Job::Slice(Queued {
+        self.queued
+            .lock()
+            .expect("disk queue")
+            .insert(key, slice.clone());
+        self.submit(Job::Slice(QueuedSlice {
             key,
             slice,
             since: Instant::now(),
@@ -229,6 +243,10 @@ impl DiskTier {
     /// Queues removal of an object's record and slices.
     pub fn remove_object(&self, id: ObjectId) {
         // Forget the slices now, so nothing reads them while the files are being deleted.
+        self.queued
+            .lock()
+            .expect("disk queue")
+            .retain(|k, _| k.object != id);
         {
             let mut idx = self.index.lock().expect("disk index");
             let gone: Vec<SliceKey> = idx
@@ -246,8 +264,11 @@ impl DiskTier {
 
     fn submit(&self, job: Job) {
         self.pending.fetch_add(1, Ordering::AcqRel);
-        if self.jobs.send(job).is_err() {
+        if let Err(mpsc::error::SendError(job)) = self.jobs.send(job) {
             // The writer is gone (the runtime is shutting down).
+            if let Job::Slice(q) = job {
+                self.queued.lock().expect("disk queue").remove(&q.key);
+            }
             self.pending.fetch_sub(1, Ordering::AcqRel);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -256,6 +277,9 @@ impl DiskTier {
     /// Reads and verifies a slice; a corrupt file is deleted and reads as `None`, a read slower than
     /// the timeout reads as `None` too.
     pub async fn read(&self, key: SliceKey) -> Option<Slice> {
+        if let Some(s) = self.queued.lock().expect("disk queue").get(&key) {
+            return Some(s.clone());
+        }
         if !self.index.lock().expect("disk index").contains(&key) {
             return None;
         }
@@ -280,8 +304,13 @@ impl DiskTier {
         }
     }
 
-    /// Whether the slice is on disk (as far as the index knows).
+    /// Whether the slice is on disk (as far as the index knows) or queued to be.
     pub fn contains(&self, key: &SliceKey) -> bool {
+        self.queued.lock().expect("disk queue").contains_key(key) || self.written(key)
+    }
+
+    /// Whether the slice's file is written and indexed.
+    fn written(&self, key: &SliceKey) -> bool {
         self.index.lock().expect("disk index").contains(key)
     }
 
@@ -362,12 +391,17 @@ struct Writer {
     capacity: u64,
     write_timeout: Duration,
     index: Arc<Mutex<Index>>,
+    queued: Queued,
     stats: Arc<DiskStats>,
     pending: Arc<AtomicUsize>,
 }
 
 async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
     while let Some(job) = rx.recv().await {
+        let slice = match &job {
+            Job::Slice(q) => Some(q.key),
+            _ => None,
+        };
         let stale = matches!(&job, Job::Slice(q) if q.since.elapsed() > w.write_timeout);
         if stale {
             // The disk is slower than slices arrive: drop rather than hold budget for ever.
@@ -378,6 +412,10 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
                 run_job(&w2.root, w2.capacity, &w2.index, &w2.stats, job)
             })
             .await;
+        }
+        // Written and indexed, or dropped: either way no longer read from the queue.
+        if let Some(key) = slice {
+            w.queued.lock().expect("disk queue").remove(&key);
         }
         w.pending.fetch_sub(1, Ordering::AcqRel);
     }
@@ -648,9 +686,35 @@ mod tests {
         }
     }
 
+    /// A slice is read from the queue until its file is written, so a slice the memory tier
+    /// lets go meanwhile is still a hit (it was fetched a second time); a removal forgets it.
+    #[tokio::test]
+    async fn a_queued_slice_is_read_before_its_file_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        let slice = Slice::new(vec![Bytes::from(vec![9u8; 100])]);
+        // The writer is a task on this (current-thread) runtime: it has not run yet.
+        tier.write_slice(key(0), slice.clone(), None).await;
+        assert!(!tier.written(&key(0)));
+        assert!(tier.contains(&key(0)));
+        let read = tier.read(key(0)).await.expect("read from the queue");
+        assert_eq!(read.chunks[0], slice.chunks[0]);
+        assert!(!tier.written(&key(0)));
+        // Once written it is read from its file, and the queue holds nothing.
+        wait_for(&tier, key(0)).await;
+        assert!(tier.queued.lock().unwrap().is_empty());
+        assert_eq!(tier.read(key(0)).await.unwrap().chunks[0], slice.chunks[0]);
+        // An object removed while its slice is queued is not read from the queue.
+        tier.write_slice(key(1), slice.clone(), None).await;
+        tier.remove_object(key(1).object);
+        assert!(!tier.contains(&key(1)) && tier.read(key(1)).await.is_none());
+        assert!(tier.flush(Duration::from_secs(5)).await);
+        assert!(tier.queued.lock().unwrap().is_empty());
+    }
+
     async fn wait_for(tier: &DiskTier, k: SliceKey) {
         for _ in 0..200 {
-            if tier.contains(&k) {
+            if tier.written(&k) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -741,6 +741,10 @@ enum Failure {
 pub(super) struct UpConn {
     pub(super) io: EagerStream,
     pub(super) buf: Vec<u8>,
+    /// The last plain response head passed on from this connection, to pass on the next one like
+    /// it without a parse (an origin answers one resource with the same head, its date aside).
+    /// Boxed: a connection is moved through the pool and the exchange's futures.
+    memo: Box<plain_head::Memo>,
 }
 
 struct Idle {
@@ -912,6 +916,7 @@ impl FastPool {
             Ok(Ok(c)) => Ok(UpConn {
                 io: EagerStream::new(c),
                 buf: Vec::with_capacity(READ_BUF),
+                memo: Box::default(),
             }),
             Ok(Err(e)) => Err(Failure::Connect(e)),
             Err(_) => Err(Failure::Connect(super::client::ConnectFailure::Timeout {
@@ -961,7 +966,8 @@ async fn round_trip(
                 Some(Plain { via, hpack: false }) => {
                     let mut out = Vec::new();
                     if let Some(p) =
-                        plain_head::write_plain(&conn.buf[at..], head_only, via, &mut out)
+                        conn.memo
+                            .write_plain(&conn.buf[at..], head_only, via, &mut out)
                     {
                         return Ok((Answer::Plain(p, out), at + p.len, p.length));
                     }
@@ -969,7 +975,8 @@ async fn round_trip(
                 Some(Plain { via, hpack: true }) => {
                     let mut out = Vec::new();
                     if let Some(p) =
-                        plain_head::write_plain_hpack(&conn.buf[at..], head_only, via, &mut out)
+                        conn.memo
+                            .write_plain_hpack(&conn.buf[at..], head_only, via, &mut out)
                     {
                         let map = hpack_rest(&p, &mut out);
                         let head = p.head;
