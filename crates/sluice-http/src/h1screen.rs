@@ -44,7 +44,10 @@ enum State {
     Length(u64),
     /// Inside a chunked body.
     Chunked(Chunk),
-    /// Following no more: after an upgrade, or anything hyper refuses itself.
+    /// A request that asked to switch protocols has been read, body and all: what follows is
+    /// not screened until [`Screen::decided`] says whether the server switched.
+    Decide,
+    /// Following no more: after a switch of protocols, or anything hyper refuses itself.
     Off,
 }
 
@@ -67,7 +70,8 @@ pub struct Screen {
     state: State,
     max_head_bytes: usize,
     max_headers: usize,
-    /// The request just read asked to switch protocols: stop following once its body ends.
+    /// The request just read asked to switch protocols: wait for the server's answer once its
+    /// body ends.
     upgrading: bool,
 }
 
@@ -96,6 +100,23 @@ impl Screen {
     /// Turns the screen off (for example: the connection negotiated HTTP/2).
     pub fn turn_off(&mut self) {
         self.state = State::Off;
+    }
+
+    /// A request that asked to switch protocols (an `Upgrade` field, or `CONNECT`) has been read
+    /// whole: the bytes after it are to be held, unscreened and not passed on, until
+    /// [`Screen::decided`].
+    pub fn deciding(&self) -> bool {
+        self.state == State::Decide
+    }
+
+    /// The server answered the request [`Screen::deciding`] waits on: it `switched` protocols
+    /// (what follows is not HTTP/1.1: the screen is off), or it did not (the next bytes are a
+    /// request head again, screened like any other). Does nothing in any other state.
+    pub fn decided(&mut self, switched: bool) {
+        if self.state == State::Decide {
+            self.state = if switched { State::Off } else { State::Head };
+            self.upgrading = false;
+        }
     }
 
     /// Reads the head at the start of `data`, refusing (and altering) it when its framing is
@@ -183,7 +204,7 @@ impl Screen {
         let mut used = 0;
         while used < data.len() {
             match self.state {
-                State::Head => return used,
+                State::Head | State::Decide => return used,
                 State::Off => return data.len(),
                 State::Length(left) => {
                     let take = (data.len() - used).min(usize::try_from(left).unwrap_or(usize::MAX));
@@ -214,10 +235,11 @@ impl Screen {
         used
     }
 
-    /// Where a finished body leads: the next head, or nowhere after an upgrade request.
+    /// Where a finished body leads: the next head, or the server's answer after an upgrade
+    /// request.
     fn after_body(&self) -> State {
         if self.upgrading {
-            State::Off
+            State::Decide
         } else {
             State::Head
         }
@@ -297,7 +319,7 @@ mod tests {
                 }
             } else {
                 at += s.body(&data[at..]);
-                if s.is_off() {
+                if s.is_off() || s.deciding() {
                     break;
                 }
             }
@@ -399,13 +421,47 @@ mod tests {
         let mut s = screen();
         let (heads, _) = run(&mut s, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
         assert_eq!(heads, vec![Head::Off]);
+        // An upgrade request (with a body, or a CONNECT) waits for the server's answer; a switch
+        // turns the screen off.
+        for upgrade in [
+            &b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"[..],
+            b"POST /ws HTTP/1.1\r\nUpgrade: x\r\nContent-Length: 2\r\n\r\nhi",
+            b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
+        ] {
+            let mut s = screen();
+            let mut input = upgrade.to_vec();
+            input.extend_from_slice(b"\x81\x05hello");
+            let (heads, _) = run(&mut s, &input);
+            assert!(matches!(heads[..], [Head::Passed(_)]));
+            assert!(s.deciding() && !s.at_head() && !s.is_off());
+            // Nothing after it is taken as its body.
+            assert_eq!(s.body(b"\x81\x05hello"), 0);
+            s.decided(true);
+            assert!(s.is_off());
+        }
+    }
+
+    /// An upgrade the server does not take leaves an HTTP/1.1 connection: the screen goes on
+    /// with the next head (a client cannot turn it off by asking for an upgrade).
+    #[test]
+    fn an_upgrade_not_taken_screens_the_next_head() {
         let mut s = screen();
         let (heads, _) = run(
             &mut s,
-            b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n\x81\x05hello",
+            b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n",
         );
-        assert!(matches!(heads[..], [Head::Passed(_)]));
-        assert!(s.is_off());
+        assert!(matches!(heads[..], [Head::Passed(_)]) && s.deciding());
+        s.decided(false);
+        assert!(s.at_head());
+        let (heads, _) = run(
+            &mut s,
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
+        assert!(matches!(heads[..], [Head::Refused(..)]), "{heads:?}");
+        // Told again, or told in another state, it changes nothing.
+        let mut s = screen();
+        s.decided(true);
+        assert!(s.at_head());
     }
 
     #[test]

@@ -259,6 +259,9 @@ pub struct Memo {
     input: Vec<u8>,
     /// What was written for it.
     output: Vec<u8>,
+    /// Heads answered from the memo.
+    #[cfg(test)]
+    hits: usize,
 }
 
 /// What a [`Memo`] holds besides the bytes: the call it answered and what that returned.
@@ -274,7 +277,8 @@ struct Kept {
 }
 
 impl Memo {
-    /// The longest head kept, in bytes (so a memo holds at most twice this).
+    /// The longest head kept, in bytes (a memo holds about twice this: the head and what was
+    /// written for it).
     pub const MAX: usize = 2048;
 
     /// [`write_plain`], answered from the memo when it can be.
@@ -336,7 +340,7 @@ impl Memo {
     /// of the same length that the parser would take as it is (visible characters and spaces,
     /// none at either end).
     fn recall<'b>(
-        &self,
+        &mut self,
         buf: &'b [u8],
         head_request: bool,
         via: bool,
@@ -375,6 +379,10 @@ impl Memo {
         out.extend_from_slice(&self.output);
         if let Some((output, value)) = date {
             out[at + output..at + output + value.len()].copy_from_slice(value);
+        }
+        #[cfg(test)]
+        {
+            self.hits += 1;
         }
         Some(PlainHpack {
             head: kept.head,
@@ -1179,9 +1187,20 @@ mod tests {
             assert!(kept.1.windows(date.len()).any(|w| w == date));
             assert_eq!(fresh.1, kept.1);
             memo.kept.as_mut().unwrap().head.close = false;
-            // Another call (a HEAD request, no Via) is not.
+            // Another call (a HEAD request, or this hop's Via or not) is not.
+            let hits = memo.hits;
+            let [fresh, kept] = both_ways(&mut memo, next, true, true, hpack);
+            assert_eq!(fresh, kept);
             let [fresh, kept] = both_ways(&mut memo, next, true, false, hpack);
             assert_eq!(fresh, kept);
+            assert_eq!(memo.hits, hits);
+            // A head with an upstream's Via is plain only without this hop's.
+            let via = b"HTTP/1.1 200 OK\r\nVia: 1.1 cdn\r\nDate: Thu, 03 Dec 2026 06:00:00 GMT\r\n\
+                        Content-Length: 5\r\n\r\nhello";
+            let [fresh, kept] = both_ways(&mut memo, via, false, false, hpack);
+            assert!(fresh.0.is_some() && fresh == kept);
+            let [fresh, kept] = both_ways(&mut memo, via, false, true, hpack);
+            assert!(fresh.0.is_none() && fresh == kept);
             // Nor is a date of another length, or one the parser would read otherwise.
             for date in [
                 &b"Thu, 03 Dec 2026 06:00:1 GMT"[..],
@@ -1234,6 +1253,8 @@ mod tests {
             let date = base.find("Thu,").unwrap();
             let mut memo = Memo::default();
             let mut hpack = hpack;
+            // The last head passed on, and in which form: the same bytes again must be a hit.
+            let mut kept: Option<(Vec<u8>, bool)> = None;
             for (how, bytes, at) in runs {
                 let mut raw = base.clone().into_bytes();
                 match how {
@@ -1257,8 +1278,16 @@ mod tests {
                         raw.splice(date + 20..date + 20, bytes.iter().copied());
                     }
                 }
-                let [fresh, kept] = both_ways(&mut memo, &raw, head_request, via, hpack);
-                proptest::prop_assert_eq!(fresh, kept);
+                let hits = memo.hits;
+                let [fresh, answered] = both_ways(&mut memo, &raw, head_request, via, hpack);
+                let plain = fresh.0.is_some();
+                proptest::prop_assert_eq!(fresh, answered);
+                if kept.as_ref().is_some_and(|(k, form)| *k == raw && *form == hpack) {
+                    proptest::prop_assert_eq!(memo.hits, hits + 1);
+                }
+                if plain {
+                    kept = Some((raw, hpack));
+                }
             }
         }
     }

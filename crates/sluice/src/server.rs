@@ -803,7 +803,8 @@ impl<H: Handler> Conn<H> {
         let tap = (self.splice && !h2c).then(|| Arc::new(spliced::Tap::default()));
         let mut stream = self.screened(spliced::Tapped::new(stream, tap.clone()), h2c);
         stream.replay(replayed);
-        Box::pin(self.drive(stream, watch, peer, false, tap))
+        let upgrades = stream.upgrades();
+        Box::pin(self.drive(stream, watch, peer, false, tap, upgrades))
     }
 
     /// A TLS connection: the handshake within `server.tls_handshake_timeout_secs`, then the
@@ -852,7 +853,10 @@ impl<H: Handler> Conn<H> {
                     return self.drive_h2(tls, watch, peer, true, false, limits).await;
                 }
                 let tls = self.screened(tls, h2);
-                self.clone().drive(tls, watch, peer, true, None).await
+                let upgrades = tls.upgrades();
+                self.clone()
+                    .drive(tls, watch, peer, true, None, upgrades)
+                    .await
             }
             Ok((Err(e), _)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => {
@@ -871,6 +875,7 @@ impl<H: Handler> Conn<H> {
 
     /// Serves `io` with hyper until it ends. Holds the connection's settings by pointer: this
     /// future is what an idle HTTP/2 connection keeps, boxed, for as long as it is open.
+    /// `upgrades`: where the screen under `io` learns how upgrade requests were answered.
     async fn drive<I>(
         self: Arc<Self>,
         io: I,
@@ -878,15 +883,25 @@ impl<H: Handler> Conn<H> {
         peer: SocketAddr,
         secure: bool,
         tap: Option<Arc<spliced::Tap>>,
+        upgrades: Arc<screen::Upgrades>,
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let watch = Watch::new(watch);
         let respond = Responder::new(&self, &watch, peer, secure, tap);
         let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            // An upgrade request's answer tells the screen whether the connection is still
+            // HTTP/1.1 after it.
+            let asks = screen::Upgrades::asks(&req)
+                .then(|| (upgrades.clone(), req.method() == http::Method::CONNECT));
             futures_util::FutureExt::map(
                 respond.call(req.map(crate::body::Incoming::Hyper)),
-                Ok::<_, Infallible>,
+                move |resp| {
+                    if let Some((upgrades, connect)) = asks {
+                        upgrades.answered(resp.status(), connect);
+                    }
+                    Ok::<_, Infallible>(resp)
+                },
             )
         });
         // Pinned where it is built: `tokio::pin!` moves it into a second binding, and an

@@ -935,3 +935,86 @@ async fn a_first_head_has_the_header_timeout_from_accept() {
         );
     }
 }
+
+/// A request asking for an upgrade the origin does not take leaves an HTTP/1.1 connection whose
+/// next heads are screened like the first: a client cannot turn the smuggling screen or the head
+/// limit off by asking for one (the screen stopped following a connection after any such request,
+/// so a `Content-Length` + `Transfer-Encoding` head behind it reached the origin and a head over
+/// `server.max_header_bytes` was served). The next request is held, not read, until the upgrade
+/// request is answered, when it comes in the same write. Taken upgrades: the upgrade tests.
+#[tokio::test]
+async fn an_upgrade_not_taken_leaves_the_screen_on() {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let o = {
+        let seen = seen.clone();
+        origin(move |req: http::Request<hyper::body::Incoming>| {
+            seen.lock().unwrap().push(req.uri().path().to_string());
+            async move { http::Response::new(full("ok")) }
+        })
+        .await
+    };
+    let upgrade =
+        b"GET /up HTTP/1.1\r\nHost: localhost\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\n";
+    let smuggle = b"POST /next HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\
+                    Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    let mut large = b"GET /large HTTP/1.1\r\nHost: localhost\r\nX-Pad: ".to_vec();
+    large.resize(3000, b'p');
+    large.extend_from_slice(b"\r\n\r\n");
+    for fast in [true, false] {
+        let p = proxy_to(o, fast, "max_header_bytes = 2048").await;
+        for (next, status, together) in [
+            (&smuggle[..], "400", false),
+            (&smuggle[..], "400", true),
+            (&large[..], "431", false),
+            (&large[..], "431", true),
+        ] {
+            seen.lock().unwrap().clear();
+            let mut s = TcpStream::connect(p.addr).await.unwrap();
+            s.set_nodelay(true).unwrap();
+            let mut first = upgrade.to_vec();
+            if together {
+                first.extend_from_slice(next);
+            }
+            s.write_all(&first).await.unwrap();
+            let mut out = Vec::new();
+            // The upgrade request's answer (not a switch), whole, before the next is sent.
+            while !String::from_utf8_lossy(&out).contains("\r\n\r\nok") {
+                let mut buf = [0u8; 4096];
+                let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                    .await
+                    .expect("an answer to the upgrade request")
+                    .unwrap();
+                assert!(
+                    n > 0,
+                    "fast {fast}: closed after {:?}",
+                    String::from_utf8_lossy(&out)
+                );
+                out.extend_from_slice(&buf[..n]);
+            }
+            let text = String::from_utf8_lossy(&out).to_string();
+            assert!(text.starts_with("HTTP/1.1 200"), "fast {fast}: {text}");
+            out.clear();
+            if !together {
+                s.write_all(next).await.unwrap();
+            }
+            let closed =
+                tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            assert!(
+                closed.is_ok(),
+                "fast {fast}, together {together}: left open"
+            );
+            let text = String::from_utf8_lossy(&out);
+            // Refused and closed. Sent in the same write, hyper closes without an answer (as for
+            // any head it refuses pipelined behind another).
+            assert!(
+                text.starts_with(&format!("HTTP/1.1 {status}")) || (together && text.is_empty()),
+                "fast {fast}, together {together}: {text}"
+            );
+            assert_eq!(
+                *seen.lock().unwrap(),
+                vec!["/up".to_string()],
+                "fast {fast}"
+            );
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Feeds an arbitrary downstream byte stream, split at an arbitrary point, through the HTTP/1.1
-//! request screen: it must never panic, never loop, and only ever alter a head it refused.
+//! request screen: it must never panic, never loop, and only ever alter a head it refused. An
+//! upgrade request is answered as switched or not by the split byte's low bit.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -15,6 +16,13 @@ fuzz_target!(|data: &[u8]| {
     for piece in [&stream[..split], &stream[split..]] {
         held.extend_from_slice(piece);
         while !held.is_empty() && !screen.is_off() {
+            if screen.deciding() {
+                // Nothing is taken while the answer is awaited.
+                assert_eq!(screen.body(&held), 0);
+                screen.decided(split & 1 == 1);
+                assert!(!screen.deciding());
+                continue;
+            }
             if screen.at_head() {
                 let before = held.clone();
                 match screen.head(&mut held) {

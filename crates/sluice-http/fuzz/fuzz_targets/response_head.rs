@@ -23,19 +23,30 @@ fuzz_target!(|data: &[u8]| {
     if h2.is_none() {
         assert!(hpack.is_empty());
     }
-    // A memo that saw the first half (a head of its own, or not) and then the whole, twice.
+    // A memo that saw the first half (a head of its own, or not), the whole, the whole with the
+    // last byte of a `Date` value changed (to any byte), and the whole again; the first byte's
+    // low bits choose HEAD and this hop's Via.
+    let mut varied = data.to_vec();
+    if let Some(i) = varied.windows(6).position(|w| w.eq_ignore_ascii_case(b"date: ")) {
+        let v = i + 6;
+        if let Some(e) = varied[v..].windows(2).position(|w| w == b"\r\n").filter(|&e| e > 0) {
+            let last = v + e - 1;
+            varied[last] = varied[last].wrapping_add(data[0] | 1);
+        }
+    }
+    let (head_request, via) = data.first().map_or((false, true), |b| (b & 1 == 1, b & 2 == 0));
     let (mut memo, mut memo_h2) = (Memo::default(), Memo::default());
-    for buf in [&data[..data.len() / 2], data, data] {
+    for buf in [&data[..data.len() / 2], data, &varied[..], data] {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         assert_eq!(
-            memo.write_plain(buf, false, true, &mut a),
-            write_plain(buf, false, true, &mut b)
+            memo.write_plain(buf, head_request, via, &mut a),
+            write_plain(buf, head_request, via, &mut b)
         );
         assert_eq!(a, b);
         let (mut a, mut b) = (Vec::new(), Vec::new());
         assert_eq!(
-            memo_h2.write_plain_hpack(buf, false, true, &mut a),
-            write_plain_hpack(buf, false, true, &mut b)
+            memo_h2.write_plain_hpack(buf, head_request, via, &mut a),
+            write_plain_hpack(buf, head_request, via, &mut b)
         );
         assert_eq!(a, b);
     }

@@ -42,13 +42,53 @@ pub struct DiskStats {
     pub read_timeouts: AtomicU64,
 }
 
-/// A slice waiting for the writer, with what it holds of the budget and of the queue.
-/// The slices between [`DiskTier::write_slice`] and the end of their write (the jobs hold their
-/// bytes anyway: this shares them).
-type Queued = Arc<Mutex<HashMap<SliceKey, Slice>>>;
+/// The slices between [`DiskTier::write_slice`] and the end of their write (or their drop), each
+/// under the number of the call that put it there (a second call for the same slice replaces it,
+/// and only its own end takes it out). Their jobs hold the bytes anyway: this shares them.
+#[derive(Default)]
+struct Queue {
+    slices: HashMap<SliceKey, (u64, Slice)>,
+    next: u64,
+}
 
+type Queued = Arc<Mutex<Queue>>;
+
+impl Queue {
+    fn put(&mut self, key: SliceKey, slice: Slice) -> u64 {
+        self.next += 1;
+        self.slices.insert(key, (self.next, slice));
+        self.next
+    }
+
+    /// The call numbered `seq` is done with `key`.
+    fn done(&mut self, key: &SliceKey, seq: u64) {
+        if self.slices.get(key).is_some_and(|(s, _)| *s == seq) {
+            self.slices.remove(key);
+        }
+    }
+}
+
+/// Takes a slice out of the queue when its [`DiskTier::write_slice`] ends without a job (no room
+/// in time, or the call dropped).
+struct Unqueue<'a> {
+    queued: &'a Queued,
+    key: SliceKey,
+    seq: Option<u64>,
+}
+
+impl Drop for Unqueue<'_> {
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq {
+            self.queued.lock().expect("disk queue").done(&self.key, seq);
+        }
+    }
+}
+
+/// A slice waiting for the writer, with what it holds of the budget and of the queue.
 struct QueuedSlice {
     key: SliceKey,
+    /// Its number in [`Queue`].
+    seq: u64,
     slice: Slice,
     since: Instant,
     _bytes: Option<Reservation>,
@@ -188,10 +228,21 @@ impl DiskTier {
 
     /// Queues a slice for writing, waiting for room in the queue (at most the write timeout, then
     /// the slice is dropped). `bytes` is the slice's share of the budget, given back once written.
+    /// From the call on until the write ends, [`DiskTier::read`] answers from the queue.
     pub async fn write_slice(&self, key: SliceKey, slice: Slice, bytes: Option<Reservation>) {
         if slice.len + HEADER > self.capacity {
             return;
         }
+        let seq = self
+            .queued
+            .lock()
+            .expect("disk queue")
+            .put(key, slice.clone());
+        let mut unqueue = Unqueue {
+            queued: &self.queued,
+            key,
+            seq: Some(seq),
+        };
         let slot = match tokio::time::timeout(
             self.write_timeout,
             self.slots.clone().acquire_owned(),
@@ -204,12 +255,11 @@ impl DiskTier {
                 return;
             }
         };
-        self.queued
-            .lock()
-            .expect("disk queue")
-            .insert(key, slice.clone());
+        // From here the job takes it out (`write_loop`, or `submit` when there is no writer).
+        unqueue.seq = None;
         self.submit(Job::Slice(QueuedSlice {
             key,
+            seq,
             slice,
             since: Instant::now(),
             _bytes: bytes,
@@ -246,6 +296,7 @@ impl DiskTier {
         self.queued
             .lock()
             .expect("disk queue")
+            .slices
             .retain(|k, _| k.object != id);
         {
             let mut idx = self.index.lock().expect("disk index");
@@ -267,7 +318,7 @@ impl DiskTier {
         if let Err(mpsc::error::SendError(job)) = self.jobs.send(job) {
             // The writer is gone (the runtime is shutting down).
             if let Job::Slice(q) = job {
-                self.queued.lock().expect("disk queue").remove(&q.key);
+                self.queued.lock().expect("disk queue").done(&q.key, q.seq);
             }
             self.pending.fetch_sub(1, Ordering::AcqRel);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
@@ -275,10 +326,18 @@ impl DiskTier {
     }
 
     /// Reads and verifies a slice; a corrupt file is deleted and reads as `None`, a read slower than
-    /// the timeout reads as `None` too.
+    /// the timeout reads as `None` too. A slice still queued for writing is answered from the
+    /// queue, as it was stored (no file to verify or mark as used yet).
     pub async fn read(&self, key: SliceKey) -> Option<Slice> {
-        if let Some(s) = self.queued.lock().expect("disk queue").get(&key) {
-            return Some(s.clone());
+        let queued = self
+            .queued
+            .lock()
+            .expect("disk queue")
+            .slices
+            .get(&key)
+            .map(|(_, s)| s.clone());
+        if queued.is_some() {
+            return queued;
         }
         if !self.index.lock().expect("disk index").contains(&key) {
             return None;
@@ -306,7 +365,13 @@ impl DiskTier {
 
     /// Whether the slice is on disk (as far as the index knows) or queued to be.
     pub fn contains(&self, key: &SliceKey) -> bool {
-        self.queued.lock().expect("disk queue").contains_key(key) || self.written(key)
+        let queued = self
+            .queued
+            .lock()
+            .expect("disk queue")
+            .slices
+            .contains_key(key);
+        queued || self.written(key)
     }
 
     /// Whether the slice's file is written and indexed.
@@ -399,7 +464,7 @@ struct Writer {
 async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
     while let Some(job) = rx.recv().await {
         let slice = match &job {
-            Job::Slice(q) => Some(q.key),
+            Job::Slice(q) => Some((q.key, q.seq)),
             _ => None,
         };
         let stale = matches!(&job, Job::Slice(q) if q.since.elapsed() > w.write_timeout);
@@ -414,8 +479,8 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
             .await;
         }
         // Written and indexed, or dropped: either way no longer read from the queue.
-        if let Some(key) = slice {
-            w.queued.lock().expect("disk queue").remove(&key);
+        if let Some((key, seq)) = slice {
+            w.queued.lock().expect("disk queue").done(&key, seq);
         }
         w.pending.fetch_sub(1, Ordering::AcqRel);
     }
@@ -429,6 +494,20 @@ fn run_job(root: &Path, capacity: u64, index: &Mutex<Index>, stats: &DiskStats, 
             }
         }
         Job::RemoveObject(id) => {
+            // Slices of the object queued before the removal were written and indexed since
+            // `remove_object` unlisted the others: unlisted too, before their files go.
+            {
+                let mut idx = index.lock().expect("disk index");
+                let gone: Vec<SliceKey> = idx
+                    .slices
+                    .keys()
+                    .filter(|k| k.object == id)
+                    .copied()
+                    .collect();
+                for k in gone {
+                    idx.remove(&k);
+                }
+            }
             let _ = std::fs::remove_file(meta_path(root, id));
             let prefix = format!("{}-", id.hex());
             if let Ok(dir) = std::fs::read_dir(root.join("slices")) {
@@ -702,14 +781,50 @@ mod tests {
         assert!(!tier.written(&key(0)));
         // Once written it is read from its file, and the queue holds nothing.
         wait_for(&tier, key(0)).await;
-        assert!(tier.queued.lock().unwrap().is_empty());
+        assert!(tier.queued.lock().unwrap().slices.is_empty());
         assert_eq!(tier.read(key(0)).await.unwrap().chunks[0], slice.chunks[0]);
         // An object removed while its slice is queued is not read from the queue.
         tier.write_slice(key(1), slice.clone(), None).await;
         tier.remove_object(key(1).object);
         assert!(!tier.contains(&key(1)) && tier.read(key(1)).await.is_none());
         assert!(tier.flush(Duration::from_secs(5)).await);
-        assert!(tier.queued.lock().unwrap().is_empty());
+        assert!(tier.queued.lock().unwrap().slices.is_empty());
+        // Its job, ahead of the removal's, wrote it; the removal unlisted it with its file.
+        assert!(!tier.contains(&key(1)) && !slice_path(dir.path(), &key(1)).exists());
+        // A slice waiting for room in a full queue is read from the queue meanwhile; one that
+        // never got room is not.
+        let (tier, _) = DiskTier::open(
+            dir.path(),
+            DiskOptions {
+                queue: 1,
+                write_timeout: Duration::from_millis(300),
+                ..opts(1 << 20)
+            },
+        )
+        .unwrap();
+        let full = tier.slots.clone().acquire_owned().await.unwrap();
+        let waiting = tier.write_slice(key(2), slice.clone(), None);
+        let mut waiting = std::pin::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), waiting.as_mut())
+                .await
+                .is_err(),
+            "it waits for room"
+        );
+        assert!(tier.contains(&key(2)));
+        assert!(tier.read(key(2)).await.is_some());
+        waiting.await;
+        assert!(!tier.contains(&key(2)) && tier.read(key(2)).await.is_none());
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 1);
+        // Two calls for one slice: the first one's end leaves the second's entry.
+        drop(full);
+        let mut q = Queue::default();
+        let first = q.put(key(3), slice.clone());
+        let second = q.put(key(3), slice.clone());
+        q.done(&key(3), first);
+        assert!(q.slices.contains_key(&key(3)));
+        q.done(&key(3), second);
+        assert!(q.slices.is_empty());
     }
 
     async fn wait_for(tier: &DiskTier, k: SliceKey) {

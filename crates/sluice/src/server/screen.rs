@@ -8,6 +8,12 @@
 //! hyper's header read timeout only starts once it sees part of a head, a held head has the same
 //! deadline here (`server.header_read_timeout_secs`): a slowloris client is cut all the same.
 //!
+//! After a request that asks to switch protocols (an `Upgrade` field, or `CONNECT`), the bytes that
+//! follow are held, and no more are read, until the connection's service has answered it
+//! ([`Upgrades`]): a switch turns the screen off, any other answer leaves an HTTP/1.1 connection
+//! whose next head is screened like the first (so a client cannot turn the screen off by asking
+//! for an upgrade that is not taken).
+//!
 //! A head longer than `server.max_header_bytes` (whole or not) is not handed to hyper, whose read
 //! buffer limit (the one its automatic HTTP/1-or-2 builder takes) cannot go below 8 KiB: hyper is
 //! given a head it must refuse as too large instead, so it answers 431 and closes the connection,
@@ -15,7 +21,9 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::atomic::Counter;
@@ -26,6 +34,50 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// A read smaller than this is served from a read-ahead of `READ_AHEAD` bytes.
 const READ_AHEAD_BELOW: usize = 512;
 const READ_AHEAD: usize = 4096;
+
+/// How the connection's service answered the request a [`Screened`] waits on after an upgrade
+/// request: set by the service (which sees the response), taken by the screen.
+#[derive(Debug, Default)]
+pub struct Upgrades {
+    /// 0: no answer yet; 1: switched; 2: not switched.
+    answer: AtomicU8,
+    /// The read waiting for the answer.
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Upgrades {
+    /// Whether `req` asks to switch protocols as the screen reads it (then the screen waits for
+    /// [`Upgrades::answered`] once its body ends).
+    pub fn asks<B>(req: &http::Request<B>) -> bool {
+        req.method() == http::Method::CONNECT || req.headers().contains_key(http::header::UPGRADE)
+    }
+
+    /// The service answered such a request with `status` (to a `CONNECT` when `connect`).
+    pub fn answered(&self, status: http::StatusCode, connect: bool) {
+        let switched =
+            status == http::StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
+        self.answer
+            .store(if switched { 1 } else { 2 }, Ordering::Release);
+        if let Some(w) = self.waker.lock().expect("upgrade waker").take() {
+            w.wake();
+        }
+    }
+
+    /// The answer, once (`Some(switched)`); without one, `cx` is woken when it comes.
+    fn take(&self, cx: &mut Context<'_>) -> Option<bool> {
+        let take = || match self.answer.swap(0, Ordering::AcqRel) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        };
+        if let Some(a) = take() {
+            return Some(a);
+        }
+        *self.waker.lock().expect("upgrade waker") = Some(cx.waker().clone());
+        // An answer set between the look and the waker's registration.
+        take()
+    }
+}
 
 /// A downstream stream whose HTTP/1.1 request heads are screened.
 pub struct Screened<I> {
@@ -44,6 +96,8 @@ pub struct Screened<I> {
     too_large: bool,
     /// `server.max_header_bytes` and `server.max_headers`, as hyper has them.
     limits: (usize, usize),
+    /// Answers to upgrade requests, from the connection's service.
+    upgrades: Arc<Upgrades>,
 }
 
 /// The head hyper reads in place of one longer than `max_head_bytes`, which hyper's parser must
@@ -93,7 +147,13 @@ impl<I> Screened<I> {
             deadline: None,
             too_large: false,
             limits: (max_head_bytes, max_headers),
+            upgrades: Arc::default(),
         }
+    }
+
+    /// Where the connection's service tells this screen how it answered upgrade requests.
+    pub fn upgrades(&self) -> Arc<Upgrades> {
+        self.upgrades.clone()
     }
 
     /// `held`, of which the first `ready` bytes are screened, kept for hyper; after a head too
@@ -127,6 +187,10 @@ impl<I> Screened<I> {
         while at < data.len() {
             if self.screen.is_off() {
                 return data.len();
+            }
+            if self.screen.deciding() {
+                // Held until the service has answered the upgrade request.
+                return at;
             }
             if self.screen.at_head() {
                 match self.screen.head(&mut data[at..]) {
@@ -177,6 +241,20 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
             if this.too_large {
                 // The head in place of the one too large was given whole: nothing more.
                 return Poll::Ready(Ok(()));
+            }
+            if this.screen.deciding() {
+                // After an upgrade request nothing is read or passed on until the service has
+                // answered it (what was read with it stays held, unscreened): then either the
+                // screen is off, or the held bytes start the next head.
+                let Some(switched) = this.upgrades.take(cx) else {
+                    return Poll::Pending;
+                };
+                this.screen.decided(switched);
+                this.deadline = None;
+                let mut held = std::mem::take(&mut this.held);
+                let ready = this.screen(&mut held);
+                this.keep(held, ready);
+                continue;
             }
             if this.held.is_empty() && buf.remaining() < READ_AHEAD_BELOW {
                 // A small read is the HTTP/2 preface check (24 bytes) before hyper's own: read

@@ -38,7 +38,11 @@ impl<H: Handler> Conn<H> {
                     let watch = SendWatch::of(tls.tcp());
                     let mut tls = self.screened(tls, false);
                     tls.replay(bytes);
-                    return self.clone().drive(tls, watch, peer, true, None).await;
+                    let upgrades = tls.upgrades();
+                    return self
+                        .clone()
+                        .drive(tls, watch, peer, true, None, upgrades)
+                        .await;
                 }
             }
         }
