@@ -60,8 +60,22 @@ enum Chunk {
     Data(u64),
     /// The CRLF after chunk data; `cr`: the CR was seen.
     DataEnd { cr: bool },
-    /// Trailer section after the last chunk; `empty`: the current line has no byte yet.
-    Trailers { empty: bool },
+    /// The trailer section after the last chunk.
+    Trailers(Trailer),
+}
+
+/// Where the trailer section is, read as hyper reads it: every line ends in CRLF (a bare LF is
+/// part of a line), and the section ends at an empty line (CRLF at a line's start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trailer {
+    /// At the start of a line.
+    LineStart,
+    /// A CR at the start of a line: the LF that ends the body must follow.
+    EndLf,
+    /// Inside a trailer line.
+    InLine,
+    /// A CR inside a line: its LF must follow.
+    LineLf,
 }
 
 /// Follows one connection's request stream. See the module docs.
@@ -250,7 +264,7 @@ impl Screen {
     fn chunk_byte(&self, chunk: Chunk, b: u8) -> State {
         let next = match chunk {
             Chunk::Size { size, digit, ext } => match b {
-                b'\n' if digit && size == 0 => Chunk::Trailers { empty: true },
+                b'\n' if digit && size == 0 => Chunk::Trailers(Trailer::LineStart),
                 b'\n' if digit => Chunk::Data(size),
                 b'\r' | b' ' | b'\t' => Chunk::Size {
                     size,
@@ -282,12 +296,15 @@ impl Screen {
                 ext: false,
             },
             Chunk::DataEnd { .. } => return State::Off,
-            Chunk::Trailers { empty } => match b {
-                b'\n' if empty => return self.after_body(),
-                b'\n' => Chunk::Trailers { empty: true },
-                b'\r' => Chunk::Trailers { empty },
-                _ => Chunk::Trailers { empty: false },
-            },
+            Chunk::Trailers(at) => Chunk::Trailers(match (at, b) {
+                (Trailer::LineStart, b'\r') => Trailer::EndLf,
+                (Trailer::EndLf, b'\n') => return self.after_body(),
+                (Trailer::InLine, b'\r') => Trailer::LineLf,
+                (Trailer::InLine | Trailer::LineStart, _) => Trailer::InLine,
+                (Trailer::LineLf, b'\n') => Trailer::LineStart,
+                // hyper refuses a CR without its LF, and ends the connection itself.
+                (Trailer::EndLf | Trailer::LineLf, _) => return State::Off,
+            }),
             Chunk::Data(_) => unreachable!("chunk data is consumed in bulk"),
         };
         State::Chunked(next)
@@ -472,6 +489,38 @@ mod tests {
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         );
         assert!(s.is_off());
+    }
+
+    /// The trailer section ends where hyper's decoder ends it, at an empty CRLF line: a bare LF
+    /// is part of a trailer line, so a head hidden behind one is trailer bytes to both, and the
+    /// head after the real end is screened (it was read as the end, and the head hidden there
+    /// took the next request as its body, unscreened).
+    #[test]
+    fn trailers_end_where_hyper_ends_them() {
+        let mut s = screen();
+        let input = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\n\
+            GET /x HTTP/1.1\r\nContent-Length: 80\r\n\r\n\
+            POST /s HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let (heads, _) = run(&mut s, input);
+        assert_eq!(heads.len(), 2, "{heads:?}");
+        assert!(matches!(heads[0], Head::Passed(_)));
+        assert!(matches!(heads[1], Head::Refused(..)), "{heads:?}");
+        // Trailer fields, and a CR without its LF (hyper refuses it and closes: screen off).
+        let mut s = screen();
+        let (heads, _) = run(
+            &mut s,
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: 1\r\nY: 2\r\n\r\n\
+              GET / HTTP/1.1\r\n\r\n",
+        );
+        assert_eq!(heads.len(), 2, "{heads:?}");
+        assert!(s.at_head());
+        for bad in [&b"0\r\n\rX"[..], b"0\r\nX-T: 1\rX"] {
+            let mut s = screen();
+            let mut input = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            input.extend_from_slice(bad);
+            run(&mut s, &input);
+            assert!(s.is_off(), "{bad:?}");
+        }
     }
 
     #[test]

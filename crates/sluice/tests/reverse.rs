@@ -331,35 +331,50 @@ async fn websocket_over_http1_upgrade_echoes() {
         resp
     })
     .await;
-    let p = Proxy::start(one_group(o, "")).await;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
-    s.write_all(
-        b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_lowercase();
-    assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(
-        head.contains("sec-websocket-accept: dghlihnhbxbszsbub25jzq=="),
-        "{head}"
-    );
-    for msg in [&b"hello"[..], &pattern(100_000)[..]] {
-        s.write_all(msg).await.unwrap();
-        let mut got = vec![0u8; msg.len()];
-        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, msg);
+    // Bytes sent right behind the request, in the same write, are held by the request screen
+    // until the answer is known, then go through the tunnel like the rest (fast path on and off:
+    // on it, the request is handed over to hyper with what was read).
+    for (fast, early) in [(true, false), (true, true), (false, true)] {
+        let p = Proxy::start(one_group(o, &format!("[server]\nh1_fast_path = {fast}\n"))).await;
+        let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+        let mut request =
+            b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+                .to_vec();
+        if early {
+            request.extend_from_slice(b"early!");
+        }
+        s.write_all(&request).await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_lowercase();
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(
+            head.contains("sec-websocket-accept: dghlihnhbxbszsbub25jzq=="),
+            "{head}"
+        );
+        if early {
+            let mut got = [0u8; 6];
+            tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+                .await
+                .expect("the early bytes echoed")
+                .unwrap();
+            assert_eq!(&got, b"early!", "fast {fast}");
+        }
+        for msg in [&b"hello"[..], &pattern(100_000)[..]] {
+            s.write_all(msg).await.unwrap();
+            let mut got = vec![0u8; msg.len()];
+            tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got, msg);
+        }
     }
 }
 

@@ -58,9 +58,16 @@ impl Upgrades {
             status == http::StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
         self.answer
             .store(if switched { 1 } else { 2 }, Ordering::Release);
-        if let Some(w) = self.waker.lock().expect("upgrade waker").take() {
+        let waker = self.waker.lock().expect("upgrade waker").take();
+        if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Forgets an answer given before the screen passed on the head now going to hyper (which
+    /// therefore cannot be that head's): one the screen did not wait for.
+    fn forget(&self) {
+        self.answer.store(0, Ordering::Release);
     }
 
     /// The answer, once (`Some(switched)`); without one, `cx` is woken when it comes.
@@ -195,7 +202,10 @@ impl<I> Screened<I> {
             if self.screen.at_head() {
                 match self.screen.head(&mut data[at..]) {
                     Head::Partial => return at,
-                    Head::Passed(n) => at += n,
+                    Head::Passed(n) => {
+                        self.upgrades.forget();
+                        at += n;
+                    }
                     Head::Refused(n, why) => {
                         self.refused.inc();
                         tracing::debug!(reason = %why, "request refused for ambiguous framing");
@@ -247,7 +257,22 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 // answered it (what was read with it stays held, unscreened): then either the
                 // screen is off, or the held bytes start the next head.
                 let Some(switched) = this.upgrades.take(cx) else {
-                    return Poll::Pending;
+                    if !this.held.is_empty() {
+                        return Poll::Pending;
+                    }
+                    // With nothing held, one read as hyper's own (it reads while the service
+                    // runs, to see a client that leaves): its end or error goes up, its bytes
+                    // are held.
+                    this.held.resize(READ_AHEAD, 0);
+                    let mut ahead = ReadBuf::new(&mut this.held);
+                    let polled = Pin::new(&mut this.inner).poll_read(cx, &mut ahead);
+                    let got = ahead.filled().len();
+                    this.held.truncate(got);
+                    if got == 0 {
+                        this.held = Vec::new();
+                        return polled;
+                    }
+                    continue;
                 };
                 this.screen.decided(switched);
                 this.deadline = None;
