@@ -144,6 +144,19 @@ impl Index {
         Some(size)
     }
 
+    /// Unlists every slice of object `id`.
+    fn remove_object(&mut self, id: ObjectId) {
+        let gone: Vec<SliceKey> = self
+            .slices
+            .keys()
+            .filter(|k| k.object == id)
+            .copied()
+            .collect();
+        for k in gone {
+            self.remove(&k);
+        }
+    }
+
     /// Unlists the least recently used slice.
     fn pop_oldest(&mut self) -> Option<SliceKey> {
         let (_, key) = self.order.pop_first()?;
@@ -298,18 +311,7 @@ impl DiskTier {
             .expect("disk queue")
             .slices
             .retain(|k, _| k.object != id);
-        {
-            let mut idx = self.index.lock().expect("disk index");
-            let gone: Vec<SliceKey> = idx
-                .slices
-                .keys()
-                .filter(|k| k.object == id)
-                .copied()
-                .collect();
-            for k in gone {
-                idx.remove(&k);
-            }
-        }
+        self.index.lock().expect("disk index").remove_object(id);
         self.submit(Job::RemoveObject(id));
     }
 
@@ -496,18 +498,7 @@ fn run_job(root: &Path, capacity: u64, index: &Mutex<Index>, stats: &DiskStats, 
         Job::RemoveObject(id) => {
             // Slices of the object queued before the removal were written and indexed since
             // `remove_object` unlisted the others: unlisted too, before their files go.
-            {
-                let mut idx = index.lock().expect("disk index");
-                let gone: Vec<SliceKey> = idx
-                    .slices
-                    .keys()
-                    .filter(|k| k.object == id)
-                    .copied()
-                    .collect();
-                for k in gone {
-                    idx.remove(&k);
-                }
-            }
+            index.lock().expect("disk index").remove_object(id);
             let _ = std::fs::remove_file(meta_path(root, id));
             let prefix = format!("{}-", id.hex());
             if let Ok(dir) = std::fs::read_dir(root.join("slices")) {

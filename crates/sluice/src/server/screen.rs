@@ -176,6 +176,24 @@ impl<I> Screened<I> {
         self.held = held;
     }
 
+    /// One read of up to `READ_AHEAD` bytes into the empty `held`; what the read gave when it gave
+    /// no bytes (pending, the end, or an error), `None` when the bytes are in `held`.
+    fn read_ahead(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<()>>>
+    where
+        I: AsyncRead + Unpin,
+    {
+        self.held.resize(READ_AHEAD, 0);
+        let mut ahead = ReadBuf::new(&mut self.held);
+        let polled = Pin::new(&mut self.inner).poll_read(cx, &mut ahead);
+        let got = ahead.filled().len();
+        self.held.truncate(got);
+        if got == 0 {
+            self.held = Vec::new();
+            return Some(polled);
+        }
+        None
+    }
+
     /// Gives `bytes`, already read off the connection (the HTTP/1.1 fast path's hand-off), back
     /// first, screened like any others. Called before the first read.
     pub fn replay(&mut self, bytes: Vec<u8>) {
@@ -263,13 +281,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                     // With nothing held, one read as hyper's own (it reads while the service
                     // runs, to see a client that leaves): its end or error goes up, its bytes
                     // are held.
-                    this.held.resize(READ_AHEAD, 0);
-                    let mut ahead = ReadBuf::new(&mut this.held);
-                    let polled = Pin::new(&mut this.inner).poll_read(cx, &mut ahead);
-                    let got = ahead.filled().len();
-                    this.held.truncate(got);
-                    if got == 0 {
-                        this.held = Vec::new();
+                    if let Some(polled) = this.read_ahead(cx) {
                         return polled;
                     }
                     continue;
@@ -285,13 +297,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 // A small read is the HTTP/2 preface check (24 bytes) before hyper's own: read
                 // what the socket holds at once and give hyper the rest from here, one `recvfrom`
                 // per new connection instead of two.
-                this.held.resize(READ_AHEAD, 0);
-                let mut ahead = ReadBuf::new(&mut this.held);
-                let polled = Pin::new(&mut this.inner).poll_read(cx, &mut ahead);
-                let got = ahead.filled().len();
-                this.held.truncate(got);
-                if got == 0 {
-                    this.held = Vec::new();
+                if let Some(polled) = this.read_ahead(cx) {
                     return polled;
                 }
                 let mut held = std::mem::take(&mut this.held);
