@@ -476,6 +476,8 @@ mod tests {
         );
         assert!(matches!(heads[..], [Head::Refused(..)]), "{heads:?}");
         // Told again, or told in another state, it changes nothing.
+        s.decided(true);
+        assert!(s.is_off());
         let mut s = screen();
         s.decided(true);
         assert!(s.at_head());

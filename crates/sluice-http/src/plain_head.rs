@@ -304,6 +304,8 @@ impl Memo {
         self.pass(buf, head_request, via, Form::Hpack, out)
     }
 
+    /// Both writers: the kept answer when there is one for `buf`, else the parsing writer's,
+    /// kept for the next head when it is plain and not over [`Memo::MAX`].
     fn pass<'b>(
         &mut self,
         buf: &'b [u8],
@@ -374,7 +376,8 @@ impl Memo {
                 }
             }
         };
-        out.reserve(self.input.len() + 128);
+        // As the parsing writers do: room for the head and the few fields the caller appends.
+        out.reserve(self.output.len() + 128);
         let at = out.len();
         out.extend_from_slice(&self.output);
         if let Some((output, value)) = date {

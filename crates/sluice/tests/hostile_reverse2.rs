@@ -1049,9 +1049,16 @@ async fn a_bare_lf_does_not_end_the_trailers() {
         seen.lock().unwrap().clear();
         let r = raw(p.addr, &attack, Duration::from_secs(3)).await;
         let seen = seen.lock().unwrap().clone();
+        // The first request is served (hyper takes the odd trailer lines), the one behind the
+        // real end of its trailers is screened and refused.
+        assert_eq!(
+            seen,
+            vec!["/a".to_string()],
+            "fast {fast}: the request behind the trailers reached the origin: {r}"
+        );
         assert!(
-            !seen.contains(&"/s".to_string()),
-            "fast {fast}: the request behind the trailers reached the origin: {seen:?} {r}"
+            r.starts_with("HTTP/1.1 200") && r.contains("\r\n\r\nokHTTP/1.1 400 "),
+            "fast {fast}: {r}"
         );
     }
 }
@@ -1068,9 +1075,11 @@ async fn a_client_that_leaves_during_an_upgrade_request_cancels_it() {
         }
     }
     let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let o = {
-        let dropped = dropped.clone();
+        let (dropped, started) = (dropped.clone(), started.clone());
         origin(move |_req: http::Request<hyper::body::Incoming>| {
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
             let flag = Flag(dropped.clone());
             async move {
                 let _flag = flag;
@@ -1083,14 +1092,25 @@ async fn a_client_that_leaves_during_an_upgrade_request_cancels_it() {
     for fast in [true, false] {
         let p = proxy_to(o, fast, "").await;
         dropped.store(false, std::sync::atomic::Ordering::SeqCst);
+        started.store(false, std::sync::atomic::Ordering::SeqCst);
         let mut s = TcpStream::connect(p.addr).await.unwrap();
         s.write_all(b"GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Until the origin has the request (bounded: 10 s).
+        for _ in 0..200 {
+            if started.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            started.load(std::sync::atomic::Ordering::SeqCst),
+            "fast {fast}: never asked"
+        );
         drop(s);
         let mut gone = false;
-        for _ in 0..40 {
+        for _ in 0..100 {
             if dropped.load(std::sync::atomic::Ordering::SeqCst) {
                 gone = true;
                 break;
@@ -1099,7 +1119,7 @@ async fn a_client_that_leaves_during_an_upgrade_request_cancels_it() {
         }
         assert!(
             gone,
-            "fast {fast}: the origin request outlived its client by 4 s"
+            "fast {fast}: the origin request outlived its client by 10 s"
         );
     }
 }

@@ -9,7 +9,8 @@
 //! deadline here (`server.header_read_timeout_secs`): a slowloris client is cut all the same.
 //!
 //! After a request that asks to switch protocols (an `Upgrade` field, or `CONNECT`), the bytes that
-//! follow are held, and no more are read, until the connection's service has answered it
+//! follow are held (at most one read, made only while nothing is held, so that a client that
+//! leaves is seen as under hyper) until the connection's service has answered it
 //! ([`Upgrades`]): a switch turns the screen off, any other answer leaves an HTTP/1.1 connection
 //! whose next head is screened like the first (so a client cannot turn the screen off by asking
 //! for an upgrade that is not taken).
@@ -39,13 +40,17 @@ const READ_AHEAD: usize = 4096;
 /// request: set by the service (which sees the response), taken by the screen.
 #[derive(Debug, Default)]
 pub struct Upgrades {
-    /// 0: no answer yet; 1: switched; 2: not switched.
+    /// [`Upgrades::NONE`], [`Upgrades::SWITCHED`] or [`Upgrades::STAYED`].
     answer: AtomicU8,
     /// The read waiting for the answer.
     waker: Mutex<Option<Waker>>,
 }
 
 impl Upgrades {
+    const NONE: u8 = 0;
+    const SWITCHED: u8 = 1;
+    const STAYED: u8 = 2;
+
     /// Whether `req` asks to switch protocols as the screen reads it (then the screen waits for
     /// [`Upgrades::answered`] once its body ends).
     pub fn asks<B>(req: &http::Request<B>) -> bool {
@@ -56,8 +61,12 @@ impl Upgrades {
     pub fn answered(&self, status: http::StatusCode, connect: bool) {
         let switched =
             status == http::StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
-        self.answer
-            .store(if switched { 1 } else { 2 }, Ordering::Release);
+        let answer = if switched {
+            Upgrades::SWITCHED
+        } else {
+            Upgrades::STAYED
+        };
+        self.answer.store(answer, Ordering::Release);
         let waker = self.waker.lock().expect("upgrade waker").take();
         if let Some(w) = waker {
             w.wake();
@@ -67,14 +76,14 @@ impl Upgrades {
     /// Forgets an answer given before the screen passed on the head now going to hyper (which
     /// therefore cannot be that head's): one the screen did not wait for.
     fn forget(&self) {
-        self.answer.store(0, Ordering::Release);
+        self.answer.store(Upgrades::NONE, Ordering::Release);
     }
 
     /// The answer, once (`Some(switched)`); without one, `cx` is woken when it comes.
     fn take(&self, cx: &mut Context<'_>) -> Option<bool> {
-        let take = || match self.answer.swap(0, Ordering::AcqRel) {
-            1 => Some(true),
-            2 => Some(false),
+        let take = || match self.answer.swap(Upgrades::NONE, Ordering::AcqRel) {
+            Upgrades::SWITCHED => Some(true),
+            Upgrades::STAYED => Some(false),
             _ => None,
         };
         if let Some(a) = take() {
@@ -271,9 +280,10 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 return Poll::Ready(Ok(()));
             }
             if this.screen.deciding() {
-                // After an upgrade request nothing is read or passed on until the service has
-                // answered it (what was read with it stays held, unscreened): then either the
-                // screen is off, or the held bytes start the next head.
+                // After an upgrade request nothing is passed on until the service has answered
+                // it (what was read with it stays held, unscreened; at most one read while
+                // nothing is held): then either the screen is off, or the held bytes start the
+                // next head.
                 let Some(switched) = this.upgrades.take(cx) else {
                     if !this.held.is_empty() {
                         return Poll::Pending;
