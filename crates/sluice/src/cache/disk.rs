@@ -818,8 +818,10 @@ mod tests {
         assert!(q.slices.is_empty());
     }
 
+    /// Until the slice's file is written and indexed: at most 10 s (a write on a loaded machine
+    /// can take a second).
     async fn wait_for(tier: &DiskTier, k: SliceKey) {
-        for _ in 0..200 {
+        for _ in 0..2000 {
             if tier.written(&k) {
                 return;
             }
