@@ -936,23 +936,34 @@ async fn a_first_head_has_the_header_timeout_from_accept() {
     }
 }
 
-/// A request asking for an upgrade the origin does not take leaves an HTTP/1.1 connection whose
-/// next heads are screened like the first: a client cannot turn the smuggling screen or the head
-/// limit off by asking for one (the screen stopped following a connection after any such request,
-/// so a `Content-Length` + `Transfer-Encoding` head behind it reached the origin and a head over
-/// `server.max_header_bytes` was served). The next request is held, not read, until the upgrade
-/// request is answered, when it comes in the same write. Taken upgrades: the upgrade tests.
-#[tokio::test]
-async fn an_upgrade_not_taken_leaves_the_screen_on() {
+/// An origin that reads each request's body, answers `ok`, and records the paths it was asked
+/// for, in order.
+async fn path_recording_origin() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let o = {
         let seen = seen.clone();
         origin(move |req: http::Request<hyper::body::Incoming>| {
             seen.lock().unwrap().push(req.uri().path().to_string());
-            async move { http::Response::new(full("ok")) }
+            async move {
+                let _ = req.into_body().collect().await;
+                http::Response::new(full("ok"))
+            }
         })
         .await
     };
+    (o, seen)
+}
+
+/// A request asking for an upgrade the origin does not take leaves an HTTP/1.1 connection whose
+/// next heads are screened like the first: a client cannot turn the smuggling screen or the head
+/// limit off by asking for one (the screen stopped following a connection after any such request,
+/// so a `Content-Length` + `Transfer-Encoding` head behind it reached the origin and a head over
+/// `server.max_header_bytes` was served). When the next request comes in the same write, it is
+/// held, not passed on, until the upgrade request is answered. Taken upgrades: the WebSocket test
+/// in reverse.rs.
+#[tokio::test]
+async fn an_upgrade_not_taken_leaves_the_screen_on() {
+    let (o, seen) = path_recording_origin().await;
     let upgrade =
         b"GET /up HTTP/1.1\r\nHost: localhost\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\n";
     let smuggle = b"POST /next HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\
@@ -1025,18 +1036,7 @@ async fn an_upgrade_not_taken_leaves_the_screen_on() {
 /// request, and let that request through unscreened).
 #[tokio::test]
 async fn a_bare_lf_does_not_end_the_trailers() {
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let o = {
-        let seen = seen.clone();
-        origin(move |req: http::Request<hyper::body::Incoming>| {
-            seen.lock().unwrap().push(req.uri().path().to_string());
-            async move {
-                let _ = req.into_body().collect().await;
-                http::Response::new(full("ok"))
-            }
-        })
-        .await
-    };
+    let (o, seen) = path_recording_origin().await;
     let smuggle = b"POST /s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\
                     Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
     let mut attack = b"POST /a HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n\
