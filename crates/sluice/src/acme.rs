@@ -55,8 +55,16 @@ pub struct Acme {
 struct Schedule {
     /// Failures in a row and when to try again.
     retry: HashMap<String, (u32, Instant)>,
-    /// The ARI renewal time chosen for a certificate, and when to ask again.
-    ari: HashMap<String, (SystemTime, Instant)>,
+    /// The ARI renewal time chosen for a certificate, when to ask again, and the window it was
+    /// chosen in.
+    ari: HashMap<String, Ari>,
+}
+
+/// A renewal time chosen in the window the CA suggested (ACME Renewal Information).
+struct Ari {
+    at: SystemTime,
+    ask_again: Instant,
+    window: (SystemTime, SystemTime),
 }
 
 impl Acme {
@@ -151,6 +159,20 @@ impl Acme {
         let Some(od) = &self.on_demand else {
             return false;
         };
+        // Another node on the same state directory may hold it already (it issued the name on
+        // demand, or holds the name's lock and is ordering it now): its stored certificate is
+        // taken up here, not only at the next start. Only a well-formed name becomes a path.
+        if config::check_name(name).is_ok() && !name.starts_with("*.") {
+            self.refresh_from_store(name);
+            if self.certs.certificate(name).is_some() {
+                return true;
+            }
+        }
+        // A configured name (or one under a configured wildcard) is the renewal loop's to order,
+        // not the ask URL's to allow.
+        if self.names.iter().any(|n| covered_by(n, name)) {
+            return false;
+        }
         let mut rx = match od.gate(name) {
             Gate::Refused(why) => {
                 self.metrics.decision(why);
@@ -363,13 +385,14 @@ impl Acme {
             return Ok(false);
         }
         let replaces = held.and_then(|h| self.config.ari.then(|| cert_id(&h)).flatten());
-        if !self.take_order_budget() {
-            return Err(OrderError::RateLimited(format!(
-                "acme.orders_per_hour ({}) reached",
-                self.config.orders_per_hour
-            )));
+        if replaces.is_some() {
+            tracing::debug!(%name, "acme: ordering as the renewal of the held certificate (ARI)");
         }
+        // The CA is reached first: a CA that is down does not use up the hour's orders.
         let issuer = self.issuer().await?;
+        if !self.take_order_budget() {
+            return Err(OrderError::Throttled(self.config.orders_per_hour));
+        }
         let issued = issuer.order(name, replaces).await?;
         self.store
             .write_cert(name, &issued.chain_pem, &issued.key_pem)
@@ -401,9 +424,9 @@ impl Acme {
         if !self.config.ari {
             return fallback;
         }
-        if let Some((at, ask_again)) = schedule.ari.get(name) {
-            if Instant::now() < *ask_again {
-                return *at;
+        if let Some(ari) = schedule.ari.get(name) {
+            if Instant::now() < ari.ask_again {
+                return ari.at;
             }
         }
         let Some(id) = cert_id(&held) else {
@@ -414,14 +437,25 @@ impl Acme {
         };
         match issuer.renewal_window(&id).await {
             Some((start, end, ask_again)) => {
+                // One uniform pick per window (RFC 9773 §4.2): the same window asked again keeps
+                // its time, as picking anew at every poll would pull renewals toward its start.
                 // Never later than a sixth of the lifetime before expiry, whatever the window
                 // says: an order takes time, and a late window must not outlive the certificate.
-                let at = pick_in(start, end).min(held.renew_at(self.config.renew_remaining / 2.0));
+                let at = match schedule.ari.get(name) {
+                    Some(ari) if ari.window == (start, end) => ari.at,
+                    _ => pick_in(start, end).min(held.renew_at(self.config.renew_remaining / 2.0)),
+                };
+                tracing::debug!(%name, "acme: renewal time chosen in the CA's window (ARI)");
                 let ask_again =
                     ask_again.clamp(Duration::from_secs(60), Duration::from_secs(6 * 3600));
-                schedule
-                    .ari
-                    .insert(name.to_string(), (at, Instant::now() + ask_again));
+                schedule.ari.insert(
+                    name.to_string(),
+                    Ari {
+                        at,
+                        ask_again: Instant::now() + ask_again,
+                        window: (start, end),
+                    },
+                );
                 at
             }
             None => fallback,
@@ -528,10 +562,38 @@ fn cert_id(held: &certs::Held) -> Option<CertificateIdentifier<'static>> {
 }
 
 /// A uniformly random time in `[start, end]` (RFC 9773 section 4.2: spread renewals out).
+/// Whether configured name `pattern` (`example.com`, `*.example.com`) names `name`; a wildcard
+/// covers one label.
+fn covered_by(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(parent) => name
+            .split_once('.')
+            .is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(parent)),
+        None => pattern.eq_ignore_ascii_case(name),
+    }
+}
+
 fn pick_in(start: SystemTime, end: SystemTime) -> SystemTime {
     let span = end.duration_since(start).unwrap_or_default();
     let mut r = [0u8; 8];
     let _ = getrandom::getrandom(&mut r);
     let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
     start + span.mul_f64(frac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covered_by;
+
+    #[test]
+    fn configured_names_and_wildcards_cover_one_label() {
+        assert!(covered_by("a.example.com", "a.example.com"));
+        assert!(covered_by("a.example.com", "A.Example.com"));
+        assert!(!covered_by("a.example.com", "b.example.com"));
+        assert!(covered_by("*.example.com", "a.example.com"));
+        assert!(!covered_by("*.example.com", "example.com"));
+        assert!(!covered_by("*.example.com", "a.b.example.com"));
+        assert!(!covered_by("*.example.com", ".example.com"));
+        assert!(!covered_by("*.example.com", "aexample.com"));
+    }
 }

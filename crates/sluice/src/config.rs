@@ -183,6 +183,9 @@ impl Config {
         let s = &self.server;
         #[cfg(feature = "acme")]
         self.acme.validate(&self.route_hosts())?;
+        #[cfg(feature = "acme")]
+        s.validate_with(self.acme.active(&self.route_hosts()))?;
+        #[cfg(not(feature = "acme"))]
         s.validate()?;
         if s.listener_id(&self.endpoints.listener).is_none() {
             bail!(

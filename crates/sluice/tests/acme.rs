@@ -2,13 +2,15 @@
 //! child process by each challenge (HTTP-01 on the plain listener, TLS-ALPN-01 in the handshake,
 //! DNS-01 through BIND 9 with TSIG); the served chain verifies against Pebble's root; renewal by
 //! ARI swaps the certificate under a handshake loop with none failing; two nodes on one state
-//! directory order once; on-demand issuance asks first and stays bounded under a flood of
+//! directory order once, a name issued on demand included; on-demand issuance asks first and stays bounded under a flood of
 //! made-up names; a CA that is down or answers errors leaves the held certificate in service.
+//! Certificates from `[acme]` alone serve HTTP/3 as well (aioquic, `tests/h3_support`).
 //!
 //! Tools come from `scripts/acme-tools` (Pebble from the Go module proxy, BIND from Debian).
 //! Every process listens on 127.0.0.1; every loop is bounded in count and time.
 
 mod acme_support;
+mod h3_support;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -176,19 +178,33 @@ async fn tls_alpn01_in_the_handshake_and_unknown_names_fail_cleanly() {
         },
     );
     let state = t.dir.path().join("state");
+    // HTTP/3 on, with no certificate but what `[acme]` gets.
     let sluice = Sluice::start(
         t.dir.path(),
         "alpn",
         tls_port,
-        &acme_section(
-            &pebble,
-            &state,
-            "names = [\"alpn.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+        &format!(
+            "[server.http3]\nenabled = true\n{}",
+            acme_section(
+                &pebble,
+                &state,
+                "names = [\"alpn.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+            )
         ),
     );
     let root = pebble.root().await;
     let chain = wait_for_cert(&sluice, "alpn.acme.test", &[&root], Duration::from_secs(30)).await;
     assert!(chain.len() >= 2, "leaf and intermediate");
+    // The issued certificate serves HTTP/3 too: the QUIC handshake verifies against Pebble's root.
+    let root_hex: String = root.iter().map(|b| format!("{b:02x}")).collect();
+    let r = h3_support::client(serde_json::json!({
+        "addr": sluice.tls.to_string(),
+        "sni": "alpn.acme.test",
+        "ca_der_hex": root_hex,
+        "gets": [{"path": "/health"}],
+    }))
+    .await;
+    assert_eq!(r["responses"][0]["status"], 200, "{r}");
     // A name nothing covers, on-demand off: the handshake fails (an alert), nothing is ordered,
     // and the server goes on serving.
     let err = handshake(sluice.tls, "unknown.acme.test", &[&root])
@@ -354,6 +370,18 @@ async fn renews_by_ari_and_swaps_live_with_no_failed_handshake() {
         metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}").unwrap() >= 2.0,
         "{m}"
     );
+    // Renewed by ARI: the time was chosen in Pebble's window, and the order named the
+    // certificate it replaces, which Pebble took (with `ari = false`, neither line appears).
+    let log = sluice.proc.log_text();
+    assert!(
+        log.contains("renewal time chosen in the CA's window (ARI)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("ordering as the renewal of the held certificate (ARI)"),
+        "{log}"
+    );
+    assert!(!log.contains("not taken as a renewal"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,10 +401,14 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
         },
     );
     let state = t.dir.path().join("state");
+    let (ask, asked) = ask_server("od.acme.test").await;
     let section = acme_section(
         &pebble,
         &state,
-        "names = [\"shared.acme.test\"]\nchallenges = [\"tls-alpn-01\"]",
+        &format!(
+            "names = [\"shared.acme.test\"]\nchallenges = [\"tls-alpn-01\"]\n\
+             [acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n"
+        ),
     );
     let a = Sluice::start(t.dir.path(), "node-a", free_port(), &section);
     let b = Sluice::start(t.dir.path(), "node-b", free_port(), &section);
@@ -400,6 +432,18 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
         })
         .count();
     assert_eq!(accounts, 1);
+    // A name issued on demand by one node is the other's at its first handshake for it, from
+    // the directory: not asked about, not ordered again.
+    // (A configured name is never the ask URL's business, ordered or not yet.)
+    assert_eq!(asked.load(Ordering::Relaxed), 0);
+    let od_a = wait_for_cert(&a, "od.acme.test", &[&root], Duration::from_secs(30)).await;
+    assert_eq!(asked.load(Ordering::Relaxed), 1);
+    let od_b = handshake(b.tls, "od.acme.test", &[&root]).await.unwrap();
+    assert_eq!(od_a[0], od_b[0]);
+    assert_eq!(asked.load(Ordering::Relaxed), 1, "node b asked again");
+    let mb = metrics(&b, "shared.acme.test", &root).await;
+    let ma = metrics(&a, "shared.acme.test", &root).await;
+    assert_eq!(issued(&ma) + issued(&mb), 2.0, "{ma}\n{mb}");
 }
 
 /// A tiny `ask` endpoint: 200 for `allowed`, 403 for every other `domain=`; counts requests.

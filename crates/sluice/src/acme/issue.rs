@@ -34,6 +34,9 @@ pub enum OrderError {
     /// Another node holds this name's lock (it is ordering it now).
     #[error("another node is ordering this name")]
     Locked,
+    /// Not ordered: this node's own `acme.orders_per_hour` is used up.
+    #[error("acme.orders_per_hour ({0}) reached; not ordered")]
+    Throttled(u32),
 }
 
 impl OrderError {
@@ -46,6 +49,7 @@ impl OrderError {
             OrderError::Setup(_) => "setup_error",
             OrderError::Store(_) => "store_error",
             OrderError::Locked => "locked",
+            OrderError::Throttled(_) => "throttled",
         }
     }
 }
@@ -68,6 +72,23 @@ impl From<instant_acme::Error> for OrderError {
             }
             _ => OrderError::Ca(e.to_string()),
         }
+    }
+}
+
+/// Whether an order refused as a renewal (`replaces`, RFC 9773 §5) is placed again as a plain
+/// order at once. Naming the certificate it replaces is a courtesy to the CA, so a CA without ARI,
+/// one that says the certificate was already replaced (an earlier order of ours finished at the CA
+/// but never reached the state directory) or that refuses or ignores the field otherwise is asked
+/// plainly; asking again with the same field would fail the same way at every retry until the
+/// certificate expired. Rate limits and an unreachable CA are not worked around.
+fn plain_order_after(e: &instant_acme::Error) -> bool {
+    match e {
+        instant_acme::Error::Unsupported(_) | instant_acme::Error::Other(_) => true,
+        instant_acme::Error::Api(p) => !p
+            .r#type
+            .as_deref()
+            .is_some_and(|t| t.ends_with(":rateLimited")),
+        _ => false,
     }
 }
 
@@ -135,11 +156,12 @@ impl Issuer {
         let plain = NewOrder::new(&identifiers);
         let mut order = match replaces {
             Some(r) => match self.account.new_order(&plain.replaces(r)).await {
-                // A CA without ARI, or one that no longer knows the old certificate: order anew.
-                Err(instant_acme::Error::Unsupported(_)) => {
+                Ok(order) => order,
+                Err(e) if plain_order_after(&e) => {
+                    tracing::info!(%name, error = %e, "acme: not taken as a renewal; ordering anew");
                     self.account.new_order(&NewOrder::new(&identifiers)).await?
                 }
-                other => other?,
+                Err(e) => return Err(e.into()),
             },
             None => self.account.new_order(&plain).await?,
         };
@@ -261,5 +283,34 @@ async fn challenge_errors(order: &mut instant_acme::Order) -> String {
         "the order became invalid".into()
     } else {
         reasons.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(kind: &str) -> instant_acme::Error {
+        instant_acme::Error::Api(instant_acme::Problem {
+            r#type: Some(format!("urn:ietf:params:acme:error:{kind}")),
+            detail: Some("no".into()),
+            status: Some(400),
+            subproblems: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_refused_renewal_is_ordered_plainly_unless_rate_limited_or_unreachable() {
+        // The held certificate was already replaced by an order we never stored, or the CA
+        // refuses the field: a plain order, not the same refusal at every retry.
+        assert!(plain_order_after(&problem("alreadyReplaced")));
+        assert!(plain_order_after(&problem("malformed")));
+        assert!(plain_order_after(&instant_acme::Error::Unsupported("ARI")));
+        assert!(plain_order_after(&instant_acme::Error::Other(
+            "replaces field mismatch".into()
+        )));
+        // The CA's limits and a CA out of reach are not worked around.
+        assert!(!plain_order_after(&problem("rateLimited")));
+        assert!(!plain_order_after(&instant_acme::Error::Timeout(None)));
     }
 }

@@ -14,7 +14,7 @@ pub struct NameLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// `issued`, `invalid`, `rate_limited`, `ca_error`, `setup_error`, `store_error`.
+    /// `issued`, `invalid`, `rate_limited` (by the CA), `throttled` (`acme.orders_per_hour`), `ca_error`, `setup_error`, `store_error`.
     pub outcome: &'static str,
 }
 

@@ -68,8 +68,16 @@ impl ClientFault {
     fn of_read(e: &crate::body::ReadError) -> ClientFault {
         let e = match e {
             crate::body::ReadError::Hyper(e) => e,
-            // An HTTP/3 stream reset or a connection lost: the client went away.
-            crate::body::ReadError::Adapted(_) => return ClientFault::Aborted,
+            // An HTTP/3 body that broke its own `Content-Length` is reported as invalid data;
+            // anything else (a stream reset, a connection lost) is the client going away.
+            crate::body::ReadError::Adapted(e) => {
+                return match e.downcast_ref::<std::io::Error>() {
+                    Some(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+                        ClientFault::Malformed
+                    }
+                    _ => ClientFault::Aborted,
+                };
+            }
         };
         if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
             return ClientFault::Aborted;

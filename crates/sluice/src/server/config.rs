@@ -206,8 +206,15 @@ impl ServerConfig {
         self.listener_names().iter().position(|n| n == name)
     }
 
-    /// Checks what the types alone cannot, within `[server]`.
+    /// Checks what the types alone cannot, within `[server]`, for a server whose TLS
+    /// certificates are all in this section.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.validate_with(false)
+    }
+
+    /// [`ServerConfig::validate`] for a server that may also hold certificates managed
+    /// elsewhere (`managed_tls`: `[acme]` is on), which make its listeners TLS as well.
+    pub fn validate_with(&self, managed_tls: bool) -> anyhow::Result<()> {
         if self.listen.is_empty() {
             bail!("server.listen is empty: give at least one address, e.g. \"127.0.0.1:8888\"");
         }
@@ -230,7 +237,7 @@ impl ServerConfig {
             _ => {}
         }
         self.http3
-            .validate(self.tls_cert.is_some() || !self.certificates.is_empty())?;
+            .validate(managed_tls || self.tls_cert.is_some() || !self.certificates.is_empty())?;
         for (name, value) in [
             ("server.idle_timeout_secs", self.idle_timeout_secs),
             ("server.send_timeout_secs", self.send_timeout_secs),

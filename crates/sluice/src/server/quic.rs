@@ -87,8 +87,8 @@ impl Http3Config {
         }
         if !tls {
             anyhow::bail!(
-                "server.http3.enabled needs TLS on the listeners (server.tls_cert and tls_key, or \
-                 [[server.certificates]]): HTTP/3 is always encrypted"
+                "server.http3.enabled needs TLS on the listeners (server.tls_cert and tls_key, \
+                 [[server.certificates]], or [acme] names): HTTP/3 is always encrypted"
             );
         }
         for (name, value) in [

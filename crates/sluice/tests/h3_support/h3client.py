@@ -3,8 +3,9 @@ object with what happened. Plans:
 
   {"addr": "127.0.0.1:P", "sni": "h3.test", "gets": [{"path": "/x", "headers": [["range", "bytes=0-9"]]}]}
       Requests on one connection, in parallel; per request: status, headers, length, sha256, and
-      the stream reset code if the server reset the stream.
-  {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers", ...}
+      the stream reset code if the server reset the stream. With "ca_der_hex" (any plan), the
+      server's chain must verify against that root for `sni`; without, it is not checked.
+  {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -160,7 +161,14 @@ def qpack_literals(fields):
 
 def configuration(plan):
     c = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
-    c.verify_mode = ssl.CERT_NONE
+    if plan.get("ca_der_hex"):
+        # Verify the server's chain against this root (DER, hex) for the name `sni`.
+        c.verify_mode = ssl.CERT_REQUIRED
+        c.load_verify_locations(
+            cadata=ssl.DER_cert_to_PEM_cert(bytes.fromhex(plan["ca_der_hex"])).encode()
+        )
+    else:
+        c.verify_mode = ssl.CERT_NONE
     c.server_name = plan.get("sni", "h3.test")
     c.max_data = 64 * 1024 * 1024
     c.max_stream_data = 16 * 1024 * 1024
@@ -219,6 +227,22 @@ async def run(plan):
                 encode_uint_var(FrameType.HEADERS) + encode_uint_var(len(block)) + block,
                 end_stream=True,
             )
+            client.transmit()
+            await asyncio.wait_for(ex.done, timeout)
+            out["attack"] = ex.report()
+        elif attack == "length":
+            # A POST whose body is `sent` bytes under a content-length of `declared`: a
+            # mismatch is malformed (RFC 9114 section 4.1.2), never passed on cut to length.
+            sid = q.get_next_available_stream_id()
+            ex = Exchange()
+            client.exchanges[sid] = ex
+            client.http.send_headers(
+                sid,
+                [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"),
+                 (b":path", plan["path"].encode()),
+                 (b"content-length", str(plan["declared"]).encode())],
+            )
+            client.http.send_data(sid, b"x" * plan["sent"], end_stream=True)
             client.transmit()
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()

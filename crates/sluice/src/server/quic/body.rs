@@ -1,10 +1,13 @@
 //! An HTTP/3 request stream's receiving half as an `http_body::Body`, so the handler reads an
-//! HTTP/3 request body as it reads hyper's.
+//! HTTP/3 request body as it reads hyper's. A body longer or shorter than its `Content-Length` is
+//! malformed (RFC 9114 §4.1.2): it ends in an error, never cut to the declared length, and the
+//! client is told to stop sending (`H3_MESSAGE_ERROR`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
+use h3::error::Code;
 use h3::server::RequestStream;
 use http_body::{Body, Frame, SizeHint};
 
@@ -18,8 +21,14 @@ pub struct H3Body {
     /// A chunk read while looking for the end of the body (see [`H3Body::new`]).
     first: Option<Bytes>,
     ended: bool,
-    /// `Content-Length`, when the client gave one.
-    length: Option<u64>,
+    /// Bytes `Content-Length` still owes, when the client gave one.
+    left: Option<u64>,
+}
+
+/// A body that does not match its `Content-Length`. Reported as invalid data, as hyper reports a
+/// broken HTTP/1.1 body, so the proxy books it to the client as a malformed body.
+fn malformed(why: &'static str) -> BoxError {
+    Box::new(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
 }
 
 impl H3Body {
@@ -41,8 +50,36 @@ impl H3Body {
             recv,
             first,
             ended,
-            length,
+            left: length,
         }
+    }
+
+    /// Passes `chunk` on, unless it goes past the declared length.
+    fn data(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(left) = &mut self.left {
+            match left.checked_sub(chunk.len() as u64) {
+                Some(rest) => *left = rest,
+                None => return self.refuse("request body longer than its Content-Length"),
+            }
+        }
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    /// The stream ended: the body's end, unless the declared length is not reached.
+    fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.ended = true;
+        if self.left.is_some_and(|n| n > 0) {
+            return self.refuse("request body shorter than its Content-Length");
+        }
+        Poll::Ready(None)
+    }
+
+    fn refuse(&mut self, why: &'static str) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.ended = true;
+        self.first = None;
+        self.left = None;
+        self.recv.stop_sending(Code::H3_MESSAGE_ERROR);
+        Poll::Ready(Some(Err(malformed(why))))
     }
 }
 
@@ -55,24 +92,20 @@ impl Body for H3Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(first) = self.first.take() {
-            self.length = self.length.map(|n| n.saturating_sub(first.len() as u64));
-            return Poll::Ready(Some(Ok(Frame::data(first))));
+            return self.data(first);
         }
         if self.ended {
-            return Poll::Ready(None);
+            return self.end();
         }
         match self.recv.poll_recv_data(cx) {
             Poll::Ready(Ok(Some(mut chunk))) => {
                 let bytes = chunk.copy_to_bytes(chunk.remaining());
-                self.length = self.length.map(|n| n.saturating_sub(bytes.len() as u64));
-                Poll::Ready(Some(Ok(Frame::data(bytes))))
+                self.data(bytes)
             }
-            Poll::Ready(Ok(None)) => {
-                self.ended = true;
-                Poll::Ready(None)
-            }
+            Poll::Ready(Ok(None)) => self.end(),
             Poll::Ready(Err(e)) => {
                 self.ended = true;
+                self.left = None;
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Pending => Poll::Pending,
@@ -80,14 +113,15 @@ impl Body for H3Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.first.is_none()
+        // A stream that ended short of its length is not at its end: its next poll says so.
+        self.ended && self.first.is_none() && self.left.is_none_or(|n| n == 0)
     }
 
     fn size_hint(&self) -> SizeHint {
         if self.is_end_stream() {
             return SizeHint::with_exact(0);
         }
-        match self.length {
+        match self.left {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
         }

@@ -204,7 +204,8 @@ impl Accepting {
     fn admit(&self, incoming: quinn::Incoming) -> Option<(quinn::Incoming, Slot)> {
         let h3 = &self.config;
         let handshaking = self.handshaking.load(Ordering::Relaxed);
-        if self.open.load(Ordering::Relaxed) >= h3.max_connections
+        // A connection still in its handshake counts toward the connection limit too.
+        if self.open.load(Ordering::Relaxed) + handshaking >= h3.max_connections
             || handshaking >= h3.max_handshakes
         {
             self.metrics.quic_refused.inc();
@@ -242,6 +243,26 @@ impl Accepting {
                 None
             }
         }
+    }
+}
+
+/// One connection attempt in its handshake, counted from the moment it is admitted (not when its
+/// task first runs: a burst of Initials admitted in one turn of the accept loop would all see the
+/// count before any of them raised it) until the handshake ends.
+struct Handshaking(Arc<Accepting>);
+
+impl Handshaking {
+    fn new(accepting: Arc<Accepting>) -> Handshaking {
+        accepting.handshaking.fetch_add(1, Ordering::Relaxed);
+        accepting.metrics.quic_handshakes.inc();
+        Handshaking(accepting)
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.handshaking.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.quic_handshakes.dec();
     }
 }
 
@@ -283,11 +304,11 @@ async fn accept_loop<H: Handler>(
         let Some((incoming, slot)) = accepting.admit(incoming) else {
             continue;
         };
+        let handshake = Handshaking::new(accepting.clone());
         let accepting = accepting.clone();
         let settings = settings.clone();
         settings.tracker.clone().spawn(async move {
             let peer = incoming.remote_address();
-            let handshake = Held::new(&accepting.handshaking, &accepting.metrics.quic_handshakes);
             let early = accepting.config.early_data;
             let done = tokio::time::timeout(accepting.handshake_timeout, async move {
                 let connecting = incoming.accept()?;

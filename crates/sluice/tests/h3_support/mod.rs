@@ -1,0 +1,47 @@
+//! The HTTP/3 test client: `h3client.py` (aioquic) run with a JSON plan, its JSON report back.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// The Python of the aioquic venv; a missing venv is an error, never a skip.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_AIOQUIC_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let p = target.parent().unwrap().join("aioquic-venv/bin/python3");
+    assert!(
+        p.exists(),
+        "no aioquic venv at {}: run scripts/aioquic-venv (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// The client script's path.
+pub fn script() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h3_support/h3client.py")
+}
+
+/// Runs one client plan (see `h3client.py`) and returns its report.
+pub async fn client(plan: Value) -> Value {
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new(python())
+            .arg(script())
+            .arg(plan.to_string())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("HTTP/3 client did not finish in 90 s")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
