@@ -575,6 +575,109 @@ async fn initial_flood_meets_retry_and_a_real_client_is_served() {
     );
 }
 
+/// Handshakes that never finish are let go at `server.tls_handshake_timeout_secs` (counted as
+/// timed out); past `max_handshakes` a new attempt is refused in its handshake; a connection
+/// idle for `server.idle_timeout_secs` is closed; and a real client is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen).await;
+    let cert = SelfSigned::new(&["h3.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(o, &cert, "tls_handshake_timeout_secs = 2\nidle_timeout_secs = 2")
+        .replace(
+            "[cache]",
+            "[server.http3]\nenabled = true\nretry_above_handshakes = 1000\nmax_handshakes = 16\n\n[cache]",
+        );
+    let (_child, addr) = spawn_sluice(&text, &dir).await;
+    let plan = |p: Value| {
+        let mut p = p;
+        p["addr"] = json!(addr.to_string());
+        p
+    };
+    let r = client(plan(gets(&[("/plain/size/1000", None)]))).await;
+    assert_body(&r["responses"][0], 200, &pattern(1000));
+    let series = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    };
+
+    // Forty Initials never continued, no Retry this time: sixteen are let in, the rest are
+    // refused in their handshake (every one answered).
+    let flood = 40;
+    let r = client(plan(json!({"flood": flood, "wait": 1}))).await;
+    assert_eq!(r["silent"], 0, "{r}");
+    let m = metrics_text(addr).await;
+    assert!(series(&m, "sluice_quic_handshakes") <= 16.0, "{m}");
+    assert!(series(&m, "sluice_quic_refused_total") >= 20.0, "{m}");
+    // Within the handshake timeout (2 s) and a margin, every one of them is let go.
+    let mut held = f64::MAX;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        held = series(&metrics_text(addr).await, "sluice_quic_handshakes");
+        if held == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(held, 0.0, "handshakes still held after 10 s");
+    let m = metrics_text(addr).await;
+    assert!(
+        series(
+            &m,
+            "sluice_quic_handshakes_failed_total{reason=\"timeout\"}"
+        ) >= 1.0,
+        "{m}"
+    );
+
+    // A connection left idle is closed by the server at its idle timeout (2 s): the client,
+    // which would wait 30 s, still holds it when the server has let it go.
+    let holding = tokio::spawn(client(plan(json!({
+        "hold": 1, "path": "/plain/size/100", "hold_secs": 6, "timeout": 30,
+    }))));
+    let mut open = 0.0;
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        open = series(&metrics_text(addr).await, "sluice_quic_open_connections");
+        if open == 1.0 {
+            break;
+        }
+    }
+    assert_eq!(open, 1.0, "the held connection never opened");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        series(&metrics_text(addr).await, "sluice_quic_open_connections"),
+        0.0,
+        "an idle QUIC connection outlived server.idle_timeout_secs"
+    );
+    let r = holding.await.unwrap();
+    assert_body(&r["connections"][0]["response"], 200, &pattern(100));
+    let r = client(plan(gets(&[("/plain/size/1000", None)]))).await;
+    assert_body(&r["responses"][0], 200, &pattern(1000));
+}
+
+/// Sessions resume over QUIC; 0-RTT early data (which an attacker can replay) is refused by
+/// default, and taken when `server.http3.early_data` turns it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_is_refused_by_default_and_taken_when_turned_on() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen).await;
+    let plan = json!({"resume": true, "path": "/plain/size/1000"});
+    let s = H3Sluice::start(o, "").await;
+    let r = client(s.plan(plan.clone())).await;
+    assert_body(&r["first"], 200, &pattern(1000));
+    assert_eq!(r["resumed"], true, "{r}");
+    assert_eq!(r["ticket_allows_early_data"], false, "{r}");
+    assert_eq!(r["early_data_accepted"], false, "{r}");
+    assert_body(&r["second"], 200, &pattern(1000));
+
+    let s = H3Sluice::start(o, "[server.http3]\nearly_data = true").await;
+    let r = client(s.plan(plan)).await;
+    assert_eq!(r["ticket_allows_early_data"], true, "{r}");
+    assert_eq!(r["early_data_accepted"], true, "{r}");
+    assert_body(&r["second"], 200, &pattern(1000));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_http3_in_flight_responses() {
     let seen = Arc::new(AtomicUsize::new(0));

@@ -1,5 +1,5 @@
 //! Downstream requests by HTTP version, and the QUIC endpoint's own families (connections,
-//! handshakes, Retry, refusals).
+//! handshakes, Retry, refusals, handshakes that failed).
 
 use crate::atomic::Counter;
 use crate::atomic::Gauge;
@@ -11,6 +11,12 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabels {
     pub http_version: &'static str,
+}
+
+/// The `reason` label of QUIC handshakes that did not finish.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
 }
 
 /// The `transport` label of the HTTP/1.1 fast path's requests.
@@ -36,6 +42,10 @@ pub struct ProtocolMetrics {
     pub quic_retries: Counter,
     /// Connection attempts refused (the connection or handshake limit).
     pub quic_refused: Counter,
+    /// Handshakes that did not finish in `server.tls_handshake_timeout_secs`, and ones that
+    /// failed (the client's TLS refused, the connection lost).
+    pub quic_handshake_timeouts: Counter,
+    pub quic_handshake_errors: Counter,
 }
 
 impl ProtocolMetrics {
@@ -52,6 +62,8 @@ impl ProtocolMetrics {
             fast.get_or_create(&TransportLabels { transport: t })
                 .clone()
         };
+        let failed: Family<ReasonLabels, Counter> = Family::default();
+        let failed_series = |r| failed.get_or_create(&ReasonLabels { reason: r }).clone();
         let m = ProtocolMetrics {
             http1: series("1.1"),
             http2: series("2"),
@@ -62,6 +74,8 @@ impl ProtocolMetrics {
             quic_handshakes: Gauge::default(),
             quic_retries: Counter::default(),
             quic_refused: Counter::default(),
+            quic_handshake_timeouts: failed_series("timeout"),
+            quic_handshake_errors: failed_series("error"),
         };
         registry.register(
             "downstream_requests_by_version",
@@ -92,6 +106,12 @@ impl ProtocolMetrics {
             "quic_refused",
             "QUIC connection attempts refused at server.http3.max_connections or max_handshakes",
             m.quic_refused.clone(),
+        );
+        registry.register(
+            "quic_handshakes_failed",
+            "QUIC handshakes that did not finish, by reason (timeout: \
+             server.tls_handshake_timeout_secs; error: refused by TLS or lost)",
+            failed,
         );
         m
     }

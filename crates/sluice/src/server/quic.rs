@@ -54,7 +54,8 @@ pub struct Http3Config {
     pub retry_above_handshakes: usize,
     /// Handshakes in progress at most (and unvalidated client Initials queued); more are refused.
     pub max_handshakes: usize,
-    /// Accept 0-RTT (early data). Off: early data can be replayed by an attacker.
+    /// Accept 0-RTT (early data). Off: early data can be replayed by an attacker. On, QUIC
+    /// sessions resume from the session cache only (single use), as rustls requires for it.
     pub early_data: bool,
 }
 

@@ -18,7 +18,7 @@ mod own;
 #[cfg(feature = "tls")]
 mod record;
 #[cfg(feature = "tls")]
-mod resume;
+pub(crate) mod resume;
 #[cfg(feature = "tls")]
 mod seal;
 #[cfg(feature = "tls")]

@@ -17,6 +17,10 @@ object with what happened. Plans:
       Opens N connections one after another from one address, a GET of `path` on each, keeps
       those that opened for `hold_secs` (writing `ready_file`, if given, once they are open); per
       connection: the response, or the close code.
+  {"addr": ..., "resume": true, "path": "/x"}
+      A GET on one connection, then the same GET on a second connection resumed with the
+      session ticket of the first and sent at once (0-RTT when allowed); reports whether it
+      resumed and whether the server accepted early data.
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
@@ -322,6 +326,40 @@ async def sequence(plan):
     return out
 
 
+async def resume(plan):
+    """A GET of `path` on a first connection, keeping the session ticket the server sends; then
+    a second connection resumed with it, the same GET sent before the handshake is confirmed (as
+    0-RTT early data when the ticket allows it). Reports whether the second connection resumed,
+    whether the server accepted early data, and both responses."""
+    host, port = plan["addr"].rsplit(":", 1)
+    port = int(port)
+    timeout = plan.get("timeout", 30)
+    tickets = []
+    out = {}
+    async with connect(
+        host, port, configuration=configuration(plan), create_protocol=Client,
+        session_ticket_handler=tickets.append, wait_connected=True,
+    ) as client:
+        out["first"] = (await gets(client, plan, [{"path": plan["path"]}], timeout))[0]
+        # The ticket comes after the handshake: give it a moment.
+        deadline = time.time() + 5
+        while not tickets and time.time() < deadline:
+            await asyncio.sleep(0.05)
+    out["ticket"] = bool(tickets)
+    out["ticket_allows_early_data"] = bool(tickets) and (tickets[-1].max_early_data_size or 0) > 0
+    if not tickets:
+        return out
+    c = configuration(plan)
+    c.session_ticket = tickets[-1]
+    async with connect(
+        host, port, configuration=c, create_protocol=Client, wait_connected=False,
+    ) as client:
+        out["second"] = (await gets(client, plan, [{"path": plan["path"]}], timeout))[0]
+        out["resumed"] = client._quic.tls.session_resumed
+        out["early_data_accepted"] = client._quic.tls.early_data_accepted
+    return out
+
+
 async def hold(plan):
     host, port = plan["addr"].rsplit(":", 1)
     port = int(port)
@@ -397,6 +435,8 @@ def main():
         out = flood(plan)
     elif "sequence" in plan:
         out = asyncio.run(asyncio.wait_for(sequence(plan), plan["sequence"]["secs"] + 60))
+    elif "resume" in plan:
+        out = asyncio.run(asyncio.wait_for(resume(plan), 90))
     elif "hold" in plan:
         out = asyncio.run(asyncio.wait_for(hold(plan), 60))
     else:

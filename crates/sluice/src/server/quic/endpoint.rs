@@ -74,7 +74,6 @@ struct Accepting {
     idle: Duration,
     handshake_timeout: Duration,
     metrics: ProtocolMetrics,
-    handshake_timeouts: crate::atomic::Counter,
     open: AtomicUsize,
     handshaking: AtomicUsize,
     /// The TCP listeners' connection limits (`server.max_connections`, and
@@ -101,7 +100,6 @@ impl Bound {
             idle,
             handshake_timeout: Duration::from_secs(server.tls_handshake_timeout_secs),
             metrics: handler.http_metrics().protocol.clone(),
-            handshake_timeouts: handler.http_metrics().tls_handshake_timeouts.clone(),
             open: AtomicUsize::new(0),
             handshaking: AtomicUsize::new(0),
             acceptor,
@@ -179,6 +177,11 @@ impl Accepting {
         tls.key_log = Arc::new(rustls::NoKeyLog);
         // QUIC takes 0 (no early data) or all of it (`u32::MAX`); early data may be replayed.
         tls.max_early_data_size = if h3.early_data { u32::MAX } else { 0 };
+        if h3.early_data {
+            // Early data only with single-use sessions (not stateless tickets, which a replayed
+            // ClientHello could use again): rustls offers it no other way.
+            crate::server::tls::resume::single_use_sessions(&mut tls);
+        }
         let crypto = QuicServerConfig::try_from(tls).context("TLS settings unfit for QUIC")?;
         let mut transport = quinn::TransportConfig::default();
         transport
@@ -329,9 +332,12 @@ async fn accept_loop<H: Handler>(
                     conn::serve(connection, settings).await;
                     drop(slot);
                 }
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "QUIC handshake failed"),
+                Ok(Err(e)) => {
+                    accepting.metrics.quic_handshake_errors.inc();
+                    tracing::debug!(%peer, error = %e, "QUIC handshake failed");
+                }
                 Err(_) => {
-                    accepting.handshake_timeouts.inc();
+                    accepting.metrics.quic_handshake_timeouts.inc();
                     tracing::debug!(%peer, "QUIC handshake timed out");
                 }
             }

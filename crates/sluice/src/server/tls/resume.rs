@@ -1,6 +1,8 @@
 //! TLS session resumption, on by default and shared by every listener across reloads: stateless
 //! tickets (TLS 1.3 and 1.2) under a key that rotates every six hours, and a session-ID cache for
-//! TLS 1.2 clients that take no tickets.
+//! TLS 1.2 clients that take no tickets. With 0-RTT on (HTTP/3 only), TLS 1.3 resumption is by
+//! that cache alone: each session can be resumed once, which is what keeps one early-data
+//! request from being replayed (rustls offers early data only that way).
 
 use std::sync::{Arc, OnceLock};
 
@@ -44,4 +46,29 @@ pub fn enable(config: &mut ServerConfig) {
     }
     config.session_storage = shared.ids.clone();
     config.send_tls13_tickets = TLS13_TICKETS;
+}
+
+/// Resumption for a config that takes 0-RTT early data: sessions from the cache only, no
+/// stateless tickets, so each ticket a client holds resumes (and carries early data) once.
+pub fn single_use_sessions(config: &mut ServerConfig) {
+    config.ticketer = Arc::new(NoTickets);
+    config.session_storage = shared().ids.clone();
+}
+
+#[derive(Debug)]
+struct NoTickets;
+
+impl ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn lifetime(&self) -> u32 {
+        0
+    }
+    fn encrypt(&self, _plain: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+    fn decrypt(&self, _cipher: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }
