@@ -159,15 +159,6 @@ impl Acme {
         let Some(od) = &self.on_demand else {
             return false;
         };
-        // Another node on the same state directory may hold it already (it issued the name on
-        // demand, or holds the name's lock and is ordering it now): its stored certificate is
-        // taken up here, not only at the next start. Only a well-formed name becomes a path.
-        if config::check_name(name).is_ok() && !name.starts_with("*.") {
-            self.refresh_from_store(name);
-            if self.certs.certificate(name).is_some() {
-                return true;
-            }
-        }
         // A configured name (or one under a configured wildcard) is the renewal loop's to order,
         // not the ask URL's to allow.
         if self.names.iter().any(|n| covered_by(n, name)) {
@@ -185,7 +176,7 @@ impl Acme {
                 let me = self.clone();
                 let name = name.to_string();
                 tokio::spawn(async move {
-                    let issued = me.ask_and_issue(&name).await;
+                    let issued = me.stored_or_ordered(&name).await;
                     if let Some(od) = &me.on_demand {
                         od.done(&name, tx, issued);
                     }
@@ -201,6 +192,26 @@ impl Acme {
         self.certs.certificate(name).is_some()
     }
 
+    /// An on-demand name past the gate (so a well-formed name, at most once per
+    /// `per_name_secs`): another node on the same state directory may have issued it already,
+    /// and its stored certificate is taken up before the ask URL or the CA is troubled; else
+    /// ask, then order.
+    async fn stored_or_ordered(self: &Arc<Self>, name: &str) -> bool {
+        // Off the runtime's threads: the directory may be on a network file system.
+        let (me, stored) = (self.clone(), name.to_string());
+        let _ = tokio::task::spawn_blocking(move || me.refresh_from_store(&stored)).await;
+        if self
+            .certs
+            .held(name)
+            .is_some_and(|h| h.not_after > SystemTime::now())
+        {
+            self.metrics.decision("from_store");
+            tracing::info!(%name, "acme: certificate another node issued on demand taken up");
+            return true;
+        }
+        self.ask_and_issue(name).await
+    }
+
     async fn ask_and_issue(&self, name: &str) -> bool {
         let Some(od) = &self.on_demand else {
             return false;
@@ -208,7 +219,16 @@ impl Acme {
         match od.ask(name).await {
             Ok(true) => {
                 self.metrics.decision("allowed");
-                self.issue(name).await.is_ok()
+                match self.issue(name).await {
+                    Ok(()) => true,
+                    // Another node is ordering it now: the next handshake for the name looks
+                    // in the directory again instead of waiting out `per_name_secs`.
+                    Err(OrderError::Locked) => {
+                        od.forget(name);
+                        false
+                    }
+                    Err(_) => false,
+                }
             }
             Ok(false) => {
                 self.metrics.decision("refused_by_ask");
@@ -388,7 +408,8 @@ impl Acme {
         if replaces.is_some() {
             tracing::debug!(%name, "acme: ordering as the renewal of the held certificate (ARI)");
         }
-        // The CA is reached first: a CA that is down does not use up the hour's orders.
+        // The account is set up first (once; it is kept), so a CA that cannot be reached at
+        // start uses up none of the hour's orders.
         let issuer = self.issuer().await?;
         if !self.take_order_budget() {
             return Err(OrderError::Throttled(self.config.orders_per_hour));

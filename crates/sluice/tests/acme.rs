@@ -1,5 +1,6 @@
 //! Automatic HTTPS against a real ACME CA: Pebble (Let's Encrypt's test CA) issues to a sluice
-//! child process by each challenge (HTTP-01 on the plain listener, TLS-ALPN-01 in the handshake,
+//! child process by each challenge (HTTP-01 on the plain listener, which one address cannot fill,
+//! TLS-ALPN-01 in the handshake,
 //! DNS-01 through BIND 9 with TSIG); the served chain verifies against Pebble's root; renewal by
 //! ARI swaps the certificate under a handshake loop with none failing; two nodes on one state
 //! directory order once, a name issued on demand included; on-demand issuance asks first and stays bounded under a flood of
@@ -135,6 +136,44 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
     )
     .await;
     assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+
+    // One address holds 8 connections at most: a ninth is closed at once, and once the eight
+    // are gone the listener answers that address again.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(tokio::net::TcpStream::connect(plain).await.unwrap());
+    }
+    // Accepted in order: a request on the last held one is answered, so all eight are counted.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let last = held.last_mut().unwrap();
+        last.write_all(b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = last.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 308"));
+    }
+    let ninth = raw(
+        plain,
+        b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(ninth, "", "a ninth connection from one address was served");
+    drop(held);
+    let mut again = String::new();
+    for _ in 0..50 {
+        again = raw(
+            plain,
+            b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        if !again.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(again.starts_with("HTTP/1.1 308"), "{again}");
 
     let m = metrics(&sluice, "web.acme.test", &root).await;
     assert_eq!(
@@ -442,6 +481,14 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
     assert_eq!(od_a[0], od_b[0]);
     assert_eq!(asked.load(Ordering::Relaxed), 1, "node b asked again");
     let mb = metrics(&b, "shared.acme.test", &root).await;
+    assert_eq!(
+        metric(
+            &mb,
+            "sluice_acme_on_demand_decisions_total{decision=\"from_store\"}"
+        ),
+        Some(1.0),
+        "{mb}"
+    );
     let ma = metrics(&a, "shared.acme.test", &root).await;
     assert_eq!(issued(&ma) + issued(&mb), 2.0, "{ma}\n{mb}");
 }

@@ -16,12 +16,18 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::certs::Certs;
+use crate::server::listener::PerIp;
 
 /// The challenge path prefix (RFC 8555 section 8.3).
 pub const PREFIX: &str = "/.well-known/acme-challenge/";
 
 /// Connections open at once on these listeners; past it, new ones wait in the backlog.
 const MAX_CONNECTIONS: usize = 1024;
+
+/// Connections one client address may hold at once; past it, a new one is closed at once. A
+/// CA's validation is one or two connections from each of its vantage points, so one client
+/// cannot hold the listener's every place and keep validations out.
+const MAX_PER_IP: usize = 8;
 
 /// How a plain listener is bound: an address in, a listening socket out.
 pub type Bind = fn(SocketAddr) -> std::io::Result<std::net::TcpListener>;
@@ -34,24 +40,41 @@ pub fn start(
     bind: Bind,
 ) -> anyhow::Result<Vec<SocketAddr>> {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_ip = PerIp::new(MAX_PER_IP, Vec::new());
     let mut bound = Vec::new();
     for addr in addrs {
         let std = bind(*addr).map_err(|e| anyhow::anyhow!("acme.http_listen {addr}: {e}"))?;
         std.set_nonblocking(true)?;
         let listener = TcpListener::from_std(std)?;
         bound.push(listener.local_addr()?);
-        tokio::spawn(accept(listener, certs.clone(), permits.clone()));
+        tokio::spawn(accept(
+            listener,
+            certs.clone(),
+            permits.clone(),
+            per_ip.clone(),
+        ));
     }
     Ok(bound)
 }
 
-async fn accept(listener: TcpListener, certs: Arc<Certs>, permits: Arc<Semaphore>) {
+async fn accept(
+    listener: TcpListener,
+    certs: Arc<Certs>,
+    permits: Arc<Semaphore>,
+    per_ip: Arc<PerIp>,
+) {
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, place) = match listener.accept().await {
+            Ok((s, peer)) => match per_ip.take(peer.ip()) {
+                Some(place) => (s, place),
+                None => {
+                    tracing::debug!(%peer, "acme.http_listen: connection closed: too many from this address");
+                    continue;
+                }
+            },
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
                 tracing::warn!(error = %e, "acme.http_listen: accept failed");
@@ -72,7 +95,7 @@ async fn accept(listener: TcpListener, certs: Arc<Certs>, permits: Arc<Semaphore
                 .serve_connection(TokioIo::new(stream), service);
             // A whole connection gets a minute: a validation is one or two small requests.
             let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
-            drop(permit);
+            drop((permit, place));
         });
     }
 }

@@ -77,17 +77,23 @@ impl From<instant_acme::Error> for OrderError {
 
 /// Whether an order refused as a renewal (`replaces`, RFC 9773 §5) is placed again as a plain
 /// order at once. Naming the certificate it replaces is a courtesy to the CA, so a CA without ARI,
-/// one that says the certificate was already replaced (an earlier order of ours finished at the CA
-/// but never reached the state directory) or that refuses or ignores the field otherwise is asked
-/// plainly; asking again with the same field would fail the same way at every retry until the
-/// certificate expired. Rate limits and an unreachable CA are not worked around.
+/// or one that refuses the request (a 4xx problem: `alreadyReplaced` when an earlier order of
+/// ours finished at the CA but never reached the state directory, `malformed`, `conflict`) is
+/// asked plainly; asking again with the same field would fail the same way at every retry until
+/// the certificate expired. Its rate limits, its own failures (5xx) and a CA out of reach (a
+/// transport error) are not worked around: the retry's backoff handles those. A CA that took
+/// the order without echoing the field is asked plainly too (its order is left unfinished).
 fn plain_order_after(e: &instant_acme::Error) -> bool {
     match e {
-        instant_acme::Error::Unsupported(_) | instant_acme::Error::Other(_) => true,
-        instant_acme::Error::Api(p) => !p
-            .r#type
-            .as_deref()
-            .is_some_and(|t| t.ends_with(":rateLimited")),
+        instant_acme::Error::Unsupported(_) => true,
+        instant_acme::Error::Api(p) => {
+            p.status.is_some_and(|s| (400..500).contains(&s))
+                && !p
+                    .r#type
+                    .as_deref()
+                    .is_some_and(|t| t.ends_with(":rateLimited"))
+        }
+        instant_acme::Error::Other(e) => e.to_string().starts_with("replaces field mismatch"),
         _ => false,
     }
 }
@@ -290,27 +296,31 @@ async fn challenge_errors(order: &mut instant_acme::Order) -> String {
 mod tests {
     use super::*;
 
-    fn problem(kind: &str) -> instant_acme::Error {
+    fn problem(kind: &str, status: u16) -> instant_acme::Error {
         instant_acme::Error::Api(instant_acme::Problem {
             r#type: Some(format!("urn:ietf:params:acme:error:{kind}")),
             detail: Some("no".into()),
-            status: Some(400),
+            status: Some(status),
             subproblems: Vec::new(),
         })
     }
 
     #[test]
-    fn a_refused_renewal_is_ordered_plainly_unless_rate_limited_or_unreachable() {
+    fn a_refused_renewal_is_ordered_plainly_unless_rate_limited_failing_or_unreachable() {
         // The held certificate was already replaced by an order we never stored, or the CA
         // refuses the field: a plain order, not the same refusal at every retry.
-        assert!(plain_order_after(&problem("alreadyReplaced")));
-        assert!(plain_order_after(&problem("malformed")));
+        assert!(plain_order_after(&problem("alreadyReplaced", 409)));
+        assert!(plain_order_after(&problem("malformed", 400)));
         assert!(plain_order_after(&instant_acme::Error::Unsupported("ARI")));
         assert!(plain_order_after(&instant_acme::Error::Other(
-            "replaces field mismatch".into()
+            "replaces field mismatch: expected .., found None".into()
         )));
-        // The CA's limits and a CA out of reach are not worked around.
-        assert!(!plain_order_after(&problem("rateLimited")));
+        // The CA's limits, its own failure and a CA out of reach are not worked around.
+        assert!(!plain_order_after(&problem("rateLimited", 429)));
+        assert!(!plain_order_after(&problem("serverInternal", 500)));
+        assert!(!plain_order_after(&instant_acme::Error::Other(
+            "connection refused".into()
+        )));
         assert!(!plain_order_after(&instant_acme::Error::Timeout(None)));
     }
 }

@@ -20,7 +20,7 @@ pub struct OutcomeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    /// `allowed`, `refused_by_ask`, `ask_failed`, `recently_tried`, `rate_limited`, `full`,
+    /// `allowed`, `from_store`, `refused_by_ask`, `ask_failed`, `recently_tried`, `rate_limited`, `full`,
     /// `bad_name`.
     pub decision: &'static str,
 }

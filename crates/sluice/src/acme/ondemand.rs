@@ -101,6 +101,12 @@ impl OnDemand {
         let _ = tx.send(Some(issued));
     }
 
+    /// Forgets that `name` was tried, so the next handshake for it may start again.
+    pub fn forget(&self, name: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.tried.remove(name);
+    }
+
     /// Names remembered now.
     #[cfg(test)]
     pub fn remembered(&self) -> usize {

@@ -181,7 +181,7 @@ impl PerIp {
     }
 
     /// Takes a place for `ip`, or `None` when it holds `max` already.
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Option<IpPlace>> {
+    pub(crate) fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Option<IpPlace>> {
         let ip = match ip {
             std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
             v4 => v4,
@@ -204,7 +204,7 @@ impl PerIp {
 
 /// One connection's place in its IP's count.
 #[derive(Debug)]
-struct IpPlace {
+pub(crate) struct IpPlace {
     owner: Arc<PerIp>,
     ip: std::net::IpAddr,
 }

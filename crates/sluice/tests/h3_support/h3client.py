@@ -19,8 +19,8 @@ object with what happened. Plans:
       connection: the response, or the close code.
   {"addr": ..., "resume": true, "path": "/x"}
       A GET on one connection, then the same GET on a second connection resumed with the
-      session ticket of the first and sent at once (0-RTT when allowed); reports whether it
-      resumed and whether the server accepted early data.
+      session ticket of the first and sent at once (0-RTT when allowed), then on a third with
+      that same ticket again; reports whether each resumed and had its early data accepted.
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
@@ -235,8 +235,9 @@ async def run(plan):
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()
         elif attack == "length":
-            # A POST whose body is `sent` bytes under a content-length of `declared`: a
-            # mismatch is malformed (RFC 9114 section 4.1.2), never passed on cut to length.
+            # A POST whose body is `parts` (byte counts, each its own DATA frame sent 0.2 s
+            # after the one before) under a content-length of `declared`: a mismatch is
+            # malformed (RFC 9114 section 4.1.2), never passed on cut to length.
             sid = q.get_next_available_stream_id()
             ex = Exchange()
             client.exchanges[sid] = ex
@@ -246,8 +247,12 @@ async def run(plan):
                  (b":path", plan["path"].encode()),
                  (b"content-length", str(plan["declared"]).encode())],
             )
-            client.http.send_data(sid, b"x" * plan["sent"], end_stream=True)
-            client.transmit()
+            parts = plan["parts"]
+            for i, n in enumerate(parts):
+                if i:
+                    await asyncio.sleep(0.2)
+                client.http.send_data(sid, b"x" * n, end_stream=i == len(parts) - 1)
+                client.transmit()
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()
         elif attack == "too-many-streams":
@@ -357,6 +362,15 @@ async def resume(plan):
         out["second"] = (await gets(client, plan, [{"path": plan["path"]}], timeout))[0]
         out["resumed"] = client._quic.tls.session_resumed
         out["early_data_accepted"] = client._quic.tls.early_data_accepted
+    # The same ticket once more, as an attacker replaying the first flight would present it.
+    c = configuration(plan)
+    c.session_ticket = tickets[-1]
+    async with connect(
+        host, port, configuration=c, create_protocol=Client, wait_connected=False,
+    ) as client:
+        out["replayed"] = (await gets(client, plan, [{"path": plan["path"]}], timeout))[0]
+        out["replay_resumed"] = client._quic.tls.session_resumed
+        out["replay_early_data_accepted"] = client._quic.tls.early_data_accepted
     return out
 
 

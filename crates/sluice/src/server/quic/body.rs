@@ -1,13 +1,11 @@
 //! An HTTP/3 request stream's receiving half as an `http_body::Body`, so the handler reads an
 //! HTTP/3 request body as it reads hyper's. A body longer or shorter than its `Content-Length` is
-//! malformed (RFC 9114 §4.1.2): it ends in an error, never cut to the declared length, and the
-//! client is told to stop sending (`H3_MESSAGE_ERROR`).
+//! malformed (RFC 9114 §4.1.2): it ends in an error, never passed on cut to the declared length.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use h3::error::Code;
 use h3::server::RequestStream;
 use http_body::{Body, Frame, SizeHint};
 
@@ -15,18 +13,26 @@ use crate::body::BoxError;
 
 type Recv = RequestStream<h3_quinn::RecvStream, Bytes>;
 
+type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+
 /// The request body of one HTTP/3 request stream.
 pub struct H3Body {
     recv: Recv,
     /// A chunk read while looking for the end of the body (see [`H3Body::new`]).
     first: Option<Bytes>,
+    /// The chunk that completes the declared length, held until the stream is seen to end there:
+    /// a writer that frames by length stops reading once it has that many bytes, so anything
+    /// past them must be found before the last bytes go out.
+    last: Option<Bytes>,
     ended: bool,
-    /// Bytes `Content-Length` still owes, when the client gave one.
+    /// Bytes `Content-Length` still owes (held ones counted as given), when the client gave one.
     left: Option<u64>,
 }
 
 /// A body that does not match its `Content-Length`. Reported as invalid data, as hyper reports a
-/// broken HTTP/1.1 body, so the proxy books it to the client as a malformed body.
+/// broken HTTP/1.1 body, so the proxy books it to the client as a malformed body. (The stream is
+/// not stopped from here: h3-quinn cannot stop a stream while a read is in flight. Dropping the
+/// body stops it.)
 fn malformed(why: &'static str) -> BoxError {
     Box::new(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
 }
@@ -49,24 +55,51 @@ impl H3Body {
         H3Body {
             recv,
             first,
+            last: None,
             ended,
             left: length,
         }
     }
 
-    /// Passes `chunk` on, unless it goes past the declared length.
-    fn data(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(left) = &mut self.left {
-            match left.checked_sub(chunk.len() as u64) {
-                Some(rest) => *left = rest,
-                None => return self.refuse("request body longer than its Content-Length"),
+    /// Passes `chunk` on, unless it goes past the declared length; the chunk that reaches it is
+    /// held until the stream's end is seen.
+    fn data(&mut self, chunk: Bytes, cx: &mut Context<'_>) -> Polled {
+        let Some(left) = &mut self.left else {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        };
+        let Some(rest) = left.checked_sub(chunk.len() as u64) else {
+            return self.refuse("request body longer than its Content-Length");
+        };
+        *left = rest;
+        if rest > 0 || self.ended || chunk.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        self.last = Some(chunk);
+        self.poll_last(cx)
+    }
+
+    /// With the declared length all read: the held chunk goes out once the stream ends; any
+    /// byte more is refused.
+    fn poll_last(&mut self, cx: &mut Context<'_>) -> Polled {
+        loop {
+            match self.recv.poll_recv_data(cx) {
+                Poll::Ready(Ok(Some(chunk))) if !chunk.has_remaining() => continue,
+                Poll::Ready(Ok(Some(_))) => {
+                    return self.refuse("request body longer than its Content-Length")
+                }
+                Poll::Ready(Ok(None)) => {
+                    self.ended = true;
+                    let last = self.last.take().unwrap_or_default();
+                    return Poll::Ready(Some(Ok(Frame::data(last))));
+                }
+                Poll::Ready(Err(e)) => return self.fail(Box::new(e)),
+                Poll::Pending => return Poll::Pending,
             }
         }
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
     }
 
     /// The stream ended: the body's end, unless the declared length is not reached.
-    fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn end(&mut self) -> Polled {
         self.ended = true;
         if self.left.is_some_and(|n| n > 0) {
             return self.refuse("request body shorter than its Content-Length");
@@ -74,12 +107,16 @@ impl H3Body {
         Poll::Ready(None)
     }
 
-    fn refuse(&mut self, why: &'static str) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn refuse(&mut self, why: &'static str) -> Polled {
+        self.fail(malformed(why))
+    }
+
+    fn fail(&mut self, e: BoxError) -> Polled {
         self.ended = true;
         self.first = None;
+        self.last = None;
         self.left = None;
-        self.recv.stop_sending(Code::H3_MESSAGE_ERROR);
-        Poll::Ready(Some(Err(malformed(why))))
+        Poll::Ready(Some(Err(e)))
     }
 }
 
@@ -87,12 +124,12 @@ impl Body for H3Body {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
+        if self.last.is_some() {
+            return self.poll_last(cx);
+        }
         if let Some(first) = self.first.take() {
-            return self.data(first);
+            return self.data(first, cx);
         }
         if self.ended {
             return self.end();
@@ -100,29 +137,29 @@ impl Body for H3Body {
         match self.recv.poll_recv_data(cx) {
             Poll::Ready(Ok(Some(mut chunk))) => {
                 let bytes = chunk.copy_to_bytes(chunk.remaining());
-                self.data(bytes)
+                self.data(bytes, cx)
             }
             Poll::Ready(Ok(None)) => self.end(),
-            Poll::Ready(Err(e)) => {
-                self.ended = true;
-                self.left = None;
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
+            Poll::Ready(Err(e)) => self.fail(Box::new(e)),
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
         // A stream that ended short of its length is not at its end: its next poll says so.
-        self.ended && self.first.is_none() && self.left.is_none_or(|n| n == 0)
+        self.ended
+            && self.first.is_none()
+            && self.last.is_none()
+            && self.left.is_none_or(|n| n == 0)
     }
 
     fn size_hint(&self) -> SizeHint {
         if self.is_end_stream() {
             return SizeHint::with_exact(0);
         }
+        let held = self.last.as_ref().map_or(0, |b| b.len() as u64);
         match self.left {
-            Some(n) => SizeHint::with_exact(n),
+            Some(n) => SizeHint::with_exact(n + held),
             None => SizeHint::default(),
         }
     }

@@ -249,6 +249,9 @@ impl Accepting {
     }
 }
 
+/// HTTP/3's "no error" code (RFC 9114 §8.1), for a connection closed by the server's own limit.
+const H3_NO_ERROR: u32 = 0x100;
+
 /// One connection attempt in its handshake, counted from the moment it is admitted (not when its
 /// task first runs: a burst of Initials admitted in one turn of the accept loop would all see the
 /// count before any of them raised it) until the handshake ends.
@@ -313,31 +316,58 @@ async fn accept_loop<H: Handler>(
         settings.tracker.clone().spawn(async move {
             let peer = incoming.remote_address();
             let early = accepting.config.early_data;
-            let done = tokio::time::timeout(accepting.handshake_timeout, async move {
+            let deadline = tokio::time::Instant::now() + accepting.handshake_timeout;
+            let done = tokio::time::timeout_at(deadline, async move {
                 let connecting = incoming.accept()?;
                 if early {
+                    // A server always takes 0.5-RTT: requests are served while the handshake
+                    // goes on.
                     match connecting.into_0rtt() {
-                        Ok((c, _)) => return Ok(c),
-                        Err(connecting) => return connecting.await,
+                        Ok((c, accepted)) => return Ok((c, Some(accepted))),
+                        Err(connecting) => return connecting.await.map(|c| (c, None)),
                     }
                 }
-                connecting.await
+                connecting.await.map(|c| (c, None))
             })
             .await;
-            drop(handshake);
             match done {
-                Ok(Ok(connection)) => {
+                Ok(Ok((connection, accepted))) => {
                     let _open = Held::new(&accepting.open, &accepting.metrics.quic_open);
                     settings.handler.connection_accepted();
-                    conn::serve(connection, settings).await;
+                    match accepted {
+                        None => {
+                            drop(handshake);
+                            conn::serve(connection, settings).await;
+                        }
+                        Some(accepted) => {
+                            // Served at once, yet still in its handshake: it keeps its place in
+                            // the handshake count (so Retry and max_handshakes still apply) until
+                            // the handshake finishes, and is closed if that takes longer than
+                            // the handshake timeout, as without early data.
+                            let quic = connection.clone();
+                            let metrics = accepting.metrics.clone();
+                            let finish = async move {
+                                let finished = tokio::time::timeout_at(deadline, accepted).await;
+                                if finished.is_err() {
+                                    metrics.quic_handshake_timeouts.inc();
+                                    tracing::debug!(%peer, "QUIC handshake timed out (0-RTT)");
+                                    quic.close(VarInt::from_u32(H3_NO_ERROR), b"handshake timeout");
+                                }
+                                drop(handshake);
+                            };
+                            tokio::join!(conn::serve(connection, settings), finish);
+                        }
+                    }
                     drop(slot);
                 }
                 Ok(Err(e)) => {
                     accepting.metrics.quic_handshake_errors.inc();
+                    drop(handshake);
                     tracing::debug!(%peer, error = %e, "QUIC handshake failed");
                 }
                 Err(_) => {
                     accepting.metrics.quic_handshake_timeouts.inc();
+                    drop(handshake);
                     tracing::debug!(%peer, "QUIC handshake timed out");
                 }
             }
