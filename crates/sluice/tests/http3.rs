@@ -28,7 +28,8 @@ use tokio::sync::oneshot;
 const SEVEN_MB: usize = 7 * 1024 * 1024;
 
 /// The origin: `/…/size/N` answers N pattern bytes (honouring one `Range`), cacheable for a
-/// minute; `/…/slow/N` sends N bytes after half a second; it counts the requests it sees.
+/// minute; `/…/slow/N` sends N bytes after half a second; it counts the requests it sees, and
+/// echoes a request's `Early-Data` as `x-early-data`.
 async fn start_origin(seen: Arc<AtomicUsize>) -> SocketAddr {
     origin(move |req: Request<Incoming>| {
         let seen = seen.clone();
@@ -47,10 +48,14 @@ async fn start_origin(seen: Arc<AtomicUsize>) -> SocketAddr {
                 .and_then(|r| r.strip_prefix("bytes="))
                 .and_then(|r| r.split_once('-'))
                 .and_then(|(a, z)| Some((a.parse::<usize>().ok()?, z.parse::<usize>().ok()?)));
-            let b = Response::builder()
+            let mut b = Response::builder()
                 .header("cache-control", "max-age=60")
                 .header("accept-ranges", "bytes")
                 .header("etag", "\"v1\"");
+            // What the proxy said about early data (RFC 8470), for the 0-RTT test.
+            if let Some(v) = req.headers().get("early-data") {
+                b = b.header("x-early-data", v);
+            }
             match range {
                 Some((a, z)) if a <= z && z < n => b
                     .status(StatusCode::PARTIAL_CONTENT)
@@ -679,7 +684,8 @@ async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
 }
 
 /// Sessions resume over QUIC; 0-RTT early data (which an attacker can replay) is refused by
-/// default, and taken when `server.http3.early_data` turns it on.
+/// default, and taken when `server.http3.early_data` turns it on: a safe request in it goes on
+/// marked `Early-Data: 1`, any other waits for the handshake, and a ticket resumes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_data_is_refused_by_default_and_taken_when_turned_on() {
     let seen = Arc::new(AtomicUsize::new(0));
@@ -692,13 +698,20 @@ async fn early_data_is_refused_by_default_and_taken_when_turned_on() {
     assert_eq!(r["ticket_allows_early_data"], false, "{r}");
     assert_eq!(r["early_data_accepted"], false, "{r}");
     assert_body(&r["second"], 200, &pattern(1000));
+    assert_eq!(header(&r["second"], "x-early-data"), None, "{r}");
 
     let s = H3Sluice::start(o, "[server.http3]\nearly_data = true").await;
     let r = client(s.plan(plan)).await;
     assert_eq!(r["ticket_allows_early_data"], true, "{r}");
     assert_eq!(r["resumed"], true, "{r}");
     assert_eq!(r["early_data_accepted"], true, "{r}");
+    assert_eq!(header(&r["first"], "x-early-data"), None, "{r}");
+    // The GET sent as early data went on at once, marked for the origin (RFC 8470 §5.1); the
+    // POST, which a replay must not repeat, waited for the handshake and went on unmarked.
     assert_body(&r["second"], 200, &pattern(1000));
+    assert_eq!(header(&r["second"], "x-early-data"), Some("1"), "{r}");
+    assert_body(&r["second_post"], 200, &pattern(1000));
+    assert_eq!(header(&r["second_post"], "x-early-data"), None, "{r}");
     // The ticket presented again (a replayed first flight): it resumes nothing, its early data
     // is not taken, and the request is served after a full handshake.
     assert_eq!(r["replay_resumed"], false, "{r}");

@@ -18,9 +18,10 @@ object with what happened. Plans:
       those that opened for `hold_secs` (writing `ready_file`, if given, once they are open); per
       connection: the response, or the close code.
   {"addr": ..., "resume": true, "path": "/x"}
-      A GET on one connection, then the same GET on a second connection resumed with the
-      session ticket of the first and sent at once (0-RTT when allowed), then on a third with
-      that same ticket again; reports whether each resumed and had its early data accepted.
+      A GET on one connection, then the same GET and a POST on a second connection resumed
+      with the session ticket of the first and sent at once (0-RTT when allowed), then the GET
+      on a third with that same ticket again; reports whether each resumed and had its early
+      data accepted.
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
@@ -359,7 +360,12 @@ async def resume(plan):
     async with connect(
         host, port, configuration=c, create_protocol=Client, wait_connected=False,
     ) as client:
-        out["second"] = (await gets(client, plan, [{"path": plan["path"]}], timeout))[0]
+        # A GET and a POST, both sent before the handshake is confirmed.
+        authority = plan.get("authority", "127.0.0.1")
+        exs = [client.request(authority, plan["path"]),
+               client.request(authority, plan["path"], method="POST")]
+        await asyncio.wait_for(asyncio.gather(*(e.done for e in exs)), timeout)
+        out["second"], out["second_post"] = exs[0].report(), exs[1].report()
         out["resumed"] = client._quic.tls.session_resumed
         out["early_data_accepted"] = client._quic.tls.early_data_accepted
     # The same ticket once more, as an attacker replaying the first flight would present it.

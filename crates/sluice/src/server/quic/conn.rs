@@ -39,6 +39,9 @@ pub struct Shared<H> {
     pub activity: Arc<Activity>,
     pub send_timeout: Duration,
     pub requests: Counter,
+    /// For a connection served before its handshake finished (0-RTT): turns true when it has.
+    /// `None`: the handshake was over before the first request.
+    pub handshake: Option<watch::Receiver<bool>>,
 }
 
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
@@ -51,8 +54,12 @@ enum Event {
     Tick,
 }
 
-/// Serves one established QUIC connection to its end.
-pub async fn serve<H: Handler>(quic: quinn::Connection, settings: Arc<Settings<H>>) {
+/// Serves one QUIC connection to its end; `handshake` as in [`Shared::handshake`].
+pub async fn serve<H: Handler>(
+    quic: quinn::Connection,
+    settings: Arc<Settings<H>>,
+    handshake: Option<watch::Receiver<bool>>,
+) {
     let peer: SocketAddr = quic.remote_address();
     let built = h3::server::builder()
         .max_field_section_size(settings.max_field_section_size)
@@ -74,6 +81,7 @@ pub async fn serve<H: Handler>(quic: quinn::Connection, settings: Arc<Settings<H
         activity: Activity::new(),
         send_timeout: settings.send_timeout,
         requests: settings.handler.http_metrics().protocol.http3.clone(),
+        handshake,
     });
     let mut stop = settings.stop.clone();
     let mut draining = false;

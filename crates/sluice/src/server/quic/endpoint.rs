@@ -337,7 +337,7 @@ async fn accept_loop<H: Handler>(
                     match accepted {
                         None => {
                             drop(handshake);
-                            conn::serve(connection, settings).await;
+                            conn::serve(connection, settings, None).await;
                         }
                         Some(accepted) => {
                             // Served at once, yet still in its handshake: it keeps its place in
@@ -346,16 +346,19 @@ async fn accept_loop<H: Handler>(
                             // the handshake timeout, as without early data.
                             let quic = connection.clone();
                             let metrics = accepting.metrics.clone();
+                            let (done, done_rx) = watch::channel(false);
                             let finish = async move {
                                 let finished = tokio::time::timeout_at(deadline, accepted).await;
                                 if finished.is_err() {
                                     metrics.quic_handshake_timeouts.inc();
                                     tracing::debug!(%peer, "QUIC handshake timed out (0-RTT)");
                                     quic.close(VarInt::from_u32(H3_NO_ERROR), b"handshake timeout");
+                                } else {
+                                    let _ = done.send(true);
                                 }
                                 drop(handshake);
                             };
-                            tokio::join!(conn::serve(connection, settings), finish);
+                            tokio::join!(conn::serve(connection, settings, Some(done_rx)), finish);
                         }
                     }
                     drop(slot);

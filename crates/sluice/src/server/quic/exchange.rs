@@ -35,6 +35,15 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
+    let (mut req, early) = match early_data(req, shared.handshake.as_ref()).await {
+        Some(r) => r,
+        // The handshake never finished: the connection is closing.
+        None => return,
+    };
+    if early {
+        req.headers_mut()
+            .insert(EARLY_DATA, http::HeaderValue::from_static("1"));
+    }
     let (mut send, recv) = stream.split();
     let length = req
         .headers()
@@ -59,6 +68,32 @@ pub async fn serve<H: Handler>(
         }
         Err(e) => tracing::debug!(%peer, error = %e, "HTTP/3 response not finished"),
     }
+}
+
+/// `Early-Data` (RFC 8470 §5.1).
+const EARLY_DATA: http::HeaderName = http::HeaderName::from_static("early-data");
+
+/// A request that may have come in 0-RTT early data, which an attacker can replay: one with a
+/// safe method goes on at once, marked `Early-Data: 1` for the origin (RFC 8470 §5.1, which a
+/// proxy must do; the origin may answer 425 Too Early, which goes back to the client); any other
+/// waits until the handshake has finished, when a replay can no longer carry it. Returns the
+/// request and whether it goes on as early data; `None` when the handshake never finished.
+async fn early_data(
+    req: Request<()>,
+    handshake: Option<&tokio::sync::watch::Receiver<bool>>,
+) -> Option<(Request<()>, bool)> {
+    let Some(handshake) = handshake else {
+        return Some((req, false));
+    };
+    if *handshake.borrow() {
+        return Some((req, false));
+    }
+    if req.method().is_safe() {
+        return Some((req, true));
+    }
+    let mut handshake = handshake.clone();
+    handshake.wait_for(|done| *done).await.ok()?;
+    Some((req, false))
 }
 
 /// Why a response stopped early.
