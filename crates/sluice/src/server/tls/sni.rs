@@ -142,23 +142,31 @@ impl std::fmt::Debug for SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        if let Some(name) = hello.server_name() {
-            let name = name.to_ascii_lowercase();
+        let name = hello.server_name().map(str::to_ascii_lowercase);
+        let challenge = hello
+            .alpn()
+            .is_some_and(|mut protocols| protocols.any(is_acme_alpn));
+        self.pick(name.as_deref(), challenge)
+    }
+}
+
+impl SniResolver {
+    /// The certificate for server name `name` (lowercase): a static one for exactly that name,
+    /// else one ACME holds for it, else the longest static `*.domain`, else the default. A
+    /// TLS-ALPN-01 validation (`challenge`) gets the challenge certificate or nothing.
+    fn pick(&self, name: Option<&str>, challenge: bool) -> Option<Arc<CertifiedKey>> {
+        if let Some(name) = name {
             #[cfg(feature = "acme")]
             if let Some(acme) = &self.acme {
-                // A TLS-ALPN-01 validation gets the challenge certificate or nothing.
-                let challenge = hello.alpn().is_some_and(|mut protocols| {
-                    protocols.any(|p| p == crate::acme::ACME_TLS_ALPN)
-                });
                 if challenge {
-                    return acme.alpn_challenge(&name);
+                    return acme.alpn_challenge(name);
                 }
             }
-            if let Some(c) = self.exact.get(&name) {
+            if let Some(c) = self.exact.get(name) {
                 return Some(c.clone());
             }
             #[cfg(feature = "acme")]
-            if let Some(c) = self.acme.as_ref().and_then(|a| a.certificate(&name)) {
+            if let Some(c) = self.acme.as_ref().and_then(|a| a.certificate(name)) {
                 return Some(c);
             }
             if let Some((_, c)) = self
@@ -169,6 +177,103 @@ impl ResolvesServerCert for SniResolver {
                 return Some(c.clone());
             }
         }
+        let _ = challenge;
         self.default.clone()
+    }
+}
+
+/// Whether an ALPN protocol is TLS-ALPN-01's (`acme-tls/1`).
+fn is_acme_alpn(protocol: &[u8]) -> bool {
+    #[cfg(feature = "acme")]
+    return protocol == crate::acme::ACME_TLS_ALPN;
+    #[cfg(not(feature = "acme"))]
+    {
+        let _ = protocol;
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::PrivatePkcs8KeyDer;
+
+    /// A self-signed certificate for `name`, and its PEM bundle (chain then key, as ACME stores).
+    fn cert(name: &str) -> (Arc<CertifiedKey>, Vec<u8>) {
+        let made = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+        let provider = super::super::suites::provider();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(made.signing_key.serialize_der()));
+        let signer = provider.key_provider.load_private_key(key).unwrap();
+        let certified = CertifiedKey::new(vec![made.cert.der().clone()], signer);
+        let pem = format!("{}{}", made.cert.pem(), made.signing_key.serialize_pem());
+        (Arc::new(certified), pem.into_bytes())
+    }
+
+    fn is(got: Option<Arc<CertifiedKey>>, want: &Arc<CertifiedKey>) -> bool {
+        got.is_some_and(|g| g.cert[0] == want.cert[0])
+    }
+
+    #[test]
+    fn static_names_then_the_longest_wildcard_then_the_default() {
+        let (default, _) = cert("default.test");
+        let (exact, _) = cert("a.example.com");
+        let (wide, _) = cert("*.example.com");
+        let (narrow, _) = cert("*.deep.example.com");
+        let mut r = SniResolver {
+            default: Some(default.clone()),
+            ..SniResolver::default()
+        };
+        r.exact.insert("a.example.com".into(), exact.clone());
+        r.wildcard = vec![
+            (".deep.example.com".into(), narrow.clone()),
+            (".example.com".into(), wide.clone()),
+        ];
+        assert!(is(r.pick(Some("a.example.com"), false), &exact));
+        assert!(is(r.pick(Some("b.example.com"), false), &wide));
+        assert!(is(r.pick(Some("x.deep.example.com"), false), &narrow));
+        // The bare domain is not under its own wildcard.
+        assert!(is(r.pick(Some("example.com"), false), &default));
+        assert!(is(r.pick(Some("other.test"), false), &default));
+        assert!(is(r.pick(None, false), &default));
+        let none = SniResolver::default();
+        assert!(none.pick(Some("a.example.com"), false).is_none());
+    }
+
+    #[cfg(feature = "acme")]
+    #[test]
+    fn acme_certificates_sit_between_exact_static_names_and_static_wildcards() {
+        let (default, _) = cert("default.test");
+        let (exact, _) = cert("a.example.com");
+        let (wide, _) = cert("*.example.com");
+        let (_, issued_a) = cert("a.example.com");
+        let (issued_b, issued_b_pem) = cert("b.example.com");
+        let (issued_star, issued_star_pem) = cert("*.acme.test");
+        let certs = Arc::new(crate::acme::Certs::default());
+        let now = std::time::SystemTime::now();
+        certs.install("a.example.com", &issued_a, now).unwrap();
+        certs.install("b.example.com", &issued_b_pem, now).unwrap();
+        certs.install("*.acme.test", &issued_star_pem, now).unwrap();
+        let mut r = SniResolver {
+            default: Some(default.clone()),
+            acme: Some(certs.clone()),
+            ..SniResolver::default()
+        };
+        r.exact.insert("a.example.com".into(), exact.clone());
+        r.wildcard = vec![(".example.com".into(), wide.clone())];
+        // An exact static file wins over an issued certificate for the same name.
+        assert!(is(r.pick(Some("a.example.com"), false), &exact));
+        // An issued certificate wins over a static wildcard.
+        assert!(is(r.pick(Some("b.example.com"), false), &issued_b));
+        // An issued wildcard covers one label.
+        assert!(is(r.pick(Some("x.acme.test"), false), &issued_star));
+        assert!(is(r.pick(Some("x.y.acme.test"), false), &default));
+        // A TLS-ALPN-01 validation gets the challenge certificate, never a served one.
+        assert!(r.pick(Some("a.example.com"), true).is_none());
+        certs
+            .open_alpn_challenge("a.example.com", &[0u8; 32])
+            .unwrap();
+        let challenge = r.pick(Some("a.example.com"), true).unwrap();
+        assert!(challenge.cert[0] != exact.cert[0]);
+        assert!(challenge.cert[0] != issued_b.cert[0]);
     }
 }
