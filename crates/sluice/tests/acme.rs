@@ -749,3 +749,66 @@ async fn broken_ca(ca: &ListenerCa) -> std::net::SocketAddr {
     });
     addr
 }
+
+/// A challenge the CA cannot validate (its HTTP-01 request finds nothing listening): the order
+/// fails as `invalid` (the validation's problem is the order's, not the CA's), the log says why
+/// in the CA's words, nothing is stored, and the process keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenge_the_ca_cannot_validate_fails_the_order_and_the_log_says_why() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let tls_port = free_port();
+    // Pebble validates HTTP-01 on a port where nothing listens; sluice answers on another.
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port: free_port(),
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+        },
+    );
+    let state = t.dir.path().join("state");
+    let http_port = free_port();
+    let mut s = Sluice::start(
+        t.dir.path(),
+        "invalid",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "names = [\"unreachable.acme.test\"]\nchallenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{http_port}\"]"
+            ),
+        ),
+    );
+    let root = pebble.root().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut log = String::new();
+    while Instant::now() < deadline {
+        log = s.proc.log_text();
+        if log.contains("outcome=\"invalid\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let line = log
+        .lines()
+        .find(|l| l.contains("acme: order failed") && l.contains("outcome=\"invalid\""))
+        .unwrap_or_else(|| panic!("no failed order in the log:\n{log}"));
+    // Why, in the CA's words: what it tried, what happened, the problem type.
+    assert!(line.contains("name=unreachable.acme.test"), "{line}");
+    assert!(line.contains("/.well-known/acme-challenge/"), "{line}");
+    assert!(line.contains("connection refused"), "{line}");
+    assert!(
+        line.contains("urn:ietf:params:acme:error:connection"),
+        "{line}"
+    );
+    assert!(s.proc.running());
+    assert!(handshake(s.tls, "unreachable.acme.test", &[&root])
+        .await
+        .is_err());
+    assert!(!state.join("certs/unreachable.acme.test.pem").exists());
+}

@@ -59,12 +59,20 @@ impl From<instant_acme::Error> for OrderError {
         match &e {
             instant_acme::Error::Api(p) => {
                 let kind = p.r#type.as_deref().unwrap_or("");
+                // RFC 8555 §6.7: the problems of a validation that failed, and of names the
+                // CA will not issue for, are the order's (invalid), not the CA's.
+                const INVALID: [&str; 7] = [
+                    ":unauthorized",
+                    ":rejectedIdentifier",
+                    ":caa",
+                    ":connection",
+                    ":dns",
+                    ":incorrectResponse",
+                    ":tls",
+                ];
                 if kind.ends_with(":rateLimited") {
                     OrderError::RateLimited(p.to_string())
-                } else if kind.ends_with(":unauthorized")
-                    || kind.ends_with(":rejectedIdentifier")
-                    || kind.ends_with(":caa")
-                {
+                } else if INVALID.iter().any(|k| kind.ends_with(k)) {
                     OrderError::Invalid(p.to_string())
                 } else {
                     OrderError::Ca(p.to_string())
@@ -322,5 +330,31 @@ mod tests {
             "connection refused".into()
         )));
         assert!(!plain_order_after(&instant_acme::Error::Timeout(None)));
+    }
+
+    #[test]
+    fn a_failed_validation_is_the_orders_fault_and_a_server_error_the_cas() {
+        for kind in [
+            "connection",
+            "dns",
+            "incorrectResponse",
+            "tls",
+            "caa",
+            "unauthorized",
+        ] {
+            assert_eq!(
+                OrderError::from(problem(kind, 400)).label(),
+                "invalid",
+                "{kind}"
+            );
+        }
+        assert_eq!(
+            OrderError::from(problem("rateLimited", 429)).label(),
+            "rate_limited"
+        );
+        assert_eq!(
+            OrderError::from(problem("serverInternal", 500)).label(),
+            "ca_error"
+        );
     }
 }
