@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::certs::Certs;
-use crate::server::listener::PerIp;
+use crate::net::per_ip::PerIp;
 
 /// The challenge path prefix (RFC 8555 section 8.3).
 pub const PREFIX: &str = "/.well-known/acme-challenge/";
