@@ -450,7 +450,14 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // Longer in one frame, longer across many packets, shorter, and exactly the length in one
     // frame with the excess in another a moment later (a writer framing by length would have
     // stopped reading at the tenth byte).
-    let cases: [(u64, &[u64]); 4] = [(5, &[10]), (5, &[65_536]), (10, &[5]), (10, &[10, 5])];
+    let cases: [(u64, &[u64]); 5] = [
+        (5, &[10]),
+        (5, &[65_536]),
+        (10, &[5]),
+        (10, &[10, 5]),
+        // An empty DATA frame is not the end: the excess after it is seen.
+        (10, &[10, 0, 5]),
+    ];
     for (declared, parts) in cases {
         let r = client(s.plan(json!({
             "attack": "length", "path": "/plain/echo", "declared": declared, "parts": parts,
@@ -473,16 +480,92 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
             .await,
         cases.len() as f64
     );
-    // Bodies that match, in one frame and in two.
-    for parts in [&[10u64][..], &[4, 6]] {
+    // Bodies that match, in one frame, in two, after an empty frame, and with no length
+    // and an empty frame in the middle (which is not the end either).
+    let matching: [(Option<u64>, &[u64]); 4] = [
+        (Some(10), &[10]),
+        (Some(10), &[4, 6]),
+        (Some(10), &[0, 10]),
+        (None, &[4, 0, 6]),
+    ];
+    for (declared, parts) in matching {
         let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": 10, "parts": parts,
+            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": parts,
             "then": then,
         })))
         .await;
         assert_body(&r["attack"], 200, b"xxxxxxxxxx");
     }
-    assert_eq!(whole.load(Ordering::SeqCst), 2);
+    assert_eq!(whole.load(Ordering::SeqCst), matching.len());
+}
+
+/// A first flight carrying 0-RTT requests whose handshake is never finished (an abandoned or
+/// replayed flight): the GET, safe to repeat, goes on marked `Early-Data: 1`; the POST waits for
+/// a handshake that never comes and never reaches the origin; the attempt is counted as a
+/// handshake that failed or timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_post_whose_handshake_never_finishes_never_reaches_the_origin() {
+    // The origin records each request's method, path and Early-Data field.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, String, bool)>::new()));
+    let o = {
+        let seen = seen.clone();
+        origin(move |req: Request<Incoming>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((
+                    req.method().to_string(),
+                    req.uri().path().to_string(),
+                    req.headers().contains_key("early-data"),
+                ));
+                Response::new(full(pattern(10)))
+            }
+        })
+        .await
+    };
+    let s = H3Sluice::start(
+        o,
+        "tls_handshake_timeout_secs = 1\n[server.http3]\nearly_data = true",
+    )
+    .await;
+    // Twice: once ended by the handshake timeout (1 s), once by the client closing the
+    // connection before that.
+    for (get, close) in [
+        ("/plain/early-get", false),
+        ("/plain/early-get-closed", true),
+    ] {
+        let r = client(s.plan(json!({
+            "abandon": true, "get": get, "post": "/plain/early-post", "wait": 3, "close": close,
+        })))
+        .await;
+        assert_eq!(r["ticket"], true, "{r}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    let early: Vec<_> = seen.iter().filter(|(_, _, e)| *e).collect();
+    assert_eq!(
+        early,
+        [
+            &("GET".to_string(), "/plain/early-get".to_string(), true),
+            &(
+                "GET".to_string(),
+                "/plain/early-get-closed".to_string(),
+                true
+            ),
+        ],
+        "{seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|(m, _, _)| m == "POST"),
+        "an early POST reached the origin: {seen:?}"
+    );
+    // One ended by the handshake timeout, one by the connection closing first.
+    let m = metrics_text(s.addr).await;
+    let failed = |reason: &str| {
+        series(
+            &m,
+            &format!("sluice_quic_handshakes_failed_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!((failed("timeout"), failed("error")), (1.0, 1.0), "{m}");
 }
 
 /// Resident memory of process `pid`, in bytes.

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use crate::atomic::Counter;
 use crate::atomic::Gauge;
+use crate::net::per_ip::IpPlace;
+pub use crate::net::per_ip::PerIp;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -161,9 +163,6 @@ pub struct Acceptor {
     born: Instant,
     per_ip: Arc<PerIp>,
 }
-
-use crate::net::per_ip::IpPlace;
-pub use crate::net::per_ip::PerIp;
 
 /// One open connection's slot; dropping it (connection closed) lets the acceptor take another.
 /// Every open connection's task holds one, so it is kept to three pointers: the acceptor's

@@ -22,6 +22,10 @@ object with what happened. Plans:
       with the session ticket of the first and sent at once (0-RTT when allowed), then the GET
       on a third with that same ticket again; reports whether each resumed and had its early
       data accepted.
+  {"addr": ..., "abandon": true, "get": "/x", "post": "/y", "wait": 3, "close": false}
+      A session ticket from a first connection; then a first flight carrying a GET and a POST
+      as 0-RTT early data, and nothing more for `wait` seconds (the handshake never finishes;
+      with `close`, a CONNECTION_CLOSE 0.3 s after the flight ends the connection first).
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
@@ -237,17 +241,17 @@ async def run(plan):
             out["attack"] = ex.report()
         elif attack == "length":
             # A POST whose body is `parts` (byte counts, each its own DATA frame sent 0.2 s
-            # after the one before) under a content-length of `declared`: a mismatch is
-            # malformed (RFC 9114 section 4.1.2), never passed on cut to length.
+            # after the one before; 0 is an empty DATA frame) under a content-length of
+            # `declared` (none when null): a mismatch is malformed (RFC 9114 section 4.1.2),
+            # never passed on cut to length.
             sid = q.get_next_available_stream_id()
             ex = Exchange()
             client.exchanges[sid] = ex
-            client.http.send_headers(
-                sid,
-                [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"),
-                 (b":path", plan["path"].encode()),
-                 (b"content-length", str(plan["declared"]).encode())],
-            )
+            fields = [(b":method", b"POST"), (b":scheme", b"https"),
+                      (b":authority", b"127.0.0.1"), (b":path", plan["path"].encode())]
+            if plan["declared"] is not None:
+                fields.append((b"content-length", str(plan["declared"]).encode()))
+            client.http.send_headers(sid, fields)
             parts = plan["parts"]
             for i, n in enumerate(parts):
                 if i:
@@ -380,6 +384,57 @@ async def resume(plan):
     return out
 
 
+def abandon(plan):
+    """A session ticket from a first connection; then a second connection's first flight
+    carrying, as 0-RTT early data, a GET of `get` and a POST to `post`, and never another
+    packet (the handshake is never finished, as with a replayed first flight)."""
+    host, port = plan["addr"].rsplit(":", 1)
+    addr = (host, int(port))
+    tickets = []
+
+    async def first():
+        async with connect(
+            host, int(port), configuration=configuration(plan), create_protocol=Client,
+            session_ticket_handler=tickets.append, wait_connected=True,
+        ) as client:
+            await gets(client, plan, [{"path": plan["get"]}], 30)
+            deadline = time.time() + 5
+            while not tickets and time.time() < deadline:
+                await asyncio.sleep(0.05)
+
+    asyncio.run(first())
+    out = {"ticket": bool(tickets)}
+    if not tickets:
+        return out
+    c = configuration(plan)
+    c.session_ticket = tickets[-1]
+    quic = QuicConnection(configuration=c)
+    quic.connect(addr, now=time.time())
+    http = H3Connection(quic)
+    for method, path in ((b"GET", plan["get"]), (b"POST", plan["post"])):
+        sid = quic.get_next_available_stream_id()
+        http.send_headers(sid, [(b":method", method), (b":scheme", b"https"),
+                                (b":authority", b"127.0.0.1"), (b":path", path.encode())],
+                          end_stream=True)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    sent = 0
+    for data, _ in quic.datagrams_to_send(now=time.time()):
+        s.sendto(data, addr)
+        sent += 1
+    out["sent"] = sent
+    if plan.get("close"):
+        # The client closes the connection instead (CONNECTION_CLOSE), before the server's
+        # handshake timeout would end it.
+        time.sleep(0.3)
+        quic.close(error_code=0, reason_phrase="gone")
+        for data, _ in quic.datagrams_to_send(now=time.time()):
+            s.sendto(data, addr)
+    time.sleep(plan.get("wait", 3))
+    s.close()
+    return out
+
+
 async def hold(plan):
     host, port = plan["addr"].rsplit(":", 1)
     port = int(port)
@@ -455,6 +510,8 @@ def main():
         out = flood(plan)
     elif "sequence" in plan:
         out = asyncio.run(asyncio.wait_for(sequence(plan), plan["sequence"]["secs"] + 60))
+    elif "abandon" in plan:
+        out = abandon(plan)
     elif "resume" in plan:
         out = asyncio.run(asyncio.wait_for(resume(plan), 90))
     elif "hold" in plan:

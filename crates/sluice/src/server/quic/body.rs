@@ -27,6 +27,9 @@ pub struct H3Body {
     ended: bool,
     /// Bytes `Content-Length` still owes (held ones counted as given), when the client gave one.
     left: Option<u64>,
+    /// h3 answered "no data" once since the last chunk: the stream's end, an empty DATA frame
+    /// or trailers, which it reports alike; asked again, only the end says it again.
+    maybe_end: bool,
 }
 
 /// A body that does not match its `Content-Length`. Reported as invalid data, as hyper reports a
@@ -42,22 +45,40 @@ impl H3Body {
     /// stream with the head, so whatever already arrived is looked at once: a request whose
     /// stream has ended is known to be bodiless (as an HTTP/2 head with `END_STREAM`), and is
     /// forwarded without a body rather than with an empty chunked one.
-    pub fn new(mut recv: Recv, length: Option<u64>) -> H3Body {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let (first, ended) = match recv.poll_recv_data(&mut cx) {
-            Poll::Ready(Ok(Some(mut chunk))) => {
-                (Some(chunk.copy_to_bytes(chunk.remaining())), false)
-            }
-            Poll::Ready(Ok(None)) => (None, true),
-            // An error is reported on the first read; pending means more is coming.
-            Poll::Ready(Err(_)) | Poll::Pending => (None, false),
-        };
-        H3Body {
+    pub fn new(recv: Recv, length: Option<u64>) -> H3Body {
+        let mut body = H3Body {
             recv,
-            first,
+            first: None,
             last: None,
-            ended,
+            ended: false,
             left: length,
+            maybe_end: false,
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match body.poll_chunk(&mut cx) {
+            Poll::Ready(Ok(Some(chunk))) => body.first = Some(chunk),
+            Poll::Ready(Ok(None)) => body.ended = true,
+            // An error is reported on the first read; pending means more is coming.
+            Poll::Ready(Err(_)) | Poll::Pending => {}
+        }
+        body
+    }
+
+    /// The next non-empty chunk of the stream, `None` at its end.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
+        loop {
+            match self.recv.poll_recv_data(cx) {
+                Poll::Ready(Ok(Some(mut chunk))) => {
+                    self.maybe_end = false;
+                    if chunk.has_remaining() {
+                        return Poll::Ready(Ok(Some(chunk.copy_to_bytes(chunk.remaining()))));
+                    }
+                }
+                Poll::Ready(Ok(None)) if self.maybe_end => return Poll::Ready(Ok(None)),
+                Poll::Ready(Ok(None)) => self.maybe_end = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Box::new(e))),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 
@@ -71,7 +92,7 @@ impl H3Body {
             return self.refuse("request body longer than its Content-Length");
         };
         *left = rest;
-        if rest > 0 || self.ended || chunk.is_empty() {
+        if rest > 0 || self.ended {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         self.last = Some(chunk);
@@ -81,20 +102,15 @@ impl H3Body {
     /// With the declared length all read: the held chunk goes out once the stream ends; any
     /// byte more is refused.
     fn poll_last(&mut self, cx: &mut Context<'_>) -> Polled {
-        loop {
-            match self.recv.poll_recv_data(cx) {
-                Poll::Ready(Ok(Some(chunk))) if !chunk.has_remaining() => continue,
-                Poll::Ready(Ok(Some(_))) => {
-                    return self.refuse("request body longer than its Content-Length")
-                }
-                Poll::Ready(Ok(None)) => {
-                    self.ended = true;
-                    let last = self.last.take().unwrap_or_default();
-                    return Poll::Ready(Some(Ok(Frame::data(last))));
-                }
-                Poll::Ready(Err(e)) => return self.fail(Box::new(e)),
-                Poll::Pending => return Poll::Pending,
+        match self.poll_chunk(cx) {
+            Poll::Ready(Ok(Some(_))) => self.refuse("request body longer than its Content-Length"),
+            Poll::Ready(Ok(None)) => {
+                self.ended = true;
+                let last = self.last.take().unwrap_or_default();
+                Poll::Ready(Some(Ok(Frame::data(last))))
             }
+            Poll::Ready(Err(e)) => self.fail(e),
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -134,13 +150,10 @@ impl Body for H3Body {
         if self.ended {
             return self.end();
         }
-        match self.recv.poll_recv_data(cx) {
-            Poll::Ready(Ok(Some(mut chunk))) => {
-                let bytes = chunk.copy_to_bytes(chunk.remaining());
-                self.data(bytes, cx)
-            }
+        match self.poll_chunk(cx) {
+            Poll::Ready(Ok(Some(chunk))) => self.data(chunk, cx),
             Poll::Ready(Ok(None)) => self.end(),
-            Poll::Ready(Err(e)) => self.fail(Box::new(e)),
+            Poll::Ready(Err(e)) => self.fail(e),
             Poll::Pending => Poll::Pending,
         }
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::atomic::Counter;
 use bytes::Bytes;
+use futures_util::future::{FutureExt, Shared as SharedFuture};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -39,9 +40,39 @@ pub struct Shared<H> {
     pub activity: Arc<Activity>,
     pub send_timeout: Duration,
     pub requests: Counter,
-    /// For a connection served before its handshake finished (0-RTT): turns true when it has.
-    /// `None`: the handshake was over before the first request.
-    pub handshake: Option<watch::Receiver<bool>>,
+    /// For a connection served before its handshake finished (0-RTT); `None`: the handshake was
+    /// over before the first request.
+    pub handshake: Option<Handshake>,
+}
+
+/// The handshake of a connection served before it finished (0-RTT, `server.http3.early_data`).
+#[derive(Clone)]
+pub struct Handshake {
+    /// Ends when the handshake has finished, or when the connection ends first.
+    connected: SharedFuture<quinn::ZeroRttAccepted>,
+    quic: quinn::Connection,
+}
+
+impl Handshake {
+    pub fn new(connected: quinn::ZeroRttAccepted, quic: quinn::Connection) -> Handshake {
+        Handshake {
+            connected: connected.shared(),
+            quic,
+        }
+    }
+
+    /// Whether the handshake has finished with the connection open, asked when a request is
+    /// looked at: one read after that is not early data.
+    pub fn finished(&self) -> bool {
+        self.connected.clone().now_or_never().is_some() && self.quic.close_reason().is_none()
+    }
+
+    /// Waits for the handshake's end: true when it finished with the connection open, false
+    /// when the connection ended first (a first flight never completed, or replayed).
+    pub async fn wait(&self) -> bool {
+        self.connected.clone().await;
+        self.quic.close_reason().is_none()
+    }
 }
 
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
@@ -58,7 +89,7 @@ enum Event {
 pub async fn serve<H: Handler>(
     quic: quinn::Connection,
     settings: Arc<Settings<H>>,
-    handshake: Option<watch::Receiver<bool>>,
+    handshake: Option<Handshake>,
 ) {
     let peer: SocketAddr = quic.remote_address();
     let built = h3::server::builder()

@@ -344,21 +344,28 @@ async fn accept_loop<H: Handler>(
                             // the handshake count (so Retry and max_handshakes still apply) until
                             // the handshake finishes, and is closed if that takes longer than
                             // the handshake timeout, as without early data.
-                            let quic = connection.clone();
+                            let shake = conn::Handshake::new(accepted, connection.clone());
+                            let (quic, waiting) = (connection.clone(), shake.clone());
                             let metrics = accepting.metrics.clone();
-                            let (done, done_rx) = watch::channel(false);
                             let finish = async move {
-                                let finished = tokio::time::timeout_at(deadline, accepted).await;
-                                if finished.is_err() {
-                                    metrics.quic_handshake_timeouts.inc();
-                                    tracing::debug!(%peer, "QUIC handshake timed out (0-RTT)");
-                                    quic.close(VarInt::from_u32(H3_NO_ERROR), b"handshake timeout");
-                                } else {
-                                    let _ = done.send(true);
+                                match tokio::time::timeout_at(deadline, waiting.wait()).await {
+                                    Ok(true) => {}
+                                    Ok(false) => {
+                                        metrics.quic_handshake_errors.inc();
+                                        tracing::debug!(%peer, "QUIC handshake failed (0-RTT)");
+                                    }
+                                    Err(_) => {
+                                        metrics.quic_handshake_timeouts.inc();
+                                        tracing::debug!(%peer, "QUIC handshake timed out (0-RTT)");
+                                        quic.close(
+                                            VarInt::from_u32(H3_NO_ERROR),
+                                            b"handshake timeout",
+                                        );
+                                    }
                                 }
                                 drop(handshake);
                             };
-                            tokio::join!(conn::serve(connection, settings, Some(done_rx)), finish);
+                            tokio::join!(conn::serve(connection, settings, Some(shake)), finish);
                         }
                     }
                     drop(slot);

@@ -11,7 +11,7 @@ use http::{header, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 
 use super::body::H3Body;
-use super::conn::Shared;
+use super::conn::{Handshake, Shared};
 use crate::body::Incoming;
 use crate::server::handler::{Handler, ListenerId};
 
@@ -80,20 +80,18 @@ const EARLY_DATA: http::HeaderName = http::HeaderName::from_static("early-data")
 /// request and whether it goes on as early data; `None` when the handshake never finished.
 async fn early_data(
     req: Request<()>,
-    handshake: Option<&tokio::sync::watch::Receiver<bool>>,
+    handshake: Option<&Handshake>,
 ) -> Option<(Request<()>, bool)> {
     let Some(handshake) = handshake else {
         return Some((req, false));
     };
-    if *handshake.borrow() {
+    if handshake.finished() {
         return Some((req, false));
     }
     if req.method().is_safe() {
         return Some((req, true));
     }
-    let mut handshake = handshake.clone();
-    handshake.wait_for(|done| *done).await.ok()?;
-    Some((req, false))
+    handshake.wait().await.then_some((req, false))
 }
 
 /// Why a response stopped early.
