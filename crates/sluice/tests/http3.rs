@@ -450,13 +450,14 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // Longer in one frame, longer across many packets, shorter, and exactly the length in one
     // frame with the excess in another a moment later (a writer framing by length would have
     // stopped reading at the tenth byte).
-    let cases: [(u64, &[u64]); 5] = [
+    let cases: [(u64, &[u64]); 6] = [
         (5, &[10]),
         (5, &[65_536]),
         (10, &[5]),
         (10, &[10, 5]),
-        // An empty DATA frame is not the end: the excess after it is seen.
+        // An empty DATA frame (or two) is not the end: the excess after it is seen.
         (10, &[10, 0, 5]),
+        (10, &[10, 0, 0, 5]),
     ];
     for (declared, parts) in cases {
         let r = client(s.plan(json!({
@@ -482,11 +483,13 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     );
     // Bodies that match, in one frame, in two, after an empty frame, and with no length
     // and an empty frame in the middle (which is not the end either).
-    let matching: [(Option<u64>, &[u64]); 4] = [
+    let matching: [(Option<u64>, &[u64]); 6] = [
         (Some(10), &[10]),
         (Some(10), &[4, 6]),
         (Some(10), &[0, 10]),
+        (Some(10), &[0, 0, 10]),
         (None, &[4, 0, 6]),
+        (None, &[4, 0, 0, 6]),
     ];
     for (declared, parts) in matching {
         let r = client(s.plan(json!({
@@ -524,17 +527,19 @@ async fn an_early_post_whose_handshake_never_finishes_never_reaches_the_origin()
     };
     let s = H3Sluice::start(
         o,
-        "tls_handshake_timeout_secs = 1\n[server.http3]\nearly_data = true",
+        "tls_handshake_timeout_secs = 3\n[server.http3]\nearly_data = true",
     )
     .await;
-    // Twice: once ended by the handshake timeout (1 s), once by the client closing the
-    // connection before that.
-    for (get, close) in [
-        ("/plain/early-get", false),
-        ("/plain/early-get-closed", true),
-    ] {
+    // Twice: once ended by the handshake timeout (3 s), once by the client closing the
+    // connection (0.3 s after its first flight) well before that.
+    let runs = [
+        ("/plain/early-get", false, 4.5),
+        ("/plain/early-get-closed", true, 1.5),
+    ];
+    for (get, close, wait) in runs {
         let r = client(s.plan(json!({
-            "abandon": true, "get": get, "post": "/plain/early-post", "wait": 3, "close": close,
+            "abandon": true, "get": get, "post": "/plain/early-post", "wait": wait,
+            "close": close,
         })))
         .await;
         assert_eq!(r["ticket"], true, "{r}");

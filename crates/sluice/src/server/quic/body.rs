@@ -27,9 +27,6 @@ pub struct H3Body {
     ended: bool,
     /// Bytes `Content-Length` still owes (held ones counted as given), when the client gave one.
     left: Option<u64>,
-    /// h3 answered "no data" once since the last chunk: the stream's end, an empty DATA frame
-    /// or trailers, which it reports alike; asked again, only the end says it again.
-    maybe_end: bool,
 }
 
 /// A body that does not match its `Content-Length`. Reported as invalid data, as hyper reports a
@@ -52,7 +49,6 @@ impl H3Body {
             last: None,
             ended: false,
             left: length,
-            maybe_end: false,
         };
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match body.poll_chunk(&mut cx) {
@@ -64,21 +60,17 @@ impl H3Body {
         body
     }
 
-    /// The next non-empty chunk of the stream, `None` at its end.
+    /// The next chunk of the stream, `None` at its end (or at trailers, which are not passed
+    /// on). h3 as patched here (`vendor/h3-empty-data-frames.patch`) skips a DATA frame of no
+    /// length; as released it reported one as the end.
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
-        loop {
-            match self.recv.poll_recv_data(cx) {
-                Poll::Ready(Ok(Some(mut chunk))) => {
-                    self.maybe_end = false;
-                    if chunk.has_remaining() {
-                        return Poll::Ready(Ok(Some(chunk.copy_to_bytes(chunk.remaining()))));
-                    }
-                }
-                Poll::Ready(Ok(None)) if self.maybe_end => return Poll::Ready(Ok(None)),
-                Poll::Ready(Ok(None)) => self.maybe_end = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(Box::new(e))),
-                Poll::Pending => return Poll::Pending,
+        match self.recv.poll_recv_data(cx) {
+            Poll::Ready(Ok(Some(mut chunk))) => {
+                Poll::Ready(Ok(Some(chunk.copy_to_bytes(chunk.remaining()))))
             }
+            Poll::Ready(Ok(None)) => Poll::Ready(Ok(None)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(Box::new(e))),
+            Poll::Pending => Poll::Pending,
         }
     }
 

@@ -64,7 +64,12 @@ impl Handshake {
     /// Whether the handshake has finished with the connection open, asked when a request is
     /// looked at: one read after that is not early data.
     pub fn finished(&self) -> bool {
-        self.connected.clone().now_or_never().is_some() && self.quic.close_reason().is_none()
+        // Unconstrained: a task that has used up its cooperative budget would otherwise be told
+        // "not yet" by quinn's channel, and a request read after the handshake taken as early.
+        tokio::task::unconstrained(self.connected.clone())
+            .now_or_never()
+            .is_some()
+            && self.quic.close_reason().is_none()
     }
 
     /// Waits for the handshake's end: true when it finished with the connection open, false
