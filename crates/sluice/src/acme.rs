@@ -582,7 +582,6 @@ fn cert_id(held: &certs::Held) -> Option<CertificateIdentifier<'static>> {
         .map(CertificateIdentifier::into_owned)
 }
 
-/// A uniformly random time in `[start, end]` (RFC 9773 section 4.2: spread renewals out).
 /// Whether configured name `pattern` (`example.com`, `*.example.com`) names `name`; a wildcard
 /// covers one label.
 fn covered_by(pattern: &str, name: &str) -> bool {
@@ -594,6 +593,7 @@ fn covered_by(pattern: &str, name: &str) -> bool {
     }
 }
 
+/// A uniformly random time in `[start, end]` (RFC 9773 section 4.2: spread renewals out).
 fn pick_in(start: SystemTime, end: SystemTime) -> SystemTime {
     let span = end.duration_since(start).unwrap_or_default();
     let mut r = [0u8; 8];

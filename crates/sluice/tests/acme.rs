@@ -137,13 +137,13 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
     .await;
     assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
 
-    // One address holds 8 connections at most: a ninth is closed at once, and once the eight
+    // One address holds 32 connections at most: one more is closed at once, and once the 32
     // are gone the listener answers that address again.
     let mut held = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..32 {
         held.push(tokio::net::TcpStream::connect(plain).await.unwrap());
     }
-    // Accepted in order: a request on the last held one is answered, so all eight are counted.
+    // Accepted in order: a request on the last held one is answered, so all 32 are counted.
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let last = held.last_mut().unwrap();
@@ -154,12 +154,15 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
         let n = last.read(&mut buf).await.unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 308"));
     }
-    let ninth = raw(
+    let one_more = raw(
         plain,
         b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n",
     )
     .await;
-    assert_eq!(ninth, "", "a ninth connection from one address was served");
+    assert_eq!(
+        one_more, "",
+        "a 33rd connection from one address was served"
+    );
     drop(held);
     let mut again = String::new();
     for _ in 0..50 {

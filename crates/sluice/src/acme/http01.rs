@@ -26,8 +26,9 @@ const MAX_CONNECTIONS: usize = 1024;
 
 /// Connections one client address may hold at once; past it, a new one is closed at once. A
 /// CA's validation is one or two connections from each of its vantage points, so one client
-/// cannot hold the listener's every place and keep validations out.
-const MAX_PER_IP: usize = 8;
+/// cannot hold the listener's every place and keep validations out; visitors sent on to
+/// `https://` from behind one NAT share the allowance (each holds a connection briefly).
+const MAX_PER_IP: usize = 32;
 
 /// How a plain listener is bound: an address in, a listening socket out.
 pub type Bind = fn(SocketAddr) -> std::io::Result<std::net::TcpListener>;
