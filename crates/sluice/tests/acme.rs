@@ -137,31 +137,33 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
     .await;
     assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
 
-    // One address holds 32 connections at most: one more is closed at once, and once the 32
-    // are gone the listener answers that address again.
+    // One address holds 32 connections at most: of 40 opened at once, those past the share
+    // are closed at once and answer nothing (the two connections above may still hold their
+    // places for a moment on a loaded machine, hence 30 to 32 served); once all are gone the
+    // listener answers that address again.
     let mut held = Vec::new();
-    for _ in 0..32 {
+    for _ in 0..40 {
         held.push(tokio::net::TcpStream::connect(plain).await.unwrap());
     }
-    // Accepted in order: a request on the last held one is answered, so all 32 are counted.
-    {
+    let mut served = 0;
+    for s in &mut held {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let last = held.last_mut().unwrap();
-        last.write_all(b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\n\r\n")
+        if s.write_all(b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\n\r\n")
             .await
-            .unwrap();
+            .is_err()
+        {
+            continue;
+        }
         let mut buf = [0u8; 64];
-        let n = last.read(&mut buf).await.unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 308"));
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            if buf[..n].starts_with(b"HTTP/1.1 308") {
+                served += 1;
+            }
+        }
     }
-    let one_more = raw(
-        plain,
-        b"GET /x HTTP/1.1\r\nHost: web.acme.test\r\nConnection: close\r\n\r\n",
-    )
-    .await;
-    assert_eq!(
-        one_more, "",
-        "a 33rd connection from one address was served"
+    assert!(
+        (30..=32).contains(&served),
+        "{served} of 40 connections from one address served"
     );
     drop(held);
     let mut again = String::new();
