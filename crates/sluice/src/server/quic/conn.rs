@@ -17,7 +17,7 @@ use crate::server::handler::{Handler, ListenerId};
 use crate::server::DRAIN_IDLE;
 
 /// H3_NO_ERROR: the application close code of a connection that ends normally.
-const H3_NO_ERROR: u32 = 0x100;
+pub(super) const H3_NO_ERROR: u32 = 0x100;
 
 /// What every connection of one endpoint shares.
 pub struct Settings<H> {

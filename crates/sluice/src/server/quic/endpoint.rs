@@ -249,9 +249,6 @@ impl Accepting {
     }
 }
 
-/// HTTP/3's "no error" code (RFC 9114 §8.1), for a connection closed by the server's own limit.
-const H3_NO_ERROR: u32 = 0x100;
-
 /// One connection attempt in its handshake, counted from the moment it is admitted (not when its
 /// task first runs: a burst of Initials admitted in one turn of the accept loop would all see the
 /// count before any of them raised it) until the handshake ends.
@@ -358,7 +355,7 @@ async fn accept_loop<H: Handler>(
                                         metrics.quic_handshake_timeouts.inc();
                                         tracing::debug!(%peer, "QUIC handshake timed out (0-RTT)");
                                         quic.close(
-                                            VarInt::from_u32(H3_NO_ERROR),
+                                            VarInt::from_u32(conn::H3_NO_ERROR),
                                             b"handshake timeout",
                                         );
                                     }
