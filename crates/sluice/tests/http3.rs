@@ -450,7 +450,7 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // Longer in one frame, longer across many packets, shorter, and exactly the length in one
     // frame with the excess in another a moment later (a writer framing by length would have
     // stopped reading at the tenth byte).
-    let cases: [(u64, &[u64]); 6] = [
+    let cases: [(u64, &[u64]); 8] = [
         (5, &[10]),
         (5, &[65_536]),
         (10, &[5]),
@@ -458,6 +458,10 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         // An empty DATA frame (or two) is not the end: the excess after it is seen.
         (10, &[10, 0, 5]),
         (10, &[10, 0, 0, 5]),
+        // A head that declares no body: bytes with it, or after an empty frame a moment later
+        // (an HTTP/1.1 upstream is sent no body, so they would have been dropped unseen).
+        (0, &[5]),
+        (0, &[0, 5]),
     ];
     for (declared, parts) in cases {
         let r = client(s.plan(json!({
@@ -500,6 +504,74 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         assert_body(&r["attack"], 200, b"xxxxxxxxxx");
     }
     assert_eq!(whole.load(Ordering::SeqCst), matching.len());
+
+    // Trailers end a body (with a length or without), and the stream's end must follow them:
+    // a DATA frame after the trailers is malformed (RFC 9114 section 4.1), and the body before
+    // it is not passed on as whole.
+    let trailers = json!([["x-checksum", "1234"]]);
+    for declared in [Some(10), None] {
+        let r = client(s.plan(json!({
+            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [4, 6],
+            "trailers": trailers, "then": then,
+        })))
+        .await;
+        assert_body(&r["attack"], 200, b"xxxxxxxxxx");
+    }
+    assert_eq!(whole.load(Ordering::SeqCst), matching.len() + 2);
+    for declared in [Some(10), None] {
+        let r = client(s.plan(json!({
+            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [4, 6],
+            "trailers": trailers, "after_trailers": 3, "then": then,
+        })))
+        .await;
+        // Refused (400), and the connection closed for it (H3_FRAME_UNEXPECTED).
+        assert_eq!(r["attack"]["status"], 400, "{r}");
+        assert_eq!(r["terminated"]["error_code"], 0x105, "{r}");
+        assert_body(&r["responses"][0], 200, &pattern(100));
+    }
+    assert_eq!(
+        whole.load(Ordering::SeqCst),
+        matching.len() + 2,
+        "a body followed by a frame after its trailers reached the origin whole"
+    );
+}
+
+/// A client that opens request streams and never finishes their heads, keeping its connection
+/// up with PINGs (so no idle timeout ends it), holds each stream only until the header read
+/// timeout: then it is reset with H3_REQUEST_INCOMPLETE, and the connection serves on. A
+/// request that declares no body and keeps its stream open is held as long, then reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_or_an_end_that_never_comes_is_reset_at_the_header_read_timeout() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen.clone()).await;
+    let s = H3Sluice::start(o, "header_read_timeout_secs = 1").await;
+    let r = client(s.plan(json!({
+        "attack": "no-head", "streams": 5, "secs": 4, "then": "/plain/size/100",
+    })))
+    .await;
+    let streams = r["attack"].as_array().unwrap();
+    assert_eq!(streams.len(), 5, "{r}");
+    for st in streams {
+        // H3_REQUEST_INCOMPLETE, about a second after the stream opened.
+        assert_eq!(st["reset"], 0x10d, "{r}");
+        let at = st["at"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("not reset in time: {r}"));
+        assert!((0.9..3.5).contains(&at), "reset at {at} s: {r}");
+    }
+    assert_body(&r["responses"][0], 200, &pattern(100));
+    // A POST that says `content-length: 0` but does not end its stream.
+    let r = client(s.plan(json!({
+        "attack": "no-end", "path": "/plain/size/10", "secs": 4, "then": "/plain/size/100",
+    })))
+    .await;
+    assert_eq!(r["attack"]["reset"], 0x10d, "{r}");
+    assert_body(&r["responses"][0], 200, &pattern(100));
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        2,
+        "only the two GETs reach the origin"
+    );
 }
 
 /// A first flight carrying 0-RTT requests whose handshake is never finished (an abandoned or

@@ -5,7 +5,8 @@ object with what happened. Plans:
       Requests on one connection, in parallel; per request: status, headers, length, sha256, and
       the stream reset code if the server reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
-  {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length", ...}
+  {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
+   | "no-head" | "no-end", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -251,15 +252,81 @@ async def run(plan):
                       (b":authority", b"127.0.0.1"), (b":path", plan["path"].encode())]
             if plan["declared"] is not None:
                 fields.append((b"content-length", str(plan["declared"]).encode()))
-            client.http.send_headers(sid, fields)
+            # With "trailers" ([[name, value]]) the body ends with them; with "after_trailers"
+            # (a byte count) a DATA frame follows them, which is malformed (RFC 9114 section 4.1).
+            trailers = [(k.encode(), v.encode()) for k, v in plan.get("trailers") or []]
+            after = plan.get("after_trailers")
             parts = plan["parts"]
+            client.http.send_headers(sid, fields, end_stream=not parts and not trailers)
             for i, n in enumerate(parts):
                 if i:
                     await asyncio.sleep(0.2)
-                client.http.send_data(sid, b"x" * n, end_stream=i == len(parts) - 1)
+                last = i == len(parts) - 1 and not trailers
+                client.http.send_data(sid, b"x" * n, end_stream=last)
+                client.transmit()
+            if trailers:
+                await asyncio.sleep(0.2)
+                client.http.send_headers(sid, trailers, end_stream=after is None)
+                client.transmit()
+            if after is not None:
+                await asyncio.sleep(0.2)
+                q.send_stream_data(
+                    sid,
+                    encode_uint_var(FrameType.DATA) + encode_uint_var(after) + b"x" * after,
+                    end_stream=True,
+                )
                 client.transmit()
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()
+            if after is not None:
+                # The server closes the connection for it, perhaps just after answering.
+                await asyncio.wait([client.terminated], timeout=5)
+            if client.terminated.done():
+                out["terminated"] = client.terminated.result()
+        elif attack == "no-end":
+            # A POST whose head says `content-length: 0`, its stream never ended, the connection
+            # kept up by PINGs for up to `secs`.
+            sid = q.get_next_available_stream_id()
+            ex = Exchange()
+            client.exchanges[sid] = ex
+            client.http.send_headers(
+                sid,
+                [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"),
+                 (b":path", plan["path"].encode()), (b"content-length", b"0")],
+            )
+            client.transmit()
+            opened = time.monotonic()
+            for n in range(int(plan["secs"] / 0.25)):
+                await asyncio.sleep(0.25)
+                q.send_ping(n)
+                client.transmit()
+                if ex.done.done():
+                    break
+            out["attack"] = dict(ex.report(), at=round(time.monotonic() - opened, 2))
+        elif attack == "no-head":
+            # `streams` request streams, each holding the first bytes of a HEADERS frame that
+            # never completes, the connection kept up by PINGs for `secs`: each stream's reset
+            # code and when it came.
+            opened = time.monotonic()
+            exs = []
+            for _ in range(plan["streams"]):
+                sid = q.get_next_available_stream_id()
+                ex = Exchange()
+                client.exchanges[sid] = ex
+                exs.append(ex)
+                q.send_stream_data(
+                    sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(100) + b"\0" * 10
+                )
+            client.transmit()
+            at = [None] * len(exs)
+            for n in range(int(plan["secs"] / 0.25)):
+                await asyncio.sleep(0.25)
+                q.send_ping(n)
+                client.transmit()
+                for i, ex in enumerate(exs):
+                    if ex.done.done() and at[i] is None:
+                        at[i] = round(time.monotonic() - opened, 2)
+            out["attack"] = [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
         elif attack == "too-many-streams":
             # Ignore the server's stream limit and open far more request streams than it allows.
             q._remote_max_streams_bidi = 1 << 20
@@ -275,7 +342,7 @@ async def run(plan):
             client.transmit()
         if attack in ("data-first", "too-many-streams"):
             out["terminated"] = await asyncio.wait_for(client.terminated, timeout)
-        else:
+        elif not client.terminated.done():
             out["responses"] = await gets(client, plan, [{"path": plan["then"]}], timeout)
             return out
     # The first connection is gone; a new one must be served.

@@ -27,6 +27,9 @@ pub struct Settings<H> {
     pub idle: Duration,
     /// `server.send_timeout_secs`, per response stream.
     pub send_timeout: Duration,
+    /// `server.header_read_timeout_secs`: a request stream's head, and the end of a request that
+    /// declares no body, must arrive within it.
+    pub header_read: Duration,
     /// `server.max_header_bytes`, as HTTP/3's `SETTINGS_MAX_FIELD_SECTION_SIZE`.
     pub max_field_section_size: u64,
     pub stop: watch::Receiver<bool>,
@@ -39,6 +42,7 @@ pub struct Shared<H> {
     pub listener: ListenerId,
     pub activity: Arc<Activity>,
     pub send_timeout: Duration,
+    pub header_read: Duration,
     pub requests: Counter,
     /// For a connection served before its handshake finished (0-RTT); `None`: the handshake was
     /// over before the first request.
@@ -116,6 +120,7 @@ pub async fn serve<H: Handler>(
         listener: settings.listener,
         activity: Activity::new(),
         send_timeout: settings.send_timeout,
+        header_read: settings.header_read,
         requests: settings.handler.http_metrics().protocol.http3.clone(),
         handshake,
     });

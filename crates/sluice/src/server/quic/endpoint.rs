@@ -128,6 +128,7 @@ impl Bound {
                 listener,
                 idle,
                 send_timeout: Duration::from_secs(server.send_timeout_secs),
+                header_read: Duration::from_secs(server.header_read_timeout_secs),
                 max_field_section_size: server.max_header_bytes as u64,
                 stop: stop.clone(),
                 tracker: tracker.clone(),

@@ -27,11 +27,15 @@ pub async fn serve<H: Handler>(
     // own guard may end with the response head), so neither the idle timeout nor a drain closes
     // the connection under a body still going out.
     let _stream = shared.activity.begin();
-    let (req, stream) = match resolver.resolve_request().await {
+    let (req, stream) = match resolve(resolver, shared.header_read).await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
-        Err(e) => {
+        Err(Some(e)) => {
             tracing::debug!(%peer, error = %e, "HTTP/3 request refused");
+            return;
+        }
+        Err(None) => {
+            tracing::debug!(%peer, "HTTP/3 request head not complete in time: stream reset");
             return;
         }
     };
@@ -49,7 +53,28 @@ pub async fn serve<H: Handler>(
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok());
-    let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(H3Body::new(recv, length)));
+    let mut body = H3Body::new(recv, length);
+    if length == Some(0) && !http_body::Body::is_end_stream(&body) {
+        // A head that declares no body is held until the stream is seen to end there, as the
+        // chunk that reaches a declared length is: an HTTP/1.1 upstream is sent no body, so a
+        // byte after the head would otherwise be dropped rather than refused. Clients end such
+        // a stream with its head; one that keeps it open has the header read timeout.
+        if tokio::time::timeout(shared.header_read, body.settle())
+            .await
+            .is_err()
+        {
+            send.stop_stream(Code::H3_REQUEST_INCOMPLETE);
+            tracing::debug!(%peer, "HTTP/3 request declared no body and did not end: stream reset");
+            return;
+        }
+        if body.refused() {
+            // Refused: the body reports why at its first read, which a request without a
+            // length gets (one with `Content-Length: 0` is never read), and the handler books
+            // it to the client as any malformed body.
+            req.headers_mut().remove(header::CONTENT_LENGTH);
+        }
+    }
+    let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(body));
     // As over TCP: none for the main listener (see `ListenerId`).
     if shared.listener != ListenerId::default() {
         req.extensions_mut().insert(shared.listener);
@@ -68,6 +93,31 @@ pub async fn serve<H: Handler>(
         }
         Err(e) => tracing::debug!(%peer, error = %e, "HTTP/3 response not finished"),
     }
+}
+
+/// Reads a request stream's head within `limit`. `Err(None)`: not in time; the stream is reset
+/// with H3_REQUEST_INCOMPLETE (a client holding streams open without a head, its connection
+/// kept up by PINGs, would otherwise hold them for as long as it likes).
+async fn resolve(
+    mut resolver: Box<RequestResolver<h3_quinn::Connection, Bytes>>,
+    limit: Duration,
+) -> Result<
+    (
+        Request<()>,
+        RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+    ),
+    Option<h3::error::StreamError>,
+> {
+    let first = std::future::poll_fn(|cx| resolver.frame_stream.poll_next(cx));
+    let Ok(frame) = tokio::time::timeout(limit, first).await else {
+        use h3::quic::SendStream;
+        resolver
+            .frame_stream
+            .reset(Code::H3_REQUEST_INCOMPLETE.value());
+        return Err(None);
+    };
+    let resolved = resolver.accept_with_frame(frame).map_err(Some)?;
+    resolved.resolve().await.map_err(Some)
 }
 
 /// `Early-Data` (RFC 8470 §5.1).
