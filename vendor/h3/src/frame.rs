@@ -110,6 +110,13 @@ where
         let data = self.stream.buf_mut().take_chunk(self.remaining_data);
 
         match (data, end) {
+            // The stream ended inside a DATA frame: the frame is truncated (RFC 9114 section
+            // 7.1), not the body's end. (Read as the end, a body was passed on cut short, and the
+            // next frame read asserted on the bytes still owed.) A WebTransport payload, counted
+            // as `usize::MAX`, does end here.
+            (None, true) if self.remaining_data != usize::MAX => {
+                Poll::Ready(Err(FrameStreamError::UnexpectedEnd))
+            }
             (None, true) => Poll::Ready(Ok(None)),
             (None, false) => Poll::Pending,
             (Some(d), true)

@@ -248,7 +248,8 @@ async def run(plan):
             sid = q.get_next_available_stream_id()
             ex = Exchange()
             client.exchanges[sid] = ex
-            fields = [(b":method", b"POST"), (b":scheme", b"https"),
+            method = plan.get("method", "POST").encode()
+            fields = [(b":method", method), (b":scheme", b"https"),
                       (b":authority", b"127.0.0.1"), (b":path", plan["path"].encode())]
             if plan["declared"] is not None:
                 fields.append((b"content-length", str(plan["declared"]).encode()))
@@ -256,13 +257,27 @@ async def run(plan):
             # (a byte count) a DATA frame follows them, which is malformed (RFC 9114 section 4.1).
             trailers = [(k.encode(), v.encode()) for k, v in plan.get("trailers") or []]
             after = plan.get("after_trailers")
+            # With "truncated" ([frame length, bytes sent]) the parts are followed by a DATA
+            # frame that says more than it carries, and then the stream's end on its own.
+            truncated = plan.get("truncated")
             parts = plan["parts"]
-            client.http.send_headers(sid, fields, end_stream=not parts and not trailers)
+            client.http.send_headers(
+                sid, fields, end_stream=not parts and not trailers and not truncated
+            )
             for i, n in enumerate(parts):
                 if i:
                     await asyncio.sleep(0.2)
-                last = i == len(parts) - 1 and not trailers
+                last = i == len(parts) - 1 and not trailers and not truncated
                 client.http.send_data(sid, b"x" * n, end_stream=last)
+                client.transmit()
+            if truncated:
+                frame_len, sent = truncated
+                q.send_stream_data(
+                    sid, encode_uint_var(FrameType.DATA) + encode_uint_var(frame_len) + b"x" * sent
+                )
+                client.transmit()
+                await asyncio.sleep(0.2)
+                q.send_stream_data(sid, b"", end_stream=True)
                 client.transmit()
             if trailers:
                 await asyncio.sleep(0.2)
@@ -278,7 +293,7 @@ async def run(plan):
                 client.transmit()
             await asyncio.wait_for(ex.done, timeout)
             out["attack"] = ex.report()
-            if after is not None:
+            if after is not None or truncated:
                 # The server closes the connection for it, perhaps just after answering.
                 await asyncio.wait([client.terminated], timeout=5)
             if client.terminated.done():

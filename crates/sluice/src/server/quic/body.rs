@@ -70,10 +70,10 @@ impl H3Body {
             Poll::Ready(Ok(None)) => {
                 body.tail = true;
                 if let Poll::Ready(Err(e)) = body.poll_tail(&mut cx) {
-                    body.failed = Some(e);
+                    body.fail_later(e);
                 }
             }
-            Poll::Ready(Err(e)) => body.failed = Some(e),
+            Poll::Ready(Err(e)) => body.fail_later(e),
             Poll::Pending => {}
         }
         body
@@ -96,7 +96,7 @@ impl H3Body {
                         self.trailers = Some(trailers);
                     }
                 }
-                Some(Err(e)) => self.failed = Some(e),
+                Some(Err(e)) => self.fail_later(e),
                 None => return Poll::Ready(()),
             }
         })
@@ -109,7 +109,7 @@ impl H3Body {
     }
 
     /// The next chunk of the stream, `None` at the end of its DATA frames (the stream's end, or
-    /// trailers). h3 as patched here (`vendor/h3-empty-data-frames.patch`) skips a DATA frame of
+    /// trailers). h3 as patched here (`vendor/h3-fixes.patch`) skips a DATA frame of
     /// no length; as released it reported one as the end.
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
         match self.recv.poll_recv_data(cx) {
@@ -193,13 +193,24 @@ impl H3Body {
     }
 
     fn fail(&mut self, e: BoxError) -> Polled {
+        self.clear();
+        Poll::Ready(Some(Err(e)))
+    }
+
+    /// As [`H3Body::fail`], the error kept for the next read: nothing is left to pass on, and
+    /// no length is promised (a writer told "exactly 0 bytes" would never read the error).
+    fn fail_later(&mut self, e: BoxError) {
+        self.clear();
+        self.failed = Some(e);
+    }
+
+    fn clear(&mut self) {
         self.tail = true;
         self.ended = true;
         self.first = None;
         self.last = None;
         self.trailers = None;
         self.left = None;
-        Poll::Ready(Some(Err(e)))
     }
 }
 

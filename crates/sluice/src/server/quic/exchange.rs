@@ -27,6 +27,7 @@ pub async fn serve<H: Handler>(
     // own guard may end with the response head), so neither the idle timeout nor a drain closes
     // the connection under a body still going out.
     let _stream = shared.activity.begin();
+    let began = tokio::time::Instant::now();
     let (req, stream) = match resolve(resolver, shared.header_read).await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
@@ -58,20 +59,20 @@ pub async fn serve<H: Handler>(
         // A head that declares no body is held until the stream is seen to end there, as the
         // chunk that reaches a declared length is: an HTTP/1.1 upstream is sent no body, so a
         // byte after the head would otherwise be dropped rather than refused. Clients end such
-        // a stream with its head; one that keeps it open has the header read timeout.
-        if tokio::time::timeout(shared.header_read, body.settle())
-            .await
-            .is_err()
-        {
+        // a stream with its head; one that keeps it open has what is left of the header read
+        // timeout.
+        let left = shared.header_read.saturating_sub(began.elapsed());
+        if tokio::time::timeout(left, body.settle()).await.is_err() {
             send.stop_stream(Code::H3_REQUEST_INCOMPLETE);
             tracing::debug!(%peer, "HTTP/3 request declared no body and did not end: stream reset");
             return;
         }
         if body.refused() {
-            // Refused: the body reports why at its first read, which a request without a
-            // length gets (one with `Content-Length: 0` is never read), and the handler books
-            // it to the client as any malformed body.
-            req.headers_mut().remove(header::CONTENT_LENGTH);
+            // Refused here, before anything is forwarded: an upstream client would not read the
+            // body of a GET, or of a request declared empty, to find the error in it.
+            tracing::debug!(%peer, "HTTP/3 request declared no body and sent one: refused");
+            refuse_bad_body(&shared, &mut send).await;
+            return;
         }
     }
     let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(body));
@@ -118,6 +119,28 @@ async fn resolve(
     };
     let resolved = resolver.accept_with_frame(frame).map_err(Some)?;
     resolved.resolve().await.map_err(Some)
+}
+
+/// Answers a malformed request body with the 400 the proxy gives one it finds while forwarding
+/// (`bad_body`, booked to the client).
+async fn refuse_bad_body<H: Handler>(shared: &Shared<H>, send: &mut Responder) {
+    let e = crate::error::ProxyError::downstream(
+        http::StatusCode::BAD_REQUEST,
+        "bad_body",
+        "the request body's framing is invalid",
+    );
+    shared
+        .handler
+        .http_metrics()
+        .errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            side: e.side.label(),
+            kind: e.kind,
+        })
+        .inc();
+    if let Err(e) = respond(send, e.into_response(), shared.send_timeout).await {
+        tracing::debug!(error = %e, "HTTP/3 refusal not sent");
+    }
 }
 
 /// `Early-Data` (RFC 8470 §5.1).
