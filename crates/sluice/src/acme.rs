@@ -10,6 +10,7 @@
 mod certs;
 pub mod config;
 mod dns;
+mod eab;
 mod http01;
 mod issue;
 mod metrics;
@@ -43,6 +44,7 @@ pub struct Acme {
     metrics: AcmeMetrics,
     issuer: OnceCell<Issuer>,
     dns: Option<Arc<dns::Updater>>,
+    eab: Option<eab::Eab>,
     on_demand: Option<OnDemand>,
     /// When each order of the last hour started (`acme.orders_per_hour`).
     orders: Mutex<VecDeque<Instant>>,
@@ -85,6 +87,7 @@ impl Acme {
             Some(d) => Some(Arc::new(dns::Updater::new(d)?)),
             None => None,
         };
+        let eab = config.eab.as_ref().map(eab::Eab::load).transpose()?;
         let on_demand = match config.on_demand.enabled {
             true => Some(OnDemand::new(&config.on_demand)?),
             false => None,
@@ -97,6 +100,7 @@ impl Acme {
             metrics: AcmeMetrics::register(registry),
             issuer: OnceCell::new(),
             dns,
+            eab,
             on_demand,
             orders: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
@@ -284,10 +288,7 @@ impl Acme {
     async fn issuer(&self) -> Result<&Issuer, OrderError> {
         self.issuer
             .get_or_try_init(|| async {
-                let account = self
-                    .account()
-                    .await
-                    .map_err(|e| OrderError::Ca(format!("{e:#}")))?;
+                let account = self.account().await?;
                 Ok(Issuer {
                     account,
                     certs: self.certs.clone(),
@@ -317,7 +318,30 @@ impl Acme {
         Ok(Account::builder_with_http(Box::new(client)))
     }
 
-    async fn account(&self) -> anyhow::Result<Account> {
+    /// The account: stored, or created (with `[acme.eab]` when given). A CA that asks for a
+    /// binding, or refuses the one given, is a setup error (this host's config), not the CA's.
+    async fn account(&self) -> Result<Account, OrderError> {
+        self.load_or_create_account().await.map_err(|e| {
+            let problem = e.chain().find_map(|c| match c.downcast_ref() {
+                Some(instant_acme::Error::Api(p)) => p.r#type.clone(),
+                _ => None,
+            });
+            match problem.as_deref() {
+                Some(t) if t.ends_with(":externalAccountRequired") => OrderError::Setup(format!(
+                    "{e:#}; this CA binds accounts to one of its own: set [acme.eab] key_id and mac_key_file"
+                )),
+                Some(t)
+                    if self.eab.is_some()
+                        && (t.ends_with(":unauthorized") || t.ends_with(":malformed")) =>
+                {
+                    OrderError::Setup(format!("{e:#}; check [acme.eab] key_id and mac_key_file"))
+                }
+                _ => OrderError::Ca(format!("{e:#}")),
+            }
+        })
+    }
+
+    async fn load_or_create_account(&self) -> anyhow::Result<Account> {
         let url = self.config.directory_url();
         // Another node may be creating the account: wait for its lock, then read what it wrote.
         let mut lock = None;
@@ -347,15 +371,20 @@ impl Acme {
             terms_of_service_agreed: true,
             only_return_existing: false,
         };
+        let binding = self.eab.as_ref().map(eab::Eab::key);
         let (account, creds) = self
             .account_builder()?
-            .create(&new, url.to_string(), None)
+            .create(&new, url.to_string(), binding.as_ref())
             .await
             .with_context(|| format!("ACME directory {url}"))?;
         self.store
             .write_account(url, &serde_json::to_string(&creds)?)
             .context("writing the ACME account")?;
-        tracing::info!(directory = url, "acme: account created");
+        tracing::info!(
+            directory = url,
+            bound = self.eab.as_ref().map(|e| e.key_id.as_str()),
+            "acme: account created"
+        );
         Ok(account)
     }
 

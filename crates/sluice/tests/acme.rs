@@ -71,6 +71,7 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: false,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -219,6 +220,7 @@ async fn tls_alpn01_in_the_handshake_and_unknown_names_fail_cleanly() {
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: false,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -282,6 +284,7 @@ async fn dns01_wildcard_through_rfc2136_updates_signed_with_tsig() {
             dns: bind.dns,
             validity_secs: 7_776_000,
             always_valid: false,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -344,6 +347,7 @@ async fn renews_by_ari_and_swaps_live_with_no_failed_handshake() {
             dns: dns.dns,
             validity_secs: 30,
             always_valid: false,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -442,6 +446,7 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: true,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -543,6 +548,7 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: false,
+            eab: None,
         },
     );
     let (ask, asked) = ask_server("yes.ondemand.test").await;
@@ -664,6 +670,7 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: false,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -773,6 +780,7 @@ async fn a_challenge_the_ca_cannot_validate_fails_the_order_and_the_log_says_why
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: false,
+            eab: None,
         },
     );
     let state = t.dir.path().join("state");
@@ -816,4 +824,142 @@ async fn a_challenge_the_ca_cannot_validate_fails_the_order_and_the_log_says_why
         .await
         .is_err());
     assert!(!state.join("certs/unreachable.acme.test.pem").exists());
+}
+
+/// A CA that binds accounts to accounts of its own (ZeroSSL, Google Trust Services): without
+/// `[acme.eab]`, or with the wrong key, no account is made and the log says what to set (a
+/// setup error, not the CA's); with the key id and HMAC key it issued, the account is bound and
+/// the certificate issued. The key file's contents appear in no log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_that_requires_an_external_account_binding_gets_one_from_acme_eab() {
+    use base64::Engine;
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let raw: Vec<u8> = (0u8..48)
+        .map(|b| b.wrapping_mul(151).wrapping_add(7))
+        .collect();
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&raw);
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port: free_port(),
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: true,
+            eab: Some(("kid-sluice".into(), key.clone())),
+        },
+    );
+    let root = pebble.root().await;
+    let good = t.dir.path().join("eab-good.key");
+    std::fs::write(&good, format!("{key}\n")).unwrap();
+    let wrong_key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([9u8; 48]);
+    let wrong = t.dir.path().join("eab-wrong.key");
+    std::fs::write(&wrong, &wrong_key).unwrap();
+    let names = "names = [\"bound.acme.test\"]\nchallenges = [\"tls-alpn-01\"]";
+
+    // Waits for the first failed order's log line and returns it.
+    async fn failed_order(s: &mut Sluice) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = s.proc.log_text();
+            if let Some(line) = log.lines().find(|l| l.contains("acme: order failed")) {
+                return line.to_string();
+            }
+            assert!(Instant::now() < deadline, "no failed order:\n{log}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for (tag, eab, hint) in [
+        (
+            "no-eab",
+            String::new(),
+            "set [acme.eab] key_id and mac_key_file",
+        ),
+        (
+            "wrong-eab",
+            format!(
+                "[acme.eab]\nkey_id = \"kid-sluice\"\nmac_key_file = \"{}\"",
+                wrong.display()
+            ),
+            "check [acme.eab] key_id and mac_key_file",
+        ),
+    ] {
+        let state = t.dir.path().join(format!("state-{tag}"));
+        let tls_port = free_port();
+        let mut s = Sluice::start(
+            t.dir.path(),
+            tag,
+            tls_port,
+            &acme_section(&pebble, &state, &format!("{names}\n{eab}")),
+        );
+        let line = failed_order(&mut s).await;
+        assert!(line.contains("outcome=\"setup_error\""), "{tag}: {line}");
+        assert!(line.contains(hint), "{tag}: {line}");
+        if tag == "no-eab" {
+            assert!(line.contains("externalAccountRequired"), "{line}");
+        }
+        assert!(s.proc.running());
+        assert!(handshake(s.tls, "bound.acme.test", &[&root]).await.is_err());
+        assert!(!state.join("certs/bound.acme.test.pem").exists());
+        let log = s.proc.log_text();
+        assert!(!log.contains(&wrong_key) && !log.contains(&key), "{log}");
+    }
+
+    // The binding the CA issued.
+    let state = t.dir.path().join("state-eab");
+    let tls_port = free_port();
+    let s = Sluice::start(
+        t.dir.path(),
+        "eab",
+        tls_port,
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "{names}\n[acme.eab]\nkey_id = \"kid-sluice\"\nmac_key_file = \"{}\"",
+                good.display()
+            ),
+        ),
+    );
+    let chain = wait_for_cert(&s, "bound.acme.test", &[&root], Duration::from_secs(30)).await;
+    assert!(!chain.is_empty());
+    let log = s.proc.log_text();
+    assert!(
+        log.contains("acme: account created") && log.contains("bound=\"kid-sluice\""),
+        "{log}"
+    );
+    assert!(!log.contains(&key), "{log}");
+
+    // A key file that holds no key stops `serve` at start, naming the file and not its text.
+    let bad = t.dir.path().join("eab-bad.key");
+    std::fs::write(&bad, "not a key!").unwrap();
+    let config = t.dir.path().join("sluice-bad-eab.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:{}\"]\n{}",
+            free_port(),
+            acme_section(
+                &pebble,
+                &t.dir.path().join("state-bad"),
+                &format!(
+                    "{names}\n[acme.eab]\nkey_id = \"kid-sluice\"\nmac_key_file = \"{}\"",
+                    bad.display()
+                ),
+            )
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("acme.eab.mac_key_file"), "{err}");
+    assert!(err.contains("not a base64url HMAC key"), "{err}");
+    assert!(!err.contains("not a key!"), "{err}");
 }

@@ -50,6 +50,8 @@ pub struct AcmeConfig {
     pub order_timeout_secs: u64,
     /// DNS-01 by RFC 2136 dynamic update.
     pub dns: Option<DnsConfig>,
+    /// External account binding, for CAs that require one (ZeroSSL, Google Trust Services).
+    pub eab: Option<EabConfig>,
     /// Issuance for names first seen in a TLS handshake.
     pub on_demand: OnDemandConfig,
 }
@@ -73,6 +75,7 @@ impl Default for AcmeConfig {
             orders_per_hour: 30,
             order_timeout_secs: 120,
             dns: None,
+            eab: None,
             on_demand: OnDemandConfig::default(),
         }
     }
@@ -106,6 +109,17 @@ pub struct DnsConfig {
 
 fn default_ttl() -> u32 {
     60
+}
+
+/// `[acme.eab]`: the external account binding a CA issued (RFC 8555 §7.3.4), used when the
+/// account is created.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EabConfig {
+    /// The key id (`kid`) the CA gave.
+    pub key_id: String,
+    /// A file holding the HMAC key the CA gave with it (base64url), so the key is in no config.
+    pub mac_key_file: PathBuf,
 }
 
 /// `[acme.on_demand]`: a TLS handshake for a name with no certificate may start an order.
@@ -215,6 +229,13 @@ impl AcmeConfig {
                     bail!("acme.names {name:?} is outside acme.dns.zone {zone:?}");
                 }
             }
+        }
+        if self
+            .eab
+            .as_ref()
+            .is_some_and(|e| e.key_id.trim().is_empty())
+        {
+            bail!("acme.eab.key_id is empty: give the key id the CA issued with the HMAC key");
         }
         if !(0.0..1.0).contains(&self.renew_remaining) || self.renew_remaining == 0.0 {
             bail!("acme.renew_remaining must lie between 0 and 1 (a fraction of the lifetime)");

@@ -164,6 +164,9 @@ pub struct PebbleOptions {
     pub validity_secs: u64,
     /// `PEBBLE_VA_ALWAYS_VALID=1`: every challenge passes (tests that are about something else).
     pub always_valid: bool,
+    /// New accounts must carry an external account binding to this key id and base64url HMAC
+    /// key (RFC 8555 §7.3.4).
+    pub eab: Option<(String, String)>,
 }
 
 /// A running Pebble.
@@ -188,7 +191,8 @@ impl Pebble {
                 "httpPort": o.http_port,
                 "tlsPort": o.tls_port,
                 "ocspResponderURL": "",
-                "externalAccountBindingRequired": false,
+                "externalAccountBindingRequired": o.eab.is_some(),
+                "externalAccountMACKeys": o.eab.iter().cloned().collect::<std::collections::HashMap<_, _>>(),
                 "domainBlocklist": [],
                 "retryAfter": {"authz": 1, "order": 1},
                 "keyAlgorithm": "ecdsa",
