@@ -326,16 +326,21 @@ impl Acme {
                 Some(instant_acme::Error::Api(p)) => p.r#type.clone(),
                 _ => None,
             });
-            match problem.as_deref() {
-                Some(t) if t.ends_with(":externalAccountRequired") => OrderError::Setup(format!(
-                    "{e:#}; this CA binds accounts to one of its own: set [acme.eab] key_id and mac_key_file"
-                )),
-                Some(t)
-                    if self.eab.is_some()
-                        && (t.ends_with(":unauthorized") || t.ends_with(":malformed")) =>
-                {
-                    OrderError::Setup(format!("{e:#}; check [acme.eab] key_id and mac_key_file"))
+            let binding = problem.as_deref().is_some_and(|t| {
+                [":externalAccountRequired", ":unauthorized", ":malformed"]
+                    .iter()
+                    .any(|k| t.ends_with(k))
+            });
+            match (problem.as_deref(), &self.eab) {
+                (Some(t), None) if t.ends_with(":externalAccountRequired") => {
+                    OrderError::Setup(format!(
+                        "{e:#}; this CA binds accounts to one of its own: set [acme.eab] key_id and mac_key_file"
+                    ))
                 }
+                // Some CAs also refuse a bound account without a contact address.
+                (Some(_), Some(_)) if binding => OrderError::Setup(format!(
+                    "{e:#}; check [acme.eab] key_id and mac_key_file, and acme.contact"
+                )),
                 _ => OrderError::Ca(format!("{e:#}")),
             }
         })
@@ -349,6 +354,13 @@ impl Acme {
             if let Some(json) = self.store.read_account(url) {
                 let creds: AccountCredentials =
                     serde_json::from_str(&json).context("unreadable stored ACME account")?;
+                if let Some(eab) = &self.eab {
+                    tracing::info!(
+                        directory = url,
+                        key_id = eab.key_id.as_str(),
+                        "acme: the stored account is used; [acme.eab] binds only an account being created (remove its account-*.json from the state directory to bind anew)"
+                    );
+                }
                 return self
                     .account_builder()?
                     .from_credentials(creds)

@@ -952,13 +952,33 @@ async fn a_ca_that_requires_an_external_account_binding_gets_one_from_acme_eab()
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(BIN)
+    let mut child = std::process::Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&config)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sluice did not stop at a key file that holds no key");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
     assert!(err.contains("acme.eab.mac_key_file"), "{err}");
     assert!(err.contains("not a base64url HMAC key"), "{err}");
     assert!(!err.contains("not a key!"), "{err}");

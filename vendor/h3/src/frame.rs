@@ -36,6 +36,12 @@ impl<S, B> FrameStream<S, B> {
         }
     }
 
+    /// The largest frame other than DATA this stream buffers whole (see `FrameDecoder`).
+    pub(crate) fn with_frame_limit(mut self, limit: usize) -> Self {
+        self.decoder.limit = limit;
+        self
+    }
+
     /// Unwraps the Framed streamer and returns the underlying stream **without** data loss for
     /// partially received/read frames.
     pub fn into_inner(self) -> BufRecvStream<S, B> {
@@ -209,9 +215,24 @@ where
     }
 }
 
-#[derive(Default)]
 pub struct FrameDecoder {
     expected: Option<usize>,
+    /// A frame other than DATA is buffered whole before it is decoded (or, unknown, skipped): one
+    /// longer than this is refused (H3_EXCESSIVE_LOAD) rather than buffered without bound.
+    limit: usize,
+}
+
+/// The default frame limit: control-stream frames (SETTINGS, GOAWAY, GREASE) are far smaller.
+/// Request streams take theirs from the field section size (`server::Connection::accept`).
+pub(crate) const DEFAULT_FRAME_LIMIT: usize = 64 * 1024;
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        FrameDecoder {
+            expected: None,
+            limit: DEFAULT_FRAME_LIMIT,
+        }
+    }
 }
 
 impl FrameDecoder {
@@ -251,6 +272,9 @@ impl FrameDecoder {
                     continue;
                 }
                 Err(frame::FrameError::Incomplete(min)) => {
+                    if min > self.limit {
+                        return Err(FrameStreamError::Proto(FrameProtocolError::TooLarge(min)));
+                    }
                     self.expected = Some(min);
                     return Ok(None);
                 }
@@ -303,6 +327,8 @@ pub enum FrameStreamError {
 /// Protocol specific errors that can occur while decoding frames in a stream
 pub enum FrameProtocolError {
     Malformed,
+    /// A frame other than DATA longer than the stream's limit (bytes).
+    TooLarge(usize),
     ForbiddenFrame(u64), // Known (http2) frames that should generate an error
     InvalidFrameValue,
     Settings(SettingsError),

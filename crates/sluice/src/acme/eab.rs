@@ -32,7 +32,7 @@ impl Eab {
         let key = parse_mac_key(&text)
             .with_context(|| format!("acme.eab.mac_key_file {}", path.display()))?;
         Ok(Eab {
-            key_id: config.key_id.clone(),
+            key_id: config.key_id.trim().to_string(),
             key,
         })
     }
@@ -55,9 +55,6 @@ pub fn parse_mac_key(text: &str) -> anyhow::Result<Vec<u8>> {
         .decode(text)
         .or_else(|_| STANDARD_NO_PAD.decode(text))
         .map_err(|_| anyhow::anyhow!("not a base64url HMAC key"))?;
-    if key.len() < 16 {
-        bail!("the HMAC key is {} bytes; a CA's is at least 16", key.len());
-    }
     Ok(key)
 }
 
@@ -81,7 +78,7 @@ mod tests {
 
     #[test]
     fn refusals_never_echo_the_text() {
-        for text in ["", "  \n", "not*base64!", "c2hvcnQ"] {
+        for text in ["", "  \n", "not*base64!", "a-b_c+d/"] {
             let e = parse_mac_key(text).unwrap_err().to_string();
             let t = text.trim();
             assert!(t.is_empty() || !e.contains(t), "{e}");

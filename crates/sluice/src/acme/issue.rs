@@ -25,8 +25,9 @@ pub enum OrderError {
     /// The CA could not be reached, answered an error, or took too long.
     #[error("CA error: {0}")]
     Ca(String),
-    /// Ours: a challenge could not be set up (DNS update refused, ...).
-    #[error("challenge set-up failed: {0}")]
+    /// Ours, this host's setup: a challenge could not be set up (DNS update refused, ...), or the
+    /// CA would not make the account as configured (`[acme.eab]`).
+    #[error("set-up failed: {0}")]
     Setup(String),
     /// The state directory could not take the certificate.
     #[error("state directory: {0}")]

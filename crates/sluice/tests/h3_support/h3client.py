@@ -6,7 +6,7 @@ object with what happened. Plans:
       the stream reset code if the server reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
-   | "no-head" | "no-end", ...}
+   | "no-head" | "no-end" | "huge-frame", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -298,6 +298,31 @@ async def run(plan):
                 await asyncio.wait([client.terminated], timeout=5)
             if client.terminated.done():
                 out["terminated"] = client.terminated.result()
+        elif attack == "huge-frame":
+            # A request stream's frame (`kind`: "headers", or "unknown" for a reserved type,
+            # which must be skipped) declaring `declared` bytes, its payload sent 64 KiB at a
+            # time up to `send` bytes or until the connection is closed; then the close code,
+            # and how many bytes the server had taken by then.
+            sid = q.get_next_available_stream_id()
+            ex = Exchange()
+            client.exchanges[sid] = ex
+            ty = FrameType.HEADERS if plan["kind"] == "headers" else 0x1F * 7 + 0x21
+            q.send_stream_data(sid, encode_uint_var(ty) + encode_uint_var(plan["declared"]))
+            client.transmit()
+            sent = 0
+            while sent < plan["send"] and not client.terminated.done():
+                try:
+                    q.send_stream_data(sid, b"\0" * 65536)
+                except AssertionError:
+                    # The stream was reset as the connection closed.
+                    break
+                sent += 65536
+                client.transmit()
+                await asyncio.sleep(0.01)
+            await asyncio.wait([client.terminated], timeout=plan.get("wait", 5))
+            if client.terminated.done():
+                out["terminated"] = client.terminated.result()
+            out["attack"] = {"sent": sent}
         elif attack == "no-end":
             # A POST whose head says `content-length: 0`, its stream never ended, the connection
             # kept up by PINGs for up to `secs`.

@@ -123,7 +123,14 @@ where
     pub async fn accept(&mut self) -> Result<Option<RequestResolver<C, B>>, ConnectionError> {
         // Accept the incoming stream
         let stream = match poll_fn(|cx| self.poll_accept_request_stream_internal(cx)).await? {
-            Some(s) => FrameStream::new(BufRecvStream::new(s)),
+            // A request's HEADERS frame is buffered whole before its size is checked: held to
+            // twice the field section size the server takes (a head a little over it still gets
+            // a 431), or the default limit, whichever is larger.
+            Some(s) => FrameStream::new(BufRecvStream::new(s)).with_frame_limit(
+                usize::try_from(self.max_field_section_size.saturating_mul(2))
+                    .unwrap_or(usize::MAX)
+                    .max(crate::frame::DEFAULT_FRAME_LIMIT),
+            ),
             None => {
                 // We always send a last GoAway frame to the client, so it knows which was the last
                 // non-rejected request.

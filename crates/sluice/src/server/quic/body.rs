@@ -103,9 +103,10 @@ impl H3Body {
         .await
     }
 
-    /// Refused before it was read ([`H3Body::settle`]); its first read says why.
-    pub fn refused(&self) -> bool {
-        self.failed.is_some()
+    /// Why it failed before it was read ([`H3Body::settle`]), if it did; its first read says so
+    /// too.
+    pub fn failure(&self) -> Option<&BoxError> {
+        self.failed.as_ref()
     }
 
     /// The next chunk of the stream, `None` at the end of its DATA frames (the stream's end, or

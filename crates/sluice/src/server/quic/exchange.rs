@@ -67,11 +67,20 @@ pub async fn serve<H: Handler>(
             tracing::debug!(%peer, "HTTP/3 request declared no body and did not end: stream reset");
             return;
         }
-        if body.refused() {
-            // Refused here, before anything is forwarded: an upstream client would not read the
-            // body of a GET, or of a request declared empty, to find the error in it.
-            tracing::debug!(%peer, "HTTP/3 request declared no body and sent one: refused");
-            refuse_bad_body(&shared, &mut send).await;
+        if let Some(e) = body.failure() {
+            shared.requests.inc();
+            let malformed = e
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::InvalidData);
+            if malformed {
+                // Refused here, before anything is forwarded: an upstream client would not read
+                // the body of a GET, or of a request declared empty, to find the error in it.
+                tracing::debug!(%peer, "HTTP/3 request declared no body and sent one: refused");
+                refuse_bad_body(&shared, &mut send).await;
+            } else {
+                // The stream or the connection is gone (reset, a frame error): no one to answer.
+                tracing::debug!(%peer, error = %e, "HTTP/3 request ended before its head did");
+            }
             return;
         }
     }
@@ -118,7 +127,12 @@ async fn resolve(
         return Err(None);
     };
     let resolved = resolver.accept_with_frame(frame).map_err(Some)?;
-    resolved.resolve().await.map_err(Some)
+    // Decoding is at once; what may wait is the 431 h3 sends for a head over the limit, which a
+    // client granting no credit could hold: the same limit bounds it.
+    tokio::time::timeout(limit, resolved.resolve())
+        .await
+        .map_err(|_| None)?
+        .map_err(Some)
 }
 
 /// Answers a malformed request body with the 400 the proxy gives one it finds while forwarding
@@ -191,7 +205,15 @@ async fn respond(
             .headers
             .insert(header::DATE, crate::server::date::value());
     }
-    send.send_response(Response::from_parts(parts, ())).await?;
+    // As for the body below: a client that grants the stream no credit is not waited on longer
+    // than the send timeout, for the head or for the stream's end.
+    match tokio::time::timeout(limit, send.send_response(Response::from_parts(parts, ()))).await {
+        Ok(sent) => sent?,
+        Err(_) => {
+            send.stop_stream(Code::H3_REQUEST_CANCELLED);
+            return Err(SendError::Stalled(limit));
+        }
+    }
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(f) => f,
@@ -218,7 +240,13 @@ async fn respond(
             }
         }
     }
-    send.finish().await?;
+    match tokio::time::timeout(limit, send.finish()).await {
+        Ok(finished) => finished?,
+        Err(_) => {
+            send.stop_stream(Code::H3_REQUEST_CANCELLED);
+            return Err(SendError::Stalled(limit));
+        }
+    }
     Ok(())
 }
 
