@@ -428,6 +428,18 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
         check_then(&r);
     }
 
+    // The client's QPACK encoder and decoder streams filled: read and dropped (no dynamic table
+    // here), so the server holds none of it; unread, each held a stream window (1 MiB) for the
+    // connection's life. All 3 MiB on each went through.
+    let r = client(s.plan(json!({
+        "attack": "qpack-fill", "send": 3 * 1024 * 1024, "wait": 2, "then": then,
+    })))
+    .await;
+    for granted in r["attack"]["max_stream_data"].as_array().unwrap() {
+        assert!(granted.as_u64().unwrap() >= 3 * 1024 * 1024, "{r}");
+    }
+    check_then(&r);
+
     // Fifty request streams where ten are allowed: QUIC STREAM_LIMIT_ERROR (0x4).
     let r =
         client(s.plan(json!({"attack": "too-many-streams", "streams": 50, "then": then}))).await;
@@ -585,6 +597,39 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     );
     let seen = panics.lock().unwrap().clone();
     assert!(seen.is_empty(), "panics: {seen:?}");
+
+    // `content-length` read as the proxy reads it: a list of equal values is that length (held
+    // to it here too), unequal ones are malformed (the stream is reset, H3_MESSAGE_ERROR), and
+    // "0 " is 0 (bytes after it refused). Read as a plain number, these slipped past the checks.
+    let r = client(s.plan(json!({
+        "attack": "length", "path": "/plain/echo", "declared": "5, 5", "parts": [10],
+        "then": then,
+    })))
+    .await;
+    assert_eq!(r["attack"]["status"], 400, "{r}");
+    let r = client(s.plan(json!({
+        "attack": "length", "path": "/plain/echo", "declared": "10, 10", "parts": [10],
+        "then": then,
+    })))
+    .await;
+    assert_body(&r["attack"], 200, b"xxxxxxxxxx");
+    let r = client(s.plan(json!({
+        "attack": "length", "path": "/plain/echo", "declared": "5, 6", "parts": [5],
+        "then": then,
+    })))
+    .await;
+    assert_eq!(r["attack"]["reset"], 0x10e, "{r}");
+    let r = client(s.plan(json!({
+        "attack": "length", "path": "/plain/echo", "declared": "0 ", "parts": [5],
+        "then": then,
+    })))
+    .await;
+    assert_eq!(r["attack"]["status"], 400, "{r}");
+    assert_eq!(
+        whole.load(Ordering::SeqCst),
+        matching.len() + 3,
+        "only the matching list reached the origin whole"
+    );
 
     // A GET that says `content-length: 0` and sends bytes: refused before anything is
     // forwarded (an upstream client sends a GET no body and would never read them).
@@ -837,7 +882,11 @@ async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
     let o = start_origin(seen).await;
     let cert = SelfSigned::new(&["h3.test"]);
     let dir = tempfile::tempdir().unwrap();
-    let text = config_text(o, &cert, "tls_handshake_timeout_secs = 1\nidle_timeout_secs = 3")
+    let text = config_text(
+        o,
+        &cert,
+        "tls_handshake_timeout_secs = 1\nidle_timeout_secs = 3\nheader_read_timeout_secs = 2",
+    )
         .replace(
             "[cache]",
             "[server.http3]\nenabled = true\nretry_above_handshakes = 1000\nmax_handshakes = 16\n\n[cache]",
@@ -916,6 +965,35 @@ async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
     assert!(opened.elapsed() < Duration::from_secs(6));
     let r = holding.await.unwrap();
     assert_body(&r["connections"][0]["response"], 200, &pattern(100));
+    // No QUIC DATAGRAM frames are offered: nothing reads them, and each one held would keep its
+    // receive buffer.
+    assert_eq!(r["connections"][0]["datagrams"], Value::Null, "{r}");
+
+    // The same with a client that keeps the line busy with PINGs and sends no request: closed
+    // all the same, at most 5 s after the idle timeout (waiting for a quiet moment no longer
+    // lets such a client hold its connection, and its place in the connection limit, for ever).
+    let r = client(plan(json!({
+        "hold": 1, "path": "/plain/size/100", "hold_secs": 12, "ping": 0.2, "timeout": 30,
+        "no_request": true,
+    })))
+    .await;
+    let at = r["closed_at"][0]
+        .as_f64()
+        .unwrap_or_else(|| panic!("a PINGing idle connection was never closed: {r}"));
+    assert!((2.5..10.0).contains(&at), "closed at {at} s: {r}");
+
+    // A client that grants the server no unidirectional stream, so its control stream and
+    // SETTINGS can never go out: the connection set-up is given up (here at the header read
+    // timeout, 2 s) and the connection closed, not held for ever.
+    let r = client(plan(json!({
+        "hold": 1, "path": "/plain/size/100", "hold_secs": 8, "ping": 0.2, "timeout": 30,
+        "no_request": true, "no_uni": true,
+    })))
+    .await;
+    let at = r["closed_at"][0]
+        .as_f64()
+        .unwrap_or_else(|| panic!("a connection whose set-up never finished stayed: {r}"));
+    assert!(at < 6.0, "closed at {at} s: {r}");
     let r = client(plan(gets(&[("/plain/size/1000", None)]))).await;
     assert_body(&r["responses"][0], 200, &pattern(1000));
 }

@@ -1,17 +1,28 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, BufMut, Bytes};
 
 #[derive(Debug)]
 pub(crate) struct BufList<T> {
     bufs: VecDeque<T>,
+    /// The bytes held, kept as they change: summed at every call, a frame arriving a byte per
+    /// packet cost time quadratic in its length.
+    len: usize,
 }
+
+/// A received piece smaller than this is copied rather than kept as a view of the datagram it
+/// came in (which it would keep whole).
+const SMALL: usize = 1024;
+/// Pieces held apart at most: past it they are joined into one (a frame arriving a byte per
+/// packet would otherwise cost a list entry per byte).
+const MAX_PIECES: usize = 64;
 
 impl<T: Buf> BufList<T> {
     pub(crate) fn new() -> BufList<T> {
         BufList {
             bufs: VecDeque::new(),
+            len: 0,
         }
     }
 
@@ -19,6 +30,7 @@ impl<T: Buf> BufList<T> {
     #[allow(dead_code)]
     pub(crate) fn push(&mut self, buf: T) {
         debug_assert!(buf.has_remaining());
+        self.len += buf.remaining();
         self.bufs.push_back(buf);
     }
 
@@ -34,7 +46,11 @@ impl<T: Buf> BufList<T> {
 
 impl BufList<Bytes> {
     pub fn take_first_chunk(&mut self) -> Option<Bytes> {
-        self.bufs.pop_front()
+        let chunk = self.bufs.pop_front();
+        if let Some(c) = &chunk {
+            self.len -= c.len();
+        }
+        chunk
     }
 
     pub fn take_chunk(&mut self, max_len: usize) -> Option<Bytes> {
@@ -42,6 +58,9 @@ impl BufList<Bytes> {
             .bufs
             .front_mut()
             .map(|chunk| chunk.split_to(usize::min(max_len, chunk.remaining())));
+        if let Some(c) = &chunk {
+            self.len -= c.len();
+        }
 
         if let Some(front) = self.bufs.front() {
             if front.remaining() == 0 {
@@ -56,7 +75,23 @@ impl BufList<Bytes> {
         T: Buf,
     {
         debug_assert!(buf.has_remaining());
-        self.bufs.push_back(buf.copy_to_bytes(buf.remaining()))
+        let n = buf.remaining();
+        let piece = if n < SMALL {
+            let mut owned = bytes::BytesMut::with_capacity(n);
+            owned.put(buf);
+            owned.freeze()
+        } else {
+            buf.copy_to_bytes(n)
+        };
+        self.len += n;
+        self.bufs.push_back(piece);
+        if self.bufs.len() > MAX_PIECES {
+            let mut joined = bytes::BytesMut::with_capacity(self.len);
+            for piece in self.bufs.drain(..) {
+                joined.extend_from_slice(&piece);
+            }
+            self.bufs.push_back(joined.freeze());
+        }
     }
 }
 
@@ -72,7 +107,7 @@ impl<T: Buf> From<T> for BufList<T> {
 impl<T: Buf> Buf for BufList<T> {
     #[inline]
     fn remaining(&self) -> usize {
-        self.bufs.iter().map(|buf| buf.remaining()).sum()
+        self.len
     }
 
     #[inline]
@@ -82,6 +117,7 @@ impl<T: Buf> Buf for BufList<T> {
 
     #[inline]
     fn advance(&mut self, mut cnt: usize) {
+        self.len -= cnt;
         while cnt > 0 {
             {
                 let front = &mut self.bufs[0];

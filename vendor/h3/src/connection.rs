@@ -398,6 +398,21 @@ where
     pub fn poll_accept_recv(&mut self, cx: &mut Context<'_>) -> Result<(), ConnectionError> {
         let _ = self.poll_connection_error(cx)?;
 
+        // The peer's QPACK encoder and decoder streams are read and what they carry dropped:
+        // with no dynamic table here they have nothing this side needs, and left unread they
+        // held up to a stream window of data each for the connection's life.
+        for qpack in [
+            &mut self.qpack_streams.encoder_recv,
+            &mut self.qpack_streams.decoder_recv,
+        ] {
+            if let Some(AcceptedRecvStream::Encoder(s) | AcceptedRecvStream::Decoder(s)) = qpack {
+                while let Poll::Ready(Ok(false)) = s.poll_read(cx) {
+                    let held = s.buf_mut().remaining();
+                    s.buf_mut().advance(held);
+                }
+            }
+        }
+
         // Get all currently pending streams
         loop {
             match self

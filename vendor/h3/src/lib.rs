@@ -1,7 +1,7 @@
 //! HTTP/3 client and server
 #![deny(missing_docs, clippy::self_named_module_files)]
 #![allow(clippy::derive_partial_eq_without_eq)]
-// Vendored for three fixes (sluice's vendor/h3-fixes.patch): its own warnings in the
+// Vendored for its fixes (sluice's vendor/h3-fixes.patch): its own warnings in the
 // features sluice builds are the release's, not to be fixed here.
 #![allow(warnings)]
 

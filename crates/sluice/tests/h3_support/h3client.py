@@ -6,7 +6,7 @@ object with what happened. Plans:
       the stream reset code if the server reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
-   | "no-head" | "no-end" | "huge-frame", ...}
+   | "no-head" | "no-end" | "huge-frame" | "qpack-fill", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -15,9 +15,11 @@ object with what happened. Plans:
       new connection; a request refused with H3_REQUEST_REJECTED (not processed) is sent again
       there. Reports every request (connection number, time, status, length, sha256, resends).
   {"addr": ..., "hold": N, "path": "/health", "hold_secs": 2}
-      Opens N connections one after another from one address, a GET of `path` on each, keeps
-      those that opened for `hold_secs` (writing `ready_file`, if given, once they are open); per
-      connection: the response, or the close code.
+      Opens N connections one after another from one address, a GET of `path` on each (none with
+      "no_request"), keeps those that opened for `hold_secs` (writing `ready_file`, if given, once
+      they are open; with "ping", PINGs that often); per connection: the response, or the close
+      code, and whether the server offered DATAGRAM frames; when the server closed each. With
+      "no_uni", the client grants the server no unidirectional stream.
   {"addr": ..., "resume": true, "path": "/x"}
       A GET on one connection, then the same GET and a POST on a second connection resumed
       with the session ticket of the first and sent at once (0-RTT when allowed), then the GET
@@ -92,12 +94,16 @@ H3_REQUEST_REJECTED = 0x10B
 class Client(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if Client.no_uni:
+            self._quic._local_max_streams_uni.value = 0
         self.http = GoawayAwareH3(self._quic)
         self.exchanges = {}
         self.terminated = asyncio.get_event_loop().create_future()
 
     # The last close any connection saw (a refused handshake leaves no protocol to ask).
     last_terminated = None
+    # Grant the server no unidirectional stream (so it cannot open its control stream).
+    no_uni = False
 
     def quic_event_received(self, event):
         if isinstance(event, ConnectionTerminated):
@@ -323,6 +329,22 @@ async def run(plan):
             if client.terminated.done():
                 out["terminated"] = client.terminated.result()
             out["attack"] = {"sent": sent}
+        elif attack == "qpack-fill":
+            # `send` bytes on each of the client's QPACK encoder and decoder streams, then `wait`
+            # seconds: how far the server let each go (its MAX_STREAM_DATA grows only as it
+            # reads them).
+            sids = [client.http._local_encoder_stream_id, client.http._local_decoder_stream_id]
+            sent = 0
+            while sent < plan["send"] and not client.terminated.done():
+                for sid in sids:
+                    q.send_stream_data(sid, b"\0" * 65536)
+                sent += 65536
+                client.transmit()
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(plan.get("wait", 2))
+            out["attack"] = {
+                "max_stream_data": [q._streams[sid].max_stream_data_remote for sid in sids],
+            }
         elif attack == "no-end":
             # A POST whose head says `content-length: 0`, its stream never ended, the connection
             # kept up by PINGs for up to `secs`.
@@ -548,6 +570,8 @@ async def hold(plan):
     timeout = plan.get("timeout", 10)
     authority = plan.get("authority", "127.0.0.1")
     out = {"connections": []}
+    conns = []
+    Client.no_uni = bool(plan.get("no_uni"))
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(plan["hold"]):
             try:
@@ -560,16 +584,35 @@ async def hold(plan):
             except asyncio.TimeoutError:
                 out["connections"].append({"refused": "timeout"})
                 continue
+            conns.append(c)
+            # What the server offered: QUIC DATAGRAM frames (max_datagram_frame_size) or not.
+            datagrams = c._quic._remote_max_datagram_frame_size
+            if plan.get("no_request"):
+                out["connections"].append({"open": True, "datagrams": datagrams})
+                continue
             ex = c.request(authority, plan["path"])
             await asyncio.wait_for(ex.done, timeout)
             if c.terminated.done():
                 out["connections"].append({"refused": c.terminated.result()})
             else:
-                out["connections"].append({"response": ex.report()})
+                out["connections"].append({"response": ex.report(), "datagrams": datagrams})
         if plan.get("ready_file"):
             with open(plan["ready_file"], "w") as f:
                 f.write("held\n")
-        await asyncio.sleep(plan.get("hold_secs", 0))
+        # With "ping" (seconds), each connection sends a PING that often while it is held: the
+        # line is never quiet. When the server closed each, from the end of the opening.
+        start = time.monotonic()
+        closed = [None] * len(conns)
+        while time.monotonic() - start < plan.get("hold_secs", 0):
+            await asyncio.sleep(plan.get("ping") or 0.1)
+            for i, c in enumerate(conns):
+                if c.terminated.done():
+                    if closed[i] is None:
+                        closed[i] = round(time.monotonic() - start, 2)
+                elif plan.get("ping"):
+                    c._quic.send_ping(i)
+                    c.transmit()
+        out["closed_at"] = closed
     return out
 
 

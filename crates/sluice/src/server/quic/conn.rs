@@ -16,6 +16,10 @@ use crate::server::activity::Activity;
 use crate::server::handler::{Handler, ListenerId};
 use crate::server::DRAIN_IDLE;
 
+/// How long an idle connection waits past its limit for a quiet moment before it is closed
+/// anyway (a close discards what is still unsent; after this long nothing should be).
+const QUIET_WAIT: Duration = Duration::from_secs(5);
+
 /// H3_NO_ERROR: the application close code of a connection that ends normally.
 pub(super) const H3_NO_ERROR: u32 = 0x100;
 
@@ -101,17 +105,25 @@ pub async fn serve<H: Handler>(
     handshake: Option<Handshake>,
 ) {
     let peer: SocketAddr = quic.remote_address();
-    let built = h3::server::builder()
+    let mut builder = h3::server::builder();
+    builder
         .max_field_section_size(settings.max_field_section_size)
         // No GREASE frames: h3 puts one after a response's last DATA frame, and clients on
         // aioquic then never see the response end (the FIN arrives with the unknown frame).
-        .send_grease(false)
-        .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
-        .await;
+        .send_grease(false);
+    let built = builder.build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()));
+    // The set-up opens the server's control and QPACK streams and sends SETTINGS: a client that
+    // grants no stream for them would hold it for ever.
+    let built = tokio::time::timeout(settings.header_read, built).await;
     let mut h3 = match built {
-        Ok(c) => c,
-        Err(e) => {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "HTTP/3 connection set-up failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "HTTP/3 connection set-up not done in time");
+            quic.close(H3_NO_ERROR.into(), b"");
             return;
         }
     };
@@ -134,9 +146,16 @@ pub async fn serve<H: Handler>(
             draining = true;
             // GOAWAY: the requests already accepted finish here; the client sends new ones on a
             // new connection.
-            if let Err(e) = h3.shutdown(0).await {
-                tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
-                break;
+            match tokio::time::timeout(DRAIN_IDLE, h3.shutdown(0)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
+                    break;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "HTTP/3 GOAWAY not taken in time");
+                    break;
+                }
             }
         }
         let event = tokio::select! {
@@ -165,9 +184,12 @@ pub async fn serve<H: Handler>(
                 let stats = quic.stats();
                 let traffic = stats.udp_tx.bytes + stats.udp_rx.bytes;
                 let quiet = std::mem::replace(&mut last_traffic, traffic) == traffic;
-                // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining.
+                // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining; a
+                // client that keeps the line busy (PINGs) without a request is given `QUIET_WAIT`
+                // more, then closed all the same.
                 let limit = if draining { DRAIN_IDLE } else { settings.idle };
-                if quiet && shared.activity.idle_for().is_some_and(|d| d >= limit) {
+                let idle = shared.activity.idle_for();
+                if idle.is_some_and(|d| d >= limit && (quiet || d >= limit + QUIET_WAIT)) {
                     break;
                 }
             }

@@ -191,7 +191,10 @@ impl Accepting {
             .stream_receive_window(VarInt::from_u32(h3.stream_window_bytes))
             .receive_window(VarInt::from_u32(h3.connection_window_bytes))
             .send_window(h3.send_window_bytes)
-            .max_idle_timeout(Some(self.idle.try_into().context("idle timeout too long")?));
+            .max_idle_timeout(Some(self.idle.try_into().context("idle timeout too long")?))
+            // No QUIC DATAGRAM frames (not advertised): nothing here reads them, and each one
+            // quinn keeps holds its whole receive buffer.
+            .datagram_receive_buffer_size(None);
         let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         config
             .transport_config(Arc::new(transport))

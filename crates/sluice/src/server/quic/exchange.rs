@@ -50,10 +50,25 @@ pub async fn serve<H: Handler>(
             .insert(EARLY_DATA, http::HeaderValue::from_static("1"));
     }
     let (mut send, recv) = stream.split();
-    let length = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+    // Read as the proxy reads it (a list of equal values, whitespace around them), so the
+    // length held to here is the one forwarded; anything else is malformed (RFC 9114 §4.1.2).
+    let length = match sluice_http::framing::check_request(req.headers(), false) {
+        Ok(sluice_http::framing::Framing::Length(n)) => Some(n),
+        Ok(_) if req.headers().contains_key(header::CONTENT_LENGTH) => Some(0),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "HTTP/3 request framing refused");
+            // Reset; the receiving half stops as it is dropped.
+            send.stop_stream(Code::H3_MESSAGE_ERROR);
+            return;
+        }
+    };
+    if let Some(n) = length {
+        // One value on: a list of equal values, or one with spaces, is the same length to this
+        // hop (RFC 9110 §8.6), and the next may refuse it as written.
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, http::HeaderValue::from(n));
+    }
     let mut body = H3Body::new(recv, length);
     if length == Some(0) && !http_body::Body::is_end_stream(&body) {
         // A head that declares no body is held until the stream is seen to end there, as the
