@@ -9,13 +9,16 @@ pub(crate) struct BufList<T> {
     /// The bytes held, kept as they change: summed at every call, a frame arriving a byte per
     /// packet cost time quadratic in its length.
     len: usize,
+    /// How many of the last pieces are small (copied in, under `SMALL`).
+    small_tail: usize,
 }
 
 /// A received piece smaller than this is copied rather than kept as a view of the datagram it
 /// came in (which it would keep whole).
 const SMALL: usize = 1024;
-/// Pieces held apart at most: past it they are joined into one (a frame arriving a byte per
-/// packet would otherwise cost a list entry per byte).
+/// Small pieces held apart at most at the end of the list: past it they are joined into one (a
+/// frame arriving a byte per packet would otherwise cost a list entry per byte). Only the small
+/// ones are joined, so a byte is copied a bounded number of times.
 const MAX_PIECES: usize = 64;
 
 impl<T: Buf> BufList<T> {
@@ -23,6 +26,7 @@ impl<T: Buf> BufList<T> {
         BufList {
             bufs: VecDeque::new(),
             len: 0,
+            small_tail: 0,
         }
     }
 
@@ -31,6 +35,7 @@ impl<T: Buf> BufList<T> {
     pub(crate) fn push(&mut self, buf: T) {
         debug_assert!(buf.has_remaining());
         self.len += buf.remaining();
+        self.small_tail = 0;
         self.bufs.push_back(buf);
     }
 
@@ -50,6 +55,7 @@ impl BufList<Bytes> {
         if let Some(c) = &chunk {
             self.len -= c.len();
         }
+        self.small_tail = self.small_tail.min(self.bufs.len());
         chunk
     }
 
@@ -67,6 +73,7 @@ impl BufList<Bytes> {
                 let _ = self.bufs.pop_front();
             }
         }
+        self.small_tail = self.small_tail.min(self.bufs.len());
         chunk
     }
 
@@ -85,11 +92,20 @@ impl BufList<Bytes> {
         };
         self.len += n;
         self.bufs.push_back(piece);
-        if self.bufs.len() > MAX_PIECES {
-            let mut joined = bytes::BytesMut::with_capacity(self.len);
-            for piece in self.bufs.drain(..) {
+        if n >= SMALL {
+            self.small_tail = 0;
+            return;
+        }
+        self.small_tail += 1;
+        if self.small_tail > MAX_PIECES {
+            let from = self.bufs.len() - self.small_tail;
+            let size = self.bufs.iter().skip(from).map(|p| p.len()).sum();
+            let mut joined = bytes::BytesMut::with_capacity(size);
+            for piece in self.bufs.drain(from..) {
                 joined.extend_from_slice(&piece);
             }
+            // Joined, it counts as small only while it is.
+            self.small_tail = usize::from(size < SMALL);
             self.bufs.push_back(joined.freeze());
         }
     }
@@ -131,6 +147,7 @@ impl<T: Buf> Buf for BufList<T> {
                 }
             }
             self.bufs.pop_front();
+            self.small_tail = self.small_tail.min(self.bufs.len());
         }
     }
 

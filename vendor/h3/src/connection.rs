@@ -58,6 +58,9 @@ where
     }
 }
 
+/// Empty DATA frames one `poll_recv_data` skips at most before it yields.
+const EMPTY_PER_POLL: usize = 64;
+
 struct QpackStreams<C, B>
 where
     C: quic::Connection<B>,
@@ -871,8 +874,16 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<impl Buf>, StreamError>> {
         // A DATA frame of no length carries nothing: go on to the next frame. (Reported as
-        // `None`, it read as the end of the body, and the data after it was lost.)
+        // `None`, it read as the end of the body, and the data after it was lost.) At most
+        // `EMPTY_PER_POLL` in one call, then the task yields: a peer sending nothing but empty
+        // frames must not hold its thread.
+        let mut empty = 0;
         while !self.stream.has_data() {
+            empty += 1;
+            if empty > EMPTY_PER_POLL {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             match ready!(self.stream.poll_next(cx)) {
                 Err(frame_stream_error) => {
                     return Poll::Ready(Err(

@@ -65,33 +65,46 @@ where
             "There is still data to read, please call poll_data() until it returns None."
         );
 
+        // What is buffered is decoded first; the stream is read only when that holds no whole
+        // frame. (Read first at every call, a stream of tiny frames was taken in far ahead of its
+        // reader, past flow control.) A call reads at most `READS_PER_POLL` pieces, then yields:
+        // a peer sending endless frames this side skips must not hold the task's thread.
+        let mut reads = 0;
         loop {
-            let end = self.try_recv(cx)?;
-
-            return match self.decoder.decode(self.stream.buf_mut())? {
-                Some(Frame::Data(PayloadLen(len))) => {
-                    self.remaining_data = len;
-                    Poll::Ready(Ok(Some(Frame::Data(PayloadLen(len)))))
-                }
-                frame @ Some(Frame::WebTransportStream(_)) => {
-                    self.remaining_data = usize::MAX;
-                    Poll::Ready(Ok(frame))
-                }
-                Some(frame) => Poll::Ready(Ok(Some(frame))),
-                None => match end {
+            let frame = match self.decoder.decode(self.stream.buf_mut())? {
+                Some(frame) => frame,
+                None => match self.try_recv(cx)? {
                     // Received a chunk but frame is incomplete, poll until we get `Pending`.
-                    Poll::Ready(false) => continue,
-                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(false) => {
+                        reads += 1;
+                        if reads >= READS_PER_POLL {
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
+                        continue;
+                    }
+                    Poll::Pending => return Poll::Pending,
                     Poll::Ready(true) => {
-                        if self.stream.buf_mut().has_remaining() {
+                        return if self.stream.buf_mut().has_remaining() {
                             // Reached the end of receive stream, but there is still some data:
                             // The frame is incomplete.
                             Poll::Ready(Err(FrameStreamError::UnexpectedEnd))
                         } else {
                             Poll::Ready(Ok(None))
-                        }
+                        };
                     }
                 },
+            };
+            return match frame {
+                Frame::Data(PayloadLen(len)) => {
+                    self.remaining_data = len;
+                    Poll::Ready(Ok(Some(Frame::Data(PayloadLen(len)))))
+                }
+                frame @ Frame::WebTransportStream(_) => {
+                    self.remaining_data = usize::MAX;
+                    Poll::Ready(Ok(Some(frame)))
+                }
+                frame => Poll::Ready(Ok(Some(frame))),
             };
         }
     }
@@ -107,6 +120,13 @@ where
         if self.remaining_data == 0 {
             return Poll::Ready(Ok(None));
         };
+        // Buffered payload first, without reading on (see `poll_next`).
+        if self.stream.buf_mut().has_remaining() {
+            if let Some(d) = self.stream.buf_mut().take_chunk(self.remaining_data) {
+                self.remaining_data -= d.remaining();
+                return Poll::Ready(Ok(Some(d)));
+            }
+        }
 
         let end = match self.try_recv(cx) {
             Poll::Ready(Ok(end)) => end,
@@ -221,6 +241,9 @@ pub struct FrameDecoder {
     /// longer than this is refused (H3_EXCESSIVE_LOAD) rather than buffered without bound.
     limit: usize,
 }
+
+/// Pieces of a stream one `poll_next` reads at most before it yields.
+const READS_PER_POLL: usize = 64;
 
 /// The default frame limit: control-stream frames (SETTINGS, GOAWAY, GREASE) are far smaller.
 /// Request streams take theirs from the field section size (`server::Connection::accept`).

@@ -341,7 +341,12 @@ async def run(plan):
                 sent += 65536
                 client.transmit()
                 await asyncio.sleep(0.005)
-            await asyncio.sleep(plan.get("wait", 2))
+            # Until the server has let all of it through, or `wait` seconds.
+            deadline = time.monotonic() + plan.get("wait", 10)
+            while time.monotonic() < deadline:
+                if all(q._streams[sid].max_stream_data_remote >= plan["send"] for sid in sids):
+                    break
+                await asyncio.sleep(0.1)
             out["attack"] = {
                 "max_stream_data": [q._streams[sid].max_stream_data_remote for sid in sids],
             }

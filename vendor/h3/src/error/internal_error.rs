@@ -52,17 +52,17 @@ impl InternalConnectionError {
                     code: Code::H3_FRAME_UNEXPECTED,
                     message: format!("received a forbidden frame with number {}", number),
             },
-            //= https://www.rfc-editor.org/rfc/rfc9114#section-7.1
-            //# A frame payload that contains additional bytes
-            //# after the identified fields or a frame payload that terminates before
-            //# the end of the identified fields MUST be treated as a connection
-            //# error of type H3_FRAME_ERROR.
             //= https://www.rfc-editor.org/rfc/rfc9114#section-10.5
             //# An endpoint can ... treat ... as a connection error of type H3_EXCESSIVE_LOAD.
             FrameProtocolError::TooLarge(len) => InternalConnectionError {
                 code: Code::H3_EXCESSIVE_LOAD,
                 message: format!("a frame of {len} bytes is over this stream's limit"),
             },
+            //= https://www.rfc-editor.org/rfc/rfc9114#section-7.1
+            //# A frame payload that contains additional bytes
+            //# after the identified fields or a frame payload that terminates before
+            //# the end of the identified fields MUST be treated as a connection
+            //# error of type H3_FRAME_ERROR.
             FrameProtocolError::InvalidFrameValue | FrameProtocolError::Malformed => InternalConnectionError {
                 code: Code::H3_FRAME_ERROR,
                 message: "frame payload that contains additional bytes after the identified fields or a frame payload that terminates before the end of the identified fields".to_string(),

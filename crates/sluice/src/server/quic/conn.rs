@@ -16,9 +16,8 @@ use crate::server::activity::Activity;
 use crate::server::handler::{Handler, ListenerId};
 use crate::server::DRAIN_IDLE;
 
-/// How long an idle connection waits past its limit for a quiet moment before it is closed
-/// anyway (a close discards what is still unsent; after this long nothing should be).
-const QUIET_WAIT: Duration = Duration::from_secs(5);
+/// H3_GENERAL_PROTOCOL_ERROR: the close of a connection whose peer never let the set-up finish.
+const H3_GENERAL_PROTOCOL_ERROR: u32 = 0x101;
 
 /// H3_NO_ERROR: the application close code of a connection that ends normally.
 pub(super) const H3_NO_ERROR: u32 = 0x100;
@@ -123,7 +122,7 @@ pub async fn serve<H: Handler>(
         }
         Err(_) => {
             tracing::debug!(%peer, "HTTP/3 connection set-up not done in time");
-            quic.close(H3_NO_ERROR.into(), b"");
+            quic.close(H3_GENERAL_PROTOCOL_ERROR.into(), b"");
             return;
         }
     };
@@ -140,22 +139,17 @@ pub async fn serve<H: Handler>(
     let mut draining = false;
     let mut goaway = *stop.borrow();
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
-    let mut last_traffic = 0;
+    let mut last_stream_frames = 0;
     loop {
         if goaway && !draining {
             draining = true;
             // GOAWAY: the requests already accepted finish here; the client sends new ones on a
             // new connection.
-            match tokio::time::timeout(DRAIN_IDLE, h3.shutdown(0)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
-                    break;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "HTTP/3 GOAWAY not taken in time");
-                    break;
-                }
+            // Not timed out here: a GOAWAY cut halfway would leave the control stream with half a
+            // frame, and the drain's end (`shutdown_grace_secs`) bounds the wait.
+            if let Err(e) = h3.shutdown(0).await {
+                tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
+                break;
             }
         }
         let event = tokio::select! {
@@ -179,17 +173,17 @@ pub async fn serve<H: Handler>(
             Event::Stop(stopping) => goaway = stopping,
             Event::Tick => {
                 // A finished response may still sit in QUIC's send buffer, and a close discards
-                // it: the connection closes only once it has also gone quiet (no datagram either
-                // way for a tick, so nothing left to send or acknowledge).
-                let stats = quic.stats();
-                let traffic = stats.udp_tx.bytes + stats.udp_rx.bytes;
-                let quiet = std::mem::replace(&mut last_traffic, traffic) == traffic;
+                // it: the connection closes only once no stream data has gone out for a tick
+                // (nothing left to send or resend). Only stream frames count: a client that
+                // keeps the line busy with PINGs draws nothing but acknowledgements.
+                let sent = quic.stats().frame_tx.stream;
+                let quiet = std::mem::replace(&mut last_stream_frames, sent) == sent;
                 // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining; a
-                // client that keeps the line busy (PINGs) without a request is given `QUIET_WAIT`
-                // more, then closed all the same.
+                // tail still going out after that gets the send timeout, as a response does.
                 let limit = if draining { DRAIN_IDLE } else { settings.idle };
                 let idle = shared.activity.idle_for();
-                if idle.is_some_and(|d| d >= limit && (quiet || d >= limit + QUIET_WAIT)) {
+                if idle.is_some_and(|d| d >= limit && (quiet || d >= limit + settings.send_timeout))
+                {
                     break;
                 }
             }

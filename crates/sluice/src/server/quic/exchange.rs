@@ -57,6 +57,7 @@ pub async fn serve<H: Handler>(
         Ok(_) if req.headers().contains_key(header::CONTENT_LENGTH) => Some(0),
         Ok(_) => None,
         Err(e) => {
+            shared.requests.inc();
             tracing::debug!(%peer, error = %e, "HTTP/3 request framing refused");
             // Reset; the receiving half stops as it is dropped.
             send.stop_stream(Code::H3_MESSAGE_ERROR);
