@@ -19,7 +19,8 @@ object with what happened. Plans:
       "no_request"), keeps those that opened for `hold_secs` (writing `ready_file`, if given, once
       they are open; with "ping", PINGs that often); per connection: the response, or the close
       code, and whether the server offered DATAGRAM frames; when the server closed each. With
-      "no_uni", the client grants the server no unidirectional stream.
+      "no_uni", the client grants the server no unidirectional stream; with "bare" (seconds), a
+      request stream that never gets past the first bytes of its head is opened that often.
   {"addr": ..., "resume": true, "path": "/x"}
       A GET on one connection, then the same GET and a POST on a second connection resumed
       with the session ticket of the first and sent at once (0-RTT when allowed), then the GET
@@ -606,16 +607,29 @@ async def hold(plan):
                 f.write("held\n")
         # With "ping" (seconds), each connection sends a PING that often while it is held: the
         # line is never quiet. When the server closed each, from the end of the opening.
+        # With "bare" (seconds), each also opens a request stream that often that never gets
+        # past the first bytes of its head.
         start = time.monotonic()
         closed = [None] * len(conns)
+        last_bare = start
         while time.monotonic() - start < plan.get("hold_secs", 0):
             await asyncio.sleep(plan.get("ping") or 0.1)
+            bare = plan.get("bare") and time.monotonic() - last_bare >= plan["bare"]
+            if bare:
+                last_bare = time.monotonic()
             for i, c in enumerate(conns):
                 if c.terminated.done():
                     if closed[i] is None:
                         closed[i] = round(time.monotonic() - start, 2)
-                elif plan.get("ping"):
+                    continue
+                if bare:
+                    sid = c._quic.get_next_available_stream_id()
+                    c._quic.send_stream_data(
+                        sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(100) + b"\0" * 10
+                    )
+                if plan.get("ping"):
                     c._quic.send_ping(i)
+                if bare or plan.get("ping"):
                     c.transmit()
         out["closed_at"] = closed
     return out

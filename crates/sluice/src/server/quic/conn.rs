@@ -16,6 +16,12 @@ use crate::server::activity::Activity;
 use crate::server::handler::{Handler, ListenerId};
 use crate::server::DRAIN_IDLE;
 
+/// How often an open connection looks at its clocks.
+const TICK: Duration = Duration::from_millis(250);
+/// How long no stream data must have gone out before an idle connection closes (at least; four
+/// round trips if longer).
+const QUIET: Duration = Duration::from_millis(500);
+
 /// H3_GENERAL_PROTOCOL_ERROR: the close of a connection whose peer never let the set-up finish.
 const H3_GENERAL_PROTOCOL_ERROR: u32 = 0x101;
 
@@ -138,22 +144,34 @@ pub async fn serve<H: Handler>(
     let mut stop = settings.stop.clone();
     let mut draining = false;
     let mut goaway = *stop.borrow();
-    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    // The client said GOAWAY and its last requests are done: no more are taken, and the
+    // connection closes as an idle one does, once what it sent has gone out.
+    let mut finished = false;
+    let mut ticker = tokio::time::interval(TICK);
+    // A stall (the GOAWAY write, a busy runtime) must not bring ticks back to back: two ticks
+    // a moment apart would read as a quiet spell.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_stream_frames = 0;
+    let mut quiet_since: Option<tokio::time::Instant> = None;
     loop {
         if goaway && !draining {
             draining = true;
             // GOAWAY: the requests already accepted finish here; the client sends new ones on a
-            // new connection.
-            // Not timed out here: a GOAWAY cut halfway would leave the control stream with half a
-            // frame, and the drain's end (`shutdown_grace_secs`) bounds the wait.
-            if let Err(e) = h3.shutdown(0).await {
-                tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
-                break;
+            // new connection. A client that takes no control-stream data is not waited on past
+            // `DRAIN_IDLE`: the drain goes on without it (nothing more is sent on that stream).
+            match tokio::time::timeout(DRAIN_IDLE, h3.shutdown(0)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");
+                    break;
+                }
+                Err(_) => tracing::debug!(%peer, "HTTP/3 GOAWAY not taken in time; draining on"),
             }
         }
         let event = tokio::select! {
-            accepted = h3.accept() => Event::Accepted(accepted.map(|r| r.map(Box::new))),
+            accepted = h3.accept(), if !finished => {
+                Event::Accepted(accepted.map(|r| r.map(Box::new)))
+            }
             changed = stop.changed(), if !goaway => Event::Stop(changed.is_err() || *stop.borrow()),
             _ = ticker.tick() => Event::Tick,
         };
@@ -163,7 +181,8 @@ pub async fn serve<H: Handler>(
                     .tracker
                     .spawn(exchange::serve(resolver, shared.clone(), peer));
             }
-            Event::Accepted(Ok(None)) => break,
+            // The client's GOAWAY, its requests done (their last bytes may still be going out).
+            Event::Accepted(Ok(None)) => finished = true,
             Event::Accepted(Err(e)) => {
                 if !e.is_h3_no_error() {
                     tracing::debug!(%peer, error = %e, "HTTP/3 connection ended with an error");
@@ -173,14 +192,25 @@ pub async fn serve<H: Handler>(
             Event::Stop(stopping) => goaway = stopping,
             Event::Tick => {
                 // A finished response may still sit in QUIC's send buffer, and a close discards
-                // it: the connection closes only once no stream data has gone out for a tick
-                // (nothing left to send or resend). Only stream frames count: a client that
-                // keeps the line busy with PINGs draws nothing but acknowledgements.
+                // it: the connection closes only once no stream data has gone out for a while
+                // (nothing left to send or resend: longer than a few round trips, so a loss
+                // probe's resend is waited for). Only stream frames count: a client that keeps
+                // the line busy with PINGs draws nothing but acknowledgements.
+                let now = tokio::time::Instant::now();
                 let sent = quic.stats().frame_tx.stream;
-                let quiet = std::mem::replace(&mut last_stream_frames, sent) == sent;
-                // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining; a
-                // tail still going out after that gets the send timeout, as a response does.
-                let limit = if draining { DRAIN_IDLE } else { settings.idle };
+                if std::mem::replace(&mut last_stream_frames, sent) != sent {
+                    quiet_since = None;
+                }
+                let quiet_for = now - *quiet_since.get_or_insert(now);
+                let quiet = quiet_for >= QUIET.max(quic.rtt() * 4);
+                // Nothing in flight for the idle timeout, or for `DRAIN_IDLE` once draining (at
+                // once once the client said GOAWAY); a tail still going out after that gets the
+                // send timeout, as a response does.
+                let limit = match (finished, draining) {
+                    (true, _) => Duration::ZERO,
+                    (false, true) => DRAIN_IDLE,
+                    (false, false) => settings.idle,
+                };
                 let idle = shared.activity.idle_for();
                 if idle.is_some_and(|d| d >= limit && (quiet || d >= limit + settings.send_timeout))
                 {

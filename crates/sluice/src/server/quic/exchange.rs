@@ -23,10 +23,6 @@ pub async fn serve<H: Handler>(
     shared: std::sync::Arc<Shared<H>>,
     peer: SocketAddr,
 ) {
-    // The connection counts this stream in flight until its response is sent (the handler's
-    // own guard may end with the response head), so neither the idle timeout nor a drain closes
-    // the connection under a body still going out.
-    let _stream = shared.activity.begin();
     let began = tokio::time::Instant::now();
     let (req, stream) = match resolve(resolver, shared.header_read).await {
         Ok(r) => r,
@@ -40,6 +36,11 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
+    // The connection counts this stream in flight from its head until its response is sent
+    // (the handler's own guard may end with the response head), so neither the idle timeout nor
+    // a drain closes the connection under a body still going out. A stream still waiting for its
+    // head does not keep the connection from its idle close: its own head timeout ends it.
+    let _stream = shared.activity.begin();
     let (mut req, early) = match early_data(req, shared.handshake.as_ref()).await {
         Some(r) => r,
         // The handshake never finished: the connection is closing.
