@@ -985,15 +985,18 @@ async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
     // And one that also opens a request stream every second that never gets its head (each
     // reset at the 2 s head timeout, the next already open): a stream waiting for its head is
     // not a request in flight, so the connection is closed at the idle timeout all the same.
-    let r = client(plan(json!({
-        "hold": 1, "path": "/plain/size/100", "hold_secs": 12, "ping": 0.2, "bare": 1.0,
-        "timeout": 30, "no_request": true,
-    })))
-    .await;
-    let at = r["closed_at"][0]
-        .as_f64()
-        .unwrap_or_else(|| panic!("bare streams kept an idle connection open: {r}"));
-    assert!((2.5..10.0).contains(&at), "closed at {at} s: {r}");
+    // The same with whole heads that say `content-length: 0` and never end their streams.
+    for bare_head in [false, true] {
+        let r = client(plan(json!({
+            "hold": 1, "path": "/plain/size/100", "hold_secs": 12, "ping": 0.2, "bare": 1.0,
+            "bare_head": bare_head, "timeout": 30, "no_request": true,
+        })))
+        .await;
+        let at = r["closed_at"][0].as_f64().unwrap_or_else(|| {
+            panic!("bare streams (whole heads: {bare_head}) kept an idle connection open: {r}")
+        });
+        assert!((2.5..10.0).contains(&at), "closed at {at} s: {r}");
+    }
 
     // A client that grants the server no unidirectional stream, so its control stream and
     // SETTINGS can never go out: the connection set-up is given up (here at the header read

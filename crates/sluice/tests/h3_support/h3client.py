@@ -20,7 +20,8 @@ object with what happened. Plans:
       they are open; with "ping", PINGs that often); per connection: the response, or the close
       code, and whether the server offered DATAGRAM frames; when the server closed each. With
       "no_uni", the client grants the server no unidirectional stream; with "bare" (seconds), a
-      request stream that never gets past the first bytes of its head is opened that often.
+      request stream that never gets past the first bytes of its head is opened that often (with
+      "bare_head", one with a whole head saying `content-length: 0` that never ends).
   {"addr": ..., "resume": true, "path": "/x"}
       A GET on one connection, then the same GET and a POST on a second connection resumed
       with the session ticket of the first and sent at once (0-RTT when allowed), then the GET
@@ -622,7 +623,15 @@ async def hold(plan):
                     if closed[i] is None:
                         closed[i] = round(time.monotonic() - start, 2)
                     continue
-                if bare:
+                if bare and plan.get("bare_head"):
+                    # A whole head that says `content-length: 0`, the stream never ended.
+                    sid = c._quic.get_next_available_stream_id()
+                    c.http.send_headers(sid, [
+                        (b":method", b"POST"), (b":scheme", b"https"),
+                        (b":authority", b"127.0.0.1"), (b":path", b"/plain/size/1"),
+                        (b"content-length", b"0"),
+                    ])
+                elif bare:
                     sid = c._quic.get_next_available_stream_id()
                     c._quic.send_stream_data(
                         sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(100) + b"\0" * 10

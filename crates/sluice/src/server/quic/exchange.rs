@@ -24,6 +24,7 @@ pub async fn serve<H: Handler>(
     peer: SocketAddr,
 ) {
     let began = tokio::time::Instant::now();
+    let head = shared.heads.hold();
     let (req, stream) = match resolve(resolver, shared.header_read).await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
@@ -36,11 +37,6 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
-    // The connection counts this stream in flight from its head until its response is sent
-    // (the handler's own guard may end with the response head), so neither the idle timeout nor
-    // a drain closes the connection under a body still going out. A stream still waiting for its
-    // head does not keep the connection from its idle close: its own head timeout ends it.
-    let _stream = shared.activity.begin();
     let (mut req, early) = match early_data(req, shared.handshake.as_ref()).await {
         Some(r) => r,
         // The handshake never finished: the connection is closing.
@@ -93,6 +89,7 @@ pub async fn serve<H: Handler>(
                 // Refused here, before anything is forwarded: an upstream client would not read
                 // the body of a GET, or of a request declared empty, to find the error in it.
                 tracing::debug!(%peer, "HTTP/3 request declared no body and sent one: refused");
+                let _answering = shared.activity.begin();
                 refuse_bad_body(&shared, &mut send).await;
             } else {
                 // The stream or the connection is gone (reset, a frame error): no one to answer.
@@ -101,6 +98,13 @@ pub async fn serve<H: Handler>(
             return;
         }
     }
+    // The connection counts this stream in flight from here until its response is sent (the
+    // handler's own guard may end with the response head), so neither the idle timeout nor a
+    // drain closes the connection under a body still going out. Until here (the head, the end
+    // of a head that declares no body) it was only a head the drain waits for: a client opening
+    // stream after stream that never gets this far does not keep an idle connection open.
+    let _stream = shared.activity.begin();
+    drop(head);
     let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(body));
     // As over TCP: none for the main listener (see `ListenerId`).
     if shared.listener != ListenerId::default() {
