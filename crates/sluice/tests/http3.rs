@@ -1088,13 +1088,21 @@ async fn shutdown_drains_http3_in_flight_responses() {
     let mut s = H3Sluice::start(o, "").await;
     let plan = s.plan(gets(&[("/plain/slow/3000000", None)]));
     let running = tokio::spawn(client(plan));
+    // Beside it, a request stream whose head never comes whole: the drain rejects it
+    // (H3_REQUEST_REJECTED, not processed) rather than wait for the head timeout (30 s).
+    let half = tokio::spawn(client(
+        s.plan(json!({"attack": "no-head", "streams": 1, "secs": 3})),
+    ));
     // The request is upstream (the origin waits half a second before answering): drain now.
     while seen.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = s.stop.take().unwrap().send(());
     let r = running.await.unwrap();
     assert_body(&r["responses"][0], 200, &pattern(3_000_000));
+    let r = half.await.unwrap();
+    assert_eq!(r["attack"][0]["reset"], 0x10b, "{r}");
     // The server finished once the drained connection closed, well within its grace period.
     tokio::time::timeout(Duration::from_secs(4), &mut s.done)
         .await

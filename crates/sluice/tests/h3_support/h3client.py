@@ -409,6 +409,9 @@ async def run(plan):
                     end_stream=True,
                 )
             client.transmit()
+        if not plan.get("then"):
+            # No follow-up asked for (the server may be going away).
+            return out
         if attack in ("data-first", "too-many-streams"):
             out["terminated"] = await asyncio.wait_for(client.terminated, timeout)
         elif not client.terminated.done():

@@ -53,37 +53,12 @@ pub struct Shared<H> {
     pub send_timeout: Duration,
     pub header_read: Duration,
     pub requests: Counter,
-    /// Request streams whose head is still coming: not requests in flight for the idle close,
-    /// but a drain waits for them (its GOAWAY promised to handle them; each has the head timeout).
-    pub heads: Heads,
+    /// The server's stop: a request stream whose head is still coming when a drain begins is
+    /// rejected (H3_REQUEST_REJECTED: not processed, safe to send again), not waited for.
+    pub stop: watch::Receiver<bool>,
     /// For a connection served before its handshake finished (0-RTT); `None`: the handshake was
     /// over before the first request.
     pub handshake: Option<Handshake>,
-}
-
-/// A count of request streams whose head is still coming ([`Shared::heads`]).
-#[derive(Default)]
-pub struct Heads(std::sync::atomic::AtomicUsize);
-
-impl Heads {
-    /// Counts one until the guard is dropped.
-    pub fn hold(&self) -> HeadGuard<'_> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        HeadGuard(self)
-    }
-
-    fn none(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) == 0
-    }
-}
-
-/// One stream's place in [`Heads`].
-pub struct HeadGuard<'a>(&'a Heads);
-
-impl Drop for HeadGuard<'_> {
-    fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 /// The handshake of a connection served before it finished (0-RTT, `server.http3.early_data`).
@@ -167,7 +142,7 @@ pub async fn serve<H: Handler>(
         send_timeout: settings.send_timeout,
         header_read: settings.header_read,
         requests: settings.handler.http_metrics().protocol.http3.clone(),
-        heads: Heads::default(),
+        stop: settings.stop.clone(),
         handshake,
     });
     let mut stop = settings.stop.clone();
@@ -241,11 +216,7 @@ pub async fn serve<H: Handler>(
                     (false, false) => settings.idle,
                 };
                 let idle = shared.activity.idle_for();
-                let heads_done = !(draining || finished) || shared.heads.none();
-                if heads_done
-                    && idle.is_some_and(|d| {
-                        d >= limit && (quiet || d >= limit + settings.send_timeout)
-                    })
+                if idle.is_some_and(|d| d >= limit && (quiet || d >= limit + settings.send_timeout))
                 {
                     break;
                 }

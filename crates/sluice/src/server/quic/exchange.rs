@@ -24,8 +24,8 @@ pub async fn serve<H: Handler>(
     peer: SocketAddr,
 ) {
     let began = tokio::time::Instant::now();
-    let head = shared.heads.hold();
-    let (req, stream) = match resolve(resolver, shared.header_read).await {
+    let mut stop = shared.stop.clone();
+    let (req, stream) = match resolve(resolver, shared.header_read, &mut stop).await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
         Err(Some(e)) => {
@@ -33,7 +33,7 @@ pub async fn serve<H: Handler>(
             return;
         }
         Err(None) => {
-            tracing::debug!(%peer, "HTTP/3 request head not complete in time: stream reset");
+            tracing::debug!(%peer, "HTTP/3 request head not complete in time, or draining: stream reset");
             return;
         }
     };
@@ -75,7 +75,15 @@ pub async fn serve<H: Handler>(
         // a stream with its head; one that keeps it open has what is left of the header read
         // timeout.
         let left = shared.header_read.saturating_sub(began.elapsed());
-        if tokio::time::timeout(left, body.settle()).await.is_err() {
+        let settled = tokio::select! {
+            settled = tokio::time::timeout(left, body.settle()) => settled.is_ok(),
+            _ = stop.wait_for(|stopping| *stopping) => {
+                // Draining: not processed, so the client may send it again elsewhere.
+                send.stop_stream(Code::H3_REQUEST_REJECTED);
+                return;
+            }
+        };
+        if !settled {
             send.stop_stream(Code::H3_REQUEST_INCOMPLETE);
             tracing::debug!(%peer, "HTTP/3 request declared no body and did not end: stream reset");
             return;
@@ -101,10 +109,9 @@ pub async fn serve<H: Handler>(
     // The connection counts this stream in flight from here until its response is sent (the
     // handler's own guard may end with the response head), so neither the idle timeout nor a
     // drain closes the connection under a body still going out. Until here (the head, the end
-    // of a head that declares no body) it was only a head the drain waits for: a client opening
-    // stream after stream that never gets this far does not keep an idle connection open.
+    // of a head that declares no body) it was only a head, rejected if a drain began: a client
+    // opening stream after stream that never gets this far does not keep a connection open.
     let _stream = shared.activity.begin();
-    drop(head);
     let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(body));
     // As over TCP: none for the main listener (see `ListenerId`).
     if shared.listener != ListenerId::default() {
@@ -126,12 +133,14 @@ pub async fn serve<H: Handler>(
     }
 }
 
-/// Reads a request stream's head within `limit`. `Err(None)`: not in time; the stream is reset
-/// with H3_REQUEST_INCOMPLETE (a client holding streams open without a head, its connection
-/// kept up by PINGs, would otherwise hold them for as long as it likes).
+/// Reads a request stream's head within `limit`. `Err(None)`: not in time, the stream reset with
+/// H3_REQUEST_INCOMPLETE (a client holding streams open without a head, its connection kept up
+/// by PINGs, would otherwise hold them for as long as it likes); or a drain began first, the
+/// stream reset with H3_REQUEST_REJECTED (not processed: the client may send it again).
 async fn resolve(
     mut resolver: Box<RequestResolver<h3_quinn::Connection, Bytes>>,
     limit: Duration,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<
     (
         Request<()>,
@@ -139,18 +148,26 @@ async fn resolve(
     ),
     Option<h3::error::StreamError>,
 > {
+    use h3::quic::SendStream;
+    let began = tokio::time::Instant::now();
     let first = std::future::poll_fn(|cx| resolver.frame_stream.poll_next(cx));
-    let Ok(frame) = tokio::time::timeout(limit, first).await else {
-        use h3::quic::SendStream;
-        resolver
-            .frame_stream
-            .reset(Code::H3_REQUEST_INCOMPLETE.value());
-        return Err(None);
+    let frame = tokio::select! {
+        frame = tokio::time::timeout(limit, first) => match frame {
+            Ok(frame) => frame,
+            Err(_) => {
+                resolver.frame_stream.reset(Code::H3_REQUEST_INCOMPLETE.value());
+                return Err(None);
+            }
+        },
+        _ = stop.wait_for(|stopping| *stopping) => {
+            resolver.frame_stream.reset(Code::H3_REQUEST_REJECTED.value());
+            return Err(None);
+        }
     };
     let resolved = resolver.accept_with_frame(frame).map_err(Some)?;
     // Decoding is at once; what may wait is the 431 h3 sends for a head over the limit, which a
-    // client granting no credit could hold: the same limit bounds it.
-    tokio::time::timeout(limit, resolved.resolve())
+    // client granting no credit could hold: what is left of the same limit bounds it.
+    tokio::time::timeout(limit.saturating_sub(began.elapsed()), resolved.resolve())
         .await
         .map_err(|_| None)?
         .map_err(Some)
