@@ -1097,6 +1097,13 @@ async fn shutdown_drains_http3_in_flight_responses() {
     while seen.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Both connections open (the half head's client may start later than the other).
+    for _ in 0..100 {
+        if s.metric("sluice_quic_open_connections").await >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = s.stop.take().unwrap().send(());
     let r = running.await.unwrap();

@@ -163,7 +163,10 @@ pub async fn serve<H: Handler>(
             // GOAWAY: the requests already accepted finish here; the client sends new ones on a
             // new connection. A client that takes no control-stream data is not waited on past
             // `DRAIN_IDLE`: the drain goes on without it (nothing more is sent on that stream).
-            match tokio::time::timeout(DRAIN_IDLE, h3.shutdown(0)).await {
+            // The GOAWAY names the stream after the last accepted one, the first the client must
+            // send again elsewhere (RFC 9114 §5.2); `shutdown(0)` named the last accepted itself,
+            // which a client would count as not processed and might send twice.
+            match tokio::time::timeout(DRAIN_IDLE, h3.shutdown(1)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "HTTP/3 GOAWAY not sent");

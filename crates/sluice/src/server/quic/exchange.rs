@@ -75,7 +75,10 @@ pub async fn serve<H: Handler>(
         // a stream with its head; one that keeps it open has what is left of the header read
         // timeout.
         let left = shared.header_read.saturating_sub(began.elapsed());
+        // The stream's end first: one already there is served, not rejected by a drain that
+        // began a moment ago.
         let settled = tokio::select! {
+            biased;
             settled = tokio::time::timeout(left, body.settle()) => settled.is_ok(),
             _ = stop.wait_for(|stopping| *stopping) => {
                 // Draining: not processed, so the client may send it again elsewhere.
@@ -151,7 +154,9 @@ async fn resolve(
     use h3::quic::SendStream;
     let began = tokio::time::Instant::now();
     let first = std::future::poll_fn(|cx| resolver.frame_stream.poll_next(cx));
+    // A head already there is served, not rejected by a drain that began a moment ago.
     let frame = tokio::select! {
+        biased;
         frame = tokio::time::timeout(limit, first) => match frame {
             Ok(frame) => frame,
             Err(_) => {
