@@ -8,6 +8,10 @@ use http::{header, Response, StatusCode};
 use crate::body::{self, Body};
 use upstream::{ConnectError, UpstreamError};
 
+/// What a request body whose framing breaks its own head (a length it does not keep) is answered
+/// with, by the proxy as it forwards and by the HTTP/3 server before it does: one wording.
+pub const MALFORMED_BODY: &str = "the request body's framing is invalid";
+
 /// The side of the proxy that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {

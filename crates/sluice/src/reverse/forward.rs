@@ -137,7 +137,7 @@ pub enum FetchError {
 fn client_fault_text(fault: ClientFault) -> &'static str {
     match fault {
         ClientFault::Aborted => "the client closed the connection before its request body ended",
-        ClientFault::Malformed => "the request body's framing is invalid",
+        ClientFault::Malformed => crate::error::MALFORMED_BODY,
         ClientFault::Slow => "the client sent its request body too slowly",
         ClientFault::TooLarge => "request body too large",
     }

@@ -184,7 +184,7 @@ async fn refuse_bad_body<H: Handler>(shared: &Shared<H>, send: &mut Responder) {
     let e = crate::error::ProxyError::downstream(
         http::StatusCode::BAD_REQUEST,
         "bad_body",
-        "the request body's framing is invalid",
+        crate::error::MALFORMED_BODY,
     );
     shared
         .handler
