@@ -1085,8 +1085,12 @@ where
         //# converted to lowercase prior to their encoding.
         let mut block = BytesMut::new();
 
+        // sluice's h3-fixes.patch: encoded from the map itself, not a copy of each field.
+        let fields = trailers
+            .iter()
+            .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes()));
         let mem_size =
-            qpack::encode_stateless(&mut block, Header::trailer(trailers)).map_err(|_e| {
+            qpack::encode_stateless_pairs(&mut block, fields).map_err(|_e| {
                 self.handle_connection_error_on_stream(InternalConnectionError {
                     code: Code::H3_INTERNAL_ERROR,
                     message: "Failed to encode trailers".to_string(),

@@ -200,18 +200,45 @@ where
     HeaderPrefix::new(0, 0, 0, 0).encode(block);
     for field in fields {
         let field = field.as_ref();
-
-        if let Some(index) = StaticTable::find(field) {
-            Indexed::Static(index).encode(block);
-        } else if let Some(index) = StaticTable::find_name(&field.name) {
-            LiteralWithNameRef::new_static(index, field.value.clone()).encode(block)?;
-        } else {
-            Literal::new(field.name.clone(), field.value.clone()).encode(block)?;
-        }
-
-        size += field.mem_size() as u64;
+        size += encode_stateless_field(block, &field.name, &field.value)?;
     }
     Ok(size)
+}
+
+/// `encode_stateless` for names and values held elsewhere, such as a `HeaderMap`'s (sluice's
+/// h3-fixes.patch: each field was copied into a `HeaderField` of its own, and its value copied
+/// again, before it was encoded).
+pub fn encode_stateless_pairs<'a, W, T>(block: &mut W, fields: T) -> Result<u64, EncoderError>
+where
+    W: BufMut,
+    T: IntoIterator<Item = (&'a [u8], &'a [u8])>,
+{
+    let mut size = 0;
+
+    HeaderPrefix::new(0, 0, 0, 0).encode(block);
+    for (name, value) in fields {
+        size += encode_stateless_field(block, name, value)?;
+    }
+    Ok(size)
+}
+
+/// One field without the dynamic table, as `Indexed::Static`, `LiteralWithNameRef::Static` or
+/// `Literal` write it; its size as `HeaderField::mem_size` counts it.
+fn encode_stateless_field<W: BufMut>(
+    block: &mut W,
+    name: &[u8],
+    value: &[u8],
+) -> Result<u64, EncoderError> {
+    if let Some(index) = StaticTable::find_pair(name, value) {
+        Indexed::Static(index).encode(block);
+    } else if let Some(index) = StaticTable::find_name(name) {
+        super::prefix_int::encode(4, 0b0101, index as u64, block);
+        super::prefix_string::encode(8, 0, value, block)?;
+    } else {
+        super::prefix_string::encode(4, 0b0010, name, block)?;
+        super::prefix_string::encode(8, 0, value, block)?;
+    }
+    Ok((name.len() + value.len() + super::field::ESTIMATED_OVERHEAD_BYTES) as u64)
 }
 
 #[cfg(test)]

@@ -121,10 +121,15 @@ where
         let response::Parts {
             status, headers, ..
         } = parts;
-        let headers = Header::response(status, headers);
+        // sluice's h3-fixes.patch: encoded from the map itself, not a copy of each field.
+        let fields = std::iter::once((&b":status"[..], status.as_str().as_bytes())).chain(
+            headers
+                .iter()
+                .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
+        );
 
         let mut block = BytesMut::new();
-        let mem_size = qpack::encode_stateless(&mut block, headers).map_err(|_e| {
+        let mem_size = qpack::encode_stateless_pairs(&mut block, fields).map_err(|_e| {
             self.handle_connection_error_on_stream(InternalConnectionError {
                 code: Code::H3_INTERNAL_ERROR,
                 message: "Failed to encode headers".to_string(),

@@ -184,9 +184,14 @@ pub async fn serve<H: Handler>(
         };
         match event {
             Event::Accepted(Ok(Some(resolver))) => {
+                // Built in its box: the stream's future is large, and the task's set-up and
+                // end would otherwise copy all of it a few times over.
+                let shared = shared.clone();
                 settings
                     .tracker
-                    .spawn(exchange::serve(resolver, shared.clone(), peer));
+                    .spawn(crate::server::boxed_in_place(move || {
+                        exchange::serve(resolver, shared, peer)
+                    }));
             }
             // The client's GOAWAY, its requests done (their last bytes may still be going out).
             Event::Accepted(Ok(None)) => finished = true,

@@ -9,9 +9,9 @@ pub struct Error {
 }
 
 #[derive(Clone, Debug)]
-struct EncodeValue {
-    buffer: &'static [u8],
-    bit_count: u32,
+pub(super) struct EncodeValue {
+    pub(super) buffer: &'static [u8],
+    pub(super) bit_count: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -123,7 +123,7 @@ macro_rules! bits_encode {
     }
 }
 
-const HPACK_STRING: [EncodeValue; 256] = bits_encode![
+pub(super) const HPACK_STRING: [EncodeValue; 256] = bits_encode![
     ( 13 => [0b1111_1111, 0b0001_1000]),
     ( 23 => [0b1111_1111, 0b1111_1111, 0b0101_1000]),
     ( 28 => [0b1111_1111, 0b1111_1111, 0b1111_1110, 0b0000_0010]),

@@ -1,6 +1,7 @@
 mod bitwin;
 mod decode;
 mod encode;
+mod huffman;
 
 use std::convert::TryInto;
 use std::fmt;
@@ -15,7 +16,6 @@ pub use self::{
     encode::{Error as HuffmanEncodingError, HpackStringEncode},
 };
 
-use crate::proto::coding::BufMutExt;
 use crate::qpack::prefix_int::{self, Error as IntegerError};
 
 #[derive(Debug, PartialEq)]
@@ -25,6 +25,8 @@ pub enum Error {
     HuffmanDecoding(HuffmanDecodingError),
     HuffmanEncoding(HuffmanEncodingError),
     BufSize(TryFromIntError),
+    /// A Huffman-coded string that is not a valid code (RFC 7541 §5.2).
+    HuffmanInvalid,
 }
 
 impl std::fmt::Display for Error {
@@ -35,6 +37,7 @@ impl std::fmt::Display for Error {
             Error::HuffmanDecoding(e) => write!(f, "Huffman decode failed: {:?}", e),
             Error::HuffmanEncoding(e) => write!(f, "Huffman encode failed: {:?}", e),
             Error::BufSize(_) => write!(f, "number in buffer wrong size"),
+            Error::HuffmanInvalid => write!(f, "Huffman decode failed"),
         }
     }
 }
@@ -45,25 +48,27 @@ pub fn decode<B: Buf>(size: u8, buf: &mut B) -> Result<Vec<u8>, Error> {
     if buf.remaining() < len {
         return Err(Error::UnexpectedEnd);
     }
-
+    // sluice's h3-fixes.patch: decoded a word at a time, straight from the buffer (see `huffman`).
     let payload = buf.copy_to_bytes(len);
-    let value = if flags & 1 == 0 {
-        payload.into_iter().collect()
-    } else {
-        let mut decoded = Vec::new();
-        for byte in payload.into_iter().collect::<Vec<u8>>().hpack_decode() {
-            decoded.push(byte?);
-        }
-        decoded
-    };
+    if flags & 1 == 0 {
+        return Ok(payload.to_vec());
+    }
+    // Codes are 5 bits or more, so a byte carries at most 8/5 of a symbol.
+    let mut value = Vec::with_capacity(len + len / 2 + 1);
+    huffman::decode_into(&payload, &mut value).map_err(|_| Error::HuffmanInvalid)?;
     Ok(value)
 }
 
 pub fn encode<B: BufMut>(size: u8, flags: u8, value: &[u8], buf: &mut B) -> Result<(), Error> {
-    let encoded = Vec::from(value).hpack_encode()?;
-    prefix_int::encode(size - 1, flags << 1 | 1, encoded.len().try_into()?, buf);
-    for byte in encoded {
-        buf.write(byte);
+    // sluice's h3-fixes.patch: coded a word at a time into `buf`, and sent as it is where the
+    // code would not be shorter (as RFC 7541 §5.2 allows).
+    let coded = huffman::encoded_len(value);
+    if coded < value.len() {
+        prefix_int::encode(size - 1, flags << 1 | 1, coded.try_into()?, buf);
+        huffman::encode_into(value, buf);
+    } else {
+        prefix_int::encode(size - 1, flags << 1, value.len().try_into()?, buf);
+        buf.put_slice(value);
     }
     Ok(())
 }
@@ -144,7 +149,8 @@ mod tests {
         let mut buf = Vec::new();
         encode(8, 0b01, b"", &mut buf).unwrap();
         let mut read = Cursor::new(&buf);
-        assert_eq!(&buf, &[0b1000_0000]);
+        // Not coded: the code would not be shorter.
+        assert_eq!(&buf, &[0b0000_0000]);
         assert_eq!(decode(8, &mut read).unwrap(), b"");
     }
 
