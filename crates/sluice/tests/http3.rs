@@ -17,7 +17,7 @@ use bytes::Bytes;
 use h3_support::{client, python, script};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use reverse_support::{config, full, origin, pattern, sha256};
+use reverse_support::{config, full, origin, pattern, raw_origin, sha256, Answer};
 use self_signed::SelfSigned;
 use serde_json::{json, Value};
 use sluice::app::App;
@@ -115,9 +115,19 @@ struct H3Sluice {
 
 impl H3Sluice {
     async fn start(origin: SocketAddr, extra: &str) -> H3Sluice {
+        Self::start_with(origin, extra, |_| {}).await
+    }
+
+    /// As `start`, the config changed by `edit` first.
+    async fn start_with(
+        origin: SocketAddr,
+        extra: &str,
+        edit: impl FnOnce(&mut sluice::config::Config),
+    ) -> H3Sluice {
         let cert = SelfSigned::new(&["h3.test"]);
         let mut c = config(&config_text(origin, &cert, extra));
         c.server.http3.enabled = true;
+        edit(&mut c);
         c.validate().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -281,6 +291,188 @@ async fn bodies_over_http3_are_byte_exact() {
             .await,
         0.0
     );
+}
+
+/// Raw origin answers by target (under `/plain`): `/n/N` N counted bytes with a repeated field
+/// and this hop's fields to drop, `/chunked` a chunked body with trailers, `/close` a body that
+/// ends with the connection, `/head` a HEAD's answer, `/204`, `/304`, and 404 for anything else.
+fn raw_answers() -> Answer {
+    Arc::new(|t: &str| {
+        let t = t.strip_prefix("/plain").unwrap_or(t);
+        let date = "Date: Tue, 01 Dec 2026 00:00:00 GMT\r\n";
+        if let Some(n) = t.strip_prefix("/n/").and_then(|n| n.parse::<usize>().ok()) {
+            let mut out = format!(
+                "HTTP/1.1 200 OK\r\n{date}Content-Length: {n}\r\nContent-Type: application/octet-stream\r\n\
+                 Connection: keep-alive, x-hop\r\nX-Hop: 1\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n"
+            )
+            .into_bytes();
+            out.extend_from_slice(&pattern(n));
+            return out;
+        }
+        let head = |rest: &str| format!("HTTP/1.1 {rest}").into_bytes();
+        match t {
+            "/chunked" => {
+                let mut out = head(&format!(
+                    "200 OK\r\n{date}Transfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n"
+                ));
+                for p in pattern(300_000).chunks(70_000) {
+                    out.extend_from_slice(format!("{:x}\r\n", p.len()).as_bytes());
+                    out.extend_from_slice(p);
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"0\r\nX-Sum: abc\r\n\r\n");
+                out
+            }
+            "/close" => {
+                let mut out = head(&format!("200 OK\r\n{date}X-Mode: close-now\r\n\r\n"));
+                out.extend_from_slice(&pattern(200_000));
+                out
+            }
+            // No length: aioquic takes one on a HEAD's answer for a body that did not come.
+            "/head" => head(&format!("200 OK\r\n{date}ETag: \"e\"\r\nX-Head: 1\r\n\r\n")),
+            "/204" => head(&format!("204 No Content\r\n{date}X-A: 1\r\n\r\n")),
+            "/304" => head(&format!("304 Not Modified\r\n{date}ETag: \"x\"\r\n\r\n")),
+            _ => head(&format!("404 Not Found\r\n{date}Content-Length: 0\r\n\r\n")),
+        }
+    })
+}
+
+/// What one proxy answered, comparable across proxies: status, fields but `date` (trailers
+/// included) sorted, length, SHA-256 and reset.
+fn comparable(resp: &Value) -> Value {
+    let mut fields: Vec<String> = resp["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0] != "date")
+        .map(|h| format!("{}: {}", h[0].as_str().unwrap(), h[1].as_str().unwrap()))
+        .collect();
+    fields.sort();
+    json!({
+        "status": resp["status"], "fields": fields, "length": resp["length"],
+        "sha256": resp["sha256"], "reset": resp["reset"],
+    })
+}
+
+/// HTTP/3 GETs and HEADs on a plain route take the fast path's upstream exchange
+/// (`reverse/fast_h2.rs`), and each answer is the one hyper's client path gives for the same
+/// request (`reverse.h2_fast_path = false`): status, fields, body by SHA-256 and trailers; the
+/// upstream heads are the same byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_streams_on_the_fast_exchange_match_the_hyper_path() {
+    let (o, heads, accepted) = raw_origin(raw_answers()).await;
+    let items = json!([
+        {"path": "/plain/n/1024"},
+        {"path": "/plain/n/65536"},
+        {"path": "/plain/n/7340032"},
+        {"path": "/plain/n/0"},
+        {"path": "/plain/chunked"},
+        {"path": "/plain/close"},
+        {"path": "/plain/head", "method": "HEAD"},
+        {"path": "/plain/204"},
+        {"path": "/plain/304", "headers": [["if-none-match", "\"x\""]]},
+        {"path": "/plain/missing?q=1&r=%20", "headers": [["x-multi", "1"], ["x-multi", "2"], ["via", "1.0 front"]]},
+    ]);
+    let mut answers = Vec::new();
+    let mut upstream = Vec::new();
+    let mut connections = Vec::new();
+    for fast in [true, false] {
+        let s = H3Sluice::start_with(o, "", |c| c.reverse.h2_fast_path = fast).await;
+        // Which pool serves, on a proxy with none open yet: a GET, then one saying
+        // `content-length: 0` (which the fast path leaves to hyper's), one after the other. The
+        // fast path pools its own connections, so there the second opens one of hyper's; on
+        // hyper's path alone the first one's is reused.
+        let before = accepted.load(Ordering::SeqCst);
+        for extra in [json!([]), json!([["content-length", "0"]])] {
+            let r = client(s.plan(json!({ "gets": [{"path": "/plain/n/10", "headers": extra}] })))
+                .await;
+            assert_body(&r["responses"][0], 200, &pattern(10));
+        }
+        connections.push(accepted.load(Ordering::SeqCst) - before);
+        heads.lock().unwrap().clear();
+        let r = client(s.plan(json!({ "gets": items }))).await;
+        assert_eq!(r.get("terminated"), None, "{r}");
+        let r: Vec<Value> = r["responses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(comparable)
+            .collect();
+        answers.push(r);
+        let mut h: Vec<String> = heads
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| String::from_utf8(h.clone()).unwrap())
+            .collect();
+        h.sort();
+        upstream.push(h);
+    }
+    assert_eq!(
+        connections,
+        [2, 1],
+        "the fast path was not taken over HTTP/3"
+    );
+    for (i, (f, h)) in answers[0].iter().zip(&answers[1]).enumerate() {
+        assert_eq!(f, h, "answer {i} differs between the fast path and hyper's");
+    }
+    assert_eq!(upstream[0], upstream[1], "the upstream heads differ");
+    // And they are right, not only alike.
+    let r = &answers[0];
+    assert_eq!(r[0]["sha256"], sha256(&pattern(1024)));
+    assert_eq!(r[2]["length"], 7_340_032);
+    assert_eq!(r[2]["sha256"], sha256(&pattern(7_340_032)));
+    assert_eq!(r[4]["sha256"], sha256(&pattern(300_000)));
+    assert!(
+        r[4]["fields"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("x-sum: abc")),
+        "{}",
+        r[4]
+    );
+    assert_eq!(r[5]["sha256"], sha256(&pattern(200_000)));
+    assert_eq!(
+        (r[6]["status"].clone(), r[6]["length"].clone()),
+        (json!(200), json!(0))
+    );
+    assert!(
+        r[6]["fields"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("x-head: 1")),
+        "{}",
+        r[6]
+    );
+    assert_eq!(
+        (r[7]["status"].clone(), r[8]["status"].clone()),
+        (json!(204), json!(304))
+    );
+    assert_eq!(r[9]["status"], 404);
+    for a in r {
+        assert_eq!(a["reset"], Value::Null, "{a}");
+        for f in a["fields"].as_array().unwrap() {
+            let f = f.as_str().unwrap();
+            assert!(
+                !f.starts_with("x-hop") && !f.starts_with("connection"),
+                "{f}"
+            );
+        }
+    }
+    assert!(
+        r[0]["fields"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("set-cookie: b=2")),
+        "{}",
+        r[0]
+    );
+    let sent = upstream[0].iter().find(|h| h.contains("/missing")).unwrap();
+    assert!(
+        sent.starts_with("GET /plain/missing?q=1&r=%20 HTTP/1.1\r\n"),
+        "{sent}"
+    );
+    assert!(sent.contains("\r\nvia: 1.0 front, 3 sluice\r\n"), "{sent}");
 }
 
 /// An HTTPS client speaking `alpn` (h2 or http/1.1) that trusts anything: what the TLS listener

@@ -8,7 +8,7 @@
 mod reverse_support;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,65 +16,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use reverse_support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-
-/// What a raw origin answers to one request target.
-type Answer = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
-
-/// A raw HTTP/1.1 origin: records every request head byte for byte, counts its connections, and
-/// answers with the bytes `answer` gives for the target; closes after an answer that holds
-/// `close-now` in its first 4 KiB.
-async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>, Arc<AtomicUsize>) {
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counter = accepted.clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let heads: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-    let seen = heads.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            counter.fetch_add(1, Ordering::SeqCst);
-            let seen = seen.clone();
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let end = loop {
-                        if let Some(i) = find(&buf, b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head: Vec<u8> = buf.drain(..end).collect();
-                    let target = String::from_utf8_lossy(&head)
-                        .split(' ')
-                        .nth(1)
-                        .unwrap_or("")
-                        .to_string();
-                    seen.lock().unwrap().push(head);
-                    let out = answer(&target);
-                    let closes = find(&out[..out.len().min(4096)], b"close-now").is_some();
-                    if s.write_all(&out).await.is_err() || closes {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, heads, accepted)
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
 
 fn proxy_config(origin: SocketAddr, fast: bool) -> sluice::config::Config {
     let mut c = config(&format!(

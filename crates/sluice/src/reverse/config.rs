@@ -169,8 +169,9 @@ pub struct ReverseConfig {
     /// Move large response bodies of known length from a plain-HTTP server to a plain-HTTP/1.1
     /// client with `splice(2)`, socket to socket, instead of copying them through sluice.
     pub splice_bodies: bool,
-    /// Send HTTP/2 GET and HEAD requests without a body on plain-HTTP routes without a cache
-    /// through the HTTP/1.1 fast path's upstream connections instead of hyper's client.
+    /// Send HTTP/2 and HTTP/3 GET and HEAD requests without a body on plain-HTTP routes without
+    /// a cache through the HTTP/1.1 fast path's upstream connections instead of hyper's client
+    /// (the name is from when only HTTP/2 took it).
     pub h2_fast_path: bool,
 }
 

@@ -1,12 +1,12 @@
-//! HTTP/2 streams on a plain reverse route through the fast path's upstream exchange: a GET or
-//! HEAD without a body, on a route without a cache whose upstream is plain HTTP/1.1, is written
-//! as bytes on the fast path's pooled connections (`fast::fetch`), its answer read with
-//! `httparse`, and the body relayed to hyper's HTTP/2 server as it is read, without hyper's
-//! client or a second request and response. A plain answer's fields go to h2 as HPACK lines
-//! written while its head is parsed (`plain_head::write_plain_hpack`), not as a field map. Server
-//! choice, retries, forwarding fields, errors and metrics are `forward`'s and `fast`'s (see
-//! `docs/decisions/tls-cost.md`, "HTTP/2 streams on the fast path's upstream exchange"); every
-//! other HTTP/2 request takes `forward`'s path.
+//! HTTP/2 and HTTP/3 streams on a plain reverse route through the fast path's upstream exchange:
+//! a GET or HEAD without a body, on a route without a cache whose upstream is plain HTTP/1.1, is
+//! written as bytes on the fast path's pooled connections (`fast::fetch`), its answer read with
+//! `httparse`, and the body relayed to the HTTP/2 or HTTP/3 server as it is read, without
+//! hyper's client or a second request and response. For HTTP/2 a plain answer's fields go out as
+//! HPACK lines written while its head is parsed (`plain_head::write_plain_hpack`), not as a field
+//! map; HTTP/3 takes the map. Server choice, retries, forwarding fields, errors and metrics are
+//! `forward`'s and `fast`'s (see `docs/decisions/tls-cost.md`, "HTTP/2 streams on the fast path's
+//! upstream exchange"); every other HTTP/2 and HTTP/3 request takes `forward`'s path.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,12 +35,12 @@ use crate::upstream::group::InFlight;
 /// Reads of a body that did not come whole with its head ask for this much room.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// Whether `req` takes this path on `route`: HTTP/2, GET or HEAD, no body (the stream ended with
-/// its head, and no framing field claims otherwise), a route the fast path relays.
+/// Whether `req` takes this path on `route`: HTTP/2 or HTTP/3, GET or HEAD, no body (the stream
+/// ended with its head, and no framing field claims otherwise), a route the fast path relays.
 pub(super) fn takes(reverse: &Reverse, route: &Route, req: &Request<Incoming>) -> bool {
     use http_body::Body as _;
     reverse.settings.h2_fast_path
-        && req.version() == Version::HTTP_2
+        && (req.version() == Version::HTTP_2 || req.version() == Version::HTTP_3)
         && (req.method() == Method::GET || req.method() == Method::HEAD)
         && req.body().is_end_stream()
         && !req.headers().contains_key(header::CONTENT_LENGTH)
@@ -72,13 +72,16 @@ impl Reverse {
         let (mut parts, _) = req.into_parts();
         // The client's fields move into the upstream head: no copy of the map.
         let fields = std::mem::take(&mut parts.headers);
-        // On a route without response field edits, a plain response head is passed on as HPACK
-        // field lines (`plain_head::write_plain_hpack`); any other takes the field map.
-        let plain =
-            (route.resp_add.is_empty() && route.resp_remove.is_empty()).then_some(fast::Plain {
-                via: self.settings.via,
-                hpack: true,
-            });
+        // On a route without response field edits, a plain response head is passed on to the
+        // HTTP/2 server as HPACK field lines (`plain_head::write_plain_hpack`); any other, and
+        // every HTTP/3 one, takes the field map.
+        let plain = (parts.version == Version::HTTP_2
+            && route.resp_add.is_empty()
+            && route.resp_remove.is_empty())
+        .then_some(fast::Plain {
+            via: self.settings.via,
+            hpack: true,
+        });
         let fetched =
             match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
                 Err(e) => Err(e),
@@ -140,7 +143,7 @@ impl Reverse {
                 (status, headers, length, reusable, None)
             }
             fast::Answer::Plain(..) => {
-                unreachable!("HTTP/2 streams ask for the HPACK form or a field map")
+                unreachable!("HTTP/2 and HTTP/3 streams ask for the HPACK form or a field map")
             }
         };
         let done = Done {

@@ -2,8 +2,9 @@
 object with what happened. Plans:
 
   {"addr": "127.0.0.1:P", "sni": "h3.test", "gets": [{"path": "/x", "headers": [["range", "bytes=0-9"]]}]}
-      Requests on one connection, in parallel; per request: status, headers, length, sha256, and
-      the stream reset code if the server reset the stream. With "ca_der_hex" (any plan), the
+      Requests on one connection, in parallel (GET, or the item's "method"); per request: status,
+      headers (trailers after them), length, sha256, and the stream reset code if the server
+      reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
    | "no-head" | "no-end" | "huge-frame" | "qpack-fill", ...}
@@ -196,7 +197,8 @@ def configuration(plan):
 
 async def gets(client, plan, items, timeout):
     authority = plan.get("authority", "127.0.0.1")
-    exs = [client.request(authority, g["path"], g.get("headers", [])) for g in items]
+    exs = [client.request(authority, g["path"], g.get("headers", []), g.get("method", "GET"))
+           for g in items]
     await asyncio.wait_for(asyncio.gather(*(e.done for e in exs)), timeout)
     return [e.report() for e in exs]
 
@@ -212,6 +214,8 @@ async def run(plan):
         attack = plan.get("attack")
         if attack is None:
             out["responses"] = await gets(client, plan, plan["gets"], timeout)
+            if client.terminated.done():
+                out["terminated"] = client.terminated.result()
             return out
         q = client._quic
         if attack == "data-first":
