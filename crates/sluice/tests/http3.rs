@@ -295,7 +295,8 @@ async fn bodies_over_http3_are_byte_exact() {
 
 /// Raw origin answers by target (under `/plain`): `/n/N` N counted bytes with a repeated field
 /// and this hop's fields to drop, `/chunked` a chunked body with trailers, `/close` a body that
-/// ends with the connection, `/head` a HEAD's answer, `/204`, `/304`, and 404 for anything else.
+/// ends with the connection, `/head` a HEAD's answer, `/204`, `/304`, `/silent` nothing ever,
+/// and 404 for anything else.
 fn raw_answers() -> Answer {
     Arc::new(|t: &str| {
         let t = t.strip_prefix("/plain").unwrap_or(t);
@@ -332,6 +333,8 @@ fn raw_answers() -> Answer {
             "/head" => head(&format!("200 OK\r\n{date}ETag: \"e\"\r\nX-Head: 1\r\n\r\n")),
             "/204" => head(&format!("204 No Content\r\n{date}X-A: 1\r\n\r\n")),
             "/304" => head(&format!("304 Not Modified\r\n{date}ETag: \"x\"\r\n\r\n")),
+            // Never answers.
+            "/silent" => Vec::new(),
             _ => head(&format!("404 Not Found\r\n{date}Content-Length: 0\r\n\r\n")),
         }
     })
@@ -371,13 +374,18 @@ async fn http3_streams_on_the_fast_exchange_match_the_hyper_path() {
         {"path": "/plain/head", "method": "HEAD"},
         {"path": "/plain/204"},
         {"path": "/plain/304", "headers": [["if-none-match", "\"x\""]]},
+        {"path": "/plain/silent"},
         {"path": "/plain/missing?q=1&r=%20", "headers": [["x-multi", "1"], ["x-multi", "2"], ["via", "1.0 front"]]},
     ]);
     let mut answers = Vec::new();
     let mut upstream = Vec::new();
     let mut connections = Vec::new();
     for fast in [true, false] {
-        let s = H3Sluice::start_with(o, "", |c| c.reverse.h2_fast_path = fast).await;
+        let s = H3Sluice::start_with(o, "", |c| {
+            c.reverse.h2_fast_path = fast;
+            c.routes[0].header_timeout_secs = 2;
+        })
+        .await;
         // Which pool serves, on a proxy with none open yet: a GET, then one saying
         // `content-length: 0` (which the fast path leaves to hyper's), one after the other. The
         // fast path pools its own connections, so there the second opens one of hyper's; on
@@ -448,7 +456,10 @@ async fn http3_streams_on_the_fast_exchange_match_the_hyper_path() {
         (r[7]["status"].clone(), r[8]["status"].clone()),
         (json!(204), json!(304))
     );
-    assert_eq!(r[9]["status"], 404);
+    // A silent server: 504 at the route's header timeout on both paths (HTTP/3's stream task
+    // has no tick to look at a deadline with, so the fast exchange keeps a timer for it).
+    assert_eq!(r[9]["status"], 504, "{}", r[9]);
+    assert_eq!(r[10]["status"], 404);
     for a in r {
         assert_eq!(a["reset"], Value::Null, "{a}");
         for f in a["fields"].as_array().unwrap() {

@@ -121,9 +121,16 @@ impl Reverse {
         let fetched = match head {
             Err(e) => Err(e),
             Ok(head) => {
-                let fetched = fetch(&self.budget, route, &head, key.as_deref(), plain)
-                    .await
-                    .map_err(FetchError::into_proxy_error);
+                let fetched = fetch(
+                    &self.budget,
+                    route,
+                    &head,
+                    key.as_deref(),
+                    plain,
+                    HeadClock::Polled,
+                )
+                .await
+                .map_err(FetchError::into_proxy_error);
                 field_maps::give(head.headers);
                 fetched
             }
@@ -366,22 +373,24 @@ pub(super) struct Exchanged {
 /// may move on to the next server. `plain`: whether and how a plain response head may be passed
 /// on as it came.
 ///
-/// The header timeout is kept with [`HeadClock::Polled`]: both callers' tasks are polled at
-/// least once a tick while they wait (the HTTP/1.1 fast path's connection, `server::h1fast`; an
-/// HTTP/2 stream, woken by its connection's tick through `server::ticks`).
+/// `clock` keeps the header timeout: [`HeadClock::Polled`] only for a task polled at least once
+/// a tick while it waits (the HTTP/1.1 fast path's connection, `server::h1fast`; an HTTP/2
+/// stream, woken by its connection's tick through `server::ticks`); an HTTP/3 stream's task has
+/// no tick and takes [`HeadClock::Timer`].
 pub(super) async fn fetch(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
     head: &UpstreamHead,
     key: Option<&[u8]>,
     plain: Option<Plain>,
+    clock: HeadClock,
 ) -> Result<(Exchanged, crate::upstream::group::InFlight), FetchError> {
     attempt_loop(
         budget,
         route,
         key,
         true,
-        (None, HeadClock::Polled),
+        (None, clock),
         |server, index, _final| {
             let pool = route.fast.get()?.clone();
             let index = index?;

@@ -24,7 +24,7 @@ use super::access_log::Entry;
 use super::body::IdleClock;
 use super::fast::{self, Exchanged, FastPool, UpConn};
 use super::forward::{
-    hash_key, hold_server, request_target, ClientHead, Done, Downstream, FetchError,
+    hash_key, hold_server, request_target, ClientHead, Done, Downstream, FetchError, HeadClock,
 };
 use super::{Reverse, Route};
 use crate::body::{self, Body, Incoming};
@@ -70,6 +70,13 @@ impl Reverse {
         );
         let key = hash_key(route, request_target(&req), req.headers(), down);
         let (mut parts, _) = req.into_parts();
+        // An HTTP/2 stream's task is woken by its connection's tick, which the polled header
+        // timeout relies on; an HTTP/3 stream's has no tick and keeps a timer.
+        let clock = if parts.version == Version::HTTP_3 {
+            HeadClock::Timer
+        } else {
+            HeadClock::Polled
+        };
         // The client's fields move into the upstream head: no copy of the map.
         let fields = std::mem::take(&mut parts.headers);
         // On a route without response field edits, a plain response head is passed on to the
@@ -86,9 +93,10 @@ impl Reverse {
             match self.upstream_head(route, ClientHead::of(&parts), fields, path, down, false) {
                 Err(e) => Err(e),
                 Ok(head) => {
-                    let fetched = fast::fetch(&self.budget, route, &head, key.as_deref(), plain)
-                        .await
-                        .map_err(FetchError::into_proxy_error);
+                    let fetched =
+                        fast::fetch(&self.budget, route, &head, key.as_deref(), plain, clock)
+                            .await
+                            .map_err(FetchError::into_proxy_error);
                     // The client's map, emptied, goes back to the thread's stock (`field_maps`)
                     // for a head that needs one: a plain answer's takes none unless it has an
                     // `Alt-Svc`.
@@ -211,7 +219,7 @@ impl Reverse {
 
 impl Reverse {
     /// A response head read into a field map: its fields as `forward` gives them, its framing
-    /// for HTTP/2, and whether the connection can be reused after its body.
+    /// for HTTP/2 and HTTP/3, and whether the connection can be reused after its body.
     fn map_fields(
         &self,
         route: &Route,
@@ -226,7 +234,7 @@ impl Reverse {
             ..
         } = head;
         // A coded body whose last coding is not `chunked` ends when the server closes
-        // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 frames the body itself).
+        // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 and HTTP/3 frame the body themselves).
         let length = match length {
             BodyLength::Coded if !fast::ends_chunked(headers.get(header::TRANSFER_ENCODING)) => {
                 BodyLength::UntilClose
@@ -327,7 +335,7 @@ fn take(framing: &mut Framing, got: &[u8]) -> Result<Taken, RelayError> {
     })
 }
 
-/// An HTTP/2 response body relayed from an upstream HTTP/1.1 connection: the bytes read with the
+/// An HTTP/2 or HTTP/3 response body relayed from an upstream HTTP/1.1 connection: the bytes read with the
 /// head, then one frame per read, then the trailers of a chunked body; the route's idle timeout
 /// between reads. The bookkeeping (`Done`) runs when it ends or is dropped.
 struct Relay {

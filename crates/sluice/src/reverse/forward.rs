@@ -844,8 +844,9 @@ pub(super) enum HeadClock {
     /// No timer: the deadline is looked at whenever the attempt is polled and not ready. Only for
     /// a caller that is polled at least once a tick while it waits (at most a second apart): the
     /// HTTP/1.1 fast path's send-timeout tick, and an HTTP/2 stream's connection tick
-    /// (`server::ticks`). The timeout then fires within a tick of its deadline, and a request
-    /// costs no timer's registration and removal.
+    /// (`server::ticks`); an HTTP/3 stream's task has no tick and takes `Timer`. The timeout
+    /// then fires within a tick of its deadline, and a request costs no timer's registration
+    /// and removal.
     Polled,
 }
 

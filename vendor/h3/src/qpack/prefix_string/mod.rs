@@ -54,7 +54,7 @@ pub fn decode<B: Buf>(size: u8, buf: &mut B) -> Result<Vec<u8>, Error> {
         return Ok(payload.to_vec());
     }
     // Codes are 5 bits or more, so a byte carries at most 8/5 of a symbol.
-    let mut value = Vec::with_capacity(len + len / 2 + 1);
+    let mut value = Vec::with_capacity(len * 8 / 5 + 1);
     huffman::decode_into(&payload, &mut value).map_err(|_| Error::HuffmanInvalid)?;
     Ok(value)
 }
