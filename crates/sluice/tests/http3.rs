@@ -643,6 +643,17 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     }
     check_then(&r);
 
+    // The client's QPACK encoder or decoder stream ended or reset: a critical stream closed,
+    // H3_CLOSED_CRITICAL_STREAM (0x104, RFC 9204 §4.2); the release let it pass.
+    for (decoder, reset) in [(false, false), (true, false), (false, true)] {
+        let r = client(s.plan(json!({
+            "attack": "qpack-close", "decoder": decoder, "reset": reset, "then": then,
+        })))
+        .await;
+        assert_eq!(r["terminated"]["error_code"], 0x104, "{r}");
+        check_then(&r);
+    }
+
     // Fifty request streams where ten are allowed: QUIC STREAM_LIMIT_ERROR (0x4).
     let r =
         client(s.plan(json!({"attack": "too-many-streams", "streams": 50, "then": then}))).await;

@@ -403,17 +403,48 @@ where
 
         // The peer's QPACK encoder and decoder streams are read and what they carry dropped:
         // with no dynamic table here they have nothing this side needs, and left unread they
-        // held up to a stream window of data each for the connection's life.
+        // held up to a stream window of data each for the connection's life. Their end or
+        // reset closes the connection (RFC 9204 §4.2: H3_CLOSED_CRITICAL_STREAM).
+        let mut closed = None;
         for qpack in [
             &mut self.qpack_streams.encoder_recv,
             &mut self.qpack_streams.decoder_recv,
         ] {
             if let Some(AcceptedRecvStream::Encoder(s) | AcceptedRecvStream::Decoder(s)) = qpack {
-                while let Poll::Ready(Ok(false)) = s.poll_read(cx) {
-                    let held = s.buf_mut().remaining();
-                    s.buf_mut().advance(held);
+                loop {
+                    match s.poll_read(cx) {
+                        Poll::Ready(Ok(false)) => {
+                            let held = s.buf_mut().remaining();
+                            s.buf_mut().advance(held);
+                        }
+                        Poll::Ready(Ok(true)) => {
+                            closed = Some(Err("QPACK stream closed".to_string()));
+                            break;
+                        }
+                        Poll::Ready(Err(StreamErrorIncoming::ConnectionErrorIncoming {
+                            connection_error,
+                        })) => {
+                            closed = Some(Ok(connection_error));
+                            break;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            closed = Some(Err(format!("QPACK stream failed: {:?}", e)));
+                            break;
+                        }
+                        Poll::Pending => break,
+                    }
                 }
             }
+        }
+        match closed {
+            Some(Ok(connection_error)) => return Err(self.handle_connection_error(connection_error)),
+            Some(Err(why)) => {
+                return Err(self.handle_connection_error(InternalConnectionError::new(
+                    Code::H3_CLOSED_CRITICAL_STREAM,
+                    why,
+                )))
+            }
+            None => {}
         }
 
         // Get all currently pending streams

@@ -7,7 +7,7 @@ object with what happened. Plans:
       reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
-   | "no-head" | "no-end" | "huge-frame" | "qpack-fill", ...}
+   | "no-head" | "no-end" | "huge-frame" | "qpack-fill" | "qpack-close", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -356,6 +356,16 @@ async def run(plan):
             out["attack"] = {
                 "max_stream_data": [q._streams[sid].max_stream_data_remote for sid in sids],
             }
+        elif attack == "qpack-close":
+            # The client's QPACK encoder (or, with "decoder", decoder) stream ended, or with
+            # "reset" reset: a critical stream closed (RFC 9204 §4.2).
+            sid = (client.http._local_decoder_stream_id if plan.get("decoder")
+                   else client.http._local_encoder_stream_id)
+            if plan.get("reset"):
+                q.reset_stream(sid, 0x100)
+            else:
+                q.send_stream_data(sid, b"", end_stream=True)
+            client.transmit()
         elif attack == "no-end":
             # A POST whose head says `content-length: 0`, its stream never ended, the connection
             # kept up by PINGs for up to `secs`.
@@ -416,7 +426,7 @@ async def run(plan):
         if not plan.get("then"):
             # No follow-up asked for (the server may be going away).
             return out
-        if attack in ("data-first", "too-many-streams"):
+        if attack in ("data-first", "too-many-streams", "qpack-close"):
             out["terminated"] = await asyncio.wait_for(client.terminated, timeout)
         elif not client.terminated.done():
             out["responses"] = await gets(client, plan, [{"path": plan["then"]}], timeout)
