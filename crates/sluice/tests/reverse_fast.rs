@@ -15,74 +15,11 @@ use reverse_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// What a raw origin answers to one request head (its request target given).
-type Answer = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
-
-/// An origin on raw sockets: records every request head byte for byte and answers with the
-/// bytes `answer` gives for its target; `close` after answering when the answer asks for it
-/// (`Connection: close` in it, or no length).
+/// `reverse_support::raw_origin` (heads recorded byte for byte, the answer `answer` gives for
+/// the target, a close after one marked `close-now`) without its connection count.
 async fn raw_origin(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
-    let (addr, heads, _) = counting_origin(answer).await;
+    let (addr, heads, _) = reverse_support::raw_origin(answer).await;
     (addr, heads)
-}
-
-/// [`raw_origin`], also counting the connections it accepted.
-async fn counting_origin(
-    answer: Answer,
-) -> (
-    SocketAddr,
-    Arc<Mutex<Vec<Vec<u8>>>>,
-    Arc<std::sync::atomic::AtomicUsize>,
-) {
-    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = accepted.clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let heads: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-    let seen = heads.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let seen = seen.clone();
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let end = loop {
-                        if let Some(i) = find(&buf, b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head: Vec<u8> = buf.drain(..end).collect();
-                    let target = String::from_utf8_lossy(&head)
-                        .split(' ')
-                        .nth(1)
-                        .unwrap_or("")
-                        .to_string();
-                    seen.lock().unwrap().push(head);
-                    let out = answer(&target);
-                    // Marked in the head or just after it: never scan a whole large body.
-                    let closes = find(&out[..out.len().min(4096)], b"close-now").is_some();
-                    if s.write_all(&out).await.is_err() || closes {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, heads, accepted)
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn proxy_config(origin: SocketAddr, fast: bool, extra: &str) -> sluice::config::Config {
@@ -360,7 +297,7 @@ async fn plain_response_heads_are_the_field_map_paths_byte_for_byte() {
         out.extend_from_slice(b"hello");
         out
     });
-    let (origin, _, accepted) = counting_origin(answer).await;
+    let (origin, _, accepted) = reverse_support::raw_origin(answer).await;
     // The head as text, without a `date:` line sluice added (its own is this second's).
     let head_of = |r: &Raw| {
         let has_date = r.head.contains("Thu, 03 Dec 2026");
@@ -518,7 +455,7 @@ async fn heads_repeated_or_changed_on_one_upstream_connection_each_come_through_
         )
         .into_bytes()
     });
-    let (origin, _, accepted) = counting_origin(answer).await;
+    let (origin, _, accepted) = reverse_support::raw_origin(answer).await;
     // A route without edits: its heads are plain.
     let p = Proxy::start(config(&format!(
         "[[upstreams]]\nname = \"app\"\nservers = [\"{origin}\"]\n\
@@ -1135,7 +1072,7 @@ async fn large_counted_bodies_are_spliced_exactly_and_both_connections_live_on()
         "/mid" => counted(&m),
         _ => counted(&sm),
     });
-    let (origin, heads, accepted) = counting_origin(answer).await;
+    let (origin, heads, accepted) = reverse_support::raw_origin(answer).await;
     for splice in [true, false] {
         heads.lock().unwrap().clear();
         accepted.store(0, std::sync::atomic::Ordering::SeqCst);

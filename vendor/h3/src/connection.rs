@@ -401,52 +401,6 @@ where
     pub fn poll_accept_recv(&mut self, cx: &mut Context<'_>) -> Result<(), ConnectionError> {
         let _ = self.poll_connection_error(cx)?;
 
-        // The peer's QPACK encoder and decoder streams are read and what they carry dropped:
-        // with no dynamic table here they have nothing this side needs, and left unread they
-        // held up to a stream window of data each for the connection's life. Their end or
-        // reset closes the connection (RFC 9204 §4.2: H3_CLOSED_CRITICAL_STREAM).
-        let mut closed = None;
-        for qpack in [
-            &mut self.qpack_streams.encoder_recv,
-            &mut self.qpack_streams.decoder_recv,
-        ] {
-            if let Some(AcceptedRecvStream::Encoder(s) | AcceptedRecvStream::Decoder(s)) = qpack {
-                loop {
-                    match s.poll_read(cx) {
-                        Poll::Ready(Ok(false)) => {
-                            let held = s.buf_mut().remaining();
-                            s.buf_mut().advance(held);
-                        }
-                        Poll::Ready(Ok(true)) => {
-                            closed = Some(Err("QPACK stream closed".to_string()));
-                            break;
-                        }
-                        Poll::Ready(Err(StreamErrorIncoming::ConnectionErrorIncoming {
-                            connection_error,
-                        })) => {
-                            closed = Some(Ok(connection_error));
-                            break;
-                        }
-                        Poll::Ready(Err(e)) => {
-                            closed = Some(Err(format!("QPACK stream failed: {:?}", e)));
-                            break;
-                        }
-                        Poll::Pending => break,
-                    }
-                }
-            }
-        }
-        match closed {
-            Some(Ok(connection_error)) => return Err(self.handle_connection_error(connection_error)),
-            Some(Err(why)) => {
-                return Err(self.handle_connection_error(InternalConnectionError::new(
-                    Code::H3_CLOSED_CRITICAL_STREAM,
-                    why,
-                )))
-            }
-            None => {}
-        }
-
         // Get all currently pending streams
         loop {
             match self
@@ -549,6 +503,53 @@ where
 
         // Remove all None values
         self.pending_recv_streams.retain(|s| s.is_some());
+
+        // The peer's QPACK encoder and decoder streams are read and what they carry dropped:
+        // with no dynamic table here they have nothing this side needs, and left unread they
+        // held up to a stream window of data each for the connection's life. Their end or
+        // reset closes the connection (RFC 9204 §4.2: H3_CLOSED_CRITICAL_STREAM). Read after
+        // the streams accepted above are stored, so a new one's end is seen in this call.
+        let mut closed = None;
+        'qpack: for qpack in [
+            &mut self.qpack_streams.encoder_recv,
+            &mut self.qpack_streams.decoder_recv,
+        ] {
+            if let Some(AcceptedRecvStream::Encoder(s) | AcceptedRecvStream::Decoder(s)) = qpack {
+                loop {
+                    match s.poll_read(cx) {
+                        Poll::Ready(Ok(false)) => {
+                            let held = s.buf_mut().remaining();
+                            s.buf_mut().advance(held);
+                        }
+                        Poll::Ready(Ok(true)) => {
+                            closed = Some(Err("QPACK stream closed".to_string()));
+                            break 'qpack;
+                        }
+                        Poll::Ready(Err(StreamErrorIncoming::ConnectionErrorIncoming {
+                            connection_error,
+                        })) => {
+                            closed = Some(Ok(connection_error));
+                            break 'qpack;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            closed = Some(Err(format!("QPACK stream failed: {:?}", e)));
+                            break 'qpack;
+                        }
+                        Poll::Pending => break,
+                    }
+                }
+            }
+        }
+        match closed {
+            Some(Ok(connection_error)) => return Err(self.handle_connection_error(connection_error)),
+            Some(Err(why)) => {
+                return Err(self.handle_connection_error(InternalConnectionError::new(
+                    Code::H3_CLOSED_CRITICAL_STREAM,
+                    why,
+                )))
+            }
+            None => {}
+        }
 
         Ok(())
     }

@@ -71,11 +71,10 @@ impl Reverse {
         let key = hash_key(route, request_target(&req), req.headers(), down);
         let (mut parts, _) = req.into_parts();
         // An HTTP/2 stream's task is woken by its connection's tick, which the polled header
-        // timeout relies on; an HTTP/3 stream's has no tick and keeps a timer.
-        let clock = if parts.version == Version::HTTP_3 {
-            HeadClock::Timer
-        } else {
-            HeadClock::Polled
+        // timeout relies on; an HTTP/3 stream's (any other) has no tick and keeps a timer.
+        let clock = match parts.version {
+            Version::HTTP_2 => HeadClock::Polled,
+            _ => HeadClock::Timer,
         };
         // The client's fields move into the upstream head: no copy of the map.
         let fields = std::mem::take(&mut parts.headers);

@@ -358,7 +358,10 @@ async def run(plan):
             }
         elif attack == "qpack-close":
             # The client's QPACK encoder (or, with "decoder", decoder) stream ended, or with
-            # "reset" reset: a critical stream closed (RFC 9204 §4.2).
+            # "reset" reset: a critical stream closed (RFC 9204 §4.2). After one request, so the
+            # server has read the streams' types: a stream reset before that may be dropped
+            # unread (RFC 9114 §6.2 asks a receiver to tolerate it).
+            await gets(client, plan, [{"path": plan["then"]}], timeout)
             sid = (client.http._local_decoder_stream_id if plan.get("decoder")
                    else client.http._local_encoder_stream_id)
             if plan.get("reset"):
