@@ -17,7 +17,7 @@ use bytes::Bytes;
 use h3_support::{client, python, script};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use reverse_support::{config, full, origin, pattern, raw_origin, sha256, Answer};
+use reverse_support::{chunked, config, full, origin, pattern, raw_origin, sha256, Answer};
 use self_signed::SelfSigned;
 use serde_json::{json, Value};
 use sluice::app::App;
@@ -312,18 +312,7 @@ fn raw_answers() -> Answer {
         }
         let head = |rest: &str| format!("HTTP/1.1 {rest}").into_bytes();
         match t {
-            "/chunked" => {
-                let mut out = head(&format!(
-                    "200 OK\r\n{date}Transfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n"
-                ));
-                for p in pattern(300_000).chunks(70_000) {
-                    out.extend_from_slice(format!("{:x}\r\n", p.len()).as_bytes());
-                    out.extend_from_slice(p);
-                    out.extend_from_slice(b"\r\n");
-                }
-                out.extend_from_slice(b"0\r\nX-Sum: abc\r\n\r\n");
-                out
-            }
+            "/chunked" => chunked(&pattern(300_000), 70_000, "X-Sum: abc\r\n"),
             "/close" => {
                 let mut out = head(&format!("200 OK\r\n{date}X-Mode: close-now\r\n\r\n"));
                 out.extend_from_slice(&pattern(200_000));

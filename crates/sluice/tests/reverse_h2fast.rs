@@ -165,17 +165,6 @@ fn counted(body: &[u8], extra: &str) -> Vec<u8> {
     out
 }
 
-fn chunked(body: &[u8], piece: usize, trailer: &str) -> Vec<u8> {
-    let mut out = b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n".to_vec();
-    for p in body.chunks(piece) {
-        out.extend_from_slice(format!("{:x};ext=1\r\n", p.len()).as_bytes());
-        out.extend_from_slice(p);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(format!("0\r\n{trailer}\r\n").as_bytes());
-    out
-}
-
 const SIZES: [usize; 4] = [1024, 64 * 1024, 7 * 1024 * 1024, 0];
 
 fn sized(target: &str) -> Option<usize> {

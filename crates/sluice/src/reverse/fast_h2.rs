@@ -334,9 +334,9 @@ fn take(framing: &mut Framing, got: &[u8]) -> Result<Taken, RelayError> {
     })
 }
 
-/// An HTTP/2 or HTTP/3 response body relayed from an upstream HTTP/1.1 connection: the bytes read with the
-/// head, then one frame per read, then the trailers of a chunked body; the route's idle timeout
-/// between reads. The bookkeeping (`Done`) runs when it ends or is dropped.
+/// An HTTP/2 or HTTP/3 response body relayed from an upstream HTTP/1.1 connection: the bytes
+/// read with the head, then one frame per read, then the trailers of a chunked body; the route's
+/// idle timeout between reads. The bookkeeping (`Done`) runs when it ends or is dropped.
 struct Relay {
     first: Option<Bytes>,
     /// Boxed: most bodies come whole with their head and never need it.

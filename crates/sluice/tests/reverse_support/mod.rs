@@ -359,3 +359,16 @@ pub async fn raw_origin(
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// A chunked HTTP/1.1 answer (dated, announcing an `x-sum` trailer) of `body` in pieces of
+/// `piece` bytes, each with a chunk extension, ending with the `trailer` lines.
+pub fn chunked(body: &[u8], piece: usize, trailer: &str) -> Vec<u8> {
+    let mut out = b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n".to_vec();
+    for p in body.chunks(piece) {
+        out.extend_from_slice(format!("{:x};ext=1\r\n", p.len()).as_bytes());
+        out.extend_from_slice(p);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("0\r\n{trailer}\r\n").as_bytes());
+    out
+}

@@ -36,7 +36,8 @@ const CODES: [(u32, u32); 256] = {
     table
 };
 
-fn code(sym: u16) -> (u32, u32) {
+/// A symbol's code and length, the end-of-string symbol included.
+const fn code(sym: u16) -> (u32, u32) {
     if sym == EOS {
         EOS_CODE
     } else {
@@ -69,7 +70,7 @@ const TABLES: Lengths = {
         let mut count = 0u32;
         let mut sym = 0u16;
         while sym <= EOS {
-            let (c, l) = if sym == EOS { EOS_CODE } else { CODES[sym as usize] };
+            let (c, l) = code(sym);
             if l == len {
                 count += 1;
                 if c < first {
@@ -84,7 +85,7 @@ const TABLES: Lengths = {
             t.end[len as usize] = first + count;
             let mut sym = 0u16;
             while sym <= EOS {
-                let (c, l) = if sym == EOS { EOS_CODE } else { CODES[sym as usize] };
+                let (c, l) = code(sym);
                 if l == len {
                     // Consecutive codes (checked by the tests), so the code is the index.
                     t.symbols[(placed as u32 + (c - first)) as usize] = sym;
