@@ -574,6 +574,81 @@ async fn alt_svc_on_http1_and_http2_over_tls() {
     assert_body(&r["responses"][0], 200, &pattern(10));
 }
 
+/// An origin that never answers under `/plain/wait/` (counting the heads it read and the
+/// connections closed on it after one) and answers `/plain/ok` with 100 bytes.
+async fn waiting_origin() -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(AtomicUsize::new(0));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (h, c) = (heads.clone(), closed.clone());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (h, c) = (h.clone(), c.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    if let Some(end) = reverse_support::find(&buf, b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        if reverse_support::find(&head, b" /plain/wait/").is_none() {
+                            let mut out =
+                                b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec();
+                            out.extend_from_slice(&pattern(100));
+                            if s.write_all(&out).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        h.fetch_add(1, Ordering::SeqCst);
+                        // Never answered: read on until the proxy lets the connection go.
+                        while !matches!(s.read(&mut chunk).await, Ok(0) | Err(_)) {}
+                        c.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, heads, closed)
+}
+
+/// A client that cancels requests before their response heads (STOP_SENDING with
+/// H3_REQUEST_CANCELLED, RFC 9114 §4.1.1) takes the work for them along: the upstream
+/// connections waiting on them are let go at once, not at the route's 30 s header timeout, on
+/// both upstream paths (a GET on the fast path's exchange, a `content-length: 0` GET on
+/// hyper's), each stream is reset with H3_REQUEST_CANCELLED, and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_requests_let_their_upstream_go() {
+    let (o, heads, closed) = waiting_origin().await;
+    let s = H3Sluice::start_with(o, "", |c| c.routes[0].header_timeout_secs = 30).await;
+    let r = client(s.plan(json!({
+        "attack": "cancel",
+        "items": [
+            {"path": "/plain/wait/fast"},
+            {"path": "/plain/wait/hyper", "headers": [["content-length", "0"]]},
+        ],
+        "after": 1.0, "secs": 3, "then": "/plain/ok",
+    })))
+    .await;
+    assert_eq!(heads.load(Ordering::SeqCst), 2, "{r}");
+    for ex in r["attack"].as_array().unwrap() {
+        assert_eq!(ex["reset"], 0x10c, "{r}");
+        assert!(ex["at"].as_f64().unwrap() < 2.0, "{r}");
+    }
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        2,
+        "upstream connections still held: {r}"
+    );
+    assert_body(&r["responses"][0], 200, &pattern(100));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     let seen = Arc::new(AtomicUsize::new(0));

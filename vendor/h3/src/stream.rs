@@ -436,6 +436,11 @@ impl<S, B> BufRecvStream<S, B> {
             _marker: PhantomData,
         }
     }
+
+    /// The transport's stream under the buffer.
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
 }
 
 impl<B, S: RecvStream> BufRecvStream<S, B> {

@@ -7,7 +7,7 @@ object with what happened. Plans:
       reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
-   | "no-head" | "no-end" | "huge-frame" | "qpack-fill" | "qpack-close", ...}
+   | "no-head" | "no-end" | "huge-frame" | "qpack-fill" | "qpack-close" | "cancel", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -92,6 +92,7 @@ class GoawayAwareH3(H3Connection):
 
 
 H3_REQUEST_REJECTED = 0x10B
+H3_REQUEST_CANCELLED = 0x10C
 
 
 class Client(QuicConnectionProtocol):
@@ -412,6 +413,30 @@ async def run(plan):
                 for i, ex in enumerate(exs):
                     if ex.done.done() and at[i] is None:
                         at[i] = round(time.monotonic() - opened, 2)
+            out["attack"] = [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
+        elif attack == "cancel":
+            # The requests of `items` (as in "gets"), cancelled after `after` seconds as RFC 9114 §4.1.1 says a
+            # client cancels (STOP_SENDING with H3_REQUEST_CANCELLED; the request side ended
+            # with its head already), then the connection kept up by PINGs for `secs`: each
+            # stream's reset code from the server and when it came.
+            exs = [client.request(plan.get("authority", "127.0.0.1"), g["path"],
+                                  g.get("headers", []), g.get("method", "GET"))
+                   for g in plan["items"]]
+            sids = list(client.exchanges)[-len(exs):]
+            await asyncio.sleep(plan["after"])
+            cancelled = time.monotonic()
+            for sid in sids:
+                q.stop_stream(sid, H3_REQUEST_CANCELLED)
+            client.transmit()
+            at = [None] * len(exs)
+            for n in range(int(plan["secs"] / 0.1)):
+                await asyncio.sleep(0.1)
+                if n % 5 == 0:
+                    q.send_ping(n)
+                    client.transmit()
+                for i, ex in enumerate(exs):
+                    if ex.done.done() and at[i] is None:
+                        at[i] = round(time.monotonic() - cancelled, 2)
             out["attack"] = [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
         elif attack == "too-many-streams":
             # Ignore the server's stream limit and open far more request streams than it allows.

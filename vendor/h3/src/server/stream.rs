@@ -199,6 +199,12 @@ where
     pub fn send_id(&self) -> StreamId {
         self.inner.stream.send_id()
     }
+
+    /// The transport's stream (for what its own API offers, such as learning that the peer
+    /// stopped it before anything was written).
+    pub fn transport(&self) -> &S {
+        self.inner.stream.stream.get_ref()
+    }
 }
 
 impl<S, B> RequestStream<S, B>

@@ -124,8 +124,21 @@ pub async fn serve<H: Handler>(
     let guard = shared.activity.begin();
     // Built in a box of its own, as on the HTTP/1.1 and HTTP/2 path: `Box::pin(handle(..))`
     // builds the handler's large future on the stack and then copies it into the box.
-    let resp =
-        crate::server::boxed_in_place(|| shared.handler.handle(req, peer, true, guard)).await;
+    let handling = crate::server::boxed_in_place(|| shared.handler.handle(req, peer, true, guard));
+    // A client that cancels the request (STOP_SENDING on the response, RFC 9114 §4.1.1) before
+    // its head is here takes the handler's work with it (its upstream request, its place in a
+    // cache fill), as an HTTP/2 stream's RST_STREAM does: nothing waits for an answer no one
+    // will read. The same when the connection is gone or its early data was rejected.
+    let stopped = send.transport().stopped();
+    let resp = tokio::select! {
+        biased;
+        resp = handling => resp,
+        why = stopped => {
+            tracing::debug!(%peer, ?why, "HTTP/3 request cancelled before its response");
+            send.stop_stream(Code::H3_REQUEST_CANCELLED);
+            return;
+        }
+    };
     match respond(&mut send, resp, shared.send_timeout).await {
         Ok(()) => {}
         Err(SendError::Stalled(_)) => {
