@@ -300,8 +300,8 @@ async fn an_oversized_head_gets_431() {
 
 /// A drain (graceful shutdown, or the binary upgrade handing over) tells a busy HTTP/2 connection
 /// to go away at once: a client that keeps opening streams gets a GOAWAY, its streams up to the
-/// GOAWAY's last id are answered, and the server's run ends soon after, not at the end of the
-/// grace. (The drain waited for the connection to be idle for a second before it said GOAWAY, so
+/// final GOAWAY's last id are answered, and the server's run ends soon after, not at the end of
+/// the grace. (The drain waited for the connection to be idle for a second before it said GOAWAY, so
 /// a client sending a request every 100 ms was never told and was cut at the grace.)
 #[tokio::test]
 async fn a_drain_sends_goaway_to_a_busy_connection() {
@@ -393,18 +393,24 @@ async fn a_drain_sends_goaway_to_a_busy_connection() {
         .expect("the server closed the connection")
         .unwrap();
     let drained_at = drained_at.unwrap();
-    let (_, _, last, at) = seen
-        .iter()
-        .find(|f| f.0 == GOAWAY)
-        .copied()
-        .expect("a GOAWAY");
-    let last = last.unwrap();
+    // Two GOAWAYs (RFC 9113 §6.8): the first at once, with the highest stream id (requests in
+    // flight are still taken); the final one names the last stream opened, after the drain's
+    // PING comes back or (this client answers no PING) a second later.
+    let goaways: Vec<_> = seen.iter().filter(|f| f.0 == GOAWAY).copied().collect();
+    assert_eq!(goaways.len(), 2, "{goaways:?}");
+    let (_, _, first, at) = goaways[0];
+    assert_eq!(first, Some(0x7fff_ffff));
     assert!(
         at.duration_since(drained_at) < Duration::from_millis(1500),
         "GOAWAY {:?} after the drain",
         at.duration_since(drained_at)
     );
-    // Every stream up to the GOAWAY's last id was answered.
+    let last = goaways[1].2.unwrap();
+    assert!(
+        (9..0x7fff_ffff).contains(&last),
+        "final GOAWAY's last id {last}"
+    );
+    // Every stream up to the final GOAWAY's last id was answered.
     for stream in (1..=last).step_by(2) {
         assert!(
             seen.iter().any(|f| f.0 == HEADERS && f.1 == stream),

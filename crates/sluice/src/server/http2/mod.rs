@@ -48,6 +48,10 @@ const MAX_UNREAD_AFTER_ANSWER: u64 = 1 << 20;
 /// Streams this server reset that the client may not have heard of yet: frames for them are
 /// dropped, not taken as errors.
 const RECENTLY_RESET: usize = 32;
+/// A drain's PING (its acknowledgement ends the first GOAWAY's round trip), and how long the
+/// final GOAWAY waits for that acknowledgement at most.
+const DRAIN_PING: [u8; 8] = *b"sluice-d";
+const DRAIN_ROUND_TRIP: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the listener's settings give this front end.
 #[derive(Clone, Copy, Debug)]
@@ -144,6 +148,9 @@ pub(crate) struct Connection<I, S, F, B> {
     going_away: Option<u32>,
     /// The client said GOAWAY: no new streams will come.
     peer_going_away: bool,
+    /// A drain's first GOAWAY (the highest stream id) is out: the final one goes when its PING
+    /// comes back or this runs out.
+    draining: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A connection error: GOAWAY queued, the connection ends once it is written.
     failed: Option<Reason>,
 }
@@ -230,12 +237,33 @@ where
             recently_reset: VecDeque::new(),
             going_away: None,
             peer_going_away: false,
+            draining: None,
             failed: None,
         }
     }
 
-    /// Stops taking new streams (GOAWAY) and ends the connection once the open ones are done.
+    /// Stops taking new streams and ends the connection once the open ones are done, in RFC 9113
+    /// §6.8's two steps: a GOAWAY with the highest stream id and a PING, so requests the client
+    /// sent before it heard of the drain are still taken, then, once the PING comes back (or
+    /// after `DRAIN_ROUND_TRIP`), the GOAWAY with the last stream id opened. Streams above it
+    /// were not processed: the client may send them again elsewhere.
     pub fn graceful_shutdown(&mut self) {
+        if self.going_away.is_some() || self.draining.is_some() {
+            return;
+        }
+        if matches!(self.state, State::Preface(_)) {
+            // No stream can be in flight yet.
+            return self.go_away();
+        }
+        self.control
+            .push_back(frame::GoAway::new(StreamId::MAX, Reason::NO_ERROR).into());
+        self.control.push_back(frame::Ping::new(DRAIN_PING).into());
+        self.draining = Some(Box::pin(tokio::time::sleep(DRAIN_ROUND_TRIP)));
+    }
+
+    /// The drain's final GOAWAY: no stream above the last one opened is taken from here on.
+    fn go_away(&mut self) {
+        self.draining = None;
         if self.going_away.is_none() {
             self.going_away = Some(self.last_id);
             self.control.push_back(
@@ -368,6 +396,8 @@ where
                 if !p.is_ack() {
                     self.control
                         .push_back(frame::Ping::pong(p.into_payload()).into());
+                } else if self.draining.is_some() && *p.payload() == DRAIN_PING {
+                    self.go_away();
                 }
             }
             Frame::Reset(r) => {
@@ -957,6 +987,11 @@ where
                 }
                 return Poll::Ready(Ok(()));
             }
+            if let Some(wait) = &mut this.draining {
+                if wait.as_mut().poll(cx).is_ready() {
+                    this.go_away();
+                }
+            }
             if this.failed.is_none() {
                 // Acknowledgements first: a client that changed a setting hears so before it
                 // sees data sent under it.
@@ -1259,6 +1294,129 @@ mod tests {
         assert!(ended.is_ok());
         while !frames.iter().any(|&(t, _, id)| t == 3 && id == 1) {
             frames.push(next_frame(&mut client).await);
+        }
+    }
+
+    /// A drain in two steps (RFC 9113 §6.8): a GOAWAY with the highest stream id and a PING; a
+    /// request the client sends before it answers the PING (one in flight as the drain began)
+    /// is served; the PING's acknowledgement brings the final GOAWAY with the last stream
+    /// opened, a stream above it is not served, and the connection ends with the last answer.
+    /// A client that never answers the PING gets the final GOAWAY a round-trip allowance later.
+    #[tokio::test]
+    async fn a_drain_takes_streams_in_flight_then_names_the_last() {
+        for acks in [true, false] {
+            let (mut client, server) = tokio::io::duplex(1 << 20);
+            let (release, released) = tokio::sync::watch::channel(false);
+            let service = move |req: Request<Incoming>| {
+                let mut released = released.clone();
+                async move {
+                    // Stream 1's answer waits for the test; the others come at once.
+                    if req.uri().path() == "/wait" {
+                        let _ = released.wait_for(|r| *r).await;
+                    }
+                    Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+                }
+            };
+            let limits = Limits {
+                max_concurrent_streams: 10,
+                max_header_list_size: 16 * 1024,
+                window: 1 << 20,
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(async move {
+                let mut conn = std::pin::pin!(Connection::new(server, service, limits, false));
+                tokio::select! {
+                    r = conn.as_mut() => return r,
+                    _ = stopped => {}
+                }
+                conn.as_mut().get_mut().graceful_shutdown();
+                conn.await
+            });
+            // GET (static), :scheme https, :path literal, :authority literal.
+            let get = |path: &str| {
+                let mut block = vec![0x82, 0x87, 0x04, path.len() as u8];
+                block.extend_from_slice(path.as_bytes());
+                block.extend_from_slice(&[0x41, 1, b'x']);
+                block
+            };
+            let mut out = PREFACE.to_vec();
+            out.extend(frame(4, 0, 0, &[]));
+            out.extend(frame(1, 5, 1, &get("/wait")));
+            client.write_all(&out).await.unwrap();
+            // The server's SETTINGS, its WINDOW_UPDATE, the SETTINGS ack: then the drain.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            stop.send(()).unwrap();
+            let began = std::time::Instant::now();
+            // Frames as (type, stream, payload), until the first GOAWAY and the PING.
+            let mut seen: Vec<(u8, u32, Vec<u8>)> = Vec::new();
+            while !seen.iter().any(|f| f.0 == 6) {
+                seen.push(next_payload(&mut client).await);
+            }
+            let first = seen
+                .iter()
+                .find(|f| f.0 == 7)
+                .expect("a GOAWAY before the PING");
+            assert_eq!(
+                first.2[..4],
+                (u32::MAX >> 1).to_be_bytes(),
+                "first GOAWAY's id"
+            );
+            let ping = seen.iter().find(|f| f.0 == 6).unwrap().2.clone();
+            // A request sent before the PING is answered: in flight when the drain began.
+            client
+                .write_all(&frame(1, 5, 3, &get("/now")))
+                .await
+                .unwrap();
+            let mut answered_3 = false;
+            while !answered_3 {
+                let f = next_payload(&mut client).await;
+                answered_3 = f.0 == 1 && f.1 == 3;
+                assert_ne!(f.0, 7, "no final GOAWAY before the PING's answer");
+            }
+            if acks {
+                client.write_all(&frame(6, 1, 0, &ping)).await.unwrap();
+            }
+            let last = loop {
+                let f = next_payload(&mut client).await;
+                if f.0 == 7 {
+                    break u32::from_be_bytes(f.2[..4].try_into().unwrap());
+                }
+            };
+            assert_eq!(last, 3, "final GOAWAY names the last stream opened");
+            let waited = began.elapsed();
+            if acks {
+                assert!(
+                    waited < DRAIN_ROUND_TRIP,
+                    "final GOAWAY on the ack: {waited:?}"
+                );
+            } else {
+                assert!(waited >= DRAIN_ROUND_TRIP, "final GOAWAY early: {waited:?}");
+            }
+            // Stream 5, after the final GOAWAY: not served. Then stream 1's answer, and the end.
+            client
+                .write_all(&frame(1, 5, 5, &get("/now")))
+                .await
+                .unwrap();
+            release.send(true).unwrap();
+            let ended = tokio::time::timeout(std::time::Duration::from_secs(5), task)
+                .await
+                .expect("the drain ends the connection")
+                .unwrap();
+            assert!(ended.is_ok());
+            let mut rest = Vec::new();
+            client.read_to_end(&mut rest).await.unwrap();
+            let mut at = 0;
+            let mut streams = Vec::new();
+            while at + 9 <= rest.len() {
+                let len = (usize::from(rest[at]) << 16)
+                    | (usize::from(rest[at + 1]) << 8)
+                    | usize::from(rest[at + 2]);
+                if rest[at + 3] == 1 {
+                    streams.push(u32::from_be_bytes(rest[at + 5..at + 9].try_into().unwrap()));
+                }
+                at += 9 + len;
+            }
+            assert_eq!(streams, vec![1], "after the final GOAWAY (acks: {acks})");
         }
     }
 }
