@@ -627,15 +627,27 @@ async fn waiting_origin() -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
 async fn cancelled_requests_let_their_upstream_go() {
     let (o, heads, closed) = waiting_origin().await;
     let s = H3Sluice::start_with(o, "", |c| c.routes[0].header_timeout_secs = 30).await;
-    let r = client(s.plan(json!({
+    let run = tokio::spawn(client(s.plan(json!({
         "attack": "cancel",
         "items": [
             {"path": "/plain/wait/fast"},
             {"path": "/plain/wait/hyper", "headers": [["content-length", "0"]]},
         ],
         "after": 1.0, "secs": 3, "then": "/plain/ok",
-    })))
+    }))));
+    // Both upstream connections let go while the client still holds its QUIC connection open
+    // (3 s after the cancel): the cancel released them, not the connection's end.
+    let released = tokio::time::timeout(Duration::from_secs(4), async {
+        while closed.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
     .await;
+    assert!(
+        released.is_ok() && !run.is_finished(),
+        "upstream held past the cancel"
+    );
+    let r = run.await.unwrap();
     assert_eq!(heads.load(Ordering::SeqCst), 2, "{r}");
     for ex in r["attack"].as_array().unwrap() {
         assert_eq!(ex["reset"], 0x10c, "{r}");

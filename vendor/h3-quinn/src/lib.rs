@@ -455,8 +455,9 @@ where
         }
     }
 
-    /// Completes when the peer stops the stream (STOP_SENDING: `Ok(Some(code))`) or has
-    /// acknowledged all of it (`Ok(None)`); see [`quinn::SendStream::stopped`]. The future does
+    /// Completes when the peer stops the stream (STOP_SENDING: `Ok(Some(code))`), has
+    /// acknowledged all of it or the stream is already closed (`Ok(None)`), or the connection is
+    /// lost (`Err`); see [`quinn::SendStream::stopped`]. The future does
     /// not borrow the stream, so it can be awaited beside work that will later write to it.
     pub fn stopped(
         &self,

@@ -248,7 +248,8 @@ where
     /// after `DRAIN_ROUND_TRIP`), the GOAWAY with the last stream id opened. Streams above it
     /// were not processed: the client may send them again elsewhere.
     pub fn graceful_shutdown(&mut self) {
-        if self.going_away.is_some() || self.draining.is_some() {
+        if self.going_away.is_some() || self.draining.is_some() || self.failed.is_some() {
+            // Going already, or failed: its GOAWAY (with the error) is the last word.
             return;
         }
         if matches!(self.state, State::Preface(_)) {
@@ -264,7 +265,7 @@ where
     /// The drain's final GOAWAY: no stream above the last one opened is taken from here on.
     fn go_away(&mut self) {
         self.draining = None;
-        if self.going_away.is_none() {
+        if self.going_away.is_none() && self.failed.is_none() {
             self.going_away = Some(self.last_id);
             self.control.push_back(
                 frame::GoAway::new(StreamId::from(self.last_id), Reason::NO_ERROR).into(),
@@ -291,6 +292,7 @@ where
         }
         tracing::debug!(?reason, "HTTP/2 connection error");
         self.failed = Some(reason);
+        self.draining = None;
         self.control.clear();
         self.control
             .push_back(frame::GoAway::new(StreamId::from(self.last_id), reason).into());

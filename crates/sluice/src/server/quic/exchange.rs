@@ -128,7 +128,7 @@ pub async fn serve<H: Handler>(
     // A client that cancels the request (STOP_SENDING on the response, RFC 9114 §4.1.1) before
     // its head is here takes the handler's work with it (its upstream request, its place in a
     // cache fill), as an HTTP/2 stream's RST_STREAM does: nothing waits for an answer no one
-    // will read. The same when the connection is gone or its early data was rejected.
+    // will read. The same when the connection is gone.
     let stopped = send.transport().stopped();
     let resp = tokio::select! {
         biased;
