@@ -196,6 +196,20 @@ def configuration(plan):
     return c
 
 
+async def ends_of(client, exs, since, secs, step):
+    """Keeps the connection up with a PING every `step` seconds for `secs`: each exchange's
+    report with when (seconds after `since`, to `step`) it ended, or None."""
+    at = [None] * len(exs)
+    for n in range(int(secs / step)):
+        await asyncio.sleep(step)
+        client._quic.send_ping(n)
+        client.transmit()
+        for i, ex in enumerate(exs):
+            if ex.done.done() and at[i] is None:
+                at[i] = round(time.monotonic() - since, 2)
+    return [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
+
+
 async def gets(client, plan, items, timeout):
     authority = plan.get("authority", "127.0.0.1")
     exs = [client.request(authority, g["path"], g.get("headers", []), g.get("method", "GET"))
@@ -405,18 +419,10 @@ async def run(plan):
                     sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(100) + b"\0" * 10
                 )
             client.transmit()
-            at = [None] * len(exs)
-            for n in range(int(plan["secs"] / 0.25)):
-                await asyncio.sleep(0.25)
-                q.send_ping(n)
-                client.transmit()
-                for i, ex in enumerate(exs):
-                    if ex.done.done() and at[i] is None:
-                        at[i] = round(time.monotonic() - opened, 2)
-            out["attack"] = [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
+            out["attack"] = await ends_of(client, exs, opened, plan["secs"], 0.25)
         elif attack == "cancel":
-            # The requests of `items` (as in "gets"), cancelled after `after` seconds as RFC 9114 §4.1.1 says a
-            # client cancels (STOP_SENDING with H3_REQUEST_CANCELLED; the request side ended
+            # The requests of `items` (as in "gets"), cancelled after `after` seconds as RFC 9114
+            # §4.1.1 says a client cancels (STOP_SENDING with H3_REQUEST_CANCELLED; the request side ended
             # with its head already), then the connection kept up by PINGs for `secs`: each
             # stream's reset code from the server and when it came.
             exs = [client.request(plan.get("authority", "127.0.0.1"), g["path"],
@@ -428,16 +434,7 @@ async def run(plan):
             for sid in sids:
                 q.stop_stream(sid, H3_REQUEST_CANCELLED)
             client.transmit()
-            at = [None] * len(exs)
-            for n in range(int(plan["secs"] / 0.1)):
-                await asyncio.sleep(0.1)
-                if n % 5 == 0:
-                    q.send_ping(n)
-                    client.transmit()
-                for i, ex in enumerate(exs):
-                    if ex.done.done() and at[i] is None:
-                        at[i] = round(time.monotonic() - cancelled, 2)
-            out["attack"] = [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
+            out["attack"] = await ends_of(client, exs, cancelled, plan["secs"], 0.1)
         elif attack == "too-many-streams":
             # Ignore the server's stream limit and open far more request streams than it allows.
             q._remote_max_streams_bidi = 1 << 20

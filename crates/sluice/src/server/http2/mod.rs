@@ -1254,12 +1254,19 @@ mod tests {
             .expect("all three answered");
     }
 
-    #[tokio::test]
-    async fn a_drain_resets_answered_streams_whose_client_never_ends_its_body() {
-        let (mut client, server) = tokio::io::duplex(1 << 20);
-        let service = |_req: Request<Incoming>| async move {
-            Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
-        };
+    /// A connection over `server` (10 streams, a 1 MiB window) that drains
+    /// (`graceful_shutdown`) when the returned sender fires; the task ends with the connection.
+    fn drained_on_signal<S, F>(
+        server: tokio::io::DuplexStream,
+        service: S,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<Result<(), Error>>,
+    )
+    where
+        S: FnMut(Request<Incoming>) -> F + Unpin + Send + 'static,
+        F: Future<Output = Response<http_body_util::Full<Bytes>>> + Send + 'static,
+    {
         let limits = Limits {
             max_concurrent_streams: 10,
             max_header_list_size: 16 * 1024,
@@ -1275,6 +1282,16 @@ mod tests {
             conn.as_mut().get_mut().graceful_shutdown();
             conn.await
         });
+        (stop, task)
+    }
+
+    #[tokio::test]
+    async fn a_drain_resets_answered_streams_whose_client_never_ends_its_body() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+        };
+        let (stop, task) = drained_on_signal(server, service);
         let mut out = PREFACE.to_vec();
         out.extend(frame(4, 0, 0, &[]));
         // A POST whose body never comes.
@@ -1319,21 +1336,7 @@ mod tests {
                     Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
                 }
             };
-            let limits = Limits {
-                max_concurrent_streams: 10,
-                max_header_list_size: 16 * 1024,
-                window: 1 << 20,
-            };
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(async move {
-                let mut conn = std::pin::pin!(Connection::new(server, service, limits, false));
-                tokio::select! {
-                    r = conn.as_mut() => return r,
-                    _ = stopped => {}
-                }
-                conn.as_mut().get_mut().graceful_shutdown();
-                conn.await
-            });
+            let (stop, task) = drained_on_signal(server, service);
             // GET (static), :scheme https, :path literal, :authority literal.
             let get = |path: &str| {
                 let mut block = vec![0x82, 0x87, 0x04, path.len() as u8];
