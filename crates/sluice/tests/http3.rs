@@ -1272,6 +1272,9 @@ async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
         .as_f64()
         .unwrap_or_else(|| panic!("a PINGing idle connection was never closed: {r}"));
     assert!((2.5..10.0).contains(&at), "closed at {at} s: {r}");
+    // With a GOAWAY first (QUIC's own idle timeout, which PINGs hold off, closes silently): a
+    // request crossing the close is refused as not processed, not lost with the connection.
+    assert_eq!(r["goaway"][0], true, "no GOAWAY before the idle close: {r}");
     // And one that also opens a request stream every second that never gets its head (each
     // reset at the 2 s head timeout, the next already open): a stream waiting for its head is
     // not a request in flight, so the connection is closed at the idle timeout all the same.

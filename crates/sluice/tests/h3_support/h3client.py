@@ -19,7 +19,8 @@ object with what happened. Plans:
       Opens N connections one after another from one address, a GET of `path` on each (none with
       "no_request"), keeps those that opened for `hold_secs` (writing `ready_file`, if given, once
       they are open; with "ping", PINGs that often); per connection: the response, or the close
-      code, and whether the server offered DATAGRAM frames; when the server closed each. With
+      code, and whether the server offered DATAGRAM frames; when the server closed each, and
+      whether it said GOAWAY first. With
       "no_uni", the client grants the server no unidirectional stream; with "bare" (seconds), a
       request stream that never gets past the first bytes of its head is opened that often (with
       "bare_head", one with a whole head saying `content-length: 0` that never ends).
@@ -683,6 +684,7 @@ async def hold(plan):
                 if bare or plan.get("ping"):
                     c.transmit()
         out["closed_at"] = closed
+        out["goaway"] = [c.http.goaway for c in conns]
     return out
 
 

@@ -226,6 +226,16 @@ pub async fn serve<H: Handler>(
                 let idle = shared.activity.idle_for();
                 if idle.is_some_and(|d| d >= limit && (quiet || d >= limit + settings.send_timeout))
                 {
+                    if !draining && !finished {
+                        // Idle: a GOAWAY first (RFC 9114 §5.2), so a request that crosses the
+                        // close is refused as not processed (H3_REQUEST_REJECTED, safe to send
+                        // again) rather than lost with the connection; the close follows once
+                        // the GOAWAY has gone out and the line is quiet again. (A client silent
+                        // for the idle timeout meets QUIC's own, which closes without a word, as
+                        // both ends expect.)
+                        goaway = true;
+                        continue;
+                    }
                     break;
                 }
             }
