@@ -1289,6 +1289,24 @@ async fn quic_handshake_timeout_handshake_limit_and_idle_timeout_hold() {
             panic!("bare streams (whole heads: {bare_head}) kept an idle connection open: {r}")
         });
         assert!((2.5..10.0).contains(&at), "closed at {at} s: {r}");
+        // The idle close's GOAWAY rejects the streams still waiting for their heads (or their
+        // ends) as not processed (H3_REQUEST_REJECTED, 0x10b), as a drain does; none is cut
+        // off by the close without a word. (One opens every second and lives 2 s: at least one
+        // is waiting when the GOAWAY goes.)
+        let below: Vec<&Value> = r["bare"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["id"].as_u64() < r["goaway_id"][0].as_u64())
+            .collect();
+        assert!(
+            below.iter().all(|b| b["reset"].is_u64()),
+            "a stream cut off by the idle close: {r}"
+        );
+        assert!(
+            below.iter().any(|b| b["reset"] == 0x10b),
+            "no stream rejected by the idle GOAWAY: {r}"
+        );
     }
 
     // A client that grants the server no unidirectional stream, so its control stream and

@@ -20,7 +20,8 @@ object with what happened. Plans:
       "no_request"), keeps those that opened for `hold_secs` (writing `ready_file`, if given, once
       they are open; with "ping", PINGs that often); per connection: the response, or the close
       code, and whether the server offered DATAGRAM frames; when the server closed each, and
-      whether it said GOAWAY first. With
+      whether it said GOAWAY first (and with which id); with "bare", each bare stream's id and
+      the server's reset code for it. With
       "no_uni", the client grants the server no unidirectional stream; with "bare" (seconds), a
       request stream that never gets past the first bytes of its head is opened that often (with
       "bare_head", one with a whole head saying `content-length: 0` that never ends).
@@ -49,7 +50,7 @@ import time
 
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.buffer import encode_uint_var
+from aioquic.buffer import Buffer, encode_uint_var
 from aioquic.h3.connection import H3_ALPN, FrameType, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
@@ -85,10 +86,12 @@ class GoawayAwareH3(H3Connection):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.goaway = False
+        self.goaway_id = None
 
     def _handle_control_frame(self, frame_type, frame_data):
         if frame_type == FrameType.GOAWAY:
             self.goaway = True
+            self.goaway_id = Buffer(data=frame_data).pull_uint_var()
         return super()._handle_control_frame(frame_type, frame_data)
 
 
@@ -655,6 +658,7 @@ async def hold(plan):
         # past the first bytes of its head.
         start = time.monotonic()
         closed = [None] * len(conns)
+        bares = [[] for _ in conns]
         last_bare = start
         while time.monotonic() - start < plan.get("hold_secs", 0):
             await asyncio.sleep(plan.get("ping") or 0.1)
@@ -666,6 +670,10 @@ async def hold(plan):
                     if closed[i] is None:
                         closed[i] = round(time.monotonic() - start, 2)
                     continue
+                if bare:
+                    # Each bare stream's reset, if the server sent one.
+                    bares[i].append((c._quic.get_next_available_stream_id(), Exchange()))
+                    c.exchanges[bares[i][-1][0]] = bares[i][-1][1]
                 if bare and plan.get("bare_head"):
                     # A whole head that says `content-length: 0`, the stream never ended.
                     sid = c._quic.get_next_available_stream_id()
@@ -685,6 +693,8 @@ async def hold(plan):
                     c.transmit()
         out["closed_at"] = closed
         out["goaway"] = [c.http.goaway for c in conns]
+        out["goaway_id"] = [c.http.goaway_id for c in conns]
+        out["bare"] = [[{"id": sid, "reset": ex.reset} for sid, ex in b] for b in bares]
     return out
 
 

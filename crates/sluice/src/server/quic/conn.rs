@@ -53,8 +53,9 @@ pub struct Shared<H> {
     pub send_timeout: Duration,
     pub header_read: Duration,
     pub requests: Counter,
-    /// The server's stop: a request stream whose head is still coming when a drain begins is
-    /// rejected (H3_REQUEST_REJECTED: not processed, safe to send again), not waited for.
+    /// This connection's GOAWAY (the server's drain, or the connection's idle close): a request
+    /// stream whose head is still coming then is rejected (H3_REQUEST_REJECTED: not processed,
+    /// safe to send again), not waited for.
     pub stop: watch::Receiver<bool>,
     /// For a connection served before its handshake finished (0-RTT); `None`: the handshake was
     /// over before the first request.
@@ -135,6 +136,7 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
+    let (going_away, gone) = watch::channel(false);
     let shared = Arc::new(Shared {
         handler: settings.handler.clone(),
         listener: settings.listener,
@@ -142,7 +144,7 @@ pub async fn serve<H: Handler>(
         send_timeout: settings.send_timeout,
         header_read: settings.header_read,
         requests: settings.handler.http_metrics().protocol.http3.clone(),
-        stop: settings.stop.clone(),
+        stop: gone,
         handshake,
     });
     let mut stop = settings.stop.clone();
@@ -160,6 +162,7 @@ pub async fn serve<H: Handler>(
     loop {
         if goaway && !draining {
             draining = true;
+            let _ = going_away.send(true);
             // GOAWAY: the requests already accepted finish here; the client sends new ones on a
             // new connection. A client that takes no control-stream data is not waited on past
             // `DRAIN_IDLE`: the drain goes on without it (nothing more is sent on that stream).
@@ -230,9 +233,10 @@ pub async fn serve<H: Handler>(
                         // Idle: a GOAWAY first (RFC 9114 §5.2), so a request that crosses the
                         // close is refused as not processed (H3_REQUEST_REJECTED, safe to send
                         // again) rather than lost with the connection; the close follows once
-                        // the GOAWAY has gone out and the line is quiet again. (A client silent
-                        // for the idle timeout meets QUIC's own, which closes without a word, as
-                        // both ends expect.)
+                        // the GOAWAY has gone out and the line is quiet again. Heads still coming
+                        // are rejected as on a drain (`Shared::stop`). (QUIC's own idle timeout,
+                        // the same length, may end a silent client's connection first, without a
+                        // word, as both ends expect.)
                         goaway = true;
                         continue;
                     }
