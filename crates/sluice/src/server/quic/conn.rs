@@ -56,7 +56,7 @@ pub struct Shared<H> {
     /// This connection's GOAWAY (the server's drain, or the connection's idle close): a request
     /// stream whose head is still coming then is rejected (H3_REQUEST_REJECTED: not processed,
     /// safe to send again), not waited for.
-    pub stop: watch::Receiver<bool>,
+    pub going_away: watch::Receiver<bool>,
     /// For a connection served before its handshake finished (0-RTT); `None`: the handshake was
     /// over before the first request.
     pub handshake: Option<Handshake>,
@@ -136,7 +136,7 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
-    let (going_away, gone) = watch::channel(false);
+    let (goaway_tx, goaway_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
         handler: settings.handler.clone(),
         listener: settings.listener,
@@ -144,7 +144,7 @@ pub async fn serve<H: Handler>(
         send_timeout: settings.send_timeout,
         header_read: settings.header_read,
         requests: settings.handler.http_metrics().protocol.http3.clone(),
-        stop: gone,
+        going_away: goaway_rx,
         handshake,
     });
     let mut stop = settings.stop.clone();
@@ -162,7 +162,7 @@ pub async fn serve<H: Handler>(
     loop {
         if goaway && !draining {
             draining = true;
-            let _ = going_away.send(true);
+            let _ = goaway_tx.send(true);
             // GOAWAY: the requests already accepted finish here; the client sends new ones on a
             // new connection. A client that takes no control-stream data is not waited on past
             // `DRAIN_IDLE`: the drain goes on without it (nothing more is sent on that stream).
@@ -234,9 +234,9 @@ pub async fn serve<H: Handler>(
                         // close is refused as not processed (H3_REQUEST_REJECTED, safe to send
                         // again) rather than lost with the connection; the close follows once
                         // the GOAWAY has gone out and the line is quiet again. Heads still coming
-                        // are rejected as on a drain (`Shared::stop`). (QUIC's own idle timeout,
-                        // the same length, may end a silent client's connection first, without a
-                        // word, as both ends expect.)
+                        // are rejected as on a drain (`Shared::going_away`). (QUIC's own idle
+                        // timeout, the same length, may end a silent client's connection first,
+                        // without a word, as both ends expect.)
                         goaway = true;
                         continue;
                     }

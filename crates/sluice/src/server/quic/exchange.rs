@@ -24,7 +24,7 @@ pub async fn serve<H: Handler>(
     peer: SocketAddr,
 ) {
     let began = tokio::time::Instant::now();
-    let mut stop = shared.stop.clone();
+    let mut stop = shared.going_away.clone();
     let (req, stream) = match resolve(resolver, shared.header_read, &mut stop).await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
