@@ -986,6 +986,37 @@ async fn a_head_or_an_end_that_never_comes_is_reset_at_the_header_read_timeout()
     );
 }
 
+/// A client's GOAWAY ends its connection as soon as its requests are done, also after request
+/// streams that never got their heads were given up (reset at the header read timeout): each
+/// such stream counts as done then, not for the connection's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_goaway_ends_the_connection_once_streams_without_heads_are_given_up() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen).await;
+    let s = H3Sluice::start(o, "header_read_timeout_secs = 1\nidle_timeout_secs = 30").await;
+    // A GET, then a stream every half second whose head never comes (each reset 1 s later),
+    // then at 2 s the client's GOAWAY; PINGs keep the line busy throughout.
+    let r = client(s.plan(json!({
+        "hold": 1, "path": "/plain/size/100", "hold_secs": 8, "ping": 0.2, "bare": 0.5,
+        "client_goaway": 2.0, "timeout": 30,
+    })))
+    .await;
+    assert_body(&r["connections"][0]["response"], 200, &pattern(100));
+    let bare = r["bare"][0].as_array().unwrap();
+    assert!(bare.len() >= 2, "{r}");
+    assert!(
+        bare.iter().all(|b| b["reset"] == 0x10d),
+        "a bare stream not reset as incomplete: {r}"
+    );
+    // The last bare stream is given up by about 3 s; the connection closes soon after, well
+    // before the 30 s idle timeout (it stayed open for good when a given-up stream was still
+    // counted as in flight).
+    let at = r["closed_at"][0]
+        .as_f64()
+        .unwrap_or_else(|| panic!("the connection outlived the client's GOAWAY: {r}"));
+    assert!((2.0..6.0).contains(&at), "closed at {at} s: {r}");
+}
+
 /// A first flight carrying 0-RTT requests whose handshake is never finished (an abandoned or
 /// replayed flight): the GET, safe to repeat, goes on marked `Early-Data: 1`; the POST waits for
 /// a handshake that never comes and never reaches the origin; the attempt is counted as a

@@ -24,7 +24,9 @@ object with what happened. Plans:
       the server's reset code for it. With
       "no_uni", the client grants the server no unidirectional stream; with "bare" (seconds), a
       request stream that never gets past the first bytes of its head is opened that often (with
-      "bare_head", one with a whole head saying `content-length: 0` that never ends).
+      "bare_head", one with a whole head saying `content-length: 0` that never ends). With
+      "client_goaway" (seconds), each connection sends its own GOAWAY then and opens no more
+      bare streams.
   {"addr": ..., "resume": true, "path": "/x"}
       A GET on one connection, then the same GET and a POST on a second connection resumed
       with the session ticket of the first and sent at once (0-RTT when allowed), then the GET
@@ -51,7 +53,7 @@ import time
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import Buffer, encode_uint_var
-from aioquic.h3.connection import H3_ALPN, FrameType, H3Connection
+from aioquic.h3.connection import H3_ALPN, FrameType, H3Connection, encode_frame
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
@@ -662,7 +664,10 @@ async def hold(plan):
         last_bare = start
         while time.monotonic() - start < plan.get("hold_secs", 0):
             await asyncio.sleep(plan.get("ping") or 0.1)
-            bare = plan.get("bare") and time.monotonic() - last_bare >= plan["bare"]
+            gone = plan.get("client_goaway") is not None and (
+                time.monotonic() - start >= plan["client_goaway"])
+            bare = (plan.get("bare") and not gone
+                    and time.monotonic() - last_bare >= plan["bare"])
             if bare:
                 last_bare = time.monotonic()
             for i, c in enumerate(conns):
@@ -687,6 +692,13 @@ async def hold(plan):
                     c._quic.send_stream_data(
                         sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(100) + b"\0" * 10
                     )
+                if gone and not getattr(c, "said_goaway", False):
+                    # The client's GOAWAY names the push ID it would still take (none: 0).
+                    c.said_goaway = True
+                    c._quic.send_stream_data(
+                        c.http._local_control_stream_id,
+                        encode_frame(FrameType.GOAWAY, encode_uint_var(0)))
+                    c.transmit()
                 if plan.get("ping"):
                     c._quic.send_ping(i)
                 if bare or plan.get("ping"):
