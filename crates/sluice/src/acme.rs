@@ -95,7 +95,7 @@ impl Acme {
         let acme = Acme {
             config: config.clone(),
             names: config.all_names(route_hosts),
-            certs: Arc::new(Certs::default()),
+            certs: Arc::new(Certs::sharing(store.clone())),
             store,
             metrics: AcmeMetrics::register(registry),
             issuer: OnceCell::new(),

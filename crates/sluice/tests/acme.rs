@@ -503,6 +503,84 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
     assert_eq!(issued(&ma) + issued(&mb), 2.0, "{ma}\n{mb}");
 }
 
+/// Nodes behind one address share a state directory: the CA's HTTP-01 validation reaches a node
+/// that did not place the order (here Pebble validates on node b's plain listener only), and
+/// that node answers it from the directory. The answer files go when the order is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http01_is_answered_by_a_node_that_did_not_place_the_order() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let (a_http, b_http) = (free_port(), free_port());
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: b_http,
+            tls_port: free_port(),
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+            eab: None,
+        },
+    );
+    let state = t.dir.path().join("state");
+    // Node b orders nothing: no names, and on demand only for a name no handshake asks for.
+    let (ask, asked) = ask_server("nobody.acme.test").await;
+    let b = Sluice::start(
+        t.dir.path(),
+        "node-b",
+        free_port(),
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "challenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{b_http}\"]\n\
+                 [acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n"
+            ),
+        ),
+    );
+    let a = Sluice::start(
+        t.dir.path(),
+        "node-a",
+        free_port(),
+        &acme_section(
+            &pebble,
+            &state,
+            &format!(
+                "names = [\"web.acme.test\"]\nchallenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{a_http}\"]"
+            ),
+        ),
+    );
+    let root = pebble.root().await;
+    let chain = wait_for_cert(&a, "web.acme.test", &[&root], Duration::from_secs(30)).await;
+    let m = metrics(&a, "web.acme.test", &root).await;
+    assert_eq!(
+        metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    // (Pebble validated on node b's listener alone: the order's success is b's answer.)
+    // Node b serves the certificate too, from the directory, without asking anyone.
+    let from_b = handshake(b.tls, "web.acme.test", &[&root]).await.unwrap();
+    assert_eq!(from_b[0], chain[0]);
+    assert_eq!(asked.load(Ordering::Relaxed), 0);
+    // The order's answer files are gone with it.
+    let left: Vec<_> = std::fs::read_dir(state.join("http-01"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // A token no node holds is a 404 on either listener.
+    for port in [a_http, b_http] {
+        let reply = raw(
+            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            b"GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+    }
+}
+
 /// A tiny `ask` endpoint: 200 for `allowed`, 403 for every other `domain=`; counts requests.
 async fn ask_server(allowed: &'static str) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,5 +1,6 @@
 //! The certificates held in memory: issued ones by name (what the SNI resolver serves), the
-//! TLS-ALPN-01 challenge certificates, and the HTTP-01 key authorizations by token.
+//! TLS-ALPN-01 challenge certificates, and the HTTP-01 key authorizations by token (also
+//! recorded in the state directory, where other nodes read them).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -10,6 +11,8 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
+
+use super::store::Store;
 
 /// The ALPN protocol of TLS-ALPN-01 (RFC 8737 section 6.2).
 pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
@@ -44,6 +47,8 @@ pub struct Certs {
     issued: RwLock<HashMap<String, Arc<Held>>>,
     alpn_challenges: Mutex<HashMap<String, Arc<CertifiedKey>>>,
     http_tokens: Mutex<HashMap<String, String>>,
+    /// The state directory the HTTP-01 answers are shared through, when there is one.
+    store: Option<Store>,
 }
 
 impl Default for Certs {
@@ -54,11 +59,20 @@ impl Default for Certs {
             issued: RwLock::default(),
             alpn_challenges: Mutex::default(),
             http_tokens: Mutex::default(),
+            store: None,
         }
     }
 }
 
 impl Certs {
+    /// Certificates whose HTTP-01 answers are shared through `store`'s directory.
+    pub fn sharing(store: Store) -> Certs {
+        Certs {
+            store: Some(store),
+            ..Certs::default()
+        }
+    }
+
     /// The certificate for a TLS server name: the name itself, else `*.` its parent.
     pub fn certificate(&self, server_name: &str) -> Option<Arc<CertifiedKey>> {
         let issued = self.issued.read().unwrap_or_else(|e| e.into_inner());
@@ -142,10 +156,21 @@ impl Certs {
             .remove(name);
     }
 
-    /// The HTTP-01 answer for `token`, while its challenge is open.
+    /// The HTTP-01 answer for `token`, while this process's challenge is open.
     pub fn http_token(&self, token: &str) -> Option<String> {
         let open = self.http_tokens.lock().unwrap_or_else(|e| e.into_inner());
         open.get(token).cloned()
+    }
+
+    /// Whether answers other nodes placed can be looked up ([`Certs::shared_http_token`]).
+    pub fn shares_http_tokens(&self) -> bool {
+        self.store.is_some()
+    }
+
+    /// The HTTP-01 answer another node sharing the state directory (or the process before a
+    /// binary upgrade) recorded for `token`. Reads a file: call it off the runtime's threads.
+    pub fn shared_http_token(&self, token: &str) -> Option<String> {
+        self.store.as_ref()?.read_http_token(token)
     }
 
     pub fn open_http_token(&self, token: &str, key_authorization: &str) {
@@ -153,6 +178,12 @@ impl Certs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(token.to_string(), key_authorization.to_string());
+        if let Some(store) = &self.store {
+            if let Err(e) = store.write_http_token(token, key_authorization) {
+                // This node still answers; others behind the same address do not.
+                tracing::warn!(error = %e, "acme: HTTP-01 answer not shared in the state directory");
+            }
+        }
     }
 
     pub fn close_http_token(&self, token: &str) {
@@ -160,6 +191,9 @@ impl Certs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(token);
+        if let Some(store) = &self.store {
+            store.remove_http_token(token);
+        }
     }
 }
 

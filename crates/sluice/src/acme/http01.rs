@@ -1,5 +1,6 @@
 //! The plain-HTTP listener of `acme.http_listen`: HTTP-01 answers under
-//! `/.well-known/acme-challenge/`, and a redirect to `https://` for everything else. Nothing else
+//! `/.well-known/acme-challenge/` (this process's open challenges, then those other nodes recorded
+//! in the shared state directory), and a redirect to `https://` for everything else. Nothing else
 //! runs here: no route, no auth, no body read.
 
 use std::convert::Infallible;
@@ -29,6 +30,14 @@ const MAX_CONNECTIONS: usize = 1024;
 /// cannot hold the listener's every place and keep validations out; visitors sent on to
 /// `https://` from behind one NAT share the allowance (each holds a connection briefly).
 const MAX_PER_IP: usize = 32;
+
+/// Tokens looked up in the state directory at once (a file read each, off the runtime's
+/// threads); a request that finds none free within `LOOKUP_TIME` gets the 404 of an unknown
+/// token, so made-up tokens cannot tie up the blocking threads the disk cache shares.
+const MAX_LOOKUPS: usize = 4;
+
+/// How long a token's look-up in the state directory (a slow network file system) may take.
+const LOOKUP_TIME: Duration = Duration::from_secs(5);
 
 /// How a plain listener is bound: an address in, a listening socket out.
 pub type Bind = fn(SocketAddr) -> std::io::Result<std::net::TcpListener>;
@@ -64,6 +73,7 @@ async fn accept(
     permits: Arc<Semaphore>,
     per_ip: Arc<PerIp>,
 ) {
+    let lookups = Arc::new(Semaphore::new(MAX_LOOKUPS));
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
@@ -84,10 +94,12 @@ async fn accept(
             }
         };
         let certs = certs.clone();
+        let lookups = lookups.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let resp = answer(&certs, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let (certs, lookups) = (certs.clone(), lookups.clone());
+                async move { Ok::<_, Infallible>(or_shared(resp, &req, certs, lookups).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -133,6 +145,39 @@ pub fn answer<B>(certs: &Certs, req: &Request<B>) -> Response<Full<Bytes>> {
         resp.headers_mut().insert(header::LOCATION, v);
     }
     resp
+}
+
+/// A challenge this process does not hold (`answer` said 404) may be another node's, placed
+/// through the shared state directory, or the previous process's before a binary upgrade: its
+/// answer is looked up there. Any other response is returned as it is.
+async fn or_shared<B>(
+    resp: Response<Full<Bytes>>,
+    req: &Request<B>,
+    certs: Arc<Certs>,
+    lookups: Arc<Semaphore>,
+) -> Response<Full<Bytes>> {
+    let token = match req.uri().path().strip_prefix(PREFIX) {
+        Some(t) if resp.status() == StatusCode::NOT_FOUND && certs.shares_http_tokens() => t,
+        _ => return resp,
+    };
+    let token = token.to_string();
+    let found = tokio::time::timeout(LOOKUP_TIME, async {
+        // The place is held by the read itself, so one that outlives the wait still counts.
+        let place = lookups.acquire_owned().await.ok()?;
+        tokio::task::spawn_blocking(move || {
+            let found = certs.shared_http_token(&token);
+            drop(place);
+            found
+        })
+        .await
+        .ok()
+        .flatten()
+    })
+    .await;
+    match found {
+        Ok(Some(key_auth)) => reply(StatusCode::OK, "text/plain", key_auth),
+        _ => resp,
+    }
 }
 
 fn reply(status: StatusCode, kind: &'static str, body: String) -> Response<Full<Bytes>> {

@@ -1,5 +1,7 @@
 //! The state directory: the account, one PEM file per name (chain then key, replaced atomically),
-//! and a lock file per name so two nodes sharing the directory never order one name at once.
+//! a lock file per name so two nodes sharing the directory never order one name at once, and the
+//! HTTP-01 answers of open challenges, so any node sharing it (or the next process after a binary
+//! upgrade) answers a validation another placed.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -7,6 +9,15 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
+
+/// The folder of open HTTP-01 challenges' answers, a file per token.
+const HTTP01: &str = "http-01";
+
+/// The longest token looked up (Let's Encrypt's are 43 characters).
+const MAX_TOKEN: usize = 128;
+
+/// An answer file older than this is left from a process that ended mid-order.
+const STALE_TOKEN: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The state directory.
 #[derive(Debug, Clone)]
@@ -21,15 +32,72 @@ pub struct NameLock {
 }
 
 impl Store {
-    /// Opens (creating) the directory and its `certs/` and `locks/` folders, owner-only.
+    /// Opens (creating) the directory and its `certs/`, `locks/` and `http-01/` folders,
+    /// owner-only. HTTP-01 answers left by a process that ended mid-order (a day old: an order
+    /// times out long before) are removed.
     pub fn open(root: &Path) -> std::io::Result<Store> {
-        for dir in [root.to_path_buf(), root.join("certs"), root.join("locks")] {
+        for dir in [
+            root.to_path_buf(),
+            root.join("certs"),
+            root.join("locks"),
+            root.join(HTTP01),
+        ] {
             fs::create_dir_all(&dir)?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        }
+        if let Ok(entries) = fs::read_dir(root.join(HTTP01)) {
+            for e in entries.flatten() {
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > STALE_TOKEN);
+                if old {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
         }
         Ok(Store {
             root: root.to_path_buf(),
         })
+    }
+
+    /// The file of an HTTP-01 token; `None` unless the token is one a CA could have sent
+    /// (RFC 8555 §8.3: base64url), so a request's path never names another file.
+    fn http_token_path(&self, token: &str) -> Option<PathBuf> {
+        let well_formed = (1..=MAX_TOKEN).contains(&token.len())
+            && token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        well_formed.then(|| self.root.join(HTTP01).join(token))
+    }
+
+    /// Records an open HTTP-01 challenge's answer for every node sharing the directory.
+    pub fn write_http_token(&self, token: &str, key_authorization: &str) -> std::io::Result<()> {
+        let path = self
+            .http_token_path(token)
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a token"))?;
+        write_atomic(&path, key_authorization.as_bytes())
+    }
+
+    /// The answer another node (or an earlier process) recorded for `token`, if any.
+    pub fn read_http_token(&self, token: &str) -> Option<String> {
+        use std::io::Read;
+        let file = File::open(self.http_token_path(token)?).ok()?;
+        let mut text = String::new();
+        // A key authorization is the token and a 43-character thumbprint.
+        file.take(MAX_TOKEN as u64 + 64)
+            .read_to_string(&mut text)
+            .ok()?;
+        Some(text)
+    }
+
+    /// Removes a closed challenge's answer.
+    pub fn remove_http_token(&self, token: &str) {
+        if let Some(path) = self.http_token_path(token) {
+            let _ = fs::remove_file(path);
+        }
     }
 
     /// The account file for one directory URL (accounts are per CA).
@@ -153,5 +221,44 @@ mod tests {
         assert!(store.read_account("https://ca/dir").is_none());
         store.write_account("https://ca/dir", "{}").unwrap();
         assert_eq!(store.read_account("https://ca/dir").unwrap(), "{}");
+    }
+
+    #[test]
+    fn http01_answers_by_token_and_only_by_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let other = Store::open(dir.path()).unwrap();
+        store
+            .write_http_token("tok-EN_1", "tok-EN_1.thumb")
+            .unwrap();
+        assert_eq!(other.read_http_token("tok-EN_1").unwrap(), "tok-EN_1.thumb");
+        // Nothing but a base64url token names a file: no way out of the folder, no other file.
+        std::fs::write(dir.path().join("secret"), "x").unwrap();
+        for bad in [
+            "../secret",
+            "..",
+            "",
+            "a/b",
+            "a.b",
+            "%2e%2e",
+            &"a".repeat(129),
+        ] {
+            assert!(other.read_http_token(bad).is_none(), "{bad}");
+            assert!(store.write_http_token(bad, "x").is_err(), "{bad}");
+        }
+        store.remove_http_token("tok-EN_1");
+        assert!(other.read_http_token("tok-EN_1").is_none());
+        // A day-old answer (a process that ended mid-order) goes at the next open.
+        store.write_http_token("old", "old.thumb").unwrap();
+        let f = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("http-01/old"))
+            .unwrap();
+        f.set_modified(SystemTime::now() - STALE_TOKEN * 2).unwrap();
+        drop(f);
+        store.write_http_token("new", "new.thumb").unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.read_http_token("old").is_none());
+        assert_eq!(store.read_http_token("new").unwrap(), "new.thumb");
     }
 }
