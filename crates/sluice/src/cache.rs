@@ -181,7 +181,7 @@ impl Cache {
                 for meta in metas {
                     // Over max_objects: the oldest records go, with their files.
                     for gone in index.insert(Arc::new(meta)) {
-                        tier.remove_object(gone.id);
+                        tier.remove_object(gone.id, gone.generation);
                     }
                 }
                 Some(tier)
@@ -375,7 +375,7 @@ impl Inner {
                 }
             }
             if let Some(disk) = &self.disk {
-                disk.remove_object(meta.id);
+                disk.remove_object(meta.id, meta.generation);
             }
         }
     }

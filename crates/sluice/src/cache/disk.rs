@@ -100,7 +100,8 @@ struct QueuedSlice {
 enum Job {
     Slice(QueuedSlice),
     Meta(Arc<ObjectMeta>),
-    RemoveObject(ObjectId),
+    /// An object's version: its slices of that generation, and its record if it is that one.
+    RemoveObject(ObjectId, u64),
 }
 
 /// The slices on disk: size and recency of each, the eviction order, bytes used.
@@ -146,12 +147,12 @@ impl Index {
         Some(size)
     }
 
-    /// Unlists every slice of object `id`.
-    fn remove_object(&mut self, id: ObjectId) {
+    /// Unlists every slice of object `id`'s version `generation`.
+    fn remove_object(&mut self, id: ObjectId, generation: u64) {
         let gone: Vec<SliceKey> = self
             .slices
             .keys()
-            .filter(|k| k.object == id)
+            .filter(|k| k.object == id && k.generation == generation)
             .copied()
             .collect();
         for k in gone {
@@ -305,16 +306,21 @@ impl DiskTier {
         self.submit(Job::Meta(meta));
     }
 
-    /// Queues removal of an object's record and slices.
-    pub fn remove_object(&self, id: ObjectId) {
+    /// Queues removal of one version of an object: its slices, and its record unless a newer
+    /// version's has replaced it (an object's versions share its id and record file, and a
+    /// version dropped late must not take a newer one's files with it).
+    pub fn remove_object(&self, id: ObjectId, generation: u64) {
         // Forget the slices now, so nothing reads them while the files are being deleted.
         self.queued
             .lock()
             .expect("disk queue")
             .slices
-            .retain(|k, _| k.object != id);
-        self.index.lock().expect("disk index").remove_object(id);
-        self.submit(Job::RemoveObject(id));
+            .retain(|k, _| k.object != id || k.generation != generation);
+        self.index
+            .lock()
+            .expect("disk index")
+            .remove_object(id, generation);
+        self.submit(Job::RemoveObject(id, generation));
     }
 
     fn submit(&self, job: Job) {
@@ -497,12 +503,24 @@ fn run_job(root: &Path, capacity: u64, index: &Mutex<Index>, stats: &DiskStats, 
                 stats.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Job::RemoveObject(id) => {
-            // Slices of the object queued before the removal were written and indexed since
+        Job::RemoveObject(id, generation) => {
+            // Slices of the version queued before the removal were written and indexed since
             // `remove_object` unlisted the others: unlisted too, before their files go.
-            index.lock().expect("disk index").remove_object(id);
-            let _ = std::fs::remove_file(meta_path(root, id));
-            let prefix = format!("{}-", id.hex());
+            index
+                .lock()
+                .expect("disk index")
+                .remove_object(id, generation);
+            // The record goes only if it is this version's (records are replaced by rename, so
+            // one that cannot be read is not half a newer one).
+            let path = meta_path(root, id);
+            let newer = std::fs::read(&path)
+                .ok()
+                .and_then(|b| ObjectMeta::from_bytes(&b))
+                .is_some_and(|m| m.generation != generation);
+            if !newer {
+                let _ = std::fs::remove_file(path);
+            }
+            let prefix = format!("{}-{:x}-", id.hex(), generation);
             if let Ok(dir) = std::fs::read_dir(root.join("slices")) {
                 for e in dir.flatten() {
                     if e.file_name().to_string_lossy().starts_with(&prefix) {
@@ -781,7 +799,7 @@ mod tests {
         assert_eq!(tier.read(key(0)).await.unwrap().chunks[0], slice.chunks[0]);
         // An object removed while its slice is queued is not read from the queue.
         tier.write_slice(key(1), slice.clone(), None).await;
-        tier.remove_object(key(1).object);
+        tier.remove_object(key(1).object, key(1).generation);
         assert!(!tier.contains(&key(1)) && tier.read(key(1)).await.is_none());
         assert!(tier.flush(Duration::from_secs(5)).await);
         assert!(tier.queued.lock().unwrap().slices.is_empty());
@@ -819,6 +837,42 @@ mod tests {
         assert!(q.slices.contains_key(&key(3)));
         q.done(&key(3), second);
         assert!(q.slices.is_empty());
+    }
+
+    /// Two versions of one object share its id and record file: dropping the older one (late,
+    /// after the newer was stored) takes only its own slices, and leaves the newer's record and
+    /// slices on disk, where a restart finds them.
+    #[tokio::test]
+    async fn removing_an_old_version_leaves_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        let old = crate::cache::index::tests::meta("k", vec![], "", 1);
+        let new = crate::cache::index::tests::meta("k", vec![], "", 3);
+        let at = |m: &ObjectMeta, index| SliceKey {
+            object: m.id,
+            generation: m.generation,
+            index,
+        };
+        let slice = |b: u8| Slice::new(vec![Bytes::from(vec![b; 100])]);
+        tier.write_meta(old.clone());
+        tier.write_slice(at(&old, 0), slice(1), None).await;
+        tier.write_meta(new.clone());
+        tier.write_slice(at(&new, 0), slice(3), None).await;
+        tier.remove_object(old.id, old.generation);
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(!tier.contains(&at(&old, 0)));
+        assert!(!slice_path(dir.path(), &at(&old, 0)).exists());
+        assert_eq!(tier.read(at(&new, 0)).await.unwrap().chunks[0][0], 3);
+        drop(tier);
+        let (tier, metas) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        assert_eq!(metas.len(), 1);
+        assert_eq!(metas[0].generation, 3);
+        assert!(tier.contains(&at(&new, 0)));
+        // The new version's own removal takes its record too.
+        tier.remove_object(new.id, new.generation);
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(!meta_path(dir.path(), new.id).exists());
+        assert!(!slice_path(dir.path(), &at(&new, 0)).exists());
     }
 
     /// Until the slice's file is written and indexed: at most 10 s (a write on a loaded machine

@@ -141,14 +141,16 @@ impl ObjectIndex {
         }
     }
 
-    /// Drops one object (a version change or a vanished origin object).
-    pub fn remove_object(&self, primary: &str, id: ObjectId) -> bool {
+    /// Drops one version of an object (a version change or a vanished origin object); a newer
+    /// version stored meanwhile stays.
+    pub fn remove_object(&self, primary: &str, id: ObjectId, generation: u64) -> bool {
         let mut inner = self.lock();
         let Some(p) = inner.primaries.get_mut(primary) else {
             return false;
         };
         let before = p.variants.len();
-        p.variants.retain(|_, m| m.id != id);
+        p.variants
+            .retain(|_, m| m.id != id || m.generation != generation);
         let removed = before - p.variants.len();
         inner.objects -= removed;
         removed > 0
@@ -214,13 +216,14 @@ impl ObjectIndex {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http::{HeaderValue, StatusCode};
     use sluice_http::freshness::{AgeClock, Freshness};
     use std::time::{Duration, SystemTime};
 
-    fn meta(
+    /// A fresh object record for tests.
+    pub(crate) fn meta(
         primary: &str,
         vary: Vec<HeaderName>,
         variant: &str,
@@ -272,6 +275,11 @@ mod tests {
         let dropped = idx.insert(meta("a", vec![ae.clone()], &v, 3));
         assert_eq!(dropped.len(), 1);
         assert_eq!(dropped[0].generation, 1);
+        // The old version dropped late (a revalidation or a warm fill that saw it change) leaves
+        // the new one in place.
+        let id = ObjectId::new("a", &v);
+        assert!(!idx.remove_object("a", id, 1));
+        assert!(matches!(idx.lookup("a", &gzip, now), Lookup::Hit(m) if m.generation == 3));
         // Hit-for-pass until it expires.
         idx.mark_pass("b", now + Duration::from_secs(5));
         assert!(matches!(

@@ -288,7 +288,8 @@ impl Inner {
     }
 
     fn forget(&self, meta: &Arc<ObjectMeta>) {
-        self.index.remove_object(&meta.primary, meta.id);
+        self.index
+            .remove_object(&meta.primary, meta.id, meta.generation);
         self.drop_objects(std::slice::from_ref(meta));
     }
 

@@ -157,7 +157,9 @@ async fn fetch(
             let usable = matches!(parts.status, StatusCode::OK | StatusCode::PARTIAL_CONTENT);
             if !usable || !meta.same_version(&parts.headers, total) {
                 // Another version (or the object is gone): never mix it with stored slices.
-                inner.index.remove_object(&meta.primary, meta.id);
+                inner
+                    .index
+                    .remove_object(&meta.primary, meta.id, meta.generation);
                 inner.drop_objects(std::slice::from_ref(&meta));
                 inner.metrics.version_mismatch.inc();
                 return if usable {
