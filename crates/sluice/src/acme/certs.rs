@@ -173,6 +173,8 @@ impl Certs {
         self.store.as_ref()?.read_http_token(token)
     }
 
+    /// Opens an HTTP-01 challenge; with a state directory, writes a file there: call it off
+    /// the runtime's threads.
     pub fn open_http_token(&self, token: &str, key_authorization: &str) {
         self.http_tokens
             .lock()
@@ -186,6 +188,8 @@ impl Certs {
         }
     }
 
+    /// Closes an HTTP-01 challenge; with a state directory, removes its file: call it off the
+    /// runtime's threads.
     pub fn close_http_token(&self, token: &str) {
         self.http_tokens
             .lock()

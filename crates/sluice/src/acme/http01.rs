@@ -157,7 +157,13 @@ async fn or_shared<B>(
     lookups: Arc<Semaphore>,
 ) -> Response<Full<Bytes>> {
     let token = match req.uri().path().strip_prefix(PREFIX) {
-        Some(t) if resp.status() == StatusCode::NOT_FOUND && certs.shares_http_tokens() => t,
+        Some(t)
+            if resp.status() == StatusCode::NOT_FOUND
+                && certs.shares_http_tokens()
+                && super::store::well_formed_token(t) =>
+        {
+            t
+        }
         _ => return resp,
     };
     let token = token.to_string();

@@ -147,7 +147,11 @@ impl Issuer {
             });
         for o in opened {
             match o {
-                Opened::Http(token) => self.certs.close_http_token(&token),
+                Opened::Http(token) => {
+                    let certs = self.certs.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || certs.close_http_token(&token)).await;
+                }
                 Opened::Alpn(name) => self.certs.close_alpn_challenge(&name),
                 Opened::Dns(name, value) => {
                     if let Some(dns) = &self.dns {
@@ -205,9 +209,14 @@ impl Issuer {
             let key_auth = challenge.key_authorization();
             match kind {
                 Challenge::Http01 => {
-                    self.certs
-                        .open_http_token(&challenge.token, key_auth.as_str());
+                    // Pushed first: a cancel while the file is written still closes it.
                     opened.push(Opened::Http(challenge.token.clone()));
+                    let (certs, token) = (self.certs.clone(), challenge.token.clone());
+                    let key_auth = key_auth.as_str().to_string();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        certs.open_http_token(&token, &key_auth)
+                    })
+                    .await;
                 }
                 Challenge::TlsAlpn01 => {
                     self.certs

@@ -66,11 +66,7 @@ impl Store {
     /// The file of an HTTP-01 token; `None` unless the token is one a CA could have sent
     /// (RFC 8555 §8.3: base64url), so a request's path never names another file.
     fn http_token_path(&self, token: &str) -> Option<PathBuf> {
-        let well_formed = (1..=MAX_TOKEN).contains(&token.len())
-            && token
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        well_formed.then(|| self.root.join(HTTP01).join(token))
+        well_formed_token(token).then(|| self.root.join(HTTP01).join(token))
     }
 
     /// Records an open HTTP-01 challenge's answer for every node sharing the directory.
@@ -176,6 +172,15 @@ impl Store {
             Err(e)
         }
     }
+}
+
+/// Whether `token` is one a CA could have sent (RFC 8555 §8.3: base64url, at most
+/// `MAX_TOKEN` characters); only such a token is ever looked up as a file.
+pub fn well_formed_token(token: &str) -> bool {
+    (1..=MAX_TOKEN).contains(&token.len())
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Writes a sibling temporary file, syncs it, and renames it over `path`.
