@@ -50,7 +50,17 @@ pub struct Acme {
     orders: Mutex<VecDeque<Instant>>,
     /// Wakes the renewal loop early (an on-demand name was added).
     wake: Notify,
+    /// State-directory look-ups for other nodes' TLS-ALPN-01 challenges running at once.
+    alpn_lookups: Arc<tokio::sync::Semaphore>,
 }
+
+/// Look-ups of other nodes' TLS-ALPN-01 challenges at once (a file read each, off the runtime's
+/// threads); a validation handshake that finds none free within `ALPN_LOOKUP_TIME` goes on
+/// without, so made-up `acme-tls/1` handshakes cannot tie up the blocking threads.
+const ALPN_LOOKUPS: usize = 4;
+
+/// How long such a look-up may take (a slow network file system).
+const ALPN_LOOKUP_TIME: Duration = Duration::from_secs(2);
 
 /// Per-name state of the renewal loop.
 #[derive(Default)]
@@ -104,6 +114,7 @@ impl Acme {
             on_demand,
             orders: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
+            alpn_lookups: Arc::new(tokio::sync::Semaphore::new(ALPN_LOOKUPS)),
         };
         for name in acme.store.stored_names() {
             acme.refresh_from_store(&name);
@@ -121,6 +132,17 @@ impl Acme {
         self.on_demand.is_some()
     }
 
+    /// Whether TLS handshakes go through [`Acme::accept`], which reads the ClientHello first:
+    /// for on-demand issuance, and to answer TLS-ALPN-01 validations of orders other nodes
+    /// sharing the state directory placed.
+    pub fn reads_hellos(&self) -> bool {
+        self.on_demand()
+            || self
+                .config
+                .challenges
+                .contains(&config::Challenge::TlsAlpn01)
+    }
+
     /// Binds `acme.http_listen` with `bind` (the server's, which takes a socket handed over by
     /// the previous process on a binary upgrade and records it for the next one) and starts the
     /// renewal loop; returns the plain listeners' addresses.
@@ -134,7 +156,9 @@ impl Acme {
     }
 
     /// Completes a TLS handshake, first obtaining a certificate on demand when the ClientHello
-    /// names a host nothing covers yet (within `acme.on_demand.wait_secs`).
+    /// names a host nothing covers yet (within `acme.on_demand.wait_secs`), or, for a TLS-ALPN-01
+    /// validation of a name with no challenge open here, taking up another node's from the
+    /// state directory.
     pub async fn accept<IO>(
         self: &Arc<Self>,
         io: IO,
@@ -150,12 +174,33 @@ impl Acme {
             .alpn()
             .is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN));
         let name = hello.server_name().map(|n| n.to_ascii_lowercase());
-        if let (Some(name), false) = (name, challenge) {
-            if !self.certs.covers(&name) {
+        match (name, challenge) {
+            (Some(name), false) if !self.certs.covers(&name) => {
                 self.obtain(&name).await;
             }
+            (Some(name), true) if !self.certs.has_own_alpn_challenge(&name) => {
+                self.borrow_alpn_challenge(name).await;
+            }
+            _ => {}
         }
         start.into_stream(settings).await
+    }
+
+    /// Takes up another node's TLS-ALPN-01 challenge for `name` (or lets go of one it closed)
+    /// from the state directory, within `ALPN_LOOKUP_TIME`.
+    async fn borrow_alpn_challenge(&self, name: String) {
+        let (certs, lookups) = (self.certs.clone(), self.alpn_lookups.clone());
+        let _ = tokio::time::timeout(ALPN_LOOKUP_TIME, async move {
+            // The place is held by the read itself, so one that outlives the wait still counts.
+            let place = lookups.acquire_owned().await.ok()?;
+            tokio::task::spawn_blocking(move || {
+                certs.borrow_alpn_challenge(&name);
+                drop(place);
+            })
+            .await
+            .ok()
+        })
+        .await;
     }
 
     /// On-demand issuance for `name`; true when a certificate for it is held afterwards.

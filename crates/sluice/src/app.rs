@@ -426,8 +426,8 @@ impl Handler for App {
     }
 
     #[cfg(feature = "acme")]
-    fn on_demand(&self) -> Option<Arc<crate::acme::Acme>> {
-        self.acme.clone().filter(|a| a.on_demand())
+    fn acme_acceptor(&self) -> Option<Arc<crate::acme::Acme>> {
+        self.acme.clone().filter(|a| a.reads_hellos())
     }
 
     #[cfg(feature = "reverse")]

@@ -819,10 +819,11 @@ impl<H: Handler> Conn<H> {
         let watch = SendWatch::of(&stream);
         let limit = self.timeouts.tls_handshake;
         #[cfg(feature = "acme")]
-        let acme = self.handler.on_demand();
+        let acme = self.handler.acme_acceptor();
         let handshake = async move {
             let stream = tls::Framed::new(stream);
-            // On-demand issuance reads the ClientHello first and may order a certificate.
+            // Automatic HTTPS reads the ClientHello first: it may order a certificate on demand,
+            // or take up another node's TLS-ALPN-01 challenge.
             #[cfg(feature = "acme")]
             if let Some(acme) = acme {
                 return acme.accept(stream, settings).await;

@@ -508,15 +508,26 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
 /// that node answers it from the directory. The answer files go when the order is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http01_is_answered_by_a_node_that_did_not_place_the_order() {
+    another_node_answers("http-01").await;
+}
+
+/// The same for TLS-ALPN-01: Pebble validates on node b's TLS listener only, and node b builds
+/// the challenge certificate from the digest node a recorded in the directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_alpn01_is_answered_by_a_node_that_did_not_place_the_order() {
+    another_node_answers("tls-alpn-01").await;
+}
+
+async fn another_node_answers(challenge: &str) {
     let t = setup();
     let dns = ChallSrv::start(t.dir.path());
-    let (a_http, b_http) = (free_port(), free_port());
+    let (a_http, b_http, b_tls) = (free_port(), free_port(), free_port());
     let pebble = Pebble::start(
         t.dir.path(),
         t.ca.clone(),
         PebbleOptions {
             http_port: b_http,
-            tls_port: free_port(),
+            tls_port: b_tls,
             dns: dns.dns,
             validity_secs: 7_776_000,
             always_valid: false,
@@ -524,18 +535,23 @@ async fn http01_is_answered_by_a_node_that_did_not_place_the_order() {
         },
     );
     let state = t.dir.path().join("state");
+    let listen = |port: u16| match challenge {
+        "http-01" => format!("http_listen = [\"127.0.0.1:{port}\"]\n"),
+        _ => String::new(),
+    };
     // Node b orders nothing: no names, and on demand only for a name no handshake asks for.
     let (ask, asked) = ask_server("nobody.acme.test").await;
     let b = Sluice::start(
         t.dir.path(),
         "node-b",
-        free_port(),
+        b_tls,
         &acme_section(
             &pebble,
             &state,
             &format!(
-                "challenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{b_http}\"]\n\
-                 [acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n"
+                "challenges = [\"{challenge}\"]\n{}\
+                 [acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n",
+                listen(b_http)
             ),
         ),
     );
@@ -547,11 +563,13 @@ async fn http01_is_answered_by_a_node_that_did_not_place_the_order() {
             &pebble,
             &state,
             &format!(
-                "names = [\"web.acme.test\"]\nchallenges = [\"http-01\"]\nhttp_listen = [\"127.0.0.1:{a_http}\"]"
+                "names = [\"web.acme.test\"]\nchallenges = [\"{challenge}\"]\n{}",
+                listen(a_http)
             ),
         ),
     );
     let root = pebble.root().await;
+    // (Pebble validates on node b's listeners alone: the order's success is b's answer.)
     let chain = wait_for_cert(&a, "web.acme.test", &[&root], Duration::from_secs(30)).await;
     let m = metrics(&a, "web.acme.test", &root).await;
     assert_eq!(
@@ -559,25 +577,26 @@ async fn http01_is_answered_by_a_node_that_did_not_place_the_order() {
         Some(1.0),
         "{m}"
     );
-    // (Pebble validated on node b's listener alone: the order's success is b's answer.)
     // Node b serves the certificate too, from the directory, without asking anyone.
     let from_b = handshake(b.tls, "web.acme.test", &[&root]).await.unwrap();
     assert_eq!(from_b[0], chain[0]);
     assert_eq!(asked.load(Ordering::Relaxed), 0);
-    // The order's answer files are gone with it.
-    let left: Vec<_> = std::fs::read_dir(state.join("http-01"))
+    // The order's records are gone with it.
+    let left: Vec<_> = std::fs::read_dir(state.join(challenge))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    // A token no node holds is a 404 on either listener.
-    for port in [a_http, b_http] {
-        let reply = raw(
-            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-            b"GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        )
-        .await;
-        assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+    if challenge == "http-01" {
+        // A token no node holds is a 404 on either listener.
+        for port in [a_http, b_http] {
+            let reply = raw(
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                b"GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+            .await;
+            assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+        }
     }
 }
 

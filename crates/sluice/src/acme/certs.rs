@@ -1,5 +1,5 @@
 //! The certificates held in memory: issued ones by name (what the SNI resolver serves), the
-//! TLS-ALPN-01 challenge certificates, and the HTTP-01 key authorizations by token (also
+//! TLS-ALPN-01 challenge certificates, and the HTTP-01 key authorizations by token (both also
 //! recorded in the state directory, where other nodes read them).
 
 use std::collections::HashMap;
@@ -46,6 +46,9 @@ pub struct Certs {
     static_names: RwLock<(Vec<String>, Vec<String>)>,
     issued: RwLock<HashMap<String, Arc<Held>>>,
     alpn_challenges: Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    /// Challenge certificates built from another node's records (digest and certificate), by
+    /// name; refreshed or dropped at each validation handshake for the name.
+    borrowed_alpn: Mutex<HashMap<String, Borrowed>>,
     http_tokens: Mutex<HashMap<String, String>>,
     /// The state directory the HTTP-01 answers are shared through, when there is one.
     store: Option<Store>,
@@ -58,6 +61,7 @@ impl Default for Certs {
             static_names: RwLock::default(),
             issued: RwLock::default(),
             alpn_challenges: Mutex::default(),
+            borrowed_alpn: Mutex::default(),
             http_tokens: Mutex::default(),
             store: None,
         }
@@ -123,37 +127,106 @@ impl Certs {
         Ok(())
     }
 
-    /// The TLS-ALPN-01 certificate for `server_name`, while its challenge is open.
+    /// The TLS-ALPN-01 certificate for `server_name`, while its challenge is open here or
+    /// (borrowed) on another node sharing the state directory.
     pub fn alpn_challenge(&self, server_name: &str) -> Option<Arc<CertifiedKey>> {
-        let open = self
+        let own = self
             .alpn_challenges
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        open.get(server_name).cloned()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(server_name)
+            .cloned();
+        own.or_else(|| {
+            let borrowed = self.borrowed_alpn.lock().unwrap_or_else(|e| e.into_inner());
+            borrowed.get(server_name).map(|(_, c)| c.clone())
+        })
     }
 
-    /// Opens a TLS-ALPN-01 challenge: a self-signed certificate for `name` carrying the
-    /// `acmeIdentifier` extension with the key authorization's SHA-256 (RFC 8737 section 3).
-    pub fn open_alpn_challenge(&self, name: &str, digest: &[u8]) -> anyhow::Result<()> {
+    /// Whether this process has a TLS-ALPN-01 challenge open for `name`.
+    pub fn has_own_alpn_challenge(&self, name: &str) -> bool {
+        self.alpn_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(name)
+    }
+
+    /// A self-signed certificate for `name` carrying the `acmeIdentifier` extension with the
+    /// key authorization's SHA-256 (RFC 8737 section 3).
+    fn alpn_certificate(&self, name: &str, digest: &[u8]) -> anyhow::Result<Arc<CertifiedKey>> {
         let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
         params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
         let key = rcgen::KeyPair::generate()?;
         let cert = params.self_signed(&key)?;
         let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let signer = self.provider.key_provider.load_private_key(der)?;
-        let certified = CertifiedKey::new(vec![cert.der().clone()], signer);
+        Ok(Arc::new(CertifiedKey::new(
+            vec![cert.der().clone()],
+            signer,
+        )))
+    }
+
+    /// Opens a TLS-ALPN-01 challenge for `name`; with a state directory, records it there for
+    /// the other nodes (a file write: call it off the runtime's threads).
+    pub fn open_alpn_challenge(&self, name: &str, digest: &[u8]) -> anyhow::Result<()> {
+        let certified = self.alpn_certificate(name, digest)?;
         self.alpn_challenges
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string(), Arc::new(certified));
+            .insert(name.to_string(), certified);
+        if let Some(store) = &self.store {
+            if let Err(e) = store.write_alpn_digest(name, digest) {
+                // This node still answers; others behind the same address do not.
+                tracing::warn!(%name, error = %e, "acme: TLS-ALPN-01 challenge not shared in the state directory");
+            }
+        }
         Ok(())
     }
 
+    /// Closes a TLS-ALPN-01 challenge (a file removal with a state directory: call it off the
+    /// runtime's threads).
     pub fn close_alpn_challenge(&self, name: &str) {
         self.alpn_challenges
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
+        if let Some(store) = &self.store {
+            store.remove_alpn_digest(name);
+        }
+    }
+
+    /// Takes up (or lets go of) another node's open TLS-ALPN-01 challenge for `name` from the
+    /// state directory, before a validation handshake for it is answered. Reads a file: call it
+    /// off the runtime's threads. At most `MAX_BORROWED` names are held at once.
+    pub fn borrow_alpn_challenge(&self, name: &str) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let Some(digest) = store.read_alpn_digest(name) else {
+            self.borrowed_alpn
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(name);
+            return;
+        };
+        let current = {
+            let borrowed = self.borrowed_alpn.lock().unwrap_or_else(|e| e.into_inner());
+            if borrowed.len() >= MAX_BORROWED && !borrowed.contains_key(name) {
+                return;
+            }
+            borrowed.get(name).is_some_and(|(d, _)| *d == digest)
+        };
+        if current {
+            return;
+        }
+        match self.alpn_certificate(name, &digest) {
+            Ok(certified) => {
+                self.borrowed_alpn
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.to_string(), (digest, certified));
+            }
+            Err(e) => tracing::warn!(%name, error = %e, "acme: TLS-ALPN-01 certificate not built"),
+        }
     }
 
     /// The HTTP-01 answer for `token`, while this process's challenge is open.
@@ -200,6 +273,13 @@ impl Certs {
         }
     }
 }
+
+/// Another node's TLS-ALPN-01 challenge: the recorded digest and the certificate built from it.
+type Borrowed = (Vec<u8>, Arc<CertifiedKey>);
+
+/// Challenge certificates borrowed from other nodes held at once; a further name gets no
+/// answer until one is let go (orders are few: each node's `orders_per_hour` bounds them).
+const MAX_BORROWED: usize = 256;
 
 /// Reads a stored bundle: the certificate chain, then the private key.
 fn parse_bundle(

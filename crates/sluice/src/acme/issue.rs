@@ -152,7 +152,11 @@ impl Issuer {
                     let _ =
                         tokio::task::spawn_blocking(move || certs.close_http_token(&token)).await;
                 }
-                Opened::Alpn(name) => self.certs.close_alpn_challenge(&name),
+                Opened::Alpn(name) => {
+                    let certs = self.certs.clone();
+                    let _ = tokio::task::spawn_blocking(move || certs.close_alpn_challenge(&name))
+                        .await;
+                }
                 Opened::Dns(name, value) => {
                     if let Some(dns) = &self.dns {
                         if let Err(e) = dns.remove_txt(&name, &value).await {
@@ -219,10 +223,13 @@ impl Issuer {
                     .await;
                 }
                 Challenge::TlsAlpn01 => {
-                    self.certs
-                        .open_alpn_challenge(&domain, key_auth.digest().as_ref())
-                        .map_err(|e| OrderError::Setup(e.to_string()))?;
                     opened.push(Opened::Alpn(domain.clone()));
+                    let (certs, name) = (self.certs.clone(), domain.clone());
+                    let digest = key_auth.digest().as_ref().to_vec();
+                    tokio::task::spawn_blocking(move || certs.open_alpn_challenge(&name, &digest))
+                        .await
+                        .map_err(|e| OrderError::Setup(e.to_string()))?
+                        .map_err(|e| OrderError::Setup(e.to_string()))?;
                 }
                 Challenge::Dns01 => {
                     let dns = self

@@ -1,7 +1,7 @@
 //! The state directory: the account, one PEM file per name (chain then key, replaced atomically),
 //! a lock file per name so two nodes sharing the directory never order one name at once, and the
-//! HTTP-01 answers of open challenges, so any node sharing it (or the next process after a binary
-//! upgrade) answers a validation another placed.
+//! answers of open HTTP-01 and TLS-ALPN-01 challenges, so any node sharing it (or the next process
+//! after a binary upgrade) answers a validation another placed.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -12,6 +12,9 @@ use std::time::SystemTime;
 
 /// The folder of open HTTP-01 challenges' answers, a file per token.
 const HTTP01: &str = "http-01";
+
+/// The folder of open TLS-ALPN-01 challenges, a file per name.
+const TLS_ALPN01: &str = "tls-alpn-01";
 
 /// The longest token looked up (Let's Encrypt's are 43 characters).
 const MAX_TOKEN: usize = 128;
@@ -32,20 +35,22 @@ pub struct NameLock {
 }
 
 impl Store {
-    /// Opens (creating) the directory and its `certs/`, `locks/` and `http-01/` folders,
-    /// owner-only. HTTP-01 answers left by a process that ended mid-order (a day old: an order
-    /// times out long before) are removed.
+    /// Opens (creating) the directory and its `certs/`, `locks/`, `http-01/` and `tls-alpn-01/`
+    /// folders, owner-only. Challenge answers left by a process that ended mid-order (a day
+    /// old: an order times out long before) are removed.
     pub fn open(root: &Path) -> std::io::Result<Store> {
         for dir in [
             root.to_path_buf(),
             root.join("certs"),
             root.join("locks"),
             root.join(HTTP01),
+            root.join(TLS_ALPN01),
         ] {
             fs::create_dir_all(&dir)?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
         }
-        if let Ok(entries) = fs::read_dir(root.join(HTTP01)) {
+        for entries in [HTTP01, TLS_ALPN01].map(|d| fs::read_dir(root.join(d))) {
+            let Ok(entries) = entries else { continue };
             for e in entries.flatten() {
                 let old = e
                     .metadata()
@@ -92,6 +97,49 @@ impl Store {
     /// Removes a closed challenge's answer.
     pub fn remove_http_token(&self, token: &str) {
         if let Some(path) = self.http_token_path(token) {
+            let _ = fs::remove_file(path);
+        }
+    }
+
+    /// The file of a TLS-ALPN-01 challenge for `name`; `None` unless `name` is a plain
+    /// lowercase DNS name (what the handshake's server name is), so it names no other file.
+    fn alpn_path(&self, name: &str) -> Option<PathBuf> {
+        let well_formed = (1..=253).contains(&name.len())
+            && !name.starts_with('.')
+            && !name.contains("..")
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        well_formed.then(|| self.root.join(TLS_ALPN01).join(name))
+    }
+
+    /// Records an open TLS-ALPN-01 challenge for `name`: the key authorization's SHA-256, from
+    /// which any node builds the challenge certificate.
+    pub fn write_alpn_digest(&self, name: &str, digest: &[u8]) -> std::io::Result<()> {
+        let path = self.alpn_path(name).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a DNS name")
+        })?;
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        write_atomic(&path, hex.as_bytes())
+    }
+
+    /// The digest another node (or an earlier process) recorded for `name`, if any.
+    pub fn read_alpn_digest(&self, name: &str) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let file = File::open(self.alpn_path(name)?).ok()?;
+        let mut hex = String::new();
+        file.take(64).read_to_string(&mut hex).ok()?;
+        if hex.len() != 64 {
+            return None;
+        }
+        (0..32)
+            .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect()
+    }
+
+    /// Removes a closed TLS-ALPN-01 challenge's record.
+    pub fn remove_alpn_digest(&self, name: &str) {
+        if let Some(path) = self.alpn_path(name) {
             let _ = fs::remove_file(path);
         }
     }
@@ -265,5 +313,37 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         assert!(store.read_http_token("old").is_none());
         assert_eq!(store.read_http_token("new").unwrap(), "new.thumb");
+    }
+
+    #[test]
+    fn tls_alpn01_digests_by_name_and_only_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let digest: Vec<u8> = (0..32).collect();
+        store.write_alpn_digest("a.example.com", &digest).unwrap();
+        let other = Store::open(dir.path()).unwrap();
+        assert_eq!(other.read_alpn_digest("a.example.com").unwrap(), digest);
+        for bad in [
+            "../x",
+            "..",
+            "",
+            "a/b",
+            "A.example.com",
+            ".a",
+            "a..b",
+            "*.a.com",
+        ] {
+            assert!(other.read_alpn_digest(bad).is_none(), "{bad}");
+            assert!(store.write_alpn_digest(bad, &digest).is_err(), "{bad}");
+        }
+        // A file that is not 64 hex digits is no digest.
+        std::fs::write(
+            dir.path().join("tls-alpn-01/b.example.com"),
+            "zz".repeat(32),
+        )
+        .unwrap();
+        assert!(other.read_alpn_digest("b.example.com").is_none());
+        store.remove_alpn_digest("a.example.com");
+        assert!(other.read_alpn_digest("a.example.com").is_none());
     }
 }

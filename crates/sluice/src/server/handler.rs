@@ -54,10 +54,10 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
-    /// Automatic HTTPS with on-demand issuance on: it completes TLS handshakes itself (reading
-    /// the ClientHello first).
+    /// Automatic HTTPS that completes TLS handshakes itself, reading the ClientHello first (for
+    /// on-demand issuance, and TLS-ALPN-01 validations of other nodes' orders).
     #[cfg(feature = "acme")]
-    fn on_demand(&self) -> Option<std::sync::Arc<crate::acme::Acme>> {
+    fn acme_acceptor(&self) -> Option<std::sync::Arc<crate::acme::Acme>> {
         None
     }
 
