@@ -597,6 +597,41 @@ async fn another_node_answers(challenge: &str) {
             .await;
             assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
         }
+    } else {
+        // With the order closed, a validation handshake for the name gets nothing from node b
+        // (the challenge it took up went with the record) ...
+        assert!(acme_tls_handshake(b.tls, "web.acme.test").await.is_err());
+        // A record another node wrote is answered with a certificate carrying its digest (the
+        // acmeIdentifier extension, RFC 8737 §3), and no longer once the record is gone.
+        let digest: Vec<u8> = (1..=32).collect();
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let record = state.join("tls-alpn-01/other.acme.test");
+        std::fs::write(&record, hex).unwrap();
+        let leaf = acme_tls_handshake(b.tls, "other.acme.test").await.unwrap();
+        let (_, leaf) = x509_parser::parse_x509_certificate(&leaf).unwrap();
+        let id = leaf
+            .extensions()
+            .iter()
+            .find(|e| e.oid.to_id_string() == "1.3.6.1.5.5.7.1.31")
+            .expect("acmeIdentifier");
+        assert_eq!(id.value, [&[0x04, 32][..], &digest].concat());
+        std::fs::remove_file(&record).unwrap();
+        assert!(acme_tls_handshake(b.tls, "other.acme.test").await.is_err());
+        // ... and a flood of validation handshakes for made-up names, each a look-up in the
+        // directory, gets nothing either while real clients are served on.
+        let flood: Vec<_> = (0..64)
+            .map(|i| {
+                let addr = b.tls;
+                tokio::spawn(async move {
+                    acme_tls_handshake(addr, &format!("made-up-{i}.acme.test")).await
+                })
+            })
+            .collect();
+        for f in flood {
+            assert!(f.await.unwrap().is_err());
+        }
+        let again = handshake(b.tls, "web.acme.test", &[&root]).await.unwrap();
+        assert_eq!(again[0], chain[0]);
     }
 }
 
