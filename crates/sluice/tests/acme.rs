@@ -539,8 +539,14 @@ async fn another_node_answers(challenge: &str) {
         "http-01" => format!("http_listen = [\"127.0.0.1:{port}\"]\n"),
         _ => String::new(),
     };
-    // Node b orders nothing: no names, and on demand only for a name no handshake asks for.
+    // With HTTP-01, node b orders nothing: no names, and on demand only for a name no handshake
+    // asks for. With TLS-ALPN-01, node b has a name of its own and no on-demand issuance: the
+    // challenge alone has it read ClientHellos.
     let (ask, asked) = ask_server("nobody.acme.test").await;
+    let b_names = match challenge {
+        "http-01" => format!("[acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n"),
+        _ => "names = [\"own.acme.test\"]\n".to_string(),
+    };
     let b = Sluice::start(
         t.dir.path(),
         "node-b",
@@ -549,8 +555,7 @@ async fn another_node_answers(challenge: &str) {
             &pebble,
             &state,
             &format!(
-                "challenges = [\"{challenge}\"]\n{}\
-                 [acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n",
+                "challenges = [\"{challenge}\"]\n{}{b_names}",
                 listen(b_http)
             ),
         ),
@@ -577,10 +582,16 @@ async fn another_node_answers(challenge: &str) {
         Some(1.0),
         "{m}"
     );
-    // Node b serves the certificate too, from the directory, without asking anyone.
-    let from_b = handshake(b.tls, "web.acme.test", &[&root]).await.unwrap();
-    assert_eq!(from_b[0], chain[0]);
-    assert_eq!(asked.load(Ordering::Relaxed), 0);
+    let mut own = Vec::new();
+    if challenge == "http-01" {
+        // Node b serves the certificate too, from the directory, without asking anyone.
+        let from_b = handshake(b.tls, "web.acme.test", &[&root]).await.unwrap();
+        assert_eq!(from_b[0], chain[0]);
+        assert_eq!(asked.load(Ordering::Relaxed), 0);
+    } else {
+        // Node b's own order, answered by itself.
+        own = wait_for_cert(&b, "own.acme.test", &[&root], Duration::from_secs(30)).await;
+    }
     // The order's records are gone with it.
     let left: Vec<_> = std::fs::read_dir(state.join(challenge))
         .unwrap()
@@ -630,8 +641,8 @@ async fn another_node_answers(challenge: &str) {
         for f in flood {
             assert!(f.await.unwrap().is_err());
         }
-        let again = handshake(b.tls, "web.acme.test", &[&root]).await.unwrap();
-        assert_eq!(again[0], chain[0]);
+        let again = handshake(b.tls, "own.acme.test", &[&root]).await.unwrap();
+        assert_eq!(again[0], own[0]);
     }
 }
 

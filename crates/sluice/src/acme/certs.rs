@@ -138,7 +138,7 @@ impl Certs {
             .cloned();
         own.or_else(|| {
             let borrowed = self.borrowed_alpn.lock().unwrap_or_else(|e| e.into_inner());
-            borrowed.get(server_name).map(|(_, c)| c.clone())
+            borrowed.get(server_name).map(|(_, c, _)| c.clone())
         })
     }
 
@@ -196,7 +196,9 @@ impl Certs {
 
     /// Takes up (or lets go of) another node's open TLS-ALPN-01 challenge for `name` from the
     /// state directory, before a validation handshake for it is answered. Reads a file: call it
-    /// off the runtime's threads. At most `MAX_BORROWED` names are held at once.
+    /// off the runtime's threads. At most `MAX_BORROWED` names are held at once: past it, the
+    /// one taken up longest ago goes (a CA validates a name within minutes, then not again
+    /// until its renewal, so an entry left behind is never looked at again).
     pub fn borrow_alpn_challenge(&self, name: &str) {
         let Some(store) = &self.store else {
             return;
@@ -210,20 +212,25 @@ impl Certs {
         };
         let current = {
             let borrowed = self.borrowed_alpn.lock().unwrap_or_else(|e| e.into_inner());
-            if borrowed.len() >= MAX_BORROWED && !borrowed.contains_key(name) {
-                return;
-            }
-            borrowed.get(name).is_some_and(|(d, _)| *d == digest)
+            borrowed.get(name).is_some_and(|(d, _, _)| *d == digest)
         };
         if current {
             return;
         }
         match self.alpn_certificate(name, &digest) {
             Ok(certified) => {
-                self.borrowed_alpn
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(name.to_string(), (digest, certified));
+                let mut borrowed = self.borrowed_alpn.lock().unwrap_or_else(|e| e.into_inner());
+                if borrowed.len() >= MAX_BORROWED && !borrowed.contains_key(name) {
+                    let oldest = borrowed
+                        .iter()
+                        .min_by_key(|(_, (_, _, at))| *at)
+                        .map(|(n, _)| n.clone());
+                    if let Some(oldest) = oldest {
+                        borrowed.remove(&oldest);
+                    }
+                }
+                let now = std::time::Instant::now();
+                borrowed.insert(name.to_string(), (digest, certified, now));
             }
             Err(e) => tracing::warn!(%name, error = %e, "acme: TLS-ALPN-01 certificate not built"),
         }
@@ -274,11 +281,12 @@ impl Certs {
     }
 }
 
-/// Another node's TLS-ALPN-01 challenge: the recorded digest and the certificate built from it.
-type Borrowed = (Vec<u8>, Arc<CertifiedKey>);
+/// Another node's TLS-ALPN-01 challenge: the recorded digest, the certificate built from it,
+/// and when it was taken up.
+type Borrowed = (Vec<u8>, Arc<CertifiedKey>, std::time::Instant);
 
-/// Challenge certificates borrowed from other nodes held at once; a further name gets no
-/// answer until one is let go (orders are few: each node's `orders_per_hour` bounds them).
+/// Challenge certificates borrowed from other nodes held at once; a further name takes the
+/// place of the one taken up longest ago.
 const MAX_BORROWED: usize = 256;
 
 /// Reads a stored bundle: the certificate chain, then the private key.
@@ -355,5 +363,45 @@ mod tests {
         assert_eq!(certs.http_token("tok").unwrap(), "tok.thumb");
         certs.close_http_token("tok");
         assert!(certs.http_token("tok").is_none());
+    }
+
+    /// Another node's challenges, through one state directory: taken up while recorded, own
+    /// ones first, let go with the record, and at most `MAX_BORROWED` held (the oldest goes).
+    #[test]
+    fn borrowed_challenges_follow_the_records_and_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (
+            Certs::sharing(Store::open(dir.path()).unwrap()),
+            Certs::sharing(Store::open(dir.path()).unwrap()),
+        );
+        theirs.open_alpn_challenge("b.test", &[1; 32]).unwrap();
+        ours.borrow_alpn_challenge("b.test");
+        let borrowed = ours.alpn_challenge("b.test").unwrap();
+        ours.borrow_alpn_challenge("b.test");
+        assert!(Arc::ptr_eq(
+            &borrowed,
+            &ours.alpn_challenge("b.test").unwrap()
+        ));
+        // An own challenge for the name is served before the borrowed one.
+        ours.open_alpn_challenge("b.test", &[2; 32]).unwrap();
+        assert!(!Arc::ptr_eq(
+            &borrowed,
+            &ours.alpn_challenge("b.test").unwrap()
+        ));
+        ours.close_alpn_challenge("b.test");
+        theirs.close_alpn_challenge("b.test");
+        ours.borrow_alpn_challenge("b.test");
+        assert!(ours.alpn_challenge("b.test").is_none());
+        // The bound.
+        for i in 0..=MAX_BORROWED {
+            let name = format!("n{i}.test");
+            theirs.open_alpn_challenge(&name, &[3; 32]).unwrap();
+            ours.borrow_alpn_challenge(&name);
+        }
+        assert_eq!(ours.borrowed_alpn.lock().unwrap().len(), MAX_BORROWED);
+        assert!(ours.alpn_challenge("n0.test").is_none());
+        assert!(ours
+            .alpn_challenge(&format!("n{MAX_BORROWED}.test"))
+            .is_some());
     }
 }

@@ -213,7 +213,9 @@ impl Issuer {
             let key_auth = challenge.key_authorization();
             match kind {
                 Challenge::Http01 => {
-                    // Pushed first: a cancel while the file is written still closes it.
+                    // Pushed first, so the close runs even when the order times out during
+                    // the write. (A write still running then may finish after the close and
+                    // leave its record behind: the start-up sweep takes it.)
                     opened.push(Opened::Http(challenge.token.clone()));
                     let (certs, token) = (self.certs.clone(), challenge.token.clone());
                     let key_auth = key_auth.as_str().to_string();

@@ -231,9 +231,15 @@ pub fn well_formed_token(token: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Writes a sibling temporary file, syncs it, and renames it over `path`.
+/// Writes a sibling temporary file, syncs it, and renames it over `path`. The temporary name is
+/// the whole file name with a random suffix: two writes (of two names that differ in their last
+/// label, or by two nodes whose processes have the same pid) never share one.
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut salt = [0u8; 8];
+    getrandom::getrandom(&mut salt).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", u64::from_le_bytes(salt)));
+    let tmp = PathBuf::from(tmp);
     let mut f = OpenOptions::new()
         .create(true)
         .truncate(true)
