@@ -1015,6 +1015,17 @@ async fn a_client_goaway_ends_the_connection_once_streams_without_heads_are_give
         .as_f64()
         .unwrap_or_else(|| panic!("the connection outlived the client's GOAWAY: {r}"));
     assert!((2.0..6.0).contains(&at), "closed at {at} s: {r}");
+    // The server's GOAWAY before the close names the first stream it did not process: past every
+    // stream the client opened (each answered, or ended by the server itself), so none is named
+    // as one the client may send again.
+    let last = bare.iter().filter_map(|b| b["id"].as_u64()).max().unwrap();
+    let goaway = r["goaway_id"][0]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no GOAWAY before the close: {r}"));
+    assert!(
+        goaway > last,
+        "GOAWAY {goaway} names a stream that was processed: {r}"
+    );
 }
 
 /// A first flight carrying 0-RTT requests whose handshake is never finished (an abandoned or

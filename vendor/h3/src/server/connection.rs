@@ -133,8 +133,11 @@ where
             ),
             None => {
                 // We always send a last GoAway frame to the client, so it knows which was the last
-                // non-rejected request.
-                self.shutdown(0).await?;
+                // non-rejected request. Its id is the first stream not processed (RFC 9114
+                // §5.2): the one after the last accepted, which was; `shutdown(0)` named that
+                // one itself, as if it had not been, and after a GOAWAY of the next id sent a
+                // second, lower one.
+                self.shutdown(1).await?;
                 return Ok(None);
             }
         };
