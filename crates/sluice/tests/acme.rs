@@ -12,6 +12,7 @@
 
 mod acme_support;
 mod h3_support;
+mod trust_anything;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,6 +7,7 @@
 mod h3_support;
 mod reverse_support;
 mod self_signed;
+mod trust_anything;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -479,53 +480,10 @@ async fn http3_streams_on_the_fast_exchange_match_the_hyper_path() {
 /// answers to `GET path`.
 async fn https_get(addr: SocketAddr, alpn: &[u8], path: &str) -> Response<Incoming> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    #[derive(Debug)]
-    struct Anything;
-    impl rustls::client::danger::ServerCertVerifier for Anything {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(Anything))
-    .with_no_client_auth();
-    tls.alpn_protocols = vec![alpn.to_vec()];
+    let tls = trust_anything::config(&[alpn]);
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("h3.test").unwrap();
-    let io = tokio_rustls::TlsConnector::from(Arc::new(tls))
+    let io = tokio_rustls::TlsConnector::from(tls)
         .connect(name, tcp)
         .await
         .unwrap();

@@ -445,50 +445,8 @@ pub async fn handshake(
 /// certificate served is taken whatever it is (a CA checks its `acmeIdentifier`, not its
 /// issuer). The leaf, or why there was none.
 pub async fn acme_tls_handshake(addr: SocketAddr, name: &str) -> Result<Vec<u8>, String> {
-    #[derive(Debug)]
-    struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
-    impl rustls::client::danger::ServerCertVerifier for AnyCert {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        // Not checked either: webpki refuses to parse a certificate with the critical
-        // acmeIdentifier extension, which is the point of a challenge certificate.
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"acme-tls/1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector =
+        tokio_rustls::TlsConnector::from(crate::trust_anything::config(&[b"acme-tls/1"]));
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
