@@ -130,10 +130,21 @@ impl H3Sluice {
         c.server.http3.enabled = true;
         edit(&mut c);
         c.validate().unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let app = App::new(&c).unwrap();
-        let server = Server::from_listeners(vec![listener], &c.server, app.clone()).unwrap();
+        // QUIC takes the UDP port of the TCP port the kernel picked; another socket may hold
+        // that UDP port already (a client's, another test's): then another pick.
+        let mut tries = 0;
+        let (addr, server) = loop {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            match Server::from_listeners(vec![listener], &c.server, app.clone()) {
+                Ok(server) => break (addr, server),
+                Err(e) if tries < 20 && format!("{e:#}").contains("Address already in use") => {
+                    tries += 1;
+                }
+                Err(e) => panic!("{e:#}"),
+            }
+        };
         let (tx, rx) = oneshot::channel();
         let done = tokio::spawn(server.run(async {
             let _ = rx.await;
@@ -1085,21 +1096,35 @@ async fn spawn_sluice(text: &str, dir: &tempfile::TempDir) -> (tokio::process::C
     let text = text.replace("[server]", "[server]\nlisten = [\"127.0.0.1:0\"]");
     std::fs::write(&conf, text).unwrap();
     let log = dir.path().join("log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(&conf)
-        .env("RUST_LOG", "info")
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    // A fresh log each time: the start is read from it.
+    let spawn = || {
+        let out = std::fs::File::create(&log).unwrap();
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config"])
+            .arg(&conf)
+            .env("RUST_LOG", "info")
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn();
+    let mut tries = 0;
     for _ in 0..300 {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if let Some(line) = text.lines().find(|l| l.contains("HTTP/3 listening")) {
             let addr = line.rsplit("addr=").next().unwrap().trim();
             return (child, addr.parse().unwrap());
+        }
+        // The UDP port of the TCP port the kernel picked was taken (a client's, another
+        // test's): start again, the kernel picks another.
+        if tries < 5
+            && text.contains("Address already in use")
+            && child.try_wait().unwrap().is_some()
+        {
+            tries += 1;
+            child = spawn();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
