@@ -431,7 +431,9 @@ impl Inner {
     /// [`Inner::join_or_start`] for a miss's first slice: `None` when the object the miss was
     /// for is in the index by now (its fill ended between the caller's lookup and this call;
     /// a writer indexes the object before it leaves the map), so the caller serves it as a hit
-    /// instead of fetching the slice again.
+    /// instead of fetching the slice again; or when the URL has been marked to pass since (a
+    /// fill found it uncacheable), so the caller passes the request on as it is instead of
+    /// starting a fill that would only pass too.
     fn join_or_start_miss(
         self: &Arc<Self>,
         key: SliceKey,
@@ -446,7 +448,7 @@ impl Inner {
         if !map.contains_key(&key)
             && matches!(
                 self.index.lookup(primary, req, std::time::Instant::now()),
-                index::Lookup::Hit(_)
+                index::Lookup::Hit(_) | index::Lookup::Pass
             )
         {
             return None;

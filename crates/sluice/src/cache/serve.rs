@@ -401,7 +401,8 @@ impl Inner {
             });
             let Some((fill, created)) = joined else {
                 // Stored since this request looked (on a loaded machine the thread can be
-                // preempted for milliseconds in between): a hit, not a second fetch.
+                // preempted for milliseconds in between): a hit, not a second fetch. Or marked
+                // to pass since: passed on as it is, not fetched as a slice.
                 return Box::pin(self.serve(parts, key, origin, policy)).await;
             };
             let mut reader = fill.reader();

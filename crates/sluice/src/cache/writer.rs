@@ -609,6 +609,27 @@ mod tests {
         assert!(!inner.inflight.lock().unwrap().contains_key(&key));
     }
 
+    /// A URL marked to pass (hit-for-pass) after a miss looked it up, before the miss elects a
+    /// writer: no fill starts; the miss is told to look again, and then passes.
+    #[tokio::test]
+    async fn a_miss_for_a_url_marked_to_pass_since_starts_no_fill() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&CacheConfig::default(), None, &mut registry).unwrap();
+        let inner = cache.inner.clone();
+        let key = SliceKey {
+            object: ObjectId::new("scope|/p", ""),
+            generation: 0,
+            index: 0,
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        assert!(inner.index.mark_pass("scope|/p", until).is_empty());
+        let joined = inner.join_or_start_miss(key, "scope|/p", &HeaderMap::new(), || {
+            panic!("a fill for a URL marked to pass")
+        });
+        assert!(joined.is_none());
+        assert!(inner.inflight.lock().unwrap().is_empty());
+    }
+
     #[tokio::test]
     async fn an_uncacheable_answer_leaves_the_inflight_map_before_its_waiters_are_told() {
         let mut registry = prometheus_client::registry::Registry::default();
