@@ -422,7 +422,29 @@ pub async fn handshake(
     name: &str,
     roots: &[&[u8]],
 ) -> Result<Vec<Vec<u8>>, String> {
-    let connector = tokio_rustls::TlsConnector::from(client_config(roots, &[b"http/1.1"]));
+    let chain = served_chain(addr, name, client_config(roots, &[b"http/1.1"])).await?;
+    Ok(chain)
+}
+
+/// A TLS-ALPN-01 validation handshake (ALPN `acme-tls/1`) for `name`, as a CA makes it: the
+/// certificate served is taken whatever it is (a CA checks its `acmeIdentifier`, not its
+/// issuer). The leaf, or why there was none.
+pub async fn acme_tls_handshake(addr: SocketAddr, name: &str) -> Result<Vec<u8>, String> {
+    let config = crate::trust_anything::config(&[b"acme-tls/1"]);
+    let chain = served_chain(addr, name, config).await?;
+    chain
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no certificate".to_string())
+}
+
+/// A TLS handshake to `addr` for `name` with `config` (20 s at most): the chain served.
+async fn served_chain(
+    addr: SocketAddr,
+    name: &str,
+    config: Arc<rustls::ClientConfig>,
+) -> Result<Vec<Vec<u8>>, String> {
+    let connector = tokio_rustls::TlsConnector::from(config);
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -439,29 +461,6 @@ pub async fn handshake(
         .iter()
         .map(|c| c.to_vec())
         .collect())
-}
-
-/// A TLS-ALPN-01 validation handshake (ALPN `acme-tls/1`) for `name`, as a CA makes it: the
-/// certificate served is taken whatever it is (a CA checks its `acmeIdentifier`, not its
-/// issuer). The leaf, or why there was none.
-pub async fn acme_tls_handshake(addr: SocketAddr, name: &str) -> Result<Vec<u8>, String> {
-    let connector =
-        tokio_rustls::TlsConnector::from(crate::trust_anything::config(&[b"acme-tls/1"]));
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
-    let tls = tokio::time::timeout(Duration::from_secs(20), connector.connect(name, tcp))
-        .await
-        .map_err(|_| "handshake timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    let leaf = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first().cloned());
-    leaf.map(|c| c.to_vec())
-        .ok_or_else(|| "no certificate".to_string())
 }
 
 /// Handshakes until one for `name` verifies against `roots` (or `limit` passes).
