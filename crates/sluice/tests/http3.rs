@@ -1561,6 +1561,19 @@ fn read_pid(path: &std::path::Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// A loopback port free for TCP and for UDP alike (QUIC takes the TCP listener's port): the
+/// kernel picks the TCP one from the ephemeral range, where clients' UDP sockets live too.
+fn tcp_and_udp_port() -> u16 {
+    for _ in 0..50 {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no loopback port free for TCP and UDP in 50 picks")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http3_keeps_working_across_a_binary_upgrade() {
     // The new process outlives the old one; as subreaper this test reaps it.
@@ -1570,11 +1583,7 @@ async fn http3_keeps_working_across_a_binary_upgrade() {
     let o = start_origin(seen.clone()).await;
     let cert = SelfSigned::new(&["h3.test"]);
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = tcp_and_udp_port();
     let plain = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
