@@ -50,7 +50,7 @@ pub struct Certs {
     /// name; refreshed or dropped at each validation handshake for the name.
     borrowed_alpn: Mutex<HashMap<String, Borrowed>>,
     http_tokens: Mutex<HashMap<String, String>>,
-    /// The state directory the HTTP-01 answers are shared through, when there is one.
+    /// The state directory challenges are shared through, when there is one.
     store: Option<Store>,
 }
 
@@ -69,7 +69,8 @@ impl Default for Certs {
 }
 
 impl Certs {
-    /// Certificates whose HTTP-01 answers are shared through `store`'s directory.
+    /// Certificates whose challenges (HTTP-01 and TLS-ALPN-01) are shared through `store`'s
+    /// directory with the other nodes using it.
     pub fn sharing(store: Store) -> Certs {
         Certs {
             store: Some(store),
