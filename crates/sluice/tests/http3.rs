@@ -1089,6 +1089,20 @@ fn status_bytes(pid: u32, line: &str) -> u64 {
     kb * 1024
 }
 
+/// `sluice serve --config conf` as a child process, its output in `log` (created afresh).
+fn serve_logged(conf: &std::path::Path, log: &std::path::Path) -> tokio::process::Child {
+    let out = std::fs::File::create(log).unwrap();
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(conf)
+        .env("RUST_LOG", "info")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// The sluice binary as a child process (so its memory is its own), on 127.0.0.1:0; returns it
 /// with the address its log says it bound for HTTP/3.
 async fn spawn_sluice(text: &str, dir: &tempfile::TempDir) -> (tokio::process::Child, SocketAddr) {
@@ -1097,18 +1111,7 @@ async fn spawn_sluice(text: &str, dir: &tempfile::TempDir) -> (tokio::process::C
     std::fs::write(&conf, text).unwrap();
     let log = dir.path().join("log");
     // A fresh log each time: the start is read from it.
-    let spawn = || {
-        let out = std::fs::File::create(&log).unwrap();
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config"])
-            .arg(&conf)
-            .env("RUST_LOG", "info")
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap()
-    };
+    let spawn = || serve_logged(&conf, &log);
     let mut child = spawn();
     let mut tries = 0;
     for _ in 0..300 {
@@ -1607,16 +1610,7 @@ async fn http3_keeps_working_across_a_binary_upgrade() {
     let conf = dir.path().join("sluice.toml");
     std::fs::write(&conf, text).unwrap();
     let log = dir.path().join("log");
-    let out = std::fs::File::create(&log).unwrap();
-    let mut old = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(&conf)
-        .env("RUST_LOG", "info")
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut old = serve_logged(&conf, &log);
     let old_pid = old.id().unwrap() as i32;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     for i in 0.. {

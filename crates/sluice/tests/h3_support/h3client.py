@@ -21,8 +21,8 @@ object with what happened. Plans:
       they are open; with "ping", PINGs that often); per connection: the response, or the close
       code, and whether the server offered DATAGRAM frames; when the server closed each, and
       whether it said GOAWAY first (and with which id); with "bare", each bare stream's id and
-      the server's reset code for it. With
-      "no_uni", the client grants the server no unidirectional stream; with "bare" (seconds), a
+      the server's reset code for it. With "no_uni", the client grants the server no
+      unidirectional stream; with "bare" (seconds), a
       request stream that never gets past the first bytes of its head is opened that often (with
       "bare_head", one with a whole head saying `content-length: 0` that never ends). With
       "client_goaway" (seconds), each connection sends its own GOAWAY then and opens no more
@@ -112,6 +112,8 @@ class Client(QuicConnectionProtocol):
 
     # The last close any connection saw (a refused handshake leaves no protocol to ask).
     last_terminated = None
+    # Grant the server no unidirectional stream (so it cannot open its control stream).
+    no_uni = False
     # Seconds to hold back everything the client sends after the server's first answer (so its
     # handshake's Finished): 0-RTT requests are then still early data when the server reads them.
     hold_finish = 0
@@ -129,8 +131,6 @@ class Client(QuicConnectionProtocol):
                 asyncio.get_event_loop().call_later(wait, self.transmit)
                 return
         super().transmit()
-    # Grant the server no unidirectional stream (so it cannot open its control stream).
-    no_uni = False
 
     def quic_event_received(self, event):
         if isinstance(event, ConnectionTerminated):
@@ -445,8 +445,8 @@ async def run(plan):
             out["attack"] = await ends_of(client, exs, opened, plan["secs"], 0.25)
         elif attack == "cancel":
             # The requests of `items` (as in "gets"), cancelled after `after` seconds as RFC 9114
-            # §4.1.1 says a client cancels (STOP_SENDING with H3_REQUEST_CANCELLED; the request side ended
-            # with its head already), then the connection kept up by PINGs for `secs`: each
+            # §4.1.1 says a client cancels (STOP_SENDING with H3_REQUEST_CANCELLED; the request
+            # side ended with its head already), then the connection kept up by PINGs for `secs`: each
             # stream's reset code from the server and when it came.
             exs = [client.request(plan.get("authority", "127.0.0.1"), g["path"],
                                   g.get("headers", []), g.get("method", "GET"))

@@ -24,8 +24,8 @@ pub async fn serve<H: Handler>(
     peer: SocketAddr,
 ) {
     let began = tokio::time::Instant::now();
-    let mut stop = shared.going_away.clone();
-    let (req, stream) = match resolve(resolver, shared.header_read, &mut stop).await {
+    let mut going_away = shared.going_away.clone();
+    let (req, stream) = match resolve(resolver, shared.header_read, &mut going_away).await {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
         Err(Some(e)) => {
@@ -80,7 +80,7 @@ pub async fn serve<H: Handler>(
         let settled = tokio::select! {
             biased;
             settled = tokio::time::timeout(left, body.settle()) => settled.is_ok(),
-            _ = stop.wait_for(|stopping| *stopping) => {
+            _ = going_away.wait_for(|gone| *gone) => {
                 // Draining: not processed, so the client may send it again elsewhere.
                 send.stop_stream(Code::H3_REQUEST_REJECTED);
                 return;
@@ -156,7 +156,7 @@ pub async fn serve<H: Handler>(
 async fn resolve(
     mut resolver: Box<RequestResolver<h3_quinn::Connection, Bytes>>,
     limit: Duration,
-    stop: &mut tokio::sync::watch::Receiver<bool>,
+    going_away: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<
     (
         Request<()>,
@@ -177,7 +177,7 @@ async fn resolve(
                 return Err(None);
             }
         },
-        _ = stop.wait_for(|stopping| *stopping) => {
+        _ = going_away.wait_for(|gone| *gone) => {
             resolver.frame_stream.reset(Code::H3_REQUEST_REJECTED.value());
             return Err(None);
         }
