@@ -68,8 +68,21 @@ pub fn check_fields(te: &[&[u8]], cl: &[&[u8]], http11: bool) -> Result<Framing,
             Err(FramingError::BadTransferEncoding)
         };
     }
+    Ok(match declared_length(cl.iter().copied())? {
+        Some(0) | None => Framing::None,
+        Some(n) => Framing::Length(n),
+    })
+}
+
+/// The length a request's `Content-Length` values declare: each value a comma-separated list of
+/// decimal numbers (whitespace around each allowed), every number the same; `None` for no value.
+/// A list of equal numbers is that one length (RFC 9110 §8.6), as for every protocol sluice
+/// serves; the caller forwards the one number, not the list.
+pub fn declared_length<'a>(
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Option<u64>, FramingError> {
     let mut length: Option<u64> = None;
-    for &value in cl {
+    for value in values {
         for part in value.split(|&b| b == b',') {
             let part = trim(part);
             if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
@@ -85,10 +98,7 @@ pub fn check_fields(te: &[&[u8]], cl: &[&[u8]], http11: bool) -> Result<Framing,
             }
         }
     }
-    Ok(match length {
-        Some(0) | None => Framing::None,
-        Some(n) => Framing::Length(n),
-    })
+    Ok(length)
 }
 
 fn trim(b: &[u8]) -> &[u8] {

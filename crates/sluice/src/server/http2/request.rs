@@ -28,8 +28,8 @@ pub(super) fn build(
     extended_connect: bool,
 ) -> Result<(Request<()>, Framing), Malformed> {
     let end_stream = frame.is_end_stream();
-    let (pseudo, fields) = frame.into_parts();
-    let length = content_length(&fields)?;
+    let (pseudo, mut fields) = frame.into_parts();
+    let length = content_length(&mut fields)?;
     let Pseudo {
         method,
         scheme,
@@ -109,21 +109,41 @@ pub(super) fn build(
     ))
 }
 
-/// The request's `content-length`: every value the same valid number, or none.
-fn content_length(fields: &HeaderMap) -> Result<Option<u64>, Malformed> {
-    let mut length = None;
-    for value in fields.get_all(header::CONTENT_LENGTH) {
-        let n = std::str::from_utf8(value.as_bytes())
-            .ok()
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or(Malformed("bad content-length"))?;
-        if length.is_some_and(|l| l != n) {
-            return Err(Malformed("conflicting content-length"));
+/// The request's `content-length`, read as every protocol sluice serves reads it (a list of equal
+/// numbers is that number; `sluice_http::framing::declared_length`), and left in `fields` as
+/// that one number: what this hop holds the body to is what the next one is told.
+fn content_length(fields: &mut HeaderMap) -> Result<Option<u64>, Malformed> {
+    let mut values = fields.get_all(header::CONTENT_LENGTH).iter();
+    let (Some(first), None) = (values.next(), values.next()) else {
+        if !fields.contains_key(header::CONTENT_LENGTH) {
+            return Ok(None);
         }
-        length = Some(n);
+        return normalised(fields);
+    };
+    // The common case: one plain number, kept as sent.
+    let b = first.as_bytes();
+    if !b.is_empty() && b.len() <= 19 && b.iter().all(u8::is_ascii_digit) {
+        let n = std::str::from_utf8(b).ok().and_then(|s| s.parse().ok());
+        return n.map(Some).ok_or(Malformed("bad content-length"));
     }
-    Ok(length)
+    normalised(fields)
+}
+
+/// A list, several fields or whitespace: checked, then replaced with the one number.
+fn normalised(fields: &mut HeaderMap) -> Result<Option<u64>, Malformed> {
+    use sluice_http::framing::{declared_length, FramingError};
+    let values = fields
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .map(|v| v.as_bytes());
+    let n = declared_length(values).map_err(|e| match e {
+        FramingError::ConflictingLength => Malformed("conflicting content-length"),
+        _ => Malformed("bad content-length"),
+    })?;
+    if let Some(n) = n {
+        fields.insert(header::CONTENT_LENGTH, http::HeaderValue::from(n));
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -224,13 +244,38 @@ mod tests {
         assert!(build(frame(get("/"), fields.clone(), true), false).is_err());
         fields.append(header::CONTENT_LENGTH, "6".parse().unwrap());
         assert!(build(frame(get("/"), fields, false), false).is_err());
-        for bad in ["-1", "", "1 2", "+3", "99999999999999999999999"] {
+        for bad in [
+            "-1",
+            "",
+            "1 2",
+            "+3",
+            "99999999999999999999999",
+            "5, 6",
+            "5,",
+            ",5",
+        ] {
             let mut fields = HeaderMap::new();
             fields.insert(header::CONTENT_LENGTH, bad.parse().unwrap());
             assert!(
                 build(frame(get("/"), fields, false), false).is_err(),
                 "{bad:?}"
             );
+        }
+        // A list of equal numbers, several equal fields, or spaces around the number: that one
+        // length, and the request carries it as one plain value (as HTTP/1.1 and HTTP/3 do).
+        for list in [&["5, 5"][..], &["5", "5"], &[" 5 "], &["5,5", "5"]] {
+            let mut fields = HeaderMap::new();
+            for v in list {
+                fields.append(header::CONTENT_LENGTH, v.parse().unwrap());
+            }
+            let (req, framing) = build(frame(get("/"), fields, false), false).unwrap();
+            assert_eq!(framing.length, Some(5), "{list:?}");
+            let values: Vec<_> = req
+                .headers()
+                .get_all(header::CONTENT_LENGTH)
+                .iter()
+                .collect();
+            assert_eq!(values, ["5"], "{list:?}");
         }
         let mut zero = HeaderMap::new();
         zero.insert(header::CONTENT_LENGTH, "0".parse().unwrap());
