@@ -44,6 +44,8 @@ fi
 ./scripts/check-layers-test && ./scripts/check-layers
 
 cargo test --workspace --locked "$@"
+# The patched crates under vendor/ (h2, h3, hyper, quinn) pass their own unit tests.
+./scripts/vendored-tests
 # Five minutes of every front end under mixed load with injected faults (bench/README.md, "Soak
 # and faults"); fails on a failure no fault explains or a leak. Needs root (it mounts a tmpfs).
 # Before the gateway-only tests, which rebuild target/debug/sluice without the other front ends.

@@ -566,6 +566,12 @@ mod tests {
             |cx| stream.poll_next(cx),
             Ok(Some(Frame::Data(PayloadLen(4))))
         );
+        // The byte already buffered comes first (the stream is read only when nothing is), then
+        // the end inside the frame is an error, never the body's end.
+        assert_poll_matches!(
+            |cx| to_bytes(stream.poll_data(cx)),
+            Ok(Some(b)) if b.remaining() == 1
+        );
         assert_poll_matches!(
             |cx| to_bytes(stream.poll_data(cx)),
             Err(FrameStreamError::UnexpectedEnd)

@@ -167,7 +167,9 @@ where
         }
     }
 
-    /// Initiate a graceful shutdown, accepting `max_request` potentially still in-flight
+    /// Initiate a graceful shutdown: the GOAWAY names the stream `max_requests` after the last
+    /// one accepted, the first this side will not process (RFC 9114 section 5.2), so
+    /// `shutdown(1)` takes no new request and `shutdown(2)` one more already in flight.
     ///
     /// See [connection shutdown](https://www.rfc-editor.org/rfc/rfc9114.html#connection-shutdown) for more information.
     #[cfg_attr(feature = "tracing", instrument(skip_all, level = "trace"))]
