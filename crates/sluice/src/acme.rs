@@ -220,12 +220,12 @@ impl Acme {
                 return false;
             }
             Gate::Wait(rx) => rx,
-            Gate::Start(tx) => {
+            Gate::Start(tx, place) => {
                 let rx = tx.subscribe();
                 let me = self.clone();
                 let name = name.to_string();
                 tokio::spawn(async move {
-                    let issued = me.stored_or_ordered(&name).await;
+                    let issued = me.stored_or_ordered(&name, place).await;
                     if let Some(od) = &me.on_demand {
                         od.done(&name, tx, issued);
                     }
@@ -244,8 +244,12 @@ impl Acme {
     /// An on-demand name past the gate (so a well-formed name, at most once per
     /// `per_name_secs`): another node on the same state directory may have issued it already,
     /// and its stored certificate is taken up before the ask URL or the CA is troubled; else
-    /// ask, then order.
-    async fn stored_or_ordered(self: &Arc<Self>, name: &str) -> bool {
+    /// ask, then order. `place` (one of the asks in flight) is let go once the ask has answered.
+    async fn stored_or_ordered(
+        self: &Arc<Self>,
+        name: &str,
+        place: tokio::sync::OwnedSemaphorePermit,
+    ) -> bool {
         // Off the runtime's threads: the directory may be on a network file system.
         let (me, stored) = (self.clone(), name.to_string());
         let _ = tokio::task::spawn_blocking(move || me.refresh_from_store(&stored)).await;
@@ -258,14 +262,21 @@ impl Acme {
             tracing::info!(%name, "acme: certificate another node issued on demand taken up");
             return true;
         }
-        self.ask_and_issue(name).await
+        self.ask_and_issue(name, place).await
     }
 
-    async fn ask_and_issue(&self, name: &str) -> bool {
+    async fn ask_and_issue(&self, name: &str, place: tokio::sync::OwnedSemaphorePermit) -> bool {
         let Some(od) = &self.on_demand else {
             return false;
         };
-        match od.ask(name).await {
+        let answer = od.ask(name).await;
+        drop(place);
+        match answer {
+            Ok(true) if !od.may_order(name) => {
+                self.metrics.decision("rate_limited");
+                tracing::info!(%name, per_minute = od.config.per_minute, "acme: on-demand issuance allowed by the ask URL but put off: too many orders this minute");
+                false
+            }
             Ok(true) => {
                 self.metrics.decision("allowed");
                 match self.issue(name).await {

@@ -3,8 +3,8 @@
 //! TLS-ALPN-01 in the handshake,
 //! DNS-01 through BIND 9 with TSIG); the served chain verifies against Pebble's root; renewal by
 //! ARI swaps the certificate under a handshake loop with none failing; two nodes on one state
-//! directory order once, a name issued on demand included; on-demand issuance asks first and stays bounded under a flood of
-//! made-up names; a CA that is down or answers errors leaves the held certificate in service.
+//! directory order once, a name issued on demand included; on-demand issuance asks first, stays
+//! bounded under a flood of made-up names and still issues a real name after it; a CA that is down or answers errors leaves the held certificate in service.
 //! Certificates from `[acme]` alone serve HTTP/3 as well (aioquic, `tests/h3_support`).
 //!
 //! Tools come from `scripts/acme-tools` (Pebble from the Go module proxy, BIND from Debian).
@@ -451,7 +451,7 @@ async fn two_nodes_on_one_state_directory_order_once_and_share_it() {
         },
     );
     let state = t.dir.path().join("state");
-    let (ask, asked) = ask_server("od.acme.test").await;
+    let (ask, asked) = ask_server(&["od.acme.test"]).await;
     let section = acme_section(
         &pebble,
         &state,
@@ -543,7 +543,7 @@ async fn another_node_answers(challenge: &str) {
     // With HTTP-01, node b orders nothing: no names, and on demand only for a name no handshake
     // asks for. With TLS-ALPN-01, node b has a name of its own and no on-demand issuance: the
     // challenge alone has it read ClientHellos.
-    let (ask, asked) = ask_server("nobody.acme.test").await;
+    let (ask, asked) = ask_server(&["nobody.acme.test"]).await;
     let b_names = match challenge {
         "http-01" => format!("[acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\n"),
         _ => "names = [\"own.acme.test\"]\n".to_string(),
@@ -647,8 +647,9 @@ async fn another_node_answers(challenge: &str) {
     }
 }
 
-/// A tiny `ask` endpoint: 200 for `allowed`, 403 for every other `domain=`; counts requests.
-async fn ask_server(allowed: &'static str) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+/// A tiny `ask` endpoint: 200 for the `allowed` names, 403 for every other `domain=`; counts
+/// requests.
+async fn ask_server(allowed: &'static [&'static str]) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -662,7 +663,9 @@ async fn ask_server(allowed: &'static str) -> (std::net::SocketAddr, Arc<AtomicU
                 let n = s.read(&mut buf).await.unwrap_or(0);
                 let head = String::from_utf8_lossy(&buf[..n]).into_owned();
                 seen.fetch_add(1, Ordering::Relaxed);
-                let ok = head.starts_with(&format!("GET /ask?domain={allowed} "));
+                let ok = allowed
+                    .iter()
+                    .any(|name| head.starts_with(&format!("GET /ask?domain={name} ")));
                 let status = if ok { "200 OK" } else { "403 Forbidden" };
                 let _ = s
                     .write_all(
@@ -678,6 +681,10 @@ async fn ask_server(allowed: &'static str) -> (std::net::SocketAddr, Arc<AtomicU
     (addr, count)
 }
 
+/// On-demand issuance asks first; a flood of made-up names costs asks (each name once while
+/// remembered, the oldest forgotten past `max_names`), not the orders' budget: a real name after
+/// the flood is still issued, and `per_minute` counts orders only. (The budget counted asks, so
+/// five made-up names a minute locked every new name out.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
     let t = setup();
@@ -695,7 +702,12 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
             eab: None,
         },
     );
-    let (ask, asked) = ask_server("yes.ondemand.test").await;
+    let (ask, asked) = ask_server(&[
+        "yes.ondemand.test",
+        "late.ondemand.test",
+        "third.ondemand.test",
+    ])
+    .await;
     let state = t.dir.path().join("state");
     let sluice = Sluice::start(
         t.dir.path(),
@@ -705,7 +717,7 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
             &pebble,
             &state,
             &format!(
-                "challenges = [\"tls-alpn-01\"]\n[acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\nper_minute = 5\nmax_names = 50\nwait_secs = 8\n"
+                "challenges = [\"tls-alpn-01\"]\n[acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\nper_minute = 2\nmax_names = 50\nwait_secs = 8\n"
             ),
         ),
     );
@@ -734,8 +746,8 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         .is_err());
     assert_eq!(asked.load(Ordering::Relaxed), 2);
 
-    // A flood: 400 made-up names, 16 at a time. At most `per_minute` (5, two used) reach the
-    // ask URL; every handshake ends (refused), the process stays up, memory bounded.
+    // A flood: 400 made-up names, 16 at a time. Each is asked about once and refused; every
+    // handshake ends (refused), the process stays up, memory bounded.
     let rss_before = sluice.rss_kb();
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
@@ -763,11 +775,50 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         ended += w.await.unwrap();
     }
     assert_eq!(ended, 400);
-    assert!(
-        asked.load(Ordering::Relaxed) <= 5,
-        "asked {}",
-        asked.load(Ordering::Relaxed)
-    );
+    assert_eq!(asked.load(Ordering::Relaxed), 402);
+    // Only the last `max_names` (50) are remembered: a name from the flood's end is not asked
+    // about again, one from its start was forgotten and is.
+    assert!(handshake(sluice.tls, "made-up-399.flood.test", &[&root])
+        .await
+        .is_err());
+    assert_eq!(asked.load(Ordering::Relaxed), 402);
+    assert!(handshake(sluice.tls, "made-up-0.flood.test", &[&root])
+        .await
+        .is_err());
+    assert_eq!(asked.load(Ordering::Relaxed), 403);
+
+    // Two real names right after the flood, at once: the flood spent no order, so one of them
+    // is ordered and issued; the other is asked about, allowed and put off (`per_minute` = 2
+    // orders in any 60 s, one spent on the first name).
+    let late = ["late.ondemand.test", "third.ondemand.test"].map(|name| {
+        let (addr, root) = (sluice.tls, root.clone());
+        tokio::spawn(async move { handshake(addr, name, &[&root]).await.is_ok() })
+    });
+    for h in late {
+        let _ = h.await.unwrap();
+    }
+    assert_eq!(asked.load(Ordering::Relaxed), 405);
+    let issued = |m: &str| metric(m, "sluice_acme_orders_total{outcome=\"issued\"}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let m = metrics(&sluice, "yes.ondemand.test", &root).await;
+        if issued(&m) == Some(2.0) || tokio::time::Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(issued(&m), Some(2.0), "{m}");
+    let has = |name: &str| m.contains(&format!("name=\"{name}\""));
+    let (got, put_off) = if has("late.ondemand.test") {
+        ("late.ondemand.test", "third.ondemand.test")
+    } else {
+        ("third.ondemand.test", "late.ondemand.test")
+    };
+    assert!(!has(put_off), "both late names issued: {m}");
+    handshake(sluice.tls, got, &[&root])
+        .await
+        .expect("the issued late name is served");
+
     let mut s = sluice;
     assert!(s.proc.running());
     let rss_after = s.rss_kb();
@@ -776,26 +827,19 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         "{rss_before} kB -> {rss_after} kB"
     );
     let m = metrics(&s, "yes.ondemand.test", &root).await;
-    assert!(
+    let decisions = |d: &str| {
         metric(
             &m,
-            "sluice_acme_on_demand_decisions_total{decision=\"rate_limited\"}"
+            &format!("sluice_acme_on_demand_decisions_total{{decision=\"{d}\"}}"),
         )
-        .unwrap()
-            >= 390.0,
-        "{m}"
-    );
-    assert_eq!(
-        metric(
-            &m,
-            "sluice_acme_on_demand_decisions_total{decision=\"refused_by_ask\"}"
-        ),
-        Some(4.0),
-        "{m}"
-    );
+    };
+    assert_eq!(decisions("refused_by_ask"), Some(402.0), "{m}");
+    assert_eq!(decisions("allowed"), Some(2.0), "{m}");
+    assert_eq!(decisions("rate_limited"), Some(1.0), "{m}");
+    assert!(decisions("recently_tried").unwrap() >= 2.0, "{m}");
     assert_eq!(
         metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
-        Some(1.0),
+        Some(2.0),
         "{m}"
     );
 }

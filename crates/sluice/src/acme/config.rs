@@ -129,11 +129,13 @@ pub struct OnDemandConfig {
     pub enabled: bool,
     /// Asked `GET <ask>?domain=<name>` first; only a 2xx answer lets the order go ahead.
     pub ask: Option<String>,
-    /// One name is tried at most once in this many seconds.
+    /// One name is asked about (and ordered) at most once in this many seconds.
     pub per_name_secs: u64,
-    /// On-demand orders started per minute at most, all names together.
+    /// On-demand orders started per minute at most, all names together (names the ask URL
+    /// allowed; asks are not counted).
     pub per_minute: u32,
-    /// Names remembered (tried or issued) at most; past it, new names are refused.
+    /// Names remembered as tried at most; past it, the oldest are forgotten (and may be asked
+    /// about again).
     pub max_names: usize,
     /// How long a handshake waits for its certificate before it fails (the handshake timeout,
     /// `server.tls_handshake_timeout_secs`, bounds it too).

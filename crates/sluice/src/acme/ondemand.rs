@@ -1,26 +1,32 @@
 //! On-demand issuance: which names seen in a TLS handshake may start an order. Only a name the
-//! operator's `ask` URL answers 2xx for, each name at most once per `per_name_secs`, at most
-//! `per_minute` orders together, and at most `max_names` names remembered (memory stays bounded
-//! whatever a client sends as SNI).
+//! operator's `ask` URL answers 2xx for; each name asked about at most once per `per_name_secs`,
+//! at most `ASKS_AT_ONCE` asks in flight, at most `per_minute` orders started, and at most
+//! `max_names` names remembered, the oldest forgotten first (memory stays bounded whatever a
+//! client sends as SNI, and a flood of made-up names cannot lock out a real one).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::config::{check_name, OnDemandConfig};
 
 type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
 
+/// Asks (and the store look-up before each) in flight at once, all names together; a name that
+/// finds them all taken is refused for this handshake only (`busy`) and tried again at the next.
+pub const ASKS_AT_ONCE: usize = 32;
+
 /// What the gate says about one name.
 pub enum Gate {
-    /// Go ahead: ask, then order; report the end through the sender.
-    Start(watch::Sender<Option<bool>>),
+    /// Go ahead: look, ask, then order; report the end through the sender. The place is one of
+    /// the [`ASKS_AT_ONCE`], held until the ask has answered.
+    Start(watch::Sender<Option<bool>>, OwnedSemaphorePermit),
     /// Someone else is already on it: wait for this.
     Wait(watch::Receiver<Option<bool>>),
     /// Refused, with the metric label.
@@ -28,18 +34,38 @@ pub enum Gate {
 }
 
 struct State {
-    /// Names tried, with when (pruned once older than `per_name_secs`).
-    tried: HashMap<String, Instant>,
-    /// Orders for names in progress.
+    /// Names tried, with when; `order` holds the same in the order they were tried, so the
+    /// expired and (past `max_names`) the oldest are let go from its front.
+    tried: HashMap<Arc<str>, Instant>,
+    order: VecDeque<(Arc<str>, Instant)>,
+    /// Names being looked up, asked about or ordered.
     pending: HashMap<String, watch::Receiver<Option<bool>>>,
-    /// The current minute's start and the orders started in it.
-    minute: (Instant, u32),
+    /// When each order of the last minute started (at most `per_minute`).
+    orders: VecDeque<Instant>,
+}
+
+impl State {
+    /// Lets go of names tried longer than `per_name` ago, then of the oldest while more than
+    /// `keep` are held.
+    fn prune(&mut self, now: Instant, per_name: Duration, keep: usize) {
+        while let Some((name, at)) = self.order.front() {
+            if now - *at < per_name && self.order.len() <= keep {
+                break;
+            }
+            // The map holds the name's latest try; an earlier entry for it only leaves the queue.
+            if self.tried.get(name) == Some(at) {
+                self.tried.remove(name);
+            }
+            self.order.pop_front();
+        }
+    }
 }
 
 /// The on-demand gate and the `ask` client.
 pub struct OnDemand {
     pub config: OnDemandConfig,
     state: Mutex<State>,
+    asks: Arc<Semaphore>,
     client: Client<Https, Empty<Bytes>>,
 }
 
@@ -54,14 +80,16 @@ impl OnDemand {
             config: config.clone(),
             state: Mutex::new(State {
                 tried: HashMap::new(),
+                order: VecDeque::new(),
                 pending: HashMap::new(),
-                minute: (Instant::now(), 0),
+                orders: VecDeque::new(),
             }),
+            asks: Arc::new(Semaphore::new(ASKS_AT_ONCE)),
             client: Client::builder(TokioExecutor::new()).build(connector),
         })
     }
 
-    /// Decides whether `name` may start an order now (cheap; no I/O).
+    /// Decides whether `name` may be asked about now (cheap; no I/O).
     pub fn gate(&self, name: &str) -> Gate {
         if check_name(name).is_err() || name.starts_with("*.") {
             return Gate::Refused("bad_name");
@@ -75,23 +103,40 @@ impl OnDemand {
         if s.tried.get(name).is_some_and(|t| now - *t < per_name) {
             return Gate::Refused("recently_tried");
         }
-        if s.tried.len() >= self.config.max_names {
-            s.tried.retain(|_, t| now - *t < per_name);
-            if s.tried.len() >= self.config.max_names {
-                return Gate::Refused("full");
-            }
-        }
-        if now - s.minute.0 >= Duration::from_secs(60) {
-            s.minute = (now, 0);
-        }
-        if s.minute.1 >= self.config.per_minute {
-            return Gate::Refused("rate_limited");
-        }
-        s.minute.1 += 1;
-        s.tried.insert(name.to_string(), now);
+        let Ok(place) = self.asks.clone().try_acquire_owned() else {
+            return Gate::Refused("busy");
+        };
+        // Room for this one: the oldest names go first, so a flood of made-up names costs asks
+        // (each name once per `per_name_secs` while remembered), never a real name's turn.
+        let keep = self.config.max_names.saturating_sub(1);
+        s.prune(now, per_name, keep);
+        let name: Arc<str> = Arc::from(name);
+        s.tried.insert(name.clone(), now);
+        s.order.push_back((name.clone(), now));
         let (tx, rx) = watch::channel(None);
         s.pending.insert(name.to_string(), rx);
-        Gate::Start(tx)
+        Gate::Start(tx, place)
+    }
+
+    /// Whether an order may start now (the ask said yes): at most `per_minute` in any 60
+    /// seconds, all names together. A name refused here is forgotten, so a later handshake
+    /// tries again.
+    pub fn may_order(&self, name: &str) -> bool {
+        let now = Instant::now();
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while s
+            .orders
+            .front()
+            .is_some_and(|t| now - *t >= Duration::from_secs(60))
+        {
+            s.orders.pop_front();
+        }
+        if s.orders.len() >= self.config.per_minute as usize {
+            s.tried.remove(name);
+            return false;
+        }
+        s.orders.push_back(now);
+        true
     }
 
     /// The order for `name` ended.
@@ -152,29 +197,56 @@ mod tests {
 
     #[test]
     fn names_once_and_bounded() {
-        let g = gate(3, 1000);
-        let Gate::Start(tx) = g.gate("a.example.com") else {
+        let g = gate(2, 1000);
+        let Gate::Start(tx, place) = g.gate("a.example.com") else {
             panic!("first try starts")
         };
         assert!(matches!(g.gate("a.example.com"), Gate::Wait(_)));
+        drop(place);
         g.done("a.example.com", tx, false);
         assert!(matches!(
             g.gate("a.example.com"),
             Gate::Refused("recently_tried")
         ));
-        assert!(matches!(g.gate("b.example.com"), Gate::Start(_)));
-        assert!(matches!(g.gate("c.example.com"), Gate::Start(_)));
-        assert!(matches!(
-            g.gate("d.example.com"),
-            Gate::Refused("rate_limited")
-        ));
         assert!(matches!(g.gate("not_a name"), Gate::Refused("bad_name")));
         assert!(matches!(g.gate("*.example.com"), Gate::Refused("bad_name")));
 
-        let g = gate(1000, 2);
-        assert!(matches!(g.gate("a.example.com"), Gate::Start(_)));
-        assert!(matches!(g.gate("b.example.com"), Gate::Start(_)));
-        assert!(matches!(g.gate("c.example.com"), Gate::Refused("full")));
-        assert_eq!(g.remembered(), 2);
+        // Orders, not asks, are counted per minute; a name refused there may be tried again.
+        assert!(g.may_order("b.example.com"));
+        assert!(g.may_order("c.example.com"));
+        let Gate::Start(tx, _) = g.gate("d.example.com") else {
+            panic!("asks are not rate-limited")
+        };
+        assert!(!g.may_order("d.example.com"));
+        g.done("d.example.com", tx, false);
+        assert!(matches!(g.gate("d.example.com"), Gate::Start(..)));
+    }
+
+    #[test]
+    fn the_oldest_names_go_first_and_asks_in_flight_are_bounded() {
+        let g = gate(10, 3);
+        for name in ["a.test", "b.test", "c.test", "d.test", "e.test"] {
+            let Gate::Start(tx, _) = g.gate(name) else {
+                panic!("{name} starts")
+            };
+            g.done(name, tx, false);
+        }
+        assert_eq!(g.remembered(), 3);
+        // a and b were let go (asked again), e is remembered.
+        assert!(matches!(g.gate("e.test"), Gate::Refused("recently_tried")));
+        assert!(matches!(g.gate("a.test"), Gate::Start(..)));
+        assert_eq!(g.remembered(), 3);
+
+        let g = gate(10, 1000);
+        let places: Vec<_> = (0..ASKS_AT_ONCE)
+            .map(|i| match g.gate(&format!("n{i}.test")) {
+                Gate::Start(tx, place) => (tx, place),
+                _ => panic!("{i} starts"),
+            })
+            .collect();
+        assert!(matches!(g.gate("late.test"), Gate::Refused("busy")));
+        drop(places);
+        // Refused as busy is not remembered as tried.
+        assert!(matches!(g.gate("late.test"), Gate::Start(..)));
     }
 }
