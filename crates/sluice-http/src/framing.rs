@@ -74,28 +74,56 @@ pub fn check_fields(te: &[&[u8]], cl: &[&[u8]], http11: bool) -> Result<Framing,
     })
 }
 
-/// The length a request's `Content-Length` values declare: each value a comma-separated list of
-/// decimal numbers (whitespace around each allowed), every number the same; `None` for no value.
-/// A list of equal numbers is that one length (RFC 9110 §8.6), as for every protocol sluice
-/// serves; the caller forwards the one number, not the list.
+/// Whether `value` is a length written the one plain way: decimal digits without a leading zero
+/// (or `0`), at most 19 of them.
+pub fn is_plain_length(value: &[u8]) -> bool {
+    value == b"0"
+        || (!value.is_empty()
+            && value.len() <= 19
+            && value[0] != b'0'
+            && value.iter().all(u8::is_ascii_digit))
+}
+
+/// Leaves `headers` with the one plain `Content-Length` its values declare, when they were several
+/// fields of the same number or another spelling of it (RFC 9110 §8.6: a recipient that accepts
+/// such a list replaces it with the one value, so the next hop cannot read it otherwise). Values
+/// [`declared_length`] refuses are left as they are (the caller refused them first); no
+/// `Content-Length` stays none.
+pub fn settle_length(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    match (values.next(), values.next()) {
+        (None, _) => return,
+        (Some(v), None) if is_plain_length(v.as_bytes()) => return,
+        _ => {}
+    }
+    let values = headers.get_all(header::CONTENT_LENGTH).iter();
+    if let Ok(Some(n)) = declared_length(values.map(|v| v.as_bytes())) {
+        headers.insert(header::CONTENT_LENGTH, n.into());
+    }
+}
+
+/// The length a request's `Content-Length` values declare: each value one decimal number
+/// (whitespace around it allowed, as HTTP/1.1's parser strips it), every value the same; `None`
+/// for no value. The same number in several fields is that one length (RFC 9110 §8.6), and what
+/// goes on is the one number ([`settle_length`]). A comma-separated list inside one value is
+/// refused, as hyper's HTTP/1.1 parser (which reads every HTTP/1.1 request sluice takes), Go's and
+/// nginx's refuse it, so the protocols sluice serves agree on which requests have a length.
 pub fn declared_length<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<Option<u64>, FramingError> {
     let mut length: Option<u64> = None;
     for value in values {
-        for part in value.split(|&b| b == b',') {
-            let part = trim(part);
-            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
-                return Err(FramingError::BadLength);
-            }
-            let n: u64 = std::str::from_utf8(part)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or(FramingError::BadLength)?;
-            match length {
-                Some(prev) if prev != n => return Err(FramingError::ConflictingLength),
-                _ => length = Some(n),
-            }
+        let part = trim(value);
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+            return Err(FramingError::BadLength);
+        }
+        let n: u64 = std::str::from_utf8(part)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(FramingError::BadLength)?;
+        match length {
+            Some(prev) if prev != n => return Err(FramingError::ConflictingLength),
+            _ => length = Some(n),
         }
     }
     Ok(length)
@@ -148,8 +176,13 @@ mod tests {
             ),
             Ok(Framing::Length(5))
         );
+        // One number per field: a list inside one is refused (as hyper's parser refuses it).
         assert_eq!(
             check_request(&h(&[("content-length", "5, 5")]), true),
+            Err(FramingError::BadLength)
+        );
+        assert_eq!(
+            check_request(&h(&[("content-length", " 05 ")]), true),
             Ok(Framing::Length(5))
         );
         assert_eq!(
@@ -173,7 +206,8 @@ mod tests {
                 true,
                 ConflictingLength,
             ),
-            (&[("content-length", "5, 6")], true, ConflictingLength),
+            (&[("content-length", "5, 6")], true, BadLength),
+            (&[("content-length", "5, 5")], true, BadLength),
             (&[("content-length", "+5")], true, BadLength),
             (&[("content-length", "0x5")], true, BadLength),
             (&[("content-length", "")], true, BadLength),

@@ -113,6 +113,42 @@ async fn smuggling_shapes_are_refused_before_the_upstream() {
     assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
 }
 
+/// The same `Content-Length` in two fields, or with a leading zero, is read as the one length and
+/// goes upstream as that one plain number (RFC 9110 §8.6), as HTTP/2 and HTTP/3 requests do:
+/// passed on as written, the next hop could read it otherwise (or refuse it). A list inside one
+/// field is refused (400), over every protocol.
+#[tokio::test]
+async fn a_content_length_goes_upstream_as_one_plain_number() {
+    let p = Proxy::start(route_to(echo("o").await)).await;
+    let shapes: &[&[u8]] = &[
+        b"POST /a HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        b"POST /a HTTP/1.1\r\nHost: app.test\r\nContent-Length: 05\r\nConnection: close\r\n\r\nhello",
+    ];
+    for shape in shapes {
+        let reply = raw(p.addr, shape, Duration::from_secs(5)).await;
+        let shape = String::from_utf8_lossy(shape);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{shape:?} -> {reply:?}");
+        let body = &reply[reply.find("\r\n\r\n").expect("a head") + 4..];
+        let report: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(report["len"], 5, "{shape:?}: {report}");
+        let lengths: Vec<&serde_json::Value> = report["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h[0] == "content-length")
+            .map(|h| &h[1])
+            .collect();
+        assert_eq!(lengths, ["5"], "{shape:?}: {report}");
+    }
+    let list = raw(
+        p.addr,
+        b"POST /a HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5, 5\r\nConnection: close\r\n\r\nhello",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(list.starts_with("HTTP/1.1 400"), "{list:?}");
+}
+
 #[tokio::test]
 async fn no_open_proxy() {
     let (o, count) = counting().await;

@@ -857,27 +857,17 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     let seen = panics.lock().unwrap().clone();
     assert!(seen.is_empty(), "panics: {seen:?}");
 
-    // `content-length` read as the proxy reads it: a list of equal values is that length (held
-    // to it here too), unequal ones are malformed (the stream is reset, H3_MESSAGE_ERROR), and
-    // "0 " is 0 (bytes after it refused). Read as a plain number, these slipped past the checks.
-    let r = client(s.plan(json!({
-        "attack": "length", "path": "/plain/echo", "declared": "5, 5", "parts": [10],
-        "then": then,
-    })))
-    .await;
-    assert_eq!(r["attack"]["status"], 400, "{r}");
-    let r = client(s.plan(json!({
-        "attack": "length", "path": "/plain/echo", "declared": "10, 10", "parts": [10],
-        "then": then,
-    })))
-    .await;
-    assert_body(&r["attack"], 200, b"xxxxxxxxxx");
-    let r = client(s.plan(json!({
-        "attack": "length", "path": "/plain/echo", "declared": "5, 6", "parts": [5],
-        "then": then,
-    })))
-    .await;
-    assert_eq!(r["attack"]["reset"], 0x10e, "{r}");
+    // `content-length` read as the proxy reads it: one number per field (a list inside one is
+    // malformed, as over HTTP/1.1 and HTTP/2: the stream is reset, H3_MESSAGE_ERROR), and "0 "
+    // is 0 (bytes after it refused). Read as a plain number, these slipped past the checks.
+    for declared in ["5, 5", "10, 10", "5, 6"] {
+        let r = client(s.plan(json!({
+            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [10],
+            "then": then,
+        })))
+        .await;
+        assert_eq!(r["attack"]["reset"], 0x10e, "{declared:?}: {r}");
+    }
     let r = client(s.plan(json!({
         "attack": "length", "path": "/plain/echo", "declared": "0 ", "parts": [5],
         "then": then,
@@ -886,8 +876,8 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     assert_eq!(r["attack"]["status"], 400, "{r}");
     assert_eq!(
         whole.load(Ordering::SeqCst),
-        matching.len() + 3,
-        "only the matching list reached the origin whole"
+        matching.len() + 2,
+        "a list reached the origin whole"
     );
 
     // A GET that says `content-length: 0` and sends bytes: refused before anything is

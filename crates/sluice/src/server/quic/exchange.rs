@@ -47,8 +47,9 @@ pub async fn serve<H: Handler>(
             .insert(EARLY_DATA, http::HeaderValue::from_static("1"));
     }
     let (mut send, recv) = stream.split();
-    // Read as the proxy reads it (a list of equal values, whitespace around them), so the
-    // length held to here is the one forwarded; anything else is malformed (RFC 9114 §4.1.2).
+    // Read as the proxy reads it (one number per field, the same in every field, whitespace
+    // around it), so the length held to here is the one forwarded; anything else, a list inside
+    // one field included, is malformed (RFC 9114 §4.1.2).
     let length = match sluice_http::framing::check_request(req.headers(), false) {
         Ok(sluice_http::framing::Framing::Length(n)) => Some(n),
         Ok(_) if req.headers().contains_key(header::CONTENT_LENGTH) => Some(0),
@@ -62,8 +63,8 @@ pub async fn serve<H: Handler>(
         }
     };
     if let Some(n) = length {
-        // One value on: a list of equal values, or one with spaces, is the same length to this
-        // hop (RFC 9110 §8.6), and the next may refuse it as written.
+        // One value on: repeated fields, or one with spaces or leading zeros, are the same length
+        // to this hop (RFC 9110 §8.6), and the next may read or refuse them otherwise.
         req.headers_mut()
             .insert(header::CONTENT_LENGTH, http::HeaderValue::from(n));
     }
