@@ -62,6 +62,39 @@ const ALPN_LOOKUPS: usize = 4;
 /// How long such a look-up may take (a slow network file system).
 const ALPN_LOOKUP_TIME: Duration = Duration::from_secs(2);
 
+/// How long an on-demand name waits for its stored certificate to be read before it is asked
+/// about anyway.
+const STORE_LOOKUP_TIME: Duration = Duration::from_secs(2);
+
+/// The end of an on-demand name's try, reported once: by [`Ending::finish`], or as "not issued"
+/// if its task ends any other way (a panic), so the name is not left in progress for good.
+struct Ending {
+    acme: Arc<Acme>,
+    name: String,
+    tx: Option<tokio::sync::watch::Sender<Option<bool>>>,
+}
+
+impl Ending {
+    fn finish(mut self, issued: bool) {
+        self.report(issued);
+        if issued {
+            self.acme.wake.notify_one();
+        }
+    }
+
+    fn report(&mut self, issued: bool) {
+        if let (Some(tx), Some(od)) = (self.tx.take(), &self.acme.on_demand) {
+            od.done(&self.name, tx, issued);
+        }
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.report(false);
+    }
+}
+
 /// Per-name state of the renewal loop.
 #[derive(Default)]
 struct Schedule {
@@ -220,18 +253,16 @@ impl Acme {
                 return false;
             }
             Gate::Wait(rx) => rx,
-            Gate::Start(tx, place) => {
+            Gate::Start(tx) => {
                 let rx = tx.subscribe();
-                let me = self.clone();
-                let name = name.to_string();
+                let ending = Ending {
+                    acme: self.clone(),
+                    name: name.to_string(),
+                    tx: Some(tx),
+                };
                 tokio::spawn(async move {
-                    let issued = me.stored_or_ordered(&name, place).await;
-                    if let Some(od) = &me.on_demand {
-                        od.done(&name, tx, issued);
-                    }
-                    if issued {
-                        me.wake.notify_one();
-                    }
+                    let issued = ending.acme.stored_or_ordered(&ending.name).await;
+                    ending.finish(issued);
                 });
                 rx
             }
@@ -242,17 +273,24 @@ impl Acme {
     }
 
     /// An on-demand name past the gate (so a well-formed name, at most once per
-    /// `per_name_secs`): another node on the same state directory may have issued it already,
-    /// and its stored certificate is taken up before the ask URL or the CA is troubled; else
-    /// ask, then order. `place` (one of the asks in flight) is let go once the ask has answered.
-    async fn stored_or_ordered(
-        self: &Arc<Self>,
-        name: &str,
-        place: tokio::sync::OwnedSemaphorePermit,
-    ) -> bool {
-        // Off the runtime's threads: the directory may be on a network file system.
+    /// `per_name_secs`): once it has one of the places for look-ups and asks, another node on
+    /// the same state directory may have issued it already, and its stored certificate is taken
+    /// up before the ask URL or the CA is troubled; else ask, then order. The place is let go
+    /// once the ask has answered.
+    async fn stored_or_ordered(self: &Arc<Self>, name: &str) -> bool {
+        let Some(od) = &self.on_demand else {
+            return false;
+        };
+        let Some(place) = od.place(name).await else {
+            self.metrics.decision("busy");
+            tracing::info!(%name, "acme: on-demand issuance put off: every ask place was taken for wait_secs");
+            return false;
+        };
+        // Off the runtime's threads: the directory may be on a network file system. A read
+        // that hangs is not waited for past STORE_LOOKUP_TIME (its place goes with the ask).
         let (me, stored) = (self.clone(), name.to_string());
-        let _ = tokio::task::spawn_blocking(move || me.refresh_from_store(&stored)).await;
+        let read = tokio::task::spawn_blocking(move || me.refresh_from_store(&stored));
+        let _ = tokio::time::timeout(STORE_LOOKUP_TIME, read).await;
         if self
             .certs
             .held(name)

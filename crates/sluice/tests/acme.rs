@@ -722,6 +722,7 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         ),
     );
     let root = pebble.root().await;
+    let began = std::time::Instant::now();
     // The first handshake for an allowed name waits for its certificate (within `wait_secs`;
     // on a loaded machine the order may take longer, then a later handshake gets it).
     if let Err(e) = handshake(sluice.tls, "yes.ondemand.test", &[&root]).await {
@@ -746,12 +747,13 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         .is_err());
     assert_eq!(asked.load(Ordering::Relaxed), 2);
 
-    // A flood: 400 made-up names, 16 at a time. Each is asked about once and refused; every
-    // handshake ends (refused), the process stays up, memory bounded.
+    // A flood: 400 made-up names, 48 at a time (past the 32 asks in flight: the rest wait their
+    // turn). Each is asked about once and refused; every handshake ends (refused), the process
+    // stays up, memory bounded.
     let rss_before = sluice.rss_kb();
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
-    for _ in 0..16 {
+    for _ in 0..48 {
         let (next, root) = (next.clone(), root.clone());
         let addr = sluice.tls;
         workers.push(tokio::spawn(async move {
@@ -787,6 +789,12 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         .is_err());
     assert_eq!(asked.load(Ordering::Relaxed), 403);
 
+    // The first name's order must still be in the last 60 s for `per_minute` to bite below.
+    assert!(
+        began.elapsed() < Duration::from_secs(50),
+        "too slow for this test's per_minute window: {:?}",
+        began.elapsed()
+    );
     // Two real names right after the flood, at once: the flood spent no order, so one of them
     // is ordered and issued; the other is asked about, allowed and put off (`per_minute` = 2
     // orders in any 60 s, one spent on the first name).

@@ -129,7 +129,8 @@ pub struct OnDemandConfig {
     pub enabled: bool,
     /// Asked `GET <ask>?domain=<name>` first; only a 2xx answer lets the order go ahead.
     pub ask: Option<String>,
-    /// One name is asked about (and ordered) at most once in this many seconds.
+    /// One name is asked about at most once in this many seconds (an allowed name whose order
+    /// `per_minute` put off, or another node was placing, may be asked about again sooner).
     pub per_name_secs: u64,
     /// On-demand orders started per minute at most, all names together (names the ask URL
     /// allowed; asks are not counted).

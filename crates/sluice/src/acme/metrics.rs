@@ -20,8 +20,8 @@ pub struct OutcomeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    /// `allowed`, `from_store`, `refused_by_ask`, `ask_failed`, `recently_tried`, `rate_limited`, `full`,
-    /// `bad_name`.
+    /// `allowed`, `from_store`, `refused_by_ask`, `ask_failed`, `recently_tried`, `busy`,
+    /// `rate_limited`, `bad_name`.
     pub decision: &'static str,
 }
 

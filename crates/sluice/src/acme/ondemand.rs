@@ -1,8 +1,10 @@
 //! On-demand issuance: which names seen in a TLS handshake may start an order. Only a name the
 //! operator's `ask` URL answers 2xx for; each name asked about at most once per `per_name_secs`,
-//! at most `ASKS_AT_ONCE` asks in flight, at most `per_minute` orders started, and at most
-//! `max_names` names remembered, the oldest forgotten first (memory stays bounded whatever a
-//! client sends as SNI, and a flood of made-up names cannot lock out a real one).
+//! at most `ASKS_AT_ONCE` look-ups and asks in flight (the rest wait their turn, first come first
+//! served), at most `PENDING_AT_ONCE` names in progress, at most `per_minute` orders started, and
+//! at most `max_names` names remembered, the oldest forgotten first: memory stays bounded
+//! whatever a client sends as SNI, and made-up names cost asks, never the orders a real name
+//! needs.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -19,14 +21,18 @@ use super::config::{check_name, OnDemandConfig};
 type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
 
 /// Asks (and the store look-up before each) in flight at once, all names together; a name that
-/// finds them all taken is refused for this handshake only (`busy`) and tried again at the next.
+/// finds them all taken waits for one, in turn, up to `wait_secs`.
 pub const ASKS_AT_ONCE: usize = 32;
+
+/// Names being looked up, asked about or ordered at once; a new name past it is refused for this
+/// handshake only (`busy`) and tried again at the next.
+pub const PENDING_AT_ONCE: usize = 1024;
 
 /// What the gate says about one name.
 pub enum Gate {
-    /// Go ahead: look, ask, then order; report the end through the sender. The place is one of
-    /// the [`ASKS_AT_ONCE`], held until the ask has answered.
-    Start(watch::Sender<Option<bool>>, OwnedSemaphorePermit),
+    /// Go ahead: take a place ([`OnDemand::place`]), look, ask, then order; report the end
+    /// through the sender ([`OnDemand::done`]).
+    Start(watch::Sender<Option<bool>>),
     /// Someone else is already on it: wait for this.
     Wait(watch::Receiver<Option<bool>>),
     /// Refused, with the metric label.
@@ -103,9 +109,9 @@ impl OnDemand {
         if s.tried.get(name).is_some_and(|t| now - *t < per_name) {
             return Gate::Refused("recently_tried");
         }
-        let Ok(place) = self.asks.clone().try_acquire_owned() else {
+        if s.pending.len() >= PENDING_AT_ONCE {
             return Gate::Refused("busy");
-        };
+        }
         // Room for this one: the oldest names go first, so a flood of made-up names costs asks
         // (each name once per `per_name_secs` while remembered), never a real name's turn.
         let keep = self.config.max_names.saturating_sub(1);
@@ -115,7 +121,20 @@ impl OnDemand {
         s.order.push_back((name.clone(), now));
         let (tx, rx) = watch::channel(None);
         s.pending.insert(name.to_string(), rx);
-        Gate::Start(tx, place)
+        Gate::Start(tx)
+    }
+
+    /// One of the [`ASKS_AT_ONCE`] places, waited for in turn up to `wait_secs`; `None` when
+    /// none came (the name is forgotten, so a later handshake tries again).
+    pub async fn place(&self, name: &str) -> Option<OwnedSemaphorePermit> {
+        let wait = Duration::from_secs(self.config.wait_secs);
+        match tokio::time::timeout(wait, self.asks.clone().acquire_owned()).await {
+            Ok(Ok(place)) => Some(place),
+            _ => {
+                self.forget(name);
+                None
+            }
+        }
     }
 
     /// Whether an order may start now (the ask said yes): at most `per_minute` in any 60
@@ -198,11 +217,10 @@ mod tests {
     #[test]
     fn names_once_and_bounded() {
         let g = gate(2, 1000);
-        let Gate::Start(tx, place) = g.gate("a.example.com") else {
+        let Gate::Start(tx) = g.gate("a.example.com") else {
             panic!("first try starts")
         };
         assert!(matches!(g.gate("a.example.com"), Gate::Wait(_)));
-        drop(place);
         g.done("a.example.com", tx, false);
         assert!(matches!(
             g.gate("a.example.com"),
@@ -214,19 +232,19 @@ mod tests {
         // Orders, not asks, are counted per minute; a name refused there may be tried again.
         assert!(g.may_order("b.example.com"));
         assert!(g.may_order("c.example.com"));
-        let Gate::Start(tx, _) = g.gate("d.example.com") else {
+        let Gate::Start(tx) = g.gate("d.example.com") else {
             panic!("asks are not rate-limited")
         };
         assert!(!g.may_order("d.example.com"));
         g.done("d.example.com", tx, false);
-        assert!(matches!(g.gate("d.example.com"), Gate::Start(..)));
+        assert!(matches!(g.gate("d.example.com"), Gate::Start(_)));
     }
 
     #[test]
-    fn the_oldest_names_go_first_and_asks_in_flight_are_bounded() {
+    fn the_oldest_names_go_first_and_names_in_progress_are_bounded() {
         let g = gate(10, 3);
         for name in ["a.test", "b.test", "c.test", "d.test", "e.test"] {
-            let Gate::Start(tx, _) = g.gate(name) else {
+            let Gate::Start(tx) = g.gate(name) else {
                 panic!("{name} starts")
             };
             g.done(name, tx, false);
@@ -234,19 +252,44 @@ mod tests {
         assert_eq!(g.remembered(), 3);
         // a and b were let go (asked again), e is remembered.
         assert!(matches!(g.gate("e.test"), Gate::Refused("recently_tried")));
-        assert!(matches!(g.gate("a.test"), Gate::Start(..)));
+        assert!(matches!(g.gate("a.test"), Gate::Start(_)));
         assert_eq!(g.remembered(), 3);
 
-        let g = gate(10, 1000);
-        let places: Vec<_> = (0..ASKS_AT_ONCE)
+        let g = gate(10, 100_000);
+        let started: Vec<_> = (0..PENDING_AT_ONCE)
             .map(|i| match g.gate(&format!("n{i}.test")) {
-                Gate::Start(tx, place) => (tx, place),
+                Gate::Start(tx) => (format!("n{i}.test"), tx),
                 _ => panic!("{i} starts"),
             })
             .collect();
         assert!(matches!(g.gate("late.test"), Gate::Refused("busy")));
-        drop(places);
+        for (name, tx) in started {
+            g.done(&name, tx, false);
+        }
         // Refused as busy is not remembered as tried.
-        assert!(matches!(g.gate("late.test"), Gate::Start(..)));
+        assert!(matches!(g.gate("late.test"), Gate::Start(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn places_are_taken_in_turn_and_a_name_that_gets_none_is_forgotten() {
+        let g = std::sync::Arc::new(gate(10, 1000));
+        let held: Vec<_> = (0..ASKS_AT_ONCE)
+            .map(|_| g.asks.clone().try_acquire_owned().unwrap())
+            .collect();
+        let Gate::Start(tx) = g.gate("waits.test") else {
+            panic!("starts")
+        };
+        // None comes within `wait_secs` (1 s): forgotten, so the next handshake starts again.
+        assert!(g.place("waits.test").await.is_none());
+        g.done("waits.test", tx, false);
+        assert!(matches!(g.gate("waits.test"), Gate::Start(_)));
+        // One let go in time is taken.
+        let waiter = {
+            let g = g.clone();
+            tokio::spawn(async move { g.place("second.test").await.is_some() })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(held);
+        assert!(waiter.await.unwrap());
     }
 }
