@@ -169,7 +169,8 @@ where
 
     /// Initiate a graceful shutdown: the GOAWAY names the stream `max_requests` after the last
     /// one accepted, the first this side will not process (RFC 9114 section 5.2), so
-    /// `shutdown(1)` takes no new request and `shutdown(2)` one more already in flight.
+    /// `shutdown(1)` takes no new request and `shutdown(2)` one more already in flight. Before any
+    /// request was accepted, the GOAWAY names stream 0 whatever `max_requests` is.
     ///
     /// See [connection shutdown](https://www.rfc-editor.org/rfc/rfc9114.html#connection-shutdown) for more information.
     #[cfg_attr(feature = "tracing", instrument(skip_all, level = "trace"))]
