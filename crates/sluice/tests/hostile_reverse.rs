@@ -149,6 +149,68 @@ async fn a_content_length_goes_upstream_as_one_plain_number() {
     assert!(list.starts_with("HTTP/1.1 400"), "{list:?}");
 }
 
+/// A GET with a body on a caching route: the cache fetches without the body, so the client's
+/// `Content-Length` must not go on either (the origin would wait for bytes that never come, and on
+/// a pooled connection take the next request's as them). Over HTTP/1.1, and over HTTP/2, where a
+/// GET with a length skips the fast exchange.
+#[tokio::test]
+async fn a_get_with_a_body_on_a_caching_route_goes_to_the_origin_without_its_length() {
+    let o = echo("o").await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+host = "app.test"
+path = "/"
+upstream = "app"
+cache = true
+header_timeout_secs = 2
+
+[cache]
+memory_bytes = "16MiB"
+"#
+    )))
+    .await;
+    let seen_length = |report: &serde_json::Value| {
+        report["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "content-length" || h[0] == "transfer-encoding")
+    };
+    for path in ["/one", "/two"] {
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+        );
+        let reply = raw(p.addr, head.as_bytes(), Duration::from_secs(5)).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply:?}");
+        let body = &reply[reply.find("\r\n\r\n").expect("a head") + 4..];
+        let report: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(report["path"], path, "{report}");
+        assert!(!seen_length(&report), "{path}: {report}");
+    }
+    let mut client = h2_client(p.addr).await;
+    let req = http::Request::get(format!("http://app.test/three"))
+        .header("content-length", "5")
+        .body(full(bytes::Bytes::from_static(b"hello")))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let report: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(report["path"], "/three", "{report}");
+    assert!(!seen_length(&report), "{report}");
+}
+
 #[tokio::test]
 async fn no_open_proxy() {
     let (o, count) = counting().await;

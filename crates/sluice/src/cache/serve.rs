@@ -28,7 +28,9 @@ pub(crate) const CACHE_NAME: &str = "sluice";
 static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// Request headers the cache sets itself on origin requests, or that only concern one hop.
-const NOT_FORWARDED: [HeaderName; 11] = [
+const NOT_FORWARDED: [HeaderName; 12] = [
+    // Origin requests carry no body.
+    header::CONTENT_LENGTH,
     header::RANGE,
     header::IF_RANGE,
     header::IF_NONE_MATCH,

@@ -439,7 +439,12 @@ struct RouteOrigin {
 
 impl Origin for RouteOrigin {
     fn fetch(&self, req: Request<()>) -> OriginFuture {
-        let (parts, ()) = req.into_parts();
+        let (mut parts, ()) = req.into_parts();
+        // The cache's origin requests carry no body: a client's framing fields must not go on with
+        // them (a `Content-Length` left on a bodiless GET would have the origin take the next
+        // request on the pooled connection as its body).
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        parts.headers.remove(http::header::TRANSFER_ENCODING);
         let mut head = UpstreamHead {
             method: parts.method,
             path_and_query: parts

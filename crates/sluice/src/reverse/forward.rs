@@ -232,8 +232,8 @@ impl Reverse {
                 .map_err(|e| {
                     ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_framing", e.to_string())
                 })?;
-            // A list of equal lengths goes on as the one number (`Content-Length: 10, 10` is
-            // read as 10 here; the next hop must not read it otherwise).
+            // The same length in several fields, or with leading zeros, goes on as the one plain
+            // number (the next hop must not read it otherwise).
             framing::settle_length(req.headers_mut());
             let limit = route.config.max_body_bytes;
             if let Framing::Length(n) = framing {
