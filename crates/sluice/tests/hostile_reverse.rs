@@ -193,7 +193,7 @@ memory_bytes = "16MiB"
         assert!(!seen_length(&report), "{path}: {report}");
     }
     let mut client = h2_client(p.addr).await;
-    let req = http::Request::get(format!("http://app.test/three"))
+    let req = http::Request::get("http://app.test/three")
         .header("content-length", "5")
         .body(full(bytes::Bytes::from_static(b"hello")))
         .unwrap();
