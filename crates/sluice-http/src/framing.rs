@@ -74,6 +74,13 @@ pub fn check_fields(te: &[&[u8]], cl: &[&[u8]], http11: bool) -> Result<Framing,
     })
 }
 
+/// Whether a field value starts or ends with a space or tab, which HTTP/2 and HTTP/3 requests may
+/// not carry (RFC 9113 §8.2.1, RFC 9114 §10.3: a field value is `field-content`); HTTP/1.1's
+/// parser strips such whitespace instead.
+pub fn padded(value: &[u8]) -> bool {
+    matches!(value.first(), Some(b' ' | b'\t')) || matches!(value.last(), Some(b' ' | b'\t'))
+}
+
 /// Whether `value` is a length written the one plain way: decimal digits without a leading zero
 /// (or `0`), at most 19 of them.
 pub fn is_plain_length(value: &[u8]) -> bool {

@@ -857,10 +857,10 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     let seen = panics.lock().unwrap().clone();
     assert!(seen.is_empty(), "panics: {seen:?}");
 
-    // `content-length` read as the proxy reads it: one number per field (a list inside one is
-    // malformed, as over HTTP/1.1 and HTTP/2: the stream is reset, H3_MESSAGE_ERROR), and "0 "
-    // is 0 (bytes after it refused). Read as a plain number, these slipped past the checks.
-    for declared in ["5, 5", "10, 10", "5, 6"] {
+    // `content-length` read as the proxy reads it: one number per field; a list inside one, or
+    // a space at either end (RFC 9114 §10.3), is malformed, as over HTTP/2: the stream is reset,
+    // H3_MESSAGE_ERROR. Read as a plain number, these slipped past the checks.
+    for declared in ["5, 5", "10, 10", "5, 6", "0 ", " 10"] {
         let r = client(s.plan(json!({
             "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [10],
             "then": then,
@@ -868,12 +868,6 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         .await;
         assert_eq!(r["attack"]["reset"], 0x10e, "{declared:?}: {r}");
     }
-    let r = client(s.plan(json!({
-        "attack": "length", "path": "/plain/echo", "declared": "0 ", "parts": [5],
-        "then": then,
-    })))
-    .await;
-    assert_eq!(r["attack"]["status"], 400, "{r}");
     assert_eq!(
         whole.load(Ordering::SeqCst),
         matching.len() + 2,

@@ -115,7 +115,7 @@ pub(super) fn build(
 /// this hop holds the body to is what the next one is told. A value that starts or ends with a
 /// space or tab is malformed (RFC 9113 section 8.2.1).
 fn content_length(fields: &mut HeaderMap) -> Result<Option<u64>, Malformed> {
-    use sluice_http::framing::{declared_length, is_plain_length, FramingError};
+    use sluice_http::framing::{declared_length, is_plain_length, padded, FramingError};
     let mut values = fields.get_all(header::CONTENT_LENGTH).iter();
     let (first, second) = (values.next(), values.next());
     let Some(first) = first else {
@@ -128,8 +128,7 @@ fn content_length(fields: &mut HeaderMap) -> Result<Option<u64>, Malformed> {
         return n.map(Some).ok_or(Malformed("bad content-length"));
     }
     let all = || fields.get_all(header::CONTENT_LENGTH).iter();
-    let edge = |c: Option<&u8>| matches!(c, Some(b' ' | b'\t'));
-    if all().any(|v| edge(v.as_bytes().first()) || edge(v.as_bytes().last())) {
+    if all().any(|v| padded(v.as_bytes())) {
         return Err(Malformed(
             "content-length with leading or trailing whitespace",
         ));

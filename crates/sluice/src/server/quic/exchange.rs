@@ -9,6 +9,7 @@ use h3::error::Code;
 use h3::server::{RequestResolver, RequestStream};
 use http::{header, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
+use sluice_http::framing::{check_request, padded, FramingError};
 
 use super::body::H3Body;
 use super::conn::{Handshake, Shared};
@@ -47,10 +48,16 @@ pub async fn serve<H: Handler>(
             .insert(EARLY_DATA, http::HeaderValue::from_static("1"));
     }
     let (mut send, recv) = stream.split();
-    // Read as the proxy reads it (one number per field, the same in every field, whitespace
-    // around it), so the length held to here is the one forwarded; anything else, a list inside
-    // one field included, is malformed (RFC 9114 §4.1.2).
-    let length = match sluice_http::framing::check_request(req.headers(), false) {
+    // Read as the proxy reads it (one number per field, the same in every field), so the length
+    // held to here is the one forwarded; anything else, a list inside one field or a value with
+    // a space at either end included, is malformed (RFC 9114 §4.1.2, §10.3).
+    let lengths = req.headers().get_all(header::CONTENT_LENGTH);
+    let checked = if lengths.iter().any(|v| padded(v.as_bytes())) {
+        Err(FramingError::BadLength)
+    } else {
+        check_request(req.headers(), false)
+    };
+    let length = match checked {
         Ok(sluice_http::framing::Framing::Length(n)) => Some(n),
         Ok(_) if req.headers().contains_key(header::CONTENT_LENGTH) => Some(0),
         Ok(_) => None,
@@ -63,8 +70,8 @@ pub async fn serve<H: Handler>(
         }
     };
     if let Some(n) = length {
-        // One value on: repeated fields, or one with spaces or leading zeros, are the same length
-        // to this hop (RFC 9110 §8.6), and the next may read or refuse them otherwise.
+        // One value on: repeated fields, or one with leading zeros, are the same length to this
+        // hop (RFC 9110 §8.6), and the next may read or refuse them otherwise.
         req.headers_mut()
             .insert(header::CONTENT_LENGTH, http::HeaderValue::from(n));
     }
