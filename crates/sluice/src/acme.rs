@@ -52,6 +52,8 @@ pub struct Acme {
     wake: Notify,
     /// State-directory look-ups for other nodes' TLS-ALPN-01 challenges running at once.
     alpn_lookups: Arc<tokio::sync::Semaphore>,
+    /// State-directory look-ups for certificates other nodes issued on demand running at once.
+    store_lookups: Arc<tokio::sync::Semaphore>,
 }
 
 /// Look-ups of other nodes' TLS-ALPN-01 challenges at once (a file read each, off the runtime's
@@ -61,6 +63,11 @@ const ALPN_LOOKUPS: usize = 4;
 
 /// How long such a look-up may take (a slow network file system).
 const ALPN_LOOKUP_TIME: Duration = Duration::from_secs(2);
+
+/// Look-ups of a certificate another node may have issued on demand, at once (a file read each,
+/// off the runtime's threads, the place held by the read itself); a name that finds none free
+/// within `STORE_LOOKUP_TIME`, or whose read takes longer, is asked about anyway.
+const STORE_LOOKUPS: usize = 4;
 
 /// How long an on-demand name waits for its stored certificate to be read before it is asked
 /// about anyway.
@@ -148,6 +155,7 @@ impl Acme {
             orders: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
             alpn_lookups: Arc::new(tokio::sync::Semaphore::new(ALPN_LOOKUPS)),
+            store_lookups: Arc::new(tokio::sync::Semaphore::new(STORE_LOOKUPS)),
         };
         for name in acme.store.stored_names() {
             acme.refresh_from_store(&name);
@@ -273,24 +281,27 @@ impl Acme {
     }
 
     /// An on-demand name past the gate (so a well-formed name, at most once per
-    /// `per_name_secs`): once it has one of the places for look-ups and asks, another node on
-    /// the same state directory may have issued it already, and its stored certificate is taken
-    /// up before the ask URL or the CA is troubled; else ask, then order. The place is let go
-    /// once the ask has answered.
+    /// `per_name_secs`): another node on the same state directory may have issued it already,
+    /// and its stored certificate is taken up before the ask URL or the CA is troubled; else,
+    /// once it has one of the ask places, ask (the place is let go once the ask has answered),
+    /// then order.
     async fn stored_or_ordered(self: &Arc<Self>, name: &str) -> bool {
         let Some(od) = &self.on_demand else {
             return false;
         };
-        let Some(place) = od.place(name).await else {
-            self.metrics.decision("busy");
-            tracing::info!(%name, "acme: on-demand issuance put off: every ask place was taken for wait_secs");
-            return false;
-        };
-        // Off the runtime's threads: the directory may be on a network file system. A read
-        // that hangs is not waited for past STORE_LOOKUP_TIME (its place goes with the ask).
-        let (me, stored) = (self.clone(), name.to_string());
-        let read = tokio::task::spawn_blocking(move || me.refresh_from_store(&stored));
-        let _ = tokio::time::timeout(STORE_LOOKUP_TIME, read).await;
+        // Off the runtime's threads: the directory may be on a network file system. The
+        // look-up's place is held by the read itself, so one that outlives the wait still counts.
+        let (me, stored, lookups) = (self.clone(), name.to_string(), self.store_lookups.clone());
+        let _ = tokio::time::timeout(STORE_LOOKUP_TIME, async move {
+            let place = lookups.acquire_owned().await.ok()?;
+            tokio::task::spawn_blocking(move || {
+                me.refresh_from_store(&stored);
+                drop(place);
+            })
+            .await
+            .ok()
+        })
+        .await;
         if self
             .certs
             .held(name)
@@ -300,6 +311,11 @@ impl Acme {
             tracing::info!(%name, "acme: certificate another node issued on demand taken up");
             return true;
         }
+        let Some(place) = od.place(name).await else {
+            self.metrics.decision("busy");
+            tracing::info!(%name, "acme: on-demand issuance put off: no ask place came within wait_secs");
+            return false;
+        };
         self.ask_and_issue(name, place).await
     }
 

@@ -747,9 +747,9 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
         .is_err());
     assert_eq!(asked.load(Ordering::Relaxed), 2);
 
-    // A flood: 400 made-up names, 48 at a time (past the 32 asks in flight: the rest wait their
-    // turn). Each is asked about once and refused; every handshake ends (refused), the process
-    // stays up, memory bounded.
+    // A flood: 400 made-up names, 48 at a time (more than the 32 ask places). Each is asked
+    // about once and refused; every handshake ends (refused), the process stays up, memory
+    // bounded.
     let rss_before = sluice.rss_kb();
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();

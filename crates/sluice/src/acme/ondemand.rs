@@ -1,10 +1,9 @@
 //! On-demand issuance: which names seen in a TLS handshake may start an order. Only a name the
 //! operator's `ask` URL answers 2xx for; each name asked about at most once per `per_name_secs`,
-//! at most `ASKS_AT_ONCE` look-ups and asks in flight (the rest wait their turn, first come first
-//! served), at most `PENDING_AT_ONCE` names in progress, at most `per_minute` orders started, and
-//! at most `max_names` names remembered, the oldest forgotten first: memory stays bounded
-//! whatever a client sends as SNI, and made-up names cost asks, never the orders a real name
-//! needs.
+//! at most `ASKS_AT_ONCE` asks in flight (the rest wait their turn, first come first served), at
+//! most `PENDING_AT_ONCE` names in progress, at most `per_minute` orders started, and at most
+//! `max_names` names remembered, the oldest forgotten first: memory stays bounded whatever a
+//! client sends as SNI, and made-up names cost asks, never the orders a real name needs.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -20,8 +19,8 @@ use super::config::{check_name, OnDemandConfig};
 
 type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
 
-/// Asks (and the store look-up before each) in flight at once, all names together; a name that
-/// finds them all taken waits for one, in turn, up to `wait_secs`.
+/// Asks in flight at once, all names together; a name that finds them all taken waits for one,
+/// in turn, up to `wait_secs`.
 pub const ASKS_AT_ONCE: usize = 32;
 
 /// Names being looked up, asked about or ordered at once; a new name past it is refused for this
@@ -283,13 +282,21 @@ mod tests {
         assert!(g.place("waits.test").await.is_none());
         g.done("waits.test", tx, false);
         assert!(matches!(g.gate("waits.test"), Gate::Start(_)));
-        // One let go in time is taken.
-        let waiter = {
+        // Places let go in time are taken, in the order the names came.
+        let waiter = |name: &'static str| {
             let g = g.clone();
-            tokio::spawn(async move { g.place("second.test").await.is_some() })
+            tokio::spawn(async move { g.place(name).await })
         };
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        drop(held);
-        assert!(waiter.await.unwrap());
+        let first = waiter("first.test");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = waiter("second.test");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut held = held.into_iter();
+        drop(held.next());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(first.is_finished() && !second.is_finished());
+        drop(held.next());
+        assert!(second.await.unwrap().is_some());
+        assert!(first.await.unwrap().is_some());
     }
 }
