@@ -29,8 +29,8 @@ pub const PENDING_AT_ONCE: usize = 1024;
 
 /// What the gate says about one name.
 pub enum Gate {
-    /// Go ahead: take a place ([`OnDemand::place`]), look, ask, then order; report the end
-    /// through the sender ([`OnDemand::done`]).
+    /// Go ahead: look in the state directory, take an ask place ([`OnDemand::place`]), ask,
+    /// then order; report the end through the sender ([`OnDemand::done`]).
     Start(watch::Sender<Option<bool>>),
     /// Someone else is already on it: wait for this.
     Wait(watch::Receiver<Option<bool>>),

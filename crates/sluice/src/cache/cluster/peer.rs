@@ -85,6 +85,10 @@ impl PeerClient {
         let mut headers = req.headers.clone();
         strip_hop_by_hop(&mut headers, false);
         headers.remove(HOP_HEADER);
+        // The relayed request carries no body (a cached route's GET or HEAD): the client's
+        // framing fields must not go on with it, or the owner waits for bytes that never come.
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(header::EXPECT);
         headers.insert(
             header::HOST,
             HeaderValue::from_str(&req.authority).map_err(|e| fail(e.to_string()))?,
@@ -180,4 +184,61 @@ pub fn relayed(resp: Response<hyper::body::Incoming>) -> Response<Body> {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
     Response::from_parts(parts, crate::body::boxed(incoming))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A client's `GET` with a body, relayed: the owner gets the head without the client's
+    /// `Content-Length` or `Expect` (there is no body to go with them), and answers at once.
+    #[tokio::test]
+    async fn a_relayed_request_carries_no_framing_field_of_the_clients() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let owner_saw = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the head ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            String::from_utf8(head).unwrap().to_ascii_lowercase()
+        });
+        let peer = PeerClient::new(
+            HopKey::new("a shared secret"),
+            "127.0.0.1:1",
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+        );
+        let owner = Member {
+            addr: addr.to_string(),
+            control: addr,
+            weight: 1,
+            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        headers.insert(header::EXPECT, HeaderValue::from_static("100-continue"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        let req = RelayRequest {
+            method: Method::GET,
+            authority: "app.test".into(),
+            target: "/object".into(),
+            headers,
+        };
+        let resp = peer.relay(&owner, &req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let head = owner_saw.await.unwrap();
+        assert!(head.starts_with("get /object http/1.1\r\n"), "{head}");
+        assert!(head.contains("x-kept: 1\r\n"), "{head}");
+        assert!(!head.contains("content-length"), "{head}");
+        assert!(!head.contains("expect"), "{head}");
+    }
 }

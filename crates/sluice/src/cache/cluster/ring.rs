@@ -37,7 +37,7 @@ pub struct PeerState {
 impl PeerState {
     /// A member of the first list this node saw is not ramped up (`up_since` 0): the whole
     /// cluster starting together must not route around itself.
-    fn new(joined: bool) -> PeerState {
+    pub(super) fn new(joined: bool) -> PeerState {
         PeerState {
             up: AtomicBool::new(true),
             failures: AtomicU32::new(0),
