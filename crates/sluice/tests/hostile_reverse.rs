@@ -175,15 +175,13 @@ memory_bytes = "16MiB"
     )))
     .await;
     let seen_length = |report: &serde_json::Value| {
-        report["headers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|h| h[0] == "content-length" || h[0] == "transfer-encoding")
+        report["headers"].as_array().unwrap().iter().any(|h| {
+            ["content-length", "transfer-encoding", "expect"].contains(&h[0].as_str().unwrap())
+        })
     };
     for path in ["/one", "/two"] {
         let head = format!(
-            "GET {path} HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+            "GET {path} HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\nhello"
         );
         let reply = raw(p.addr, head.as_bytes(), Duration::from_secs(5)).await;
         assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply:?}");

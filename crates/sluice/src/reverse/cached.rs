@@ -445,6 +445,7 @@ impl Origin for RouteOrigin {
         // request on the pooled connection as its body).
         parts.headers.remove(http::header::CONTENT_LENGTH);
         parts.headers.remove(http::header::TRANSFER_ENCODING);
+        parts.headers.remove(http::header::EXPECT);
         let mut head = UpstreamHead {
             method: parts.method,
             path_and_query: parts
