@@ -300,6 +300,65 @@ async fn an_oversized_head_gets_431() {
     still_served(addr).await;
 }
 
+/// An HTTP/1.1 origin on raw bytes: for each request, the `content-length` lines of its head as
+/// written, the body's length and SHA-256 as JSON, once its body (by the first length) has come
+/// whole; `reached` counts those.
+async fn recording_origin(reached: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let reached = reached.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    let lengths: Vec<String> = head
+                        .lines()
+                        .filter_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            let length = name.eq_ignore_ascii_case("content-length");
+                            length.then(|| value.trim().to_string())
+                        })
+                        .collect();
+                    let want: usize = lengths.first().and_then(|v| v.parse().ok()).unwrap_or(0);
+                    while buf.len() < want {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body: Vec<u8> = buf.drain(..want).collect();
+                    reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let report = serde_json::json!({
+                        "lengths": lengths, "len": body.len(), "sha256": sha256(&body),
+                    })
+                    .to_string();
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{report}",
+                        report.len()
+                    );
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// `content-length` is read as HTTP/1.1 and HTTP/3 read it: the same number in several fields
 /// (or with leading zeros) is that one length, forwarded as one plain value and held to the body;
 /// a list inside one field, numbers that disagree, a value with a space at either end, or a body
@@ -353,33 +412,11 @@ async fn a_content_length_is_one_plain_number_held_to_the_body() {
             }
         }
     }
-    // The origin counts the bodies it receives whole and reports each request's lengths.
+    // The origin reads each request as bytes (a server library would merge repeated equal
+    // fields itself), counts the bodies it receives whole and reports each request's
+    // `content-length` lines as written.
     let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let o = {
-        let reached = reached.clone();
-        origin(move |req: http::Request<hyper::body::Incoming>| {
-            let reached = reached.clone();
-            async move {
-                let lengths: Vec<String> = req
-                    .headers()
-                    .get_all("content-length")
-                    .iter()
-                    .map(|v| v.to_str().unwrap_or("?").to_string())
-                    .collect();
-                let body = http_body_util::BodyExt::collect(req.into_body()).await;
-                let Ok(body) = body.map(|b| b.to_bytes()) else {
-                    return http::Response::new(full(""));
-                };
-                // Counted only once a body arrived whole.
-                reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let report = serde_json::json!({
-                    "lengths": lengths, "len": body.len(), "sha256": sha256(&body),
-                });
-                http::Response::new(full(report.to_string()))
-            }
-        })
-        .await
-    };
+    let o = recording_origin(reached.clone()).await;
     let _p = Proxy::start(route_config(o, "")).await;
     let addr = _p.addr;
     let mut s = open(addr).await;
