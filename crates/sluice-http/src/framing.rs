@@ -124,10 +124,7 @@ pub fn declared_length<'a>(
         if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
             return Err(FramingError::BadLength);
         }
-        let n: u64 = std::str::from_utf8(part)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or(FramingError::BadLength)?;
+        let n = crate::response_head::decimal(part).ok_or(FramingError::BadLength)?;
         match length {
             Some(prev) if prev != n => return Err(FramingError::ConflictingLength),
             _ => length = Some(n),

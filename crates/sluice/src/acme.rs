@@ -73,6 +73,27 @@ const STORE_LOOKUPS: usize = 4;
 /// about anyway.
 const STORE_LOOKUP_TIME: Duration = Duration::from_secs(2);
 
+/// Runs `read` (a state-directory read) on the blocking pool once one of `places` is free,
+/// waiting at most `within` for both. The place is held by the read itself, so a read that
+/// outlives the wait still counts against the bound.
+async fn bounded_read(
+    places: &Arc<tokio::sync::Semaphore>,
+    within: Duration,
+    read: impl FnOnce() + Send + 'static,
+) {
+    let places = places.clone();
+    let _ = tokio::time::timeout(within, async move {
+        let place = places.acquire_owned().await.ok()?;
+        tokio::task::spawn_blocking(move || {
+            read();
+            drop(place);
+        })
+        .await
+        .ok()
+    })
+    .await;
+}
+
 /// The end of an on-demand name's try, reported once: by [`Ending::finish`], or as "not issued"
 /// if its task ends any other way (a panic), so the name is not left in progress for good.
 struct Ending {
@@ -230,16 +251,9 @@ impl Acme {
     /// Takes up another node's TLS-ALPN-01 challenge for `name` (or lets go of one it closed)
     /// from the state directory, within `ALPN_LOOKUP_TIME`.
     async fn borrow_alpn_challenge(&self, name: String) {
-        let (certs, lookups) = (self.certs.clone(), self.alpn_lookups.clone());
-        let _ = tokio::time::timeout(ALPN_LOOKUP_TIME, async move {
-            // The place is held by the read itself, so one that outlives the wait still counts.
-            let place = lookups.acquire_owned().await.ok()?;
-            tokio::task::spawn_blocking(move || {
-                certs.borrow_alpn_challenge(&name);
-                drop(place);
-            })
-            .await
-            .ok()
+        let certs = self.certs.clone();
+        bounded_read(&self.alpn_lookups, ALPN_LOOKUP_TIME, move || {
+            certs.borrow_alpn_challenge(&name)
         })
         .await;
     }
@@ -289,17 +303,10 @@ impl Acme {
         let Some(od) = &self.on_demand else {
             return false;
         };
-        // Off the runtime's threads: the directory may be on a network file system. The
-        // look-up's place is held by the read itself, so one that outlives the wait still counts.
-        let (me, stored, lookups) = (self.clone(), name.to_string(), self.store_lookups.clone());
-        let _ = tokio::time::timeout(STORE_LOOKUP_TIME, async move {
-            let place = lookups.acquire_owned().await.ok()?;
-            tokio::task::spawn_blocking(move || {
-                me.refresh_from_store(&stored);
-                drop(place);
-            })
-            .await
-            .ok()
+        // Off the runtime's threads: the directory may be on a network file system.
+        let (me, stored) = (self.clone(), name.to_string());
+        bounded_read(&self.store_lookups, STORE_LOOKUP_TIME, move || {
+            me.refresh_from_store(&stored)
         })
         .await;
         if self

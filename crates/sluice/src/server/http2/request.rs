@@ -124,7 +124,7 @@ fn content_length(fields: &mut HeaderMap) -> Result<Option<u64>, Malformed> {
     // The common case: one plain number, kept as sent.
     let b = first.as_bytes();
     if second.is_none() && is_plain_length(b) {
-        let n = std::str::from_utf8(b).ok().and_then(|s| s.parse().ok());
+        let n = sluice_http::response_head::decimal(b);
         return n.map(Some).ok_or(Malformed("bad content-length"));
     }
     let all = || fields.get_all(header::CONTENT_LENGTH).iter();
