@@ -52,7 +52,8 @@ pub struct HttpMetrics {
     pub send_timeouts: Counter,
     /// TLS handshakes not finished within `server.tls_handshake_timeout_secs`.
     pub tls_handshake_timeouts: Counter,
-    /// HTTP/1.1 requests refused for ambiguous framing (`server::screen`).
+    /// Requests refused for ambiguous or broken body framing: HTTP/1.1's screen
+    /// (`server::screen`), HTTP/2's and HTTP/3's `content-length` checks.
     pub smuggling_refused: Counter,
     /// Requests by HTTP version; QUIC connections.
     pub protocol: protocol::ProtocolMetrics,
@@ -121,7 +122,7 @@ impl HttpMetrics {
         );
         registry.register(
             "downstream_smuggling_refused",
-            "HTTP/1.1 requests refused (400, connection closed) for ambiguous framing such as Content-Length with Transfer-Encoding",
+            "Requests refused for ambiguous or broken body framing: over HTTP/1.1 (400, connection closed) Content-Length with Transfer-Encoding and the like; over HTTP/2 and HTTP/3 (the stream reset) a bad or conflicting content-length, or a body longer or shorter than it",
             m.smuggling_refused.clone(),
         );
         m

@@ -936,12 +936,14 @@ impl<H: Handler> Conn<H> {
     {
         let watch = Watch::new(watch);
         let respond = Responder::new(&self, &watch, peer, secure, None);
+        let refused = self.handler.http_metrics().smuggling_refused.clone();
         let conn = std::pin::pin!(http2::Connection::new(
             io,
             move |req| respond.call(req),
             limits,
             prefaced
-        ));
+        )
+        .count_framing_refusals(refused));
         // A drain says GOAWAY at once (once a request has begun): the client opens no new
         // stream here and the open ones finish, however busy the connection is.
         self.watch_over(conn, watch, peer, true, |c| c.get_mut().graceful_shutdown())

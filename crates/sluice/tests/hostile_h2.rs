@@ -454,6 +454,13 @@ async fn a_content_length_is_one_plain_number_held_to_the_body() {
         3,
         "a refused request's body reached the origin whole"
     );
+    // Each refusal counted as HTTP/1.1's ambiguous framing is.
+    let metrics = get(&_p.url("/metrics"), &[]).await;
+    let metrics = String::from_utf8_lossy(metrics.body.as_ref().unwrap()).into_owned();
+    assert!(
+        metrics.contains("sluice_downstream_smuggling_refused_total 10"),
+        "{metrics}"
+    );
     still_served(addr).await;
 }
 

@@ -775,6 +775,9 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
             .await,
         cases.len() as f64
     );
+    // Counted as HTTP/1.1's and HTTP/2's framing refusals are.
+    let refused = "sluice_downstream_smuggling_refused_total";
+    assert_eq!(s.metric(refused).await, cases.len() as f64);
     // Bodies that match, in one frame, in two, after an empty frame, and with no length
     // and an empty frame in the middle (which is not the end either).
     let matching: [(Option<u64>, &[u64]); 6] = [
@@ -860,7 +863,9 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // `content-length` read as the proxy reads it: one number per field; a list inside one, or
     // a space at either end (RFC 9114 §10.3), is malformed, as over HTTP/2: the stream is reset,
     // H3_MESSAGE_ERROR. Read as a plain number, these slipped past the checks.
-    for declared in ["5, 5", "10, 10", "5, 6", "0 ", " 10"] {
+    let before = s.metric(refused).await;
+    let lists = ["5, 5", "10, 10", "5, 6", "0 ", " 10"];
+    for declared in lists {
         let r = client(s.plan(json!({
             "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [10],
             "then": then,
@@ -873,6 +878,7 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         matching.len() + 2,
         "a list reached the origin whole"
     );
+    assert_eq!(s.metric(refused).await, before + lists.len() as f64);
 
     // A GET that says `content-length: 0` and sends bytes: refused before anything is
     // forwarded (an upstream client sends a GET no body and would never read them).

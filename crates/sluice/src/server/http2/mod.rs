@@ -21,6 +21,7 @@ use h2::frame::{self, Frame, Headers, Pseudo, StreamId};
 use h2::Reason;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, StatusCode};
+use prometheus_client::metrics::counter::Counter;
 use slab::Slab;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -153,6 +154,8 @@ pub(crate) struct Connection<I, S, F, B> {
     draining: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A connection error: GOAWAY queued, the connection ends once it is written.
     failed: Option<Reason>,
+    /// Requests refused for their body's framing (`count_framing_refusals`).
+    framing_refused: Counter,
 }
 
 enum State {
@@ -239,7 +242,15 @@ where
             peer_going_away: false,
             draining: None,
             failed: None,
+            framing_refused: Counter::default(),
         }
+    }
+
+    /// Where requests refused for their body's framing (a bad or conflicting `content-length`, a
+    /// body longer or shorter than it) are counted; none by default.
+    pub fn count_framing_refusals(mut self, counter: Counter) -> Self {
+        self.framing_refused = counter;
+        self
     }
 
     /// Stops taking new streams and ends the connection once the open ones are done, in RFC 9113
@@ -462,7 +473,10 @@ where
         }
         let (req, framing) = match request::build(h, true) {
             Ok(built) => built,
-            Err(request::Malformed(why)) => {
+            Err(request::Malformed { why, framing }) => {
+                if framing {
+                    self.framing_refused.inc();
+                }
                 tracing::debug!(stream = id, why, "malformed HTTP/2 request");
                 self.reset(id, Reason::PROTOCOL_ERROR);
                 return self.spend_reset();
@@ -528,6 +542,9 @@ where
             || pseudo.status.is_some();
         // Trailers end the stream, carry no pseudo-field, and follow the whole body.
         if short || has_pseudo || !h_end {
+            if short {
+                self.framing_refused.inc();
+            }
             recv.fail(Reason::PROTOCOL_ERROR);
             self.remove(key);
             self.reset(id, Reason::PROTOCOL_ERROR);
@@ -585,6 +602,8 @@ where
             let reason = if over {
                 Reason::FLOW_CONTROL_ERROR
             } else {
+                // A body longer or shorter than its `content-length`.
+                self.framing_refused.inc();
                 Reason::PROTOCOL_ERROR
             };
             self.reset(id, reason);

@@ -6,7 +6,25 @@ use http::{header, uri, HeaderMap, Method, Request, Version};
 
 /// Why a request head was refused: the stream is reset with `PROTOCOL_ERROR`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Malformed(pub &'static str);
+pub(super) struct Malformed {
+    pub why: &'static str,
+    /// The body's framing (`content-length`) was what was wrong: counted with HTTP/1.1's
+    /// ambiguous framing (`sluice_downstream_smuggling_refused_total`).
+    pub framing: bool,
+}
+
+impl Malformed {
+    const fn head(why: &'static str) -> Self {
+        Malformed {
+            why,
+            framing: false,
+        }
+    }
+
+    const fn framing(why: &'static str) -> Self {
+        Malformed { why, framing: true }
+    }
+}
 
 /// What the connection keeps of a request to check its body against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,28 +56,28 @@ pub(super) fn build(
         protocol,
         status,
     } = pseudo;
-    let method = method.ok_or(Malformed("no :method"))?;
+    let method = method.ok_or(Malformed::head("no :method"))?;
     if status.is_some() {
-        return Err(Malformed(":status in a request"));
+        return Err(Malformed::head(":status in a request"));
     }
     let connect = method == Method::CONNECT;
     let extended = protocol.is_some();
     if extended && (!connect || !extended_connect) {
-        return Err(Malformed(":protocol not allowed"));
+        return Err(Malformed::head(":protocol not allowed"));
     }
     if connect && !extended {
         // A plain CONNECT names only an authority (section 8.5); this server proxies none, and
         // the handler answers it, but its form is checked first.
         if scheme.is_some() || path.is_some() || authority.is_none() {
-            return Err(Malformed(
+            return Err(Malformed::head(
                 "CONNECT with :scheme or :path, or without :authority",
             ));
         }
     } else if scheme.is_none() || path.as_ref().is_none_or(|p| p.is_empty()) {
-        return Err(Malformed("no :scheme or no :path"));
+        return Err(Malformed::head("no :scheme or no :path"));
     }
     if end_stream && length.is_some_and(|n| n > 0) {
-        return Err(Malformed(
+        return Err(Malformed::framing(
             "content-length above zero on a request without a body",
         ));
     }
@@ -67,11 +85,11 @@ pub(super) fn build(
     if let Some(authority) = authority {
         parts.authority = Some(
             uri::Authority::from_maybe_shared(authority.into_inner())
-                .map_err(|_| Malformed("bad :authority"))?,
+                .map_err(|_| Malformed::head("bad :authority"))?,
         );
     }
     if let Some(scheme) = scheme {
-        let scheme: uri::Scheme = scheme.parse().map_err(|_| Malformed("bad :scheme"))?;
+        let scheme: uri::Scheme = scheme.parse().map_err(|_| Malformed::head("bad :scheme"))?;
         // A URI cannot have a scheme without an authority: the scheme is checked, then dropped.
         if parts.authority.is_some() {
             parts.scheme = Some(scheme);
@@ -80,10 +98,10 @@ pub(super) fn build(
     if let Some(path) = path {
         parts.path_and_query = Some(
             uri::PathAndQuery::from_maybe_shared(path.into_inner())
-                .map_err(|_| Malformed("bad :path"))?,
+                .map_err(|_| Malformed::head("bad :path"))?,
         );
     }
-    let uri = uri::Uri::from_parts(parts).map_err(|_| Malformed("bad request target"))?;
+    let uri = uri::Uri::from_parts(parts).map_err(|_| Malformed::head("bad request target"))?;
     let mut req = Request::new(());
     *req.method_mut() = method;
     *req.uri_mut() = uri;
@@ -125,17 +143,17 @@ fn content_length(fields: &mut HeaderMap) -> Result<Option<u64>, Malformed> {
     let b = first.as_bytes();
     if second.is_none() && is_plain_length(b) {
         let n = sluice_http::response_head::decimal(b);
-        return n.map(Some).ok_or(Malformed("bad content-length"));
+        return n.map(Some).ok_or(Malformed::framing("bad content-length"));
     }
     let all = || fields.get_all(header::CONTENT_LENGTH).iter();
     if all().any(|v| padded(v.as_bytes())) {
-        return Err(Malformed(
+        return Err(Malformed::framing(
             "content-length with leading or trailing whitespace",
         ));
     }
     let n = declared_length(all().map(|v| v.as_bytes())).map_err(|e| match e {
-        FramingError::ConflictingLength => Malformed("conflicting content-length"),
-        _ => Malformed("bad content-length"),
+        FramingError::ConflictingLength => Malformed::framing("conflicting content-length"),
+        _ => Malformed::framing("bad content-length"),
     })?;
     if let Some(n) = n {
         fields.insert(header::CONTENT_LENGTH, http::HeaderValue::from(n));
@@ -203,7 +221,9 @@ mod tests {
         assert!(build(frame(status, HeaderMap::new(), true), false).is_err());
         let mut bad_authority = get("/");
         bad_authority.authority = Some(unsafe_str("exa mple"));
-        assert!(build(frame(bad_authority, HeaderMap::new(), true), false).is_err());
+        let refused = build(frame(bad_authority, HeaderMap::new(), true), false).unwrap_err();
+        // Not the body's framing: not counted as such.
+        assert!(!refused.framing);
     }
 
     #[test]
@@ -238,9 +258,11 @@ mod tests {
         let (_, framing) = build(frame(get("/"), fields.clone(), false), false).unwrap();
         assert_eq!(framing.length, Some(5));
         // Declared a body, sent none.
-        assert!(build(frame(get("/"), fields.clone(), true), false).is_err());
+        let refused = build(frame(get("/"), fields.clone(), true), false).unwrap_err();
+        assert!(refused.framing);
         fields.append(header::CONTENT_LENGTH, "6".parse().unwrap());
-        assert!(build(frame(get("/"), fields, false), false).is_err());
+        let refused = build(frame(get("/"), fields, false), false).unwrap_err();
+        assert!(refused.framing);
         for bad in [
             "-1",
             "",
@@ -256,10 +278,8 @@ mod tests {
         ] {
             let mut fields = HeaderMap::new();
             fields.insert(header::CONTENT_LENGTH, bad.parse().unwrap());
-            assert!(
-                build(frame(get("/"), fields, false), false).is_err(),
-                "{bad:?}"
-            );
+            let refused = build(frame(get("/"), fields, false), false).unwrap_err();
+            assert!(refused.framing, "{bad:?}");
         }
         // The same number in several fields, or with leading zeros: that one length, and the
         // request carries it as one plain value (as HTTP/1.1 and HTTP/3 do). A list inside one

@@ -10,6 +10,7 @@ use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 
 use crate::body::BoxError;
 
@@ -38,6 +39,9 @@ pub struct H3Body {
     failed: Option<BoxError>,
     /// Bytes `Content-Length` still owes (held ones counted as given), when the client gave one.
     left: Option<u64>,
+    /// Where a body refused for its framing is counted
+    /// (`sluice_downstream_smuggling_refused_total`).
+    refused: Counter,
 }
 
 /// A body that does not match its `Content-Length`. Reported as invalid data, as hyper reports a
@@ -53,7 +57,7 @@ impl H3Body {
     /// stream with the head, so whatever already arrived is looked at once: a request whose
     /// stream has ended is known to be bodiless (as an HTTP/2 head with `END_STREAM`), and is
     /// forwarded without a body rather than with an empty chunked one.
-    pub fn new(recv: Recv, length: Option<u64>) -> H3Body {
+    pub fn new(recv: Recv, length: Option<u64>, refused: Counter) -> H3Body {
         let mut body = H3Body {
             recv,
             first: None,
@@ -63,6 +67,7 @@ impl H3Body {
             trailers: None,
             failed: None,
             left: length,
+            refused,
         };
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match body.poll_chunk(&mut cx) {
@@ -190,6 +195,7 @@ impl H3Body {
     }
 
     fn refuse(&mut self, why: &'static str) -> Polled {
+        self.refused.inc();
         self.fail(malformed(why))
     }
 

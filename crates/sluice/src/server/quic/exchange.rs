@@ -63,6 +63,7 @@ pub async fn serve<H: Handler>(
         Ok(_) => None,
         Err(e) => {
             shared.requests.inc();
+            shared.handler.http_metrics().smuggling_refused.inc();
             tracing::debug!(%peer, error = %e, "HTTP/3 request framing refused");
             // Reset; the receiving half stops as it is dropped.
             send.stop_stream(Code::H3_MESSAGE_ERROR);
@@ -75,7 +76,8 @@ pub async fn serve<H: Handler>(
         req.headers_mut()
             .insert(header::CONTENT_LENGTH, http::HeaderValue::from(n));
     }
-    let mut body = H3Body::new(recv, length);
+    let refused = shared.handler.http_metrics().smuggling_refused.clone();
+    let mut body = H3Body::new(recv, length, refused);
     if length == Some(0) && !http_body::Body::is_end_stream(&body) {
         // A head that declares no body is held until the stream is seen to end there, as the
         // chunk that reaches a declared length is: an HTTP/1.1 upstream is sent no body, so a
