@@ -8,6 +8,7 @@
 //! TLS-ALPN-01 in the handshake (`certs`), DNS-01 by RFC 2136 updates (`dns`).
 
 mod certs;
+mod client;
 pub mod config;
 mod dns;
 mod eab;
@@ -138,6 +139,33 @@ struct Ari {
     at: SystemTime,
     ask_again: Instant,
     window: (SystemTime, SystemTime),
+    /// The held certificate's file time this was asked for: a renewal by another node (or an
+    /// order here) makes it stale.
+    of: SystemTime,
+}
+
+/// What a kept ARI answer is worth now.
+#[derive(Debug, PartialEq, Eq)]
+enum Still {
+    /// The time it chose, for the certificate held.
+    Good(SystemTime),
+    /// Time to ask the CA again (`ask_again` passed); a window it gives again keeps its time.
+    AskAgain,
+    /// It was for another certificate (the one held replaced it: another node renewed the name,
+    /// or this one did), so it says nothing about the one held.
+    Other,
+}
+
+impl Ari {
+    fn still(&self, held: SystemTime, now: Instant) -> Still {
+        if self.of != held {
+            Still::Other
+        } else if now < self.ask_again {
+            Still::Good(self.at)
+        } else {
+            Still::AskAgain
+        }
+    }
 }
 
 impl Acme {
@@ -432,7 +460,10 @@ impl Acme {
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build::<_, instant_acme::BodyWrapper<bytes::Bytes>>(https);
-        Ok(Account::builder_with_http(Box::new(client)))
+        // Every exchange with the CA bounded in time and size (`client`).
+        Ok(Account::builder_with_http(Box::new(client::Bounded::new(
+            client,
+        ))))
     }
 
     /// The account: stored, or created (with `[acme.eab]` when given). A CA that asks for a
@@ -603,10 +634,16 @@ impl Acme {
         if !self.config.ari {
             return fallback;
         }
-        if let Some(ari) = schedule.ari.get(name) {
-            if Instant::now() < ari.ask_again {
-                return ari.at;
+        match schedule
+            .ari
+            .get(name)
+            .map(|a| a.still(held.modified, Instant::now()))
+        {
+            Some(Still::Good(at)) => return at,
+            Some(Still::Other) => {
+                schedule.ari.remove(name);
             }
+            Some(Still::AskAgain) | None => {}
         }
         let Some(id) = cert_id(&held) else {
             return fallback;
@@ -633,6 +670,7 @@ impl Acme {
                         at,
                         ask_again: Instant::now() + ask_again,
                         window: (start, end),
+                        of: held.modified,
                     },
                 );
                 at
@@ -762,7 +800,34 @@ fn pick_in(start: SystemTime, end: SystemTime) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
-    use super::covered_by;
+    use super::{covered_by, Ari, Still};
+    use std::time::{Duration, Instant, SystemTime};
+
+    #[test]
+    fn a_kept_renewal_time_holds_for_its_own_certificate_only() {
+        let held = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let at = held + Duration::from_secs(50_000);
+        let now = Instant::now();
+        let ari = Ari {
+            at,
+            ask_again: now + Duration::from_secs(3600),
+            window: (at, at + Duration::from_secs(10)),
+            of: held,
+        };
+        assert_eq!(ari.still(held, now), Still::Good(at));
+        assert_eq!(
+            ari.still(held, now + Duration::from_secs(3601)),
+            Still::AskAgain
+        );
+        // Another node renewed the name: the time chosen for the old certificate would have
+        // this node order a second new one when it comes.
+        let renewed = held + Duration::from_secs(40_000);
+        assert_eq!(ari.still(renewed, now), Still::Other);
+        assert_eq!(
+            ari.still(renewed, now + Duration::from_secs(3601)),
+            Still::Other
+        );
+    }
 
     #[test]
     fn configured_names_and_wildcards_cover_one_label() {

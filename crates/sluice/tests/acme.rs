@@ -923,6 +923,45 @@ async fn a_ca_that_is_down_or_answers_errors_leaves_the_held_certificate_in_serv
     );
     let log = s.proc.log_text();
     assert!(log.contains("acme: order failed name=new.acme.test outcome=\"ca_error\" error=CA error: ACME directory https://"), "{log}");
+    drop(s);
+
+    // A CA that takes the connection and never answers (a stalled balancer, a black hole): each
+    // exchange is cut after 30 s and booked as the CA's failure, and the loop goes on. Before,
+    // the renewal loop (and the name's lock) waited for the answer for as long as the process
+    // ran, with nothing logged.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_at = silent.local_addr().unwrap();
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            held.push(c);
+        }
+    });
+    let section = format!(
+        "[acme]\ndirectory = \"https://{silent_at}/dir\"\ndirectory_ca = \"{}\"\nstate_dir = \"{}\"\ncheck_secs = 1\nretry_min_secs = 1\nretry_max_secs = 4\nari = false\nnames = [\"kept.acme.test\", \"new.acme.test\"]\nchallenges = [\"tls-alpn-01\"]\n",
+        t.ca.ca_pem.display(),
+        state.display()
+    );
+    let s = Sluice::start(t.dir.path(), "ca-silent", tls_port, &section);
+    let deadline = std::time::Instant::now() + Duration::from_secs(50);
+    let log = loop {
+        let log = s.proc.log_text();
+        if log.contains("acme: order failed name=new.acme.test") {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failure booked in 50 s\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(log.contains("outcome=\"ca_error\""), "{log}");
+    assert!(log.contains("did not answer within 30s"), "{log}");
+    assert_eq!(
+        handshake(s.tls, "kept.acme.test", &[&root]).await.unwrap()[0],
+        held[0]
+    );
+    holding.abort();
 }
 
 /// An HTTPS server (the test's listener CA) that answers every request with a 503 problem.

@@ -27,6 +27,9 @@ pub const ASKS_AT_ONCE: usize = 32;
 /// handshake only (`busy`) and tried again at the next.
 pub const PENDING_AT_ONCE: usize = 1024;
 
+/// The most of an `ask` answer's body read (and then dropped): its status is the answer.
+const ASK_BODY: usize = 16 * 1024;
+
 /// What the gate says about one name.
 pub enum Gate {
     /// Go ahead: look in the state directory, take an ask place ([`OnDemand::place`]), ask,
@@ -191,8 +194,10 @@ impl OnDemand {
             .await
             .map_err(|_| anyhow::anyhow!("no answer in 5 s"))??;
         let ok = resp.status().is_success();
-        // Read (a little of) the body so the connection can be reused; its content is not used.
-        let _ = tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect()).await;
+        // Read a little of the body, so that a short one leaves the connection reusable; its
+        // content is not used, and a longer one is not read past ASK_BODY.
+        let body = http_body_util::Limited::new(resp.into_body(), ASK_BODY);
+        let _ = tokio::time::timeout(Duration::from_secs(1), body.collect()).await;
         Ok(ok)
     }
 }
