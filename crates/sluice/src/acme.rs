@@ -132,6 +132,10 @@ struct Schedule {
     /// The ARI renewal time chosen for a certificate, when to ask again, and the window it was
     /// chosen in.
     ari: HashMap<String, Ari>,
+    /// On-demand names the ask URL refused at renewal, with the certificate held then: that one
+    /// is not renewed (it is served until it expires); one ordered again later (a handshake after
+    /// the ask URL allowed the name again) is looked after as before.
+    disallowed: HashMap<String, SystemTime>,
 }
 
 /// A renewal time chosen in the window the CA suggested (ACME Renewal Information).
@@ -679,15 +683,42 @@ impl Acme {
         }
     }
 
-    /// Every name the loop looks after: the configured ones, then on-demand ones held.
-    fn managed_names(&self) -> Vec<String> {
+    /// Every name the loop looks after: the configured ones, then, with on-demand issuance on,
+    /// the other names held (issued on demand), but for those the ask URL no longer allows. A
+    /// certificate held for a name in neither (taken out of the config) is still served until it
+    /// expires, and not renewed.
+    fn managed_names(&self, schedule: &Schedule) -> Vec<String> {
         let mut names = self.names.clone();
+        if self.on_demand.is_none() {
+            return names;
+        }
         for (name, _) in self.certs.expiries() {
-            if !names.contains(&name) {
+            let refused = schedule.disallowed.get(&name).is_some_and(|refused| {
+                self.certs.held(&name).map(|h| h.modified) == Some(*refused)
+            });
+            if !names.contains(&name) && !refused {
                 names.push(name);
             }
         }
         names
+    }
+
+    /// Before an on-demand name (one not configured) is renewed, the ask URL is asked again, as
+    /// before its first order: `Ok(false)` when it says no (the name is then left to expire).
+    async fn still_allowed(&self, name: &str) -> Result<bool, OrderError> {
+        let Some(od) = self
+            .on_demand
+            .as_ref()
+            .filter(|_| !self.names.iter().any(|n| n == name))
+        else {
+            return Ok(true);
+        };
+        match od.ask(name).await {
+            Ok(allowed) => Ok(allowed),
+            Err(e) => Err(OrderError::Setup(format!(
+                "the ask URL did not answer: {e:#}"
+            ))),
+        }
     }
 
     /// The renewal loop: re-read the store, order what is missing or due, back off on failure.
@@ -696,7 +727,7 @@ impl Acme {
         let check = Duration::from_secs(self.config.check_secs);
         loop {
             let mut next = Instant::now() + check;
-            for name in self.managed_names() {
+            for name in self.managed_names(&schedule) {
                 self.refresh_from_store(&name);
                 if let Some((_, at)) = schedule.retry.get(&name) {
                     if Instant::now() < *at {
@@ -709,7 +740,23 @@ impl Acme {
                     next = next.min(Instant::now() + wait);
                     continue;
                 }
-                match self.issue(&name).await {
+                let issued = match self.still_allowed(&name).await {
+                    Ok(true) => self.issue(&name).await,
+                    Ok(false) => {
+                        tracing::info!(%name, "acme: the ask URL no longer allows this on-demand name; its certificate is served until it expires, not renewed");
+                        if let Some(held) = self.certs.held(&name) {
+                            schedule.disallowed.insert(name.clone(), held.modified);
+                        }
+                        schedule.retry.remove(&name);
+                        schedule.ari.remove(&name);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%name, error = %e, "acme: renewal of an on-demand name put off");
+                        Err(e)
+                    }
+                };
+                match issued {
                     Ok(()) => {
                         schedule.retry.remove(&name);
                         schedule.ari.remove(&name);
