@@ -994,14 +994,16 @@ impl<H: Handler> Conn<H> {
         // Draining: responses say `Connection: close`, and a connection with nothing in flight
         // is closed once it has been idle for `DRAIN_IDLE`.
         let mut draining = *stop.borrow();
-        let mut closing = false;
+        // When the server's close began (`shut_down`): from then on an idle connection has
+        // `t.send` to end by itself, then it is dropped.
+        let mut closing: Option<Instant> = None;
         loop {
             // `at_once`, once the client is past its preface (a request has begun; until then a
             // drain waits for `DRAIN_IDLE` of idleness as for any connection, so a connection
             // accepted as the drain began is not dropped unanswered). A first request that
             // begins during the drain brings the loop round at once (the branch after `conn`).
-            if at_once && draining && !closing && activity.began() {
-                closing = true;
+            if at_once && draining && closing.is_none() && activity.began() {
+                closing = Some(recent());
                 shut_down(conn.as_mut());
             }
             // A connection that has not sent a first request has the header read timeout (an
@@ -1023,11 +1025,15 @@ impl<H: Handler> Conn<H> {
                         if next_tick.take().is_some() {
                             stream_ticks.settle();
                         }
-                        if closing {
-                            // Only hyper's own close is left to wait for.
-                            return Poll::Pending;
+                        match closing {
+                            // Only the server's own close is left to wait for. A client can
+                            // hold it off (an HTTP/2 stream whose window it keeps shut, its
+                            // body released by the send watch, stays open while nothing is in
+                            // flight): once it has been idle for `t.send` since the close began,
+                            // the connection is dropped.
+                            Some(at) => at.max(now.checked_sub(idle).unwrap_or(now)) + t.send,
+                            None => now + limit.saturating_sub(idle),
                         }
-                        now + limit.saturating_sub(idle)
                     }
                     _ => *next_tick.get_or_insert_with(|| after(now)),
                 };
@@ -1050,13 +1056,19 @@ impl<H: Handler> Conn<H> {
                 // to the GOAWAY at the top of the loop.
                 _ = std::future::poll_fn(|_| {
                     if activity.began() { Poll::Ready(()) } else { Poll::Pending }
-                }), if at_once && draining && !closing => {}
+                }), if at_once && draining && closing.is_none() => {}
                 changed = stop.changed(), if !draining => {
                     if changed.is_err() || *stop.borrow() {
                         draining = true;
                     }
                 }
                 _ = checked => {
+                    let idle = activity.send_stalled_for().is_none()
+                        && activity.idle_for().is_some_and(|d| d >= t.send);
+                    if idle && closing.is_some_and(|at| recent() >= at + t.send) {
+                        tracing::debug!(%peer, "connection not closed by the client after the server's close: dropped");
+                        return;
+                    }
                     stream_ticks.tick();
                     if send.stalled(t.send) {
                         // Dropping the connection drops its response bodies, and with them the
@@ -1074,8 +1086,8 @@ impl<H: Handler> Conn<H> {
                             tracing::debug!(%peer, released, "streams not read: send timeout");
                         }
                     }
-                    if !closing && activity.idle_for().is_some_and(|d| d >= limit) {
-                        closing = true;
+                    if closing.is_none() && activity.idle_for().is_some_and(|d| d >= limit) {
+                        closing = Some(recent());
                         shut_down(conn.as_mut());
                     }
                 }

@@ -464,6 +464,36 @@ async fn a_content_length_is_one_plain_number_held_to_the_body() {
     still_served(addr).await;
 }
 
+/// A client that keeps a stream's window shut and then goes silent does not keep its connection
+/// open: the stream's body is released at the send timeout, the connection is closed at the idle
+/// timeout, and it is dropped a send timeout later although the stream never ended (the server's
+/// close waited for the stream, so the connection stayed open for ever).
+#[tokio::test]
+async fn a_stream_held_shut_does_not_keep_a_silent_connection_open() {
+    let (_p, addr) = proxy_with("send_timeout_secs = 1\nidle_timeout_secs = 1").await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0: no DATA on any stream until the client says.
+    hello.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    hello.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block()));
+    s.write_all(&hello).await.unwrap();
+    let started = std::time::Instant::now();
+    // Nothing more from the client: read until the server closes.
+    let closed = async {
+        let mut buf = [0u8; 4096];
+        while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    };
+    tokio::time::timeout(Duration::from_secs(15), closed)
+        .await
+        .expect("the connection closed");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "closed early: {:?}",
+        started.elapsed()
+    );
+    still_served(addr).await;
+}
+
 /// A drain (graceful shutdown, or the binary upgrade handing over) tells a busy HTTP/2 connection
 /// to go away at once: a client that keeps opening streams gets a GOAWAY, its streams up to the
 /// final GOAWAY's last id are answered, and the server's run ends soon after, not at the end of

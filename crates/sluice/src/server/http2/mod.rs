@@ -49,6 +49,8 @@ const MAX_UNREAD_AFTER_ANSWER: u64 = 1 << 20;
 /// Streams this server reset that the client may not have heard of yet: frames for them are
 /// dropped, not taken as errors.
 const RECENTLY_RESET: usize = 32;
+/// Streams removed while listed as blocked before those lists are pruned of them.
+const STALE_BLOCKED: usize = 64;
 /// A drain's PING (its acknowledgement ends the first GOAWAY's round trip), and how long the
 /// final GOAWAY waits for that acknowledgement at most.
 const DRAIN_PING: [u8; 8] = *b"sluice-d";
@@ -156,6 +158,16 @@ pub(crate) struct Connection<I, S, F, B> {
     failed: Option<Reason>,
     /// Requests refused for their body's framing (`count_framing_refusals`).
     framing_refused: Counter,
+    /// Streams removed while listed in `write_blocked` or `window_blocked` since those were
+    /// last emptied or pruned.
+    stale_blocked: usize,
+}
+
+/// Which list of blocked streams.
+#[derive(Clone, Copy)]
+enum Blocked {
+    Write,
+    Window,
 }
 
 enum State {
@@ -243,6 +255,7 @@ where
             draining: None,
             failed: None,
             framing_refused: Counter::default(),
+            stale_blocked: 0,
         }
     }
 
@@ -351,6 +364,63 @@ where
         // What the stream took of the connection's window and did not give back yet, read or
         // not, no longer counts against the connection.
         self.unreleased += slot.received.saturating_sub(slot.returned) as u32;
+        if slot.in_write_blocked || slot.in_window_blocked {
+            self.stale_blocked += 1;
+            if self.stale_blocked > STALE_BLOCKED {
+                self.prune_blocked();
+            }
+        }
+    }
+
+    /// Queues `key` for a turn from the connection's own task, unless it is queued already: a
+    /// stream gets one turn however many frames came for it meanwhile.
+    fn queue(&mut self, key: usize) {
+        if self.streams.get(key).is_some_and(|s| s.wake.mark_queued()) {
+            self.to_poll.push(key);
+        }
+    }
+
+    /// Every stream waiting for the writer (`Write`) or the connection's window (`Window`)
+    /// gets a turn; one still blocked in it queues itself again (once: its flag says so).
+    fn unblock(&mut self, which: Blocked) {
+        let list = match which {
+            Blocked::Write => &mut self.write_blocked,
+            Blocked::Window => &mut self.window_blocked,
+        };
+        for &key in list.iter() {
+            if let Some(slot) = self.streams.get_mut(key) {
+                match which {
+                    Blocked::Write => slot.in_write_blocked = false,
+                    Blocked::Window => slot.in_window_blocked = false,
+                }
+            }
+        }
+        self.to_poll.append(list);
+        self.stale_blocked = 0;
+    }
+
+    /// Drops from the blocked lists the keys of streams removed since they were queued there
+    /// (and so any key listed twice after its slot was reused): the lists stay as long as the
+    /// streams blocked now.
+    fn prune_blocked(&mut self) {
+        let streams = &self.streams;
+        for (list, window) in [
+            (&mut self.write_blocked, false),
+            (&mut self.window_blocked, true),
+        ] {
+            list.retain(|&key| {
+                streams.get(key).is_some_and(|s| {
+                    if window {
+                        s.in_window_blocked
+                    } else {
+                        s.in_write_blocked
+                    }
+                })
+            });
+            list.sort_unstable();
+            list.dedup();
+        }
+        self.stale_blocked = 0;
     }
 
     /// One frame from the client.
@@ -366,16 +436,23 @@ where
                     if self.send_window > MAX_WINDOW {
                         return self.fail(Reason::FLOW_CONTROL_ERROR);
                     }
-                    self.to_poll.append(&mut self.window_blocked);
+                    self.unblock(Blocked::Window);
                 } else if let Some(key) = self.slot_of(id) {
                     let slot = &mut self.streams[key];
                     slot.send_window += inc;
                     if slot.send_window > MAX_WINDOW {
+                        // A reset the client provoked: spent from the same budget as its own
+                        // (an open stream reset this way for nothing is the "MadeYouReset"
+                        // attack, CVE-2025-8671).
+                        let done = matches!(slot.phase, Phase::Answered);
                         self.remove(key);
                         self.reset(id, Reason::FLOW_CONTROL_ERROR);
+                        if !done {
+                            self.spend_reset();
+                        }
                         return;
                     }
-                    self.to_poll.push(key);
+                    self.queue(key);
                 } else if id > self.last_id {
                     self.fail(Reason::PROTOCOL_ERROR);
                 }
@@ -392,7 +469,7 @@ where
                         if slot.send_window > MAX_WINDOW {
                             return self.fail(Reason::FLOW_CONTROL_ERROR);
                         }
-                        if delta > 0 {
+                        if delta > 0 && slot.wake.mark_queued() {
                             self.to_poll.push(key);
                         }
                     }
@@ -609,6 +686,11 @@ where
             self.reset(id, reason);
             return self.spend_reset();
         }
+        if len == 0 && !end {
+            // Nothing to pass on and no window spent: not worth the stream's turn (a flood of
+            // them costs what any other small frame costs to read).
+            return;
+        }
         // Padding is never read: given back at once.
         let mut back = padding as u32;
         let n = payload.len() as u32;
@@ -635,7 +717,7 @@ where
                 return self.reset(id, Reason::NO_ERROR);
             }
         }
-        self.to_poll.push(key);
+        self.queue(key);
     }
 
     /// An error the codec found in what the client sent.
@@ -670,9 +752,6 @@ where
             return Ok(Turn::Parked);
         };
         slot.wake.polling();
-        // Polled now: if still blocked, it queues itself again.
-        slot.in_write_blocked = false;
-        slot.in_window_blocked = false;
         // Window the handler gave back by reading the request body.
         if let Some(body) = &slot.body {
             if slot.out.is_none()
@@ -861,7 +940,7 @@ where
         if !self.write_blocked.is_empty()
             && matches!(self.codec.poll_ready(cx), Poll::Ready(Ok(())))
         {
-            self.to_poll.append(&mut self.write_blocked);
+            self.unblock(Blocked::Write);
         }
         self.ready.take(&mut self.to_poll);
         while !self.to_poll.is_empty() {
@@ -1302,6 +1381,92 @@ mod tests {
             conn.await
         });
         (stop, task)
+    }
+
+    /// Limits for the tests below: 10 streams, a 1 MiB window.
+    fn test_limits() -> Limits {
+        Limits {
+            max_concurrent_streams: 10,
+            max_header_list_size: 16 * 1024,
+            window: 1 << 20,
+        }
+    }
+
+    /// A GET of `/` on `x` (HPACK: `:method GET`, `:scheme http`, `:path /`, `:authority x`).
+    const GET: [u8; 6] = [0x82, 0x86, 0x84, 0x41, 1, b'x'];
+
+    /// Runs `conn` for a moment (it never ends by itself here).
+    async fn run_a_while<F: Future + Unpin>(conn: &mut F) {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(300), conn).await;
+    }
+
+    /// A stream that waits for the connection's window is listed once, however many stream
+    /// WINDOW_UPDATEs come meanwhile (each gave it a turn, which listed it again: a client that
+    /// never opened the connection's window grew the list by 8 bytes per 13-byte frame, without
+    /// end).
+    #[tokio::test]
+    async fn a_stream_waiting_for_the_connection_window_is_listed_once() {
+        let (client, server) = tokio::io::duplex(4 << 20);
+        let (mut rd, mut wr) = tokio::io::split(client);
+        // Whatever the server writes is read and dropped.
+        tokio::spawn(async move {
+            let mut sink = vec![0u8; 1 << 16];
+            while rd.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from(vec![b'x'; 100_000])))
+        };
+        let mut conn = Box::pin(Connection::new(server, service, test_limits(), false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        out.extend(frame(1, 5, 1, &GET));
+        wr.write_all(&out).await.unwrap();
+        run_a_while(&mut conn).await;
+        // The default windows (65,535) are spent; the stream's is opened a byte at a time, the
+        // connection's never.
+        let mut updates = Vec::new();
+        for _ in 0..2_000 {
+            updates.extend(frame(8, 0, 1, &1u32.to_be_bytes()));
+        }
+        wr.write_all(&updates).await.unwrap();
+        run_a_while(&mut conn).await;
+        assert_eq!(conn.streams.len(), 1, "the stream is still open");
+        assert_eq!(conn.window_blocked.len(), 1, "listed once");
+        assert!(conn.to_poll.is_empty());
+        // Opening both windows sends the rest.
+        let mut open = frame(8, 0, 0, &100_000u32.to_be_bytes());
+        open.extend(frame(8, 0, 1, &100_000u32.to_be_bytes()));
+        wr.write_all(&open).await.unwrap();
+        run_a_while(&mut conn).await;
+        assert!(conn.streams.is_empty(), "answered whole");
+        assert!(conn.window_blocked.is_empty());
+    }
+
+    /// A stream reset because the client's WINDOW_UPDATE overflowed its window is spent from
+    /// the reset budget like any reset the client causes: opening streams and resetting them so
+    /// (each starting its handler, then dropping it) ends in ENHANCE_YOUR_CALM, as a flood of
+    /// RST_STREAM does (CVE-2025-8671, "MadeYouReset").
+    #[tokio::test]
+    async fn resets_provoked_by_window_overflows_are_spent_from_the_budget() {
+        let (mut client, server) = tokio::io::duplex(4 << 20);
+        // A handler that never answers: every stream is open when it is reset.
+        let service = |_req: Request<Incoming>| {
+            std::future::pending::<Response<http_body_util::Full<Bytes>>>()
+        };
+        let conn = tokio::spawn(Connection::new(server, service, test_limits(), false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        for i in 0..400u32 {
+            let id = 2 * i + 1;
+            out.extend(frame(1, 5, id, &GET));
+            out.extend(frame(8, 0, id, &0x7fff_ffffu32.to_be_bytes()));
+        }
+        let _ = client.write_all(&out).await;
+        let code = tokio::time::timeout(std::time::Duration::from_secs(5), goaway(&mut client))
+            .await
+            .expect("a GOAWAY");
+        assert_eq!(code, 0xb, "ENHANCE_YOUR_CALM");
+        conn.abort();
     }
 
     #[tokio::test]

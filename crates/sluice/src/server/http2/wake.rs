@@ -52,6 +52,12 @@ impl StreamWake {
     pub fn polling(&self) {
         self.queued.store(false, Ordering::Release);
     }
+
+    /// The connection queues this stream itself (it needs no wake-up): true when it was not
+    /// queued already, so the caller lists it once.
+    pub fn mark_queued(&self) -> bool {
+        !self.queued.swap(true, Ordering::AcqRel)
+    }
 }
 
 impl Wake for StreamWake {
