@@ -880,6 +880,29 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     );
     assert_eq!(s.metric(refused).await, before + lists.len() as f64);
 
+    // A connection-specific field (RFC 9114 §4.2), or a `te` other than `trailers`: malformed,
+    // as over HTTP/2; the stream is reset, H3_MESSAGE_ERROR. They were passed to the handler.
+    for (name, value) in [
+        ("connection", "close"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("upgrade", "websocket"),
+        ("te", "gzip"),
+    ] {
+        let r = client(s.plan(json!({
+            "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
+            "fields": [[name, value]], "then": then,
+        })))
+        .await;
+        assert_eq!(r["attack"]["reset"], 0x10e, "{name}: {r}");
+    }
+    let r = client(s.plan(json!({
+        "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
+        "fields": [["te", "trailers"]], "then": then,
+    })))
+    .await;
+    assert_body(&r["attack"], 200, b"xxxxxxxxxx");
+
     // A GET that says `content-length: 0` and sends bytes: refused before anything is
     // forwarded (an upstream client sends a GET no body and would never read them).
     for parts in [&[5][..], &[0, 5][..]] {
@@ -905,6 +928,40 @@ fn watch_panics() -> Arc<std::sync::Mutex<Vec<String>>> {
         previous(info);
     }));
     seen
+}
+
+/// At most 16 request heads are read at once on a connection: h3 reads a head's frame whole, out
+/// of QUIC's flow control, so a client opening streams whose heads never end parked up to 128 KiB
+/// per stream (100 of them) on every connection. 40 such streams are now taken 16 at a time: they
+/// are reset in waves a header read timeout apart; before, all 40 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_sixteen_heads_are_read_at_once() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let o = start_origin(seen.clone()).await;
+    let s = H3Sluice::start(o, "header_read_timeout_secs = 1").await;
+    let r = client(s.plan(json!({
+        "attack": "no-head", "streams": 40, "secs": 6, "then": "/plain/size/100",
+    })))
+    .await;
+    let streams = r["attack"].as_array().unwrap();
+    assert_eq!(streams.len(), 40, "{r}");
+    let mut at: Vec<f64> = streams
+        .iter()
+        .map(|st| {
+            assert_eq!(st["reset"], 0x10d, "{r}");
+            st["at"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("not reset in time: {r}"))
+        })
+        .collect();
+    at.sort_by(f64::total_cmp);
+    let first = at.iter().filter(|&&t| t < 1.6).count();
+    assert!(
+        (1..=16).contains(&first),
+        "{first} reset in the first wave: {at:?}"
+    );
+    assert!(at[39] >= 2.5, "the last wave came at {} s: {at:?}", at[39]);
+    assert_body(&r["responses"][0], 200, &pattern(100));
 }
 
 /// A client that opens request streams and never finishes their heads, keeping its connection
@@ -1522,6 +1579,26 @@ async fn quic_connections_count_toward_the_per_ip_and_global_limits() {
     assert_eq!(r["connections"][0]["refused"]["error_code"], 2, "{r}");
     drop((a, b));
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = client(s.plan(json!({"hold": 1, "path": "/health"}))).await;
+    assert_eq!(r["connections"][0]["response"]["status"], 200, "{r}");
+}
+
+/// Connection attempts whose address is not proved (below the Retry threshold no Retry is asked)
+/// hold no place in the address's share while their handshakes go on: Initials that never go on,
+/// as spoofed ones never do, cannot have the address they name refused. Before, each held a place
+/// for the handshake timeout: 20 of them filled a share of 4, and that address's TCP and QUIC
+/// connections were refused for 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_handshakes_hold_no_place_in_the_per_ip_share() {
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let s = H3Sluice::start(o, "max_connections_per_ip = 4\nper_ip_exempt = []").await;
+    let r = client(s.plan(json!({"flood": 20, "wait": 1}))).await;
+    // All let in (no Retry below the threshold), none finished.
+    assert!(
+        series(&metrics_text(s.addr).await, "sluice_quic_handshakes") >= 1.0,
+        "{r}"
+    );
+    assert!(!tcp_closed_at_once(s.addr).await, "TCP refused: {r}");
     let r = client(s.plan(json!({"hold": 1, "path": "/health"}))).await;
     assert_eq!(r["connections"][0]["response"]["status"], 200, "{r}");
 }

@@ -303,6 +303,8 @@ async def run(plan):
                       (b":authority", b"127.0.0.1"), (b":path", plan["path"].encode())]
             if plan["declared"] is not None:
                 fields.append((b"content-length", str(plan["declared"]).encode()))
+            # "fields": more request fields ([[name, value]]).
+            fields += [(k.encode(), v.encode()) for k, v in plan.get("fields") or []]
             # With "trailers" ([[name, value]]) the body ends with them; with "after_trailers"
             # (a byte count) a DATA frame follows them, which is malformed (RFC 9114 section 4.1).
             trailers = [(k.encode(), v.encode()) for k, v in plan.get("trailers") or []]

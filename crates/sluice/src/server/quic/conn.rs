@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::atomic::Counter;
 use bytes::Bytes;
 use futures_util::future::{FutureExt, Shared as SharedFuture};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use super::exchange;
@@ -18,6 +18,13 @@ use crate::server::DRAIN_IDLE;
 
 /// How often an open connection looks at its clocks.
 const TICK: Duration = Duration::from_millis(250);
+
+/// Request streams of one connection whose heads are being read at once. h3 reads a head's
+/// frame whole out of QUIC's flow control (up to twice `server.max_header_bytes`), so without a
+/// bound a client could park about that much per stream it may open (100), on every connection,
+/// for the header read timeout; the next stream is accepted as a head completes (HTTP/2's codec
+/// reads one header block at a time).
+const HEADS_AT_ONCE: usize = 16;
 /// How long no stream data must have gone out before an idle connection closes (at least; four
 /// round trips if longer).
 const QUIET: Duration = Duration::from_millis(500);
@@ -101,8 +108,12 @@ type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
 
 /// What woke the connection loop.
 enum Event {
-    /// The next request stream (boxed: the resolver is large beside the other events).
-    Accepted(Result<Option<Box<Resolver>>, h3::error::ConnectionError>),
+    /// The next request stream (boxed: the resolver is large beside the other events), with its
+    /// place among the heads being read.
+    Accepted(
+        Result<Option<Box<Resolver>>, h3::error::ConnectionError>,
+        OwnedSemaphorePermit,
+    ),
     Stop(bool),
     Tick,
 }
@@ -158,6 +169,7 @@ pub async fn serve<H: Handler>(
     // a moment apart would read as a quiet spell.
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_stream_frames = 0;
+    let heads = Arc::new(Semaphore::new(HEADS_AT_ONCE));
     let mut quiet_since: Option<tokio::time::Instant> = None;
     loop {
         if goaway && !draining {
@@ -179,26 +191,30 @@ pub async fn serve<H: Handler>(
             }
         }
         let event = tokio::select! {
-            accepted = h3.accept(), if !finished => {
-                Event::Accepted(accepted.map(|r| r.map(Box::new)))
+            (accepted, place) = async {
+                // Never closed: a place always comes.
+                let place = heads.clone().acquire_owned().await.expect("open");
+                (h3.accept().await, place)
+            }, if !finished => {
+                Event::Accepted(accepted.map(|r| r.map(Box::new)), place)
             }
             changed = stop.changed(), if !goaway => Event::Stop(changed.is_err() || *stop.borrow()),
             _ = ticker.tick() => Event::Tick,
         };
         match event {
-            Event::Accepted(Ok(Some(resolver))) => {
+            Event::Accepted(Ok(Some(resolver)), place) => {
                 // Built in its box: the stream's future is large, and the task's set-up and
                 // end would otherwise copy all of it a few times over.
                 let shared = shared.clone();
                 settings
                     .tracker
                     .spawn(crate::server::boxed_in_place(move || {
-                        exchange::serve(resolver, shared, peer)
+                        exchange::serve(resolver, place, shared, peer)
                     }));
             }
             // The client's GOAWAY, its requests done (their last bytes may still be going out).
-            Event::Accepted(Ok(None)) => finished = true,
-            Event::Accepted(Err(e)) => {
+            Event::Accepted(Ok(None), _) => finished = true,
+            Event::Accepted(Err(e), _) => {
                 if !e.is_h3_no_error() {
                     tracing::debug!(%peer, error = %e, "HTTP/3 connection ended with an error");
                 }

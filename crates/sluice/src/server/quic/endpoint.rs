@@ -25,6 +25,9 @@ use crate::server::TlsHandle;
 /// Unidirectional streams a client may open: HTTP/3's control stream, the two QPACK streams,
 /// and a few for GREASE and extensions it may try.
 const MAX_UNI_STREAMS: u32 = 8;
+/// H3_EXCESSIVE_LOAD (RFC 9114 §8.1): a connection closed after its handshake because the
+/// connection limits were reached meanwhile.
+const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
 /// UDP sockets bound for HTTP/3, not yet serving; each with the previous process's tag and
 /// channel when it was handed over by a binary upgrade.
@@ -206,9 +209,10 @@ impl Accepting {
         Ok(config)
     }
 
-    /// Whether a new connection attempt is let in (with its connection slot), sent a Retry, or
+    /// Whether a new connection attempt is let in (with its connection slot when its address is
+    /// proved; else the slot is taken once its handshake has proved it), sent a Retry, or
     /// refused.
-    fn admit(&self, incoming: quinn::Incoming) -> Option<(quinn::Incoming, Slot)> {
+    fn admit(&self, incoming: quinn::Incoming) -> Option<(quinn::Incoming, Option<Slot>)> {
         let h3 = &self.config;
         let handshaking = self.handshaking.load(Ordering::Relaxed);
         // A connection still in its handshake counts toward the connection limit too.
@@ -230,10 +234,14 @@ impl Accepting {
             }
             return None;
         }
-        // The slot is taken after the Retry decision: under load only a client that proved its
-        // address can hold one, so spoofed Initials cannot use up another address's share.
+        // The slot is looked at after the Retry decision, and held from here only by a client
+        // that proved its address (a Retry's token): one that has not (below the Retry
+        // threshold) takes its slot when its handshake is done, so Initials that never go on,
+        // spoofed ones included, cannot hold the share of the address they name.
+        let validated = incoming.remote_address_validated();
         match self.acceptor.try_slot(incoming.remote_address().ip()) {
-            Ok(slot) => Some((incoming, slot)),
+            Ok(slot) if validated => Some((incoming, Some(slot))),
+            Ok(_room) => Some((incoming, None)),
             Err(full) => {
                 self.metrics.quic_refused.inc();
                 let peer = incoming.remote_address();
@@ -333,6 +341,18 @@ async fn accept_loop<H: Handler>(
             .await;
             match done {
                 Ok(Ok((connection, accepted))) => {
+                    // An address the handshake has just proved takes its slot now; the share
+                    // may have filled meanwhile.
+                    let slot = match slot.map_or_else(|| accepting.acceptor.try_slot(peer.ip()), Ok) {
+                        Ok(slot) => slot,
+                        Err(_) => {
+                            accepting.metrics.quic_refused.inc();
+                            drop(handshake);
+                            tracing::debug!(%peer, "QUIC connection closed after its handshake: the address's share or the server is full");
+                            connection.close(VarInt::from_u32(H3_EXCESSIVE_LOAD), b"");
+                            return;
+                        }
+                    };
                     let _open = Held::new(&accepting.open, &accepting.metrics.quic_open);
                     settings.handler.connection_accepted();
                     match accepted {
