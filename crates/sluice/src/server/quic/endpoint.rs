@@ -117,9 +117,10 @@ impl Bound {
             };
             let mut endpoint_config = quinn::EndpointConfig::default();
             endpoint_config.cid_generator(|| Box::new(socket::TaggedCids));
+            let config = accepting.quic_config(&tls)?;
             let endpoint = quinn::Endpoint::new_with_abstract_socket(
                 endpoint_config,
-                Some(accepting.quic_config(&tls)?),
+                Some(config.clone()),
                 QuicSocket::new(socket, previous)?,
                 Arc::new(quinn::TokioRuntime),
             )?;
@@ -141,6 +142,7 @@ impl Bound {
                 accepting.clone(),
                 settings,
                 tls,
+                config,
             )));
             running.endpoints.push(endpoint);
         }
@@ -174,19 +176,7 @@ impl Accepting {
     /// The QUIC settings over the listeners' current TLS settings.
     fn quic_config(&self, tls: &rustls::ServerConfig) -> anyhow::Result<quinn::ServerConfig> {
         let h3 = &self.config;
-        let mut tls = tls.clone();
-        tls.alpn_protocols = vec![b"h3".to_vec()];
-        // QUIC keeps its own record protection: no secrets kept for a takeover.
-        tls.enable_secret_extraction = false;
-        tls.key_log = Arc::new(rustls::NoKeyLog);
-        // QUIC takes 0 (no early data) or all of it (`u32::MAX`); early data may be replayed.
-        tls.max_early_data_size = if h3.early_data { u32::MAX } else { 0 };
-        if h3.early_data {
-            // Early data only with single-use sessions (not stateless tickets, which a replayed
-            // ClientHello could use again): rustls offers it no other way.
-            crate::server::tls::resume::single_use_sessions(&mut tls);
-        }
-        let crypto = QuicServerConfig::try_from(tls).context("TLS settings unfit for QUIC")?;
+        let crypto = self.quic_crypto(tls)?;
         let mut transport = quinn::TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(h3.max_concurrent_streams))
@@ -207,6 +197,37 @@ impl Accepting {
             .incoming_buffer_size(64 * 1024)
             .incoming_buffer_size_total(h3.max_handshakes as u64 * 16 * 1024);
         Ok(config)
+    }
+
+    /// The QUIC settings of `base` with the listeners' TLS settings swapped for `tls` (a
+    /// reload): the rest, the key Retry tokens are sealed under included, stays as it was, so a
+    /// client that got a Retry just before the swap is not sent another.
+    fn with_new_tls(
+        &self,
+        base: &quinn::ServerConfig,
+        tls: &rustls::ServerConfig,
+    ) -> anyhow::Result<quinn::ServerConfig> {
+        let mut config = base.clone();
+        config.crypto = Arc::new(self.quic_crypto(tls)?);
+        Ok(config)
+    }
+
+    /// The listeners' TLS settings made QUIC's.
+    fn quic_crypto(&self, tls: &rustls::ServerConfig) -> anyhow::Result<QuicServerConfig> {
+        let h3 = &self.config;
+        let mut tls = tls.clone();
+        tls.alpn_protocols = vec![b"h3".to_vec()];
+        // QUIC keeps its own record protection: no secrets kept for a takeover.
+        tls.enable_secret_extraction = false;
+        tls.key_log = Arc::new(rustls::NoKeyLog);
+        // QUIC takes 0 (no early data) or all of it (`u32::MAX`); early data may be replayed.
+        tls.max_early_data_size = if h3.early_data { u32::MAX } else { 0 };
+        if h3.early_data {
+            // Early data only with single-use sessions (not stateless tickets, which a replayed
+            // ClientHello could use again): rustls offers it no other way.
+            crate::server::tls::resume::single_use_sessions(&mut tls);
+        }
+        QuicServerConfig::try_from(tls).context("TLS settings unfit for QUIC")
     }
 
     /// Whether a new connection attempt is let in (with its connection slot when its address is
@@ -304,12 +325,13 @@ async fn accept_loop<H: Handler>(
     accepting: Arc<Accepting>,
     settings: Arc<Settings<H>>,
     mut tls: Arc<rustls::ServerConfig>,
+    base: quinn::ServerConfig,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         // A reload swapped the certificates: new handshakes use them.
         if let Some(now) = accepting.tls.load_full() {
             if !Arc::ptr_eq(&now, &tls) {
-                match accepting.quic_config(&now) {
+                match accepting.with_new_tls(&base, &now) {
                     Ok(c) => endpoint.set_server_config(Some(c)),
                     Err(e) => tracing::warn!(error = %e, "HTTP/3 keeps its previous certificates"),
                 }
