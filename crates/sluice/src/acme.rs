@@ -132,10 +132,6 @@ struct Schedule {
     /// The ARI renewal time chosen for a certificate, when to ask again, and the window it was
     /// chosen in.
     ari: HashMap<String, Ari>,
-    /// On-demand names the ask URL refused at renewal, with the certificate held then: that one
-    /// is not renewed (it is served until it expires); one ordered again later (a handshake after
-    /// the ask URL allowed the name again) is looked after as before.
-    disallowed: HashMap<String, SystemTime>,
 }
 
 /// A renewal time chosen in the window the CA suggested (ACME Renewal Information).
@@ -684,19 +680,15 @@ impl Acme {
     }
 
     /// Every name the loop looks after: the configured ones, then, with on-demand issuance on,
-    /// the other names held (issued on demand), but for those the ask URL no longer allows. A
-    /// certificate held for a name in neither (taken out of the config) is still served until it
-    /// expires, and not renewed.
-    fn managed_names(&self, schedule: &Schedule) -> Vec<String> {
+    /// the other names held (issued on demand). A certificate held for a name in neither (taken
+    /// out of the config) is still served until it expires, and not renewed.
+    fn managed_names(&self) -> Vec<String> {
         let mut names = self.names.clone();
         if self.on_demand.is_none() {
             return names;
         }
         for (name, _) in self.certs.expiries() {
-            let refused = schedule.disallowed.get(&name).is_some_and(|refused| {
-                self.certs.held(&name).map(|h| h.modified) == Some(*refused)
-            });
-            if !names.contains(&name) && !refused {
+            if !names.contains(&name) {
                 names.push(name);
             }
         }
@@ -704,7 +696,9 @@ impl Acme {
     }
 
     /// Before an on-demand name (one not configured) is renewed, the ask URL is asked again, as
-    /// before its first order: `Ok(false)` when it says no (the name is then left to expire).
+    /// before its first order: `Ok(false)` when it says no (a 4xx, or any other status but 2xx,
+    /// 429 and 5xx, which are its trouble rather than a no, and are tried again as a failed
+    /// order is).
     async fn still_allowed(&self, name: &str) -> Result<bool, OrderError> {
         let Some(od) = self
             .on_demand
@@ -713,8 +707,12 @@ impl Acme {
         else {
             return Ok(true);
         };
-        match od.ask(name).await {
-            Ok(allowed) => Ok(allowed),
+        match od.ask_status(name).await {
+            Ok(s) if s.is_success() => Ok(true),
+            Ok(s) if s.is_server_error() || s == http::StatusCode::TOO_MANY_REQUESTS => {
+                Err(OrderError::Setup(format!("the ask URL answered {s}")))
+            }
+            Ok(_) => Ok(false),
             Err(e) => Err(OrderError::Setup(format!(
                 "the ask URL did not answer: {e:#}"
             ))),
@@ -727,7 +725,7 @@ impl Acme {
         let check = Duration::from_secs(self.config.check_secs);
         loop {
             let mut next = Instant::now() + check;
-            for name in self.managed_names(&schedule) {
+            for name in self.managed_names() {
                 self.refresh_from_store(&name);
                 if let Some((_, at)) = schedule.retry.get(&name) {
                     if Instant::now() < *at {
@@ -743,12 +741,13 @@ impl Acme {
                 let issued = match self.still_allowed(&name).await {
                     Ok(true) => self.issue(&name).await,
                     Ok(false) => {
-                        tracing::info!(%name, "acme: the ask URL no longer allows this on-demand name; its certificate is served until it expires, not renewed");
-                        if let Some(held) = self.certs.held(&name) {
-                            schedule.disallowed.insert(name.clone(), held.modified);
-                        }
-                        schedule.retry.remove(&name);
-                        schedule.ari.remove(&name);
+                        // Asked again after `retry_max_secs` (the ask URL may allow it again);
+                        // another node's renewal is still read from the directory meanwhile.
+                        let wait = Duration::from_secs(self.config.retry_max_secs);
+                        tracing::info!(%name, ask_again_in_secs = wait.as_secs(), "acme: the ask URL no longer allows this on-demand name; not renewed (its certificate is served until it expires)");
+                        let at = Instant::now() + wait;
+                        schedule.retry.insert(name.clone(), (0, at));
+                        next = next.min(at);
                         continue;
                     }
                     Err(e) => {

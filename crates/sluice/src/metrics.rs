@@ -122,7 +122,7 @@ impl HttpMetrics {
         );
         registry.register(
             "downstream_smuggling_refused",
-            "Requests refused for ambiguous or broken body framing: over HTTP/1.1 (400, connection closed) Content-Length with Transfer-Encoding and the like; over HTTP/2 and HTTP/3 (the stream reset) a bad or conflicting content-length, or a body longer or shorter than it",
+            "Requests refused for ambiguous or broken body framing: over HTTP/1.1 (400, connection closed) Content-Length with Transfer-Encoding and the like; over sluice's own HTTP/2 server and HTTP/3 (the stream reset) a bad or conflicting content-length, or a body longer or shorter than it",
             m.smuggling_refused.clone(),
         );
         m

@@ -916,7 +916,7 @@ impl<H: Handler> Conn<H> {
             .builder
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades());
-        self.watch_over(conn, watch, peer, false, |c| c.graceful_shutdown())
+        self.watch_over(conn, watch, peer, (false, false), |c| c.graceful_shutdown())
             .await
     }
 
@@ -946,8 +946,10 @@ impl<H: Handler> Conn<H> {
         .count_framing_refusals(refused));
         // A drain says GOAWAY at once (once a request has begun): the client opens no new
         // stream here and the open ones finish, however busy the connection is.
-        self.watch_over(conn, watch, peer, true, |c| c.get_mut().graceful_shutdown())
-            .await
+        self.watch_over(conn, watch, peer, (true, true), |c| {
+            c.get_mut().graceful_shutdown()
+        })
+        .await
     }
 
     /// Runs a connection's server to its end under the connection's clocks: the idle and header
@@ -955,13 +957,14 @@ impl<H: Handler> Conn<H> {
     /// `at_once`: `shut_down` as soon as a request has begun (an HTTP/2 server's GOAWAY); in any
     /// case once the connection has been idle for `DRAIN_IDLE` (an HTTP/1 connection's responses
     /// say `Connection: close` in the meantime, and hyper's automatic server does not say which
-    /// protocol it serves).
+    /// protocol it serves). `cut_held`: once the server's close has begun, a connection idle for
+    /// the send timeout is dropped even if the client kept one of its streams from ending.
     async fn watch_over<C, E>(
         &self,
         mut conn: Pin<&mut C>,
         watch: Watch,
         peer: SocketAddr,
-        at_once: bool,
+        (at_once, cut_held): (bool, bool),
         shut_down: impl Fn(Pin<&mut C>),
     ) where
         C: Future<Output = Result<(), E>>,
@@ -1026,12 +1029,17 @@ impl<H: Handler> Conn<H> {
                             stream_ticks.settle();
                         }
                         match closing {
-                            // Only the server's own close is left to wait for. A client can
-                            // hold it off (an HTTP/2 stream whose window it keeps shut, its
-                            // body released by the send watch, stays open while nothing is in
-                            // flight): once it has been idle for `t.send` since the close began,
-                            // the connection is dropped.
-                            Some(at) => at.max(now.checked_sub(idle).unwrap_or(now)) + t.send,
+                            // Only the server's own close is left to wait for. With `cut_held`
+                            // (sluice's HTTP/2 server) a client cannot hold it off (a stream
+                            // whose window it keeps shut, its body released by the send watch,
+                            // stays open while nothing is in flight): once the connection has
+                            // been idle for `t.send` since the close began, it is dropped.
+                            // hyper's connections end by themselves, or carry tunnels whose
+                            // streams the activity does not see.
+                            Some(at) if cut_held => {
+                                at.max(now.checked_sub(idle).unwrap_or(now)) + t.send
+                            }
+                            Some(_) => return Poll::Pending,
                             None => now + limit.saturating_sub(idle),
                         }
                     }
@@ -1065,7 +1073,7 @@ impl<H: Handler> Conn<H> {
                 _ = checked => {
                     let idle = activity.send_stalled_for().is_none()
                         && activity.idle_for().is_some_and(|d| d >= t.send);
-                    if idle && closing.is_some_and(|at| recent() >= at + t.send) {
+                    if cut_held && idle && closing.is_some_and(|at| recent() >= at + t.send) {
                         tracing::debug!(%peer, "connection not closed by the client after the server's close: dropped");
                         return;
                     }

@@ -182,8 +182,13 @@ impl OnDemand {
 
     /// `GET <ask>?domain=<name>`: `Ok(true)` on 2xx, `Ok(false)` on any other status.
     pub async fn ask(&self, name: &str) -> anyhow::Result<bool> {
+        Ok(self.ask_status(name).await?.is_success())
+    }
+
+    /// `GET <ask>?domain=<name>`: the answer's status (403 without an ask URL).
+    pub async fn ask_status(&self, name: &str) -> anyhow::Result<http::StatusCode> {
         let Some(ask) = &self.config.ask else {
-            return Ok(false);
+            return Ok(http::StatusCode::FORBIDDEN);
         };
         let sep = if ask.contains('?') { '&' } else { '?' };
         let uri: http::Uri = format!("{ask}{sep}domain={name}").parse()?;
@@ -193,12 +198,12 @@ impl OnDemand {
         let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
             .await
             .map_err(|_| anyhow::anyhow!("no answer in 5 s"))??;
-        let ok = resp.status().is_success();
+        let status = resp.status();
         // Read a little of the body, so that a short one leaves the connection reusable; its
         // content is not used, and a longer one is not read past ASK_BODY.
         let body = http_body_util::Limited::new(resp.into_body(), ASK_BODY);
         let _ = tokio::time::timeout(Duration::from_secs(1), body.collect()).await;
-        Ok(ok)
+        Ok(status)
     }
 }
 

@@ -158,9 +158,9 @@ pub(crate) struct Connection<I, S, F, B> {
     failed: Option<Reason>,
     /// Requests refused for their body's framing (`count_framing_refusals`).
     framing_refused: Counter,
-    /// Streams removed while listed in `write_blocked` or `window_blocked` since those were
-    /// last emptied or pruned.
-    stale_blocked: usize,
+    /// Streams removed while listed in `write_blocked`, and in `window_blocked`, since that list
+    /// was last emptied or pruned.
+    stale_blocked: [usize; 2],
 }
 
 /// Which list of blocked streams.
@@ -255,7 +255,7 @@ where
             draining: None,
             failed: None,
             framing_refused: Counter::default(),
-            stale_blocked: 0,
+            stale_blocked: [0, 0],
         }
     }
 
@@ -364,11 +364,10 @@ where
         // What the stream took of the connection's window and did not give back yet, read or
         // not, no longer counts against the connection.
         self.unreleased += slot.received.saturating_sub(slot.returned) as u32;
-        if slot.in_write_blocked || slot.in_window_blocked {
-            self.stale_blocked += 1;
-            if self.stale_blocked > STALE_BLOCKED {
-                self.prune_blocked();
-            }
+        self.stale_blocked[0] += usize::from(slot.in_write_blocked);
+        self.stale_blocked[1] += usize::from(slot.in_window_blocked);
+        if self.stale_blocked.iter().any(|&n| n > STALE_BLOCKED) {
+            self.prune_blocked();
         }
     }
 
@@ -383,9 +382,9 @@ where
     /// Every stream waiting for the writer (`Write`) or the connection's window (`Window`)
     /// gets a turn; one still blocked in it queues itself again (once: its flag says so).
     fn unblock(&mut self, which: Blocked) {
-        let list = match which {
-            Blocked::Write => &mut self.write_blocked,
-            Blocked::Window => &mut self.window_blocked,
+        let (list, stale) = match which {
+            Blocked::Write => (&mut self.write_blocked, &mut self.stale_blocked[0]),
+            Blocked::Window => (&mut self.window_blocked, &mut self.stale_blocked[1]),
         };
         for &key in list.iter() {
             if let Some(slot) = self.streams.get_mut(key) {
@@ -396,7 +395,7 @@ where
             }
         }
         self.to_poll.append(list);
-        self.stale_blocked = 0;
+        *stale = 0;
     }
 
     /// Drops from the blocked lists the keys of streams removed since they were queued there
@@ -420,7 +419,7 @@ where
             list.sort_unstable();
             list.dedup();
         }
-        self.stale_blocked = 0;
+        self.stale_blocked = [0, 0];
     }
 
     /// One frame from the client.

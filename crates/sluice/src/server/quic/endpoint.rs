@@ -230,6 +230,22 @@ impl Accepting {
         QuicServerConfig::try_from(tls).context("TLS settings unfit for QUIC")
     }
 
+    /// The slot of a connection whose handshake has just proved its address; `None`, and the
+    /// connection closed (H3_EXCESSIVE_LOAD), when the address's share or the server filled
+    /// meanwhile.
+    fn slot_after_handshake(&self, connection: &quinn::Connection) -> Option<Slot> {
+        let peer = connection.remote_address();
+        match self.acceptor.try_slot(peer.ip()) {
+            Ok(slot) => Some(slot),
+            Err(_) => {
+                self.metrics.quic_refused.inc();
+                tracing::debug!(%peer, "QUIC connection closed after its handshake: the address's share or the server is full");
+                connection.close(VarInt::from_u32(H3_EXCESSIVE_LOAD), b"");
+                None
+            }
+        }
+    }
+
     /// Whether a new connection attempt is let in (with its connection slot when its address is
     /// proved; else the slot is taken once its handshake has proved it), sent a Retry, or
     /// refused.
@@ -363,42 +379,46 @@ async fn accept_loop<H: Handler>(
             .await;
             match done {
                 Ok(Ok((connection, accepted))) => {
-                    // An address the handshake has just proved takes its slot now; the share
-                    // may have filled meanwhile.
-                    let slot = match slot.map_or_else(|| accepting.acceptor.try_slot(peer.ip()), Ok) {
-                        Ok(slot) => slot,
-                        Err(_) => {
-                            accepting.metrics.quic_refused.inc();
-                            drop(handshake);
-                            tracing::debug!(%peer, "QUIC connection closed after its handshake: the address's share or the server is full");
-                            connection.close(VarInt::from_u32(H3_EXCESSIVE_LOAD), b"");
-                            return;
-                        }
-                    };
                     let _open = Held::new(&accepting.open, &accepting.metrics.quic_open);
-                    settings.handler.connection_accepted();
                     match accepted {
                         None => {
+                            // An address the handshake has just proved takes its slot now.
+                            let Some(slot) =
+                                slot.or_else(|| accepting.slot_after_handshake(&connection))
+                            else {
+                                return;
+                            };
+                            settings.handler.connection_accepted();
                             drop(handshake);
                             conn::serve(connection, settings, None).await;
+                            drop(slot);
                         }
                         Some(accepted) => {
                             // Served at once, yet still in its handshake: it keeps its place in
                             // the handshake count (so Retry and max_handshakes still apply) until
                             // the handshake finishes, and is closed if that takes longer than
-                            // the handshake timeout, as without early data.
+                            // the handshake timeout, as without early data. An address not
+                            // proved yet takes its slot when the handshake has proved it.
+                            settings.handler.connection_accepted();
+                            let held = Arc::new(std::sync::Mutex::new(slot));
                             let shake = conn::Handshake::new(accepted, connection.clone());
                             let (quic, waiting) = (connection.clone(), shake.clone());
-                            let metrics = accepting.metrics.clone();
+                            let (accepting, held_here) = (accepting.clone(), held.clone());
                             let finish = async move {
                                 match tokio::time::timeout_at(deadline, waiting.wait()).await {
-                                    Ok(true) => {}
+                                    Ok(true) => {
+                                        let mut slot =
+                                            held_here.lock().unwrap_or_else(|p| p.into_inner());
+                                        if slot.is_none() {
+                                            *slot = accepting.slot_after_handshake(&quic);
+                                        }
+                                    }
                                     Ok(false) => {
-                                        metrics.quic_handshake_errors.inc();
+                                        accepting.metrics.quic_handshake_errors.inc();
                                         tracing::debug!(%peer, "QUIC handshake failed (0-RTT)");
                                     }
                                     Err(_) => {
-                                        metrics.quic_handshake_timeouts.inc();
+                                        accepting.metrics.quic_handshake_timeouts.inc();
                                         tracing::debug!(%peer, "QUIC handshake timed out (0-RTT)");
                                         quic.close(
                                             VarInt::from_u32(conn::H3_NO_ERROR),
@@ -409,9 +429,9 @@ async fn accept_loop<H: Handler>(
                                 drop(handshake);
                             };
                             tokio::join!(conn::serve(connection, settings, Some(shake)), finish);
+                            drop(held);
                         }
                     }
-                    drop(slot);
                 }
                 Ok(Err(e)) => {
                     accepting.metrics.quic_handshake_errors.inc();
