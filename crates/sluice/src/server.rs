@@ -916,8 +916,15 @@ impl<H: Handler> Conn<H> {
             .builder
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades());
-        self.watch_over(conn, watch, peer, (false, false), |c| c.graceful_shutdown())
-            .await
+        self.watch_over(
+            conn,
+            watch,
+            peer,
+            false,
+            |c| c.graceful_shutdown(),
+            |_| None,
+        )
+        .await
     }
 
     /// Serves `io` with the HTTP/2 server of sluice's own (`http2`) until it ends; `prefaced`:
@@ -946,9 +953,14 @@ impl<H: Handler> Conn<H> {
         .count_framing_refusals(refused));
         // A drain says GOAWAY at once (once a request has begun): the client opens no new
         // stream here and the open ones finish, however busy the connection is.
-        self.watch_over(conn, watch, peer, (true, true), |c| {
-            c.get_mut().graceful_shutdown()
-        })
+        self.watch_over(
+            conn,
+            watch,
+            peer,
+            true,
+            |c| c.get_mut().graceful_shutdown(),
+            |c| c.stuck_for(),
+        )
         .await
     }
 
@@ -957,15 +969,19 @@ impl<H: Handler> Conn<H> {
     /// `at_once`: `shut_down` as soon as a request has begun (an HTTP/2 server's GOAWAY); in any
     /// case once the connection has been idle for `DRAIN_IDLE` (an HTTP/1 connection's responses
     /// say `Connection: close` in the meantime, and hyper's automatic server does not say which
-    /// protocol it serves). `cut_held`: once the server's close has begun, a connection idle for
-    /// the send timeout is dropped even if the client kept one of its streams from ending.
+    /// protocol it serves). `stuck`: how long the connection's server has written nothing while
+    /// it still holds a stream (`None`: nothing held, or the server cannot tell); once the
+    /// server's close has begun, a connection with nothing in flight that has been stuck for the
+    /// send timeout is dropped (a client can keep a stream from ending by never opening its
+    /// window; its body was released by the send watch).
     async fn watch_over<C, E>(
         &self,
         mut conn: Pin<&mut C>,
         watch: Watch,
         peer: SocketAddr,
-        (at_once, cut_held): (bool, bool),
+        at_once: bool,
         shut_down: impl Fn(Pin<&mut C>),
+        stuck: impl Fn(Pin<&mut C>) -> Option<Duration>,
     ) where
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
@@ -1000,14 +1016,18 @@ impl<H: Handler> Conn<H> {
         // When the server's close began (`shut_down`): from then on an idle connection has
         // `t.send` to end by itself, then it is dropped.
         let mut closing: Option<Instant> = None;
+        // After the close began, when to look next at whether the server is stuck.
+        let mut look_stuck: Option<Instant> = None;
         loop {
             // `at_once`, once the client is past its preface (a request has begun; until then a
             // drain waits for `DRAIN_IDLE` of idleness as for any connection, so a connection
             // accepted as the drain began is not dropped unanswered). A first request that
             // begins during the drain brings the loop round at once (the branch after `conn`).
             if at_once && draining && closing.is_none() && activity.began() {
-                closing = Some(recent());
+                let now = recent();
+                closing = Some(now);
                 shut_down(conn.as_mut());
+                look_stuck = stuck(conn.as_mut()).map(|d| now + t.send.saturating_sub(d));
             }
             // A connection that has not sent a first request has the header read timeout (an
             // incomplete head is the screen's); between requests, the idle timeout.
@@ -1028,19 +1048,12 @@ impl<H: Handler> Conn<H> {
                         if next_tick.take().is_some() {
                             stream_ticks.settle();
                         }
-                        match closing {
-                            // Only the server's own close is left to wait for. With `cut_held`
-                            // (sluice's HTTP/2 server) a client cannot hold it off (a stream
-                            // whose window it keeps shut, its body released by the send watch,
-                            // stays open while nothing is in flight): once the connection has
-                            // been idle for `t.send` since the close began, it is dropped.
-                            // hyper's connections end by themselves, or carry tunnels whose
-                            // streams the activity does not see.
-                            Some(at) if cut_held => {
-                                at.max(now.checked_sub(idle).unwrap_or(now)) + t.send
-                            }
-                            Some(_) => return Poll::Pending,
-                            None => now + limit.saturating_sub(idle),
+                        match (closing, look_stuck) {
+                            // Only the server's own close is left to wait for, and a look at
+                            // whether it is stuck (`stuck`) now and then.
+                            (Some(_), Some(at)) => at,
+                            (Some(_), None) => return Poll::Pending,
+                            (None, _) => now + limit.saturating_sub(idle),
                         }
                     }
                     _ => *next_tick.get_or_insert_with(|| after(now)),
@@ -1071,11 +1084,22 @@ impl<H: Handler> Conn<H> {
                     }
                 }
                 _ = checked => {
-                    let idle = activity.send_stalled_for().is_none()
-                        && activity.idle_for().is_some_and(|d| d >= t.send);
-                    if cut_held && idle && closing.is_some_and(|at| recent() >= at + t.send) {
-                        tracing::debug!(%peer, "connection not closed by the client after the server's close: dropped");
-                        return;
+                    let now = recent();
+                    if closing.is_some() && look_stuck.is_some_and(|at| now >= at) {
+                        // Nothing in flight, yet a stream not ended and nothing written for the
+                        // send timeout: dropped. A stream still being written (a slow reader of
+                        // a whole body) is looked at again later.
+                        let idle = activity.idle_for().is_some()
+                            && activity.send_stalled_for().is_none();
+                        look_stuck = match stuck(conn.as_mut()) {
+                            Some(d) if d >= t.send && idle => {
+                                tracing::debug!(%peer, "a stream the client keeps from ending after the server's close: connection dropped");
+                                return;
+                            }
+                            // Busy (the ticks bring it round), or not stuck that long yet.
+                            Some(d) => Some(now + t.send.saturating_sub(d)),
+                            None => None,
+                        };
                     }
                     stream_ticks.tick();
                     if send.stalled(t.send) {
@@ -1097,6 +1121,7 @@ impl<H: Handler> Conn<H> {
                     if closing.is_none() && activity.idle_for().is_some_and(|d| d >= limit) {
                         closing = Some(recent());
                         shut_down(conn.as_mut());
+                        look_stuck = stuck(conn.as_mut()).map(|d| now + t.send.saturating_sub(d));
                     }
                 }
             }

@@ -494,6 +494,65 @@ async fn a_stream_held_shut_does_not_keep_a_silent_connection_open() {
     still_served(addr).await;
 }
 
+/// A client that reads a response slowly, opening its windows a little at a time, gets all of it
+/// even when the response's last bytes wait for its window past the idle and send timeouts (the
+/// handler is done with them, so nothing is in flight): only a connection that writes nothing
+/// for the send timeout after its close began is dropped, not one still sending.
+#[tokio::test]
+async fn a_slow_reader_gets_the_whole_response_past_the_idle_close() {
+    let (_p, addr) = proxy_with("send_timeout_secs = 1\nidle_timeout_secs = 1").await;
+    let mut s = open(addr).await;
+    // GET /size/100000 (`:path` a literal without indexing, its name from the static table).
+    let path = b"/size/100000";
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x41, 9]);
+    block.extend_from_slice(b"localhost");
+    s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    let (mut r, mut w) = s.into_split();
+    // 2,000 bytes more of both windows every 300 ms: the last 35 KB take about 5 s.
+    let opener = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut up = frame(WINDOW_UPDATE, 0, 0, &2_000u32.to_be_bytes());
+            up.extend(frame(WINDOW_UPDATE, 0, 1, &2_000u32.to_be_bytes()));
+            if w.write_all(&up).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut body = Vec::new();
+    let read = async {
+        loop {
+            let mut head = [0u8; 9];
+            if r.read_exact(&mut head).await.is_err() {
+                return false;
+            }
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            if r.read_exact(&mut payload).await.is_err() {
+                return false;
+            }
+            if head[3] == DATA && u32::from_be_bytes([head[5], head[6], head[7], head[8]]) == 1 {
+                body.extend_from_slice(&payload);
+                if head[4] & END_STREAM != 0 {
+                    return true;
+                }
+            }
+        }
+    };
+    let ended = tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("answered in time");
+    opener.abort();
+    assert!(ended, "the connection was cut after {} bytes", body.len());
+    assert_eq!(body.len(), 100_000);
+    assert_eq!(sha256(&body), sha256(&pattern(100_000)));
+}
+
 /// A drain (graceful shutdown, or the binary upgrade handing over) tells a busy HTTP/2 connection
 /// to go away at once: a client that keeps opening streams gets a GOAWAY, its streams up to the
 /// final GOAWAY's last id are answered, and the server's run ends soon after, not at the end of

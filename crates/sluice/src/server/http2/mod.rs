@@ -161,6 +161,8 @@ pub(crate) struct Connection<I, S, F, B> {
     /// Streams removed while listed in `write_blocked`, and in `window_blocked`, since that list
     /// was last emptied or pruned.
     stale_blocked: [usize; 2],
+    /// When a stream's frame was last handed to the writer (`stuck_for`).
+    last_sent: tokio::time::Instant,
 }
 
 /// Which list of blocked streams.
@@ -256,7 +258,15 @@ where
             failed: None,
             framing_refused: Counter::default(),
             stale_blocked: [0, 0],
+            last_sent: crate::runtime::recent::recent(),
         }
+    }
+
+    /// How long no stream's frame has gone to the writer while a stream is still open (`None`
+    /// with none open): a stream whose client never opens its window stays open with nothing to
+    /// show for it (`server::watch_over` drops such a connection once its close has begun).
+    pub fn stuck_for(&self) -> Option<std::time::Duration> {
+        (!self.streams.is_empty()).then(|| crate::runtime::recent::since(self.last_sent))
     }
 
     /// Where requests refused for their body's framing (a bad or conflicting `content-length`, a
@@ -792,6 +802,7 @@ where
                     }
                     let end = head.is_end_stream();
                     self.codec.buffer(head.into()).map_err(send_error)?;
+                    self.last_sent = crate::runtime::recent::recent();
                     if end {
                         return Ok(Turn::Done);
                     }
@@ -827,6 +838,7 @@ where
                     let mut frame = frame::Data::new(slot.id, chunk);
                     frame.set_end_stream(last);
                     self.codec.buffer(frame.into()).map_err(send_error)?;
+                    self.last_sent = crate::runtime::recent::recent();
                     slot.send_window -= n as i64;
                     self.send_window -= n as i64;
                     if last {
@@ -1432,6 +1444,9 @@ mod tests {
         assert_eq!(conn.streams.len(), 1, "the stream is still open");
         assert_eq!(conn.window_blocked.len(), 1, "listed once");
         assert!(conn.to_poll.is_empty());
+        // Nothing written since the windows shut: the connection says it is stuck.
+        let stuck = conn.stuck_for().expect("a stream is open");
+        assert!(stuck >= std::time::Duration::from_millis(250), "{stuck:?}");
         // Opening both windows sends the rest.
         let mut open = frame(8, 0, 0, &100_000u32.to_be_bytes());
         open.extend(frame(8, 0, 1, &100_000u32.to_be_bytes()));
@@ -1439,6 +1454,7 @@ mod tests {
         run_a_while(&mut conn).await;
         assert!(conn.streams.is_empty(), "answered whole");
         assert!(conn.window_blocked.is_empty());
+        assert_eq!(conn.stuck_for(), None, "no stream left");
     }
 
     /// A stream reset because the client's WINDOW_UPDATE overflowed its window is spent from
