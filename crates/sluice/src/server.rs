@@ -959,7 +959,7 @@ impl<H: Handler> Conn<H> {
             peer,
             true,
             |c| c.get_mut().graceful_shutdown(),
-            |c| c.stuck_for(),
+            |c| Some(c.stuck_for()),
         )
         .await
     }
@@ -1013,10 +1013,11 @@ impl<H: Handler> Conn<H> {
         // Draining: responses say `Connection: close`, and a connection with nothing in flight
         // is closed once it has been idle for `DRAIN_IDLE`.
         let mut draining = *stop.borrow();
-        // When the server's close began (`shut_down`): from then on an idle connection has
-        // `t.send` to end by itself, then it is dropped.
+        // When the server's close began (`shut_down`).
         let mut closing: Option<Instant> = None;
-        // After the close began, when to look next at whether the server is stuck.
+        // After the close began, when to look next at whether the server is stuck (`stuck`): first
+        // `t.send` after it, then as often as it takes; a connection that has written nothing
+        // for `t.send` while a stream is open and nothing is in flight is dropped then.
         let mut look_stuck: Option<Instant> = None;
         loop {
             // `at_once`, once the client is past its preface (a request has begun; until then a
@@ -1027,7 +1028,7 @@ impl<H: Handler> Conn<H> {
                 let now = recent();
                 closing = Some(now);
                 shut_down(conn.as_mut());
-                look_stuck = stuck(conn.as_mut()).map(|d| now + t.send.saturating_sub(d));
+                look_stuck = stuck(conn.as_mut()).map(|_| now + t.send);
             }
             // A connection that has not sent a first request has the header read timeout (an
             // incomplete head is the screen's); between requests, the idle timeout.
@@ -1121,7 +1122,7 @@ impl<H: Handler> Conn<H> {
                     if closing.is_none() && activity.idle_for().is_some_and(|d| d >= limit) {
                         closing = Some(recent());
                         shut_down(conn.as_mut());
-                        look_stuck = stuck(conn.as_mut()).map(|d| now + t.send.saturating_sub(d));
+                        look_stuck = stuck(conn.as_mut()).map(|_| now + t.send);
                     }
                 }
             }

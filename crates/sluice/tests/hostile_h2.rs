@@ -465,9 +465,10 @@ async fn a_content_length_is_one_plain_number_held_to_the_body() {
 }
 
 /// A client that keeps a stream's window shut and then goes silent does not keep its connection
-/// open: the stream's body is released at the send timeout, the connection is closed at the idle
-/// timeout, and it is dropped a send timeout later although the stream never ended (the server's
-/// close waited for the stream, so the connection stayed open for ever).
+/// open: the stream's body is released at the send timeout, the connection's close begins at the
+/// idle timeout, and a send timeout later, nothing having been written, it is dropped although
+/// the stream never ended (the server's close waited for the stream, so the connection stayed
+/// open for ever).
 #[tokio::test]
 async fn a_stream_held_shut_does_not_keep_a_silent_connection_open() {
     let (_p, addr) = proxy_with("send_timeout_secs = 1\nidle_timeout_secs = 1").await;
@@ -512,12 +513,12 @@ async fn a_slow_reader_gets_the_whole_response_past_the_idle_close() {
         .await
         .unwrap();
     let (mut r, mut w) = s.into_split();
-    // 2,000 bytes more of both windows every 300 ms: the last 35 KB take about 5 s.
+    // 1,000 bytes more of both windows every 150 ms: the last 35 KB take about 5 s.
     let opener = tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let mut up = frame(WINDOW_UPDATE, 0, 0, &2_000u32.to_be_bytes());
-            up.extend(frame(WINDOW_UPDATE, 0, 1, &2_000u32.to_be_bytes()));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let mut up = frame(WINDOW_UPDATE, 0, 0, &1_000u32.to_be_bytes());
+            up.extend(frame(WINDOW_UPDATE, 0, 1, &1_000u32.to_be_bytes()));
             if w.write_all(&up).await.is_err() {
                 return;
             }

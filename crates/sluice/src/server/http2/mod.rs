@@ -161,8 +161,11 @@ pub(crate) struct Connection<I, S, F, B> {
     /// Streams removed while listed in `write_blocked`, and in `window_blocked`, since that list
     /// was last emptied or pruned.
     stale_blocked: [usize; 2],
-    /// When a stream's frame was last handed to the writer (`stuck_for`).
+    /// When a stream's frame was last handed to the writer, or the writer last finished
+    /// flushing one (`stuck_for`).
     last_sent: tokio::time::Instant,
+    /// A stream's frame was handed to the writer since its last flush.
+    unflushed: bool,
 }
 
 /// Which list of blocked streams.
@@ -259,14 +262,19 @@ where
             framing_refused: Counter::default(),
             stale_blocked: [0, 0],
             last_sent: crate::runtime::recent::recent(),
+            unflushed: false,
         }
     }
 
-    /// How long no stream's frame has gone to the writer while a stream is still open (`None`
-    /// with none open): a stream whose client never opens its window stays open with nothing to
-    /// show for it (`server::watch_over` drops such a connection once its close has begun).
-    pub fn stuck_for(&self) -> Option<std::time::Duration> {
-        (!self.streams.is_empty()).then(|| crate::runtime::recent::since(self.last_sent))
+    /// How long no stream's frame has gone out while a stream is still open (zero with none
+    /// open): a stream whose client never opens its window stays open with nothing to show for
+    /// it (`server::watch_over` drops such a connection once its close has begun). Control
+    /// frames (acknowledgements, window updates) do not count: a client can draw them at will.
+    pub fn stuck_for(&self) -> std::time::Duration {
+        if self.streams.is_empty() {
+            return std::time::Duration::ZERO;
+        }
+        crate::runtime::recent::since(self.last_sent)
     }
 
     /// Where requests refused for their body's framing (a bad or conflicting `content-length`, a
@@ -803,6 +811,7 @@ where
                     let end = head.is_end_stream();
                     self.codec.buffer(head.into()).map_err(send_error)?;
                     self.last_sent = crate::runtime::recent::recent();
+                    self.unflushed = true;
                     if end {
                         return Ok(Turn::Done);
                     }
@@ -839,6 +848,7 @@ where
                     frame.set_end_stream(last);
                     self.codec.buffer(frame.into()).map_err(send_error)?;
                     self.last_sent = crate::runtime::recent::recent();
+                    self.unflushed = true;
                     slot.send_window -= n as i64;
                     self.send_window -= n as i64;
                     if last {
@@ -1032,7 +1042,12 @@ where
                 .push_back(frame::WindowUpdate::new(StreamId::zero(), n).into());
         }
         std::task::ready!(self.write_control(cx))?;
-        self.codec.flush(cx).map_err(Error::Io)
+        let flushed = self.codec.flush(cx).map_err(Error::Io);
+        // A frame that took long to leave (a client reading slowly) is progress when it is out.
+        if matches!(flushed, Poll::Ready(Ok(()))) && std::mem::take(&mut self.unflushed) {
+            self.last_sent = crate::runtime::recent::recent();
+        }
+        flushed
     }
 
     /// Hands the queued control frames to the writer.
@@ -1445,7 +1460,7 @@ mod tests {
         assert_eq!(conn.window_blocked.len(), 1, "listed once");
         assert!(conn.to_poll.is_empty());
         // Nothing written since the windows shut: the connection says it is stuck.
-        let stuck = conn.stuck_for().expect("a stream is open");
+        let stuck = conn.stuck_for();
         assert!(stuck >= std::time::Duration::from_millis(250), "{stuck:?}");
         // Opening both windows sends the rest.
         let mut open = frame(8, 0, 0, &100_000u32.to_be_bytes());
@@ -1454,7 +1469,11 @@ mod tests {
         run_a_while(&mut conn).await;
         assert!(conn.streams.is_empty(), "answered whole");
         assert!(conn.window_blocked.is_empty());
-        assert_eq!(conn.stuck_for(), None, "no stream left");
+        assert_eq!(
+            conn.stuck_for(),
+            std::time::Duration::ZERO,
+            "no stream left"
+        );
     }
 
     /// A stream reset because the client's WINDOW_UPDATE overflowed its window is spent from
