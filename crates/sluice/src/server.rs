@@ -970,7 +970,7 @@ impl<H: Handler> Conn<H> {
     /// case once the connection has been idle for `DRAIN_IDLE` (an HTTP/1 connection's responses
     /// say `Connection: close` in the meantime, and hyper's automatic server does not say which
     /// protocol it serves). `stuck`: how long the connection's server has written nothing while
-    /// it still holds a stream (`None`: nothing held, or the server cannot tell); once the
+    /// it still holds a stream (zero with none held; `None`: the server cannot tell); once the
     /// server's close has begun, a connection with nothing in flight that has been stuck for the
     /// send timeout is dropped (a client can keep a stream from ending by never opening its
     /// window; its body was released by the send watch).
