@@ -124,6 +124,34 @@ fn hop_name(i: usize) -> HeaderName {
     }
 }
 
+/// The fields HTTP/2 and HTTP/3 messages must not carry, as they describe one connection (RFC
+/// 9113 §8.2.2, RFC 9114 §4.2); `te` is allowed there, with the value `trailers` only.
+pub fn connection_specific_names() -> [HeaderName; 5] {
+    [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ]
+}
+
+/// The first connection-specific field in `fields` (a `te` other than `trailers` counted), if
+/// any: over HTTP/2 and HTTP/3 a request that carries one is malformed.
+pub fn connection_specific(fields: &HeaderMap) -> Option<HeaderName> {
+    if let Some(name) = connection_specific_names()
+        .into_iter()
+        .find(|n| fields.contains_key(n))
+    {
+        return Some(name);
+    }
+    fields
+        .get_all(header::TE)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"trailers"))
+        .then_some(header::TE)
+}
+
 /// Whether the request asks to switch protocols to `proto` (for example `websocket`): an `Upgrade`
 /// naming it and `Connection` listing `upgrade`.
 pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
@@ -146,6 +174,30 @@ pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn connection_specific_fields_are_found() {
+        let mut fields = HeaderMap::new();
+        fields.insert("accept", HeaderValue::from_static("*/*"));
+        fields.insert("te", HeaderValue::from_static("trailers"));
+        assert_eq!(connection_specific(&fields), None);
+        for (name, value) in [
+            ("connection", "close"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("upgrade", "websocket"),
+            ("transfer-encoding", "chunked"),
+            ("te", "gzip"),
+        ] {
+            let mut bad = fields.clone();
+            bad.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+            let found = connection_specific(&bad);
+            assert_eq!(found.as_ref().map(HeaderName::as_str), Some(name));
+        }
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

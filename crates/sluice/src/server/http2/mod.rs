@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use h2::frame::{self, Frame, Headers, Pseudo, StreamId};
 use h2::Reason;
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap};
 use http::{Request, Response, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use slab::Slab;
@@ -1182,13 +1182,7 @@ fn strip_connection_fields(fields: &mut HeaderMap) {
     if fields.is_empty() {
         return;
     }
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
+    for name in sluice_http::hop::connection_specific_names() {
         fields.remove(name);
     }
     if fields.get(header::TE).is_some_and(|v| v != "trailers") {

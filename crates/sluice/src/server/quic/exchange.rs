@@ -52,10 +52,10 @@ pub async fn serve<H: Handler>(
             .insert(EARLY_DATA, http::HeaderValue::from_static("1"));
     }
     let (mut send, recv) = stream.split();
-    if let Some(name) = connection_specific(req.headers()) {
+    if let Some(name) = sluice_http::hop::connection_specific(req.headers()) {
         // RFC 9114 §4.2: malformed, as HTTP/2 holds it (RFC 9113 §8.2.2).
         shared.requests.inc();
-        tracing::debug!(%peer, field = name, "HTTP/3 request with a connection-specific field refused");
+        tracing::debug!(%peer, field = %name, "HTTP/3 request with a connection-specific field refused");
         send.stop_stream(Code::H3_MESSAGE_ERROR);
         return;
     }
@@ -327,60 +327,10 @@ async fn respond(
     Ok(())
 }
 
-/// The first connection-specific field in a request's `fields`, if any: HTTP/3 has none (RFC
-/// 9114 §4.2), so a request that carries one (or a `te` other than `trailers`) is malformed.
-fn connection_specific(fields: &HeaderMap) -> Option<&'static str> {
-    const NAMES: [&str; 5] = [
-        "connection",
-        "transfer-encoding",
-        "upgrade",
-        "keep-alive",
-        "proxy-connection",
-    ];
-    if let Some(name) = NAMES.into_iter().find(|n| fields.contains_key(*n)) {
-        return Some(name);
-    }
-    fields
-        .get_all(header::TE)
-        .iter()
-        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"trailers"))
-        .then_some("te")
-}
-
 /// HTTP/3 has no connection-specific fields (RFC 9114 §4.2): a response carrying one is
 /// malformed, so the ones HTTP/1.1 responses may carry are dropped.
 fn strip_connection_fields(headers: &mut HeaderMap) {
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::HeaderName::from_static("keep-alive"),
-        header::HeaderName::from_static("proxy-connection"),
-    ] {
+    for name in sluice_http::hop::connection_specific_names() {
         headers.remove(name);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn connection_specific_fields_are_found() {
-        use super::connection_specific;
-        let mut fields = http::HeaderMap::new();
-        fields.insert("accept", "*/*".parse().unwrap());
-        fields.insert("te", "trailers".parse().unwrap());
-        assert_eq!(connection_specific(&fields), None);
-        for (name, value) in [
-            ("connection", "close"),
-            ("keep-alive", "timeout=5"),
-            ("proxy-connection", "keep-alive"),
-            ("upgrade", "websocket"),
-            ("transfer-encoding", "chunked"),
-            ("te", "gzip"),
-        ] {
-            let mut bad = fields.clone();
-            bad.append(name, value.parse().unwrap());
-            assert_eq!(connection_specific(&bad), Some(name), "{name}");
-        }
     }
 }
