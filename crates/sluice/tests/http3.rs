@@ -1603,6 +1603,33 @@ async fn unfinished_handshakes_hold_no_place_in_the_per_ip_share() {
     assert_eq!(r["connections"][0]["response"]["status"], 200, "{r}");
 }
 
+/// Handshakes that prove their address (a Retry's token) and then stop hold a place in their
+/// address's share of the handshakes in progress, so a few addresses cannot fill
+/// `max_handshakes` for everyone (whose clients would then fall back to TCP until the handshake
+/// timeout let those go). Before, one address held all 8 here and a client from another was
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_the_handshakes_in_progress() {
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let s = H3Sluice::start_with(o, "per_ip_exempt = []", |c| {
+        let h3 = &mut c.server.http3;
+        (h3.retry_above_handshakes, h3.max_handshakes) = (0, 8);
+        h3.max_handshakes_per_ip = 4;
+    })
+    .await;
+    let r = client(s.plan(json!({
+        "flood": 12, "answer_retry": true, "then_from": "127.0.0.2", "wait": 3
+    })))
+    .await;
+    // Every first Initial was sent a Retry; of the proved attempts 4 go on, the rest are refused.
+    assert_eq!(r["retry"], 12, "{r}");
+    assert_eq!(r["admitted"], 4, "{r}");
+    assert_eq!(r["refused"], 8, "{r}");
+    assert_eq!(s.metric("sluice_quic_handshakes").await, 4.0);
+    // Another address still gets its handshake done while those 4 are held.
+    assert_eq!(r["then"]["completed"], true, "{r}");
+}
+
 /// A sluice started as a child with its own config on a fixed port (an upgrade re-reads it).
 fn kill(pid: i32, sig: i32) {
     // SAFETY: kill(2) on a process this test started.

@@ -39,6 +39,11 @@ object with what happened. Plans:
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
+  {"addr": ..., "flood": N, "answer_retry": true, "then_from": "127.0.0.2"}
+      The same, each Retry answered once with the Initial carrying its token (the address
+      proved), and nothing after the server's answer to that; counts those answers as "admitted"
+      (the handshake goes on) or "refused" (CONNECTION_REFUSED). Then, with `then_from`, one whole
+      handshake from that source address (Retry answered), reported as "then".
 """
 
 import asyncio
@@ -57,7 +62,7 @@ from aioquic.h3.connection import H3_ALPN, FrameType, H3Connection, encode_frame
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import ConnectionTerminated, StreamReset
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, StreamReset
 
 
 class Exchange:
@@ -739,6 +744,8 @@ def flood(plan):
     host, port = plan["addr"].rsplit(":", 1)
     addr = (host, int(port))
     socks = []
+    # Each socket's connection, and the Retry it got (answered later with `answer_retry`).
+    quics = []
     sent = 0
     for _ in range(plan["flood"]):
         quic = QuicConnection(configuration=configuration(plan))
@@ -750,6 +757,7 @@ def flood(plan):
             s.sendto(data, addr)
             sent += 1
         socks.append(s)
+        quics.append([quic, None])
     counts = {"retry": 0, "initial": 0, "other": 0, "silent": 0, "sent": sent}
     deadline = time.time() + plan.get("wait", 3)
     answered = set()
@@ -763,12 +771,86 @@ def flood(plan):
                 continue
             answered.add(i)
             kind = (data[0] & 0x30) >> 4 if data[0] & 0x80 else -1
+            if kind == 3:
+                quics[i][1] = data
             counts["retry" if kind == 3 else "initial" if kind == 0 else "other"] += 1
         time.sleep(0.01)
     counts["silent"] = len(socks) - len(answered)
+    if plan.get("answer_retry"):
+        counts.update(answer_retries(plan, addr, socks, quics))
+    if plan.get("then_from"):
+        counts["then"] = one_handshake(plan, addr, plan["then_from"])
     for s in socks:
         s.close()
     return counts
+
+
+def feed(quic, data, addr):
+    quic.receive_datagram(data, addr, now=time.time())
+
+
+def answer_retries(plan, addr, socks, quics):
+    """Answers each socket's Retry (kept in `quics` by `flood`) once and sorts the server's
+    answers to that: a CONNECTION_CLOSE with CONNECTION_REFUSED (0x2), or the handshake going on."""
+    out = {"admitted": 0, "refused": 0, "unanswered": 0}
+    for s, (quic, retry) in zip(socks, quics):
+        if retry is None:
+            continue
+        feed(quic, retry, addr)
+        for data, _ in quic.datagrams_to_send(now=time.time()):
+            s.sendto(data, addr)
+    deadline = time.time() + plan.get("wait", 3)
+    pending = {i for i, (_, retry) in enumerate(quics) if retry is not None}
+    while time.time() < deadline and pending:
+        for i in list(pending):
+            try:
+                data = socks[i].recv(65536)
+            except BlockingIOError:
+                continue
+            quic = quics[i][0]
+            feed(quic, data, addr)
+            close = quic._close_event
+            if close is not None:
+                out["refused" if close.error_code == 0x2 else "unanswered"] += 1
+            else:
+                out["admitted"] += 1
+            pending.discard(i)
+        time.sleep(0.01)
+    out["unanswered"] += len(pending)
+    return out
+
+
+def one_handshake(plan, addr, source):
+    """A whole handshake from `source` (a Retry answered): whether it completed, or the error
+    code it was closed with."""
+    quic = QuicConnection(configuration=configuration(plan))
+    quic.connect(addr, now=time.time())
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((source, 0))
+    s.setblocking(False)
+    deadline = time.time() + plan.get("wait", 3) + 5
+    try:
+        while time.time() < deadline:
+            for data, _ in quic.datagrams_to_send(now=time.time()):
+                s.sendto(data, addr)
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                time.sleep(0.005)
+                continue
+            feed(quic, data, addr)
+            while (event := quic.next_event()) is not None:
+                if isinstance(event, HandshakeCompleted):
+                    # The client's Finished too, so the server's handshake ends.
+                    for data, _ in quic.datagrams_to_send(now=time.time()):
+                        s.sendto(data, addr)
+                    time.sleep(0.2)
+                    return {"completed": True}
+            if quic._close_event is not None:
+                return {"completed": False, "error": quic._close_event.error_code}
+        return {"completed": False, "error": None}
+    finally:
+        s.close()
 
 
 def main():

@@ -16,6 +16,7 @@ use super::conn::{self, Settings};
 use super::socket::{self, QuicSocket};
 use super::Http3Config;
 use crate::metrics::protocol::ProtocolMetrics;
+use crate::net::per_ip::{IpPlace, PerIp};
 use crate::server::handler::{Handler, ListenerId};
 use crate::server::listener::inherited;
 use crate::server::listener::{Acceptor, Full, Slot};
@@ -82,6 +83,9 @@ struct Accepting {
     /// The TCP listeners' connection limits (`server.max_connections`, and
     /// `max_connections_per_ip`): a QUIC connection holds a slot there like a TCP one.
     acceptor: Acceptor,
+    /// Handshakes in progress per client IP that proved its address
+    /// (`server.http3.max_handshakes_per_ip`).
+    handshakes_per_ip: Arc<PerIp>,
 }
 
 impl Bound {
@@ -106,6 +110,10 @@ impl Bound {
             open: AtomicUsize::new(0),
             handshaking: AtomicUsize::new(0),
             acceptor,
+            handshakes_per_ip: PerIp::new(
+                server.http3.max_handshakes_per_ip,
+                server.per_ip_exempt.clone(),
+            ),
         });
         let mut running = Endpoints {
             endpoints: Vec::new(),
@@ -246,10 +254,10 @@ impl Accepting {
         }
     }
 
-    /// Whether a new connection attempt is let in (with its connection slot when its address is
-    /// proved; else the slot is taken once its handshake has proved it), sent a Retry, or
-    /// refused.
-    fn admit(&self, incoming: quinn::Incoming) -> Option<(quinn::Incoming, Option<Slot>)> {
+    /// Whether a new connection attempt is let in (with its connection slot and its place in
+    /// its address's handshake share when its address is proved; else the slot is taken once
+    /// its handshake has proved it), sent a Retry, or refused.
+    fn admit(&self, incoming: quinn::Incoming) -> Option<(quinn::Incoming, Admitted)> {
         let h3 = &self.config;
         let handshaking = self.handshaking.load(Ordering::Relaxed);
         // A connection still in its handshake counts toward the connection limit too.
@@ -274,11 +282,39 @@ impl Accepting {
         // The slot is looked at after the Retry decision, and held from here only by a client
         // that proved its address (a Retry's token): one that has not (below the Retry
         // threshold) takes its slot when its handshake is done, so Initials that never go on,
-        // spoofed ones included, cannot hold the share of the address they name.
+        // spoofed ones included, cannot hold the share of the address they name. A proved
+        // address also holds a place in its share of the handshakes in progress, so a few
+        // addresses that stop after the Retry cannot fill `max_handshakes` for everyone.
         let validated = incoming.remote_address_validated();
-        match self.acceptor.try_slot(incoming.remote_address().ip()) {
-            Ok(slot) if validated => Some((incoming, Some(slot))),
-            Ok(_room) => Some((incoming, None)),
+        let ip = incoming.remote_address().ip();
+        let shaking = match validated {
+            true => match self.handshakes_per_ip.take(ip) {
+                Some(place) => place,
+                None => {
+                    self.metrics.quic_refused.inc();
+                    let peer = incoming.remote_address();
+                    tracing::debug!(%peer, "QUIC connection refused: max_handshakes_per_ip reached");
+                    incoming.refuse();
+                    return None;
+                }
+            },
+            false => None,
+        };
+        match self.acceptor.try_slot(ip) {
+            Ok(slot) if validated => Some((
+                incoming,
+                Admitted {
+                    slot: Some(slot),
+                    shaking,
+                },
+            )),
+            Ok(_room) => Some((
+                incoming,
+                Admitted {
+                    slot: None,
+                    shaking,
+                },
+            )),
             Err(full) => {
                 self.metrics.quic_refused.inc();
                 let peer = incoming.remote_address();
@@ -298,23 +334,38 @@ impl Accepting {
     }
 }
 
+/// What an admitted attempt holds: its connection slot when its address is proved (else taken
+/// when its handshake has proved it), and its place in its address's share of the handshakes in
+/// progress (a proved address outside `server.per_ip_exempt`).
+struct Admitted {
+    slot: Option<Slot>,
+    shaking: Option<IpPlace>,
+}
+
 /// One connection attempt in its handshake, counted from the moment it is admitted (not when its
 /// task first runs: a burst of Initials admitted in one turn of the accept loop would all see the
-/// count before any of them raised it) until the handshake ends.
-struct Handshaking(Arc<Accepting>);
+/// count before any of them raised it) until the handshake ends; with its place in its address's
+/// share, given back then too.
+struct Handshaking {
+    accepting: Arc<Accepting>,
+    _place: Option<IpPlace>,
+}
 
 impl Handshaking {
-    fn new(accepting: Arc<Accepting>) -> Handshaking {
+    fn new(accepting: Arc<Accepting>, place: Option<IpPlace>) -> Handshaking {
         accepting.handshaking.fetch_add(1, Ordering::Relaxed);
         accepting.metrics.quic_handshakes.inc();
-        Handshaking(accepting)
+        Handshaking {
+            accepting,
+            _place: place,
+        }
     }
 }
 
 impl Drop for Handshaking {
     fn drop(&mut self) {
-        self.0.handshaking.fetch_sub(1, Ordering::Relaxed);
-        self.0.metrics.quic_handshakes.dec();
+        self.accepting.handshaking.fetch_sub(1, Ordering::Relaxed);
+        self.accepting.metrics.quic_handshakes.dec();
     }
 }
 
@@ -354,10 +405,10 @@ async fn accept_loop<H: Handler>(
                 tls = now;
             }
         }
-        let Some((incoming, slot)) = accepting.admit(incoming) else {
+        let Some((incoming, Admitted { slot, shaking })) = accepting.admit(incoming) else {
             continue;
         };
-        let handshake = Handshaking::new(accepting.clone());
+        let handshake = Handshaking::new(accepting.clone(), shaking);
         let accepting = accepting.clone();
         let settings = settings.clone();
         settings.tracker.clone().spawn(async move {
