@@ -265,7 +265,9 @@ impl Acme {
             .is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN));
         let name = hello.server_name().map(|n| n.to_ascii_lowercase());
         match (name, challenge) {
-            (Some(name), false) if !self.certs.covers(&name) => {
+            // An expired certificate is no cover: its name is asked about and ordered again
+            // (the renewal loop may have been told no, or be backing off, until it expired).
+            (Some(name), false) if !self.certs.covers(&name, SystemTime::now()) => {
                 self.obtain(&name).await;
             }
             (Some(name), true) if !self.certs.has_own_alpn_challenge(&name) => {
@@ -286,7 +288,7 @@ impl Acme {
         .await;
     }
 
-    /// On-demand issuance for `name`; true when a certificate for it is held afterwards.
+    /// On-demand issuance for `name`; true when a certificate not expired covers it afterwards.
     pub async fn obtain(self: &Arc<Self>, name: &str) -> bool {
         let Some(od) = &self.on_demand else {
             return false;
@@ -319,7 +321,7 @@ impl Acme {
         };
         let wait = Duration::from_secs(od.config.wait_secs);
         let _ = tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await;
-        self.certs.certificate(name).is_some()
+        self.certs.covers(name, SystemTime::now())
     }
 
     /// An on-demand name past the gate (so a well-formed name, at most once per

@@ -4,7 +4,9 @@
 //! DNS-01 through BIND 9 with TSIG); the served chain verifies against Pebble's root; renewal by
 //! ARI swaps the certificate under a handshake loop with none failing; two nodes on one state
 //! directory order once, a name issued on demand included; on-demand issuance asks first, stays
-//! bounded under a flood of made-up names and still issues a real name after it; a CA that is down or answers errors leaves the held certificate in service.
+//! bounded under a flood of made-up names and still issues a real name after it, and orders an
+//! expired on-demand name again at its next handshake; a CA that is down or answers errors leaves
+//! the held certificate in service.
 //! Certificates from `[acme]` alone serve HTTP/3 as well (aioquic, `tests/h3_support`).
 //!
 //! Tools come from `scripts/acme-tools` (Pebble from the Go module proxy, BIND from Debian).
@@ -650,6 +652,14 @@ async fn another_node_answers(challenge: &str) {
 /// A tiny `ask` endpoint: 200 for the `allowed` names, 403 for every other `domain=`; counts
 /// requests.
 async fn ask_server(allowed: &'static [&'static str]) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let allowed = allowed.iter().map(|n| n.to_string()).collect();
+    ask_server_of(Arc::new(std::sync::Mutex::new(allowed))).await
+}
+
+/// As `ask_server`, with a list of allowed names the test may change.
+async fn ask_server_of(
+    allowed: Arc<std::sync::Mutex<Vec<String>>>,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -657,13 +667,15 @@ async fn ask_server(allowed: &'static [&'static str]) -> (std::net::SocketAddr, 
     let seen = count.clone();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let seen = seen.clone();
+            let (seen, allowed) = (seen.clone(), allowed.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0; 4096];
                 let n = s.read(&mut buf).await.unwrap_or(0);
                 let head = String::from_utf8_lossy(&buf[..n]).into_owned();
                 seen.fetch_add(1, Ordering::Relaxed);
                 let ok = allowed
+                    .lock()
+                    .unwrap()
                     .iter()
                     .any(|name| head.starts_with(&format!("GET /ask?domain={name} ")));
                 let status = if ok { "200 OK" } else { "403 Forbidden" };
@@ -848,6 +860,81 @@ async fn on_demand_asks_first_and_a_flood_of_made_up_names_stays_bounded() {
     assert_eq!(
         metric(&m, "sluice_acme_orders_total{outcome=\"issued\"}"),
         Some(2.0),
+        "{m}"
+    );
+}
+
+/// An on-demand name whose certificate expired (the renewal loop was told no by the ask URL,
+/// and asks again only after `retry_max_secs`) is asked about and ordered again at its next
+/// handshake, as an unknown name is. Before, the expired certificate counted as cover: it was
+/// served and nothing was asked until the loop's next try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_on_demand_certificate_is_ordered_again_at_a_handshake() {
+    let t = setup();
+    let dns = ChallSrv::start(t.dir.path());
+    let tls_port = free_port();
+    let pebble = Pebble::start(
+        t.dir.path(),
+        t.ca.clone(),
+        PebbleOptions {
+            http_port: free_port(),
+            tls_port,
+            dns: dns.dns,
+            validity_secs: 7_776_000,
+            always_valid: false,
+            eab: None,
+        },
+    );
+    let allowed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ask, asked) = ask_server_of(allowed.clone()).await;
+    // The name's certificate in the state directory, expired in 2020.
+    let state = t.dir.path().join("state");
+    std::fs::create_dir_all(state.join("certs")).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["old.ondemand.test".into()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2020, 4, 1);
+    let expired = params.self_signed(&key).unwrap();
+    std::fs::write(
+        state.join("certs/old.ondemand.test.pem"),
+        format!("{}{}", expired.pem(), key.serialize_pem()),
+    )
+    .unwrap();
+    let section = acme_section(
+        &pebble,
+        &state,
+        &format!(
+            "challenges = [\"tls-alpn-01\"]\n[acme.on_demand]\nenabled = true\nask = \"http://{ask}/ask\"\nwait_secs = 8\n"
+        ),
+    )
+    .replace("retry_max_secs = 4", "retry_max_secs = 600");
+    let sluice = Sluice::start(t.dir.path(), "expired", tls_port, &section);
+    let root = pebble.root().await;
+    // The renewal loop finds the certificate due, asks, is told no: it asks again in 600 s.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while asked.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(asked.load(Ordering::Relaxed), 1);
+    // The ask URL says yes now: the next handshake for the name asks and orders, and the new
+    // certificate verifies to Pebble's root (without it, the expired one is served for 600 s).
+    allowed.lock().unwrap().push("old.ondemand.test".into());
+    let chain = wait_for_cert(
+        &sluice,
+        "old.ondemand.test",
+        &[&root],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_ne!(chain[0], expired.der().to_vec());
+    assert_eq!(asked.load(Ordering::Relaxed), 2);
+    let m = metrics(&sluice, "old.ondemand.test", &root).await;
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_acme_on_demand_decisions_total{decision=\"allowed\"}"
+        ),
+        Some(1.0),
         "{m}"
     );
 }

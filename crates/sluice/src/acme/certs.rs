@@ -80,12 +80,16 @@ impl Certs {
 
     /// The certificate for a TLS server name: the name itself, else `*.` its parent.
     pub fn certificate(&self, server_name: &str) -> Option<Arc<CertifiedKey>> {
+        self.issued_for(server_name).map(|h| h.key.clone())
+    }
+
+    fn issued_for(&self, server_name: &str) -> Option<Arc<Held>> {
         let issued = self.issued.read().unwrap_or_else(|e| e.into_inner());
         if let Some(h) = issued.get(server_name) {
-            return Some(h.key.clone());
+            return Some(h.clone());
         }
         let (_, parent) = server_name.split_once('.')?;
-        issued.get(&format!("*.{parent}")).map(|h| h.key.clone())
+        issued.get(&format!("*.{parent}")).cloned()
     }
 
     /// Records what the static certificate files cover (the SNI resolver calls this when built).
@@ -93,9 +97,14 @@ impl Certs {
         *self.static_names.write().unwrap_or_else(|e| e.into_inner()) = (exact, suffixes);
     }
 
-    /// Whether a certificate (issued or static) covers `server_name`.
-    pub fn covers(&self, server_name: &str) -> bool {
-        if self.certificate(server_name).is_some() {
+    /// Whether a certificate covers `server_name` at `now`: a static one, or an issued one not
+    /// expired. (An expired one is still served while nothing replaces it: a client then sees
+    /// why it fails.)
+    pub fn covers(&self, server_name: &str, now: SystemTime) -> bool {
+        if self
+            .issued_for(server_name)
+            .is_some_and(|h| h.not_after > now)
+        {
             return true;
         }
         let s = self.static_names.read().unwrap_or_else(|e| e.into_inner());
@@ -364,6 +373,31 @@ mod tests {
         assert_eq!(certs.http_token("tok").unwrap(), "tok.thumb");
         certs.close_http_token("tok");
         assert!(certs.http_token("tok").is_none());
+    }
+
+    /// An issued certificate covers its name until it expires; it is still served after (until
+    /// something replaces it), and static names always cover.
+    #[test]
+    fn an_expired_certificate_covers_nothing_but_is_still_served() {
+        let certs = Certs::default();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["old.test".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2020, 4, 1);
+        let cert = params.self_signed(&key).unwrap();
+        let pem = format!("{}{}", cert.pem(), key.serialize_pem());
+        certs
+            .install("old.test", pem.as_bytes(), SystemTime::now())
+            .unwrap();
+        let expiry = certs.held("old.test").unwrap().not_after;
+        assert!(certs.covers("old.test", expiry - Duration::from_secs(1)));
+        assert!(!certs.covers("old.test", expiry));
+        assert!(!certs.covers("old.test", SystemTime::now()));
+        assert!(certs.certificate("old.test").is_some());
+        certs.set_static(vec!["s.test".into()], vec![".d.test".into()]);
+        assert!(certs.covers("s.test", SystemTime::now()));
+        assert!(certs.covers("a.d.test", SystemTime::now()));
+        assert!(!certs.covers("d.test", SystemTime::now()));
     }
 
     /// Another node's challenges, through one state directory: taken up while recorded, own
