@@ -1184,6 +1184,55 @@ async fn spawn_sluice(text: &str, dir: &tempfile::TempDir) -> (tokio::process::C
     );
 }
 
+/// A reload (SIGHUP) with new certificate files: new QUIC handshakes get the new certificate,
+/// and a connection opened before the reload is served on after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_swaps_the_certificate_http3_handshakes_get() {
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let (first, second) = (SelfSigned::new(&["h3.test"]), SelfSigned::new(&["h3.test"]));
+    let dir = tempfile::tempdir().unwrap();
+    let text =
+        config_text(o, &first, "").replace("[cache]", "[server.http3]\nenabled = true\n\n[cache]");
+    let (child, addr) = spawn_sluice(&text, &dir).await;
+    let fetch = || {
+        let mut plan = gets(&[("/plain/size/1000", None)]);
+        plan["addr"] = json!(addr.to_string());
+        plan
+    };
+    let r = client(fetch()).await;
+    assert_body(&r["responses"][0], 200, &pattern(1000));
+    assert_eq!(r["certificate_sha256"], sha256(&first.der), "{r}");
+    // A connection opened now, and used again after the reload.
+    let held = json!({
+        "addr": addr.to_string(),
+        "sequence": {"secs": 4, "interval": 0.5, "path": "/plain/size/1000"}
+    });
+    let before = tokio::spawn(client(held));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::fs::copy(second.cert.path(), first.cert.path()).unwrap();
+    std::fs::copy(second.key.path(), first.key.path()).unwrap();
+    kill(child.id().unwrap() as i32, libc::SIGHUP);
+    let log = dir.path().join("log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("config reloaded")
+    {
+        assert!(std::time::Instant::now() < deadline, "no reload logged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = client(fetch()).await;
+    assert_body(&r["responses"][0], 200, &pattern(1000));
+    assert_eq!(r["certificate_sha256"], sha256(&second.der), "{r}");
+    let r = before.await.unwrap();
+    let requests = r["requests"].as_array().unwrap();
+    assert!(requests.len() >= 6, "{r}");
+    for q in requests {
+        assert_body(q, 200, &pattern(1000));
+    }
+    assert_eq!(r["connections"], 1, "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initial_flood_meets_retry_and_a_real_client_is_served() {
     let seen = Arc::new(AtomicUsize::new(0));

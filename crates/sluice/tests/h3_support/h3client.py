@@ -246,6 +246,14 @@ async def gets(client, plan, items, timeout):
     return [e.report() for e in exs]
 
 
+def served_certificate(client):
+    """The SHA-256 (hex) of the leaf certificate the server presented."""
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    leaf = client._quic.tls._peer_certificate
+    return hashlib.sha256(leaf.public_bytes(Encoding.DER)).hexdigest()
+
+
 async def run(plan):
     host, port = plan["addr"].rsplit(":", 1)
     port = int(port)
@@ -257,6 +265,7 @@ async def run(plan):
         attack = plan.get("attack")
         if attack is None:
             out["responses"] = await gets(client, plan, plan["gets"], timeout)
+            out["certificate_sha256"] = served_certificate(client)
             if client.terminated.done():
                 out["terminated"] = client.terminated.result()
             return out

@@ -394,12 +394,18 @@ async fn accept_loop<H: Handler>(
     mut tls: Arc<rustls::ServerConfig>,
     base: quinn::ServerConfig,
 ) {
+    let mut current = Arc::new(base.clone());
     while let Some(incoming) = endpoint.accept().await {
-        // A reload swapped the certificates: new handshakes use them.
+        // A reload swapped the certificates: this handshake and the next use them (the attempt
+        // in hand was taken in under the settings the endpoint had, so it is accepted with the
+        // new ones explicitly).
         if let Some(now) = accepting.tls.load_full() {
             if !Arc::ptr_eq(&now, &tls) {
                 match accepting.with_new_tls(&base, &now) {
-                    Ok(c) => endpoint.set_server_config(Some(c)),
+                    Ok(c) => {
+                        endpoint.set_server_config(Some(c.clone()));
+                        current = Arc::new(c);
+                    }
                     Err(e) => tracing::warn!(error = %e, "HTTP/3 keeps its previous certificates"),
                 }
                 tls = now;
@@ -411,12 +417,13 @@ async fn accept_loop<H: Handler>(
         let handshake = Handshaking::new(accepting.clone(), shaking);
         let accepting = accepting.clone();
         let settings = settings.clone();
+        let config = current.clone();
         settings.tracker.clone().spawn(async move {
             let peer = incoming.remote_address();
             let early = accepting.config.early_data;
             let deadline = tokio::time::Instant::now() + accepting.handshake_timeout;
             let done = tokio::time::timeout_at(deadline, async move {
-                let connecting = incoming.accept()?;
+                let connecting = incoming.accept_with(config)?;
                 if early {
                     // A server always takes 0.5-RTT: requests are served while the handshake
                     // goes on.
