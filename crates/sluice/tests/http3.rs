@@ -903,6 +903,32 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     .await;
     assert_body(&r["attack"], 200, b"xxxxxxxxxx");
 
+    // Pseudo-header fields out of place (RFC 9114 §4.3): one repeated, one after a regular
+    // field, a response's `:status` or `:protocol` without CONNECT in a request head (the stream
+    // is reset, H3_MESSAGE_ERROR), or one in trailers (the body ends in an error: 400). h3 as
+    // released kept the last of a repeated one and took the others as they came (all 200).
+    let pseudo_cases = [
+        ("pseudo", json!([[":path", "/plain/size/7"]])),
+        ("pseudo", json!([[":method", "GET"]])),
+        ("pseudo", json!([[":status", "200"]])),
+        ("pseudo", json!([[":protocol", "connect-udp"]])),
+        ("fields", json!([[":authority", "127.0.0.1"]])),
+        ("trailers", json!([[":path", "/plain/size/7"]])),
+    ];
+    for (key, value) in pseudo_cases {
+        let mut plan = json!({
+            "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
+            "then": then,
+        });
+        plan[key] = value.clone();
+        let r = client(s.plan(plan)).await;
+        if key == "trailers" {
+            assert_eq!(r["attack"]["status"], 400, "{key} {value}: {r}");
+        } else {
+            assert_eq!(r["attack"]["reset"], 0x10e, "{key} {value}: {r}");
+        }
+    }
+
     // A GET that says `content-length: 0` and sends bytes: refused before anything is
     // forwarded (an upstream client sends a GET no body and would never read them).
     for parts in [&[5][..], &[0, 5][..]] {

@@ -315,6 +315,8 @@ async def run(plan):
             method = plan.get("method", "POST").encode()
             fields = [(b":method", method), (b":scheme", b"https"),
                       (b":authority", b"127.0.0.1"), (b":path", plan["path"].encode())]
+            # "pseudo": more pseudo-header fields ([[name, value]]) right after these.
+            fields += [(k.encode(), v.encode()) for k, v in plan.get("pseudo") or []]
             if plan["declared"] is not None:
                 fields.append((b"content-length", str(plan["declared"]).encode()))
             # "fields": more request fields ([[name, value]]).

@@ -59,6 +59,19 @@ impl Header {
     pub fn into_request_parts(
         self,
     ) -> Result<(Method, Uri, Option<Protocol>, HeaderMap), HeaderError> {
+        //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3
+        //# Pseudo-header fields defined for requests MUST NOT appear
+        //# in responses; pseudo-header fields defined for responses MUST NOT
+        //# appear in requests.
+        if self.pseudo.status.is_some() {
+            return Err(HeaderError::Malformed(":status in a request"));
+        }
+        // RFC 9220 section 3 (RFC 8441 section 4): :protocol is for extended CONNECT only.
+        if self.pseudo.protocol.is_some() && self.pseudo.method.as_ref() != Some(&Method::CONNECT) {
+            return Err(HeaderError::Malformed(
+                ":protocol in a request other than CONNECT",
+            ));
+        }
         let mut uri = Uri::builder();
 
         if let Some(path) = self.pseudo.path {
@@ -111,6 +124,17 @@ impl Header {
         //# carries the HTTP status code; see Section 15 of [HTTP].  This pseudo-
         //# header field MUST be included in all responses; otherwise, the
         //# response is malformed (see Section 4.1.2).
+        let p = &self.pseudo;
+        if p.method.is_some()
+            || p.scheme.is_some()
+            || p.authority.is_some()
+            || p.path.is_some()
+            || p.protocol.is_some()
+        {
+            return Err(HeaderError::Malformed(
+                "a request pseudo-header field in a response",
+            ));
+        }
         Ok((
             self.pseudo.status.ok_or(HeaderError::MissingStatus)?,
             self.fields,
@@ -119,6 +143,17 @@ impl Header {
 
     pub fn into_fields(self) -> HeaderMap {
         self.fields
+    }
+
+    /// The fields of a trailer section, which may hold no pseudo-header field.
+    pub fn into_trailer_fields(self) -> Result<HeaderMap, HeaderError> {
+        //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3
+        //# Pseudo-header fields MUST NOT appear in trailer
+        //# sections.
+        if self.pseudo.len() > 0 {
+            return Err(HeaderError::Malformed("a pseudo-header field in trailers"));
+        }
+        Ok(self.fields)
     }
 
     pub fn len(&self) -> usize {
@@ -209,39 +244,47 @@ impl TryFrom<Vec<HeaderField>> for Header {
 
         for field in headers.into_iter() {
             let (name, value) = field.into_inner();
-            match Field::parse(name, value)? {
-                Field::Method(m) => {
-                    pseudo.method = Some(m);
-                    pseudo.len += 1;
-                }
-                Field::Scheme(s) => {
-                    pseudo.scheme = Some(s);
-                    pseudo.len += 1;
-                }
-                Field::Authority(a) => {
-                    pseudo.authority = Some(a);
-                    pseudo.len += 1;
-                }
-                Field::Path(p) => {
-                    pseudo.path = Some(p);
-                    pseudo.len += 1;
-                }
-                Field::Status(s) => {
-                    pseudo.status = Some(s);
-                    pseudo.len += 1;
-                }
+            let field = Field::parse(name, value)?;
+            //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3
+            //# All pseudo-header fields MUST appear in the header section before
+            //# regular header fields.  Any request or response that contains a
+            //# pseudo-header field that appears in a header section after a regular
+            //# header field MUST be treated as malformed.
+            if !fields.is_empty() && !matches!(field, Field::Header(_)) {
+                return Err(HeaderError::Malformed(
+                    "a pseudo-header field after a regular field",
+                ));
+            }
+            //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3.1
+            //# All HTTP/3 requests MUST include exactly one value for the :method,
+            //# :scheme, and :path pseudo-header fields
+            // (and a response exactly one :status): a repeated one is malformed.
+            match field {
+                Field::Method(m) => once(&mut pseudo.method, m)?,
+                Field::Scheme(s) => once(&mut pseudo.scheme, s)?,
+                Field::Authority(a) => once(&mut pseudo.authority, a)?,
+                Field::Path(p) => once(&mut pseudo.path, p)?,
+                Field::Status(s) => once(&mut pseudo.status, s)?,
                 Field::Header((n, v)) => {
                     fields.append(n, v);
+                    continue;
                 }
-                Field::Protocol(p) => {
-                    pseudo.protocol = Some(p);
-                    pseudo.len += 1;
-                }
+                Field::Protocol(p) => once(&mut pseudo.protocol, p)?,
             }
+            pseudo.len += 1;
         }
 
         Ok(Header { pseudo, fields })
     }
+}
+
+/// Sets a pseudo-header field's value; one already set is an error.
+fn once<T>(slot: &mut Option<T>, value: T) -> Result<(), HeaderError> {
+    if slot.is_some() {
+        return Err(HeaderError::Malformed("a repeated pseudo-header field"));
+    }
+    *slot = Some(value);
+    Ok(())
 }
 
 enum Field {
@@ -438,6 +481,8 @@ pub enum HeaderError {
     MissingStatus,
     MissingAuthority,
     ContradictedAuthority,
+    /// Fields in a place or number RFC 9114 section 4.3 calls malformed.
+    Malformed(&'static str),
 }
 
 impl HeaderError {
@@ -475,6 +520,7 @@ impl fmt::Display for HeaderError {
             HeaderError::ContradictedAuthority => {
                 write!(f, "uri and authority field are in contradiction")
             }
+            HeaderError::Malformed(why) => write!(f, "malformed field section: {}", why),
         }
     }
 }
@@ -632,6 +678,77 @@ mod tests {
                 name: std::borrow::Cow::Borrowed(b"other-header"),
                 value: std::borrow::Cow::Borrowed(b"other-header-value")
             },]
+        );
+    }
+
+    fn request(
+        fields: &[(&str, &str)],
+    ) -> Result<(Method, Uri, Option<Protocol>, HeaderMap), HeaderError> {
+        let fields = fields
+            .iter()
+            .map(|(n, v)| HeaderField::new(n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect::<Vec<_>>();
+        Header::try_from(fields)?.into_request_parts()
+    }
+
+    #[test]
+    fn malformed_pseudo_header_fields_are_refused() {
+        let base = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", "a.test"),
+            (":path", "/"),
+        ];
+        assert!(request(&base).is_ok());
+        //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3.1
+        //= type=test
+        //# All HTTP/3 requests MUST include exactly one value for the :method,
+        //# :scheme, and :path pseudo-header fields
+        for (name, value) in base {
+            let mut twice = base.to_vec();
+            twice.push((name, value));
+            twice.rotate_right(1);
+            assert_matches!(request(&twice), Err(HeaderError::Malformed(_)), "{name}");
+        }
+        //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3
+        //= type=test
+        //# Any request or response that contains a
+        //# pseudo-header field that appears in a header section after a regular
+        //# header field MUST be treated as malformed.
+        let mut late = vec![(":method", "GET"), ("x-a", "1")];
+        late.extend_from_slice(&base[1..]);
+        assert_matches!(request(&late), Err(HeaderError::Malformed(_)));
+        //= https://www.rfc-editor.org/rfc/rfc9114#section-4.3
+        //= type=test
+        //# pseudo-header fields defined for responses MUST NOT
+        //# appear in requests.
+        let mut status = base.to_vec();
+        status.push((":status", "200"));
+        assert_matches!(request(&status), Err(HeaderError::Malformed(_)));
+        let mut protocol = base.to_vec();
+        protocol.push((":protocol", "connect-udp"));
+        assert_matches!(request(&protocol), Err(HeaderError::Malformed(_)));
+        protocol[0] = (":method", "CONNECT");
+        assert!(request(&protocol).is_ok());
+        // A response with a request's pseudo-header field; trailers with any.
+        let response = |fields: Vec<(&str, &str)>| {
+            let fields = fields
+                .into_iter()
+                .map(|(n, v)| HeaderField::new(n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect::<Vec<_>>();
+            Header::try_from(fields).unwrap()
+        };
+        assert!(response(vec![(":status", "200")])
+            .into_response_parts()
+            .is_ok());
+        assert_matches!(
+            response(vec![(":status", "200"), (":path", "/")]).into_response_parts(),
+            Err(HeaderError::Malformed(_))
+        );
+        assert!(response(vec![("x-t", "1")]).into_trailer_fields().is_ok());
+        assert_matches!(
+            response(vec![(":path", "/"), ("x-t", "1")]).into_trailer_fields(),
+            Err(HeaderError::Malformed(_))
         );
     }
 }
