@@ -51,6 +51,10 @@ pub struct Acme {
     orders: Mutex<VecDeque<Instant>>,
     /// Wakes the renewal loop early (an on-demand name was added).
     wake: Notify,
+    /// On-demand names whose renewal the ask URL refused: once their certificate expires, a
+    /// handshake for one asks and orders again (other failed renewals are the loop's to retry,
+    /// with its backoff).
+    ask_refused: Mutex<std::collections::HashSet<String>>,
     /// State-directory look-ups for other nodes' TLS-ALPN-01 challenges running at once.
     alpn_lookups: Arc<tokio::sync::Semaphore>,
     /// State-directory look-ups for certificates other nodes issued on demand running at once.
@@ -127,8 +131,9 @@ impl Drop for Ending {
 /// Per-name state of the renewal loop.
 #[derive(Default)]
 struct Schedule {
-    /// Failures in a row and when to try again.
-    retry: HashMap<String, (u32, Instant)>,
+    /// Failures in a row, when to try again, and the held certificate's file time then (a new
+    /// certificate, from a handshake's order or another node, ends the wait).
+    retry: HashMap<String, (u32, Instant, Option<SystemTime>)>,
     /// The ARI renewal time chosen for a certificate, when to ask again, and the window it was
     /// chosen in.
     ari: HashMap<String, Ari>,
@@ -203,6 +208,7 @@ impl Acme {
             on_demand,
             orders: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
+            ask_refused: Mutex::default(),
             alpn_lookups: Arc::new(tokio::sync::Semaphore::new(ALPN_LOOKUPS)),
             store_lookups: Arc::new(tokio::sync::Semaphore::new(STORE_LOOKUPS)),
         };
@@ -265,9 +271,7 @@ impl Acme {
             .is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN));
         let name = hello.server_name().map(|n| n.to_ascii_lowercase());
         match (name, challenge) {
-            // An expired certificate is no cover: its name is asked about and ordered again
-            // (the renewal loop may have been told no, or be backing off, until it expired).
-            (Some(name), false) if !self.certs.covers(&name, SystemTime::now()) => {
+            (Some(name), false) if self.orders_at_handshake(&name) => {
                 self.obtain(&name).await;
             }
             (Some(name), true) if !self.certs.has_own_alpn_challenge(&name) => {
@@ -276,6 +280,21 @@ impl Acme {
             _ => {}
         }
         start.into_stream(settings).await
+    }
+
+    fn ask_refused(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.ask_refused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a handshake for `name` may start on-demand issuance: nothing covers it, or only
+    /// an expired certificate the renewal loop stopped renewing because the ask URL said no (it
+    /// asks again only after `retry_max_secs`). An expired one whose renewals fail at the CA is
+    /// left to the loop's backoff, so handshakes do not add orders the CA would refuse too.
+    fn orders_at_handshake(&self, name: &str) -> bool {
+        if self.certs.covers(name, SystemTime::now()) {
+            return false;
+        }
+        self.certs.held(name).is_none() || self.ask_refused().contains(name)
     }
 
     /// Takes up another node's TLS-ALPN-01 challenge for `name` (or lets go of one it closed)
@@ -729,8 +748,12 @@ impl Acme {
             let mut next = Instant::now() + check;
             for name in self.managed_names() {
                 self.refresh_from_store(&name);
-                if let Some((_, at)) = schedule.retry.get(&name) {
-                    if Instant::now() < *at {
+                let modified = self.certs.held(&name).map(|h| h.modified);
+                if let Some((_, at, of)) = schedule.retry.get(&name) {
+                    if *of != modified {
+                        schedule.retry.remove(&name);
+                        self.ask_refused().remove(&name);
+                    } else if Instant::now() < *at {
                         next = next.min(*at);
                         continue;
                     }
@@ -748,7 +771,8 @@ impl Acme {
                         let wait = Duration::from_secs(self.config.retry_max_secs);
                         tracing::info!(%name, ask_again_in_secs = wait.as_secs(), "acme: the ask URL no longer allows this on-demand name; not renewed (its certificate is served until it expires)");
                         let at = Instant::now() + wait;
-                        schedule.retry.insert(name.clone(), (0, at));
+                        schedule.retry.insert(name.clone(), (0, at, modified));
+                        self.ask_refused().insert(name.clone());
                         next = next.min(at);
                         continue;
                     }
@@ -761,13 +785,16 @@ impl Acme {
                     Ok(()) => {
                         schedule.retry.remove(&name);
                         schedule.ari.remove(&name);
+                        self.ask_refused().remove(&name);
                     }
                     Err(e) => {
                         let failures = schedule.retry.get(&name).map_or(0, |r| r.0) + 1;
                         let wait = self.backoff(failures, &e);
                         tracing::info!(%name, retry_in_secs = wait.as_secs(), "acme: will try again");
                         let at = Instant::now() + wait;
-                        schedule.retry.insert(name.clone(), (failures, at));
+                        schedule
+                            .retry
+                            .insert(name.clone(), (failures, at, modified));
                         next = next.min(at);
                     }
                 }

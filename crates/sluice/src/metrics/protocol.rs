@@ -104,7 +104,9 @@ impl ProtocolMetrics {
         );
         registry.register(
             "quic_refused",
-            "QUIC connection attempts refused at server.http3.max_connections or max_handshakes",
+            "QUIC connection attempts refused at a limit (server.max_connections or \
+             max_connections_per_ip, server.http3.max_connections, max_handshakes or \
+             max_handshakes_per_ip)",
             m.quic_refused.clone(),
         );
         registry.register(

@@ -9,6 +9,8 @@ use std::sync::Arc;
 pub struct PerIp {
     max: usize,
     exempt: Vec<ipnet::IpNet>,
+    /// IPv6 peers counted by their /64 (a host is commonly given a whole /64).
+    by_64: bool,
     held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
 }
 
@@ -18,8 +20,17 @@ impl PerIp {
         Arc::new(PerIp {
             max,
             exempt,
+            by_64: false,
             held: Default::default(),
         })
+    }
+
+    /// As [`PerIp::new`], with IPv6 peers counted by their /64: one host may hold a whole /64,
+    /// so counting its addresses one by one would multiply its share.
+    pub fn by_network(max: usize, exempt: Vec<ipnet::IpNet>) -> Arc<PerIp> {
+        let mut per_ip = PerIp::new(max, exempt);
+        Arc::get_mut(&mut per_ip).expect("just made").by_64 = true;
+        per_ip
     }
 
     /// Takes a place for `ip`, or `None` when it holds `max` already.
@@ -31,6 +42,13 @@ impl PerIp {
         if self.max == 0 || self.exempt.iter().any(|n| n.contains(&ip)) {
             return Some(None);
         }
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) if self.by_64 => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                std::net::IpAddr::V6(bits.into())
+            }
+            other => other,
+        };
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let n = held.entry(ip).or_insert(0);
         if *n >= self.max {
@@ -60,5 +78,35 @@ impl Drop for IpPlace {
                 held.remove(&self.ip);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_counted_one_by_one_or_ipv6_by_its_64() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let exact = PerIp::new(1, vec!["10.0.0.0/8".parse().unwrap()]);
+        let a = exact.take(ip("2001:db8::1")).unwrap();
+        assert!(exact.take(ip("2001:db8::1")).is_none());
+        assert!(exact.take(ip("2001:db8::2")).is_some());
+        // The IPv4-mapped form is the IPv4 address; exempt peers are not counted.
+        let v4 = exact.take(ip("192.0.2.1")).unwrap();
+        assert!(exact.take(ip("::ffff:192.0.2.1")).is_none());
+        assert!(matches!(exact.take(ip("10.1.2.3")), Some(None)));
+        drop((a, v4));
+        assert!(exact.take(ip("2001:db8::1")).is_some());
+
+        let networks = PerIp::by_network(2, Vec::new());
+        let held =
+            ["2001:db8:0:1::1", "2001:db8:0:1:ffff::9"].map(|a| networks.take(ip(a)).unwrap());
+        assert!(networks.take(ip("2001:db8:0:1::77")).is_none());
+        assert!(networks.take(ip("2001:db8:0:2::1")).is_some());
+        assert!(networks.take(ip("192.0.2.1")).is_some());
+        drop(held);
+        assert!(networks.take(ip("2001:db8:0:1::77")).is_some());
+        assert!(networks.held.lock().unwrap().is_empty());
     }
 }

@@ -54,8 +54,9 @@ pub struct Http3Config {
     pub retry_above_handshakes: usize,
     /// Handshakes in progress at most (and unvalidated client Initials queued); more are refused.
     pub max_handshakes: usize,
-    /// Handshakes in progress at most from one client IP that proved its address (a Retry's
-    /// token); more are refused (0 = no limit). Peers in `server.per_ip_exempt` are not counted.
+    /// Handshakes in progress at most from one client IP (IPv6: one /64) that proved its address
+    /// (a Retry's token); more are refused (0 = no limit). Peers in `server.per_ip_exempt` are
+    /// not counted.
     pub max_handshakes_per_ip: usize,
     /// Accept 0-RTT (early data). Off: early data can be replayed by an attacker. On, QUIC
     /// sessions resume from the session cache only (single use), as rustls requires for it.

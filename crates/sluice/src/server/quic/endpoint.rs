@@ -110,7 +110,7 @@ impl Bound {
             open: AtomicUsize::new(0),
             handshaking: AtomicUsize::new(0),
             acceptor,
-            handshakes_per_ip: PerIp::new(
+            handshakes_per_ip: PerIp::by_network(
                 server.http3.max_handshakes_per_ip,
                 server.per_ip_exempt.clone(),
             ),
