@@ -1070,6 +1070,49 @@ async fn a_client_goaway_ends_the_connection_once_streams_without_heads_are_give
     );
 }
 
+/// A drain while an early POST waits for its handshake rejects it (H3_REQUEST_REJECTED: not
+/// processed, the client may send it again) instead of waiting on a handshake the client may
+/// never finish; the early GET beside it is answered. Before, the POST held the drain until the
+/// handshake timeout or the end of the grace, and was then lost with its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_rejects_an_early_post_still_waiting_for_its_handshake() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let o = {
+        let seen = seen.clone();
+        origin(move |req: Request<Incoming>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(req.method().to_string());
+                Response::new(full(pattern(10)))
+            }
+        })
+        .await
+    };
+    let mut s = H3Sluice::start(o, "[server.http3]\nearly_data = true").await;
+    let flight = tokio::spawn(client(s.plan(json!({
+        "abandon": true, "get": "/plain/early-get", "post": "/plain/early-post", "wait": 4,
+        "listen": true,
+    }))));
+    // The early GET (after the first connection's, which got the ticket) has reached the
+    // origin, so the POST is waiting: drain now.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while seen.lock().unwrap().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no early GET");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = s.stop.take().unwrap().send(());
+    let r = flight.await.unwrap();
+    assert_eq!(r["requests"]["GET"]["status"], 200, "{r}");
+    assert_eq!(r["requests"]["POST"]["reset"], 0x10b, "{r}");
+    assert_eq!(*seen.lock().unwrap(), ["GET", "GET"]);
+    // The drain did not wait on the handshake (10 s) or the grace (5 s).
+    tokio::time::timeout(Duration::from_secs(4), &mut s.done)
+        .await
+        .expect("server did not finish draining")
+        .unwrap();
+}
+
 /// A first flight carrying 0-RTT requests whose handshake is never finished (an abandoned or
 /// replayed flight): the GET, safe to repeat, goes on marked `Early-Data: 1`; the POST waits for
 /// a handshake that never comes and never reaches the origin; the attempt is counted as a

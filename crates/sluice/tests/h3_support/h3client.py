@@ -36,6 +36,8 @@ object with what happened. Plans:
       A session ticket from a first connection; then a first flight carrying a GET and a POST
       as 0-RTT early data, and nothing more for `wait` seconds (the handshake never finishes;
       with `close`, a CONNECTION_CLOSE 0.3 s after the flight ends the connection first).
+      With "listen", what the server sends is read meanwhile (nothing sent): "requests" gives
+      each request's status or the code its stream was reset with, by method.
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
@@ -634,8 +636,10 @@ def abandon(plan):
     quic = QuicConnection(configuration=c)
     quic.connect(addr, now=time.time())
     http = H3Connection(quic)
+    sids = {}
     for method, path in ((b"GET", plan["get"]), (b"POST", plan["post"])):
         sid = quic.get_next_available_stream_id()
+        sids[method.decode()] = sid
         http.send_headers(sid, [(b":method", method), (b":scheme", b"https"),
                                 (b":authority", b"127.0.0.1"), (b":path", path.encode())],
                           end_stream=True)
@@ -653,9 +657,38 @@ def abandon(plan):
         quic.close(error_code=0, reason_phrase="gone")
         for data, _ in quic.datagrams_to_send(now=time.time()):
             s.sendto(data, addr)
-    time.sleep(plan.get("wait", 3))
+    if plan.get("listen"):
+        # What the server sends is read (its half of the handshake, the responses, resets),
+        # nothing more is sent: the handshake stays unfinished on the server's side.
+        out.update(listen(quic, http, s, addr, sids, plan.get("wait", 3)))
+    else:
+        time.sleep(plan.get("wait", 3))
     s.close()
     return out
+
+
+def listen(quic, http, s, addr, sids, secs):
+    """Feeds `quic` what arrives on `s` for `secs` seconds, never sending: per request (by
+    method), its status or the code its stream was reset with."""
+    s.setblocking(False)
+    by_sid = {sid: method for method, sid in sids.items()}
+    seen = {method: {} for method in sids}
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        try:
+            data = s.recv(65536)
+        except BlockingIOError:
+            time.sleep(0.01)
+            continue
+        quic.receive_datagram(data, addr, now=time.time())
+        while (event := quic.next_event()) is not None:
+            if isinstance(event, StreamReset) and event.stream_id in by_sid:
+                seen[by_sid[event.stream_id]]["reset"] = event.error_code
+            for h3 in http.handle_event(event):
+                if isinstance(h3, HeadersReceived) and h3.stream_id in by_sid:
+                    status = dict(h3.headers).get(b":status")
+                    seen[by_sid[h3.stream_id]]["status"] = int(status) if status else None
+    return {"requests": seen}
 
 
 async def hold(plan):

@@ -42,10 +42,18 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
-    let (mut req, early) = match early_data(req, shared.handshake.as_ref()).await {
-        Some(r) => r,
+    let (mut req, early) = match early_data(req, shared.handshake.as_ref(), &mut going_away).await {
+        Early::Go(req, early) => (req, early),
         // The handshake never finished: the connection is closing.
-        None => return,
+        Early::Closed => return,
+        Early::Rejected => {
+            // Not processed (RFC 9114 §4.1.1): the client may send it again elsewhere.
+            let mut stream = stream;
+            stream.stop_stream(Code::H3_REQUEST_REJECTED);
+            stream.stop_sending(Code::H3_REQUEST_REJECTED);
+            tracing::debug!(%peer, "HTTP/3 early request waiting for its handshake rejected by the drain");
+            return;
+        }
     };
     if early {
         req.headers_mut()
@@ -237,25 +245,44 @@ async fn refuse_bad_body<H: Handler>(shared: &Shared<H>, send: &mut Responder) {
 /// `Early-Data` (RFC 8470 §5.1).
 const EARLY_DATA: http::HeaderName = http::HeaderName::from_static("early-data");
 
+/// What becomes of a request that may have come in early data.
+enum Early {
+    /// It goes on; true when as early data.
+    Go(Request<()>, bool),
+    /// The handshake never finished: the connection is closing.
+    Closed,
+    /// The server's drain began while it waited for the handshake: rejected, not processed.
+    Rejected,
+}
+
 /// A request that may have come in 0-RTT early data, which an attacker can replay: one with a
 /// safe method goes on at once, marked `Early-Data: 1` for the origin (RFC 8470 §5.1, which a
 /// proxy must do; the origin may answer 425 Too Early, which goes back to the client); any other
-/// waits until the handshake has finished, when a replay can no longer carry it. Returns the
-/// request and whether it goes on as early data; `None` when the handshake never finished.
+/// waits until the handshake has finished, when a replay can no longer carry it, or until the
+/// connection's GOAWAY (a drain, or the idle close), which rejects it: the drain does not wait on
+/// a handshake the client may never finish, and the client may send the request again.
 async fn early_data(
     req: Request<()>,
     handshake: Option<&Handshake>,
-) -> Option<(Request<()>, bool)> {
+    going_away: &mut tokio::sync::watch::Receiver<bool>,
+) -> Early {
     let Some(handshake) = handshake else {
-        return Some((req, false));
+        return Early::Go(req, false);
     };
     if handshake.finished() {
-        return Some((req, false));
+        return Early::Go(req, false);
     }
     if req.method().is_safe() {
-        return Some((req, true));
+        return Early::Go(req, true);
     }
-    handshake.wait().await.then_some((req, false))
+    tokio::select! {
+        biased;
+        done = handshake.wait() => match done {
+            true => Early::Go(req, false),
+            false => Early::Closed,
+        },
+        _ = going_away.wait_for(|gone| *gone) => Early::Rejected,
+    }
 }
 
 /// Why a response stopped early.
