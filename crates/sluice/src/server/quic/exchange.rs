@@ -42,8 +42,9 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
-    let (mut req, early) = match early_data(req, shared.handshake.as_ref(), &mut going_away).await {
-        Early::Go(req, early) => (req, early),
+    let mut req = req;
+    let early = match early_data(&req, shared.handshake.as_ref(), &mut going_away).await {
+        Early::Go(early) => early,
         // The handshake never finished: the connection is closing.
         Early::Closed => return,
         Early::Rejected => {
@@ -248,7 +249,7 @@ const EARLY_DATA: http::HeaderName = http::HeaderName::from_static("early-data")
 /// What becomes of a request that may have come in early data.
 enum Early {
     /// It goes on; true when as early data.
-    Go(Request<()>, bool),
+    Go(bool),
     /// The handshake never finished: the connection is closing.
     Closed,
     /// The server's drain began while it waited for the handshake: rejected, not processed.
@@ -262,23 +263,23 @@ enum Early {
 /// connection's GOAWAY (a drain, or the idle close), which rejects it: the drain does not wait on
 /// a handshake the client may never finish, and the client may send the request again.
 async fn early_data(
-    req: Request<()>,
+    req: &Request<()>,
     handshake: Option<&Handshake>,
     going_away: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Early {
     let Some(handshake) = handshake else {
-        return Early::Go(req, false);
+        return Early::Go(false);
     };
     if handshake.finished() {
-        return Early::Go(req, false);
+        return Early::Go(false);
     }
     if req.method().is_safe() {
-        return Early::Go(req, true);
+        return Early::Go(true);
     }
     tokio::select! {
         biased;
         done = handshake.wait() => match done {
-            true => Early::Go(req, false),
+            true => Early::Go(false),
             false => Early::Closed,
         },
         _ = going_away.wait_for(|gone| *gone) => Early::Rejected,
