@@ -101,6 +101,9 @@ impl TcpProxy {
                     .clone();
                     // A TCP listener relays whatever protocol comes; it must not claim one by ALPN.
                     server.alpn_protocols.clear();
+                    // Its own sessions: one from another listener (another certificate) must not
+                    // resume here.
+                    crate::server::tls::resume::enable_apart(&mut server, &name);
                     Some(TlsAcceptor::from(Arc::new(server)))
                 }
                 _ => None,

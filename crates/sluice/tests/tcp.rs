@@ -694,6 +694,82 @@ async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
     assert_eq!(echo.accepted.load(Ordering::SeqCst), 1);
 }
 
+/// A TLS session resumes only at the listener that issued it: a client redirected with its
+/// session for one name to a `[[tcp]]` listener whose certificate does not cover that name gets a
+/// full handshake there (and its certificate check fails), instead of resuming into that
+/// listener's backend with no certificate shown (an ALPACA-style cross-service attack). Before,
+/// every TLS listener shared one ticket key and session cache, and the resumption succeeded.
+#[tokio::test]
+async fn a_tls_session_resumes_only_at_the_listener_that_issued_it() {
+    let (www, mqtt) = (
+        SelfSigned::new(&["www.test"]),
+        SelfSigned::new(&["mqtt.test"]),
+    );
+    let echo = Upstream::echo().await;
+    let config = format!(
+        "[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nname = \"web\"\nlisten = \"127.0.0.1:0\"\nupstream = \"e\"\n\
+         tls_cert = {:?}\ntls_key = {:?}\n\n\
+         [[tcp]]\nname = \"mqtt\"\nlisten = \"127.0.0.1:0\"\nupstream = \"e\"\n\
+         tls_cert = {:?}\ntls_key = {:?}\n",
+        echo.addr,
+        www.cert.path(),
+        www.key.path(),
+        mqtt.cert.path(),
+        mqtt.key.path(),
+    );
+    let proxy = Proxy::start(&config);
+    let addr = |name: &str| {
+        proxy
+            .tcp
+            .local_addrs()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(www.der.clone().into()).unwrap();
+    roots.add(mqtt.der.clone().into()).unwrap();
+    // One client config: its session store remembers what each server name was given.
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    // An echo through the web listener for `www.test` (reading the answer takes in the ticket),
+    // twice: the second resumes.
+    let echo_through = |at: std::net::SocketAddr| {
+        let connector = connector.clone();
+        async move {
+            let tcp = TcpStream::connect(at).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("www.test").unwrap();
+            let mut tls = connector.connect(name, tcp).await?;
+            tls.write_all(b"ping").await?;
+            let mut back = [0; 4];
+            tls.read_exact(&mut back).await?;
+            assert_eq!(&back, b"ping");
+            Ok::<_, std::io::Error>(tls.get_ref().1.handshake_kind())
+        }
+    };
+    assert_eq!(
+        echo_through(addr("web")).await.unwrap(),
+        Some(rustls::HandshakeKind::Full)
+    );
+    assert_eq!(
+        echo_through(addr("web")).await.unwrap(),
+        Some(rustls::HandshakeKind::Resumed)
+    );
+    // The same session offered to the mqtt listener: a full handshake, whose certificate is not
+    // for `www.test`.
+    let e = echo_through(addr("mqtt")).await.unwrap_err();
+    assert!(e.to_string().contains("certificate"), "{e}");
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn serve_starts_tcp_listeners_next_to_http() {
     let echo = Upstream::echo().await;

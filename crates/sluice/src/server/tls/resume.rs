@@ -1,6 +1,9 @@
-//! TLS session resumption, on by default and shared by every listener across reloads: stateless
-//! tickets (TLS 1.3 and 1.2) under a key that rotates every six hours, and a session-ID cache for
-//! TLS 1.2 clients that take no tickets. With 0-RTT on (HTTP/3 only), TLS 1.3 resumption is by
+//! TLS session resumption, on by default and kept across reloads: stateless tickets (TLS 1.3 and
+//! 1.2) under a key that rotates every six hours, and a session-ID cache for TLS 1.2 clients that
+//! take no tickets. The HTTPS listeners (and HTTP/3) share one set; each `[[tcp]]` TLS listener
+//! has its own, since a session resumes without its certificate being shown again: shared, a
+//! session from the web listeners would let a client (or an attacker who redirects it) into a
+//! `[[tcp]]` listener's backend under a name that listener's certificate does not cover. With 0-RTT on (HTTP/3 only), TLS 1.3 resumption is by
 //! that cache alone: each session can be resumed once, which is what keeps one early-data
 //! request from being replayed (rustls offers early data only that way).
 
@@ -17,35 +20,64 @@ const SESSION_IDS: usize = 20_000;
 /// only helps one that opens parallel connections, and each costs an encryption.
 const TLS13_TICKETS: usize = 1;
 
-/// What every server config shares: built once, so a reload keeps the sessions clients hold.
+/// What the server configs of one TLS identity share: built once, so a reload keeps the sessions
+/// clients hold.
+#[derive(Clone)]
 struct Shared {
     /// `None` when the system gave no randomness for a ticket key (then IDs alone).
     tickets: Option<Arc<dyn ProducesTickets>>,
     ids: Arc<dyn StoresServerSessions>,
 }
 
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| Shared {
-        tickets: match crate::crypto::ticketer() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                tracing::warn!(error = %e, "no TLS session tickets (key generation failed)");
-                None
-            }
-        },
-        ids: ServerSessionMemoryCache::new(SESSION_IDS),
-    })
+impl Shared {
+    fn new(ids: usize) -> Shared {
+        Shared {
+            tickets: match crate::crypto::ticketer() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no TLS session tickets (key generation failed)");
+                    None
+                }
+            },
+            ids: ServerSessionMemoryCache::new(ids),
+        }
+    }
+
+    fn apply(&self, config: &mut ServerConfig) {
+        if let Some(tickets) = &self.tickets {
+            config.ticketer = tickets.clone();
+        }
+        config.session_storage = self.ids.clone();
+        config.send_tls13_tickets = TLS13_TICKETS;
+    }
 }
 
-/// Turns resumption on in `config`.
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| Shared::new(SESSION_IDS))
+}
+
+/// Session IDs kept per `[[tcp]]` TLS listener.
+const SESSION_IDS_APART: usize = 2_000;
+
+/// Turns resumption on in `config`, sharing the HTTPS listeners' sessions.
 pub fn enable(config: &mut ServerConfig) {
-    let shared = shared();
-    if let Some(tickets) = &shared.tickets {
-        config.ticketer = tickets.clone();
-    }
-    config.session_storage = shared.ids.clone();
-    config.send_tls13_tickets = TLS13_TICKETS;
+    shared().apply(config);
+}
+
+/// Turns resumption on in `config` with sessions of its own, kept by `identity` (a `[[tcp]]`
+/// listener's name) across reloads: a session from any other listener does not resume here.
+pub fn enable_apart(config: &mut ServerConfig, identity: &str) {
+    static APART: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Shared>>> =
+        OnceLock::new();
+    let mut apart = APART
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    apart
+        .entry(identity.to_string())
+        .or_insert_with(|| Shared::new(SESSION_IDS_APART))
+        .apply(config);
 }
 
 /// Resumption for a config that takes 0-RTT early data: sessions from the cache only, no
