@@ -78,26 +78,27 @@ enum Listeners {
 #[cfg(feature = "tls")]
 pub type TlsHandle = Arc<arc_swap::ArcSwapOption<rustls::ServerConfig>>;
 
-/// The TLS settings a server config asks for (`None`: plain HTTP).
+/// The TLS settings a server config asks for (`None`: plain HTTP), with what to tell ACME when
+/// they go live ([`tls::Publish`]).
 #[cfg(feature = "tls")]
 pub fn tls_settings(
     config: &ServerConfig,
     acme: Option<tls::Managed>,
-) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+) -> anyhow::Result<(Option<Arc<rustls::ServerConfig>>, tls::Publish)> {
     let default = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
         _ => None,
     };
     if default.is_none() && config.certificates.is_empty() && acme.is_none() {
-        return Ok(None);
+        return Ok((None, Box::new(|| {})));
     }
-    let settings = tls::sni_server_config_with(default, &config.certificates, acme)?;
+    let (settings, publish) = tls::sni_server_config_with(default, &config.certificates, acme)?;
     if !config.tls_own_record_layer {
-        return Ok(Some(settings));
+        return Ok((Some(settings), publish));
     }
     let mut settings = Arc::unwrap_or_clone(settings);
     tls::own_record_layer(&mut settings);
-    Ok(Some(Arc::new(settings)))
+    Ok((Some(Arc::new(settings)), publish))
 }
 
 /// The live-reload hook for `[server]`'s certificates: new certificates for new handshakes
@@ -108,12 +109,15 @@ pub fn tls_reload(
     acme: Option<tls::Managed>,
 ) -> crate::section::Prepare<ServerConfig> {
     Box::new(move |config: &ServerConfig| {
-        let new = tls_settings(config, acme.clone())?;
+        let (new, publish) = tls_settings(config, acme.clone())?;
         if new.is_some() != handle.load().is_some() {
             anyhow::bail!("turning TLS on or off needs a restart");
         }
         let handle = handle.clone();
-        Ok(Box::new(move || handle.store(new)) as crate::section::Commit)
+        Ok(Box::new(move || {
+            publish();
+            handle.store(new)
+        }) as crate::section::Commit)
     })
 }
 
@@ -121,9 +125,9 @@ pub fn tls_reload(
 /// without `tls`, a config that asks for TLS is refused instead of served in plain text.
 #[cfg(feature = "tls")]
 fn tls_handle(config: &ServerConfig, acme: Option<tls::Managed>) -> anyhow::Result<TlsHandle> {
-    Ok(Arc::new(arc_swap::ArcSwapOption::new(tls_settings(
-        config, acme,
-    )?)))
+    let (settings, publish) = tls_settings(config, acme)?;
+    publish();
+    Ok(Arc::new(arc_swap::ArcSwapOption::new(settings)))
 }
 
 #[cfg(not(feature = "tls"))]
@@ -853,16 +857,98 @@ impl<H: Handler> Conn<H> {
                 if let Some(limits) = self.h2_own.filter(|_| h2) {
                     return self.drive_h2(tls, watch, peer, true, false, limits).await;
                 }
-                let tls = self.screened(tls, h2);
-                let upgrades = tls.upgrades();
-                self.clone()
-                    .drive(tls, watch, peer, true, None, upgrades)
-                    .await
+                if h2 {
+                    let tls = self.screened(tls, true);
+                    let upgrades = tls.upgrades();
+                    return self
+                        .clone()
+                        .drive(tls, watch, peer, true, None, upgrades)
+                        .await;
+                }
+                // Not `h2` by ALPN: the first bytes tell whether the client speaks HTTP/2 anyway
+                // (by prior knowledge, as nginx and HAProxy take it), for sluice's own server.
+                #[cfg(feature = "http2")]
+                let (tls, first) = match self.h2_own {
+                    Some(_) => {
+                        let mut tls = tls;
+                        match self.first_bytes(&mut tls).await {
+                            Some(first) => (tls, first),
+                            None => return,
+                        }
+                    }
+                    None => (tls, Vec::new()),
+                };
+                #[cfg(not(feature = "http2"))]
+                let first = Vec::new();
+                self.tls_to_hyper(tls, watch, peer, first).await
             }
             Ok((Err(e), _)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => {
                 self.handler.http_metrics().tls_handshake_timeouts.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");
+            }
+        }
+    }
+
+    /// Serves a TLS connection that did not choose `h2` by ALPN with hyper under the request
+    /// screen, `replayed` (bytes read from it already) first; one whose bytes open with the
+    /// HTTP/2 preface (prior knowledge) goes to sluice's own HTTP/2 server, as over plain TCP,
+    /// not to hyper's.
+    #[cfg(feature = "tls")]
+    pub(in crate::server) async fn tls_to_hyper(
+        self: Arc<Self>,
+        tls: tls::ServerTls<Watched<tokio::net::TcpStream>>,
+        watch: SendWatch,
+        peer: SocketAddr,
+        replayed: Vec<u8>,
+    ) {
+        #[cfg(feature = "http2")]
+        if let Some(limits) = self.h2_own.filter(|_| replayed.starts_with(H2_PREFACE)) {
+            let mut io = self.screened(tls, true);
+            io.replay(replayed[H2_PREFACE.len()..].to_vec());
+            return self.drive_h2(io, watch, peer, true, true, limits).await;
+        }
+        let mut tls = self.screened(tls, false);
+        tls.replay(replayed);
+        let upgrades = tls.upgrades();
+        self.drive(tls, watch, peer, true, None, upgrades).await
+    }
+
+    /// Reads a TLS connection's first bytes until they either are the HTTP/2 preface or cannot
+    /// be (as [`Conn::sniff`] does for a plain one, with the same limits); `None`: closed, or
+    /// nothing came in time.
+    #[cfg(all(feature = "tls", feature = "http2"))]
+    async fn first_bytes<I: AsyncRead + Unpin>(&self, io: &mut I) -> Option<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
+        let deadline =
+            tokio::time::sleep_until(recent() + self.timeouts.header_read.min(self.timeouts.idle));
+        tokio::pin!(deadline);
+        let mut stop = self.stop.clone();
+        let mut draining = false;
+        let mut first: Vec<u8> = Vec::new();
+        // At most what the preface still lacks: a first head is read by hyper, not here.
+        let mut buf = [0u8; H2_PREFACE.len()];
+        loop {
+            let want = H2_PREFACE.len() - first.len();
+            tokio::select! {
+                biased;
+                n = io.read(&mut buf[..want]) => match n {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => first.extend_from_slice(&buf[..n]),
+                },
+                _ = stop.wait_for(|stopping| *stopping), if !draining => {
+                    draining = true;
+                    let cut = recent() + DRAIN_IDLE;
+                    if cut < deadline.deadline() {
+                        deadline.as_mut().reset(cut);
+                    }
+                    continue;
+                }
+                _ = &mut deadline => return None,
+            }
+            let n = first.len();
+            if first[..] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
+                return Some(first);
             }
         }
     }

@@ -537,6 +537,52 @@ async fn tls_http1_is_refused_as_plain_is() {
     }
 }
 
+/// A client that speaks HTTP/2 over TLS without choosing `h2` by ALPN (prior knowledge) is
+/// served by sluice's own HTTP/2 server, as an h2c client is over plain TCP, on the fast path's
+/// hand-off and without the fast path: requests are answered, and a body shorter than its
+/// `content-length` is refused and counted as the own server counts it. Before, hyper's HTTP/2
+/// server took such a connection (without the own server's window setting, stuck-stream close
+/// and counting), and the count stayed 0.
+#[tokio::test]
+async fn http2_by_prior_knowledge_over_tls_goes_to_sluices_own_server() {
+    let cert = Cert::new(&["site.test"]);
+    let o = echo("o").await;
+    for fast in [true, false] {
+        let p = Proxy::start(fast_config(o, fast, Some(&cert))).await;
+        let tls = connect_tls(p.addr, &cert).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+        let (mut client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        let get = http::Request::get("https://site.test/api/size/10")
+            .body(())
+            .unwrap();
+        let (resp, _) = client.send_request(get, true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200, "fast {fast}");
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(got.len(), 10, "fast {fast}");
+        let short = http::Request::post("https://site.test/api/x")
+            .header("content-length", "5")
+            .body(())
+            .unwrap();
+        let (resp, mut send) = client.send_request(short, false).unwrap();
+        send.send_data(bytes::Bytes::from_static(b"abc"), true)
+            .unwrap();
+        assert!(resp.await.is_err(), "fast {fast}: a short body answered");
+        let refused = metric(
+            p.addr,
+            Some(&cert),
+            "sluice_downstream_smuggling_refused_total ",
+        )
+        .await;
+        assert_eq!(refused, 1.0, "fast {fast}");
+    }
+}
+
 /// A TLS 1.3 client of the running server whose records the test writes itself.
 async fn raw_tls(
     addr: std::net::SocketAddr,

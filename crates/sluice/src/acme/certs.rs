@@ -111,7 +111,7 @@ impl Certs {
         s.0.iter().any(|n| n == server_name)
             || s.1
                 .iter()
-                .any(|d| server_name.len() > d.len() && server_name.ends_with(d.as_str()))
+                .any(|d| crate::server::tls::under_wildcard(server_name, d))
     }
 
     /// The held certificate of a configured name (`*.example.com` for a wildcard).
@@ -398,6 +398,7 @@ mod tests {
         assert!(certs.covers("s.test", SystemTime::now()));
         assert!(certs.covers("a.d.test", SystemTime::now()));
         assert!(!certs.covers("d.test", SystemTime::now()));
+        assert!(!certs.covers("a.b.d.test", SystemTime::now()));
     }
 
     /// Another node's challenges, through one state directory: taken up while recorded, own

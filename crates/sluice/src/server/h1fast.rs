@@ -72,8 +72,9 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
         _ => return Err(()),
     };
     let target = req.path.ok_or(())?;
-    // Origin form only (and a target `http` accepts as hyper would, checked below).
-    if !target.starts_with('/') {
+    // Origin form only (and a target `http` accepts as hyper would, checked below); one with a
+    // fragment goes to hyper, which routes it without the fragment (a client sends none).
+    if !target.starts_with('/') || target.contains('#') {
         return Err(());
     }
     let raw_path = match target.bytes().position(|b| b == b'?') {
@@ -463,6 +464,7 @@ mod tests {
             "GET /%zz HTTP/1.1\r\nHost: x\r\n\r\n",
             "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             "GET / HTTP/1.1\r\nHost x\r\n\r\n",
+            "GET /a#/../b HTTP/1.1\r\nHost: x\r\n\r\n",
         ] {
             assert!(hands_off(bad), "{bad:?}");
         }

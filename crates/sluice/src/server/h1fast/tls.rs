@@ -36,13 +36,7 @@ impl<H: Handler> Conn<H> {
                 End::HandOff(bytes) => {
                     let tls = idle.into_stream();
                     let watch = SendWatch::of(tls.tcp());
-                    let mut tls = self.screened(tls, false);
-                    tls.replay(bytes);
-                    let upgrades = tls.upgrades();
-                    return self
-                        .clone()
-                        .drive(tls, watch, peer, true, None, upgrades)
-                        .await;
+                    return self.clone().tls_to_hyper(tls, watch, peer, bytes).await;
                 }
             }
         }

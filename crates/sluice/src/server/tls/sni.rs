@@ -26,8 +26,13 @@ pub fn sni_server_config(
     default: Option<(&Path, &Path)>,
     by_name: &[CertConfig],
 ) -> anyhow::Result<Arc<ServerConfig>> {
-    sni_server_config_with(default, by_name, None)
+    sni_server_config_with(default, by_name, None).map(|(config, _)| config)
 }
+
+/// What a new set of settings tells ACME once it is put in use: the names its static
+/// certificates cover (on-demand issuance leaves those alone). Called when the settings go live,
+/// not when they are built, so a reload refused later changes nothing.
+pub type Publish = Box<dyn FnOnce() + Send>;
 
 /// [`sni_server_config`], plus the certificates ACME keeps (`acme`): after an exact static
 /// name, before a static wildcard; and the TLS-ALPN-01 challenge certificates.
@@ -35,7 +40,7 @@ pub fn sni_server_config_with(
     default: Option<(&Path, &Path)>,
     by_name: &[CertConfig],
     acme: Option<Managed>,
-) -> anyhow::Result<Arc<ServerConfig>> {
+) -> anyhow::Result<(Arc<ServerConfig>, Publish)> {
     let provider = Arc::new(super::suites::provider());
     let load = |cert: &Path, key: &Path| -> anyhow::Result<Arc<CertifiedKey>> {
         // PEM read by `rustls-pki-types` (`rustls-pemfile` is unmaintained, RUSTSEC-2025-0134).
@@ -83,12 +88,19 @@ pub fn sni_server_config_with(
         .wildcard
         .sort_by_key(|w| std::cmp::Reverse(w.0.len()));
     #[cfg(feature = "acme")]
-    if let Some(certs) = &acme {
-        certs.set_static(
-            resolver.exact.keys().cloned().collect(),
-            resolver.wildcard.iter().map(|w| w.0.clone()).collect(),
-        );
-    }
+    let publish: Publish = match &acme {
+        Some(certs) => {
+            let (certs, exact, wildcards) = (
+                certs.clone(),
+                resolver.exact.keys().cloned().collect(),
+                resolver.wildcard.iter().map(|w| w.0.clone()).collect(),
+            );
+            Box::new(move || certs.set_static(exact, wildcards))
+        }
+        None => Box::new(|| {}),
+    };
+    #[cfg(not(feature = "acme"))]
+    let publish: Publish = Box::new(|| {});
     let acme_on = acme.is_some();
     resolver.acme = acme;
     let mut config = ServerConfig::builder_with_provider(provider)
@@ -111,7 +123,16 @@ pub fn sni_server_config_with(
     }
     #[cfg(not(feature = "acme"))]
     let _ = acme_on;
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), publish))
+}
+
+/// Whether `name` is one label under a static wildcard's `suffix` (`.example.com` for
+/// `*.example.com`): a wildcard covers one label only (RFC 6125 §6.4.3), so `a.b.example.com`
+/// is not under it.
+pub fn under_wildcard(name: &str, suffix: &str) -> bool {
+    name.len() > suffix.len()
+        && name.ends_with(suffix)
+        && !name[..name.len() - suffix.len()].contains('.')
 }
 
 /// The certificates ACME keeps, when the build has it.
@@ -169,11 +190,7 @@ impl SniResolver {
             if let Some(c) = self.acme.as_ref().and_then(|a| a.certificate(name)) {
                 return Some(c);
             }
-            if let Some((_, c)) = self
-                .wildcard
-                .iter()
-                .find(|(s, _)| name.len() > s.len() && name.ends_with(s.as_str()))
-            {
+            if let Some((_, c)) = self.wildcard.iter().find(|(s, _)| under_wildcard(name, s)) {
                 return Some(c.clone());
             }
         }
@@ -231,6 +248,9 @@ mod tests {
         assert!(is(r.pick(Some("a.example.com"), false), &exact));
         assert!(is(r.pick(Some("b.example.com"), false), &wide));
         assert!(is(r.pick(Some("x.deep.example.com"), false), &narrow));
+        // A wildcard covers one label.
+        assert!(is(r.pick(Some("x.y.example.com"), false), &default));
+        assert!(is(r.pick(Some("x.y.deep.example.com"), false), &default));
         // The bare domain is not under its own wildcard.
         assert!(is(r.pick(Some("example.com"), false), &default));
         assert!(is(r.pick(Some("other.test"), false), &default));
