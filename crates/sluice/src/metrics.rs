@@ -52,6 +52,9 @@ pub struct HttpMetrics {
     pub send_timeouts: Counter,
     /// TLS handshakes not finished within `server.tls_handshake_timeout_secs`.
     pub tls_handshake_timeouts: Counter,
+    /// TLS handshakes over TCP that failed (not a TLS client, no common version or cipher, the
+    /// client's alert).
+    pub tls_handshake_errors: Counter,
     /// Requests refused for ambiguous or broken body framing: HTTP/1.1's screen
     /// (`server::screen`), HTTP/2's and HTTP/3's `content-length` checks.
     pub smuggling_refused: Counter,
@@ -72,6 +75,7 @@ impl HttpMetrics {
             connections: Counter::default(),
             send_timeouts: Counter::default(),
             tls_handshake_timeouts: Counter::default(),
+            tls_handshake_errors: Counter::default(),
             smuggling_refused: Counter::default(),
             protocol: protocol::ProtocolMetrics::new(registry),
         };
@@ -119,6 +123,11 @@ impl HttpMetrics {
             "downstream_tls_handshake_timeouts",
             "TLS handshakes not finished within server.tls_handshake_timeout_secs",
             m.tls_handshake_timeouts.clone(),
+        );
+        registry.register(
+            "downstream_tls_handshake_errors",
+            "TLS handshakes over TCP that failed: not a TLS client, no common version or cipher, or the client's alert (QUIC's are in sluice_quic_handshakes_failed_total)",
+            m.tls_handshake_errors.clone(),
         );
         registry.register(
             "downstream_smuggling_refused",

@@ -882,7 +882,10 @@ impl<H: Handler> Conn<H> {
                 let first = Vec::new();
                 self.tls_to_hyper(tls, watch, peer, first).await
             }
-            Ok((Err(e), _)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            Ok((Err(e), _)) => {
+                self.handler.http_metrics().tls_handshake_errors.inc();
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            }
             Err(_) => {
                 self.handler.http_metrics().tls_handshake_timeouts.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");

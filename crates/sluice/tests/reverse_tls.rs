@@ -524,6 +524,33 @@ async fn tls_http1_is_refused_as_plain_is() {
             answers[0]
         );
     }
+    // Plain HTTP on the TLS listener: the handshake fails at once, and is counted.
+    let before = metric(
+        tls.addr,
+        Some(&cert),
+        "sluice_downstream_tls_handshake_errors_total ",
+    )
+    .await;
+    let mut c = tokio::net::TcpStream::connect(tls.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut c, b"GET /api/x HTTP/1.1\r\nHost: site.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut c, &mut rest),
+    )
+    .await;
+    let after = metric(
+        tls.addr,
+        Some(&cert),
+        "sluice_downstream_tls_handshake_errors_total ",
+    )
+    .await;
+    assert_eq!(after, before + 1.0, "{read:?} {rest:?}");
+    // At once, not at the handshake timeout (the record layer waited for a length read from
+    // the text: `/a` is 8,239 bytes).
+    assert!(read.is_ok(), "not closed within 5 s");
     for (addr, cert) in [(plain.addr, None), (tls.addr, Some(&cert))] {
         let refused = metric(addr, cert, "sluice_downstream_smuggling_refused_total ").await;
         assert_eq!(refused, 1.0, "tls {}", cert.is_some());

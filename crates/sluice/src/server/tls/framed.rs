@@ -64,14 +64,18 @@ impl<IO> Framed<IO> {
     }
 
     /// The length of the whole record at the front of the unread bytes, once it is all there.
-    /// A header that names a record too long for TLS is handed on as it is: rustls refuses it.
+    /// A header that is not a TLS record's (a content type TLS does not have, a version that is
+    /// not 3.x: plain HTTP sent to a TLS port) or names a record too long for TLS is handed on
+    /// as it is: rustls refuses it at once, rather than after waiting for a length it read from
+    /// text.
     fn whole_record(&self) -> Option<usize> {
         let unread = &self.buf[self.at..];
         if unread.len() < HEADER {
             return None;
         }
         let len = HEADER + u16::from_be_bytes([unread[3], unread[4]]) as usize;
-        if len > HEADER + MAX_CIPHERTEXT {
+        let not_tls = !(20..=24).contains(&unread[0]) || unread[1] != 3;
+        if not_tls || len > HEADER + MAX_CIPHERTEXT {
             return Some(unread.len());
         }
         (unread.len() >= len).then_some(len)
