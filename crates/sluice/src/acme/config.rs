@@ -252,7 +252,13 @@ impl AcmeConfig {
         let od = &self.on_demand;
         if od.enabled {
             match &od.ask {
-                Some(ask) if ask.starts_with("http://") || ask.starts_with("https://") => {}
+                Some(ask) if ask.starts_with("http://") || ask.starts_with("https://") => {
+                    // `?domain=` is added after it: in a fragment it would never be sent, and
+                    // an ask endpoint answering 2xx to no name would allow every name.
+                    if ask.contains('#') || ask.parse::<http::Uri>().is_err() {
+                        bail!("acme.on_demand.ask {ask:?} must be a URL without a fragment (#): the name is added as ?domain=");
+                    }
+                }
                 _ => bail!("acme.on_demand.ask must be an http(s) URL: on-demand issuance without an ask check would let anyone spend the CA's limits"),
             }
             if od.per_minute == 0 || od.max_names == 0 || od.wait_secs == 0 {
@@ -312,6 +318,15 @@ mod tests {
         c.on_demand.enabled = true;
         c.challenges = vec![Challenge::TlsAlpn01];
         assert!(c.validate(&[]).unwrap_err().to_string().contains("ask"));
+        c.on_demand.ask = Some("http://127.0.0.1:9/allowed#x".into());
+        assert!(c
+            .validate(&[])
+            .unwrap_err()
+            .to_string()
+            .contains("fragment"));
+        c.on_demand.ask = Some("http://127.0.0.1:9/allowed?key=1".into());
+        c.validate(&[]).unwrap();
+        c.on_demand.enabled = false;
         c.routes = true;
         assert_eq!(
             c.all_names(&["r.example.com".into(), "*.w.example.com".into()]),

@@ -25,11 +25,18 @@ pub const PREFIX: &str = "/.well-known/acme-challenge/";
 /// Connections open at once on these listeners; past it, new ones wait in the backlog.
 const MAX_CONNECTIONS: usize = 1024;
 
-/// Connections one client address may hold at once; past it, a new one is closed at once. A
-/// CA's validation is one or two connections from each of its vantage points, so one client
-/// cannot hold the listener's every place and keep validations out; visitors sent on to
-/// `https://` from behind one NAT share the allowance (each holds a connection briefly).
+/// Connections one client address (an IPv6 one by its /64, which one host commonly holds whole)
+/// may hold at once; past it, a new one is closed at once. A CA's validation is one or two
+/// connections from each of its vantage points, so one client cannot hold the listener's every
+/// place and keep validations out; visitors sent on to `https://` from behind one NAT share the
+/// allowance (each holds a connection briefly).
 const MAX_PER_IP: usize = 32;
+
+/// How long a request head may take to arrive, and a whole connection to last: a validation is
+/// one small request on a connection of its own, and a connection serves one request only, so
+/// a place is held briefly whatever a client does.
+const HEAD_TIME: Duration = Duration::from_secs(5);
+const CONNECTION_TIME: Duration = Duration::from_secs(15);
 
 /// Tokens looked up in the state directory at once (a file read each, off the runtime's
 /// threads); a request that finds none free within `LOOKUP_TIME` gets the 404 of an unknown
@@ -50,7 +57,7 @@ pub fn start(
     bind: Bind,
 ) -> anyhow::Result<Vec<SocketAddr>> {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let per_ip = PerIp::new(MAX_PER_IP, Vec::new());
+    let per_ip = PerIp::by_network(MAX_PER_IP, Vec::new());
     let mut bound = Vec::new();
     for addr in addrs {
         let std = bind(*addr).map_err(|e| anyhow::anyhow!("acme.http_listen {addr}: {e}"))?;
@@ -103,11 +110,11 @@ async fn accept(
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
+                .header_read_timeout(HEAD_TIME)
+                .keep_alive(false)
                 .max_buf_size(16 * 1024)
                 .serve_connection(TokioIo::new(stream), service);
-            // A whole connection gets a minute: a validation is one or two small requests.
-            let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
+            let _ = tokio::time::timeout(CONNECTION_TIME, conn).await;
             drop((permit, place));
         });
     }
