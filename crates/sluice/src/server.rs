@@ -602,7 +602,7 @@ fn http_builder(config: &ServerConfig) -> HttpBuilder {
 }
 
 /// How an HTTP/2 connection by prior knowledge (h2c) begins (RFC 9113 section 3.4).
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(in crate::server) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// What one connection task needs.
 struct Conn<H> {
@@ -821,6 +821,8 @@ impl<H: Handler> Conn<H> {
         settings: Arc<rustls::ServerConfig>,
     ) {
         let watch = SendWatch::of(&stream);
+        #[cfg(feature = "http2")]
+        let accepted = recent();
         let limit = self.timeouts.tls_handshake;
         #[cfg(feature = "acme")]
         let acme = self.handler.acme_acceptor();
@@ -871,7 +873,7 @@ impl<H: Handler> Conn<H> {
                 let (tls, first) = match self.h2_own {
                     Some(_) => {
                         let mut tls = tls;
-                        match self.first_bytes(&mut tls).await {
+                        match self.first_bytes(&mut tls, accepted).await {
                             Some(first) => (tls, first),
                             None => return,
                         }
@@ -896,48 +898,52 @@ impl<H: Handler> Conn<H> {
     /// Serves a TLS connection that did not choose `h2` by ALPN with hyper under the request
     /// screen, `replayed` (bytes read from it already) first; one whose bytes open with the
     /// HTTP/2 preface (prior knowledge) goes to sluice's own HTTP/2 server, as over plain TCP,
-    /// not to hyper's.
+    /// not to hyper's. Boxed, as [`Conn::hand_to_hyper`] is: the caller's state keeps a pointer,
+    /// not a second place for the connection beside the server's.
     #[cfg(feature = "tls")]
-    pub(in crate::server) async fn tls_to_hyper(
+    pub(in crate::server) fn tls_to_hyper(
         self: Arc<Self>,
         tls: tls::ServerTls<Watched<tokio::net::TcpStream>>,
         watch: SendWatch,
         peer: SocketAddr,
         replayed: Vec<u8>,
-    ) {
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         #[cfg(feature = "http2")]
         if let Some(limits) = self.h2_own.filter(|_| replayed.starts_with(H2_PREFACE)) {
             let mut io = self.screened(tls, true);
             io.replay(replayed[H2_PREFACE.len()..].to_vec());
-            return self.drive_h2(io, watch, peer, true, true, limits).await;
+            return Box::pin(self.drive_h2(io, watch, peer, true, true, limits));
         }
         let mut tls = self.screened(tls, false);
         tls.replay(replayed);
         let upgrades = tls.upgrades();
-        self.drive(tls, watch, peer, true, None, upgrades).await
+        Box::pin(self.drive(tls, watch, peer, true, None, upgrades))
     }
 
     /// Reads a TLS connection's first bytes until they either are the HTTP/2 preface or cannot
-    /// be (as [`Conn::sniff`] does for a plain one, with the same limits); `None`: closed, or
-    /// nothing came in time.
+    /// be, as [`Conn::sniff`] does for a plain one, with the same limits from `accepted` (the
+    /// first head's limit from the accept, the handshake included; cut to `DRAIN_IDLE` by a
+    /// drain); `None`: closed, or nothing came in time.
     #[cfg(all(feature = "tls", feature = "http2"))]
-    async fn first_bytes<I: AsyncRead + Unpin>(&self, io: &mut I) -> Option<Vec<u8>> {
+    async fn first_bytes<I: AsyncRead + Unpin>(
+        &self,
+        io: &mut I,
+        accepted: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
         use tokio::io::AsyncReadExt;
         let deadline =
-            tokio::time::sleep_until(recent() + self.timeouts.header_read.min(self.timeouts.idle));
+            tokio::time::sleep_until(accepted + self.timeouts.header_read.min(self.timeouts.idle));
         tokio::pin!(deadline);
         let mut stop = self.stop.clone();
         let mut draining = false;
-        let mut first: Vec<u8> = Vec::new();
-        // At most what the preface still lacks: a first head is read by hyper, not here.
-        let mut buf = [0u8; H2_PREFACE.len()];
+        // Room for a whole first head most of the time: it is handed on, not read again.
+        let mut first: Vec<u8> = Vec::with_capacity(4096);
         loop {
-            let want = H2_PREFACE.len() - first.len();
             tokio::select! {
                 biased;
-                n = io.read(&mut buf[..want]) => match n {
+                n = io.read_buf(&mut first) => match n {
                     Ok(0) | Err(_) => return None,
-                    Ok(n) => first.extend_from_slice(&buf[..n]),
+                    Ok(_) => {}
                 },
                 _ = stop.wait_for(|stopping| *stopping), if !draining => {
                     draining = true;
@@ -949,8 +955,8 @@ impl<H: Handler> Conn<H> {
                 }
                 _ = &mut deadline => return None,
             }
-            let n = first.len();
-            if first[..] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
+            let n = first.len().min(H2_PREFACE.len());
+            if first[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
                 return Some(first);
             }
         }

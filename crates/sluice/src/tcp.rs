@@ -92,10 +92,12 @@ impl TcpProxy {
     pub fn apply(&self, configs: &[TcpConfig], groups: Arc<Groups>) -> anyhow::Result<()> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let mut prepared = Vec::with_capacity(configs.len());
+        let mut identities = Vec::new();
         for config in configs {
             let name = config.name();
             let tls = match (&config.tls_cert, &config.tls_key) {
                 (Some(cert), Some(key)) => {
+                    let identity = format!("{name}\0{}\0{}", cert.display(), key.display());
                     let mut server = (*crate::server::tls::server_config(cert, key)
                         .with_context(|| format!("[[tcp]] {name:?}"))?)
                     .clone();
@@ -103,7 +105,8 @@ impl TcpProxy {
                     server.alpn_protocols.clear();
                     // Its own sessions: one from another listener (another certificate) must not
                     // resume here.
-                    crate::server::tls::resume::enable_apart(&mut server, &name);
+                    crate::server::tls::resume::enable_apart(&mut server, &identity);
+                    identities.push(identity);
                     Some(TlsAcceptor::from(Arc::new(server)))
                 }
                 _ => None,
@@ -134,6 +137,7 @@ impl TcpProxy {
             prepared.push((name, settings, socket));
         }
         // Everything loaded and bound: switch.
+        crate::server::tls::resume::keep_apart(&identities);
         let keep: Vec<&String> = prepared.iter().map(|(n, _, _)| n).collect();
         running.retain(|name, _| keep.contains(&name));
         for (name, settings, socket) in prepared {

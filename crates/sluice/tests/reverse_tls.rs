@@ -549,7 +549,7 @@ async fn tls_http1_is_refused_as_plain_is() {
     .await;
     assert_eq!(after, before + 1.0, "{read:?} {rest:?}");
     // At once, not at the handshake timeout (the record layer waited for a length read from
-    // the text: `/a` is 8,239 bytes).
+    // the text: ` /` is 8,239 bytes).
     assert!(read.is_ok(), "not closed within 5 s");
     for (addr, cert) in [(plain.addr, None), (tls.addr, Some(&cert))] {
         let refused = metric(addr, cert, "sluice_downstream_smuggling_refused_total ").await;
@@ -607,6 +607,46 @@ async fn http2_by_prior_knowledge_over_tls_goes_to_sluices_own_server() {
         )
         .await;
         assert_eq!(refused, 1.0, "fast {fast}");
+
+        // The preface split over two TLS records: the fast path waits for the rest of it (its
+        // parser would refuse `HTTP/2.0` at once, and the part alone went to hyper's server).
+        use tokio::io::AsyncWriteExt;
+        let mut tls = connect_tls(p.addr, &cert).await;
+        tls.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        tls.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // The rest, an empty SETTINGS, then a POST saying `content-length: 5` (HPACK: static
+        // `:method POST`, `:scheme https`, literal `:path` and `:authority`, literal
+        // `content-length`) whose body is 3 bytes.
+        let mut rest = b"\r\nSM\r\n\r\n".to_vec();
+        rest.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        let mut block = vec![0x83, 0x87];
+        // Literal without indexing, name by static index (4 bits, then 7-bit continuation).
+        for (index, value) in [
+            (&[4u8][..], "/api/x"),
+            (&[1], "site.test"),
+            (&[15, 13], "5"),
+        ] {
+            block.extend_from_slice(index);
+            block.push(value.len() as u8);
+            block.extend_from_slice(value.as_bytes());
+        }
+        rest.extend_from_slice(&[0, 0, block.len() as u8, 1, 4, 0, 0, 0, 1]);
+        rest.extend_from_slice(&block);
+        rest.extend_from_slice(&[0, 0, 3, 0, 1, 0, 0, 0, 1]);
+        rest.extend_from_slice(b"abc");
+        tls.write_all(&rest).await.unwrap();
+        tls.flush().await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let series = "sluice_downstream_smuggling_refused_total ";
+        while metric(p.addr, Some(&cert), series).await < 2.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fast {fast}: the split preface's short body was not counted"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        drop(tls);
     }
 }
 

@@ -92,7 +92,8 @@ impl Certs {
         issued.get(&format!("*.{parent}")).cloned()
     }
 
-    /// Records what the static certificate files cover (the SNI resolver calls this when built).
+    /// Records what the static certificate files cover (when TLS settings built with them go
+    /// live: `tls::Publish`).
     pub fn set_static(&self, exact: Vec<String>, suffixes: Vec<String>) {
         *self.static_names.write().unwrap_or_else(|e| e.into_inner()) = (exact, suffixes);
     }

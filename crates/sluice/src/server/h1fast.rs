@@ -54,6 +54,15 @@ struct Simple<'a> {
 
 /// Reads and classifies heads; `Err(())`: hand over to hyper.
 fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
+    // The start of the HTTP/2 preface waits for the rest, so the connection is handed on with
+    // all of it and goes to sluice's own HTTP/2 server, not hyper's (the parser would refuse
+    // `HTTP/2.0` as soon as it saw it).
+    if buf.first() == Some(&b'P')
+        && buf.len() < super::H2_PREFACE.len()
+        && super::H2_PREFACE.starts_with(buf)
+    {
+        return Ok(None);
+    }
     // Left uninitialised: the parser writes only the fields it finds (100 empty fields written
     // per request were a measurable share of a small request's instructions).
     let mut fields = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; FIELDS];
@@ -467,6 +476,11 @@ mod tests {
             "GET /a#/../b HTTP/1.1\r\nHost: x\r\n\r\n",
         ] {
             assert!(hands_off(bad), "{bad:?}");
+        }
+        // A preface's start waits for the rest.
+        for n in 1..24 {
+            let part = &crate::server::H2_PREFACE[..n];
+            assert!(matches!(classify(part, 100), Ok(None)), "{n}");
         }
         let c = classify(
             b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n",

@@ -57,27 +57,38 @@ fn shared() -> &'static Shared {
     SHARED.get_or_init(|| Shared::new(SESSION_IDS))
 }
 
-/// Session IDs kept per `[[tcp]]` TLS listener.
-const SESSION_IDS_APART: usize = 2_000;
+/// Session IDs kept per `[[tcp]]` TLS listener (TLS 1.2 clients without tickets only).
+const SESSION_IDS_APART: usize = 256;
+
+type Apart = std::sync::Mutex<std::collections::HashMap<String, Shared>>;
+
+fn apart() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, Shared>> {
+    static APART: OnceLock<Apart> = OnceLock::new();
+    APART
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
 
 /// Turns resumption on in `config`, sharing the HTTPS listeners' sessions.
 pub fn enable(config: &mut ServerConfig) {
     shared().apply(config);
 }
 
-/// Turns resumption on in `config` with sessions of its own, kept by `identity` (a `[[tcp]]`
-/// listener's name) across reloads: a session from any other listener does not resume here.
+/// Turns resumption on in `config` with sessions of its own, kept by `identity` across reloads
+/// (a `[[tcp]]` listener's name with its certificate's files: a listener given another
+/// certificate starts afresh): a session from any other listener does not resume here.
 pub fn enable_apart(config: &mut ServerConfig, identity: &str) {
-    static APART: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Shared>>> =
-        OnceLock::new();
-    let mut apart = APART
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    apart
+    apart()
         .entry(identity.to_string())
         .or_insert_with(|| Shared::new(SESSION_IDS_APART))
         .apply(config);
+}
+
+/// Lets go of the sessions of every identity not in `live` (listeners a reload removed or gave
+/// another certificate).
+pub fn keep_apart(live: &[String]) {
+    apart().retain(|identity, _| live.contains(identity));
 }
 
 /// Resumption for a config that takes 0-RTT early data: sessions from the cache only, no
