@@ -157,6 +157,15 @@ fn same(a: HostPort<'_>, b: HostPort<'_>) -> bool {
     a.host.eq_ignore_ascii_case(b.host) && a.port == b.port
 }
 
+/// Whether `name` is one label under a wildcard's `suffix` (`.example.com` for
+/// `*.example.com`): a wildcard covers one label only (RFC 6125 §6.4.3), so `a.b.example.com` is
+/// not under it, and neither is `example.com`.
+pub fn under_wildcard(name: &str, suffix: &str) -> bool {
+    name.len() > suffix.len()
+        && name.ends_with(suffix)
+        && !name[..name.len() - suffix.len()].contains('.')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +359,14 @@ mod tests {
             let confusing = format!("{name}{c}.wild.example.com");
             prop_assert!(parse_host(confusing.as_bytes()).is_err());
         }
+    }
+
+    #[test]
+    fn a_wildcard_covers_one_label() {
+        assert!(under_wildcard("a.example.com", ".example.com"));
+        assert!(!under_wildcard("a.b.example.com", ".example.com"));
+        assert!(!under_wildcard("example.com", ".example.com"));
+        assert!(!under_wildcard(".example.com", ".example.com"));
+        assert!(!under_wildcard("aexample.com", ".example.com"));
     }
 }

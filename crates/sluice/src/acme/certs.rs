@@ -112,7 +112,7 @@ impl Certs {
         s.0.iter().any(|n| n == server_name)
             || s.1
                 .iter()
-                .any(|d| crate::server::tls::under_wildcard(server_name, d))
+                .any(|d| sluice_http::host::under_wildcard(server_name, d))
     }
 
     /// The held certificate of a configured name (`*.example.com` for a wildcard).

@@ -32,9 +32,7 @@ pub use capture::capture;
 #[cfg(feature = "tls")]
 pub use framed::Framed;
 #[cfg(feature = "tls")]
-pub use sni::{
-    server_config, sni_server_config, sni_server_config_with, under_wildcard, Managed, Publish,
-};
+pub use sni::{server_config, sni_server_config, sni_server_config_with, Managed, Publish};
 #[cfg(feature = "tls")]
 pub use stream::ServerTls;
 

@@ -126,15 +126,6 @@ pub fn sni_server_config_with(
     Ok((Arc::new(config), publish))
 }
 
-/// Whether `name` is one label under a static wildcard's `suffix` (`.example.com` for
-/// `*.example.com`): a wildcard covers one label only (RFC 6125 §6.4.3), so `a.b.example.com`
-/// is not under it.
-pub fn under_wildcard(name: &str, suffix: &str) -> bool {
-    name.len() > suffix.len()
-        && name.ends_with(suffix)
-        && !name[..name.len() - suffix.len()].contains('.')
-}
-
 /// The certificates ACME keeps, when the build has it.
 #[cfg(feature = "acme")]
 pub type Managed = Arc<crate::acme::Certs>;
@@ -190,7 +181,11 @@ impl SniResolver {
             if let Some(c) = self.acme.as_ref().and_then(|a| a.certificate(name)) {
                 return Some(c);
             }
-            if let Some((_, c)) = self.wildcard.iter().find(|(s, _)| under_wildcard(name, s)) {
+            if let Some((_, c)) = self
+                .wildcard
+                .iter()
+                .find(|(s, _)| sluice_http::host::under_wildcard(name, s))
+            {
                 return Some(c.clone());
             }
         }
