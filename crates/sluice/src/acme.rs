@@ -243,7 +243,12 @@ impl Acme {
     /// the previous process on a binary upgrade and records it for the next one) and starts the
     /// renewal loop; returns the plain listeners' addresses.
     pub fn start(self: &Arc<Self>, bind: http01::Bind) -> anyhow::Result<Vec<SocketAddr>> {
-        let bound = http01::start(&self.config.http_listen, self.certs.clone(), bind)?;
+        let bound = http01::start(
+            &self.config.http_listen,
+            self.certs.clone(),
+            bind,
+            self.metrics.clone(),
+        )?;
         for addr in &bound {
             tracing::info!(%addr, "acme: plain listener for HTTP-01 and redirects");
         }

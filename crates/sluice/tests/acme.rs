@@ -200,6 +200,19 @@ async fn http01_on_the_plain_listener_issues_a_chain_to_pebbles_root() {
     .expect("expiry gauge");
     let not_after = leaf.validity().not_after.timestamp() as f64;
     assert_eq!(expiry, not_after);
+    // What the plain listener did is counted: Pebble's validation answered, the redirects, the
+    // 404s, and the connections past the share closed at once.
+    let plain = |what: &str| {
+        metric(
+            &m,
+            &format!("sluice_acme_plain_listener_total{{what=\"{what}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(plain("challenge") >= 1.0, "{m}");
+    assert!(plain("redirect") >= 31.0, "{m}");
+    assert!(plain("no_challenge") >= 1.0, "{m}");
+    assert!(plain("per_client_refused") >= 8.0, "{m}");
 }
 
 /// Sends raw bytes, reads until the server closes (5 s at most).

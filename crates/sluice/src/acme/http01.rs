@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::certs::Certs;
+use super::metrics::AcmeMetrics;
 use crate::net::per_ip::PerIp;
 
 /// The challenge path prefix (RFC 8555 section 8.3).
@@ -55,6 +56,7 @@ pub fn start(
     addrs: &[SocketAddr],
     certs: Arc<Certs>,
     bind: Bind,
+    metrics: AcmeMetrics,
 ) -> anyhow::Result<Vec<SocketAddr>> {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let per_ip = PerIp::by_network(MAX_PER_IP, Vec::new());
@@ -69,6 +71,7 @@ pub fn start(
             certs.clone(),
             permits.clone(),
             per_ip.clone(),
+            metrics.clone(),
         ));
     }
     Ok(bound)
@@ -79,6 +82,7 @@ async fn accept(
     certs: Arc<Certs>,
     permits: Arc<Semaphore>,
     per_ip: Arc<PerIp>,
+    metrics: AcmeMetrics,
 ) {
     let lookups = Arc::new(Semaphore::new(MAX_LOOKUPS));
     loop {
@@ -89,6 +93,7 @@ async fn accept(
             Ok((s, peer)) => match per_ip.take(peer.ip()) {
                 Some(place) => (s, place),
                 None => {
+                    metrics.plain("per_client_refused");
                     tracing::debug!(%peer, "acme.http_listen: connection closed: too many from this address");
                     continue;
                 }
@@ -102,11 +107,21 @@ async fn accept(
         };
         let certs = certs.clone();
         let lookups = lookups.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let resp = answer(&certs, &req);
-                let (certs, lookups) = (certs.clone(), lookups.clone());
-                async move { Ok::<_, Infallible>(or_shared(resp, &req, certs, lookups).await) }
+                let (certs, lookups, metrics) = (certs.clone(), lookups.clone(), metrics.clone());
+                async move {
+                    let resp = or_shared(resp, &req, certs, lookups, &metrics).await;
+                    metrics.plain(match resp.status() {
+                        StatusCode::OK => "challenge",
+                        StatusCode::NOT_FOUND => "no_challenge",
+                        StatusCode::PERMANENT_REDIRECT => "redirect",
+                        _ => "bad_host",
+                    });
+                    Ok::<_, Infallible>(resp)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -147,11 +162,19 @@ pub fn answer<B>(certs: &Certs, req: &Request<B>) -> Response<Full<Bytes>> {
     };
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let location = format!("https://{}{target}", host.host());
-    let mut resp = reply(StatusCode::PERMANENT_REDIRECT, "text/plain", String::new());
-    if let Ok(v) = header::HeaderValue::from_str(&location) {
-        resp.headers_mut().insert(header::LOCATION, v);
+    match header::HeaderValue::from_str(&location) {
+        Ok(v) => {
+            let mut resp = reply(StatusCode::PERMANENT_REDIRECT, "text/plain", String::new());
+            resp.headers_mut().insert(header::LOCATION, v);
+            resp
+        }
+        // Never a redirect that says nowhere.
+        Err(_) => reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "no redirect for this target\n".into(),
+        ),
     }
-    resp
 }
 
 /// A challenge this process does not hold (`answer` said 404) may be another node's, placed
@@ -162,6 +185,7 @@ async fn or_shared<B>(
     req: &Request<B>,
     certs: Arc<Certs>,
     lookups: Arc<Semaphore>,
+    metrics: &AcmeMetrics,
 ) -> Response<Full<Bytes>> {
     let token = match req.uri().path().strip_prefix(PREFIX) {
         Some(t)
@@ -189,7 +213,11 @@ async fn or_shared<B>(
     .await;
     match found {
         Ok(Some(key_auth)) => reply(StatusCode::OK, "text/plain", key_auth),
-        _ => resp,
+        Ok(None) => resp,
+        Err(_) => {
+            metrics.plain("lookup_timeout");
+            resp
+        }
     }
 }
 

@@ -25,12 +25,21 @@ pub struct DecisionLabels {
     pub decision: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlainLabels {
+    /// `challenge` (answered), `no_challenge` (404), `redirect` (308 to https), `bad_host`
+    /// (400), `per_client_refused` (a connection past one client's share, closed at once),
+    /// `lookup_timeout` (another node's challenge not read from the state directory in time).
+    pub what: &'static str,
+}
+
 /// Every ACME family.
 #[derive(Clone, Default)]
 pub struct AcmeMetrics {
     pub expiry: Family<NameLabels, Gauge>,
     pub orders: Family<OutcomeLabels, Counter>,
     pub on_demand: Family<DecisionLabels, Counter>,
+    pub plain: Family<PlainLabels, Counter>,
 }
 
 impl AcmeMetrics {
@@ -52,7 +61,16 @@ impl AcmeMetrics {
             "Handshakes for names without a certificate, by what on-demand issuance decided",
             m.on_demand.clone(),
         );
+        r.register(
+            "plain_listener",
+            "What the plain listener (acme.http_listen) did, by request or connection",
+            m.plain.clone(),
+        );
         m
+    }
+
+    pub fn plain(&self, what: &'static str) {
+        self.plain.get_or_create(&PlainLabels { what }).inc();
     }
 
     pub fn order(&self, outcome: &'static str) {

@@ -22,6 +22,14 @@ const MAX_TOKEN: usize = 128;
 /// An answer file older than this is left from a process that ended mid-order.
 const STALE_TOKEN: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
+/// A file being written (`<name>.tmp<n>`) older than this was left by a write that failed or a
+/// process that ended during it (a write takes milliseconds): removed at the next open.
+const STALE_WRITE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The largest stored file read (a certificate chain with its key, an account): a bigger one
+/// is not the process's own writing.
+const MAX_FILE: u64 = 1024 * 1024;
+
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -49,16 +57,26 @@ impl Store {
             fs::create_dir_all(&dir)?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
         }
+        let age = |e: &fs::DirEntry| {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+        };
         for entries in [HTTP01, TLS_ALPN01].map(|d| fs::read_dir(root.join(d))) {
             let Ok(entries) = entries else { continue };
             for e in entries.flatten() {
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > STALE_TOKEN);
-                if old {
+                if age(&e).is_some_and(|age| age > STALE_TOKEN) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+        // Half-written files (a certificate's holds its private key) left by a failed write.
+        for entries in [root.to_path_buf(), root.join("certs")].map(fs::read_dir) {
+            let Ok(entries) = entries else { continue };
+            for e in entries.flatten() {
+                let partial = e.file_name().to_str().is_some_and(|n| n.contains(".tmp"));
+                if partial && age(&e).is_some_and(|age| age > STALE_WRITE) {
                     let _ = fs::remove_file(e.path());
                 }
             }
@@ -151,7 +169,7 @@ impl Store {
     }
 
     pub fn read_account(&self, directory: &str) -> Option<String> {
-        fs::read_to_string(self.account_path(directory)).ok()
+        String::from_utf8(read_bounded(&self.account_path(directory))?).ok()
     }
 
     pub fn write_account(&self, directory: &str, json: &str) -> std::io::Result<()> {
@@ -169,7 +187,7 @@ impl Store {
     pub fn read_cert(&self, name: &str) -> Option<(Vec<u8>, SystemTime)> {
         let path = self.cert_path(name);
         let modified = fs::metadata(&path).and_then(|m| m.modified()).ok()?;
-        Some((fs::read(path).ok()?, modified))
+        Some((read_bounded(&path)?, modified))
     }
 
     /// Every name with a stored certificate (`_.example.com.pem` is `*.example.com`).
@@ -234,22 +252,47 @@ pub fn well_formed_token(token: &str) -> bool {
 /// Writes a sibling temporary file, syncs it, and renames it over `path`. The temporary name is
 /// the whole file name with a random suffix: two writes (of two names that differ in their last
 /// label, or by two nodes whose processes have the same pid) never share one.
+/// Writes `path` whole or not at all: a temporary file beside it, synced, renamed over it, and
+/// the directory synced so the rename survives a crash. A failed write leaves no temporary file
+/// (one left by a crash is removed by [`Store::open`]).
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut salt = [0u8; 8];
     getrandom::getrandom(&mut salt).map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp{}", u64::from_le_bytes(salt)));
     let tmp = PathBuf::from(tmp);
-    let mut f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path)
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return written;
+    }
+    if let Some(dir) = path.parent() {
+        let _ = File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
+
+/// A stored file's bytes, if it is not larger than [`MAX_FILE`].
+fn read_bounded(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    File::open(path)
+        .ok()?
+        .take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    (bytes.len() as u64 <= MAX_FILE).then_some(bytes)
 }
 
 fn short_hash(bytes: &[u8]) -> String {
@@ -319,6 +362,28 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         assert!(store.read_http_token("old").is_none());
         assert_eq!(store.read_http_token("new").unwrap(), "new.thumb");
+        // An hour-old half-written certificate goes too; a fresh one (a write in progress on
+        // another node) stays; an oversized stored file is not read.
+        let (old, fresh) = (
+            dir.path().join("certs/a.test.pem.tmp1"),
+            dir.path().join("certs/b.test.pem.tmp2"),
+        );
+        std::fs::write(&old, "partial").unwrap();
+        std::fs::write(&fresh, "partial").unwrap();
+        let f = std::fs::File::options().write(true).open(&old).unwrap();
+        f.set_modified(SystemTime::now() - STALE_WRITE * 2).unwrap();
+        drop(f);
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!old.exists());
+        assert!(fresh.exists());
+        std::fs::write(
+            store.cert_path("big.test"),
+            vec![b'x'; MAX_FILE as usize + 1],
+        )
+        .unwrap();
+        assert!(store.read_cert("big.test").is_none());
+        store.write_cert("c.test", "chain", "key").unwrap();
+        assert!(store.read_cert("c.test").is_some());
     }
 
     #[test]
