@@ -23,12 +23,22 @@ pub struct Updater {
     signer: TSigner,
 }
 
-/// A TSIG key as `tsig-keygen` writes it.
-#[derive(Debug, PartialEq)]
+/// A TSIG key as `tsig-keygen` writes it (its secret never printed: `Debug` leaves it out).
+#[derive(PartialEq)]
 pub struct KeyFile {
     pub name: String,
     pub algorithm: String,
     pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for KeyFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyFile")
+            .field("name", &self.name)
+            .field("algorithm", &self.algorithm)
+            .field("secret", &"(hidden)")
+            .finish()
+    }
 }
 
 /// Reads `key "NAME" { algorithm ALG; secret "BASE64"; };` (comments and spacing free).
@@ -148,9 +158,9 @@ impl Updater {
         if code != ResponseCode::NoError {
             bail!("DNS server {} refused the update: {code}", self.server);
         }
-        if let Some(mut verify) = verifier {
-            verify(&answer).map_err(|e| anyhow::anyhow!("the answer's TSIG: {e}"))?;
-        }
+        // A signed update always gives a verifier; without one the answer is not taken.
+        let mut verify = verifier.context("the update was not signed")?;
+        verify(&answer).map_err(|e| anyhow::anyhow!("the answer's TSIG: {e}"))?;
         Ok(())
     }
 }
@@ -171,6 +181,8 @@ mod tests {
                 secret: b"secret".to_vec()
             }
         );
+        let shown = format!("{key:?}");
+        assert!(!shown.contains("secret\"") && !shown.contains("115"), "{shown}");
         assert!(parse_key_file("key \"x\" { algorithm hmac-sha256; };").is_err());
         assert!(parse_key_file("key x { algorithm hmac-sha256; secret \"!!\"; };").is_err());
         assert!(parse_key_file("").is_err());
