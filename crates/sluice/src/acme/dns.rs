@@ -182,7 +182,10 @@ mod tests {
             }
         );
         let shown = format!("{key:?}");
-        assert!(!shown.contains("secret\"") && !shown.contains("115"), "{shown}");
+        assert!(
+            !shown.contains("secret\"") && !shown.contains("115"),
+            "{shown}"
+        );
         assert!(parse_key_file("key \"x\" { algorithm hmac-sha256; };").is_err());
         assert!(parse_key_file("key x { algorithm hmac-sha256; secret \"!!\"; };").is_err());
         assert!(parse_key_file("").is_err());

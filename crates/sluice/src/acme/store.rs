@@ -75,7 +75,13 @@ impl Store {
         for entries in [root.to_path_buf(), root.join("certs")].map(fs::read_dir) {
             let Ok(entries) = entries else { continue };
             for e in entries.flatten() {
-                let partial = e.file_name().to_str().is_some_and(|n| n.contains(".tmp"));
+                // `<file>.tmp<digits>`, as `write_atomic` names them (a stored name may hold
+                // `.tmp` itself, but a stored file ends in `.pem` or `.json`).
+                let partial = e.file_name().to_str().is_some_and(|n| {
+                    n.rsplit_once(".tmp").is_some_and(|(_, n)| {
+                        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+                    })
+                });
                 if partial && age(&e).is_some_and(|age| age > STALE_WRITE) {
                     let _ = fs::remove_file(e.path());
                 }
@@ -373,9 +379,15 @@ mod tests {
         let f = std::fs::File::options().write(true).open(&old).unwrap();
         f.set_modified(SystemTime::now() - STALE_WRITE * 2).unwrap();
         drop(f);
+        let kept = store.cert_path("x.tmp1.test");
+        store.write_cert("x.tmp1.test", "chain", "key").unwrap();
+        let f = std::fs::File::options().write(true).open(&kept).unwrap();
+        f.set_modified(SystemTime::now() - STALE_WRITE * 2).unwrap();
+        drop(f);
         let store = Store::open(dir.path()).unwrap();
         assert!(!old.exists());
         assert!(fresh.exists());
+        assert!(kept.exists(), "a stored certificate whose name holds .tmp");
         std::fs::write(
             store.cert_path("big.test"),
             vec![b'x'; MAX_FILE as usize + 1],
