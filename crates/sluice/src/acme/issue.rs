@@ -239,10 +239,12 @@ impl Issuer {
                         .as_ref()
                         .ok_or_else(|| OrderError::Setup("no [acme.dns]".into()))?;
                     let value = key_auth.dns_value();
+                    // Listed before it is sent: an update the server applied but whose answer
+                    // never came (or came after the order's time ran out) is removed too.
+                    opened.push(Opened::Dns(domain.clone(), value.clone()));
                     dns.add_txt(&domain, &value)
                         .await
                         .map_err(|e| OrderError::Setup(format!("{e:#}")))?;
-                    opened.push(Opened::Dns(domain.clone(), value));
                 }
             }
             challenge.set_ready().await?;
