@@ -159,7 +159,7 @@ fn same(a: HostPort<'_>, b: HostPort<'_>) -> bool {
 
 /// Whether `name` is one label under a wildcard's `suffix` (`.example.com` for
 /// `*.example.com`): a wildcard covers one label only (RFC 6125 §6.4.3), so `a.b.example.com` is
-/// not under it, and neither is `example.com`.
+/// not under it, and neither is `example.com`. Both lowercase (compared byte for byte).
 pub fn under_wildcard(name: &str, suffix: &str) -> bool {
     name.len() > suffix.len()
         && name.ends_with(suffix)

@@ -155,12 +155,15 @@ impl Updater {
         let code = Message::from_vec(&answer)
             .context("unreadable DNS answer")?
             .response_code();
+        // A signed update always gives a verifier; without one the answer is not taken. A
+        // server that refuses a badly signed update may answer unsigned: the refusal is told
+        // as such, anything else only once its signature checks.
+        let mut verify = verifier.context("the update was not signed")?;
+        let signed = verify(&answer).map_err(|e| anyhow::anyhow!("the answer's TSIG: {e}"));
         if code != ResponseCode::NoError {
             bail!("DNS server {} refused the update: {code}", self.server);
         }
-        // A signed update always gives a verifier; without one the answer is not taken.
-        let mut verify = verifier.context("the update was not signed")?;
-        verify(&answer).map_err(|e| anyhow::anyhow!("the answer's TSIG: {e}"))?;
+        signed?;
         Ok(())
     }
 }

@@ -20,6 +20,10 @@ use super::certs::Certs;
 use super::metrics::AcmeMetrics;
 use crate::net::per_ip::PerIp;
 
+/// Marks the 400 of a target no redirect can name (told apart from a missing Host in metrics).
+#[derive(Clone, Copy)]
+struct NoTarget;
+
 /// The challenge path prefix (RFC 8555 section 8.3).
 pub const PREFIX: &str = "/.well-known/acme-challenge/";
 
@@ -118,6 +122,7 @@ async fn accept(
                         StatusCode::OK => "challenge",
                         StatusCode::NOT_FOUND => "no_challenge",
                         StatusCode::PERMANENT_REDIRECT => "redirect",
+                        _ if resp.extensions().get::<NoTarget>().is_some() => "bad_target",
                         _ => "bad_host",
                     });
                     Ok::<_, Infallible>(resp)
@@ -169,11 +174,15 @@ pub fn answer<B>(certs: &Certs, req: &Request<B>) -> Response<Full<Bytes>> {
             resp
         }
         // Never a redirect that says nowhere.
-        Err(_) => reply(
-            StatusCode::BAD_REQUEST,
-            "text/plain",
-            "no redirect for this target\n".into(),
-        ),
+        Err(_) => {
+            let mut resp = reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                "no redirect for this target\n".into(),
+            );
+            resp.extensions_mut().insert(NoTarget);
+            resp
+        }
     }
 }
 

@@ -27,9 +27,11 @@ pub struct DecisionLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlainLabels {
-    /// `challenge` (answered), `no_challenge` (404), `redirect` (308 to https), `bad_host`
-    /// (400), `per_client_refused` (a connection past one client's share, closed at once),
-    /// `lookup_timeout` (another node's challenge not read from the state directory in time).
+    /// Per request: `challenge` (answered), `no_challenge` (404), `redirect` (308 to https),
+    /// `bad_host` (400: no usable Host), `bad_target` (400: no usable redirect). Besides:
+    /// `per_client_refused` (a connection past one client's share, closed at once),
+    /// `lookup_timeout` (another node's challenge not read from the state directory in time;
+    /// that request is one of the `no_challenge`).
     pub what: &'static str,
 }
 
