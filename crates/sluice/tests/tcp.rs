@@ -768,6 +768,36 @@ async fn a_tls_session_resumes_only_at_the_listener_that_issued_it() {
     let e = echo_through(addr("mqtt")).await.unwrap_err();
     assert!(e.to_string().contains("certificate"), "{e}");
     assert_eq!(echo.accepted.load(Ordering::SeqCst), 2);
+
+    // A reload that keeps the web listener's files keeps its sessions; one that points it at
+    // other files (the same certificate, copied) lets them go: a full handshake.
+    let reload = |text: &str| {
+        let c = sluice::config::Config::parse_file(text).unwrap();
+        let groups = Arc::new(
+            sluice::upstream::group::Groups::rebuild(&c.upstreams, Some(&proxy.groups)).unwrap(),
+        );
+        proxy.tcp.apply(&c.tcp, groups).unwrap();
+    };
+    // (The mqtt attempt used up the client's one ticket: a connection first, for a new one.)
+    echo_through(addr("web")).await.unwrap();
+    reload(&config);
+    assert_eq!(
+        echo_through(addr("web")).await.unwrap(),
+        Some(rustls::HandshakeKind::Resumed)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("www.pem"), dir.path().join("www.key"));
+    std::fs::copy(www.cert.path(), &cert).unwrap();
+    std::fs::copy(www.key.path(), &key).unwrap();
+    reload(
+        &config
+            .replace(&format!("{:?}", www.cert.path()), &format!("{cert:?}"))
+            .replace(&format!("{:?}", www.key.path()), &format!("{key:?}")),
+    );
+    assert_eq!(
+        echo_through(addr("web")).await.unwrap(),
+        Some(rustls::HandshakeKind::Full)
+    );
 }
 
 #[tokio::test]
