@@ -561,6 +561,17 @@ async fn waiting_origin() -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
                 loop {
                     if let Some(end) = reverse_support::find(&buf, b"\r\n\r\n") {
                         let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        if reverse_support::find(&head, b" /plain/drip/").is_some() {
+                            // A head and a first piece of a body whose rest never comes.
+                            let out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+                            if s.write_all(out).await.is_err() {
+                                return;
+                            }
+                            h.fetch_add(1, Ordering::SeqCst);
+                            while !matches!(s.read(&mut chunk).await, Ok(0) | Err(_)) {}
+                            c.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
                         if reverse_support::find(&head, b" /plain/wait/").is_none() {
                             let mut out =
                                 b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec();
@@ -627,6 +638,36 @@ async fn cancelled_requests_let_their_upstream_go() {
         2,
         "upstream connections still held: {r}"
     );
+    assert_body(&r["responses"][0], 200, &pattern(100));
+}
+
+/// A client that cancels a request whose response has begun (STOP_SENDING after the head and
+/// a first piece of the body, the rest of which the origin has not sent) takes the upstream
+/// along at once, as over HTTP/2: the stream is reset with H3_REQUEST_CANCELLED and the upstream
+/// connection let go. Before, the response waited for the body's next piece (for the route's
+/// timeouts) with the upstream connection held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cancelled_mid_body_lets_its_upstream_go() {
+    let (o, heads, closed) = waiting_origin().await;
+    let s = H3Sluice::start_with(o, "", |c| c.routes[0].header_timeout_secs = 30).await;
+    let run = tokio::spawn(client(s.plan(json!({
+        "attack": "cancel",
+        "items": [{"path": "/plain/drip/x"}],
+        "after": 1.0, "secs": 3, "then": "/plain/ok",
+    }))));
+    let released = tokio::time::timeout(Duration::from_secs(4), async {
+        while closed.load(Ordering::SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        released.is_ok() && !run.is_finished(),
+        "upstream held past the cancel"
+    );
+    let r = run.await.unwrap();
+    assert_eq!(heads.load(Ordering::SeqCst), 1, "{r}");
+    assert_eq!(r["attack"][0]["reset"], 0x10c, "{r}");
     assert_body(&r["responses"][0], 200, &pattern(100));
 }
 

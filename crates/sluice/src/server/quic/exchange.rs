@@ -295,6 +295,8 @@ enum SendError {
     Stalled(Duration),
     #[error("response body: {0}")]
     Body(crate::body::BoxError),
+    #[error("cancelled by the client, or the connection is gone")]
+    Cancelled,
 }
 
 async fn respond(
@@ -319,7 +321,20 @@ async fn respond(
             return Err(SendError::Stalled(limit));
         }
     }
-    while let Some(frame) = body.frame().await {
+    // A client that cancels once the response has begun (STOP_SENDING), or a connection that is
+    // gone, ends it while it waits for the body's next piece, as an HTTP/2 stream's reset does:
+    // dropping the body drops the upstream fetch behind it.
+    let mut stopped = std::pin::pin!(send.transport().stopped());
+    loop {
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            _ = &mut stopped => {
+                send.stop_stream(Code::H3_REQUEST_CANCELLED);
+                return Err(SendError::Cancelled);
+            }
+        };
+        let Some(frame) = frame else { break };
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
