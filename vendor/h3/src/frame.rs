@@ -240,6 +240,9 @@ pub struct FrameDecoder {
     /// A frame other than DATA is buffered whole before it is decoded (or, unknown, skipped): one
     /// longer than this is refused (H3_EXCESSIVE_LOAD) rather than buffered without bound.
     limit: usize,
+    /// What is left of an unknown frame's payload: skipped as it comes, never buffered (a
+    /// stream could otherwise park up to `limit` bytes in one, outside flow control).
+    skipping: u64,
 }
 
 /// Pieces of a stream one `poll_next` reads at most before it yields.
@@ -254,6 +257,7 @@ impl Default for FrameDecoder {
         FrameDecoder {
             expected: None,
             limit: DEFAULT_FRAME_LIMIT,
+            skipping: 0,
         }
     }
 }
@@ -266,6 +270,14 @@ impl FrameDecoder {
         // Decode in a loop since we ignore unknown frames, and there may be
         // other frames already in our BufList.
         loop {
+            if self.skipping > 0 {
+                let n = (src.remaining() as u64).min(self.skipping);
+                src.advance(n as usize);
+                self.skipping -= n;
+                if self.skipping > 0 {
+                    return Ok(None);
+                }
+            }
             if !src.has_remaining() {
                 return Ok(None);
             }
@@ -295,6 +307,16 @@ impl FrameDecoder {
                     continue;
                 }
                 Err(frame::FrameError::Incomplete(min)) => {
+                    // An unknown frame not all here: its header is taken and its payload
+                    // skipped as it comes.
+                    let mut cur = src.cursor();
+                    if let Some(len) = frame::unknown_frame_header(&mut cur) {
+                        let header = cur.position();
+                        src.advance(header as usize);
+                        self.skipping = len;
+                        self.expected = None;
+                        continue;
+                    }
                     if min > self.limit {
                         return Err(FrameStreamError::Proto(FrameProtocolError::TooLarge(min)));
                     }
@@ -439,6 +461,29 @@ mod tests {
             Ok(Some(Frame::Data(PayloadLen(4))))
         );
         assert_matches!(decoder.decode(&mut buf), Ok(None));
+    }
+
+    #[test]
+    fn an_unknown_frame_is_skipped_as_it_comes_not_buffered() {
+        // A reserved frame declaring far more than the limit, its payload in pieces, then a
+        // HEADERS frame: nothing of the payload is kept, and the HEADERS frame is decoded.
+        let mut head = BytesMut::with_capacity(16);
+        FrameType::RESERVED.encode(&mut head);
+        VarInt::from_u32(1 << 20).encode(&mut head);
+        let mut buf = BufList::new();
+        buf.push(head.freeze());
+        let mut decoder = FrameDecoder::default();
+        assert_matches!(decoder.decode(&mut buf), Ok(None));
+        assert_eq!(buf.remaining(), 0);
+        for _ in 0..16 {
+            buf.push(Bytes::from(vec![0u8; 64 * 1024]));
+            assert_matches!(decoder.decode(&mut buf), Ok(None));
+            assert_eq!(buf.remaining(), 0);
+        }
+        let mut next = BytesMut::with_capacity(16);
+        Frame::headers(&b"salut"[..]).encode_with_payload(&mut next);
+        buf.push(next.freeze());
+        assert_matches!(decoder.decode(&mut buf), Ok(Some(Frame::Headers(_))));
     }
 
     // FrameStream

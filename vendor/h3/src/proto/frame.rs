@@ -322,6 +322,33 @@ impl FrameType {
 #[derive(Copy, Clone, Eq, PartialEq, Debug)]
 pub struct FrameType(u64);
 
+/// Reads a frame's type and length from `buf` when the type is one this crate does not know
+/// (RFC 9114 §9: its payload has no meaning and is skipped): the payload's length, with `buf`
+/// past the header. `None` for a known type or a header not all there (`buf` then moved
+/// anywhere: read it from a cursor).
+pub(crate) fn unknown_frame_header<B: Buf>(buf: &mut B) -> Option<u64> {
+    let ty = FrameType::decode(buf).ok()?;
+    let known = matches!(
+        ty,
+        FrameType::DATA
+            | FrameType::HEADERS
+            | FrameType::H2_PRIORITY
+            | FrameType::CANCEL_PUSH
+            | FrameType::SETTINGS
+            | FrameType::PUSH_PROMISE
+            | FrameType::H2_PING
+            | FrameType::GOAWAY
+            | FrameType::H2_WINDOW_UPDATE
+            | FrameType::H2_CONTINUATION
+            | FrameType::MAX_PUSH_ID
+            | FrameType::WEBTRANSPORT_BI_STREAM
+    );
+    if known {
+        return None;
+    }
+    buf.get_var().ok()
+}
+
 impl FrameType {
     fn decode<B: Buf>(buf: &mut B) -> Result<Self, UnexpectedEnd> {
         Ok(FrameType(buf.get_var()?))
