@@ -650,6 +650,29 @@ async fn http2_by_prior_knowledge_over_tls_goes_to_sluices_own_server() {
     }
 }
 
+/// The HTTP/2 preface after an HTTP/1.1 request on the same connection (RFC 9113 §3.4: it
+/// opens a connection) closes the connection, plain and over TLS, instead of switching it to
+/// HTTP/2 (it did on the fast path's hand-off: the server's SETTINGS came back).
+#[tokio::test]
+async fn an_http2_preface_after_http1_requests_closes_the_connection() {
+    let cert = Cert::new(&["site.test"]);
+    let o = echo("o").await;
+    let plain = Proxy::start(fast_config(o, true, None)).await;
+    let tls = Proxy::start(fast_config(o, true, Some(&cert))).await;
+    for (addr, cert) in [(plain.addr, None), (tls.addr, Some(&cert))] {
+        let mut c = Conn::to(addr, cert).await;
+        c.send(b"GET /api/size/10 HTTP/1.1\r\nHost: site.test\r\n\r\n")
+            .await;
+        let (head, body) = c.response(false).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(body.len(), 10);
+        let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        c.send(&preface).await;
+        assert_eq!(c.rest().await, "", "tls {}", cert.is_some());
+    }
+}
+
 /// A TLS 1.3 client of the running server whose records the test writes itself.
 async fn raw_tls(
     addr: std::net::SocketAddr,

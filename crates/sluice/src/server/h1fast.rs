@@ -278,6 +278,11 @@ impl<H: Handler> Conn<H> {
                 Ok(None) => Step::Read,
             };
             match step {
+                // The HTTP/2 preface opens a connection (RFC 9113 §3.4): after HTTP/1.1 requests
+                // it is a client's error, not a switch to HTTP/2.
+                Step::HandOff if idle.begun && buf.starts_with(super::H2_PREFACE) => {
+                    return End::Closed
+                }
                 Step::HandOff => return End::HandOff(std::mem::take(buf)),
                 Step::Closed => return End::Closed,
                 Step::Next(len) => {
