@@ -653,9 +653,18 @@ async fn a_request_cancelled_mid_body_lets_its_upstream_go() {
     let run = tokio::spawn(client(s.plan(json!({
         "attack": "cancel",
         "items": [{"path": "/plain/drip/x"}],
-        "after": 1.0, "secs": 3, "then": "/plain/ok",
+        "after": 1.0, "secs": 8, "then": "/plain/ok",
     }))));
-    let released = tokio::time::timeout(Duration::from_secs(4), async {
+    // The response has begun (its upstream head and first piece are out) before the cancel
+    // (1 s after the request); then the upstream goes within a few seconds, not the route's 30.
+    let began = tokio::time::timeout(Duration::from_secs(30), async {
+        while heads.load(Ordering::SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(began.is_ok(), "the request never reached the origin");
+    let released = tokio::time::timeout(Duration::from_secs(6), async {
         while closed.load(Ordering::SeqCst) < 1 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -715,7 +724,7 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     );
     check_then(&r);
     // One of a reserved type (RFC 9114 §9: skipped) is skipped as its bytes come, never
-    // buffered: all 8 MiB go through, the connection stays, and serves the next request. It was
+    // buffered: the bytes are taken, the connection stays, and serves the next request. It was
     // buffered whole too (up to the limit per stream, 100 streams a connection: about 12.5 MiB
     // parked per connection outside flow control), then refused.
     let r = client(s.plan(json!({
@@ -724,6 +733,10 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     })))
     .await;
     assert_eq!(r["terminated"], Value::Null, "{r}");
+    // The server read (and let the client send) past the frame limit and past the 1 MiB first
+    // window: the bytes were taken and dropped as they came.
+    let taken = r["attack"]["max_stream_data"].as_u64().unwrap();
+    assert!(taken > 4 * 1024 * 1024, "{r}");
     check_then(&r);
 
     // The client's QPACK encoder and decoder streams filled: read and dropped (no dynamic table

@@ -85,7 +85,10 @@ where
                     }
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(true) => {
-                        return if self.stream.buf_mut().has_remaining() {
+                        // An unknown frame being skipped holds no bytes here, yet is
+                        // unfinished all the same.
+                        return if self.stream.buf_mut().has_remaining() || self.decoder.skipping > 0
+                        {
                             // Reached the end of receive stream, but there is still some data:
                             // The frame is incomplete.
                             Poll::Ready(Err(FrameStreamError::UnexpectedEnd))
@@ -168,7 +171,7 @@ where
     }
 
     pub(crate) fn is_eos(&self) -> bool {
-        self.stream.is_eos() && !self.stream.buf().has_remaining()
+        self.stream.is_eos() && !self.stream.buf().has_remaining() && self.decoder.skipping == 0
     }
 
     fn try_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, FrameStreamError>> {
@@ -541,6 +544,25 @@ mod tests {
             |cx| stream.poll_next(cx),
             Err(FrameStreamError::UnexpectedEnd)
         );
+    }
+
+    #[tokio::test]
+    async fn poll_next_unknown_frame_cut_short_by_the_end() {
+        // An unknown frame being skipped holds no bytes, yet a stream that ends inside it ends
+        // inside a frame (RFC 9114 §7.1).
+        let mut recv = FakeRecv::default();
+        let mut buf = BytesMut::with_capacity(64);
+        FrameType::RESERVED.encode(&mut buf);
+        VarInt::from(100u32).encode(&mut buf);
+        buf.put_slice(&[0u8; 10]);
+        recv.chunk(buf.freeze());
+        let mut stream: FrameStream<_, ()> = FrameStream::new(BufRecvStream::new(recv));
+
+        assert_poll_matches!(
+            |cx| stream.poll_next(cx),
+            Err(FrameStreamError::UnexpectedEnd)
+        );
+        assert!(!stream.is_eos());
     }
 
     #[tokio::test]

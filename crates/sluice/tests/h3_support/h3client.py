@@ -392,7 +392,10 @@ async def run(plan):
             await asyncio.wait([client.terminated], timeout=plan.get("wait", 5))
             if client.terminated.done():
                 out["terminated"] = client.terminated.result()
-            out["attack"] = {"sent": sent}
+            # How far the server let the stream go (its MAX_STREAM_DATA grows only as it reads).
+            stream = q._streams.get(sid)
+            out["attack"] = {"sent": sent,
+                             "max_stream_data": stream.max_stream_data_remote if stream else None}
         elif attack == "qpack-fill":
             # `send` bytes on each of the client's QPACK encoder and decoder streams, then `wait`
             # seconds: how far the server let each go (its MAX_STREAM_DATA grows only as it
