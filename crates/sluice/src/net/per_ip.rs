@@ -28,9 +28,12 @@ impl PerIp {
     /// As [`PerIp::new`], with IPv6 peers counted by their /64: one host may hold a whole /64,
     /// so counting its addresses one by one would multiply its share.
     pub fn by_network(max: usize, exempt: Vec<ipnet::IpNet>) -> Arc<PerIp> {
-        let mut per_ip = PerIp::new(max, exempt);
-        Arc::get_mut(&mut per_ip).expect("just made").by_64 = true;
-        per_ip
+        Arc::new(PerIp {
+            max,
+            exempt,
+            by_64: true,
+            held: Default::default(),
+        })
     }
 
     /// Takes a place for `ip`, or `None` when it holds `max` already.

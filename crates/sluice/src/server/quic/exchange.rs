@@ -30,7 +30,7 @@ pub async fn serve<H: Handler>(
     let mut going_away = shared.going_away.clone();
     let resolved = resolve(resolver, shared.header_read, &mut going_away).await;
     drop(head_place);
-    let (req, stream) = match resolved {
+    let (mut req, mut stream) = match resolved {
         Ok(r) => r,
         // A malformed head: h3 has already answered with the stream or connection error.
         Err(Some(e)) => {
@@ -42,14 +42,12 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
-    let mut req = req;
     let early = match early_data(&req, shared.handshake.as_ref(), &mut going_away).await {
         Early::Go(early) => early,
         // The handshake never finished: the connection is closing.
         Early::Closed => return,
         Early::Rejected => {
             // Not processed (RFC 9114 §4.1.1): the client may send it again elsewhere.
-            let mut stream = stream;
             stream.stop_stream(Code::H3_REQUEST_REJECTED);
             stream.stop_sending(Code::H3_REQUEST_REJECTED);
             tracing::debug!(%peer, "HTTP/3 early request waiting for its handshake rejected by the drain");

@@ -3,9 +3,10 @@
 //! take no tickets. The HTTPS listeners (and HTTP/3) share one set; each `[[tcp]]` TLS listener
 //! has its own, since a session resumes without its certificate being shown again: shared, a
 //! session from the web listeners would let a client (or an attacker who redirects it) into a
-//! `[[tcp]]` listener's backend under a name that listener's certificate does not cover. With 0-RTT on (HTTP/3 only), TLS 1.3 resumption is by
-//! that cache alone: each session can be resumed once, which is what keeps one early-data
-//! request from being replayed (rustls offers early data only that way).
+//! `[[tcp]]` listener's backend under a name that listener's certificate does not cover. With
+//! 0-RTT on (HTTP/3 only), TLS 1.3 resumption is by that cache alone: each session can be
+//! resumed once, which is what keeps one early-data request from being replayed (rustls offers
+//! early data only that way).
 
 use std::sync::{Arc, OnceLock};
 
