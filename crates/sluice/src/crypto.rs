@@ -23,3 +23,13 @@ pub fn default_provider() -> rustls::crypto::CryptoProvider {
 pub fn ticketer() -> Result<std::sync::Arc<dyn rustls::server::ProducesTickets>, rustls::Error> {
     backend::Ticketer::new()
 }
+
+/// The HMAC-SHA256 key QUIC's stateless-reset tokens are made with (`server::quic`).
+#[cfg(feature = "http3")]
+pub fn quic_reset_key(secret: &[u8]) -> std::sync::Arc<dyn quinn::crypto::HmacKey> {
+    #[cfg(feature = "aws-lc")]
+    use aws_lc_rs::hmac;
+    #[cfg(all(feature = "ring", not(feature = "aws-lc")))]
+    use ring::hmac;
+    std::sync::Arc::new(hmac::Key::new(hmac::HMAC_SHA256, secret))
+}

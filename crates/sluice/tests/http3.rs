@@ -680,6 +680,42 @@ async fn a_request_cancelled_mid_body_lets_its_upstream_go() {
     assert_body(&r["responses"][0], 200, &pattern(100));
 }
 
+/// Trailers left half-sent: each request stream may hold its trailers' HEADERS frame unfinished
+/// up to the stream's frame limit (twice `max_header_bytes`, at least 64 KiB) while its body is
+/// read, and every stream of a connection at once could (100 streams: over 6 MiB at this
+/// config's 64 KiB floor, 12.8 MiB at the default head size, outside flow control, for as long
+/// as the route's body timeouts allow). A connection's streams now hold at most 16 such frames'
+/// worth together; past that the connection is closed with H3_EXCESSIVE_LOAD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_trailers_on_many_streams_are_held_within_the_connections_budget() {
+    use http_body_util::BodyExt;
+    // An origin that reads each request's body to its end before it answers, so sluice keeps
+    // reading the bodies (and so the trailers) meanwhile.
+    let o = origin(|req: Request<Incoming>| async move {
+        let got = req.into_body().collect().await.map(|b| b.to_bytes().len());
+        Response::new(full(Bytes::from(format!("{got:?}"))))
+    })
+    .await;
+    let s = H3Sluice::start(o, "max_header_bytes = 4096").await;
+    let then = "/plain/size/100";
+    // 12 streams of 60 KB each (720 KB) fit the budget (16 x 64 KiB): the connection stays.
+    let r = client(s.plan(json!({
+        "attack": "partial-trailers", "path": "/plain/post", "streams": 12,
+        "declared": 65_000, "sent": 60_000, "wait": 2, "then": then,
+    })))
+    .await;
+    assert_eq!(r["terminated"], Value::Null, "{r}");
+    assert_eq!(r["attack"]["opened"], 12, "{r}");
+    // 40 of them (2.4 MB) do not: closed with H3_EXCESSIVE_LOAD (0x107) once over 1 MiB.
+    let r = client(s.plan(json!({
+        "attack": "partial-trailers", "path": "/plain/post", "streams": 40,
+        "declared": 65_000, "sent": 60_000, "wait": 3, "then": then,
+    })))
+    .await;
+    assert_eq!(r["terminated"]["error_code"], 0x107, "{r}");
+    assert_eq!(r["responses"][0]["status"], 200, "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     let seen = Arc::new(AtomicUsize::new(0));
@@ -1970,6 +2006,80 @@ async fn http3_keeps_working_across_a_binary_upgrade() {
     assert!(last >= 2, "{r}");
     let on_new = reqs.iter().filter(|q| q["connection"] == last).count();
     assert!(on_new >= 10, "{r}");
+    for _ in 0..100 {
+        // SAFETY: waitpid on the process this test adopted as subreaper.
+        if unsafe { libc::waitpid(new_pid, std::ptr::null_mut(), libc::WNOHANG) } == new_pid {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(new_pid, libc::SIGKILL);
+}
+
+/// After a binary upgrade the new process answers the old one's connections once the old one is
+/// gone (here it is killed, as if it crashed or its close never reached the client) with a
+/// stateless reset, and it must carry the token the old process gave the client for that
+/// connection ID: a reset with any other token is ignored, and the client waits out its idle
+/// timeout. The new process makes its tokens with the old one's secret, handed over with the
+/// sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_upgrade_the_old_processs_connections_get_resets_their_clients_recognise() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only changes this process's reaping.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let cert = SelfSigned::new(&["h3.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = tcp_and_udp_port();
+    let pid_file = dir.path().join("sluice.pid");
+    let extra = format!(
+        "listen = [\"127.0.0.1:{port}\"]\npid_file = \"{}\"",
+        pid_file.display()
+    );
+    let text = config_text(o, &cert, &extra)
+        .replace("[cache]", "[server.http3]\nenabled = true\n\n[cache]");
+    let conf = dir.path().join("sluice.toml");
+    std::fs::write(&conf, text).unwrap();
+    let log = dir.path().join("log");
+    let mut old = serve_logged(&conf, &log);
+    let old_pid = old.id().unwrap() as i32;
+    for i in 0.. {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("HTTP/3 listening") {
+            break;
+        }
+        assert!(i < 300, "sluice did not start: {text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = dir.path().join("ready");
+    let go = dir.path().join("go");
+    let plan = json!({"addr": format!("127.0.0.1:{port}"), "reset_probe": true,
+        "path": "/plain/size/100", "ready_file": ready, "go_file": go, "wait": 40});
+    let probe = tokio::spawn(client(plan));
+    for i in 0.. {
+        if ready.exists() {
+            break;
+        }
+        assert!(i < 400, "the client did not connect");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    kill(old_pid, libc::SIGUSR2);
+    let mut new_pid = None;
+    for _ in 0..400 {
+        new_pid = read_pid(&pid_file).filter(|p| *p != old_pid);
+        if new_pid.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let new_pid = new_pid.expect("the new process did not write its pid");
+    kill(old_pid, libc::SIGKILL);
+    let _ = old.wait().await;
+    std::fs::write(&go, "go").unwrap();
+    let r = probe.await.unwrap();
+    kill(new_pid, libc::SIGTERM);
+    assert_eq!(r["status"], 200, "{r}");
+    assert!(r["answers"].as_u64().unwrap() >= 1, "no reset came: {r}");
+    assert_eq!(r["token_matches"], true, "{r}");
     for _ in 0..100 {
         // SAFETY: waitpid on the process this test adopted as subreaper.
         if unsafe { libc::waitpid(new_pid, std::ptr::null_mut(), libc::WNOHANG) } == new_pid {

@@ -1,3 +1,5 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Buf;
@@ -25,6 +27,66 @@ pub struct FrameStream<S, B> {
     // Already read data from the stream
     decoder: FrameDecoder,
     remaining_data: usize,
+    /// What this stream's unfinished frame holds of its connection's budget.
+    charge: Charge,
+}
+
+/// The bytes of unfinished frames other than DATA (heads and trailers being received) that the
+/// streams of one connection hold, with a cap: each stream's frame limit alone let every
+/// stream of a connection park up to that limit at once.
+#[derive(Debug)]
+pub(crate) struct FrameBudget {
+    held: AtomicUsize,
+    cap: usize,
+}
+
+impl FrameBudget {
+    pub(crate) fn new(cap: usize) -> Arc<FrameBudget> {
+        Arc::new(FrameBudget {
+            held: AtomicUsize::new(0),
+            cap,
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// What one stream holds of a [`FrameBudget`]; given back when the stream goes.
+#[derive(Default)]
+struct Charge {
+    budget: Option<Arc<FrameBudget>>,
+    held: usize,
+}
+
+impl Charge {
+    /// Makes the charge `now` bytes; false (and unchanged) when growing to it would take the
+    /// connection over its cap.
+    fn set(&mut self, now: usize) -> bool {
+        let Some(budget) = &self.budget else {
+            return true;
+        };
+        if now > self.held {
+            let more = now - self.held;
+            let before = budget.held.fetch_add(more, Ordering::Relaxed);
+            if before + more > budget.cap {
+                budget.held.fetch_sub(more, Ordering::Relaxed);
+                return false;
+            }
+        } else {
+            budget.held.fetch_sub(self.held - now, Ordering::Relaxed);
+        }
+        self.held = now;
+        true
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.set(0);
+    }
 }
 
 impl<S, B> FrameStream<S, B> {
@@ -33,7 +95,14 @@ impl<S, B> FrameStream<S, B> {
             stream,
             decoder: FrameDecoder::default(),
             remaining_data: 0,
+            charge: Charge::default(),
         }
+    }
+
+    /// The connection's budget for unfinished frames this stream draws on.
+    pub(crate) fn with_budget(mut self, budget: Arc<FrameBudget>) -> Self {
+        self.charge.budget = Some(budget);
+        self
     }
 
     /// The largest frame other than DATA this stream buffers whole (see `FrameDecoder`).
@@ -72,10 +141,20 @@ where
         let mut reads = 0;
         loop {
             let frame = match self.decoder.decode(self.stream.buf_mut())? {
-                Some(frame) => frame,
+                Some(frame) => {
+                    // Decoding only takes bytes away: the charge shrinks.
+                    self.charge.set(self.stream.buf_mut().remaining());
+                    frame
+                }
                 None => match self.try_recv(cx)? {
                     // Received a chunk but frame is incomplete, poll until we get `Pending`.
                     Poll::Ready(false) => {
+                        let held = self.stream.buf_mut().remaining();
+                        if !self.charge.set(held) {
+                            return Poll::Ready(Err(FrameStreamError::Proto(
+                                FrameProtocolError::OverBudget(held),
+                            )));
+                        }
                         reads += 1;
                         if reads >= READS_PER_POLL {
                             cx.waker().wake_by_ref();
@@ -228,11 +307,14 @@ where
                 stream: send,
                 decoder: FrameDecoder::default(),
                 remaining_data: 0,
+                charge: Charge::default(),
             },
             FrameStream {
                 stream: recv,
                 decoder: self.decoder,
                 remaining_data: self.remaining_data,
+                // What is received, and so what is held, stays with the receiving half.
+                charge: self.charge,
             },
         )
     }
@@ -377,6 +459,8 @@ pub enum FrameProtocolError {
     Malformed,
     /// A frame other than DATA longer than the stream's limit (bytes).
     TooLarge(usize),
+    /// Unfinished frames other than DATA over the connection's budget (this stream's bytes).
+    OverBudget(usize),
     ForbiddenFrame(u64), // Known (http2) frames that should generate an error
     InvalidFrameValue,
     Settings(SettingsError),
@@ -504,6 +588,53 @@ mod tests {
                 $match if $cond
             );
         }
+    }
+
+    #[tokio::test]
+    async fn unfinished_frames_share_the_connections_budget() {
+        // The start of a 1,000-byte HEADERS frame on each stream, under a budget of 1,500 bytes
+        // for the connection: the first stream's 703 bytes fit, the second's do not.
+        fn start(n: usize) -> Bytes {
+            let mut buf = BytesMut::new();
+            FrameType::HEADERS.encode(&mut buf);
+            VarInt::from(1000u32).encode(&mut buf);
+            buf.put_slice(&vec![0u8; n]);
+            buf.freeze()
+        }
+        let budget = FrameBudget::new(1500);
+        let open = |n| {
+            let mut recv = FakeRecv::default();
+            recv.chunk(start(n));
+            FrameStream::<_, ()>::new(BufRecvStream::new(recv)).with_budget(budget.clone())
+        };
+        let mut a = open(700);
+        // The stream ends there: the frame is cut short, and what it held stays charged until
+        // the stream goes.
+        assert_poll_matches!(|cx| a.poll_next(cx), Err(FrameStreamError::UnexpectedEnd));
+        assert_eq!(budget.held(), 703);
+        let mut b = open(900);
+        assert_poll_matches!(
+            |cx| b.poll_next(cx),
+            Err(FrameStreamError::Proto(FrameProtocolError::OverBudget(903)))
+        );
+        assert_eq!(budget.held(), 703);
+        drop(a);
+        assert_eq!(budget.held(), 0);
+        let mut c = open(900);
+        assert_poll_matches!(|cx| c.poll_next(cx), Err(FrameStreamError::UnexpectedEnd));
+        assert_eq!(budget.held(), 903);
+        drop((b, c));
+        assert_eq!(budget.held(), 0);
+
+        // A whole frame decoded gives its bytes back.
+        let mut recv = FakeRecv::default();
+        let mut buf = BytesMut::new();
+        Frame::headers(&b"header"[..]).encode_with_payload(&mut buf);
+        let whole = buf.freeze();
+        recv.chunk(whole.slice(..4)).chunk(whole.slice(4..));
+        let mut d = FrameStream::<_, ()>::new(BufRecvStream::new(recv)).with_budget(budget.clone());
+        assert_poll_matches!(|cx| d.poll_next(cx), Ok(Some(Frame::Headers(_))));
+        assert_eq!(budget.held(), 0);
     }
 
     #[tokio::test]

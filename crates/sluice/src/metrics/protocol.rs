@@ -46,6 +46,9 @@ pub struct ProtocolMetrics {
     /// failed (the client's TLS refused, the connection lost).
     pub quic_handshake_timeouts: Counter,
     pub quic_handshake_errors: Counter,
+    /// After a binary upgrade: the previous process's QUIC datagrams this process could not
+    /// pass on to it.
+    pub quic_upgrade_dropped: Counter,
 }
 
 impl ProtocolMetrics {
@@ -76,6 +79,7 @@ impl ProtocolMetrics {
             quic_refused: Counter::default(),
             quic_handshake_timeouts: failed_series("timeout"),
             quic_handshake_errors: failed_series("error"),
+            quic_upgrade_dropped: Counter::default(),
         };
         registry.register(
             "downstream_requests_by_version",
@@ -114,6 +118,12 @@ impl ProtocolMetrics {
             "QUIC handshakes that did not finish, by reason (timeout: \
              server.tls_handshake_timeout_secs; error: refused by TLS or lost)",
             failed,
+        );
+        registry.register(
+            "quic_upgrade_datagrams_dropped",
+            "After a binary upgrade, datagrams of the previous process's QUIC connections not \
+             passed on to it (its channel full: the process behind, or a flood carrying its tag)",
+            m.quic_upgrade_dropped.clone(),
         );
         m
     }

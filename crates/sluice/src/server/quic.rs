@@ -27,7 +27,7 @@ mod socket;
 #[cfg(feature = "http3")]
 pub use endpoint::{bind, Bound, Endpoints};
 #[cfg(feature = "http3")]
-pub use socket::{hand_over, tag, take_back};
+pub use socket::{hand_over, inherit_reset_secret, reset_secret, tag, take_back, RESET_SECRET_LEN};
 
 /// `[server.http3]`: HTTP/3 on the TLS listeners.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

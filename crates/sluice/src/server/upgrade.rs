@@ -10,10 +10,15 @@
 //! connection IDs begin with) back to it over a Unix datagram channel, so those connections
 //! drain with GOAWAY in the old process while new ones start in the new (`quic::socket`).
 //!
+//! The new process makes its QUIC stateless-reset tokens with the old one's secret, so once
+//! the old process is gone, the reset the new one sends for one of its connections is one that
+//! connection's client recognises (it ends there instead of waiting out its idle timeout).
+//!
 //! The wire is one message each way on the pair: old → new, one line `listen <addr>` per TCP
 //! socket, then one line `udp <addr> <tag>` per QUIC socket, with the descriptors attached in
 //! the same order (two for each QUIC socket: the socket, then the new process's end of its
-//! channel); new → old, `ready <pid>`.
+//! channel), then with QUIC sockets one line `reset <hex>` (the stateless-reset secret);
+//! new → old, `ready <pid>`. Lines a process does not know are passed over.
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
@@ -102,6 +107,15 @@ fn adopt(text: &str, fds: Vec<OwnedFd>) -> anyhow::Result<usize> {
                     .ok_or_else(|| anyhow::anyhow!("upgrade: bad line {line:?}"))?;
                 quic.push(inherited::quic_from(udp, channel, tag.to_be_bytes())?);
             }
+            #[cfg(feature = "http3")]
+            Some("reset") => match words.next().and_then(reset_secret_from_hex) {
+                Some(secret) => super::quic::inherit_reset_secret(secret),
+                // Not the secret's text in the message: it is a secret.
+                None => tracing::warn!(
+                    "upgrade: the QUIC reset secret is malformed; the previous process's \
+                     connections will not recognise this one's stateless resets"
+                ),
+            },
             _ => {}
         }
     }
@@ -193,6 +207,9 @@ async fn hand_over() -> anyhow::Result<u32> {
             fds.push(udp.as_fd());
             fds.push(channel.as_fd());
         }
+        if !quic.is_empty() {
+            text.push_str(&reset_secret_line());
+        }
         send(&ours, text.as_bytes(), &fds)?;
         drop(fds);
         drop(sockets);
@@ -225,6 +242,39 @@ fn hand_over_quic() -> anyhow::Result<QuicHandover> {
 #[cfg(not(feature = "http3"))]
 fn hand_over_quic() -> anyhow::Result<QuicHandover> {
     Ok(Vec::new())
+}
+
+/// The `reset <hex>` line that passes this process's QUIC stateless-reset secret on.
+#[cfg(feature = "http3")]
+fn reset_secret_line() -> String {
+    use std::fmt::Write;
+    let mut line = String::from("reset ");
+    for b in super::quic::reset_secret() {
+        let _ = write!(line, "{b:02x}");
+    }
+    line.push('\n');
+    line
+}
+
+#[cfg(not(feature = "http3"))]
+fn reset_secret_line() -> String {
+    String::new()
+}
+
+/// The secret from a `reset` line's hex text; `None` unless it is exactly the secret's length.
+#[cfg(feature = "http3")]
+fn reset_secret_from_hex(hex: &str) -> Option<[u8; super::quic::RESET_SECRET_LEN]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 2 * super::quic::RESET_SECRET_LEN || !bytes.iter().all(u8::is_ascii_hexdigit)
+    {
+        return None;
+    }
+    let mut out = [0u8; super::quic::RESET_SECRET_LEN];
+    for (o, pair) in out.iter_mut().zip(bytes.chunks(2)) {
+        let text = std::str::from_utf8(pair).ok()?;
+        *o = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(out)
 }
 
 fn take_back_quic() {
@@ -374,5 +424,22 @@ mod tests {
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let fd: OwnedFd = c.into();
         assert!(inherited::listeners_from(vec![fd]).is_err());
+    }
+
+    #[cfg(feature = "http3")]
+    #[test]
+    fn the_reset_secret_crosses_as_hex_and_nothing_else_is_taken_for_it() {
+        let line = reset_secret_line();
+        let hex = line.strip_prefix("reset ").unwrap().trim_end();
+        assert_eq!(
+            reset_secret_from_hex(hex),
+            Some(super::super::quic::reset_secret())
+        );
+        let short = &hex[..hex.len() - 2];
+        let signed = format!("+{}", &hex[1..]);
+        let odd = format!("{short}g0");
+        for bad in [short, signed.as_str(), odd.as_str(), ""] {
+            assert_eq!(reset_secret_from_hex(bad), None, "{bad}");
+        }
     }
 }

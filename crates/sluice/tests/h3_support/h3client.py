@@ -7,7 +7,8 @@ object with what happened. Plans:
       reset the stream. With "ca_der_hex" (any plan), the
       server's chain must verify against that root for `sni`; without, it is not checked.
   {"addr": ..., "attack": "data-first" | "no-path" | "too-many-streams" | "big-headers" | "length"
-   | "no-head" | "no-end" | "huge-frame" | "qpack-fill" | "qpack-close" | "cancel", ...}
+   | "no-head" | "no-end" | "huge-frame" | "partial-trailers" | "qpack-fill" | "qpack-close"
+   | "cancel", ...}
       One hostile exchange, then (on a new connection when the first is gone) a plain GET of
       "then" to show the server still serves.
   {"addr": ..., "sequence": {"path": "/x", "secs": 6, "interval": 0.05, "slow": "/y"}}
@@ -38,6 +39,11 @@ object with what happened. Plans:
       with `close`, a CONNECTION_CLOSE 0.3 s after the flight ends the connection first).
       With "listen", what the server sends is read meanwhile (nothing sent): "requests" gives
       each request's status or the code its stream was reset with, by method.
+  {"addr": ..., "reset_probe": true, "path": "/x", "ready_file": F, "go_file": G}
+      A GET on one connection, which is then kept; writes F and waits for G to exist; then sends
+      short-header datagrams carrying the server's connection ID (the one in use) from another
+      socket, and reports whether an answer ended with the stateless-reset token the server gave
+      for that ID ("token_matches"), and how many answers came.
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
@@ -52,6 +58,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import socket
 import ssl
 import sys
@@ -396,6 +403,29 @@ async def run(plan):
             stream = q._streams.get(sid)
             out["attack"] = {"sent": sent,
                              "max_stream_data": stream.max_stream_data_remote if stream else None}
+        elif attack == "partial-trailers":
+            # `streams` POSTs to `path`, each a head, a DATA frame of 10 bytes, then trailers (a
+            # HEADERS frame) declaring `declared` bytes of which `sent` are sent, never the rest;
+            # then `wait` seconds. Reports how many streams got that far before the connection
+            # closed, and the close.
+            opened = 0
+            for _ in range(plan["streams"]):
+                if client.terminated.done():
+                    break
+                sid = q.get_next_available_stream_id()
+                fields = [(b":method", b"POST"), (b":scheme", b"https"),
+                          (b":authority", b"127.0.0.1"), (b":path", plan["path"].encode())]
+                client.http.send_headers(sid, fields)
+                client.http.send_data(sid, b"x" * 10, end_stream=False)
+                head = encode_uint_var(FrameType.HEADERS) + encode_uint_var(plan["declared"])
+                q.send_stream_data(sid, head + b"\0" * plan["sent"])
+                client.transmit()
+                opened += 1
+                await asyncio.sleep(0.05)
+            await asyncio.wait([client.terminated], timeout=plan.get("wait", 3))
+            if client.terminated.done():
+                out["terminated"] = client.terminated.result()
+            out["attack"] = {"opened": opened}
         elif attack == "qpack-fill":
             # `send` bytes on each of the client's QPACK encoder and decoder streams, then `wait`
             # seconds: how far the server let each go (its MAX_STREAM_DATA grows only as it
@@ -785,6 +815,52 @@ async def hold(plan):
     return out
 
 
+async def reset_probe(plan):
+    host, port = plan["addr"].rsplit(":", 1)
+    port = int(port)
+    timeout = plan.get("timeout", 10)
+    out = {}
+    async with connect(host, port, configuration=configuration(plan), create_protocol=Client,
+                       wait_connected=True) as c:
+        ex = c.request(plan.get("authority", "127.0.0.1"), plan["path"])
+        await asyncio.wait_for(ex.done, timeout)
+        out["status"] = ex.status
+        cid = c._quic._peer_cid.cid
+        token = c._quic._peer_cid.stateless_reset_token
+        out["cid_len"] = len(cid)
+        with open(plan["ready_file"], "w") as f:
+            f.write("open\n")
+        deadline = time.monotonic() + plan.get("wait", 30)
+        while not os.path.exists(plan["go_file"]):
+            if time.monotonic() > deadline:
+                out["go"] = False
+                return out
+            await asyncio.sleep(0.05)
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.setblocking(False)
+        loop = asyncio.get_event_loop()
+        answers = 0
+        out["token_matches"] = False
+        try:
+            for _ in range(30):
+                # A short header (fixed bit set) with the server's connection ID, and enough
+                # bytes after it for a reset to be smaller than the datagram.
+                datagram = bytes([0x40 | (os.urandom(1)[0] & 0x3F)]) + cid + os.urandom(80)
+                probe.sendto(datagram, (host, port))
+                try:
+                    got = await asyncio.wait_for(loop.sock_recv(probe, 2048), 0.2)
+                except asyncio.TimeoutError:
+                    continue
+                answers += 1
+                if got[-16:] == token:
+                    out["token_matches"] = True
+                    break
+        finally:
+            probe.close()
+        out["answers"] = answers
+    return out
+
+
 def flood(plan):
     """Sends real client Initials from many source ports and never answers; returns counts of
     what came back, by long-header packet type."""
@@ -912,6 +988,8 @@ def main():
         out = asyncio.run(asyncio.wait_for(resume(plan), 90))
     elif "hold" in plan:
         out = asyncio.run(asyncio.wait_for(hold(plan), 60))
+    elif "reset_probe" in plan:
+        out = asyncio.run(asyncio.wait_for(reset_probe(plan), 90))
     else:
         out = asyncio.run(asyncio.wait_for(run(plan), plan.get("timeout", 30) * 2))
     print(json.dumps(out))

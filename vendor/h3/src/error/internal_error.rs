@@ -58,6 +58,12 @@ impl InternalConnectionError {
                 code: Code::H3_EXCESSIVE_LOAD,
                 message: format!("a frame of {len} bytes is over this stream's limit"),
             },
+            FrameProtocolError::OverBudget(len) => InternalConnectionError {
+                code: Code::H3_EXCESSIVE_LOAD,
+                message: format!(
+                    "unfinished frames over the connection's limit ({len} bytes on one stream)"
+                ),
+            },
             //= https://www.rfc-editor.org/rfc/rfc9114#section-7.1
             //# A frame payload that contains additional bytes
             //# after the identified fields or a frame payload that terminates before

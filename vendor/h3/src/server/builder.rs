@@ -134,6 +134,10 @@ impl Builder {
         Ok(Connection {
             inner: ConnectionInner::new(conn, Arc::new(shared), self.config).await?,
             max_field_section_size: self.config.settings.max_field_section_size,
+            frame_budget: crate::frame::FrameBudget::new(
+                super::connection::frame_limit(self.config.settings.max_field_section_size)
+                    .saturating_mul(super::connection::FRAMES_IN_PROGRESS),
+            ),
             request_end_send: sender,
             request_end_recv: receiver,
             ongoing_streams: HashSet::new(),

@@ -7,6 +7,7 @@ use std::{
     future::poll_fn,
     option::Option,
     result::Result,
+    sync::Arc,
     task::{ready, Context, Poll},
 };
 
@@ -48,6 +49,9 @@ where
     /// TODO: temporarily break encapsulation for `WebTransportSession`
     pub inner: ConnectionInner<C, B>,
     pub(super) max_field_section_size: u64,
+    /// The bytes of unfinished heads and trailers this connection's request streams may hold
+    /// together (sluice's h3-fixes.patch).
+    pub(super) frame_budget: Arc<crate::frame::FrameBudget>,
     // List of all incoming streams that are currently running.
     pub(super) ongoing_streams: HashSet<StreamId>,
     // Let the streams tell us when they are no longer running.
@@ -126,11 +130,9 @@ where
             // A request's HEADERS frame is buffered whole before its size is checked: held to
             // twice the field section size the server takes (a head a little over it still gets
             // a 431), or the default limit, whichever is larger.
-            Some(s) => FrameStream::new(BufRecvStream::new(s)).with_frame_limit(
-                usize::try_from(self.max_field_section_size.saturating_mul(2))
-                    .unwrap_or(usize::MAX)
-                    .max(crate::frame::DEFAULT_FRAME_LIMIT),
-            ),
+            Some(s) => FrameStream::new(BufRecvStream::new(s))
+                .with_frame_limit(frame_limit(self.max_field_section_size))
+                .with_budget(self.frame_budget.clone()),
             None => {
                 // We always send a last GoAway frame to the client, so it knows which was the last
                 // non-rejected request. Its id is the first stream not processed (RFC 9114
@@ -348,3 +350,16 @@ pub(super) struct RequestEnd {
     pub(super) request_end: mpsc::UnboundedSender<StreamId>,
     pub(super) stream_id: StreamId,
 }
+
+/// The largest head or trailers a request stream buffers whole: twice the field section size
+/// the server takes (a head a little over it still gets a 431), or the default limit, whichever
+/// is larger.
+pub(super) fn frame_limit(max_field_section_size: u64) -> usize {
+    usize::try_from(max_field_section_size.saturating_mul(2))
+        .unwrap_or(usize::MAX)
+        .max(crate::frame::DEFAULT_FRAME_LIMIT)
+}
+
+/// Request streams of one connection that may each hold a whole unfinished head or trailers at
+/// once; more than this many together is over the connection's budget.
+pub(super) const FRAMES_IN_PROGRESS: usize = 16;

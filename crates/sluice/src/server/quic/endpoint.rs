@@ -123,13 +123,18 @@ impl Bound {
             let Some(tls) = accepting.tls.load_full() else {
                 anyhow::bail!("HTTP/3 needs TLS on the listeners");
             };
-            let mut endpoint_config = quinn::EndpointConfig::default();
+            let mut endpoint_config =
+                quinn::EndpointConfig::new(crate::crypto::quic_reset_key(&socket::reset_secret()));
             endpoint_config.cid_generator(|| Box::new(socket::TaggedCids));
             let config = accepting.quic_config(&tls)?;
             let endpoint = quinn::Endpoint::new_with_abstract_socket(
                 endpoint_config,
                 Some(config.clone()),
-                QuicSocket::new(socket, previous)?,
+                QuicSocket::new(
+                    socket,
+                    previous,
+                    accepting.metrics.quic_upgrade_dropped.clone(),
+                )?,
                 Arc::new(quinn::TokioRuntime),
             )?;
             if let Ok(addr) = endpoint.local_addr() {

@@ -19,6 +19,8 @@ use std::time::Duration;
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, ConnectionId, ConnectionIdGenerator, UdpPoller};
 
+use crate::atomic::Counter;
+
 /// Length of the connection IDs this process issues: the 2-byte tag, then 6 random bytes.
 pub const CID_LEN: usize = 8;
 
@@ -93,6 +95,32 @@ fn dcid_prefix(datagram: &[u8]) -> Option<[u8; 2]> {
     Some([*datagram.get(at)?, *datagram.get(at + 1)?])
 }
 
+// === the stateless-reset secret ===
+
+/// Length of the secret stateless-reset tokens are derived from.
+pub const RESET_SECRET_LEN: usize = 32;
+
+static RESET_SECRET: OnceLock<[u8; RESET_SECRET_LEN]> = OnceLock::new();
+
+/// Takes the previous process's stateless-reset secret (a binary upgrade); call before the
+/// first [`reset_secret`].
+pub fn inherit_reset_secret(secret: [u8; RESET_SECRET_LEN]) {
+    let _ = RESET_SECRET.set(secret);
+}
+
+/// The secret this process's stateless-reset tokens are made with: the previous process's
+/// after an upgrade, so that once it is gone a reset this process sends for one of its
+/// connections carries the token that connection's client was given (and ends it at once
+/// instead of at its idle timeout); otherwise a fresh one. Every process of an upgrade chain
+/// issues connection IDs under its own tag, so no two connections share a token.
+pub fn reset_secret() -> [u8; RESET_SECRET_LEN] {
+    *RESET_SECRET.get_or_init(|| {
+        let mut s = [0u8; RESET_SECRET_LEN];
+        getrandom::getrandom(&mut s).expect("the system random source");
+        s
+    })
+}
+
 // === the socket ===
 
 /// Where a new process passes on the previous process's datagrams.
@@ -102,6 +130,9 @@ struct Previous {
     /// False once the previous process is gone: its connections' datagrams are then this
     /// process's to answer (a stateless reset tells their clients).
     open: AtomicBool,
+    /// Datagrams not passed on: the channel was full (the previous process behind, or a flood
+    /// of datagrams carrying its tag) or refused one for a passing reason.
+    dropped: Counter,
 }
 
 /// A QUIC endpoint's socket (see the module text).
@@ -131,10 +162,12 @@ static OPEN: Mutex<Vec<Weak<QuicSocket>>> = Mutex::new(Vec::new());
 
 impl QuicSocket {
     /// Wraps a bound UDP socket; `previous` (after an upgrade) is the previous process's tag and
-    /// channel. Must run on the runtime that will drive the endpoint.
+    /// channel, and `dropped` counts that process's datagrams not passed on. Must run on the
+    /// runtime that will drive the endpoint.
     pub fn new(
         socket: std::net::UdpSocket,
         previous: Option<([u8; 2], UnixDatagram)>,
+        dropped: Counter,
     ) -> io::Result<Arc<QuicSocket>> {
         let fd = OwnedFd::from(socket.try_clone()?);
         let udp = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
@@ -145,6 +178,7 @@ impl QuicSocket {
                     tag,
                     channel,
                     open: AtomicBool::new(true),
+                    dropped,
                 })
             }
             None => None,
@@ -248,14 +282,28 @@ impl Previous {
         msg.extend_from_slice(datagram);
         match self.channel.send(&msg) {
             Ok(_) => {}
-            // The previous process is behind: the datagram is lost, as on a full socket.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
+            // Only the channel's far end closed means the previous process is gone: from then on
+            // this process answers its connections' datagrams with a stateless reset, which must
+            // not happen to a connection still alive there.
+            Err(e) if previous_gone(&e) => {
                 tracing::info!(error = %e, "the previous process is gone: its QUIC connections end here");
                 self.open.store(false, Ordering::Relaxed);
             }
+            // The previous process is behind (a full channel), or the kernel is short of memory
+            // for a moment: the datagram is lost, as on a full socket, and counted.
+            Err(_) => {
+                self.dropped.inc();
+            }
         }
     }
+}
+
+/// Whether a send on the channel failed because its far end is closed.
+fn previous_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::EPIPE | libc::ECONNRESET)
+    )
 }
 
 fn v6(ip: IpAddr) -> [u8; 16] {
