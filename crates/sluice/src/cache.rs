@@ -190,13 +190,20 @@ impl Cache {
         };
         let mut seed = [0u8; 8];
         let _ = getrandom::getrandom(&mut seed);
-        let cluster = config.cluster.as_ref().map(|c| {
-            Arc::new(cluster::Cluster::new(
-                c,
-                metrics.cluster.clone(),
-                Duration::from_secs(config.origin_header_timeout_secs),
-            ))
-        });
+        let cluster = match config.cluster.as_ref() {
+            Some(c) => Some(Arc::new(
+                cluster::Cluster::new(
+                    c,
+                    metrics.cluster.clone(),
+                    (
+                        Duration::from_secs(config.origin_header_timeout_secs),
+                        Duration::from_secs(config.origin_idle_timeout_secs),
+                    ),
+                )
+                .map_err(CacheError::Cluster)?,
+            )),
+            None => None,
+        };
         let memory = Arc::new(MemoryTier::new(config.memory_bytes.0, slice_bytes));
         let budget = Budget::new(config.memory_bytes.0, slice_bytes, memory.clone());
         let inner = Arc::new(Inner {

@@ -220,6 +220,7 @@ async fn scenarios(net: &Net) {
     let purged = object(3, MIB / 2);
     let hot = object(5, MIB + MIB / 2);
     let front = object(6, 2 * MIB + 1);
+    let host_a = object(7, 1000);
     let mpd = Bytes::from_static(MPD.as_bytes());
     {
         let mut s = state.lock().unwrap();
@@ -231,6 +232,14 @@ async fn scenarios(net: &Net) {
             .insert("/purged.bin".into(), (purged.clone(), "\"p1\"".into()));
         s.objects
             .insert("/copy/hot.bin".into(), (hot.clone(), "\"h1\"".into()));
+        s.objects.insert(
+            "/copy/host.bin@a.test".into(),
+            (host_a.clone(), "\"a1\"".into()),
+        );
+        s.objects.insert(
+            "/copy/host.bin@b.test".into(),
+            (object(8, 1000), "\"b1\"".into()),
+        );
         s.objects
             .insert("/front.bin".into(), (front.clone(), "\"b1\"".into()));
         s.objects
@@ -381,6 +390,40 @@ async fn scenarios(net: &Net) {
     let mut seen = fetches(&state, "/copy/hot.bin");
     seen.sort();
     assert_eq!(seen, ["bytes=0-1048575", "bytes=1048576-2097151"]);
+
+    // 2b'. A local copy is of the host the client asked for: an absolute-form target with
+    //      another `Host` (RFC 9112 §3.2.2: the target's authority wins) is keyed and filled
+    //      for the target's host alike. The fill asked the owner for the `Host` field's host and
+    //      stored that host's object under the target's key, served to every later client of
+    //      that node.
+    for i in 1..=N {
+        let r = request_to_host(
+            "GET",
+            Net::addr(i),
+            "http://a.test/copy/host.bin",
+            "b.test",
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "node {i}");
+        assert_eq!(
+            sha256(r.body.as_ref().unwrap()),
+            sha256(&host_a),
+            "node {i}: the target's host answers"
+        );
+    }
+    for i in 1..=N {
+        let r = request_to_host("GET", Net::addr(i), "/copy/host.bin", "a.test", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            sha256(r.body.as_ref().unwrap()),
+            sha256(&host_a),
+            "node {i}: a.test's copy holds b.test's object ({})",
+            r.headers["cache-status"].to_str().unwrap()
+        );
+    }
 
     // 2c. The media front end: an MPD asked through every node is fetched once for the
     //     cluster, and a viewer with other headers (h_cookie) has objects of its own, fetched

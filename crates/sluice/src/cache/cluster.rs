@@ -74,17 +74,18 @@ impl Cluster {
     pub fn new(
         config: &ClusterConfig,
         metrics: metrics::ClusterMetrics,
-        head_timeout: Duration,
-    ) -> Cluster {
-        // Validated before: the secret is there (a file that vanished since signs with nothing
-        // a peer accepts, and says so).
-        let secret = config.secret().unwrap_or_else(|e| {
-            tracing::error!(error = %e, "cache cluster secret unreadable");
-            String::new()
-        });
+        origin_timeouts: (Duration, Duration),
+    ) -> Result<Cluster, String> {
+        // Read again (validated before, but a file can change in between): a secret that is no
+        // longer there or too short stops the start. The same key checks the markers that come
+        // in, so an empty one would let anyone sign them.
+        let secret = config.secret()?;
+        if secret.chars().count() < 16 {
+            return Err("secret must be at least 16 characters, the same on every node".into());
+        }
         let key = HopKey::new(&secret);
         let timeout = Duration::from_millis(config.peer_timeout_ms);
-        Cluster {
+        Ok(Cluster {
             ring: Arc::new(Ring::new(
                 &config.self_addr,
                 Duration::from_secs(config.rampup_secs),
@@ -98,14 +99,15 @@ impl Cluster {
                     &config.self_addr
                 },
                 timeout,
-                head_timeout,
+                origin_timeouts.0,
+                origin_timeouts.1,
             ),
             key,
             metrics,
             config: config.clone(),
             control: std::sync::OnceLock::new(),
             fills: Default::default(),
-        }
+        })
     }
 
     /// Binds the control listener and starts the checker and the DNS membership task.
@@ -114,6 +116,7 @@ impl Cluster {
             self.config.control_bind(),
             Arc::downgrade(self),
             cache.clone(),
+            control::ControlLimits::default(),
         )?;
         let _ = self.control.set(bound);
         match &self.config.dns {
@@ -226,7 +229,7 @@ impl Cluster {
                 Ok(resp) if !resp.headers().contains_key(control::CONTROL_ERROR) => {
                     owner.state.report_success();
                     self.metrics.peer_fills.inc();
-                    return Some(peer::relayed(resp));
+                    return Some(self.peer.relayed(resp, &owner.addr));
                 }
                 Ok(resp) => {
                     // A peer without that fill (another version) or another secret.
@@ -281,5 +284,48 @@ impl Cluster {
                 }
             });
         futures_util::future::join_all(sends).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_gone_or_short_since_validation_stops_the_start() {
+        // The same key checks the markers peers send: an empty one would let anyone sign them.
+        let metrics = crate::cache::metrics::CacheMetrics::new(&mut Default::default()).cluster;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        let mut config = ClusterConfig {
+            secret_file: Some(file.clone()),
+            ..ClusterConfig::default()
+        };
+        for content in [None, Some("   \n"), Some("short")] {
+            if let Some(c) = content {
+                std::fs::write(&file, c).unwrap();
+            }
+            let made = Cluster::new(
+                &config,
+                metrics.clone(),
+                (Duration::from_secs(1), Duration::from_secs(1)),
+            );
+            assert!(made.is_err(), "{content:?}");
+        }
+        std::fs::write(&file, "0123456789abcdef\n").unwrap();
+        assert!(Cluster::new(
+            &config,
+            metrics.clone(),
+            (Duration::from_secs(1), Duration::from_secs(1))
+        )
+        .is_ok());
+        config.secret_file = None;
+        config.secret = "0123456789abcde".into();
+        assert!(Cluster::new(
+            &config,
+            metrics,
+            (Duration::from_secs(1), Duration::from_secs(1))
+        )
+        .is_err());
     }
 }

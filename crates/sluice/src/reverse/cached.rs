@@ -154,13 +154,11 @@ impl Reverse {
             return resp;
         }
         let relay = cluster.as_ref().map(|c| {
-            let authority = parts
-                .headers
-                .get(http::header::HOST)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-                .or_else(|| parts.uri.authority().map(|a| a.to_string()))
-                .unwrap_or_default();
+            // The host the cache key and the route were chosen by: an absolute-form target's
+            // authority over a `Host` field that differs (RFC 9112 §3.2.2). Taken from `Host`
+            // first, the owner was asked for (and routed to) another host's object, which was
+            // then stored here under this one's key.
+            let authority = down.host.as_deref().unwrap_or_default().to_string();
             let target = parts
                 .uri
                 .path_and_query()

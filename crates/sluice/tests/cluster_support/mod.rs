@@ -157,6 +157,20 @@ cache = true
 cache_peer_copy = true
 
 [[routes]]
+host = "a.test"
+path = "/copy/"
+upstream = "origin"
+cache = true
+cache_peer_copy = true
+
+[[routes]]
+host = "b.test"
+path = "/copy/"
+upstream = "origin"
+cache = true
+cache_peer_copy = true
+
+[[routes]]
 path = "/"
 upstream = "origin"
 cache = true
@@ -421,7 +435,19 @@ fn serve_origin(req: Request<Incoming>, state: &Shared) -> Response<OriginBody> 
     if let Some(c) = req.headers().get("cookie").and_then(|v| v.to_str().ok()) {
         s.cookies.push((path.clone(), c.to_string()));
     }
-    let Some((body, etag)) = s.objects.get(&path).cloned() else {
+    // An object stored as `<path>@<host>` is that host's (the `Host` the origin was sent).
+    let host = req
+        .headers()
+        .get("host")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let by_host = format!("{path}@{host}");
+    let found = s
+        .objects
+        .get(&by_host)
+        .or_else(|| s.objects.get(&path))
+        .cloned();
+    let Some((body, etag)) = found else {
         let mut r = Response::new(Full::new(Bytes::from_static(b"no")).boxed());
         *r.status_mut() = StatusCode::NOT_FOUND;
         return r;
@@ -481,6 +507,18 @@ pub async fn request(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Result<Reply, String> {
+    request_to_host(method, to, path, "shop.test", headers).await
+}
+
+/// [`request`] with `host` in the `Host` field; `target` may be absolute-form
+/// (`http://a.test/x`), sent as it is.
+pub async fn request_to_host(
+    method: &str,
+    to: SocketAddr,
+    path: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
     let stream = tokio::net::TcpStream::connect(to)
         .await
         .map_err(|e| e.to_string())?;
@@ -491,7 +529,7 @@ pub async fn request(
     let mut b = Request::builder()
         .method(method)
         .uri(path)
-        .header("host", "shop.test");
+        .header("host", host);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }

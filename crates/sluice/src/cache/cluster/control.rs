@@ -26,6 +26,31 @@ pub(crate) const CONTROL_ERROR: &str = "sluice-cluster-error";
 /// Largest control request body (one purge order).
 const MAX_BODY: usize = 64 << 10;
 
+/// What one client can hold of the control listener. Its requests are signed, but anyone who
+/// can reach the port can open connections and send half a head: without these it kept each
+/// one for good (hyper has no header timeout without a timer), and enough of them used up the
+/// process's descriptors, which the public listeners share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ControlLimits {
+    /// Connections open at once; one more is closed at once.
+    pub connections: usize,
+    /// A request's head, from the connection's start or the end of the previous answer (an
+    /// idle keep-alive connection closes then too; peers keep theirs 30 s).
+    pub head: Duration,
+    /// A request's body, whole.
+    pub body: Duration,
+}
+
+impl Default for ControlLimits {
+    fn default() -> Self {
+        ControlLimits {
+            connections: 256,
+            head: Duration::from_secs(35),
+            body: Duration::from_secs(10),
+        }
+    }
+}
+
 fn answer(status: StatusCode, body: String) -> Response<Body> {
     let mut r = Response::new(crate::body::full(body));
     *r.status_mut() = status;
@@ -46,11 +71,13 @@ pub(crate) fn listen(
     bind: SocketAddr,
     cluster: Weak<Cluster>,
     cache: Weak<Inner>,
+    limits: ControlLimits,
 ) -> std::io::Result<SocketAddr> {
     let std = std::net::TcpListener::bind(bind)?;
     std.set_nonblocking(true)?;
     let local = std.local_addr()?;
     let listener = TcpListener::from_std(std)?;
+    let places = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -60,16 +87,27 @@ pub(crate) fn listen(
             if cluster.strong_count() == 0 {
                 return;
             }
+            let Ok(place) = places.clone().try_acquire_owned() else {
+                tracing::debug!("cache cluster control listener full: a connection closed");
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let (cluster, cache) = (cluster.clone(), cache.clone());
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let (cluster, cache) = (cluster.clone(), cache.clone());
-                    async move { Ok::<_, std::convert::Infallible>(handle(req, cluster, cache).await) }
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            handle(req, cluster, cache, limits.body).await,
+                        )
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(limits.head)
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
+                drop(place);
             });
         }
     });
@@ -80,16 +118,26 @@ async fn handle(
     req: Request<Incoming>,
     cluster: Weak<Cluster>,
     cache: Weak<Inner>,
+    body_time: Duration,
 ) -> Response<Body> {
     let (Some(cluster), Some(cache)) = (cluster.upgrade(), cache.upgrade()) else {
         return answer(StatusCode::SERVICE_UNAVAILABLE, "{}".into());
     };
     let (parts, body) = req.into_parts();
-    let Ok(body) = Limited::new(body, MAX_BODY).collect().await else {
-        return answer(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "{\"error\":\"too large\"}".into(),
-        );
+    let body = match tokio::time::timeout(body_time, Limited::new(body, MAX_BODY).collect()).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return answer(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "{\"error\":\"too large\"}".into(),
+            )
+        }
+        Err(_) => {
+            return answer(
+                StatusCode::REQUEST_TIMEOUT,
+                "{\"error\":\"body too slow\"}".into(),
+            )
+        }
     };
     let body = body.to_bytes();
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -228,5 +276,86 @@ async fn check_all(cluster: &Arc<Cluster>, cache: &Arc<Inner>) {
                 member: m.addr.clone(),
             })
             .set(i64::from(up(m, i)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Whether the server closed `s` within `within` (end of stream or a reset).
+    async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 1024];
+        matches!(
+            tokio::time::timeout(within, s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// Half-sent heads from anyone who can reach the port: each is closed at the head timeout,
+    /// and past the connection bound one more is closed at once; the listener serves on.
+    #[tokio::test]
+    async fn half_sent_heads_are_bounded_and_timed_out() {
+        let config = super::super::ClusterConfig {
+            secret: "0123456789abcdef".into(),
+            ..Default::default()
+        };
+        let metrics = crate::cache::metrics::CacheMetrics::new(&mut Default::default()).cluster;
+        let cluster = Arc::new(
+            Cluster::new(
+                &config,
+                metrics,
+                (Duration::from_secs(1), Duration::from_secs(1)),
+            )
+            .unwrap(),
+        );
+        let limits = ControlLimits {
+            connections: 4,
+            head: Duration::from_millis(700),
+            body: Duration::from_millis(700),
+        };
+        let addr = listen(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::downgrade(&cluster),
+            Weak::new(),
+            limits,
+        )
+        .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"POST /cluster/purge HTTP/1.1\r\nHo")
+                .await
+                .unwrap();
+            held.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(
+            closed_within(&mut extra, Duration::from_millis(300)).await,
+            "a fifth connection was kept"
+        );
+        for s in &mut held {
+            assert!(
+                closed_within(s, Duration::from_secs(3)).await,
+                "a half-sent head was kept past the head timeout"
+            );
+        }
+        // Places given back: a whole request is answered (this test's cache is gone: 503).
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /cluster/log HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            answer[..n].starts_with(b"HTTP/1.1 503"),
+            "{:?}",
+            &answer[..n]
+        );
     }
 }

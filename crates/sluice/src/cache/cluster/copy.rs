@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::header;
 use http::Request;
 
-use super::peer::{relayed, RelayRequest};
+use super::peer::RelayRequest;
 use super::ring::Owner;
 use super::Cluster;
 use crate::cache::{CacheKey, FreshnessPolicy, Origin, OriginError, OriginFuture};
@@ -82,7 +82,7 @@ impl Origin for OwnerOrigin {
                     Ok(resp) => {
                         owner.state.report_success();
                         cluster.metrics.peer_fills.inc();
-                        let mut resp = relayed(resp);
+                        let mut resp = cluster.peer.relayed(resp, &owner.addr);
                         // This node's cache writes its own.
                         resp.headers_mut().remove("cache-status");
                         return Ok(resp);

@@ -45,8 +45,13 @@ pub struct PeerClient {
     from: String,
     /// Connecting and control exchanges.
     timeout: Duration,
-    /// A relayed miss's response head (the owner may be asking the origin).
+    /// A relayed miss's response head: the owner's own wait for the origin's head, and a
+    /// connect timeout more, so a slow origin times out at the owner (answered there, booked to
+    /// the origin) before this side gives the owner up as failed.
     head_timeout: Duration,
+    /// A relayed body's longest silence: the owner's own idle wait on the origin, and a connect
+    /// timeout more. Past it the owner counts as failed mid-body.
+    idle_timeout: Duration,
 }
 
 /// The body hash a control request's marker binds.
@@ -58,7 +63,14 @@ pub fn body_digest(body: &[u8]) -> String {
 }
 
 impl PeerClient {
-    pub fn new(key: HopKey, from: &str, timeout: Duration, head_timeout: Duration) -> PeerClient {
+    /// `origin_head` and `origin_idle` are the origin timeouts an owner fills with.
+    pub fn new(
+        key: HopKey,
+        from: &str,
+        timeout: Duration,
+        origin_head: Duration,
+        origin_idle: Duration,
+    ) -> PeerClient {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(timeout));
@@ -71,7 +83,8 @@ impl PeerClient {
             key,
             from: from.to_string(),
             timeout,
-            head_timeout,
+            head_timeout: origin_head + timeout,
+            idle_timeout: origin_idle + timeout,
         }
     }
 
@@ -179,11 +192,22 @@ impl PeerClient {
     }
 }
 
-/// The owner's answer as this node passes it on: hop-by-hop fields gone, the body streaming.
-pub fn relayed(resp: Response<hyper::body::Incoming>) -> Response<Body> {
-    let (mut parts, incoming) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
-    Response::from_parts(parts, crate::body::boxed(incoming))
+impl PeerClient {
+    /// `owner`'s answer as this node passes it on: hop-by-hop fields gone, the body streaming,
+    /// given up (an error, which the relay continues elsewhere) after [`PeerClient::idle_timeout`]
+    /// without a byte: an owner that stops sending without closing (paused, or cut off by a
+    /// network that drops packets) would otherwise hold the client for good.
+    pub fn relayed(&self, resp: Response<hyper::body::Incoming>, owner: &str) -> Response<Body> {
+        let (mut parts, incoming) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, false);
+        let body = crate::upstream::body::UpstreamBody::new(
+            incoming,
+            self.idle_timeout,
+            format!("cache cluster peer {owner}"),
+            crate::atomic::Counter::default(),
+        );
+        Response::from_parts(parts, crate::body::boxed(body))
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +240,7 @@ mod tests {
             "127.0.0.1:1",
             Duration::from_secs(2),
             Duration::from_secs(2),
+            Duration::from_secs(2),
         );
         let owner = Member {
             addr: addr.to_string(),
@@ -240,5 +265,64 @@ mod tests {
         assert!(head.contains("x-kept: 1\r\n"), "{head}");
         assert!(!head.contains("content-length"), "{head}");
         assert!(!head.contains("expect"), "{head}");
+    }
+
+    /// An owner that sends the head and part of the body, then nothing (paused, or cut off by
+    /// a network that drops packets) while its connection stays open: the relayed body ends in
+    /// an error after the idle wait (which the relay continues elsewhere) instead of holding the
+    /// client for good.
+    #[tokio::test]
+    async fn a_relayed_body_that_goes_silent_ends_in_an_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+                .await
+                .unwrap();
+            s.write_all(&[7u8; 400]).await.unwrap();
+            // The connection stays open, silent, until the test ends.
+            let _ = hold_rx.await;
+        });
+        let peer = PeerClient::new(
+            HopKey::new("a shared secret"),
+            "127.0.0.1:1",
+            Duration::from_millis(200),
+            Duration::from_secs(2),
+            Duration::from_millis(300),
+        );
+        let owner = Member {
+            addr: addr.to_string(),
+            control: addr,
+            weight: 1,
+            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
+        };
+        let req = RelayRequest {
+            method: Method::GET,
+            authority: "app.test".into(),
+            target: "/object".into(),
+            headers: HeaderMap::new(),
+        };
+        let resp = peer.relay(&owner, &req).await.unwrap();
+        let mut body = peer.relayed(resp, &owner.addr).into_body();
+        let mut got = 0;
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match body.frame().await {
+                    Some(Ok(f)) => got += f.into_data().map_or(0, |d| d.len()),
+                    Some(Err(e)) => return Err(e.to_string()),
+                    None => return Ok(()),
+                }
+            }
+        })
+        .await
+        .expect("the silent body held on past its idle wait");
+        assert_eq!(got, 400);
+        let e = ended.unwrap_err();
+        assert!(e.contains("sent nothing"), "{e}");
+        drop(hold_tx);
     }
 }

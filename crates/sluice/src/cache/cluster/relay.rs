@@ -14,7 +14,7 @@ use http::{Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use sluice_http::range::{parse_range, RangeSpec};
 
-use super::peer::{relayed, RelayRequest};
+use super::peer::RelayRequest;
 use super::ring::Owner;
 use super::Cluster;
 use crate::body::{Body, BoxError};
@@ -46,7 +46,7 @@ impl Cluster {
                 Ok(resp) => {
                     owner.state.report_success();
                     self.metrics.peer_fills.inc();
-                    let resp = relayed(resp);
+                    let resp = self.peer.relayed(resp, &owner.addr);
                     let resume = Resume::plan(&req, &resp);
                     return Some(match resume {
                         Some((next, end, validator)) => resp.map(|body| {
@@ -186,7 +186,7 @@ impl Resuming {
             }
             if let Owner::Peer(owner) = cluster.ring.owner(&key.0, Some(&failed)) {
                 if let Ok(resp) = cluster.peer.relay(&owner, &req).await {
-                    let resp = relayed(resp);
+                    let resp = cluster.peer.relayed(resp, &owner.addr);
                     if continues_at(&resp, next) {
                         return Some(resp.into_body());
                     }
