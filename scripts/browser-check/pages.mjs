@@ -79,8 +79,9 @@ try {
     await page.click('#generate');
     await page.waitForSelector('#result:not([hidden])');
     const encrypted = await page.inputValue('#urls');
-    check(new RegExp(`^${proxy.replace(/\./g, '\\.')}/_token_[A-Za-z0-9_-]+/proxy/hls/manifest\\.m3u8$`).test(encrypted),
-      `generator: encrypted URL ${encrypted}`);
+    // With this server's password the token is sluice's sealed one (`s1.`), scoped to that path.
+    check(new RegExp(`^${proxy.replace(/\./g, '\\.')}/_token_s1\\.[A-Za-z0-9_-]+/proxy/hls/manifest\\.m3u8$`).test(encrypted),
+      `generator: sealed URL ${encrypted}`);
     check(!encrypted.includes(password), 'generator: the encrypted URL does not hold the password');
     const played = await fetchText(encrypted);
     check(played.status === 200 && played.text.startsWith('#EXTM3U') && played.text.includes('/_token_'),
@@ -91,7 +92,7 @@ try {
     await page.click('#generate');
     await page.waitForSelector('#result:not([hidden])');
     const two = (await page.inputValue('#urls')).split('\n');
-    check(two.length === 2 && two.every((u) => u.startsWith(`${proxy}/_token_`)), `generator: two URLs ${two.length}`);
+    check(two.length === 2 && two.every((u) => u.startsWith(`${proxy}/_token_s1.`)), `generator: two URLs ${two.length}`);
 
     // The MediaFlow-compatible plain form, asked for: exactly MediaFlow's URL.
     await page.fill('#destination', live);

@@ -13,8 +13,13 @@
 //! - top-level `api_password` ⇒ `scheme://host/_token_<T><path>[/<quoted filename>]`, where the
 //!   token also carries `exp = now + expiration` (when non-zero) and `ip`;
 //! - otherwise `<base>[/<quoted filename>]?<urlencoded params>` (no `?` when there are none).
+//!
+//! A server that seals its own tokens instead (sluice, when the request's password is its own)
+//! takes [`plan_url`]/[`plan_urls`]: the same params without the password, the path to scope the
+//! token to, its claims, and the same URL shape around whatever token it mints.
 
 pub(crate) mod pyurl;
+mod sealed;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -26,6 +31,8 @@ use serde_json::Value;
 use crate::b64url;
 use crate::token::python;
 use crate::token::{OrderedMap, TokenKey, PATH_TOKEN_PREFIX};
+
+pub use sealed::{plan_url, plan_urls, SealPlan};
 
 /// Body of `POST /generate_url` and `POST /generate_encrypted_or_encoded_url`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -127,23 +134,7 @@ impl From<UrlResponse> for EncodedUrlResponse {
 
 /// `POST /generate_url`. `iv` is used only when the URL is encrypted.
 pub fn generate_url(request: &GenerateUrlRequest, now: u64, iv: [u8; 16]) -> UrlResponse {
-    let mut destination = request.destination_url.clone();
-    if request.base64_encode_destination == Some(true) {
-        if let Some(url) = destination.as_mut().filter(|url| !url.is_empty()) {
-            *url = b64url::encode_url(url);
-        }
-    }
-    let parts = UrlParts {
-        endpoint: request.endpoint.as_deref(),
-        destination: destination.as_deref(),
-        query_params: request.query_params.as_ref(),
-        request_headers: request.request_headers.as_ref(),
-        response_headers: request.response_headers.as_ref(),
-        propagate_response_headers: request.propagate_response_headers.as_ref(),
-        remove_response_headers: request.remove_response_headers.as_deref(),
-        filename: request.filename.as_deref(),
-        stream_transformer: request.stream_transformer.as_deref(),
-    };
+    let destination = destination(request);
     let shared = Shared::new(
         &request.mediaflow_proxy_url,
         request.api_password.as_deref(),
@@ -152,7 +143,7 @@ pub fn generate_url(request: &GenerateUrlRequest, now: u64, iv: [u8; 16]) -> Url
         now,
     );
     UrlResponse {
-        url: shared.build(&parts, iv),
+        url: shared.build(&request_parts(request, destination.as_deref()), iv),
     }
 }
 
@@ -172,22 +163,51 @@ pub fn generate_urls(
     let urls = request
         .urls
         .iter()
-        .map(|item| {
-            let parts = UrlParts {
-                endpoint: item.endpoint.as_deref(),
-                destination: item.destination_url.as_deref(),
-                query_params: item.query_params.as_ref(),
-                request_headers: item.request_headers.as_ref(),
-                response_headers: item.response_headers.as_ref(),
-                propagate_response_headers: item.propagate_response_headers.as_ref(),
-                remove_response_headers: item.remove_response_headers.as_deref(),
-                filename: item.filename.as_deref(),
-                stream_transformer: item.stream_transformer.as_deref(),
-            };
-            shared.build(&parts, next_iv())
-        })
+        .map(|item| shared.build(&item_parts(item), next_iv()))
         .collect();
     UrlsResponse { urls }
+}
+
+/// The destination as the URL carries it: base64url-encoded when the request asks.
+fn destination(request: &GenerateUrlRequest) -> Option<String> {
+    let mut destination = request.destination_url.clone();
+    if request.base64_encode_destination == Some(true) {
+        if let Some(url) = destination.as_mut().filter(|url| !url.is_empty()) {
+            *url = b64url::encode_url(url);
+        }
+    }
+    destination
+}
+
+fn request_parts<'a>(
+    request: &'a GenerateUrlRequest,
+    destination: Option<&'a str>,
+) -> UrlParts<'a> {
+    UrlParts {
+        endpoint: request.endpoint.as_deref(),
+        destination,
+        query_params: request.query_params.as_ref(),
+        request_headers: request.request_headers.as_ref(),
+        response_headers: request.response_headers.as_ref(),
+        propagate_response_headers: request.propagate_response_headers.as_ref(),
+        remove_response_headers: request.remove_response_headers.as_deref(),
+        filename: request.filename.as_deref(),
+        stream_transformer: request.stream_transformer.as_deref(),
+    }
+}
+
+fn item_parts(item: &UrlItem) -> UrlParts<'_> {
+    UrlParts {
+        endpoint: item.endpoint.as_deref(),
+        destination: item.destination_url.as_deref(),
+        query_params: item.query_params.as_ref(),
+        request_headers: item.request_headers.as_ref(),
+        response_headers: item.response_headers.as_ref(),
+        propagate_response_headers: item.propagate_response_headers.as_ref(),
+        remove_response_headers: item.remove_response_headers.as_deref(),
+        filename: item.filename.as_deref(),
+        stream_transformer: item.stream_transformer.as_deref(),
+    }
 }
 
 /// What every URL of one request shares.
@@ -226,20 +246,11 @@ impl<'a> Shared<'a> {
 
     fn build(&self, parts: &UrlParts<'_>, iv: [u8; 16]) -> String {
         let params = parts.params(self.password);
-        let base = match parts.endpoint {
-            None => self.base.to_owned(),
-            Some(endpoint) => pyurl::urljoin(self.base, endpoint),
-        };
-        let base = base.strip_suffix('/').unwrap_or(&base);
-        let filename = parts
-            .filename
-            .filter(|f| !f.is_empty())
-            .map(|f| format!("/{}", python::quote(f, b"/")))
-            .unwrap_or_default();
+        let (base, filename) = self.locate(parts);
         match &self.key {
             Some(key) => {
-                let token = self.seal(key, params, iv);
-                let mut split = pyurl::urlsplit(base, "");
+                let token = key.seal(self.claimed(params).entries(), iv);
+                let mut split = pyurl::urlsplit(&base, "");
                 split.path = format!("{PATH_TOKEN_PREFIX}{token}{}", split.path);
                 format!("{}{filename}", pyurl::urlunsplit(&split))
             }
@@ -248,14 +259,33 @@ impl<'a> Shared<'a> {
         }
     }
 
-    fn seal(&self, key: &TokenKey, mut params: OrderedMap<Value>, iv: [u8; 16]) -> String {
+    /// The URL without its params (`urljoin` of base and endpoint, one trailing `/` off), and the
+    /// quoted `/<filename>` that follows the path (empty without one).
+    fn locate(&self, parts: &UrlParts<'_>) -> (String, String) {
+        let mut base = match parts.endpoint {
+            None => self.base.to_owned(),
+            Some(endpoint) => pyurl::urljoin(self.base, endpoint),
+        };
+        if base.ends_with('/') {
+            base.pop();
+        }
+        let filename = parts
+            .filename
+            .filter(|f| !f.is_empty())
+            .map(|f| format!("/{}", python::quote(f, b"/")))
+            .unwrap_or_default();
+        (base, filename)
+    }
+
+    /// The params with the `exp` and `ip` claims set, as MediaFlow's token object holds them.
+    fn claimed(&self, mut params: OrderedMap<Value>) -> OrderedMap<Value> {
         if let Some(exp) = self.exp {
             params.insert("exp", Value::from(exp));
         }
         if let Some(ip) = &self.ip {
             params.insert("ip", Value::String(ip.clone()));
         }
-        key.seal(params.entries(), iv)
+        params
     }
 }
 

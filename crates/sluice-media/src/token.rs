@@ -163,6 +163,12 @@ pub fn decrypt_token(token: &str, password: &str) -> Result<TokenClaims, TokenEr
     TokenKey::new(password).decrypt(token)
 }
 
+/// What a MediaFlow token holding `entries` (a token object, claims included) would be read as,
+/// without encrypting it: for a server that puts the same grant in a token of its own.
+pub(crate) fn claims_of(entries: &[(String, Value)]) -> Result<TokenClaims, TokenError> {
+    claims::parse(python::dumps_object(entries).as_bytes())
+}
+
 /// Splits `/_token_<T>/proxy/stream` into (`<T>`, `/proxy/stream`). The rest is empty when
 /// nothing follows the token; `None` when the path carries no token.
 pub fn split_path_token(path: &str) -> Option<(&str, &str)> {

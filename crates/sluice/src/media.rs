@@ -159,7 +159,7 @@ impl Media {
         req: Request<Incoming>,
         ctx: &RequestContext,
     ) -> Result<Response<Body>, ProxyError> {
-        generate::handle(req, ctx).await
+        generate::handle(req, ctx, &self.keys).await
     }
 
     /// The embedded pages (home, playlist builder, URL generator): open, they fetch nothing.

@@ -22,6 +22,15 @@ use tokio::net::TcpListener;
 const PW: &str = "hostile-test-password";
 const SEGMENT: &[u8] = b"\x47segment-bytes-that-are-not-a-real-ts-but-exact";
 
+/// A one-representation DASH manifest whose segments are [`SEGMENT`].
+const MPD: &str = "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" \
+    type=\"static\" mediaPresentationDuration=\"PT4S\" minBufferTime=\"PT2S\"><Period>\
+    <AdaptationSet mimeType=\"video/mp4\" contentType=\"video\"><Representation id=\"v\" \
+    bandwidth=\"500000\" width=\"640\" height=\"360\" codecs=\"avc1.4d401e\">\
+    <SegmentTemplate timescale=\"1000\" duration=\"2000\" startNumber=\"1\" \
+    initialization=\"init.mp4\" media=\"seg$Number$.m4s\"/></Representation></AdaptationSet>\
+    </Period></MPD>";
+
 /// A small HLS origin that records the headers of every request it gets.
 struct HlsOrigin {
     addr: std::net::SocketAddr,
@@ -50,6 +59,7 @@ impl HlsOrigin {
                                     b"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n\
                                       #EXTINF:4.0,\nseg0.ts\n#EXTINF:4.0,\nseg1.ts\n#EXT-X-ENDLIST\n",
                                 ),
+                                "/vod/manifest.mpd" => Bytes::from_static(MPD.as_bytes()),
                                 _ => Bytes::from_static(SEGMENT),
                             };
                             Ok::<_, Infallible>(Response::new(Full::new(body)))
@@ -403,4 +413,104 @@ async fn a_playlist_entry_token_opens_channels_only() {
         assert_eq!(observe(&attack).await, want, "{attack}");
     }
     assert!(origin.seen_path("/small").is_empty());
+}
+
+/// `POST /generate_url` with this server's password; the URL it answers.
+async fn generated(s: &Sluice, endpoint: &str, d: &str) -> String {
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let body = serde_json::json!({
+        "mediaflow_proxy_url": s.url(""),
+        "endpoint": endpoint,
+        "destination_url": d,
+        "api_password": PW,
+    });
+    let req = http::Request::post(s.url("/generate_url"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    use http_body_util::BodyExt;
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let url = json["url"].as_str().unwrap().to_string();
+    assert!(!url.contains(PW));
+    url
+}
+
+#[tokio::test]
+async fn a_generated_url_opens_its_one_endpoint_only() {
+    let origin = HlsOrigin::start().await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    // HLS: the manifest plays, and its children play the origin's bytes.
+    let hls = generated(
+        &s,
+        "/proxy/hls/manifest.m3u8",
+        &origin.url("/live/index.m3u8"),
+    )
+    .await;
+    let r = get(&hls).await;
+    assert_eq!(r.status, 200, "{hls}");
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let segment = text
+        .lines()
+        .find(|l| !l.starts_with('#') && !l.is_empty())
+        .unwrap();
+    let r = get(segment).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+    // DASH as HLS: the master and a media playlist through its child token.
+    let mpd = generated(
+        &s,
+        "/proxy/mpd/manifest.m3u8",
+        &origin.url("/vod/manifest.mpd"),
+    )
+    .await;
+    let r = get(&mpd).await;
+    assert_eq!(r.status, 200, "{mpd}");
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let variant = text
+        .lines()
+        .find(|l| !l.starts_with('#') && !l.is_empty())
+        .unwrap();
+    let r = get(variant).await;
+    assert_eq!(r.status, 200, "{variant}");
+    assert!(String::from_utf8_lossy(&r.body.unwrap()).contains("#EXTINF"));
+    // Each token opens its own endpoint and nothing else: every other path gets the one refusal,
+    // and nothing reaches the origin.
+    let stream = generated(&s, "/proxy/stream", &origin.url("/live/seg0.ts")).await;
+    let fetched = origin.requests();
+    for url in [&hls, &mpd, &stream] {
+        let (base, token, path) = split_token(url);
+        for other in [
+            "proxy/stream",
+            "proxy/stream/a.ts",
+            "proxy/hls/manifest.m3u8",
+            "proxy/hls/segment.ts",
+            "proxy/mpd/manifest.m3u8",
+            "proxy/mpd/playlist.m3u8",
+            "proxy/forward",
+            "playlist/playlist",
+            "generate_url",
+            "metrics",
+            "status",
+            "playlist.m3u",
+            "player_api.php?username=u&password=p",
+            "live/u/p/1.ts",
+            "rtp/239.1.1.1:5000",
+        ] {
+            if other.starts_with(path) {
+                continue;
+            }
+            let attack = format!("{base}/_token_{token}/{other}");
+            assert_eq!(observe(&attack).await, want, "{attack}");
+        }
+        let attack = format!("{base}/proxy/hls/manifest.m3u8?token={token}");
+        if !path.starts_with("proxy/hls/") {
+            assert_eq!(observe(&attack).await, want, "{attack}");
+        }
+    }
+    assert_eq!(origin.requests(), fetched);
 }

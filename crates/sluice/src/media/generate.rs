@@ -1,13 +1,24 @@
 //! `POST /generate_url`, `/generate_urls`, the deprecated `/generate_encrypted_or_encoded_url`, and
 //! `/base64/{encode,decode,check}`: MediaFlow's URL helpers. They fetch nothing, so like MediaFlow's
-//! they need no password; an encrypted URL is sealed with the password given in the request body.
+//! they need no password. A body whose `api_password` is this server's gets sluice's sealed token,
+//! scoped to the URL's one path and holding no password; any other `api_password` gets MediaFlow's
+//! token, byte for byte (it may be for another MediaFlow server, and opens nothing here).
+//!
+//! The two answers can be told apart, so the endpoint says whether a password is this server's:
+//! no more than `/proxy/stream?api_password=` already says (403 or not), one guess per request,
+//! and the password is compared in constant time (`auth::Auth::check`).
+
+use std::sync::Arc;
 
 use crate::body::Incoming;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
+use sluice_media::generate::SealPlan;
 use sluice_media::{b64url, generate};
 
+use crate::auth::token::{self, TokenGate, TokenScope};
+use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
@@ -29,10 +40,11 @@ pub fn serves(path: &str) -> bool {
     )
 }
 
-/// Serves one of [`serves`]' paths.
+/// Serves one of [`serves`]' paths; `keys` decide whose token a generated URL gets.
 pub async fn handle(
     req: Request<Incoming>,
     ctx: &RequestContext,
+    keys: &Keys,
 ) -> Result<Response<Body>, ProxyError> {
     let method = req.method().clone();
     match ctx.path.as_str() {
@@ -57,16 +69,33 @@ pub async fn handle(
         "/generate_urls" => {
             require(&method, Method::POST)?;
             let request: generate::GenerateUrlsRequest = read_json(req).await?;
-            Ok(json_response(&generate::generate_urls(
-                &request,
-                now(),
-                random_iv,
-            )))
+            let now = token::now();
+            let response = match own_gate(keys, request.api_password.as_deref()) {
+                Some(gate) => generate::UrlsResponse {
+                    urls: generate::plan_urls(&request, now)
+                        .map_err(unsealable)?
+                        .iter()
+                        .map(|plan| seal(&gate, plan, now))
+                        .collect(),
+                },
+                None => generate::generate_urls(&request, now, random_iv),
+            };
+            Ok(json_response(&response))
         }
         path => {
             require(&method, Method::POST)?;
             let request: generate::GenerateUrlRequest = read_json(req).await?;
-            let response = generate::generate_url(&request, now(), random_iv());
+            let now = token::now();
+            let response = match own_gate(keys, request.api_password.as_deref()) {
+                Some(gate) => generate::UrlResponse {
+                    url: seal(
+                        &gate,
+                        &generate::plan_url(&request, now).map_err(unsealable)?,
+                        now,
+                    ),
+                },
+                None => generate::generate_url(&request, now, random_iv()),
+            };
             if path == "/generate_encrypted_or_encoded_url" {
                 Ok(json_response(&generate::EncodedUrlResponse::from(response)))
             } else {
@@ -74,6 +103,35 @@ pub async fn handle(
             }
         }
     }
+}
+
+/// The token gate when `offered` is this server's password (compared in constant time), so the
+/// URL gets sluice's sealed token; `None` (MediaFlow's format) for any other password or none.
+fn own_gate(keys: &Keys, offered: Option<&str>) -> Option<Arc<TokenGate>> {
+    let credentials = keys.load();
+    let offered = offered.filter(|p| !p.is_empty())?;
+    let own = credentials.auth.required() && credentials.auth.check(Some(offered));
+    credentials.tokens.clone().filter(|_| own)
+}
+
+/// The planned URL under a sealed token that opens its one path (nothing when it has none), with
+/// the request's expiry and address, and no expiry of its own beyond that.
+fn seal(gate: &TokenGate, plan: &SealPlan, now: u64) -> String {
+    let limit = TokenScope {
+        exp: plan.exp,
+        ip: plan.ip.clone(),
+        paths: None,
+    };
+    let scope: Vec<&str> = plan.path.as_deref().into_iter().collect();
+    plan.url(&gate.mint(&plan.params, &scope, Some(&limit), false, now))
+}
+
+fn unsealable(e: sluice_media::token::TokenError) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "bad_request",
+        format!("query_params cannot go into a token: {e}"),
+    )
 }
 
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
@@ -121,13 +179,6 @@ fn missing(name: &str) -> ProxyError {
 
 fn bad(message: &str) -> ProxyError {
     ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", message.to_string())
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 /// A fresh random IV for one token.
