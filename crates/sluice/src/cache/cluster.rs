@@ -69,6 +69,16 @@ pub struct Cluster {
     control: std::sync::OnceLock<SocketAddr>,
 }
 
+/// Marks `resp` as this node's refusal to run a peer's fill (not an answer from the origin), so
+/// the asking node fills on its own instead of passing it on.
+pub(crate) fn refused_fill(
+    mut resp: http::Response<crate::body::Body>,
+) -> http::Response<crate::body::Body> {
+    resp.headers_mut()
+        .insert(control::CONTROL_ERROR, http::HeaderValue::from_static("1"));
+    resp
+}
+
 impl Cluster {
     /// The cluster as configured; nothing runs before [`Cluster::start`].
     pub fn new(

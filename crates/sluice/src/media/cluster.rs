@@ -75,26 +75,40 @@ pub fn register(media: &Arc<MediaCache>) {
                 let Some(media) = weak.upgrade() else {
                     return bad("the media front end was reloaded");
                 };
-                match run(&media, &body).await {
-                    Ok(resp) => resp,
-                    Err(e) => e.into_response(),
-                }
+                answer(run(&media, &body).await)
             })
         }),
     );
 }
 
+/// A fill's answer to the asking node. This node's own refusal (no cache, a bad order) is marked,
+/// so the asking node fills on its own; unmarked, it was passed on as the origin's answer (a 400
+/// for every key this node owns). The origin's answers and failures go as they are.
+fn answer(
+    result: Result<http::Response<crate::body::Body>, ProxyError>,
+) -> http::Response<crate::body::Body> {
+    match result {
+        Ok(resp) => resp,
+        Err(e) if e.kind == REFUSED => crate::cache::cluster::refused_fill(e.into_response()),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The error kind of this node's refusals to run a fill.
+const REFUSED: &str = "cluster_fill";
+
 fn bad(why: &'static str) -> http::Response<crate::body::Body> {
-    ProxyError::downstream(http::StatusCode::BAD_REQUEST, "cluster_fill", why).into_response()
+    crate::cache::cluster::refused_fill(
+        ProxyError::downstream(http::StatusCode::BAD_REQUEST, REFUSED, why).into_response(),
+    )
 }
 
 async fn run(
     media: &MediaCache,
     body: &[u8],
 ) -> Result<http::Response<crate::body::Body>, ProxyError> {
-    let refuse = |why: &'static str| {
-        ProxyError::downstream(http::StatusCode::BAD_REQUEST, "cluster_fill", why)
-    };
+    let refuse =
+        |why: &'static str| ProxyError::downstream(http::StatusCode::BAD_REQUEST, REFUSED, why);
     let order: Order = serde_json::from_slice(body).map_err(|_| refuse("bad fill order"))?;
     let kind = kind_of(&order.kind).ok_or_else(|| refuse("bad fill kind"))?;
     let url = Url::parse(&order.url).map_err(|_| refuse("bad fill url"))?;
@@ -123,4 +137,25 @@ async fn run(
         cluster.name_node(resp.headers_mut());
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_nodes_refusals_are_marked_and_the_origins_answers_are_not() {
+        let marked = |r: &http::Response<crate::body::Body>| {
+            r.headers().contains_key("sluice-cluster-error")
+        };
+        assert!(marked(&bad("the media front end was reloaded")));
+        let refused =
+            ProxyError::downstream(http::StatusCode::BAD_REQUEST, REFUSED, "no cache here");
+        let r = answer(Err(refused));
+        assert_eq!(r.status(), 400);
+        assert!(marked(&r));
+        let origin =
+            ProxyError::upstream_status(http::StatusCode::NOT_FOUND, "origin.test", "segment");
+        assert!(!marked(&answer(Err(origin))));
+    }
 }
