@@ -65,6 +65,15 @@ pub use time::{format_datetime, parse_datetime, parse_duration};
 /// Most segments one Representation may expand to; beyond it the MPD is treated as hostile.
 pub const MAX_SEGMENTS: usize = 100_000;
 
+/// Longest segment or init URL (BaseURL and template resolved) accepted: a longer one is
+/// repeated into every segment of the track. The same bound as an HLS playlist's URLs.
+pub const MAX_URL_LEN: usize = crate::hls::MAX_URL_LEN;
+
+/// Most bytes of segment and init URLs one track's playlist may expand to (over all its
+/// Periods): 335 bytes a segment at `MAX_SEGMENTS`, where real URLs are under 200. A long
+/// template times many segments is treated as hostile.
+pub const MAX_URL_BYTES: usize = 32 * 1024 * 1024;
+
 /// Why an MPD could not be parsed or converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DashError {
@@ -86,6 +95,10 @@ pub enum DashError {
     Template { template: String, why: &'static str },
     #[error("more than {0} segments")]
     TooManySegments(usize),
+    #[error("a segment URL longer than {0} bytes")]
+    UrlTooLong(usize),
+    #[error("segment URLs over {0} bytes in all")]
+    TooManyUrlBytes(usize),
     #[error("number out of range")]
     Overflow,
     #[error("bad sidx: {0}")]

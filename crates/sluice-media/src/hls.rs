@@ -30,6 +30,7 @@
 
 mod attr;
 pub mod blocking;
+mod budget;
 mod lines;
 mod rewrite;
 mod scan;
@@ -38,6 +39,7 @@ mod skip;
 #[cfg(test)]
 mod tests;
 
+pub use budget::{count_entries, max_output_len, MAX_URL_LEN, OUTPUT_ALLOWANCE, OUTPUT_GROWTH};
 pub use select::parse_resolution;
 pub use skip::parse_skip;
 
@@ -46,25 +48,6 @@ use url::Url;
 /// Lines longer than this are refused: real playlists stay far below it (the longest lines are
 /// SCTE-35 date ranges of a few KiB), and a cap bounds the work any one line can cause.
 pub const MAX_LINE_LEN: usize = 64 * 1024;
-
-/// Media segments a playlist lists (its `#EXTINF` lines), counted without parsing it, so a caller
-/// can refuse an oversized playlist before doing the rewriting work.
-pub fn count_segments(text: &str) -> usize {
-    text.lines()
-        .filter(|l| l.trim_start().starts_with("#EXTINF"))
-        .count()
-}
-
-#[cfg(test)]
-mod count_tests {
-    #[test]
-    fn counts_extinf_lines_only() {
-        let text = "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4,\na.ts\r\n#EXTINF:4,\nb.ts\n\
-                    #EXT-X-ENDLIST\n";
-        assert_eq!(super::count_segments(text), 2);
-        assert_eq!(super::count_segments("#EXTM3U\n"), 0);
-    }
-}
 
 /// What kind of proxy URL the caller must build for a URI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +156,10 @@ pub enum HlsError {
     InvalidDuration { line: usize },
     #[error("line {line}: the proxy URL built for it contains a quote or a line break")]
     InvalidProxyUrl { line: usize },
+    #[error("line {line}: a URL longer than {max} bytes")]
+    UrlTooLong { line: usize, max: usize },
+    #[error("the rewritten playlist would be over {max} bytes")]
+    OutputTooLarge { max: usize },
     #[error("start offset must be a finite number of seconds")]
     InvalidStartOffset,
     #[error("invalid skip {input:?}: {reason}")]
@@ -194,7 +181,9 @@ pub enum Sniff {
 ///
 /// `base` is the final upstream URL after redirects. `make_url` gets the kind of proxy URL to
 /// build and the absolute upstream URL, and must return a URL without `"`, CR or LF
-/// (percent-encode it). Linear in the input size; never panics on any input.
+/// (percent-encode it). Linear in the input size; never panics on any input. Fails with
+/// `UrlTooLong` at an upstream URL over [`MAX_URL_LEN`] and with `OutputTooLarge` once the output
+/// would pass [`max_output_len`] of the input.
 pub fn rewrite_playlist(
     text: &str,
     base: &Url,
@@ -213,7 +202,7 @@ pub fn rewrite_playlist(
     } else {
         first.eol
     };
-    let mut writer = rewrite::Writer::new(base, opts, make_url, &summary, eol, body.len() * 2);
+    let mut writer = rewrite::Writer::new(base, opts, make_url, &summary, eol, body.len());
     writer.push_str(first.text);
     writer.push_str(eol);
     if let Some(offset) = start {

@@ -1329,3 +1329,60 @@ async fn a_live_period_that_restarts_numbers_never_sends_the_media_sequence_back
         }
     }
 }
+
+/// A clear on-demand MPD of `n` one-second segments whose template starts with `prefix`.
+fn put_templated(o: &FileOrigin, name: &str, prefix: &str, n: u32) {
+    o.put(
+        &format!("{name}/manifest.mpd"),
+        format!(
+            "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" \
+             type=\"static\" mediaPresentationDuration=\"PT{n}S\"><Period>\
+             <AdaptationSet id=\"1\" mimeType=\"video/mp4\">\
+             <SegmentTemplate timescale=\"1000\" duration=\"1000\" startNumber=\"1\" \
+             media=\"{prefix}$Number$.m4s\" initialization=\"init.mp4\"/>\
+             <Representation id=\"v\" bandwidth=\"1000\" codecs=\"avc1.4d400b\" width=\"160\" \
+             height=\"90\"/></AdaptationSet></Period></MPD>"
+        )
+        .as_bytes(),
+    );
+}
+
+/// A long SegmentTemplate@media times many segments (each URL under 8 KiB, 70 MB in all), and one
+/// URL over 8 KiB: each a quick 502 booked to the origin, and a normal MPD served after.
+#[tokio::test]
+async fn long_templates_are_refused_as_the_origins_fault() {
+    let o = FileOrigin::start().await;
+    put_clear_series(&o, 8);
+    put_templated(&o, "wide", &"w".repeat(7000), 10_000);
+    put_templated(&o, "long", &"l".repeat(9000), 4);
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    let s = Sluice::start(config).await;
+    let playlist = |name: &str| {
+        s.url(&format!(
+            "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000&api_password=pw",
+            enc(&o.url(&format!("{name}/manifest.mpd")))
+        ))
+    };
+    let before = text(&playlist("series")).await;
+    assert_eq!(uris(&before).len(), 9, "{before}");
+    for (name, why) in [
+        ("wide", "segment URLs over 33554432 bytes in all"),
+        ("long", "a segment URL longer than 8192 bytes"),
+    ] {
+        let started = std::time::Instant::now();
+        let r = get(&playlist(name)).await;
+        let body = r.body.unwrap();
+        let took = started.elapsed();
+        assert_eq!(r.status, 502, "{name}: {} bytes in {took:?}", body.len());
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["kind"], "bad_mpd", "{json}");
+        assert!(json["error"].as_str().unwrap().contains(why), "{json}");
+    }
+    let metrics = text(&s.url("/metrics?api_password=pw")).await;
+    let series = "sluice_errors_total{side=\"upstream\",kind=\"bad_mpd\"} 2";
+    assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    // Children are reused tokens: the same playlist, byte for byte.
+    assert_eq!(text(&playlist("series")).await, before);
+}

@@ -832,3 +832,124 @@ async fn segments_are_prefetched_and_served_once_from_the_cache() {
     assert_eq!(r.status, 206);
     assert_eq!(origin.seen("/clear/seg1.ts").len(), 2);
 }
+
+// === hostile playlists ===
+
+/// Answers every GET with the playlist `body(path)` names (404 when it names none).
+async fn playlist_origin(body: fn(&str) -> Option<String>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| async move {
+                    let resp = match body(req.uri().path()) {
+                        Some(text) => Response::builder()
+                            .header("content-type", "application/vnd.apple.mpegurl")
+                            .body(Full::new(Bytes::from(text))),
+                        None => Response::builder()
+                            .status(404)
+                            .body(Full::new(Bytes::new())),
+                    };
+                    Ok::<_, Infallible>(resp.unwrap())
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A directory name this long, repeated into every child URL.
+const WIDE_DIR: usize = 7000;
+
+fn hostile_playlist(path: &str) -> Option<String> {
+    let name = path.rsplit('/').next().unwrap_or("");
+    let dir_len = path.len() - name.len();
+    Some(match name {
+        // Bare URI lines: no #EXTINF at all.
+        "bare.m3u8" => format!("#EXTM3U\n{}", "a\n".repeat(300_000)),
+        // LL-HLS parts only.
+        "parts.m3u8" => format!(
+            "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXT-X-PART-INF:PART-TARGET=1\n{}",
+            "#EXT-X-PART:DURATION=1,URI=\"p.m4s\"\n".repeat(100_000)
+        ),
+        // Few entries, but each child URL carries the long directory.
+        "wide.m3u8" if dir_len > WIDE_DIR => format!(
+            "#EXTM3U\n#EXT-X-TARGETDURATION:4\n{}#EXT-X-ENDLIST\n",
+            "#EXTINF:4,\na.ts\n".repeat(10_000)
+        ),
+        "ok.m3u8" => "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXT-X-PART-INF:PART-TARGET=1\n\
+                      #EXT-X-MAP:URI=\"init.mp4\"\n#EXTINF:4,\ns1.m4s\n\
+                      #EXT-X-PART:DURATION=1,URI=\"s2.p1.m4s\"\n\
+                      #EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"s2.p2.m4s\"\n"
+            .to_string(),
+        _ => return None,
+    })
+}
+
+/// Playlists whose URIs multiply into huge rewrites: bare URI lines and LL-HLS parts (which the
+/// segment count did not see), and a long directory repeated into every child URL. Each is the
+/// origin's fault: a quick 502 booked upstream, and a normal playlist is served the same after.
+#[tokio::test]
+async fn playlists_that_multiply_on_rewrite_are_refused_as_the_origins_fault() {
+    let origin = playlist_origin(hostile_playlist).await;
+    let s = with_config(|c| c.auth.api_password = "pw".into()).await;
+    let manifest =
+        |path: &str| manifest_url(&s, &format!("http://{origin}{path}"), "&api_password=pw");
+    let normal = text(&manifest("/ok/ok.m3u8")).await;
+    let uris: Vec<&str> = normal
+        .lines()
+        .filter_map(|l| {
+            l.split_once("URI=\"")
+                .map(|(_, u)| u.trim_end_matches('"'))
+                .or((!l.starts_with('#')).then_some(l))
+        })
+        .collect();
+    assert_eq!(uris.len(), 4, "{normal}");
+    let prefix = format!("http://{}/_token_", s.addr);
+    assert!(uris.iter().all(|u| u.starts_with(&prefix)), "{normal}");
+    let wide = format!("/{}/wide.m3u8", "w".repeat(WIDE_DIR));
+    let long = format!("/{}/wide.m3u8", "l".repeat(9000));
+    for (path, kind) in [
+        ("/x/bare.m3u8", "too_many_entries"),
+        ("/x/parts.m3u8", "too_many_entries"),
+        (wide.as_str(), "playlist_rewrite_too_large"),
+        (long.as_str(), "playlist_url_too_long"),
+    ] {
+        let started = std::time::Instant::now();
+        let r = get(&manifest(path)).await;
+        let body = r.body.unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            r.status,
+            502,
+            "{}: {} bytes in {took:?}",
+            &path[..12],
+            body.len()
+        );
+        assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["kind"], kind, "{json}");
+    }
+    let metrics = text(&s.url("/metrics?api_password=pw")).await;
+    for (kind, n) in [
+        ("too_many_entries", 2),
+        ("playlist_rewrite_too_large", 1),
+        ("playlist_url_too_long", 1),
+    ] {
+        let series = format!("sluice_errors_total{{side=\"upstream\",kind=\"{kind}\"}} {n}");
+        assert!(metrics.contains(&series), "{series} missing:\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("side=\"downstream\",kind=\"too_many"),
+        "{metrics}"
+    );
+    // The same children (tokens are reused), byte for byte.
+    assert_eq!(text(&manifest("/ok/ok.m3u8")).await, normal);
+}

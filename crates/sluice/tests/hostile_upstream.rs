@@ -748,8 +748,8 @@ async fn queueing_for_a_setup_slot_is_not_a_connect_timeout() {
     }
 }
 
-/// A playlist over `media.max_playlist_segments` is refused with a 400 that names the limit; a big
-/// one under it is rewritten whole (off the async workers, above 256 KiB).
+/// A playlist over `media.max_playlist_segments` is refused with a 502 (the origin's fault) that
+/// names the limit; a big one under it is rewritten whole (off the async workers, above 256 KiB).
 #[tokio::test]
 async fn playlist_segment_cap_and_big_rewrites() {
     let o = Echo::start().await;
@@ -763,7 +763,7 @@ async fn playlist_segment_cap_and_big_rewrites() {
         ))
     };
     let r = get(&manifest(5001)).await;
-    assert_eq!(r.status, 400);
+    assert_eq!(r.status, 502);
     assert!(text(&r).contains("max_playlist_segments"), "{}", text(&r));
     let r = get(&manifest(5000)).await;
     assert_eq!(r.status, 200);

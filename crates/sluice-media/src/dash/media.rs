@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::master::clean;
 use super::mpd::{Mpd, Period, Representation};
-use super::segments::{segment_index, sidx_fetch, InitSegment, Segment, SidxFetch};
+use super::segments::{segment_index, sidx_fetch, InitSegment, Segment, SidxFetch, UrlBytes};
 use super::sequence::{LiveSequence, Placed};
 use super::sidx::SidxFragment;
 use super::time::format_datetime;
@@ -95,12 +95,18 @@ fn collect_entries<'a>(
     options: &MediaOptions,
 ) -> Result<Vec<Entry<'a>>, DashError> {
     let mut entries = Vec::new();
+    // Every entry holds its init and segment URLs, and each becomes a proxy URL.
+    let mut bytes = UrlBytes::default();
     for (index, period, rep) in tracks(mpd, profile_id)? {
         let sidx = sidx_fetch(rep)
             .and_then(|key| options.sidx.get(&key))
             .map(Vec::as_slice);
         let listed = segment_index(mpd, period, rep, options.now, sidx)?;
         for segment in listed.segments {
+            bytes.add(&segment.url)?;
+            if let Some(init) = &listed.init {
+                bytes.add(&init.url)?;
+            }
             let segment_number = segment.number;
             let start = period.start + segment.start_secs;
             let wall_clock = mpd

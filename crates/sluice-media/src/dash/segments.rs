@@ -10,7 +10,7 @@ use super::segment_info::{
 use super::sidx::SidxFragment;
 use super::template::{Template, TemplateVars};
 use super::timeline::{self, Bounds, Slot};
-use super::{shorten, DashError, MAX_SEGMENTS};
+use super::{shorten, DashError, MAX_SEGMENTS, MAX_URL_BYTES, MAX_URL_LEN};
 
 /// One media segment.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,11 +110,32 @@ pub fn segment_index(
     sidx: Option<&[SidxFragment]>,
 ) -> Result<SegmentIndex, DashError> {
     let window = Window::new(mpd, period, now);
+    let mut bytes = UrlBytes::default();
+    bytes.add(&rep.base_url)?;
     match &rep.addressing {
-        Addressing::Template(t) => template_index(rep, t, &window),
-        Addressing::List(list) => list_index(rep, list, &window),
-        Addressing::Base(base) => base_index(rep, base, &window, sidx),
+        Addressing::Template(t) => template_index(rep, t, &window, &mut bytes),
+        Addressing::List(list) => list_index(rep, list, &window, &mut bytes),
+        Addressing::Base(base) => base_index(rep, base, &window, sidx, &mut bytes),
         Addressing::Single => Ok(single_index(rep, &window)),
+    }
+}
+
+/// The bytes of the URLs an index holds so far, each checked against [`MAX_URL_LEN`] and all
+/// against [`MAX_URL_BYTES`], so a long template or BaseURL cannot multiply into gigabytes.
+#[derive(Debug, Default)]
+pub(crate) struct UrlBytes(usize);
+
+impl UrlBytes {
+    pub(crate) fn add(&mut self, url: &Url) -> Result<(), DashError> {
+        let len = url.as_str().len();
+        if len > MAX_URL_LEN {
+            return Err(DashError::UrlTooLong(MAX_URL_LEN));
+        }
+        self.0 += len;
+        if self.0 > MAX_URL_BYTES {
+            return Err(DashError::TooManyUrlBytes(MAX_URL_BYTES));
+        }
+        Ok(())
     }
 }
 
@@ -124,12 +145,14 @@ fn template_index(
     rep: &Representation,
     t: &SegmentTemplate,
     window: &Window,
+    bytes: &mut UrlBytes,
 ) -> Result<SegmentIndex, DashError> {
     let media = Template::parse(&t.media)?;
     let init = match &t.initialization {
         Some(text) => {
             let vars = vars(rep, t.start_number, 0);
             let url = join(&rep.base_url, &Template::parse(text)?.render(&vars))?;
+            bytes.add(&url)?;
             Some(InitSegment {
                 url,
                 byte_range: None,
@@ -153,6 +176,7 @@ fn template_index(
             .checked_add(slot.index)
             .ok_or(DashError::Overflow)?;
         let url = join(&rep.base_url, &media.render(&vars(rep, number, slot.time)))?;
+        bytes.add(&url)?;
         let start_secs =
             (slot.time as f64 - t.presentation_time_offset as f64) / t.timescale as f64;
         let mut duration_secs = slot.duration as f64 / t.timescale as f64;
@@ -278,6 +302,7 @@ fn list_index(
     rep: &Representation,
     list: &SegmentList,
     window: &Window,
+    bytes: &mut UrlBytes,
 ) -> Result<SegmentIndex, DashError> {
     let ts = list.timescale as f64;
     let slots: Vec<Slot> = match (&list.timeline, list.duration) {
@@ -309,12 +334,14 @@ fn list_index(
         if !window.keeps(start_secs + duration_secs) {
             continue;
         }
+        let url = join_opt(&rep.base_url, entry.media.as_deref())?;
+        bytes.add(&url)?;
         segments.push(Segment {
             number: list.start_number.saturating_add(slot.index),
             time: slot.time,
             start_secs,
             duration_secs,
-            url: join_opt(&rep.base_url, entry.media.as_deref())?,
+            url,
             byte_range: entry.media_range,
         });
     }
@@ -329,6 +356,7 @@ fn base_index(
     base: &SegmentBase,
     window: &Window,
     sidx: Option<&[SidxFragment]>,
+    bytes: &mut UrlBytes,
 ) -> Result<SegmentIndex, DashError> {
     let mut init = init_segment(&rep.base_url, base.initialization.as_ref())?;
     // Without an Initialization element the init is everything before the index.
@@ -360,6 +388,7 @@ fn base_index(
     for (i, fragment) in fragments.iter().enumerate() {
         let end = start_secs + fragment.duration_secs;
         if window.keeps(end) {
+            bytes.add(&rep.base_url)?;
             segments.push(Segment {
                 number: i as u64 + 1,
                 time: (start_secs * base.timescale as f64) as u64,

@@ -3,6 +3,7 @@
 use url::{Position, Url};
 
 use super::attr;
+use super::budget;
 use super::lines::{Line, LineKind};
 use super::scan::Summary;
 use super::skip::{Cutter, Decision};
@@ -32,6 +33,8 @@ pub(crate) struct Writer<'a, 'f> {
     opts: &'a RewriteOptions,
     make_url: &'f mut dyn FnMut(Target, &Url) -> String,
     out: String,
+    /// Where the output stops growing: see `budget`.
+    max_out: usize,
     eol: &'a str,
     keep_height: Option<u32>,
     next_uri: NextUri,
@@ -48,7 +51,7 @@ impl<'a, 'f> Writer<'a, 'f> {
         make_url: &'f mut dyn FnMut(Target, &Url) -> String,
         summary: &Summary,
         eol: &'a str,
-        capacity: usize,
+        input_len: usize,
     ) -> Self {
         let media_with_skip = !summary.is_master && !opts.skip.is_empty();
         Writer {
@@ -56,7 +59,8 @@ impl<'a, 'f> Writer<'a, 'f> {
             opts,
             make_url,
             // Proxy URLs are longer than the relative URIs they replace.
-            out: String::with_capacity(capacity),
+            out: String::with_capacity(input_len * 2),
+            max_out: budget::max_output_len(input_len),
             eol,
             keep_height: summary.keep_height,
             next_uri: NextUri::Plain,
@@ -198,15 +202,7 @@ impl<'a, 'f> Writer<'a, 'f> {
                 }
                 None
             }
-            "EXT-X-MEDIA" | "EXT-X-I-FRAME-STREAM-INF" | "EXT-X-RENDITION-REPORT" => {
-                Some(Kind::Playlist)
-            }
-            "EXT-X-KEY" | "EXT-X-SESSION-KEY" => Some(Kind::Key),
-            "EXT-X-MAP" => Some(Kind::Map),
-            "EXT-X-PART" => Some(Kind::Segment),
-            "EXT-X-PRELOAD-HINT" => Some(preload_hint_kind(value)),
-            "EXT-X-SESSION-DATA" => Some(Kind::Direct),
-            _ => None,
+            _ => tag_uri_kind(name, value),
         };
         match kind {
             Some(kind) => self.emit_uri_attr(line, value, kind),
@@ -281,6 +277,7 @@ impl<'a, 'f> Writer<'a, 'f> {
             (Some(origin), Kind::Key) => swap_origin(&url, origin).unwrap_or(url),
             _ => url,
         };
+        budget::check_url(url.as_str(), line)?;
         let target = match kind {
             Kind::Playlist => Target::Playlist,
             Kind::Key => Target::Key,
@@ -290,20 +287,27 @@ impl<'a, 'f> Writer<'a, 'f> {
             Kind::Map => Target::Map {
                 ext: SegmentExt::from_url(&url).unwrap_or(SegmentExt::Mp4),
             },
-            Kind::Direct => return Ok(url.into()),
+            Kind::Direct => return self.within_budget(url.into()),
         };
         let direct = self.opts.no_proxy
             || (self.opts.key_only_proxy
                 && matches!(target, Target::Segment { .. } | Target::Map { .. }));
         if direct {
-            return Ok(url.into());
+            return self.within_budget(url.into());
         }
         let proxied = (self.make_url)(target, &url);
         // The URL goes inside quotes or onto its own line: these would break the playlist.
         if memchr::memchr3(b'"', b'\r', b'\n', proxied.as_bytes()).is_some() {
             return Err(HlsError::InvalidProxyUrl { line });
         }
-        Ok(proxied)
+        self.within_budget(proxied)
+    }
+
+    /// `written`, unless writing it would take the output past its bound. Only routed URIs grow
+    /// the output beyond the input, so only they are checked.
+    fn within_budget(&self, written: String) -> Result<String, HlsError> {
+        budget::check_output(self.out.len(), written.len(), self.max_out)?;
+        Ok(written)
     }
 }
 
@@ -320,6 +324,24 @@ fn swap_origin(url: &Url, origin: &Url) -> Option<Url> {
 pub(crate) fn variant_height(attrs: &str) -> Option<u32> {
     let res = attr::find(attrs, "RESOLUTION").ok()??;
     super::select::parse_dimensions(res.value)
+}
+
+/// What the `URI` attribute of tag `name` stands for, if the rewriter routes it.
+fn tag_uri_kind(name: &str, attrs: &str) -> Option<Kind> {
+    Some(match name {
+        "EXT-X-MEDIA" | "EXT-X-I-FRAME-STREAM-INF" | "EXT-X-RENDITION-REPORT" => Kind::Playlist,
+        "EXT-X-KEY" | "EXT-X-SESSION-KEY" => Kind::Key,
+        "EXT-X-MAP" => Kind::Map,
+        "EXT-X-PART" => Kind::Segment,
+        "EXT-X-PRELOAD-HINT" => preload_hint_kind(attrs),
+        "EXT-X-SESSION-DATA" => Kind::Direct,
+        _ => return None,
+    })
+}
+
+/// Whether the rewriter routes the `URI` attribute of tag `name` (for [`super::count_entries`]).
+pub(crate) fn uri_tag(name: &str) -> bool {
+    tag_uri_kind(name, "").is_some()
 }
 
 fn preload_hint_kind(attrs: &str) -> Kind {

@@ -14,10 +14,22 @@ use super::token::TokenScope;
 /// Most tokens remembered; past it the memory starts over (a reload then mints anew once).
 const MAX_ENTRIES: usize = 65_536;
 
+/// Most bytes of keys and tokens remembered, with the same consequence. A child's key and token
+/// both hold its upstream URL and carried parameters, a few hundred bytes for real playlists
+/// (65,536 of them fit), but up to tens of KiB each for a hostile origin's or request's.
+const MAX_BYTES: usize = 32 * 1024 * 1024;
+
 /// Minted child tokens by what they grant.
 #[derive(Debug, Default)]
 pub struct Reuse {
-    tokens: Mutex<HashMap<String, (String, Option<u64>)>>,
+    tokens: Mutex<Tokens>,
+}
+
+#[derive(Debug, Default)]
+struct Tokens {
+    by_key: HashMap<String, (String, Option<u64>)>,
+    /// Key and token bytes in `by_key`.
+    bytes: usize,
 }
 
 impl Reuse {
@@ -34,7 +46,7 @@ impl Reuse {
     ) -> String {
         let key = key(params, paths, parent);
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((token, exp)) = tokens.get(&key) {
+        if let Some((token, exp)) = tokens.by_key.get(&key) {
             // Reused only while a player holding it still has a long time to use it.
             let from_parent = *exp == parent.and_then(|p| p.exp);
             let fresh = exp.is_none_or(|exp| {
@@ -44,12 +56,28 @@ impl Reuse {
                 return token.clone();
             }
         }
-        if tokens.len() >= MAX_ENTRIES {
-            tokens.clear();
-        }
         let (token, exp) = mint();
-        tokens.insert(key, (token.clone(), exp));
+        tokens.insert(key, token.clone(), exp);
         token
+    }
+}
+
+impl Tokens {
+    /// Remembers `token` for `key`, starting over first when the memory is full.
+    fn insert(&mut self, key: String, token: String, exp: Option<u64>) {
+        if let Some((old, _)) = self.by_key.remove(&key) {
+            self.bytes -= key.len() + old.len();
+        }
+        let size = key.len() + token.len();
+        if size > MAX_BYTES {
+            return; // Minted every time; not worth forgetting everyone else for.
+        }
+        if self.by_key.len() >= MAX_ENTRIES || self.bytes + size > MAX_BYTES {
+            self.by_key.clear();
+            self.bytes = 0;
+        }
+        self.bytes += size;
+        self.by_key.insert(key, (token, exp));
     }
 }
 
@@ -70,4 +98,40 @@ fn key(params: &[(String, String)], paths: &[&str], parent: Option<&TokenScope>)
         out.push_str(&format!("{:?}\u{4}{:?}\u{4}{:?}", p.exp, p.ip, p.paths));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mint(reuse: &Reuse, d: &str, token: &str) -> String {
+        let params = [("d".to_string(), d.to_string())];
+        reuse.get_or_mint(&params, &["/proxy/hls/"], None, 100, 60, || {
+            (token.to_string(), Some(1000))
+        })
+    }
+
+    #[test]
+    fn memory_is_bounded_in_bytes_as_well_as_entries() {
+        let reuse = Reuse::default();
+        assert_eq!(mint(&reuse, "http://o/a", "t1"), "t1");
+        assert_eq!(mint(&reuse, "http://o/a", "t2"), "t1", "reused");
+        // Children of 1 MiB each: the memory starts over rather than pass MAX_BYTES.
+        let big = "x".repeat(1 << 20);
+        for i in 0..100 {
+            mint(&reuse, &format!("http://o/{i}/{big}"), &big);
+            let tokens = reuse.tokens.lock().unwrap();
+            assert!(tokens.bytes <= MAX_BYTES, "{}", tokens.bytes);
+            let counted: usize = tokens
+                .by_key
+                .iter()
+                .map(|(k, (t, _))| k.len() + t.len())
+                .sum();
+            assert_eq!(counted, tokens.bytes);
+        }
+        // One child over the whole bound is minted but not remembered.
+        let huge = "y".repeat(MAX_BYTES);
+        assert_eq!(mint(&reuse, "http://o/h", &huge).len(), MAX_BYTES);
+        assert_eq!(mint(&reuse, "http://o/h", "t3"), "t3");
+    }
 }

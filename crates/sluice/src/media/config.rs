@@ -52,8 +52,13 @@ pub struct MediaConfig {
     pub max_mpd_bytes: usize,
     /// Largest init or media segment accepted, in bytes (segments are held whole to decrypt them).
     pub max_segment_bytes: usize,
-    /// Most segments one HLS media playlist may list; above it the request gets a 400 instead of
-    /// unbounded rewriting work. (DASH representations have the MPD parser's own cap.)
+    /// Most entries one HLS playlist may have: every URI the rewriter routes through the proxy
+    /// (segment and other URI lines, with or without `#EXTINF`, and the URIs of parts, maps, keys,
+    /// renditions, I-frame playlists, preload hints and rendition reports). Above it the origin's
+    /// playlist is refused with a 502, like one over `max_manifest_bytes`, instead of unbounded
+    /// rewriting work. 50,000 leaves a 20,000-segment VOD with a key on every segment room, and an
+    /// LL-HLS playlist's parts (a few per segment, kept for the newest segments only) room to
+    /// spare. (DASH representations have the MPD parser's own cap.)
     pub max_playlist_segments: usize,
     /// Bytes the prefetch registry (the segment lists of recently served playlists) may hold.
     pub prefetch_registry_bytes: usize,
@@ -105,7 +110,7 @@ impl Default for MediaConfig {
             mpd_live_playlist_depth: 15,
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
-            max_playlist_segments: 20_000,
+            max_playlist_segments: 50_000,
             splice_stream: true,
             max_requests_per_client: 64,
             max_requests_per_token: 64,

@@ -231,19 +231,18 @@ async fn rewrite(
     base: url::Url,
 ) -> Result<String, ProxyError> {
     let cap = media.settings.max_playlist_segments;
-    let segments = rewriter::count_segments(&text);
-    if segments > cap {
-        let mut err = ProxyError::downstream(
-            StatusCode::BAD_REQUEST,
-            "too_many_segments",
+    let entries = rewriter::count_entries(&text);
+    if entries > cap {
+        // The origin's playlist is at fault, like one over `max_manifest_bytes`.
+        return Err(bad_playlist(
+            &base,
+            "too_many_entries",
             format!(
-                "the playlist from {} lists {segments} segments, over the limit of {cap} \
+                "the playlist from {} lists {entries} URIs, over the limit of {cap} \
                  (media.max_playlist_segments)",
                 base.host_str().unwrap_or("")
             ),
-        );
-        err.upstream = base.host_str().map(str::to_string);
-        return Err(err);
+        ));
     }
     let vod = job_is_vod(&text);
     let job = RewriteJob {
@@ -267,19 +266,24 @@ async fn rewrite(
         super::prebuffer::warm(media, ctx, warm);
     }
     rewritten.map_err(|e| {
-        let mut err = ProxyError::new(
-            Side::Upstream,
-            StatusCode::BAD_GATEWAY,
-            "bad_playlist",
-            format!(
-                "cannot rewrite the playlist from {}",
-                base.host_str().unwrap_or("")
-            ),
-        )
-        .with_detail(e);
-        err.upstream = base.host_str().map(str::to_string);
-        err
+        let kind = match e {
+            rewriter::HlsError::UrlTooLong { .. } => "playlist_url_too_long",
+            rewriter::HlsError::OutputTooLarge { .. } => "playlist_rewrite_too_large",
+            _ => "bad_playlist",
+        };
+        let message = format!(
+            "cannot rewrite the playlist from {}: {e}",
+            base.host_str().unwrap_or("")
+        );
+        bad_playlist(&base, kind, message)
     })
+}
+
+/// A 502 booked to the origin whose playlist at `base` cannot be served.
+fn bad_playlist(base: &url::Url, kind: &'static str, message: String) -> ProxyError {
+    let mut err = ProxyError::new(Side::Upstream, StatusCode::BAD_GATEWAY, kind, message);
+    err.upstream = base.host_str().map(str::to_string);
+    err
 }
 
 /// A playlist that ends (or says it is VOD) plays from its top; any other is live.

@@ -196,6 +196,53 @@ fn hostile_numbers_are_typed_errors() {
 }
 
 #[test]
+fn long_templates_cannot_multiply_into_huge_playlists() {
+    // One URL over MAX_URL_LEN: refused, however few segments.
+    let vod = r#"mediaPresentationDuration="PT10S""#;
+    let long = format!(
+        r#"<SegmentTemplate duration="1" media="{}$Number$"/>"#,
+        "a".repeat(MAX_URL_LEN)
+    );
+    assert_eq!(media_err(&long, vod), DashError::UrlTooLong(MAX_URL_LEN));
+    let long_init = format!(
+        r#"<SegmentTemplate duration="1" media="$Number$" initialization="{}"/>"#,
+        "i".repeat(MAX_URL_LEN)
+    );
+    assert_eq!(
+        media_err(&long_init, vod),
+        DashError::UrlTooLong(MAX_URL_LEN)
+    );
+    // 8,000 URLs of 5 KiB: each allowed, together over MAX_URL_BYTES.
+    let wide = format!(
+        r#"<SegmentTemplate duration="1" media="{}$Number$"/>"#,
+        "w".repeat(5 * 1024)
+    );
+    let many = r#"mediaPresentationDuration="PT8000S""#;
+    assert_eq!(
+        media_err(&wide, many),
+        DashError::TooManyUrlBytes(MAX_URL_BYTES)
+    );
+    // A 4 KiB init named by each of 10,000 short segments: the same total.
+    let init = format!(
+        r#"<SegmentTemplate duration="1" media="$Number$" initialization="{}"/>"#,
+        "i".repeat(4 * 1024)
+    );
+    let more = r#"mediaPresentationDuration="PT10000S""#;
+    let mpd = parse_mpd(&one_template(&init, more), &mpd_url()).unwrap();
+    let rep = &mpd.periods[0].adaptation_sets[0].representations[0];
+    let index = segment_index(&mpd, &mpd.periods[0], rep, 0.0, None).unwrap();
+    assert_eq!(index.segments.len(), 10_000);
+    assert_eq!(
+        to_hls_media(&mpd, "0_v_1", &MediaOptions::default(), show).err(),
+        Some(DashError::TooManyUrlBytes(MAX_URL_BYTES))
+    );
+    // 2,000 such segments fit.
+    let fewer = r#"mediaPresentationDuration="PT2000S""#;
+    let mpd = parse_mpd(&one_template(&wide, fewer), &mpd_url()).unwrap();
+    assert!(to_hls_media(&mpd, "0_v_1", &MediaOptions::default(), show).is_ok());
+}
+
+#[test]
 fn open_repeat_in_static_mpd_runs_to_the_period_end() {
     let xml = one_template(
         r#"<SegmentTemplate timescale="10" media="$Time$"><SegmentTimeline><S t="0" d="40" r="-1"/></SegmentTimeline></SegmentTemplate>"#,
