@@ -232,6 +232,12 @@ async fn scenarios(net: &Net) {
             .insert("/purged.bin".into(), (purged.clone(), "\"p1\"".into()));
         s.objects
             .insert("/copy/hot.bin".into(), (hot.clone(), "\"h1\"".into()));
+        for i in 1..=N {
+            s.objects.insert(
+                format!("/xff/{i}.bin"),
+                (object(20 + i as u8, 100), format!("\"x{i}\"")),
+            );
+        }
         s.objects.insert(
             "/copy/host.bin@a.test".into(),
             (host_a.clone(), "\"a1\"".into()),
@@ -424,6 +430,45 @@ async fn scenarios(net: &Net) {
             r.headers["cache-status"].to_str().unwrap()
         );
     }
+
+    // 2b''. The client's address reaches the origin through the owner: the node it asked sends
+    //       its own forwarding fields (the client's forged `X-Forwarded-For` replaced, as the
+    //       client is no trusted proxy), which the owner extends as a trusted proxy's. The owner
+    //       took the node for the client (its address alone reached the origin) and would have
+    //       kept the client's own field had peers been trusted proxies.
+    for i in 1..=N {
+        let path = format!("/xff/{i}.bin");
+        let r = request(
+            "GET",
+            Net::addr(i),
+            &path,
+            &[("x-forwarded-for", "6.6.6.6")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "node {i}");
+    }
+    let seen: Vec<(String, String, String)> = state
+        .lock()
+        .unwrap()
+        .forwarded
+        .iter()
+        .filter(|(p, ..)| p.starts_with("/xff/"))
+        .cloned()
+        .collect();
+    assert_eq!(seen.len(), N, "{seen:?}");
+    for (path, xff, real) in &seen {
+        assert!(
+            xff.starts_with("10.77.0.1,") || xff == "10.77.0.1",
+            "{path}: {xff}"
+        );
+        assert!(!xff.contains("6.6.6.6"), "{path}: {xff}");
+        assert_eq!(real, "10.77.0.1", "{path}");
+    }
+    assert!(
+        seen.iter().any(|(_, xff, _)| xff.contains(", 10.77.0.1")),
+        "no miss was relayed: {seen:?}"
+    );
 
     // 2c. The media front end: an MPD asked through every node is fetched once for the
     //     cluster, and a viewer with other headers (h_cookie) has objects of its own, fetched

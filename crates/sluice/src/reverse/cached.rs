@@ -172,6 +172,27 @@ impl Reverse {
             );
             (from_peer, authority, target)
         });
+        // A request a peer relayed carries that node's forwarding fields (the client's address,
+        // scheme and host as it saw them, made by its rules for trusting a client's own): they
+        // are extended here as a trusted proxy's, so the origin sees the client, not the node,
+        // and never a client's own unchecked `X-Forwarded-For`.
+        let relayed_down;
+        let down = match &relay {
+            Some((true, ..)) => {
+                relayed_down = Downstream {
+                    trusted: true,
+                    client_ip: parts
+                        .headers
+                        .get("x-real-ip")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(down.client_ip),
+                    ..down.clone()
+                };
+                &relayed_down
+            }
+            _ => down,
+        };
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let balance = hash_key(route, target, &parts.headers, down);
         // The purge authorisation below reads the client's own headers: the head gets a copy.
@@ -214,7 +235,7 @@ impl Reverse {
                         method: parts.method.clone(),
                         authority,
                         target,
-                        headers: parts.headers.clone(),
+                        headers: self.relay_headers(&parts, down),
                     };
                     let origin = c.owner_origin(&key, req, origin);
                     let mut resp = cache
@@ -229,7 +250,7 @@ impl Reverse {
                         method: parts.method.clone(),
                         authority,
                         target,
-                        headers: parts.headers.clone(),
+                        headers: self.relay_headers(&parts, down),
                     };
                     match c.through_owner(&key, req, local.clone()).await {
                         Some(resp) => resp,
@@ -255,6 +276,15 @@ impl Reverse {
             self.response_fields(route, resp.headers_mut(), Version::HTTP_11);
         }
         resp
+    }
+
+    /// The fields a miss is relayed to its owner with: the client's, with this node's forwarding
+    /// fields made as for an origin (the owner extends them; it took the client's own as the
+    /// node's, trusted or replaced as if the node were the client).
+    fn relay_headers(&self, parts: &http::request::Parts, down: &Downstream) -> http::HeaderMap {
+        let mut headers = parts.headers.clone();
+        self.relay_forwarding(&mut headers, down, parts.version);
+        headers
     }
 
     /// A GET or HEAD on a cache of its own (no cluster). A fresh hit whose body is in memory is

@@ -490,6 +490,17 @@ impl Reverse {
         route_edits(route, headers);
     }
 
+    /// This hop's forwarding fields on a request relayed to another cache cluster node, which
+    /// extends them as a trusted proxy's (its route edits are its own to make).
+    pub(super) fn relay_forwarding(
+        &self,
+        headers: &mut HeaderMap,
+        down: &Downstream,
+        version: Version,
+    ) {
+        forwarded::apply(headers, &self.hop_info(down, version));
+    }
+
     /// What `forwarded::apply` needs to know of this hop.
     fn hop_info<'a>(&'a self, down: &'a Downstream, version: Version) -> forwarded::Hop<'a> {
         let version = match version {

@@ -364,6 +364,8 @@ pub struct OriginState {
     pub requests: Vec<(String, String)>,
     /// (path, Cookie header) of every GET that carried one.
     pub cookies: Vec<(String, String)>,
+    /// (path, X-Forwarded-For, X-Real-IP) of every GET.
+    pub forwarded: Vec<(String, String, String)>,
     pub bytes_sent: u64,
 }
 
@@ -432,6 +434,15 @@ fn serve_origin(req: Request<Incoming>, state: &Shared) -> Response<OriginBody> 
         .unwrap_or("")
         .to_string();
     s.requests.push((path.clone(), range.clone()));
+    let field = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    s.forwarded
+        .push((path.clone(), field("x-forwarded-for"), field("x-real-ip")));
     if let Some(c) = req.headers().get("cookie").and_then(|v| v.to_str().ok()) {
         s.cookies.push((path.clone(), c.to_string()));
     }
