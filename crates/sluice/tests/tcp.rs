@@ -571,6 +571,62 @@ async fn active_health_check_takes_a_server_out_and_back() {
     assert!(names.contains(&"x".to_string()), "{names:?}");
 }
 
+/// A server that requires the PROXY protocol (as nginx with `proxy_protocol` does, behind a
+/// `[[tcp]]` listener's `send_proxy`) refuses a check without the header; with the health
+/// check's `send_proxy` each check opens with a v2 LOCAL header and the server stays in.
+#[tokio::test]
+async fn a_health_check_can_speak_the_proxy_protocol() {
+    // Answers 200 to a request after a PROXY v2 header; closes at once on anything else.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let locals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = locals.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; 16];
+                if s.read_exact(&mut head).await.is_err() || head[..12] != *b"\r\n\r\n\0\r\nQUIT\n"
+                {
+                    return;
+                }
+                // Version 2, command LOCAL (0x20); then the address block's length.
+                if head[12] == 0x20 {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                let skip = u16::from_be_bytes([head[14], head[15]]) as usize;
+                let mut rest = vec![0u8; skip];
+                if s.read_exact(&mut rest).await.is_err() {
+                    return;
+                }
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    for (send_proxy, stays_up) in [(false, false), (true, true)] {
+        let proxy = Proxy::start(&one_group(
+            &quoted(&[addr]),
+            &format!(
+                "health_check = {{ kind = \"http\", interval_secs = 1, timeout_secs = 1, \
+                 rise = 1, fall = 1, send_proxy = {send_proxy} }}"
+            ),
+        ));
+        let _checks = sluice::upstream::group::health::spawn(&proxy.groups);
+        let server = Arc::clone(&proxy.groups.get("g").unwrap().servers()[0]);
+        let deadline = Instant::now() + Duration::from_millis(2500);
+        while Instant::now() < deadline && server.is_healthy() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(server.is_healthy(), stays_up, "send_proxy = {send_proxy}");
+    }
+    assert!(locals.load(Ordering::SeqCst) >= 2, "no LOCAL header came");
+}
+
 #[tokio::test]
 async fn reload_keeps_established_connections_and_switches_new_ones() {
     let up = Arc::new(AtomicBool::new(true));

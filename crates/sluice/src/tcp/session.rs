@@ -212,8 +212,8 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
                     break;
                 }
                 Ok(Err(e)) if is_local_exhaustion(&e) => {
-                    // Our own fd table is full: not the server's fault, so nothing is counted
-                    // against it; the next server would fail the same way.
+                    // Out of our own descriptors, memory or local ports: not the server's fault,
+                    // so nothing is counted against it; the next server would fail the same way.
                     tracing::warn!(error = %e, "tcp connect: out of local resources");
                     return refuse("local_resources");
                 }
@@ -342,7 +342,8 @@ async fn pump(
 fn is_local_exhaustion(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+        // EADDRNOTAVAIL: no local port left for the connection (every ephemeral port in use).
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
     )
 }
 

@@ -37,6 +37,12 @@ pub struct HealthCheckConfig {
     /// Status the HTTP check expects; absent = any 2xx or 3xx.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect_status: Option<u16>,
+    /// Each check opens with a PROXY protocol v2 header of the LOCAL kind (no client: the proxy
+    /// speaking for itself), as HAProxy's `check-send-proxy` does, for servers that require the
+    /// header (a `[[tcp]]` listener's `send_proxy` in front of nginx's `proxy_protocol`): without
+    /// it such a server refuses the check and is taken out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub send_proxy: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -153,6 +159,12 @@ async fn check(server: &Server, config: &HealthCheckConfig) -> Result<(), String
     let mut stream = TcpStream::connect(server.addr())
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    if config.send_proxy {
+        stream
+            .write_all(&sluice_http::proxy_protocol::encode_v2_local())
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+    }
     if config.kind == CheckKind::Tcp {
         return Ok(());
     }
