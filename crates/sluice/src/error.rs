@@ -119,6 +119,11 @@ impl ProxyError {
                 (Side::Upstream, StatusCode::BAD_GATEWAY, "redirect")
             }
             UpstreamError::Protocol { .. } => (Side::Upstream, StatusCode::BAD_GATEWAY, "protocol"),
+            UpstreamError::RedirectRefused { .. } => (
+                Side::Downstream,
+                StatusCode::FORBIDDEN,
+                "redirect_not_allowed",
+            ),
         };
         ProxyError {
             side,

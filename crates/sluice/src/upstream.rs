@@ -1,8 +1,9 @@
 //! The upstream HTTP client every front end shares: connection setup (DNS, the address guard,
 //! outgoing proxy routes, TLS), and on it the pooled client (keep-alive per origin, HTTP/1.1,
-//! HTTP/2 by ALPN when enabled, a time-to-headers deadline, idle-read deadlines on bodies,
-//! redirects; the `upstream-pool` feature), `raw` (a response head read off a socket of its own
-//! for bodies that are spliced) and `fetch` (whole-body GETs for the gateway's playlist and guide).
+//! HTTP/2 by ALPN when enabled, a time-to-headers deadline, idle-read deadlines on bodies and a
+//! total one on bodies read whole, redirects; the `upstream-pool` feature), `raw` (a response
+//! head read off a socket of its own for bodies that are spliced) and `fetch` (whole-body GETs
+//! for the gateway's playlist and guide).
 
 #[cfg(feature = "upstream-pool")]
 pub mod body;
@@ -107,6 +108,8 @@ pub struct Upstream {
     connector: Connector,
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// The total deadline of a body read whole (`upstream.whole_body_timeout_secs`).
+    whole_body_timeout: Duration,
     max_redirects: usize,
     user_agent: HeaderValue,
     metrics: Metrics,
@@ -182,6 +185,7 @@ impl Upstream {
             connector,
             header_timeout: Duration::from_secs(config.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.idle_read_timeout_secs),
+            whole_body_timeout: Duration::from_secs(config.whole_body_timeout_secs),
             max_redirects: config.max_redirects,
             user_agent: HeaderValue::from_str(&config.user_agent)?,
             metrics,
@@ -191,6 +195,12 @@ impl Upstream {
                 Duration::from_secs(config.pool_idle_secs),
             )),
         })
+    }
+
+    /// How long a body read whole may take from its head to its end
+    /// (`upstream.whole_body_timeout_secs`), for readers that collect a body themselves.
+    pub fn whole_body_timeout(&self) -> Duration {
+        self.whole_body_timeout
     }
 
     /// Resolves `host` and applies the address guard (`allow_private`), as every HTTP fetch
@@ -206,7 +216,7 @@ impl Upstream {
     /// Sends `req`, following redirects, and returns the response head with its streaming body.
     #[cfg(feature = "upstream-pool")]
     pub async fn send(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
-        self.relay(req, relay::RelayBody::Empty).await
+        self.relay(req, relay::RelayBody::Empty, &|_| true).await
     }
 
     #[cfg(feature = "upstream-pool")]

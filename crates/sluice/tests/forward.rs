@@ -432,3 +432,75 @@ async fn refusals() {
     assert_eq!(r.status, 403);
     assert!(origin.got("/echo").is_empty());
 }
+
+/// An origin that answers every request with `status` and `Location: to`.
+async fn redirector(status: u16, to: String) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: Request<Incoming>| {
+                    let to = to.clone();
+                    async move {
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(status)
+                                .header("location", to)
+                                .body(Full::new(Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `d` on an allowed host that redirects to a host the lists refuse: before, the relay followed
+/// the redirect unchecked (a denied host reached through any open redirect, an allow-list left by
+/// any allowed host's redirect). Now every hop is checked and refused exactly as `d` would be.
+#[tokio::test]
+async fn redirects_stay_within_the_host_lists() {
+    let target = Origin::start().await;
+    let port = target.addr.port();
+    // `127.0.0.1` redirects to `localhost`: both reach `target`, under different names.
+    let to_localhost = redirector(302, format!("http://localhost:{port}/echo")).await;
+    let to_localhost_307 = redirector(307, format!("http://localhost:{port}/echo")).await;
+    let to_loopback = redirector(302, format!("http://127.0.0.1:{port}/echo")).await;
+    let direct = format!("http://localhost:{port}/echo");
+
+    let denied = start(&target, |c| {
+        c.media.forward.denied_hosts = vec!["localhost".into()];
+    })
+    .await;
+    let allowed = start(&target, |c| {
+        c.media.forward.allowed_hosts = vec!["127.0.0.1".into()];
+    })
+    .await;
+    for s in [&denied, &allowed] {
+        let refusal = send("GET", &forward(s, &direct, ""), &[], Bytes::new(), false).await;
+        assert_eq!(refusal.status, 403);
+        let refusal = refusal.body.unwrap();
+        for (method, hop) in [("GET", to_localhost), ("POST", to_localhost_307)] {
+            let d = format!("http://{hop}/login");
+            let r = send(method, &forward(s, &d, ""), &[], Bytes::from("a=1"), false).await;
+            assert_eq!(r.status, 403, "{method} via a redirect");
+            assert_eq!(r.body.unwrap(), refusal, "the same refusal as for `d`");
+        }
+    }
+    assert!(
+        target.got("/echo").is_empty(),
+        "the refused host saw a request"
+    );
+    // A redirect that stays within the lists is followed as before.
+    let d = format!("http://{to_loopback}/login");
+    let r = send("GET", &forward(&allowed, &d, ""), &[], Bytes::new(), false).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(target.got("/echo").len(), 1);
+}

@@ -80,6 +80,10 @@ pub enum UpstreamError {
     TooManyRedirects { host: String, limit: usize },
     #[error("upstream {host} sent an unusable redirect: {location}")]
     BadRedirect { host: String, location: String },
+    /// A redirect to a host the caller's own host rules refuse (`[media.forward]`); `host` is
+    /// the refused one.
+    #[error("a redirect led to {host}, which is not allowed")]
+    RedirectRefused { host: String },
     #[error("upstream {host}: {detail}")]
     Protocol { host: String, detail: String },
 }
@@ -97,6 +101,7 @@ impl UpstreamError {
             | UpstreamError::HeaderTimeout { host, .. }
             | UpstreamError::TooManyRedirects { host, .. }
             | UpstreamError::BadRedirect { host, .. }
+            | UpstreamError::RedirectRefused { host }
             | UpstreamError::Protocol { host, .. } => Some(host),
             UpstreamError::Connect(ConnectError::NoHost) => None,
         }

@@ -268,9 +268,20 @@ impl MediaCache {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         let partial = resp.status() == StatusCode::PARTIAL_CONTENT;
-        let body = collect_limited(resp.into_body(), limit)
+        let deadline = self.upstream.whole_body_timeout();
+        let body = collect_limited(resp.into_body(), limit, deadline)
             .await
-            .map_err(|e| body_error(&host, kind, e))?;
+            .map_err(|e| match e {
+                CollectError::Deadline => body_error(
+                    &host,
+                    kind,
+                    format!(
+                        "upstream {host} did not finish the body within {} s",
+                        deadline.as_secs()
+                    ),
+                ),
+                e => body_error(&host, kind, e),
+            })?;
         Ok(Fetched {
             bytes: exact_range(part.range, partial, body),
             final_url,
@@ -482,21 +493,34 @@ enum CollectError {
     Body(String),
     #[error("upstream body larger than {limit} bytes")]
     TooLarge { limit: usize },
+    /// Not whole within `upstream.whole_body_timeout_secs`: the cache's fill has idle deadlines
+    /// only, so a byte a minute would hold this request for good.
+    #[error("the body did not finish in time")]
+    Deadline,
 }
 
-async fn collect_limited(body: Body, limit: usize) -> Result<Bytes, CollectError> {
-    let mut body = std::pin::pin!(body);
-    let mut out = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| CollectError::Body(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > limit {
-                return Err(CollectError::TooLarge { limit });
+async fn collect_limited(
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Bytes, CollectError> {
+    let collect = async {
+        let mut body = std::pin::pin!(body);
+        let mut out = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| CollectError::Body(e.to_string()))?;
+            if let Ok(data) = frame.into_data() {
+                if out.len() + data.len() > limit {
+                    return Err(CollectError::TooLarge { limit });
+                }
+                out.extend_from_slice(&data);
             }
-            out.extend_from_slice(&data);
         }
-    }
-    Ok(out.freeze())
+        Ok(out.freeze())
+    };
+    tokio::time::timeout(deadline, collect)
+        .await
+        .map_err(|_| CollectError::Deadline)?
 }
 
 fn body_error(host: &str, kind: CacheKind, e: impl std::fmt::Display) -> ProxyError {

@@ -5,7 +5,8 @@
 //! the `h_*` headers, never the client's address (no `X-Forwarded-For` or the like, whatever
 //! `h_*` asks). `{mediaflow_ip}` in `d`, or in a body small enough to be read ahead, becomes the
 //! address `/proxy/ip` reports. Private destinations are refused by the upstream client's address
-//! guard (`upstream.allow_private`), and `[media.forward]` may narrow the hosts further.
+//! guard (`upstream.allow_private`), and `[media.forward]` may narrow the hosts further: for `d`
+//! and for every redirect the relay would follow, each refused alike.
 
 pub mod body;
 
@@ -25,7 +26,7 @@ use crate::body::{self as bodies, Body};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
 use crate::upstream::relay::RelayBody;
-use crate::upstream::UpstreamRequest;
+use crate::upstream::{UpstreamError, UpstreamRequest};
 
 /// MediaFlow's placeholder for the proxy's public address.
 pub const IP_PLACEHOLDER: &str = "{mediaflow_ip}";
@@ -213,11 +214,13 @@ impl Forward {
                     headers,
                 },
                 body,
+                &|next| self.allows(next),
             )
             .await
-            .map_err(|e| match over.load(Ordering::Relaxed) {
-                true => too_large(self.config.max_request_bytes),
-                false => ProxyError::from_upstream(&e),
+            .map_err(|e| match (over.load(Ordering::Relaxed), e) {
+                (true, _) => too_large(self.config.max_request_bytes),
+                (false, UpstreamError::RedirectRefused { host }) => refused(&host),
+                (false, e) => ProxyError::from_upstream(&e),
             })?;
         let max = self.config.max_response_bytes;
         if declared_length(&up.headers)
@@ -248,17 +251,17 @@ impl Forward {
 
     /// `d`'s host against `allowed_hosts` and `denied_hosts`.
     fn check_host(&self, url: &Url) -> Result<(), ProxyError> {
-        let host = url.host_str().unwrap_or("");
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let listed = |list: &[HostPattern]| list.iter().any(|p| p.matches(host));
-        if (!self.allowed.is_empty() && !listed(&self.allowed)) || listed(&self.denied) {
-            return Err(ProxyError::downstream(
-                StatusCode::FORBIDDEN,
-                "forward_host",
-                format!("forwarding to {host} is not allowed (media.forward)"),
-            ));
+        match self.allows(url) {
+            true => Ok(()),
+            false => Err(refused(url.host_str().unwrap_or(""))),
         }
-        Ok(())
+    }
+
+    /// Whether `url`'s host passes `allowed_hosts` and `denied_hosts`: `d`, and every redirect.
+    fn allows(&self, url: &Url) -> bool {
+        let host = bare(url.host_str().unwrap_or(""));
+        let listed = |list: &[HostPattern]| list.iter().any(|p| p.matches(host));
+        (self.allowed.is_empty() || listed(&self.allowed)) && !listed(&self.denied)
     }
 
     /// The placeholder replaced in a body held whole.
@@ -273,6 +276,23 @@ impl Forward {
             ip.as_bytes(),
         ))
     }
+}
+
+/// The one refusal of a host `[media.forward]` does not allow, whether `d` or a redirect named it.
+fn refused(host: &str) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::FORBIDDEN,
+        "forward_host",
+        format!(
+            "forwarding to {} is not allowed (media.forward)",
+            bare(host)
+        ),
+    )
+}
+
+/// A host as the lists name it: an IPv6 literal without its brackets.
+fn bare(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 fn too_large(max: u64) -> ProxyError {

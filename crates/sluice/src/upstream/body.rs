@@ -1,5 +1,5 @@
-//! The upstream response body: frames pass straight through, with an idle-read deadline (reset by every
-//! frame, never a total deadline) and a byte counter.
+//! The upstream response body: frames pass straight through, with an idle-read deadline (reset by
+//! every frame) and a byte counter; a body collected whole also has a total deadline.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -16,6 +16,8 @@ use tokio::time::{Instant, Sleep};
 pub enum UpstreamBodyError {
     #[error("upstream {host} sent nothing for {secs} s")]
     Idle { host: String, secs: u64 },
+    #[error("upstream {host} did not finish the body within {secs} s")]
+    Deadline { host: String, secs: u64 },
     #[error("upstream {host} body failed: {source}")]
     Read { host: String, source: hyper::Error },
 }
@@ -28,6 +30,8 @@ pin_project_lite::pin_project! {
         #[pin]
         idle: Sleep,
         timeout: Duration,
+        // The total deadline of `collect_limited`; a streamed body has none.
+        whole: Duration,
         host: String,
         bytes: Counter,
     }
@@ -39,25 +43,41 @@ impl UpstreamBody {
             inner,
             idle: tokio::time::sleep(timeout),
             timeout,
+            whole: Duration::MAX,
             host,
             bytes,
         }
     }
 
-    /// Collects the whole body, refusing more than `limit` bytes (manifests, keys, init segments).
+    /// The total deadline [`UpstreamBody::collect_limited`] keeps (none until set).
+    pub(crate) fn whole_deadline(mut self, whole: Duration) -> Self {
+        self.whole = whole;
+        self
+    }
+
+    /// Collects the whole body, refusing more than `limit` bytes (manifests, keys, init segments)
+    /// or taking longer than `upstream.whole_body_timeout_secs`: the idle deadline alone lets a
+    /// byte every minute hold the request, and what was collected so far, for good.
     pub async fn collect_limited(self, limit: usize) -> Result<Bytes, CollectError> {
         use http_body_util::BodyExt;
-        let mut body = std::pin::pin!(self);
-        let mut out = bytes::BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame?.into_data() {
-                if out.len() + data.len() > limit {
-                    return Err(CollectError::TooLarge { limit });
+        let (whole, host) = (self.whole, self.host.clone());
+        let collect = async {
+            let mut body = std::pin::pin!(self);
+            let mut out = bytes::BytesMut::new();
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame?.into_data() {
+                    if out.len() + data.len() > limit {
+                        return Err(CollectError::TooLarge { limit });
+                    }
+                    out.extend_from_slice(&data);
                 }
-                out.extend_from_slice(&data);
             }
-        }
-        Ok(out.freeze())
+            Ok(out.freeze())
+        };
+        tokio::time::timeout(whole, collect).await.map_err(|_| {
+            let secs = whole.as_secs();
+            UpstreamBodyError::Deadline { host, secs }
+        })?
     }
 }
 

@@ -13,8 +13,15 @@ pub struct UpstreamConfig {
     pub connect_timeout_secs: u64,
     /// Seconds from sending a request to receiving its response head.
     pub header_timeout_secs: u64,
-    /// Seconds a response body may go without a byte before it is abandoned (no total deadline).
+    /// Seconds a response body may go without a byte before it is abandoned (a streamed body has
+    /// no total deadline).
     pub idle_read_timeout_secs: u64,
+    /// Seconds to read a body sluice holds whole (playlists, MPDs, keys, init segments, segments
+    /// it caches, the gateway's playlist and guide), counted from its head; streamed bodies have
+    /// no total deadline. The idle deadline alone let an origin sending a byte a minute hold the
+    /// request and its buffer for days. A guide fetch is bounded by this and by its own
+    /// `epg_fetch_timeout_secs`/`fetch_timeout_secs` (both 120 by default): raise both together.
+    pub whole_body_timeout_secs: u64,
     /// Connection setups in flight per host at once (never a limit on open streams).
     pub max_setups_per_host: usize,
     /// Redirects followed before giving up.
@@ -59,6 +66,9 @@ impl Default for UpstreamConfig {
             connect_timeout_secs: 10,
             header_timeout_secs: 30,
             idle_read_timeout_secs: 60,
+            // Twice the idle deadline: an 8 MiB playlist takes seconds on any working link, and
+            // the guide fetches have 120 s for the whole exchange anyway.
+            whole_body_timeout_secs: 120,
             max_setups_per_host: 10,
             max_redirects: 5,
             allow_private: false,
@@ -84,6 +94,7 @@ config_section!(UpstreamConfig {
     connect_timeout_secs,
     header_timeout_secs,
     idle_read_timeout_secs,
+    whole_body_timeout_secs,
     max_setups_per_host,
     max_redirects,
     allow_private,
@@ -130,6 +141,10 @@ impl UpstreamConfig {
             (
                 "upstream.idle_read_timeout_secs",
                 self.idle_read_timeout_secs,
+            ),
+            (
+                "upstream.whole_body_timeout_secs",
+                self.whole_body_timeout_secs,
             ),
         ] {
             if value == 0 {

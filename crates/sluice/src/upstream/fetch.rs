@@ -2,7 +2,7 @@
 //! exchange per hop on a fresh connection from the client's connector (address guard, proxy
 //! routes, setup limit, TLS when built), redirects followed and bounded, the body read by
 //! `Content-Length`, chunked coding or connection close, bounded in size, under the client's
-//! header and idle-read deadlines.
+//! header, idle-read and whole-body deadlines.
 //!
 //! Not the pooled client: these fetches happen minutes apart, so a kept-alive connection would
 //! only sit idle, and the gateway-only build then needs neither hyper's client nor `url`.
@@ -34,6 +34,8 @@ pub enum FetchError {
     Upstream(#[from] UpstreamError),
     #[error("upstream {host} sent nothing for {secs} s")]
     Idle { host: String, secs: u64 },
+    #[error("upstream {host} did not finish the body within {secs} s")]
+    Deadline { host: String, secs: u64 },
     #[error("upstream body larger than {limit} bytes")]
     TooLarge { limit: usize },
     #[error("upstream {host} body: {detail}")]
@@ -106,7 +108,16 @@ impl Upstream {
             let location = head.headers.get(header::LOCATION);
             let redirect = matches!(head.status.as_u16(), 301 | 302 | 303 | 307 | 308);
             let (true, Some(location)) = (redirect, location) else {
-                let body = self.read_body(&head, conn, early, limit, &host).await?;
+                // A total deadline too: the idle one is reset by every byte.
+                let body = tokio::time::timeout(
+                    self.whole_body_timeout,
+                    self.read_body(&head, conn, early, limit, &host),
+                )
+                .await
+                .map_err(|_| FetchError::Deadline {
+                    host: host.clone(),
+                    secs: self.whole_body_timeout.as_secs(),
+                })??;
                 return Ok(Fetched {
                     status: head.status,
                     headers: head.headers,

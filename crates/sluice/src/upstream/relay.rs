@@ -1,8 +1,10 @@
 //! Upstream exchanges of any method, with a request body that is sent once (streamed) or replayed
-//! across redirects (held whole); the bodiless `send` is the empty case.
+//! across redirects (held whole), and every redirect's target put to the caller's host rules;
+//! the bodiless `send` is the empty case.
 
 use bytes::Bytes;
 use http::{header, Method, StatusCode};
+use url::Url;
 
 use super::{
     guard, host_of, Upstream, UpstreamBody, UpstreamError, UpstreamRequest, UpstreamResponse,
@@ -31,11 +33,14 @@ const BODY_FIELDS: [header::HeaderName; 3] = [
 impl Upstream {
     /// Sends `req` with `body`, following redirects as a browser does (303, and 301/302 after a
     /// POST, continue as a GET without the body; 307/308 keep the method and the body), except
-    /// that a streamed body's redirect is answered as it is.
+    /// that a streamed body's redirect is answered as it is. A redirect to a URL `allowed` refuses
+    /// is not followed: the answer is [`UpstreamError::RedirectRefused`] (the first URL is the
+    /// caller's to check).
     pub async fn relay(
         &self,
         req: UpstreamRequest,
         body: RelayBody,
+        allowed: &(dyn Fn(&Url) -> bool + Sync),
     ) -> Result<UpstreamResponse, UpstreamError> {
         let UpstreamRequest {
             mut method,
@@ -75,7 +80,8 @@ impl Upstream {
                         self.idle_timeout,
                         host,
                         self.metrics.bytes.clone(),
-                    ),
+                    )
+                    .whole_deadline(self.whole_body_timeout),
                     final_url: url,
                 });
             };
@@ -84,6 +90,11 @@ impl Upstream {
                 return Err(UpstreamError::TooManyRedirects {
                     host: host_of(&url),
                     limit: self.max_redirects,
+                });
+            }
+            if !allowed(&next) {
+                return Err(UpstreamError::RedirectRefused {
+                    host: host_of(&next),
                 });
             }
             if becomes_get(&method, resp.status()) {
