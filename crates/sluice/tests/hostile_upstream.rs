@@ -4,6 +4,8 @@
 
 mod self_signed;
 mod support;
+#[path = "hostile_upstream/whole_body.rs"]
+mod whole_body;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

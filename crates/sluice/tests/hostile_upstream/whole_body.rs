@@ -3,8 +3,6 @@
 //! `upstream.whole_body_timeout_secs` ends them, booked to the upstream; a streamed body keeps
 //! only the idle deadline.
 
-mod support;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -18,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use sluice::upstream::fetch::FetchError;
 use sluice::upstream::{Upstream, UpstreamConfig};
-use support::*;
+use crate::support::*;
 use tokio::net::TcpListener;
 
 const PLAYLIST: &str = "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n\
