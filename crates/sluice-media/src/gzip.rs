@@ -102,6 +102,111 @@ pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, GzipError> {
     }
 }
 
+/// Decompresses gzip data a chunk at a time, every member in turn, with the same checks as
+/// [`decompress`]: what it holds is the inflate state (its 32 KiB window and tables) and the
+/// chunk asked for, whatever the size of the whole.
+pub struct Inflater<D> {
+    data: D,
+    /// Where the input not yet inflated starts.
+    pos: usize,
+    state: Box<InflateState>,
+    /// Inside a member's deflate data (its header read), and the CRC-32 and length so far.
+    member: Option<(u32, u32)>,
+    written: usize,
+    max: usize,
+    /// The last member ended, or an error was returned: nothing follows.
+    done: bool,
+}
+
+impl<D: AsRef<[u8]>> Inflater<D> {
+    /// Decompresses `data`, refusing more than `max` bytes of output.
+    pub fn new(data: D, max: usize) -> Self {
+        Inflater {
+            data,
+            pos: 0,
+            state: InflateState::new_boxed(DataFormat::Raw),
+            member: None,
+            written: 0,
+            max,
+            done: false,
+        }
+    }
+
+    /// The next at most `chunk` (at least 1) bytes of output; `None` after the last member.
+    pub fn next_chunk(&mut self, chunk: usize) -> Option<Result<Vec<u8>, GzipError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let data = self.data.as_ref();
+            if self.member.is_none() {
+                let body = match member_body(&data[self.pos..]) {
+                    Ok(body) => body,
+                    Err(e) => return Some(Err(self.fail(e))),
+                };
+                self.pos = data.len() - body.len();
+                self.state.reset(DataFormat::Raw);
+                self.member = Some((0, 0));
+            }
+            // One byte past the limit, so that reaching it exactly is told apart from exceeding it.
+            let room = (self.max + 1)
+                .saturating_sub(self.written)
+                .min(chunk.max(1));
+            if room == 0 {
+                return Some(Err(self.fail(GzipError::TooLarge(self.max))));
+            }
+            let mut out = vec![0; room];
+            let r = inflate(&mut self.state, &data[self.pos..], &mut out, MZFlush::None);
+            self.pos += r.bytes_consumed;
+            out.truncate(r.bytes_written);
+            self.written += out.len();
+            if self.written > self.max {
+                return Some(Err(self.fail(GzipError::TooLarge(self.max))));
+            }
+            let (crc, len) = self.member.unwrap_or_default();
+            let (crc, len) = (crc32(crc, &out), len.wrapping_add(out.len() as u32));
+            self.member = Some((crc, len));
+            match r.status {
+                Ok(MZStatus::StreamEnd) => {
+                    let Some(trailer) = data.get(self.pos..self.pos + 8) else {
+                        return Some(Err(self.fail(GzipError::Truncated)));
+                    };
+                    let want = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+                    let want_len =
+                        u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
+                    if want != crc || want_len != len {
+                        return Some(Err(self.fail(GzipError::Trailer)));
+                    }
+                    self.pos += 8;
+                    self.member = None;
+                    self.done = self.pos == data.len();
+                }
+                Ok(_) | Err(MZError::Buf) if r.bytes_consumed > 0 || r.bytes_written > 0 => {}
+                Ok(_) | Err(MZError::Buf) => return Some(Err(self.fail(GzipError::Truncated))),
+                Err(_) => return Some(Err(self.fail(GzipError::Corrupt))),
+            }
+            if !out.is_empty() {
+                return Some(Ok(out));
+            }
+        }
+    }
+
+    /// Ends the stream with `e`: nothing follows an error.
+    fn fail(&mut self, e: GzipError) -> GzipError {
+        self.done = true;
+        e
+    }
+}
+
+impl<D: AsRef<[u8]>> Iterator for Inflater<D> {
+    type Item = Result<Vec<u8>, GzipError>;
+
+    /// 64 KiB at a time.
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_chunk(64 * 1024)
+    }
+}
+
 /// The bytes after a member's header: its deflate data, trailer and whatever follows.
 fn member_body(data: &[u8]) -> Result<&[u8], GzipError> {
     if data.len() < 10 {

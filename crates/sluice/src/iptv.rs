@@ -510,10 +510,18 @@ impl Iptv {
         }
         let guide = match self.epg.get(source).await {
             Ok(g) => g,
-            Err(e @ epg::EpgError::TimedOut(_)) => {
-                return text(StatusCode::GATEWAY_TIMEOUT, &format!("{e}\n"))
+            Err(e) => {
+                // As for the playlist: the reason names the guide's source (its host, what it
+                // answered), for the log; clients get one answer per status.
+                tracing::warn!(error = %e, "guide unavailable");
+                return match e {
+                    epg::EpgError::TimedOut(_) => text(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "guide unavailable: timed out\n",
+                    ),
+                    _ => text(StatusCode::BAD_GATEWAY, "guide unavailable\n"),
+                };
             }
-            Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{e}\n")),
         };
         let form = epg::Form::choose(gz_file, &req.headers);
         let unchanged = epg::not_modified(&req.headers, &form.etag(&guide), guide.last_modified);
@@ -521,20 +529,17 @@ impl Iptv {
         let payload = if unchanged || req.method == Method::HEAD {
             body::empty()
         } else if form == epg::Form::Xml {
-            // Inflating a large guide takes a while: off the runtime that streams the channels.
-            let held = Arc::clone(&guide);
-            match tokio::task::spawn_blocking(move || held.xml()).await {
-                Ok(Ok(xml)) => body::full(xml),
-                Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
-                Err(_) => return text(StatusCode::INTERNAL_SERVER_ERROR, "guide unavailable\n"),
-            }
+            // Inflated as the client reads: a whole copy per request, held as long as a slow
+            // client liked, let a few of them hold gigabytes.
+            guide.xml_body()
         } else {
             body::full(guide.gz.clone())
         };
         let mut resp = Response::new(payload);
         *resp.status_mut() = status;
         *resp.headers_mut() = headers;
-        if req.method == Method::HEAD && !unchanged {
+        // A streamed body has no length of its own: the header gives it, for GET as for HEAD.
+        if (req.method == Method::HEAD || form == epg::Form::Xml) && !unchanged {
             let len = if form == epg::Form::Xml {
                 guide.xml_len
             } else {
@@ -549,10 +554,7 @@ impl Iptv {
     async fn channel(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
         let (key, fcc) = match self.hub_key(req) {
             Ok(key) => key,
-            Err(reason) => {
-                self.registry.metrics.refuse("bad_request");
-                return text(StatusCode::BAD_REQUEST, &format!("{reason}\n"));
-            }
+            Err(e) => return self.key_refused(e),
         };
         if req.method == Method::HEAD {
             return stream_response(body::empty());
@@ -615,8 +617,26 @@ impl Iptv {
     fn hub_key(
         &self,
         req: &http::request::Parts,
-    ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
+    ) -> Result<(HubKey, Option<fcc::FccTarget>), KeyError> {
         self.hub_key_of(req.uri.path(), req.uri.query())
+    }
+
+    /// The answer to a channel request that has no hub key.
+    fn key_refused(&self, e: KeyError) -> Response<Body> {
+        match e {
+            KeyError::Bad(reason) => {
+                self.registry.metrics.refuse("bad_request");
+                text(StatusCode::BAD_REQUEST, &format!("{reason}\n"))
+            }
+            KeyError::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "channel refused: its interface is missing");
+                self.registry.metrics.refuse("interface_unavailable");
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the channel's network interface is unavailable\n",
+                )
+            }
+        }
     }
 
     /// The hub key of a `/rtp/` or `/udp/` channel path and its query.
@@ -624,7 +644,7 @@ impl Iptv {
         &self,
         path: &str,
         query: Option<&str>,
-    ) -> Result<(HubKey, Option<fcc::FccTarget>), String> {
+    ) -> Result<(HubKey, Option<fcc::FccTarget>), KeyError> {
         let ch = url::parse_channel(path, query).map_err(|e| e.to_string())?;
         let interface = match (ch.interface, &self.config.interface) {
             (Some(_), _) if !self.config.allow_iface_param => {
@@ -634,7 +654,8 @@ impl Iptv {
                 return Err(format!(
                     "interface {name:?} is not one this gateway serves: name it in \
                      iptv.interface or iptv.interfaces"
-                ))
+                )
+                .into())
             }
             (Some(name), _) => name,
             (None, Some(name)) => name.clone(),
@@ -653,9 +674,12 @@ impl Iptv {
                 "group {} carries the network's own control traffic: list it in \
                  iptv.allow_groups to serve it",
                 ch.group
-            ));
+            )
+            .into());
         }
-        crate::net::multicast::interface_index(&interface).map_err(|e| e.to_string())?;
+        // Only a configured name gets here: one that is missing is the server's fault.
+        crate::net::multicast::interface_index(&interface)
+            .map_err(|e| KeyError::Unavailable(e.to_string()))?;
         let fcc = match ch.fcc {
             Some((server, flavor)) => {
                 let interface = match (ch.fcc_interface, &self.config.fcc.interface) {
@@ -665,14 +689,15 @@ impl Iptv {
                     (Some(name), _) if !self.interface_allowed(&name) => {
                         return Err(format!(
                             "r2h-ifname-fcc: interface {name:?} is not one this gateway serves"
-                        ))
+                        )
+                        .into())
                     }
                     (Some(name), _) => Some(name),
                     (None, configured) => configured.clone(),
                 };
                 if let Some(name) = &interface {
                     crate::net::multicast::interface_index(name)
-                        .map_err(|e| format!("r2h-ifname-fcc: {e}"))?;
+                        .map_err(|e| KeyError::Unavailable(format!("r2h-ifname-fcc: {e}")))?;
                 }
                 fcc::check_server(*server.ip(), &self.config.fcc.servers).map_err(|class| {
                     format!(
@@ -732,6 +757,37 @@ impl Iptv {
         self.registry.metrics.refuse(reason);
         tracing::debug!(%refusal, "channel request refused");
         text(status, &format!("{refusal}\n"))
+    }
+}
+
+/// Why a channel path has no hub key.
+#[derive(Debug)]
+enum KeyError {
+    /// The request is wrong: a 400 that says why.
+    Bad(String),
+    /// A configured interface is not there now (a PPPoE link redialling, a VLAN being
+    /// recreated): the server's fault, a 503. Its name is configuration: the log has it, the
+    /// client does not.
+    Unavailable(String),
+}
+
+impl From<String> for KeyError {
+    fn from(reason: String) -> Self {
+        KeyError::Bad(reason)
+    }
+}
+
+impl From<&str> for KeyError {
+    fn from(reason: &str) -> Self {
+        KeyError::Bad(reason.to_string())
+    }
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyError::Bad(reason) | KeyError::Unavailable(reason) => f.write_str(reason),
+        }
     }
 }
 

@@ -281,6 +281,41 @@ async fn bad_urls_get_400_with_reasons() {
     }
 }
 
+/// A configured interface that is not there now (a PPPoE link redialling, a VLAN being
+/// recreated) is the server's fault: 503, counted apart from bad requests, and the answer names
+/// nothing of the configuration. Before, every channel request was a 400 `bad_request` saying
+/// `no network interface named "ppp-gone7"`.
+#[tokio::test]
+async fn a_missing_configured_interface_is_a_503_that_names_nothing() {
+    let mut cfg = config();
+    cfg.interface = Some("ppp-gone7".into());
+    cfg.fcc.interface = Some("vlan-gone8".into());
+    let gw = Gateway::start(cfg).await;
+    let paths = [
+        "/rtp/239.71.0.60:46060",
+        "/rtp/239.71.0.60:46060?iface=ppp-gone7",
+        // The multicast interface is there; the FCC one is not.
+        "/rtp/239.71.0.60:46060?iface=lo&fcc=127.0.0.1:8027",
+        "/hls/rtp/239.71.0.60:46060/index.m3u8",
+    ];
+    for path in paths {
+        let resp = gw.get(path).await;
+        assert_eq!(resp.status(), 503, "{path}");
+        let body = read_text(resp).await;
+        assert_eq!(
+            body, "the channel's network interface is unavailable\n",
+            "{path}"
+        );
+        assert!(!body.contains("gone"), "{path}: {body}");
+    }
+    let metrics = gw.metrics();
+    assert!(
+        metrics.contains("reason=\"interface_unavailable\"} 4"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("reason=\"bad_request\""), "{metrics}");
+}
+
 #[tokio::test]
 async fn subscriber_limits_answer_429_and_503() {
     let mut cfg = config();

@@ -9,6 +9,8 @@
 //! the second of the recording the first relayed frame comes from.
 
 mod iptv_support;
+#[path = "iptv_rtsp/shares.rs"]
+mod shares;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -455,17 +457,12 @@ async fn digest_auth_from_the_url() {
     let wrong = format!("/rtsp/viewer:nope@127.0.0.1:{}/live", server.port);
     let resp = get_with(&gw, &wrong, &[]).await;
     assert_eq!(resp.status(), 502);
-    assert_eq!(
-        body_text(resp).await,
-        "RTSP upstream: the server refused the credentials\n"
-    );
+    // The reason ("the server refused the credentials") is the log's, not the viewer's.
+    assert_eq!(body_text(resp).await, "the RTSP server failed\n");
     let none = format!("/rtsp/127.0.0.1:{}/live", server.port);
     let resp = get_with(&gw, &none, &[]).await;
     assert_eq!(resp.status(), 502);
-    assert_eq!(
-        body_text(resp).await,
-        "RTSP upstream: the server asks for credentials and the URL has none\n"
-    );
+    assert_eq!(body_text(resp).await, "the RTSP server failed\n");
 }
 
 #[tokio::test]
@@ -532,11 +529,11 @@ async fn redirects_are_followed() {
     assert_slice_of_source(&out);
     assert_eq!(server.requests("DESCRIBE")[0]["uri"], target);
 
-    // A redirect loop ends after max_redirects with a 502.
+    // A redirect to nowhere ends with a 502 (the log says "not an rtsp:// URL").
     let looping = redirector(String::new()).await;
     let resp = get_with(&gw, &format!("/rtsp/127.0.0.1:{looping}/x"), &[]).await;
     assert_eq!(resp.status(), 502);
-    assert!(body_text(resp).await.contains("not an rtsp:// URL"));
+    assert_eq!(body_text(resp).await, "the RTSP server failed\n");
 }
 
 #[tokio::test]
@@ -757,13 +754,10 @@ async fn catch_up_makes_a_time_shift_server_seek() {
             "clock=20240101T120021Z-20240101T120100Z",
         ]
     );
-    // Before the recording began: the server's 457 comes back as a 502 naming it.
+    // Before the recording began: the server's 457 comes back as a 502 (the log names it).
     let resp = get_with(&gw, &format!("{base}?playseek=20240101115900"), &[]).await;
     assert_eq!(resp.status(), 502);
-    assert_eq!(
-        body_text(resp).await,
-        "RTSP upstream: PLAY answered 457 Invalid Range\n"
-    );
+    assert_eq!(body_text(resp).await, "the RTSP server failed\n");
 }
 
 #[tokio::test]
@@ -796,9 +790,7 @@ async fn refusals() {
     drop(closed);
     let resp = get_with(&gw, &format!("/rtsp/127.0.0.1:{port}/x"), &[]).await;
     assert_eq!(resp.status(), 502);
-    assert!(body_text(resp).await.starts_with(&format!(
-        "RTSP upstream: connection to 127.0.0.1:{port} failed"
-    )));
+    assert_eq!(body_text(resp).await, "the RTSP server failed\n");
     // An unknown mount.
     let resp = get_with(
         &gw,
@@ -807,10 +799,7 @@ async fn refusals() {
     )
     .await;
     assert_eq!(resp.status(), 502);
-    assert_eq!(
-        body_text(resp).await,
-        "RTSP upstream: DESCRIBE answered 404 Not Found\n"
-    );
+    assert_eq!(body_text(resp).await, "the RTSP server failed\n");
     // One session at a time: a second URL waits for the first to end.
     let live = get_with(&gw, &format!("/rtsp/127.0.0.1:{}/live", server.port), &[]).await;
     assert_eq!(live.status(), 200);
@@ -828,6 +817,53 @@ async fn refusals() {
     drop(live);
 }
 
+/// Every failure to reach an RTSP server answers the same 502 and body: a name that does not
+/// resolve, a port nothing listens on, a server that closes at once, one that speaks another
+/// protocol, a DESCRIBE refused. Before, the body told them apart ("cannot resolve", "connection
+/// refused", the first bytes of a non-RTSP answer): a port scanner and a map of internal DNS.
+#[tokio::test]
+async fn rtsp_failures_all_look_the_same() {
+    let server = RtspServer::start(&[]);
+    let gw = Gateway::start(rtsp_config()).await;
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // Accepts, then closes without a word.
+    let closing = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closing_port = closing.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = closing.accept().await {
+            drop(tcp);
+        }
+    });
+    // Answers in another protocol, naming itself.
+    let other = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = other.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = tcp.read(&mut buf).await;
+            let _ = tcp
+                .write_all(b"SSH-2.0-OpenSSH_9.6 build-7.corp.internal\r\n")
+                .await;
+        }
+    });
+    let paths = [
+        // `.invalid` names fail in the resolver itself (RFC 6761): no query leaves the machine.
+        "/rtsp/camera.invalid/x".to_string(),
+        format!("/rtsp/127.0.0.1:{refused}/x"),
+        format!("/rtsp/127.0.0.1:{closing_port}/x"),
+        format!("/rtsp/127.0.0.1:{other_port}/x"),
+        format!("/rtsp/127.0.0.1:{}/nothing", server.port),
+    ];
+    for path in &paths {
+        let resp = get_with(&gw, path, &[]).await;
+        assert_eq!(resp.status(), 502, "{path}");
+        assert_eq!(body_text(resp).await, "the RTSP server failed\n", "{path}");
+    }
+}
+
 #[tokio::test]
 async fn the_address_guard_applies() {
     let server = RtspServer::start(&[]);
@@ -837,10 +873,32 @@ async fn the_address_guard_applies() {
             .unwrap();
     let iptv = sluice::iptv::Iptv::new(rtsp_config(), upstream, &mut registry).unwrap();
     let gw = Gateway::serve(iptv).await;
-    let resp = get_with(&gw, &format!("/rtsp/127.0.0.1:{}/live", server.port), &[]).await;
-    assert_eq!(resp.status(), 502);
-    let text = body_text(resp).await;
-    assert!(text.contains("resolves to a loopback address"), "{text}");
+    // Refused as the media front end refuses a fetch (its `upstream_not_allowed`): 403, the
+    // class of the address and never the address; the same for a name and a literal.
+    let cases = [
+        (
+            format!("127.0.0.1:{}", server.port),
+            "127.0.0.1",
+            "loopback",
+        ),
+        (
+            format!("localhost:{}", server.port),
+            "localhost",
+            "loopback",
+        ),
+        ("10.71.0.1:554".to_string(), "10.71.0.1", "private"),
+    ];
+    for (authority, host, class) in cases {
+        let resp = get_with(&gw, &format!("/rtsp/{authority}/live"), &[]).await;
+        assert_eq!(resp.status(), 403, "{authority}");
+        assert_eq!(
+            body_text(resp).await,
+            format!(
+                "{host} resolves to a {class} address; set upstream.allow_private \
+                 (--allow-private-upstreams) to allow it\n"
+            )
+        );
+    }
     assert!(
         server.requests("OPTIONS").is_empty(),
         "nothing may reach a refused host"

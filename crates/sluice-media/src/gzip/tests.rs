@@ -114,7 +114,55 @@ fn damaged_input_is_refused_with_its_reason() {
     }
 }
 
+/// [`Inflater`]'s output, joined, or its first error.
+fn inflate_in_chunks(data: &[u8], max: usize, chunk: usize) -> Result<Vec<u8>, GzipError> {
+    let mut inflater = Inflater::new(data, max);
+    let mut out = Vec::new();
+    while let Some(piece) = inflater.next_chunk(chunk) {
+        let piece = piece?;
+        assert!(!piece.is_empty() && piece.len() <= chunk);
+        out.extend_from_slice(&piece);
+    }
+    assert!(
+        inflater.next_chunk(chunk).is_none(),
+        "nothing after the end"
+    );
+    Ok(out)
+}
+
+#[test]
+fn the_inflater_agrees_with_decompress() {
+    let mut two = compress(b"first member, ", 6);
+    two.extend_from_slice(&compress(&[], 6));
+    two.extend_from_slice(&compress(b"second", 1));
+    let mut garbage = FROM_GZIP.to_vec();
+    garbage.extend_from_slice(b"junk after the member");
+    let mut crc = FROM_GZIP;
+    crc[29] ^= 1;
+    let mut inputs = vec![FROM_GZIP.to_vec(), two, garbage, crc.to_vec(), Vec::new()];
+    inputs.extend((0..FROM_GZIP.len()).map(|cut| FROM_GZIP[..cut].to_vec()));
+    for data in &inputs {
+        for (max, chunk) in [(100, 1), (100, 3), (100, 64 * 1024), (5, 2), (14, 7)] {
+            assert_eq!(
+                inflate_in_chunks(data, max, chunk),
+                decompress(data, max),
+                "{data:?} max {max} chunk {chunk}"
+            );
+        }
+    }
+}
+
 proptest! {
+    #[test]
+    fn the_inflater_round_trips(
+        data in proptest::collection::vec(any::<u8>(), 0..8192),
+        level in 0u8..=10,
+        chunk in 1usize..3000,
+    ) {
+        let gz = compress(&data, level);
+        prop_assert_eq!(inflate_in_chunks(&gz, data.len(), chunk).unwrap(), data);
+    }
+
     #[test]
     fn round_trip(data in proptest::collection::vec(any::<u8>(), 0..4096), level in 0u8..=10) {
         let gz = compress(&data, level);

@@ -12,7 +12,9 @@
 //! - `parts`: low-latency HLS (partial segments, blocking reloads).
 //! - `fmp4`: the segments as fragmented MP4, for players that ask for it.
 //! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
+//! - `catchup`: the memory of catch-up channels, within `catchup_total_bytes`.
 
+mod catchup;
 mod fmp4;
 mod parts;
 mod viewers;
@@ -57,6 +59,10 @@ pub struct HlsConfig {
     /// programme has been received) up to this many bytes; beyond it the oldest go and the
     /// playlist slides like a live one.
     pub catchup_max_bytes: u64,
+    /// All catch-up channels together hold at most this many bytes of segments: past it the
+    /// ended programmes idle longest are dropped first, then a programme still arriving
+    /// loses its oldest segments (as with `catchup_max_bytes`).
+    pub catchup_total_bytes: u64,
     /// Segments as `ts` (MPEG-TS, as the channel carries it) or `fmp4` (fragmented MP4 with
     /// an init segment); `?container=ts` or `?container=fmp4` on the playlist overrides it.
     pub container: Container,
@@ -69,6 +75,7 @@ crate::section::config_section!(HlsConfig {
     playlist,
     part_target_ms,
     catchup_max_bytes,
+    catchup_total_bytes,
     container,
 });
 
@@ -81,6 +88,7 @@ impl Default for HlsConfig {
             playlist: false,
             part_target_ms: 0,
             catchup_max_bytes: 256 << 20,
+            catchup_total_bytes: 512 << 20,
             container: Container::Ts,
         }
     }
@@ -164,6 +172,12 @@ impl Channel {
 
     fn idle(&self) -> Duration {
         registry::lock(&self.touched).elapsed()
+    }
+
+    /// Bytes of the segments held, and whether the channel has ended.
+    fn held(&self) -> (u64, bool) {
+        let w = registry::lock(&self.window);
+        (w.bytes, w.ended)
     }
 
     /// Starts rewriting the channel's segments as fMP4 (once), beginning with those held.
@@ -388,10 +402,7 @@ impl Iptv {
             return self.rtsp_key(channel_path, req).map(|key| (key, None));
         }
         self.hub_key_of(channel_path, req.uri.query())
-            .map_err(|reason| {
-                self.registry.metrics.refuse("bad_request");
-                Box::new(super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")))
-            })
+            .map_err(|e| Box::new(self.key_refused(e)))
     }
 
     /// How long a new channel may take to publish its first bytes.
@@ -479,14 +490,15 @@ impl Iptv {
         let wait = self.start_wait(&sub.hub.key);
         let failure = 'run: {
             let Some(_first) = self.first_data_within(&sub.hub, wait).await else {
-                let reason = match self.rtsp_failure(&sub.hub) {
-                    Some(reason) => format!("RTSP upstream: {reason}"),
-                    None => format!("no data from {label} within {} ms", wait.as_millis()),
+                // The session logged why it failed; viewers get one answer for every reason.
+                let (status, reason) = match self.rtsp_failure(&sub.hub) {
+                    Some(_) => (StatusCode::BAD_GATEWAY, super::rtsp::FAILED.to_string()),
+                    None => (
+                        StatusCode::GATEWAY_TIMEOUT,
+                        format!("no data from {label} within {} ms", wait.as_millis()),
+                    ),
                 };
-                break 'run Some(Failure {
-                    status: StatusCode::GATEWAY_TIMEOUT,
-                    reason,
-                });
+                break 'run Some(Failure { status, reason });
             };
             // From the oldest byte held: the segmenter needs the PAT and PMT in front of the
             // keyframe a new viewer would start at, and the whole history gives players
@@ -518,12 +530,7 @@ impl Iptv {
                         let Some(Ok(frame)) = item else {
                             segmenter.finish();
                             let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
-                            let stored = channel.store(
-                                segmenter.take_parts(),
-                                segmenter.take(),
-                                keep,
-                                anchor,
-                            );
+                            let stored = self.store(&channel, &mut segmenter, keep, anchor);
                             if let Some(recorder) = &channel.recorder {
                                 for (seq, seg) in &stored {
                                     recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
@@ -541,8 +548,7 @@ impl Iptv {
                         }
                         // What arrives now is live: the newest timestamp is now.
                         let anchor = segmenter.latest().map(|dts| (dts, unix_ms()));
-                        let stored =
-                            channel.store(segmenter.take_parts(), segmenter.take(), keep, anchor);
+                        let stored = self.store(&channel, &mut segmenter, keep, anchor);
                         if let Some(recorder) = &channel.recorder {
                             for (seq, seg) in &stored {
                                 recorder.keep(*seq, seg, wall_start(seg, anchor)).await;
@@ -564,20 +570,45 @@ impl Iptv {
         };
         channel.hub.hls_segmenters.fetch_sub(1, Ordering::AcqRel);
         channel.viewers.clear(&channel.hub);
-        let stopped = !registry::lock(&self.hls.channels)
-            .get(&channel.key)
-            .is_some_and(|c| Arc::ptr_eq(c, &channel));
-        if stopped {
+        if !self.listed(&channel) {
             return;
         }
         // Ended (or never started): viewers get the last segments and the end of the list,
         // or the reason, until they stop asking.
         channel.end(failure);
         tracing::info!(channel = %label, "HLS channel ended");
-        while channel.idle() < idle_after {
+        // Until its viewers stop asking, or `catchup_total_bytes` needs its memory.
+        while channel.idle() < idle_after && self.listed(&channel) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         self.forget(&channel);
+    }
+
+    /// Whether `channel` is still the one the table serves for its key.
+    fn listed(&self, channel: &Arc<Channel>) -> bool {
+        registry::lock(&self.hls.channels)
+            .get(&channel.key)
+            .is_some_and(|c| Arc::ptr_eq(c, channel))
+    }
+
+    /// Moves the segmenter's finished parts and segments into `channel`'s window; a
+    /// catch-up channel's within what `catchup_total_bytes` leaves it.
+    fn store(
+        &self,
+        channel: &Arc<Channel>,
+        segmenter: &mut Segmenter,
+        (keep, max_bytes): (usize, u64),
+        anchor: Option<(u64, i64)>,
+    ) -> Vec<(u64, Segment)> {
+        let (parts, segments) = (segmenter.take_parts(), segmenter.take());
+        if channel.catchup.is_none() || segments.is_empty() {
+            return channel.store(parts, segments, (keep, max_bytes), anchor);
+        }
+        let incoming = segments.iter().map(|s| s.data.len() as u64).sum();
+        let max_bytes = max_bytes.min(self.catchup_room(channel, incoming));
+        let stored = channel.store(parts, segments, (keep, max_bytes), anchor);
+        self.count_catchup();
+        stored
     }
 
     fn forget(&self, channel: &Arc<Channel>) {
@@ -587,6 +618,10 @@ impl Iptv {
             .is_some_and(|c| Arc::ptr_eq(c, channel))
         {
             table.remove(&channel.key);
+        }
+        drop(table);
+        if channel.catchup.is_some() {
+            self.count_catchup();
         }
     }
 

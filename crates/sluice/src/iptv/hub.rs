@@ -143,6 +143,10 @@ pub struct Hub {
     pub closed: AtomicBool,
     /// Poked when the last subscriber leaves so linger starts promptly.
     pub wake: Notify,
+    /// The client network (`net::per_ip::network_of`) that started the hub: while nobody
+    /// watches it (lingering, or an RTSP session still being set up), it takes one of that
+    /// client's `max_subscribers_per_client` places. `None` once another client subscribed.
+    pub starter: Mutex<Option<std::net::IpAddr>>,
     /// Wall-clock seconds (Unix) of the last successful membership refresh; 0 = none yet.
     pub last_rejoin: AtomicU64,
     /// The FCC session's phase and outcome, when the hub started with `?fcc=`.
@@ -264,6 +268,7 @@ impl Hub {
             rate_out: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             wake: Notify::new(),
+            starter: Mutex::new(None),
             last_rejoin: AtomicU64::new(0),
             fcc: Mutex::new(None),
             key,
@@ -913,6 +918,10 @@ impl Pump {
 
     /// Linger: leave only after the hub has had no subscriber for the whole linger time.
     pub(super) fn check_idle(&mut self, registry: &Registry) -> Option<String> {
+        if self.hub.closed.load(Ordering::Acquire) {
+            // Released early: its starter needed the place for another channel.
+            return Some("released for its client's next channel".into());
+        }
         if self.hub.subscribers.load(Ordering::Acquire) > 0 {
             self.idle_since = None;
             return None;

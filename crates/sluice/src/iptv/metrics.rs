@@ -38,6 +38,8 @@ pub struct Metrics {
     pub hubs: Gauge,
     /// Subscribers across all hubs.
     pub subscribers: Gauge,
+    /// Segment bytes held by HLS catch-up channels (bounded by `catchup_total_bytes`).
+    pub hls_catchup_bytes: Gauge,
     /// Requests refused by a limit, by no data, or by a bad URL.
     pub refused: Family<RefusedLabels, Counter>,
     /// Fast channel change sessions ended, by outcome.
@@ -172,6 +174,11 @@ impl Metrics {
             "subscribers",
             "Subscribers across all hubs",
             m.subscribers.clone(),
+        );
+        r.register(
+            "hls_catchup_bytes",
+            "Segment bytes held by HLS catch-up channels",
+            m.hls_catchup_bytes.clone(),
         );
         r.register(
             "refused",

@@ -2,8 +2,14 @@
 //!
 //! Creating, joining and removing a hub all happen under one lock, so a subscriber can never
 //! attach to a hub that has just decided to leave its group.
+//!
+//! A client's share (`max_subscribers_per_client`, counted per IPv4 address or IPv6 /64)
+//! covers its subscriptions and the hubs it started that nobody watches yet or any more (a
+//! lingering group, an RTSP session still being set up after its viewer left): asking for
+//! channels and hanging up at once would otherwise hold `max_channels` for `linger_ms`.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::atomic::AtomicU64;
@@ -13,6 +19,7 @@ use tokio::time::Instant;
 
 use super::hub::{ClientStats, Hub, HubKey, HubSettings};
 use super::metrics::{HubLabels, Metrics};
+use crate::net::per_ip::network_of;
 
 /// Limits on subscribers and hubs; 0 means unlimited.
 #[derive(Debug, Clone, Copy)]
@@ -20,7 +27,8 @@ pub struct Limits {
     pub subscribers: usize,
     pub per_hub: usize,
     pub hubs: usize,
-    /// Subscriptions one client IP may hold at once (`iptv.max_subscribers_per_client`).
+    /// Subscriptions, plus unwatched hubs it started, one client may hold at once
+    /// (`iptv.max_subscribers_per_client`).
     pub per_client: usize,
 }
 
@@ -43,8 +51,8 @@ pub enum Refusal {
 pub struct Registry {
     hubs: Mutex<HashMap<HubKey, Arc<Hub>>>,
     total: AtomicUsize,
-    /// Subscriptions held per client IP (entries leave at zero).
-    clients: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Subscriptions held per client network (`network_of`; entries leave at zero).
+    clients: Mutex<HashMap<IpAddr, usize>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
     pub settings: HubSettings,
@@ -82,11 +90,9 @@ impl Registry {
         }
         // Checked before a hub is started: one client must not make the gateway join groups
         // (or exhaust `max_channels`) beyond its share.
-        if let Some(ip) = peer.map(|p| p.ip()) {
-            let held = lock(&self.clients).get(&ip).copied().unwrap_or(0);
-            if over(self.limits.per_client, held) {
-                return Err(Refusal::PerClient(self.limits.per_client));
-            }
+        let client = peer.map(|p| network_of(p.ip()));
+        if let Some(client) = client {
+            self.make_room(&mut table, client, &key)?;
         }
         let hub = match table.get(&key) {
             Some(hub) => hub.clone(),
@@ -108,6 +114,7 @@ impl Registry {
                     self.clone(),
                 )?;
                 self.metrics.hubs.inc();
+                *lock(&hub.starter) = client;
                 table.insert(key, hub.clone());
                 hub
             }
@@ -118,10 +125,53 @@ impl Registry {
         Ok(self.attach(hub, peer))
     }
 
+    /// Frees a place in `client`'s share for the channel `key`, or refuses. Its unwatched
+    /// hubs count (the one for `key` would be watched again); when its subscriptions alone
+    /// leave room, the oldest of them is released at once rather than refusing, so a viewer
+    /// zapping quickly keeps zapping and merely loses the linger of the channels it left.
+    fn make_room(
+        &self,
+        table: &mut HashMap<HubKey, Arc<Hub>>,
+        client: IpAddr,
+        key: &HubKey,
+    ) -> Result<(), Refusal> {
+        let limit = self.limits.per_client;
+        if limit == 0 {
+            return Ok(());
+        }
+        let watching = lock(&self.clients).get(&client).copied().unwrap_or(0);
+        loop {
+            let mut unwatched: Vec<Arc<Hub>> = table
+                .values()
+                .filter(|h| h.key != *key && unwatched_by(h, client))
+                .cloned()
+                .collect();
+            if !over(limit, watching + unwatched.len()) {
+                return Ok(());
+            }
+            if over(limit, watching) || unwatched.is_empty() {
+                return Err(Refusal::PerClient(limit));
+            }
+            unwatched.sort_by_key(|h| h.created);
+            let oldest = &unwatched[0];
+            tracing::info!(channel = %oldest.key.channel(), "released early: its client needs the place");
+            self.unlink(table, oldest);
+            oldest.wake.notify_one();
+        }
+    }
+
     fn attach(self: &Arc<Self>, hub: Arc<Hub>, peer: Option<std::net::SocketAddr>) -> Subscription {
         self.total.fetch_add(1, Ordering::AcqRel);
-        if let Some(ip) = peer.map(|p| p.ip()) {
+        let client = peer.map(|p| network_of(p.ip()));
+        if let Some(ip) = client {
             *lock(&self.clients).entry(ip).or_insert(0) += 1;
+        }
+        {
+            // Watched by someone else: the hub is no longer its starter's to answer for.
+            let mut starter = lock(&hub.starter);
+            if starter.is_some() && *starter != client {
+                *starter = None;
+            }
         }
         hub.subscribers.fetch_add(1, Ordering::AcqRel);
         self.metrics.subscribers.inc();
@@ -183,6 +233,13 @@ impl Registry {
     }
 }
 
+/// Started by `client`, and nobody subscribed now (hub not yet removed).
+fn unwatched_by(hub: &Hub, client: IpAddr) -> bool {
+    hub.subscribers.load(Ordering::Acquire) == 0
+        && !hub.closed.load(Ordering::Acquire)
+        && *lock(&hub.starter) == Some(client)
+}
+
 fn over(limit: usize, current: usize) -> bool {
     limit > 0 && current >= limit
 }
@@ -203,7 +260,7 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         lock(&self.hub.clients).remove(&self.client.id);
         self.registry.total.fetch_sub(1, Ordering::AcqRel);
-        if let Some(ip) = self.client.peer.map(|p| p.ip()) {
+        if let Some(ip) = self.client.peer.map(|p| network_of(p.ip())) {
             let mut clients = lock(&self.registry.clients);
             if let Some(n) = clients.get_mut(&ip) {
                 *n = n.saturating_sub(1);

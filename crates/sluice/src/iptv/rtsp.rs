@@ -26,7 +26,7 @@ use super::hub::{Hub, HubKey};
 use super::registry::Refusal;
 use super::Iptv;
 use crate::body::{self, Body};
-use crate::upstream::Upstream;
+use crate::upstream::{ConnectError, Upstream};
 
 /// Placeholder group of an RTSP hub's key: RTSP hubs are told apart by `HubKey::rtsp`.
 pub const NO_GROUP: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
@@ -208,6 +208,11 @@ impl RtspKey {
     }
 }
 
+/// What a viewer is told of any RTSP failure before the first packet. The reason (name not
+/// found, connection refused or timed out, the server's answer) is logged, never sent: told
+/// apart, they made the gateway a port scanner and a map of the internal DNS.
+pub(super) const FAILED: &str = "the RTSP server failed";
+
 /// Marks the refusal of a new session beyond `max_sessions`.
 #[derive(Debug, thiserror::Error)]
 #[error("gateway is at its limit of {0} RTSP sessions")]
@@ -265,6 +270,27 @@ impl Iptv {
         self.rtsp.failure(hub)
     }
 
+    /// The address guard's refusal of the key's server, answered as the media front end
+    /// answers it (403, the class of the address, never the address); `None` when the guard
+    /// lets it through or the name does not resolve now (the session finds that and reports
+    /// it like any other failure). The session checks again, redirects included.
+    async fn guard_refusal(&self, key: &HubKey) -> Option<Response<Body>> {
+        let target = &key.rtsp.as_ref()?.target;
+        let step = Duration::from_millis(self.rtsp.config.timeout_ms);
+        let checked = self
+            .rtsp
+            .upstream
+            .resolve_checked(&target.host, target.port);
+        match tokio::time::timeout(step, checked).await {
+            Ok(Err(e @ ConnectError::Refused { .. })) => {
+                tracing::debug!(error = %e, "RTSP server refused by the address guard");
+                self.registry.metrics.refuse("upstream_not_allowed");
+                Some(super::text(StatusCode::FORBIDDEN, &format!("{e}\n")))
+            }
+            _ => None,
+        }
+    }
+
     /// `GET /rtsp/…`: auth has been checked by the server.
     pub(super) async fn rtsp(self: &Arc<Self>, req: &http::request::Parts) -> Response<Body> {
         let ctx = &self.rtsp;
@@ -274,6 +300,9 @@ impl Iptv {
         };
         if req.method == Method::HEAD {
             return super::stream_response(body::empty());
+        }
+        if let Some(refused) = self.guard_refusal(&key).await {
+            return refused;
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = match self.registry.subscribe(key, None, peer) {
@@ -290,23 +319,17 @@ impl Iptv {
         let wait =
             Duration::from_millis(ctx.config.setup_timeout_ms + self.config.no_data_timeout_ms);
         let Some(first) = self.first_data_within(&sub.hub, wait).await else {
+            // The session logged its reason.
             return match ctx.failure(&sub.hub) {
-                Some(reason) => {
+                Some(_) => {
                     self.registry.metrics.refuse("rtsp_failed");
-                    super::text(
-                        StatusCode::BAD_GATEWAY,
-                        &format!("RTSP upstream: {reason}\n"),
-                    )
+                    super::text(StatusCode::BAD_GATEWAY, &format!("{FAILED}\n"))
                 }
                 None => {
                     self.registry.metrics.refuse("no_data");
                     super::text(
                         StatusCode::GATEWAY_TIMEOUT,
-                        &format!(
-                            "no data from {} within {} ms\n",
-                            sub.hub.key.channel(),
-                            wait.as_millis()
-                        ),
+                        "the RTSP server sent no data in time\n",
                     )
                 }
             };

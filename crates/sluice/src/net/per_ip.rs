@@ -45,13 +45,7 @@ impl PerIp {
         if self.max == 0 || self.exempt.iter().any(|n| n.contains(&ip)) {
             return Some(None);
         }
-        let ip = match ip {
-            std::net::IpAddr::V6(v6) if self.by_64 => {
-                let bits = u128::from(v6) & !((1u128 << 64) - 1);
-                std::net::IpAddr::V6(bits.into())
-            }
-            other => other,
-        };
+        let ip = if self.by_64 { network_of(ip) } else { ip };
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let n = held.entry(ip).or_insert(0);
         if *n >= self.max {
@@ -62,6 +56,18 @@ impl PerIp {
             owner: self.clone(),
             ip,
         }))
+    }
+}
+
+/// The key one client is counted by: an IPv4 address (an IPv4-mapped IPv6 one as IPv4), or
+/// an IPv6 address's /64, since a host is commonly given a whole /64.
+pub fn network_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+        v4 => v4,
     }
 }
 

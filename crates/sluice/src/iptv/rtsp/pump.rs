@@ -45,10 +45,17 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     };
     let label = rtsp.label();
     let setup = Duration::from_millis(ctx.config.setup_timeout_ms);
-    let opened = match tokio::time::timeout(setup, Session::open(&rtsp.target, &ctx)).await {
-        Ok(Ok(session)) => Ok(session),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("setup took longer than {} ms", setup.as_millis())),
+    let mut published = hub.published.subscribe();
+    let opening = tokio::time::timeout(setup, Session::open(&rtsp.target, &ctx));
+    // A hub released while setting up (its starter needed the place) gives its session slot
+    // back now, not when the setup ends.
+    let opened = tokio::select! {
+        opened = opening => match opened {
+            Ok(Ok(session)) => Ok(session),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("setup took longer than {} ms", setup.as_millis())),
+        },
+        _ = published.wait_for(|p| p.closed) => Err("released while setting up".to_string()),
     };
     let mut session = match opened {
         Ok(s) => s,
