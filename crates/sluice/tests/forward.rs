@@ -498,6 +498,27 @@ async fn redirects_stay_within_the_host_lists() {
         target.got("/echo").is_empty(),
         "the refused host saw a request"
     );
+    // An IPv4 address written IPv4-mapped is that address: a deny-list naming `127.0.0.1` refuses
+    // `[::ffff:127.0.0.1]`, as `d` and through a redirect.
+    let to_mapped = redirector(302, format!("http://[::ffff:127.0.0.1]:{port}/echo")).await;
+    let denied_v4 = start(&target, |c| {
+        c.media.forward.denied_hosts = vec!["127.0.0.1".into()];
+    })
+    .await;
+    let mapped = format!("http://[::ffff:127.0.0.1]:{port}/echo");
+    let via = format!("http://localhost:{}/login", to_mapped.port());
+    for d in [mapped, via] {
+        let r = send(
+            "GET",
+            &forward(&denied_v4, &d, ""),
+            &[],
+            Bytes::new(),
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 403, "{d}");
+    }
+    assert!(target.got("/echo").is_empty());
     // A redirect that stays within the lists is followed as before.
     let d = format!("http://{to_loopback}/login");
     let r = send("GET", &forward(&allowed, &d, ""), &[], Bytes::new(), false).await;

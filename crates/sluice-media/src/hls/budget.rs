@@ -20,10 +20,11 @@ pub const MAX_URL_LEN: usize = 8 * 1024;
 /// The rewritten playlist may be this many times its input...
 pub const OUTPUT_GROWTH: usize = 4;
 
-/// ...plus this much. A 20,000-segment playlist of short relative names (16 bytes each) grows
-/// about twentyfold, to some 7 MiB with 350-byte proxy URLs: the allowance covers that with room
-/// for long carried parameters; the growth factor covers playlists of long absolute URLs.
-pub const OUTPUT_ALLOWANCE: usize = 32 * 1024 * 1024;
+/// ...plus this much. Each child URL carries the absolute upstream URL and the request's carried
+/// parameters (headers), sealed, which the input does not: a 24-hour event playlist of 2-second
+/// segments (43,200 entries) with 1 KB child URLs is some 44 MB. The allowance covers that with
+/// room; the growth factor covers playlists of long absolute URLs.
+pub const OUTPUT_ALLOWANCE: usize = 64 * 1024 * 1024;
 
 /// The most bytes the rewrite of a playlist of `input_len` bytes may produce.
 pub fn max_output_len(input_len: usize) -> usize {
@@ -35,13 +36,15 @@ pub fn max_output_len(input_len: usize) -> usize {
 /// The URIs a rewrite would route (its entries): URI lines (segments, variants, bare lines
 /// without `#EXTINF`) and the `URI` attributes of `EXT-X-PART`, `EXT-X-MAP`, `EXT-X-KEY`,
 /// `EXT-X-SESSION-KEY`, `EXT-X-MEDIA`, `EXT-X-I-FRAME-STREAM-INF`, `EXT-X-PRELOAD-HINT`,
-/// `EXT-X-RENDITION-REPORT` and `EXT-X-SESSION-DATA`. Counted without parsing attributes (a tag
-/// naming `URI=` counts), so a caller can refuse an oversized playlist before any rewriting work.
+/// `EXT-X-RENDITION-REPORT` and `EXT-X-SESSION-DATA`. Counted without parsing attributes: every
+/// such tag counts, with a URI or without (`URI ="x"`, which the attribute parser reads as a URI,
+/// must not slip past a text match), so a caller can refuse an oversized playlist before any
+/// rewriting work.
 pub fn count_entries(text: &str) -> usize {
     lines(text)
         .filter(|line| match line.kind() {
             LineKind::Uri(_) => true,
-            LineKind::Tag { name, value } => uri_tag(name) && value.contains("URI="),
+            LineKind::Tag { name, .. } => uri_tag(name),
             LineKind::Other => false,
         })
         .count()
@@ -84,14 +87,19 @@ mod tests {
                   #EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"p2.m4s\"\n\
                   #EXT-X-RENDITION-REPORT:URI=\"../b/l.m3u8\",LAST-MSN=1\n\
                   #EXT-X-SKIP:SKIPPED-SEGMENTS=3\n#X-VENDOR:URI=\"x\"\n";
-        assert_eq!(count_entries(ll), 6);
+        // Every URI-capable tag counts, `URI ` spelt with a space too (the key without a URI).
+        assert_eq!(count_entries(ll), 7);
+        assert_eq!(
+            count_entries("#EXTM3U\n#EXT-X-PART:DURATION=1,URI =\"a\"\n"),
+            1
+        );
         let master = "#EXTM3U\n#EXT-X-MEDIA:TYPE=AUDIO,GROUP-ID=\"a\",NAME=\"e\",URI=\"a.m3u8\"\n\
                       #EXT-X-MEDIA:TYPE=CLOSED-CAPTIONS,GROUP-ID=\"c\",NAME=\"c\",INSTREAM-ID=\"CC1\"\n\
                       #EXT-X-STREAM-INF:BANDWIDTH=1\nv.m3u8\n\
                       #EXT-X-I-FRAME-STREAM-INF:BANDWIDTH=1,URI=\"i.m3u8\"\n\
                       #EXT-X-SESSION-KEY:METHOD=AES-128,URI=\"k\"\n\
                       #EXT-X-SESSION-DATA:DATA-ID=\"x\",URI=\"d.json\"\n";
-        assert_eq!(count_entries(master), 5);
+        assert_eq!(count_entries(master), 6);
     }
 
     #[test]
@@ -113,17 +121,17 @@ mod tests {
         let max = MAX_URL_LEN;
         assert_eq!(got, Err(HlsError::UrlTooLong { line: 3, max }));
         assert_eq!(minted, 0, "refused before a proxy URL is made");
-        // Bare lines whose children are 1000 bytes each: stopped once past the bound.
+        // Bare lines whose children are 2000 bytes each: stopped once past the bound.
         let base = Url::parse("http://o.example/p.m3u8").unwrap();
         let text = format!("#EXTM3U\n{}", "a\n".repeat(40_000));
         let mut minted = 0;
         let got = rewrite_playlist(&text, &base, &opts, &mut |_, _| {
             minted += 1;
-            "x".repeat(1000)
+            "x".repeat(2000)
         });
         let max = max_output_len(text.len());
         assert_eq!(got, Err(HlsError::OutputTooLarge { max }));
-        assert_eq!(minted, max / 1001 + 1);
+        assert_eq!(minted, max / 2001 + 1);
         // The same playlist with 100-byte children fits.
         let out = rewrite_playlist(&text, &base, &opts, &mut |_, _| "x".repeat(100)).unwrap();
         assert_eq!(out.len(), 8 + 40_000 * 101);

@@ -260,6 +260,14 @@ impl Forward {
     /// Whether `url`'s host passes `allowed_hosts` and `denied_hosts`: `d`, and every redirect.
     fn allows(&self, url: &Url) -> bool {
         let host = bare(url.host_str().unwrap_or(""));
+        // An IPv4 address written IPv4-mapped (`[::ffff:1.2.3.4]`) is that IPv4 address: the
+        // lists name it one way only.
+        let mapped = host
+            .parse::<std::net::Ipv6Addr>()
+            .ok()
+            .and_then(|v6| v6.to_ipv4_mapped())
+            .map(|v4| v4.to_string());
+        let host = mapped.as_deref().unwrap_or(host);
         let listed = |list: &[HostPattern]| list.iter().any(|p| p.matches(host));
         (self.allowed.is_empty() || listed(&self.allowed)) && !listed(&self.denied)
     }

@@ -204,22 +204,30 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
     let mut connected: Option<(TcpStream, InFlight)> = None;
     for server in plan {
         let in_flight = server.begin();
-        let why =
-            match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr())).await {
-                Ok(Ok(up)) => {
-                    server.report_success();
-                    connected = Some((up, in_flight));
-                    break;
-                }
-                Ok(Err(e)) if is_local_exhaustion(&e) => {
-                    // Out of our own descriptors, memory or local ports: not the server's fault,
-                    // so nothing is counted against it; the next server would fail the same way.
-                    tracing::warn!(error = %e, "tcp connect: out of local resources");
-                    return refuse("local_resources");
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
-            };
+        let why = match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr()))
+            .await
+        {
+            Ok(Ok(up)) => {
+                server.report_success();
+                connected = Some((up, in_flight));
+                break;
+            }
+            Ok(Err(e)) if is_local_exhaustion(&e) => {
+                // Out of our own descriptors or memory: not the server's fault, so nothing
+                // is counted against it; the next server would fail the same way.
+                tracing::warn!(error = %e, "tcp connect: out of local resources");
+                return refuse("local_resources");
+            }
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                // No local port left toward this server (ports run out per destination), or
+                // an address this host cannot reach from: this side's, not counted against
+                // the server; the next one may still be reached.
+                tracing::debug!(group = group.name(), server = server.addr(), error = %e, "tcp connect: no local address");
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
+        };
         server.report_failure();
         tracing::debug!(group = group.name(), server = server.addr(), %why, "tcp connect failed");
         m.connect_failures
@@ -342,8 +350,7 @@ async fn pump(
 fn is_local_exhaustion(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        // EADDRNOTAVAIL: no local port left for the connection (every ephemeral port in use).
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
 }
 
