@@ -239,7 +239,7 @@ impl Cluster {
                 Ok(resp) if !resp.headers().contains_key(control::CONTROL_ERROR) => {
                     owner.state.report_success();
                     self.metrics.peer_fills.inc();
-                    return Some(self.peer.relayed(resp, &owner.addr));
+                    return Some(self.peer.relayed(resp, &owner.addr, Duration::ZERO));
                 }
                 Ok(resp) => {
                     // A peer without that fill (another version) or another secret.

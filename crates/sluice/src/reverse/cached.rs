@@ -236,6 +236,7 @@ impl Reverse {
                         authority,
                         target,
                         headers: self.relay_headers(&parts, down),
+                        body_idle: route.idle_timeout,
                     };
                     let origin = c.owner_origin(&key, req, origin);
                     let mut resp = cache
@@ -251,6 +252,7 @@ impl Reverse {
                         authority,
                         target,
                         headers: self.relay_headers(&parts, down),
+                        body_idle: route.idle_timeout,
                     };
                     match c.through_owner(&key, req, local.clone()).await {
                         Some(resp) => resp,

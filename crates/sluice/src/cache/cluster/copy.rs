@@ -82,7 +82,7 @@ impl Origin for OwnerOrigin {
                     Ok(resp) => {
                         owner.state.report_success();
                         cluster.metrics.peer_fills.inc();
-                        let mut resp = cluster.peer.relayed(resp, &owner.addr);
+                        let mut resp = cluster.peer.relayed(resp, &owner.addr, relay.body_idle);
                         // This node's cache writes its own.
                         resp.headers_mut().remove("cache-status");
                         return Ok(resp);

@@ -26,6 +26,9 @@ pub struct RelayRequest {
     pub authority: String,
     pub target: String,
     pub headers: HeaderMap,
+    /// The route's idle wait on its origin: an answer the owner passes straight through (one it
+    /// does not cache) goes as slowly as that allows.
+    pub body_idle: Duration,
 }
 
 /// Why a peer exchange failed.
@@ -197,12 +200,19 @@ impl PeerClient {
     /// given up (an error, which the relay continues elsewhere) after [`PeerClient::idle_timeout`]
     /// without a byte: an owner that stops sending without closing (paused, or cut off by a
     /// network that drops packets) would otherwise hold the client for good.
-    pub fn relayed(&self, resp: Response<hyper::body::Incoming>, owner: &str) -> Response<Body> {
+    /// `body_idle` is the route's own idle wait (zero for none): the longer of the two, and a
+    /// connect timeout, is the relayed body's.
+    pub fn relayed(
+        &self,
+        resp: Response<hyper::body::Incoming>,
+        owner: &str,
+        body_idle: Duration,
+    ) -> Response<Body> {
         let (mut parts, incoming) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, false);
         let body = crate::upstream::body::UpstreamBody::new(
             incoming,
-            self.idle_timeout,
+            self.idle_timeout.max(body_idle + self.timeout),
             format!("cache cluster peer {owner}"),
             crate::atomic::Counter::default(),
         );
@@ -257,6 +267,7 @@ mod tests {
             authority: "app.test".into(),
             target: "/object".into(),
             headers,
+            body_idle: Duration::ZERO,
         };
         let resp = peer.relay(&owner, &req).await.unwrap();
         assert_eq!(resp.status(), 200);
@@ -305,9 +316,10 @@ mod tests {
             authority: "app.test".into(),
             target: "/object".into(),
             headers: HeaderMap::new(),
+            body_idle: Duration::ZERO,
         };
         let resp = peer.relay(&owner, &req).await.unwrap();
-        let mut body = peer.relayed(resp, &owner.addr).into_body();
+        let mut body = peer.relayed(resp, &owner.addr, Duration::ZERO).into_body();
         let mut got = 0;
         let ended = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
@@ -324,5 +336,52 @@ mod tests {
         let e = ended.unwrap_err();
         assert!(e.contains("sent nothing"), "{e}");
         drop(hold_tx);
+    }
+
+    /// A route whose own idle wait is longer than the origin's (an answer the owner passes
+    /// through uncached: a long poll, a stream with gaps): the relayed body keeps the longer one.
+    #[tokio::test]
+    async fn a_relayed_body_keeps_the_routes_longer_idle_wait() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 800\r\n\r\n")
+                .await
+                .unwrap();
+            s.write_all(&[7u8; 400]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            s.write_all(&[7u8; 400]).await.unwrap();
+        });
+        let peer = PeerClient::new(
+            HopKey::new("a shared secret"),
+            "127.0.0.1:1",
+            Duration::from_millis(200),
+            Duration::from_secs(2),
+            Duration::from_millis(300),
+        );
+        let owner = Member {
+            addr: addr.to_string(),
+            control: addr,
+            weight: 1,
+            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
+        };
+        let req = RelayRequest {
+            method: Method::GET,
+            authority: "app.test".into(),
+            target: "/object".into(),
+            headers: HeaderMap::new(),
+            body_idle: Duration::from_secs(2),
+        };
+        let resp = peer.relay(&owner, &req).await.unwrap();
+        let body = peer.relayed(resp, &owner.addr, req.body_idle).into_body();
+        let got = tokio::time::timeout(Duration::from_secs(5), body.collect())
+            .await
+            .unwrap()
+            .expect("cut at the origin's shorter idle wait")
+            .to_bytes();
+        assert_eq!(got.len(), 800);
     }
 }

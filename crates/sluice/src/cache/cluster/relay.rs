@@ -46,7 +46,7 @@ impl Cluster {
                 Ok(resp) => {
                     owner.state.report_success();
                     self.metrics.peer_fills.inc();
-                    let resp = self.peer.relayed(resp, &owner.addr);
+                    let resp = self.peer.relayed(resp, &owner.addr, req.body_idle);
                     let resume = Resume::plan(&req, &resp);
                     return Some(match resume {
                         Some((next, end, validator)) => resp.map(|body| {
@@ -186,7 +186,7 @@ impl Resuming {
             }
             if let Owner::Peer(owner) = cluster.ring.owner(&key.0, Some(&failed)) {
                 if let Ok(resp) = cluster.peer.relay(&owner, &req).await {
-                    let resp = cluster.peer.relayed(resp, &owner.addr);
+                    let resp = cluster.peer.relayed(resp, &owner.addr, req.body_idle);
                     if continues_at(&resp, next) {
                         return Some(resp.into_body());
                     }
