@@ -29,11 +29,18 @@ const MAX_BODY: usize = 64 << 10;
 /// What one client can hold of the control listener. Its requests are signed, but anyone who
 /// can reach the port can open connections and send half a head: without these it kept each
 /// one for good (hyper has no header timeout without a timer), and enough of them used up the
-/// process's descriptors, which the public listeners share.
+/// process's descriptors, which the public listeners share. The cluster's members (by address)
+/// have places of their own, so a flood from elsewhere cannot keep their checks, purges and
+/// fills out (a failed check takes this node out of their rings).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ControlLimits {
-    /// Connections open at once; one more is closed at once.
+    /// Connections open at once from addresses that are not members; one more is closed at
+    /// once.
     pub connections: usize,
+    /// Of those, connections from one address (an IPv6 /64).
+    pub per_ip: usize,
+    /// Connections open at once from the members together (each keeps up to 64 pooled).
+    pub members: usize,
     /// A request's head, from the connection's start or the end of the previous answer (an
     /// idle keep-alive connection closes then too; peers keep theirs 30 s).
     pub head: Duration,
@@ -45,6 +52,8 @@ impl Default for ControlLimits {
     fn default() -> Self {
         ControlLimits {
             connections: 256,
+            per_ip: 16,
+            members: 1024,
             head: Duration::from_secs(35),
             body: Duration::from_secs(10),
         }
@@ -78,17 +87,36 @@ pub(crate) fn listen(
     let local = std.local_addr()?;
     let listener = TcpListener::from_std(std)?;
     let places = Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let member_places = Arc::new(tokio::sync::Semaphore::new(limits.members));
+    let per_ip = crate::net::per_ip::PerIp::by_network(limits.per_ip, Vec::new());
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
+            let Ok((stream, from)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            if cluster.strong_count() == 0 {
+            let Some(c) = cluster.upgrade() else {
                 return;
-            }
-            let Ok(place) = places.clone().try_acquire_owned() else {
-                tracing::debug!("cache cluster control listener full: a connection closed");
+            };
+            let member = is_member(&c, from.ip());
+            drop(c);
+            let place = match member {
+                true => member_places
+                    .clone()
+                    .try_acquire_owned()
+                    .ok()
+                    .map(|p| (p, None)),
+                false => match per_ip.take(from.ip()) {
+                    Some(ip_place) => places
+                        .clone()
+                        .try_acquire_owned()
+                        .ok()
+                        .map(|p| (p, ip_place)),
+                    None => None,
+                },
+            };
+            let Some(place) = place else {
+                tracing::debug!(%from, "cache cluster control listener full: a connection closed");
                 continue;
             };
             let _ = stream.set_nodelay(true);
@@ -112,6 +140,16 @@ pub(crate) fn listen(
         }
     });
     Ok(local)
+}
+
+/// Whether `ip` is one of the cluster's members' addresses.
+fn is_member(cluster: &Cluster, ip: std::net::IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    cluster.ring.view().members.iter().any(|m| {
+        m.addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().to_canonical() == ip)
+    })
 }
 
 async fn handle(
@@ -293,8 +331,19 @@ mod tests {
         )
     }
 
-    /// Half-sent heads from anyone who can reach the port: each is closed at the head timeout,
-    /// and past the connection bound one more is closed at once; the listener serves on.
+    /// A connection from `from` (a loopback address) to `to`.
+    async fn connect_from(from: [u8; 4], to: SocketAddr) -> tokio::net::TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((std::net::Ipv4Addr::from(from), 0).into())
+            .unwrap();
+        socket.connect(to).await.unwrap()
+    }
+
+    /// Half-sent heads from anyone who can reach the port: each is closed at the head timeout;
+    /// past one address's share, or past the bound for every address that is not a member, one
+    /// more is closed at once; a member's connection still gets its place, and the listener
+    /// serves on.
     #[tokio::test]
     async fn half_sent_heads_are_bounded_and_timed_out() {
         let config = super::super::ClusterConfig {
@@ -310,8 +359,18 @@ mod tests {
             )
             .unwrap(),
         );
+        // 127.0.0.1 is a member; 127.0.0.2-4 are not.
+        cluster
+            .ring
+            .set_members(vec![super::super::ring::MemberSpec {
+                addr: "127.0.0.1:9".into(),
+                control: "127.0.0.1:9".parse().unwrap(),
+                weight: 1,
+            }]);
         let limits = ControlLimits {
-            connections: 4,
+            connections: 8,
+            per_ip: 4,
+            members: 8,
             head: Duration::from_millis(700),
             body: Duration::from_millis(700),
         };
@@ -322,40 +381,50 @@ mod tests {
             limits,
         )
         .unwrap();
-        let mut held = Vec::new();
-        for _ in 0..4 {
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let half = |mut s: tokio::net::TcpStream| async move {
             s.write_all(b"POST /cluster/purge HTTP/1.1\r\nHo")
                 .await
                 .unwrap();
-            held.push(s);
+            s
+        };
+        let mut held = Vec::new();
+        for from in [[127, 0, 0, 2], [127, 0, 0, 3]] {
+            for _ in 0..4 {
+                held.push(half(connect_from(from, addr).await).await);
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
-        assert!(
-            closed_within(&mut extra, Duration::from_millis(300)).await,
-            "a fifth connection was kept"
-        );
+        // A fifth from one address, and the first from a third address past the bound of 8.
+        for from in [[127, 0, 0, 2], [127, 0, 0, 4]] {
+            let mut extra = connect_from(from, addr).await;
+            assert!(
+                closed_within(&mut extra, Duration::from_millis(300)).await,
+                "a connection past the bounds was kept ({from:?})"
+            );
+        }
+        // A member is answered meanwhile (this test's cache is gone: 503).
+        let ask = |mut s: tokio::net::TcpStream| async move {
+            s.write_all(b"GET /cluster/log HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = vec![0u8; 256];
+            let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut answer))
+                .await
+                .unwrap()
+                .unwrap();
+            answer.truncate(n);
+            answer
+        };
+        let answer = ask(connect_from([127, 0, 0, 1], addr).await).await;
+        assert!(answer.starts_with(b"HTTP/1.1 503"), "{answer:?}");
         for s in &mut held {
             assert!(
                 closed_within(s, Duration::from_secs(3)).await,
                 "a half-sent head was kept past the head timeout"
             );
         }
-        // Places given back: a whole request is answered (this test's cache is gone: 503).
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /cluster/log HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut answer = vec![0u8; 256];
-        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut answer))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            answer[..n].starts_with(b"HTTP/1.1 503"),
-            "{:?}",
-            &answer[..n]
-        );
+        // Places given back: a whole request from a non-member is answered.
+        let answer = ask(connect_from([127, 0, 0, 4], addr).await).await;
+        assert!(answer.starts_with(b"HTTP/1.1 503"), "{answer:?}");
     }
 }
