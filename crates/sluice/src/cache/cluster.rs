@@ -175,26 +175,33 @@ impl Cluster {
         self.ring.owner(&key.0, None)
     }
 
-    /// Takes the hop marker off a request: whether it was a valid one (the request comes from a
-    /// peer and is served here, never forwarded). A client's forged marker is removed and counts
-    /// for nothing.
+    /// Takes the hop marker off a request: `None` when there is none or it is not valid (a
+    /// client's own, removed and worth nothing); `Some(vouched)` for a peer's request, `vouched`
+    /// when the marker also vouches for its forwarding fields (`hop::vouched_target`: a node
+    /// before this signs the request line alone, and its relays carry the client's own fields).
     pub fn take_hop(
         &self,
         headers: &mut HeaderMap,
         method: &str,
         authority: &str,
         target: &str,
-    ) -> bool {
-        let Some(v) = headers.remove(HOP_HEADER) else {
-            return false;
-        };
-        let ok = self.key.verify(&v, method, authority, target).is_some();
-        if ok {
-            self.metrics.hops.inc();
+    ) -> Option<bool> {
+        let v = headers.remove(HOP_HEADER)?;
+        let vouched = hop::vouched_target(target, headers);
+        let found = if self.key.verify(&v, method, authority, &vouched).is_some() {
+            Some(true)
+        } else if self.key.verify(&v, method, authority, target).is_some() {
+            Some(false)
         } else {
-            tracing::debug!("a request carried an invalid hop marker; ignored");
+            None
+        };
+        match found {
+            Some(_) => {
+                self.metrics.hops.inc();
+            }
+            None => tracing::debug!("a request carried an invalid hop marker; ignored"),
         }
-        ok
+        found
     }
 
     /// Names this node in the response's `Cache-Status` entry (`node="ip:port"`), so a client
@@ -337,5 +344,44 @@ mod tests {
             (Duration::from_secs(1), Duration::from_secs(1))
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_marker_vouches_for_the_forwarding_fields_it_was_made_with() {
+        let metrics = crate::cache::metrics::CacheMetrics::new(&mut Default::default()).cluster;
+        let config = ClusterConfig {
+            secret: "0123456789abcdef".into(),
+            ..ClusterConfig::default()
+        };
+        let c = Cluster::new(
+            &config,
+            metrics,
+            (Duration::from_secs(1), Duration::from_secs(1)),
+        )
+        .unwrap();
+        let mut fields = HeaderMap::new();
+        fields.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.7"));
+        let key = HopKey::new("0123456789abcdef");
+        let marked = |marker: HeaderValue, fields: &HeaderMap| {
+            let mut h = fields.clone();
+            h.insert(HOP_HEADER, marker);
+            h
+        };
+        // This version's relay: a peer, its fields vouched for.
+        let vouched = hop::vouched_target("/a", &fields);
+        let mut h = marked(key.sign("n1", "GET", "shop.test", &vouched), &fields);
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), Some(true));
+        assert!(!h.contains_key(HOP_HEADER));
+        // A relay from a node before it: a peer, its fields (the client's own) not vouched for.
+        let mut h = marked(key.sign("n1", "GET", "shop.test", "/a"), &fields);
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), Some(false));
+        // A field changed after the marker was made (on the path, or a replay): no peer at all.
+        let mut changed = fields.clone();
+        changed.insert("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        let mut h = marked(key.sign("n1", "GET", "shop.test", &vouched), &changed);
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), None);
+        // A client's made-up marker.
+        let mut h = marked(HeaderValue::from_static("n1 1 00"), &fields);
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), None);
     }
 }

@@ -164,21 +164,25 @@ impl Reverse {
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .to_string();
-            let from_peer = c.take_hop(
+            let hop = c.take_hop(
                 &mut parts.headers,
                 parts.method.as_str(),
                 &authority,
                 &target,
             );
-            (from_peer, authority, target)
+            (hop, authority, target)
         });
+        let vouched = matches!(relay, Some((Some(true), ..)));
+        let relay = relay.map(|(hop, authority, target)| (hop.is_some(), authority, target));
         // A request a peer relayed carries that node's forwarding fields (the client's address,
-        // scheme and host as it saw them, made by its rules for trusting a client's own): they
-        // are extended here as a trusted proxy's, so the origin sees the client, not the node,
-        // and never a client's own unchecked `X-Forwarded-For`.
+        // scheme and host as it saw them, made by its rules for trusting a client's own), which
+        // its marker vouches for: they are extended here as a trusted proxy's, so the origin sees
+        // the client, not the node, and never a client's own unchecked `X-Forwarded-For`. A relay
+        // from a node before this (its marker vouches for the request line only) carries the
+        // client's own fields, which are treated as any client's.
         let relayed_down;
-        let down = match &relay {
-            Some((true, ..)) => {
+        let down = match vouched {
+            true => {
                 relayed_down = Downstream {
                     trusted: true,
                     client_ip: parts

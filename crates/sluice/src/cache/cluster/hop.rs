@@ -82,6 +82,27 @@ impl HopKey {
     }
 }
 
+/// What a relayed miss's marker vouches for besides its request line: its forwarding fields
+/// (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`, `Via`, every value in order), so the owner may
+/// extend them as a trusted proxy's, and nothing on the way can change them. Signed as
+/// `<target>\n<this>` in the target's place; a marker from a node before this signs the target
+/// alone, which still marks a peer's request but vouches for no field.
+pub fn vouched_target(target: &str, headers: &http::HeaderMap) -> String {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    for name in sluice_http::forwarded::FIELDS.iter() {
+        h.update(name.as_str().as_bytes());
+        h.update(b":");
+        for v in headers.get_all(name) {
+            h.update(v.as_bytes());
+            h.update(b"\n");
+        }
+        h.update(b"\n");
+    }
+    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{target}\n{digest}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +128,21 @@ mod tests {
         assert!(k
             .verify(&HeaderValue::from_static("n1"), "GET", "h", "/")
             .is_none());
+    }
+
+    #[test]
+    fn a_vouched_target_binds_the_forwarding_fields() {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.7"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        let a = vouched_target("/a", &h);
+        // Other fields do not matter; a forwarding field changed, added or removed does.
+        h.insert("accept", HeaderValue::from_static("text/html"));
+        assert_eq!(vouched_target("/a", &h), a);
+        h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        assert_ne!(vouched_target("/a", &h), a);
+        h.remove("x-forwarded-for");
+        assert_ne!(vouched_target("/a", &h), a);
+        assert!(a.starts_with("/a\n"));
     }
 }

@@ -109,10 +109,12 @@ impl PeerClient {
             header::HOST,
             HeaderValue::from_str(&req.authority).map_err(|e| fail(e.to_string()))?,
         );
+        // The marker vouches for the forwarding fields too (`hop::vouched_target`).
+        let vouched = super::hop::vouched_target(&req.target, &headers);
         headers.insert(
             HOP_HEADER,
             self.key
-                .sign(&self.from, req.method.as_str(), &req.authority, &req.target),
+                .sign(&self.from, req.method.as_str(), &req.authority, &vouched),
         );
         let mut out = Request::new(Full::new(Bytes::new()));
         *out.method_mut() = req.method.clone();
