@@ -162,7 +162,18 @@ where
                         }
                         continue;
                     }
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => {
+                        // What waits here is charged too: bytes of a frame that a read for
+                        // the DATA before it took in (`poll_data`) are this call's first sight
+                        // of them.
+                        let held = self.stream.buf_mut().remaining();
+                        if !self.charge.set(held) {
+                            return Poll::Ready(Err(FrameStreamError::Proto(
+                                FrameProtocolError::OverBudget(held),
+                            )));
+                        }
+                        return Poll::Pending;
+                    }
                     Poll::Ready(true) => {
                         // An unknown frame being skipped holds no bytes here, yet is
                         // unfinished all the same.
