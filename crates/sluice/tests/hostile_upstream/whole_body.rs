@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, StreamBody};
@@ -16,7 +17,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use sluice::upstream::fetch::FetchError;
 use sluice::upstream::{Upstream, UpstreamConfig};
-use crate::support::*;
 use tokio::net::TcpListener;
 
 const PLAYLIST: &str = "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n\

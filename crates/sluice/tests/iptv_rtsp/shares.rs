@@ -4,14 +4,13 @@
 //! (all of them together within `catchup_total_bytes`). Requests go straight to the gateway's
 //! handler with the client address a test names, so several clients share one loopback.
 
-
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use http::{Request, Response};
 use crate::iptv_support::{config, rtp, ts_datagrams, wait_joined, Gateway, Sender};
+use http::{Request, Response};
 use sluice::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
