@@ -24,12 +24,33 @@ pub fn ticketer() -> Result<std::sync::Arc<dyn rustls::server::ProducesTickets>,
     backend::Ticketer::new()
 }
 
-/// The HMAC-SHA256 key QUIC's stateless-reset tokens are made with (`server::quic`).
+/// The HMAC-SHA256 key QUIC's stateless-reset tokens are made with (`server::quic`), on this
+/// build's provider (quinn's own implementation follows quinn's crypto features, which another
+/// crate in the build may set otherwise).
 #[cfg(feature = "http3")]
 pub fn quic_reset_key(secret: &[u8]) -> std::sync::Arc<dyn quinn::crypto::HmacKey> {
-    #[cfg(feature = "aws-lc")]
-    use aws_lc_rs::hmac;
-    #[cfg(all(feature = "ring", not(feature = "aws-lc")))]
-    use ring::hmac;
-    std::sync::Arc::new(hmac::Key::new(hmac::HMAC_SHA256, secret))
+    std::sync::Arc::new(ResetKey(hmac::Key::new(hmac::HMAC_SHA256, secret)))
+}
+
+#[cfg(all(feature = "http3", feature = "aws-lc"))]
+use aws_lc_rs::hmac;
+#[cfg(all(feature = "http3", feature = "ring", not(feature = "aws-lc")))]
+use ring::hmac;
+
+#[cfg(feature = "http3")]
+struct ResetKey(hmac::Key);
+
+#[cfg(feature = "http3")]
+impl quinn::crypto::HmacKey for ResetKey {
+    fn sign(&self, data: &[u8], out: &mut [u8]) {
+        out.copy_from_slice(hmac::sign(&self.0, data).as_ref());
+    }
+
+    fn signature_len(&self) -> usize {
+        32
+    }
+
+    fn verify(&self, data: &[u8], signature: &[u8]) -> Result<(), quinn::crypto::CryptoError> {
+        hmac::verify(&self.0, data, signature).map_err(|_| quinn::crypto::CryptoError)
+    }
 }
