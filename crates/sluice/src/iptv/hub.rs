@@ -143,7 +143,7 @@ pub struct Hub {
     pub closed: AtomicBool,
     /// Poked when the last subscriber leaves so linger starts promptly.
     pub wake: Notify,
-    /// The client network (`net::per_ip::network_of`) that started the hub: while nobody
+    /// The client (`registry::client_of`) that started the hub: while nobody
     /// watches it (lingering, or an RTSP session still being set up), it takes one of that
     /// client's `max_subscribers_per_client` places. `None` once another client subscribed.
     pub starter: Mutex<Option<std::net::IpAddr>>,

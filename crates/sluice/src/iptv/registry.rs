@@ -3,7 +3,7 @@
 //! Creating, joining and removing a hub all happen under one lock, so a subscriber can never
 //! attach to a hub that has just decided to leave its group.
 //!
-//! A client's share (`max_subscribers_per_client`, counted per IPv4 address or IPv6 /64)
+//! A client's share (`max_subscribers_per_client`, counted per address: `client_of`)
 //! covers its subscriptions and the hubs it started that nobody watches yet or any more (a
 //! lingering group, an RTSP session still being set up after its viewer left): asking for
 //! channels and hanging up at once would otherwise hold `max_channels` for `linger_ms`.
@@ -19,7 +19,13 @@ use tokio::time::Instant;
 
 use super::hub::{ClientStats, Hub, HubKey, HubSettings};
 use super::metrics::{HubLabels, Metrics};
-use crate::net::per_ip::network_of;
+
+/// The key one client is counted by: its address (an IPv4-mapped IPv6 one as IPv4). Not the
+/// IPv6 /64 other shares use: the gateway's viewers are most often one home network, whose
+/// devices all take addresses from one /64, and each is a viewer of its own.
+pub(super) fn client_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    ip.to_canonical()
+}
 
 /// Limits on subscribers and hubs; 0 means unlimited.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +57,7 @@ pub enum Refusal {
 pub struct Registry {
     hubs: Mutex<HashMap<HubKey, Arc<Hub>>>,
     total: AtomicUsize,
-    /// Subscriptions held per client network (`network_of`; entries leave at zero).
+    /// Subscriptions held per client address (`client_of`; entries leave at zero).
     clients: Mutex<HashMap<IpAddr, usize>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
@@ -90,7 +96,7 @@ impl Registry {
         }
         // Checked before a hub is started: one client must not make the gateway join groups
         // (or exhaust `max_channels`) beyond its share.
-        let client = peer.map(|p| network_of(p.ip()));
+        let client = peer.map(|p| client_of(p.ip()));
         if let Some(client) = client {
             self.make_room(&mut table, client, &key)?;
         }
@@ -162,7 +168,7 @@ impl Registry {
 
     fn attach(self: &Arc<Self>, hub: Arc<Hub>, peer: Option<std::net::SocketAddr>) -> Subscription {
         self.total.fetch_add(1, Ordering::AcqRel);
-        let client = peer.map(|p| network_of(p.ip()));
+        let client = peer.map(|p| client_of(p.ip()));
         if let Some(ip) = client {
             *lock(&self.clients).entry(ip).or_insert(0) += 1;
         }
@@ -260,7 +266,7 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         lock(&self.hub.clients).remove(&self.client.id);
         self.registry.total.fetch_sub(1, Ordering::AcqRel);
-        if let Some(ip) = self.client.peer.map(|p| network_of(p.ip())) {
+        if let Some(ip) = self.client.peer.map(|p| client_of(p.ip())) {
             let mut clients = lock(&self.registry.clients);
             if let Some(n) = clients.get_mut(&ip) {
                 *n = n.saturating_sub(1);

@@ -1,6 +1,6 @@
 //! The HLS viewers of a channel: client addresses that asked for its playlist or segments
-//! lately, counted with the raw-TS viewers against `max_subscribers_per_channel`. An IPv6
-//! viewer is its /64, as everywhere a client is counted: one host holds a whole /64.
+//! lately, counted with the raw-TS viewers against `max_subscribers_per_channel`, each address a viewer
+//! (`registry::client_of`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -23,7 +23,7 @@ pub(super) struct Viewers {
 impl Viewers {
     /// Notes a request from `ip`; false when it is a new viewer and the channel is full.
     pub(super) fn admit(&self, hub: &Hub, ip: IpAddr, limit: usize) -> bool {
-        let ip = crate::net::per_ip::network_of(ip);
+        let ip = super::super::registry::client_of(ip);
         let mut seen = registry::lock(&self.seen);
         if let Some(at) = seen.get_mut(&ip) {
             *at = Instant::now();

@@ -46,16 +46,31 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     let label = rtsp.label();
     let setup = Duration::from_millis(ctx.config.setup_timeout_ms);
     let mut published = hub.published.subscribe();
-    let opening = tokio::time::timeout(setup, Session::open(&rtsp.target, &ctx));
-    // A hub released while setting up (its starter needed the place) gives its session slot
-    // back now, not when the setup ends.
+    let (target, owned) = (rtsp.target.clone(), ctx.clone());
+    let mut opening = Box::pin(tokio::time::timeout(setup, async move {
+        Session::open(&target, &owned).await
+    }));
     let opened = tokio::select! {
-        opened = opening => match opened {
+        opened = &mut opening => match opened {
             Ok(Ok(session)) => Ok(session),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("setup took longer than {} ms", setup.as_millis())),
         },
-        _ = published.wait_for(|p| p.closed) => Err("released while setting up".to_string()),
+        _ = published.wait_for(|p| p.closed) => {
+            // Released while setting up (its starter needed the place): the hub goes now, and
+            // the setup finishes on its own, a session it opened torn down (dropped half-way,
+            // the server kept it, sending to a closed port, until its own timeout); the session
+            // slot is given back then.
+            registry.remove(&hub);
+            tracing::info!(channel = %label, "RTSP channel released while setting up");
+            tokio::spawn(async move {
+                if let Ok(Ok(session)) = opening.await {
+                    session.teardown().await;
+                }
+                ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+            });
+            return;
+        }
     };
     let mut session = match opened {
         Ok(s) => s,
