@@ -89,10 +89,7 @@ impl Cluster {
         // Read again (validated before, but a file can change in between): a secret that is no
         // longer there or too short stops the start. The same key checks the markers that come
         // in, so an empty one would let anyone sign them.
-        let secret = config.secret()?;
-        if secret.chars().count() < 16 {
-            return Err("secret must be at least 16 characters, the same on every node".into());
-        }
+        let secret = config.usable_secret()?;
         let key = HopKey::new(&secret);
         let timeout = Duration::from_millis(config.peer_timeout_ms);
         Ok(Cluster {

@@ -247,13 +247,8 @@ fn hand_over_quic() -> anyhow::Result<QuicHandover> {
 /// The `reset <hex>` line that passes this process's QUIC stateless-reset secret on.
 #[cfg(feature = "http3")]
 fn reset_secret_line() -> String {
-    use std::fmt::Write;
-    let mut line = String::from("reset ");
-    for b in super::quic::reset_secret() {
-        let _ = write!(line, "{b:02x}");
-    }
-    line.push('\n');
-    line
+    let hex = sluice_media::keys::to_hex(&super::quic::reset_secret());
+    format!("reset {hex}\n")
 }
 
 #[cfg(not(feature = "http3"))]

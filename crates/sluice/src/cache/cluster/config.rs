@@ -125,9 +125,7 @@ impl ClusterConfig {
                 self.self_addr
             ));
         }
-        if self.secret()?.chars().count() < 16 {
-            return Err("secret must be at least 16 characters, the same on every node".into());
-        }
+        self.usable_secret()?;
         match (&self.dns, self.peers.is_empty()) {
             (Some(_), false) => return Err("set peers or dns, not both".into()),
             (None, true) => return Err("needs peers or dns".into()),
@@ -180,6 +178,15 @@ impl ClusterConfig {
             }
         }
         Ok(())
+    }
+
+    /// The secret as [`ClusterConfig::secret`] reads it, refused when too short to sign with.
+    pub fn usable_secret(&self) -> Result<String, String> {
+        let secret = self.secret()?;
+        if secret.chars().count() < 16 {
+            return Err("secret must be at least 16 characters, the same on every node".into());
+        }
+        Ok(secret)
     }
 
     /// The secret, from `secret` or `secret_file` (not both).

@@ -102,8 +102,7 @@ pub fn vouched_target(target: &str, headers: &http::HeaderMap) -> String {
         }
         h.update(b"\n");
     }
-    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    format!("{target}\n{digest}")
+    format!("{target}\n{}", sluice_media::keys::to_hex(&h.finalize()))
 }
 
 #[cfg(test)]

@@ -227,6 +227,27 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A member at `addr` (a test's own owner).
+    fn owner_at(addr: std::net::SocketAddr) -> Member {
+        Member {
+            addr: addr.to_string(),
+            control: addr,
+            weight: 1,
+            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
+        }
+    }
+
+    /// A `GET /object` for `app.test` with `headers`, relayed with the route's `body_idle`.
+    fn get_object(headers: HeaderMap, body_idle: Duration) -> RelayRequest {
+        RelayRequest {
+            method: Method::GET,
+            authority: "app.test".into(),
+            target: "/object".into(),
+            headers,
+            body_idle,
+        }
+    }
+
     /// A client's `GET` with a body, relayed: the owner gets the head without the client's
     /// `Content-Length` or `Expect` (there is no body to go with them), and answers at once.
     #[tokio::test]
@@ -254,23 +275,12 @@ mod tests {
             Duration::from_secs(2),
             Duration::from_secs(2),
         );
-        let owner = Member {
-            addr: addr.to_string(),
-            control: addr,
-            weight: 1,
-            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
-        };
+        let owner = owner_at(addr);
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
         headers.insert(header::EXPECT, HeaderValue::from_static("100-continue"));
         headers.insert("x-kept", HeaderValue::from_static("1"));
-        let req = RelayRequest {
-            method: Method::GET,
-            authority: "app.test".into(),
-            target: "/object".into(),
-            headers,
-            body_idle: Duration::ZERO,
-        };
+        let req = get_object(headers, Duration::ZERO);
         let resp = peer.relay(&owner, &req).await.unwrap();
         assert_eq!(resp.status(), 200);
         let head = owner_saw.await.unwrap();
@@ -307,19 +317,8 @@ mod tests {
             Duration::from_secs(2),
             Duration::from_millis(300),
         );
-        let owner = Member {
-            addr: addr.to_string(),
-            control: addr,
-            weight: 1,
-            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
-        };
-        let req = RelayRequest {
-            method: Method::GET,
-            authority: "app.test".into(),
-            target: "/object".into(),
-            headers: HeaderMap::new(),
-            body_idle: Duration::ZERO,
-        };
+        let owner = owner_at(addr);
+        let req = get_object(HeaderMap::new(), Duration::ZERO);
         let resp = peer.relay(&owner, &req).await.unwrap();
         let mut body = peer.relayed(resp, &owner.addr, Duration::ZERO).into_body();
         let mut got = 0;
@@ -364,19 +363,8 @@ mod tests {
             Duration::from_secs(2),
             Duration::from_millis(300),
         );
-        let owner = Member {
-            addr: addr.to_string(),
-            control: addr,
-            weight: 1,
-            state: std::sync::Arc::new(crate::cache::cluster::ring::PeerState::new(false)),
-        };
-        let req = RelayRequest {
-            method: Method::GET,
-            authority: "app.test".into(),
-            target: "/object".into(),
-            headers: HeaderMap::new(),
-            body_idle: Duration::from_secs(2),
-        };
+        let owner = owner_at(addr);
+        let req = get_object(HeaderMap::new(), Duration::from_secs(2));
         let resp = peer.relay(&owner, &req).await.unwrap();
         let body = peer.relayed(resp, &owner.addr, req.body_idle).into_body();
         let got = tokio::time::timeout(Duration::from_secs(5), body.collect())
