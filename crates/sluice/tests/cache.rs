@@ -44,6 +44,8 @@ struct Obj {
     fail: bool,
     /// Stop sending (without closing) on reaching this offset of the object.
     stall_after: Option<u64>,
+    /// Send the body one byte at a time, this long apart (inside any idle wait, never done).
+    trickle: Option<Duration>,
     /// The bytes depend on the request's Accept-Encoding (with `Vary: Accept-Encoding`).
     by_encoding: bool,
     /// The next answer whose body reaches this offset of the object ends there, short of its
@@ -62,6 +64,7 @@ impl Obj {
             delay: Duration::ZERO,
             fail: false,
             stall_after: None,
+            trickle: None,
             by_encoding: false,
             cut_once_at: None,
         }
@@ -191,6 +194,7 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
         obj.version
     };
     let stall_at = obj.stall_after;
+    let trickle = obj.trickle;
     let cut = obj.cut_once_at.clone();
     let counter = state.clone();
     // Generated in 64 KiB chunks as the client reads.
@@ -209,7 +213,13 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
                     return None;
                 }
             }
-            let stop = (at + 64 * KIB - 1).min(end);
+            let stop = match trickle {
+                Some(gap) => {
+                    tokio::time::sleep(gap).await;
+                    at
+                }
+                None => (at + 64 * KIB - 1).min(end),
+            };
             counter.bytes.fetch_add(stop - at + 1, Ordering::SeqCst);
             let data = Bytes::from(bytes_of(version, at, stop));
             Some((Ok::<_, Infallible>(Frame::data(data)), stop + 1))
@@ -1455,6 +1465,52 @@ async fn a_stalled_origin_fails_the_fill_instead_of_hanging() {
     .expect("no hang");
     assert!(r.body.is_err(), "a short body must not look complete");
     assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn a_trickling_fill_nobody_reads_gives_its_place_back() {
+    let (origin, oaddr) = start_origin().await;
+    let mut slow = Obj::new(16 * KIB, "max-age=60");
+    // 16 KiB a byte every 200 ms: close to an hour, and never silent for the idle wait.
+    slow.trickle = Some(Duration::from_millis(200));
+    origin.set("/slow", slow);
+    let mut slowish = Obj::new(20, "max-age=60");
+    slowish.trickle = Some(Duration::from_millis(200));
+    origin.set("/slowish", slowish);
+    origin.set("/fast", Obj::new(16 * KIB, "max-age=60"));
+    let mut cfg = config(64 * KIB);
+    cfg.max_inflight_slices = 1;
+    cfg.origin_idle_timeout_secs = 1;
+    cfg.origin_slice_timeout_secs = 2;
+    let front = start_front(cfg, oaddr).await;
+
+    // A fill someone follows goes on past the slice timeout: 20 bytes over about 4 s.
+    let whole = tokio::time::timeout(
+        Duration::from_secs(30),
+        request("GET", &front.url("/slowish"), &[]),
+    )
+    .await
+    .expect("the followed fill finished");
+    assert_eq!(body(&whole), Bytes::from(bytes_of(1, 0, 19)));
+
+    // The client gives up on the slow object; its fill holds the one fill place.
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        request("GET", &front.url("/slow"), &[]),
+    )
+    .await;
+    assert!(gave_up.is_err(), "16 KiB cannot trickle in within a second");
+    // Given up once its slice has taken the slice timeout with nobody reading (before, it held
+    // the place for the hour and this miss waited for it).
+    let started = std::time::Instant::now();
+    let fast = tokio::time::timeout(
+        Duration::from_secs(20),
+        request("GET", &front.url("/fast"), &[]),
+    )
+    .await
+    .expect("the fill place came free");
+    assert_eq!(sha256(&body(&fast)), sha256(&bytes_of(1, 0, 16 * KIB - 1)));
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]

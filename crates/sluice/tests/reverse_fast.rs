@@ -1392,3 +1392,114 @@ async fn a_head_answered_with_an_error_gets_no_body_and_the_connection_lives_on(
     assert_eq!(r.status(), 502, "{}", r.head);
     assert!(!r.body.is_empty());
 }
+
+/// An origin that answers a HEAD with its head, then, a moment later, with bytes shaped like a
+/// second answer (a body sent to a HEAD); any other request gets `ok`. Counts its connections.
+async fn head_with_late_bytes() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        if read_into(&mut s, &mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let ok = if head.starts_with(b"HEAD ") {
+                        let sent = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+                            .await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        sent.is_ok()
+                            && s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!")
+                                .await
+                                .is_ok()
+                    } else {
+                        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            .await
+                            .is_ok()
+                    };
+                    if !ok {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn bytes_an_origin_sends_past_its_answer_never_answer_the_next_request() {
+    // Past a counted body, in the same write: a splice takes the body's bytes exactly and leaves
+    // the rest in the socket.
+    let big = pattern(1024 * 1024);
+    let b = big.clone();
+    let answer: Answer = Arc::new(move |t: &str| match t {
+        "/big" => {
+            let mut out = counted(&b);
+            out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!");
+            out
+        }
+        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+    });
+    let (origin, _, _) = reverse_support::raw_origin(answer).await;
+    for splice in [true, false] {
+        let mut config = proxy_config(origin, true, "");
+        config.reverse.splice_bodies = splice;
+        let p = Proxy::start(config).await;
+        let mut c = Client::to(&p).await;
+        let r = c.ask(b"GET /api/big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(sha256(&r.body), sha256(&big), "splice={splice}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for _ in 0..2 {
+            let r = c.ask(b"GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n").await;
+            assert_eq!(r.body, b"ok", "splice={splice}");
+        }
+    }
+
+    // Sent to a HEAD a moment after its head: the connection went back to the pool clean, and
+    // the bytes arrived while it sat there.
+    let (origin, accepted) = head_with_late_bytes().await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut c = Client::to(&p).await;
+    for round in 0..3 {
+        let r = c.ask(b"HEAD /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = c.ask(b"GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.body, b"ok", "round {round}");
+    }
+    // Each HEAD's connection was given up, not reused: every GET went on a new one (which the
+    // next HEAD then took from the pool).
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        4,
+        "the first connection and one per GET"
+    );
+}
+
+#[tokio::test]
+async fn an_endless_run_of_interim_answers_is_a_502() {
+    let answer: Answer = Arc::new(|_t: &str| {
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n".repeat(20_000)
+    });
+    let (origin, _, _) = reverse_support::raw_origin(answer).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut c = Client::to(&p).await;
+    let started = std::time::Instant::now();
+    let r = c.ask(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.status(), 502);
+    // Refused at once, not when the route's header timeout (2 s) ran out.
+    assert!(started.elapsed() < Duration::from_millis(1500));
+}

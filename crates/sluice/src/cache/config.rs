@@ -107,6 +107,10 @@ pub struct CacheConfig {
     pub origin_header_timeout_secs: u64,
     /// Seconds a fill waits for the next body bytes from the origin.
     pub origin_idle_timeout_secs: u64,
+    /// Seconds one slice's bytes may take to arrive once no client follows the fill: past it the
+    /// fill is given up (an origin that trickles bytes just inside the idle wait would otherwise
+    /// hold its fill place and its share of the budget for good). A fill someone reads goes on.
+    pub origin_slice_timeout_secs: u64,
     /// Key accepted for `PURGE` (in `X-Purge-Key` or `Authorization: Bearer`); the API password is
     /// accepted too. Empty and no password: purge is refused.
     pub purge_key: String,
@@ -149,6 +153,7 @@ impl Default for CacheConfig {
             disk_write_timeout_ms: 10_000,
             origin_header_timeout_secs: 30,
             origin_idle_timeout_secs: 30,
+            origin_slice_timeout_secs: 120,
             purge_key: String::new(),
             purge_allow: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
             heuristic_percent: 10,
@@ -292,6 +297,7 @@ impl CacheConfig {
                 self.origin_header_timeout_secs,
             ),
             ("origin_idle_timeout_secs", self.origin_idle_timeout_secs),
+            ("origin_slice_timeout_secs", self.origin_slice_timeout_secs),
         ] {
             if v == 0 {
                 return Err(CacheConfigError::Zero(name));

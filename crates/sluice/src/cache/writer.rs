@@ -305,6 +305,7 @@ async fn fill_ranged(
 ) -> FillEnd {
     let mut got = 0u64;
     let mut buf = SliceBuf::new(len, inner.config.sendfile);
+    let started = Instant::now();
     while let Some(frame) = next_frame(inner, &mut body).await {
         let frame = match frame {
             Ok(f) => f,
@@ -317,6 +318,9 @@ async fn fill_ranged(
             }
             inner.metrics.bytes_origin.inc_by(data.len() as u64);
             fill.push(buf.push(&data));
+        }
+        if got < len && forsaken(inner, started, fill.readers()) {
+            return FillEnd::Failed(FORSAKEN.into());
         }
     }
     if got != len {
@@ -358,6 +362,7 @@ impl WholeBody<'_> {
         // instead of asking the origin again.
         let mut next: Option<Arc<Fill>> = None;
         let mut own_end: Option<FillEnd> = None;
+        let mut slice_started = Instant::now();
         loop {
             let frame = match next_frame(self.inner, &mut body).await {
                 None => break,
@@ -390,6 +395,7 @@ impl WholeBody<'_> {
                     }
                     buf_len = 0;
                     index += 1;
+                    slice_started = Instant::now();
                     current = next.take();
                     if index > self.own_index && following == 0 && self.over_budget(index) {
                         let end = FillEnd::Failed("abandoned".into());
@@ -407,6 +413,19 @@ impl WholeBody<'_> {
                 if buf_len == slice && next.is_none() {
                     next = self.target(index + 1);
                 }
+            }
+            // Readers of the job's own slice wait through the slices before it too.
+            let following = if index <= self.own_index {
+                self.own.readers()
+            } else {
+                0
+            } + current.as_ref().map_or(0, |f| f.readers())
+                + next.as_ref().map_or(0, |f| f.readers());
+            if forsaken(self.inner, slice_started, following) {
+                let end = FillEnd::Failed(FORSAKEN.into());
+                self.close(index, &current, end.clone());
+                self.close(index + 1, &next, end.clone());
+                return own_end.unwrap_or(end);
             }
         }
         let length = index * slice + buf_len;
@@ -508,6 +527,22 @@ impl WholeBody<'_> {
     fn over_budget(&self, index: u64) -> bool {
         (index - self.own_index) * self.inner.slice_bytes > self.inner.config.detached_fill_bytes.0
     }
+}
+
+/// Why a fill nobody follows was given up (`forsaken`).
+const FORSAKEN: &str = "origin too slow for a slice nobody reads";
+
+/// Whether a slice begun at `started` has taken longer than `origin_slice_timeout_secs` with no
+/// client following it: reading on would hold a fill place and budget for nobody, and an origin
+/// trickling bytes inside the idle wait would hold them for good. Checked as bytes arrive, so a
+/// forsaken fill ends within that time plus the idle wait. Counted as an origin error.
+fn forsaken(inner: &Inner, started: Instant, following: usize) -> bool {
+    let late = following == 0
+        && started.elapsed() > Duration::from_secs(inner.config.origin_slice_timeout_secs);
+    if late {
+        inner.metrics.origin_errors.inc();
+    }
+    late
 }
 
 /// The next body frame, or an error once the origin has been silent for the idle deadline.

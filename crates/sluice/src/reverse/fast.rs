@@ -756,6 +756,26 @@ pub(super) struct UpConn {
     memo: Box<plain_head::Memo>,
 }
 
+impl UpConn {
+    /// Whether nothing arrived while the connection sat idle. Bytes nobody asked for (a body sent
+    /// after the head of a HEAD, 204 or 304 answer, or past a body's length, which a splice leaves
+    /// in the socket) would be read as the next request's answer, and handed to another client;
+    /// an end of stream means the server closed it. Asks the runtime's readiness first: a read
+    /// that found the socket drained cleared it, so a quiet connection costs no system call.
+    fn quiet(&self) -> bool {
+        let tcp = self.io.tcp();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match tcp.poll_read_ready(&mut cx) {
+            std::task::Poll::Pending => true,
+            std::task::Poll::Ready(Err(_)) => false,
+            std::task::Poll::Ready(Ok(())) => {
+                let mut byte = [0u8; 1];
+                matches!(tcp.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+}
+
 struct Idle {
     conn: UpConn,
     since: Instant,
@@ -849,14 +869,21 @@ impl FastPool {
 
     fn checkout(&self, index: usize) -> Option<UpConn> {
         let slot = self.servers.get(index)?;
-        let mut stack = slot.lock().ok()?;
-        let idle = stack.pop_back()?;
-        if recent::since(idle.since) >= self.idle_timeout {
-            // The newest is expired, so is every older one.
-            stack.clear();
-            return None;
+        loop {
+            let idle = {
+                let mut stack = slot.lock().ok()?;
+                let idle = stack.pop_back()?;
+                if recent::since(idle.since) >= self.idle_timeout {
+                    // The newest is expired, so is every older one.
+                    stack.clear();
+                    return None;
+                }
+                idle
+            };
+            if idle.conn.quiet() {
+                return Some(idle.conn);
+            }
         }
-        Some(idle.conn)
     }
 
     pub(super) fn checkin(self: &Arc<Self>, index: usize, conn: UpConn) {
@@ -936,6 +963,9 @@ impl FastPool {
     }
 }
 
+/// Interim (1xx) answers taken before the final one; more is a broken or hostile server.
+const MAX_INTERIM_HEADS: usize = 16;
+
 /// One request written (encoded in the connection's read buffer, which it leaves empty) and its
 /// final response head read; the bytes after the head stay in the connection's buffer, from the
 /// offset returned on (left where they were read: a body that came with its head is not moved).
@@ -951,6 +981,7 @@ async fn round_trip(
     encode_request_into(&mut conn.buf, request, server_addr);
     // Where the head being parsed starts (past any interim heads).
     let mut at = 0;
+    let mut interim = 0;
     // Failures are worded as hyper's client words them, so the error body is the hyper path's.
     let written = conn.io.write_all(&conn.buf).await;
     conn.buf.clear();
@@ -1003,7 +1034,13 @@ async fn round_trip(
                     if head.status == StatusCode::SWITCHING_PROTOCOLS {
                         return Err((true, "invalid HTTP status-code parsed".into()));
                     }
-                    // An interim answer (100, 103): the final one follows.
+                    // An interim answer (100, 103): the final one follows. A few at most:
+                    // each stays in the buffer, and an endless run would grow it until the
+                    // header timeout.
+                    interim += 1;
+                    if interim > MAX_INTERIM_HEADS {
+                        return Err((true, "too many informational responses".into()));
+                    }
                     at += head.len;
                 }
                 Ok(Some(head)) => {
