@@ -47,8 +47,8 @@ pub struct Acme {
     dns: Option<Arc<dns::Updater>>,
     eab: Option<eab::Eab>,
     on_demand: Option<OnDemand>,
-    /// When each order of the last hour started (`acme.orders_per_hour`).
-    orders: Mutex<VecDeque<Instant>>,
+    /// The orders of the last hour (`acme.orders_per_hour`).
+    orders: Mutex<Budget>,
     /// Wakes the renewal loop early (an on-demand name was added).
     wake: Notify,
     /// On-demand names whose renewal the ask URL refused: once their certificate expires, a
@@ -137,6 +137,62 @@ struct Schedule {
     /// The ARI renewal time chosen for a certificate, when to ask again, and the window it was
     /// chosen in.
     ari: HashMap<String, Ari>,
+    /// ARI asks that failed in a row for a name, and when to ask again (until then its renewal
+    /// time is the one kept, or the lifetime's).
+    ari_failed: HashMap<String, (u32, Instant)>,
+}
+
+/// What one pass of the renewal loop has learnt.
+#[derive(Default)]
+struct Pass {
+    /// The CA did not answer (or no account could be had) this pass: the other names' renewal
+    /// times are not asked for (each ask could take `client::EXCHANGE`), so due orders do not
+    /// wait behind them.
+    ca_unreachable: bool,
+}
+
+/// Which share of `acme.orders_per_hour` an order draws on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A configured name, or the renewal of a held certificate (the renewal loop's): the whole
+    /// budget.
+    Kept,
+    /// A name first seen in a handshake: at most half the budget, so names the ask URL allows
+    /// cannot starve the renewals.
+    OnDemand,
+}
+
+/// The orders started in the last hour, and of which kind.
+#[derive(Default)]
+struct Budget {
+    started: VecDeque<(Instant, Kind)>,
+}
+
+impl Budget {
+    /// Counts an order of `kind` started at `now` if `per_hour` allows it (an on-demand one: if
+    /// on-demand orders have not used half of it); else how long until a place frees.
+    fn take(&mut self, per_hour: u32, kind: Kind, now: Instant) -> Result<(), Duration> {
+        let hour = Duration::from_secs(3600);
+        while self
+            .started
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= hour)
+        {
+            self.started.pop_front();
+        }
+        let frees = |t: Instant| (t + hour).saturating_duration_since(now);
+        if self.started.len() >= per_hour as usize {
+            return Err(self.started.front().map_or(hour, |(t, _)| frees(*t)));
+        }
+        if kind == Kind::OnDemand {
+            let mut on_demand = self.started.iter().filter(|(_, k)| *k == Kind::OnDemand);
+            if on_demand.clone().count() >= (per_hour / 2) as usize {
+                return Err(on_demand.next().map_or(hour, |(t, _)| frees(*t)));
+            }
+        }
+        self.started.push_back((now, kind));
+        Ok(())
+    }
 }
 
 /// A renewal time chosen in the window the CA suggested (ACME Renewal Information).
@@ -206,7 +262,7 @@ impl Acme {
             dns,
             eab,
             on_demand,
-            orders: Mutex::new(VecDeque::new()),
+            orders: Mutex::default(),
             wake: Notify::new(),
             ask_refused: Mutex::default(),
             alpn_lookups: Arc::new(tokio::sync::Semaphore::new(ALPN_LOOKUPS)),
@@ -274,7 +330,7 @@ impl Acme {
         let challenge = hello
             .alpn()
             .is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN));
-        let name = hello.server_name().map(|n| n.to_ascii_lowercase());
+        let name = hello.server_name().map(sni_name);
         match (name, challenge) {
             (Some(name), false) if self.orders_at_handshake(&name) => {
                 self.obtain(&name).await;
@@ -394,7 +450,7 @@ impl Acme {
             }
             Ok(true) => {
                 self.metrics.decision("allowed");
-                match self.issue(name).await {
+                match self.issue(name, Kind::OnDemand).await {
                     Ok(()) => true,
                     // Another node is ordering it now: the next handshake for the name looks
                     // in the directory again instead of waiting out `per_name_secs`.
@@ -574,24 +630,17 @@ impl Acme {
         Ok(account)
     }
 
-    /// Whether `acme.orders_per_hour` allows one more order now (and counts it).
-    fn take_order_budget(&self) -> bool {
-        let mut started = self.orders.lock().unwrap_or_else(|e| e.into_inner());
-        let hour = Duration::from_secs(3600);
-        while started.front().is_some_and(|t| t.elapsed() >= hour) {
-            started.pop_front();
-        }
-        if started.len() >= self.config.orders_per_hour as usize {
-            return false;
-        }
-        started.push_back(Instant::now());
-        true
+    /// Whether `acme.orders_per_hour` allows one more order of `kind` now (and counts it); else
+    /// how long until a place frees.
+    fn take_order_budget(&self, kind: Kind) -> Result<(), Duration> {
+        let mut budget = self.orders.lock().unwrap_or_else(|e| e.into_inner());
+        budget.take(self.config.orders_per_hour, kind, Instant::now())
     }
 
     /// Orders `name` unless another node is on it (then its certificate is picked up later),
     /// stores and installs the result, and counts the outcome.
-    async fn issue(&self, name: &str) -> Result<(), OrderError> {
-        let result = self.issue_locked(name).await;
+    async fn issue(&self, name: &str, kind: Kind) -> Result<(), OrderError> {
+        let result = self.issue_locked(name, kind).await;
         match &result {
             Ok(true) => self.metrics.order("issued"),
             Ok(false) => {}
@@ -607,7 +656,7 @@ impl Acme {
     }
 
     /// True when this call ordered the certificate; false when another node's is now in use.
-    async fn issue_locked(&self, name: &str) -> Result<bool, OrderError> {
+    async fn issue_locked(&self, name: &str, kind: Kind) -> Result<bool, OrderError> {
         let store_err = |e: std::io::Error| OrderError::Store(e.to_string());
         let before = self.certs.held(name).map(|h| h.modified);
         let Some(_lock) = self.store.try_lock(name).map_err(store_err)? else {
@@ -626,13 +675,29 @@ impl Acme {
         // The account is set up first (once; it is kept), so a CA that cannot be reached at
         // start uses up none of the hour's orders.
         let issuer = self.issuer().await?;
-        if !self.take_order_budget() {
-            return Err(OrderError::Throttled(self.config.orders_per_hour));
+        if let Err(frees_in) = self.take_order_budget(kind) {
+            return Err(OrderError::Throttled(self.config.orders_per_hour, frees_in));
         }
         let issued = issuer.order(name, replaces).await?;
-        self.store
-            .write_cert(name, &issued.chain_pem, &issued.key_pem)
-            .map_err(store_err)?;
+        self.store_issued(name, &issued)?;
+        tracing::info!(%name, "acme: certificate issued");
+        Ok(true)
+    }
+
+    /// Checks what the CA issued (a chain and key that parse and match, a leaf for `name` not
+    /// expired) before it replaces the stored file, then stores and installs it. An unusable one
+    /// is the CA's failure, and the stored certificate, still good, is kept.
+    fn store_issued(&self, name: &str, issued: &issue::Issued) -> Result<(), OrderError> {
+        let store_err = |e: std::io::Error| OrderError::Store(e.to_string());
+        let bundle = store::bundle(&issued.chain_pem, &issued.key_pem);
+        self.certs
+            .check_issued(name, bundle.as_bytes(), SystemTime::now())
+            .map_err(|e| {
+                OrderError::Ca(format!(
+                    "the certificate issued is unusable ({e:#}); the stored one is kept"
+                ))
+            })?;
+        self.store.write_bundle(name, &bundle).map_err(store_err)?;
         let (pem, modified) = self
             .store
             .read_cert(name)
@@ -641,8 +706,7 @@ impl Acme {
             .install(name, &pem, modified)
             .map_err(|e| OrderError::Store(format!("{e:#}")))?;
         self.export_expiry(name);
-        tracing::info!(%name, "acme: certificate issued");
-        Ok(true)
+        Ok(())
     }
 
     /// Without ARI: when `renew_remaining` of the lifetime is left.
@@ -652,7 +716,11 @@ impl Acme {
 
     /// When `name` is due: now without a certificate; the CA's ARI window when it offers one;
     /// else by lifetime.
-    async fn renew_at(&self, name: &str, schedule: &mut Schedule) -> SystemTime {
+    ///
+    /// A CA found out of reach earlier in the pass is not asked again in it, and a name whose ask
+    /// failed is asked again only after a backoff (`retry_min_secs` doubled up to
+    /// `retry_max_secs`): meanwhile the time kept from its last answer, or the lifetime's, holds.
+    async fn renew_at(&self, name: &str, schedule: &mut Schedule, pass: &mut Pass) -> SystemTime {
         let Some(held) = self.certs.held(name) else {
             return SystemTime::UNIX_EPOCH;
         };
@@ -671,14 +739,45 @@ impl Acme {
             }
             Some(Still::AskAgain) | None => {}
         }
+        // The time chosen in the window last given for this certificate, while the CA cannot
+        // be asked.
+        let kept = schedule
+            .ari
+            .get(name)
+            .filter(|a| a.of == held.modified)
+            .map_or(fallback, |a| a.at);
+        if pass.ca_unreachable
+            || schedule
+                .ari_failed
+                .get(name)
+                .is_some_and(|(_, until)| Instant::now() < *until)
+        {
+            return kept;
+        }
         let Some(id) = cert_id(&held) else {
             return fallback;
         };
-        let Ok(issuer) = self.issuer().await else {
-            return fallback;
+        let issuer = match self.issuer().await {
+            Ok(issuer) => issuer,
+            Err(e) => {
+                tracing::debug!(error = %e, "acme: no account; renewal times by lifetime this pass");
+                pass.ca_unreachable = true;
+                return kept;
+            }
         };
         match issuer.renewal_window(&id).await {
-            Some((start, end, ask_again)) => {
+            Err(failure) => {
+                pass.ca_unreachable |= failure.unreachable;
+                let failures = schedule.ari_failed.get(name).map_or(0, |f| f.0) + 1;
+                let wait = self.backoff(failures, &OrderError::Ca(String::new()));
+                tracing::debug!(%name, error = %failure.error, ask_again_in_secs = wait.as_secs(), "acme: no renewal information");
+                schedule
+                    .ari_failed
+                    .insert(name.to_string(), (failures, Instant::now() + wait));
+                kept
+            }
+            Ok(Some((start, end, ask_again))) => {
+                schedule.ari_failed.remove(name);
                 // One uniform pick per window (RFC 9773 §4.2): the same window asked again keeps
                 // its time, as picking anew at every poll would pull renewals toward its start.
                 // Never later than a sixth of the lifetime before expiry, whatever the window
@@ -701,7 +800,7 @@ impl Acme {
                 );
                 at
             }
-            None => fallback,
+            Ok(None) => fallback,
         }
     }
 
@@ -745,82 +844,141 @@ impl Acme {
         }
     }
 
-    /// The renewal loop: re-read the store, order what is missing or due, back off on failure.
+    /// The renewal loop: passes one after another, each in a task of its own, so a pass that
+    /// panics (a bug, here or in the ACME crate) is logged and tried again after a backoff
+    /// instead of ending renewals for good.
     async fn run(self: Arc<Self>) {
-        let mut schedule = Schedule::default();
-        let check = Duration::from_secs(self.config.check_secs);
-        loop {
-            let mut next = Instant::now() + check;
-            for name in self.managed_names() {
-                self.refresh_from_store(&name);
-                let modified = self.certs.held(&name).map(|h| h.modified);
-                if let Some((_, at, of)) = schedule.retry.get(&name) {
-                    if *of != modified {
-                        schedule.retry.remove(&name);
-                        self.ask_refused().remove(&name);
-                    } else if Instant::now() < *at {
-                        next = next.min(*at);
-                        continue;
-                    }
+        let schedule = Arc::new(tokio::sync::Mutex::new(Schedule::default()));
+        let me = self.clone();
+        supervise(
+            move || {
+                let (me, schedule) = (me.clone(), schedule.clone());
+                async move {
+                    let mut schedule = schedule.lock_owned().await;
+                    me.pass(&mut schedule).await
                 }
-                let due = self.renew_at(&name, &mut schedule).await;
-                if let Ok(wait) = due.duration_since(SystemTime::now()) {
-                    next = next.min(Instant::now() + wait);
+            },
+            &self.wake,
+            |panics| self.backoff(panics, &OrderError::Ca(String::new())),
+        )
+        .await
+    }
+
+    /// One pass: re-read the store, order what is missing or due, back off on failure; returns
+    /// when the next is due.
+    async fn pass(&self, schedule: &mut Schedule) -> Instant {
+        let check = Duration::from_secs(self.config.check_secs);
+        let mut pass = Pass::default();
+        let mut next = Instant::now() + check;
+        for name in self.managed_names() {
+            self.refresh_from_store(&name);
+            let modified = self.certs.held(&name).map(|h| h.modified);
+            if let Some((_, at, of)) = schedule.retry.get(&name) {
+                if *of != modified {
+                    schedule.retry.remove(&name);
+                    self.ask_refused().remove(&name);
+                } else if Instant::now() < *at {
+                    next = next.min(*at);
                     continue;
                 }
-                let issued = match self.still_allowed(&name).await {
-                    Ok(true) => self.issue(&name).await,
-                    Ok(false) => {
-                        // Asked again after `retry_max_secs` (the ask URL may allow it again);
-                        // another node's renewal is still read from the directory meanwhile.
-                        let wait = Duration::from_secs(self.config.retry_max_secs);
-                        tracing::info!(%name, ask_again_in_secs = wait.as_secs(), "acme: the ask URL no longer allows this on-demand name; not renewed (its certificate is served until it expires)");
-                        let at = Instant::now() + wait;
-                        schedule.retry.insert(name.clone(), (0, at, modified));
-                        self.ask_refused().insert(name.clone());
-                        next = next.min(at);
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(%name, error = %e, "acme: renewal of an on-demand name put off");
-                        Err(e)
-                    }
-                };
-                match issued {
-                    Ok(()) => {
-                        schedule.retry.remove(&name);
-                        schedule.ari.remove(&name);
-                        self.ask_refused().remove(&name);
-                    }
-                    Err(e) => {
-                        let failures = schedule.retry.get(&name).map_or(0, |r| r.0) + 1;
-                        let wait = self.backoff(failures, &e);
-                        tracing::info!(%name, retry_in_secs = wait.as_secs(), "acme: will try again");
-                        let at = Instant::now() + wait;
-                        schedule
-                            .retry
-                            .insert(name.clone(), (failures, at, modified));
-                        next = next.min(at);
-                    }
+            }
+            let due = self.renew_at(&name, schedule, &mut pass).await;
+            if let Ok(wait) = due.duration_since(SystemTime::now()) {
+                next = next.min(Instant::now() + wait);
+                continue;
+            }
+            let issued = match self.still_allowed(&name).await {
+                Ok(true) => self.issue(&name, Kind::Kept).await,
+                Ok(false) => {
+                    // Asked again after `retry_max_secs` (the ask URL may allow it again);
+                    // another node's renewal is still read from the directory meanwhile.
+                    let wait = Duration::from_secs(self.config.retry_max_secs);
+                    tracing::info!(%name, ask_again_in_secs = wait.as_secs(), "acme: the ask URL no longer allows this on-demand name; not renewed (its certificate is served until it expires)");
+                    let at = Instant::now() + wait;
+                    schedule.retry.insert(name.clone(), (0, at, modified));
+                    self.ask_refused().insert(name.clone());
+                    next = next.min(at);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(%name, error = %e, "acme: renewal of an on-demand name put off");
+                    Err(e)
+                }
+            };
+            match issued {
+                Ok(()) => {
+                    schedule.retry.remove(&name);
+                    schedule.ari.remove(&name);
+                    self.ask_refused().remove(&name);
+                }
+                Err(e) => {
+                    // Waiting for the hour's budget is no failure of the name's.
+                    let failed = u32::from(!matches!(e, OrderError::Throttled(..)));
+                    let failures = schedule.retry.get(&name).map_or(0, |r| r.0) + failed;
+                    let wait = self.backoff(failures, &e);
+                    tracing::info!(%name, retry_in_secs = wait.as_secs(), "acme: will try again");
+                    let at = Instant::now() + wait;
+                    schedule
+                        .retry
+                        .insert(name.clone(), (failures, at, modified));
+                    next = next.min(at);
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep_until(next.into()) => {}
-                _ = self.wake.notified() => {}
-            }
         }
+        next
     }
 
     /// `retry_min_secs` doubled per failure in a row, up to `retry_max_secs`; another node's
     /// order in progress is looked at again after the minimum.
     fn backoff(&self, failures: u32, e: &OrderError) -> Duration {
         let min = self.config.retry_min_secs;
-        if matches!(e, OrderError::Locked) {
-            return Duration::from_secs(min);
+        match e {
+            OrderError::Locked => return Duration::from_secs(min),
+            // Tried again when an order of the hour's leaves it, not later.
+            OrderError::Throttled(_, frees_in) => return (*frees_in).max(Duration::from_secs(1)),
+            _ => {}
         }
         let secs = min.saturating_mul(1u64 << failures.saturating_sub(1).min(30));
         Duration::from_secs(secs.min(self.config.retry_max_secs))
     }
+}
+
+/// Runs `pass` again and again, each run in a task of its own, sleeping until the time it returns
+/// or until `wake`. A run that panics is logged and the next starts after `after_panic(panics in
+/// a row)`; the loop ends only with the runtime.
+async fn supervise<F, P>(mut pass: F, wake: &Notify, after_panic: impl Fn(u32) -> Duration)
+where
+    F: FnMut() -> P,
+    P: std::future::Future<Output = Instant> + Send + 'static,
+{
+    let mut panics = 0u32;
+    loop {
+        let next = match tokio::spawn(pass()).await {
+            Ok(next) => {
+                panics = 0;
+                next
+            }
+            Err(e) if e.is_panic() => {
+                panics = panics.saturating_add(1);
+                let wait = after_panic(panics);
+                tracing::error!(error = %e, retry_in_secs = wait.as_secs(), "acme: a renewal pass panicked; the renewal loop goes on");
+                Instant::now() + wait
+            }
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = wake.notified() => {}
+        }
+    }
+}
+
+/// The name a ClientHello's SNI asks for, as certificates are kept: lower-cased, without the
+/// one trailing dot of a fully qualified name.
+fn sni_name(raw: &str) -> String {
+    let name = raw.strip_suffix('.').unwrap_or(raw);
+    name.to_ascii_lowercase()
 }
 
 /// Upstream TLS's client settings (bundled and system roots, plus `extra`) without ALPN, which
@@ -880,8 +1038,276 @@ fn pick_in(start: SystemTime, end: SystemTime) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
-    use super::{covered_by, Ari, Still};
-    use std::time::{Duration, Instant, SystemTime};
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// What the fake CA's renewal-information endpoint does.
+    #[derive(Clone, Copy)]
+    enum AriAnswer {
+        /// A window, with `Retry-After: 18446744073709551615`.
+        HugeRetryAfter,
+        /// No answer: a transport failure.
+        Down,
+    }
+
+    /// A CA behind `client::Bounded`, as sluice's own client is: a directory, and renewal
+    /// information answered as `ari` says (counted in `asks`).
+    struct FakeCa {
+        ari: AriAnswer,
+        asks: Arc<AtomicUsize>,
+    }
+
+    impl client::Exchange for FakeCa {
+        type Body = http_body_util::Full<bytes::Bytes>;
+
+        fn send(
+            &self,
+            req: http::Request<instant_acme::BodyWrapper<bytes::Bytes>>,
+        ) -> client::Answer<Self::Body> {
+            let path = req.uri().path().to_string();
+            let (ari, asks) = (self.ari, self.asks.clone());
+            Box::pin(async move {
+                let ok = |body: &str| {
+                    http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/json")
+                        .header("retry-after", "18446744073709551615")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(
+                            body.to_string(),
+                        )))
+                        .unwrap()
+                };
+                if path == "/dir" {
+                    return Ok(ok(
+                        r#"{"newNonce":"https://ca.test/nonce","newAccount":"https://ca.test/acct","newOrder":"https://ca.test/order","renewalInfo":"https://ca.test/ari"}"#,
+                    ));
+                }
+                asks.fetch_add(1, Ordering::SeqCst);
+                match ari {
+                    AriAnswer::HugeRetryAfter => Ok(ok(
+                        r#"{"suggestedWindow":{"start":"2035-01-01T00:00:00Z","end":"2035-01-02T00:00:00Z"}}"#,
+                    )),
+                    AriAnswer::Down => Err("connection refused".into()),
+                }
+            })
+        }
+    }
+
+    async fn fake_account(ari: AriAnswer, asks: Arc<AtomicUsize>) -> Account {
+        use base64::Engine;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pkcs8 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key.serialize_der());
+        let creds: AccountCredentials = serde_json::from_str(&format!(
+            r#"{{"id":"https://ca.test/acct/1","key_pkcs8":"{pkcs8}","directory":"https://ca.test/dir"}}"#
+        ))
+        .unwrap();
+        Account::builder_with_http(Box::new(client::Bounded::new(FakeCa { ari, asks })))
+            .from_credentials(creds)
+            .await
+            .unwrap()
+    }
+
+    /// A stored bundle for `name` from a throwaway CA (its leaf has the authority key id ARI
+    /// names a certificate by).
+    fn issued_pem(name: &str) -> String {
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let issuer = rcgen::Issuer::new(ca, rcgen::KeyPair::generate().unwrap());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut leaf = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        leaf.use_authority_key_identifier_extension = true;
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        store::bundle(&cert.pem(), &key.serialize_pem())
+    }
+
+    fn acme_in(dir: &std::path::Path, names: &[&str]) -> Arc<Acme> {
+        let config = AcmeConfig {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            state_dir: Some(dir.to_path_buf()),
+            challenges: vec![config::Challenge::TlsAlpn01],
+            retry_min_secs: 60,
+            retry_max_secs: 600,
+            ..AcmeConfig::default()
+        };
+        Acme::from_config(&config, &[], &mut Registry::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    fn hold(acme: &Acme, name: &str) {
+        let pem = issued_pem(name);
+        acme.certs
+            .install(name, pem.as_bytes(), SystemTime::now())
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_huge_retry_after_from_the_ca_panics_nothing() {
+        // instant-acme adds the CA's delay to the clock unchecked: u64::MAX seconds panicked
+        // the renewal loop at its first ARI ask.
+        let asks = Arc::new(AtomicUsize::new(0));
+        let account = fake_account(AriAnswer::HugeRetryAfter, asks.clone()).await;
+        let pem = issued_pem("a.example.com");
+        use rustls::pki_types::pem::PemObject;
+        let leaf = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .next()
+            .unwrap()
+            .unwrap();
+        let id = CertificateIdentifier::try_from(&leaf).unwrap();
+        let (_, ask_again) = account.renewal_info(&id).await.unwrap();
+        assert!(ask_again <= client::MOST_RETRY_AFTER, "{ask_again:?}");
+        assert!(ask_again > Duration::from_secs(3600), "{ask_again:?}");
+        assert_eq!(asks.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_renewal_pass_that_panics_does_not_end_the_loop() {
+        let passes = Arc::new(AtomicUsize::new(0));
+        let wake = Arc::new(Notify::new());
+        let counted = passes.clone();
+        let looping = tokio::spawn(async move {
+            supervise(
+                move || {
+                    let n = counted.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if n.is_multiple_of(2) {
+                            panic!("a pass failed");
+                        }
+                        Instant::now() + Duration::from_millis(10)
+                    }
+                },
+                &wake,
+                |_| Duration::from_millis(20),
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!looping.is_finished());
+        assert!(passes.load(Ordering::SeqCst) >= 6, "{passes:?}");
+        looping.abort();
+    }
+
+    #[test]
+    fn on_demand_orders_use_half_the_hour_and_a_throttled_order_waits_for_a_place() {
+        let mut budget = Budget::default();
+        let start = Instant::now();
+        for i in 0..5 {
+            let at = start + Duration::from_secs(i * 60);
+            assert_eq!(budget.take(10, Kind::OnDemand, at), Ok(()));
+        }
+        // Half of 10 used by on-demand names: the sixth waits until the first leaves the hour.
+        let at = start + Duration::from_secs(600);
+        assert_eq!(
+            budget.take(10, Kind::OnDemand, at),
+            Err(Duration::from_secs(3000))
+        );
+        // Configured names and renewals still have the other half.
+        for _ in 0..5 {
+            assert_eq!(budget.take(10, Kind::Kept, at), Ok(()));
+        }
+        // All used: a place frees when the oldest order leaves the hour, not a doubled wait.
+        assert_eq!(
+            budget.take(10, Kind::Kept, at),
+            Err(Duration::from_secs(3000))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let acme = acme_in(dir.path(), &["a.example.com"]);
+        let throttled = OrderError::Throttled(10, Duration::from_secs(3000));
+        for failures in [1, 5, 30] {
+            assert_eq!(
+                acme.backoff(failures, &throttled),
+                Duration::from_secs(3000)
+            );
+        }
+        assert_eq!(
+            budget.take(10, Kind::Kept, start + Duration::from_secs(3600)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn an_unusable_certificate_from_the_ca_leaves_the_stored_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let acme = acme_in(dir.path(), &["a.example.com"]);
+        let good = issued_pem("a.example.com");
+        acme.store.write_bundle("a.example.com", &good).unwrap();
+        let other = issued_pem("other.example.com");
+        let (other_chain, other_key) =
+            other.split_at(other.find("-----BEGIN PRIVATE KEY").unwrap());
+        let mismatched = issued_pem("a.example.com");
+        let (_, foreign_key) =
+            mismatched.split_at(mismatched.find("-----BEGIN PRIVATE KEY").unwrap());
+        let (good_chain, _) = good.split_at(good.find("-----BEGIN PRIVATE KEY").unwrap());
+        for (chain, key) in [
+            ("garbage", "more garbage"),
+            (other_chain, other_key),
+            (good_chain, foreign_key),
+        ] {
+            let issued = issue::Issued {
+                chain_pem: chain.to_string(),
+                key_pem: key.to_string(),
+            };
+            let err = acme.store_issued("a.example.com", &issued).unwrap_err();
+            assert_eq!(err.label(), "ca_error", "{err}");
+            let (stored, _) = acme.store.read_cert("a.example.com").unwrap();
+            assert_eq!(stored, good.as_bytes(), "{err}");
+        }
+        let fine = issued_pem("a.example.com");
+        let (chain, key) = fine.split_at(fine.find("-----BEGIN PRIVATE KEY").unwrap());
+        let issued = issue::Issued {
+            chain_pem: chain.to_string(),
+            key_pem: key.to_string(),
+        };
+        acme.store_issued("a.example.com", &issued).unwrap();
+        assert!(acme.certs.held("a.example.com").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_ca_out_of_reach_is_asked_once_a_pass_and_each_name_backs_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["a.example.com", "b.example.com", "c.example.com"];
+        let acme = acme_in(dir.path(), &names);
+        for n in names {
+            hold(&acme, n);
+        }
+        let asks = Arc::new(AtomicUsize::new(0));
+        let issuer = Issuer {
+            account: fake_account(AriAnswer::Down, asks.clone()).await,
+            certs: acme.certs.clone(),
+            dns: None,
+            challenges: vec![config::Challenge::TlsAlpn01],
+            timeout: Duration::from_secs(60),
+        };
+        assert!(acme.issuer.set(issuer).is_ok());
+        let mut schedule = Schedule::default();
+        let mut pass = Pass::default();
+        for n in names {
+            let at = acme.renew_at(n, &mut schedule, &mut pass).await;
+            assert_eq!(at, acme.fallback_renew_at(&acme.certs.held(n).unwrap()));
+        }
+        assert_eq!(asks.load(Ordering::SeqCst), 1, "one ask for the pass");
+        // The next pass: the name that failed waits out its backoff; the others are asked.
+        let mut pass = Pass::default();
+        for n in names {
+            acme.renew_at(n, &mut schedule, &mut pass).await;
+        }
+        assert_eq!(asks.load(Ordering::SeqCst), 2);
+        // Their backoffs over.
+        for failed in schedule.ari_failed.values_mut() {
+            failed.1 = Instant::now();
+        }
+        let mut pass = Pass::default();
+        for n in names {
+            acme.renew_at(n, &mut schedule, &mut pass).await;
+        }
+        assert_eq!(asks.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_fully_qualified_sni_names_the_same_host() {
+        assert_eq!(sni_name("A.Example.com."), "a.example.com");
+        assert_eq!(sni_name("a.example.com"), "a.example.com");
+    }
 
     #[test]
     fn a_kept_renewal_time_holds_for_its_own_certificate_only() {

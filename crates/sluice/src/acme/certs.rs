@@ -138,6 +138,37 @@ impl Certs {
         Ok(())
     }
 
+    /// Checks a bundle the CA issued for `name` before it is stored: the chain and key parse and
+    /// match, and the leaf names `name` and has not expired at `now`.
+    pub fn check_issued(&self, name: &str, pem: &[u8], now: SystemTime) -> anyhow::Result<()> {
+        let held = parse_bundle(pem, &self.provider, now)?;
+        if held.not_after <= now {
+            bail!("the certificate has expired");
+        }
+        let leaf = held.key.cert.first().context("no certificate")?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| anyhow::anyhow!("unreadable certificate: {e}"))?;
+        let names = cert
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .map(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|g| match g {
+                        x509_parser::extensions::GeneralName::DNSName(n) => Some(*n),
+                        _ => None,
+                    })
+                    .any(|n| n.eq_ignore_ascii_case(name))
+            })
+            .unwrap_or(false);
+        if !names {
+            bail!("the certificate does not name {name}");
+        }
+        Ok(())
+    }
+
     /// The TLS-ALPN-01 certificate for `server_name`, while its challenge is open here or
     /// (borrowed) on another node sharing the state directory.
     pub fn alpn_challenge(&self, server_name: &str) -> Option<Arc<CertifiedKey>> {

@@ -15,6 +15,10 @@ use instant_acme::{BodyWrapper, BytesResponse, Error, HttpClient};
 pub const EXCHANGE: Duration = Duration::from_secs(30);
 /// The largest answer read: a directory, an order or a certificate chain is a few kilobytes.
 pub const MOST: usize = 1 << 20;
+/// The longest `Retry-After` passed on to the ACME crate. It adds the CA's delay to the clock
+/// unchecked (a delay near `u64::MAX` seconds panics, and the task asking with it, the renewal
+/// loop, dies); no CA means more than a day.
+pub const MOST_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// `inner`'s exchanges under [`EXCHANGE`] and [`MOST`].
 pub struct Bounded<C> {
@@ -81,7 +85,8 @@ impl<C: Exchange> HttpClient for Bounded<C> {
         Box::pin(async move {
             let whole = async {
                 let resp = sent.await.map_err(Error::Other)?;
-                let (parts, body) = resp.into_parts();
+                let (mut parts, body) = resp.into_parts();
+                sane_retry_after(&mut parts.headers, std::time::SystemTime::now());
                 let body = Limited::new(body, most).collect().await.map_err(|e| {
                     if e.is::<http_body_util::LengthLimitError>() {
                         Error::Other(Box::new(Cut::TooLarge(most)))
@@ -96,6 +101,32 @@ impl<C: Exchange> HttpClient for Bounded<C> {
                 .await
                 .unwrap_or_else(|_| Err(Error::Other(Box::new(Cut::Late(within)))))
         })
+    }
+}
+
+/// Clamps a CA's `Retry-After` (delay-seconds or HTTP-date) to [`MOST_RETRY_AFTER`] from `now`,
+/// and drops one that is neither (the ACME crate would ignore it).
+fn sane_retry_after(headers: &mut http::HeaderMap, now: std::time::SystemTime) {
+    let Some(value) = headers.get(http::header::RETRY_AFTER) else {
+        return;
+    };
+    let most = MOST_RETRY_AFTER.as_secs();
+    let text = value.to_str().unwrap_or("").trim();
+    let secs = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits past u64 are a delay too, a long one.
+        Some(text.parse::<u64>().unwrap_or(u64::MAX).min(most))
+    } else {
+        httpdate::parse_http_date(text)
+            .ok()
+            .map(|at| at.duration_since(now).map_or(0, |d| d.as_secs().min(most)))
+    };
+    match secs {
+        Some(secs) => {
+            headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
+        None => {
+            headers.remove(http::header::RETRY_AFTER);
+        }
     }
 }
 

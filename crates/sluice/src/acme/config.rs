@@ -11,6 +11,10 @@ pub const PRODUCTION: &str = "https://acme-v02.api.letsencrypt.org/directory";
 /// Let's Encrypt's staging directory (`directory = "staging"`): untrusted certificates, high limits.
 pub const STAGING: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 
+/// The longest duration any `[acme]` setting in seconds may give (a year): far past anything
+/// useful, and far from where adding it to the clock overflows.
+pub const MAX_SECS: u64 = 365 * 24 * 3600;
+
 /// `[acme]`: automatic HTTPS. Off until it names a host (`names`, `routes = true`) or turns
 /// on-demand issuance on.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -250,6 +254,18 @@ impl AcmeConfig {
             bail!("acme.check_secs, acme.order_timeout_secs and acme.orders_per_hour must be at least 1");
         }
         let od = &self.on_demand;
+        for (key, secs) in [
+            ("check_secs", self.check_secs),
+            ("retry_min_secs", self.retry_min_secs),
+            ("retry_max_secs", self.retry_max_secs),
+            ("order_timeout_secs", self.order_timeout_secs),
+            ("on_demand.per_name_secs", od.per_name_secs),
+            ("on_demand.wait_secs", od.wait_secs),
+        ] {
+            if secs > MAX_SECS {
+                bail!("acme.{key} = {secs} is too long: at most {MAX_SECS} (a year)");
+            }
+        }
         if od.enabled {
             match &od.ask {
                 Some(ask) if ask.starts_with("http://") || ask.starts_with("https://") => {
@@ -263,6 +279,9 @@ impl AcmeConfig {
             }
             if od.per_minute == 0 || od.max_names == 0 || od.wait_secs == 0 {
                 bail!("acme.on_demand.per_minute, max_names and wait_secs must be at least 1");
+            }
+            if self.orders_per_hour < 2 {
+                bail!("acme.orders_per_hour must be at least 2 with on-demand issuance: on-demand orders use at most half of it, the rest is kept for the configured names and renewals");
             }
         }
         Ok(())
@@ -293,6 +312,46 @@ pub fn check_name(name: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_past_a_year_are_refused_by_name() {
+        let base = AcmeConfig {
+            names: vec!["a.example.com".into()],
+            challenges: vec![Challenge::TlsAlpn01],
+            ..AcmeConfig::default()
+        };
+        base.validate(&[]).unwrap();
+        type Set = fn(&mut AcmeConfig);
+        let cases: [(&str, Set); 6] = [
+            ("acme.check_secs", |c| c.check_secs = u64::MAX),
+            ("acme.retry_min_secs", |c| c.retry_min_secs = MAX_SECS + 1),
+            ("acme.retry_max_secs", |c| c.retry_max_secs = u64::MAX),
+            ("acme.order_timeout_secs", |c| {
+                c.order_timeout_secs = u64::MAX
+            }),
+            ("acme.on_demand.per_name_secs", |c| {
+                c.on_demand.per_name_secs = u64::MAX
+            }),
+            ("acme.on_demand.wait_secs", |c| {
+                c.on_demand.wait_secs = u64::MAX
+            }),
+        ];
+        for (key, set) in cases {
+            let mut c = base.clone();
+            set(&mut c);
+            if key == "acme.retry_min_secs" {
+                c.retry_max_secs = u64::MAX;
+            }
+            let err = c.validate(&[]).unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("at most 31536000"),
+                "{key}: {err}"
+            );
+        }
+        let mut c = base.clone();
+        c.retry_max_secs = MAX_SECS;
+        c.validate(&[]).unwrap();
+    }
 
     #[test]
     fn names_and_checks() {

@@ -35,9 +35,10 @@ pub enum OrderError {
     /// Another node holds this name's lock (it is ordering it now).
     #[error("another node is ordering this name")]
     Locked,
-    /// Not ordered: this node's own `acme.orders_per_hour` is used up.
-    #[error("acme.orders_per_hour ({0}) reached; not ordered")]
-    Throttled(u32),
+    /// Not ordered: this node's own `acme.orders_per_hour` is used up (for an on-demand name: its
+    /// half); a place frees in the time given.
+    #[error("acme.orders_per_hour ({0}) reached; not ordered (a place frees in {secs} s)", secs = .1.as_secs())]
+    Throttled(u32, Duration),
 }
 
 impl OrderError {
@@ -50,7 +51,7 @@ impl OrderError {
             OrderError::Setup(_) => "setup_error",
             OrderError::Store(_) => "store_error",
             OrderError::Locked => "locked",
-            OrderError::Throttled(_) => "throttled",
+            OrderError::Throttled(..) => "throttled",
         }
     }
 }
@@ -105,6 +106,14 @@ fn plain_order_after(e: &instant_acme::Error) -> bool {
         instant_acme::Error::Other(e) => e.to_string().starts_with("replaces field mismatch"),
         _ => false,
     }
+}
+
+/// Why the CA's renewal information could not be had.
+#[derive(Debug)]
+pub struct AriFailure {
+    /// The CA gave no answer (rather than an error or an answer not understood).
+    pub unreachable: bool,
+    pub error: String,
 }
 
 /// What an issued order yields.
@@ -263,22 +272,26 @@ impl Issuer {
     }
 
     /// The CA's suggested renewal window for a certificate (RFC 9773) and when to ask again;
-    /// `None` when the CA offers no ARI or did not answer.
+    /// `None` when the CA offers no ARI.
     pub async fn renewal_window(
         &self,
         id: &CertificateIdentifier<'_>,
-    ) -> Option<(SystemTime, SystemTime, Duration)> {
+    ) -> Result<Option<(SystemTime, SystemTime, Duration)>, AriFailure> {
         match self.account.renewal_info(id).await {
-            Ok((info, ask_again)) => Some((
+            Ok((info, ask_again)) => Ok(Some((
                 SystemTime::from(info.suggested_window.start),
                 SystemTime::from(info.suggested_window.end),
                 ask_again,
-            )),
-            Err(instant_acme::Error::Unsupported(_)) => None,
-            Err(e) => {
-                tracing::debug!(error = %e, "acme: no renewal information");
-                None
-            }
+            ))),
+            Err(instant_acme::Error::Unsupported(_)) => Ok(None),
+            Err(e) => Err(AriFailure {
+                // A transport failure or a cut exchange (`client::Bounded`): no answer at all.
+                unreachable: matches!(
+                    e,
+                    instant_acme::Error::Other(_) | instant_acme::Error::Hyper(_)
+                ),
+                error: e.to_string(),
+            }),
         }
     }
 

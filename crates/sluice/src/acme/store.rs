@@ -196,7 +196,9 @@ impl Store {
         Some((read_bounded(&path)?, modified))
     }
 
-    /// Every name with a stored certificate (`_.example.com.pem` is `*.example.com`).
+    /// Every name with a stored certificate (`_.example.com.pem` is `*.example.com`). A file
+    /// whose name is not a lower-case hostname a CA issues for (`config::check_name`) was not
+    /// stored by sluice: it is logged and left alone, never sent to the ask URL or the CA.
     pub fn stored_names(&self) -> Vec<String> {
         let Ok(entries) = fs::read_dir(self.root.join("certs")) else {
             return Vec::new();
@@ -208,16 +210,25 @@ impl Store {
                 Some(rest) => format!("*.{rest}"),
                 None => n,
             })
+            .filter(|n| {
+                let ok = super::config::check_name(n).is_ok() && *n == n.to_ascii_lowercase();
+                if !ok {
+                    tracing::warn!(file = %self.cert_path(n).display(), "acme: a file in certs/ that names no hostname is left alone");
+                }
+                ok
+            })
             .collect()
     }
 
     /// Replaces `name`'s PEM file whole: readers see the old file or the new one, never half.
+    #[cfg(test)]
     pub fn write_cert(&self, name: &str, chain_pem: &str, key_pem: &str) -> std::io::Result<()> {
-        let mut both = String::with_capacity(chain_pem.len() + key_pem.len() + 1);
-        both.push_str(chain_pem.trim_end());
-        both.push('\n');
-        both.push_str(key_pem);
-        write_atomic(&self.cert_path(name), both.as_bytes())
+        self.write_bundle(name, &bundle(chain_pem, key_pem))
+    }
+
+    /// Replaces `name`'s PEM file whole with `bundle` (see [`bundle`]).
+    pub fn write_bundle(&self, name: &str, bundle: &str) -> std::io::Result<()> {
+        write_atomic(&self.cert_path(name), bundle.as_bytes())
     }
 
     /// Takes `key`'s lock without waiting; `None` while another process holds it.
@@ -244,6 +255,15 @@ impl Store {
             Err(e)
         }
     }
+}
+
+/// A stored file's text: the chain, then the key.
+pub fn bundle(chain_pem: &str, key_pem: &str) -> String {
+    let mut both = String::with_capacity(chain_pem.len() + key_pem.len() + 1);
+    both.push_str(chain_pem.trim_end());
+    both.push('\n');
+    both.push_str(key_pem);
+    both
 }
 
 /// Whether `token` is one a CA could have sent (RFC 8555 §8.3: base64url, at most
@@ -310,6 +330,25 @@ fn short_hash(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_that_names_no_hostname_is_not_a_managed_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.write_cert("a.example.com", "chain", "key").unwrap();
+        store.write_cert("*.w.example.com", "chain", "key").unwrap();
+        for bad in [
+            "notes",
+            "x y.example.com",
+            "UPPER.example.com",
+            "a..example.com",
+        ] {
+            std::fs::write(dir.path().join("certs").join(format!("{bad}.pem")), "x").unwrap();
+        }
+        let mut names = store.stored_names();
+        names.sort();
+        assert_eq!(names, ["*.w.example.com", "a.example.com"]);
+    }
 
     #[test]
     fn files_and_locks() {

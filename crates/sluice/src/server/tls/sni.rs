@@ -166,8 +166,10 @@ impl SniResolver {
     /// The certificate for server name `name` (lowercase): a static one for exactly that name,
     /// else one ACME holds for it, else the longest static `*.domain`, else the default. A
     /// TLS-ALPN-01 validation (`challenge`) gets the challenge certificate or nothing.
+    /// A fully qualified name's one trailing dot (`a.example.com.`) is dropped first: it names
+    /// the same host.
     fn pick(&self, name: Option<&str>, challenge: bool) -> Option<Arc<CertifiedKey>> {
-        if let Some(name) = name {
+        if let Some(name) = name.map(|n| n.strip_suffix('.').unwrap_or(n)) {
             #[cfg(feature = "acme")]
             if let Some(acme) = &self.acme {
                 if challenge {
@@ -252,6 +254,32 @@ mod tests {
         assert!(is(r.pick(None, false), &default));
         let none = SniResolver::default();
         assert!(none.pick(Some("a.example.com"), false).is_none());
+    }
+
+    #[test]
+    fn a_fully_qualified_name_with_its_trailing_dot_finds_the_same_certificate() {
+        let (default, _) = cert("default.test");
+        let (exact, _) = cert("a.example.com");
+        let (wide, _) = cert("*.example.com");
+        let mut r = SniResolver {
+            default: Some(default.clone()),
+            ..SniResolver::default()
+        };
+        r.exact.insert("a.example.com".into(), exact.clone());
+        r.wildcard = vec![(".example.com".into(), wide.clone())];
+        assert!(is(r.pick(Some("a.example.com."), false), &exact));
+        assert!(is(r.pick(Some("b.example.com."), false), &wide));
+        // One dot only: an empty last label is no name.
+        assert!(is(r.pick(Some("a.example.com.."), false), &default));
+        #[cfg(feature = "acme")]
+        {
+            let (issued, issued_pem) = cert("c.acme.test");
+            let certs = Arc::new(crate::acme::Certs::default());
+            let now = std::time::SystemTime::now();
+            certs.install("c.acme.test", &issued_pem, now).unwrap();
+            r.acme = Some(certs);
+            assert!(is(r.pick(Some("c.acme.test."), false), &issued));
+        }
     }
 
     #[cfg(feature = "acme")]
