@@ -152,6 +152,45 @@ pub fn connection_specific(fields: &HeaderMap) -> Option<HeaderName> {
         .then_some(header::TE)
 }
 
+/// A response's trailers as an HTTP/2 or HTTP/3 client may take them: without the
+/// connection-specific fields and without `te` (an HTTP/1.1 origin may end a chunked body with
+/// `Connection: close`; a client takes a trailer section carrying one as malformed and resets the
+/// stream at its very end).
+pub fn strip_connection_specific_trailers(fields: &mut HeaderMap) {
+    if fields.is_empty() {
+        return;
+    }
+    for name in connection_specific_names() {
+        fields.remove(name);
+    }
+    fields.remove(header::TE);
+}
+
+/// Several `cookie` fields made one, their values joined with "; " in the order they came. HTTP/2
+/// and HTTP/3 clients send each cookie as a field of its own (RFC 9113 §8.2.3, RFC 9114 §4.2.1);
+/// an HTTP/1.1 origin given them as several `Cookie` lines may join them with ", " (PHP, WSGI),
+/// which breaks them. A single field is left as it is.
+pub fn join_cookies(fields: &mut HeaderMap) {
+    let mut all = fields.get_all(header::COOKIE).iter();
+    if all.next().is_none() || all.next().is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in fields.get_all(header::COOKIE) {
+        if v.is_empty() {
+            continue;
+        }
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Valid field bytes joined by "; " are valid field bytes.
+    if let Ok(v) = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(joined)) {
+        fields.insert(header::COOKIE, v);
+    }
+}
+
 /// Whether the request asks to switch protocols to `proto` (for example `websocket`): an `Upgrade`
 /// naming it and `Connection` listing `upgrade`.
 pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
@@ -172,6 +211,31 @@ pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cookie_fields_are_joined_in_order_and_trailers_lose_connection_fields() {
+        use super::*;
+        let mut fields = HeaderMap::new();
+        fields.append(header::COOKIE, "a=1".parse().unwrap());
+        fields.append(header::ACCEPT, "*/*".parse().unwrap());
+        fields.append(header::COOKIE, "".parse().unwrap());
+        fields.append(header::COOKIE, "b=2; c=3".parse().unwrap());
+        join_cookies(&mut fields);
+        let cookies: Vec<_> = fields.get_all(header::COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1; b=2; c=3"]);
+        let mut trailers = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "close"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("x-sum", "1"),
+        ] {
+            trailers.append(HeaderName::from_static(k), v.parse().unwrap());
+        }
+        strip_connection_specific_trailers(&mut trailers);
+        assert_eq!(trailers.len(), 1);
+        assert_eq!(trailers["x-sum"], "1");
+    }
+
     use super::*;
     use http::HeaderValue;
 

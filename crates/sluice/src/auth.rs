@@ -107,6 +107,12 @@ impl Auth {
         }
     }
 
+    /// `true` if `offered` equals `secret`, in time that depends on neither's content nor length:
+    /// their SHA-256 digests are compared in constant time, as [`Auth::check`] does.
+    pub fn same_secret(secret: &str, offered: &str) -> bool {
+        bool::from(digest(secret).ct_eq(&digest(offered)))
+    }
+
     /// Finds the password a request offers: `api_password` query parameter, `api_password` header,
     /// `api_password` cookie (players that cannot add headers), or the password of HTTP Basic
     /// credentials (a browser opening the pages). For reading only: a state-changing request

@@ -985,7 +985,11 @@ impl<H: Handler> Conn<H> {
     {
         let watch = Watch::new(watch);
         let respond = Responder::new(&self, &watch, peer, secure, tap);
-        let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            if req.version() == http::Version::HTTP_2 {
+                // Cookie crumbs made one field, as the own HTTP/2 server does.
+                sluice_http::hop::join_cookies(req.headers_mut());
+            }
             // An upgrade request's answer tells the screen whether the connection is still
             // HTTP/1.1 after it.
             let asks = screen::Upgrades::asks(&req)

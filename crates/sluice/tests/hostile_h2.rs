@@ -3,9 +3,11 @@
 //! from a client that never reads stops being read (memory stays bounded) while other clients are
 //! served; streams past the limit are refused; a window pushed past 2^31 - 1 is a flow-control
 //! error; an oversized head gets a 431; the request-body window is the configured one; a
-//! `content-length` is one plain number held to the body. (A request body past its window:
-//! `server/http2`'s own tests, where the handler can be made never to read.) After each, a fresh
-//! client is served.
+//! `content-length` is one plain number held to the body; cancelling responses under way is not
+//! a rapid reset; an oversized request trailer section is not passed on cut; cookie fields reach
+//! an HTTP/1.1 origin as one line; an origin's connection-specific trailers are dropped. (A
+//! request body past its window: `server/http2`'s own tests, where the handler can be made never
+//! to read.) After each, a fresh client is served.
 
 mod reverse_support;
 
@@ -300,8 +302,8 @@ async fn an_oversized_head_gets_431() {
     still_served(addr).await;
 }
 
-/// An HTTP/1.1 origin on raw bytes: for each request, the `content-length` lines of its head as
-/// written, the body's length and SHA-256 as JSON, once its body (by the first length) has come
+/// An HTTP/1.1 origin on raw bytes: for each request, the `content-length` and `cookie` lines of
+/// its head as written, the body's length and SHA-256 as JSON, once its body (by the first length) has come
 /// whole; `reached` counts those.
 async fn recording_origin(reached: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -332,6 +334,14 @@ async fn recording_origin(reached: std::sync::Arc<std::sync::atomic::AtomicUsize
                             length.then(|| value.trim().to_string())
                         })
                         .collect();
+                    let cookies: Vec<String> = head
+                        .lines()
+                        .filter_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            let cookie = name.eq_ignore_ascii_case("cookie");
+                            cookie.then(|| value.trim().to_string())
+                        })
+                        .collect();
                     let want: usize = lengths.first().and_then(|v| v.parse().ok()).unwrap_or(0);
                     while buf.len() < want {
                         match s.read(&mut chunk).await {
@@ -342,7 +352,8 @@ async fn recording_origin(reached: std::sync::Arc<std::sync::atomic::AtomicUsize
                     let body: Vec<u8> = buf.drain(..want).collect();
                     reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let report = serde_json::json!({
-                        "lengths": lengths, "len": body.len(), "sha256": sha256(&body),
+                        "lengths": lengths, "cookies": cookies, "len": body.len(),
+                        "sha256": sha256(&body),
                     })
                     .to_string();
                     let answer = format!(
@@ -751,4 +762,237 @@ async fn the_first_bytes_tell_h2c_from_http1() {
         started.elapsed()
     );
     drop(p);
+}
+
+/// The next frame (kind, flags, stream, payload), or `None` if the connection closed or nothing
+/// came for 5 s.
+async fn next_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let read = async {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).await.ok()?;
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await.ok()?;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        Some((head[3], head[4], stream, payload))
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A player cancelling responses under way (a seek, a channel switch, a segment given up) is not
+/// a rapid reset: 250 streams, each reset once its head and some of its body came, with another
+/// stream open throughout, do not close the connection with `ENHANCE_YOUR_CALM`, and the other
+/// stream is answered. (Before, every reset of a stream whose response was not complete was
+/// charged, and only complete responses earned the budget back: the 200th closed the connection
+/// with everything on it.)
+#[tokio::test]
+async fn cancelling_responses_under_way_is_not_a_rapid_reset() {
+    use http_body_util::BodyExt as _;
+    // GET: a body that never ends, a piece every 20 ms; POST: "done" once the body is read.
+    let o = origin(|req: http::Request<hyper::body::Incoming>| async move {
+        if req.method() == http::Method::POST {
+            let _ = req.into_body().collect().await;
+            return http::Response::new(full("done"));
+        }
+        let ticks = futures_util::stream::unfold(0u64, |n| async move {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let piece = hyper::body::Frame::data(Bytes::from(format!("tick {n}\n")));
+            Some((Ok::<_, std::io::Error>(piece), n + 1))
+        });
+        http::Response::new(http_body_util::StreamBody::new(ticks).boxed())
+    })
+    .await;
+    let p = Proxy::start(route_config(o, "h2_max_concurrent_streams = 10")).await;
+    let mut s = open(p.addr).await;
+    // A large connection window: the cancelled streams' bytes in flight never stop the others.
+    let mut first = frame(WINDOW_UPDATE, 0, 0, &(1u32 << 30).to_be_bytes());
+    // Stream 1: a POST whose body ends only after all the cancellations.
+    first.extend(frame(HEADERS, END_HEADERS, 1, &post_block()));
+    first.extend(frame(DATA, 0, 1, b"abc"));
+    s.write_all(&first).await.unwrap();
+    let path = b"/trickle";
+    let mut get = vec![0x82, 0x86, 0x04, path.len() as u8];
+    get.extend_from_slice(path);
+    get.extend_from_slice(&[0x41, 9]);
+    get.extend_from_slice(b"localhost");
+    for i in 0..250u32 {
+        let id = 3 + 2 * i;
+        s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, id, &get))
+            .await
+            .unwrap();
+        let (mut head, mut data) = (false, false);
+        while !(head && data) {
+            let (kind, _, stream, payload) = next_frame(&mut s)
+                .await
+                .unwrap_or_else(|| panic!("stream {id} answered in time"));
+            assert!(
+                kind != GOAWAY,
+                "GOAWAY {:#x} after {i} cancellations",
+                goaway_code(&payload)
+            );
+            if stream == id {
+                assert_ne!(kind, RST_STREAM, "stream {id} reset");
+                head |= kind == HEADERS;
+                data |= kind == DATA;
+            }
+        }
+        s.write_all(&frame(RST_STREAM, 0, id, &8u32.to_be_bytes()))
+            .await
+            .unwrap();
+    }
+    s.write_all(&frame(DATA, END_STREAM, 1, b"def"))
+        .await
+        .unwrap();
+    let mut body = Vec::new();
+    loop {
+        let (kind, flags, stream, payload) = next_frame(&mut s).await.expect("stream 1 answered");
+        assert!(kind != GOAWAY, "GOAWAY {:#x}", goaway_code(&payload));
+        if stream == 1 {
+            assert_ne!(kind, RST_STREAM, "stream 1 reset");
+            if kind == DATA {
+                body.extend_from_slice(&payload);
+                if flags & END_STREAM != 0 {
+                    break;
+                }
+            }
+        }
+    }
+    assert_eq!(body, b"done");
+}
+
+/// HTTP/2 clients send each cookie as a field of its own (RFC 9113 section 8.2.3): an HTTP/1.1
+/// origin gets them as one `Cookie` line, joined with "; " in the order sent, on the fast path's
+/// exchange (a GET) and hyper's client (a POST). (Before, each went as its own line, which PHP or
+/// WSGI join with ", ", breaking them.)
+#[tokio::test]
+async fn cookie_fields_reach_an_http1_origin_as_one_line() {
+    use http_body_util::BodyExt as _;
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let o = recording_origin(reached).await;
+    // sluice's own HTTP/2 server, and hyper's (`h2_own_server = false`).
+    for (own, server) in [(true, ""), (false, "h2_own_server = false")] {
+        let p = Proxy::start(route_config(o, server)).await;
+        let mut client = h2_client(p.addr).await;
+        for post in [false, true] {
+            let req = http::Request::builder()
+                .method(if post { "POST" } else { "GET" })
+                .uri(format!("http://{}/c", p.addr))
+                .header("cookie", "a=1")
+                .header("accept", "*/*")
+                .header("cookie", "b=2")
+                .body(full(if post { "xyz" } else { "" }))
+                .unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+                .await
+                .expect("answered in time")
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            let report: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(
+                report["cookies"],
+                serde_json::json!(["a=1; b=2"]),
+                "own server {own}, POST {post}: {report}"
+            );
+        }
+    }
+}
+
+/// An origin that ends a chunked body with `Connection: close` (or another field of its own hop)
+/// among its trailers: the HTTP/2 client gets the body and the other trailers, not a trailer
+/// section it must take as malformed (a stream reset at the very end), on the fast path's
+/// exchange (a GET) and hyper's client (a POST).
+#[tokio::test]
+async fn trailers_reach_an_h2_client_without_connection_fields() {
+    use http_body_util::BodyExt as _;
+    let trailer = "Connection: close\r\nKeep-Alive: timeout=5\r\nProxy-Connection: close\r\n\
+                   Upgrade: h2c\r\nTE: trailers\r\nx-sum: 1\r\n";
+    let answer: Answer =
+        std::sync::Arc::new(move |_: &str| chunked(b"hello, trailers", 4, trailer));
+    let (o, _, _) = raw_origin(answer).await;
+    let p = Proxy::start(route_config(o, "")).await;
+    for post in [false, true] {
+        let mut client = h2_client(p.addr).await;
+        let req = http::Request::builder()
+            .method(if post { "POST" } else { "GET" })
+            .uri(format!("http://{}/t", p.addr))
+            .header("te", "trailers")
+            .body(full(if post { "xyz" } else { "" }))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+            .await
+            .expect("answered in time")
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let got = tokio::time::timeout(Duration::from_secs(5), resp.into_body().collect())
+            .await
+            .expect("the body in time")
+            .unwrap_or_else(|e| panic!("POST {post}: {e}"));
+        let trailers = got.trailers().cloned().expect("trailers");
+        assert_eq!(&got.to_bytes()[..], b"hello, trailers");
+        assert_eq!(trailers.get("x-sum").unwrap(), "1", "POST {post}");
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "upgrade",
+            "te",
+        ] {
+            assert!(!trailers.contains_key(name), "POST {post}: {trailers:?}");
+        }
+    }
+}
+
+/// A request trailer section past `max_header_bytes` (70 KB against the default 64 KiB) is not
+/// passed on cut to the fields that fit: the stream ends with a 431 (nothing was answered yet),
+/// and the origin never sees the request's end. (Before, the fields up to the limit went on as
+/// the whole section.)
+#[tokio::test]
+async fn an_oversized_request_trailer_section_is_not_passed_on_cut() {
+    const CONTINUATION: u8 = 9;
+    let (_p, addr) = proxy_with("").await;
+    let mut s = open(addr).await;
+    let mut out = frame(HEADERS, END_HEADERS, 1, &post_block());
+    out.extend(frame(DATA, 0, 1, b"abc"));
+    // 70 fields of 1,000 bytes: literals without indexing, new names.
+    let mut block = Vec::new();
+    for i in 0..70 {
+        block.extend([0x00, 5]);
+        block.extend_from_slice(format!("x-t{i:02}").as_bytes());
+        // 1,000 as an HPACK integer with a 7-bit prefix: 127, then 873 in 7-bit groups.
+        block.extend([0x7f, 0xe9, 0x06]);
+        block.extend_from_slice(&[b'a'; 1000]);
+    }
+    let pieces: Vec<&[u8]> = block.chunks(16_384).collect();
+    for (n, piece) in pieces.iter().enumerate() {
+        let last = n + 1 == pieces.len();
+        let flags = if last { END_HEADERS } else { 0 };
+        if n == 0 {
+            out.extend(frame(HEADERS, flags | END_STREAM, 1, piece));
+        } else {
+            out.extend(frame(CONTINUATION, flags, 1, piece));
+        }
+    }
+    s.write_all(&out).await.unwrap();
+    let (kind, flags, payload) = loop {
+        let (kind, flags, stream, payload) = next_frame(&mut s).await.expect("an answer");
+        assert_ne!(kind, GOAWAY, "GOAWAY {:#x}", goaway_code(&payload));
+        if stream == 1 && (kind == HEADERS || kind == RST_STREAM) {
+            break (kind, flags, payload);
+        }
+    };
+    assert_eq!(kind, HEADERS, "a 431, not a reset");
+    assert!(flags & END_STREAM != 0);
+    assert!(
+        payload
+            .windows(3)
+            .any(|w| w == b"431" || w == [0x69, 0x90, 0xff]),
+        "not a 431: {payload:?}"
+    );
+    still_served(addr).await;
 }

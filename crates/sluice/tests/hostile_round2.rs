@@ -575,6 +575,63 @@ async fn the_password_cookie_cannot_reload_or_mint() {
     assert_eq!(r.status, 403);
 }
 
+// === A password-free server: a cross-site form cannot post /admin/reload ===
+
+/// Without a password the only gates are a loopback client and a loopback `Host`, which a form
+/// on any web page opened in a browser on this machine passes (`action="http://127.0.0.1:PORT/
+/// admin/reload"`). The browser marks such a request (`Origin`, `Sec-Fetch-Site`); sluice
+/// refuses it before the reload runs. curl and `sluice reload` send neither and still reload.
+#[test]
+fn a_cross_site_form_cannot_reload_a_password_free_server() {
+    let (a, b) = (fixed_origin("from-a"), fixed_origin("from-b"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let listen = free_listen();
+    let config = |origin: &str| {
+        format!(
+            "[server]\nlisten = [\"{listen}\"]\npid_file = \"{}\"\n\n[upstream]\n\
+             allow_private = true\n\n[[upstreams]]\nname = \"app\"\nservers = [\"{origin}\"]\n\n\
+             [[routes]]\npath = \"/r/\"\nupstream = \"app\"\n",
+            pid.display()
+        )
+    };
+    std::fs::write(&file, config(&a)).unwrap();
+    let _child = serve(&file, &listen, &pid);
+    let routed = || raw(&listen, "GET", "/r/x", "", "");
+    assert!(routed().ends_with("from-a"), "{}", routed());
+    std::fs::write(&file, config(&b)).unwrap();
+    let form = "Content-Type: application/x-www-form-urlencoded\r\n";
+    for marks in [
+        "Origin: https://evil.example\r\n".to_string(),
+        "Origin: null\r\n".to_string(),
+        "Origin: http://127.0.0.1.evil.example\r\n".to_string(),
+        "Sec-Fetch-Site: cross-site\r\nOrigin: https://evil.example\r\n".to_string(),
+        // Another port of localhost is the same site, not the same origin.
+        "Sec-Fetch-Site: same-site\r\nOrigin: http://localhost:8080\r\n".to_string(),
+        "Sec-Fetch-Site: cross-site\r\n".to_string(),
+    ] {
+        let answer = raw(
+            &listen,
+            "POST",
+            "/admin/reload",
+            &format!("{form}{marks}"),
+            "a=1",
+        );
+        assert_eq!(status(&answer), 403, "{marks}: {answer}");
+        assert!(routed().ends_with("from-a"), "{marks}: reloaded");
+    }
+    // sluice's own pages (same origin) and command-line clients (no marks) still reload.
+    let own = format!("Origin: http://{listen}\r\nSec-Fetch-Site: same-origin\r\n");
+    let answer = raw(&listen, "POST", "/admin/reload", &own, "");
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(routed().ends_with("from-b"), "{}", routed());
+    std::fs::write(&file, config(&a)).unwrap();
+    let answer = raw(&listen, "POST", "/admin/reload", "", "");
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(routed().ends_with("from-a"), "{}", routed());
+}
+
 // === Issue 34: the pages need the password ===
 
 /// A GET from `local` (a loopback address other than 127.0.0.1) to `addr`.

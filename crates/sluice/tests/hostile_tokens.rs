@@ -415,6 +415,62 @@ async fn a_playlist_entry_token_opens_channels_only() {
     assert!(origin.seen_path("/small").is_empty());
 }
 
+/// An RTSP entry's token is scoped to its one channel path, which the gateway appends verbatim
+/// to `rtsp://host:port`: a dot segment (plain or percent-encoded) or an empty one after the
+/// entry would walk the RTSP server to a sibling the scope never named. Refused, with the same
+/// answer as every other token refusal, before anything connects.
+#[tokio::test]
+async fn a_playlist_entry_token_cannot_walk_out_of_its_rtsp_path() {
+    let rtsp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = rtsp.local_addr().unwrap().port();
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = connections.clone();
+    tokio::spawn(async move {
+        // Takes each connection and drops it: the gateway answers 502.
+        while let Ok((stream, _)) = rtsp.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        m3u,
+        "#EXTM3U\n#EXTINF:-1,One\nrtsp://127.0.0.1:{port}/live/ch1\n"
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    let s = Sluice::start(config).await;
+    let want = reference(&s).await;
+    let r = get(&s.url(&format!("/playlist.m3u?api_password={PW}"))).await;
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let entry = text.lines().find(|l| l.starts_with("http://")).unwrap();
+    let (base, token, path) = split_token(entry);
+    assert_eq!(path, format!("rtsp/127.0.0.1:{port}/live/ch1"));
+    // The entry itself is authorized: it reaches the RTSP server (which hangs up).
+    assert_eq!(get(entry).await.status, 502);
+    let before = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(before > 0);
+    for attack in [
+        format!("{entry}/../../vod/x"),
+        format!("{entry}/../ch2"),
+        format!("{entry}/%2e%2e/%2e%2e/vod/x"),
+        format!("{entry}/%2E%2E/ch2"),
+        format!("{entry}/.%2e/ch2"),
+        format!("{entry}/./x"),
+        format!("{entry}//x"),
+        format!("{base}/rtsp/127.0.0.1:{port}/live/ch1/../ch2?token={token}"),
+    ] {
+        assert_eq!(observe(&attack).await, want, "{attack}");
+    }
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        before,
+        "an attack reached the RTSP server"
+    );
+}
+
 /// `POST /generate_url` with this server's password; the URL it answers.
 async fn generated(s: &Sluice, endpoint: &str, d: &str) -> String {
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())

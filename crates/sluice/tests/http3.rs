@@ -358,6 +358,38 @@ fn comparable(resp: &Value) -> Value {
     })
 }
 
+/// HTTP/3 clients send each cookie as a field of its own (RFC 9114 §4.2.1): an HTTP/1.1 origin
+/// gets them as one `Cookie` line, joined with "; " in the order sent, on the fast path's
+/// exchange (a GET) and hyper's client (a POST). (Before, each went as its own line, which PHP or
+/// WSGI join with ", ", breaking them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_fields_reach_an_http1_origin_as_one_line() {
+    let answer: Answer =
+        Arc::new(|_: &str| b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec());
+    let (o, heads, _) = raw_origin(answer).await;
+    let s = H3Sluice::start(o, "").await;
+    let cookies = json!([["cookie", "a=1"], ["accept", "*/*"], ["cookie", "b=2"]]);
+    let r = client(s.plan(json!({ "gets": [
+        {"path": "/plain/c", "headers": cookies},
+        {"path": "/plain/c", "headers": cookies, "method": "POST"},
+    ] })))
+    .await;
+    for resp in r["responses"].as_array().unwrap() {
+        assert_body(resp, 200, b"ok");
+    }
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 2);
+    for head in heads.iter() {
+        let head = String::from_utf8_lossy(head);
+        let lines: Vec<&str> = head
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("cookie:"))
+            .map(|l| l[7..].trim())
+            .collect();
+        assert_eq!(lines, ["a=1; b=2"], "{head}");
+    }
+}
+
 /// HTTP/3 GETs and HEADs on a plain route take the fast path's upstream exchange
 /// (`reverse/fast_h2.rs`), and each answer is the one hyper's client path gives for the same
 /// request (`reverse.h2_fast_path = false`): status, fields, body by SHA-256 and trailers; the

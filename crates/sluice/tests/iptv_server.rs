@@ -105,6 +105,7 @@ async fn a_password_free_server_keeps_its_pages_from_clients_behind_a_front_prox
         ("GET", "/status.json"),
         ("GET", "/player"),
         ("POST", "/admin/reload"),
+        ("GET", "/metrics"),
     ];
     // The home page and the playlist builder belong to the media front end (a 404 in the
     // gateway-only build).
@@ -128,4 +129,54 @@ async fn a_password_free_server_keeps_its_pages_from_clients_behind_a_front_prox
     // choice): only the operator's pages are this machine's.
     let r = request("GET", &s.url("/health"), &remote).await;
     assert_eq!(r.status, 200);
+}
+
+/// `/metrics` names upstreams, routes and channels. Behind a password it opens without one only
+/// to a client on this machine asking by a loopback name: not to a client a front proxy on this
+/// host forwards (which connects from loopback), nor to a page on a DNS name rebound to
+/// 127.0.0.1. Those get the refusal every unauthenticated operator request gets.
+#[tokio::test]
+async fn metrics_open_without_the_password_only_to_this_machine() {
+    let mut config = test_config();
+    config.auth.api_password = "tv-pw".into();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(config).await;
+    let refused = request("GET", &s.url("/playlist.m3u"), &[]).await;
+    assert_eq!(refused.status, 403);
+    let port = s.addr.port();
+    let evil = format!("evil.example:{port}");
+    for via in [
+        vec![("x-forwarded-for", "203.0.113.7")],
+        vec![("x-forwarded-for", "127.0.0.1, 203.0.113.7")],
+        vec![("host", "evil.example")],
+        vec![("host", evil.as_str())],
+        vec![("host", evil.as_str()), ("x-forwarded-for", "127.0.0.1")],
+    ] {
+        let r = request("GET", &s.url("/metrics"), &via).await;
+        assert_eq!(r.status, 403, "/metrics via {via:?}");
+        assert_eq!(r.body, refused.body, "/metrics via {via:?}");
+    }
+    // The password opens it to anyone.
+    let r = request(
+        "GET",
+        &s.url("/metrics"),
+        &[
+            ("x-forwarded-for", "203.0.113.7"),
+            ("api_password", "tv-pw"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // This machine's own scraper needs none, forwarded or not.
+    let localhost = format!("localhost:{port}");
+    for via in [
+        vec![],
+        vec![("x-forwarded-for", "127.0.0.1")],
+        vec![("host", localhost.as_str())],
+    ] {
+        let r = request("GET", &s.url("/metrics"), &via).await;
+        assert_eq!(r.status, 200, "/metrics via {via:?}");
+        let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(text.contains("sluice_"), "{text}");
+    }
 }

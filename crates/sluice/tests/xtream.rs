@@ -22,6 +22,8 @@ const API_PW: &str = "server-api-password-7431";
 const XC_USER: &str = "alice";
 const XC_PASS: &str = "xcsecret";
 const MOVIE_LEN: usize = 1_000_003;
+/// The password the scripted panel answers 403 to.
+const BANNED_PASS: &str = "banned-line";
 
 /// A scripted XC panel: answers as a real one does for `alice`/`xcsecret`, records each request.
 struct Panel {
@@ -81,6 +83,11 @@ fn panel_answer(
     let escaped = origin.replace('/', "\\/");
     let path = req.uri().path();
     match path {
+        // A provider that refuses the account outright (a banned or expired line).
+        "/player_api.php" if q("password") == Some(BANNED_PASS) => Response::builder()
+            .status(StatusCode::FORBIDDEN)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
         "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
         "/player_api.php" => match q("action") {
             None => json(format!(
@@ -395,4 +402,49 @@ async fn wrong_api_password_is_refused_before_any_upstream_request() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let r = get(&s.url("/player_api.php?password=x")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
+}
+
+/// The holder of an XC username token may not learn the provider's address (the token hides it):
+/// when the provider refuses or cannot be reached, the error sluice answers names no host.
+#[tokio::test]
+async fn provider_errors_do_not_name_the_provider() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let hidden = |body: &str| {
+        !body.contains(&p.addr.to_string())
+            && !body.contains("127.0.0.1")
+            && !body.contains(&format!(":{}", p.addr.port()))
+    };
+    for action in ["", "&action=get_live_streams"] {
+        let r = get(&s.url(&format!(
+            "/player_api.php?username={token}&password={BANNED_PASS}{action}"
+        )))
+        .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+        let body = text(&r);
+        assert!(hidden(&body), "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(v.get("upstream").is_none(), "{body}");
+    }
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q.contains(BANNED_PASS)));
+    // A provider that is not there: the connection error names no host either.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = closed.local_addr().unwrap();
+    drop(closed);
+    let user = b64(&format!("http://{gone}:{XC_USER}:{API_PW}"));
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={user}&password={XC_PASS}&action=get_live_streams"
+    )))
+    .await;
+    assert!(r.status.is_server_error(), "{}", r.status);
+    let body = text(&r);
+    assert!(
+        !body.contains(&gone.to_string()) && !body.contains("127.0.0.1"),
+        "{body}"
+    );
 }

@@ -9,7 +9,9 @@ use http::{Request, Response, StatusCode};
 #[cfg(feature = "iptv")]
 use super::endpoints::is_channel_path;
 use super::endpoints::{allow_any_origin, json, not_found, preflight, sandboxed};
-use super::gate::{local_host, local_only, misdirected, page_login};
+use super::gate::{
+    changes_state, cross_site, cross_site_refused, local_host, local_only, misdirected, page_login,
+};
 use super::metering::{effective_path, endpoint_label, EndpointSeries, Finish, Metered};
 use super::routes::Dispatch;
 use super::App;
@@ -172,12 +174,19 @@ impl App {
                 return resp;
             }
         };
-        let operator = browser::is_page(&ctx.path) || ctx.path.starts_with("/admin/");
+        let operator = browser::is_page(&ctx.path)
+            || ctx.path.starts_with("/admin/")
+            || ctx.path == "/metrics";
         if operator && !self.keys.load().auth.required() && !ctx.client_ip.is_loopback() {
             // No password: the pages and admin endpoints are this machine's only. A client
             // elsewhere reaching them through a trusted front proxy (which may well send a
             // loopback `Host`) is refused.
             return local_only();
+        }
+        if changes_state(&ctx.path) && cross_site(&req) {
+            // A form or fetch from a page on another site (in a browser on this machine, for a
+            // password-free server) is refused before anything runs.
+            return cross_site_refused();
         }
         if browser::is_page(&ctx.path) {
             let creds = self.keys.load();

@@ -77,7 +77,11 @@ impl App {
         req: &Request<Incoming>,
         ctx: &RequestContext,
     ) -> Result<Response<Body>, ProxyError> {
-        if !self.metrics_open {
+        // Open without the password only to this machine: every listener on loopback, the
+        // client (as a trusted front proxy reports it) on loopback, and a loopback `Host` (a DNS
+        // name rebound to 127.0.0.1 is not one). The series name upstreams, routes and channels.
+        let local = ctx.client_ip.is_loopback() && super::gate::local_host(req);
+        if !(self.metrics_open && local) {
             self.authorize(req, ctx)?;
         }
         let accept = req

@@ -95,6 +95,48 @@ pub(super) fn local_host<B>(req: &Request<B>) -> bool {
     }
 }
 
+/// Operator endpoints that change state (a reload) or mint a credential (`/playlist/link`): a
+/// browser may ask them only from this server's own pages.
+pub(super) fn changes_state(path: &str) -> bool {
+    path.starts_with("/admin/") || path == "/playlist/link"
+}
+
+/// Whether a browser sent `req` from another site: `Sec-Fetch-Site` says `cross-site` or
+/// `same-site` (another port of localhost is the same site, not the same origin), or, from a
+/// browser without it, an `Origin` is present that is neither this server's own (the request's
+/// `Host`) nor a loopback one. A
+/// password-free server takes no credential a cross-site form could lack, so this is what keeps
+/// a web page in a local browser from posting `/admin/reload`. Curl and the CLI send neither.
+pub(super) fn cross_site<B>(req: &Request<B>) -> bool {
+    let headers = req.headers();
+    if let Some(site) = headers.get("sec-fetch-site") {
+        // The browser's own verdict (no page can set it) wins: `same-origin` stays so behind a
+        // front proxy that rewrites `Host`.
+        let site = site.to_str().unwrap_or("cross-site").trim();
+        return site.eq_ignore_ascii_case("cross-site") || site.eq_ignore_ascii_case("same-site");
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    // `null` (a sandboxed frame, a redirect across origins) and garbage are another site.
+    let Some((_, authority)) = origin.to_str().ok().and_then(|o| o.split_once("://")) else {
+        return true;
+    };
+    let own = routes::request_host(req).is_some_and(|h| h.eq_ignore_ascii_case(authority));
+    !(own || browser::is_loopback_host(authority))
+}
+
+/// 403 for a state-changing operator request a browser sent from another site.
+pub(super) fn cross_site_refused() -> Response<Body> {
+    ProxyError::downstream(
+        StatusCode::FORBIDDEN,
+        "auth",
+        "this endpoint changes state and is not for other sites' pages (Origin or Sec-Fetch-Site \
+         names another site); send it without them, as curl or `sluice reload` do",
+    )
+    .into_response()
+}
+
 /// 421 for a `Host` a password-free server does not answer to.
 pub(super) fn misdirected() -> Response<Body> {
     ProxyError::downstream(

@@ -40,6 +40,10 @@ impl App {
             .map(str::to_string);
         let mut scope = None;
         if let Some(token) = token {
+            if !token::is_normal_path(&path) {
+                // Scopes match the path as sent; a dot segment would walk out of one.
+                return Err(token::TokenRefusal::UnnormalPath);
+            }
             let opened = self
                 .keys
                 .tokens()

@@ -62,6 +62,8 @@ pub enum TokenRefusal {
     OutOfScope,
     #[error("token holder may not set `{0}`")]
     Override(String),
+    #[error("path after the token is not normal (a dot or empty segment)")]
+    UnnormalPath,
 }
 
 /// Opens and mints tokens for one server password.
@@ -236,6 +238,33 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
     Ok(query)
 }
 
+/// Whether `path` (what follows a token) is already normal: no `.` or `..` segment, plain or
+/// percent-encoded (`%2e`), and no empty segment (`//`). A scope is matched on the path as sent,
+/// while a front end may hand it on verbatim (`rtsp://h:554{path}`), where `/ch1/../../vod/x`
+/// would reach a sibling the scope never named; such a path is refused instead.
+pub fn is_normal_path(path: &str) -> bool {
+    if path.is_empty() {
+        // `/_token_T` alone: nothing to walk out of (and no endpoint there).
+        return true;
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    if rest.is_empty() {
+        return true;
+    }
+    let segments: Vec<&str> = rest.split('/').collect();
+    let last = segments.len() - 1;
+    segments.iter().enumerate().all(|(i, seg)| {
+        // A trailing `/` (an empty last segment) names a directory; any other empty one is `//`.
+        if seg.is_empty() {
+            return i == last;
+        }
+        let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
+        decoded != "." && decoded != ".."
+    })
+}
+
 /// Whether a token scope entry opens `path`: one ending in `/` opens everything under it (an
 /// endpoint family, `/proxy/hls/`); any other opens that path alone and what lies below it
 /// (`/proxy/stream` and `/proxy/stream/name.mp4`), so a playlist entry's `/udp/G:P` does not
@@ -297,6 +326,33 @@ mod tests {
     }
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn only_normal_paths_follow_a_token() {
+        for ok in [
+            "",
+            "/",
+            "/rtsp/h/live/ch1",
+            "/proxy/hls/",
+            "/udp/239.1.2.3:5000",
+            "/a/...b/c.d",
+        ] {
+            assert!(is_normal_path(ok), "{ok}");
+        }
+        for bad in [
+            "/rtsp/h/live/ch1/../../vod/x",
+            "/rtsp/h/live/ch1/..",
+            "/rtsp/h/./x",
+            "/rtsp/h/live/ch1/%2e%2e/x",
+            "/rtsp/h/live/ch1/%2E./x",
+            "/rtsp/h/live/ch1/.%2E",
+            "/rtsp/h//x",
+            "//rtsp/h",
+            "rtsp/h",
+        ] {
+            assert!(!is_normal_path(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn minted_child_expires_at_ttl_or_parent() {

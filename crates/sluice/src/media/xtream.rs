@@ -19,7 +19,7 @@ use super::stream;
 use crate::auth::token;
 use crate::auth::Keys;
 use crate::body::{self, Body};
-use crate::error::ProxyError;
+use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
 use crate::upstream::{Upstream, UpstreamRequest};
 
@@ -66,6 +66,15 @@ impl Xtream {
     /// Serves an XC request. `password_ok` checks an API password offered inside a MediaFlow
     /// username (or, for `/hls/`, in the query) against the server's.
     pub async fn handle(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &RequestContext,
+        password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
+    ) -> Result<Response<Body>, ProxyError> {
+        self.serve(req, ctx, password_ok).await.map_err(unnamed)
+    }
+
+    async fn serve(
         &self,
         req: &Request<Incoming>,
         ctx: &RequestContext,
@@ -328,6 +337,27 @@ fn public_origin(ctx: &RequestContext) -> String {
 
 fn bad(message: &str) -> ProxyError {
     ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", message.to_string())
+}
+
+/// An XC request's error as its client sees it: a holder of an XC username token may not learn
+/// the provider's address (its token hides it), so an error about the provider (its status, an
+/// unreachable or refused host, a broken answer) names no host; the full error is logged here.
+fn unnamed(mut e: ProxyError) -> ProxyError {
+    if e.upstream.is_none() && e.side != Side::Upstream {
+        return e;
+    }
+    tracing::warn!(
+        upstream = e.upstream.as_deref().unwrap_or(""),
+        kind = e.kind,
+        error = %e.message,
+        "XC provider request failed"
+    );
+    e.message = match e.kind {
+        "upstream_status" => format!("the XC provider answered {}", e.status.as_u16()),
+        kind => format!("the XC provider request failed ({kind})"),
+    };
+    e.upstream = None;
+    e
 }
 
 /// The one answer to a wrong or missing API password, whatever form it came in.

@@ -317,8 +317,11 @@ fn take(framing: &mut Framing, got: &[u8]) -> Result<Taken, RelayError> {
                 .decode_with_trailer(got, &mut out, trailer)
                 .map_err(|e| RelayError::Upstream(e.to_string()))?;
             let finished = if decoder.is_done() {
-                let fields = chunked::parse_trailer(trailer)
+                let mut fields = chunked::parse_trailer(trailer)
                     .map_err(|e| RelayError::Upstream(e.to_string()))?;
+                // This hop's fields (`Connection: close`, ...) are not passed on: an HTTP/2 or
+                // HTTP/3 client takes a trailer section carrying one as malformed.
+                sluice_http::hop::strip_connection_specific_trailers(&mut fields);
                 Some(Some(fields).filter(|f| !f.is_empty()))
             } else {
                 None
@@ -501,5 +504,30 @@ impl Upstream {
                 self.pool.checkin(self.index, conn);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunked body's trailers reach the client without this hop's fields: `Connection`,
+    /// `Keep-Alive`, `Transfer-Encoding`, `TE`, `Upgrade` and `Proxy-Connection` are dropped,
+    /// any other field is kept.
+    #[test]
+    fn trailers_lose_connection_specific_fields() {
+        let mut framing = Framing::Chunked(chunked::Decoder::new(), Vec::new());
+        let wire = b"3\r\nabc\r\n0\r\nConnection: close\r\nKeep-Alive: timeout=5\r\n\
+            Transfer-Encoding: chunked\r\nTE: trailers\r\nUpgrade: h2c\r\n\
+            Proxy-Connection: close\r\nx-sum: 1\r\n\r\n";
+        let taken = take(&mut framing, wire).unwrap();
+        assert_eq!(&taken.data[..], b"abc");
+        let trailers = taken.finished.unwrap().unwrap();
+        assert_eq!(trailers.len(), 1, "{trailers:?}");
+        assert_eq!(trailers["x-sum"], "1");
+        // Nothing but this hop's fields: no trailers at all.
+        let mut framing = Framing::Chunked(chunked::Decoder::new(), Vec::new());
+        let taken = take(&mut framing, b"0\r\nConnection: close\r\n\r\n").unwrap();
+        assert!(taken.finished.unwrap().is_none());
     }
 }

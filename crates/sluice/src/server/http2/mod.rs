@@ -513,9 +513,14 @@ where
                     return self.fail(Reason::PROTOCOL_ERROR);
                 }
                 if let Some(key) = self.slot_of(id) {
-                    let done = matches!(self.streams[key].phase, Phase::Answered);
+                    // Only a stream reset before its handler answered is charged: that is what
+                    // the rapid reset attack costs a server (a handler started for nothing). A
+                    // client that cancels a response under way (a player's seek, a channel
+                    // switch, a segment given up) got its answer; charging it would close a
+                    // long connection after enough of them with everything on it.
+                    let early = matches!(self.streams[key].phase, Phase::Handling(_));
                     self.remove(key);
-                    if !done {
+                    if early {
                         self.spend_reset();
                     }
                 } else if id > self.last_id {
@@ -625,6 +630,31 @@ where
             self.reset(id, Reason::STREAM_CLOSED);
             return self.spend_reset();
         };
+        if h.is_over_size() {
+            // Past `max_header_bytes`: the codec kept only the fields up to it, and a shorter
+            // trailer section must not be passed on as the whole one. The handler is dropped
+            // (and with it the upstream request, its body cut); a 431 as for a head that size
+            // (RFC 9113 section 10.5.1) if no response has begun, else the stream is reset.
+            let answered = !matches!(slot.phase, Phase::Handling(_));
+            let end_stream = h.is_end_stream();
+            drop(recv);
+            self.remove(key);
+            if answered {
+                self.reset(id, Reason::CANCEL);
+            } else {
+                let mut head = Headers::new(
+                    StreamId::from(id),
+                    Pseudo::response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+                    HeaderMap::new(),
+                );
+                head.set_end_stream();
+                self.control.push_back(head.into());
+                if !end_stream {
+                    self.reset(id, Reason::NO_ERROR);
+                }
+            }
+            return self.spend_reset();
+        }
         let short = slot.remaining.is_some_and(|n| n > 0);
         let h_end = h.is_end_stream();
         let (pseudo, fields) = h.into_parts();
@@ -912,7 +942,10 @@ where
                                 }
                             }
                             Err(frame) => {
-                                if let Ok(trailers) = frame.into_trailers() {
+                                if let Ok(mut trailers) = frame.into_trailers() {
+                                    sluice_http::hop::strip_connection_specific_trailers(
+                                        &mut trailers,
+                                    );
                                     let mut t = Headers::trailers(slot.id, trailers);
                                     t.set_end_stream();
                                     slot.phase = Phase::Sent;
@@ -1185,7 +1218,8 @@ fn strip_connection_fields(fields: &mut HeaderMap) {
     for name in sluice_http::hop::connection_specific_names() {
         fields.remove(name);
     }
-    if fields.get(header::TE).is_some_and(|v| v != "trailers") {
+    // Every value: `te: trailers` then `te: gzip` is as malformed as `te: gzip` alone.
+    if fields.get_all(header::TE).iter().any(|v| v != "trailers") {
         fields.remove(header::TE);
     }
 }
@@ -1230,6 +1264,25 @@ mod tests {
                 return u32::from_be_bytes(payload[4..8].try_into().unwrap());
             }
         }
+    }
+
+    #[test]
+    fn every_te_value_is_checked() {
+        let mut fields = HeaderMap::new();
+        fields.append(header::TE, "trailers".parse().unwrap());
+        fields.append(header::TE, "gzip".parse().unwrap());
+        strip_connection_fields(&mut fields);
+        assert!(!fields.contains_key(header::TE));
+        let mut fields = HeaderMap::new();
+        fields.append(header::TE, "trailers".parse().unwrap());
+        strip_connection_fields(&mut fields);
+        assert_eq!(fields[header::TE], "trailers");
+        // Trailers keep no `te` at all, nor any other connection-specific field.
+        fields.append(header::CONNECTION, "close".parse().unwrap());
+        fields.append("x-sum", "1".parse().unwrap());
+        sluice_http::hop::strip_connection_specific_trailers(&mut fields);
+        assert_eq!(fields.len(), 1);
+        assert_eq!(fields["x-sum"], "1");
     }
 
     /// A handler that holds the request (and its body) and never reads or answers, on a

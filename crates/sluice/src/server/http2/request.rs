@@ -48,6 +48,7 @@ pub(super) fn build(
     let end_stream = frame.is_end_stream();
     let (pseudo, mut fields) = frame.into_parts();
     let length = content_length(&mut fields)?;
+    sluice_http::hop::join_cookies(&mut fields);
     let Pseudo {
         method,
         scheme,
@@ -305,6 +306,22 @@ mod tests {
         let mut zero = HeaderMap::new();
         zero.insert(header::CONTENT_LENGTH, "0".parse().unwrap());
         assert!(build(frame(get("/"), zero, true), false).is_ok());
+    }
+
+    #[test]
+    fn cookie_fields_are_joined_into_one() {
+        let mut fields = HeaderMap::new();
+        fields.append(header::COOKIE, "a=1".parse().unwrap());
+        fields.append("accept", "*/*".parse().unwrap());
+        fields.append(header::COOKIE, "b=2".parse().unwrap());
+        fields.append(header::COOKIE, "c=3; d=4".parse().unwrap());
+        let (req, _) = build(frame(get("/"), fields, true), false).unwrap();
+        let cookies: Vec<_> = req.headers().get_all(header::COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1; b=2; c=3; d=4"]);
+        let mut one = HeaderMap::new();
+        one.append(header::COOKIE, "a=1".parse().unwrap());
+        let (req, _) = build(frame(get("/"), one, true), false).unwrap();
+        assert_eq!(req.headers()[header::COOKIE], "a=1");
     }
 
     fn unsafe_str(s: &'static str) -> h2::frame::BytesStr {

@@ -66,6 +66,8 @@ pub async fn serve<H: Handler>(
         send.stop_stream(Code::H3_MESSAGE_ERROR);
         return;
     }
+    // One `cookie` field, as HTTP/2's requests have it (RFC 9114 §4.2.1).
+    sluice_http::hop::join_cookies(req.headers_mut());
     // Read as the proxy reads it (one number per field, the same in every field), so the length
     // held to here is the one forwarded; anything else, a list inside one field or a value with
     // a space at either end included, is malformed (RFC 9114 §4.1.2, §10.3).
@@ -344,7 +346,10 @@ async fn respond(
         let written = match frame.into_data() {
             Ok(data) => tokio::time::timeout(limit, send.send_data(data)).await,
             Err(frame) => match frame.into_trailers() {
-                Ok(trailers) => tokio::time::timeout(limit, send.send_trailers(trailers)).await,
+                Ok(mut trailers) => {
+                    sluice_http::hop::strip_connection_specific_trailers(&mut trailers);
+                    tokio::time::timeout(limit, send.send_trailers(trailers)).await
+                }
                 Err(_) => continue,
             },
         };
