@@ -909,6 +909,8 @@ impl Acme {
                 Ok(()) => {
                     schedule.retry.remove(&name);
                     schedule.ari.remove(&name);
+                    // The new certificate's renewal information is asked for at once.
+                    schedule.ari_failed.remove(&name);
                     self.ask_refused().remove(&name);
                 }
                 Err(e) => {

@@ -863,6 +863,37 @@ async fn cancelling_responses_under_way_is_not_a_rapid_reset() {
         }
     }
     assert_eq!(body, b"done");
+
+    // Resetting every stream as soon as its answer begins, on and on, still ends the connection:
+    // past the free cancels each is charged as a reset.
+    let mut goaway = None;
+    for i in 0..500u32 {
+        let id = 3 + 2 * (250 + i);
+        if s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, id, &get))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        let mut head = false;
+        while !head && goaway.is_none() {
+            let Some((kind, _, stream, payload)) = next_frame(&mut s).await else {
+                break;
+            };
+            if kind == GOAWAY {
+                goaway = Some((i, goaway_code(&payload)));
+            }
+            head |= stream == id && kind == HEADERS;
+        }
+        if goaway.is_some() {
+            break;
+        }
+        let _ = s
+            .write_all(&frame(RST_STREAM, 0, id, &8u32.to_be_bytes()))
+            .await;
+    }
+    let (after, code) = goaway.expect("a GOAWAY within 500 more cancels");
+    assert_eq!(code, 0xb, "ENHANCE_YOUR_CALM after {after} more");
 }
 
 /// HTTP/2 clients send each cookie as a field of its own (RFC 9113 section 8.2.3): an HTTP/1.1

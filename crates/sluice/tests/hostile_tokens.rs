@@ -460,6 +460,9 @@ async fn a_playlist_entry_token_cannot_walk_out_of_its_rtsp_path() {
         format!("{entry}/.%2e/ch2"),
         format!("{entry}/./x"),
         format!("{entry}//x"),
+        format!("{entry}/..%2F..%2Fvod%2Fx"),
+        format!("{entry}/..%5Cch2"),
+        format!("{entry}/..;x/ch2"),
         format!("{base}/rtsp/127.0.0.1:{port}/live/ch1/../ch2?token={token}"),
     ] {
         assert_eq!(observe(&attack).await, want, "{attack}");

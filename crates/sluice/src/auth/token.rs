@@ -253,6 +253,15 @@ pub fn is_normal_path(path: &str) -> bool {
     if rest.is_empty() {
         return true;
     }
+    // An encoded slash or backslash (or a backslash itself, or a NUL) hides a segment boundary
+    // from this check that a server decoding before it normalises would see.
+    let lower = rest.to_ascii_lowercase();
+    if ["%2f", "%5c", "\\", "%00"]
+        .iter()
+        .any(|s| lower.contains(s))
+    {
+        return false;
+    }
     let segments: Vec<&str> = rest.split('/').collect();
     let last = segments.len() - 1;
     segments.iter().enumerate().all(|(i, seg)| {
@@ -261,7 +270,9 @@ pub fn is_normal_path(path: &str) -> bool {
             return i == last;
         }
         let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
-        decoded != "." && decoded != ".."
+        // `..;x` is `..` to servers that take `;` as the start of a segment's parameters.
+        let name = decoded.split(';').next().unwrap_or("");
+        name != "." && name != ".."
     })
 }
 
@@ -349,6 +360,12 @@ mod tests {
             "/rtsp/h//x",
             "//rtsp/h",
             "rtsp/h",
+            "/rtsp/h/live/ch1/..%2F..%2Fvod%2Fx",
+            "/rtsp/h/live/ch1/..%2f..%2fvod",
+            "/rtsp/h/live/ch1/..%5Cvod",
+            "/rtsp/h/live/ch1/..\\vod",
+            "/rtsp/h/live/ch1/..;x/vod",
+            "/rtsp/h/live/ch1/%00",
         ] {
             assert!(!is_normal_path(bad), "{bad}");
         }

@@ -52,6 +52,8 @@ pub struct CacheMetrics {
     pub uncacheable: Counter,
     pub version_mismatch: Counter,
     pub origin_errors: Counter,
+    /// Fills given up with nobody reading (`origin_slice_timeout_secs`).
+    pub fills_given_up: Counter,
     pub origin_latency: Histogram,
     /// `sluice_cache_cluster_*`.
     pub cluster: super::cluster::metrics::ClusterMetrics,
@@ -79,6 +81,7 @@ impl CacheMetrics {
             uncacheable: Counter::default(),
             version_mismatch: Counter::default(),
             origin_errors: Counter::default(),
+            fills_given_up: Counter::default(),
             // 0.5 ms .. ~16 s
             origin_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             cluster: Default::default(),
@@ -150,6 +153,11 @@ impl CacheMetrics {
             "origin_errors",
             "Origin exchanges that failed",
             m.origin_errors.clone(),
+        );
+        r.register(
+            "fills_given_up",
+            "Fills given up because their slice took origin_slice_timeout_secs with nobody reading",
+            m.fills_given_up.clone(),
         );
         r.register(
             "budget_bytes",

@@ -535,12 +535,12 @@ const FORSAKEN: &str = "origin too slow for a slice nobody reads";
 /// Whether a slice begun at `started` has taken longer than `origin_slice_timeout_secs` with no
 /// client following it: reading on would hold a fill place and budget for nobody, and an origin
 /// trickling bytes inside the idle wait would hold them for good. Checked as bytes arrive, so a
-/// forsaken fill ends within that time plus the idle wait. Counted as an origin error.
+/// forsaken fill ends within that time plus the idle wait (`sluice_cache_fills_given_up_total`).
 fn forsaken(inner: &Inner, started: Instant, following: usize) -> bool {
     let late = following == 0
         && started.elapsed() > Duration::from_secs(inner.config.origin_slice_timeout_secs);
     if late {
-        inner.metrics.origin_errors.inc();
+        inner.metrics.fills_given_up.inc();
     }
     late
 }

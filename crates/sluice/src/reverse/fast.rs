@@ -757,22 +757,20 @@ pub(super) struct UpConn {
 }
 
 impl UpConn {
-    /// Whether nothing arrived while the connection sat idle. Bytes nobody asked for (a body sent
-    /// after the head of a HEAD, 204 or 304 answer, or past a body's length, which a splice leaves
-    /// in the socket) would be read as the next request's answer, and handed to another client;
-    /// an end of stream means the server closed it. Asks the runtime's readiness first: a read
-    /// that found the socket drained cleared it, so a quiet connection costs no system call.
+    /// Whether nothing arrived while the connection sat idle, as far as the runtime has seen.
+    /// Bytes nobody asked for (a body sent after the head of a HEAD, 204 or 304 answer, or past a
+    /// body's length, which a splice leaves in the socket) would be read as the next request's
+    /// answer, and handed to another client; an end of stream means the server closed it. A read
+    /// that found the socket drained cleared its readiness, so a quiet connection costs no system
+    /// call. Best effort: bytes the runtime has not seen yet, or that come after this look, are
+    /// still taken for the next answer (as by any HTTP/1.1 client).
     fn quiet(&self) -> bool {
-        let tcp = self.io.tcp();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match tcp.poll_read_ready(&mut cx) {
-            std::task::Poll::Pending => true,
-            std::task::Poll::Ready(Err(_)) => false,
-            std::task::Poll::Ready(Ok(())) => {
-                let mut byte = [0u8; 1];
-                matches!(tcp.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-            }
-        }
+        // `try_read` asks the runtime's readiness without a waker or the task's cooperative
+        // budget (a readiness poll answers `Pending` once a busy task has spent that, which
+        // would pass anything as quiet), and reads only when the socket was seen readable.
+        let mut byte = [0u8; 1];
+        let read = self.io.tcp().try_read(&mut byte);
+        matches!(read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 }
 
@@ -1110,6 +1108,50 @@ mod tests {
             upgrade: false,
             host: host.map(|h| ClientHost::Field(HeaderValue::from_str(h).unwrap())),
             forwarding: None,
+        }
+    }
+
+    /// Stray bytes on an idle connection are seen even by a task that has spent its cooperative
+    /// budget (an HTTP/2 connection's task polls every stream's exchange): the connection is
+    /// dropped, not reused.
+    #[tokio::test]
+    async fn stray_bytes_are_seen_even_out_of_budget() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let pool = Arc::new(FastPool {
+            servers: vec![Mutex::default()],
+            max_idle: 4,
+            idle_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(1),
+            sweeping: false.into(),
+        });
+        for stray in [false, true] {
+            let Ok(conn) = pool.connect(&addr).await else {
+                panic!("connect")
+            };
+            let (mut server, _) = listener.accept().await.unwrap();
+            pool.checkin(0, conn);
+            if stray {
+                server
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!")
+                    .await
+                    .unwrap();
+            }
+            // The runtime sees the socket readable.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+            for _ in 0..1000 {
+                tx.send(()).unwrap();
+            }
+            let reused = std::future::poll_fn(|cx| {
+                // Until the budget is spent: then a ready channel answers `Pending`.
+                while let std::task::Poll::Ready(Some(())) = rx.poll_recv(cx) {}
+                std::task::Poll::Ready(pool.checkout(0).is_some())
+            })
+            .await;
+            assert_eq!(reused, !stray, "stray bytes: {stray}");
+            drop(server);
         }
     }
 

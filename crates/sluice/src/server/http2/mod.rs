@@ -42,6 +42,12 @@ const MAX_CONTROL: usize = 64;
 /// response is done; each complete response earns one back. At zero the connection is closed
 /// with `ENHANCE_YOUR_CALM` (the "rapid reset" attack, CVE-2023-44487).
 const RESET_BUDGET: u32 = 200;
+/// Responses under way a client may cancel without spending from `RESET_BUDGET` (a player's
+/// seeks, channel switches, segments given up), at once and then per second: past that a cancel
+/// is charged as a reset, so resetting every stream as soon as its head arrives (each may have
+/// started a cache fill that goes on) still ends the connection.
+const FREE_CANCELS: f64 = 100.0;
+const FREE_CANCELS_PER_SEC: f64 = 2.0;
 /// Request body bytes a client may send after the response was complete and the body's reader
 /// gone before the stream is reset with `NO_ERROR`: a short rest is read (and checked) rather than
 /// cut, a long upload is stopped.
@@ -146,6 +152,9 @@ pub(crate) struct Connection<I, S, F, B> {
     /// Connection-window bytes read (or dropped) and not yet given back.
     unreleased: u32,
     resets: u32,
+    /// Cancels of responses under way still free (`FREE_CANCELS`), as of `cancels_at`.
+    free_cancels: f64,
+    cancels_at: tokio::time::Instant,
     recently_reset: VecDeque<u32>,
     /// GOAWAY sent: streams above this id are ignored, and the connection ends when the rest do.
     going_away: Option<u32>,
@@ -254,6 +263,8 @@ where
             recv_window: i64::from(limits.window),
             unreleased: 0,
             resets: RESET_BUDGET,
+            free_cancels: FREE_CANCELS,
+            cancels_at: crate::runtime::recent::recent(),
             recently_reset: VecDeque::new(),
             going_away: None,
             peer_going_away: false,
@@ -360,6 +371,19 @@ where
             self.recently_reset.pop_front();
         }
         self.recently_reset.push_back(id);
+    }
+
+    /// Whether a client's cancel of a response under way is still free (`FREE_CANCELS`).
+    fn free_cancel(&mut self) -> bool {
+        let now = crate::runtime::recent::recent();
+        let secs = now.saturating_duration_since(self.cancels_at).as_secs_f64();
+        self.cancels_at = now;
+        self.free_cancels = (self.free_cancels + secs * FREE_CANCELS_PER_SEC).min(FREE_CANCELS);
+        let free = self.free_cancels >= 1.0;
+        if free {
+            self.free_cancels -= 1.0;
+        }
+        free
     }
 
     /// A stream closed before its response was done, by the client or for its mistake.
@@ -513,14 +537,17 @@ where
                     return self.fail(Reason::PROTOCOL_ERROR);
                 }
                 if let Some(key) = self.slot_of(id) {
-                    // Only a stream reset before its handler answered is charged: that is what
-                    // the rapid reset attack costs a server (a handler started for nothing). A
-                    // client that cancels a response under way (a player's seek, a channel
-                    // switch, a segment given up) got its answer; charging it would close a
-                    // long connection after enough of them with everything on it.
-                    let early = matches!(self.streams[key].phase, Phase::Handling(_));
+                    // A stream reset before its handler answered is charged: that is what the
+                    // rapid reset attack costs a server (a handler started for nothing). A
+                    // client cancelling a response under way (a player's seek, a channel
+                    // switch, a segment given up) got its answer: such cancels are free up to
+                    // `FREE_CANCELS` (charging each would close a long connection after enough
+                    // of them, with everything on it), and charged past it.
+                    let phase = &self.streams[key].phase;
+                    let early = matches!(phase, Phase::Handling(_));
+                    let under_way = matches!(phase, Phase::Sending(_));
                     self.remove(key);
-                    if early {
+                    if early || (under_way && !self.free_cancel()) {
                         self.spend_reset();
                     }
                 } else if id > self.last_id {
