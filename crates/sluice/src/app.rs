@@ -137,7 +137,10 @@ impl App {
         let media = if config.media.enabled {
             // The Acestream engine is an operator-configured host, usually on a private address
             // the public-upstream guard refuses: it gets its own client that may reach it, with
-            // its own metric names. Only engine URLs (forced onto the configured host) use it.
+            // its own metric names. Only URLs on the configured engine (scheme, host and port)
+            // are sent through it, redirects included (`Sessions::send`): the engine API calls,
+            // its playlists and the segments the HLS rewrite points at it. Every other URL,
+            // through /proxy/hls too, keeps the guarded client.
             let engine = if config.media.acestream.enabled {
                 let mut engine_config = config.upstream.clone();
                 engine_config.allow_private = true;

@@ -203,6 +203,11 @@ impl Upstream {
         self.whole_body_timeout
     }
 
+    /// Whether the address guard lets private addresses through (`upstream.allow_private`).
+    pub fn allows_private(&self) -> bool {
+        self.connector.allows_private()
+    }
+
     /// Resolves `host` and applies the address guard (`allow_private`), as every HTTP fetch
     /// does; for protocols the pooled client does not speak.
     pub async fn resolve_checked(

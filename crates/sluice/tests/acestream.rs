@@ -112,6 +112,10 @@ fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
         p if p == format!("/ace/m/{ID}/h1.m3u8") => Response::new(full(
             "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:5\n#EXTINF:2.0,\nseg5.ts\n",
         )),
+        p if p == format!("/ace/m/{ID}/seg5.ts") => Response::builder()
+            .header("content-type", "video/mp2t")
+            .body(full(pattern(188 * 4)))
+            .unwrap(),
         p if p.starts_with("/ace/stat/") => Response::new(full(
             r#"{"response":{"status":"dl","peers":7,"speed_down":1200,"speed_up":40,"downloaded":123456},"error":null}"#,
         )),
@@ -127,8 +131,14 @@ fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
 }
 
 async fn setup(linger: u64) -> (SocketAddr, Arc<Counts>, Sluice) {
+    setup_guarded(linger, true).await
+}
+
+/// `allow_private: false` is the default: the engine on 127.0.0.1 must still be reachable.
+async fn setup_guarded(linger: u64, allow_private: bool) -> (SocketAddr, Arc<Counts>, Sluice) {
     let (addr, counts) = engine().await;
     let mut c = test_config();
+    c.upstream.allow_private = allow_private;
     c.auth.api_password = PW.into();
     c.media.acestream.engine_url = format!("http://{addr}");
     c.media.acestream.linger_secs = linger;
@@ -249,7 +259,10 @@ async fn slow_viewer_skips_ahead_instead_of_stalling_the_fast_one() {
 
 #[tokio::test]
 async fn hls_manifest_head_and_bad_input() {
-    let (_engine, counts, s) = setup(30).await;
+    // With the address guard on, as by default: the engine on 127.0.0.1 is still reached, for
+    // the playlist and for the segments the rewrite points at it.
+    let (engine, counts, s) = setup_guarded(30, false).await;
+    let mut segment = String::new();
     for _ in 0..2 {
         let r = get(&s.url(&format!(
             "/proxy/acestream/manifest.m3u8?id={ID}&api_password={PW}"
@@ -260,9 +273,33 @@ async fn hls_manifest_head_and_bad_input() {
         assert!(text.starts_with("#EXTM3U"));
         assert!(text.contains("/proxy/hls/segment.ts"), "{text}");
         assert!(!text.contains(PW));
+        segment = text
+            .lines()
+            .find(|l| l.contains("/proxy/hls/segment.ts"))
+            .unwrap()
+            .to_string();
     }
     // Both playlist requests share one engine session.
     assert_eq!(counts.manifest.load(Ordering::SeqCst), 1);
+    let r = get(&segment).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body.unwrap(), pattern(188 * 4));
+    // Any other private address keeps the guard, through /proxy/hls as anywhere: another port
+    // on the engine's host, or the engine's port by another name.
+    let other = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    for d in [
+        format!("http://{}/ace/m/{ID}/h1.m3u8", other.local_addr().unwrap()),
+        format!("http://localhost:{}/ace/m/{ID}/h1.m3u8", engine.port()),
+    ] {
+        for endpoint in ["manifest.m3u8", "segment.ts"] {
+            let r = get(&s.url(&format!(
+                "/proxy/hls/{endpoint}?d={}&api_password={PW}",
+                support::enc(&d)
+            )))
+            .await;
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{endpoint} {d}");
+        }
+    }
 
     let r = request(
         "HEAD",

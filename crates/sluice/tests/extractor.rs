@@ -74,7 +74,13 @@ async fn setup() -> Setup {
     config.auth.api_password = "pw".into();
     let x = &mut config.media.extractors;
     x.commands = vec![
-        entry("Ok", &["*.pattern.example"], ok),
+        entry("Ok", &[], ok.clone()),
+        entry("", &["*.pattern.example"], ok.clone()),
+        entry(
+            "Streamtape",
+            &["streamtape.example", "*.streamtape.example"],
+            ok,
+        ),
         entry("Hls", &[], hls),
         entry("Slow", &[], slow),
         entry("Chatty", &[], chatty),
@@ -226,7 +232,11 @@ async fn bounds_and_refusals() {
     ))
     .await;
     assert_eq!(r.status, 502);
-    assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("page gone"));
+    // What the command printed on standard error stays in the log: through a command that
+    // fetches the page it would tell a port scan what it met.
+    let text = String::from_utf8_lossy(r.body.as_ref().unwrap()).to_string();
+    assert!(!text.contains("page gone"), "{text}");
+    assert!(text.contains("found no stream"), "{text}");
     // Errors are not kept: the failing command runs again.
     let _ = get(&extract(
         &s,
@@ -266,4 +276,68 @@ async fn bounds_and_refusals() {
     .await;
     assert_eq!(r.status, 404);
     assert!(!runs(&s.dir).iter().any(|l| l.contains("/v/3")));
+}
+
+#[tokio::test]
+async fn a_command_with_patterns_answers_only_pages_they_cover() {
+    let s = setup().await;
+    // Named by `host`, but the page is on another host: refused like an unknown host.
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Streamtape",
+        "http://127.0.0.1:9/secret",
+        "",
+    ))
+    .await;
+    assert_eq!(r.status, 404);
+    let text = String::from_utf8_lossy(r.body.as_ref().unwrap()).to_string();
+    assert!(text.contains("patterns"), "{text}");
+    // A covered page runs.
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "streamtape",
+        "https://www.streamtape.example/e/1",
+        "",
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        runs(&s.dir),
+        vec!["ok.sh https://www.streamtape.example/e/1".to_string()]
+    );
+}
+
+#[tokio::test]
+async fn the_address_guard_applies_to_the_page_before_any_command_runs() {
+    let origin = Origin::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    // Would fetch the page (as yt-dlp's generic extractor does); it records that it ran.
+    let fetch = script(&dir, "fetch.sh", "curl -s \"$1\" >/dev/null 2>&1\nexit 1");
+    let mut config = test_config();
+    config.upstream.allow_private = false;
+    config.auth.api_password = "pw".into();
+    config.media.extractors.commands = vec![entry("Generic", &[], fetch)];
+    let sluice = Sluice::start(config).await;
+    let s = Setup {
+        sluice,
+        origin,
+        dir,
+        _tmp: tmp,
+    };
+    for page in [
+        format!("http://{}/secret", s.origin.addr),
+        "http://localhost:6878/secret".to_string(),
+        "http://[::1]/x".to_string(),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+    ] {
+        let r = get(&extract(&s, "/extractor/video", "Generic", &page, "")).await;
+        let text = String::from_utf8_lossy(r.body.as_ref().unwrap()).to_string();
+        assert_eq!(r.status, 403, "{page}: {text}");
+        assert!(text.contains("upstream.allow_private"), "{text}");
+    }
+    assert!(runs(&s.dir).is_empty(), "{:?}", runs(&s.dir));
+    assert!(s.origin.seen_path("/secret").is_empty());
 }

@@ -25,6 +25,12 @@ use self::run::{Invocation, RunError};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
+use crate::upstream::{ConnectError, Upstream, UpstreamError};
+
+/// Bytes of answers kept at once, whatever `cache_entries` allows: an answer may be as large as
+/// `max_output_bytes`, and 1024 of those would be gigabytes. The oldest go first; an answer
+/// larger than this is not kept.
+pub const CACHE_MAX_BYTES: usize = 32 * 1024 * 1024;
 
 /// The path prefix this module serves.
 pub const PATH: &str = "/extractor/video";
@@ -107,14 +113,101 @@ pub struct Found {
     pub hls: bool,
 }
 
+/// Each page's run gate with the number of requests holding or waiting for it.
+type Pending = Mutex<HashMap<[u8; 32], (Arc<tokio::sync::Mutex<()>>, usize)>>;
+
 /// The extractors and their answers.
 pub struct Extractors {
     config: ExtractorsConfig,
     patterns: Vec<Vec<HostPattern>>,
     running: Arc<Semaphore>,
-    answers: Mutex<HashMap<[u8; 32], (Instant, Found)>>,
-    /// One lock per page being extracted, so concurrent requests share one run.
-    pending: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
+    answers: Mutex<Answers>,
+    /// One lock per page being extracted, so concurrent requests share one run, with the number
+    /// of requests holding or waiting for it; the last one out removes it ([`PendingGuard`]).
+    pending: Pending,
+}
+
+/// The kept answers and what they weigh.
+#[derive(Default)]
+struct Answers {
+    map: HashMap<[u8; 32], (Instant, Found, usize)>,
+    bytes: usize,
+}
+
+impl Answers {
+    fn remove(&mut self, key: &[u8; 32]) {
+        if let Some((_, _, size)) = self.map.remove(key) {
+            self.bytes -= size;
+        }
+    }
+
+    /// Keeps `found`, first dropping expired answers, then the oldest until both bounds hold.
+    fn insert(
+        &mut self,
+        key: [u8; 32],
+        found: Found,
+        ttl: Duration,
+        max_entries: usize,
+        max_bytes: usize,
+    ) {
+        let expired: Vec<[u8; 32]> = self
+            .map
+            .iter()
+            .filter(|(_, (at, _, _))| at.elapsed() >= ttl)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in expired.iter().chain([&key]) {
+            self.remove(k);
+        }
+        let size = answer_size(&found);
+        if size > max_bytes || max_entries == 0 {
+            return;
+        }
+        while self.map.len() >= max_entries || self.bytes + size > max_bytes {
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, (at, _, _))| *at)
+                .map(|(k, _)| *k);
+            match oldest {
+                Some(k) => self.remove(&k),
+                None => break,
+            }
+        }
+        self.bytes += size;
+        self.map.insert(key, (Instant::now(), found, size));
+    }
+}
+
+/// What an answer weighs in the cache: its text and a little for the entry itself.
+fn answer_size(found: &Found) -> usize {
+    let headers: usize = found.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    found.url.as_str().len() + headers + 128
+}
+
+/// One request's share of a page's `pending` gate: dropped when the request ends, finished or
+/// not (a client that goes away while waiting included). The last share out removes the entry,
+/// and only if it is still this gate, never a newer one for the same page.
+struct PendingGuard<'a> {
+    pending: &'a Pending,
+    key: [u8; 32],
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let last = match pending.get_mut(&self.key) {
+            Some((gate, users)) if Arc::ptr_eq(gate, &self.gate) => {
+                *users -= 1;
+                *users == 0
+            }
+            _ => false,
+        };
+        if last {
+            pending.remove(&self.key);
+        }
+    }
 }
 
 impl Extractors {
@@ -133,7 +226,7 @@ impl Extractors {
             running: Arc::new(Semaphore::new(config.max_running.max(1))),
             config: config.clone(),
             patterns,
-            answers: Mutex::new(HashMap::new()),
+            answers: Mutex::new(Answers::default()),
             pending: Mutex::new(HashMap::new()),
         }
     }
@@ -163,15 +256,9 @@ impl Extractors {
             .get("redirect_stream")
             .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"));
         let page = params.destination.clone();
-        let index = self
-            .choose(&host, page.host_str().unwrap_or(""))
-            .ok_or_else(|| {
-                not_found(&format!(
-                    "no extractor is configured for host {host:?} or pages on {} \
-                 (media.extractors.commands)",
-                    page.host_str().unwrap_or("")
-                ))
-            })?;
+        let index = self.choose(&host, page.host_str().unwrap_or(""))?;
+        // The command fetches the page itself: it gets no address the guard refuses.
+        self.guard(&media.upstream, &page).await?;
         let key = answer_key(index, page.as_str(), &extra);
         let found = self
             .answer(index, key, &host, page.as_str(), &extra)
@@ -179,18 +266,60 @@ impl Extractors {
         respond(media, ctx, &params, &found, redirect)
     }
 
-    /// The command for `host`, else the first whose patterns cover the page's host.
-    fn choose(&self, host: &str, page_host: &str) -> Option<usize> {
+    /// The command for `host`, else the first whose patterns cover the page's host. A command
+    /// that lists `patterns` answers only pages they cover, even when `host` names it.
+    fn choose(&self, host: &str, page_host: &str) -> Result<usize, ProxyError> {
+        let covers = |i: usize| self.patterns[i].iter().any(|p| p.matches(page_host));
         let named = self
             .config
             .commands
             .iter()
             .position(|e| !host.is_empty() && e.host.eq_ignore_ascii_case(host));
-        named.or_else(|| {
-            self.patterns
-                .iter()
-                .position(|ps| ps.iter().any(|p| p.matches(page_host)))
-        })
+        if let Some(i) = named {
+            if self.config.commands[i].patterns.is_empty() || covers(i) {
+                return Ok(i);
+            }
+            return Err(not_found(&format!(
+                "the extractor for host {host:?} answers only pages its patterns cover, \
+                 not pages on {page_host} (media.extractors.commands)"
+            )));
+        }
+        (0..self.patterns.len())
+            .find(|&i| covers(i))
+            .ok_or_else(|| {
+                not_found(&format!(
+                    "no extractor is configured for host {host:?} or pages on {page_host} \
+                 (media.extractors.commands)"
+                ))
+            })
+    }
+
+    /// The address guard (`upstream.allow_private`) applied to the page before a command is
+    /// given it, answered as every fetching endpoint answers it (403). The command resolves the
+    /// name again itself, so this narrows but cannot close a DNS-rebinding window
+    /// (`docs/security.md`). With the guard on, a name that cannot be resolved here is refused
+    /// too; with it off, the command is left to try.
+    async fn guard(&self, upstream: &Upstream, page: &url::Url) -> Result<(), ProxyError> {
+        let host = match page.host() {
+            Some(url::Host::Domain(d)) => d.to_string(),
+            Some(url::Host::Ipv4(ip)) => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            None => return Err(bad_request("d has no host")),
+        };
+        let port = page.port_or_known_default().unwrap_or(80);
+        let step = Duration::from_secs(self.config.timeout_secs);
+        let checked = tokio::time::timeout(step, upstream.resolve_checked(&host, port)).await;
+        let refuse = |e: ConnectError| Err(ProxyError::from_upstream(&UpstreamError::Connect(e)));
+        match checked {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e @ ConnectError::Refused { .. })) => refuse(e),
+            Ok(Err(e)) if !upstream.allows_private() => refuse(e),
+            Err(_) if !upstream.allows_private() => refuse(ConnectError::Timeout {
+                host,
+                secs: step.as_secs(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     async fn answer(
@@ -204,43 +333,42 @@ impl Extractors {
         if let Some(found) = self.kept(&key) {
             return Ok(found);
         }
-        let gate = self
-            .pending
-            .lock()
-            .expect("extractor lock")
-            .entry(key)
-            .or_default()
-            .clone();
-        let _held = gate.lock().await;
+        let share = {
+            let mut pending = self.pending.lock().expect("extractor lock");
+            let (gate, users) = pending.entry(key).or_default();
+            *users += 1;
+            PendingGuard {
+                pending: &self.pending,
+                key,
+                gate: gate.clone(),
+            }
+        };
+        let _held = share.gate.lock().await;
         if let Some(found) = self.kept(&key) {
             return Ok(found);
         }
-        let outcome = self.extract(index, host, page, extra).await;
-        self.pending.lock().expect("extractor lock").remove(&key);
-        let found = outcome?;
+        let found = self.extract(index, host, page, extra).await?;
         if self.config.cache_secs > 0 && self.config.cache_entries > 0 {
-            let mut answers = self.answers.lock().expect("extractor lock");
-            let ttl = Duration::from_secs(self.config.cache_secs);
-            answers.retain(|_, (at, _)| at.elapsed() < ttl);
-            while answers.len() >= self.config.cache_entries {
-                let oldest = answers
-                    .iter()
-                    .min_by_key(|(_, (at, _))| *at)
-                    .map(|(k, _)| *k);
-                match oldest {
-                    Some(k) => answers.remove(&k),
-                    None => break,
-                };
-            }
-            answers.insert(key, (Instant::now(), found.clone()));
+            self.answers.lock().expect("extractor lock").insert(
+                key,
+                found.clone(),
+                Duration::from_secs(self.config.cache_secs),
+                self.config.cache_entries,
+                CACHE_MAX_BYTES,
+            );
         }
         Ok(found)
     }
 
     fn kept(&self, key: &[u8; 32]) -> Option<Found> {
         let answers = self.answers.lock().expect("extractor lock");
-        let (at, found) = answers.get(key)?;
+        let (at, found, _) = answers.map.get(key)?;
         (at.elapsed() < Duration::from_secs(self.config.cache_secs)).then(|| found.clone())
+    }
+
+    /// Bytes the kept answers weigh (at most [`CACHE_MAX_BYTES`]).
+    pub fn cached_bytes(&self) -> usize {
+        self.answers.lock().expect("extractor lock").bytes
     }
 
     async fn extract(
@@ -275,11 +403,26 @@ impl Extractors {
         })
         .await
         .map_err(|e| {
-            let (status, kind) = match e {
-                RunError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "extractor_timeout"),
-                _ => (StatusCode::BAD_GATEWAY, "extractor_failed"),
+            // What the command printed on standard error (which may describe what its fetch of
+            // the page met: a refused port, a 404) is the operator's, in the log only.
+            tracing::warn!(command = %entry.command[0], page, error = %e, "extractor run failed");
+            let (status, kind, message) = match e {
+                RunError::Timeout(_) => (
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "extractor_timeout",
+                    e.to_string(),
+                ),
+                RunError::TooMuch(_) => {
+                    (StatusCode::BAD_GATEWAY, "extractor_failed", e.to_string())
+                }
+                RunError::Spawn(_) | RunError::Failed { .. } => (
+                    StatusCode::BAD_GATEWAY,
+                    "extractor_failed",
+                    "the extractor found no stream for this page (details are in sluice's log)"
+                        .to_string(),
+                ),
             };
-            ProxyError::new(Side::Upstream, status, kind, e.to_string())
+            ProxyError::new(Side::Upstream, status, kind, message)
         })?;
         parse_output(&out).map_err(|why| {
             ProxyError::new(
@@ -411,6 +554,84 @@ fn bad_request(why: &str) -> ProxyError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shell(script: &str, config: ExtractorsConfig) -> Extractors {
+        Extractors::new(&ExtractorsConfig {
+            commands: vec![ExtractorEntry {
+                host: "Sh".into(),
+                patterns: Vec::new(),
+                command: vec!["sh".into(), "-c".into(), script.into(), "sh".into()],
+            }],
+            ..config
+        })
+    }
+
+    #[tokio::test]
+    async fn kept_answers_stay_within_the_byte_bound() {
+        // Each page's answer is a destination URL of about 1 MiB; 1024 entries would allow 1 GiB.
+        let x = shell(
+            r#"printf '{"destination_url":"http://cdn.example/%s"}' "$(head -c 1000000 /dev/zero | tr '\0' a)""#,
+            ExtractorsConfig {
+                max_output_bytes: 2 * 1024 * 1024,
+                timeout_secs: 20,
+                ..Default::default()
+            },
+        );
+        for n in 0..40 {
+            let page = format!("https://page.example/{n}");
+            let found = x
+                .answer(0, answer_key(0, &page, "{}"), "Sh", &page, "{}")
+                .await
+                .unwrap();
+            assert!(found.url.as_str().len() > 1_000_000);
+            assert!(x.cached_bytes() <= CACHE_MAX_BYTES, "{}", x.cached_bytes());
+        }
+        let answers = x.answers.lock().unwrap();
+        assert!(answers.map.len() >= 30 && answers.map.len() < 40);
+        // The newest is kept, the oldest went.
+        assert!(answers
+            .map
+            .contains_key(&answer_key(0, "https://page.example/39", "{}")));
+        assert!(!answers
+            .map
+            .contains_key(&answer_key(0, "https://page.example/0", "{}")));
+        drop(answers);
+        // An answer larger than the whole bound is not kept.
+        let mut a = Answers::default();
+        let big = Found {
+            url: url::Url::parse(&format!("http://a.example/{}", "a".repeat(1000))).unwrap(),
+            headers: Vec::new(),
+            hls: false,
+        };
+        a.insert([1; 32], big, Duration::from_secs(60), 10, 500);
+        assert!(a.map.is_empty());
+        assert_eq!(a.bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_wait_leaves_no_pending_gate() {
+        let x = Arc::new(shell("sleep 20", ExtractorsConfig::default()));
+        let key = answer_key(0, "https://page.example/slow", "{}");
+        let spawn = |x: Arc<Extractors>| {
+            tokio::spawn(async move {
+                x.answer(0, key, "Sh", "https://page.example/slow", "{}")
+                    .await
+            })
+        };
+        // One request runs the command, a second waits for it; both clients go away.
+        let first = spawn(x.clone());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let second = spawn(x.clone());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(x.pending.lock().unwrap().len(), 1);
+        second.abort();
+        let _ = second.await;
+        // The runner still holds the gate.
+        assert_eq!(x.pending.lock().unwrap().len(), 1);
+        first.abort();
+        let _ = first.await;
+        assert!(x.pending.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn mediaflow_and_ytdlp_answers() {

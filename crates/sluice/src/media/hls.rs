@@ -66,6 +66,27 @@ async fn segment(
         Some(t) => Some(transform::content_type(t)),
         None => ext.map(|e| HeaderValue::from_static(segment_type(e))),
     };
+    if let Some(engine) = engine_for(media, &params.destination) {
+        // Segments on the Acestream engine: through its own client (the only one that may reach
+        // it), never prefetched (the engine is local and serves one player session).
+        let request = match transformer {
+            Some(_) => {
+                let mut r = stream::fetch_request(&params)?;
+                r.method = req.method().clone();
+                r
+            }
+            None => stream::upstream_request(req, &params)?,
+        };
+        let up = engine
+            .send(request)
+            .await
+            .map_err(|e| ProxyError::from_upstream(&e))?;
+        let resp = stream::respond(up, &params, content_type)?;
+        return Ok(match transformer {
+            Some(t) => transform::apply(resp, t),
+            None => resp,
+        });
+    }
     let part = Part {
         url: params.destination.clone(),
         range: None,
@@ -143,15 +164,26 @@ async fn manifest(
     playlist_response(text, req.method() == Method::HEAD, &params)
 }
 
+/// A playlist fetch: through the Acestream engine's client for a URL on the configured engine,
+/// else through the guarded upstream client like every other fetch.
 async fn send(
     media: &Media,
     req: crate::upstream::UpstreamRequest,
 ) -> Result<UpstreamResponse, ProxyError> {
-    media
-        .upstream
-        .send(req)
-        .await
-        .map_err(|e| ProxyError::from_upstream(&e))
+    let sent = match engine_for(media, &req.url) {
+        Some(engine) => engine.send(req).await,
+        None => media.upstream.send(req).await,
+    };
+    sent.map_err(|e| ProxyError::from_upstream(&e))
+}
+
+/// The Acestream sessions when `url` is on the configured engine: the engine usually sits on a
+/// private address the guard refuses, and its own client may reach that address and no other.
+fn engine_for<'a>(
+    media: &'a Media,
+    url: &url::Url,
+) -> Option<&'a std::sync::Arc<super::acestream::session::Sessions>> {
+    media.acestream.as_ref().filter(|s| s.is_engine(url))
 }
 
 /// Reads the playlist body and the URL it came from (after redirects), turning every way it can
@@ -260,7 +292,8 @@ async fn rewrite(
     } else {
         job.run()
     };
-    if rewritten.is_ok() && !parts.is_empty() {
+    // Engine segments are not prefetched: the prefetcher fetches through the guarded client.
+    if rewritten.is_ok() && !parts.is_empty() && engine_for(media, &base).is_none() {
         let warm = super::prebuffer::pick(&parts, vod, media.settings.prebuffer_segments);
         media.prefetcher.register_playlist(base.as_str(), parts);
         super::prebuffer::warm(media, ctx, warm);

@@ -111,6 +111,11 @@ impl Connector {
 }
 
 impl Connector {
+    /// Whether the address guard lets private addresses through (`upstream.allow_private`).
+    pub fn allows_private(&self) -> bool {
+        self.inner.allow_private
+    }
+
     /// DNS plus the address guard, without connecting.
     pub async fn resolve_checked(
         &self,

@@ -19,7 +19,8 @@ use url::Url;
 
 use super::AcestreamConfig;
 use crate::error::{ProxyError, Side};
-use crate::upstream::{Upstream, UpstreamRequest};
+use crate::upstream::relay::RelayBody;
+use crate::upstream::{Upstream, UpstreamError, UpstreamRequest, UpstreamResponse};
 
 /// MPEG-TS packet size: chunks are cut on packet boundaries so a viewer that skips ahead resumes
 /// on a whole packet.
@@ -38,6 +39,8 @@ pub enum Kind {
 
 /// Every open engine session.
 pub struct Sessions {
+    /// The engine's client: it may reach private addresses, so it is only ever given URLs on the
+    /// configured engine ([`Sessions::send`]).
     upstream: Upstream,
     engine: Url,
     config: AcestreamConfig,
@@ -244,9 +247,27 @@ impl Sessions {
         Ok(url.to_string())
     }
 
+    /// Whether `url` is on the configured engine (same scheme, host and port).
+    pub fn is_engine(&self, url: &Url) -> bool {
+        url.origin() == self.engine.origin()
+    }
+
+    /// Sends `req` through the engine's client, which the address guard does not stop: only a
+    /// URL on the configured engine is sent, and a redirect off the engine is not followed.
+    pub async fn send(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
+        let engine = self.engine.origin();
+        if req.url.origin() != engine {
+            return Err(UpstreamError::RedirectRefused {
+                host: req.url.host_str().unwrap_or("").to_string(),
+            });
+        }
+        self.upstream
+            .relay(req, RelayBody::Empty, &|next: &Url| next.origin() == engine)
+            .await
+    }
+
     async fn fetch(&self, url: Url) -> Result<Bytes, ProxyError> {
         let up = self
-            .upstream
             .send(UpstreamRequest::get(url))
             .await
             .map_err(|e| ProxyError::from_upstream(&e))?;
@@ -265,7 +286,6 @@ impl Sessions {
         let result = async {
             let url = Url::parse(&engine.playback_url).map_err(|e| e.to_string())?;
             let up = self
-                .upstream
                 .send(UpstreamRequest::get(url))
                 .await
                 .map_err(|e| e.to_string())?;
