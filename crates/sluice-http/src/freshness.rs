@@ -285,7 +285,9 @@ impl AgeClock {
 
     /// `current_age` at `now`: the value sent in `Age`.
     pub fn current_age(&self, now: SystemTime) -> u64 {
-        self.initial_age + secs_between(self.response_time, now)
+        // Saturating: an age read back from storage is not trusted to be small.
+        self.initial_age
+            .saturating_add(secs_between(self.response_time, now))
     }
 }
 

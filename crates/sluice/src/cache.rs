@@ -169,6 +169,8 @@ impl Cache {
                     path,
                     disk::DiskOptions {
                         capacity: config.disk_bytes.0,
+                        slice_bytes,
+                        holds: Some(Arc::new(index.holder())),
                         queue: config.disk_queue,
                         read_timeout: Duration::from_millis(config.disk_read_timeout_ms),
                         write_timeout: Duration::from_millis(config.disk_write_timeout_ms),
@@ -368,21 +370,30 @@ impl Inner {
         }
     }
 
-    /// Forgets objects everywhere (a new version, a purge, an eviction from the index). Slices
-    /// of an object whose length never became known are left to age out of memory.
+    /// Forgets objects everywhere (a new version, a purge, an eviction from the index). From
+    /// the memory tier go the slices the disk tier had, and the first ones up to what the memory
+    /// tier can hold: never a loop over an announced length (an origin can announce 10^18
+    /// bytes). Slices left (those of an object whose length never became known, or far into an
+    /// object larger than the memory tier and not on disk) are under a generation nothing asks
+    /// for again, and age out of memory.
     fn drop_objects(&self, metas: &[Arc<object::ObjectMeta>]) {
+        let room = self.config.memory_bytes.0 / self.slice_bytes + 1;
         for meta in metas {
+            let key = |index| SliceKey {
+                object: meta.id,
+                generation: meta.generation,
+                index,
+            };
             if let Some(len) = meta.length {
-                for index in 0..sluice_http::range::slice_count(len, self.slice_bytes) {
-                    self.memory.remove(&SliceKey {
-                        object: meta.id,
-                        generation: meta.generation,
-                        index,
-                    });
+                let count = sluice_http::range::slice_count(len, self.slice_bytes);
+                for index in 0..count.min(room) {
+                    self.memory.remove(&key(index));
                 }
             }
             if let Some(disk) = &self.disk {
-                disk.remove_object(meta.id, meta.generation);
+                for index in disk.remove_object(meta.id, meta.generation) {
+                    self.memory.remove(&key(index));
+                }
             }
         }
     }

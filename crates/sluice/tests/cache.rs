@@ -1294,6 +1294,111 @@ async fn a_failing_disk_drops_entries_and_requests_are_still_served() {
     panic!("drops not counted: {}", front.metrics());
 }
 
+/// Slice files cut with one `slice_bytes` are never served as slices of another after a restart
+/// (slice 1 of 64 KiB is bytes 64-128 KiB; slice 1 of 128 KiB is bytes 128-256 KiB).
+#[tokio::test]
+async fn a_restart_with_another_slice_size_serves_the_right_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * 64 * KIB;
+    origin.set("/resize", Obj::new(len, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let first = start_front(cfg.clone(), oaddr).await;
+    request("GET", &first.url("/resize"), &[]).await;
+    wait_disk(&first, 4).await;
+    assert!(first.cache.flush(Duration::from_secs(10)).await);
+
+    cfg.slice_bytes = ByteSize(128 * KIB);
+    let second = start_front(cfg, oaddr).await;
+    // A range across the old slices' boundaries first (nothing in memory yet), then the whole.
+    let (a, z) = (60_000, 140_000);
+    let range = format!("bytes={a}-{z}");
+    let r = request("GET", &second.url("/resize"), &[("range", range.as_str())]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, a, z)));
+    let r = request("GET", &second.url("/resize"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+}
+
+/// A slice file that cannot be read for another reason than its content (a directory in its
+/// place; in production descriptors exhausted, permission, a passing EIO) is a miss: fetched
+/// from the origin, the file left alone and not counted corrupt.
+#[tokio::test]
+async fn an_unreadable_slice_file_is_a_miss_not_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    let len = 4 * 64 * KIB;
+    origin.set("/eisdir", Obj::new(len, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let first = start_front(cfg.clone(), oaddr).await;
+    request("GET", &first.url("/eisdir"), &[]).await;
+    wait_disk(&first, 4).await;
+    assert!(first.cache.flush(Duration::from_secs(10)).await);
+
+    // A restart (nothing in memory), then the first slice's file becomes unreadable.
+    let second = start_front(cfg, oaddr).await;
+    let mut files: Vec<_> = std::fs::read_dir(dir.path().join("slices"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4);
+    std::fs::remove_file(&files[0]).unwrap();
+    std::fs::create_dir(&files[0]).unwrap();
+    let r = request("GET", &second.url("/eisdir"), &[]).await;
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, len - 1)));
+    assert_eq!(
+        origin.count("/eisdir"),
+        5,
+        "the unreadable slice came from the origin"
+    );
+    assert!(second.cache.flush(Duration::from_secs(10)).await);
+    // The gauges refresh once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(metric(&second, "sluice_cache_disk_corrupt_slices_total"), 0);
+    assert!(files[0].is_dir(), "left alone");
+}
+
+/// An origin announcing an absurd total length (10^18 bytes) in a 206: the object is stored,
+/// and dropping it (a purge) does not walk its 10^13 slices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purging_an_object_announced_huge_is_quick() {
+    let dir = tempfile::tempdir().unwrap();
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/huge", Obj::new(1_000_000_000_000_000_000, "max-age=600"));
+    let mut cfg = config(64 * KIB);
+    cfg.disk_path = Some(dir.path().to_path_buf());
+    cfg.disk_bytes = ByteSize(64 * MIB);
+    let front = start_front(cfg, oaddr).await;
+    let r = request("GET", &front.url("/huge"), &[("range", "bytes=0-99")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, 99)));
+    assert_eq!(front.cache.objects(), 1);
+    let started = std::time::Instant::now();
+    let purge = tokio::time::timeout(
+        Duration::from_secs(5),
+        request(
+            "PURGE",
+            &front.url("/huge"),
+            &[("x-purge-key", "purge-secret")],
+        ),
+    )
+    .await
+    .expect("the purge answers");
+    assert_eq!(purge.status, StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "purge took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(front.cache.objects(), 0);
+}
+
 // === purge ===
 
 #[tokio::test]

@@ -38,20 +38,36 @@ struct Inner {
 
 /// The object index.
 pub struct ObjectIndex {
-    inner: Mutex<Inner>,
+    /// Shared with the disk tier's writer (`ObjectIndex::holder`).
+    inner: Arc<Mutex<Inner>>,
     max_objects: usize,
 }
 
 impl ObjectIndex {
     pub fn new(max_objects: usize) -> ObjectIndex {
         ObjectIndex {
-            inner: Mutex::new(Inner::default()),
+            inner: Arc::new(Mutex::new(Inner::default())),
             max_objects,
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("object index")
+    }
+
+    /// Whether the index holds this version of the object (for the disk tier, which must not
+    /// write the record of a version dropped since it was queued).
+    pub fn holder(&self) -> impl Fn(&ObjectMeta) -> bool + Send + Sync + 'static {
+        let inner = self.inner.clone();
+        move |meta| {
+            inner
+                .lock()
+                .expect("object index")
+                .primaries
+                .get(&meta.primary)
+                .and_then(|p| p.variants.get(&meta.variant))
+                .is_some_and(|m| m.id == meta.id && m.generation == meta.generation)
+        }
     }
 
     pub fn lookup(&self, primary: &str, req: &HeaderMap, now: Instant) -> Lookup {

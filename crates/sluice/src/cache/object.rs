@@ -184,6 +184,14 @@ pub fn tags(headers: &HeaderMap) -> Vec<String> {
 /// the disk tier deletes it with its slices at start.
 const KEY_LAYOUT: u32 = 2;
 
+/// The longest object a record may describe (1 PiB): a longer one (a corrupt or hostile record)
+/// is not read.
+pub const MAX_LENGTH: u64 = 1 << 50;
+
+/// Ages and lifetimes a record may carry, in seconds (136 years): a larger one is clamped, so
+/// the age arithmetic neither overflows nor wraps to fresh.
+const MAX_SECONDS: u64 = u32::MAX as u64;
+
 /// The on-disk form of [`ObjectMeta`].
 #[derive(Serialize, Deserialize)]
 struct MetaRecord {
@@ -265,7 +273,10 @@ impl ObjectMeta {
             .iter()
             .map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
             .collect::<Option<Vec<_>>>()?;
-        if ObjectId::new(&rec.primary, &rec.variant) != rec.id || rec.generation == 0 {
+        if ObjectId::new(&rec.primary, &rec.variant) != rec.id
+            || rec.generation == 0
+            || rec.length.is_some_and(|l| l > MAX_LENGTH)
+        {
             return None;
         }
         Some(ObjectMeta {
@@ -277,15 +288,15 @@ impl ObjectMeta {
             headers,
             length: rec.length,
             freshness: Freshness {
-                lifetime: rec.lifetime,
-                stale_while_revalidate: rec.swr,
-                stale_if_error: rec.sie,
+                lifetime: rec.lifetime.min(MAX_SECONDS),
+                stale_while_revalidate: rec.swr.min(MAX_SECONDS),
+                stale_if_error: rec.sie.min(MAX_SECONDS),
                 must_revalidate: rec.must_revalidate,
                 no_cache: rec.no_cache,
                 targeted: rec.targeted,
             },
             clock: AgeClock {
-                initial_age: rec.initial_age,
+                initial_age: rec.initial_age.min(MAX_SECONDS),
                 response_time: UNIX_EPOCH + Duration::from_millis(rec.response_time_ms),
             },
             tags: rec.tags,
@@ -366,6 +377,32 @@ mod tests {
             .replace("\"key_layout\":2,", "");
         assert!(!old.contains("key_layout"));
         assert!(ObjectMeta::from_bytes(old.as_bytes()).is_none());
+    }
+
+    /// A record's ages and length are not trusted: an age near `u64::MAX` overflowed the age
+    /// arithmetic (a panic in debug builds, fresh for ever once wrapped in release builds), and
+    /// an absurd length is not read at all.
+    #[test]
+    fn a_record_s_ages_and_length_are_bounded() {
+        let meta = crate::cache::index::tests::meta("k", vec![], "", 7);
+        let rec = String::from_utf8(meta.to_bytes()).unwrap();
+        assert!(rec.contains("\"initial_age\":0,") && rec.contains("\"length\":1,"));
+        let old = rec.replace(
+            "\"initial_age\":0,",
+            &format!("\"initial_age\":{},", u64::MAX),
+        );
+        let back = ObjectMeta::from_bytes(old.as_bytes()).unwrap();
+        assert!(
+            back.ttl(SystemTime::now()) < 0,
+            "a record that old is stale"
+        );
+        let forever = rec.replace("\"lifetime\":60,", &format!("\"lifetime\":{},", u64::MAX));
+        let back = ObjectMeta::from_bytes(forever.as_bytes()).unwrap();
+        assert!(back.freshness.lifetime <= u64::from(u32::MAX));
+        let huge = rec.replace("\"length\":1,", &format!("\"length\":{},", MAX_LENGTH + 1));
+        assert!(ObjectMeta::from_bytes(huge.as_bytes()).is_none());
+        let big = rec.replace("\"length\":1,", &format!("\"length\":{MAX_LENGTH},"));
+        assert!(ObjectMeta::from_bytes(big.as_bytes()).is_some());
     }
 
     #[test]
