@@ -1370,11 +1370,21 @@ async fn an_unreadable_slice_file_is_a_miss_not_corrupt() {
 async fn purging_an_object_announced_huge_is_quick() {
     let dir = tempfile::tempdir().unwrap();
     let (origin, oaddr) = start_origin().await;
-    origin.set("/huge", Obj::new(1_000_000_000_000_000_000, "max-age=600"));
+    // A petabyte, the most an object may announce and be stored: 2^34 slices of 64 KiB.
+    origin.set("/huge", Obj::new(1 << 50, "max-age=600"));
+    // Past it (10^18 bytes) the answer is passed on and nothing is stored.
+    origin.set(
+        "/absurd",
+        Obj::new(1_000_000_000_000_000_000, "max-age=600"),
+    );
     let mut cfg = config(64 * KIB);
     cfg.disk_path = Some(dir.path().to_path_buf());
     cfg.disk_bytes = ByteSize(64 * MIB);
     let front = start_front(cfg, oaddr).await;
+    let r = request("GET", &front.url("/absurd"), &[("range", "bytes=0-99")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, 99)));
+    assert_eq!(front.cache.objects(), 0, "an absurd length is not stored");
     let r = request("GET", &front.url("/huge"), &[("range", "bytes=0-99")]).await;
     assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
     assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, 99)));

@@ -42,6 +42,8 @@ pub struct CacheMetrics {
     pub evictions: Family<TierLabels, Counter>,
     pub disk_dropped: Counter,
     pub disk_corrupt: Counter,
+    pub disk_read_errors: Counter,
+    pub disk_layout_dropped: Counter,
     pub objects: Gauge,
     /// `memory_bytes`, and what is counted against it now and at most so far (`budget`).
     pub budget: Gauge,
@@ -72,6 +74,8 @@ impl CacheMetrics {
             evictions: Family::default(),
             disk_dropped: Counter::default(),
             disk_corrupt: Counter::default(),
+            disk_read_errors: Counter::default(),
+            disk_layout_dropped: Counter::default(),
             objects: Gauge::default(),
             budget: Gauge::default(),
             accounted: Gauge::default(),
@@ -137,6 +141,16 @@ impl CacheMetrics {
             "Slice files dropped for a bad length or checksum",
             m.disk_corrupt.clone(),
         );
+        r.register(
+            "disk_read_errors",
+            "Disk slice reads that failed for another reason than a bad file (a miss; the file is kept)",
+            m.disk_read_errors.clone(),
+        );
+        r.register(
+            "disk_layout_dropped_files",
+            "Disk tier files deleted at start because the directory was cut with another slice size",
+            m.disk_layout_dropped.clone(),
+        );
         r.register("objects", "Objects indexed", m.objects.clone());
         r.register("stored_objects", "Objects stored", m.stored.clone());
         r.register(
@@ -197,6 +211,7 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
     tokio::spawn(async move {
         let mut last_mem_evictions = 0;
         let (mut last_disk_evictions, mut last_dropped, mut last_corrupt) = (0, 0, 0);
+        let (mut last_read_errors, mut last_layout_dropped) = (0, 0);
         loop {
             {
                 let Some(inner) = inner.upgrade() else { return };
@@ -234,6 +249,12 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
                     let c = s.corrupt.load(Ordering::Relaxed);
                     m.disk_corrupt.inc_by(c - last_corrupt);
                     last_corrupt = c;
+                    let e = s.read_errors.load(Ordering::Relaxed);
+                    m.disk_read_errors.inc_by(e - last_read_errors);
+                    last_read_errors = e;
+                    let l = s.layout_dropped.load(Ordering::Relaxed);
+                    m.disk_layout_dropped.inc_by(l - last_layout_dropped);
+                    last_layout_dropped = l;
                 }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;

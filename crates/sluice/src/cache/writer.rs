@@ -151,6 +151,11 @@ async fn fetch(
         }
         _ => (false, content_length(&parts.headers)),
     };
+    if total.is_some_and(|t| t > object::MAX_LENGTH) {
+        // More than a petabyte announced: broken or hostile, and no store holds it. Nothing is
+        // stored; each waiting request asks the origin itself.
+        return FillEnd::Pass { reason: "length" };
+    }
 
     let meta = match job.kind {
         JobKind::Warm { meta } => {
