@@ -83,6 +83,14 @@ pub async fn serve_reloadable(
     if let Err(e) = server::listener::raise_nofile_limit() {
         tracing::warn!(error = %e, "cannot read the open-file limit");
     }
+    // Every signal this process answers gets its handler now, before the pid file names it and
+    // before it says it is ready: until then SIGHUP and SIGUSR2 would kill it (their default
+    // action). The caller made `shutdown`'s (SIGTERM, SIGINT) the same way.
+    let usr2 = server::upgrade::sigusr2();
+    let hup = match source {
+        Some(_) => sighup(),
+        None => None,
+    };
     #[cfg_attr(not(feature = "tcp"), allow(unused_mut))]
     let mut registry = prometheus_client::registry::Registry::with_prefix("sluice");
     #[cfg(feature = "tcp")]
@@ -124,7 +132,9 @@ pub async fn serve_reloadable(
         );
         let reloader = Arc::new(reloader);
         app.set_reloader(reloader.clone());
-        tokio::spawn(app::reload::on_sighup(reloader));
+        if let Some(hup) = hup {
+            tokio::spawn(app::reload::on_sighup(hup, reloader));
+        }
     }
     let _pid = match &config.server.pid_file {
         Some(path) => Some(PidFile::write(path)?),
@@ -160,7 +170,7 @@ pub async fn serve_reloadable(
             // (the service manager then already knows it as the main process: no STOPPING).
             tokio::select! {
                 _ = shutdown => server::notify::stopping(),
-                _ = server::upgrade::on_sigusr2() => {}
+                _ = server::upgrade::on_sigusr2(usr2, config.server.pid_file.clone()) => {}
             }
             let _ = stop_tx.send(true);
         },
@@ -184,6 +194,19 @@ pub async fn serve_reloadable(
         }
     }
     Ok(())
+}
+
+/// The SIGHUP stream, made before the pid file is written (see `serve_reloadable`); `None`
+/// (logged) when it cannot be.
+fn sighup() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot install the SIGHUP handler; live reload by signal is off");
+            None
+        }
+    }
 }
 
 /// The pid file: written at startup, removed at exit.

@@ -94,11 +94,11 @@ fn main() -> anyhow::Result<()> {
                 std::time::Duration::from_micros(config.server.busy_poll_us),
             )?;
             let source = (args.config.clone(), flags);
-            runtime.block_on(sluice::serve_reloadable(
-                config,
-                Some(source),
-                shutdown_signal(),
-            ))
+            runtime.block_on(async {
+                // The handlers first: a SIGTERM once the pid file names this process drains it.
+                let shutdown = shutdown_signal()?;
+                sluice::serve_reloadable(config, Some(source), shutdown).await
+            })
         }
     }
 }
@@ -273,13 +273,18 @@ fn init_logging() {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now (on the runtime), before the server binds,
+/// writes its pid file or says it is ready; the future resolves on either signal.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| anyhow::anyhow!("installing the SIGINT handler: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }

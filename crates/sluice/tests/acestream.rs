@@ -285,11 +285,17 @@ async fn hls_manifest_head_and_bad_input() {
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
     assert_eq!(r.body.unwrap(), pattern(188 * 4));
     // Any other private address keeps the guard, through /proxy/hls as anywhere: another port
-    // on the engine's host, or the engine's port by another name.
+    // on the engine's host, the engine's port by another name, and the engine itself outside
+    // the open session's playlist directory (its API, which any playlist could name: a new
+    // session, statistics, a command).
     let other = TcpListener::bind("127.0.0.1:0").await.unwrap();
     for d in [
         format!("http://{}/ace/m/{ID}/h1.m3u8", other.local_addr().unwrap()),
         format!("http://localhost:{}/ace/m/{ID}/h1.m3u8", engine.port()),
+        format!("http://{engine}/ace/manifest.m3u8?id={ID}"),
+        format!("http://{engine}/ace/stat/{ID}/h1"),
+        format!("http://{engine}/ace/cmd/{ID}/h1?method=stop"),
+        format!("http://{engine}/ace/m/{ID}/../../ace/stat/{ID}/h1"),
     ] {
         for endpoint in ["manifest.m3u8", "segment.ts"] {
             let r = get(&s.url(&format!(
@@ -300,6 +306,8 @@ async fn hls_manifest_head_and_bad_input() {
             assert_eq!(r.status, StatusCode::FORBIDDEN, "{endpoint} {d}");
         }
     }
+    // No engine session was started through them.
+    assert_eq!(counts.manifest.load(Ordering::SeqCst), 1);
 
     let r = request(
         "HEAD",

@@ -2121,3 +2121,117 @@ async fn after_an_upgrade_the_old_processs_connections_get_resets_their_clients_
     }
     kill(new_pid, libc::SIGKILL);
 }
+
+/// Lowers process `pid`'s open-file limit so that exactly `free` descriptor numbers are left
+/// below it; returns the limit it had.
+fn leave_free_descriptors(pid: i32, free: usize) -> libc::rlimit {
+    let open: std::collections::BTreeSet<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    // The (free + 1)th unused number: `free` numbers below it are unused.
+    let limit = (0..).filter(|n| !open.contains(n)).nth(free).unwrap();
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit(2) on a child of this test, with rlimit structs we own.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    set_nofile(pid, limit as u64, old.rlim_max);
+    old
+}
+
+fn set_nofile(pid: i32, soft: u64, hard: u64) {
+    let new = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: as above.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// An upgrade that fails once the QUIC hand-over has begun (descriptors run out, as under
+/// load: at each step of it in turn, on the first socket, between the two, at the socket pair,
+/// at the start of the new binary) leaves HTTP/3 served by the old process on every port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_goes_on_after_an_upgrade_that_fails_partway() {
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let cert = SelfSigned::new(&["h3.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let ports = loop {
+        let (a, b) = (tcp_and_udp_port(), tcp_and_udp_port());
+        if a != b {
+            break [a, b];
+        }
+    };
+    let pid_file = dir.path().join("sluice.pid");
+    let extra = format!(
+        "listen = [\"127.0.0.1:{}\", \"127.0.0.1:{}\"]\npid_file = \"{}\"",
+        ports[0],
+        ports[1],
+        pid_file.display()
+    );
+    let text = config_text(o, &cert, &extra)
+        .replace("[cache]", "[server.http3]\nenabled = true\n\n[cache]");
+    let conf = dir.path().join("sluice.toml");
+    std::fs::write(&conf, text).unwrap();
+    let log = dir.path().join("log");
+    let mut old = serve_logged(&conf, &log);
+    let pid = old.id().unwrap() as i32;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    for i in 0.. {
+        if read_log().matches("HTTP/3 listening").count() == 2 {
+            break;
+        }
+        assert!(i < 300, "sluice did not start: {}", read_log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = pattern(1000);
+    let check = |step: usize| {
+        let body = body.clone();
+        async move {
+            for port in ports {
+                let plan = json!({"addr": format!("127.0.0.1:{port}"), "timeout": 10,
+                    "gets": [{"path": "/plain/size/1000"}]});
+                let r = tokio::time::timeout(Duration::from_secs(20), client(plan))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "step {step}: no HTTP/3 answer on port {port} after the failed upgrade"
+                        )
+                    });
+                assert_body(&r["responses"][0], 200, &body);
+            }
+        }
+    };
+    check(0).await;
+    // Descriptors the upgrade takes, in order: a duplicate of each TCP listener (2); for each
+    // QUIC socket a channel pair and a duplicate (3 + 3); the pair to the new process (2); the
+    // pipe `spawn` makes (2). With 2 to 9 free it fails inside the QUIC hand-over or just after.
+    for (n, free) in (2..=9).enumerate() {
+        let before = leave_free_descriptors(pid, free);
+        kill(pid, libc::SIGUSR2);
+        for i in 0.. {
+            let text = read_log();
+            assert!(!text.contains("the new process is serving"), "{text}");
+            if text.matches("upgrade failed").count() > n {
+                break;
+            }
+            assert!(i < 200, "step {free}: no failure logged: {text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        set_nofile(pid, before.rlim_cur, before.rlim_max);
+        check(free).await;
+    }
+    for line in read_log().lines().filter(|l| l.contains("upgrade failed")) {
+        eprintln!("{line}");
+    }
+    kill(pid, libc::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(20), old.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}

@@ -548,3 +548,288 @@ fn upgrade_under_load_drops_nothing_and_a_bad_new_config_keeps_the_old() {
     kill(new_pid, libc::SIGTERM);
     assert_eq!(wait_exit(new_pid, Duration::from_secs(40)), Some(0));
 }
+
+// === signals, the pid file, a second upgrade ===
+
+/// A config on `127.0.0.1:<http>` with `pid_file`.
+fn plain_config(dir: &Path, http: u16) -> (PathBuf, PathBuf) {
+    let pid_file = dir.join("sluice.pid");
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:{http}\"]\npid_file = \"{}\"\nshutdown_grace_secs = 5\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    (config, pid_file)
+}
+
+/// `bin serve --config config`, its log in `log`; its pid. The test reaps it with [`wait_exit`]
+/// (`waitpid`), as it does the processes its upgrades start.
+#[allow(clippy::zombie_processes)]
+fn serve(bin: &Path, config: &Path, log: &Path, notify: Option<&Path>) -> i32 {
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--config", config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    if let Some(n) = notify {
+        cmd.env("NOTIFY_SOCKET", n);
+    }
+    cmd.spawn().unwrap().id() as i32
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A notify socket whose queue is full: the server's `READY=1` blocks in `sendto` until
+/// [`drain`] reads it, so the process is held between writing its pid file and running on.
+fn full_notify_socket(path: &Path) -> UnixDatagram {
+    let sock = UnixDatagram::bind(path).unwrap();
+    let filler = UnixDatagram::unbound().unwrap();
+    filler.set_nonblocking(true).unwrap();
+    for i in 0.. {
+        match filler.send_to(b"filler", path) {
+            Ok(_) => assert!(i < 1_000_000, "the notify queue never fills"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sock
+}
+
+/// Reads the notify socket from now on; what came, filler left out.
+fn drain(sock: UnixDatagram) -> Arc<std::sync::Mutex<Vec<String>>> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = seen.clone();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = sock.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if text != "filler" {
+                out.lock().unwrap().push(text);
+            }
+        }
+    });
+    seen
+}
+
+/// SIGHUP, SIGUSR2 and SIGTERM that come once the pid file names the process, before it has
+/// said it is ready (held there by a full notify socket), are not the default action (the
+/// process killed): they reload, upgrade, drain.
+#[test]
+fn signals_once_the_pid_file_is_written_are_handled_not_fatal() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only changes this process's reaping.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let dir = tempfile::tempdir().unwrap();
+    let http = free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], http));
+    let (config, pid_file) = plain_config(dir.path(), http);
+    let log = dir.path().join("sluice.log");
+    let notify = dir.path().join("notify.sock");
+
+    // SIGHUP and SIGUSR2: a reload, then an upgrade.
+    let sock = full_notify_socket(&notify);
+    let old_pid = serve(Path::new(BIN), &config, &log, Some(&notify));
+    let mut cleanup = Cleanup(vec![pid_file.clone()], vec![old_pid]);
+    wait_for("the pid file", Duration::from_secs(20), || {
+        read_pid(&pid_file) == Some(old_pid)
+    });
+    // Well inside the window: the process is blocked sending READY=1.
+    std::thread::sleep(Duration::from_millis(300));
+    kill(old_pid, libc::SIGHUP);
+    kill(old_pid, libc::SIGUSR2);
+    std::thread::sleep(Duration::from_millis(100));
+    let seen = drain(sock);
+    let (mut new_pid, mut exited) = (None, None);
+    wait_for("the upgrade", Duration::from_secs(20), || {
+        if exited.is_none() {
+            exited = wait_exit(old_pid, Duration::ZERO);
+        }
+        if let Some(status) = exited {
+            assert_eq!(
+                status,
+                0,
+                "the process died of the signals (128 + signal); {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        new_pid = read_pid(&pid_file).filter(|p| *p != old_pid);
+        new_pid.is_some()
+    });
+    let new_pid = new_pid.unwrap();
+    cleanup.1.push(new_pid);
+    wait_healthy(addr);
+    wait_for(
+        "the reload and the hand-over",
+        Duration::from_secs(10),
+        || {
+            let seen = seen.lock().unwrap();
+            seen.iter().any(|m| m.starts_with("RELOADING=1"))
+                && seen
+                    .iter()
+                    .any(|m| m.starts_with(&format!("MAINPID={new_pid}\n")))
+        },
+    );
+    wait_for(
+        "the old process to drain and exit",
+        Duration::from_secs(20),
+        || {
+            if exited.is_none() {
+                exited = wait_exit(old_pid, Duration::ZERO);
+            }
+            exited.is_some()
+        },
+    );
+    assert_eq!(exited, Some(0));
+    kill(new_pid, libc::SIGTERM);
+    assert_eq!(wait_exit(new_pid, Duration::from_secs(20)), Some(0));
+    let _ = std::fs::remove_file(&notify);
+
+    // SIGTERM: a drain and a clean exit.
+    let sock = full_notify_socket(&notify);
+    let pid = serve(Path::new(BIN), &config, &log, Some(&notify));
+    cleanup.1.push(pid);
+    wait_for("the pid file", Duration::from_secs(20), || {
+        read_pid(&pid_file) == Some(pid)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    kill(pid, libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(100));
+    let seen = drain(sock);
+    assert_eq!(
+        wait_exit(pid, Duration::from_secs(20)),
+        Some(0),
+        "SIGTERM before READY=1: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.starts_with("STOPPING=1")),
+        "{seen:?}"
+    );
+}
+
+/// `path` made an executable shell script with `body`.
+fn script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let staged = path.with_extension("staged");
+    std::fs::write(&staged, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+fn count(log: &Path, what: &str) -> usize {
+    std::fs::read_to_string(log).unwrap().matches(what).count()
+}
+
+/// A new binary that writes its pid file and dies before it is ready: the old process, which
+/// goes on serving, names itself in the pid file again (`sluice reload`/`upgrade` find it).
+#[test]
+fn a_failed_upgrade_leaves_the_pid_file_naming_the_old_process() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only changes this process's reaping.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("sluice");
+    std::fs::copy(BIN, &bin).unwrap();
+    let http = free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], http));
+    let (config, pid_file) = plain_config(dir.path(), http);
+    let log = dir.path().join("sluice.log");
+    let old_pid = serve(&bin, &config, &log, None);
+    let _cleanup = Cleanup(vec![], vec![old_pid]);
+    wait_healthy(addr);
+    script(&bin, &format!("echo $$ > '{}'\nexit 1", pid_file.display()));
+    kill(old_pid, libc::SIGUSR2);
+    wait_for("the failure", Duration::from_secs(20), || {
+        count(&log, "upgrade failed, this process goes on serving") == 1
+    });
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while read_pid(&pid_file) != Some(old_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        read_pid(&pid_file),
+        Some(old_pid),
+        "the pid file names a dead process"
+    );
+    wait_healthy(addr);
+    kill(old_pid, libc::SIGTERM);
+    assert_eq!(wait_exit(old_pid, Duration::from_secs(20)), Some(0));
+    assert!(!pid_file.exists(), "removed at exit");
+}
+
+/// A SIGUSR2 that comes while an upgrade runs (two package installs in a row) is passed on:
+/// the new process upgrades again, to the binary installed last.
+#[test]
+fn a_second_sigusr2_during_an_upgrade_is_passed_on_to_the_new_process() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only changes this process's reaping.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("sluice");
+    let next = dir.path().join("sluice-next");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::copy(BIN, &next).unwrap();
+    let http = free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], http));
+    let (config, pid_file) = plain_config(dir.path(), http);
+    let log = dir.path().join("sluice.log");
+    let old_pid = serve(&bin, &config, &log, None);
+    let mut cleanup = Cleanup(vec![pid_file.clone()], vec![old_pid]);
+    wait_healthy(addr);
+    // A new binary slow to start: the second SIGUSR2 comes while the first upgrade runs.
+    script(&bin, &format!("sleep 2\nexec '{}' \"$@\"", next.display()));
+    kill(old_pid, libc::SIGUSR2);
+    // The second once the first is taken (two before that would be one).
+    wait_for(
+        "the first upgrade to start",
+        Duration::from_secs(10),
+        || count(&log, "SIGUSR2: starting the new binary") == 1,
+    );
+    kill(old_pid, libc::SIGUSR2);
+    let serving = "the new process is serving; draining and exiting";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&log, serving) < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pids: Vec<i32> = text
+        .lines()
+        .filter(|l| l.contains(serving))
+        .filter_map(|l| {
+            l.split("new_pid=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    cleanup.1.extend(&pids);
+    assert_eq!(pids.len(), 2, "two upgrades: {text}");
+    assert_eq!(count(&log, "passing it on to the new process"), 1, "{text}");
+    let (first, last) = (pids[0], pids[1]);
+    wait_healthy(addr);
+    assert_eq!(read_pid(&pid_file), Some(last));
+    for pid in [old_pid, first] {
+        assert_eq!(
+            wait_exit(pid, Duration::from_secs(20)),
+            Some(0),
+            "pid {pid} drains and exits"
+        );
+    }
+    kill(last, libc::SIGTERM);
+    assert_eq!(wait_exit(last, Duration::from_secs(20)), Some(0));
+}

@@ -259,13 +259,10 @@ fn changed_keys(
     keys
 }
 
-/// Reloads on every SIGHUP until the process ends.
-pub async fn on_sighup(reloader: Arc<Reloader>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot install the SIGHUP handler; live reload by signal is off");
-        return;
-    };
+/// Reloads on every SIGHUP on `hup` until the process ends. The stream is made by the caller
+/// before the process announces itself (pid file, readiness), so a SIGHUP right after is not lost
+/// and does not take the default action (ending the process).
+pub async fn on_sighup(mut hup: tokio::signal::unix::Signal, reloader: Arc<Reloader>) {
     while hup.recv().await.is_some() {
         let r = reloader.clone();
         crate::server::notify::reloading();

@@ -44,9 +44,19 @@ impl Live {
     /// Polls the connection with a waker that wakes nobody: the connection registers no task of
     /// a finished request, and a connection the server closed (or broke) shows as ready.
     /// `true` when it can take another request.
+    ///
+    /// Polled outside the task's cooperative budget: a busy task (an HTTP/2 connection's, which
+    /// polls all its streams) may have spent it, and the socket's read would then answer
+    /// `Pending` whatever waits in it, passing stray bytes (another request's answer) as quiet.
     fn usable_when_idle(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut self.conn).poll(&mut cx) {
+        let conn = &mut self.conn;
+        let polled = {
+            let look = tokio::task::unconstrained(poll_fn(|cx| Pin::new(&mut *conn).poll(cx)));
+            let mut look = std::pin::pin!(look);
+            look.as_mut().poll(&mut cx)
+        };
+        match polled {
             Poll::Ready(_) => false,
             Poll::Pending => self.send.is_ready(),
         }
@@ -516,6 +526,47 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// Bytes a server sends on an idle pooled connection (a body after a HEAD's head, a second
+    /// answer) make it unusable, even for a task that has spent its cooperative budget.
+    #[tokio::test]
+    async fn stray_bytes_are_seen_even_out_of_budget() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL")
+                        .await;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                });
+            }
+        });
+        let pool = H1Pool::new(1, 8, Duration::from_secs(30), Duration::from_secs(2));
+        let resp = pool.send(0, &addr, get(&addr)).await.unwrap();
+        assert_eq!(read_all(resp).await, Bytes::from_static(b"ok"));
+        assert_eq!(pool.idle(0), 1);
+        // The runtime sees the stray bytes arrive.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        for _ in 0..1000 {
+            tx.send(()).unwrap();
+        }
+        let reused = poll_fn(|cx| {
+            // Until the budget is spent: then a ready channel answers `Pending`.
+            while let Poll::Ready(Some(())) = rx.poll_recv(cx) {}
+            Poll::Ready(pool.checkout(0).is_some())
+        })
+        .await;
+        assert!(!reused, "a connection with stray bytes was taken for reuse");
     }
 
     #[tokio::test]

@@ -144,13 +144,29 @@ pub fn announce_ready() {
     }
 }
 
-/// Resolves when a new process has taken over the listeners (after a SIGUSR2); each failed
-/// attempt is logged and this process goes on serving. Never resolves if SIGUSR2 cannot be
-/// caught.
-pub async fn on_sigusr2() -> u32 {
+/// The SIGUSR2 stream [`on_sigusr2`] reads. Create it before the pid file is written and before
+/// `READY` is announced: until a handler is installed, a SIGUSR2 (a `sluice upgrade` through the
+/// pid file) takes the default action and kills the process. `None` (logged) when it cannot be.
+pub fn sigusr2() -> Option<tokio::signal::unix::Signal> {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut usr2) = signal(SignalKind::user_defined2()) else {
-        tracing::warn!("cannot install the SIGUSR2 handler; binary upgrade is off");
+    match signal(SignalKind::user_defined2()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot install the SIGUSR2 handler; binary upgrade is off");
+            None
+        }
+    }
+}
+
+/// Resolves when a new process has taken over the listeners (after a SIGUSR2 on `usr2`, made by
+/// [`sigusr2`]); each failed attempt is logged, `pid_file` (when there is one) names this
+/// process again, and this process goes on serving. A SIGUSR2 that came while the upgrade ran
+/// is passed on to the new process. Never resolves without `usr2`.
+pub async fn on_sigusr2(
+    usr2: Option<tokio::signal::unix::Signal>,
+    pid_file: Option<PathBuf>,
+) -> u32 {
+    let Some(mut usr2) = usr2 else {
         return std::future::pending().await;
     };
     while usr2.recv().await.is_some() {
@@ -162,12 +178,87 @@ pub async fn on_sigusr2() -> u32 {
                     "upgrade: the new process is serving; draining and exiting"
                 );
                 super::notify::handed_over(pid);
+                if pending(&mut usr2) {
+                    pass_on_sigusr2(pid).await;
+                }
                 return pid;
             }
-            Err(e) => tracing::error!("upgrade failed, this process goes on serving: {e:#}"),
+            Err(e) => {
+                tracing::error!("upgrade failed, this process goes on serving: {e:#}");
+                // The new process may have written its pid there before it failed.
+                if let Some(path) = &pid_file {
+                    let own = format!("{}\n", std::process::id());
+                    if let Err(e) = std::fs::write(path, own) {
+                        tracing::warn!(
+                            error = %e,
+                            path = %path.display(),
+                            "upgrade: cannot write this process's pid back to the pid file"
+                        );
+                    }
+                }
+            }
         }
     }
     std::future::pending().await
+}
+
+/// Whether a SIGUSR2 came on `usr2` since it was last read (it is read, then).
+fn pending(usr2: &mut tokio::signal::unix::Signal) -> bool {
+    let waker = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    matches!(usr2.poll_recv(&mut cx), std::task::Poll::Ready(Some(())))
+}
+
+/// Another upgrade was asked for while one ran (two package installs in a row): sends SIGUSR2
+/// on to the new process `pid`, which starts the binary now installed. Only once that process
+/// catches SIGUSR2 (a build that installs its handler late would be killed by it); it is given
+/// a few seconds, then the signal is dropped, logged. Awaited before the drain starts: a process
+/// with nothing to drain exits at once, and a task left behind would go with it.
+async fn pass_on_sigusr2(pid: u32) {
+    tracing::warn!(
+        new_pid = pid,
+        "upgrade: another SIGUSR2 came during the upgrade; passing it on to the new process \
+         (it upgrades again, to the binary installed now)"
+    );
+    for _ in 0..250 {
+        if catches(pid, libc::SIGUSR2) {
+            // SAFETY: kill(2) on the process this one started, with a signal it catches.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR2) };
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::warn!(
+        new_pid = pid,
+        "upgrade: the new process does not catch SIGUSR2; the second upgrade was not passed \
+         on (run `sluice upgrade` again)"
+    );
+}
+
+/// Whether process `pid` has a handler for `sig` (its `SigCgt` mask in `/proc`).
+fn catches(pid: u32, sig: libc::c_int) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+/// Takes the QUIC sockets back when dropped armed: every way [`hand_over`] fails (an error
+/// return, a panic in its task, the future dropped) leaves this process reading them again.
+struct QuicGuard {
+    armed: bool,
+}
+
+impl Drop for QuicGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            take_back_quic();
+        }
+    }
 }
 
 /// Starts the new binary, sends it the sockets, waits for its `ready`.
@@ -178,22 +269,18 @@ async fn hand_over() -> anyhow::Result<u32> {
         .ok_or_else(|| anyhow::anyhow!("the start command was not recorded"))?;
     let sockets = inherited::handover();
     anyhow::ensure!(!sockets.is_empty(), "no listening socket to hand over");
-    // From here the QUIC sockets' datagrams come through the new process; `take_back` below
-    // if it fails.
+    // From here the QUIC sockets' datagrams come through the new process; the guard takes
+    // them back unless it serves (`quic::hand_over` itself switches all of them or none).
+    let mut guard = QuicGuard { armed: true };
     let quic = hand_over_quic()?;
     let count = sockets.len() + quic.len() * 2;
-    if count > MAX_SOCKETS {
-        take_back_quic();
-        anyhow::bail!("{count} sockets; at most {MAX_SOCKETS} can be handed over");
-    }
-    let (ours, theirs) = UnixStream::pair()?;
-    let mut child = match spawn(&exe, &args, theirs.as_fd()) {
-        Ok(c) => c,
-        Err(e) => {
-            take_back_quic();
-            return Err(e);
-        }
-    };
+    anyhow::ensure!(
+        count <= MAX_SOCKETS,
+        "{count} sockets; at most {MAX_SOCKETS} can be handed over"
+    );
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| anyhow::anyhow!("upgrade: socket pair: {e}"))?;
+    let mut child = spawn(&exe, &args, theirs.as_fd())?;
     drop(theirs);
     let pid = child.id();
     let result = tokio::task::spawn_blocking(move || {
@@ -217,12 +304,14 @@ async fn hand_over() -> anyhow::Result<u32> {
         wait_ready(ours, pid)
     })
     .await
-    .map_err(|e| anyhow::anyhow!("upgrade task: {e}"))?;
+    .unwrap_or_else(|e| Err(anyhow::anyhow!("upgrade task: {e}")));
     if result.is_err() {
-        take_back_quic();
+        drop(guard);
         // Reap it (it exits on its own when it failed; a hung one is killed).
         let _ = child.kill();
         let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    } else {
+        guard.armed = false;
     }
     result
 }
@@ -233,7 +322,8 @@ type QuicHandover = Vec<(std::net::SocketAddr, u16, OwnedFd, OwnedFd)>;
 #[cfg(feature = "http3")]
 fn hand_over_quic() -> anyhow::Result<QuicHandover> {
     let tag = u16::from_be_bytes(super::quic::tag());
-    Ok(super::quic::hand_over()?
+    Ok(super::quic::hand_over()
+        .map_err(|e| anyhow::anyhow!("QUIC hand-over: {e}"))?
         .into_iter()
         .map(|h| (h.addr, tag, h.udp, h.channel))
         .collect())

@@ -247,14 +247,42 @@ impl Sessions {
         Ok(url.to_string())
     }
 
-    /// Whether `url` is on the configured engine (same scheme, host and port).
+    /// Whether `url` is one of an open HLS session's on the engine: the engine's origin, and a
+    /// path in the directory of that session's playlist (`/ace/m/<id>/`: its playlists and
+    /// segments). Nothing else on the engine (its API: new sessions, statistics, commands) is
+    /// reached this way, whoever's playlist names it.
     pub fn is_engine(&self, url: &Url) -> bool {
-        url.origin() == self.engine.origin()
+        if url.origin() != self.engine.origin() {
+            return false;
+        }
+        let map = lock(&self.map);
+        map.values().any(|s| {
+            s.kind == Kind::Hls
+                && !s.closed.is_cancelled()
+                && match s.started.get() {
+                    Some(Ok(started)) => in_directory_of(url, &started.playback_url),
+                    _ => false,
+                }
+        })
     }
 
     /// Sends `req` through the engine's client, which the address guard does not stop: only a
-    /// URL on the configured engine is sent, and a redirect off the engine is not followed.
+    /// URL of an open HLS session on the engine (`is_engine`) is sent, and a redirect elsewhere
+    /// is not followed.
     pub async fn send(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
+        if !self.is_engine(&req.url) {
+            return Err(UpstreamError::RedirectRefused {
+                host: req.url.host_str().unwrap_or("").to_string(),
+            });
+        }
+        self.upstream
+            .relay(req, RelayBody::Empty, &|next: &Url| self.is_engine(next))
+            .await
+    }
+
+    /// An engine API call (fixed paths sluice builds itself): sent through the engine's client,
+    /// redirects only on the engine.
+    async fn send_api(&self, req: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
         let engine = self.engine.origin();
         if req.url.origin() != engine {
             return Err(UpstreamError::RedirectRefused {
@@ -268,7 +296,7 @@ impl Sessions {
 
     async fn fetch(&self, url: Url) -> Result<Bytes, ProxyError> {
         let up = self
-            .send(UpstreamRequest::get(url))
+            .send_api(UpstreamRequest::get(url))
             .await
             .map_err(|e| ProxyError::from_upstream(&e))?;
         if !up.status.is_success() {
@@ -286,7 +314,7 @@ impl Sessions {
         let result = async {
             let url = Url::parse(&engine.playback_url).map_err(|e| e.to_string())?;
             let up = self
-                .send(UpstreamRequest::get(url))
+                .send_api(UpstreamRequest::get(url))
                 .await
                 .map_err(|e| e.to_string())?;
             if !up.status.is_success() {
@@ -496,4 +524,14 @@ impl Viewer {
             }
         }
     }
+}
+
+/// Whether `url`'s path lies in the directory of `playlist`'s (same origin checked by the caller).
+fn in_directory_of(url: &Url, playlist: &str) -> bool {
+    let Ok(playlist) = Url::parse(playlist) else {
+        return false;
+    };
+    let path = playlist.path();
+    let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+    dir.len() > 1 && url.path().starts_with(dir)
 }

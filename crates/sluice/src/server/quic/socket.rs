@@ -420,22 +420,29 @@ pub struct HandedOver {
 
 /// Hands every live QUIC socket over: from now on this process reads its datagrams from the
 /// returned channels (the new process, once serving, passes them on) and no longer from the
-/// shared sockets. Call on the runtime; [`take_back`] undoes it if the new process fails.
+/// shared sockets. Call on the runtime; [`take_back`] undoes it if the new process fails. All or
+/// nothing: everything that can fail (a descriptor short, under load) is made for every socket
+/// before the first one switches, so an error leaves every socket read as before.
 pub fn hand_over() -> io::Result<Vec<HandedOver>> {
     let sockets: Vec<Arc<QuicSocket>> = lock(&OPEN).iter().filter_map(Weak::upgrade).collect();
-    let mut out = Vec::new();
-    for s in sockets {
+    let mut made = Vec::with_capacity(sockets.len());
+    for s in &sockets {
         let (ours, theirs) = UnixDatagram::pair()?;
         ours.set_nonblocking(true)?;
         let ours = Arc::new(tokio::net::UnixDatagram::from_std(ours)?);
-        out.push(HandedOver {
+        let handed = HandedOver {
             addr: s.local_addr()?,
             udp: s.fd.try_clone()?,
             channel: theirs.into(),
-        });
+        };
+        made.push((ours, handed));
+    }
+    let mut out = Vec::with_capacity(made.len());
+    for (s, (ours, handed)) in sockets.iter().zip(made) {
         *lock(&s.from_next) = Some(ours);
         s.handed.store(true, Ordering::Release);
         s.wake();
+        out.push(handed);
     }
     Ok(out)
 }
