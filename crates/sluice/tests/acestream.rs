@@ -110,9 +110,10 @@ fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
                 .unwrap()
         }
         p if p == format!("/ace/m/{ID}/h1.m3u8") => Response::new(full(
-            "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:5\n#EXTINF:2.0,\nseg5.ts\n",
+            // As a real engine names them: segments under `/ace/c/<playback session>/`.
+            "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:5\n#EXTINF:2.0,\n/ace/c/h1/5.ts\n",
         )),
-        p if p == format!("/ace/m/{ID}/seg5.ts") => Response::builder()
+        "/ace/c/h1/5.ts" => Response::builder()
             .header("content-type", "video/mp2t")
             .body(full(pattern(188 * 4)))
             .unwrap(),

@@ -246,8 +246,6 @@ pub struct DiskTier {
     read_timeout: Duration,
     write_timeout: Duration,
     index: Arc<Mutex<Index>>,
-    /// The generation of each object's record on disk (written or found at start).
-    records: Records,
     /// Slices queued and not yet written (or dropped): read from here meanwhile, so a slice the
     /// memory tier lets go before its file exists is not fetched again.
     queued: Queued,
@@ -309,7 +307,7 @@ impl DiskTier {
                 capacity,
                 write_timeout: opts.write_timeout,
                 index: index.clone(),
-                records: records.clone(),
+                records,
                 holds: opts.holds,
                 queued: queued.clone(),
                 stats: stats.clone(),
@@ -325,7 +323,6 @@ impl DiskTier {
                 read_timeout: opts.read_timeout,
                 write_timeout: opts.write_timeout,
                 index,
-                records,
                 queued,
                 jobs: tx,
                 slots: Arc::new(Semaphore::new(opts.queue)),
@@ -407,9 +404,9 @@ impl DiskTier {
         self.submit(Job::Meta(meta));
     }
 
-    /// Removes one version of an object: its record at once if it is that version's (so a crash
-    /// after a purge does not bring the object back), and queues the removal of its slices (and
-    /// of its record, if that version's is written meanwhile). A newer version's record stays (an
+    /// Removes one version of an object: queues the removal of its slices and of its record (if
+    /// it is that version's; a crash before the writer gets to it brings the object back at the
+    /// next start). A newer version's record stays (an
     /// object's versions share its id and record file, and a version dropped late must not take
     /// a newer one's files with it). Returns the indexes of the slices it had on disk.
     pub fn remove_object(&self, id: ObjectId, generation: u64) -> Vec<u64> {
@@ -424,13 +421,9 @@ impl DiskTier {
             .lock()
             .expect("disk index")
             .remove_object(id, generation);
-        {
-            let mut records = self.records.lock().expect("disk records");
-            if records.get(&id) == Some(&generation) {
-                let _ = std::fs::remove_file(meta_path(&self.root, id));
-                records.remove(&id);
-            }
-        }
+        // The record's file goes in the writer (`Job::RemoveObject`), never here: this runs on
+        // a request's thread, and a stalled disk would stall requests. A record queued after this is not written (the
+        // object index no longer holds its version).
         self.submit(Job::RemoveObject(id, generation, slices.clone()));
         slices
     }
@@ -606,7 +599,12 @@ fn check_layout(root: &Path, slice_bytes: u64, stats: &DiskStats) -> std::io::Re
         );
         stats.layout_dropped.fetch_add(dropped, Ordering::Relaxed);
     }
-    write_file_atomically(&path, &[stamp.as_bytes()])
+    // A directory that takes no write (read-only, full) keeps working as before, without its
+    // stamp: it is emptied again at the next start, and writes to it fail and are dropped.
+    if let Err(e) = write_file_atomically(&path, &[stamp.as_bytes()]) {
+        tracing::warn!(path = %path.display(), error = %e, "cache disk tier: cannot write its layout stamp");
+    }
+    Ok(())
 }
 
 fn meta_path(root: &Path, id: ObjectId) -> PathBuf {
@@ -683,6 +681,7 @@ struct Writer {
     capacity: u64,
     write_timeout: Duration,
     index: Arc<Mutex<Index>>,
+    /// The generation of each object's record on disk (written or found at start).
     records: Records,
     holds: Option<Holds>,
     queued: Queued,
@@ -1312,10 +1311,10 @@ mod tests {
         assert_eq!(tier.bytes(), 3 * (100 + HEADER));
     }
 
-    /// A purge deletes the record at once (a crash after it does not bring the object back),
-    /// and a record queued for a version the object index no longer holds is not written.
+    /// A purge's record goes in the writer, and a record queued for a version the object index no
+    /// longer holds is not written.
     #[tokio::test]
-    async fn records_of_dropped_versions_are_gone_at_once_and_never_written_late() {
+    async fn records_of_dropped_versions_go_and_are_never_written_late() {
         let dir = tempfile::tempdir().unwrap();
         let held = Arc::new(Mutex::new(std::collections::HashSet::<u64>::new()));
         let h = held.clone();
@@ -1334,12 +1333,12 @@ mod tests {
         tier.write_meta(m.clone());
         assert!(tier.flush(Duration::from_secs(10)).await);
         assert!(meta_path(dir.path(), m.id).exists());
-        // Dropped from the object index, then from the tier: the record is gone before the
-        // writer runs (a slice write can be queued ahead of the removal for seconds).
+        // Dropped from the object index, then from the tier: the record goes with the writer's
+        // next jobs (not on the caller's thread, which a stalled disk would stall).
         held.lock().unwrap().remove(&1);
         tier.remove_object(m.id, 1);
-        assert!(!meta_path(dir.path(), m.id).exists());
         assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(!meta_path(dir.path(), m.id).exists());
         // A version indexed, dropped (purge), and only then its record queued: not written.
         let m3 = meta_of("k", 3, 100);
         tier.remove_object(m3.id, 3);

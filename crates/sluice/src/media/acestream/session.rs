@@ -247,22 +247,23 @@ impl Sessions {
         Ok(url.to_string())
     }
 
-    /// Whether `url` is one of an open HLS session's on the engine: the engine's origin, and a
-    /// path in the directory of that session's playlist (`/ace/m/<id>/`: its playlists and
-    /// segments). Nothing else on the engine (its API: new sessions, statistics, commands) is
-    /// reached this way, whoever's playlist names it.
+    /// Whether `url` is HLS playback on the engine while an HLS session is open: the engine's
+    /// origin, and a path under its playback prefixes (`/ace/m/`: the playlists; `/ace/c/`: the
+    /// segments its playlists name). Nothing else on the engine (its API: new sessions,
+    /// statistics, commands) is reached this way, whoever's playlist names it.
     pub fn is_engine(&self, url: &Url) -> bool {
         if url.origin() != self.engine.origin() {
+            return false;
+        }
+        let path = url.path();
+        if !(path.starts_with("/ace/m/") || path.starts_with("/ace/c/")) {
             return false;
         }
         let map = lock(&self.map);
         map.values().any(|s| {
             s.kind == Kind::Hls
                 && !s.closed.is_cancelled()
-                && match s.started.get() {
-                    Some(Ok(started)) => in_directory_of(url, &started.playback_url),
-                    _ => false,
-                }
+                && matches!(s.started.get(), Some(Ok(_)))
         })
     }
 
@@ -524,14 +525,4 @@ impl Viewer {
             }
         }
     }
-}
-
-/// Whether `url`'s path lies in the directory of `playlist`'s (same origin checked by the caller).
-fn in_directory_of(url: &Url, playlist: &str) -> bool {
-    let Ok(playlist) = Url::parse(playlist) else {
-        return false;
-    };
-    let path = playlist.path();
-    let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
-    dir.len() > 1 && url.path().starts_with(dir)
 }
