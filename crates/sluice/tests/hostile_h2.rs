@@ -326,22 +326,17 @@ async fn recording_origin(reached: std::sync::Arc<std::sync::atomic::AtomicUsize
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                     buf.drain(..end);
-                    let lengths: Vec<String> = head
-                        .lines()
-                        .filter_map(|l| {
-                            let (name, value) = l.split_once(':')?;
-                            let length = name.eq_ignore_ascii_case("content-length");
-                            length.then(|| value.trim().to_string())
-                        })
-                        .collect();
-                    let cookies: Vec<String> = head
-                        .lines()
-                        .filter_map(|l| {
-                            let (name, value) = l.split_once(':')?;
-                            let cookie = name.eq_ignore_ascii_case("cookie");
-                            cookie.then(|| value.trim().to_string())
-                        })
-                        .collect();
+                    let values = |wanted: &str| -> Vec<String> {
+                        head.lines()
+                            .filter_map(|l| {
+                                let (name, value) = l.split_once(':')?;
+                                let hit = name.eq_ignore_ascii_case(wanted);
+                                hit.then(|| value.trim().to_string())
+                            })
+                            .collect()
+                    };
+                    let lengths = values("content-length");
+                    let cookies = values("cookie");
                     let want: usize = lengths.first().and_then(|v| v.parse().ok()).unwrap_or(0);
                     while buf.len() < want {
                         match s.read(&mut chunk).await {

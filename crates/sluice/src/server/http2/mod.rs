@@ -373,6 +373,21 @@ where
         self.recently_reset.push_back(id);
     }
 
+    /// RFC 9113 section 10.5.1: a 431 for a header section past the limit, then the stream is
+    /// closed either way (reset with `NO_ERROR` if the client has more to send).
+    fn too_large(&mut self, id: u32, end_stream: bool) {
+        let mut head = Headers::new(
+            StreamId::from(id),
+            Pseudo::response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+            HeaderMap::new(),
+        );
+        head.set_end_stream();
+        self.control.push_back(head.into());
+        if !end_stream {
+            self.reset(id, Reason::NO_ERROR);
+        }
+    }
+
     /// Whether a client's cancel of a response under way is still free (`FREE_CANCELS`).
     fn free_cancel(&mut self) -> bool {
         let now = crate::runtime::recent::recent();
@@ -584,17 +599,7 @@ where
         }
         let end_stream = h.is_end_stream();
         if h.is_over_size() {
-            // RFC 9113 section 10.5.1: a 431, then the stream is closed either way.
-            let mut head = Headers::new(
-                StreamId::from(id),
-                Pseudo::response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
-                HeaderMap::new(),
-            );
-            head.set_end_stream();
-            self.control.push_back(head.into());
-            if !end_stream {
-                self.reset(id, Reason::NO_ERROR);
-            }
+            self.too_large(id, end_stream);
             return self.spend_reset();
         }
         let (req, framing) = match request::build(h, true) {
@@ -669,16 +674,7 @@ where
             if answered {
                 self.reset(id, Reason::CANCEL);
             } else {
-                let mut head = Headers::new(
-                    StreamId::from(id),
-                    Pseudo::response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
-                    HeaderMap::new(),
-                );
-                head.set_end_stream();
-                self.control.push_back(head.into());
-                if !end_stream {
-                    self.reset(id, Reason::NO_ERROR);
-                }
+                self.too_large(id, end_stream);
             }
             return self.spend_reset();
         }
