@@ -406,9 +406,9 @@ impl DiskTier {
 
     /// Removes one version of an object: queues the removal of its slices and of its record (if
     /// it is that version's; a crash before the writer gets to it brings the object back at the
-    /// next start). A newer version's record stays (an
-    /// object's versions share its id and record file, and a version dropped late must not take
-    /// a newer one's files with it). Returns the indexes of the slices it had on disk.
+    /// next start). A newer version's record stays (an object's versions share its id and record
+    /// file, and a version dropped late must not take a newer one's files with it). Returns the
+    /// indexes of the slices it had on disk.
     pub fn remove_object(&self, id: ObjectId, generation: u64) -> Vec<u64> {
         // Forget the slices now, so nothing reads them while the files are being deleted.
         self.queued
@@ -422,8 +422,8 @@ impl DiskTier {
             .expect("disk index")
             .remove_object(id, generation);
         // The record's file goes in the writer (`Job::RemoveObject`), never here: this runs on
-        // a request's thread, and a stalled disk would stall requests. A record queued after this is not written (the
-        // object index no longer holds its version).
+        // a request's thread, and a stalled disk would stall requests. A record queued after
+        // this is not written (the object index no longer holds its version).
         self.submit(Job::RemoveObject(id, generation, slices.clone()));
         slices
     }
