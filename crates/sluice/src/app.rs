@@ -137,10 +137,10 @@ impl App {
         let media = if config.media.enabled {
             // The Acestream engine is an operator-configured host, usually on a private address
             // the public-upstream guard refuses: it gets its own client that may reach it, with
-            // its own metric names. Only URLs on the configured engine (scheme, host and port)
-            // are sent through it, redirects included (`Sessions::send`): the engine API calls,
-            // its playlists and the segments the HLS rewrite points at it. Every other URL,
-            // through /proxy/hls too, keeps the guarded client.
+            // its own metric names. It serves the engine API calls sluice makes itself and,
+            // through /proxy/hls, only the engine's HLS playback paths (/ace/m/, /ace/c/) while
+            // an HLS session is open, redirects included (`Sessions::is_engine`). Every other
+            // URL keeps the guarded client.
             let engine = if config.media.acestream.enabled {
                 let mut engine_config = config.upstream.clone();
                 engine_config.allow_private = true;
