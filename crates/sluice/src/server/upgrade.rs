@@ -267,7 +267,8 @@ async fn hand_over() -> anyhow::Result<u32> {
         .get()
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("the start command was not recorded"))?;
-    let sockets = inherited::handover();
+    let sockets = inherited::handover()
+        .map_err(|e| anyhow::anyhow!("upgrade: duplicating the listening sockets: {e}"))?;
     anyhow::ensure!(!sockets.is_empty(), "no listening socket to hand over");
     // From here the QUIC sockets' datagrams come through the new process; the guard takes
     // them back unless it serves (`quic::hand_over` itself switches all of them or none).

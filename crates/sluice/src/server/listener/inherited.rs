@@ -104,17 +104,29 @@ pub fn record(socket: &impl AsFd) {
 }
 
 /// A duplicate of every recorded listening socket still open, with its address: what a new
-/// process is handed on upgrade. Entries whose socket was closed are forgotten.
-pub fn handover() -> Vec<(SocketAddr, OwnedFd)> {
+/// process is handed on upgrade. Entries whose socket was closed are forgotten. A duplicate that
+/// cannot be made for another reason (descriptors exhausted, under load) fails the whole
+/// hand-over and forgets nothing: handing on fewer listeners would leave the new process
+/// without one, and forgetting it would leave it out of every later upgrade.
+pub fn handover() -> io::Result<Vec<(SocketAddr, OwnedFd)>> {
     let mut open = lock(&OPEN);
     let mut out = Vec::new();
+    let mut failed = None;
     open.retain(|&(fd, ino)| {
+        if failed.is_some() {
+            return true;
+        }
         // Duplicate first, then check the duplicate: a descriptor closed and reused in between
         // shows a different inode and is left alone.
         // SAFETY: F_DUPFD_CLOEXEC on any descriptor number is harmless; it fails if none is open.
         let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
         if dup < 0 {
-            return false;
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EBADF) {
+                return false;
+            }
+            failed = Some(e);
+            return true;
         }
         // SAFETY: `dup` is a descriptor we just created and own.
         let owned = unsafe { OwnedFd::from_raw_fd(dup) };
@@ -132,7 +144,10 @@ pub fn handover() -> Vec<(SocketAddr, OwnedFd)> {
             None => false,
         }
     });
-    out
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// Turns handed-over descriptors into listeners, refusing anything that is not a listening TCP
@@ -251,8 +266,8 @@ mod tests {
         let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = a.local_addr().unwrap();
         record(&a);
-        assert!(handover().iter().any(|(x, _)| *x == addr));
+        assert!(handover().unwrap().iter().any(|(x, _)| *x == addr));
         drop(a);
-        assert!(!handover().iter().any(|(x, _)| *x == addr));
+        assert!(!handover().unwrap().iter().any(|(x, _)| *x == addr));
     }
 }
