@@ -185,10 +185,18 @@ pub async fn on_sigusr2(
             }
             Err(e) => {
                 tracing::error!("upgrade failed, this process goes on serving: {e:#}");
-                // The new process may have written its pid there before it failed.
+                // The new process may have written its pid there before it failed. Rewritten
+                // only then, and whole (a temporary file renamed over it): a reader must never
+                // find it empty, as a truncating write would show it for a moment.
                 if let Some(path) = &pid_file {
                     let own = format!("{}\n", std::process::id());
-                    if let Err(e) = std::fs::write(path, own) {
+                    let names_us = std::fs::read_to_string(path).is_ok_and(|t| t == own);
+                    let tmp = path.with_extension("pid.tmp");
+                    let put = || -> std::io::Result<()> {
+                        std::fs::write(&tmp, &own)?;
+                        std::fs::rename(&tmp, path)
+                    };
+                    if let Err(e) = if names_us { Ok(()) } else { put() } {
                         tracing::warn!(
                             error = %e,
                             path = %path.display(),
