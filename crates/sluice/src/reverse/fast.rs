@@ -761,9 +761,11 @@ impl UpConn {
     /// Bytes nobody asked for (a body sent after the head of a HEAD, 204 or 304 answer, or past a
     /// body's length, which a splice leaves in the socket) would be read as the next request's
     /// answer, and handed to another client; an end of stream means the server closed it. A read
-    /// that found the socket drained cleared its readiness, so a quiet connection costs no system
-    /// call. Best effort: bytes the runtime has not seen yet, or that come after this look, are
-    /// still taken for the next answer (as by any HTTP/1.1 client).
+    /// that found the socket drained (a short one) cleared its readiness, so most quiet
+    /// connections cost no system call; after a splice, or a last read that filled its buffer
+    /// exactly, the look is one `recvfrom` answering EAGAIN (which the exchange's first read
+    /// would have made). Best effort: bytes the runtime has not seen yet, or that come after this
+    /// look, are still taken for the next answer (as by any HTTP/1.1 client).
     fn quiet(&self) -> bool {
         // `try_read` asks the runtime's readiness without a waker or the task's cooperative
         // budget (a readiness poll answers `Pending` once a busy task has spent that, which
