@@ -180,6 +180,7 @@ impl Config {
 
     /// Checks what types alone cannot: each section's own checks, then what spans sections.
     pub fn validate(&self) -> anyhow::Result<()> {
+        check_magnitudes(self)?;
         let s = &self.server;
         #[cfg(feature = "acme")]
         self.acme.validate(&self.route_hosts())?;
@@ -266,6 +267,33 @@ impl Config {
         if let Some(c) = copy.cache.cluster.as_mut() {
             c.secret = "********".to_string();
         }
+        #[cfg(feature = "reverse")]
+        for route in &mut copy.routes {
+            for (name, value) in route
+                .request_headers_add
+                .iter_mut()
+                .chain(route.response_headers_add.iter_mut())
+            {
+                if crate::redact::is_secret_header(name) {
+                    *value = "********".to_string();
+                }
+            }
+        }
+        #[cfg(feature = "iptv")]
+        for url in [&mut copy.iptv.playlist, &mut copy.iptv.epg_url]
+            .into_iter()
+            .flatten()
+        {
+            *url = crate::redact::mask_url(url);
+        }
+        #[cfg(feature = "acme")]
+        if let Some(ask) = copy.acme.on_demand.ask.as_mut() {
+            *ask = crate::redact::mask_url(ask);
+        }
+        #[cfg(feature = "media")]
+        {
+            copy.media.acestream.engine_url = mask_userinfo(&copy.media.acestream.engine_url);
+        }
         // Through a table, like `load`: one `Serialize` instantiation per config type, not two.
         toml::Table::try_from(copy)
             .and_then(|table| toml::to_string_pretty(&table))
@@ -274,6 +302,58 @@ impl Config {
 }
 
 pub use crate::redact::mask_userinfo;
+
+/// The longest duration any setting may give: ten years, past every real timeout, TTL or age,
+/// and far from where adding it to a clock reading overflows (which panics).
+const MAX_DURATION_SECS: u64 = 10 * 365 * 86_400;
+/// The most connections any `max_connections*` setting may allow: far past any descriptor
+/// limit, and under what a semaphore holds (a larger count panics when the limit is built).
+const MAX_CONNECTIONS: u64 = 1 << 24;
+
+/// Refuses a duration (a key ending in `_secs` or `_ms`) past ten years and a connection count
+/// past 2^24 anywhere in the config, by its path: each section checks its own rules, and this
+/// one check keeps a key added later from taking a value that panics when it is used.
+fn check_magnitudes(config: &Config) -> anyhow::Result<()> {
+    fn walk(path: &str, value: &toml::Value) -> anyhow::Result<()> {
+        match value {
+            toml::Value::Table(table) => {
+                for (key, v) in table {
+                    let path = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    walk(&path, v)?;
+                }
+            }
+            toml::Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(&format!("{path}[{i}]"), v)?;
+                }
+            }
+            toml::Value::Integer(n) => {
+                let key = path.rsplit('.').next().unwrap_or(path);
+                let n = u64::try_from(*n).unwrap_or(0);
+                let most = if key.ends_with("_secs") {
+                    Some((MAX_DURATION_SECS, "ten years"))
+                } else if key.ends_with("_ms") {
+                    Some((MAX_DURATION_SECS * 1000, "ten years"))
+                } else if key.starts_with("max_connections") {
+                    Some((MAX_CONNECTIONS, "2^24"))
+                } else {
+                    None
+                };
+                if let Some((most, what)) = most.filter(|(most, _)| n > *most) {
+                    bail!("{path} = {n} is too large: at most {most} ({what})");
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    let table = toml::Table::try_from(config).context("the config cannot be checked")?;
+    walk("", &toml::Value::Table(table))
+}
 
 /// A TOML error as line, column, key and what is wrong, never quoting the file: the line may hold
 /// a password, and this text reaches the log, the `/admin/reload` answer and `check-config`.
@@ -601,6 +681,47 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("listn"), "{err:#}");
+    }
+
+    /// A duration or connection count so large that using it panics (a deadline past what the
+    /// clock can add, a semaphore past its most permits) is refused by its path, in any section.
+    #[test]
+    fn durations_and_connection_counts_have_a_ceiling() {
+        let mut cases = vec![
+            (
+                "[upstream]\nconnect_timeout_secs = 9223372036854775807\n",
+                "upstream.connect_timeout_secs",
+            ),
+            (
+                "[server]\nmax_connections_per_ip = 3000000000000000000\n",
+                "server.max_connections_per_ip",
+            ),
+        ];
+        #[cfg(feature = "tcp")]
+        cases.push((
+            "[[upstreams]]\nname = \"db\"\nservers = [\"127.0.0.1:9\"]\n[[tcp]]\n\
+             listen = \"127.0.0.1:0\"\nupstream = \"db\"\ntotal_timeout_secs = 9223372036854775807\n",
+            "tcp[0].total_timeout_secs",
+        ));
+        #[cfg(feature = "iptv")]
+        cases.push((
+            "[iptv]\nlinger_ms = 9223372036854775807\n",
+            "iptv.linger_ms",
+        ));
+        for (text, path) in cases {
+            let err = Config::parse_file(text)
+                .and_then(|c| c.validate().map(|()| c))
+                .map(|_| ())
+                .unwrap_err();
+            let err = format!("{err:#}");
+            assert!(
+                err.contains(path) && err.contains("too large"),
+                "{path}: {err}"
+            );
+        }
+        let ten_years =
+            Config::parse_file("[upstream]\nconnect_timeout_secs = 315360000\n").unwrap();
+        ten_years.validate().unwrap();
     }
 
     #[test]

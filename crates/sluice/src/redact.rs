@@ -28,8 +28,72 @@ pub fn mask_userinfo(url: &str) -> String {
     }
 }
 
+/// `url` with its user info's password and every query value starred: a provider's playlist or
+/// EPG address commonly carries `username=…&password=…` in its query, and an `ask` URL a key.
+/// Names are kept, so the printed config still says what the URL asks for.
+pub fn mask_url(url: &str) -> String {
+    let url = mask_userinfo(url);
+    let Some((base, rest)) = url.split_once('?') else {
+        return url;
+    };
+    let (query, fragment) = match rest.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (rest, None),
+    };
+    let starred: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value)) if !value.is_empty() => format!("{name}=****"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    let mut out = format!("{base}?{}", starred.join("&"));
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+/// Whether a header named `name` carries a credential by its name (`Authorization`, a cookie,
+/// an API key or token), so a printed config stars its value.
+pub fn is_secret_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
+    ) || ["auth", "token", "key", "secret", "password", "session"]
+        .iter()
+        .any(|w| name.contains(w))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn masks_query_values_and_secret_headers() {
+        for (given, want) in [
+            (
+                "http://u:p@iptv.example/get.php?username=me&password=pw&type=m3u_plus",
+                "http://u:****@iptv.example/get.php?username=****&password=****&type=****",
+            ),
+            (
+                "https://ask.example/check?domain=",
+                "https://ask.example/check?domain=",
+            ),
+            ("https://ask.example/check#x", "https://ask.example/check#x"),
+            ("http://h/x?k=v#frag", "http://h/x?k=****#frag"),
+            ("http://h/x?flag&k=v", "http://h/x?flag&k=****"),
+        ] {
+            assert_eq!(super::mask_url(given), want, "{given}");
+        }
+        for name in ["Authorization", "X-Api-Key", "x-auth-token", "Cookie"] {
+            assert!(super::is_secret_header(name), "{name}");
+        }
+        for name in ["X-Forwarded-Proto", "Cache-Control", "X-Served-By"] {
+            assert!(!super::is_secret_header(name), "{name}");
+        }
+    }
+
     #[test]
     fn masks_only_the_password() {
         for (given, want) in [

@@ -62,15 +62,36 @@ fn bad_address_and_public_listener_refused() {
 fn check_config_masks_secrets() {
     let f = config_file(
         "[auth]\napi_password = \"topsecret\"\n[[upstream.routes]]\npattern = \"all\"\n\
-         proxy = \"socks5://me:hidden@127.0.0.1:1080\"\n",
+         proxy = \"socks5://me:hidden@127.0.0.1:1080\"\n\
+         [iptv]\nplaylist = \"http://tv.example/get.php?username=u1&password=hidden2\"\n\
+         epg_url = \"http://tv.example/xmltv.php?username=u1&password=hidden3\"\n\
+         [media.acestream]\nengine_url = \"http://ace:hidden4@127.0.0.1:6878\"\n\
+         [[upstreams]]\nname = \"app\"\nservers = [\"127.0.0.1:9\"]\n\
+         [[routes]]\nupstream = \"app\"\n\
+         request_headers_add = { Authorization = \"Bearer hidden5\", X-Team = \"blue\" }\n",
     );
     let (ok, out, err) = run(&["check-config", f.path().to_str().unwrap()]);
     assert!(ok, "{err}");
+    for secret in ["topsecret", "hidden"] {
+        assert!(!out.contains(secret), "{secret} printed: {out}");
+    }
+    assert!(out.contains("api_password = \"********\""), "{out}");
+    // What is not a secret is still shown, so the printed config says what runs.
     assert!(
-        !out.contains("topsecret") && !out.contains("hidden"),
+        out.contains("blue") && out.contains("username=****"),
         "{out}"
     );
-    assert!(out.contains("api_password = \"********\""), "{out}");
+    // A value the config refuses is named by its header, not quoted.
+    let f = config_file(
+        "[[upstreams]]\nname = \"app\"\nservers = [\"127.0.0.1:9\"]\n[[routes]]\n\
+         upstream = \"app\"\nrequest_headers_add = { Authorization = \"Basic hidden6\\r\" }\n",
+    );
+    let (ok, _, err) = run(&["check-config", f.path().to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("Authorization") && !err.contains("hidden6"),
+        "{err}"
+    );
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sluice.example.toml");
     let (ok, _, err) = run(&["check-config", example]);
     assert!(ok, "{err}");
@@ -287,4 +308,36 @@ fn serve_answers_then_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A pid file left behind by a crash names a number another process may hold by now: `reload`
+/// and `upgrade` refuse it instead of sending that process a SIGHUP (which ends it) or SIGUSR2.
+#[test]
+fn a_stale_pid_file_signals_nothing() {
+    let mut bystander = Command::new("sleep").arg("60").spawn().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("sluice.pid");
+    std::fs::write(&pid_file, format!("{}\n", bystander.id())).unwrap();
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&pid_file)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(an_hour_ago))
+        .unwrap();
+    for command in ["reload", "upgrade"] {
+        let (ok, _, err) = run(&[command, "--pid-file", pid_file.to_str().unwrap()]);
+        assert!(
+            !ok,
+            "{command} signalled a process the pid file's writer was not"
+        );
+        assert!(err.contains("stale"), "{command}: {err}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the bystander was signalled"
+    );
+    bystander.kill().unwrap();
+    bystander.wait().unwrap();
 }

@@ -74,6 +74,10 @@ pub struct Reloader {
     /// The settings running now, flattened to `section.key` paths; `None` until
     /// [`Reloader::running`] names them, and then no key check is made.
     running: Mutex<Option<BTreeMap<String, toml::Value>>>,
+    /// Held by one reload from reading the file to writing its outcome: two at once (a SIGHUP
+    /// and `/admin/reload`) could otherwise apply an older read of the file over a newer one,
+    /// and write their outcomes through the same temporary file.
+    turn: Mutex<()>,
     /// Where each outcome is written for `sluice reload` to read (beside the pid file).
     report: Option<PathBuf>,
 }
@@ -100,6 +104,7 @@ impl Reloader {
             parts: Vec::new(),
             live: Vec::new(),
             running: Mutex::new(None),
+            turn: Mutex::new(()),
             report: None,
         }
     }
@@ -130,11 +135,22 @@ impl Reloader {
                 serde_json::json!({"at": stamp.to_string(), "reloaded": false, "error": format!("{e:#}")})
             }
         };
-        // Written whole then renamed, so a reader never sees half of it.
+        // Written whole then renamed, so a reader never sees half of it; readable by the
+        // server's user only (an error can quote a config value).
         let tmp = path.with_extension("reload.tmp");
-        if let Err(e) =
-            std::fs::write(&tmp, format!("{body}\n")).and_then(|()| std::fs::rename(&tmp, path))
-        {
+        let write = || {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::remove_file(&tmp);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            file.write_all(format!("{body}\n").as_bytes())?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the reload outcome");
         }
     }
@@ -153,6 +169,11 @@ impl Reloader {
     /// Re-reads and applies the config; on any error nothing changes. A changed key that needs a
     /// restart is an error naming it.
     pub fn reload(&self) -> anyhow::Result<Applied> {
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        self.reload_in_turn()
+    }
+
+    fn reload_in_turn(&self) -> anyhow::Result<Applied> {
         let config = Config::load(self.file.as_deref(), std::env::vars(), &self.flags)?;
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let new = flatten(&config);
@@ -188,8 +209,10 @@ impl Reloader {
 
     /// Reloads, logging the outcome.
     pub fn reload_logged(&self, why: &str) -> anyhow::Result<Applied> {
-        let outcome = self.reload();
+        let turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = self.reload_in_turn();
         self.write_report(&outcome);
+        drop(turn);
         match outcome {
             Ok(applied) => {
                 if applied.changed.is_empty() {

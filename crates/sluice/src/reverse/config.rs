@@ -244,13 +244,15 @@ impl RouteConfig {
             http::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| fail(format!("{name:?} is not a header name")))?;
         }
-        for value in self
+        for (name, value) in self
             .request_headers_add
-            .values()
-            .chain(self.response_headers_add.values())
+            .iter()
+            .chain(self.response_headers_add.iter())
         {
+            // Named by its header, not quoted: the value may be a credential, and this text
+            // reaches the log and the reload's answer.
             http::HeaderValue::from_str(value)
-                .map_err(|_| fail(format!("{value:?} is not a header value")))?;
+                .map_err(|_| fail(format!("the value added for {name:?} is not a header value (a control character or a non-ASCII one)")))?;
         }
         if self.connect_timeout_secs == 0
             || self.header_timeout_secs == 0
