@@ -65,6 +65,21 @@ pub use time::{format_datetime, parse_datetime, parse_duration};
 /// Most segments one Representation may expand to; beyond it the MPD is treated as hostile.
 pub const MAX_SEGMENTS: usize = 100_000;
 
+/// Most timeline entries, segment URLs and ContentProtection entries all Representations of one
+/// MPD may resolve to together, each Representation counting what it inherits. Inherited lists
+/// are shared, not copied, but DASH out writes each Representation's timeline and every later
+/// stage may walk it, so M Representations under one N-entry timeline cost N x M. Ten
+/// Representations each at [`MAX_SEGMENTS`]: a real ladder (a dozen tracks, a day of irregular
+/// audio durations that `r` cannot fold) stays below it, and a document under the element
+/// cap written to be M x N (100,000 x 100,000) is refused.
+pub const MAX_RESOLVED_ENTRIES: usize = 10 * MAX_SEGMENTS;
+
+/// Most bytes of inherited text (BaseURL, mimeType, codecs, lang, template URLs, ...) all
+/// Representations of one MPD may hold copies of together: one long attribute on an
+/// AdaptationSet is otherwise copied into each of its Representations. Real ones hold under
+/// 2 KiB each, so even a thousand tracks are 30 times below it.
+pub const MAX_RESOLVED_BYTES: usize = 64 * 1024 * 1024;
+
 /// Longest segment or init URL (BaseURL and template resolved) accepted: a longer one is
 /// repeated into every segment of the track. The same bound as an HLS playlist's URLs.
 pub const MAX_URL_LEN: usize = crate::hls::MAX_URL_LEN;
@@ -93,6 +108,8 @@ pub enum DashError {
     InvalidUrl(String),
     #[error("bad segment template {template:?}: {why}")]
     Template { template: String, why: &'static str },
+    #[error("the Representations resolve to more than {limit} {what} in all")]
+    TooMuchResolved { what: &'static str, limit: usize },
     #[error("more than {0} segments")]
     TooManySegments(usize),
     #[error("a segment URL longer than {0} bytes")]

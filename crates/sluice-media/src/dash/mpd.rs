@@ -1,9 +1,12 @@
 //! MPD document → typed model (`Mpd`, `Period`, `AdaptationSet`, `Representation`). No I/O.
 //!
 //! Everything a Representation inherits (BaseURL, mimeType, segment addressing, ContentProtection)
-//! is resolved here, so later stages look at one Representation and nothing else.
+//! is resolved here, so later stages look at one Representation and nothing else. Inherited
+//! lists are shared, not copied, and what all Representations resolve to together is bounded
+//! ([`MAX_RESOLVED_ENTRIES`], [`MAX_RESOLVED_BYTES`]).
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use url::Url;
 
@@ -12,7 +15,7 @@ use super::segment_info::{self, Addressing, LevelInfo};
 use super::time::{parse_datetime, parse_duration};
 use super::track::{channel_count, content_kind, parse_frame_rate};
 use super::xml::{parse_tree, Element};
-use super::{shorten, DashError};
+use super::{shorten, DashError, MAX_RESOLVED_BYTES, MAX_RESOLVED_ENTRIES};
 
 /// `static` (on demand) or `dynamic` (live).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +115,8 @@ pub struct Representation {
     pub audio_sampling_rate: Option<u32>,
     /// Channel count decoded from AudioChannelConfiguration.
     pub audio_channels: Option<u32>,
-    /// AdaptationSet entries followed by the Representation's own.
-    pub protection: Vec<ContentProtection>,
+    /// AdaptationSet entries followed by the Representation's own; the set's are shared.
+    pub protection: Vec<Arc<ContentProtection>>,
     /// BaseURL chain MPD → Period → AdaptationSet → Representation, resolved against the MPD URL.
     pub base_url: Url,
     pub addressing: Addressing,
@@ -164,10 +167,53 @@ pub fn parse_mpd(xml: &str, mpd_url: &Url) -> Result<Mpd, DashError> {
     let base = resolve_base(mpd_url, &root)?;
     let period_elements: Vec<&Element> = root.children("Period").collect();
     let timing = period_timing(&mpd, &period_elements)?;
+    let mut budget = Budget::default();
     for (el, (start, duration)) in period_elements.into_iter().zip(timing) {
-        mpd.periods.push(parse_period(el, &base, start, duration)?);
+        mpd.periods
+            .push(parse_period(el, &base, start, duration, &mut budget)?);
     }
     Ok(mpd)
+}
+
+/// What the Representations parsed so far resolve to, against [`MAX_RESOLVED_ENTRIES`] and
+/// [`MAX_RESOLVED_BYTES`]. Checked after each Representation, so a hostile document stops one
+/// Representation past the bound.
+#[derive(Debug, Default)]
+struct Budget {
+    entries: usize,
+    bytes: usize,
+}
+
+impl Budget {
+    fn add(&mut self, rep: &Representation) -> Result<(), DashError> {
+        self.entries = self
+            .entries
+            .saturating_add(rep.addressing.entries())
+            .saturating_add(rep.protection.len());
+        if self.entries > MAX_RESOLVED_ENTRIES {
+            return Err(DashError::TooMuchResolved {
+                what: "timeline, segment URL and ContentProtection entries",
+                limit: MAX_RESOLVED_ENTRIES,
+            });
+        }
+        let text = [&rep.mime_type, &rep.codecs, &rep.sar, &rep.lang]
+            .iter()
+            .map(|t| t.as_ref().map_or(0, String::len))
+            .sum::<usize>();
+        self.bytes = self
+            .bytes
+            .saturating_add(text)
+            .saturating_add(rep.id.len() + rep.profile_id.len())
+            .saturating_add(rep.base_url.as_str().len())
+            .saturating_add(rep.addressing.text_bytes());
+        if self.bytes > MAX_RESOLVED_BYTES {
+            return Err(DashError::TooMuchResolved {
+                what: "bytes of text",
+                limit: MAX_RESOLVED_BYTES,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Start and duration of every Period, filling gaps from neighbours as the standard describes.
@@ -200,12 +246,13 @@ fn parse_period(
     parent_base: &Url,
     start: f64,
     duration: Option<f64>,
+    budget: &mut Budget,
 ) -> Result<Period, DashError> {
     let base = resolve_base(parent_base, el)?;
     let info = LevelInfo::parse(el, None)?;
     let mut adaptation_sets = Vec::new();
     for (index, set) in el.children("AdaptationSet").enumerate() {
-        adaptation_sets.push(parse_adaptation_set(set, index, &base, &info)?);
+        adaptation_sets.push(parse_adaptation_set(set, index, &base, &info, budget)?);
     }
     Ok(Period {
         id: el.attr("id").map(str::to_owned),
@@ -220,12 +267,13 @@ fn parse_adaptation_set(
     index: usize,
     parent_base: &Url,
     period_info: &LevelInfo,
+    budget: &mut Budget,
 ) -> Result<AdaptationSet, DashError> {
     let base = resolve_base(parent_base, el)?;
     let info = LevelInfo::parse(el, Some(period_info))?;
     let protection = el
         .children("ContentProtection")
-        .map(parse_protection)
+        .map(|p| Arc::new(parse_protection(p)))
         .collect::<Vec<_>>();
     let set_key = el
         .attr("id")
@@ -236,6 +284,7 @@ fn parse_adaptation_set(
         rep.profile_id = format!("{set_key}_{}_{}", rep.id, rep.bandwidth);
         let own = std::mem::take(&mut rep.protection);
         rep.protection = protection.iter().cloned().chain(own).collect();
+        budget.add(&rep)?;
         representations.push(rep);
     }
     Ok(AdaptationSet {
@@ -302,7 +351,7 @@ fn parse_representation(
         audio_channels: channels,
         protection: el
             .children("ContentProtection")
-            .map(parse_protection)
+            .map(|p| Arc::new(parse_protection(p)))
             .collect(),
         base_url,
     })

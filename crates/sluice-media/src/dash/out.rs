@@ -79,16 +79,40 @@ pub fn rewrite_mpd(
     xml: &str,
     mpd: &Mpd,
     options: &OutOptions,
+    url: impl FnMut(OutUrl<'_>) -> String,
+) -> Result<String, DashError> {
+    rewrite_within(xml, mpd, options, super::MAX_RESOLVED_ENTRIES, url)
+}
+
+/// [`rewrite_mpd`] listing at most `max_listed` segments over all Representations.
+fn rewrite_within(
+    xml: &str,
+    mpd: &Mpd,
+    options: &OutOptions,
+    max_listed: usize,
     mut url: impl FnMut(OutUrl<'_>) -> String,
 ) -> Result<String, DashError> {
     // Each Representation's new segment information, by (period, set, representation).
     let mut blocks: Vec<Vec<Vec<String>>> = Vec::with_capacity(mpd.periods.len());
+    // Segments written over all Representations: a timeline's entries are already bounded by
+    // parse_mpd, but SegmentBase Representations sharing one sidx each list all its fragments.
+    let mut listed = Listed {
+        count: 0,
+        max: max_listed,
+    };
     for period in &mpd.periods {
         let mut sets = Vec::with_capacity(period.adaptation_sets.len());
         for set in &period.adaptation_sets {
             let mut reps = Vec::with_capacity(set.representations.len());
             for rep in &set.representations {
-                reps.push(segment_block(mpd, period, rep, options, &mut url)?);
+                reps.push(segment_block(
+                    mpd,
+                    period,
+                    rep,
+                    options,
+                    &mut listed,
+                    &mut url,
+                )?);
             }
             sets.push(reps);
         }
@@ -206,6 +230,7 @@ fn segment_block(
     period: &super::Period,
     rep: &Representation,
     options: &OutOptions,
+    listed: &mut Listed,
     url: &mut impl FnMut(OutUrl<'_>) -> String,
 ) -> Result<String, DashError> {
     let mut out = String::new();
@@ -263,6 +288,7 @@ fn segment_block(
         Addressing::List(_) | Addressing::Base(_) => {
             let sidx = sidx_fetch(rep).and_then(|f| options.sidx.get(&f));
             let index = segment_index(mpd, period, rep, options.now, sidx.map(Vec::as_slice))?;
+            listed.add(index.segments.len())?;
             let (timescale, pto) = match &rep.addressing {
                 Addressing::List(l) => (l.timescale, l.presentation_time_offset),
                 Addressing::Base(b) => (b.timescale, b.presentation_time_offset),
@@ -272,6 +298,25 @@ fn segment_block(
         }
     }
     Ok(out)
+}
+
+/// Segments listed so far over all Representations, and the most allowed.
+struct Listed {
+    count: usize,
+    max: usize,
+}
+
+impl Listed {
+    fn add(&mut self, segments: usize) -> Result<(), DashError> {
+        self.count = self.count.saturating_add(segments);
+        if self.count > self.max {
+            return Err(DashError::TooMuchResolved {
+                what: "listed segments",
+                limit: self.max,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The init segment of a template track (rendered with the Representation's values).

@@ -1,5 +1,11 @@
 //! SegmentTemplate / SegmentList / SegmentBase elements, merged down the Period → AdaptationSet →
 //! Representation chain attribute by attribute. No I/O.
+//!
+//! Timelines and segment URL lists are shared (`Arc`), never copied: every Representation under
+//! an AdaptationSet's SegmentTimeline points at the one list, so a long inherited list costs its
+//! size once, not once per Representation.
+
+use std::sync::Arc;
 
 use super::mpd::{invalid, number, parse_number};
 use super::xml::Element;
@@ -19,6 +25,35 @@ pub enum Addressing {
     Single,
 }
 
+impl Addressing {
+    /// Timeline entries and segment URLs this Representation resolves to, shared ones included.
+    pub(crate) fn entries(&self) -> usize {
+        let timeline = |t: &Option<Arc<[TimelineEntry]>>| t.as_ref().map_or(0, |t| t.len());
+        match self {
+            Addressing::Template(t) => timeline(&t.timeline),
+            Addressing::List(l) => timeline(&l.timeline) + l.segment_urls.len(),
+            Addressing::Base(_) | Addressing::Single => 0,
+        }
+    }
+
+    /// Bytes of the strings this Representation holds a copy of (template URLs, init URLs).
+    pub(crate) fn text_bytes(&self) -> usize {
+        let init = |i: &Option<UrlRange>| {
+            i.as_ref()
+                .and_then(|i| i.source_url.as_ref())
+                .map_or(0, String::len)
+        };
+        match self {
+            Addressing::Template(t) => {
+                t.media.len() + t.initialization.as_ref().map_or(0, String::len)
+            }
+            Addressing::List(l) => init(&l.initialization),
+            Addressing::Base(b) => init(&b.initialization),
+            Addressing::Single => 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SegmentTemplate {
     pub media: String,
@@ -29,7 +64,8 @@ pub struct SegmentTemplate {
     pub start_number: u64,
     pub end_number: Option<u64>,
     pub presentation_time_offset: u64,
-    pub timeline: Option<Vec<TimelineEntry>>,
+    /// Shared with every Representation that inherits the same SegmentTimeline.
+    pub timeline: Option<Arc<[TimelineEntry]>>,
 }
 
 /// One `<S t d r>`; `r = -1` repeats until the next entry, the Period end or the live edge.
@@ -46,9 +82,10 @@ pub struct SegmentList {
     pub duration: Option<u64>,
     pub start_number: u64,
     pub presentation_time_offset: u64,
-    pub timeline: Option<Vec<TimelineEntry>>,
+    pub timeline: Option<Arc<[TimelineEntry]>>,
     pub initialization: Option<UrlRange>,
-    pub segment_urls: Vec<SegmentUrl>,
+    /// Shared with every Representation that inherits the same SegmentList.
+    pub segment_urls: Arc<[SegmentUrl]>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -74,7 +111,8 @@ pub struct SegmentUrl {
 }
 
 /// Attributes of one segment-information element, each optional so a child can override a parent
-/// one attribute at a time.
+/// one attribute at a time. Text and lists are `Arc`s: every Representation's level holds a
+/// copy of these, and a long hostile attribute must not be copied once per Representation.
 #[derive(Debug, Clone, Default)]
 struct Fields {
     timescale: Option<u64>,
@@ -83,11 +121,11 @@ struct Fields {
     end_number: Option<u64>,
     presentation_time_offset: Option<u64>,
     index_range: Option<ByteRange>,
-    media: Option<String>,
-    initialization: Option<String>,
-    init: Option<UrlRange>,
-    timeline: Option<Vec<TimelineEntry>>,
-    segment_urls: Option<Vec<SegmentUrl>>,
+    media: Option<Arc<str>>,
+    initialization: Option<Arc<str>>,
+    init: Option<Arc<UrlRange>>,
+    timeline: Option<Arc<[TimelineEntry]>>,
+    segment_urls: Option<Arc<[SegmentUrl]>>,
 }
 
 impl Fields {
@@ -102,11 +140,11 @@ impl Fields {
                 .attr("indexRange")
                 .map(|r| parse_range("indexRange", r))
                 .transpose()?,
-            media: el.attr("media").map(str::to_owned),
-            initialization: el.attr("initialization").map(str::to_owned),
+            media: el.attr("media").map(Arc::from),
+            initialization: el.attr("initialization").map(Arc::from),
             init: el
                 .child("Initialization")
-                .map(parse_url_range)
+                .map(|i| parse_url_range(i).map(Arc::new))
                 .transpose()?,
             timeline: el
                 .child("SegmentTimeline")
@@ -176,12 +214,13 @@ pub(crate) fn resolve(info: &LevelInfo) -> Result<Addressing, DashError> {
     if let Some(f) = &info.template {
         let media = f
             .media
-            .clone()
-            .ok_or(DashError::Missing("SegmentTemplate@media"))?;
+            .as_deref()
+            .ok_or(DashError::Missing("SegmentTemplate@media"))?
+            .to_owned();
         check_nominal(f)?;
         return Ok(Addressing::Template(SegmentTemplate {
             media,
-            initialization: f.initialization.clone(),
+            initialization: f.initialization.as_deref().map(str::to_owned),
             timescale: f.timescale()?,
             duration: f.duration,
             start_number: f.start_number.unwrap_or(1),
@@ -191,7 +230,7 @@ pub(crate) fn resolve(info: &LevelInfo) -> Result<Addressing, DashError> {
         }));
     }
     if let Some(f) = &info.list {
-        let segment_urls = f.segment_urls.clone().unwrap_or_default();
+        let segment_urls = f.segment_urls.clone().unwrap_or_else(|| Arc::from([]));
         if segment_urls.len() > 1 {
             check_nominal(f)?;
         }
@@ -201,7 +240,7 @@ pub(crate) fn resolve(info: &LevelInfo) -> Result<Addressing, DashError> {
             start_number: f.start_number.unwrap_or(1),
             presentation_time_offset: f.presentation_time_offset.unwrap_or(0),
             timeline: f.timeline.clone(),
-            initialization: f.init.clone(),
+            initialization: f.init.as_deref().cloned(),
             segment_urls,
         }));
     }
@@ -210,7 +249,7 @@ pub(crate) fn resolve(info: &LevelInfo) -> Result<Addressing, DashError> {
             timescale: f.timescale()?,
             presentation_time_offset: f.presentation_time_offset.unwrap_or(0),
             index_range: f.index_range,
-            initialization: f.init.clone(),
+            initialization: f.init.as_deref().cloned(),
         }));
     }
     Ok(Addressing::Single)
@@ -225,7 +264,7 @@ fn check_nominal(f: &Fields) -> Result<(), DashError> {
     }
 }
 
-fn parse_timeline(el: &Element) -> Result<Vec<TimelineEntry>, DashError> {
+fn parse_timeline(el: &Element) -> Result<Arc<[TimelineEntry]>, DashError> {
     el.children("S")
         .map(|s| {
             let d: u64 = number(s, "d")?.ok_or(DashError::Missing("S@d"))?;
@@ -245,7 +284,7 @@ fn parse_timeline(el: &Element) -> Result<Vec<TimelineEntry>, DashError> {
         .collect()
 }
 
-fn parse_segment_urls(el: &Element) -> Result<Option<Vec<SegmentUrl>>, DashError> {
+fn parse_segment_urls(el: &Element) -> Result<Option<Arc<[SegmentUrl]>>, DashError> {
     let urls = el
         .children("SegmentURL")
         .map(|u| {
@@ -258,7 +297,7 @@ fn parse_segment_urls(el: &Element) -> Result<Option<Vec<SegmentUrl>>, DashError
             })
         })
         .collect::<Result<Vec<_>, DashError>>()?;
-    Ok((!urls.is_empty()).then_some(urls))
+    Ok((!urls.is_empty()).then(|| Arc::from(urls)))
 }
 
 fn parse_url_range(el: &Element) -> Result<UrlRange, DashError> {

@@ -153,6 +153,40 @@ fn timeline_with_time_and_repeats() {
     assert_eq!(starts, [0.0, 2.0, 4.0, 6.0]);
 }
 
+/// Representations under one AdaptationSet timeline share it (one list, not a copy each) and
+/// each still lists its own segments.
+#[test]
+fn inherited_timeline_is_shared_and_gives_each_representation_its_segments() {
+    let mpd = parse(
+        r#"<MPD type="static" mediaPresentationDuration="PT5S"><Period>
+          <AdaptationSet mimeType="video/mp4">
+            <ContentProtection schemeIdUri="urn:mpeg:dash:mp4protection:2011" value="cenc"/>
+            <SegmentTemplate timescale="1000" media="$RepresentationID$/$Time$.m4s">
+              <SegmentTimeline><S t="0" d="2000" r="1"/><S d="1000"/></SegmentTimeline>
+            </SegmentTemplate>
+            <Representation id="lo" bandwidth="1"/>
+            <Representation id="hi" bandwidth="2"/>
+          </AdaptationSet></Period></MPD>"#,
+    );
+    let lo = mpd.find_profile("0_lo_1").unwrap();
+    let hi = mpd.find_profile("0_hi_2").unwrap();
+    for (rep, id) in [(lo, "lo"), (hi, "hi")] {
+        let index = segment_index(&mpd, &mpd.periods[0], rep, 0.0, None).unwrap();
+        let urls: Vec<String> = index.segments.iter().map(|s| s.url.to_string()).collect();
+        assert_eq!(
+            urls,
+            [0, 2000, 4000].map(|t| format!("https://cdn.example/path/{id}/{t}.m4s"))
+        );
+    }
+    let timeline = |rep: &Representation| match &rep.addressing {
+        Addressing::Template(t) => t.timeline.clone().unwrap(),
+        other => panic!("not a template: {other:?}"),
+    };
+    assert_eq!(timeline(lo).len(), 2);
+    assert!(std::sync::Arc::ptr_eq(&timeline(lo), &timeline(hi)));
+    assert!(std::sync::Arc::ptr_eq(&lo.protection[0], &hi.protection[0]));
+}
+
 #[test]
 fn segment_list_with_ranges() {
     let mpd = parse(

@@ -245,6 +245,42 @@ fn lists_and_indexed_files_become_segment_lists() {
     assert_eq!(through_proxy(&out), want);
 }
 
+/// Representations sharing one SegmentBase (and so one sidx) each list all its fragments: the
+/// total over the document is bounded, not each Representation alone.
+#[test]
+fn segments_listed_over_all_representations_are_bounded() {
+    let reps = r#"<Representation id="r" bandwidth="1"/>"#.repeat(5);
+    let xml = format!(
+        r#"<MPD type="static" mediaPresentationDuration="PT400S"><Period><AdaptationSet mimeType="video/mp4"><BaseURL>file.mp4</BaseURL><SegmentBase indexRange="800-899"/>{reps}</AdaptationSet></Period></MPD>"#
+    );
+    let fetch = SidxFetch {
+        url: Url::parse("https://cdn.example/path/file.mp4").unwrap(),
+        range: (800, 899),
+    };
+    let fragments: Vec<SidxFragment> = (0..200u64)
+        .map(|i| SidxFragment {
+            range: (900 + i * 10, 909 + i * 10),
+            duration_secs: 2.0,
+        })
+        .collect();
+    let options = OutOptions {
+        sidx: [(fetch, fragments)].into(),
+        ..OutOptions::default()
+    };
+    let mpd = parse_mpd(&xml, &origin()).unwrap();
+    // 5 x 200 = 1,000 segments: exactly the bound passes, one fewer allowed fails.
+    let out = rewrite_within(&xml, &mpd, &options, 1_000, maker).unwrap();
+    assert_eq!(out.matches("<SegmentURL ").count(), 1_000);
+    let err = rewrite_within(&xml, &mpd, &options, 999, maker).unwrap_err();
+    assert_eq!(
+        err,
+        DashError::TooMuchResolved {
+            what: "listed segments",
+            limit: 999
+        }
+    );
+}
+
 #[test]
 fn self_closing_representations_and_prefixed_names() {
     let xml = r#"<dash:MPD xmlns:dash="urn:mpeg:dash:schema:mpd:2011" type="static" mediaPresentationDuration="PT4S"><dash:Location>https://cdn.example/m.mpd</dash:Location><dash:Period><dash:AdaptationSet mimeType="audio/mp4"><dash:SegmentTemplate media="$Number$.m4s" duration="2" timescale="1"/><dash:Representation id="x" bandwidth="1"/></dash:AdaptationSet></dash:Period></dash:MPD>"#;

@@ -84,6 +84,78 @@ fn too_many_elements_are_refused() {
     );
 }
 
+/// `period` at Period level, then one AdaptationSet with `set` and `reps` bare Representations.
+fn inherited_by(period: &str, set_attrs: &str, set: &str, reps: usize) -> String {
+    format!(
+        r#"<MPD mediaPresentationDuration="PT10S"><Period>{period}<AdaptationSet mimeType="video/mp4" {set_attrs}>{set}{}</AdaptationSet></Period></MPD>"#,
+        r#"<Representation id="r" bandwidth="1"/>"#.repeat(reps)
+    )
+}
+
+fn too_many_entries() -> DashError {
+    DashError::TooMuchResolved {
+        what: "timeline, segment URL and ContentProtection entries",
+        limit: MAX_RESOLVED_ENTRIES,
+    }
+}
+
+/// One N-entry list inherited by M Representations is N x M entries: a document of a few
+/// thousand elements must not ask for gigabytes (or later write them out M times).
+#[test]
+fn inherited_lists_times_representations_are_refused() {
+    let timeline = format!(
+        r#"<SegmentTemplate media="$Number$.m4s"><SegmentTimeline>{}</SegmentTimeline></SegmentTemplate>"#,
+        r#"<S d="1"/>"#.repeat(5_000)
+    );
+    // 5,000 x 200 is exactly the bound; one more Representation is over it.
+    let mpd = parse_mpd(&inherited_by("", "", &timeline, 200), &mpd_url()).unwrap();
+    assert_eq!(mpd.representations().count(), 200);
+    assert_eq!(
+        parse_err(&inherited_by("", "", &timeline, 201)),
+        too_many_entries()
+    );
+    assert_eq!(
+        parse_err(&inherited_by(&timeline, "", "", 250)),
+        too_many_entries()
+    );
+
+    let list = format!(
+        r#"<SegmentList duration="1">{}</SegmentList>"#,
+        r#"<SegmentURL media="s.m4s"/>"#.repeat(5_000)
+    );
+    assert_eq!(
+        parse_err(&inherited_by("", "", &list, 250)),
+        too_many_entries()
+    );
+
+    let protection = format!(
+        r#"{}<SegmentTemplate duration="1" media="$Number$.m4s"/>"#,
+        r#"<ContentProtection schemeIdUri="urn:mpeg:dash:mp4protection:2011" value="cenc"/>"#
+            .repeat(1_000)
+    );
+    assert_eq!(
+        parse_err(&inherited_by("", "", &protection, 1_001)),
+        too_many_entries()
+    );
+}
+
+/// One long attribute on an AdaptationSet is copied into each of its Representations.
+#[test]
+fn inherited_text_times_representations_is_refused() {
+    let template = r#"<SegmentTemplate duration="1" media="$Number$.m4s"/>"#;
+    let codecs = format!(r#"codecs="{}""#, "a".repeat(1 << 20));
+    // 60 MiB of copies passes, 65 MiB does not.
+    let mpd = parse_mpd(&inherited_by("", &codecs, template, 60), &mpd_url()).unwrap();
+    assert_eq!(mpd.representations().count(), 60);
+    assert_eq!(
+        parse_err(&inherited_by("", &codecs, template, 65)),
+        DashError::TooMuchResolved {
+            what: "bytes of text",
+            limit: MAX_RESOLVED_BYTES,
+        }
+    );
+}
+
 fn one_template(template: &str, mpd_attrs: &str) -> String {
     format!(
         r#"<MPD {mpd_attrs}><Period><AdaptationSet mimeType="video/mp4">{template}
