@@ -127,6 +127,14 @@ pub enum CencError {
     },
     #[error("track {track_id}: samples overlap at byte {offset}")]
     OverlappingSamples { track_id: u32, offset: u64 },
+    /// The protected samples listed so far add up to more bytes than the segment holds, so some
+    /// are listed twice (a data offset pointing back at bytes already used).
+    #[error("track {track_id}: the sample at byte {offset} takes the protected samples past the segment's {segment} bytes")]
+    SamplesPastSegment {
+        track_id: u32,
+        offset: u64,
+        segment: u64,
+    },
     #[error("track {track_id}: subsamples cover {covered} bytes of a {size}-byte sample")]
     SubsampleOverrun {
         track_id: u32,

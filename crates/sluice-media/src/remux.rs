@@ -33,8 +33,24 @@ pub const TIMESTAMP_OFFSET: u64 = TS_CLOCK;
 pub const PMT_PID: u16 = 0x1000;
 /// PID of the first track; the next tracks take the following PIDs, in init order.
 pub const FIRST_ES_PID: u16 = 0x100;
-/// Most tracks one init may carry into a TS program (the PMT must fit one packet).
+/// Most tracks one init may carry into a TS program (the PMT must fit one packet, which also
+/// refuses fewer tracks whose descriptors make it longer).
 pub const MAX_TRACKS: usize = 16;
+/// Most bytes of parameter sets (with their start codes) one track repeats before each keyframe.
+/// Real SPS/PPS (and VPS) take tens to hundreds of bytes, a few KiB with an encoder's SEI in
+/// `hvcC`; a larger set would be copied before every sync sample, so the init is refused.
+pub const MAX_PARAMETER_SET_BYTES: usize = 64 << 10;
+/// TS output may exceed its segment at most [`OUTPUT_PER_INPUT`] times plus this many bytes.
+///
+/// Real content stays far below: packetisation adds about 2% and one PES header per sample,
+/// parameter sets come before keyframes that are larger than they are, and an ADTS header adds 7
+/// bytes to an AAC frame. What the ratio does not cover is small audio frames: every sample costs
+/// at least one 188-byte packet, and a silent AAC frame can be 4 to 6 bytes. This allowance is
+/// 5,577 packets, two minutes of 48 kHz AAC, longer than any segment; a hostile segment of
+/// one-byte samples (188 bytes out each) is still held to a few times its size.
+pub const OUTPUT_ALLOWANCE: usize = 1 << 20;
+/// See [`OUTPUT_ALLOWANCE`].
+pub const OUTPUT_PER_INPUT: usize = 4;
 
 /// Why a segment could not be remuxed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,7 +67,7 @@ pub enum RemuxError {
     BadConfig { track_id: u32, why: &'static str },
     #[error("the init segment has no track that MPEG-TS can carry")]
     NoTracks,
-    #[error("the init segment has more than {MAX_TRACKS} tracks")]
+    #[error("the init segment has more tracks than one PMT can list (at most {MAX_TRACKS})")]
     TooManyTracks,
     #[error("track {track_id}: timescale 0")]
     ZeroTimescale { track_id: u32 },
@@ -61,8 +77,18 @@ pub enum RemuxError {
         offset: u64,
         size: u64,
     },
-    #[error("track {track_id}: a run of {count} samples in a smaller segment")]
-    TooManySamples { track_id: u32, count: u32 },
+    #[error("track {track_id}: {count} samples in a smaller segment")]
+    TooManySamples { track_id: u32, count: u64 },
+    /// The samples listed so far add up to more bytes than the segment holds, so some are
+    /// listed twice (a data offset pointing back at bytes already used).
+    #[error("track {track_id}: the sample at byte {offset} takes the samples past the segment's {segment} bytes")]
+    SamplesPastSegment {
+        track_id: u32,
+        offset: u64,
+        segment: u64,
+    },
+    #[error("a {input}-byte segment would make more than {limit} bytes of MPEG-TS")]
+    OutputTooLarge { input: usize, limit: usize },
     #[error("track {track_id}: a NAL unit length runs past its sample")]
     BadNal { track_id: u32 },
     #[error("track {track_id}: a {size}-byte audio frame does not fit an ADTS header")]
@@ -134,7 +160,7 @@ impl Remuxer {
         if tracks.is_empty() {
             return Err(RemuxError::NoTracks);
         }
-        if tracks.len() > MAX_TRACKS {
+        if tracks.len() > MAX_TRACKS || !ts::pmt_fits(&tracks) {
             return Err(RemuxError::TooManyTracks);
         }
         Ok(Remuxer { tracks })
@@ -194,6 +220,10 @@ impl Remuxer {
         let samples = samples::read(segment, &self.tracks)?;
         let mut next = state.clone();
         let start = out.len();
+        let limit = segment
+            .len()
+            .saturating_mul(OUTPUT_PER_INPUT)
+            .saturating_add(OUTPUT_ALLOWANCE);
         ts::write_tables(self, &mut next, out);
         let pcr_pid = self.pcr_pid();
         let mut es = Vec::new();
@@ -216,6 +246,15 @@ impl Remuxer {
                 bounded: !track.codec.is_video(),
             };
             ts::write_pes(&pes, &es, &mut next, out);
+            // Checked as it grows, so a refused segment never holds more than the limit and one
+            // sample's packets.
+            if out.len() - start > limit {
+                out.truncate(start);
+                return Err(RemuxError::OutputTooLarge {
+                    input: segment.len(),
+                    limit,
+                });
+            }
         }
         *state = next;
         Ok(())

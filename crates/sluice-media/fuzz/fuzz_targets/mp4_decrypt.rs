@@ -1,4 +1,6 @@
-//! Fuzzes the MP4 box walker, init rewriting and segment decryption: no input may panic.
+//! Fuzzes the MP4 box walker, init rewriting and segment decryption: no input may panic, and
+//! what decryption returns is never much larger than its input (it only removes boxes; samples
+//! listed many times over must be refused, not decrypted again and again).
 //!
 //! The first byte picks the case: rewrite the input as an init segment, decrypt it as a media
 //! segment against one of the real fixture inits (each scheme), or split it into an init and a
@@ -26,6 +28,16 @@ fn keys() -> KeyRing {
     .expect("fixture keys parse")
 }
 
+/// Decryption keeps or removes bytes; twice the input plus a little is already a bug.
+fn assert_bounded(out: &[u8], input: &[u8]) {
+    assert!(
+        out.len() <= 2 * input.len() + 1024,
+        "{} bytes out of {}",
+        out.len(),
+        input.len()
+    );
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
@@ -39,7 +51,9 @@ fuzz_target!(|data: &[u8]| {
         }
         n @ 1..=4 => {
             let (_, info) = rewrite_init(INITS[n as usize - 1]).expect("fixture init");
-            let _ = decrypt_segment(rest, &info, &keys());
+            if let Ok(out) = decrypt_segment(rest, &info, &keys()) {
+                assert_bounded(&out, rest);
+            }
         }
         _ => {
             // Two length bytes (little-endian) frame the init; they are consumed here, so the
@@ -50,7 +64,9 @@ fuzz_target!(|data: &[u8]| {
             let split = usize::from(u16::from_le_bytes(*len)).min(rest.len());
             let (init, segment) = rest.split_at(split);
             if let Ok((_, info)) = rewrite_init(init) {
-                let _ = decrypt_segment(segment, &info, &keys());
+                if let Ok(out) = decrypt_segment(segment, &info, &keys()) {
+                    assert_bounded(&out, segment);
+                }
             }
         }
     }

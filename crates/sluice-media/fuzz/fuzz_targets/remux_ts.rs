@@ -1,5 +1,5 @@
 //! Fuzzes the fMP4 → MPEG-TS remuxer: an attacker-chosen init and media segment, never a panic,
-//! and whatever comes out is whole TS packets.
+//! and whatever comes out is whole TS packets, at most a few times the segment's size.
 //!
 //! Framing: a two-byte little-endian init length, the init, then the segment. An init the
 //! remuxer refuses falls back to one of the real fixture inits (picked by the length's low bit),
@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use sluice_media::cenc::rewrite_init;
-use sluice_media::remux::{RemuxState, Remuxer};
+use sluice_media::remux::{RemuxState, Remuxer, OUTPUT_ALLOWANCE, OUTPUT_PER_INPUT};
 
 const INITS: [&[u8]; 2] = [
     include_bytes!("../../tests/fixtures/drm/cenc/video/init.mp4"),
@@ -41,5 +41,6 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(ts) = remuxer.segment(segment, &mut state) {
         assert_eq!(ts.len() % 188, 0);
         assert!(ts.chunks(188).all(|p| p[0] == 0x47));
+        assert!(ts.len() <= segment.len() * OUTPUT_PER_INPUT + OUTPUT_ALLOWANCE);
     }
 });

@@ -107,11 +107,20 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
     // (input offset, bytes removed) per shrunk box, for `sidx` and absolute offsets.
     let mut removals: Vec<(usize, usize)> = Vec::new();
     let mut removed_total = 0usize;
+    // Protected samples of one track never overlap, nor do two tracks' samples, and all lie in
+    // the segment: their sizes add up to at most its length. Counted across every `trun`, `traf`
+    // and `moof`, this bounds the jobs (and the walk) even when each `trun`'s data offset points
+    // back at the same bytes, which would otherwise list the same samples again and again.
+    let mut budget = segment.len();
     for b in boxes(segment) {
         let b = b?;
         let out = match &b.kind {
             b"moof" => {
-                let bytes = plan_moof(&b, removed_total, segment.len(), tracks, &mut jobs)?;
+                let within = Within {
+                    limit: segment.len(),
+                    budget: &mut budget,
+                };
+                let bytes = plan_moof(&b, removed_total, within, tracks, &mut jobs)?;
                 TopOut::Bytes(bytes)
             }
             b"moov" => {
@@ -143,11 +152,17 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
     Ok(Plan { tops, jobs })
 }
 
+/// Where protected samples may lie: below `limit`, and `budget` bytes of them left in the segment.
+struct Within<'b> {
+    limit: usize,
+    budget: &'b mut usize,
+}
+
 /// Plans one `moof`: lists its encrypted samples and returns its rebuilt bytes.
 fn plan_moof<'a>(
     moof: &Mp4Box<'a>,
     removed_before: usize,
-    limit: usize,
+    mut within: Within<'_>,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job<'a>>,
 ) -> Result<Vec<u8>, CencError> {
@@ -172,7 +187,7 @@ fn plan_moof<'a>(
                 moof.offset,
                 fixes.is_empty(),
                 data_end,
-                limit,
+                &mut within,
                 tracks,
                 jobs,
             )?;
@@ -189,7 +204,7 @@ fn plan_traf<'a>(
     moof_start: usize,
     first_traf: bool,
     previous_end: usize,
-    limit: usize,
+    within: &mut Within<'_>,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job<'a>>,
 ) -> Result<(TrafFix, usize), CencError> {
@@ -233,17 +248,38 @@ fn plan_traf<'a>(
                 continue;
             }
             // Every protected sample must lie in the segment, which also bounds the walk.
-            cursor = offset.checked_add(size).filter(|&end| end <= limit).ok_or(
-                CencError::SampleOutsideMdat {
+            cursor = offset
+                .checked_add(size)
+                .filter(|&end| end <= within.limit)
+                .ok_or(CencError::SampleOutsideMdat {
                     track_id: tfhd.track_id,
                     offset: offset as u64,
                     size: size as u64,
-                },
-            )?;
+                })?;
+            *within.budget =
+                within
+                    .budget
+                    .checked_sub(size)
+                    .ok_or(CencError::SamplesPastSegment {
+                        track_id: tfhd.track_id,
+                        offset: offset as u64,
+                        segment: within.limit as u64,
+                    })?;
             samples.push(offset, size, jobs)?;
         }
     }
     Ok((fix, cursor))
+}
+
+/// How many encrypted samples [`decrypt_segment`] would decrypt, or why it refuses the segment
+/// before decrypting anything (the bound on planning, checked by the tests).
+#[cfg(test)]
+pub(super) fn planned_jobs(
+    segment: &[u8],
+    info: &InitInfo,
+    keys: &KeyRing,
+) -> Result<usize, CencError> {
+    Ok(plan(segment, &resolve_tracks(info, keys))?.jobs.len())
 }
 
 fn to_usize(v: u64, track_id: u32) -> Result<usize, CencError> {

@@ -793,3 +793,49 @@ fn huge_sample_counts_cost_nothing() {
         }
     }
 }
+
+#[test]
+fn truns_pointing_back_at_the_same_bytes_are_refused_while_planning() {
+    let mut t = track(1, true, Some(Scheme::Cbcs), 0);
+    t.constant_iv = Some([1; 16]);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    // `runs` data-offset-only `trun`s of 16-byte samples (`tfhd` default), no `senc`, each
+    // pointing at the start of the same 256-byte `mdat` payload.
+    let payload = 256u32;
+    let seg = |runs: usize| {
+        let tfhd = full(b"tfhd", 0, 0x02_0000 | 0x10, &[&be32(1), &be32(16)]);
+        let trun_len = 20;
+        let moof_len = 8 + 8 + tfhd.len() + runs * trun_len;
+        let trun = full(
+            b"trun",
+            0,
+            0x001,
+            &[&be32(payload / 16), &be32(moof_len as u32 + 8)],
+        );
+        let mut traf = vec![tfhd.as_slice()];
+        traf.extend(std::iter::repeat_n(trun.as_slice(), runs));
+        let moof = bx(b"moof", &[&bx(b"traf", &traf)]);
+        assert_eq!(moof.len(), moof_len);
+        [moof, bx(b"mdat", &[&vec![0; payload as usize]])].concat()
+    };
+    // One run: one job per sample.
+    assert_eq!(segment::planned_jobs(&seg(1), &info, &keys), Ok(16));
+    // Eight runs over the same bytes: refused before any job past the segment's size is listed
+    // (unbounded, this listed 8 x 16 jobs; a 1 MiB segment of such runs lists billions).
+    let hostile = seg(8);
+    // The first run uses 256 of the segment's bytes; the second runs out part way, at the
+    // first sample that does not fit what is left.
+    let start = hostile.len() - payload as usize;
+    let left = hostile.len() - payload as usize;
+    let want = CencError::SamplesPastSegment {
+        track_id: 1,
+        offset: (start + left / 16 * 16) as u64,
+        segment: hostile.len() as u64,
+    };
+    assert_eq!(
+        segment::planned_jobs(&hostile, &info, &keys),
+        Err(want.clone())
+    );
+    assert_eq!(decrypt_segment(&hostile, &info, &keys), Err(want));
+}

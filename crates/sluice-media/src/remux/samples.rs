@@ -36,6 +36,16 @@ pub(crate) fn read(segment: &[u8], tracks: &[Track]) -> Result<Vec<Sample>, Remu
     let mut samples = Vec::new();
     // Decode time reached per track, for fragments that carry no `tfdt`.
     let mut next_dts: Vec<i128> = vec![0; tracks.len()];
+    // Samples of one track never overlap, nor do two tracks' samples, and all lie in the segment:
+    // their sizes add up to at most its length, and (empty samples aside, which real files do
+    // not repeat by the million) so does their count. Counted across every `trun`, `traf` and
+    // `moof`: per `trun`, a data offset pointing back at the same bytes lists them again and
+    // again, K runs making K times the samples.
+    let mut budget = Budget {
+        segment: segment.len() as u64,
+        samples: 0,
+        bytes: 0,
+    };
     for top in boxes(segment) {
         let top = top?;
         if top.kind != *b"moof" {
@@ -44,19 +54,26 @@ pub(crate) fn read(segment: &[u8], tracks: &[Track]) -> Result<Vec<Sample>, Remu
         for traf in top.children() {
             let traf = traf?;
             if traf.kind == *b"traf" {
-                read_traf(segment, &top, &traf, tracks, &mut next_dts, &mut samples)?;
+                let at = (&top, &traf);
+                read_traf(at, tracks, &mut next_dts, &mut budget, &mut samples)?;
             }
         }
     }
     Ok(samples)
 }
 
+/// Samples (and their bytes) listed so far in one segment.
+struct Budget {
+    segment: u64,
+    samples: u64,
+    bytes: u64,
+}
+
 fn read_traf(
-    segment: &[u8],
-    moof: &Mp4Box<'_>,
-    traf: &Mp4Box<'_>,
+    (moof, traf): (&Mp4Box<'_>, &Mp4Box<'_>),
     tracks: &[Track],
     next_dts: &mut [i128],
+    budget: &mut Budget,
     out: &mut Vec<Sample>,
 ) -> Result<(), RemuxError> {
     let tfhd = traf.child(b"tfhd")?.ok_or(RemuxError::MissingBox("tfhd"))?;
@@ -81,10 +98,11 @@ fn read_traf(
         let trun = Trun::parse(&trun)?;
         // A run whose samples carry no fields costs no bytes per sample; without this bound a
         // hostile count would make billions of them.
-        if u64::from(trun.sample_count) > segment.len() as u64 {
+        budget.samples += u64::from(trun.sample_count);
+        if budget.samples > budget.segment {
             return Err(RemuxError::TooManySamples {
                 track_id: track.track_id,
-                count: trun.sample_count,
+                count: budget.samples,
             });
         }
         if let Some(offset) = trun.data_offset {
@@ -104,12 +122,20 @@ fn read_traf(
                 .or(tfhd.default_sample_flags)
                 .unwrap_or(trex.default_sample_flags);
             let end = data_at.checked_add(size.into());
-            let inside = end.is_some_and(|e| e <= segment.len() as u64);
+            let inside = end.is_some_and(|e| e <= budget.segment);
             if !inside {
                 return Err(RemuxError::SampleOutside {
                     track_id: track.track_id,
                     offset: data_at,
                     size: size.into(),
+                });
+            }
+            budget.bytes += u64::from(size);
+            if budget.bytes > budget.segment {
+                return Err(RemuxError::SamplesPastSegment {
+                    track_id: track.track_id,
+                    offset: data_at,
+                    segment: budget.segment,
                 });
             }
             // An empty sample has nothing to present; it still advances the clock.

@@ -398,3 +398,234 @@ fn spans_chain_segments() {
     assert_eq!(b.start, a.end);
     assert_eq!(r.span(b"").unwrap(), None);
 }
+
+// === hostile segments: bounded work and output ===
+
+/// (CRC-32/MPEG-2, length) of the TS made from every segment of each fixture stream, chained.
+fn fixture_outputs() -> Vec<(u32, usize)> {
+    let mut streams: Vec<(Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
+    for scheme in ["cenc", "cbcs"] {
+        for track in ["video", "audio"] {
+            streams.push(clear(scheme, track));
+        }
+    }
+    streams.extend((0..3).map(clear_package));
+    streams
+        .iter()
+        .map(|(init, segments)| {
+            let r = Remuxer::new(init).unwrap();
+            let mut state = RemuxState::default();
+            let mut all = Vec::new();
+            for seg in segments {
+                r.segment_into(seg, &mut state, &mut all).unwrap();
+            }
+            (crc32_mpeg2(&all), all.len())
+        })
+        .collect()
+}
+
+#[test]
+fn bounds_leave_real_output_unchanged() {
+    // Recorded before the sample, output and parameter-set bounds were added.
+    let want = [
+        (0x849d_a06d, 0xa190),
+        (0x518e_dde6, 0x4ae8),
+        (0x849d_a06d, 0xa190),
+        (0x518e_dde6, 0x4ae8),
+        (0x854d_5ba8, 0x8ff0),
+        (0xf60b_2929, 0x8f34),
+        (0xd45e_319d, 0x8f34),
+    ];
+    assert_eq!(fixture_outputs(), want);
+}
+
+fn bx(kind: &[u8; 4], parts: &[&[u8]]) -> Vec<u8> {
+    let len = 8 + parts.iter().map(|p| p.len()).sum::<usize>();
+    [&(len as u32).to_be_bytes()[..], kind, &parts.concat()].concat()
+}
+
+fn full(kind: &[u8; 4], flags: u32, parts: &[&[u8]]) -> Vec<u8> {
+    bx(kind, &[&flags.to_be_bytes(), &parts.concat()])
+}
+
+/// One `moof` of `runs` data-offset-only `trun`s of `count` samples (sized by the `tfhd` default
+/// `size`), every run starting at the first byte of the following `mdat` of `payload` bytes.
+fn same_bytes_runs(track_id: u32, size: u32, count: u32, runs: usize, payload: usize) -> Vec<u8> {
+    let tfhd = full(
+        b"tfhd",
+        0x02_0000 | 0x10,
+        &[&track_id.to_be_bytes(), &size.to_be_bytes()],
+    );
+    let moof_len = 16 + tfhd.len() + runs * 20;
+    let offset = (moof_len as u32 + 8).to_be_bytes();
+    let trun = full(b"trun", 0x001, &[&count.to_be_bytes(), &offset]);
+    let mut traf = vec![tfhd.as_slice()];
+    traf.extend(std::iter::repeat_n(trun.as_slice(), runs));
+    let moof = bx(b"moof", &[&bx(b"traf", &traf)]);
+    assert_eq!(moof.len(), moof_len);
+    [moof, bx(b"mdat", &[&vec![0x0b; payload]])].concat()
+}
+
+#[test]
+fn runs_over_the_same_bytes_are_refused() {
+    let (init, _) = clear_package(1);
+    let r = Remuxer::new(&init).unwrap();
+    let id = r.tracks()[0].track_id;
+    // One run of 64 one-byte samples is fine.
+    assert_eq!(
+        samples::read(&same_bytes_runs(id, 1, 64, 1, 64), r.tracks())
+            .unwrap()
+            .len(),
+        64
+    );
+    // 50 runs of four 16-byte samples over the same 64 bytes: few samples, many bytes. The
+    // first sample past the segment's length is refused, wherever it falls in its run.
+    let seg = same_bytes_runs(id, 16, 4, 50, 64);
+    let payload_at = seg.len() - 64;
+    let fit = seg.len() / 16;
+    let want = RemuxError::SamplesPastSegment {
+        track_id: id,
+        offset: (payload_at + fit % 4 * 16) as u64,
+        segment: seg.len() as u64,
+    };
+    let count = |seg: &[u8]| samples::read(seg, r.tracks()).map(|s| s.len());
+    assert_eq!(count(&seg), Err(want.clone()));
+    assert_eq!(r.segment(&seg, &mut RemuxState::default()), Err(want));
+    // 50 runs of 64 one-byte samples over the same bytes (3,200 without the bound).
+    let seg = same_bytes_runs(id, 1, 64, 50, 64);
+    assert!(matches!(
+        samples::read(&seg, r.tracks()),
+        Err(RemuxError::TooManySamples { .. })
+    ));
+    // Empty samples take no bytes but each is still walked: their count is bounded across runs
+    // (each run alone stays under the segment's length).
+    let seg = same_bytes_runs(id, 0, 1000, 50, 64);
+    assert!(1000 < seg.len());
+    assert_eq!(
+        samples::read(&seg, r.tracks()),
+        Err(RemuxError::TooManySamples {
+            track_id: id,
+            count: (seg.len() as u64 / 1000 + 1) * 1000,
+        })
+    );
+}
+
+#[test]
+fn tiny_samples_cannot_amplify_the_output() {
+    let (init, _) = clear_package(1);
+    let r = Remuxer::new(&init).unwrap();
+    let id = r.tracks()[0].track_id;
+    // 8,000 one-byte AC-3 samples, one after the other: each is a PES of one 188-byte packet,
+    // 1.5 MB from 8 KB. Refused, and nothing is left in the output.
+    let seg = same_bytes_runs(id, 1, 8000, 1, 8000);
+    let limit = seg.len() * OUTPUT_PER_INPUT + OUTPUT_ALLOWANCE;
+    assert!((8000 + 2) * PACKET_LEN > limit);
+    let mut out = b"kept".to_vec();
+    let mut state = RemuxState::default();
+    assert_eq!(
+        r.segment_into(&seg, &mut state, &mut out),
+        Err(RemuxError::OutputTooLarge {
+            input: seg.len(),
+            limit
+        })
+    );
+    assert_eq!(out, b"kept");
+    assert_eq!(state, RemuxState::default());
+    // Under the allowance the same samples go through, one packet each.
+    let seg = same_bytes_runs(id, 1, 4000, 1, 4000);
+    let ts = r.segment(&seg, &mut RemuxState::default()).unwrap();
+    assert_eq!(ts.len(), (4000 + 2) * PACKET_LEN);
+}
+
+/// `init` with its one `avcC` replaced by `avcc`, every box around it resized.
+fn with_avcc(init: &[u8], avcc: &[u8]) -> Vec<u8> {
+    let at = init.windows(4).position(|w| w == b"avcC").unwrap() - 4;
+    let old = u32::from_be_bytes(init[at..at + 4].try_into().unwrap()) as usize;
+    let new = bx(b"avcC", &[avcc]);
+    let grow = new.len() - old;
+    let mut out = [&init[..at], &new, &init[at + old..]].concat();
+    for kind in [
+        b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stsd", b"avc1",
+    ] {
+        // The last header of that type before `avcC` is the box holding it (`avc1` is also a
+        // brand in `ftyp`).
+        let start = out[..at].windows(4).rposition(|w| w == kind).unwrap() - 4;
+        let len = u32::from_be_bytes(out[start..start + 4].try_into().unwrap()) as usize;
+        out[start..start + 4].copy_from_slice(&((len + grow) as u32).to_be_bytes());
+    }
+    out
+}
+
+#[test]
+fn parameter_sets_repeated_before_keyframes_are_bounded() {
+    let (init, _) = clear("cenc", "video");
+    let r = Remuxer::new(&init).unwrap();
+    let id = r.tracks()[0].track_id;
+    // Two SPS of `len` bytes and one PPS, each written after a 4-byte start code.
+    let avcc = |len: usize| {
+        let sps = [&[0x67u8][..], &vec![0x42; len - 1]].concat();
+        let set = [&(len as u16).to_be_bytes()[..], &sps].concat();
+        [
+            &[1, 0x64, 0, 0x1f, 0xff, 0xe2][..],
+            &set,
+            &set,
+            &[1, 0, 2, 0x68, 0xce],
+        ]
+        .concat()
+    };
+    // 2 x (4 + 32,761) + (4 + 2) is exactly 64 KiB.
+    let fits = Remuxer::new(&with_avcc(&init, &avcc(32_761))).unwrap();
+    let Codec::H264 { parameter_sets, .. } = &fits.tracks()[0].codec else {
+        panic!("H.264 expected");
+    };
+    assert_eq!(parameter_sets.len(), 3);
+    assert_eq!(
+        Remuxer::new(&with_avcc(&init, &avcc(32_762))).unwrap_err(),
+        RemuxError::BadConfig {
+            track_id: id,
+            why: "parameter sets over 64 KiB"
+        }
+    );
+}
+
+/// The AC-3 init with its one track repeated `n` times (track IDs 1 to `n`).
+fn ac3_tracks(n: u32) -> Vec<u8> {
+    let (init, _) = clear_package(1);
+    let moov = crate::mp4::find(crate::mp4::boxes(&init), b"moov")
+        .unwrap()
+        .unwrap();
+    let mut children = Vec::new();
+    let mut trak = Vec::new();
+    for b in moov.children() {
+        let b = b.unwrap();
+        match &b.kind {
+            b"trak" => trak = b.bytes().to_vec(),
+            b"mvex" => {}
+            _ => children.push(b.bytes().to_vec()),
+        }
+    }
+    let tkhd = trak.windows(4).position(|w| w == b"tkhd").unwrap() - 4;
+    let id_at = tkhd + if trak[tkhd + 8] == 1 { 28 } else { 20 };
+    for id in 1..=n {
+        trak[id_at..id_at + 4].copy_from_slice(&id.to_be_bytes());
+        children.push(trak.clone());
+    }
+    let refs: Vec<&[u8]> = children.iter().map(Vec::as_slice).collect();
+    bx(b"moov", &refs)
+}
+
+#[test]
+fn a_pmt_longer_than_its_packet_is_refused() {
+    // 15 AC-3 tracks: 16 + 15 x 11 = 181 bytes of section, the PMT fits with its CRC.
+    let r = Remuxer::new(&ac3_tracks(15)).unwrap();
+    assert_eq!(r.tracks().len(), 15);
+    let ts = r.segment(b"", &mut RemuxState::default()).unwrap();
+    assert_eq!(ts.len(), 2 * PACKET_LEN);
+    check_section(packets(&ts)[1].2);
+    assert_eq!(pmt_streams(&ts).len(), 15);
+    // 16 (MAX_TRACKS) would need 192 bytes: its CRC was cut off.
+    assert_eq!(
+        Remuxer::new(&ac3_tracks(16)).unwrap_err(),
+        RemuxError::TooManyTracks
+    );
+}

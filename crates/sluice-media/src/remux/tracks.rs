@@ -1,7 +1,10 @@
 //! The tracks of a clear init segment as the remuxer needs them: id, timescale, fragment
 //! defaults and codec configuration (`avcC`, `hvcC`, `esds`, `dac3`/`dec3`). No I/O.
 
-use super::RemuxError;
+use super::{RemuxError, MAX_PARAMETER_SET_BYTES};
+
+/// Each parameter set is written after an Annex B start code.
+const START_CODE_LEN: usize = 4;
 use crate::mp4::{boxes, find, FourCC, Hdlr, Mp4Box, Reader, SampleEntry, Stsd, Tkhd, Trex};
 
 /// One track of the init segment that MPEG-TS can carry.
@@ -159,16 +162,27 @@ fn read_codec(track_id: u32, entry: &SampleEntry<'_>) -> Result<Codec, RemuxErro
     let child = |kind: &FourCC| -> Result<Mp4Box<'_>, RemuxError> {
         find(entry.children(), kind)?.ok_or(bad("configuration box missing"))
     };
+    // Parameter sets are copied before every keyframe: bounded, so an init cannot make each
+    // sync sample cost megabytes of output.
+    let capped = |(size, sets): (u8, Vec<Vec<u8>>)| {
+        let bytes: usize = sets.iter().map(|s| START_CODE_LEN + s.len()).sum();
+        if bytes > MAX_PARAMETER_SET_BYTES {
+            return Err("parameter sets over 64 KiB");
+        }
+        Ok((size, sets))
+    };
     match &entry.kind {
         b"avc1" | b"avc3" => {
-            let (nal_length_size, parameter_sets) = avcc(&child(b"avcC")?).map_err(bad)?;
+            let (nal_length_size, parameter_sets) =
+                avcc(&child(b"avcC")?).and_then(capped).map_err(bad)?;
             Ok(Codec::H264 {
                 nal_length_size,
                 parameter_sets,
             })
         }
         b"hvc1" | b"hev1" => {
-            let (nal_length_size, parameter_sets) = hvcc(&child(b"hvcC")?).map_err(bad)?;
+            let (nal_length_size, parameter_sets) =
+                hvcc(&child(b"hvcC")?).and_then(capped).map_err(bad)?;
             Ok(Codec::H265 {
                 nal_length_size,
                 parameter_sets,

@@ -1,7 +1,7 @@
 //! MPEG-TS output: PAT and PMT sections, PES headers, and packetisation into 188-byte packets
 //! with adaptation-field stuffing, PCR and random-access flags. No I/O.
 
-use super::{RemuxState, Remuxer, PMT_PID};
+use super::{RemuxState, Remuxer, Track, PMT_PID};
 use crate::mpegts::{PACKET_LEN, SYNC_BYTE};
 
 /// How far the PCR runs ahead of the DTS it is stamped beside (decoder buffering), in 90 kHz
@@ -32,10 +32,28 @@ pub(crate) fn write_tables(remuxer: &Remuxer, state: &mut RemuxState, out: &mut 
     pat.extend_from_slice(&(0xe000 | PMT_PID).to_be_bytes());
     write_section(0x0000, 0x00, TRANSPORT_STREAM_ID, &pat, state, out);
 
+    let pmt = pmt_body(remuxer.pcr_pid(), remuxer.tracks());
+    write_section(PMT_PID, 0x02, PROGRAM_NUMBER, &pmt, state, out);
+}
+
+/// Whether the PMT of `tracks` fits the one packet [`write_tables`] gives it: 16 tracks with
+/// registration descriptors (H.265, AC-3, E-AC-3) take 11 bytes each and do not.
+pub(crate) fn pmt_fits(tracks: &[Track]) -> bool {
+    // Packet header and pointer field, then the section.
+    5 + section_len(&pmt_body(0, tracks)) <= PACKET_LEN
+}
+
+/// Bytes of a section around `body`: table id and length (3), the long-form header (5), the CRC.
+fn section_len(body: &[u8]) -> usize {
+    3 + 5 + body.len() + 4
+}
+
+/// The PMT's program info and one entry per track.
+fn pmt_body(pcr_pid: u16, tracks: &[Track]) -> Vec<u8> {
     let mut pmt = Vec::with_capacity(64);
-    pmt.extend_from_slice(&(0xe000 | remuxer.pcr_pid()).to_be_bytes());
+    pmt.extend_from_slice(&(0xe000 | pcr_pid).to_be_bytes());
     pmt.extend_from_slice(&0xf000u16.to_be_bytes()); // no program descriptors
-    for (i, track) in remuxer.tracks().iter().enumerate() {
+    for (i, track) in tracks.iter().enumerate() {
         pmt.push(track.codec.stream_type());
         pmt.extend_from_slice(&(0xe000 | Remuxer::pid(i)).to_be_bytes());
         match track.codec.registration() {
@@ -47,10 +65,11 @@ pub(crate) fn write_tables(remuxer: &Remuxer, state: &mut RemuxState, out: &mut 
             None => pmt.extend_from_slice(&0xf000u16.to_be_bytes()),
         }
     }
-    write_section(PMT_PID, 0x02, PROGRAM_NUMBER, &pmt, state, out);
+    pmt
 }
 
-/// A long-form PSI section (table id, id extension, version 0, current) in one packet.
+/// A long-form PSI section (table id, id extension, version 0, current) in one packet; callers
+/// keep it short enough (see [`pmt_fits`]).
 fn write_section(
     pid: u16,
     table_id: u8,
@@ -59,7 +78,7 @@ fn write_section(
     state: &mut RemuxState,
     out: &mut Vec<u8>,
 ) {
-    let mut section = Vec::with_capacity(body.len() + 12);
+    let mut section = Vec::with_capacity(section_len(body));
     section.push(table_id);
     // section_length counts from after itself: 5 header bytes, the body, the CRC.
     let len = (5 + body.len() + 4) as u16;
@@ -74,6 +93,7 @@ fn write_section(
     out.push(0x10 | state.next(pid));
     out.push(0x00); // pointer field
     out.extend_from_slice(&section);
+    debug_assert!(out.len() - start <= PACKET_LEN, "a section past its packet");
     out.resize(start + PACKET_LEN, 0xff);
 }
 
