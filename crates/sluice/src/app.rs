@@ -245,12 +245,14 @@ impl App {
                 anyhow::bail!("media.cache changed: that needs a restart");
             }
             // The first caching route builds the cache (from this file's `[cache]`); after that
-            // the one built is kept whatever `[cache]` says.
+            // the one built is kept whatever `[cache]` says. A new cache is only a candidate
+            // until the commit stores it: a later part (TLS, TCP) may still refuse the reload,
+            // and then it is dropped with its tasks, and `[cache]` stays live.
             #[cfg(feature = "reverse")]
             let cache = if config.routes.iter().any(|r| r.cache) {
-                Some(self.cache.get_or_create(&config.cache_section())?)
+                Some(self.cache.candidate(&config.cache_section())?)
             } else {
-                self.cache.get()
+                self.cache.get().map(crate::cache::slot::Candidate::Running)
             };
             #[cfg(feature = "groups")]
             let groups = self.groups.prepare(&config.upstreams)?;
@@ -260,14 +262,22 @@ impl App {
                 Some(&old),
                 &groups,
                 &self.reverse_metrics,
-                cache.as_ref(),
+                cache.as_ref().map(crate::cache::slot::Candidate::cache),
             )?;
             #[cfg(not(feature = "reverse"))]
             let routing = build_routing(config)?;
+            #[cfg(feature = "reverse")]
+            let fresh = match cache {
+                Some(crate::cache::slot::Candidate::New(c)) => Some(c),
+                _ => None,
+            };
+            #[cfg(not(feature = "reverse"))]
+            #[allow(clippy::let_unit_value)]
+            let fresh = ();
             #[cfg(feature = "groups")]
-            return Ok((groups, routing));
+            return Ok((groups, routing, fresh));
             #[cfg(not(feature = "groups"))]
-            Ok(((), routing))
+            Ok(((), routing, fresh))
         })();
         #[cfg(feature = "reverse")]
         self.reverse_metrics
@@ -281,7 +291,7 @@ impl App {
             })
             .inc();
         #[cfg_attr(not(feature = "groups"), allow(unused_variables))]
-        let (groups, routing) = result?;
+        let (groups, routing, fresh) = result?;
         let swap = self.routing_handle();
         #[cfg(feature = "groups")]
         let live = Arc::clone(&self.groups);
@@ -296,6 +306,17 @@ impl App {
         Ok(Box::new(move || {
             #[cfg(feature = "media")]
             home.0.store(Arc::new(home.1));
+            // Stored before the purge keys are set, so the new cache gets this reload's.
+            #[cfg(feature = "reverse")]
+            if let Some(fresh) = fresh {
+                // Reloads are serialised (the reloader's lock), so the slot is still empty; were
+                // it not, it keeps the cache it has and this table uses its own.
+                if !purge.0.install(fresh.clone()).same_as(&fresh) {
+                    tracing::warn!("a reload built a second slice cache; the first one is kept");
+                }
+            }
+            #[cfg(not(feature = "reverse"))]
+            let () = fresh;
             #[cfg(feature = "cache")]
             purge.0.set_purge(&purge.1, credentials.auth.secret());
             keys.store(credentials);

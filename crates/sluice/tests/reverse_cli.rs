@@ -345,3 +345,87 @@ fn busy_polling_spins_only_after_a_request() {
     );
     stop(&mut child);
 }
+
+/// An origin that lets every answer be cached for an hour; counts the requests it gets.
+fn cacheable_origin() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\nCache-Control: public, max-age=3600\r\n\
+                      Content-Length: 6\r\nConnection: close\r\n\r\ncached",
+                );
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A reload that would build the first cache but is refused by a later part (here the TLS part:
+/// a certificate file that is not there) builds nothing: when the file is fixed, with the same
+/// `[cache]`, the next reload applies it (`[cache]` is still live while no cache runs) and the
+/// route caches. The refused reload used to keep the cache it built in its prepare step, so the
+/// next one was refused with "cache.… needs a restart".
+#[test]
+fn a_refused_reload_leaves_no_cache_behind() {
+    let (origin, seen) = cacheable_origin();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let listen = free_listen();
+    // The media front end caches by default: off, so nothing builds a cache at start.
+    let plain = format!(
+        "{}\n[media]\ncache = false\n",
+        config(&listen, &origin, &pid, 0)
+    );
+    std::fs::write(&file, &plain).unwrap();
+    let mut child = start(&file, &listen, &pid);
+    let r = get(&listen, "GET", "/", "");
+    assert!(r.ends_with("cached") && !r.contains("cache-status"), "{r}");
+
+    let caching = format!(
+        "{}\n[cache]\nmemory_bytes = \"8MiB\"\n",
+        plain.replace("upstream = \"app\"", "upstream = \"app\"\ncache = true")
+    );
+    let missing = dir.path().join("missing.pem");
+    let broken = caching.replace(
+        "threads = 0",
+        &format!(
+            "threads = 0\ntls_cert = \"{0}\"\ntls_key = \"{0}\"",
+            missing.display()
+        ),
+    );
+    let reload = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        get(&listen, "POST", "/admin/reload", "api_password: pw\r\n")
+    };
+    let r = reload(&broken);
+    assert!(r.starts_with("HTTP/1.1 422"), "{r}");
+    assert!(r.contains("missing.pem"), "{r}");
+    // Nothing was applied: the route still does not cache.
+    let r = get(&listen, "GET", "/", "");
+    assert!(!r.contains("cache-status"), "{r}");
+
+    let r = reload(&caching);
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let first = get(&listen, "GET", "/", "");
+    assert!(first.ends_with("cached"), "{first}");
+    let again = get(&listen, "GET", "/", "");
+    assert!(
+        again
+            .to_ascii_lowercase()
+            .contains("cache-status: sluice; hit"),
+        "{again}"
+    );
+    assert!(again.ends_with("cached"), "{again}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+    stop(&mut child);
+}

@@ -36,9 +36,18 @@ impl CacheSlot {
     /// is: its tiers and sizes (`[cache]`) change only with a restart. Must run inside a tokio
     /// runtime the first time (the disk writer and the gauges are tasks).
     pub fn get_or_create(&self, config: &CacheConfig) -> Result<Cache, CacheError> {
-        let mut slot = self.lock();
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
+        match self.candidate(config)? {
+            Candidate::Running(cache) => Ok(cache),
+            Candidate::New(cache) => Ok(self.install(cache)),
+        }
+    }
+
+    /// The cache a reload would use: the one running, or a new one built from `config` and not
+    /// stored, so a reload refused after this step leaves the slot empty (dropping the new
+    /// cache ends the tasks it started). [`CacheSlot::install`] stores it when the reload commits.
+    pub fn candidate(&self, config: &CacheConfig) -> Result<Candidate, CacheError> {
+        if let Some(c) = self.get() {
+            return Ok(Candidate::Running(c));
         }
         let password = self
             .api_password
@@ -46,8 +55,13 @@ impl CacheSlot {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let cache = Cache::with_metrics(config, password.as_deref(), self.metrics.clone())?;
-        *slot = Some(cache.clone());
-        Ok(cache)
+        Ok(Candidate::New(cache))
+    }
+
+    /// Stores `cache` unless the slot holds one already (the first one stored stays, so every
+    /// table and the shutdown flush see the same cache); returns the one the slot holds.
+    pub fn install(&self, cache: Cache) -> Cache {
+        self.lock().get_or_insert(cache).clone()
     }
 
     /// A reload's `[auth]` password and `[cache]` purge keys: for the cache if built, and for
@@ -63,6 +77,22 @@ impl CacheSlot {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Cache>> {
         // Nothing is left half-done under the lock, so a poisoned one is still consistent.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What [`CacheSlot::candidate`] found or built.
+pub enum Candidate {
+    /// The cache the process runs.
+    Running(Cache),
+    /// Built for a reload, not stored yet.
+    New(Cache),
+}
+
+impl Candidate {
+    pub fn cache(&self) -> &Cache {
+        match self {
+            Candidate::Running(c) | Candidate::New(c) => c,
+        }
     }
 }
 
@@ -88,5 +118,47 @@ mod tests {
         };
         assert!(fresh.get_or_create(&bad).is_err());
         assert!(fresh.get().is_none());
+    }
+
+    /// A reload's new cache is stored only by its commit; one dropped instead (a refused reload)
+    /// ends what it started: nothing keeps the cache, and the disk writer lets go of the tier.
+    #[tokio::test]
+    async fn a_candidate_is_stored_only_when_installed() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = CacheSlot::new(None, &mut Registry::default());
+        let config = CacheConfig {
+            disk_path: Some(dir.path().join("tier")),
+            ..CacheConfig::default()
+        };
+        let Candidate::New(dropped) = slot.candidate(&config).unwrap() else {
+            panic!("no cache runs yet");
+        };
+        assert!(slot.get().is_none());
+        let inner = std::sync::Arc::downgrade(&dropped.inner);
+        let stats = std::sync::Arc::downgrade(&dropped.inner.disk.as_ref().unwrap().stats);
+        drop(dropped);
+        assert!(inner.upgrade().is_none(), "something still holds the cache");
+        // The writer task holds the tier's stats until its queue closes.
+        for _ in 0..100 {
+            if stats.upgrade().is_none() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(stats.upgrade().is_none(), "the disk writer still runs");
+        assert!(slot.get().is_none());
+        // A committed one is the slot's from then on, and a later candidate is that cache.
+        let Candidate::New(kept) = slot.candidate(&config).unwrap() else {
+            panic!("no cache runs yet");
+        };
+        assert!(slot.install(kept.clone()).same_as(&kept));
+        match slot.candidate(&config).unwrap() {
+            Candidate::Running(c) => assert!(c.same_as(&kept)),
+            Candidate::New(_) => panic!("a second cache was built"),
+        }
+        // The first one stored stays.
+        let other =
+            Cache::with_metrics(&CacheConfig::default(), None, slot.metrics.clone()).unwrap();
+        assert!(slot.install(other).same_as(&kept));
     }
 }
