@@ -242,6 +242,50 @@ async fn host_limit_is_on_setups_not_streams() {
     }
 }
 
+/// On the spliced path too, waiting for a per-host setup slot counts against the time-to-headers
+/// deadline: with one slot and an origin that never answers a SYN, the second viewer ends by the
+/// header timeout, not after the first viewer's connect attempt and then its own.
+#[tokio::test]
+async fn spliced_setup_slot_wait_is_bounded_by_the_header_deadline() {
+    // A listener with backlog 0 that never accepts: once its queue holds a connection, further
+    // SYNs go unanswered, as from a host that drops them.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let silent = sock.listen(0).unwrap();
+    let addr = silent.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => fillers.push(s),
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => break,
+        }
+        assert!(fillers.len() < 16, "the accept queue never filled");
+    }
+    let mut config = test_config();
+    config.upstream.max_setups_per_host = 1;
+    config.upstream.connect_timeout_secs = 4;
+    config.upstream.header_timeout_secs = 1;
+    let s = Sluice::start(config).await;
+    let url = s.url(&format!(
+        "/proxy/stream?d={}",
+        enc(&format!("http://127.0.0.1:{}/live.ts", addr.port()))
+    ));
+    let t = Instant::now();
+    let viewers: Vec<_> = (0..2)
+        .map(|_| {
+            let u = url.clone();
+            tokio::spawn(async move { (get(&u).await, t.elapsed()) })
+        })
+        .collect();
+    for v in viewers {
+        let (r, took) = v.await.unwrap();
+        assert_eq!(r.status, 504, "{:?} after {took:?}", r.body);
+        assert!(took < Duration::from_millis(1900), "took {took:?}");
+    }
+    drop((fillers, silent));
+}
+
 #[tokio::test]
 async fn a_private_ca_in_upstream_ca_file_is_trusted() {
     use std::io::Write;

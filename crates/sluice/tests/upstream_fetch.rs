@@ -284,6 +284,53 @@ async fn redirects_are_followed_bounded_and_drop_credentials_across_origins() {
     assert_eq!((got.status.as_u16(), &got.body[..]), (302, &b"body"[..]));
 }
 
+/// The pooled client's redirects (`Upstream::send`): a `Host` the request set (an `h_host`
+/// parameter) goes along while the origin stays the same, and a redirect to another origin
+/// carries that origin's own `Host`.
+#[cfg(feature = "upstream-pool")]
+#[tokio::test]
+async fn a_cross_origin_redirect_carries_the_new_origin_s_host() {
+    let other = ScriptedOrigin::start(HashMap::from([(
+        "/final",
+        script(&[b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nfinal"]),
+    )]))
+    .await;
+    let to_other = format!(
+        "HTTP/1.1 302 Found\r\nlocation: http://{}/final\r\ncontent-length: 0\r\n\
+         connection: close\r\n\r\n",
+        other.addr
+    );
+    let origin = ScriptedOrigin::start(HashMap::from([
+        (
+            "/same",
+            script(&[
+                b"HTTP/1.1 302 Found\r\nlocation: /start\r\ncontent-length: 0\r\n\
+                       connection: close\r\n\r\n",
+            ]),
+        ),
+        ("/start", script(&[to_other.as_bytes()])),
+    ]))
+    .await;
+    let up = client(|_| {});
+    let mut req = sluice::upstream::UpstreamRequest::get(origin.url("/same").parse().unwrap());
+    req.headers
+        .insert("host", HeaderValue::from_static("vhost.example"));
+    let resp = up.send(req).await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(resp.final_url.as_str(), other.url("/final"));
+    let heads: Vec<String> = origin.heads().iter().map(|h| h.to_lowercase()).collect();
+    assert_eq!(heads.len(), 2);
+    for head in &heads {
+        assert!(head.contains("\r\nhost: vhost.example\r\n"), "{head}");
+    }
+    let final_head = other.heads()[0].to_lowercase();
+    assert!(
+        final_head.contains(&format!("\r\nhost: {}\r\n", other.addr)),
+        "{final_head}"
+    );
+    assert!(!final_head.contains("vhost.example"), "{final_head}");
+}
+
 #[tokio::test]
 async fn bodies_over_the_bound_are_refused() {
     let big = pattern(10_000);

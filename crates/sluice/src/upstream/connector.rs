@@ -180,6 +180,8 @@ impl Inner {
             // Forget idle gates of hosts no longer in use.
             map.retain(|_, s| Arc::strong_count(s) > 1);
         }
+        // Keyed as routes match hosts: `a.example.` and `a.example` share one gate.
+        let host = super::route::match_form(host);
         map.entry(format!("{host}:{port}"))
             .or_insert_with(|| Arc::new(Semaphore::new(self.max_setups)))
             .clone()
@@ -492,5 +494,31 @@ impl AsyncWrite for Conn {
             #[cfg(feature = "tls")]
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `a.example.` and `A.example` are one host: they queue for one set of setup slots.
+    #[tokio::test]
+    async fn spellings_of_one_host_share_a_setup_gate() {
+        let connector = Connector::new(
+            RouteTable::default(),
+            #[cfg(feature = "tls")]
+            Vec::new(),
+            false,
+            false,
+            Duration::from_secs(1),
+            1,
+            crate::atomic::Counter::default(),
+        );
+        let inner = &connector.inner;
+        let gate = inner.setup_gate("a.example", 80);
+        assert!(Arc::ptr_eq(&gate, &inner.setup_gate("a.example.", 80)));
+        assert!(Arc::ptr_eq(&gate, &inner.setup_gate("A.Example.", 80)));
+        assert!(!Arc::ptr_eq(&gate, &inner.setup_gate("a.example", 81)));
+        assert!(!Arc::ptr_eq(&gate, &inner.setup_gate("b.example", 80)));
     }
 }

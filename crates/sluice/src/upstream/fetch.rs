@@ -142,6 +142,9 @@ impl Upstream {
                 for name in super::CREDENTIAL_FIELDS {
                     headers.remove(name);
                 }
+                // A `Host` given for the first origin named that origin; the request head
+                // writes the new one's only when the field is absent.
+                headers.remove(http::header::HOST);
             }
             uri = next;
         }

@@ -95,6 +95,10 @@ impl RawPool {
                 !s.is_empty()
             });
         }
+        // `pool_max_idle_per_host = 0` turns keep-alive off: the connection is dropped (closed).
+        if self.max_per_origin == 0 {
+            return;
+        }
         let stack = idle.entry(key).or_default();
         if stack.len() >= self.max_per_origin {
             stack.remove(0);
@@ -127,11 +131,23 @@ impl Upstream {
             .headers
             .insert(super::guard::LOOP_HEADER, super::guard::loop_mark().clone());
         let head = request_head(&marked, &self.user_agent);
+        // One time-to-headers deadline from here, as for the pooled client and `fetch`: the wait
+        // for a per-host setup slot and the connect count against it, so a queue behind an
+        // origin that never answers cannot hold a viewer for its length in connect timeouts.
+        let deadline = Instant::now() + self.header_timeout;
+        let timed_out = || UpstreamError::HeaderTimeout {
+            host: host.clone(),
+            secs: self.header_timeout.as_secs(),
+        };
         loop {
             let (mut socket, reused) = match self.raw_pool.checkout(&key) {
                 Some(s) => (s, true),
                 None => {
-                    let conn = self.connector.clone().call(uri.clone()).await?.into_inner();
+                    let setup = self.connector.clone().call(uri.clone());
+                    let conn = tokio::time::timeout_at(deadline, setup)
+                        .await
+                        .map_err(|_| timed_out())??
+                        .into_inner();
                     match conn {
                         Conn::Plain(socket) => (socket, false),
                         #[cfg(feature = "tls")]
@@ -141,12 +157,9 @@ impl Upstream {
                     }
                 }
             };
-            let got = tokio::time::timeout(self.header_timeout, exchange(&mut socket, &head))
+            let got = tokio::time::timeout_at(deadline, exchange(&mut socket, &head))
                 .await
-                .map_err(|_| UpstreamError::HeaderTimeout {
-                    host: host.clone(),
-                    secs: self.header_timeout.as_secs(),
-                })?;
+                .map_err(|_| timed_out())?;
             match got {
                 Ok((head, early)) => {
                     if reused {
@@ -210,5 +223,28 @@ mod tests {
             b"GET /a/b.mp4?x=1&y=%20 HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: sluice\r\n\
              referer: http://r/\r\n\r\n"
         );
+    }
+
+    /// `pool_max_idle_per_host = 0` (keep-alive off): a connection read to its end is closed,
+    /// not pooled, and the task returning it does not panic.
+    #[tokio::test]
+    async fn no_idle_connections_kept_when_the_limit_is_zero() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = TcpStream::connect(addr).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let pool = Arc::new(RawPool::new(0, Duration::from_secs(60)));
+        let key = format!("127.0.0.1:{}", addr.port());
+        let returning = pool.clone();
+        let key2 = key.clone();
+        let checkin = tokio::spawn(async move { returning.checkin(key2, client) });
+        assert!(checkin.await.is_ok(), "checkin panicked");
+        assert!(pool.checkout(&key).is_none());
+        // The connection was dropped, so the origin's side sees it closed.
+        let mut buf = [0u8; 1];
+        let n = tokio::io::AsyncReadExt::read(&mut server, &mut buf)
+            .await
+            .unwrap();
+        assert_eq!(n, 0);
     }
 }

@@ -108,6 +108,9 @@ impl Upstream {
                 for name in CREDENTIAL_FIELDS {
                     headers.remove(name);
                 }
+                // A `Host` set for the first origin (an `h_host` parameter) named that origin:
+                // hyper adds the new one's only when the field is absent.
+                headers.remove(header::HOST);
             }
             url = next;
         }

@@ -106,6 +106,8 @@ impl Route {
             ),
             _ => (p, None),
         };
+        // An absolute name (`cdn.example.`) is the same host: matched without its dot.
+        let p = p.strip_suffix('.').unwrap_or(p);
         let pattern = match p {
             "" => return Err(RouteError::EmptyPattern),
             "all" | "*" => Pattern::All,
@@ -265,7 +267,7 @@ impl RouteTable {
 
     /// The most specific route for a request to `host:port` (over TLS or not), or direct.
     pub fn lookup_for(&self, host: &str, port: u16, tls: bool) -> (Via, bool) {
-        let host = host.to_ascii_lowercase();
+        let host = match_form(host);
         let best = self
             .routes
             .iter()
@@ -281,6 +283,13 @@ impl RouteTable {
             None => (Via::Direct, !insecure),
         }
     }
+}
+
+/// `host` as patterns are matched against: lowercase, without the trailing dot of an absolute
+/// name (`cdn.example.` is `cdn.example`, and must not slip past its routes and TLS opt-outs).
+pub fn match_form(host: &str) -> String {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    host.to_ascii_lowercase()
 }
 
 #[cfg(test)]
@@ -326,6 +335,47 @@ mod tests {
         assert!(table.lookup("notselfsigned.example").1);
         // `xcdn.example` is not a subdomain of `cdn.example`.
         assert!(matches!(table.lookup("xcdn.example").0, Via::Socks5 { .. }));
+    }
+
+    #[test]
+    fn a_trailing_dot_matches_the_same_routes_and_opt_outs() {
+        let table = RouteTable::new(
+            &[
+                route("*.provider.example", "socks5://127.0.0.1:1"),
+                route("https://exact.example", "http://127.0.0.1:2"),
+                route("dotted.example.", "socks4://127.0.0.1:3"),
+            ],
+            &["*.selfsigned.example".into(), "one.example".into()],
+        )
+        .unwrap();
+        assert!(matches!(
+            table.lookup("cdn.provider.example.").0,
+            Via::Socks5 { .. }
+        ));
+        assert!(matches!(
+            table.lookup("Provider.Example.").0,
+            Via::Socks5 { .. }
+        ));
+        assert!(matches!(
+            table.lookup_for("exact.example.", 443, true).0,
+            Via::HttpConnect { .. }
+        ));
+        // A pattern written with the dot covers the host either way.
+        assert!(matches!(
+            table.lookup("dotted.example").0,
+            Via::Socks4 { .. }
+        ));
+        assert!(matches!(
+            table.lookup("dotted.example.").0,
+            Via::Socks4 { .. }
+        ));
+        // TLS opt-outs too: verification is off for both spellings, and only for them.
+        assert!(!table.lookup("x.selfsigned.example.").1);
+        assert!(!table.lookup("one.example.").1);
+        assert!(table.lookup("two.example.").1);
+        // One dot only: `a.example..` is no spelling of `a.example`.
+        assert_eq!(table.lookup("cdn.provider.example..").0, Via::Direct);
+        assert_eq!(match_form("A.Example."), "a.example");
     }
 
     #[test]
