@@ -364,6 +364,24 @@ async fn master_and_media_playlists_are_exact() {
     assert_eq!(video, want);
 }
 
+/// An MPD past 256 KiB is parsed on the blocking pool: the same master playlist as the small one.
+#[tokio::test]
+async fn a_large_mpd_gives_the_same_playlist() {
+    let o = FileOrigin::start().await;
+    o.put_package("cenc");
+    let small = to_static(&std::fs::read_to_string(fixtures().join("cenc/manifest.mpd")).unwrap());
+    let padding = format!("<!-- {} -->", "x".repeat(300 * 1024));
+    let large = small.replacen("<Period", &format!("{padding}<Period"), 1);
+    assert!(large.len() > 300 * 1024);
+    o.put("large/manifest.mpd", large.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let want = text(&master_url(&s, &o, "cenc", &hex_keys())).await;
+    let got = text(&master_url(&s, &o, "large", &hex_keys())).await;
+    let want = want.replace("cenc%2Fmanifest.mpd", "large%2Fmanifest.mpd");
+    assert!(got.starts_with("#EXTM3U"), "{got}");
+    assert_eq!(got, want);
+}
+
 // === decryption ===
 
 async fn check_decrypted_tracks(variant: &str) {

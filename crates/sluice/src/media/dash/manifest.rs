@@ -157,8 +157,16 @@ pub(super) async fn load_mpd_text(
             .cache
             .fetch(CacheKind::Mpd, &part, headers, limit, max_age)
             .await?;
-        let text = std::str::from_utf8(&fetched.bytes).map_err(|_| bad_mpd("not UTF-8 text"))?;
-        let mpd = parse_mpd(text, &fetched.final_url).map_err(bad_mpd)?;
+        let mpd = if fetched.bytes.len() > BLOCKING_PARSE_BYTES {
+            // A large document is parsed on the blocking pool, as a large HLS playlist is
+            // rewritten there: an 8 MiB MPD holds a runtime worker for tens of milliseconds.
+            let (bytes, url) = (fetched.bytes.clone(), fetched.final_url.clone());
+            tokio::task::spawn_blocking(move || parse_text(&bytes, &url))
+                .await
+                .map_err(|_| bad_mpd("the parse did not finish"))??
+        } else {
+            parse_text(&fetched.bytes, &fetched.final_url)?
+        };
         if !mpd.is_live() || max_age.is_some() {
             return Ok((Arc::new(mpd), fetched.bytes));
         }
@@ -175,6 +183,14 @@ pub(super) async fn load_mpd_text(
         // A live MPD older than its refresh period: once more, no older than that.
         max_age = Some(refresh);
     }
+}
+
+/// Above this many bytes an MPD is parsed on the blocking pool (the HLS rewrite's threshold).
+const BLOCKING_PARSE_BYTES: usize = 256 * 1024;
+
+fn parse_text(bytes: &[u8], url: &Url) -> Result<Mpd, ProxyError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| bad_mpd("not UTF-8 text"))?;
+    parse_mpd(text, url).map_err(bad_mpd)
 }
 
 /// The fragments listed by the `sidx` in `range` of `url` (bytes cached).
