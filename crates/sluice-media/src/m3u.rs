@@ -13,6 +13,10 @@
 //! `manifest_type=mpd`), else to `/proxy/hls/manifest.m3u8`, which streams non-playlists through.
 //! The options before it become its parameters: request headers as `h_<name>`, ClearKey keys as
 //! `key_id`/`key`.
+//!
+//! Each proxied entry grows from a short line into a proxy URL (a sealed token, when the caller
+//! has a password), so the merge is bounded by [`Limits`]: entry URLs over all sources, counted as
+//! they are parsed, and output bytes, checked as each line is written.
 
 mod options;
 
@@ -138,32 +142,68 @@ pub enum Fetched {
     Failed(String),
 }
 
+/// What one merge may cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most entry URLs (`http(s)://` lines) over all sources together, proxied or not.
+    pub max_entries: usize,
+    /// Most bytes of merged output.
+    pub max_output: usize,
+}
+
+impl Limits {
+    /// `max_entries`, and the output bound of an HLS rewrite (4 × the input plus 64 MiB,
+    /// [`crate::hls::max_output_len`]) over the fetched sources' total size.
+    pub fn new(max_entries: usize, fetched: &[Fetched]) -> Self {
+        let input = fetched.iter().map(fetched_len).sum::<usize>();
+        Limits {
+            max_entries,
+            max_output: crate::hls::max_output_len(input),
+        }
+    }
+}
+
+/// Why the sources cannot be merged within [`Limits`]: the sources are at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    #[error("the playlists list more than {max} entries together")]
+    TooManyEntries { max: usize },
+    #[error("the merged playlist would be over {max} bytes")]
+    OutputTooLarge { max: usize },
+}
+
 /// Merges the fetched sources (in the order of `sources`) into one M3U list. `link` turns a
-/// proxied entry into the URL written in its place.
+/// proxied entry into the URL written in its place. Stops at the first bound of `limits` passed:
+/// parsing once the sources hold more entries than allowed (before any `link`), writing once the
+/// output would grow past its bound.
 pub fn merge(
     sources: &[Source],
     fetched: &[Fetched],
+    limits: Limits,
     link: &mut dyn FnMut(&ProxyTarget) -> String,
-) -> String {
+) -> Result<String, MergeError> {
+    let mut entries = 0;
     let parsed: Vec<Option<Parsed<'_>>> = fetched
         .iter()
         .map(|f| match f {
-            Fetched::Text(text) => Some(parse(text)),
-            Fetched::Failed(_) => None,
+            Fetched::Text(text) => parse(text, &mut entries, limits.max_entries).map(Some),
+            Fetched::Failed(_) => Ok(None),
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let header = sources
         .iter()
         .zip(&parsed)
         .filter_map(|(_, p)| p.as_ref().and_then(|p| p.header))
         .next()
         .unwrap_or("#EXTM3U");
-    let mut out = String::with_capacity(fetched.iter().map(fetched_len).sum::<usize>() + 64);
+    let capacity = fetched.iter().map(fetched_len).sum::<usize>() + 64;
+    let mut out = Out {
+        text: String::with_capacity(capacity.min(limits.max_output)),
+        max: limits.max_output,
+    };
     // The tag is matched in any case (`#extm3u`) but written as players expect it; its
     // attributes (`url-tvg`, ...) are kept as they are.
-    out.push_str("#EXTM3U");
-    out.push_str(&header["#EXTM3U".len()..]);
-    out.push('\n');
+    out.push_line(&format!("#EXTM3U{}", &header["#EXTM3U".len()..]))?;
 
     // The sorted block first, as in MediaFlow: every `sort:` source's entries, ordered by name.
     let mut sorted: Vec<(String, Entry<'_>, bool)> = Vec::new();
@@ -176,23 +216,40 @@ pub fn merge(
     }
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     for (_, entry, proxy) in sorted {
-        entry.render(proxy, &mut out, link);
+        entry.render(proxy, &mut out, link)?;
     }
 
     for (i, (source, f)) in sources.iter().zip(fetched).enumerate() {
         match (f, &parsed[i]) {
             (Fetched::Failed(why), _) => {
-                out.push_str(&format!("# ERROR playlist {}: {}\n", i + 1, one_line(why)));
+                out.push_line(&format!("# ERROR playlist {}: {}", i + 1, one_line(why)))?;
             }
             (Fetched::Text(_), Some(p)) if !source.sort => {
                 for item in &p.items {
-                    item.render(source.proxy, &mut out, link);
+                    item.render(source.proxy, &mut out, link)?;
                 }
             }
             _ => {}
         }
     }
-    out
+    Ok(out.text)
+}
+
+/// The merged list as it is written, refusing to grow past `max` bytes.
+struct Out {
+    text: String,
+    max: usize,
+}
+
+impl Out {
+    fn push_line(&mut self, line: &str) -> Result<(), MergeError> {
+        if self.text.len().saturating_add(line.len() + 1) > self.max {
+            return Err(MergeError::OutputTooLarge { max: self.max });
+        }
+        self.text.push_str(line);
+        self.text.push('\n');
+        Ok(())
+    }
 }
 
 fn fetched_len(f: &Fetched) -> usize {
@@ -220,30 +277,31 @@ enum Item<'a> {
     Line(&'a str),
     /// A player option that only matters to a direct URL; left out when the entry is proxied.
     DirectOnly(&'a str),
-    /// An entry URL and the options that preceded it.
-    Url { line: &'a str, options: Options },
+    /// An entry URL and the options that preceded it (boxed: every line of a source is an item,
+    /// and most are not URLs: 32 bytes each instead of 112).
+    Url {
+        line: &'a str,
+        options: Box<Options>,
+    },
 }
 
 impl Item<'_> {
-    fn render(&self, proxy: bool, out: &mut String, link: &mut dyn FnMut(&ProxyTarget) -> String) {
+    fn render(
+        &self,
+        proxy: bool,
+        out: &mut Out,
+        link: &mut dyn FnMut(&ProxyTarget) -> String,
+    ) -> Result<(), MergeError> {
         match self {
-            Item::Line(l) => push_line(out, l),
-            Item::DirectOnly(l) => {
-                if !proxy {
-                    push_line(out, l)
-                }
-            }
+            Item::Line(l) => out.push_line(l),
+            Item::DirectOnly(l) if !proxy => out.push_line(l),
+            Item::DirectOnly(_) => Ok(()),
             Item::Url { line, options } => match target(line, options).filter(|_| proxy) {
-                Some(t) => push_line(out, &link(&t)),
-                None => push_line(out, line),
+                Some(t) => out.push_line(&link(&t)),
+                None => out.push_line(line),
             },
         }
     }
-}
-
-fn push_line(out: &mut String, line: &str) {
-    out.push_str(line);
-    out.push('\n');
 }
 
 /// One channel: from its `#EXTINF` to its URL.
@@ -268,10 +326,15 @@ impl Entry<'_> {
         ""
     }
 
-    fn render(&self, proxy: bool, out: &mut String, link: &mut dyn FnMut(&ProxyTarget) -> String) {
-        for item in self.items {
-            item.render(proxy, out, link);
-        }
+    fn render(
+        &self,
+        proxy: bool,
+        out: &mut Out,
+        link: &mut dyn FnMut(&ProxyTarget) -> String,
+    ) -> Result<(), MergeError> {
+        self.items
+            .iter()
+            .try_for_each(|item| item.render(proxy, out, link))
     }
 }
 
@@ -301,7 +364,9 @@ fn is_tag(line: &str, tag: &str) -> bool {
     strip_prefix_ci(line, tag).is_some()
 }
 
-fn parse(text: &str) -> Parsed<'_> {
+/// Parses one source; `entries` counts the entry URLs of every source so far, and passing `max`
+/// stops the parse there.
+fn parse<'a>(text: &'a str, entries: &mut usize, max: usize) -> Result<Parsed<'a>, MergeError> {
     let mut header = None;
     let mut items = Vec::new();
     let mut options = Options::default();
@@ -327,15 +392,19 @@ fn parse(text: &str) -> Parsed<'_> {
                 items.push(Item::Line(line));
             }
         } else if !line.starts_with('#') && is_http(line) {
+            *entries += 1;
+            if *entries > max {
+                return Err(MergeError::TooManyEntries { max });
+            }
             items.push(Item::Url {
                 line,
-                options: std::mem::take(&mut options),
+                options: Box::new(std::mem::take(&mut options)),
             });
         } else {
             items.push(Item::Line(line));
         }
     }
-    Parsed { header, items }
+    Ok(Parsed { header, items })
 }
 
 /// Where an entry URL goes through the proxy, or `None` when it is not a URL sluice can fetch.

@@ -104,13 +104,30 @@ fn answer(
             MEDIA_PLAYLIST.to_string(),
         ),
         "/login.html" => (200, "text/html", "<!doctype html><p>log in</p>".to_string()),
-        _ => (404, "text/plain", "not found".to_string()),
+        path => match many(path) {
+            Some(list) => (200, "audio/x-mpegurl", list),
+            None => (404, "text/plain", "not found".to_string()),
+        },
     };
     Response::builder()
         .status(status)
         .header("content-type", ctype)
         .body(Full::new(Bytes::from(body)))
         .unwrap()
+}
+
+/// `/many/<first>/<n>.m3u`: `n` channels numbered from `first`, one short URL each.
+fn many(path: &str) -> Option<String> {
+    let (first, n) = path
+        .strip_prefix("/many/")?
+        .strip_suffix(".m3u")?
+        .split_once('/')?;
+    let (first, n): (usize, usize) = (first.parse().ok()?, n.parse().ok()?);
+    let mut list = String::from("#EXTM3U\n");
+    for i in first..first + n {
+        list.push_str(&format!("#EXTINF:-1,ch{i}\nhttp://cdn.example/{i}\n"));
+    }
+    Some(list)
 }
 
 fn config(password: &str, allow_private: bool) -> Config {
@@ -547,4 +564,78 @@ async fn pages_are_embedded_and_locked_down() {
     )
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn merged_lists_over_the_entry_bound_are_refused_as_the_sources_fault() {
+    let o = origin().await;
+    let mut c = config(PW, true);
+    c.media.max_merged_entries = 2000;
+    let s = Sluice::start(c).await;
+    let ask = |d: String| {
+        let url = s.url(&format!(
+            "/playlist/playlist?d={}&api_password={PW}",
+            enc(&d)
+        ));
+        async move { get(&url).await }
+    };
+    let prefix = format!("http://{}/_token_", s.addr);
+
+    // At the bound, over two sources: every entry there, every one sealed.
+    let r = ask(format!(
+        "{};sort:{}",
+        o.url("/many/0/1200.m3u"),
+        o.url("/many/1200/800.m3u")
+    ))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let list = text(&r);
+    let sealed: Vec<&str> = list.lines().filter(|l| l.starts_with(&prefix)).collect();
+    assert_eq!(sealed.len(), 2000);
+    assert_eq!(
+        list.lines().filter(|l| l.starts_with("#EXTINF")).count(),
+        2000
+    );
+    assert!(!list.contains("cdn.example"), "an entry left unsealed");
+    let opened = opened(sealed[1999], &s);
+    assert!(opened.contains("d=http://cdn.example/1199>"), "{opened}");
+
+    // One more, or one hostile source far over it alone: a 502 booked to the sources, whose
+    // body names none of them.
+    let started = std::time::Instant::now();
+    for d in [
+        format!(
+            "{};{}",
+            o.url("/many/0/1200.m3u"),
+            o.url("/many/1200/801.m3u")
+        ),
+        format!("sort:{}", o.url("/many/0/100000.m3u")),
+    ] {
+        let r = ask(d).await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+        let body = text(&r);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["kind"], "too_many_entries", "{json}");
+        assert_eq!(json["side"], "upstream", "{json}");
+        assert!(
+            json["error"]
+                .as_str()
+                .unwrap()
+                .contains("more than 2000 entries"),
+            "{json}"
+        );
+        assert!(
+            !body.contains("127.0.0.1") && !body.contains("/many/"),
+            "{body}"
+        );
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+
+    // The server goes on answering, and counted both against the upstream side.
+    let r = ask(sources(&o)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(text(&r).contains(&prefix));
+    let metrics = text(&get(&s.url(&format!("/metrics?api_password={PW}"))).await);
+    let series = "sluice_errors_total{side=\"upstream\",kind=\"too_many_entries\"} 2";
+    assert!(metrics.contains(series), "{series} missing:\n{metrics}");
 }

@@ -21,9 +21,17 @@ fuzz_target!(|data: &[u8]| {
             _ => Fetched::Text(body.to_string()),
         })
         .collect();
-    let out = m3u::merge(&sources, &fetched, &mut |t| {
-        format!("http://p{}?{}", t.endpoint.path(), Query::from_pairs(t.params.clone()).encode())
-    });
+    // A low entry bound, so both outcomes are reached; over it is an error, never a panic.
+    let limits = m3u::Limits::new(64, &fetched);
+    let Ok(out) = m3u::merge(&sources, &fetched, limits, &mut |t| {
+        format!(
+            "http://p{}?{}",
+            t.endpoint.path(),
+            Query::from_pairs(t.params.clone()).encode()
+        )
+    }) else {
+        return;
+    };
     assert!(out.starts_with("#EXTM3U"));
     assert_eq!(out.lines().filter(|l| l.starts_with("#EXTM3U")).count(), 1);
 });

@@ -16,7 +16,7 @@ fn plain(t: &ProxyTarget) -> String {
 fn merged(d: &str, texts: &[&str]) -> String {
     let sources = parse_sources(d).unwrap();
     let fetched: Vec<Fetched> = texts.iter().map(|t| Fetched::Text(t.to_string())).collect();
-    merge(&sources, &fetched, &mut plain)
+    merge(&sources, &fetched, Limits::new(1000, &fetched), &mut plain).unwrap()
 }
 
 #[test]
@@ -157,7 +157,7 @@ fn failed_sources_become_comments() {
         Fetched::Text("#EXTM3U\n#EXTINF:-1,B\nhttp://b/b.m3u8\n".into()),
     ];
     assert_eq!(
-        merge(&sources, &fetched, &mut plain),
+        merge(&sources, &fetched, Limits::new(1000, &fetched), &mut plain).unwrap(),
         "#EXTM3U\n# ERROR playlist 1: upstream answered 404 Not Found\n#EXTINF:-1,B\n\
 http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fb%2Fb.m3u8\n"
     );
@@ -181,6 +181,88 @@ fn options_apply_to_one_entry_only() {
     assert!(out.contains("d=http%3A%2F%2Fa%2Fb.m3u8\n"));
 }
 
+/// `n` channels `first..first + n`, each an `#EXTINF` and a short URL.
+fn channels(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("#EXTINF:-1,ch{i}\nhttp://a/{i}\n"))
+        .collect()
+}
+
+#[test]
+fn entries_are_bounded_over_all_sources_before_any_link() {
+    let sources = parse_sources("http://p/a;sort:http://p/b;no_proxy:http://p/c").unwrap();
+    let lists = |n: [usize; 3]| -> Vec<Fetched> {
+        n.iter()
+            .enumerate()
+            .map(|(i, &n)| Fetched::Text(channels(i * 1000, n)))
+            .collect()
+    };
+    // 100 together, at the bound: every entry is there, the proxied ones linked.
+    let fetched = lists([40, 40, 20]);
+    let mut links = 0;
+    let out = merge(&sources, &fetched, Limits::new(100, &fetched), &mut |t| {
+        links += 1;
+        plain(t)
+    })
+    .unwrap();
+    assert_eq!(links, 80);
+    assert_eq!(out.matches("/proxy/hls/manifest.m3u8?d=").count(), 80);
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("http://a/")).count(),
+        20
+    );
+    // One more in any source, even the unproxied one, passes it: refused before a single link.
+    for n in [[41, 40, 20], [40, 41, 20], [40, 40, 21]] {
+        let fetched = lists(n);
+        let mut links = 0;
+        let got = merge(&sources, &fetched, Limits::new(100, &fetched), &mut |t| {
+            links += 1;
+            plain(t)
+        });
+        assert_eq!(
+            got.map(|out| out.len()),
+            Err(MergeError::TooManyEntries { max: 100 }),
+            "{n:?}"
+        );
+        assert_eq!(links, 0, "{n:?}");
+    }
+}
+
+#[test]
+fn output_is_bounded_as_it_is_written() {
+    let sources = parse_sources("http://p/a;http://p/b").unwrap();
+    let fetched = vec![
+        Fetched::Text(channels(0, 1000)),
+        Fetched::Text(channels(1000, 1000)),
+    ];
+    // Each 10-byte URL becomes a 4,000-byte link: the first 250 links pass 1 MB.
+    let mut big = |t: &ProxyTarget| format!("{}#{}", plain(t), "x".repeat(4000));
+    let limits = Limits {
+        max_entries: 2000,
+        max_output: 1_000_000,
+    };
+    let mut links = 0;
+    let got = merge(&sources, &fetched, limits, &mut |t| {
+        links += 1;
+        big(t)
+    });
+    assert_eq!(
+        got.map(|out| out.len()),
+        Err(MergeError::OutputTooLarge { max: 1_000_000 })
+    );
+    assert!((240..=251).contains(&links), "{links} links made");
+    // The default bound (4 × the input plus 64 MiB) leaves real lists their room.
+    let fetched = vec![Fetched::Text(channels(0, 1000))];
+    let out = merge(
+        &sources[..1],
+        &fetched,
+        Limits::new(2000, &fetched),
+        &mut big,
+    )
+    .unwrap();
+    assert_eq!(out.matches(&"x".repeat(4000)).count(), 1000);
+}
+
 proptest! {
     #[test]
     fn never_panics_and_keeps_one_header(text in "(#EXTM3U|#EXTINF:-1,x|#EXTVLCOPT:[a-z-]{0,12}=.{0,8}|#EXTHTTP:.{0,20}|#KODIPROP:.{0,40}|https?://[a-z]{1,5}/[a-z.?=&]{0,12}|.{0,20}|\r|\n){0,40}",
@@ -188,7 +270,7 @@ proptest! {
         let _ = parse_sources(&d);
         let sources = parse_sources("http://p/a;sort:http://p/b").unwrap();
         let fetched = vec![Fetched::Text(text.clone()), Fetched::Text(text)];
-        let out = merge(&sources, &fetched, &mut plain);
+        let out = merge(&sources, &fetched, Limits::new(1000, &fetched), &mut plain).unwrap();
         prop_assert!(out.starts_with("#EXTM3U"));
         prop_assert_eq!(out.lines().filter(|l| l.starts_with("#EXTM3U")).count(), 1);
     }

@@ -60,6 +60,15 @@ pub struct MediaConfig {
     /// LL-HLS playlist's parts (a few per segment, kept for the newest segments only) room to
     /// spare. (DASH representations have the MPD parser's own cap.)
     pub max_playlist_segments: usize,
+    /// Most entry URLs one `/playlist/playlist` merge may hold, over all its sources together.
+    /// Each proxied entry becomes a sealed URL of a few hundred bytes, so without it 16 hostile
+    /// sources of 8 MB each (750,000 short URLs apiece) made one request seal 12 million URLs
+    /// into gigabytes. Real channel lists reach tens of thousands of entries (an Xtream
+    /// `m3u_plus` export with films and series a hundred thousand or so); 200,000 leaves those
+    /// room and bounds one merge to a few hundred thousand seals. Above it the request is a
+    /// 502, the sources' fault; the output is also held to 4 × the sources plus 64 MiB, as in
+    /// HLS.
+    pub max_merged_entries: usize,
     /// Bytes the prefetch registry (the segment lists of recently served playlists) may hold.
     pub prefetch_registry_bytes: usize,
     /// DASH media playlists point at `/proxy/mpd/segment.ts` (decrypted and remuxed to MPEG-TS)
@@ -111,6 +120,7 @@ impl Default for MediaConfig {
             max_mpd_bytes: 8 * 1024 * 1024,
             max_segment_bytes: 64 * 1024 * 1024,
             max_playlist_segments: 50_000,
+            max_merged_entries: 200_000,
             splice_stream: true,
             max_requests_per_client: 64,
             max_requests_per_token: 64,
@@ -132,6 +142,9 @@ impl MediaConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.max_playlist_segments == 0 {
             bail!("media.max_playlist_segments must be at least 1");
+        }
+        if self.max_merged_entries == 0 {
+            bail!("media.max_merged_entries must be at least 1");
         }
         if self.live_mpd_ttl_secs == 0 || self.mpd_ttl_secs == 0 {
             bail!("media.mpd_ttl_secs and media.live_mpd_ttl_secs must be at least 1");

@@ -9,7 +9,7 @@ use crate::body::Incoming;
 use futures_util::future::join_all;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
-use sluice_media::m3u::{self, Endpoint, Fetched, ProxyTarget, Source};
+use sluice_media::m3u::{self, Endpoint, Fetched, Limits, MergeError, ProxyTarget, Source};
 use sluice_media::query::Query;
 
 use super::Media;
@@ -65,13 +65,16 @@ pub async fn serve(
             Fetched::Failed(_) => 0,
         })
         .sum();
+    let limits = Limits::new(media.settings.max_merged_entries, &fetched);
+    let merge = move || m3u::merge(&sources, &fetched, limits, &mut |t| linker.url(t));
     let text = if size > BLOCKING_MERGE_BYTES {
-        tokio::task::spawn_blocking(move || m3u::merge(&sources, &fetched, &mut |t| linker.url(t)))
+        tokio::task::spawn_blocking(merge)
             .await
             .map_err(|e| ProxyError::internal(format!("playlist merge failed: {e}")))?
     } else {
-        m3u::merge(&sources, &fetched, &mut |t| linker.url(t))
-    };
+        merge()
+    }
+    .map_err(too_large)?;
     let len = text.len();
     let mut resp = Response::new(body::full_unless_head(req.method(), text));
     let h = resp.headers_mut();
@@ -237,6 +240,22 @@ pub async fn link(
         ),
     };
     Ok(super::generate::json_response(&LinkResponse { url }))
+}
+
+/// A merge past its bounds: a 502 booked to the sources, like an HLS playlist over its own (the
+/// same kinds). It names no source: `d` may come sealed in a `/playlist/link` token whose holder
+/// was never shown it.
+fn too_large(e: MergeError) -> ProxyError {
+    let (kind, key) = match e {
+        MergeError::TooManyEntries { .. } => ("too_many_entries", " (media.max_merged_entries)"),
+        MergeError::OutputTooLarge { .. } => ("playlist_rewrite_too_large", ""),
+    };
+    ProxyError::new(
+        crate::error::Side::Upstream,
+        StatusCode::BAD_GATEWAY,
+        kind,
+        format!("cannot merge the playlists: {e}{key}"),
+    )
 }
 
 fn bad(message: &str) -> ProxyError {
