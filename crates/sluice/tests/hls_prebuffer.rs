@@ -1,6 +1,7 @@
 //! HLS prebuffer: serving a media playlist warms its first segments (VOD) or its newest (live)
 //! into the cache, with the segment requests' headers, and ten viewers arriving together cost the
-//! origin one fetch per segment. Counted at a local origin; bodies checked by hash.
+//! origin one fetch per segment. Counted at a local origin; bodies checked by hash. Fetches ahead
+//! are bounded for the whole process, and none start without the cache or for a HEAD.
 
 mod support;
 
@@ -20,6 +21,10 @@ use support::*;
 use tokio::net::TcpListener;
 
 const SEGMENTS: usize = 6;
+/// Segments of `/big/index.m3u8`, more than fetches ahead may run at once.
+const BIG: usize = 200;
+/// `media::prefetch::MAX_BACKGROUND`.
+const MAX_BACKGROUND: usize = 64;
 
 fn segment_bytes(i: usize) -> Bytes {
     let mut b = pattern(200_000 + i * 1000).to_vec();
@@ -59,11 +64,11 @@ impl HlsOrigin {
                             let full = |b: Bytes| -> BoxBody {
                                 Full::new(b).map_err(|n| match n {}).boxed()
                             };
-                            let playlist = |live: bool| {
+                            let playlist = |live: bool, n: usize| {
                                 let mut p = String::from(
                                     "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n#EXT-X-MEDIA-SEQUENCE:0\n",
                                 );
-                                for i in 0..SEGMENTS {
+                                for i in 0..n {
                                     p.push_str(&format!("#EXTINF:4.0,\nseg{i}.ts\n"));
                                 }
                                 if !live {
@@ -74,10 +79,13 @@ impl HlsOrigin {
                             let resp = match path.as_str() {
                                 "/vod/index.m3u8" => Response::builder()
                                     .header("content-type", "application/vnd.apple.mpegurl")
-                                    .body(full(Bytes::from(playlist(false)))),
+                                    .body(full(Bytes::from(playlist(false, SEGMENTS)))),
+                                "/big/index.m3u8" => Response::builder()
+                                    .header("content-type", "application/vnd.apple.mpegurl")
+                                    .body(full(Bytes::from(playlist(false, BIG)))),
                                 "/live/index.m3u8" => Response::builder()
                                     .header("content-type", "application/vnd.apple.mpegurl")
-                                    .body(full(Bytes::from(playlist(true)))),
+                                    .body(full(Bytes::from(playlist(true, SEGMENTS)))),
                                 p if p.contains("/seg") => {
                                     tokio::time::sleep(Duration::from_millis(50)).await;
                                     let i: usize = p
@@ -107,6 +115,15 @@ impl HlsOrigin {
 
     fn count(&self, path: &str) -> usize {
         self.hits.lock().unwrap().get(path).map_or(0, Vec::len)
+    }
+
+    /// Segment requests seen, every segment together.
+    fn segment_requests(&self) -> usize {
+        let hits = self.hits.lock().unwrap();
+        hits.iter()
+            .filter(|(p, _)| p.contains("/seg"))
+            .map(|(_, v)| v.len())
+            .sum()
     }
 
     fn referers(&self, path: &str) -> Vec<Option<String>> {
@@ -216,4 +233,59 @@ async fn off_means_nothing_is_fetched_before_a_viewer_asks() {
     for i in 0..SEGMENTS {
         assert_eq!(origin.count(&format!("/vod/seg{i}.ts")), 0);
     }
+}
+
+#[tokio::test]
+async fn without_the_cache_nothing_is_fetched_ahead() {
+    let origin = HlsOrigin::start().await;
+    let mut config = test_config();
+    config.media.cache = false;
+    config.media.prebuffer_segments = 3;
+    config.media.prefetch_segments = 3;
+    let s = Sluice::start(config).await;
+    let urls = playlist(&s, &origin, "/vod/index.m3u8").await;
+    let r = get(&urls[0]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(0)));
+    // Fetches ahead would have nowhere to keep their bytes: the origin sees the one request.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.count("/vod/seg0.ts"), 1);
+    assert_eq!(origin.segment_requests(), 1);
+}
+
+#[tokio::test]
+async fn a_head_of_a_playlist_warms_nothing() {
+    let origin = HlsOrigin::start().await;
+    let s = start(3).await;
+    let d = enc(&format!("http://{}/vod/index.m3u8", origin.addr));
+    let r = request(
+        "HEAD",
+        &s.url(&format!("/proxy/hls/manifest.m3u8?d={d}")),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(origin.wait_for("/vod/index.m3u8").await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.segment_requests(), 0);
+}
+
+#[tokio::test]
+async fn fetches_ahead_are_bounded_for_the_whole_process() {
+    let origin = HlsOrigin::start().await;
+    let s = start(BIG).await;
+    let urls = playlist(&s, &origin, "/big/index.m3u8").await;
+    assert_eq!(urls.len(), BIG);
+    // The first MAX_BACKGROUND are warmed; the rest find no place and are skipped, not queued.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while origin.segment_requests() < MAX_BACKGROUND && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(origin.segment_requests(), MAX_BACKGROUND);
+    assert_eq!(
+        origin.count(&format!("/big/seg{}.ts", MAX_BACKGROUND - 1)),
+        1
+    );
+    assert_eq!(origin.count(&format!("/big/seg{MAX_BACKGROUND}.ts")), 0);
 }

@@ -3,14 +3,16 @@
 //! (parts, preload hints, rendition reports through sluice; server control, part info and skip
 //! tags kept), delivery directives go upstream, a hundred viewers blocked on the same part cost
 //! the origin one request, and a hinted part is fetched once through the cache for all of them.
+//! Reloads whose client hung up are cancelled upstream.
 
 mod support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -19,7 +21,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::{enc, get, sha256, test_config, Sluice};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// Parts per segment; the origin's playlist advertises 0.25 s parts and 1 s segments.
@@ -181,6 +184,67 @@ fn playlist(published: u64, skip: bool) -> String {
         part.saturating_sub(1)
     ));
     out
+}
+
+// === an origin that never answers ===
+
+/// Reads each request head and never answers: counts the requests seen and the connections still
+/// open, so a test sees when the proxy gives an upstream request up.
+struct Holding {
+    addr: SocketAddr,
+    seen: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+}
+
+impl Holding {
+    async fn start() -> Holding {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (seen, open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (s, o) = (seen.clone(), open.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (seen, open) = (s.clone(), o.clone());
+                open.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // Whatever happens, the connection is given up after 30 s.
+                    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                        let mut head = Vec::new();
+                        let mut buf = [0u8; 4096];
+                        let mut counted = false;
+                        loop {
+                            match stream.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                            if !counted && head.windows(4).any(|w| w == b"\r\n\r\n") {
+                                counted = true;
+                                seen.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    })
+                    .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Holding { addr, seen, open }
+    }
+
+    /// Waits (at most `secs`) until `done(seen, open)` holds.
+    async fn wait(&self, secs: u64, done: impl Fn(usize, usize) -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if done(
+                self.seen.load(Ordering::SeqCst),
+                self.open.load(Ordering::SeqCst),
+            ) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
 }
 
 // === helpers ===
@@ -358,4 +422,40 @@ async fn directives_work_on_token_children_and_bad_ones_are_refused() {
     ))
     .await;
     assert_eq!(r.status, 401);
+}
+
+#[tokio::test]
+async fn blocking_reloads_left_by_their_client_are_cancelled_upstream() {
+    const LEFT: usize = 32;
+    let o = Holding::start().await;
+    let mut c = config();
+    // Only the client leaving may end the upstream requests here, not a timeout.
+    c.upstream.header_timeout_secs = 60;
+    c.upstream.idle_read_timeout_secs = 60;
+    let s = Sluice::start(c).await;
+    let d = enc(&format!("http://{}/live.m3u8", o.addr));
+    // One client, a distinct `_HLS_msn` on each reload: each is a flight of its own.
+    let mut clients = Vec::new();
+    for msn in 0..LEFT {
+        let mut conn = TcpStream::connect(s.addr).await.unwrap();
+        let path = format!("/proxy/hls/manifest.m3u8?d={d}&_HLS_msn={msn}");
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: {}\r\n\r\n", s.addr).as_bytes())
+            .await
+            .unwrap();
+        clients.push(conn);
+    }
+    assert!(
+        o.wait(5, |seen, open| seen == LEFT && open == LEFT).await,
+        "the origin holds every reload: seen {}, open {}",
+        o.seen.load(Ordering::SeqCst),
+        o.open.load(Ordering::SeqCst)
+    );
+    // The client hangs up on all of them: nobody waits, so sluice gives every fetch up.
+    drop(clients);
+    assert!(
+        o.wait(5, |_, open| open == 0).await,
+        "{} upstream reloads still open after their client left",
+        o.open.load(Ordering::SeqCst)
+    );
+    assert_eq!(o.seen.load(Ordering::SeqCst), LEFT);
 }

@@ -158,7 +158,10 @@ async fn manifest(
     )
     .await?
     {
-        Some((text, base)) => rewrite(media, ctx, &opts, text, base).await?,
+        Some((text, base)) => {
+            let head = req.method() == Method::HEAD;
+            rewrite(media, ctx, &opts, text, base, head).await?
+        }
         None => rewriter::graceful_end_playlist().to_string(),
     };
     playlist_response(text, req.method() == Method::HEAD, &params)
@@ -254,13 +257,15 @@ pub(super) async fn playlist_text(
 /// an async worker (and the streams and IPTV hubs scheduled on it) for milliseconds.
 const BLOCKING_REWRITE_BYTES: usize = 256 * 1024;
 
-/// Rewrites `text` so every URI comes back through this proxy, in the parent's auth mode.
+/// Rewrites `text` so every URI comes back through this proxy, in the parent's auth mode. `head`:
+/// the client asked with HEAD, so it gets no playlist and its segments are not prebuffered.
 async fn rewrite(
     media: &Media,
     ctx: &RequestContext,
     opts: &HlsOptions,
     text: String,
     base: url::Url,
+    head: bool,
 ) -> Result<String, ProxyError> {
     let cap = media.settings.max_playlist_segments;
     let entries = rewriter::count_entries(&text);
@@ -296,7 +301,9 @@ async fn rewrite(
     if rewritten.is_ok() && !parts.is_empty() && engine_for(media, &base).is_none() {
         let warm = super::prebuffer::pick(&parts, vod, media.settings.prebuffer_segments);
         media.prefetcher.register_playlist(base.as_str(), parts);
-        super::prebuffer::warm(media, ctx, warm);
+        if !head {
+            super::prebuffer::warm(media, ctx, warm);
+        }
     }
     rewritten.map_err(|e| {
         let kind = match e {

@@ -23,8 +23,9 @@ pub fn pick(parts: &[Part], vod: bool, n: usize) -> Vec<Part> {
 /// Starts warming `parts` for the playlist request `ctx`; a paced host (`ratelimit`) is left
 /// alone, as prefetch leaves it.
 pub fn warm(media: &Media, ctx: &RequestContext, parts: Vec<Part>) {
-    // Without prefetch, segment requests bypass the cache, so warming it would be wasted.
-    if parts.is_empty() || media.settings.prefetch_segments == 0 {
+    // Without prefetch, segment requests bypass the cache, so warming it would be wasted; without
+    // the cache the bytes would have nowhere to go.
+    if parts.is_empty() || media.settings.prefetch_segments == 0 || !media.prefetcher.caches() {
         return;
     }
     let Ok(params) = super::stream::parse_params(ctx) else {

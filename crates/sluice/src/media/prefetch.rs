@@ -8,9 +8,15 @@
 //!    the fetch already in flight, prefetch's included, or a new fetch) and then calls
 //!    [`Prefetcher::segment_fetched`], which looks the segment up in the registered playlists and
 //!    starts fetching the next ones that are neither cached nor in flight.
+//!
+//! Fetches ahead run on their own, past the request that started them, so they are bounded for
+//! the whole process ([`MAX_BACKGROUND`]) and skipped when no place is free; without the media
+//! cache none start, since their bytes would have nowhere to go.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
 
 use crate::atomic::Counter;
 use bytes::Bytes;
@@ -20,6 +26,14 @@ use sluice_media::dash::proxy::Part;
 
 use super::cache::{CacheKind, MediaCache};
 use crate::error::ProxyError;
+
+/// Most prefetch and prebuffer fetches running at once, for every client together; past it a
+/// fetch ahead is skipped (the player fetches that segment itself when it gets there). A live
+/// channel in steady state has about one segment in flight ahead per segment duration, and a
+/// player starting needs `prebuffer_segments` (3 by default): 64 covers dozens of channels, and
+/// bounds the bytes held by fetches nobody waits for to 64 × `media.max_segment_bytes` (a few
+/// hundred MB with real segments of a few MB).
+pub const MAX_BACKGROUND: usize = 64;
 
 /// Bytes one remembered segment costs beyond its URL text: the `Url` itself, its copy in the
 /// by-part index, and map slots.
@@ -57,7 +71,10 @@ pub struct Prefetcher {
     /// Bytes the remembered playlists may take; the least recently registered go first.
     budget: usize,
     playlists: Mutex<Playlists>,
+    /// Places for fetches ahead, [`MAX_BACKGROUND`] in all.
+    background: Arc<Semaphore>,
     started: Counter,
+    skipped: Counter,
 }
 
 impl Prefetcher {
@@ -74,13 +91,21 @@ impl Prefetcher {
             "Segments fetched ahead of the player",
             started.clone(),
         );
+        let skipped = Counter::default();
+        registry.register(
+            "media_prefetches_skipped",
+            "Segments not fetched ahead because MAX_BACKGROUND fetches ahead were running",
+            skipped.clone(),
+        );
         Arc::new(Prefetcher {
             cache,
             depth,
             limit,
             budget,
             playlists: Mutex::new(Playlists::default()),
+            background: Arc::new(Semaphore::new(MAX_BACKGROUND)),
             started,
+            skipped,
         })
     }
 
@@ -169,17 +194,31 @@ impl Prefetcher {
         self.warm(next, headers);
     }
 
+    /// Whether fetching ahead can help: only with the media cache, which keeps what is fetched.
+    pub fn caches(&self) -> bool {
+        self.cache.cache().is_some()
+    }
+
     /// Fetches `parts` into the cache in the background, each unless cached or in flight already
-    /// (the cache's coalescing makes a viewer that asks meanwhile join the fetch).
+    /// (the cache's coalescing makes a viewer that asks meanwhile join the fetch). Nothing is
+    /// fetched without the cache, and the parts past the last free place are skipped.
     pub fn warm(self: &Arc<Self>, parts: Vec<Part>, headers: &HeaderMap) {
+        if !self.caches() {
+            return;
+        }
         for part in parts {
             if self.cache.holds(&part, headers) {
                 continue;
             }
+            let Ok(place) = Arc::clone(&self.background).try_acquire_owned() else {
+                self.skipped.inc();
+                continue;
+            };
             self.started.inc();
             let this = Arc::clone(self);
             let headers = headers.clone();
             tokio::spawn(async move {
+                let _place = place;
                 if let Err(e) = this.get_or_fetch(&part, &headers).await {
                     tracing::debug!(error = %e.message, "prefetch failed");
                 }

@@ -5,6 +5,13 @@
 //! A hundred viewers of one live channel each block on `_HLS_msn=N&_HLS_part=P` at the same time;
 //! the origin sees that request once. The answer is the origin's playlist text, which every viewer
 //! then has rewritten with its own child URLs.
+//!
+//! A flight lives only while some viewer waits on it: when the last one hangs up, the upstream
+//! request is dropped. Any token holder may add `_HLS_msn`, and each value is a new flight, so a
+//! flight outliving its viewers would let one client leave thousands of upstream fetches running
+//! (each collecting up to `max_manifest_bytes`). Since every waiter holds one of its client's
+//! `/proxy/*` places (`media.max_requests_per_client` and `_per_token`, `media::limit`), the
+//! flights one client keeps alive are bounded by its share.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,8 +38,9 @@ const MAX_FLIGHTS: usize = 4096;
 /// The playlist text and the URL it came from (after redirects).
 pub type Answer = Arc<(String, Url)>;
 type Outcome = Option<Result<Answer, ProxyError>>;
-/// Requests in flight or held, by key: a generation number and the answer's channel.
-type Flights = HashMap<String, (u64, watch::Receiver<Outcome>)>;
+/// Requests in flight or held, by key: a generation number and the answer's channel. The map holds
+/// a sender, not a receiver, so the channel's receivers are exactly the viewers waiting.
+type Flights = HashMap<String, (u64, watch::Sender<Outcome>)>;
 
 /// Blocking reloads in flight, by upstream request.
 pub struct Blocking {
@@ -75,9 +83,9 @@ impl Blocking {
         let joined = {
             let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
             match flights.get(&key) {
-                Some((_, rx)) => {
+                Some((_, tx)) => {
                     self.shared.inc();
-                    Some(rx.clone())
+                    Some(tx.subscribe())
                 }
                 None if flights.len() >= MAX_FLIGHTS => None,
                 None => {
@@ -85,23 +93,25 @@ impl Blocking {
                         .next_id
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let (tx, rx) = watch::channel(None);
-                    flights.insert(key.clone(), (id, rx.clone()));
+                    flights.insert(key.clone(), (id, tx.clone()));
                     self.upstream_requests.inc();
-                    // The fetch runs on its own, so a viewer leaving never cancels the others'.
+                    // The fetch runs on its own, so a viewer leaving never cancels the others';
+                    // the last one leaving cancels it.
                     let (upstream, all) = (upstream.clone(), self.flights.clone());
                     let req = req.clone();
                     tokio::spawn(async move {
-                        let answer = fetch_playlist(&upstream, req, limit).await;
+                        let fetch = fetch_playlist(&upstream, req, limit);
+                        let Some(answer) = until_abandoned(fetch, &tx, &all, &key, id).await else {
+                            return;
+                        };
                         let failed = answer.is_err();
-                        let _ = tx.send(Some(answer));
+                        // Stored even with nobody waiting now: it serves late arrivals while held.
+                        tx.send_replace(Some(answer));
                         // A failure is not held: the next reload asks again.
                         if !failed {
                             tokio::time::sleep(HOLD).await;
                         }
-                        let mut flights = all.lock().unwrap_or_else(|e| e.into_inner());
-                        if flights.get(&key).is_some_and(|(i, _)| *i == id) {
-                            flights.remove(&key);
-                        }
+                        forget(&mut all.lock().unwrap_or_else(|e| e.into_inner()), &key, id);
                     });
                     Some(rx)
                 }
@@ -116,6 +126,39 @@ impl Blocking {
             .await
             .map_err(|_| ProxyError::internal("blocking reload abandoned"))?;
         outcome.clone().expect("waited for Some")
+    }
+}
+
+/// `fetch`'s answer, or `None` once no viewer waits for it any more (the flight is forgotten
+/// then, and the fetch dropped with its upstream request).
+async fn until_abandoned<F: std::future::Future>(
+    fetch: F,
+    tx: &watch::Sender<Outcome>,
+    flights: &Mutex<Flights>,
+    key: &str,
+    id: u64,
+) -> Option<F::Output> {
+    tokio::pin!(fetch);
+    loop {
+        tokio::select! {
+            answer = &mut fetch => return Some(answer),
+            () = tx.closed() => {
+                // Viewers join under the lock, so none can arrive between this check and the
+                // removal; one that joined since `closed` fired keeps the flight going.
+                let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
+                if tx.receiver_count() == 0 {
+                    forget(&mut flights, key, id);
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Removes flight `id` under `key`, unless a newer flight took the key.
+fn forget(flights: &mut Flights, key: &str, id: u64) {
+    if flights.get(key).is_some_and(|(i, _)| *i == id) {
+        flights.remove(key);
     }
 }
 
@@ -172,7 +215,7 @@ pub(super) async fn serve(
         .fetch(&media.upstream, req, media.settings.max_manifest_bytes)
         .await?;
     let (text, base) = (answer.0.clone(), without_directives(&answer.1));
-    let text = super::rewrite(media, ctx, opts, text, base).await?;
+    let text = super::rewrite(media, ctx, opts, text, base, head).await?;
     super::playlist_response(text, head, params)
 }
 
