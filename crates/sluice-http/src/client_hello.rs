@@ -9,6 +9,11 @@
 /// shares included, so anything bigger is refused rather than buffered.
 pub const MAX_HELLO_LEN: usize = 16 * 1024;
 
+/// Most TLS records a ClientHello may be spread over. Real clients send it in one record, or two
+/// when it outgrows one; a caller that parses again after each read re-reads every record each
+/// time, so a hello cut into thousands of tiny records would cost CPU quadratic in their number.
+pub const MAX_RECORDS: usize = 32;
+
 const RECORD_HEADER: usize = 5;
 const CONTENT_HANDSHAKE: u8 = 22;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
@@ -42,16 +47,18 @@ pub enum Error {
     NotClientHello,
     #[error("ClientHello larger than {MAX_HELLO_LEN} bytes")]
     TooLarge,
+    #[error("ClientHello spread over more than {MAX_RECORDS} records")]
+    TooManyRecords,
     #[error("malformed ClientHello: {0}")]
     Malformed(&'static str),
 }
 
 /// Parses the ClientHello at the start of a connection's byte stream.
 pub fn parse(buf: &[u8]) -> Result<Parsed, Error> {
-    // Reassemble the handshake layer from as many records as needed.
+    // Reassemble the handshake layer from as many records as needed, up to MAX_RECORDS.
     let mut handshake = Vec::new();
     let mut at = 0;
-    loop {
+    for _ in 0..MAX_RECORDS {
         let Some(header) = buf.get(at..at + RECORD_HEADER) else {
             check_record_prefix(&buf[at.min(buf.len())..])?;
             return Ok(Parsed::Incomplete {
@@ -98,6 +105,8 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, Error> {
         }
         at = body_start + len;
     }
+    // The next record would be one too many (the message is not complete after MAX_RECORDS).
+    Err(Error::TooManyRecords)
 }
 
 /// Checks as much of a record header as is present: handshake type, TLS major version 3.

@@ -26,6 +26,7 @@ use tokio_util::task::TaskTracker;
 pub use config::TcpConfig;
 pub use metrics::TcpMetrics;
 
+use crate::net::per_ip::PerIp;
 use crate::net::splice::{self, PipePool};
 use crate::upstream::group::Groups;
 
@@ -36,6 +37,8 @@ struct Settings {
     groups: Arc<Groups>,
     tls: Option<TlsAcceptor>,
     limit: Arc<Semaphore>,
+    /// Connections held per client IP (`max_connections_per_ip`).
+    per_ip: Arc<PerIp>,
 }
 
 /// What all listeners share.
@@ -121,12 +124,25 @@ impl TcpProxy {
                 }
                 _ => Arc::new(Semaphore::new(config.max_connections)),
             };
+            // The per-IP counts carry over a reload that keeps the share, so connections already
+            // open still count against their addresses.
+            let per_ip = match old {
+                Some(r)
+                    if r.settings.borrow().config.max_connections_per_ip
+                        == config.max_connections_per_ip
+                        && r.settings.borrow().config.per_ip_exempt == config.per_ip_exempt =>
+                {
+                    Arc::clone(&r.settings.borrow().per_ip)
+                }
+                _ => PerIp::new(config.max_connections_per_ip, config.per_ip_exempt.clone()),
+            };
             let settings = Arc::new(Settings {
                 name: name.clone(),
                 config: config.clone(),
                 groups: Arc::clone(&groups),
                 tls,
                 limit,
+                per_ip,
             });
             let socket = match old {
                 Some(_) => None,

@@ -701,8 +701,14 @@ async fn graceful_shutdown_drains_then_closes() {
     );
 }
 
+/// Held by the tests that start TLS-terminating listeners: each `TcpProxy::apply` lets go of the
+/// TLS sessions of every listener it does not hold (one `TcpProxy` per process), so one test's
+/// start would drop the sessions another test expects to resume.
+static TLS_LISTENERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
+    let _apart = TLS_LISTENERS.lock().await;
     let SelfSigned { der, cert, key } = SelfSigned::new(&["localhost"]);
     let echo = Upstream::echo().await;
     let (other, _) = Upstream::recorder("other").await;
@@ -757,6 +763,7 @@ async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
 /// every TLS listener shared one ticket key and session cache, and the resumption succeeded.
 #[tokio::test]
 async fn a_tls_session_resumes_only_at_the_listener_that_issued_it() {
+    let _apart = TLS_LISTENERS.lock().await;
     let (www, mqtt) = (
         SelfSigned::new(&["www.test"]),
         SelfSigned::new(&["mqtt.test"]),
@@ -887,4 +894,157 @@ async fn serve_starts_tcp_listeners_next_to_http() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// Sends `msg` on `s` and reads it back (an echo upstream behind the proxy).
+async fn echoes(s: &mut TcpStream, msg: &[u8]) -> bool {
+    if s.write_all(msg).await.is_err() {
+        return false;
+    }
+    let mut back = vec![0u8; msg.len()];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back)).await,
+        Ok(Ok(_))
+    ) && back == msg
+}
+
+/// One address cannot hold every slot of a listener (and an upstream connection each): past
+/// `max_connections_per_ip` its new connections are closed at once, before any upstream is
+/// contacted, while another address is still served. Before, `[[tcp]]` listeners had no per-IP
+/// share, so one address opening `max_connections` idle connections stopped the listener for all.
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_of_a_listener() {
+    let echo = Upstream::echo().await;
+    let mut config = one_group(&quoted(&[echo.addr]), "");
+    // Loopback is exempt by default; here it is not.
+    config.push_str("max_connections_per_ip = 2\nper_ip_exempt = [\"10.0.0.0/8\"]\n");
+    let proxy = Proxy::start(&config);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert!(echoes(&mut s, b"held").await);
+        held.push(s);
+    }
+    let mut third = TcpStream::connect(proxy.addr()).await.unwrap();
+    let _ = third.write_all(b"third").await;
+    assert_eq!(read_all(&mut third, 5).await.unwrap_or_default(), b"");
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 2);
+    // Another address is served.
+    let mut other = connect_from("127.0.0.2", proxy.addr()).await;
+    assert!(echoes(&mut other, b"other").await);
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 3);
+    // Places are given back when connections end.
+    drop(held);
+    drop(other);
+    proxy.idle().await;
+    let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(echoes(&mut again, b"again").await);
+    drop(again);
+    proxy.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"per_ip\"} 1"
+    ));
+}
+
+/// Behind a trusted proxy every client arrives from the proxy's address: the share is then
+/// counted by the PROXY header's source address.
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_share_is_the_header_source() {
+    let echo = Upstream::echo().await;
+    let proxy = Proxy::start(&proxy_in(
+        "127.0.0.0/8",
+        "max_connections_per_ip = 1\nper_ip_exempt = []",
+        &quoted(&[echo.addr]),
+    ));
+    let dst = "198.51.100.1:5432".parse().unwrap();
+    let from = |client: &str| {
+        let header = proxy_protocol::encode_v2(client.parse().unwrap(), dst);
+        let addr = proxy.addr();
+        async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(&header).await.unwrap();
+            s
+        }
+    };
+    let mut a = from("203.0.113.7:1000").await;
+    assert!(echoes(&mut a, b"a").await);
+    let mut a2 = from("203.0.113.7:1001").await;
+    let _ = a2.write_all(b"a2").await;
+    assert_eq!(read_all(&mut a2, 5).await.unwrap_or_default(), b"");
+    let mut b = from("203.0.113.8:1000").await;
+    assert!(echoes(&mut b, b"b").await);
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 2);
+}
+
+/// A ClientHello cut into more TLS records than any real client uses is refused like any other
+/// malformed hello, before any upstream is contacted; the same hello in 2 records is routed.
+/// Before, 16 KiB in 1-byte records (one per segment) cost a parse of every record per segment.
+#[tokio::test]
+async fn sni_refuses_a_hello_cut_into_many_records() {
+    let (a, mut a_got) = Upstream::recorder("A").await;
+    let config = format!(
+        "[[upstreams]]\nname = \"a\"\nservers = [\"{}\"]\n\n[[tcp]]\nlisten = \"127.0.0.1:0\"\n\
+         sni = [{{ server_name = \"a.example.com\", upstream = \"a\" }}]\n",
+        a.addr
+    );
+    let proxy = Proxy::start(&config);
+    let hello = client_hello("a.example.com");
+    let two = in_records(&hello, 2);
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(&two).await.unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap(), b"A");
+    assert_eq!(a_got.recv().await.unwrap(), two);
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(&in_records(&hello, 40)).await.unwrap();
+    assert_eq!(read_all(&mut s, 5).await.unwrap_or_default(), b"");
+    assert_eq!(a.accepted.load(Ordering::SeqCst), 1);
+    proxy.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"not_tls\"} 1"
+    ));
+}
+
+/// A TLS client that closes its TCP stream without close_notify has ended its stream: the
+/// upstream gets a FIN (not a reset) and its answer still reaches the client. Before, rustls's
+/// UnexpectedEof ended the relay as an error and both sides were reset, losing the answer.
+#[tokio::test]
+async fn tls_client_close_without_close_notify_is_an_end_of_stream() {
+    let _apart = TLS_LISTENERS.lock().await;
+    let SelfSigned { der, cert, key } = SelfSigned::new(&["localhost"]);
+    let (up, mut got) = Upstream::recorder("reply").await;
+    let config = format!(
+        "[[upstreams]]\nname = \"r\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"r\"\ntls_cert = {:?}\ntls_key = {:?}\n",
+        up.addr,
+        cert.path(),
+        key.path()
+    );
+    let proxy = Proxy::start(&config);
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.into()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(b"hello").await.unwrap();
+    tls.flush().await.unwrap();
+    // The TCP write side closed under TLS: a FIN with no close_notify before it.
+    tls.get_mut().0.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut back)).await;
+    assert_eq!(got.recv().await.unwrap(), b"hello");
+    assert!(matches!(read, Ok(Ok(5))), "{read:?}");
+    assert_eq!(back, b"reply");
+    proxy.idle().await;
+    assert!(proxy
+        .metrics()
+        .contains("sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"closed\"} 1"));
 }

@@ -1,5 +1,5 @@
-//! Unit and property tests for the ClientHello reader: hand-built hellos, split into records and
-//! segments every possible way.
+//! Unit and property tests for the ClientHello reader: hand-built hellos, split into up to
+//! `MAX_RECORDS` records and into segments every possible way.
 
 use super::*;
 use proptest::prelude::*;
@@ -146,6 +146,38 @@ fn malformed_names_and_lengths() {
     ));
 }
 
+/// A hello cut into more than `MAX_RECORDS` records is refused, however small (a caller that
+/// parses after every read would otherwise re-read thousands of 6-byte records thousands of
+/// times); real clients use one or two.
+#[test]
+fn more_than_max_records_is_refused() {
+    let msg = hello_message(Some(sni_ext(b"a.example")));
+    // Exactly `n` records: `n - 1` of one byte, then the rest.
+    let in_records = |n: usize| {
+        let mut out = records(&msg[..n - 1], 1);
+        out.extend(records(&msg[n - 1..], 16384));
+        out
+    };
+    let named = |r: Result<Parsed, Error>| match r {
+        Ok(Parsed::Complete(h)) => h.server_name,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(named(parse(&in_records(2))), Some("a.example".into()));
+    assert_eq!(
+        named(parse(&in_records(MAX_RECORDS))),
+        Some("a.example".into())
+    );
+    let over = in_records(MAX_RECORDS + 1);
+    assert_eq!(parse(&over), Err(Error::TooManyRecords));
+    // Refused as soon as the 33rd record begins, without waiting for the rest.
+    assert_eq!(
+        parse(&over[..6 * MAX_RECORDS + 1]),
+        Err(Error::TooManyRecords)
+    );
+    // The attack: a hello in 1-byte records.
+    assert_eq!(parse(&records(&msg, 1)), Err(Error::TooManyRecords));
+}
+
 proptest! {
     #[test]
     fn any_record_split_gives_the_same_answer(
@@ -154,7 +186,9 @@ proptest! {
     ) {
         let mut exts = sni_ext(name.as_bytes());
         exts.extend(alpn_ext(&[b"h2"]));
-        let buf = records(&hello_message(Some(exts)), record_max);
+        let msg = hello_message(Some(exts));
+        // Any split into at most MAX_RECORDS records (more is refused: see above).
+        let buf = records(&msg, record_max.max(msg.len().div_ceil(MAX_RECORDS)));
         let got = parse(&buf).unwrap();
         prop_assert_eq!(got, Parsed::Complete(ClientHello { server_name: Some(name), alpn: vec![b"h2".to_vec()] }));
     }

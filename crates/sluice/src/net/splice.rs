@@ -521,10 +521,14 @@ where
     let mut buf = vec![0u8; COPY_BUF];
     let mut total = 0u64;
     loop {
-        let n = src
-            .read(&mut buf)
-            .await
-            .map_err(|e| classify(src_side, e))?;
+        let n = match src.read(&mut buf).await {
+            Ok(n) => n,
+            // A TLS client that closes its TCP stream without close_notify (rustls: UnexpectedEof)
+            // has ended its stream, as most TLS stacks (and HAProxy) take it: passed on as a FIN,
+            // so the upstream's answer still flows back, not as a reset that loses it.
+            Err(e) if src_side == Side::Downstream && e.kind() == io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(classify(src_side, e)),
+        };
         if n == 0 {
             // Ignore a failed shutdown: the peer may already be gone, which the other direction sees.
             let _ = dst.shutdown().await;

@@ -39,6 +39,14 @@ pub struct TcpConfig {
     /// Connections open at once; at the limit the listener stops accepting until one closes.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Connections one client IP may hold open at once (0 = no limit); past it a new connection
+    /// from that IP is closed at once, so one client cannot hold every slot of `max_connections`.
+    #[serde(default = "default_max_connections_per_ip")]
+    pub max_connections_per_ip: usize,
+    /// Peers `max_connections_per_ip` does not apply to; by default loopback, as the HTTP
+    /// server's `server.per_ip_exempt`.
+    #[serde(default = "default_per_ip_exempt")]
+    pub per_ip_exempt: Vec<ipnet::IpNet>,
     /// Send a PROXY protocol header to the upstream carrying the client's address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_proxy: Option<ProxyVersion>,
@@ -85,6 +93,17 @@ fn default_handshake() -> u64 {
 fn default_max_connections() -> usize {
     10_000
 }
+/// As the HTTP server's `server.max_connections_per_ip`.
+fn default_max_connections_per_ip() -> usize {
+    256
+}
+/// As the HTTP server's `server.per_ip_exempt`.
+fn default_per_ip_exempt() -> Vec<ipnet::IpNet> {
+    vec![
+        "127.0.0.0/8".parse().expect("valid net"),
+        "::1/128".parse().expect("valid net"),
+    ]
+}
 
 impl TcpConfig {
     /// The listener's name: `name`, or the listen address.
@@ -93,8 +112,11 @@ impl TcpConfig {
     }
 
     /// The group for a server name (exact first, then the longest wildcard), else the default.
+    /// A fully qualified name's one trailing dot (`db.example.com.`, which rustls passes on
+    /// from a TLS client) is dropped first: it names the same host, as for the HTTPS
+    /// certificates (`server::tls::sni`).
     pub fn group_for(&self, server_name: Option<&str>) -> Option<&str> {
-        if let Some(name) = server_name {
+        if let Some(name) = server_name.map(|n| n.strip_suffix('.').unwrap_or(n)) {
             if let Some(r) = self.sni.iter().find(|r| r.server_name == name) {
                 return Some(&r.upstream);
             }
@@ -196,6 +218,10 @@ mod tests {
         assert_eq!(t.group_for(Some("example.com")), Some("dflt"));
         assert_eq!(t.group_for(Some("evilexample.com")), Some("dflt"));
         assert_eq!(t.group_for(None), Some("dflt"));
+        // A trailing dot (a TLS-terminating listener gets the name as the client sent it)
+        // names the same host.
+        assert_eq!(t.group_for(Some("pg.db.example.com.")), Some("pg"));
+        assert_eq!(t.group_for(Some("x.db.example.com.")), Some("dbs"));
     }
 
     #[test]

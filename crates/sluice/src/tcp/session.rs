@@ -15,11 +15,12 @@ use tokio_rustls::server::TlsStream;
 use super::config::ProxyVersion;
 use super::metrics::{EndLabels, RefusedLabels, ServerLabels};
 use super::{Settings, Shared};
-use crate::net::splice::{self, Direction, RelayError};
+use crate::net::per_ip::IpPlace;
+use crate::net::splice::{self, Direction, RelayError, Side};
 use crate::upstream::group::{Balance, InFlight};
 
-/// Most bytes buffered while waiting for a complete ClientHello (a 16 KiB hello cut into tiny
-/// records included).
+/// Most bytes buffered while waiting for a complete ClientHello (a 16 KiB hello in up to
+/// `client_hello::MAX_RECORDS` records, with room to spare).
 const MAX_HELLO_BUFFER: usize = 128 * 1024;
 
 /// Why a connection was closed before relaying; the label of `tcp_connections_refused`.
@@ -49,6 +50,8 @@ struct Accepted {
     group: String,
     /// Bytes read while peeking (the ClientHello) that the upstream must receive first.
     prefix: Vec<u8>,
+    /// The client's place in `max_connections_per_ip`, given back when the connection ends.
+    _place: Option<IpPlace>,
 }
 
 /// Serves one accepted connection to its end.
@@ -113,6 +116,11 @@ async fn accept(stream: TcpStream, peer: SocketAddr, s: &Settings) -> Result<Acc
             destination = d;
         }
     }
+    // The place is held by the TCP peer that connected, unless that peer is a trusted proxy
+    // whose PROXY header named the client: then by the header's source address, since every
+    // client behind a load balancer arrives from its one address. (An untrusted peer never gets
+    // here; a header with no address, LOCAL or UNIX, leaves the peer's.)
+    let place = s.per_ip.take(client.ip()).ok_or("per_ip")?;
     let mut prefix = Vec::new();
     let (down, server_name) = match &s.tls {
         Some(acceptor) => {
@@ -137,6 +145,7 @@ async fn accept(stream: TcpStream, peer: SocketAddr, s: &Settings) -> Result<Acc
         destination,
         group,
         prefix,
+        _place: place,
     })
 }
 
@@ -170,9 +179,13 @@ async fn read_client_hello(
                 if needed > MAX_HELLO_BUFFER {
                     return Err("not_tls");
                 }
+                // Parse again only once the bytes it asked for are here: a hello sent a byte per
+                // segment is then parsed a few times, not once per segment.
                 buf.reserve(needed - buf.len());
-                if down.read_buf(buf).await.map_err(|_| "closed_early")? == 0 {
-                    return Err("closed_early");
+                while buf.len() < needed {
+                    if down.read_buf(buf).await.map_err(|_| "closed_early")? == 0 {
+                        return Err("closed_early");
+                    }
                 }
             }
             Err(_) => return Err("not_tls"),
@@ -237,7 +250,7 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
             })
             .inc();
     }
-    let Some((mut up, in_flight)) = connected else {
+    let Some((up, in_flight)) = connected else {
         return refuse("connect_failed");
     };
     let _ = up.set_nodelay(true);
@@ -255,11 +268,7 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
         None => Vec::new(),
     };
     first.extend_from_slice(&a.prefix);
-    let how = if !first.is_empty() && up.write_all(&first).await.is_err() {
-        "error"
-    } else {
-        pump(a.down, up, s, shared, started, &server_labels).await
-    };
+    let how = pump(a.down, up, &first, s, shared, started, &server_labels).await;
     server_open.dec();
     m.ended
         .get_or_create(&EndLabels {
@@ -271,10 +280,12 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
     how
 }
 
-/// The relay raced against the idle and total timeouts and a forced shutdown.
+/// `first` (PROXY header, peeked ClientHello) to the upstream, then the relay, raced against the
+/// idle and total timeouts and a forced shutdown.
 async fn pump(
     mut down: Downstream,
     mut up: TcpStream,
+    first: &[u8],
     s: &Settings,
     shared: &Shared,
     started: Instant,
@@ -315,6 +326,13 @@ async fn pump(
     let mut force = shared.force.clone();
     let result = {
         let relay = async {
+            // Inside the race: an upstream that accepts but never reads must not hold the
+            // connection (and a graceful shutdown) past the timeouts.
+            if !first.is_empty() {
+                up.write_all(first)
+                    .await
+                    .map_err(|e| RelayError::Io(Side::Upstream, e))?;
+            }
             match &mut down {
                 Downstream::Plain(d) => splice::relay_tcp(d, &up, shared.pool, &on_bytes).await,
                 Downstream::Tls(t) => splice::copy_both(&mut **t, &mut up, &on_bytes).await,
@@ -362,5 +380,90 @@ async fn idle_watch(last: &AtomicU64, started: Instant, idle: Duration) {
             return;
         }
         tokio::time::sleep_until(deadline.into()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// Two connected sockets on loopback.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (outer, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (outer.unwrap(), accepted.unwrap().0)
+    }
+
+    /// An upstream that accepts but never reads cannot hold the first bytes' write (PROXY
+    /// header, peeked ClientHello) past the idle timeout or a forced shutdown. Before, that
+    /// write ran ahead of the relay, outside both: the connection and its slot were held for
+    /// good and `TcpProxy::shutdown` never returned. (A real prefix is at most ~130 KiB, which
+    /// loopback's autotuned socket buffers always take, so the test sends more than they hold.)
+    #[tokio::test]
+    async fn a_first_write_the_upstream_never_reads_is_bounded() {
+        let config: super::super::TcpConfig =
+            toml::from_str("listen = \"127.0.0.1:0\"\nupstream = \"g\"\nidle_timeout_secs = 1")
+                .unwrap();
+        let settings = Settings {
+            name: "t".into(),
+            config,
+            groups: Arc::new(crate::upstream::group::Groups::new(&[]).unwrap()),
+            tls: None,
+            limit: Arc::new(tokio::sync::Semaphore::new(1)),
+            per_ip: crate::net::per_ip::PerIp::new(0, Vec::new()),
+        };
+        let (force_tx, force) = tokio::sync::watch::channel(false);
+        let shared = Shared {
+            metrics: super::super::TcpMetrics::register(&mut Default::default()),
+            pool: splice::shared_pool(),
+            force,
+        };
+        let labels = ServerLabels {
+            group: "g".into(),
+            server: "s".into(),
+        };
+        let first = vec![0x5a; 64 << 20];
+        // Idle timeout.
+        let ((_client, down), (up, _deaf)) = (pair().await, pair().await);
+        let started = Instant::now();
+        let how = tokio::time::timeout(
+            Duration::from_secs(5),
+            pump(
+                Downstream::Plain(down),
+                up,
+                &first,
+                &settings,
+                &shared,
+                started,
+                &labels,
+            ),
+        )
+        .await;
+        assert_eq!(how, Ok("idle_timeout"));
+        // Forced shutdown, long before the idle timeout.
+        let ((_client, down), (up, _deaf)) = (pair().await, pair().await);
+        let mut settings = settings;
+        settings.config.idle_timeout_secs = 600;
+        let pumped = pump(
+            Downstream::Plain(down),
+            up,
+            &first,
+            &settings,
+            &shared,
+            Instant::now(),
+            &labels,
+        );
+        let force = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            force_tx.send(true).unwrap();
+        };
+        let (how, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(pumped, force)
+        })
+        .await
+        .unwrap();
+        assert_eq!(how, "shutdown");
     }
 }

@@ -254,3 +254,24 @@ pub async fn echo_through(addr: std::net::SocketAddr, body: &[u8]) -> Vec<u8> {
     let ((), out) = tokio::join!(write, read);
     out
 }
+
+/// Connects to `addr` from `local` (any address of 127/8: Linux routes all of it on lo), so a
+/// test can be a second client address.
+pub async fn connect_from(local: &str, addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// `hello` (one TLS record, as rustls sends it) re-cut into `n` records: `n - 1` of one byte,
+/// then the rest.
+pub fn in_records(hello: &[u8], n: usize) -> Vec<u8> {
+    let msg = &hello[5..];
+    let mut out = Vec::new();
+    for chunk in msg[..n - 1].chunks(1).chain([&msg[n - 1..]]) {
+        out.extend_from_slice(&[22, 3, 1]);
+        out.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        out.extend_from_slice(chunk);
+    }
+    out
+}
