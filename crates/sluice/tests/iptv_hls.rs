@@ -1117,3 +1117,66 @@ async fn a_channel_without_h264_or_aac_has_no_fmp4_form() {
     assert_eq!(resp.status(), 200);
     assert!(read_text(resp).await.contains("0.ts?iface=lo"));
 }
+
+/// `sluice_iptv_hls_catchup_bytes` now: what catch-up and ended channels hold.
+fn pooled_bytes(gw: &Gateway) -> u64 {
+    gw.metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix("iptv_hls_catchup_bytes "))
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// Sources that end leave their HLS channels holding their last segments (up to 32 MiB each),
+/// shown ended while anyone asks, outside every subscriber limit: all ended channels together
+/// stay within `catchup_total_bytes`, the ones idle longest dropped first, with their fMP4
+/// rewrites counted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_channels_stay_within_the_total() {
+    require_ffmpeg();
+    let dir = Scratch::new("ended-total");
+    let source = make_source(&dir.path("source.ts"), 3, 25, None);
+    let size = source.len() as u64;
+    // Room for two ended channels' TS segments, not three, nor two with one's fMP4 as well.
+    let total = size * 11 / 5;
+    let mut cfg = config();
+    cfg.hls.target_duration_secs = 1;
+    cfg.hls.catchup_total_bytes = total;
+    // An ended channel stays while anyone asks: here for a minute without a request.
+    cfg.linger_ms = 60_000;
+    let gw = Gateway::start(cfg).await;
+    for i in 0..3u16 {
+        let group = format!("239.255.41.{}", 30 + i);
+        let port = 5630 + i;
+        let url = format!("/hls/rtp/{group}:{port}/index.m3u8?iface=lo");
+        let first = gw.spawn_get(&url);
+        wait_joined(&group, true).await;
+        send(&Sender::new(&group, port), &source, 1).await;
+        assert_eq!(first.await.unwrap().status(), 200);
+        let (p, _) = ended_playlist(&gw, &url).await;
+        assert_eq!(p.segments.len(), 3, "channel {i}");
+        let held = pooled_bytes(&gw);
+        assert!(
+            held <= total,
+            "{held} bytes held after channel {i}, bound {total}"
+        );
+    }
+    // The first ended channel went for the third.
+    let channels = gw.iptv.hls_channels();
+    assert_eq!(channels, 2, "ended channels held");
+    let held = pooled_bytes(&gw);
+    assert!(
+        (size..=total).contains(&held),
+        "{held} bytes held by two channels of {size}, bound {total}"
+    );
+    // The newest one's segments as fMP4: the rewrite counts as well, so the other one goes.
+    let url = "/hls/rtp/239.255.41.32:5632/index.m3u8?iface=lo&container=fmp4";
+    let resp = gw.get(url).await;
+    assert_eq!(resp.status(), 200);
+    assert!(read_text(resp).await.contains("#EXT-X-ENDLIST"));
+    assert_eq!(gw.iptv.hls_channels(), 1, "ended channels held with fMP4");
+    let held = pooled_bytes(&gw);
+    assert!(
+        (size * 3 / 2..=total).contains(&held),
+        "{held} bytes held by one channel of {size} with its fMP4, bound {total}"
+    );
+}

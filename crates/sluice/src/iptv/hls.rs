@@ -12,7 +12,8 @@
 //! - `parts`: low-latency HLS (partial segments, blocking reloads).
 //! - `fmp4`: the segments as fragmented MP4, for players that ask for it.
 //! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
-//! - `catchup`: the memory of catch-up channels, within `catchup_total_bytes`.
+//! - `catchup`: the memory of catch-up channels and ended channels, within
+//!   `catchup_total_bytes`.
 
 mod catchup;
 mod fmp4;
@@ -59,9 +60,10 @@ pub struct HlsConfig {
     /// programme has been received) up to this many bytes; beyond it the oldest go and the
     /// playlist slides like a live one.
     pub catchup_max_bytes: u64,
-    /// All catch-up channels together hold at most this many bytes of segments: past it the
-    /// ended programmes idle longest are dropped first, then a programme still arriving
-    /// loses its oldest segments (as with `catchup_max_bytes`).
+    /// All catch-up channels, and all channels whose source ended (kept while their viewers
+    /// ask), together hold at most this many bytes of segments (TS and fMP4): past it the
+    /// ended ones idle longest are dropped first, then a programme still arriving loses its
+    /// oldest segments (as with `catchup_max_bytes`).
     pub catchup_total_bytes: u64,
     /// Segments as `ts` (MPEG-TS, as the channel carries it) or `fmp4` (fragmented MP4 with
     /// an init segment); `?container=ts` or `?container=fmp4` on the playlist overrides it.
@@ -118,6 +120,11 @@ const CATCHUP_IDLE: Duration = Duration::from_secs(300);
 /// A segment bigger than this (a stream without usable timestamps) is cut as a gap.
 const MAX_SEGMENT_BYTES: usize = 32 << 20;
 
+/// Most segments a catch-up window keeps, whatever their size: a source jumping its timestamps
+/// all the time gets a segment at each jump, and every playlist request lists them all. 20,000
+/// is 22 hours of 4-second segments (any programme), and a playlist of about 2 MB.
+const CATCHUP_MAX_SEGMENTS: usize = 20_000;
+
 /// Why an HLS channel could not start.
 #[derive(Debug, Clone)]
 struct Failure {
@@ -158,8 +165,9 @@ pub struct Channel {
     recorder: Option<Arc<Recorder>>,
     /// An RTSP catch-up session: where its range begins (Unix ms).
     catchup: Option<i64>,
-    /// The channel's hub, and the HLS viewers counted on it.
-    hub: Arc<Hub>,
+    /// The channel's hub, and the HLS viewers counted on it. `None` once the channel ended:
+    /// its last segments are all an ended channel needs, and the hub's ring goes with the hub.
+    hub: Mutex<Option<Arc<Hub>>>,
     viewers: viewers::Viewers,
     /// Its segments as fMP4, once a viewer asks for them.
     fmp4: fmp4::Converted,
@@ -174,10 +182,20 @@ impl Channel {
         registry::lock(&self.touched).elapsed()
     }
 
-    /// Bytes of the segments held, and whether the channel has ended.
+    /// Bytes of the segments held (TS and fMP4), and whether the channel has ended.
     fn held(&self) -> (u64, bool) {
-        let w = registry::lock(&self.window);
-        (w.bytes, w.ended)
+        // The window is let go before the fMP4 state is locked (`want_fmp4` takes them the
+        // other way round).
+        let (bytes, ended) = {
+            let w = registry::lock(&self.window);
+            (w.bytes, w.ended)
+        };
+        (bytes + self.fmp4.bytes(), ended)
+    }
+
+    /// The channel's hub, while the channel runs.
+    fn hub(&self) -> Option<Arc<Hub>> {
+        registry::lock(&self.hub).clone()
     }
 
     /// Starts rewriting the channel's segments as fMP4 (once), beginning with those held.
@@ -201,6 +219,9 @@ impl Channel {
         if segments.is_empty() && parts.is_empty() {
             return Vec::new();
         }
+        // Segments rewritten as fMP4 are held twice: each TS byte counts for two (an fMP4
+        // fragment is about the size of its TS segment, a little less without packet headers).
+        let weight = if self.fmp4.wanted() { 2 } else { 1 };
         let mut w = registry::lock(&self.window);
         w.held.add(parts);
         let mut stored = Vec::with_capacity(segments.len());
@@ -213,8 +234,12 @@ impl Channel {
             w.bytes += s.data.len() as u64;
             w.segments.push_back((seq, s));
         }
-        while w.segments.len() > keep || (w.bytes > max_bytes && w.segments.len() > 1) {
-            w.trimmed |= w.segments.len() <= keep;
+        while w.segments.len() > keep
+            || (w.bytes.saturating_mul(weight) > max_bytes && w.segments.len() > 1)
+        {
+            // A catch-up window no longer starts where its programme does (a live one's
+            // `trimmed` is never read).
+            w.trimmed = true;
             if let Some((_, gone)) = w.segments.pop_front() {
                 w.discontinuities_gone += u64::from(gone.discontinuity);
                 w.bytes -= gone.data.len() as u64;
@@ -222,6 +247,8 @@ impl Channel {
             }
         }
         let oldest = w.segments.front().map_or(0, |(seq, _)| *seq);
+        // What the window holds per segment goes with its segment.
+        w.held.forget_before(oldest);
         drop(w);
         self.fmp4.add(&stored, oldest);
         // Parts change the playlist too: every change wakes the requests waiting for one.
@@ -340,8 +367,9 @@ impl Iptv {
         };
         let peer = req.extensions.get::<std::net::SocketAddr>().map(|p| p.ip());
         let limit = self.registry.limits.per_hub;
-        if let Some(ip) = peer.filter(|_| limit > 0) {
-            if !channel.viewers.admit(&channel.hub, ip, limit) {
+        // An ended channel has no hub, and no viewer to count on it.
+        if let (Some(ip), Some(hub)) = (peer.filter(|_| limit > 0), channel.hub()) {
+            if !channel.viewers.admit(&hub, ip, limit) {
                 return self.refused(registry::Refusal::PerHub(limit));
             }
         }
@@ -389,6 +417,10 @@ impl Iptv {
         };
         // A viewer is there until its last answer, not its last question.
         channel.touch();
+        if fmp4 && channel.held().1 {
+            // An ended channel's segments rewritten as fMP4 just now hold more memory.
+            self.bound_ended();
+        }
         resp
     }
 
@@ -461,7 +493,7 @@ impl Iptv {
             touched: Mutex::new(Instant::now()),
             recorder,
             catchup,
-            hub: sub.hub.clone(),
+            hub: Mutex::new(Some(sub.hub.clone())),
             viewers: viewers::Viewers::default(),
             fmp4: fmp4::Converted::default(),
         });
@@ -481,11 +513,8 @@ impl Iptv {
             // A paused player does not ask for a complete (VOD) playlist again.
             idle_after = idle_after.max(CATCHUP_IDLE);
         }
-        // A catch-up session keeps its whole programme, within its byte budget.
-        let keep = match channel.catchup {
-            Some(_) => (usize::MAX, config.catchup_max_bytes),
-            None => (config.window + 1, u64::MAX),
-        };
+        let keep = keep(config, channel.catchup.is_some());
+        let hub = sub.hub.clone();
         let label = sub.hub.key.channel();
         let wait = self.start_wait(&sub.hub.key);
         let failure = 'run: {
@@ -557,7 +586,7 @@ impl Iptv {
                     }
                     _ = check.tick() => {
                         // A player asks at least once a target duration.
-                        channel.viewers.prune(&channel.hub, 3 * target);
+                        channel.viewers.prune(&hub, 3 * target);
                         // A timeshift channel records whether anyone watches or not.
                         if channel.recorder.is_none() && channel.idle() >= idle_after {
                             tracing::info!(channel = %label, "HLS segmenter stopped: no viewer");
@@ -568,8 +597,11 @@ impl Iptv {
                 }
             }
         };
-        channel.hub.hls_segmenters.fetch_sub(1, Ordering::AcqRel);
-        channel.viewers.clear(&channel.hub);
+        hub.hls_segmenters.fetch_sub(1, Ordering::AcqRel);
+        channel.viewers.clear(&hub);
+        // The channel no longer holds its hub (nor the hub's ring, once the hub is gone).
+        *registry::lock(&channel.hub) = None;
+        drop(hub);
         if !self.listed(&channel) {
             return;
         }
@@ -577,6 +609,8 @@ impl Iptv {
         // or the reason, until they stop asking.
         channel.end(failure);
         tracing::info!(channel = %label, "HLS channel ended");
+        // Its segments now count with the other ended channels' against `catchup_total_bytes`.
+        self.bound_ended();
         // Until its viewers stop asking, or `catchup_total_bytes` needs its memory.
         while channel.idle() < idle_after && self.listed(&channel) {
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -620,9 +654,7 @@ impl Iptv {
             table.remove(&channel.key);
         }
         drop(table);
-        if channel.catchup.is_some() {
-            self.count_catchup();
-        }
+        self.count_catchup();
     }
 
     async fn playlist_of(
@@ -998,6 +1030,17 @@ impl Iptv {
     }
 }
 
+/// Segments a channel's window keeps, and their most bytes: a live channel its playlist's
+/// window and one more; a catch-up session its whole programme, within its byte budget and
+/// `CATCHUP_MAX_SEGMENTS`.
+fn keep(config: &HlsConfig, catchup: bool) -> (usize, u64) {
+    if catchup {
+        (CATCHUP_MAX_SEGMENTS, config.catchup_max_bytes)
+    } else {
+        (config.window + 1, u64::MAX)
+    }
+}
+
 /// Unix time in milliseconds.
 fn unix_ms() -> i64 {
     std::time::SystemTime::now()
@@ -1221,6 +1264,86 @@ mod tests {
             Some(("/rtp/239.1.1.1:5000", File::Init(2)))
         );
         assert_eq!(split("/hls/rtp/239.1.1.1:5000/init-x.mp4"), None);
+    }
+
+    /// A channel fed by hand, with no hub.
+    fn bare(catchup: Option<i64>) -> Channel {
+        Channel {
+            key: HubKey {
+                mode: super::super::url::Mode::Rtp,
+                group: crate::net::multicast::Group {
+                    group: [239, 1, 1, 1].into(),
+                    port: 5000,
+                    source: None,
+                    interface: "lo".into(),
+                },
+                fec: None,
+                rtsp: None,
+            },
+            window: Mutex::new(Window::default()),
+            changed: watch::Sender::new(0),
+            touched: Mutex::new(Instant::now()),
+            recorder: None,
+            catchup,
+            hub: Mutex::new(None),
+            viewers: viewers::Viewers::default(),
+            fmp4: fmp4::Converted::default(),
+        }
+    }
+
+    fn tiny(number: u64) -> Segment {
+        Segment {
+            data: bytes::Bytes::from(vec![0x47; 752]),
+            duration: 90,
+            keyframe: true,
+            discontinuity: true,
+            start: number * 90_000,
+            number,
+        }
+    }
+
+    /// A source jumping its timestamps makes a tiny segment at each jump: a catch-up window
+    /// keeps `CATCHUP_MAX_SEGMENTS` of them however small, and a wall clock only for those.
+    #[test]
+    fn a_catch_up_window_is_bounded_in_segments_and_wall_clocks() {
+        let config = HlsConfig::default();
+        let c = bare(Some(0));
+        let kept = keep(&config, true);
+        let total = CATCHUP_MAX_SEGMENTS as u64 + 1500;
+        for batch in (0..total).collect::<Vec<_>>().chunks(1000) {
+            c.store(
+                Vec::new(),
+                batch.iter().map(|n| tiny(*n)).collect(),
+                kept,
+                None,
+            );
+        }
+        let w = registry::lock(&c.window);
+        assert_eq!(w.segments.len(), CATCHUP_MAX_SEGMENTS);
+        assert_eq!(w.held.walls(), CATCHUP_MAX_SEGMENTS);
+        assert_eq!(w.bytes, 752 * CATCHUP_MAX_SEGMENTS as u64);
+        assert_eq!(
+            w.segments.front().unwrap().0,
+            total - CATCHUP_MAX_SEGMENTS as u64
+        );
+        assert!(
+            w.trimmed,
+            "a window that lost its start slides like a live one"
+        );
+        drop(w);
+        // Dropped by bytes: the wall clocks go with their segments.
+        let small = HlsConfig {
+            catchup_max_bytes: 752 * 100,
+            ..HlsConfig::default()
+        };
+        let c = bare(Some(0));
+        for n in 0..1000 {
+            c.store(Vec::new(), vec![tiny(n)], keep(&small, true), None);
+        }
+        let w = registry::lock(&c.window);
+        assert_eq!(w.segments.len(), 100);
+        assert_eq!(w.held.walls(), 100);
+        assert!(w.held.wall_ms(900).is_some() && w.held.wall_ms(899).is_none());
     }
 
     #[test]

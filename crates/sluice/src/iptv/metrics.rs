@@ -38,7 +38,8 @@ pub struct Metrics {
     pub hubs: Gauge,
     /// Subscribers across all hubs.
     pub subscribers: Gauge,
-    /// Segment bytes held by HLS catch-up channels (bounded by `catchup_total_bytes`).
+    /// Segment bytes (TS and fMP4) held by HLS catch-up channels and ended live ones (bounded
+    /// together by `catchup_total_bytes`).
     pub hls_catchup_bytes: Gauge,
     /// Requests refused by a limit, by no data, or by a bad URL.
     pub refused: Family<RefusedLabels, Counter>,
@@ -177,7 +178,7 @@ impl Metrics {
         );
         r.register(
             "hls_catchup_bytes",
-            "Segment bytes held by HLS catch-up channels",
+            "Segment bytes (TS and fMP4) held by HLS catch-up channels and by live channels that ended",
             m.hls_catchup_bytes.clone(),
         );
         r.register(

@@ -54,8 +54,10 @@ struct State {
     writer: Writer,
     /// Media sequence number of the last segment given to the writer.
     last: Option<u64>,
-    /// By media sequence number; `None` for a segment that could not be written.
+    /// By media sequence number (ascending); `None` for a segment that could not be written.
     fragments: VecDeque<(u64, Option<Fragment>)>,
+    /// Bytes of the fragments held (their init segments are shared, and small).
+    bytes: u64,
     /// Why the last segment that could not be written could not.
     error: Option<String>,
 }
@@ -81,11 +83,23 @@ impl State {
                     None
                 }
             };
+            self.bytes += fragment.as_ref().map_or(0, |f| f.media.len() as u64);
             self.fragments.push_back((*seq, fragment));
         }
         while self.fragments.front().is_some_and(|(s, _)| *s < oldest) {
-            self.fragments.pop_front();
+            if let Some((_, Some(gone))) = self.fragments.pop_front() {
+                self.bytes -= gone.media.len() as u64;
+            }
         }
+    }
+
+    /// Fragment of segment `sequence`, when held (`Some(None)`: it has no fMP4 form).
+    fn find(&self, sequence: u64) -> Option<&Option<Fragment>> {
+        let i = self
+            .fragments
+            .binary_search_by_key(&sequence, |(s, _)| *s)
+            .ok()?;
+        self.fragments.get(i).map(|(_, f)| f)
     }
 }
 
@@ -110,15 +124,20 @@ impl Converted {
         }
     }
 
+    /// Whether a viewer has asked for fMP4 (every segment is rewritten).
+    pub(super) fn wanted(&self) -> bool {
+        registry::lock(&self.state).wanted
+    }
+
+    /// Bytes of the fMP4 fragments held.
+    pub(super) fn bytes(&self) -> u64 {
+        registry::lock(&self.state).bytes
+    }
+
     /// Segment `sequence` as fMP4: `None` when it is not held, `Some(None)` when it has no
     /// fMP4 form.
     pub(super) fn fragment(&self, sequence: u64) -> Option<Option<Fragment>> {
-        let state = registry::lock(&self.state);
-        state
-            .fragments
-            .iter()
-            .find(|(s, _)| *s == sequence)
-            .map(|(_, f)| f.clone())
+        registry::lock(&self.state).find(sequence).cloned()
     }
 
     /// Why the last segment that could not be written as fMP4 could not.
@@ -147,11 +166,8 @@ impl Converted {
             if state.last.is_none_or(|last| *seq > last) {
                 break;
             }
-            let id = state
-                .fragments
-                .iter()
-                .find(|(s, _)| s == seq)
-                .and_then(|(_, f)| f.as_ref().map(|f| f.init_id));
+            // By binary search: a catch-up playlist lists thousands of segments.
+            let id = state.find(*seq).and_then(|f| f.as_ref().map(|f| f.init_id));
             match id {
                 Some(id) => inits.push(id),
                 None => {

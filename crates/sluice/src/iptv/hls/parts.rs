@@ -18,7 +18,7 @@ pub(super) struct Held {
     done: VecDeque<(u64, Vec<Part>)>,
     /// Parts of the segment being built.
     building: Vec<Part>,
-    /// Wall-clock start (Unix ms) of the listed segments, by media sequence number.
+    /// Wall-clock start (Unix ms) of the segments held, by media sequence number (ascending).
     walls: VecDeque<(u64, i64)>,
 }
 
@@ -48,11 +48,28 @@ impl Held {
         }
     }
 
+    /// Forgets what it holds of segments before `oldest` (gone from the window).
+    pub(super) fn forget_before(&mut self, oldest: u64) {
+        while self.walls.front().is_some_and(|(s, _)| *s < oldest) {
+            self.walls.pop_front();
+        }
+        while self.done.front().is_some_and(|(s, _)| *s < oldest) {
+            self.done.pop_front();
+        }
+    }
+
     pub(super) fn wall_ms(&self, sequence: u64) -> Option<i64> {
-        self.walls
-            .iter()
-            .find(|(s, _)| *s == sequence)
-            .map(|(_, w)| *w)
+        let i = self
+            .walls
+            .binary_search_by_key(&sequence, |(s, _)| *s)
+            .ok()?;
+        self.walls.get(i).map(|(_, w)| *w)
+    }
+
+    /// Segments whose wall clock it holds.
+    #[cfg(test)]
+    pub(super) fn walls(&self) -> usize {
+        self.walls.len()
     }
 
     /// Parts to list: those of the last complete segments, then those of the segment being
