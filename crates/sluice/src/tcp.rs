@@ -1,6 +1,8 @@
 //! The TCP (L4) front end: `[[tcp]]` listeners that relay connections to upstream groups with
 //! splice, PROXY protocol both ways, SNI routing and optional TLS termination; listeners are
 //! applied live (unchanged ones keep their sockets, removed ones drain) and shut down gracefully.
+//! A change is prepared first (certificates loaded, new sockets bound), which can fail and then
+//! changes nothing, and committed after, which cannot fail.
 //!
 //! # Layout
 //! - `config`: the `[[tcp]]` section and its validation.
@@ -19,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::{watch, Semaphore};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
@@ -36,7 +39,6 @@ struct Settings {
     config: TcpConfig,
     groups: Arc<Groups>,
     tls: Option<TlsAcceptor>,
-    limit: Arc<Semaphore>,
     /// Connections held per client IP (`max_connections_per_ip`).
     per_ip: Arc<PerIp>,
 }
@@ -54,7 +56,26 @@ struct Shared {
 struct Running {
     local: SocketAddr,
     settings: watch::Sender<Arc<Settings>>,
+    /// `max_connections`, kept across reloads (changed in place) so open connections count.
+    limit: Arc<listener::Limit>,
     stop: watch::Sender<bool>,
+}
+
+/// A change of the listeners, loaded and bound by [`TcpProxy::prepare`] (which can fail) and
+/// installed by [`TcpProxy::commit`] (which cannot).
+pub struct Prepared {
+    listeners: Vec<Next>,
+    /// The TLS identities whose resumption sessions the new listeners keep.
+    identities: Vec<String>,
+}
+
+/// One listener of a [`Prepared`] change.
+struct Next {
+    name: String,
+    config: TcpConfig,
+    tls: Option<TlsAcceptor>,
+    /// The new socket and its bound address; `None` for a listener that keeps its running socket.
+    socket: Option<(TcpListener, SocketAddr)>,
 }
 
 impl Drop for Running {
@@ -88,13 +109,21 @@ impl TcpProxy {
     }
 
     /// Makes the running listeners match `configs` (validated) over `groups`, without cutting any
-    /// established connection: a listener whose name and address stay keeps its socket and takes
-    /// the new settings for new connections; a removed one stops accepting and its connections
-    /// drain; a new one binds. All or nothing: if anything fails to load or bind, nothing changes.
-    /// Must be called inside a tokio runtime.
+    /// established connection: [`TcpProxy::prepare`], then [`TcpProxy::commit`]. All or nothing:
+    /// if anything fails to load or bind, nothing changes. Must be called inside a tokio runtime.
     pub fn apply(&self, configs: &[TcpConfig], groups: Arc<Groups>) -> anyhow::Result<()> {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let mut prepared = Vec::with_capacity(configs.len());
+        let prepared = self.prepare(configs)?;
+        self.commit(prepared, groups);
+        Ok(())
+    }
+
+    /// Does everything of a change to `configs` that can fail, touching no running listener: loads
+    /// each listener's certificate and binds each new listener (one whose name is new, or whose
+    /// address changed). A listener whose name and address stay is marked to keep its socket.
+    /// Dropping the result lets go of the new sockets. Must be called inside a tokio runtime.
+    pub fn prepare(&self, configs: &[TcpConfig]) -> anyhow::Result<Prepared> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listeners = Vec::with_capacity(configs.len());
         let mut identities = Vec::new();
         for config in configs {
             let name = config.name();
@@ -114,62 +143,89 @@ impl TcpProxy {
                 }
                 _ => None,
             };
-            let old = running.get(&name).filter(|r| {
+            let kept = running.get(&name).is_some_and(|r| {
                 r.local == config.listen
                     || (config.listen.port() == 0 && r.local.ip() == config.listen.ip())
             });
-            let limit = match old {
-                Some(r) if r.settings.borrow().config.max_connections == config.max_connections => {
-                    Arc::clone(&r.settings.borrow().limit)
-                }
-                _ => Arc::new(Semaphore::new(config.max_connections)),
+            let socket = if kept {
+                None
+            } else {
+                let cannot = || format!("[[tcp]] {name:?}: cannot listen on {}", config.listen);
+                let socket = listener::bind(config.listen).with_context(cannot)?;
+                let local = socket.local_addr().with_context(cannot)?;
+                Some((socket, local))
             };
-            // The per-IP counts carry over a reload that keeps the share, so connections already
-            // open still count against their addresses.
-            let per_ip = match old {
-                Some(r)
-                    if r.settings.borrow().config.max_connections_per_ip
-                        == config.max_connections_per_ip
-                        && r.settings.borrow().config.per_ip_exempt == config.per_ip_exempt =>
-                {
-                    Arc::clone(&r.settings.borrow().per_ip)
-                }
-                _ => PerIp::new(config.max_connections_per_ip, config.per_ip_exempt.clone()),
-            };
-            let settings = Arc::new(Settings {
-                name: name.clone(),
+            listeners.push(Next {
+                name,
                 config: config.clone(),
-                groups: Arc::clone(&groups),
                 tls,
-                limit,
-                per_ip,
+                socket,
             });
-            let socket = match old {
-                Some(_) => None,
-                None => Some(listener::bind(config.listen).with_context(|| {
-                    format!("[[tcp]] {name:?}: cannot listen on {}", config.listen)
-                })?),
-            };
-            prepared.push((name, settings, socket));
         }
-        // Everything loaded and bound: switch.
-        crate::server::tls::resume::keep_apart(&identities);
-        let keep: Vec<&String> = prepared.iter().map(|(n, _, _)| n).collect();
-        running.retain(|name, _| keep.contains(&name));
-        for (name, settings, socket) in prepared {
+        Ok(Prepared {
+            listeners,
+            identities,
+        })
+    }
+
+    /// Installs `prepared` over `groups`: kept listeners take the new settings for new
+    /// connections (their connection limit changed in place), new ones start accepting, removed
+    /// ones stop accepting and their connections drain. Cannot fail. Running listeners must be
+    /// those `prepared` was made against (live reloads run one at a time).
+    pub fn commit(&self, prepared: Prepared, groups: Arc<Groups>) {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        crate::server::tls::resume::keep_apart(&prepared.identities);
+        running.retain(|name, _| prepared.listeners.iter().any(|n| &n.name == name));
+        for next in prepared.listeners {
+            let Next {
+                name,
+                config,
+                tls,
+                socket,
+            } = next;
             match socket {
                 None => {
-                    if let Some(r) = running.get(&name) {
-                        let _ = r.settings.send(settings);
-                    }
+                    let Some(r) = running.get(&name) else {
+                        // Only if the listeners changed between prepare and commit.
+                        tracing::warn!(listener = %name, "tcp: listener gone before its reload");
+                        continue;
+                    };
+                    let old = Arc::clone(&r.settings.borrow());
+                    r.limit.set(config.max_connections);
+                    // The per-IP counts carry over a reload that keeps the share, so connections
+                    // already open still count against their addresses.
+                    let per_ip = if old.config.max_connections_per_ip
+                        == config.max_connections_per_ip
+                        && old.config.per_ip_exempt == config.per_ip_exempt
+                    {
+                        Arc::clone(&old.per_ip)
+                    } else {
+                        PerIp::new(config.max_connections_per_ip, config.per_ip_exempt.clone())
+                    };
+                    let _ = r.settings.send(Arc::new(Settings {
+                        name,
+                        config,
+                        groups: Arc::clone(&groups),
+                        tls,
+                        per_ip,
+                    }));
                 }
-                Some(socket) => {
-                    let local = socket.local_addr()?;
-                    let (settings_tx, settings_rx) = watch::channel(settings);
+                Some((socket, local)) => {
+                    let limit = listener::Limit::new(config.max_connections);
+                    let per_ip =
+                        PerIp::new(config.max_connections_per_ip, config.per_ip_exempt.clone());
+                    let (settings_tx, settings_rx) = watch::channel(Arc::new(Settings {
+                        name: name.clone(),
+                        config,
+                        groups: Arc::clone(&groups),
+                        tls,
+                        per_ip,
+                    }));
                     let (stop_tx, stop_rx) = watch::channel(false);
                     tokio::spawn(listener::run(
                         socket,
                         settings_rx,
+                        Arc::clone(&limit),
                         Arc::clone(&self.shared),
                         self.tracker.clone(),
                         stop_rx,
@@ -180,13 +236,13 @@ impl TcpProxy {
                         Running {
                             local,
                             settings: settings_tx,
+                            limit,
                             stop: stop_tx,
                         },
                     );
                 }
             }
         }
-        Ok(())
     }
 
     /// Each listener's name and bound address.
@@ -230,20 +286,17 @@ impl TcpProxy {
     }
 }
 
-/// The live-reload part for `[[tcp]]`. The upstream groups are prepared and installed by the
-/// routes part (the composition root's `App::prepare_reload`), whose commit runs before this one; the
-/// commit here re-applies the listeners over that generation without cutting connections.
+/// The live-reload part for `[[tcp]]`. Its prepare loads and binds (so a listener that cannot
+/// bind or load refuses the whole reload, before any part is applied); its commit switches the
+/// listeners over the upstream groups current then: those the routes part (the composition
+/// root's `App::prepare_reload`) installs in its commit, which runs before this one.
 pub fn reload_part(
     tcp: Arc<TcpProxy>,
     groups: Arc<crate::upstream::group::live::Live>,
 ) -> crate::section::Prepare<[TcpConfig]> {
     Box::new(move |listeners: &[TcpConfig]| {
-        let listeners = listeners.to_vec();
+        let prepared = tcp.prepare(listeners)?;
         let (tcp, groups) = (Arc::clone(&tcp), Arc::clone(&groups));
-        Ok(Box::new(move || {
-            if let Err(e) = tcp.apply(&listeners, groups.current()) {
-                tracing::warn!(error = %format!("{e:#}"), "[[tcp]] reload kept the old listeners");
-            }
-        }) as crate::section::Commit)
+        Ok(Box::new(move || tcp.commit(prepared, groups.current())) as crate::section::Commit)
     })
 }

@@ -669,6 +669,230 @@ async fn reload_keeps_established_connections_and_switches_new_ones() {
     assert_eq!(&buf, b"after!");
 }
 
+/// `POST /admin/reload` on `http` with `password`; the status and the whole answer.
+async fn admin_reload(http: std::net::SocketAddr, password: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(http).await.unwrap();
+    let head = format!(
+        "POST /admin/reload HTTP/1.1\r\nHost: 127.0.0.1\r\napi_password: {password}\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let answer = String::from_utf8(read_all(&mut s, 10).await.unwrap()).unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+/// A reload is all or nothing over every part: one that changes the API password and adds a
+/// `[[tcp]]` listener on a port already taken is refused as a whole, naming the listener, and
+/// the old password stays. Before, the TCP part bound its sockets in its commit, after the other
+/// parts had applied: the password changed, the listener was missing with only a log line, and
+/// the answer was `reloaded: true`.
+#[tokio::test]
+async fn a_reload_whose_tcp_listener_cannot_bind_applies_nothing() {
+    let echo = Upstream::echo().await;
+    let http = closed_port().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let late = taken.local_addr().unwrap();
+    let config = |password: &str, with_late: bool| {
+        let mut c = format!(
+            "[server]\nlisten = [\"{http}\"]\n\n[auth]\napi_password = \"{password}\"\n\n\
+             [[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n\n\
+             [[tcp]]\nname = \"main\"\nlisten = \"127.0.0.1:0\"\nupstream = \"e\"\n",
+            echo.addr
+        );
+        if with_late {
+            c.push_str(&format!(
+                "\n[[tcp]]\nname = \"late\"\nlisten = \"{late}\"\nupstream = \"e\"\n"
+            ));
+        }
+        c
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sluice.toml");
+    std::fs::write(&file, config("old-pw", false)).unwrap();
+    let flags = sluice::config::Overrides::default();
+    let loaded = sluice::config::Config::load(Some(&file), std::iter::empty(), &flags).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(sluice::serve_reloadable(
+        loaded,
+        Some((Some(file.clone()), flags)),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(http).await.is_err() {
+        assert!(Instant::now() < deadline, "sluice did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    std::fs::write(&file, config("new-pw", true)).unwrap();
+    let (status, answer) = admin_reload(http, "old-pw").await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(answer.contains(r#""reloaded":false"#), "{answer}");
+    assert!(
+        answer.contains(r#"[[tcp]] \"late\": cannot listen on"#),
+        "{answer}"
+    );
+    assert!(!answer.contains("new-pw"), "{answer}");
+    // The password did not change.
+    assert_eq!(admin_reload(http, "new-pw").await.0, 403);
+
+    // Once the port is free, the same reload goes through: the new password and listener both.
+    drop(taken);
+    let (status, answer) = admin_reload(http, "old-pw").await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains(r#""reloaded":true"#), "{answer}");
+    assert_eq!(echo_through(late, b"late listener").await, b"late listener");
+    assert_eq!(admin_reload(http, "old-pw").await.0, 403);
+
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Waits (at most 5 s) until the proxy holds `n` connections.
+async fn wait_connections(proxy: &Proxy, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.tcp.connections() != n {
+        assert!(
+            Instant::now() < deadline,
+            "{} connections open, waited for {n}",
+            proxy.tcp.connections()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Lowering `max_connections` on a reload counts the connections already open: with 4 open and
+/// the limit lowered to 2, a newcomer waits until only 1 is left. Raising it again frees slots at
+/// once. Before, a changed limit was a fresh count, so the newcomer was served at once (6 open
+/// under a limit of 2 at worst).
+#[tokio::test]
+async fn lowering_max_connections_counts_the_connections_open() {
+    let echo = Upstream::echo().await;
+    let config = |max: usize| {
+        let mut c = one_group(&quoted(&[echo.addr]), "");
+        c.push_str(&format!("max_connections = {max}\n"));
+        sluice::config::Config::parse_file(&c).unwrap()
+    };
+    let proxy = Proxy::start(&format!(
+        "{}max_connections = 4\n",
+        one_group(&quoted(&[echo.addr]), "")
+    ));
+    let addr = proxy.addr();
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        assert!(echoes(&mut s, b"held").await);
+        open.push(s);
+    }
+    proxy
+        .tcp
+        .apply(&config(2).tcp, Arc::clone(&proxy.groups))
+        .unwrap();
+    assert_eq!(proxy.addr(), addr, "the listener kept its socket");
+
+    let mut newcomer = TcpStream::connect(addr).await.unwrap();
+    newcomer.write_all(b"new!").await.unwrap();
+    let mut buf = [0u8; 4];
+    let quiet = Duration::from_millis(400);
+    assert!(
+        tokio::time::timeout(quiet, newcomer.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "served with 4 open under a limit of 2"
+    );
+    open.truncate(2);
+    wait_connections(&proxy, 2).await;
+    assert!(
+        tokio::time::timeout(quiet, newcomer.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "served with 2 open under a limit of 2"
+    );
+    open.truncate(1);
+    tokio::time::timeout(Duration::from_secs(5), newcomer.read_exact(&mut buf))
+        .await
+        .expect("not served with 1 open under a limit of 2")
+        .unwrap();
+    assert_eq!(&buf, b"new!");
+
+    // 2 open; raised to 3, one more is served at once and the next waits.
+    proxy
+        .tcp
+        .apply(&config(3).tcp, Arc::clone(&proxy.groups))
+        .unwrap();
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    assert!(echoes(&mut third, b"3rd!").await);
+    let mut fourth = TcpStream::connect(addr).await.unwrap();
+    fourth.write_all(b"4th!").await.unwrap();
+    assert!(
+        tokio::time::timeout(quiet, fourth.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "served with 3 open under a limit of 3"
+    );
+}
+
+/// The slot the accept loop holds for the next connection counts too: with 2 open under a limit
+/// of 3 (the loop holding the third slot) and the limit lowered to 1, a newcomer waits until none
+/// is left open.
+#[tokio::test]
+async fn lowering_max_connections_takes_back_the_slot_held_for_the_next_connection() {
+    let echo = Upstream::echo().await;
+    let text = |max: usize| {
+        format!(
+            "{}max_connections = {max}\n",
+            one_group(&quoted(&[echo.addr]), "")
+        )
+    };
+    let proxy = Proxy::start(&text(3));
+    let addr = proxy.addr();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        assert!(echoes(&mut s, b"held").await);
+        open.push(s);
+    }
+    let lowered = sluice::config::Config::parse_file(&text(1)).unwrap();
+    proxy
+        .tcp
+        .apply(&lowered.tcp, Arc::clone(&proxy.groups))
+        .unwrap();
+    let mut newcomer = TcpStream::connect(addr).await.unwrap();
+    newcomer.write_all(b"new!").await.unwrap();
+    let mut buf = [0u8; 4];
+    let quiet = Duration::from_millis(400);
+    assert!(
+        tokio::time::timeout(quiet, newcomer.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "served with 2 open under a limit of 1"
+    );
+    open.truncate(1);
+    wait_connections(&proxy, 1).await;
+    assert!(
+        tokio::time::timeout(quiet, newcomer.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "served with 1 open under a limit of 1"
+    );
+    open.clear();
+    tokio::time::timeout(Duration::from_secs(5), newcomer.read_exact(&mut buf))
+        .await
+        .expect("not served with none open under a limit of 1")
+        .unwrap();
+    assert_eq!(&buf, b"new!");
+}
+
 #[tokio::test]
 async fn graceful_shutdown_drains_then_closes() {
     let echo = Upstream::echo().await;

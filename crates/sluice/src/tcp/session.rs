@@ -411,7 +411,6 @@ mod tests {
             config,
             groups: Arc::new(crate::upstream::group::Groups::new(&[]).unwrap()),
             tls: None,
-            limit: Arc::new(tokio::sync::Semaphore::new(1)),
             per_ip: crate::net::per_ip::PerIp::new(0, Vec::new()),
         };
         let (force_tx, force) = tokio::sync::watch::channel(false);
