@@ -17,7 +17,22 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub endpoint: &'static str,
+    /// The response's status, or 0 for one outside 100-599 (see `RequestLabels::new`).
     pub status: u16,
+}
+
+impl RequestLabels {
+    /// Labels for a response with `status`. Statuses passed on from an upstream can be any of
+    /// 100-999 (hyper accepts them): a hostile upstream would add some 900 series per endpoint.
+    /// Those outside 100-599 (no class is defined beyond 5xx) are counted together as 0.
+    pub fn new(endpoint: &'static str, status: u16) -> Self {
+        let status = if (100..=599).contains(&status) {
+            status
+        } else {
+            0
+        };
+        Self { endpoint, status }
+    }
 }
 
 /// Labels of per-endpoint series.
@@ -235,6 +250,31 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses_beyond_599_share_one_series() {
+        let metrics = HttpMetrics::new(&mut Registry::default());
+        for status in 100..=999 {
+            metrics
+                .requests
+                .get_or_create(&RequestLabels::new("reverse", status))
+                .inc();
+        }
+        let count = |status| {
+            metrics
+                .requests
+                .get_or_create(&RequestLabels {
+                    endpoint: "reverse",
+                    status,
+                })
+                .get()
+        };
+        assert_eq!(count(200), 1);
+        assert_eq!(count(599), 1);
+        assert_eq!(count(600), 0);
+        assert_eq!(count(999), 0);
+        assert_eq!(count(0), 400);
+    }
 
     #[test]
     fn negotiation() {

@@ -27,7 +27,7 @@ impl App {
         status: u16,
         mark: Option<&ErrorMark>,
     ) {
-        let labels = RequestLabels { endpoint, status };
+        let labels = RequestLabels::new(endpoint, status);
         if endpoint == "reverse" && status == 200 {
             // The common answer's series, looked up once.
             self.proxy_ok

@@ -7,6 +7,19 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+/// Bytes a label value must not carry as they are: prometheus-client (0.23) writes label
+/// values verbatim, so a `"` or `\` (or a line break) from a request path would end the value
+/// early and Prometheus would reject the whole scrape. Control characters and non-ASCII
+/// (always encoded by `utf8_percent_encode`) are escaped too, so logs and the status page show
+/// them plainly. `%` itself is left alone: a path already percent-encoded reads as sent.
+const LABEL_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'"').add(b'\\');
+
+/// `value` made safe as a Prometheus label value (see `LABEL_ESCAPED`): for any label built
+/// from client or upstream input.
+pub fn label_value(value: &str) -> String {
+    percent_encoding::utf8_percent_encode(value, LABEL_ESCAPED).to_string()
+}
+
 /// Labels identifying one hub.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct HubLabels {
@@ -246,5 +259,19 @@ impl Metrics {
     /// Counts a refused request.
     pub fn refuse(&self, reason: &'static str) {
         self.refused.get_or_create(&RefusedLabels { reason }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            label_value("rtsp://h:554/a\"b\\c\nd\u{1b}[0m\u{e9}%20"),
+            "rtsp://h:554/a%22b%5Cc%0Ad%1B[0m%C3%A9%20"
+        );
+        assert_eq!(label_value("rtp://239.1.1.1:5000"), "rtp://239.1.1.1:5000");
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use super::hub::{ClientStats, Hub, HubKey, HubSettings};
-use super::metrics::{HubLabels, Metrics};
+use super::metrics::{label_value, HubLabels, Metrics};
 
 /// The key one client is counted by: its address (an IPv4-mapped IPv6 one as IPv4). Not the
 /// IPv6 /64 other shares use: the gateway's viewers are most often one home network, whose
@@ -106,19 +106,31 @@ impl Registry {
                 if over(self.limits.hubs, table.len()) {
                     return Err(Refusal::Hubs(self.limits.hubs));
                 }
+                // Both can come from the request (the RTSP path, `?iface=`): escaped so one
+                // request cannot break the scrape.
                 let labels = HubLabels {
-                    channel: key.channel(),
-                    interface: key.group.interface.clone(),
+                    channel: label_value(&key.channel()),
+                    interface: label_value(&key.group.interface),
                 };
                 // FCC only matters to a hub that is starting: an existing one already has
                 // the stream (and its history) for the new subscriber.
-                let hub = Hub::start(
+                let started = Hub::start(
                     key.clone(),
                     fcc,
-                    self.metrics.hub(labels),
+                    self.metrics.hub(labels.clone()),
                     &self.settings,
                     self.clone(),
-                )?;
+                );
+                let hub = match started {
+                    Ok(hub) => hub,
+                    Err(e) => {
+                        // No hub owns the series just made, and `unlink` never runs for it:
+                        // each refused start (the RTSP session limit, a failed join) would
+                        // leave its series, named by the client's path, for good.
+                        self.drop_series(&table, &labels);
+                        return Err(e.into());
+                    }
+                };
                 self.metrics.hubs.inc();
                 *lock(&hub.starter) = client;
                 table.insert(key, hub.clone());
@@ -224,8 +236,16 @@ impl Registry {
             table.remove(&hub.key);
         }
         self.metrics.hubs.dec();
-        self.metrics.remove_hub(&hub.metrics.labels);
+        self.drop_series(table, &hub.metrics.labels);
         hub.publish_closed();
+    }
+
+    /// Removes the series of `labels` unless a hub in `table` still uses them: labels leave
+    /// out the RTSP query, so two live keys can share them.
+    fn drop_series(&self, table: &HashMap<HubKey, Arc<Hub>>, labels: &HubLabels) {
+        if !table.values().any(|h| h.metrics.labels == *labels) {
+            self.metrics.remove_hub(labels);
+        }
     }
 
     /// Live hubs, for the status page.

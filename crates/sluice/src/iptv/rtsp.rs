@@ -198,9 +198,12 @@ pub struct RtspKey {
 
 impl RtspKey {
     /// `rtsp://host:port/path` for logs, labels and the status page (no query: it may carry
-    /// an operator's account parameters; no credentials).
+    /// an operator's account parameters; no credentials). The path is the client's: `"`, `\`,
+    /// control characters and non-ASCII are percent-encoded (`metrics::label_value`), or one
+    /// request would break the Prometheus scrape and put raw bytes in the log.
     pub fn label(&self) -> String {
         let base = self.target.url.split('?').next().unwrap_or_default();
+        let base = super::metrics::label_value(base);
         match self.private {
             0 => base.to_string(),
             n => format!("{base} (catch-up #{n})"),

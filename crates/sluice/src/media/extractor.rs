@@ -404,8 +404,14 @@ impl Extractors {
         .await
         .map_err(|e| {
             // What the command printed on standard error (which may describe what its fetch of
-            // the page met: a refused port, a 404) is the operator's, in the log only.
-            tracing::warn!(command = %entry.command[0], page, error = %e, "extractor run failed");
+            // the page met: a refused port, a 404) is the operator's, in the log only: Debug-
+            // escaped (it is the page's server's text, passed on), the page's query masked.
+            tracing::warn!(
+                command = %entry.command[0],
+                page = ?crate::redact::mask_url(page),
+                error = ?e,
+                "extractor run failed"
+            );
             let (status, kind, message) = match e {
                 RunError::Timeout(_) => (
                     StatusCode::GATEWAY_TIMEOUT,

@@ -237,19 +237,25 @@ async fn handle(
 /// Checks every peer each `health_interval_ms` while the cache lives.
 pub(crate) fn spawn_checker(cluster: Weak<Cluster>, cache: Weak<Inner>, interval: Duration) {
     tokio::spawn(async move {
+        // Members given a `member_up` series, so those that leave the ring lose theirs.
+        let mut reported = std::collections::HashSet::new();
         loop {
             {
                 let (Some(cluster), Some(cache)) = (cluster.upgrade(), cache.upgrade()) else {
                     return;
                 };
-                check_all(&cluster, &cache).await;
+                check_all(&cluster, &cache, &mut reported).await;
             }
             tokio::time::sleep(interval).await;
         }
     });
 }
 
-async fn check_all(cluster: &Arc<Cluster>, cache: &Arc<Inner>) {
+async fn check_all(
+    cluster: &Arc<Cluster>,
+    cache: &Arc<Inner>,
+    reported: &mut std::collections::HashSet<String>,
+) {
     let view = cluster.ring.view();
     let checks = view
         .members
@@ -306,20 +312,87 @@ async fn check_all(cluster: &Arc<Cluster>, cache: &Arc<Inner>) {
     futures_util::future::join_all(checks).await;
     let up = |m: &super::ring::Member, i| Some(i) == view.self_index || m.state.is_up();
     cluster.metrics.members.set(view.members.len() as i64);
-    for (i, m) in view.members.iter().enumerate() {
-        cluster
-            .metrics
+    let states: Vec<(&str, bool)> = view
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.addr.as_str(), up(m, i)))
+        .collect();
+    publish_members(&cluster.metrics, &states, reported);
+}
+
+/// Sets `member_up` for each member, and removes the series of those `reported` before but
+/// no longer on the ring (gone from DNS or the config): they stayed "up" for good.
+fn publish_members(
+    metrics: &super::metrics::ClusterMetrics,
+    members: &[(&str, bool)],
+    reported: &mut std::collections::HashSet<String>,
+) {
+    let labels = |member: &str| super::metrics::MemberLabels {
+        member: member.to_string(),
+    };
+    reported.retain(|gone| {
+        let kept = members.iter().any(|(addr, _)| addr == gone);
+        if !kept {
+            metrics.member_up.remove(&labels(gone));
+        }
+        kept
+    });
+    for (addr, up) in members {
+        metrics
             .member_up
-            .get_or_create(&super::metrics::MemberLabels {
-                member: m.addr.clone(),
-            })
-            .set(i64::from(up(m, i)));
+            .get_or_create(&labels(addr))
+            .set(i64::from(*up));
+        reported.insert((*addr).to_string());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_that_leave_lose_their_up_series() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = super::super::metrics::ClusterMetrics::register(&mut registry);
+        let text = || {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+            out
+        };
+        let mut reported = std::collections::HashSet::new();
+        publish_members(
+            &metrics,
+            &[("10.0.0.1:80", true), ("10.0.0.2:80", false)],
+            &mut reported,
+        );
+        let first = text();
+        assert!(
+            first.contains("member_up{member=\"10.0.0.1:80\"} 1"),
+            "{first}"
+        );
+        assert!(
+            first.contains("member_up{member=\"10.0.0.2:80\"} 0"),
+            "{first}"
+        );
+        // 10.0.0.1 left DNS; 10.0.0.3 came.
+        publish_members(
+            &metrics,
+            &[("10.0.0.2:80", true), ("10.0.0.3:80", true)],
+            &mut reported,
+        );
+        let second = text();
+        assert!(!second.contains("10.0.0.1"), "{second}");
+        assert!(
+            second.contains("member_up{member=\"10.0.0.2:80\"} 1"),
+            "{second}"
+        );
+        assert!(
+            second.contains("member_up{member=\"10.0.0.3:80\"} 1"),
+            "{second}"
+        );
+        assert_eq!(reported.len(), 2);
+    }
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Whether the server closed `s` within `within` (end of stream or a reset).
