@@ -1,6 +1,7 @@
 //! `X-Forwarded-For`/`-Proto`/`-Host`, `Forwarded` (RFC 7239) and `Via` for a request going upstream,
 //! with trusted-proxy semantics: a chain from a trusted peer is extended, any other is replaced.
-//! No I/O.
+//! The other proxies' fields this proxy does not write (`X-Forwarded-Scheme`, `-Port`...) pass
+//! only from a trusted peer. No I/O.
 
 use std::net::IpAddr;
 
@@ -14,6 +15,63 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Every field [`apply`] may write or remove (`Via` only when the hop names one).
 pub const FIELDS: [HeaderName; 6] = [XFF, XFP, XFH, FORWARDED, X_REAL_IP, http::header::VIA];
+
+/// Forwarding fields other proxies write and this one does not, which frameworks believe: Rack
+/// reads `X-Forwarded-Scheme` and `X-Forwarded-Ssl` before `X-Forwarded-Proto` and builds URLs
+/// from `X-Forwarded-Port`, as Django does; Spring and Werkzeug prepend `X-Forwarded-Prefix`;
+/// others take the host from `X-Host` or `X-Original-Host`, or HTTPS from `Front-End-Https`. No
+/// cache key holds them, so a client's own would shape an answer stored for everyone (a
+/// `force_ssl` redirect loop): only a trusted proxy's pass ([`strip_proxy_fields`]).
+pub const PROXY_FIELDS: [HeaderName; 8] = [
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-host"),
+    HeaderName::from_static("x-original-host"),
+    HeaderName::from_static("front-end-https"),
+];
+
+/// Whether `name` (lowercase) is one of [`PROXY_FIELDS`].
+pub fn is_proxy_field(name: &str) -> bool {
+    proxy_field_index(name).is_some()
+}
+
+/// `name`'s place in [`PROXY_FIELDS`]. (A match on the text: searching the constant array would
+/// build and drop it at every use.)
+fn proxy_field_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "x-forwarded-scheme" => 0,
+        "x-forwarded-port" => 1,
+        "x-forwarded-ssl" => 2,
+        "x-forwarded-prefix" => 3,
+        "x-forwarded-server" => 4,
+        "x-host" => 5,
+        "x-original-host" => 6,
+        "front-end-https" => 7,
+        _ => return None,
+    })
+}
+
+/// Removes [`PROXY_FIELDS`] from a head that did not come from a trusted proxy. One pass over the
+/// names finds them (a head rarely has any) instead of a hashed removal of each.
+pub fn strip_proxy_fields(headers: &mut HeaderMap) {
+    let mut present = 0u8;
+    for name in headers.keys() {
+        if let Some(i) = proxy_field_index(name.as_str()) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
+        return;
+    }
+    for (i, name) in PROXY_FIELDS.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
 
 /// What the proxy knows about the downstream side of this hop.
 #[derive(Debug, Clone)]
@@ -61,6 +119,8 @@ pub fn is_forwarding_field(name: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Fresh {
     peer: IpAddr,
+    /// Whether the peer is a trusted proxy: its [`PROXY_FIELDS`] stay ([`Fresh::add_to`]).
+    trusted: bool,
     client: Option<IpAddr>,
     proto: &'static str,
     host: Option<FreshHost>,
@@ -106,6 +166,7 @@ impl Fresh {
         };
         Some(Fresh {
             peer: hop.peer,
+            trusted: hop.trusted,
             client: hop.client,
             proto: hop.proto,
             host,
@@ -149,7 +210,7 @@ impl Fresh {
             headers,
             &Hop {
                 peer: self.peer,
-                trusted: false,
+                trusted: self.trusted,
                 client: self.client,
                 proto: self.proto,
                 host: self.host.as_ref().map(FreshHost::text),
@@ -161,8 +222,12 @@ impl Fresh {
     }
 }
 
-/// Rewrites the forwarding headers of an outgoing request in place.
+/// Rewrites the forwarding headers of an outgoing request in place (and, from a peer that is not
+/// a trusted proxy, removes [`PROXY_FIELDS`]).
 pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
+    if !hop.trusted {
+        strip_proxy_fields(headers);
+    }
     let mut peer_text = IpText::default();
     peer_text.of(hop.peer);
     let peer = peer_text.text();
@@ -640,5 +705,37 @@ mod tests {
         apply(&mut h, &hp);
         assert!(h.get("forwarded").is_none());
         assert!(h.get("via").is_none());
+    }
+
+    /// Another proxy's fields that frameworks read (`X-Forwarded-Scheme`: Rack's scheme) go from
+    /// a client's head, and stay in a trusted proxy's.
+    #[test]
+    fn other_proxies_fields_pass_only_from_a_trusted_peer() {
+        let names = PROXY_FIELDS;
+        let mut pairs: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "x")).collect();
+        pairs.push(("X-Forwarded-Scheme", "http"));
+        pairs.push(("accept", "*/*"));
+        for name in PROXY_FIELDS {
+            assert!(is_proxy_field(name.as_str()));
+            assert!(!is_forwarding_field(name.as_str()));
+        }
+        assert!(!is_proxy_field("x-forwarded-proto"));
+        let mut untrusted = with(&pairs);
+        apply(&mut untrusted, &hop(false));
+        for name in PROXY_FIELDS {
+            assert!(untrusted.get(&name).is_none(), "{name} passed");
+        }
+        assert_eq!(untrusted["accept"], "*/*");
+        let mut trusted = with(&pairs);
+        apply(&mut trusted, &hop(true));
+        for name in PROXY_FIELDS {
+            assert!(trusted.get(&name).is_some(), "{name} lost");
+        }
+        assert_eq!(trusted.get_all("x-forwarded-scheme").iter().count(), 2);
+        // Alone, the strip leaves any other field.
+        let mut h = with(&[("x-host", "evil"), ("host", "good")]);
+        strip_proxy_fields(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["host"], "good");
     }
 }

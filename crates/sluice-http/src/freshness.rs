@@ -379,27 +379,67 @@ pub fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, VaryStar> {
     Ok(names)
 }
 
-/// The secondary key of a request for a response varying on `names` (§4.1): each named field's
-/// lines joined by `,` with whitespace around items removed, so equivalent requests match.
+/// The secondary key of a request for a response varying on `names` (§4.1). Only fields
+/// defined as comma lists whose items' spacing means nothing ([`LIST_FIELDS`]) are normalised:
+/// their lines joined by `,`, whitespace around items removed, so equivalent requests match. Any
+/// other is keyed on its bytes as they came, line by line: `User-Agent`'s `(KHTML,like Gecko)` and
+/// `(KHTML, like Gecko)` are two variants (an origin may tell them apart), and so are two values
+/// that differ only in bytes that are not UTF-8.
 pub fn variant_key(names: &[HeaderName], req_headers: &HeaderMap) -> String {
     let mut key = String::new();
     for name in names {
         key.push_str(name.as_str());
         key.push(':');
-        let mut first = true;
-        for value in req_headers.get_all(name) {
-            for item in String::from_utf8_lossy(value.as_bytes()).split(',') {
-                if !first {
-                    key.push(',');
+        if LIST_FIELDS.contains(&name.as_str()) {
+            let mut first = true;
+            for value in req_headers.get_all(name) {
+                for item in value.as_bytes().split(|&b| b == b',') {
+                    if !first {
+                        key.push(',');
+                    }
+                    first = false;
+                    push_escaped(&mut key, item.trim_ascii());
                 }
-                first = false;
-                key.push_str(item.trim());
+            }
+        } else {
+            // Each line ends with `\r`, which no field value holds: lines cannot run into each
+            // other, and an empty line is not an absent field.
+            for value in req_headers.get_all(name) {
+                push_escaped(&mut key, value.as_bytes().trim_ascii());
+                key.push('\r');
             }
         }
         key.push('\n');
     }
     key
 }
+
+/// The request fields [`variant_key`] normalises: the content negotiation fields, each defined as
+/// a comma list (RFC 9110 §12.5), where `gzip, br` and `gzip,br`, or one line per item, say the
+/// same. No other field is assumed to be one.
+const LIST_FIELDS: [&str; 4] = [
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+];
+
+/// Appends `bytes` to a key: visible ASCII and spaces as they are, `%` and any other byte as
+/// `%XX`, so different bytes never make the same text (a lossy UTF-8 reading made every invalid
+/// byte U+FFFD) and the text never holds the `\r` and `\n` the key's layout uses.
+fn push_escaped(key: &mut String, bytes: &[u8]) {
+    for &b in bytes {
+        if (b' '..=b'~').contains(&b) && b != b'%' {
+            key.push(char::from(b));
+        } else {
+            key.push('%');
+            key.push(char::from(HEX[usize::from(b >> 4)]));
+            key.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Parses an HTTP-date header.
 pub fn header_date(headers: &HeaderMap, name: HeaderName) -> Option<SystemTime> {

@@ -402,6 +402,134 @@ override_headers = true
     }
 }
 
+/// The other proxies' forwarding fields sluice does not write itself.
+const PROXY_FIELDS: [&str; 8] = [
+    "x-forwarded-scheme",
+    "x-forwarded-port",
+    "x-forwarded-ssl",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-host",
+    "x-original-host",
+    "front-end-https",
+];
+
+/// The fields of an echo report, lowercase names, in order.
+fn report_fields(report: &serde_json::Value) -> Vec<(String, String)> {
+    report["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
+        .collect()
+}
+
+/// Finding: a client's `X-Forwarded-Scheme`, `-Port`, `-Ssl`, `-Prefix`, `-Server`, `X-Host`,
+/// `X-Original-Host` and `Front-End-Https` reached the origin, though no cache key holds them
+/// (Rack reads `X-Forwarded-Scheme` before `X-Forwarded-Proto`). Now they go from an untrusted
+/// peer's request on the HTTP/1.1 fast path (GET), through hyper (POST) and over HTTP/2 (the h2
+/// fast exchange), and a trusted proxy's pass.
+#[tokio::test]
+async fn other_proxies_forwarding_fields_pass_only_from_a_trusted_proxy() {
+    let (o, seen) = counted_echo().await;
+    let routes = format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+"#
+    );
+    let untrusted = Proxy::start(config(&routes)).await;
+    let trusted = Proxy::start(config(&format!(
+        "{routes}\n[auth]\ntrusted_proxies = [\"127.0.0.1/32\"]\n"
+    )))
+    .await;
+    let hostile: String = PROXY_FIELDS
+        .iter()
+        .map(|n| format!("{n}: evil\r\n"))
+        .collect();
+    for (p, kept) in [(&untrusted, false), (&trusted, true)] {
+        let mut reports = Vec::new();
+        for method in ["GET", "POST"] {
+            let req = format!(
+                "{method} /h HTTP/1.1\r\nHost: a.test\r\n{hostile}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let reply = raw(p.addr, req.as_bytes(), Duration::from_secs(5)).await;
+            assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+            reports.push((method, seen.lock().unwrap().pop().unwrap()));
+        }
+        let mut h2 = h2_client(p.addr).await;
+        let mut req = http::Request::builder().uri(format!("http://{}/h", p.addr));
+        for n in PROXY_FIELDS {
+            req = req.header(n, "evil");
+        }
+        let resp = tokio::time::timeout(
+            Duration::from_secs(5),
+            h2.send_request(req.body(full("")).unwrap()),
+        )
+        .await
+        .expect("answered in time")
+        .unwrap();
+        assert_eq!(resp.status(), 200);
+        let _ = resp.into_body().collect().await.unwrap();
+        reports.push(("h2 GET", seen.lock().unwrap().pop().unwrap()));
+        for (how, report) in reports {
+            let fields = report_fields(&report);
+            for n in PROXY_FIELDS {
+                let got = fields.iter().any(|(k, v)| k == n && v == "evil");
+                assert_eq!(got, kept, "{how} trusted={kept}: {n}: {fields:?}");
+            }
+        }
+    }
+}
+
+/// Finding: the attack the fields above made. On a `force_ssl` origin (Rack), one request with
+/// `X-Forwarded-Scheme: http` got a `301` to the same URL, which was stored for everyone: every
+/// later client looped on the redirect. Now the field never reaches the origin: the plain client
+/// gets the page.
+#[tokio::test]
+async fn a_forwarded_scheme_cannot_store_a_redirect_for_everyone() {
+    let origin_addr = origin(|req: http::Request<hyper::body::Incoming>| async move {
+        let b = http::Response::builder().header("cache-control", "public, max-age=3600");
+        let scheme = req.headers().get("x-forwarded-scheme");
+        if scheme.is_some_and(|v| v == "http") {
+            b.status(301)
+                .header("location", "https://shop.test/")
+                .body(full(""))
+                .unwrap()
+        } else {
+            b.body(full("the shop")).unwrap()
+        }
+    })
+    .await;
+    let p = Proxy::start(caching(origin_addr, "", "")).await;
+    for (path, h2) in [("/", false), ("/h2", true)] {
+        if h2 {
+            let mut c = h2_client(p.addr).await;
+            let req = http::Request::builder()
+                .uri(format!("http://{}{path}", p.addr))
+                .header("x-forwarded-scheme", "http")
+                .body(full(""))
+                .unwrap();
+            let resp = c.send_request(req).await.unwrap();
+            let _ = resp.into_body().collect().await;
+        } else {
+            let attack = format!(
+                "GET {path} HTTP/1.1\r\nHost: {}\r\nX-Forwarded-Scheme: http\r\nConnection: close\r\n\r\n",
+                p.addr
+            );
+            raw(p.addr, attack.as_bytes(), Duration::from_secs(5)).await;
+        }
+        let plain = get(&p.url(path), &[]).await;
+        assert_eq!(plain.status, StatusCode::OK, "{path}: {:?}", plain.headers);
+        assert_eq!(plain.body.as_deref().unwrap(), b"the shop");
+    }
+}
+
 /// One request a caching origin answered.
 #[derive(Clone, Debug)]
 struct Seen {

@@ -105,6 +105,27 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
             .body(Full::new(Bytes::from(format!("for {xff}"))))
             .unwrap();
     }
+    if path == "/per-user" || path == "/vary-change" {
+        // Fresh for a second. `/per-user`'s 304 names the cookie it was asked with (a per-user
+        // field an origin may well send); `/vary-change`'s 304 names a `Vary` its 200 did not.
+        let b = Response::builder()
+            .header("cache-control", "max-age=1")
+            .header("etag", "\"p1\"");
+        if !req.headers().contains_key("if-none-match") {
+            return b
+                .body(Full::new(Bytes::from(format!("body of {path}"))))
+                .unwrap();
+        }
+        let b = match req.headers().get("cookie") {
+            Some(c) if path == "/per-user" => b.header("x-user", c.clone()),
+            _ if path == "/vary-change" => b.header("vary", "accept-language"),
+            _ => b,
+        };
+        return b
+            .status(StatusCode::NOT_MODIFIED)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+    }
     if path == "/short" {
         // Fresh for a second; revalidated with a 304 whose `x-served` names the request count.
         let served = seen.lock().unwrap().len().to_string();
@@ -768,4 +789,61 @@ async fn a_hits_stored_head_follows_age_and_revalidation() {
     if after.contains("cache-status: sluice; hit") {
         assert_eq!(field(&after, "x-served"), Some(second), "{after}");
     }
+}
+
+/// Sends `GET path` (with `headers`) until the answer is not a hit, in a bounded wait: the first
+/// request that found the object stale.
+async fn until_revalidated(s: &Sluice, path: &str, headers: &[(&str, &str)]) -> support::Reply {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(6);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let r = request("GET", &s.url(path), headers).await;
+        assert_eq!(r.status, StatusCode::OK);
+        if !cache_status(&r).contains("; hit") {
+            return r;
+        }
+        assert!(std::time::Instant::now() < deadline, "never revalidated");
+    }
+}
+
+/// Finding: a revalidation carried the `Cookie` of the client that found the object stale, and
+/// the 304's fields were merged into the shared object: a per-user field in it (here `X-User`)
+/// went to every later client. Now the revalidation is the object's, made without the cookie.
+#[tokio::test]
+async fn a_revalidation_made_for_one_user_is_not_served_to_the_next() {
+    let (origin, s) = start().await;
+    let first = request("GET", &s.url("/per-user"), &[]).await;
+    assert_eq!(first.body.as_deref().unwrap(), b"body of /per-user");
+    let alice = until_revalidated(&s, "/per-user", &[("cookie", "sid=alice")]).await;
+    assert_eq!(alice.body.as_deref().unwrap(), b"body of /per-user");
+    assert_eq!(origin.count("GET", "/per-user"), 2);
+    let next = request("GET", &s.url("/per-user"), &[]).await;
+    assert_eq!(next.body.as_deref().unwrap(), b"body of /per-user");
+    assert_eq!(
+        next.headers.get("x-user"),
+        None,
+        "another user's field: {:?}",
+        next.headers
+    );
+    assert!(alice.headers.get("x-user").is_none(), "{:?}", alice.headers);
+}
+
+/// A 304 that names another `Vary` than the stored object's describes other variants: the object
+/// goes and the request is answered as a miss (one more, unconditional, origin request), instead
+/// of serving a `Vary` the object is not looked up by.
+#[tokio::test]
+async fn a_304_that_changes_vary_drops_the_object() {
+    let (origin, s) = start().await;
+    let first = request("GET", &s.url("/vary-change"), &[]).await;
+    assert_eq!(first.body.as_deref().unwrap(), b"body of /vary-change");
+    let again = until_revalidated(&s, "/vary-change", &[]).await;
+    assert_eq!(again.body.as_deref().unwrap(), b"body of /vary-change");
+    // The 200, the 304, then the miss's 200.
+    assert_eq!(
+        origin.count("GET", "/vary-change"),
+        3,
+        "{:?}",
+        again.headers
+    );
+    assert!(again.headers.get("vary").is_none(), "{:?}", again.headers);
 }

@@ -400,3 +400,49 @@ proptest::proptest! {
         proptest::prop_assert_eq!(u == Use::Fresh, age < lifetime);
     }
 }
+
+/// Finding: every `Vary` field was read as a comma list, through a lossy UTF-8 reading: two
+/// `User-Agent`s that differ in a comma's spacing, and two values that differ in bytes that are
+/// not UTF-8, shared a variant. Only the content negotiation lists are normalised now.
+#[test]
+fn only_list_fields_are_normalised_in_the_variant_key() {
+    let ua = vec![http::header::USER_AGENT];
+    let key = |name: &[HeaderName], values: &[&[u8]]| {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(name[0].clone(), HeaderValue::from_bytes(v).unwrap());
+        }
+        variant_key(name, &h)
+    };
+    assert_ne!(
+        key(&ua, &[b"Mozilla/5.0 (KHTML,like Gecko)"]),
+        key(&ua, &[b"Mozilla/5.0 (KHTML, like Gecko)"])
+    );
+    assert_ne!(key(&ua, &[b"a\xff"]), key(&ua, &[b"a\xfe"]));
+    assert_ne!(key(&ua, &[b"a\xff"]), key(&ua, &[b"a%FF"]));
+    assert_ne!(key(&ua, &[b"a, b"]), key(&ua, &[b"a", b"b"]));
+    assert_ne!(key(&ua, &[b"a"]), key(&ua, &[b"a", b""]));
+    assert_ne!(key(&ua, &[]), key(&ua, &[b""]));
+    assert_eq!(key(&ua, &[b"a"]), key(&ua, &[b"a"]));
+    // Origin, Cookie...: not lists either.
+    let origin = vec![HeaderName::from_static("origin")];
+    assert_ne!(
+        key(&origin, &[b"https://a.test,x"]),
+        key(&origin, &[b"https://a.test, x"])
+    );
+    // The negotiation lists: spacing and lines do not matter; bytes still do.
+    for name in [
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "accept-charset",
+    ] {
+        let n = vec![HeaderName::from_static(name)];
+        assert_eq!(key(&n, &[b"x, y"]), key(&n, &[b"x,y"]), "{name}");
+        assert_eq!(key(&n, &[b"x, y"]), key(&n, &[b"x", b"y"]), "{name}");
+        assert_ne!(key(&n, &[b"x\xff"]), key(&n, &[b"x\xfe"]), "{name}");
+    }
+    // Keys of ASCII list values are as they were (objects stored before still match).
+    let ae = vec![http::header::ACCEPT_ENCODING];
+    assert_eq!(key(&ae, &[b"gzip,  br"]), "accept-encoding:gzip,br\n");
+}

@@ -1,5 +1,6 @@
 //! The object index: primary key → the `Vary` names of its responses → one object per variant,
-//! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first).
+//! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first) and by variants
+//! per key ([`MAX_VARIANTS`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -22,11 +23,39 @@ pub enum Lookup {
     Pass,
 }
 
+/// Variants one primary key may hold. A response that varies on a field each client sets at will
+/// (`Origin`, `User-Agent`) would otherwise let one client fill the cache with one URL's
+/// variants; past this the key's oldest variant goes.
+pub const MAX_VARIANTS: usize = 64;
+
 #[derive(Default)]
 struct Primary {
     vary: Vec<HeaderName>,
     variants: HashMap<String, Arc<ObjectMeta>>,
+    /// The keys of `variants`, oldest inserted first.
+    order: VecDeque<String>,
     pass_until: Option<Instant>,
+}
+
+impl Primary {
+    /// Drops every variant; returns them.
+    fn drain(&mut self) -> impl Iterator<Item = Arc<ObjectMeta>> + '_ {
+        self.order.clear();
+        self.variants.drain().map(|(_, m)| m)
+    }
+
+    /// Drops the oldest variant other than `keep`, if there is one.
+    fn pop_oldest(&mut self, keep: Option<&str>) -> Option<Arc<ObjectMeta>> {
+        let i = self.order.iter().position(|v| Some(v.as_str()) != keep)?;
+        let variant = self.order.remove(i)?;
+        self.variants.remove(&variant)
+    }
+
+    /// `order` after variants went from `variants` (at most [`MAX_VARIANTS`] to look through).
+    fn reorder(&mut self) {
+        let variants = &self.variants;
+        self.order.retain(|v| variants.contains_key(v));
+    }
 }
 
 #[derive(Default)]
@@ -110,30 +139,70 @@ impl ObjectIndex {
         p.pass_until = None;
         if p.vary != meta.vary {
             inner.objects -= p.variants.len();
-            dropped.extend(p.variants.drain().map(|(_, m)| m));
+            dropped.extend(p.drain());
             p.vary = meta.vary.clone();
         }
         match p.variants.insert(meta.variant.clone(), meta.clone()) {
             Some(old) if old.generation != meta.generation => dropped.push(old),
             Some(_) => {}
-            None => inner.objects += 1,
+            None => {
+                inner.objects += 1;
+                p.order.push_back(meta.variant.clone());
+                if p.variants.len() > MAX_VARIANTS {
+                    if let Some(old) = p.pop_oldest(Some(&meta.variant)) {
+                        inner.objects -= 1;
+                        dropped.push(old);
+                    }
+                }
+            }
         }
         if is_new_primary {
             inner.order.push_back(meta.primary.clone());
         }
-        self.evict(inner, &meta.primary, &mut dropped);
+        self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
         dropped
     }
 
     /// Drops the oldest primaries while over the bound (objects, or keys held only by a memo).
-    fn evict(&self, inner: &mut Inner, keep: &str, dropped: &mut Vec<Arc<ObjectMeta>>) {
+    /// `keep` (the key and variant just stored, or a memo's key) stays: when its key is the
+    /// oldest, its other variants go first, oldest first (else one URL with a new variant at
+    /// each request would grow past the bound while everything else went), then the next oldest
+    /// key.
+    fn evict(
+        &self,
+        inner: &mut Inner,
+        (keep, variant): (&str, Option<&str>),
+        dropped: &mut Vec<Arc<ObjectMeta>>,
+    ) {
         while inner.objects > self.max_objects || inner.primaries.len() > self.max_objects {
             let Some(oldest) = inner.order.pop_front() else {
                 break;
             };
             if oldest == keep {
-                inner.order.push_back(oldest);
-                break;
+                let popped = match inner.primaries.get_mut(keep) {
+                    Some(p) if inner.objects > self.max_objects => p.pop_oldest(variant),
+                    _ => None,
+                };
+                inner.order.push_front(oldest);
+                match popped {
+                    Some(old) => {
+                        inner.objects -= 1;
+                        dropped.push(old);
+                        continue;
+                    }
+                    // Nothing of it can go: the next oldest key does, if there is one.
+                    None if inner.order.len() > 1 => {
+                        let Some(next) = inner.order.remove(1) else {
+                            break;
+                        };
+                        if let Some(p) = inner.primaries.remove(&next) {
+                            inner.objects -= p.variants.len();
+                            dropped.extend(p.variants.into_values());
+                        }
+                        continue;
+                    }
+                    None => break,
+                }
             }
             if let Some(p) = inner.primaries.remove(&oldest) {
                 inner.objects -= p.variants.len();
@@ -168,6 +237,9 @@ impl ObjectIndex {
         p.variants
             .retain(|_, m| m.id != id || m.generation != generation);
         let removed = before - p.variants.len();
+        if removed > 0 {
+            p.reorder();
+        }
         inner.objects -= removed;
         removed > 0
     }
@@ -182,9 +254,9 @@ impl ObjectIndex {
         }
         let p = inner.primaries.entry(primary.to_string()).or_default();
         inner.objects -= p.variants.len();
-        let mut dropped: Vec<Arc<ObjectMeta>> = p.variants.drain().map(|(_, m)| m).collect();
+        let mut dropped: Vec<Arc<ObjectMeta>> = p.drain().collect();
         p.pass_until = Some(until);
-        self.evict(inner, primary, &mut dropped);
+        self.evict(inner, (primary, None), &mut dropped);
         dropped
     }
 
@@ -200,6 +272,7 @@ impl ObjectIndex {
         let inner = &mut *inner;
         let mut removed = 0;
         for (key, p) in inner.primaries.iter_mut() {
+            let before = removed;
             p.variants.retain(|_, m| {
                 if !matches(key, m) {
                     return true;
@@ -217,6 +290,9 @@ impl ObjectIndex {
                     false
                 }
             });
+            if removed != before {
+                p.reorder();
+            }
         }
         inner.objects -= removed;
         out
@@ -316,5 +392,83 @@ pub(crate) mod tests {
             Lookup::Hit(_)
         ));
         assert!(dropped.iter().any(|m| m.primary == "a"));
+    }
+
+    /// Finding: with `Vary: Origin`, one client made a new variant of one URL per request; past
+    /// `max_objects` every other URL went, then each insert stopped at the URL itself, and the
+    /// index grew without bound. Now a URL holds at most `MAX_VARIANTS`, the bound holds, and
+    /// what goes is handed back (its slices must go too).
+    #[test]
+    fn one_url_cannot_grow_past_the_bounds() {
+        let idx = ObjectIndex::new(100);
+        let origin = HeaderName::from_static("origin");
+        let mut dropped = Vec::new();
+        for i in 0..10 {
+            dropped.extend(idx.insert(meta(&format!("other{i}"), vec![], "", 1)));
+        }
+        for i in 0..1_000 {
+            let mut h = HeaderMap::new();
+            h.insert(
+                &origin,
+                HeaderValue::from_str(&format!("https://{i}.test")).unwrap(),
+            );
+            let v = variant_key(std::slice::from_ref(&origin), &h);
+            dropped.extend(idx.insert(meta("u", vec![origin.clone()], &v, 1)));
+            assert!(idx.len() <= 100, "{} objects", idx.len());
+        }
+        let inner = idx.lock();
+        let p = &inner.primaries["u"];
+        assert!(p.variants.len() <= MAX_VARIANTS, "{}", p.variants.len());
+        assert_eq!(p.order.len(), p.variants.len());
+        assert_eq!(
+            inner.objects,
+            inner
+                .primaries
+                .values()
+                .map(|p| p.variants.len())
+                .sum::<usize>()
+        );
+        // Every variant inserted is held or was handed back; the newest are held.
+        assert_eq!(dropped.len() + inner.objects, 1_010);
+        let mut h = HeaderMap::new();
+        h.insert(&origin, HeaderValue::from_static("https://999.test"));
+        assert!(p
+            .variants
+            .contains_key(&variant_key(std::slice::from_ref(&origin), &h)));
+        h.insert(&origin, HeaderValue::from_static("https://0.test"));
+        assert!(!p
+            .variants
+            .contains_key(&variant_key(std::slice::from_ref(&origin), &h)));
+        drop(inner);
+        // Removing a variant keeps the order in step.
+        let held: Vec<Arc<ObjectMeta>> = idx.lock().primaries["u"]
+            .variants
+            .values()
+            .cloned()
+            .collect();
+        assert!(idx.remove_object("u", held[0].id, held[0].generation));
+        let inner = idx.lock();
+        assert_eq!(inner.primaries["u"].order.len(), held.len() - 1);
+    }
+
+    /// A small bound with the inserted key the oldest: its own older variants go, not the bound.
+    #[test]
+    fn the_kept_key_gives_up_its_older_variants() {
+        let idx = ObjectIndex::new(3);
+        let ua = http::header::USER_AGENT;
+        let key = |i: usize| {
+            let mut h = HeaderMap::new();
+            h.insert(&ua, HeaderValue::from_str(&format!("agent {i}")).unwrap());
+            variant_key(std::slice::from_ref(&ua), &h)
+        };
+        idx.insert(meta("u", vec![ua.clone()], &key(0), 1));
+        idx.insert(meta("b", vec![], "", 1));
+        for i in 1..6 {
+            idx.insert(meta("u", vec![ua.clone()], &key(i), 1));
+            assert!(idx.len() <= 3);
+        }
+        let inner = idx.lock();
+        assert!(inner.primaries["u"].variants.contains_key(&key(5)));
+        assert!(!inner.primaries["u"].variants.contains_key(&key(0)));
     }
 }

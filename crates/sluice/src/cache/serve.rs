@@ -11,7 +11,8 @@ use sluice_http::cache_control::parse_cache_control;
 use sluice_http::cache_status::{CacheStatus, Forward};
 use sluice_http::conditional::{if_range_allows, not_modified};
 use sluice_http::freshness::{
-    decide_use, request_may_fill, storability, variant_key, AgeClock, FreshnessPolicy, Use,
+    decide_use, request_may_fill, storability, variant_key, vary_names, AgeClock, FreshnessPolicy,
+    Use,
 };
 use sluice_http::range::{resolve_range, slice_range, Multipart, RangeOutcome, RangeSpec};
 
@@ -221,7 +222,12 @@ impl Inner {
     }
 
     /// Asks the origin whether `meta` is still current (RFC 9111 §4.3). The request carries the
-    /// first slice's `Range`, so a changed object costs at most one slice.
+    /// first slice's `Range`, so a changed object costs at most one slice. It is made for the
+    /// shared object, not for the client that happened to find it stale: without the client's
+    /// `Cookie` and `Authorization` (a 304's fields, which the object takes, would otherwise be
+    /// that user's for everyone), unless a request with them may fill the cache
+    /// (`request_may_fill`: the route caches cookie requests) or the object varies on them. A
+    /// 304 that changes `Vary` drops the object: the answer is a miss.
     async fn revalidate(
         self: &Arc<Self>,
         meta: &Arc<ObjectMeta>,
@@ -230,6 +236,13 @@ impl Inner {
         policy: &FreshnessPolicy,
     ) -> Revalidated {
         let mut req = slice_request(parts, 0, self.slice_bytes);
+        if !policy.store_cookie_requests {
+            for name in [header::COOKIE, header::AUTHORIZATION] {
+                if !meta.vary.contains(&name) {
+                    req.headers_mut().remove(name);
+                }
+            }
+        }
         if let Some(etag) = meta.headers.get(header::ETAG) {
             req.headers_mut()
                 .insert(header::IF_NONE_MATCH, etag.clone());
@@ -253,6 +266,14 @@ impl Inner {
         let response_time = SystemTime::now();
         match resp.status() {
             StatusCode::NOT_MODIFIED => {
+                // The object was stored, and is looked up, under its `Vary` names: a 304 with
+                // other names (or `*`) describes another set of variants.
+                if resp.headers().contains_key(header::VARY)
+                    && vary_names(resp.headers()).as_deref() != Ok(meta.vary.as_slice())
+                {
+                    self.forget(meta);
+                    return Revalidated::Changed;
+                }
                 let mut headers = meta.headers.clone();
                 merge_not_modified(&mut headers, resp.headers());
                 let Ok(fresh) = storability(

@@ -416,18 +416,26 @@ impl Reverse {
         // Which of the rare fields below are there (and `Host`, absent from HTTP/2 requests, and
         // any forwarding field): one look at the names, instead of a hashed removal of each.
         let (mut purge, mut expect, mut host, mut prior) = (false, false, false, false);
+        let mut proxy_fields = false;
         for name in headers.keys() {
             match name.as_str() {
                 "x-purge-key" => purge = true,
                 "expect" => expect = true,
                 "host" => host = true,
                 n if forwarded::is_forwarding_field(n) => prior = true,
+                n if forwarded::is_proxy_field(n) => proxy_fields = true,
                 _ => {}
             }
         }
         // sluice's own purge credential is never an origin's business.
         if purge {
             headers.remove(PURGE_KEY);
+        }
+        // Another proxy's `X-Forwarded-Scheme`, `-Port`... are believed only from a trusted one:
+        // no cache key holds them. Gone here, on every path (the fast paths' kept-aside fields, a
+        // cache's fresh hit matched before `apply` runs), not only where `apply` runs.
+        if proxy_fields && !down.trusted {
+            forwarded::strip_proxy_fields(&mut headers);
         }
         // The client's Host is sent on as it came (no copy) when the host the route saw is it,
         // i.e. the request had no authority in its target.
