@@ -16,4 +16,4 @@ pub mod headers;
 pub mod message;
 pub mod sdp;
 
-pub use message::{next_item, Item, Limits, Message, RtspError};
+pub use message::{next_item, Item, Limits, Message, Next, RtspError};

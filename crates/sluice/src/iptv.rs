@@ -716,7 +716,9 @@ impl Iptv {
         };
         let key = HubKey {
             rtsp: None,
-            fec: ch.fec,
+            // The FCC server is part of the key: its burst is what the hub's first viewers
+            // get, so only requests naming the same server may share the hub.
+            fec: hub::Extras::new(ch.fec, ch.fcc),
             mode: ch.mode,
             group: crate::net::multicast::Group {
                 group: ch.group,

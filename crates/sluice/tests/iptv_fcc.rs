@@ -1110,3 +1110,109 @@ async fn a_lost_termination_is_sent_again_while_the_burst_runs_on() {
 async fn a_sync_before_the_answer_still_joins_and_meets() {
     lockstep(Meeting::SyncFirst, "239.71.9.54", 46180).await;
 }
+
+/// An FCC server that answers and then bursts `payloads` (its own content, not the channel's)
+/// one every [`TICK`] and never syncs, until `stop`: a client's own server on a public address.
+fn spawn_foreign_fcc_server(
+    group: Ipv4Addr,
+    payloads: Vec<Vec<u8>>,
+) -> (SocketAddr, Arc<AtomicBool>) {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = sock.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 2048];
+        let to = loop {
+            let Ok((n, from)) = sock.recv_from(&mut buf) else {
+                return;
+            };
+            if let Ok(ClientMessage::Request { .. }) = fcc::parse_client(Flavor::Telecom, &buf[..n])
+            {
+                break from;
+            }
+        };
+        let accepted = Response {
+            result: 0,
+            action: Some(Action::Unicast),
+            ..Response::default()
+        };
+        sock.send_to(&fcc::response(Flavor::Telecom, group, &accepted), to)
+            .unwrap();
+        for (i, p) in payloads.iter().enumerate() {
+            if stop2.load(Ordering::Acquire) {
+                return;
+            }
+            let _ = sock.send_to(&rtp(1000 + i as u16, p), to);
+            std::thread::sleep(TICK);
+        }
+    });
+    (addr, stop)
+}
+
+/// The PIDs of the TS packets in `got`.
+fn pids(got: &[u8]) -> std::collections::HashSet<u16> {
+    got.chunks_exact(188)
+        .map(|p| u16::from_be_bytes([p[1], p[2]]) & 0x1fff)
+        .collect()
+}
+
+/// Attack: a client names its own FCC server for a channel nobody watches, and the server
+/// bursts its own content. A later viewer of the same channel without `?fcc=` gets a hub of
+/// its own (the FCC server is part of the hub's key): the multicast's bytes, none of the
+/// burst's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_fcc_server_never_feeds_another_viewer() {
+    let (group, port) = ("239.71.9.70", 46190);
+    let mut cfg = config();
+    cfg.linger_ms = 5000;
+    let gw = Gateway::start(cfg).await;
+    let live = Arc::new(AtomicUsize::new(0));
+    let sender = spawn_multicast(group, port, Arc::new(channel()), live.clone());
+    // The channel's PID is 0x100; the foreign server's is 0x1EE.
+    let (server, stop) =
+        spawn_foreign_fcc_server(group.parse().unwrap(), ts_datagrams(3000, 0x1ee, None));
+    let attacker = gw
+        .get(&format!("/rtp/{group}:{port}?iface=lo&fcc={server}"))
+        .await;
+    assert_eq!(attacker.status(), 200);
+    let mut attacker = attacker.into_body();
+    // The attacker's own request does get the burst: the hub it started is on it.
+    let mut seen = Vec::new();
+    while seen.len() < 20 * 1316 {
+        use http_body_util::BodyExt;
+        let frame = tokio::time::timeout(Duration::from_secs(5), attacker.frame())
+            .await
+            .expect("burst within 5 s")
+            .unwrap()
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.extend_from_slice(&data);
+        }
+    }
+    assert!(
+        pids(&seen).contains(&0x1ee),
+        "the burst reached its own hub"
+    );
+
+    let viewer = gw.get(&format!("/rtp/{group}:{port}?iface=lo")).await;
+    assert_eq!(viewer.status(), 200);
+    let got = read_bytes(viewer, 100 * 1316).await;
+    stop.store(true, Ordering::Release);
+    let got_pids = pids(&got);
+    assert!(got.len() >= 100 * 1316, "only {} bytes", got.len());
+    assert!(
+        !got_pids.contains(&0x1ee),
+        "the viewer got the foreign FCC server's burst"
+    );
+    assert_eq!(got_pids, [0x100].into(), "the viewer gets the multicast");
+    // Two hubs for one channel: the status page tells them apart by the FCC server.
+    let status = gw.status().await.to_string();
+    assert!(status.contains(&format!("fcc={server}")), "{status}");
+    drop(attacker);
+    tokio::task::spawn_blocking(move || sender.join().unwrap())
+        .await
+        .unwrap();
+}

@@ -817,6 +817,125 @@ async fn refusals() {
     drop(live);
 }
 
+/// Checks every line of a text exposition: comments, or `name{label="value",...} number`
+/// where a value holds no raw `"` and only the `\\`, `\"` and `\n` escapes.
+fn assert_valid_exposition(text: &str) {
+    fn fail(why: &str, line: &str) -> ! {
+        panic!("{why} in metrics line {line:?}")
+    }
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let name_end = line
+            .find(['{', ' '])
+            .unwrap_or_else(|| fail("no value", line));
+        let name = &line[..name_end];
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        {
+            fail("bad metric name", line);
+        }
+        let mut rest = &line[name_end..];
+        if let Some(labels) = rest.strip_prefix('{') {
+            let mut chars = labels.char_indices();
+            loop {
+                // A label name, `=`, then a quoted value.
+                let mut seen_name = false;
+                let next = loop {
+                    match chars.next() {
+                        Some((_, c)) if c.is_ascii_alphanumeric() || c == '_' => seen_name = true,
+                        Some((_, '=')) if seen_name => break '=',
+                        Some((_, '}')) if !seen_name => break '}',
+                        _ => fail("bad label name", line),
+                    }
+                };
+                if next == '}' {
+                    break;
+                }
+                if !matches!(chars.next(), Some((_, '"'))) {
+                    fail("unquoted label value", line);
+                }
+                loop {
+                    match chars.next() {
+                        Some((_, '\\')) => {
+                            if !matches!(chars.next(), Some((_, '\\' | '"' | 'n'))) {
+                                fail("bad escape", line);
+                            }
+                        }
+                        Some((_, '"')) => break,
+                        Some((_, '\n' | '\r')) | None => fail("unterminated label value", line),
+                        Some(_) => {}
+                    }
+                }
+                match chars.next() {
+                    Some((_, ',')) => {}
+                    Some((i, '}')) => {
+                        rest = &labels[i + 1..];
+                        break;
+                    }
+                    _ => fail("no `,` or `}` after a label value", line),
+                }
+            }
+        }
+        let value = rest
+            .strip_prefix(' ')
+            .unwrap_or_else(|| fail("no space before the value", line));
+        if value.parse::<f64>().is_err() {
+            fail("bad value", line);
+        }
+    }
+}
+
+/// A hub whose start is refused (here: `max_sessions` reached) leaves none of its series,
+/// and a hub's label from the client's path is escaped. Before, each 503 left 16 series named
+/// by a path of the client's choosing, for good, and a `"` or `\` in the path broke the scrape.
+#[tokio::test]
+async fn refused_sessions_leave_no_series_and_labels_are_escaped() {
+    // Accepts and never answers: the one session stays in its setup.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = silent.accept().await {
+            held.push(tcp);
+        }
+    });
+    let mut cfg = rtsp_config();
+    cfg.rtsp.max_sessions = 1;
+    cfg.rtsp.timeout_ms = 30_000;
+    cfg.rtsp.setup_timeout_ms = 30_000;
+    let gw = Gateway::start(cfg).await;
+    let _viewer = gw
+        .stalled_get(&format!("/rtsp/127.0.0.1:{port}/held\"q\\b\u{e9}"))
+        .await;
+    let escaped = format!("channel=\"rtsp://127.0.0.1:{port}/held%22q%5Cb%C3%A9\"");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !gw.metrics().contains(&escaped) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no series {escaped}:\n{}",
+            gw.metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..8 {
+        let path = format!("/rtsp/127.0.0.1:{port}/refused-{i}");
+        let resp = get_with(&gw, &path, &[]).await;
+        assert_eq!(resp.status(), 503, "{path}");
+    }
+    let text = gw.metrics();
+    assert!(
+        !text.contains("refused-"),
+        "refused hubs left series:\n{text}"
+    );
+    // The held hub's 16 series are still there, escaped.
+    assert_eq!(text.matches(&escaped).count(), 16, "{text}");
+    assert_valid_exposition(&text);
+}
+
 /// Every failure to reach an RTSP server answers the same 502 and body: a name that does not
 /// resolve, a port nothing listens on, a server that closes at once, one that speaks another
 /// protocol, a DESCRIBE refused. Before, the body told them apart ("cannot resolve", "connection
@@ -1033,4 +1152,96 @@ async fn a_catch_up_session_is_a_seekable_event_then_vod_playlist() {
     // One session for all of it.
     let plays = server.requests("PLAY");
     assert_eq!(plays.len(), 1, "{plays:?}");
+}
+
+/// A scripted RTSP server that plays `frames` (interleaved on channel 0) after PLAY, then
+/// keeps the connection open.
+async fn interleaving_server(frames: Vec<Vec<u8>>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let Ok((mut tcp, _)) = listener.accept().await else {
+            return;
+        };
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 2048];
+        loop {
+            let Ok(n) = tcp.read(&mut chunk).await else {
+                return;
+            };
+            if n == 0 {
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                buf.drain(..end + 4);
+                let cseq = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("CSeq: "))
+                    .unwrap_or("0")
+                    .to_string();
+                let sdp = "v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 33\r\na=control:track1\r\n";
+                let reply = match head.split(' ').next() {
+                    Some("DESCRIBE") => format!(
+                        "RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nContent-Type: application/sdp\r\n\
+                         Content-Length: {}\r\n\r\n{sdp}",
+                        sdp.len()
+                    ),
+                    Some("SETUP") => format!(
+                        "RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: 42;timeout=60\r\n\
+                         Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n"
+                    ),
+                    _ => format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: 42\r\n\r\n"),
+                };
+                if tcp.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+                if head.starts_with("PLAY") {
+                    for f in &frames {
+                        let mut out = vec![b'$', 0];
+                        out.extend_from_slice(&(f.len() as u16).to_be_bytes());
+                        out.extend_from_slice(f);
+                        if tcp.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    port
+}
+
+/// Attack: a server sends interleaved frames of up to 64 KiB, which the reorder window would
+/// hold in a block each. Frames larger than `max_datagram_bytes` are dropped as malformed; the
+/// ordinary ones around them are relayed.
+#[tokio::test]
+async fn interleaved_frames_beyond_max_datagram_bytes_are_dropped() {
+    let small = iptv_support::ts_datagrams(40, 0x100, None);
+    let big = iptv_support::ts_datagrams(20, 0x1ee, None);
+    let mut frames = Vec::new();
+    for i in 0..40 {
+        frames.push(iptv_support::rtp(2 * i as u16, &small[i]));
+        if i < 20 {
+            // 40 TS packets: 7.5 KiB, beyond the default 1536 bytes.
+            let payload = big[i].repeat(40 / 7 + 1)[..40 * 188].to_vec();
+            frames.push(iptv_support::rtp(2 * i as u16 + 1, &payload));
+        }
+    }
+    let port = interleaving_server(frames).await;
+    let gw = Gateway::start(rtsp_config()).await;
+    let out = stream(&gw, &format!("/rtsp/127.0.0.1:{port}/live"), 40 * 7 * 188).await;
+    assert_eq!(out.len(), 40 * 7 * 188, "every ordinary frame relayed");
+    let pids: std::collections::HashSet<u16> = out
+        .chunks_exact(188)
+        .map(|p| u16::from_be_bytes([p[1], p[2]]) & 0x1fff)
+        .collect();
+    assert_eq!(pids, [0x100].into(), "no byte of an oversized frame");
+    let metrics = gw.metrics();
+    let malformed = metrics
+        .lines()
+        .find(|l| l.starts_with("iptv_malformed_total{") && l.contains(&format!("{port}/live")))
+        .unwrap_or_else(|| panic!("no malformed series:\n{metrics}"));
+    assert!(malformed.ends_with(" 20"), "{malformed}");
 }

@@ -87,31 +87,55 @@ pub enum Item {
     Message(Message),
 }
 
-/// Parses the item at the start of `buf`. `Ok(None)`: more bytes are needed (and the item so
-/// far is within the limits). On success, also returns how many bytes the item took.
-pub fn next_item(buf: &[u8], limits: Limits) -> Result<Option<(Item, usize)>, RtspError> {
+/// What [`next_item`] found at the start of the buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// An item, and how many bytes of the buffer it took.
+    Item(Item, usize),
+    /// The item is not all there (and so far within the limits): a parse before the buffer
+    /// holds at least this many bytes cannot finish it. Once a message's head (or a frame's
+    /// header) is in, this is the item's whole length, so a caller that waits for it parses
+    /// a body that trickles in twice, not once per read.
+    NeedMore(usize),
+}
+
+impl Next {
+    /// The item and its length; `None` when more bytes are needed.
+    pub fn into_item(self) -> Option<(Item, usize)> {
+        match self {
+            Next::Item(item, used) => Some((item, used)),
+            Next::NeedMore(_) => None,
+        }
+    }
+}
+
+/// Parses the item at the start of `buf`: the item and how many bytes it took, or how many
+/// bytes the buffer must hold before it can be had (see [`Next::NeedMore`]).
+pub fn next_item(buf: &[u8], limits: Limits) -> Result<Next, RtspError> {
+    // Until the head is complete, nothing says how long the item is: one more byte.
+    let more = Next::NeedMore(buf.len() + 1);
     let Some(&first) = buf.first() else {
-        return Ok(None);
+        return Ok(more);
     };
     if first == b'$' {
         if buf.len() < 4 {
-            return Ok(None);
+            return Ok(Next::NeedMore(4));
         }
         let len = u16::from_be_bytes([buf[2], buf[3]]) as usize;
         if buf.len() < 4 + len {
-            return Ok(None);
+            return Ok(Next::NeedMore(4 + len));
         }
         let item = Item::Frame {
             channel: buf[1],
             payload: 4..4 + len,
         };
-        return Ok(Some((item, 4 + len)));
+        return Ok(Next::Item(item, 4 + len));
     }
     if !first.is_ascii_alphabetic() {
         return Err(RtspError::Garbage(first));
     }
     let Some((head_len, body_start)) = find_head_end(buf, limits.max_head)? else {
-        return Ok(None);
+        return Ok(more);
     };
     let head = String::from_utf8_lossy(&buf[..head_len]);
     let mut lines = head.split('\n').map(|l| l.trim_end_matches('\r'));
@@ -157,7 +181,7 @@ pub fn next_item(buf: &[u8], limits: Limits) -> Result<Option<(Item, usize)>, Rt
     }
     let total = body_start + body_len;
     if buf.len() < total {
-        return Ok(None);
+        return Ok(Next::NeedMore(total));
     }
     let message = Message {
         status,
@@ -165,7 +189,7 @@ pub fn next_item(buf: &[u8], limits: Limits) -> Result<Option<(Item, usize)>, Rt
         headers,
         body: buf[body_start..total].to_vec(),
     };
-    Ok(Some((Item::Message(message), total)))
+    Ok(Next::Item(Item::Message(message), total))
 }
 
 /// Where the head ends (before the blank line) and where the body starts; accepts bare `\n`.

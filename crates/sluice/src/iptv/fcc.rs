@@ -42,8 +42,8 @@ pub const UNICAST_TIMEOUT: Duration = Duration::from_secs(1);
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(15);
 /// Redirects followed before giving up on FCC.
 pub const MAX_REDIRECTS: u8 = 5;
-/// Multicast datagrams held while the burst catches up (about 3 s at 40 Mb/s); beyond it the
-/// switch happens at once, gap or not.
+/// Multicast datagrams held while the burst catches up (about 3 s at 40 Mb/s); beyond it, or
+/// beyond the hub's `buffer_bytes` of them, the switch happens at once, gap or not.
 pub const MAX_HELD: usize = 12_000;
 /// A burst still arriving this long after the termination means the server did not hear it.
 pub const TERMINATE_RESEND: Duration = Duration::from_millis(100);
@@ -263,6 +263,10 @@ pub struct FccSession {
     /// After the switch: multicast up to this sequence number repeats the burst.
     overlap_until: Option<u16>,
     held: Vec<Vec<u8>>,
+    /// Bytes in `held`, and the most it may have: the hub's ring size, so a burst that never
+    /// meets the multicast cannot hold more than the ring would.
+    held_bytes: usize,
+    max_held_bytes: usize,
     /// The termination sent (kept for re-sends), when, and how often it was sent again.
     termination: Option<Vec<u8>>,
     terminated_at: Instant,
@@ -272,12 +276,13 @@ pub struct FccSession {
 }
 
 /// Opens the signalling socket (which also receives the burst, so it gets the multicast's
-/// `recv_buffer`) on the FCC interface and a port of `ports`, and sends the request. Must
-/// run inside a tokio runtime.
+/// `recv_buffer`) on the FCC interface and a port of `ports`, and sends the request; at most
+/// `max_held_bytes` of multicast wait for the burst. Must run inside a tokio runtime.
 pub fn start(
     target: &FccTarget,
     group: SocketAddrV4,
     recv_buffer: usize,
+    max_held_bytes: usize,
     ports: Option<&Ports>,
 ) -> Result<(FccSession, UdpSocket), StartError> {
     let raw = udp_socket(target.interface.as_deref())?;
@@ -308,6 +313,8 @@ pub fn start(
         last_seq: None,
         overlap_until: None,
         held: Vec::new(),
+        held_bytes: 0,
+        max_held_bytes,
         termination: None,
         terminated_at: now,
         resends: 0,
@@ -591,12 +598,12 @@ impl FccSession {
 
     /// A multicast datagram while switching: held; the first one names the meeting point.
     fn hold(&mut self, sock: &UdpSocket, d: &[u8]) -> Step {
+        self.held.push(d.to_vec());
+        self.held_bytes += d.len();
         let Ok(p) = rtp::parse_rtp(d) else {
             // Bare TS has no sequence number to meet at.
-            self.held.push(d.to_vec());
             return self.fall_back(sock, "multicast is not RTP");
         };
-        self.held.push(d.to_vec());
         if self.meet.is_none() {
             let meet = p.header.sequence;
             self.meet = Some(meet);
@@ -610,7 +617,7 @@ impl FccSession {
                 return self.switch("switched at the meeting point");
             }
         }
-        if self.held.len() >= MAX_HELD {
+        if self.held.len() >= MAX_HELD || self.held_bytes >= self.max_held_bytes {
             return self.fall_back(sock, "burst too slow to meet the multicast");
         }
         Step::Nothing
@@ -619,6 +626,7 @@ impl FccSession {
     /// The held multicast datagrams, oldest first, without those the burst already delivered.
     pub fn take_held(&mut self) -> Vec<Vec<u8>> {
         let mut held = std::mem::take(&mut self.held);
+        self.held_bytes = 0;
         held.retain(|d| !self.repeats_burst(d));
         held
     }
@@ -741,5 +749,51 @@ mod tests {
         // One released: the next session finds it wherever its turn starts.
         drop(a);
         assert_eq!(ports.bind(&socket()).unwrap(), first);
+    }
+
+    /// A burst that never meets the multicast holds no more of it than `max_held_bytes` (the
+    /// hub's ring size), however many datagrams `MAX_HELD` would allow: then the switch
+    /// happens, gap or not, and the held datagrams go out.
+    #[tokio::test]
+    async fn held_multicast_is_bounded_in_bytes() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let SocketAddr::V4(addr) = server.local_addr().unwrap() else {
+            unreachable!()
+        };
+        let target = FccTarget {
+            server: addr,
+            flavor: Flavor::Telecom,
+            interface: None,
+            servers: Vec::new().into(),
+        };
+        let group = SocketAddrV4::new(Ipv4Addr::new(239, 1, 1, 1), 5000);
+        let max = 64 * 1024;
+        let (mut session, sock) = start(&target, group, 65536, max, None).unwrap();
+        // Burst delivered up to 99; the multicast is far ahead, so it is held.
+        session.last_seq = Some(99);
+        session.set(Phase::Switching);
+        let datagram = |seq: u16| {
+            let mut d = vec![0x80, 33];
+            d.extend_from_slice(&seq.to_be_bytes());
+            d.resize(12 + 7 * 188, 0);
+            d
+        };
+        let mut held = 0;
+        let last = loop {
+            let step = session.on_multicast(&sock, &datagram(5000 + held as u16));
+            held += 1;
+            if step != Multicast::Held || held > MAX_HELD {
+                break step;
+            }
+        };
+        assert_eq!(last, Multicast::Switched);
+        assert_eq!(
+            held,
+            max.div_ceil(12 + 7 * 188),
+            "held until the byte bound"
+        );
+        assert_eq!(session.outcome, "burst too slow to meet the multicast");
+        assert_eq!(session.take_held().len(), held);
+        assert_eq!(session.held_bytes, 0);
     }
 }

@@ -1,4 +1,4 @@
-//! One hub per (mode, source, group, port, interface): the only owner of the multicast socket.
+//! One hub per `HubKey` (group, interface, FEC, FCC server): the only owner of its socket.
 //!
 //! The hub's receive loop is a tokio task rather than a thread per channel, so hundreds of
 //! lingering channels cost no stacks or context switches. A quiet channel waits for readiness
@@ -15,6 +15,7 @@
 //! batch with a handful of iovecs.
 
 use std::collections::HashMap;
+use std::net::SocketAddrV4;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -23,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use sluice_media::fcc::Flavor;
 use sluice_media::mpegts::{self, Continuity};
 use sluice_media::rtp::{self, Reorder, ReorderStats};
 use socket2::Socket;
@@ -45,14 +47,48 @@ use crate::net::recv::RecvBatch;
 pub struct HubKey {
     pub mode: Mode,
     pub group: Group,
-    /// Port of the group's SMPTE 2022-1 FEC stream, when the request asked for FEC.
-    pub fec: Option<u16>,
+    /// What the request adds to the group: its FEC stream and its FCC server; `None` when it
+    /// names neither (and for RTSP hubs). Built by [`Extras::new`] so that equal requests
+    /// make equal keys. (Named for its first member: the key's other builders write
+    /// `fec: None`.)
+    pub fec: Option<Extras>,
     /// Set for an RTSP session hub (`/rtsp/`), which has no multicast group: `group` is
     /// then `super::rtsp::NO_GROUP` and the hub's pump is the RTSP client's.
     pub rtsp: Option<super::rtsp::RtspKey>,
 }
 
+/// The parts of a multicast request besides its group that change what the hub receives.
+///
+/// The FCC server is one: its unicast burst goes into the ring like the multicast, so a hub
+/// started on one client's `?fcc=` server must not be what a request naming another server,
+/// or none, receives (a server of the client's own would otherwise feed everyone who tunes
+/// in to that channel while the burst lasts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Extras {
+    /// Port of the group's SMPTE 2022-1 FEC stream, when the request asked for FEC.
+    pub fec: Option<u16>,
+    /// FCC server and dialect (`?fcc=IP:PORT&fcc-type=`), when the request named one.
+    pub fcc: Option<(SocketAddrV4, Flavor)>,
+}
+
+impl Extras {
+    /// `None` when there is neither, so a plain request has one key whatever builds it.
+    pub fn new(fec: Option<u16>, fcc: Option<(SocketAddrV4, Flavor)>) -> Option<Extras> {
+        (fec.is_some() || fcc.is_some()).then_some(Extras { fec, fcc })
+    }
+}
+
 impl HubKey {
+    /// Port of the group's FEC stream, when the request asked for FEC.
+    pub fn fec_port(&self) -> Option<u16> {
+        self.fec.and_then(|e| e.fec)
+    }
+
+    /// The FCC server and dialect the hub was started with, if any.
+    pub fn fcc_server(&self) -> Option<(SocketAddrV4, Flavor)> {
+        self.fec.and_then(|e| e.fcc)
+    }
+
     /// `rtp://[S@]G:P` form used in logs, labels and the status page.
     pub fn channel(&self) -> String {
         if let Some(rtsp) = &self.rtsp {
@@ -67,8 +103,22 @@ impl HubKey {
             .source
             .map(|s| format!("{}@", bracket(s)))
             .unwrap_or_default();
-        let fec = self.fec.map(|p| format!("?fec={p}")).unwrap_or_default();
-        format!("{scheme}://{src}{}:{}{fec}", bracket(g.group), g.port)
+        let mut query = Vec::new();
+        if let Some(port) = self.fec_port() {
+            query.push(format!("fec={port}"));
+        }
+        if let Some((server, flavor)) = self.fcc_server() {
+            query.push(format!("fcc={server}"));
+            if flavor != Flavor::default() {
+                query.push(format!("fcc-type={}", flavor.name()));
+            }
+        }
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        };
+        format!("{scheme}://{src}{}:{}{query}", bracket(g.group), g.port)
     }
 }
 
@@ -209,6 +259,7 @@ impl Hub {
                     &target,
                     group,
                     settings.recv_buffer,
+                    settings.ring_bytes,
                     settings.fcc_ports.as_deref(),
                 ) {
                     Ok(started) => Some((target, started)),
@@ -227,7 +278,7 @@ impl Hub {
             None => Some(Source::Waiting(open_multicast(&key.group, settings)?)),
         };
         let fec_sock = key
-            .fec
+            .fec_port()
             .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))
             .transpose()?;
         let hub = Hub::new(key, metrics, settings);
@@ -438,7 +489,7 @@ thread_local! {
 impl Pump {
     pub(super) fn new(hub: Arc<Hub>, settings: HubSettings, ifindex: u32) -> Self {
         let now = Instant::now();
-        let fec = hub.key.fec.map(|_| FecState::default());
+        let fec = hub.key.fec_port().map(|_| FecState::default());
         let window = if fec.is_some() {
             settings.reorder_window.max(super::fec::MIN_REORDER_WINDOW)
         } else {
@@ -736,7 +787,15 @@ impl Pump {
 
     /// Takes one datagram (RTP or bare TS) that arrived by other means than `recvmmsg`; call
     /// `append_released` after a batch of them.
+    ///
+    /// One larger than `max_datagram_bytes` is malformed and dropped: an RTSP server's
+    /// interleaved frame can be 64 KiB, and the reorder window would hold each in a block of
+    /// its own, `reorder_window` of them per session.
     pub(super) fn take_datagram(&mut self, d: &[u8]) {
+        if d.len() > self.settings.max_datagram {
+            self.hub.metrics.malformed.inc();
+            return;
+        }
         self.last_data = Instant::now();
         self.received_since_tick = true;
         classify(

@@ -1,7 +1,7 @@
 use super::*;
 
 fn parse(buf: &[u8]) -> Result<Option<(Item, usize)>, RtspError> {
-    next_item(buf, Limits::default())
+    next_item(buf, Limits::default()).map(Next::into_item)
 }
 
 #[test]
@@ -26,6 +26,52 @@ fn every_prefix_of_a_message_waits() {
     assert!(parse(raw).unwrap().is_some());
 }
 
+/// Attack: a hostile server sends a large head and then its body a byte at a time. Once the
+/// head is in, the parser names the message's whole length, so a caller that waits for it
+/// parses twice (head complete, body complete) instead of once per byte.
+#[test]
+fn a_complete_head_names_the_whole_length() {
+    let mut raw = b"RTSP/1.0 200 OK\r\nCSeq: 3\r\n".to_vec();
+    for i in 0..1000 {
+        raw.extend_from_slice(format!("a{i}: x\r\n").as_bytes());
+    }
+    raw.extend_from_slice(b"Content-Length: 4000\r\n\r\n");
+    let head = raw.len();
+    raw.resize(head + 4000, b'b');
+    let limits = Limits::default();
+    // Within the head nothing says how long the message is: one byte more.
+    for cut in [0, 1, 20, head - 1] {
+        assert_eq!(next_item(&raw[..cut], limits), Ok(Next::NeedMore(cut + 1)));
+    }
+    // The head is in: the whole length, wherever the body stands.
+    for cut in [head, head + 1, head + 3999] {
+        assert_eq!(
+            next_item(&raw[..cut], limits),
+            Ok(Next::NeedMore(raw.len()))
+        );
+    }
+    // A caller that parses only once the buffer holds what the last parse asked for.
+    let (mut parses, mut need, mut got) = (0, 0, None);
+    for cut in head..=raw.len() {
+        if cut < need {
+            continue;
+        }
+        parses += 1;
+        match next_item(&raw[..cut], limits).unwrap() {
+            Next::NeedMore(n) => need = n,
+            Next::Item(item, used) => {
+                got = Some((item, used));
+                break;
+            }
+        }
+    }
+    assert_eq!(parses, 2);
+    let (Item::Message(m), used) = got.unwrap() else {
+        panic!("not a message")
+    };
+    assert_eq!((used, m.body.len(), m.cseq()), (raw.len(), 4000, Some(3)));
+}
+
 #[test]
 fn interleaved_frame() {
     let raw = [b'$', 1, 0, 3, 9, 8, 7, b'R'];
@@ -39,6 +85,10 @@ fn interleaved_frame() {
         }
     );
     assert_eq!(parse(&raw[..6]).unwrap(), None);
+    // The frame's length is known from its header on.
+    let limits = Limits::default();
+    assert_eq!(next_item(&raw[..2], limits), Ok(Next::NeedMore(4)));
+    assert_eq!(next_item(&raw[..4], limits), Ok(Next::NeedMore(7)));
 }
 
 #[test]

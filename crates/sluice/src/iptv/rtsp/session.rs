@@ -87,6 +87,8 @@ struct Credentials {
 pub struct Session {
     conn: TcpStream,
     buf: BytesMut,
+    /// What the last parse said `buf` must hold before the item at its start can be had.
+    need: usize,
     /// Replies to the server's own requests, written before the next read.
     outbox: Vec<u8>,
     limits: Limits,
@@ -163,6 +165,7 @@ impl Session {
                     return Ok(Session {
                         conn,
                         buf: BytesMut::with_capacity(64 * 1024),
+                        need: 0,
                         outbox: Vec::new(),
                         limits: Limits::default(),
                         cseq: 0,
@@ -336,7 +339,7 @@ impl Session {
     async fn answer(&mut self, method: &'static str, cseq: u32) -> Result<Message, SessionError> {
         let deadline = Instant::now() + self.step;
         loop {
-            while let Some((item, used)) = rtsp::next_item(&self.buf, self.limits)? {
+            while let Some((item, used)) = next_in(&self.buf, &mut self.need, self.limits)? {
                 self.buf.advance(used);
                 if let Item::Message(m) = item {
                     if m.is_request() {
@@ -426,7 +429,7 @@ impl Session {
         let mut used_total = 0;
         let result = loop {
             let rest = &self.buf[used_total..];
-            match rtsp::next_item(rest, self.limits) {
+            match next_in(rest, &mut self.need, self.limits) {
                 Ok(Some((Item::Frame { channel, payload }, used))) => {
                     if Some(channel) == rtp_channel {
                         sink(&rest[payload]);
@@ -577,5 +580,88 @@ pub fn redact(url: &str) -> String {
     match url.split_once('?') {
         Some((base, _)) => format!("{base}?…"),
         None => url.to_string(),
+    }
+}
+
+/// The item at the start of `buf`, or `None` while `buf` holds fewer bytes than `need` (what
+/// the last parse asked for, updated here): a message whose body trickles in a byte at a time
+/// is parsed when its head is complete and when its body is, not once per read.
+fn next_in(
+    buf: &[u8],
+    need: &mut usize,
+    limits: Limits,
+) -> Result<Option<(Item, usize)>, rtsp::RtspError> {
+    // An empty buffer holds no item either.
+    if buf.len() < (*need).max(1) {
+        return Ok(None);
+    }
+    #[cfg(test)]
+    tests::PARSES.with(|p| p.set(p.get() + 1));
+    match rtsp::next_item(buf, limits)? {
+        rtsp::Next::Item(item, used) => {
+            *need = 0;
+            Ok(Some((item, used)))
+        }
+        rtsp::Next::NeedMore(n) => {
+            *need = n;
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        /// Calls of `rtsp::next_item` made by `next_in` on this thread.
+        pub(super) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Attack: a hostile server sends a 16 KiB head of thousands of headers, then its 64 KiB
+    /// body one byte per read. The session parses the message twice (head complete, body
+    /// complete), not once per byte; a frame after it is found as usual.
+    #[test]
+    fn a_trickled_body_is_parsed_twice() {
+        let mut raw = b"RTSP/1.0 200 OK\r\nCSeq: 9\r\n".to_vec();
+        let mut i = 0;
+        while raw.len() < 16 * 1024 - 64 {
+            raw.extend_from_slice(format!("a{i}:\r\n").as_bytes());
+            i += 1;
+        }
+        raw.extend_from_slice(b"Content-Length: 65536\r\n\r\n");
+        let head = raw.len();
+        raw.resize(head + 65536, b'x');
+        raw.extend_from_slice(&[b'$', 0, 0, 2, 7, 7]);
+        let limits = Limits::default();
+        let mut need = 0;
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&raw[..head]);
+        let mut items = Vec::new();
+        PARSES.with(|p| p.set(0));
+        // The head in one read, then everything else a byte per read.
+        for b in &raw[head..] {
+            buf.extend_from_slice(std::slice::from_ref(b));
+            while let Some((item, used)) = next_in(&buf, &mut need, limits).unwrap() {
+                items.push(item);
+                buf.advance(used);
+            }
+        }
+        let parses = PARSES.with(|p| p.get());
+        assert_eq!(items.len(), 2);
+        let Item::Message(m) = &items[0] else {
+            panic!("not the message")
+        };
+        assert_eq!((m.cseq(), m.body.len()), (Some(9), 65536));
+        assert_eq!(
+            items[1],
+            Item::Frame {
+                channel: 0,
+                payload: 4..6
+            }
+        );
+        // The message: head and body complete. The frame: its header, then its end.
+        assert_eq!(parses, 2 + 3, "parses");
+        assert!(buf.is_empty());
     }
 }
