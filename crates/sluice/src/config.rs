@@ -309,9 +309,12 @@ const MAX_DURATION_SECS: u64 = 10 * 365 * 86_400;
 /// The most connections any `max_connections*` setting may allow: far past any descriptor
 /// limit, and under what a semaphore holds (a larger count panics when the limit is built).
 const MAX_CONNECTIONS: u64 = 1 << 24;
+/// The most any other count (`max_*` but sizes in bytes, `*_queue`) may be: far past any real
+/// setting, and under what a semaphore holds.
+const MAX_COUNT: u64 = 1 << 32;
 
-/// Refuses a duration (a key ending in `_secs` or `_ms`) past ten years and a connection count
-/// past 2^24 anywhere in the config, by its path: each section checks its own rules, and this
+/// Refuses a duration (a key ending in `_secs` or `_ms`) past ten years, a connection count
+/// past 2^24 and another count past 2^32 anywhere in the config, by its path: each section checks its own rules, and this
 /// one check keeps a key added later from taking a value that panics when it is used.
 fn check_magnitudes(config: &Config) -> anyhow::Result<()> {
     fn walk(path: &str, value: &toml::Value) -> anyhow::Result<()> {
@@ -340,6 +343,12 @@ fn check_magnitudes(config: &Config) -> anyhow::Result<()> {
                     Some((MAX_DURATION_SECS * 1000, "ten years"))
                 } else if key.starts_with("max_connections") {
                     Some((MAX_CONNECTIONS, "2^24"))
+                } else if (key.starts_with("max_") || key.ends_with("_queue"))
+                    && !key.ends_with("_bytes")
+                {
+                    // Counts (setups per host, fills, queued writes, commands running) some
+                    // of which size a semaphore.
+                    Some((MAX_COUNT, "2^32"))
                 } else {
                     None
                 };
@@ -707,6 +716,15 @@ mod tests {
         cases.push((
             "[iptv]\nlinger_ms = 9223372036854775807\n",
             "iptv.linger_ms",
+        ));
+        cases.push((
+            "[upstream]\nmax_setups_per_host = 9000000000000000000\n",
+            "upstream.max_setups_per_host",
+        ));
+        #[cfg(feature = "cache")]
+        cases.push((
+            "[cache]\ndisk_queue = 9000000000000000000\n",
+            "cache.disk_queue",
         ));
         for (text, path) in cases {
             let err = Config::parse_file(text)

@@ -241,45 +241,31 @@ fn read_pid(path: &std::path::Path) -> anyhow::Result<i32> {
         .map_err(|_| anyhow::anyhow!("{} does not hold a process id", path.display()))
 }
 
-/// Refuses a pid file older than the process it names: after a crash the number can belong to
-/// another process by now, and a SIGHUP (whose default action ends a process) would hit it. The
-/// server writes its pid file after it starts, and a failed upgrade rewrites it later still, so a
-/// process that started after the file was last written is not the one that wrote it. Where
-/// `/proc` cannot say (another system, the process gone), the signal is left to succeed or fail.
+/// Refuses a pid file that names a process other than a sluice: after a crash the number can
+/// belong to another process by now, and a SIGHUP (whose default action ends a process) would
+/// hit it. A sluice is a process whose command name (`/proc/<pid>/comm`, the executable's file
+/// name as it was started) is this one's or starts with `sluice`. Not by time: the pid file's
+/// time is the wall clock's, which a clock set after boot (a board without a clock, a VM) moves
+/// past any start time. Where `/proc` cannot say (the process gone), the signal is left to
+/// succeed or fail; `--pid` signals whatever it names.
 fn refuse_stale(pid: i32, path: &Path) -> anyhow::Result<()> {
-    let written = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let (Some(written), Some(started)) = (written, process_start(pid)) else {
+    let comm = |p: &str| {
+        std::fs::read_to_string(format!("/proc/{p}/comm"))
+            .ok()
+            .map(|c| c.trim_end().to_string())
+    };
+    let Some(theirs) = comm(&pid.to_string()) else {
         return Ok(());
     };
-    // The boot time is in whole seconds, so the start time can be a second late.
-    if started > written + std::time::Duration::from_secs(2) {
+    let ours = comm("self").unwrap_or_default();
+    if theirs != ours && !theirs.starts_with("sluice") {
         anyhow::bail!(
-            "{} names pid {pid}, but that process started after the file was written: the file \
-             is stale (is sluice running?); nothing was signalled",
+            "{} names pid {pid}, which is {theirs:?}, not sluice: the file is stale (is sluice \
+             running?); nothing was signalled (--pid signals a process by number)",
             path.display()
         );
     }
     Ok(())
-}
-
-/// When process `pid` started, from `/proc/<pid>/stat` (field 22, in clock ticks after boot)
-/// and the boot time in `/proc/stat`.
-fn process_start(pid: i32) -> Option<std::time::SystemTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
-    let boot: u64 = std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    // SAFETY: sysconf has no memory effects.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
-    let after_boot = std::time::Duration::from_millis(ticks.checked_mul(1000)? / hz.max(1));
-    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(boot) + after_boot)
 }
 
 /// The password file's first line, without its line ending; an empty password is refused here

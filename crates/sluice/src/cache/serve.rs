@@ -224,10 +224,13 @@ impl Inner {
     /// Asks the origin whether `meta` is still current (RFC 9111 §4.3). The request carries the
     /// first slice's `Range`, so a changed object costs at most one slice. It is made for the
     /// shared object, not for the client that happened to find it stale: without the client's
-    /// `Cookie` and `Authorization` (a 304's fields, which the object takes, would otherwise be
-    /// that user's for everyone), unless a request with them may fill the cache
-    /// (`request_may_fill`: the route caches cookie requests) or the object varies on them. A
-    /// 304 that changes `Vary` drops the object: the answer is a miss.
+    /// `Cookie` (a 304's fields, which the object takes, would otherwise be that user's for
+    /// everyone), unless a request with one may fill the cache (`request_may_fill`: the route
+    /// caches cookie requests) or the object varies on it. `Authorization` stays: an object a
+    /// request with it could store is one the origin marked shared (`public`, `s-maxage`,
+    /// `must-revalidate`), and with `must-revalidate` the origin checks each reuse against the
+    /// caller's credentials (RFC 9111 §3.5); without them every revalidation would be a 401
+    /// that drops the object. A 304 that changes `Vary` drops the object: the answer is a miss.
     async fn revalidate(
         self: &Arc<Self>,
         meta: &Arc<ObjectMeta>,
@@ -237,10 +240,8 @@ impl Inner {
     ) -> Revalidated {
         let mut req = slice_request(parts, 0, self.slice_bytes);
         if !policy.store_cookie_requests {
-            for name in [header::COOKIE, header::AUTHORIZATION] {
-                if !meta.vary.contains(&name) {
-                    req.headers_mut().remove(name);
-                }
+            if !meta.vary.contains(&header::COOKIE) {
+                req.headers_mut().remove(header::COOKIE);
             }
         }
         if let Some(etag) = meta.headers.get(header::ETAG) {

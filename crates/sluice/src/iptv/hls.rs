@@ -527,6 +527,9 @@ impl Iptv {
                         format!("no data from {label} within {} ms", wait.as_millis()),
                     ),
                 };
+                // The subscription goes now, not with the ended channel: a group that starts
+                // sending later would fill its hub's ring with nobody reading.
+                drop(sub);
                 break 'run Some(Failure { status, reason });
             };
             // From the oldest byte held: the segmenter needs the PAT and PMT in front of the

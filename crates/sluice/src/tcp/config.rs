@@ -93,9 +93,11 @@ fn default_handshake() -> u64 {
 fn default_max_connections() -> usize {
     10_000
 }
-/// As the HTTP server's `server.max_connections_per_ip`.
+/// No limit unless set: a TCP listener often carries one client's pool (an application server
+/// holding hundreds of database connections) or many clients behind one NAT, which a per-address
+/// limit chosen for browsers would cut on upgrade. `max_connections` bounds the listener.
 fn default_max_connections_per_ip() -> usize {
-    256
+    0
 }
 /// As the HTTP server's `server.per_ip_exempt`.
 fn default_per_ip_exempt() -> Vec<ipnet::IpNet> {

@@ -109,6 +109,9 @@ impl Route {
         // An absolute name (`cdn.example.`) is the same host: matched without its dot.
         let p = p.strip_suffix('.').unwrap_or(p);
         let pattern = match p {
+            // `*.` names no domain: not every host (in `insecure_hosts` that would turn
+            // verification off everywhere).
+            "" | "*" if config.pattern.ends_with('.') => return Err(RouteError::EmptyPattern),
             "" => return Err(RouteError::EmptyPattern),
             "all" | "*" => Pattern::All,
             _ => match p.strip_prefix("*.") {
@@ -488,5 +491,15 @@ mod tests {
             Route::parse(&route("", "")),
             Err(RouteError::EmptyPattern)
         ));
+        // `*.` (or `.`) names no domain: refused, not read as every host once its dot goes.
+        for pattern in ["*.", ".", "all://*."] {
+            assert!(
+                matches!(
+                    Route::parse(&route(pattern, "")),
+                    Err(RouteError::EmptyPattern)
+                ),
+                "{pattern}"
+            );
+        }
     }
 }

@@ -100,6 +100,14 @@ impl Blocking {
                     let (upstream, all) = (upstream.clone(), self.flights.clone());
                     let req = req.clone();
                     tokio::spawn(async move {
+                        // Forgets the flight however the task ends, a panic included: the map
+                        // holds a sender, so a flight left in it would keep its viewers (and
+                        // every later one) waiting for good.
+                        let _forget = Forget {
+                            flights: &all,
+                            key: &key,
+                            id,
+                        };
                         let fetch = fetch_playlist(&upstream, req, limit);
                         let Some(answer) = until_abandoned(fetch, &tx, &all, &key, id).await else {
                             return;
@@ -111,7 +119,6 @@ impl Blocking {
                         if !failed {
                             tokio::time::sleep(HOLD).await;
                         }
-                        forget(&mut all.lock().unwrap_or_else(|e| e.into_inner()), &key, id);
                     });
                     Some(rx)
                 }
@@ -152,6 +159,23 @@ async fn until_abandoned<F: std::future::Future>(
                 }
             }
         }
+    }
+}
+
+/// Forgets its flight when dropped.
+struct Forget<'a> {
+    flights: &'a Mutex<Flights>,
+    key: &'a str,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        forget(
+            &mut self.flights.lock().unwrap_or_else(|e| e.into_inner()),
+            self.key,
+            self.id,
+        );
     }
 }
 
