@@ -1245,3 +1245,246 @@ async fn interleaved_frames_beyond_max_datagram_bytes_are_dropped() {
         .unwrap_or_else(|| panic!("no malformed series:\n{metrics}"));
     assert!(malformed.ends_with(" 20"), "{malformed}");
 }
+
+/// A scripted RTSP server for the session-place tests: answers each request `delay` after it
+/// arrives (TEARDOWN never) and, once playing, sends a TS datagram every 20 ms. It logs each
+/// request line as it arrives and counts the connections open now.
+struct PacedServer {
+    port: u16,
+    requests: Arc<Mutex<Vec<String>>>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl PacedServer {
+    async fn start(delay: Duration) -> PacedServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (log, count) = (requests.clone(), open.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (log, count) = (log.clone(), count.clone());
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    paced_session(tcp, delay, log).await;
+                    count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                });
+            }
+        });
+        PacedServer {
+            port,
+            requests,
+            open,
+        }
+    }
+
+    fn saw(&self, line: &str) -> bool {
+        self.requests.lock().unwrap().iter().any(|l| l == line)
+    }
+
+    fn count(&self, method: &str) -> usize {
+        let requests = self.requests.lock().unwrap();
+        requests.iter().filter(|l| l.starts_with(method)).count()
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn paced_session(tcp: TcpStream, delay: Duration, log: Arc<Mutex<Vec<String>>>) {
+    let (mut rd, mut wr) = tcp.into_split();
+    let payload = iptv_support::ts_datagrams(1, 0x100, None).remove(0);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 2048]);
+    let (mut playing, mut seq) = (false, 0u16);
+    loop {
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 4);
+            let line = head.lines().next().unwrap_or("");
+            log.lock()
+                .unwrap()
+                .push(line.trim_end_matches(" RTSP/1.0").to_string());
+            if head.starts_with("TEARDOWN") {
+                continue;
+            }
+            tokio::time::sleep(delay).await;
+            let cseq = head
+                .lines()
+                .find_map(|l| l.strip_prefix("CSeq: "))
+                .unwrap_or("0")
+                .to_string();
+            let sdp = "v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 33\r\na=control:track1\r\n";
+            let reply = match head.split(' ').next() {
+                Some("DESCRIBE") => format!(
+                    "RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nContent-Type: application/sdp\r\n\
+                     Content-Length: {}\r\n\r\n{sdp}",
+                    sdp.len()
+                ),
+                Some("SETUP") => format!(
+                    "RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: 42;timeout=60\r\n\
+                     Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n"
+                ),
+                _ => format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: 42\r\n\r\n"),
+            };
+            if wr.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+            playing |= head.starts_with("PLAY");
+        }
+        tokio::select! {
+            n = rd.read(&mut chunk) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            },
+            _ = tick.tick(), if playing => {
+                let packet = iptv_support::rtp(seq, &payload);
+                seq = seq.wrapping_add(1);
+                let mut out = vec![b'$', 0];
+                out.extend_from_slice(&(packet.len() as u16).to_be_bytes());
+                out.extend_from_slice(&packet);
+                if wr.write_all(&out).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `GET path` straight to the gateway's handler as the client at `peer`; `None` when no
+/// answer came within `wait` (the request is dropped then: the client hung up).
+async fn rtsp_as(
+    gw: &Gateway,
+    peer: &str,
+    path: &str,
+    wait: Duration,
+) -> Option<http::Response<sluice::body::Body>> {
+    let (mut parts, ()) = http::Request::get(path)
+        .header("host", "gw.test")
+        .body(())
+        .unwrap()
+        .into_parts();
+    parts
+        .extensions
+        .insert(peer.parse::<std::net::SocketAddr>().unwrap());
+    tokio::time::timeout(wait, gw.iptv.handle(parts)).await.ok()
+}
+
+/// The first data frame of `resp` within 5 s.
+async fn first_frame(resp: http::Response<sluice::body::Body>) -> Bytes {
+    let mut body = resp.into_body();
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("data within 5 s")
+            .expect("a frame")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            return data;
+        }
+    }
+}
+
+/// The session places and the shares of a zapping test: 4 places, 2 per client.
+fn zapping_config() -> IptvConfig {
+    let mut cfg = rtsp_config();
+    cfg.rtsp.max_sessions = 4;
+    cfg.max_subscribers_per_client = 2;
+    cfg
+}
+
+/// Attack: one client asks for channel after channel of a server that answers each RTSP step
+/// just inside `timeout_ms`, hanging up on each. At its share (2) each request releases its
+/// oldest setup; that setup kept its session place until it had run its course (four slow
+/// steps, then a TEARDOWN), off the client's share, so four requests filled `max_sessions` and
+/// every other client got 503. A released setup is dropped and its place given back at once.
+#[tokio::test]
+async fn zapping_through_slow_setups_leaves_session_places_to_others() {
+    let server = PacedServer::start(Duration::from_millis(1500)).await;
+    let port = server.port;
+    let gw = Gateway::start(zapping_config()).await;
+    let mut answered = Vec::new();
+    for i in 0..6 {
+        let path = format!("/rtsp/127.0.0.1:{port}/zap{i}");
+        // Still setting up: the request is dropped unanswered.
+        let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_millis(200)).await;
+        if let Some(resp) = resp {
+            answered.push((i, resp.status().as_u16()));
+        }
+    }
+    let path = format!("/rtsp/127.0.0.1:{port}/other");
+    // Another client: its setup starts (the server sees its request), and nothing refuses it
+    // while the server takes its time.
+    let resp = rtsp_as(&gw, "127.0.0.2:40000", &path, Duration::from_secs(2)).await;
+    if let Some(resp) = resp {
+        let status = resp.status();
+        let body = BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        panic!("another client refused: {status} {body:?}");
+    }
+    assert!(
+        server.saw(&format!("OPTIONS rtsp://127.0.0.1:{port}/other")),
+        "the other client's session never reached the server: {:?}",
+        server.requests.lock().unwrap()
+    );
+    // The released setups' connections are closed, not left to run their course: the last
+    // two of the zapping client (its share) and the other client's are all still open.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+    while server.open() > 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let open = server.open();
+    assert!(open <= 3, "{open} connections still open at the server");
+    // Nor was the zapping client itself refused: its setups were all still going.
+    assert_eq!(answered, [], "answers to the zapping client");
+}
+
+/// Attack: one client zaps through playing channels of a server that never answers TEARDOWN.
+/// Each release tore its session down holding its session place for up to `timeout_ms`, off
+/// the client's share, so a few quick zaps filled `max_sessions` for everyone. The place goes
+/// back before the TEARDOWN, which is still sent.
+#[tokio::test]
+async fn zapping_past_slow_teardowns_leaves_session_places_to_others() {
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut cfg = zapping_config();
+    // Left channels stay on the client's share until released by its next ones.
+    cfg.linger_ms = 10_000;
+    let gw = Gateway::start(cfg).await;
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        let path = format!("/rtsp/127.0.0.1:{port}/play{i}");
+        let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
+            .await
+            .expect("an answer within 5 s");
+        statuses.push(resp.status().as_u16());
+        if resp.status() == 200 {
+            first_frame(resp).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let path = format!("/rtsp/127.0.0.1:{port}/other");
+    let resp = rtsp_as(&gw, "127.0.0.2:40000", &path, Duration::from_secs(5))
+        .await
+        .expect("an answer within 5 s");
+    assert_eq!(resp.status(), 200, "another client's channel");
+    let data = first_frame(resp).await;
+    assert!(
+        !data.is_empty() && data.len() % 188 == 0 && data[0] == 0x47,
+        "{} bytes of TS",
+        data.len()
+    );
+    assert_eq!(statuses, [200; 5], "the zapping client's own channels");
+    // The released sessions were still torn down.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while server.count("TEARDOWN") < 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        server.count("TEARDOWN"),
+        3,
+        "{:?}",
+        server.requests.lock().unwrap()
+    );
+}

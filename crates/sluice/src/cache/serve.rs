@@ -239,10 +239,8 @@ impl Inner {
         policy: &FreshnessPolicy,
     ) -> Revalidated {
         let mut req = slice_request(parts, 0, self.slice_bytes);
-        if !policy.store_cookie_requests {
-            if !meta.vary.contains(&header::COOKIE) {
-                req.headers_mut().remove(header::COOKIE);
-            }
+        if !policy.store_cookie_requests && !meta.vary.contains(&header::COOKIE) {
+            req.headers_mut().remove(header::COOKIE);
         }
         if let Some(etag) = meta.headers.get(header::ETAG) {
             req.headers_mut()

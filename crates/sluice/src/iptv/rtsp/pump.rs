@@ -103,24 +103,28 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
         Session::open(&target, &owned).await
     }));
     let opened = tokio::select! {
+        // Setup first: when it has just finished as the hub is released, the session is
+        // played, sees the release at once (`wake`) and is torn down like any other.
+        biased;
         opened = &mut opening => match opened {
             Ok(Ok(session)) => Ok(session),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("setup took longer than {} ms", setup.as_millis())),
         },
         _ = published.wait_for(|p| p.closed) => {
-            // Released while setting up (its starter needed the place): the hub goes now, and
-            // the setup finishes on its own, a session it opened torn down (dropped half-way,
-            // the server kept it, sending to a closed port, until its own timeout); the session
-            // slot is given back then.
+            // Released while setting up (its starter needed the place): the setup is dropped
+            // here and its session place given back at once. Left to finish (up to
+            // `setup_timeout_ms`, then a TEARDOWN), each released setup kept its place though
+            // no longer on its client's share, so one client zapping through slow servers held
+            // every place (`max_sessions`) and every other client got 503. (Counting them on
+            // the client's share until they end would refuse only that client, but would keep
+            // the places, and the servers' connections, taken for nothing.) Dropping the setup
+            // closes its connection and ports: a session the server had already set up (its
+            // answer not read yet) ends with the connection, or at the server's own timeout.
+            drop(opening);
+            ctx.sessions.fetch_sub(1, Ordering::AcqRel);
             registry.remove(&hub);
             tracing::info!(channel = %label, "RTSP channel released while setting up");
-            tokio::spawn(async move {
-                if let Ok(Ok(session)) = opening.await {
-                    session.teardown().await;
-                }
-                ctx.sessions.fetch_sub(1, Ordering::AcqRel);
-            });
             return;
         }
     };
@@ -177,8 +181,12 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     pump.finish();
     registry.remove(&hub);
     tracing::info!(channel = %label, ?reason, "RTSP session ended");
-    session.teardown().await;
+    // The place goes back before the TEARDOWN (bounded by `timeout_ms`): the session is over
+    // for the gateway, and a server slow to answer it must not keep places from other
+    // clients (a client zapping, or asking for catch-up after catch-up, ends sessions as fast
+    // as it starts them).
     ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+    session.teardown().await;
 }
 
 #[cfg(test)]
