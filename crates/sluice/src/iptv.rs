@@ -718,7 +718,7 @@ impl Iptv {
             rtsp: None,
             // The FCC server is part of the key: its burst is what the hub's first viewers
             // get, so only requests naming the same server may share the hub.
-            fec: hub::Extras::new(ch.fec, ch.fcc),
+            extras: hub::Extras::new(ch.fec, ch.fcc),
             mode: ch.mode,
             group: crate::net::multicast::Group {
                 group: ch.group,

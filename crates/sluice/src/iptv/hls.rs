@@ -1002,7 +1002,11 @@ impl Iptv {
                     continue;
                 }
             };
-            let name = timeshift::dir_name(&format!("{}@{}", key.channel(), key.group.interface));
+            let name = timeshift::dir_name(&format!(
+                "{}@{}",
+                key.recorded_channel(),
+                key.group.interface
+            ));
             let recorder = match Recorder::open(
                 std::path::Path::new(dir).join(name),
                 config.minutes,
@@ -1280,7 +1284,7 @@ mod tests {
                     source: None,
                     interface: "lo".into(),
                 },
-                fec: None,
+                extras: None,
                 rtsp: None,
             },
             window: Mutex::new(Window::default()),

@@ -49,9 +49,8 @@ pub struct HubKey {
     pub group: Group,
     /// What the request adds to the group: its FEC stream and its FCC server; `None` when it
     /// names neither (and for RTSP hubs). Built by [`Extras::new`] so that equal requests
-    /// make equal keys. (Named for its first member: the key's other builders write
-    /// `fec: None`.)
-    pub fec: Option<Extras>,
+    /// make equal keys.
+    pub extras: Option<Extras>,
     /// Set for an RTSP session hub (`/rtsp/`), which has no multicast group: `group` is
     /// then `super::rtsp::NO_GROUP` and the hub's pump is the RTSP client's.
     pub rtsp: Option<super::rtsp::RtspKey>,
@@ -81,12 +80,21 @@ impl Extras {
 impl HubKey {
     /// Port of the group's FEC stream, when the request asked for FEC.
     pub fn fec_port(&self) -> Option<u16> {
-        self.fec.and_then(|e| e.fec)
+        self.extras.and_then(|e| e.fec)
     }
 
     /// The FCC server and dialect the hub was started with, if any.
     pub fn fcc_server(&self) -> Option<(SocketAddrV4, Flavor)> {
-        self.fec.and_then(|e| e.fcc)
+        self.extras.and_then(|e| e.fcc)
+    }
+
+    /// The channel as a recording is named by: without the FCC server, which changes how a
+    /// hub starts, not what it records (a timeshift folder keeps its name when `fcc=` is added
+    /// or changed).
+    pub fn recorded_channel(&self) -> String {
+        let mut key = self.clone();
+        key.extras = self.extras.and_then(|e| Extras::new(e.fec, None));
+        key.channel()
     }
 
     /// `rtp://[S@]G:P` form used in logs, labels and the status page.

@@ -198,12 +198,11 @@ pub struct RtspKey {
 
 impl RtspKey {
     /// `rtsp://host:port/path` for logs, labels and the status page (no query: it may carry
-    /// an operator's account parameters; no credentials). The path is the client's: `"`, `\`,
-    /// control characters and non-ASCII are percent-encoded (`metrics::label_value`), or one
-    /// request would break the Prometheus scrape and put raw bytes in the log.
+    /// an operator's account parameters; no credentials). The path is the client's, as given:
+    /// a metric label escapes it (`registry`, `metrics::label_value`), and a recording's
+    /// folder, named from it, keeps its name.
     pub fn label(&self) -> String {
         let base = self.target.url.split('?').next().unwrap_or_default();
-        let base = super::metrics::label_value(base);
         match self.private {
             0 => base.to_string(),
             n => format!("{base} (catch-up #{n})"),
@@ -263,7 +262,7 @@ impl Iptv {
                 source: None,
                 interface: String::new(),
             },
-            fec: None,
+            extras: None,
             rtsp: Some(RtspKey { target, private }),
         })
     }
