@@ -32,24 +32,36 @@ pub fn strip_underscored(headers: &mut HeaderMap) -> usize {
 /// Removes the method and URL override fields. One pass over the names present finds them (a
 /// head rarely has any), instead of a hashed lookup per override name.
 pub fn strip_overrides(headers: &mut HeaderMap) {
-    // Bit i: `OVERRIDE_FIELDS[i]` is present. (A match on the text: searching the constant
-    // array would build and drop it at every use.)
+    // A match on the text: searching the constant array would build and drop it at every use.
+    remove_listed(headers, &OVERRIDE_FIELDS, |name| match name {
+        "x-original-url" => Some(0),
+        "x-rewrite-url" => Some(1),
+        "x-http-method-override" => Some(2),
+        "x-http-method" => Some(3),
+        "x-method-override" => Some(4),
+        _ => None,
+    });
+}
+
+/// Removes the `fields` present in `headers`, where `index` gives a name's place in `fields`
+/// (at most 8): one pass over the names finds them, and a head with none costs nothing more.
+pub(crate) fn remove_listed(
+    headers: &mut HeaderMap,
+    fields: &[HeaderName],
+    index: impl Fn(&str) -> Option<usize>,
+) {
+    debug_assert!(fields.len() <= 8);
+    // Bit i: `fields[i]` is present.
     let mut present = 0u8;
     for name in headers.keys() {
-        let i = match name.as_str() {
-            "x-original-url" => 0,
-            "x-rewrite-url" => 1,
-            "x-http-method-override" => 2,
-            "x-http-method" => 3,
-            "x-method-override" => 4,
-            _ => continue,
-        };
-        present |= 1 << i;
+        if let Some(i) = index(name.as_str()) {
+            present |= 1 << i;
+        }
     }
     if present == 0 {
         return;
     }
-    for (i, name) in OVERRIDE_FIELDS.iter().enumerate() {
+    for (i, name) in fields.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }

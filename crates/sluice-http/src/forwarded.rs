@@ -57,20 +57,7 @@ fn proxy_field_index(name: &str) -> Option<usize> {
 /// Removes [`PROXY_FIELDS`] from a head that did not come from a trusted proxy. One pass over the
 /// names finds them (a head rarely has any) instead of a hashed removal of each.
 pub fn strip_proxy_fields(headers: &mut HeaderMap) {
-    let mut present = 0u8;
-    for name in headers.keys() {
-        if let Some(i) = proxy_field_index(name.as_str()) {
-            present |= 1 << i;
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    for (i, name) in PROXY_FIELDS.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            headers.remove(name);
-        }
-    }
+    crate::fields::remove_listed(headers, &PROXY_FIELDS, proxy_field_index);
 }
 
 /// What the proxy knows about the downstream side of this hop.
