@@ -65,12 +65,15 @@ pub fn parse_effective(headers: &HeaderMap) -> (CacheControl, bool) {
     (parse_cache_control(headers), false)
 }
 
-/// Parses all lines of one field; lines that are not visible ASCII are skipped.
+/// Parses all lines of one field. A line with bytes past ASCII (obs-text, in a quoted value
+/// say) is still read for its directives: skipping it whole would lose a `private` or
+/// `no-store` beside it, and a shared cache would then store a personal answer.
 pub fn parse_field(headers: &HeaderMap, name: &HeaderName) -> CacheControl {
     let mut cc = CacheControl::default();
     for value in headers.get_all(name) {
-        if let Ok(text) = value.to_str() {
-            parse_into(&mut cc, text);
+        match value.to_str() {
+            Ok(text) => parse_into(&mut cc, text),
+            Err(_) => parse_into(&mut cc, &String::from_utf8_lossy(value.as_bytes())),
         }
     }
     cc
@@ -187,6 +190,17 @@ mod tests {
         assert_eq!(cc.s_maxage, Some(120));
         assert_eq!(cc.stale_while_revalidate, Some(30));
         assert_eq!(cc.stale_if_error, None);
+    }
+
+    #[test]
+    fn a_line_with_obs_text_keeps_its_directives() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_bytes(b"private, no-store, x=\"\xe9\"").unwrap(),
+        );
+        let cc = parse_field(&headers, &http::header::CACHE_CONTROL);
+        assert!(cc.private && cc.no_store);
     }
 
     #[test]

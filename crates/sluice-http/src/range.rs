@@ -196,10 +196,12 @@ pub fn slices_covering(r: ByteRange, slice_bytes: u64) -> std::ops::RangeInclusi
     (r.start / slice_bytes)..=(r.end / slice_bytes)
 }
 
-/// The byte range of slice `index`, clipped to `length` when known.
+/// The byte range of slice `index`, clipped to `length` when known. The arithmetic saturates:
+/// a client's range may start anywhere up to `u64::MAX`, and with a slice size that is not a
+/// power of two (`1MB`) the last slice's end lies past it.
 pub fn slice_range(index: u64, slice_bytes: u64, length: Option<u64>) -> ByteRange {
-    let start = index * slice_bytes;
-    let mut end = start + slice_bytes - 1;
+    let start = index.saturating_mul(slice_bytes);
+    let mut end = start.saturating_add(slice_bytes - 1);
     if let Some(len) = length {
         end = end.min(len.saturating_sub(1));
     }
@@ -380,6 +382,11 @@ mod tests {
         assert_eq!(slice_range(2, s, None), br(2048, 3071));
         assert_eq!(slice_count(2048, s), 2);
         assert_eq!(slice_count(2049, s), 3);
+        // The slice a client's `bytes=18446744073709551615-` lands in, with a decimal slice
+        // size: its end is past u64::MAX, so it stops there.
+        let decimal = 1_000_000;
+        let last = slice_range(u64::MAX / decimal, decimal, None);
+        assert_eq!(last, br(u64::MAX / decimal * decimal, u64::MAX));
     }
 
     #[test]
