@@ -847,3 +847,29 @@ async fn a_304_that_changes_vary_drops_the_object() {
     );
     assert!(again.headers.get("vary").is_none(), "{:?}", again.headers);
 }
+
+/// A range starting at the last byte a u64 can name, with a decimal slice size (`1MB`, allowed):
+/// the slice it falls in ends past u64::MAX. It is answered as unsatisfiable (the origin
+/// ignored the range the cache asked for and sent the whole object), and the route goes on
+/// serving the right bytes.
+#[tokio::test]
+async fn a_range_at_the_end_of_u64_is_refused_cleanly() {
+    let origin = CountingOrigin::start().await;
+    let mut config = cached_config(origin.addr);
+    config.cache.slice_bytes = sluice::cache::ByteSize(1_000_000);
+    let s = Sluice::start(config).await;
+    let far = request(
+        "GET",
+        &s.url("/big-far"),
+        &[("range", "bytes=18446744073709551615-")],
+    )
+    .await;
+    assert_eq!(far.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(
+        far.headers["content-range"],
+        format!("bytes */{BIG_LEN}").as_str()
+    );
+    let near = request("GET", &s.url("/big-far"), &[("range", "bytes=1000-1003")]).await;
+    assert_eq!(near.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(near.body.as_deref().unwrap(), &pattern(BIG_LEN)[1000..1004]);
+}

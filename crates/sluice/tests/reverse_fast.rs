@@ -94,9 +94,11 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool)
     if head_request || status == 204 || status == 304 {
         return Some(raw);
     }
+    // Framed by the last coding (RFC 9112 §6.3).
     let chunked = raw
         .field("transfer-encoding")
-        .is_some_and(|v| v.contains("chunked"));
+        .and_then(|v| v.rsplit(',').next().map(|c| c.trim().to_string()))
+        .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
     let length: Option<usize> = raw.field("content-length").map(|v| v.parse().unwrap());
     let mut decoder = sluice_http::chunked::Decoder::new();
     loop {
@@ -590,6 +592,13 @@ async fn bodiless_answers_and_every_body_framing() {
             out.extend_from_slice(&big2[..100_000]);
             out
         }
+        // Two fields whose last coding is not chunked: the body ends at the close, and the
+        // client is told both codings, not the first field's alone.
+        "/two-codings" => {
+            let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\nX-Mode: close-now\r\n\r\n".to_vec();
+            out.extend_from_slice(&big2[..50_000]);
+            out
+        }
         // Both framings: the coded one wins (RFC 9112 §6.3), and the client never sees both.
         "/both" => b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
         "/close" => {
@@ -631,6 +640,16 @@ async fn bodiless_answers_and_every_body_framing() {
     assert_eq!(r.field("content-length"), None);
     assert_eq!(r.field("connection").as_deref(), Some("close"));
     assert_eq!(sha256(&r.body), sha256(&big[..100_000]));
+    let mut c = Client::to(&p).await;
+    let r = c
+        .ask(b"GET /api/two-codings HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    assert_eq!(
+        r.field("transfer-encoding").as_deref(),
+        Some("chunked, gzip")
+    );
+    assert_eq!(r.field("connection").as_deref(), Some("close"));
+    assert_eq!(sha256(&r.body), sha256(&big[..50_000]));
 }
 
 #[tokio::test]

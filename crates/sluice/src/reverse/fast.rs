@@ -226,7 +226,7 @@ impl Reverse {
     ) -> (BodyLength, bool, Vec<u8>) {
         let status = head.status.as_u16();
         let mut headers = head.headers;
-        let coding = headers.get(header::TRANSFER_ENCODING).cloned();
+        let coding = codings(&headers);
         // A coded body whose last coding is not `chunked` ends when the server closes
         // (RFC 9112 §6.3): it is relayed until then, its codings named as they came.
         let close_coded = length == BodyLength::Coded && !ends_chunked(coding.as_ref());
@@ -319,6 +319,26 @@ pub(super) fn says_length(headers: &HeaderMap, n: u64) -> bool {
     let v = v.as_bytes();
     let plain = v.len() == 1 || v.first() != Some(&b'0');
     plain && response_head::decimal(v) == Some(n)
+}
+
+/// A response's codings as one value: its `Transfer-Encoding` fields joined in order, since the
+/// last coding of the last field is the one that frames the body (RFC 9112 §6.1). A server that
+/// sends `chunked` and then `gzip` in two fields has a body that ends at its close, and the
+/// client is told both codings, not the first field alone.
+pub(super) fn codings(headers: &header::HeaderMap) -> Option<header::HeaderValue> {
+    let mut fields = headers.get_all(header::TRANSFER_ENCODING).iter();
+    let first = fields.next()?;
+    let mut rest = fields.peekable();
+    if rest.peek().is_none() {
+        return Some(first.clone());
+    }
+    let mut joined = first.as_bytes().to_vec();
+    for v in rest {
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Each part was a valid value, so the joined bytes are one too.
+    header::HeaderValue::from_bytes(&joined).ok()
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
@@ -1094,6 +1114,30 @@ mod tests {
     use super::*;
     use http::uri::PathAndQuery;
     use http::HeaderValue;
+
+    /// The last field's last coding frames the body: `chunked` then `gzip` in two fields is
+    /// a body read until close, named to the client as both codings.
+    #[test]
+    fn codings_join_every_transfer_encoding_field() {
+        let mut headers = HeaderMap::new();
+        assert!(codings(&headers).is_none());
+        headers.append(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        assert!(ends_chunked(codings(&headers).as_ref()));
+        headers.append(header::TRANSFER_ENCODING, HeaderValue::from_static("gzip"));
+        let joined = codings(&headers).unwrap();
+        assert_eq!(joined, "chunked, gzip");
+        assert!(!ends_chunked(Some(&joined)));
+        let mut reversed = HeaderMap::new();
+        reversed.append(header::TRANSFER_ENCODING, HeaderValue::from_static("gzip"));
+        reversed.append(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        assert!(ends_chunked(codings(&reversed).as_ref()));
+    }
 
     fn head(fields: &[(&str, &str)], host: Option<&str>) -> UpstreamHead {
         let mut headers = HeaderMap::new();

@@ -235,7 +235,7 @@ impl Reverse {
         // A coded body whose last coding is not `chunked` ends when the server closes
         // (RFC 9112 §6.3); a chunked one is decoded (HTTP/2 and HTTP/3 frame the body themselves).
         let length = match length {
-            BodyLength::Coded if !fast::ends_chunked(headers.get(header::TRANSFER_ENCODING)) => {
+            BodyLength::Coded if !fast::ends_chunked(fast::codings(&headers).as_ref()) => {
                 BodyLength::UntilClose
             }
             other => other,
