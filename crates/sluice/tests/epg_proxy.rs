@@ -1,29 +1,48 @@
 //! `/proxy/epg` against a local guide source: the guide's bytes, `X-EPG-Cache` MISS then HIT,
 //! `cache_ttl`, one cache entry per set of `h_*` headers, gzip sources and gzip answers,
-//! conditional GETs, concurrent misses sharing one fetch, and the errors.
+//! conditional GETs, concurrent misses sharing one fetch, slow readers of a large guide, and
+//! the errors.
 
+mod guide_readers;
 mod support;
 
 use std::convert::Infallible;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use guide_readers::{big_xmltv, rest_of_body, LIVE};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use sha2::{Digest, Sha256};
 use support::*;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 const XMLTV: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE tv SYSTEM \"xmltv.dtd\">\n<tv generator-info-name=\"test\"><channel id=\"one\"><display-name>One</display-name></channel><programme start=\"20261127150000 +0000\" stop=\"20261127160000 +0000\" channel=\"one\"><title>News</title></programme></tv>\n";
 
-/// A guide source counting its fetches: `/guide.xml`, `/guide.xml.gz` (gzip), `/slow.xml`
-/// (answers after 200 ms), `/page.html` (an HTML page), anything else 404.
+/// The large guide's size at least.
+const BIG: usize = 8 << 20;
+
+/// The large guide gzip-compressed, its XML's SHA-256 and length.
+fn big_guide() -> &'static (Vec<u8>, [u8; 32], usize) {
+    static GUIDE: OnceLock<(Vec<u8>, [u8; 32], usize)> = OnceLock::new();
+    GUIDE.get_or_init(|| {
+        let xml = big_xmltv(BIG);
+        let gz = sluice_media::gzip::compress(&xml, 6);
+        (gz, Sha256::digest(&xml).into(), xml.len())
+    })
+}
+
+/// A guide source counting its fetches: `/guide.xml`, `/guide.xml.gz` (gzip), `/big.xml.gz`
+/// (an 8 MB guide, gzip), `/slow.xml` (answers after 200 ms), `/page.html` (an HTML page),
+/// anything else 404.
 struct Source {
     addr: SocketAddr,
     hits: Arc<AtomicUsize>,
@@ -54,6 +73,9 @@ async fn source() -> Source {
                                     .header("content-type", "application/gzip")
                                     .body(full(Bytes::from(gz)))
                             }
+                            "/big.xml.gz" => Response::builder()
+                                .header("content-type", "application/gzip")
+                                .body(full(Bytes::from_static(&big_guide().0))),
                             "/slow.xml" => {
                                 tokio::time::sleep(Duration::from_millis(200)).await;
                                 Response::builder().body(full(Bytes::from(XMLTV)))
@@ -174,4 +196,57 @@ async fn errors_are_clear_and_not_cached() {
     assert_eq!(r.status, 400);
     let r = request("POST", &epg(&s, &src, "/guide.xml", ""), &[]).await;
     assert_eq!(r.status, 405);
+}
+
+/// Clients that take no gzip and read slowly hold no copy of the guide each. Before, every such
+/// `/proxy/epg` request inflated the whole guide into a buffer of its own on a runtime thread
+/// and held it until the client had read it all (up to 64 per client address, of a guide up to
+/// `media.epg.max_bytes`, 256 MiB). The bytes are still the guide's, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_plain_guide_readers_hold_no_copy_each() {
+    const READERS: usize = 16;
+    let &(_, want, xml_len) = big_guide();
+    let src = source().await;
+    let s = sluice().await;
+    let url = epg(&s, &src, "/big.xml.gz", "");
+    // Fetched and kept first: the fetch is not what is measured.
+    let r = request("GET", &url, &[("accept-encoding", "gzip")]).await;
+    assert_eq!(r.status, 200);
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let target = url.strip_prefix(&format!("http://{}", s.addr)).unwrap();
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let mut tcp = TcpStream::connect(s.addr).await.unwrap();
+        tcp.write_all(format!("GET {target} HTTP/1.1\r\nHost: sluice.test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        // The head and the first bytes, then nothing for a while: a slow reader.
+        let mut first = vec![0u8; 16 * 1024];
+        let n = tcp.read(&mut first).await.unwrap();
+        first.truncate(n);
+        readers.push((tcp, first));
+    }
+    let mut held = 0;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held = held.max(LIVE.load(Ordering::Relaxed) - before);
+    }
+    assert!(
+        held < (2 * BIG) as isize,
+        "{READERS} slow readers of a {BIG}-byte guide held {held} bytes"
+    );
+    for (tcp, first) in readers {
+        let body = rest_of_body(tcp, first).await;
+        assert_eq!(
+            <[u8; 32]>::from(Sha256::digest(&body)),
+            want,
+            "the guide, byte for byte"
+        );
+    }
+    // A HEAD says the XML's length and inflates nothing.
+    let r = request("HEAD", &url, &[]).await;
+    assert_eq!(r.headers["content-length"], xml_len.to_string().as_str());
+    assert!(r.body.unwrap().is_empty());
 }

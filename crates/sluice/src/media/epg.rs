@@ -132,8 +132,13 @@ impl EpgProxy {
                 match self.fresh(&key, ttl) {
                     Some((g, lm)) => (g, lm, true),
                     None => {
+                        // The key's gate goes however the fetch ends, a client that leaves
+                        // mid-fetch included (one entry per URL and header set was left behind).
+                        let _forget = Forget {
+                            fetching: &self.fetching,
+                            key,
+                        };
                         let outcome = self.fetch(&params).await;
-                        self.fetching.lock().expect("epg lock").remove(&key);
                         let guide = Arc::new(outcome?);
                         let lm = SystemTime::now();
                         if ttl > 0 {
@@ -254,6 +259,21 @@ impl EpgProxy {
     }
 }
 
+/// Takes a key's fetch gate out of the map when dropped.
+struct Forget<'a> {
+    fetching: &'a Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
+    key: [u8; 32],
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.fetching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
 /// SHA-256 over the URL and every `h_*` header, length-prefixed.
 fn cache_key(params: &ProxyParams) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -320,29 +340,38 @@ fn respond(
         header::CONTENT_TYPE,
         "application/xml; charset=utf-8".into(),
     );
-    let bytes: Result<Bytes, _> = match gzip {
+    // A client that takes gzip gets the held bytes as they are. One that does not gets the XML
+    // inflated as it reads (the inflate state and one 64 KiB chunk per request, never a copy of
+    // the guide: 64 slow readers of a 256 MiB guide held 16 GiB, and each inflated it whole on a
+    // runtime thread). A HEAD inflates nothing.
+    let (length, resp_body) = match gzip {
         true => {
             put(&mut h, header::CONTENT_ENCODING, "gzip".into());
-            Ok(guide.gz.clone())
-        }
-        false => guide.xml(),
-    };
-    let bytes = match bytes {
-        Ok(b) => b,
-        // Checked when it was prepared; a failure here is a bug, said plainly.
-        Err(e) => {
-            return ProxyError::new(
-                Side::Internal,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "epg",
-                e.to_string(),
+            (
+                guide.gz.len(),
+                body::full_unless_head(req.method(), guide.gz.clone()),
             )
-            .into_response()
         }
+        false if req.method() == http::Method::HEAD => (guide.xml_len, body::empty()),
+        false => (guide.xml_len, xml_body(guide)),
     };
-    put(&mut h, header::CONTENT_LENGTH, bytes.len().to_string());
-    let mut resp = Response::new(body::full_unless_head(req.method(), bytes));
+    put(&mut h, header::CONTENT_LENGTH, length.to_string());
+    let mut resp = Response::new(resp_body);
     // A HEAD answer has no body but keeps the GET answer's length.
     *resp.headers_mut() = h;
     resp
+}
+
+/// The guide's XML as a body inflated while the client reads it. The gzip was checked when
+/// prepared; should it fail now, the body ends short of its `Content-Length` and the client
+/// sees a broken transfer.
+fn xml_body(guide: &Prepared) -> Body {
+    let chunks = sluice_media::gzip::Inflater::new(guide.gz.clone(), guide.xml_len).map(|chunk| {
+        chunk
+            .map(|c| http_body::Frame::data(Bytes::from(c)))
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    });
+    body::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
+        chunks,
+    )))
 }
