@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use h3_support::{client, python, script};
+use h3_support::{client, clients, python, script};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use reverse_support::{chunked, config, full, origin, pattern, raw_origin, sha256, Answer};
@@ -759,19 +759,45 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     .await;
     let then = "/plain/size/2048";
     let check_then = |r: &Value| assert_body(&r["responses"][0], 200, &pattern(2048));
+    // Every exchange below, each on its own connection(s) and in this order, from one client
+    // process (an interpreter start per exchange was most of this test's time).
+    let mut plans = vec![
+        json!({"attack": "data-first", "then": then}),
+        json!({"attack": "no-path", "then": then}),
+        json!({"attack": "big-headers", "size": 8000, "then": then}),
+        json!({
+            "attack": "huge-frame", "kind": "headers", "declared": 100_000_000u64,
+            "send": 8 * 1024 * 1024, "then": then,
+        }),
+        json!({
+            "attack": "huge-frame", "kind": "unknown", "declared": 100_000_000u64,
+            "send": 8 * 1024 * 1024, "wait": 1, "then": then,
+        }),
+        json!({"attack": "qpack-fill", "send": 3 * 1024 * 1024, "wait": 10, "then": then}),
+    ];
+    let qpack_close = [(false, false), (true, false), (false, true)];
+    for (decoder, reset) in qpack_close {
+        plans.push(json!({
+            "attack": "qpack-close", "decoder": decoder, "reset": reset, "then": then,
+        }));
+    }
+    plans.push(json!({"attack": "too-many-streams", "streams": 50, "then": then}));
+    let reports = clients(plans.into_iter().map(|p| s.plan(p)).collect()).await;
+    let mut reports = reports.into_iter();
+    let mut next = || reports.next().unwrap();
 
     // DATA before HEADERS on a request stream: connection error H3_FRAME_UNEXPECTED (0x105).
-    let r = client(s.plan(json!({"attack": "data-first", "then": then}))).await;
+    let r = next();
     assert_eq!(r["terminated"]["error_code"], 0x105, "{r}");
     check_then(&r);
 
     // A request without :path: stream error H3_MESSAGE_ERROR (0x10e); the same connection goes on.
-    let r = client(s.plan(json!({"attack": "no-path", "then": then}))).await;
+    let r = next();
     assert_eq!(r["attack"]["reset"], 0x10e, "{r}");
     check_then(&r);
 
     // A head over server.max_header_bytes: 431, and the same connection goes on.
-    let r = client(s.plan(json!({"attack": "big-headers", "size": 8000, "then": then}))).await;
+    let r = next();
     assert_eq!(r["attack"]["status"], 431, "{r}");
     check_then(&r);
 
@@ -779,11 +805,7 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     // buffered whole before it is looked at, so past the stream's limit (here the 64 KiB floor)
     // the connection is closed with H3_EXCESSIVE_LOAD (0x107) instead of buffering on. h3 as
     // released read on without bound.
-    let r = client(s.plan(json!({
-        "attack": "huge-frame", "kind": "headers", "declared": 100_000_000u64,
-        "send": 8 * 1024 * 1024, "then": then,
-    })))
-    .await;
+    let r = next();
     assert_eq!(r["terminated"]["error_code"], 0x107, "{r}");
     // Closed long before the 8 MiB were taken (flow control lets a few windows through).
     assert!(
@@ -795,11 +817,7 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     // buffered: the bytes are taken, the connection stays, and serves the next request. It was
     // buffered whole too (up to the limit per stream, 100 streams a connection: about 12.5 MiB
     // parked per connection outside flow control), then refused.
-    let r = client(s.plan(json!({
-        "attack": "huge-frame", "kind": "unknown", "declared": 100_000_000u64,
-        "send": 8 * 1024 * 1024, "wait": 1, "then": then,
-    })))
-    .await;
+    let r = next();
     assert_eq!(r["terminated"], Value::Null, "{r}");
     // The server read (and let the client send) past the frame limit and past the 1 MiB first
     // window: the bytes were taken and dropped as they came.
@@ -810,10 +828,7 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
     // The client's QPACK encoder and decoder streams filled: read and dropped (no dynamic table
     // here), so the server holds none of it; unread, each held a stream window (1 MiB) for the
     // connection's life. All 3 MiB on each went through.
-    let r = client(s.plan(json!({
-        "attack": "qpack-fill", "send": 3 * 1024 * 1024, "wait": 10, "then": then,
-    })))
-    .await;
+    let r = next();
     for granted in r["attack"]["max_stream_data"].as_array().unwrap() {
         assert!(granted.as_u64().unwrap() >= 3 * 1024 * 1024, "{r}");
     }
@@ -821,18 +836,14 @@ async fn hostile_frames_get_the_right_errors_and_others_are_served() {
 
     // The client's QPACK encoder or decoder stream ended or reset: a critical stream closed,
     // H3_CLOSED_CRITICAL_STREAM (0x104, RFC 9204 §4.2); the release let it pass.
-    for (decoder, reset) in [(false, false), (true, false), (false, true)] {
-        let r = client(s.plan(json!({
-            "attack": "qpack-close", "decoder": decoder, "reset": reset, "then": then,
-        })))
-        .await;
+    for _ in qpack_close {
+        let r = next();
         assert_eq!(r["terminated"]["error_code"], 0x104, "{r}");
         check_then(&r);
     }
 
     // Fifty request streams where ten are allowed: QUIC STREAM_LIMIT_ERROR (0x4).
-    let r =
-        client(s.plan(json!({"attack": "too-many-streams", "streams": 50, "then": then}))).await;
+    let r = next();
     assert_eq!(r["terminated"]["error_code"], 0x4, "{r}");
     check_then(&r);
 }
@@ -884,12 +895,22 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         (0, &[5]),
         (0, &[0, 5]),
     ];
-    for (declared, parts) in cases {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": parts,
-            "then": then,
-        })))
-        .await;
+    // Each group of exchanges below runs from one client process (one interpreter start, not
+    // one per exchange), every exchange on its own connection(s), in order.
+    let batch = |plans: Vec<Value>| clients(plans.into_iter().map(|p| s.plan(p)).collect());
+    let reports = batch(
+        cases
+            .iter()
+            .map(|(declared, parts)| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": declared,
+                    "parts": parts, "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for ((declared, parts), r) in cases.into_iter().zip(reports) {
         assert_eq!(
             r["attack"]["status"], 400,
             "declared {declared}, sent {parts:?}: {r}"
@@ -919,12 +940,19 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         (None, &[4, 0, 6]),
         (None, &[4, 0, 0, 6]),
     ];
-    for (declared, parts) in matching {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": parts,
-            "then": then,
-        })))
-        .await;
+    let reports = batch(
+        matching
+            .iter()
+            .map(|(declared, parts)| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": declared,
+                    "parts": parts, "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for r in reports {
         assert_body(&r["attack"], 200, b"xxxxxxxxxx");
     }
     assert_eq!(whole.load(Ordering::SeqCst), matching.len());
@@ -933,21 +961,35 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // a DATA frame after the trailers is malformed (RFC 9114 section 4.1), and the body before
     // it is not passed on as whole.
     let trailers = json!([["x-checksum", "1234"]]);
-    for declared in [Some(10), None] {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [4, 6],
-            "trailers": trailers, "then": then,
-        })))
-        .await;
+    let reports = batch(
+        [Some(10), None]
+            .iter()
+            .map(|declared| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": declared,
+                    "parts": [4, 6], "trailers": trailers, "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for r in reports {
         assert_body(&r["attack"], 200, b"xxxxxxxxxx");
     }
     assert_eq!(whole.load(Ordering::SeqCst), matching.len() + 2);
-    for declared in [Some(10), None] {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [4, 6],
-            "trailers": trailers, "after_trailers": 3, "then": then,
-        })))
-        .await;
+    let reports = batch(
+        [Some(10), None]
+            .iter()
+            .map(|declared| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": declared,
+                    "parts": [4, 6], "trailers": trailers, "after_trailers": 3, "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for r in reports {
         // The connection is closed for it (H3_FRAME_UNEXPECTED), perhaps after the 400 the
         // failed body brought went out, perhaps before.
         assert_eq!(r["terminated"]["error_code"], 0x105, "{r}");
@@ -967,17 +1009,25 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // (RFC 9114 section 7.1), not the body's end; h3 as released read it as the end, and the next
     // frame read then asserted (a panic in the request's task).
     let panics = watch_panics();
-    for (declared, parts, truncated) in [
-        (Some(10), &[][..], [10, 0]),
-        (Some(10), &[][..], [10, 4]),
-        (None, &[4][..], [10, 0]),
-        (None, &[][..], [10, 6]),
-    ] {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": parts,
-            "truncated": truncated, "then": then,
-        })))
-        .await;
+    let truncated: [(Option<u64>, &[u64], [u64; 2]); 4] = [
+        (Some(10), &[], [10, 0]),
+        (Some(10), &[], [10, 4]),
+        (None, &[4], [10, 0]),
+        (None, &[], [10, 6]),
+    ];
+    let reports = batch(
+        truncated
+            .iter()
+            .map(|(declared, parts, truncated)| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": declared,
+                    "parts": parts, "truncated": truncated, "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for r in reports {
         // A connection error (H3_FRAME_ERROR, RFC 9114 section 7.1).
         assert_eq!(r["terminated"]["error_code"], 0x106, "{r}");
         assert_ne!(r["attack"]["status"], 200, "{r}");
@@ -996,12 +1046,19 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
     // H3_MESSAGE_ERROR. Read as a plain number, these slipped past the checks.
     let before = s.metric(refused).await;
     let lists = ["5, 5", "10, 10", "5, 6", "0 ", " 10"];
-    for declared in lists {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": declared, "parts": [10],
-            "then": then,
-        })))
-        .await;
+    let reports = batch(
+        lists
+            .iter()
+            .map(|declared| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": declared,
+                    "parts": [10], "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for (declared, r) in lists.iter().zip(reports) {
         assert_eq!(r["attack"]["reset"], 0x10e, "{declared:?}: {r}");
     }
     assert_eq!(
@@ -1013,26 +1070,34 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
 
     // A connection-specific field (RFC 9114 §4.2), or a `te` other than `trailers`: malformed,
     // as over HTTP/2; the stream is reset, H3_MESSAGE_ERROR. They were passed to the handler.
-    for (name, value) in [
+    let fields = [
         ("connection", "close"),
         ("keep-alive", "timeout=5"),
         ("proxy-connection", "keep-alive"),
         ("upgrade", "websocket"),
         ("te", "gzip"),
-    ] {
-        let r = client(s.plan(json!({
-            "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
-            "fields": [[name, value]], "then": then,
-        })))
-        .await;
-        assert_eq!(r["attack"]["reset"], 0x10e, "{name}: {r}");
-    }
-    let r = client(s.plan(json!({
-        "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
-        "fields": [["te", "trailers"]], "then": then,
-    })))
+        // The one `te` allowed, last: served.
+        ("te", "trailers"),
+    ];
+    let reports = batch(
+        fields
+            .iter()
+            .map(|(name, value)| {
+                json!({
+                    "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
+                    "fields": [[name, value]], "then": then,
+                })
+            })
+            .collect(),
+    )
     .await;
-    assert_body(&r["attack"], 200, b"xxxxxxxxxx");
+    for ((name, value), r) in fields.iter().zip(&reports) {
+        if (*name, *value) == ("te", "trailers") {
+            assert_body(&r["attack"], 200, b"xxxxxxxxxx");
+        } else {
+            assert_eq!(r["attack"]["reset"], 0x10e, "{name}: {r}");
+        }
+    }
 
     // Pseudo-header fields out of place (RFC 9114 §4.3): one repeated, one after a regular
     // field, a response's `:status` or `:protocol` without CONNECT in a request head (the stream
@@ -1046,13 +1111,21 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
         ("fields", json!([[":authority", "127.0.0.1"]])),
         ("trailers", json!([[":path", "/plain/size/7"]])),
     ];
-    for (key, value) in pseudo_cases {
-        let mut plan = json!({
-            "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
-            "then": then,
-        });
-        plan[key] = value.clone();
-        let r = client(s.plan(plan)).await;
+    let reports = batch(
+        pseudo_cases
+            .iter()
+            .map(|(key, value)| {
+                let mut plan = json!({
+                    "attack": "length", "path": "/plain/echo", "declared": 10, "parts": [10],
+                    "then": then,
+                });
+                plan[*key] = value.clone();
+                plan
+            })
+            .collect(),
+    )
+    .await;
+    for ((key, value), r) in pseudo_cases.into_iter().zip(reports) {
         if key == "trailers" {
             assert_eq!(r["attack"]["status"], 400, "{key} {value}: {r}");
         } else {
@@ -1062,12 +1135,20 @@ async fn a_body_that_breaks_its_content_length_is_refused_not_cut() {
 
     // A GET that says `content-length: 0` and sends bytes: refused before anything is
     // forwarded (an upstream client sends a GET no body and would never read them).
-    for parts in [&[5][..], &[0, 5][..]] {
-        let r = client(s.plan(json!({
-            "attack": "length", "method": "GET", "path": "/plain/size/7", "declared": 0,
-            "parts": parts, "then": then,
-        })))
-        .await;
+    let get_parts = [&[5][..], &[0, 5][..]];
+    let reports = batch(
+        get_parts
+            .iter()
+            .map(|parts| {
+                json!({
+                    "attack": "length", "method": "GET", "path": "/plain/size/7", "declared": 0,
+                    "parts": parts, "then": then,
+                })
+            })
+            .collect(),
+    )
+    .await;
+    for (parts, r) in get_parts.iter().zip(reports) {
         assert_eq!(r["attack"]["status"], 400, "{parts:?}: {r}");
     }
 }
@@ -1273,10 +1354,11 @@ async fn an_early_post_whose_handshake_never_finishes_never_reaches_the_origin()
     )
     .await;
     // Twice: once ended by the handshake timeout (3 s), once by the client closing the
-    // connection (0.3 s after its first flight) well before that.
+    // connection (0.3 s after its first flight) well before that. The client does not wait out
+    // the timeout: the server's count of how each ended is waited for below.
     let runs = [
-        ("/plain/early-get", false, 4.5),
-        ("/plain/early-get-closed", true, 1.5),
+        ("/plain/early-get", false, 0.5),
+        ("/plain/early-get-closed", true, 0.5),
     ];
     for (get, close, wait) in runs {
         let r = client(s.plan(json!({
@@ -1286,6 +1368,28 @@ async fn an_early_post_whose_handshake_never_finishes_never_reaches_the_origin()
         .await;
         assert_eq!(r["ticket"], true, "{r}");
     }
+    // One ended by the handshake timeout, one by the connection closing first: both counted
+    // once the timeout has passed (the POST's connection is gone by then).
+    let failed = |m: &str, reason: &str| {
+        series(
+            m,
+            &format!("sluice_quic_handshakes_failed_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = metrics_text(s.addr).await;
+        let ended = failed(&m, "timeout") >= 1.0 && failed(&m, "error") >= 1.0;
+        if ended || std::time::Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (failed(&m, "timeout"), failed(&m, "error")),
+        (1.0, 1.0),
+        "{m}"
+    );
     let seen = seen.lock().unwrap().clone();
     let early: Vec<_> = seen.iter().filter(|(_, _, e)| *e).collect();
     assert_eq!(
@@ -1304,15 +1408,6 @@ async fn an_early_post_whose_handshake_never_finishes_never_reaches_the_origin()
         !seen.iter().any(|(m, _, _)| m == "POST"),
         "an early POST reached the origin: {seen:?}"
     );
-    // One ended by the handshake timeout, one by the connection closing first.
-    let m = metrics_text(s.addr).await;
-    let failed = |reason: &str| {
-        series(
-            &m,
-            &format!("sluice_quic_handshakes_failed_total{{reason=\"{reason}\"}}"),
-        )
-    };
-    assert_eq!((failed("timeout"), failed("error")), (1.0, 1.0), "{m}");
 }
 
 /// Resident memory of process `pid`, in bytes.
@@ -2192,16 +2287,24 @@ async fn http3_goes_on_after_an_upgrade_that_fails_partway() {
     let check = |step: usize| {
         let body = body.clone();
         async move {
-            for port in ports {
-                let plan = json!({"addr": format!("127.0.0.1:{port}"), "timeout": 10,
-                    "gets": [{"path": "/plain/size/1000"}]});
-                let r = tokio::time::timeout(Duration::from_secs(20), client(plan))
-                    .await
-                    .unwrap_or_else(|_| {
-                        panic!(
-                            "step {step}: no HTTP/3 answer on port {port} after the failed upgrade"
-                        )
-                    });
+            // Both ports from one client process, one after the other.
+            let plans = ports
+                .iter()
+                .map(|port| {
+                    json!({"addr": format!("127.0.0.1:{port}"), "timeout": 10,
+                        "gets": [{"path": "/plain/size/1000"}]})
+                })
+                .collect();
+            let reports = tokio::time::timeout(Duration::from_secs(40), clients(plans))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("step {step}: no HTTP/3 answer on {ports:?} after the failed upgrade")
+                });
+            for (port, r) in ports.iter().zip(reports) {
+                assert_eq!(
+                    r["responses"][0]["status"], 200,
+                    "step {step}, port {port}: {r}"
+                );
                 assert_body(&r["responses"][0], 200, &body);
             }
         }

@@ -331,6 +331,49 @@ async fn a_cross_origin_redirect_carries_the_new_origin_s_host() {
     assert!(!final_head.contains("vhost.example"), "{final_head}");
 }
 
+/// The whole-body client's redirects (`Upstream::fetch`), the same rule: a `Host` the caller set
+/// goes along while the origin stays the same (another path on it), and a redirect to another
+/// origin (another port) carries that origin's own `Host`, never the first one's.
+#[tokio::test]
+async fn fetch_across_origins_carries_the_new_origin_s_host() {
+    let other = ScriptedOrigin::start(HashMap::from([(
+        "/final",
+        script(&[b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfinal"]),
+    )]))
+    .await;
+    let to_other = format!(
+        "HTTP/1.1 302 Found\r\nlocation: http://{}/final\r\ncontent-length: 0\r\n\r\n",
+        other.addr
+    );
+    let origin = ScriptedOrigin::start(HashMap::from([
+        (
+            "/same",
+            script(&[b"HTTP/1.1 302 Found\r\nlocation: /start\r\ncontent-length: 0\r\n\r\n"]),
+        ),
+        ("/start", script(&[to_other.as_bytes()])),
+    ]))
+    .await;
+    assert_ne!(origin.addr.port(), other.addr.port());
+    let up = client(|_| {});
+    let mut headers = HeaderMap::new();
+    headers.insert("host", HeaderValue::from_static("vhost.example"));
+    let got = up.fetch(&origin.url("/same"), headers, 1024).await.unwrap();
+    assert_eq!((got.status, &got.body[..]), (StatusCode::OK, &b"final"[..]));
+    let heads = origin.heads();
+    assert_eq!(heads.len(), 2);
+    for head in &heads {
+        assert!(head.contains("\r\nhost: vhost.example\r\n"), "{head}");
+    }
+    let final_heads = other.heads();
+    assert_eq!(final_heads.len(), 1);
+    let final_head = &final_heads[0];
+    assert!(
+        final_head.starts_with(&format!("GET /final HTTP/1.1\r\nhost: {}\r\n", other.addr)),
+        "{final_head}"
+    );
+    assert!(!final_head.contains("vhost.example"), "{final_head}");
+}
+
 #[tokio::test]
 async fn bodies_over_the_bound_are_refused() {
     let big = pattern(10_000);

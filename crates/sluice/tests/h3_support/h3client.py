@@ -47,6 +47,8 @@ object with what happened. Plans:
   {"addr": ..., "flood": N}
       N QUIC Initials (real ClientHellos) from N source ports, never continued; counts the
       server's answers by packet type (Retry or Initial).
+  {"plans": [plan, ...]}
+      Each plan in turn, in this one process; prints the list of their reports.
   {"addr": ..., "flood": N, "answer_retry": true, "then_from": "127.0.0.2"}
       The same, each Retry answered once with the Initial carrying its token (the address
       proved), and nothing after the server's answer to that; counts those answers as "admitted"
@@ -233,9 +235,10 @@ def configuration(plan):
     return c
 
 
-async def ends_of(client, exs, since, secs, step):
+async def ends_of(client, exs, since, secs, step, until_all_ended=False):
     """Keeps the connection up with a PING every `step` seconds for `secs`: each exchange's
-    report with when (seconds after `since`, to `step`) it ended, or None."""
+    report with when (seconds after `since`, to `step`) it ended, or None. With
+    `until_all_ended`, stops as soon as every exchange has ended (nothing more can change)."""
     at = [None] * len(exs)
     for n in range(int(secs / step)):
         await asyncio.sleep(step)
@@ -244,6 +247,8 @@ async def ends_of(client, exs, since, secs, step):
         for i, ex in enumerate(exs):
             if ex.done.done() and at[i] is None:
                 at[i] = round(time.monotonic() - since, 2)
+        if until_all_ended and all(t is not None for t in at):
+            break
     return [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
 
 
@@ -495,7 +500,8 @@ async def run(plan):
                     sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(100) + b"\0" * 10
                 )
             client.transmit()
-            out["attack"] = await ends_of(client, exs, opened, plan["secs"], 0.25)
+            # Up to `secs`, or until every stream has ended (the report cannot change after).
+            out["attack"] = await ends_of(client, exs, opened, plan["secs"], 0.25, True)
         elif attack == "cancel":
             # The requests of `items` (as in "gets"), cancelled after `after` seconds as RFC 9114
             # §4.1.1 says a client cancels (STOP_SENDING with H3_REQUEST_CANCELLED; the request
@@ -707,7 +713,8 @@ def listen(quic, http, s, addr, sids, secs):
     by_sid = {sid: method for method, sid in sids.items()}
     seen = {method: {} for method in sids}
     deadline = time.time() + secs
-    while time.time() < deadline:
+    closed = False
+    while time.time() < deadline and not closed:
         try:
             data = s.recv(65536)
         except BlockingIOError:
@@ -715,6 +722,8 @@ def listen(quic, http, s, addr, sids, secs):
             continue
         quic.receive_datagram(data, addr, now=time.time())
         while (event := quic.next_event()) is not None:
+            # The server closed the connection: nothing more will come.
+            closed = closed or isinstance(event, ConnectionTerminated)
             if isinstance(event, StreamReset) and event.stream_id in by_sid:
                 seen[by_sid[event.stream_id]]["reset"] = event.error_code
             for h3 in http.handle_event(event):
@@ -768,6 +777,9 @@ async def hold(plan):
         bares = [[] for _ in conns]
         last_bare = start
         while time.monotonic() - start < plan.get("hold_secs", 0):
+            # Every held connection closed: nothing more can be seen, so the hold ends early.
+            if conns and all(t is not None for t in closed):
+                break
             await asyncio.sleep(plan.get("ping") or 0.1)
             gone = plan.get("client_goaway") is not None and (
                 time.monotonic() - start >= plan["client_goaway"])
@@ -976,8 +988,11 @@ def one_handshake(plan, addr, source):
         s.close()
 
 
-def main():
-    plan = json.loads(sys.argv[1])
+def one(plan):
+    """Runs one plan, from a clean slate, and returns its report."""
+    Client.no_uni = False
+    Client.hold_finish = 0
+    Client.last_terminated = None
     if "flood" in plan:
         out = flood(plan)
     elif "sequence" in plan:
@@ -992,6 +1007,17 @@ def main():
         out = asyncio.run(asyncio.wait_for(reset_probe(plan), 90))
     else:
         out = asyncio.run(asyncio.wait_for(run(plan), plan.get("timeout", 30) * 2))
+    return out
+
+
+def main():
+    plan = json.loads(sys.argv[1])
+    # {"plans": [...]}: each plan in turn in this one process (one interpreter start for many),
+    # a list of their reports.
+    if "plans" in plan:
+        out = [one(p) for p in plan["plans"]]
+    else:
+        out = one(plan)
     print(json.dumps(out))
 
 

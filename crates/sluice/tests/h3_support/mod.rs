@@ -27,8 +27,26 @@ pub fn script() -> &'static str {
 
 /// Runs one client plan (see `h3client.py`) and returns its report.
 pub async fn client(plan: Value) -> Value {
+    run(plan, 90).await
+}
+
+/// Runs `plans` one after another in a single client process (one interpreter start, not one
+/// per plan) and returns their reports in order.
+#[allow(dead_code)]
+pub async fn clients(plans: Vec<Value>) -> Vec<Value> {
+    let n = plans.len() as u64;
+    let out = run(serde_json::json!({ "plans": plans }), 60 + 30 * n).await;
+    let Value::Array(reports) = out else {
+        panic!("not a list of reports: {out}");
+    };
+    assert_eq!(reports.len() as u64, n);
+    reports
+}
+
+/// The client process for `plan`, bounded by `secs`; its JSON report.
+async fn run(plan: Value, secs: u64) -> Value {
     let out = tokio::time::timeout(
-        Duration::from_secs(90),
+        Duration::from_secs(secs),
         tokio::process::Command::new(python())
             .arg(script())
             .arg(plan.to_string())
@@ -36,7 +54,7 @@ pub async fn client(plan: Value) -> Value {
             .output(),
     )
     .await
-    .expect("HTTP/3 client did not finish in 90 s")
+    .unwrap_or_else(|_| panic!("HTTP/3 client did not finish in {secs} s"))
     .unwrap();
     assert!(
         out.status.success(),
