@@ -7,6 +7,7 @@
 //! # Layout
 //! - `config`: the `[[tcp]]` section and its validation.
 //! - `listener`: bind and the accept loop with its connection limit.
+//! - `share`: the per-address share of a listener's connections.
 //! - `session`: one connection from accept to close.
 //! - `metrics`: the `tcp_*` families.
 
@@ -14,6 +15,7 @@ pub mod config;
 mod listener;
 pub mod metrics;
 mod session;
+mod share;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,7 +31,6 @@ use tokio_util::task::TaskTracker;
 pub use config::TcpConfig;
 pub use metrics::TcpMetrics;
 
-use crate::net::per_ip::PerIp;
 use crate::net::splice::{self, PipePool};
 use crate::upstream::group::Groups;
 
@@ -39,8 +40,9 @@ struct Settings {
     config: TcpConfig,
     groups: Arc<Groups>,
     tls: Option<TlsAcceptor>,
-    /// Connections held per client IP (`max_connections_per_ip`).
-    per_ip: Arc<PerIp>,
+    /// Connections held per client address (`max_connections_per_ip`); the listener's
+    /// [`Running::share`].
+    per_ip: Arc<share::Share>,
 }
 
 /// What all listeners share.
@@ -58,6 +60,9 @@ struct Running {
     settings: watch::Sender<Arc<Settings>>,
     /// `max_connections`, kept across reloads (changed in place) so open connections count.
     limit: Arc<listener::Limit>,
+    /// `max_connections_per_ip` and `per_ip_exempt`, kept across reloads (changed in place) so
+    /// open connections count.
+    share: Arc<share::Share>,
     stop: watch::Sender<bool>,
 }
 
@@ -169,9 +174,10 @@ impl TcpProxy {
     }
 
     /// Installs `prepared` over `groups`: kept listeners take the new settings for new
-    /// connections (their connection limit changed in place), new ones start accepting, removed
-    /// ones stop accepting and their connections drain. Cannot fail. Running listeners must be
-    /// those `prepared` was made against (live reloads run one at a time).
+    /// connections (their connection limit and per-address share changed in place), new ones
+    /// start accepting, removed ones stop accepting and their connections drain. Cannot fail.
+    /// Running listeners must be those `prepared` was made against (live reloads run one at a
+    /// time).
     pub fn commit(&self, prepared: Prepared, groups: Arc<Groups>) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         crate::server::tls::resume::keep_apart(&prepared.identities);
@@ -190,36 +196,29 @@ impl TcpProxy {
                         tracing::warn!(listener = %name, "tcp: listener gone before its reload");
                         continue;
                     };
-                    let old = Arc::clone(&r.settings.borrow());
                     r.limit.set(config.max_connections);
-                    // The per-IP counts carry over a reload that keeps the share, so connections
-                    // already open still count against their addresses.
-                    let per_ip = if old.config.max_connections_per_ip
-                        == config.max_connections_per_ip
-                        && old.config.per_ip_exempt == config.per_ip_exempt
-                    {
-                        Arc::clone(&old.per_ip)
-                    } else {
-                        PerIp::new(config.max_connections_per_ip, config.per_ip_exempt.clone())
-                    };
+                    r.share
+                        .set(config.max_connections_per_ip, config.per_ip_exempt.clone());
                     let _ = r.settings.send(Arc::new(Settings {
                         name,
                         config,
                         groups: Arc::clone(&groups),
                         tls,
-                        per_ip,
+                        per_ip: Arc::clone(&r.share),
                     }));
                 }
                 Some((socket, local)) => {
                     let limit = listener::Limit::new(config.max_connections);
-                    let per_ip =
-                        PerIp::new(config.max_connections_per_ip, config.per_ip_exempt.clone());
+                    let share = share::Share::new(
+                        config.max_connections_per_ip,
+                        config.per_ip_exempt.clone(),
+                    );
                     let (settings_tx, settings_rx) = watch::channel(Arc::new(Settings {
                         name: name.clone(),
                         config,
                         groups: Arc::clone(&groups),
                         tls,
-                        per_ip,
+                        per_ip: Arc::clone(&share),
                     }));
                     let (stop_tx, stop_rx) = watch::channel(false);
                     tokio::spawn(listener::run(
@@ -237,6 +236,7 @@ impl TcpProxy {
                             local,
                             settings: settings_tx,
                             limit,
+                            share,
                             stop: stop_tx,
                         },
                     );

@@ -1167,6 +1167,78 @@ async fn one_address_holds_at_most_its_share_of_a_listener() {
     ));
 }
 
+/// A reload that changes `max_connections_per_ip` (or `per_ip_exempt`) counts the connections
+/// already open: with 2 held under a share of 2, raised to 3, the address may open one more, not
+/// three; with the share lowered to 1, it is refused until it holds none; connections opened while
+/// exempt count once the exemption ends. Before, a changed share was a fresh count, so the address
+/// held its new share again on top of what it held.
+#[tokio::test]
+async fn a_reload_that_changes_the_share_counts_the_connections_open() {
+    let echo = Upstream::echo().await;
+    let config = |share: usize, exempt: &str| {
+        let mut c = one_group(&quoted(&[echo.addr]), "");
+        // Loopback is exempt by default; here it is not, unless `exempt` says so.
+        c.push_str(&format!(
+            "max_connections_per_ip = {share}\nper_ip_exempt = [\"{exempt}\"]\n"
+        ));
+        c
+    };
+    let reload = |proxy: &Proxy, text: String| {
+        let next = sluice::config::Config::parse_file(&text).unwrap();
+        proxy
+            .tcp
+            .apply(&next.tcp, Arc::clone(&proxy.groups))
+            .unwrap();
+    };
+    let proxy = Proxy::start(&config(2, "10.0.0.0/8"));
+    let addr = proxy.addr();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        assert!(echoes(&mut s, b"held").await);
+        held.push(s);
+    }
+    let refused = || async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(b"more").await;
+        read_all(&mut s, 5).await.unwrap_or_default().is_empty()
+    };
+
+    reload(&proxy, config(3, "10.0.0.0/8"));
+    assert_eq!(proxy.addr(), addr, "the listener kept its socket");
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    assert!(echoes(&mut third, b"3rd!").await);
+    held.push(third);
+    assert!(refused().await, "a 4th served under a share of 3");
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 3);
+    // Open connections are not cut by the reload.
+    for s in &mut held {
+        assert!(echoes(s, b"kept").await);
+    }
+
+    // Lowered to 1 with 3 open: refused until none is left.
+    reload(&proxy, config(1, "10.0.0.0/8"));
+    held.truncate(1);
+    wait_connections(&proxy, 1).await;
+    assert!(refused().await, "served with 1 open under a share of 1");
+    held.clear();
+    proxy.idle().await;
+    let mut one = TcpStream::connect(addr).await.unwrap();
+    assert!(echoes(&mut one, b"one!").await);
+
+    // Opened while exempt, counted once the exemption ends.
+    reload(&proxy, config(1, "127.0.0.0/8"));
+    let mut exempt = TcpStream::connect(addr).await.unwrap();
+    assert!(echoes(&mut exempt, b"free").await);
+    reload(&proxy, config(2, "10.0.0.0/8"));
+    assert!(refused().await, "served with 2 open under a share of 2");
+    drop(one);
+    wait_connections(&proxy, 1).await;
+    let mut again = TcpStream::connect(addr).await.unwrap();
+    assert!(echoes(&mut again, b"agn!").await);
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 6);
+}
+
 /// Behind a trusted proxy every client arrives from the proxy's address: the share is then
 /// counted by the PROXY header's source address.
 #[tokio::test]

@@ -39,8 +39,9 @@ pub struct TcpConfig {
     /// Connections open at once; at the limit the listener stops accepting until one closes.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
-    /// Connections one client IP may hold open at once (0 = no limit); past it a new connection
-    /// from that IP is closed at once, so one client cannot hold every slot of `max_connections`.
+    /// Connections one client IP (an IPv6 one: its /64) may hold open at once (0 = no limit);
+    /// past it a new connection from that IP is closed at once, so one client cannot hold every
+    /// slot of `max_connections`.
     #[serde(default = "default_max_connections_per_ip")]
     pub max_connections_per_ip: usize,
     /// Peers `max_connections_per_ip` does not apply to; by default loopback, as the HTTP

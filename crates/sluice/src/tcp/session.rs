@@ -14,8 +14,8 @@ use tokio_rustls::server::TlsStream;
 
 use super::config::ProxyVersion;
 use super::metrics::{EndLabels, RefusedLabels, ServerLabels};
+use super::share::Place;
 use super::{Settings, Shared};
-use crate::net::per_ip::IpPlace;
 use crate::net::splice::{self, Direction, RelayError, Side};
 use crate::upstream::group::{Balance, InFlight};
 
@@ -51,7 +51,7 @@ struct Accepted {
     /// Bytes read while peeking (the ClientHello) that the upstream must receive first.
     prefix: Vec<u8>,
     /// The client's place in `max_connections_per_ip`, given back when the connection ends.
-    _place: Option<IpPlace>,
+    _place: Place,
 }
 
 /// Serves one accepted connection to its end.
@@ -411,7 +411,7 @@ mod tests {
             config,
             groups: Arc::new(crate::upstream::group::Groups::new(&[]).unwrap()),
             tls: None,
-            per_ip: crate::net::per_ip::PerIp::new(0, Vec::new()),
+            per_ip: super::super::share::Share::new(0, Vec::new()),
         };
         let (force_tx, force) = tokio::sync::watch::channel(false);
         let shared = Shared {
