@@ -913,6 +913,52 @@ async fn prefetch_fetches_the_next_segments_once() {
     assert!(counts.values().all(|&c| c == 1), "{counts:?}");
 }
 
+/// A HEAD on a segment of a registered playlist answers with the GET's head but fetches nothing
+/// ahead (as the HLS segment path); the GET that follows does. `sluice_media_prefetches_total`
+/// counts fetches ahead as they start, before the answer is sent.
+#[tokio::test]
+async fn head_on_a_segment_fetches_nothing_ahead() {
+    let o = FileOrigin::start().await;
+    put_clear_series(&o, 8);
+    let s = Sluice::start(test_config()).await;
+    let playlist = text(&s.url(&format!(
+        "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000",
+        enc(&o.url("series/manifest.mpd"))
+    )))
+    .await;
+    let segments: Vec<String> = uris(&playlist)
+        .into_iter()
+        .filter(|u| u.contains("segment.mp4"))
+        .collect();
+    let prefetches = || async {
+        text(&s.url("/metrics"))
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_media_prefetches_total "))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+            .unwrap_or(0)
+    };
+    let fetched = |i: u32| o.hits(&format!("series/seg-{i}.m4s")).len();
+    let r = support::request("HEAD", &segments[0], &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-length"], "9");
+    assert!(r.body.unwrap().is_empty());
+    assert_eq!(prefetches().await, 0);
+    // A GET of segment 5 fetches 6, 7 and 8 ahead; by the time they have arrived, anything the
+    // HEAD had started would have too.
+    assert_eq!(bytes(&segments[4]).await, "segment 5");
+    assert_eq!(prefetches().await, 3);
+    for _ in 0..100 {
+        if (6..=8).all(|i| fetched(i) == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((6..=8).map(fetched).collect::<Vec<_>>(), [1, 1, 1]);
+    assert_eq!(fetched(1), 1, "the HEAD's own segment");
+    assert_eq!((2..=4).map(fetched).collect::<Vec<_>>(), [0, 0, 0]);
+}
+
 // === errors ===
 
 #[tokio::test]

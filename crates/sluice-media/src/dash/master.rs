@@ -1,6 +1,10 @@
 //! HLS master playlist from an MPD: one audio rendition per language, one variant per video height.
 //! No I/O; the caller decides what the playlist URLs look like.
 
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+
 use super::mpd::{ContentKind, Mpd, Representation};
 use super::DashError;
 
@@ -75,26 +79,54 @@ pub fn to_hls_master(
 
 /// Representations across all Periods, first occurrence of each profile id.
 fn unique_tracks(mpd: &Mpd) -> Vec<&Representation> {
-    let mut seen: Vec<&Representation> = Vec::new();
-    for (_, _, rep) in mpd.representations() {
-        if !seen.iter().any(|r| r.profile_id == rep.profile_id) {
-            seen.push(rep);
-        }
-    }
-    seen
+    first_of_each(mpd.representations().map(|(_, _, r)| r), |r| {
+        r.profile_id.as_str()
+    })
 }
 
 /// Highest-bandwidth audio per language, in order of first appearance.
 fn pick_audio<'a>(tracks: &[&'a Representation]) -> Vec<&'a Representation> {
+    let audio = tracks.iter().filter(|r| r.kind == ContentKind::Audio);
+    let mut picked = best_of_each(audio.copied(), |r| r.lang.as_deref());
+    picked.truncate(MAX_AUDIO_LANGUAGES);
+    picked
+}
+
+/// The first item of each key, in order. One hash lookup per item: a hostile MPD can list tens
+/// of thousands of Representations, and a scan of the kept ones per item was quadratic.
+pub(super) fn first_of_each<T, K: Hash + Eq>(
+    items: impl IntoIterator<Item = T>,
+    key: impl Fn(&T) -> K,
+) -> Vec<T> {
+    let mut seen = HashSet::new();
+    items
+        .into_iter()
+        .filter(|item| seen.insert(key(item)))
+        .collect()
+}
+
+/// The highest-bandwidth Representation of each key (the first of equals), in order of the
+/// key's first appearance; one hash lookup per Representation, as in [`first_of_each`].
+pub(super) fn best_of_each<'a, K: Hash + Eq>(
+    reps: impl IntoIterator<Item = &'a Representation>,
+    key: impl Fn(&'a Representation) -> K,
+) -> Vec<&'a Representation> {
+    let mut at: HashMap<K, usize> = HashMap::new();
     let mut picked: Vec<&Representation> = Vec::new();
-    for rep in tracks.iter().filter(|r| r.kind == ContentKind::Audio) {
-        match picked.iter_mut().find(|p| p.lang == rep.lang) {
-            Some(p) if rep.bandwidth > p.bandwidth => *p = rep,
-            Some(_) => {}
-            None => picked.push(rep),
+    for rep in reps {
+        match at.entry(key(rep)) {
+            Entry::Occupied(i) => {
+                let p = &mut picked[*i.get()];
+                if rep.bandwidth > p.bandwidth {
+                    *p = rep;
+                }
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(picked.len());
+                picked.push(rep);
+            }
         }
     }
-    picked.truncate(MAX_AUDIO_LANGUAGES);
     picked
 }
 
@@ -116,14 +148,8 @@ fn pick_video<'a>(
     tracks: &[&'a Representation],
     options: &MasterOptions,
 ) -> Vec<&'a Representation> {
-    let mut picked: Vec<&Representation> = Vec::new();
-    for rep in tracks.iter().filter(|r| r.kind == ContentKind::Video) {
-        match picked.iter_mut().find(|p| p.height == rep.height) {
-            Some(p) if rep.bandwidth > p.bandwidth => *p = rep,
-            Some(_) => {}
-            None => picked.push(rep),
-        }
-    }
+    let video = tracks.iter().filter(|r| r.kind == ContentKind::Video);
+    let mut picked = best_of_each(video.copied(), |r| r.height);
     picked.sort_by_key(|r| std::cmp::Reverse(r.bandwidth));
     let by_height = |a: &&&Representation, b: &&&Representation| a.height.cmp(&b.height);
     let chosen = if options.max_res {

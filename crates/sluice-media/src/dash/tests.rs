@@ -508,6 +508,109 @@ fn audio_only_master_and_default_without_english() {
     assert_eq!(master::default_audio(&audio), 1);
 }
 
+/// Two identical Periods of 2,500 video heights and 2,500 audio languages, two Representations
+/// each: 20,000 Representations, 10,000 distinct profile ids. The lower video bandwidth comes
+/// first (the best replaces it), the higher audio one first (it stays).
+fn many_representations() -> Mpd {
+    let mut period = String::from(
+        r#"<Period duration="PT5S"><AdaptationSet id="v" mimeType="video/mp4" codecs="avc1.640028">
+        <SegmentTemplate duration="2" media="$RepresentationID$/$Number$.m4s"/>"#,
+    );
+    for h in 1..=2500 {
+        let bw = h * 1000;
+        period.push_str(&format!(
+            r#"<Representation id="h{h}lo" bandwidth="{bw}" width="16" height="{h}"/><Representation id="h{h}" bandwidth="{}" width="16" height="{h}"/>"#,
+            bw + 500
+        ));
+    }
+    period.push_str(
+        r#"</AdaptationSet><AdaptationSet id="a" mimeType="audio/mp4" codecs="mp4a.40.2">
+        <SegmentTemplate duration="2" media="$RepresentationID$/$Number$.m4s"/>"#,
+    );
+    for i in 1..=2500 {
+        let bw = i * 10;
+        period.push_str(&format!(
+            r#"<Representation id="a{i}" lang="l{i}" bandwidth="{bw}"/><Representation id="a{i}lo" lang="l{i}" bandwidth="{}"/>"#,
+            bw - 1
+        ));
+    }
+    period.push_str("</AdaptationSet></Period>");
+    let mpd = parse(&format!(
+        r#"<MPD mediaPresentationDuration="PT10S">{period}{period}</MPD>"#
+    ));
+    assert_eq!(mpd.representations().count(), 20_000);
+    mpd
+}
+
+#[test]
+fn master_of_many_representations_is_exact() {
+    let mpd = many_representations();
+    let master = to_hls_master(&mpd, &MasterOptions::default(), playlist_url).unwrap();
+    let mut want = vec![
+        "#EXTM3U".to_owned(),
+        "#EXT-X-VERSION:6".to_owned(),
+        "#EXT-X-INDEPENDENT-SEGMENTS".to_owned(),
+    ];
+    // The first four languages; no English, so the highest bandwidth is the default.
+    for i in 1..=4 {
+        let default = if i == 4 { "YES" } else { "NO" };
+        want.push(format!(
+            "#EXT-X-MEDIA:TYPE=AUDIO,GROUP-ID=\"audio\",NAME=\"l{i}\",LANGUAGE=\"l{i}\",DEFAULT={default},AUTOSELECT=YES,URI=\"/proxy/mpd/playlist.m3u8?profile_id=a_a{i}_{}\"",
+            i * 10
+        ));
+    }
+    // The five highest heights, each at its higher bandwidth, plus the widest audio (40).
+    for h in (2496..=2500).rev() {
+        let bw = h * 1000 + 500;
+        want.push(format!(
+            "#EXT-X-STREAM-INF:BANDWIDTH={},RESOLUTION=16x{h},CODECS=\"avc1.640028,mp4a.40.2\",AUDIO=\"audio\"",
+            bw + 40
+        ));
+        want.push(format!("/proxy/mpd/playlist.m3u8?profile_id=v_h{h}_{bw}"));
+    }
+    let want: Vec<&str> = want.iter().map(String::as_str).collect();
+    assert_eq!(master, lines(&want));
+}
+
+/// A key that counts how often it is compared.
+struct Counted<'c, K>(K, &'c std::cell::Cell<u64>);
+
+impl<K: PartialEq> PartialEq for Counted<'_, K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.1.set(self.1.get() + 1);
+        self.0 == other.0
+    }
+}
+
+impl<K: Eq> Eq for Counted<'_, K> {}
+
+impl<K: std::hash::Hash> std::hash::Hash for Counted<'_, K> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+/// The master's track dedup compares each Representation's key about once, not once per track
+/// kept before it (quadratic: ~5 * 10^7 comparisons here).
+#[test]
+fn master_track_dedup_compares_each_key_about_once() {
+    let compared = std::cell::Cell::new(0);
+    let firsts = master::first_of_each(0..20_000u32, |&i| Counted(i % 10_000, &compared));
+    assert_eq!(firsts, (0..10_000).collect::<Vec<_>>());
+    assert!(compared.get() <= 40_000, "{} comparisons", compared.get());
+
+    let mpd = many_representations();
+    let compared = std::cell::Cell::new(0);
+    let reps = mpd.representations().map(|(_, _, r)| r);
+    let best = master::best_of_each(reps, |r| Counted(r.height, &compared));
+    // 2,500 heights at their higher bandwidth, then every audio track under "no height".
+    assert_eq!(best.len(), 2501);
+    assert_eq!(best[0].profile_id, "v_h1_1500");
+    assert_eq!(best[2499].profile_id, "v_h2500_2500500");
+    assert_eq!(best[2500].profile_id, "a_a2500_25000");
+    assert!(compared.get() <= 40_000, "{} comparisons", compared.get());
+}
+
 #[test]
 fn protected_set_reports_kid_and_licence() {
     let mpd = parse(

@@ -43,8 +43,9 @@ pub struct Dash {
     pub(crate) decrypt_seconds: Histogram,
     /// Seconds spent remuxing one segment to MPEG-TS.
     pub(crate) remux_seconds: Histogram,
-    /// MPEG-TS continuity counters carried from one remuxed segment to the next.
-    pub(crate) ts_counters: remux::Counters,
+    /// MPEG-TS continuity counters carried from one remuxed segment to the next (shared with
+    /// the remux running on the blocking pool).
+    pub(crate) ts_counters: Arc<remux::Counters>,
     /// HLS media sequence state of live tracks.
     pub(crate) sequences: sequences::Sequences,
     /// Decrypted segments, shared by the viewers asking for them.
@@ -100,7 +101,7 @@ impl Dash {
         );
         Dash {
             remux_seconds,
-            ts_counters: remux::Counters::default(),
+            ts_counters: Default::default(),
             sequences: Default::default(),
             clear: clear::ClearSegments::new(Duration::from_secs(config.segment_ttl_secs.min(60))),
             ts: clear::ClearSegments::new(Duration::from_secs(config.segment_ttl_secs.min(60))),
@@ -119,17 +120,19 @@ impl Dash {
         links: &super::links::Links,
         endpoint: &str,
     ) -> Result<Response<Body>, ProxyError> {
-        // HEAD gets the same head; hyper leaves the body out.
+        // HEAD gets the same head; hyper leaves the body out. It starts no fetch ahead: a HEAD
+        // is a probe, not playback (as on the HLS segment path).
         debug_assert!(matches!(*req.method(), Method::GET | Method::HEAD));
+        let head = req.method() == Method::HEAD;
         match endpoint {
             "manifest.m3u8" | "manifest" => manifest::master(self, ctx, links).await,
             "playlist.m3u8" | "playlist" => manifest::media(self, ctx, links).await,
-            "segment.mp4" | "segment" => segment::segment(self, ctx).await,
-            "segment.ts" => remux::segment_ts(self, ctx).await,
+            "segment.mp4" | "segment" => segment::segment(self, ctx, head).await,
+            "segment.ts" => remux::segment_ts(self, ctx, head).await,
             "init.mp4" | "init" => segment::init(self, ctx).await,
             "manifest.mpd" => out::manifest(self, ctx, links).await,
             e if e.starts_with("out/") => {
-                out::template_segment(self, ctx, &e["out/".len()..]).await
+                out::template_segment(self, ctx, &e["out/".len()..], head).await
             }
             _ => Err(ProxyError::downstream(
                 StatusCode::NOT_FOUND,

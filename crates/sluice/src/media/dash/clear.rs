@@ -52,14 +52,14 @@ impl ClearSegments {
     }
 
     /// The clear segment for `key`: kept, or being made by another request (waited for), or
-    /// made now by `decrypt`.
+    /// made now by `decrypt` on the blocking pool (see [`off_runtime`]).
     pub async fn get_or_decrypt(
         &self,
         key: ClearKey,
-        decrypt: impl FnOnce() -> Result<Bytes, ProxyError>,
+        decrypt: impl FnOnce() -> Result<Bytes, ProxyError> + Send + 'static,
     ) -> Result<Bytes, ProxyError> {
         if self.ttl.is_zero() {
-            return decrypt();
+            return off_runtime(decrypt).await;
         }
         for _ in 0..2 {
             match self.cache.get_value_or_guard_async(&key).await {
@@ -68,12 +68,98 @@ impl ClearSegments {
                     self.cache.remove(&key);
                 }
                 Err(guard) => {
-                    let bytes = decrypt()?;
+                    // A failure (a panic included) drops the guard: the waiters try again.
+                    let bytes = off_runtime(decrypt).await?;
                     let _ = guard.insert((bytes.clone(), Instant::now()));
                     return Ok(bytes);
                 }
             }
         }
-        decrypt()
+        off_runtime(decrypt).await
+    }
+}
+
+/// Runs `make` on the blocking pool. Decrypting or remuxing a segment of up to
+/// `media.max_segment_bytes` holds a thread for a long time; on a runtime worker it would stall
+/// every other request queued there. A panic in `make` is this request's 500, not a hang.
+async fn off_runtime(
+    make: impl FnOnce() -> Result<Bytes, ProxyError> + Send + 'static,
+) -> Result<Bytes, ProxyError> {
+    match tokio::task::spawn_blocking(make).await {
+        Ok(made) => made,
+        Err(e) if e.is_panic() => {
+            tracing::error!("a segment decryption or remux panicked");
+            Err(ProxyError::internal(
+                "the segment could not be decrypted or remuxed (internal failure)",
+            ))
+        }
+        Err(_) => Err(ProxyError::internal(
+            "the segment's decryption or remux was cancelled (shutting down)",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+
+    use http::{HeaderMap, StatusCode};
+    use sluice_media::keys::KeyRing;
+
+    use super::*;
+    use crate::error::Side;
+    use crate::media::cache::request_key;
+
+    fn key(path: &str) -> ClearKey {
+        let part = Part {
+            url: url::Url::parse(&format!("http://o/{path}")).unwrap(),
+            range: None,
+        };
+        ClearKey {
+            segment: request_key(&part.url, &HeaderMap::new()),
+            segment_part: part.clone(),
+            init: part,
+            keys: KeyRing::default(),
+        }
+    }
+
+    /// The work runs on another thread than the request's: on this single-threaded runtime, the
+    /// runtime's only worker.
+    #[tokio::test]
+    async fn segments_are_made_off_the_runtime_thread() {
+        for ttl in [Duration::ZERO, Duration::from_secs(5)] {
+            let clear = ClearSegments::new(ttl);
+            let ran_on: Arc<Mutex<Option<ThreadId>>> = Arc::default();
+            let r = Arc::clone(&ran_on);
+            let bytes = clear
+                .get_or_decrypt(key("a.m4s"), move || {
+                    *r.lock().unwrap() = Some(std::thread::current().id());
+                    Ok(Bytes::from_static(b"clear"))
+                })
+                .await
+                .unwrap();
+            assert_eq!(bytes, "clear");
+            let ran_on = ran_on.lock().unwrap().expect("the work ran");
+            assert_ne!(ran_on, std::thread::current().id(), "ttl {ttl:?}");
+        }
+    }
+
+    /// A panic in the work is a 500 booked to sluice, and the segment is made on the next ask.
+    #[tokio::test]
+    async fn a_panic_is_an_internal_error_and_the_next_request_makes_the_segment() {
+        let clear = ClearSegments::new(Duration::from_secs(5));
+        let err = clear
+            .get_or_decrypt(key("b.m4s"), || panic!("remuxer bug"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(err.side, Side::Internal);
+        assert!(err.message.contains("internal failure"), "{}", err.message);
+        let bytes = clear
+            .get_or_decrypt(key("b.m4s"), || Ok(Bytes::from_static(b"made")))
+            .await
+            .unwrap();
+        assert_eq!(bytes, "made");
     }
 }

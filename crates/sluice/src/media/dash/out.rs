@@ -84,11 +84,12 @@ pub async fn manifest(
 }
 
 /// `/proxy/mpd/out/{number}/{time}/segment.mp4`: the sealed template rendered for the segment
-/// the player names in the path, then served as `segment.mp4` is.
+/// the player names in the path, then served as `segment.mp4` is (`head`: a HEAD request).
 pub async fn template_segment(
     dash: &Dash,
     ctx: &RequestContext,
     rest: &str,
+    head: bool,
 ) -> Result<Response<Body>, ProxyError> {
     let url = template_segment_url(rest, &ctx.query).map_err(|e| {
         ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
@@ -108,5 +109,5 @@ pub async fn template_segment(
     pairs.push(("segment_url".to_owned(), url.to_string()));
     let mut child = ctx.clone();
     child.query = Query::from_pairs(pairs);
-    segment::segment(dash, &child).await
+    segment::segment(dash, &child, head).await
 }

@@ -8,7 +8,7 @@
 //! of starts at 0, which players accept at a segment boundary.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
@@ -26,8 +26,12 @@ use crate::request::RequestContext;
 
 const TS_TYPE: &str = "video/mp2t";
 
-/// `/proxy/mpd/segment.ts`.
-pub async fn segment_ts(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, ProxyError> {
+/// `/proxy/mpd/segment.ts`; `head` for a HEAD request, which fetches nothing ahead.
+pub async fn segment_ts(
+    dash: &Dash,
+    ctx: &RequestContext,
+    head: bool,
+) -> Result<Response<Body>, ProxyError> {
     let req = SegmentRequest::from_query(&ctx.query, true)?;
     let Some(part) = req.segment.clone() else {
         return Err(bad_request("missing required parameter `segment_url`"));
@@ -40,7 +44,9 @@ pub async fn segment_ts(dash: &Dash, ctx: &RequestContext) -> Result<Response<Bo
     let params = params_for(&ctx.query, &part.url)?;
     let headers = upstream_headers(&params)?;
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
-    dash.prefetcher.segment_fetched(&part, &headers);
+    if !head {
+        dash.prefetcher.segment_fetched(&part, &headers);
+    }
     let init = async {
         match &keys {
             Some(keys) => {
@@ -61,12 +67,15 @@ pub async fn segment_ts(dash: &Dash, ctx: &RequestContext) -> Result<Response<Bo
         init: init_part.clone(),
         keys: keys.clone().unwrap_or_default(),
     };
+    let counters = Arc::clone(&dash.ts_counters);
+    let (decrypt_seconds, remux_seconds) =
+        (dash.decrypt_seconds.clone(), dash.remux_seconds.clone());
     let ts = dash
         .ts
-        .get_or_decrypt(key, || {
+        .get_or_decrypt(key, move || {
             let media = match (&keys, &info) {
                 (Some(keys), Some(info)) if info.is_protected() => {
-                    decrypt(dash, &media, info, keys)?
+                    decrypt(&decrypt_seconds, &media, info, keys)?
                 }
                 _ => media,
             };
@@ -74,13 +83,13 @@ pub async fn segment_ts(dash: &Dash, ctx: &RequestContext) -> Result<Response<Bo
             let remuxer = Remuxer::new(&init).map_err(remux_error)?;
             let span = remuxer.span(&media).map_err(remux_error)?;
             let mut state = span
-                .and_then(|s| dash.ts_counters.take(&init_part, s.start))
+                .and_then(|s| counters.take(&init_part, s.start))
                 .unwrap_or_default();
             let ts = remuxer.segment(&media, &mut state).map_err(remux_error)?;
             if let Some(span) = span {
-                dash.ts_counters.put(&init_part, span.end, state);
+                counters.put(&init_part, span.end, state);
             }
-            dash.remux_seconds.observe(start.elapsed().as_secs_f64());
+            remux_seconds.observe(start.elapsed().as_secs_f64());
             Ok(bytes::Bytes::from(ts))
         })
         .await?;

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response, StatusCode};
+use prometheus_client::metrics::histogram::Histogram;
 use sluice_media::cenc::{decrypt_segment, rewrite_init, CencError, InitInfo};
 use sluice_media::dash::proxy::{self, Part, SegmentRequest};
 use sluice_media::keys::KeyRing;
@@ -18,8 +19,12 @@ use crate::error::{ProxyError, Side};
 use crate::media::cache::{request_key, CacheKind};
 use crate::request::RequestContext;
 
-/// `/proxy/mpd/segment.mp4`.
-pub async fn segment(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, ProxyError> {
+/// `/proxy/mpd/segment.mp4`; `head` for a HEAD request, which fetches nothing ahead.
+pub async fn segment(
+    dash: &Dash,
+    ctx: &RequestContext,
+    head: bool,
+) -> Result<Response<Body>, ProxyError> {
     let req = SegmentRequest::from_query(&ctx.query, true)?;
     let Some(part) = req.segment.clone() else {
         return Err(bad_request("missing required parameter `segment_url`"));
@@ -27,8 +32,10 @@ pub async fn segment(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>
     let params = params_for(&ctx.query, &part.url)?;
     let headers = upstream_headers(&params)?;
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
-    // Start fetching what follows before waiting for this one.
-    dash.prefetcher.segment_fetched(&part, &headers);
+    // Start fetching what follows before waiting for this one; a HEAD is not playback.
+    if !head {
+        dash.prefetcher.segment_fetched(&part, &headers);
+    }
     let init = async {
         match (&req.init, &keys) {
             (Some(init), Some(keys)) => {
@@ -50,8 +57,9 @@ pub async fn segment(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>
                 init: req.init.clone().unwrap_or_else(|| part.clone()),
                 keys: keys.clone(),
             };
+            let (seconds, info, keys) = (dash.decrypt_seconds.clone(), info.clone(), keys.clone());
             dash.clear
-                .get_or_decrypt(key, || decrypt(dash, &media, info, keys))
+                .get_or_decrypt(key, move || decrypt(&seconds, &media, &info, &keys))
                 .await?
         }
         _ => media,
@@ -129,8 +137,10 @@ pub(super) async fn clear_init(
     Ok((clear.into(), info))
 }
 
+/// Decrypts every `moof`/`mdat` pair of `media`, timed into `seconds`. CPU work: callers run it
+/// through [`super::clear::ClearSegments`], which keeps it off the runtime's workers.
 pub(super) fn decrypt(
-    dash: &Dash,
+    seconds: &Histogram,
     media: &[u8],
     info: &InitInfo,
     keys: &KeyRing,
@@ -145,7 +155,7 @@ pub(super) fn decrypt(
             format!("the segment cannot be decrypted: {other}"),
         ),
     })?;
-    dash.decrypt_seconds.observe(start.elapsed().as_secs_f64());
+    seconds.observe(start.elapsed().as_secs_f64());
     Ok(Bytes::from(clear))
 }
 
