@@ -229,6 +229,9 @@ impl std::fmt::Display for KeysNeeded {
     }
 }
 
+/// KIDs and licence URLs named at most in a [`KeysNeeded`].
+const MAX_NAMED: usize = 16;
+
 /// `Some` when the MPD has a protected track and the request carries no key.
 pub fn keys_needed(mpd: &Mpd, keys: Option<&KeyRing>) -> Option<KeysNeeded> {
     if keys.is_some() {
@@ -238,17 +241,26 @@ pub fn keys_needed(mpd: &Mpd, keys: Option<&KeyRing>) -> Option<KeysNeeded> {
         kids: Vec::new(),
         license_urls: Vec::new(),
     };
+    // Distinct values, each looked up once (a hostile MPD may name thousands), and at most
+    // `MAX_NAMED` of each in the message, which goes back to the client.
+    let mut seen_kids = std::collections::HashSet::new();
+    let mut seen_urls = std::collections::HashSet::new();
     let mut protected = false;
     for (_, _, rep) in mpd.representations().filter(|(_, _, r)| r.is_protected()) {
         protected = true;
         for kid in rep.key_ids() {
-            if !needed.kids.contains(&kid) {
+            if needed.kids.len() < MAX_NAMED && seen_kids.insert(kid.clone()) {
                 needed.kids.push(kid);
             }
         }
-        for url in rep.protection.iter().filter_map(|p| p.license_url.clone()) {
-            if !needed.license_urls.contains(&url) {
-                needed.license_urls.push(super::shorten(&url));
+        for url in rep
+            .protection
+            .iter()
+            .filter_map(|p| p.license_url.as_deref())
+        {
+            let short = super::shorten(url);
+            if needed.license_urls.len() < MAX_NAMED && seen_urls.insert(short.clone()) {
+                needed.license_urls.push(short);
             }
         }
     }

@@ -649,6 +649,38 @@ fn protected_set_reports_kid_and_licence() {
     assert!(audio.key_ids().is_empty());
 }
 
+/// An MPD naming many KIDs and one long licence URL over and over: the keys-needed message
+/// names each at most once and at most 16 of them (it goes back to the client), and each value
+/// is looked up once. The URL is compared as it is named (shortened): it was compared whole,
+/// so a long one was listed once per Representation.
+#[test]
+fn keys_needed_names_distinct_values_and_a_few_of_them() {
+    let url = format!("https://lic.example/{}", "k".repeat(300));
+    let mut sets = String::new();
+    for i in 0..200 {
+        sets.push_str(&format!(
+            r#"<AdaptationSet mimeType="video/mp4">
+            <ContentProtection schemeIdUri="urn:mpeg:dash:mp4protection:2011" value="cenc"
+                cenc:default_KID="00000000-0000-0000-0000-{i:012}"/>
+            <ContentProtection schemeIdUri="urn:uuid:e2719d58-a985-b3c9-781a-b030af78d30e">
+              <clearkey:Laurl Lic_type="EME-1.0">{url}</clearkey:Laurl>
+            </ContentProtection>
+            <SegmentTemplate duration="2" media="$Number$.m4s"/>
+            <Representation id="v{i}" bandwidth="{i}"/></AdaptationSet>"#
+        ));
+    }
+    let mpd = parse(&format!(
+        r#"<MPD xmlns:cenc="urn:mpeg:cenc:2013" xmlns:clearkey="http://dashif.org/guidelines/clearKey"
+             mediaPresentationDuration="PT2S"><Period>{sets}</Period></MPD>"#
+    ));
+    let needed = proxy::keys_needed(&mpd, None).unwrap();
+    assert_eq!(needed.kids.len(), 16);
+    assert_eq!(needed.kids[0], "00000000000000000000000000000000");
+    assert_eq!(needed.kids[15], "00000000000000000000000000000015");
+    assert_eq!(needed.license_urls.len(), 1);
+    assert!(needed.license_urls[0].ends_with('…'));
+}
+
 #[test]
 fn representation_attributes_inherit_from_the_set() {
     let mpd = parse(
