@@ -16,7 +16,13 @@
 //!
 //! Each proxied entry grows from a short line into a proxy URL (a sealed token, when the caller
 //! has a password), so the merge is bounded by [`Limits`]: entry URLs over all sources, counted as
-//! they are parsed, and output bytes, checked as each line is written.
+//! they are parsed, and output bytes, checked as each line is written. Every other line costs a
+//! parsed item too, so lines over all sources are bounded as well ([`LINES_PER_ENTRY`] per entry
+//! allowed), counted before each line is looked at.
+//!
+//! A source that could not be fetched becomes a comment naming it by its position in `d` only:
+//! the merged list goes to players that may never have been shown the source URLs (a sealed
+//! `/playlist/link` token), and a URL may carry credentials.
 
 mod options;
 
@@ -26,6 +32,12 @@ use options::Options;
 
 /// Most sources one request may merge.
 pub const MAX_SOURCES: usize = 16;
+
+/// Non-blank lines allowed per entry of [`Limits::max_entries`], over all sources together. A
+/// real channel has a handful (`#EXTINF`, a group, a few options, its URL); without this bound a
+/// source of bare `#` lines would cost a parsed item (32 bytes) per 2 input bytes without ever
+/// reaching the entry bound.
+pub const LINES_PER_ENTRY: usize = 16;
 
 /// One source of the merged list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +147,8 @@ pub struct ProxyTarget {
     pub params: Vec<(String, String)>,
 }
 
-/// One source as fetched: its text, or why it could not be had (shown as a comment).
+/// One source as fetched: its text, or why it could not be had (shown as a comment). The reason
+/// should not name the source; its URL and host are taken out of it anyway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fetched {
     Text(String),
@@ -168,25 +181,27 @@ impl Limits {
 pub enum MergeError {
     #[error("the playlists list more than {max} entries together")]
     TooManyEntries { max: usize },
+    #[error("the playlists hold more than {max} lines together")]
+    TooManyLines { max: usize },
     #[error("the merged playlist would be over {max} bytes")]
     OutputTooLarge { max: usize },
 }
 
 /// Merges the fetched sources (in the order of `sources`) into one M3U list. `link` turns a
 /// proxied entry into the URL written in its place. Stops at the first bound of `limits` passed:
-/// parsing once the sources hold more entries than allowed (before any `link`), writing once the
-/// output would grow past its bound.
+/// parsing once the sources hold more entries, or more lines, than allowed (before any `link`),
+/// writing once the output would grow past its bound.
 pub fn merge(
     sources: &[Source],
     fetched: &[Fetched],
     limits: Limits,
     link: &mut dyn FnMut(&ProxyTarget) -> String,
 ) -> Result<String, MergeError> {
-    let mut entries = 0;
+    let mut budget = Budget::new(limits.max_entries);
     let parsed: Vec<Option<Parsed<'_>>> = fetched
         .iter()
         .map(|f| match f {
-            Fetched::Text(text) => parse(text, &mut entries, limits.max_entries).map(Some),
+            Fetched::Text(text) => parse(text, &mut budget).map(Some),
             Fetched::Failed(_) => Ok(None),
         })
         .collect::<Result<_, _>>()?;
@@ -222,7 +237,8 @@ pub fn merge(
     for (i, (source, f)) in sources.iter().zip(fetched).enumerate() {
         match (f, &parsed[i]) {
             (Fetched::Failed(why), _) => {
-                out.push_line(&format!("# ERROR playlist {}: {}", i + 1, one_line(why)))?;
+                let why = one_line(&unnamed(why, &source.url));
+                out.push_line(&format!("# ERROR playlist {}: {why}", i + 1))?;
             }
             (Fetched::Text(_), Some(p)) if !source.sort => {
                 for item in &p.items {
@@ -257,6 +273,43 @@ fn fetched_len(f: &Fetched) -> usize {
         Fetched::Text(t) => t.len(),
         Fetched::Failed(w) => w.len(),
     }
+}
+
+/// `why` with the source's URL (with and without credentials), credentials and host taken out,
+/// in case the caller's reason names them. The host only where it stands alone as a name (`p` in
+/// `upstream` is not the host `p`).
+fn unnamed(why: &str, url: &Url) -> String {
+    const NAMED: &str = "(the source)";
+    let mut bare = url.clone();
+    let _ = bare.set_username("");
+    let _ = bare.set_password(None);
+    let user = url.username();
+    let credentials = [
+        url.password().map(|p| format!("{user}:{p}@")),
+        (!user.is_empty()).then(|| format!("{user}@")),
+    ];
+    let mut out = why
+        .replace(url.as_str(), NAMED)
+        .replace(bare.as_str(), NAMED);
+    for c in credentials.iter().flatten() {
+        out = out.replace(c.as_str(), "");
+    }
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+        return out;
+    };
+    let in_name =
+        |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+    let mut from = 0;
+    while let Some(at) = out[from..].find(host).map(|i| i + from) {
+        let end = at + host.len();
+        if in_name(out[..at].chars().next_back()) || in_name(out[end..].chars().next()) {
+            from = end;
+            continue;
+        }
+        out.replace_range(at..end, NAMED);
+        from = at + NAMED.len();
+    }
+    out
 }
 
 fn one_line(s: &str) -> String {
@@ -364,9 +417,48 @@ fn is_tag(line: &str, tag: &str) -> bool {
     strip_prefix_ci(line, tag).is_some()
 }
 
-/// Parses one source; `entries` counts the entry URLs of every source so far, and passing `max`
-/// stops the parse there.
-fn parse<'a>(text: &'a str, entries: &mut usize, max: usize) -> Result<Parsed<'a>, MergeError> {
+/// What is left of a merge's entry and line bounds, over every source parsed so far.
+struct Budget {
+    entries: usize,
+    max_entries: usize,
+    lines: usize,
+    max_lines: usize,
+}
+
+impl Budget {
+    fn new(max_entries: usize) -> Self {
+        Budget {
+            entries: 0,
+            max_entries,
+            lines: 0,
+            max_lines: max_entries.saturating_mul(LINES_PER_ENTRY),
+        }
+    }
+
+    fn line(&mut self) -> Result<(), MergeError> {
+        self.lines += 1;
+        match self.lines > self.max_lines {
+            true => Err(MergeError::TooManyLines {
+                max: self.max_lines,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    fn entry(&mut self) -> Result<(), MergeError> {
+        self.entries += 1;
+        match self.entries > self.max_entries {
+            true => Err(MergeError::TooManyEntries {
+                max: self.max_entries,
+            }),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Parses one source; `budget` counts the lines and entry URLs of every source so far, and
+/// passing either bound stops the parse there, before the line costs anything.
+fn parse<'a>(text: &'a str, budget: &mut Budget) -> Result<Parsed<'a>, MergeError> {
     let mut header = None;
     let mut items = Vec::new();
     let mut options = Options::default();
@@ -375,6 +467,7 @@ fn parse<'a>(text: &'a str, entries: &mut usize, max: usize) -> Result<Parsed<'a
         if line.is_empty() {
             continue;
         }
+        budget.line()?;
         if is_tag(line, "#EXTM3U") {
             header.get_or_insert(line);
             continue;
@@ -392,10 +485,7 @@ fn parse<'a>(text: &'a str, entries: &mut usize, max: usize) -> Result<Parsed<'a
                 items.push(Item::Line(line));
             }
         } else if !line.starts_with('#') && is_http(line) {
-            *entries += 1;
-            if *entries > max {
-                return Err(MergeError::TooManyEntries { max });
-            }
+            budget.entry()?;
             items.push(Item::Url {
                 line,
                 options: Box::new(std::mem::take(&mut options)),

@@ -95,9 +95,32 @@ impl HlsOrigin {
                                         .unwrap()
                                         .parse()
                                         .unwrap();
-                                    Response::builder()
-                                        .header("content-type", "video/mp2t")
-                                        .body(full(segment_bytes(i)))
+                                    let bytes = segment_bytes(i);
+                                    // `bytes=a-b` is answered as asked (a 206).
+                                    let range = req
+                                        .headers()
+                                        .get("range")
+                                        .and_then(|v| v.to_str().ok()?.strip_prefix("bytes="))
+                                        .and_then(|r| r.split_once('-'))
+                                        .and_then(|(a, b)| {
+                                            Some((
+                                                a.parse::<usize>().ok()?,
+                                                b.parse::<usize>().ok()?,
+                                            ))
+                                        });
+                                    match range.map(|(a, b)| (a, b.min(bytes.len() - 1))) {
+                                        Some((a, b)) => Response::builder()
+                                            .status(206)
+                                            .header("content-type", "video/mp2t")
+                                            .header(
+                                                "content-range",
+                                                format!("bytes {a}-{b}/{}", bytes.len()),
+                                            )
+                                            .body(full(bytes.slice(a..=b))),
+                                        None => Response::builder()
+                                            .header("content-type", "video/mp2t")
+                                            .body(full(bytes)),
+                                    }
                                 }
                                 _ => Response::builder().status(404).body(full(Bytes::new())),
                             };
@@ -254,6 +277,22 @@ async fn without_the_cache_nothing_is_fetched_ahead() {
 }
 
 #[tokio::test]
+async fn without_the_cache_a_segment_streams_past_the_segment_bound() {
+    let origin = HlsOrigin::start().await;
+    let mut config = test_config();
+    config.media.cache = false;
+    config.media.prefetch_segments = 3;
+    // Below every segment's size: a bound for bytes held whole, which a pipe never does.
+    config.media.max_segment_bytes = 100_000;
+    let s = Sluice::start(config).await;
+    let urls = playlist(&s, &origin, "/vod/index.m3u8").await;
+    let r = get(&urls[2]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(2)));
+    assert_eq!(origin.segment_requests(), 1);
+}
+
+#[tokio::test]
 async fn a_head_of_a_playlist_warms_nothing() {
     let origin = HlsOrigin::start().await;
     let s = start(3).await;
@@ -288,4 +327,34 @@ async fn fetches_ahead_are_bounded_for_the_whole_process() {
         1
     );
     assert_eq!(origin.count(&format!("/big/seg{MAX_BACKGROUND}.ts")), 0);
+}
+
+#[tokio::test]
+async fn a_segment_request_that_bypasses_the_cache_fetches_nothing_ahead() {
+    let origin = HlsOrigin::start().await;
+    let mut config = test_config();
+    config.media.prebuffer_segments = 0;
+    config.media.prefetch_segments = 2;
+    let s = Sluice::start(config).await;
+    let urls = playlist(&s, &origin, "/vod/index.m3u8").await;
+    // The client's own Range goes upstream (`h_range`): the origin's 206 is relayed as it is
+    // (it was read through the prefetcher and served as a 200 of 100 bytes), and nothing is
+    // fetched ahead with its headers (those fetches would go around the cache).
+    let r = get(&format!("{}&h_range=bytes%3D0-99", urls[0])).await;
+    assert_eq!(r.status, 206);
+    let whole = segment_bytes(0);
+    assert_eq!(
+        r.headers["content-range"],
+        format!("bytes 0-99/{}", whole.len()).as_str()
+    );
+    assert_eq!(r.body.unwrap(), whole.slice(0..100));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.count("/vod/seg0.ts"), 1);
+    assert_eq!(origin.segment_requests(), 1);
+    // A plain request of the next segment does fetch the two after it.
+    let r = get(&urls[1]).await;
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(1)));
+    assert!(origin.wait_for("/vod/seg2.ts").await);
+    assert!(origin.wait_for("/vod/seg3.ts").await);
+    assert_eq!(origin.count("/vod/seg4.ts"), 0);
 }

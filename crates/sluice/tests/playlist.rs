@@ -567,6 +567,58 @@ async fn pages_are_embedded_and_locked_down() {
 }
 
 #[tokio::test]
+async fn a_failed_source_is_named_by_its_position_not_its_host_or_password() {
+    let o = origin().await;
+    let s = Sluice::start(config(PW, true)).await;
+    // A port nobody listens on, by a host name, with credentials in the URL.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("http://merge-user:hunter2-secret@localhost:{closed}/get.php?type=m3u");
+    let ask = |d: String| {
+        let url = s.url(&format!(
+            "/playlist/playlist?d={}&api_password={PW}",
+            enc(&d)
+        ));
+        async move { get(&url).await }
+    };
+    let r = ask(format!("{};{dead}", o.url("/c.m3u"))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let list = text(&r);
+    let named = |answer: &str| {
+        ["localhost", "hunter2-secret", "merge-user", "get.php"]
+            .into_iter()
+            .find(|secret| answer.contains(secret))
+    };
+    assert_eq!(named(&list), None, "{list}");
+    assert_eq!(
+        list,
+        "#EXTM3U\n#EXTINF:-1,mike\n\
+         <sealed>\n\
+         # ERROR playlist 2: the source refused or dropped the connection\n"
+            .replace(
+                "<sealed>",
+                list.lines()
+                    .nth(2)
+                    .filter(|l| l.contains("/_token_"))
+                    .unwrap()
+            )
+    );
+    // Every source dead: the 502 names none either.
+    let r = ask(dead.clone()).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let body = text(&r);
+    assert_eq!(named(&body), None, "{body}");
+    assert!(
+        body.contains("playlist 1: the source refused or dropped the connection"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn merged_lists_over_the_entry_bound_are_refused_as_the_sources_fault() {
     let o = origin().await;
     let mut c = config(PW, true);

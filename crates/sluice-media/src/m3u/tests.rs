@@ -164,6 +164,68 @@ http://sluice:8888/proxy/hls/manifest.m3u8?d=http%3A%2F%2Fb%2Fb.m3u8\n"
 }
 
 #[test]
+fn a_failed_source_is_named_by_its_position_only() {
+    let url = "http://merge-user:hunter2-secret@tv.example.net:8080/get.php?type=m3u";
+    let sources = parse_sources(&format!("http://p/a.m3u;{url}")).unwrap();
+    // A careless reason that names the URL, the credentials and the host.
+    let why = format!(
+        "cannot connect to tv.example.net:8080 (merge-user:hunter2-secret@tv.example.net), \
+         fetching {url}; upstream answered 404"
+    );
+    let fetched = vec![
+        Fetched::Text("#EXTM3U\n#EXTINF:-1,A\nhttp://a/a.m3u8\n".into()),
+        Fetched::Failed(why),
+    ];
+    let out = merge(&sources, &fetched, Limits::new(1000, &fetched), &mut plain).unwrap();
+    for secret in ["tv.example.net", "hunter2-secret", "merge-user", "get.php"] {
+        assert!(!out.contains(secret), "{secret} in {out}");
+    }
+    assert!(
+        out.ends_with(
+            "# ERROR playlist 2: cannot connect to (the source):8080 ((the source)), fetching \
+             (the source); upstream answered 404\n"
+        ),
+        "{out}"
+    );
+    // A host that is part of another word is left alone: host `p` against `upstream`.
+    assert_eq!(
+        unnamed(
+            "upstream p answered 404 for http://p/a.m3u",
+            &sources[0].url
+        ),
+        "upstream (the source) answered 404 for (the source)"
+    );
+}
+
+#[test]
+fn lines_are_bounded_before_they_are_parsed() {
+    let sources = parse_sources("http://p/a;http://p/b").unwrap();
+    let max = 10 * LINES_PER_ENTRY;
+    // Ten channels and comment lines up to the bound over both sources: merged.
+    let comments = |n: usize| "#\n".repeat(n);
+    let fetched = vec![
+        Fetched::Text(format!("#EXTM3U\n{}", channels(0, 10))),
+        Fetched::Text(comments(max - 21)),
+    ];
+    let out = merge(&sources, &fetched, Limits::new(10, &fetched), &mut plain).unwrap();
+    assert_eq!(out.lines().filter(|l| *l == "#").count(), max - 21);
+    // One line more, and a hostile source of bare `#` lines far over it: refused, though neither
+    // passes the entry bound.
+    for n in [max - 20, 1_000_000] {
+        let fetched = vec![
+            Fetched::Text(format!("#EXTM3U\n{}", channels(0, 10))),
+            Fetched::Text(comments(n)),
+        ];
+        let got = merge(&sources, &fetched, Limits::new(10, &fetched), &mut plain);
+        assert_eq!(
+            got.map(|out| out.len()),
+            Err(MergeError::TooManyLines { max }),
+            "{n}"
+        );
+    }
+}
+
+#[test]
 fn a_lower_case_header_is_written_as_players_expect() {
     // Found by the m3u_merge fuzz target.
     let out = merged(

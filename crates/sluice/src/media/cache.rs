@@ -50,6 +50,12 @@ const NOT_CACHEABLE_WITH: [HeaderName; 6] = [
     header::IF_UNMODIFIED_SINCE,
 ];
 
+/// Whether a fetch with `headers` goes around the cache: the user's own `Range` or conditional
+/// (`h_range`, `h_if-*`) makes the origin's answer not the object the key names.
+pub fn bypasses(headers: &HeaderMap) -> bool {
+    NOT_CACHEABLE_WITH.iter().any(|h| headers.contains_key(h))
+}
+
 /// What a fetch is for: picks the default lifetime and labels the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CacheKind {
@@ -218,7 +224,7 @@ impl MediaCache {
         max_age: Option<u64>,
     ) -> Result<Fetched, ProxyError> {
         let cache = match &self.cache {
-            Some(c) if !NOT_CACHEABLE_WITH.iter().any(|h| headers.contains_key(h)) => c,
+            Some(c) if !bypasses(headers) => c,
             _ => {
                 self.metrics.count(kind, None);
                 return fetch_direct(&self.upstream, kind, part, headers, limit).await;

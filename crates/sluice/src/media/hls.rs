@@ -53,7 +53,9 @@ pub async fn handle(
 /// (an `r_content-type` still wins). A whole-segment GET of a playlist we rewrote goes through
 /// the prefetcher instead: served from the cache or a fetch in flight, and the next segments are
 /// fetched ahead with the same upstream headers, unless the host is paced (`ratelimit`), where
-/// fetching ahead would break the pacing. `transformer` applies to either path.
+/// fetching ahead would break the pacing, or there is no media cache, where the prefetcher would
+/// only read the whole segment into memory before sending a byte. `transformer` applies to either
+/// path.
 async fn segment(
     media: &Media,
     req: &Request<Incoming>,
@@ -94,13 +96,20 @@ async fn segment(
     // With a transformer the client's Range names bytes of the output, not of the upstream object.
     let whole_get = req.method() == Method::GET
         && (transformer.is_some() || !req.headers().contains_key(header::RANGE));
-    if !whole_get || !media.prefetcher.knows(&part) || media.pacer.paces(ctx, &params) {
+    let upstream_headers = stream::fetch_request(&params)?.headers;
+    // A user's own `h_range` or `h_if-*` asks the origin for something other than the whole
+    // object: its answer (a 206, a 304) is relayed as it is, not stored or served as a 200.
+    if !whole_get
+        || !media.prefetcher.caches()
+        || super::cache::bypasses(&upstream_headers)
+        || !media.prefetcher.knows(&part)
+        || media.pacer.paces(ctx, &params)
+    {
         return match transformer {
             Some(t) => transform::pipe(&media.upstream, req, &params, t).await,
             None => stream::pipe(&media.upstream, req, &params, content_type).await,
         };
     }
-    let upstream_headers = stream::fetch_request(&params)?.headers;
     let bytes = media
         .prefetcher
         .get_or_fetch(&part, &upstream_headers)

@@ -17,7 +17,7 @@ use crate::auth::token::{self, TokenGate, TokenScope};
 use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
-use crate::upstream::{CollectError, UpstreamRequest};
+use crate::upstream::{CollectError, UpstreamBodyError, UpstreamRequest};
 
 /// The merger's path (MediaFlow's).
 pub const PLAYLIST_PATH: &str = "/playlist/playlist";
@@ -91,18 +91,21 @@ pub async fn serve(
     Ok(resp)
 }
 
-/// Fetches one source; every failure becomes a reason the merged list shows as a comment.
+/// Fetches one source; every failure becomes a reason the merged list shows as a comment (and a
+/// 502 when every source failed). Reasons name no host and no URL: the merged list and the error
+/// go to clients that may never have been shown the sources (a sealed `/playlist/link` token),
+/// and a source URL may carry credentials; the merge names the source by its position.
 async fn fetch(media: &Media, source: &Source) -> Fetched {
     let limit = media.settings.max_manifest_bytes;
     let work = async {
         let mut req = UpstreamRequest::get(source.url.clone());
         req.headers
             .insert(header::ACCEPT, HeaderValue::from_static("*/*"));
-        let up = media
-            .upstream
-            .send(req)
-            .await
-            .map_err(|e| ProxyError::from_upstream(&e).message)?;
+        let up = media.upstream.send(req).await.map_err(|e| {
+            // The whole message (host included) for the operator's log only.
+            tracing::debug!(error = %e, "a playlist source could not be fetched");
+            not_fetched(ProxyError::from_upstream(&e).kind)
+        })?;
         if !up.status.is_success() {
             return Err(format!("upstream answered {}", up.status));
         }
@@ -115,7 +118,7 @@ async fn fetch(media: &Media, source: &Source) -> Fetched {
             CollectError::TooLarge { .. } => {
                 format!("the playlist is over {limit} bytes (media.max_manifest_bytes)")
             }
-            CollectError::Body(e) => format!("reading the playlist failed: {e}"),
+            CollectError::Body(e) => not_read(&e),
         })?;
         let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_ascii_lowercase();
         if html || head.trim_start().starts_with("<!doctype") || head.contains("<html") {
@@ -130,6 +133,39 @@ async fn fetch(media: &Media, source: &Source) -> Fetched {
             "no complete answer within {} s",
             SOURCE_DEADLINE.as_secs()
         )),
+    }
+}
+
+/// Why a source's request failed, by the error's kind: its message names the host.
+fn not_fetched(kind: &str) -> String {
+    let why = match kind {
+        "upstream_not_allowed" => "the source's address is not allowed (upstream guard)",
+        "redirect_not_allowed" => "a redirect led to an address that is not allowed",
+        "dns" => "the source's host name did not resolve",
+        "connect_timeout" => "connecting to the source timed out",
+        "connect" => "the source refused or dropped the connection",
+        "tls" => "the TLS handshake with the source failed",
+        "outgoing_proxy" => "the outgoing proxy failed",
+        "header_timeout" => "the source sent no response head in time",
+        "redirect" => "the source redirected too often or to an unusable location",
+        "protocol" => "the HTTP exchange with the source failed",
+        _ => "the request to the source failed",
+    };
+    why.to_string()
+}
+
+/// Why a source's body could not be read, without the host the body error names.
+fn not_read(e: &UpstreamBodyError) -> String {
+    match e {
+        UpstreamBodyError::Idle { secs, .. } => {
+            format!("reading the playlist failed: nothing arrived for {secs} s")
+        }
+        UpstreamBodyError::Deadline { secs, .. } => {
+            format!("reading the playlist failed: not complete within {secs} s")
+        }
+        UpstreamBodyError::Read { .. } => {
+            "reading the playlist failed: the connection broke".to_string()
+        }
     }
 }
 
@@ -247,8 +283,18 @@ pub async fn link(
 /// was never shown it.
 fn too_large(e: MergeError) -> ProxyError {
     let (kind, key) = match e {
-        MergeError::TooManyEntries { .. } => ("too_many_entries", " (media.max_merged_entries)"),
-        MergeError::OutputTooLarge { .. } => ("playlist_rewrite_too_large", ""),
+        MergeError::TooManyEntries { .. } => (
+            "too_many_entries",
+            " (media.max_merged_entries)".to_string(),
+        ),
+        MergeError::TooManyLines { .. } => (
+            "too_many_entries",
+            format!(
+                " ({} lines per entry of media.max_merged_entries)",
+                m3u::LINES_PER_ENTRY
+            ),
+        ),
+        MergeError::OutputTooLarge { .. } => ("playlist_rewrite_too_large", String::new()),
     };
     ProxyError::new(
         crate::error::Side::Upstream,

@@ -11,7 +11,8 @@
 //!
 //! Fetches ahead run on their own, past the request that started them, so they are bounded for
 //! the whole process ([`MAX_BACKGROUND`]) and skipped when no place is free; without the media
-//! cache none start, since their bytes would have nowhere to go.
+//! cache none start, since their bytes would have nowhere to go, nor with headers that send
+//! fetches around it (a client's `h_range` or `h_if-*`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -94,7 +95,8 @@ impl Prefetcher {
         let skipped = Counter::default();
         registry.register(
             "media_prefetches_skipped",
-            "Segments not fetched ahead because MAX_BACKGROUND fetches ahead were running",
+            "Segments not fetched ahead because MAX_BACKGROUND fetches ahead were running, or \
+             because the request's own Range or conditional headers send its fetches around the cache",
             skipped.clone(),
         );
         Arc::new(Prefetcher {
@@ -201,9 +203,15 @@ impl Prefetcher {
 
     /// Fetches `parts` into the cache in the background, each unless cached or in flight already
     /// (the cache's coalescing makes a viewer that asks meanwhile join the fetch). Nothing is
-    /// fetched without the cache, and the parts past the last free place are skipped.
+    /// fetched without the cache, and the parts past the last free place are skipped. Nor is
+    /// anything fetched with headers that bypass the cache (`h_range`, `h_if-*`): those fetches
+    /// would go straight to the origin and their bytes be thrown away.
     pub fn warm(self: &Arc<Self>, parts: Vec<Part>, headers: &HeaderMap) {
         if !self.caches() {
+            return;
+        }
+        if super::cache::bypasses(headers) {
+            self.skipped.inc_by(parts.len() as u64);
             return;
         }
         for part in parts {
