@@ -681,6 +681,73 @@ async fn a_timeshift_channel_is_recorded_and_a_seek_lands_where_asked() {
     assert!(files >= 11, "{files} files");
 }
 
+/// A timeshift segment that has left the memory window is served from its file on disk, read
+/// as it is sent: byte for byte what was recorded, at the length announced, though it is
+/// larger than one read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_timeshift_segment_is_served_from_disk_byte_exact() {
+    use sha2::Digest;
+    require_ffmpeg();
+    let dir = Scratch::new("timeshift-disk");
+    let source = make_source(&dir.path("source.ts"), 12, 25, None);
+    let mut cfg = hls_config(2);
+    // Three segments in memory: the older ones are on disk only.
+    cfg.hls.window = 2;
+    cfg.timeshift.dir = Some(dir.path("shift").to_string_lossy().into_owned());
+    cfg.timeshift.channels = vec!["/rtp/239.255.41.20:5620?iface=lo".into()];
+    let gw = Gateway::start(cfg).await;
+    wait_joined("239.255.41.20", true).await;
+    let sender = Sender::new("239.255.41.20", 5620);
+    send(&sender, &source, 1).await;
+    let base = "/hls/rtp/239.255.41.20:5620";
+    let url = format!("{base}/index.m3u8?iface=lo");
+    let mut listed = None;
+    for _ in 0..300 {
+        let resp = gw.get(&url).await;
+        if resp.status() == 200 {
+            let p = parse_playlist(&read_text(resp).await);
+            if p.segments.len() >= 5 {
+                listed = Some(p);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let p = listed.expect("five segments recorded");
+    let channel_dir = std::fs::read_dir(dir.path("shift"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let sha = |b: &[u8]| format!("{:x}", sha2::Sha256::digest(b));
+    for (_, _, uri) in &p.segments[..2] {
+        let n = uri.split('.').next().unwrap();
+        let on_disk = std::fs::read(channel_dir.join(format!("{n}.ts"))).unwrap();
+        assert!(on_disk.len() > 64 << 10, "{uri}: {} bytes", on_disk.len());
+        let resp = gw.get(&format!("{base}/{uri}")).await;
+        assert_eq!(resp.status(), 200, "{uri}");
+        assert_eq!(resp.headers()["content-type"], "video/mp2t");
+        assert_eq!(
+            resp.headers()["content-length"],
+            on_disk.len().to_string().as_str()
+        );
+        let served = read_bytes(resp, usize::MAX).await;
+        assert_eq!(sha(&served), sha(&on_disk), "{uri}");
+        assert_head(&served, PMT, VIDEO, uri);
+        // HEAD: the length, no body.
+        let resp = head(gw.addr, &format!("{base}/{uri}")).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["content-length"],
+            on_disk.len().to_string().as_str()
+        );
+    }
+    // Past the window: 404 as before.
+    let resp = gw.get(&format!("{base}/999999.ts?iface=lo")).await;
+    assert_eq!(resp.status(), 404);
+}
+
 /// Sends `ts` as RTP over about `secs` seconds (a live sender), from a thread.
 fn send_live(
     group: &'static str,

@@ -14,10 +14,12 @@
 //! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
 //! - `catchup`: the memory of catch-up channels and ended channels, within
 //!   `catchup_total_bytes`.
+//! - `render`: the playlist, written outside the window's lock, once per change.
 
 mod catchup;
 mod fmp4;
 mod parts;
+mod render;
 mod viewers;
 
 pub use fmp4::Container;
@@ -29,7 +31,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use http::{header, Method, Response, StatusCode};
-use sluice_media::segmenter::playlist::{self, Entry, Kind, LowLatency};
+use sluice_media::segmenter::playlist::{self, Entry, Kind};
 use sluice_media::segmenter::{Part, Segment, Segmenter, Settings, CLOCK};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -151,6 +153,10 @@ struct Window {
     gone_ticks: u64,
     /// A catch-up window lost its oldest segments (to `catchup_max_bytes`).
     trimmed: bool,
+    /// Bumped at every change of what the playlist shows.
+    version: u64,
+    /// What the playlist of this version lists, once a request took it.
+    listing: Option<Arc<render::Listing>>,
 }
 
 /// One channel's segmenter output, shared by its HLS viewers.
@@ -171,6 +177,8 @@ pub struct Channel {
     viewers: viewers::Viewers,
     /// Its segments as fMP4, once a viewer asks for them.
     fmp4: fmp4::Converted,
+    /// Its last TS playlist.
+    rendered: render::Rendered,
 }
 
 impl Channel {
@@ -249,6 +257,7 @@ impl Channel {
         let oldest = w.segments.front().map_or(0, |(seq, _)| *seq);
         // What the window holds per segment goes with its segment.
         w.held.forget_before(oldest);
+        w.changed();
         drop(w);
         self.fmp4.add(&stored, oldest);
         // Parts change the playlist too: every change wakes the requests waiting for one.
@@ -262,6 +271,7 @@ impl Channel {
         if w.failure.is_none() {
             w.failure = failure;
         }
+        w.changed();
         drop(w);
         self.changed.send_modify(|n| *n += 0);
     }
@@ -496,6 +506,7 @@ impl Iptv {
             hub: Mutex::new(Some(sub.hub.clone())),
             viewers: viewers::Viewers::default(),
             fmp4: fmp4::Converted::default(),
+            rendered: render::Rendered::default(),
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -691,7 +702,7 @@ impl Iptv {
         if container == Container::Fmp4 {
             channel.want_fmp4();
         }
-        let w = registry::lock(&channel.window);
+        let mut w = registry::lock(&channel.window);
         if let Some(f) = &w.failure {
             return super::text(f.status, &format!("{}\n", f.reason));
         }
@@ -705,56 +716,30 @@ impl Iptv {
                 &format!("no segment of {} yet\n", channel.key.channel()),
             );
         }
+        // The playlist is written once the window is let go (and the fMP4 state is locked
+        // after it: `want_fmp4` takes them the other way round).
+        let listing = w.listing(&self.config.hls, channel.catchup);
+        drop(w);
         if container == Container::Fmp4 {
-            // The fMP4 state is locked after the window is let go (`want_fmp4` takes them the
-            // other way round).
-            let listing = self.listing(channel, &w);
-            let ended = w.ended;
-            drop(w);
-            return match self.fmp4_playlist(channel, listing, ended, query) {
+            return match self.fmp4_playlist(channel, &listing, query) {
                 Ok(text) => playlist_response(text),
                 Err(reason) => super::text(StatusCode::NOT_ACCEPTABLE, &reason),
             };
         }
-        playlist_response(self.live_playlist(channel, &w, query))
+        playlist_response(channel.rendered.get(&self.config.hls, &listing, query))
     }
 
-    /// The playlist of a channel's window (with its parts, for low-latency HLS): live, or for
-    /// a catch-up session every segment so far, as EVENT and then VOD, on the programme's clock.
-    fn live_playlist(&self, channel: &Channel, w: &Window, query: &str) -> String {
-        let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
-        let (entries, gone, kind) = self.listing(channel, w);
-        let parts = if part_target > 0 {
-            w.held.entries(w.next)
-        } else {
-            Vec::new()
-        };
-        playlist::media(
-            playlist::Window {
-                target: self.config.hls.target_duration_secs,
-                discontinuity_sequence: gone,
-                ended: w.ended,
-                query,
-                kind,
-                start_ms: None,
-                low_latency: (part_target > 0).then_some(LowLatency {
-                    part_target,
-                    parts: &parts,
-                }),
-            },
-            &entries,
-        )
-    }
-
-    /// The fMP4 playlist of a channel's window: as [`Iptv::live_playlist`] without parts, from
-    /// the first segment after the last one that has no fMP4 form; `Err` when none has one.
+    /// The fMP4 playlist of a channel's window: as its TS one ([`render::media`]) without
+    /// parts, from the first segment after the last one that has no fMP4 form; `Err` when none
+    /// has one.
     fn fmp4_playlist(
         &self,
         channel: &Channel,
-        (entries, gone, kind): (Vec<Entry>, u64, Kind),
-        ended: bool,
+        listing: &render::Listing,
         query: &str,
     ) -> Result<String, String> {
+        let (entries, gone, kind, ended) =
+            (&listing.entries, listing.gone, listing.kind, listing.ended);
         let sequences: Vec<u64> = entries.iter().map(|e| e.sequence).collect();
         let (skipped, inits) = channel.fmp4.listing(&sequences);
         if inits.is_empty() {
@@ -783,53 +768,6 @@ impl Iptv {
             &entries[skipped..skipped + inits.len()],
             &inits,
         ))
-    }
-
-    /// The window's segments as a playlist lists them, the discontinuities before the first,
-    /// and the playlist type.
-    fn listing(&self, channel: &Channel, w: &Window) -> (Vec<Entry>, u64, Kind) {
-        let part_target = self.config.hls.part_target_ms * CLOCK / 1000;
-        let listed = match channel.catchup {
-            Some(_) => w.segments.len(),
-            None => w.segments.len().min(self.config.hls.window),
-        };
-        let kind = match channel.catchup {
-            Some(_) if w.trimmed => Kind::Live,
-            Some(_) if w.ended => Kind::Vod,
-            Some(_) => Kind::Event,
-            None => Kind::Live,
-        };
-        let mut elapsed = w.gone_ticks;
-        let mut on_clock = |s: &Segment| {
-            let at = channel
-                .catchup
-                .map(|begin| begin + (elapsed * 1000 / CLOCK) as i64);
-            elapsed += s.duration;
-            at
-        };
-        let skipped = w.segments.len() - listed;
-        let gone = w.discontinuities_gone
-            + w.segments
-                .iter()
-                .take(skipped)
-                .map(|(_, s)| u64::from(s.discontinuity))
-                .sum::<u64>();
-        let entries: Vec<Entry> = w
-            .segments
-            .iter()
-            .skip(skipped)
-            .map(|(sequence, s)| Entry {
-                sequence: *sequence,
-                duration: s.duration,
-                discontinuity: s.discontinuity,
-                wall_ms: on_clock(s).or_else(|| {
-                    (part_target > 0)
-                        .then(|| w.held.wall_ms(*sequence))
-                        .flatten()
-                }),
-            })
-            .collect();
-        (entries, gone, kind)
     }
 
     /// A blocking reload (low-latency HLS): the live playlist once it lists segment `msn` (or
@@ -871,7 +809,7 @@ impl Iptv {
             }),
         )
         .await;
-        let w = registry::lock(&channel.window);
+        let mut w = registry::lock(&channel.window);
         if let Some(f) = &w.failure {
             return super::text(f.status, &format!("{}\n", f.reason));
         }
@@ -886,7 +824,10 @@ impl Iptv {
                 ),
             );
         }
-        playlist_response(self.live_playlist(channel, &w, req.uri.query().unwrap_or("")))
+        let listing = w.listing(&self.config.hls, channel.catchup);
+        drop(w);
+        let query = req.uri.query().unwrap_or("");
+        playlist_response(channel.rendered.get(&self.config.hls, &listing, query))
     }
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
@@ -1080,8 +1021,8 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
             .iter()
             .any(|(seq, _)| *seq == n);
         if !held {
-            if let Some(data) = recorder.read(n).await {
-                return segment_response(data);
+            if let Some((body, len)) = recorder.read(n).await {
+                return segment_headers(Response::new(body), len);
             }
         }
     }
@@ -1198,8 +1139,12 @@ fn with_query(req: &http::request::Parts, query: &str) -> http::request::Parts {
 }
 
 fn segment_response(data: bytes::Bytes) -> Response<Body> {
-    let len = data.len();
-    let mut resp = Response::new(body::full(data));
+    let len = data.len() as u64;
+    segment_headers(Response::new(body::full(data)), len)
+}
+
+/// A segment's answer: its body, `len` bytes, with the headers every segment gets.
+fn segment_headers(mut resp: Response<Body>, len: u64) -> Response<Body> {
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, "video/mp2t".parse().unwrap());
     h.insert(header::CONTENT_LENGTH, len.into());
@@ -1207,7 +1152,7 @@ fn segment_response(data: bytes::Bytes) -> Response<Body> {
     resp
 }
 
-fn playlist_response(text: String) -> Response<Body> {
+fn playlist_response(text: impl Into<bytes::Bytes>) -> Response<Body> {
     let mut resp = Response::new(body::full(text));
     let h = resp.headers_mut();
     h.insert(
@@ -1295,6 +1240,7 @@ mod tests {
             hub: Mutex::new(None),
             viewers: viewers::Viewers::default(),
             fmp4: fmp4::Converted::default(),
+            rendered: render::Rendered::default(),
         }
     }
 
@@ -1351,6 +1297,60 @@ mod tests {
         assert_eq!(w.segments.len(), 100);
         assert_eq!(w.held.walls(), 100);
         assert!(w.held.wall_ms(900).is_some() && w.held.wall_ms(899).is_none());
+    }
+
+    /// A playlist is written once per version of its window, byte for byte as before:
+    /// every request for that version gets the same bytes, and the next segment makes a new one.
+    #[test]
+    fn a_playlist_is_written_once_per_window_version() {
+        let config = HlsConfig::default();
+        let begin = 1_700_000_000_000;
+        let c = bare(Some(begin));
+        let four = |n: u64| Segment {
+            duration: 4 * CLOCK,
+            discontinuity: n == 0,
+            ..tiny(n)
+        };
+        let kept = keep(&config, true);
+        c.store(Vec::new(), vec![four(0), four(1)], kept, None);
+        let render = |query: &str| {
+            // Written from the listing taken out of the window, the lock let go.
+            let listing = registry::lock(&c.window).listing(&config, c.catchup);
+            c.rendered.get(&config, &listing, query)
+        };
+        let line = |n: u64| {
+            format!(
+                "#EXT-X-PROGRAM-DATE-TIME:{}\n#EXTINF:4.000,\n{n}.ts?iface=lo\n",
+                playlist::iso8601(begin + 4000 * n as i64)
+            )
+        };
+        let two = format!(
+            "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:4\n#EXT-X-MEDIA-SEQUENCE:0\n\
+             #EXT-X-PLAYLIST-TYPE:EVENT\n#EXT-X-DISCONTINUITY\n{}{}",
+            line(0),
+            line(1)
+        );
+        let first = render("iface=lo");
+        assert_eq!(first, two);
+        // The same version and query: the same bytes, not written again.
+        let again = render("iface=lo");
+        assert_eq!(again.as_ptr(), first.as_ptr());
+        // Another query gets its own.
+        let bare_query = render("");
+        assert!(bare_query.ends_with(b"\n1.ts\n"), "{bare_query:?}");
+        // A segment appended: the next request lists it; what was handed out is unchanged.
+        c.store(Vec::new(), vec![four(2)], kept, None);
+        let three = render("iface=lo");
+        assert_eq!(three, format!("{two}{}", line(2)));
+        assert_ne!(three.as_ptr(), first.as_ptr());
+        assert_eq!(first, two);
+        assert_eq!(render("iface=lo").as_ptr(), three.as_ptr());
+        // Ended: complete, as VOD.
+        c.end(None);
+        let ended = render("iface=lo");
+        let vod = format!("{two}{}#EXT-X-ENDLIST\n", line(2))
+            .replace("#EXT-X-PLAYLIST-TYPE:EVENT", "#EXT-X-PLAYLIST-TYPE:VOD");
+        assert_eq!(ended, vod);
     }
 
     #[test]

@@ -11,10 +11,13 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use bytes::Bytes;
+use futures_util::StreamExt;
 use sluice_media::segmenter::{Segment, CLOCK};
+use tokio::io::AsyncReadExt;
+use tokio_util::io::ReaderStream;
 
 use super::registry;
+use crate::body::{self, Body};
 
 /// `[iptv.timeshift]` in the config file.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -183,8 +186,9 @@ impl Recorder {
         )
     }
 
-    /// Segment `n`, when it is still on disk.
-    pub async fn read(&self, n: u64) -> Option<Bytes> {
+    /// Segment `n` as a body read from its file as it is sent, and its length, when it is still
+    /// on disk: each viewer holds one chunk of it, not a copy of the whole segment.
+    pub async fn read(&self, n: u64) -> Option<(Body, u64)> {
         let held = registry::lock(&self.index)
             .segments
             .iter()
@@ -192,11 +196,24 @@ impl Recorder {
         if !held {
             return None;
         }
-        tokio::fs::read(self.dir.join(format!("{n}.ts")))
+        // Once open, the file stays readable even if the window drops it meanwhile.
+        let file = tokio::fs::File::open(self.dir.join(format!("{n}.ts")))
             .await
-            .ok()
-            .map(Bytes::from)
+            .ok()?;
+        let len = file.metadata().await.ok()?.len();
+        Some((streamed(file, len), len))
     }
+}
+
+/// Bytes read from a segment file at a time.
+const CHUNK: usize = 64 << 10;
+
+/// The first `len` bytes of `file`, in chunks of at most [`CHUNK`] (no more than the length
+/// the answer announces).
+fn streamed(file: tokio::fs::File, len: u64) -> Body {
+    let chunks = ReaderStream::with_capacity(file.take(len), CHUNK)
+        .map(|chunk| chunk.map(http_body::Frame::data));
+    body::boxed(http_body_util::StreamBody::new(chunks))
 }
 
 /// The segments covering `[begin, end)` (Unix milliseconds) and the offset of `begin` in the
@@ -272,6 +289,43 @@ mod tests {
         // Before the window, or after its end.
         assert!(range(&segs, 9_999, None).is_none());
         assert!(range(&segs, 40_000, None).is_none());
+    }
+
+    /// A recorded segment is served from its file a chunk at a time, byte for byte and to the
+    /// length announced, even when the window drops it while it is being sent.
+    #[tokio::test]
+    async fn a_recorded_segment_is_streamed_in_bounded_chunks() {
+        use http_body_util::BodyExt;
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::open(dir.path().join("ch"), 30, 300_000).unwrap();
+        let segment = |n: u64| Segment {
+            data: (0..200_000u32)
+                .map(|i| (i.wrapping_mul(7) ^ n as u32) as u8)
+                .collect(),
+            duration: 2 * CLOCK,
+            keyframe: true,
+            discontinuity: false,
+            start: n * 2 * CLOCK,
+            number: n,
+        };
+        let five = segment(5);
+        recorder.keep(5, &five, 10_000).await;
+        assert!(recorder.read(4).await.is_none());
+        let (mut body, len) = recorder.read(5).await.unwrap();
+        assert_eq!(len, 200_000);
+        // Segment 6 pushes 5 out of the window (300,000 bytes) and off the disk.
+        recorder.keep(6, &segment(6), 12_000).await;
+        assert!(recorder.read(5).await.is_none());
+        let mut got = Vec::new();
+        let mut frames = 0;
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            assert!(data.len() <= CHUNK, "{} bytes at once", data.len());
+            got.extend_from_slice(&data);
+            frames += 1;
+        }
+        assert_eq!(got, five.data);
+        assert!(frames > 200_000 / CHUNK, "{frames} chunks");
     }
 
     #[test]
