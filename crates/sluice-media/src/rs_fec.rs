@@ -427,6 +427,19 @@ pub struct Round {
     pub rebuilt: Vec<Rebuilt>,
     /// Lost packets given up on: their block was evicted or could not be decoded.
     pub unrecoverable: u64,
+    /// Blocks closed without a decode because the caller's budget refused it
+    /// (`Recovery::repair_within`); their losses are not in `unrecoverable`.
+    pub over_budget: u64,
+}
+
+/// What decoding a block with `lost` losses costs, in units of about a nanosecond of one
+/// core (measured in a release build on x86-64: a block of 250 packets with 5 losses took
+/// 28 ms, one of 10 with 1 loss 21 µs). The k × k inversion (O(k³)) is charged twice, as a
+/// block of a new shape also builds its code's matrix (as costly again): charged always, so a
+/// sender alternating shapes gains nothing. Then one pass over the block per lost packet.
+pub fn decode_cost(header: &RsHeader, lost: usize) -> u64 {
+    let k = header.k() as u64;
+    2 * k * k * k + (lost as u64 + 1) * k * u64::from(header.rtp_len)
 }
 
 /// One block's parity as received so far.
@@ -540,6 +553,12 @@ impl Recovery {
     /// Tries every open block: a whole one is closed, one with enough parity is decoded and
     /// closed, one too old is given up. Rebuilt packets are remembered as media.
     pub fn repair(&mut self) -> Round {
+        self.repair_within(|_| true)
+    }
+
+    /// As `repair`, but each decode is first offered to `allow` with its cost
+    /// (`decode_cost`); a block it refuses is closed unrepaired (`Round::over_budget`).
+    pub fn repair_within(&mut self, mut allow: impl FnMut(u64) -> bool) -> Round {
         let mut round = Round::default();
         let mut keep = Vec::with_capacity(self.blocks.len());
         for block in std::mem::take(&mut self.blocks) {
@@ -561,6 +580,10 @@ impl Recovery {
                 } else {
                     keep.push(block);
                 }
+                continue;
+            }
+            if !allow(decode_cost(&h, lost.len())) {
+                round.over_budget += 1;
                 continue;
             }
             match self.decode(&block) {

@@ -931,8 +931,8 @@ async fn refused_sessions_leave_no_series_and_labels_are_escaped() {
         !text.contains("refused-"),
         "refused hubs left series:\n{text}"
     );
-    // The held hub's 16 series are still there, escaped.
-    assert_eq!(text.matches(&escaped).count(), 16, "{text}");
+    // The held hub's 17 series are still there, escaped.
+    assert_eq!(text.matches(&escaped).count(), 17, "{text}");
     assert_valid_exposition(&text);
 }
 
@@ -1247,27 +1247,60 @@ async fn interleaved_frames_beyond_max_datagram_bytes_are_dropped() {
 }
 
 /// A scripted RTSP server for the session-place tests: answers each request `delay` after it
-/// arrives (TEARDOWN never) and, once playing, sends a TS datagram every 20 ms. It logs each
-/// request line as it arrives and counts the connections open now.
+/// arrives (PLAY and TEARDOWN as its `Script` says) and, once playing, sends a TS datagram
+/// every 20 ms. It logs each request line as it arrives, the session each SETUP was given
+/// and each TEARDOWN named, and counts the connections open now.
 struct PacedServer {
     port: u16,
     requests: Arc<Mutex<Vec<String>>>,
+    /// `(URL, Session header)` of each SETUP answered and each TEARDOWN received.
+    sessions: Arc<Mutex<Sessions>>,
     open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[derive(Default)]
+struct Sessions {
+    set_up: Vec<(String, String)>,
+    torn_down: Vec<(String, String)>,
+}
+
+/// How a `PacedServer` answers.
+#[derive(Clone, Copy)]
+struct Script {
+    delay: Duration,
+    /// PLAY's status; `None`: never answered.
+    play: Option<u16>,
+    /// Whether TEARDOWN is answered.
+    teardown: bool,
 }
 
 impl PacedServer {
     async fn start(delay: Duration) -> PacedServer {
+        Self::scripted(Script {
+            delay,
+            play: Some(200),
+            teardown: false,
+        })
+        .await
+    }
+
+    async fn scripted(script: Script) -> PacedServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let sessions = Arc::new(Mutex::new(Sessions::default()));
         let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (log, count) = (requests.clone(), open.clone());
+        let (log, seen, count) = (requests.clone(), sessions.clone(), open.clone());
         tokio::spawn(async move {
+            let mut id = 0;
             while let Ok((tcp, _)) = listener.accept().await {
-                let (log, count) = (log.clone(), count.clone());
+                let (log, seen, count) = (log.clone(), seen.clone(), count.clone());
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // A session id of its own per connection.
+                id += 1;
+                let session = format!("{}{id}", 4200 + port);
                 tokio::spawn(async move {
-                    paced_session(tcp, delay, log).await;
+                    paced_session(tcp, script, session, log, seen).await;
                     count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 });
             }
@@ -1275,6 +1308,7 @@ impl PacedServer {
         PacedServer {
             port,
             requests,
+            sessions,
             open,
         }
     }
@@ -1293,7 +1327,13 @@ impl PacedServer {
     }
 }
 
-async fn paced_session(tcp: TcpStream, delay: Duration, log: Arc<Mutex<Vec<String>>>) {
+async fn paced_session(
+    tcp: TcpStream,
+    script: Script,
+    session: String,
+    log: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Sessions>>,
+) {
     let (mut rd, mut wr) = tcp.into_split();
     let payload = iptv_support::ts_datagrams(1, 0x100, None).remove(0);
     let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -1304,18 +1344,29 @@ async fn paced_session(tcp: TcpStream, delay: Duration, log: Arc<Mutex<Vec<Strin
             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
             buf.drain(..end + 4);
             let line = head.lines().next().unwrap_or("");
-            log.lock()
-                .unwrap()
-                .push(line.trim_end_matches(" RTSP/1.0").to_string());
+            let line = line.trim_end_matches(" RTSP/1.0").to_string();
+            log.lock().unwrap().push(line.clone());
+            let field = |name: &str| {
+                head.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let url = line.split(' ').nth(1).unwrap_or_default().to_string();
             if head.starts_with("TEARDOWN") {
+                seen.lock()
+                    .unwrap()
+                    .torn_down
+                    .push((url.clone(), field("Session: ")));
+                if !script.teardown {
+                    continue;
+                }
+            }
+            if head.starts_with("PLAY") && script.play.is_none() {
                 continue;
             }
-            tokio::time::sleep(delay).await;
-            let cseq = head
-                .lines()
-                .find_map(|l| l.strip_prefix("CSeq: "))
-                .unwrap_or("0")
-                .to_string();
+            tokio::time::sleep(script.delay).await;
+            let cseq = field("CSeq: ");
             let sdp = "v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 33\r\na=control:track1\r\n";
             let reply = match head.split(' ').next() {
                 Some("DESCRIBE") => format!(
@@ -1323,16 +1374,25 @@ async fn paced_session(tcp: TcpStream, delay: Duration, log: Arc<Mutex<Vec<Strin
                      Content-Length: {}\r\n\r\n{sdp}",
                     sdp.len()
                 ),
-                Some("SETUP") => format!(
-                    "RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: 42;timeout=60\r\n\
-                     Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n"
-                ),
-                _ => format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: 42\r\n\r\n"),
+                Some("SETUP") => {
+                    seen.lock().unwrap().set_up.push((url, session.clone()));
+                    format!(
+                        "RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: {session};timeout=60\r\n\
+                         Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n"
+                    )
+                }
+                Some("PLAY") => {
+                    let status = script.play.unwrap_or(200);
+                    format!(
+                        "RTSP/1.0 {status} Scripted\r\nCSeq: {cseq}\r\nSession: {session}\r\n\r\n"
+                    )
+                }
+                _ => format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\nSession: {session}\r\n\r\n"),
             };
             if wr.write_all(reply.as_bytes()).await.is_err() {
                 return;
             }
-            playing |= head.starts_with("PLAY");
+            playing |= head.starts_with("PLAY") && script.play == Some(200);
         }
         tokio::select! {
             n = rd.read(&mut chunk) => match n {
@@ -1485,6 +1545,110 @@ async fn zapping_past_slow_teardowns_leaves_session_places_to_others() {
         server.count("TEARDOWN"),
         3,
         "{:?}",
+        server.requests.lock().unwrap()
+    );
+}
+
+/// The session the server gave the SETUP of `path`, and the sessions TEARDOWN named so far.
+fn sessions_of(server: &PacedServer, path: &str) -> (Option<String>, Vec<String>) {
+    let sessions = server.sessions.lock().unwrap();
+    let given = sessions
+        .set_up
+        .iter()
+        .find(|(url, _)| url.contains(path))
+        .map(|(_, id)| id.clone());
+    let torn = sessions
+        .torn_down
+        .iter()
+        .map(|(_, id)| id.clone())
+        .collect();
+    (given, torn)
+}
+
+/// Waits up to `wait` for a TEARDOWN naming the session the SETUP of `path` was given.
+async fn torn_down(server: &PacedServer, path: &str, wait: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if let (Some(id), torn) = sessions_of(server, path) {
+            if torn.contains(&id) {
+                return true;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client asks for a channel and leaves after the server answered SETUP, before PLAY is
+/// answered (this server never answers it), then zaps on: its next channels release the
+/// abandoned setup. The server had set up a session for it, and servers that count sessions
+/// per subscriber refuse the next SETUP while it stays: it is torn down, by its id, well
+/// before the PLAY step would time out (3 s). Its place is not held for the TEARDOWN.
+#[tokio::test]
+async fn a_setup_left_after_setup_is_torn_down() {
+    let server = PacedServer::scripted(Script {
+        delay: Duration::ZERO,
+        play: None,
+        teardown: true,
+    })
+    .await;
+    let port = server.port;
+    let mut cfg = zapping_config();
+    cfg.rtsp.max_sessions = 3;
+    let gw = Gateway::start(cfg).await;
+    let path = format!("/rtsp/127.0.0.1:{port}/left");
+    let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_millis(300)).await;
+    assert!(resp.is_none(), "no answer before PLAY is");
+    let (given, torn) = sessions_of(&server, "/left");
+    assert!(
+        given.is_some(),
+        "SETUP answered: {:?}",
+        server.requests.lock().unwrap()
+    );
+    assert_eq!(torn, Vec::<String>::new());
+    // Two more channels: the second releases the abandoned setup (the client's share is 2).
+    for next in ["next1", "next2"] {
+        let path = format!("/rtsp/127.0.0.1:{port}/{next}");
+        let _ = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_millis(100)).await;
+    }
+    assert!(
+        torn_down(&server, "/left", Duration::from_millis(1500)).await,
+        "no TEARDOWN of the left session: {:?}",
+        server.requests.lock().unwrap()
+    );
+    // And its place was given back: another client's setup starts (3 places: `next1`'s,
+    // `next2`'s and this one).
+    let path = format!("/rtsp/127.0.0.1:{port}/other");
+    let resp = rtsp_as(&gw, "127.0.0.2:40000", &path, Duration::from_millis(300)).await;
+    assert!(
+        resp.is_none(),
+        "another client refused: {:?}",
+        resp.map(|r| r.status())
+    );
+    assert!(server.saw(&format!("OPTIONS rtsp://127.0.0.1:{port}/other")));
+}
+
+/// A setup that fails after SETUP (the server refuses PLAY) tears its session down too.
+#[tokio::test]
+async fn a_setup_failing_after_setup_is_torn_down() {
+    let server = PacedServer::scripted(Script {
+        delay: Duration::ZERO,
+        play: Some(453),
+        teardown: true,
+    })
+    .await;
+    let port = server.port;
+    let gw = Gateway::start(rtsp_config()).await;
+    let path = format!("/rtsp/127.0.0.1:{port}/refused");
+    let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
+        .await
+        .expect("an answer within 5 s");
+    assert_eq!(resp.status(), 502);
+    assert!(
+        torn_down(&server, "/refused", Duration::from_secs(2)).await,
+        "no TEARDOWN of the refused session: {:?}",
         server.requests.lock().unwrap()
     );
 }

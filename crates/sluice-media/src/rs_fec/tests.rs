@@ -145,6 +145,43 @@ fn more_losses_than_parity_stay_open_then_count_as_unrecoverable() {
     assert!(!r.pending());
 }
 
+/// `repair_within` offers each decode with its cost: a refused block is closed unrepaired
+/// and counted as over budget, not as unrecoverable; whole blocks cost nothing.
+#[test]
+fn a_refused_decode_closes_its_block_unrepaired() {
+    let mut r = Recovery::new(256);
+    let mut headers = Vec::new();
+    for b in 0..3u16 {
+        let first = b * 10;
+        let packets = block(first, 10);
+        let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+        for (i, p) in packets.iter().enumerate() {
+            // The middle block is whole; the others lose packets 1 and 2.
+            if b == 1 || !(1..3).contains(&i) {
+                r.media(first + i as u16, p);
+            }
+        }
+        for f in encode_block(&refs, 2, first, 127).unwrap() {
+            let (h, parity) = parse_datagram(&f).unwrap();
+            assert!(r.fec(&h, parity));
+            headers.push(h);
+        }
+    }
+    let mut offered = Vec::new();
+    let round = r.repair_within(|cost| {
+        offered.push(cost);
+        offered.len() > 1
+    });
+    let cost = decode_cost(&headers[0], 2);
+    assert_eq!(offered, [cost, cost]);
+    assert_eq!(cost, 2 * 1000 + 3 * 10 * u64::from(headers[0].rtp_len));
+    let seqs: Vec<u16> = round.rebuilt.iter().map(|p| p.sequence).collect();
+    assert_eq!(seqs, [21, 22]);
+    assert_eq!((round.over_budget, round.unrecoverable), (1, 0));
+    assert!(!r.pending());
+    assert_eq!(r.repair(), Round::default());
+}
+
 #[test]
 fn the_fixed_matrix_shape_is_refused_not_guessed() {
     assert!(matches!(

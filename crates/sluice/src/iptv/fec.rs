@@ -9,6 +9,9 @@
 //! XOR packet that finds two or more packets missing is tried once more a tick later, after the
 //! other direction (row or column) may have filled one of them; a Reed-Solomon block stays open
 //! until it has as many parity packets as it has losses, or falls out of the history.
+//!
+//! Reed-Solomon decodes are bounded per channel (`DecodeBudget`): each inverts a matrix of up
+//! to 254 × 254, and a hostile sender on the group could make every block it sends a decode.
 
 use std::io::Read;
 
@@ -18,6 +21,7 @@ use sluice_media::rtp::{self, RtpHeader};
 use socket2::Socket;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+use tokio::time::{Duration, Instant};
 
 use super::metrics::HubMetrics;
 use crate::net::multicast::{self, Group};
@@ -29,6 +33,57 @@ const MAX_QUEUED: usize = 512;
 /// The reorder window a FEC channel needs at least, so a packet rebuilt from column FEC (which
 /// arrives a whole matrix late) is still in time. rtp2httpd uses the same.
 pub const MIN_REORDER_WINDOW: usize = 512;
+
+/// Reed-Solomon decode work one channel may do per `BUDGET_WINDOW`, in
+/// `rs_fec::decode_cost` units (about a nanosecond of one core each): some 50 ms of CPU a
+/// second, however a hostile sender shapes its blocks. A decode's cost grows with the cube of
+/// the block size, so the budget is of work, not of decodes: counted in decodes, a number
+/// that covers small blocks at real stream rates would let large ones take whole cores.
+/// Enough for every block of a 20 Mbit/s stream (1,900 packets a second) to lose a packet and
+/// be rebuilt at k = 10 (190 blocks a second, some 1,700 decodes budgeted) or k = 20 (95,
+/// some 500 budgeted), and for most of them at k = 100 (19, 17 budgeted); real losses touch a
+/// fraction of the blocks. The largest block (k = 254, 34 million units) still fits.
+const DECODE_BUDGET: u64 = 50_000_000;
+/// The window the decode budget is counted over.
+const BUDGET_WINDOW: Duration = Duration::from_secs(1);
+
+/// A channel's Reed-Solomon decode work in the current window; decodes past `DECODE_BUDGET`
+/// are refused until the next window starts.
+#[derive(Debug)]
+struct DecodeBudget {
+    limit: u64,
+    /// When the current window started (`None` before the first decode).
+    window: Option<Instant>,
+    spent: u64,
+}
+
+impl DecodeBudget {
+    fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            window: None,
+            spent: 0,
+        }
+    }
+
+    /// Whether a decode of `cost` may run at `now`; if so it is spent.
+    fn allow(&mut self, now: Instant, cost: u64) -> bool {
+        if self
+            .window
+            .is_none_or(|start| now.saturating_duration_since(start) >= BUDGET_WINDOW)
+        {
+            self.window = Some(now);
+            self.spent = 0;
+        }
+        match self.spent.checked_add(cost) {
+            Some(spent) if spent <= self.limit => {
+                self.spent = spent;
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 /// Opens and joins the FEC socket: the channel's group and source, the FEC port.
 pub fn open(group: &Group, port: u16, recv_buffer: usize) -> std::io::Result<AsyncFd<Socket>> {
@@ -53,6 +108,8 @@ pub struct FecState {
     rs: Option<rs_fec::Recovery>,
     /// XOR FEC payloads waiting for the next tick, and whether each was tried already.
     queued: Vec<(Vec<u8>, bool)>,
+    /// Bounds the Reed-Solomon decodes (XOR repairs are a pass over one row or column).
+    budget: DecodeBudget,
 }
 
 impl Default for FecState {
@@ -61,6 +118,7 @@ impl Default for FecState {
             recovery: Some(Recovery::new(HISTORY_PACKETS)),
             rs: Some(rs_fec::Recovery::new(HISTORY_PACKETS)),
             queued: Vec::new(),
+            budget: DecodeBudget::new(DECODE_BUDGET),
         }
     }
 }
@@ -143,10 +201,17 @@ impl FecState {
 
     /// Evaluates the queued FEC packets; returns the media packets they rebuilt.
     pub fn repair(&mut self, metrics: &HubMetrics) -> Vec<Rebuilt> {
+        self.repair_at(Instant::now(), metrics)
+    }
+
+    /// `repair` at `now` (the decode budget's clock).
+    fn repair_at(&mut self, now: Instant, metrics: &HubMetrics) -> Vec<Rebuilt> {
         if let Some(rs) = self.rs.as_mut() {
-            let round = rs.repair();
+            let budget = &mut self.budget;
+            let round = rs.repair_within(|cost| budget.allow(now, cost));
             metrics.fec_recovered.inc_by(round.rebuilt.len() as u64);
             metrics.fec_unrecoverable.inc_by(round.unrecoverable);
+            metrics.fec_over_budget.inc_by(round.over_budget);
             return round.rebuilt;
         }
         let Some(recovery) = self.recovery.as_mut() else {
@@ -192,5 +257,105 @@ impl FecState {
                 payload: p.payload,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iptv::metrics::{HubLabels, Metrics};
+
+    /// An RTP datagram (PT 33) of 7 TS packets whose bytes depend on `seq`.
+    fn media(seq: u16) -> Vec<u8> {
+        let mut d = vec![0x80, 33];
+        d.extend_from_slice(&seq.to_be_bytes());
+        d.extend_from_slice(&(u32::from(seq) * 3000).to_be_bytes());
+        d.extend_from_slice(&7u32.to_be_bytes());
+        for p in 0..7u16 {
+            d.push(0x47);
+            d.extend((1..188u16).map(|i| (i ^ seq.wrapping_mul(31) ^ p) as u8));
+        }
+        d
+    }
+
+    /// Feeds the block of `k` packets from `first` with its third packet lost, and its two
+    /// parity packets; returns the lost packet's sequence number and the decode's cost.
+    fn lossy_block(state: &mut FecState, metrics: &HubMetrics, first: u16, k: usize) -> (u16, u64) {
+        let packets: Vec<Vec<u8>> = (0..k).map(|i| media(first + i as u16)).collect();
+        let lost = first + 2;
+        for p in &packets {
+            let rtp = rtp::parse_rtp(p).unwrap();
+            if rtp.header.sequence != lost {
+                state.media(&rtp.header, &p[rtp.payload.clone()], p);
+            }
+        }
+        let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+        let parity = rs_fec::encode_block(&refs, 2, first, 127).unwrap();
+        for f in &parity {
+            state.datagram(f, metrics);
+        }
+        let (header, _) = rs_fec::parse_datagram(&parity[0]).unwrap();
+        (lost, rs_fec::decode_cost(&header, 1))
+    }
+
+    #[test]
+    fn decode_budget_refuses_past_its_limit_until_the_next_window() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut budget = DecodeBudget::new(100);
+        assert!(budget.allow(at(0), 60));
+        assert!(budget.allow(at(500), 30));
+        assert!(!budget.allow(at(900), 20), "past the limit in the window");
+        assert!(budget.allow(at(999), 10), "up to the limit exactly");
+        assert!(!budget.allow(at(999), 1));
+        // The next window: the whole budget again, counted from this decode.
+        assert!(budget.allow(at(1000), 100));
+        assert!(!budget.allow(at(1999), 1));
+        assert!(budget.allow(at(2000), 1));
+        // A decode larger than the budget never runs; an absurd cost does not overflow.
+        assert!(!budget.allow(at(5000), 101));
+        assert!(!budget.allow(at(5000), u64::MAX));
+        assert!(budget.allow(at(5000), 100));
+        // The largest block there can be fits the real budget.
+        let largest = rs_fec::RsHeader {
+            begin: 0,
+            end: 253,
+            m: 1,
+            index: 0,
+            fec_len: rs_fec::MAX_RTP_LEN as u16,
+            rtp_len: rs_fec::MAX_RTP_LEN as u16,
+        };
+        assert!(DecodeBudget::new(DECODE_BUDGET).allow(t0, rs_fec::decode_cost(&largest, 1)));
+    }
+
+    /// Attack: a sender on the group makes every Reed-Solomon block a decode (a matrix
+    /// inversion each). Past the channel's budget, blocks are passed on unrepaired and counted;
+    /// the next window decodes again.
+    #[test]
+    fn rs_decodes_past_the_budget_are_passed_on_and_counted() {
+        let metrics = Metrics::default().hub(HubLabels {
+            channel: "rtp://239.1.1.1:5000".into(),
+            interface: String::new(),
+        });
+        let mut state = FecState::default();
+        let t0 = Instant::now();
+        let (first, cost) = lossy_block(&mut state, &metrics, 100, 10);
+        // Room for two decodes a window.
+        state.budget = DecodeBudget::new(2 * cost);
+        let (second, _) = lossy_block(&mut state, &metrics, 110, 10);
+        let (_, _) = lossy_block(&mut state, &metrics, 120, 10);
+        let seqs = |rebuilt: Vec<Rebuilt>| rebuilt.iter().map(|r| r.sequence).collect::<Vec<_>>();
+        assert_eq!(seqs(state.repair_at(t0, &metrics)), [first, second]);
+        assert_eq!(metrics.fec_over_budget.get(), 1);
+        let (_, _) = lossy_block(&mut state, &metrics, 130, 10);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!(seqs(state.repair_at(at(999), &metrics)), [0u16; 0]);
+        assert_eq!(metrics.fec_over_budget.get(), 2);
+        let (fifth, _) = lossy_block(&mut state, &metrics, 140, 10);
+        assert_eq!(seqs(state.repair_at(at(1000), &metrics)), [fifth]);
+        assert_eq!(metrics.fec_recovered.get(), 3);
+        assert_eq!(metrics.fec_over_budget.get(), 2);
+        // Passed on, not given up on after a failed decode.
+        assert_eq!(metrics.fec_unrecoverable.get(), 0);
     }
 }

@@ -46,6 +46,7 @@ pub struct Metrics {
     refresh_failures: Family<HubLabels, Counter>,
     fec_recovered: Family<HubLabels, Counter>,
     fec_unrecoverable: Family<HubLabels, Counter>,
+    fec_over_budget: Family<HubLabels, Counter>,
     hub_subscribers: Family<HubLabels, Gauge>,
     /// Hubs currently joined.
     pub hubs: Gauge,
@@ -89,6 +90,7 @@ pub struct HubMetrics {
     pub refresh_failures: Counter,
     pub fec_recovered: Counter,
     pub fec_unrecoverable: Counter,
+    pub fec_over_budget: Counter,
     pub subscribers: Gauge,
     /// The gateway-wide FCC outcome family (not per hub: outcomes are few, channels many).
     pub fcc: Family<FccLabels, Counter>,
@@ -98,7 +100,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("iptv");
-        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 15] = [
+        let hub_counters: [(&str, &str, &Family<HubLabels, Counter>); 16] = [
             (
                 "received_bytes",
                 "Payload bytes received from multicast",
@@ -170,6 +172,11 @@ impl Metrics {
                 "FEC packets (2022-1) or lost packets (Reed-Solomon) that could not be repaired",
                 &m.fec_unrecoverable,
             ),
+            (
+                "fec_over_budget",
+                "Reed-Solomon blocks passed on unrepaired: the channel's decode budget was spent",
+                &m.fec_over_budget,
+            ),
         ];
         for (name, help, family) in hub_counters {
             r.register(name, help, family.clone());
@@ -226,6 +233,7 @@ impl Metrics {
             refresh_failures: c(&self.refresh_failures),
             fec_recovered: c(&self.fec_recovered),
             fec_unrecoverable: c(&self.fec_unrecoverable),
+            fec_over_budget: c(&self.fec_over_budget),
             subscribers: self.hub_subscribers.get_or_create(&labels).clone(),
             fcc: self.fcc.clone(),
             labels,
@@ -250,6 +258,7 @@ impl Metrics {
             &self.refresh_failures,
             &self.fec_recovered,
             &self.fec_unrecoverable,
+            &self.fec_over_budget,
         ] {
             f.remove(labels);
         }

@@ -98,37 +98,46 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     let label = rtsp.label();
     let setup = Duration::from_millis(ctx.config.setup_timeout_ms);
     let mut published = hub.published.subscribe();
-    let (target, owned) = (rtsp.target.clone(), ctx.clone());
-    let mut opening = Box::pin(tokio::time::timeout(setup, async move {
-        Session::open(&target, &owned).await
-    }));
-    let opened = tokio::select! {
-        // Setup first: when it has just finished as the hub is released, the session is
-        // played, sees the release at once (`wake`) and is torn down like any other.
-        biased;
-        opened = &mut opening => match opened {
-            Ok(Ok(session)) => Ok(session),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("setup took longer than {} ms", setup.as_millis())),
-        },
-        _ = published.wait_for(|p| p.closed) => {
-            // Released while setting up (its starter needed the place): the setup is dropped
-            // here and its session place given back at once. Left to finish (up to
-            // `setup_timeout_ms`, then a TEARDOWN), each released setup kept its place though
-            // no longer on its client's share, so one client zapping through slow servers held
-            // every place (`max_sessions`) and every other client got 503. (Counting them on
-            // the client's share until they end would refuse only that client, but would keep
-            // the places, and the servers' connections, taken for nothing.) Dropping the setup
-            // closes its connection and ports: a session the server had already set up (its
-            // answer not read yet) ends with the connection, or at the server's own timeout.
-            drop(opening);
-            ctx.sessions.fetch_sub(1, Ordering::AcqRel);
-            registry.remove(&hub);
-            tracing::info!(channel = %label, "RTSP channel released while setting up");
-            return;
+    // The session being set up, kept out of the setup's future: however the setup ends
+    // (failed, timed out, dropped), a session the server answered SETUP for is torn down.
+    let mut started = None;
+    let opened = {
+        let mut opening = Box::pin(tokio::time::timeout(
+            setup,
+            Session::open(&rtsp.target, &ctx, &mut started),
+        ));
+        tokio::select! {
+            // Setup first: when it has just finished as the hub is released, the session is
+            // played, sees the release at once (`wake`) and is torn down like any other.
+            biased;
+            opened = &mut opening => Some(match opened {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("setup took longer than {} ms", setup.as_millis())),
+            }),
+            _ = published.wait_for(|p| p.closed) => None,
         }
+        // The setup's future ends here, and its hold on `started` with it.
     };
-    let mut session = match opened {
+    let Some(opened) = opened else {
+        // Released while setting up (its starter needed the place): the setup is dropped
+        // and its session place given back at once. Left to finish (up to
+        // `setup_timeout_ms`, then a TEARDOWN), each released setup kept its place though no
+        // longer on its client's share, so one client zapping through slow servers held every
+        // place (`max_sessions`) and every other client got 503. (Counting them on the
+        // client's share until they end would refuse only that client, but would keep the
+        // places, and the servers' connections, taken for nothing.) A session the server has
+        // already set up is then torn down, off the place like an ended session's.
+        ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+        registry.remove(&hub);
+        tracing::info!(channel = %label, "RTSP channel released while setting up");
+        if let Some(session) = started {
+            session.teardown().await;
+        }
+        return;
+    };
+    let playing = opened.and_then(|()| started.take().ok_or_else(|| "no session".to_string()));
+    let mut session = match playing {
         Ok(s) => s,
         Err(reason) => {
             // The reason holds the server's own words (its status line): Debug-escaped, and
@@ -143,6 +152,11 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
             ctx.fail(&hub, reason);
             registry.remove(&hub);
             ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+            // A failure after SETUP (PLAY refused or timed out, the whole setup too slow)
+            // leaves a session on the server: torn down as a released setup's is.
+            if let Some(session) = started {
+                session.teardown().await;
+            }
             return;
         }
     };

@@ -97,6 +97,9 @@ pub struct Session {
     step: Duration,
     credentials: Option<Credentials>,
     session_id: Option<String>,
+    /// A write was cut short (its future dropped: the setup was abandoned mid-request), so
+    /// the connection carries part of a request and cannot carry another.
+    cut: bool,
     /// Keep-alive period: configured, or half of what the server announced.
     pub keepalive: Duration,
     keepalive_method: &'static str,
@@ -119,14 +122,23 @@ const MAX_DATAGRAM: usize = 2048;
 const UDP_BATCH: usize = 32;
 
 impl Session {
-    /// Connects, follows redirects, authenticates, and starts playing `target`.
-    pub async fn open(target: &Target, ctx: &Context) -> Result<Session, SessionError> {
+    /// Connects, follows redirects, authenticates, and starts playing `target`; the session
+    /// is left in `slot` (playing on success). It is there whenever the setup ends early too
+    /// (an error, or this future dropped), so that a session the server set up can be torn
+    /// down (`teardown`) instead of kept on the server until it notices the closed connection.
+    pub async fn open(
+        target: &Target,
+        ctx: &Context,
+        slot: &mut Option<Session>,
+    ) -> Result<(), SessionError> {
         let cfg = &ctx.config;
         let mut url = target.url.clone();
         let (mut host, mut port) = (target.host.clone(), target.port);
         let mut credentials = target.credentials.clone();
         for _ in 0..=cfg.max_redirects {
-            let mut s = Session::connect(&host, port, ctx).await?;
+            // A redirect comes before SETUP: the session it replaces has nothing to tear down.
+            *slot = None;
+            let s = slot.insert(Session::connect(&host, port, ctx).await?);
             s.credentials = credentials.clone().map(|(user, password)| Credentials {
                 user,
                 password,
@@ -135,7 +147,7 @@ impl Session {
                 cnonce: cnonce(),
             });
             match s.start(&url, target).await? {
-                Setup::Playing => return Ok(s),
+                Setup::Playing => return Ok(()),
                 Setup::Redirect(location) => {
                     let (h, p, clean) = redirect_target(&location)?;
                     tracing::info!(from = %redact(&url), to = %redact(&clean), "RTSP redirect");
@@ -173,6 +185,7 @@ impl Session {
                         step,
                         credentials: None,
                         session_id: None,
+                        cut: false,
                         keepalive: Duration::from_secs(cfg.keepalive_secs),
                         keepalive_method: "OPTIONS",
                         play_url: String::new(),
@@ -236,6 +249,8 @@ impl Session {
         let (id, server_timeout) =
             headers::session(setup.header("Session").ok_or(SessionError::NoSession)?)?;
         self.session_id = Some(id);
+        // From here on the session exists on the server: a TEARDOWN names this URL.
+        self.play_url = base;
         let answer = headers::transport(setup.header("Transport").unwrap_or("RTP/AVP/TCP"))?;
         match (&mut self.media, answer.tcp) {
             (Media::Interleaved { channel }, true) => {
@@ -258,7 +273,6 @@ impl Session {
         if headers::lists_method(&public, "GET_PARAMETER") {
             self.keepalive_method = "GET_PARAMETER";
         }
-        self.play_url = base;
         let play = self
             .request("PLAY", &self.play_url.clone(), &[("Range", &target.range)])
             .await?;
@@ -328,9 +342,13 @@ impl Session {
     }
 
     async fn write(&mut self, bytes: &[u8], what: &'static str) -> Result<(), SessionError> {
+        // Cleared only when the whole request is out: a write timed out or dropped halfway
+        // leaves the flag set.
+        self.cut = true;
         timeout(self.step, self.conn.write_all(bytes))
             .await
             .map_err(|_| SessionError::Timeout(what, self.step.as_millis()))??;
+        self.cut = false;
         Ok(())
     }
 
@@ -466,11 +484,26 @@ impl Session {
             .map(|_| ())
     }
 
-    /// Ends the session on the server (best effort, bounded by one step).
+    /// Ends the session on the server (best effort, bounded by one step) if the server set
+    /// one up (answered SETUP), however far the setup got: servers that count sessions per
+    /// subscriber (common on IPTV head-ends) refuse the next SETUP while an abandoned one is
+    /// still open on their side.
     pub async fn teardown(mut self) {
+        if self.session_id.is_none() {
+            return;
+        }
         let url = self.play_url.clone();
         let step = self.step;
         let done = timeout(step, async {
+            if self.cut {
+                // Half a request is on the wire: the TEARDOWN goes on a new connection to the
+                // same server (the address already passed the guard). RTSP sessions are not
+                // tied to their connection.
+                self.conn = TcpStream::connect(self.conn.peer_addr()?).await?;
+                self.conn.set_nodelay(true)?;
+                (self.buf, self.need, self.cut) = (BytesMut::new(), 0, false);
+                self.outbox.clear();
+            }
             let cseq = self.send("TEARDOWN", &url, &[]).await?;
             self.answer("TEARDOWN", cseq).await
         })
