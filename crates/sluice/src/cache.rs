@@ -125,6 +125,8 @@ pub(crate) struct Inner {
     purge: arc_swap::ArcSwap<purge::PurgeSecrets>,
     /// This node's part in a cache cluster (`[cache.cluster]`).
     cluster: Option<Arc<cluster::Cluster>>,
+    /// Whether [`Cache::start`] ran.
+    started: std::sync::atomic::AtomicBool,
 }
 
 /// Why the service could not start.
@@ -160,12 +162,27 @@ impl Cache {
         api_password: Option<&str>,
         metrics: metrics::CacheMetrics,
     ) -> Result<Cache, CacheError> {
+        let cache = Cache::prepare(config, api_password, metrics)?;
+        cache.start()?;
+        Ok(cache)
+    }
+
+    /// The first half of [`Cache::with_metrics`], for a live reload's prepare step: everything
+    /// that can refuse the config (its checks, the disk directory looked at, the cluster's
+    /// control port bound), and nothing that lasts once it is dropped (the disk directory is
+    /// not written, no task runs, and the bound port closes with it). [`Cache::start`] does
+    /// the rest when the reload commits. Must run inside a tokio runtime.
+    pub(crate) fn prepare(
+        config: &CacheConfig,
+        api_password: Option<&str>,
+        metrics: metrics::CacheMetrics,
+    ) -> Result<Cache, CacheError> {
         config.validate()?;
         let slice_bytes = config.slice_bytes.0;
         let index = ObjectIndex::new(config.max_objects);
         let disk = match &config.disk_path {
-            Some(path) => {
-                let (tier, metas) = DiskTier::open(
+            Some(path) => Some(
+                DiskTier::prepare(
                     path,
                     disk::DiskOptions {
                         capacity: config.disk_bytes.0,
@@ -179,22 +196,15 @@ impl Cache {
                 .map_err(|source| CacheError::Disk {
                     path: path.display().to_string(),
                     source,
-                })?;
-                for meta in metas {
-                    // Over max_objects: the oldest records go, with their files.
-                    for gone in index.insert(Arc::new(meta)) {
-                        tier.remove_object(gone.id, gone.generation);
-                    }
-                }
-                Some(tier)
-            }
+                })?,
+            ),
             None => None,
         };
         let mut seed = [0u8; 8];
         let _ = getrandom::getrandom(&mut seed);
         let cluster = match config.cluster.as_ref() {
-            Some(c) => Some(Arc::new(
-                cluster::Cluster::new(
+            Some(c) => {
+                let cluster = cluster::Cluster::new(
                     c,
                     metrics.cluster.clone(),
                     (
@@ -202,8 +212,13 @@ impl Cache {
                         Duration::from_secs(config.origin_idle_timeout_secs),
                     ),
                 )
-                .map_err(CacheError::Cluster)?,
-            )),
+                .map_err(CacheError::Cluster)?;
+                // Bound now, so a port in use refuses the config; served from `start`.
+                cluster.bind().map_err(|e| {
+                    CacheError::Cluster(format!("control listener on {}: {e}", c.control_bind()))
+                })?;
+                Some(Arc::new(cluster))
+            }
             None => None,
         };
         let memory = Arc::new(MemoryTier::new(config.memory_bytes.0, slice_bytes));
@@ -224,20 +239,51 @@ impl Cache {
             metrics,
             purge: arc_swap::ArcSwap::from_pointee(purge::PurgeSecrets::new(config, api_password)),
             cluster,
+            started: std::sync::atomic::AtomicBool::new(false),
         });
-        if let Some(c) = &inner.cluster {
-            c.start(Arc::downgrade(&inner)).map_err(|e| {
-                CacheError::Cluster(format!(
-                    "control listener on {}: {e}",
-                    config
-                        .cluster
-                        .as_ref()
-                        .map_or_else(String::new, |c| c.control_bind().to_string())
-                ))
-            })?;
-        }
-        metrics::spawn_gauges(Arc::downgrade(&inner));
         Ok(Cache { inner })
+    }
+
+    /// The second half of [`Cache::with_metrics`], run once the cache is the process's: opens
+    /// the disk tier ([`DiskTier::start`]: the directory emptied if cut with another slice size,
+    /// stamped, indexed) and puts what it holds in the object index, then serves the cluster's
+    /// control port and starts its checks (after the index is filled, so a purge they apply
+    /// reaches the objects found on disk) and the gauges. Does everything it can even when a
+    /// step fails, and returns the first failure; a second call does nothing.
+    pub(crate) fn start(&self) -> Result<(), CacheError> {
+        let inner = &self.inner;
+        if inner.started.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut outcome = Ok(());
+        if let (Some(tier), Some(path)) = (&inner.disk, &inner.config.disk_path) {
+            match tier.start() {
+                Ok(metas) => {
+                    for meta in metas {
+                        // Over max_objects: the oldest records go, with their files.
+                        for gone in inner.index.insert(Arc::new(meta)) {
+                            tier.remove_object(gone.id, gone.generation);
+                        }
+                    }
+                }
+                Err(source) => {
+                    outcome = Err(CacheError::Disk {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                }
+            }
+        }
+        if let (Some(c), Some(config)) = (&inner.cluster, &inner.config.cluster) {
+            if let Err(e) = c.start(Arc::downgrade(inner)) {
+                outcome = outcome.and(Err(CacheError::Cluster(format!(
+                    "control listener on {}: {e}",
+                    config.control_bind()
+                ))));
+            }
+        }
+        metrics::spawn_gauges(Arc::downgrade(inner));
+        outcome
     }
 
     /// Serves a GET or HEAD through the cache (other methods: see [`Cache::invalidate`]).

@@ -369,31 +369,38 @@ fn cacheable_origin() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>
     (addr, seen)
 }
 
-/// A reload that would build the first cache but is refused by a later part (here the TLS part:
-/// a certificate file that is not there) builds nothing: when the file is fixed, with the same
-/// `[cache]`, the next reload applies it (`[cache]` is still live while no cache runs) and the
-/// route caches. The refused reload used to keep the cache it built in its prepare step, so the
-/// next one was refused with "cache.… needs a restart".
-#[test]
-fn a_refused_reload_leaves_no_cache_behind() {
+/// A sluice started without a cache (the media front end caches by default: off), and the
+/// config texts of a reload that builds its first cache (the route caches; `[cache]` with
+/// `cache_extra(listen)` appended) and of the same reload refused by a later part (the TLS
+/// part: a certificate file that is not there).
+struct Uncached {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+    listen: String,
+    caching: String,
+    broken: String,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn uncached(cache_extra: impl Fn(&str) -> String) -> Uncached {
     let (origin, seen) = cacheable_origin();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.toml");
     let pid = dir.path().join("sluice.pid");
     let listen = free_listen();
-    // The media front end caches by default: off, so nothing builds a cache at start.
     let plain = format!(
         "{}\n[media]\ncache = false\n",
         config(&listen, &origin, &pid, 0)
     );
     std::fs::write(&file, &plain).unwrap();
-    let mut child = start(&file, &listen, &pid);
+    let child = start(&file, &listen, &pid);
     let r = get(&listen, "GET", "/", "");
     assert!(r.ends_with("cached") && !r.contains("cache-status"), "{r}");
-
     let caching = format!(
-        "{}\n[cache]\nmemory_bytes = \"8MiB\"\n",
-        plain.replace("upstream = \"app\"", "upstream = \"app\"\ncache = true")
+        "{}\n[cache]\nmemory_bytes = \"8MiB\"\n{}",
+        plain.replace("upstream = \"app\"", "upstream = \"app\"\ncache = true"),
+        cache_extra(&listen)
     );
     let missing = dir.path().join("missing.pem");
     let broken = caching.replace(
@@ -403,22 +410,55 @@ fn a_refused_reload_leaves_no_cache_behind() {
             missing.display()
         ),
     );
-    let reload = |text: &str| {
-        std::fs::write(&file, text).unwrap();
-        get(&listen, "POST", "/admin/reload", "api_password: pw\r\n")
-    };
-    let r = reload(&broken);
-    assert!(r.starts_with("HTTP/1.1 422"), "{r}");
-    assert!(r.contains("missing.pem"), "{r}");
+    Uncached {
+        child,
+        dir,
+        file,
+        listen,
+        caching,
+        broken,
+        seen,
+    }
+}
+
+impl Uncached {
+    /// Writes `text` to the config file and reloads through `/admin/reload`.
+    fn reload(&self, text: &str) -> String {
+        std::fs::write(&self.file, text).unwrap();
+        get(
+            &self.listen,
+            "POST",
+            "/admin/reload",
+            "api_password: pw\r\n",
+        )
+    }
+
+    /// The refused reload: a 422 naming the missing certificate.
+    fn refused(&self) {
+        let r = self.reload(&self.broken);
+        assert!(r.starts_with("HTTP/1.1 422"), "{r}");
+        assert!(r.contains("missing.pem"), "{r}");
+    }
+}
+
+/// A reload that would build the first cache but is refused by a later part (here the TLS part:
+/// a certificate file that is not there) builds nothing: when the file is fixed, with the same
+/// `[cache]`, the next reload applies it (`[cache]` is still live while no cache runs) and the
+/// route caches. The refused reload used to keep the cache it built in its prepare step, so the
+/// next one was refused with "cache.… needs a restart".
+#[test]
+fn a_refused_reload_leaves_no_cache_behind() {
+    let mut s = uncached(|_| String::new());
+    s.refused();
     // Nothing was applied: the route still does not cache.
-    let r = get(&listen, "GET", "/", "");
+    let r = get(&s.listen, "GET", "/", "");
     assert!(!r.contains("cache-status"), "{r}");
 
-    let r = reload(&caching);
+    let r = s.reload(&s.caching);
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
-    let first = get(&listen, "GET", "/", "");
+    let first = get(&s.listen, "GET", "/", "");
     assert!(first.ends_with("cached"), "{first}");
-    let again = get(&listen, "GET", "/", "");
+    let again = get(&s.listen, "GET", "/", "");
     assert!(
         again
             .to_ascii_lowercase()
@@ -426,6 +466,95 @@ fn a_refused_reload_leaves_no_cache_behind() {
         "{again}"
     );
     assert!(again.ends_with("cached"), "{again}");
-    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 3);
-    stop(&mut child);
+    assert_eq!(s.seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+    stop(&mut s.child);
+}
+
+/// Every file under `root` (relative path, bytes, mode), and every directory (mode), in order.
+fn snapshot(root: &std::path::Path) -> Vec<(String, Option<Vec<u8>>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let md = std::fs::symlink_metadata(&path).unwrap();
+            let name = path.strip_prefix(root).unwrap().display().to_string();
+            let mode = md.permissions().mode();
+            if md.is_dir() {
+                todo.push(path);
+                out.push((name, None, mode));
+            } else {
+                out.push((name, Some(std::fs::read(&path).unwrap()), mode));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A reload that would build the first cache over a disk directory cut with another slice size
+/// and is refused by a later part leaves that directory byte for byte as it was: the prepare
+/// step only looks at it. Opening the tier there used to empty it (and stamp it) before the
+/// reload was refused. The reload that goes through empties and stamps it, as documented.
+#[test]
+fn a_refused_reload_leaves_the_disk_directory_as_it_was() {
+    let tier = tempfile::tempdir().unwrap();
+    let root = tier.path().join("cache");
+    std::fs::create_dir_all(root.join("slices")).unwrap();
+    std::fs::create_dir_all(root.join("objects")).unwrap();
+    std::fs::write(root.join("layout"), "slice_bytes 524288\n").unwrap();
+    std::fs::write(root.join("slices").join("kept-by-operator"), b"old bytes").unwrap();
+    std::fs::write(root.join("objects").join("0123.meta"), b"old record").unwrap();
+    let before = snapshot(tier.path());
+    let mut s = uncached(|_| format!("disk_path = \"{}\"\n", root.display()));
+    s.refused();
+    assert_eq!(snapshot(tier.path()), before);
+    // A path not there yet is not created either.
+    let absent = tier.path().join("absent");
+    let r = s.reload(
+        &s.broken
+            .replace(&root.display().to_string(), &absent.display().to_string()),
+    );
+    assert!(r.starts_with("HTTP/1.1 422"), "{r}");
+    assert!(!absent.exists());
+    assert_eq!(snapshot(tier.path()), before);
+
+    let r = s.reload(&s.caching);
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(!root.join("slices").join("kept-by-operator").exists());
+    assert!(!root.join("objects").join("0123.meta").exists());
+    assert_eq!(
+        std::fs::read_to_string(root.join("layout")).unwrap(),
+        format!("slice_bytes {}\n", 1 << 20)
+    );
+    let r = get(&s.listen, "GET", "/", "");
+    assert!(r.ends_with("cached"), "{r}");
+    stop(&mut s.child);
+    drop(s.dir);
+}
+
+/// A reload that would build the first cache with `[cache.cluster]` and is refused by a later
+/// part leaves no control port open: a connection to it is refused at once. The prepare step
+/// binds the port (a port in use refuses the reload) and only the commit serves it; the
+/// candidate's listener task used to keep the port until a connection came, so the first
+/// connection after the refusal was accepted by a cache that no longer existed. The reload that
+/// goes through serves it.
+#[test]
+fn a_refused_reload_leaves_no_cluster_port_open() {
+    let control = free_listen();
+    let mut s = uncached(|listen| {
+        format!(
+            "\n[cache.cluster]\nself = \"{listen}\"\npeers = [\"{listen}\"]\n\
+             secret = \"0123456789abcdef\"\ncontrol_listen = \"{control}\"\n"
+        )
+    });
+    s.refused();
+    let err = std::net::TcpStream::connect(&control).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+
+    let r = s.reload(&s.caching);
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    std::net::TcpStream::connect(&control).unwrap();
+    stop(&mut s.child);
 }

@@ -65,8 +65,23 @@ pub struct Cluster {
     log: PurgeLog,
     peer: peer::PeerClient,
     metrics: metrics::ClusterMetrics,
-    /// Where the control listener bound (known once started).
+    /// Where the control listener bound (known once bound).
     control: std::sync::OnceLock<SocketAddr>,
+    /// The control listener between [`Cluster::bind`] and [`Cluster::start`]: dropped with the
+    /// cluster (a refused reload's), its port closes at once.
+    bound: std::sync::Mutex<Option<std::net::TcpListener>>,
+    /// The tasks [`Cluster::start`] spawned, ended when the cluster is dropped (they hold it
+    /// weakly, and a listener that only looked at an incoming connection kept its port open).
+    tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|e| e.into_inner());
+        for task in tasks.drain(..) {
+            task.abort();
+        }
+    }
 }
 
 /// Marks `resp` as this node's refusal to run a peer's fill (not an answer from the origin), so
@@ -113,38 +128,61 @@ impl Cluster {
             metrics,
             config: config.clone(),
             control: std::sync::OnceLock::new(),
+            bound: Default::default(),
+            tasks: Default::default(),
             fills: Default::default(),
         })
     }
 
-    /// Binds the control listener and starts the checker and the DNS membership task.
+    /// Binds the control listener, which serves nothing until [`Cluster::start`] (a connection
+    /// waits in the backlog); returns where it bound.
+    pub(super) fn bind(&self) -> std::io::Result<SocketAddr> {
+        let listener = control::bind(self.config.control_bind())?;
+        let local = listener.local_addr()?;
+        let _ = self.control.set(local);
+        *self.bound.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener);
+        Ok(local)
+    }
+
+    /// Serves the control listener (binding it first if [`Cluster::bind`] did not) and starts
+    /// the checker and the DNS membership task; they end when the cluster is dropped.
     pub(super) fn start(self: &Arc<Self>, cache: Weak<Inner>) -> std::io::Result<()> {
-        let bound = control::listen(
-            self.config.control_bind(),
+        let bound = self.bound.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let listener = match bound {
+            Some(l) => l,
+            None => control::bind(self.config.control_bind())?,
+        };
+        let at = listener.local_addr()?;
+        let _ = self.control.set(at);
+        let mut tasks = vec![control::serve(
+            listener,
             Arc::downgrade(self),
             cache.clone(),
             control::ControlLimits::default(),
-        )?;
-        let _ = self.control.set(bound);
+        )?];
         match &self.config.dns {
             #[cfg(feature = "dns")]
-            Some(_) => members::spawn_dns(
+            Some(_) => tasks.push(members::spawn_dns(
                 &self.config,
                 Arc::downgrade(&self.ring),
                 self.metrics.dns_resolutions.clone(),
-            ),
+            )),
             #[cfg(not(feature = "dns"))]
             Some(_) => {}
             None => {
                 self.ring.set_members(members::static_members(&self.config));
             }
         }
-        control::spawn_checker(
+        tasks.push(control::spawn_checker(
             Arc::downgrade(self),
             cache,
             Duration::from_millis(self.config.health_interval_ms),
-        );
-        tracing::info!(node = %self.self_addr(), control = %bound, "cache cluster started");
+        ));
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(tasks);
+        tracing::info!(node = %self.self_addr(), control = %at, "cache cluster started");
         Ok(())
     }
 

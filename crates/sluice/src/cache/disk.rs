@@ -19,6 +19,11 @@
 //! slice `n` covers other bytes than this run's slice `n`. Files are created 0600 and directories
 //! 0700 (cached bodies and headers are not for other local users).
 //!
+//! Opening is two steps, so a live reload that builds the first cache and is then refused
+//! leaves the operator's directory as it was: [`DiskTier::prepare`] only looks (no write, no
+//! removal, no writer), and [`DiskTier::start`], run when the cache is installed, creates,
+//! empties or stamps the directory, indexes it and starts the writer.
+//!
 //! Recency: every write and every verified read moves a slice to the young end of the eviction
 //! order, and a read also sets the file's modification time, so the order rebuilt at start (by
 //! modification time) is the one the previous run left.
@@ -257,6 +262,16 @@ pub struct DiskTier {
     /// Jobs queued or being written.
     pending: Arc<AtomicUsize>,
     pub stats: Arc<DiskStats>,
+    /// What [`DiskTier::start`] takes; `None` once it ran.
+    start: Mutex<Option<Start>>,
+}
+
+/// The writer's half, kept between [`DiskTier::prepare`] and [`DiskTier::start`]: jobs submitted
+/// meanwhile wait in the channel, and a tier dropped unstarted never writes them.
+struct Start {
+    rx: mpsc::UnboundedReceiver<Job>,
+    holds: Option<Holds>,
+    runtime: tokio::runtime::Handle,
 }
 
 /// Timeouts and bounds of the disk tier.
@@ -274,63 +289,92 @@ pub struct DiskOptions {
 
 impl DiskTier {
     /// Opens (creating) the directory, indexes what survives from a previous run, and starts the
-    /// writer. Returns the object records found, for the object index.
+    /// writer: [`DiskTier::prepare`] then [`DiskTier::start`]. Returns the object records found,
+    /// for the object index.
     pub fn open(root: &Path, opts: DiskOptions) -> std::io::Result<(DiskTier, Vec<ObjectMeta>)> {
-        let capacity = opts.capacity;
+        let tier = DiskTier::prepare(root, opts)?;
+        let metas = tier.start()?;
+        Ok((tier, metas))
+    }
+
+    /// The tier over `root`, not started: checks that `root` can hold it and writes nothing
+    /// there (nothing is created, emptied or stamped, and no writer runs until
+    /// [`DiskTier::start`]). Must run inside a tokio runtime (the writer starts on it).
+    pub fn prepare(root: &Path, opts: DiskOptions) -> std::io::Result<DiskTier> {
+        check_dir(root)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        Ok(DiskTier {
+            root: root.to_path_buf(),
+            capacity: opts.capacity,
+            slice_bytes: opts.slice_bytes,
+            read_timeout: opts.read_timeout,
+            write_timeout: opts.write_timeout,
+            index: Arc::new(Mutex::new(Index::default())),
+            queued: Queued::default(),
+            jobs: tx,
+            slots: Arc::new(Semaphore::new(opts.queue)),
+            pending: Arc::new(AtomicUsize::new(0)),
+            stats: Arc::new(DiskStats::default()),
+            start: Mutex::new(Some(Start {
+                rx,
+                holds: opts.holds,
+                runtime: tokio::runtime::Handle::current(),
+            })),
+        })
+    }
+
+    /// Creates the directory (the operator's keeps its mode; the tier's own two are 0700),
+    /// empties it if it was cut with another slice size and stamps it, indexes what survives
+    /// from a previous run, and starts the writer. Returns the object records found, for the
+    /// object index; a second call does nothing (and finds none). The writer starts even when
+    /// the directory cannot be made (its writes then fail and are counted dropped), so what is
+    /// queued never waits for ever.
+    pub fn start(&self) -> std::io::Result<Vec<ObjectMeta>> {
+        let Some(start) = self.start.lock().expect("disk start").take() else {
+            return Ok(Vec::new());
+        };
+        let found = self.load();
+        let records: Records = Arc::new(Mutex::new(match &found {
+            Ok(metas) => metas.iter().map(|m| (m.id, m.generation)).collect(),
+            Err(_) => HashMap::new(),
+        }));
+        start.runtime.spawn(write_loop(
+            Writer {
+                root: self.root.clone(),
+                capacity: self.capacity,
+                write_timeout: self.write_timeout,
+                index: self.index.clone(),
+                records,
+                holds: start.holds,
+                queued: self.queued.clone(),
+                stats: self.stats.clone(),
+                pending: self.pending.clone(),
+            },
+            start.rx,
+        ));
+        found
+    }
+
+    /// The writes and removals of [`DiskTier::start`]: the directories, the layout, and the
+    /// index of what is there.
+    fn load(&self) -> std::io::Result<Vec<ObjectMeta>> {
+        let root = &self.root;
         // The directory given is the operator's (its mode is left as it is, once it exists);
         // the two below are the tier's own.
         create_private_dir(root, false)?;
         create_private_dir(&root.join("objects"), true)?;
         create_private_dir(&root.join("slices"), true)?;
-        let stats = Arc::new(DiskStats::default());
-        check_layout(root, opts.slice_bytes, &stats)?;
+        check_layout(root, self.slice_bytes, &self.stats)?;
         let metas = load_metas(root);
         let versions: HashMap<ObjectId, (u64, Option<u64>)> = metas
             .iter()
             .map(|m| (m.id, (m.generation, m.length)))
             .collect();
-        let index = Arc::new(Mutex::new(load_slices(
-            root,
-            &versions,
-            capacity,
-            opts.slice_bytes,
-        )));
-        let records: Records = Arc::new(Mutex::new(
-            metas.iter().map(|m| (m.id, m.generation)).collect(),
-        ));
-        let (tx, rx) = mpsc::unbounded_channel();
-        let pending = Arc::new(AtomicUsize::new(0));
-        let queued = Queued::default();
-        tokio::spawn(write_loop(
-            Writer {
-                root: root.to_path_buf(),
-                capacity,
-                write_timeout: opts.write_timeout,
-                index: index.clone(),
-                records,
-                holds: opts.holds,
-                queued: queued.clone(),
-                stats: stats.clone(),
-                pending: pending.clone(),
-            },
-            rx,
-        ));
-        Ok((
-            DiskTier {
-                root: root.to_path_buf(),
-                capacity,
-                slice_bytes: opts.slice_bytes,
-                read_timeout: opts.read_timeout,
-                write_timeout: opts.write_timeout,
-                index,
-                queued,
-                jobs: tx,
-                slots: Arc::new(Semaphore::new(opts.queue)),
-                pending,
-                stats,
-            },
-            metas,
-        ))
+        // Nothing used the tier before (its cache serves once installed), so the index found
+        // here is the whole of it.
+        *self.index.lock().expect("disk index") =
+            load_slices(root, &versions, self.capacity, self.slice_bytes);
+        Ok(metas)
     }
 
     /// Queues a slice for writing, waiting for room in the queue (at most the write timeout, then
@@ -564,6 +608,42 @@ fn create_private_dir(path: &Path, tighten: bool) -> std::io::Result<()> {
     {
         let _ = tighten;
         std::fs::create_dir_all(path)
+    }
+}
+
+/// Checks, reading only, that `root` can hold the tier: a directory that can be listed, with
+/// directories (or nothing) at `objects` and `slices`; or a path not there yet whose nearest
+/// existing ancestor is a directory (it is created by [`DiskTier::start`]).
+fn check_dir(root: &Path) -> std::io::Result<()> {
+    let not_a_dir = |p: &Path| std::io::Error::other(format!("{} is not a directory", p.display()));
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => {
+            std::fs::read_dir(root)?;
+            for sub in ["objects", "slices"] {
+                let path = root.join(sub);
+                match std::fs::metadata(&path) {
+                    Ok(m) if !m.is_dir() => return Err(not_a_dir(&path)),
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+        Ok(_) => Err(not_a_dir(root)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut up = root.parent();
+            // An empty parent is the working directory (a relative path of one component).
+            while let Some(dir) = up.filter(|d| !d.as_os_str().is_empty()) {
+                match std::fs::metadata(dir) {
+                    Ok(m) if m.is_dir() => return Ok(()),
+                    Ok(_) => return Err(not_a_dir(dir)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => up = dir.parent(),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 

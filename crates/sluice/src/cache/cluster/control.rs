@@ -75,21 +75,26 @@ fn answer(status: StatusCode, body: String) -> Response<Body> {
     r
 }
 
-/// Binds the control listener and serves it while the cache lives.
-pub(crate) fn listen(
-    bind: SocketAddr,
+/// Binds the control listener (it serves nothing until [`serve`]).
+pub(crate) fn bind(bind: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let std = std::net::TcpListener::bind(bind)?;
+    std.set_nonblocking(true)?;
+    Ok(std)
+}
+
+/// Serves the control listener bound by [`bind`] while the cluster lives; aborting the task
+/// returned closes it.
+pub(crate) fn serve(
+    std: std::net::TcpListener,
     cluster: Weak<Cluster>,
     cache: Weak<Inner>,
     limits: ControlLimits,
-) -> std::io::Result<SocketAddr> {
-    let std = std::net::TcpListener::bind(bind)?;
-    std.set_nonblocking(true)?;
-    let local = std.local_addr()?;
+) -> std::io::Result<tokio::task::AbortHandle> {
     let listener = TcpListener::from_std(std)?;
     let places = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     let member_places = Arc::new(tokio::sync::Semaphore::new(limits.members));
     let per_ip = crate::net::per_ip::PerIp::by_network(limits.per_ip, Vec::new());
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let Ok((stream, from)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -139,7 +144,7 @@ pub(crate) fn listen(
             });
         }
     });
-    Ok(local)
+    Ok(task.abort_handle())
 }
 
 /// Whether `ip` is one of the cluster's members' addresses.
@@ -235,8 +240,12 @@ async fn handle(
 }
 
 /// Checks every peer each `health_interval_ms` while the cache lives.
-pub(crate) fn spawn_checker(cluster: Weak<Cluster>, cache: Weak<Inner>, interval: Duration) {
-    tokio::spawn(async move {
+pub(crate) fn spawn_checker(
+    cluster: Weak<Cluster>,
+    cache: Weak<Inner>,
+    interval: Duration,
+) -> tokio::task::AbortHandle {
+    let task = tokio::spawn(async move {
         // Members given a `member_up` series, so those that leave the ring lose theirs.
         let mut reported = std::collections::HashSet::new();
         loop {
@@ -249,6 +258,7 @@ pub(crate) fn spawn_checker(cluster: Weak<Cluster>, cache: Weak<Inner>, interval
             tokio::time::sleep(interval).await;
         }
     });
+    task.abort_handle()
 }
 
 async fn check_all(
@@ -447,13 +457,9 @@ mod tests {
             head: Duration::from_millis(700),
             body: Duration::from_millis(700),
         };
-        let addr = listen(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::downgrade(&cluster),
-            Weak::new(),
-            limits,
-        )
-        .unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        serve(listener, Arc::downgrade(&cluster), Weak::new(), limits).unwrap();
         let half = |mut s: tokio::net::TcpStream| async move {
             s.write_all(b"POST /cluster/purge HTTP/1.1\r\nHo")
                 .await

@@ -28,9 +28,14 @@ pub fn static_members(config: &ClusterConfig) -> Vec<MemberSpec> {
         .collect()
 }
 
-/// Keeps the ring's members in step with DNS until the ring is dropped.
+/// Keeps the ring's members in step with DNS until the ring is dropped (or the task returned
+/// is aborted).
 #[cfg(feature = "dns")]
-pub fn spawn_dns(config: &ClusterConfig, ring: Weak<Ring>, resolved: crate::atomic::Counter) {
+pub fn spawn_dns(
+    config: &ClusterConfig,
+    ring: Weak<Ring>,
+    resolved: crate::atomic::Counter,
+) -> tokio::task::AbortHandle {
     let resolver = dns::resolver(config.dns_server);
     let name = config.dns.clone().unwrap_or_default();
     let (min, max) = (
@@ -38,7 +43,7 @@ pub fn spawn_dns(config: &ClusterConfig, ring: Weak<Ring>, resolved: crate::atom
         Duration::from_secs(config.dns_max_refresh_secs),
     );
     let control_port = config.control_port;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let wait = match dns::members(&resolver, &name, control_port).await {
                 Ok((specs, ttl)) => {
@@ -62,6 +67,7 @@ pub fn spawn_dns(config: &ClusterConfig, ring: Weak<Ring>, resolved: crate::atom
             tokio::time::sleep(wait).await;
         }
     });
+    task.abort_handle()
 }
 
 #[cfg(feature = "dns")]
