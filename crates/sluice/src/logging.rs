@@ -241,11 +241,36 @@ struct Fields {
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // A `%` field (and the message) is written as its `Display` gives it: a CR or LF from a
+        // client (a header, a path) would otherwise end the line and start a forged one.
         if field.name() == "message" {
-            let _ = write!(self.message, "{value:?}");
+            let _ = write!(Escaped(&mut self.message), "{value:?}");
         } else {
-            let _ = write!(self.rest, " {}={value:?}", field.name());
+            let _ = write!(Escaped(&mut self.rest), " {}={value:?}", field.name());
         }
+    }
+}
+
+/// Writes through to a line, control characters (C0 but tab, and DEL) escaped as `\r`, `\n` or
+/// `\x1b`, so one event is always one line and sends no terminal escape.
+struct Escaped<'a>(&'a mut String);
+
+impl fmt::Write for Escaped<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut rest = s;
+        while let Some(i) = rest.find(|c: char| c.is_ascii_control() && c != '\t') {
+            self.0.push_str(&rest[..i]);
+            match rest.as_bytes()[i] {
+                b'\r' => self.0.push_str("\\r"),
+                b'\n' => self.0.push_str("\\n"),
+                b => {
+                    let _ = write!(self.0, "\\x{b:02x}");
+                }
+            }
+            rest = &rest[i + 1..];
+        }
+        self.0.push_str(rest);
+        Ok(())
     }
 }
 
@@ -328,6 +353,26 @@ mod tests {
         s.clear();
         timestamp(&mut s, UNIX_EPOCH);
         assert_eq!(s, "1970-01-01T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn control_characters_in_fields_cannot_forge_a_line() {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let logger = Logger::new(parse_filter("info").unwrap(), false);
+        tracing::subscriber::with_default(Capture(logger, lines.clone()), || {
+            let path = "/x\r\n2026-01-01T00:00:00.000000Z ERROR sluice::auth: forged";
+            let host = "a\x1b[31m\tb\u{7f}";
+            tracing::warn!(target: "sluice::server", %path, %host, "refused {}", "c\nd");
+        });
+        let lines = lines.lock().unwrap();
+        assert_eq!(
+            *lines,
+            [
+                "1970-01-01T00:00:00.000000Z  WARN sluice::server: refused c\\nd \
+                 path=/x\\r\\n2026-01-01T00:00:00.000000Z ERROR sluice::auth: forged \
+                 host=a\\x1b[31m\tb\\x7f\n",
+            ]
+        );
     }
 
     /// `Logger`'s filtering and formatting, with the lines kept instead of written.

@@ -1507,6 +1507,60 @@ async fn purge_by_url_prefix_and_tag_with_auth() {
     assert_eq!(body(&r), body(&none));
 }
 
+/// Finding: a tag purge named as many tags as a header holds (a 64 KiB `X-Purge-Tag`, ~20,000),
+/// each matched against every object with the index locked. Past 64 it is refused with a 400
+/// that says why; 64 are purged as asked.
+#[tokio::test]
+async fn a_tag_purge_names_at_most_64_tags() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/t",
+        Obj::new(10, "max-age=60").header("surrogate-key", "t63"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/t"), &[]).await;
+    assert_eq!(front.cache.objects(), 1);
+    let tags = |n: usize| {
+        (0..n)
+            .map(|i| format!("t{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let purge = |tags: String| {
+        let url = front.url("/");
+        async move {
+            request(
+                "PURGE",
+                &url,
+                &[
+                    ("x-purge-key", "purge-secret"),
+                    ("x-purge-mode", "tag"),
+                    ("x-purge-tag", &tags),
+                ],
+            )
+            .await
+        }
+    };
+    for n in [65, 20_000] {
+        let r = purge(tags(n)).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{n} tags");
+        assert_eq!(
+            body(&r),
+            Bytes::from_static(
+                b"{\"error\":\"X-Purge-Tag names more than 64 tags: send several purges\"}"
+            )
+        );
+        assert_eq!(front.cache.objects(), 1, "nothing purged");
+    }
+    let r = purge(tags(64)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        body(&r),
+        Bytes::from_static(b"{\"purged\":1,\"soft\":false}")
+    );
+    assert_eq!(front.cache.objects(), 0);
+}
+
 #[tokio::test]
 async fn empty_objects_and_ranges_past_the_end_of_a_cold_object_are_passed() {
     let (origin, oaddr) = start_origin().await;

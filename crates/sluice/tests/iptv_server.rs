@@ -180,3 +180,51 @@ async fn metrics_open_without_the_password_only_to_this_machine() {
         assert!(text.contains("sluice_"), "{text}");
     }
 }
+
+/// Finding: the answers behind the password carried no `Cache-Control` (the guide a `public`
+/// one), so a front cache keyed on the URL alone (the password in a cookie or header) would hand
+/// one viewer's playlist of tokens, the status and the metrics to the next client. Each is now
+/// `private`: `no-store` where the handler set nothing, the guide keeping its `max-age`.
+#[tokio::test]
+async fn answers_behind_the_password_are_private() {
+    // A guide origin: one small XMLTV document to any request.
+    let guide = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let guide_addr = guide.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut tcp, _)) = guide.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let xml = "<?xml version=\"1.0\"?>\n<tv><channel id=\"a\"></channel></tv>\n";
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n",
+                    xml.len()
+                );
+                let _ = tcp.write_all(format!("{head}{xml}").as_bytes()).await;
+            });
+        }
+    });
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    m3u.write_all(b"#EXTM3U\n#EXTINF:-1,One\nrtp://239.1.2.3:5000\n")
+        .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = "tv-pw".into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.epg_url = Some(format!("http://{guide_addr}/guide.xml"));
+    let s = Sluice::start(config).await;
+    let pw = [("api_password", "tv-pw")];
+    for path in ["/playlist.m3u", "/status", "/status.json", "/metrics"] {
+        let r = request("GET", &s.url(path), &pw).await;
+        assert_eq!(r.status, 200, "{path}: {:?}", r.body);
+        assert_eq!(r.headers["cache-control"], "private, no-store", "{path}");
+    }
+    let r = request("GET", &s.url("/epg.xml"), &pw).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.headers["cache-control"], "private, max-age=300");
+    // The open health check is left as it was.
+    let r = get(&s.url("/health")).await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers.get("cache-control").is_none());
+}

@@ -74,7 +74,7 @@ impl CountingOrigin {
 
 /// `/big*`: 3 MiB + 5 bytes; `/nostore`: `no-store`; anything else: a small body naming its path.
 /// Every GET is cacheable for an hour (apart from `/nostore`) and honours `Range`; other methods
-/// get 204.
+/// get 204. A path with `tagged` in it carries `Surrogate-Key: product-7`.
 fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let range = req
@@ -156,7 +156,11 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
         "public, max-age=3600"
     };
     let len = body.len();
-    let b = Response::builder()
+    let mut b = Response::builder();
+    if path.contains("tagged") {
+        b = b.header("surrogate-key", "product-7 other");
+    }
+    let b = b
         .header("cache-control", cache_control)
         .header("etag", "\"e1\"")
         .header("accept-ranges", "bytes")
@@ -197,6 +201,11 @@ response_headers_add = {{ "x-route" = "cached" }}
 [[routes]]
 path = "/plain/"
 upstream = "app"
+
+[[routes]]
+path = "/shop/"
+upstream = "app"
+cache = true
 
 [cache]
 memory_bytes = "64MiB"
@@ -357,6 +366,51 @@ async fn purge_then_refetch() {
     assert_eq!(r.body.as_deref().unwrap(), b"body of /p.txt");
     assert!(!cache_status(&r).contains("; hit"));
     assert_eq!(origin.count("GET", "/p.txt"), 2);
+}
+
+/// Finding: a tag purge matched the tag alone, so a `PURGE` sent to one host dropped every object
+/// with that tag on every route and host. It now stays within the route and host it was sent to.
+#[tokio::test]
+async fn a_tag_purge_stays_within_its_route_and_host() {
+    let (origin, s) = start().await;
+    let get = |path: &'static str, host: &'static str| {
+        let url = s.url(path);
+        async move { request("GET", &url, &[("host", host)]).await }
+    };
+    for _ in 0..2 {
+        get("/tagged/x", "a.example").await;
+        get("/tagged/x", "b.example").await;
+        get("/shop/tagged", "a.example").await;
+    }
+    assert_eq!(origin.count("GET", "/tagged/x"), 2, "one fill per host");
+    assert_eq!(origin.count("GET", "/shop/tagged"), 1);
+    let purged = request(
+        "PURGE",
+        &s.url("/x"),
+        &[
+            ("host", "a.example"),
+            ("x-purge-key", PURGE_KEY),
+            ("x-purge-mode", "tag"),
+            ("x-purge-tag", "product-7"),
+        ],
+    )
+    .await;
+    assert_eq!(purged.status, StatusCode::OK, "{:?}", purged.body);
+    assert_eq!(
+        std::str::from_utf8(purged.body.as_deref().unwrap()).unwrap(),
+        "{\"purged\":1,\"soft\":false}"
+    );
+    // The other host's object and the other route's are still hits.
+    let r = get("/tagged/x", "b.example").await;
+    assert!(cache_status(&r).contains("; hit"), "{}", cache_status(&r));
+    let r = get("/shop/tagged", "a.example").await;
+    assert!(cache_status(&r).contains("; hit"), "{}", cache_status(&r));
+    assert_eq!(origin.count("GET", "/tagged/x"), 2);
+    assert_eq!(origin.count("GET", "/shop/tagged"), 1);
+    // The purged one is fetched again.
+    let r = get("/tagged/x", "a.example").await;
+    assert_eq!(r.body.as_deref().unwrap(), b"body of /tagged/x");
+    assert_eq!(origin.count("GET", "/tagged/x"), 3);
 }
 
 #[tokio::test]

@@ -298,6 +298,95 @@ impl App {
             },
             p => Err(not_found(p)),
         };
-        result.unwrap_or_else(ProxyError::into_response)
+        let mut resp = result.unwrap_or_else(ProxyError::into_response);
+        if self.keys.load().auth.required() && own_answer(&ctx.path) {
+            keep_private(resp.headers_mut());
+        }
+        resp
+    }
+}
+
+/// Whether the answer on built-in `path` is this server's own, made for a client that proved the
+/// password or holds a token (pages, status, metrics, playlists with a token per entry, the
+/// guide): not the open health check, nor a stream or an origin's answer relayed (proxied media,
+/// extractor, Xtream Codes), which keep the caching fields they came with.
+fn own_answer(path: &str) -> bool {
+    if path == "/health" || browser::is_player_path(path) {
+        return false;
+    }
+    #[cfg(feature = "media")]
+    if Media::serves_extractor(path) || crate::media::xtream::Xtream::serves(path) {
+        return false;
+    }
+    true
+}
+
+/// Keeps an own answer out of shared caches: a front cache keyed on the URL alone (not on the
+/// cookie or header the password came in) would otherwise hand one viewer's page, or playlist
+/// of tokens, to the next client. Without a `Cache-Control`: `private, no-store`. One the
+/// handler set keeps its freshness (a guide's `max-age` for the player's own cache), with
+/// `public` made `private`, or `private` added.
+fn keep_private(headers: &mut http::HeaderMap) {
+    use http::header::{HeaderValue, CACHE_CONTROL};
+    let Some(set) = headers.get(CACHE_CONTROL).and_then(|v| v.to_str().ok()) else {
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("private, no-store"));
+        return;
+    };
+    let mut private = false;
+    let mut directives: Vec<&str> = Vec::new();
+    for d in set.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let name = d.split('=').next().unwrap_or(d).trim();
+        if name.eq_ignore_ascii_case("public") {
+            continue;
+        }
+        private |= name.eq_ignore_ascii_case("private") || name.eq_ignore_ascii_case("no-store");
+        directives.push(d);
+    }
+    if !private {
+        directives.insert(0, "private");
+    }
+    if let Ok(v) = HeaderValue::from_str(&directives.join(", ")) {
+        headers.insert(CACHE_CONTROL, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(set: Option<&str>) -> String {
+        let mut h = http::HeaderMap::new();
+        if let Some(v) = set {
+            h.insert(http::header::CACHE_CONTROL, v.parse().unwrap());
+        }
+        keep_private(&mut h);
+        h[http::header::CACHE_CONTROL].to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn own_answers_are_kept_out_of_shared_caches() {
+        assert_eq!(kept(None), "private, no-store");
+        assert_eq!(kept(Some("public, max-age=300")), "private, max-age=300");
+        assert_eq!(kept(Some("no-cache")), "private, no-cache");
+        assert_eq!(kept(Some("no-cache, no-store")), "no-cache, no-store");
+        assert_eq!(kept(Some("private, max-age=5")), "private, max-age=5");
+        for open in [
+            "/health",
+            "/proxy/stream",
+            "/rtp/239.1.2.3:5000",
+            "/hls/1/x.m3u8",
+        ] {
+            assert!(!own_answer(open), "{open}");
+        }
+        for own in [
+            "/status",
+            "/status.json",
+            "/playlist.m3u",
+            "/epg.xml",
+            "/metrics",
+            "/",
+        ] {
+            assert!(own_answer(own), "{own}");
+        }
     }
 }

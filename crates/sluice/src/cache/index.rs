@@ -58,6 +58,48 @@ impl Primary {
     }
 }
 
+/// Which primary keys a purge looks at.
+#[derive(Debug, Clone, Copy)]
+pub enum Primaries<'a> {
+    /// This one.
+    Key(&'a str),
+    /// Every one that starts with this (`""`: all).
+    Prefix(&'a str),
+}
+
+/// Purges the variants of `p` (primary key `key`) that `matches` (see [`ObjectIndex::purge`]);
+/// returns how many it dropped.
+fn purge_variants(
+    key: &str,
+    p: &mut Primary,
+    matches: &impl Fn(&str, &ObjectMeta) -> bool,
+    soft: bool,
+    out: &mut Vec<Arc<ObjectMeta>>,
+) -> usize {
+    let mut removed = 0;
+    p.variants.retain(|_, m| {
+        if !matches(key, m) {
+            return true;
+        }
+        if soft {
+            let mut stale = (**m).clone();
+            stale.soft_purged = true;
+            let stale = Arc::new(stale);
+            out.push(stale.clone());
+            *m = stale;
+            true
+        } else {
+            out.push(m.clone());
+            removed += 1;
+            false
+        }
+    });
+    if removed > 0 {
+        p.reorder();
+    }
+    removed
+}
+
 #[derive(Default)]
 struct Inner {
     primaries: HashMap<String, Primary>,
@@ -260,10 +302,12 @@ impl ObjectIndex {
         dropped
     }
 
-    /// Purges every object whose primary key matches; hard purges drop them, soft purges mark them
-    /// stale. Returns the records affected (dropped or updated).
+    /// Purges the objects of the primary keys `which` names that `matches`; hard purges drop
+    /// them, soft purges mark them stale. Returns the records affected (dropped or updated).
+    /// One key is looked up, not searched for: the lock is held for its variants alone.
     pub fn purge(
         &self,
+        which: Primaries<'_>,
         matches: impl Fn(&str, &ObjectMeta) -> bool,
         soft: bool,
     ) -> Vec<Arc<ObjectMeta>> {
@@ -271,27 +315,18 @@ impl ObjectIndex {
         let mut inner = self.lock();
         let inner = &mut *inner;
         let mut removed = 0;
-        for (key, p) in inner.primaries.iter_mut() {
-            let before = removed;
-            p.variants.retain(|_, m| {
-                if !matches(key, m) {
-                    return true;
+        match which {
+            Primaries::Key(key) => {
+                if let Some(p) = inner.primaries.get_mut(key) {
+                    removed += purge_variants(key, p, &matches, soft, &mut out);
                 }
-                if soft {
-                    let mut stale = (**m).clone();
-                    stale.soft_purged = true;
-                    let stale = Arc::new(stale);
-                    out.push(stale.clone());
-                    *m = stale;
-                    true
-                } else {
-                    out.push(m.clone());
-                    removed += 1;
-                    false
+            }
+            Primaries::Prefix(prefix) => {
+                for (key, p) in inner.primaries.iter_mut() {
+                    if key.starts_with(prefix) {
+                        removed += purge_variants(key, p, &matches, soft, &mut out);
+                    }
                 }
-            });
-            if removed != before {
-                p.reorder();
             }
         }
         inner.objects -= removed;
@@ -449,6 +484,38 @@ pub(crate) mod tests {
         assert!(idx.remove_object("u", held[0].id, held[0].generation));
         let inner = idx.lock();
         assert_eq!(inner.primaries["u"].order.len(), held.len() - 1);
+    }
+
+    /// Finding: a purge of one URL walked every primary key under the lock. Now it looks the key
+    /// up: only its own variants are visited (counted by the match), and a prefix purge visits
+    /// only the keys under its prefix.
+    #[test]
+    fn a_url_purge_visits_its_own_key_alone() {
+        let idx = ObjectIndex::new(100);
+        for key in ["s|/a", "s|/b", "s|/c", "t|/a"] {
+            idx.insert(meta(key, vec![], "", 1));
+        }
+        let visited = std::sync::Mutex::new(Vec::new());
+        let count = |k: &str, _: &ObjectMeta| {
+            visited.lock().unwrap().push(k.to_string());
+            true
+        };
+        let out = idx.purge(Primaries::Key("s|/b"), count, false);
+        assert_eq!(out.len(), 1);
+        assert_eq!(*visited.lock().unwrap(), ["s|/b"]);
+        assert_eq!(idx.len(), 3);
+        assert!(idx
+            .purge(Primaries::Key("s|/nothing"), count, false)
+            .is_empty());
+        assert_eq!(visited.lock().unwrap().len(), 1);
+        visited.lock().unwrap().clear();
+        let soft = idx.purge(Primaries::Prefix("s|"), count, true);
+        assert_eq!(soft.len(), 2);
+        assert!(soft.iter().all(|m| m.soft_purged));
+        let mut seen = visited.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, ["s|/a", "s|/c"]);
+        assert_eq!(idx.len(), 3, "a soft purge keeps them");
     }
 
     /// A small bound with the inserted key the oldest: its own older variants go, not the bound.

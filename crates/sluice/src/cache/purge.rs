@@ -3,9 +3,11 @@
 //! with the purge key or the API password; every refusal is the same 403.
 //!
 //! Request headers: `X-Purge-Key: <key>` or `Authorization: Bearer <key>`; `X-Purge-Mode: url`
-//! (default), `prefix` or `tag`; `X-Purge-Tag: a b` (tag mode, several tags separated by spaces or
-//! commas); `X-Purge-Soft: 1`.
+//! (default), `prefix` or `tag`; `X-Purge-Tag: a b` (tag mode, at most [`MAX_TAGS`] tags separated
+//! by spaces or commas); `X-Purge-Soft: 1`. Every mode stays within the route and host the
+//! `PURGE` was sent to ([`key_scope`]): a tag purge too.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderValue};
@@ -15,9 +17,14 @@ use http::{Response, StatusCode};
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::cluster::purge_log::PurgeOrder;
+use super::index::Primaries;
 use super::object::ObjectMeta;
 use super::{CacheKey, Inner};
 use crate::body::{self, Body};
+
+/// Tags one purge may name. Each is matched against every object under the lock, and each order
+/// is kept in the cluster's purge log: a bound on both.
+pub const MAX_TAGS: usize = 64;
 
 /// What a purge removes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,21 +79,48 @@ fn scope(headers: &HeaderMap) -> Result<PurgeScope, &'static str> {
         "url" => Ok(PurgeScope::Url),
         "prefix" => Ok(PurgeScope::Prefix),
         "tag" => {
+            // One past the bound is enough to refuse: a long header is not split further.
             let tags: Vec<String> = headers
                 .get_all("x-purge-tag")
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split([' ', ',']))
                 .filter(|t| !t.is_empty())
+                .take(MAX_TAGS + 1)
                 .map(str::to_string)
                 .collect();
             if tags.is_empty() {
                 Err("X-Purge-Mode: tag needs X-Purge-Tag")
+            } else if tags.len() > MAX_TAGS {
+                Err("X-Purge-Tag names more than 64 tags: send several purges")
             } else {
                 Ok(PurgeScope::Tags(tags))
             }
         }
         _ => Err("X-Purge-Mode must be url, prefix or tag"),
+    }
+}
+
+/// The part of a cache key that names the route and host (or whatever else the front end scoped
+/// it by), with the `|` that ends it: what every key of that route and host starts with. A
+/// reverse route's key is `<len>:<route><len>:<host>|<target>` (lengths in bytes), read by its
+/// lengths so a `|` in the host cannot move the end; any other key's scope ends at its first `|`
+/// (`media|...`); a key without one is its own scope.
+pub fn key_scope(key: &str) -> &str {
+    fn field(rest: &str) -> Option<&str> {
+        let (len, rest) = rest.split_once(':')?;
+        if len.is_empty() || len.len() > 10 || !len.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        rest.get(len.parse::<usize>().ok()?..)
+    }
+    let routed = field(key)
+        .and_then(field)
+        .filter(|rest| rest.starts_with('|'))
+        .map(|rest| key.len() - rest.len() + 1);
+    match routed.or_else(|| key.find('|').map(|i| i + 1)) {
+        Some(end) => &key[..end],
+        None => key,
     }
 }
 
@@ -248,6 +282,7 @@ impl Inner {
         Ok(PurgeOrder {
             mode: mode.into(),
             key: key.0.clone(),
+            scope: key_scope(&key.0).to_string(),
             tags,
             soft,
             at_ms: super::cluster::purge_log::now_ms(),
@@ -260,27 +295,48 @@ impl Inner {
         // Clocks of two nodes differ a little: a replay errs on the side of purging.
         const SKEW: Duration = Duration::from_secs(2);
         let made = UNIX_EPOCH + Duration::from_millis(order.at_ms) + SKEW;
-        let older = |m: &ObjectMeta| !replay || m.clock.response_time < made;
+        let older = |_: &str, m: &ObjectMeta| !replay || m.clock.response_time < made;
         match order.mode.as_str() {
-            "url" => self.purge_matching(|k, m| k == order.key && older(m), order.soft),
-            "prefix" => {
-                self.purge_matching(|k, m| k.starts_with(&order.key) && older(m), order.soft)
+            "url" => self.purge_in(Primaries::Key(&order.key), older, order.soft),
+            "prefix" => self.purge_in(Primaries::Prefix(&order.key), older, order.soft),
+            "tag" => {
+                // An order from a node that predates scopes has none: it is scoped as its key
+                // says (such nodes always sent the key the PURGE was sent to). Never wider.
+                let scope = match order.scope.as_str() {
+                    "" => key_scope(&order.key),
+                    s => s,
+                };
+                if scope.is_empty() {
+                    return 0;
+                }
+                let wanted: HashSet<&str> = order.tags.iter().map(String::as_str).collect();
+                self.purge_in(
+                    Primaries::Prefix(scope),
+                    |k, m| m.tags.iter().any(|t| wanted.contains(t.as_str())) && older(k, m),
+                    order.soft,
+                )
             }
-            "tag" => self.purge_matching(
-                |_, m| m.tags.iter().any(|t| order.tags.contains(t)) && older(m),
-                order.soft,
-            ),
             _ => 0,
         }
     }
 
-    /// Purges matching objects; returns how many.
+    /// Purges every object that `matches`, whatever its key; returns how many.
     pub(super) fn purge_matching(
         &self,
         matches: impl Fn(&str, &ObjectMeta) -> bool,
         soft: bool,
     ) -> usize {
-        let affected = self.index.purge(matches, soft);
+        self.purge_in(Primaries::Prefix(""), matches, soft)
+    }
+
+    /// Purges the objects of the keys `which` names that `matches`; returns how many.
+    pub(super) fn purge_in(
+        &self,
+        which: Primaries<'_>,
+        matches: impl Fn(&str, &ObjectMeta) -> bool,
+        soft: bool,
+    ) -> usize {
+        let affected = self.index.purge(which, matches, soft);
         for meta in &affected {
             if soft {
                 if let Some(disk) = &self.disk {
@@ -389,5 +445,38 @@ mod tests {
         );
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
         assert_eq!(offered_key(&h), Some("k"));
+    }
+
+    #[test]
+    fn at_most_64_tags() {
+        let tags = |n: usize| {
+            let mut h = HeaderMap::new();
+            h.insert("x-purge-mode", HeaderValue::from_static("tag"));
+            let list: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+            h.insert("x-purge-tag", list.join(" ").parse().unwrap());
+            scope(&h)
+        };
+        assert!(matches!(tags(64), Ok(PurgeScope::Tags(t)) if t.len() == 64));
+        assert_eq!(
+            tags(65),
+            Err("X-Purge-Tag names more than 64 tags: send several purges")
+        );
+        assert!(tags(20_000).is_err());
+    }
+
+    #[test]
+    fn the_scope_is_the_route_and_host_part_of_the_key() {
+        assert_eq!(key_scope("3:web9:a.example|/x|y"), "3:web9:a.example|");
+        // A `|` in the host does not end the scope early; the lengths decide.
+        assert_eq!(key_scope("3:web3:a|b|/x"), "3:web3:a|b|");
+        assert_eq!(key_scope("0:0:|/"), "0:0:|");
+        assert_eq!(key_scope("media|abc|http://o/seg.ts"), "media|");
+        assert_eq!(key_scope("test|/p/a"), "test|");
+        assert_eq!(key_scope("9:web|/x"), "9:web|");
+        assert_eq!(key_scope("nobar"), "nobar");
+        assert_eq!(key_scope(""), "");
+        // Lengths past the key, or not digits, fall back to the first `|`.
+        assert_eq!(key_scope("99:web|/x"), "99:web|");
+        assert_eq!(key_scope("1:\u{e9}1:a|/x"), "1:\u{e9}1:a|");
     }
 }

@@ -13,9 +13,15 @@ use serde::{Deserialize, Serialize};
 pub struct PurgeOrder {
     /// `url`, `prefix` or `tag`.
     pub mode: String,
-    /// The cache key (url, prefix); empty for tags.
+    /// The cache key the `PURGE` was sent to (url, prefix; tag purges carry it too).
     #[serde(default)]
     pub key: String,
+    /// The route and host part of `key` (`purge::key_scope`): a tag purge stays within it. An
+    /// order from a node that predates it has none, and is scoped by its `key` instead.
+    #[serde(default)]
+    pub scope: String,
+    /// At most `purge::MAX_TAGS` (a client's purge naming more is refused), each within the
+    /// request head's bound: with the entry count, what bounds the log's size.
     #[serde(default)]
     pub tags: Vec<String>,
     pub soft: bool,
@@ -72,6 +78,8 @@ impl PurgeLog {
         }
     }
 
+    /// Adds an order, dropping the oldest past the cap. Entries are bounded in number here and
+    /// each in size by what it may hold (`PurgeOrder::tags`), so the log's memory is bounded.
     pub fn append(&self, order: PurgeOrder) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let seq = g.0;
@@ -109,6 +117,7 @@ mod tests {
         PurgeOrder {
             mode: "url".into(),
             key: key.into(),
+            scope: String::new(),
             tags: vec![],
             soft: false,
             at_ms: 1,
@@ -133,5 +142,21 @@ mod tests {
         let json = serde_json::to_string(&rest).unwrap();
         let back: LogPage = serde_json::from_str(&json).unwrap();
         assert_eq!(back.entries[0].order, order("d"));
+    }
+
+    /// An order from a node that predates scopes still parses (with none); a node that predates
+    /// them reads a new one, ignoring the scope.
+    #[test]
+    fn orders_without_a_scope_parse() {
+        let old = r#"{"mode":"tag","key":"3:web1:a|/","tags":["t"],"soft":false,"at_ms":5}"#;
+        let order: PurgeOrder = serde_json::from_str(old).unwrap();
+        assert_eq!(order.scope, "");
+        assert_eq!(order.key, "3:web1:a|/");
+        let json = serde_json::to_value(PurgeOrder {
+            scope: "3:web1:a|".into(),
+            ..order
+        })
+        .unwrap();
+        assert_eq!(json["scope"], "3:web1:a|");
     }
 }
