@@ -331,8 +331,11 @@ impl Cache {
     /// may send costs the next reader a conditional request (a 304 when nothing changed), never a
     /// refetch of the object.
     pub fn invalidate(&self, keys: &[CacheKey]) {
+        // Each key looked up, not the whole index walked under its lock: any client's POST on
+        // a caching route lands here.
         for key in keys {
-            self.inner.purge_matching(|k, _| k == key.0, true);
+            self.inner
+                .purge_in(index::Primaries::Key(&key.0), |_, _| true, true);
         }
     }
 

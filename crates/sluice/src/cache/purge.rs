@@ -320,15 +320,6 @@ impl Inner {
         }
     }
 
-    /// Purges every object that `matches`, whatever its key; returns how many.
-    pub(super) fn purge_matching(
-        &self,
-        matches: impl Fn(&str, &ObjectMeta) -> bool,
-        soft: bool,
-    ) -> usize {
-        self.purge_in(Primaries::Prefix(""), matches, soft)
-    }
-
     /// Purges the objects of the keys `which` names that `matches`; returns how many.
     pub(super) fn purge_in(
         &self,
