@@ -175,16 +175,21 @@ impl XcPath {
     }
 }
 
-/// Characters escaped inside one path segment.
+/// Characters escaped inside one path segment: the URL standard's path set (so the URL crate
+/// leaves the segment as written) plus `%`, `/` and `\`, which it would read as separators.
 const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
     .add(b' ')
     .add(b'"')
     .add(b'#')
     .add(b'%')
     .add(b'/')
+    .add(b'\\')
     .add(b'?')
     .add(b'<')
-    .add(b'>');
+    .add(b'>')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}');
 
 /// Recognises an XC path; `None` for anything else (the caller answers 404).
 pub fn parse_path(path: &str) -> Option<XcPath> {
@@ -201,10 +206,20 @@ pub fn parse_path(path: &str) -> Option<XcPath> {
     }
     let rest = path.strip_prefix('/')?;
     let segs: Vec<&str> = rest.split('/').collect();
-    if segs.iter().any(|s| s.is_empty() || *s == "." || *s == "..") {
+    // The URL crate resolves `%2e%2e` as `..` too: a dot segment in any spelling would walk the
+    // upstream request out of the XC shape to any path on the provider's host.
+    if segs
+        .iter()
+        .any(|s| s.is_empty() || matches!(&*decode(s), "." | ".."))
+    {
         return None;
     }
     let stream = |prefix: String, user: &str, password: &str, tail: &[&str]| {
+        // The user and password are decoded and escaped again; the rest goes up as written, so
+        // an escaped separator in it would be a segment the panel or the URL crate splits.
+        if !tail.iter().all(|s| is_one_segment(s)) {
+            return None;
+        }
         Some(XcPath::Stream {
             prefix,
             user: decode(user),
@@ -221,12 +236,16 @@ pub fn parse_path(path: &str) -> Option<XcPath> {
             stream("timeshift/".into(), user, pw, tail)
         }
         // /hlsr/{session}/{user}/{pw}/{channel}/{start}/{end}/index.m3u8
-        ["hlsr", session, user, pw, tail @ ..] if tail.len() == 4 => {
+        ["hlsr", session, user, pw, tail @ ..] if tail.len() == 4 && is_one_segment(session) => {
             stream(format!("hlsr/{session}/"), user, pw, tail)
         }
-        ["hls", session, file] if file.ends_with(".m3u8") => Some(XcPath::HlsSession {
-            rest: format!("{session}/{file}"),
-        }),
+        ["hls", session, file]
+            if file.ends_with(".m3u8") && is_one_segment(session) && is_one_segment(file) =>
+        {
+            Some(XcPath::HlsSession {
+                rest: format!("{session}/{file}"),
+            })
+        }
         [user, pw, id] if is_stream_id(id) => stream(String::new(), user, pw, &[id]),
         _ => None,
     }
@@ -236,6 +255,12 @@ pub fn parse_path(path: &str) -> Option<XcPath> {
 fn is_stream_id(seg: &str) -> bool {
     let id = seg.split_once('.').map_or(seg, |(id, _)| id);
     !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `seg` stays one segment however it is read: no `/` or `\`, escaped or not (the URL
+/// crate reads `\` as `/` in http URLs).
+fn is_one_segment(seg: &str) -> bool {
+    !decode(seg).contains(['/', '\\'])
 }
 
 fn decode(seg: &str) -> String {
@@ -346,5 +371,34 @@ mod tests {
         assert_eq!(parse_path("/proxy/stream/x"), None);
         assert_eq!(extension("7.M3U8").as_deref(), Some("m3u8"));
         assert_eq!(extension("60/x/7"), None);
+    }
+
+    #[test]
+    fn escaped_dot_segments_and_separators_are_refused() {
+        for path in [
+            "/timeshift/U/pw/%2e%2e/%2e%2e/admin%2Fx.php",
+            "/timeshift/U/pw/60/%2E%2e/7.ts",
+            "/timeshift/U/pw/60/.%2e/7.ts",
+            "/live/U/%2e/7.ts",
+            "/live/%2e%2e/pw/7.ts",
+            "/movie/U/pw/%2e%2e",
+            "/%2e%2e/pw/7",
+            "/hlsr/%2e%2e/U/pw/7/1/2/index.m3u8",
+            "/hls/%2e%2e/7.m3u8",
+            // Separators the URL crate or the panel would split on.
+            "/timeshift/U/pw/60/a%2Fb/7.ts",
+            "/timeshift/U/pw/60/a%5Cb/7.ts",
+            "/timeshift/U/pw/60/a\\b/7.ts",
+            "/hlsr/s%2Fx/U/pw/7/1/2/index.m3u8",
+            "/hls/a%5c/index.m3u8",
+        ] {
+            assert_eq!(parse_path(path), None, "{path}");
+        }
+        // An escaped separator in the user or password is escaped again on the way up, so it
+        // stays one segment there.
+        let p = parse_path("/live/U/p%5Cw%2F/7.ts").unwrap();
+        assert_eq!(p.upstream_path("a{b}`"), "live/a%7Bb%7D%60/p%5Cw%2F/7.ts");
+        // A dot inside a segment is ordinary.
+        assert!(parse_path("/timeshift/U/pw/60/2026-01-01:10.00/7.ts").is_some());
     }
 }

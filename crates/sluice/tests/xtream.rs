@@ -24,6 +24,10 @@ const XC_PASS: &str = "xcsecret";
 const MOVIE_LEN: usize = 1_000_003;
 /// The password the scripted panel answers 403 to.
 const BANNED_PASS: &str = "banned-line";
+/// The password the scripted panel answers a 2 MiB login to (`[0,0,0,...]`).
+const HUGE_LOGIN_PASS: &str = "huge-login";
+/// A live stream the scripted panel never answers (it holds the request 5 s).
+const HELD_STREAM: &str = "/live/alice/xcsecret/999.ts";
 
 /// A scripted XC panel: answers as a real one does for `alice`/`xcsecret`, records each request.
 struct Panel {
@@ -49,7 +53,13 @@ async fn panel() -> Panel {
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
                     let s = s.clone();
-                    async move { Ok::<_, Infallible>(panel_answer(req, addr, &s)) }
+                    async move {
+                        if req.uri().path() == HELD_STREAM {
+                            s.lock().unwrap().push(HELD_STREAM.to_string());
+                            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                        }
+                        Ok::<_, Infallible>(panel_answer(req, addr, &s))
+                    }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), svc)
@@ -88,6 +98,14 @@ fn panel_answer(
             .status(StatusCode::FORBIDDEN)
             .body(Full::new(Bytes::new()))
             .unwrap(),
+        "/player_api.php" if q("password") == Some(HUGE_LOGIN_PASS) => {
+            let mut zeros = "[0".to_string();
+            while zeros.len() < 2 * 1024 * 1024 {
+                zeros.push_str(",0");
+            }
+            zeros.push(']');
+            json(zeros)
+        }
         "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
         "/player_api.php" => match q("action") {
             None => json(format!(
@@ -447,4 +465,111 @@ async fn provider_errors_do_not_name_the_provider() {
         !body.contains(&gone.to_string()) && !body.contains("127.0.0.1"),
         "{body}"
     );
+}
+
+/// A login answer is parsed as JSON only up to 1 MiB (a real one is about 2 KB): a provider
+/// answering 2 MiB of `[0,0,...]` gets a 502 that names no host, and the next login works.
+#[tokio::test]
+async fn an_oversized_login_answer_is_the_providers_fault() {
+    let (p, s) = setup().await;
+    let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={user}&password={HUGE_LOGIN_PASS}"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let body = text(&r);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["side"], "upstream", "{body}");
+    assert!(!body.contains("127.0.0.1"), "{body}");
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q.contains(HUGE_LOGIN_PASS)));
+    // The next login is served.
+    login(&p, &s).await;
+}
+
+/// Escaped dot segments and separators in an XC path never reach the provider: `%2e%2e` would
+/// be resolved as `..` and walk the request to any path on its host.
+#[tokio::test]
+async fn escaped_dot_segments_never_reach_the_provider() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let before = p.seen.lock().unwrap().len();
+    for path in [
+        format!("/timeshift/{token}/{XC_PASS}/%2e%2e/%2e%2e/admin%2Fx.php"),
+        format!("/timeshift/{token}/{XC_PASS}/60/%2E%2E/101.ts"),
+        format!("/live/{token}/%2e/101.ts"),
+        format!("/movie/{token}/{XC_PASS}/%2e%2e"),
+        format!("/hlsr/%2e%2e/{token}/{XC_PASS}/101/1/2/index.m3u8"),
+        format!("/timeshift/{token}/{XC_PASS}/60/x%5C..%5C..%5Cadmin/101.ts"),
+    ] {
+        let r = get(&s.url(&path)).await;
+        assert!(
+            matches!(r.status, StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST),
+            "{path}: {}",
+            r.status
+        );
+    }
+    let seen = p.seen.lock().unwrap();
+    assert_eq!(seen.len(), before, "{:?}", &seen[before..]);
+}
+
+/// An XC username token counts against `media.max_requests_per_token` as a path token does:
+/// a leaked XC login holds at most its share. All requests come from one loopback address, so
+/// the per-client cap is set well above the per-token one: the 429 is the token's, and another
+/// account from the same client is still served.
+#[tokio::test]
+async fn an_xc_username_token_holds_at_most_its_share() {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.media.max_requests_per_token = 2;
+    c.media.max_requests_per_client = 10;
+    let s = Sluice::start(c).await;
+    let token = login(&p, &s).await;
+    let held_url = s.url(&format!("/live/{token}/{XC_PASS}/999.ts"));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = held_url.clone();
+            tokio::spawn(async move { get(&url).await })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|q| *q == HELD_STREAM)
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let live = s.url(&format!("/live/{token}/{XC_PASS}/101.ts"));
+    let r = get(&live).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text(&r).contains("this token has too many"), "{}", text(&r));
+    // The API through the same username token is refused the same way.
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={token}&password={XC_PASS}&action=get_live_categories"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    // Another account (MediaFlow's username, no token) from the same client is served.
+    let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
+    let r = get(&s.url(&format!("/live/{user}/{XC_PASS}/101.ts"))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    // Once the held ones end (the header timeout cuts them), the token's share is free again.
+    for h in held {
+        assert_eq!(h.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    let r = get(&live).await;
+    assert_eq!(r.status, StatusCode::OK);
 }

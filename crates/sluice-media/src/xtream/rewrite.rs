@@ -7,6 +7,11 @@
 
 use serde_json::Value;
 
+/// Largest login answer parsed as JSON. A real one (`user_info` and `server_info`) is about
+/// 2 KB; a parsed JSON value costs many times its text (a body of `[0,0,0,...]` is one value per
+/// two bytes), so a provider's oversized answer would otherwise cost GiBs.
+pub const MAX_LOGIN_BYTES: usize = 1024 * 1024;
+
 /// What to rewrite, and into what.
 #[derive(Debug, Clone)]
 pub struct Rewriter<'a> {
@@ -126,10 +131,15 @@ impl Rewriter<'_> {
 
     /// The `player_api.php` login answer (`user_info` + `server_info`) with the proxy as the
     /// server and the proxy-issued username, then [`Rewriter::rewrite_text`]. Bodies that are not
-    /// a JSON object are only text-rewritten.
-    pub fn rewrite_login(&self, body: &str) -> String {
+    /// JSON are only text-rewritten. `None` for a body over [`MAX_LOGIN_BYTES`], which is not
+    /// parsed: no real login answer is that big, and a text rewrite alone would leave the
+    /// provider's host and user in `server_info` and `user_info`.
+    pub fn rewrite_login(&self, body: &str) -> Option<String> {
+        if body.len() > MAX_LOGIN_BYTES {
+            return None;
+        }
         let Ok(mut value) = serde_json::from_str::<Value>(body) else {
-            return self.rewrite_text(body);
+            return Some(self.rewrite_text(body));
         };
         if let Some(user) = value.get_mut("user_info").and_then(Value::as_object_mut) {
             if user.contains_key("username") {
@@ -145,7 +155,7 @@ impl Rewriter<'_> {
             server.insert("https_port".into(), port);
         }
         let text = serde_json::to_string(&value).unwrap_or_else(|_| body.to_string());
-        self.rewrite_text(&text)
+        Some(self.rewrite_text(&text))
     }
 }
 
@@ -228,14 +238,33 @@ mod tests {
     #[test]
     fn login_names_the_proxy() {
         let body = r#"{"user_info":{"username":"alice","password":"pw","auth":1},"server_info":{"url":"xc.example","port":"8080","https_port":"8443","server_protocol":"http"}}"#;
-        let out: Value = serde_json::from_str(&R.rewrite_login(body)).unwrap();
+        let out: Value = serde_json::from_str(&R.rewrite_login(body).unwrap()).unwrap();
         assert_eq!(out["user_info"]["username"], "TOK");
         assert_eq!(out["user_info"]["password"], "pw");
         assert_eq!(out["server_info"]["url"], "proxy.example");
         assert_eq!(out["server_info"]["port"], "443");
         assert_eq!(out["server_info"]["server_protocol"], "https");
-        assert_eq!(R.rewrite_login("[1"), "[1");
+        assert_eq!(R.rewrite_login("[1").as_deref(), Some("[1"));
         assert_eq!(split_origin("http://[::1]:9").1, "[::1]");
         assert_eq!(split_origin("http://[::1]:9").2, "9");
+    }
+
+    #[test]
+    fn an_oversized_login_answer_is_refused_unparsed() {
+        // 2 MiB of `[0,0,...]`: a million JSON values if parsed.
+        let mut body = "[0".to_string();
+        while body.len() < 2 * 1024 * 1024 {
+            body.push_str(",0");
+        }
+        body.push(']');
+        assert_eq!(R.rewrite_login(&body), None);
+        // At the bound it is still parsed and rewritten.
+        let at_bound = format!(
+            r#"{{"user_info":{{"username":"alice"}},"pad":"{}"}}"#,
+            "x".repeat(MAX_LOGIN_BYTES - 64)
+        );
+        assert!(at_bound.len() <= MAX_LOGIN_BYTES);
+        let out: Value = serde_json::from_str(&R.rewrite_login(&at_bound).unwrap()).unwrap();
+        assert_eq!(out["user_info"]["username"], "TOK");
     }
 }

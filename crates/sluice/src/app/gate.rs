@@ -39,15 +39,20 @@ impl App {
                 .take(ctx.client_ip)
                 .ok_or_else(|| busy("this client has too many requests in flight"))?,
         );
-        if ctx.token.is_some() {
-            let raw = split_path_token(req.uri().path())
-                .map(|(t, _)| t.to_string())
-                .or_else(|| {
-                    Query::parse(req.uri().query().unwrap_or(""))
-                        .get("token")
-                        .map(str::to_string)
-                })
-                .unwrap_or_default();
+        // An XC player's token rides in its username, not in `/_token_` or `token=`.
+        let xc_user = crate::media::xtream::Xtream::sealed_user(ctx);
+        if ctx.token.is_some() || xc_user.is_some() {
+            let raw = match xc_user.filter(|_| ctx.token.is_none()) {
+                Some(user) => user,
+                None => split_path_token(req.uri().path())
+                    .map(|(t, _)| t.to_string())
+                    .or_else(|| {
+                        Query::parse(req.uri().query().unwrap_or(""))
+                            .get("token")
+                            .map(str::to_string)
+                    })
+                    .unwrap_or_default(),
+            };
             let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(raw.as_bytes()).into();
             places.push(
                 self.in_flight

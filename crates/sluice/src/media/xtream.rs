@@ -6,13 +6,21 @@
 //! stream lists, the M3U) carries instead a sealed token scoped to XC requests only
 //! ([`XC_SCOPE`]) that names the provider and user, so the API password never appears in a URL.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
 use crate::body::Incoming;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
 use sluice_media::query::{ProxyParams, Query};
 use sluice_media::token::sealed;
-use sluice_media::xtream::rewrite::Rewriter;
+use sluice_media::xtream::rewrite::{Rewriter, MAX_LOGIN_BYTES};
 use sluice_media::xtream::{self, Api, XcPath};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use url::Url;
 
 use super::stream;
@@ -21,7 +29,7 @@ use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
-use crate::upstream::{Upstream, UpstreamRequest};
+use crate::upstream::{Upstream, UpstreamBody, UpstreamRequest};
 
 /// The scope of an XC username token. It starts with no `/`, so it opens no path as a
 /// `/_token_` prefix; only this module accepts it, and only as an XC username.
@@ -34,12 +42,21 @@ const USER_PARAM: &str = "xc_user";
 /// Query names that stay here instead of going to the provider.
 const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 
+/// All rewrites in flight together hold at most this many largest answers' worth: one at its
+/// peak (the answer and its two rewrites) and room for smaller ones beside it.
+const BUDGET_ANSWERS: usize = 4;
+
+/// A rewritten answer goes out in slices this big, so its budget share is held until the last.
+const SLICE: usize = 64 * 1024;
+
 /// The XC front end.
 pub struct Xtream {
     upstream: Upstream,
     keys: Keys,
     /// Largest API answer read for rewriting (stream lists of big providers run to megabytes).
     max_response_bytes: usize,
+    /// KiB all answers being read, rewritten or sent may hold at once; past it 503.
+    budget: Arc<Semaphore>,
 }
 
 /// A provider account a request resolved to.
@@ -51,16 +68,29 @@ struct Resolved {
 
 impl Xtream {
     pub fn new(upstream: Upstream, keys: Keys, max_response_bytes: usize) -> Self {
+        let kib = max_response_bytes.saturating_mul(BUDGET_ANSWERS) / 1024;
         Xtream {
             upstream,
             keys,
             max_response_bytes,
+            budget: Arc::new(Semaphore::new(kib.min(u32::MAX as usize))),
         }
     }
 
     /// Whether `path` is an XC path this front end serves.
     pub fn serves(path: &str) -> bool {
         xtream::parse_path(path).is_some()
+    }
+
+    /// The sealed username token an XC request carries, if any: its in-flight requests count
+    /// against `media.max_requests_per_token` as a path token's do.
+    pub fn sealed_user(ctx: &RequestContext) -> Option<String> {
+        let user = match xtream::parse_path(&ctx.path)? {
+            XcPath::Api(_) => ctx.query.get("username")?.to_string(),
+            XcPath::Stream { user, .. } => user,
+            XcPath::HlsSession { .. } => return None,
+        };
+        sealed::is_sealed(&user).then_some(user)
     }
 
     /// Serves an XC request. `password_ok` checks an API password offered inside a MediaFlow
@@ -200,7 +230,8 @@ impl Xtream {
         }
     }
 
-    /// Fetches an API answer whole and rewrites every stream URL in it.
+    /// Fetches an API answer whole and rewrites every stream URL in it, off the runtime threads
+    /// and within the budget all rewrites share.
     async fn rewritten(
         &self,
         ctx: &RequestContext,
@@ -222,37 +253,45 @@ impl Xtream {
             ));
         }
         let content_type = up.headers.get(header::CONTENT_TYPE).cloned();
-        let bytes = up
-            .body
-            .collect_limited(self.max_response_bytes)
-            .await
-            .map_err(|e| {
-                ProxyError::new(
-                    crate::error::Side::Upstream,
-                    StatusCode::BAD_GATEWAY,
-                    "xtream",
-                    format!("XC answer from {host}: {e}"),
-                )
-            })?;
-        let text = String::from_utf8_lossy(&bytes);
-        let public_user = self.public_user(account);
+        // A login answer is parsed as JSON, so it is held to what a real one needs.
+        let login = api == Api::Player && ctx.query.get("action").is_none();
+        let limit = match login {
+            true => MAX_LOGIN_BYTES.min(self.max_response_bytes),
+            false => self.max_response_bytes,
+        };
+        let mut held = Held {
+            budget: self.budget.clone(),
+            permit: None,
+        };
+        let bytes = self.collect(up.body, limit, &host, &mut held).await?;
+        // The answer, its plain rewrite and its escaped rewrite live at once.
+        held.reserve(bytes.len().saturating_mul(3))?;
         let origin = Url::parse(&account.server)
             .map(|u| u.origin().ascii_serialization())
             .unwrap_or_default();
+        let (real_user, public_user) = (account.user.clone(), self.public_user(account));
         let public_origin = public_origin(ctx);
-        let rewriter = Rewriter {
-            upstream_origin: &origin,
-            real_user: &account.user,
-            public_origin: &public_origin,
-            public_user: &public_user,
-        };
-        let login = api == Api::Player && ctx.query.get("action").is_none();
-        let out = if login {
-            rewriter.rewrite_login(&text)
-        } else {
-            rewriter.rewrite_text(&text)
-        };
-        let mut resp = Response::new(body::full(out));
+        let out = tokio::task::spawn_blocking(move || {
+            let rewriter = Rewriter {
+                upstream_origin: &origin,
+                real_user: &real_user,
+                public_origin: &public_origin,
+                public_user: &public_user,
+            };
+            let text = String::from_utf8_lossy(&bytes);
+            match login {
+                true => rewriter.rewrite_login(&text),
+                false => Some(rewriter.rewrite_text(&text)),
+            }
+        })
+        .await
+        .map_err(|e| ProxyError::internal(format!("the XC rewrite failed: {e}")))?
+        .ok_or_else(|| too_large(&host, MAX_LOGIN_BYTES))?;
+        held.shrink_to(out.len());
+        let mut resp = Response::new(body::boxed(Budgeted {
+            rest: Bytes::from(out),
+            _held: held,
+        }));
         let default = if api == Api::Playlist {
             "audio/x-mpegurl"
         } else {
@@ -265,6 +304,52 @@ impl Xtream {
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(resp)
+    }
+
+    /// An API answer whole: at most `limit` bytes within `upstream.whole_body_timeout_secs`, each
+    /// buffer growth taken from the budget first.
+    async fn collect(
+        &self,
+        body: UpstreamBody,
+        limit: usize,
+        host: &str,
+        held: &mut Held,
+    ) -> Result<Bytes, ProxyError> {
+        let broken = |e: String| {
+            ProxyError::new(
+                Side::Upstream,
+                StatusCode::BAD_GATEWAY,
+                "xtream",
+                format!("XC answer from {host}: {e}"),
+            )
+        };
+        let collect = async {
+            let mut body = std::pin::pin!(body);
+            let mut out = BytesMut::new();
+            while let Some(frame) = body.frame().await {
+                let Ok(data) = frame.map_err(|e| broken(e.to_string()))?.into_data() else {
+                    continue;
+                };
+                let need = out.len() + data.len();
+                if need > limit {
+                    return Err(too_large(host, limit));
+                }
+                if need > out.capacity() {
+                    let cap = need.max(out.capacity() * 2).min(limit);
+                    held.reserve(cap)?;
+                    out.reserve(cap - out.len());
+                }
+                out.extend_from_slice(&data);
+            }
+            Ok(out.freeze())
+        };
+        let whole = self.upstream.whole_body_timeout();
+        tokio::time::timeout(whole, collect).await.map_err(|_| {
+            broken(format!(
+                "not finished within {} s (upstream.whole_body_timeout_secs)",
+                whole.as_secs()
+            ))
+        })?
     }
 
     /// A stream: HLS playlists go to the HLS proxy (which rewrites their segments), everything
@@ -313,6 +398,20 @@ impl Xtream {
 fn upstream_url(server: &str, path: &str, ctx: &RequestContext) -> Result<Url, ProxyError> {
     let mut url = Url::parse(&format!("{server}/{path}"))
         .map_err(|e| bad(&format!("upstream XC URL: {e}")))?;
+    // Behind `parse_path`'s refusals, a second line: the URL crate resolves dot segments (in
+    // any spelling) and reads `\` as `/`, so the built path must still be the server's path and
+    // then `path`, segment for segment (compared decoded, as the URL crate may escape more).
+    let base = Url::parse(server)
+        .map(|u| u.path().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    let segments = |p: &str| -> Vec<Vec<u8>> {
+        p.split('/')
+            .map(|s| percent_encoding::percent_decode_str(s).collect())
+            .collect()
+    };
+    if segments(url.path()) != segments(&format!("{base}/{path}")) {
+        return Err(bad("the XC path leaves the provider's XC paths"));
+    }
     let forwarded: Vec<(String, String)> = ctx
         .query
         .pairs()
@@ -333,6 +432,90 @@ fn public_origin(ctx: &RequestContext) -> String {
         Some(host) => format!("{scheme}://{host}"),
         None => format!("{scheme}://{}", ctx.peer),
     }
+}
+
+/// What one XC answer holds of the budget, in KiB; given back when dropped.
+struct Held {
+    budget: Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Held {
+    /// Grows the share to cover `bytes`, or 503 when the other answers hold the rest.
+    fn reserve(&mut self, bytes: usize) -> Result<(), ProxyError> {
+        let have = self.permit.as_ref().map_or(0, |p| p.num_permits());
+        let more = bytes.div_ceil(1024).saturating_sub(have);
+        if more == 0 {
+            return Ok(());
+        }
+        let taken = u32::try_from(more)
+            .ok()
+            .and_then(|n| self.budget.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| {
+                ProxyError::new(
+                    Side::Internal,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "xtream_busy",
+                    "the XC answers being rewritten now hold all the memory set aside for them \
+                     (4 × media.xtream_max_response_bytes); try again shortly",
+                )
+                .with_retry_after(1)
+            })?;
+        match &mut self.permit {
+            Some(p) => p.merge(taken),
+            None => self.permit = Some(taken),
+        }
+        Ok(())
+    }
+
+    /// Gives back what is held beyond `bytes`.
+    fn shrink_to(&mut self, bytes: usize) {
+        if let Some(p) = &mut self.permit {
+            let keep = bytes.div_ceil(1024).min(p.num_permits());
+            drop(p.split(p.num_permits() - keep));
+        }
+    }
+}
+
+/// A rewritten answer handed out in slices, holding its budget share until the last is taken
+/// (hyper asks for the next only when it has room to write it) or the body is dropped.
+struct Budgeted {
+    rest: Bytes,
+    _held: Held,
+}
+
+impl http_body::Body for Budgeted {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.rest.is_empty() {
+            return Poll::Ready(None);
+        }
+        let n = self.rest.len().min(SLICE);
+        Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.rest.len() as u64)
+    }
+}
+
+/// An answer over `limit` bytes: the provider's fault.
+fn too_large(host: &str, limit: usize) -> ProxyError {
+    ProxyError::new(
+        Side::Upstream,
+        StatusCode::BAD_GATEWAY,
+        "xtream",
+        format!("XC answer from {host} is larger than {limit} bytes"),
+    )
 }
 
 fn bad(message: &str) -> ProxyError {
@@ -363,4 +546,84 @@ fn unnamed(mut e: ProxyError) -> ProxyError {
 /// The one answer to a wrong or missing API password, whatever form it came in.
 fn refusal() -> ProxyError {
     ProxyError::downstream(StatusCode::FORBIDDEN, "auth", "wrong api_password")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body as _;
+
+    fn held(budget: &Arc<Semaphore>) -> Held {
+        Held {
+            budget: budget.clone(),
+            permit: None,
+        }
+    }
+
+    #[test]
+    fn an_upstream_url_that_leaves_the_xc_paths_is_refused() {
+        let ctx = RequestContext {
+            peer: "127.0.0.1:1".parse().unwrap(),
+            client_ip: "127.0.0.1".parse().unwrap(),
+            query: Query::parse("a=1&username=u"),
+            path: String::new(),
+            host: None,
+            secure: false,
+            token: None,
+        };
+        let url = |server, path| upstream_url(server, path, &ctx).map(|u| u.to_string());
+        assert_eq!(
+            url("http://xc:8080/base", "live/u/p/1.ts").unwrap(),
+            "http://xc:8080/base/live/u/p/1.ts?a=1"
+        );
+        assert_eq!(
+            url("http://xc", "player_api.php").unwrap(),
+            "http://xc/player_api.php?a=1"
+        );
+        for (server, path) in [
+            ("http://xc", "timeshift/u/p/%2e%2e/%2e%2e/admin%2Fx.php"),
+            ("http://xc/base", "live/%2E%2E/%2e%2e/x/1.ts"),
+            ("http://xc", "u/p/..\\..\\1"),
+            ("http://xc/?q", "live/u/p/1.ts"),
+        ] {
+            let e = url(server, path).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{server} {path}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_budget_refuses_past_its_size_and_is_given_back() {
+        let budget = Arc::new(Semaphore::new(10));
+        let mut a = held(&budget);
+        a.reserve(6 * 1024).unwrap();
+        a.reserve(5000).unwrap();
+        assert_eq!(budget.available_permits(), 4);
+        let mut b = held(&budget);
+        let e = b.reserve(5 * 1024).unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after, Some(1));
+        b.reserve(4 * 1024).unwrap();
+        assert_eq!(budget.available_permits(), 0);
+        a.shrink_to(1025);
+        assert_eq!(budget.available_permits(), 4);
+        // The body sends every byte, in slices, and holds its share until it is dropped.
+        let out = Bytes::from(vec![7u8; 3 * SLICE + 5]);
+        let body = Budgeted {
+            rest: out.clone(),
+            _held: a,
+        };
+        assert_eq!(body.size_hint().exact(), Some(out.len() as u64));
+        let mut body = Box::pin(body);
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            assert!(data.len() <= SLICE);
+            got.extend_from_slice(&data);
+            assert_eq!(budget.available_permits(), 4);
+        }
+        assert_eq!(got, out);
+        drop(body);
+        drop(b);
+        assert_eq!(budget.available_permits(), 10);
+    }
 }
