@@ -4,6 +4,7 @@ pub mod acestream;
 pub mod cache;
 mod cluster;
 pub mod config;
+pub mod cpu;
 pub mod dash;
 pub mod epg;
 pub mod extractor;

@@ -127,17 +127,18 @@ impl EpgProxy {
         let (guide, last_modified, hit) = match self.fresh(&key, ttl) {
             Some((g, lm)) => (g, lm, true),
             None => {
-                let gate = self.gate(&key);
-                let _held = gate.lock().await;
+                // The key's gate leaves the map with its last holder, however each one ends (a
+                // client that leaves mid-fetch included: one entry per URL and header set was
+                // left behind), and never while another holds it.
+                let gate = Gate {
+                    fetching: &self.fetching,
+                    key,
+                    held: Some(self.gate(&key)),
+                };
+                let _turn = gate.held.as_ref().expect("held until dropped").lock().await;
                 match self.fresh(&key, ttl) {
                     Some((g, lm)) => (g, lm, true),
                     None => {
-                        // The key's gate goes however the fetch ends, a client that leaves
-                        // mid-fetch included (one entry per URL and header set was left behind).
-                        let _forget = Forget {
-                            fetching: &self.fetching,
-                            key,
-                        };
                         let outcome = self.fetch(&params).await;
                         let guide = Arc::new(outcome?);
                         let lm = SystemTime::now();
@@ -238,7 +239,7 @@ impl EpgProxy {
                 )
             })??;
         // Decompressing and hashing tens of MB is CPU work; keep it off the threads that move video.
-        tokio::task::spawn_blocking(move || xmltv::prepare(raw, max))
+        crate::media::cpu::run(move || xmltv::prepare(raw, max))
             .await
             .map_err(|e| {
                 ProxyError::new(
@@ -259,18 +260,28 @@ impl EpgProxy {
     }
 }
 
-/// Takes a key's fetch gate out of the map when dropped.
-struct Forget<'a> {
+/// One holder of a key's fetch gate; the last to let go takes the gate out of the map.
+struct Gate<'a> {
     fetching: &'a Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
     key: [u8; 32],
+    /// `Some` until dropped.
+    held: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
-impl Drop for Forget<'_> {
+impl Drop for Gate<'_> {
     fn drop(&mut self) {
-        self.fetching
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
+        let mut map = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mine) = self.held.take() else {
+            return;
+        };
+        // Holders are made and let go under the map's lock, so the count read here is exact:
+        // the map's and this one's means no other holder is left.
+        if map.get(&self.key).is_some_and(|g| Arc::ptr_eq(g, &mine))
+            && Arc::strong_count(&mine) == 2
+        {
+            map.remove(&self.key);
+        }
+        drop(mine);
     }
 }
 
@@ -374,4 +385,34 @@ fn xml_body(guide: &Prepared) -> Body {
     body::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
         chunks,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key's gate stays in the map while anyone holds it and leaves with its last holder,
+    /// whichever that is (the fetch's leader, or a waiter that found the guide kept meanwhile);
+    /// the first to leave used to take it out under the others, or a late waiter left it behind.
+    #[tokio::test]
+    async fn the_gate_leaves_with_its_last_holder() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let upstream =
+            Upstream::new(&crate::upstream::UpstreamConfig::default(), &mut registry).unwrap();
+        let epg = EpgProxy::new(upstream, &EpgConfig::default());
+        let key = [7u8; 32];
+        let hold = || Gate {
+            fetching: &epg.fetching,
+            key,
+            held: Some(epg.gate(&key)),
+        };
+        let (leader, waiter) = (hold(), hold());
+        drop(leader);
+        assert!(epg.fetching.lock().unwrap().contains_key(&key));
+        let late = hold();
+        drop(waiter);
+        assert!(epg.fetching.lock().unwrap().contains_key(&key));
+        drop(late);
+        assert!(epg.fetching.lock().unwrap().is_empty());
+    }
 }

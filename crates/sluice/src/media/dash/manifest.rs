@@ -161,7 +161,7 @@ pub(super) async fn load_mpd_text(
             // A large document is parsed on the blocking pool, as a large HLS playlist is
             // rewritten there: an 8 MiB MPD holds a runtime worker for tens of milliseconds.
             let (bytes, url) = (fetched.bytes.clone(), fetched.final_url.clone());
-            tokio::task::spawn_blocking(move || parse_text(&bytes, &url))
+            crate::media::cpu::run(move || parse_text(&bytes, &url))
                 .await
                 .map_err(|_| bad_mpd("the parse did not finish"))??
         } else {
