@@ -26,6 +26,8 @@ const MOVIE_LEN: usize = 1_000_003;
 const BANNED_PASS: &str = "banned-line";
 /// The password the scripted panel answers a 2 MiB login to (`[0,0,0,...]`).
 const HUGE_LOGIN_PASS: &str = "huge-login";
+/// The password the scripted panel answers an M3U of 50,000 short stream URLs to.
+const SHORT_URLS_PASS: &str = "short-urls";
 /// A live stream the scripted panel never answers (it holds the request 5 s).
 const HELD_STREAM: &str = "/live/alice/xcsecret/999.ts";
 
@@ -106,6 +108,9 @@ fn panel_answer(
             zeros.push(']');
             json(zeros)
         }
+        "/get.php" if q("password") == Some(SHORT_URLS_PASS) => Response::new(Full::new(
+            Bytes::from(format!("{origin}/{XC_USER}/p/1\n").repeat(50_000)),
+        )),
         "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
         "/player_api.php" => match q("action") {
             None => json(format!(
@@ -490,6 +495,41 @@ async fn an_oversized_login_answer_is_the_providers_fault() {
         .any(|q| q.contains(HUGE_LOGIN_PASS)));
     // The next login is served.
     login(&p, &s).await;
+}
+
+/// Each rewritten URL gains the public origin and a ~200-byte sealed username, so 1.7 MB of
+/// short `http://host/alice/p/1` lines would be rewritten into ~12 MB: past 4 × the answer plus
+/// 1 MiB the rewrite is refused before it is built, a 502 booked to the provider that names no
+/// host, and its budget share is given back.
+#[tokio::test]
+async fn an_answer_whose_rewrite_outgrows_it_is_the_providers_fault() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    assert!(token.len() > 150, "{}", token.len());
+    let r = get(&s.url(&format!(
+        "/get.php?username={token}&password={SHORT_URLS_PASS}&type=m3u"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let body = text(&r);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["side"], "upstream", "{body}");
+    assert!(!body.contains("127.0.0.1"), "{body}");
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q.contains(SHORT_URLS_PASS)));
+    // A real playlist is still rewritten.
+    let r = get(&s.url(&format!(
+        "/get.php?username={token}&password={XC_PASS}&type=m3u"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let m3u = text(&r);
+    assert!(m3u.contains(&format!("http://{}/live/", s.addr)), "{m3u}");
+    assert!(!m3u.contains(&format!("/live/{XC_USER}/")), "{m3u}");
 }
 
 /// Escaped dot segments and separators in an XC path never reach the provider: `%2e%2e` would

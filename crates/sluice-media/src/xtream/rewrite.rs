@@ -5,12 +5,17 @@
 //! (`/live|movie|series|timeshift/{user}/...`, `/hlsr/{s}/{user}/...`, `/{user}/{pw}/{id}`, and
 //! the scripts with `username={user}`); logos and other assets at the same origin stay direct.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 /// Largest login answer parsed as JSON. A real one (`user_info` and `server_info`) is about
 /// 2 KB; a parsed JSON value costs many times its text (a body of `[0,0,0,...]` is one value per
 /// two bytes), so a provider's oversized answer would otherwise cost GiBs.
 pub const MAX_LOGIN_BYTES: usize = 1024 * 1024;
+
+/// Longest run after the provider's origin read as a stream URL (a real one is well under 1 KB).
+const MAX_URL: usize = 16 * 1024;
 
 /// What to rewrite, and into what.
 #[derive(Debug, Clone)]
@@ -27,55 +32,113 @@ pub struct Rewriter<'a> {
 
 impl Rewriter<'_> {
     /// Rewrites every XC stream URL in `body`, in plain (`http://`) and JSON-escaped
-    /// (`http:\/\/`) form.
+    /// (`http:\/\/`) form. No bound on the output: for trusted text (see
+    /// [`Rewriter::rewrite_text_within`]).
     pub fn rewrite_text(&self, body: &str) -> String {
-        let plain = self.rewrite_form(body, false);
-        self.rewrite_form(&plain, true)
+        self.rewrite_text_within(body, &mut |_| true)
+            .map(Cow::into_owned)
+            .unwrap_or_default()
     }
 
-    fn rewrite_form(&self, body: &str, escaped: bool) -> String {
+    /// [`Rewriter::rewrite_text`] for a provider's answer: each rewrite is measured first and its
+    /// exact size asked of `grant` before it is allocated, so the caller can bound and charge
+    /// what the rewrites hold (a short `http://a/u/p/1` grows ten-fold or more into the public
+    /// origin and a sealed username). `None` when `grant` refuses; `Borrowed` when nothing in
+    /// `body` changes.
+    pub fn rewrite_text_within<'a>(
+        &self,
+        body: &'a str,
+        grant: &mut dyn FnMut(usize) -> bool,
+    ) -> Option<Cow<'a, str>> {
+        let plain = match self.rewrite_form(body, false, grant)? {
+            Cow::Borrowed(same) => return self.rewrite_form(same, true, grant),
+            Cow::Owned(plain) => plain,
+        };
+        // Both forms are held at once here; the caller was asked for both.
+        let escaped = match self.rewrite_form(&plain, true, grant)? {
+            Cow::Owned(escaped) => Some(escaped),
+            Cow::Borrowed(_) => None,
+        };
+        Some(Cow::Owned(escaped.unwrap_or(plain)))
+    }
+
+    /// One form's rewrite: measured, granted, then written into a buffer of exactly its size.
+    fn rewrite_form<'a>(
+        &self,
+        body: &'a str,
+        escaped: bool,
+        grant: &mut dyn FnMut(usize) -> bool,
+    ) -> Option<Cow<'a, str>> {
+        let mut len = 0usize;
+        if !self.scan_form(body, escaped, &mut |piece| len += piece.len()) {
+            return Some(Cow::Borrowed(body));
+        }
+        if !grant(len) {
+            return None;
+        }
+        let mut out = String::with_capacity(len);
+        self.scan_form(body, escaped, &mut |piece| out.push_str(piece));
+        Some(Cow::Owned(out))
+    }
+
+    /// Walks `body` handing each piece of its rewrite to `emit`; whether any URL was rewritten.
+    fn scan_form(&self, body: &str, escaped: bool, emit: &mut dyn FnMut(&str)) -> bool {
         let origin = if escaped {
             self.upstream_origin.replace('/', "\\/")
         } else {
             self.upstream_origin.to_string()
         };
         if origin.is_empty() {
-            return body.to_string();
+            emit(body);
+            return false;
         }
-        let mut out = String::with_capacity(body.len());
+        let mut changed = false;
         let mut rest = body;
         while let Some(at) = rest.find(&origin) {
-            out.push_str(&rest[..at]);
+            emit(&rest[..at]);
             let after = &rest[at + origin.len()..];
             let end = after
                 .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
                 .unwrap_or(after.len());
             let tail = &after[..end];
-            let unescaped = if escaped {
-                tail.replace("\\/", "/")
-            } else {
-                tail.to_string()
-            };
-            // The origin must end where the URL's host ends (`http://h:80` is not `http://h:8080`).
-            let ends_host = unescaped.is_empty() || unescaped.starts_with(['/', '?']);
-            match self.rewrite_path(&unescaped).filter(|_| ends_host) {
-                Some(path) => {
-                    let url = format!("{}{path}", self.public_origin);
-                    out.push_str(&if escaped {
-                        url.replace('/', "\\/")
-                    } else {
-                        url
-                    });
+            match self.rewrite_url(tail, escaped) {
+                Some(url) => {
+                    emit(&url);
+                    changed = true;
                 }
                 None => {
-                    out.push_str(&origin);
-                    out.push_str(tail);
+                    emit(&origin);
+                    emit(tail);
                 }
             }
             rest = &after[end..];
         }
-        out.push_str(rest);
-        out
+        emit(rest);
+        changed
+    }
+
+    /// The public URL for what follows the provider's origin, in the same form, or `None` when
+    /// it is not an XC stream URL for this user. A run longer than any real URL is left as it is,
+    /// so the copies made here stay small however the answer is built.
+    fn rewrite_url(&self, tail: &str, escaped: bool) -> Option<String> {
+        if tail.len() > MAX_URL {
+            return None;
+        }
+        let unescaped = if escaped {
+            Cow::Owned(tail.replace("\\/", "/"))
+        } else {
+            Cow::Borrowed(tail)
+        };
+        // The origin must end where the URL's host ends (`http://h:80` is not `http://h:8080`).
+        if !(unescaped.is_empty() || unescaped.starts_with(['/', '?'])) {
+            return None;
+        }
+        let url = format!("{}{}", self.public_origin, self.rewrite_path(&unescaped)?);
+        Some(if escaped {
+            url.replace('/', "\\/")
+        } else {
+            url
+        })
     }
 
     /// The proxy's path for an upstream path (with query), or `None` when it is not an XC
@@ -131,15 +194,28 @@ impl Rewriter<'_> {
 
     /// The `player_api.php` login answer (`user_info` + `server_info`) with the proxy as the
     /// server and the proxy-issued username, then [`Rewriter::rewrite_text`]. Bodies that are not
-    /// JSON are only text-rewritten. `None` for a body over [`MAX_LOGIN_BYTES`], which is not
-    /// parsed: no real login answer is that big, and a text rewrite alone would leave the
-    /// provider's host and user in `server_info` and `user_info`.
-    pub fn rewrite_login(&self, body: &str) -> Option<String> {
+    /// JSON are only text-rewritten. `None` for a body over [`MAX_LOGIN_BYTES`] bytes as sent
+    /// (before any invalid UTF-8 is replaced), which is not parsed: no real login answer is that
+    /// big, and a text rewrite alone would leave the provider's host and user in `server_info`
+    /// and `user_info`.
+    pub fn rewrite_login<B: AsRef<[u8]> + ?Sized>(&self, body: &B) -> Option<String> {
+        self.rewrite_login_within(body.as_ref(), &mut |_| true)
+    }
+
+    /// [`Rewriter::rewrite_login`] with the text rewrite's buffers (and a copy of an answer that
+    /// is not UTF-8) asked of `grant` as in [`Rewriter::rewrite_text_within`]. The parsed JSON is
+    /// not asked for: it is bounded by [`MAX_LOGIN_BYTES`].
+    pub fn rewrite_login_within(
+        &self,
+        body: &[u8],
+        grant: &mut dyn FnMut(usize) -> bool,
+    ) -> Option<String> {
         if body.len() > MAX_LOGIN_BYTES {
             return None;
         }
-        let Ok(mut value) = serde_json::from_str::<Value>(body) else {
-            return Some(self.rewrite_text(body));
+        let body = text_within(body, grant)?;
+        let Ok(mut value) = serde_json::from_str::<Value>(&body) else {
+            return self.rewrite_text_within(&body, grant).map(Cow::into_owned);
         };
         if let Some(user) = value.get_mut("user_info").and_then(Value::as_object_mut) {
             if user.contains_key("username") {
@@ -155,8 +231,38 @@ impl Rewriter<'_> {
             server.insert("https_port".into(), port);
         }
         let text = serde_json::to_string(&value).unwrap_or_else(|_| body.to_string());
-        Some(self.rewrite_text(&text))
+        self.rewrite_text_within(&text, grant).map(Cow::into_owned)
     }
+}
+
+/// `body` as text: borrowed when it is UTF-8, else a copy with each invalid sequence replaced by
+/// U+FFFD (three bytes, so up to three times the body), its exact size asked of `grant` first.
+pub fn text_within<'a>(
+    body: &'a [u8],
+    grant: &mut dyn FnMut(usize) -> bool,
+) -> Option<Cow<'a, str>> {
+    if let Ok(text) = std::str::from_utf8(body) {
+        return Some(Cow::Borrowed(text));
+    }
+    let replaced = |c: &std::str::Utf8Chunk<'_>| match c.invalid().is_empty() {
+        true => 0,
+        false => char::REPLACEMENT_CHARACTER.len_utf8(),
+    };
+    let len: usize = body
+        .utf8_chunks()
+        .map(|c| c.valid().len() + replaced(&c))
+        .sum();
+    if !grant(len) {
+        return None;
+    }
+    let mut text = String::with_capacity(len);
+    for chunk in body.utf8_chunks() {
+        text.push_str(chunk.valid());
+        if replaced(&chunk) > 0 {
+            text.push(char::REPLACEMENT_CHARACTER);
+        }
+    }
+    Some(Cow::Owned(text))
 }
 
 /// `(scheme, host, port)` of `scheme://host[:port]`, with the scheme's default port.
@@ -265,6 +371,84 @@ mod tests {
         );
         assert!(at_bound.len() <= MAX_LOGIN_BYTES);
         let out: Value = serde_json::from_str(&R.rewrite_login(&at_bound).unwrap()).unwrap();
+        assert_eq!(out["user_info"]["username"], "TOK");
+    }
+    /// A grant of at most `cap` bytes in all, recording each size asked.
+    fn capped(cap: usize, asked: &mut Vec<usize>) -> impl FnMut(usize) -> bool + '_ {
+        let mut left = cap;
+        move |n| {
+            asked.push(n);
+            let ok = n <= left;
+            left -= if ok { n } else { 0 };
+            ok
+        }
+    }
+
+    #[test]
+    fn a_rewrite_past_its_grant_is_refused_before_it_is_built() {
+        // Short stream URLs grow seven-fold into the public origin and a long sealed username.
+        let token = "T".repeat(200);
+        let r = Rewriter {
+            public_user: &token,
+            ..R
+        };
+        let body = "http://xc.example:8080/alice/p/1\n".repeat(1000);
+        let want = format!("https://proxy.example/{token}/p/1\n").repeat(1000);
+        assert!(want.len() > 6 * body.len());
+        let mut asked = Vec::new();
+        let out = r.rewrite_text_within(&body, &mut capped(want.len() - 1, &mut asked));
+        assert!(out.is_none());
+        assert_eq!(asked, [want.len()]);
+        // At the exact size it is rewritten, into one buffer of that size.
+        let mut asked = Vec::new();
+        let out = r
+            .rewrite_text_within(&body, &mut capped(want.len(), &mut asked))
+            .unwrap();
+        assert_eq!(out, want);
+        assert_eq!(out.len(), want.len());
+        assert!(matches!(out, Cow::Owned(ref s) if s.capacity() == want.len()));
+        assert_eq!(asked, [want.len()]);
+        // Both forms at once are asked for both buffers; nothing to rewrite asks for nothing.
+        let both = format!(
+            "{}{}",
+            &body[..33],
+            r#""http:\/\/xc.example:8080\/alice\/p\/1""#
+        );
+        let mut asked = Vec::new();
+        let out = r
+            .rewrite_text_within(&both, &mut capped(usize::MAX, &mut asked))
+            .unwrap();
+        assert_eq!(asked.len(), 2);
+        assert_eq!(asked[1], out.len());
+        assert!(!out.contains("xc.example"));
+        let mut asked = Vec::new();
+        let logos = "http://xc.example:8080/logo.png\n".repeat(10);
+        let out = r.rewrite_text_within(&logos, &mut capped(0, &mut asked));
+        assert!(matches!(out, Some(Cow::Borrowed(s)) if s == logos));
+        assert!(asked.is_empty());
+    }
+
+    #[test]
+    fn invalid_utf8_is_copied_only_within_its_grant() {
+        let body = b"ok \xff\xfe http://xc.example:8080/alice/p/1 \xc3";
+        let want = "ok \u{fffd}\u{fffd} http://xc.example:8080/alice/p/1 \u{fffd}";
+        let mut asked = Vec::new();
+        assert!(text_within(body, &mut capped(want.len() - 1, &mut asked)).is_none());
+        assert_eq!(asked, [want.len()]);
+        let mut asked = Vec::new();
+        let text = text_within(body, &mut capped(want.len(), &mut asked)).unwrap();
+        assert_eq!(text, want);
+        assert_eq!(text, String::from_utf8_lossy(body));
+        assert!(matches!(
+            text_within(b"plain", &mut |_| false),
+            Some(Cow::Borrowed("plain"))
+        ));
+        // A login answer is bounded by its size as sent: 600 KiB of invalid bytes would be
+        // 1.8 MiB once replaced, and is still parsed and rewritten.
+        let mut login = br#"{"user_info":{"username":"alice"},"pad":""#.to_vec();
+        login.extend(std::iter::repeat_n(0xffu8, 600 * 1024));
+        login.extend(br#""}"#);
+        let out: Value = serde_json::from_str(&R.rewrite_login(&login[..]).unwrap()).unwrap();
         assert_eq!(out["user_info"]["username"], "TOK");
     }
 }

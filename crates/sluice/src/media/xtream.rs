@@ -6,6 +6,7 @@
 //! stream lists, the M3U) carries instead a sealed token scoped to XC requests only
 //! ([`XC_SCOPE`]) that names the provider and user, so the API password never appears in a URL.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,12 +19,12 @@ use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use sluice_media::query::{ProxyParams, Query};
 use sluice_media::token::sealed;
-use sluice_media::xtream::rewrite::{Rewriter, MAX_LOGIN_BYTES};
+use sluice_media::xtream::rewrite::{text_within, Rewriter, MAX_LOGIN_BYTES};
 use sluice_media::xtream::{self, Api, XcPath};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use url::Url;
 
-use super::stream;
+use super::{cpu, stream};
 use crate::auth::token;
 use crate::auth::Keys;
 use crate::body::{self, Body};
@@ -45,6 +46,12 @@ const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 /// All rewrites in flight together hold at most this many largest answers' worth: one at its
 /// peak (the answer and its two rewrites) and room for smaller ones beside it.
 const BUDGET_ANSWERS: usize = 4;
+
+/// A rewrite buffer may grow to this many times its answer, plus [`GROWTH_SLACK`]: a real stream
+/// list about doubles (each URL gains the public origin and a ~200-byte sealed username), while
+/// 64 MiB of short `http://a/u/p/1` lines would grow fifteen-fold.
+const MAX_GROWTH: usize = 4;
+const GROWTH_SLACK: usize = 1024 * 1024;
 
 /// A rewritten answer goes out in slices this big, so its budget share is held until the last.
 const SLICE: usize = 64 * 1024;
@@ -264,32 +271,33 @@ impl Xtream {
             permit: None,
         };
         let bytes = self.collect(up.body, limit, &host, &mut held).await?;
-        // The answer, its plain rewrite and its escaped rewrite live at once.
-        held.reserve(bytes.len().saturating_mul(3))?;
         let origin = Url::parse(&account.server)
             .map(|u| u.origin().ascii_serialization())
             .unwrap_or_default();
         let (real_user, public_user) = (account.user.clone(), self.public_user(account));
         let public_origin = public_origin(ctx);
-        let out = tokio::task::spawn_blocking(move || {
+        let budget_bytes = self.max_response_bytes.saturating_mul(BUDGET_ANSWERS);
+        // The budget share goes into the job and comes back with its output: a request dropped
+        // while its job runs gives back nothing before the job's buffers are freed.
+        let (out, mut held) = cpu::run(move || {
             let rewriter = Rewriter {
                 upstream_origin: &origin,
                 real_user: &real_user,
                 public_origin: &public_origin,
                 public_user: &public_user,
             };
-            let text = String::from_utf8_lossy(&bytes);
-            match login {
-                true => rewriter.rewrite_login(&text),
-                false => Some(rewriter.rewrite_text(&text)),
-            }
+            let out = rewrite(&rewriter, &bytes, login, budget_bytes, &mut held)
+                .map_err(|e| e.unwrap_or_else(|| too_large(&host, "what its rewrite may hold")));
+            (out, held)
         })
         .await
-        .map_err(|e| ProxyError::internal(format!("the XC rewrite failed: {e}")))?
-        .ok_or_else(|| too_large(&host, MAX_LOGIN_BYTES))?;
+        .map_err(|e| ProxyError::internal(format!("the XC rewrite failed: {e}")))?;
+        let out = out?;
+        // The answer (unless nothing in it changed) and the first rewrite went with the job;
+        // what is sent is held until its body ends.
         held.shrink_to(out.len());
         let mut resp = Response::new(body::boxed(Budgeted {
-            rest: Bytes::from(out),
+            rest: out,
             _held: held,
         }));
         let default = if api == Api::Playlist {
@@ -332,7 +340,7 @@ impl Xtream {
                 };
                 let need = out.len() + data.len();
                 if need > limit {
-                    return Err(too_large(host, limit));
+                    return Err(too_large(host, &format!("{limit} bytes")));
                 }
                 if need > out.capacity() {
                     let cap = need.max(out.capacity() * 2).min(limit);
@@ -425,6 +433,55 @@ fn upstream_url(server: &str, path: &str, ctx: &RequestContext) -> Result<Url, P
     Ok(url)
 }
 
+/// An answer rewritten within its budget share, which already holds the answer: a copy of it
+/// when it is not UTF-8 and each rewrite buffer are charged at their exact size before they are
+/// made. A rewrite buffer past [`MAX_GROWTH`] times the answer plus [`GROWTH_SLACK`], or past the
+/// whole budget, is the provider's fault (`Err(None)`, a 502 like a login answer past
+/// [`MAX_LOGIN_BYTES`]); past what the other answers leave, `Err(Some(503))`.
+fn rewrite(
+    rewriter: &Rewriter,
+    bytes: &Bytes,
+    login: bool,
+    budget_bytes: usize,
+    held: &mut Held,
+) -> Result<Bytes, Option<ProxyError>> {
+    let cap = bytes
+        .len()
+        .saturating_mul(MAX_GROWTH)
+        .saturating_add(GROWTH_SLACK);
+    let mut total = held.bytes().max(bytes.len());
+    let mut busy = None;
+    let mut grant = |n: usize| {
+        total = total.saturating_add(n);
+        if n > cap || total > budget_bytes {
+            return false;
+        }
+        held.reserve(total).map_err(|e| busy = Some(e)).is_ok()
+    };
+    let out = if login {
+        rewriter
+            .rewrite_login_within(bytes, &mut grant)
+            .map(Bytes::from)
+    } else {
+        match text_within(bytes, &mut grant) {
+            Some(Cow::Borrowed(text)) => match rewriter.rewrite_text_within(text, &mut grant) {
+                Some(Cow::Borrowed(_)) => Some(bytes.clone()),
+                out => out.map(|o| Bytes::from(o.into_owned())),
+            },
+            Some(Cow::Owned(text)) => {
+                let out = match rewriter.rewrite_text_within(&text, &mut grant) {
+                    Some(Cow::Owned(out)) => Some(Some(out)),
+                    Some(Cow::Borrowed(_)) => Some(None),
+                    None => None,
+                };
+                out.map(|o| Bytes::from(o.unwrap_or(text)))
+            }
+            None => None,
+        }
+    };
+    out.ok_or(busy)
+}
+
 /// `scheme://host[:port]` as the client addressed us.
 fn public_origin(ctx: &RequestContext) -> String {
     let scheme = if ctx.secure { "https" } else { "http" };
@@ -468,6 +525,13 @@ impl Held {
         Ok(())
     }
 
+    /// The bytes held now.
+    fn bytes(&self) -> usize {
+        self.permit
+            .as_ref()
+            .map_or(0, |p| p.num_permits().saturating_mul(1024))
+    }
+
     /// Gives back what is held beyond `bytes`.
     fn shrink_to(&mut self, bytes: usize) {
         if let Some(p) = &mut self.permit {
@@ -508,13 +572,13 @@ impl http_body::Body for Budgeted {
     }
 }
 
-/// An answer over `limit` bytes: the provider's fault.
-fn too_large(host: &str, limit: usize) -> ProxyError {
+/// An answer over `limit`: the provider's fault.
+fn too_large(host: &str, limit: &str) -> ProxyError {
     ProxyError::new(
         Side::Upstream,
         StatusCode::BAD_GATEWAY,
         "xtream",
-        format!("XC answer from {host} is larger than {limit} bytes"),
+        format!("XC answer from {host} is larger than {limit}"),
     )
 }
 
