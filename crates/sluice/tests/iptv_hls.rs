@@ -478,6 +478,15 @@ async fn bad_hls_paths_get_clear_answers() {
         let resp = gw.get(path).await;
         assert_eq!(resp.status(), status, "{path}");
     }
+    // A query is written on every segment line: a long one is refused, not multiplied.
+    let long = format!(
+        "/hls/rtp/239.255.41.9:5609/index.m3u8?iface=lo&pad={}",
+        "x".repeat(3000)
+    );
+    let resp = gw.get(&long).await;
+    assert_eq!(resp.status(), 400);
+    let text = read_text(resp).await;
+    assert!(text.contains("longer than 2048 bytes"), "{text}");
     // A channel that sends nothing: 504 after the no-data timeout, with the reason.
     let resp = gw
         .get("/hls/rtp/239.255.41.9:5609/index.m3u8?iface=lo")

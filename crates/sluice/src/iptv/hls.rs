@@ -124,8 +124,13 @@ const MAX_SEGMENT_BYTES: usize = 32 << 20;
 
 /// Most segments a catch-up window keeps, whatever their size: a source jumping its timestamps
 /// all the time gets a segment at each jump, and every playlist request lists them all. 20,000
-/// is 22 hours of 4-second segments (any programme), and a playlist of about 2 MB.
+/// is 22 hours of 4-second segments (any programme), and a playlist of about 2 MB plus the
+/// query on each line (at most [`MAX_QUERY_BYTES`]).
 const CATCHUP_MAX_SEGMENTS: usize = 20_000;
+
+/// Longest query an HLS request may carry once the player's directives are taken out: it is
+/// written on every segment line (a channel's options and a token take a few hundred bytes).
+const MAX_QUERY_BYTES: usize = 2048;
 
 /// Why an HLS channel could not start.
 #[derive(Debug, Clone)]
@@ -356,6 +361,14 @@ impl Iptv {
             Ok(d) => d,
             Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
         };
+        // The query is written on every segment line of the playlist (a catch-up window lists
+        // up to 20,000): a 60 KB one made a playlist of over a gigabyte.
+        if query.len() > MAX_QUERY_BYTES {
+            return super::text(
+                StatusCode::BAD_REQUEST,
+                &format!("the query is longer than {MAX_QUERY_BYTES} bytes\n"),
+            );
+        }
         let stripped;
         let req = if query.len() == req.uri.query().unwrap_or("").len() {
             req

@@ -128,6 +128,9 @@ pub(super) fn media(config: &HlsConfig, listing: &Listing, query: &str) -> Strin
     )
 }
 
+/// Largest playlist kept for the next request: a full catch-up window with a long query.
+const MAX_KEPT_BYTES: usize = 8 << 20;
+
 /// The last TS playlist written for a channel.
 #[derive(Debug, Default)]
 pub(super) struct Rendered {
@@ -152,8 +155,11 @@ impl Rendered {
         }
         let text = Bytes::from(media(config, listing, query));
         let mut last = registry::lock(&self.last);
-        // A request that took its listing earlier does not replace a newer playlist.
-        if last.as_ref().is_none_or(|l| l.version <= listing.version) {
+        // A request that took its listing earlier does not replace a newer playlist, and a
+        // playlist past `MAX_KEPT_BYTES` is not kept (it lives as long as its answer).
+        if text.len() <= MAX_KEPT_BYTES
+            && last.as_ref().is_none_or(|l| l.version <= listing.version)
+        {
             *last = Some(Last {
                 version: listing.version,
                 query: query.into(),
