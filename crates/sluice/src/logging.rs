@@ -251,23 +251,28 @@ impl Visit for Fields {
     }
 }
 
-/// Writes through to a line, control characters (C0 but tab, and DEL) escaped as `\r`, `\n` or
-/// `\x1b`, so one event is always one line and sends no terminal escape.
+/// Writes through to a line, control characters (C0 but tab, DEL, and C1 such as the 8-bit CSI
+/// U+009B and NEL U+0085, which some terminals act on) escaped as `\r`, `\n`, `\x1b` or
+/// `\u{9b}`, so one event is always one line and sends no terminal escape.
 struct Escaped<'a>(&'a mut String);
 
 impl fmt::Write for Escaped<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let mut rest = s;
-        while let Some(i) = rest.find(|c: char| c.is_ascii_control() && c != '\t') {
+        while let Some(i) = rest.find(|c: char| c.is_control() && c != '\t') {
             self.0.push_str(&rest[..i]);
-            match rest.as_bytes()[i] {
-                b'\r' => self.0.push_str("\\r"),
-                b'\n' => self.0.push_str("\\n"),
-                b => {
-                    let _ = write!(self.0, "\\x{b:02x}");
+            let c = rest[i..].chars().next().unwrap_or('\0');
+            match c {
+                '\r' => self.0.push_str("\\r"),
+                '\n' => self.0.push_str("\\n"),
+                c if c.is_ascii() => {
+                    let _ = write!(self.0, "\\x{:02x}", c as u32);
+                }
+                c => {
+                    let _ = write!(self.0, "\\u{{{:x}}}", c as u32);
                 }
             }
-            rest = &rest[i + 1..];
+            rest = &rest[i + c.len_utf8()..];
         }
         self.0.push_str(rest);
         Ok(())
@@ -361,7 +366,7 @@ mod tests {
         let logger = Logger::new(parse_filter("info").unwrap(), false);
         tracing::subscriber::with_default(Capture(logger, lines.clone()), || {
             let path = "/x\r\n2026-01-01T00:00:00.000000Z ERROR sluice::auth: forged";
-            let host = "a\x1b[31m\tb\u{7f}";
+            let host = "a\x1b[31m\tb\u{7f}\u{9b}2J\u{85}é";
             tracing::warn!(target: "sluice::server", %path, %host, "refused {}", "c\nd");
         });
         let lines = lines.lock().unwrap();
@@ -370,7 +375,7 @@ mod tests {
             [
                 "1970-01-01T00:00:00.000000Z  WARN sluice::server: refused c\\nd \
                  path=/x\\r\\n2026-01-01T00:00:00.000000Z ERROR sluice::auth: forged \
-                 host=a\\x1b[31m\tb\\x7f\n",
+                 host=a\\x1b[31m\tb\\x7f\\u{9b}2J\\u{85}é\n",
             ]
         );
     }

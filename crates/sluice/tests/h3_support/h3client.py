@@ -238,8 +238,11 @@ def configuration(plan):
 async def ends_of(client, exs, since, secs, step, until_all_ended=False):
     """Keeps the connection up with a PING every `step` seconds for `secs`: each exchange's
     report with when (seconds after `since`, to `step`) it ended, or None. With
-    `until_all_ended`, stops as soon as every exchange has ended (nothing more can change)."""
+    `until_all_ended`, stops 1.5 s after every exchange has ended (their reports cannot change;
+    the wait keeps a server that closes the connection a little after the resets from passing
+    the request that follows on it)."""
     at = [None] * len(exs)
+    all_ended = None
     for n in range(int(secs / step)):
         await asyncio.sleep(step)
         client._quic.send_ping(n)
@@ -247,7 +250,9 @@ async def ends_of(client, exs, since, secs, step, until_all_ended=False):
         for i, ex in enumerate(exs):
             if ex.done.done() and at[i] is None:
                 at[i] = round(time.monotonic() - since, 2)
-        if until_all_ended and all(t is not None for t in at):
+        if until_all_ended and all_ended is None and all(t is not None for t in at):
+            all_ended = time.monotonic()
+        if all_ended is not None and time.monotonic() - all_ended >= 1.5:
             break
     return [dict(ex.report(), at=at[i]) for i, ex in enumerate(exs)]
 
