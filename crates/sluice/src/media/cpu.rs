@@ -1,5 +1,5 @@
 //! CPU-heavy media work (decryption, remuxing, parsing and rewriting large answers) on the
-//! blocking pool, at most one job per core at once.
+//! blocking pool, in two lanes of a few jobs each.
 //!
 //! A job runs to its end once started, even when the request that asked for it is gone (a
 //! blocking thread cannot be stopped), so the jobs running are bounded here, not by the requests
@@ -7,27 +7,54 @@
 //! up to the pool's 512 threads, each holding its segment, and starve the pool's other users
 //! (the disk tier, the system resolver). Waiting for a place is an ordinary await, so a request
 //! dropped before its job starts never starts it.
+//!
+//! Playback (what a viewer waits for to play on: segments, manifests) and whole documents
+//! (guides, merged lists, provider answers) have a lane each, so seconds of work on a 256 MiB
+//! guide never queue a live segment behind them. Each lane has a place per core the process may use, and at least two
+//! (`available_parallelism` is 1 under a CPU quota of a core or less).
 
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinError;
 
-/// Places for jobs: one per core the process may use.
-fn places() -> &'static Arc<Semaphore> {
-    static PLACES: OnceLock<Arc<Semaphore>> = OnceLock::new();
-    PLACES.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Arc::new(Semaphore::new(cores))
+/// Which lane a job waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// What a viewer waits for to play on: a segment's decryption or remux, a large playlist's
+    /// rewrite or MPD's parse.
+    Playback,
+    /// A whole document: an EPG guide, a playlist merge, an Xtream answer.
+    Document,
+}
+
+/// Places in each lane.
+fn places_per_lane() -> usize {
+    static PLACES: OnceLock<usize> = OnceLock::new();
+    *PLACES.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .max(2)
     })
 }
 
-/// Runs `job` on the blocking pool once a place is free; the place is held until the job ends.
+fn lane(which: Lane) -> &'static Arc<Semaphore> {
+    static PLAYBACK: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    static DOCUMENT: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    let cell = match which {
+        Lane::Playback => &PLAYBACK,
+        Lane::Document => &DOCUMENT,
+    };
+    cell.get_or_init(|| Arc::new(Semaphore::new(places_per_lane())))
+}
+
+/// Runs `job` on the blocking pool once a place in `which` is free; the place is held until the
+/// job ends.
 pub async fn run<T: Send + 'static>(
+    which: Lane,
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, JoinError> {
-    // The semaphore is never closed.
-    let place = Arc::clone(places())
+    let place = Arc::clone(lane(which))
         .acquire_owned()
         .await
         .expect("the CPU job places are never closed");
@@ -44,17 +71,19 @@ mod tests {
 
     use super::*;
 
-    /// However many jobs are asked for at once, no more than the places run together, and a
-    /// request dropped while it waits never runs its job.
+    /// However many jobs are asked for at once, no more than a lane's places run together; a
+    /// full lane does not hold the other up; and a request dropped while it waits never runs its
+    /// job.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn jobs_run_at_most_one_per_core_at_once() {
-        let cores = places().available_permits();
+    async fn jobs_run_a_few_at_once_per_lane() {
+        let places = places_per_lane();
+        assert!(places >= 2);
         let running = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
-        let jobs: Vec<_> = (0..cores * 4 + 3)
+        let jobs: Vec<_> = (0..places * 4 + 3)
             .map(|_| {
                 let (running, most) = (Arc::clone(&running), Arc::clone(&most));
-                tokio::spawn(run(move || {
+                tokio::spawn(run(Lane::Document, move || {
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -65,16 +94,18 @@ mod tests {
         for j in jobs {
             j.await.unwrap().unwrap();
         }
-        assert!(most.load(Ordering::SeqCst) <= cores, "{most:?} > {cores}");
-        // Every place is held for a while: a dropped waiter never runs.
-        // (Other tests of this binary may hold places for a moment: waited for, not assumed.)
-        let held = Arc::clone(places())
-            .acquire_many_owned(cores as u32)
+        assert!(most.load(Ordering::SeqCst) <= places, "{most:?} > {places}");
+        // The document lane held whole (other tests of this binary may hold a place for a
+        // moment: waited for, not assumed): a playback job still runs, a waiting document job
+        // dropped never does.
+        let held = Arc::clone(lane(Lane::Document))
+            .acquire_many_owned(places as u32)
             .await
             .unwrap();
+        assert_eq!(run(Lane::Playback, || 7).await.unwrap(), 7);
         let ran = Arc::new(AtomicUsize::new(0));
         let r = Arc::clone(&ran);
-        let waiter = tokio::spawn(run(move || {
+        let waiter = tokio::spawn(run(Lane::Document, move || {
             r.fetch_add(1, Ordering::SeqCst);
         }));
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

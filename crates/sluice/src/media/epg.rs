@@ -239,24 +239,26 @@ impl EpgProxy {
                 )
             })??;
         // Decompressing and hashing tens of MB is CPU work; keep it off the threads that move video.
-        crate::media::cpu::run(move || xmltv::prepare(raw, max))
-            .await
-            .map_err(|e| {
-                ProxyError::new(
-                    Side::Internal,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "epg",
-                    e.to_string(),
-                )
-            })?
-            .map_err(|e| {
-                let status = match e {
-                    XmltvError::TooLarge(_) | XmltvError::Gzip(_) | XmltvError::NotXmltv => {
-                        StatusCode::BAD_GATEWAY
-                    }
-                };
-                upstream_err(status, "epg_content", format!("EPG: {e}"))
-            })
+        crate::media::cpu::run(crate::media::cpu::Lane::Document, move || {
+            xmltv::prepare(raw, max)
+        })
+        .await
+        .map_err(|e| {
+            ProxyError::new(
+                Side::Internal,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "epg",
+                e.to_string(),
+            )
+        })?
+        .map_err(|e| {
+            let status = match e {
+                XmltvError::TooLarge(_) | XmltvError::Gzip(_) | XmltvError::NotXmltv => {
+                    StatusCode::BAD_GATEWAY
+                }
+            };
+            upstream_err(status, "epg_content", format!("EPG: {e}"))
+        })
     }
 }
 

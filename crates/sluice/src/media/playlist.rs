@@ -68,7 +68,7 @@ pub async fn serve(
     let limits = Limits::new(media.settings.max_merged_entries, &fetched);
     let merge = move || m3u::merge(&sources, &fetched, limits, &mut |t| linker.url(t));
     let text = if size > BLOCKING_MERGE_BYTES {
-        crate::media::cpu::run(merge)
+        crate::media::cpu::run(crate::media::cpu::Lane::Document, merge)
             .await
             .map_err(|e| ProxyError::internal(format!("playlist merge failed: {e}")))?
     } else {

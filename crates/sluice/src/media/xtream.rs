@@ -48,9 +48,10 @@ const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 const BUDGET_ANSWERS: usize = 4;
 
 /// A rewrite buffer may grow to this many times its answer, plus [`GROWTH_SLACK`]: a real stream
-/// list about doubles (each URL gains the public origin and a ~200-byte sealed username), while
-/// 64 MiB of short `http://a/u/p/1` lines would grow fifteen-fold.
-const MAX_GROWTH: usize = 4;
+/// list about doubles (each URL gains the public origin and a ~200-byte sealed username), an M3U
+/// of short channel names and URLs grows up to about five-fold, while 64 MiB of bare short
+/// `http://a/u/p/1` lines would grow fifteen-fold.
+const MAX_GROWTH: usize = 8;
 const GROWTH_SLACK: usize = 1024 * 1024;
 
 /// A rewritten answer goes out in slices this big, so its budget share is held until the last.
@@ -279,7 +280,7 @@ impl Xtream {
         let budget_bytes = self.max_response_bytes.saturating_mul(BUDGET_ANSWERS);
         // The budget share goes into the job and comes back with its output: a request dropped
         // while its job runs gives back nothing before the job's buffers are freed.
-        let (out, mut held) = cpu::run(move || {
+        let (out, mut held) = cpu::run(cpu::Lane::Document, move || {
             let rewriter = Rewriter {
                 upstream_origin: &origin,
                 real_user: &real_user,

@@ -161,9 +161,11 @@ pub(super) async fn load_mpd_text(
             // A large document is parsed on the blocking pool, as a large HLS playlist is
             // rewritten there: an 8 MiB MPD holds a runtime worker for tens of milliseconds.
             let (bytes, url) = (fetched.bytes.clone(), fetched.final_url.clone());
-            crate::media::cpu::run(move || parse_text(&bytes, &url))
-                .await
-                .map_err(|_| bad_mpd("the parse did not finish"))??
+            crate::media::cpu::run(crate::media::cpu::Lane::Playback, move || {
+                parse_text(&bytes, &url)
+            })
+            .await
+            .map_err(|_| bad_mpd("the parse did not finish"))??
         } else {
             parse_text(&fetched.bytes, &fetched.final_url)?
         };
