@@ -1,6 +1,7 @@
 //! The guide: `/epg.xml` and `/epg.xml.gz` from the playlist's `x-tvg-url`, fetched from a real
 //! origin on loopback, with ETag, conditional GET, scheduled refresh and a size bound.
 
+mod counting_alloc;
 mod guide_readers;
 #[path = "iptv_support/mod.rs"]
 mod support;
@@ -13,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use guide_readers::{big_xmltv, rest_of_body, LIVE};
+use counting_alloc::LIVE;
+use guide_readers::{big_xmltv, rest_of_body};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
