@@ -16,6 +16,21 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed_unsync()
 }
 
+/// gzip data as a body inflated while the client reads it (the guides' XML for clients that
+/// take no gzip): a request holds the inflate state and one 64 KiB chunk, never a copy of the
+/// whole, however slowly it reads. At most `len` bytes come out; data that fails to inflate
+/// (checked when stored, so a bug) ends the body short of its length, a broken transfer.
+pub fn inflated(gz: Bytes, len: usize) -> Body {
+    let chunks = sluice_media::gzip::Inflater::new(gz, len).map(|chunk| {
+        chunk
+            .map(|c| http_body::Frame::data(Bytes::from(c)))
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    });
+    boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
+        chunks,
+    )))
+}
+
 /// A body with no bytes (HEAD, 204, 304).
 pub fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()

@@ -241,15 +241,13 @@ pub fn keys_needed(mpd: &Mpd, keys: Option<&KeyRing>) -> Option<KeysNeeded> {
         kids: Vec::new(),
         license_urls: Vec::new(),
     };
-    // Distinct values, each looked up once (a hostile MPD may name thousands), and at most
-    // `MAX_NAMED` of each in the message, which goes back to the client.
-    let mut seen_kids = std::collections::HashSet::new();
-    let mut seen_urls = std::collections::HashSet::new();
+    // Distinct values, at most `MAX_NAMED` of each in the message, which goes back to the client
+    // (a hostile MPD may name thousands: looked up only while the list is short).
     let mut protected = false;
     for (_, _, rep) in mpd.representations().filter(|(_, _, r)| r.is_protected()) {
         protected = true;
         for kid in rep.key_ids() {
-            if needed.kids.len() < MAX_NAMED && seen_kids.insert(kid.clone()) {
+            if needed.kids.len() < MAX_NAMED && !needed.kids.contains(&kid) {
                 needed.kids.push(kid);
             }
         }
@@ -258,8 +256,11 @@ pub fn keys_needed(mpd: &Mpd, keys: Option<&KeyRing>) -> Option<KeysNeeded> {
             .iter()
             .filter_map(|p| p.license_url.as_deref())
         {
+            if needed.license_urls.len() >= MAX_NAMED {
+                break;
+            }
             let short = super::shorten(url);
-            if needed.license_urls.len() < MAX_NAMED && seen_urls.insert(short.clone()) {
+            if !needed.license_urls.contains(&short) {
                 needed.license_urls.push(short);
             }
         }

@@ -117,6 +117,7 @@ pub struct TsUnwrap {
     /// otherwise be rescanned whole on every chunk (quadratic in the window).
     from: usize,
     /// Bytes handed to the search so far (for the tests: linear in the body, not quadratic).
+    #[cfg(test)]
     scanned: usize,
     outcome: Outcome,
 }
@@ -127,6 +128,7 @@ impl TsUnwrap {
             window,
             held: BytesMut::new(),
             from: 0,
+            #[cfg(test)]
             scanned: 0,
             outcome: Outcome::Searching,
         }
@@ -177,7 +179,10 @@ impl TsUnwrap {
 
     /// [`find_start`] over `buf` (what is held), resuming where the last search stopped.
     fn search(&mut self, buf: &[u8], complete: bool) -> Start {
-        self.scanned += buf.len() - self.from;
+        #[cfg(test)]
+        {
+            self.scanned += buf.len() - self.from;
+        }
         let (start, from) = scan(buf, self.from, self.window, complete);
         self.from = from;
         start

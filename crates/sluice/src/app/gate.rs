@@ -39,10 +39,14 @@ impl App {
                 .take(ctx.client_ip)
                 .ok_or_else(|| busy("this client has too many requests in flight"))?,
         );
-        // An XC player's token rides in its username, not in `/_token_` or `token=`.
-        let xc_user = crate::media::xtream::Xtream::sealed_user(ctx);
+        // An XC player's token rides in its username, not in `/_token_` or `token=` (looked for
+        // only when there is no such token).
+        let xc_user = match ctx.token {
+            None => crate::media::xtream::Xtream::sealed_user(ctx),
+            Some(_) => None,
+        };
         if ctx.token.is_some() || xc_user.is_some() {
-            let raw = match xc_user.filter(|_| ctx.token.is_none()) {
+            let raw = match xc_user {
                 Some(user) => user,
                 None => split_path_token(req.uri().path())
                     .map(|(t, _)| t.to_string())

@@ -290,7 +290,8 @@ pub struct DiskOptions {
 impl DiskTier {
     /// Opens (creating) the directory, indexes what survives from a previous run, and starts the
     /// writer: [`DiskTier::prepare`] then [`DiskTier::start`]. Returns the object records found,
-    /// for the object index.
+    /// for the object index. (The cache itself prepares and starts in two steps: a reload's.)
+    #[cfg(test)]
     pub fn open(root: &Path, opts: DiskOptions) -> std::io::Result<(DiskTier, Vec<ObjectMeta>)> {
         let tier = DiskTier::prepare(root, opts)?;
         let metas = tier.start()?;

@@ -249,19 +249,10 @@ impl Guide {
             .map_err(|e| EpgError::Gzip(e.to_string()))
     }
 
-    /// The XML as a body decompressed while the client reads it: a request holds the inflate
-    /// state and one 64 KiB chunk (a fraction of a millisecond of work each), never a copy of
-    /// the guide, however slowly it reads. The gzip was checked when fetched; should it fail
-    /// now, the body ends short of its `Content-Length` and the client sees a broken transfer.
+    /// The XML as a body decompressed while the client reads it (`body::inflated`): a request
+    /// holds the inflate state and one 64 KiB chunk, never a copy of the guide.
     pub fn xml_body(&self) -> crate::body::Body {
-        let chunks = gzip::Inflater::new(self.gz.clone(), self.xml_len).map(|chunk| {
-            chunk
-                .map(|c| http_body::Frame::data(Bytes::from(c)))
-                .map_err(|e| EpgError::Gzip(e.to_string()))
-        });
-        crate::body::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
-            chunks,
-        )))
+        crate::body::inflated(self.gz.clone(), self.xml_len)
     }
 }
 

@@ -40,9 +40,9 @@ pub const MIN_REORDER_WINDOW: usize = 512;
 /// the block size, so the budget is of work, not of decodes: counted in decodes, a number
 /// that covers small blocks at real stream rates would let large ones take whole cores.
 /// Enough for every block of a 20 Mbit/s stream (1,900 packets a second) to lose a packet and
-/// be rebuilt at k = 10 (190 blocks a second, some 1,700 decodes budgeted) or k = 20 (95,
-/// some 500 budgeted), and for most of them at k = 100 (19, 17 budgeted); real losses touch a
-/// fraction of the blocks. The largest block (k = 254, 34 million units) still fits.
+/// be rebuilt at k = 10 (190 blocks a second, some 1,750 decodes budgeted), k = 20 (95, some
+/// 720 budgeted) or k = 100 (19, some 22 budgeted), one packet of 1,328 bytes lost per block;
+/// real losses touch a fraction of the blocks. The largest block (k = 254, 34 million units) still fits.
 const DECODE_BUDGET: u64 = 50_000_000;
 /// The window the decode budget is counted over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(1);

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::body::Incoming;
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -366,27 +365,16 @@ fn respond(
             )
         }
         false if req.method() == http::Method::HEAD => (guide.xml_len, body::empty()),
-        false => (guide.xml_len, xml_body(guide)),
+        false => (
+            guide.xml_len,
+            body::inflated(guide.gz.clone(), guide.xml_len),
+        ),
     };
     put(&mut h, header::CONTENT_LENGTH, length.to_string());
     let mut resp = Response::new(resp_body);
     // A HEAD answer has no body but keeps the GET answer's length.
     *resp.headers_mut() = h;
     resp
-}
-
-/// The guide's XML as a body inflated while the client reads it. The gzip was checked when
-/// prepared; should it fail now, the body ends short of its `Content-Length` and the client
-/// sees a broken transfer.
-fn xml_body(guide: &Prepared) -> Body {
-    let chunks = sluice_media::gzip::Inflater::new(guide.gz.clone(), guide.xml_len).map(|chunk| {
-        chunk
-            .map(|c| http_body::Frame::data(Bytes::from(c)))
-            .map_err(|e| std::io::Error::other(e.to_string()))
-    });
-    body::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(
-        chunks,
-    )))
 }
 
 #[cfg(test)]

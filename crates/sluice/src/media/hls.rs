@@ -96,20 +96,22 @@ async fn segment(
     // With a transformer the client's Range names bytes of the output, not of the upstream object.
     let whole_get = req.method() == Method::GET
         && (transformer.is_some() || !req.headers().contains_key(header::RANGE));
-    let upstream_headers = stream::fetch_request(&params)?.headers;
+    let through_cache = whole_get
+        && media.prefetcher.caches()
+        && media.prefetcher.knows(&part)
+        && !media.pacer.paces(ctx, &params);
     // A user's own `h_range` or `h_if-*` asks the origin for something other than the whole
     // object: its answer (a 206, a 304) is relayed as it is, not stored or served as a 200.
-    if !whole_get
-        || !media.prefetcher.caches()
-        || super::cache::bypasses(&upstream_headers)
-        || !media.prefetcher.knows(&part)
-        || media.pacer.paces(ctx, &params)
-    {
+    let upstream_headers = match through_cache {
+        true => Some(stream::fetch_request(&params)?.headers),
+        false => None,
+    };
+    let Some(upstream_headers) = upstream_headers.filter(|h| !super::cache::bypasses(h)) else {
         return match transformer {
             Some(t) => transform::pipe(&media.upstream, req, &params, t).await,
             None => stream::pipe(&media.upstream, req, &params, content_type).await,
         };
-    }
+    };
     let bytes = media
         .prefetcher
         .get_or_fetch(&part, &upstream_headers)

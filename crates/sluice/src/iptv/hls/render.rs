@@ -6,7 +6,7 @@
 //! the window keeps what its playlist lists as a [`Listing`], taken once per change and shared
 //! by every request until the next one; a request writes the playlist after letting the lock
 //! go, and the channel keeps the last one written for the requests that follow with the same
-//! query: N reloads of one version of the window cost one.
+//! query: N reloads of one version of the window, one after another, cost one.
 
 use std::sync::{Arc, Mutex};
 
