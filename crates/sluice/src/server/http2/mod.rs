@@ -39,18 +39,27 @@ const MAX_WINDOW: i64 = (1 << 31) - 1;
 /// many, frames stop being read until the client reads what it was sent.
 const MAX_CONTROL: usize = 64;
 /// Streams the client may reset, or make this server reset by a malformed request, before their
-/// response is done; each complete response earns one back. At zero the connection is closed
-/// with `ENHANCE_YOUR_CALM` (the "rapid reset" attack, CVE-2023-44487).
+/// response is done; each complete response earns one back, as far as `RESET_REFUNDS` allows. At
+/// zero the connection is closed with `ENHANCE_YOUR_CALM` (the "rapid reset" attack,
+/// CVE-2023-44487).
 const RESET_BUDGET: u32 = 200;
+/// Resets complete responses may earn back at once, and then per second: without a cap, a
+/// client pairing each reset (a handler started, an upstream dialled, for nothing) with one cheap
+/// request (a 404, a small cached object) never ran out, and started upstream requests at its
+/// own pace past `max_concurrent_streams`.
+const RESET_REFUNDS: f64 = 50.0;
+const RESET_REFUNDS_PER_SEC: f64 = 5.0;
 /// Responses under way a client may cancel without spending from `RESET_BUDGET` (a player's
 /// seeks, channel switches, segments given up), at once and then per second: past that a cancel
 /// is charged as a reset, so resetting every stream as soon as its head arrives (each may have
 /// started a cache fill that goes on) still ends the connection.
 const FREE_CANCELS: f64 = 100.0;
 const FREE_CANCELS_PER_SEC: f64 = 2.0;
-/// Request body bytes a client may send after the response was complete and the body's reader
-/// gone before the stream is reset with `NO_ERROR`: a short rest is read (and checked) rather than
-/// cut, a long upload is stopped.
+/// Request body bytes a client may send that nobody reads (the handler dropped the body): a
+/// short rest is read (and checked) rather than cut; past this the stream's window is no longer
+/// given back (the client stalls on it while the response is still going out; the connection's
+/// window still is, so other streams go on), and once the response is complete the stream is
+/// reset with `NO_ERROR`.
 const MAX_UNREAD_AFTER_ANSWER: u64 = 1 << 20;
 /// Streams this server reset that the client may not have heard of yet: frames for them are
 /// dropped, not taken as errors.
@@ -155,6 +164,9 @@ pub(crate) struct Connection<I, S, F, B> {
     /// Cancels of responses under way still free (`FREE_CANCELS`), as of `cancels_at`.
     free_cancels: f64,
     cancels_at: tokio::time::Instant,
+    /// Resets complete responses may still earn back (`RESET_REFUNDS`), as of `refunds_at`.
+    refunds: f64,
+    refunds_at: tokio::time::Instant,
     recently_reset: VecDeque<u32>,
     /// GOAWAY sent: streams above this id are ignored, and the connection ends when the rest do.
     going_away: Option<u32>,
@@ -265,6 +277,8 @@ where
             resets: RESET_BUDGET,
             free_cancels: FREE_CANCELS,
             cancels_at: crate::runtime::recent::recent(),
+            refunds: RESET_REFUNDS,
+            refunds_at: crate::runtime::recent::recent(),
             recently_reset: VecDeque::new(),
             going_away: None,
             peer_going_away: false,
@@ -399,6 +413,21 @@ where
             self.free_cancels -= 1.0;
         }
         free
+    }
+
+    /// A complete response earns one reset back, while `RESET_REFUNDS` lasts.
+    fn earn_reset(&mut self) {
+        if self.resets == RESET_BUDGET {
+            return;
+        }
+        let now = crate::runtime::recent::recent();
+        let secs = now.saturating_duration_since(self.refunds_at).as_secs_f64();
+        self.refunds_at = now;
+        self.refunds = (self.refunds + secs * RESET_REFUNDS_PER_SEC).min(RESET_REFUNDS);
+        if self.refunds >= 1.0 {
+            self.refunds -= 1.0;
+            self.resets += 1;
+        }
     }
 
     /// A stream closed before its response was done, by the client or for its mistake.
@@ -763,15 +792,22 @@ where
         }
         // Padding is never read: given back at once.
         let mut back = padding as u32;
+        // Given back to the connection's window only.
+        let mut connection_only = 0;
         let n = payload.len() as u32;
         if !recv.push(payload) {
-            // Nobody reads it: its window goes back at once.
-            back += n;
+            // Nobody reads it: its window goes back at once, the stream's only up to
+            // `MAX_UNREAD_AFTER_ANSWER` (past it the client stalls on the stream's window).
             slot.dropped += u64::from(n);
+            if slot.dropped <= MAX_UNREAD_AFTER_ANSWER {
+                back += n;
+            } else {
+                connection_only = n;
+            }
         }
         slot.unreleased += back;
-        slot.returned += u64::from(back);
-        self.unreleased += back;
+        slot.returned += u64::from(back + connection_only);
+        self.unreleased += back + connection_only;
         if end {
             recv.end(None);
             slot.sending = false;
@@ -995,11 +1031,15 @@ where
         match turn {
             Turn::Parked => {}
             Turn::Done => {
-                self.resets = (self.resets + 1).min(RESET_BUDGET);
-                if client_sending && self.going_away.is_none() {
+                self.earn_reset();
+                if client_sending
+                    && self.going_away.is_none()
+                    && self.streams[key].dropped <= MAX_UNREAD_AFTER_ANSWER
+                {
                     // The answer is out before the request's end: the rest of its body is
                     // read and checked, then dropped (`recv_data`), unless there is much of it
-                    // or the connection is draining (`graceful_shutdown`).
+                    // (then the client may already be stalled on the stream's window) or the
+                    // connection is draining (`graceful_shutdown`).
                     self.streams[key].phase = Phase::Answered;
                     return;
                 }
@@ -1446,6 +1486,180 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), read)
             .await
             .expect("all three answered");
+    }
+
+    /// A body nobody reads, sent while its answer is still going out: its bytes are dropped and
+    /// the connection's window given back, but the stream's only up to `MAX_UNREAD_AFTER_ANSWER`,
+    /// so an upload beside a long (live) answer stalls instead of being taken at line rate for
+    /// as long as the answer lasts; other streams go on.
+    #[tokio::test]
+    async fn a_body_nobody_reads_stalls_on_its_window_while_the_answer_goes_on() {
+        use futures_util::StreamExt;
+        let (mut client, server) = tokio::io::duplex(4 << 20);
+        // `/live`: the body dropped unread, an answer that never ends; anything else: "ok".
+        let service = |req: Request<Incoming>| {
+            let live = req.uri().path() == "/live";
+            drop(req);
+            async move {
+                let chunks: Box<dyn Stream<Item = _> + Send + Unpin> = if live {
+                    Box::new(
+                        futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+                            http_body::Frame::data(Bytes::from_static(b"live")),
+                        )])
+                        .chain(futures_util::stream::pending()),
+                    )
+                } else {
+                    Box::new(futures_util::stream::iter([Ok(http_body::Frame::data(
+                        Bytes::from_static(b"ok"),
+                    ))]))
+                };
+                Response::new(http_body_util::StreamBody::new(chunks))
+            }
+        };
+        let _conn = tokio::spawn(Connection::new(server, service, test_limits(), false));
+        // POST /live (literal :path), the body never ended.
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        out.extend(frame(
+            1,
+            4,
+            1,
+            &[
+                0x83, 0x86, 0x04, 5, b'/', b'l', b'i', b'v', b'e', 0x41, 1, b'x',
+            ],
+        ));
+        client.write_all(&out).await.unwrap();
+        // The client keeps to the windows the server gives (1 MiB each at first), sending 16 KiB
+        // frames until 6 MiB are out or nothing has opened for a while.
+        let chunk = vec![0u8; 16 * 1024];
+        let (mut stream_window, mut conn_window) = (1i64 << 20, 65_535i64);
+        let mut sent = 0usize;
+        let (mut rd, mut wr) = tokio::io::split(client);
+        let (tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let mut head = [0u8; 9];
+                if rd.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len = (usize::from(head[0]) << 16)
+                    | (usize::from(head[1]) << 8)
+                    | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                if rd.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+                let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                let _ = tx.send((head[3], head[4], id, payload));
+            }
+        });
+        // Counts a frame's window update; whether it ends stream 3's answer.
+        let take = |f: (u8, u8, u32, Vec<u8>), sw: &mut i64, cw: &mut i64| -> bool {
+            if f.0 == 8 {
+                let n = i64::from(u32::from_be_bytes(f.3[..4].try_into().unwrap()));
+                if f.2 == 0 {
+                    *cw += n;
+                } else if f.2 == 1 {
+                    *sw += n;
+                }
+            }
+            assert_ne!(f.0, 7, "no GOAWAY");
+            assert!(
+                !(f.0 == 3 && f.2 == 1),
+                "stream 1 not reset while its answer goes on"
+            );
+            f.0 == 0 && f.2 == 3 && f.1 & 1 == 1
+        };
+        let began = std::time::Instant::now();
+        while sent < 6 << 20 && began.elapsed() < std::time::Duration::from_secs(10) {
+            if stream_window >= chunk.len() as i64 && conn_window >= chunk.len() as i64 {
+                wr.write_all(&frame(0, 0, 1, &chunk)).await.unwrap();
+                stream_window -= chunk.len() as i64;
+                conn_window -= chunk.len() as i64;
+                sent += chunk.len();
+                while let Ok(f) = updates.try_recv() {
+                    take(f, &mut stream_window, &mut conn_window);
+                }
+                continue;
+            }
+            match tokio::time::timeout(std::time::Duration::from_millis(500), updates.recv()).await
+            {
+                Ok(Some(f)) => {
+                    take(f, &mut stream_window, &mut conn_window);
+                }
+                _ => break,
+            }
+        }
+        // The first window and what went back up to the cap, then stalled.
+        assert!(
+            sent <= (1 << 20) + MAX_UNREAD_AFTER_ANSWER as usize + (1 << 18),
+            "{sent} bytes taken"
+        );
+        assert!(sent >= 1 << 20, "{sent} bytes taken");
+        // The connection's window came back: another stream is answered.
+        wr.write_all(&frame(1, 5, 3, &GET)).await.unwrap();
+        let wait = async {
+            loop {
+                let f = updates.recv().await.expect("the connection stays up");
+                if take(f, &mut stream_window, &mut conn_window) {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+            .await
+            .expect("stream 3 answered");
+    }
+
+    /// Complete answers earn resets back only at `RESET_REFUNDS_PER_SEC` past `RESET_REFUNDS`: a
+    /// client pairing each reset of a started handler with one cheap request, one round trip
+    /// each, runs out of budget (it never did when every answer earned one back).
+    #[tokio::test]
+    async fn cheap_answers_do_not_pay_for_resets_without_end() {
+        let (mut client, server) = tokio::io::duplex(4 << 20);
+        // `/` answers at once; any other path never answers.
+        let service = |req: Request<Incoming>| {
+            let cheap = req.uri().path() == "/";
+            async move {
+                if !cheap {
+                    std::future::pending::<()>().await;
+                }
+                Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+            }
+        };
+        let conn = tokio::spawn(Connection::new(server, service, test_limits(), false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        client.write_all(&out).await.unwrap();
+        let slow = [0x82, 0x86, 0x04, 2, b'/', b's', 0x41, 1, b'x'];
+        let mut code = None;
+        'pairs: for i in 0..600u32 {
+            let (reset, cheap) = (4 * i + 1, 4 * i + 3);
+            // The slow request, a moment for its handler to start, then its reset.
+            client.write_all(&frame(1, 5, reset, &slow)).await.unwrap();
+            tokio::task::yield_now().await;
+            let mut pair = frame(3, 0, reset, &8u32.to_be_bytes());
+            pair.extend(frame(1, 5, cheap, &GET));
+            client.write_all(&pair).await.unwrap();
+            loop {
+                let (kind, id, payload) = tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    next_payload(&mut client),
+                )
+                .await
+                .expect("a frame");
+                if kind == 7 {
+                    code = Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+                    break 'pairs;
+                }
+                // "ok" is one DATA frame, which ends the stream.
+                if kind == 0 && id == cheap {
+                    break;
+                }
+            }
+        }
+        assert_eq!(code, Some(0xb), "ENHANCE_YOUR_CALM");
+        conn.abort();
     }
 
     /// A connection over `server` (10 streams, a 1 MiB window) that drains
