@@ -80,12 +80,15 @@ impl ConnectionIdGenerator for TaggedCids {
     }
 }
 
-/// The destination connection ID's first two bytes, if the datagram has them.
+/// The destination connection ID's first two bytes, if the datagram has them. A long header's
+/// DCID counts only at this server's length (`CID_LEN`): a client's first Initial carries an ID
+/// of its own choosing, often longer, which would reach a previous process by chance (1 in 65,536
+/// with the tag's two bytes) and go unanswered there.
 fn dcid_prefix(datagram: &[u8]) -> Option<[u8; 2]> {
     let first = *datagram.first()?;
     let at = if first & 0x80 != 0 {
         // Long header: flags, version (4), DCID length, DCID.
-        if *datagram.get(5)? < 2 {
+        if usize::from(*datagram.get(5)?) != CID_LEN {
             return None;
         }
         6
@@ -482,8 +485,12 @@ mod tests {
         assert_eq!(dcid_prefix(&short), Some([0xab, 0xcd]));
         let long = [0xc0, 0, 0, 0, 1, 8, 0x12, 0x34, 0, 0, 0, 0, 0, 0];
         assert_eq!(dcid_prefix(&long), Some([0x12, 0x34]));
-        // A zero-length DCID, or a datagram too short to hold one, has no tag.
+        // A zero-length DCID, one of another length than this server's (a client's own, with
+        // the tag by chance), or a datagram too short to hold one, has no tag.
         assert_eq!(dcid_prefix(&[0xc0, 0, 0, 0, 1, 0]), None);
+        let mut other = vec![0xc0, 0, 0, 0, 1, 18, 0x12, 0x34];
+        other.extend_from_slice(&[0; 16]);
+        assert_eq!(dcid_prefix(&other), None);
         assert_eq!(dcid_prefix(&[0x40]), None);
         let mut cids = TaggedCids;
         let cid = cids.generate_cid();
