@@ -253,13 +253,26 @@ impl Visit for Fields {
 
 /// Writes through to a line, control characters (C0 but tab, DEL, and C1 such as the 8-bit CSI
 /// U+009B and NEL U+0085, which some terminals act on) escaped as `\r`, `\n`, `\x1b` or
-/// `\u{9b}`, so one event is always one line and sends no terminal escape.
+/// `\u{9b}`, so one event is always one line and sends no terminal escape. The line and
+/// paragraph separators and the bidi controls are escaped as C1 is (see [`is_unsafe`]).
 struct Escaped<'a>(&'a mut String);
+
+/// Whether `c` must not reach a log line as itself. Beyond the controls, U+2028 and U+2029 end a
+/// line in some viewers (so a client's value could look like a second line), and the bidi marks,
+/// embeddings, overrides and isolates reorder the text after them (Trojan Source), so a viewer
+/// would show a line other than the bytes written.
+fn is_unsafe(c: char) -> bool {
+    (c.is_control() && c != '\t')
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
 
 impl fmt::Write for Escaped<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let mut rest = s;
-        while let Some(i) = rest.find(|c: char| c.is_control() && c != '\t') {
+        while let Some(i) = rest.find(is_unsafe) {
             self.0.push_str(&rest[..i]);
             let c = rest[i..].chars().next().unwrap_or('\0');
             match c {
@@ -378,6 +391,27 @@ mod tests {
                  host=a\\x1b[31m\tb\\x7f\\u{9b}2J\\u{85}é\n",
             ]
         );
+    }
+
+    #[test]
+    fn separators_and_bidi_controls_are_escaped() {
+        let mut out = String::new();
+        let value = "a\u{2028}b\u{2029}c\u{202a}\u{202b}\u{202c}\u{202d}\u{202e}\
+                     \u{2066}\u{2067}\u{2068}\u{2069}\u{200e}\u{200f}\u{61c}d é 中";
+        write!(Escaped(&mut out), "{value}").unwrap();
+        assert_eq!(
+            out,
+            "a\\u{2028}b\\u{2029}c\\u{202a}\\u{202b}\\u{202c}\\u{202d}\\u{202e}\
+             \\u{2066}\\u{2067}\\u{2068}\\u{2069}\\u{200e}\\u{200f}\\u{61c}d é 中"
+        );
+        // Their neighbours, and other format characters, are text.
+        out.clear();
+        write!(
+            Escaped(&mut out),
+            "\u{2027}\u{202f}\u{2065}\u{206a}\u{200d}"
+        )
+        .unwrap();
+        assert_eq!(out, "\u{2027}\u{202f}\u{2065}\u{206a}\u{200d}");
     }
 
     /// `Logger`'s filtering and formatting, with the lines kept instead of written.

@@ -11,6 +11,7 @@ pub mod extractor;
 pub mod forward;
 pub mod generate;
 pub mod hls;
+mod keyed;
 pub mod limit;
 pub mod links;
 pub mod pace;

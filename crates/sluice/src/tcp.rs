@@ -40,8 +40,9 @@ struct Settings {
     config: TcpConfig,
     groups: Arc<Groups>,
     tls: Option<TlsAcceptor>,
-    /// Connections held per client address (`max_connections_per_ip`); the listener's
-    /// [`Running::share`].
+    /// Connections held per client address (`max_connections_per_ip`, `per_ip_exempt`): one per
+    /// listener, handed from each settings to the next on reload and changed in place, so the
+    /// connections open count under the new share.
     per_ip: Arc<share::Share>,
 }
 
@@ -60,9 +61,6 @@ struct Running {
     settings: watch::Sender<Arc<Settings>>,
     /// `max_connections`, kept across reloads (changed in place) so open connections count.
     limit: Arc<listener::Limit>,
-    /// `max_connections_per_ip` and `per_ip_exempt`, kept across reloads (changed in place) so
-    /// open connections count.
-    share: Arc<share::Share>,
     stop: watch::Sender<bool>,
 }
 
@@ -197,19 +195,20 @@ impl TcpProxy {
                         continue;
                     };
                     r.limit.set(config.max_connections);
-                    r.share
-                        .set(config.max_connections_per_ip, config.per_ip_exempt.clone());
+                    // The per-address share lives in the settings; the new ones take it over.
+                    let per_ip = Arc::clone(&r.settings.borrow().per_ip);
+                    per_ip.set(config.max_connections_per_ip, config.per_ip_exempt.clone());
                     let _ = r.settings.send(Arc::new(Settings {
                         name,
                         config,
                         groups: Arc::clone(&groups),
                         tls,
-                        per_ip: Arc::clone(&r.share),
+                        per_ip,
                     }));
                 }
                 Some((socket, local)) => {
                     let limit = listener::Limit::new(config.max_connections);
-                    let share = share::Share::new(
+                    let per_ip = share::Share::new(
                         config.max_connections_per_ip,
                         config.per_ip_exempt.clone(),
                     );
@@ -218,7 +217,7 @@ impl TcpProxy {
                         config,
                         groups: Arc::clone(&groups),
                         tls,
-                        per_ip: Arc::clone(&share),
+                        per_ip,
                     }));
                     let (stop_tx, stop_rx) = watch::channel(false);
                     tokio::spawn(listener::run(
@@ -236,7 +235,6 @@ impl TcpProxy {
                             local,
                             settings: settings_tx,
                             limit,
-                            share,
                             stop: stop_tx,
                         },
                     );

@@ -19,6 +19,7 @@ use sluice_media::query::ProxyParams;
 use sluice_media::xmltv::{self, Prepared, XmltvError};
 use tokio::time::Instant;
 
+use super::keyed::Keyed;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
@@ -84,7 +85,7 @@ pub struct EpgProxy {
     config: EpgConfig,
     entries: Mutex<HashMap<[u8; 32], Entry>>,
     /// One lock per key being fetched, so concurrent misses share one fetch.
-    fetching: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
+    fetching: Keyed<[u8; 32]>,
 }
 
 impl EpgProxy {
@@ -93,7 +94,7 @@ impl EpgProxy {
             upstream,
             config: config.clone(),
             entries: Mutex::new(HashMap::new()),
-            fetching: Mutex::new(HashMap::new()),
+            fetching: Keyed::new(),
         }
     }
 
@@ -129,12 +130,8 @@ impl EpgProxy {
                 // The key's gate leaves the map with its last holder, however each one ends (a
                 // client that leaves mid-fetch included: one entry per URL and header set was
                 // left behind), and never while another holds it.
-                let gate = Gate {
-                    fetching: &self.fetching,
-                    key,
-                    held: Some(self.gate(&key)),
-                };
-                let _turn = gate.held.as_ref().expect("held until dropped").lock().await;
+                let holder = self.fetching.hold(key);
+                let _turn = holder.turn().await;
                 match self.fresh(&key, ttl) {
                     Some((g, lm)) => (g, lm, true),
                     None => {
@@ -157,11 +154,6 @@ impl EpgProxy {
         let e = entries.get(key)?;
         (ttl > 0 && e.fetched.elapsed() < Duration::from_secs(ttl))
             .then(|| (e.guide.clone(), e.last_modified))
-    }
-
-    fn gate(&self, key: &[u8; 32]) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.fetching.lock().expect("epg lock");
-        map.entry(*key).or_default().clone()
     }
 
     fn keep(&self, key: [u8; 32], guide: Arc<Prepared>, last_modified: SystemTime) {
@@ -261,31 +253,6 @@ impl EpgProxy {
     }
 }
 
-/// One holder of a key's fetch gate; the last to let go takes the gate out of the map.
-struct Gate<'a> {
-    fetching: &'a Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
-    key: [u8; 32],
-    /// `Some` until dropped.
-    held: Option<Arc<tokio::sync::Mutex<()>>>,
-}
-
-impl Drop for Gate<'_> {
-    fn drop(&mut self) {
-        let mut map = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(mine) = self.held.take() else {
-            return;
-        };
-        // Holders are made and let go under the map's lock, so the count read here is exact:
-        // the map's and this one's means no other holder is left.
-        if map.get(&self.key).is_some_and(|g| Arc::ptr_eq(g, &mine))
-            && Arc::strong_count(&mine) == 2
-        {
-            map.remove(&self.key);
-        }
-        drop(mine);
-    }
-}
-
 /// SHA-256 over the URL and every `h_*` header, length-prefixed.
 fn cache_key(params: &ProxyParams) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -375,34 +342,4 @@ fn respond(
     // A HEAD answer has no body but keeps the GET answer's length.
     *resp.headers_mut() = h;
     resp
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A key's gate stays in the map while anyone holds it and leaves with its last holder,
-    /// whichever that is (the fetch's leader, or a waiter that found the guide kept meanwhile);
-    /// the first to leave used to take it out under the others, or a late waiter left it behind.
-    #[tokio::test]
-    async fn the_gate_leaves_with_its_last_holder() {
-        let mut registry = prometheus_client::registry::Registry::default();
-        let upstream =
-            Upstream::new(&crate::upstream::UpstreamConfig::default(), &mut registry).unwrap();
-        let epg = EpgProxy::new(upstream, &EpgConfig::default());
-        let key = [7u8; 32];
-        let hold = || Gate {
-            fetching: &epg.fetching,
-            key,
-            held: Some(epg.gate(&key)),
-        };
-        let (leader, waiter) = (hold(), hold());
-        drop(leader);
-        assert!(epg.fetching.lock().unwrap().contains_key(&key));
-        let late = hold();
-        drop(waiter);
-        assert!(epg.fetching.lock().unwrap().contains_key(&key));
-        drop(late);
-        assert!(epg.fetching.lock().unwrap().is_empty());
-    }
 }

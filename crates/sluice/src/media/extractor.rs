@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use self::run::{Invocation, RunError};
+use super::keyed::Keyed;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
@@ -113,18 +114,15 @@ pub struct Found {
     pub hls: bool,
 }
 
-/// Each page's run gate with the number of requests holding or waiting for it.
-type Pending = Mutex<HashMap<[u8; 32], (Arc<tokio::sync::Mutex<()>>, usize)>>;
-
 /// The extractors and their answers.
 pub struct Extractors {
     config: ExtractorsConfig,
     patterns: Vec<Vec<HostPattern>>,
     running: Arc<Semaphore>,
     answers: Mutex<Answers>,
-    /// One lock per page being extracted, so concurrent requests share one run, with the number
-    /// of requests holding or waiting for it; the last one out removes it ([`PendingGuard`]).
-    pending: Pending,
+    /// One lock per page being extracted, so concurrent requests share one run; the last request
+    /// holding or waiting for it removes it, however it ends.
+    pending: Keyed<[u8; 32]>,
 }
 
 /// The kept answers and what they weigh.
@@ -185,31 +183,6 @@ fn answer_size(found: &Found) -> usize {
     found.url.as_str().len() + headers + 128
 }
 
-/// One request's share of a page's `pending` gate: dropped when the request ends, finished or
-/// not (a client that goes away while waiting included). The last share out removes the entry,
-/// and only if it is still this gate, never a newer one for the same page.
-struct PendingGuard<'a> {
-    pending: &'a Pending,
-    key: [u8; 32],
-    gate: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl Drop for PendingGuard<'_> {
-    fn drop(&mut self) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let last = match pending.get_mut(&self.key) {
-            Some((gate, users)) if Arc::ptr_eq(gate, &self.gate) => {
-                *users -= 1;
-                *users == 0
-            }
-            _ => false,
-        };
-        if last {
-            pending.remove(&self.key);
-        }
-    }
-}
-
 impl Extractors {
     pub fn new(config: &ExtractorsConfig) -> Self {
         let patterns = config
@@ -227,7 +200,7 @@ impl Extractors {
             config: config.clone(),
             patterns,
             answers: Mutex::new(Answers::default()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Keyed::new(),
         }
     }
 
@@ -333,17 +306,10 @@ impl Extractors {
         if let Some(found) = self.kept(&key) {
             return Ok(found);
         }
-        let share = {
-            let mut pending = self.pending.lock().expect("extractor lock");
-            let (gate, users) = pending.entry(key).or_default();
-            *users += 1;
-            PendingGuard {
-                pending: &self.pending,
-                key,
-                gate: gate.clone(),
-            }
-        };
-        let _held = share.gate.lock().await;
+        // This request's place among the page's holders, given up however it ends (a client
+        // that goes away while waiting included).
+        let share = self.pending.hold(key);
+        let _held = share.turn().await;
         if let Some(found) = self.kept(&key) {
             return Ok(found);
         }
@@ -629,14 +595,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let second = spawn(x.clone());
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(x.pending.lock().unwrap().len(), 1);
+        assert_eq!(x.pending.keys_held(), 1);
         second.abort();
         let _ = second.await;
         // The runner still holds the gate.
-        assert_eq!(x.pending.lock().unwrap().len(), 1);
+        assert_eq!(x.pending.keys_held(), 1);
         first.abort();
         let _ = first.await;
-        assert!(x.pending.lock().unwrap().is_empty());
+        assert_eq!(x.pending.keys_held(), 0);
     }
 
     #[test]
