@@ -534,6 +534,136 @@ fn a_refused_reload_leaves_the_disk_directory_as_it_was() {
     drop(s.dir);
 }
 
+/// A directory this process cannot write to, without writing or skipping anything: as root, a
+/// read-only tmpfs mounted for the test (unmounted on drop) or, where mounting is not allowed, a
+/// filesystem already mounted read-only; otherwise a directory of mode 0500.
+struct Unwritable {
+    dir: tempfile::TempDir,
+    /// The read-only directory: the mount, or one found read-only, or `dir` made 0500.
+    path: std::path::PathBuf,
+    mounted: bool,
+}
+
+impl Unwritable {
+    fn new() -> Unwritable {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut u = Unwritable {
+            path: dir.path().to_path_buf(),
+            dir,
+            mounted: false,
+        };
+        // SAFETY: geteuid takes nothing and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            std::fs::set_permissions(&u.path, std::fs::Permissions::from_mode(0o500)).unwrap();
+        } else {
+            let mount = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+                .arg(&u.path)
+                .output();
+            match mount {
+                Ok(o) if o.status.success() => u.mounted = true,
+                _ => {
+                    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+                    u.path = mounts
+                        .lines()
+                        .filter_map(|l| {
+                            let f: Vec<&str> = l.split_whitespace().collect();
+                            (f.len() > 3 && f[3].split(',').any(|o| o == "ro"))
+                                .then(|| std::path::PathBuf::from(f[1]))
+                        })
+                        .find(|p| p.starts_with("/sys") || p.starts_with("/proc"))
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "cannot set up a read-only directory: mounting a read-only tmpfs \
+                                 failed ({mount:?}) and no read-only /sys or /proc is mounted"
+                            )
+                        });
+                }
+            }
+        }
+        let probe = u.path.join("probe");
+        assert!(
+            std::fs::write(&probe, b"").is_err(),
+            "{} takes writes: cannot set up a read-only directory",
+            u.path.display()
+        );
+        u
+    }
+}
+
+impl Drop for Unwritable {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        if self.mounted {
+            let ok = Command::new("umount").arg(&self.path).status();
+            if !ok.is_ok_and(|s| s.success()) {
+                let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+            }
+        } else {
+            let _ =
+                std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o700));
+        }
+    }
+}
+
+/// A reload whose disk directory cannot be written (here on a read-only filesystem, which
+/// stops root too) is refused with an error naming the directory, and the old config keeps
+/// serving; so is a start with it. The prepare step only checked that the directory could be
+/// read, so such a reload committed and every write of the tier was dropped.
+#[test]
+fn a_disk_directory_that_cannot_be_written_is_refused() {
+    let ro = Unwritable::new();
+    let absent = ro.path.join("cache");
+    for disk in [ro.path.clone(), absent] {
+        let mut s = uncached(|_| format!("disk_path = \"{}\"\n", disk.display()));
+        let r = s.reload(&s.caching);
+        assert!(r.starts_with("HTTP/1.1 422"), "{}: {r}", disk.display());
+        assert!(r.contains("not writable"), "{r}");
+        assert!(r.contains(&ro.path.display().to_string()), "{r}");
+        // The old config still serves: the route does not cache.
+        let r = get(&s.listen, "GET", "/", "");
+        assert!(r.ends_with("cached") && !r.contains("cache-status"), "{r}");
+        stop(&mut s.child);
+
+        // A start with it stops with the same error.
+        let file = s.dir.path().join("disk.toml");
+        std::fs::write(&file, &s.caching).unwrap();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config", file.to_str().unwrap()])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                stop(&mut child);
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "a start over {} did not stop: {status:?} {err}",
+            disk.display()
+        );
+        assert!(err.contains("not writable"), "{err}");
+        assert!(err.contains(&ro.path.display().to_string()), "{err}");
+    }
+}
+
 /// A reload that would build the first cache with `[cache.cluster]` and is refused by a later
 /// part leaves no control port open: a connection to it is refused at once. The prepare step
 /// binds the port (a port in use refuses the reload) and only the commit serves it; the

@@ -135,25 +135,26 @@ impl Cluster {
     }
 
     /// Binds the control listener, which serves nothing until [`Cluster::start`] (a connection
-    /// waits in the backlog); returns where it bound.
-    pub(super) fn bind(&self) -> std::io::Result<SocketAddr> {
+    /// waits in the backlog); [`Cluster::control_addr`] tells where.
+    pub(super) fn bind(&self) -> std::io::Result<()> {
         let listener = control::bind(self.config.control_bind())?;
-        let local = listener.local_addr()?;
-        let _ = self.control.set(local);
+        let _ = self.control.set(listener.local_addr()?);
         *self.bound.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener);
-        Ok(local)
+        Ok(())
     }
 
-    /// Serves the control listener (binding it first if [`Cluster::bind`] did not) and starts
-    /// the checker and the DNS membership task; they end when the cluster is dropped.
+    /// Serves the control listener [`Cluster::bind`] bound and starts the checker and the DNS
+    /// membership task; they end when the cluster is dropped.
     pub(super) fn start(self: &Arc<Self>, cache: Weak<Inner>) -> std::io::Result<()> {
         let bound = self.bound.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let listener = match bound {
-            Some(l) => l,
-            None => control::bind(self.config.control_bind())?,
+        // `Cache::prepare` binds before any start, and `Cache::start` runs once: an error, not
+        // a second bind, should that ever change.
+        let Some(listener) = bound else {
+            return Err(std::io::Error::other(
+                "not bound (the cluster was not prepared, or started twice)",
+            ));
         };
         let at = listener.local_addr()?;
-        let _ = self.control.set(at);
         let mut tasks = vec![control::serve(
             listener,
             Arc::downgrade(self),

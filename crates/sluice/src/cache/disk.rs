@@ -612,20 +612,24 @@ fn create_private_dir(path: &Path, tighten: bool) -> std::io::Result<()> {
     }
 }
 
-/// Checks, reading only, that `root` can hold the tier: a directory that can be listed, with
-/// directories (or nothing) at `objects` and `slices`; or a path not there yet whose nearest
-/// existing ancestor is a directory (it is created by [`DiskTier::start`]).
+/// Checks, writing nothing, that `root` can hold the tier: a directory that can be listed and
+/// written, with writable directories (or nothing) at `objects` and `slices`; or a path not there
+/// yet whose nearest existing ancestor is a writable directory (it is created by
+/// [`DiskTier::start`]). An unwritable directory refuses the config here: past this step a
+/// reload commits, and every write of the tier would fail and be dropped.
 fn check_dir(root: &Path) -> std::io::Result<()> {
     let not_a_dir = |p: &Path| std::io::Error::other(format!("{} is not a directory", p.display()));
     match std::fs::metadata(root) {
         Ok(m) if m.is_dir() => {
             std::fs::read_dir(root)?;
+            check_writable(root)?;
             for sub in ["objects", "slices"] {
                 let path = root.join(sub);
                 match std::fs::metadata(&path) {
                     Ok(m) if !m.is_dir() => return Err(not_a_dir(&path)),
+                    Ok(_) => check_writable(&path)?,
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
+                    Err(_) => {}
                 }
             }
             Ok(())
@@ -636,16 +640,43 @@ fn check_dir(root: &Path) -> std::io::Result<()> {
             // An empty parent is the working directory (a relative path of one component).
             while let Some(dir) = up.filter(|d| !d.as_os_str().is_empty()) {
                 match std::fs::metadata(dir) {
-                    Ok(m) if m.is_dir() => return Ok(()),
+                    Ok(m) if m.is_dir() => return check_writable(dir),
                     Ok(_) => return Err(not_a_dir(dir)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => up = dir.parent(),
                     Err(e) => return Err(e),
                 }
             }
-            Ok(())
+            check_writable(Path::new("."))
         }
         Err(e) => Err(e),
     }
+}
+
+/// Checks that this process may create and remove files in the directory `dir` (write and search
+/// permission, on a filesystem not mounted read-only) by asking the kernel, without writing:
+/// `access(2)` answers `EROFS` for a read-only mount even to root.
+fn check_writable(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} contains a NUL byte", dir.display()),
+            )
+        })?;
+        // SAFETY: `c` is a NUL-terminated string that outlives the call, which only reads it.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("{} is not writable: {e}", dir.display()),
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 /// Empties the directory if its files were cut with another slice size than `slice_bytes` (or
@@ -680,8 +711,9 @@ fn check_layout(root: &Path, slice_bytes: u64, stats: &DiskStats) -> std::io::Re
         );
         stats.layout_dropped.fetch_add(dropped, Ordering::Relaxed);
     }
-    // A directory that takes no write (read-only, full) keeps working as before, without its
-    // stamp: it is emptied again at the next start, and writes to it fail and are dropped.
+    // A directory that takes no write (full, or made read-only since `check_dir`) keeps working
+    // as before, without its stamp: it is emptied again at the next start, and writes to it fail
+    // and are dropped.
     if let Err(e) = write_file_atomically(&path, &[stamp.as_bytes()]) {
         tracing::warn!(path = %path.display(), error = %e, "cache disk tier: cannot write its layout stamp");
     }
