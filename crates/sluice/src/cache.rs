@@ -223,6 +223,8 @@ impl Cache {
         };
         let memory = Arc::new(MemoryTier::new(config.memory_bytes.0, slice_bytes));
         let budget = Budget::new(config.memory_bytes.0, slice_bytes, memory.clone());
+        // Stored heads count against `memory_bytes` too.
+        let index = index.charged_to(budget.clone());
         let inner = Arc::new(Inner {
             config: config.clone(),
             slice_bytes,

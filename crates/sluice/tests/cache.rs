@@ -1199,6 +1199,107 @@ async fn many_cold_streams_stay_within_the_byte_budget() {
     );
 }
 
+/// Finding: an object's stored fields and tags counted against nothing, so `max_objects`
+/// answers with large fields held memory far past `memory_bytes`. Now they are charged to the
+/// budget: the accounted bytes include them and stay within it, and the index keeps the objects
+/// whose heads fit (the oldest go first, as past `max_objects`).
+#[tokio::test]
+async fn stored_heads_count_against_the_byte_budget() {
+    let (origin, oaddr) = start_origin().await;
+    let filler = "h".repeat(8 * KIB as usize);
+    let paths: Vec<String> = (0..200).map(|i| format!("/heads/{i}")).collect();
+    for p in &paths {
+        origin.set(p, Obj::new(1000, "max-age=600").header("x-filler", &filler));
+    }
+    let budget = 256 * KIB;
+    let mut cfg = config(16 * KIB);
+    cfg.memory_bytes = ByteSize(budget);
+    let front = start_front(cfg, oaddr).await;
+    let want = Bytes::from(bytes_of(1, 0, 999));
+    for p in &paths {
+        let r = request("GET", &front.url(p), &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(body(&r), want);
+        assert_eq!(r.headers["x-filler"], filler.as_str());
+    }
+    // The newest objects are still stored, and served from the cache.
+    let last = request("GET", &front.url(&paths[199]), &[]).await;
+    assert!(
+        status_of(&last).starts_with("sluice; hit"),
+        "{}",
+        status_of(&last)
+    );
+    assert_eq!(body(&last), want);
+    assert_eq!(origin.count(&paths[199]), 1);
+    // The gauges refresh once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let objects = front.cache.objects() as u64;
+    assert!((4..200).contains(&objects), "{objects} objects indexed");
+    let accounted = metric(&front, "sluice_cache_accounted_bytes");
+    let peak = metric(&front, "sluice_cache_accounted_peak_bytes");
+    // Each indexed object's 8 KiB field counts (twice: as stored and as a hit writes it).
+    assert!(
+        accounted >= objects * 2 * 8 * KIB,
+        "{accounted} accounted for {objects} objects"
+    );
+    assert!(
+        accounted <= budget + 64,
+        "{accounted} over the budget {budget}"
+    );
+    assert!(peak <= budget + 64, "peak {peak} over the budget {budget}");
+}
+
+/// An answer whose fields and tags cost more than a stored head may (`MAX_HEAD_BYTES`, 64 KiB)
+/// is served as the origin sent it, booked as uncacheable and not stored: the next request goes
+/// to the origin again.
+#[tokio::test]
+async fn an_answer_with_a_head_too_large_to_keep_is_served_not_stored() {
+    let (origin, oaddr) = start_origin().await;
+    let filler = "h".repeat(70 * KIB as usize);
+    let tags: Vec<String> = (0..2000).map(|i| format!("t{i:05}")).collect();
+    let tags = tags.join(" ");
+    origin.set(
+        "/big-fields",
+        Obj::new(5000, "max-age=600").header("x-filler", &filler),
+    );
+    origin.set(
+        "/many-tags",
+        Obj::new(5000, "max-age=600").header("surrogate-key", &tags),
+    );
+    origin.set("/small", Obj::new(5000, "max-age=600"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let want = Bytes::from(bytes_of(1, 0, 4999));
+    for (path, name, value) in [
+        ("/big-fields", "x-filler", &filler),
+        ("/many-tags", "surrogate-key", &tags),
+    ] {
+        for round in 1..=2 {
+            let r = request("GET", &front.url(path), &[]).await;
+            assert_eq!(r.status, StatusCode::OK);
+            assert_eq!(body(&r), want);
+            assert_eq!(r.headers[name], value.as_str());
+            let detail = if round == 1 {
+                "detail=head-too-large"
+            } else {
+                "detail=hit-for-pass"
+            };
+            assert!(status_of(&r).contains(detail), "{path}: {}", status_of(&r));
+            assert_eq!(origin.count(path), round, "{path}: not stored");
+        }
+    }
+    // An ordinary answer beside them is stored.
+    request("GET", &front.url("/small"), &[]).await;
+    let hit = request("GET", &front.url("/small"), &[]).await;
+    assert!(
+        status_of(&hit).starts_with("sluice; hit"),
+        "{}",
+        status_of(&hit)
+    );
+    assert_eq!(origin.count("/small"), 1);
+    assert_eq!(front.cache.objects(), 1);
+    assert_eq!(metric(&front, "sluice_cache_uncacheable_total"), 2);
+}
+
 /// A fill of a known object's short last slice holds only that slice's length of the budget
 /// while it waits for the origin: holding a whole slice for a short object kept the memory tier
 /// smaller than its budget by a slice per fill (S7: small objects through a cluster).

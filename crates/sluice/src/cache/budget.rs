@@ -6,6 +6,11 @@
 //! cold streams and a busy disk queue held 120 MB beside a full 256 MiB tier (S4 (d)). Here the
 //! slices in transit are capped at a quarter of the budget (they wait for room beyond that), and
 //! what they hold is taken from the tier, so tier + transit ≤ `memory_bytes` at every instant.
+//!
+//! The heads of indexed objects (their fields and tags, `ObjectMeta::charge`) are charged here
+//! too, and taken from the tier the same way: `max_objects` records with 64 KiB of fields each
+//! held gigabytes beside a full tier. They may take at most half the budget ([`Budget::head_room`]);
+//! past that the object index drops its oldest objects, as it does past `max_objects`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,12 +29,27 @@ struct Shared {
     total: u64,
     transit_cap: u64,
     room: Arc<Semaphore>,
-    /// Bytes reserved by slices in transit; the lock also orders the tier's resizes.
-    reserved: Mutex<u64>,
+    /// Bytes held beside the tier; the lock also orders the tier's resizes.
+    held: Mutex<Held>,
     /// The most bytes ever accounted (tier + transit), sampled at every change of a reservation
     /// and every slice the tier takes from a fill.
     peak: AtomicU64,
     memory: Arc<MemoryTier>,
+}
+
+/// What the budget holds beside the memory tier.
+#[derive(Default)]
+struct Held {
+    /// Reserved by slices in transit.
+    transit: u64,
+    /// Charged by the object index for the heads it holds.
+    heads: u64,
+}
+
+impl Held {
+    fn total(&self) -> u64 {
+        self.transit.saturating_add(self.heads)
+    }
 }
 
 /// Bytes held for one slice in transit; given back (and to the tier) when dropped.
@@ -48,7 +68,7 @@ impl Budget {
                 total,
                 transit_cap,
                 room: Arc::new(Semaphore::new(transit_cap as usize)),
-                reserved: Mutex::new(0),
+                held: Mutex::new(Held::default()),
                 peak: AtomicU64::new(0),
                 memory,
             }),
@@ -65,7 +85,8 @@ impl Budget {
             .acquire_many_owned(bytes as u32)
             .await
             .expect("the budget's semaphore is never closed");
-        self.shared.adjust(bytes as i64);
+        self.shared
+            .adjust(|held| held.transit = held.transit.saturating_add(bytes));
         Reservation {
             shared: self.shared.clone(),
             bytes,
@@ -80,13 +101,33 @@ impl Budget {
 
     /// Bytes reserved by slices in transit now.
     pub fn in_transit(&self) -> u64 {
-        *self.shared.lock()
+        self.shared.lock().transit
     }
 
-    /// Tier + transit now.
+    /// Bytes the object index is charged for its heads now.
+    pub fn heads(&self) -> u64 {
+        self.shared.lock().heads
+    }
+
+    /// The most the object index may be charged for heads: half the budget, so the tier keeps
+    /// at least a quarter beside them and the transit.
+    pub fn head_room(&self) -> u64 {
+        self.shared.total / 2
+    }
+
+    /// Charges (positive) or releases (negative) head bytes; a charge shrinks the tier, evicting
+    /// slices, before the call returns.
+    pub fn charge_heads(&self, delta: i64) {
+        if delta != 0 {
+            self.shared
+                .adjust(|held| held.heads = held.heads.saturating_add_signed(delta));
+        }
+    }
+
+    /// Tier + transit + heads now.
     pub fn accounted(&self) -> u64 {
-        let transit = self.shared.lock();
-        self.shared.memory.weight() + *transit
+        let held = self.shared.lock();
+        self.shared.memory.weight() + held.total()
     }
 
     /// Records the current total for [`Budget::peak`] (after the tier took a slice).
@@ -105,25 +146,28 @@ impl Budget {
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
-        // A plain counter: a poisoned lock still holds a consistent value.
-        self.reserved.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        // Plain counters: a poisoned lock still holds consistent values.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn adjust(&self, delta: i64) {
-        let mut reserved = self.lock();
-        *reserved = reserved.saturating_add_signed(delta);
-        // Shrinking evicts before the reserving fill reads a byte; growing lets the tier use what
-        // the transit no longer holds.
-        self.memory.set_capacity(self.total - *reserved);
-        let now = self.memory.weight() + *reserved;
+    fn adjust(&self, change: impl FnOnce(&mut Held)) {
+        let mut held = self.lock();
+        change(&mut held);
+        // Shrinking evicts before the reserving fill reads a byte (or the charged head is
+        // indexed for long); growing lets the tier use what transit and heads no longer hold.
+        self.memory
+            .set_capacity(self.total.saturating_sub(held.total()));
+        let now = self.memory.weight() + held.total();
         self.peak.fetch_max(now, Ordering::Relaxed);
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.shared.adjust(-(self.bytes as i64));
+        let bytes = self.bytes;
+        self.shared
+            .adjust(|held| held.transit = held.transit.saturating_sub(bytes));
     }
 }
 
@@ -188,5 +232,32 @@ mod tests {
             "{}",
             budget.peak()
         );
+    }
+
+    /// Heads charged by the object index are taken from the tier like transit, and given back.
+    #[test]
+    fn heads_are_taken_from_the_tier_and_given_back() {
+        let slice = 64 * 1024;
+        let memory = Arc::new(MemoryTier::new(16 * slice, slice));
+        let budget = Budget::new(16 * slice, slice, memory.clone());
+        let fill = || {
+            for i in 0..32 {
+                memory.insert(
+                    key(i),
+                    Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
+                );
+            }
+        };
+        fill();
+        budget.charge_heads(6 * slice as i64);
+        assert_eq!(budget.heads(), 6 * slice);
+        assert!(memory.weight() <= 10 * slice, "{}", memory.weight());
+        fill();
+        assert!(budget.accounted() <= budget.total() + 16 * 128);
+        assert!(budget.peak() <= budget.total() + 16 * 128);
+        budget.charge_heads(-6 * slice as i64);
+        assert_eq!(budget.heads(), 0);
+        fill();
+        assert!(memory.weight() > 12 * slice, "{}", memory.weight());
     }
 }

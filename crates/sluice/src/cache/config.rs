@@ -86,7 +86,8 @@ pub struct CacheConfig {
     pub disk_bytes: ByteSize,
     /// Size of one slice: objects are fetched, stored and coalesced in aligned slices of this size.
     pub slice_bytes: ByteSize,
-    /// Objects (URL variants) whose metadata is indexed at once.
+    /// Objects (URL variants) whose metadata is indexed at once (their heads also count against
+    /// `memory_bytes`, at most half of it).
     pub max_objects: usize,
     /// Slices being fetched from origins at once (each holds at most `slice_bytes` while in flight,
     /// shared by all its readers).

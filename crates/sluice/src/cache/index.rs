@@ -1,6 +1,8 @@
 //! The object index: primary key → the `Vary` names of its responses → one object per variant,
-//! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first) and by variants
-//! per key ([`MAX_VARIANTS`]).
+//! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first), by variants
+//! per key ([`MAX_VARIANTS`]) and, with a budget, by the bytes the objects' heads cost: each
+//! object's fields and tags are charged to `memory_bytes` while it is indexed (`budget.rs`), and
+//! a head over [`MAX_HEAD_BYTES`] is not indexed at all.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -9,7 +11,8 @@ use std::time::Instant;
 use http::header::{HeaderMap, HeaderName};
 use sluice_http::freshness::variant_key;
 
-use super::object::{ObjectId, ObjectMeta};
+use super::budget::Budget;
+use super::object::{head_bytes, ObjectId, ObjectMeta, MAX_HEAD_BYTES};
 
 /// What the index knows about a request.
 pub enum Lookup {
@@ -105,6 +108,18 @@ struct Inner {
     primaries: HashMap<String, Primary>,
     order: VecDeque<String>,
     objects: usize,
+    /// What the indexed objects cost ([`ObjectMeta::charge`]).
+    head_bytes: u64,
+    /// Objects dropped by an [`ObjectIndex::update`] to keep the heads within their room, handed
+    /// to the caller of the next call that returns dropped objects (their slices must go too).
+    dropped_later: Vec<Arc<ObjectMeta>>,
+}
+
+impl Inner {
+    /// Takes `m` out of the head count (it left `primaries`).
+    fn release(&mut self, m: &ObjectMeta) {
+        self.head_bytes = self.head_bytes.saturating_sub(m.charge());
+    }
 }
 
 /// The object index.
@@ -112,6 +127,10 @@ pub struct ObjectIndex {
     /// Shared with the disk tier's writer (`ObjectIndex::holder`).
     inner: Arc<Mutex<Inner>>,
     max_objects: usize,
+    /// Where the heads are charged ([`ObjectIndex::charged_to`]).
+    budget: Option<Budget>,
+    /// The most the indexed heads may cost together.
+    head_room: u64,
 }
 
 impl ObjectIndex {
@@ -119,11 +138,48 @@ impl ObjectIndex {
         ObjectIndex {
             inner: Arc::new(Mutex::new(Inner::default())),
             max_objects,
+            budget: None,
+            head_room: u64::MAX,
         }
+    }
+
+    /// Charges the heads of the objects indexed from now on to `budget`, within its
+    /// [`Budget::head_room`]: past that the oldest objects go, as past `max_objects`.
+    pub fn charged_to(mut self, budget: Budget) -> ObjectIndex {
+        self.head_room = budget.head_room();
+        self.budget = Some(budget);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("object index")
+    }
+
+    /// Runs `change` under the lock and then passes the change in the heads' cost on to the
+    /// budget (out of the lock: the tier evicts as it shrinks, and lookups need not wait).
+    fn charged<R>(&self, change: impl FnOnce(&mut Inner) -> R) -> R {
+        let (out, delta) = {
+            let mut inner = self.lock();
+            let before = inner.head_bytes;
+            let out = change(&mut inner);
+            (out, inner.head_bytes as i64 - before as i64)
+        };
+        if let Some(budget) = &self.budget {
+            budget.charge_heads(delta);
+        }
+        out
+    }
+
+    /// The most an object's fields and tags ([`head_bytes`]) may cost for it to be stored:
+    /// [`MAX_HEAD_BYTES`], or less when the budget's whole head room is smaller.
+    pub fn head_limit(&self) -> u64 {
+        MAX_HEAD_BYTES.min(self.head_room / 2)
+    }
+
+    /// Whether an object with this head may be indexed.
+    pub fn admits(&self, meta: &ObjectMeta) -> bool {
+        head_bytes(&meta.headers, &meta.tags) <= self.head_limit()
+            && meta.charge() <= self.head_room
     }
 
     /// Whether the index holds this version of the object (for the disk tier, which must not
@@ -171,64 +227,93 @@ impl ObjectIndex {
     }
 
     /// Stores or replaces an object; returns objects dropped to make room or replaced by a new
-    /// version or `Vary` list (their slices must go too).
+    /// version or `Vary` list (their slices must go too). An object whose head the index does
+    /// not admit ([`ObjectIndex::admits`]) is not stored, and is handed back with them (a record
+    /// the disk tier found at start goes with its files).
     pub fn insert(&self, meta: Arc<ObjectMeta>) -> Vec<Arc<ObjectMeta>> {
-        let mut dropped = Vec::new();
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        let is_new_primary = !inner.primaries.contains_key(&meta.primary);
-        let p = inner.primaries.entry(meta.primary.clone()).or_default();
-        p.pass_until = None;
-        if p.vary != meta.vary {
-            inner.objects -= p.variants.len();
-            dropped.extend(p.drain());
-            p.vary = meta.vary.clone();
+        if !self.admits(&meta) {
+            let mut dropped = std::mem::take(&mut self.lock().dropped_later);
+            dropped.push(meta);
+            return dropped;
         }
-        match p.variants.insert(meta.variant.clone(), meta.clone()) {
-            Some(old) if old.generation != meta.generation => dropped.push(old),
-            Some(_) => {}
-            None => {
-                inner.objects += 1;
-                p.order.push_back(meta.variant.clone());
-                if p.variants.len() > MAX_VARIANTS {
-                    if let Some(old) = p.pop_oldest(Some(&meta.variant)) {
-                        inner.objects -= 1;
+        self.charged(|inner| {
+            let mut dropped = std::mem::take(&mut inner.dropped_later);
+            let is_new_primary = !inner.primaries.contains_key(&meta.primary);
+            let p = inner.primaries.entry(meta.primary.clone()).or_default();
+            p.pass_until = None;
+            let mut released = 0;
+            let mut removed = 0;
+            if p.vary != meta.vary {
+                removed += p.variants.len();
+                for old in p.drain() {
+                    released += old.charge();
+                    dropped.push(old);
+                }
+                p.vary = meta.vary.clone();
+            }
+            match p.variants.insert(meta.variant.clone(), meta.clone()) {
+                Some(old) => {
+                    released += old.charge();
+                    if old.generation != meta.generation {
                         dropped.push(old);
                     }
                 }
+                None => {
+                    p.order.push_back(meta.variant.clone());
+                    if p.variants.len() > MAX_VARIANTS {
+                        if let Some(old) = p.pop_oldest(Some(&meta.variant)) {
+                            removed += 1;
+                            released += old.charge();
+                            dropped.push(old);
+                        }
+                    }
+                    inner.objects += 1;
+                }
             }
-        }
-        if is_new_primary {
-            inner.order.push_back(meta.primary.clone());
-        }
-        self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
-        dropped
+            inner.objects -= removed;
+            inner.head_bytes = (inner.head_bytes + meta.charge()).saturating_sub(released);
+            if is_new_primary {
+                inner.order.push_back(meta.primary.clone());
+            }
+            self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
+            dropped
+        })
     }
 
-    /// Drops the oldest primaries while over the bound (objects, or keys held only by a memo).
-    /// `keep` (the key and variant just stored, or a memo's key) stays: when its key is the
-    /// oldest, its other variants go first, oldest first (else one URL with a new variant at
-    /// each request would grow past the bound while everything else went), then the next oldest
-    /// key.
+    /// Whether the index is over one of its bounds.
+    fn over(&self, inner: &Inner) -> bool {
+        inner.objects > self.max_objects
+            || inner.primaries.len() > self.max_objects
+            || inner.head_bytes > self.head_room
+    }
+
+    /// Drops the oldest primaries while over a bound (objects, keys held only by a memo, or the
+    /// heads' room). `keep` (the key and variant just stored, or a memo's key) stays: when its
+    /// key is the oldest, its other variants go first, oldest first (else one URL with a new
+    /// variant at each request would grow past the bound while everything else went), then the
+    /// next oldest key.
     fn evict(
         &self,
         inner: &mut Inner,
         (keep, variant): (&str, Option<&str>),
         dropped: &mut Vec<Arc<ObjectMeta>>,
     ) {
-        while inner.objects > self.max_objects || inner.primaries.len() > self.max_objects {
+        while self.over(inner) {
             let Some(oldest) = inner.order.pop_front() else {
                 break;
             };
             if oldest == keep {
+                let too_many =
+                    inner.objects > self.max_objects || inner.head_bytes > self.head_room;
                 let popped = match inner.primaries.get_mut(keep) {
-                    Some(p) if inner.objects > self.max_objects => p.pop_oldest(variant),
+                    Some(p) if too_many => p.pop_oldest(variant),
                     _ => None,
                 };
                 inner.order.push_front(oldest);
                 match popped {
                     Some(old) => {
                         inner.objects -= 1;
+                        inner.release(&old);
                         dropped.push(old);
                         continue;
                     }
@@ -237,69 +322,99 @@ impl ObjectIndex {
                         let Some(next) = inner.order.remove(1) else {
                             break;
                         };
-                        if let Some(p) = inner.primaries.remove(&next) {
-                            inner.objects -= p.variants.len();
-                            dropped.extend(p.variants.into_values());
-                        }
+                        self.drop_primary(inner, &next, dropped);
                         continue;
                     }
                     None => break,
                 }
             }
-            if let Some(p) = inner.primaries.remove(&oldest) {
-                inner.objects -= p.variants.len();
-                dropped.extend(p.variants.into_values());
+            self.drop_primary(inner, &oldest, dropped);
+        }
+    }
+
+    /// Drops a primary key and every variant of it (already out of `order`).
+    fn drop_primary(&self, inner: &mut Inner, key: &str, dropped: &mut Vec<Arc<ObjectMeta>>) {
+        if let Some(p) = inner.primaries.remove(key) {
+            inner.objects -= p.variants.len();
+            for old in p.variants.into_values() {
+                inner.release(&old);
+                dropped.push(old);
             }
         }
     }
 
-    /// Replaces an object's record if it is still the same version (after a 304 or a length update).
+    /// Replaces an object's record if it is still the same version (after a 304 or a length
+    /// update). A new head the index does not admit leaves the record as it was; one that
+    /// grows the heads past their room makes the oldest objects go (handed back by the next
+    /// call that returns dropped objects).
     pub fn update(&self, meta: Arc<ObjectMeta>) -> bool {
-        let mut inner = self.lock();
-        let Some(p) = inner.primaries.get_mut(&meta.primary) else {
+        if !self.admits(&meta) {
             return false;
-        };
-        match p.variants.get_mut(&meta.variant) {
-            Some(slot) if slot.generation == meta.generation => {
-                *slot = meta;
-                true
-            }
-            _ => false,
         }
+        self.charged(|inner| {
+            let Some(p) = inner.primaries.get_mut(&meta.primary) else {
+                return false;
+            };
+            let old = match p.variants.get_mut(&meta.variant) {
+                Some(slot) if slot.generation == meta.generation => {
+                    std::mem::replace(slot, meta.clone())
+                }
+                _ => return false,
+            };
+            inner.head_bytes = (inner.head_bytes + meta.charge()).saturating_sub(old.charge());
+            let mut dropped = std::mem::take(&mut inner.dropped_later);
+            self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
+            inner.dropped_later = dropped;
+            true
+        })
     }
 
     /// Drops one version of an object (a version change or a vanished origin object); a newer
     /// version stored meanwhile stays.
     pub fn remove_object(&self, primary: &str, id: ObjectId, generation: u64) -> bool {
-        let mut inner = self.lock();
-        let Some(p) = inner.primaries.get_mut(primary) else {
-            return false;
-        };
-        let before = p.variants.len();
-        p.variants
-            .retain(|_, m| m.id != id || m.generation != generation);
-        let removed = before - p.variants.len();
-        if removed > 0 {
-            p.reorder();
-        }
-        inner.objects -= removed;
-        removed > 0
+        self.charged(|inner| {
+            let Some(p) = inner.primaries.get_mut(primary) else {
+                return false;
+            };
+            let mut released = 0;
+            let before = p.variants.len();
+            p.variants.retain(|_, m| {
+                let gone = m.id == id && m.generation == generation;
+                if gone {
+                    released += m.charge();
+                }
+                !gone
+            });
+            let removed = before - p.variants.len();
+            if removed > 0 {
+                p.reorder();
+            }
+            inner.objects -= removed;
+            inner.head_bytes = inner.head_bytes.saturating_sub(released);
+            removed > 0
+        })
     }
 
     /// Keeps `primary` out of the cache path until `until` (hit-for-pass).
     /// Returns the objects it replaces.
     pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<Arc<ObjectMeta>> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        if !inner.primaries.contains_key(primary) {
-            inner.order.push_back(primary.to_string());
-        }
-        let p = inner.primaries.entry(primary.to_string()).or_default();
-        inner.objects -= p.variants.len();
-        let mut dropped: Vec<Arc<ObjectMeta>> = p.drain().collect();
-        p.pass_until = Some(until);
-        self.evict(inner, (primary, None), &mut dropped);
-        dropped
+        self.charged(|inner| {
+            if !inner.primaries.contains_key(primary) {
+                inner.order.push_back(primary.to_string());
+            }
+            let mut dropped = std::mem::take(&mut inner.dropped_later);
+            let p = inner.primaries.entry(primary.to_string()).or_default();
+            let removed = p.variants.len();
+            let gone: Vec<Arc<ObjectMeta>> = p.drain().collect();
+            p.pass_until = Some(until);
+            inner.objects -= removed;
+            for old in gone {
+                inner.release(&old);
+                dropped.push(old);
+            }
+            self.evict(inner, (primary, None), &mut dropped);
+            dropped
+        })
     }
 
     /// Purges the objects of the primary keys `which` names that `matches`; hard purges drop
@@ -311,26 +426,37 @@ impl ObjectIndex {
         matches: impl Fn(&str, &ObjectMeta) -> bool,
         soft: bool,
     ) -> Vec<Arc<ObjectMeta>> {
-        let mut out = Vec::new();
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        let mut removed = 0;
-        match which {
-            Primaries::Key(key) => {
-                if let Some(p) = inner.primaries.get_mut(key) {
-                    removed += purge_variants(key, p, &matches, soft, &mut out);
-                }
-            }
-            Primaries::Prefix(prefix) => {
-                for (key, p) in inner.primaries.iter_mut() {
-                    if key.starts_with(prefix) {
+        self.charged(|inner| {
+            let mut out = Vec::new();
+            let mut removed = 0;
+            match which {
+                Primaries::Key(key) => {
+                    if let Some(p) = inner.primaries.get_mut(key) {
                         removed += purge_variants(key, p, &matches, soft, &mut out);
                     }
                 }
+                Primaries::Prefix(prefix) => {
+                    for (key, p) in inner.primaries.iter_mut() {
+                        if key.starts_with(prefix) {
+                            removed += purge_variants(key, p, &matches, soft, &mut out);
+                        }
+                    }
+                }
             }
-        }
-        inner.objects -= removed;
-        out
+            inner.objects -= removed;
+            // A soft purge keeps each record as a copy of the same head: the same cost.
+            if !soft {
+                for m in &out {
+                    inner.release(m);
+                }
+            }
+            out
+        })
+    }
+
+    /// What the indexed objects' heads cost now ([`ObjectMeta::charge`]).
+    pub fn head_bytes(&self) -> u64 {
+        self.lock().head_bytes
     }
 
     pub fn len(&self) -> usize {
@@ -537,5 +663,118 @@ pub(crate) mod tests {
         let inner = idx.lock();
         assert!(inner.primaries["u"].variants.contains_key(&key(5)));
         assert!(!inner.primaries["u"].variants.contains_key(&key(0)));
+    }
+
+    /// Finding: the heads of indexed objects counted against nothing, so `max_objects` records
+    /// with large fields (or many tags) held memory far past `memory_bytes`. Now each is charged
+    /// to the budget while indexed (the tier gives up as much, evicting slices), the heads stay
+    /// within their room (the oldest objects go), a head over the limit is refused, and what
+    /// leaves the index gives its bytes back.
+    #[test]
+    fn heads_are_charged_to_the_budget_and_bounded() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::{MemoryTier, Slice};
+        use crate::cache::object::SliceKey;
+
+        let slice = 16 * 1024;
+        let total = 64 * slice;
+        let memory = Arc::new(MemoryTier::new(total, slice));
+        let budget = Budget::new(total, slice, memory.clone());
+        let idx = ObjectIndex::new(100_000).charged_to(budget.clone());
+        let fill_tier = || {
+            for i in 0..200 {
+                let key = SliceKey {
+                    object: ObjectId(9),
+                    generation: 1,
+                    index: i,
+                };
+                memory.insert(key, Slice::new(vec![vec![7u8; slice as usize].into()]));
+            }
+        };
+        fill_tier();
+        let with_head = |primary: &str, filler: usize, tags: usize| {
+            let mut m = (*meta(primary, vec![], "", 1)).clone();
+            m.headers.insert(
+                "x-filler",
+                HeaderValue::from_str(&"f".repeat(filler)).unwrap(),
+            );
+            m.tags = (0..tags).map(|i| format!("tag-{i:05}")).collect();
+            Arc::new(m)
+        };
+        let mut dropped = Vec::new();
+        for i in 0..100 {
+            dropped.extend(idx.insert(with_head(&format!("k{i}"), 12_000, 0)));
+            let held: u64 = {
+                let inner = idx.lock();
+                inner
+                    .primaries
+                    .values()
+                    .flat_map(|p| p.variants.values())
+                    .map(|m| m.charge())
+                    .sum()
+            };
+            assert_eq!(idx.head_bytes(), held);
+            assert_eq!(budget.heads(), held);
+            assert!(held <= budget.head_room(), "{held}");
+            // Per-entry bookkeeping may round the tier up by a little.
+            assert!(
+                budget.accounted() <= total + 1024,
+                "{} over {total}",
+                budget.accounted()
+            );
+        }
+        assert!(idx.len() >= 15 && idx.len() < 30, "{}", idx.len());
+        assert_eq!(idx.len() + dropped.len(), 100);
+        assert!(budget.heads() > 15 * 24_000);
+        // The tier gave up what the heads took.
+        assert!(
+            memory.weight() <= total - budget.heads(),
+            "{}",
+            memory.weight()
+        );
+
+        // Over the limit, in fields or in tags: refused and handed back, nothing charged.
+        let before = idx.head_bytes();
+        assert!(idx.head_limit() == MAX_HEAD_BYTES);
+        for big in [with_head("big", 40_000, 0), with_head("tags", 10, 1_000)] {
+            assert!(head_bytes(&big.headers, &big.tags) > MAX_HEAD_BYTES);
+            let out = idx.insert(big.clone());
+            assert!(out.iter().any(|m| Arc::ptr_eq(m, &big)));
+            assert!(matches!(
+                idx.lookup(&big.primary, &HeaderMap::new(), Instant::now()),
+                Lookup::UriMiss
+            ));
+            assert!(!idx.update(big));
+        }
+        assert_eq!(idx.head_bytes(), before);
+
+        // A head that grows (a 304's fields) past the room makes the oldest go, handed back by
+        // the next insert.
+        let newest = format!("k{}", 99);
+        let mut grown = (*idx.get(&newest, ObjectId::new(&newest, "")).unwrap()).clone();
+        grown.headers.insert(
+            "x-more",
+            HeaderValue::from_str(&"m".repeat(12_000)).unwrap(),
+        );
+        let held =
+            |idx: &ObjectIndex| -> Vec<String> { idx.lock().primaries.keys().cloned().collect() };
+        let before = held(&idx);
+        assert!(idx.update(Arc::new(grown)));
+        assert!(idx.head_bytes() <= budget.head_room());
+        assert_eq!(budget.heads(), idx.head_bytes());
+        let after = held(&idx);
+        let gone: Vec<&String> = before.iter().filter(|k| !after.contains(k)).collect();
+        assert_eq!(gone.len(), 1);
+        let later = idx.insert(meta("small", vec![], "", 1));
+        assert!(
+            later.iter().any(|m| &m.primary == gone[0]),
+            "the object the update dropped is handed back"
+        );
+
+        // Everything purged: every byte given back, and the tier may use the whole budget again.
+        idx.purge(Primaries::Prefix(""), |_, _| true, false);
+        assert_eq!((idx.len(), idx.head_bytes(), budget.heads()), (0, 0, 0));
+        fill_tier();
+        assert!(memory.weight() > total * 3 / 4, "{}", memory.weight());
     }
 }

@@ -175,12 +175,12 @@ impl CacheMetrics {
         );
         r.register(
             "budget_bytes",
-            "The byte budget (memory_bytes) the memory tier and slices in transit share",
+            "The byte budget (memory_bytes) the memory tier, slices in transit and indexed heads share",
             m.budget.clone(),
         );
         r.register(
             "accounted_bytes",
-            "Bytes counted against the budget: memory tier plus slices in transit",
+            "Bytes counted against the budget: memory tier, slices in transit and indexed objects' heads",
             m.accounted.clone(),
         );
         r.register(

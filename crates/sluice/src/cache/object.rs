@@ -143,6 +143,43 @@ fn owned(value: &HeaderValue) -> HeaderValue {
     v
 }
 
+/// The most one object's stored fields and tags may cost ([`head_bytes`]). An origin may send
+/// hundreds of kilobytes of fields, or thousands of `Surrogate-Key` tags, with each answer; kept
+/// for each of `max_objects` objects they would hold far more than `memory_bytes`. An answer
+/// over this is served but not stored (booked as uncacheable, `writer.rs`).
+pub const MAX_HEAD_BYTES: u64 = 64 << 10;
+
+/// What one stored field or tag costs beside its own bytes: the map's entry, and the allocation
+/// of its own each value gets (`owned`) or each tag is.
+const ENTRY_BYTES: u64 = 64;
+
+/// What an object's record costs beside its fields and tags: the struct, its keys' allocations
+/// and the index's entries for it.
+const OBJECT_BYTES: u64 = 256;
+
+/// The memory an object's stored fields and tags cost: each field's name and value twice (as
+/// stored, and as the wire form a hit may make of them, [`WireHead`]), each tag, and each
+/// entry's bookkeeping.
+pub fn head_bytes(headers: &HeaderMap, tags: &[String]) -> u64 {
+    let fields: u64 = headers
+        .iter()
+        .map(|(k, v)| 2 * (k.as_str().len() + v.len()) as u64 + ENTRY_BYTES)
+        .sum();
+    let tags: u64 = tags.iter().map(|t| t.len() as u64 + ENTRY_BYTES).sum();
+    fields + tags
+}
+
+impl ObjectMeta {
+    /// What this object's record costs while indexed: its fields and tags ([`head_bytes`]), its
+    /// keys and the record itself. Charged to `memory_bytes` (`index.rs`, `budget.rs`).
+    pub fn charge(&self) -> u64 {
+        head_bytes(&self.headers, &self.tags)
+            + (self.primary.len() + self.variant.len()) as u64
+            + self.vary.len() as u64 * ENTRY_BYTES
+            + OBJECT_BYTES
+    }
+}
+
 /// Updates stored headers with those of a 304 (RFC 9111 §4.3.4), leaving framing alone.
 pub fn merge_not_modified(stored: &mut HeaderMap, fresh: &HeaderMap) {
     let update = stored_headers(fresh);

@@ -189,15 +189,22 @@ async fn fetch(
                 response_time,
                 &policy,
             );
+            // A head too big to keep (`object::MAX_HEAD_BYTES`, charged to `memory_bytes`
+            // while indexed) is passed like any other answer not stored.
+            let headers = object::stored_headers(&parts.headers);
+            let tags = object::tags(&parts.headers);
+            let fits = object::head_bytes(&headers, &tags) <= inner.index.head_limit();
             let fresh = match verdict {
-                Ok(f) => f,
-                Err(reason) => {
+                Ok(f) if fits => f,
+                verdict => {
+                    let reason = verdict.err();
+                    let label = reason.map_or("head-too-large", not_storable_label);
                     // Remember the URL as uncacheable unless the reason lies in this request, or
                     // the answer is an error: a 5xx or a 404 says how the origin is doing now
                     // (a live segment not yet published, a hiccup), not what the URL is, and a
                     // memo would keep the answer that follows out of the cache.
-                    let request_reason = reason == NotStorable::Authorization
-                        || (reason == NotStorable::NoStore
+                    let request_reason = reason == Some(NotStorable::Authorization)
+                        || (reason == Some(NotStorable::NoStore)
                             && parse_cache_control(&req_headers).no_store);
                     let error = parts.status.is_client_error() || parts.status.is_server_error();
                     if !request_reason && !error {
@@ -222,18 +229,14 @@ async fn fetch(
                     inner.release(key, fill);
                     if ranged && !whole {
                         // A partial answer to a Range the client may not have sent: unusable.
-                        fill.finish(FillEnd::Pass {
-                            reason: not_storable_label(reason),
-                        });
+                        fill.finish(FillEnd::Pass { reason: label });
                     } else {
                         fill.finish_pass(
-                            not_storable_label(reason),
+                            label,
                             Response::from_parts(parts, crate::body::boxed(body)),
                         );
                     }
-                    return FillEnd::Pass {
-                        reason: not_storable_label(reason),
-                    };
+                    return FillEnd::Pass { reason: label };
                 }
             };
             let vary = vary_names(&parts.headers).unwrap_or_default();
@@ -244,11 +247,11 @@ async fn fetch(
                 variant,
                 generation: inner.next_generation(),
                 status: store_status,
-                headers: object::stored_headers(&parts.headers),
+                headers,
                 length: total,
                 freshness: fresh,
                 clock: AgeClock::new(&parts.headers, request_time, response_time),
-                tags: object::tags(&parts.headers),
+                tags,
                 vary,
                 soft_purged: false,
                 range_capable: ranged,
