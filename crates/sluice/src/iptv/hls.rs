@@ -14,7 +14,8 @@
 //! - `viewers`: HLS viewers, counted against `max_subscribers_per_channel`.
 //! - `catchup`: the memory of catch-up channels and ended channels, within
 //!   `catchup_total_bytes`.
-//! - `render`: the playlist, written outside the window's lock, once per change.
+//! - `render`: the playlist, written outside the window's lock, once per change (large ones
+//!   on the blocking pool), and what all channels keep of them, within `MAX_KEPT_TOTAL`.
 
 mod catchup;
 mod fmp4;
@@ -161,7 +162,24 @@ struct Window {
     /// Bumped at every change of what the playlist shows.
     version: u64,
     /// What the playlist of this version lists, once a request took it.
-    listing: Option<Arc<render::Listing>>,
+    listing: Option<render::KeptListing>,
+}
+
+impl Window {
+    /// Segment `n`, when held. By binary search (sequences ascend): a catch-up window holds up
+    /// to `CATCHUP_MAX_SEGMENTS`, and its lock is held meanwhile (the segmenter storing the
+    /// next segment waits on it).
+    fn segment(&self, n: u64) -> Option<&Segment> {
+        let i = self
+            .segments
+            .binary_search_by(|(seq, _)| {
+                #[cfg(test)]
+                tests::PROBES.with(|p| p.set(p.get() + 1));
+                seq.cmp(&n)
+            })
+            .ok()?;
+        self.segments.get(i).map(|(_, s)| s)
+    }
 }
 
 /// One channel's segmenter output, shared by its HLS viewers.
@@ -286,6 +304,8 @@ impl Channel {
 #[derive(Debug, Default)]
 pub struct Table {
     channels: Mutex<HashMap<HubKey, Arc<Channel>>>,
+    /// What every channel's playlists share (`render::MAX_KEPT_TOTAL`, the large writes).
+    render: Arc<render::Shared>,
 }
 
 impl Table {
@@ -519,7 +539,7 @@ impl Iptv {
             hub: Mutex::new(Some(sub.hub.clone())),
             viewers: viewers::Viewers::default(),
             fmp4: fmp4::Converted::default(),
-            rendered: render::Rendered::default(),
+            rendered: render::Rendered::new(self.hls.render.clone()),
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -704,42 +724,49 @@ impl Iptv {
             );
         }
         let mut rx = channel.changed.subscribe();
-        let ready = tokio::time::timeout(
+        let timed_out = tokio::time::timeout(
             wait,
             rx.wait_for(|_| {
                 let w = registry::lock(&channel.window);
                 !w.segments.is_empty() || w.ended
             }),
         )
-        .await;
+        .await
+        .is_err();
         if container == Container::Fmp4 {
             channel.want_fmp4();
         }
-        let mut w = registry::lock(&channel.window);
-        if let Some(f) = &w.failure {
-            return super::text(f.status, &format!("{}\n", f.reason));
-        }
-        if let Some(recorder) = &channel.recorder {
-            drop(w);
-            return self.timeshift_playlist(recorder, req);
-        }
-        if ready.is_err() || w.segments.is_empty() {
-            return super::text(
-                StatusCode::GATEWAY_TIMEOUT,
-                &format!("no segment of {} yet\n", channel.key.channel()),
-            );
-        }
         // The playlist is written once the window is let go (and the fMP4 state is locked
         // after it: `want_fmp4` takes them the other way round).
-        let listing = w.listing(&self.config.hls, channel.catchup);
-        drop(w);
+        let listing = {
+            let mut w = registry::lock(&channel.window);
+            if let Some(f) = &w.failure {
+                return super::text(f.status, &format!("{}\n", f.reason));
+            }
+            if let Some(recorder) = &channel.recorder {
+                drop(w);
+                return self.timeshift_playlist(recorder, req);
+            }
+            if timed_out || w.segments.is_empty() {
+                return super::text(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &format!("no segment of {} yet\n", channel.key.channel()),
+                );
+            }
+            w.listing(&self.config.hls, channel.catchup, &channel.rendered)
+        };
         if container == Container::Fmp4 {
             return match self.fmp4_playlist(channel, &listing, query) {
                 Ok(text) => playlist_response(text),
                 Err(reason) => super::text(StatusCode::NOT_ACCEPTABLE, &reason),
             };
         }
-        playlist_response(channel.rendered.get(&self.config.hls, &listing, query))
+        playlist_response(
+            channel
+                .rendered
+                .get(&self.config.hls, &listing, query)
+                .await,
+        )
     }
 
     /// The fMP4 playlist of a channel's window: as its TS one ([`render::media`]) without
@@ -814,33 +841,40 @@ impl Iptv {
         }
         let hold = Duration::from_secs(3 * self.config.hls.target_duration_secs);
         let mut rx = channel.changed.subscribe();
-        let ready = tokio::time::timeout(
+        let timed_out = tokio::time::timeout(
             hold,
             rx.wait_for(|_| {
                 let w = registry::lock(&channel.window);
                 w.ended || w.failure.is_some() || block.ready(w.next, w.held.building())
             }),
         )
-        .await;
-        let mut w = registry::lock(&channel.window);
-        if let Some(f) = &w.failure {
-            return super::text(f.status, &format!("{}\n", f.reason));
-        }
-        if ready.is_err() {
-            return super::text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "segment {} of {} did not come within {} s\n",
-                    block.msn,
-                    channel.key.channel(),
-                    hold.as_secs()
-                ),
-            );
-        }
-        let listing = w.listing(&self.config.hls, channel.catchup);
-        drop(w);
+        .await
+        .is_err();
+        let listing = {
+            let mut w = registry::lock(&channel.window);
+            if let Some(f) = &w.failure {
+                return super::text(f.status, &format!("{}\n", f.reason));
+            }
+            if timed_out {
+                return super::text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!(
+                        "segment {} of {} did not come within {} s\n",
+                        block.msn,
+                        channel.key.channel(),
+                        hold.as_secs()
+                    ),
+                );
+            }
+            w.listing(&self.config.hls, channel.catchup, &channel.rendered)
+        };
         let query = req.uri.query().unwrap_or("");
-        playlist_response(channel.rendered.get(&self.config.hls, &listing, query))
+        playlist_response(
+            channel
+                .rendered
+                .get(&self.config.hls, &listing, query)
+                .await,
+        )
     }
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
@@ -1029,10 +1063,7 @@ fn wall_start(seg: &Segment, anchor: Option<(u64, i64)>) -> i64 {
 /// window on disk when older, else 404.
 async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
     if let Some(recorder) = &channel.recorder {
-        let held = registry::lock(&channel.window)
-            .segments
-            .iter()
-            .any(|(seq, _)| *seq == n);
+        let held = registry::lock(&channel.window).segment(n).is_some();
         if !held {
             if let Some((body, len)) = recorder.read(n).await {
                 return segment_headers(Response::new(body), len);
@@ -1041,8 +1072,8 @@ async fn segment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body>
     }
     wait_for_segment(channel, n, wait).await;
     let w = registry::lock(&channel.window);
-    match w.segments.iter().find(|(seq, _)| *seq == n) {
-        Some((_, s)) => segment_response(s.data.clone()),
+    match w.segment(n) {
+        Some(s) => segment_response(s.data.clone()),
         None => super::text(
             StatusCode::NOT_FOUND,
             &format!("segment {n} is not in the window\n"),
@@ -1207,6 +1238,11 @@ pub fn hls_entries(playlist: &str, base: &str) -> String {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// Segments `Window::segment` looked at, on this thread.
+        pub(super) static PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
     #[test]
     fn paths_split_into_channel_and_file() {
         assert_eq!(
@@ -1233,6 +1269,11 @@ mod tests {
 
     /// A channel fed by hand, with no hub.
     fn bare(catchup: Option<i64>) -> Channel {
+        bare_in(catchup, Arc::default())
+    }
+
+    /// A channel fed by hand, its playlists kept with others' in `shared`.
+    fn bare_in(catchup: Option<i64>, shared: Arc<render::Shared>) -> Channel {
         Channel {
             key: HubKey {
                 mode: super::super::url::Mode::Rtp,
@@ -1253,8 +1294,27 @@ mod tests {
             hub: Mutex::new(None),
             viewers: viewers::Viewers::default(),
             fmp4: fmp4::Converted::default(),
-            rendered: render::Rendered::default(),
+            rendered: render::Rendered::new(shared),
         }
+    }
+
+    /// The TS playlist of `c` as a request with `query` gets it.
+    async fn render(c: &Channel, config: &HlsConfig, query: &str) -> bytes::Bytes {
+        // Written from the listing taken out of the window, the lock let go.
+        let listing = registry::lock(&c.window).listing(config, c.catchup, &c.rendered);
+        c.rendered.get(config, &listing, query).await
+    }
+
+    /// `count` segments of one packet each, the same bytes shared (`tiny` without the copies).
+    fn packets(c: &Channel, count: u64, config: &HlsConfig) {
+        static PACKET: [u8; 188] = [0x47; 188];
+        let segments = (0..count)
+            .map(|n| Segment {
+                data: bytes::Bytes::from_static(&PACKET),
+                ..tiny(n)
+            })
+            .collect();
+        c.store(Vec::new(), segments, keep(config, true), None);
     }
 
     fn tiny(number: u64) -> Segment {
@@ -1314,8 +1374,8 @@ mod tests {
 
     /// A playlist is written once per version of its window, byte for byte as before:
     /// every request for that version gets the same bytes, and the next segment makes a new one.
-    #[test]
-    fn a_playlist_is_written_once_per_window_version() {
+    #[tokio::test]
+    async fn a_playlist_is_written_once_per_window_version() {
         let config = HlsConfig::default();
         let begin = 1_700_000_000_000;
         let c = bare(Some(begin));
@@ -1326,11 +1386,6 @@ mod tests {
         };
         let kept = keep(&config, true);
         c.store(Vec::new(), vec![four(0), four(1)], kept, None);
-        let render = |query: &str| {
-            // Written from the listing taken out of the window, the lock let go.
-            let listing = registry::lock(&c.window).listing(&config, c.catchup);
-            c.rendered.get(&config, &listing, query)
-        };
         let line = |n: u64| {
             format!(
                 "#EXT-X-PROGRAM-DATE-TIME:{}\n#EXTINF:4.000,\n{n}.ts?iface=lo\n",
@@ -1343,27 +1398,154 @@ mod tests {
             line(0),
             line(1)
         );
-        let first = render("iface=lo");
+        let first = render(&c, &config, "iface=lo").await;
         assert_eq!(first, two);
         // The same version and query: the same bytes, not written again.
-        let again = render("iface=lo");
+        let again = render(&c, &config, "iface=lo").await;
         assert_eq!(again.as_ptr(), first.as_ptr());
         // Another query gets its own.
-        let bare_query = render("");
+        let bare_query = render(&c, &config, "").await;
         assert!(bare_query.ends_with(b"\n1.ts\n"), "{bare_query:?}");
         // A segment appended: the next request lists it; what was handed out is unchanged.
         c.store(Vec::new(), vec![four(2)], kept, None);
-        let three = render("iface=lo");
+        let three = render(&c, &config, "iface=lo").await;
         assert_eq!(three, format!("{two}{}", line(2)));
         assert_ne!(three.as_ptr(), first.as_ptr());
         assert_eq!(first, two);
-        assert_eq!(render("iface=lo").as_ptr(), three.as_ptr());
+        assert_eq!(
+            render(&c, &config, "iface=lo").await.as_ptr(),
+            three.as_ptr()
+        );
         // Ended: complete, as VOD.
         c.end(None);
-        let ended = render("iface=lo");
+        let ended = render(&c, &config, "iface=lo").await;
         let vod = format!("{two}{}#EXT-X-ENDLIST\n", line(2))
             .replace("#EXT-X-PLAYLIST-TYPE:EVENT", "#EXT-X-PLAYLIST-TYPE:VOD");
         assert_eq!(ended, vod);
+    }
+
+    /// A segment is found by binary search: the window's lock is held for a few looks, not a
+    /// scan of the 20,000 segments a catch-up window may hold.
+    #[test]
+    fn a_segment_is_found_in_a_few_looks() {
+        let config = HlsConfig::default();
+        let c = bare(Some(0));
+        let total = CATCHUP_MAX_SEGMENTS as u64 + 1500;
+        for batch in (0..total).collect::<Vec<_>>().chunks(5000) {
+            let segments = batch.iter().map(|n| tiny(*n)).collect();
+            c.store(Vec::new(), segments, keep(&config, true), None);
+        }
+        let w = registry::lock(&c.window);
+        // Segment numbers are the sequences here: the first 1,500 left the window.
+        let look = |n: u64| {
+            PROBES.with(|p| p.set(0));
+            let found = w.segment(n).map(|s| s.number);
+            (found, PROBES.with(|p| p.get()))
+        };
+        let most = 2 + u64::from(CATCHUP_MAX_SEGMENTS.ilog2());
+        for (n, want) in [
+            (1500, Some(1500)),
+            (total - 1, Some(total - 1)),
+            (11_000, Some(11_000)),
+            (1499, None),
+            (total, None),
+            (0, None),
+        ] {
+            let (found, probes) = look(n);
+            assert_eq!(found, want, "segment {n}");
+            assert!(probes <= most, "segment {n}: {probes} looks");
+        }
+    }
+
+    /// Requests arriving together right after the window changed wait for one write of the
+    /// playlist, and all get its bytes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn requests_arriving_together_share_one_write() {
+        let config = HlsConfig::default();
+        let c = Arc::new(bare(Some(1_700_000_000_000)));
+        packets(&c, 20_000, &config);
+        let query: Arc<str> = format!("token={}", "t".repeat(200)).into();
+        let start = Arc::new(tokio::sync::Barrier::new(16));
+        let requests: Vec<_> = (0..16)
+            .map(|_| {
+                let (c, config, query, start) =
+                    (c.clone(), config.clone(), query.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    render(&c, &config, &query).await
+                })
+            })
+            .collect();
+        let mut bodies = Vec::new();
+        for r in requests {
+            bodies.push(r.await.unwrap());
+        }
+        assert_eq!(c.rendered.writes(), 1);
+        assert!(bodies[0].len() > 4 << 20, "{} bytes", bodies[0].len());
+        assert!(bodies.iter().all(|b| *b == bodies[0]));
+        // The next request takes the one kept; a new segment, a new write.
+        assert_eq!(render(&c, &config, &query).await, bodies[0]);
+        assert_eq!(c.rendered.writes(), 1);
+        c.store(Vec::new(), vec![tiny(20_000)], keep(&config, true), None);
+        assert_ne!(render(&c, &config, &query).await, bodies[0]);
+        assert_eq!(c.rendered.writes(), 2);
+    }
+
+    /// A large playlist is written on the blocking pool, at most `BLOCKING_WRITES` at once over
+    /// all channels; a small one at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn large_playlists_are_written_off_the_runtime_a_few_at_once() {
+        let config = HlsConfig::default();
+        let shared = Arc::new(render::Shared::default());
+        let small = bare_in(Some(0), shared.clone());
+        packets(&small, 10, &config);
+        let text = render(&small, &config, "iface=lo").await;
+        assert!(text.ends_with(b"9.ts?iface=lo\n"));
+        assert_eq!(shared.blocking_writes().0, 0);
+        let query: Arc<str> = "q".repeat(2000).into();
+        let requests: Vec<_> = (0..8)
+            .map(|_| {
+                let c = Arc::new(bare_in(Some(0), shared.clone()));
+                packets(&c, 2000, &config);
+                let (config, query) = (config.clone(), query.clone());
+                tokio::spawn(async move { render(&c, &config, &query).await.len() })
+            })
+            .collect();
+        for r in requests {
+            assert!(r.await.unwrap() > 2000 * 2000);
+        }
+        let (writes, peak) = shared.blocking_writes();
+        assert_eq!(writes, 8);
+        assert!(
+            (1..=render::BLOCKING_WRITES as u64).contains(&peak),
+            "{peak}"
+        );
+    }
+
+    /// What all channels keep (listings and playlists) stays within the bound, however many
+    /// channels and queries ask; past it a playlist is still answered, and not kept.
+    #[tokio::test]
+    async fn what_channels_keep_stays_within_the_bound() {
+        let config = HlsConfig::default();
+        let limit = 1 << 20;
+        let shared = Arc::new(render::Shared::new(limit));
+        let mut channels = Vec::new();
+        for _ in 0..40 {
+            let c = bare_in(Some(0), shared.clone());
+            packets(&c, 200, &config);
+            for q in 0..5 {
+                let query = format!("q{q}={}", "x".repeat(500));
+                let text = render(&c, &config, &query).await;
+                let listing = registry::lock(&c.window).listing(&config, c.catchup, &c.rendered);
+                assert_eq!(text, render::media(&config, &listing, &query));
+                assert!(shared.used() <= limit, "{} kept", shared.used());
+            }
+            channels.push(c);
+        }
+        assert!(shared.used() > limit / 2, "{} kept", shared.used());
+        // What a channel kept goes with it.
+        drop(channels);
+        assert_eq!(shared.used(), 0);
     }
 
     #[test]
