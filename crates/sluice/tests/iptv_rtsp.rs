@@ -1249,13 +1249,14 @@ async fn interleaved_frames_beyond_max_datagram_bytes_are_dropped() {
 /// A scripted RTSP server for the session-place tests: answers each request `delay` after it
 /// arrives (PLAY and TEARDOWN as its `Script` says) and, once playing, sends a TS datagram
 /// every 20 ms. It logs each request line as it arrives, the session each SETUP was given
-/// and each TEARDOWN named, and counts the connections open now.
+/// and each TEARDOWN named, and counts the connections open now and the most open at once.
 struct PacedServer {
     port: u16,
     requests: Arc<Mutex<Vec<String>>>,
     /// `(URL, Session header)` of each SETUP answered and each TEARDOWN received.
     sessions: Arc<Mutex<Sessions>>,
     open: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[derive(Default)]
@@ -1290,12 +1291,19 @@ impl PacedServer {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let sessions = Arc::new(Mutex::new(Sessions::default()));
         let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (log, seen, count) = (requests.clone(), sessions.clone(), open.clone());
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (log, seen, count, most) = (
+            requests.clone(),
+            sessions.clone(),
+            open.clone(),
+            peak.clone(),
+        );
         tokio::spawn(async move {
             let mut id = 0;
             while let Ok((tcp, _)) = listener.accept().await {
                 let (log, seen, count) = (log.clone(), seen.clone(), count.clone());
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let now = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
                 // A session id of its own per connection.
                 id += 1;
                 let session = format!("{}{id}", 4200 + port);
@@ -1310,6 +1318,7 @@ impl PacedServer {
             requests,
             sessions,
             open,
+            peak,
         }
     }
 
@@ -1324,6 +1333,10 @@ impl PacedServer {
 
     fn open(&self) -> usize {
         self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -1547,6 +1560,53 @@ async fn zapping_past_slow_teardowns_leaves_session_places_to_others() {
         "{:?}",
         server.requests.lock().unwrap()
     );
+}
+
+/// Attack: a client zaps through playing channels of a server that takes each TEARDOWN and
+/// never answers it. Each TEARDOWN held its connection for `timeout_ms`, with no limit on how
+/// many at once: one open connection per zap, as many as the client could zap. At most
+/// `MAX_TEARDOWNS` are in flight; past them the connection is only closed, and zapping goes
+/// on playing.
+#[tokio::test]
+async fn teardowns_a_server_never_answers_are_bounded() {
+    use sluice::iptv::rtsp::MAX_TEARDOWNS;
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut cfg = rtsp_config();
+    // Every unanswered TEARDOWN outlives the test.
+    cfg.rtsp.timeout_ms = 30_000;
+    cfg.rtsp.setup_timeout_ms = 30_000;
+    // A channel left is released at once.
+    cfg.linger_ms = 0;
+    let gw = Gateway::start(cfg).await;
+    let zaps = MAX_TEARDOWNS + 8;
+    for i in 0..zaps {
+        let path = format!("/rtsp/127.0.0.1:{port}/zap{i}");
+        let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
+            .await
+            .expect("an answer within 5 s");
+        assert_eq!(resp.status(), 200, "channel {i}");
+        let data = first_frame(resp).await;
+        assert!(
+            !data.is_empty() && data.len() % 188 == 0 && data[0] == 0x47,
+            "channel {i}: {} bytes of TS",
+            data.len()
+        );
+    }
+    // Every TEARDOWN that got a place has reached the server; the rest were never sent.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while server.count("TEARDOWN") < MAX_TEARDOWNS && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The TEARDOWNs waiting, the channel playing and the next one's setup, at most.
+    let peak = server.peak();
+    assert!(
+        peak <= MAX_TEARDOWNS + 2,
+        "{peak} connections open at once for {zaps} zaps"
+    );
+    assert!(server.open() <= MAX_TEARDOWNS + 1, "{} open", server.open());
+    assert_eq!(server.count("TEARDOWN"), MAX_TEARDOWNS, "TEARDOWNs sent");
 }
 
 /// The session the server gave the SETUP of `path`, and the sessions TEARDOWN named so far.

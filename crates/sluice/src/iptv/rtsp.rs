@@ -135,6 +135,15 @@ impl RtspConfig {
     }
 }
 
+/// TEARDOWNs in flight at once, for the whole gateway. Each holds a connection (and a task)
+/// for up to `timeout_ms` after its session has given its place back, so without a bound a
+/// client zapping through the channels of a server that never answers TEARDOWN left one open
+/// connection per zap, as many as it could zap. Past the bound the connection is only closed:
+/// the server notices and ends the session itself, as it must for any client that vanishes.
+/// Sixteen covers any real burst of zapping (one TEARDOWN per channel left, most answered in
+/// milliseconds) while bounding what a silent server can hold to sixteen connections.
+pub const MAX_TEARDOWNS: usize = 16;
+
 /// What every RTSP hub of this gateway shares.
 pub struct Context {
     pub config: RtspConfig,
@@ -142,6 +151,8 @@ pub struct Context {
     /// Sessions open now.
     pub sessions: AtomicUsize,
     next_private: AtomicU64,
+    /// Places for TEARDOWNs in flight (`MAX_TEARDOWNS`).
+    teardowns: tokio::sync::Semaphore,
     /// Why a hub's session failed before any data, for the viewers waiting on it; by hub.
     failures: Mutex<HashMap<usize, (tokio::time::Instant, String)>>,
 }
@@ -162,6 +173,7 @@ impl Context {
             upstream,
             sessions: AtomicUsize::new(0),
             next_private: AtomicU64::new(1),
+            teardowns: tokio::sync::Semaphore::new(MAX_TEARDOWNS),
             failures: Mutex::new(HashMap::new()),
         })
     }

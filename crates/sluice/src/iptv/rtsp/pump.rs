@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::session::{redact, Session};
-use super::SessionLimit;
+use super::{Context, SessionLimit};
 use crate::atomic::AtomicU64;
 use crate::iptv::hub::{Hub, HubKey, HubSettings, Pump};
 use crate::iptv::metrics::HubMetrics;
@@ -132,7 +132,7 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
         registry.remove(&hub);
         tracing::info!(channel = %label, "RTSP channel released while setting up");
         if let Some(session) = started {
-            session.teardown().await;
+            tear_down(&ctx, session, &label).await;
         }
         return;
     };
@@ -155,7 +155,7 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
             // A failure after SETUP (PLAY refused or timed out, the whole setup too slow)
             // leaves a session on the server: torn down as a released setup's is.
             if let Some(session) = started {
-                session.teardown().await;
+                tear_down(&ctx, session, &label).await;
             }
             return;
         }
@@ -200,6 +200,20 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     // clients (a client zapping, or asking for catch-up after catch-up, ends sessions as fast
     // as it starts them).
     ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+    tear_down(&ctx, session, &label).await;
+}
+
+/// Tears `session` down if one of the gateway's `MAX_TEARDOWNS` places is free; otherwise
+/// only closes its connection (dropped), which the server notices.
+async fn tear_down(ctx: &Context, session: Session, label: &str) {
+    if !session.is_set_up() {
+        return;
+    }
+    // Held until the TEARDOWN is answered or its step is up.
+    let Ok(_place) = ctx.teardowns.try_acquire() else {
+        tracing::debug!(channel = %label, "too many RTSP TEARDOWNs in flight: connection closed instead");
+        return;
+    };
     session.teardown().await;
 }
 

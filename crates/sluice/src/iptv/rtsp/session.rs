@@ -89,8 +89,11 @@ pub struct Session {
     buf: BytesMut,
     /// What the last parse said `buf` must hold before the item at its start can be had.
     need: usize,
-    /// Replies to the server's own requests, written before the next read.
-    outbox: Vec<u8>,
+    /// Replies to the server's own requests, written before the next read or request; bytes
+    /// leave it only once written (see `flush_outbox`).
+    outbox: BytesMut,
+    /// When the write of what `outbox` holds must be done by, kept across cut-short calls.
+    outbox_deadline: Option<Instant>,
     limits: Limits,
     cseq: u32,
     user_agent: String,
@@ -173,26 +176,7 @@ impl Session {
             match timeout(step, TcpStream::connect(addr)).await {
                 Ok(Ok(conn)) => {
                     conn.set_nodelay(true)?;
-                    let media = Media::Interleaved { channel: 0 };
-                    return Ok(Session {
-                        conn,
-                        buf: BytesMut::with_capacity(64 * 1024),
-                        need: 0,
-                        outbox: Vec::new(),
-                        limits: Limits::default(),
-                        cseq: 0,
-                        user_agent: cfg.user_agent.clone(),
-                        step,
-                        credentials: None,
-                        session_id: None,
-                        cut: false,
-                        keepalive: Duration::from_secs(cfg.keepalive_secs),
-                        keepalive_method: "OPTIONS",
-                        play_url: String::new(),
-                        media,
-                        udp_data: Vec::new(),
-                        udp_lens: Vec::new(),
-                    });
+                    return Ok(Session::on(conn, cfg));
                 }
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => {
@@ -205,6 +189,30 @@ impl Session {
         }
         let e = last.unwrap_or_else(|| std::io::Error::other("no address"));
         Err(SessionError::Tcp(format!("{host}:{port}"), e))
+    }
+
+    /// A session not yet started on the connection `conn`.
+    fn on(conn: TcpStream, cfg: &super::RtspConfig) -> Session {
+        Session {
+            conn,
+            buf: BytesMut::with_capacity(64 * 1024),
+            need: 0,
+            outbox: BytesMut::new(),
+            outbox_deadline: None,
+            limits: Limits::default(),
+            cseq: 0,
+            user_agent: cfg.user_agent.clone(),
+            step: Duration::from_millis(cfg.timeout_ms),
+            credentials: None,
+            session_id: None,
+            cut: false,
+            keepalive: Duration::from_secs(cfg.keepalive_secs),
+            keepalive_method: "OPTIONS",
+            play_url: String::new(),
+            media: Media::Interleaved { channel: 0 },
+            udp_data: Vec::new(),
+            udp_lens: Vec::new(),
+        }
     }
 
     /// OPTIONS (to learn the keep-alive method), DESCRIBE, SETUP, PLAY.
@@ -342,6 +350,9 @@ impl Session {
     }
 
     async fn write(&mut self, bytes: &[u8], what: &'static str) -> Result<(), SessionError> {
+        // A reply a cut-short `receive` left half-written goes out whole first: a request
+        // written into the middle of it would garble both.
+        self.flush_outbox().await?;
         // Cleared only when the whole request is out: a write timed out or dropped halfway
         // leaves the flag set.
         self.cut = true;
@@ -389,16 +400,35 @@ impl Session {
             .extend_from_slice(format!("RTSP/1.0 {status}\r\nCSeq: {cseq}\r\n\r\n").as_bytes());
     }
 
+    /// Writes the queued replies. Cancel-safe: `write_buf` takes from the outbox only what
+    /// the socket took, so a call dropped mid-write (the pump's `select!` drops `receive` at
+    /// every tick) leaves the rest, and the next call goes on from the first unsent byte.
+    /// Taking the whole outbox before writing, as this did, lost what a dropped call had not
+    /// written and left half a reply on the wire for the next request to run into. The
+    /// deadline outlives dropped calls: a server that never reads is given up on after one
+    /// step, not waited on afresh at every tick.
     async fn flush_outbox(&mut self) -> Result<(), SessionError> {
         if self.outbox.is_empty() {
             return Ok(());
         }
-        let out = std::mem::take(&mut self.outbox);
-        self.write(&out, "a reply").await
+        let step = self.step;
+        let deadline = *self
+            .outbox_deadline
+            .get_or_insert_with(|| Instant::now() + step);
+        while !self.outbox.is_empty() {
+            let wrote = tokio::time::timeout_at(deadline, self.conn.write_buf(&mut self.outbox))
+                .await
+                .map_err(|_| SessionError::Timeout("a reply", step.as_millis()))??;
+            if wrote == 0 {
+                return Err(SessionError::Io(std::io::ErrorKind::WriteZero.into()));
+            }
+        }
+        self.outbox_deadline = None;
+        Ok(())
     }
 
-    /// Waits for more data (cancel-safe: nothing is lost if the future is dropped). Then call
-    /// `drain`.
+    /// Waits for more data (cancel-safe: nothing is lost if the future is dropped, neither
+    /// data read nor replies queued). Then call `drain`.
     pub async fn receive(&mut self) -> Result<(), SessionError> {
         self.flush_outbox().await?;
         match &self.media {
@@ -484,6 +514,12 @@ impl Session {
             .map(|_| ())
     }
 
+    /// Whether the server set a session up (answered SETUP): only then is there something
+    /// for `teardown` to end.
+    pub fn is_set_up(&self) -> bool {
+        self.session_id.is_some()
+    }
+
     /// Ends the session on the server (best effort, bounded by one step) if the server set
     /// one up (answered SETUP), however far the setup got: servers that count sessions per
     /// subscriber (common on IPTV head-ends) refuse the next SETUP while an abandoned one is
@@ -502,7 +538,9 @@ impl Session {
                 self.conn = TcpStream::connect(self.conn.peer_addr()?).await?;
                 self.conn.set_nodelay(true)?;
                 (self.buf, self.need, self.cut) = (BytesMut::new(), 0, false);
+                // The rest of a reply belongs to the old connection's stream.
                 self.outbox.clear();
+                self.outbox_deadline = None;
             }
             let cseq = self.send("TEARDOWN", &url, &[]).await?;
             self.answer("TEARDOWN", cseq).await
@@ -649,6 +687,96 @@ mod tests {
     thread_local! {
         /// Calls of `rtsp::next_item` made by `next_in` on this thread.
         pub(super) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A session on a loopback connection whose socket buffers are small, and the server's
+    /// end of it.
+    async fn session_pair() -> (Session, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        client.set_nodelay(true).unwrap();
+        // Bounded buffers (the kernel would grow them to megabytes), so that a write of the
+        // outbox blocks while the server does not read.
+        socket2::SockRef::from(&client)
+            .set_send_buffer_size(64 * 1024)
+            .unwrap();
+        socket2::SockRef::from(&server)
+            .set_recv_buffer_size(64 * 1024)
+            .unwrap();
+        let mut session = Session::on(client, &crate::iptv::rtsp::RtspConfig::default());
+        session.play_url = "rtsp://127.0.0.1/live".into();
+        (session, server)
+    }
+
+    /// Reads from `conn` until `len` bytes came or none came for a second.
+    async fn read_up_to(conn: &mut tokio::net::TcpStream, len: usize) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 8192];
+        while got.len() < len {
+            match timeout(Duration::from_secs(1), conn.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => got.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        got
+    }
+
+    /// The pump's `select!` drops `receive` at each tick, mid-write of a queued reply when the
+    /// server reads slowly. The replies queued then reach the server whole, each byte once
+    /// and in order, from the calls that follow, and a keep-alive written after them comes
+    /// after the last reply, not into the middle of one.
+    #[tokio::test]
+    async fn replies_cut_short_by_a_dropped_receive_go_out_whole() {
+        let (mut session, mut server) = session_pair().await;
+        // Far more than the socket buffers hold: 40,000 numbered replies (~1 MB).
+        let mut queued = Vec::new();
+        for cseq in 0..40_000 {
+            queued.extend_from_slice(format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\n\r\n").as_bytes());
+        }
+        session.outbox.extend_from_slice(&queued);
+        // Dropped while the write blocks, twice, the server reading a little in between.
+        let cut = timeout(Duration::from_millis(100), session.receive()).await;
+        assert!(cut.is_err(), "receive finished: {cut:?}");
+        let mut chunk = [0u8; 1000];
+        let mut got = Vec::new();
+        let n = server.read(&mut chunk).await.unwrap();
+        got.extend_from_slice(&chunk[..n]);
+        let cut = timeout(Duration::from_millis(100), session.receive()).await;
+        assert!(cut.is_err(), "receive finished: {cut:?}");
+        // The next call goes on while the server reads; then it waits for data (dropped).
+        let reader = tokio::spawn(async move {
+            let rest = read_up_to(&mut server, usize::MAX).await;
+            (server, rest)
+        });
+        for _ in 0..25 {
+            let waited = timeout(Duration::from_millis(200), session.receive()).await;
+            assert!(waited.is_err(), "receive answered: {waited:?}");
+            if session.outbox.is_empty() {
+                break;
+            }
+        }
+        assert!(session.outbox.is_empty(), "every reply written");
+        session.keep_alive().await.unwrap();
+        let (_server, rest) = reader.await.unwrap();
+        got.extend_from_slice(&rest);
+        let keepalive = b"OPTIONS rtsp://127.0.0.1/live RTSP/1.0\r\nCSeq: 1\r\n";
+        assert!(
+            got.len() > queued.len(),
+            "{} of {} bytes",
+            got.len(),
+            queued.len()
+        );
+        assert!(
+            got[..queued.len()] == queued[..],
+            "the replies, once each, in order"
+        );
+        assert!(
+            got[queued.len()..].starts_with(keepalive),
+            "then the keep-alive"
+        );
     }
 
     /// Attack: a hostile server sends a 16 KiB head of thousands of headers, then its 64 KiB
