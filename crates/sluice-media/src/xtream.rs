@@ -7,6 +7,7 @@
 //!   server may include a port (`http://host:8080:user:pw`);
 //! - the legacy colon form `{base64(server)}:{user}[:{api_password}]`.
 
+mod json_cost;
 pub mod rewrite;
 
 use base64::Engine;

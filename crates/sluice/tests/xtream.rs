@@ -16,7 +16,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use support::{get, pattern, request, sha256, test_config, Sluice};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 const API_PW: &str = "server-api-password-7431";
 const XC_USER: &str = "alice";
@@ -28,6 +29,10 @@ const BANNED_PASS: &str = "banned-line";
 const HUGE_LOGIN_PASS: &str = "huge-login";
 /// The password the scripted panel answers an M3U of 50,000 short stream URLs to.
 const SHORT_URLS_PASS: &str = "short-urls";
+/// The action the scripted panel answers a 6.5 MB stream list to that names no stream URL, so it
+/// is sent as it came.
+const BIG_ACTION: &str = "get_big_list";
+const BIG_LEN: usize = 6_500_000;
 /// A live stream the scripted panel never answers (it holds the request 5 s).
 const HELD_STREAM: &str = "/live/alice/xcsecret/999.ts";
 
@@ -126,6 +131,13 @@ fn panel_answer(
             Some("get_vod_streams") => json(format!(
                 r#"[{{"num":1,"name":"A Movie","stream_id":202,"container_extension":"mp4","direct_source":"{escaped}\/movie\/{XC_USER}\/{XC_PASS}\/202.mp4"}}]"#
             )),
+            Some(BIG_ACTION) => {
+                let item = r#"{"num":1,"name":"A Channel","stream_id":1},"#;
+                let mut list = format!("[{}", item.repeat(BIG_LEN / item.len() + 1));
+                list.truncate(BIG_LEN - 1);
+                list.push(']');
+                json(list)
+            }
             Some("get_series") => json(
                 r#"[{"num":1,"name":"A Series","series_id":303,"cover":"http:\/\/img.example\/c.jpg"}]"#.into(),
             ),
@@ -618,4 +630,108 @@ async fn an_xc_username_token_holds_at_most_its_share() {
     }
     let r = get(&live).await;
     assert_eq!(r.status, StatusCode::OK);
+}
+
+/// Opens `path` as the client `10.0.0.N` behind sluice's trusted proxy and reads only the head of
+/// the answer (and the whole body of one that is not a 200): the socket is left unread.
+async fn unread(addr: SocketAddr, path: &str, client: u8) -> (StatusCode, String, TcpStream) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    let head =
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nx-forwarded-for: 10.0.0.{client}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let end = loop {
+        if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the head ended");
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+    let status: u16 = head[9..12].parse().unwrap();
+    let status = StatusCode::from_u16(status).unwrap();
+    let mut body = got[end..].to_vec();
+    if status != StatusCode::OK {
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        while body.len() < len {
+            let mut buf = [0u8; 1024];
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            body.extend_from_slice(&buf[..n]);
+        }
+        assert!(head.contains("retry-after: 1"), "{head}");
+    }
+    (status, String::from_utf8(body).unwrap(), stream)
+}
+
+/// A client that leaves its large answers unread holds their memory until they are sent: it may
+/// hold at most three of the four largest answers' worth the rewrites share, so another client's
+/// largest answer is still served, and the first client's request past its share gets the same
+/// `503 xtream_busy` as when every client together fills the budget.
+#[tokio::test]
+async fn a_client_leaving_answers_unread_holds_at_most_its_share() {
+    // Answers up to 8 MiB: the rewrites share 32 MiB, one client 24 MiB. Each 6.5 MB answer
+    // holds its buffer, between 6.5 MB and 8 MiB: three fit in a share, four do not.
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    c.media.xtream_max_response_bytes = 8 << 20;
+    let s = Sluice::start(c).await;
+    let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
+    let path = format!("/player_api.php?username={user}&password={XC_PASS}&action={BIG_ACTION}");
+    let mut held = Vec::new();
+    let refused = loop {
+        let (status, body, stream) = unread(s.addr, &path, 1).await;
+        if status != StatusCode::OK {
+            break (status, body);
+        }
+        held.push(stream);
+        assert!(held.len() <= 4, "the first client was never refused");
+    };
+    assert_eq!(held.len(), 3);
+    let (status, body) = refused;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "xtream_busy", "{body}");
+    assert_eq!(
+        v["error"],
+        "the XC answers being rewritten now hold all the memory set aside for them \
+         (4 × media.xtream_max_response_bytes); try again shortly"
+    );
+    // Another client's largest answer is served whole, and its login.
+    let r = request("GET", &s.url(&path), &[("x-forwarded-for", "10.0.0.2")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.as_ref().unwrap().len(), BIG_LEN);
+    let r = request(
+        "GET",
+        &s.url(&format!(
+            "/player_api.php?username={user}&password={XC_PASS}"
+        )),
+        &[("x-forwarded-for", "10.0.0.2")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(text(&r).contains("user_info"));
+    // Once the first client's answers are gone, its share is free again.
+    drop(held);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (status, _, _) = unread(s.addr, &path, 1).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

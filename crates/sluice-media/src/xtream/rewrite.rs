@@ -9,6 +9,8 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+use super::json_cost;
+
 /// Largest login answer parsed as JSON. A real one (`user_info` and `server_info`) is about
 /// 2 KB; a parsed JSON value costs many times its text (a body of `[0,0,0,...]` is one value per
 /// two bytes), so a provider's oversized answer would otherwise cost GiBs.
@@ -200,22 +202,33 @@ impl Rewriter<'_> {
     /// and `user_info`.
     pub fn rewrite_login<B: AsRef<[u8]> + ?Sized>(&self, body: &B) -> Option<String> {
         self.rewrite_login_within(body.as_ref(), &mut |_| true)
+            .map(Cow::into_owned)
     }
 
-    /// [`Rewriter::rewrite_login`] with the text rewrite's buffers (and a copy of an answer that
-    /// is not UTF-8) asked of `grant` as in [`Rewriter::rewrite_text_within`]. The parsed JSON is
-    /// not asked for: it is bounded by [`MAX_LOGIN_BYTES`].
-    pub fn rewrite_login_within(
+    /// [`Rewriter::rewrite_login`] with everything it builds asked of `grant` first, as in
+    /// [`Rewriter::rewrite_text_within`]: a copy of an answer that is not UTF-8, the parsed JSON
+    /// (estimated from above by a pass that builds nothing: a value costs many times its text),
+    /// the text it is written back to, and the text rewrite's buffers. `Borrowed` when the answer
+    /// is sent as it came (not JSON, and nothing in it to rewrite).
+    pub fn rewrite_login_within<'a>(
         &self,
-        body: &[u8],
+        body: &'a [u8],
         grant: &mut dyn FnMut(usize) -> bool,
-    ) -> Option<String> {
+    ) -> Option<Cow<'a, str>> {
         if body.len() > MAX_LOGIN_BYTES {
             return None;
         }
         let body = text_within(body, grant)?;
+        let Some(parsed) = json_cost::parsed(&body) else {
+            return self.rewrite_kept(body, grant);
+        };
+        // The five fields set below: new entries at worst, their values the public names.
+        let set = self.public_user.len() + 4 * self.public_origin.len();
+        if !grant(parsed.saturating_add(json_cost::inserted(5, set))) {
+            return None;
+        }
         let Ok(mut value) = serde_json::from_str::<Value>(&body) else {
-            return self.rewrite_text_within(&body, grant).map(Cow::into_owned);
+            return self.rewrite_kept(body, grant);
         };
         if let Some(user) = value.get_mut("user_info").and_then(Value::as_object_mut) {
             if user.contains_key("username") {
@@ -230,8 +243,66 @@ impl Rewriter<'_> {
             server.insert("port".into(), port.clone());
             server.insert("https_port".into(), port);
         }
-        let text = serde_json::to_string(&value).unwrap_or_else(|_| body.to_string());
-        self.rewrite_text_within(&text, grant).map(Cow::into_owned)
+        // Written back into a buffer of its measured size (`to_string` would double its way up).
+        let mut measured = Measured(0);
+        if serde_json::to_writer(&mut measured, &value).is_err() {
+            return self.rewrite_kept(body, grant);
+        }
+        if !grant(measured.0) {
+            return None;
+        }
+        let mut text = Vec::with_capacity(measured.0);
+        if serde_json::to_writer(&mut text, &value).is_err() {
+            return self.rewrite_kept(body, grant);
+        }
+        drop(value);
+        match String::from_utf8(text) {
+            Ok(text) => self.rewrite_kept(Cow::Owned(text), grant),
+            Err(_) => self.rewrite_kept(body, grant),
+        }
+    }
+
+    /// A provider's answer as text (see [`text_within`]) with its stream URLs rewritten, every
+    /// buffer asked of `grant` first. `Borrowed` when the answer is sent as it came.
+    pub fn rewrite_answer_within<'a>(
+        &self,
+        body: &'a [u8],
+        grant: &mut dyn FnMut(usize) -> bool,
+    ) -> Option<Cow<'a, str>> {
+        let text = text_within(body, grant)?;
+        self.rewrite_kept(text, grant)
+    }
+
+    /// `text` rewritten, or `text` itself when nothing in it changes (never a copy of it).
+    fn rewrite_kept<'a>(
+        &self,
+        text: Cow<'a, str>,
+        grant: &mut dyn FnMut(usize) -> bool,
+    ) -> Option<Cow<'a, str>> {
+        match text {
+            Cow::Borrowed(text) => self.rewrite_text_within(text, grant),
+            Cow::Owned(text) => {
+                let changed = match self.rewrite_text_within(&text, grant)? {
+                    Cow::Owned(out) => Some(out),
+                    Cow::Borrowed(_) => None,
+                };
+                Some(Cow::Owned(changed.unwrap_or(text)))
+            }
+        }
+    }
+}
+
+/// A writer that only counts what it is given.
+struct Measured(usize);
+
+impl std::io::Write for Measured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -425,6 +496,38 @@ mod tests {
         let logos = "http://xc.example:8080/logo.png\n".repeat(10);
         let out = r.rewrite_text_within(&logos, &mut capped(0, &mut asked));
         assert!(matches!(out, Some(Cow::Borrowed(s)) if s == logos));
+        assert!(asked.is_empty());
+    }
+
+    #[test]
+    fn a_login_answer_asks_for_its_parsed_value_and_its_text() {
+        // 20,000 zeros: 40 KB of text that parses into 20,000 values of 32 bytes or more.
+        let login = format!(
+            r#"{{"user_info":{{"username":"alice"}},"pad":[{}0]}}"#,
+            "0,".repeat(19_999)
+        );
+        let values = 20_000 * std::mem::size_of::<Value>();
+        let mut asked = Vec::new();
+        let out = R
+            .rewrite_login_within(login.as_bytes(), &mut capped(usize::MAX, &mut asked))
+            .unwrap();
+        let out_value: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(out_value["user_info"]["username"], "TOK");
+        // The parsed value first, then the text it is written back to, at its exact size; the
+        // text rewrite finds nothing to change and sends that text itself, not a copy.
+        assert_eq!(asked.len(), 2, "{asked:?}");
+        assert!(asked[0] >= values, "{asked:?}");
+        assert_eq!(asked[1], out.len());
+        assert!(matches!(out, Cow::Owned(ref s) if s.capacity() == s.len()));
+        // Short of the parsed value's cost it is refused before anything is parsed.
+        let mut asked = Vec::new();
+        let out = R.rewrite_login_within(login.as_bytes(), &mut capped(values, &mut asked));
+        assert!(out.is_none());
+        assert_eq!(asked.len(), 1);
+        // An answer that is not JSON and names no stream is sent as it came, not copied.
+        let mut asked = Vec::new();
+        let out = R.rewrite_login_within(b"[1", &mut capped(0, &mut asked));
+        assert!(matches!(out, Some(Cow::Borrowed("[1"))));
         assert!(asked.is_empty());
     }
 

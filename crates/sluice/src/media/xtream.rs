@@ -7,19 +7,20 @@
 //! ([`XC_SCOPE`]) that names the provider and user, so the API password never appears in a URL.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use crate::body::Incoming;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
-use http_body_util::BodyExt;
 use sluice_media::query::{ProxyParams, Query};
 use sluice_media::token::sealed;
-use sluice_media::xtream::rewrite::{text_within, Rewriter, MAX_LOGIN_BYTES};
+use sluice_media::xtream::rewrite::{Rewriter, MAX_LOGIN_BYTES};
 use sluice_media::xtream::{self, Api, XcPath};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use url::Url;
@@ -30,7 +31,7 @@ use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
-use crate::upstream::{Upstream, UpstreamBody, UpstreamRequest};
+use crate::upstream::{CollectError, Upstream, UpstreamBody, UpstreamRequest};
 
 /// The scope of an XC username token. It starts with no `/`, so it opens no path as a
 /// `/_token_` prefix; only this module accepts it, and only as an XC username.
@@ -46,6 +47,14 @@ const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 /// All rewrites in flight together hold at most this many largest answers' worth: one at its
 /// peak (the answer and its two rewrites) and room for smaller ones beside it.
 const BUDGET_ANSWERS: usize = 4;
+
+/// One client (its address as `auth.trusted_proxies` make it out) may hold at most this many of
+/// those answers' worth. Three is what one largest stream list needs at its peak (the answer and
+/// its rewrite, about twice its size), so an answer served to a client alone before is served
+/// still; and a client that leaves its answers unread (each holds its share until it is sent)
+/// always leaves a largest answer's worth to everyone else. A half would refuse the largest lists
+/// outright, a quarter leave no room for even their rewrite.
+const CLIENT_ANSWERS: usize = 3;
 
 /// A rewrite buffer may grow to this many times its answer, plus [`GROWTH_SLACK`]: a real stream
 /// list about doubles (each URL gains the public origin and a ~200-byte sealed username), an M3U
@@ -63,8 +72,9 @@ pub struct Xtream {
     keys: Keys,
     /// Largest API answer read for rewriting (stream lists of big providers run to megabytes).
     max_response_bytes: usize,
-    /// KiB all answers being read, rewritten or sent may hold at once; past it 503.
-    budget: Arc<Semaphore>,
+    /// What all answers being read, rewritten or sent may hold at once, and each client; past
+    /// it 503.
+    budget: Arc<Budget>,
 }
 
 /// A provider account a request resolved to.
@@ -76,12 +86,12 @@ struct Resolved {
 
 impl Xtream {
     pub fn new(upstream: Upstream, keys: Keys, max_response_bytes: usize) -> Self {
-        let kib = max_response_bytes.saturating_mul(BUDGET_ANSWERS) / 1024;
+        let kib = |answers: usize| max_response_bytes.saturating_mul(answers) / 1024;
         Xtream {
             upstream,
             keys,
             max_response_bytes,
-            budget: Arc::new(Semaphore::new(kib.min(u32::MAX as usize))),
+            budget: Budget::new(kib(BUDGET_ANSWERS), kib(CLIENT_ANSWERS)),
         }
     }
 
@@ -267,40 +277,30 @@ impl Xtream {
             true => MAX_LOGIN_BYTES.min(self.max_response_bytes),
             false => self.max_response_bytes,
         };
-        let mut held = Held {
-            budget: self.budget.clone(),
-            permit: None,
-        };
-        let bytes = self.collect(up.body, limit, &host, &mut held).await?;
+        let mut held = Held::new(&self.budget, ctx.client_ip);
+        let (bytes, capacity) = collect(up.body, limit, &host, &mut held).await?;
         let origin = Url::parse(&account.server)
             .map(|u| u.origin().ascii_serialization())
             .unwrap_or_default();
         let (real_user, public_user) = (account.user.clone(), self.public_user(account));
         let public_origin = public_origin(ctx);
-        let budget_bytes = self.max_response_bytes.saturating_mul(BUDGET_ANSWERS);
+        let share_bytes = self.max_response_bytes.saturating_mul(CLIENT_ANSWERS);
         // The budget share goes into the job and comes back with its output: a request dropped
         // while its job runs gives back nothing before the job's buffers are freed.
-        let (out, mut held) = cpu::run(cpu::Lane::Document, move || {
+        let answer = Answer { bytes, capacity };
+        let sent = cpu::run(cpu::Lane::Document, move || {
             let rewriter = Rewriter {
                 upstream_origin: &origin,
                 real_user: &real_user,
                 public_origin: &public_origin,
                 public_user: &public_user,
             };
-            let out = rewrite(&rewriter, &bytes, login, budget_bytes, &mut held)
-                .map_err(|e| e.unwrap_or_else(|| too_large(&host, "what its rewrite may hold")));
-            (out, held)
+            rewritten_within(&rewriter, answer, login, share_bytes, held)
+                .map_err(|e| e.unwrap_or_else(|| too_large(&host, "what its rewrite may hold")))
         })
         .await
-        .map_err(|e| ProxyError::internal(format!("the XC rewrite failed: {e}")))?;
-        let out = out?;
-        // The answer (unless nothing in it changed) and the first rewrite went with the job;
-        // what is sent is held until its body ends.
-        held.shrink_to(out.len());
-        let mut resp = Response::new(body::boxed(Budgeted {
-            rest: out,
-            _held: held,
-        }));
+        .map_err(|e| ProxyError::internal(format!("the XC rewrite failed: {e}")))??;
+        let mut resp = Response::new(body::boxed(sent));
         let default = if api == Api::Playlist {
             "audio/x-mpegurl"
         } else {
@@ -313,52 +313,6 @@ impl Xtream {
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(resp)
-    }
-
-    /// An API answer whole: at most `limit` bytes within `upstream.whole_body_timeout_secs`, each
-    /// buffer growth taken from the budget first.
-    async fn collect(
-        &self,
-        body: UpstreamBody,
-        limit: usize,
-        host: &str,
-        held: &mut Held,
-    ) -> Result<Bytes, ProxyError> {
-        let broken = |e: String| {
-            ProxyError::new(
-                Side::Upstream,
-                StatusCode::BAD_GATEWAY,
-                "xtream",
-                format!("XC answer from {host}: {e}"),
-            )
-        };
-        let collect = async {
-            let mut body = std::pin::pin!(body);
-            let mut out = BytesMut::new();
-            while let Some(frame) = body.frame().await {
-                let Ok(data) = frame.map_err(|e| broken(e.to_string()))?.into_data() else {
-                    continue;
-                };
-                let need = out.len() + data.len();
-                if need > limit {
-                    return Err(too_large(host, &format!("{limit} bytes")));
-                }
-                if need > out.capacity() {
-                    let cap = need.max(out.capacity() * 2).min(limit);
-                    held.reserve(cap)?;
-                    out.reserve(cap - out.len());
-                }
-                out.extend_from_slice(&data);
-            }
-            Ok(out.freeze())
-        };
-        let whole = self.upstream.whole_body_timeout();
-        tokio::time::timeout(whole, collect).await.map_err(|_| {
-            broken(format!(
-                "not finished within {} s (upstream.whole_body_timeout_secs)",
-                whole.as_secs()
-            ))
-        })?
     }
 
     /// A stream: HLS playlists go to the HLS proxy (which rewrites their segments), everything
@@ -434,18 +388,74 @@ fn upstream_url(server: &str, path: &str, ctx: &RequestContext) -> Result<Url, P
     Ok(url)
 }
 
+/// An API answer whole, and the capacity its buffer holds: at most `limit` bytes within
+/// `upstream.whole_body_timeout_secs`, each buffer growth taken from the budget first.
+async fn collect(
+    body: UpstreamBody,
+    limit: usize,
+    host: &str,
+    held: &mut Held,
+) -> Result<(Bytes, usize), ProxyError> {
+    let mut capacity = 0;
+    let grow = |cap| {
+        held.reserve(cap)?;
+        capacity = cap;
+        Ok::<_, ProxyError>(())
+    };
+    match body.collect_limited_with(limit, grow).await? {
+        Ok(bytes) => Ok((bytes, capacity)),
+        Err(CollectError::TooLarge { limit }) => Err(too_large(host, &format!("{limit} bytes"))),
+        Err(CollectError::Body(e)) => Err(ProxyError::new(
+            Side::Upstream,
+            StatusCode::BAD_GATEWAY,
+            "xtream",
+            format!("XC answer from {host}: {e}"),
+        )),
+    }
+}
+
+/// An API answer as collected, with the capacity of the buffer it is in.
+struct Answer {
+    bytes: Bytes,
+    capacity: usize,
+}
+
+/// `answer` rewritten within `held` (see [`rewrite`]) and ready to send, holding what it keeps
+/// alive: its rewrite, or the answer's whole buffer, spare room included, when nothing in it
+/// changed. Everything else is freed before its share is given back.
+fn rewritten_within(
+    rewriter: &Rewriter,
+    answer: Answer,
+    login: bool,
+    share_bytes: usize,
+    mut held: Held,
+) -> Result<Budgeted, Option<ProxyError>> {
+    let out = rewrite(rewriter, &answer.bytes, login, share_bytes, &mut held);
+    let keep = match &out {
+        Ok((_, true)) => answer.capacity.max(answer.bytes.len()),
+        Ok((out, false)) => out.len(),
+        Err(_) => 0,
+    };
+    drop(answer);
+    let (rest, _) = out?;
+    held.shrink_to(keep);
+    Ok(Budgeted { rest, _held: held })
+}
+
 /// An answer rewritten within its budget share, which already holds the answer: a copy of it
 /// when it is not UTF-8 and each rewrite buffer are charged at their exact size before they are
-/// made. A rewrite buffer past [`MAX_GROWTH`] times the answer plus [`GROWTH_SLACK`], or past the
-/// whole budget, is the provider's fault (`Err(None)`, a 502 like a login answer past
-/// [`MAX_LOGIN_BYTES`]); past what the other answers leave, `Err(Some(503))`.
+/// made, as is a login answer's parsed JSON. A rewrite buffer past [`MAX_GROWTH`] times the answer
+/// plus [`GROWTH_SLACK`], or an answer holding more than one client may (`share_bytes`), is the
+/// provider's fault (`Err(None)`, a 502 like a login answer past [`MAX_LOGIN_BYTES`]); past what
+/// the other answers leave, or the client's other answers, `Err(Some(503))`. With whether the
+/// output is the answer itself.
 fn rewrite(
     rewriter: &Rewriter,
     bytes: &Bytes,
     login: bool,
-    budget_bytes: usize,
+    share_bytes: usize,
     held: &mut Held,
-) -> Result<Bytes, Option<ProxyError>> {
+) -> Result<(Bytes, bool), Option<ProxyError>> {
     let cap = bytes
         .len()
         .saturating_mul(MAX_GROWTH)
@@ -454,33 +464,20 @@ fn rewrite(
     let mut busy = None;
     let mut grant = |n: usize| {
         total = total.saturating_add(n);
-        if n > cap || total > budget_bytes {
+        if n > cap || total > share_bytes {
             return false;
         }
         held.reserve(total).map_err(|e| busy = Some(e)).is_ok()
     };
-    let out = if login {
-        rewriter
-            .rewrite_login_within(bytes, &mut grant)
-            .map(Bytes::from)
-    } else {
-        match text_within(bytes, &mut grant) {
-            Some(Cow::Borrowed(text)) => match rewriter.rewrite_text_within(text, &mut grant) {
-                Some(Cow::Borrowed(_)) => Some(bytes.clone()),
-                out => out.map(|o| Bytes::from(o.into_owned())),
-            },
-            Some(Cow::Owned(text)) => {
-                let out = match rewriter.rewrite_text_within(&text, &mut grant) {
-                    Some(Cow::Owned(out)) => Some(Some(out)),
-                    Some(Cow::Borrowed(_)) => Some(None),
-                    None => None,
-                };
-                out.map(|o| Bytes::from(o.unwrap_or(text)))
-            }
-            None => None,
-        }
+    let out = match login {
+        true => rewriter.rewrite_login_within(bytes, &mut grant),
+        false => rewriter.rewrite_answer_within(bytes, &mut grant),
     };
-    out.ok_or(busy)
+    match out {
+        Some(Cow::Borrowed(_)) => Ok((bytes.clone(), true)),
+        Some(Cow::Owned(out)) => Ok((Bytes::from(out), false)),
+        None => Err(busy),
+    }
 }
 
 /// `scheme://host[:port]` as the client addressed us.
@@ -492,23 +489,70 @@ fn public_origin(ctx: &RequestContext) -> String {
     }
 }
 
+/// The memory XC answers share, in KiB, and what each client's answers hold of it.
+struct Budget {
+    kib: Arc<Semaphore>,
+    /// KiB each client's answers hold now; a client leaves at zero.
+    clients: Mutex<HashMap<IpAddr, usize>>,
+    /// KiB one client's answers may hold together.
+    share: usize,
+}
+
+impl Budget {
+    fn new(kib: usize, share: usize) -> Arc<Budget> {
+        Arc::new(Budget {
+            kib: Arc::new(Semaphore::new(kib.min(Semaphore::MAX_PERMITS))),
+            clients: Mutex::new(HashMap::new()),
+            share,
+        })
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `kib` a client's answer gave back.
+    fn give_back(&self, client: IpAddr, kib: usize) {
+        let mut clients = self.clients();
+        if let Some(held) = clients.get_mut(&client) {
+            *held = held.saturating_sub(kib);
+            if *held == 0 {
+                clients.remove(&client);
+            }
+        }
+    }
+}
+
 /// What one XC answer holds of the budget, in KiB; given back when dropped.
 struct Held {
-    budget: Arc<Semaphore>,
+    budget: Arc<Budget>,
+    client: IpAddr,
     permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Held {
-    /// Grows the share to cover `bytes`, or 503 when the other answers hold the rest.
+    fn new(budget: &Arc<Budget>, client: IpAddr) -> Held {
+        Held {
+            budget: budget.clone(),
+            client,
+            permit: None,
+        }
+    }
+
+    /// Grows the share to cover `bytes`, or 503 when the other answers, or this client's other
+    /// answers, hold the rest.
     fn reserve(&mut self, bytes: usize) -> Result<(), ProxyError> {
         let have = self.permit.as_ref().map_or(0, |p| p.num_permits());
         let more = bytes.div_ceil(1024).saturating_sub(have);
         if more == 0 {
             return Ok(());
         }
-        let taken = u32::try_from(more)
-            .ok()
-            .and_then(|n| self.budget.clone().try_acquire_many_owned(n).ok())
+        let mut clients = self.budget.clients();
+        let mine = clients.get(&self.client).copied().unwrap_or(0);
+        let taken = Some(more)
+            .filter(|more| mine.saturating_add(*more) <= self.budget.share)
+            .and_then(|more| u32::try_from(more).ok())
+            .and_then(|n| self.budget.kib.clone().try_acquire_many_owned(n).ok())
             .ok_or_else(|| {
                 ProxyError::new(
                     Side::Internal,
@@ -519,6 +563,8 @@ impl Held {
                 )
                 .with_retry_after(1)
             })?;
+        *clients.entry(self.client).or_insert(0) += more;
+        drop(clients);
         match &mut self.permit {
             Some(p) => p.merge(taken),
             None => self.permit = Some(taken),
@@ -537,7 +583,17 @@ impl Held {
     fn shrink_to(&mut self, bytes: usize) {
         if let Some(p) = &mut self.permit {
             let keep = bytes.div_ceil(1024).min(p.num_permits());
-            drop(p.split(p.num_permits() - keep));
+            let freed = p.num_permits() - keep;
+            drop(p.split(freed));
+            self.budget.give_back(self.client, freed);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            self.budget.give_back(self.client, p.num_permits());
         }
     }
 }
@@ -617,13 +673,17 @@ fn refusal() -> ProxyError {
 mod tests {
     use super::*;
     use http_body::Body as _;
+    use http_body_util::BodyExt;
 
-    fn held(budget: &Arc<Semaphore>) -> Held {
-        Held {
-            budget: budget.clone(),
-            permit: None,
-        }
-    }
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    const R: Rewriter<'static> = Rewriter {
+        upstream_origin: "http://xc.example",
+        real_user: "alice",
+        public_origin: "https://proxy.example",
+        public_user: "TOK",
+    };
 
     #[test]
     fn an_upstream_url_that_leaves_the_xc_paths_is_refused() {
@@ -658,19 +718,20 @@ mod tests {
 
     #[tokio::test]
     async fn the_budget_refuses_past_its_size_and_is_given_back() {
-        let budget = Arc::new(Semaphore::new(10));
-        let mut a = held(&budget);
+        let budget = Budget::new(10, 10);
+        let mut a = Held::new(&budget, A);
         a.reserve(6 * 1024).unwrap();
         a.reserve(5000).unwrap();
-        assert_eq!(budget.available_permits(), 4);
-        let mut b = held(&budget);
+        assert_eq!(budget.kib.available_permits(), 4);
+        let mut b = Held::new(&budget, B);
         let e = b.reserve(5 * 1024).unwrap_err();
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.retry_after, Some(1));
         b.reserve(4 * 1024).unwrap();
-        assert_eq!(budget.available_permits(), 0);
+        assert_eq!(budget.kib.available_permits(), 0);
         a.shrink_to(1025);
-        assert_eq!(budget.available_permits(), 4);
+        assert_eq!(budget.kib.available_permits(), 4);
+        assert_eq!(budget.clients()[&A], 2);
         // The body sends every byte, in slices, and holds its share until it is dropped.
         let out = Bytes::from(vec![7u8; 3 * SLICE + 5]);
         let body = Budgeted {
@@ -684,11 +745,93 @@ mod tests {
             let data = frame.unwrap().into_data().unwrap();
             assert!(data.len() <= SLICE);
             got.extend_from_slice(&data);
-            assert_eq!(budget.available_permits(), 4);
+            assert_eq!(budget.kib.available_permits(), 4);
         }
         assert_eq!(got, out);
         drop(body);
         drop(b);
-        assert_eq!(budget.available_permits(), 10);
+        assert_eq!(budget.kib.available_permits(), 10);
+        assert!(budget.clients().is_empty());
+    }
+
+    /// One client's answers hold at most its share together, with the refusal every client gets
+    /// when the budget is full; another client still has the rest.
+    #[test]
+    fn one_client_holds_at_most_its_share() {
+        let budget = Budget::new(16, 12);
+        let mut a1 = Held::new(&budget, A);
+        a1.reserve(8 * 1024).unwrap();
+        let mut a2 = Held::new(&budget, A);
+        a2.reserve(4 * 1024).unwrap();
+        let e = a2.reserve(5 * 1024).unwrap_err();
+        let full = Held::new(&budget, B).reserve(17 * 1024).unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            (e.kind, &e.message, e.retry_after),
+            (full.kind, &full.message, Some(1))
+        );
+        assert!(Held::new(&budget, A).reserve(1).is_err());
+        let mut b = Held::new(&budget, B);
+        b.reserve(4 * 1024).unwrap();
+        assert_eq!(budget.kib.available_permits(), 0);
+        // What one answer gives back, its client may take again.
+        a1.shrink_to(7 * 1024);
+        Held::new(&budget, A).reserve(1024).unwrap();
+        drop((a1, a2, b));
+        assert_eq!(budget.kib.available_permits(), 16);
+        assert!(budget.clients().is_empty());
+    }
+
+    /// An answer sent as it came holds its whole buffer, spare room included, until it is sent.
+    #[tokio::test]
+    async fn an_unchanged_answer_holds_its_whole_buffer() {
+        let budget = Budget::new(1024, 1024);
+        let mut held = Held::new(&budget, A);
+        held.reserve(64 * 1024).unwrap();
+        let mut buf = Vec::with_capacity(64 * 1024);
+        buf.extend_from_slice(&b"[{\"name\":\"x\"}]".repeat(600));
+        let (len, capacity) = (buf.len(), buf.capacity());
+        assert!(len < 10 * 1024 && capacity == 64 * 1024);
+        let answer = Answer {
+            bytes: Bytes::from(buf),
+            capacity,
+        };
+        let sent = rewritten_within(&R, answer, false, 1 << 20, held).unwrap();
+        assert_eq!(sent.rest.len(), len);
+        assert_eq!(budget.kib.available_permits(), 1024 - 64);
+        let got = Box::pin(sent).collect().await.unwrap().to_bytes();
+        assert_eq!(got.len(), len);
+        assert_eq!(budget.kib.available_permits(), 1024);
+    }
+
+    /// A login answer's parsed JSON is charged before it is built: 40 KB of `[0,0,...]` parses
+    /// into 20,000 values of 32 bytes and more, past a client's share of 300 KiB.
+    #[test]
+    fn a_login_answers_parsed_json_is_charged() {
+        let login = format!(
+            r#"{{"user_info":{{"username":"alice"}},"pad":[{}0]}}"#,
+            "0,".repeat(19_999)
+        );
+        let answer = || Answer {
+            capacity: login.len(),
+            bytes: Bytes::from(login.clone()),
+        };
+        let budget = Budget::new(1024, 300);
+        let mut held = Held::new(&budget, A);
+        held.reserve(login.len()).unwrap();
+        let refused = rewritten_within(&R, answer(), true, 300 * 1024, held);
+        assert!(matches!(refused, Err(None)));
+        assert_eq!(budget.kib.available_permits(), 1024);
+        // With room for it, the login is rewritten and holds only what it sends.
+        let budget = Budget::new(4096, 4096);
+        let mut held = Held::new(&budget, A);
+        held.reserve(login.len()).unwrap();
+        let sent = rewritten_within(&R, answer(), true, 4 << 20, held).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&sent.rest).unwrap();
+        assert_eq!(v["user_info"]["username"], "TOK");
+        assert_eq!(
+            budget.kib.available_permits(),
+            4096 - sent.rest.len().div_ceil(1024)
+        );
     }
 }

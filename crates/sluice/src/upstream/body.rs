@@ -59,25 +59,57 @@ impl UpstreamBody {
     /// or taking longer than `upstream.whole_body_timeout_secs`: the idle deadline alone lets a
     /// byte every minute hold the request, and what was collected so far, for good.
     pub async fn collect_limited(self, limit: usize) -> Result<Bytes, CollectError> {
+        let grow = |_| Ok::<(), std::convert::Infallible>(());
+        match self.collect_limited_with(limit, grow).await {
+            Ok(collected) => collected,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`UpstreamBody::collect_limited`], telling `grow` each capacity the buffer is about to take
+    /// (at most `limit`; the last one is what the returned bytes hold) before it is allocated, so
+    /// a caller can charge the buffer, spare room included. An `Err` from `grow` stops the collect
+    /// and is the outer `Err`.
+    pub async fn collect_limited_with<E>(
+        self,
+        limit: usize,
+        mut grow: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<Result<Bytes, CollectError>, E> {
         use http_body_util::BodyExt;
         let (whole, host) = (self.whole, self.host.clone());
         let collect = async {
             let mut body = std::pin::pin!(self);
-            let mut out = bytes::BytesMut::new();
+            let mut out = Vec::new();
             while let Some(frame) = body.frame().await {
-                if let Ok(data) = frame?.into_data() {
-                    if out.len() + data.len() > limit {
-                        return Err(CollectError::TooLarge { limit });
-                    }
-                    out.extend_from_slice(&data);
+                let data = match frame {
+                    Ok(frame) => match frame.into_data() {
+                        Ok(data) => data,
+                        Err(_) => continue,
+                    },
+                    Err(e) => return Ok(Err(e.into())),
+                };
+                let need = out.len() + data.len();
+                if need > limit {
+                    return Ok(Err(CollectError::TooLarge { limit }));
                 }
+                if need > out.capacity() {
+                    // Doubling keeps the copies few; exact, so the capacity told is the one held.
+                    let cap = need.max(out.capacity().saturating_mul(2)).min(limit);
+                    grow(cap)?;
+                    out.reserve_exact(cap - out.len());
+                }
+                out.extend_from_slice(&data);
             }
-            Ok(out.freeze())
+            // A `Vec` with spare room becomes `Bytes` without a copy, keeping its whole buffer.
+            Ok(Ok(Bytes::from(out)))
         };
-        tokio::time::timeout(whole, collect).await.map_err(|_| {
-            let secs = whole.as_secs();
-            UpstreamBodyError::Deadline { host, secs }
-        })?
+        match tokio::time::timeout(whole, collect).await {
+            Ok(collected) => collected,
+            Err(_) => {
+                let secs = whole.as_secs();
+                Ok(Err(UpstreamBodyError::Deadline { host, secs }.into()))
+            }
+        }
     }
 }
 
