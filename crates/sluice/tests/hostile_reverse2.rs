@@ -166,6 +166,109 @@ upstream = "app"
     );
 }
 
+/// An origin that reads the whole request body, then takes `delay` to answer `got <len>`.
+async fn delayed_origin(delay: Duration) -> std::net::SocketAddr {
+    origin(
+        move |req: http::Request<hyper::body::Incoming>| async move {
+            let len = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes().len(),
+                Err(_) => usize::MAX,
+            };
+            tokio::time::sleep(delay).await;
+            http::Response::new(full(format!("got {len}")))
+        },
+    )
+    .await
+}
+
+/// A 2-byte POST to `host` whose last byte comes `late` after the first (inside the idle
+/// timeout): what sluice answered and how long the exchange took.
+async fn late_last_byte(
+    addr: std::net::SocketAddr,
+    host: &str,
+    late: Duration,
+) -> (String, Duration) {
+    let start = std::time::Instant::now();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: 2\r\nConnection: close\r\n\r\na"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(late).await;
+    // The proxy may already have answered (and closed): a failed write shows in the reply.
+    let _ = s.write_all(b"b").await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(6), s.read_to_end(&mut out)).await;
+    (String::from_utf8_lossy(&out).into_owned(), start.elapsed())
+}
+
+/// Finding: the header timeout ran from the start of the attempt, so it counted the time the
+/// client took to send its body. A client that sent its last byte just before the timeout, to
+/// an origin that needs a moment after the body to answer, had the timeout fire with the body
+/// complete: booked to the server as a header timeout (toward `max_fails`), and a few such
+/// requests per server took every server out for everyone. The server's time now runs from the
+/// end of the body; an origin that is really slow after having the whole body is still booked.
+#[tokio::test]
+async fn a_late_last_body_byte_does_not_eject_the_server() {
+    let quick = delayed_origin(Duration::from_millis(500)).await;
+    let slow = delayed_origin(Duration::from_millis(1500)).await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "quick"
+servers = ["{quick}"]
+max_fails = 1
+fail_timeout_secs = 60
+
+[[upstreams]]
+name = "slow"
+servers = ["{slow}"]
+max_fails = 1
+fail_timeout_secs = 60
+
+[[routes]]
+host = "quick.test"
+path = "/"
+upstream = "quick"
+header_timeout_secs = 1
+idle_timeout_secs = 30
+
+[[routes]]
+host = "slow.test"
+path = "/"
+upstream = "slow"
+header_timeout_secs = 1
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    // The last byte at 0.8 s, the answer 0.5 s later: past 1 s from the start, well within
+    // 1 s of the body's end. The client gets its answer and nothing is booked.
+    let (reply, _) = late_last_byte(p.addr, "quick.test", Duration::from_millis(800)).await;
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.ends_with("got 2"),
+        "{reply}"
+    );
+    let groups = p.app.groups().current();
+    let server = &groups.get("quick").unwrap().servers()[0];
+    assert_eq!(server.failures(), 0);
+    assert!(!server.is_ejected());
+    let r = get(&p.url("/after"), &[("host", "quick.test")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), b"got 0");
+    // An origin still silent 1 s after it had the whole body is slow: 504, booked, ejected;
+    // and only once that full second after the body's end has passed.
+    let (reply, took) = late_last_byte(p.addr, "slow.test", Duration::from_millis(800)).await;
+    assert!(reply.starts_with("HTTP/1.1 504"), "{reply}");
+    assert!(
+        took >= Duration::from_millis(1700),
+        "answered after {took:?}"
+    );
+    let server = &groups.get("slow").unwrap().servers()[0];
+    assert_eq!(server.failures(), 1);
+    assert!(server.is_ejected());
+}
+
 /// An origin that counts requests and answers with the JSON echo report (`echo`).
 async fn counted_echo() -> (std::net::SocketAddr, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));

@@ -5,7 +5,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -118,8 +118,9 @@ struct Shared {
     fault: AtomicU8,
     /// The body was lent and its last poll waited for the client (not for the server to take it).
     awaiting_client: AtomicBool,
-    /// The body ended (all of it was read from the client).
-    ended: AtomicBool,
+    /// When the body ended (all of it was read from the client and passed on): the server's
+    /// header timeout runs from here at the latest ([`BodySlot::ended_at`]).
+    ended_at: OnceLock<Instant>,
     sent: AtomicU64,
     limit: u64,
     idle: Duration,
@@ -136,7 +137,7 @@ impl BodySlot {
                 too_large: AtomicBool::new(false),
                 fault: AtomicU8::new(0),
                 awaiting_client: AtomicBool::new(false),
-                ended: AtomicBool::new(false),
+                ended_at: OnceLock::new(),
                 sent: AtomicU64::new(0),
                 limit,
                 idle,
@@ -155,7 +156,8 @@ impl BodySlot {
                 too_large: AtomicBool::new(false),
                 fault: AtomicU8::new(0),
                 awaiting_client: AtomicBool::new(false),
-                ended: AtomicBool::new(true),
+                // Nothing to wait for: the header timeout runs from the attempt's start.
+                ended_at: OnceLock::new(),
                 sent: AtomicU64::new(0),
                 limit: 0,
                 idle,
@@ -208,9 +210,15 @@ impl BodySlot {
             return Some(f);
         }
         let stalled = !self.bodiless
-            && !s.ended.load(Ordering::Relaxed)
+            && s.ended_at.get().is_none()
             && s.awaiting_client.load(Ordering::Relaxed);
         (timed_out && stalled).then_some(ClientFault::Slow)
+    }
+
+    /// When the whole body had been passed on to the server; `None` while it has not (or when
+    /// there is no body to pass on).
+    pub fn ended_at(&self) -> Option<Instant> {
+        self.shared.ended_at.get().copied()
     }
 }
 
@@ -220,6 +228,12 @@ impl Shared {
         let _ = self
             .fault
             .compare_exchange(0, fault.code(), Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The body ended: the first end stands.
+    fn ended(&self) {
+        self.awaiting_client.store(false, Ordering::Relaxed);
+        let _ = self.ended_at.set(crate::runtime::recent::recent());
     }
 }
 
@@ -252,7 +266,7 @@ impl Body for LentBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match Pin::new(inner).poll_frame(cx) {
+        match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let sent = this
@@ -270,6 +284,11 @@ impl Body for LentBody {
                 }
                 this.idle.moved();
                 this.shared.awaiting_client.store(false, Ordering::Relaxed);
+                // A body of known length ends with its last frame: the sender (hyper) looks at
+                // `is_end_stream` and never polls for the end, so it is marked here.
+                if inner.is_end_stream() {
+                    this.shared.ended();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -277,8 +296,7 @@ impl Body for LentBody {
                 Poll::Ready(Some(Err(BodyError::Client(e))))
             }
             Poll::Ready(None) => {
-                this.shared.ended.store(true, Ordering::Relaxed);
-                this.shared.awaiting_client.store(false, Ordering::Relaxed);
+                this.shared.ended();
                 Poll::Ready(None)
             }
             Poll::Pending => {

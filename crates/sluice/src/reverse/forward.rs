@@ -758,7 +758,8 @@ pub(super) enum AttemptFailure {
 
 /// The attempt loop every upstream request makes, whatever carries it: the group's plan in
 /// order, the per-server metrics and health reports, the in-flight mark (least-connections), the
-/// route's header timeout around each attempt, and the retry rules — after a connect failure
+/// route's header timeout around each attempt (from the end of the request body when that comes
+/// later: [`head_timer`]), and the retry rules — after a connect failure
 /// while the request `body` was not read, after any failure when `replayable`; every move
 /// after the first server takes from the retry budget. `send` starts the attempt on a server (its
 /// index in the group and whether it is the last try); `None` ends the loop (the body cannot be
@@ -808,9 +809,7 @@ where
             break;
         };
         let outcome = match clock {
-            HeadClock::Timer => tokio::time::timeout(route.header_timeout, attempt)
-                .await
-                .map_err(|_| ()),
+            HeadClock::Timer => head_timer(route.header_timeout, body, attempt).await,
             HeadClock::Polled => Polled::new(route.header_timeout, attempt).await,
         };
         let failure = match outcome {
@@ -856,6 +855,31 @@ where
     Err(last.unwrap_or(FetchError::NoServer {
         group: group.name().to_string(),
     }))
+}
+
+/// An attempt under [`HeadClock::Timer`]: `Err(())` once the server has had `timeout` without
+/// answering. The time runs from the attempt's start, or from the end of the request `body` when
+/// that came later: the time the client takes to send its body is not the server's, so a client
+/// that sends its last byte just before the timeout cannot make a server that answers promptly
+/// after it look slow (and get it ejected). A body still awaited from the client when the
+/// timeout runs out is the client's ([`BodySlot::client_fault`]); its idle timeout bounds it.
+async fn head_timer<F: std::future::Future>(
+    timeout: Duration,
+    body: Option<&BodySlot>,
+    attempt: F,
+) -> Result<F::Output, ()> {
+    let mut attempt = std::pin::pin!(attempt);
+    let mut deadline = recent() + timeout;
+    loop {
+        if let Ok(out) = tokio::time::timeout_at(deadline, attempt.as_mut()).await {
+            return Ok(out);
+        }
+        // The body ends once, so this moves the deadline at most once.
+        match body.and_then(BodySlot::ended_at).map(|end| end + timeout) {
+            Some(later) if later > deadline => deadline = later,
+            _ => return Err(()),
+        }
+    }
 }
 
 /// How [`attempt_loop`] keeps an attempt's header timeout.

@@ -120,7 +120,8 @@ impl Groups {
 
     /// Builds the groups for a reloaded config, carrying health and ejection state over for servers
     /// that stay (same group, same address), so a reload neither revives a dead server nor
-    /// forgets a live one.
+    /// forgets a live one. The active check's verdict carries over only when the group keeps a
+    /// check that probes the same way ([`HealthCheckConfig::probes_like`]).
     pub fn rebuild(configs: &[GroupConfig], previous: Option<&Groups>) -> anyhow::Result<Groups> {
         let mut by_name = HashMap::new();
         for config in configs {
@@ -185,6 +186,13 @@ impl Group {
             hc.validate()
                 .map_err(|e| anyhow::anyhow!("upstream group {name:?}: health_check: {e}"))?;
         }
+        // The active check's verdict carries over only while the same check goes on judging: with
+        // the check removed nothing would ever bring a server it took out back, and a changed
+        // probe (another path, say) has yet to give its own verdict.
+        let keep_verdict = match (&config.health_check, previous.map(|g| &g.health_check)) {
+            (Some(new), Some(Some(old))) => new.probes_like(old),
+            _ => false,
+        };
         let mut servers = Vec::with_capacity(config.servers.len());
         for spec in &config.servers {
             let addr = spec.addr();
@@ -202,7 +210,7 @@ impl Group {
             }
             let server = Server::new(config, spec);
             if let Some(old) = previous.and_then(|g| g.servers.iter().find(|s| s.addr == addr)) {
-                server.inherit(old);
+                server.inherit(old, keep_verdict);
             }
             servers.push(Arc::new(server));
         }
@@ -565,9 +573,13 @@ impl Server {
         }
     }
 
-    fn inherit(&self, old: &Server) {
-        self.healthy
-            .store(old.healthy.load(Ordering::Relaxed), Ordering::Relaxed);
+    /// Takes over `old`'s passive record and, with `verdict`, what its active check decided
+    /// (otherwise the server starts healthy, as a new one does).
+    fn inherit(&self, old: &Server, verdict: bool) {
+        if verdict {
+            self.healthy
+                .store(old.healthy.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
         self.failures
             .store(old.failures.load(Ordering::Relaxed), Ordering::Relaxed);
         self.ejected_until

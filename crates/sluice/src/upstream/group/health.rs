@@ -70,6 +70,15 @@ fn default_fall() -> u32 {
 }
 
 impl HealthCheckConfig {
+    /// Whether `other` probes servers the same way (what is sent and what counts as up), so a
+    /// verdict of one holds for the other; its pace (interval, timeout, rise, fall) may differ.
+    pub fn probes_like(&self, other: &HealthCheckConfig) -> bool {
+        self.kind == other.kind
+            && self.send_proxy == other.send_proxy
+            && (self.kind == CheckKind::Tcp
+                || (self.path == other.path && self.expect_status == other.expect_status))
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.interval_secs == 0 || self.timeout_secs == 0 {
             return Err("interval_secs and timeout_secs must be at least 1".into());

@@ -136,20 +136,66 @@ fn passive_ejection_then_one_trial() {
 fn rebuild_keeps_state_of_unchanged_servers() {
     let configs: Vec<GroupConfig> = vec![toml::from_str(
         r#"name = "g"
-        servers = ["a:1", "b:1"]"#,
+        servers = ["a:1", "b:1"]
+        health_check = { kind = "http", path = "/up" }"#,
     )
     .unwrap()];
     let old = Groups::new(&configs).unwrap();
     old.get("g").unwrap().servers()[0].set_healthy(false);
+    // The same check at another pace: its verdict stands.
     let new_configs: Vec<GroupConfig> = vec![toml::from_str(
         r#"name = "g"
-        servers = ["a:1", "c:1"]"#,
+        servers = ["a:1", "c:1"]
+        health_check = { kind = "http", path = "/up", interval_secs = 1, fall = 1 }"#,
     )
     .unwrap()];
     let new = Groups::rebuild(&new_configs, Some(&old)).unwrap();
     let g = new.get("g").unwrap();
     assert!(!g.servers()[0].is_healthy());
     assert!(g.servers()[1].is_healthy());
+}
+
+/// A server the active check took out comes back when a reload removes the check or changes
+/// what it probes: no checker of the old probe is left to bring it back. Its passive record
+/// (failures, ejection) still carries over.
+#[test]
+fn rebuild_drops_the_verdict_of_a_removed_or_changed_check() {
+    let checked: Vec<GroupConfig> = vec![toml::from_str(
+        r#"name = "g"
+        max_fails = 5
+        servers = ["a:1", "b:1"]
+        health_check = { kind = "http", path = "/wrong" }"#,
+    )
+    .unwrap()];
+    for (reloaded, why) in [
+        (
+            r#"name = "g"
+            max_fails = 5
+            servers = ["a:1", "b:1"]"#,
+            "check removed",
+        ),
+        (
+            r#"name = "g"
+            max_fails = 5
+            servers = ["a:1", "b:1"]
+            health_check = { kind = "http", path = "/healthz" }"#,
+            "path changed",
+        ),
+    ] {
+        let old = Groups::new(&checked).unwrap();
+        let a = &old.get("g").unwrap().servers()[0];
+        a.set_healthy(false);
+        a.report_failure();
+        assert_eq!(old.get("g").unwrap().plan(None).len(), 1);
+        let new_configs: Vec<GroupConfig> = vec![toml::from_str(reloaded).unwrap()];
+        let new = Groups::rebuild(&new_configs, Some(&old)).unwrap();
+        let g = new.get("g").unwrap();
+        assert!(g.servers()[0].is_healthy(), "{why}");
+        assert_eq!(g.servers()[0].failures(), 1, "{why}");
+        let mut addrs: Vec<&str> = g.plan(None).iter().map(|s| s.addr()).collect();
+        addrs.sort();
+        assert_eq!(addrs, ["a:1", "b:1"], "{why}");
+    }
 }
 
 #[test]
