@@ -99,6 +99,8 @@ pub struct IptvConfig {
     pub membership_refresh_secs: u64,
     /// Most history held per channel: how far a subscriber may lag before the slow-subscriber
     /// policy applies. Beyond `burst_bytes` it is held only while a subscriber has it unread.
+    /// Both count each held chunk (a wakeup's worth of payloads) as 64 bytes more than its
+    /// payload, so they bound the chunks too; with real traffic that is a few percent at most.
     pub buffer_bytes: usize,
     /// History always kept per channel and sent to a new subscriber so playback starts at once
     /// (0 = live only). The start is moved to a TS packet boundary, and to a keyframe when one

@@ -73,6 +73,40 @@ async fn reordered_and_duplicated_input_is_restored() {
     assert_eq!(hub["rtp_lost"], 0);
 }
 
+/// Attack: 1-byte RTP payloads in swapped pairs, so no payload follows the one before it in
+/// memory (each was one ring chunk). They are joined into few chunks, and the viewer still
+/// gets every byte, in order.
+#[tokio::test]
+async fn tiny_payloads_out_of_order_arrive_in_order() {
+    let group = "239.71.0.77";
+    let gw = Gateway::start(config()).await;
+    let path = format!("/rtp/{group}:46077?iface=lo");
+    let sender = Sender::new(group, 46077);
+    let resp = gw.spawn_get(&path);
+    wait_joined(group, true).await;
+    let n = 6001usize;
+    let payload = |i: usize| [(i * 7 % 251) as u8];
+    // Sequence 0 first (it fixes the base), then 2, 1, 4, 3, ...
+    sender.send_one(&rtp(0, &payload(0)));
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    for (k, pair) in (1..n).collect::<Vec<_>>().chunks(2).enumerate() {
+        for &i in pair.iter().rev() {
+            sender.send_one(&rtp(i as u16, &payload(i)));
+        }
+        if k % 32 == 31 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let want: Vec<u8> = (0..n).flat_map(payload).collect();
+    let got = read_bytes(resp, n).await;
+    assert_eq!(got, want);
+    let status = gw.status().await;
+    let hub = &status["hubs"][0];
+    assert_eq!(hub["rtp_lost"], 0, "{hub}");
+    assert!(hub["rtp_reordered"].as_u64().unwrap() >= 2000, "{hub}");
+}
+
 #[tokio::test]
 async fn two_subscribers_share_one_membership() {
     let group = "239.71.0.4";

@@ -30,6 +30,9 @@ use crate::net::multicast::{self, Group};
 const HISTORY_PACKETS: usize = 1024;
 /// FEC datagrams queued between ticks; more means the FEC stream is not what it claims.
 const MAX_QUEUED: usize = 512;
+/// FEC datagrams read per wakeup, like the media socket's `DRAIN_CALLS`: a flood on the FEC
+/// port must not keep the hub's task (and every channel sharing its thread) reading.
+const DRAIN_DATAGRAMS: usize = 64;
 /// The reorder window a FEC channel needs at least, so a packet rebuilt from column FEC (which
 /// arrives a whole matrix late) is still in time. rtp2httpd uses the same.
 pub const MIN_REORDER_WINDOW: usize = 512;
@@ -173,25 +176,29 @@ impl FecState {
         }
     }
 
-    /// Reads every waiting FEC datagram and queues the usable ones.
+    /// Reads up to `DRAIN_DATAGRAMS` waiting FEC datagrams and queues the usable ones.
+    /// Returns `true` when it stopped at that budget: more may wait, and the socket's
+    /// readiness was left set (only `WouldBlock` clears it), so the next `readable()` answers
+    /// at once; the caller should yield first to let other tasks run.
     pub fn drain(
         &mut self,
         guard: &mut tokio::io::unix::AsyncFdReadyGuard<'_, Socket>,
         metrics: &HubMetrics,
-    ) {
+    ) -> bool {
         let mut buf = [0u8; 2048];
-        loop {
+        for _ in 0..DRAIN_DATAGRAMS {
             let read = guard.try_io(|s| (&mut s.get_ref()).read(&mut buf));
             let n = match read {
                 Ok(Ok(n)) => n,
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "FEC receive failed");
-                    return;
+                    return false;
                 }
-                Err(_would_block) => return,
+                Err(_would_block) => return false,
             };
             self.datagram(&buf[..n], metrics);
         }
+        true
     }
 
     /// FEC packets are queued for another try: the reorder window should keep waiting.
@@ -264,6 +271,50 @@ impl FecState {
 mod tests {
     use super::*;
     use crate::iptv::metrics::{HubLabels, Metrics};
+
+    fn metrics() -> HubMetrics {
+        Metrics::default().hub(HubLabels {
+            channel: "rtp://239.1.1.1:5000".into(),
+            interface: String::new(),
+        })
+    }
+
+    /// Attack: a flood on the FEC port. One wakeup reads `DRAIN_DATAGRAMS` and returns; the
+    /// socket stays ready, and the next wakeup takes the rest.
+    #[tokio::test]
+    async fn drain_stops_at_its_budget_and_resumes() {
+        let sock = Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+        sock.bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let to = sock.local_addr().unwrap().as_socket().unwrap();
+        // SAFETY: as in `open`: `Socket` owns its descriptor until dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }.unwrap();
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let sent = DRAIN_DATAGRAMS + DRAIN_DATAGRAMS / 2;
+        for _ in 0..sent {
+            // Not FEC: each is counted as malformed, which counts the reads.
+            sender.send_to(&[1, 2, 3], to).unwrap();
+        }
+        let metrics = metrics();
+        let mut state = FecState::default();
+        let mut guard = fd.readable().await.unwrap();
+        assert!(state.drain(&mut guard, &metrics), "stopped at the budget");
+        assert_eq!(metrics.malformed.get(), DRAIN_DATAGRAMS as u64);
+        drop(guard);
+        // Still ready without a new datagram: the rest is read on the next wakeup.
+        let mut guard = tokio::time::timeout(Duration::from_secs(1), fd.readable())
+            .await
+            .expect("readiness kept")
+            .unwrap();
+        assert!(!state.drain(&mut guard, &metrics), "emptied");
+        assert_eq!(metrics.malformed.get(), sent as u64);
+    }
 
     /// An RTP datagram (PT 33) of 7 TS packets whose bytes depend on `seq`.
     fn media(seq: u16) -> Vec<u8> {

@@ -12,7 +12,8 @@
 //! Payloads are copied once, out of the receive scratch and back to back into 32 KiB blocks,
 //! and the in-order ones that sit side by side are joined into one ring chunk per wakeup: a
 //! held byte of history costs one byte of memory, and a subscriber's write covers a whole
-//! batch with a handful of iovecs.
+//! batch with a handful of iovecs. Small payloads released out of order (so not side by side)
+//! are copied onto the chunk rather than starting one each (see `Joiner`).
 
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
@@ -608,9 +609,14 @@ impl Pump {
                 },
                 ready = readable(fec_sock.as_ref()) => match ready {
                     Ok(mut guard) => {
-                        if let Some(fec) = self.fec.as_mut() {
-                            fec.drain(&mut guard, &self.hub.metrics);
-                            self.received_since_tick = true;
+                        let Some(fec) = self.fec.as_mut() else { continue };
+                        let more = fec.drain(&mut guard, &self.hub.metrics);
+                        self.received_since_tick = true;
+                        if more {
+                            // Budget used up with more queued: the socket stays ready, and
+                            // is read again after other tasks have had their turn.
+                            drop(guard);
+                            tokio::task::yield_now().await;
                         }
                     }
                     Err(e) => break format!("FEC socket error: {e}"),
@@ -841,7 +847,7 @@ impl Pump {
         self.append_released();
     }
 
-    /// Appends what the reorder window released, joining neighbours in memory into one chunk,
+    /// Appends what the reorder window released, joined into as few chunks as `Joiner` can,
     /// under one ring lock.
     pub(super) fn append_released(&mut self) {
         if self.released.is_empty() {
@@ -850,25 +856,18 @@ impl Pump {
         let mut errors = 0;
         {
             let mut ring = self.hub.ring.lock().unwrap_or_else(|e| e.into_inner());
-            let mut run: Option<BytesMut> = None;
+            let mut joiner = Joiner::default();
             for piece in self.released.drain(..) {
                 if piece.is_empty() {
                     continue;
                 }
                 errors += self.continuity.check(&piece);
                 self.pending += piece.len();
-                match run.as_mut() {
-                    Some(r) if r.as_ptr().wrapping_add(r.len()) == piece.as_ptr() => {
-                        r.unsplit(piece)
-                    }
-                    _ => {
-                        if let Some(done) = run.replace(piece) {
-                            ring.push(done.freeze());
-                        }
-                    }
+                if let Some(done) = joiner.add(piece) {
+                    ring.push(done.freeze());
                 }
             }
-            if let Some(done) = run {
+            if let Some(done) = joiner.finish() {
                 ring.push(done.freeze());
             }
         }
@@ -1074,6 +1073,59 @@ fn classify(
 /// Size of the blocks payloads are packed into.
 const BLOCK_BYTES: usize = 32 * 1024;
 
+/// Payloads shorter than this that do not follow the current chunk in memory are copied onto
+/// it. Real ones (1,316 bytes of RTP, whole TS datagrams) are far larger, and in order they
+/// are joined without a copy anyway.
+const SMALL_PIECE: usize = 512;
+
+/// Joins released payloads, in order, into ring chunks: one that sits right after the run in
+/// memory (packed after it, released after it) joins without a copy; a small one that does not
+/// is copied onto the run; anything else starts a new chunk.
+///
+/// Without the copy, a sender of 1-byte payloads in swapped pairs (2, 1, 4, 3, ...: packed in
+/// that order, released as 1, 2, 3, 4, so none follows the one before it in memory) made
+/// every payload a chunk of its own: a million handles for a megabyte of history. The ring's
+/// `CHUNK_OVERHEAD` bounds that anyway; this keeps such a channel's history its size in bytes.
+#[derive(Debug, Default)]
+struct Joiner {
+    run: Option<BytesMut>,
+    /// `run` is a copy of its own (not a view into a packer block), so it can grow in place.
+    owned: bool,
+}
+
+impl Joiner {
+    /// Takes the next piece; returns a finished chunk when the piece starts a new one.
+    fn add(&mut self, piece: BytesMut) -> Option<BytesMut> {
+        match self.run.as_mut() {
+            Some(run) if !self.owned && run.as_ptr().wrapping_add(run.len()) == piece.as_ptr() => {
+                run.unsplit(piece);
+                None
+            }
+            Some(run) if piece.len() < SMALL_PIECE => {
+                if !self.owned {
+                    // Growing a view into a shared block would allocate a whole block's worth
+                    // (`BytesMut` keeps the original capacity): copy to an exact size instead.
+                    let mut copy = BytesMut::with_capacity(run.len() + piece.len());
+                    copy.extend_from_slice(run);
+                    *run = copy;
+                    self.owned = true;
+                }
+                run.extend_from_slice(&piece);
+                None
+            }
+            _ => {
+                self.owned = false;
+                self.run.replace(piece)
+            }
+        }
+    }
+
+    /// The last chunk, if any.
+    fn finish(self) -> Option<BytesMut> {
+        self.run
+    }
+}
+
 /// Copies payloads back to back into shared blocks; each comes out as its own `BytesMut`, and
 /// consecutive ones can be joined again without a copy (`BytesMut::unsplit`).
 #[derive(Debug, Default)]
@@ -1160,5 +1212,71 @@ mod tests {
             "nothing read: wait for readiness, not a slot"
         );
         assert!(!hold(256, false), "budget used up: read again at once");
+    }
+
+    /// Packs `payloads` (sequence, bytes) as the hub does, through a reorder window, and joins
+    /// what comes out as `append_released` does; returns the chunks.
+    fn joined(payloads: &[(u16, Vec<u8>)]) -> Vec<BytesMut> {
+        let mut packer = Packer::default();
+        let mut reorder = Reorder::new(64);
+        let mut released = Vec::new();
+        for (seq, payload) in payloads {
+            reorder.push(*seq, packer.pack(payload), &mut released);
+        }
+        reorder.flush(&mut released);
+        let mut joiner = Joiner::default();
+        let mut chunks: Vec<BytesMut> =
+            released.into_iter().filter_map(|p| joiner.add(p)).collect();
+        chunks.extend(joiner.finish());
+        chunks
+    }
+
+    /// Attack: 1-byte RTP payloads in swapped pairs, so no released payload follows the one
+    /// before it in memory. They are copied into one chunk, in order, not one chunk each.
+    #[test]
+    fn small_pieces_out_of_order_join_one_chunk() {
+        let mut payloads = vec![(0u16, vec![0u8])];
+        for pair in (1..2001u16).collect::<Vec<_>>().chunks(2) {
+            for &seq in pair.iter().rev() {
+                payloads.push((seq, vec![seq as u8]));
+            }
+        }
+        let chunks = joined(&payloads);
+        assert_eq!(chunks.len(), 1, "{} chunks", chunks.len());
+        let want: Vec<u8> = (0..2001u16).map(|s| s as u8).collect();
+        assert_eq!(&chunks[0][..], &want[..]);
+        assert!(
+            chunks[0].capacity() < 2 * want.len(),
+            "no block-sized copies"
+        );
+    }
+
+    /// Real payloads: in order they join into one chunk; out of order, each starts a chunk as
+    /// before (they are never copied).
+    #[test]
+    fn full_payloads_are_joined_only_when_side_by_side() {
+        let payload = |seq: u16| vec![seq as u8; 1316];
+        let in_order: Vec<_> = (0..20u16).map(|s| (s, payload(s))).collect();
+        let chunks = joined(&in_order);
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(
+            &chunks[0][..],
+            &in_order
+                .iter()
+                .flat_map(|p| p.1.clone())
+                .collect::<Vec<_>>()[..]
+        );
+        let swapped = [
+            (0u16, payload(0)),
+            (2, payload(2)),
+            (1, payload(1)),
+            (3, payload(3)),
+        ];
+        let chunks = joined(&swapped);
+        let lens: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+        // Packed 0, 2, 1, 3 and released 0, 1, 2, 3: none follows its predecessor in memory.
+        assert_eq!(lens, [1316; 4]);
+        let all: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(all, (0..4u16).flat_map(payload).collect::<Vec<_>>());
     }
 }

@@ -5,6 +5,10 @@
 //! `history` bytes for new viewers, plus whatever the slowest subscriber has not read yet,
 //! never more than `capacity`; a subscriber whose index has been evicted is "lapped" and the
 //! hub's slow-subscriber policy decides what happens to it.
+//!
+//! Both bounds count each chunk as its payload plus `CHUNK_OVERHEAD`, so they bound the
+//! number of chunks too: a sender whose every payload lands in a chunk of its own (1-byte
+//! RTP payloads sent out of order) would otherwise make millions of chunk handles per channel.
 
 use std::collections::VecDeque;
 
@@ -27,15 +31,25 @@ pub enum Read {
     Lapped,
 }
 
+/// What one chunk costs in the ring's accounting beyond its payload: its handle in the queue
+/// (40 bytes) plus the allocator's share, and the copy of that handle every reader makes.
+/// With it, `capacity` also bounds the chunks held (4 MiB: at most 65,536), and a read's
+/// `max_bytes` the handles it clones; a chunk of the usual size (one or more 1,316-byte RTP
+/// payloads) is charged at most 5% more than before.
+pub const CHUNK_OVERHEAD: usize = 64;
+
 #[derive(Debug)]
 pub struct Ring {
-    chunks: VecDeque<Bytes>,
+    /// Each chunk with the stream offset (payload bytes appended before it) it starts at.
+    chunks: VecDeque<(u64, Bytes)>,
     /// Absolute index of `chunks[0]`.
     base: u64,
+    /// Stream offset of the end: payload bytes ever appended.
+    total: u64,
     bytes: usize,
-    /// Most payload bytes held, however far behind a subscriber is.
+    /// Most bytes held, however far behind a subscriber is, chunks charged `CHUNK_OVERHEAD`.
     capacity: usize,
-    /// Payload bytes always held, for new subscribers' instant start.
+    /// Bytes always held for new subscribers' instant start, charged like `capacity`.
     history: usize,
 }
 
@@ -45,6 +59,7 @@ impl Ring {
         Self {
             chunks: VecDeque::new(),
             base: 0,
+            total: 0,
             bytes: 0,
             capacity,
             history: history.min(capacity),
@@ -66,45 +81,56 @@ impl Ring {
         self.bytes
     }
 
-    /// Bytes between `index` and `end` (a reader's lag), or `None` once evicted.
+    /// What the chunks held are charged against `capacity` and `history`.
+    fn charged(&self) -> usize {
+        self.bytes + self.chunks.len() * CHUNK_OVERHEAD
+    }
+
+    /// Payload bytes between `index` and `end` (a reader's lag), or `None` once evicted.
     /// A reader that has not been placed yet (an index past the end) lags by nothing.
+    /// Constant time: the status page asks for every subscriber under the ring lock.
     pub fn lag(&self, index: u64) -> Option<usize> {
         let from = index.checked_sub(self.base)?;
-        let from = usize::try_from(from)
-            .unwrap_or(usize::MAX)
-            .min(self.chunks.len());
-        Some(self.chunks.range(from..).map(Bytes::len).sum())
+        let start = usize::try_from(from)
+            .ok()
+            .and_then(|i| self.chunks.get(i))
+            .map_or(self.total, |(start, _)| *start);
+        Some(usize::try_from(self.total - start).unwrap_or(usize::MAX))
     }
 
     /// Appends a chunk, evicting the oldest ones beyond capacity.
     pub fn push(&mut self, chunk: Bytes) {
         self.bytes += chunk.len();
-        self.chunks.push_back(chunk);
-        while self.bytes > self.capacity && self.chunks.len() > 1 {
+        self.chunks.push_back((self.total, chunk));
+        self.total = self.chunks.back().map_or(0, |(s, c)| s + c.len() as u64);
+        while self.charged() > self.capacity && self.chunks.len() > 1 {
             self.evict();
         }
     }
 
     /// Evicts chunks every subscriber has read (those before `floor`, the slowest reader's
-    /// index) as long as at least `history` bytes stay.
+    /// index) as long as at least `history` (charged) stays.
     pub fn release(&mut self, floor: u64) {
         while self.base < floor {
             match self.chunks.front() {
-                Some(old) if self.bytes - old.len() >= self.history => self.evict(),
+                Some((_, old)) if self.charged() - (old.len() + CHUNK_OVERHEAD) >= self.history => {
+                    self.evict()
+                }
                 _ => break,
             }
         }
     }
 
     fn evict(&mut self) {
-        if let Some(old) = self.chunks.pop_front() {
+        if let Some((_, old)) = self.chunks.pop_front() {
             self.bytes -= old.len();
             self.base += 1;
         }
     }
 
-    /// Clones chunks from `pos` up to `until` (exclusive), at most `max_bytes` worth (always at
-    /// least one chunk), into `out`; advances `pos`.
+    /// Clones chunks from `pos` up to `until` (exclusive), at most `max_bytes` worth (each
+    /// charged `CHUNK_OVERHEAD` too, so this bounds the handles cloned under the lock; always
+    /// at least one chunk), into `out`; advances `pos`.
     pub fn read(
         &self,
         pos: &mut Position,
@@ -118,9 +144,9 @@ impl Ring {
         let mut taken = 0;
         let mut n = 0;
         while pos.index < until.min(self.end()) && (n == 0 || taken < max_bytes) {
-            let chunk = &self.chunks[(pos.index - self.base) as usize];
+            let (_, chunk) = &self.chunks[(pos.index - self.base) as usize];
             let part = chunk.slice(pos.offset.min(chunk.len())..);
-            taken += part.len();
+            taken += part.len() + CHUNK_OVERHEAD;
             out.push_back(part);
             pos.index += 1;
             pos.offset = 0;
@@ -137,7 +163,7 @@ impl Ring {
         let from = self.burst_point(until, burst);
         let mut first_sync = None;
         for index in from.index..until {
-            let chunk = &self.chunks[(index - self.base) as usize];
+            let (_, chunk) = &self.chunks[(index - self.base) as usize];
             let skip = if index == from.index {
                 aligned(chunk, from.offset)
             } else {
@@ -172,7 +198,7 @@ impl Ring {
         let mut index = until;
         let mut total = 0;
         while index > self.base {
-            let len = self.chunks[(index - 1 - self.base) as usize].len();
+            let len = self.chunks[(index - 1 - self.base) as usize].1.len();
             if total + len > burst {
                 return Position {
                     index: index - 1,

@@ -17,9 +17,12 @@ fn ts(n: usize, keyframe_at: Option<usize>) -> Bytes {
     Bytes::from(v)
 }
 
+/// What a chunk of one 1,316-byte RTP payload is charged.
+const C: usize = 1316 + CHUNK_OVERHEAD;
+
 #[test]
 fn evicts_by_bytes_and_reports_laps() {
-    let mut r = Ring::new(3 * 1316, 0);
+    let mut r = Ring::new(3 * C, 0);
     for _ in 0..5 {
         r.push(ts(7, None));
     }
@@ -35,6 +38,9 @@ fn evicts_by_bytes_and_reports_laps() {
     assert_eq!(r.read(&mut pos, 5, 1, &mut out), Read::Chunks(1));
     assert_eq!(pos.index, 5);
     assert_eq!(r.lag(3), Some(2 * 1316));
+    assert_eq!(r.lag(4), Some(1316));
+    assert_eq!(r.lag(5), Some(0));
+    assert_eq!(r.lag(u64::MAX), Some(0), "not placed yet");
     assert_eq!(r.lag(1), None);
 }
 
@@ -82,7 +88,7 @@ fn starts_on_keyframe_then_packet_boundary() {
 
 #[test]
 fn release_keeps_history_and_unread_chunks() {
-    let mut r = Ring::new(10 * 1316, 2 * 1316);
+    let mut r = Ring::new(10 * C, 2 * C);
     for _ in 0..6 {
         r.push(ts(7, None));
     }
@@ -99,6 +105,47 @@ fn release_keeps_history_and_unread_chunks() {
         r.push(ts(7, None));
     }
     assert_eq!(r.bytes(), 10 * 1316);
+}
+
+/// Attack: a sender whose every payload is a chunk of its own (1-byte RTP payloads in
+/// swapped pairs). The ring's bounds count each chunk's overhead, so they bound how many
+/// chunks (and handles per read) a channel holds, not only their bytes.
+#[test]
+fn tiny_chunks_are_bounded_by_count_too() {
+    let capacity = 1 << 20;
+    let history = 1 << 18;
+    let mut r = Ring::new(capacity, history);
+    for i in 0..200_000u32 {
+        r.push(Bytes::from(vec![i as u8]));
+    }
+    let most = capacity / (1 + CHUNK_OVERHEAD);
+    assert!(r.chunks.len() <= most, "{} chunks held", r.chunks.len());
+    assert_eq!(r.bytes(), r.chunks.len());
+    assert_eq!(r.end(), 200_000);
+    // Nobody reading: down to the history, counted the same way.
+    r.release(u64::MAX);
+    assert!(r.chunks.len() <= history / (1 + CHUNK_OVERHEAD) + 1);
+    assert_eq!(r.lag(r.base()), Some(r.bytes()));
+    // A reader's fill clones at most `max_bytes / CHUNK_OVERHEAD` handles.
+    let mut out = VecDeque::new();
+    let mut pos = Position {
+        index: r.base(),
+        offset: 0,
+    };
+    let max = 256 * 1024;
+    let Read::Chunks(n) = r.read(&mut pos, r.end(), max, &mut out) else {
+        panic!("lapped")
+    };
+    assert!(n > 0 && n <= max / CHUNK_OVERHEAD + 1, "{n} handles cloned");
+    // What it got is the oldest bytes held, in order.
+    let first = r.base() as u32;
+    let want: Vec<u8> = (first..first + out.len() as u32).map(|i| i as u8).collect();
+    assert_eq!(
+        out.iter()
+            .flat_map(|b| b.iter().copied())
+            .collect::<Vec<_>>(),
+        want
+    );
 }
 
 #[test]
