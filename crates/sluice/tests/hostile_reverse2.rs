@@ -202,6 +202,70 @@ async fn late_last_byte(
     (String::from_utf8_lossy(&out).into_owned(), start.elapsed())
 }
 
+/// The same over HTTP/2 (h2c): a `content-length` body whose last byte comes late in a DATA
+/// frame without END_STREAM (the END_STREAM frame follows after the answer could have come).
+/// The upstream sender stops polling once the length is written, so the body's end was only
+/// seen with END_STREAM: the timeout fired with the whole body at the origin, booked to it.
+async fn late_last_byte_h2(addr: std::net::SocketAddr, host: &str, late: Duration) -> u16 {
+    let io = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::post(format!("http://{host}/up"))
+        .header("content-length", "2")
+        .body(())
+        .unwrap();
+    let (resp, mut body) = send.send_request(req, false).unwrap();
+    body.send_data(bytes::Bytes::from_static(b"a"), false)
+        .unwrap();
+    tokio::time::sleep(late).await;
+    body.send_data(bytes::Bytes::from_static(b"b"), false)
+        .unwrap();
+    let ends = async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let _ = body.send_data(bytes::Bytes::new(), true);
+        // Kept until the answer came.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    };
+    let ends = tokio::spawn(ends);
+    let status = tokio::time::timeout(Duration::from_secs(6), resp)
+        .await
+        .expect("an answer")
+        .expect("an answer")
+        .status()
+        .as_u16();
+    ends.abort();
+    status
+}
+
+#[tokio::test]
+async fn a_late_last_body_byte_over_http2_does_not_eject_the_server() {
+    let quick = delayed_origin(Duration::from_millis(500)).await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "quick"
+servers = ["{quick}"]
+max_fails = 1
+fail_timeout_secs = 60
+
+[[routes]]
+host = "quick.test"
+path = "/"
+upstream = "quick"
+header_timeout_secs = 1
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    let status = late_last_byte_h2(p.addr, "quick.test", Duration::from_millis(800)).await;
+    assert_eq!(status, 200);
+    let groups = p.app.groups().current();
+    let server = &groups.get("quick").unwrap().servers()[0];
+    assert_eq!(server.failures(), 0);
+    assert!(!server.is_ejected());
+}
+
 /// Finding: the header timeout ran from the start of the attempt, so it counted the time the
 /// client took to send its body. A client that sent its last byte just before the timeout, to
 /// an origin that needs a moment after the body to answer, had the timeout fire with the body

@@ -285,8 +285,10 @@ impl Body for LentBody {
                 this.idle.moved();
                 this.shared.awaiting_client.store(false, Ordering::Relaxed);
                 // A body of known length ends with its last frame: the sender (hyper) looks at
-                // `is_end_stream` and never polls for the end, so it is marked here.
-                if inner.is_end_stream() {
+                // `is_end_stream` and never polls for the end, so it is marked here. An HTTP/2
+                // (or HTTP/3) body is at its end only with END_STREAM, which may come later or
+                // never be polled for: its `content-length` counted down to nothing ends it too.
+                if inner.is_end_stream() || inner.size_hint().exact() == Some(0) {
                     this.shared.ended();
                 }
                 Poll::Ready(Some(Ok(frame)))
