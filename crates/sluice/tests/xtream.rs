@@ -635,11 +635,15 @@ async fn an_xc_username_token_holds_at_most_its_share() {
 /// Opens `path` as the client `10.0.0.N` behind sluice's trusted proxy and reads only the head of
 /// the answer (and the whole body of one that is not a 200): the socket is left unread.
 async fn unread(addr: SocketAddr, path: &str, client: u8) -> (StatusCode, String, TcpStream) {
+    unread_as(addr, path, &format!("10.0.0.{client}")).await
+}
+
+/// [`unread`] as the client at address `client`.
+async fn unread_as(addr: SocketAddr, path: &str, client: &str) -> (StatusCode, String, TcpStream) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut stream = socket.connect(addr).await.unwrap();
-    let head =
-        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nx-forwarded-for: 10.0.0.{client}\r\n\r\n");
+    let head = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nx-forwarded-for: {client}\r\n\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut got = Vec::new();
     let end = loop {
@@ -734,4 +738,44 @@ async fn a_client_leaving_answers_unread_holds_at_most_its_share() {
         assert!(std::time::Instant::now() < deadline, "{status}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// A host with an IPv6 /64 is one client however many of its addresses it uses: answers it
+/// leaves unread from two of them hold at most one share together, so another client's largest
+/// answer is still served.
+#[tokio::test]
+async fn a_clients_addresses_in_one_64_hold_one_share() {
+    // As above: 8 MiB answers, a 32 MiB budget, a 24 MiB share; each answer holds over 6.5 MB.
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    c.media.xtream_max_response_bytes = 8 << 20;
+    let s = Sluice::start(c).await;
+    let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
+    let path = format!("/player_api.php?username={user}&password={XC_PASS}&action={BIG_ACTION}");
+    let mut held = Vec::new();
+    let refused = loop {
+        let client = ["2001:db8::1", "2001:db8::2"][held.len() % 2];
+        let (status, body, stream) = unread_as(s.addr, &path, client).await;
+        if status != StatusCode::OK {
+            break (status, body);
+        }
+        held.push(stream);
+        assert!(held.len() <= 4, "the /64 was never refused");
+    };
+    assert_eq!(held.len(), 3);
+    let (status, body) = refused;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "xtream_busy", "{body}");
+    // A client in another /64 is served whole.
+    let r = request(
+        "GET",
+        &s.url(&path),
+        &[("x-forwarded-for", "2001:db8:0:1::1")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.as_ref().unwrap().len(), BIG_LEN);
 }

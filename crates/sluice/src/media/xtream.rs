@@ -30,6 +30,7 @@ use crate::auth::token;
 use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
+use crate::net::per_ip::network_of;
 use crate::request::RequestContext;
 use crate::upstream::{CollectError, Upstream, UpstreamBody, UpstreamRequest};
 
@@ -48,12 +49,14 @@ const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 /// peak (the answer and its two rewrites) and room for smaller ones beside it.
 const BUDGET_ANSWERS: usize = 4;
 
-/// One client (its address as `auth.trusted_proxies` make it out) may hold at most this many of
-/// those answers' worth. Three is what one largest stream list needs at its peak (the answer and
-/// its rewrite, about twice its size), so an answer served to a client alone before is served
-/// still; and a client that leaves its answers unread (each holds its share until it is sent)
-/// always leaves a largest answer's worth to everyone else. A half would refuse the largest lists
-/// outright, a quarter leave no room for even their rewrite.
+/// One client (its address as `auth.trusted_proxies` make it out, an IPv6 one by its /64 as
+/// every per-address share counts it) may hold at most this many of those answers' worth while
+/// it has more than one answer in flight. Three is what one largest stream list needs at its peak
+/// (the answer and its rewrite, about twice its size); a client that leaves its answers unread
+/// (each holds its share until it is sent) so always leaves a largest answer's worth to everyone
+/// else. A half would refuse the largest lists outright, a quarter leave no room for even their
+/// rewrite. An answer the client has alone in flight may still use the whole budget, as it could
+/// before clients had shares: a large M3U that grows five-fold is served, not refused.
 const CLIENT_ANSWERS: usize = 3;
 
 /// A rewrite buffer may grow to this many times its answer, plus [`GROWTH_SLACK`]: a real stream
@@ -86,12 +89,11 @@ struct Resolved {
 
 impl Xtream {
     pub fn new(upstream: Upstream, keys: Keys, max_response_bytes: usize) -> Self {
-        let kib = |answers: usize| max_response_bytes.saturating_mul(answers) / 1024;
         Xtream {
             upstream,
             keys,
             max_response_bytes,
-            budget: Budget::new(kib(BUDGET_ANSWERS), kib(CLIENT_ANSWERS)),
+            budget: Budget::for_answers(max_response_bytes),
         }
     }
 
@@ -284,7 +286,6 @@ impl Xtream {
             .unwrap_or_default();
         let (real_user, public_user) = (account.user.clone(), self.public_user(account));
         let public_origin = public_origin(ctx);
-        let share_bytes = self.max_response_bytes.saturating_mul(CLIENT_ANSWERS);
         // The budget share goes into the job and comes back with its output: a request dropped
         // while its job runs gives back nothing before the job's buffers are freed.
         let answer = Answer { bytes, capacity };
@@ -295,7 +296,7 @@ impl Xtream {
                 public_origin: &public_origin,
                 public_user: &public_user,
             };
-            rewritten_within(&rewriter, answer, login, share_bytes, held)
+            rewritten_within(&rewriter, answer, login, held)
                 .map_err(|e| e.unwrap_or_else(|| too_large(&host, "what its rewrite may hold")))
         })
         .await
@@ -427,10 +428,9 @@ fn rewritten_within(
     rewriter: &Rewriter,
     answer: Answer,
     login: bool,
-    share_bytes: usize,
     mut held: Held,
 ) -> Result<Budgeted, Option<ProxyError>> {
-    let out = rewrite(rewriter, &answer.bytes, login, share_bytes, &mut held);
+    let out = rewrite(rewriter, &answer.bytes, login, &mut held);
     let keep = match &out {
         Ok((_, true)) => answer.capacity.max(answer.bytes.len()),
         Ok((out, false)) => out.len(),
@@ -445,15 +445,14 @@ fn rewritten_within(
 /// An answer rewritten within its budget share, which already holds the answer: a copy of it
 /// when it is not UTF-8 and each rewrite buffer are charged at their exact size before they are
 /// made, as is a login answer's parsed JSON. A rewrite buffer past [`MAX_GROWTH`] times the answer
-/// plus [`GROWTH_SLACK`], or an answer holding more than one client may (`share_bytes`), is the
-/// provider's fault (`Err(None)`, a 502 like a login answer past [`MAX_LOGIN_BYTES`]); past what
-/// the other answers leave, or the client's other answers, `Err(Some(503))`. With whether the
-/// output is the answer itself.
+/// plus [`GROWTH_SLACK`], or an answer holding more than the whole budget (as it could alone), is
+/// the provider's fault (`Err(None)`, a 502 like a login answer past [`MAX_LOGIN_BYTES`]); past
+/// what the other answers leave, or the client's share beside its other answers, `Err(Some(503))`.
+/// With whether the output is the answer itself.
 fn rewrite(
     rewriter: &Rewriter,
     bytes: &Bytes,
     login: bool,
-    share_bytes: usize,
     held: &mut Held,
 ) -> Result<(Bytes, bool), Option<ProxyError>> {
     let cap = bytes
@@ -461,10 +460,11 @@ fn rewrite(
         .saturating_mul(MAX_GROWTH)
         .saturating_add(GROWTH_SLACK);
     let mut total = held.bytes().max(bytes.len());
+    let budget_bytes = held.budget.bytes;
     let mut busy = None;
     let mut grant = |n: usize| {
         total = total.saturating_add(n);
-        if n > cap || total > share_bytes {
+        if n > cap || total > budget_bytes {
             return false;
         }
         held.reserve(total).map_err(|e| busy = Some(e)).is_ok()
@@ -492,18 +492,40 @@ fn public_origin(ctx: &RequestContext) -> String {
 /// The memory XC answers share, in KiB, and what each client's answers hold of it.
 struct Budget {
     kib: Arc<Semaphore>,
-    /// KiB each client's answers hold now; a client leaves at zero.
+    /// KiB each client's answers hold now, by [`network_of`] its address; a client leaves at zero.
     clients: Mutex<HashMap<IpAddr, usize>>,
-    /// KiB one client's answers may hold together.
+    /// KiB one client's answers may hold together while it has more than one.
     share: usize,
+    /// The most one answer may hold, alone: what [`Budget::kib`] stands for, to the byte.
+    bytes: usize,
 }
 
 impl Budget {
+    /// [`BUDGET_ANSWERS`] answers of `max_response_bytes`, [`CLIENT_ANSWERS`] a client's share.
+    fn for_answers(max_response_bytes: usize) -> Arc<Budget> {
+        // Rounded up as each answer's charge is, so what fits in the bytes fits in the KiB (an
+        // answer a floor left 1 KiB short would be refused every time it is asked for).
+        let bytes = |answers: usize| max_response_bytes.saturating_mul(answers);
+        let kib = |answers: usize| bytes(answers).div_ceil(1024);
+        Budget::sized(
+            kib(BUDGET_ANSWERS),
+            kib(CLIENT_ANSWERS),
+            bytes(BUDGET_ANSWERS),
+        )
+    }
+
+    /// `kib` in all, `share` of them one client's.
+    #[cfg(test)]
     fn new(kib: usize, share: usize) -> Arc<Budget> {
+        Budget::sized(kib, share, kib.saturating_mul(1024))
+    }
+
+    fn sized(kib: usize, share: usize, bytes: usize) -> Arc<Budget> {
         Arc::new(Budget {
             kib: Arc::new(Semaphore::new(kib.min(Semaphore::MAX_PERMITS))),
             clients: Mutex::new(HashMap::new()),
             share,
+            bytes,
         })
     }
 
@@ -531,16 +553,19 @@ struct Held {
 }
 
 impl Held {
+    /// An answer to `client`, counted by its /64 when it is IPv6: one host commonly has a whole
+    /// /64, so counting its addresses one by one would multiply its share.
     fn new(budget: &Arc<Budget>, client: IpAddr) -> Held {
         Held {
             budget: budget.clone(),
-            client,
+            client: network_of(client),
             permit: None,
         }
     }
 
-    /// Grows the share to cover `bytes`, or 503 when the other answers, or this client's other
-    /// answers, hold the rest.
+    /// Grows the share to cover `bytes`, or 503 when the other answers hold the rest, or when
+    /// this client's other answers are in flight and all its answers would hold more than its
+    /// share (an answer it has alone may use the whole budget).
     fn reserve(&mut self, bytes: usize) -> Result<(), ProxyError> {
         let have = self.permit.as_ref().map_or(0, |p| p.num_permits());
         let more = bytes.div_ceil(1024).saturating_sub(have);
@@ -549,8 +574,9 @@ impl Held {
         }
         let mut clients = self.budget.clients();
         let mine = clients.get(&self.client).copied().unwrap_or(0);
+        let alone = mine <= have;
         let taken = Some(more)
-            .filter(|more| mine.saturating_add(*more) <= self.budget.share)
+            .filter(|more| alone || mine.saturating_add(*more) <= self.budget.share)
             .and_then(|more| u32::try_from(more).ok())
             .and_then(|n| self.budget.kib.clone().try_acquire_many_owned(n).ok())
             .ok_or_else(|| {
@@ -796,7 +822,7 @@ mod tests {
             bytes: Bytes::from(buf),
             capacity,
         };
-        let sent = rewritten_within(&R, answer, false, 1 << 20, held).unwrap();
+        let sent = rewritten_within(&R, answer, false, held).unwrap();
         assert_eq!(sent.rest.len(), len);
         assert_eq!(budget.kib.available_permits(), 1024 - 64);
         let got = Box::pin(sent).collect().await.unwrap().to_bytes();
@@ -805,7 +831,7 @@ mod tests {
     }
 
     /// A login answer's parsed JSON is charged before it is built: 40 KB of `[0,0,...]` parses
-    /// into 20,000 values of 32 bytes and more, past a client's share of 300 KiB.
+    /// into 20,000 values of 32 bytes and more, past a budget of 300 KiB.
     #[test]
     fn a_login_answers_parsed_json_is_charged() {
         let login = format!(
@@ -816,22 +842,136 @@ mod tests {
             capacity: login.len(),
             bytes: Bytes::from(login.clone()),
         };
-        let budget = Budget::new(1024, 300);
+        let budget = Budget::new(300, 300);
         let mut held = Held::new(&budget, A);
         held.reserve(login.len()).unwrap();
-        let refused = rewritten_within(&R, answer(), true, 300 * 1024, held);
+        let refused = rewritten_within(&R, answer(), true, held);
         assert!(matches!(refused, Err(None)));
-        assert_eq!(budget.kib.available_permits(), 1024);
+        assert_eq!(budget.kib.available_permits(), 300);
         // With room for it, the login is rewritten and holds only what it sends.
         let budget = Budget::new(4096, 4096);
         let mut held = Held::new(&budget, A);
         held.reserve(login.len()).unwrap();
-        let sent = rewritten_within(&R, answer(), true, 4 << 20, held).unwrap();
+        let sent = rewritten_within(&R, answer(), true, held).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&sent.rest).unwrap();
         assert_eq!(v["user_info"]["username"], "TOK");
         assert_eq!(
             budget.kib.available_permits(),
             4096 - sent.rest.len().div_ceil(1024)
         );
+    }
+
+    /// Two addresses of one IPv6 /64 are one client (a host commonly has the whole /64); an
+    /// IPv4-mapped address is its IPv4 one; another /64 is another client.
+    #[test]
+    fn a_clients_share_counts_its_whole_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let budget = Budget::new(16, 12);
+        let mut a1 = Held::new(&budget, ip("2001:db8::1"));
+        a1.reserve(8 * 1024).unwrap();
+        let mut a2 = Held::new(&budget, ip("2001:db8::ffff:2"));
+        a2.reserve(4 * 1024).unwrap();
+        let e = a2.reserve(5 * 1024).unwrap_err();
+        assert_eq!(
+            (e.status, e.kind),
+            (StatusCode::SERVICE_UNAVAILABLE, "xtream_busy")
+        );
+        assert_eq!(budget.clients()[&ip("2001:db8::")], 12);
+        let mut other = Held::new(&budget, ip("2001:db8:0:1::1"));
+        other.reserve(4 * 1024).unwrap();
+        drop((a1, a2, other));
+        let mut v4 = Held::new(&budget, A);
+        v4.reserve(8 * 1024).unwrap();
+        let mut mapped = Held::new(&budget, ip("::ffff:10.0.0.1"));
+        assert!(mapped.reserve(5 * 1024).is_err());
+        drop((v4, mapped));
+        assert_eq!(budget.kib.available_permits(), 16);
+        assert!(budget.clients().is_empty());
+    }
+
+    /// An M3U of 60 KiB read into a 64 KiB buffer, whose rewrite (each short URL gains a
+    /// 200-byte sealed username) needs more than a client's share of three 64 KiB answers beside
+    /// it but less than the budget of four.
+    fn growing_m3u(sealed: &str) -> (Rewriter<'_>, Answer, String) {
+        let rewriter = Rewriter {
+            public_user: sealed,
+            ..R
+        };
+        let entry = format!(
+            "#EXTINF:-1,{}\nhttp://xc.example/live/alice/p/1.ts\n",
+            "A Channel ".repeat(9)
+        );
+        let mut buf = Vec::with_capacity(64 * 1024);
+        while buf.len() + entry.len() <= 60 * 1024 {
+            buf.extend_from_slice(entry.as_bytes());
+        }
+        let out = rewriter.rewrite_text(std::str::from_utf8(&buf).unwrap());
+        let answer = Answer {
+            capacity: buf.capacity(),
+            bytes: Bytes::from(buf),
+        };
+        (rewriter, answer, out)
+    }
+
+    /// An answer a client has alone in flight may use the whole budget, as before clients had
+    /// shares; beside another of its answers it gets the share's 503, and past the whole budget
+    /// it is still the provider's 502.
+    #[test]
+    fn a_lone_answer_may_use_the_whole_budget() {
+        let max = 64 * 1024;
+        let sealed = "T".repeat(200);
+        let (rewriter, answer, out) = growing_m3u(&sealed);
+        let peak = answer.capacity + out.len();
+        assert!(peak > 3 * max && peak <= 4 * max, "{peak}");
+        let budget = Budget::for_answers(max);
+        let mut held = Held::new(&budget, A);
+        held.reserve(answer.capacity).unwrap();
+        let sent = rewritten_within(&rewriter, answer, false, held).unwrap();
+        assert_eq!(sent.rest, out.as_bytes());
+        assert!(out.contains(&format!("/{sealed}/p/1.ts")));
+        drop(sent);
+        assert_eq!(budget.kib.available_permits(), 256);
+        // The same while the client holds another answer: the busy 503, retried later.
+        let (rewriter, answer, _) = growing_m3u(&sealed);
+        let mut other = Held::new(&budget, A);
+        other.reserve(1024).unwrap();
+        let mut held = Held::new(&budget, A);
+        held.reserve(answer.capacity).unwrap();
+        let e = rewritten_within(&rewriter, answer, false, held)
+            .err()
+            .unwrap()
+            .expect("the share's 503, not the provider's 502");
+        assert_eq!(
+            (e.status, e.kind),
+            (StatusCode::SERVICE_UNAVAILABLE, "xtream_busy")
+        );
+        assert_eq!(e.retry_after, Some(1));
+        drop(other);
+        assert_eq!(budget.kib.available_permits(), 256);
+        // Past the whole budget it is the provider's fault.
+        let (rewriter, answer, _) = growing_m3u(&sealed);
+        let budget = Budget::for_answers(48 * 1024);
+        let mut held = Held::new(&budget, A);
+        held.reserve(answer.capacity).unwrap();
+        let refused = rewritten_within(&rewriter, answer, false, held);
+        assert!(matches!(refused, Err(None)));
+        assert_eq!(budget.kib.available_permits(), 192);
+    }
+
+    /// The budget and a client's share in KiB are rounded up as each answer's charge is: an
+    /// answer within their bytes is within their KiB (a floor refused it every time).
+    #[test]
+    fn the_budget_in_kib_covers_its_bytes() {
+        // 1500-byte answers: a budget of 6000 bytes (5.9 KiB), a share of 4500 (4.4 KiB).
+        let budget = Budget::for_answers(1500);
+        let mut lone = Held::new(&budget, A);
+        lone.reserve(6000).unwrap();
+        drop(lone);
+        let (mut a1, mut a2) = (Held::new(&budget, A), Held::new(&budget, A));
+        a1.reserve(1000).unwrap();
+        a2.reserve(3500).unwrap();
+        assert!(Held::new(&budget, A).reserve(1).is_err());
+        drop((a1, a2));
+        assert_eq!(budget.kib.available_permits(), 6);
     }
 }
