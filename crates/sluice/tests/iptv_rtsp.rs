@@ -1565,13 +1565,20 @@ async fn zapping_past_slow_teardowns_leaves_session_places_to_others() {
 /// Attack: a client zaps through playing channels of a server that takes each TEARDOWN and
 /// never answers it. Each TEARDOWN held its connection for `timeout_ms`, with no limit on how
 /// many at once: one open connection per zap, as many as the client could zap. At most
-/// `MAX_TEARDOWNS` are in flight; past them the connection is only closed, and zapping goes
-/// on playing.
+/// `MAX_TEARDOWNS` are in flight, `MAX_TEARDOWNS_PER_SERVER` of them to one server (one silent
+/// server held all sixteen, and the sessions other clients left on servers that answer were
+/// never torn down); past them the connection is only closed, and zapping goes on playing.
 #[tokio::test]
 async fn teardowns_a_server_never_answers_are_bounded() {
-    use sluice::iptv::rtsp::MAX_TEARDOWNS;
+    use sluice::iptv::rtsp::{MAX_TEARDOWNS, MAX_TEARDOWNS_PER_SERVER};
     let server = PacedServer::start(Duration::ZERO).await;
     let port = server.port;
+    let polite = PacedServer::scripted(Script {
+        delay: Duration::ZERO,
+        play: Some(200),
+        teardown: true,
+    })
+    .await;
     let mut cfg = rtsp_config();
     // Every unanswered TEARDOWN outlives the test.
     cfg.rtsp.timeout_ms = 30_000;
@@ -1580,33 +1587,64 @@ async fn teardowns_a_server_never_answers_are_bounded() {
     cfg.linger_ms = 0;
     let gw = Gateway::start(cfg).await;
     let zaps = MAX_TEARDOWNS + 8;
+    let play = |path: String, client: &'static str| {
+        let gw = &gw;
+        async move {
+            let resp = rtsp_as(gw, client, &path, Duration::from_secs(5))
+                .await
+                .expect("an answer within 5 s");
+            assert_eq!(resp.status(), 200, "{path}");
+            let data = first_frame(resp).await;
+            assert!(
+                !data.is_empty() && data.len() % 188 == 0 && data[0] == 0x47,
+                "{path}: {} bytes of TS",
+                data.len()
+            );
+        }
+    };
     for i in 0..zaps {
-        let path = format!("/rtsp/127.0.0.1:{port}/zap{i}");
-        let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
-            .await
-            .expect("an answer within 5 s");
-        assert_eq!(resp.status(), 200, "channel {i}");
-        let data = first_frame(resp).await;
-        assert!(
-            !data.is_empty() && data.len() % 188 == 0 && data[0] == 0x47,
-            "channel {i}: {} bytes of TS",
-            data.len()
-        );
+        play(format!("/rtsp/127.0.0.1:{port}/zap{i}"), "127.0.0.1:40000").await;
     }
     // Every TEARDOWN that got a place has reached the server; the rest were never sent.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while server.count("TEARDOWN") < MAX_TEARDOWNS && tokio::time::Instant::now() < deadline {
+    while server.count("TEARDOWN") < MAX_TEARDOWNS_PER_SERVER
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The TEARDOWNs waiting, the channel playing and the next one's setup, at most.
     let peak = server.peak();
     assert!(
-        peak <= MAX_TEARDOWNS + 2,
+        peak <= MAX_TEARDOWNS_PER_SERVER + 2,
         "{peak} connections open at once for {zaps} zaps"
     );
-    assert!(server.open() <= MAX_TEARDOWNS + 1, "{} open", server.open());
-    assert_eq!(server.count("TEARDOWN"), MAX_TEARDOWNS, "TEARDOWNs sent");
+    assert!(
+        server.open() <= MAX_TEARDOWNS_PER_SERVER + 1,
+        "{} open",
+        server.open()
+    );
+    assert_eq!(
+        server.count("TEARDOWN"),
+        MAX_TEARDOWNS_PER_SERVER,
+        "TEARDOWNs sent"
+    );
+    // Another client's channels on a server that answers are still torn down when left.
+    let polite_port = polite.port;
+    for i in 0..2 {
+        play(
+            format!("/rtsp/127.0.0.1:{polite_port}/left{i}"),
+            "127.0.0.2:40000",
+        )
+        .await;
+    }
+    for i in 0..2 {
+        assert!(
+            torn_down(&polite, &format!("left{i}"), Duration::from_secs(3)).await,
+            "left{i} not torn down: {:?}",
+            polite.requests.lock().unwrap()
+        );
+    }
 }
 
 /// The session the server gave the SETUP of `path`, and the sessions TEARDOWN named so far.

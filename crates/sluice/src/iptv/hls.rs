@@ -198,9 +198,10 @@ pub struct Channel {
     /// its last segments are all an ended channel needs, and the hub's ring goes with the hub.
     hub: Mutex<Option<Arc<Hub>>>,
     viewers: viewers::Viewers,
-    /// Its segments as fMP4, once a viewer asks for them.
-    fmp4: fmp4::Converted,
-    /// Its last TS playlist.
+    /// Its segments as fMP4, once a viewer asks for them (shared with an fMP4 playlist
+    /// written on the blocking pool).
+    fmp4: Arc<fmp4::Converted>,
+    /// Its last playlist (TS or fMP4).
     rendered: render::Rendered,
 }
 
@@ -538,7 +539,7 @@ impl Iptv {
             catchup,
             hub: Mutex::new(Some(sub.hub.clone())),
             viewers: viewers::Viewers::default(),
-            fmp4: fmp4::Converted::default(),
+            fmp4: Arc::default(),
             rendered: render::Rendered::new(self.hls.render.clone()),
         });
         table.insert(shared, channel.clone());
@@ -756,9 +757,24 @@ impl Iptv {
             w.listing(&self.config.hls, channel.catchup, &channel.rendered)
         };
         if container == Container::Fmp4 {
-            return match self.fmp4_playlist(channel, &listing, query) {
-                Ok(text) => playlist_response(text),
-                Err(reason) => super::text(StatusCode::NOT_ACCEPTABLE, &reason),
+            // Written once per version as the TS one is (and as large, on the blocking pool).
+            let text = channel
+                .rendered
+                .get_fmp4(&self.config.hls, &listing, query, &channel.fmp4)
+                .await;
+            return match text {
+                Some(text) => playlist_response(text),
+                None => {
+                    let why = channel.fmp4.error().unwrap_or_default();
+                    super::text(
+                        StatusCode::NOT_ACCEPTABLE,
+                        &format!(
+                            "{} has no fMP4 form ({why}; fMP4 segments carry H.264 video and AAC \
+                             audio); its TS playlist is index.m3u8?container=ts\n",
+                            channel.key.channel()
+                        ),
+                    )
+                }
             };
         }
         playlist_response(
@@ -767,47 +783,6 @@ impl Iptv {
                 .get(&self.config.hls, &listing, query)
                 .await,
         )
-    }
-
-    /// The fMP4 playlist of a channel's window: as its TS one ([`render::media`]) without
-    /// parts, from the first segment after the last one that has no fMP4 form; `Err` when none
-    /// has one.
-    fn fmp4_playlist(
-        &self,
-        channel: &Channel,
-        listing: &render::Listing,
-        query: &str,
-    ) -> Result<String, String> {
-        let (entries, gone, kind, ended) =
-            (&listing.entries, listing.gone, listing.kind, listing.ended);
-        let sequences: Vec<u64> = entries.iter().map(|e| e.sequence).collect();
-        let (skipped, inits) = channel.fmp4.listing(&sequences);
-        if inits.is_empty() {
-            let why = channel.fmp4.error().unwrap_or_default();
-            return Err(format!(
-                "{} has no fMP4 form ({why}; fMP4 segments carry H.264 video and AAC audio); \
-                 its TS playlist is index.m3u8?container=ts\n",
-                channel.key.channel()
-            ));
-        }
-        let gone = gone
-            + entries[..skipped]
-                .iter()
-                .map(|e| u64::from(e.discontinuity))
-                .sum::<u64>();
-        Ok(playlist::media_fmp4(
-            playlist::Window {
-                target: self.config.hls.target_duration_secs,
-                discontinuity_sequence: gone,
-                ended,
-                query,
-                kind,
-                start_ms: None,
-                low_latency: None,
-            },
-            &entries[skipped..skipped + inits.len()],
-            &inits,
-        ))
     }
 
     /// A blocking reload (low-latency HLS): the live playlist once it lists segment `msn` (or
@@ -1293,7 +1268,7 @@ mod tests {
             catchup,
             hub: Mutex::new(None),
             viewers: viewers::Viewers::default(),
-            fmp4: fmp4::Converted::default(),
+            fmp4: Arc::default(),
             rendered: render::Rendered::new(shared),
         }
     }
@@ -1546,6 +1521,141 @@ mod tests {
         // What a channel kept goes with it.
         drop(channels);
         assert_eq!(shared.used(), 0);
+    }
+
+    /// An fMP4 playlist goes the TS one's way: requests arriving together share one write, on
+    /// the blocking pool when it is large, and the next request takes the one kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn fmp4_playlists_share_one_write_off_the_runtime() {
+        let config = HlsConfig::default();
+        let shared = Arc::new(render::Shared::default());
+        let c = Arc::new(bare_in(Some(1_700_000_000_000), shared.clone()));
+        packets(&c, 20_000, &config);
+        c.fmp4.fake(0..20_000);
+        let query: Arc<str> = format!("token={}", "t".repeat(200)).into();
+        let start = Arc::new(tokio::sync::Barrier::new(16));
+        let fmp4 = |c: Arc<Channel>, config: HlsConfig, query: Arc<str>| async move {
+            let listing = registry::lock(&c.window).listing(&config, c.catchup, &c.rendered);
+            c.rendered
+                .get_fmp4(&config, &listing, &query, &c.fmp4)
+                .await
+                .expect("an fMP4 form")
+        };
+        let requests: Vec<_> = (0..16)
+            .map(|_| {
+                let (c, config, query, start) =
+                    (c.clone(), config.clone(), query.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    fmp4(c, config, query).await
+                })
+            })
+            .collect();
+        let mut bodies = Vec::new();
+        for r in requests {
+            bodies.push(r.await.unwrap());
+        }
+        assert_eq!(c.rendered.writes(), 1);
+        assert_eq!(shared.blocking_writes().0, 1);
+        assert!(bodies[0].len() > 4 << 20, "{} bytes", bodies[0].len());
+        assert!(bodies[0].ends_with(format!("19999.m4s?{query}\n").as_bytes()));
+        assert!(bodies.iter().all(|b| *b == bodies[0]));
+        let again = fmp4(c.clone(), config.clone(), query.clone()).await;
+        assert_eq!(again.as_ptr(), bodies[0].as_ptr());
+        // The TS playlist of the same version is another playlist.
+        let ts = render(&c, &config, &query).await;
+        assert!(ts.ends_with(format!("19999.ts?{query}\n").as_bytes()));
+        assert_eq!(c.rendered.writes(), 2);
+    }
+
+    /// Kept playlists take at most half of what channels keep: however many fill it, every
+    /// channel's listing is still kept (else each request walks its window again, under the
+    /// window's lock).
+    #[tokio::test]
+    async fn listings_are_kept_when_playlists_fill_the_bound() {
+        let config = HlsConfig::default();
+        let limit = 1 << 20;
+        let shared = Arc::new(render::Shared::new(limit));
+        let mut channels = Vec::new();
+        for _ in 0..40 {
+            let c = bare_in(Some(0), shared.clone());
+            packets(&c, 200, &config);
+            render(&c, &config, &format!("q={}", "x".repeat(500))).await;
+            channels.push(c);
+        }
+        assert!(shared.used() <= limit, "{} kept", shared.used());
+        let c = bare_in(Some(0), shared.clone());
+        packets(&c, 2000, &config);
+        render(&c, &config, "iface=lo").await;
+        assert!(
+            registry::lock(&c.window).listing.is_some(),
+            "listing not kept: {} of {limit} used",
+            shared.used()
+        );
+        assert!(shared.used() <= limit, "{} kept", shared.used());
+    }
+
+    /// A shared write whose request was dropped (its client left) still ends: what it wrote
+    /// is kept, and its flight goes, so hang-ups never use up the channel's shared writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_outlives_the_request_that_started_it() {
+        let config = HlsConfig::default();
+        let shared = Arc::new(render::Shared::default());
+        let c = Arc::new(bare_in(Some(0), shared.clone()));
+        packets(&c, 2000, &config);
+        let query = |n: usize| format!("q{n}={}", "x".repeat(2000));
+        let settled = |c: Arc<Channel>, want: usize| async move {
+            for _ in 0..500 {
+                if c.rendered.flights() == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            panic!("{} flights, not {want}", c.rendered.flights());
+        };
+        // Every place for a large write taken: the writes wait, and their requests hang up.
+        let places = shared.places();
+        let hang_up = |queries: std::ops::Range<usize>| {
+            let (c, config, places) = (c.clone(), config.clone(), places.clone());
+            async move {
+                let held = places.acquire_many_owned(2).await.unwrap();
+                let hung: Vec<_> = queries
+                    .clone()
+                    .map(|n| {
+                        let (c, config, query) = (c.clone(), config.clone(), query(n));
+                        tokio::spawn(async move { render(&c, &config, &query).await })
+                    })
+                    .collect();
+                settled(c.clone(), queries.len()).await;
+                for h in hung {
+                    h.abort();
+                    assert!(h.await.unwrap_err().is_cancelled());
+                }
+                drop(held);
+                settled(c.clone(), 0).await;
+            }
+        };
+        hang_up(0..1).await;
+        assert_eq!(c.rendered.writes(), 1);
+        // What it wrote is kept: asked again, it is not written again.
+        let kept = render(&c, &config, &query(0)).await;
+        assert!(kept.ends_with(format!("1999.ts?{}\n", query(0)).as_bytes()));
+        assert_eq!(c.rendered.writes(), 1);
+        hang_up(1..1 + render::MAX_FLIGHTS).await;
+        assert_eq!(c.rendered.writes(), 1 + render::MAX_FLIGHTS as u64);
+        // Another query: requests arriving together still share one write.
+        let before = c.rendered.writes();
+        let together: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, config, query) = (c.clone(), config.clone(), query(99));
+                tokio::spawn(async move { render(&c, &config, &query).await })
+            })
+            .collect();
+        for t in together {
+            t.await.unwrap();
+        }
+        assert_eq!(c.rendered.writes(), before + 1);
+        assert_eq!(c.rendered.flights(), 0);
     }
 
     #[test]

@@ -144,6 +144,12 @@ impl RtspConfig {
 /// milliseconds) while bounding what a silent server can hold to sixteen connections.
 pub const MAX_TEARDOWNS: usize = 16;
 
+/// Of `MAX_TEARDOWNS`, the most one server (by address) holds: a client zapping through a
+/// silent server would otherwise hold them all, and the sessions other clients leave on
+/// servers that answer (over UDP, where the server sees no connection close) would never be
+/// torn down.
+pub const MAX_TEARDOWNS_PER_SERVER: usize = 4;
+
 /// What every RTSP hub of this gateway shares.
 pub struct Context {
     pub config: RtspConfig,
@@ -153,6 +159,8 @@ pub struct Context {
     next_private: AtomicU64,
     /// Places for TEARDOWNs in flight (`MAX_TEARDOWNS`).
     teardowns: tokio::sync::Semaphore,
+    /// TEARDOWNs in flight by server (at most `MAX_TEARDOWNS_PER_SERVER` each).
+    teardowns_by_server: Mutex<HashMap<std::net::SocketAddr, usize>>,
     /// Why a hub's session failed before any data, for the viewers waiting on it; by hub.
     failures: Mutex<HashMap<usize, (tokio::time::Instant, String)>>,
 }
@@ -166,7 +174,42 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// A TEARDOWN's place: one of the gateway's and one of its server's, given back on drop.
+struct TeardownPlace<'a> {
+    ctx: &'a Context,
+    server: std::net::SocketAddr,
+    _place: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for TeardownPlace<'_> {
+    fn drop(&mut self) {
+        let mut by_server = super::registry::lock(&self.ctx.teardowns_by_server);
+        if let Some(n) = by_server.get_mut(&self.server) {
+            *n -= 1;
+            if *n == 0 {
+                by_server.remove(&self.server);
+            }
+        }
+    }
+}
+
 impl Context {
+    /// A place for a TEARDOWN to `server`, when the gateway and that server have one free.
+    fn teardown_place(&self, server: std::net::SocketAddr) -> Option<TeardownPlace<'_>> {
+        let place = self.teardowns.try_acquire().ok()?;
+        let mut by_server = super::registry::lock(&self.teardowns_by_server);
+        let n = by_server.entry(server).or_insert(0);
+        if *n >= MAX_TEARDOWNS_PER_SERVER {
+            return None;
+        }
+        *n += 1;
+        Some(TeardownPlace {
+            ctx: self,
+            server,
+            _place: place,
+        })
+    }
+
     pub fn new(config: RtspConfig, upstream: Upstream) -> Arc<Self> {
         Arc::new(Self {
             config,
@@ -174,6 +217,7 @@ impl Context {
             sessions: AtomicUsize::new(0),
             next_private: AtomicU64::new(1),
             teardowns: tokio::sync::Semaphore::new(MAX_TEARDOWNS),
+            teardowns_by_server: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
         })
     }

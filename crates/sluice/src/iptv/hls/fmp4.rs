@@ -140,6 +140,28 @@ impl Converted {
         registry::lock(&self.state).find(sequence).cloned()
     }
 
+    /// Sequence of the last segment rewritten so far (the fMP4 playlist lists none after it).
+    pub(super) fn done(&self) -> Option<u64> {
+        registry::lock(&self.state).last
+    }
+
+    /// Stands fragments of `sequences` in for rewritten segments (for tests: an fMP4 playlist
+    /// without H.264 to rewrite).
+    #[cfg(test)]
+    pub(super) fn fake(&self, sequences: std::ops::Range<u64>) {
+        let mut state = registry::lock(&self.state);
+        state.wanted = true;
+        for seq in sequences {
+            let fragment = Fragment {
+                media: Bytes::from_static(b"moof"),
+                init: Bytes::from_static(b"moov"),
+                init_id: 0,
+            };
+            state.last = Some(seq);
+            state.fragments.push_back((seq, Some(fragment)));
+        }
+    }
+
     /// Why the last segment that could not be written as fMP4 could not.
     pub(super) fn error(&self) -> Option<String> {
         registry::lock(&self.state).error.clone()

@@ -10,14 +10,19 @@
 //! (at most [`MAX_FLIGHTS`] such writes per channel; past them a request writes its own): N
 //! reloads of one version of the window, together or one after another, cost one.
 //!
+//! fMP4 playlists (`?container=fmp4`) go the same way, told apart by their form and by how far
+//! the channel's segments are rewritten.
+//!
 //! A playlist that will be large (a full catch-up window with a long query: tens of
 //! megabytes) is written on the blocking pool, [`BLOCKING_WRITES`] at once over all channels,
-//! so it never holds a runtime worker (and the requests queued on it) for its whole write.
+//! so it never holds a runtime worker (and the requests queued on it) for its whole write. A
+//! shared write is a task of its own: a client leaving does not throw away what it started.
 //!
 //! What the channels keep (listings and playlists) has its own bound over all of them,
 //! [`MAX_KEPT_TOTAL`]: each channel keeps at most one listing and one playlist, but catch-up
 //! and ended channels are many, and a kept playlist of 8 MiB each would add up outside
-//! `catchup_total_bytes`. Past the bound a listing or playlist is used once and not kept.
+//! `catchup_total_bytes`. Playlists take at most half of it, so every channel's listing still
+//! fits. Past the bound a listing or playlist is used once and not kept.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,9 +30,10 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use sluice_media::segmenter::playlist::{self, Entry, Kind, LowLatency, PartEntry};
 use sluice_media::segmenter::{Segment, CLOCK};
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use super::super::registry;
+use super::fmp4::Converted;
 use super::{HlsConfig, Window};
 
 /// What one version of a window's playlist lists, copied out of the window.
@@ -85,7 +91,7 @@ impl Window {
             return kept.listing.clone();
         }
         let listing = Arc::new(take(self, config, catchup));
-        if let Some(held) = rendered.shared.reserve(listing.bytes()) {
+        if let Some(held) = rendered.inner.shared.reserve(listing.bytes()) {
             self.listing = Some(KeptListing {
                 listing: listing.clone(),
                 _held: held,
@@ -173,6 +179,40 @@ pub(super) fn media(config: &HlsConfig, listing: &Listing, query: &str) -> Strin
     )
 }
 
+/// The fMP4 playlist of a listing: as its TS one without parts, from the first segment after
+/// the last one that has no fMP4 form (in `converted`); `None` when none has one.
+pub(super) fn media_fmp4(
+    config: &HlsConfig,
+    listing: &Listing,
+    query: &str,
+    converted: &Converted,
+) -> Option<String> {
+    let entries = &listing.entries;
+    let sequences: Vec<u64> = entries.iter().map(|e| e.sequence).collect();
+    let (skipped, inits) = converted.listing(&sequences);
+    if inits.is_empty() {
+        return None;
+    }
+    let gone = listing.gone
+        + entries[..skipped]
+            .iter()
+            .map(|e| u64::from(e.discontinuity))
+            .sum::<u64>();
+    Some(playlist::media_fmp4(
+        playlist::Window {
+            target: config.target_duration_secs,
+            discontinuity_sequence: gone,
+            ended: listing.ended,
+            query,
+            kind: listing.kind,
+            start_ms: None,
+            low_latency: None,
+        },
+        &entries[skipped..skipped + inits.len()],
+        &inits,
+    ))
+}
+
 /// Largest playlist kept for the next request: a full catch-up window with a long query.
 const MAX_KEPT_BYTES: usize = 8 << 20;
 
@@ -198,6 +238,9 @@ pub(super) const MAX_FLIGHTS: usize = 4;
 pub(super) struct Shared {
     limit: u64,
     used: AtomicU64,
+    /// Bytes of kept playlists (part of `used`): at most half of `limit`, so the listings,
+    /// which spare each request a walk of its window under the window's lock, always fit.
+    playlists: AtomicU64,
     blocking: Arc<Semaphore>,
     /// Large writes: running now, the most at once, and all so far.
     #[cfg(test)]
@@ -214,12 +257,22 @@ impl Default for Shared {
     }
 }
 
+/// `bytes` more on `counter`, when the total stays within `limit`.
+fn add_within(counter: &AtomicU64, bytes: u64, limit: u64) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            used.checked_add(bytes).filter(|total| *total <= limit)
+        })
+        .is_ok()
+}
+
 impl Shared {
     /// Channels keeping at most `limit` bytes together.
     pub(super) fn new(limit: u64) -> Self {
         Self {
             limit,
             used: AtomicU64::new(0),
+            playlists: AtomicU64::new(0),
             blocking: Arc::new(Semaphore::new(BLOCKING_WRITES)),
             #[cfg(test)]
             running: AtomicU64::new(0),
@@ -230,16 +283,29 @@ impl Shared {
         }
     }
 
-    /// `bytes` of the budget, when they fit in what is left.
+    /// `bytes` of the budget for a listing, when they fit in what is left.
     fn reserve(self: &Arc<Self>, bytes: u64) -> Option<Held> {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|total| *total <= self.limit)
-            })
-            .ok()?;
+        add_within(&self.used, bytes, self.limit).then(|| Held {
+            shared: self.clone(),
+            bytes,
+            playlist: false,
+        })
+    }
+
+    /// `bytes` of the budget for a playlist, when they fit in what is left and in the half
+    /// of the budget playlists may take.
+    fn reserve_playlist(self: &Arc<Self>, bytes: u64) -> Option<Held> {
+        if !add_within(&self.playlists, bytes, self.limit / 2) {
+            return None;
+        }
+        if !add_within(&self.used, bytes, self.limit) {
+            self.playlists.fetch_sub(bytes, Ordering::AcqRel);
+            return None;
+        }
         Some(Held {
             shared: self.clone(),
             bytes,
+            playlist: true,
         })
     }
 
@@ -265,6 +331,12 @@ impl Shared {
             self.peak.load(Ordering::Acquire),
         )
     }
+
+    /// The places for large writes (a test holds them to keep a write waiting).
+    #[cfg(test)]
+    pub(super) fn places(&self) -> Arc<Semaphore> {
+        self.blocking.clone()
+    }
 }
 
 /// Bytes of the budget, given back when what they count is dropped.
@@ -272,17 +344,41 @@ impl Shared {
 struct Held {
     shared: Arc<Shared>,
     bytes: u64,
+    /// Counted against the playlists' half too.
+    playlist: bool,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if self.playlist {
+            self.shared
+                .playlists
+                .fetch_sub(self.bytes, Ordering::AcqRel);
+        }
         self.shared.used.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
-/// The last TS playlist written for a channel, and the writes under way.
+/// Which playlist of a listing: TS, or fMP4 with the channel's segments rewritten up to a
+/// sequence (a segment just stored may not be yet: the playlist written before it is, lists
+/// one segment less, and is not handed out once it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Ts,
+    Fmp4(Option<u64>),
+}
+
+/// A playlist as written: `None` for an fMP4 one when no segment has an fMP4 form.
+type Text = Option<Bytes>;
+
+/// The last playlists written for a channel, and the writes under way.
 #[derive(Debug)]
 pub(super) struct Rendered {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     shared: Arc<Shared>,
     state: Mutex<State>,
     /// Playlists written (for tests: concurrent requests share one).
@@ -299,43 +395,91 @@ struct State {
 #[derive(Debug)]
 struct Last {
     version: u64,
+    form: Form,
     query: Box<str>,
     text: Bytes,
     _held: Held,
 }
 
-/// A playlist being written: the requests for the same version and query wait for it (and
-/// when its writer gives up, one of them writes it instead).
+/// A playlist being written: the requests for the same version, form and query wait for it.
+/// Its writer is not the request that started it (which may be dropped when its client
+/// leaves) but the write itself, which sends what it wrote to every waiter.
 #[derive(Debug)]
 struct Flight {
     version: u64,
+    form: Form,
     query: Box<str>,
-    text: Arc<OnceCell<Bytes>>,
+    text: watch::Receiver<Option<Text>>,
+}
+
+/// What a request does about a playlist being written.
+enum Joined {
+    /// Waits for the write under way.
+    Wait(watch::Receiver<Option<Text>>),
+    /// Writes it, and sends it to those waiting.
+    Lead(watch::Sender<Option<Text>>),
+    /// Writes its own: the channel has [`MAX_FLIGHTS`] under way already.
+    Alone,
 }
 
 impl State {
-    /// The write of `version` for `query` to wait for (a new one when none is under way),
-    /// `None` when the channel has [`MAX_FLIGHTS`] under way already.
-    fn join(&mut self, version: u64, query: &str) -> Option<Arc<OnceCell<Bytes>>> {
+    /// The write of `version` in `form` for `query` to wait for, or to lead when none is
+    /// under way.
+    fn join(&mut self, version: u64, form: Form, query: &str) -> Joined {
         if let Some(f) = self
             .flights
             .iter()
-            .find(|f| f.version == version && *f.query == *query)
+            .find(|f| f.version == version && f.form == form && *f.query == *query)
         {
-            return Some(f.text.clone());
+            return Joined::Wait(f.text.clone());
         }
-        // Writes of older versions no request will join again (their waiters hold them).
-        self.flights.retain(|f| f.version >= version);
+        // Writes of older versions no request will join again (their waiters hold them), and
+        // a write whose sender is gone (it panicked) never sends: neither takes a place.
+        self.flights
+            .retain(|f| f.version >= version && f.text.has_changed().is_ok());
         if self.flights.len() >= MAX_FLIGHTS {
-            return None;
+            return Joined::Alone;
         }
-        let text = Arc::new(OnceCell::new());
+        let (send, text) = watch::channel(None);
         self.flights.push(Flight {
             version,
+            form,
             query: query.into(),
-            text: text.clone(),
+            text,
         });
-        Some(text)
+        Joined::Lead(send)
+    }
+}
+
+/// One playlist to write, with what it is written from (owned: a large one is written on the
+/// blocking pool, and goes on when the request that asked for it is dropped).
+#[derive(Clone)]
+struct Job {
+    config: HlsConfig,
+    listing: Arc<Listing>,
+    query: Box<str>,
+    /// The channel's fMP4 segments, for an fMP4 playlist.
+    fmp4: Option<Arc<Converted>>,
+}
+
+impl Job {
+    fn form(&self) -> Form {
+        match &self.fmp4 {
+            None => Form::Ts,
+            Some(c) => Form::Fmp4(c.done()),
+        }
+    }
+
+    /// Whether it is written on the blocking pool.
+    fn large(&self) -> bool {
+        self.listing.estimate(&self.query) >= INLINE_BYTES
+    }
+
+    fn run(&self) -> Text {
+        match &self.fmp4 {
+            None => Some(Bytes::from(media(&self.config, &self.listing, &self.query))),
+            Some(c) => media_fmp4(&self.config, &self.listing, &self.query, c).map(Bytes::from),
+        }
     }
 }
 
@@ -343,17 +487,25 @@ impl Rendered {
     /// The playlists of a channel, kept within `shared`'s bound.
     pub(super) fn new(shared: Arc<Shared>) -> Self {
         Self {
-            shared,
-            state: Mutex::default(),
-            #[cfg(test)]
-            writes: AtomicU64::new(0),
+            inner: Arc::new(Inner {
+                shared,
+                state: Mutex::default(),
+                #[cfg(test)]
+                writes: AtomicU64::new(0),
+            }),
         }
     }
 
     /// Playlists written so far.
     #[cfg(test)]
     pub(super) fn writes(&self) -> u64 {
-        self.writes.load(Ordering::Acquire)
+        self.inner.writes.load(Ordering::Acquire)
+    }
+
+    /// Writes under way that requests may join.
+    #[cfg(test)]
+    pub(super) fn flights(&self) -> usize {
+        registry::lock(&self.inner.state).flights.len()
     }
 
     /// The TS playlist of `listing` for a request with `query`: the one written last when it
@@ -365,79 +517,167 @@ impl Rendered {
         listing: &Arc<Listing>,
         query: &str,
     ) -> Bytes {
-        let flight = {
-            let mut state = registry::lock(&self.state);
+        self.get_as(config, listing, query, None)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The fMP4 playlist of `listing` for a request with `query`, as [`Rendered::get`] gets
+    /// the TS one; `None` when no segment of `converted` has an fMP4 form.
+    pub(super) async fn get_fmp4(
+        &self,
+        config: &HlsConfig,
+        listing: &Arc<Listing>,
+        query: &str,
+        converted: &Arc<Converted>,
+    ) -> Text {
+        self.get_as(config, listing, query, Some(converted)).await
+    }
+
+    async fn get_as(
+        &self,
+        config: &HlsConfig,
+        listing: &Arc<Listing>,
+        query: &str,
+        fmp4: Option<&Arc<Converted>>,
+    ) -> Text {
+        let job = Job {
+            config: config.clone(),
+            listing: listing.clone(),
+            query: query.into(),
+            fmp4: fmp4.cloned(),
+        };
+        let form = job.form();
+        let joined = {
+            let mut state = registry::lock(&self.inner.state);
             if let Some(last) = &state.last {
-                if last.version == listing.version && *last.query == *query {
-                    return last.text.clone();
+                if last.version == listing.version && last.form == form && *last.query == *query {
+                    return Some(last.text.clone());
                 }
             }
-            state.join(listing.version, query)
+            state.join(listing.version, form, query)
         };
-        let text = match &flight {
-            // A waiter whose writer was dropped (its client went) writes it instead.
-            Some(cell) => cell
-                .get_or_init(|| self.write(config, listing, query))
-                .await
-                .clone(),
-            None => self.write(config, listing, query).await,
+        let mut waiting = match joined {
+            Joined::Wait(text) => text,
+            Joined::Lead(send) if !job.large() => {
+                let text = self.inner.write_here(&job);
+                self.inner.finish(&job, form, &text, Some(&send));
+                let _ = send.send(Some(text.clone()));
+                return text;
+            }
+            Joined::Lead(send) => {
+                // Written by a task of its own: when this request is dropped (its client
+                // left), the write still reaches those waiting for it and is kept.
+                let waiting = send.subscribe();
+                let (inner, job) = (self.inner.clone(), job.clone());
+                tokio::spawn(async move {
+                    let text = inner.write_off(&job).await;
+                    inner.finish(&job, form, &text, Some(&send));
+                    let _ = send.send(Some(text));
+                });
+                waiting
+            }
+            Joined::Alone => {
+                let text = self.inner.write(&job).await;
+                self.inner.finish(&job, form, &text, None);
+                return text;
+            }
         };
-        let mut state = registry::lock(&self.state);
-        if let Some(cell) = &flight {
-            state.flights.retain(|f| !Arc::ptr_eq(&f.text, cell));
+        let sent = match waiting.wait_for(Option::is_some).await {
+            Ok(text) => Ok(text.clone().flatten()),
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(text) => text,
+            // The write ended without sending (it panicked, or the runtime is shutting
+            // down): this request writes its own.
+            Err(_) => self.inner.write(&job).await,
         }
-        // A request that took its listing earlier does not replace a newer playlist, the
-        // waiters of one write keep it once, and a playlist past `MAX_KEPT_BYTES` or the
-        // room left under `MAX_KEPT_TOTAL` is not kept (it lives as long as its answer).
+    }
+}
+
+impl Inner {
+    /// Ends a write: takes it off the flights (`send`: its flight) and keeps what it wrote
+    /// for the requests that follow. A request that took its listing earlier does not replace
+    /// a newer playlist, and a playlist past `MAX_KEPT_BYTES` or the room left for playlists
+    /// under `MAX_KEPT_TOTAL` is not kept (it lives as long as its answers).
+    fn finish(
+        &self,
+        job: &Job,
+        form: Form,
+        text: &Text,
+        send: Option<&watch::Sender<Option<Text>>>,
+    ) {
+        let mut state = registry::lock(&self.state);
+        if let Some(send) = send {
+            state
+                .flights
+                .retain(|f| !f.text.same_channel(&send.subscribe()));
+        }
+        let Some(text) = text else {
+            return;
+        };
+        let version = job.listing.version;
         let keep = text.len() <= MAX_KEPT_BYTES
             && state.last.as_ref().is_none_or(|l| {
-                l.version < listing.version || (l.version == listing.version && *l.query != *query)
+                l.version < version
+                    || (l.version == version && (*l.query != *job.query || l.form != form))
             });
         if keep {
             // The old one's bytes go back first: it is replaced whether or not this one fits.
             state.last = None;
-            if let Some(held) = self.shared.reserve(text.len() as u64) {
+            if let Some(held) = self.shared.reserve_playlist(text.len() as u64) {
                 state.last = Some(Last {
-                    version: listing.version,
-                    query: query.into(),
+                    version,
+                    form,
+                    query: job.query.clone(),
                     text: text.clone(),
                     _held: held,
                 });
             }
         }
-        text
     }
 
     /// Writes the playlist: a large one on the blocking pool, once a place is free.
-    async fn write(&self, config: &HlsConfig, listing: &Arc<Listing>, query: &str) -> Bytes {
+    async fn write(&self, job: &Job) -> Text {
+        if job.large() {
+            self.write_off(job).await
+        } else {
+            self.write_here(job)
+        }
+    }
+
+    /// Writes the playlist here, on the runtime (a small one).
+    fn write_here(&self, job: &Job) -> Text {
         #[cfg(test)]
         self.writes.fetch_add(1, Ordering::AcqRel);
-        if listing.estimate(query) < INLINE_BYTES {
-            return Bytes::from(media(config, listing, query));
-        }
-        // The place goes with the job (not with this request, which may be dropped while the
-        // job runs on). The places are never closed; were they, the playlist is written here.
+        job.run()
+    }
+
+    /// Writes the playlist on the blocking pool, once a place is free.
+    async fn write_off(&self, job: &Job) -> Text {
+        // The place goes with the blocking job (which cannot be stopped). The places are
+        // never closed; were they, the playlist is written here.
         let Ok(place) = self.shared.blocking.clone().acquire_owned().await else {
-            return Bytes::from(media(config, listing, query));
+            return self.write_here(job);
         };
-        let (job, on, with) = (listing.clone(), config.clone(), query.to_owned());
+        #[cfg(test)]
+        self.writes.fetch_add(1, Ordering::AcqRel);
+        let owned = job.clone();
         #[cfg(test)]
         let shared = self.shared.clone();
         let written = tokio::task::spawn_blocking(move || {
             let _place = place;
             #[cfg(test)]
             shared.started();
-            let text = media(&on, &job, &with);
+            let text = owned.run();
             #[cfg(test)]
             shared.running.fetch_sub(1, Ordering::AcqRel);
             text
         })
         .await;
-        match written {
-            Ok(text) => Bytes::from(text),
-            // Only a panic or a runtime shutting down ends a blocking job early: the playlist
-            // is written here, as it was before.
-            Err(_) => Bytes::from(media(config, listing, query)),
-        }
+        // Only a panic or a runtime shutting down ends a blocking job early: the playlist is
+        // written here, as it was before.
+        written.unwrap_or_else(|_| job.run())
     }
 }

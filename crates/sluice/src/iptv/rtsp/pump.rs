@@ -203,14 +203,16 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     tear_down(&ctx, session, &label).await;
 }
 
-/// Tears `session` down if one of the gateway's `MAX_TEARDOWNS` places is free; otherwise
-/// only closes its connection (dropped), which the server notices.
+/// Tears `session` down if one of the gateway's `MAX_TEARDOWNS` places is free, and one of
+/// its server's `MAX_TEARDOWNS_PER_SERVER`; otherwise only closes its connection (dropped),
+/// which the server notices.
 async fn tear_down(ctx: &Context, session: Session, label: &str) {
     if !session.is_set_up() {
         return;
     }
-    // Held until the TEARDOWN is answered or its step is up.
-    let Ok(_place) = ctx.teardowns.try_acquire() else {
+    // Held until the TEARDOWN is answered or its step is up. No address: the connection is
+    // gone, and the TEARDOWN would not find the server either.
+    let Some(_place) = session.server().and_then(|s| ctx.teardown_place(s)) else {
         tracing::debug!(channel = %label, "too many RTSP TEARDOWNs in flight: connection closed instead");
         return;
     };

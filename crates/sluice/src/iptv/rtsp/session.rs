@@ -514,6 +514,11 @@ impl Session {
             .map(|_| ())
     }
 
+    /// The server's address (`None` once the connection is gone).
+    pub fn server(&self) -> Option<SocketAddr> {
+        self.conn.peer_addr().ok()
+    }
+
     /// Whether the server set a session up (answered SETUP): only then is there something
     /// for `teardown` to end.
     pub fn is_set_up(&self) -> bool {
@@ -531,10 +536,12 @@ impl Session {
         let url = self.play_url.clone();
         let step = self.step;
         let done = timeout(step, async {
-            if self.cut {
-                // Half a request is on the wire: the TEARDOWN goes on a new connection to the
-                // same server (the address already passed the guard). RTSP sessions are not
-                // tied to their connection.
+            if self.cut || !self.outbox.is_empty() {
+                // Half a request is on the wire, or replies the server stopped reading are
+                // left (their write timed out, maybe halfway: the deadline is past, so this
+                // connection takes nothing more): the TEARDOWN goes on a new connection to
+                // the same server (the address already passed the guard). RTSP sessions are
+                // not tied to their connection.
                 self.conn = TcpStream::connect(self.conn.peer_addr()?).await?;
                 self.conn.set_nodelay(true)?;
                 (self.buf, self.need, self.cut) = (BytesMut::new(), 0, false);
@@ -692,6 +699,12 @@ mod tests {
     /// A session on a loopback connection whose socket buffers are small, and the server's
     /// end of it.
     async fn session_pair() -> (Session, tokio::net::TcpStream) {
+        let (session, server, _) = session_listening().await;
+        (session, server)
+    }
+
+    /// As `session_pair`, with the server's listener, still listening.
+    async fn session_listening() -> (Session, tokio::net::TcpStream, tokio::net::TcpListener) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -708,7 +721,7 @@ mod tests {
             .unwrap();
         let mut session = Session::on(client, &crate::iptv::rtsp::RtspConfig::default());
         session.play_url = "rtsp://127.0.0.1/live".into();
-        (session, server)
+        (session, server, listener)
     }
 
     /// Reads from `conn` until `len` bytes came or none came for a second.
@@ -776,6 +789,57 @@ mod tests {
         assert!(
             got[queued.len()..].starts_with(keepalive),
             "then the keep-alive"
+        );
+    }
+
+    /// A server that stops reading while replies to its requests are queued: the write of
+    /// the replies times out, half of them maybe on the wire. The TEARDOWN still goes out, on
+    /// a new connection (the old one cannot carry it), and is answered there.
+    #[tokio::test]
+    async fn a_teardown_after_a_reply_timed_out_goes_on_a_new_connection() {
+        let (mut session, _server, listener) = session_listening().await;
+        session.step = Duration::from_millis(300);
+        session.session_id = Some("s1".into());
+        for cseq in 0..40_000 {
+            session
+                .outbox
+                .extend_from_slice(format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\n\r\n").as_bytes());
+        }
+        let failed = timeout(Duration::from_secs(5), session.receive()).await;
+        assert!(
+            matches!(failed, Ok(Err(SessionError::Timeout(..)))),
+            "{failed:?}"
+        );
+        assert!(!session.cut && !session.outbox.is_empty());
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = timeout(Duration::from_secs(2), listener.accept())
+                .await
+                .expect("no new connection for the TEARDOWN")
+                .unwrap();
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !got.ends_with(b"\r\n\r\n") {
+                let n = conn.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "closed after {got:?}");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            let text = String::from_utf8(got).unwrap();
+            let cseq = text
+                .lines()
+                .find_map(|l| l.strip_prefix("CSeq: "))
+                .unwrap()
+                .to_string();
+            conn.write_all(format!("RTSP/1.0 200 OK\r\nCSeq: {cseq}\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            text
+        });
+        session.teardown().await;
+        let text = server.await.unwrap();
+        assert!(
+            text.starts_with("TEARDOWN rtsp://127.0.0.1/live RTSP/1.0\r\n")
+                && text.contains("Session: s1"),
+            "{text:?}"
         );
     }
 
