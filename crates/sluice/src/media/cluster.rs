@@ -22,9 +22,20 @@ pub const FILL: &str = "media";
 struct Order {
     kind: String,
     url: String,
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, FieldValue)>,
     range: Option<(u64, u64)>,
     max_age: Option<u64>,
+}
+
+/// A header value in an order: text when it is visible ASCII (what every node reads), its bytes
+/// otherwise (a cookie with a Latin-1 byte), so no header the key is made of is lost on the way:
+/// the owner would fetch without it, and key it as another viewer's. A node before this reads
+/// the bytes form as a bad order and refuses it, so the asking node fills on its own.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum FieldValue {
+    Text(String),
+    Bytes(Vec<u8>),
 }
 
 fn kind_name(kind: CacheKind) -> &'static str {
@@ -53,7 +64,13 @@ pub fn order(kind: CacheKind, part: &Part, headers: &HeaderMap, max_age: Option<
         url: part.url.to_string(),
         headers: headers
             .iter()
-            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .map(|(k, v)| {
+                let v = match v.to_str() {
+                    Ok(text) => FieldValue::Text(text.to_string()),
+                    Err(_) => FieldValue::Bytes(v.as_bytes().to_vec()),
+                };
+                (k.as_str().to_string(), v)
+            })
             .collect(),
         range: part.range,
         max_age,
@@ -103,6 +120,19 @@ fn bad(why: &'static str) -> http::Response<crate::body::Body> {
     )
 }
 
+/// The headers an order carries, in order; `None` when one is not a valid header.
+fn headers_of(order: &Order) -> Option<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    for (k, v) in &order.headers {
+        let v = match v {
+            FieldValue::Text(t) => HeaderValue::from_str(t).ok()?,
+            FieldValue::Bytes(b) => HeaderValue::from_bytes(b).ok()?,
+        };
+        headers.append(HeaderName::from_bytes(k.as_bytes()).ok()?, v);
+    }
+    Some(headers)
+}
+
 async fn run(
     media: &MediaCache,
     body: &[u8],
@@ -112,16 +142,7 @@ async fn run(
     let order: Order = serde_json::from_slice(body).map_err(|_| refuse("bad fill order"))?;
     let kind = kind_of(&order.kind).ok_or_else(|| refuse("bad fill kind"))?;
     let url = Url::parse(&order.url).map_err(|_| refuse("bad fill url"))?;
-    let mut headers = HeaderMap::new();
-    for (k, v) in &order.headers {
-        let (Ok(k), Ok(v)) = (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_str(v),
-        ) else {
-            return Err(refuse("bad fill header"));
-        };
-        headers.append(k, v);
-    }
+    let headers = headers_of(&order).ok_or_else(|| refuse("bad fill header"))?;
     let Some(cache) = media.cache() else {
         return Err(refuse("no cache here"));
     };
@@ -157,5 +178,34 @@ mod tests {
         let origin =
             ProxyError::upstream_status(http::StatusCode::NOT_FOUND, "origin.test", "segment");
         assert!(!marked(&answer(Err(origin))));
+    }
+
+    /// A header value that is not ASCII (a cookie with a Latin-1 byte) reaches the owner whole,
+    /// so it fetches and keys the object with the same headers as the asking node.
+    #[test]
+    fn an_order_carries_every_header_byte_for_byte() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "cookie",
+            HeaderValue::from_bytes(b"a=1; b=\xe9t\xe9").unwrap(),
+        );
+        headers.append("x-a", HeaderValue::from_static("one"));
+        headers.append("x-a", HeaderValue::from_static("two"));
+        let part = Part {
+            url: Url::parse("http://origin.test/seg/1.m4s").unwrap(),
+            range: Some((0, 99)),
+        };
+        let body = order(CacheKind::Segment, &part, &headers, Some(5));
+        let parsed: Order = serde_json::from_slice(&body).unwrap();
+        let got = headers_of(&parsed).unwrap();
+        assert_eq!(got, headers);
+        assert_eq!(got["cookie"].as_bytes(), b"a=1; b=\xe9t\xe9");
+        assert_eq!(
+            request_key(&part.url, &got),
+            request_key(&part.url, &headers)
+        );
+        // An ASCII value travels as text, as a node before this reads it.
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(text.contains(r#"["x-a","one"]"#), "{text}");
     }
 }

@@ -83,26 +83,42 @@ impl HopKey {
 }
 
 /// What a relayed miss's marker vouches for besides its request line: its forwarding fields
-/// (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`, `Via`, every value in order), so the owner may
-/// extend them as a trusted proxy's, and nothing on the way can change them. Signed as
-/// `<target>\n<this>` in the target's place; a marker from a node before this signs the target
-/// alone, which still marks a peer's request but vouches for no field.
+/// (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`, `Via`, every value in order) and the other
+/// proxies' fields a trusted peer's request keeps (`X-Forwarded-Scheme`, `-Port`,
+/// `X-Original-Host`..., `forwarded::PROXY_FIELDS`), so the owner may take them as a trusted
+/// proxy's, and nothing on the way can change or add one (a replay with `X-Forwarded-Scheme:
+/// http` added would shape an answer cached for everyone). Signed as `<target>\n<this>` in the
+/// target's place; a marker from a node before this signs the target alone, which still marks a
+/// peer's request but vouches for no field.
 pub fn vouched_target(target: &str, headers: &http::HeaderMap) -> String {
     use sha2::Digest;
     let mut h = Sha256::new();
     for name in sluice_http::forwarded::FIELDS.iter() {
-        h.update(name.as_str().as_bytes());
-        h.update(b":");
-        for v in headers.get_all(name) {
-            // As an HTTP/1.1 parser keeps it (without the spaces around it): the owner reads
-            // the relayed head so, and a value that came with them over HTTP/2 or HTTP/3 would
-            // otherwise never verify there.
-            h.update(v.as_bytes().trim_ascii());
-            h.update(b"\n");
+        hash_field(&mut h, name, headers);
+    }
+    // Only those present: a request without any hashes as before they were covered, so nodes
+    // of both versions still vouch for each other's ordinary relays during an upgrade.
+    for name in sluice_http::forwarded::PROXY_FIELDS.iter() {
+        if headers.contains_key(name) {
+            hash_field(&mut h, name, headers);
         }
-        h.update(b"\n");
     }
     format!("{target}\n{}", sluice_media::keys::to_hex(&h.finalize()))
+}
+
+/// Feeds `name: v1\n v2\n ... \n` to `h` (values cannot hold a line break, so it is unambiguous).
+fn hash_field(h: &mut Sha256, name: &http::HeaderName, headers: &http::HeaderMap) {
+    use sha2::Digest;
+    h.update(name.as_str().as_bytes());
+    h.update(b":");
+    for v in headers.get_all(name) {
+        // As an HTTP/1.1 parser keeps it (without the spaces around it): the owner reads the
+        // relayed head so, and a value that came with them over HTTP/2 or HTTP/3 would
+        // otherwise never verify there.
+        h.update(v.as_bytes().trim_ascii());
+        h.update(b"\n");
+    }
+    h.update(b"\n");
 }
 
 #[cfg(test)]
@@ -149,5 +165,39 @@ mod tests {
         h.insert("x-forwarded-for", HeaderValue::from_static(" 192.0.2.7 "));
         assert_eq!(vouched_target("/a", &h), a);
         assert!(a.starts_with("/a\n"));
+    }
+
+    /// A marker made for one set of fields does not vouch for the request with another
+    /// proxy's field added (a replay within the minute with `X-Forwarded-Scheme: http`).
+    #[test]
+    fn a_vouched_target_binds_the_other_proxies_fields() {
+        let k = HopKey::new("0123456789abcdef");
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.7"));
+        let marker = k.sign("n1", "GET", "shop.test", &vouched_target("/a", &h));
+        let verifies = |h: &http::HeaderMap| {
+            k.verify(&marker, "GET", "shop.test", &vouched_target("/a", h))
+                .is_some()
+        };
+        assert!(verifies(&h));
+        for name in sluice_http::forwarded::PROXY_FIELDS.iter() {
+            let mut added = h.clone();
+            added.insert(name, HeaderValue::from_static("http"));
+            assert!(!verifies(&added), "{name} added");
+        }
+        // One made with such a field does not vouch for the request with it changed or gone.
+        h.insert("x-forwarded-scheme", HeaderValue::from_static("https"));
+        let marker = k.sign("n1", "GET", "shop.test", &vouched_target("/a", &h));
+        let mut changed = h.clone();
+        changed.insert("x-forwarded-scheme", HeaderValue::from_static("http"));
+        let mut gone = h.clone();
+        gone.remove("x-forwarded-scheme");
+        for (other, what) in [(&h, true), (&changed, false), (&gone, false)] {
+            assert_eq!(
+                k.verify(&marker, "GET", "shop.test", &vouched_target("/a", other))
+                    .is_some(),
+                what
+            );
+        }
     }
 }

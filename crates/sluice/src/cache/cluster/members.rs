@@ -1,5 +1,8 @@
 //! Where the member list comes from: the static `peers` list, or a DNS name re-resolved when its
 //! answer's TTL runs out (A/AAAA on one port, or SRV records with their own ports and weights).
+//! A DNS answer is bounded (at most [`MAX_DNS_MEMBERS`], this host's own and link-local
+//! addresses refused): whoever controls it must not grow the ring, the checks and the metrics
+//! without end, nor point relays at addresses the origin guard would never let through.
 
 use std::net::SocketAddr;
 use std::sync::Weak;
@@ -28,6 +31,55 @@ pub fn static_members(config: &ClusterConfig) -> Vec<MemberSpec> {
         .collect()
 }
 
+/// Most members a DNS answer may name; past it the first of them in address order are kept (the
+/// same choice on every node, so the rings agree).
+#[cfg(feature = "dns")]
+pub const MAX_DNS_MEMBERS: usize = 256;
+
+/// Whether a member from DNS may have this address: not loopback, link-local, unspecified or
+/// multicast (a relay to a peer is not checked by the origin guard, so a DNS answer naming
+/// `127.0.0.1` or `169.254.169.254` would reach this host's own services or the metadata one).
+#[cfg(feature = "dns")]
+fn dns_address_allowed(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    let ip = ip.to_canonical();
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || link_local)
+}
+
+/// A DNS answer as ring members: refused addresses dropped, at most [`MAX_DNS_MEMBERS`] kept.
+#[cfg(feature = "dns")]
+fn bounded(name: &str, mut specs: Vec<MemberSpec>) -> Vec<MemberSpec> {
+    let before = specs.len();
+    specs.retain(|m| {
+        m.addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| dns_address_allowed(a.ip()))
+    });
+    if specs.len() < before {
+        tracing::warn!(
+            %name,
+            refused = before - specs.len(),
+            "cache cluster DNS answer names loopback, link-local or unspecified addresses; left out"
+        );
+    }
+    specs.sort();
+    specs.dedup_by(|a, b| a.addr == b.addr);
+    if specs.len() > MAX_DNS_MEMBERS {
+        tracing::warn!(
+            %name,
+            members = specs.len(),
+            kept = MAX_DNS_MEMBERS,
+            "cache cluster DNS answer names too many members; the first in address order kept"
+        );
+        specs.truncate(MAX_DNS_MEMBERS);
+    }
+    specs
+}
+
 /// Keeps the ring's members in step with DNS until the ring is dropped (or the task returned
 /// is aborted).
 #[cfg(feature = "dns")]
@@ -49,6 +101,7 @@ pub fn spawn_dns(
                 Ok((specs, ttl)) => {
                     let Some(ring) = ring.upgrade() else { return };
                     resolved.inc();
+                    let specs = bounded(&name, specs);
                     if specs.is_empty() {
                         tracing::warn!(%name, "cache cluster DNS answer is empty; keeping the ring");
                     } else {
@@ -119,7 +172,12 @@ mod dns {
         if name.starts_with('_') {
             let srv = resolver.srv_lookup(name).await.map_err(|e| e.to_string())?;
             let mut ttl = until(srv.as_lookup().valid_until());
-            for rec in srv.iter() {
+            // One address lookup per target: no more targets than members kept, the same ones
+            // on every node.
+            let mut records: Vec<_> = srv.iter().collect();
+            records.sort_by_key(|r| (r.target().to_utf8(), r.port()));
+            records.truncate(super::MAX_DNS_MEMBERS);
+            for rec in records {
                 let ips = resolver
                     .lookup_ip(rec.target().to_utf8())
                     .await
@@ -146,5 +204,61 @@ mod dns {
             });
         }
         Ok((out, until(ips.valid_until())))
+    }
+}
+
+#[cfg(all(test, feature = "dns"))]
+mod tests {
+    use super::*;
+
+    fn spec(addr: &str) -> MemberSpec {
+        let a: SocketAddr = addr.parse().unwrap();
+        MemberSpec {
+            addr: a.to_string(),
+            control: SocketAddr::new(a.ip(), 8899),
+            weight: 1,
+        }
+    }
+
+    /// A DNS answer naming this host, link-local or unspecified addresses loses them, and one
+    /// naming thousands of members keeps 256, the same ones whatever their order.
+    #[test]
+    fn a_dns_answer_is_bounded_and_refuses_local_addresses() {
+        let refused = [
+            "127.0.0.1:8080",
+            "127.9.9.9:8080",
+            "[::1]:8080",
+            "[::ffff:127.0.0.1]:8080",
+            "169.254.169.254:80",
+            "[fe80::1]:8080",
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "224.0.0.1:8080",
+            "255.255.255.255:8080",
+        ];
+        let mut answer: Vec<MemberSpec> = refused.iter().map(|a| spec(a)).collect();
+        answer.push(spec("10.0.0.2:8080"));
+        answer.push(spec("[2001:db8::2]:8080"));
+        let kept: Vec<String> = bounded("n:8080", answer)
+            .into_iter()
+            .map(|m| m.addr)
+            .collect();
+        assert_eq!(kept, ["10.0.0.2:8080", "[2001:db8::2]:8080"]);
+
+        let many: Vec<MemberSpec> = (0..5000u32)
+            .map(|i| {
+                spec(&format!(
+                    "10.{}.{}.{}:8080",
+                    i >> 16,
+                    (i >> 8) & 255,
+                    i & 255
+                ))
+            })
+            .collect();
+        let first = bounded("n:8080", many.clone());
+        assert_eq!(first.len(), MAX_DNS_MEMBERS);
+        let mut reversed = many;
+        reversed.reverse();
+        assert_eq!(bounded("n:8080", reversed), first);
     }
 }

@@ -31,6 +31,11 @@ pub struct RelayRequest {
     pub body_idle: Duration,
 }
 
+/// The largest control answer taken from a peer (a purge log page: at most 1,000 entries, each
+/// with up to 64 tags). A longer one fails the exchange (the check, for a log pull) instead of
+/// growing this node's memory at the peer's pace.
+pub const MAX_CONTROL_ANSWER: usize = 64 << 20;
+
 /// Why a peer exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
@@ -155,11 +160,16 @@ impl PeerClient {
                 .await
                 .map_err(|e| fail(e.to_string()))?;
             let status = resp.status();
-            let body = resp
-                .into_body()
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_CONTROL_ANSWER)
                 .collect()
                 .await
-                .map_err(|e| fail(e.to_string()))?
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        fail(format!("answer over {MAX_CONTROL_ANSWER} bytes"))
+                    } else {
+                        fail(e.to_string())
+                    }
+                })?
                 .to_bytes();
             Ok((status, body))
         };
@@ -288,6 +298,47 @@ mod tests {
         assert!(head.contains("x-kept: 1\r\n"), "{head}");
         assert!(!head.contains("content-length"), "{head}");
         assert!(!head.contains("expect"), "{head}");
+    }
+
+    /// A control answer longer than [`MAX_CONTROL_ANSWER`] (a peer, or something in its place,
+    /// sending a log page without end) fails the exchange instead of being kept whole.
+    #[tokio::test]
+    async fn a_control_answer_over_the_bound_fails_the_exchange() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await.unwrap();
+            let len = MAX_CONTROL_ANSWER + 1;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+            s.write_all(head.as_bytes()).await.unwrap();
+            let chunk = vec![b' '; 1 << 20];
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                // The client may stop reading at the bound.
+                if s.write_all(&chunk[..n]).await.is_err() {
+                    return;
+                }
+                left -= n;
+            }
+        });
+        let peer = PeerClient::new(
+            HopKey::new("a shared secret"),
+            "127.0.0.1:1",
+            Duration::from_secs(20),
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+        );
+        let got = peer
+            .control(&owner_at(addr), Method::GET, "/cluster/log", Bytes::new())
+            .await;
+        let e = match got {
+            Ok((_, b)) => panic!("an answer over the bound was kept ({} bytes)", b.len()),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("answer over 67108864 bytes"), "{e}");
     }
 
     /// An owner that sends the head and part of the body, then nothing (paused, or cut off by
