@@ -1249,6 +1249,57 @@ async fn stored_heads_count_against_the_byte_budget() {
     assert!(peak <= budget + 64, "peak {peak} over the budget {budget}");
 }
 
+/// Unique long-query GETs to a URL the origin answers `private`: each leaves a hit-for-pass memo
+/// keyed by its ~60 KB URL. The memos count against the budget like heads (uncharged, 100,000 of
+/// them held ~12 GB beside a 256 MiB budget): the newest are kept and work, the oldest go.
+#[tokio::test]
+async fn memos_with_long_urls_count_against_the_byte_budget() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/private", Obj::new(100, "private, max-age=60"));
+    let budget = MIB;
+    let mut cfg = config(16 * KIB);
+    cfg.memory_bytes = ByteSize(budget);
+    let front = start_front(cfg, oaddr).await;
+    let filler = "q".repeat(60_000);
+    let paths: Vec<String> = (0..40)
+        .map(|i| format!("/private?{i:03}{filler}"))
+        .collect();
+    for p in &paths {
+        let r = request("GET", &front.url(p), &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 99)));
+        assert!(
+            status_of(&r).contains("detail=private"),
+            "{}",
+            status_of(&r)
+        );
+    }
+    // The newest memo still sends its URL straight to the origin...
+    let newest = request("GET", &front.url(&paths[39]), &[]).await;
+    assert!(
+        status_of(&newest).contains("detail=hit-for-pass"),
+        "{}",
+        status_of(&newest)
+    );
+    // ...the oldest is gone: its URL is a plain miss again.
+    let oldest = request("GET", &front.url(&paths[0]), &[]).await;
+    assert!(
+        status_of(&oldest).contains("detail=private"),
+        "{}",
+        status_of(&oldest)
+    );
+    assert_eq!(origin.count("/private"), 42);
+    // The gauges refresh once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let accounted = metric(&front, "sluice_cache_accounted_bytes");
+    // At least two memos of ~120 KB are counted, and nothing past the budget.
+    assert!(accounted >= 2 * 120_000, "{accounted} accounted");
+    assert!(
+        accounted <= budget + 64,
+        "{accounted} over the budget {budget}"
+    );
+}
+
 /// An answer whose fields and tags cost more than a stored head may (`MAX_HEAD_BYTES`, 64 KiB)
 /// is served as the origin sent it, booked as uncacheable and not stored: the next request goes
 /// to the origin again.

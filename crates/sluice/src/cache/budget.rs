@@ -42,13 +42,20 @@ struct Shared {
 struct Held {
     /// Reserved by slices in transit.
     transit: u64,
-    /// Charged by the object index for the heads it holds.
-    heads: u64,
+    /// Charged by the object index for the heads it holds. Signed: the index passes on each
+    /// change after its own lock is gone, so a release may arrive before the charge it undoes;
+    /// a count that clipped at zero kept that charge for good (the tier lost as much capacity).
+    /// Below zero only until the charge arrives, and then counted as zero.
+    heads: i64,
 }
 
 impl Held {
+    fn heads(&self) -> u64 {
+        self.heads.max(0) as u64
+    }
+
     fn total(&self) -> u64 {
-        self.transit.saturating_add(self.heads)
+        self.transit.saturating_add(self.heads())
     }
 }
 
@@ -106,7 +113,7 @@ impl Budget {
 
     /// Bytes the object index is charged for its heads now.
     pub fn heads(&self) -> u64 {
-        self.shared.lock().heads
+        self.shared.lock().heads()
     }
 
     /// The most the object index may be charged for heads: half the budget, so the tier keeps
@@ -116,11 +123,11 @@ impl Budget {
     }
 
     /// Charges (positive) or releases (negative) head bytes; a charge shrinks the tier, evicting
-    /// slices, before the call returns.
+    /// slices, before the call returns. Changes may arrive in any order (the count is signed).
     pub fn charge_heads(&self, delta: i64) {
         if delta != 0 {
             self.shared
-                .adjust(|held| held.heads = held.heads.saturating_add_signed(delta));
+                .adjust(|held| held.heads = held.heads.saturating_add(delta));
         }
     }
 
@@ -259,5 +266,28 @@ mod tests {
         assert_eq!(budget.heads(), 0);
         fill();
         assert!(memory.weight() > 12 * slice, "{}", memory.weight());
+    }
+
+    /// Finding: the index passes each change on after releasing its lock, so the release of an
+    /// object can reach the budget before its charge; the count clipped the release at zero and
+    /// then kept the charge, and the tier lost that much capacity for good. Now the order of
+    /// changes does not matter.
+    #[test]
+    fn a_release_before_its_charge_leaves_nothing_charged() {
+        let slice = 64 * 1024;
+        let memory = Arc::new(MemoryTier::new(16 * slice, slice));
+        let budget = Budget::new(16 * slice, slice, memory.clone());
+        budget.charge_heads(-4 * slice as i64);
+        assert_eq!(budget.heads(), 0, "below zero counts as nothing");
+        budget.charge_heads(4 * slice as i64);
+        assert_eq!(budget.heads(), 0);
+        for i in 0..32 {
+            memory.insert(
+                key(i),
+                Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
+            );
+        }
+        // The whole budget is the tier's again (less its per-entry bookkeeping).
+        assert!(memory.weight() > 14 * slice, "{}", memory.weight());
     }
 }

@@ -2,7 +2,8 @@
 //! plus hit-for-pass memos. Bounded by object count (oldest inserted goes first), by variants
 //! per key ([`MAX_VARIANTS`]) and, with a budget, by the bytes the objects' heads cost: each
 //! object's fields and tags are charged to `memory_bytes` while it is indexed (`budget.rs`), and
-//! a head over [`MAX_HEAD_BYTES`] is not indexed at all.
+//! a head over [`MAX_HEAD_BYTES`] is not indexed at all. Each primary key is charged too
+//! ([`key_charge`]), whether it holds objects or only a memo.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,19 @@ pub enum Lookup {
 /// (`Origin`, `User-Agent`) would otherwise let one client fill the cache with one URL's
 /// variants; past this the key's oldest variant goes.
 pub const MAX_VARIANTS: usize = 64;
+
+/// What a primary key costs beside its own bytes: its entry in the map (the key's `String` and a
+/// [`Primary`], about 150 bytes with the table's slack), its `String` in the insertion order and
+/// the allocator's headers of the two copies of the key.
+const PRIMARY_BYTES: u64 = 256;
+
+/// What a primary key costs while indexed, with objects or with only a hit-for-pass memo: the key
+/// twice (the map's key and the insertion order's entry) and [`PRIMARY_BYTES`]. A memo holds
+/// nothing else, so uncharged, unique URLs of up to 64 KiB answered `private` held ~128 KB each,
+/// `max_objects` of them far past `memory_bytes`.
+pub fn key_charge(key: &str) -> u64 {
+    2 * key.len() as u64 + PRIMARY_BYTES
+}
 
 #[derive(Default)]
 struct Primary {
@@ -108,7 +122,7 @@ struct Inner {
     primaries: HashMap<String, Primary>,
     order: VecDeque<String>,
     objects: usize,
-    /// What the indexed objects cost ([`ObjectMeta::charge`]).
+    /// What the indexed objects and primary keys cost ([`ObjectMeta::charge`], [`key_charge`]).
     head_bytes: u64,
     /// Objects dropped by an [`ObjectIndex::update`] to keep the heads within their room, handed
     /// to the caller of the next call that returns dropped objects (their slices must go too).
@@ -119,6 +133,28 @@ impl Inner {
     /// Takes `m` out of the head count (it left `primaries`).
     fn release(&mut self, m: &ObjectMeta) {
         self.head_bytes = self.head_bytes.saturating_sub(m.charge());
+    }
+
+    /// Adds a new primary key to the insertion order and the head count (the caller adds it to
+    /// `primaries`).
+    fn add_key(&mut self, key: &str) {
+        self.order.push_back(key.to_string());
+        self.head_bytes += key_charge(key);
+    }
+
+    /// Removes `key` from `primaries` if the objects are all gone and there is no memo (a memo
+    /// never lives beside objects: `mark_pass` drops them, `insert` clears it). Its entry in
+    /// `order` is left to the caller, which may remove many at once. Returns whether it went.
+    fn drop_if_empty(&mut self, key: &str) -> bool {
+        let empty = self
+            .primaries
+            .get(key)
+            .is_some_and(|p| p.variants.is_empty() && p.pass_until.is_none());
+        if empty {
+            self.primaries.remove(key);
+            self.head_bytes = self.head_bytes.saturating_sub(key_charge(key));
+        }
+        empty
     }
 }
 
@@ -156,7 +192,8 @@ impl ObjectIndex {
     }
 
     /// Runs `change` under the lock and then passes the change in the heads' cost on to the
-    /// budget (out of the lock: the tier evicts as it shrinks, and lookups need not wait).
+    /// budget (out of the lock: the tier evicts as it shrinks, and lookups need not wait). Two
+    /// calls may so reach the budget in either order; its count is signed, so that is harmless.
     fn charged<R>(&self, change: impl FnOnce(&mut Inner) -> R) -> R {
         let (out, delta) = {
             let mut inner = self.lock();
@@ -179,7 +216,7 @@ impl ObjectIndex {
     /// Whether an object with this head may be indexed.
     pub fn admits(&self, meta: &ObjectMeta) -> bool {
         head_bytes(&meta.headers, &meta.tags) <= self.head_limit()
-            && meta.charge() <= self.head_room
+            && meta.charge() + key_charge(&meta.primary) <= self.head_room
     }
 
     /// Whether the index holds this version of the object (for the disk tier, which must not
@@ -273,7 +310,7 @@ impl ObjectIndex {
             inner.objects -= removed;
             inner.head_bytes = (inner.head_bytes + meta.charge()).saturating_sub(released);
             if is_new_primary {
-                inner.order.push_back(meta.primary.clone());
+                inner.add_key(&meta.primary);
             }
             self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
             dropped
@@ -335,6 +372,7 @@ impl ObjectIndex {
     /// Drops a primary key and every variant of it (already out of `order`).
     fn drop_primary(&self, inner: &mut Inner, key: &str, dropped: &mut Vec<Arc<ObjectMeta>>) {
         if let Some(p) = inner.primaries.remove(key) {
+            inner.head_bytes = inner.head_bytes.saturating_sub(key_charge(key));
             inner.objects -= p.variants.len();
             for old in p.variants.into_values() {
                 inner.release(&old);
@@ -370,7 +408,9 @@ impl ObjectIndex {
     }
 
     /// Drops one version of an object (a version change or a vanished origin object); a newer
-    /// version stored meanwhile stays.
+    /// version stored meanwhile stays. A primary key left with no object stays, charged
+    /// ([`key_charge`]), until evicted like any key: taking it out of `order` would walk it under
+    /// the lock, and removals follow clients' requests.
     pub fn remove_object(&self, primary: &str, id: ObjectId, generation: u64) -> bool {
         self.charged(|inner| {
             let Some(p) = inner.primaries.get_mut(primary) else {
@@ -399,10 +439,15 @@ impl ObjectIndex {
     /// Returns the objects it replaces.
     pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<Arc<ObjectMeta>> {
         self.charged(|inner| {
-            if !inner.primaries.contains_key(primary) {
-                inner.order.push_back(primary.to_string());
-            }
             let mut dropped = std::mem::take(&mut inner.dropped_later);
+            if !inner.primaries.contains_key(primary) {
+                if key_charge(primary) > self.head_room {
+                    // The key alone is past the room for every head: no memo (the next
+                    // request goes to the origin as a miss, and is not stored either).
+                    return dropped;
+                }
+                inner.add_key(primary);
+            }
             let p = inner.primaries.entry(primary.to_string()).or_default();
             let removed = p.variants.len();
             let gone: Vec<Arc<ObjectMeta>> = p.drain().collect();
@@ -429,6 +474,9 @@ impl ObjectIndex {
         self.charged(|inner| {
             let mut out = Vec::new();
             let mut removed = 0;
+            // Keys a hard purge by prefix emptied: they go too (that purge walks the index
+            // anyway). A key purge leaves its key, charged, to eviction, as `remove_object` does.
+            let mut emptied = Vec::new();
             match which {
                 Primaries::Key(key) => {
                     if let Some(p) = inner.primaries.get_mut(key) {
@@ -439,11 +487,24 @@ impl ObjectIndex {
                     for (key, p) in inner.primaries.iter_mut() {
                         if key.starts_with(prefix) {
                             removed += purge_variants(key, p, &matches, soft, &mut out);
+                            // Emptied now, or left empty by an earlier removal.
+                            if p.variants.is_empty() {
+                                emptied.push(key.clone());
+                            }
                         }
                     }
                 }
             }
             inner.objects -= removed;
+            let mut gone = 0;
+            for key in &emptied {
+                gone += usize::from(inner.drop_if_empty(key));
+            }
+            if gone > 0 {
+                // One pass through `order` for all of them.
+                let primaries = &inner.primaries;
+                inner.order.retain(|k| primaries.contains_key(k));
+            }
             // A soft purge keeps each record as a copy of the same head: the same cost.
             if !soft {
                 for m in &out {
@@ -454,7 +515,8 @@ impl ObjectIndex {
         })
     }
 
-    /// What the indexed objects' heads cost now ([`ObjectMeta::charge`]).
+    /// What the indexed objects' heads and primary keys cost now ([`ObjectMeta::charge`],
+    /// [`key_charge`]).
     pub fn head_bytes(&self) -> u64 {
         self.lock().head_bytes
     }
@@ -508,6 +570,20 @@ pub(crate) mod tests {
             range_capable: true,
             wire: Default::default(),
         })
+    }
+
+    /// What the index holds, counted afresh: each object's charge and each primary key's.
+    fn charged_now(idx: &ObjectIndex) -> u64 {
+        let inner = idx.lock();
+        let objects: u64 = inner
+            .primaries
+            .values()
+            .flat_map(|p| p.variants.values())
+            .map(|m| m.charge())
+            .sum();
+        let keys: u64 = inner.primaries.keys().map(|k| key_charge(k)).sum();
+        assert_eq!(inner.order.len(), inner.primaries.len());
+        objects + keys
     }
 
     #[test]
@@ -704,15 +780,7 @@ pub(crate) mod tests {
         let mut dropped = Vec::new();
         for i in 0..100 {
             dropped.extend(idx.insert(with_head(&format!("k{i}"), 12_000, 0)));
-            let held: u64 = {
-                let inner = idx.lock();
-                inner
-                    .primaries
-                    .values()
-                    .flat_map(|p| p.variants.values())
-                    .map(|m| m.charge())
-                    .sum()
-            };
+            let held = charged_now(&idx);
             assert_eq!(idx.head_bytes(), held);
             assert_eq!(budget.heads(), held);
             assert!(held <= budget.head_room(), "{held}");
@@ -776,5 +844,87 @@ pub(crate) mod tests {
         assert_eq!((idx.len(), idx.head_bytes(), budget.heads()), (0, 0, 0));
         fill_tier();
         assert!(memory.weight() > total * 3 / 4, "{}", memory.weight());
+    }
+
+    /// Finding: a hit-for-pass memo (a primary key with no objects) was charged nothing, though
+    /// it holds its key twice, and URLs go up to 64 KiB: unique long-query GETs to an origin
+    /// answering `private` held ~128 KB each beside the budget, bounded only by `max_objects`.
+    /// Now each primary key is charged; memos stay within the room for heads, the oldest going.
+    #[test]
+    fn memos_with_long_urls_are_charged_and_bounded() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::MemoryTier;
+
+        let slice = 16 * 1024;
+        let total = 64 * slice;
+        let memory = Arc::new(MemoryTier::new(total, slice));
+        let budget = Budget::new(total, slice, memory);
+        let idx = ObjectIndex::new(100_000).charged_to(budget.clone());
+        let until = Instant::now() + std::time::Duration::from_secs(60);
+        let url = |i: usize| format!("s|h|/q?{i:05}{}", "x".repeat(60_000));
+        for i in 0..100 {
+            assert!(idx.mark_pass(&url(i), until).is_empty());
+            let held = charged_now(&idx);
+            assert_eq!((idx.head_bytes(), budget.heads()), (held, held));
+            assert!(held <= budget.head_room(), "{held} past the room");
+            assert!(budget.accounted() <= total, "{}", budget.accounted());
+        }
+        let memos = idx.lock().primaries.len();
+        // Each costs about 120 KB: a handful fit in 512 KiB.
+        assert!((2..=4).contains(&memos), "{memos} memos");
+        let now = Instant::now();
+        assert!(matches!(
+            idx.lookup(&url(99), &HeaderMap::new(), now),
+            Lookup::Pass
+        ));
+        assert!(matches!(
+            idx.lookup(&url(0), &HeaderMap::new(), now),
+            Lookup::UriMiss
+        ));
+        // A key too long for the whole room gets no memo.
+        let huge = "y".repeat(total as usize);
+        assert!(idx.mark_pass(&huge, until).is_empty());
+        assert!(idx.head_bytes() <= budget.head_room());
+    }
+
+    /// Finding: removing an object's last version, or hard-purging its key, left the key in the
+    /// index with nothing under it, uncharged and never swept. Now such a key is charged until
+    /// evicted (a hard purge by prefix takes it at once), and every byte is given back.
+    #[test]
+    fn a_key_left_with_no_object_is_charged_until_it_goes() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::MemoryTier;
+
+        let slice = 16 * 1024;
+        let memory = Arc::new(MemoryTier::new(64 * slice, slice));
+        let budget = Budget::new(64 * slice, slice, memory);
+        let idx = ObjectIndex::new(100).charged_to(budget.clone());
+        let long = |name: &str| format!("s|h|/{name}?{}", "z".repeat(10_000));
+        let (a, b, c) = (long("a"), long("b"), long("c"));
+        for key in [&a, &b, &c] {
+            idx.insert(meta(key, vec![], "", 1));
+        }
+        assert_eq!(budget.heads(), charged_now(&idx));
+        assert!(idx.remove_object(&a, ObjectId::new(&a, ""), 1));
+        idx.purge(Primaries::Key(&b), |_, _| true, false);
+        // Emptied by a removal or a key purge, a key stays charged until evicted (taking it
+        // out of the order would walk it under the lock).
+        assert_eq!(idx.lock().primaries.len(), 3);
+        assert_eq!(budget.heads(), charged_now(&idx));
+        assert_eq!(
+            budget.heads(),
+            meta(&c, vec![], "", 1).charge() + key_charge(&a) + key_charge(&b) + key_charge(&c)
+        );
+        // A purge by prefix takes every empty key it passes (a soft one keeps c's stale copy).
+        idx.purge(Primaries::Prefix("s|"), |_, _| true, true);
+        assert_eq!(idx.lock().primaries.len(), 1);
+        idx.purge(Primaries::Prefix("s|"), |_, _| true, false);
+        {
+            let inner = idx.lock();
+            assert!(inner.primaries.is_empty());
+            assert!(inner.order.is_empty());
+        }
+        assert_eq!(charged_now(&idx), 0, "no key left");
+        assert_eq!((idx.head_bytes(), budget.heads()), (0, 0));
     }
 }

@@ -172,9 +172,16 @@ pub fn head_bytes(headers: &HeaderMap, tags: &[String]) -> u64 {
 impl ObjectMeta {
     /// What this object's record costs while indexed: its fields and tags ([`head_bytes`]), its
     /// keys and the record itself. Charged to `memory_bytes` (`index.rs`, `budget.rs`).
+    ///
+    /// Each key is counted as often as it is held: the variant three times (the record's own,
+    /// the key of its primary's variant map and the entry in that primary's insertion order),
+    /// the primary once (the record's own; the index charges its map key and order entry once
+    /// per primary key, `index::key_charge`). A `Vary` on a long field (`User-Agent`, `Cookie`)
+    /// makes long variant keys; counted once, three copies of them went past the budget.
     pub fn charge(&self) -> u64 {
         head_bytes(&self.headers, &self.tags)
-            + (self.primary.len() + self.variant.len()) as u64
+            + self.primary.len() as u64
+            + 3 * self.variant.len() as u64
             + self.vary.len() as u64 * ENTRY_BYTES
             + OBJECT_BYTES
     }
@@ -348,6 +355,18 @@ impl ObjectMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Finding: the variant key was counted once though the index holds it three times (the
+    /// record, the variant map's key, the primary's order), and the primary once beside the
+    /// index's own two copies, charged per primary key. Now each is counted as held.
+    #[test]
+    fn keys_are_charged_as_often_as_they_are_held() {
+        let mut m =
+            (*crate::cache::index::tests::meta("p".repeat(10_000).as_str(), vec![], "", 1)).clone();
+        m.variant = "v".repeat(20_000);
+        let fields = head_bytes(&m.headers, &m.tags);
+        assert_eq!(m.charge(), fields + 10_000 + 3 * 20_000 + OBJECT_BYTES);
+    }
 
     #[test]
     fn stored_headers_do_not_pin_the_buffer_they_were_parsed_from() {
