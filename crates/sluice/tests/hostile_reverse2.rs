@@ -266,6 +266,61 @@ idle_timeout_secs = 30
     assert!(!server.is_ejected());
 }
 
+/// Over HTTP/2 to an HTTP/2 origin (h2c): a client sends its `content-length` worth and never
+/// ends the stream. The upstream stream ended only with the client's END_STREAM, so an origin
+/// reading to the end never answered, and the header timeout, run from the body's end, booked
+/// the server. A body whose length is spent now ends the upstream stream with its last byte.
+#[tokio::test]
+async fn a_spent_body_ends_the_upstream_http2_stream() {
+    let origin = delayed_origin(Duration::ZERO).await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "h2"
+servers = ["{origin}"]
+max_fails = 1
+fail_timeout_secs = 60
+
+[[routes]]
+host = "h2.test"
+path = "/"
+upstream = "h2"
+upstream_protocol = "h2c"
+header_timeout_secs = 1
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    let io = TcpStream::connect(p.addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::post("http://h2.test/up")
+        .header("content-length", "2")
+        .body(())
+        .unwrap();
+    let (resp, mut body) = send.send_request(req, false).unwrap();
+    // Both bytes, and never an END_STREAM (the stream is kept open until the answer came).
+    body.send_data(bytes::Bytes::from_static(b"ab"), false)
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("an answer")
+        .expect("an answer");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut answer = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(got, b"got 2");
+    drop(body);
+    let groups = p.app.groups().current();
+    let server = &groups.get("h2").unwrap().servers()[0];
+    assert_eq!(server.failures(), 0);
+    assert!(!server.is_ejected());
+}
+
 /// Finding: the header timeout ran from the start of the attempt, so it counted the time the
 /// client took to send its body. A client that sent its last byte just before the timeout, to
 /// an origin that needs a moment after the body to answer, had the timeout fire with the body

@@ -1286,7 +1286,12 @@ impl PacedServer {
     }
 
     async fn scripted(script: Script) -> PacedServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::scripted_at("127.0.0.1", script).await
+    }
+
+    /// On another loopback address (another server host to the gateway).
+    async fn scripted_at(ip: &str, script: Script) -> PacedServer {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let sessions = Arc::new(Mutex::new(Sessions::default()));
@@ -1573,11 +1578,15 @@ async fn teardowns_a_server_never_answers_are_bounded() {
     use sluice::iptv::rtsp::{MAX_TEARDOWNS, MAX_TEARDOWNS_PER_SERVER};
     let server = PacedServer::start(Duration::ZERO).await;
     let port = server.port;
-    let polite = PacedServer::scripted(Script {
-        delay: Duration::ZERO,
-        play: Some(200),
-        teardown: true,
-    })
+    // Another host: the per-server places count a server by its IP address.
+    let polite = PacedServer::scripted_at(
+        "127.0.0.2",
+        Script {
+            delay: Duration::ZERO,
+            play: Some(200),
+            teardown: true,
+        },
+    )
     .await;
     let mut cfg = rtsp_config();
     // Every unanswered TEARDOWN outlives the test.
@@ -1633,7 +1642,7 @@ async fn teardowns_a_server_never_answers_are_bounded() {
     let polite_port = polite.port;
     for i in 0..2 {
         play(
-            format!("/rtsp/127.0.0.1:{polite_port}/left{i}"),
+            format!("/rtsp/127.0.0.2:{polite_port}/left{i}"),
             "127.0.0.2:40000",
         )
         .await;

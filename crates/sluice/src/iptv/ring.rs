@@ -109,13 +109,12 @@ impl Ring {
     }
 
     /// Evicts chunks every subscriber has read (those before `floor`, the slowest reader's
-    /// index) as long as at least `history` (charged) stays.
+    /// index) as long as at least `history` of payload stays (what a new viewer's burst looks
+    /// back over; `capacity`, charged per chunk, already bounds how many chunks that is).
     pub fn release(&mut self, floor: u64) {
         while self.base < floor {
             match self.chunks.front() {
-                Some((_, old)) if self.charged() - (old.len() + CHUNK_OVERHEAD) >= self.history => {
-                    self.evict()
-                }
+                Some((_, old)) if self.bytes - old.len() >= self.history => self.evict(),
                 _ => break,
             }
         }

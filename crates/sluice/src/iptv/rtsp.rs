@@ -144,10 +144,10 @@ impl RtspConfig {
 /// milliseconds) while bounding what a silent server can hold to sixteen connections.
 pub const MAX_TEARDOWNS: usize = 16;
 
-/// Of `MAX_TEARDOWNS`, the most one server (by address) holds: a client zapping through a
-/// silent server would otherwise hold them all, and the sessions other clients leave on
-/// servers that answer (over UDP, where the server sees no connection close) would never be
-/// torn down.
+/// Of `MAX_TEARDOWNS`, the most one server (by IP address, whatever its ports) holds: a client
+/// zapping through a silent server would otherwise hold them all, and the sessions other
+/// clients leave on servers that answer (over UDP, where the server sees no connection close)
+/// would never be torn down.
 pub const MAX_TEARDOWNS_PER_SERVER: usize = 4;
 
 /// What every RTSP hub of this gateway shares.
@@ -160,7 +160,7 @@ pub struct Context {
     /// Places for TEARDOWNs in flight (`MAX_TEARDOWNS`).
     teardowns: tokio::sync::Semaphore,
     /// TEARDOWNs in flight by server (at most `MAX_TEARDOWNS_PER_SERVER` each).
-    teardowns_by_server: Mutex<HashMap<std::net::SocketAddr, usize>>,
+    teardowns_by_server: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Why a hub's session failed before any data, for the viewers waiting on it; by hub.
     failures: Mutex<HashMap<usize, (tokio::time::Instant, String)>>,
 }
@@ -177,7 +177,7 @@ impl std::fmt::Debug for Context {
 /// A TEARDOWN's place: one of the gateway's and one of its server's, given back on drop.
 struct TeardownPlace<'a> {
     ctx: &'a Context,
-    server: std::net::SocketAddr,
+    server: std::net::IpAddr,
     _place: tokio::sync::SemaphorePermit<'a>,
 }
 
@@ -196,6 +196,8 @@ impl Drop for TeardownPlace<'_> {
 impl Context {
     /// A place for a TEARDOWN to `server`, when the gateway and that server have one free.
     fn teardown_place(&self, server: std::net::SocketAddr) -> Option<TeardownPlace<'_>> {
+        // One host on many ports is one server.
+        let server = server.ip();
         let place = self.teardowns.try_acquire().ok()?;
         let mut by_server = super::registry::lock(&self.teardowns_by_server);
         let n = by_server.entry(server).or_insert(0);

@@ -318,7 +318,10 @@ impl Body for LentBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Some(b) => b.is_end_stream(),
+            // Its `content-length` spent is its end too: an HTTP/2 upstream then sends
+            // END_STREAM with the last byte instead of waiting for the client's (which may
+            // never come, while the header timeout, run from the body's end, books the server).
+            Some(b) => b.is_end_stream() || b.size_hint().exact() == Some(0),
             None => self.end_stream,
         }
     }
