@@ -213,8 +213,13 @@ impl Cluster {
 
     /// Takes the hop marker off a request: `None` when there is none or it is not valid (a
     /// client's own, removed and worth nothing); `Some(vouched)` for a peer's request, `vouched`
-    /// when the marker also vouches for its forwarding fields (`hop::vouched_target`: a node
-    /// before this signs the request line alone, and its relays carry the client's own fields).
+    /// when the marker also vouches for its forwarding fields (`hop::vouched_target`). A marker
+    /// over the request line alone (a node from before fields were covered) or over the
+    /// forwarding fields without the other proxies' (`hop::forwarding_target`: a node from
+    /// before those were, with a load balancer's `X-Forwarded-Port` present) marks a peer's
+    /// request but vouches for nothing: its fields are treated as a client's and the proxies'
+    /// stripped, so a replay with one added gains nothing. Neither does a request whose
+    /// `Connection` names a covered field (stripped after this check).
     pub fn take_hop(
         &self,
         headers: &mut HeaderMap,
@@ -225,8 +230,18 @@ impl Cluster {
         let v = headers.remove(HOP_HEADER)?;
         let vouched = hop::vouched_target(target, headers);
         let found = if self.key.verify(&v, method, authority, &vouched).is_some() {
-            Some(true)
-        } else if self.key.verify(&v, method, authority, target).is_some() {
+            Some(!hop::connection_names_covered(headers))
+        } else if self.key.verify(&v, method, authority, target).is_some()
+            || self
+                .key
+                .verify(
+                    &v,
+                    method,
+                    authority,
+                    &hop::forwarding_target(target, headers),
+                )
+                .is_some()
+        {
             Some(false)
         } else {
             None
@@ -419,5 +434,102 @@ mod tests {
         // A client's made-up marker.
         let mut h = marked(HeaderValue::from_static("n1 1 00"), &fields);
         assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), None);
+    }
+
+    fn marker_test_cluster() -> Cluster {
+        let metrics = crate::cache::metrics::CacheMetrics::new(&mut Default::default()).cluster;
+        let config = ClusterConfig {
+            secret: "0123456789abcdef".into(),
+            ..ClusterConfig::default()
+        };
+        Cluster::new(
+            &config,
+            metrics,
+            (Duration::from_secs(1), Duration::from_secs(1)),
+        )
+        .unwrap()
+    }
+
+    /// During an upgrade, a node from before the other proxies' fields were covered signs the
+    /// forwarding fields alone; with a load balancer's `X-Forwarded-Port` present its relay is
+    /// still a peer's request (served here, not relayed again), but vouches for no field.
+    #[test]
+    fn an_older_nodes_marker_with_a_proxy_field_marks_a_peer_but_vouches_for_nothing() {
+        let c = marker_test_cluster();
+        let key = HopKey::new("0123456789abcdef");
+        let mut fields = HeaderMap::new();
+        fields.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.7"));
+        // Without a proxy field, the older form is this version's.
+        assert_eq!(
+            hop::forwarding_target("/a", &fields),
+            hop::vouched_target("/a", &fields)
+        );
+        let older = hop::forwarding_target("/a", &fields);
+        fields.insert("x-forwarded-port", HeaderValue::from_static("443"));
+        fields.insert("x-forwarded-scheme", HeaderValue::from_static("https"));
+        assert_ne!(
+            hop::forwarding_target("/a", &fields),
+            hop::vouched_target("/a", &fields)
+        );
+        let mut h = fields.clone();
+        h.insert(
+            HOP_HEADER,
+            key.sign(
+                "n1",
+                "GET",
+                "shop.test",
+                &hop::forwarding_target("/a", &fields),
+            ),
+        );
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), Some(false));
+        assert!(!h.contains_key(HOP_HEADER));
+        // A replay of a marker made without proxy fields, one added: a peer's, nothing vouched.
+        let mut h = fields.clone();
+        h.insert(HOP_HEADER, key.sign("n1", "GET", "shop.test", &older));
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), Some(false));
+        // A forwarding field changed still leaves no peer at all.
+        let mut h = fields.clone();
+        h.insert(
+            HOP_HEADER,
+            key.sign(
+                "n1",
+                "GET",
+                "shop.test",
+                &hop::forwarding_target("/a", &fields),
+            ),
+        );
+        h.insert("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        assert_eq!(c.take_hop(&mut h, "GET", "shop.test", "/a"), None);
+    }
+
+    /// A `Connection` field naming a covered field (which the hop-by-hop stripping after the
+    /// check removes) leaves the marker vouching for nothing; one naming others does not.
+    #[test]
+    fn a_marker_vouches_for_nothing_when_connection_names_a_covered_field() {
+        let c = marker_test_cluster();
+        let key = HopKey::new("0123456789abcdef");
+        let mut fields = HeaderMap::new();
+        fields.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.7"));
+        fields.insert("x-forwarded-scheme", HeaderValue::from_static("https"));
+        let marker = key.sign(
+            "n1",
+            "GET",
+            "shop.test",
+            &hop::vouched_target("/a", &fields),
+        );
+        let take = |connection: &'static str| {
+            let mut h = fields.clone();
+            h.insert(HOP_HEADER, marker.clone());
+            h.insert(
+                http::header::CONNECTION,
+                HeaderValue::from_static(connection),
+            );
+            c.take_hop(&mut h, "GET", "shop.test", "/a")
+        };
+        assert_eq!(take("keep-alive"), Some(true));
+        assert_eq!(take("keep-alive, x-forwarded-scheme"), Some(false));
+        assert_eq!(take("X-Forwarded-For"), Some(false));
+        assert_eq!(take("via"), Some(false));
+        assert_eq!(take("x-forwarded-port"), Some(false));
     }
 }

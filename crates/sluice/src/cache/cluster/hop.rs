@@ -88,22 +88,46 @@ impl HopKey {
 /// `X-Original-Host`..., `forwarded::PROXY_FIELDS`), so the owner may take them as a trusted
 /// proxy's, and nothing on the way can change or add one (a replay with `X-Forwarded-Scheme:
 /// http` added would shape an answer cached for everyone). Signed as `<target>\n<this>` in the
-/// target's place; a marker from a node before this signs the target alone, which still marks a
-/// peer's request but vouches for no field.
+/// target's place. Older nodes sign [`forwarding_target`] (the forwarding fields alone) or the
+/// target alone: either still marks a peer's request, but vouches for no field
+/// (`Cluster::take_hop`).
 pub fn vouched_target(target: &str, headers: &http::HeaderMap) -> String {
+    digest_target(target, headers, true)
+}
+
+/// The target as a node before [`vouched_target`] covered the other proxies' fields signed it:
+/// the forwarding fields alone. The same as [`vouched_target`] when no such field is there; when
+/// one is (a load balancer adds `X-Forwarded-Port`), nodes of the two versions agree on this
+/// form only, so the owner accepts it as a peer's request without vouching for any field.
+pub fn forwarding_target(target: &str, headers: &http::HeaderMap) -> String {
+    digest_target(target, headers, false)
+}
+
+fn digest_target(target: &str, headers: &http::HeaderMap, proxies: bool) -> String {
     use sha2::Digest;
     let mut h = Sha256::new();
     for name in sluice_http::forwarded::FIELDS.iter() {
         hash_field(&mut h, name, headers);
     }
-    // Only those present: a request without any hashes as before they were covered, so nodes
-    // of both versions still vouch for each other's ordinary relays during an upgrade.
-    for name in sluice_http::forwarded::PROXY_FIELDS.iter() {
-        if headers.contains_key(name) {
-            hash_field(&mut h, name, headers);
+    // Only those present: a request without any hashes as an older node's does.
+    if proxies {
+        for name in sluice_http::forwarded::PROXY_FIELDS.iter() {
+            if headers.contains_key(name) {
+                hash_field(&mut h, name, headers);
+            }
         }
     }
     format!("{target}\n{}", sluice_media::keys::to_hex(&h.finalize()))
+}
+
+/// Whether `Connection` names a field a marker covers: the hop-by-hop stripping after the check
+/// would remove it, so the fields the marker was checked with are not those that go on (a
+/// replay adding `Connection: x-forwarded-scheme` would drop a covered field).
+pub fn connection_names_covered(headers: &http::HeaderMap) -> bool {
+    sluice_http::hop::connection_names(headers).iter().any(|n| {
+        sluice_http::forwarded::FIELDS.contains(n)
+            || sluice_http::forwarded::is_proxy_field(n.as_str())
+    })
 }
 
 /// Feeds `name: v1\n v2\n ... \n` to `h` (values cannot hold a line break, so it is unambiguous).

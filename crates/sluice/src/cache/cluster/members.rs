@@ -130,6 +130,7 @@ mod dns {
 
     use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
     use hickory_resolver::name_server::TokioConnectionProvider;
+    use hickory_resolver::proto::rr::rdata::SRV;
     use hickory_resolver::TokioResolver;
 
     use super::{MemberSpec, MAX_WEIGHT};
@@ -158,6 +159,13 @@ mod dns {
         builder.build()
     }
 
+    /// Sorts SRV records by all they hold, so the first [`super::MAX_DNS_MEMBERS`] (and the
+    /// weight each keeps) are the same on every node whatever order DNS gave them in: two records
+    /// alike but for their weight sorted by target and port alone kept the answer's order.
+    pub(super) fn in_order(records: &mut [SRV]) {
+        records.sort_by_cached_key(|r| (r.target().to_utf8(), r.port(), r.priority(), r.weight()));
+    }
+
     fn until(t: Instant) -> Duration {
         t.saturating_duration_since(Instant::now())
     }
@@ -174,8 +182,8 @@ mod dns {
             let mut ttl = until(srv.as_lookup().valid_until());
             // One address lookup per target: no more targets than members kept, the same ones
             // on every node.
-            let mut records: Vec<_> = srv.iter().collect();
-            records.sort_by_key(|r| (r.target().to_utf8(), r.port()));
+            let mut records: Vec<_> = srv.iter().cloned().collect();
+            in_order(&mut records);
             records.truncate(super::MAX_DNS_MEMBERS);
             for rec in records {
                 let ips = resolver
@@ -260,5 +268,27 @@ mod tests {
         let mut reversed = many;
         reversed.reverse();
         assert_eq!(bounded("n:8080", reversed), first);
+    }
+
+    /// SRV records alike but for their weight (or priority) are ordered the same whatever order
+    /// the answer gave them in, so the cut-off keeps the same weights on every node.
+    #[test]
+    fn srv_records_are_ordered_by_all_they_hold() {
+        use hickory_resolver::proto::rr::rdata::SRV;
+        use hickory_resolver::Name;
+        let name = |n: &str| Name::from_ascii(n).unwrap();
+        let records = vec![
+            SRV::new(0, 50, 8080, name("b.test.")),
+            SRV::new(0, 10, 8080, name("b.test.")),
+            SRV::new(1, 10, 8080, name("b.test.")),
+            SRV::new(0, 99, 8080, name("a.test.")),
+        ];
+        let mut forward = records.clone();
+        dns::in_order(&mut forward);
+        let mut backward: Vec<SRV> = records.into_iter().rev().collect();
+        dns::in_order(&mut backward);
+        assert_eq!(forward, backward);
+        let seen: Vec<(u16, u16)> = forward.iter().map(|r| (r.priority(), r.weight())).collect();
+        assert_eq!(seen, [(0, 99), (0, 10), (0, 50), (1, 10)][..]);
     }
 }

@@ -31,9 +31,9 @@ pub struct RelayRequest {
     pub body_idle: Duration,
 }
 
-/// The largest control answer taken from a peer (a purge log page: at most 1,000 entries, each
-/// with up to 64 tags). A longer one fails the exchange (the check, for a log pull) instead of
-/// growing this node's memory at the peer's pace.
+/// The largest control answer taken from a peer (a purge log page: at most 1,000 entries and,
+/// past its first, 16 MiB of them, `purge_log::PAGE_BYTES`). A longer one fails the exchange
+/// (the check, for a log pull) instead of growing this node's memory at the peer's pace.
 pub const MAX_CONTROL_ANSWER: usize = 64 << 20;
 
 /// Why a peer exchange failed.

@@ -67,6 +67,34 @@ pub struct PurgeLog {
 /// Entries one pull returns at most.
 const PAGE: usize = 1000;
 
+/// Bytes of JSON one page's entries take at most (past one entry): a quarter of what a puller
+/// takes (`peer::MAX_CONTROL_ANSWER`). A thousand tag purges each near the head's bound (JSON
+/// doubles a backslash) would otherwise make a page every pull refuses, keeping this node out
+/// of every ring until they leave the log.
+const PAGE_BYTES: usize = 16 << 20;
+
+/// Counts the bytes written to it (an entry's JSON size without keeping the text).
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How many bytes `entry` takes in a page's JSON (and the comma after it).
+fn json_size(entry: &LogEntry) -> usize {
+    let mut n = Counter(1);
+    // Writing to a counter cannot fail, nor can serialising plain strings and numbers.
+    let _ = serde_json::to_writer(&mut n, entry);
+    n.0
+}
+
 impl PurgeLog {
     pub fn new(cap: usize) -> PurgeLog {
         let mut b = [0u8; 8];
@@ -90,20 +118,28 @@ impl PurgeLog {
         }
     }
 
-    /// The entries after `after` of boot `boot` (all held ones for another boot), at most a page.
+    /// The entries after `after` of boot `boot` (all held ones for another boot), at most a page:
+    /// [`PAGE`] entries, and no more than [`PAGE_BYTES`] of them unless the first is larger
+    /// (the puller asks again after the last one it got).
     pub fn page(&self, boot: u64, after: u64) -> LogPage {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let after = if boot == self.boot { after } else { 0 };
         LogPage {
             boot: self.boot,
             first: g.1.front().map_or(g.0, |e| e.seq),
-            entries: g
-                .1
-                .iter()
-                .filter(|e| e.seq > after)
-                .take(PAGE)
-                .cloned()
-                .collect(),
+            entries: {
+                let mut bytes = 0;
+                g.1.iter()
+                    .filter(|e| e.seq > after)
+                    .take(PAGE)
+                    .take_while(|e| {
+                        let first = bytes == 0;
+                        bytes += json_size(e);
+                        first || bytes <= PAGE_BYTES
+                    })
+                    .cloned()
+                    .collect()
+            },
             up_ms: 0,
         }
     }
@@ -158,5 +194,47 @@ mod tests {
         })
         .unwrap();
         assert_eq!(json["scope"], "3:web1:a|");
+    }
+
+    /// A page of tag purges full of backslashes (JSON doubles them) stays within what a puller
+    /// takes, and the next pull goes on after it: every entry arrives, in order.
+    #[test]
+    fn a_page_is_bounded_in_bytes() {
+        let log = PurgeLog::new(1000);
+        // 63 KiB of backslashes, 126 KiB of JSON: a thousand made a 125 MiB page.
+        let tag = "\\".repeat(63 << 10);
+        for i in 0..1000 {
+            log.append(PurgeOrder {
+                mode: "tag".into(),
+                tags: vec![tag.clone()],
+                ..order(&format!("k{i}"))
+            });
+        }
+        let mut after = 0;
+        let mut got = Vec::new();
+        let mut boot = 0;
+        while got.len() < 1000 {
+            let page = log.page(boot, after);
+            let json = serde_json::to_vec(&page).unwrap();
+            assert!(json.len() <= PAGE_BYTES + 4096, "{} bytes", json.len());
+            assert!(json.len() < super::super::peer::MAX_CONTROL_ANSWER);
+            assert!(!page.entries.is_empty());
+            boot = page.boot;
+            after = page.entries.last().unwrap().seq;
+            got.extend(page.entries.into_iter().map(|e| e.order.key));
+        }
+        let want: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+        assert_eq!(got, want);
+        assert!(log.page(boot, after).entries.is_empty());
+        // One entry larger than the bound still goes, alone.
+        let big = PurgeLog::new(4);
+        for _ in 0..2 {
+            big.append(PurgeOrder {
+                mode: "tag".into(),
+                tags: vec!["\\".repeat(PAGE_BYTES / 2 + 1)],
+                ..order("k")
+            });
+        }
+        assert_eq!(big.page(0, 0).entries.len(), 1);
     }
 }
