@@ -1086,6 +1086,11 @@ const SMALL_PIECE: usize = 512;
 /// that order, released as 1, 2, 3, 4, so none follows the one before it in memory) made
 /// every payload a chunk of its own: a million handles for a megabyte of history. The ring's
 /// `CHUNK_OVERHEAD` bounds that anyway; this keeps such a channel's history its size in bytes.
+///
+/// A run grows to at most `BLOCK_BYTES` (or one payload, when that is larger): one chunk of
+/// megabytes (the FCC burst's thousands of held datagrams released at once) would make the
+/// ring drop its whole history to take it. A copied run gives back what it grew by beyond its
+/// bytes before it is handed on, since the ring charges a chunk its length, not its capacity.
 #[derive(Debug, Default)]
 struct Joiner {
     run: Option<BytesMut>,
@@ -1096,15 +1101,20 @@ struct Joiner {
 impl Joiner {
     /// Takes the next piece; returns a finished chunk when the piece starts a new one.
     fn add(&mut self, piece: BytesMut) -> Option<BytesMut> {
+        let fits = |run: &BytesMut| run.len() + piece.len() <= BLOCK_BYTES;
         match self.run.as_mut() {
-            Some(run) if !self.owned && run.as_ptr().wrapping_add(run.len()) == piece.as_ptr() => {
+            Some(run)
+                if !self.owned
+                    && fits(run)
+                    && run.as_ptr().wrapping_add(run.len()) == piece.as_ptr() =>
+            {
                 run.unsplit(piece);
                 None
             }
-            Some(run) if piece.len() < SMALL_PIECE => {
+            Some(run) if piece.len() < SMALL_PIECE && fits(run) => {
                 if !self.owned {
                     // Growing a view into a shared block would allocate a whole block's worth
-                    // (`BytesMut` keeps the original capacity): copy to an exact size instead.
+                    // (`BytesMut` keeps the original capacity): copy instead.
                     let mut copy = BytesMut::with_capacity(run.len() + piece.len());
                     copy.extend_from_slice(run);
                     *run = copy;
@@ -1114,15 +1124,27 @@ impl Joiner {
                 None
             }
             _ => {
-                self.owned = false;
-                self.run.replace(piece)
+                let done = self.take();
+                self.run = Some(piece);
+                done
             }
         }
     }
 
+    /// The run so far, its spare capacity given back when it is a copy (growing it in place
+    /// doubled its capacity at times).
+    fn take(&mut self) -> Option<BytesMut> {
+        let run = self.run.take()?;
+        let owned = std::mem::take(&mut self.owned);
+        if owned && run.capacity() > run.len() {
+            return Some(BytesMut::from(&run[..]));
+        }
+        Some(run)
+    }
+
     /// The last chunk, if any.
-    fn finish(self) -> Option<BytesMut> {
-        self.run
+    fn finish(mut self) -> Option<BytesMut> {
+        self.take()
     }
 }
 
@@ -1249,6 +1271,38 @@ mod tests {
             chunks[0].capacity() < 2 * want.len(),
             "no block-sized copies"
         );
+    }
+
+    /// Attack: small payloads out of order, hundreds of kilobytes of them released at once
+    /// (as an FCC burst's held datagrams are). They are copied into chunks of at most
+    /// `BLOCK_BYTES`, each holding no more memory than its bytes (the ring charges a chunk its
+    /// length): not one chunk of all of them, its capacity grown by doubling.
+    #[test]
+    fn copied_runs_are_capped_and_hold_only_their_bytes() {
+        for (size, count) in [(1usize, 2100u16), (100, 3001)] {
+            let mut payloads = vec![(0u16, vec![0u8; size])];
+            for pair in (1..count).collect::<Vec<_>>().chunks(2) {
+                for &seq in pair.iter().rev() {
+                    payloads.push((seq, vec![seq as u8; size]));
+                }
+            }
+            let chunks = joined(&payloads);
+            let all: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            let want: Vec<u8> = (0..count).flat_map(|s| vec![s as u8; size]).collect();
+            assert_eq!(all, want, "{size}-byte payloads");
+            for c in &chunks {
+                assert!(c.len() <= BLOCK_BYTES, "a chunk of {} bytes", c.len());
+                assert!(
+                    c.capacity() <= c.len() + 64,
+                    "{} bytes held for {}",
+                    c.capacity(),
+                    c.len()
+                );
+            }
+            // Still joined: about one chunk per block's worth.
+            let most = want.len().div_ceil(BLOCK_BYTES - SMALL_PIECE);
+            assert!(chunks.len() <= most, "{} chunks", chunks.len());
+        }
     }
 
     /// Real payloads: in order they join into one chunk; out of order, each starts a chunk as

@@ -11,7 +11,8 @@
 //! reloads of one version of the window, together or one after another, cost one.
 //!
 //! fMP4 playlists (`?container=fmp4`) go the same way, told apart by their form and by how far
-//! the channel's segments are rewritten.
+//! the channel's segments are rewritten, and kept apart: the channel keeps its last one of each
+//! form, so viewers of both do not replace each other's.
 //!
 //! A playlist that will be large (a full catch-up window with a long query: tens of
 //! megabytes) is written on the blocking pool, [`BLOCKING_WRITES`] at once over all channels,
@@ -19,7 +20,7 @@
 //! shared write is a task of its own: a client leaving does not throw away what it started.
 //!
 //! What the channels keep (listings and playlists) has its own bound over all of them,
-//! [`MAX_KEPT_TOTAL`]: each channel keeps at most one listing and one playlist, but catch-up
+//! [`MAX_KEPT_TOTAL`]: each channel keeps at most one listing and two playlists, but catch-up
 //! and ended channels are many, and a kept playlist of 8 MiB each would add up outside
 //! `catchup_total_bytes`. Playlists take at most half of it, so every channel's listing still
 //! fits. Past the bound a listing or playlist is used once and not kept.
@@ -30,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use sluice_media::segmenter::playlist::{self, Entry, Kind, LowLatency, PartEntry};
 use sluice_media::segmenter::{Segment, CLOCK};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::super::registry;
 use super::fmp4::Converted;
@@ -368,6 +369,17 @@ enum Form {
     Fmp4(Option<u64>),
 }
 
+impl Form {
+    /// Where the channel keeps its last playlist of this form: one TS and one fMP4, so
+    /// viewers of both forms do not replace each other's.
+    fn slot(self) -> usize {
+        match self {
+            Form::Ts => 0,
+            Form::Fmp4(_) => 1,
+        }
+    }
+}
+
 /// A playlist as written: `None` for an fMP4 one when no segment has an fMP4 form.
 type Text = Option<Bytes>;
 
@@ -388,7 +400,8 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct State {
-    last: Option<Last>,
+    /// The last playlist written, per form (by [`Form::slot`]).
+    last: [Option<Last>; 2],
     flights: Vec<Flight>,
 }
 
@@ -550,7 +563,7 @@ impl Rendered {
         let form = job.form();
         let joined = {
             let mut state = registry::lock(&self.inner.state);
-            if let Some(last) = &state.last {
+            if let Some(last) = &state.last[form.slot()] {
                 if last.version == listing.version && last.form == form && *last.query == *query {
                     return Some(last.text.clone());
                 }
@@ -571,7 +584,18 @@ impl Rendered {
                 let waiting = send.subscribe();
                 let (inner, job) = (self.inner.clone(), job.clone());
                 tokio::spawn(async move {
-                    let text = inner.write_off(&job).await;
+                    // A write no one can have any more is not started: its flight left the
+                    // list (a newer version came) and every request waiting for it left.
+                    // Else hang-ups on each new version would queue writes without end on
+                    // the places every channel's large playlists wait for.
+                    let place = tokio::select! {
+                        place = inner.shared.blocking.clone().acquire_owned() => place,
+                        () = send.closed() => return,
+                    };
+                    let text = match place {
+                        Ok(place) => inner.write_in(place, &job).await,
+                        Err(_) => inner.write_here(&job),
+                    };
                     inner.finish(&job, form, &text, Some(&send));
                     let _ = send.send(Some(text));
                 });
@@ -619,15 +643,15 @@ impl Inner {
         };
         let version = job.listing.version;
         let keep = text.len() <= MAX_KEPT_BYTES
-            && state.last.as_ref().is_none_or(|l| {
+            && state.last[form.slot()].as_ref().is_none_or(|l| {
                 l.version < version
                     || (l.version == version && (*l.query != *job.query || l.form != form))
             });
         if keep {
             // The old one's bytes go back first: it is replaced whether or not this one fits.
-            state.last = None;
+            state.last[form.slot()] = None;
             if let Some(held) = self.shared.reserve_playlist(text.len() as u64) {
-                state.last = Some(Last {
+                state.last[form.slot()] = Some(Last {
                     version,
                     form,
                     query: job.query.clone(),
@@ -656,11 +680,16 @@ impl Inner {
 
     /// Writes the playlist on the blocking pool, once a place is free.
     async fn write_off(&self, job: &Job) -> Text {
-        // The place goes with the blocking job (which cannot be stopped). The places are
-        // never closed; were they, the playlist is written here.
-        let Ok(place) = self.shared.blocking.clone().acquire_owned().await else {
-            return self.write_here(job);
-        };
+        // The places are never closed; were they, the playlist is written here.
+        match self.shared.blocking.clone().acquire_owned().await {
+            Ok(place) => self.write_in(place, job).await,
+            Err(_) => self.write_here(job),
+        }
+    }
+
+    /// Writes the playlist on the blocking pool, in `place` (which goes with the blocking
+    /// job: it cannot be stopped).
+    async fn write_in(&self, place: OwnedSemaphorePermit, job: &Job) -> Text {
         #[cfg(test)]
         self.writes.fetch_add(1, Ordering::AcqRel);
         let owned = job.clone();
@@ -679,5 +708,143 @@ impl Inner {
         // Only a panic or a runtime shutting down ends a blocking job early: the playlist is
         // written here, as it was before.
         written.unwrap_or_else(|_| job.run())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A listing of `segments` six-second segments, as version `version` of a window.
+    fn listing(version: u64, segments: u64) -> Arc<Listing> {
+        Arc::new(Listing {
+            version,
+            entries: (0..segments)
+                .map(|sequence| Entry {
+                    sequence,
+                    duration: 6 * CLOCK,
+                    discontinuity: false,
+                    wall_ms: None,
+                })
+                .collect(),
+            gone: 0,
+            kind: Kind::Event,
+            parts: Vec::new(),
+            ended: false,
+        })
+    }
+
+    /// Waits until `rendered` has `want` flights, all of `version`.
+    async fn settled(rendered: &Rendered, want: usize, version: u64) {
+        for _ in 0..500 {
+            {
+                let state = registry::lock(&rendered.inner.state);
+                if state.flights.len() == want && state.flights.iter().all(|f| f.version == version)
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("{} flights, not {want} of {version}", rendered.flights());
+    }
+
+    /// Attack: on every new version of a channel, requests with four queries (each a large
+    /// write) that hang up at once, while the places for large writes are taken. A shared
+    /// write whose flight a newer version replaced and whose requests all left is never
+    /// started: once the places are free, only the last version's writes (which requests may
+    /// still join) run, not one per version and query queued ahead of every other channel's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn abandoned_writes_of_older_versions_never_queue() {
+        let config = HlsConfig::default();
+        let shared = Arc::new(Shared::default());
+        let rendered = Arc::new(Rendered::new(shared.clone()));
+        let places = shared.places();
+        let held = places
+            .clone()
+            .acquire_many_owned(BLOCKING_WRITES as u32)
+            .await
+            .unwrap();
+        let query = |n: usize| format!("q{n}={}", "x".repeat(2000));
+        let versions = 50;
+        let mut listings = Vec::new();
+        for version in 0..versions {
+            let listing = listing(version, 200);
+            listings.push(listing.clone());
+            assert!(listing.estimate(&query(0)) >= INLINE_BYTES);
+            let hung: Vec<_> = (0..MAX_FLIGHTS)
+                .map(|n| {
+                    let (rendered, config, listing) =
+                        (rendered.clone(), config.clone(), listing.clone());
+                    tokio::spawn(async move { rendered.get(&config, &listing, &query(n)).await })
+                })
+                .collect();
+            settled(&rendered, MAX_FLIGHTS, version).await;
+            for h in hung {
+                h.abort();
+                assert!(h.await.unwrap_err().is_cancelled());
+            }
+        }
+        // Nothing holds an older version's listing: its writes are gone, not queued.
+        for _ in 0..500 {
+            if listings
+                .iter()
+                .all(|l| Arc::strong_count(l) == 1 || l.version == versions - 1)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let held_on = listings.iter().filter(|l| Arc::strong_count(l) > 1).count();
+        assert_eq!(
+            held_on, 1,
+            "{held_on} versions' listings held by their writes"
+        );
+        drop(held);
+        // The places are taken in turn: both are free again only once every write queued
+        // before has started (and ended).
+        let all = places
+            .acquire_many_owned(BLOCKING_WRITES as u32)
+            .await
+            .unwrap();
+        let (writes, _) = shared.blocking_writes();
+        assert_eq!(writes, MAX_FLIGHTS as u64, "{writes} large writes");
+        drop(all);
+        settled(&rendered, 0, 0).await;
+        assert_eq!(rendered.writes(), MAX_FLIGHTS as u64);
+    }
+
+    /// TS and fMP4 viewers of one channel, reloading in turn: each form's last playlist is
+    /// kept apart, so neither is written again for the other's request.
+    #[tokio::test]
+    async fn each_form_keeps_its_last_playlist() {
+        let config = HlsConfig::default();
+        let rendered = Rendered::new(Arc::new(Shared::default()));
+        let listing = listing(0, 10);
+        let converted = Arc::new(Converted::default());
+        converted.fake(0..10);
+        let ts = rendered.get(&config, &listing, "q=1").await;
+        assert!(ts.ends_with(b"9.ts?q=1\n"), "{ts:?}");
+        let rendered = Arc::new(rendered);
+        let fmp4 = |rendered: Arc<Rendered>| {
+            let (config, listing, converted) = (config.clone(), listing.clone(), converted.clone());
+            async move {
+                rendered
+                    .get_fmp4(&config, &listing, "q=1", &converted)
+                    .await
+                    .expect("an fMP4 form")
+            }
+        };
+        let first = fmp4(rendered.clone()).await;
+        assert!(first.ends_with(b"9.m4s?q=1\n"), "{first:?}");
+        assert_eq!(rendered.writes(), 2);
+        for _ in 0..3 {
+            let again = rendered.get(&config, &listing, "q=1").await;
+            assert_eq!(again.as_ptr(), ts.as_ptr());
+            assert_eq!(fmp4(rendered.clone()).await.as_ptr(), first.as_ptr());
+        }
+        assert_eq!(rendered.writes(), 2);
     }
 }
