@@ -15,10 +15,13 @@
 //! - `catchup`: the memory of catch-up channels and ended channels, within
 //!   `catchup_total_bytes`.
 //! - `render`: the playlist, written outside the window's lock, once per change (large ones
-//!   on the blocking pool), and what all channels keep of them, within `MAX_KEPT_TOTAL`.
+//!   on the blocking pool).
+//! - `kept`: what all channels keep of their playlists, within `MAX_KEPT_TOTAL`, and the
+//!   places for large writes.
 
 mod catchup;
 mod fmp4;
+mod kept;
 mod parts;
 mod render;
 mod viewers;
@@ -305,8 +308,8 @@ impl Channel {
 #[derive(Debug, Default)]
 pub struct Table {
     channels: Mutex<HashMap<HubKey, Arc<Channel>>>,
-    /// What every channel's playlists share (`render::MAX_KEPT_TOTAL`, the large writes).
-    render: Arc<render::Shared>,
+    /// What every channel's playlists share (`kept::MAX_KEPT_TOTAL`, the large writes).
+    render: Arc<kept::Shared>,
 }
 
 impl Table {
@@ -1248,7 +1251,7 @@ mod tests {
     }
 
     /// A channel fed by hand, its playlists kept with others' in `shared`.
-    fn bare_in(catchup: Option<i64>, shared: Arc<render::Shared>) -> Channel {
+    fn bare_in(catchup: Option<i64>, shared: Arc<kept::Shared>) -> Channel {
         Channel {
             key: HubKey {
                 mode: super::super::url::Mode::Rtp,
@@ -1471,7 +1474,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn large_playlists_are_written_off_the_runtime_a_few_at_once() {
         let config = HlsConfig::default();
-        let shared = Arc::new(render::Shared::default());
+        let shared = Arc::new(kept::Shared::default());
         let small = bare_in(Some(0), shared.clone());
         packets(&small, 10, &config);
         let text = render(&small, &config, "iface=lo").await;
@@ -1491,10 +1494,7 @@ mod tests {
         }
         let (writes, peak) = shared.blocking_writes();
         assert_eq!(writes, 8);
-        assert!(
-            (1..=render::BLOCKING_WRITES as u64).contains(&peak),
-            "{peak}"
-        );
+        assert!((1..=kept::BLOCKING_WRITES as u64).contains(&peak), "{peak}");
     }
 
     /// What all channels keep (listings and playlists) stays within the bound, however many
@@ -1503,7 +1503,7 @@ mod tests {
     async fn what_channels_keep_stays_within_the_bound() {
         let config = HlsConfig::default();
         let limit = 1 << 20;
-        let shared = Arc::new(render::Shared::new(limit));
+        let shared = Arc::new(kept::Shared::new(limit));
         let mut channels = Vec::new();
         for _ in 0..40 {
             let c = bare_in(Some(0), shared.clone());
@@ -1528,7 +1528,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn fmp4_playlists_share_one_write_off_the_runtime() {
         let config = HlsConfig::default();
-        let shared = Arc::new(render::Shared::default());
+        let shared = Arc::new(kept::Shared::default());
         let c = Arc::new(bare_in(Some(1_700_000_000_000), shared.clone()));
         packets(&c, 20_000, &config);
         c.fmp4.fake(0..20_000);
@@ -1575,7 +1575,7 @@ mod tests {
     async fn listings_are_kept_when_playlists_fill_the_bound() {
         let config = HlsConfig::default();
         let limit = 1 << 20;
-        let shared = Arc::new(render::Shared::new(limit));
+        let shared = Arc::new(kept::Shared::new(limit));
         let mut channels = Vec::new();
         for _ in 0..40 {
             let c = bare_in(Some(0), shared.clone());
@@ -1600,7 +1600,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_write_outlives_the_request_that_started_it() {
         let config = HlsConfig::default();
-        let shared = Arc::new(render::Shared::default());
+        let shared = Arc::new(kept::Shared::default());
         let c = Arc::new(bare_in(Some(0), shared.clone()));
         packets(&c, 2000, &config);
         let query = |n: usize| format!("q{n}={}", "x".repeat(2000));

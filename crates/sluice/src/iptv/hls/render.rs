@@ -15,26 +15,28 @@
 //! form, so viewers of both do not replace each other's.
 //!
 //! A playlist that will be large (a full catch-up window with a long query: tens of
-//! megabytes) is written on the blocking pool, [`BLOCKING_WRITES`] at once over all channels,
+//! megabytes) is written on the blocking pool, [`super::kept::BLOCKING_WRITES`] at once over all channels,
 //! so it never holds a runtime worker (and the requests queued on it) for its whole write. A
 //! shared write is a task of its own: a client leaving does not throw away what it started.
 //!
 //! What the channels keep (listings and playlists) has its own bound over all of them,
-//! [`MAX_KEPT_TOTAL`]: each channel keeps at most one listing and two playlists, but catch-up
+//! [`super::kept::MAX_KEPT_TOTAL`]: each channel keeps at most one listing and two playlists, but catch-up
 //! and ended channels are many, and a kept playlist of 8 MiB each would add up outside
 //! `catchup_total_bytes`. Playlists take at most half of it, so every channel's listing still
 //! fits. Past the bound a listing or playlist is used once and not kept.
 
+#[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use sluice_media::segmenter::playlist::{self, Entry, Kind, LowLatency, PartEntry};
 use sluice_media::segmenter::{Segment, CLOCK};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::super::registry;
 use super::fmp4::Converted;
+use super::kept::{Held, Shared};
 use super::{HlsConfig, Window};
 
 /// What one version of a window's playlist lists, copied out of the window.
@@ -217,148 +219,13 @@ pub(super) fn media_fmp4(
 /// Largest playlist kept for the next request: a full catch-up window with a long query.
 const MAX_KEPT_BYTES: usize = 8 << 20;
 
-/// What all channels keep together (listings and playlists): 64 MiB, the last playlists of
-/// eight full catch-up windows with long queries, or of thousands of live channels.
-pub(super) const MAX_KEPT_TOTAL: u64 = 64 << 20;
-
 /// A playlist estimated at least this large is written on the blocking pool (a live window's,
 /// a few kilobytes, is written at once).
 const INLINE_BYTES: usize = 256 << 10;
 
-/// Large playlists written at once, over all channels: a blocking thread cannot be stopped, so
-/// the writes running are bounded here rather than by the requests in flight.
-pub(super) const BLOCKING_WRITES: usize = 2;
-
 /// Writes under way per channel that later requests join; past them a request writes its own
 /// (two queries rarely reload a channel at once, and the waiters stay bounded).
 pub(super) const MAX_FLIGHTS: usize = 4;
-
-/// What every channel's playlists share: the bound on what they keep, and the places for
-/// large writes.
-#[derive(Debug)]
-pub(super) struct Shared {
-    limit: u64,
-    used: AtomicU64,
-    /// Bytes of kept playlists (part of `used`): at most half of `limit`, so the listings,
-    /// which spare each request a walk of its window under the window's lock, always fit.
-    playlists: AtomicU64,
-    blocking: Arc<Semaphore>,
-    /// Large writes: running now, the most at once, and all so far.
-    #[cfg(test)]
-    running: AtomicU64,
-    #[cfg(test)]
-    peak: AtomicU64,
-    #[cfg(test)]
-    blocking_writes: AtomicU64,
-}
-
-impl Default for Shared {
-    fn default() -> Self {
-        Self::new(MAX_KEPT_TOTAL)
-    }
-}
-
-/// `bytes` more on `counter`, when the total stays within `limit`.
-fn add_within(counter: &AtomicU64, bytes: u64, limit: u64) -> bool {
-    counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-            used.checked_add(bytes).filter(|total| *total <= limit)
-        })
-        .is_ok()
-}
-
-impl Shared {
-    /// Channels keeping at most `limit` bytes together.
-    pub(super) fn new(limit: u64) -> Self {
-        Self {
-            limit,
-            used: AtomicU64::new(0),
-            playlists: AtomicU64::new(0),
-            blocking: Arc::new(Semaphore::new(BLOCKING_WRITES)),
-            #[cfg(test)]
-            running: AtomicU64::new(0),
-            #[cfg(test)]
-            peak: AtomicU64::new(0),
-            #[cfg(test)]
-            blocking_writes: AtomicU64::new(0),
-        }
-    }
-
-    /// `bytes` of the budget for a listing, when they fit in what is left.
-    fn reserve(self: &Arc<Self>, bytes: u64) -> Option<Held> {
-        add_within(&self.used, bytes, self.limit).then(|| Held {
-            shared: self.clone(),
-            bytes,
-            playlist: false,
-        })
-    }
-
-    /// `bytes` of the budget for a playlist, when they fit in what is left and in the half
-    /// of the budget playlists may take.
-    fn reserve_playlist(self: &Arc<Self>, bytes: u64) -> Option<Held> {
-        if !add_within(&self.playlists, bytes, self.limit / 2) {
-            return None;
-        }
-        if !add_within(&self.used, bytes, self.limit) {
-            self.playlists.fetch_sub(bytes, Ordering::AcqRel);
-            return None;
-        }
-        Some(Held {
-            shared: self.clone(),
-            bytes,
-            playlist: true,
-        })
-    }
-
-    /// A large write started on the blocking pool.
-    #[cfg(test)]
-    fn started(&self) {
-        self.blocking_writes.fetch_add(1, Ordering::AcqRel);
-        let now = self.running.fetch_add(1, Ordering::AcqRel) + 1;
-        self.peak.fetch_max(now, Ordering::AcqRel);
-    }
-
-    /// Bytes kept now over all channels.
-    #[cfg(test)]
-    pub(super) fn used(&self) -> u64 {
-        self.used.load(Ordering::Acquire)
-    }
-
-    /// Large writes so far, and the most that ran at once.
-    #[cfg(test)]
-    pub(super) fn blocking_writes(&self) -> (u64, u64) {
-        (
-            self.blocking_writes.load(Ordering::Acquire),
-            self.peak.load(Ordering::Acquire),
-        )
-    }
-
-    /// The places for large writes (a test holds them to keep a write waiting).
-    #[cfg(test)]
-    pub(super) fn places(&self) -> Arc<Semaphore> {
-        self.blocking.clone()
-    }
-}
-
-/// Bytes of the budget, given back when what they count is dropped.
-#[derive(Debug)]
-struct Held {
-    shared: Arc<Shared>,
-    bytes: u64,
-    /// Counted against the playlists' half too.
-    playlist: bool,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.playlist {
-            self.shared
-                .playlists
-                .fetch_sub(self.bytes, Ordering::AcqRel);
-        }
-        self.shared.used.fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
 
 /// Which playlist of a listing: TS, or fMP4 with the channel's segments rewritten up to a
 /// sequence (a segment just stored may not be yet: the playlist written before it is, lists
@@ -715,6 +582,7 @@ impl Inner {
 mod tests {
     use std::time::Duration;
 
+    use super::super::kept::BLOCKING_WRITES;
     use super::*;
 
     /// A listing of `segments` six-second segments, as version `version` of a window.
