@@ -321,6 +321,52 @@ idle_timeout_secs = 30
     assert!(!server.is_ejected());
 }
 
+/// The same with `content-length: 0` and HEADERS without END_STREAM: nothing to send, so the
+/// upstream stream ends at once (it waited for the client's END_STREAM, until the body's idle
+/// timeout).
+#[tokio::test]
+async fn an_empty_body_ends_the_upstream_http2_stream_at_once() {
+    let origin = delayed_origin(Duration::ZERO).await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "h2"
+servers = ["{origin}"]
+
+[[routes]]
+host = "h2.test"
+path = "/"
+upstream = "h2"
+upstream_protocol = "h2c"
+header_timeout_secs = 5
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    let io = TcpStream::connect(p.addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::post("http://h2.test/up")
+        .header("content-length", "0")
+        .body(())
+        .unwrap();
+    // The stream is kept open (never ended) until the answer came.
+    let (resp, body) = send.send_request(req, false).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(3), resp)
+        .await
+        .expect("an answer before the body's idle timeout")
+        .expect("an answer");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut answer = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(got, b"got 0");
+    drop(body);
+}
+
 /// Finding: the header timeout ran from the start of the attempt, so it counted the time the
 /// client took to send its body. A client that sent its last byte just before the timeout, to
 /// an origin that needs a moment after the body to answer, had the timeout fire with the body

@@ -144,10 +144,10 @@ impl RtspConfig {
 /// milliseconds) while bounding what a silent server can hold to sixteen connections.
 pub const MAX_TEARDOWNS: usize = 16;
 
-/// Of `MAX_TEARDOWNS`, the most one server (by IP address, whatever its ports) holds: a client
-/// zapping through a silent server would otherwise hold them all, and the sessions other
-/// clients leave on servers that answer (over UDP, where the server sees no connection close)
-/// would never be torn down.
+/// Of `MAX_TEARDOWNS`, the most one server (by IP address, IPv6 by /64, whatever its ports)
+/// holds: a client zapping through a silent server would otherwise hold them all, and the
+/// sessions other clients leave on servers that answer (over UDP, where the server sees no
+/// connection close) would never be torn down.
 pub const MAX_TEARDOWNS_PER_SERVER: usize = 4;
 
 /// What every RTSP hub of this gateway shares.
@@ -196,8 +196,9 @@ impl Drop for TeardownPlace<'_> {
 impl Context {
     /// A place for a TEARDOWN to `server`, when the gateway and that server have one free.
     fn teardown_place(&self, server: std::net::SocketAddr) -> Option<TeardownPlace<'_>> {
-        // One host on many ports is one server.
-        let server = server.ip();
+        // One host on many ports is one server, and so is one IPv6 /64 (as for every
+        // per-address share).
+        let server = crate::net::per_ip::network_of(server.ip());
         let place = self.teardowns.try_acquire().ok()?;
         let mut by_server = super::registry::lock(&self.teardowns_by_server);
         let n = by_server.entry(server).or_insert(0);

@@ -131,7 +131,9 @@ impl BodySlot {
     pub fn new(incoming: Incoming, limit: u64, idle: Duration) -> Self {
         BodySlot {
             size_hint: incoming.size_hint(),
-            end_stream: incoming.is_end_stream(),
+            // A `content-length: 0` body over HTTP/2 whose END_STREAM has not come (or never
+            // will) has nothing to send: ended, as a spent one is (`LentBody::is_end_stream`).
+            end_stream: incoming.is_end_stream() || incoming.size_hint().exact() == Some(0),
             shared: Arc::new(Shared {
                 incoming: Mutex::new(Some(incoming)),
                 too_large: AtomicBool::new(false),
