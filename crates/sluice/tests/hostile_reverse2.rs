@@ -266,14 +266,11 @@ idle_timeout_secs = 30
     assert!(!server.is_ejected());
 }
 
-/// Over HTTP/2 to an HTTP/2 origin (h2c): a client sends its `content-length` worth and never
-/// ends the stream. The upstream stream ended only with the client's END_STREAM, so an origin
-/// reading to the end never answered, and the header timeout, run from the body's end, booked
-/// the server. A body whose length is spent now ends the upstream stream with its last byte.
-#[tokio::test]
-async fn a_spent_body_ends_the_upstream_http2_stream() {
+/// A proxy with one route, `h2.test`, to an h2c origin that answers `got N` once it has read
+/// the whole body.
+async fn h2c_route(header_timeout_secs: u64) -> Proxy {
     let origin = delayed_origin(Duration::ZERO).await;
-    let p = Proxy::start(config(&format!(
+    Proxy::start(config(&format!(
         r#"
 [[upstreams]]
 name = "h2"
@@ -286,35 +283,54 @@ host = "h2.test"
 path = "/"
 upstream = "h2"
 upstream_protocol = "h2c"
-header_timeout_secs = 1
+header_timeout_secs = {header_timeout_secs}
 idle_timeout_secs = 30
 "#
     )))
-    .await;
+    .await
+}
+
+/// Over HTTP/2, a POST to `h2.test` with `content-length` of `data`'s length, `data` sent (if
+/// any) and the stream never ended (kept open until the answer came): the answer's status and
+/// body, within `within`.
+async fn post_never_ended(p: &Proxy, data: &'static [u8], within: Duration) -> (u16, Vec<u8>) {
     let io = TcpStream::connect(p.addr).await.unwrap();
     let (send, conn) = h2::client::handshake(io).await.unwrap();
     tokio::spawn(conn);
     let mut send = send.ready().await.unwrap();
     let req = http::Request::post("http://h2.test/up")
-        .header("content-length", "2")
+        .header("content-length", data.len().to_string())
         .body(())
         .unwrap();
     let (resp, mut body) = send.send_request(req, false).unwrap();
-    // Both bytes, and never an END_STREAM (the stream is kept open until the answer came).
-    body.send_data(bytes::Bytes::from_static(b"ab"), false)
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+    if !data.is_empty() {
+        body.send_data(bytes::Bytes::from_static(data), false)
+            .unwrap();
+    }
+    let resp = tokio::time::timeout(within, resp)
         .await
-        .expect("an answer")
+        .expect("an answer in time")
         .expect("an answer");
-    assert_eq!(resp.status(), StatusCode::OK);
+    let status = resp.status().as_u16();
     let mut answer = resp.into_body();
     let mut got = Vec::new();
     while let Some(chunk) = answer.data().await {
         got.extend_from_slice(&chunk.unwrap());
     }
-    assert_eq!(got, b"got 2");
     drop(body);
+    (status, got)
+}
+
+/// Over HTTP/2 to an HTTP/2 origin (h2c): a client sends its `content-length` worth and never
+/// ends the stream. The upstream stream ended only with the client's END_STREAM, so an origin
+/// reading to the end never answered, and the header timeout, run from the body's end, booked
+/// the server. A body whose length is spent now ends the upstream stream with its last byte.
+#[tokio::test]
+async fn a_spent_body_ends_the_upstream_http2_stream() {
+    let p = h2c_route(1).await;
+    let (status, got) = post_never_ended(&p, b"ab", Duration::from_secs(5)).await;
+    assert_eq!(status, 200);
+    assert_eq!(got, b"got 2");
     let groups = p.app.groups().current();
     let server = &groups.get("h2").unwrap().servers()[0];
     assert_eq!(server.failures(), 0);
@@ -326,45 +342,10 @@ idle_timeout_secs = 30
 /// timeout).
 #[tokio::test]
 async fn an_empty_body_ends_the_upstream_http2_stream_at_once() {
-    let origin = delayed_origin(Duration::ZERO).await;
-    let p = Proxy::start(config(&format!(
-        r#"
-[[upstreams]]
-name = "h2"
-servers = ["{origin}"]
-
-[[routes]]
-host = "h2.test"
-path = "/"
-upstream = "h2"
-upstream_protocol = "h2c"
-header_timeout_secs = 5
-idle_timeout_secs = 30
-"#
-    )))
-    .await;
-    let io = TcpStream::connect(p.addr).await.unwrap();
-    let (send, conn) = h2::client::handshake(io).await.unwrap();
-    tokio::spawn(conn);
-    let mut send = send.ready().await.unwrap();
-    let req = http::Request::post("http://h2.test/up")
-        .header("content-length", "0")
-        .body(())
-        .unwrap();
-    // The stream is kept open (never ended) until the answer came.
-    let (resp, body) = send.send_request(req, false).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(3), resp)
-        .await
-        .expect("an answer before the body's idle timeout")
-        .expect("an answer");
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut answer = resp.into_body();
-    let mut got = Vec::new();
-    while let Some(chunk) = answer.data().await {
-        got.extend_from_slice(&chunk.unwrap());
-    }
+    let p = h2c_route(5).await;
+    let (status, got) = post_never_ended(&p, b"", Duration::from_secs(3)).await;
+    assert_eq!(status, 200);
     assert_eq!(got, b"got 0");
-    drop(body);
 }
 
 /// Finding: the header timeout ran from the start of the attempt, so it counted the time the
