@@ -1251,15 +1251,21 @@ async fn stored_heads_count_against_the_byte_budget() {
 
 /// Unique long-query GETs to a URL the origin answers `private`: each leaves a hit-for-pass memo
 /// keyed by its ~60 KB URL. The memos count against the budget like heads (uncharged, 100,000 of
-/// them held ~12 GB beside a 256 MiB budget): the newest are kept and work, the oldest go.
+/// them held ~12 GB beside a 256 MiB budget): the newest are kept and work, the oldest go, and
+/// within their own share of the room for heads (sharing it all, ~2,000 such requests evicted
+/// every stored object).
 #[tokio::test]
 async fn memos_with_long_urls_count_against_the_byte_budget() {
     let (origin, oaddr) = start_origin().await;
     origin.set("/private", Obj::new(100, "private, max-age=60"));
-    let budget = MIB;
+    origin.set("/stored", Obj::new(100, "max-age=60"));
+    // 2 MiB for heads, an eighth of it for memos: two of ~120 KB.
+    let budget = 4 * MIB;
     let mut cfg = config(16 * KIB);
     cfg.memory_bytes = ByteSize(budget);
     let front = start_front(cfg, oaddr).await;
+    let stored = request("GET", &front.url("/stored"), &[]).await;
+    assert_eq!(body(&stored), Bytes::from(bytes_of(1, 0, 99)));
     let filler = "q".repeat(60_000);
     let paths: Vec<String> = (0..40)
         .map(|i| format!("/private?{i:03}{filler}"))
@@ -1289,10 +1295,20 @@ async fn memos_with_long_urls_count_against_the_byte_budget() {
         status_of(&oldest)
     );
     assert_eq!(origin.count("/private"), 42);
+    // Memos push out only older memos: the object stored before them is still a hit (the
+    // 40 memos, ~4.8 MB, went far past the whole room for heads).
+    let again = request("GET", &front.url("/stored"), &[]).await;
+    assert!(
+        status_of(&again).starts_with("sluice; hit"),
+        "{}",
+        status_of(&again)
+    );
+    assert_eq!(body(&again), Bytes::from(bytes_of(1, 0, 99)));
+    assert_eq!(origin.count("/stored"), 1);
     // The gauges refresh once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let accounted = metric(&front, "sluice_cache_accounted_bytes");
-    // At least two memos of ~120 KB are counted, and nothing past the budget.
+    // Two memos of ~120 KB are counted, and nothing past the budget.
     assert!(accounted >= 2 * 120_000, "{accounted} accounted");
     assert!(
         accounted <= budget + 64,

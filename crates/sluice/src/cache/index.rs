@@ -3,7 +3,9 @@
 //! per key ([`MAX_VARIANTS`]) and, with a budget, by the bytes the objects' heads cost: each
 //! object's fields and tags are charged to `memory_bytes` while it is indexed (`budget.rs`), and
 //! a head over [`MAX_HEAD_BYTES`] is not indexed at all. Each primary key is charged too
-//! ([`key_charge`]), whether it holds objects or only a memo.
+//! ([`key_charge`]), and so is each memo's; memos live apart from the objects' keys, within their
+//! own share of the heads' room ([`MEMO_SHARE`]), so a flood of uncacheable URLs pushes out older
+//! memos, never stored objects.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -45,13 +47,96 @@ pub fn key_charge(key: &str) -> u64 {
     2 * key.len() as u64 + PRIMARY_BYTES
 }
 
+/// The part of the heads' room hit-for-pass memos may take together (one eighth): each request
+/// to a new uncacheable URL leaves a memo, so a client sending unique URLs to an origin that
+/// answers `private` makes memos as fast as it likes; within this share they only push out
+/// older memos.
+pub const MEMO_SHARE: u64 = 8;
+
 #[derive(Default)]
 struct Primary {
     vary: Vec<HeaderName>,
     variants: HashMap<String, Arc<ObjectMeta>>,
     /// The keys of `variants`, oldest inserted first.
     order: VecDeque<String>,
-    pass_until: Option<Instant>,
+}
+
+/// Hit-for-pass memos: primary keys whose last answer was uncacheable, with the time each
+/// passes until, oldest marked first. Each is charged [`key_charge`] while held.
+#[derive(Default)]
+struct Memos {
+    /// Key → (until, the mark's number in `order`).
+    until: HashMap<String, (Instant, u64)>,
+    /// Marks, oldest first; one whose number is no longer its key's in `until` is stale (the
+    /// memo was cleared or marked again since) and skipped.
+    order: VecDeque<(String, u64)>,
+    marks: u64,
+    bytes: u64,
+}
+
+impl Memos {
+    /// When `key` passes until, if it has a memo.
+    fn get(&self, key: &str) -> Option<Instant> {
+        self.until.get(key).map(|(t, _)| *t)
+    }
+
+    /// Marks `key` to pass until `until`; returns what that adds to the charge.
+    fn mark(&mut self, key: &str, until: Instant) -> u64 {
+        if let Some(held) = self.until.get_mut(key) {
+            held.0 = until;
+            return 0;
+        }
+        self.marks += 1;
+        self.until.insert(key.to_string(), (until, self.marks));
+        self.order.push_back((key.to_string(), self.marks));
+        self.compact();
+        let charge = key_charge(key);
+        self.bytes += charge;
+        charge
+    }
+
+    /// Drops `key`'s memo; returns the charge released.
+    fn clear(&mut self, key: &str) -> u64 {
+        if self.until.remove(key).is_none() {
+            return 0;
+        }
+        let charge = key_charge(key);
+        self.bytes -= charge;
+        self.compact();
+        charge
+    }
+
+    /// Drops the oldest memo other than `keep`; returns the charge released (0: none to drop).
+    fn pop_oldest(&mut self, keep: &str) -> u64 {
+        let mut kept = None;
+        let mut released = 0;
+        while let Some((key, mark)) = self.order.pop_front() {
+            let live = self.until.get(&key).is_some_and(|(_, m)| *m == mark);
+            if !live {
+                continue;
+            }
+            if key == keep {
+                kept = Some((key, mark));
+                continue;
+            }
+            released = self.clear(&key);
+            break;
+        }
+        if let Some(kept) = kept {
+            self.order.push_front(kept);
+        }
+        released
+    }
+
+    /// Drops stale marks once they outnumber the live ones (amortised: each pass halves `order`
+    /// at least).
+    fn compact(&mut self) {
+        if self.order.len() > 2 * self.until.len() + 16 {
+            let until = &self.until;
+            self.order
+                .retain(|(key, mark)| until.get(key).is_some_and(|(_, m)| m == mark));
+        }
+    }
 }
 
 impl Primary {
@@ -122,7 +207,9 @@ struct Inner {
     primaries: HashMap<String, Primary>,
     order: VecDeque<String>,
     objects: usize,
-    /// What the indexed objects and primary keys cost ([`ObjectMeta::charge`], [`key_charge`]).
+    memos: Memos,
+    /// What the indexed objects, primary keys and memos cost ([`ObjectMeta::charge`],
+    /// [`key_charge`]).
     head_bytes: u64,
     /// Objects dropped by an [`ObjectIndex::update`] to keep the heads within their room, handed
     /// to the caller of the next call that returns dropped objects (their slices must go too).
@@ -142,14 +229,13 @@ impl Inner {
         self.head_bytes += key_charge(key);
     }
 
-    /// Removes `key` from `primaries` if the objects are all gone and there is no memo (a memo
-    /// never lives beside objects: `mark_pass` drops them, `insert` clears it). Its entry in
-    /// `order` is left to the caller, which may remove many at once. Returns whether it went.
+    /// Removes `key` from `primaries` if the objects are all gone. Its entry in `order` is left
+    /// to the caller, which may remove many at once. Returns whether it went.
     fn drop_if_empty(&mut self, key: &str) -> bool {
         let empty = self
             .primaries
             .get(key)
-            .is_some_and(|p| p.variants.is_empty() && p.pass_until.is_none());
+            .is_some_and(|p| p.variants.is_empty());
         if empty {
             self.primaries.remove(key);
             self.head_bytes = self.head_bytes.saturating_sub(key_charge(key));
@@ -236,18 +322,21 @@ impl ObjectIndex {
 
     pub fn lookup(&self, primary: &str, req: &HeaderMap, now: Instant) -> Lookup {
         let inner = self.lock();
-        let Some(p) = inner.primaries.get(primary) else {
-            return Lookup::UriMiss;
-        };
-        if matches!(p.pass_until, Some(t) if t > now) {
-            return Lookup::Pass;
+        // A memo never lives beside objects (`mark_pass` drops them, `insert` clears it): a key
+        // with objects needs no look at the memos.
+        if let Some(p) = inner.primaries.get(primary) {
+            if !p.variants.is_empty() {
+                return match p.variants.get(&variant_key(&p.vary, req)) {
+                    Some(meta) => Lookup::Hit(meta.clone()),
+                    None => Lookup::VaryMiss {
+                        vary: p.vary.clone(),
+                    },
+                };
+            }
         }
-        match p.variants.get(&variant_key(&p.vary, req)) {
-            Some(meta) => Lookup::Hit(meta.clone()),
-            None if p.variants.is_empty() => Lookup::UriMiss,
-            None => Lookup::VaryMiss {
-                vary: p.vary.clone(),
-            },
+        match inner.memos.get(primary) {
+            Some(t) if t > now => Lookup::Pass,
+            _ => Lookup::UriMiss,
         }
     }
 
@@ -276,9 +365,8 @@ impl ObjectIndex {
         self.charged(|inner| {
             let mut dropped = std::mem::take(&mut inner.dropped_later);
             let is_new_primary = !inner.primaries.contains_key(&meta.primary);
+            let mut released = inner.memos.clear(&meta.primary);
             let p = inner.primaries.entry(meta.primary.clone()).or_default();
-            p.pass_until = None;
-            let mut released = 0;
             let mut removed = 0;
             if p.vary != meta.vary {
                 removed += p.variants.len();
@@ -317,6 +405,11 @@ impl ObjectIndex {
         })
     }
 
+    /// The most the memos may cost together ([`MEMO_SHARE`]).
+    fn memo_room(&self) -> u64 {
+        self.head_room / MEMO_SHARE
+    }
+
     /// Whether the index is over one of its bounds.
     fn over(&self, inner: &Inner) -> bool {
         inner.objects > self.max_objects
@@ -324,8 +417,7 @@ impl ObjectIndex {
             || inner.head_bytes > self.head_room
     }
 
-    /// Drops the oldest primaries while over a bound (objects, keys held only by a memo, or the
-    /// heads' room). `keep` (the key and variant just stored, or a memo's key) stays: when its
+    /// Drops the oldest primaries while over a bound (objects, keys, or the heads' room). `keep` (the key and variant just stored, or a memo's key) stays: when its
     /// key is the oldest, its other variants go first, oldest first (else one URL with a new
     /// variant at each request would grow past the bound while everything else went), then the
     /// next oldest key.
@@ -436,26 +528,34 @@ impl ObjectIndex {
     }
 
     /// Keeps `primary` out of the cache path until `until` (hit-for-pass).
-    /// Returns the objects it replaces.
+    /// Returns the objects it replaces. Memos stay within their share of the heads' room and
+    /// within `max_objects` in number, the oldest going first; a key too long for the whole
+    /// share gets none (the next request goes to the origin as a miss, not stored either).
     pub fn mark_pass(&self, primary: &str, until: Instant) -> Vec<Arc<ObjectMeta>> {
         self.charged(|inner| {
             let mut dropped = std::mem::take(&mut inner.dropped_later);
-            if !inner.primaries.contains_key(primary) {
-                if key_charge(primary) > self.head_room {
-                    // The key alone is past the room for every head: no memo (the next
-                    // request goes to the origin as a miss, and is not stored either).
-                    return dropped;
+            // The objects go; the key, now empty, stays charged until evicted (as after a
+            // removal).
+            if let Some(p) = inner.primaries.get_mut(primary) {
+                let removed = p.variants.len();
+                let gone: Vec<Arc<ObjectMeta>> = p.drain().collect();
+                inner.objects -= removed;
+                for old in gone {
+                    inner.release(&old);
+                    dropped.push(old);
                 }
-                inner.add_key(primary);
             }
-            let p = inner.primaries.entry(primary.to_string()).or_default();
-            let removed = p.variants.len();
-            let gone: Vec<Arc<ObjectMeta>> = p.drain().collect();
-            p.pass_until = Some(until);
-            inner.objects -= removed;
-            for old in gone {
-                inner.release(&old);
-                dropped.push(old);
+            let room = self.memo_room();
+            if key_charge(primary) > room {
+                return dropped;
+            }
+            inner.head_bytes += inner.memos.mark(primary, until);
+            while inner.memos.bytes > room || inner.memos.until.len() > self.max_objects {
+                let released = inner.memos.pop_oldest(primary);
+                if released == 0 {
+                    break;
+                }
+                inner.head_bytes = inner.head_bytes.saturating_sub(released);
             }
             self.evict(inner, (primary, None), &mut dropped);
             dropped
@@ -572,7 +672,8 @@ pub(crate) mod tests {
         })
     }
 
-    /// What the index holds, counted afresh: each object's charge and each primary key's.
+    /// What the index holds, counted afresh: each object's charge, each primary key's and each
+    /// memo's.
     fn charged_now(idx: &ObjectIndex) -> u64 {
         let inner = idx.lock();
         let objects: u64 = inner
@@ -582,8 +683,10 @@ pub(crate) mod tests {
             .map(|m| m.charge())
             .sum();
         let keys: u64 = inner.primaries.keys().map(|k| key_charge(k)).sum();
+        let memos: u64 = inner.memos.until.keys().map(|k| key_charge(k)).sum();
         assert_eq!(inner.order.len(), inner.primaries.len());
-        objects + keys
+        assert_eq!(inner.memos.bytes, memos);
+        objects + keys + memos
     }
 
     #[test]
@@ -849,7 +952,8 @@ pub(crate) mod tests {
     /// Finding: a hit-for-pass memo (a primary key with no objects) was charged nothing, though
     /// it holds its key twice, and URLs go up to 64 KiB: unique long-query GETs to an origin
     /// answering `private` held ~128 KB each beside the budget, bounded only by `max_objects`.
-    /// Now each primary key is charged; memos stay within the room for heads, the oldest going.
+    /// Now each memo is charged and memos stay within their share of the heads' room, the oldest
+    /// going.
     #[test]
     fn memos_with_long_urls_are_charged_and_bounded() {
         use crate::cache::budget::Budget;
@@ -861,17 +965,21 @@ pub(crate) mod tests {
         let budget = Budget::new(total, slice, memory);
         let idx = ObjectIndex::new(100_000).charged_to(budget.clone());
         let until = Instant::now() + std::time::Duration::from_secs(60);
-        let url = |i: usize| format!("s|h|/q?{i:05}{}", "x".repeat(60_000));
+        let url = |i: usize| format!("s|h|/q?{i:05}{}", "x".repeat(6_000));
         for i in 0..100 {
             assert!(idx.mark_pass(&url(i), until).is_empty());
             let held = charged_now(&idx);
             assert_eq!((idx.head_bytes(), budget.heads()), (held, held));
-            assert!(held <= budget.head_room(), "{held} past the room");
+            assert!(
+                held <= budget.head_room() / MEMO_SHARE,
+                "{held} past the share"
+            );
             assert!(budget.accounted() <= total, "{}", budget.accounted());
         }
-        let memos = idx.lock().primaries.len();
-        // Each costs about 120 KB: a handful fit in 512 KiB.
-        assert!((2..=4).contains(&memos), "{memos} memos");
+        let memos = idx.lock().memos.until.len();
+        // Each costs about 12 KB: five fit in the share (64 KiB).
+        assert_eq!(memos, 5);
+        assert!(idx.lock().memos.order.len() <= 2 * memos + 16);
         let now = Instant::now();
         assert!(matches!(
             idx.lookup(&url(99), &HeaderMap::new(), now),
@@ -881,10 +989,69 @@ pub(crate) mod tests {
             idx.lookup(&url(0), &HeaderMap::new(), now),
             Lookup::UriMiss
         ));
-        // A key too long for the whole room gets no memo.
-        let huge = "y".repeat(total as usize);
+        // A key too long for the whole share gets no memo.
+        let huge = "y".repeat((budget.head_room() / MEMO_SHARE) as usize);
         assert!(idx.mark_pass(&huge, until).is_empty());
-        assert!(idx.head_bytes() <= budget.head_room());
+        assert!(matches!(
+            idx.lookup(&huge, &HeaderMap::new(), now),
+            Lookup::UriMiss
+        ));
+        assert_eq!(idx.head_bytes(), charged_now(&idx));
+    }
+
+    /// Finding: memos shared the heads' room with the objects, so ~2,000 requests with unique
+    /// 60 KB URLs to a path the origin answers `private` (no auth needed) pushed every stored
+    /// object out of the index. Now memos push out only older memos.
+    #[test]
+    fn a_flood_of_memos_leaves_the_objects_stored() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::MemoryTier;
+
+        let slice = 16 * 1024;
+        let total = 64 * slice;
+        let memory = Arc::new(MemoryTier::new(total, slice));
+        let budget = Budget::new(total, slice, memory);
+        let idx = ObjectIndex::new(100_000).charged_to(budget.clone());
+        let objects: Vec<String> = (0..50).map(|i| format!("s|h|/object{i}")).collect();
+        for key in &objects {
+            assert!(idx.insert(meta(key, vec![], "", 1)).is_empty());
+        }
+        let until = Instant::now() + std::time::Duration::from_secs(60);
+        for i in 0..2_000 {
+            let url = format!("s|h|/private?{i:05}{}", "x".repeat(60_000));
+            let dropped = idx.mark_pass(&url, until);
+            assert!(
+                dropped.is_empty(),
+                "memo {i} dropped {}",
+                dropped[0].primary
+            );
+        }
+        let now = Instant::now();
+        for key in &objects {
+            assert!(
+                matches!(idx.lookup(key, &HeaderMap::new(), now), Lookup::Hit(_)),
+                "{key} gone"
+            );
+        }
+        assert_eq!(idx.len(), objects.len());
+        assert_eq!(
+            (idx.head_bytes(), budget.heads()),
+            (charged_now(&idx), charged_now(&idx))
+        );
+        // A URL marked after it was stored loses its object; storing it again clears the memo.
+        let dropped = idx.mark_pass(&objects[0], until);
+        assert_eq!(dropped.len(), 1);
+        assert!(matches!(
+            idx.lookup(&objects[0], &HeaderMap::new(), now),
+            Lookup::Pass
+        ));
+        assert!(idx.insert(meta(&objects[0], vec![], "", 2)).is_empty());
+        assert!(matches!(
+            idx.lookup(&objects[0], &HeaderMap::new(), now),
+            Lookup::Hit(_)
+        ));
+        assert!(idx.lock().memos.get(&objects[0]).is_none());
+        assert_eq!(idx.head_bytes(), charged_now(&idx));
     }
 
     /// Finding: removing an object's last version, or hard-purging its key, left the key in the
