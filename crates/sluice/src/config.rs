@@ -442,8 +442,9 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-/// Applies `SLUICE_<SECTION>_<KEY>=value`. Values are read as TOML literals when they parse as one
-/// (numbers, booleans, arrays), else as strings; a comma list fills an array key.
+/// Applies `SLUICE_<SECTION>_<KEY>=value`. A string key takes the value exactly as written;
+/// another key reads it as a TOML literal when it parses as one (numbers, booleans, arrays), and
+/// a comma list fills an array key.
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -478,11 +479,19 @@ fn apply_env(
     Ok(applied)
 }
 
+/// One variable's value for a key whose current value is `existing` (`None`: a key with no
+/// default). A string is never read as TOML: `'Ab3'#x9` would become `Ab3` (a quoted string, then
+/// a comment), so a password could be cut short without a word. Quotes and `#` stay part of it.
 fn env_value(raw: &str, existing: Option<&toml::Value>) -> toml::Value {
+    let verbatim = || toml::Value::String(raw.to_string());
+    if matches!(existing, Some(toml::Value::String(_))) {
+        return verbatim();
+    }
     if let Ok(mut doc) = format!("v = {raw}").parse::<toml::Table>() {
         if let Some(v) = doc.remove("v") {
+            // A key with no default may be a string too: a TOML string is never unquoted.
             let same_kind = existing.is_none_or(|e| e.same_type(&v));
-            if same_kind {
+            if same_kind && !v.is_str() {
                 return v;
             }
         }
@@ -495,7 +504,7 @@ fn env_value(raw: &str, existing: Option<&toml::Value>) -> toml::Value {
                 .collect(),
         );
     }
-    toml::Value::String(raw.to_string())
+    verbatim()
 }
 
 fn apply_flags(table: &mut toml::Table, flags: &Overrides) -> anyhow::Result<()> {
@@ -690,6 +699,65 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("listn"), "{err:#}");
+    }
+
+    /// A string given through the environment is taken exactly as written, never read as TOML:
+    /// a quoted prefix followed by a comment must not shorten a password to the prefix.
+    #[test]
+    fn env_strings_are_taken_as_written() {
+        let load =
+            |vars: &[(&str, &str)]| Config::load(None, env(vars), &Overrides::default()).unwrap();
+        for pw in [
+            "'Ab3'#x9Zq7",
+            "\"Ab3\" # rest",
+            "\"secret\"",
+            "'quoted'",
+            "[1, 2]",
+            "{ a = 1 }",
+            "true",
+            "3.5",
+        ] {
+            let c = load(&[("SLUICE_AUTH_API_PASSWORD", pw)]);
+            assert_eq!(c.auth.api_password, pw);
+        }
+        // The MediaFlow name goes the same way (`dropin` sets the SLUICE_ variable from it).
+        let set = crate::dropin::translate(&env(&[("API_PASSWORD", "'Ab3'#x9Zq7")])).set;
+        let vars: Vec<(&str, &str)> = set.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(load(&vars).auth.api_password, "'Ab3'#x9Zq7");
+        // A key with no default keeps its quotes too; numbers, booleans and lists still parse.
+        let c = load(&[
+            ("SLUICE_SERVER_PID_FILE", "\"/run/s.pid\""),
+            ("SLUICE_SERVER_THREADS", "2"),
+            ("SLUICE_UPSTREAM_ALLOW_PRIVATE", "true"),
+            ("SLUICE_SERVER_LISTEN", "[\"127.0.0.1:1\"]"),
+        ]);
+        assert_eq!(
+            c.server.pid_file.as_deref(),
+            Some(std::path::Path::new("\"/run/s.pid\""))
+        );
+        assert_eq!(c.server.threads, 2);
+        assert!(c.upstream.allow_private);
+        assert_eq!(c.server.listen, vec!["127.0.0.1:1".parse().unwrap()]);
+    }
+
+    /// A thread count past what the system can start is a config error, not a panic when the
+    /// runtime is built.
+    #[test]
+    fn threads_have_a_ceiling() {
+        let load = |v: &str| {
+            Config::load(
+                None,
+                env(&[("SLUICE_SERVER_THREADS", v)]),
+                &Overrides::default(),
+            )
+        };
+        for ok in ["0", "1", "1024"] {
+            assert_eq!(load(ok).unwrap().server.threads.to_string(), ok);
+        }
+        for bad in ["1025", "1000000"] {
+            let err = format!("{:#}", load(bad).unwrap_err());
+            assert!(err.contains("server.threads must be at most 1024"), "{err}");
+        }
     }
 
     /// A duration or connection count so large that using it panics (a deadline past what the

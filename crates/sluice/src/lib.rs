@@ -214,9 +214,59 @@ struct PidFile(std::path::PathBuf);
 
 impl PidFile {
     fn write(path: &std::path::Path) -> anyhow::Result<PidFile> {
-        std::fs::write(path, format!("{}\n", std::process::id()))
+        PidFile::put(path)
             .map_err(|e| anyhow::anyhow!("cannot write pid file {}: {e}", path.display()))?;
         Ok(PidFile(path.to_path_buf()))
+    }
+
+    /// Writes this process's id to `path` whole: into a new file beside it, then renamed over
+    /// it. The pid file often sits in a directory other users can write (`/tmp`, a shared
+    /// run directory) and sluice may run as root: a symlink planted at `path` is replaced, not
+    /// written through (rename replaces the link itself), and the new file is opened with
+    /// `O_EXCL`, which never follows one. A reader never finds the file empty or half written.
+    fn put(path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "names no file")
+        })?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // A name nobody can take ahead of us: one already there (planted, or left by a crash)
+        // makes `create_new` fail, and the next name is tried.
+        for attempt in 0..16u32 {
+            let mut tmp_name = std::ffi::OsString::from(".");
+            tmp_name.push(name);
+            tmp_name.push(format!(".{}.{nanos}.{attempt}.tmp", std::process::id()));
+            let tmp = dir.join(tmp_name);
+            // 0644: `sluice reload` and service managers read it, maybe as another user.
+            let mut file = match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&tmp)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            };
+            let written = file
+                .write_all(format!("{}\n", std::process::id()).as_bytes())
+                .and_then(|()| std::fs::rename(&tmp, path));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            return written;
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "no free temporary name beside it",
+        ))
     }
 }
 

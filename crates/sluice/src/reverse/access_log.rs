@@ -51,9 +51,13 @@ impl AccessLog {
         let mut out: Box<dyn tokio::io::AsyncWrite + Send + Unpin> = if dest == "stderr" {
             Box::new(tokio::io::stderr())
         } else {
+            use std::os::unix::fs::OpenOptionsExt;
+            // It holds client addresses and full query strings (which can carry tokens): the
+            // server's user and group only, never everyone.
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(0o640)
                 .open(dest)
                 .map_err(|e| anyhow::anyhow!("cannot open access log {dest}: {e}"))?;
             Box::new(tokio::fs::File::from_std(file))
@@ -206,5 +210,17 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&json_line(&e)).unwrap();
         assert_eq!(j["status"], 200);
         assert_eq!(j["server"], "127.0.0.1:9000");
+    }
+
+    /// A new log file is not readable by other users, whatever the umask lets through.
+    #[tokio::test]
+    async fn a_new_log_file_is_closed_to_other_users() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let dest = path.to_str().unwrap();
+        AccessLog::open(dest, AccessLogFormat::Combined, Counter::default()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077 & !0o040, 0, "mode {mode:o}");
     }
 }

@@ -175,6 +175,10 @@ pub struct NamedListener {
 /// The name of the listener `server.listen` declares.
 pub const MAIN_LISTENER: &str = "main";
 
+/// The most `server.threads` may ask for: past any machine sluice runs on, and far below where
+/// the system refuses to start another thread (which would stop the start with a panic).
+pub const MAX_THREADS: usize = 1024;
+
 /// Bounds of `server.h2_recv_window_bytes`: HTTP/2's initial window, and 64 MiB.
 const MIN_H2_WINDOW: u32 = 65_535;
 const MAX_H2_WINDOW: u32 = 64 << 20;
@@ -269,6 +273,9 @@ impl ServerConfig {
             bail!(
                 "server.h2_recv_window_bytes must be from {MIN_H2_WINDOW} to {MAX_H2_WINDOW} (64 MiB)"
             );
+        }
+        if self.threads > MAX_THREADS {
+            bail!("server.threads must be at most {MAX_THREADS}; 0 = one per available core");
         }
         // Past a second the poll no longer bridges gaps between packets: it only burns the core.
         if self.busy_poll_us > 1_000_000 {

@@ -186,16 +186,12 @@ pub async fn on_sigusr2(
             Err(e) => {
                 tracing::error!("upgrade failed, this process goes on serving: {e:#}");
                 // The new process may have written its pid there before it failed. Rewritten
-                // only then, and whole (a temporary file renamed over it): a reader must never
-                // find it empty, as a truncating write would show it for a moment.
+                // only then, and whole, never through a symlink (`PidFile::put`): a reader must
+                // never find it empty, as a truncating write would show it for a moment.
                 if let Some(path) = &pid_file {
                     let own = format!("{}\n", std::process::id());
                     let names_us = std::fs::read_to_string(path).is_ok_and(|t| t == own);
-                    let tmp = path.with_extension("pid.tmp");
-                    let put = || -> std::io::Result<()> {
-                        std::fs::write(&tmp, &own)?;
-                        std::fs::rename(&tmp, path)
-                    };
+                    let put = || crate::PidFile::put(path);
                     if let Err(e) = if names_us { Ok(()) } else { put() } {
                         tracing::warn!(
                             error = %e,
@@ -518,6 +514,49 @@ mod tests {
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let fd: OwnedFd = c.into();
         assert!(inherited::listeners_from(vec![fd]).is_err());
+    }
+
+    /// The pid file (at startup, and written back after a failed upgrade) in a directory other
+    /// users can write: a symlink planted at its path or at the old fixed temporary name leaves
+    /// its target untouched, and the pid file ends up a plain file holding this process's id.
+    #[test]
+    fn the_pid_file_is_never_written_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.pid");
+        let victim = dir.path().join("victim");
+        let tmp_victim = dir.path().join("tmp-victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        std::fs::write(&tmp_victim, "precious too\n").unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        std::os::unix::fs::symlink(&tmp_victim, path.with_extension("pid.tmp")).unwrap();
+        let own = format!("{}\n", std::process::id());
+
+        crate::PidFile::put(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_eq!(
+            std::fs::read_to_string(&tmp_victim).unwrap(),
+            "precious too\n"
+        );
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), own);
+
+        // At startup too, over a symlink planted again; and no temporary file is left behind.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let pid_file = crate::PidFile::write(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), own);
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["sluice.pid", "sluice.pid.tmp", "tmp-victim", "victim"]
+        );
+        drop(pid_file);
+        assert!(!path.exists());
     }
 
     #[cfg(feature = "http3")]
