@@ -17,6 +17,12 @@ pub use segment::{decrypt_segment, decrypt_segment_into};
 use crate::keys::{to_hex, Kid};
 use crate::mp4::{fourcc_str, FourCC, Mp4Error, Trex};
 
+/// Most `trak` (and `trex`) boxes an init segment may hold, and most `traf` boxes in one `moof`.
+/// Real inits carry a handful of tracks; the cap keeps the per-track lookups (a `trex` per
+/// `trak`, a track per `traf`, distinct KIDs) from growing with the square of a hostile init of
+/// thousands of tiny boxes, which is rewritten on the runtime on every request.
+pub const MAX_TRACKS: usize = 64;
+
 /// Protection scheme from `schm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheme {
@@ -109,6 +115,9 @@ pub enum CencError {
     NoMoov,
     #[error("'{0}' box missing")]
     MissingBox(&'static str),
+    /// More `trak`, `trex` or (in one `moof`) `traf` boxes than [`MAX_TRACKS`].
+    #[error("more than {MAX_TRACKS} '{0}' boxes")]
+    TooManyTracks(&'static str),
     #[error("track {track_id}: unsupported protection scheme '{scheme}'")]
     UnsupportedScheme { track_id: u32, scheme: String },
     #[error("track {track_id}: {samples} samples but encryption info for {entries}")]

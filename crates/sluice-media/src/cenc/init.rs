@@ -1,7 +1,7 @@
 //! Init segment rewriting: `pssh` and `sinf` dropped, `encv`/`enca` renamed to the original format,
 //! and each track's protection recorded. No I/O.
 
-use super::{CencError, InitInfo, Pattern, Protection, Scheme, TrackInfo};
+use super::{CencError, InitInfo, Pattern, Protection, Scheme, TrackInfo, MAX_TRACKS};
 use crate::mp4::{
     boxes, find, rebuild, Boxes, Edit, FourCC, Frma, Hdlr, Mp4Box, SampleEntry, Schm, Stsd, Tenc,
     Tkhd, Trex,
@@ -17,13 +17,15 @@ pub fn rewrite_init(init: &[u8]) -> Result<(Vec<u8>, InitInfo), CencError> {
     Ok((out, info))
 }
 
-/// Reads every track of `moov`.
+/// Reads every track of `moov`. More than [`MAX_TRACKS`] `trak` or `trex` boxes is refused as
+/// soon as the walk meets one too many, before any of the per-track lookups add up.
 pub(crate) fn read_info(moov: &Mp4Box<'_>) -> Result<InitInfo, CencError> {
     let mut trexes = Vec::new();
     if let Some(mvex) = moov.child(b"mvex")? {
         for b in mvex.children() {
             let b = b?;
             if b.kind == *b"trex" {
+                check_count(trexes.len(), "trex")?;
                 trexes.push(Trex::parse(&b)?);
             }
         }
@@ -34,6 +36,7 @@ pub(crate) fn read_info(moov: &Mp4Box<'_>) -> Result<InitInfo, CencError> {
         if trak.kind != *b"trak" {
             continue;
         }
+        check_count(tracks.len(), "trak")?;
         let mut track = read_track(&trak)?;
         track.trex = trexes
             .iter()
@@ -42,6 +45,14 @@ pub(crate) fn read_info(moov: &Mp4Box<'_>) -> Result<InitInfo, CencError> {
         tracks.push(track);
     }
     Ok(InitInfo { tracks })
+}
+
+/// Refuses one more box of `kind` when `seen` of them already make [`MAX_TRACKS`].
+pub(crate) fn check_count(seen: usize, kind: &'static str) -> Result<(), CencError> {
+    if seen >= MAX_TRACKS {
+        return Err(CencError::TooManyTracks(kind));
+    }
+    Ok(())
 }
 
 fn read_track(trak: &Mp4Box<'_>) -> Result<TrackInfo, CencError> {
@@ -172,4 +183,73 @@ fn sample_entry_edit(b: &Mp4Box<'_>, handler: FourCC) -> Result<Edit, CencError>
         prefix: entry.prefix,
         rename,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(kind);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// The smallest track `read_info` accepts: a 32-byte `trak` holding only a `tkhd`.
+    fn trak(track_id: u32) -> Vec<u8> {
+        let mut tkhd = vec![0u8; 12];
+        tkhd.extend_from_slice(&track_id.to_be_bytes());
+        bx(b"trak", &bx(b"tkhd", &tkhd))
+    }
+
+    fn trex(track_id: u32) -> Vec<u8> {
+        let mut payload = vec![0u8; 4];
+        payload.extend_from_slice(&track_id.to_be_bytes());
+        payload.extend_from_slice(&[0u8; 16]);
+        bx(b"trex", &payload)
+    }
+
+    /// `traks` tracks numbered from 1 and `trexes` fragment defaults numbered from `trex_from`.
+    fn init(traks: u32, trexes: u32, trex_from: u32) -> Vec<u8> {
+        let mut moov = Vec::new();
+        if trexes > 0 {
+            let mvex: Vec<u8> = (0..trexes).flat_map(|i| trex(trex_from + i)).collect();
+            moov.extend(bx(b"mvex", &mvex));
+        }
+        for id in 1..=traks {
+            moov.extend(trak(id));
+        }
+        bx(b"moov", &moov)
+    }
+
+    #[test]
+    fn thousands_of_tiny_tracks_are_refused_while_walking() {
+        // ~640 KiB of boxes that would cost 10^8 id comparisons, refused at the 65th box.
+        let n = 10_000;
+        assert_eq!(
+            rewrite_init(&init(n, n, 1_000_000)).unwrap_err(),
+            CencError::TooManyTracks("trex")
+        );
+        assert_eq!(
+            rewrite_init(&init(n, 0, 0)).unwrap_err(),
+            CencError::TooManyTracks("trak")
+        );
+        assert_eq!(
+            rewrite_init(&init(MAX_TRACKS as u32 + 1, 1, 1)).unwrap_err(),
+            CencError::TooManyTracks("trak")
+        );
+    }
+
+    #[test]
+    fn as_many_tracks_as_the_cap_still_read() {
+        let max = MAX_TRACKS as u32;
+        let (clear, info) = rewrite_init(&init(max, max, 1)).unwrap();
+        assert_eq!(clear, init(max, max, 1));
+        assert_eq!(info.tracks.len(), MAX_TRACKS);
+        assert!(info
+            .tracks
+            .iter()
+            .all(|t| t.trex.map(|x| x.track_id) == Some(t.track_id)));
+    }
 }

@@ -176,6 +176,8 @@ fn plan_moof<'a>(
             removed += child.len();
         }
         if child.kind == *b"traf" {
+            // A `moof` carries one `traf` per track; each one looks its track up in the init's.
+            init::check_count(fixes.len(), "traf")?;
             for grandchild in child.children() {
                 let grandchild = grandchild?;
                 if is_dropped_in_moof(&grandchild) {
@@ -289,12 +291,17 @@ fn to_usize(v: u64, track_id: u32) -> Result<usize, CencError> {
     })
 }
 
+/// `base` moved by a signed `trun` offset. A hostile `tfhd.base_data_offset` can sit anywhere
+/// in 64 bits: one past `i64::MAX`, or a sum that overflows, is an error rather than a wrap.
 fn offset_from(base: usize, offset: i32, track_id: u32) -> Result<usize, CencError> {
-    let at = base as i64 + i64::from(offset);
-    usize::try_from(at).map_err(|_| CencError::DataOffset {
-        track_id,
-        removed: 0,
-    })
+    i64::try_from(base)
+        .ok()
+        .and_then(|base| base.checked_add(i64::from(offset)))
+        .and_then(|at| usize::try_from(at).ok())
+        .ok_or(CencError::DataOffset {
+            track_id,
+            removed: 0,
+        })
 }
 
 /// Pairs the samples of a protected `traf` with their `senc` entries (or the constant IV).
@@ -496,5 +503,72 @@ fn outside(job: &Job<'_>, tracks: &[TrackCrypto<'_>]) -> CencError {
         track_id: tracks[job.track].info.track_id,
         offset: job.offset as u64,
         size: job.size as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(kind);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A `traf` of track 1, with an absolute `base_data_offset` when given, and an empty `trun`
+    /// whose data offset is `offset`.
+    fn traf(base: Option<u64>, offset: i32) -> Vec<u8> {
+        let mut tfhd = match base {
+            Some(_) => Tfhd::BASE_DATA_OFFSET.to_be_bytes().to_vec(),
+            None => vec![0; 4],
+        };
+        tfhd.extend_from_slice(&1u32.to_be_bytes());
+        if let Some(base) = base {
+            tfhd.extend_from_slice(&base.to_be_bytes());
+        }
+        let mut trun = Trun::DATA_OFFSET.to_be_bytes().to_vec();
+        trun.extend_from_slice(&0u32.to_be_bytes());
+        trun.extend_from_slice(&offset.to_be_bytes());
+        [bx(b"tfhd", &tfhd), bx(b"trun", &trun)].concat()
+    }
+
+    fn segment(trafs: usize, base: Option<u64>, offset: i32) -> Vec<u8> {
+        let moof: Vec<u8> = (0..trafs)
+            .flat_map(|_| bx(b"traf", &traf(base, offset)))
+            .collect();
+        [bx(b"moof", &moof), bx(b"mdat", &[0; 16])].concat()
+    }
+
+    fn decrypt(segment: &[u8]) -> Result<Vec<u8>, CencError> {
+        decrypt_segment(segment, &InitInfo::default(), &KeyRing::new())
+    }
+
+    #[test]
+    fn thousands_of_trafs_in_one_moof_are_refused() {
+        assert_eq!(
+            decrypt(&segment(10_000, None, 0)).unwrap_err(),
+            CencError::TooManyTracks("traf")
+        );
+        let max = segment(super::super::MAX_TRACKS, None, 0);
+        assert_eq!(decrypt(&max).unwrap(), max);
+    }
+
+    #[test]
+    fn base_data_offset_past_i64_is_an_error() {
+        let refused = CencError::DataOffset {
+            track_id: 1,
+            removed: 0,
+        };
+        // Overflows i64 when the offset is added.
+        let near_max = segment(1, Some(i64::MAX as u64 - 4), 8);
+        assert_eq!(decrypt(&near_max).unwrap_err(), refused);
+        // Wrapped to -1 by a cast, then back to byte 0 by the offset.
+        let past_max = segment(1, Some(u64::MAX), 1);
+        assert_eq!(decrypt(&past_max).unwrap_err(), refused);
+        assert_eq!(offset_from(i64::MAX as usize, 1, 1), Err(refused.clone()));
+        assert_eq!(offset_from(10, -11, 1), Err(refused));
+        assert_eq!(offset_from(100, -40, 1), Ok(60));
     }
 }

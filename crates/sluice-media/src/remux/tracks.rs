@@ -5,6 +5,11 @@ use super::{RemuxError, MAX_PARAMETER_SET_BYTES};
 
 /// Each parameter set is written after an Annex B start code.
 const START_CODE_LEN: usize = 4;
+/// Most `trak` (and `trex`) boxes read from an init, carriable or not, as in `cenc`. The PMT
+/// limit ([`super::MAX_TRACKS`]) is checked only on the tracks kept, after the walk; this cap
+/// stops the walk (and its `trex` lookup per track) before a hostile init of thousands of tiny
+/// tracks makes it quadratic.
+const MAX_TRAK_BOXES: usize = 64;
 use crate::mp4::{boxes, find, FourCC, Hdlr, Mp4Box, Reader, SampleEntry, Stsd, Tkhd, Trex};
 
 /// One track of the init segment that MPEG-TS can carry.
@@ -86,15 +91,23 @@ pub(crate) fn read(init: &[u8]) -> Result<Vec<Track>, RemuxError> {
         for b in mvex.children() {
             let b = b?;
             if b.kind == *b"trex" {
+                if trexes.len() >= MAX_TRAK_BOXES {
+                    return Err(RemuxError::TooManyTracks);
+                }
                 trexes.push(Trex::parse(&b)?);
             }
         }
     }
     let mut tracks = Vec::new();
+    let mut traks = 0usize;
     for trak in moov.children() {
         let trak = trak?;
         if trak.kind != *b"trak" {
             continue;
+        }
+        traks += 1;
+        if traks > MAX_TRAK_BOXES {
+            return Err(RemuxError::TooManyTracks);
         }
         if let Some(mut track) = read_track(&trak)? {
             track.trex = trexes
@@ -339,5 +352,55 @@ impl Bits<'_> {
             self.pos += 1;
         }
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(kind);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A timed-text track: read, then left out as MPEG-TS cannot carry it.
+    fn text_trak(track_id: u32) -> Vec<u8> {
+        let mut tkhd = vec![0u8; 12];
+        tkhd.extend_from_slice(&track_id.to_be_bytes());
+        let mut hdlr = vec![0u8; 8];
+        hdlr.extend_from_slice(b"text");
+        let mdia = bx(b"mdia", &bx(b"hdlr", &hdlr));
+        bx(b"trak", &[bx(b"tkhd", &tkhd), mdia].concat())
+    }
+
+    fn init(traks: u32, trexes: u32) -> Vec<u8> {
+        let mut moov = Vec::new();
+        if trexes > 0 {
+            let mvex: Vec<u8> = (0..trexes)
+                .flat_map(|i| {
+                    let mut p = vec![0u8; 4];
+                    p.extend_from_slice(&(1_000_000 + i).to_be_bytes());
+                    p.extend_from_slice(&[0u8; 16]);
+                    bx(b"trex", &p)
+                })
+                .collect();
+            moov.extend(bx(b"mvex", &mvex));
+        }
+        for id in 1..=traks {
+            moov.extend(text_trak(id));
+        }
+        bx(b"moov", &moov)
+    }
+
+    #[test]
+    fn thousands_of_tracks_are_refused_while_walking() {
+        assert_eq!(read(&init(10_000, 0)), Err(RemuxError::TooManyTracks));
+        assert_eq!(read(&init(1, 10_000)), Err(RemuxError::TooManyTracks));
+        let max = MAX_TRAK_BOXES as u32;
+        assert_eq!(read(&init(max, max)), Ok(Vec::new()));
+        assert_eq!(read(&init(max + 1, 0)), Err(RemuxError::TooManyTracks));
     }
 }

@@ -5,6 +5,12 @@ use crate::mpegts::{TsHeader, PACKET_LEN};
 
 /// Largest PSI section (ISO/IEC 13818-1 caps `section_length` at 1021 for PAT and PMT).
 const MAX_SECTION: usize = 1024;
+/// Most packets one section may take before it is given up. A [`MAX_SECTION`] section with its
+/// pointer field fits 6 packets of full payload (7 if the pointer field skips the tail of the
+/// previous section); 16 leaves room for adaptation fields (a PCR on the table's PID) and still
+/// holds 3 KiB per table. Without it, packets whose payload adds nothing (an adaptation field
+/// filling the packet) or a declared length that never arrives would be kept without end.
+const MAX_PACKETS: usize = 16;
 
 /// One table's section as it arrives: the packets that carry it and its bytes so far.
 #[derive(Debug, Default, Clone)]
@@ -32,13 +38,17 @@ impl Collector {
         } else {
             return None;
         }
+        if self.packets.len() >= MAX_PACKETS * PACKET_LEN {
+            self.drop_section();
+            return None;
+        }
         self.packets.extend_from_slice(&pkt[..PACKET_LEN]);
         if self.data.len() < 3 {
             return None;
         }
         let len = 3 + usize::from(u16::from_be_bytes([self.data[1], self.data[2]]) & 0x0fff);
         if len > MAX_SECTION + 3 {
-            self.started = false;
+            self.drop_section();
             return None;
         }
         if self.data.len() < len {
@@ -47,6 +57,13 @@ impl Collector {
         self.started = false;
         let section = self.data[..len].to_vec();
         Some((section, std::mem::take(&mut self.packets)))
+    }
+
+    /// Gives up the section in progress; packets up to the next section start are ignored.
+    fn drop_section(&mut self) {
+        self.started = false;
+        self.packets.clear();
+        self.data.clear();
     }
 }
 
@@ -136,5 +153,87 @@ impl Program {
         coded()
             .find(|(_, c)| c.is_video())
             .or_else(|| coded().find(|(_, c)| *c == Codec::Audio))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mpegts::parse_header;
+
+    /// A PID 0 packet carrying `payload` (padded with 0xff), after an adaptation field of
+    /// `stuffing` bytes when that is not zero.
+    fn packet(start: bool, stuffing: u8, payload: &[u8]) -> Vec<u8> {
+        let afc = if stuffing > 0 { 0x30 } else { 0x10 };
+        let mut pkt = vec![0x47, if start { 0x40 } else { 0x00 }, 0x00, afc];
+        if stuffing > 0 {
+            pkt.push(stuffing);
+            pkt.resize(5 + usize::from(stuffing), 0xff);
+        }
+        pkt.extend_from_slice(payload);
+        pkt.resize(PACKET_LEN, 0xff);
+        pkt
+    }
+
+    fn push(c: &mut Collector, pkt: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        c.push(pkt, &parse_header(pkt).unwrap())
+    }
+
+    /// A section of `len` bytes (`section_length` = `len` - 3), split into packets after a
+    /// pointer field of 0.
+    fn section_packets(len: usize) -> (Vec<u8>, Vec<Vec<u8>>) {
+        let mut section = vec![0x00, 0xb0 | ((len - 3) >> 8) as u8, (len - 3) as u8];
+        section.extend((3..len).map(|i| i as u8));
+        let mut payload = vec![0u8];
+        payload.extend_from_slice(&section);
+        let packets = payload
+            .chunks(PACKET_LEN - 4)
+            .enumerate()
+            .map(|(i, chunk)| packet(i == 0, 0, chunk))
+            .collect();
+        (section, packets)
+    }
+
+    #[test]
+    fn payloadless_packets_after_a_section_start_are_not_kept() {
+        let mut c = Collector::default();
+        let (_, packets) = section_packets(MAX_SECTION);
+        assert!(push(&mut c, &packets[0]).is_none());
+        // An adaptation field of 183 bytes leaves the packet an empty payload.
+        let empty = packet(false, 183, &[]);
+        let mut most = 0;
+        for _ in 0..100_000 {
+            assert!(push(&mut c, &empty).is_none());
+            most = most.max(c.packets.len());
+        }
+        assert_eq!(most, MAX_PACKETS * PACKET_LEN);
+        assert!(c.packets.is_empty() && c.data.is_empty() && !c.started);
+        // The next section start is read as usual.
+        let (section, packets) = section_packets(16);
+        assert_eq!(
+            push(&mut c, &packets[0]),
+            Some((section, packets[0].clone()))
+        );
+    }
+
+    #[test]
+    fn the_largest_section_still_completes_between_pcr_packets() {
+        let mut c = Collector::default();
+        let (section, packets) = section_packets(MAX_SECTION);
+        assert_eq!(packets.len(), 6);
+        let pcr = packet(false, 183, &[]);
+        let mut got = None;
+        let mut kept = Vec::new();
+        for (i, pkt) in packets.iter().enumerate() {
+            if i > 0 {
+                for _ in 0..2 {
+                    assert!(push(&mut c, &pcr).is_none());
+                    kept.extend_from_slice(&pcr);
+                }
+            }
+            kept.extend_from_slice(pkt);
+            got = push(&mut c, pkt);
+        }
+        assert_eq!(got, Some((section, kept)));
     }
 }
