@@ -16,6 +16,8 @@ cargo-fuzz = true
 [dependencies]
 libfuzzer-sys = "0.4"
 url = "2"
+bytes = "1"
+http = "1"
 sluice-media = { path = ".." }
 
 # Its own workspace, so the main workspace build never compiles the fuzz crate (cargo fuzz builds it).

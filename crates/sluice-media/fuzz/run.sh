@@ -32,6 +32,10 @@ case "$target" in
   fcc) max_len=256 ;;
   # A compressed guide; iptv.epg_max_bytes bounds its output, 1 MiB of input is explorable.
   gzip) max_len=1048576 ;;
+  # A few seconds of a channel's TS, pushed as the gateway does; MAX_SEGMENT_BYTES is 32 MiB.
+  segmenter) max_len=1048576 ;;
+  # A fetched guide, plain or gzip; the target's own bound is at most 64 KiB.
+  xmltv) max_len=1048576 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 python3 seed.py >/dev/null

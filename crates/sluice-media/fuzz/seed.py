@@ -176,6 +176,87 @@ def gzip_members():
     write("gzip", "all-fields", header + deflated + trailer)
 
 
+def segmenter():
+    """A few seconds of TS (PAT, PMT, pictures and AAC frames with DTS, keyframes flagged) for
+    each timing codec, framed as the target reads it: settings, chunk and size bytes."""
+    def packet(cc, pid, start, ra, payload):
+        room = 184 - (2 if ra else 0)
+        body = payload[:room]
+        stuffing = room - len(body)
+        head = bytes([0x47, (pid >> 8) | (0x40 if start else 0), pid & 0xFF])
+        if ra:
+            af = bytes([1 + stuffing, 0x40]) + b"\xff" * stuffing
+        elif stuffing:
+            af = bytes([stuffing - 1]) + (b"\x00" + b"\xff" * (stuffing - 2) if stuffing > 1 else b"")
+        else:
+            af = None
+        n = cc.get(pid, 0)
+        cc[pid] = (n + 1) & 15
+        if af is None:
+            return head + bytes([0x10 | n]) + body
+        return head + bytes([0x30 | n]) + af + body
+
+    def stamp(flag, t):
+        return bytes([flag << 4 | (t >> 29) & 0x0E | 1, (t >> 22) & 0xFF, (t >> 14) & 0xFE | 1,
+                      (t >> 7) & 0xFF, (t << 1) & 0xFE | 1])
+
+    def pes(sid, dts, es):
+        return b"\x00\x00\x01" + bytes([sid, 0, 0, 0x80, 0xC0, 10]) + stamp(3, dts + 3600) + stamp(1, dts) + es
+
+    def section(cc, pid, sec):
+        return packet(cc, pid, True, False, (b"\x00" + sec).ljust(184, b"\xff"))
+
+    units = {
+        0x1B: (b"\x00\x00\x00\x01\x09\xf0\x00\x00\x00\x01\x67\x42\x00\x00\x00\x01\x65", b"\x00\x00\x00\x01\x09\xf0\x00\x00\x00\x01\x41"),
+        0x24: (b"\x00\x00\x00\x01\x46\x01\x10\x00\x00\x00\x01\x26\x01", b"\x00\x00\x00\x01\x46\x01\x30\x00\x00\x00\x01\x02\x01"),
+        0x02: (b"\x00\x00\x01\xb3\x00\x00\x01\x00\x00\x08", b"\x00\x00\x01\x00\x00\x10"),
+    }
+    for kind, (stype, (key, other)) in enumerate(units.items()):
+        cc = {}
+        pat = bytes([0, 0xB0, 13, 0, 1, 0xC1, 0, 0, 0, 1, 0xF0, 0, 0, 0, 0, 0])
+        pmt = bytes([2, 0xB0, 23, 0, 1, 0xC1, 0, 0, 0xE1, 0, 0xF0, 0, stype, 0xE1, 0, 0xF0, 0,
+                     0x0F, 0xE1, 1, 0xF0, 0, 0, 0, 0, 0])
+        ts = bytearray()
+        for i in range(150):  # 6 s at 25 pictures a second, a keyframe a second
+            dts = 900000 + i * 3600
+            if i % 25 == 0:
+                ts += section(cc, 0, pat) + section(cc, 0x1000, pmt)
+            es = (key if i % 25 == 0 else other) + bytes(200)
+            data = pes(0xE0, dts, es)
+            ts += packet(cc, 0x100, True, i % 25 == 0 and kind == 0, data)
+            for at in range(184, len(data), 184):
+                ts += packet(cc, 0x100, False, False, data[at:at + 184])
+            if i % 2 == 0:
+                ts += packet(cc, 0x101, True, False, pes(0xC0, dts, b"\xff\xf1" + bytes(30)))
+        ts = bytes(ts)
+        # Target 2 s, parts 500 ms; chunks of 1316 bytes (an RTP payload), whole, and aligned.
+        write("segmenter", f"ts-{kind}", bytes([0x11, 0xFF, 0x7F]) + ts)
+        write("segmenter", f"ts-{kind}-once", bytes([0x03, 0x00, 0x10]) + ts)
+        write("segmenter", f"ts-{kind}-gap", bytes([0x19, 0x40, 0x87]) + ts[:188 * 200] + b"\xff\x00\xff\x00" + ts[188 * 300:])
+        # The target's own tables and this codec in front of a stream without any.
+        bare = b"".join(ts[i:i + 188] for i in range(0, len(ts), 188) if ((ts[i + 1] & 0x1F) << 8 | ts[i + 2]) not in (0, 0x1000))
+        write("segmenter", f"bare-{kind}", bytes([0x29 | kind << 6, 0x10, 0x20]) + bare)
+    # Runs of 0x47 that never line up 188 bytes apart, pushed at once, then a stream.
+    noise = (b"\x47" * 188 + b"\x00" * 188) * 170 + b"\x00" * 400
+    write("segmenter", "noise", bytes([0x01, 0x00, 0x10]) + noise + ts)
+
+
+def xmltv():
+    """Guides plain and gzip-compressed, with a BOM and a DOCTYPE, and pages that are not guides."""
+    import gzip as gz
+    guide = (b'<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE tv SYSTEM "xmltv.dtd">\n'
+             b'<tv generator-info-name="x"><channel id="a.example"><display-name>A</display-name>'
+             b'</channel><programme start="20240101120000 +0000" stop="20240101130000 +0000" '
+             b'channel="a.example"><title>News</title></programme></tv>\n')
+    big = struct.pack("<H", 0xFFFF)
+    write("xmltv", "plain", big + guide)
+    write("xmltv", "bom", big + b"\xef\xbb\xbf  \n" + guide)
+    write("xmltv", "gzip", big + gz.compress(guide, mtime=0))
+    write("xmltv", "small-bound", struct.pack("<H", 100) + guide)
+    write("xmltv", "html", big + b"<html><body>502</body></html>")
+    write("xmltv", "json", big + b'{"error":"no guide"}')
+
+
 if __name__ == "__main__":
     mp4_decrypt()
     remux_ts()
@@ -191,5 +272,7 @@ if __name__ == "__main__":
     m3u_merge()
     rtsp()
     gzip_members()
+    segmenter()
+    xmltv()
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")

@@ -211,13 +211,14 @@ impl Segmenter {
                 match mpegts::find_sync(chunk) {
                     Some(at) => chunk = &chunk[at..],
                     None => {
-                        // Keep a possible packet start for the next chunk.
-                        let at = memchr::memchr(SYNC_BYTE, chunk).unwrap_or(chunk.len());
+                        // No offset of the chunk starts a packet, and none of its tail would
+                        // either (`find_sync` tried them all), so only a 0x47 in its last 187
+                        // bytes may start one the next chunk completes: keep from there. Trying
+                        // again after each stray 0x47 cost the chunk's length per 0x47.
+                        let tail = chunk.len().saturating_sub(PACKET_LEN - 1);
+                        let at = memchr::memchr(SYNC_BYTE, &chunk[tail..])
+                            .map_or(chunk.len(), |i| tail + i);
                         chunk = &chunk[at..];
-                        if chunk.len() >= PACKET_LEN {
-                            chunk = &chunk[1..];
-                            continue;
-                        }
                     }
                 }
             }
