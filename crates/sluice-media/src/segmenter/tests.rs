@@ -325,6 +325,39 @@ fn garbage_is_skipped_without_panicking() {
 }
 
 #[test]
+fn noise_without_packet_boundaries_is_skipped_in_one_pass() {
+    // Runs of 0x47 that never line up 188 bytes apart: no offset starts a packet. Each 0x47
+    // used to start another search over the rest of the chunk (256 KiB: 33 million offsets
+    // tried, seconds of CPU per chunk a source sends).
+    let mut noise = Vec::new();
+    while noise.len() < 256 * 1024 {
+        noise.extend_from_slice(&[SYNC_BYTE; PACKET_LEN]);
+        noise.extend_from_slice(&[0; PACKET_LEN]);
+    }
+    noise.extend_from_slice(&[0; 2 * PACKET_LEN]);
+    let mut g = Gen::new();
+    let input = stream(&mut g, 0, 60, 25, false);
+    let started = std::time::Instant::now();
+    let mut s = Segmenter::new(settings(2));
+    s.push(&noise);
+    s.push(&input);
+    s.finish();
+    assert!(
+        started.elapsed().as_secs() < 2,
+        "256 KiB of noise took {:?}",
+        started.elapsed()
+    );
+    // Nothing of the noise is kept: the stream after it is cut as it is on its own.
+    let after: Vec<_> = s.take().into_iter().map(|seg| seg.data).collect();
+    let alone: Vec<_> = run(&input, 2, input.len())
+        .into_iter()
+        .map(|seg| seg.data)
+        .collect();
+    assert_eq!(after.len(), 2);
+    assert!(after == alone);
+}
+
+#[test]
 fn playlist_lists_the_window() {
     let entries = [
         Entry {
