@@ -354,24 +354,28 @@ pub fn decide_use(
     }
 }
 
-/// `Vary: *` (never served from cache).
+/// `Vary: *`, or a `Vary` this cache cannot read (never served from cache).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("Vary: *")]
 pub struct VaryStar;
 
-/// The request header names a response varies on, lowercase, sorted, deduplicated.
+/// The request header names a response varies on, lowercase, sorted, deduplicated. A line with a
+/// byte past ASCII or an item that is not a field name counts as `*`: skipping it would key the
+/// object on fewer fields than the origin named, and one user's variant (`Vary: Cookie, X-\xe9`)
+/// would answer everyone. Empty list items are allowed (RFC 9110 §5.6.1).
 pub fn vary_names(headers: &HeaderMap) -> Result<Vec<HeaderName>, VaryStar> {
     let mut names = Vec::new();
     for value in headers.get_all(VARY) {
-        let Ok(text) = value.to_str() else { continue };
+        let text = value.to_str().map_err(|_| VaryStar)?;
         for item in text.split(',') {
             let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
             if item == "*" {
                 return Err(VaryStar);
             }
-            if let Ok(name) = HeaderName::from_bytes(item.as_bytes()) {
-                names.push(name);
-            }
+            names.push(HeaderName::from_bytes(item.as_bytes()).map_err(|_| VaryStar)?);
         }
     }
     names.sort_by(|a, b| a.as_str().cmp(b.as_str()));

@@ -74,7 +74,9 @@ impl CountingOrigin {
 
 /// `/big*`: 3 MiB + 5 bytes; `/nostore`: `no-store`; anything else: a small body naming its path.
 /// Every GET is cacheable for an hour (apart from `/nostore`) and honours `Range`; other methods
-/// get 204. A path with `tagged` in it carries `Surrogate-Key: product-7`.
+/// get 204. A path with `tagged` in it carries `Surrogate-Key: product-7`. A path with `cond` in
+/// it is not `public`, answers `Authorization: Bearer bad` with 401 and a matching
+/// `If-None-Match` with 304; its conditional requests are logged as `REVALIDATE`, not `GET`.
 fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let range = req
@@ -82,9 +84,40 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
         .get("range")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let cond = path.contains("cond");
+    let conditional = cond && req.headers().contains_key("if-none-match");
+    let method = if conditional {
+        "REVALIDATE".to_string()
+    } else {
+        req.method().to_string()
+    };
     seen.lock()
         .unwrap()
-        .push((req.method().to_string(), path.clone(), range.clone()));
+        .push((method, path.clone(), range.clone()));
+    if cond && req.method() == http::Method::GET {
+        if req
+            .headers()
+            .get("authorization")
+            .is_some_and(|v| v == "Bearer bad")
+        {
+            return Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .body(Full::new(Bytes::from_static(b"denied")))
+                .unwrap();
+        }
+        if req
+            .headers()
+            .get("if-none-match")
+            .is_some_and(|v| v == "\"e1\"")
+        {
+            return Response::builder()
+                .status(StatusCode::NOT_MODIFIED)
+                .header("cache-control", "max-age=3600")
+                .header("etag", "\"e1\"")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+        }
+    }
     if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
         return Response::builder()
             .status(StatusCode::NO_CONTENT)
@@ -103,6 +136,23 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
             .header("cache-control", "public, max-age=3600")
             .header("vary", "X-Forwarded-For")
             .body(Full::new(Bytes::from(format!("for {xff}"))))
+            .unwrap();
+    }
+    if path == "/vary-odd" {
+        // Varies on `Cookie` and on a name with a byte past ASCII: the body names the cookie.
+        let cookie = req
+            .headers()
+            .get("cookie")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string();
+        return Response::builder()
+            .header("cache-control", "public, max-age=3600")
+            .header(
+                "vary",
+                http::HeaderValue::from_bytes(b"Cookie, X-\xe9").unwrap(),
+            )
+            .body(Full::new(Bytes::from(format!("for {cookie}"))))
             .unwrap();
     }
     if path == "/per-user" || path == "/vary-change" {
@@ -152,6 +202,8 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
     };
     let cache_control = if path == "/nostore" {
         "no-store"
+    } else if cond {
+        "max-age=3600"
     } else {
         "public, max-age=3600"
     };
@@ -926,4 +978,122 @@ async fn a_range_at_the_end_of_u64_is_refused_cleanly() {
     let near = request("GET", &s.url("/big-far"), &[("range", "bytes=1000-1003")]).await;
     assert_eq!(near.status, StatusCode::PARTIAL_CONTENT);
     assert_eq!(near.body.as_deref().unwrap(), &pattern(BIG_LEN)[1000..1004]);
+}
+
+/// Finding: a revalidation's 304 was judged storable against the fields of the client that
+/// asked, so `Cache-Control: no-cache, no-store` (honoured by default) made any client's request
+/// drop any stored object, memory and disk, and the miss that followed stored nothing. The 304 is
+/// now judged as the object was stored; the client's `no-store` only keeps its fields out.
+#[tokio::test]
+async fn a_clients_no_store_does_not_drop_what_is_stored() {
+    let (origin, s) = start().await;
+    let whole = sha256(&pattern(BIG_LEN));
+    let first = request("GET", &s.url("/big-cond"), &[]).await;
+    assert_eq!(sha256(first.body.as_deref().unwrap()), whole);
+    let fetched = origin.count("GET", "/big-cond");
+    assert!(fetched >= 1);
+    let attack = request(
+        "GET",
+        &s.url("/big-cond"),
+        &[("cache-control", "no-cache, no-store")],
+    )
+    .await;
+    assert_eq!(attack.status, StatusCode::OK);
+    assert_eq!(sha256(attack.body.as_deref().unwrap()), whole);
+    assert_eq!(origin.count("REVALIDATE", "/big-cond"), 1);
+    assert_eq!(origin.count("GET", "/big-cond"), fetched, "refetched");
+    let after = request("GET", &s.url("/big-cond"), &[]).await;
+    assert_eq!(sha256(after.body.as_deref().unwrap()), whole);
+    assert!(
+        cache_status(&after).starts_with("sluice; hit"),
+        "{}",
+        cache_status(&after)
+    );
+    assert_eq!(
+        origin.count("GET", "/big-cond"),
+        fetched,
+        "the object was dropped"
+    );
+}
+
+/// Finding: with `request_directives = "ignore"`, a stale object's revalidation made for a client
+/// with `Authorization` failed the store-time `Authorization` rule on its 304, and a 401 from the
+/// origin for the client's bad credentials counted as a new representation: either dropped the
+/// object for everyone. A 304 now keeps it, and a 401 is passed on with the object kept.
+#[tokio::test]
+async fn a_clients_credentials_on_a_revalidation_do_not_drop_the_object() {
+    let origin = CountingOrigin::start().await;
+    let mut config = cached_config(origin.addr);
+    config.cache.request_directives = sluice::cache::config::RequestDirectivesConfig::Ignore;
+    let s = Sluice::start(config).await;
+    let soft_purge = || async {
+        let r = request(
+            "PURGE",
+            &s.url("/cond-doc"),
+            &[("x-purge-key", PURGE_KEY), ("x-purge-soft", "1")],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    };
+    let first = request("GET", &s.url("/cond-doc"), &[]).await;
+    assert_eq!(first.body.as_deref().unwrap(), b"body of /cond-doc");
+    assert_eq!(origin.count("GET", "/cond-doc"), 1);
+
+    soft_purge().await;
+    let alice = request(
+        "GET",
+        &s.url("/cond-doc"),
+        &[("authorization", "Bearer alice")],
+    )
+    .await;
+    assert_eq!(alice.body.as_deref().unwrap(), b"body of /cond-doc");
+    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 1);
+    let next = request("GET", &s.url("/cond-doc"), &[]).await;
+    assert_eq!(next.body.as_deref().unwrap(), b"body of /cond-doc");
+    assert!(
+        cache_status(&next).starts_with("sluice; hit"),
+        "{}",
+        cache_status(&next)
+    );
+    assert_eq!(origin.count("GET", "/cond-doc"), 1, "dropped on a 304");
+
+    soft_purge().await;
+    let refused = request(
+        "GET",
+        &s.url("/cond-doc"),
+        &[("authorization", "Bearer bad")],
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.body.as_deref().unwrap(), b"denied");
+    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 2);
+    // Still stored, still stale: revalidated (a 304), not fetched again.
+    let next = request("GET", &s.url("/cond-doc"), &[]).await;
+    assert_eq!(next.status, StatusCode::OK);
+    assert_eq!(next.body.as_deref().unwrap(), b"body of /cond-doc");
+    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 3);
+    assert_eq!(origin.count("GET", "/cond-doc"), 1, "dropped on a 401");
+}
+
+/// Finding: a `Vary` line with a byte past ASCII was skipped whole, so `Vary: Cookie, X-\xe9`
+/// stored the answer with no `Vary` on a route that caches cookie requests: one user's page
+/// answered the next. Such an answer is now not stored, as `Vary: *`.
+#[tokio::test]
+async fn an_unreadable_vary_is_not_served_to_another_user() {
+    let origin = CountingOrigin::start().await;
+    let mut config = cached_config(origin.addr);
+    for route in &mut config.routes {
+        route.cache_cookies = true;
+    }
+    let s = Sluice::start(config).await;
+    let alice = request("GET", &s.url("/vary-odd"), &[("cookie", "sid=alice")]).await;
+    assert_eq!(alice.body.as_deref().unwrap(), b"for sid=alice");
+    let bob = request("GET", &s.url("/vary-odd"), &[("cookie", "sid=bob")]).await;
+    assert_eq!(bob.body.as_deref().unwrap(), b"for sid=bob");
+    assert!(
+        !cache_status(&bob).contains("; hit"),
+        "{}",
+        cache_status(&bob)
+    );
+    assert_eq!(origin.count("GET", "/vary-odd"), 2);
 }

@@ -362,6 +362,38 @@ fn s4_1_vary() {
     assert_eq!(vary_names(&headers(&[("vary", "*")])), Err(VaryStar));
 }
 
+/// Finding: a `Vary` line with a byte past ASCII was skipped whole, and an item that is not a
+/// field name dropped, so `Vary: Cookie, X-\xe9` stored the object with no `Vary`: one user's
+/// variant answered everyone. Either now makes the answer unstorable, as `Vary: *` does.
+#[test]
+fn an_unreadable_vary_is_not_stored() {
+    let lifetime = ("cache-control", "public, max-age=60");
+    let mut non_ascii = headers(&[lifetime]);
+    non_ascii.append(VARY, HeaderValue::from_bytes(b"Cookie, X-\xe9").unwrap());
+    let mut split = headers(&[lifetime, ("vary", "accept")]);
+    split.append(
+        VARY,
+        HeaderValue::from_bytes(b"Authorization, \xff").unwrap(),
+    );
+    let bad_item = headers(&[lifetime, ("vary", "Authorization, X(y)")]);
+    let spaced = headers(&[lifetime, ("vary", "Cookie, Accept Language")]);
+    for resp in [&non_ascii, &split, &bad_item, &spaced] {
+        assert_eq!(vary_names(resp), Err(VaryStar), "{resp:?}");
+        assert_eq!(
+            store(&HeaderMap::new(), 200, resp),
+            Err(NotStorable::VaryStar),
+            "{resp:?}"
+        );
+    }
+    // Empty list items are allowed, and the names that are there are all kept.
+    let sparse = headers(&[lifetime, ("vary", ", Cookie,,accept ,"), ("vary", "")]);
+    assert_eq!(
+        vary_names(&sparse).unwrap(),
+        vec![HeaderName::from_static("accept"), http::header::COOKIE]
+    );
+    assert!(store(&HeaderMap::new(), 200, &sparse).is_ok());
+}
+
 #[test]
 fn a_copy_of_another_caches_object_is_capped_after_its_age() {
     let copy = FreshnessPolicy {

@@ -12,7 +12,7 @@ use sluice_http::cache_status::{CacheStatus, Forward};
 use sluice_http::conditional::{if_range_allows, not_modified};
 use sluice_http::freshness::{
     decide_use, request_may_fill, storability, variant_key, vary_names, AgeClock, FreshnessPolicy,
-    Use,
+    RequestDirectives, Use,
 };
 use sluice_http::range::{resolve_range, slice_range, Multipart, RangeOutcome, RangeSpec};
 
@@ -202,8 +202,7 @@ impl Inner {
                 };
                 self.respond(parts, meta, origin, status, None)
             }
-            Revalidated::Failed(Some(resp)) => {
-                let mut resp = resp;
+            Revalidated::Failed(Some(mut resp)) | Revalidated::Refused(mut resp) => {
                 let code = resp.status().as_u16();
                 set_status(
                     &mut resp,
@@ -231,6 +230,14 @@ impl Inner {
     /// `must-revalidate`), and with `must-revalidate` the origin checks each reuse against the
     /// caller's credentials (RFC 9111 §3.5); without them every revalidation would be a 401
     /// that drops the object. A 304 that changes `Vary` drops the object: the answer is a miss.
+    ///
+    /// The answer is about the stored object, so it is judged as the object was, not by the
+    /// fields of the client that happened to ask: the request-side checks (`Authorization`,
+    /// `no-store`) were made when it was stored, and a client's `no-store` only keeps this
+    /// answer's fields out of the cache. A 4xx other than 404 or 410 is the origin refusing
+    /// those fields (credentials, rate limits), not news about the object: it is passed on and
+    /// the object kept. Otherwise any client could drop any object by asking with `no-cache,
+    /// no-store` or a bad `Authorization`.
     async fn revalidate(
         self: &Arc<Self>,
         meta: &Arc<ObjectMeta>,
@@ -277,7 +284,7 @@ impl Inner {
                 merge_not_modified(&mut headers, resp.headers());
                 let Ok(fresh) = storability(
                     &Method::GET,
-                    &parts.headers,
+                    &HeaderMap::new(),
                     meta.status,
                     &headers,
                     response_time,
@@ -293,7 +300,9 @@ impl Inner {
                 m.soft_purged = false;
                 m.tags = super::object::tags(&m.headers);
                 let m = Arc::new(m);
-                if self.index.update(m.clone()) {
+                let no_store = policy.request_directives == RequestDirectives::Honor
+                    && parse_cache_control(&parts.headers).no_store;
+                if !no_store && self.index.update(m.clone()) {
                     if let Some(disk) = &self.disk {
                         disk.write_meta(m.clone());
                     }
@@ -301,6 +310,9 @@ impl Inner {
                 Revalidated::Fresh(m)
             }
             s if s.is_server_error() => Revalidated::Failed(Some(resp)),
+            s if s.is_client_error() && s != StatusCode::NOT_FOUND && s != StatusCode::GONE => {
+                Revalidated::Refused(resp)
+            }
             _ => {
                 // A new representation: the stored one goes; a fresh miss fetches the new one.
                 self.forget(meta);
@@ -736,6 +748,9 @@ enum Revalidated {
     Changed,
     /// The origin failed; a 5xx answer is kept to pass on when no stale copy may be served.
     Failed(Option<Response<Body>>),
+    /// The origin refused the request's own fields (a 4xx other than 404 and 410): its answer
+    /// is passed on, never a stale copy, and the object stays.
+    Refused(Response<Body>),
 }
 
 /// The head of a whole 200 answer from a stored object, for a writer of HTTP/1.1 bytes: the
