@@ -5,6 +5,7 @@
 //! `..` segment; `.` and `..` segments are resolved; repeated slashes collapse to one. An encoded
 //! slash (`%2F`), other escapes and the query are kept as they are. A `..` above the root, a NUL or
 //! control byte, a malformed escape, or a path not starting with `/` is an error (400).
+//! [`check_hidden_dot_segments`] then finds the `..` only an upstream would see (`..%2F`, `..;`).
 
 use std::borrow::Cow;
 
@@ -19,6 +20,8 @@ pub enum PathError {
     Control,
     #[error("path contains a malformed percent escape")]
     BadEscape,
+    #[error("path contains a `..` behind an encoded slash or backslash, or before `;`")]
+    HiddenDotSegment,
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -129,6 +132,62 @@ fn normalize_owned(raw: &str) -> Result<String, PathError> {
     Ok(out)
 }
 
+/// Refuses a path in which an upstream could find a `..` that normalisation left alone: a piece
+/// between encoded slashes or backslashes (`%2F`, `%5C`, any case) or backslashes, or before a
+/// `;`, that is `..` (plain or as `%2e`). Python's `http.server` decodes `%2F` before it resolves
+/// dot segments, Tomcat and Jetty read `..;x` as `..` with a parameter: `/docs/..%2F..%2Fsecret`,
+/// routed (and rewritten) under `/docs/`, reaches their `/secret`. nginx decodes before it
+/// resolves, so its routes never see such a path either.
+///
+/// `path` is one [`normalize_path`] returned (no plain `..` segment left, `%2e` decoded). Kept
+/// apart from it because a path after a sluice token has a refusal of its own.
+pub fn check_hidden_dot_segments(path: &str) -> Result<(), PathError> {
+    // Nearly every path holds none of these: one look at its bytes.
+    if !path.bytes().any(|b| matches!(b, b'%' | b';' | b'\\')) {
+        return Ok(());
+    }
+    let bytes = path.as_bytes();
+    let mut start = 0;
+    let mut i = 0;
+    while i <= bytes.len() {
+        // Where the piece ends, and how long the separator is (0: the end of the path).
+        let sep = match bytes.get(i) {
+            None => 0,
+            Some(b'/' | b'\\') => 1,
+            Some(b'%') if encoded_separator(&bytes[i + 1..]) => 3,
+            Some(_) => {
+                i += 1;
+                continue;
+            }
+        };
+        // What a server taking `;` as the start of parameters reads as the piece's name.
+        let piece = &path[start..i];
+        let name = piece.split(';').next().unwrap_or(piece);
+        if is_dot_dot(name) {
+            return Err(PathError::HiddenDotSegment);
+        }
+        if sep == 0 {
+            break;
+        }
+        i += sep;
+        start = i;
+    }
+    Ok(())
+}
+
+/// Whether `rest` (what follows a `%`) starts with `2F` or `5C`, any case.
+fn encoded_separator(rest: &[u8]) -> bool {
+    matches!(rest, [b'2', b'f' | b'F', ..] | [b'5', b'c' | b'C', ..])
+}
+
+/// Whether `name` is `..`, its dots plain or percent-encoded.
+fn is_dot_dot(name: &str) -> bool {
+    name == ".."
+        || (name.len() > 2
+            && name.len() <= 6
+            && name.to_ascii_lowercase().replace("%2e", ".").eq(".."))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,7 +243,89 @@ mod tests {
         assert_eq!(normalize_path("/a%2"), Err(PathError::BadEscape));
     }
 
+    #[test]
+    fn a_dot_dot_only_an_upstream_would_see_is_refused() {
+        for p in [
+            "/docs/..%2F..%2Fsecret",
+            "/docs/..%2f..%2fsecret",
+            "/docs/..%5Csecret",
+            "/docs/..%5c",
+            "/docs/..\\secret",
+            "/docs/a%2F..%2F..%2F..%2Fsecret",
+            "/docs/..;/..;/secret",
+            "/docs/..;jsessionid=1/x",
+            "/docs/.%2e%2Fx",
+            "/docs/%2E%2E%2fx",
+            "/docs/x%2F..",
+        ] {
+            // Normalisation keeps each as it is (up to the case of its escapes)...
+            let n = normalize_path(p).unwrap();
+            // ...and the check refuses it, raw or normalised.
+            assert_eq!(
+                check_hidden_dot_segments(&n),
+                Err(PathError::HiddenDotSegment),
+                "{p}"
+            );
+            assert_eq!(
+                check_hidden_dot_segments(p),
+                Err(PathError::HiddenDotSegment),
+                "{p}"
+            );
+        }
+        for p in [
+            "/",
+            "/docs/a",
+            "/docs/file;jsessionid=1",
+            "/docs/a;b/c;d/",
+            "/docs/a%2Fb%5Cc",
+            "/docs/..x%2F",
+            "/docs/x..%2F",
+            "/docs/...%2F",
+            "/docs/.%2Fx",
+            "/docs/.;x/a",
+            "/docs/a%20b..",
+            "/docs/%2e%2e%2e%2Fx",
+        ] {
+            assert_eq!(check_hidden_dot_segments(p), Ok(()), "{p}");
+        }
+    }
+
+    /// A path as a server that decodes `%2F` and `%5C`, takes `\` for `/` and `;` for the start
+    /// of a segment's parameters reads it: its segments' names.
+    fn upstream_view(path: &str) -> Vec<String> {
+        let decoded = path
+            .replace("%2F", "/")
+            .replace("%2f", "/")
+            .replace("%5C", "/")
+            .replace("%5c", "/")
+            .replace('\\', "/");
+        decoded
+            .split('/')
+            .map(|seg| seg.split(';').next().unwrap_or("").to_string())
+            .collect()
+    }
+
     proptest! {
+        /// A path that passes both steps has no `..` for such a server to resolve.
+        #[test]
+        fn no_upstream_sees_a_dot_dot_in_a_path_that_passes(
+            parts in prop::collection::vec(
+                prop::sample::select(vec![
+                    "a", "/", ".", "..", ";", ";x", "%2F", "%2f", "%5C", "%5c", "\\", "%2e",
+                    "%2E", "%41", "%25",
+                ]),
+                0..12,
+            )
+        ) {
+            let s = format!("/{}", parts.concat());
+            if let Ok(n) = normalize_path(&s) {
+                if check_hidden_dot_segments(&n).is_ok() {
+                    let view = upstream_view(&n);
+                    prop_assert!(!view.iter().any(|seg| seg == ".."), "{} -> {:?}", n, view);
+                }
+            }
+        }
+
         #[test]
         fn never_panics_and_is_idempotent(s in "/[a-z./%0-9A-F]{0,40}") {
             if let Ok(n) = normalize_path(&s) {

@@ -153,6 +153,28 @@ impl ProxyError {
         e
     }
 
+    /// The error as a client that may not learn the upstream's address sees it (the holder of a
+    /// token, which hides its destination): an error about `upstream` (`"the XC provider"`,
+    /// `"the upstream"`) keeps its status, side and kind and names no host; the full error is
+    /// logged here, for the operator. Any other error (a bad parameter) is left as it is.
+    pub fn unnamed(mut self, upstream: &str) -> Self {
+        if self.upstream.is_none() && self.side != Side::Upstream {
+            return self;
+        }
+        tracing::warn!(
+            upstream = self.upstream.as_deref().unwrap_or(""),
+            kind = self.kind,
+            error = %self.message,
+            "upstream request failed"
+        );
+        self.message = match self.kind {
+            "upstream_status" => format!("{upstream} answered {}", self.status.as_u16()),
+            kind => format!("{upstream} request failed ({kind})"),
+        };
+        self.upstream = None;
+        self
+    }
+
     /// The JSON error response.
     pub fn into_response(self) -> Response<Body> {
         let mut json = serde_json::json!({

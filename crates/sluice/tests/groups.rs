@@ -162,10 +162,8 @@ async fn http_health_check_steers_reverse_routes_and_503_when_all_down() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["kind"], "no_healthy_upstream", "{body}");
-    assert_eq!(
-        json["error"], "no usable server in upstream group \"web\"",
-        "{body}"
-    );
+    // The body names no group or server (they are in the log).
+    assert_eq!(json["error"], "no usable upstream server", "{body}");
     assert_eq!(
         good_hits.load(Ordering::SeqCst) + bad_hits.load(Ordering::SeqCst),
         hits

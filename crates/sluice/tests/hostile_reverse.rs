@@ -417,3 +417,186 @@ upstream = "good"
         assert_eq!(status, want);
     }
 }
+
+/// An upstream's `101` gets the clean-up of any answer: its hop-by-hop fields (`Keep-Alive`, and
+/// `X-Hop`, which its `Connection` names) and the route's `response_headers_remove` field do not
+/// reach the client, the route's addition and this hop's `Via` do; `Upgrade` and
+/// `Connection: upgrade` are there, and the tunnel still carries bytes both ways.
+#[tokio::test]
+async fn a_switch_is_cleaned_up_like_any_answer() {
+    let o = origin(|mut req: http::Request<hyper::body::Incoming>| async move {
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = hyper_util::rt::TokioIo::new(up);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = http::Response::new(full(bytes::Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        for (name, value) in [
+            ("upgrade", "websocket"),
+            ("connection", "upgrade, x-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "1"),
+            ("x-backend-server", "10.0.3.7:8080"),
+            ("x-kept", "yes"),
+        ] {
+            h.insert(name, http::HeaderValue::from_static(value));
+        }
+        h.insert("sec-websocket-accept", key.unwrap());
+        resp
+    })
+    .await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+response_headers_remove = ["x-backend-server"]
+response_headers_add = {{ x-frame-options = "DENY" }}
+"#
+    )))
+    .await;
+    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(
+        b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut byte))
+            .await
+            .expect("the answer's head")
+            .unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    for gone in ["x-backend-server", "keep-alive", "x-hop", "10.0.3.7"] {
+        assert!(!head.contains(gone), "{gone} reached the client: {head}");
+    }
+    for kept in [
+        "\r\nupgrade: websocket\r\n",
+        "\r\nconnection: upgrade\r\n",
+        "\r\nx-frame-options: deny\r\n",
+        "\r\nvia: 1.1 sluice\r\n",
+        "\r\nx-kept: yes\r\n",
+        "\r\nsec-websocket-accept: dghlihnhbxbszsbub25jzq==\r\n",
+    ] {
+        assert!(head.contains(kept), "{kept:?} missing: {head}");
+    }
+    for msg in [&b"hello"[..], &pattern(100_000)[..]] {
+        s.write_all(msg).await.unwrap();
+        let mut got = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .expect("the bytes echoed")
+            .unwrap();
+        assert_eq!(got, msg);
+    }
+}
+
+/// A `..` that only a server decoding `%2F` or `%5C` (Python's `http.server`), or reading `;` as
+/// the start of parameters (Tomcat, Jetty), would resolve is refused (400) before any upstream:
+/// under a rewrite it would leave the rewritten subtree (`/docs/..%2F..%2Fsecret` went up as
+/// `/public/docs/..%2F..%2Fsecret`, `/secret` to such a server). An encoded `..` sluice resolves
+/// itself (`%2E%2E`), so it leaves the route, not its rewrite. With the fast path and without.
+#[tokio::test]
+async fn a_dot_dot_only_the_upstream_would_resolve_is_refused() {
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let log = seen.clone();
+    let o = origin(move |req: http::Request<hyper::body::Incoming>| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(req.uri().path().to_string());
+            http::Response::new(full("ok"))
+        }
+    })
+    .await;
+    for fast in [true, false] {
+        seen.lock().unwrap().clear();
+        let p = Proxy::start(config(&format!(
+            r#"
+[server]
+h1_fast_path = {fast}
+
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+host = "app.test"
+path = "/docs/"
+upstream = "app"
+rewrite = "/public/docs/"
+"#
+        )))
+        .await;
+        let ask = |target: &str| {
+            format!("GET {target} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        };
+        for target in [
+            "/docs/..%2F..%2Fsecret",
+            "/docs/..%2f..%2fsecret",
+            "/docs/..%5C..%5Csecret",
+            "/docs/a%2F..%2F..%2F..%2Fsecret",
+            "/docs/..;/..;/secret",
+            "/docs/..;jsessionid=1/..;/secret",
+            "/docs/%2e%2e%2F%2e%2e%2Fsecret",
+            "/docs/.%2e;/.%2E;/secret",
+        ] {
+            let reply = raw(p.addr, ask(target).as_bytes(), Duration::from_secs(3)).await;
+            assert!(
+                reply.starts_with("HTTP/1.1 400"),
+                "fast {fast}: {target}: {reply}"
+            );
+            assert!(reply.contains("bad_path"), "fast {fast}: {target}: {reply}");
+        }
+        // Resolved by sluice: `/secret`, which no route serves.
+        for target in ["/docs/%2E%2E/secret", "/docs/.%2e/secret"] {
+            let reply = raw(p.addr, ask(target).as_bytes(), Duration::from_secs(3)).await;
+            assert!(
+                reply.starts_with("HTTP/1.1 404"),
+                "fast {fast}: {target}: {reply}"
+            );
+        }
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Vec::<String>::new(),
+            "fast {fast}: reached the upstream"
+        );
+        // What stays under the subtree still goes up.
+        for target in ["/docs/a", "/docs/file;v=1", "/docs/a%2Fb", "/docs/x..%2F"] {
+            let reply = raw(p.addr, ask(target).as_bytes(), Duration::from_secs(3)).await;
+            assert!(
+                reply.starts_with("HTTP/1.1 200"),
+                "fast {fast}: {target}: {reply}"
+            );
+        }
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "/public/docs/a",
+                "/public/docs/file;v=1",
+                "/public/docs/a%2Fb",
+                "/public/docs/x..%2F"
+            ],
+            "fast {fast}"
+        );
+    }
+}

@@ -303,6 +303,79 @@ header_timeout_secs = 1
     assert!(String::from_utf8_lossy(r.body.as_ref().unwrap()).contains("upstream_timeout"));
 }
 
+/// A 502 or 504 tells the client what failed (status, kind, side), never where: the group's name
+/// and its servers' addresses are the operator's (nginx and HAProxy answer a plain 502/504).
+#[tokio::test]
+async fn error_answers_name_no_group_or_server() {
+    let dead = dead_port().await;
+    // Accepts, reads the request and closes without a word.
+    let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rude_addr = rude.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = rude.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+        }
+    });
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let c = config(&format!(
+        r#"
+[[upstreams]]
+name = "pool-dead-7"
+servers = ["{dead}"]
+[[upstreams]]
+name = "pool-rude-7"
+servers = ["{rude_addr}"]
+[[upstreams]]
+name = "pool-mute-7"
+servers = ["{silent_addr}"]
+
+[[routes]]
+path = "/dead"
+upstream = "pool-dead-7"
+
+[[routes]]
+path = "/rude"
+upstream = "pool-rude-7"
+
+[[routes]]
+path = "/mute"
+upstream = "pool-mute-7"
+header_timeout_secs = 1
+"#
+    ));
+    let p = Proxy::start(c).await;
+    for (path, status, kind) in [
+        ("/dead", StatusCode::BAD_GATEWAY, "upstream_refused"),
+        ("/rude", StatusCode::BAD_GATEWAY, "upstream_failed"),
+        ("/mute", StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+    ] {
+        let r = get(&p.url(path), &[]).await;
+        assert_eq!(r.status, status, "{path}");
+        let body = String::from_utf8_lossy(r.body.as_ref().unwrap()).into_owned();
+        let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(j["kind"], kind, "{body}");
+        assert_eq!(j["side"], "upstream", "{body}");
+        assert!(j.get("upstream").is_none(), "{body}");
+        for named in [
+            "127.0.0.1",
+            "pool-",
+            &dead.port().to_string(),
+            &rude_addr.port().to_string(),
+            &silent_addr.port().to_string(),
+        ] {
+            assert!(!body.contains(named), "{path} names {named}: {body}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn websocket_over_http1_upgrade_echoes() {
     let o = origin(|mut req: http::Request<hyper::body::Incoming>| async move {

@@ -484,6 +484,36 @@ async fn provider_errors_do_not_name_the_provider() {
     );
 }
 
+/// An XC `.m3u8` stream is redirected to the HLS proxy under a sealed token; the errors answered
+/// on that path name no host either: an id the provider answers 404 to comes back a 404 with its
+/// kind and side, not the provider's address.
+#[tokio::test]
+async fn hls_errors_under_the_redirect_token_do_not_name_the_provider() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let r = get(&s.url(&format!("/live/{token}/{XC_PASS}/99999999.m3u8"))).await;
+    assert_eq!(r.status, StatusCode::FOUND);
+    let location = r.headers["location"].to_str().unwrap().to_string();
+    assert!(location.contains("/_token_"), "{location}");
+    let r = get(&location).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let body = text(&r);
+    assert!(
+        !body.contains("127.0.0.1") && !body.contains(&format!(":{}", p.addr.port())),
+        "{body}"
+    );
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "upstream_status", "{body}");
+    assert_eq!(v["side"], "upstream", "{body}");
+    assert!(v.get("upstream").is_none(), "{body}");
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q.contains("99999999.m3u8")));
+}
+
 /// A login answer is parsed as JSON only up to 1 MiB (a real one is about 2 KB): a provider
 /// answering 2 MiB of `[0,0,...]` gets a 502 that names no host, and the next login works.
 #[tokio::test]

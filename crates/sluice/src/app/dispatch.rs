@@ -298,7 +298,11 @@ impl App {
             },
             p => Err(not_found(p)),
         };
-        let mut resp = result.unwrap_or_else(ProxyError::into_response);
+        // A token hides its destination: its holder's errors name no upstream host.
+        let mut resp = match (result, &ctx.token) {
+            (Err(e), Some(_)) => e.unnamed("the upstream").into_response(),
+            (result, _) => result.unwrap_or_else(ProxyError::into_response),
+        };
         if self.keys.load().auth.required() && own_answer(&ctx.path) {
             keep_private(resp.headers_mut());
         }

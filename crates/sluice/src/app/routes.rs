@@ -338,7 +338,15 @@ impl Routing {
             Some((_, rest)) => (true, rest),
             None => (false, raw),
         };
-        let path = match sluice_http::path::normalize_path(rest) {
+        // A `..` that only a server decoding `%2F` or reading `;` as parameters would resolve
+        // (`/docs/..%2F..%2Fsecret`) is refused for every route. A tokened path reaches only
+        // built-ins, whose token check gives such a path the token's one refusal.
+        let path = match sluice_http::path::normalize_path(rest).and_then(|p| {
+            if !tokened {
+                sluice_http::path::check_hidden_dot_segments(&p)?;
+            }
+            Ok(p)
+        }) {
             Ok(p) => p,
             Err(e) => {
                 return Dispatch::Refused(ProxyError::downstream(

@@ -671,23 +671,9 @@ fn bad(message: &str) -> ProxyError {
 
 /// An XC request's error as its client sees it: a holder of an XC username token may not learn
 /// the provider's address (its token hides it), so an error about the provider (its status, an
-/// unreachable or refused host, a broken answer) names no host; the full error is logged here.
-fn unnamed(mut e: ProxyError) -> ProxyError {
-    if e.upstream.is_none() && e.side != Side::Upstream {
-        return e;
-    }
-    tracing::warn!(
-        upstream = e.upstream.as_deref().unwrap_or(""),
-        kind = e.kind,
-        error = %e.message,
-        "XC provider request failed"
-    );
-    e.message = match e.kind {
-        "upstream_status" => format!("the XC provider answered {}", e.status.as_u16()),
-        kind => format!("the XC provider request failed ({kind})"),
-    };
-    e.upstream = None;
-    e
+/// unreachable or refused host, a broken answer) names no host; the full error is logged.
+fn unnamed(e: ProxyError) -> ProxyError {
+    e.unnamed("the XC provider")
 }
 
 /// The one answer to a wrong or missing API password, whatever form it came in.

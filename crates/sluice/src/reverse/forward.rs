@@ -172,7 +172,19 @@ impl FetchError {
                 return ProxyError::downstream(status, kind, self.to_string());
             }
         };
-        ProxyError::new(Side::Upstream, status, kind, self.to_string())
+        // The client learns what went wrong, not where: the group's name and its servers'
+        // addresses are the operator's (behind the password on `/metrics`), so they go to the log.
+        tracing::warn!(kind, error = %self, "reverse proxy: no response head from upstream");
+        let text = match &self {
+            FetchError::NoServer { .. } => "no usable upstream server".to_string(),
+            FetchError::Refused { .. } => "no upstream server accepted the connection".to_string(),
+            FetchError::ConnectTimeout { .. } => "connecting to the upstream timed out".to_string(),
+            FetchError::HeaderTimeout { secs, .. } => {
+                format!("the upstream server sent no response head within {secs} s")
+            }
+            _ => "the upstream server failed".to_string(),
+        };
+        ProxyError::new(Side::Upstream, status, kind, text)
     }
 }
 
@@ -573,7 +585,18 @@ impl Reverse {
                     }
                 } else {
                     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                    // The switch gets the clean-up of any answer (hop-by-hop fields and those
+                    // its `Connection` names dropped, this hop's `Via`, the route's removals and
+                    // additions: an operator hiding `X-Backend-Server` hides it here too); the
+                    // upgrade's own two fields, hop-by-hop as well, are then put back. The
+                    // request asked for a WebSocket: that is the protocol when the server
+                    // names none.
+                    let upgrade = headers
+                        .remove(header::UPGRADE)
+                        .unwrap_or(HeaderValue::from_static("websocket"));
+                    self.response_fields(route, &mut headers, response.version());
                     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                    headers.insert(header::UPGRADE, upgrade);
                     *resp.headers_mut() = headers;
                 }
                 self.finish_record(route, resp.status().as_u16(), recent::since(start), entry);

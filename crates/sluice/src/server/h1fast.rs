@@ -95,6 +95,8 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
         return Err(());
     }
     let path = sluice_http::path::normalize_path(raw_path).map_err(|_| ())?;
+    // A `..` only an upstream would see: hyper's path refuses it (400).
+    sluice_http::path::check_hidden_dot_segments(&path).map_err(|_| ())?;
     let mut host = None;
     let mut close = false;
     // Room for the forwarding fields added on the way up, without a rehash.
