@@ -99,6 +99,26 @@ async fn bounded_read(
     .await;
 }
 
+/// Runs `work` (state-directory I/O) on the blocking pool: the directory may be on a network
+/// file system, where a call stalls for as long as the server is away, and a runtime thread
+/// stalled there stops every connection it serves.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, OrderError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| OrderError::Store(format!("a state directory task failed: {e}")))
+}
+
+/// What a look at the state directory for the account found.
+enum StoredAccount {
+    Found(String),
+    /// None, and this node holds the account lock: it creates the account.
+    Create(store::NameLock),
+    /// None, and another node holds the lock (it is creating the account).
+    Wait,
+}
+
 /// The end of an on-demand name's try, reported once: by [`Ending::finish`], or as "not issued"
 /// if its task ends any other way (a panic), so the name is not left in progress for good.
 struct Ending {
@@ -436,7 +456,11 @@ impl Acme {
         self.ask_and_issue(name, place).await
     }
 
-    async fn ask_and_issue(&self, name: &str, place: tokio::sync::OwnedSemaphorePermit) -> bool {
+    async fn ask_and_issue(
+        self: &Arc<Self>,
+        name: &str,
+        place: tokio::sync::OwnedSemaphorePermit,
+    ) -> bool {
         let Some(od) = &self.on_demand else {
             return false;
         };
@@ -452,10 +476,12 @@ impl Acme {
                 self.metrics.decision("allowed");
                 match self.issue(name, Kind::OnDemand).await {
                     Ok(()) => true,
-                    // Another node is ordering it now: the next handshake for the name looks
-                    // in the directory again instead of waiting out `per_name_secs`.
-                    Err(OrderError::Locked) => {
-                        od.forget(name);
+                    // Not ordered: another node is ordering it now (the next handshake for
+                    // the name looks in the directory again), or the hour's on-demand orders
+                    // are used up (it is tried again once one frees, not after
+                    // `per_name_secs`). Either way no order of the minute's was started.
+                    Err(OrderError::Locked | OrderError::Throttled(..)) => {
+                        od.not_ordered(name);
                         false
                     }
                     Err(_) => false,
@@ -475,7 +501,11 @@ impl Acme {
     }
 
     /// Reads `name`'s stored certificate if the file is newer than the one held (another node
-    /// may have renewed it). A broken file is logged and left; the held certificate stays.
+    /// may have renewed it), and puts it in use if its leaf names `name` (and, with one held, has
+    /// not expired): a file holding another name's certificate is neither served for this one
+    /// nor counts as covering it. A broken, foreign or expired file is logged and left: the held
+    /// certificate stays, and with none held the name is ordered. Reads a file: at run time,
+    /// call it off the runtime's threads ([`Acme::refresh_off_runtime`]).
     fn refresh_from_store(&self, name: &str) {
         let Some((pem, modified)) = self.store.read_cert(name) else {
             return;
@@ -487,11 +517,22 @@ impl Acme {
         {
             return;
         }
-        match self.certs.install(name, &pem, modified) {
+        match self
+            .certs
+            .install_stored(name, &pem, modified, SystemTime::now())
+        {
             Ok(()) => self.export_expiry(name),
             Err(e) => {
                 tracing::warn!(%name, error = %format!("{e:#}"), "acme: stored certificate unusable")
             }
+        }
+    }
+
+    /// [`Acme::refresh_from_store`] on the blocking pool.
+    async fn refresh_off_runtime(self: &Arc<Self>, name: &str) {
+        let (me, name) = (self.clone(), name.to_string());
+        if let Err(e) = off_runtime(move || me.refresh_from_store(&name)).await {
+            tracing::error!(error = %e, "acme: reading a stored certificate failed");
         }
     }
 
@@ -581,30 +622,44 @@ impl Acme {
         // Another node may be creating the account: wait for its lock, then read what it wrote.
         let mut lock = None;
         for _ in 0..300 {
-            if let Some(json) = self.store.read_account(url) {
-                let creds: AccountCredentials =
-                    serde_json::from_str(&json).context("unreadable stored ACME account")?;
-                if let Some(eab) = &self.eab {
-                    tracing::info!(
-                        directory = url,
-                        key_id = eab.key_id.as_str(),
-                        "acme: the stored account is used; [acme.eab] binds only an account being created (remove its account-*.json from the state directory to bind anew)"
-                    );
+            let (store, dir) = (self.store.clone(), url.to_string());
+            let look = off_runtime(move || -> std::io::Result<StoredAccount> {
+                if let Some(json) = store.read_account(&dir) {
+                    return Ok(StoredAccount::Found(json));
                 }
-                return self
-                    .account_builder()?
-                    .from_credentials(creds)
-                    .await
-                    .with_context(|| format!("ACME directory {url}"));
-            }
-            if let Some(l) = self.store.try_lock("account")? {
-                lock = Some(l);
-                if self.store.read_account(url).is_none() {
+                let Some(lock) = store.try_lock("account")? else {
+                    return Ok(StoredAccount::Wait);
+                };
+                // The lock's previous holder may have just written it.
+                Ok(match store.read_account(&dir) {
+                    Some(json) => StoredAccount::Found(json),
+                    None => StoredAccount::Create(lock),
+                })
+            })
+            .await??;
+            match look {
+                StoredAccount::Found(json) => {
+                    let creds: AccountCredentials =
+                        serde_json::from_str(&json).context("unreadable stored ACME account")?;
+                    if let Some(eab) = &self.eab {
+                        tracing::info!(
+                            directory = url,
+                            key_id = eab.key_id.as_str(),
+                            "acme: the stored account is used; [acme.eab] binds only an account being created (remove its account-*.json from the state directory to bind anew)"
+                        );
+                    }
+                    return self
+                        .account_builder()?
+                        .from_credentials(creds)
+                        .await
+                        .with_context(|| format!("ACME directory {url}"));
+                }
+                StoredAccount::Create(l) => {
+                    lock = Some(l);
                     break;
                 }
-                continue;
+                StoredAccount::Wait => tokio::time::sleep(Duration::from_millis(100)).await,
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let _lock = lock.context("another node holds the account lock")?;
         let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
@@ -619,8 +674,13 @@ impl Acme {
             .create(&new, url.to_string(), binding.as_ref())
             .await
             .with_context(|| format!("ACME directory {url}"))?;
-        self.store
-            .write_account(url, &serde_json::to_string(&creds)?)
+        let (store, dir, json) = (
+            self.store.clone(),
+            url.to_string(),
+            serde_json::to_string(&creds)?,
+        );
+        off_runtime(move || store.write_account(&dir, &json))
+            .await?
             .context("writing the ACME account")?;
         tracing::info!(
             directory = url,
@@ -639,7 +699,7 @@ impl Acme {
 
     /// Orders `name` unless another node is on it (then its certificate is picked up later),
     /// stores and installs the result, and counts the outcome.
-    async fn issue(&self, name: &str, kind: Kind) -> Result<(), OrderError> {
+    async fn issue(self: &Arc<Self>, name: &str, kind: Kind) -> Result<(), OrderError> {
         let result = self.issue_locked(name, kind).await;
         match &result {
             Ok(true) => self.metrics.order("issued"),
@@ -656,14 +716,19 @@ impl Acme {
     }
 
     /// True when this call ordered the certificate; false when another node's is now in use.
-    async fn issue_locked(&self, name: &str, kind: Kind) -> Result<bool, OrderError> {
+    /// The state directory is used from the blocking pool only (see [`off_runtime`]).
+    async fn issue_locked(self: &Arc<Self>, name: &str, kind: Kind) -> Result<bool, OrderError> {
         let store_err = |e: std::io::Error| OrderError::Store(e.to_string());
         let before = self.certs.held(name).map(|h| h.modified);
-        let Some(_lock) = self.store.try_lock(name).map_err(store_err)? else {
+        let (store, key) = (self.store.clone(), name.to_string());
+        let Some(_lock) = off_runtime(move || store.try_lock(&key))
+            .await?
+            .map_err(store_err)?
+        else {
             return Err(OrderError::Locked);
         };
         // The lock's previous holder may have just ordered it: then that one is in use now.
-        self.refresh_from_store(name);
+        self.refresh_off_runtime(name).await;
         let held = self.certs.held(name);
         if held.as_ref().map(|h| h.modified) != before {
             return Ok(false);
@@ -679,14 +744,16 @@ impl Acme {
             return Err(OrderError::Throttled(self.config.orders_per_hour, frees_in));
         }
         let issued = issuer.order(name, replaces).await?;
-        self.store_issued(name, &issued)?;
+        let (me, key) = (self.clone(), name.to_string());
+        off_runtime(move || me.store_issued(&key, &issued)).await??;
         tracing::info!(%name, "acme: certificate issued");
         Ok(true)
     }
 
     /// Checks what the CA issued (a chain and key that parse and match, a leaf for `name` not
     /// expired) before it replaces the stored file, then stores and installs it. An unusable one
-    /// is the CA's failure, and the stored certificate, still good, is kept.
+    /// is the CA's failure, and the stored certificate, still good, is kept. Writes and reads a
+    /// file: call it off the runtime's threads.
     fn store_issued(&self, name: &str, issued: &issue::Issued) -> Result<(), OrderError> {
         let store_err = |e: std::io::Error| OrderError::Store(e.to_string());
         let bundle = store::bundle(&issued.chain_pem, &issued.key_pem);
@@ -866,12 +933,12 @@ impl Acme {
 
     /// One pass: re-read the store, order what is missing or due, back off on failure; returns
     /// when the next is due.
-    async fn pass(&self, schedule: &mut Schedule) -> Instant {
+    async fn pass(self: &Arc<Self>, schedule: &mut Schedule) -> Instant {
         let check = Duration::from_secs(self.config.check_secs);
         let mut pass = Pass::default();
         let mut next = Instant::now() + check;
         for name in self.managed_names() {
-            self.refresh_from_store(&name);
+            self.refresh_off_runtime(&name).await;
             let modified = self.certs.held(&name).map(|h| h.modified);
             if let Some((_, at, of)) = schedule.retry.get(&name) {
                 if *of != modified {
@@ -1112,12 +1179,18 @@ mod tests {
     /// A stored bundle for `name` from a throwaway CA (its leaf has the authority key id ARI
     /// names a certificate by).
     fn issued_pem(name: &str) -> String {
+        leaf_pem(name, |_| {})
+    }
+
+    /// A stored bundle for `name` whose leaf `adjust` has changed.
+    fn leaf_pem(name: &str, adjust: impl FnOnce(&mut rcgen::CertificateParams)) -> String {
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let issuer = rcgen::Issuer::new(ca, rcgen::KeyPair::generate().unwrap());
         let key = rcgen::KeyPair::generate().unwrap();
         let mut leaf = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
         leaf.use_authority_key_identifier_extension = true;
+        adjust(&mut leaf);
         let cert = leaf.signed_by(&key, &issuer).unwrap();
         store::bundle(&cert.pem(), &key.serialize_pem())
     }
@@ -1134,6 +1207,42 @@ mod tests {
         Acme::from_config(&config, &[], &mut Registry::default())
             .unwrap()
             .unwrap()
+    }
+
+    /// Sets `acme`'s account to one at a CA that does not answer (nothing here gets as far as
+    /// asking it).
+    async fn unreachable_issuer(acme: &Acme) {
+        let issuer = Issuer {
+            account: fake_account(AriAnswer::Down, Arc::default()).await,
+            certs: acme.certs.clone(),
+            dns: None,
+            challenges: vec![config::Challenge::TlsAlpn01],
+            timeout: Duration::from_secs(60),
+        };
+        assert!(acme.issuer.set(issuer).is_ok());
+    }
+
+    /// An ask URL that allows every name: each request answered 200.
+    async fn ask_allowing_all() -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut head, mut buf) = (Vec::new(), [0u8; 1024]);
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                            _ => return,
+                        }
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                    let _ = conn.write_all(ok).await;
+                });
+            }
+        });
+        format!("http://{addr}/ask")
     }
 
     fn hold(acme: &Acme, name: &str) {
@@ -1303,6 +1412,136 @@ mod tests {
             acme.renew_at(n, &mut schedule, &mut pass).await;
         }
         assert_eq!(asks.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_state_directory_leaves_the_runtime_serving() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let config = AcmeConfig {
+            names: vec!["a.example.com".into()],
+            state_dir: Some(dir.path().to_path_buf()),
+            challenges: vec![config::Challenge::TlsAlpn01],
+            // No order is placed: the CA is never troubled.
+            orders_per_hour: 0,
+            ..AcmeConfig::default()
+        };
+        let acme = Acme::from_config(&config, &[], &mut Registry::default())
+            .unwrap()
+            .unwrap();
+        unreachable_issuer(&acme).await;
+        // The name's lock file is a FIFO: opening it to write waits for a reader, as an open
+        // on a network file system whose server is away waits for the server.
+        let fifo = dir.path().join("locks/a.example.com.lock");
+        let path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let stall = Duration::from_secs(2);
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(stall);
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo)
+        });
+        let ordering = acme.clone();
+        let order = tokio::spawn(async move { ordering.issue("a.example.com", Kind::Kept).await });
+        // This test's runtime has one thread: timers that fire on time show it is not the one
+        // waiting in the open.
+        let start = Instant::now();
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(start.elapsed() < stall / 2, "{:?}", start.elapsed());
+        assert!(!order.is_finished());
+        let _reader = reader.join().unwrap().unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(10), order)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(result, Err(OrderError::Throttled(0, _))),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_on_demand_order_the_hour_has_no_place_for_gives_its_minute_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = AcmeConfig {
+            state_dir: Some(dir.path().to_path_buf()),
+            challenges: vec![config::Challenge::TlsAlpn01],
+            // On-demand names may use half of it: none.
+            orders_per_hour: 1,
+            on_demand: config::OnDemandConfig {
+                enabled: true,
+                ask: Some(ask_allowing_all().await),
+                per_name_secs: 600,
+                per_minute: 1,
+                max_names: 100,
+                wait_secs: 5,
+            },
+            ..AcmeConfig::default()
+        };
+        let acme = Acme::from_config(&config, &[], &mut Registry::default())
+            .unwrap()
+            .unwrap();
+        unreachable_issuer(&acme).await;
+        let od = acme.on_demand.as_ref().unwrap();
+        let name = "a.example.com";
+        let Gate::Start(tx) = od.gate(name) else {
+            panic!("the first handshake starts")
+        };
+        let place = od.place(name).await.unwrap();
+        assert!(!acme.ask_and_issue(name, place).await);
+        od.done(name, tx, false);
+        // No order was started: the name's next handshake tries again (an order of the hour
+        // may have freed by then) rather than `per_name_secs` later, and the minute's one
+        // order is still there for it or another name.
+        assert!(matches!(od.gate(name), Gate::Start(_)));
+        assert!(od.may_order("b.example.com"));
+    }
+
+    #[test]
+    fn a_stored_certificate_for_another_name_is_never_used_nor_an_expired_one_over_one_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (a, b) = ("a.example.com", "b.example.com");
+        store
+            .write_bundle(a, &issued_pem("other.example.com"))
+            .unwrap();
+        let expired = leaf_pem(b, |leaf| {
+            leaf.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            leaf.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        });
+        store.write_bundle(b, &expired).unwrap();
+        let acme = acme_in(dir.path(), &[a, b]);
+        let now = SystemTime::now();
+        assert!(acme.certs.held(a).is_none());
+        assert!(acme.certs.certificate(a).is_none());
+        assert!(!acme.certs.covers(a, now));
+        // With none held, an expired one of the name's own is served (a client sees why it
+        // fails) but covers nothing, so it is ordered again.
+        assert!(acme.certs.held(b).is_some());
+        assert!(!acme.certs.covers(b, now));
+        // A good certificate held stays when a newer file on disk holds a foreign one, or an
+        // expired one of its own.
+        let early = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+        for (name, file) in [(a, issued_pem("other.example.com")), (b, expired)] {
+            acme.certs
+                .install(name, issued_pem(name).as_bytes(), early)
+                .unwrap();
+            store.write_bundle(name, &file).unwrap();
+            acme.refresh_from_store(name);
+            assert_eq!(acme.certs.held(name).unwrap().modified, early, "{name}");
+            assert!(acme.certs.covers(name, now), "{name}");
+        }
+        // A good one written there is taken up.
+        store.write_bundle(a, &issued_pem(a)).unwrap();
+        acme.refresh_from_store(a);
+        assert_ne!(acme.certs.held(a).unwrap().modified, early);
+        assert!(acme.certs.covers(a, now));
     }
 
     #[test]

@@ -138,6 +138,27 @@ impl Certs {
         Ok(())
     }
 
+    /// Puts a stored certificate (another node's, or one left from before) in use for `name`
+    /// if it is one for `name`: the leaf names it. An expired one replaces none held (one held
+    /// is newer or still good); with none held it is served until an order replaces it, as
+    /// any expired certificate is.
+    pub fn install_stored(
+        &self,
+        name: &str,
+        pem: &[u8],
+        modified: SystemTime,
+        now: SystemTime,
+    ) -> anyhow::Result<()> {
+        let stored = parse_bundle(pem, &self.provider, modified)?;
+        names(&stored, name)?;
+        let mut issued = self.issued.write().unwrap_or_else(|e| e.into_inner());
+        if stored.not_after <= now && issued.contains_key(name) {
+            bail!("the certificate has expired; the one held is kept");
+        }
+        issued.insert(name.to_string(), Arc::new(stored));
+        Ok(())
+    }
+
     /// Checks a bundle the CA issued for `name` before it is stored: the chain and key parse and
     /// match, and the leaf names `name` and has not expired at `now`.
     pub fn check_issued(&self, name: &str, pem: &[u8], now: SystemTime) -> anyhow::Result<()> {
@@ -145,28 +166,7 @@ impl Certs {
         if held.not_after <= now {
             bail!("the certificate has expired");
         }
-        let leaf = held.key.cert.first().context("no certificate")?;
-        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
-            .map_err(|e| anyhow::anyhow!("unreadable certificate: {e}"))?;
-        let names = cert
-            .subject_alternative_name()
-            .ok()
-            .flatten()
-            .map(|san| {
-                san.value
-                    .general_names
-                    .iter()
-                    .filter_map(|g| match g {
-                        x509_parser::extensions::GeneralName::DNSName(n) => Some(*n),
-                        _ => None,
-                    })
-                    .any(|n| n.eq_ignore_ascii_case(name))
-            })
-            .unwrap_or(false);
-        if !names {
-            bail!("the certificate does not name {name}");
-        }
-        Ok(())
+        names(&held, name)
     }
 
     /// The TLS-ALPN-01 certificate for `server_name`, while its challenge is open here or
@@ -330,6 +330,32 @@ type Borrowed = (Vec<u8>, Arc<CertifiedKey>, std::time::Instant);
 /// Challenge certificates borrowed from other nodes held at once; a further name takes the
 /// place of the one taken up longest ago.
 const MAX_BORROWED: usize = 256;
+
+/// Whether `held`'s leaf names `name` (a DNS name among its subject alternative names).
+fn names(held: &Held, name: &str) -> anyhow::Result<()> {
+    let leaf = held.key.cert.first().context("no certificate")?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .map_err(|e| anyhow::anyhow!("unreadable certificate: {e}"))?;
+    let names = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|g| match g {
+                    x509_parser::extensions::GeneralName::DNSName(n) => Some(*n),
+                    _ => None,
+                })
+                .any(|n| n.eq_ignore_ascii_case(name))
+        })
+        .unwrap_or(false);
+    if !names {
+        bail!("the certificate does not name {name}");
+    }
+    Ok(())
+}
 
 /// Reads a stored bundle: the certificate chain, then the private key.
 fn parse_bundle(

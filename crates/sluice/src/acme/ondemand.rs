@@ -48,8 +48,8 @@ struct State {
     order: VecDeque<(Arc<str>, Instant)>,
     /// Names being looked up, asked about or ordered.
     pending: HashMap<String, watch::Receiver<Option<bool>>>,
-    /// When each order of the last minute started (at most `per_minute`).
-    orders: VecDeque<Instant>,
+    /// When each order of the last minute started (at most `per_minute`), and for which name.
+    orders: VecDeque<(Instant, String)>,
 }
 
 impl State {
@@ -148,7 +148,7 @@ impl OnDemand {
         while s
             .orders
             .front()
-            .is_some_and(|t| now - *t >= Duration::from_secs(60))
+            .is_some_and(|(t, _)| now - *t >= Duration::from_secs(60))
         {
             s.orders.pop_front();
         }
@@ -156,8 +156,19 @@ impl OnDemand {
             s.tried.remove(name);
             return false;
         }
-        s.orders.push_back(now);
+        s.orders.push_back((now, name.to_string()));
         true
+    }
+
+    /// An order `may_order` allowed for `name` did not start (another node holds the name, or
+    /// this node's hour of orders is used up): its place in the minute is given back and the
+    /// name forgotten, so a later handshake tries again instead of waiting out `per_name_secs`.
+    pub fn not_ordered(&self, name: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = s.orders.iter().rposition(|(_, n)| n == name) {
+            s.orders.remove(i);
+        }
+        s.tried.remove(name);
     }
 
     /// The order for `name` ended.

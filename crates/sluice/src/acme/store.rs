@@ -3,11 +3,13 @@
 //! answers of open HTTP-01 and TLS-ALPN-01 challenges, so any node sharing it (or the next process
 //! after a binary upgrade) answers a validation another placed.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 /// The folder of open HTTP-01 challenges' answers, a file per token.
@@ -36,10 +38,31 @@ pub struct Store {
     root: PathBuf,
 }
 
+/// The lock files this process holds. On NFS, Linux emulates `flock` with POSIX locks, which
+/// belong to the process (a second lock of the same file in it succeeds) and go when any of its
+/// descriptors of the file is closed: so a name's holder in this process is known here, not
+/// from the file.
+static HELD: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+fn held() -> std::sync::MutexGuard<'static, Option<HashSet<PathBuf>>> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// An exclusive `flock` on a name, released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct NameLock {
-    _file: File,
+    file: Option<File>,
+    path: PathBuf,
+}
+
+impl Drop for NameLock {
+    fn drop(&mut self) {
+        // The file first: until it is closed, the name stays held in this process too.
+        drop(self.file.take());
+        if let Some(held) = held().as_mut() {
+            held.remove(&self.path);
+        }
+    }
 }
 
 impl Store {
@@ -231,22 +254,31 @@ impl Store {
         write_atomic(&self.cert_path(name), bundle.as_bytes())
     }
 
-    /// Takes `key`'s lock without waiting; `None` while another process holds it.
+    /// Takes `key`'s lock without waiting; `None` while another process, or another task of
+    /// this one, holds it.
     pub fn try_lock(&self, key: &str) -> std::io::Result<Option<NameLock>> {
         let path = self
             .root
             .join("locks")
             .join(format!("{}.lock", key.replace('*', "_")));
+        // Claimed in this process before the file is opened: on NFS, opening and closing the
+        // file again would release the holder's lock.
+        if !held().get_or_insert_with(HashSet::new).insert(path.clone()) {
+            return Ok(None);
+        }
+        // From here the claim is given back when `lock` drops, whatever happens.
+        let mut lock = NameLock { file: None, path };
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
-            .open(path)?;
+            .open(&lock.path)?;
         // SAFETY: flock on a descriptor this function owns; no memory is passed.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc == 0 {
-            return Ok(Some(NameLock { _file: file }));
+            lock.file = Some(file);
+            return Ok(Some(lock));
         }
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
@@ -365,9 +397,33 @@ mod tests {
         assert!(store.try_lock("a.test").unwrap().is_none());
         drop(held);
         assert!(store.try_lock("a.test").unwrap().is_some());
+        // A failed open leaves no claim behind.
+        std::fs::remove_dir_all(dir.path().join("locks")).unwrap();
+        assert!(store.try_lock("b.test").is_err());
+        std::fs::create_dir(dir.path().join("locks")).unwrap();
+        assert!(store.try_lock("b.test").unwrap().is_some());
         assert!(store.read_account("https://ca/dir").is_none());
         store.write_account("https://ca/dir", "{}").unwrap();
         assert_eq!(store.read_account("https://ca/dir").unwrap(), "{}");
+    }
+
+    #[test]
+    fn a_name_held_in_this_process_is_refused_whatever_the_file_lock_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let other = Store::open(dir.path()).unwrap();
+        let held = store.try_lock("a.test").unwrap().unwrap();
+        // What NFS does in one process: its emulated flock is a POSIX lock, which the same
+        // process may take again (and which any close of the file releases). Let go of the
+        // file lock as the kernel would there; the name is still held here.
+        let fd = held.file.as_ref().unwrap().as_raw_fd();
+        // SAFETY: flock on a descriptor the lock owns and keeps open; no memory is passed.
+        assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
+        assert!(store.try_lock("a.test").unwrap().is_none());
+        assert!(other.try_lock("a.test").unwrap().is_none());
+        assert!(store.try_lock("b.test").unwrap().is_some());
+        drop(held);
+        assert!(other.try_lock("a.test").unwrap().is_some());
     }
 
     #[test]
