@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use super::master::clean;
 use super::mpd::{Mpd, Period, Representation};
-use super::segments::{segment_index, sidx_fetch, InitSegment, Segment, SidxFetch, UrlBytes};
+use super::segments::{
+    segment_index_within, sidx_fetch, InitSegment, Segment, SidxFetch, UrlBytes,
+};
 use super::sequence::{LiveSequence, Placed};
 use super::sidx::SidxFragment;
 use super::time::format_datetime;
@@ -101,7 +103,10 @@ fn collect_entries<'a>(
         let sidx = sidx_fetch(rep)
             .and_then(|key| options.sidx.get(&key))
             .map(Vec::as_slice);
-        let listed = segment_index(mpd, period, rep, options.now, sidx)?;
+        // Each Period may list only what the ones before it left of the bound, so a second
+        // Period is refused before its segments are made, not after.
+        let room = super::MAX_SEGMENTS.saturating_sub(entries.len());
+        let listed = segment_index_within(mpd, period, rep, options.now, sidx, room)?;
         for segment in listed.segments {
             bytes.add(&segment.url)?;
             if let Some(init) = &listed.init {
@@ -126,9 +131,6 @@ fn collect_entries<'a>(
                     discontinuity_sequence: 0,
                 },
             });
-        }
-        if entries.len() > super::MAX_SEGMENTS {
-            return Err(DashError::TooManySegments(super::MAX_SEGMENTS));
         }
     }
     Ok(entries)

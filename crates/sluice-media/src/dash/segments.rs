@@ -1,6 +1,9 @@
 //! Segment addressing: one Representation in one Period → init segment + segment list, cut to the
 //! live window for dynamic MPDs. "Now" is a parameter. No I/O.
 
+use std::collections::HashMap;
+use std::hash::Hash;
+
 use url::Url;
 
 use super::mpd::{Mpd, Period, Representation};
@@ -109,15 +112,34 @@ pub fn segment_index(
     now: f64,
     sidx: Option<&[SidxFragment]>,
 ) -> Result<SegmentIndex, DashError> {
+    segment_index_within(mpd, period, rep, now, sidx, MAX_SEGMENTS)
+}
+
+/// [`segment_index`] refusing ([`DashError::TooManySegments`]) more than `max` segments before
+/// it makes them: a playlist over several Periods gives each only the room the Periods before it
+/// left, so together they never expand past [`MAX_SEGMENTS`].
+pub(crate) fn segment_index_within(
+    mpd: &Mpd,
+    period: &Period,
+    rep: &Representation,
+    now: f64,
+    sidx: Option<&[SidxFragment]>,
+    max: usize,
+) -> Result<SegmentIndex, DashError> {
     let window = Window::new(mpd, period, now);
     let mut bytes = UrlBytes::default();
     bytes.add(&rep.base_url)?;
-    match &rep.addressing {
-        Addressing::Template(t) => template_index(rep, t, &window, &mut bytes),
-        Addressing::List(list) => list_index(rep, list, &window, &mut bytes),
-        Addressing::Base(base) => base_index(rep, base, &window, sidx, &mut bytes),
+    let index = match &rep.addressing {
+        Addressing::Template(t) => template_index(rep, t, &window, max, &mut bytes),
+        Addressing::List(list) => list_index(rep, list, &window, max, &mut bytes),
+        Addressing::Base(base) => base_index(rep, base, &window, sidx, max, &mut bytes),
         Addressing::Single => Ok(single_index(rep, &window)),
+    }?;
+    // The expansions above stop at `max` as they go; this also covers the one-file case.
+    if index.segments.len() > max {
+        return Err(DashError::TooManySegments(MAX_SEGMENTS));
     }
+    Ok(index)
 }
 
 /// The bytes of the URLs an index holds so far, each checked against [`MAX_URL_LEN`] and all
@@ -145,6 +167,7 @@ fn template_index(
     rep: &Representation,
     t: &SegmentTemplate,
     window: &Window,
+    max: usize,
     bytes: &mut UrlBytes,
 ) -> Result<SegmentIndex, DashError> {
     let media = Template::parse(&t.media)?;
@@ -164,11 +187,17 @@ fn template_index(
         Some(entries) => timeline::expand(
             entries,
             &timeline_bounds(t.timescale, t.presentation_time_offset, window)?,
+            max,
         )?,
-        None => duration_slots(t, window)?,
+        None => duration_slots(t, window, max)?,
     };
     let live_time_numbers = window.edge.is_some() && t.timeline.is_some() && !media.uses_number();
-    let nominal = nominal_duration(t, &slots);
+    // Only live `$Time$` numbering divides by it: everything else skips the count.
+    let nominal = if live_time_numbers {
+        nominal_duration(t, &slots)
+    } else {
+        1
+    };
     let mut segments = Vec::with_capacity(slots.len());
     for slot in slots {
         let number = t
@@ -216,17 +245,21 @@ fn nominal_duration(t: &SegmentTemplate, slots: &[Slot]) -> u64 {
     if let Some(d) = t.duration.filter(|d| *d > 0) {
         return d;
     }
-    let mut counts: Vec<(u64, usize)> = Vec::new();
-    for slot in slots {
-        match counts.iter_mut().find(|(d, _)| *d == slot.duration) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((slot.duration, 1)),
-        }
+    most_common(slots.iter().map(|s| s.duration)).map_or(1, |d| d.max(1))
+}
+
+/// The most frequent value (ties → the largest), counted in a hash map: a timeline of 100,000
+/// distinct durations is 100,000 look-ups, where a list searched for each one is 5e9 comparisons
+/// on the request's thread.
+fn most_common<T: Copy + Eq + Hash + Ord>(values: impl IntoIterator<Item = T>) -> Option<T> {
+    let mut counts: HashMap<T, usize> = HashMap::new();
+    for value in values {
+        *counts.entry(value).or_default() += 1;
     }
     counts
         .into_iter()
-        .max_by_key(|&(d, n)| (n, d))
-        .map_or(1, |(d, _)| d.max(1))
+        .max_by_key(|&(value, n)| (n, value))
+        .map(|(value, _)| value)
 }
 
 /// Converts the window to media time for timeline expansion.
@@ -254,7 +287,11 @@ fn media_time(secs: f64, timescale: u64, pto: u64) -> Result<i128, DashError> {
 }
 
 /// Slots of an `@duration` template: the whole Period when static, the live window when dynamic.
-fn duration_slots(t: &SegmentTemplate, window: &Window) -> Result<Vec<Slot>, DashError> {
+fn duration_slots(
+    t: &SegmentTemplate,
+    window: &Window,
+    max: usize,
+) -> Result<Vec<Slot>, DashError> {
     let d = t
         .duration
         .filter(|d| *d > 0)
@@ -277,7 +314,7 @@ fn duration_slots(t: &SegmentTemplate, window: &Window) -> Result<Vec<Slot>, Das
     if let Some(last) = t.end_number {
         end = end.min(last.saturating_sub(t.start_number) as f64 + 1.0);
     }
-    if !(first.is_finite() && end.is_finite()) || end - first > MAX_SEGMENTS as f64 {
+    if !(first.is_finite() && end.is_finite()) || end - first > max as f64 {
         return Err(DashError::TooManySegments(MAX_SEGMENTS));
     }
     let (first, end) = (first as u64, end.max(0.0) as u64);
@@ -302,11 +339,12 @@ fn list_index(
     rep: &Representation,
     list: &SegmentList,
     window: &Window,
+    max: usize,
     bytes: &mut UrlBytes,
 ) -> Result<SegmentIndex, DashError> {
     let ts = list.timescale as f64;
     let slots: Vec<Slot> = match (&list.timeline, list.duration) {
-        (Some(entries), _) => timeline::expand(entries, &Bounds::default())?,
+        (Some(entries), _) => timeline::expand(entries, &Bounds::default(), max)?,
         (None, Some(d)) => (0..list.segment_urls.len() as u64)
             .map(|i| {
                 let time = i
@@ -334,6 +372,9 @@ fn list_index(
         if !window.keeps(start_secs + duration_secs) {
             continue;
         }
+        if segments.len() == max {
+            return Err(DashError::TooManySegments(MAX_SEGMENTS));
+        }
         let url = join_opt(&rep.base_url, entry.media.as_deref())?;
         bytes.add(&url)?;
         segments.push(Segment {
@@ -356,6 +397,7 @@ fn base_index(
     base: &SegmentBase,
     window: &Window,
     sidx: Option<&[SidxFragment]>,
+    max: usize,
     bytes: &mut UrlBytes,
 ) -> Result<SegmentIndex, DashError> {
     let mut init = init_segment(&rep.base_url, base.initialization.as_ref())?;
@@ -388,6 +430,9 @@ fn base_index(
     for (i, fragment) in fragments.iter().enumerate() {
         let end = start_secs + fragment.duration_secs;
         if window.keeps(end) {
+            if segments.len() == max {
+                return Err(DashError::TooManySegments(MAX_SEGMENTS));
+            }
             bytes.add(&rep.base_url)?;
             segments.push(Segment {
                 number: i as u64 + 1,
@@ -438,4 +483,63 @@ fn join_opt(base: &Url, relative: Option<&str>) -> Result<Url, DashError> {
 fn join(base: &Url, relative: &str) -> Result<Url, DashError> {
     base.join(relative)
         .map_err(|_| DashError::InvalidUrl(shorten(relative)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::hash::Hasher;
+
+    use super::*;
+
+    thread_local! {
+        /// Equality comparisons of [`Counted`] values made so far on this thread.
+        static COMPARED: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Comparisons allowed before [`Counted`] gives up: a hash map needs about one per value.
+    const COMPARE_BUDGET: usize = 10 * MAX_SEGMENTS;
+
+    /// A duration that counts its equality comparisons and stops the test once they pass
+    /// [`COMPARE_BUDGET`] (a quadratic count would make 5e9 of them).
+    #[derive(Debug, Clone, Copy, PartialOrd, Ord)]
+    struct Counted(u64);
+
+    impl PartialEq for Counted {
+        fn eq(&self, other: &Self) -> bool {
+            let compared = COMPARED.with(|c| {
+                c.set(c.get() + 1);
+                c.get()
+            });
+            assert!(
+                compared <= COMPARE_BUDGET,
+                "more than {COMPARE_BUDGET} comparisons: the count is not linear"
+            );
+            self.0 == other.0
+        }
+    }
+
+    impl Eq for Counted {}
+
+    impl Hash for Counted {
+        fn hash<H: Hasher>(&self, state: &mut H) {
+            self.0.hash(state);
+        }
+    }
+
+    /// 100,000 distinct durations (a hostile timeline's worth) and one repeated: the repeated
+    /// one wins, in about one comparison per value.
+    #[test]
+    fn most_common_counts_distinct_durations_in_linear_work() {
+        COMPARED.with(|c| c.set(0));
+        let distinct = (1..=MAX_SEGMENTS as u64).map(Counted);
+        let repeated = [Counted(42), Counted(42)];
+        let found = most_common(distinct.chain(repeated));
+        assert_eq!(found.map(|c| c.0), Some(42));
+        let compared = COMPARED.with(Cell::get);
+        assert!(compared <= 2 * MAX_SEGMENTS, "{compared} comparisons");
+        // Ties go to the longest; nothing gives nothing.
+        assert_eq!(most_common([3u64, 9, 5, 9, 3]), Some(9));
+        assert_eq!(most_common(std::iter::empty::<u64>()), None);
+    }
 }

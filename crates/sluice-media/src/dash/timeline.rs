@@ -26,7 +26,13 @@ pub(crate) struct Bounds {
     pub complete_only: bool,
 }
 
-pub(crate) fn expand(entries: &[TimelineEntry], bounds: &Bounds) -> Result<Vec<Slot>, DashError> {
+/// The slots of `entries` inside `bounds`; more than `max` of them is
+/// [`DashError::TooManySegments`], found before they are made.
+pub(crate) fn expand(
+    entries: &[TimelineEntry],
+    bounds: &Bounds,
+    max: usize,
+) -> Result<Vec<Slot>, DashError> {
     let mut slots = Vec::new();
     let mut running: i128 = 0;
     let mut index: i128 = 0;
@@ -36,7 +42,7 @@ pub(crate) fn expand(entries: &[TimelineEntry], bounds: &Bounds) -> Result<Vec<S
         let count = repeat_count(entry, t0, entries.get(at + 1), bounds)?;
         let (first, end) = kept_range(t0, d, count, bounds);
         if end > first {
-            if (slots.len() as i128) + (end - first) > MAX_SEGMENTS as i128 {
+            if (slots.len() as i128) + (end - first) > max as i128 {
                 return Err(DashError::TooManySegments(MAX_SEGMENTS));
             }
             for i in first..end {
@@ -114,7 +120,12 @@ mod tests {
 
     #[test]
     fn repeats_and_gaps() {
-        let slots = expand(&[s(Some(10), 2, 2), s(Some(20), 3, 0)], &Bounds::default()).unwrap();
+        let slots = expand(
+            &[s(Some(10), 2, 2), s(Some(20), 3, 0)],
+            &Bounds::default(),
+            MAX_SEGMENTS,
+        )
+        .unwrap();
         let times: Vec<_> = slots
             .iter()
             .map(|s| (s.index, s.time, s.duration))
@@ -130,7 +141,7 @@ mod tests {
             repeat_until: Some(1_000_000_000_010),
             complete_only: true,
         };
-        let slots = expand(&[s(Some(0), 2, -1)], &bounds).unwrap();
+        let slots = expand(&[s(Some(0), 2, -1)], &bounds, MAX_SEGMENTS).unwrap();
         assert_eq!(slots.len(), 5);
         assert_eq!(slots[0].time, 1_000_000_000_000);
         assert_eq!(slots[0].index, 500_000_000_000);
@@ -138,12 +149,12 @@ mod tests {
 
     #[test]
     fn open_repeat_without_end_is_an_error() {
-        assert!(expand(&[s(None, 2, -1)], &Bounds::default()).is_err());
+        assert!(expand(&[s(None, 2, -1)], &Bounds::default(), MAX_SEGMENTS).is_err());
     }
 
     #[test]
     fn huge_repeat_is_capped() {
-        let err = expand(&[s(None, 1, i64::MAX)], &Bounds::default()).unwrap_err();
+        let err = expand(&[s(None, 1, i64::MAX)], &Bounds::default(), MAX_SEGMENTS).unwrap_err();
         assert_eq!(err, DashError::TooManySegments(MAX_SEGMENTS));
     }
 }

@@ -400,3 +400,42 @@ proptest! {
         exercise(&one_template(&with_timeline, kind), AST + now_offset);
     }
 }
+
+/// Two Periods of `first` and `second` one-second `$Number$` segments, the second Period's
+/// template starting with `prefix`.
+fn two_periods(first: u64, second: u64, prefix: &str) -> Mpd {
+    let period = |start: u64, count: u64, media: &str| {
+        format!(
+            r#"<Period start="PT{start}S" duration="PT{count}S"><AdaptationSet mimeType="video/mp4">
+            <SegmentTemplate timescale="1" media="{media}$Number$"><SegmentTimeline>
+            <S t="0" d="1" r="{}"/></SegmentTimeline></SegmentTemplate>
+            <Representation id="v" bandwidth="1"/></AdaptationSet></Period>"#,
+            count - 1
+        )
+    };
+    parse(&format!(
+        r#"<MPD mediaPresentationDuration="PT{}S">{}{}</MPD>"#,
+        first + second,
+        period(0, first, "a"),
+        period(first, second, prefix)
+    ))
+}
+
+#[test]
+fn later_periods_get_only_the_segments_the_earlier_ones_left() {
+    // Exactly MAX_SEGMENTS over two Periods is a playlist.
+    let mpd = two_periods(MAX_SEGMENTS as u64 - 1, 1, "b");
+    let text = to_hls_media(&mpd, "0_v_1", &MediaOptions::default(), show).unwrap();
+    assert_eq!(text.matches("#EXTINF").count(), MAX_SEGMENTS);
+    assert!(text.ends_with("#EXTINF:1.000,\nseg https://cdn.example/path/b1\n#EXT-X-ENDLIST\n"));
+    // One more is refused, and a full first Period leaves the second no room: it is refused
+    // before any of its segments is made (its first URL, too long, is never rendered).
+    let one_over = two_periods(MAX_SEGMENTS as u64 - 1, 2, "b");
+    let no_room = two_periods(MAX_SEGMENTS as u64, 1, &"l".repeat(MAX_URL_LEN));
+    for mpd in [one_over, no_room] {
+        assert_eq!(
+            to_hls_media(&mpd, "0_v_1", &MediaOptions::default(), show),
+            Err(DashError::TooManySegments(MAX_SEGMENTS))
+        );
+    }
+}

@@ -160,3 +160,39 @@ fn dynamic_requires_availability_start() {
     let err = parse_mpd(r#"<MPD type="dynamic"><Period/></MPD>"#, &mpd_url()).unwrap_err();
     assert_eq!(err, DashError::Missing("MPD@availabilityStartTime"));
 }
+
+/// A live `$Time$` timeline of 100,000 distinct `S@d` (about 1.5 MB of MPD): every one listed,
+/// numbered by the longest (all tie at one each), without a quadratic count on the way.
+#[test]
+fn dynamic_time_timeline_of_distinct_durations_is_numbered_by_the_longest() {
+    let n = MAX_SEGMENTS as u64;
+    let timeline: String = (0..n).map(|i| format!("<S d=\"{}\"/>", 1000 + i)).collect();
+    let mpd = parse(&format!(
+        r#"<MPD type="dynamic" availabilityStartTime="2024-01-01T00:00:00Z" timeShiftBufferDepth="P1000D">
+          <Period start="PT0S"><AdaptationSet mimeType="video/mp4">
+            <SegmentTemplate timescale="1000" media="$Time$.m4s">
+              <SegmentTimeline>{timeline}</SegmentTimeline>
+            </SegmentTemplate>
+            <Representation id="v" bandwidth="1"/></AdaptationSet></Period></MPD>"#
+    ));
+    let rep = mpd.find_profile("0_v_1").unwrap();
+    // Past the end of the timeline: every segment is complete and inside the window.
+    let index = segment_index(&mpd, &mpd.periods[0], rep, AST + 1e7, None).unwrap();
+    assert_eq!(index.segments.len(), MAX_SEGMENTS);
+    let longest = 1000 + n - 1;
+    for segment in [
+        &index.segments[0],
+        &index.segments[1],
+        &index.segments[99_999],
+    ] {
+        assert_eq!(segment.number, segment.time / longest);
+    }
+    let last = &index.segments[99_999];
+    // The sum of 1000 .. 1000 + n - 1, less the last one.
+    assert_eq!(last.time, (1000 + longest) * n / 2 - longest);
+    assert_eq!(last.number, last.time / longest);
+    assert_eq!(
+        last.url.as_str(),
+        format!("https://cdn.example/path/{}.m4s", last.time)
+    );
+}

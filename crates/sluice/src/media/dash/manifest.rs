@@ -1,5 +1,6 @@
 //! `manifest.m3u8` (HLS master) and `playlist.m3u8` (one profile's media playlist) from a cached
-//! MPD; SegmentBase tracks get their `sidx` fetched (and cached) on the way.
+//! MPD; SegmentBase tracks get their `sidx` fetched (and cached) on the way. A large MPD is parsed,
+//! and its media playlists built, on the blocking pool.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,8 +9,8 @@ use std::time::Duration;
 use http::{HeaderMap, Response, StatusCode};
 use sluice_media::dash::proxy::{self, Part, RequestError, PLAYLIST_PATH};
 use sluice_media::dash::{
-    parse_mpd, parse_sidx, to_hls_master, to_hls_media_live, ByteRange, DashError, MediaOptions,
-    MediaUrl, Mpd, SidxFetch, SidxFragment,
+    parse_mpd, parse_sidx, to_hls_master, to_hls_media_live, ByteRange, DashError, LiveSequence,
+    MediaOptions, MediaUrl, Mpd, SidxFetch, SidxFragment,
 };
 use sluice_media::query::ProxyParams;
 use url::Url;
@@ -18,6 +19,7 @@ use super::{bad_request, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::CacheKind;
+use crate::media::cpu::{self, Lane};
 use crate::media::links::{self, Links};
 use crate::request::RequestContext;
 
@@ -32,7 +34,7 @@ pub async fn master(
     ctx: &RequestContext,
     links: &Links,
 ) -> Result<Response<Body>, ProxyError> {
-    let (params, _, mpd) = load(dash, ctx).await?;
+    let (params, _, mpd, _) = load(dash, ctx).await?;
     let options = proxy::master_options(&ctx.query)?;
     let carried = links::carried(&ctx.query, |k| !proxy::carried_to_playlist(k));
     let mpd_url = params.destination.as_str();
@@ -56,7 +58,7 @@ pub async fn media(
         .get("profile_id")
         .ok_or(RequestError::Missing("profile_id"))?
         .to_owned();
-    let (params, headers, mpd) = load(dash, ctx).await?;
+    let (params, headers, mpd, mpd_len) = load(dash, ctx).await?;
     let live = mpd.is_live();
     let mut options = MediaOptions {
         now: unix_now(),
@@ -69,36 +71,41 @@ pub async fn media(
     // TS segments carry no init of their own: each segment URL names it and there is no map.
     let ts = proxy::remux_to_ts(&ctx.query, dash.settings.remux_to_ts);
     options.no_map = ts;
-    let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
     let track = format!("dash {} {profile}", params.destination);
+    let mut job = PlaylistJob {
+        mpd,
+        profile,
+        options,
+        sequence: LiveSequence::default(),
+        links: links.clone(),
+        carried: links::carried(&ctx.query, |k| !proxy::carried(k)),
+        ts,
+    };
     for _ in 0..=MAX_SIDX_FETCHES {
-        let mut parts = Vec::new();
-        let made = dash.sequences.with(&track, |sequence| {
-            to_hls_media_live(&mpd, &profile, &options, sequence, |target| {
-                if let MediaUrl::Segment { segment, .. } = target {
-                    parts.push(Part {
-                        url: segment.url.clone(),
-                        range: segment.byte_range,
-                    });
-                }
-                let (endpoint, mut p) = if ts {
-                    proxy::ts_media_params(target, live)
-                } else {
-                    proxy::media_params(target, live)
-                };
-                p.extend(carried.iter().cloned());
-                links.url(endpoint, &p)
-            })
-        });
+        // The state is taken out and put back (as `Sequences::with` itself does around its
+        // closure), so the build can run on another thread without the lock.
+        job.sequence = dash.sequences.with(&track, |sequence| sequence.clone());
+        let (back, made) = if mpd_len > BLOCKING_PARSE_BYTES {
+            // A large MPD may list up to `MAX_SEGMENTS` segments, each made into a proxy URL:
+            // built on the blocking pool, like its parse, not on a runtime worker.
+            cpu::run(Lane::Playback, move || job.run())
+                .await
+                .map_err(|e| ProxyError::internal(format!("playlist build failed: {e}")))?
+        } else {
+            job.run()
+        };
+        job = back;
         match made {
-            Ok(text) => {
+            Ok((text, parts)) => {
+                let sequence = std::mem::take(&mut job.sequence);
+                dash.sequences.with(&track, |kept| *kept = sequence);
                 dash.prefetcher.register_playlist(&track, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
             Err(DashError::SidxMissing { url, range }) => {
                 let url = Url::parse(&url).map_err(bad_mpd)?;
                 let fragments = load_sidx(dash, &url, range, &headers).await?;
-                options.sidx.insert(SidxFetch { url, range }, fragments);
+                job.options.sidx.insert(SidxFetch { url, range }, fragments);
             }
             Err(DashError::UnknownProfile(p)) => {
                 return Err(ProxyError::downstream(
@@ -113,16 +120,60 @@ pub async fn media(
     Err(bad_mpd("too many sidx boxes to fetch"))
 }
 
-/// Parameters, upstream headers and the MPD of a playlist request; refuses a protected MPD
-/// requested without keys.
+/// Everything one media playlist build needs, owned, so a large one can move to the blocking
+/// pool; it comes back with its result, for another try once a missing `sidx` is fetched.
+struct PlaylistJob {
+    mpd: Arc<Mpd>,
+    profile: String,
+    options: MediaOptions,
+    sequence: LiveSequence,
+    links: Links,
+    carried: Vec<(String, String)>,
+    /// Segments are remuxed to MPEG-TS (their URLs name the init; no map).
+    ts: bool,
+}
+
+impl PlaylistJob {
+    /// The playlist text and the segments it lists (for the prefetcher).
+    fn run(mut self) -> (Self, Result<(String, Vec<Part>), DashError>) {
+        let mut parts = Vec::new();
+        let (live, ts) = (self.mpd.is_live(), self.ts);
+        let (carried, links) = (&self.carried, &self.links);
+        let made = to_hls_media_live(
+            &self.mpd,
+            &self.profile,
+            &self.options,
+            &mut self.sequence,
+            |target| {
+                if let MediaUrl::Segment { segment, .. } = target {
+                    parts.push(Part {
+                        url: segment.url.clone(),
+                        range: segment.byte_range,
+                    });
+                }
+                let (endpoint, mut p) = if ts {
+                    proxy::ts_media_params(target, live)
+                } else {
+                    proxy::media_params(target, live)
+                };
+                p.extend(carried.iter().cloned());
+                links.url(endpoint, &p)
+            },
+        );
+        (self, made.map(|text| (text, parts)))
+    }
+}
+
+/// Parameters, upstream headers, the MPD and its length in bytes of a playlist request; refuses
+/// a protected MPD requested without keys.
 async fn load(
     dash: &Dash,
     ctx: &RequestContext,
-) -> Result<(ProxyParams, HeaderMap, Arc<Mpd>), ProxyError> {
+) -> Result<(ProxyParams, HeaderMap, Arc<Mpd>, usize), ProxyError> {
     let params = ProxyParams::from_query(&ctx.query).map_err(bad_request)?;
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
     let headers = upstream_headers(&params)?;
-    let mpd = load_mpd(dash, &params.destination, &headers).await?;
+    let (mpd, text) = load_mpd_text(dash, &params.destination, &headers).await?;
     if let Some(needed) = proxy::keys_needed(&mpd, keys.as_ref()) {
         return Err(ProxyError::downstream(
             StatusCode::BAD_REQUEST,
@@ -130,17 +181,13 @@ async fn load(
             needed.to_string(),
         ));
     }
-    Ok((params, headers, mpd))
+    Ok((params, headers, mpd, text.len()))
 }
 
-/// The parsed MPD at `url`, its text from the cache or fetched. A static MPD is cached for
-/// `mpd_ttl` (unless the origin says otherwise); a live one is used for at most its
-/// `minimumUpdatePeriod` (and `live_mpd_ttl`), so an older copy is fetched again.
-async fn load_mpd(dash: &Dash, url: &Url, headers: &HeaderMap) -> Result<Arc<Mpd>, ProxyError> {
-    Ok(load_mpd_text(dash, url, headers).await?.0)
-}
-
-/// [`load_mpd`] with the MPD's text (DASH out rewrites the text itself).
+/// The parsed MPD at `url` and its text (DASH out rewrites the text itself), from the cache or
+/// fetched. A static MPD is cached for `mpd_ttl` (unless the origin says otherwise); a live one
+/// is used for at most its `minimumUpdatePeriod` (and `live_mpd_ttl`), so an older copy is
+/// fetched again.
 pub(super) async fn load_mpd_text(
     dash: &Dash,
     url: &Url,
@@ -161,11 +208,9 @@ pub(super) async fn load_mpd_text(
             // A large document is parsed on the blocking pool, as a large HLS playlist is
             // rewritten there: an 8 MiB MPD holds a runtime worker for tens of milliseconds.
             let (bytes, url) = (fetched.bytes.clone(), fetched.final_url.clone());
-            crate::media::cpu::run(crate::media::cpu::Lane::Playback, move || {
-                parse_text(&bytes, &url)
-            })
-            .await
-            .map_err(|_| bad_mpd("the parse did not finish"))??
+            cpu::run(Lane::Playback, move || parse_text(&bytes, &url))
+                .await
+                .map_err(|_| bad_mpd("the parse did not finish"))??
         } else {
             parse_text(&fetched.bytes, &fetched.final_url)?
         };
@@ -187,7 +232,8 @@ pub(super) async fn load_mpd_text(
     }
 }
 
-/// Above this many bytes an MPD is parsed on the blocking pool (the HLS rewrite's threshold).
+/// Above this many bytes an MPD is parsed, and its media playlists built, on the blocking pool
+/// (the HLS rewrite's threshold).
 const BLOCKING_PARSE_BYTES: usize = 256 * 1024;
 
 fn parse_text(bytes: &[u8], url: &Url) -> Result<Mpd, ProxyError> {
