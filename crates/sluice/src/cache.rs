@@ -46,7 +46,7 @@ mod writer;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -118,6 +118,8 @@ pub(crate) struct Inner {
     index: ObjectIndex,
     inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
     permits: Arc<Semaphore>,
+    /// Writers started and not yet holding a permit (`writer::Waiting`).
+    waiting: AtomicUsize,
     revalidating: Mutex<HashSet<ObjectId>>,
     generation: AtomicU64,
     metrics: metrics::CacheMetrics,
@@ -234,6 +236,7 @@ impl Cache {
             index,
             inflight: Mutex::new(HashMap::new()),
             permits: Arc::new(Semaphore::new(config.max_inflight_slices)),
+            waiting: AtomicUsize::new(0),
             revalidating: Mutex::new(HashSet::new()),
             // Generations only need to differ between versions of one object; a random start
             // keeps them distinct across restarts too.
@@ -489,12 +492,30 @@ impl Inner {
                 false,
             );
         }
+        let job = make();
+        if matches!(job.kind, writer::JobKind::Cold { .. })
+            && self.waiting.load(Ordering::Relaxed) >= self.max_waiting()
+        {
+            // Every fill place taken and a queue of writers behind them already: a new miss is
+            // passed on to the origin as it is (bound to its client, whose going away ends it)
+            // rather than queued behind misses that may all have been abandoned.
+            drop(map);
+            return (Fill::stored(&[], FillEnd::Pass { reason: "busy" }), false);
+        }
         let fill = Fill::new();
         map.insert(key, fill.clone());
+        let waiting = writer::Waiting::new(self.clone());
         drop(map);
-        let writer = writer::run(self.clone(), fill.clone(), key, make());
+        let writer = writer::run(self.clone(), fill.clone(), key, job, waiting);
         tokio::spawn(fill.nudge().clone().drive(writer));
         (fill, true)
+    }
+
+    /// How many writers may wait for a fill place before a new miss is passed instead.
+    fn max_waiting(&self) -> usize {
+        self.config
+            .max_inflight_slices
+            .saturating_mul(writer::WAITING_PER_PERMIT)
     }
 
     /// [`Inner::join_or_start`] for a miss's first slice: `None` when the object the miss was

@@ -51,6 +51,10 @@ struct Obj {
     /// The next answer whose body reaches this offset of the object ends there, short of its
     /// `Content-Length` (the connection is cut); later answers are whole.
     cut_once_at: Option<(u64, Arc<std::sync::atomic::AtomicBool>)>,
+    /// Wait this long before each 64 KiB of the body.
+    pace: Option<Duration>,
+    /// The `ETag` sent whatever the version (else `"v<version>"`).
+    fixed_etag: Option<&'static str>,
 }
 
 impl Obj {
@@ -67,6 +71,8 @@ impl Obj {
             trickle: None,
             by_encoding: false,
             cut_once_at: None,
+            pace: None,
+            fixed_etag: None,
         }
     }
 
@@ -76,7 +82,10 @@ impl Obj {
     }
 
     fn etag(&self) -> String {
-        format!("\"v{}\"", self.version)
+        match self.fixed_etag {
+            Some(tag) => tag.to_string(),
+            None => format!("\"v{}\"", self.version),
+        }
     }
 }
 
@@ -195,6 +204,7 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
     };
     let stall_at = obj.stall_after;
     let trickle = obj.trickle;
+    let pace = obj.pace;
     let cut = obj.cut_once_at.clone();
     let counter = state.clone();
     // Generated in 64 KiB chunks as the client reads.
@@ -220,6 +230,9 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
                 }
                 None => (at + 64 * KIB - 1).min(end),
             };
+            if let Some(gap) = pace {
+                tokio::time::sleep(gap).await;
+            }
             counter.bytes.fetch_add(stop - at + 1, Ordering::SeqCst);
             let data = Bytes::from(bytes_of(version, at, stop));
             Some((Ok::<_, Infallible>(Frame::data(data)), stop + 1))
@@ -916,6 +929,32 @@ async fn an_origin_that_ignores_range_still_works() {
     );
     assert_eq!(origin.count("/norange"), 1);
     assert_eq!(origin.bytes(), len);
+}
+
+/// Finding: a weak `ETag` counted as the same version, so slices of two versions made one body.
+/// An object longer than a slice whose answers carry no strong validator is passed, not
+/// stored: its slices could never be put together safely (RFC 9110 §14.2).
+#[tokio::test]
+async fn slices_under_a_weak_etag_are_never_put_together() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 3 * 64 * KIB;
+    let mut obj = Obj::new(len, "max-age=60");
+    obj.fixed_etag = Some("W/\"same\"");
+    origin.set("/weak", obj);
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let r = request("GET", &front.url("/weak"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
+    // A new version under the same weak tag (the origin calls them equivalent, not identical).
+    origin.update("/weak", |o| o.version = 2);
+    let r = request("GET", &front.url("/weak"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        sha256(&body(&r)),
+        sha256(&bytes_of(2, 0, len - 1)),
+        "a body of two versions"
+    );
+    assert!(status_of(&r).contains("fwd=bypass"), "{}", status_of(&r));
+    assert_eq!(front.cache.objects(), 0);
 }
 
 #[tokio::test]
@@ -1848,6 +1887,155 @@ async fn a_trickling_fill_nobody_reads_gives_its_place_back() {
     .expect("the fill place came free");
     assert_eq!(sha256(&body(&fast)), sha256(&bytes_of(1, 0, 16 * KIB - 1)));
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// Opens a connection, sends a GET for `path` with `extra` header lines, and returns the socket
+/// once the front has had time to take the request.
+async fn sent(front: &Front, path: &str, extra: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(front.addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n").as_bytes())
+        .await
+        .unwrap();
+    s
+}
+
+/// Closes a client connection with a reset, as a client that gives up at once does.
+fn reset(s: tokio::net::TcpStream) {
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(s);
+}
+
+/// Finding: a fill queued for a fill place was fetched once it got one, even when every client
+/// that wanted it had gone: a flood of cache-busting requests, each reset at once, cost the
+/// origin a slice each, in front of every real miss. Now such a fill ends before the origin is
+/// asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_fills_whose_clients_left_never_reach_the_origin() {
+    let (origin, oaddr) = start_origin().await;
+    let mut slow = Obj::new(100, "max-age=60");
+    slow.delay = Duration::from_secs(2);
+    origin.set("/slow", slow);
+    for i in 0..3 {
+        origin.set(&format!("/drop/{i}"), Obj::new(100, "max-age=60"));
+    }
+    let mut cfg = config(64 * KIB);
+    cfg.max_inflight_slices = 1;
+    let front = start_front(cfg, oaddr).await;
+    // A slow origin holds the one fill place.
+    let url = front.url("/slow");
+    let held = tokio::spawn(async move { request("GET", &url, &[]).await });
+    while origin.count("/slow") == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Misses queued behind it, whose clients then reset.
+    let mut queued = Vec::new();
+    for i in 0..3 {
+        queued.push(sent(&front, &format!("/drop/{i}?x={i}"), "").await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued.into_iter().for_each(reset);
+    let r = held.await.unwrap();
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 99)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked: usize = (0..3).map(|i| origin.count(&format!("/drop/{i}"))).sum();
+    assert_eq!(asked, 0, "fills nobody followed any more asked the origin");
+    assert_eq!(metric(&front, "sluice_cache_fills_given_up_total"), 3);
+    // A client that asks again gets a fill of its own.
+    let r = request("GET", &front.url("/drop/0?x=0"), &[]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 99)));
+    assert_eq!(origin.count("/drop/0"), 1);
+}
+
+/// Finding: writers waiting for a fill place had no bound, so a miss could queue behind any
+/// number of them. Past `max_inflight_slices` times four waiting, a new miss goes to the origin
+/// as a pass at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_queue_of_fills_a_miss_is_passed_not_queued() {
+    let (origin, oaddr) = start_origin().await;
+    let mut slow = Obj::new(100, "max-age=60");
+    slow.delay = Duration::from_secs(3);
+    origin.set("/slow", slow);
+    for i in 0..5 {
+        origin.set(&format!("/q/{i}"), Obj::new(100, "max-age=60"));
+    }
+    let mut cfg = config(64 * KIB);
+    cfg.max_inflight_slices = 1;
+    let front = start_front(cfg, oaddr).await;
+    let url = front.url("/slow");
+    let held = tokio::spawn(async move { request("GET", &url, &[]).await });
+    while origin.count("/slow") == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Four writers wait for the place: the queue is full.
+    let waiting: Vec<_> = (0..4)
+        .map(|i| {
+            let url = front.url(&format!("/q/{i}"));
+            tokio::spawn(async move { request("GET", &url, &[]).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        request("GET", &front.url("/q/4"), &[]),
+    )
+    .await
+    .expect("answered");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "queued behind the slow fill: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 99)));
+    assert!(status_of(&r).contains("detail=busy"), "{}", status_of(&r));
+    // The queued ones are filled and stored once the place is free.
+    assert_eq!(body(&held.await.unwrap()), Bytes::from(bytes_of(1, 0, 99)));
+    for w in waiting {
+        assert_eq!(body(&w.await.unwrap()), Bytes::from(bytes_of(1, 0, 99)));
+    }
+    let r = request("GET", &front.url("/q/0"), &[]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+}
+
+/// Finding: with an origin that ignores `Range`, a client asking for the end of a long object
+/// and leaving had every slice before it read and stored for nobody (the detached budget
+/// applied only past the slice asked for). It applies before it too now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_nobody_follows_stops_before_the_slice_asked_for() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 20 * MIB;
+    let mut obj = Obj::new(len, "max-age=60");
+    obj.honor_range = false;
+    // 20 MiB in about 3 s.
+    obj.pace = Some(Duration::from_millis(10));
+    origin.set("/far", obj);
+    let mut cfg = config(MIB);
+    cfg.detached_fill_bytes = ByteSize(2 * MIB);
+    let front = start_front(cfg, oaddr).await;
+    let s = sent(&front, "/far", &format!("range: bytes={}-\r\n", len - 100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    reset(s);
+    // Wait until the origin stops sending (or has sent it all).
+    let mut last = origin.bytes();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = origin.bytes();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    assert!(
+        last < 8 * MIB,
+        "{last} of {len} bytes read for a client long gone"
+    );
 }
 
 #[tokio::test]

@@ -754,7 +754,9 @@ fn read_slice(path: &Path, fits: impl Fn(u64) -> bool) -> Result<Bytes, ReadErro
         return Err(ReadError::Length);
     }
     let mut data = Vec::with_capacity(len.min(64 << 20) as usize);
-    (&mut file).take(len + 1).read_to_end(&mut data)?;
+    (&mut file)
+        .take(len.saturating_add(1))
+        .read_to_end(&mut data)?;
     if data.len() as u64 != len {
         return Err(ReadError::Length);
     }
@@ -975,8 +977,10 @@ fn load_slices(
                 }
                 let md = e.metadata().ok()?;
                 let len = header_len(&path)?;
+                // `len` is the file's own word: near `u64::MAX` the sum overflowed (a panic at
+                // start in a debug build).
                 (md.is_file()
-                    && md.len() == len + HEADER
+                    && len.checked_add(HEADER) == Some(md.len())
                     && slice_fits(k.index, slice_bytes, length, len))
                 .then(|| (k, md.len(), md.modified().ok()))
             });
@@ -1533,6 +1537,38 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("slice {k:?} never written");
+    }
+
+    /// Finding: a slice file whose header announces a length near `u64::MAX` overflowed the
+    /// size check at start (a panic in a debug build, so the process never started). It is
+    /// deleted like any file whose size disagrees with its header.
+    #[test]
+    fn a_slice_header_announcing_a_huge_length_is_deleted_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("slices")).unwrap();
+        let versions: HashMap<ObjectId, (u64, Option<u64>)> = [(ObjectId(7), (1, None))].into();
+        let write = |k: SliceKey, len: u64, body: &[u8]| {
+            let mut head = Vec::new();
+            head.extend_from_slice(MAGIC);
+            head.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+            head.extend_from_slice(&len.to_le_bytes());
+            write_file_atomically(&slice_path(dir.path(), &k), &[&head, body]).unwrap();
+        };
+        for (i, len) in [u64::MAX, u64::MAX - HEADER + 1, u64::MAX - 3]
+            .into_iter()
+            .enumerate()
+        {
+            write(key(i as u64), len, b"tiny");
+        }
+        // A sound file beside them is kept.
+        write(key(9), 4, b"good");
+        let idx = load_slices(dir.path(), &versions, 1 << 20, 1 << 20);
+        assert!(idx.contains(&key(9)));
+        assert_eq!(idx.bytes, 4 + HEADER);
+        for i in 0..3 {
+            assert!(!idx.contains(&key(i)));
+            assert!(!slice_path(dir.path(), &key(i)).exists(), "slice {i} kept");
+        }
     }
 
     #[test]

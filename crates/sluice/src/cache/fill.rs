@@ -8,7 +8,7 @@
 //! per waiting reader, and no reader ever waits on the lock while another is woken.
 
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -48,6 +48,8 @@ struct State {
 pub struct Fill {
     state: Mutex<State>,
     readers: AtomicUsize,
+    /// Whether any reader ever followed it (`Fill::forsaken_by_all`).
+    followed: AtomicBool,
     /// How joiners ask the writer to read the origin's head now.
     nudge: Arc<Nudge>,
 }
@@ -57,6 +59,7 @@ impl Fill {
         Arc::new(Fill {
             state: Mutex::new(State::default()),
             readers: AtomicUsize::new(0),
+            followed: AtomicBool::new(false),
             nudge: Nudge::new(),
         })
     }
@@ -175,8 +178,15 @@ impl Fill {
         self.readers.load(Ordering::Relaxed)
     }
 
+    /// Followed once and by nobody now: every client that wanted the slice went away. A fill
+    /// nobody has followed yet (a read-ahead, or one whose starter has not joined it yet) is not.
+    pub fn forsaken_by_all(&self) -> bool {
+        self.followed.load(Ordering::Acquire) && self.readers() == 0
+    }
+
     pub fn reader(self: &Arc<Self>) -> FillReader {
         self.readers.fetch_add(1, Ordering::Relaxed);
+        self.followed.store(true, Ordering::Release);
         FillReader {
             fill: self.clone(),
             next: 0,

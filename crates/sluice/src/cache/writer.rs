@@ -41,7 +41,49 @@ pub(crate) enum JobKind {
     Warm { meta: Arc<ObjectMeta> },
 }
 
-pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: FillJob) {
+/// Writers that may wait for a fill place (`max_inflight_slices`), per place; past that a new
+/// miss is passed to the origin instead of queued (`Inner::join_or_start_locked`). Four rounds
+/// of fills: a burst of real misses still queues, and a flood of misses whose clients leave at
+/// once cannot make every later miss wait behind it.
+pub(crate) const WAITING_PER_PERMIT: usize = 4;
+
+/// A writer's place among those waiting for a fill place (`Inner::waiting`), given back once it
+/// holds one, or when it ends (a task dropped before it ever ran included).
+pub(crate) struct Waiting(Option<Arc<Inner>>);
+
+impl Waiting {
+    pub(crate) fn new(inner: Arc<Inner>) -> Waiting {
+        inner
+            .waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Waiting(Some(inner))
+    }
+
+    fn done(&mut self) {
+        if let Some(inner) = self.0.take() {
+            inner
+                .waiting
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+/// Why a fill was ended before its fetch: every client that wanted it went away while it waited.
+const ABANDONED: &str = "abandoned before the origin was asked";
+
+pub(crate) async fn run(
+    inner: Arc<Inner>,
+    fill: Arc<Fill>,
+    key: SliceKey,
+    job: FillJob,
+    mut waiting: Waiting,
+) {
     // Whatever ends this task (the runtime shutting down included), the fill ends with it, so no
     // reader waits on a writer that is gone.
     let guard = Unregister {
@@ -52,11 +94,21 @@ pub(crate) async fn run(inner: Arc<Inner>, fill: Arc<Fill>, key: SliceKey, job: 
     };
     let end = match inner.permits.clone().acquire_owned().await {
         Ok(_permit) => {
+            waiting.done();
             // The slice's bytes are taken from the budget before the first one arrives: its
             // exact length when the object is known (a short object's slice is short; holding
             // a whole slice for it would keep the memory tier that much smaller), else a slice.
             let bytes = inner.budget.reserve(reserve_for(&inner, &job, key)).await;
-            fetch(&inner, &fill, key, job, bytes, &guard.alias).await
+            if fill.forsaken_by_all() {
+                // Its clients left while it waited (a flood of cache-busting requests, each
+                // reset at once): asking the origin now would cost a slice for nobody, and the
+                // place for the misses queued behind it. A client that comes for it later
+                // starts a fill of its own.
+                inner.metrics.fills_given_up.inc();
+                FillEnd::Failed(ABANDONED.into())
+            } else {
+                fetch(&inner, &fill, key, job, bytes, &guard.alias).await
+            }
         }
         Err(_) => FillEnd::Failed("cache closed".into()),
     };
@@ -194,11 +246,22 @@ async fn fetch(
             let headers = object::stored_headers(&parts.headers);
             let tags = object::tags(&parts.headers);
             let fits = object::head_bytes(&headers, &tags) <= inner.index.head_limit();
+            // The slice asked for is the whole object: it answers any GET as a 200.
+            let whole = ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
+            // Part of a longer object: the rest would come from other answers, never put
+            // together with this one under a weak `ETag` (`object::joinable`). Such an object
+            // is passed, not stored: each later slice would be taken for another version, and
+            // every response cut.
+            let joinable = !ranged || whole || object::joinable(&parts.headers);
             let fresh = match verdict {
-                Ok(f) if fits => f,
+                Ok(f) if fits && joinable => f,
                 verdict => {
                     let reason = verdict.err();
-                    let label = reason.map_or("head-too-large", not_storable_label);
+                    let label = match reason {
+                        Some(r) => not_storable_label(r),
+                        None if !fits => "head-too-large",
+                        None => "weak-validator",
+                    };
                     // Remember the URL as uncacheable unless the reason lies in this request, or
                     // the answer is an error: a 5xx or a 404 says how the origin is doing now
                     // (a live segment not yet published, a hiccup), not what the URL is, and a
@@ -215,10 +278,7 @@ async fn fetch(
                     }
                     inner.metrics.uncacheable.inc();
                     let mut parts = parts;
-                    let whole =
-                        ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
                     if whole {
-                        // The slice asked for is the whole object: it answers any GET as a 200.
                         parts.status = StatusCode::OK;
                         parts.headers.remove(CONTENT_RANGE);
                     }
@@ -405,7 +465,13 @@ impl WholeBody<'_> {
                     index += 1;
                     slice_started = Instant::now();
                     current = next.take();
-                    if index > self.own_index && following == 0 && self.over_budget(index) {
+                    // Before the slice asked for, its own readers wait through these slices.
+                    let following = if index <= self.own_index {
+                        following + self.own.readers()
+                    } else {
+                        following
+                    };
+                    if following == 0 && self.over_budget(index) {
                         let end = FillEnd::Failed("abandoned".into());
                         self.close(index, &current, end.clone());
                         return own_end.unwrap_or(end);
@@ -438,6 +504,12 @@ impl WholeBody<'_> {
         }
         let length = index * slice + buf_len;
         if self.meta.length.is_some_and(|l| l != length) {
+            // Not the object announced: the slices this answer already stored go with the
+            // version, never to be put together with another answer's.
+            self.inner
+                .index
+                .remove_object(&self.meta.primary, self.meta.id, self.meta.generation);
+            self.inner.drop_objects(std::slice::from_ref(&self.meta));
             let end = FillEnd::Failed("origin body ended early".into());
             self.close(index, &current, end.clone());
             self.close(index + 1, &next, end.clone());
@@ -530,10 +602,17 @@ impl WholeBody<'_> {
         }
     }
 
-    /// Past the slice asked for, reading on with nobody following is worth it only within the
-    /// detached budget.
+    /// Reading on with nobody following is worth it only within the detached budget: counted
+    /// from the slice asked for once past it, and from the object's start before it (a client
+    /// that asked for the end of a long object and left would otherwise have every slice before
+    /// it read for nobody).
     fn over_budget(&self, index: u64) -> bool {
-        (index - self.own_index) * self.inner.slice_bytes > self.inner.config.detached_fill_bytes.0
+        let detached = if index > self.own_index {
+            index - self.own_index
+        } else {
+            index
+        };
+        detached.saturating_mul(self.inner.slice_bytes) > self.inner.config.detached_fill_bytes.0
     }
 }
 
@@ -605,6 +684,66 @@ mod tests {
                 Ok(r)
             })
         }
+    }
+
+    /// Answers any request with a whole 200 that announces `announced` bytes and ends cleanly
+    /// after `sent` (an origin, or a front of one, that gets its framing wrong).
+    struct Short {
+        announced: u64,
+        sent: usize,
+    }
+
+    impl Origin for Short {
+        fn fetch(&self, _req: Request<()>) -> OriginFuture {
+            let (announced, sent) = (self.announced, self.sent);
+            Box::pin(async move {
+                let mut r = Response::new(crate::body::boxed(http_body_util::Full::new(
+                    Bytes::from(vec![7u8; sent]),
+                )));
+                let h = r.headers_mut();
+                h.insert(CONTENT_LENGTH, announced.into());
+                h.insert(http::header::ETAG, "\"a\"".parse().unwrap());
+                h.insert(http::header::CACHE_CONTROL, "max-age=60".parse().unwrap());
+                Ok(r)
+            })
+        }
+    }
+
+    /// Finding: a whole answer that ended short of its announced length failed its fill but
+    /// left the slices it had completed stored under the object's version. They go with it.
+    #[tokio::test]
+    async fn a_whole_answer_shorter_than_announced_leaves_no_slice_behind() {
+        let slice = 64u64 << 10;
+        let config = CacheConfig {
+            slice_bytes: crate::cache::ByteSize(slice),
+            ..CacheConfig::default()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&config, None, &mut registry).unwrap();
+        let origin = Arc::new(Short {
+            announced: 3 * slice,
+            sent: (2 * slice + slice / 2) as usize,
+        });
+        let (parts, ()) = Request::get("/short").body(()).unwrap().into_parts();
+        let key = crate::cache::CacheKey::new("t", &parts.uri);
+        let resp = cache
+            .serve(&parts, &key, origin, &config.policy().freshness())
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.into_body().collect().await.is_err(), "a short body");
+        // The writer drops the version as it ends; give it a moment on this runtime.
+        for _ in 0..100 {
+            if cache.objects() == 0 && cache.inner.memory.weight() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(cache.objects(), 0);
+        assert_eq!(
+            cache.inner.memory.weight(),
+            0,
+            "slices of the short answer kept"
+        );
     }
 
     /// A waiting reader's waker that notes, when woken, whether its key is still in flight.
