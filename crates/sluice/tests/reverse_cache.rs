@@ -76,7 +76,8 @@ impl CountingOrigin {
 /// Every GET is cacheable for an hour (apart from `/nostore`) and honours `Range`; other methods
 /// get 204. A path with `tagged` in it carries `Surrogate-Key: product-7`. A path with `cond` in
 /// it is not `public`, answers `Authorization: Bearer bad` with 401 and a matching
-/// `If-None-Match` with 304; its conditional requests are logged as `REVALIDATE`, not `GET`.
+/// `If-None-Match` with 304; its conditional requests are logged as `REVALIDATE`, not `GET`. A
+/// path with `novalid` in it has no `ETag` (no validator: its revalidation is a plain GET).
 fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let range = req
@@ -212,9 +213,11 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
     if path.contains("tagged") {
         b = b.header("surrogate-key", "product-7 other");
     }
+    b = b.header("cache-control", cache_control);
+    if !path.contains("novalid") {
+        b = b.header("etag", "\"e1\"");
+    }
     let b = b
-        .header("cache-control", cache_control)
-        .header("etag", "\"e1\"")
         .header("accept-ranges", "bytes")
         .header("content-type", "application/octet-stream");
     let span = range.as_deref().and_then(|r| {
@@ -1019,7 +1022,9 @@ async fn a_clients_no_store_does_not_drop_what_is_stored() {
 /// Finding: with `request_directives = "ignore"`, a stale object's revalidation made for a client
 /// with `Authorization` failed the store-time `Authorization` rule on its 304, and a 401 from the
 /// origin for the client's bad credentials counted as a new representation: either dropped the
-/// object for everyone. A 304 now keeps it, and a 401 is passed on with the object kept.
+/// object for everyone. A 304 to credentials the object is not shared for now serves that client
+/// and leaves the object as it was (its fields are not stored for everyone), and a 401 is passed
+/// on with the object kept.
 #[tokio::test]
 async fn a_clients_credentials_on_a_revalidation_do_not_drop_the_object() {
     let origin = CountingOrigin::start().await;
@@ -1048,8 +1053,12 @@ async fn a_clients_credentials_on_a_revalidation_do_not_drop_the_object() {
     .await;
     assert_eq!(alice.body.as_deref().unwrap(), b"body of /cond-doc");
     assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 1);
+    // Alice's 304 was not stored: still stale, the next request revalidates for itself (a 304
+    // without credentials, stored) and is then a hit.
     let next = request("GET", &s.url("/cond-doc"), &[]).await;
     assert_eq!(next.body.as_deref().unwrap(), b"body of /cond-doc");
+    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 2);
+    let next = request("GET", &s.url("/cond-doc"), &[]).await;
     assert!(
         cache_status(&next).starts_with("sluice; hit"),
         "{}",
@@ -1066,13 +1075,50 @@ async fn a_clients_credentials_on_a_revalidation_do_not_drop_the_object() {
     .await;
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
     assert_eq!(refused.body.as_deref().unwrap(), b"denied");
-    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 2);
+    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 3);
     // Still stored, still stale: revalidated (a 304), not fetched again.
     let next = request("GET", &s.url("/cond-doc"), &[]).await;
     assert_eq!(next.status, StatusCode::OK);
     assert_eq!(next.body.as_deref().unwrap(), b"body of /cond-doc");
-    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 3);
+    assert_eq!(origin.count("REVALIDATE", "/cond-doc"), 4);
     assert_eq!(origin.count("GET", "/cond-doc"), 1, "dropped on a 401");
+}
+
+/// Finding (a review of the fix above): an object without validators is revalidated with a
+/// plain GET, which the origin answers in full (206 to the slice's range); that counted as a new
+/// representation, so `Cache-Control: no-cache, no-store` still dropped such an object for
+/// everyone, and the miss that followed stored nothing. A full answer to a revalidation made
+/// with the client's `no-store` is now for that client alone: its request goes to the origin as
+/// a pass, and the object stays.
+#[tokio::test]
+async fn a_clients_no_store_does_not_drop_an_object_without_validators() {
+    let (origin, s) = start().await;
+    let first = request("GET", &s.url("/novalid-doc"), &[]).await;
+    assert_eq!(first.body.as_deref().unwrap(), b"body of /novalid-doc");
+    assert!(!first.headers.contains_key("etag"));
+    let fetched = origin.count("GET", "/novalid-doc");
+    let attack = request(
+        "GET",
+        &s.url("/novalid-doc"),
+        &[("cache-control", "no-cache, no-store")],
+    )
+    .await;
+    assert_eq!(attack.status, StatusCode::OK);
+    assert_eq!(attack.body.as_deref().unwrap(), b"body of /novalid-doc");
+    let asked = origin.count("GET", "/novalid-doc");
+    assert!(asked > fetched, "not revalidated");
+    let after = request("GET", &s.url("/novalid-doc"), &[]).await;
+    assert_eq!(after.body.as_deref().unwrap(), b"body of /novalid-doc");
+    assert!(
+        cache_status(&after).starts_with("sluice; hit"),
+        "{}",
+        cache_status(&after)
+    );
+    assert_eq!(
+        origin.count("GET", "/novalid-doc"),
+        asked,
+        "the object was dropped"
+    );
 }
 
 /// Finding: a `Vary` line with a byte past ASCII was skipped whole, so `Vary: Cookie, X-\xe9`

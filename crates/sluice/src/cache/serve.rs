@@ -12,7 +12,7 @@ use sluice_http::cache_status::{CacheStatus, Forward};
 use sluice_http::conditional::{if_range_allows, not_modified};
 use sluice_http::freshness::{
     decide_use, request_may_fill, storability, variant_key, vary_names, AgeClock, FreshnessPolicy,
-    RequestDirectives, Use,
+    NotStorable, RequestDirectives, Use,
 };
 use sluice_http::range::{resolve_range, slice_range, Multipart, RangeOutcome, RangeSpec};
 
@@ -192,6 +192,11 @@ impl Inner {
                 self.miss(parts, key, origin, policy, Forward::Stale, &meta.vary)
                     .await
             }
+            Revalidated::Pass => {
+                self.metrics.result("bypass");
+                self.pass(parts, &origin, Some("revalidation-for-client"))
+                    .await
+            }
             Revalidated::Failed(_) if stale_if_error => {
                 self.metrics.result("stale");
                 let status = CacheStatus {
@@ -231,13 +236,15 @@ impl Inner {
     /// caller's credentials (RFC 9111 §3.5); without them every revalidation would be a 401
     /// that drops the object. A 304 that changes `Vary` drops the object: the answer is a miss.
     ///
-    /// The answer is about the stored object, so it is judged as the object was, not by the
-    /// fields of the client that happened to ask: the request-side checks (`Authorization`,
-    /// `no-store`) were made when it was stored, and a client's `no-store` only keeps this
-    /// answer's fields out of the cache. A 4xx other than 404 or 410 is the origin refusing
-    /// those fields (credentials, rate limits), not news about the object: it is passed on and
-    /// the object kept. Otherwise any client could drop any object by asking with `no-cache,
-    /// no-store` or a bad `Authorization`.
+    /// The answer is about the stored object, but the request carries the fields of the client
+    /// that happened to ask, and those may shape it: its `no-store` (its answer may not be
+    /// stored) and its `Authorization`. When they may have (the client's `no-store` is honoured,
+    /// or the request carries credentials), the answer is for that client alone and the stored
+    /// object stays as it is for everyone else: a 304 is served merged but not stored, and
+    /// anything else (a 200 or 206, a refusal) sends the client's request to the origin as a
+    /// pass. Otherwise any client could drop any object by asking with `no-cache, no-store`, or
+    /// have its credentials' 304 fields stored for everyone. A 401, 407 or 429 is the origin
+    /// refusing a request's fields, never news about the object: passed on, the object kept.
     async fn revalidate(
         self: &Arc<Self>,
         meta: &Arc<ObjectMeta>,
@@ -270,39 +277,53 @@ impl Inner {
             .origin_latency
             .observe(started.elapsed().as_secs_f64());
         let response_time = SystemTime::now();
+        let client_no_store = policy.request_directives == RequestDirectives::Honor
+            && parse_cache_control(&parts.headers).no_store;
+        // The client's credentials, which the request carried: what the origin answers is
+        // judged as an answer to them (stored for everyone only when the object is shared,
+        // RFC 9111 §3.5), not by the client's `no-store`, which is about this answer alone.
+        let mut asked = HeaderMap::new();
+        if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+            asked.insert(header::AUTHORIZATION, auth.clone());
+        }
+        let credentials = !asked.is_empty();
+        let for_them_alone = |status: StatusCode, headers: &HeaderMap| {
+            matches!(
+                storability(&Method::GET, &asked, status, headers, response_time, policy),
+                Err(NotStorable::Authorization)
+            )
+        };
         match resp.status() {
             StatusCode::NOT_MODIFIED => {
                 // The object was stored, and is looked up, under its `Vary` names: a 304 with
                 // other names (or `*`) describes another set of variants.
-                if resp.headers().contains_key(header::VARY)
-                    && vary_names(resp.headers()).as_deref() != Ok(meta.vary.as_slice())
-                {
-                    self.forget(meta);
-                    return Revalidated::Changed;
-                }
+                let vary_changed = resp.headers().contains_key(header::VARY)
+                    && vary_names(resp.headers()).as_deref() != Ok(meta.vary.as_slice());
                 let mut headers = meta.headers.clone();
                 merge_not_modified(&mut headers, resp.headers());
-                let Ok(fresh) = storability(
+                let verdict = storability(
                     &Method::GET,
-                    &HeaderMap::new(),
+                    &asked,
                     meta.status,
                     &headers,
                     response_time,
                     policy,
-                ) else {
+                );
+                let theirs = client_no_store || for_them_alone(meta.status, &headers);
+                if !theirs && (vary_changed || verdict.is_err()) {
                     self.forget(meta);
                     return Revalidated::Changed;
-                };
+                }
                 let mut m = (**meta).clone();
                 m.headers = headers;
-                m.freshness = fresh;
+                if let Ok(fresh) = verdict {
+                    m.freshness = fresh;
+                }
                 m.clock = AgeClock::new(resp.headers(), request_time, response_time);
                 m.soft_purged = false;
                 m.tags = super::object::tags(&m.headers);
                 let m = Arc::new(m);
-                let no_store = policy.request_directives == RequestDirectives::Honor
-                    && parse_cache_control(&parts.headers).no_store;
-                if !no_store && self.index.update(m.clone()) {
+                if !theirs && self.index.update(m.clone()) {
                     if let Some(disk) = &self.disk {
                         disk.write_meta(m.clone());
                     }
@@ -310,11 +331,19 @@ impl Inner {
                 Revalidated::Fresh(m)
             }
             s if s.is_server_error() => Revalidated::Failed(Some(resp)),
-            s if s.is_client_error() && s != StatusCode::NOT_FOUND && s != StatusCode::GONE => {
-                Revalidated::Refused(resp)
+            StatusCode::UNAUTHORIZED
+            | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            | StatusCode::TOO_MANY_REQUESTS => Revalidated::Refused(resp),
+            // The client's `no-store` (its answer may not be stored), a refusal of its
+            // credentials, or a new representation its credentials would not share: for it
+            // alone.
+            _ if client_no_store => Revalidated::Pass,
+            s if credentials && (s.is_client_error() || for_them_alone(s, resp.headers())) => {
+                Revalidated::Pass
             }
             _ => {
-                // A new representation: the stored one goes; a fresh miss fetches the new one.
+                // A new representation (or the object gone: 403, 404, 410, 416, 451): the stored
+                // one goes; a fresh miss fetches the new one.
                 self.forget(meta);
                 Revalidated::Changed
             }
@@ -748,9 +777,13 @@ enum Revalidated {
     Changed,
     /// The origin failed; a 5xx answer is kept to pass on when no stale copy may be served.
     Failed(Option<Response<Body>>),
-    /// The origin refused the request's own fields (a 4xx other than 404 and 410): its answer
-    /// is passed on, never a stale copy, and the object stays.
+    /// The origin refused the request's own fields (401, 407, 429): its answer is passed on,
+    /// never a stale copy, and the object stays.
     Refused(Response<Body>),
+    /// The answer may have been shaped by the client's own fields (its `no-store`, its
+    /// credentials) and is not a 304: the client's request goes to the origin as a pass, and the
+    /// object stays.
+    Pass,
 }
 
 /// The head of a whole 200 answer from a stored object, for a writer of HTTP/1.1 bytes: the
