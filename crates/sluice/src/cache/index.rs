@@ -5,7 +5,7 @@
 //! a head over [`MAX_HEAD_BYTES`] is not indexed at all. Each primary key is charged too
 //! ([`key_charge`]), and so is each memo's; memos live apart from the objects' keys, within their
 //! own share of the heads' room ([`MEMO_SHARE`]), so a flood of uncacheable URLs pushes out older
-//! memos, never stored objects.
+//! memos once that share is full (objects that filled the room give up at most the share).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -72,6 +72,9 @@ struct Memos {
     order: VecDeque<(String, u64)>,
     marks: u64,
     bytes: u64,
+    /// The key bytes stale marks hold in `order` (not charged: kept below half of `bytes`, plus
+    /// 64 KiB, by [`Memos::compact`]).
+    stale: u64,
 }
 
 impl Memos {
@@ -95,14 +98,23 @@ impl Memos {
         charge
     }
 
-    /// Drops `key`'s memo; returns the charge released.
+    /// Drops `key`'s memo, its mark left stale in `order`; returns the charge released.
     fn clear(&mut self, key: &str) -> u64 {
+        let charge = self.forget(key);
+        if charge > 0 {
+            self.stale += key.len() as u64;
+            self.compact();
+        }
+        charge
+    }
+
+    /// Drops `key` from `until`; returns the charge released.
+    fn forget(&mut self, key: &str) -> u64 {
         if self.until.remove(key).is_none() {
             return 0;
         }
         let charge = key_charge(key);
         self.bytes -= charge;
-        self.compact();
         charge
     }
 
@@ -113,13 +125,14 @@ impl Memos {
         while let Some((key, mark)) = self.order.pop_front() {
             let live = self.until.get(&key).is_some_and(|(_, m)| *m == mark);
             if !live {
+                self.stale = self.stale.saturating_sub(key.len() as u64);
                 continue;
             }
             if key == keep {
                 kept = Some((key, mark));
                 continue;
             }
-            released = self.clear(&key);
+            released = self.forget(&key);
             break;
         }
         if let Some(kept) = kept {
@@ -128,13 +141,17 @@ impl Memos {
         released
     }
 
-    /// Drops stale marks once they outnumber the live ones (amortised: each pass halves `order`
-    /// at least).
+    /// Drops stale marks once they outnumber the live ones, or their keys' bytes pass half of
+    /// what the live memos are charged plus 64 KiB (a cleared memo of a 64 KiB URL leaves its
+    /// key in `order`). Amortised: each pass drops at least as many marks, or bytes, as the
+    /// live ones hold.
     fn compact(&mut self) {
-        if self.order.len() > 2 * self.until.len() + 16 {
+        if self.order.len() > 2 * self.until.len() + 16 || self.stale > self.bytes / 2 + (64 << 10)
+        {
             let until = &self.until;
             self.order
                 .retain(|(key, mark)| until.get(key).is_some_and(|(_, m)| m == mark));
+            self.stale = 0;
         }
     }
 }
@@ -997,6 +1014,37 @@ pub(crate) mod tests {
             Lookup::UriMiss
         ));
         assert_eq!(idx.head_bytes(), charged_now(&idx));
+    }
+
+    /// Finding (a review of the memo share): a memo cleared by a store left its key, up to
+    /// 64 KiB, in the marks' order, uncharged, until the marks outnumbered the live memos twice:
+    /// many short live memos let thousands of long stale keys stay. Stale keys' bytes are now
+    /// bounded by half of what the live memos are charged, plus 64 KiB.
+    #[test]
+    fn keys_of_cleared_memos_do_not_pile_up() {
+        let idx = ObjectIndex::new(100_000);
+        let until = Instant::now() + std::time::Duration::from_secs(60);
+        for i in 0..1_000 {
+            idx.mark_pass(&format!("short{i}"), until);
+        }
+        for i in 0..200 {
+            let long = format!("s|h|/flip?{i:04}{}", "x".repeat(60_000));
+            idx.mark_pass(&long, until);
+            idx.insert(meta(&long, vec![], "", 1));
+        }
+        let inner = idx.lock();
+        let held: u64 = inner
+            .memos
+            .order
+            .iter()
+            .filter(|(k, m)| inner.memos.until.get(k).is_none_or(|(_, live)| live != m))
+            .map(|(k, _)| k.len() as u64)
+            .sum();
+        assert!(
+            held <= inner.memos.bytes / 2 + (64 << 10) + 61_000,
+            "{held} stale bytes"
+        );
+        assert_eq!(inner.memos.until.len(), 1_000);
     }
 
     /// Finding: memos shared the heads' room with the objects, so ~2,000 requests with unique
