@@ -18,12 +18,15 @@
 //!   on the blocking pool).
 //! - `kept`: what all channels keep of their playlists, within `MAX_KEPT_TOTAL`, and the
 //!   places for large writes.
+//! - `sent`: what large playlists hold while their answers are sent, within `MAX_SENT_TOTAL`
+//!   (a quarter of it per client) when no channel keeps them.
 
 mod catchup;
 mod fmp4;
 mod kept;
 mod parts;
 mod render;
+mod sent;
 mod viewers;
 
 pub use fmp4::Container;
@@ -310,6 +313,8 @@ pub struct Table {
     channels: Mutex<HashMap<HubKey, Arc<Channel>>>,
     /// What every channel's playlists share (`kept::MAX_KEPT_TOTAL`, the large writes).
     render: Arc<kept::Shared>,
+    /// What the playlists answers send hold (`sent::MAX_SENT_TOTAL`).
+    sent: Arc<sent::Sent>,
 }
 
 impl Table {
@@ -766,7 +771,7 @@ impl Iptv {
                 .get_fmp4(&self.config.hls, &listing, query, &channel.fmp4)
                 .await;
             return match text {
-                Some(text) => playlist_response(text),
+                Some(playlist) => self.playlist_answer(&playlist, req),
                 None => {
                     let why = channel.fmp4.error().unwrap_or_default();
                     super::text(
@@ -780,12 +785,11 @@ impl Iptv {
                 }
             };
         }
-        playlist_response(
-            channel
-                .rendered
-                .get(&self.config.hls, &listing, query)
-                .await,
-        )
+        let playlist = channel
+            .rendered
+            .get(&self.config.hls, &listing, query)
+            .await;
+        self.playlist_answer(&playlist, req)
     }
 
     /// A blocking reload (low-latency HLS): the live playlist once it lists segment `msn` (or
@@ -847,12 +851,11 @@ impl Iptv {
             w.listing(&self.config.hls, channel.catchup, &channel.rendered)
         };
         let query = req.uri.query().unwrap_or("");
-        playlist_response(
-            channel
-                .rendered
-                .get(&self.config.hls, &listing, query)
-                .await,
-        )
+        let playlist = channel
+            .rendered
+            .get(&self.config.hls, &listing, query)
+            .await;
+        self.playlist_answer(&playlist, req)
     }
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
@@ -889,7 +892,8 @@ impl Iptv {
                 start_ms: None,
                 low_latency: None,
             };
-            return playlist_response(playlist::media(window, &entries));
+            return self
+                .playlist_answer(&sent::Playlist::new(playlist::media(window, &entries)), req);
         };
         let begin = seek.begin.unix * 1000;
         let end = seek.end.map(|e| e.unix * 1000);
@@ -921,7 +925,21 @@ impl Iptv {
             start_ms: Some(offset),
             low_latency: None,
         };
-        playlist_response(playlist::media(window, &entries))
+        self.playlist_answer(&sent::Playlist::new(playlist::media(window, &entries)), req)
+    }
+
+    /// The answer with `playlist`, charged to what playlist answers hold for the request's
+    /// client ([`sent`]); refused (503) past it.
+    fn playlist_answer(
+        &self,
+        playlist: &Arc<sent::Playlist>,
+        req: &http::request::Parts,
+    ) -> Response<Body> {
+        let client = req
+            .extensions
+            .get::<std::net::SocketAddr>()
+            .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
+        answer(&self.hls.sent, &self.registry.metrics, playlist, client)
     }
 
     /// The catch-up range of the request (`playseek=`, `tvdr=`, the names in
@@ -1175,7 +1193,41 @@ fn segment_headers(mut resp: Response<Body>, len: u64) -> Response<Body> {
 }
 
 fn playlist_response(text: impl Into<bytes::Bytes>) -> Response<Body> {
-    let mut resp = Response::new(body::full(text));
+    playlist_headers(Response::new(body::full(text)))
+}
+
+/// `playlist`'s answer to `client`, its bytes charged to `sent` while they are sent; when they
+/// do not fit, a 503 to try again shortly, counted as `refused{reason="hls_memory"}` and booked
+/// to sluice (`side="internal"`).
+fn answer(
+    sent: &Arc<sent::Sent>,
+    metrics: &super::metrics::Metrics,
+    playlist: &Arc<sent::Playlist>,
+    client: std::net::IpAddr,
+) -> Response<Body> {
+    if let Some(body) = playlist.body(sent, client) {
+        return playlist_headers(Response::new(body));
+    }
+    metrics.refuse("hls_memory");
+    tracing::debug!(
+        bytes = playlist.text.len(),
+        "HLS playlist refused: answers hold their memory"
+    );
+    let mut resp = super::text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the HLS playlists being sent now hold all the memory set aside for them; try again shortly\n",
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+    resp.extensions_mut().insert(crate::error::ErrorMark {
+        side: crate::error::Side::Internal,
+        kind: "hls_memory",
+    });
+    resp
+}
+
+/// A playlist's headers on `resp`.
+fn playlist_headers(mut resp: Response<Body>) -> Response<Body> {
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -1280,7 +1332,7 @@ mod tests {
     async fn render(c: &Channel, config: &HlsConfig, query: &str) -> bytes::Bytes {
         // Written from the listing taken out of the window, the lock let go.
         let listing = registry::lock(&c.window).listing(config, c.catchup, &c.rendered);
-        c.rendered.get(config, &listing, query).await
+        c.rendered.get(config, &listing, query).await.text.clone()
     }
 
     /// `count` segments of one packet each, the same bytes shared (`tiny` without the copies).
@@ -1540,6 +1592,8 @@ mod tests {
                 .get_fmp4(&config, &listing, &query, &c.fmp4)
                 .await
                 .expect("an fMP4 form")
+                .text
+                .clone()
         };
         let requests: Vec<_> = (0..16)
             .map(|_| {
@@ -1656,6 +1710,153 @@ mod tests {
         }
         assert_eq!(c.rendered.writes(), before + 1);
         assert_eq!(c.rendered.flights(), 0);
+    }
+
+    /// A request for `c`'s playlist with the `n`th of distinct 2 KB queries, from `client`.
+    async fn ask(
+        c: &Channel,
+        sent: &Arc<sent::Sent>,
+        metrics: &super::super::metrics::Metrics,
+        client: std::net::IpAddr,
+        n: usize,
+    ) -> Response<Body> {
+        let config = HlsConfig::default();
+        let listing = registry::lock(&c.window).listing(&config, c.catchup, &c.rendered);
+        let query = format!("q{n:04}={}", "x".repeat(2000));
+        let playlist = c.rendered.get(&config, &listing, &query).await;
+        answer(sent, metrics, &playlist, client)
+    }
+
+    /// Attack: one client asks a catch-up channel for its playlist with distinct long queries
+    /// (each its own playlist of megabytes, too large for what channels keep) and reads none
+    /// of the answers. What they hold stays within the budget: alone a client may take it all,
+    /// past it (or, while another client holds some, past a quarter of it) the next request is
+    /// refused as the endpoint's other refusals are; answers sent or dropped give it back.
+    #[tokio::test]
+    async fn playlists_being_sent_stay_within_their_budget() {
+        use http_body_util::BodyExt;
+        let config = HlsConfig::default();
+        let c = bare_in(Some(0), Arc::new(kept::Shared::new(1 << 20)));
+        packets(&c, 2000, &config);
+        let metrics = super::super::metrics::Metrics::default();
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "2001:db8::1".parse().unwrap());
+        let size = ask(&c, &Arc::default(), &metrics, a, 0)
+            .await
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .len() as u64;
+        assert!(size > 4 << 20, "{size} bytes");
+        // Four answers fit, and a quarter of it is a little more than one.
+        let sent = Arc::new(sent::Sent::new(4 * size + size / 2));
+        let mut n = 1;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let resp = ask(&c, &sent, &metrics, a, next()).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            held.push(resp);
+        }
+        let refused = ask(&c, &sent, &metrics, a, next()).await;
+        let refusals = || {
+            metrics
+                .refused
+                .get_or_create(&super::super::metrics::RefusedLabels {
+                    reason: "hls_memory",
+                })
+                .get()
+        };
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(sent.used(), 4 * size);
+        assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            refused.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        let mark = refused
+            .extensions()
+            .get::<crate::error::ErrorMark>()
+            .unwrap();
+        assert_eq!(
+            (mark.side, mark.kind),
+            (crate::error::Side::Internal, "hls_memory")
+        );
+        assert_eq!(refusals(), 1);
+        let text = refused.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            text,
+            "the HLS playlists being sent now hold all the memory set aside for them; \
+             try again shortly\n"
+        );
+        assert_eq!(sent.used(), 4 * size);
+        // Dropped, they give their bytes back.
+        held.clear();
+        assert_eq!(sent.used(), 0);
+        // Another client holds one: this one gets its share, a little more than one answer,
+        // though the budget has room for more.
+        let mut theirs = ask(&c, &sent, &metrics, b, next()).await;
+        assert_eq!(theirs.status(), StatusCode::OK);
+        let mine = ask(&c, &sent, &metrics, a, next()).await;
+        assert_eq!(mine.status(), StatusCode::OK);
+        let past_share = ask(&c, &sent, &metrics, a, next()).await;
+        assert_eq!(past_share.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refusals(), 2);
+        // Another address of the other client's /64 is that client.
+        let same_64 = "2001:db8::2".parse().unwrap();
+        let theirs_too = ask(&c, &sent, &metrics, same_64, next()).await;
+        assert_eq!(theirs_too.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Sent to the last byte (the body not dropped yet), the other client's answer gives
+        // its bytes back: this client is alone again, and asks again.
+        let mut got = 0;
+        while let Some(frame) = theirs.body_mut().frame().await {
+            got += frame.unwrap().into_data().unwrap().len() as u64;
+        }
+        assert_eq!(got, size);
+        assert_eq!(sent.used(), size);
+        let again = ask(&c, &sent, &metrics, a, next()).await;
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(sent.used(), 2 * size);
+        drop((mine, again, theirs));
+        assert_eq!(sent.used(), 0);
+    }
+
+    /// A playlist its channel keeps is charged once, to what channels keep, however many
+    /// answers send it; replaced while they do, it stays counted there until they are done.
+    #[tokio::test]
+    async fn a_kept_playlist_is_charged_once_while_it_is_sent() {
+        let config = HlsConfig::default();
+        let shared = Arc::new(kept::Shared::default());
+        let c = bare_in(Some(0), shared.clone());
+        packets(&c, 2000, &config);
+        let metrics = super::super::metrics::Metrics::default();
+        let size = render(&c, &config, &format!("q{:04}={}", 0, "x".repeat(2000)))
+            .await
+            .len() as u64;
+        let before = shared.used();
+        assert!(before > size, "{before} kept");
+        // Room for one answer of a playlist not kept: none is needed.
+        let sent = Arc::new(sent::Sent::new(size + size / 2));
+        let answers: Vec<_> = futures_util::future::join_all((1..=10u8).map(|n| {
+            let client = std::net::IpAddr::from([10, 0, 0, n]);
+            ask(&c, &sent, &metrics, client, 0)
+        }))
+        .await;
+        assert!(answers.iter().all(|r| r.status() == StatusCode::OK));
+        assert_eq!(sent.used(), 0);
+        assert_eq!(shared.used(), before);
+        // Another query replaces it: both are counted while answers send the first.
+        let other = ask(&c, &sent, &metrics, [10, 0, 0, 1].into(), 1).await;
+        assert_eq!(other.status(), StatusCode::OK);
+        assert_eq!(sent.used(), 0);
+        assert_eq!(shared.used(), before + size);
+        drop(answers);
+        assert_eq!(shared.used(), before);
     }
 
     #[test]

@@ -23,7 +23,9 @@
 //! [`super::kept::MAX_KEPT_TOTAL`]: each channel keeps at most one listing and two playlists, but catch-up
 //! and ended channels are many, and a kept playlist of 8 MiB each would add up outside
 //! `catchup_total_bytes`. Playlists take at most half of it, so every channel's listing still
-//! fits. Past the bound a listing or playlist is used once and not kept.
+//! fits. Past the bound a listing or playlist is used once and not kept. A kept playlist's part
+//! of the bound lasts as long as the playlist (answers still sending one that was replaced hold
+//! it); one not kept is charged to the answers that send it ([`super::sent`]).
 
 #[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +39,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 use super::super::registry;
 use super::fmp4::Converted;
 use super::kept::{Held, Shared};
+use super::sent::Playlist;
 use super::{HlsConfig, Window};
 
 /// What one version of a window's playlist lists, copied out of the window.
@@ -220,8 +223,9 @@ pub(super) fn media_fmp4(
 const MAX_KEPT_BYTES: usize = 8 << 20;
 
 /// A playlist estimated at least this large is written on the blocking pool (a live window's,
-/// a few kilobytes, is written at once).
-const INLINE_BYTES: usize = 256 << 10;
+/// a few kilobytes, is written at once); one written at least this large is charged while its
+/// answers are sent ([`super::sent`]).
+pub(super) const INLINE_BYTES: usize = 256 << 10;
 
 /// Writes under way per channel that later requests join; past them a request writes its own
 /// (two queries rarely reload a channel at once, and the waiters stay bounded).
@@ -248,7 +252,7 @@ impl Form {
 }
 
 /// A playlist as written: `None` for an fMP4 one when no segment has an fMP4 form.
-type Text = Option<Bytes>;
+type Text = Option<Arc<Playlist>>;
 
 /// The last playlists written for a channel, and the writes under way.
 #[derive(Debug)]
@@ -277,8 +281,8 @@ struct Last {
     version: u64,
     form: Form,
     query: Box<str>,
-    text: Bytes,
-    _held: Held,
+    /// Its part of `MAX_KEPT_TOTAL` goes with it (and lasts while answers still send it).
+    playlist: Arc<Playlist>,
 }
 
 /// A playlist being written: the requests for the same version, form and query wait for it.
@@ -357,8 +361,12 @@ impl Job {
 
     fn run(&self) -> Text {
         match &self.fmp4 {
-            None => Some(Bytes::from(media(&self.config, &self.listing, &self.query))),
-            Some(c) => media_fmp4(&self.config, &self.listing, &self.query, c).map(Bytes::from),
+            None => Some(Playlist::new(media(
+                &self.config,
+                &self.listing,
+                &self.query,
+            ))),
+            Some(c) => media_fmp4(&self.config, &self.listing, &self.query, c).map(Playlist::new),
         }
     }
 }
@@ -396,10 +404,11 @@ impl Rendered {
         config: &HlsConfig,
         listing: &Arc<Listing>,
         query: &str,
-    ) -> Bytes {
-        self.get_as(config, listing, query, None)
-            .await
-            .unwrap_or_default()
+    ) -> Arc<Playlist> {
+        match self.get_as(config, listing, query, None).await {
+            Some(playlist) => playlist,
+            None => Playlist::new(Bytes::new()),
+        }
     }
 
     /// The fMP4 playlist of `listing` for a request with `query`, as [`Rendered::get`] gets
@@ -432,7 +441,7 @@ impl Rendered {
             let mut state = registry::lock(&self.inner.state);
             if let Some(last) = &state.last[form.slot()] {
                 if last.version == listing.version && last.form == form && *last.query == *query {
-                    return Some(last.text.clone());
+                    return Some(last.playlist.clone());
                 }
             }
             state.join(listing.version, form, query)
@@ -491,7 +500,8 @@ impl Inner {
     /// Ends a write: takes it off the flights (`send`: its flight) and keeps what it wrote
     /// for the requests that follow. A request that took its listing earlier does not replace
     /// a newer playlist, and a playlist past `MAX_KEPT_BYTES` or the room left for playlists
-    /// under `MAX_KEPT_TOTAL` is not kept (it lives as long as its answers).
+    /// under `MAX_KEPT_TOTAL` is not kept (it lives as long as its answers, charged to them:
+    /// [`super::sent`]). A kept one's part of `MAX_KEPT_TOTAL` goes with it, not its slot.
     fn finish(
         &self,
         job: &Job,
@@ -505,25 +515,26 @@ impl Inner {
                 .flights
                 .retain(|f| !f.text.same_channel(&send.subscribe()));
         }
-        let Some(text) = text else {
+        let Some(playlist) = text else {
             return;
         };
         let version = job.listing.version;
-        let keep = text.len() <= MAX_KEPT_BYTES
+        let keep = playlist.text.len() <= MAX_KEPT_BYTES
             && state.last[form.slot()].as_ref().is_none_or(|l| {
                 l.version < version
                     || (l.version == version && (*l.query != *job.query || l.form != form))
             });
         if keep {
-            // The old one's bytes go back first: it is replaced whether or not this one fits.
+            // The old one's bytes go back first (unless answers still send it): it is
+            // replaced whether or not this one fits.
             state.last[form.slot()] = None;
-            if let Some(held) = self.shared.reserve_playlist(text.len() as u64) {
+            if let Some(held) = self.shared.reserve_playlist(playlist.text.len() as u64) {
+                playlist.keep(held);
                 state.last[form.slot()] = Some(Last {
                     version,
                     form,
                     query: job.query.clone(),
-                    text: text.clone(),
-                    _held: held,
+                    playlist: playlist.clone(),
                 });
             }
         }
@@ -693,7 +704,7 @@ mod tests {
         let listing = listing(0, 10);
         let converted = Arc::new(Converted::default());
         converted.fake(0..10);
-        let ts = rendered.get(&config, &listing, "q=1").await;
+        let ts = rendered.get(&config, &listing, "q=1").await.text.clone();
         assert!(ts.ends_with(b"9.ts?q=1\n"), "{ts:?}");
         let rendered = Arc::new(rendered);
         let fmp4 = |rendered: Arc<Rendered>| {
@@ -703,13 +714,15 @@ mod tests {
                     .get_fmp4(&config, &listing, "q=1", &converted)
                     .await
                     .expect("an fMP4 form")
+                    .text
+                    .clone()
             }
         };
         let first = fmp4(rendered.clone()).await;
         assert!(first.ends_with(b"9.m4s?q=1\n"), "{first:?}");
         assert_eq!(rendered.writes(), 2);
         for _ in 0..3 {
-            let again = rendered.get(&config, &listing, "q=1").await;
+            let again = rendered.get(&config, &listing, "q=1").await.text.clone();
             assert_eq!(again.as_ptr(), ts.as_ptr());
             assert_eq!(fmp4(rendered.clone()).await.as_ptr(), first.as_ptr());
         }
