@@ -9,7 +9,9 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -397,4 +399,62 @@ async fn bad_requests_are_clear() {
     let r = get(&s.url(&format!("/proxy/mpd/out/2/-/segment.mp4?{tpl}"))).await;
     let raw = std::fs::read(fixtures().join("cenc/video/2.m4s")).unwrap();
     assert_eq!(sha256(&r.body.unwrap()), sha256(&raw));
+}
+
+/// A static MPD of 50,000 SegmentList segments (about 1.8 MB): every one is rewritten to a proxy
+/// URL, and on the blocking pool: a timer on this test's one runtime thread (which also runs
+/// sluice) keeps ticking meanwhile.
+#[tokio::test]
+async fn a_large_mpd_is_rewritten_off_the_runtime() {
+    const N: usize = 50_000;
+    let o = FileOrigin::start().await;
+    let list: String = (0..N)
+        .map(|i| format!("<SegmentURL media=\"seg/{i}.m4s\"/>"))
+        .collect();
+    let mpd = format!(
+        "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" type=\"static\" \
+         mediaPresentationDuration=\"PT{N}S\"><Period id=\"p\" start=\"PT0S\"><AdaptationSet \
+         id=\"1\" mimeType=\"video/mp4\"><Representation id=\"v\" bandwidth=\"1000\" \
+         codecs=\"avc1.4d400b\" width=\"160\" height=\"90\"><SegmentList timescale=\"1\" \
+         duration=\"1\"><Initialization sourceURL=\"init.mp4\"/>{list}</SegmentList>\
+         </Representation></AdaptationSet></Period></MPD>"
+    );
+    assert!(mpd.len() > 1_000_000);
+    o.put("many/manifest.mpd", mpd.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let url = mpd_url(&s, &o, "many", "");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticking = done.clone();
+    let ticker = tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        let mut last = std::time::Instant::now();
+        while !ticking.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            worst = worst.max(last.elapsed());
+            last = std::time::Instant::now();
+        }
+        worst
+    });
+    let started = std::time::Instant::now();
+    let out = fetch_mpd(&url).await;
+    let took = started.elapsed();
+    done.store(true, Ordering::SeqCst);
+    let worst = ticker.await.unwrap();
+    // Every segment is listed, in order, through sluice.
+    let media: Vec<&str> = out
+        .split("<SegmentURL media=\"")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('"').unwrap()])
+        .collect();
+    assert_eq!(media.len(), N);
+    for (i, m) in [(0, media[0]), (N - 1, media[N - 1])] {
+        assert!(m.starts_with(&s.url("/proxy/")), "{m}");
+        assert!(m.contains(&enc(&format!("seg/{i}.m4s"))), "{i}: {m}");
+    }
+    // Rewritten inline, the runtime stalls for the rewrite: most of the request in a debug
+    // build. The ratio allows for a scheduler hiccup on a busy machine.
+    assert!(
+        worst < Duration::from_millis(150) || worst < took / 4,
+        "the runtime stalled {worst:?} of {took:?}"
+    );
 }

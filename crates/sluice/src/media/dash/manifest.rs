@@ -232,9 +232,9 @@ pub(super) async fn load_mpd_text(
     }
 }
 
-/// Above this many bytes an MPD is parsed, and its media playlists built, on the blocking pool
-/// (the HLS rewrite's threshold).
-const BLOCKING_PARSE_BYTES: usize = 256 * 1024;
+/// Above this many bytes an MPD is parsed, its media playlists built and (DASH out) its text
+/// rewritten on the blocking pool (the HLS rewrite's threshold).
+pub(super) const BLOCKING_PARSE_BYTES: usize = 256 * 1024;
 
 fn parse_text(bytes: &[u8], url: &Url) -> Result<Mpd, ProxyError> {
     let text = std::str::from_utf8(bytes).map_err(|_| bad_mpd("not UTF-8 text"))?;

@@ -1,15 +1,17 @@
 //! DASH out: `manifest.mpd` serves the origin's MPD rewritten for DASH players (every init and
 //! segment back through sluice, decrypted when the request carries ClearKey keys), and
-//! `out/{number}/{time}/segment.mp4` serves the segments of its SegmentTemplate tracks.
+//! `out/{number}/{time}/segment.mp4` serves the segments of its SegmentTemplate tracks. A large
+//! MPD is rewritten on the blocking pool, as it is parsed there.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use http::{Response, StatusCode};
 use sluice_media::dash::out::{
     rewrite_mpd, template_params, template_path, template_segment_url, OutOptions, OutUrl,
 };
 use sluice_media::dash::proxy::{self, media_params};
-use sluice_media::dash::{DashError, SidxFetch};
+use sluice_media::dash::{DashError, Mpd, SidxFetch};
 use sluice_media::query::{ProxyParams, Query};
 use url::Url;
 
@@ -17,6 +19,7 @@ use super::manifest::{bad_mpd, load_mpd_text, load_sidx, unix_now};
 use super::{bad_request, respond, segment, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::ProxyError;
+use crate::media::cpu::{self, Lane};
 use crate::media::links::{self, Links};
 use crate::request::RequestContext;
 
@@ -35,19 +38,72 @@ pub async fn manifest(
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
     let headers = upstream_headers(&params)?;
     let (mpd, text) = load_mpd_text(dash, &params.destination, &headers).await?;
-    let text = std::str::from_utf8(&text).map_err(|_| bad_mpd("not UTF-8 text"))?;
-    let live = mpd.is_live();
+    let large = text.len() > super::manifest::BLOCKING_PARSE_BYTES;
     // Keys: sluice decrypts, so players must not see protection. No keys: the content passes
     // through as the origin serves it, protection signalling and all, for a player with its
     // own licence.
-    let mut options = OutOptions {
-        now: unix_now(),
-        strip_protection: keys.is_some(),
-        sidx: HashMap::new(),
+    let mut job = RewriteJob {
+        text,
+        options: OutOptions {
+            now: unix_now(),
+            strip_protection: keys.is_some(),
+            sidx: HashMap::new(),
+        },
+        mpd,
+        links: links.clone(),
+        carried: links::carried(&ctx.query, |k| !proxy::carried(k)),
     };
-    let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
     for _ in 0..=MAX_SIDX_FETCHES {
-        let made = rewrite_mpd(text, &mpd, &options, |target| {
+        let (back, made) = if large {
+            // A large MPD may list up to a million segments over its Representations, each
+            // made into a proxy URL: rewritten on the blocking pool, like its parse, so a
+            // hostile origin's MPD holds no runtime worker (and every connection on it).
+            cpu::run(Lane::Playback, move || job.run())
+                .await
+                .map_err(|e| ProxyError::internal(format!("MPD rewrite failed: {e}")))?
+        } else {
+            job.run()
+        };
+        job = back;
+        match made {
+            Ok(out) => return respond(out, MPD_TYPE, &params),
+            Err(DashError::SidxMissing { url, range }) => {
+                let url = Url::parse(&url).map_err(bad_mpd)?;
+                let fragments = load_sidx(dash, &url, range, &headers).await?;
+                job.options.sidx.insert(SidxFetch { url, range }, fragments);
+            }
+            Err(e) => return Err(bad_mpd(e)),
+        }
+    }
+    Err(bad_mpd("too many sidx boxes to fetch"))
+}
+
+/// Everything one MPD rewrite needs, owned, so a large one can move to the blocking pool; it
+/// comes back with its result, for another try once a missing `sidx` is fetched.
+struct RewriteJob {
+    /// The MPD's text, as the origin sent it (already read as UTF-8 by its parse).
+    text: bytes::Bytes,
+    mpd: Arc<Mpd>,
+    options: OutOptions,
+    links: Links,
+    carried: Vec<(String, String)>,
+}
+
+impl RewriteJob {
+    /// The rewritten MPD.
+    fn run(self) -> (Self, Result<String, DashError>) {
+        let made = match std::str::from_utf8(&self.text) {
+            Ok(text) => self.rewrite(text),
+            Err(_) => Err(DashError::Xml("not UTF-8 text".to_owned())),
+        };
+        (self, made)
+    }
+
+    /// `text` (the MPD's) rewritten, every init and segment URL made to come back through sluice.
+    fn rewrite(&self, text: &str) -> Result<String, DashError> {
+        let live = self.mpd.is_live();
+        let (carried, links) = (&self.carried, &self.links);
+        rewrite_mpd(text, &self.mpd, &self.options, |target| {
             let (endpoint, mut p) = match target {
                 OutUrl::Template {
                     rep,
@@ -69,18 +125,8 @@ pub async fn manifest(
             };
             p.extend(carried.iter().cloned());
             links.url(&endpoint, &p)
-        });
-        match made {
-            Ok(out) => return respond(out, MPD_TYPE, &params),
-            Err(DashError::SidxMissing { url, range }) => {
-                let url = Url::parse(&url).map_err(bad_mpd)?;
-                let fragments = load_sidx(dash, &url, range, &headers).await?;
-                options.sidx.insert(SidxFetch { url, range }, fragments);
-            }
-            Err(e) => return Err(bad_mpd(e)),
-        }
+        })
     }
-    Err(bad_mpd("too many sidx boxes to fetch"))
 }
 
 /// `/proxy/mpd/out/{number}/{time}/segment.mp4`: the sealed template rendered for the segment
