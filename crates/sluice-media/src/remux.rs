@@ -69,6 +69,9 @@ pub enum RemuxError {
     NoTracks,
     #[error("the init segment has more tracks than one PMT can list (at most {MAX_TRACKS})")]
     TooManyTracks,
+    /// More `trak` (or `trex`) boxes than the init's walk reads, carriable or not.
+    #[error("the init segment has more than {max} '{0}' boxes", max = tracks::MAX_TRAK_BOXES)]
+    TooManyBoxes(&'static str),
     #[error("track {track_id}: timescale 0")]
     ZeroTimescale { track_id: u32 },
     #[error("track {track_id}: sample at byte {offset} ({size} bytes) is outside the segment")]

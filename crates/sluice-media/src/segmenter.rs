@@ -106,6 +106,10 @@ struct Building {
     keyframe: bool,
     discontinuity: bool,
     number: u64,
+    /// Bytes of PAT and PMT put in front of it at its start. A table that completes later
+    /// replaces the latest ones, not these: judged by the new length, a short segment whose
+    /// first parts were already handed out could be dropped.
+    tables: usize,
     /// The part being built: its offset in `buf`, first timestamp, index and independence.
     part_from: usize,
     part_start: u64,
@@ -484,9 +488,8 @@ impl Segmenter {
 
     /// A segment begins at `offset` of `buf` (the tables are put in front of it).
     fn start(&mut self, offset: usize, dts: u64, keyframe: bool) {
-        let mut head = Vec::with_capacity(
-            self.pat_packets.len() + self.pmt_packets.len() + self.buf.len() - offset,
-        );
+        let tables = self.pat_packets.len() + self.pmt_packets.len();
+        let mut head = Vec::with_capacity(tables + self.buf.len() - offset);
         head.extend_from_slice(&self.pat_packets);
         head.extend_from_slice(&self.pmt_packets);
         head.extend_from_slice(&self.buf[offset..]);
@@ -498,6 +501,7 @@ impl Segmenter {
             keyframe,
             discontinuity: std::mem::take(&mut self.pending_discontinuity),
             number: self.begun,
+            tables,
             part_from: 0,
             part_start: dts,
             part_index: 0,
@@ -528,8 +532,9 @@ impl Segmenter {
         let duration = until.wrapping_sub(seg.start) & (WRAP - 1);
         let rest = self.buf.split_off(end.min(self.buf.len()));
         let data = std::mem::replace(&mut self.buf, rest);
-        let tables = self.pat_packets.len() + self.pmt_packets.len();
-        if data.len() <= tables || duration == 0 {
+        // Only the tables put in front, or no time: nothing to play. No part has been handed
+        // out then, as each one ends after a picture.
+        if data.len() <= seg.tables || duration == 0 {
             return;
         }
         if self.settings.part > 0 && data.len() > seg.part_from {

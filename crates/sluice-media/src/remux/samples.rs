@@ -106,7 +106,15 @@ fn read_traf(
             });
         }
         if let Some(offset) = trun.data_offset {
-            data_at = base.wrapping_add_signed(offset.into());
+            // A hostile `base_data_offset` sits anywhere in 64 bits: a sum past either end is
+            // no place in the segment, where a wrap (`u64::MAX` + 1) would read from byte 0.
+            data_at = base
+                .checked_add_signed(offset.into())
+                .ok_or(RemuxError::SampleOutside {
+                    track_id: track.track_id,
+                    offset: base,
+                    size: 0,
+                })?;
         }
         for s in trun.samples() {
             let size = s
@@ -155,4 +163,65 @@ fn read_traf(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remux::Codec;
+
+    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
+        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(kind);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A `moof` of track 1 with an absolute `base`, one 8-byte sample at data offset
+    /// `offset`, then a 16-byte `mdat`.
+    fn segment(base: u64, offset: i32) -> Vec<u8> {
+        let mut tfhd = Tfhd::BASE_DATA_OFFSET.to_be_bytes().to_vec();
+        tfhd.extend_from_slice(&1u32.to_be_bytes());
+        tfhd.extend_from_slice(&base.to_be_bytes());
+        // Flags: data offset and per-sample sizes.
+        let mut trun = 0x201u32.to_be_bytes().to_vec();
+        trun.extend_from_slice(&1u32.to_be_bytes());
+        trun.extend_from_slice(&offset.to_be_bytes());
+        trun.extend_from_slice(&8u32.to_be_bytes());
+        let traf = bx(b"traf", &[bx(b"tfhd", &tfhd), bx(b"trun", &trun)].concat());
+        [bx(b"moof", &traf), bx(b"mdat", &[0x11; 16])].concat()
+    }
+
+    fn tracks() -> Vec<Track> {
+        vec![Track {
+            track_id: 1,
+            timescale: 1000,
+            trex: None,
+            codec: Codec::Ac3,
+        }]
+    }
+
+    #[test]
+    fn a_data_offset_past_either_end_of_64_bits_is_an_error() {
+        let mdat = segment(0, 0).len() - 16;
+        let read_at = |base, offset| read(&segment(base, offset), &tracks());
+        assert_eq!(read_at(mdat as u64 - 4, 4).unwrap()[0].offset, mdat);
+        // `u64::MAX` + 1 wrapped to byte 0, inside the segment: its first 8 bytes were a sample.
+        assert_eq!(
+            read_at(u64::MAX, 1),
+            Err(RemuxError::SampleOutside {
+                track_id: 1,
+                offset: u64::MAX,
+                size: 0,
+            })
+        );
+        assert_eq!(
+            read_at(3, -4),
+            Err(RemuxError::SampleOutside {
+                track_id: 1,
+                offset: 3,
+                size: 0,
+            })
+        );
+    }
 }

@@ -9,7 +9,7 @@ const START_CODE_LEN: usize = 4;
 /// limit ([`super::MAX_TRACKS`]) is checked only on the tracks kept, after the walk; this cap
 /// stops the walk (and its `trex` lookup per track) before a hostile init of thousands of tiny
 /// tracks makes it quadratic.
-const MAX_TRAK_BOXES: usize = 64;
+pub(crate) const MAX_TRAK_BOXES: usize = 64;
 use crate::mp4::{boxes, find, FourCC, Hdlr, Mp4Box, Reader, SampleEntry, Stsd, Tkhd, Trex};
 
 /// One track of the init segment that MPEG-TS can carry.
@@ -92,7 +92,7 @@ pub(crate) fn read(init: &[u8]) -> Result<Vec<Track>, RemuxError> {
             let b = b?;
             if b.kind == *b"trex" {
                 if trexes.len() >= MAX_TRAK_BOXES {
-                    return Err(RemuxError::TooManyTracks);
+                    return Err(RemuxError::TooManyBoxes("trex"));
                 }
                 trexes.push(Trex::parse(&b)?);
             }
@@ -107,7 +107,7 @@ pub(crate) fn read(init: &[u8]) -> Result<Vec<Track>, RemuxError> {
         }
         traks += 1;
         if traks > MAX_TRAK_BOXES {
-            return Err(RemuxError::TooManyTracks);
+            return Err(RemuxError::TooManyBoxes("trak"));
         }
         if let Some(mut track) = read_track(&trak)? {
             track.trex = trexes
@@ -397,10 +397,21 @@ mod tests {
 
     #[test]
     fn thousands_of_tracks_are_refused_while_walking() {
-        assert_eq!(read(&init(10_000, 0)), Err(RemuxError::TooManyTracks));
-        assert_eq!(read(&init(1, 10_000)), Err(RemuxError::TooManyTracks));
+        let too_many = |kind| Err(RemuxError::TooManyBoxes(kind));
+        assert_eq!(read(&init(10_000, 0)), too_many("trak"));
+        assert_eq!(read(&init(1, 10_000)), too_many("trex"));
         let max = MAX_TRAK_BOXES as u32;
         assert_eq!(read(&init(max, max)), Ok(Vec::new()));
-        assert_eq!(read(&init(max + 1, 0)), Err(RemuxError::TooManyTracks));
+        assert_eq!(read(&init(max + 1, 0)), too_many("trak"));
+        // Not the PMT's limit of 16 tracks: the walk's own, naming the box.
+        let refused = read(&init(max + 1, 0)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "the init segment has more than 64 'trak' boxes"
+        );
+        assert_eq!(
+            read(&init(0, max + 1)).unwrap_err().to_string(),
+            "the init segment has more than 64 'trex' boxes"
+        );
     }
 }

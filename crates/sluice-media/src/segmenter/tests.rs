@@ -544,3 +544,58 @@ fn a_low_latency_playlist_lists_parts_and_a_preload_hint() {
          #EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"8.1.ts?iface=lo\"\n"
     );
 }
+
+#[test]
+fn a_segment_whose_parts_were_handed_out_is_kept_when_a_longer_pat_arrives() {
+    // A one-packet PAT and PMT, then a PAT section spread over 16 packets (the most the
+    // collector keeps), of which 15 arrive before the first keyframe.
+    let mut g = Gen::new();
+    let mut pat = vec![0x00, 0xb0, 0, 0, 1, 0xc1, 0, 0, 0, 1, 0xf0, 0x00];
+    for _ in 0..41 {
+        pat.extend_from_slice(&[0, 0, 0xe0, 0x10]); // network PID entries, skipped
+    }
+    pat.extend_from_slice(&[0; 4]); // CRC, not checked
+    pat[2] = (pat.len() - 3) as u8;
+    let long_pat: Vec<Vec<u8>> = [&[0][..], &pat]
+        .concat()
+        .chunks(12)
+        .enumerate()
+        .map(|(i, c)| g.packet(0, i == 0, false, c))
+        .collect();
+    assert_eq!(long_pat.len(), 16);
+    let mut input = g.tables();
+    input.extend(long_pat[..15].concat());
+    // Segment 0 starts here, with 376 bytes of tables; the next picture hands out its part 0.
+    input.extend(g.picture(0, true, false));
+    input.extend(g.picture(FRAME, false, false));
+    // The PAT completes: the latest tables are now 17 packets, longer than segment 0 so far.
+    input.extend(&long_pat[15]);
+    // A sender restart ends segment 0 there.
+    input.extend(g.picture(FRAME + 20 * CLOCK, true, false));
+    let low = Settings {
+        part: FRAME,
+        ..settings(2)
+    };
+    let (segs, parts) = run_parts(&input, low, 188);
+    assert!(parts.iter().any(|p| p.number == 0 && p.index == 0));
+    for p in &parts {
+        assert!(
+            segs.iter().any(|s| s.number == p.number),
+            "part {}.{} handed out for a segment never finished",
+            p.number,
+            p.index
+        );
+    }
+    let first = segs.iter().find(|s| s.number == 0).unwrap();
+    let joined: Vec<u8> = parts
+        .iter()
+        .filter(|p| p.number == 0)
+        .flat_map(|p| p.data.iter().copied())
+        .collect();
+    assert_eq!(joined, first.data[..]);
+    // The 376 bytes of tables it started with, two pictures with their audio, the PAT's end.
+    assert_eq!(first.data.len(), 376 + 6 * 188 + 4 * 188 + 188);
+    assert_eq!(first.duration, 2 * FRAME);
+    // The segment after the restart starts with the whole of the new PAT.
+    assert_eq!(segs[1].data[..16 * 188], long_pat.concat()[..]);
+}
