@@ -5,7 +5,8 @@
 //! `..` segment; `.` and `..` segments are resolved; repeated slashes collapse to one. An encoded
 //! slash (`%2F`), other escapes and the query are kept as they are. A `..` above the root, a NUL or
 //! control byte, a malformed escape, or a path not starting with `/` is an error (400).
-//! [`check_hidden_dot_segments`] then finds the `..` only an upstream would see (`..%2F`, `..;`).
+//! [`check_hidden_dot_segments`] then finds the `..` only an upstream would see (`..%2F`, `..;`,
+//! `..%252F`, `..%20`).
 
 use std::borrow::Cow;
 
@@ -20,7 +21,7 @@ pub enum PathError {
     Control,
     #[error("path contains a malformed percent escape")]
     BadEscape,
-    #[error("path contains a `..` behind an encoded slash or backslash, or before `;`")]
+    #[error("path contains a `..` an upstream could resolve (`..%2F`, `..;`, `..%20`)")]
     HiddenDotSegment,
 }
 
@@ -133,59 +134,106 @@ fn normalize_owned(raw: &str) -> Result<String, PathError> {
 }
 
 /// Refuses a path in which an upstream could find a `..` that normalisation left alone: a piece
-/// between encoded slashes or backslashes (`%2F`, `%5C`, any case) or backslashes, or before a
-/// `;`, that is `..` (plain or as `%2e`). Python's `http.server` decodes `%2F` before it resolves
-/// dot segments, Tomcat and Jetty read `..;x` as `..` with a parameter: `/docs/..%2F..%2Fsecret`,
-/// routed (and rewritten) under `/docs/`, reaches their `/secret`. nginx decodes before it
-/// resolves, so its routes never see such a path either.
+/// between slashes, backslashes or encoded ones (`%2F`, `%5C`, any case, also encoded twice:
+/// `%252F`), its name ending at a `;` (also `%3B`, `%253B`), that is two dots (plain, `%2e` or
+/// `%252e`) followed by nothing but dots and spaces (plain, `%20` or `%2520`). Python's
+/// `http.server` decodes `%2F` before it resolves dot segments; a server behind another that
+/// decodes once more sees `%252F` as `/`; Tomcat and Jetty read `..;x` as `..` with a parameter;
+/// IIS (Windows) trims a segment's trailing dots and spaces, so `..%20` and `....` are `..` to it.
+/// `/docs/..%2F..%2Fsecret`, routed (and rewritten) under `/docs/`, reaches their `/secret`. nginx
+/// decodes before it resolves, so its routes never see such a path either.
 ///
 /// `path` is one [`normalize_path`] returned (no plain `..` segment left, `%2e` decoded). Kept
 /// apart from it because a path after a sluice token has a refusal of its own.
 pub fn check_hidden_dot_segments(path: &str) -> Result<(), PathError> {
     // Nearly every path holds none of these: one look at its bytes.
-    if !path.bytes().any(|b| matches!(b, b'%' | b';' | b'\\')) {
+    if !path
+        .bytes()
+        .any(|b| matches!(b, b'%' | b';' | b'\\' | b' '))
+        && !path.contains("...")
+    {
         return Ok(());
     }
     let bytes = path.as_bytes();
-    let mut start = 0;
+    let mut name = Name::Dots(0);
+    // Past a `;`: the piece's parameters, not its name.
+    let mut params = false;
     let mut i = 0;
-    while i <= bytes.len() {
-        // Where the piece ends, and how long the separator is (0: the end of the path).
-        let sep = match bytes.get(i) {
-            None => 0,
-            Some(b'/' | b'\\') => 1,
-            Some(b'%') if encoded_separator(&bytes[i + 1..]) => 3,
-            Some(_) => {
-                i += 1;
-                continue;
-            }
+    loop {
+        let (seen, len) = match bytes.get(i..).filter(|rest| !rest.is_empty()) {
+            Some(rest) => seen(rest),
+            // The end of the path ends the last piece.
+            None => (Seen::Separator, 0),
         };
-        // What a server taking `;` as the start of parameters reads as the piece's name.
-        let piece = &path[start..i];
-        let name = piece.split(';').next().unwrap_or(piece);
-        if is_dot_dot(name) {
-            return Err(PathError::HiddenDotSegment);
+        match seen {
+            Seen::Separator => {
+                if name == Name::DotDot {
+                    return Err(PathError::HiddenDotSegment);
+                }
+                if len == 0 {
+                    return Ok(());
+                }
+                name = Name::Dots(0);
+                params = false;
+            }
+            _ if params => {}
+            Seen::Params => params = true,
+            Seen::Dot => {
+                name = match name {
+                    Name::Dots(0) => Name::Dots(1),
+                    Name::Dots(_) | Name::DotDot => Name::DotDot,
+                    Name::Not => Name::Not,
+                }
+            }
+            // Trimmed when trailing a `..`; anywhere else it makes the name another one.
+            Seen::Space if name == Name::DotDot => {}
+            Seen::Space | Seen::Other => name = Name::Not,
         }
-        if sep == 0 {
-            break;
-        }
-        i += sep;
-        start = i;
+        i += len;
     }
-    Ok(())
 }
 
-/// Whether `rest` (what follows a `%`) starts with `2F` or `5C`, any case.
-fn encoded_separator(rest: &[u8]) -> bool {
-    matches!(rest, [b'2', b'f' | b'F', ..] | [b'5', b'c' | b'C', ..])
+/// What an upstream may read as the name of the piece read so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Name {
+    /// Only this many dots (0 or 1) so far.
+    Dots(u8),
+    /// Two dots, then only dots and spaces: `..` once trailing dots and spaces are trimmed.
+    DotDot,
+    /// Anything else.
+    Not,
 }
 
-/// Whether `name` is `..`, its dots plain or percent-encoded.
-fn is_dot_dot(name: &str) -> bool {
-    name == ".."
-        || (name.len() > 2
-            && name.len() <= 6
-            && name.to_ascii_lowercase().replace("%2e", ".").eq(".."))
+/// What a character of a path is to an upstream that decodes it once or twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Separator,
+    Params,
+    Dot,
+    Space,
+    Other,
+}
+
+/// What the first character of `rest` (not empty) is to a server that decodes the path once or
+/// twice (`%2F`, `%252F`), and how many bytes it takes.
+fn seen(rest: &[u8]) -> (Seen, usize) {
+    let escaped = |at: usize| Some(hex(*rest.get(at)?)? * 16 + hex(*rest.get(at + 1)?)?);
+    let (byte, len) = match rest[0] {
+        b'%' => match escaped(1) {
+            Some(b'%') => escaped(3).map_or((b'%', 3), |b| (b, 5)),
+            Some(b) => (b, 3),
+            None => (b'%', 1),
+        },
+        b => (b, 1),
+    };
+    let seen = match byte {
+        b'/' | b'\\' => Seen::Separator,
+        b';' => Seen::Params,
+        b'.' => Seen::Dot,
+        b' ' => Seen::Space,
+        _ => Seen::Other,
+    };
+    (seen, len)
 }
 
 #[cfg(test)]
@@ -257,6 +305,28 @@ mod tests {
             "/docs/.%2e%2Fx",
             "/docs/%2E%2E%2fx",
             "/docs/x%2F..",
+            // Encoded twice, for a server behind one more decoding step.
+            "/docs/..%252F..%252Fsecret",
+            "/docs/..%252f",
+            "/docs/..%255Csecret",
+            "/docs/%252E%252E%252Fsecret",
+            "/docs/%252e.%2Fx",
+            // An encoded `;`.
+            "/docs/..%3B/x",
+            "/docs/..%3bx/y",
+            "/docs/..%253B/x",
+            // Trailing spaces and dots, which IIS trims from a segment.
+            "/docs/..%20%5Csecret",
+            "/docs/..%20/secret",
+            "/docs/.. /secret",
+            "/docs/..%2520/x",
+            "/docs/..%20.%20/x",
+            "/docs/..../secret",
+            "/docs/...",
+            "/docs/...%2F",
+            "/docs/%2e%2e%2e%2Fx",
+            // A known refusal: an image proxy's source URL, encoded whole, with a `..` of its own.
+            "/unsafe/https%3A%2F%2Fh%2Fa%2F..%2Fb.jpg",
         ] {
             // Normalisation keeps each as it is (up to the case of its escapes)...
             let n = normalize_path(p).unwrap();
@@ -280,29 +350,56 @@ mod tests {
             "/docs/a%2Fb%5Cc",
             "/docs/..x%2F",
             "/docs/x..%2F",
-            "/docs/...%2F",
             "/docs/.%2Fx",
             "/docs/.;x/a",
             "/docs/a%20b..",
-            "/docs/%2e%2e%2e%2Fx",
+            "/docs/a%252Fb",
+            "/docs/100%25",
+            "/docs/%2525/x",
+            "/docs/.. x/y",
+            "/docs/ ../x",
+            "/docs/. /x",
+            "/docs/a..%20/x",
+            "/docs/file.txt.%20",
+            "/docs/..a%3Bb",
+            "/unsafe/https%3A%2F%2Fh%2Fa%2Fb.jpg",
+            "/unsafe/300x200/https%3A%2F%2Fh%2Fa.b%2Fc..jpg",
         ] {
             assert_eq!(check_hidden_dot_segments(p), Ok(()), "{p}");
         }
     }
 
-    /// A path as a server that decodes `%2F` and `%5C`, takes `\` for `/` and `;` for the start
-    /// of a segment's parameters reads it: its segments' names.
+    /// A path as a server that decodes it twice (`%252F` is `/` to it), takes `\\` for `/` and
+    /// `;` for the start of a segment's parameters reads it: its segments' names.
     fn upstream_view(path: &str) -> Vec<String> {
-        let decoded = path
-            .replace("%2F", "/")
-            .replace("%2f", "/")
-            .replace("%5C", "/")
-            .replace("%5c", "/")
-            .replace('\\', "/");
+        let decoded = decode_once(&decode_once(path)).replace('\\', "/");
         decoded
             .split('/')
             .map(|seg| seg.split(';').next().unwrap_or("").to_string())
             .collect()
+    }
+
+    /// `path` with the escapes of `%`, `/`, `\\`, `.`, ` ` and `;` decoded, any case.
+    fn decode_once(path: &str) -> String {
+        let mut out = path.to_string();
+        for (escape, plain) in [
+            ("%25", "%"),
+            ("%2F", "/"),
+            ("%5C", "/"),
+            ("%2E", "."),
+            ("%20", " "),
+            ("%3B", ";"),
+        ] {
+            out = out
+                .replace(escape, plain)
+                .replace(&escape.to_ascii_lowercase(), plain);
+        }
+        out
+    }
+
+    /// Whether a segment's name is `..` to a server that trims trailing dots and spaces (IIS).
+    fn climbs(name: &str) -> bool {
+        name.starts_with("..") && name.trim_end_matches(['.', ' ']).is_empty()
     }
 
     proptest! {
@@ -312,7 +409,8 @@ mod tests {
             parts in prop::collection::vec(
                 prop::sample::select(vec![
                     "a", "/", ".", "..", ";", ";x", "%2F", "%2f", "%5C", "%5c", "\\", "%2e",
-                    "%2E", "%41", "%25",
+                    "%2E", "%41", "%25", "%252F", "%255c", "%252e", "%3B", "%253b", " ", "%20",
+                    "%2520",
                 ]),
                 0..12,
             )
@@ -321,7 +419,7 @@ mod tests {
             if let Ok(n) = normalize_path(&s) {
                 if check_hidden_dot_segments(&n).is_ok() {
                     let view = upstream_view(&n);
-                    prop_assert!(!view.iter().any(|seg| seg == ".."), "{} -> {:?}", n, view);
+                    prop_assert!(!view.iter().any(|seg| climbs(seg)), "{} -> {:?}", n, view);
                 }
             }
         }

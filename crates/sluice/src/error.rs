@@ -42,6 +42,9 @@ pub struct ProxyError {
     pub upstream: Option<String>,
     /// Seconds after which a retry can succeed (`Retry-After` on the answer).
     pub retry_after: Option<u64>,
+    /// Already rewritten by [`ProxyError::unnamed`]: a second call (an XC request under a path
+    /// token goes through two) neither logs it again nor rewords it.
+    unnamed: bool,
 }
 
 impl ProxyError {
@@ -58,6 +61,7 @@ impl ProxyError {
             message: message.into(),
             upstream: None,
             retry_after: None,
+            unnamed: false,
         }
     }
 
@@ -132,6 +136,7 @@ impl ProxyError {
             message: e.to_string(),
             upstream: e.host().map(str::to_string),
             retry_after: None,
+            unnamed: false,
         }
     }
 
@@ -156,9 +161,10 @@ impl ProxyError {
     /// The error as a client that may not learn the upstream's address sees it (the holder of a
     /// token, which hides its destination): an error about `upstream` (`"the XC provider"`,
     /// `"the upstream"`) keeps its status, side and kind and names no host; the full error is
-    /// logged here, for the operator. Any other error (a bad parameter) is left as it is.
+    /// logged here, for the operator. Any other error (a bad parameter) is left as it is, and so
+    /// is one already unnamed: the first wording (`"the XC provider"`) stands, logged once.
     pub fn unnamed(mut self, upstream: &str) -> Self {
-        if self.upstream.is_none() && self.side != Side::Upstream {
+        if self.unnamed || (self.upstream.is_none() && self.side != Side::Upstream) {
             return self;
         }
         tracing::warn!(
@@ -172,6 +178,7 @@ impl ProxyError {
             kind => format!("{upstream} request failed ({kind})"),
         };
         self.upstream = None;
+        self.unnamed = true;
         self
     }
 

@@ -559,6 +559,15 @@ rewrite = "/public/docs/"
             "/docs/..;jsessionid=1/..;/secret",
             "/docs/%2e%2e%2F%2e%2e%2Fsecret",
             "/docs/.%2e;/.%2E;/secret",
+            // Encoded twice (an upstream or a hop between that decodes once more), an encoded
+            // `;`, and trailing dots and spaces, which IIS trims from a segment.
+            "/docs/..%252F..%252Fsecret",
+            "/docs/..%255c..%255csecret",
+            "/docs/%252E%252E%252Fsecret",
+            "/docs/..%3B/..%3B/secret",
+            "/docs/..%20%5Csecret",
+            "/docs/..%20/..%20/secret",
+            "/docs/..../..../secret",
         ] {
             let reply = raw(p.addr, ask(target).as_bytes(), Duration::from_secs(3)).await;
             assert!(
@@ -581,7 +590,14 @@ rewrite = "/public/docs/"
             "fast {fast}: reached the upstream"
         );
         // What stays under the subtree still goes up.
-        for target in ["/docs/a", "/docs/file;v=1", "/docs/a%2Fb", "/docs/x..%2F"] {
+        for target in [
+            "/docs/a",
+            "/docs/file;v=1",
+            "/docs/a%2Fb",
+            "/docs/x..%2F",
+            "/docs/a%252Fb",
+            "/docs/a..%20b",
+        ] {
             let reply = raw(p.addr, ask(target).as_bytes(), Duration::from_secs(3)).await;
             assert!(
                 reply.starts_with("HTTP/1.1 200"),
@@ -594,7 +610,9 @@ rewrite = "/public/docs/"
                 "/public/docs/a",
                 "/public/docs/file;v=1",
                 "/public/docs/a%2Fb",
-                "/public/docs/x..%2F"
+                "/public/docs/x..%2F",
+                "/public/docs/a%252Fb",
+                "/public/docs/a..%20b"
             ],
             "fast {fast}"
         );

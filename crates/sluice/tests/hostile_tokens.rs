@@ -573,3 +573,31 @@ async fn a_generated_url_opens_its_one_endpoint_only() {
     }
     assert_eq!(origin.requests(), fetched);
 }
+
+/// A sealed `/proxy/stream` token hides its destination, and the pacing refusal must not give it
+/// away: a holder asking until the paced host's queue passes `max_wait_secs` gets a 503 with its
+/// status, kind and `Retry-After`, naming no host.
+#[tokio::test]
+async fn a_paced_refusal_does_not_name_a_tokens_hidden_host() {
+    let origin = HlsOrigin::start().await;
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.media.ratelimit.hosts = [("127.0.0.1".to_string(), 10_000)].into();
+    config.media.ratelimit.max_wait_secs = 1;
+    let s = Sluice::start(config).await;
+    let stream = generated(&s, "/proxy/stream", &origin.url("/live/seg0.ts")).await;
+    assert!(stream.contains("/_token_"), "{stream}");
+    let r = get(&stream).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+    let r = get(&stream).await;
+    assert_eq!(r.status, 503);
+    let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((9..=10).contains(&retry), "{retry}");
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "rate_limited", "{body}");
+    assert!(v.get("upstream").is_none(), "{body}");
+    assert!(!body.contains("127.0.0.1"), "{body}");
+    assert_eq!(origin.requests(), 1);
+}

@@ -484,6 +484,35 @@ async fn provider_errors_do_not_name_the_provider() {
     );
 }
 
+/// A MediaFlow token (which carries the API password) in front of an XC path: the provider's
+/// refusal is reworded once, by the XC proxy, and keeps its wording ("the XC provider"), not a
+/// second, vaguer one from the token's own rewording.
+#[tokio::test]
+async fn provider_errors_under_a_path_token_keep_their_wording() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let key = sluice_media::token::TokenKey::new(API_PW);
+    let mf = key.encrypt(
+        &[("api_password".to_string(), API_PW.to_string())],
+        None,
+        None,
+        [7; 16],
+    );
+    for url in [
+        format!("/_token_{mf}/player_api.php?username={token}&password={BANNED_PASS}"),
+        format!("/player_api.php?username={token}&password={BANNED_PASS}&token={mf}"),
+    ] {
+        let r = get(&s.url(&url)).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{url}");
+        let body = text(&r);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"], "the XC provider answered 403", "{body}");
+        assert_eq!(v["kind"], "upstream_status", "{body}");
+        assert!(v.get("upstream").is_none(), "{body}");
+        assert!(!body.contains("127.0.0.1"), "{body}");
+    }
+}
+
 /// An XC `.m3u8` stream is redirected to the HLS proxy under a sealed token; the errors answered
 /// on that path name no host either: an id the provider answers 404 to comes back a 404 with its
 /// kind and side, not the provider's address.

@@ -98,14 +98,14 @@ impl Pacer {
         let slot = table.get(host).copied().filter(|t| *t > now).unwrap_or(now);
         let wait = slot - now;
         if wait > self.max_wait {
-            return Err(busy(host, wait));
+            return Err(busy(wait));
         }
         if !table.contains_key(host) && table.len() >= self.max_hosts {
             table.retain(|_, next| *next > now);
             if table.len() >= self.max_hosts {
                 // Every tracked host has a request pending: forgetting one would break its pacing.
                 let soonest = table.values().min().map_or(interval, |t| *t - now);
-                return Err(busy(host, soonest));
+                return Err(busy(soonest));
             }
         }
         table.insert(host.to_string(), slot + interval);
@@ -151,12 +151,15 @@ fn host_of(params: &ProxyParams) -> String {
         .to_ascii_lowercase()
 }
 
-fn busy(host: &str, wait: Duration) -> ProxyError {
+/// The refusal names no host: the holder of a token for `/proxy/stream` may not learn its hidden
+/// destination, and a client that gave the destination itself knows it. (Marking the host as the
+/// error's `upstream` instead would log a warning per refusal for token holders, at their rate.)
+fn busy(wait: Duration) -> ProxyError {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     ProxyError::downstream(
         StatusCode::SERVICE_UNAVAILABLE,
         "rate_limited",
-        format!("requests to {host} are paced; retry in {secs} s"),
+        format!("requests to this destination are paced; retry in {secs} s"),
     )
     .with_retry_after(secs.max(1))
 }

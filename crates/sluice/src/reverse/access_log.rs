@@ -212,14 +212,38 @@ mod tests {
         assert_eq!(j["server"], "127.0.0.1:9000");
     }
 
-    /// A new log file is not readable by other users, whatever the umask lets through.
+    /// Sets the process's umask while it lives, then puts the old one back (also on a panic).
+    struct Umask(libc::mode_t);
+
+    impl Umask {
+        fn set(mask: libc::mode_t) -> Umask {
+            // SAFETY: umask has no preconditions; it only swaps the process's file mode mask.
+            Umask(unsafe { libc::umask(mask) })
+        }
+    }
+
+    impl Drop for Umask {
+        fn drop(&mut self) {
+            // SAFETY: as above.
+            unsafe { libc::umask(self.0) };
+        }
+    }
+
+    /// A new log file is not readable by other users, whatever the umask lets through: under the
+    /// usual 022 (which lets "others" read) it is still 0640. The umask is the whole process's,
+    /// so it is set only around the one `open`: a file another test thread creates in that
+    /// window gets 022 too, which is the common default anyway.
     #[tokio::test]
     async fn a_new_log_file_is_closed_to_other_users() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("access.log");
         let dest = path.to_str().unwrap();
-        AccessLog::open(dest, AccessLogFormat::Combined, Counter::default()).unwrap();
+        let opened = {
+            let _umask = Umask::set(0o022);
+            AccessLog::open(dest, AccessLogFormat::Combined, Counter::default())
+        };
+        opened.unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o077 & !0o040, 0, "mode {mode:o}");
     }
