@@ -7,6 +7,7 @@
 
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
+use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
@@ -14,6 +15,8 @@ use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
+
+use crate::atomic::AtomicU64;
 
 /// The level used when `RUST_LOG` is unset, empty or invalid.
 pub const DEFAULT: &str = "info";
@@ -292,9 +295,74 @@ impl fmt::Write for Escaped<'_> {
     }
 }
 
+/// Milliseconds since the first call: a monotonic clock for [`WarnLimit`].
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A lock-free limit of one event per `every_ms`: for warnings a client can cause at will (a
+/// failing RTSP session, a reverse route with no server up), so they cannot fill the log.
+pub struct WarnLimit {
+    every_ms: u64,
+    /// When the next event may be logged (`now_ms` time).
+    next_ms: AtomicU64,
+    /// Events refused since the last one allowed.
+    suppressed: AtomicU64,
+}
+
+impl WarnLimit {
+    pub const fn new(every_ms: u64) -> Self {
+        Self {
+            every_ms,
+            next_ms: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether an event now may be logged: if so, how many were refused since the last.
+    pub fn allow_now(&self) -> Option<u64> {
+        self.allow(now_ms())
+    }
+
+    /// Whether an event at `now` may be logged: if so, how many were refused since the last.
+    fn allow(&self, now: u64) -> Option<u64> {
+        let next = self.next_ms.load(Ordering::Acquire);
+        let won = now >= next
+            && self
+                .next_ms
+                .compare_exchange(
+                    next,
+                    now.saturating_add(self.every_ms),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok();
+        if won {
+            Some(self.suppressed.swap(0, Ordering::AcqRel))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::AcqRel);
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_warnings_are_one_a_second_with_the_count_left_out() {
+        let limit = WarnLimit::new(1000);
+        assert_eq!(limit.allow(5), Some(0));
+        assert_eq!(limit.allow(6), None);
+        assert_eq!(limit.allow(1004), None);
+        assert_eq!(limit.allow(1005), Some(2));
+        assert_eq!(limit.allow(1500), None);
+        assert_eq!(limit.allow(9000), Some(1));
+        assert_eq!(limit.allow(9001), None);
+    }
     use std::sync::{Arc, Mutex};
 
     #[test]

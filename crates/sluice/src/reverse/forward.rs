@@ -176,7 +176,7 @@ impl FetchError {
         // addresses are the operator's (behind the password on `/metrics`), so they go to the log.
         // At most one line a second: during an outage every request fails (a 503 `NoServer`
         // contacts no server, at whatever rate clients send), and the log is not theirs to fill.
-        if let Some(suppressed) = NO_HEAD_WARNINGS.admit(Instant::now()) {
+        if let Some(suppressed) = NO_HEAD_WARNINGS.allow_now() {
             tracing::warn!(
                 kind,
                 error = %self,
@@ -197,37 +197,8 @@ impl FetchError {
     }
 }
 
-/// The gate of the "no response head" warning, shared by every group and kind.
-static NO_HEAD_WARNINGS: WarnGate = WarnGate::new(Duration::from_secs(1));
-
-/// Lets one log line through per `every`, counting those it holds back. (The IPTV RTSP pump has
-/// one of its own, private to it; this one is as small.)
-struct WarnGate {
-    every: Duration,
-    /// When the last line went out, and how many were held back since.
-    state: std::sync::Mutex<(Option<Instant>, u64)>,
-}
-
-impl WarnGate {
-    const fn new(every: Duration) -> Self {
-        WarnGate {
-            every,
-            state: std::sync::Mutex::new((None, 0)),
-        }
-    }
-
-    /// Whether a line may go out at `now`: if so, how many were held back before it.
-    fn admit(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (last, held) = &mut *state;
-        if last.is_some_and(|t| now.saturating_duration_since(t) < self.every) {
-            *held += 1;
-            return None;
-        }
-        *last = Some(now);
-        Some(std::mem::take(held))
-    }
-}
+/// The "no response head" warning, shared by every group and kind: at most one a second.
+static NO_HEAD_WARNINGS: crate::logging::WarnLimit = crate::logging::WarnLimit::new(1000);
 
 /// A response head from one server, and the in-flight mark held until its body ends.
 pub struct Fetched {
@@ -1350,21 +1321,6 @@ impl Done {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// During an outage one warning a second goes out, the next one saying how many were held.
-    #[test]
-    fn no_head_warnings_are_at_most_one_a_second() {
-        let gate = WarnGate::new(Duration::from_secs(1));
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        assert_eq!(gate.admit(t0), Some(0));
-        let within: Vec<_> = (1..=500).map(|i| gate.admit(t0 + ms(i))).collect();
-        assert!(within.iter().all(Option::is_none), "{within:?}");
-        assert_eq!(gate.admit(t0 + ms(1_000)), Some(500));
-        assert_eq!(gate.admit(t0 + ms(1_999)), None);
-        assert_eq!(gate.admit(t0 + ms(2_000)), Some(1));
-        assert_eq!(gate.admit(t0 + ms(60_000)), Some(0));
-    }
 
     fn route(path: &str, strip: bool, rewrite: Option<&str>) -> super::super::RouteConfig {
         toml::from_str::<super::super::RouteConfig>(&format!(

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use super::session::{redact, Session};
 use super::{Context, SessionLimit};
-use crate::atomic::AtomicU64;
 use crate::iptv::hub::{Hub, HubKey, HubSettings, Pump};
 use crate::iptv::metrics::HubMetrics;
 use crate::iptv::registry::Registry;
+use crate::logging::WarnLimit;
 
 /// Creates the hub and starts its session task; called by `Hub::start` under the registry
 /// lock, so the session count cannot be overshot.
@@ -43,53 +43,6 @@ pub fn start(
 /// At most one `RTSP session failed` warning a second for the whole process; the others go
 /// to debug, and the next warning says how many were left out.
 static FAILURE_WARNINGS: WarnLimit = WarnLimit::new(1000);
-
-/// Milliseconds since the first call: a monotonic clock for `WarnLimit`.
-fn now_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let start = START.get_or_init(std::time::Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A lock-free limit of one event per `every_ms`.
-struct WarnLimit {
-    every_ms: u64,
-    /// When the next event may be logged (`now_ms` time).
-    next_ms: AtomicU64,
-    /// Events refused since the last one allowed.
-    suppressed: AtomicU64,
-}
-
-impl WarnLimit {
-    const fn new(every_ms: u64) -> Self {
-        Self {
-            every_ms,
-            next_ms: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    /// Whether an event at `now` may be logged: if so, how many were refused since the last.
-    fn allow(&self, now: u64) -> Option<u64> {
-        let next = self.next_ms.load(Ordering::Acquire);
-        let won = now >= next
-            && self
-                .next_ms
-                .compare_exchange(
-                    next,
-                    now.saturating_add(self.every_ms),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok();
-        if won {
-            Some(self.suppressed.swap(0, Ordering::AcqRel))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::AcqRel);
-            None
-        }
-    }
-}
 
 async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     let (Some(rtsp), Some(ctx)) = (hub.key.rtsp.clone(), settings.rtsp.clone()) else {
@@ -143,7 +96,7 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
             // The reason holds the server's own words (its status line): Debug-escaped, and
             // the warning kept to one a second, as a client can make sessions fail at will.
             let url = redact(&rtsp.target.url);
-            match FAILURE_WARNINGS.allow(now_ms()) {
+            match FAILURE_WARNINGS.allow_now() {
                 Some(suppressed) => {
                     tracing::warn!(channel = %label, %url, ?reason, suppressed, "RTSP session failed")
                 }
@@ -217,21 +170,4 @@ async fn tear_down(ctx: &Context, session: Session, label: &str) {
         return;
     };
     session.teardown().await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn failure_warnings_are_one_a_second_with_the_count_left_out() {
-        let limit = WarnLimit::new(1000);
-        assert_eq!(limit.allow(5), Some(0));
-        assert_eq!(limit.allow(6), None);
-        assert_eq!(limit.allow(1004), None);
-        assert_eq!(limit.allow(1005), Some(2));
-        assert_eq!(limit.allow(1500), None);
-        assert_eq!(limit.allow(9000), Some(1));
-        assert_eq!(limit.allow(9001), None);
-    }
 }
