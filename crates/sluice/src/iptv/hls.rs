@@ -18,8 +18,8 @@
 //!   on the blocking pool).
 //! - `kept`: what all channels keep of their playlists, within `MAX_KEPT_TOTAL`, and the
 //!   places for large writes.
-//! - `sent`: what large playlists hold while their answers are sent, within `MAX_SENT_TOTAL`
-//!   (a quarter of it per client) when no channel keeps them.
+//! - `sent`: what playlists of `CHARGED_BYTES` or more hold while their answers are sent,
+//!   within `MAX_SENT_TOTAL` (a quarter of it per client) when no channel keeps them.
 
 mod catchup;
 mod fmp4;
@@ -1727,11 +1727,11 @@ mod tests {
         answer(sent, metrics, &playlist, client)
     }
 
-    /// Attack: one client asks a catch-up channel for its playlist with distinct long queries
-    /// (each its own playlist of megabytes, too large for what channels keep) and reads none
-    /// of the answers. What they hold stays within the budget: alone a client may take it all,
-    /// past it (or, while another client holds some, past a quarter of it) the next request is
-    /// refused as the endpoint's other refusals are; answers sent or dropped give it back.
+    /// Attack: clients ask a catch-up channel for its playlist with distinct long queries
+    /// (each its own playlist of megabytes, too large for what channels keep) and read none of
+    /// the answers. What they hold stays within the budget, and one client (an IPv6 one by its
+    /// /64) holds at most a quarter of it, even alone; past either the next request is refused
+    /// as the endpoint's other refusals are; answers sent or dropped give it back.
     #[tokio::test]
     async fn playlists_being_sent_stay_within_their_budget() {
         use http_body_util::BodyExt;
@@ -1757,9 +1757,10 @@ mod tests {
             n += 1;
             n
         };
+        // Four clients take one each; a fifth finds the budget full.
         let mut held = Vec::new();
-        for _ in 0..4 {
-            let resp = ask(&c, &sent, &metrics, a, next()).await;
+        for i in 1..=4 {
+            let resp = ask(&c, &sent, &metrics, [10, 0, 1, i].into(), next()).await;
             assert_eq!(resp.status(), StatusCode::OK);
             held.push(resp);
         }
@@ -1798,28 +1799,30 @@ mod tests {
         // Dropped, they give their bytes back.
         held.clear();
         assert_eq!(sent.used(), 0);
-        // Another client holds one: this one gets its share, a little more than one answer,
-        // though the budget has room for more.
-        let mut theirs = ask(&c, &sent, &metrics, b, next()).await;
-        assert_eq!(theirs.status(), StatusCode::OK);
+        // Alone, a client gets its share, a little more than one answer, though the budget has
+        // room for more: one that took it all and read slowly would keep every other out.
         let mine = ask(&c, &sent, &metrics, a, next()).await;
         assert_eq!(mine.status(), StatusCode::OK);
         let past_share = ask(&c, &sent, &metrics, a, next()).await;
         assert_eq!(past_share.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(sent.used(), size);
         assert_eq!(refusals(), 2);
-        // Another address of the other client's /64 is that client.
+        // Another client gets its own; another address of its /64 is that client.
+        let mut theirs = ask(&c, &sent, &metrics, b, next()).await;
+        assert_eq!(theirs.status(), StatusCode::OK);
         let same_64 = "2001:db8::2".parse().unwrap();
         let theirs_too = ask(&c, &sent, &metrics, same_64, next()).await;
         assert_eq!(theirs_too.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refusals(), 3);
         // Sent to the last byte (the body not dropped yet), the other client's answer gives
-        // its bytes back: this client is alone again, and asks again.
+        // its bytes back, and its /64 asks again.
         let mut got = 0;
         while let Some(frame) = theirs.body_mut().frame().await {
             got += frame.unwrap().into_data().unwrap().len() as u64;
         }
         assert_eq!(got, size);
         assert_eq!(sent.used(), size);
-        let again = ask(&c, &sent, &metrics, a, next()).await;
+        let again = ask(&c, &sent, &metrics, same_64, next()).await;
         assert_eq!(again.status(), StatusCode::OK);
         assert_eq!(sent.used(), 2 * size);
         drop((mine, again, theirs));

@@ -223,9 +223,8 @@ pub(super) fn media_fmp4(
 const MAX_KEPT_BYTES: usize = 8 << 20;
 
 /// A playlist estimated at least this large is written on the blocking pool (a live window's,
-/// a few kilobytes, is written at once); one written at least this large is charged while its
-/// answers are sent ([`super::sent`]).
-pub(super) const INLINE_BYTES: usize = 256 << 10;
+/// a few kilobytes, is written at once).
+const INLINE_BYTES: usize = 256 << 10;
 
 /// Writes under way per channel that later requests join; past them a request writes its own
 /// (two queries rarely reload a channel at once, and the waiters stay bounded).

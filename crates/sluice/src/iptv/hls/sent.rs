@@ -1,6 +1,6 @@
-//! What playlists hold while their answers are sent: every large one is charged once, to the
-//! channels' kept playlists ([`super::kept`]) or to the answers' own budget ([`MAX_SENT_TOTAL`],
-//! a quarter of it per client while others hold some), until the last answer sending it is done.
+//! What playlists hold while their answers are sent: every one of [`CHARGED_BYTES`] or more is
+//! charged once, to the channels' kept playlists ([`super::kept`]) or to the answers' own budget
+//! ([`MAX_SENT_TOTAL`], a quarter of it per client), until the last answer sending it is done.
 //!
 //! A catch-up playlist lists up to 20,000 segments with the request's query (up to 2 KiB) on
 //! every line: tens of megabytes, each distinct query its own playlist. A client asking with
@@ -12,6 +12,10 @@
 //!   however many answers share it, and given back when the last of them is sent or dropped.
 //!
 //! Past the budget, or past the client's share, the request is refused (503).
+//!
+//! Such a playlist's answer hands out copies of its text, never views of it: hyper may still
+//! queue a slice after taking the next, and a view would keep the whole text alive, uncharged,
+//! once the last answer gave its charge back.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -24,7 +28,6 @@ use http_body::{Frame, SizeHint};
 
 use super::super::registry;
 use super::kept::Held;
-use super::render::INLINE_BYTES;
 use crate::body::{self, Body};
 use crate::net::per_ip::network_of;
 
@@ -32,14 +35,22 @@ use crate::net::per_ip::network_of;
 /// catch-up playlists of the longest query, or some forty of a full window with a 200-byte token.
 pub(super) const MAX_SENT_TOTAL: u64 = 256 << 20;
 
-/// An answer goes out in slices this big, so the whole of it is held until the last is taken.
+/// A playlist at least this large is charged while its answers send it (a live window's, a few
+/// kilobytes, is not). With 256 KiB, a client choosing its query's length had catch-up
+/// playlists of just under it written, and held them uncharged on HTTP/2 streams it never
+/// opened a window for; under 16 KiB, what such streams hold stays small.
+pub(super) const CHARGED_BYTES: usize = 16 << 10;
+
+/// An answer goes out in slices this big, each a copy, so the whole of it is held until the
+/// last is taken.
 const SLICE: usize = 64 << 10;
 
 /// The answers' budget: what they hold in all, and by client.
 #[derive(Debug)]
 pub(super) struct Sent {
     limit: u64,
-    /// What one client's answers may hold while another client's hold some.
+    /// What one client's answers may hold, whatever others hold: alone, a client that took it
+    /// all and read a few bytes a minute would keep every other at 503.
     share: u64,
     held: Mutex<Holders>,
 }
@@ -67,18 +78,17 @@ impl Sent {
         }
     }
 
-    /// `bytes` for an answer to `client`, when they fit in what is left and, while other
-    /// clients' answers hold some, in the client's share (alone, a client may take it all).
+    /// `bytes` for an answer to `client`, when they fit in what is left and in the client's
+    /// share.
     fn reserve(self: &Arc<Self>, client: IpAddr, bytes: u64) -> Option<Charge> {
         let client = network_of(client);
         let mut held = registry::lock(&self.held);
         let mine = held.clients.get(&client).copied().unwrap_or(0);
-        let others = held.total - mine;
         let total = held
             .total
             .checked_add(bytes)
             .filter(|total| *total <= self.limit)?;
-        if others > 0 && mine.saturating_add(bytes) > self.share {
+        if mine.saturating_add(bytes) > self.share {
             return None;
         }
         held.total = total;
@@ -143,10 +153,11 @@ impl Playlist {
         let _ = self.kept.set(held);
     }
 
-    /// The body of an answer to `client`; `None` when the playlist is large, not kept, not
-    /// charged yet, and its bytes fit neither in what `sent` has left nor in the client's share.
+    /// The body of an answer to `client`; `None` when the playlist is [`CHARGED_BYTES`] or more,
+    /// not kept, not charged yet, and its bytes do not fit in what `sent` has left or in the
+    /// client's share.
     pub(super) fn body(self: &Arc<Self>, sent: &Arc<Sent>, client: IpAddr) -> Option<Body> {
-        if self.text.len() < INLINE_BYTES {
+        if self.text.len() < CHARGED_BYTES {
             return Some(body::full(self.text.clone()));
         }
         if self.kept.get().is_none() {
@@ -156,18 +167,30 @@ impl Playlist {
             }
         }
         Some(body::boxed(Sending {
-            rest: self.text.clone(),
             playlist: Some(self.clone()),
+            at: 0,
         }))
     }
 }
 
-/// A large playlist's answer, in slices: it holds its playlist (and so its charge) until the
-/// last slice is taken (hyper asks for the next only when it has room to write it) or it is
-/// dropped.
+/// A charged (or kept) playlist's answer, in slices: it holds its playlist (and so its charge)
+/// until the last slice is taken (hyper asks for the next only when it has room to write it)
+/// or it is dropped. Every slice is a copy (one copy of the playlist per answer), so nothing
+/// it handed out keeps the text alive past its charge.
 struct Sending {
-    rest: Bytes,
+    /// `None` once the last slice is taken.
     playlist: Option<Arc<Playlist>>,
+    /// Bytes of the text handed out so far.
+    at: usize,
+}
+
+impl Sending {
+    /// Bytes left to hand out.
+    fn left(&self) -> usize {
+        self.playlist
+            .as_ref()
+            .map_or(0, |p| p.text.len().saturating_sub(self.at))
+    }
 }
 
 impl http_body::Body for Sending {
@@ -178,27 +201,118 @@ impl http_body::Body for Sending {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.rest.is_empty() {
-            self.playlist = None;
+        let this = &mut *self;
+        let Some(playlist) = &this.playlist else {
+            return Poll::Ready(None);
+        };
+        let end = playlist.text.len().min(this.at.saturating_add(SLICE));
+        if end <= this.at {
+            this.playlist = None;
             return Poll::Ready(None);
         }
-        let n = self.rest.len().min(SLICE);
-        let mut slice = self.rest.split_to(n);
-        if self.rest.is_empty() {
-            // Sent: the playlist goes (with its charge, when no other answer holds it). The
-            // last slice is a copy: a view would keep the whole text alive, uncharged, while a
-            // client that stops reading leaves it unwritten until the send timeout.
-            slice = Bytes::copy_from_slice(&slice);
-            self.playlist = None;
+        // A copy: hyper may keep a slice queued after it took the next (up to a slice on
+        // HTTP/1), and a view would keep the whole text alive once its charge went back.
+        let slice = Bytes::copy_from_slice(&playlist.text[this.at..end]);
+        this.at = end;
+        if end == playlist.text.len() {
+            // Sent: the playlist goes (with its charge, when no other answer holds it).
+            this.playlist = None;
         }
         Poll::Ready(Some(Ok(Frame::data(slice))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
+        self.left() == 0
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.rest.len() as u64)
+        SizeHint::with_exact(self.left() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::super::kept;
+    use super::*;
+
+    /// A playlist of `len` bytes, its text its own.
+    fn playlist(len: usize) -> Arc<Playlist> {
+        Playlist::new((0..len).map(|i| i as u8).collect::<Vec<u8>>())
+    }
+
+    /// Attack: a client alone takes answers up to the whole budget (others' answers, sent
+    /// fast, hold nothing for long) and reads a few bytes a minute. It holds at most a quarter,
+    /// however little the others hold.
+    #[test]
+    fn a_lone_client_holds_at_most_a_quarter() {
+        let sent = Arc::new(Sent::new(400 << 10));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let first = playlist(60 << 10).body(&sent, a).expect("within the share");
+        assert_eq!(sent.used(), 60 << 10);
+        // Alone, past its quarter (100 KiB), though 340 KiB are left.
+        assert!(playlist(60 << 10).body(&sent, a).is_none());
+        assert_eq!(sent.used(), 60 << 10);
+        // Another client has its own quarter.
+        let theirs = playlist(60 << 10).body(&sent, b).expect("its own share");
+        assert_eq!(sent.used(), 120 << 10);
+        drop((first, theirs));
+        assert_eq!(sent.used(), 0);
+        assert!(playlist(60 << 10).body(&sent, a).is_some());
+    }
+
+    /// Attack: a client picks its query's length so each playlist is just under the size that
+    /// was charged (256 KiB), and holds the answers on HTTP/2 streams with a zero window. A
+    /// playlist of `CHARGED_BYTES` or more is charged while its answer holds it; a smaller one
+    /// (a live window's) is not.
+    #[tokio::test]
+    async fn a_mid_sized_playlist_held_unread_is_charged() {
+        let sent = Arc::new(Sent::default());
+        let client: IpAddr = "10.0.0.1".parse().unwrap();
+        let held = playlist(100 << 10).body(&sent, client).expect("fits");
+        assert_eq!(sent.used(), 100 << 10);
+        let small = playlist(CHARGED_BYTES - 1).body(&sent, client).unwrap();
+        assert_eq!(sent.used(), 100 << 10);
+        let text = held.collect().await.unwrap().to_bytes();
+        assert_eq!(text.len(), 100 << 10);
+        assert_eq!(sent.used(), 0);
+        let small = small.collect().await.unwrap().to_bytes();
+        assert_eq!(small.len(), CHARGED_BYTES - 1);
+        // Dropped unread, it gives its charge back too.
+        let dropped = playlist(100 << 10).body(&sent, client).expect("fits");
+        assert_eq!(sent.used(), 100 << 10);
+        drop(dropped);
+        assert_eq!(sent.used(), 0);
+    }
+
+    /// The slices an answer hands out may outlive it in hyper's queue: none is a view of the
+    /// playlist's text, so once the body is gone the text is held by its playlist alone (and
+    /// goes, with its charge, when the playlist does), whether charged or kept.
+    #[tokio::test]
+    async fn no_slice_keeps_the_text_alive() {
+        let sent = Arc::new(Sent::default());
+        let shared = Arc::new(kept::Shared::default());
+        let client: IpAddr = "10.0.0.1".parse().unwrap();
+        let len = 3 * SLICE + 7;
+        for keep in [false, true] {
+            let p = playlist(len);
+            if keep {
+                p.keep(shared.reserve_playlist(len as u64).unwrap());
+            }
+            let mut body = p.body(&sent, client).unwrap();
+            // Queued, as hyper may hold them, until the body is gone.
+            let mut queued = Vec::new();
+            while let Some(frame) = body.frame().await {
+                queued.push(frame.unwrap().into_data().unwrap());
+            }
+            drop(body);
+            assert_eq!(queued.len(), 4);
+            assert_eq!(queued.concat(), p.text, "kept: {keep}");
+            assert!(p.text.is_unique(), "kept: {keep}");
+            assert_eq!(sent.used(), if keep { 0 } else { len as u64 });
+            drop(p);
+            assert_eq!((sent.used(), shared.used()), (0, 0));
+        }
     }
 }
