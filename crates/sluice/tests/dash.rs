@@ -1482,6 +1482,32 @@ async fn a_large_mpd_playlist_is_built_off_the_runtime() {
         "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000",
         enc(&o.url("many/manifest.mpd"))
     ));
+    let (m3u8, took, worst) = stall_while(text(&playlist)).await;
+    // Segment i starts at 2,000,000 i + i (i - 1) / 2; the longest lasts 2,099,999.
+    let time = |i: u64| 2_000_000 * i + i * (i - 1) / 2;
+    let listed = m3u8.matches("#EXTINF").count() as u64;
+    assert!((1..100).contains(&listed), "{m3u8}");
+    let first = N - listed;
+    let sequence = format!("#EXT-X-MEDIA-SEQUENCE:{}\n", time(first) / 2_099_999);
+    assert!(m3u8.contains(&sequence), "{sequence}{m3u8}");
+    let last = uris(&m3u8).pop().unwrap();
+    assert!(
+        last.contains(&enc(&format!("{}.m4s", time(N - 1)))),
+        "{last}"
+    );
+    // Built inline, the runtime stalls for the build: about half the request in a debug build;
+    // on the blocking pool, a few hundredths of it. A ratio, so a slower machine slows both.
+    assert!(
+        worst < took / 4,
+        "the runtime stalled {worst:?} of {took:?}"
+    );
+    // Counting 100,000 distinct durations one by one against each other takes tens of seconds.
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+/// The answer of `request`, how long it took and the longest a 2 ms timer on this test's one
+/// runtime thread (which also runs sluice) waited meanwhile: about the time a build held it.
+async fn stall_while<T>(request: impl std::future::Future<Output = T>) -> (T, Duration, Duration) {
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ticking = done.clone();
     let ticker = tokio::spawn(async move {
@@ -1495,28 +1521,55 @@ async fn a_large_mpd_playlist_is_built_off_the_runtime() {
         worst
     });
     let started = std::time::Instant::now();
-    let m3u8 = text(&playlist).await;
+    let answer = request.await;
     let took = started.elapsed();
     done.store(true, Ordering::SeqCst);
-    let worst = ticker.await.unwrap();
-    // Segment i starts at 2,000,000 i + i (i - 1) / 2; the longest lasts 2,099,999.
-    let time = |i: u64| 2_000_000 * i + i * (i - 1) / 2;
-    let listed = m3u8.matches("#EXTINF").count() as u64;
-    assert!((1..100).contains(&listed), "{m3u8}");
-    let first = N - listed;
-    let sequence = format!("#EXT-X-MEDIA-SEQUENCE:{}\n", time(first) / 2_099_999);
-    assert!(m3u8.contains(&sequence), "{sequence}{m3u8}");
-    let last = uris(&m3u8).pop().unwrap();
-    assert!(
-        last.contains(&enc(&format!("{}.m4s", time(N - 1)))),
-        "{last}"
+    (answer, took, ticker.await.unwrap())
+}
+
+/// A static MPD of under 1 KB whose one `<S d="1" r="99999"/>` lists 100,000 segments: its
+/// media playlist (100,000 proxy URLs) is built on the blocking pool though the MPD is tiny.
+#[tokio::test]
+async fn a_tiny_mpd_of_many_segments_is_built_off_the_runtime() {
+    const N: usize = 100_000;
+    let o = FileOrigin::start().await;
+    let mpd = format!(
+        "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" type=\"static\" \
+         mediaPresentationDuration=\"PT{N}S\"><Period><AdaptationSet id=\"1\" \
+         mimeType=\"video/mp4\"><SegmentTemplate timescale=\"1\" media=\"$Number$.m4s\" \
+         initialization=\"init.mp4\"><SegmentTimeline><S t=\"0\" d=\"1\" r=\"{}\"/>\
+         </SegmentTimeline></SegmentTemplate><Representation id=\"v\" bandwidth=\"1000\" \
+         codecs=\"avc1.4d400b\" width=\"160\" height=\"90\"/></AdaptationSet></Period></MPD>",
+        N - 1
     );
-    // Built inline, the runtime stalls for the build: about half the request in a debug build
-    // (200 ms and more). The ratio allows for a scheduler hiccup on a busy machine.
+    assert!(mpd.len() < 1024, "{}", mpd.len());
+    o.put("tiny/manifest.mpd", mpd.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let playlist = s.url(&format!(
+        "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000",
+        enc(&o.url("tiny/manifest.mpd"))
+    ));
+    let (m3u8, took, worst) = stall_while(text(&playlist)).await;
+    assert_eq!(m3u8.matches("#EXTINF:1.000,").count(), N);
     assert!(
-        worst < Duration::from_millis(150) || worst < took / 4,
+        m3u8.ends_with("#EXT-X-ENDLIST\n"),
+        "{}",
+        &m3u8[m3u8.len() - 200..]
+    );
+    let listed = uris(&m3u8);
+    // The map, then every segment in order.
+    assert_eq!(listed.len(), N + 1);
+    assert!(listed[0].contains(&enc("init.mp4")), "{}", listed[0]);
+    assert!(listed[1].contains(&enc("/1.m4s")), "{}", listed[1]);
+    assert!(
+        listed[N].contains(&enc(&format!("/{N}.m4s"))),
+        "{}",
+        listed[N]
+    );
+    // Built inline, the runtime stalls for the whole build, most of the request; built on the
+    // blocking pool, only for the answer's handling around it.
+    assert!(
+        worst < took / 4,
         "the runtime stalled {worst:?} of {took:?}"
     );
-    // Counting 100,000 distinct durations one by one against each other takes tens of seconds.
-    assert!(took < Duration::from_secs(10), "{took:?}");
 }

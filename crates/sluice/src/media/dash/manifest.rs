@@ -1,6 +1,6 @@
 //! `manifest.m3u8` (HLS master) and `playlist.m3u8` (one profile's media playlist) from a cached
 //! MPD; SegmentBase tracks get their `sidx` fetched (and cached) on the way. A large MPD is parsed,
-//! and its media playlists built, on the blocking pool.
+//! and every media playlist built, on the blocking pool.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub async fn master(
     ctx: &RequestContext,
     links: &Links,
 ) -> Result<Response<Body>, ProxyError> {
-    let (params, _, mpd, _) = load(dash, ctx).await?;
+    let (params, _, mpd) = load(dash, ctx).await?;
     let options = proxy::master_options(&ctx.query)?;
     let carried = links::carried(&ctx.query, |k| !proxy::carried_to_playlist(k));
     let mpd_url = params.destination.as_str();
@@ -58,7 +58,7 @@ pub async fn media(
         .get("profile_id")
         .ok_or(RequestError::Missing("profile_id"))?
         .to_owned();
-    let (params, headers, mpd, mpd_len) = load(dash, ctx).await?;
+    let (params, headers, mpd) = load(dash, ctx).await?;
     let live = mpd.is_live();
     let mut options = MediaOptions {
         now: unix_now(),
@@ -82,23 +82,23 @@ pub async fn media(
         ts,
     };
     for _ in 0..=MAX_SIDX_FETCHES {
-        // The state is taken out and put back (as `Sequences::with` itself does around its
-        // closure), so the build can run on another thread without the lock.
-        job.sequence = dash.sequences.with(&track, |sequence| sequence.clone());
-        let (back, made) = if mpd_len > BLOCKING_PARSE_BYTES {
-            // A large MPD may list up to `MAX_SEGMENTS` segments, each made into a proxy URL:
-            // built on the blocking pool, like its parse, not on a runtime worker.
-            cpu::run(Lane::Playback, move || job.run())
-                .await
-                .map_err(|e| ProxyError::internal(format!("playlist build failed: {e}")))?
-        } else {
-            job.run()
-        };
+        // The state is copied out, so the build runs on another thread without the lock, and
+        // kept only if no other request kept a newer one meanwhile (see `Sequences::keep`).
+        let seen = dash.sequences.current(&track);
+        job.sequence = seen.clone();
+        // Every build goes to the playback lane, whatever the MPD's size: a 1 KB MPD with one
+        // `<S r="99999"/>` (or an `@duration` Period of 100,000 slots) lists as many segments,
+        // each made into a proxy URL (perhaps a sealed token), as the largest one. Counting them
+        // first would repeat the expansion's rules here; the hop costs tens of microseconds.
+        let (back, made) = cpu::run(Lane::Playback, move || job.run())
+            .await
+            .map_err(|e| ProxyError::internal(format!("playlist build failed: {e}")))?;
         job = back;
         match made {
             Ok((text, parts)) => {
                 let sequence = std::mem::take(&mut job.sequence);
-                dash.sequences.with(&track, |kept| *kept = sequence);
+                // Kept or not, this answer is served: its numbers follow the state it began from.
+                dash.sequences.keep(&track, &seen, sequence);
                 dash.prefetcher.register_playlist(&track, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
@@ -120,8 +120,8 @@ pub async fn media(
     Err(bad_mpd("too many sidx boxes to fetch"))
 }
 
-/// Everything one media playlist build needs, owned, so a large one can move to the blocking
-/// pool; it comes back with its result, for another try once a missing `sidx` is fetched.
+/// Everything one media playlist build needs, owned, so it can move to the blocking pool; it
+/// comes back with its result, for another try once a missing `sidx` is fetched.
 struct PlaylistJob {
     mpd: Arc<Mpd>,
     profile: String,
@@ -164,16 +164,16 @@ impl PlaylistJob {
     }
 }
 
-/// Parameters, upstream headers, the MPD and its length in bytes of a playlist request; refuses
-/// a protected MPD requested without keys.
+/// Parameters, upstream headers and the MPD of a playlist request; refuses a protected MPD
+/// requested without keys.
 async fn load(
     dash: &Dash,
     ctx: &RequestContext,
-) -> Result<(ProxyParams, HeaderMap, Arc<Mpd>, usize), ProxyError> {
+) -> Result<(ProxyParams, HeaderMap, Arc<Mpd>), ProxyError> {
     let params = ProxyParams::from_query(&ctx.query).map_err(bad_request)?;
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
     let headers = upstream_headers(&params)?;
-    let (mpd, text) = load_mpd_text(dash, &params.destination, &headers).await?;
+    let (mpd, _) = load_mpd_text(dash, &params.destination, &headers).await?;
     if let Some(needed) = proxy::keys_needed(&mpd, keys.as_ref()) {
         return Err(ProxyError::downstream(
             StatusCode::BAD_REQUEST,
@@ -181,7 +181,7 @@ async fn load(
             needed.to_string(),
         ));
     }
-    Ok((params, headers, mpd, text.len()))
+    Ok((params, headers, mpd))
 }
 
 /// The parsed MPD at `url` and its text (DASH out rewrites the text itself), from the cache or
@@ -232,8 +232,8 @@ pub(super) async fn load_mpd_text(
     }
 }
 
-/// Above this many bytes an MPD is parsed, its media playlists built and (DASH out) its text
-/// rewritten on the blocking pool (the HLS rewrite's threshold).
+/// Above this many bytes an MPD is parsed and (DASH out) its text rewritten on the blocking pool
+/// (the HLS rewrite's threshold).
 pub(super) const BLOCKING_PARSE_BYTES: usize = 256 * 1024;
 
 fn parse_text(bytes: &[u8], url: &Url) -> Result<Mpd, ProxyError> {
