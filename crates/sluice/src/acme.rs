@@ -59,6 +59,12 @@ pub struct Acme {
     alpn_lookups: Arc<tokio::sync::Semaphore>,
     /// State-directory look-ups for certificates other nodes issued on demand running at once.
     store_lookups: Arc<tokio::sync::Semaphore>,
+    /// An order's state-directory steps running at once (`STATE_STEPS`).
+    state_steps: Arc<tokio::sync::Semaphore>,
+    /// Stored files refused (another name's certificate, an expired one over one held, a broken
+    /// one), by name, with the file's time and inode: not read again until either changes.
+    /// Only configured and held names are remembered, so it holds at most one entry for each.
+    refused: Mutex<HashMap<String, (SystemTime, u64)>>,
 }
 
 /// Look-ups of other nodes' TLS-ALPN-01 challenges at once (a file read each, off the runtime's
@@ -98,6 +104,13 @@ async fn bounded_read(
     })
     .await;
 }
+
+/// An order's state-directory steps (its lock, the re-read under it, the write of what was
+/// issued) on the blocking pool at once. A stalled network file system holds each one's thread
+/// until the server is back: past this many, an order is not tried (as if another node held
+/// the name), so handshakes for allowed names cannot fill the blocking pool every other
+/// `spawn_blocking` of the process (resolver, disk cache, reloads) needs.
+const STATE_STEPS: usize = 4;
 
 /// Runs `work` (state-directory I/O) on the blocking pool: the directory may be on a network
 /// file system, where a call stalls for as long as the server is away, and a runtime thread
@@ -287,6 +300,8 @@ impl Acme {
             ask_refused: Mutex::default(),
             alpn_lookups: Arc::new(tokio::sync::Semaphore::new(ALPN_LOOKUPS)),
             store_lookups: Arc::new(tokio::sync::Semaphore::new(STORE_LOOKUPS)),
+            state_steps: Arc::new(tokio::sync::Semaphore::new(STATE_STEPS)),
+            refused: Mutex::default(),
         };
         for name in acme.store.stored_names() {
             acme.refresh_from_store(&name);
@@ -474,14 +489,26 @@ impl Acme {
             }
             Ok(true) => {
                 self.metrics.decision("allowed");
-                match self.issue(name, Kind::OnDemand).await {
+                let mut started = false;
+                let result = self.issue_started(name, Kind::OnDemand, &mut started).await;
+                // No order placed (another node's certificate found, its lock held, no account,
+                // the hour used up): the minute's place is given back.
+                if !started {
+                    od.give_back(name);
+                }
+                match result {
                     Ok(()) => true,
-                    // Not ordered: another node is ordering it now (the next handshake for
-                    // the name looks in the directory again), or the hour's on-demand orders
-                    // are used up (it is tried again once one frees, not after
-                    // `per_name_secs`). Either way no order of the minute's was started.
-                    Err(OrderError::Locked | OrderError::Throttled(..)) => {
-                        od.not_ordered(name);
+                    // Another node is ordering it now (or the directory is not answering): the
+                    // next handshake for the name looks in the directory again.
+                    Err(OrderError::Locked) => {
+                        od.forget(name);
+                        false
+                    }
+                    // The hour's on-demand orders are used up: the name's handshakes are
+                    // refused until a place frees (not asked about, each, again), and the first
+                    // after that tries again, not one `per_name_secs` later.
+                    Err(OrderError::Throttled(_, frees_in)) => {
+                        od.put_off(name, frees_in);
                         false
                     }
                     Err(_) => false,
@@ -506,26 +533,48 @@ impl Acme {
     /// nor counts as covering it. A broken, foreign or expired file is logged and left: the held
     /// certificate stays, and with none held the name is ordered. Reads a file: at run time,
     /// call it off the runtime's threads ([`Acme::refresh_off_runtime`]).
+    ///
+    /// A file refused is not read (nor warned about) again until its time or inode changes
+    /// (`write_bundle` replaces it whole): it stays newer than the one held, and each pass and
+    /// handshake would read, parse and warn anew.
     fn refresh_from_store(&self, name: &str) {
+        let Some(stamp) = self.store.cert_stamp(name) else {
+            return;
+        };
+        let newer = |modified| self.certs.held(name).is_none_or(|h| h.modified < modified);
+        if !newer(stamp.0) || self.refused().get(name) == Some(&stamp) {
+            return;
+        }
         let Some((pem, modified)) = self.store.read_cert(name) else {
             return;
         };
-        if self
-            .certs
-            .held(name)
-            .is_some_and(|h| h.modified >= modified)
-        {
+        if !newer(modified) {
             return;
         }
         match self
             .certs
             .install_stored(name, &pem, modified, SystemTime::now())
         {
-            Ok(()) => self.export_expiry(name),
+            Ok(()) => {
+                self.refused().remove(name);
+                self.export_expiry(name)
+            }
             Err(e) => {
+                // One entry per configured or held name, at most: another name's file is read
+                // again when asked for (an on-demand name: once per `per_name_secs`).
+                // (The stamp is of the file read unless it was replaced between.)
+                let remembered =
+                    self.names.iter().any(|n| n == name) || self.certs.held(name).is_some();
+                if remembered && modified == stamp.0 {
+                    self.refused().insert(name.to_string(), stamp);
+                }
                 tracing::warn!(%name, error = %format!("{e:#}"), "acme: stored certificate unusable")
             }
         }
+    }
+
+    fn refused(&self) -> std::sync::MutexGuard<'_, HashMap<String, (SystemTime, u64)>> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// [`Acme::refresh_from_store`] on the blocking pool.
@@ -700,12 +749,27 @@ impl Acme {
     /// Orders `name` unless another node is on it (then its certificate is picked up later),
     /// stores and installs the result, and counts the outcome.
     async fn issue(self: &Arc<Self>, name: &str, kind: Kind) -> Result<(), OrderError> {
-        let result = self.issue_locked(name, kind).await;
+        self.issue_started(name, kind, &mut false).await
+    }
+
+    /// [`Acme::issue`], setting `started` once the order is placed with the CA (until then,
+    /// none of the orders counted was used).
+    async fn issue_started(
+        self: &Arc<Self>,
+        name: &str,
+        kind: Kind,
+        started: &mut bool,
+    ) -> Result<(), OrderError> {
+        let result = self.issue_locked(name, kind, started).await;
         match &result {
             Ok(true) => self.metrics.order("issued"),
-            Ok(false) => {}
-            Err(OrderError::Locked) => {
-                tracing::info!(%name, "acme: another node is ordering this name; its certificate is read when stored")
+            // Logged where it was found (another node's lock, or a directory not answering).
+            Ok(false) | Err(OrderError::Locked) => {}
+            // An on-demand name waiting for the hour's place: its handshakes are put off until
+            // then (`OnDemand::put_off`), so this is no news at every one.
+            Err(e @ OrderError::Throttled(..)) if kind == Kind::OnDemand => {
+                self.metrics.order(e.label());
+                tracing::debug!(%name, error = %e, "acme: on-demand order put off");
             }
             Err(e) => {
                 self.metrics.order(e.label());
@@ -717,18 +781,27 @@ impl Acme {
 
     /// True when this call ordered the certificate; false when another node's is now in use.
     /// The state directory is used from the blocking pool only (see [`off_runtime`]).
-    async fn issue_locked(self: &Arc<Self>, name: &str, kind: Kind) -> Result<bool, OrderError> {
+    async fn issue_locked(
+        self: &Arc<Self>,
+        name: &str,
+        kind: Kind,
+        started: &mut bool,
+    ) -> Result<bool, OrderError> {
         let store_err = |e: std::io::Error| OrderError::Store(e.to_string());
         let before = self.certs.held(name).map(|h| h.modified);
         let (store, key) = (self.store.clone(), name.to_string());
-        let Some(_lock) = off_runtime(move || store.try_lock(&key))
+        let Some(_lock) = self
+            .state_step(name, move || store.try_lock(&key))
             .await?
             .map_err(store_err)?
         else {
+            tracing::info!(%name, "acme: another node is ordering this name; its certificate is read when stored");
             return Err(OrderError::Locked);
         };
         // The lock's previous holder may have just ordered it: then that one is in use now.
-        self.refresh_off_runtime(name).await;
+        let (me, key) = (self.clone(), name.to_string());
+        self.state_step(name, move || me.refresh_from_store(&key))
+            .await?;
         let held = self.certs.held(name);
         if held.as_ref().map(|h| h.modified) != before {
             return Ok(false);
@@ -743,11 +816,40 @@ impl Acme {
         if let Err(frees_in) = self.take_order_budget(kind) {
             return Err(OrderError::Throttled(self.config.orders_per_hour, frees_in));
         }
+        *started = true;
         let issued = issuer.order(name, replaces).await?;
+        // What the CA issued is not dropped for want of a place: it waits for one (no thread
+        // waits with it).
+        let place = self.state_steps.clone().acquire_owned().await;
         let (me, key) = (self.clone(), name.to_string());
-        off_runtime(move || me.store_issued(&key, &issued)).await??;
+        off_runtime(move || {
+            let stored = me.store_issued(&key, &issued);
+            drop(place);
+            stored
+        })
+        .await??;
         tracing::info!(%name, "acme: certificate issued");
         Ok(true)
+    }
+
+    /// `work`, one of an order's state-directory steps, on the blocking pool, holding one of
+    /// the [`STATE_STEPS`] places while it runs (a step stalled on the directory keeps it):
+    /// with none free, `name` is not ordered now ([`OrderError::Locked`]).
+    async fn state_step<T: Send + 'static>(
+        &self,
+        name: &str,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, OrderError> {
+        let Ok(place) = self.state_steps.clone().try_acquire_owned() else {
+            tracing::info!(%name, steps = STATE_STEPS, "acme: the state directory is not answering (as many of its steps are waiting on it); not ordered now");
+            return Err(OrderError::Locked);
+        };
+        off_runtime(move || {
+            let done = work();
+            drop(place);
+            done
+        })
+        .await
     }
 
     /// Checks what the CA issued (a chain and key that parse and match, a leaf for `name` not
@@ -1222,13 +1324,14 @@ mod tests {
         assert!(acme.issuer.set(issuer).is_ok());
     }
 
-    /// An ask URL that allows every name: each request answered 200.
-    async fn ask_allowing_all() -> String {
+    /// An ask URL that allows every name: each request answered 200 (and counted in `asks`).
+    async fn ask_allowing_all(asks: Arc<AtomicUsize>) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
+                let asks = asks.clone();
                 tokio::spawn(async move {
                     let (mut head, mut buf) = (Vec::new(), [0u8; 1024]);
                     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -1237,6 +1340,7 @@ mod tests {
                             _ => return,
                         }
                     }
+                    asks.fetch_add(1, Ordering::SeqCst);
                     let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
                     let _ = conn.write_all(ok).await;
                 });
@@ -1466,17 +1570,22 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn an_on_demand_order_the_hour_has_no_place_for_gives_its_minute_back() {
-        let dir = tempfile::tempdir().unwrap();
+    /// An on-demand service in `dir` whose ask URL allows every name (its asks counted), with
+    /// `orders_per_hour` and one order a minute.
+    async fn on_demand_in(
+        dir: &std::path::Path,
+        orders_per_hour: u32,
+        asks: Arc<AtomicUsize>,
+    ) -> Arc<Acme> {
         let config = AcmeConfig {
-            state_dir: Some(dir.path().to_path_buf()),
+            state_dir: Some(dir.to_path_buf()),
             challenges: vec![config::Challenge::TlsAlpn01],
-            // On-demand names may use half of it: none.
-            orders_per_hour: 1,
+            // A CA that is not there: no account can be had.
+            directory: "https://127.0.0.1:1/dir".into(),
+            orders_per_hour,
             on_demand: config::OnDemandConfig {
                 enabled: true,
-                ask: Some(ask_allowing_all().await),
+                ask: Some(ask_allowing_all(asks).await),
                 per_name_secs: 600,
                 per_minute: 1,
                 max_names: 100,
@@ -1484,23 +1593,177 @@ mod tests {
             },
             ..AcmeConfig::default()
         };
-        let acme = Acme::from_config(&config, &[], &mut Registry::default())
+        Acme::from_config(&config, &[], &mut Registry::default())
             .unwrap()
-            .unwrap();
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_on_demand_order_the_hour_has_no_place_for_gives_its_minute_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let asks = Arc::new(AtomicUsize::new(0));
+        // On-demand names may use half of one order an hour: none.
+        let acme = on_demand_in(dir.path(), 1, asks.clone()).await;
         unreachable_issuer(&acme).await;
         let od = acme.on_demand.as_ref().unwrap();
         let name = "a.example.com";
+        assert!(!acme.obtain(name).await);
+        assert_eq!(asks.load(Ordering::SeqCst), 1);
+        // No order was started: the minute's one order is still there for another name.
+        assert!(od.may_order("b.example.com"));
+        // Until the hour has a place (here: `per_name_secs`, sooner), the name's handshakes
+        // are refused at the gate: no second look in the directory, ask, lock or warning each.
+        for _ in 0..3 {
+            assert!(!acme.obtain(name).await);
+        }
+        assert!(matches!(od.gate(name), Gate::Refused("recently_tried")));
+        assert_eq!(asks.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_on_demand_order_not_placed_gives_its_minute_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let acme = on_demand_in(dir.path(), 100, Arc::default()).await;
+        let od = acme.on_demand.as_ref().unwrap();
+        // Another node issued the name just before this one took its lock: that certificate is
+        // used, no order placed.
+        let name = "a.example.com";
         let Gate::Start(tx) = od.gate(name) else {
-            panic!("the first handshake starts")
+            panic!("starts")
+        };
+        acme.store.write_bundle(name, &issued_pem(name)).unwrap();
+        let place = od.place(name).await.unwrap();
+        assert!(acme.ask_and_issue(name, place).await);
+        od.done(name, tx, true);
+        assert!(od.may_order("c.example.com"), "the minute's order kept");
+        od.give_back("c.example.com");
+        // No account could be had (the CA is not there): no order placed either.
+        let name = "b.example.com";
+        let Gate::Start(tx) = od.gate(name) else {
+            panic!("starts")
         };
         let place = od.place(name).await.unwrap();
         assert!(!acme.ask_and_issue(name, place).await);
         od.done(name, tx, false);
-        // No order was started: the name's next handshake tries again (an order of the hour
-        // may have freed by then) rather than `per_name_secs` later, and the minute's one
-        // order is still there for it or another name.
-        assert!(matches!(od.gate(name), Gate::Start(_)));
-        assert!(od.may_order("b.example.com"));
+        assert!(acme.issuer.get().is_none());
+        assert!(od.may_order("c.example.com"), "the minute's order kept");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn orders_waiting_on_a_stalled_state_directory_are_bounded() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let acme = acme_in(dir.path(), &["x.example.com"]);
+        unreachable_issuer(&acme).await;
+        // Each name's lock file is a FIFO: opening it waits for a reader, as an open on a
+        // network file system whose server is away waits for the server.
+        let names: Vec<String> = (0..STATE_STEPS).map(|i| format!("n{i}.test")).collect();
+        let fifos: Vec<_> = names
+            .iter()
+            .map(|n| dir.path().join(format!("locks/{n}.lock")))
+            .collect();
+        for fifo in &fifos {
+            let path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path that outlives the call.
+            assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        }
+        /// The server back, whatever this test asserted: a reader opens each FIFO, so no
+        /// blocking thread stays in its open (the runtime's end would wait for it).
+        struct Unstall(Vec<std::path::PathBuf>);
+        impl Drop for Unstall {
+            fn drop(&mut self) {
+                for fifo in &self.0 {
+                    let _ = std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(fifo);
+                }
+            }
+        }
+        let unstall = Unstall(fifos);
+        let stalled: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let (acme, n) = (acme.clone(), n.clone());
+                tokio::spawn(async move { acme.issue(&n, Kind::OnDemand).await })
+            })
+            .collect();
+        // Time for each to reach its open.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(stalled.iter().all(|o| !o.is_finished()));
+        // One more is not tried: no thread more waits on the directory, and its lock file is
+        // never opened.
+        let more = tokio::time::timeout(
+            Duration::from_secs(1),
+            acme.issue("more.test", Kind::OnDemand),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(more, Err(OrderError::Locked)), "{more:?}");
+        assert!(!dir.path().join("locks/more.test.lock").exists());
+        // The server is back: the stalled steps end and give their places back.
+        drop(unstall);
+        for order in stalled {
+            let done = tokio::time::timeout(Duration::from_secs(10), order)
+                .await
+                .unwrap()
+                .unwrap();
+            // A FIFO takes no flock: the order goes no further.
+            assert!(done.is_err(), "{done:?}");
+        }
+        assert_eq!(acme.state_steps.available_permits(), STATE_STEPS);
+    }
+
+    #[test]
+    fn a_refused_stored_file_is_not_read_again_until_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = "a.example.com";
+        let acme = acme_in(dir.path(), &[a]);
+        let early = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+        acme.certs
+            .install(a, issued_pem(a).as_bytes(), early)
+            .unwrap();
+        let path = acme.store.cert_path(a);
+        let set_time = |t: SystemTime| {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap()
+        };
+        let then = SystemTime::now() - Duration::from_secs(100);
+        acme.store
+            .write_bundle(a, &issued_pem("other.example.com"))
+            .unwrap();
+        set_time(then);
+        acme.refresh_from_store(a);
+        assert_eq!(acme.certs.held(a).unwrap().modified, early);
+        // The same file, its time unchanged: not read again (a good certificate written into it
+        // without changing the time shows it).
+        std::fs::write(&path, issued_pem(a)).unwrap();
+        set_time(then);
+        acme.refresh_from_store(a);
+        assert_eq!(acme.certs.held(a).unwrap().modified, early);
+        assert_eq!(acme.refused().len(), 1);
+        // A new time: read, and taken up.
+        let now = SystemTime::now();
+        set_time(now);
+        acme.refresh_from_store(a);
+        assert_eq!(acme.certs.held(a).unwrap().modified, now);
+        assert!(acme.refused().is_empty());
+        // Refused again; then another file put in its place (a node's `write_bundle`) with the
+        // same time is read.
+        std::fs::write(&path, issued_pem("other.example.com")).unwrap();
+        let later = now + Duration::from_secs(1);
+        set_time(later);
+        acme.refresh_from_store(a);
+        assert_eq!(acme.certs.held(a).unwrap().modified, now);
+        acme.store.write_bundle(a, &issued_pem(a)).unwrap();
+        set_time(later);
+        acme.refresh_from_store(a);
+        assert_eq!(acme.certs.held(a).unwrap().modified, later);
     }
 
     #[test]

@@ -42,8 +42,9 @@ pub enum Gate {
 }
 
 struct State {
-    /// Names tried, with when; `order` holds the same in the order they were tried, so the
-    /// expired and (past `max_names`) the oldest are let go from its front.
+    /// Names tried, with until when they are not tried again (`per_name_secs` after their try,
+    /// or sooner: see [`OnDemand::put_off`]); `order` holds the same in the order they were
+    /// tried, so the expired and (past `max_names`) the oldest are let go from its front.
     tried: HashMap<Arc<str>, Instant>,
     order: VecDeque<(Arc<str>, Instant)>,
     /// Names being looked up, asked about or ordered.
@@ -53,15 +54,16 @@ struct State {
 }
 
 impl State {
-    /// Lets go of names tried longer than `per_name` ago, then of the oldest while more than
-    /// `keep` are held.
-    fn prune(&mut self, now: Instant, per_name: Duration, keep: usize) {
-        while let Some((name, at)) = self.order.front() {
-            if now - *at < per_name && self.order.len() <= keep {
+    /// Lets go of names whose time is up, then of the oldest while more than `keep` are held.
+    /// (A name put off for less than `per_name_secs` may wait behind later ones in the queue,
+    /// counted there; the map refuses it only until its own time.)
+    fn prune(&mut self, now: Instant, keep: usize) {
+        while let Some((name, until)) = self.order.front() {
+            if now < *until && self.order.len() <= keep {
                 break;
             }
             // The map holds the name's latest try; an earlier entry for it only leaves the queue.
-            if self.tried.get(name) == Some(at) {
+            if self.tried.get(name) == Some(until) {
                 self.tried.remove(name);
             }
             self.order.pop_front();
@@ -108,7 +110,7 @@ impl OnDemand {
         if let Some(rx) = s.pending.get(name) {
             return Gate::Wait(rx.clone());
         }
-        if s.tried.get(name).is_some_and(|t| now - *t < per_name) {
+        if s.tried.get(name).is_some_and(|until| now < *until) {
             return Gate::Refused("recently_tried");
         }
         if s.pending.len() >= PENDING_AT_ONCE {
@@ -117,10 +119,11 @@ impl OnDemand {
         // Room for this one: the oldest names go first, so a flood of made-up names costs asks
         // (each name once per `per_name_secs` while remembered), never a real name's turn.
         let keep = self.config.max_names.saturating_sub(1);
-        s.prune(now, per_name, keep);
+        s.prune(now, keep);
         let name: Arc<str> = Arc::from(name);
-        s.tried.insert(name.clone(), now);
-        s.order.push_back((name.clone(), now));
+        let until = later(now, per_name);
+        s.tried.insert(name.clone(), until);
+        s.order.push_back((name.clone(), until));
         let (tx, rx) = watch::channel(None);
         s.pending.insert(name.to_string(), rx);
         Gate::Start(tx)
@@ -160,15 +163,32 @@ impl OnDemand {
         true
     }
 
-    /// An order `may_order` allowed for `name` did not start (another node holds the name, or
-    /// this node's hour of orders is used up): its place in the minute is given back and the
-    /// name forgotten, so a later handshake tries again instead of waiting out `per_name_secs`.
-    pub fn not_ordered(&self, name: &str) {
+    /// An order `may_order` allowed for `name` did not start (another node holds the name or
+    /// has issued it, this node's hour of orders is used up, no account could be had): its
+    /// place in the minute is given back, for this name or another.
+    pub fn give_back(&self, name: &str) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = s.orders.iter().rposition(|(_, n)| n == name) {
             s.orders.remove(i);
         }
-        s.tried.remove(name);
+    }
+
+    /// `name` cannot be ordered for `wait` (the hour's on-demand orders are used up until one
+    /// leaves it): its handshakes are refused as tried until then, or `per_name_secs` if that
+    /// is sooner, without another look in the directory, ask or order; the first after it tries
+    /// again at once.
+    pub fn put_off(&self, name: &str, wait: Duration) {
+        let now = Instant::now();
+        let wait = wait.min(Duration::from_secs(self.config.per_name_secs));
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let name: Arc<str> = Arc::from(name);
+        let until = later(now, wait);
+        s.tried.insert(name.clone(), until);
+        // Its own queue entry, so the name still leaves the map when this one is let go (the
+        // queue stays bounded by `max_names`, which counts it).
+        s.order.push_back((name, until));
+        let keep = self.config.max_names;
+        s.prune(now, keep);
     }
 
     /// The order for `name` ended.
@@ -218,6 +238,12 @@ impl OnDemand {
     }
 }
 
+/// `now` plus `wait`, or a time that never comes for a wait past what an `Instant` holds.
+fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(u64::from(u32::MAX)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +284,42 @@ mod tests {
         assert!(!g.may_order("d.example.com"));
         g.done("d.example.com", tx, false);
         assert!(matches!(g.gate("d.example.com"), Gate::Start(_)));
+    }
+
+    #[test]
+    fn a_name_put_off_is_refused_until_its_wait_ends_not_per_name_secs() {
+        let g = gate(10, 3);
+        let Gate::Start(tx) = g.gate("a.test") else {
+            panic!("starts")
+        };
+        assert!(g.may_order("a.test"));
+        // The hour's orders are used up for 200 ms: the order's minute place is given back, and
+        // the name's handshakes wait for the hour's place, not `per_name_secs` (600 s).
+        g.give_back("a.test");
+        g.put_off("a.test", Duration::from_millis(200));
+        g.done("a.test", tx, false);
+        assert!(matches!(g.gate("a.test"), Gate::Refused("recently_tried")));
+        std::thread::sleep(Duration::from_millis(250));
+        let Gate::Start(tx) = g.gate("a.test") else {
+            panic!("tried again once the wait is over")
+        };
+        g.done("a.test", tx, false);
+        // A wait past `per_name_secs` is cut to it; and the names remembered stay bounded.
+        g.put_off("b.test", Duration::from_secs(1 << 40));
+        for name in ["c.test", "d.test", "e.test", "f.test"] {
+            g.put_off(name, Duration::from_secs(60));
+        }
+        assert!(g.remembered() <= 3, "{}", g.remembered());
+        assert!(matches!(g.gate("f.test"), Gate::Refused("recently_tried")));
+        // Ten orders a minute: the one given back is free again.
+        for name in ["g.test", "h.test", "i.test", "j.test", "k.test"] {
+            assert!(g.may_order(name));
+        }
+        for name in ["l.test", "m.test", "n.test", "o.test"] {
+            assert!(g.may_order(name));
+        }
+        assert!(g.may_order("p.test"));
+        assert!(!g.may_order("q.test"));
     }
 
     #[test]

@@ -51,16 +51,39 @@ fn held() -> std::sync::MutexGuard<'static, Option<HashSet<PathBuf>>> {
 /// An exclusive `flock` on a name, released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct NameLock {
+    claim: Option<Claim>,
+}
+
+/// A name's claim in this process and, once taken, its locked file. Dropping it closes the file,
+/// then gives back the claim: until the file is closed, the name stays held here too.
+#[derive(Debug)]
+struct Claim {
     file: Option<File>,
     path: PathBuf,
 }
 
-impl Drop for NameLock {
+impl Drop for Claim {
     fn drop(&mut self) {
-        // The file first: until it is closed, the name stays held in this process too.
         drop(self.file.take());
+        #[cfg(test)]
+        tests::closed_on(&self.path);
         if let Some(held) = held().as_mut() {
             held.remove(&self.path);
+        }
+    }
+}
+
+impl Drop for NameLock {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        // On NFS the close releases an emulated POSIX lock with a round trip to the server: on
+        // a runtime's thread, a server that is away would stall every connection it serves.
+        // A blocking task dropped unrun (the runtime shutting down) drops the claim inline.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(claim))),
+            Err(_) => drop(claim),
         }
     }
 }
@@ -212,6 +235,15 @@ impl Store {
             .join(format!("{}.pem", name.replace('*', "_")))
     }
 
+    /// When `name`'s stored file was last written, and which file it is (its inode: a file
+    /// replaced whole within the file system's time granularity is still another), without
+    /// reading it.
+    pub fn cert_stamp(&self, name: &str) -> Option<(SystemTime, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(self.cert_path(name)).ok()?;
+        Some((meta.modified().ok()?, meta.ino()))
+    }
+
     /// The stored chain and key of `name`, with the file's modification time.
     pub fn read_cert(&self, name: &str) -> Option<(Vec<u8>, SystemTime)> {
         let path = self.cert_path(name);
@@ -266,19 +298,20 @@ impl Store {
         if !held().get_or_insert_with(HashSet::new).insert(path.clone()) {
             return Ok(None);
         }
-        // From here the claim is given back when `lock` drops, whatever happens.
-        let mut lock = NameLock { file: None, path };
+        // From here the claim is given back when `claim` drops, whatever happens (this runs
+        // off the runtime's threads, so it is dropped here, inline).
+        let mut claim = Claim { file: None, path };
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
-            .open(&lock.path)?;
+            .open(&claim.path)?;
         // SAFETY: flock on a descriptor this function owns; no memory is passed.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc == 0 {
-            lock.file = Some(file);
-            return Ok(Some(lock));
+            claim.file = Some(file);
+            return Ok(Some(NameLock { claim: Some(claim) }));
         }
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
@@ -362,6 +395,61 @@ fn short_hash(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::thread::ThreadId;
+
+    /// Where each lock file was closed, and on which thread.
+    static CLOSED: Mutex<Vec<(PathBuf, ThreadId)>> = Mutex::new(Vec::new());
+
+    pub(super) fn closed_on(path: &Path) {
+        let mut closed = CLOSED.lock().unwrap_or_else(|e| e.into_inner());
+        closed.push((path.to_path_buf(), std::thread::current().id()));
+    }
+
+    fn closed_by(path: &Path) -> Option<ThreadId> {
+        let closed = CLOSED.lock().unwrap_or_else(|e| e.into_inner());
+        closed.iter().find(|(p, _)| p == path).map(|(_, t)| *t)
+    }
+
+    #[test]
+    fn a_lock_dropped_on_a_runtime_thread_is_closed_off_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let here = std::thread::current().id();
+        // Without a runtime, the file is closed at once, here.
+        let inline = dir.path().join("locks/inline.test.lock");
+        drop(store.try_lock("inline.test").unwrap().unwrap());
+        assert_eq!(closed_by(&inline), Some(here));
+        assert!(store.try_lock("inline.test").unwrap().is_some());
+        // On a runtime's one thread (this one), the close goes to the blocking pool: on NFS it
+        // is a round trip to the server, which may be away.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let path = dir.path().join("locks/a.test.lock");
+        runtime.block_on(async {
+            drop(store.try_lock("a.test").unwrap().unwrap());
+        });
+        let mut closed = None;
+        for _ in 0..500 {
+            closed = closed_by(&path);
+            if closed.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let closed = closed.expect("the lock file was closed");
+        assert_ne!(closed, here, "closed on the runtime's thread");
+        // Once closed, the name is free again in this process.
+        let mut again = None;
+        for _ in 0..500 {
+            again = store.try_lock("a.test").unwrap();
+            if again.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(again.is_some());
+    }
 
     #[test]
     fn a_file_that_names_no_hostname_is_not_a_managed_name() {
@@ -416,7 +504,14 @@ mod tests {
         // What NFS does in one process: its emulated flock is a POSIX lock, which the same
         // process may take again (and which any close of the file releases). Let go of the
         // file lock as the kernel would there; the name is still held here.
-        let fd = held.file.as_ref().unwrap().as_raw_fd();
+        let fd = held
+            .claim
+            .as_ref()
+            .unwrap()
+            .file
+            .as_ref()
+            .unwrap()
+            .as_raw_fd();
         // SAFETY: flock on a descriptor the lock owns and keeps open; no memory is passed.
         assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
         assert!(store.try_lock("a.test").unwrap().is_none());
