@@ -118,7 +118,7 @@ pub(crate) struct Inner {
     index: ObjectIndex,
     inflight: Mutex<HashMap<SliceKey, Arc<Fill>>>,
     permits: Arc<Semaphore>,
-    /// Writers started and not yet holding a permit (`writer::Waiting`).
+    /// Cold writers started and not yet holding a permit (`writer::Waiting`).
     waiting: AtomicUsize,
     revalidating: Mutex<HashSet<ObjectId>>,
     generation: AtomicU64,
@@ -494,24 +494,27 @@ impl Inner {
         }
         let job = make();
         if matches!(job.kind, writer::JobKind::Cold { .. })
+            && self.permits.available_permits() == 0
             && self.waiting.load(Ordering::Relaxed) >= self.max_waiting()
         {
-            // Every fill place taken and a queue of writers behind them already: a new miss is
-            // passed on to the origin as it is (bound to its client, whose going away ends it)
-            // rather than queued behind misses that may all have been abandoned.
+            // Every fill place taken and a queue of cold writers behind them already: a new
+            // miss is passed on to the origin as it is (bound to its client, whose going away
+            // ends it) rather than queued behind misses that may all have been abandoned. Only
+            // misses count: read-ahead and refetches of stored slices do real clients' work.
+            // The pass registers nothing here, so it is not coalesced.
             drop(map);
             return (Fill::stored(&[], FillEnd::Pass { reason: "busy" }), false);
         }
         let fill = Fill::new();
         map.insert(key, fill.clone());
-        let waiting = writer::Waiting::new(self.clone());
+        let waiting = writer::Waiting::new(self.clone(), &job);
         drop(map);
         let writer = writer::run(self.clone(), fill.clone(), key, job, waiting);
         tokio::spawn(fill.nudge().clone().drive(writer));
         (fill, true)
     }
 
-    /// How many writers may wait for a fill place before a new miss is passed instead.
+    /// How many cold writers may wait for a fill place before a new miss is passed instead.
     fn max_waiting(&self) -> usize {
         self.config
             .max_inflight_slices

@@ -41,18 +41,26 @@ pub(crate) enum JobKind {
     Warm { meta: Arc<ObjectMeta> },
 }
 
-/// Writers that may wait for a fill place (`max_inflight_slices`), per place; past that a new
-/// miss is passed to the origin instead of queued (`Inner::join_or_start_locked`). Four rounds
-/// of fills: a burst of real misses still queues, and a flood of misses whose clients leave at
-/// once cannot make every later miss wait behind it.
+/// Cold writers (first fetches of misses) that may wait for a fill place
+/// (`max_inflight_slices`), per place; past that, with every place taken, a new miss is passed
+/// to the origin instead of queued (`Inner::join_or_start_locked`). Four rounds of fills: a
+/// burst of real misses still queues, and a flood of misses whose clients leave at once cannot
+/// make every later miss wait behind it.
 pub(crate) const WAITING_PER_PERMIT: usize = 4;
 
-/// A writer's place among those waiting for a fill place (`Inner::waiting`), given back once it
-/// holds one, or when it ends (a task dropped before it ever ran included).
+/// A cold writer's place among those waiting for a fill place (`Inner::waiting`), given back
+/// once it holds one, or when it ends (a task dropped before it ever ran included). Warm writers
+/// (read-ahead, refetches of stored slices: about two per streaming client) hold none: counted,
+/// a few hundred streams behind a slow origin passed every new miss, uncoalesced, so N viewers
+/// of a new live segment made N origin requests.
 pub(crate) struct Waiting(Option<Arc<Inner>>);
 
 impl Waiting {
-    pub(crate) fn new(inner: Arc<Inner>) -> Waiting {
+    /// A place for a writer of `job`: counted only when it is cold.
+    pub(crate) fn new(inner: Arc<Inner>, job: &FillJob) -> Waiting {
+        if !matches!(job.kind, JobKind::Cold { .. }) {
+            return Waiting(None);
+        }
         inner
             .waiting
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -246,22 +254,11 @@ async fn fetch(
             let headers = object::stored_headers(&parts.headers);
             let tags = object::tags(&parts.headers);
             let fits = object::head_bytes(&headers, &tags) <= inner.index.head_limit();
-            // The slice asked for is the whole object: it answers any GET as a 200.
-            let whole = ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
-            // Part of a longer object: the rest would come from other answers, never put
-            // together with this one under a weak `ETag` (`object::joinable`). Such an object
-            // is passed, not stored: each later slice would be taken for another version, and
-            // every response cut.
-            let joinable = !ranged || whole || object::joinable(&parts.headers);
             let fresh = match verdict {
-                Ok(f) if fits && joinable => f,
+                Ok(f) if fits => f,
                 verdict => {
                     let reason = verdict.err();
-                    let label = match reason {
-                        Some(r) => not_storable_label(r),
-                        None if !fits => "head-too-large",
-                        None => "weak-validator",
-                    };
+                    let label = reason.map_or("head-too-large", not_storable_label);
                     // Remember the URL as uncacheable unless the reason lies in this request, or
                     // the answer is an error: a 5xx or a 404 says how the origin is doing now
                     // (a live segment not yet published, a hiccup), not what the URL is, and a
@@ -278,7 +275,10 @@ async fn fetch(
                     }
                     inner.metrics.uncacheable.inc();
                     let mut parts = parts;
+                    let whole =
+                        ranged && want.start == 0 && total.is_some_and(|t| t - 1 <= want.end);
                     if whole {
+                        // The slice asked for is the whole object: it answers any GET as a 200.
                         parts.status = StatusCode::OK;
                         parts.headers.remove(CONTENT_RANGE);
                     }
