@@ -243,8 +243,9 @@ impl Inner {
     /// object stays as it is for everyone else: a 304 is served merged but not stored, and
     /// anything else (a 200 or 206, a refusal) sends the client's request to the origin as a
     /// pass. Otherwise any client could drop any object by asking with `no-cache, no-store`, or
-    /// have its credentials' 304 fields stored for everyone. A 401, 407 or 429 is the origin
-    /// refusing a request's fields, never news about the object: passed on, the object kept.
+    /// have its credentials' 304 fields stored for everyone. A 4xx other than 404, 410 and 416 is
+    /// the origin refusing the request (its credentials, its rate, any field the client sent):
+    /// passed on, the object kept.
     async fn revalidate(
         self: &Arc<Self>,
         meta: &Arc<ObjectMeta>,
@@ -341,9 +342,17 @@ impl Inner {
             s if credentials && (s.is_client_error() || for_them_alone(s, resp.headers())) => {
                 Revalidated::Pass
             }
+            // The object is gone, or empty now (the slice's range cannot be satisfied).
+            StatusCode::NOT_FOUND | StatusCode::GONE | StatusCode::RANGE_NOT_SATISFIABLE => {
+                self.forget(meta);
+                Revalidated::Changed
+            }
+            // Any other refusal may be of a field the client sent (a header too large for the
+            // origin, a `Referer` or `User-Agent` it blocks): passed on, the object kept, or any
+            // client could drop any object with such a field and `no-cache`.
+            s if s.is_client_error() => Revalidated::Refused(resp),
             _ => {
-                // A new representation (or the object gone: 403, 404, 410, 416, 451): the stored
-                // one goes; a fresh miss fetches the new one.
+                // A new representation: the stored one goes; a fresh miss fetches the new one.
                 self.forget(meta);
                 Revalidated::Changed
             }
@@ -373,7 +382,15 @@ impl Inner {
             return;
         }
         let inner = self.clone();
-        let parts = clone_parts(parts);
+        let mut parts = clone_parts(parts);
+        // It serves the shared object, not the client that found it stale: without that
+        // client's credentials or directives (a `no-store` or `Authorization` of theirs would
+        // make the 304 theirs alone, and the object would never be refreshed). An object that
+        // needs credentials on every reuse (`must-revalidate`) is never revalidated in the
+        // background.
+        parts.headers.remove(header::AUTHORIZATION);
+        parts.headers.remove(header::CACHE_CONTROL);
+        parts.headers.remove(header::PRAGMA);
         tokio::spawn(async move {
             let _ = inner.revalidate(&meta, &parts, &origin, &policy).await;
             inner
@@ -777,8 +794,8 @@ enum Revalidated {
     Changed,
     /// The origin failed; a 5xx answer is kept to pass on when no stale copy may be served.
     Failed(Option<Response<Body>>),
-    /// The origin refused the request's own fields (401, 407, 429): its answer is passed on,
-    /// never a stale copy, and the object stays.
+    /// The origin refused the request (a 4xx other than 404, 410 and 416): its answer is passed
+    /// on, never a stale copy, and the object stays.
     Refused(Response<Body>),
     /// The answer may have been shaped by the client's own fields (its `no-store`, its
     /// credentials) and is not a 304: the client's request goes to the origin as a pass, and the
