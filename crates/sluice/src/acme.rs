@@ -498,10 +498,17 @@ impl Acme {
                 }
                 match result {
                     Ok(()) => true,
-                    // Another node is ordering it now (or the directory is not answering): the
-                    // next handshake for the name looks in the directory again.
+                    // Another node is ordering it now: the next handshake for the name looks in
+                    // the directory again.
                     Err(OrderError::Locked) => {
                         od.forget(name);
+                        false
+                    }
+                    // The directory is not answering: the name's handshakes are put off for
+                    // `retry_min_secs` (at every one they would ask the ask URL again, while the
+                    // outage lasts).
+                    Err(OrderError::Busy) => {
+                        od.put_off(name, Duration::from_secs(self.config.retry_min_secs));
                         false
                     }
                     // The hour's on-demand orders are used up: the name's handshakes are
@@ -764,7 +771,7 @@ impl Acme {
         match &result {
             Ok(true) => self.metrics.order("issued"),
             // Logged where it was found (another node's lock, or a directory not answering).
-            Ok(false) | Err(OrderError::Locked) => {}
+            Ok(false) | Err(OrderError::Locked | OrderError::Busy) => {}
             // An on-demand name waiting for the hour's place: its handshakes are put off until
             // then (`OnDemand::put_off`), so this is no news at every one.
             Err(e @ OrderError::Throttled(..)) if kind == Kind::OnDemand => {
@@ -834,7 +841,7 @@ impl Acme {
 
     /// `work`, one of an order's state-directory steps, on the blocking pool, holding one of
     /// the [`STATE_STEPS`] places while it runs (a step stalled on the directory keeps it):
-    /// with none free, `name` is not ordered now ([`OrderError::Locked`]).
+    /// with none free, `name` is not ordered now ([`OrderError::Busy`]).
     async fn state_step<T: Send + 'static>(
         &self,
         name: &str,
@@ -842,7 +849,7 @@ impl Acme {
     ) -> Result<T, OrderError> {
         let Ok(place) = self.state_steps.clone().try_acquire_owned() else {
             tracing::info!(%name, steps = STATE_STEPS, "acme: the state directory is not answering (as many of its steps are waiting on it); not ordered now");
-            return Err(OrderError::Locked);
+            return Err(OrderError::Busy);
         };
         off_runtime(move || {
             let done = work();
@@ -1104,7 +1111,7 @@ impl Acme {
     fn backoff(&self, failures: u32, e: &OrderError) -> Duration {
         let min = self.config.retry_min_secs;
         match e {
-            OrderError::Locked => return Duration::from_secs(min),
+            OrderError::Locked | OrderError::Busy => return Duration::from_secs(min),
             // Tried again when an order of the hour's leaves it, not later.
             OrderError::Throttled(_, frees_in) => return (*frees_in).max(Duration::from_secs(1)),
             _ => {}
@@ -1620,6 +1627,36 @@ mod tests {
         assert_eq!(asks.load(Ordering::SeqCst), 1);
     }
 
+    /// Finding (a review of the mend): with every state-directory place held by steps stalled
+    /// on the directory, an on-demand order ended as "another node's lock" and the name was
+    /// forgotten, so each handshake for an allowed name asked the ask URL again for as long as
+    /// the outage lasted. Now the name is put off for `retry_min_secs`.
+    #[tokio::test]
+    async fn a_name_not_ordered_for_a_stalled_directory_is_not_asked_about_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let asks = Arc::new(AtomicUsize::new(0));
+        let acme = on_demand_in(dir.path(), 100, asks.clone()).await;
+        unreachable_issuer(&acme).await;
+        // Every place taken, as by steps waiting on a directory that does not answer.
+        let _stalled = acme
+            .state_steps
+            .clone()
+            .acquire_many_owned(STATE_STEPS as u32)
+            .await
+            .unwrap();
+        let name = "a.example.com";
+        assert!(!acme.obtain(name).await);
+        assert_eq!(asks.load(Ordering::SeqCst), 1);
+        for _ in 0..3 {
+            assert!(!acme.obtain(name).await);
+        }
+        assert_eq!(asks.load(Ordering::SeqCst), 1);
+        let od = acme.on_demand.as_ref().unwrap();
+        assert!(matches!(od.gate(name), Gate::Refused("recently_tried")));
+        // Its minute's place was given back.
+        assert!(od.may_order("b.example.com"));
+    }
+
     #[tokio::test]
     async fn an_on_demand_order_not_placed_gives_its_minute_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -1700,7 +1737,7 @@ mod tests {
         )
         .await
         .unwrap();
-        assert!(matches!(more, Err(OrderError::Locked)), "{more:?}");
+        assert!(matches!(more, Err(OrderError::Busy)), "{more:?}");
         assert!(!dir.path().join("locks/more.test.lock").exists());
         // The server is back: the stalled steps end and give their places back.
         drop(unstall);

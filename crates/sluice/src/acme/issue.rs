@@ -35,6 +35,10 @@ pub enum OrderError {
     /// Another node holds this name's lock (it is ordering it now).
     #[error("another node is ordering this name")]
     Locked,
+    /// Not ordered: as many of this node's state-directory steps as it allows are waiting on
+    /// the directory (a stalled network file system).
+    #[error("the state directory is not answering; not ordered now")]
+    Busy,
     /// Not ordered: this node's own `acme.orders_per_hour` is used up (for an on-demand name: its
     /// half); a place frees in the time given.
     #[error("acme.orders_per_hour ({0}) reached; not ordered (a place frees in {secs} s)", secs = .1.as_secs())]
@@ -51,6 +55,7 @@ impl OrderError {
             OrderError::Setup(_) => "setup_error",
             OrderError::Store(_) => "store_error",
             OrderError::Locked => "locked",
+            OrderError::Busy => "busy",
             OrderError::Throttled(..) => "throttled",
         }
     }
