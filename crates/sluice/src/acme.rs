@@ -64,7 +64,7 @@ pub struct Acme {
     /// Stored files refused (another name's certificate, an expired one over one held, a broken
     /// one), by name, with the file's time and inode: not read again until either changes.
     /// Only configured and held names are remembered, so it holds at most one entry for each.
-    refused: Mutex<HashMap<String, (SystemTime, u64)>>,
+    refused: Mutex<HashMap<String, store::CertStamp>>,
 }
 
 /// Look-ups of other nodes' TLS-ALPN-01 challenges at once (a file read each, off the runtime's
@@ -580,7 +580,7 @@ impl Acme {
         }
     }
 
-    fn refused(&self) -> std::sync::MutexGuard<'_, HashMap<String, (SystemTime, u64)>> {
+    fn refused(&self) -> std::sync::MutexGuard<'_, HashMap<String, store::CertStamp>> {
         self.refused.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -1777,13 +1777,17 @@ mod tests {
         set_time(then);
         acme.refresh_from_store(a);
         assert_eq!(acme.certs.held(a).unwrap().modified, early);
-        // The same file, its time unchanged: not read again (a good certificate written into it
-        // without changing the time shows it).
-        std::fs::write(&path, issued_pem(a)).unwrap();
-        set_time(then);
+        // The same file unchanged: remembered as refused.
         acme.refresh_from_store(a);
         assert_eq!(acme.certs.held(a).unwrap().modified, early);
         assert_eq!(acme.refused().len(), 1);
+        // Rewritten in place within the same time (a writer that truncates and writes, read half
+        // written before): its length tells it from the refused one; read, and taken up.
+        std::fs::write(&path, issued_pem(a)).unwrap();
+        set_time(then);
+        acme.refresh_from_store(a);
+        assert_eq!(acme.certs.held(a).unwrap().modified, then);
+        assert!(acme.refused().is_empty());
         // A new time: read, and taken up.
         let now = SystemTime::now();
         set_time(now);

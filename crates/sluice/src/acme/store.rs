@@ -48,6 +48,10 @@ fn held() -> std::sync::MutexGuard<'static, Option<HashSet<PathBuf>>> {
     HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What tells a stored certificate file from another without reading it
+/// ([`Store::cert_stamp`]): its modification time, inode and length.
+pub type CertStamp = (SystemTime, u64, u64);
+
 /// An exclusive `flock` on a name, released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct NameLock {
@@ -235,13 +239,14 @@ impl Store {
             .join(format!("{}.pem", name.replace('*', "_")))
     }
 
-    /// When `name`'s stored file was last written, and which file it is (its inode: a file
-    /// replaced whole within the file system's time granularity is still another), without
+    /// When `name`'s stored file was last written, which file it is (its inode: a file replaced
+    /// whole within the file system's time granularity is still another) and its length (one
+    /// rewritten in place within that granularity, read half written, differs by it), without
     /// reading it.
-    pub fn cert_stamp(&self, name: &str) -> Option<(SystemTime, u64)> {
+    pub fn cert_stamp(&self, name: &str) -> Option<CertStamp> {
         use std::os::unix::fs::MetadataExt;
         let meta = fs::metadata(self.cert_path(name)).ok()?;
-        Some((meta.modified().ok()?, meta.ino()))
+        Some((meta.modified().ok()?, meta.ino(), meta.len()))
     }
 
     /// The stored chain and key of `name`, with the file's modification time.
