@@ -107,10 +107,14 @@ async fn bounded_read(
 
 /// An order's state-directory steps (its lock, the re-read under it, the write of what was
 /// issued) on the blocking pool at once. A stalled network file system holds each one's thread
-/// until the server is back: past this many, an order is not tried (as if another node held
-/// the name), so handshakes for allowed names cannot fill the blocking pool every other
-/// `spawn_blocking` of the process (resolver, disk cache, reloads) needs.
+/// until the server is back: past this many (after [`STATE_STEP_WAIT`]), an order is not tried
+/// now (an on-demand name is put off for `retry_min_secs`), so handshakes for allowed names
+/// cannot fill the blocking pool every other `spawn_blocking` of the process (resolver, disk
+/// cache, reloads) needs.
 const STATE_STEPS: usize = 4;
+
+/// How long an order waits for one of the [`STATE_STEPS`] places before it is not tried now.
+const STATE_STEP_WAIT: Duration = Duration::from_millis(500);
 
 /// Runs `work` (state-directory I/O) on the blocking pool: the directory may be on a network
 /// file system, where a call stalls for as long as the server is away, and a runtime thread
@@ -841,13 +845,17 @@ impl Acme {
 
     /// `work`, one of an order's state-directory steps, on the blocking pool, holding one of
     /// the [`STATE_STEPS`] places while it runs (a step stalled on the directory keeps it):
-    /// with none free, `name` is not ordered now ([`OrderError::Busy`]).
+    /// with none free within [`STATE_STEP_WAIT`], `name` is not ordered now
+    /// ([`OrderError::Busy`]).
     async fn state_step<T: Send + 'static>(
         &self,
         name: &str,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, OrderError> {
-        let Ok(place) = self.state_steps.clone().try_acquire_owned() else {
+        // A burst of orders (on-demand names arriving together) frees its places within
+        // milliseconds; only places held this long say the directory is not answering.
+        let wait = tokio::time::timeout(STATE_STEP_WAIT, self.state_steps.clone().acquire_owned());
+        let Ok(Ok(place)) = wait.await else {
             tracing::info!(%name, steps = STATE_STEPS, "acme: the state directory is not answering (as many of its steps are waiting on it); not ordered now");
             return Err(OrderError::Busy);
         };
