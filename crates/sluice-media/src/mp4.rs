@@ -260,4 +260,4 @@ impl<'a> Iterator for Boxes<'a> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

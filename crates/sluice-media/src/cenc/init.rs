@@ -188,13 +188,7 @@ fn sample_entry_edit(b: &Mp4Box<'_>, handler: FourCC) -> Result<Edit, CencError>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
-        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
-        out.extend_from_slice(kind);
-        out.extend_from_slice(payload);
-        out
-    }
+    use crate::mp4::tests::bx;
 
     /// The smallest track `read_info` accepts: a 32-byte `trak` holding only a `tkhd`.
     fn trak(track_id: u32) -> Vec<u8> {

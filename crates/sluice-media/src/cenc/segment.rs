@@ -510,13 +510,7 @@ fn outside(job: &Job<'_>, tracks: &[TrackCrypto<'_>]) -> CencError {
 mod tests {
     use super::super::fixup;
     use super::*;
-
-    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
-        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
-        out.extend_from_slice(kind);
-        out.extend_from_slice(payload);
-        out
-    }
+    use crate::mp4::tests::bx;
 
     /// A `traf` of track 1, with an absolute `base_data_offset` when given, and an empty `trun`
     /// whose data offset is `offset`.

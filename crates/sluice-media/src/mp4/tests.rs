@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
+/// A box of `kind` around `payload` (the other modules' tests build theirs with it too).
+pub(crate) fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
     let mut out = ((payload.len() + 8) as u32).to_be_bytes().to_vec();
     out.extend_from_slice(kind);
     out.extend_from_slice(payload);

@@ -168,14 +168,8 @@ fn read_traf(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mp4::tests::bx;
     use crate::remux::Codec;
-
-    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
-        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
-        out.extend_from_slice(kind);
-        out.extend_from_slice(payload);
-        out
-    }
 
     /// A `moof` of track 1 with an absolute `base`, one 8-byte sample at data offset
     /// `offset`, then a 16-byte `mdat`.

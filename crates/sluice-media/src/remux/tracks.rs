@@ -358,13 +358,7 @@ impl Bits<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bx(kind: &[u8; 4], payload: &[u8]) -> Vec<u8> {
-        let mut out = ((8 + payload.len()) as u32).to_be_bytes().to_vec();
-        out.extend_from_slice(kind);
-        out.extend_from_slice(payload);
-        out
-    }
+    use crate::mp4::tests::bx;
 
     /// A timed-text track: read, then left out as MPEG-TS cannot carry it.
     fn text_trak(track_id: u32) -> Vec<u8> {
