@@ -20,7 +20,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::{enc, get, test_config, Sluice};
+use support::{enc, get, stall_while, test_config, Sluice};
 use tokio::net::TcpListener;
 
 const VIDEO_KID: &str = "6d76f25cb17f5e16b8eaef6bbf582d8e";
@@ -1503,28 +1503,6 @@ async fn a_large_mpd_playlist_is_built_off_the_runtime() {
     );
     // Counting 100,000 distinct durations one by one against each other takes tens of seconds.
     assert!(took < Duration::from_secs(10), "{took:?}");
-}
-
-/// The answer of `request`, how long it took and the longest a 2 ms timer on this test's one
-/// runtime thread (which also runs sluice) waited meanwhile: about the time a build held it.
-async fn stall_while<T>(request: impl std::future::Future<Output = T>) -> (T, Duration, Duration) {
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ticking = done.clone();
-    let ticker = tokio::spawn(async move {
-        let mut worst = Duration::ZERO;
-        let mut last = std::time::Instant::now();
-        while !ticking.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            worst = worst.max(last.elapsed());
-            last = std::time::Instant::now();
-        }
-        worst
-    });
-    let started = std::time::Instant::now();
-    let answer = request.await;
-    let took = started.elapsed();
-    done.store(true, Ordering::SeqCst);
-    (answer, took, ticker.await.unwrap())
 }
 
 /// A static MPD of under 1 KB whose one `<S d="1" r="99999"/>` lists 100,000 segments: its

@@ -9,7 +9,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -423,23 +422,7 @@ async fn a_large_mpd_is_rewritten_off_the_runtime() {
     o.put("many/manifest.mpd", mpd.as_bytes());
     let s = Sluice::start(test_config()).await;
     let url = mpd_url(&s, &o, "many", "");
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ticking = done.clone();
-    let ticker = tokio::spawn(async move {
-        let mut worst = Duration::ZERO;
-        let mut last = std::time::Instant::now();
-        while !ticking.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            worst = worst.max(last.elapsed());
-            last = std::time::Instant::now();
-        }
-        worst
-    });
-    let started = std::time::Instant::now();
-    let out = fetch_mpd(&url).await;
-    let took = started.elapsed();
-    done.store(true, Ordering::SeqCst);
-    let worst = ticker.await.unwrap();
+    let (out, took, worst) = support::stall_while(fetch_mpd(&url)).await;
     // Every segment is listed, in order, through sluice.
     let media: Vec<&str> = out
         .split("<SegmentURL media=\"")

@@ -325,3 +325,27 @@ pub async fn get(url: &str) -> Reply {
 pub fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
+
+/// The answer of `request`, how long it took and the longest a 2 ms timer on this test's one
+/// runtime thread (which also runs sluice) waited meanwhile: about the time a build held it.
+pub async fn stall_while<T>(
+    request: impl std::future::Future<Output = T>,
+) -> (T, Duration, Duration) {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticking = done.clone();
+    let ticker = tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        let mut last = std::time::Instant::now();
+        while !ticking.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            worst = worst.max(last.elapsed());
+            last = std::time::Instant::now();
+        }
+        worst
+    });
+    let started = std::time::Instant::now();
+    let answer = request.await;
+    let took = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    (answer, took, ticker.await.unwrap())
+}
