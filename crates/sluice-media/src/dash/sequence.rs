@@ -62,6 +62,23 @@ impl LiveSequence {
         out
     }
 
+    /// Takes in what `other` learned that this state does not know: the bases of Periods it
+    /// placed that this state never saw, and how far it numbered. Two builds that began from one
+    /// state and ran at once are merged so: a Period only one of them saw keeps the base it was
+    /// served with, and neither sequence goes back. A Period both saw keeps this state's base.
+    pub fn merge(&mut self, other: &LiveSequence) {
+        for p in &other.periods {
+            if self.periods.iter().all(|q| q.key != p.key) {
+                if self.periods.len() == MAX_PERIODS {
+                    self.periods.remove(0);
+                }
+                self.periods.push(p.clone());
+            }
+        }
+        self.next = self.next.max(other.next);
+        self.next_discontinuity = self.next_discontinuity.max(other.next_discontinuity);
+    }
+
     /// A Period seen for the first time, starting at `number`; `before` is the segment right
     /// before it in this update, if any.
     fn add(&mut self, key: &str, number: u64, before: Option<Placed>) -> usize {
@@ -134,6 +151,31 @@ mod tests {
             seqs(&mut s, &[("a", 7), ("b", 1), ("b", 2)]),
             [(7, 0), (8, 1), (9, 1)]
         );
+    }
+
+    /// Two builds from one state: the one on the newer MPD placed Period "b"; merged into the
+    /// one on the older MPD (kept first), "b" keeps its base once "a" has left the window.
+    #[test]
+    fn a_merge_keeps_the_periods_only_the_other_build_saw() {
+        let mut start = LiveSequence::default();
+        seqs(&mut start, &[("a", 1), ("a", 2), ("a", 3)]);
+        let mut older = start.clone();
+        seqs(&mut older, &[("a", 2), ("a", 3), ("a", 4)]);
+        let mut newer = start.clone();
+        assert_eq!(
+            seqs(&mut newer, &[("a", 3), ("a", 4), ("b", 1), ("b", 2)]),
+            [(3, 0), (4, 0), (5, 1), (6, 1)]
+        );
+        older.merge(&newer);
+        assert_eq!(seqs(&mut older, &[("b", 2), ("b", 3)]), [(6, 1), (7, 1)]);
+        // Merged the other way, the same.
+        let mut both = newer.clone();
+        both.merge(&start);
+        assert_eq!(both, newer);
+        // Unmerged, "b" seen alone would have been numbered from `next`, back from 6 to 5.
+        let mut alone = start.clone();
+        seqs(&mut alone, &[("a", 4)]);
+        assert_eq!(seqs(&mut alone, &[("b", 2)]), [(5, 1)]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! CPU-heavy media work (decryption, remuxing, parsing and rewriting large answers) on the
-//! blocking pool, in two lanes of a few jobs each.
+//! blocking pool, in three lanes of a few jobs each.
 //!
 //! A job runs to its end once started, even when the request that asked for it is gone (a
 //! blocking thread cannot be stopped), so the jobs running are bounded here, not by the requests
@@ -8,10 +8,12 @@
 //! (the disk tier, the system resolver). Waiting for a place is an ordinary await, so a request
 //! dropped before its job starts never starts it.
 //!
-//! Playback (what a viewer waits for to play on: segments, manifests) and whole documents
-//! (guides, merged lists, provider answers) have a lane each, so seconds of work on a 256 MiB
-//! guide never queue a live segment behind them. Each lane has a place per core the process may use, and at least two
-//! (`available_parallelism` is 1 under a CPU quota of a core or less).
+//! Segments (decryption, remux), manifests (playlists and MPDs a player reloads) and whole
+//! documents (guides, merged lists, provider answers) have a lane each: seconds of work on a
+//! 256 MiB guide never queue a live segment behind them, and a backlog of segment jobs never
+//! holds up the reload a player needs to learn the next segments. Each lane has a place per
+//! core the process may use, and at least two (`available_parallelism` is 1 under a CPU quota
+//! of a core or less).
 
 use std::sync::{Arc, OnceLock};
 
@@ -21,9 +23,11 @@ use tokio::task::JoinError;
 /// Which lane a job waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lane {
-    /// What a viewer waits for to play on: a segment's decryption or remux, a large playlist's
-    /// rewrite or MPD's parse.
-    Playback,
+    /// A segment's decryption or remux.
+    Segment,
+    /// What a player reloads to learn the next segments: a large playlist's rewrite, an MPD's
+    /// parse or rewrite, a media playlist built from an MPD.
+    Manifest,
     /// A whole document: an EPG guide, a playlist merge, an Xtream answer.
     Document,
 }
@@ -39,10 +43,12 @@ fn places_per_lane() -> usize {
 }
 
 fn lane(which: Lane) -> &'static Arc<Semaphore> {
-    static PLAYBACK: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    static SEGMENT: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    static MANIFEST: OnceLock<Arc<Semaphore>> = OnceLock::new();
     static DOCUMENT: OnceLock<Arc<Semaphore>> = OnceLock::new();
     let cell = match which {
-        Lane::Playback => &PLAYBACK,
+        Lane::Segment => &SEGMENT,
+        Lane::Manifest => &MANIFEST,
         Lane::Document => &DOCUMENT,
     };
     cell.get_or_init(|| Arc::new(Semaphore::new(places_per_lane())))
@@ -72,8 +78,8 @@ mod tests {
     use super::*;
 
     /// However many jobs are asked for at once, no more than a lane's places run together; a
-    /// full lane does not hold the other up; and a request dropped while it waits never runs its
-    /// job.
+    /// full lane does not hold the others up; and a request dropped while it waits never runs
+    /// its job.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_run_a_few_at_once_per_lane() {
         let places = places_per_lane();
@@ -94,14 +100,19 @@ mod tests {
             j.await.unwrap().unwrap();
         }
         assert!(most.load(Ordering::SeqCst) <= places, "{most:?} > {places}");
-        // The document lane held whole (other tests of this binary may hold a place for a
-        // moment: waited for, not assumed): a playback job still runs, a waiting document job
-        // dropped never does.
+        // The document and segment lanes held whole (other tests of this binary may hold a place
+        // for a moment: waited for, not assumed): a manifest job still runs, a waiting document
+        // job dropped never does.
         let held = Arc::clone(lane(Lane::Document))
             .acquire_many_owned(places as u32)
             .await
             .unwrap();
-        assert_eq!(run(Lane::Playback, || 7).await.unwrap(), 7);
+        let segments = Arc::clone(lane(Lane::Segment))
+            .acquire_many_owned(places as u32)
+            .await
+            .unwrap();
+        assert_eq!(run(Lane::Manifest, || 7).await.unwrap(), 7);
+        drop(segments);
         let ran = Arc::new(AtomicUsize::new(0));
         let r = Arc::clone(&ran);
         let waiter = tokio::spawn(run(Lane::Document, move || {

@@ -302,7 +302,7 @@ async fn rewrite(
         base,
     };
     let (rewritten, parts, base) = if job.text.len() > BLOCKING_REWRITE_BYTES {
-        crate::media::cpu::run(crate::media::cpu::Lane::Playback, move || job.run())
+        crate::media::cpu::run(crate::media::cpu::Lane::Manifest, move || job.run())
             .await
             .map_err(|e| ProxyError::internal(format!("playlist rewrite failed: {e}")))?
     } else {

@@ -79,14 +79,14 @@ impl ClearSegments {
     }
 }
 
-/// Runs `make` on the blocking pool, in the playback lane of `media::cpu`.
+/// Runs `make` on the blocking pool, in the segment lane of `media::cpu`.
 /// Decrypting or remuxing a segment of up to `media.max_segment_bytes` holds a thread for a long
 /// time; on a runtime worker it would stall every other request queued there. A panic in `make`
 /// is this request's 500, not a hang.
 async fn off_runtime(
     make: impl FnOnce() -> Result<Bytes, ProxyError> + Send + 'static,
 ) -> Result<Bytes, ProxyError> {
-    match crate::media::cpu::run(crate::media::cpu::Lane::Playback, make).await {
+    match crate::media::cpu::run(crate::media::cpu::Lane::Segment, make).await {
         Ok(made) => made,
         Err(e) if e.is_panic() => {
             tracing::error!("a segment decryption or remux panicked");

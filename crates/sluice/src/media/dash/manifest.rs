@@ -86,11 +86,11 @@ pub async fn media(
         // kept only if no other request kept a newer one meanwhile (see `Sequences::keep`).
         let seen = dash.sequences.current(&track);
         job.sequence = seen.clone();
-        // Every build goes to the playback lane, whatever the MPD's size: a 1 KB MPD with one
+        // Every build goes to the manifest lane, whatever the MPD's size: a 1 KB MPD with one
         // `<S r="99999"/>` (or an `@duration` Period of 100,000 slots) lists as many segments,
         // each made into a proxy URL (perhaps a sealed token), as the largest one. Counting them
         // first would repeat the expansion's rules here; the hop costs tens of microseconds.
-        let (back, made) = cpu::run(Lane::Playback, move || job.run())
+        let (back, made) = cpu::run(Lane::Manifest, move || job.run())
             .await
             .map_err(|e| ProxyError::internal(format!("playlist build failed: {e}")))?;
         job = back;
@@ -208,7 +208,7 @@ pub(super) async fn load_mpd_text(
             // A large document is parsed on the blocking pool, as a large HLS playlist is
             // rewritten there: an 8 MiB MPD holds a runtime worker for tens of milliseconds.
             let (bytes, url) = (fetched.bytes.clone(), fetched.final_url.clone());
-            cpu::run(Lane::Playback, move || parse_text(&bytes, &url))
+            cpu::run(Lane::Manifest, move || parse_text(&bytes, &url))
                 .await
                 .map_err(|_| bad_mpd("the parse did not finish"))??
         } else {

@@ -58,7 +58,7 @@ pub async fn manifest(
             // A large MPD may list up to a million segments over its Representations, each
             // made into a proxy URL: rewritten on the blocking pool, like its parse, so a
             // hostile origin's MPD holds no runtime worker (and every connection on it).
-            cpu::run(Lane::Playback, move || job.run())
+            cpu::run(Lane::Manifest, move || job.run())
                 .await
                 .map_err(|e| ProxyError::internal(format!("MPD rewrite failed: {e}")))?
         } else {

@@ -32,20 +32,21 @@ impl Sequences {
         }
     }
 
-    /// Keeps `state`, built from `seen` (what [`Sequences::current`] gave), if the state of `key`
-    /// is still `seen`; else another request kept its own meanwhile and this one's is dropped
-    /// (false). Kept unconditionally, a request on an older MPD that ends after one on a newer
-    /// MPD (which added a Period) would drop that Period's base, and a later playlist would
-    /// number it anew, sending the media sequence back.
+    /// Keeps `state`, built from `seen` (what [`Sequences::current`] gave). If another request
+    /// kept its own state meanwhile, the two are merged instead ([`LiveSequence::merge`]): kept
+    /// unconditionally, a request on an older MPD that ends after one on a newer MPD (which added
+    /// a Period) would drop that Period's base, and dropped, the newer request's base would be
+    /// lost the other way round; either way a later playlist would number the Period anew,
+    /// sending the media sequence back. True when `state` was kept as built.
     pub fn keep(&self, key: &str, seen: &LiveSequence, state: LiveSequence) -> bool {
         let now = Instant::now();
         let mut tracks = self.lock();
-        let unchanged = match tracks.get(key) {
-            Some((kept, at)) if now.duration_since(*at) < IDLE => kept == seen,
-            _ => *seen == LiveSequence::default(),
-        };
-        if !unchanged {
-            return false;
+        if let Some((kept, at)) = tracks.get_mut(key) {
+            if now.duration_since(*at) < IDLE && kept != seen {
+                kept.merge(&state);
+                *at = now;
+                return false;
+            }
         }
         if tracks.len() >= MAX_TRACKS && !tracks.contains_key(key) {
             tracks.retain(|_, (_, seen)| now.duration_since(*seen) < IDLE);
@@ -109,6 +110,39 @@ mod tests {
         let mut lost = LiveSequence::default();
         lost.place(older.iter().copied());
         assert_eq!(placed(&lost, "b", 5), 11);
+    }
+
+    /// Two requests ending the other way round: A (an MPD that added segment 11 of "a") is kept
+    /// first, B (a newer one that also added Period "b", placed from 12) ends after it and is
+    /// merged in, not dropped, so "b" keeps the base B served it with once "a" has left the MPD.
+    #[test]
+    fn a_build_from_a_newer_mpd_ending_last_is_merged_in() {
+        let sequences = Sequences::default();
+        let key = "t";
+        let older: Vec<_> = (1..=10).map(|n| ("a", n)).collect();
+        let mut start = LiveSequence::default();
+        start.place(older.iter().copied());
+        assert!(sequences.keep(key, &LiveSequence::default(), start));
+
+        let seen = sequences.current(key);
+        let mut a = seen.clone();
+        a.place(older.iter().copied().chain([("a", 11)]));
+        let mut b = seen.clone();
+        let newer = older
+            .iter()
+            .copied()
+            .chain([("a", 11)])
+            .chain((1..=5).map(|n| ("b", n)));
+        let numbers: Vec<u64> = b.place(newer).iter().map(|p| p.media_sequence).collect();
+        assert_eq!(numbers, (1..=16).collect::<Vec<_>>());
+
+        assert!(sequences.keep(key, &seen, a));
+        assert!(!sequences.keep(key, &seen, b));
+        assert_eq!(placed(&sequences.current(key), "b", 5), 16);
+        // Dropped, as before: "b" seen alone would be numbered from 12, back from 16 to 12.
+        let mut lost = LiveSequence::default();
+        lost.place(older.iter().copied().chain([("a", 11)]));
+        assert_eq!(placed(&lost, "b", 5), 12);
     }
 
     /// A state kept from what is still there is kept; an unknown track starts empty.
