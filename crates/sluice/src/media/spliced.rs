@@ -73,7 +73,10 @@ pub async fn serve(
             return Ok(None);
         }
     };
-    let early = raw.early.slice(..raw.early.len().min(len as usize));
+    // Compared in u64: on a 32-bit target `len as usize` keeps the low 32 bits of a length past
+    // 4 GiB, which would cut the early bytes short.
+    let take = usize::try_from(len).map_or(raw.early.len(), |len| raw.early.len().min(len));
+    let early = raw.early.slice(..take);
     let rest = len - early.len() as u64;
     upstream.count_received(early.len());
     let mut headers = HeaderMap::new();
