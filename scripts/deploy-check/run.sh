@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The install paths, tested for real (part of scripts/test.sh): builds what they need, then runs
 # check.py. What it builds, and why CI can afford it:
-#   - one static musl binary of the full build (x86_64, profile ci-dist: thin LTO, not the fat
+#   - one static musl binary of the full build (x86_64, profile ci-dist: no LTO, not the fat
 #     LTO of `dist`), for the amd64 image and the .deb;
 #   - the aarch64 router build (profile router, gateway only), run under qemu, and its .ipk.
 # The full matrix (every target, fat LTO, the amd64 + arm64 manifest list) is `scripts/dist`,
