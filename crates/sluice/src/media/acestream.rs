@@ -48,7 +48,7 @@ pub async fn handle(
                 // A player probing the type must not start a P2P session.
                 return Ok(ts_head());
             }
-            let viewer = sessions.join(&content, Kind::Stream).await?;
+            let viewer = sessions.join(&content, Kind::Stream, ctx.client_ip).await?;
             let mut resp = Response::new(viewer.into_body());
             resp.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("video/mp2t"));
@@ -58,7 +58,7 @@ pub async fn handle(
         }
         "manifest.m3u8" => {
             let content = content(ctx)?;
-            let playlist_url = sessions.touch_hls(&content).await?;
+            let playlist_url = sessions.touch_hls(&content, ctx.client_ip).await?;
             // The engine's playlist goes through the HLS proxy like any other; the session stays
             // open while players keep refreshing it.
             let mut hls_ctx = ctx.clone();

@@ -184,7 +184,8 @@ pub struct AcestreamConfig {
     pub linger_secs: u64,
     /// Bytes of stream each session buffers for its viewers; a viewer further behind skips ahead.
     pub buffer_bytes: usize,
-    /// Engine sessions open at once; more answer 503.
+    /// Engine sessions open at once; more answer 503. One client (an IPv4 address, an IPv6 /64)
+    /// may open at most half of them (joining one already open is always allowed).
     pub max_sessions: usize,
 }
 

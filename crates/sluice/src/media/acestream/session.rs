@@ -2,6 +2,7 @@
 //! broadcast buffer, viewers as reader positions, linger after the last one, then `stop`.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +20,7 @@ use url::Url;
 
 use super::AcestreamConfig;
 use crate::error::{ProxyError, Side};
+use crate::net::per_ip::network_of;
 use crate::upstream::relay::RelayBody;
 use crate::upstream::{Upstream, UpstreamError, UpstreamRequest, UpstreamResponse};
 
@@ -45,12 +47,16 @@ pub struct Sessions {
     engine: Url,
     config: AcestreamConfig,
     map: Mutex<HashMap<String, Arc<Session>>>,
+    /// Linger tasks running now, at most one per session (tests check it).
+    linger_tasks: Arc<AtomicUsize>,
 }
 
 struct Session {
     key: String,
     kind: Kind,
     content: Content,
+    /// The client that opened it, by [`network_of`]: what the per-client share counts.
+    client: IpAddr,
     /// The engine's answer, fetched once by whichever viewer came first.
     started: OnceCell<Result<EngineSession, String>>,
     /// Changed only under the map lock, so joining and the linger check never race.
@@ -60,6 +66,9 @@ struct Session {
     closed: CancellationToken,
     /// Set by whichever side closes first, so the engine is told to stop once.
     stopping: AtomicBool,
+    /// Set while the session's one linger task runs: a departure then starts no other, since
+    /// that task re-reads `touched` and so covers it.
+    lingering: AtomicBool,
     bytes: AtomicU64,
     /// Chunks viewers skipped because they fell more than the buffer behind.
     skipped: AtomicU64,
@@ -88,16 +97,18 @@ impl Sessions {
             engine: Url::parse(&config.engine_url)?,
             config: config.clone(),
             map: Mutex::new(HashMap::new()),
+            linger_tasks: Arc::new(AtomicUsize::new(0)),
         }))
     }
 
-    /// Joins (or opens) the stream session for `content` as one more viewer.
+    /// Joins (or opens, for `client`) the stream session for `content` as one more viewer.
     pub async fn join(
         self: &Arc<Self>,
         content: &Content,
         kind: Kind,
+        client: IpAddr,
     ) -> Result<Viewer, ProxyError> {
-        let session = self.enter(content, kind)?;
+        let session = self.enter(content, kind, client)?;
         let guard = ViewerGuard {
             sessions: self.clone(),
             session: session.clone(),
@@ -114,8 +125,12 @@ impl Sessions {
     }
 
     /// Opens or refreshes the HLS session for `content`; the engine's playlist URL.
-    pub async fn touch_hls(self: &Arc<Self>, content: &Content) -> Result<String, ProxyError> {
-        let session = self.enter(content, Kind::Hls)?;
+    pub async fn touch_hls(
+        self: &Arc<Self>,
+        content: &Content,
+        client: IpAddr,
+    ) -> Result<String, ProxyError> {
+        let session = self.enter(content, Kind::Hls, client)?;
         // An HLS player holds no connection: count it as a viewer only while this request runs,
         // and let the linger timer measure from its last refresh.
         let guard = ViewerGuard {
@@ -128,14 +143,24 @@ impl Sessions {
         Ok(started.playback_url)
     }
 
-    fn enter(&self, content: &Content, kind: Kind) -> Result<Arc<Session>, ProxyError> {
+    fn enter(
+        &self,
+        content: &Content,
+        kind: Kind,
+        client: IpAddr,
+    ) -> Result<Arc<Session>, ProxyError> {
         let key = format!("{}:{}", kind_label(kind), content.key());
+        let client = network_of(client);
         let mut map = lock(&self.map);
         let session = match map.get(&key) {
             Some(s) if !s.closed.is_cancelled() => s.clone(),
             _ => {
                 map.retain(|_, s| !s.closed.is_cancelled());
-                if map.len() >= self.config.max_sessions {
+                // One client may open at most half the pool, so touching many ids cannot take
+                // every session from the others; joining an open one is always allowed.
+                let share = (self.config.max_sessions / 2).max(1);
+                let own = map.values().filter(|s| s.client == client).count();
+                if map.len() >= self.config.max_sessions || own >= share {
                     return Err(ProxyError::downstream(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "acestream_sessions",
@@ -148,11 +173,13 @@ impl Sessions {
                     key: key.clone(),
                     kind,
                     content: content.clone(),
+                    client,
                     started: OnceCell::new(),
                     viewers: AtomicUsize::new(0),
                     tx,
                     closed: CancellationToken::new(),
                     stopping: AtomicBool::new(false),
+                    lingering: AtomicBool::new(false),
                     bytes: AtomicU64::new(0),
                     skipped: AtomicU64::new(0),
                     opened: Instant::now(),
@@ -391,34 +418,58 @@ impl Sessions {
         if !now_empty || session.closed.is_cancelled() {
             return;
         }
-        let sessions = self.clone();
-        let session = session.clone();
-        let linger = Duration::from_secs(self.config.linger_secs);
+        // Every HLS refresh is a departure: without this, each one added a task that lived as
+        // long as the session, so a day of refreshes left tens of thousands on one session.
+        if session.lingering.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            session.lingering.store(false, Ordering::SeqCst);
             return;
         };
-        rt.spawn(async move {
-            loop {
-                let since = *lock(&session.touched);
-                tokio::select! {
-                    _ = session.closed.cancelled() => return,
-                    _ = tokio::time::sleep_until(since + linger) => {}
-                }
-                let expired = {
-                    let _map = lock(&sessions.map);
-                    session.viewers.load(Ordering::SeqCst) == 0
-                        && lock(&session.touched).elapsed() >= linger
-                };
-                if expired {
-                    sessions.close(&session).await;
-                    return;
-                }
-                if session.viewers.load(Ordering::SeqCst) > 0 {
-                    // Rejoined: the next viewer to leave starts a new timer.
-                    return;
-                }
+        let alive = LingerTask::new(&self.linger_tasks);
+        rt.spawn(self.clone().linger(session.clone(), alive));
+    }
+
+    /// The session's one linger task: closes it once it has had no viewer and no refresh for
+    /// `linger_secs`; stands down when a viewer rejoins.
+    async fn linger(self: Arc<Self>, session: Arc<Session>, _alive: LingerTask) {
+        let linger = Duration::from_secs(self.config.linger_secs);
+        loop {
+            let since = *lock(&session.touched);
+            tokio::select! {
+                _ = session.closed.cancelled() => return,
+                _ = tokio::time::sleep_until(since + linger) => {}
             }
-        });
+            let (empty, expired) = {
+                let _map = lock(&self.map);
+                let empty = session.viewers.load(Ordering::SeqCst) == 0;
+                (empty, empty && lock(&session.touched).elapsed() >= linger)
+            };
+            if expired {
+                self.close(&session).await;
+                return;
+            }
+            if empty {
+                continue;
+            }
+            // Rejoined: the next viewer to leave starts the timer again. A viewer who left
+            // between the check above and clearing the flag saw it still set and started
+            // nothing, so look once more after clearing it and carry on for them.
+            session.lingering.store(false, Ordering::SeqCst);
+            if session.viewers.load(Ordering::SeqCst) > 0
+                || session.closed.is_cancelled()
+                || session.lingering.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+    }
+
+    /// Linger tasks running now.
+    #[cfg(test)]
+    fn linger_tasks(&self) -> usize {
+        self.linger_tasks.load(Ordering::SeqCst)
     }
 
     /// Every open session (or the one for `only`), with the engine's statistics.
@@ -476,6 +527,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Counts one linger task for as long as it lives, including a task dropped unrun.
+struct LingerTask(Arc<AtomicUsize>);
+
+impl LingerTask {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        LingerTask(count.clone())
+    }
+}
+
+impl Drop for LingerTask {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Counts one viewer for as long as it lives.
 struct ViewerGuard {
     sessions: Arc<Sessions>,
@@ -524,5 +591,158 @@ impl Viewer {
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Linger tasks and the per-client share, against a small scripted engine on 127.0.0.1:0.
+
+    use super::*;
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use std::convert::Infallible;
+
+    /// An engine answering the HLS session call for any id, counting `stop` commands.
+    async fn engine() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stops = Arc::new(AtomicUsize::new(0));
+        let counted = stops.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let stops = counted.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let stops = stops.clone();
+                        async move {
+                            let body = match req.uri().path() {
+                                "/ace/manifest.m3u8" => format!(
+                                    r#"{{"response":{{"playback_url":"/ace/m/h1.m3u8","stat_url":"/ace/stat/h1","command_url":"/ace/cmd/h1","infohash":"{}","playback_session_id":"h1","is_live":1,"is_encrypted":0}},"error":null}}"#,
+                                    "0".repeat(40)
+                                ),
+                                "/ace/cmd/h1" if req.uri().query() == Some("method=stop") => {
+                                    stops.fetch_add(1, Ordering::SeqCst);
+                                    r#"{"response":"ok","error":null}"#.to_string()
+                                }
+                                _ => String::new(),
+                            };
+                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body))))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        (format!("http://{addr}"), stops)
+    }
+
+    fn sessions(engine_url: &str, linger_secs: u64, max_sessions: usize) -> Arc<Sessions> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let upstream_config = crate::upstream::UpstreamConfig {
+            allow_private: true,
+            ..Default::default()
+        };
+        let upstream = Upstream::new(&upstream_config, &mut registry).unwrap();
+        let config = AcestreamConfig {
+            engine_url: engine_url.into(),
+            linger_secs,
+            max_sessions,
+            ..Default::default()
+        };
+        Sessions::new(upstream, &config).unwrap()
+    }
+
+    fn content(n: u8) -> Content {
+        Content::from_params(Some(&format!("{n:040x}")), None).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn hls_refreshes_keep_one_linger_task_and_still_close() {
+        let (url, stops) = engine().await;
+        let sessions = sessions(&url, 1, 16);
+        let client = ip("192.0.2.7");
+        let mut most = 0;
+        for _ in 0..200 {
+            let playlist = sessions.touch_hls(&content(1), client).await.unwrap();
+            assert_eq!(playlist, format!("{url}/ace/m/h1.m3u8"));
+            most = most.max(sessions.linger_tasks());
+        }
+        assert_eq!(most, 1, "linger tasks alive at once");
+        assert_eq!(stops.load(Ordering::SeqCst), 0);
+
+        // No refresh for the linger: the engine is told to stop, once, and the task is gone.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while stops.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(stops.load(Ordering::SeqCst), 1, "session not stopped");
+        assert!(sessions.report(None).await.is_empty());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(sessions.linger_tasks(), 0);
+        assert_eq!(stops.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejoined_session_lingers_again_after_its_next_viewer() {
+        let sessions = sessions("http://127.0.0.1:9", 10, 16);
+        let viewer = |s: &Arc<Sessions>| ViewerGuard {
+            sessions: s.clone(),
+            session: s.enter(&content(1), Kind::Hls, ip("192.0.2.7")).unwrap(),
+        };
+        let first = viewer(&sessions);
+        let session = first.session.clone();
+        drop(first);
+        assert_eq!(sessions.linger_tasks(), 1);
+        // Back before the linger ends: the task stands down when it wakes.
+        let second = viewer(&sessions);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(sessions.linger_tasks(), 0);
+        assert!(!session.closed.is_cancelled());
+        // The last viewer leaves again: a new linger closes the session.
+        drop(second);
+        assert_eq!(sessions.linger_tasks(), 1);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!session.closed.is_cancelled(), "closed before the linger");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(session.closed.is_cancelled());
+        assert_eq!(sessions.linger_tasks(), 0);
+    }
+
+    #[tokio::test]
+    async fn one_client_opens_at_most_half_the_sessions() {
+        let pool = sessions("http://127.0.0.1:9", 10, 4);
+        let refused = |r: Result<Arc<Session>, ProxyError>| {
+            let e = r.err().expect("opened past the limit");
+            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(e.kind, "acestream_sessions");
+        };
+        let a = ip("192.0.2.7");
+        pool.enter(&content(1), Kind::Hls, a).unwrap();
+        pool.enter(&content(2), Kind::Stream, a).unwrap();
+        refused(pool.enter(&content(3), Kind::Hls, a));
+        // Joining a session already open is not opening one, whoever opened it.
+        pool.enter(&content(1), Kind::Hls, a).unwrap();
+        // An IPv6 client counts by its /64, an IPv4-mapped one as IPv4.
+        let b = ip("2001:db8:1:2::1");
+        pool.enter(&content(3), Kind::Hls, b).unwrap();
+        pool.enter(&content(1), Kind::Stream, b).unwrap();
+        pool.enter(&content(1), Kind::Hls, b).unwrap();
+        refused(pool.enter(&content(4), Kind::Hls, ip("2001:db8:1:2::ffff")));
+        refused(pool.enter(&content(4), Kind::Hls, ip("::ffff:192.0.2.7")));
+        // The pool is full for everyone else.
+        refused(pool.enter(&content(4), Kind::Hls, ip("198.51.100.1")));
+
+        // A pool of one still lets one client open it.
+        let small = sessions("http://127.0.0.1:9", 10, 1);
+        small.enter(&content(1), Kind::Hls, a).unwrap();
+        refused(small.enter(&content(2), Kind::Hls, b));
     }
 }
