@@ -33,6 +33,10 @@ const SHORT_URLS_PASS: &str = "short-urls";
 /// is sent as it came.
 const BIG_ACTION: &str = "get_big_list";
 const BIG_LEN: usize = 6_500_000;
+/// An action the scripted panel does not know, so answers the login object to (as a real one does).
+const LOGIN_ACTION: &str = "bogus";
+/// The host name the scripted panel gives for itself in `server_info`.
+const PANEL_HOST: &str = "xc-panel.test";
 /// A live stream the scripted panel never answers (it holds the request 5 s).
 const HELD_STREAM: &str = "/live/alice/xcsecret/999.ts";
 
@@ -117,10 +121,18 @@ fn panel_answer(
             Bytes::from(format!("{origin}/{XC_USER}/p/1\n").repeat(50_000)),
         )),
         "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
+        // The older combined API: the login object with every channel beside it.
+        "/panel_api.php" if creds_ok => json(format!(
+            r#"{{"user_info":{},"server_info":{},"available_channels":{{"101":{{"name":"News One","direct_source":"{escaped}\/live\/{XC_USER}\/{XC_PASS}\/101.ts"}}}}}}"#,
+            user_info(),
+            server_info(addr)
+        )),
         "/player_api.php" => match q("action") {
-            None => json(format!(
-                r#"{{"user_info":{{"username":"{XC_USER}","password":"{XC_PASS}","auth":1,"status":"Active"}},"server_info":{{"url":"127.0.0.1","port":"{}","https_port":"443","server_protocol":"http","timezone":"UTC"}}}}"#,
-                addr.port()
+            // A real panel answers the login object to an empty or unknown action too.
+            None | Some("" | LOGIN_ACTION) => json(format!(
+                r#"{{"user_info":{},"server_info":{}}}"#,
+                user_info(),
+                server_info(addr)
             )),
             Some("get_live_categories") => {
                 json(r#"[{"category_id":"1","category_name":"News","parent_id":0}]"#.into())
@@ -186,6 +198,20 @@ fn panel_answer(
             .body(Full::new(Bytes::new()))
             .unwrap(),
     }
+}
+
+/// The login object's `user_info` for `alice`.
+fn user_info() -> String {
+    format!(r#"{{"username":"{XC_USER}","password":"{XC_PASS}","auth":1,"status":"Active"}}"#)
+}
+
+/// The login object's `server_info`: the panel's own port, and a host name of its own (the
+/// panel listens on loopback, as sluice does, so its address would not tell them apart).
+fn server_info(addr: SocketAddr) -> String {
+    format!(
+        r#"{{"url":"{PANEL_HOST}","port":"{}","https_port":"443","server_protocol":"http","timezone":"UTC"}}"#,
+        addr.port()
+    )
 }
 
 fn b64(s: &str) -> String {
@@ -301,6 +327,83 @@ async fn login_lists_and_streams_through_the_token_username() {
         text(&series),
         r#"[{"num":1,"name":"A Series","series_id":303,"cover":"http:\/\/img.example\/c.jpg"}]"#
     );
+}
+
+/// XC panels answer the login object to more than the login: to `panel_api.php`, and to
+/// `player_api.php` with an empty or unknown `action`. Through a token each names sluice as the
+/// server and the token as the username, as the login does; the panel's address, port and the
+/// account's username appear nowhere in the bytes (the password is the one the player sent).
+#[tokio::test]
+async fn login_objects_on_other_paths_do_not_name_the_provider() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let port = p.addr.port().to_string();
+    for path in [
+        "/panel_api.php?".to_string(),
+        "/player_api.php?action=&".to_string(),
+        format!("/player_api.php?action={LOGIN_ACTION}&"),
+    ] {
+        let r = get(&s.url(&format!("{path}username={token}&password={XC_PASS}"))).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        let body = r.body.unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        // A token sealed for this answer (each has its own nonce) that opens the same account.
+        let user = v["user_info"]["username"].as_str().unwrap();
+        assert!(user.starts_with("s1.") && user != token, "{path}: {user}");
+        let cats = get(&s.url(&format!(
+            "/player_api.php?username={user}&password={XC_PASS}&action=get_live_categories"
+        )))
+        .await;
+        assert_eq!(
+            text(&cats),
+            r#"[{"category_id":"1","category_name":"News","parent_id":0}]"#
+        );
+        assert_eq!(v["user_info"]["password"], XC_PASS, "{path}");
+        assert_eq!(v["server_info"]["url"], "127.0.0.1", "{path}");
+        assert_eq!(
+            v["server_info"]["port"],
+            s.addr.port().to_string(),
+            "{path}"
+        );
+        assert_eq!(
+            v["server_info"]["https_port"],
+            s.addr.port().to_string(),
+            "{path}"
+        );
+        let holds = |needle: &str| body.windows(needle.len()).any(|w| w == needle.as_bytes());
+        for hidden in [
+            PANEL_HOST.to_string(),
+            p.addr.to_string(),
+            port.clone(),
+            XC_USER.to_string(),
+        ] {
+            assert!(!holds(&hidden), "{path}: {hidden} in {body:?}");
+        }
+    }
+    // The channels beside the login object point at sluice under the token.
+    let r = get(&s.url(&format!(
+        "/panel_api.php?username={token}&password={XC_PASS}"
+    )))
+    .await;
+    let v: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+    let direct = v["available_channels"]["101"]["direct_source"]
+        .as_str()
+        .unwrap();
+    let rest = direct
+        .strip_prefix(&format!("http://{}/live/s1.", s.addr))
+        .unwrap();
+    assert!(rest.ends_with(&format!("/{XC_PASS}/101.ts")), "{direct}");
+    let r = get(direct).await;
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    // Each reached the panel under the account's own username.
+    let seen = p.seen.lock().unwrap();
+    for want in [
+        format!("/panel_api.php?username={XC_USER}&password={XC_PASS}"),
+        format!("/player_api.php?username={XC_USER}&action=&password={XC_PASS}"),
+        format!("/player_api.php?username={XC_USER}&action={LOGIN_ACTION}&password={XC_PASS}"),
+    ] {
+        assert!(seen.contains(&want), "{want} not in {seen:?}");
+    }
 }
 
 #[tokio::test]

@@ -273,7 +273,8 @@ impl Xtream {
             ));
         }
         let content_type = up.headers.get(header::CONTENT_TYPE).cloned();
-        // A login answer is parsed as JSON, so it is held to what a real one needs.
+        // A login answer is parsed as JSON, so it is held to what a real one needs. A login
+        // object answered elsewhere is found in the answer itself (see [`rewrite`]).
         let login = api == Api::Player && ctx.query.get("action").is_none();
         let limit = match login {
             true => MAX_LOGIN_BYTES.min(self.max_response_bytes),
@@ -449,12 +450,17 @@ fn rewritten_within(
 /// the provider's fault (`Err(None)`, a 502 like a login answer past [`MAX_LOGIN_BYTES`]); past
 /// what the other answers leave, or the client's share beside its other answers, `Err(Some(503))`.
 /// With whether the output is the answer itself.
+///
+/// `login` says the request was a login; any other answer that is a login object (see
+/// [`is_login_object`]) is rewritten as one too, since it names the provider's host, port and
+/// username just the same. A login object over [`MAX_LOGIN_BYTES`] is not parsed: `Err(None)`.
 fn rewrite(
     rewriter: &Rewriter,
     bytes: &Bytes,
     login: bool,
     held: &mut Held,
 ) -> Result<(Bytes, bool), Option<ProxyError>> {
+    let login = login || is_login_object(bytes);
     let cap = bytes
         .len()
         .saturating_mul(MAX_GROWTH)
@@ -478,6 +484,118 @@ fn rewrite(
         Some(Cow::Owned(out)) => Ok((Bytes::from(out), false)),
         None => Err(busy),
     }
+}
+
+/// Whether `body` is a JSON object with `user_info` or `server_info` among its own keys, compared
+/// as JSON decodes them: the login object, which XC panels answer to more than the login
+/// (`panel_api.php`, `player_api.php` with an empty or unknown `action`). It builds nothing, so
+/// it costs nothing however large the answer: values are skipped by their strings and brackets
+/// alone (an answer that is not JSON is not parsed as JSON afterwards either).
+fn is_login_object(body: &[u8]) -> bool {
+    let mut at = skip_space(body, 0);
+    if body.get(at) != Some(&b'{') {
+        return false;
+    }
+    loop {
+        at = skip_space(body, at + 1);
+        // An empty object, or not JSON.
+        if body.get(at) != Some(&b'"') {
+            return false;
+        }
+        let Some((login_key, end)) = login_key(body, at + 1) else {
+            return false;
+        };
+        if login_key {
+            return true;
+        }
+        at = skip_space(body, end);
+        if body.get(at) != Some(&b':') {
+            return false;
+        }
+        match value_end(body, at + 1) {
+            Some(end) if body[end] == b',' => at = end,
+            _ => return false,
+        }
+    }
+}
+
+/// The first index at or after `at` that is not JSON white space.
+fn skip_space(body: &[u8], at: usize) -> usize {
+    at + body
+        .get(at..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .count()
+}
+
+/// Whether the JSON string starting after its opening quote at `at` decodes to `user_info` or
+/// `server_info`, and the index after its closing quote; `None` when it does not end.
+fn login_key(body: &[u8], mut at: usize) -> Option<(bool, usize)> {
+    // Decoded into room for the longer name only: a longer key is neither.
+    let mut key = [0u8; 11];
+    let (mut len, mut fits) = (0, true);
+    loop {
+        let mut c = *body.get(at)?;
+        at += 1;
+        match c {
+            b'"' => break,
+            b'\\' => {
+                c = *body.get(at)?;
+                at += 1;
+                c = match c {
+                    b'u' => {
+                        let hex = std::str::from_utf8(body.get(at..at + 4)?).ok()?;
+                        at += 4;
+                        // Neither name has a character past ASCII (0xFF is never in UTF-8).
+                        u8::try_from(u16::from_str_radix(hex, 16).ok()?)
+                            .ok()
+                            .filter(u8::is_ascii)
+                            .unwrap_or(0xFF)
+                    }
+                    b'b' => 0x08,
+                    b'f' => 0x0C,
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    other => other,
+                };
+            }
+            _ => {}
+        }
+        match key.get_mut(len) {
+            Some(slot) => {
+                *slot = c;
+                len += 1;
+            }
+            None => fits = false,
+        }
+    }
+    let named = fits && matches!(&key[..len], b"user_info" | b"server_info");
+    Some((named, at))
+}
+
+/// The index of the `,` or `}` that ends the object member's value starting at `at`, or `None`
+/// when the object does not go on.
+fn value_end(body: &[u8], mut at: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    while let Some(&c) = body.get(at) {
+        match c {
+            b'"' => {
+                // To its closing quote, stepping over each escaped character.
+                at += 1;
+                while *body.get(at)? != b'"' {
+                    at += if body[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b',' | b'}' if depth == 0 => return Some(at),
+            b'}' | b']' => depth = depth.checked_sub(1)?,
+            _ => {}
+        }
+        at += 1;
+    }
+    None
 }
 
 /// `scheme://host[:port]` as the client addressed us.
@@ -845,6 +963,77 @@ mod tests {
             budget.kib.available_permits(),
             4096 - sent.rest.len().div_ceil(1024)
         );
+    }
+
+    /// A login object is told by its own keys as JSON decodes them; an array, another object, a
+    /// login key deeper down or inside a string, and text that is not JSON are not one.
+    #[test]
+    fn a_login_object_is_told_by_its_own_keys() {
+        for yes in [
+            r#"{"user_info":{"username":"alice"}}"#,
+            r#" {"a":[1,{"b":"}]"}],"s":"x\"y,}","n":null,"server_info":{}}"#,
+            r#"{"user\u005Finfo":1}"#,
+            "\r\n{\t\"server_info\" :{}}",
+        ] {
+            assert!(is_login_object(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            r#"[{"user_info":{}}]"#,
+            r#"{"a":{"user_info":{}},"b":"\",\"server_info\":"}"#,
+            r#"{"user_infos":1,"xuser_info":2,"user_info\u00e9":3}"#,
+            r#"{"a":[1}],"user_info":{}}"#,
+            r#"{"a":1,}"#,
+            r#"{"a":"\"#,
+            r#"{"user_in"#,
+            "{}",
+            "",
+            "#EXTM3U\n{\"user_info\":{}}",
+        ] {
+            assert!(!is_login_object(no.as_bytes()), "{no}");
+        }
+        assert!(!is_login_object(b"{\"a\":\"\xff\",\"\\u00"));
+    }
+
+    /// A login object is rewritten as the login is whatever asked for it: the public host,
+    /// port and username, never the provider's; an array beside it is sent as it came, and a
+    /// login object past [`MAX_LOGIN_BYTES`] is not parsed but refused (a text rewrite alone
+    /// would leave the host and username in it).
+    #[test]
+    fn a_login_object_is_rewritten_whatever_asked_for_it() {
+        let budget = Budget::new(8192, 8192);
+        let send = |body: String| {
+            let mut held = Held::new(&budget, A);
+            held.reserve(body.len()).unwrap();
+            let answer = Answer {
+                capacity: body.len(),
+                bytes: Bytes::from(body),
+            };
+            rewritten_within(&R, answer, false, held).map(|sent| sent.rest)
+        };
+        let login = |pad: usize| {
+            format!(
+                r#"{{"user_info":{{"username":"alice","password":"pw"}},"server_info":{{"url":"xc.example","port":"8080"}},"available_channels":{{"1":{{"direct_source":"http:\/\/xc.example\/live\/alice\/pw\/1.ts"}}}},"pad":"{}"}}"#,
+                "x".repeat(pad)
+            )
+        };
+        let out = send(login(0)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["user_info"]["username"], "TOK");
+        assert_eq!(v["server_info"]["url"], "proxy.example");
+        assert_eq!(v["server_info"]["port"], "443");
+        assert_eq!(
+            v["available_channels"]["1"]["direct_source"],
+            "https://proxy.example/live/TOK/pw/1.ts"
+        );
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            !text.contains("alice") && !text.contains("xc.example"),
+            "{text}"
+        );
+        let list = r#"[{"user_info":{"username":"alice"}}]"#.to_string();
+        assert_eq!(send(list.clone()).unwrap(), list.as_bytes());
+        assert!(matches!(send(login(MAX_LOGIN_BYTES)), Err(None)));
+        assert_eq!(budget.kib.available_permits(), 8192);
     }
 
     /// Two addresses of one IPv6 /64 are one client (a host commonly has the whole /64); an
