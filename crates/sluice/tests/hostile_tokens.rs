@@ -14,7 +14,7 @@ use http::Response;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use sluice_media::token::sealed::{Grant, SealedKey};
+use sluice_media::token::sealed::{Grant, SealedError, SealedKey};
 use sluice_media::token::TokenKey;
 use support::*;
 use tokio::net::TcpListener;
@@ -600,4 +600,46 @@ async fn a_paced_refusal_does_not_name_a_tokens_hidden_host() {
     assert!(v.get("upstream").is_none(), "{body}");
     assert!(!body.contains("127.0.0.1"), "{body}");
     assert_eq!(origin.requests(), 1);
+}
+
+/// Any token a player holds tests a password guess offline: its tag verifies or not. A token the
+/// server mints must not open under the fast key schedule (HKDF of the password alone) even for
+/// the right password, so each guess costs an Argon2id. A token sealed under that old schedule
+/// before the change (a saved XC username) still plays, and only under the server's password.
+#[tokio::test]
+async fn a_minted_token_cannot_test_password_guesses_at_hkdf_speed() {
+    let origin = HlsOrigin::start().await;
+    let s = sluice(false).await;
+    let want = reference(&s).await;
+    let child = child_segment_url(&s, &origin).await;
+    let (_, token, _) = split_token(&child);
+    for guess in ["password", "hunter2", PW] {
+        assert_eq!(
+            SealedKey::legacy(guess).open(token),
+            Err(SealedError::Authentication),
+            "{guess}"
+        );
+    }
+    assert!(SealedKey::derive(PW).open(token).is_ok());
+    let r = get(&child).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+    // Legacy tokens: the server's password plays, another is the reference refusal.
+    let grant = Grant {
+        params: vec![("d".into(), origin.url("/live/seg1.ts"))],
+        scope: vec!["/proxy/hls/".into()],
+        exp: Some(now() + 60),
+        ip: None,
+    };
+    let old = SealedKey::legacy(PW).seal(&grant, [8; 24]);
+    let r = get(&s.url(&format!("/_token_{old}/proxy/hls/segment.ts"))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+    let fetched = origin.requests();
+    let foreign = SealedKey::legacy("another-password").seal(&grant, [8; 24]);
+    assert_eq!(
+        observe(&s.url(&format!("/_token_{foreign}/proxy/hls/segment.ts"))).await,
+        want
+    );
+    assert_eq!(origin.requests(), fetched);
 }

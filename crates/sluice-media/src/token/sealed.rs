@@ -1,9 +1,13 @@
-//! Tokens that sluice mints for itself: XChaCha20-Poly1305 over a small JSON grant, key from HKDF.
+//! Tokens that sluice mints for itself: XChaCha20-Poly1305 over a small JSON grant, key from the
+//! password by Argon2id then HKDF.
 //!
 //! No I/O and no clock: the caller supplies the nonce (randomness) and checks expiry.
 //!
 //! Wire format (version 1):
-//! - key: HKDF-SHA256 (no salt, info [`KEY_CONTEXT`]) of the password's UTF-8 bytes, 32 bytes;
+//! - key: Argon2id ([`ARGON2_M_KIB`], [`ARGON2_T`], [`ARGON2_P`], salt [`ARGON2_SALT`]) of the
+//!   password's UTF-8 bytes, 32 bytes, then HKDF-SHA256 (no salt, info [`KEY_CONTEXT`]), 32 bytes.
+//!   Tokens sealed before that under HKDF of the bare password (the legacy key) still open, and
+//!   nothing new is sealed under it (docs/decisions/sealed-token-kdf.md);
 //! - plaintext: a JSON object `{"p":[[name,value],...],"s":[path prefix,...],"e":exp,"i":ip}`;
 //! - token: `s1.` followed by base64url without padding of `nonce (24 bytes) || ciphertext || tag`;
 //!   the version prefix `s1.` is bound into the tag as associated data.
@@ -12,6 +16,9 @@
 //! prefix alone: no trial decryption. A token whose tag does not verify is refused before a byte of
 //! its plaintext is looked at. The extended (24-byte) nonce makes random nonces safe for as many
 //! tokens as a server will ever mint under one password.
+//!
+//! Every token a client holds is a test of a password guess (the tag verifies or not), so the key
+//! costs a memory-hard hash to derive: a guess costs an attacker the same, not a microsecond.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -25,6 +32,27 @@ pub const SEALED_PREFIX: &str = "s1.";
 /// HKDF `info`: fixes what the derived key is for, so it is never the same key as anything else
 /// derived from the password.
 pub const KEY_CONTEXT: &[u8] = b"sluice token v1 xchacha20poly1305";
+
+/// Argon2id salt. Fixed: the key must come out the same on every start and on every server given
+/// the password, and there is nowhere else to keep a salt. It keeps this hash apart from any other
+/// Argon2id of the password, but a dictionary hashed once under it serves against every sluice
+/// (docs/decisions/sealed-token-kdf.md).
+pub const ARGON2_SALT: &[u8] = b"sluice sealed-token key v2";
+
+/// Argon2id memory in KiB (19 MiB); with [`ARGON2_T`] and [`ARGON2_P`], OWASP's minimum for
+/// Argon2id. Paid once per start or reload, and small enough for the router build's 64 MB.
+pub const ARGON2_M_KIB: u32 = 19 * 1024;
+/// Argon2id passes over the memory.
+pub const ARGON2_T: u32 = 2;
+/// Argon2id lanes.
+pub const ARGON2_P: u32 = 1;
+
+const ARGON2_PARAMS: argon2::Params =
+    match argon2::Params::new(ARGON2_M_KIB, ARGON2_T, ARGON2_P, Some(32)) {
+        Ok(params) => params,
+        // Evaluated at compile time: bad constants fail the build, never a request.
+        Err(_) => panic!("invalid Argon2id parameters"),
+    };
 
 /// Bytes of nonce in front of every sealed token.
 pub const NONCE_LEN: usize = 24;
@@ -69,17 +97,13 @@ pub struct Grant {
     pub ip: Option<String>,
 }
 
-impl Grant {
-    /// `true` when `path` lies under one of the grant's prefixes.
-    pub fn allows_path(&self, path: &str) -> bool {
-        self.scope.iter().any(|prefix| path.starts_with(prefix))
-    }
-}
-
 /// A sealing key derived once from the password.
 #[derive(Clone)]
 pub struct SealedKey {
     aead: XChaCha20Poly1305,
+    /// The legacy key (HKDF of the bare password), to open tokens sealed before Argon2id; it
+    /// never seals. `None` in a key that is itself the legacy one.
+    legacy: Option<XChaCha20Poly1305>,
 }
 
 impl std::fmt::Debug for SealedKey {
@@ -94,15 +118,22 @@ pub fn is_sealed(token: &str) -> bool {
 }
 
 impl SealedKey {
-    /// Derives the key from the password with HKDF-SHA256 and the fixed [`KEY_CONTEXT`].
+    /// Derives the key from the password: Argon2id, then HKDF-SHA256 with [`KEY_CONTEXT`]. Costs
+    /// tens of milliseconds and 19 MiB on purpose: call it once per password, not per request.
     pub fn derive(password: &str) -> Self {
-        let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, password.as_bytes());
-        let mut key = [0u8; 32];
-        // 32 bytes is far below HKDF-SHA256's 8160-byte limit, so expand cannot fail.
-        let expanded = hk.expand(KEY_CONTEXT, &mut key);
-        debug_assert!(expanded.is_ok());
         SealedKey {
-            aead: XChaCha20Poly1305::new(&key.into()),
+            aead: XChaCha20Poly1305::new(&sealing_key(password).into()),
+            legacy: Some(XChaCha20Poly1305::new(&legacy_key(password).into())),
+        }
+    }
+
+    /// The legacy key alone: HKDF-SHA256 of the bare password, as tokens were sealed before
+    /// Argon2id. Only for tests that need an old token or an attacker's fast guess.
+    #[doc(hidden)]
+    pub fn legacy(password: &str) -> Self {
+        SealedKey {
+            aead: XChaCha20Poly1305::new(&legacy_key(password).into()),
+            legacy: None,
         }
     }
 
@@ -141,18 +172,56 @@ impl SealedKey {
             return Err(SealedError::Length);
         }
         let (nonce, sealed) = bytes.split_at(NONCE_LEN);
-        let plain = self
-            .aead
-            .decrypt(
-                XNonce::from_slice(nonce),
-                Payload {
-                    msg: sealed,
-                    aad: SEALED_PREFIX.as_bytes(),
-                },
-            )
-            .map_err(|_| SealedError::Authentication)?;
+        // A token from before Argon2id opens under the legacy key. A forgery is checked against
+        // both and refused the same way.
+        let plain = decrypt(&self.aead, nonce, sealed)
+            .or_else(|| decrypt(self.legacy.as_ref()?, nonce, sealed))
+            .ok_or(SealedError::Authentication)?;
         serde_json::from_slice(&plain).map_err(|_| SealedError::Payload)
     }
+}
+
+/// The tag-checked plaintext, or `None` when the tag does not verify under `aead`.
+fn decrypt(aead: &XChaCha20Poly1305, nonce: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+    aead.decrypt(
+        XNonce::from_slice(nonce),
+        Payload {
+            msg: sealed,
+            aad: SEALED_PREFIX.as_bytes(),
+        },
+    )
+    .ok()
+}
+
+/// HKDF-SHA256 (no salt, info [`KEY_CONTEXT`]) of `material`, 32 bytes.
+fn hkdf_key(material: &[u8]) -> [u8; 32] {
+    let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, material);
+    let mut key = [0u8; 32];
+    // 32 bytes is far below HKDF-SHA256's 8160-byte limit, so expand cannot fail.
+    let expanded = hk.expand(KEY_CONTEXT, &mut key);
+    debug_assert!(expanded.is_ok());
+    key
+}
+
+/// The key every token is sealed with: Argon2id of the password, then HKDF.
+fn sealing_key(password: &str) -> [u8; 32] {
+    let argon = argon2::Argon2::new(
+        argon2::Algorithm::Argon2id,
+        argon2::Version::V0x13,
+        ARGON2_PARAMS,
+    );
+    let mut stretched = [0u8; 32];
+    match argon.hash_password_into(password.as_bytes(), ARGON2_SALT, &mut stretched) {
+        Ok(()) => hkdf_key(&stretched),
+        // Only a password over 4 GiB fails (the salt and output length are fixed and valid): the
+        // legacy key is then the best left, and still depends on the password.
+        Err(_) => legacy_key(password),
+    }
+}
+
+/// The legacy key: HKDF straight from the password, a microsecond per guess.
+fn legacy_key(password: &str) -> [u8; 32] {
+    hkdf_key(password.as_bytes())
 }
 
 #[cfg(test)]
@@ -180,9 +249,73 @@ mod tests {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         assert_eq!(key.open(&token), Ok(grant()));
-        assert!(grant().allows_path("/proxy/hls/segment.ts"));
-        assert!(!grant().allows_path("/proxy/stream"));
-        assert!(!Grant::default().allows_path("/"));
+    }
+
+    /// Sealed by the version-1 code (HKDF of the password alone) for "pw", before Argon2id: a
+    /// token of that kind may sit in a player for as long as its grant lets it.
+    const LEGACY_PW_TOKEN: &str =
+        "s1.QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJC4ZwIRSigZjd19hqHwbtaaYxDbBUiYYEKmB\
+        VQTtNQXyE3VfR3atOLXBCl-ikJ7P9Wap3tkZMNHPRGt23ZUqPB2nzpiZvuB3OR-4gY78sRRV4h4nJKYdHJ6_cJGUT0";
+
+    fn legacy_grant() -> Grant {
+        Grant {
+            params: vec![("d".into(), "https://cdn.example/a b.ts".into())],
+            scope: vec!["/proxy/hls/".into()],
+            exp: Some(4_000_000_000),
+            ip: None,
+        }
+    }
+
+    #[test]
+    fn the_sealing_key_is_argon2id_then_hkdf() {
+        // Computed outside Rust: libargon2 (the reference C code) `argon2id_hash_raw(t=2,
+        // m=19456, p=1, "pw", ARGON2_SALT)`, then HKDF-SHA256 (no salt, info KEY_CONTEXT) in
+        // Python. Any change here would lock every holder of a token out at once.
+        assert_eq!(
+            hex::encode(sealing_key("pw")),
+            "13bac5faf7636d8fd9e3354bca36d949f5a2e90ffdf685cdbdcaec0193c50993"
+        );
+        assert_eq!(
+            hex::encode(legacy_key("pw")),
+            "df3d3fda27c353d5bc1f6ddf2323de99abfef5c7180368d8e6207bd67f40f0f6"
+        );
+        assert_ne!(sealing_key("pw"), legacy_key("pw"));
+        assert_ne!(sealing_key("pw"), sealing_key("pw2"));
+    }
+
+    #[test]
+    fn a_new_token_does_not_open_under_the_fast_legacy_key() {
+        // The attack: take any token a player holds and test guesses at HKDF speed.
+        let token = SealedKey::derive("pw").seal(&grant(), [4; NONCE_LEN]);
+        assert_eq!(SealedKey::derive("pw").open(&token), Ok(grant()));
+        assert_eq!(
+            SealedKey::legacy("pw").open(&token),
+            Err(SealedError::Authentication)
+        );
+    }
+
+    #[test]
+    fn a_legacy_token_still_opens_and_only_with_its_password() {
+        let key = SealedKey::derive("pw");
+        assert_eq!(key.open(LEGACY_PW_TOKEN), Ok(legacy_grant()));
+        assert_eq!(
+            SealedKey::legacy("pw").open(LEGACY_PW_TOKEN),
+            Ok(legacy_grant())
+        );
+        assert_eq!(
+            SealedKey::derive("pw2").open(LEGACY_PW_TOKEN),
+            Err(SealedError::Authentication)
+        );
+        // A legacy token under another password: neither key of this one opens it.
+        let other = SealedKey::legacy("pw2").seal(&grant(), [6; NONCE_LEN]);
+        assert_eq!(key.open(&other), Err(SealedError::Authentication));
+        // Sealing never uses the legacy key, even for a grant a legacy token carries.
+        let resealed = key.seal(&legacy_grant(), [0x42; NONCE_LEN]);
+        assert_ne!(resealed, LEGACY_PW_TOKEN);
+        assert_eq!(
+            SealedKey::legacy("pw").open(&resealed),
+            Err(SealedError::Authentication)
+        );
     }
 
     #[test]
@@ -241,7 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn key_is_hkdf_not_the_password() {
+    fn key_is_derived_not_the_password() {
         // The MediaFlow key schedule (space-padded password) must not open sealed tokens.
         let spaced = *b"pw                              ";
         let raw_key = XChaCha20Poly1305::new(&spaced.into());
