@@ -4,6 +4,9 @@
 //!
 //! No I/O and no clock: the caller passes "now" (unix seconds) and fresh random IVs.
 //!
+//! [`check_size`] bounds a `/generate_urls` request before any URL is built (MediaFlow has no
+//! bound): its base URL is copied into every URL, so its answer can dwarf its body.
+//!
 //! MediaFlow's rules, reproduced here:
 //! - params are, in order: `query_params`, `api_password` (when given at the top level and not
 //!   already in `query_params`), `d`, `h_*` (request headers; `range`/`if-range` and empty values
@@ -166,6 +169,165 @@ pub fn generate_urls(
         .map(|item| shared.build(&item_parts(item), next_iv()))
         .collect();
     UrlsResponse { urls }
+}
+
+/// Longest `mediaflow_proxy_url` or `api_password` `/generate_urls` takes: both are copied into
+/// every URL it makes, so their length multiplies by the number of items.
+pub const MAX_SHARED_LEN: usize = 8 * 1024;
+
+/// Most items one `/generate_urls` request may hold. MediaFlow sets no limit; a player or addon
+/// asks for a handful of URLs at a time.
+pub const MAX_URLS: usize = 1_000;
+
+/// Largest answer `/generate_urls` makes, as [`answer_estimate`] reckons it.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a `/generate_urls` request is refused before any URL is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TooLarge {
+    /// A string copied into every URL is longer than [`MAX_SHARED_LEN`].
+    Shared { field: &'static str, len: usize },
+    /// More items than [`MAX_URLS`].
+    Urls(usize),
+    /// The answer would be larger than [`MAX_ANSWER_BYTES`].
+    Answer(usize),
+}
+
+impl fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TooLarge::Shared { field, len } => write!(
+                f,
+                "{field} is {len} bytes; at most {MAX_SHARED_LEN} are taken, as it goes into every URL"
+            ),
+            TooLarge::Urls(n) => write!(f, "urls holds {n} items; at most {MAX_URLS} are taken"),
+            TooLarge::Answer(n) => write!(
+                f,
+                "the answer would be about {n} bytes; at most {MAX_ANSWER_BYTES} are made: ask for fewer URLs"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// Refuses a `/generate_urls` request whose answer would be out of proportion to its body,
+/// before any of it is built: a long base URL or password is copied into every URL, so a
+/// 256 KiB body of empty items once made gigabytes. Check this before [`generate_urls`] or
+/// [`plan_urls`].
+pub fn check_size(request: &GenerateUrlsRequest) -> Result<(), TooLarge> {
+    let shared = [
+        ("mediaflow_proxy_url", request.mediaflow_proxy_url.len()),
+        (
+            "api_password",
+            request.api_password.as_deref().map_or(0, str::len),
+        ),
+    ];
+    if let Some(&(field, len)) = shared.iter().find(|(_, len)| *len > MAX_SHARED_LEN) {
+        return Err(TooLarge::Shared { field, len });
+    }
+    if request.urls.len() > MAX_URLS {
+        return Err(TooLarge::Urls(request.urls.len()));
+    }
+    match answer_estimate(request) {
+        n if n > MAX_ANSWER_BYTES => Err(TooLarge::Answer(n)),
+        _ => Ok(()),
+    }
+}
+
+/// How many answer bytes one request byte can become inside a token: JSON escapes a control
+/// character as six bytes, and base64 adds a third.
+const TOKEN_GROWTH: usize = 8;
+
+/// Per URL, beyond what the request's strings make: the token's IV, tag and claims, separators,
+/// and the JSON quotes and comma around it.
+const URL_OVERHEAD: usize = 256;
+
+/// A generous upper bound on the bytes of `/generate_urls`' JSON answer, summed item by item
+/// without building anything. Each URL holds the base URL and endpoint as written (JSON-escaped
+/// in the answer) and, in a token, the params, the password (MediaFlow's token) and the path
+/// (sluice's token scope): each request byte there counts [`TOKEN_GROWTH`] times.
+pub fn answer_estimate(request: &GenerateUrlsRequest) -> usize {
+    let base = &request.mediaflow_proxy_url;
+    let password = request.api_password.as_deref().map_or(0, str::len);
+    let shared = json_len(base)
+        .saturating_add(TOKEN_GROWTH.saturating_mul(base.len().saturating_add(password)))
+        .saturating_add(URL_OVERHEAD);
+    request.urls.iter().fold(0usize, |total, item| {
+        let endpoint = item.endpoint.as_deref().unwrap_or("");
+        let own = TOKEN_GROWTH.saturating_mul(endpoint.len().saturating_add(item_len(item)));
+        total
+            .saturating_add(shared)
+            .saturating_add(json_len(endpoint))
+            .saturating_add(own)
+    })
+}
+
+/// The bytes of an item's params and filename as the request wrote them (JSON values other
+/// than strings in their compact form), plus a little per name for its prefix and separators.
+fn item_len(item: &UrlItem) -> usize {
+    let object_len = |object: &Option<JsonObject>| {
+        object.as_ref().map_or(0, |o| {
+            o.0.iter()
+                .map(|(name, value)| name.len() + 8 + value_len(value))
+                .sum::<usize>()
+        })
+    };
+    let str_len = |s: &Option<String>| s.as_deref().map_or(0, str::len);
+    let removed = item
+        .remove_response_headers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|name| name.len() + 1)
+        .sum::<usize>();
+    [
+        str_len(&item.destination_url),
+        object_len(&item.query_params),
+        object_len(&item.request_headers),
+        object_len(&item.response_headers),
+        object_len(&item.propagate_response_headers),
+        removed,
+        str_len(&item.filename),
+        str_len(&item.stream_transformer),
+    ]
+    .iter()
+    .fold(0usize, |total, len| total.saturating_add(*len))
+}
+
+/// A JSON value's length: a string's bytes, anything else in compact JSON (counted, not built).
+fn value_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len());
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    match value {
+        Value::String(s) => s.len(),
+        other => {
+            let mut count = Count(0);
+            // Writing to a counter cannot fail; a failure would only make the estimate smaller.
+            let _ = serde_json::to_writer(&mut count, other);
+            count.0
+        }
+    }
+}
+
+/// A string's length once JSON-escaped in the answer: a control character takes six bytes, a
+/// quote or backslash two.
+fn json_len(s: &str) -> usize {
+    s.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .fold(0usize, usize::saturating_add)
 }
 
 /// The destination as the URL carries it: base64url-encoded when the request asks.

@@ -114,6 +114,84 @@ fn generate_urls_draws_one_iv_per_url() {
     assert_ne!(urls[0][..40], urls[1][..40]);
 }
 
+fn urls_request(base: &str, password: Option<&str>, items: Vec<UrlItem>) -> GenerateUrlsRequest {
+    GenerateUrlsRequest {
+        mediaflow_proxy_url: base.to_owned(),
+        api_password: password.map(str::to_owned),
+        urls: items,
+        ..GenerateUrlsRequest::default()
+    }
+}
+
+#[test]
+fn check_size_refuses_requests_whose_answer_would_dwarf_them() {
+    // The reported attack: a 130 KB base URL and ~42,000 empty items in a 256 KiB body.
+    let attack = urls_request(
+        &format!("http://a/{}", "A".repeat(130_000)),
+        None,
+        vec![UrlItem::default(); 42_000],
+    );
+    assert_eq!(
+        check_size(&attack),
+        Err(TooLarge::Shared {
+            field: "mediaflow_proxy_url",
+            len: 130_009
+        })
+    );
+    // The password is copied into every MediaFlow token.
+    let long_password = "p".repeat(MAX_SHARED_LEN + 1);
+    let r = urls_request("http://h", Some(&long_password), vec![UrlItem::default()]);
+    assert_eq!(
+        check_size(&r),
+        Err(TooLarge::Shared {
+            field: "api_password",
+            len: MAX_SHARED_LEN + 1
+        })
+    );
+    let r = urls_request("http://h", None, vec![UrlItem::default(); MAX_URLS + 1]);
+    assert_eq!(check_size(&r), Err(TooLarge::Urls(MAX_URLS + 1)));
+    // Each bound alone is not enough: an 8 KiB base in 1,000 tokens is over 16 MiB.
+    let base = format!("http://h/{}", "a".repeat(MAX_SHARED_LEN - 9));
+    let r = urls_request(&base, Some("pw"), vec![UrlItem::default(); MAX_URLS]);
+    let estimate = answer_estimate(&r);
+    assert!(estimate > MAX_ANSWER_BYTES, "{estimate}");
+    assert_eq!(check_size(&r), Err(TooLarge::Answer(estimate)));
+    let message = TooLarge::Answer(estimate).to_string();
+    assert!(message.contains("16777216"), "{message}");
+}
+
+#[test]
+fn check_size_takes_ordinary_requests_and_never_underestimates() {
+    let item: UrlItem = serde_json::from_str(
+        r#"{"endpoint":"/proxy/hls/manifest.m3u8","destination_url":"https://cdn.example/a/b/c.m3u8?tok=0123456789abcdef",
+            "request_headers":{"referer":"https://site.example/","user-agent":"Mozilla/5.0 (X11; Linux x86_64)"},
+            "query_params":{"n":[1,{"k":"v\u0001"}]},"filename":"the film.m3u8"}"#,
+    )
+    .unwrap();
+    let ordinary = urls_request(
+        "http://proxy.example:8888",
+        None,
+        vec![item.clone(); MAX_URLS],
+    );
+    assert_eq!(check_size(&ordinary), Ok(()));
+    // The estimate holds the real answer, plain and encrypted, and with bytes JSON escapes.
+    for (base, password) in [
+        ("http://proxy.example:8888/", None),
+        ("http://proxy.example:8888/", Some("pw")),
+        ("http://h/\u{1}\"x\\", None),
+        ("http://h/\u{1}\"x\\", Some("\u{1}\u{1}")),
+    ] {
+        let r = urls_request(base, password, vec![item.clone(), UrlItem::default()]);
+        let answer = serde_json::to_string(&generate_urls(&r, NOW, || IV)).unwrap();
+        assert!(
+            answer_estimate(&r) >= answer.len(),
+            "{base:?}: {} < {}",
+            answer_estimate(&r),
+            answer.len()
+        );
+    }
+}
+
 #[test]
 fn repeated_json_keys_behave_like_a_python_dict() {
     let o: JsonObject = serde_json::from_str(r#"{"a":1,"b":2,"a":3}"#).unwrap();

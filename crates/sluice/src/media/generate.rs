@@ -7,6 +7,9 @@
 //! The two answers can be told apart, so the endpoint says whether a password is this server's:
 //! no more than `/proxy/stream?api_password=` already says (403 or not), one guess per request,
 //! and the password is compared in constant time (`auth::Auth::check`).
+//!
+//! `/generate_urls` is bounded before it builds anything (`generate::check_size`): 413 past 1,000
+//! items, a base URL or password over 8 KiB, or an answer estimated over 16 MiB.
 
 use std::sync::Arc;
 
@@ -69,6 +72,9 @@ pub async fn handle(
         "/generate_urls" => {
             require(&method, Method::POST)?;
             let request: generate::GenerateUrlsRequest = read_json(req).await?;
+            // Before anything is built: the base URL is copied into every URL, so an unbounded
+            // request made gigabytes on this runtime worker.
+            generate::check_size(&request).map_err(too_large)?;
             let now = token::now();
             let response = match own_gate(keys, request.api_password.as_deref()) {
                 Some(gate) => generate::UrlsResponse {
@@ -131,6 +137,14 @@ fn unsealable(e: sluice_media::token::TokenError) -> ProxyError {
         StatusCode::UNPROCESSABLE_ENTITY,
         "bad_request",
         format!("query_params cannot go into a token: {e}"),
+    )
+}
+
+fn too_large(e: generate::TooLarge) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request_too_large",
+        e.to_string(),
     )
 }
 
