@@ -525,3 +525,223 @@ async fn redirects_stay_within_the_host_lists() {
     assert_eq!(r.status, 201);
     assert_eq!(target.got("/echo").len(), 1);
 }
+
+/// An origin that counts the request heads it gets and keeps the bodies that arrive whole
+/// (answering those 201); a body cut short is only counted.
+struct Sink {
+    addr: SocketAddr,
+    heads: Arc<Mutex<usize>>,
+    whole: Arc<Mutex<Vec<Bytes>>>,
+}
+
+impl Sink {
+    async fn start() -> Sink {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = Arc::new(Mutex::new(0));
+        let whole = Arc::new(Mutex::new(Vec::new()));
+        let (h, w) = (heads.clone(), whole.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (h, w) = (h.clone(), w.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (h, w) = (h.clone(), w.clone());
+                        async move {
+                            *h.lock().unwrap() += 1;
+                            let status = match req.into_body().collect().await {
+                                Ok(b) => {
+                                    w.lock().unwrap().push(b.to_bytes());
+                                    201
+                                }
+                                Err(_) => 400,
+                            };
+                            Ok::<_, Infallible>(
+                                Response::builder()
+                                    .status(status)
+                                    .body(Full::new(Bytes::new()))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Sink { addr, heads, whole }
+    }
+}
+
+/// Sends a POST head declaring `declared` bytes and then `sent` of them on a raw connection, goes
+/// silent, and reads the answer (status and JSON body), or `None` when none comes within `wait`.
+async fn stalled_upload(
+    s: &Sluice,
+    d: &str,
+    declared: usize,
+    sent: usize,
+    wait: std::time::Duration,
+) -> (Option<(u16, serde_json::Value)>, tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = format!("/proxy/forward?api_password=pw&d={}", enc(d));
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n\
+         Content-Length: {declared}\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&pattern(sent)).await.unwrap();
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    let status = head[9..12].parse().unwrap();
+                    let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap();
+                    return Some((status, body));
+                }
+            }
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let answer = tokio::time::timeout(wait, read).await.ok().flatten();
+    (answer, conn)
+}
+
+/// A client that declares a body and stops sending it: before, nothing bounded the wait (the
+/// connection's idle timeout does not run while a request is in flight), so the task, the
+/// connection and the client's `/proxy/*` place were held for ever; past the read-ahead the
+/// stall ran into the upstream's header timeout and came back as a 504 booked to the upstream.
+/// Now the upstream idle deadline ends it as a 408 booked to the client, the place is freed and
+/// the upstream never gets a whole request.
+#[tokio::test]
+async fn stalled_uploads_end_as_408_booked_to_the_client() {
+    let sink = Sink::start().await;
+    let d = format!("http://{}/upload", sink.addr);
+    let origin = Origin::start().await;
+    let s = start(&origin, |c| {
+        c.upstream.idle_read_timeout_secs = 1;
+        c.upstream.header_timeout_secs = 20;
+        c.media.max_requests_per_client = 1;
+    })
+    .await;
+    let wait = std::time::Duration::from_secs(6);
+    // Within the read-ahead window (nothing sent upstream yet), and past it (streaming).
+    for (declared, sent) in [(60_000, 10), (300_000, 100 * 1024)] {
+        let started = std::time::Instant::now();
+        let (answer, conn) = stalled_upload(&s, &d, declared, sent, wait).await;
+        let (status, json) = answer.unwrap_or_else(|| panic!("no answer for {sent} of {declared}"));
+        assert_eq!(status, 408, "{sent} of {declared}: {json}");
+        assert_eq!(json["side"], "downstream", "{json}");
+        assert_eq!(json["kind"], "client_body_timeout", "{json}");
+        assert!(started.elapsed() < wait, "{:?}", started.elapsed());
+        // The place is free again, with the stalled connection still open: with one place per
+        // client, a held one would be a 429.
+        let r = send(
+            "POST",
+            &forward(&s, &d, ""),
+            &[],
+            Bytes::from("next"),
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 201, "after {sent} of {declared}");
+        drop(conn);
+    }
+    // Only the two follow-up requests arrived whole; the streamed stall reached the upstream
+    // (its head), cut short.
+    let whole = sink.whole.lock().unwrap().clone();
+    assert_eq!(whole, vec![Bytes::from("next"), Bytes::from("next")]);
+    assert_eq!(*sink.heads.lock().unwrap(), 3);
+
+    // An upstream header timeout shorter than the idle deadline, run out while the body still
+    // waits for the client: the client's fault too, not a 504 booked to the upstream.
+    let s = start(&origin, |c| {
+        c.upstream.idle_read_timeout_secs = 30;
+        c.upstream.header_timeout_secs = 1;
+    })
+    .await;
+    let (answer, _conn) = stalled_upload(&s, &d, 300_000, 100 * 1024, wait).await;
+    let (status, json) = answer.expect("an answer");
+    assert_eq!(
+        (status, &json["side"], &json["kind"]),
+        (408, &"downstream".into(), &"client_body_timeout".into()),
+        "{json}"
+    );
+    // A slow upstream with the body sent whole is still the upstream's 504.
+    let slow = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let slow_d = format!("http://{}/x", slow.local_addr().unwrap());
+    let _held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = slow.accept().await {
+            held.push(c);
+        }
+    });
+    let r = send(
+        "POST",
+        &forward(&s, &slow_d, ""),
+        &[],
+        pattern(200 * 1024),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 504);
+    let json: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
+    assert_eq!(json["side"], "upstream", "{json}");
+}
+
+/// An origin on a raw socket: reads one request head, writes `response` and closes.
+async fn raw_origin(response: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = c.write_all(response).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A field the upstream's `Connection` names is hop-by-hop (RFC 9110 7.6.1): before, only
+/// `Connection` itself was dropped and `X-Backend: 10.0.0.5` (the origin's internal address)
+/// reached the client.
+#[tokio::test]
+async fn fields_named_in_connection_stay_behind() {
+    let addr = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: X-Backend, close\r\n\
+          X-Backend: 10.0.0.5\r\nX-Kept: yes\r\nKeep-Alive: timeout=5\r\n\r\nok",
+    )
+    .await;
+    let origin = Origin::start().await;
+    let s = start(&origin, |_| {}).await;
+    let d = format!("http://{addr}/x");
+    let r = send("GET", &forward(&s, &d, ""), &[], Bytes::new(), false).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "ok");
+    assert_eq!(r.headers["x-kept"], "yes");
+    for gone in ["x-backend", "keep-alive"] {
+        assert!(r.headers.get(gone).is_none(), "{gone}: {:?}", r.headers);
+    }
+}

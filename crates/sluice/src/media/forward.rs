@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sluice_http::route::HostPattern;
 use url::Url;
 
-use self::body::{read_ahead, Capped, Held, TooLarge};
+use self::body::{read_ahead, Capped, Held, Idle, Stalled, TooLarge, Watch};
 use crate::body::{self as bodies, Body};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
@@ -61,17 +61,6 @@ const IP_DISCLOSURE: &[&str] = &[
     "x-original-forwarded-for",
     "x-cluster-client-ip",
     "via",
-];
-
-/// Upstream response headers that concern one connection hop.
-const HOP_BY_HOP: &[HeaderName] = &[
-    header::CONNECTION,
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-    header::ALT_SVC,
 ];
 
 /// `[media.forward]`.
@@ -182,6 +171,11 @@ impl Forward {
         }
         let over = Arc::new(AtomicBool::new(false));
         let (parts, incoming) = req.into_parts();
+        // The client's body under the upstream idle deadline, read ahead and streamed alike:
+        // nothing else bounds a client that declares a length and then goes silent.
+        let idle = media.upstream.idle_read_timeout();
+        let watch = Arc::new(Watch::default());
+        let incoming = Idle::new(incoming, idle, watch.clone());
         let body = match read_ahead(incoming, READ_AHEAD_BYTES, self.config.max_request_bytes).await
         {
             Ok(Held::Whole(bytes)) if bytes.is_empty() => RelayBody::Empty,
@@ -193,6 +187,7 @@ impl Forward {
                 over.clone(),
             ))),
             Err(e) if e.is::<TooLarge>() => return Err(too_large(self.config.max_request_bytes)),
+            Err(e) if e.is::<Stalled>() => return Err(stalled(idle)),
             Err(e) => {
                 return Err(ProxyError::downstream(
                     StatusCode::BAD_REQUEST,
@@ -217,10 +212,15 @@ impl Forward {
                 &|next| self.allows(next),
             )
             .await
-            .map_err(|e| match (over.load(Ordering::Relaxed), e) {
-                (true, _) => too_large(self.config.max_request_bytes),
-                (false, UpstreamError::RedirectRefused { host }) => refused(&host),
-                (false, e) => ProxyError::from_upstream(&e),
+            .map_err(|e| match e {
+                _ if over.load(Ordering::Relaxed) => too_large(self.config.max_request_bytes),
+                // A streamed body the client stopped sending is the client's failure, and so is
+                // one still waiting for the client when the upstream's header timeout ran out
+                // (that timeout counts the upload): neither is booked to the upstream.
+                _ if watch.stalled() => stalled(idle),
+                UpstreamError::HeaderTimeout { .. } if watch.waiting() => stalled(idle),
+                UpstreamError::RedirectRefused { host } => refused(&host),
+                e => ProxyError::from_upstream(&e),
             })?;
         let max = self.config.max_response_bytes;
         if declared_length(&up.headers)
@@ -311,6 +311,18 @@ fn too_large(max: u64) -> ProxyError {
     )
 }
 
+/// The client's body stalled: 408, as nginx answers a request body that stops coming.
+fn stalled(idle: std::time::Duration) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::REQUEST_TIMEOUT,
+        "client_body_timeout",
+        format!(
+            "the request body sent no bytes for {} s (upstream.idle_read_timeout_secs)",
+            idle.as_secs()
+        ),
+    )
+}
+
 /// `Content-Length` as a number; a value that is not one is the client's error.
 fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
     match headers.get(header::CONTENT_LENGTH) {
@@ -360,13 +372,16 @@ fn request_headers(
     Ok(out)
 }
 
-/// The upstream's headers as the client gets them: all but hop-by-hop ones and those that would
-/// act on sluice's own origin (cookies, security policies; a `Location` only on a redirect).
+/// The upstream's headers as the client gets them: all but hop-by-hop ones (with every field
+/// `Connection` names, RFC 9110 7.6.1), `Alt-Svc` (it names the upstream's endpoints, not
+/// sluice's) and those that would act on sluice's own origin (cookies, security policies; a
+/// `Location` only on a redirect).
 fn relay_response_headers(from: &HeaderMap, status: StatusCode, to: &mut HeaderMap) {
-    for (name, value) in from {
-        let keep = !HOP_BY_HOP.contains(name)
+    let mut kept = from.clone();
+    sluice_http::hop::strip_hop_by_hop(&mut kept, false);
+    for (name, value) in &kept {
+        let keep = *name != header::ALT_SVC
             && !name.as_str().starts_with("proxy-")
-            && name.as_str() != "keep-alive"
             && (!sluice_media::query::is_forbidden_response_header(name.as_str())
                 || (*name == header::LOCATION && status.is_redirection()));
         if keep {
@@ -481,7 +496,10 @@ mod tests {
         for (k, v) in [
             ("set-cookie", "a=b"),
             ("content-type", "application/json"),
-            ("connection", "close"),
+            ("connection", "close, X-Backend"),
+            ("x-backend", "10.0.0.5"),
+            ("keep-alive", "timeout=5"),
+            ("alt-svc", "h3=\":443\""),
             ("location", "https://elsewhere.example/"),
             ("x-ratelimit-remaining", "9"),
         ] {

@@ -144,8 +144,16 @@ fn build_request(
     })
 }
 
+/// Copies the [`MIRRORED`] fields of the upstream's head. A `Content-Length` sent beside
+/// `Transfer-Encoding` is not the body's length (the encoding frames the body, RFC 9112 6.3, and
+/// hyper keeps both fields in the head it hands over): mirrored, it would cut the client's body
+/// short or leave it waiting for bytes that never come.
 pub fn mirror_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let encoded = from.contains_key(header::TRANSFER_ENCODING);
     for name in MIRRORED {
+        if encoded && *name == header::CONTENT_LENGTH {
+            continue;
+        }
         for value in from.get_all(name) {
             to.append(name.clone(), value.clone());
         }

@@ -1,14 +1,17 @@
-//! Bodies of `/proxy/forward`: the client's request body read ahead a little (small bodies whole)
-//! and both directions streamed under a byte cap.
+//! Bodies of `/proxy/forward`: the client's request body under an idle deadline and read ahead a
+//! little (small bodies whole), and both directions streamed under a byte cap.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
+use tokio::time::{Instant, Sleep};
 
 use crate::body::BoxError;
 
@@ -16,6 +19,113 @@ use crate::body::BoxError;
 #[derive(Debug, thiserror::Error)]
 #[error("body larger than {0} bytes")]
 pub struct TooLarge(pub u64);
+
+/// The client sent no body byte for the idle deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("no request body bytes for {0} s")]
+pub struct Stalled(pub u64);
+
+/// What the relay learns of the client's body as it is read: whether it stalled, and whether its
+/// last read was waiting for the client (rather than for the upstream to take what came).
+#[derive(Debug, Default)]
+pub struct Watch {
+    stalled: AtomicBool,
+    waiting: AtomicBool,
+}
+
+impl Watch {
+    /// The idle deadline ended the body.
+    pub fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// The body was last left waiting for the client's bytes: an upstream that timed out then
+    /// was waiting for the client, not the other way round.
+    pub fn waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The client's request body, ended with [`Stalled`] once it has waited `timeout` for a
+    /// frame: the connection's idle timeout does not run while a request is in flight, so
+    /// without it a client that declares a length and goes silent holds the task, the connection
+    /// and its `/proxy/*` place for ever.
+    pub struct Idle<B> {
+        #[pin]
+        inner: B,
+        timeout: Duration,
+        // Armed at the first wait only, and moved on at the first wait after a frame.
+        sleep: Option<Pin<Box<Sleep>>>,
+        moved: bool,
+        watch: Arc<Watch>,
+    }
+}
+
+impl<B> Idle<B> {
+    pub fn new(inner: B, timeout: Duration, watch: Arc<Watch>) -> Self {
+        Idle {
+            inner,
+            timeout,
+            sleep: None,
+            moved: false,
+            watch,
+        }
+    }
+}
+
+impl<B> Body for Idle<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if this.watch.stalled() {
+            return Poll::Ready(None);
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Pending => {
+                this.watch.waiting.store(true, Ordering::Relaxed);
+                let timeout = *this.timeout;
+                if std::mem::take(this.moved) {
+                    if let Some(sleep) = this.sleep.as_mut() {
+                        sleep.as_mut().reset(Instant::now() + timeout);
+                    }
+                }
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.watch.stalled.store(true, Ordering::Relaxed);
+                        Poll::Ready(Some(Err(Box::new(Stalled(timeout.as_secs())))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            Poll::Ready(next) => {
+                this.watch.waiting.store(false, Ordering::Relaxed);
+                *this.moved = true;
+                Poll::Ready(next.map(|r| r.map_err(Into::into)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// What reading ahead found.
 pub enum Held<B> {
@@ -126,6 +236,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::StreamExt as _;
     use http_body_util::{Full, StreamBody};
 
     fn chunks(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = BoxError> + Unpin {
@@ -134,6 +245,42 @@ mod tests {
             .map(|p| Ok(Frame::data(Bytes::from_static(p))))
             .collect();
         StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    /// A body that sends `first`, then nothing for ever.
+    fn silent_after(first: &'static [u8]) -> impl Body<Data = Bytes, Error = BoxError> + Unpin {
+        let frames = futures_util::stream::iter([Ok(Frame::data(Bytes::from_static(first)))])
+            .chain(futures_util::stream::pending());
+        StreamBody::new(frames)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_body_ends_at_the_idle_deadline() {
+        let watch = Arc::new(Watch::default());
+        let idle = Idle::new(silent_after(b"abc"), Duration::from_secs(5), watch.clone());
+        let started = Instant::now();
+        let err = match read_ahead(idle, 1024, 1 << 20).await {
+            Err(e) => e,
+            Ok(_) => panic!("a silent body cannot end"),
+        };
+        assert!(err.is::<Stalled>(), "{err}");
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert!(watch.stalled() && watch.waiting());
+        // Frames coming slower than the whole deadline but faster than the idle one go through,
+        // and a body that ends is no longer waiting.
+        let trickle = futures_util::stream::iter(0..4u8).then(|i| async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok::<_, BoxError>(Frame::data(Bytes::from(vec![i])))
+        });
+        let watch = Arc::new(Watch::default());
+        let idle = Idle::new(
+            StreamBody::new(Box::pin(trickle)),
+            Duration::from_secs(5),
+            watch.clone(),
+        );
+        let all = idle.collect().await.unwrap().to_bytes();
+        assert_eq!(&all[..], &[0, 1, 2, 3]);
+        assert!(!watch.stalled() && !watch.waiting());
     }
 
     #[tokio::test]
