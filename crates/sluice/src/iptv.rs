@@ -499,6 +499,8 @@ impl Iptv {
     }
 
     async fn guide(&self, req: &http::request::Parts, gz_file: bool) -> Response<Body> {
+        /// At most one `guide unavailable` warning a minute; the next says how many were not.
+        static GUIDE_WARNINGS: crate::logging::WarnLimit = crate::logging::WarnLimit::new(60_000);
         let playlist_text = match &self.playlist {
             Some(p) => p.get().await.ok(),
             None => None,
@@ -514,8 +516,12 @@ impl Iptv {
             Ok(g) => g,
             Err(e) => {
                 // As for the playlist: the reason names the guide's source (its host, what it
-                // answered), for the log; clients get one answer per status.
-                tracing::warn!(error = %e, "guide unavailable");
+                // answered), for the log; clients get one answer per status. Every request
+                // while the source is down gets it, so the warning is one a minute.
+                match GUIDE_WARNINGS.allow_now() {
+                    Some(suppressed) => tracing::warn!(error = %e, suppressed, "guide unavailable"),
+                    None => tracing::debug!(error = %e, "guide unavailable"),
+                }
                 return match e {
                     epg::EpgError::TimedOut(_) => text(
                         StatusCode::GATEWAY_TIMEOUT,

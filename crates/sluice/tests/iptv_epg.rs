@@ -318,6 +318,40 @@ async fn guide_errors_are_clear() {
     assert_eq!(body, b"guide unavailable\n");
 }
 
+/// A guide that never loaded is not fetched again by every request: while the source keeps
+/// failing (here: larger than the bound), the failure is the answer for a back-off. Before,
+/// each `/epg.xml` started its own fetch (in line behind the others, each up to the fetch
+/// bound), so N requests made N fetches.
+#[tokio::test]
+async fn a_failing_guide_source_is_not_fetched_by_every_request() {
+    let state = Arc::new(Mutex::new(Origin {
+        body: xmltv("Big"),
+        etag: "\"b\"".into(),
+        ..Origin::default()
+    }));
+    let up = origin(state.clone()).await;
+    let mut cfg = config();
+    cfg.epg_url = Some(format!("http://{up}/guide.xml"));
+    cfg.epg_max_bytes = 4096;
+    let gw = Gateway::start(cfg).await;
+    // One after another, then several at once: each gets the failure's status.
+    for _ in 0..5 {
+        let (resp, body) = get_with(gw.addr, "/epg.xml", &[]).await;
+        assert_eq!(resp.status(), 502);
+        assert_eq!(body, b"guide unavailable\n");
+    }
+    let together: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(get_with(gw.addr, "/epg.xml.gz", &[])))
+        .collect();
+    for request in together {
+        let (resp, body) = request.await.unwrap();
+        assert_eq!(resp.status(), 502);
+        assert_eq!(body, b"guide unavailable\n");
+    }
+    // The refresh loop's first fetch and ten requests: one fetch in all.
+    assert_eq!(state.lock().unwrap().requests, 1);
+}
+
 /// A guide of about `size` bytes: channels and programmes with titles and descriptions, which
 /// compress about as much as a real one.
 /// Readers of the plain guide that read slowly hold no copy of it each. Before, every

@@ -8,6 +8,9 @@
 //! server's seekable mounts (an H.264 MP4 whose frames carry their second as their brightness),
 //! the second of the recording the first relayed frame comes from.
 
+/// The whole server (auth and tokens in front of the gateway), for playlist entry tokens.
+#[path = "support/mod.rs"]
+mod app_support;
 mod iptv_support;
 #[path = "iptv_rtsp/shares.rs"]
 mod shares;
@@ -1757,5 +1760,159 @@ async fn a_setup_failing_after_setup_is_torn_down() {
         torn_down(&server, "/refused", Duration::from_secs(2)).await,
         "no TEARDOWN of the refused session: {:?}",
         server.requests.lock().unwrap()
+    );
+}
+
+/// The password reaches the RTSP server in no spelling: auth reads `api%5Fpassword` as
+/// `api_password` (names are percent-decoded), and so does the gateway when it leaves its own
+/// params out of the server's URL. Before, the encoded name was passed on, password and all,
+/// in every request line.
+#[tokio::test]
+async fn an_encoded_password_name_never_reaches_the_server() {
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let gw = Gateway::start(rtsp_config()).await;
+    for query in [
+        "api%5Fpassword=SECRET-PW&a=1",
+        "api%5fpassword=SECRET-PW&a=1",
+        "%61pi_password=SECRET-PW&a=1",
+    ] {
+        let path = format!("/rtsp/127.0.0.1:{port}/ch?{query}");
+        let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
+            .await
+            .expect("an answer within 5 s");
+        assert_eq!(resp.status(), 200, "{query}");
+        first_frame(resp).await;
+    }
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(
+        server.saw(&format!("DESCRIBE rtsp://127.0.0.1:{port}/ch?a=1")),
+        "{requests:?}"
+    );
+    assert!(
+        requests.iter().all(|line| !line.contains("SECRET-PW")),
+        "the password reached the server: {requests:?}"
+    );
+}
+
+/// A redirect's `Location` goes into the next server's request line: one holding a bare CR
+/// (which ends no header line) or a space would end that line early and add a header or a
+/// request of the redirecting server's choosing. It is refused, and the server it names
+/// hears nothing.
+#[tokio::test]
+async fn a_redirect_with_controls_or_spaces_is_refused() {
+    let second = PacedServer::start(Duration::ZERO).await;
+    let to = format!("rtsp://127.0.0.1:{}", second.port);
+    let gw = Gateway::start(rtsp_config()).await;
+    for location in [
+        format!("{to}/x\rX-Evil: 1"),
+        format!("{to}/x X-Evil: 1"),
+        format!("{to}/x\tX"),
+    ] {
+        let front = redirector(location.clone()).await;
+        let path = format!("/rtsp/127.0.0.1:{front}/moved");
+        let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
+            .await
+            .expect("an answer within 5 s");
+        assert_eq!(resp.status(), 502, "{location:?}");
+    }
+    assert_eq!(
+        *second.requests.lock().unwrap(),
+        Vec::<String>::new(),
+        "a refused redirect reached its server"
+    );
+    // A plain one to the same server is followed.
+    let front = redirector(format!("{to}/x")).await;
+    let path = format!("/rtsp/127.0.0.1:{front}/moved");
+    let resp = rtsp_as(&gw, "127.0.0.1:40000", &path, Duration::from_secs(5))
+        .await
+        .expect("an answer within 5 s");
+    assert_eq!(resp.status(), 200);
+    assert!(second.saw(&format!("DESCRIBE {to}/x")));
+}
+
+/// The head of `GET url` (the body, a live stream, is left unread), or the whole of a short
+/// answer's body.
+async fn status_of(url: &str) -> (u16, Bytes) {
+    let uri: http::Uri = url.parse().unwrap();
+    let tcp = TcpStream::connect(uri.authority().unwrap().as_str())
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(uri.path_and_query().unwrap().as_str())
+        .header("host", "gw.test")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let status = resp.status().as_u16();
+    if status == 200 {
+        return (status, Bytes::new());
+    }
+    (status, resp.into_body().collect().await.unwrap().to_bytes())
+}
+
+/// A sealed playlist entry fixes its query; its holder may add catch-up params, but
+/// `r2h-seek-name` may not name one the entry fixes: the gateway would read that param as a
+/// time and shift it (`ChannelID=1234` + 77 s asked the server for channel 1311) or, in range
+/// mode, drop it. Refused as any other override, while naming a param of its own still works.
+#[tokio::test]
+async fn a_token_holder_cannot_seek_on_a_param_the_token_fixes() {
+    const PW: &str = "seek-name-test-password";
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(
+        &mut m3u,
+        format!("#EXTM3U\n#EXTINF:-1,One\nrtsp://127.0.0.1:{port}/iptv?ChannelID=1234\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let mut config = app_support::test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    let s = app_support::Sluice::start(config).await;
+    let list = app_support::get(&s.url(&format!("/playlist.m3u?api_password={PW}"))).await;
+    let text = String::from_utf8(list.body.unwrap().to_vec()).unwrap();
+    let entry = text
+        .lines()
+        .find(|l| l.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    assert!(entry.contains("/_token_"), "{entry}");
+    assert!(
+        !entry.contains("ChannelID"),
+        "the query is inside the token: {entry}"
+    );
+    let refusal = (401, Bytes::from_static(br#"{"detail":"invalid token"}"#));
+    for mode in ["passthrough", "range"] {
+        let attack =
+            format!("{entry}?r2h-seek-name=ChannelID&r2h-seek-mode={mode}&r2h-seek-offset=77");
+        assert_eq!(status_of(&attack).await, refusal, "{attack}");
+        // Encoded, the name is the same param.
+        let attack = format!("{entry}?r2h-seek-name=Channel%49D&r2h-seek-mode={mode}");
+        assert_eq!(status_of(&attack).await, refusal, "{attack}");
+    }
+    assert_eq!(
+        *server.requests.lock().unwrap(),
+        Vec::<String>::new(),
+        "a refused request reached the server"
+    );
+    // Naming a catch-up param of the holder's own: served, the entry's channel unchanged.
+    let own = format!(
+        "{entry}?r2h-seek-name=tvdr&tvdr=1704110400&r2h-seek-mode=passthrough&r2h-seek-offset=77"
+    );
+    assert_eq!(status_of(&own).await.0, 200, "{own}");
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(
+        server.saw(&format!(
+            "DESCRIBE rtsp://127.0.0.1:{port}/iptv?ChannelID=1234&tvdr=1704110477"
+        )),
+        "{requests:?}"
     );
 }

@@ -44,8 +44,27 @@ pub fn ts_media(sdp: &str) -> Result<TsMedia, SdpError> {
             });
         }
     }
-    let offered: Vec<String> = sections.iter().map(Section::describe).collect();
-    Err(SdpError::NotTs(offered.join(", ")))
+    Err(SdpError::NotTs(offered(&sections)))
+}
+
+/// Longest list of offered media an error carries, in characters, as for the other errors:
+/// a server's SDP (up to the message bound) would otherwise reach the log whole.
+const OFFERED_CHARS: usize = 64;
+
+/// The media sections, described one after another, cut at [`OFFERED_CHARS`]; no more of
+/// them is described than that needs.
+fn offered(sections: &[Section]) -> String {
+    let mut out = String::new();
+    for (i, s) in sections.iter().enumerate() {
+        if out.chars().count() > OFFERED_CHARS {
+            break;
+        }
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&s.describe());
+    }
+    out.chars().take(OFFERED_CHARS).collect()
 }
 
 /// Resolves a control attribute against the presentation's base URL the way RTSP servers
@@ -127,7 +146,19 @@ impl Section {
     }
 
     fn describe(&self) -> String {
-        format!("{} {} {:?}", self.media, self.proto, self.formats)
+        // Each part is clipped first: one section's name or format list can be a whole SDP.
+        let clip = |s: &str| s.chars().take(OFFERED_CHARS).collect::<String>();
+        let formats = self
+            .formats
+            .iter()
+            .take(OFFERED_CHARS / 2)
+            .collect::<Vec<_>>();
+        let formats = if self.formats.len() > formats.len() {
+            format!("{formats:?}…")
+        } else {
+            format!("{formats:?}")
+        };
+        format!("{} {} {formats}", clip(&self.media), clip(&self.proto))
     }
 }
 
@@ -158,6 +189,26 @@ mod tests {
             Err(SdpError::NotTs("video RTP/AVP [96]".into()))
         );
         assert_eq!(ts_media("v=0\n"), Err(SdpError::NoMedia));
+    }
+
+    #[test]
+    fn a_huge_non_ts_sdp_gives_a_short_error() {
+        // About 64 KiB of media sections, none of them TS: the error once listed them all
+        // (about 96 KiB of text); it keeps the first 64 characters, as the other errors do.
+        let mut sdp = String::new();
+        while sdp.len() < 64 * 1024 {
+            sdp.push_str("m=video 0 RTP/AVP 96 97 98\na=rtpmap:96 H264/90000\n");
+        }
+        let Err(SdpError::NotTs(offered)) = ts_media(&sdp) else {
+            panic!("not refused as not TS");
+        };
+        assert_eq!(offered.chars().count(), 64, "{:.100}", offered);
+        assert!(offered.starts_with("video RTP/AVP [96, 97, 98], video RTP/AVP [96, 97, 98], "));
+        let long = format!("m={} 0 RTP/AVP 96\n", "v".repeat(10_000));
+        let Err(SdpError::NotTs(offered)) = ts_media(&long) else {
+            panic!("not refused as not TS");
+        };
+        assert_eq!(offered, "v".repeat(64));
     }
 
     #[test]

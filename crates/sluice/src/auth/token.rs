@@ -19,7 +19,8 @@ use crate::body::{self, Body};
 pub const ADDABLE_PARAMS: [&str; 3] = ["_HLS_msn", "_HLS_part", "_HLS_skip"];
 
 /// Params a sealed token's holder may add on `/rtsp/` paths: the catch-up range a player fills
-/// into a playlist's `catchup-source` (the channel itself stays the token's path).
+/// into a playlist's `catchup-source` (the channel itself stays the token's path). The value of
+/// `r2h-seek-name` may not name a param the token fixes (`scoped_query`).
 pub const CATCHUP_PARAMS: [&str; 6] = [
     "playseek",
     "tvdr",
@@ -229,6 +230,12 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
                 let catchup = path.starts_with("/rtsp/") && CATCHUP_PARAMS.contains(&name.as_str());
                 if !(ADDABLE_PARAMS.contains(&name.as_str()) || catchup) || repeated {
                     return Err(TokenRefusal::Override(name.chars().take(64).collect()));
+                }
+                // `r2h-seek-name` picks the param the gateway reads as a time and then shifts
+                // or removes: naming one the token fixes (`ChannelID=1234`) would change or
+                // drop it, so it counts as setting that param.
+                if name == "r2h-seek-name" && query.get(value).is_some() {
+                    return Err(TokenRefusal::Override(value.chars().take(64).collect()));
                 }
                 added.push((name.clone(), value.clone()));
             }

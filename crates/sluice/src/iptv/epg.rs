@@ -21,7 +21,7 @@ use crate::upstream::fetch::{self, FetchError};
 use crate::upstream::Upstream;
 
 /// Why a guide could not be fetched or used.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EpgError {
     #[error("no EPG source: the playlist has no x-tvg-url and iptv.epg_url is unset")]
     NoSource,
@@ -39,6 +39,19 @@ pub enum EpgError {
     NotXmltv,
     #[error("EPG fetch took longer than iptv.epg_fetch_timeout_secs ({0} s)")]
     TimedOut(u64),
+}
+
+impl EpgError {
+    /// The same error with its texts cut short, to be kept for a while.
+    fn shortened(&self) -> EpgError {
+        let clip = |s: &str| s.chars().take(128).collect::<String>();
+        match self {
+            EpgError::BadUrl(s) => EpgError::BadUrl(clip(s)),
+            EpgError::Fetch(s) => EpgError::Fetch(clip(s)),
+            EpgError::Gzip(s) => EpgError::Gzip(clip(s)),
+            other => other.clone(),
+        }
+    }
 }
 
 /// One fetched guide.
@@ -66,9 +79,23 @@ pub struct Epg {
     /// Bound on one whole fetch (`iptv.epg_fetch_timeout_secs`).
     fetch_timeout: Duration,
     current: RwLock<Option<(Instant, Arc<Guide>)>>,
+    /// The last fetch that failed with no guide to fall back on, answered without fetching
+    /// again for [`Epg::backoff`]: while a source is down, slow or too big, every request
+    /// would otherwise start (and wait in line for) a fetch of its own.
+    failed: RwLock<Option<Failure>>,
     /// Held across a fetch so concurrent requests share it.
     fetching: Mutex<()>,
 }
+
+/// A remembered failure: when, of which source, and why (shortened).
+struct Failure {
+    at: Instant,
+    source: String,
+    error: EpgError,
+}
+
+/// Longest back-off after a failed first fetch (shorter when the refresh interval is).
+const FAILURE_BACKOFF: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Epg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -98,6 +125,7 @@ impl Epg {
             max_bytes,
             fetch_timeout,
             current: RwLock::new(None),
+            failed: RwLock::new(None),
             fetching: Mutex::new(()),
         }
     }
@@ -111,22 +139,30 @@ impl Epg {
     }
 
     /// The cached guide, fetched first when there is none or it is older than the refresh
-    /// interval. A failed refresh keeps serving the previous guide.
+    /// interval. A failed refresh keeps serving the previous guide; a failed fetch with none
+    /// to serve is the answer for the back-off that follows.
     pub async fn get(&self, source: Option<String>) -> Result<Arc<Guide>, EpgError> {
         if let Some(guide) = self.fresh() {
             return Ok(guide);
+        }
+        if let Some(e) = self.recent_failure(source.as_deref()) {
+            return Err(e);
         }
         let _fetching = self.fetching.lock().await;
         if let Some(guide) = self.fresh() {
             return Ok(guide);
         }
+        // Those that waited for a fetch that failed get its answer, not a fetch each.
+        if let Some(e) = self.recent_failure(source.as_deref()) {
+            return Err(e);
+        }
         let previous = self.cached();
-        let outcome = match source {
+        let outcome = match &source {
             // Bounded as a whole: the client's deadlines are per read, and a source sending a
             // byte now and then would otherwise hold `fetching`, and every request waiting on
             // it, for as long as it likes.
             Some(url) => {
-                tokio::time::timeout(self.fetch_timeout, self.fetch(&url, previous.as_deref()))
+                tokio::time::timeout(self.fetch_timeout, self.fetch(url, previous.as_deref()))
                     .await
                     .unwrap_or(Err(EpgError::TimedOut(self.fetch_timeout.as_secs())))
             }
@@ -136,6 +172,7 @@ impl Epg {
             (Ok(guide), _) => {
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) =
                     Some((Instant::now(), guide.clone()));
+                *self.failed.write().unwrap_or_else(|p| p.into_inner()) = None;
                 Ok(guide)
             }
             (Err(e), Some(stale)) => {
@@ -145,8 +182,32 @@ impl Epg {
                     Some((Instant::now(), stale.clone()));
                 Ok(stale)
             }
-            (Err(e), None) => Err(e),
+            (Err(e), None) => {
+                if let Some(source) = source {
+                    *self.failed.write().unwrap_or_else(|p| p.into_inner()) = Some(Failure {
+                        at: Instant::now(),
+                        source,
+                        error: e.shortened(),
+                    });
+                }
+                Err(e)
+            }
         }
+    }
+
+    /// How long a failed fetch with no guide to fall back on stands: a minute, or the refresh
+    /// interval if that is shorter.
+    fn backoff(&self) -> Duration {
+        self.refresh.min(FAILURE_BACKOFF)
+    }
+
+    /// The failure of a fetch from `source` within the back-off, if there was one.
+    fn recent_failure(&self, source: Option<&str>) -> Option<EpgError> {
+        let failed = self.failed.read().unwrap_or_else(|p| p.into_inner());
+        failed
+            .as_ref()
+            .filter(|f| Some(f.source.as_str()) == source && f.at.elapsed() < self.backoff())
+            .map(|f| f.error.clone())
     }
 
     fn cached(&self) -> Option<Arc<Guide>> {

@@ -161,8 +161,10 @@ pub struct Context {
     teardowns: tokio::sync::Semaphore,
     /// TEARDOWNs in flight by server (at most `MAX_TEARDOWNS_PER_SERVER` each).
     teardowns_by_server: Mutex<HashMap<std::net::IpAddr, usize>>,
-    /// Why a hub's session failed before any data, for the viewers waiting on it; by hub.
-    failures: Mutex<HashMap<usize, (tokio::time::Instant, String)>>,
+    /// Hubs whose session failed before any data, for the viewers waiting on them: each
+    /// hub's creation time, which tells it apart from a later hub at the same address. Only
+    /// the fact is kept; the reason went to the log, and viewers get [`FAILED`] whatever it was.
+    failures: Mutex<HashMap<usize, tokio::time::Instant>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -225,21 +227,23 @@ impl Context {
         })
     }
 
-    /// Records why `hub`'s session failed; reasons nobody came for are dropped after a minute.
-    pub fn fail(&self, hub: &Hub, reason: String) {
+    /// Records that `hub`'s session failed; entries nobody came for are dropped after a
+    /// minute. The reason is the caller's to log: a server's words, up to a whole answer's
+    /// worth per failure, are not worth a minute of memory when readers only ask whether.
+    pub fn fail(&self, hub: &Hub) {
         let mut failures = super::registry::lock(&self.failures);
-        failures.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
-        failures.insert(hub_id(hub), (hub.created, reason));
+        failures.retain(|_, created| created.elapsed() < Duration::from_secs(60));
+        failures.insert(hub_id(hub), hub.created);
     }
 
-    /// Why `hub`'s session failed, if it did.
-    fn failure(&self, hub: &Hub) -> Option<String> {
+    /// What viewers are told of `hub`'s failure ([`FAILED`]), if its session failed.
+    fn failure(&self, hub: &Hub) -> Option<&'static str> {
         let failures = super::registry::lock(&self.failures);
         // The address alone could be a later hub's: the creation time tells them apart.
         failures
             .get(&hub_id(hub))
-            .filter(|(created, _)| *created == hub.created)
-            .map(|(_, reason)| reason.clone())
+            .filter(|created| **created == hub.created)
+            .map(|_| FAILED)
     }
 }
 
@@ -327,7 +331,7 @@ impl Iptv {
     }
 
     /// Why an RTSP hub's session failed, if it did.
-    pub(super) fn rtsp_failure(&self, hub: &Hub) -> Option<String> {
+    pub(super) fn rtsp_failure(&self, hub: &Hub) -> Option<&'static str> {
         self.rtsp.failure(hub)
     }
 

@@ -102,7 +102,7 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
                 }
                 None => tracing::debug!(channel = %label, %url, ?reason, "RTSP session failed"),
             }
-            ctx.fail(&hub, reason);
+            ctx.fail(&hub);
             registry.remove(&hub);
             ctx.sessions.fetch_sub(1, Ordering::AcqRel);
             // A failure after SETUP (PLAY refused or timed out, the whole setup too slow)

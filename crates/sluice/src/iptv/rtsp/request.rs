@@ -147,7 +147,9 @@ pub fn parse(
     }
     let mut upstream_query: Vec<String> = Vec::new();
     for (k, v) in &pairs {
-        if OWN_PARAMS.contains(k) {
+        // Compared decoded, as auth reads names: `api%5Fpassword` is the password too, and
+        // would otherwise go to the server in every request line.
+        if OWN_PARAMS.contains(&decode_name(k).as_ref()) {
             continue;
         }
         if Some(*k) == seek_name {
@@ -228,6 +230,14 @@ fn decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+/// A query name as form decoding reads it (`+` is a space, `%XX` a byte).
+fn decode_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.contains(['%', '+']) {
+        return name.into();
+    }
+    decode(&name.replace('+', " ")).into()
 }
 
 fn clip(s: &str) -> String {

@@ -52,7 +52,7 @@ pub enum SessionError {
     TransportMismatch(&'static str),
     #[error("more than {0} redirects")]
     Redirects(usize),
-    #[error("redirect to {0:?}, which is not an rtsp:// URL")]
+    #[error("redirect to {0:?}, which is not an rtsp:// URL (or holds spaces or controls)")]
     BadRedirect(String),
     #[error("the server closed the connection")]
     Closed,
@@ -601,6 +601,15 @@ fn check(method: &'static str, m: &Message) -> Result<(), SessionError> {
 /// A redirect's host, port and URL (credentials removed).
 fn redirect_target(location: &str) -> Result<(String, u16, String), SessionError> {
     let bad = || SessionError::BadRedirect(location.chars().take(128).collect());
+    // The path goes into the next server's request line as given: a bare CR (which ends no
+    // header line here) or a space there would end that line early and start a header or a
+    // request of the redirecting server's choosing.
+    if location
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(bad());
+    }
     let rest = location.strip_prefix("rtsp://").ok_or_else(bad)?;
     let (authority, path) = match rest.find(['/', '?']) {
         Some(at) => (&rest[..at], &rest[at..]),
