@@ -287,3 +287,252 @@ async fn generate_endpoints_shapes() {
     let (status, _) = post_json(&s.url("/generate_url"), serde_json::json!({"nope": 1})).await;
     assert_eq!(status, 422);
 }
+
+/// `POST` of raw JSON text: `(status, body bytes, seconds taken)`.
+async fn post_raw(url: &str, body: String) -> (u16, bytes::Bytes, f64) {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, bytes, started.elapsed().as_secs_f64())
+}
+
+#[tokio::test]
+async fn generate_urls_refuses_answers_out_of_proportion_to_the_request() {
+    let s = sluice_with_password().await;
+    let refused = |status: u16, body: &bytes::Bytes, secs: f64, wants: &str| {
+        let head = String::from_utf8_lossy(&body[..body.len().min(200)]);
+        assert_eq!(status, 413, "{} bytes: {head}", body.len());
+        assert!(body.len() < 512, "{} bytes", body.len());
+        let json: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(json["kind"], "request_too_large");
+        let error = json["error"].as_str().unwrap();
+        assert!(error.contains(wants), "{error}");
+        assert!(!error.contains("server-pw"), "{error}");
+        assert!(secs < 5.0, "{secs} s");
+    };
+    // Under each bound alone, over the answer's: an 8,000-byte base in 1,000 URLs (8 MB
+    // plain). First, so that without the bounds the test fails here, not on gigabytes.
+    let base = format!("http://a/{}", "A".repeat(7_990));
+    let body = format!(
+        r#"{{"mediaflow_proxy_url":"{base}","api_password":"server-pw","urls":[{}]}}"#,
+        vec!["{}"; 1_000].join(",")
+    );
+    let (status, bytes, secs) = post_raw(&s.url("/generate_urls"), body.clone()).await;
+    refused(status, &bytes, secs, "16777216");
+    let plain = body.replace(r#""api_password":"server-pw","#, "");
+    let (status, bytes, secs) = post_raw(&s.url("/generate_urls"), plain).await;
+    refused(status, &bytes, secs, "16777216");
+    // Too many items, each tiny.
+    let body = format!(
+        r#"{{"mediaflow_proxy_url":"http://a/","urls":[{}]}}"#,
+        vec!["{}"; 1_001].join(",")
+    );
+    let (status, bytes, secs) = post_raw(&s.url("/generate_urls"), body).await;
+    refused(status, &bytes, secs, "1000");
+    // The reported attack, under the 256 KiB body limit: a 130 KB base and 42,000 empty items
+    // (5.5 GB of URLs), without a password and with this server's (sealed tokens).
+    let items = vec!["{}"; 42_000].join(",");
+    let base = format!("http://a/{}", "A".repeat(130_000));
+    for password in ["", r#""api_password":"server-pw","#] {
+        let body = format!(r#"{{"mediaflow_proxy_url":"{base}",{password}"urls":[{items}]}}"#);
+        assert!(body.len() <= 256 * 1024, "{}", body.len());
+        let (status, bytes, secs) = post_raw(&s.url("/generate_urls"), body).await;
+        refused(status, &bytes, secs, "mediaflow_proxy_url");
+    }
+    // Ordinary use still works, byte for byte, and so do 1,000 URLs.
+    let (status, json) = post_json(
+        &s.url("/generate_urls"),
+        serde_json::json!({"mediaflow_proxy_url": "http://proxy.example:8888/",
+            "urls": [
+                {"endpoint": "/proxy/stream", "destination_url": "https://cdn.example/v.mp4",
+                 "request_headers": {"referer": "https://site.example/"}, "filename": "a b.mp4"},
+                {"endpoint": "/proxy/hls/manifest.m3u8", "destination_url": "https://cdn.example/m.m3u8",
+                 "query_params": {"z": "1"}, "response_headers": {"x-a": "b"}},
+                {}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(
+        json,
+        serde_json::json!({"urls": [
+            "http://proxy.example:8888/proxy/stream/a%20b.mp4?d=https%3A%2F%2Fcdn.example%2Fv.mp4&h_referer=https%3A%2F%2Fsite.example%2F",
+            "http://proxy.example:8888/proxy/hls/manifest.m3u8?z=1&d=https%3A%2F%2Fcdn.example%2Fm.m3u8&r_x-a=b",
+            "http://proxy.example:8888"]})
+    );
+    let item = serde_json::json!({"endpoint": "/proxy/stream", "destination_url": "https://cdn.example/v.mp4"});
+    let request = serde_json::json!({"mediaflow_proxy_url": "http://p/a/long/base/path",
+        "api_password": "server-pw", "urls": vec![item; 1_000]});
+    let (status, json) = post_json(&s.url("/generate_urls"), request.clone()).await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["urls"].as_array().unwrap().len(), 1_000);
+    // The estimate the bound is checked against holds sluice's sealed answer too (each token
+    // repeats the path it opens).
+    let estimate =
+        sluice_media::generate::answer_estimate(&serde_json::from_value(request).unwrap());
+    assert!(
+        json.to_string().len() <= estimate,
+        "{} > {estimate}",
+        json.to_string().len()
+    );
+}
+
+/// An HLS origin for the child-reuse test: `/master.m3u8` names `/v.m3u8`, which lists `/s.ts`;
+/// the first `hang` requests for `/s.ts` never answer, later ones are `segment`.
+async fn reuse_origin(hang: usize) -> std::net::SocketAddr {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let segments = std::sync::Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let segments = segments.clone();
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let segments = segments.clone();
+                    async move {
+                        let (kind, body) = match req.uri().path() {
+                        "/master.m3u8" => (
+                            "application/vnd.apple.mpegurl",
+                            "#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=100000\nv.m3u8\n",
+                        ),
+                        "/v.m3u8" => (
+                            "application/vnd.apple.mpegurl",
+                            "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4,\ns.ts\n#EXT-X-ENDLIST\n",
+                        ),
+                        _ => {
+                            if segments.fetch_add(1, Ordering::SeqCst) < hang {
+                                tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+                            }
+                            ("video/mp2t", "segment")
+                        }
+                    };
+                        let resp = http::Response::builder()
+                            .header("content-type", kind)
+                            .body(http_body_util::Full::new(bytes::Bytes::from(body)));
+                        Ok::<_, std::convert::Infallible>(resp.unwrap())
+                    }
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
+            );
+        }
+    });
+    addr
+}
+
+/// GET `url` (on sluice, at 127.0.0.1) from the loopback address `source`: status and body.
+async fn get_from(source: &str, url: &str) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let uri: http::Uri = url.parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let to = uri.authority().unwrap().as_str().parse().unwrap();
+    let stream = socket.connect(to).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake::<
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(hyper_util::rt::TokioIo::new(stream))
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(uri.path_and_query().unwrap().as_str())
+        .header("host", uri.authority().unwrap().as_str())
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The one URI line of a rewritten playlist.
+fn only_uri(playlist: &str) -> String {
+    let uris: Vec<&str> = playlist
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(uris.len(), 1, "{playlist}");
+    uris[0].to_string()
+}
+
+#[tokio::test]
+async fn child_tokens_are_per_viewer_so_one_cannot_fill_anothers_request_cap() {
+    const CAP: usize = 4;
+    let origin = reuse_origin(CAP).await;
+    let mut config = test_config();
+    config.auth.api_password = "server-pw".into();
+    config.media.max_requests_per_token = CAP;
+    // Every segment GET reaches the origin (no cache to answer or join it, nothing prefetched).
+    config.media.cache = false;
+    config.media.prefetch_segments = 0;
+    let s = Sluice::start(config).await;
+    let (a, b) = ("127.0.0.1", "127.0.0.2");
+    let master = format!("http://{origin}/master.m3u8");
+    let by_password = s.url(&format!(
+        "/proxy/hls/manifest.m3u8?d={}&api_password=server-pw",
+        enc(&master)
+    ));
+    // Viewer `who` loads the master and its variant: (variant URL, segment URL).
+    let children = |who: &'static str, master_url: String| async move {
+        let (status, body) = get_from(who, &master_url).await;
+        assert_eq!(status, 200, "{body}");
+        let variant = only_uri(&body);
+        let (status, body) = get_from(who, &variant).await;
+        assert_eq!(status, 200, "{body}");
+        (variant, only_uri(&body))
+    };
+    let (variant_a, segment_a) = children(a, by_password.clone()).await;
+    let (variant_b, segment_b) = children(b, by_password.clone()).await;
+    // Viewer A holds CAP slow requests on its segment URL: its own next one is refused...
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let url = segment_a.clone();
+        held.push(tokio::spawn(async move { get_from(a, &url).await }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, body) = get_from(a, &segment_a).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("max_requests_per_token"), "{body}");
+    // ...and viewer B's segment is not.
+    let (status, body) = get_from(b, &segment_b).await;
+    assert_eq!((status, body.as_str()), (200, "segment"));
+    for h in held {
+        assert!(!h.is_finished());
+        h.abort();
+    }
+    // Each viewer keeps its URLs across reloads; no two viewers share one.
+    assert_ne!(variant_a, variant_b);
+    assert_ne!(segment_a, segment_b);
+    assert_eq!(
+        children(a, by_password.clone()).await,
+        (variant_a, segment_a)
+    );
+    assert_eq!(children(b, by_password).await, (variant_b, segment_b));
+    // The same for token parents with the same grant (generated without `ip`, as playlist entries
+    // are): one per viewer.
+    let mut parents = Vec::new();
+    for _ in 0..2 {
+        let (status, json) = post_json(
+            &s.url("/generate_url"),
+            serde_json::json!({"mediaflow_proxy_url": s.url(""), "api_password": "server-pw",
+                               "endpoint": "/proxy/hls/manifest.m3u8", "destination_url": master}),
+        )
+        .await;
+        assert_eq!(status, 200, "{json}");
+        parents.push(json["url"].as_str().unwrap().to_string());
+    }
+    let by_token_a = children(a, parents[0].clone()).await;
+    let by_token_b = children(b, parents[1].clone()).await;
+    assert_ne!(by_token_a.0, by_token_b.0);
+    assert_ne!(by_token_a.1, by_token_b.1);
+    assert_eq!(children(a, parents[0].clone()).await, by_token_a);
+}

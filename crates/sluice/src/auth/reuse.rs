@@ -5,11 +5,17 @@
 //! one reload with the last (hls.js refuses a live playlist whose segment paths changed under the
 //! same sequence number). A fresh random nonce per reload would give every segment a new URL each
 //! time; reusing the token keeps URLs stable for as long as a segment stays listed.
+//!
+//! Reuse is per client network (an IPv4 address, an IPv6 /64): children are counted per token
+//! (`media.max_requests_per_token`), and one token shared by every viewer of a channel would make
+//! that one cap for all of them, which a single viewer holding slow requests fills.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use super::token::TokenScope;
+use crate::net::per_ip::network_of;
 
 /// Most tokens remembered; past it the memory starts over (a reload then mints anew once).
 const MAX_ENTRIES: usize = 65_536;
@@ -33,18 +39,23 @@ struct Tokens {
 }
 
 impl Reuse {
-    /// The token remembered for this child, or the one `mint` makes (then remembered). `mint`
-    /// returns the token and its expiry.
+    /// The token remembered for this child of a request from `client`, or the one `mint` makes
+    /// (then remembered). `mint` returns the token and its expiry. A child is reused for the
+    /// client's network only: a viewer keeps stable URLs across reloads, and never shares a
+    /// child token, nor so the token's request cap, with viewers elsewhere whose parents carry
+    /// the same grant (password parents, or playlist entries without `ip`).
+    #[allow(clippy::too_many_arguments)]
     pub fn get_or_mint(
         &self,
         params: &[(String, String)],
         paths: &[&str],
         parent: Option<&TokenScope>,
+        client: IpAddr,
         now: u64,
         child_ttl: u64,
         mint: impl FnOnce() -> (String, Option<u64>),
     ) -> String {
-        let key = key(params, paths, parent);
+        let key = key(params, paths, parent, network_of(client));
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((token, exp)) = tokens.by_key.get(&key) {
             // Reused only while a player holding it still has a long time to use it.
@@ -81,8 +92,14 @@ impl Tokens {
     }
 }
 
-/// Everything that shapes the grant: parameters, scope and the parent's limits.
-fn key(params: &[(String, String)], paths: &[&str], parent: Option<&TokenScope>) -> String {
+/// Everything that shapes the grant (parameters, scope and the parent's limits), and whose network
+/// it is for.
+fn key(
+    params: &[(String, String)],
+    paths: &[&str],
+    parent: Option<&TokenScope>,
+    client: IpAddr,
+) -> String {
     let mut out = String::new();
     for (k, v) in params {
         out.push_str(k);
@@ -97,6 +114,7 @@ fn key(params: &[(String, String)], paths: &[&str], parent: Option<&TokenScope>)
     if let Some(p) = parent {
         out.push_str(&format!("{:?}\u{4}{:?}\u{4}{:?}", p.exp, p.ip, p.paths));
     }
+    out.push_str(&format!("\u{5}{client}"));
     out
 }
 
@@ -105,8 +123,13 @@ mod tests {
     use super::*;
 
     fn mint(reuse: &Reuse, d: &str, token: &str) -> String {
+        mint_for(reuse, "10.0.0.1", d, token)
+    }
+
+    fn mint_for(reuse: &Reuse, client: &str, d: &str, token: &str) -> String {
         let params = [("d".to_string(), d.to_string())];
-        reuse.get_or_mint(&params, &["/proxy/hls/"], None, 100, 60, || {
+        let client = client.parse().unwrap();
+        reuse.get_or_mint(&params, &["/proxy/hls/"], None, client, 100, 60, || {
             (token.to_string(), Some(1000))
         })
     }
@@ -133,5 +156,24 @@ mod tests {
         let huge = "y".repeat(MAX_BYTES);
         assert_eq!(mint(&reuse, "http://o/h", &huge).len(), MAX_BYTES);
         assert_eq!(mint(&reuse, "http://o/h", "t3"), "t3");
+    }
+
+    #[test]
+    fn children_are_reused_per_client_network_only() {
+        let reuse = Reuse::default();
+        let for_ = |client: &str, token: &str| mint_for(&reuse, client, "http://o/s", token);
+        assert_eq!(for_("10.0.0.1", "a1"), "a1");
+        assert_eq!(for_("10.0.0.1", "a2"), "a1", "the same client reloads");
+        assert_eq!(
+            for_("10.0.0.2", "b1"),
+            "b1",
+            "another client, its own token"
+        );
+        assert_eq!(for_("10.0.0.2", "b2"), "b1");
+        // An IPv6 host is its /64 (and a mapped IPv4 address is that address).
+        assert_eq!(for_("2001:db8::1", "c1"), "c1");
+        assert_eq!(for_("2001:db8::ffff:2", "c2"), "c1");
+        assert_eq!(for_("2001:db8:0:1::1", "d1"), "d1");
+        assert_eq!(for_("::ffff:10.0.0.1", "a3"), "a1");
     }
 }

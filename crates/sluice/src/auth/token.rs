@@ -185,17 +185,18 @@ impl TokenGate {
     }
 
     /// [`TokenGate::mint`] of an expiring child, reusing the token this child of this parent
-    /// was last given while it has at least half the child lifetime left, so manifest reloads
-    /// keep their URLs (`auth::reuse`).
+    /// was last given for `client`'s network while it has at least half the child lifetime left,
+    /// so manifest reloads keep their URLs (`auth::reuse`).
     pub fn mint_child(
         &self,
         params: &[(String, String)],
         paths: &[&str],
         parent: Option<&TokenScope>,
+        client: IpAddr,
         now: u64,
     ) -> String {
         self.reuse
-            .get_or_mint(params, paths, parent, now, self.child_ttl, || {
+            .get_or_mint(params, paths, parent, client, now, self.child_ttl, || {
                 let parent_exp = parent.and_then(|p| p.exp);
                 let own = now.saturating_add(self.child_ttl);
                 let exp = Some(parent_exp.map_or(own, |p| p.min(own)));

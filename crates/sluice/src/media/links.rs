@@ -4,10 +4,11 @@
 //! When a password is configured children are sealed path tokens (`/_token_<T>/proxy/...`) scoped
 //! to the child's endpoint family, expiring after `auth.child_token_ttl_secs` or with the parent,
 //! and bound to the parent's address, so the password never appears in a URL and a time- or
-//! IP-bound parent cannot mint unbounded children. A reload gets the same child tokens while
-//! they have half their lifetime left, so live playlists keep stable URLs. Without a password
-//! children are plain query URLs.
+//! IP-bound parent cannot mint unbounded children. A reload from the same client network gets the
+//! same child tokens while they have half their lifetime left, so live playlists keep stable URLs
+//! (`auth::reuse`). Without a password children are plain query URLs.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use sluice_media::query::Query;
@@ -22,6 +23,8 @@ pub struct Links {
     origin: String,
     gate: Option<Arc<TokenGate>>,
     parent: Option<TokenScope>,
+    /// Who asked: child tokens are reused for this client's network only (`auth::reuse`).
+    client: IpAddr,
 }
 
 impl Links {
@@ -35,6 +38,7 @@ impl Links {
             origin,
             gate: gate.cloned(),
             parent: ctx.token.clone(),
+            client: ctx.client_ip,
         }
     }
 
@@ -43,7 +47,8 @@ impl Links {
         match &self.gate {
             Some(gate) => {
                 let family = family(endpoint);
-                let token = gate.mint_child(params, &[family], self.parent.as_ref(), token::now());
+                let parent = self.parent.as_ref();
+                let token = gate.mint_child(params, &[family], parent, self.client, token::now());
                 format!("{}/_token_{token}{endpoint}", self.origin)
             }
             None => format!(
