@@ -319,12 +319,16 @@ impl App {
             let () = fresh;
             #[cfg(feature = "cache")]
             purge.0.set_purge(&purge.1, credentials.auth.secret());
-            keys.store(credentials);
             // Groups first: the TCP part's commit, which runs after this one, takes its groups
             // from the generation installed here.
             #[cfg(feature = "groups")]
             live.install(groups);
             swap.store(Arc::new(routing));
+            // The credentials last: a request arriving between two stores may see the new table
+            // with the old password, never the new credentials with the old table (whose
+            // `endpoints.host` pin, say, was set for the old password and lifts the
+            // loopback-name rule a password-free server relies on).
+            keys.store(credentials);
         }))
     }
 

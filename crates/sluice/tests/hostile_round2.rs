@@ -1035,3 +1035,224 @@ async fn one_client_watches_at_most_its_share_of_channels() {
     assert_eq!(body, "this client is at its limit of 1 channels at once\n");
     assert_eq!(first.await.unwrap().status, 504);
 }
+
+// === Gating round: no open proxy behind a front proxy, no token on the operator's views ===
+
+/// A client elsewhere, as a front proxy on this host listed in `auth.trusted_proxies` reports it.
+const REMOTE: [(&str, &str); 1] = [("x-forwarded-for", "203.0.113.7")];
+
+/// Without a password sluice is this machine's: behind a front proxy on the same host (listed in
+/// `auth.trusted_proxies`, sending a loopback `Host`), a client elsewhere must not use
+/// `/proxy/*`, the extractor, the playlist merge, the URL generators or the Xtream Codes paths as
+/// an open proxy. `/health` and the IPTV gateway's paths stay open to it.
+#[tokio::test]
+async fn a_password_free_server_is_no_open_proxy_behind_a_front_proxy() {
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(config).await;
+    let small = enc(&origin.url("/small"));
+    let stream = format!("/proxy/stream?d={small}");
+    let fetches = [
+        ("GET", stream.clone()),
+        ("GET", format!("/proxy/hls/manifest.m3u8?d={small}")),
+        ("GET", format!("/extractor/video?host=x&d={small}")),
+        ("GET", format!("/playlist/playlist?d={small}")),
+        ("POST", "/playlist/link".to_string()),
+        ("POST", "/generate_url".to_string()),
+        ("POST", "/generate_urls".to_string()),
+        ("GET", "/live/u/p/1.ts".to_string()),
+        ("GET", "/player_api.php?username=u&password=p".to_string()),
+    ];
+    for (method, path) in &fetches {
+        let r = request(method, &s.url(path), &REMOTE).await;
+        assert_eq!(r.status, 403, "{method} {path} from 203.0.113.7");
+        let body = String::from_utf8_lossy(&r.body.unwrap_or_default()).into_owned();
+        assert!(body.contains("no password"), "{path}: {body}");
+    }
+    assert!(
+        origin.seen.lock().unwrap().is_empty(),
+        "a client elsewhere had sluice fetch for it"
+    );
+    // This machine's clients, forwarded or not, are served as before.
+    for via in [&[][..], &[("x-forwarded-for", "127.0.0.1")][..]] {
+        let r = request("GET", &s.url(&stream), via).await;
+        assert_eq!(r.status, 200, "via {via:?}");
+        assert_eq!(r.body.unwrap(), "hello");
+    }
+    // The health check and the gateway's paths stay open to the client elsewhere (this gateway
+    // has no channels: its own 404, not the gate's 403).
+    let r = request("GET", &s.url("/health"), &REMOTE).await;
+    assert_eq!(r.status, 200);
+    for path in ["/playlist.m3u", "/udp/239.255.30.9:5000"] {
+        let r = request("GET", &s.url(path), &REMOTE).await;
+        let body = String::from_utf8_lossy(&r.body.unwrap_or_default()).into_owned();
+        assert!(!body.contains("no password"), "{path}: {} {body}", r.status);
+    }
+}
+
+/// No token opens the operator's views: not `/metrics`, the status, or the pages, even a
+/// MediaFlow token that carries the password (it is a link handed to players). It gets the one
+/// token refusal; the password itself still opens them, and the token still opens its stream.
+#[tokio::test]
+async fn no_token_opens_the_metrics_the_status_or_the_pages() {
+    use sluice_media::token::TokenKey;
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    config.auth.accept_mediaflow_tokens = true;
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(config).await;
+    let params = vec![
+        ("d".to_string(), origin.url("/small")),
+        ("api_password".to_string(), "pw".to_string()),
+    ];
+    let t = TokenKey::new("pw").encrypt(&params, None, None, [5; 16]);
+    let refused = request("GET", &s.url("/_token_garbage/proxy/stream"), &REMOTE).await;
+    assert_eq!(refused.status, 401);
+    let ok = request("GET", &s.url(&format!("/_token_{t}/proxy/stream")), &REMOTE).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.body.unwrap(), "hello");
+    let mut paths = vec![
+        format!("/_token_{t}/metrics"),
+        format!("/metrics?token={t}"),
+        format!("/_token_{t}/status.json"),
+        format!("/_token_{t}/status"),
+        format!("/status.json?token={t}"),
+        format!("/_token_{t}/player"),
+    ];
+    if cfg!(feature = "media") {
+        paths.extend([
+            format!("/_token_{t}/"),
+            format!("/_token_{t}/playlist/builder"),
+        ]);
+    }
+    for path in &paths {
+        // From this machine and from elsewhere alike.
+        for via in [&[][..], &REMOTE[..]] {
+            let r = request("GET", &s.url(path), via).await;
+            assert_eq!(r.status, 401, "{path} via {via:?}");
+            assert_eq!(r.body, refused.body, "{path} via {via:?}");
+        }
+    }
+    // The password itself opens them.
+    let pw = [REMOTE[0], ("api_password", "pw")];
+    for path in ["/metrics", "/status.json"] {
+        let r = request("GET", &s.url(path), &pw).await;
+        assert_eq!(r.status, 200, "{path}");
+    }
+}
+
+/// `/playlist/playlist` fetches up to 16 sources of up to 8 MiB each: its requests hold places in
+/// the client's in-flight share as `/proxy/*` ones do.
+#[tokio::test]
+async fn a_playlist_merge_holds_its_place_in_the_clients_share() {
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.media.max_requests_per_client = 2;
+    let s = Sluice::start(config).await;
+    let hang = s.url(&format!(
+        "/playlist/playlist?d={}",
+        enc(&origin.url("/hang"))
+    ));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = hang.clone();
+            tokio::spawn(async move { get(&url).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while origin.seen_path("/hang").len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the merges did not reach the origin"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for path in [
+        format!("/playlist/playlist?d={}", enc(&origin.url("/small"))),
+        format!("/proxy/stream?d={}", enc(&origin.url("/small"))),
+    ] {
+        let r = get(&s.url(&path)).await;
+        assert_eq!(r.status, 429, "{path}");
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(body.contains("max_requests_per_client"), "{body}");
+    }
+    assert!(origin.seen_path("/small").is_empty());
+    for h in held {
+        h.await.unwrap();
+    }
+    let r = get(&s.url(&format!("/proxy/stream?d={}", enc(&origin.url("/small"))))).await;
+    assert_eq!(r.status, 200);
+}
+
+/// The in-flight share is one per IPv6 /64, as the connection share is: a host holding a whole
+/// /64 does not get a share per address it cares to use.
+#[tokio::test]
+async fn one_ipv6_network_holds_one_share_of_media_requests() {
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.media.max_requests_per_client = 2;
+    let s = Sluice::start(config).await;
+    let hang = s.url(&format!(
+        "/proxy/stream?d={}&api_password=pw",
+        enc(&origin.url("/hang"))
+    ));
+    let held: Vec<_> = ["2001:db8:1:2::1", "2001:db8:1:2::2"]
+        .into_iter()
+        .map(|ip| {
+            let url = hang.clone();
+            tokio::spawn(async move { request("GET", &url, &[("x-forwarded-for", ip)]).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while origin.seen_path("/hang").len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the streams did not reach the origin"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let small = s.url(&format!(
+        "/proxy/stream?d={}&api_password=pw",
+        enc(&origin.url("/small"))
+    ));
+    // A third address in the same /64 is over the share...
+    let r = request("GET", &small, &[("x-forwarded-for", "2001:db8:1:2::3")]).await;
+    assert_eq!(r.status, 429);
+    assert!(origin.seen_path("/small").is_empty());
+    // ...another /64 is not.
+    let r = request("GET", &small, &[("x-forwarded-for", "2001:db8:1:3::1")]).await;
+    assert_eq!(r.status, 200);
+    for h in held {
+        assert_eq!(h.await.unwrap().status, 504);
+    }
+}
+
+/// Without a password any local user may post `/admin/reload`: a refused reload tells such a
+/// caller to read the log, not why (the reason may quote a config value). With a password the
+/// caller proved it is the operator and is told (see the reload test above).
+#[test]
+fn a_refused_reload_tells_a_password_free_caller_nothing_of_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let listen = free_listen();
+    let config = |idle: u64| {
+        format!(
+            "[server]\nlisten = [\"{listen}\"]\npid_file = \"{}\"\nidle_timeout_secs = {idle}\n",
+            pid.display()
+        )
+    };
+    std::fs::write(&file, config(60)).unwrap();
+    let _child = serve(&file, &listen, &pid);
+    // A key that needs a restart: the reload is refused, naming the key in the log only.
+    std::fs::write(&file, config(61)).unwrap();
+    let answer = raw(&listen, "POST", "/admin/reload", "", "");
+    assert_eq!(status(&answer), 422, "{answer}");
+    assert!(answer.contains(r#""reloaded":false"#), "{answer}");
+    assert!(answer.contains("see the log"), "{answer}");
+    assert!(!answer.contains("idle_timeout"), "{answer}");
+}

@@ -166,22 +166,25 @@ impl App {
             Ok(ctx) => ctx,
             Err(why) => {
                 tracing::debug!(reason = %why, "token refused");
-                let mut resp = token::refusal();
-                resp.extensions_mut().insert(ErrorMark {
-                    side: crate::error::Side::Downstream,
-                    kind: "token",
-                });
-                return resp;
+                return token_refused();
             }
         };
-        let operator = browser::is_page(&ctx.path)
-            || ctx.path.starts_with("/admin/")
-            || ctx.path == "/metrics";
-        if operator && !self.keys.load().auth.required() && !ctx.client_ip.is_loopback() {
-            // No password: the pages and admin endpoints are this machine's only. A client
-            // elsewhere reaching them through a trusted front proxy (which may well send a
-            // loopback `Host`) is refused.
+        if !self.keys.load().auth.required()
+            && !ctx.client_ip.is_loopback()
+            && !open_to_any_client(&ctx.path)
+        {
+            // No password: the pages, the admin endpoints and everything that fetches or mints
+            // on a client's behalf are this machine's only. A client elsewhere reaching them
+            // through a trusted front proxy (which may well send a loopback `Host`) is refused:
+            // otherwise `/proxy/*` would be an open proxy for the whole internet.
             return local_only();
+        }
+        if operator(&ctx.path) && ctx.token.is_some() {
+            // The operator's own views need the password itself: a token (a MediaFlow one
+            // carries the password, but it is a link handed to players) opens streams, not the
+            // status, the metrics or the pages.
+            tracing::debug!("token refused on an operator path");
+            return token_refused();
         }
         if changes_state(&ctx.path) && cross_site(&req) {
             // A form or fetch from a page on another site (in a browser on this machine, for a
@@ -191,8 +194,7 @@ impl App {
         if browser::is_page(&ctx.path) {
             let creds = self.keys.load();
             let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-            if creds.auth.required() && ctx.token.is_none() && !creds.auth.check(offered.as_deref())
-            {
+            if creds.auth.required() && !creds.auth.check(offered.as_deref()) {
                 return page_login();
             }
         }
@@ -212,8 +214,15 @@ impl App {
             },
             #[cfg(feature = "media")]
             crate::media::playlist::PLAYLIST_PATH => match &self.media {
-                Some(media) => match self.authorize(&req, &ctx) {
-                    Ok(()) => media.handle_playlist(req, &ctx).await,
+                // A merge fetches up to 16 sources: it holds places like `/proxy/*`.
+                Some(media) => match self
+                    .authorize(&req, &ctx)
+                    .and_then(|()| self.media_places(&req, &ctx))
+                {
+                    Ok(places) => media
+                        .handle_playlist(req, &ctx)
+                        .await
+                        .map(|r| crate::media::limit::hold(r, places)),
                     Err(e) => Err(e),
                 },
                 None => Err(not_found(&ctx.path)),
@@ -308,6 +317,37 @@ impl App {
         }
         resp
     }
+}
+
+/// The one answer to every token failure, marked so no CORS is added to it.
+fn token_refused() -> Response<Body> {
+    let mut resp = token::refusal();
+    resp.extensions_mut().insert(ErrorMark {
+        side: crate::error::Side::Downstream,
+        kind: "token",
+    });
+    resp
+}
+
+/// The operator's paths: the pages (status included), `/admin/*` and `/metrics`.
+fn operator(path: &str) -> bool {
+    browser::is_page(path) || path.starts_with("/admin/") || path == "/metrics"
+}
+
+/// Whether a password-free server answers `path` to a client elsewhere (through a trusted front
+/// proxy): `/health` and the IPTV gateway's channels, playlist and guide, which the operator
+/// serves to the network by choice. Everything else (the operator's paths, and every media
+/// endpoint: `/proxy/*`, `/extractor/*`, `/playlist/*`, the URL generators, Xtream Codes) fetches
+/// or mints on the client's behalf, and is this machine's only.
+fn open_to_any_client(path: &str) -> bool {
+    if path == "/health" {
+        return true;
+    }
+    #[cfg(feature = "iptv")]
+    if Iptv::serves(path) && !operator(path) {
+        return true;
+    }
+    false
 }
 
 /// Whether the answer on built-in `path` is this server's own, made for a client that proved the

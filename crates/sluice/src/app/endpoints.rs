@@ -27,12 +27,17 @@ impl App {
                 "use POST",
             ));
         }
-        if !self
-            .keys
-            .load()
-            .auth
-            .check(Auth::offered_in_header(req.headers()))
-        {
+        // Without a password any local user may ask: such a caller is not shown why a reload was
+        // refused, since the reason may quote a config value (the outcome file is 0600 for it).
+        let (password_set, proved) = {
+            let keys = self.keys.load();
+            let auth = &keys.auth;
+            (
+                auth.required(),
+                auth.check(Auth::offered_in_header(req.headers())),
+            )
+        };
+        if !proved {
             return Err(ProxyError::downstream(
                 StatusCode::FORBIDDEN,
                 "auth",
@@ -60,7 +65,12 @@ impl App {
                 Ok(resp)
             }
             Err(e) => {
-                let body = serde_json::json!({"reloaded": false, "error": format!("{e:#}")});
+                let error = if password_set {
+                    format!("{e:#}")
+                } else {
+                    "the new configuration was refused; see the log for why".to_string()
+                };
+                let body = serde_json::json!({"reloaded": false, "error": error});
                 let mut resp = Response::new(body::full(body.to_string()));
                 *resp.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
                 resp.headers_mut().insert(

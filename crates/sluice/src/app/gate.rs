@@ -33,10 +33,12 @@ impl App {
             )
         };
         let mut places = Vec::with_capacity(2);
+        // Counted by network, as connections are: an IPv6 host commonly holds a whole /64, and
+        // keyed by address it would have a share per address it cares to use.
         places.push(
             self.in_flight
                 .0
-                .take(ctx.client_ip)
+                .take(crate::net::per_ip::network_of(ctx.client_ip))
                 .ok_or_else(|| busy("this client has too many requests in flight"))?,
         );
         // An XC player's token rides in its username, not in `/_token_` or `token=` (looked for
@@ -157,13 +159,14 @@ pub(super) fn misdirected() -> Response<Body> {
     .into_response()
 }
 
-/// 403 for an operator page or endpoint asked from another host of a password-free server.
+/// 403 for an operator page, or an endpoint that fetches or mints, asked from another host of a
+/// password-free server.
 pub(super) fn local_only() -> Response<Body> {
     ProxyError::downstream(
         StatusCode::FORBIDDEN,
         "auth",
-        "this sluice has no password, so its pages and admin endpoints answer only clients on \
-         this machine; set auth.api_password to use them from elsewhere",
+        "this sluice has no password, so its pages, admin endpoints and proxy endpoints answer \
+         only clients on this machine; set auth.api_password to use them from elsewhere",
     )
     .into_response()
 }
