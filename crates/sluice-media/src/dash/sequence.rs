@@ -65,14 +65,24 @@ impl LiveSequence {
     /// Takes in what `other` learned that this state does not know: the bases of Periods it
     /// placed that this state never saw, and how far it numbered. Two builds that began from one
     /// state and ran at once are merged so: a Period only one of them saw keeps the base it was
-    /// served with, and neither sequence goes back. A Period both saw keeps this state's base.
+    /// served with. A Period both placed (from MPDs that listed different segments before it)
+    /// keeps the higher of the two numberings: the client served the lower one then sees its
+    /// media sequence jump forward, which a player takes as a gap, never back.
     pub fn merge(&mut self, other: &LiveSequence) {
         for p in &other.periods {
-            if self.periods.iter().all(|q| q.key != p.key) {
-                if self.periods.len() == MAX_PERIODS {
-                    self.periods.remove(0);
+            match self.periods.iter_mut().find(|q| q.key == p.key) {
+                Some(q) => {
+                    let offset = |b: &PeriodBase| i128::from(b.base) - i128::from(b.first_number);
+                    if offset(p) > offset(q) {
+                        *q = p.clone();
+                    }
                 }
-                self.periods.push(p.clone());
+                None => {
+                    if self.periods.len() == MAX_PERIODS {
+                        self.periods.remove(0);
+                    }
+                    self.periods.push(p.clone());
+                }
             }
         }
         self.next = self.next.max(other.next);
@@ -172,6 +182,16 @@ mod tests {
         let mut both = newer.clone();
         both.merge(&start);
         assert_eq!(both, newer);
+        // Both placed "b", from MPDs listing different segments before it: the higher
+        // numbering is kept, whichever was kept first.
+        let mut gone = start.clone();
+        assert_eq!(seqs(&mut gone, &[("b", 1), ("b", 2)]), [(4, 1), (5, 1)]);
+        let mut kept = gone.clone();
+        kept.merge(&newer);
+        assert_eq!(seqs(&mut kept, &[("b", 2)]), [(6, 1)]);
+        let mut kept = newer.clone();
+        kept.merge(&gone);
+        assert_eq!(seqs(&mut kept, &[("b", 2)]), [(6, 1)]);
         // Unmerged, "b" seen alone would have been numbered from `next`, back from 6 to 5.
         let mut alone = start.clone();
         seqs(&mut alone, &[("a", 4)]);
