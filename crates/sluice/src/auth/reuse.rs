@@ -10,20 +10,29 @@
 //! (`media.max_requests_per_token`), and one token shared by every viewer of a channel would make
 //! that one cap for all of them, which a single viewer holding slow requests fills.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::token::TokenScope;
 use crate::net::per_ip::network_of;
 
-/// Most tokens remembered; past it the memory starts over (a reload then mints anew once).
+/// Most tokens remembered; past it the least recently used go, those no longer reusable first.
 const MAX_ENTRIES: usize = 65_536;
 
 /// Most bytes of keys and tokens remembered, with the same consequence. A child's key and token
 /// both hold its upstream URL and carried parameters, a few hundred bytes for real playlists
 /// (65,536 of them fit), but up to tens of KiB each for a hostile origin's or request's.
 const MAX_BYTES: usize = 32 * 1024 * 1024;
+
+/// Most tokens one client network holds; past it that network's own least recently used go.
+/// A quarter of the memory: a 6-hour DVR window of 2-second segments (10,800) fits with room for
+/// its renditions' playlists, while one network asking for 50,000-segment playlists (one token
+/// holder, or a household behind one address) leaves the other three quarters to everyone else.
+const NET_MAX_ENTRIES: usize = MAX_ENTRIES / 4;
+
+/// Most bytes of keys and tokens one client network holds, for the same reason.
+const NET_MAX_BYTES: usize = MAX_BYTES / 4;
 
 /// Minted child tokens by what they grant.
 #[derive(Debug, Default)]
@@ -33,8 +42,34 @@ pub struct Reuse {
 
 #[derive(Debug, Default)]
 struct Tokens {
-    by_key: HashMap<String, (String, Option<u64>)>,
+    by_key: HashMap<Arc<str>, Entry>,
+    /// Keys by last use (a tick of `clock`), least recent first.
+    by_use: BTreeMap<u64, Arc<str>>,
+    /// When each entry stops being reusable, and its last use: the first may be evicted early.
+    by_stale: BTreeSet<(u64, u64)>,
+    /// Each client network's share.
+    by_net: HashMap<IpAddr, Share>,
     /// Key and token bytes in `by_key`.
+    bytes: usize,
+    /// Counts uses; each entry's last is unique, so it orders them.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    token: String,
+    exp: Option<u64>,
+    net: IpAddr,
+    /// The `clock` tick of its last use.
+    used: u64,
+    /// The first second at which `get_or_mint` would no longer hand it out.
+    stale_at: u64,
+}
+
+/// One client network's entries (by last use) and their key and token bytes.
+#[derive(Debug, Default)]
+struct Share {
+    used: BTreeSet<u64>,
     bytes: usize,
 }
 
@@ -55,40 +90,129 @@ impl Reuse {
         child_ttl: u64,
         mint: impl FnOnce() -> (String, Option<u64>),
     ) -> String {
-        let key = key(params, paths, parent, network_of(client));
+        let net = network_of(client);
+        let key = key(params, paths, parent, net);
+        let parent_exp = parent.and_then(|p| p.exp);
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((token, exp)) = tokens.by_key.get(&key) {
-            // Reused only while a player holding it still has a long time to use it.
-            let from_parent = *exp == parent.and_then(|p| p.exp);
-            let fresh = exp.is_none_or(|exp| {
-                exp > now && (from_parent || exp.saturating_sub(now) >= child_ttl / 2)
-            });
-            if fresh {
-                return token.clone();
+        if let Some(entry) = tokens.by_key.get(key.as_str()) {
+            if now < stale_at(entry.exp, parent_exp, child_ttl) {
+                let token = entry.token.clone();
+                tokens.touch(&key);
+                return token;
             }
         }
         let (token, exp) = mint();
-        tokens.insert(key, token.clone(), exp);
+        let stale_at = stale_at(exp, parent_exp, child_ttl);
+        tokens.insert(key, net, token.clone(), exp, stale_at, now);
         token
     }
 }
 
+/// The first second at which a child expiring at `exp` is no longer handed out: when it expires
+/// if it ends with its parent (it cannot outlive it), else once less than half the child
+/// lifetime is left, so a player holding it still has a long time to use it.
+fn stale_at(exp: Option<u64>, parent_exp: Option<u64>, child_ttl: u64) -> u64 {
+    match exp {
+        None => u64::MAX,
+        Some(exp) if Some(exp) == parent_exp => exp,
+        // Fresh while `exp - now >= child_ttl / 2`: up to and including `exp - child_ttl / 2`.
+        Some(exp) if exp < child_ttl / 2 => 0,
+        Some(exp) => (exp - child_ttl / 2).saturating_add(1).min(exp),
+    }
+}
+
 impl Tokens {
-    /// Remembers `token` for `key`, starting over first when the memory is full.
-    fn insert(&mut self, key: String, token: String, exp: Option<u64>) {
-        if let Some((old, _)) = self.by_key.remove(&key) {
-            self.bytes -= key.len() + old.len();
+    /// Marks `key` as just used.
+    fn touch(&mut self, key: &str) {
+        self.clock += 1;
+        let now = self.clock;
+        let Some(entry) = self.by_key.get_mut(key) else {
+            return;
+        };
+        let was = std::mem::replace(&mut entry.used, now);
+        if let Some(k) = self.by_use.remove(&was) {
+            self.by_use.insert(now, k);
         }
+        self.by_stale.remove(&(entry.stale_at, was));
+        self.by_stale.insert((entry.stale_at, now));
+        if let Some(share) = self.by_net.get_mut(&entry.net) {
+            share.used.remove(&was);
+            share.used.insert(now);
+        }
+    }
+
+    /// Remembers `token` for `key` (of client network `net`), making room first: the network's
+    /// own least recently used entries past its share, then entries no longer reusable at `now`,
+    /// then the least recently used. Each insert evicts at most what earlier inserts added.
+    fn insert(
+        &mut self,
+        key: String,
+        net: IpAddr,
+        token: String,
+        exp: Option<u64>,
+        stale_at: u64,
+        now: u64,
+    ) {
+        self.remove(&key);
         let size = key.len() + token.len();
-        if size > MAX_BYTES {
-            return; // Minted every time; not worth forgetting everyone else for.
+        if size > NET_MAX_BYTES {
+            return; // Minted every time; not worth forgetting a network's others for.
         }
-        if self.by_key.len() >= MAX_ENTRIES || self.bytes + size > MAX_BYTES {
-            self.by_key.clear();
-            self.bytes = 0;
+        while let Some(share) = self.by_net.get(&net) {
+            if share.used.len() < NET_MAX_ENTRIES && share.bytes + size <= NET_MAX_BYTES {
+                break;
+            }
+            let Some(oldest) = share.used.first().and_then(|u| self.by_use.get(u)).cloned() else {
+                break;
+            };
+            self.remove(&oldest);
         }
+        while self.by_key.len() >= MAX_ENTRIES || self.bytes + size > MAX_BYTES {
+            let stale = self.by_stale.first().filter(|(at, _)| *at <= now);
+            let victim = match stale {
+                Some((_, used)) => self.by_use.get(used),
+                None => self.by_use.first_key_value().map(|(_, k)| k),
+            };
+            let Some(victim) = victim.cloned() else {
+                break;
+            };
+            self.remove(&victim);
+        }
+        self.clock += 1;
+        let used = self.clock;
+        let key: Arc<str> = key.into();
+        self.by_use.insert(used, key.clone());
+        self.by_stale.insert((stale_at, used));
+        let share = self.by_net.entry(net).or_default();
+        share.used.insert(used);
+        share.bytes += size;
         self.bytes += size;
-        self.by_key.insert(key, (token, exp));
+        let entry = Entry {
+            token,
+            exp,
+            net,
+            used,
+            stale_at,
+        };
+        self.by_key.insert(key, entry);
+    }
+
+    /// Forgets `key`, from every index.
+    fn remove(&mut self, key: &str) {
+        let Some((key, entry)) = self.by_key.remove_entry(key) else {
+            return;
+        };
+        let size = key.len() + entry.token.len();
+        self.by_use.remove(&entry.used);
+        self.by_stale.remove(&(entry.stale_at, entry.used));
+        if let Some(share) = self.by_net.get_mut(&entry.net) {
+            share.used.remove(&entry.used);
+            share.bytes -= size;
+            if share.used.is_empty() {
+                self.by_net.remove(&entry.net);
+            }
+        }
+        self.bytes -= size;
     }
 }
 
@@ -127,11 +251,52 @@ mod tests {
     }
 
     fn mint_for(reuse: &Reuse, client: &str, d: &str, token: &str) -> String {
+        mint_at(reuse, client, d, token, 100, 1000)
+    }
+
+    /// Asks at `now` (child lifetime 60 s) for child `d` of `client`, minting `token` expiring
+    /// at `exp` if none is reused.
+    fn mint_at(reuse: &Reuse, client: &str, d: &str, token: &str, now: u64, exp: u64) -> String {
         let params = [("d".to_string(), d.to_string())];
         let client = client.parse().unwrap();
-        reuse.get_or_mint(&params, &["/proxy/hls/"], None, client, 100, 60, || {
-            (token.to_string(), Some(1000))
+        reuse.get_or_mint(&params, &["/proxy/hls/"], None, client, now, 60, || {
+            (token.to_string(), Some(exp))
         })
+    }
+
+    /// Every index agrees with `by_key`, the byte counts are exact and the bounds hold.
+    fn assert_consistent(tokens: &Tokens) {
+        let counted: usize = tokens
+            .by_key
+            .iter()
+            .map(|(k, e)| k.len() + e.token.len())
+            .sum();
+        assert_eq!(counted, tokens.bytes);
+        assert!(tokens.bytes <= MAX_BYTES, "{}", tokens.bytes);
+        assert!(tokens.by_key.len() <= MAX_ENTRIES);
+        assert_eq!(tokens.by_use.len(), tokens.by_key.len());
+        assert_eq!(tokens.by_stale.len(), tokens.by_key.len());
+        let mut per_net: HashMap<IpAddr, (usize, usize)> = HashMap::new();
+        for (k, e) in &tokens.by_key {
+            assert_eq!(tokens.by_use.get(&e.used), Some(k));
+            assert!(tokens.by_stale.contains(&(e.stale_at, e.used)));
+            assert!(tokens.by_net[&e.net].used.contains(&e.used));
+            let n = per_net.entry(e.net).or_default();
+            n.0 += 1;
+            n.1 += k.len() + e.token.len();
+        }
+        assert_eq!(per_net.len(), tokens.by_net.len());
+        for (net, share) in &tokens.by_net {
+            assert_eq!((share.used.len(), share.bytes), per_net[net], "{net}");
+            assert!(share.used.len() <= NET_MAX_ENTRIES && share.bytes <= NET_MAX_BYTES);
+        }
+    }
+
+    /// How many entries client network `net` holds.
+    fn held(reuse: &Reuse, net: &str) -> usize {
+        let tokens = reuse.tokens.lock().unwrap();
+        let net: IpAddr = net.parse().unwrap();
+        tokens.by_net.get(&net).map_or(0, |s| s.used.len())
     }
 
     #[test]
@@ -139,18 +304,12 @@ mod tests {
         let reuse = Reuse::default();
         assert_eq!(mint(&reuse, "http://o/a", "t1"), "t1");
         assert_eq!(mint(&reuse, "http://o/a", "t2"), "t1", "reused");
-        // Children of 1 MiB each: the memory starts over rather than pass MAX_BYTES.
+        // Children of 1 MiB each from eight networks: evicted rather than pass either byte bound.
         let big = "x".repeat(1 << 20);
         for i in 0..100 {
-            mint(&reuse, &format!("http://o/{i}/{big}"), &big);
-            let tokens = reuse.tokens.lock().unwrap();
-            assert!(tokens.bytes <= MAX_BYTES, "{}", tokens.bytes);
-            let counted: usize = tokens
-                .by_key
-                .iter()
-                .map(|(k, (t, _))| k.len() + t.len())
-                .sum();
-            assert_eq!(counted, tokens.bytes);
+            let client = format!("10.0.0.{}", i % 8);
+            mint_for(&reuse, &client, &format!("http://o/{i}/{big}"), &big);
+            assert_consistent(&reuse.tokens.lock().unwrap());
         }
         // One child over the whole bound is minted but not remembered.
         let huge = "y".repeat(MAX_BYTES);
@@ -175,5 +334,137 @@ mod tests {
         assert_eq!(for_("2001:db8::ffff:2", "c2"), "c1");
         assert_eq!(for_("2001:db8:0:1::1", "d1"), "d1");
         assert_eq!(for_("::ffff:10.0.0.1", "a3"), "a1");
+    }
+
+    #[test]
+    fn a_live_window_sliding_past_the_bound_keeps_every_listed_child() {
+        // 50 viewers of live channels listing 200 segments, 50 new ones a reload: 10,000 children
+        // listed at a time, 82,500 minted in all. Each segment keeps its URL while it is listed
+        // (before, the memory started over past 65,536 and every listed URL changed at once).
+        let reuse = Reuse::default();
+        for round in 0..30u32 {
+            for n in 0..50 {
+                let client = format!("10.1.0.{n}");
+                for seg in round * 50..round * 50 + 200 {
+                    let d = format!("http://o/{n}/{seg}.ts");
+                    let got = mint_for(&reuse, &client, &d, &format!("{n}-{seg}-{round}"));
+                    // The round that first listed it.
+                    let first = if seg < 200 { 0 } else { (seg - 150) / 50 };
+                    assert_eq!(got, format!("{n}-{seg}-{first}"), "round {round}");
+                }
+            }
+        }
+        let tokens = reuse.tokens.lock().unwrap();
+        assert_eq!(
+            tokens.by_key.len(),
+            MAX_ENTRIES,
+            "scrolled-out segments are forgotten"
+        );
+        assert_consistent(&tokens);
+    }
+
+    #[test]
+    fn one_network_past_its_share_evicts_only_its_own_children() {
+        let reuse = Reuse::default();
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b1"), "b1");
+        assert_eq!(mint_for(&reuse, "2001:db8::1", "http://o/c", "c1"), "c1");
+        // Two 50,000-segment playlists, from two hosts of one /64.
+        for i in 0..100_000 {
+            let client = if i < 50_000 {
+                "2001:db8:1::1"
+            } else {
+                "2001:db8:1::2"
+            };
+            mint_for(&reuse, client, &format!("http://o/{i}"), &format!("a{i}"));
+        }
+        assert_eq!(held(&reuse, "2001:db8:1::"), NET_MAX_ENTRIES);
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b2"), "b1");
+        assert_eq!(mint_for(&reuse, "2001:db8::2", "http://o/c", "c2"), "c1");
+        // Its own least recently used went; its newest stay.
+        assert_eq!(
+            mint_for(&reuse, "2001:db8:1::3", "http://o/99999", "x"),
+            "a99999"
+        );
+        assert_eq!(mint_for(&reuse, "2001:db8:1::3", "http://o/0", "y"), "y");
+        assert_consistent(&reuse.tokens.lock().unwrap());
+
+        // The same in bytes: 40 children of 1 MiB from one network keep a quarter of MAX_BYTES.
+        let reuse = Reuse::default();
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b1"), "b1");
+        let big = "x".repeat(1 << 20);
+        for i in 0..40 {
+            mint_for(&reuse, "10.0.0.1", &format!("http://o/{i}/{big}"), &big);
+        }
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b2"), "b1");
+        let tokens = reuse.tokens.lock().unwrap();
+        // Each is over 2 MiB (key and token): three fit in 8 MiB.
+        assert_eq!(tokens.by_net[&"10.0.0.1".parse().unwrap()].used.len(), 3);
+        assert_consistent(&tokens);
+    }
+
+    #[test]
+    fn a_full_memory_evicts_the_least_recently_used_not_everything() {
+        let reuse = Reuse::default();
+        let per_net = MAX_ENTRIES / 5; // 13,107: 65,535 in all.
+        for n in 0..5 {
+            for i in 0..per_net {
+                mint_for(
+                    &reuse,
+                    &format!("10.2.0.{n}"),
+                    &format!("http://o/{i}"),
+                    "t",
+                );
+            }
+        }
+        // Viewer 0 reloads (its children reused), so viewer 1's are now the least recent.
+        for i in 0..per_net {
+            mint_for(&reuse, "10.2.0.0", &format!("http://o/{i}"), "again");
+        }
+        // 100 more: the first fits, the other 99 each take one of viewer 1's oldest.
+        for i in 0..100 {
+            mint_for(&reuse, "10.2.0.5", &format!("http://o/{i}"), "t");
+        }
+        assert_eq!(held(&reuse, "10.2.0.0"), per_net);
+        assert_eq!(held(&reuse, "10.2.0.1"), per_net - 99);
+        assert_eq!(held(&reuse, "10.2.0.2"), per_net);
+        assert_eq!(held(&reuse, "10.2.0.5"), 100);
+        assert_consistent(&reuse.tokens.lock().unwrap());
+        assert_eq!(mint_for(&reuse, "10.2.0.1", "http://o/99", "new"), "t");
+        assert_eq!(mint_for(&reuse, "10.2.0.1", "http://o/98", "new"), "new");
+        assert_eq!(mint_for(&reuse, "10.2.0.0", "http://o/0", "new"), "t");
+    }
+
+    #[test]
+    fn children_no_longer_reusable_are_evicted_before_the_least_recently_used() {
+        let reuse = Reuse::default();
+        for n in 0..6 {
+            for i in 0..(MAX_ENTRIES - 10) / 6 {
+                mint_for(
+                    &reuse,
+                    &format!("10.3.0.{n}"),
+                    &format!("http://o/{i}"),
+                    "t",
+                );
+            }
+        }
+        // Ten children with 50 s left at 100; at 200 they are past use (less than 30 s left).
+        for i in 0..10 {
+            mint_at(&reuse, "10.3.0.6", &format!("http://o/{i}"), "s", 100, 150);
+        }
+        assert_eq!(reuse.tokens.lock().unwrap().by_key.len(), MAX_ENTRIES);
+        for i in 0..10 {
+            mint_at(&reuse, "10.3.0.7", &format!("http://o/{i}"), "u", 200, 1000);
+        }
+        assert_eq!(held(&reuse, "10.3.0.6"), 0, "the ten past use went");
+        assert_eq!(
+            held(&reuse, "10.3.0.0"),
+            (MAX_ENTRIES - 10) / 6,
+            "not the oldest in use"
+        );
+        assert_eq!(
+            mint_at(&reuse, "10.3.0.0", "http://o/0", "new", 200, 1000),
+            "t"
+        );
+        assert_consistent(&reuse.tokens.lock().unwrap());
     }
 }
