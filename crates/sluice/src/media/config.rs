@@ -184,8 +184,10 @@ pub struct AcestreamConfig {
     pub linger_secs: u64,
     /// Bytes of stream each session buffers for its viewers; a viewer further behind skips ahead.
     pub buffer_bytes: usize,
-    /// Engine sessions open at once; more answer 503. One client (an IPv4 address, an IPv6 /64)
-    /// may open at most half of them (joining one already open is always allowed).
+    /// Engine sessions open at once. One client (an IPv4 address, an IPv6 /64) holds at most half
+    /// of them alone (one another client joined no longer counts); a client at its share, or at a
+    /// full pool, closes its longest-idle session without viewers to open another, and gets 503
+    /// only when every one it holds is watched. Joining an open session is always allowed.
     pub max_sessions: usize,
 }
 

@@ -57,6 +57,9 @@ struct Session {
     content: Content,
     /// The client that opened it, by [`network_of`]: what the per-client share counts.
     client: IpAddr,
+    /// Set (under the map lock) once another client joins: the session is then no longer its
+    /// opener's to answer for, and leaves its share (as the IPTV hub forgets its starter).
+    shared: AtomicBool,
     /// The engine's answer, fetched once by whichever viewer came first.
     started: OnceCell<Result<EngineSession, String>>,
     /// Changed only under the map lock, so joining and the linger check never race.
@@ -144,7 +147,7 @@ impl Sessions {
     }
 
     fn enter(
-        &self,
+        self: &Arc<Self>,
         content: &Content,
         kind: Kind,
         client: IpAddr,
@@ -153,20 +156,16 @@ impl Sessions {
         let client = network_of(client);
         let mut map = lock(&self.map);
         let session = match map.get(&key) {
-            Some(s) if !s.closed.is_cancelled() => s.clone(),
+            Some(s) if !s.closed.is_cancelled() => {
+                // Joining an open session is always allowed, whoever opened it.
+                if s.client != client {
+                    s.shared.store(true, Ordering::SeqCst);
+                }
+                s.clone()
+            }
             _ => {
                 map.retain(|_, s| !s.closed.is_cancelled());
-                // One client may open at most half the pool, so touching many ids cannot take
-                // every session from the others; joining an open one is always allowed.
-                let share = (self.config.max_sessions / 2).max(1);
-                let own = map.values().filter(|s| s.client == client).count();
-                if map.len() >= self.config.max_sessions || own >= share {
-                    return Err(ProxyError::downstream(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "acestream_sessions",
-                        "all Acestream sessions are in use (media.acestream.max_sessions)",
-                    ));
-                }
+                self.make_room(&mut map, client)?;
                 let capacity = (self.config.buffer_bytes / CHUNK_ESTIMATE).max(16);
                 let (tx, _) = broadcast::channel(capacity);
                 let s = Arc::new(Session {
@@ -174,6 +173,7 @@ impl Sessions {
                     kind,
                     content: content.clone(),
                     client,
+                    shared: AtomicBool::new(false),
                     started: OnceCell::new(),
                     viewers: AtomicUsize::new(0),
                     tx,
@@ -191,6 +191,53 @@ impl Sessions {
         };
         session.viewers.fetch_add(1, Ordering::SeqCst);
         Ok(session)
+    }
+
+    /// Frees a place for one more session opened by `client`, or refuses. One client holds at
+    /// most half the pool, so touching many ids cannot take every session from the others; what
+    /// it holds is what it opened that no other client has joined. When its share or the pool is
+    /// full, its session idle longest with no viewer is closed at once rather than refusing: a
+    /// viewer zapping through channels keeps zapping and merely loses the linger of those it
+    /// left. Only when every session it holds has a viewer is it refused.
+    fn make_room(
+        self: &Arc<Self>,
+        map: &mut HashMap<String, Arc<Session>>,
+        client: IpAddr,
+    ) -> Result<(), ProxyError> {
+        let share = (self.config.max_sessions / 2).max(1);
+        loop {
+            let own: Vec<&Arc<Session>> = map
+                .values()
+                .filter(|s| s.client == client && !s.shared.load(Ordering::SeqCst))
+                .collect();
+            if map.len() < self.config.max_sessions && own.len() < share {
+                return Ok(());
+            }
+            // Viewers change only under the map lock (held here), so none can join it now.
+            let idle = own
+                .into_iter()
+                .filter(|s| s.viewers.load(Ordering::SeqCst) == 0)
+                .min_by_key(|s| *lock(&s.touched))
+                .cloned();
+            let Some(idle) = idle else {
+                return Err(ProxyError::downstream(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "acestream_sessions",
+                    "all Acestream sessions are in use (media.acestream.max_sessions)",
+                ));
+            };
+            map.remove(&idle.key);
+            if idle.stopping.swap(true, Ordering::SeqCst) {
+                continue;
+            }
+            idle.closed.cancel();
+            tracing::info!(session = %idle.key, "closed early: its client needs the place");
+            // The map lock is held: the engine hears `stop` from a task.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let sessions = self.clone();
+                rt.spawn(async move { sessions.stop_engine(&idle).await });
+            }
+        }
     }
 
     /// Asks the engine for the session once; the stream kind also starts its reader.
@@ -385,6 +432,11 @@ impl Sessions {
         }
         session.closed.cancel();
         self.forget(session);
+        self.stop_engine(session).await;
+    }
+
+    /// Tells the engine to stop a session that was started (once: callers set `stopping`).
+    async fn stop_engine(&self, session: &Session) {
         if let Some(Ok(engine)) = session.started.get() {
             if let Ok(mut url) = Url::parse(&engine.command_url) {
                 url.query_pairs_mut().append_pair("method", "stop");
@@ -730,13 +782,13 @@ mod tests {
         refused(pool.enter(&content(3), Kind::Hls, a));
         // Joining a session already open is not opening one, whoever opened it.
         pool.enter(&content(1), Kind::Hls, a).unwrap();
-        // An IPv6 client counts by its /64, an IPv4-mapped one as IPv4.
+        // An IPv4-mapped address is the same client.
+        refused(pool.enter(&content(3), Kind::Hls, ip("::ffff:192.0.2.7")));
+        // An IPv6 client counts by its /64.
         let b = ip("2001:db8:1:2::1");
         pool.enter(&content(3), Kind::Hls, b).unwrap();
         pool.enter(&content(1), Kind::Stream, b).unwrap();
-        pool.enter(&content(1), Kind::Hls, b).unwrap();
         refused(pool.enter(&content(4), Kind::Hls, ip("2001:db8:1:2::ffff")));
-        refused(pool.enter(&content(4), Kind::Hls, ip("::ffff:192.0.2.7")));
         // The pool is full for everyone else.
         refused(pool.enter(&content(4), Kind::Hls, ip("198.51.100.1")));
 
@@ -744,5 +796,112 @@ mod tests {
         let small = sessions("http://127.0.0.1:9", 10, 1);
         small.enter(&content(1), Kind::Hls, a).unwrap();
         refused(small.enter(&content(2), Kind::Hls, b));
+    }
+
+    #[tokio::test]
+    async fn a_full_pool_takes_the_lingering_session_of_whoever_opens() {
+        let pool = sessions("http://127.0.0.1:9", 600, 4);
+        let (a, b, c) = (ip("192.0.2.7"), ip("198.51.100.1"), ip("203.0.113.9"));
+        let viewer = |n: u8, client: IpAddr| ViewerGuard {
+            sessions: pool.clone(),
+            session: pool.enter(&content(n), Kind::Stream, client).unwrap(),
+        };
+        let _b1 = viewer(1, b);
+        let _b2 = viewer(2, b);
+        let _c3 = viewer(3, c);
+        let left = viewer(4, a).session.clone();
+        // The pool is full though `a` is under its share: its own lingering session goes.
+        let _a5 = viewer(5, a);
+        assert!(
+            left.closed.is_cancelled(),
+            "the lingering session was not closed"
+        );
+        let e = pool
+            .enter(&content(6), Kind::Stream, c)
+            .err()
+            .expect("opened past the pool");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(open_ids(&pool).await.len(), 4);
+    }
+
+    /// The open sessions' content keys, sorted.
+    async fn open_ids(pool: &Sessions) -> Vec<String> {
+        let mut ids: Vec<String> = pool
+            .report(None)
+            .await
+            .into_iter()
+            .map(|r| r.content)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    #[tokio::test]
+    async fn a_zapping_client_closes_what_it_left_instead_of_being_refused() {
+        let (url, stops) = engine().await;
+        // A share of 2, and a linger far longer than the test: only making room closes anything.
+        let pool = sessions(&url, 600, 4);
+        let a = ip("192.0.2.7");
+        // Three times its share of ids, one after another; each playlist request has left.
+        for n in 1..=6 {
+            let playlist = pool.touch_hls(&content(n), a).await;
+            assert_eq!(playlist.unwrap(), format!("{url}/ace/m/h1.m3u8"), "id {n}");
+            assert!(
+                pool.report(None).await.len() <= 2,
+                "past the share at id {n}"
+            );
+        }
+        // The four it left first were closed to make room, and the engine told to stop each.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while stops.load(Ordering::SeqCst) < 4 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(stops.load(Ordering::SeqCst), 4, "engine stops");
+        assert_eq!(open_ids(&pool).await, [content(5).key(), content(6).key()]);
+        // The other half of the pool is still there for another client.
+        let b = ip("198.51.100.1");
+        pool.touch_hls(&content(7), b).await.unwrap();
+        pool.touch_hls(&content(8), b).await.unwrap();
+        assert_eq!(pool.report(None).await.len(), 4);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(stops.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn only_watched_sessions_a_client_alone_holds_refuse_it() {
+        let pool = sessions("http://127.0.0.1:9", 600, 4);
+        let refused = |r: Result<Arc<Session>, ProxyError>| {
+            let e = r.err().expect("opened past the share");
+            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(e.kind, "acestream_sessions");
+        };
+        let (a, b) = (ip("192.0.2.7"), ip("198.51.100.1"));
+        let viewer = |n: u8, client: IpAddr| ViewerGuard {
+            sessions: pool.clone(),
+            session: pool.enter(&content(n), Kind::Stream, client).unwrap(),
+        };
+        // Its share held with live viewers: refused, and nothing of its own closed.
+        let one = viewer(1, a);
+        let two = viewer(2, a);
+        refused(pool.enter(&content(3), Kind::Stream, a));
+        assert!(!one.session.closed.is_cancelled() && !two.session.closed.is_cancelled());
+        // One of them left (lingering): that one makes room.
+        let left = two.session.clone();
+        drop(two);
+        let three = viewer(3, a);
+        assert!(
+            left.closed.is_cancelled(),
+            "the lingering session was not closed"
+        );
+        assert!(!one.session.closed.is_cancelled());
+        refused(pool.enter(&content(4), Kind::Stream, a));
+        // A session another client joined is no longer its opener's, even once it has left.
+        drop(viewer(3, b));
+        let four = viewer(4, a);
+        assert!(!three.session.closed.is_cancelled() && !four.session.closed.is_cancelled());
+        assert_eq!(
+            open_ids(&pool).await,
+            [content(1).key(), content(3).key(), content(4).key()]
+        );
     }
 }
