@@ -296,8 +296,9 @@ impl App {
         #[cfg(feature = "groups")]
         let live = Arc::clone(&self.groups);
         // `[auth]` applies live: the new password revokes every token sealed under the old one,
-        // and the cache's purge check follows both it and `[cache]`'s purge keys.
-        let credentials = Credentials::new(&config.auth);
+        // and the cache's purge check follows both it and `[cache]`'s purge keys. An unchanged
+        // password keeps the running token key rather than deriving it again.
+        let credentials = Credentials::reloaded(&config.auth, &self.keys.load());
         let keys = self.keys.clone();
         #[cfg(feature = "cache")]
         let purge = (Arc::clone(&self.cache), config.cache.clone());

@@ -31,6 +31,16 @@ impl Credentials {
             tokens: token::TokenGate::new(config).map(Arc::new),
         }
     }
+
+    /// The credentials of a reloaded `[auth]`: as [`Credentials::new`], except that an unchanged
+    /// password keeps `running`'s derived token key (and, key and child lifetime unchanged, the
+    /// child tokens it minted) instead of deriving it again (`token::TokenGate::reloaded`).
+    pub fn reloaded(config: &AuthConfig, running: &Credentials) -> Credentials {
+        Credentials {
+            auth: Auth::new(config),
+            tokens: token::TokenGate::reloaded(config, running.tokens.as_deref()).map(Arc::new),
+        }
+    }
 }
 
 /// The live [`Credentials`], shared by every part that checks a password or mints a token.

@@ -1256,3 +1256,38 @@ fn a_refused_reload_tells_a_password_free_caller_nothing_of_the_config() {
     assert!(answer.contains("see the log"), "{answer}");
     assert!(!answer.contains("idle_timeout"), "{answer}");
 }
+
+/// A front proxy on this host that is not listed in `auth.trusted_proxies` connects from
+/// 127.0.0.1 for every client: its forwarding header is not believed, so the client address is
+/// loopback. On a password-free server such a request (any of `X-Forwarded-For`, `Forwarded`,
+/// `X-Real-IP` from an untrusted peer) is not local: `/proxy/*` gets the local-only 403, telling
+/// the operator to list the proxy, while the same request without the header is served and
+/// `/health` answers either way. Before, the proxy made sluice an open proxy again.
+#[tokio::test]
+async fn a_password_free_server_is_no_open_proxy_behind_an_untrusted_front_proxy() {
+    let origin = Origin::start().await;
+    let s = Sluice::start(test_config()).await;
+    let stream = format!("/proxy/stream?d={}", enc(&origin.url("/small")));
+    let relayed: [[(&str, &str); 1]; 3] = [
+        [("x-forwarded-for", "203.0.113.7")],
+        [("forwarded", "for=203.0.113.7;proto=https")],
+        [("x-real-ip", "203.0.113.7")],
+    ];
+    for via in &relayed {
+        let r = request("GET", &s.url(&stream), via).await;
+        assert_eq!(r.status, 403, "via {via:?}");
+        let body = String::from_utf8_lossy(&r.body.unwrap_or_default()).into_owned();
+        assert!(body.contains("no password"), "{body}");
+        assert!(body.contains("auth.trusted_proxies"), "{body}");
+        let r = request("GET", &s.url("/health"), via).await;
+        assert_eq!(r.status, 200, "/health via {via:?}");
+    }
+    assert!(
+        origin.seen.lock().unwrap().is_empty(),
+        "a relayed client had sluice fetch for it"
+    );
+    // This machine's own client, without the header: served.
+    let r = request("GET", &s.url(&stream), &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "hello");
+}

@@ -643,3 +643,92 @@ async fn a_minted_token_cannot_test_password_guesses_at_hkdf_speed() {
     );
     assert_eq!(origin.requests(), fetched);
 }
+
+/// A sluice whose app the test keeps, to reload it.
+async fn reloadable(config: &sluice::config::Config) -> (String, Arc<sluice::app::App>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = sluice::app::App::new(config).unwrap();
+    let server =
+        sluice::server::Server::from_listeners(vec![listener], &config.server, app.clone())
+            .unwrap();
+    tokio::spawn(server.run(std::future::pending::<()>()));
+    (base, app)
+}
+
+/// The first child URL of the origin's playlist as rewritten by the sluice at `base`.
+async fn child_at(base: &str, origin: &HlsOrigin, password: &str) -> String {
+    let url = format!(
+        "{base}/proxy/hls/manifest.m3u8?d={}&api_password={password}",
+        enc(&origin.url("/live/index.m3u8"))
+    );
+    let r = get(&url).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    text.lines()
+        .find(|l| !l.starts_with('#') && !l.is_empty())
+        .unwrap()
+        .to_string()
+}
+
+/// A rolling upgrade: nodes of an older version, which know only the legacy key, share the
+/// password with upgraded ones. With `auth.seal_with_legacy_key` an upgraded node's child URLs
+/// open on an old node (and on an upgraded node without the switch); turned off by a reload, new
+/// children are sealed under the Argon2id key only. A reload that keeps the password keeps the
+/// key and the children minted so far; a new password refuses them.
+#[tokio::test]
+async fn the_legacy_switch_carries_a_rolling_upgrade_and_reloads_keep_the_key() {
+    let origin = HlsOrigin::start().await;
+    let old_node = SealedKey::legacy(PW);
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.auth.seal_with_legacy_key = true;
+    config.media.prebuffer_segments = 0;
+    config.server.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    let (base, app) = reloadable(&config).await;
+    let default_node = sluice(false).await;
+    let child = child_at(&base, &origin, PW).await;
+    let (_, token, path) = split_token(&child);
+    assert_eq!(
+        old_node.open(token).unwrap().params,
+        [("d".to_string(), origin.url("/live/seg0.ts"))]
+    );
+    let on_default = default_node.url(&format!("/_token_{token}/{path}"));
+    let r = get(&on_default).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+
+    // The upgrade is done: the switch goes off by a reload, the password stays.
+    config.auth.seal_with_legacy_key = false;
+    app.reload(&config).unwrap();
+    let strong = child_at(&base, &origin, PW).await;
+    assert_ne!(
+        strong, child,
+        "a child sealed under the key just turned off was reused"
+    );
+    let (_, strong_token, _) = split_token(&strong);
+    assert_eq!(
+        old_node.open(strong_token),
+        Err(SealedError::Authentication)
+    );
+    // The legacy-sealed child still plays.
+    let r = get(&child).await;
+    assert_eq!(r.status, 200);
+
+    // A reload that changes nothing the key hangs on: the same child URL (the key and the
+    // children it minted are kept).
+    config.auth.accept_mediaflow_tokens = true;
+    app.reload(&config).unwrap();
+    assert_eq!(child_at(&base, &origin, PW).await, strong);
+
+    // A new password: the old children are refused, new ones differ.
+    config.auth.api_password = "another-hostile-password".into();
+    app.reload(&config).unwrap();
+    let r = get(&strong).await;
+    assert_eq!(r.status, 401);
+    let moved = child_at(&base, &origin, "another-hostile-password").await;
+    assert_ne!(moved, strong);
+    let r = get(&moved).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
+}

@@ -1916,3 +1916,87 @@ async fn a_token_holder_cannot_seek_on_a_param_the_token_fixes() {
         "{requests:?}"
     );
 }
+
+/// `POST /generate_url` with `password`: the sealed URL for `endpoint` with `query_params`.
+async fn generated_url(
+    s: &app_support::Sluice,
+    password: &str,
+    endpoint: &str,
+    query: Value,
+) -> String {
+    let body = serde_json::json!({
+        "mediaflow_proxy_url": s.url(""),
+        "endpoint": endpoint,
+        "query_params": query,
+        "api_password": password,
+    });
+    let tcp = TcpStream::connect(s.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("/generate_url")
+        .header("host", s.addr.to_string())
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let json: Value = serde_json::from_slice(&bytes).unwrap();
+    json["url"].as_str().unwrap().to_string()
+}
+
+/// A sealed URL for a programme (`/generate_url` fixing `playseek`) plays that programme only:
+/// its holder may not add `r2h-seek-offset` (which shifted the fixed time a day on), nor
+/// `r2h-seek-mode` (which moved it out of the URL into a `Range`), nor another seek param by
+/// `r2h-seek-name`. Each is the one token refusal and the RTSP server hears nothing; the URL
+/// as sealed still plays, its time as fixed.
+#[tokio::test]
+async fn a_token_holder_cannot_shift_a_catch_up_time_the_token_fixes() {
+    const PW: &str = "seek-fixed-test-password";
+    const TIME: &str = "20240101120000-20240101130000";
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut config = app_support::test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.rtsp.seek_mode = sluice::iptv::rtsp::SeekMode::Passthrough;
+    let s = app_support::Sluice::start(config).await;
+    let entry = generated_url(
+        &s,
+        PW,
+        &format!("/rtsp/127.0.0.1:{port}/rec"),
+        serde_json::json!({ "playseek": TIME }),
+    )
+    .await;
+    assert!(entry.contains("/_token_"), "{entry}");
+    assert!(
+        !entry.contains("playseek"),
+        "the time is inside the token: {entry}"
+    );
+    let refusal = (401, Bytes::from_static(br#"{"detail":"invalid token"}"#));
+    for added in [
+        "r2h-seek-offset=86400",
+        "r2h-seek-mode=range",
+        "r2h-seek-mode=passthrough&r2h-seek-offset=-3600",
+        "r2h-seek-name=tvdr&tvdr=20240102120000-20240102130000",
+        "tvdr=20240102120000-20240102130000",
+    ] {
+        let attack = format!("{entry}?{added}");
+        assert_eq!(status_of(&attack).await, refusal, "{attack}");
+    }
+    assert_eq!(
+        *server.requests.lock().unwrap(),
+        Vec::<String>::new(),
+        "a refused request reached the server"
+    );
+    // As sealed: served, the programme's time in the URL unchanged.
+    assert_eq!(status_of(&entry).await.0, 200, "{entry}");
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(
+        server.saw(&format!(
+            "DESCRIBE rtsp://127.0.0.1:{port}/rec?playseek={TIME}"
+        )),
+        "{requests:?}"
+    );
+}

@@ -7,7 +7,9 @@
 //! - key: Argon2id ([`ARGON2_M_KIB`], [`ARGON2_T`], [`ARGON2_P`], salt [`ARGON2_SALT`]) of the
 //!   password's UTF-8 bytes, 32 bytes, then HKDF-SHA256 (no salt, info [`KEY_CONTEXT`]), 32 bytes.
 //!   Tokens sealed before that under HKDF of the bare password (the legacy key) still open, and
-//!   nothing new is sealed under it (docs/decisions/sealed-token-kdf.md);
+//!   nothing new is sealed under it unless the operator asks for it while nodes of an older
+//!   version still share the password ([`SealedKey::sealing_with_legacy`],
+//!   docs/decisions/sealed-token-kdf.md);
 //! - plaintext: a JSON object `{"p":[[name,value],...],"s":[path prefix,...],"e":exp,"i":ip}`;
 //! - token: `s1.` followed by base64url without padding of `nonce (24 bytes) || ciphertext || tag`;
 //!   the version prefix `s1.` is bound into the tag as associated data.
@@ -102,8 +104,11 @@ pub struct Grant {
 pub struct SealedKey {
     aead: XChaCha20Poly1305,
     /// The legacy key (HKDF of the bare password), to open tokens sealed before Argon2id; it
-    /// never seals. `None` in a key that is itself the legacy one.
+    /// seals only when `seal_legacy` says so. `None` in a key that is itself the legacy one.
     legacy: Option<XChaCha20Poly1305>,
+    /// Seal new tokens under `legacy`, so that nodes that know only the legacy key (an older
+    /// version, during a rolling upgrade or after a rollback) open them too.
+    seal_legacy: bool,
 }
 
 impl std::fmt::Debug for SealedKey {
@@ -124,7 +129,22 @@ impl SealedKey {
         SealedKey {
             aead: XChaCha20Poly1305::new(&sealing_key(password).into()),
             legacy: Some(XChaCha20Poly1305::new(&legacy_key(password).into())),
+            seal_legacy: false,
         }
+    }
+
+    /// This key, sealing new tokens under the legacy key when `on` (both keys still open), or
+    /// under the Argon2id key when not. No derivation: the keys are the ones already made. For
+    /// the length of a rolling upgrade only, since a token sealed so is a fast test of password
+    /// guesses again (`auth.seal_with_legacy_key`).
+    pub fn sealing_with_legacy(mut self, on: bool) -> Self {
+        self.seal_legacy = on;
+        self
+    }
+
+    /// Whether new tokens are sealed under the legacy key.
+    pub fn seals_with_legacy(&self) -> bool {
+        self.seal_legacy && self.legacy.is_some()
     }
 
     /// The legacy key alone: HKDF-SHA256 of the bare password, as tokens were sealed before
@@ -134,6 +154,7 @@ impl SealedKey {
         SealedKey {
             aead: XChaCha20Poly1305::new(&legacy_key(password).into()),
             legacy: None,
+            seal_legacy: false,
         }
     }
 
@@ -141,8 +162,11 @@ impl SealedKey {
     pub fn seal(&self, grant: &Grant, nonce: [u8; NONCE_LEN]) -> String {
         // Serialising a struct of strings and integers cannot fail.
         let plain = serde_json::to_vec(grant).unwrap_or_default();
-        let sealed = self
-            .aead
+        let aead = match &self.legacy {
+            Some(legacy) if self.seal_legacy => legacy,
+            _ => &self.aead,
+        };
+        let sealed = aead
             .encrypt(
                 XNonce::from_slice(&nonce),
                 Payload {
@@ -316,6 +340,31 @@ mod tests {
             SealedKey::legacy("pw").open(&resealed),
             Err(SealedError::Authentication)
         );
+    }
+
+    #[test]
+    fn sealing_with_legacy_makes_tokens_an_older_node_opens() {
+        // A rolling upgrade: a node of an older version knows only the legacy key.
+        let old_node = SealedKey::legacy("pw");
+        let switched = SealedKey::derive("pw").sealing_with_legacy(true);
+        assert!(switched.seals_with_legacy());
+        let token = switched.seal(&grant(), [5; NONCE_LEN]);
+        assert_eq!(old_node.open(&token), Ok(grant()));
+        // Both keys still open on the switched node and on an upgraded node without the switch.
+        assert_eq!(switched.open(&token), Ok(grant()));
+        assert_eq!(SealedKey::derive("pw").open(&token), Ok(grant()));
+        let strong = SealedKey::derive("pw").seal(&grant(), [5; NONCE_LEN]);
+        assert_eq!(switched.open(&strong), Ok(grant()));
+        // Turned off again, the same derived key seals under Argon2id only.
+        let off = switched.sealing_with_legacy(false);
+        assert!(!off.seals_with_legacy());
+        let token = off.seal(&grant(), [5; NONCE_LEN]);
+        assert_eq!(old_node.open(&token), Err(SealedError::Authentication));
+        assert_eq!(off.open(&token), Ok(grant()));
+        // A legacy-only key has nothing else to seal with.
+        assert!(!SealedKey::legacy("pw")
+            .sealing_with_legacy(true)
+            .seals_with_legacy());
     }
 
     #[test]

@@ -169,15 +169,24 @@ impl App {
                 return token_refused();
             }
         };
-        if !self.keys.load().auth.required()
-            && !ctx.client_ip.is_loopback()
-            && !open_to_any_client(&ctx.path)
-        {
-            // No password: the pages, the admin endpoints and everything that fetches or mints
-            // on a client's behalf are this machine's only. A client elsewhere reaching them
-            // through a trusted front proxy (which may well send a loopback `Host`) is refused:
-            // otherwise `/proxy/*` would be an open proxy for the whole internet.
-            return local_only();
+        let password_free = {
+            let keys = self.keys.load();
+            (!keys.auth.required()).then(|| forwarded_by_untrusted(&keys.auth, peer, &req))
+        };
+        if let Some(forwarded) = password_free {
+            if (forwarded || !ctx.client_ip.is_loopback()) && !open_to_any_client(&ctx.path) {
+                // No password: the pages, the admin endpoints and everything that fetches or
+                // mints on a client's behalf are this machine's only. A client elsewhere reaching
+                // them through a trusted front proxy (which may well send a loopback `Host`) is
+                // refused: otherwise `/proxy/*` would be an open proxy for the whole internet.
+                // So is one through a front proxy not listed as trusted: its loopback address
+                // says nothing of the client, and the forwarding header it adds says it relays.
+                return if forwarded {
+                    untrusted_forward_refused()
+                } else {
+                    local_only()
+                };
+            }
         }
         if operator(&ctx.path) && ctx.token.is_some() {
             // The operator's own views need the password itself: a token (a MediaFlow one
@@ -327,6 +336,27 @@ fn token_refused() -> Response<Body> {
         kind: "token",
     });
     resp
+}
+
+/// Whether `req` came through a front proxy not listed in `auth.trusted_proxies`: the peer is
+/// untrusted yet the request carries `X-Forwarded-For`, `Forwarded` or `X-Real-IP`. Its client
+/// address is the proxy's (loopback, for one on this host), which must not pass for local.
+fn forwarded_by_untrusted(auth: &Auth, peer: SocketAddr, req: &Request<Incoming>) -> bool {
+    const FORWARDING: [&str; 3] = ["x-forwarded-for", "forwarded", "x-real-ip"];
+    !auth.is_trusted(peer.ip()) && FORWARDING.iter().any(|h| req.headers().contains_key(*h))
+}
+
+/// The local-only refusal for a request relayed by an untrusted front proxy, telling the
+/// operator how to have its clients' addresses believed.
+fn untrusted_forward_refused() -> Response<Body> {
+    ProxyError::downstream(
+        StatusCode::FORBIDDEN,
+        "auth",
+        "this sluice has no password, so its pages, admin endpoints and proxy endpoints answer \
+         only clients on this machine, and this request came through a front proxy not listed \
+         in auth.trusted_proxies; list your front proxy there, or set auth.api_password",
+    )
+    .into_response()
 }
 
 /// The operator's paths: the pages (status included), `/admin/*` and `/metrics`.

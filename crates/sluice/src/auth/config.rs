@@ -17,6 +17,12 @@ pub struct AuthConfig {
     /// Seconds a minted child token (a rewritten manifest's child URL) stays valid, unless the parent
     /// token expires sooner.
     pub child_token_ttl_secs: u64,
+    /// Seal new tokens under the legacy key (HKDF of the bare password) instead of the Argon2id
+    /// one, so that nodes of a version before Argon2id that share the password open them. Both
+    /// keys open tokens either way. On only while such nodes run (a rolling upgrade, a
+    /// rollback): a token sealed so is a fast offline test of password guesses
+    /// (docs/decisions/sealed-token-kdf.md).
+    pub seal_with_legacy_key: bool,
 }
 
 impl Default for AuthConfig {
@@ -28,6 +34,8 @@ impl Default for AuthConfig {
             // Long enough for a feature film paused for lunch: VOD players fetch the media
             // playlist once and then only its children.
             child_token_ttl_secs: 12 * 3600,
+            // New installs seal with the strong key only.
+            seal_with_legacy_key: false,
         }
     }
 }
@@ -37,4 +45,5 @@ config_section!(AuthConfig {
     trusted_proxies,
     accept_mediaflow_tokens,
     child_token_ttl_secs,
+    seal_with_legacy_key,
 });

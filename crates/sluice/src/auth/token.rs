@@ -20,7 +20,10 @@ pub const ADDABLE_PARAMS: [&str; 3] = ["_HLS_msn", "_HLS_part", "_HLS_skip"];
 
 /// Params a sealed token's holder may add on `/rtsp/` paths: the catch-up range a player fills
 /// into a playlist's `catchup-source` (the channel itself stays the token's path). The value of
-/// `r2h-seek-name` may not name a param the token fixes (`scoped_query`).
+/// `r2h-seek-name` may not name a param the token fixes, and a token that fixes the catch-up
+/// itself (`playseek`, `tvdr`, `r2h-start` or `r2h-seek-name`: a programme, as `/generate_url`
+/// can seal one) takes none of these, so `r2h-seek-offset` or `r2h-seek-mode` cannot shift the
+/// fixed time or move it out of the URL (`scoped_query`).
 pub const CATCHUP_PARAMS: [&str; 6] = [
     "playseek",
     "tvdr",
@@ -75,7 +78,8 @@ pub struct TokenGate {
     mediaflow: Option<TokenKey>,
     digest: [u8; 32],
     child_ttl: u64,
-    /// Child tokens reused across reloads (`auth::reuse`); starts empty with each password.
+    /// Child tokens reused across manifest reloads (`auth::reuse`); starts empty with each
+    /// password, sealing key or child lifetime (`TokenGate::reloaded`).
     reuse: std::sync::Arc<super::reuse::Reuse>,
 }
 
@@ -86,15 +90,54 @@ impl TokenGate {
         if password.is_empty() {
             return None;
         }
-        Some(TokenGate {
-            sealed: SealedKey::derive(password),
+        let sealed = SealedKey::derive(password).sealing_with_legacy(config.seal_with_legacy_key);
+        Some(Self::build(config, sealed, Default::default()))
+    }
+
+    /// The gate for a reloaded `[auth]`, given the running one. With the same password it keeps
+    /// the key already derived instead of paying the Argon2id again (19 MiB and tens of
+    /// milliseconds, more on a router); with the same sealing key and child lifetime too, it
+    /// keeps the children minted so far, so a reload that did not touch them leaves every
+    /// manifest's child URLs as they were. A change of either starts the children over: none
+    /// sealed under the key just turned off, nor lasting longer than the new lifetime, is handed
+    /// out again.
+    pub fn reloaded(config: &AuthConfig, running: Option<&TokenGate>) -> Option<Self> {
+        let password = config.api_password.as_str();
+        let digest: [u8; 32] = Sha256::digest(password.as_bytes()).into();
+        // The operator's own config against the running one: nothing secret to time.
+        let Some(running) = running.filter(|r| !password.is_empty() && r.digest == digest) else {
+            return Self::new(config);
+        };
+        let sealed = running
+            .sealed
+            .clone()
+            .sealing_with_legacy(config.seal_with_legacy_key);
+        let same_children = sealed.seals_with_legacy() == running.sealed.seals_with_legacy()
+            && config.child_token_ttl_secs == running.child_ttl;
+        let reuse = if same_children {
+            running.reuse.clone()
+        } else {
+            Default::default()
+        };
+        Some(Self::build(config, sealed, reuse))
+    }
+
+    /// A gate for `config`'s (non-empty) password over a key derived from it.
+    fn build(
+        config: &AuthConfig,
+        sealed: SealedKey,
+        reuse: std::sync::Arc<super::reuse::Reuse>,
+    ) -> Self {
+        let password = config.api_password.as_str();
+        TokenGate {
+            sealed,
             mediaflow: config
                 .accept_mediaflow_tokens
                 .then(|| TokenKey::new(password)),
             digest: Sha256::digest(password.as_bytes()).into(),
             child_ttl: config.child_token_ttl_secs,
-            reuse: Default::default(),
-        })
+            reuse,
+        }
     }
 
     /// Opens a token and checks expiry and address. Every failure is a [`TokenRefusal`].
@@ -225,11 +268,21 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
             if !paths.iter().any(|scope| opens(scope, path)) {
                 return Err(TokenRefusal::OutOfScope);
             }
+            // The catch-up times the gateway reads (`playseek`, `tvdr`: the default
+            // `iptv.rtsp.seek_params`; `r2h-start`) and its choice of seek param. A token fixing
+            // one is a programme, not a channel: `r2h-seek-offset` would shift the fixed time,
+            // `r2h-seek-mode` move it between the URL and `Range`, another seek param or
+            // `r2h-seek-name` replace it, so its holder may add no catch-up param at all.
+            const SEEK_TIMES: [&str; 4] = ["playseek", "tvdr", "r2h-start", "r2h-seek-name"];
+            let fixed_time = SEEK_TIMES.iter().any(|p| query.get(p).is_some());
             let mut added = Vec::new();
             for (name, value) in extra {
                 let repeated = query.get(name).is_some() || added.iter().any(|(k, _)| k == name);
                 let catchup = path.starts_with("/rtsp/") && CATCHUP_PARAMS.contains(&name.as_str());
-                if !(ADDABLE_PARAMS.contains(&name.as_str()) || catchup) || repeated {
+                if !(ADDABLE_PARAMS.contains(&name.as_str()) || catchup)
+                    || repeated
+                    || (catchup && fixed_time)
+                {
                     return Err(TokenRefusal::Override(name.chars().take(64).collect()));
                 }
                 // `r2h-seek-name` picks the param the gateway reads as a time and then shifts
@@ -454,6 +507,68 @@ mod tests {
             let r = scoped_query(&o, "/proxy/hls/x", &Query::parse(q));
             assert!(matches!(r, Err(TokenRefusal::Override(_))), "{q}");
         }
+    }
+
+    fn config(password: &str, legacy: bool, ttl: u64) -> AuthConfig {
+        AuthConfig {
+            api_password: password.into(),
+            seal_with_legacy_key: legacy,
+            child_token_ttl_secs: ttl,
+            ..AuthConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_switch_seals_under_the_legacy_key_that_older_nodes_hold() {
+        let grant_of = |gate: &TokenGate| {
+            let token = gate.mint(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, true, 1000);
+            let old_node = SealedKey::legacy("pw").open(&token);
+            let opened = gate.open(&token, IP, 1000).map(|o| o.params);
+            (old_node, opened)
+        };
+        let on = TokenGate::new(&config("pw", true, 100)).unwrap();
+        let (old_node, opened) = grant_of(&on);
+        assert_eq!(old_node.unwrap().params, pairs(&[("d", "x")]));
+        assert_eq!(opened.unwrap(), pairs(&[("d", "x")]));
+        let off = TokenGate::new(&config("pw", false, 100)).unwrap();
+        let (old_node, opened) = grant_of(&off);
+        assert_eq!(old_node, Err(SealedError::Authentication));
+        assert_eq!(opened.unwrap(), pairs(&[("d", "x")]));
+        // Turned on by a reload with the same password: the key is kept, the switch followed.
+        let (old_node, _) =
+            grant_of(&TokenGate::reloaded(&config("pw", true, 100), Some(&off)).unwrap());
+        assert!(old_node.is_ok());
+    }
+
+    #[test]
+    fn a_reload_keeps_the_key_and_children_only_while_nothing_they_hang_on_changed() {
+        let child = |gate: &TokenGate| {
+            gate.mint_child(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, IP, 1000)
+        };
+        let running = TokenGate::new(&config("pw", false, 100)).unwrap();
+        let before = child(&running);
+        // Same password, key settings and lifetime (another MediaFlow choice): same child URL.
+        let mut same = config("pw", false, 100);
+        same.accept_mediaflow_tokens = false;
+        let kept = TokenGate::reloaded(&same, Some(&running)).unwrap();
+        assert_eq!(child(&kept), before);
+        assert!(kept.open(&before, IP, 1000).is_ok());
+        // A new password: a new key, the old children refused, none handed out again.
+        let moved = TokenGate::reloaded(&config("pw2", false, 100), Some(&kept)).unwrap();
+        assert_ne!(child(&moved), before);
+        assert!(matches!(
+            moved.open(&before, IP, 1000),
+            Err(TokenRefusal::Sealed(SealedError::Authentication))
+        ));
+        // The switch or the lifetime changed: the key is the same, the children start over.
+        for changed in [config("pw", true, 100), config("pw", false, 50)] {
+            let gate = TokenGate::reloaded(&changed, Some(&kept)).unwrap();
+            assert_ne!(child(&gate), before);
+            assert!(gate.open(&before, IP, 1000).is_ok());
+        }
+        // Without a password there is no gate, and a first password derives one.
+        assert!(TokenGate::reloaded(&config("", false, 100), Some(&kept)).is_none());
+        assert!(TokenGate::reloaded(&config("pw", false, 100), None).is_some());
     }
 
     #[test]
