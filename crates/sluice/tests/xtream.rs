@@ -37,6 +37,12 @@ const BIG_LEN: usize = 6_500_000;
 const LOGIN_ACTION: &str = "bogus";
 /// The host name the scripted panel gives for itself in `server_info`.
 const PANEL_HOST: &str = "xc-panel.test";
+/// The password the scripted panel answers `panel_api.php` to with [`BIG_PANEL_CHANNELS`] channels
+/// beside the login object (a few MB, as a large provider's is).
+const BIG_PANEL_PASS: &str = "big-panel";
+const BIG_PANEL_CHANNELS: usize = 6_000;
+/// The password the scripted panel answers `panel_api.php` to with a `user_info` over 1 MiB.
+const HUGE_USER_INFO_PASS: &str = "huge-user-info";
 /// A live stream the scripted panel never answers (it holds the request 5 s).
 const HELD_STREAM: &str = "/live/alice/xcsecret/999.ts";
 
@@ -121,6 +127,17 @@ fn panel_answer(
             Bytes::from(format!("{origin}/{XC_USER}/p/1\n").repeat(50_000)),
         )),
         "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
+        "/panel_api.php" if q("password") == Some(BIG_PANEL_PASS) => json(format!(
+            r#"{{"user_info":{},"server_info":{},"available_channels":{}}}"#,
+            user_info(),
+            server_info(addr),
+            big_panel_channels(&escaped)
+        )),
+        "/panel_api.php" if q("password") == Some(HUGE_USER_INFO_PASS) => json(format!(
+            r#"{{"user_info":{{"username":"{XC_USER}","notes":"{}"}},"server_info":{}}}"#,
+            "x".repeat(1024 * 1024),
+            server_info(addr)
+        )),
         // The older combined API: the login object with every channel beside it.
         "/panel_api.php" if creds_ok => json(format!(
             r#"{{"user_info":{},"server_info":{},"available_channels":{{"101":{{"name":"News One","direct_source":"{escaped}\/live\/{XC_USER}\/{XC_PASS}\/101.ts"}}}}}}"#,
@@ -212,6 +229,22 @@ fn server_info(addr: SocketAddr) -> String {
         r#"{{"url":"{PANEL_HOST}","port":"{}","https_port":"443","server_protocol":"http","timezone":"UTC"}}"#,
         addr.port()
     )
+}
+
+/// `available_channels` of [`BIG_PANEL_CHANNELS`] channels as a real panel writes it, each with its
+/// stream URL at `origin` (JSON-escaped, as the panel sends it) and its logo elsewhere.
+fn big_panel_channels(origin: &str) -> String {
+    let mut out = "{".to_string();
+    for id in 1..=BIG_PANEL_CHANNELS {
+        if id > 1 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            r#""{id}":{{"num":{id},"name":"Channel {id} HD","stream_type":"live","stream_id":{id},"stream_icon":"http:\/\/img.example\/logos\/{id}.png","epg_channel_id":"channel-{id}.example","added":"1700000000","category_name":"General Entertainment","category_id":"1","series_no":null,"live":"1","container_extension":"ts","custom_sid":"","tv_archive":1,"direct_source":"{origin}\/live\/{XC_USER}\/{BIG_PANEL_PASS}\/{id}.ts","tv_archive_duration":"7","type_name":"Live Streams","category_ids":[1]}}"#
+        ));
+    }
+    out.push('}');
+    out
 }
 
 fn b64(s: &str) -> String {
@@ -404,6 +437,87 @@ async fn login_objects_on_other_paths_do_not_name_the_provider() {
     ] {
         assert!(seen.contains(&want), "{want} not in {seen:?}");
     }
+}
+
+/// A real `panel_api.php` answer carries every channel beside the login object: a few MB for a
+/// provider with thousands. Through a token it is served (it was a 502: the whole answer went to
+/// the 1 MiB login parse), its `user_info` and `server_info` name the token and sluice, the
+/// panel's host, port and the account's username appear nowhere, and the channels are the
+/// panel's bytes with each stream URL pointed at sluice under the token (escaping kept). A
+/// `user_info` alone over 1 MiB is still the provider's 502.
+#[tokio::test]
+async fn a_panel_answer_with_thousands_of_channels_is_served() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let r = get(&s.url(&format!(
+        "/panel_api.php?username={token}&password={BIG_PANEL_PASS}"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let body = r.body.unwrap();
+    assert!(body.len() > 3_500_000, "{}", body.len());
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let user = v["user_info"]["username"].as_str().unwrap();
+    assert!(user.starts_with("s1.") && user != token, "{user}");
+    assert_eq!(v["user_info"]["password"], XC_PASS);
+    assert_eq!(v["server_info"]["url"], "127.0.0.1");
+    assert_eq!(v["server_info"]["port"], s.addr.port().to_string());
+    assert_eq!(v["server_info"]["https_port"], s.addr.port().to_string());
+    let holds = |needle: &str| body.windows(needle.len()).any(|w| w == needle.as_bytes());
+    for hidden in [
+        PANEL_HOST.to_string(),
+        p.addr.to_string(),
+        XC_USER.to_string(),
+    ] {
+        assert!(!holds(&hidden), "{hidden} in the answer");
+    }
+    // The panel's port as a number of its own (a channel id may hold its digits).
+    let port = p.addr.port().to_string();
+    let alone = body.windows(port.len() + 2).any(|w| {
+        w[1..=port.len()] == *port.as_bytes()
+            && !w[0].is_ascii_digit()
+            && !w[port.len() + 1].is_ascii_digit()
+    });
+    assert!(!alone, "port {port} in the answer");
+    // The channels are the panel's, byte for byte but for the stream URLs.
+    let panel_origin = format!("http://{}", p.addr).replace('/', "\\/");
+    let sluice_origin = format!("http://{}", s.addr).replace('/', "\\/");
+    let want = big_panel_channels(&panel_origin).replace(
+        &format!("{panel_origin}\\/live\\/{XC_USER}\\/"),
+        &format!("{sluice_origin}\\/live\\/{user}\\/"),
+    );
+    let channels = r#","available_channels":"#;
+    let at = body
+        .windows(channels.len())
+        .position(|w| w == channels.as_bytes())
+        .unwrap();
+    assert_eq!(
+        std::str::from_utf8(&body[at + channels.len()..body.len() - 1]).unwrap(),
+        want
+    );
+    let direct = v["available_channels"]["4321"]["direct_source"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        direct,
+        format!("http://{}/live/{user}/{BIG_PANEL_PASS}/4321.ts", s.addr)
+    );
+    // A `user_info` over 1 MiB is not parsed: the provider's 502, naming no host.
+    let r = get(&s.url(&format!(
+        "/panel_api.php?username={token}&password={HUGE_USER_INFO_PASS}"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let body = text(&r);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["side"], "upstream", "{body}");
+    assert!(
+        !body.contains("127.0.0.1") && !body.contains(XC_USER),
+        "{body}"
+    );
+    assert!(p.seen.lock().unwrap().contains(&format!(
+        "/panel_api.php?username={XC_USER}&password={BIG_PANEL_PASS}"
+    )));
 }
 
 #[tokio::test]

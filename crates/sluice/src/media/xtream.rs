@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -20,7 +21,7 @@ use http::{Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use sluice_media::query::{ProxyParams, Query};
 use sluice_media::token::sealed;
-use sluice_media::xtream::rewrite::{Rewriter, MAX_LOGIN_BYTES};
+use sluice_media::xtream::rewrite::{text_within, Rewriter, MAX_LOGIN_BYTES};
 use sluice_media::xtream::{self, Api, XcPath};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use url::Url;
@@ -451,16 +452,16 @@ fn rewritten_within(
 /// what the other answers leave, or the client's share beside its other answers, `Err(Some(503))`.
 /// With whether the output is the answer itself.
 ///
-/// `login` says the request was a login; any other answer that is a login object (see
-/// [`is_login_object`]) is rewritten as one too, since it names the provider's host, port and
-/// username just the same. A login object over [`MAX_LOGIN_BYTES`] is not parsed: `Err(None)`.
+/// `login` says the request was a login, rewritten whole (a login answer over
+/// [`MAX_LOGIN_BYTES`] is not parsed: `Err(None)`). Any other answer that is a login object (see
+/// [`is_login_object`]) names the provider's host, port and username just the same, so its
+/// `user_info` and `server_info` get the login rewrite too (see [`rewrite_login_members`]).
 fn rewrite(
     rewriter: &Rewriter,
     bytes: &Bytes,
     login: bool,
     held: &mut Held,
 ) -> Result<(Bytes, bool), Option<ProxyError>> {
-    let login = login || is_login_object(bytes);
     let cap = bytes
         .len()
         .saturating_mul(MAX_GROWTH)
@@ -475,14 +476,133 @@ fn rewrite(
         }
         held.reserve(total).map_err(|e| busy = Some(e)).is_ok()
     };
-    let out = match login {
-        true => rewriter.rewrite_login_within(bytes, &mut grant),
-        false => rewriter.rewrite_answer_within(bytes, &mut grant),
+    let out = if login {
+        rewriter.rewrite_login_within(bytes, &mut grant)
+    } else if is_login_object(bytes) {
+        rewrite_login_members(rewriter, bytes, &mut grant)
+    } else {
+        rewriter.rewrite_answer_within(bytes, &mut grant)
     };
     match out {
         Some(Cow::Borrowed(_)) => Ok((bytes.clone(), true)),
         Some(Cow::Owned(out)) => Ok((Bytes::from(out), false)),
         None => Err(busy),
+    }
+}
+
+/// A login object answered beside more, as `panel_api.php` answers it with every channel in
+/// `available_channels` (megabytes for a provider with thousands): only its own `user_info` and
+/// `server_info` values are parsed, each alone as `{"user_info":…}` through the login rewrite
+/// (together at most [`MAX_LOGIN_BYTES`], past it `None`, the provider's 502), and spliced back in
+/// place; the whole is then text-rewritten as any other answer (the channels' stream URLs). So the
+/// parse costs what those members cost, not the channel list, and the rest goes out as the
+/// provider wrote it, at any size (parsing it whole refused every such answer over 1 MiB). Every
+/// buffer is asked of `grant` first. An object whose members cannot be walked to its end is not
+/// JSON: it gets the whole-object login rewrite, bounded as the login's is.
+fn rewrite_login_members<'a>(
+    rewriter: &Rewriter,
+    body: &'a [u8],
+    grant: &mut dyn FnMut(usize) -> bool,
+) -> Option<Cow<'a, str>> {
+    let text = text_within(body, grant)?;
+    let Some(members) = login_members(text.as_bytes()) else {
+        drop(text);
+        return rewriter.rewrite_login_within(body, grant);
+    };
+    // `{"name":` and `}` around each value.
+    let wrapped = |m: &Member| m.name.len() + m.value.len() + 5;
+    if members.iter().map(wrapped).sum::<usize>() > MAX_LOGIN_BYTES {
+        return None;
+    }
+    let mut values = Vec::with_capacity(members.len());
+    for m in &members {
+        if !grant(wrapped(m)) {
+            return None;
+        }
+        let prefix = format!("{{\"{}\":", m.name);
+        let mut object = String::with_capacity(wrapped(m));
+        object.push_str(&prefix);
+        object.push_str(&text[m.value.clone()]);
+        object.push('}');
+        let changed = match rewriter.rewrite_login_within(object.as_bytes(), grant)? {
+            Cow::Owned(out) => Some(out),
+            Cow::Borrowed(_) => None,
+        };
+        let mut value = changed.unwrap_or(object);
+        // What the login rewrite writes is the object it was given: its one member, by name.
+        if !(value.starts_with(&prefix) && value.ends_with('}')) {
+            return None;
+        }
+        value.truncate(value.len() - 1);
+        value.drain(..prefix.len());
+        values.push(value);
+    }
+    let old: usize = members.iter().map(|m| m.value.len()).sum();
+    let new: usize = values.iter().map(String::len).sum();
+    let len = (text.len() - old).saturating_add(new);
+    if !grant(len) {
+        return None;
+    }
+    let mut spliced = String::with_capacity(len);
+    let mut from = 0;
+    for (m, value) in members.iter().zip(&values) {
+        spliced.push_str(&text[from..m.value.start]);
+        spliced.push_str(value);
+        from = m.value.end;
+    }
+    spliced.push_str(&text[from..]);
+    drop((values, text));
+    // The rewritten members go through the text rewrite again: they name no provider URL now.
+    let changed = match rewriter.rewrite_text_within(&spliced, grant)? {
+        Cow::Owned(out) => Some(out),
+        Cow::Borrowed(_) => None,
+    };
+    Some(Cow::Owned(changed.unwrap_or(spliced)))
+}
+
+/// A login member of an object: `user_info` or `server_info`, and where its value is.
+struct Member {
+    name: &'static str,
+    value: Range<usize>,
+}
+
+/// The `user_info` and `server_info` members among `body`'s own, in order (a key given twice is
+/// two), walked as [`is_login_object`] walks them; `None` unless `body` is one object that ends
+/// (white space after it only) with a value to each member.
+fn login_members(body: &[u8]) -> Option<Vec<Member>> {
+    let mut at = skip_space(body, 0);
+    if body.get(at) != Some(&b'{') {
+        return None;
+    }
+    let mut members = Vec::new();
+    loop {
+        at = skip_space(body, at + 1);
+        if body.get(at) != Some(&b'"') {
+            return None;
+        }
+        let (name, end) = login_key(body, at + 1)?;
+        at = skip_space(body, end);
+        if body.get(at) != Some(&b':') {
+            return None;
+        }
+        let start = skip_space(body, at + 1);
+        at = value_end(body, at + 1)?;
+        let end = body[..at]
+            .iter()
+            .rposition(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            .map_or(0, |i| i + 1);
+        if end <= start {
+            return None;
+        }
+        if let Some(name) = name {
+            members.push(Member {
+                name,
+                value: start..end,
+            });
+        }
+        if body[at] == b'}' {
+            return (skip_space(body, at + 1) == body.len()).then_some(members);
+        }
     }
 }
 
@@ -502,10 +622,10 @@ fn is_login_object(body: &[u8]) -> bool {
         if body.get(at) != Some(&b'"') {
             return false;
         }
-        let Some((login_key, end)) = login_key(body, at + 1) else {
+        let Some((name, end)) = login_key(body, at + 1) else {
             return false;
         };
-        if login_key {
+        if name.is_some() {
             return true;
         }
         at = skip_space(body, end);
@@ -529,9 +649,9 @@ fn skip_space(body: &[u8], at: usize) -> usize {
         .count()
 }
 
-/// Whether the JSON string starting after its opening quote at `at` decodes to `user_info` or
-/// `server_info`, and the index after its closing quote; `None` when it does not end.
-fn login_key(body: &[u8], mut at: usize) -> Option<(bool, usize)> {
+/// Which of `user_info` and `server_info` the JSON string starting after its opening quote at `at`
+/// decodes to, if either, and the index after its closing quote; `None` when it does not end.
+fn login_key(body: &[u8], mut at: usize) -> Option<(Option<&'static str>, usize)> {
     // Decoded into room for the longer name only: a longer key is neither.
     let mut key = [0u8; 11];
     let (mut len, mut fits) = (0, true);
@@ -571,8 +691,12 @@ fn login_key(body: &[u8], mut at: usize) -> Option<(bool, usize)> {
             None => fits = false,
         }
     }
-    let named = fits && matches!(&key[..len], b"user_info" | b"server_info");
-    Some((named, at))
+    let name = match &key[..len] {
+        b"user_info" if fits => Some("user_info"),
+        b"server_info" if fits => Some("server_info"),
+        _ => None,
+    };
+    Some((name, at))
 }
 
 /// The index of the `,` or `}` that ends the object member's value starting at `at`, or `None`
@@ -1032,8 +1156,83 @@ mod tests {
         );
         let list = r#"[{"user_info":{"username":"alice"}}]"#.to_string();
         assert_eq!(send(list.clone()).unwrap(), list.as_bytes());
-        assert!(matches!(send(login(MAX_LOGIN_BYTES)), Err(None)));
+        // Past MAX_LOGIN_BYTES beside the login members it is served, the rest as it came.
+        let out = send(login(MAX_LOGIN_BYTES)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["user_info"]["username"], "TOK");
+        assert_eq!(v["server_info"]["url"], "proxy.example");
+        assert_eq!(v["pad"].as_str().unwrap().len(), MAX_LOGIN_BYTES);
+        // Past it in `user_info` itself it is not parsed but refused.
+        let huge = format!(
+            r#"{{"user_info":{{"username":"alice","pad":"{}"}},"server_info":{{"url":"xc.example"}}}}"#,
+            "x".repeat(MAX_LOGIN_BYTES)
+        );
+        assert!(matches!(send(huge), Err(None)));
         assert_eq!(budget.kib.available_permits(), 8192);
+    }
+
+    /// Only a login object's own `user_info` and `server_info` are parsed and put back where they
+    /// were, every one of them (an escaped key, a key given twice); the members beside them keep
+    /// their bytes, and what is parsed is charged as the members' cost, not the answer's: 2 MB of
+    /// `[0,0,...]` beside them (a million values if parsed) is served within an 8 MiB budget,
+    /// which then holds what it sends.
+    #[test]
+    fn only_a_login_objects_own_members_are_parsed() {
+        let body = format!(
+            "{{ \"user\\u005Finfo\" : {{\"username\":\"alice\"}} ,\"a\":[{}0],\"b\":\"http:\\/\\/xc.example\\/alice\\/p\\/1\",\n\"server_info\":{{\"url\":\"xc.example\",\"port\":\"80\"}},\"user_info\":{{\"username\":\"alice\"}}\n}}\n",
+            "0,".repeat(1024 * 1024)
+        );
+        let budget = Budget::new(8192, 8192);
+        let mut held = Held::new(&budget, A);
+        held.reserve(body.len()).unwrap();
+        let answer = Answer {
+            capacity: body.len(),
+            bytes: Bytes::from(body.clone()),
+        };
+        let sent = rewritten_within(&R, answer, false, held).unwrap();
+        let out = std::str::from_utf8(&sent.rest).unwrap().to_string();
+        let want = body
+            .replacen(
+                r#"{"username":"alice"}"#,
+                r#"{"username":"TOK"}"#,
+                2,
+            )
+            .replace(
+                r#"{"url":"xc.example","port":"80"}"#,
+                r#"{"port":"443","url":"proxy.example","https_port":"443","server_protocol":"https"}"#,
+            )
+            .replace(
+                r#"http:\/\/xc.example\/alice\/p\/1"#,
+                r#"https:\/\/proxy.example\/TOK\/p\/1"#,
+            );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["server_info"]["url"], "proxy.example");
+        assert_eq!(v["server_info"]["port"], "443");
+        assert_eq!(v["server_info"]["https_port"], "443");
+        assert!(!out.contains("alice") && !out.contains("xc.example"));
+        let got: serde_json::Value = serde_json::from_str(&want).unwrap();
+        assert_eq!(v, got);
+        // Byte for byte the answer but for the members' values and the stream URL.
+        let (head, tail) = out.split_at(out.find(",\"a\":[").unwrap());
+        assert_eq!(head, r#"{ "user\u005Finfo" : {"username":"TOK"} "#);
+        assert!(tail.starts_with(&body[body.find(",\"a\":[").unwrap()..][..1024]));
+        assert!(tail.ends_with("\n}\n"));
+        assert_eq!(
+            budget.kib.available_permits(),
+            8192 - sent.rest.len().div_ceil(1024)
+        );
+        drop(sent);
+        assert_eq!(budget.kib.available_permits(), 8192);
+        // A login object that does not close is not walked: it is rewritten whole, as the
+        // login is (here not JSON, so its text only).
+        assert!(login_members(br#"{"user_info":{}} x"#).is_none());
+        assert!(login_members(br#"{"user_info":,"a":1}"#).is_none());
+        let members = login_members(b"{\"a\":1,\"server_info\" :\t[1, 2] \r\n}").unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(
+            (members[0].name, members[0].value.clone()),
+            ("server_info", 23..29)
+        );
     }
 
     /// Two addresses of one IPv6 /64 are one client (a host commonly has the whole /64); an
