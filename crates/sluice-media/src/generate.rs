@@ -106,6 +106,9 @@ pub struct GenerateUrlsRequest {
     pub expiration: Option<i64>,
     #[serde(default)]
     pub ip: Option<IpAddr>,
+    /// At most [`MAX_URLS`] + 1 items when parsed ([`capped_urls`]): enough for [`check_size`]
+    /// to refuse the list.
+    #[serde(deserialize_with = "capped_urls")]
     pub urls: Vec<UrlItem>,
 }
 
@@ -187,7 +190,8 @@ pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 pub enum TooLarge {
     /// A string copied into every URL is longer than [`MAX_SHARED_LEN`].
     Shared { field: &'static str, len: usize },
-    /// More items than [`MAX_URLS`].
+    /// More items than [`MAX_URLS`]: how many the request holds, or [`MAX_URLS`] + 1 for a parsed
+    /// one (the parser keeps no more).
     Urls(usize),
     /// The answer would be larger than [`MAX_ANSWER_BYTES`].
     Answer(usize),
@@ -200,7 +204,11 @@ impl fmt::Display for TooLarge {
                 f,
                 "{field} is {len} bytes; at most {MAX_SHARED_LEN} are taken, as it goes into every URL"
             ),
-            TooLarge::Urls(n) => write!(f, "urls holds {n} items; at most {MAX_URLS} are taken"),
+            // Parsed lists stop at MAX_URLS + 1 items (`capped_urls`), so the count is not told.
+            TooLarge::Urls(_) => write!(
+                f,
+                "urls holds more than {MAX_URLS} items; at most {MAX_URLS} are taken"
+            ),
             TooLarge::Answer(n) => write!(
                 f,
                 "the answer would be about {n} bytes; at most {MAX_ANSWER_BYTES} are made: ask for fewer URLs"
@@ -553,6 +561,36 @@ impl<'de> Deserialize<'de> for JsonObject {
     }
 }
 
+/// `/generate_urls`' `urls`, keeping no more than [`MAX_URLS`] + 1 items: the rest are only
+/// checked as JSON, never built. serde would otherwise build the whole list before
+/// [`check_size`] ran: 256 KiB of `{},` is some 87,000 items, tens of megabytes for a moment.
+/// One item past the bound still reaches `check_size`, which refuses it in its own order (a base
+/// URL too long first), so the refusal is the same 413 whatever the list's length.
+fn capped_urls<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<UrlItem>, D::Error> {
+    struct Capped;
+    impl<'de> Visitor<'de> for Capped {
+        type Value = Vec<UrlItem>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of URL items")
+        }
+
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<UrlItem>, A::Error> {
+            // The size hint is the sender's word: it sizes nothing past the bound.
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_URLS + 1));
+            while items.len() <= MAX_URLS {
+                match seq.next_element()? {
+                    Some(item) => items.push(item),
+                    None => return Ok(items),
+                }
+            }
+            while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+            Ok(items)
+        }
+    }
+    deserializer.deserialize_seq(Capped)
+}
+
 /// Pydantic's lax integer: an integer, an integral float, or a string of digits.
 fn lax_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
     let value = Option::<Value>::deserialize(deserializer)?;
@@ -572,3 +610,50 @@ fn lax_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D:
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod capped_urls_tests {
+    use super::*;
+
+    fn body(items: &[&str]) -> String {
+        format!(
+            r#"{{"mediaflow_proxy_url":"http://h/","urls":[{}]}}"#,
+            items.join(",")
+        )
+    }
+
+    /// 2,000 items parse into MAX_URLS + 1 and are refused; the ones past the bound are never
+    /// built (an item that could not be one is not even looked at as one).
+    #[test]
+    fn urls_past_the_bound_are_not_built() {
+        let r: GenerateUrlsRequest = serde_json::from_str(&body(&["{}"; 2_000])).unwrap();
+        assert_eq!(r.urls.len(), MAX_URLS + 1);
+        assert_eq!(check_size(&r), Err(TooLarge::Urls(MAX_URLS + 1)));
+        let message = TooLarge::Urls(MAX_URLS + 1).to_string();
+        assert_eq!(
+            message,
+            "urls holds more than 1000 items; at most 1000 are taken"
+        );
+        let mut items = vec![r#"{"endpoint":"/proxy/stream"}"#; MAX_URLS + 1];
+        items.extend([r#"{"endpoint":5}"#; 5_000]);
+        let r: GenerateUrlsRequest = serde_json::from_str(&body(&items)).unwrap();
+        assert_eq!(r.urls.len(), MAX_URLS + 1);
+        assert!(r
+            .urls
+            .iter()
+            .all(|u| u.endpoint.as_deref() == Some("/proxy/stream")));
+        // Within the bound every item is built and checked as before, and the JSON past it must
+        // still be JSON.
+        let r: GenerateUrlsRequest = serde_json::from_str(&body(&["{}"; MAX_URLS])).unwrap();
+        assert_eq!((r.urls.len(), check_size(&r)), (MAX_URLS, Ok(())));
+        assert!(
+            serde_json::from_str::<GenerateUrlsRequest>(&body(&[r#"{"endpoint":5}"#])).is_err()
+        );
+        let mut items = vec!["{}"; MAX_URLS + 1];
+        items.push("{,}");
+        assert!(serde_json::from_str::<GenerateUrlsRequest>(&body(&items)).is_err());
+        assert!(
+            serde_json::from_str::<GenerateUrlsRequest>(r#"{"mediaflow_proxy_url":"x"}"#).is_err()
+        );
+    }
+}

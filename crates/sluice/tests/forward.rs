@@ -745,3 +745,152 @@ async fn fields_named_in_connection_stay_behind() {
         assert!(r.headers.get(gone).is_none(), "{gone}: {:?}", r.headers);
     }
 }
+
+/// Sends a POST head declaring `declared` bytes, then `first` of them at once and `step` more
+/// every `every` for as long as sluice takes them, and reads the answer (status, JSON body and
+/// when it came), or `None` when none comes within `wait`.
+async fn trickled_upload(
+    s: &Sluice,
+    d: &str,
+    declared: usize,
+    first: usize,
+    (step, every): (usize, std::time::Duration),
+    wait: std::time::Duration,
+) -> Option<(u16, serde_json::Value, std::time::Duration)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = format!("/proxy/forward?api_password=pw&d={}", enc(d));
+    let conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (mut rx, mut tx) = conn.into_split();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n\
+         Content-Length: {declared}\r\n\r\n"
+    );
+    let started = std::time::Instant::now();
+    tx.write_all(head.as_bytes()).await.unwrap();
+    tx.write_all(&pattern(first)).await.unwrap();
+    let writer = tokio::spawn(async move {
+        let mut sent = first;
+        while sent + step <= declared {
+            tokio::time::sleep(every).await;
+            if tx.write_all(&vec![b'x'; step]).await.is_err() {
+                return;
+            }
+            sent += step;
+        }
+        // Open until the answer is read: a half-closed request is dropped, not answered.
+        std::future::pending::<()>().await;
+        drop(tx);
+    });
+    let read = async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    let status = head[9..12].parse().unwrap();
+                    // Sluice's errors are JSON; the sink's 201 is empty.
+                    let body = serde_json::from_slice(&buf[end + 4..end + 4 + len])
+                        .unwrap_or(serde_json::Value::Null);
+                    return Some((status, body, started.elapsed()));
+                }
+            }
+            match rx.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let answer = tokio::time::timeout(wait, read).await.ok().flatten();
+    writer.abort();
+    answer
+}
+
+/// The idle deadline restarts at every byte, so a client declaring 65,000 bytes (all read ahead)
+/// and sending one every half second under a 2 s idle deadline was held until it finished, and
+/// at one byte every 59 s under the default 60 s, some 44 days: the task, the connection and the
+/// client's `/proxy/*` place. Now the read-ahead also has `upstream.whole_body_timeout_secs` to
+/// arrive whole and ends as the same 408, the place freed and nothing sent upstream.
+#[tokio::test]
+async fn a_trickled_upload_ends_as_408_at_the_whole_body_deadline() {
+    let sink = Sink::start().await;
+    let d = format!("http://{}/upload", sink.addr);
+    let origin = Origin::start().await;
+    let s = start(&origin, |c| {
+        c.upstream.idle_read_timeout_secs = 2;
+        c.upstream.whole_body_timeout_secs = 3;
+        c.upstream.header_timeout_secs = 20;
+        c.media.max_requests_per_client = 1;
+    })
+    .await;
+    let every = std::time::Duration::from_millis(500);
+    let wait = std::time::Duration::from_secs(10);
+    let (status, json, took) = trickled_upload(&s, &d, 65_000, 10, (1, every), wait)
+        .await
+        .expect("an answer within 10 s");
+    assert_eq!(
+        (status, &json["side"], &json["kind"]),
+        (408, &"downstream".into(), &"client_body_timeout".into()),
+        "{json}"
+    );
+    let error = json["error"].as_str().unwrap();
+    assert!(
+        error.contains("upstream.whole_body_timeout_secs"),
+        "{error}"
+    );
+    assert!(
+        took >= std::time::Duration::from_secs(3) && took < std::time::Duration::from_secs(6),
+        "{took:?}"
+    );
+    // Nothing reached the upstream, and the client's one place is free again.
+    assert_eq!(*sink.heads.lock().unwrap(), 0);
+    let r = send(
+        "POST",
+        &forward(&s, &d, ""),
+        &[],
+        Bytes::from("next"),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    // A body read ahead that comes whole in time, however slowly, still goes through.
+    let (status, json, _) = trickled_upload(&s, &d, 20, 10, (5, every), wait)
+        .await
+        .expect("an answer");
+    assert_eq!(status, 201, "{json}");
+}
+
+/// A steady upload still running when the upstream's header timeout (which counts the upload)
+/// runs out is the client's 408 as before, but it said "sent no bytes for 30 s" of a body that
+/// never paused: now it names the deadline it met.
+#[tokio::test]
+async fn a_steady_upload_past_the_header_timeout_says_so() {
+    let sink = Sink::start().await;
+    let d = format!("http://{}/upload", sink.addr);
+    let origin = Origin::start().await;
+    let s = start(&origin, |c| {
+        c.upstream.idle_read_timeout_secs = 30;
+        c.upstream.header_timeout_secs = 1;
+    })
+    .await;
+    let every = std::time::Duration::from_millis(100);
+    let wait = std::time::Duration::from_secs(6);
+    // Past the read-ahead (streamed), then 1 KiB every 100 ms: never idle, never done in 1 s.
+    let (status, json, took) =
+        trickled_upload(&s, &d, 1024 * 1024, 100 * 1024, (1024, every), wait)
+            .await
+            .expect("an answer");
+    assert_eq!(
+        (status, &json["side"], &json["kind"]),
+        (408, &"downstream".into(), &"client_body_timeout".into()),
+        "{json}"
+    );
+    let error = json["error"].as_str().unwrap();
+    assert!(error.contains("upstream.header_timeout_secs"), "{error}");
+    assert!(!error.contains("no bytes"), "{error}");
+    assert!(took < std::time::Duration::from_secs(4), "{took:?}");
+}

@@ -536,3 +536,73 @@ async fn child_tokens_are_per_viewer_so_one_cannot_fill_anothers_request_cap() {
     assert_ne!(by_token_a.1, by_token_b.1);
     assert_eq!(children(a, parents[0].clone()).await, by_token_a);
 }
+
+/// `/generate_urls` is open without a password, and its body was read with no deadline (the
+/// connection's idle timeout does not run while a request is in flight): a client declaring
+/// 1,000 bytes and sending 8 held the task and the connection for ever. Now the body has 10 s
+/// without a byte (and 30 s in all) and the answer is the client's 408.
+#[tokio::test]
+async fn a_silent_generate_urls_body_ends_as_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = sluice_with_password().await;
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    conn.write_all(
+        b"POST /generate_urls HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+          Content-Length: 1000\r\n\r\n{\"urls\":",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(15), read).await;
+    let took = started.elapsed();
+    assert!(waited.is_ok(), "no answer in {took:?}");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        took >= std::time::Duration::from_secs(10) && took < std::time::Duration::from_secs(13),
+        "{took:?}"
+    );
+}
+
+/// serde built the whole `urls` list before `check_size` counted it (256 KiB of `{},` is some
+/// 87,000 items, tens of megabytes): items past the bound are now skipped unbuilt, which shows as
+/// an item that could not be one (`"endpoint": 5`) past the bound no longer making a 422.
+#[tokio::test]
+async fn generate_urls_past_the_bound_is_413_without_building_the_rest() {
+    let s = sluice_with_password().await;
+    let refused = |status: u16, body: &bytes::Bytes| {
+        assert_eq!(status, 413, "{}", String::from_utf8_lossy(body));
+        let json: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(json["kind"], "request_too_large");
+        let error = json["error"].as_str().unwrap();
+        assert!(error.contains("more than 1000 items"), "{error}");
+    };
+    let body = format!(
+        r#"{{"mediaflow_proxy_url":"http://a/","urls":[{}]}}"#,
+        vec!["{}"; 2_000].join(",")
+    );
+    let (status, bytes, _) = post_raw(&s.url("/generate_urls"), body).await;
+    refused(status, &bytes);
+    let mut items = vec!["{}"; 1_001];
+    items.extend(vec![r#"{"endpoint":5}"#; 1_000]);
+    let body = format!(
+        r#"{{"mediaflow_proxy_url":"http://a/","urls":[{}]}}"#,
+        items.join(",")
+    );
+    let (status, bytes, _) = post_raw(&s.url("/generate_urls"), body).await;
+    refused(status, &bytes);
+    // Within the bound such an item is still the 422 it always was.
+    let body = r#"{"mediaflow_proxy_url":"http://a/","urls":[{},{"endpoint":5}]}"#;
+    let (status, _, _) = post_raw(&s.url("/generate_urls"), body.to_string()).await;
+    assert_eq!(status, 422);
+}

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sluice_http::route::HostPattern;
 use url::Url;
 
-use self::body::{read_ahead, Capped, Held, Idle, Stalled, TooLarge, Watch};
+use self::body::{read_ahead, Capped, Held, Idle, Late, Stalled, TooLarge, Watch};
 use crate::body::{self as bodies, Body};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
@@ -172,12 +172,16 @@ impl Forward {
         let over = Arc::new(AtomicBool::new(false));
         let (parts, incoming) = req.into_parts();
         // The client's body under the upstream idle deadline, read ahead and streamed alike:
-        // nothing else bounds a client that declares a length and then goes silent.
+        // nothing else bounds a client that declares a length and then goes silent. The part
+        // read ahead is a body held whole, so it also has `upstream.whole_body_timeout_secs`
+        // (120 s by default: 64 KiB at 550 bytes a second) to arrive; past the read-ahead, the
+        // upstream's header timeout counts the upload.
         let idle = media.upstream.idle_read_timeout();
+        let total = media.upstream.whole_body_timeout();
         let watch = Arc::new(Watch::default());
         let incoming = Idle::new(incoming, idle, watch.clone());
-        let body = match read_ahead(incoming, READ_AHEAD_BYTES, self.config.max_request_bytes).await
-        {
+        let max = self.config.max_request_bytes;
+        let body = match read_ahead(incoming, READ_AHEAD_BYTES, max, total).await {
             Ok(Held::Whole(bytes)) if bytes.is_empty() => RelayBody::Empty,
             Ok(Held::Whole(bytes)) => RelayBody::Whole(self.fill(media, bytes).await?),
             Ok(Held::Partial(head, rest)) => RelayBody::Stream(bodies::boxed(Capped::new(
@@ -186,8 +190,9 @@ impl Forward {
                 self.config.max_request_bytes,
                 over.clone(),
             ))),
-            Err(e) if e.is::<TooLarge>() => return Err(too_large(self.config.max_request_bytes)),
+            Err(e) if e.is::<TooLarge>() => return Err(too_large(max)),
             Err(e) if e.is::<Stalled>() => return Err(stalled(idle)),
+            Err(e) if e.is::<Late>() => return Err(late(total)),
             Err(e) => {
                 return Err(ProxyError::downstream(
                     StatusCode::BAD_REQUEST,
@@ -216,9 +221,11 @@ impl Forward {
                 _ if over.load(Ordering::Relaxed) => too_large(self.config.max_request_bytes),
                 // A streamed body the client stopped sending is the client's failure, and so is
                 // one still waiting for the client when the upstream's header timeout ran out
-                // (that timeout counts the upload): neither is booked to the upstream.
+                // (that timeout counts the upload): neither is booked to the upstream. The
+                // second need not have been idle at all (a steady upload longer than the
+                // timeout), so it says which deadline it met.
                 _ if watch.stalled() => stalled(idle),
-                UpstreamError::HeaderTimeout { .. } if watch.waiting() => stalled(idle),
+                UpstreamError::HeaderTimeout { secs, .. } if watch.waiting() => unfinished(secs),
                 UpstreamError::RedirectRefused { host } => refused(&host),
                 e => ProxyError::from_upstream(&e),
             })?;
@@ -319,6 +326,31 @@ fn stalled(idle: std::time::Duration) -> ProxyError {
         format!(
             "the request body sent no bytes for {} s (upstream.idle_read_timeout_secs)",
             idle.as_secs()
+        ),
+    )
+}
+
+/// The body read ahead did not arrive whole in time, though it never went idle: the same 408.
+fn late(total: std::time::Duration) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::REQUEST_TIMEOUT,
+        "client_body_timeout",
+        format!(
+            "the request body did not arrive whole within {} s (upstream.whole_body_timeout_secs)",
+            total.as_secs()
+        ),
+    )
+}
+
+/// The upstream's header timeout ran out while the streamed body still waited for the client's
+/// bytes: the client's 408, though it may never have been idle.
+fn unfinished(secs: u64) -> ProxyError {
+    ProxyError::downstream(
+        StatusCode::REQUEST_TIMEOUT,
+        "client_body_timeout",
+        format!(
+            "the request body was still being sent when the upstream's answer was due \
+             ({secs} s, upstream.header_timeout_secs, which counts the upload)"
         ),
     )
 }

@@ -10,24 +10,39 @@
 //!
 //! `/generate_urls` is bounded before it builds anything (`generate::check_size`): 413 past 1,000
 //! items, a base URL or password over 8 KiB, or an answer estimated over 16 MiB.
+//!
+//! Every JSON body here (and `/playlist/link`'s) is read under [`BODY_IDLE`] and [`BODY_WHOLE`]:
+//! these paths are open without a password, and the connection's idle timeout does not run while
+//! a request is in flight.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::body::Incoming;
+use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 use sluice_media::generate::SealPlan;
 use sluice_media::{b64url, generate};
 
+use super::forward::body::{read_ahead, Held, Idle, Late, Stalled, TooLarge, Watch};
 use crate::auth::token::{self, TokenGate, TokenScope};
 use crate::auth::Keys;
-use crate::body::{self, Body};
+use crate::body::{self, Body, BoxError};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
 
 /// Largest JSON body accepted.
 const BODY_LIMIT: usize = 256 * 1024;
+
+/// Longest a JSON body may go without a byte. Fixed rather than taken from `[upstream]`: these
+/// handlers see no config, and a body of a few hundred bytes (256 KiB at most) that pauses this
+/// long is not coming (a lost segment's first retransmissions take a few seconds, not ten).
+pub(crate) const BODY_IDLE: Duration = Duration::from_secs(10);
+
+/// Longest a JSON body may take to arrive whole: 256 KiB at 9 KB/s, a rate any link that can
+/// use a streaming proxy beats. The idle deadline alone restarts at every byte.
+pub(crate) const BODY_WHOLE: Duration = Duration::from_secs(30);
 
 /// Paths served here.
 pub fn serves(path: &str) -> bool {
@@ -148,14 +163,11 @@ fn too_large(e: generate::TooLarge) -> ProxyError {
     )
 }
 
+/// The request's JSON body as `T`, read under [`BODY_IDLE`] and [`BODY_WHOLE`].
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     req: Request<Incoming>,
 ) -> Result<T, ProxyError> {
-    let bytes = Limited::new(req.into_body(), BODY_LIMIT)
-        .collect()
-        .await
-        .map_err(|e| bad(&format!("cannot read the request body: {e}")))?
-        .to_bytes();
+    let bytes = read_body(req.into_body(), BODY_IDLE, BODY_WHOLE).await?;
     serde_json::from_slice(&bytes).map_err(|e| {
         ProxyError::downstream(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -163,6 +175,37 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
             format!("request body is not valid: {e}"),
         )
     })
+}
+
+/// `body` whole, at most [`BODY_LIMIT`] bytes; one that stalls for `idle` or is not whole
+/// within `whole` is the client's 408, as `/proxy/forward`'s are.
+async fn read_body<B>(body: B, idle: Duration, whole: Duration) -> Result<Bytes, ProxyError>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let body = Idle::new(body, idle, Arc::new(Watch::default()));
+    // With the window at the limit, a body past it is refused before it could be `Partial`.
+    match read_ahead(body, BODY_LIMIT, BODY_LIMIT as u64, whole).await {
+        Ok(Held::Whole(bytes)) => Ok(bytes),
+        Ok(Held::Partial(..)) => Err(over_limit()),
+        Err(e) if e.is::<TooLarge>() => Err(over_limit()),
+        Err(e) if e.is::<Stalled>() || e.is::<Late>() => Err(ProxyError::downstream(
+            StatusCode::REQUEST_TIMEOUT,
+            "client_body_timeout",
+            match e.is::<Stalled>() {
+                true => format!("the request body sent no bytes for {} s", idle.as_secs()),
+                false => e.to_string(),
+            },
+        )),
+        Err(e) => Err(bad(&format!("cannot read the request body: {e}"))),
+    }
+}
+
+fn over_limit() -> ProxyError {
+    bad(&format!(
+        "the request body is larger than {BODY_LIMIT} bytes"
+    ))
 }
 
 pub(crate) fn json_response<T: Serialize>(value: &T) -> Response<Body> {
@@ -200,4 +243,59 @@ pub fn random_iv() -> [u8; 16] {
     let mut iv = [0u8; 16];
     getrandom::getrandom(&mut iv).expect("the OS random source is available");
     iv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt as _;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use tokio::time::Instant;
+
+    /// `/generate_urls` and the other JSON endpoints are open without a password: a body that
+    /// goes silent, or trickles a byte at a time, ends as the client's 408 at its deadline.
+    #[tokio::test(start_paused = true)]
+    async fn json_bodies_that_stall_or_trickle_end_as_408() {
+        let silent = futures_util::stream::iter([Ok::<_, BoxError>(Frame::data(
+            Bytes::from_static(b"{\"urls\":"),
+        ))])
+        .chain(futures_util::stream::pending());
+        let started = Instant::now();
+        let err = read_body(StreamBody::new(silent), BODY_IDLE, BODY_WHOLE)
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), BODY_IDLE);
+        assert_eq!(
+            (err.status, err.kind),
+            (StatusCode::REQUEST_TIMEOUT, "client_body_timeout")
+        );
+        assert_eq!(err.side, crate::error::Side::Downstream);
+        assert!(err.message.contains("no bytes for 10 s"), "{}", err.message);
+        let trickle = futures_util::stream::iter(0..u8::MAX).then(|_| async {
+            tokio::time::sleep(BODY_IDLE / 2).await;
+            Ok::<_, BoxError>(Frame::data(Bytes::from_static(b" ")))
+        });
+        let started = Instant::now();
+        let err = read_body(StreamBody::new(Box::pin(trickle)), BODY_IDLE, BODY_WHOLE)
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), BODY_WHOLE);
+        assert_eq!(
+            (err.status, err.kind),
+            (StatusCode::REQUEST_TIMEOUT, "client_body_timeout")
+        );
+        assert_eq!(err.side, crate::error::Side::Downstream);
+        assert!(err.message.contains("whole within 30 s"), "{}", err.message);
+        // A body that comes in time is read whole; one past the limit is refused.
+        let parts = futures_util::stream::iter([b"{\"a\":".as_slice(), b"1}"])
+            .map(|p| Ok::<_, BoxError>(Frame::data(Bytes::from_static(p))));
+        let bytes = read_body(StreamBody::new(parts), BODY_IDLE, BODY_WHOLE)
+            .await
+            .unwrap();
+        assert_eq!(&bytes[..], b"{\"a\":1}");
+        let big = http_body_util::Full::new(Bytes::from(vec![b' '; BODY_LIMIT + 1]));
+        let err = read_body(big, BODY_IDLE, BODY_WHOLE).await.unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+    }
 }

@@ -1,5 +1,6 @@
-//! Bodies of `/proxy/forward`: the client's request body under an idle deadline and read ahead a
-//! little (small bodies whole), and both directions streamed under a byte cap.
+//! Request bodies under deadlines: the client's body under an idle deadline and read ahead a
+//! little (small bodies whole, within a total deadline), for `/proxy/forward` and the JSON
+//! endpoints alike, and `/proxy/forward`'s bodies both ways streamed under a byte cap.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,6 +25,11 @@ pub struct TooLarge(pub u64);
 #[derive(Debug, thiserror::Error)]
 #[error("no request body bytes for {0} s")]
 pub struct Stalled(pub u64);
+
+/// The body held whole did not arrive within the total deadline, though it never stalled.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive whole within {0} s")]
+pub struct Late(pub u64);
 
 /// What the relay learns of the client's body as it is read: whether it stalled, and whether its
 /// last read was waiting for the client (rather than for the upstream to take what came).
@@ -135,27 +141,43 @@ pub enum Held<B> {
     Partial(Bytes, B),
 }
 
-/// Reads `body` until it ends or more than `window` bytes have come, refusing more than `max`.
-pub async fn read_ahead<B>(mut body: B, window: usize, max: u64) -> Result<Held<B>, BoxError>
+/// Reads `body` until it ends or more than `window` bytes have come, refusing more than `max`,
+/// and ending with [`Late`] when that takes longer than `total`: an idle deadline alone restarts
+/// at every frame, so a client declaring 65,000 bytes and sending one a minute held the task, the
+/// connection and its place for some 44 days.
+pub async fn read_ahead<B>(
+    mut body: B,
+    window: usize,
+    max: u64,
+    total: Duration,
+) -> Result<Held<B>, BoxError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
     let mut head = BytesMut::new();
-    while head.len() <= window {
-        match body.frame().await {
-            None => return Ok(Held::Whole(head.freeze())),
-            Some(frame) => {
-                if let Ok(data) = frame.map_err(Into::into)?.into_data() {
-                    if head.len() as u64 + data.len() as u64 > max {
-                        return Err(Box::new(TooLarge(max)));
+    let read = async {
+        while head.len() <= window {
+            match body.frame().await {
+                None => return Ok(true),
+                Some(frame) => {
+                    if let Ok(data) = frame.map_err(Into::into)?.into_data() {
+                        if head.len() as u64 + data.len() as u64 > max {
+                            return Err::<_, BoxError>(Box::new(TooLarge(max)));
+                        }
+                        head.extend_from_slice(&data);
                     }
-                    head.extend_from_slice(&data);
                 }
             }
         }
+        Ok(false)
+    };
+    match tokio::time::timeout(total, read).await {
+        Err(_) => Err(Box::new(Late(total.as_secs()))),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(true)) => Ok(Held::Whole(head.freeze())),
+        Ok(Ok(false)) => Ok(Held::Partial(head.freeze(), body)),
     }
-    Ok(Held::Partial(head.freeze(), body))
 }
 
 pin_project_lite::pin_project! {
@@ -239,6 +261,9 @@ mod tests {
     use futures_util::StreamExt as _;
     use http_body_util::{Full, StreamBody};
 
+    /// A total deadline no test here reaches.
+    const LONG: Duration = Duration::from_secs(3600);
+
     fn chunks(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = BoxError> + Unpin {
         let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
             .iter()
@@ -259,7 +284,7 @@ mod tests {
         let watch = Arc::new(Watch::default());
         let idle = Idle::new(silent_after(b"abc"), Duration::from_secs(5), watch.clone());
         let started = Instant::now();
-        let err = match read_ahead(idle, 1024, 1 << 20).await {
+        let err = match read_ahead(idle, 1024, 1 << 20, LONG).await {
             Err(e) => e,
             Ok(_) => panic!("a silent body cannot end"),
         };
@@ -283,13 +308,61 @@ mod tests {
         assert!(!watch.stalled() && !watch.waiting());
     }
 
+    /// One byte every 4 s never trips a 5 s idle deadline: only the total one ends the read-ahead,
+    /// at exactly its time and as [`Late`], not a stall.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickling_body_ends_at_the_total_deadline() {
+        let trickle = futures_util::stream::iter(0..u8::MAX).then(|i| async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok::<_, BoxError>(Frame::data(Bytes::from(vec![i])))
+        });
+        let watch = Arc::new(Watch::default());
+        let idle = Idle::new(
+            StreamBody::new(Box::pin(trickle)),
+            Duration::from_secs(5),
+            watch.clone(),
+        );
+        let started = Instant::now();
+        let err = match read_ahead(idle, 65_000, 1 << 20, Duration::from_secs(30)).await {
+            Err(e) => e,
+            Ok(_) => panic!("a trickle of 255 bytes in 1,020 s cannot end within 30 s"),
+        };
+        assert!(err.is::<Late>(), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "the request body did not arrive whole within 30 s"
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        assert!(!watch.stalled());
+        // A body that ends within the deadline is whole, however slowly it came.
+        let slow = futures_util::stream::iter(0..3u8).then(|i| async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok::<_, BoxError>(Frame::data(Bytes::from(vec![i])))
+        });
+        match read_ahead(
+            StreamBody::new(Box::pin(slow)),
+            1024,
+            100,
+            Duration::from_secs(13),
+        )
+        .await
+        .unwrap()
+        {
+            Held::Whole(b) => assert_eq!(&b[..], &[0, 1, 2]),
+            Held::Partial(..) => panic!("whole"),
+        }
+    }
+
     #[tokio::test]
     async fn small_bodies_are_whole_large_ones_stream_under_the_cap() {
-        match read_ahead(chunks(&[b"ab", b"cd"]), 8, 100).await.unwrap() {
+        match read_ahead(chunks(&[b"ab", b"cd"]), 8, 100, LONG)
+            .await
+            .unwrap()
+        {
             Held::Whole(b) => assert_eq!(&b[..], b"abcd"),
             Held::Partial(..) => panic!("whole"),
         }
-        let held = read_ahead(chunks(&[b"abcdef", b"ghij", b"klmn"]), 8, 100)
+        let held = read_ahead(chunks(&[b"abcdef", b"ghij", b"klmn"]), 8, 100, LONG)
             .await
             .unwrap();
         let Held::Partial(head, rest) = held else {
@@ -309,7 +382,7 @@ mod tests {
         assert!(capped.collect().await.is_err());
         assert!(over.load(Ordering::Relaxed));
         // The read-ahead itself refuses more than the cap.
-        assert!(read_ahead(chunks(&[b"abcdef", b"ghij"]), 100, 8)
+        assert!(read_ahead(chunks(&[b"abcdef", b"ghij"]), 100, 8, LONG)
             .await
             .is_err());
         // A known length stays known.
