@@ -21,6 +21,8 @@ pub struct UpstreamConfig {
     /// no total deadline. The idle deadline alone let an origin sending a byte a minute hold the
     /// request and its buffer for days. A guide fetch is bounded by this and by its own
     /// `epg_fetch_timeout_secs`/`fetch_timeout_secs` (both 120 by default): raise both together.
+    /// The same bound applies to a client's `/proxy/forward` request body read ahead whole
+    /// (up to 64 KiB): past it, `408` booked to the client.
     pub whole_body_timeout_secs: u64,
     /// Connection setups in flight per host at once (never a limit on open streams).
     pub max_setups_per_host: usize,
