@@ -1022,6 +1022,9 @@ impl<H: Handler> Conn<H> {
             false,
             |c| c.graceful_shutdown(),
             |_| None,
+            // hyper's HTTP/2 server keeps a chunk parked on a shut window out of reach: only its
+            // body is released (`stall`), the chunk stays until the connection ends.
+            |_, _| 0,
         )
         .await
     }
@@ -1059,6 +1062,7 @@ impl<H: Handler> Conn<H> {
             true,
             |c| c.get_mut().graceful_shutdown(),
             |c| Some(c.stuck_for()),
+            |c, limit| c.get_mut().reset_parked(limit),
         )
         .await
     }
@@ -1072,7 +1076,11 @@ impl<H: Handler> Conn<H> {
     /// it still holds a stream (zero with none held; `None`: the server cannot tell); once the
     /// server's close has begun, a connection with nothing in flight that has been stuck for the
     /// send timeout is dropped (a client can keep a stream from ending by never opening its
-    /// window; its body was released by the send watch).
+    /// window; its body was released by the send watch). `reset_parked`: resets the streams whose
+    /// response has waited for a flow-control window for the given time, dropping what they hold
+    /// (returns how many; 0 when the server cannot tell).
+    // The closures are what each server can do; a struct of them would only move the list.
+    #[allow(clippy::too_many_arguments)]
     async fn watch_over<C, E>(
         &self,
         mut conn: Pin<&mut C>,
@@ -1081,6 +1089,7 @@ impl<H: Handler> Conn<H> {
         at_once: bool,
         shut_down: impl Fn(Pin<&mut C>),
         stuck: impl Fn(Pin<&mut C>) -> Option<Duration>,
+        reset_parked: impl Fn(Pin<&mut C>, Duration) -> usize,
     ) where
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
@@ -1211,8 +1220,12 @@ impl<H: Handler> Conn<H> {
                     }
                     if activity.send_stalled_for().is_none() {
                         // The socket takes bytes, yet some response is not being pulled: an
-                        // HTTP/2 client holding its flow-control window shut on that stream.
-                        let released = bodies.release_stalled(t.send);
+                        // HTTP/2 client holding its flow-control window shut on that stream. The
+                        // own server resets such a stream first, dropping the data it already
+                        // took from the body (the reset goes out on the next round); the rest
+                        // (hyper's server) have their bodies released.
+                        let released = reset_parked(conn.as_mut(), t.send)
+                            + bodies.release_stalled(t.send);
                         if released > 0 {
                             self.handler.http_metrics().send_timeouts.inc_by(released as u64);
                             tracing::debug!(%peer, released, "streams not read: send timeout");

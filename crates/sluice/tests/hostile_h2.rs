@@ -5,7 +5,8 @@
 //! error; an oversized head gets a 431; the request-body window is the configured one; a
 //! `content-length` is one plain number held to the body; cancelling responses under way is not
 //! a rapid reset; an oversized request trailer section is not passed on cut; cookie fields reach
-//! an HTTP/1.1 origin as one line; an origin's connection-specific trailers are dropped. (A
+//! an HTTP/1.1 origin as one line; an origin's connection-specific trailers are dropped; a stream
+//! held at a one-byte window on a busy connection is reset at the send timeout. (A
 //! request body past its window: `server/http2`'s own tests, where the handler can be made never
 //! to read.) After each, a fresh client is served.
 
@@ -1020,5 +1021,166 @@ async fn an_oversized_request_trailer_section_is_not_passed_on_cut() {
             .any(|w| w == b"431" || w == [0x69, 0x90, 0xff]),
         "not a 431: {payload:?}"
     );
+    still_served(addr).await;
+}
+
+/// An HPACK block for `GET http://localhost{path}` (`:path` a literal without indexing).
+fn get_path_block(path: &str) -> Vec<u8> {
+    let mut b = vec![0x82, 0x86, 0x04, path.len() as u8];
+    b.extend_from_slice(path.as_bytes());
+    b.extend_from_slice(&[0x41, 9]);
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// A stream whose client holds its window at one byte, while the connection stays busy (another
+/// stream read slowly but steadily, short requests read at once), is reset (`CANCEL`) once the
+/// send timeout passes, and its place under `h2_max_concurrent_streams` comes back; the steady
+/// reader is not reset and gets its whole response. (The send watch released the held stream's
+/// body, but the server kept the chunk it had taken from it, parked on the window, and the
+/// stream itself, for as long as the connection lived: the send timeout did not bound what a
+/// stalled stream held.)
+#[tokio::test]
+async fn a_stream_parked_on_a_shut_window_is_reset_while_the_connection_is_busy() {
+    const CANCEL: u32 = 8;
+    const REFUSED_STREAM: u32 = 7;
+    let (_p, addr) =
+        proxy_with("send_timeout_secs = 1\nidle_timeout_secs = 30\nh2_max_concurrent_streams = 3")
+            .await;
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.into_split();
+    // Every frame from the server as (kind, flags, stream, payload).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u8, u8, u32, Vec<u8>)>();
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut head = [0u8; 9];
+            if r.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            if r.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            if tx.send((head[3], head[4], stream, payload)).is_err() {
+                return;
+            }
+        }
+    });
+    let mut hello = PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 1: one byte on any stream until the client says more.
+    hello.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 1]));
+    // Stream 1: a large response, its window never opened again.
+    hello.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_path_block("/size/1000000"),
+    ));
+    // Stream 3: read slowly but steadily, 1,000 bytes every 200 ms (about 6 s in all).
+    hello.extend(frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        3,
+        &get_path_block("/size/30000"),
+    ));
+    w.write_all(&hello).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut resets: Vec<(u32, u32, Duration)> = Vec::new();
+    let (mut steady, mut steady_done) = (Vec::new(), false);
+    // Short requests, each with its window opened at once: (stream, answered whole).
+    let mut short: Vec<(u32, bool)> = Vec::new();
+    let mut next_id = 5u32;
+    // Until the steady reader is done and a reset came, or 15 s.
+    while (!steady_done || resets.is_empty()) && started.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut out = Vec::new();
+        if !steady_done {
+            out.extend(frame(WINDOW_UPDATE, 0, 0, &1_000u32.to_be_bytes()));
+            out.extend(frame(WINDOW_UPDATE, 0, 3, &1_000u32.to_be_bytes()));
+        }
+        // A new short request once the previous one is answered (three streams at most).
+        if short.last().is_none_or(|&(_, done)| done) {
+            out.extend(frame(
+                HEADERS,
+                END_STREAM | END_HEADERS,
+                next_id,
+                &get_path_block("/size/100"),
+            ));
+            out.extend(frame(WINDOW_UPDATE, 0, next_id, &100_000u32.to_be_bytes()));
+            out.extend(frame(WINDOW_UPDATE, 0, 0, &100u32.to_be_bytes()));
+            short.push((next_id, false));
+            next_id += 2;
+        }
+        w.write_all(&out).await.unwrap();
+        while let Ok((kind, flags, stream, payload)) = rx.try_recv() {
+            match kind {
+                RST_STREAM => resets.push((
+                    stream,
+                    u32::from_be_bytes(payload[..4].try_into().unwrap()),
+                    started.elapsed(),
+                )),
+                DATA if stream == 3 => {
+                    steady.extend_from_slice(&payload);
+                    steady_done |= flags & END_STREAM != 0;
+                }
+                DATA if flags & END_STREAM != 0 => {
+                    if let Some(s) = short.iter_mut().find(|s| s.0 == stream) {
+                        s.1 = true;
+                    }
+                }
+                GOAWAY => panic!("GOAWAY {:x}", goaway_code(&payload)),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(
+        resets.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+        vec![(1, CANCEL)],
+        "only the stream held shut is reset, with CANCEL: {resets:?}"
+    );
+    assert!(
+        resets[0].2 >= Duration::from_secs(1),
+        "reset before the send timeout: {resets:?}"
+    );
+    assert!(steady_done, "the steady reader got {} bytes", steady.len());
+    assert_eq!(steady.len(), 30_000);
+    assert_eq!(sha256(&steady), sha256(&pattern(30_000)));
+    let answered = short.iter().filter(|s| s.1).count();
+    assert!(answered >= 10, "{answered} short requests answered");
+    // Stream 1's place is free again: three streams at once are all taken (the last would be
+    // refused if the held stream still counted).
+    let mut three = Vec::new();
+    for id in [next_id, next_id + 2, next_id + 4] {
+        three.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            id,
+            &get_path_block("/size/1000000"),
+        ));
+    }
+    // Wait for the last short request to finish first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.write_all(&three).await.unwrap();
+    let mut heads = 0;
+    let took = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some((kind, _, stream, payload)) = rx.recv().await {
+            if kind == RST_STREAM && stream >= next_id {
+                let code = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                assert_ne!(code, REFUSED_STREAM, "stream {stream} refused");
+            }
+            if kind == HEADERS && stream >= next_id {
+                heads += 1;
+                if heads == 3 {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(took.is_ok(), "{heads} of three streams answered");
+    reader.abort();
     still_served(addr).await;
 }

@@ -5,7 +5,10 @@
 //! A blocked socket is the connection watchdog's business (see `activity`); this covers the case
 //! a socket-level check cannot see. Releasing drops the inner body, and with it the upstream
 //! fetch and everything buffered for it; the stream itself stays bounded by the HTTP/2 stream
-//! and send-buffer limits, and ends with an error whenever it is polled again.
+//! and send-buffer limits, and ends with an error whenever it is polled again. sluice's own
+//! HTTP/2 server goes further at the same timeout: it resets such a stream and drops the chunk it
+//! had already taken from the body (`http2::Connection::reset_parked`); hyper's keeps that chunk
+//! until the connection ends.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;

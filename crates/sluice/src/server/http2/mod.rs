@@ -134,6 +134,10 @@ struct Slot<F, B> {
     in_window_blocked: bool,
     /// Request body bytes that arrived after its reader was gone.
     dropped: u64,
+    /// Since when the response has waited for a flow-control window (the stream's or the
+    /// connection's) with no room given meanwhile (`reset_parked`); `None` while it has room or
+    /// waits for anything else.
+    parked_since: Option<tokio::time::Instant>,
 }
 
 /// An HTTP/2 connection over `io`, each request handed to `service`.
@@ -300,6 +304,38 @@ where
             return std::time::Duration::ZERO;
         }
         crate::runtime::recent::since(self.last_sent)
+    }
+
+    /// Resets (`CANCEL`) every stream whose response has waited for a flow-control window for
+    /// `limit` or longer, and drops what it held: its body (and with it the upstream fetch) and
+    /// the data already taken from the body and parked for the window, which may be a view into
+    /// a much larger buffer (a playlist slice holds the whole playlist). The send watch's
+    /// release (`server::stall`) drops the body only; the parked chunk stayed as long as the
+    /// connection did, so a client holding one stream's window at a byte while it kept the
+    /// connection busy kept it all. A client reading slowly but steadily opens its window
+    /// within `limit`, which restarts the clock. Returns how many streams were reset; their
+    /// RST_STREAM frames go out on the connection's next poll. Not charged to the reset budget:
+    /// this server chose to reset them.
+    pub fn reset_parked(&mut self, limit: std::time::Duration) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        let now = crate::runtime::recent::recent();
+        let parked: Vec<(usize, u32)> = self
+            .streams
+            .iter()
+            .filter(|(_, slot)| {
+                slot.parked_since
+                    .is_some_and(|since| now.saturating_duration_since(since) >= limit)
+            })
+            .map(|(key, slot)| (key, u32::from(slot.id)))
+            .collect();
+        for &(key, id) in &parked {
+            tracing::debug!(stream = id, "HTTP/2 stream parked on its window: reset");
+            self.remove(key);
+            self.reset(id, Reason::CANCEL);
+        }
+        parked.len()
     }
 
     /// Where requests refused for their body's framing (a bad or conflicting `content-length`, a
@@ -677,6 +713,7 @@ where
             in_write_blocked: false,
             in_window_blocked: false,
             dropped: 0,
+            parked_since: None,
         });
         self.ids.push_back((id, key));
         self.to_poll.push(key);
@@ -912,6 +949,8 @@ where
                         .min(self.codec.max_send_frame_size() as i64);
                     if !data.is_empty() && room <= 0 {
                         slot.out = Some(Out::Data(data, end));
+                        slot.parked_since
+                            .get_or_insert_with(crate::runtime::recent::recent);
                         if self.send_window <= 0
                             && !std::mem::replace(&mut slot.in_window_blocked, true)
                         {
@@ -919,6 +958,8 @@ where
                         }
                         return Ok(Turn::Parked);
                     }
+                    // Room given: a wait for the writer from here on is the send watch's.
+                    slot.parked_since = None;
                     match self.codec.poll_ready(cx) {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(e)) => return Err(Error::Io(e)),
@@ -971,14 +1012,21 @@ where
                 }
                 Phase::Sending(body) => {
                     if slot.send_window <= 0 {
+                        slot.parked_since
+                            .get_or_insert_with(crate::runtime::recent::recent);
                         return Ok(Turn::Parked);
                     }
                     if self.send_window <= 0 {
+                        slot.parked_since
+                            .get_or_insert_with(crate::runtime::recent::recent);
                         if !std::mem::replace(&mut slot.in_window_blocked, true) {
                             self.window_blocked.push(key);
                         }
                         return Ok(Turn::Parked);
                     }
+                    // Room in both windows: whatever the body does next (a live stream may
+                    // have nothing for a while), the client is reading.
+                    slot.parked_since = None;
                     match body.as_mut().poll_frame(&mut scx) {
                         Poll::Pending => return Ok(Turn::Parked),
                         Poll::Ready(None) => {
