@@ -25,13 +25,17 @@ const MAX_ENTRIES: usize = 65_536;
 /// (65,536 of them fit), but up to tens of KiB each for a hostile origin's or request's.
 const MAX_BYTES: usize = 32 * 1024 * 1024;
 
-/// Most tokens one client network holds; past it that network's own least recently used go.
-/// A quarter of the memory: a 6-hour DVR window of 2-second segments (10,800) fits with room for
-/// its renditions' playlists, while one network asking for 50,000-segment playlists (one token
-/// holder, or a household behind one address) leaves the other three quarters to everyone else.
+/// A client network's share of a full memory: past it, an insert that needs room evicts that
+/// network's own least recently used. Below it, the memory takes the room from entries no longer
+/// reusable, then the least recently used of anyone's. Enforced only once the memory is full: one
+/// household can list more than a quarter on its own (a 6-hour DVR window of 2-second segments
+/// with separate audio is 21,600 children, and each reload touches them all in order, so an LRU
+/// smaller than that reuses none of them), and while there is room that costs no one anything.
+/// Full, one network asking for 50,000-segment playlists (a token holder, or a household behind
+/// one address) can push others out only until it holds a quarter.
 const NET_MAX_ENTRIES: usize = MAX_ENTRIES / 4;
 
-/// Most bytes of keys and tokens one client network holds, for the same reason.
+/// A client network's share of the bytes of a full memory, for the same reason.
 const NET_MAX_BYTES: usize = MAX_BYTES / 4;
 
 /// Minted child tokens by what they grant.
@@ -141,9 +145,10 @@ impl Tokens {
         }
     }
 
-    /// Remembers `token` for `key` (of client network `net`), making room first: the network's
-    /// own least recently used entries past its share, then entries no longer reusable at `now`,
-    /// then the least recently used. Each insert evicts at most what earlier inserts added.
+    /// Remembers `token` for `key` (of client network `net`), making room first if the memory is
+    /// full: from the network's own least recently used while it holds at least its share, else
+    /// from entries no longer reusable at `now`, then the least recently used of any network. Each
+    /// insert evicts at most what earlier inserts added.
     fn insert(
         &mut self,
         key: String,
@@ -158,20 +163,16 @@ impl Tokens {
         if size > NET_MAX_BYTES {
             return; // Minted every time; not worth forgetting a network's others for.
         }
-        while let Some(share) = self.by_net.get(&net) {
-            if share.used.len() < NET_MAX_ENTRIES && share.bytes + size <= NET_MAX_BYTES {
-                break;
-            }
-            let Some(oldest) = share.used.first().and_then(|u| self.by_use.get(u)).cloned() else {
-                break;
-            };
-            self.remove(&oldest);
-        }
         while self.by_key.len() >= MAX_ENTRIES || self.bytes + size > MAX_BYTES {
-            let stale = self.by_stale.first().filter(|(at, _)| *at <= now);
-            let victim = match stale {
-                Some((_, used)) => self.by_use.get(used),
-                None => self.by_use.first_key_value().map(|(_, k)| k),
+            let own = self.by_net.get(&net).filter(|share| {
+                share.used.len() >= NET_MAX_ENTRIES || share.bytes + size > NET_MAX_BYTES
+            });
+            let victim = match own {
+                Some(share) => share.used.first().and_then(|u| self.by_use.get(u)),
+                None => match self.by_stale.first().filter(|(at, _)| *at <= now) {
+                    Some((_, used)) => self.by_use.get(used),
+                    None => self.by_use.first_key_value().map(|(_, k)| k),
+                },
             };
             let Some(victim) = victim.cloned() else {
                 break;
@@ -288,7 +289,6 @@ mod tests {
         assert_eq!(per_net.len(), tokens.by_net.len());
         for (net, share) in &tokens.by_net {
             assert_eq!((share.used.len(), share.bytes), per_net[net], "{net}");
-            assert!(share.used.len() <= NET_MAX_ENTRIES && share.bytes <= NET_MAX_BYTES);
         }
     }
 
@@ -364,11 +364,47 @@ mod tests {
     }
 
     #[test]
-    fn one_network_past_its_share_evicts_only_its_own_children() {
+    fn a_household_over_a_quarter_keeps_every_child_while_the_memory_has_room() {
+        // Two TVs behind one address on two 6-hour DVR channels (or one with separate audio):
+        // 21,600 children, more than a quarter, each reload touching them all in order. With the
+        // share enforced on a memory with room, its least recently used was always the next one
+        // asked for: no child was reused and every segment URL changed at every reload.
         let reuse = Reuse::default();
         assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b1"), "b1");
+        let children = 2 * 10_800;
+        assert!(children > NET_MAX_ENTRIES);
+        for round in 0..3 {
+            for i in 0..children {
+                let d = format!("http://o/{i}.ts");
+                let got = mint_for(&reuse, "10.0.0.1", &d, &format!("{i}-{round}"));
+                assert_eq!(got, format!("{i}-0"), "round {round}");
+            }
+        }
+        assert_eq!(held(&reuse, "10.0.0.1"), children);
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b2"), "b1");
+        assert_consistent(&reuse.tokens.lock().unwrap());
+    }
+
+    #[test]
+    fn one_network_past_its_share_evicts_only_its_own_children() {
+        // A full memory: four networks of 16,383 children, then two more networks' one each.
+        let reuse = Reuse::default();
+        for n in 0..4 {
+            for i in 0..NET_MAX_ENTRIES - 1 {
+                mint_for(
+                    &reuse,
+                    &format!("10.4.0.{n}"),
+                    &format!("http://o/{i}"),
+                    "f",
+                );
+            }
+        }
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b1"), "b1");
         assert_eq!(mint_for(&reuse, "2001:db8::1", "http://o/c", "c1"), "c1");
-        // Two 50,000-segment playlists, from two hosts of one /64.
+        assert_eq!(reuse.tokens.lock().unwrap().by_key.len(), MAX_ENTRIES - 2);
+        // Two 50,000-segment playlists, from two hosts of one /64: past the first two, each
+        // insert takes the least recently used (network 10.4.0.0's) until it holds its share,
+        // then only its own.
         for i in 0..100_000 {
             let client = if i < 50_000 {
                 "2001:db8:1::1"
@@ -378,6 +414,10 @@ mod tests {
             mint_for(&reuse, client, &format!("http://o/{i}"), &format!("a{i}"));
         }
         assert_eq!(held(&reuse, "2001:db8:1::"), NET_MAX_ENTRIES);
+        assert_eq!(held(&reuse, "10.4.0.0"), 1);
+        for n in 1..4 {
+            assert_eq!(held(&reuse, &format!("10.4.0.{n}")), NET_MAX_ENTRIES - 1);
+        }
         assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b2"), "b1");
         assert_eq!(mint_for(&reuse, "2001:db8::2", "http://o/c", "c2"), "c1");
         // Its own least recently used went; its newest stay.
@@ -388,18 +428,27 @@ mod tests {
         assert_eq!(mint_for(&reuse, "2001:db8:1::3", "http://o/0", "y"), "y");
         assert_consistent(&reuse.tokens.lock().unwrap());
 
-        // The same in bytes: 40 children of 1 MiB from one network keep a quarter of MAX_BYTES.
+        // The same in bytes: a memory full of children of 1 MiB (each over 2 MiB with its key,
+        // so 15 fit in 32 MiB and three in a network's 8 MiB), then 40 more from one network.
         let reuse = Reuse::default();
-        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b1"), "b1");
         let big = "x".repeat(1 << 20);
+        for n in 0..5 {
+            for i in 0..3 {
+                let client = format!("10.5.0.{n}");
+                mint_for(&reuse, &client, &format!("http://o/{i}/{big}"), &big);
+            }
+        }
+        assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b1"), "b1");
         for i in 0..40 {
             mint_for(&reuse, "10.0.0.1", &format!("http://o/{i}/{big}"), &big);
         }
         assert_eq!(mint_for(&reuse, "10.0.0.2", "http://o/b", "b2"), "b1");
-        let tokens = reuse.tokens.lock().unwrap();
-        // Each is over 2 MiB (key and token): three fit in 8 MiB.
-        assert_eq!(tokens.by_net[&"10.0.0.1".parse().unwrap()].used.len(), 3);
-        assert_consistent(&tokens);
+        assert_eq!(held(&reuse, "10.0.0.1"), 3);
+        assert_eq!(held(&reuse, "10.5.0.0"), 0);
+        for n in 1..5 {
+            assert_eq!(held(&reuse, &format!("10.5.0.{n}")), 3);
+        }
+        assert_consistent(&reuse.tokens.lock().unwrap());
     }
 
     #[test]
