@@ -6,7 +6,8 @@
 //! `content-length` is one plain number held to the body; cancelling responses under way is not
 //! a rapid reset; an oversized request trailer section is not passed on cut; cookie fields reach
 //! an HTTP/1.1 origin as one line; an origin's connection-specific trailers are dropped; a stream
-//! held at a one-byte window on a busy connection is reset at the send timeout. (A
+//! held at a one-byte window on a busy connection, even one opened a byte at a time, is reset at
+//! the send timeout. (A
 //! request body past its window: `server/http2`'s own tests, where the handler can be made never
 //! to read.) After each, a fresh client is served.
 
@@ -1033,13 +1034,14 @@ fn get_path_block(path: &str) -> Vec<u8> {
     b
 }
 
-/// A stream whose client holds its window at one byte, while the connection stays busy (another
-/// stream read slowly but steadily, short requests read at once), is reset (`CANCEL`) once the
-/// send timeout passes, and its place under `h2_max_concurrent_streams` comes back; the steady
-/// reader is not reset and gets its whole response. (The send watch released the held stream's
-/// body, but the server kept the chunk it had taken from it, parked on the window, and the
-/// stream itself, for as long as the connection lived: the send timeout did not bound what a
-/// stalled stream held.)
+/// A stream whose client holds its window at one byte, opening it by one more byte every third
+/// of the send timeout, while the connection stays busy (another stream read slowly but
+/// steadily, short requests read at once), is reset (`CANCEL`) within about twice the send
+/// timeout, and its place under `h2_max_concurrent_streams` comes back; the steady reader is not
+/// reset and gets its whole response. (The send watch released the held stream's body, but the
+/// server kept the chunk it had taken from it, parked on the window, and the stream itself, for
+/// as long as the connection lived: the send timeout did not bound what a stalled stream held.
+/// Then any room at all restarted the clock, so the byte-at-a-time trickle kept them again.)
 #[tokio::test]
 async fn a_stream_parked_on_a_shut_window_is_reset_while_the_connection_is_busy() {
     const CANCEL: u32 = 8;
@@ -1072,7 +1074,8 @@ async fn a_stream_parked_on_a_shut_window_is_reset_while_the_connection_is_busy(
     let mut hello = PREFACE.to_vec();
     // SETTINGS_INITIAL_WINDOW_SIZE = 1: one byte on any stream until the client says more.
     hello.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 1]));
-    // Stream 1: a large response, its window never opened again.
+    // Stream 1: a large response, its window opened by one byte every 333 ms (a third of the
+    // send timeout) until it is reset.
     hello.extend(frame(
         HEADERS,
         END_STREAM | END_HEADERS,
@@ -1093,6 +1096,7 @@ async fn a_stream_parked_on_a_shut_window_is_reset_while_the_connection_is_busy(
     // Short requests, each with its window opened at once: (stream, answered whole).
     let mut short: Vec<(u32, bool)> = Vec::new();
     let mut next_id = 5u32;
+    let mut trickled = started;
     // Until the steady reader is done and a reset came, or 15 s.
     while (!steady_done || resets.is_empty()) && started.elapsed() < Duration::from_secs(15) {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1100,6 +1104,10 @@ async fn a_stream_parked_on_a_shut_window_is_reset_while_the_connection_is_busy(
         if !steady_done {
             out.extend(frame(WINDOW_UPDATE, 0, 0, &1_000u32.to_be_bytes()));
             out.extend(frame(WINDOW_UPDATE, 0, 3, &1_000u32.to_be_bytes()));
+        }
+        if resets.is_empty() && trickled.elapsed() >= Duration::from_millis(333) {
+            out.extend(frame(WINDOW_UPDATE, 0, 1, &1u32.to_be_bytes()));
+            trickled = std::time::Instant::now();
         }
         // A new short request once the previous one is answered (three streams at most).
         if short.last().is_none_or(|&(_, done)| done) {
@@ -1144,6 +1152,11 @@ async fn a_stream_parked_on_a_shut_window_is_reset_while_the_connection_is_busy(
     assert!(
         resets[0].2 >= Duration::from_secs(1),
         "reset before the send timeout: {resets:?}"
+    );
+    // Checked once a second (the send timeout's tick): parked from about 0 s, reset at 2 s.
+    assert!(
+        resets[0].2 <= Duration::from_millis(2_600),
+        "the trickled stream reset late: {resets:?}"
     );
     assert!(steady_done, "the steady reader got {} bytes", steady.len());
     assert_eq!(steady.len(), 30_000);

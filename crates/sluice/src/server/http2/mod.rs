@@ -62,8 +62,19 @@ const FREE_CANCELS_PER_SEC: f64 = 2.0;
 /// reset with `NO_ERROR`.
 const MAX_UNREAD_AFTER_ANSWER: u64 = 1 << 20;
 /// Streams this server reset that the client may not have heard of yet: frames for them are
-/// dropped, not taken as errors.
+/// dropped, not taken as errors. At least this many, and at least `max_concurrent_streams`:
+/// `reset_parked` may reset every open stream at once, and request trailers then arriving on
+/// one pushed out of a shorter list failed the whole connection (`STREAM_CLOSED`).
 const RECENTLY_RESET: usize = 32;
+/// What a parked response must send within a send timeout of `PARKED_PROGRESS_PER` for its
+/// wait to count as over (`Parked`), less in proportion for a shorter timeout; and less again if
+/// the client's initial stream window is smaller (a steady reader with a small window is not
+/// reset), but never less than `PARKED_PROGRESS_MIN` (a client that sets its initial window to
+/// one byte and opens it by one byte just inside every send timeout would make each byte
+/// count). Bytes add up across window updates, so a steady reader gets there.
+const PARKED_PROGRESS: i64 = 16 * 1024;
+const PARKED_PROGRESS_PER: std::time::Duration = std::time::Duration::from_secs(60);
+const PARKED_PROGRESS_MIN: i64 = 1024;
 /// Streams removed while listed as blocked before those lists are pruned of them.
 const STALE_BLOCKED: usize = 64;
 /// A drain's PING (its acknowledgement ends the first GOAWAY's round trip), and how long the
@@ -134,10 +145,35 @@ struct Slot<F, B> {
     in_window_blocked: bool,
     /// Request body bytes that arrived after its reader was gone.
     dropped: u64,
-    /// Since when the response has waited for a flow-control window (the stream's or the
-    /// connection's) with no room given meanwhile (`reset_parked`); `None` while it has room or
-    /// waits for anything else.
-    parked_since: Option<tokio::time::Instant>,
+    /// How long the response has waited for a flow-control window (`reset_parked`).
+    parked: Parked,
+}
+
+/// Since when a response has waited for a flow-control window (the stream's or the
+/// connection's) without real progress, and what it sent since. Over once
+/// `Connection::parked_progress` bytes went out (at the latest when `reset_parked` looks), the
+/// parked chunk went out to its end, or both windows have that much room; not at any room at
+/// all, else a client opening the window by one byte just inside every send timeout kept the
+/// chunk and the stream for the connection's life.
+#[derive(Default)]
+struct Parked {
+    /// `None` while the response has room or waits for anything else.
+    since: Option<tokio::time::Instant>,
+    sent: i64,
+}
+
+impl Parked {
+    /// The response waits for a window: the clock starts unless it is running already.
+    fn park(&mut self) {
+        if self.since.is_none() {
+            self.since = Some(crate::runtime::recent::recent());
+            self.sent = 0;
+        }
+    }
+
+    fn unpark(&mut self) {
+        *self = Parked::default();
+    }
 }
 
 /// An HTTP/2 connection over `io`, each request handed to `service`.
@@ -172,6 +208,9 @@ pub(crate) struct Connection<I, S, F, B> {
     refunds: f64,
     refunds_at: tokio::time::Instant,
     recently_reset: VecDeque<u32>,
+    /// What a parked response must send per send timeout (`PARKED_PROGRESS`), as of the last
+    /// `reset_parked`.
+    parked_per_limit: i64,
     /// GOAWAY sent: streams above this id are ignored, and the connection ends when the rest do.
     going_away: Option<u32>,
     /// The client said GOAWAY: no new streams will come.
@@ -284,6 +323,7 @@ where
             refunds: RESET_REFUNDS,
             refunds_at: crate::runtime::recent::recent(),
             recently_reset: VecDeque::new(),
+            parked_per_limit: PARKED_PROGRESS,
             going_away: None,
             peer_going_away: false,
             draining: None,
@@ -312,24 +352,39 @@ where
     /// a much larger buffer (a playlist slice holds the whole playlist). The send watch's
     /// release (`server::stall`) drops the body only; the parked chunk stayed as long as the
     /// connection did, so a client holding one stream's window at a byte while it kept the
-    /// connection busy kept it all. A client reading slowly but steadily opens its window
-    /// within `limit`, which restarts the clock. Returns how many streams were reset; their
+    /// connection busy kept it all. A client reading slowly but steadily takes enough bytes
+    /// (`PARKED_PROGRESS`, 16 KiB a minute) within `limit`, which starts the clock again; one
+    /// opening its window a byte at a time does not. Returns how many streams were reset; their
     /// RST_STREAM frames go out on the connection's next poll. Not charged to the reset budget:
     /// this server chose to reset them.
     pub fn reset_parked(&mut self, limit: std::time::Duration) -> usize {
         if self.failed.is_some() {
             return 0;
         }
+        let scaled = PARKED_PROGRESS as u128 * limit.as_millis() / PARKED_PROGRESS_PER.as_millis();
+        self.parked_per_limit =
+            i64::try_from(scaled).map_or(PARKED_PROGRESS, |n| n.min(PARKED_PROGRESS));
+        let progress = self.parked_progress();
         let now = crate::runtime::recent::recent();
-        let parked: Vec<(usize, u32)> = self
-            .streams
-            .iter()
-            .filter(|(_, slot)| {
-                slot.parked_since
-                    .is_some_and(|since| now.saturating_duration_since(since) >= limit)
-            })
-            .map(|(key, slot)| (key, u32::from(slot.id)))
-            .collect();
+        let mut parked: Vec<(usize, u32)> = Vec::new();
+        for (key, slot) in self.streams.iter_mut() {
+            let Some(since) = slot.parked.since else {
+                continue;
+            };
+            if now.saturating_duration_since(since) < limit {
+                continue;
+            }
+            if slot.parked.sent >= progress {
+                // Still parked, but it took enough meanwhile: a slow reader, whose next
+                // timeout starts now.
+                slot.parked = Parked {
+                    since: Some(now),
+                    sent: 0,
+                };
+            } else {
+                parked.push((key, u32::from(slot.id)));
+            }
+        }
         for &(key, id) in &parked {
             tracing::debug!(stream = id, "HTTP/2 stream parked on its window: reset");
             self.remove(key);
@@ -417,7 +472,8 @@ where
     fn reset(&mut self, id: u32, reason: Reason) {
         self.control
             .push_back(frame::Reset::new(StreamId::from(id), reason).into());
-        if self.recently_reset.len() == RECENTLY_RESET {
+        let keep = RECENTLY_RESET.max(self.limits.max_concurrent_streams as usize);
+        if self.recently_reset.len() >= keep {
             self.recently_reset.pop_front();
         }
         self.recently_reset.push_back(id);
@@ -713,7 +769,7 @@ where
             in_write_blocked: false,
             in_window_blocked: false,
             dropped: 0,
-            parked_since: None,
+            parked: Parked::default(),
         });
         self.ids.push_back((id, key));
         self.to_poll.push(key);
@@ -888,9 +944,18 @@ where
         }
     }
 
+    /// What a parked response must send, or both windows must offer, before its wait is over
+    /// (`PARKED_PROGRESS`).
+    fn parked_progress(&self) -> i64 {
+        self.parked_per_limit
+            .min(self.peer_initial)
+            .max(PARKED_PROGRESS_MIN)
+    }
+
     /// Gives one stream its turn: its handler, then its body, as far as windows and the writer
     /// allow.
     fn turn(&mut self, key: usize, cx: &mut Context<'_>) -> Result<Turn, Error> {
+        let progress = self.parked_progress();
         let Some(slot) = self.streams.get_mut(key) else {
             return Ok(Turn::Parked);
         };
@@ -949,8 +1014,7 @@ where
                         .min(self.codec.max_send_frame_size() as i64);
                     if !data.is_empty() && room <= 0 {
                         slot.out = Some(Out::Data(data, end));
-                        slot.parked_since
-                            .get_or_insert_with(crate::runtime::recent::recent);
+                        slot.parked.park();
                         if self.send_window <= 0
                             && !std::mem::replace(&mut slot.in_window_blocked, true)
                         {
@@ -958,8 +1022,6 @@ where
                         }
                         return Ok(Turn::Parked);
                     }
-                    // Room given: a wait for the writer from here on is the send watch's.
-                    slot.parked_since = None;
                     match self.codec.poll_ready(cx) {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(e)) => return Err(Error::Io(e)),
@@ -981,6 +1043,14 @@ where
                     self.unflushed = true;
                     slot.send_window -= n as i64;
                     self.send_window -= n as i64;
+                    if slot.parked.since.is_some() {
+                        // Some room is not yet progress: one byte per send timeout would keep
+                        // the chunk for ever. Enough bytes, or the chunk's end, are.
+                        slot.parked.sent += n as i64;
+                        if slot.parked.sent >= progress || data.is_empty() {
+                            slot.parked.unpark();
+                        }
+                    }
                     if last {
                         return Ok(Turn::Done);
                     }
@@ -1012,21 +1082,22 @@ where
                 }
                 Phase::Sending(body) => {
                     if slot.send_window <= 0 {
-                        slot.parked_since
-                            .get_or_insert_with(crate::runtime::recent::recent);
+                        slot.parked.park();
                         return Ok(Turn::Parked);
                     }
                     if self.send_window <= 0 {
-                        slot.parked_since
-                            .get_or_insert_with(crate::runtime::recent::recent);
+                        slot.parked.park();
                         if !std::mem::replace(&mut slot.in_window_blocked, true) {
                             self.window_blocked.push(key);
                         }
                         return Ok(Turn::Parked);
                     }
-                    // Room in both windows: whatever the body does next (a live stream may
-                    // have nothing for a while), the client is reading.
-                    slot.parked_since = None;
+                    // Real room in both windows: whatever the body does next (a live stream
+                    // may have nothing for a while), the client is reading. A byte or two of
+                    // room is not (the clock runs on until enough goes out).
+                    if slot.send_window >= progress && self.send_window >= progress {
+                        slot.parked.unpark();
+                    }
                     match body.as_mut().poll_frame(&mut scx) {
                         Poll::Pending => return Ok(Turn::Parked),
                         Poll::Ready(None) => {
@@ -1806,6 +1877,66 @@ mod tests {
             std::time::Duration::ZERO,
             "no stream left"
         );
+    }
+
+    /// Streams `reset_parked` resets all at once, more of them than `RECENTLY_RESET`, are all
+    /// remembered: request trailers arriving on the first of them afterwards (sent before the
+    /// client heard of its reset) are dropped, not taken for a frame on a closed stream that
+    /// ends the connection (`STREAM_CLOSED`).
+    #[tokio::test]
+    async fn every_stream_reset_parked_at_once_is_remembered() {
+        let (client, server) = tokio::io::duplex(4 << 20);
+        let (mut rd, mut wr) = tokio::io::split(client);
+        let written = tokio::spawn(async move {
+            let mut all = Vec::new();
+            let _ = rd.read_to_end(&mut all).await;
+            all
+        });
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from(vec![b'x'; 1_000])))
+        };
+        let streams = 2 * RECENTLY_RESET as u32;
+        let limits = Limits {
+            max_concurrent_streams: streams,
+            ..test_limits()
+        };
+        let mut conn = Box::pin(Connection::new(server, service, limits, false));
+        let mut out = PREFACE.to_vec();
+        // SETTINGS_INITIAL_WINDOW_SIZE = 0: every response parks on its window.
+        out.extend(frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+        // POSTs whose bodies (here, trailers) are still to come.
+        for i in 0..streams {
+            out.extend(frame(1, 4, 2 * i + 1, &[0x83, 0x86, 0x84, 0x41, 1, b'x']));
+        }
+        wr.write_all(&out).await.unwrap();
+        run_a_while(&mut conn).await;
+        assert_eq!(conn.streams.len(), streams as usize, "all open, parked");
+        assert_eq!(
+            conn.as_mut()
+                .get_mut()
+                .reset_parked(std::time::Duration::ZERO),
+            streams as usize
+        );
+        run_a_while(&mut conn).await;
+        // Stream 1's trailers (`a: b`, a literal), sent before its reset reached the client.
+        wr.write_all(&frame(1, 5, 1, &[0x00, 1, b'a', 1, b'b']))
+            .await
+            .unwrap();
+        run_a_while(&mut conn).await;
+        assert_eq!(conn.failed, None, "the connection goes on");
+        drop(conn);
+        let all = written.await.unwrap();
+        let mut at = 0;
+        let mut resets = 0;
+        while at + 9 <= all.len() {
+            let len = (usize::from(all[at]) << 16)
+                | (usize::from(all[at + 1]) << 8)
+                | usize::from(all[at + 2]);
+            assert_ne!(all[at + 3], 7, "no GOAWAY");
+            resets += usize::from(all[at + 3] == 3);
+            at += 9 + len;
+        }
+        assert_eq!(resets, streams as usize, "one RST_STREAM per stream");
     }
 
     /// A stream reset because the client's WINDOW_UPDATE overflowed its window is spent from
