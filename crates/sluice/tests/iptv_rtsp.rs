@@ -1918,6 +1918,8 @@ async fn a_token_holder_cannot_seek_on_a_param_the_token_fixes() {
 }
 
 /// `POST /generate_url` with `password`: the sealed URL for `endpoint` with `query_params`.
+/// (`/generate_url` is the media proxy's: not in the gateway-only build.)
+#[cfg(feature = "media")]
 async fn generated_url(
     s: &app_support::Sluice,
     password: &str,
@@ -1952,6 +1954,7 @@ async fn generated_url(
 /// `r2h-seek-mode` (which moved it out of the URL into a `Range`), nor another seek param by
 /// `r2h-seek-name`. Each is the one token refusal and the RTSP server hears nothing; the URL
 /// as sealed still plays, its time as fixed.
+#[cfg(feature = "media")]
 #[tokio::test]
 async fn a_token_holder_cannot_shift_a_catch_up_time_the_token_fixes() {
     const PW: &str = "seek-fixed-test-password";
