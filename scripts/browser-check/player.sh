@@ -78,11 +78,13 @@ elif [[ "$mode" == --timeshift ]]; then
 else
   printf '[iptv.hls]\ntarget_duration_secs = 1\nwindow = 6\n' >>"$work/sluice.toml"
 fi
+# The guide's origin answers before sluice starts: its first fetch is at start, and a guide that
+# never loaded is not fetched again for a few seconds.
+wait_http "http://127.0.0.1:$origin_port/epg.xml"
 "$sluice" serve --config "$work/sluice.toml" >"$work/sluice.log" 2>&1 &
 pids+=($!)
 proxy="http://127.0.0.1:$sluice_port"
 wait_http "$proxy/health"
-wait_http "http://127.0.0.1:$origin_port/epg.xml"
 if [[ "$mode" == --timeshift ]]; then
   # The recording starts with sluice, watched or not: let the window grow past the seek distance.
   sleep 16

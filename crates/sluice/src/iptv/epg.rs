@@ -94,8 +94,10 @@ struct Failure {
     error: EpgError,
 }
 
-/// Longest back-off after a failed first fetch (shorter when the refresh interval is).
-const FAILURE_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest back-off after a failed first fetch (shorter when the refresh interval is): one
+/// fetch per 10 s at most while the source is down, and a source that comes up a little after
+/// sluice (a guide container started beside it) is seen within seconds.
+const FAILURE_BACKOFF: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for Epg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -195,8 +197,8 @@ impl Epg {
         }
     }
 
-    /// How long a failed fetch with no guide to fall back on stands: a minute, or the refresh
-    /// interval if that is shorter.
+    /// How long a failed fetch with no guide to fall back on stands: [`FAILURE_BACKOFF`], or the
+    /// refresh interval if that is shorter.
     fn backoff(&self) -> Duration {
         self.refresh.min(FAILURE_BACKOFF)
     }
