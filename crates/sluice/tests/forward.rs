@@ -574,6 +574,35 @@ impl Sink {
     }
 }
 
+/// Reads one answer from a raw connection: its status and body as JSON (`Null` when the body
+/// is not JSON: the sink's 201 is empty), or `None` when the connection ends first.
+async fn read_answer(
+    conn: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Option<(u16, serde_json::Value)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                let status = head[9..12].parse().unwrap();
+                let body = serde_json::from_slice(&buf[end + 4..end + 4 + len])
+                    .unwrap_or(serde_json::Value::Null);
+                return Some((status, body));
+            }
+        }
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
 /// Sends a POST head declaring `declared` bytes and then `sent` of them on a raw connection, goes
 /// silent, and reads the answer (status and JSON body), or `None` when none comes within `wait`.
 async fn stalled_upload(
@@ -583,7 +612,7 @@ async fn stalled_upload(
     sent: usize,
     wait: std::time::Duration,
 ) -> (Option<(u16, serde_json::Value)>, tokio::net::TcpStream) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let path = format!("/proxy/forward?api_password=pw&d={}", enc(d));
     let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     let head = format!(
@@ -592,28 +621,7 @@ async fn stalled_upload(
     );
     conn.write_all(head.as_bytes()).await.unwrap();
     conn.write_all(&pattern(sent)).await.unwrap();
-    let mut buf = Vec::new();
-    let read = async {
-        let mut chunk = [0u8; 4096];
-        loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
-                if buf.len() >= end + 4 + len {
-                    let status = head[9..12].parse().unwrap();
-                    let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap();
-                    return Some((status, body));
-                }
-            }
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    };
+    let read = read_answer(&mut conn);
     let answer = tokio::time::timeout(wait, read).await.ok().flatten();
     (answer, conn)
 }
@@ -700,36 +708,12 @@ async fn stalled_uploads_end_as_408_booked_to_the_client() {
     assert_eq!(json["side"], "upstream", "{json}");
 }
 
-/// An origin on a raw socket: reads one request head, writes `response` and closes.
-async fn raw_origin(response: &'static [u8]) -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let _ = c.write_all(response).await;
-                let _ = c.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
 /// A field the upstream's `Connection` names is hop-by-hop (RFC 9110 7.6.1): before, only
 /// `Connection` itself was dropped and `X-Backend: 10.0.0.5` (the origin's internal address)
 /// reached the client.
 #[tokio::test]
 async fn fields_named_in_connection_stay_behind() {
-    let addr = raw_origin(
+    let addr = support::raw_origin(
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: X-Backend, close\r\n\
           X-Backend: 10.0.0.5\r\nX-Kept: yes\r\nKeep-Alive: timeout=5\r\n\r\nok",
     )
@@ -757,7 +741,7 @@ async fn trickled_upload(
     (step, every): (usize, std::time::Duration),
     wait: std::time::Duration,
 ) -> Option<(u16, serde_json::Value, std::time::Duration)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let path = format!("/proxy/forward?api_password=pw&d={}", enc(d));
     let conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     let (mut rx, mut tx) = conn.into_split();
@@ -782,28 +766,8 @@ async fn trickled_upload(
         drop(tx);
     });
     let read = async {
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
-                if buf.len() >= end + 4 + len {
-                    let status = head[9..12].parse().unwrap();
-                    // Sluice's errors are JSON; the sink's 201 is empty.
-                    let body = serde_json::from_slice(&buf[end + 4..end + 4 + len])
-                        .unwrap_or(serde_json::Value::Null);
-                    return Some((status, body, started.elapsed()));
-                }
-            }
-            match rx.read(&mut chunk).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
+        let (status, body) = read_answer(&mut rx).await?;
+        Some((status, body, started.elapsed()))
     };
     let answer = tokio::time::timeout(wait, read).await.ok().flatten();
     writer.abort();

@@ -396,35 +396,12 @@ async fn cors_for_browser_players() {
     );
 }
 
-/// An origin on a raw socket: reads one request head, writes `response` and closes.
-async fn raw_origin(response: &'static [u8]) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let _ = c.write_all(response).await;
-                let _ = c.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
 /// An origin that sends `Transfer-Encoding: chunked` and a `Content-Length` that disagrees with
 /// it: the chunked framing wins (RFC 9112 6.3), so the length is not the body's and must not be
 /// mirrored to the client, which would otherwise take 3 bytes of an 11-byte body (or a cut).
 #[tokio::test]
 async fn a_length_beside_chunked_is_not_mirrored() {
-    let addr = raw_origin(
+    let addr = support::raw_origin(
         b"HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nTransfer-Encoding: chunked\r\n\
           Content-Length: 3\r\n\r\n6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n",
     )

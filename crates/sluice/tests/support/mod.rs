@@ -349,3 +349,28 @@ pub async fn stall_while<T>(
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     (answer, took, ticker.await.unwrap())
 }
+
+/// An origin on a raw socket: reads one request head, writes `response` as it is and closes
+/// (for answers hyper's server would not write: conflicting framing, odd fields).
+pub async fn raw_origin(response: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = c.write_all(response).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    addr
+}
