@@ -291,7 +291,7 @@ impl<H: Handler> Server<H> {
         };
         tracing::info!(max_connections = max, "client connection limit");
         let acceptor = listener::Acceptor::new(max, self.handler.accept_metrics().clone()).per_ip(
-            listener::PerIp::new(
+            listener::client_share(
                 self.config.max_connections_per_ip,
                 self.config.per_ip_exempt.clone(),
             ),
@@ -1004,19 +1004,30 @@ impl<H: Handler> Conn<H> {
                 },
             )
         });
+        // An HTTP/1.1 upgrade hands the socket to the tunnel's task and hyper's connection ends
+        // at the switch; this task (the connection's slot and per-IP place, the drain's count)
+        // lasts until the socket closes (`task::Held`).
+        let (io, closed) = task::Held::new(io);
         // Pinned where it is built: `tokio::pin!` moves it into a second binding, and an
         // unoptimised build kept both 1.5 KiB copies in every idle HTTP/2 connection's state.
+        // In an `Option`, so it can be dropped (with the socket, unless it was handed over)
+        // before the wait for the socket to close.
         #[cfg(feature = "http2")]
-        let conn = std::pin::pin!(self
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service));
+        let mut conn = std::pin::pin!(Some(
+            self.builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+        ));
         #[cfg(not(feature = "http2"))]
-        let conn = std::pin::pin!(self
-            .builder
-            .serve_connection(TokioIo::new(io), service)
-            .with_upgrades());
+        let mut conn = std::pin::pin!(Some(
+            self.builder
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades()
+        ));
+        let Some(running) = conn.as_mut().as_pin_mut() else {
+            return;
+        };
         self.watch_over(
-            conn,
+            running,
             watch,
             peer,
             false,
@@ -1026,7 +1037,9 @@ impl<H: Handler> Conn<H> {
             // body is released (`stall`), the chunk stays until the connection ends.
             |_, _| 0,
         )
-        .await
+        .await;
+        conn.set(None);
+        closed.await;
     }
 
     /// Serves `io` with the HTTP/2 server of sluice's own (`http2`) until it ends; `prefaced`:

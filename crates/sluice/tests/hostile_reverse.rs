@@ -511,6 +511,176 @@ response_headers_add = {{ x-frame-options = "DENY" }}
     }
 }
 
+/// Opens a WebSocket tunnel through the proxy at `addr` and checks it carries bytes both ways.
+async fn open_tunnel(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut byte))
+            .await
+            .expect("the switch's head")
+            .unwrap();
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    echoes(&mut s).await;
+    s
+}
+
+/// The tunnel on `s` echoes what is written to it.
+async fn echoes(s: &mut tokio::net::TcpStream) {
+    s.write_all(b"ping").await.unwrap();
+    let mut got = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+        .await
+        .expect("the bytes echoed")
+        .unwrap();
+    assert_eq!(&got, b"ping");
+}
+
+/// A plain GET on a new connection: its status line's code, or `None` when the connection was
+/// closed without an answer.
+async fn plain_get(addr: std::net::SocketAddr) -> Option<u16> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = s
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .expect("the connection was neither answered nor closed")
+        .ok()?;
+    let text = String::from_utf8_lossy(&got);
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+/// Finding: an HTTP/1.1 connection upgraded to a WebSocket tunnel gave back its connection slot
+/// and its place in `max_connections_per_ip` at the switch (hyper's connection ends there, the
+/// tunnel runs on in a task of its own), so one address could hold any number of tunnels, two
+/// sockets each, while under its share. The connection's task now lasts as long as the tunnel's
+/// socket: with a share of 2, two open tunnels leave no room for a third connection from the
+/// address, and closing one makes room again.
+#[tokio::test]
+async fn an_open_tunnel_keeps_its_place_in_the_per_ip_share() {
+    let o = origin(|mut req: http::Request<hyper::body::Incoming>| async move {
+        if !req.headers().contains_key("upgrade") {
+            return http::Response::new(full("plain"));
+        }
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = hyper_util::rt::TokioIo::new(up);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = http::Response::new(full(bytes::Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        h.insert("upgrade", http::HeaderValue::from_static("websocket"));
+        h.insert("connection", http::HeaderValue::from_static("upgrade"));
+        h.insert("sec-websocket-accept", key.unwrap());
+        resp
+    })
+    .await;
+    let mut c = config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+
+[[routes]]
+path = "/"
+upstream = "app"
+idle_timeout_secs = 30
+"#
+    ));
+    c.server.max_connections_per_ip = 2;
+    c.server.per_ip_exempt = Vec::new();
+    let p = Proxy::start(c).await;
+    assert_eq!(plain_get(p.addr).await, Some(200));
+    let mut first = open_tunnel(p.addr).await;
+    let second = open_tunnel(p.addr).await;
+    // Both tunnels hold their places: a third connection is closed unanswered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        plain_get(p.addr).await,
+        None,
+        "a third connection was served while two tunnels held the share of 2"
+    );
+    echoes(&mut first).await;
+    // One tunnel closes: its place comes back.
+    drop(second);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match plain_get(p.addr).await {
+            Some(200) => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "no place came back after a tunnel closed: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    echoes(&mut first).await;
+}
+
+/// Finding: an upstream that answered a plain request `101 Switching Protocols` had that `101`
+/// passed on as the final answer (no such thing on HTTP/2 or HTTP/3, and a client that asked
+/// for no switch is left waiting). It is a broken answer: `502` `upstream_failed`, booked to the
+/// server that sent it.
+#[tokio::test]
+async fn an_unasked_switch_is_a_502_booked_to_the_upstream() {
+    let o = raw_origin(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        true,
+    )
+    .await;
+    let p = Proxy::start(route_to(o)).await;
+    // A POST (not the fast path's), over HTTP/1.1 and over HTTP/2 (h2c).
+    let r = send(
+        "POST",
+        &p.url("/"),
+        &[("host", "app.test")],
+        full("payload"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let body = String::from_utf8_lossy(r.body.as_ref().unwrap()).into_owned();
+    assert!(body.contains("upstream_failed"), "{body}");
+    let mut h2 = h2_client(p.addr).await;
+    let req = http::Request::post("http://app.test/")
+        .version(http::Version::HTTP_2)
+        .body(full("payload"))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), h2.send_request(req))
+        .await
+        .expect("an HTTP/2 answer")
+        .expect("an HTTP/2 answer, not a reset");
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let m = get(&p.url("/metrics"), &[]).await;
+    let m = String::from_utf8_lossy(m.body.as_ref().unwrap()).into_owned();
+    let booked =
+        format!("sluice_upstream_server_consecutive_failures{{group=\"app\",server=\"{o}\"}} 2");
+    assert!(m.lines().any(|l| l == booked), "{booked} not in {m}");
+}
+
 /// A `..` that only a server decoding `%2F` or `%5C` (Python's `http.server`), or reading `;` as
 /// the start of parameters (Tomcat, Jetty), would resolve is refused (400) before any upstream:
 /// under a rewrite it would leave the rewritten subtree (`/docs/..%2F..%2Fsecret` went up as

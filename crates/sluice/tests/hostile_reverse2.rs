@@ -415,6 +415,123 @@ idle_timeout_secs = 30
     assert!(server.is_ejected());
 }
 
+/// An origin with its own worker timeout (1 s here): it gives up on a POST whose body has not
+/// all come by then, closing without an answer; a GET gets `ok`.
+async fn impatient_origin() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    if buf.starts_with(b"POST") {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        return;
+                    }
+                    buf.drain(..end);
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A POST of 100000 bytes to `host` that trickles one byte every 300 ms (well inside the idle
+/// timeout): the status line of sluice's answer, or what came within 6 s.
+async fn trickled_upload(addr: std::net::SocketAddr, host: &str) -> String {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.into_split();
+    let head = format!("POST /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100000\r\n\r\na");
+    w.write_all(head.as_bytes()).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if w.write_all(b"a").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(6), async {
+        let mut chunk = [0u8; 1024];
+        while find(&out, b"\r\n").is_none() {
+            match r.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    trickle.abort();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.lines().next().unwrap_or("").to_string()
+}
+
+/// Finding: a server that gave up on an upload still coming from the client (its own worker
+/// timeout: closed or reset without an answer) was booked a failure, since only sluice's own
+/// header timeout looked at whether the body was waiting for the client. A few uploads
+/// trickled under the idle timeout per server ejected every one, for everyone. The failure of
+/// a server while the body waits for the client now ends the request (502) and books nothing.
+#[tokio::test]
+async fn a_server_giving_up_on_a_trickled_upload_is_not_ejected() {
+    let o = impatient_origin().await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+max_fails = 2
+fail_timeout_secs = 60
+
+[[routes]]
+host = "app.test"
+path = "/"
+upstream = "app"
+header_timeout_secs = 10
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    // Three at once, as an attacker would send them: more than `max_fails`.
+    let uploads: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(trickled_upload(p.addr, "app.test")))
+        .collect();
+    for u in uploads {
+        let status = u.await.unwrap();
+        assert!(status.starts_with("HTTP/1.1 502"), "{status:?}");
+    }
+    let groups = p.app.groups().current();
+    let server = &groups.get("app").unwrap().servers()[0];
+    assert_eq!(server.failures(), 0);
+    assert!(!server.is_ejected());
+    let r = get(&p.url("/after"), &[("host", "app.test")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.as_ref().unwrap().as_ref(), b"ok");
+    let m = metrics(&p).await;
+    let line = format!("sluice_upstream_server_ejections_total{{group=\"app\",server=\"{o}\"}} 0");
+    assert!(m.lines().any(|l| l == line), "{line} not in {m}");
+    assert!(
+        !m.lines()
+            .any(|l| l.starts_with("sluice_reverse_server_failures_total{") && !l.ends_with(" 0")),
+        "{m}"
+    );
+}
+
 /// An origin that counts requests and answers with the JSON echo report (`echo`).
 async fn counted_echo() -> (std::net::SocketAddr, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));

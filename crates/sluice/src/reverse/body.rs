@@ -211,10 +211,15 @@ impl BodySlot {
         if let Some(f) = ClientFault::of_code(s.fault.load(Ordering::Relaxed)) {
             return Some(f);
         }
-        let stalled = !self.bodiless
-            && s.ended_at.get().is_none()
-            && s.awaiting_client.load(Ordering::Relaxed);
-        (timed_out && stalled).then_some(ClientFault::Slow)
+        (timed_out && self.stalled()).then_some(ClientFault::Slow)
+    }
+
+    /// Whether the body has not ended and its last poll was waiting for the client's bytes (not
+    /// for the server to take them). A server that gives up on the request then (closes, resets)
+    /// may be giving up on a client too slow for its own timeout: not a failure to book on it.
+    pub fn stalled(&self) -> bool {
+        let s = &self.shared;
+        !self.bodiless && s.ended_at.get().is_none() && s.awaiting_client.load(Ordering::Relaxed)
     }
 
     /// When the whole body had been passed on to the server; `None` while it has not (or when

@@ -766,11 +766,27 @@ pub(super) async fn attempts(
                         }
                     }
                 };
+                // A `101` to a request that asked for no switch is a broken answer (the client
+                // waits for a final status; HTTP/2 and HTTP/3 have no `101`): the server's
+                // failure, booked to it as any other (`502` `upstream_failed` at the last try).
+                if !upgrade
+                    && matches!(&sent, Ok(r) if r.status() == StatusCode::SWITCHING_PROTOCOLS)
+                {
+                    return Err(AttemptFailure::Failed(FetchError::Broken {
+                        server: server.addr().to_string(),
+                        detail: "switching protocols (101) unasked".to_string(),
+                    }));
+                }
                 sent.map_err(|e| match body.client_fault(false) {
                     Some(ClientFault::TooLarge) => {
                         AttemptFailure::Final(FetchError::TooLarge { limit })
                     }
                     Some(fault) => AttemptFailure::Final(FetchError::Client(fault)),
+                    // The server closed or reset while the body still waited for the client's
+                    // bytes: it may have given up on an upload too slow for its own timeout, so
+                    // its error ends the request but is not booked on it (else a few trickled
+                    // uploads per server eject every one).
+                    None if body.stalled() => AttemptFailure::Final(classify(&e, group, &server)),
                     None => AttemptFailure::Failed(classify(&e, group, &server)),
                 })
             })
@@ -787,7 +803,9 @@ pub(super) async fn attempts(
 pub(super) enum AttemptFailure {
     /// The server failed; the loop may move on to the next one.
     Failed(FetchError),
-    /// The request itself is at fault (its body too large): no other server is tried.
+    /// The request itself is at fault (its body too large), or the failure is not to be booked
+    /// on the server (it gave up while the body waited for the client): no other server is
+    /// tried and nothing is booked.
     Final(FetchError),
 }
 
@@ -804,7 +822,9 @@ pub(super) enum AttemptFailure {
 /// Only failures the server caused count against it (passive health): an attempt that failed
 /// because the client's body did (aborted, malformed, too large, idle, or still awaited from the
 /// client when the header timeout ran out) ends the loop with [`FetchError::Client`] and books
-/// nothing, so no client can take a server out of service by failing its own uploads.
+/// nothing; so does a server's error while the body was still awaited from the client
+/// ([`BodySlot::stalled`]: the server may have timed the upload out), ending the loop with that
+/// error. No client can take a server out of service by failing or trickling its own uploads.
 pub(super) async fn attempt_loop<R, F, Fut>(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,

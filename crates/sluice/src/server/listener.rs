@@ -195,6 +195,14 @@ impl Drop for Slot {
     }
 }
 
+/// The HTTP listeners' per-IP share (`server.max_connections_per_ip`, `per_ip_exempt`), for
+/// TCP and QUIC connections alike: an IPv6 client is counted by its /64, as a `[[tcp]]`
+/// listener and the media request share count it, since one host is commonly given a whole /64
+/// and, counted address by address, would hold a share per address.
+pub fn client_share(max: usize, exempt: Vec<ipnet::IpNet>) -> Arc<PerIp> {
+    PerIp::by_network(max, exempt)
+}
+
 impl Acceptor {
     /// An acceptor that keeps at most `max` connections open (at least 1).
     pub fn new(max: usize, metrics: AcceptMetrics) -> Self {
@@ -320,6 +328,31 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The share the server builds (`client_share`) counts an IPv6 client by its /64: a second
+    /// address of the same /64 finds the one place taken, another /64 does not; an IPv4-mapped
+    /// address is its IPv4 one.
+    #[test]
+    fn the_http_share_counts_an_ipv6_client_by_its_64() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let acceptor =
+            Acceptor::new(16, AcceptMetrics::default()).per_ip(client_share(1, Vec::new()));
+        let held = acceptor.try_slot(ip("2001:db8:0:1::1")).unwrap();
+        assert_eq!(
+            acceptor.try_slot(ip("2001:db8:0:1:ffff::9")).unwrap_err(),
+            Full::PerIp,
+            "a second address of the /64 had a share of its own"
+        );
+        let other = acceptor.try_slot(ip("2001:db8:0:2::1")).unwrap();
+        let v4 = acceptor.try_slot(ip("192.0.2.1")).unwrap();
+        assert_eq!(
+            acceptor.try_slot(ip("::ffff:192.0.2.1")).unwrap_err(),
+            Full::PerIp
+        );
+        drop(held);
+        assert!(acceptor.try_slot(ip("2001:db8:0:1::77")).is_ok());
+        drop((other, v4));
+    }
 
     #[test]
     fn derived_limit_leaves_a_reserve_and_counts_two_fds_per_client() {

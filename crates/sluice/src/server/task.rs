@@ -1,13 +1,16 @@
 //! A client connection's task, written out by hand so an idle keep-alive connection on the
 //! HTTP/1.1 fast path holds only its wait for the next request: the socket, a few instants and
 //! its place on the runtime's clock. Everything else (a request being served, TLS, hyper's
-//! connection) is one box, allocated while it works.
+//! connection) is one box, allocated while it works. A socket hyper upgraded to a tunnel keeps
+//! its connection's task, and so its slot, until it closes ([`Held`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::listener::Slot;
 use super::{Conn, Handler};
@@ -175,5 +178,104 @@ impl<H: Handler> Future for Connection<H> {
                 State::Done => return Poll::Ready(()),
             }
         }
+    }
+}
+
+/// Whether a connection's socket is open still; [`Held`] says when it closes.
+#[derive(Default)]
+struct Open {
+    closed: std::sync::atomic::AtomicBool,
+    waker: futures_util::task::AtomicWaker,
+}
+
+/// A connection's socket as hyper is given it. An HTTP/1.1 upgrade hands the socket over to the
+/// tunnel's own task and hyper's connection ends; the connection's task then waits for
+/// [`Closed`] before it ends, so its slot (`server.max_connections`, the client's place in
+/// `max_connections_per_ip`) and its place in the drain's count are held for as long as the
+/// tunnel keeps the socket open, not given back at the switch.
+pub(super) struct Held<I> {
+    io: I,
+    open: Arc<Open>,
+}
+
+/// Resolves once the [`Held`] socket it came with is dropped.
+pub(super) struct Closed(Arc<Open>);
+
+impl<I> Held<I> {
+    pub(super) fn new(io: I) -> (Held<I>, Closed) {
+        let open = Arc::new(Open::default());
+        (
+            Held {
+                io,
+                open: open.clone(),
+            },
+            Closed(open),
+        )
+    }
+}
+
+impl<I> Drop for Held<I> {
+    fn drop(&mut self) {
+        self.open
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.open.waker.wake();
+    }
+}
+
+impl Future for Closed {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        use std::sync::atomic::Ordering;
+        if self.0.closed.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        self.0.waker.register(cx.waker());
+        // Closed between the look and the registration: its wake may have found no waker.
+        if self.0.closed.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Held<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Held<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

@@ -274,24 +274,31 @@ impl Group {
     /// usable. `key` is the hash input when the group balances by hash (without one, round robin).
     ///
     /// A server whose ejection has just expired is let back for one trial: it goes first in exactly
-    /// one plan, and its outcome decides whether it stays.
+    /// one plan, and its outcome decides whether it stays. A plan dropped before the trial's
+    /// verdict (the request cancelled, failed on its client's side, or never sent to it) gives
+    /// the trial back: the next plan takes it, rather than the server waiting out another period.
     ///
     /// The plan is the servers' indexes, held inline for up to `INLINE` servers: a request's plan
     /// allocates nothing in a group of that size.
     pub fn plan(&self, key: Option<&[u8]>) -> Plan<'_> {
         // Read once, and only when some server is ejected.
         let mut now = None;
-        let mut trial = None;
+        let mut trial: Option<Trial> = None;
         let mut usable = Marks::new(self.servers.len());
         for (i, s) in self.servers.iter().enumerate() {
             match s.admit(&mut now) {
                 Admit::Yes => usable.set(i),
-                Admit::Trial if trial.is_none() => {
+                Admit::Trial { was, next } if trial.is_none() => {
                     usable.set(i);
-                    trial = Some(i);
+                    s.trial.store(next, Ordering::Relaxed);
+                    trial = Some(Trial {
+                        index: i,
+                        was,
+                        next,
+                    });
                 }
                 // A second expired server waits for the next plan.
-                Admit::Trial => s
+                Admit::Trial { .. } => s
                     .ejected_until
                     .store(now.unwrap_or_else(clock_ms).max(1), Ordering::Relaxed),
                 Admit::No => {}
@@ -310,15 +317,16 @@ impl Group {
                 self.next.fetch_add(1, Ordering::Relaxed),
             );
         }
-        if let Some(t) = trial {
+        if let Some(t) = &trial {
             let order = order.as_mut_slice();
-            if let Some(pos) = order.iter().position(|&i| i == t) {
+            if let Some(pos) = order.iter().position(|&i| i == t.index) {
                 order[..=pos].rotate_right(1);
             }
         }
         Plan {
             servers: &self.servers,
             order,
+            trial,
         }
     }
 
@@ -391,6 +399,26 @@ const INLINE: usize = 8;
 pub struct Plan<'a> {
     servers: &'a [Arc<Server>],
     order: Order,
+    /// The recovery trial this plan took, given back on drop if no verdict came.
+    trial: Option<Trial>,
+}
+
+/// A server's one recovery trial, taken by a plan: it moved the server's `ejected_until` from
+/// `was` (expired) to `next`.
+struct Trial {
+    index: usize,
+    was: u64,
+    next: u64,
+}
+
+impl Drop for Plan<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = &self.trial {
+            if let Some(server) = self.servers.get(t.index) {
+                server.give_back_trial(t.was, t.next);
+            }
+        }
+    }
 }
 
 impl<'a> Plan<'a> {
@@ -537,8 +565,12 @@ fn clock_ms() -> u64 {
 enum Admit {
     Yes,
     No,
-    /// Ejection expired: this caller may give the server one trial.
-    Trial,
+    /// Ejection expired: this caller may give the server one trial; it moved the deadline from
+    /// `was` to `next`.
+    Trial {
+        was: u64,
+        next: u64,
+    },
 }
 
 /// One server of a group and its live state.
@@ -553,6 +585,8 @@ pub struct Server {
     failures: AtomicU32,
     /// `clock_ms` until which the server is ejected; 0 = not ejected.
     ejected_until: AtomicU64,
+    /// The `ejected_until` the outstanding trial set; 0 = no trial out, or its verdict came.
+    trial: AtomicU64,
     ejections: AtomicU64,
     in_flight: AtomicUsize,
 }
@@ -568,6 +602,7 @@ impl Server {
             healthy: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
+            trial: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
         }
@@ -636,8 +671,25 @@ impl Server {
             .ejected_until
             .compare_exchange(until, next, Ordering::Relaxed, Ordering::Relaxed)
         {
-            Ok(_) => Admit::Trial,
+            Ok(_) => Admit::Trial { was: until, next },
             Err(_) => Admit::No,
+        }
+    }
+
+    /// The plan holding this server's trial ended: with no verdict reported since (the trial
+    /// still `next`), the deadline goes back to `was`, already past, so the next plan takes the
+    /// trial at once. A verdict, a health change or a newer trial leaves everything as it is.
+    fn give_back_trial(&self, was: u64, next: u64) {
+        if self
+            .trial
+            .compare_exchange(next, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+            && self
+                .ejected_until
+                .compare_exchange(next, was, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::debug!(server = %self.addr, "recovery trial ended without a verdict: given back");
         }
     }
 
@@ -678,6 +730,7 @@ impl Server {
 
     /// An attempt on this server succeeded.
     pub fn report_success(&self) {
+        self.trial.store(0, Ordering::Relaxed);
         self.failures.store(0, Ordering::Relaxed);
         self.ejected_until.store(0, Ordering::Relaxed);
     }
@@ -685,6 +738,8 @@ impl Server {
     /// An attempt on this server failed (refused, timed out, reset before a response). After
     /// `max_fails` in a row the server is ejected for `fail_timeout_secs`.
     pub fn report_failure(&self) {
+        // A verdict: a trial out is decided, not to be given back.
+        self.trial.store(0, Ordering::Relaxed);
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if self.max_fails == 0 || n < self.max_fails {
             return;

@@ -132,6 +132,62 @@ fn passive_ejection_then_one_trial() {
     assert_eq!(g.plan(None).len(), 2);
 }
 
+/// Finding: a plan that took an ejected server's one recovery trial moved its deadline a full
+/// `fail_timeout` on; when the request ended with no verdict (cancelled, its client's body
+/// failed, never sent), nothing was reported and the server stayed out another period, so a
+/// client could keep it out by abandoning requests. The trial now goes back when the plan ends
+/// without a verdict; a verdict reported before the plan ends stands.
+#[test]
+fn a_trial_ended_without_a_verdict_is_given_back() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1"]"#,
+    );
+    let a = Arc::clone(&g.servers()[0]);
+    let addrs = |plan: Plan<'_>| {
+        plan.iter()
+            .map(|s| s.addr().to_string())
+            .collect::<Vec<_>>()
+    };
+    // The fail timeout has run out (as if 60 s had passed since the ejection).
+    let expire = || a.ejected_until.store(1, Ordering::Relaxed);
+    a.report_failure();
+    assert!(a.is_ejected());
+    expire();
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    // While the trial is out, no other plan has the server.
+    assert_eq!(addrs(g.plan(None)), ["b:1"]);
+    drop(trial);
+    // Dropped without a verdict: the very next plan has the trial, and only that one.
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    assert_eq!(addrs(g.plan(None)), ["b:1"]);
+    // Taken through the by-value iterator (as the TCP listener does) and dropped: back again.
+    drop(trial);
+    let mut iter = g.plan(None).into_iter();
+    assert_eq!(iter.next().unwrap().addr(), "a:1");
+    drop(iter);
+    // A failed trial stands when its plan ends: out for the full period, no new ejection.
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    a.report_failure();
+    drop(trial);
+    assert!(a.is_ejected());
+    assert_eq!(addrs(g.plan(None)), ["b:1"]);
+    assert_eq!(a.ejections(), 1);
+    // So does a successful one: back in service.
+    expire();
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    a.report_success();
+    drop(trial);
+    assert!(a.is_usable());
+    assert_eq!(g.plan(None).len(), 2);
+}
+
 #[test]
 fn rebuild_keeps_state_of_unchanged_servers() {
     let configs: Vec<GroupConfig> = vec![toml::from_str(
