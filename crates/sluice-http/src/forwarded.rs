@@ -295,6 +295,91 @@ pub fn apply(headers: &mut HeaderMap, hop: &Hop<'_>) {
     }
 }
 
+/// What the fields [`apply`] sends up tell an origin of the client's scheme and host beyond this
+/// hop's own (`hop.proto`, `hop.host`), as text for a cache key; `None` when they tell nothing
+/// more. Only a trusted peer's fields pass (any other peer's are replaced by the hop's own), and
+/// an origin builds redirects and absolute URLs from them (`force_ssl`'s `301`, a page linking
+/// to `X-Forwarded-Host`): keyed on route, host and target alone, an answer made for one scheme
+/// or host was stored and served for the others. The text holds the `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` values `apply` keeps (the host in lower case, as the key's own), the
+/// `proto` and `host` parameters of the `Forwarded` chain it extends, and the other proxies'
+/// fields ([`PROXY_FIELDS`], but for `X-Forwarded-Server`) that pass; each value prefixed by its length, so no value can reach
+/// into another. [`claimed_text`] writes the first two.
+pub fn claimed_scope(headers: &HeaderMap, hop: &Hop<'_>) -> Option<String> {
+    if !hop.trusted {
+        return None;
+    }
+    // As `apply` reads them: the first line, when it is text.
+    let value = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let proto = value(&XFP).unwrap_or(hop.proto);
+    let host = value(&XFH).or(hop.host);
+    let mut rest = String::new();
+    if hop.forwarded {
+        for line in headers.get_all(&FORWARDED) {
+            let Ok(line) = line.to_str() else { continue };
+            for pair in line.split([',', ';']) {
+                let Some((name, v)) = pair.split_once('=') else {
+                    continue;
+                };
+                let name = name.trim().to_ascii_lowercase();
+                if name == "proto" || name == "host" {
+                    push_field(&mut rest, name.as_bytes());
+                    push_field(&mut rest, v.trim().as_bytes());
+                }
+            }
+        }
+    }
+    // `X-Forwarded-Server` names the balancer instance (Traefik sends its host name), not the
+    // client's scheme or host: keyed on, every replica of a front end would split the cache.
+    for name in PROXY_FIELDS
+        .into_iter()
+        .filter(|n| n != "x-forwarded-server")
+    {
+        for v in headers.get_all(&name) {
+            push_field(&mut rest, name.as_str().as_bytes());
+            push_field(&mut rest, v.as_bytes());
+        }
+    }
+    let same_host = match (host, hop.host) {
+        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    if proto == hop.proto && same_host && rest.is_empty() {
+        return None;
+    }
+    let mut text = claimed_text(proto, host);
+    text.push_str(&rest);
+    Some(text)
+}
+
+/// The start of a [`claimed_scope`]: `proto` and `host` (lower case; `-` when there is none),
+/// each prefixed by its length. A cache that drops what was stored for a target writes the
+/// scopes a trusted peer usually makes (the other scheme, the same host) with it.
+pub fn claimed_text(proto: &str, host: Option<&str>) -> String {
+    let mut text = String::new();
+    push_field(&mut text, proto.as_bytes());
+    match host {
+        Some(h) => push_field(&mut text, h.to_ascii_lowercase().as_bytes()),
+        None => text.push('-'),
+    }
+    text
+}
+
+/// Appends `<length>:<bytes>` to a key's text, any byte that is not visible ASCII (or is `%`)
+/// written `%XX`: a field value need not be text, and two values never make the same text.
+fn push_field(out: &mut String, bytes: &[u8]) {
+    use std::fmt::Write;
+    let mut field = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if (b.is_ascii_graphic() && b != b'%') || b == b' ' {
+            field.push(char::from(b));
+        } else {
+            let _ = write!(field, "%{b:02X}");
+        }
+    }
+    let _ = write!(out, "{}:{field}", field.len());
+}
+
 /// An address's text, written into a buffer on the stack: `Display` for `IpAddr` goes through the
 /// formatting machinery and a `String` (most of this module's cost per request when it did). IPv4
 /// is written by hand; IPv6, rarer, still through `Display`, into the same buffer.
@@ -673,6 +758,81 @@ mod tests {
         )
         .is_none());
         assert!(Fresh::new(&hp, Some(FreshHost::Authority(authority))).is_some());
+    }
+
+    /// A cache keys on what a trusted peer tells the origin of the scheme and host beyond this
+    /// hop's own: a balancer's `X-Forwarded-Proto: http` for its plain clients and `https` for
+    /// the others made two answers (a `force_ssl` redirect for one), stored under one key.
+    #[test]
+    fn a_trusted_peers_scheme_and_host_make_a_scope() {
+        let plain = Hop {
+            forwarded: false,
+            ..hop(true)
+        };
+        let scope = |pairs: &[(&str, &str)], hop: &Hop<'_>| claimed_scope(&with(pairs), hop);
+        // Nothing beyond the hop's own: no scope, the key stays as it was.
+        assert_eq!(scope(&[], &plain), None);
+        assert_eq!(scope(&[("x-forwarded-proto", "http")], &plain), None);
+        assert_eq!(scope(&[("x-forwarded-host", "Example.COM")], &plain), None);
+        // A client's own fields are replaced, whatever they say.
+        let untrusted = Hop {
+            trusted: false,
+            ..plain.clone()
+        };
+        let forged = [
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil"),
+            ("x-forwarded-port", "443"),
+        ];
+        assert_eq!(scope(&forged, &untrusted), None);
+        // Another scheme, another host, or both: three scopes, none the plain key.
+        let https = scope(&[("x-forwarded-proto", "https")], &plain).unwrap();
+        assert_eq!(https, "5:https11:example.com");
+        assert_eq!(https, claimed_text("https", Some("example.com")));
+        let other = scope(&[("x-forwarded-host", "Other.test")], &plain).unwrap();
+        assert_eq!(other, "4:http10:other.test");
+        let both = scope(
+            &[
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-host", "other.test"),
+            ],
+            &plain,
+        )
+        .unwrap();
+        assert!(https != other && other != both && both != https);
+        // The other proxies' fields that pass, and a `Forwarded` chain's scheme and host when
+        // it is extended (not its `for`, which would split the cache per client).
+        assert_eq!(scope(&[("x-forwarded-server", "traefik-7")], &plain), None);
+        let port = scope(&[("x-forwarded-port", "443")], &plain).unwrap();
+        assert_eq!(port, "4:http11:example.com16:x-forwarded-port3:443");
+        let chain = |v: &'static str| scope(&[("forwarded", v)], &hop(true));
+        assert_eq!(chain("for=1.2.3.4"), None);
+        assert_eq!(chain("for=1.2.3.4"), chain("for=5.6.7.8"));
+        assert_ne!(
+            chain("for=1.2.3.4;proto=https"),
+            chain("for=1.2.3.4;proto=http")
+        );
+        assert_eq!(
+            chain("for=1.2.3.4;Proto=https").unwrap(),
+            "4:http11:example.com5:proto5:https"
+        );
+        // No host at all is not an empty one; a value's bytes cannot reach into the next.
+        let hostless = Hop {
+            host: None,
+            ..plain.clone()
+        };
+        assert_eq!(scope(&[], &hostless), None);
+        assert_ne!(
+            scope(&[("x-forwarded-host", "")], &hostless),
+            scope(&[("x-forwarded-proto", "https")], &hostless)
+        );
+        assert_ne!(
+            scope(&[("x-forwarded-host", "a4:b")], &plain),
+            scope(
+                &[("x-forwarded-host", "a"), ("x-forwarded-port", "b")],
+                &plain
+            )
+        );
     }
 
     #[test]

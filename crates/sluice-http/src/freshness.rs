@@ -395,7 +395,7 @@ pub fn variant_key(names: &[HeaderName], req_headers: &HeaderMap) -> String {
         key.push_str(name.as_str());
         key.push(':');
         if LIST_FIELDS.contains(&name.as_str()) {
-            let mut first = true;
+            let (mut first, start) = (true, key.len());
             for value in req_headers.get_all(name) {
                 for item in value.as_bytes().split(|&b| b == b',') {
                     if !first {
@@ -404,6 +404,14 @@ pub fn variant_key(names: &[HeaderName], req_headers: &HeaderMap) -> String {
                     first = false;
                     push_escaped(&mut key, item.trim_ascii());
                 }
+            }
+            // A field sent empty is not a field not sent: `Accept-Encoding:` asks for identity
+            // only, none at all takes any coding (RFC 9110 §12.5.3), and both wrote nothing here,
+            // so a gzip variant went to a client that asked for identity. The empty one gets a
+            // `\r` (which no escaped item holds); the absent one's key is as it was (objects
+            // stored before still match).
+            if !first && key.len() == start {
+                key.push('\r');
             }
         } else {
             // Each line ends with `\r`, which no field value holds: lines cannot run into each

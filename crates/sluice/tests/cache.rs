@@ -57,6 +57,13 @@ struct Obj {
     fixed_etag: Option<&'static str>,
     /// No `Content-Length`: the body is sent chunked, its length unknown until it ends.
     chunked: bool,
+    /// Answer 403 to a request with this `User-Agent` (a WAF refusing a scanner).
+    refuse_agent: Option<&'static str>,
+    /// The bytes depend on the request's `Cookie` or `Authorization` (`user_version`), with the
+    /// same length, `ETag` and fields for everyone: a page personalised without saying so.
+    by_user: bool,
+    /// Answer any `If-None-Match` with a 304 naming the current `ETag`.
+    any_304: bool,
 }
 
 impl Obj {
@@ -76,6 +83,9 @@ impl Obj {
             pace: None,
             fixed_etag: None,
             chunked: false,
+            refuse_agent: None,
+            by_user: false,
+            any_304: false,
         }
     }
 
@@ -102,6 +112,11 @@ fn encoding_version(ae: Option<&str>) -> u8 {
         Some("br") => 20,
         _ => 30,
     }
+}
+
+/// The version of a `by_user` object's bytes for a request with this `Cookie` or `Authorization`.
+fn user_version(who: &str) -> u8 {
+    100 + (who.bytes().map(u32::from).sum::<u32>() % 100) as u8
 }
 
 fn bytes_of(version: u8, start: u64, end_incl: u64) -> Vec<u8> {
@@ -166,6 +181,10 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
     let Some(obj) = obj else {
         return Response::builder().status(404).body(empty()).unwrap();
     };
+    if obj.refuse_agent.is_some() && seen.get("user-agent").map(String::as_str) == obj.refuse_agent
+    {
+        return Response::builder().status(403).body(empty()).unwrap();
+    }
     tokio::time::sleep(obj.delay).await;
     if obj.fail {
         return Response::builder().status(500).body(empty()).unwrap();
@@ -174,7 +193,9 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
     for (k, v) in &obj.headers {
         b = b.header(*k, v.as_str());
     }
-    if seen.get("if-none-match") == Some(&obj.etag()) {
+    if seen.get("if-none-match") == Some(&obj.etag())
+        || (obj.any_304 && seen.contains_key("if-none-match"))
+    {
         return b.status(304).body(empty()).unwrap();
     }
     let range = seen
@@ -202,8 +223,11 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
     if !obj.chunked {
         b = b.header("content-length", len.to_string());
     }
+    let who = seen.get("cookie").or(seen.get("authorization"));
     let version = if obj.by_encoding {
         encoding_version(seen.get("accept-encoding").map(String::as_str))
+    } else if let Some(who) = who.filter(|_| obj.by_user) {
+        user_version(who)
     } else {
         obj.version
     };
@@ -351,6 +375,16 @@ fn config(slice: u64) -> CacheConfig {
 }
 
 async fn start_front(cfg: CacheConfig, origin: SocketAddr) -> Front {
+    let policy = cfg.policy().freshness();
+    start_front_with(cfg, origin, policy).await
+}
+
+/// [`start_front`] with a policy of the test's own (a reverse route's, say).
+async fn start_front_with(
+    cfg: CacheConfig,
+    origin: SocketAddr,
+    policy: sluice_http::freshness::FreshnessPolicy,
+) -> Front {
     let mut registry = Registry::with_prefix("sluice");
     let cache = Cache::new(&cfg, None, &mut registry).unwrap();
     let origin: Arc<dyn Origin> = Arc::new(TestOrigin {
@@ -360,7 +394,6 @@ async fn start_front(cfg: CacheConfig, origin: SocketAddr) -> Front {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let c = cache.clone();
-    let policy = cfg.policy().freshness();
     tokio::spawn(serve_loop(
         listener,
         move |req: Request<Incoming>, peer: SocketAddr| {
@@ -2264,4 +2297,193 @@ async fn only_if_cached_and_methods() {
     assert_eq!(origin.count("/o"), 0);
     let r = request("POST", &front.url("/o"), &[]).await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+// === missing slices: fetched for the shared object, not for the client that needed them ===
+
+/// Finding: a missing slice was fetched with the asking client's fields, and any answer but a
+/// 200 or 206 dropped the object, memory and disk, for everyone: a `Range` past what is stored
+/// with a `User-Agent` the origin's WAF refuses dropped any large object. The refusal now fails
+/// that client's fill alone.
+#[tokio::test]
+async fn a_refused_slice_fetch_leaves_the_object_for_everyone() {
+    let (origin, oaddr) = start_origin().await;
+    let slice = 64 * KIB;
+    let len = 4 * slice;
+    origin.set(
+        "/waf",
+        Obj {
+            refuse_agent: Some("sqlmap"),
+            ..Obj::new(len, "max-age=60")
+        },
+    );
+    let front = start_front(config(slice), oaddr).await;
+    let r = request("GET", &front.url("/waf"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
+    let before = origin.count("/waf");
+    let far = format!("bytes={}-", 3 * slice);
+    let attack = request(
+        "GET",
+        &front.url("/waf"),
+        &[("range", far.as_str()), ("user-agent", "sqlmap")],
+    )
+    .await;
+    // The refused client gets none of the slice it was refused.
+    assert!(
+        attack.body.as_ref().map_or(true, |b| b.is_empty()),
+        "{:?}",
+        attack.body
+    );
+    let refused = origin.count("/waf") - before;
+    assert!((1..=3).contains(&refused), "{refused} refused fetches");
+    let r = request("GET", &front.url("/waf"), &[("range", "bytes=0-9")]).await;
+    assert!(
+        status_of(&r).starts_with("sluice; hit"),
+        "{}",
+        status_of(&r)
+    );
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
+    assert_eq!(
+        origin.count("/waf"),
+        before + refused,
+        "the object was fetched again"
+    );
+}
+
+/// Finding: a missing slice was fetched with the asking client's `Cookie`, on a route that does
+/// not cache cookie requests, and stored for everyone: the next client got the first one's
+/// personalised bytes under the same length and `ETag`. The slice is now asked for without it.
+#[tokio::test]
+async fn a_slice_fetched_for_a_cookie_is_not_served_to_the_next_client() {
+    let (origin, oaddr) = start_origin().await;
+    let slice = 64 * KIB;
+    let len = 4 * slice;
+    origin.set(
+        "/per",
+        Obj {
+            by_user: true,
+            ..Obj::new(len, "max-age=60")
+        },
+    );
+    let cfg = config(slice);
+    let mut policy = cfg.policy().freshness();
+    policy.store_cookie_requests = false;
+    let front = start_front_with(cfg, oaddr, policy).await;
+    let r = request("GET", &front.url("/per"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
+    let far = format!("bytes={}-", 3 * slice);
+    let alice = request(
+        "GET",
+        &front.url("/per"),
+        &[("range", far.as_str()), ("cookie", "sid=alice")],
+    )
+    .await;
+    assert_eq!(alice.status, StatusCode::PARTIAL_CONTENT);
+    let bob = request("GET", &front.url("/per"), &[("range", far.as_str())]).await;
+    assert_eq!(
+        sha256(&body(&bob)),
+        sha256(&bytes_of(1, 3 * slice, len - 1)),
+        "another client's bytes"
+    );
+    // The slice was fetched once, for the object, and is shared from then on.
+    assert!(
+        status_of(&bob).starts_with("sluice; hit"),
+        "{}",
+        status_of(&bob)
+    );
+    let reqs = origin.requests_for("/per");
+    assert_eq!(reqs.len(), 2);
+    assert!(
+        !reqs[1].contains_key("cookie"),
+        "the slice was asked for with the cookie: {:?}",
+        reqs[1]
+    );
+}
+
+/// A missing slice asked for with the client's `Authorization` (kept: the origin may check it
+/// on each use) is answered for those credentials; the answer is not marked shared, so it is
+/// neither stored nor given to anyone else: the client that asked gets it (a single range, and
+/// a multipart one), the next client a fetch of its own.
+#[tokio::test]
+async fn a_slice_answered_for_credentials_goes_to_that_client_alone() {
+    let (origin, oaddr) = start_origin().await;
+    let slice = 64 * KIB;
+    let len = 4 * slice;
+    origin.set(
+        "/auth",
+        Obj {
+            by_user: true,
+            ..Obj::new(len, "max-age=60")
+        },
+    );
+    let front = start_front(config(slice), oaddr).await;
+    let r = request("GET", &front.url("/auth"), &[("range", "bytes=0-9")]).await;
+    assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
+    let far = format!("bytes={}-", 3 * slice);
+    let alice = request(
+        "GET",
+        &front.url("/auth"),
+        &[("range", far.as_str()), ("authorization", "Bearer alice")],
+    )
+    .await;
+    assert_eq!(alice.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(
+        sha256(&body(&alice)),
+        sha256(&bytes_of(user_version("Bearer alice"), 3 * slice, len - 1))
+    );
+    // Two ranges: the body is written by a producer task, slice 2 from carol's own answer.
+    let two = format!("bytes=0-9,{}-{}", 2 * slice, 2 * slice + 99);
+    let carol = request(
+        "GET",
+        &front.url("/auth"),
+        &[("range", two.as_str()), ("authorization", "Bearer carol")],
+    )
+    .await;
+    assert_eq!(carol.status, StatusCode::PARTIAL_CONTENT);
+    let want = bytes_of(user_version("Bearer carol"), 2 * slice, 2 * slice + 99);
+    assert!(
+        body(&carol)
+            .windows(want.len())
+            .any(|w| w == want.as_slice()),
+        "carol's own bytes of slice 2"
+    );
+    let asked = origin.count("/auth");
+    let bob = request("GET", &front.url("/auth"), &[]).await;
+    assert_eq!(
+        sha256(&body(&bob)),
+        sha256(&bytes_of(1, 0, len - 1)),
+        "another client's bytes"
+    );
+    assert_eq!(origin.count("/auth"), asked + 3, "slices 1 to 3 fetched");
+}
+
+/// Finding: a 304 was merged into the stored object whatever `ETag` it named, so a 304 for
+/// another version (an origin comparing loosely) put the new version's tag on the old bytes.
+/// Such a 304 does not update the object (RFC 9111 §4.3.4): the request is a miss.
+#[tokio::test]
+async fn a_304_naming_another_etag_does_not_refresh_the_stored_bytes() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/e304",
+        Obj {
+            any_304: true,
+            ..Obj::new(1000, "max-age=0")
+        },
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let r = request("GET", &front.url("/e304"), &[]).await;
+    assert_eq!(sha256(&body(&r)), sha256(&bytes_of(1, 0, 999)));
+    origin.update("/e304", |o| o.version = 2);
+    let r = request("GET", &front.url("/e304"), &[]).await;
+    assert_eq!(r.headers["etag"], "\"v2\"");
+    assert_eq!(
+        sha256(&body(&r)),
+        sha256(&bytes_of(2, 0, 999)),
+        "the old bytes under the new tag"
+    );
+    // The revalidation's 304, then a plain fetch of the new version.
+    let reqs = origin.requests_for("/e304");
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(reqs[1]["if-none-match"], "\"v1\"");
+    assert!(!reqs[2].contains_key("if-none-match"));
 }

@@ -147,6 +147,22 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
             .body(Full::new(Bytes::from(format!("for {xff}"))))
             .unwrap();
     }
+    if path == "/claimed" {
+        // Builds its answer from the scheme and host a front proxy reports, as a `force_ssl`
+        // origin or a page of absolute links does; cacheable for everyone, no `Vary`.
+        let field = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string()
+        };
+        let (proto, host) = (field("x-forwarded-proto"), field("x-forwarded-host"));
+        return Response::builder()
+            .header("cache-control", "public, max-age=3600")
+            .body(Full::new(Bytes::from(format!("{proto}://{host}/"))))
+            .unwrap();
+    }
     if path == "/vary-odd" {
         // Varies on `Cookie` and on a name with a byte past ASCII: the body names the cookie.
         let cookie = req
@@ -251,6 +267,11 @@ fn answer(req: Request<Incoming>, seen: &Mutex<Vec<Hit>>) -> Response<Full<Bytes
 }
 
 fn cached_config(origin: SocketAddr) -> sluice::config::Config {
+    cached_config_with(origin, "")
+}
+
+/// [`cached_config`] with `extra` sections after it.
+fn cached_config_with(origin: SocketAddr, extra: &str) -> sluice::config::Config {
     let text = format!(
         r#"
 [[upstreams]]
@@ -276,6 +297,7 @@ cache = true
 memory_bytes = "64MiB"
 slice_bytes = "1MiB"
 purge_key = "{PURGE_KEY}"
+{extra}
 "#,
         origin
     );
@@ -1225,4 +1247,63 @@ async fn an_unreadable_vary_is_not_served_to_another_user() {
         cache_status(&bob)
     );
     assert_eq!(origin.count("GET", "/vary-odd"), 2);
+}
+
+/// Finding: from a trusted proxy (a balancer on :80 and :443 that says `X-Forwarded-Proto: http`
+/// for its plain clients), the scheme and host it reports reach the origin, which builds its
+/// answer from them (a `force_ssl` redirect, absolute links), but the cache key held route,
+/// `Host` and target alone: the answer made for `http` was served to `https` clients (a redirect
+/// loop), one made for one `X-Forwarded-Host` to another. Each claim is its own variant now.
+#[tokio::test]
+async fn a_trusted_proxys_scheme_and_host_are_part_of_the_key() {
+    let origin = CountingOrigin::start().await;
+    let trusted = "[auth]\ntrusted_proxies = [\"127.0.0.1/32\"]";
+    let s = Sluice::start(cached_config_with(origin.addr, trusted)).await;
+    let url = s.url("/claimed");
+    let get = |headers: &'static [(&'static str, &'static str)]| {
+        let url = url.clone();
+        async move {
+            let r = request("GET", &url, headers).await;
+            assert_eq!(r.status, StatusCode::OK);
+            sha256(r.body.as_ref().unwrap())
+        }
+    };
+    let plain = get(&[
+        ("x-forwarded-proto", "http"),
+        ("x-forwarded-host", "shop.test"),
+    ])
+    .await;
+    assert_eq!(plain, sha256(b"http://shop.test/"));
+    // The same claims again: a hit.
+    let again = get(&[
+        ("x-forwarded-proto", "http"),
+        ("x-forwarded-host", "shop.test"),
+    ])
+    .await;
+    assert_eq!(again, plain);
+    assert_eq!(origin.count("GET", "/claimed"), 1);
+    // The other scheme: its own fetch and answer, not the `http` one.
+    let https = get(&[
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "shop.test"),
+    ])
+    .await;
+    assert_eq!(https, sha256(b"https://shop.test/"));
+    assert_eq!(origin.count("GET", "/claimed"), 2);
+    // Another host the proxy reports: likewise.
+    let other = get(&[
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "other.test"),
+    ])
+    .await;
+    assert_eq!(other, sha256(b"https://other.test/"));
+    assert_eq!(origin.count("GET", "/claimed"), 3);
+    // Each is still served from the cache to its own claims.
+    let https_again = get(&[
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "shop.test"),
+    ])
+    .await;
+    assert_eq!(https_again, https);
+    assert_eq!(origin.count("GET", "/claimed"), 3);
 }

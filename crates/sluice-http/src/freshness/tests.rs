@@ -478,3 +478,38 @@ fn only_list_fields_are_normalised_in_the_variant_key() {
     let ae = vec![http::header::ACCEPT_ENCODING];
     assert_eq!(key(&ae, &[b"gzip,  br"]), "accept-encoding:gzip,br\n");
 }
+
+/// Finding: an empty `Accept-Encoding` (identity only, RFC 9110 §12.5.3) and none at all (any
+/// coding) made the same variant key, so a gzip body stored for a client that sent none was
+/// served to one that asked for identity. They differ now; the usual keys are as they were.
+#[test]
+fn an_empty_negotiation_field_is_not_an_absent_one() {
+    let ae = vec![http::header::ACCEPT_ENCODING];
+    let none = variant_key(&ae, &HeaderMap::new());
+    let empty = variant_key(&ae, &headers(&[("accept-encoding", "")]));
+    let blank = variant_key(&ae, &headers(&[("accept-encoding", "  ")]));
+    assert_ne!(none, empty);
+    assert_eq!(empty, blank);
+    // The absent field's key, and a listed one's, as stored objects have them.
+    assert_eq!(none, "accept-encoding:\n");
+    assert_eq!(
+        variant_key(&ae, &headers(&[("accept-encoding", "gzip, br")])),
+        "accept-encoding:gzip,br\n"
+    );
+    // The empty one takes no other request's variant: not `identity`, nor `gzip`.
+    for other in ["identity", "gzip", ",", "%0D"] {
+        assert_ne!(
+            empty,
+            variant_key(&ae, &headers(&[("accept-encoding", other)])),
+            "{other}"
+        );
+    }
+    for name in ["accept", "accept-language", "accept-charset"] {
+        let n = vec![HeaderName::from_static(name)];
+        assert_ne!(
+            variant_key(&n, &HeaderMap::new()),
+            variant_key(&n, &headers(&[(name, "")])),
+            "{name}"
+        );
+    }
+}

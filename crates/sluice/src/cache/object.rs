@@ -209,6 +209,31 @@ pub fn merge_not_modified(stored: &mut HeaderMap, fresh: &HeaderMap) {
     }
 }
 
+/// Whether a 304's fields `fresh` may update the stored response `stored` (RFC 9111 §4.3.4): a
+/// 304 that names an entity tag selects the stored responses with that tag, by the strong
+/// comparison when its tag is strong and the weak one when it is weak (RFC 9110 §8.8.3.2). A 304
+/// naming another tag than the stored one describes another representation, and its fields
+/// (the tag among them) must not be put on the stored bytes. One that names none selects the
+/// stored response.
+pub fn validates(stored: &HeaderMap, fresh: &HeaderMap) -> bool {
+    let Some(theirs) = fresh.get(header::ETAG) else {
+        return true;
+    };
+    let Some(ours) = stored.get(header::ETAG) else {
+        return false;
+    };
+    let weak = |v: &HeaderValue| v.as_bytes().starts_with(b"W/");
+    let opaque = |v: &HeaderValue| {
+        let b = v.as_bytes();
+        b.strip_prefix(b"W/").unwrap_or(b).to_vec()
+    };
+    if weak(theirs) {
+        opaque(theirs) == opaque(ours)
+    } else {
+        !weak(ours) && theirs.as_bytes() == ours.as_bytes()
+    }
+}
+
 /// Tags from `Surrogate-Key` (space separated) and `Cache-Tag` (comma separated).
 pub fn tags(headers: &HeaderMap) -> Vec<String> {
     let mut out = Vec::new();
@@ -519,6 +544,26 @@ mod tests {
         assert!(!stored(&[], Some(100)).same_version(&HeaderMap::new(), None));
         assert!(!stored(&[], None).same_version(&HeaderMap::new(), Some(100)));
         assert!(!stored(&[], None).same_version(&HeaderMap::new(), None));
+    }
+
+    /// A 304 updates the stored response only when the tag it names is the stored one: by the
+    /// strong comparison for a strong tag, the weak one for a weak tag (RFC 9111 §4.3.4).
+    #[test]
+    fn a_304_updates_only_the_response_its_tag_names() {
+        let tagged = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ETAG, HeaderValue::from_static(v));
+            h
+        };
+        let untagged = HeaderMap::new();
+        assert!(validates(&tagged("\"a\""), &tagged("\"a\"")));
+        assert!(validates(&tagged("\"a\""), &untagged));
+        assert!(!validates(&tagged("\"a\""), &tagged("\"b\"")));
+        assert!(!validates(&tagged("W/\"a\""), &tagged("\"a\"")));
+        assert!(!validates(&untagged, &tagged("\"a\"")));
+        assert!(validates(&tagged("\"a\""), &tagged("W/\"a\"")));
+        assert!(validates(&tagged("W/\"a\""), &tagged("W/\"a\"")));
+        assert!(!validates(&tagged("W/\"a\""), &tagged("W/\"b\"")));
     }
 
     #[test]

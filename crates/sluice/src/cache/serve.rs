@@ -18,7 +18,7 @@ use sluice_http::range::{resolve_range, slice_range, Multipart, RangeOutcome, Ra
 
 use super::fill::FillEnd;
 use super::index::Lookup;
-use super::object::{merge_not_modified, ObjectId, ObjectMeta, SliceKey};
+use super::object::{merge_not_modified, validates, ObjectId, ObjectMeta, SliceKey};
 use super::stream::{self, Plan};
 use super::writer::{not_storable_label, FillJob, JobKind};
 use super::{CacheKey, Inner, Origin};
@@ -71,6 +71,28 @@ pub(crate) fn slice_request(parts: &Parts, index: u64, slice_bytes: u64) -> Requ
         header::RANGE,
         HeaderValue::from_str(&format!("bytes={}-{}", r.start, r.end)).expect("ascii"),
     );
+    req
+}
+
+/// An origin request for slice `index` of a stored object (the revalidation's, a missing
+/// slice's), made for the shared object rather than for the client that happened to need it:
+/// without that client's `Cookie`, unless a request with one may fill the cache
+/// (`request_may_fill`: the route caches cookie requests) or the object varies on it (then the
+/// cookie is in the variant's key, and every reader of the object sent the same). Its
+/// `Authorization` stays, and the answer is judged as one to it (`storability`): an object a
+/// request with credentials could store is one the origin marked shared, and an origin that
+/// checks each reuse (`must-revalidate`) would refuse the request without them.
+pub(crate) fn shared_slice_request(
+    parts: &Parts,
+    vary: &[HeaderName],
+    policy: &FreshnessPolicy,
+    index: u64,
+    slice_bytes: u64,
+) -> Request<()> {
+    let mut req = slice_request(parts, index, slice_bytes);
+    if !policy.store_cookie_requests && !vary.contains(&header::COOKIE) {
+        req.headers_mut().remove(header::COOKIE);
+    }
     req
 }
 
@@ -138,7 +160,7 @@ impl Inner {
                             ttl: Some(meta.ttl(now)),
                             ..Default::default()
                         };
-                        self.respond(parts, meta, origin, status, None)
+                        self.respond(parts, meta, origin, policy, status, None)
                     }
                     Use::StaleWhileRevalidate => {
                         self.metrics.result("stale");
@@ -149,7 +171,7 @@ impl Inner {
                             detail: Some("stale-while-revalidate"),
                             ..Default::default()
                         };
-                        self.respond(parts, meta, origin, status, None)
+                        self.respond(parts, meta, origin, policy, status, None)
                     }
                     Use::Revalidate { stale_if_error } => {
                         self.revalidate_and_respond(
@@ -186,7 +208,7 @@ impl Inner {
                     ttl: Some(meta.ttl(SystemTime::now())),
                     ..Default::default()
                 };
-                self.respond(parts, meta, origin, status, None)
+                self.respond(parts, meta, origin, policy, status, None)
             }
             Revalidated::Changed => {
                 self.miss(parts, key, origin, policy, Forward::Stale, &meta.vary)
@@ -205,7 +227,7 @@ impl Inner {
                     detail: Some("stale-if-error"),
                     ..Default::default()
                 };
-                self.respond(parts, meta, origin, status, None)
+                self.respond(parts, meta, origin, policy, status, None)
             }
             Revalidated::Failed(Some(mut resp)) | Revalidated::Refused(mut resp) => {
                 let code = resp.status().as_u16();
@@ -253,10 +275,7 @@ impl Inner {
         origin: &Arc<dyn Origin>,
         policy: &FreshnessPolicy,
     ) -> Revalidated {
-        let mut req = slice_request(parts, 0, self.slice_bytes);
-        if !policy.store_cookie_requests && !meta.vary.contains(&header::COOKIE) {
-            req.headers_mut().remove(header::COOKIE);
-        }
+        let mut req = shared_slice_request(parts, &meta.vary, policy, 0, self.slice_bytes);
         if let Some(etag) = meta.headers.get(header::ETAG) {
             req.headers_mut()
                 .insert(header::IF_NONE_MATCH, etag.clone());
@@ -300,6 +319,16 @@ impl Inner {
                 // other names (or `*`) describes another set of variants.
                 let vary_changed = resp.headers().contains_key(header::VARY)
                     && vary_names(resp.headers()).as_deref() != Ok(meta.vary.as_slice());
+                // A 304 that names another entity tag is not about the stored response, and
+                // does not update it (RFC 9111 §4.3.4): its fields would be put on the stored
+                // bytes as another version's. The stored one is not what the origin has now.
+                if !validates(&meta.headers, resp.headers()) {
+                    if client_no_store || credentials {
+                        return Revalidated::Pass;
+                    }
+                    self.forget(meta);
+                    return Revalidated::Changed;
+                }
                 let mut headers = meta.headers.clone();
                 merge_not_modified(&mut headers, resp.headers());
                 let verdict = storability(
@@ -504,7 +533,14 @@ impl Inner {
                         ttl: Some(meta.ttl(SystemTime::now())),
                         ..Default::default()
                     };
-                    return self.respond(parts, meta, origin, status, Some((first, reader)));
+                    return self.respond(
+                        parts,
+                        meta,
+                        origin,
+                        policy,
+                        status,
+                        Some((first, reader)),
+                    );
                 }
                 Err(FillEnd::Pass { reason }) => {
                     self.metrics.result("bypass");
@@ -644,6 +680,7 @@ impl Inner {
         parts: &Parts,
         meta: Arc<ObjectMeta>,
         origin: Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
         status: CacheStatus,
         first: Option<(u64, super::fill::FillReader)>,
     ) -> Response<Body> {
@@ -667,9 +704,27 @@ impl Inner {
             files = f;
             b
         } else if let Some(range) = plan.single() {
-            stream::inline(self.clone(), meta, origin, clone_parts(parts), range, first)
+            let parts = clone_parts(parts);
+            stream::inline(
+                self.clone(),
+                meta,
+                origin,
+                parts,
+                policy.clone(),
+                range,
+                first,
+            )
         } else {
-            stream::spawn(self.clone(), meta, origin, clone_parts(parts), plan, first)
+            let parts = clone_parts(parts);
+            stream::spawn(
+                self.clone(),
+                meta,
+                origin,
+                parts,
+                policy.clone(),
+                plan,
+                first,
+            )
         };
         let mut resp = with_head(body, code, headers);
         if let Some(f) = files {

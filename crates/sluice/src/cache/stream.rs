@@ -13,16 +13,18 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
+use http::{Response, StatusCode};
 use http_body::Frame;
+use sluice_http::freshness::FreshnessPolicy;
 use sluice_http::range::{slice_range, slices_covering, ByteRange, Multipart};
 use tokio::sync::mpsc;
 
 use super::fill::{Event, FillEnd, FillReader};
 use super::object::{ObjectMeta, SliceKey};
-use super::serve::{clone_parts, slice_request, FILL_ATTEMPTS};
+use super::serve::{clone_parts, shared_slice_request, FILL_ATTEMPTS};
 use super::shm::{FileBody, Piece};
 use super::turn::{Turn, FIRST_BYTES};
-use super::writer::{FillJob, JobKind};
+use super::writer::{self, FillJob, JobKind};
 use super::{Inner, Origin};
 use crate::body::{Body, BoxError};
 
@@ -174,6 +176,7 @@ fn prefetch(
     meta: &Arc<ObjectMeta>,
     origin: &Arc<dyn Origin>,
     parts: &Parts,
+    policy: &FreshnessPolicy,
     i: u64,
 ) {
     if !meta.range_capable || meta.length.is_some_and(|l| i * inner.slice_bytes >= l) {
@@ -190,11 +193,39 @@ fn prefetch(
     {
         return;
     }
-    inner.join_or_start(key, || FillJob {
-        request: slice_request(parts, i, inner.slice_bytes),
+    inner.join_or_start(key, || warm_job(inner, meta, origin, parts, policy, i));
+}
+
+/// The fill job for slice `i` of the stored object `meta`, which a reader of it found missing:
+/// asked for the shared object (`serve::shared_slice_request`), the answer judged as one to
+/// what was sent (`writer.rs`).
+fn warm_job(
+    inner: &Inner,
+    meta: &Arc<ObjectMeta>,
+    origin: &Arc<dyn Origin>,
+    parts: &Parts,
+    policy: &FreshnessPolicy,
+    i: u64,
+) -> FillJob {
+    FillJob {
+        request: shared_slice_request(parts, &meta.vary, policy, i, inner.slice_bytes),
         origin: origin.clone(),
-        kind: JobKind::Warm { meta: meta.clone() },
-    });
+        kind: JobKind::Warm {
+            meta: meta.clone(),
+            policy: policy.clone(),
+        },
+    }
+}
+
+/// Where the body of an answer a reader took for itself alone (`Fill::take_pass`) starts in the
+/// object: a 206 is the slice asked for (the writer checked its `Content-Range`), anything else
+/// the whole object.
+fn own_start(resp: &Response<Body>, index: u64, slice: u64) -> u64 {
+    if resp.status() == StatusCode::PARTIAL_CONTENT {
+        index * slice
+    } else {
+        0
+    }
 }
 
 /// Starts the producer and returns the body it feeds.
@@ -203,6 +234,7 @@ pub(crate) fn spawn(
     meta: Arc<ObjectMeta>,
     origin: Arc<dyn Origin>,
     parts: Parts,
+    policy: FreshnessPolicy,
     plan: Plan,
     first: Option<(u64, FillReader)>,
 ) -> Body {
@@ -212,6 +244,7 @@ pub(crate) fn spawn(
         meta,
         origin,
         parts,
+        policy,
         tx,
         first,
     };
@@ -235,6 +268,7 @@ struct Producer {
     meta: Arc<ObjectMeta>,
     origin: Arc<dyn Origin>,
     parts: Parts,
+    policy: FreshnessPolicy,
     tx: mpsc::Sender<Item>,
     first: Option<(u64, FillReader)>,
 }
@@ -275,7 +309,14 @@ impl Producer {
     }
 
     fn prefetch(&self, i: u64) {
-        prefetch(&self.inner, &self.meta, &self.origin, &self.parts, i);
+        prefetch(
+            &self.inner,
+            &self.meta,
+            &self.origin,
+            &self.parts,
+            &self.policy,
+            i,
+        );
     }
 
     async fn send(&self, b: Bytes) -> Result<(), StreamError> {
@@ -300,7 +341,7 @@ impl Producer {
         };
         if let Some((idx, reader)) = self.first.take() {
             if idx == i {
-                match self.follow(reader, from, to).await {
+                match self.follow(reader, i, from, to, false).await {
                     Ok(done) => return Ok(done),
                     Err(Follow::Retry(sent)) => from += sent,
                     Err(Follow::Gone) => return Err(StreamError::Gone),
@@ -318,14 +359,17 @@ impl Producer {
                     return self.send_stored(i, &s, from, to, false).await;
                 }
             }
-            let (fill, _) = self.inner.join_or_start(key, || FillJob {
-                request: slice_request(&self.parts, i, self.inner.slice_bytes),
-                origin: self.origin.clone(),
-                kind: JobKind::Warm {
-                    meta: self.meta.clone(),
-                },
+            let (fill, created) = self.inner.join_or_start(key, || {
+                warm_job(
+                    &self.inner,
+                    &self.meta,
+                    &self.origin,
+                    &self.parts,
+                    &self.policy,
+                    i,
+                )
             });
-            match self.follow(fill.reader(), from, to).await {
+            match self.follow(fill.reader(), i, from, to, created).await {
                 Ok(done) => return Ok(done),
                 Err(Follow::Retry(sent)) => from += sent,
                 Err(Follow::Gone) => return Err(StreamError::Gone),
@@ -363,12 +407,15 @@ impl Producer {
         Ok((s.len, last))
     }
 
-    /// Streams a fill's chunks that fall within `from..=to`.
+    /// Streams a fill's chunks of slice `i` that fall within `from..=to`; `mine` when this
+    /// body started the fill.
     async fn follow(
         &self,
         mut reader: FillReader,
+        i: u64,
         from: u64,
         to: u64,
+        mine: bool,
     ) -> Result<(u64, bool), Follow> {
         let mut at = 0u64;
         loop {
@@ -395,10 +442,62 @@ impl Producer {
                     return Err(Follow::Fatal("the object changed at the origin".into()))
                 }
                 Event::End(FillEnd::Pass { .. }) => {
-                    return Err(Follow::Fatal("the object is no longer cacheable".into()))
+                    // An answer for the fields this body's request carried, not for the
+                    // object (`writer.rs`): taken by the body that asked, and by no other,
+                    // which asks with its own request.
+                    return match mine.then(|| reader.fill().take_pass()).flatten() {
+                        Some(resp) => self.own(resp, i, from, to).await,
+                        None => Err(Follow::Retry(0)),
+                    };
                 }
             }
         }
+    }
+
+    /// Sends the bytes of slice `i` within `from..=to` from an answer this body took for itself
+    /// alone: never stored, never shared.
+    async fn own(
+        &self,
+        resp: Response<Body>,
+        i: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<(u64, bool), Follow> {
+        let slice = self.inner.slice_bytes;
+        let start = i * slice;
+        let mut at = own_start(&resp, i, slice);
+        let mut body = resp.into_body();
+        let mut sent = 0u64;
+        // A whole answer goes on past the slice: the rest is not read.
+        while at < start + slice {
+            let frame = match writer::next_frame(&self.inner, &mut body).await {
+                None => break,
+                Some(Ok(f)) => f,
+                Some(Err(_)) => return Err(Follow::Retry(sent)),
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let (a, b) = (at, at + data.len() as u64);
+            at = b;
+            self.inner.metrics.bytes_origin.inc_by(data.len() as u64);
+            let lo = (start + from).max(a);
+            let hi = start
+                .saturating_add(to)
+                .saturating_add(1)
+                .min(start + slice)
+                .min(b);
+            if lo < hi {
+                let part = data.slice((lo - a) as usize..(hi - a) as usize);
+                if self.tx.send(Ok(part)).await.is_err() {
+                    return Err(Follow::Gone);
+                }
+                sent += hi - lo;
+            }
+        }
+        let len = at.saturating_sub(start).min(slice);
+        let last = len < slice || self.meta.length.is_some_and(|l| (i + 1) * slice >= l);
+        Ok((len, last))
     }
 }
 
@@ -438,6 +537,7 @@ pub(crate) fn inline(
     meta: Arc<ObjectMeta>,
     origin: Arc<dyn Origin>,
     parts: Parts,
+    policy: FreshnessPolicy,
     range: ByteRange,
     first: Option<(u64, FillReader)>,
 ) -> Body {
@@ -448,6 +548,7 @@ pub(crate) fn inline(
         meta,
         origin,
         parts,
+        policy,
         next: range.start,
         end: range.end,
         index: None,
@@ -456,11 +557,16 @@ pub(crate) fn inline(
         turn: Turn::new(),
         carry: None,
         ahead: None,
+        own: false,
     };
     if let Some((i, reader)) = first {
         if i == index {
             body.enter(index);
-            body.source = Source::Follow { reader, at: 0 };
+            body.source = Source::Follow {
+                reader,
+                at: 0,
+                mine: false,
+            };
         }
     }
     crate::body::boxed(body)
@@ -472,6 +578,7 @@ struct Inline {
     meta: Arc<ObjectMeta>,
     origin: Arc<dyn Origin>,
     parts: Parts,
+    policy: FreshnessPolicy,
     /// The next byte to send and the last one (absolute offsets).
     next: u64,
     end: u64,
@@ -486,6 +593,9 @@ struct Inline {
     carry: Option<Bytes>,
     /// The read-ahead still to start: slice `.1` once `next` reaches `.0`.
     ahead: Option<(u64, u64)>,
+    /// The origin answered this body's own request with what may not be stored: no read-ahead
+    /// (a slice fetched ahead would be answered the same, for nobody).
+    own: bool,
 }
 
 enum Source {
@@ -493,9 +603,17 @@ enum Source {
     Pick,
     /// A stored slice's chunks still to send.
     Stored(std::vec::IntoIter<Bytes>),
-    /// A fill of the slice; `at` is the slice offset of the next chunk it gives.
+    /// A fill of the slice; `at` is the slice offset of the next chunk it gives; `mine` when
+    /// this body started it.
     Follow {
         reader: FillReader,
+        at: u64,
+        mine: bool,
+    },
+    /// An answer taken for this body alone (`Fill::take_pass`); `at` is the object offset of
+    /// the next byte it gives.
+    Own {
+        body: Body,
         at: u64,
     },
     /// A producer task sends the rest (a slice on disk).
@@ -530,10 +648,20 @@ impl Inline {
 
     /// Starts the read-ahead once the body has reached its mark.
     fn read_ahead(&mut self) {
+        if self.own {
+            return;
+        }
         if let Some((at, i)) = self.ahead {
             if self.next >= at {
                 self.ahead = None;
-                prefetch(&self.inner, &self.meta, &self.origin, &self.parts, i);
+                prefetch(
+                    &self.inner,
+                    &self.meta,
+                    &self.origin,
+                    &self.parts,
+                    &self.policy,
+                    i,
+                );
             }
         }
     }
@@ -569,6 +697,7 @@ impl Inline {
                 self.meta.clone(),
                 self.origin.clone(),
                 clone_parts(&self.parts),
+                self.policy.clone(),
                 Plan::ranges(vec![rest], None),
                 None,
             ));
@@ -577,16 +706,20 @@ impl Inline {
         if self.attempts >= FILL_ATTEMPTS {
             return Err("origin failed".into());
         }
-        let (fill, _) = self.inner.join_or_start(key, || FillJob {
-            request: slice_request(&self.parts, index, self.inner.slice_bytes),
-            origin: self.origin.clone(),
-            kind: JobKind::Warm {
-                meta: self.meta.clone(),
-            },
+        let (fill, created) = self.inner.join_or_start(key, || {
+            warm_job(
+                &self.inner,
+                &self.meta,
+                &self.origin,
+                &self.parts,
+                &self.policy,
+                index,
+            )
         });
         self.source = Source::Follow {
             reader: fill.reader(),
             at: 0,
+            mine: created,
         };
         Ok(())
     }
@@ -620,6 +753,36 @@ impl Inline {
                         return Poll::Ready(Some(Err(e)));
                     }
                 }
+                Source::Own { body, at } => {
+                    match ready!(http_body::Body::poll_frame(Pin::new(body), cx)) {
+                        Some(Ok(frame)) => {
+                            let Ok(data) = frame.into_data() else {
+                                continue;
+                            };
+                            let (start, end) = (*at, *at + data.len() as u64);
+                            *at = end;
+                            self.inner.metrics.bytes_origin.inc_by(data.len() as u64);
+                            if end <= self.next {
+                                continue;
+                            }
+                            if start > self.end {
+                                self.source = Source::Done;
+                                continue;
+                            }
+                            let lo = (self.next - start) as usize;
+                            let hi = ((self.end + 1).min(end) - start) as usize;
+                            self.next += (hi - lo) as u64;
+                            return Poll::Ready(Some(Ok(data.slice(lo..hi))));
+                        }
+                        Some(Err(e)) => {
+                            self.source = Source::Done;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        // Short of the range: the slice reached is picked again (a whole answer
+                        // may have carried this body past the slice it asked for).
+                        None => self.source = Source::Pick,
+                    }
+                }
                 Source::Stored(chunks) => match chunks.next() {
                     Some(c) => {
                         self.next += c.len() as u64;
@@ -628,7 +791,7 @@ impl Inline {
                     }
                     None => self.source = Source::Pick,
                 },
-                Source::Follow { reader, at } => {
+                Source::Follow { reader, at, mine } => {
                     match ready!(reader.poll_next(cx)) {
                         Event::Chunk(c) => {
                             let (start, end) = (*at, *at + c.len() as u64);
@@ -663,10 +826,23 @@ impl Inline {
                             )));
                         }
                         Event::End(FillEnd::Pass { .. }) => {
-                            self.source = Source::Done;
-                            return Poll::Ready(Some(Err(
-                                "the object is no longer cacheable".into()
-                            )));
+                            // An answer for the fields this body's request carried, not for the
+                            // object (`writer.rs`): taken by the body that asked, and by no
+                            // other, which asks with its own request.
+                            self.attempts += 1;
+                            let own = mine.then(|| reader.fill().take_pass()).flatten();
+                            self.source = match own {
+                                Some(resp) => {
+                                    self.own = true;
+                                    self.ahead = None;
+                                    let slice = self.inner.slice_bytes;
+                                    Source::Own {
+                                        at: own_start(&resp, index, slice),
+                                        body: resp.into_body(),
+                                    }
+                                }
+                                None => Source::Pick,
+                            };
                         }
                     }
                 }

@@ -37,8 +37,13 @@ pub(crate) enum JobKind {
         req_headers: HeaderMap,
         policy: FreshnessPolicy,
     },
-    /// A slice of a known object version: the answer must match it.
-    Warm { meta: Arc<ObjectMeta> },
+    /// A slice of a known object version: the answer must match it, and be storable as an
+    /// answer to the request that asked for it (`serve::shared_slice_request`), which carries
+    /// the fields of the client that happened to need the slice.
+    Warm {
+        meta: Arc<ObjectMeta>,
+        policy: FreshnessPolicy,
+    },
 }
 
 /// Cold writers (first fetches of misses) that may wait for a fill place
@@ -129,7 +134,7 @@ pub(crate) async fn run(
 fn reserve_for(inner: &Inner, job: &FillJob, key: SliceKey) -> u64 {
     let slice = inner.slice_bytes;
     match &job.kind {
-        JobKind::Warm { meta } => meta.length.map_or(slice, |len| {
+        JobKind::Warm { meta, .. } => meta.length.map_or(slice, |len| {
             len.saturating_sub(key.index.saturating_mul(slice))
                 .clamp(1, slice)
         }),
@@ -166,6 +171,11 @@ async fn fetch(
     let started = Instant::now();
     let request_time = SystemTime::now();
     let head_deadline = Duration::from_secs(inner.config.origin_header_timeout_secs);
+    // What a slice of a known object was asked with, to judge the answer by.
+    let asked = match job.kind {
+        JobKind::Warm { .. } => job.request.headers().clone(),
+        JobKind::Cold { .. } => HeaderMap::new(),
+    };
     let resp = match tokio::time::timeout(head_deadline, job.origin.fetch(job.request)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
@@ -218,9 +228,13 @@ async fn fetch(
     }
 
     let meta = match job.kind {
-        JobKind::Warm { meta } => {
+        JobKind::Warm { meta, policy } => {
             let usable = matches!(parts.status, StatusCode::OK | StatusCode::PARTIAL_CONTENT);
-            if !usable || !meta.same_version(&parts.headers, total) {
+            let changed = usable && !meta.same_version(&parts.headers, total);
+            // A 404 to credentials may be the origin hiding what they do not open (as the
+            // revalidation reads it): gone only when asked without.
+            let credentials = asked.contains_key(http::header::AUTHORIZATION);
+            if changed || (!credentials && gone(&meta, parts.status, want.start)) {
                 // Another version (or the object is gone): never mix it with stored slices.
                 inner
                     .index
@@ -232,6 +246,33 @@ async fn fetch(
                 } else {
                     FillEnd::Failed(format!("origin answered {}", parts.status))
                 };
+            }
+            if !usable {
+                // A refusal (401, 403, 429, 431: of any field the client that needed the slice
+                // sent, its `User-Agent` or credentials among them) or an origin error says
+                // nothing of the object, which stays: dropped, any client could drop any large
+                // object for everyone by asking for a slice not stored with such a field. The
+                // fill fails; each reader elects a writer with its own request.
+                return FillEnd::Failed(format!("origin answered {}", parts.status));
+            }
+            let verdict = storability(
+                &Method::GET,
+                &asked,
+                StatusCode::OK,
+                &parts.headers,
+                response_time,
+                &policy,
+            );
+            if let Err(reason) = verdict {
+                // An answer to this client's fields (`private`, its credentials' answer the
+                // origin did not mark shared, its `no-store`): neither stored nor followed by
+                // anyone else. Out of the in-flight map first, so nobody joins it; the reader
+                // that asked takes the answer (`Fill::take_pass`), any other asks on its own.
+                inner.metrics.uncacheable.inc();
+                let label = not_storable_label(reason);
+                inner.release(key, fill);
+                fill.finish_pass(label, Response::from_parts(parts, crate::body::boxed(body)));
+                return FillEnd::Pass { reason: label };
             }
             meta
         }
@@ -633,7 +674,7 @@ fn forsaken(inner: &Inner, started: Instant, following: usize) -> bool {
 }
 
 /// The next body frame, or an error once the origin has been silent for the idle deadline.
-async fn next_frame(
+pub(crate) async fn next_frame(
     inner: &Inner,
     body: &mut Body,
 ) -> Option<Result<http_body::Frame<Bytes>, crate::body::BoxError>> {
@@ -641,6 +682,16 @@ async fn next_frame(
     match tokio::time::timeout(idle, body.frame()).await {
         Ok(f) => f,
         Err(_) => Some(Err("origin body stalled".into())),
+    }
+}
+
+/// Whether an answer of `status` for the slice starting at `start` says the stored object is no
+/// more: 404 and 410, and 416 for a slice inside the object's known length (it shrank).
+fn gone(meta: &ObjectMeta, status: StatusCode, start: u64) -> bool {
+    match status {
+        StatusCode::NOT_FOUND | StatusCode::GONE => true,
+        StatusCode::RANGE_NOT_SATISFIABLE => meta.length.is_some_and(|l| start < l),
+        _ => false,
     }
 }
 

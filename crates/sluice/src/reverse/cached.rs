@@ -67,6 +67,31 @@ impl CacheTarget {
     }
 }
 
+impl CacheTarget {
+    /// The key of this target for a request whose forwarding fields tell the origin `claimed`
+    /// ([`forwarded::claimed_scope`]): `scope|target`, with ` claimed` after it when there is
+    /// one. A trusted peer's `X-Forwarded-Proto: http` and `https` made two answers (a
+    /// `force_ssl` redirect for one) that shared a key. Without one, the key is as it was: the
+    /// disk tier's records are found by it. After the target (which holds no space), not in the
+    /// scope: a tag or prefix purge sent to the route and host reaches every such variant.
+    fn key(&self, claimed: Option<&str>) -> CacheKey {
+        let key = CacheKey::new(&self.scope, &self.target);
+        match claimed {
+            Some(c) => with_claimed(key, c),
+            None => key,
+        }
+    }
+}
+
+/// `key` for a request whose forwarding fields claim `claimed`.
+fn with_claimed(key: CacheKey, claimed: &str) -> CacheKey {
+    let mut text = key.0;
+    text.reserve(1 + claimed.len());
+    text.push(' ');
+    text.push_str(claimed);
+    CacheKey(text)
+}
+
 /// The part of a cache key before the target: the route's name and the host, each prefixed by
 /// its length.
 fn scope(route: &str, host: &str) -> String {
@@ -142,11 +167,11 @@ impl Reverse {
             return ProxyError::downstream(StatusCode::NOT_FOUND, "no_cache", "not cached")
                 .into_response();
         };
-        let key = CacheKey::new(&t.scope, &t.target);
         // In a cache cluster, a request a peer relayed (a valid hop marker) is served here; a
         // client's marker is removed and counts for nothing.
         let cluster = cache.cluster().cloned();
         if cluster.is_none() && parts.method.as_str() != "PURGE" {
+            let key = t.key(self.claimed(&parts.headers, down).as_deref());
             let mut resp = self
                 .cached_alone(route, cache, policy, parts, down, (t, &key), wire)
                 .await;
@@ -197,6 +222,8 @@ impl Reverse {
             }
             _ => down,
         };
+        // Made from the fields the origin gets (a vouched relay's as a trusted proxy's).
+        let key = t.key(self.claimed(&parts.headers, down).as_deref());
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let balance = hash_key(route, target, &parts.headers, down);
         // The purge authorisation below reads the client's own headers: the head gets a copy.
@@ -282,6 +309,26 @@ impl Reverse {
             self.response_fields(route, resp.headers_mut(), Version::HTTP_11);
         }
         resp
+    }
+
+    /// What a request's forwarding fields, as they go upstream, tell the origin of the scheme
+    /// and host beyond this hop's own: part of its cache key ([`CacheTarget::key`]).
+    fn claimed(&self, headers: &http::HeaderMap, down: &Downstream) -> Option<String> {
+        if !down.trusted {
+            // A client's own are replaced by this hop's: nothing to read.
+            return None;
+        }
+        let hop = forwarded::Hop {
+            peer: down.peer.ip(),
+            trusted: true,
+            client: None,
+            proto: if down.secure { "https" } else { "http" },
+            host: down.host.as_deref(),
+            host_value: None,
+            forwarded: self.settings.forwarded,
+            via: None,
+        };
+        forwarded::claimed_scope(headers, &hop)
     }
 
     /// The fields a miss is relayed to its owner with: the client's, with this node's forwarding
@@ -417,9 +464,17 @@ impl Reverse {
         headers: &http::HeaderMap,
     ) {
         if let Some(cache) = &self.cache {
-            cache.invalidate(&invalidation_keys(
-                &t.scope, &t.host, &t.target, status, headers,
-            ));
+            let mut keys = invalidation_keys(&t.scope, &t.host, &t.target, status, headers);
+            // The request's own forwarding fields are gone by now: the variants a trusted peer
+            // usually makes (either scheme, the same host) are dropped with the plain one.
+            let host = (!t.host.is_empty()).then_some(t.host.as_str());
+            let claimed = ["http", "https"].map(|p| forwarded::claimed_text(p, host));
+            for key in keys.clone() {
+                for c in &claimed {
+                    keys.push(with_claimed(key.clone(), c));
+                }
+            }
+            cache.invalidate(&keys);
         }
     }
 }
@@ -567,5 +622,26 @@ mod tests {
         );
         assert_ne!(key("r|a", "b", "/"), key("r", "a|b", "/"));
         assert_ne!(key("r", "1:a", "/"), key("r1:", "a", "/"));
+    }
+
+    /// What a trusted peer's forwarding fields claim (another scheme or host) follows the
+    /// target; without a claim the key is as stored objects have it, and either way it stays in
+    /// its route and host's scope, which tag purges go by.
+    #[test]
+    fn a_claimed_scheme_or_host_makes_another_key_in_the_same_scope() {
+        let t = CacheTarget {
+            scope: scope("r", "a.test"),
+            host: "a.test".into(),
+            target: "/x?y=1".parse().unwrap(),
+        };
+        assert_eq!(t.key(None).0, "1:r6:a.test|/x?y=1");
+        let https = forwarded::claimed_text("https", Some("a.test"));
+        let http = forwarded::claimed_text("http", Some("A.test"));
+        let keys = [t.key(None), t.key(Some(&https)), t.key(Some(&http))];
+        assert_eq!(keys[1].0, "1:r6:a.test|/x?y=1 5:https6:a.test");
+        assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[2] != keys[0]);
+        for k in &keys {
+            assert_eq!(crate::cache::purge::key_scope(&k.0), "1:r6:a.test|");
+        }
     }
 }
