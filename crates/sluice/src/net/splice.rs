@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// Which way bytes flow.
@@ -61,7 +61,7 @@ const BIG_PIPE: usize = 1024 * 1024;
 /// out one-page pipes, so growth stops at half of that budget and later bulk connections keep
 /// 64 KiB pipes.
 const MAX_BIG_PIPES: usize = 32;
-/// Buffer per direction of the buffered copy.
+/// Buffer per direction of the buffered copy, held only while bytes flow.
 const COPY_BUF: usize = 64 * 1024;
 /// The stack buffer a plain TCP direction copies through while its messages are small. A read
 /// that fills it marks a bulk transfer, which moves to splice: below this size two copies cost
@@ -507,6 +507,8 @@ where
     Ok(Totals { up, down })
 }
 
+/// One direction of the buffered relay. Its copy buffer exists only while bytes flow (see
+/// `poll_fill`), so a TLS connection that sits idle holds none, as a plain one holds no pipe.
 async fn copy_one<R, W>(
     src: &mut R,
     dst: &mut W,
@@ -518,10 +520,10 @@ where
     W: AsyncWrite + Unpin,
 {
     let (src_side, dst_side) = sides(dir);
-    let mut buf = vec![0u8; COPY_BUF];
+    let mut buf = CopyBuf::default();
     let mut total = 0u64;
     loop {
-        let n = match src.read(&mut buf).await {
+        let n = match std::future::poll_fn(|cx| poll_fill(src, &mut buf, cx)).await {
             Ok(n) => n,
             // A TLS client that closes its TCP stream without close_notify (rustls: UnexpectedEof)
             // has ended its stream, as most TLS stacks (and HAProxy) take it: passed on as a FIN,
@@ -530,15 +532,95 @@ where
             Err(e) => return Err(classify(src_side, e)),
         };
         if n == 0 {
+            buf.free();
             // Ignore a failed shutdown: the peer may already be gone, which the other direction sees.
             let _ = dst.shutdown().await;
             return Ok(total);
         }
-        dst.write_all(&buf[..n])
+        dst.write_all(buf.bytes())
             .await
             .map_err(|e| classify(dst_side, e))?;
         total += n as u64;
         on_bytes(dir, n);
+    }
+}
+
+/// Copy buffers of the buffered relay allocated now, process-wide (two per TLS connection at
+/// most, none for one that is idle).
+static COPY_BUFFERS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many buffered-relay copy buffers (`COPY_BUF` each) are allocated now.
+pub fn copy_buffers() -> usize {
+    COPY_BUFFERS.load(Ordering::Relaxed)
+}
+
+/// A buffered direction's copy buffer: unallocated while the direction is idle.
+#[derive(Default)]
+struct CopyBuf {
+    bytes: Vec<u8>,
+}
+
+impl CopyBuf {
+    /// The bytes of the last read.
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The buffer, emptied, allocated if it was not.
+    fn hold(&mut self) -> &mut Vec<u8> {
+        if self.bytes.capacity() == 0 {
+            self.bytes = Vec::with_capacity(COPY_BUF);
+            COPY_BUFFERS.fetch_add(1, Ordering::Relaxed);
+        }
+        self.bytes.clear();
+        &mut self.bytes
+    }
+
+    fn free(&mut self) {
+        if self.bytes.capacity() != 0 {
+            self.bytes = Vec::new();
+            COPY_BUFFERS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for CopyBuf {
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
+/// Reads once from `src` into `buf`. While bytes keep coming they are read straight into the
+/// held buffer; once `src` has nothing the buffer is freed, and the wait for the next bytes
+/// polls with a stack buffer that lives only for that poll (a future holding it across the
+/// await would keep it as long as the connection), the heap buffer allocated again only when
+/// bytes arrive.
+fn poll_fill<R: AsyncRead + Unpin>(
+    src: &mut R,
+    buf: &mut CopyBuf,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<io::Result<usize>> {
+    use std::task::Poll;
+    if buf.bytes.capacity() != 0 {
+        let held = buf.hold();
+        let polled = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *src), cx, held);
+        if polled.is_pending() {
+            // Drained: give the memory back until the source has bytes again.
+            buf.free();
+        }
+        return polled;
+    }
+    let mut stack = [MaybeUninit::<u8>::uninit(); COPY_CHUNK];
+    let mut read = tokio::io::ReadBuf::uninit(&mut stack);
+    match std::pin::Pin::new(&mut *src).poll_read(cx, &mut read) {
+        Poll::Ready(Ok(())) => {
+            let got = read.filled();
+            if !got.is_empty() {
+                buf.hold().extend_from_slice(got);
+            }
+            Poll::Ready(Ok(got.len()))
+        }
+        other => other.map_ok(|()| 0),
     }
 }
 
@@ -550,6 +632,7 @@ pub fn reset_on_close(stream: &TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
 
     #[test]
     fn pool_reuses_and_caps() {

@@ -17,7 +17,7 @@ use super::metrics::{EndLabels, RefusedLabels, ServerLabels};
 use super::share::Place;
 use super::{Settings, Shared};
 use crate::net::splice::{self, Direction, RelayError, Side};
-use crate::upstream::group::{Balance, InFlight};
+use crate::upstream::group::{Balance, Group, InFlight, Plan};
 
 /// Most bytes buffered while waiting for a complete ClientHello (a 16 KiB hello in up to
 /// `client_hello::MAX_RECORDS` records, with room to spare).
@@ -213,45 +213,25 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
     if plan.is_empty() {
         return refuse("no_server");
     }
-    let connect_timeout = Duration::from_secs(s.config.connect_timeout_secs);
-    let mut connected: Option<(TcpStream, InFlight)> = None;
-    for server in plan {
-        let in_flight = server.begin();
-        let why = match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr()))
-            .await
-        {
-            Ok(Ok(up)) => {
-                server.report_success();
-                connected = Some((up, in_flight));
-                break;
-            }
-            Ok(Err(e)) if is_local_exhaustion(&e) => {
-                // Out of our own descriptors or memory: not the server's fault, so nothing
-                // is counted against it; the next server would fail the same way.
-                tracing::warn!(error = %e, "tcp connect: out of local resources");
-                return refuse("local_resources");
-            }
-            Ok(Err(e)) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
-                // No local port left toward this server (ports run out per destination), or
-                // an address this host cannot reach from: this side's, not counted against
-                // the server; the next one may still be reached.
-                tracing::debug!(group = group.name(), server = server.addr(), error = %e, "tcp connect: no local address");
-                continue;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
-        };
-        server.report_failure();
-        tracing::debug!(group = group.name(), server = server.addr(), %why, "tcp connect failed");
-        m.connect_failures
-            .get_or_create(&ServerLabels {
-                group: group.name().to_string(),
-                server: server.addr().to_string(),
-            })
-            .inc();
-    }
-    let Some((up, in_flight)) = connected else {
-        return refuse("connect_failed");
+    // Raced against a forced shutdown like the relay: unraced, a plan of servers that drop SYNs
+    // held `TcpProxy::shutdown` for servers × `connect_timeout_secs` past its grace period.
+    let mut force = shared.force.clone();
+    let connected = tokio::select! {
+        c = connect_first(plan, group, s, shared) => c,
+        Ok(_) = force.wait_for(|stop| *stop) => Err(Unconnected::Shutdown),
+    };
+    let (up, in_flight) = match connected {
+        Ok(c) => c,
+        Err(Unconnected::Refused(reason)) => return refuse(reason),
+        Err(Unconnected::Shutdown) => {
+            m.ended
+                .get_or_create(&EndLabels {
+                    listener: s.name.clone(),
+                    how: "shutdown",
+                })
+                .inc();
+            return "shutdown";
+        }
     };
     let _ = up.set_nodelay(true);
     let server_labels = ServerLabels {
@@ -278,6 +258,60 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
         .inc();
     drop(in_flight);
     how
+}
+
+/// Why no upstream connection came out of the plan.
+enum Unconnected {
+    /// Refused, with its `tcp_connections_refused` reason.
+    Refused(Refusal),
+    /// A forced shutdown came first.
+    Shutdown,
+}
+
+/// Connects to the first server of `plan` that answers within `connect_timeout_secs`.
+async fn connect_first(
+    plan: Plan<'_>,
+    group: &Group,
+    s: &Settings,
+    shared: &Shared,
+) -> Result<(TcpStream, InFlight), Unconnected> {
+    let m = &shared.metrics;
+    let connect_timeout = Duration::from_secs(s.config.connect_timeout_secs);
+    for server in plan {
+        let in_flight = server.begin();
+        let why = match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr()))
+            .await
+        {
+            Ok(Ok(up)) => {
+                server.report_success();
+                return Ok((up, in_flight));
+            }
+            Ok(Err(e)) if is_local_exhaustion(&e) => {
+                // Out of our own descriptors or memory: not the server's fault, so nothing
+                // is counted against it; the next server would fail the same way.
+                tracing::warn!(error = %e, "tcp connect: out of local resources");
+                return Err(Unconnected::Refused("local_resources"));
+            }
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                // No local port left toward this server (ports run out per destination), or
+                // an address this host cannot reach from: this side's, not counted against
+                // the server; the next one may still be reached.
+                tracing::debug!(group = group.name(), server = server.addr(), error = %e, "tcp connect: no local address");
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
+        };
+        server.report_failure();
+        tracing::debug!(group = group.name(), server = server.addr(), %why, "tcp connect failed");
+        m.connect_failures
+            .get_or_create(&ServerLabels {
+                group: group.name().to_string(),
+                server: server.addr().to_string(),
+            })
+            .inc();
+    }
+    Err(Unconnected::Refused("connect_failed"))
 }
 
 /// `first` (PROXY header, peeked ClientHello) to the upstream, then the relay, raced against the
@@ -464,5 +498,90 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(how, "shutdown");
+    }
+
+    /// A listener that never accepts, its one-place queue full: further SYNs go unanswered, as
+    /// from a host that drops them. Returns it and the connections that fill its queue.
+    async fn silent() -> (TcpListener, Vec<TcpStream>) {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = sock.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut fillers = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => fillers.push(s),
+                Ok(Err(e)) => panic!("{e}"),
+                Err(_) => break,
+            }
+            assert!(fillers.len() < 16, "the accept queue never filled");
+        }
+        (listener, fillers)
+    }
+
+    /// A forced shutdown ends a connection still connecting upstream at once. Before, the connect
+    /// loop ran outside the race with `force`: with three servers that drop SYNs it held the
+    /// connection (and `TcpProxy::shutdown`) for 3 × `connect_timeout_secs` = 15 s.
+    #[tokio::test]
+    async fn a_forced_shutdown_ends_a_connect_in_progress() {
+        let mut held = Vec::new();
+        let mut servers = Vec::new();
+        for _ in 0..3 {
+            let (listener, fillers) = silent().await;
+            servers.push(format!("\"{}\"", listener.local_addr().unwrap()));
+            held.push((listener, fillers));
+        }
+        let group: crate::upstream::group::GroupConfig =
+            toml::from_str(&format!("name = \"g\"\nservers = [{}]", servers.join(", "))).unwrap();
+        let config: super::super::TcpConfig =
+            toml::from_str("listen = \"127.0.0.1:0\"\nupstream = \"g\"\nconnect_timeout_secs = 5")
+                .unwrap();
+        let settings = Settings {
+            name: "t".into(),
+            config,
+            groups: Arc::new(crate::upstream::group::Groups::new(&[group]).unwrap()),
+            tls: None,
+            per_ip: super::super::share::Share::new(0, Vec::new()),
+        };
+        let (force_tx, force) = tokio::sync::watch::channel(false);
+        let shared = Shared {
+            metrics: super::super::TcpMetrics::register(&mut Default::default()),
+            pool: splice::shared_pool(),
+            force,
+        };
+        let (_client, down) = pair().await;
+        let client = down.peer_addr().unwrap();
+        let accepted = Accepted {
+            client,
+            destination: down.local_addr().unwrap(),
+            down: Downstream::Plain(down),
+            group: "g".into(),
+            prefix: Vec::new(),
+            _place: settings.per_ip.take(client.ip()).unwrap(),
+        };
+        let started = Instant::now();
+        let relayed = relay(accepted, &settings, &shared, started);
+        let force = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            force_tx.send(true).unwrap();
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(4), async {
+            tokio::join!(relayed, force)
+        })
+        .await;
+        assert!(
+            matches!(ended, Ok(("shutdown", ()))),
+            "{ended:?} after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        // Cut short by the shutdown, not failed: nothing is counted against the servers.
+        let g = settings.groups.get("g").unwrap();
+        assert!(g.servers().iter().all(|s| s.failures() == 0));
+        drop(held);
     }
 }

@@ -49,19 +49,61 @@ fn origin_key(url: &url::Url) -> String {
     )
 }
 
-/// Idle raw connections per origin, newest on top, each kept for at most `idle` and at most
-/// `max_per_origin` per origin.
+/// Idle sockets kept across all origins: a client naming many distinct origins (each
+/// `/proxy/stream` URL may name its own) cannot park request rate × `pool_idle_secs` sockets.
+const MAX_IDLE_TOTAL: usize = 1024;
+
+/// Idle raw connections per origin, newest on top, each kept for at most `idle`, at most
+/// `max_per_origin` per origin and at most `max_total` in all (the oldest goes first).
 pub struct RawPool {
-    idle: Mutex<HashMap<String, Vec<(TcpStream, Instant)>>>,
+    idle: Mutex<Idle>,
     max_per_origin: usize,
+    max_total: usize,
     timeout: Duration,
+}
+
+/// The pool's sockets and their count.
+#[derive(Default)]
+struct Idle {
+    /// Per origin, oldest first.
+    by_origin: HashMap<String, Vec<(TcpStream, Instant)>>,
+    /// Sockets in `by_origin`.
+    count: usize,
+}
+
+impl Idle {
+    /// Closes the oldest socket of all origins (an expired one, if any is); false if none is left.
+    fn evict_oldest(&mut self) -> bool {
+        let oldest = self
+            .by_origin
+            .iter()
+            .filter_map(|(key, s)| Some((key, s.first()?.1)))
+            .min_by_key(|(_, since)| *since)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = oldest {
+            if let Some(stack) = self.by_origin.get_mut(&key) {
+                stack.remove(0);
+                self.count -= 1;
+                if stack.is_empty() {
+                    self.by_origin.remove(&key);
+                }
+                return true;
+            }
+        }
+        false
+    }
 }
 
 impl RawPool {
     pub fn new(max_per_origin: usize, timeout: Duration) -> RawPool {
+        RawPool::with_total(max_per_origin, MAX_IDLE_TOTAL, timeout)
+    }
+
+    fn with_total(max_per_origin: usize, max_total: usize, timeout: Duration) -> RawPool {
         RawPool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(Idle::default()),
             max_per_origin,
+            max_total,
             timeout,
         }
     }
@@ -69,8 +111,11 @@ impl RawPool {
     /// The newest idle connection to `key` still open, if any.
     fn checkout(&self, key: &str) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let stack = idle.get_mut(key)?;
+        let Idle { by_origin, count } = &mut *idle;
+        let stack = by_origin.get_mut(key)?;
+        let mut found = None;
         while let Some((socket, since)) = stack.pop() {
+            *count -= 1;
             if since.elapsed() >= self.timeout {
                 continue;
             }
@@ -78,32 +123,51 @@ impl RawPool {
             // mean it sent something unasked; either way it cannot carry a request.
             let mut probe = [0u8; 1];
             match socket.try_read(&mut probe) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(socket),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    found = Some(socket);
+                    break;
+                }
                 _ => continue,
             }
         }
-        None
+        if stack.is_empty() {
+            by_origin.remove(key);
+        }
+        found
     }
 
     fn checkin(&self, key: String, socket: TcpStream) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        // Bounded in origins too: expired entries go when the map grows.
-        if idle.len() > 1024 {
-            let timeout = self.timeout;
-            idle.retain(|_, s| {
-                s.retain(|(_, since)| since.elapsed() < timeout);
-                !s.is_empty()
-            });
-        }
         // `pool_max_idle_per_host = 0` turns keep-alive off: the connection is dropped (closed).
-        if self.max_per_origin == 0 {
+        if self.max_per_origin == 0 || self.max_total == 0 {
             return;
         }
-        let stack = idle.entry(key).or_default();
-        if stack.len() >= self.max_per_origin {
+        // Bounded in origins too: an origin left with no socket is forgotten, so there are never
+        // more origins than sockets.
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let stack = idle.by_origin.entry(key).or_default();
+        let replaced = if stack.len() >= self.max_per_origin {
             stack.remove(0);
-        }
+            true
+        } else {
+            false
+        };
         stack.push((socket, Instant::now()));
+        if !replaced {
+            idle.count += 1;
+        }
+        // Over the overall cap the oldest of all goes (an expired one first, being older).
+        while idle.count > self.max_total && idle.evict_oldest() {}
+    }
+
+    /// Idle sockets held, all origins together.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        debug_assert_eq!(
+            idle.count,
+            idle.by_origin.values().map(Vec::len).sum::<usize>()
+        );
+        idle.count
     }
 }
 
@@ -246,5 +310,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    /// Many origins, one socket each: the pool keeps at most its overall cap, closing the
+    /// oldest. Before, nothing bounded the sockets parked within `pool_idle_secs` below 1,024
+    /// origins, and past that only expired ones were cleared.
+    #[tokio::test(start_paused = true)]
+    async fn idle_sockets_are_capped_across_origins_oldest_first() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = RawPool::with_total(8, 4, Duration::from_secs(60));
+        let mut origins = Vec::new();
+        for k in 0..6 {
+            let client = TcpStream::connect(addr).await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            pool.checkin(format!("origin{k}:80"), client);
+            origins.push(server);
+            // Distinct check-in times, so "oldest" is well defined.
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.idle_count(), 4);
+        // A second socket to a pooled origin takes a place too: the oldest left (origin2) goes.
+        let client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        pool.checkin("origin5:80".into(), client);
+        origins.push(server);
+        assert_eq!(pool.idle_count(), 4);
+        // The three oldest were closed: their origins see EOF.
+        for (k, server) in origins.iter_mut().enumerate().take(3) {
+            let mut buf = [0u8; 1];
+            let n = tokio::io::AsyncReadExt::read(server, &mut buf).await;
+            assert_eq!(n.unwrap(), 0, "origin{k} still held");
+            assert!(pool.checkout(&format!("origin{k}:80")).is_none());
+        }
+        for k in [3, 4] {
+            assert!(
+                pool.checkout(&format!("origin{k}:80")).is_some(),
+                "origin{k}"
+            );
+        }
+        assert!(pool.checkout("origin5:80").is_some());
+        assert!(pool.checkout("origin5:80").is_some());
+        assert_eq!(pool.idle_count(), 0);
     }
 }
