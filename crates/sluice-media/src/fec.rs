@@ -16,9 +16,19 @@
 //! (`D = 0`) has `Offset = L` and `NA = D`, a row packet (`D = 1`) has `Offset = 1`, `NA = L`.
 //! When exactly one of them is missing, XOR-ing everything else with the FEC packet gives back
 //! its payload, its payload length, its payload type and its timestamp.
+//!
+//! SMPTE 2022-1 bounds the matrix (`1 ≤ L ≤ 20`, `4 ≤ D ≤ 20`, `L × D ≤ 100`, and `L ≥ 4` when
+//! rows are sent); a header outside it is refused, so one FEC packet XORs at most 20 payloads
+//! (the fields allow 255, which a hostile sender would use to multiply the work).
 
 /// Length of the FEC header that follows the FEC packet's own RTP header.
 pub const FEC_HEADER_LEN: usize = 16;
+/// Most columns (L) or rows (D) a 2022-1 matrix has.
+pub const MAX_DIMENSION: u8 = 20;
+/// Fewest rows (D) a matrix has, and fewest columns (L) when row FEC is sent.
+pub const MIN_ROWS: u8 = 4;
+/// Most packets (L × D) a matrix has.
+pub const MAX_MATRIX: u16 = 100;
 
 /// Why a FEC payload is unusable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +39,8 @@ pub enum FecError {
     Empty,
     #[error("FEC type {0} is not XOR (SMPTE 2022-1 type 0)")]
     NotXor(u8),
+    #[error("FEC matrix (offset {offset}, NA {na}) is outside SMPTE 2022-1's limits")]
+    Matrix { offset: u8, na: u8 },
 }
 
 /// The fields of a SMPTE 2022-1 FEC header.
@@ -45,6 +57,20 @@ pub struct FecHeader {
 }
 
 impl FecHeader {
+    /// Whether the matrix this packet implies is one SMPTE 2022-1 allows. A row packet
+    /// (`Offset = 1`, `NA = L`) says nothing of D, so only L is checked; a column packet
+    /// (`Offset = L`, `NA = D`) is checked whole.
+    fn within_limits(&self) -> bool {
+        let (offset, na) = (self.offset, self.na);
+        if self.row {
+            offset == 1 && (MIN_ROWS..=MAX_DIMENSION).contains(&na)
+        } else {
+            (1..=MAX_DIMENSION).contains(&offset)
+                && (MIN_ROWS..=MAX_DIMENSION).contains(&na)
+                && u16::from(offset) * u16::from(na) <= MAX_MATRIX
+        }
+    }
+
     /// Sequence numbers this packet protects.
     pub fn protected(&self) -> impl Iterator<Item = u16> + '_ {
         (0..u16::from(self.na)).map(|j| {
@@ -74,6 +100,12 @@ pub fn parse_fec(payload: &[u8]) -> Result<(FecHeader, &[u8]), FecError> {
     };
     if header.offset == 0 || header.na == 0 {
         return Err(FecError::Empty);
+    }
+    if !header.within_limits() {
+        return Err(FecError::Matrix {
+            offset: header.offset,
+            na: header.na,
+        });
     }
     Ok((header, &payload[FEC_HEADER_LEN..]))
 }
@@ -127,6 +159,17 @@ impl Recovery {
     fn find(&self, seq: u16) -> Option<&MediaPacket> {
         let at = usize::from(seq) % self.slots.len();
         self.slots[at].as_ref().filter(|p| p.sequence == seq)
+    }
+
+    /// The bytes `fec` would XOR for this packet: its own payload and each remembered packet
+    /// it protects. A few lookups, so a caller can bound the work before doing it.
+    pub fn cost(&self, header: &FecHeader, xor: &[u8]) -> u64 {
+        header
+            .protected()
+            .filter_map(|seq| self.find(seq))
+            .map(|p| p.payload.len() as u64)
+            .sum::<u64>()
+            + xor.len() as u64
     }
 
     /// Offers a FEC packet: rebuilds the one missing packet it protects, if exactly one is.

@@ -149,6 +149,16 @@ const RESYNC_DISTANCE: i32 = 1024;
 /// Fewest consecutive late packets taken as a restarted sender (the window, if larger).
 const MIN_LATE_RUN: usize = 16;
 
+/// Where [`Reorder::push`] puts a packet.
+enum Place {
+    /// A sender restart: what is held is flushed and the packet starts the window afresh.
+    Resync,
+    /// Already released or given up on: dropped.
+    Late,
+    /// This many places after the next sequence number to release.
+    Ahead(usize),
+}
+
 /// A sequence-indexed window that releases packets in order, drops duplicates, and counts loss.
 ///
 /// A packet ahead of the expected sequence waits in its slot; a gap is given up on only when a
@@ -198,9 +208,25 @@ impl<T> Reorder<T> {
         self.held
     }
 
-    /// Offers one packet; every packet that is now in order is pushed onto `out`.
-    pub fn push(&mut self, seq: u16, item: T, out: &mut Vec<T>) {
-        let next = *self.next.get_or_insert(seq);
+    /// Whether [`Reorder::push`] would keep a packet with this sequence number now, rather
+    /// than drop it as a duplicate or too late. Lets a caller skip copying the payload of a
+    /// packet about to be dropped (it still pushes something, so the drop is counted).
+    pub fn accepts(&self, seq: u16) -> bool {
+        match self.place(seq) {
+            Place::Resync => true,
+            Place::Late => false,
+            // Past the window: the slot it lands in is freed by moving the window on.
+            Place::Ahead(dist) if dist >= self.slots.len() => true,
+            Place::Ahead(dist) => self.slots[self.slot(dist as u16)].is_none(),
+        }
+    }
+
+    /// Where a packet with this sequence number goes; the one decision `push` and `accepts`
+    /// share, so they cannot disagree.
+    fn place(&self, seq: u16) -> Place {
+        let Some(next) = self.next else {
+            return Place::Ahead(0);
+        };
         let diff = i32::from(seq.wrapping_sub(next) as i16);
         // A run of "late" packets longer than any reordering is a sender that restarted a
         // little behind its old sequence, not duplicates: follow it instead of dropping it.
@@ -208,24 +234,39 @@ impl<T> Reorder<T> {
         // At most 4096 + 1024, far below the 32768 where the signed distance turns around.
         let reach = self.slots.len() as i32 + RESYNC_DISTANCE;
         if restarted || !(-reach..=reach).contains(&diff) {
-            self.stats.resyncs += 1;
-            self.late_run = 0;
-            self.flush(out);
-            self.next = Some(seq);
-            self.ahead = 0;
-            self.store(0, item);
+            Place::Resync
         } else if diff < 0 {
-            // Already released or given up on: a duplicate or a packet too late to use.
-            self.stats.duplicates += 1;
-            self.late_run += 1;
+            Place::Late
         } else {
-            self.late_run = 0;
-            let mut dist = diff as usize;
-            if dist >= self.slots.len() {
-                self.advance(dist + 1 - self.slots.len(), out);
-                dist = self.slots.len() - 1;
+            Place::Ahead(diff as usize)
+        }
+    }
+
+    /// Offers one packet; every packet that is now in order is pushed onto `out`.
+    pub fn push(&mut self, seq: u16, item: T, out: &mut Vec<T>) {
+        match self.place(seq) {
+            Place::Resync => {
+                self.stats.resyncs += 1;
+                self.late_run = 0;
+                self.flush(out);
+                self.next = Some(seq);
+                self.ahead = 0;
+                self.store(0, item);
             }
-            self.store(dist as u16, item);
+            Place::Late => {
+                // Already released or given up on: a duplicate or a packet too late to use.
+                self.stats.duplicates += 1;
+                self.late_run += 1;
+            }
+            Place::Ahead(mut dist) => {
+                self.next.get_or_insert(seq);
+                self.late_run = 0;
+                if dist >= self.slots.len() {
+                    self.advance(dist + 1 - self.slots.len(), out);
+                    dist = self.slots.len() - 1;
+                }
+                self.store(dist as u16, item);
+            }
         }
         self.release(out);
     }

@@ -324,6 +324,11 @@ pub struct Iptv {
 }
 
 impl Iptv {
+    /// The query params the RTSP front end reads as catch-up times, as configured.
+    pub fn seek_params(&self) -> &[String] {
+        &self.config.rtsp.seek_params
+    }
+
     /// Builds the front end; inside a tokio runtime it also starts the guide's refresh loop
     /// when a guide can exist (a playlist or `epg_url` is configured).
     pub fn new(
@@ -575,10 +580,16 @@ impl Iptv {
         let wait = Duration::from_millis(self.config.no_data_timeout_ms);
         let Some(first) = self.first_data_within(&sub.hub, wait).await else {
             self.registry.metrics.refuse("no_data");
+            // The channel and the interface it joined on go to the log only: the interface
+            // name is configuration, kept from clients as in `key_refused`.
+            tracing::info!(
+                channel = %sub.hub.key.channel(),
+                interface = %sub.hub.key.group.interface,
+                wait_ms = self.config.no_data_timeout_ms,
+                "channel refused: no data in time"
+            );
             let msg = format!(
-                "no data from {} on {} within {} ms\n",
-                sub.hub.key.channel(),
-                sub.hub.key.group.interface,
+                "no data from the channel within {} ms\n",
                 self.config.no_data_timeout_ms
             );
             return text(StatusCode::GATEWAY_TIMEOUT, &msg);

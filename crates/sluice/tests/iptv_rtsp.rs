@@ -939,6 +939,76 @@ async fn refused_sessions_leave_no_series_and_labels_are_escaped() {
     assert_valid_exposition(&text);
 }
 
+/// A client's long path names its hub by a label of bounded length (the path's first 96
+/// characters and a hash of the whole), one per path: before, a 20 KiB path was copied into
+/// each of the hub's 17 series and rendered at every scrape.
+#[tokio::test]
+async fn a_long_rtsp_path_gives_a_short_label() {
+    // Accepts and never answers: the sessions stay in their setup.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = silent.accept().await {
+            held.push(tcp);
+        }
+    });
+    let mut cfg = rtsp_config();
+    cfg.rtsp.timeout_ms = 30_000;
+    cfg.rtsp.setup_timeout_ms = 30_000;
+    let gw = Gateway::start(cfg).await;
+    let long: String = (0..20 * 1024)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    // Two channels alike for 20 KiB, apart only in their last character.
+    let paths = [format!("/{long}A"), format!("/{long}B")];
+    let mut viewers = Vec::new();
+    for path in &paths {
+        viewers.push(
+            gw.stalled_get(&format!("/rtsp/127.0.0.1:{port}{path}"))
+                .await,
+        );
+    }
+    let server = format!("channel=\"rtsp://127.0.0.1:{port}/");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while gw.metrics().matches(&server).count() < 2 * 17 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no series {server}:\n{}",
+            gw.metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = gw.metrics();
+    assert!(
+        !text.contains(&long[..200]),
+        "the path is in the scrape ({} bytes)",
+        text.len()
+    );
+    // The first 96 characters of the path, then the hash.
+    let prefix = format!("channel=\"rtsp://127.0.0.1:{port}{}...#", &paths[0][..96]);
+    assert_eq!(text.matches(&prefix).count(), 2 * 17, "{text}");
+    let mut labels: Vec<&str> = text
+        .match_indices(&prefix)
+        .map(|(at, _)| {
+            let value = &text[at + "channel=\"".len()..];
+            &value[..value.find('"').unwrap()]
+        })
+        .collect();
+    labels.sort_unstable();
+    labels.dedup();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    for label in &labels {
+        assert!(label.len() <= 160, "{label}");
+    }
+    assert!(
+        text.lines().all(|l| l.len() < 512),
+        "a long line in:\n{text}"
+    );
+    assert_valid_exposition(&text);
+    drop(viewers);
+}
+
 /// Every failure to reach an RTSP server answers the same 502 and body: a name that does not
 /// resolve, a port nothing listens on, a server that closes at once, one that speaks another
 /// protocol, a DESCRIBE refused. Before, the body told them apart ("cannot resolve", "connection
@@ -1999,6 +2069,58 @@ async fn a_token_holder_cannot_shift_a_catch_up_time_the_token_fixes() {
     assert!(
         server.saw(&format!(
             "DESCRIBE rtsp://127.0.0.1:{port}/rec?playseek={TIME}"
+        )),
+        "{requests:?}"
+    );
+}
+
+/// The same with the operator's own catch-up name (`iptv.rtsp.seek_params = ["starttime"]`):
+/// a token fixing `starttime` cannot have it shifted by `r2h-seek-offset` (the check knew only
+/// `playseek` and `tvdr`), and a channel's token may add `starttime` as it may add `playseek`
+/// (a player filling the configured `catchup-source` got the token refusal).
+#[cfg(feature = "media")]
+#[tokio::test]
+async fn a_configured_seek_param_is_a_catch_up_time_for_tokens() {
+    const PW: &str = "seek-configured-test-password";
+    const TIME: &str = "20240101120000-20240101130000";
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut config = app_support::test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.rtsp.seek_mode = sluice::iptv::rtsp::SeekMode::Passthrough;
+    config.iptv.rtsp.seek_params = vec!["starttime".into()];
+    let s = app_support::Sluice::start(config).await;
+    let programme = generated_url(
+        &s,
+        PW,
+        &format!("/rtsp/127.0.0.1:{port}/rec"),
+        serde_json::json!({ "starttime": TIME }),
+    )
+    .await;
+    assert!(!programme.contains("starttime"), "{programme}");
+    let refusal = (401, Bytes::from_static(br#"{"detail":"invalid token"}"#));
+    for added in ["r2h-seek-offset=86400", "r2h-seek-mode=range"] {
+        let attack = format!("{programme}?{added}");
+        assert_eq!(status_of(&attack).await, refusal, "{attack}");
+    }
+    assert_eq!(
+        *server.requests.lock().unwrap(),
+        Vec::<String>::new(),
+        "a refused request reached the server"
+    );
+    let channel = generated_url(
+        &s,
+        PW,
+        &format!("/rtsp/127.0.0.1:{port}/live"),
+        serde_json::json!({}),
+    )
+    .await;
+    let catchup = format!("{channel}?starttime={TIME}");
+    assert_eq!(status_of(&catchup).await.0, 200, "{catchup}");
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(
+        server.saw(&format!(
+            "DESCRIBE rtsp://127.0.0.1:{port}/live?starttime={TIME}"
         )),
         "{requests:?}"
     );

@@ -18,15 +18,16 @@ fn packet(seq: u16) -> MediaPacket {
 
 #[test]
 fn parses_what_it_encodes() {
-    let a = packet(100);
-    let b = packet(101);
-    let fec = encode_fec(&[&a, &b], true, 1);
+    let row: Vec<MediaPacket> = (100..104).map(packet).collect();
+    let refs: Vec<&MediaPacket> = row.iter().collect();
+    let fec = encode_fec(&refs, true, 1);
     let (h, xor) = parse_fec(&fec).unwrap();
     assert_eq!(h.sn_base, 100);
     assert!(h.row);
-    assert_eq!((h.offset, h.na), (1, 2));
-    assert_eq!(h.protected().collect::<Vec<_>>(), vec![100, 101]);
-    assert_eq!(xor.len(), a.payload.len().max(b.payload.len()));
+    assert_eq!((h.offset, h.na), (1, 4));
+    assert_eq!(h.protected().collect::<Vec<_>>(), vec![100, 101, 102, 103]);
+    let longest = row.iter().map(|p| p.payload.len()).max().unwrap();
+    assert_eq!(xor.len(), longest);
     assert_eq!(parse_fec(&fec[..15]), Err(FecError::TooShort));
     let mut other = fec.clone();
     other[12] |= 0x08; // type 1
@@ -34,6 +35,72 @@ fn parses_what_it_encodes() {
     let mut empty = fec;
     empty[14] = 0;
     assert_eq!(parse_fec(&empty), Err(FecError::Empty));
+}
+
+/// A FEC payload (header and 4 bytes of XOR) with these header fields.
+fn header_only(row: bool, offset: u8, na: u8) -> Vec<u8> {
+    let mut fec = vec![0u8; FEC_HEADER_LEN + 4];
+    fec[12] = if row { 0x40 } else { 0 };
+    fec[13] = offset;
+    fec[14] = na;
+    fec
+}
+
+/// Attack: a FEC header claiming 255 packets, each XOR a pass over 255 payloads. SMPTE
+/// 2022-1 matrices are at most 20 columns, 20 rows and 100 packets, with at least 4 rows (and
+/// 4 columns when rows are sent); anything else is refused before any work.
+#[test]
+fn matrices_outside_the_standard_are_refused() {
+    let refused = |row, offset, na| {
+        assert_eq!(
+            parse_fec(&header_only(row, offset, na)).map(|(h, _)| h),
+            Err(FecError::Matrix { offset, na }),
+            "row {row}, offset {offset}, NA {na}"
+        );
+    };
+    // Columns: L = offset, D = NA.
+    refused(false, 255, 255);
+    refused(false, 21, 4);
+    refused(false, 5, 21);
+    refused(false, 20, 6); // 120 packets
+    refused(false, 6, 20);
+    refused(false, 11, 10);
+    refused(false, 10, 3); // fewer than 4 rows
+                           // Rows: offset 1, NA = L, 4 to 20.
+    refused(true, 1, 255);
+    refused(true, 1, 21);
+    refused(true, 1, 3);
+    refused(true, 2, 10);
+    refused(true, 20, 5);
+    let accepted = |row, offset, na| {
+        let fec = header_only(row, offset, na);
+        let (h, xor) =
+            parse_fec(&fec).unwrap_or_else(|e| panic!("row {row}, offset {offset}, NA {na}: {e}"));
+        assert_eq!((h.row, h.offset, h.na, xor.len()), (row, offset, na, 4));
+    };
+    for (l, d) in [(1, 4), (1, 20), (20, 5), (5, 20), (10, 10), (4, 4), (3, 20)] {
+        accepted(false, l, d);
+    }
+    for l in [4, 10, 20] {
+        accepted(true, 1, l);
+    }
+}
+
+/// `cost` counts what `fec` XORs: the FEC payload and each remembered protected packet.
+#[test]
+fn cost_is_the_bytes_xored() {
+    let col: Vec<MediaPacket> = (0..5).map(|r| packet(r * 20)).collect();
+    let refs: Vec<&MediaPacket> = col.iter().collect();
+    let fec = encode_fec(&refs, false, 20);
+    let (h, xor) = parse_fec(&fec).unwrap();
+    let mut rec = Recovery::new(256);
+    assert_eq!(rec.cost(&h, xor), xor.len() as u64, "nothing remembered");
+    for p in &col[1..] {
+        rec.media(p.clone());
+    }
+    let held: usize = col[1..].iter().map(|p| p.payload.len()).sum();
+    assert_eq!(rec.cost(&h, xor), (xor.len() + held) as u64);
+    assert_eq!(rec.fec(&h, xor), FecOutcome::Repaired(col[0].clone()));
 }
 
 #[test]
@@ -117,7 +184,9 @@ proptest! {
     /// Any matrix size and start (the wrap included): with at most one loss per row, or per
     /// column, everything comes back byte-identical.
     #[test]
-    fn any_matrix_with_sparse_loss_comes_back(l in 1u16..=20, d in 4u16..=20, start: u16, n in 0usize..30) {
+    fn any_matrix_with_sparse_loss_comes_back(l in 4u16..=20, d in 4u16..=20, start: u16, n in 0usize..30) {
+        // Any matrix SMPTE 2022-1 allows with rows and columns.
+        prop_assume!(l * d <= MAX_MATRIX);
         prop_assume!(n == 0 || n > usize::from(l));
         let (sent, got, _) = matrix_run(l, d, start, n);
         prop_assert_eq!(got, sent);
@@ -126,7 +195,8 @@ proptest! {
     #[test]
     fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
         if let Ok((h, xor)) = parse_fec(&bytes) {
-            prop_assert!(h.na > 0 && h.offset > 0);
+            prop_assert!((MIN_ROWS..=MAX_DIMENSION).contains(&h.na));
+            prop_assert!(u16::from(h.offset) * u16::from(h.na) <= MAX_MATRIX);
             prop_assert_eq!(xor.len(), bytes.len() - FEC_HEADER_LEN);
         }
     }

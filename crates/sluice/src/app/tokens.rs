@@ -50,7 +50,7 @@ impl App {
                 .ok_or(token::TokenRefusal::NoKey)
                 .and_then(|gate| gate.open(&token, client_ip, token::now()))
                 .and_then(|opened| {
-                    let q = token::scoped_query(&opened, &path, &query)?;
+                    let q = token::scoped_query(&opened, &path, &query, self.seek_params())?;
                     Ok((opened.scope, q))
                 });
             match opened {
@@ -70,6 +70,17 @@ impl App {
             secure,
             token: scope,
         })
+    }
+
+    /// The names the IPTV gateway reads as catch-up times (`iptv.rtsp.seek_params`).
+    #[cfg(feature = "iptv")]
+    fn seek_params(&self) -> &[String] {
+        self.iptv.seek_params()
+    }
+
+    #[cfg(not(feature = "iptv"))]
+    fn seek_params(&self) -> &[String] {
+        &[]
     }
 
     /// The request head as the IPTV front end sees it: the token prefix stripped from the path, and

@@ -253,8 +253,14 @@ impl TokenGate {
 ///
 /// A MediaFlow token (proof of the password) behaves as in MediaFlow: its params win and the
 /// request may add others. A sealed token's params are the whole query, plus [`ADDABLE_PARAMS`]
-/// (and [`CATCHUP_PARAMS`] on `/rtsp/` paths).
-pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Query, TokenRefusal> {
+/// (and on `/rtsp/` paths [`CATCHUP_PARAMS`] and the gateway's configured `seek_params`, which
+/// count as catch-up times like `playseek` and `tvdr`).
+pub fn scoped_query(
+    opened: &Opened,
+    path: &str,
+    request: &Query,
+    seek_params: &[String],
+) -> Result<Query, TokenRefusal> {
     let mut query = Query::from_pairs(opened.params.clone());
     let extra = request
         .pairs()
@@ -269,16 +275,22 @@ pub fn scoped_query(opened: &Opened, path: &str, request: &Query) -> Result<Quer
                 return Err(TokenRefusal::OutOfScope);
             }
             // The catch-up times the gateway reads (`playseek`, `tvdr`: the default
-            // `iptv.rtsp.seek_params`; `r2h-start`) and its choice of seek param. A token fixing
-            // one is a programme, not a channel: `r2h-seek-offset` would shift the fixed time,
-            // `r2h-seek-mode` move it between the URL and `Range`, another seek param or
-            // `r2h-seek-name` replace it, so its holder may add no catch-up param at all.
+            // `iptv.rtsp.seek_params`, and whatever names the operator configured there;
+            // `r2h-start`) and its choice of seek param. A token fixing one is a programme, not
+            // a channel: `r2h-seek-offset` would shift the fixed time, `r2h-seek-mode` move it
+            // between the URL and `Range`, another seek param or `r2h-seek-name` replace it, so
+            // its holder may add no catch-up param at all.
             const SEEK_TIMES: [&str; 4] = ["playseek", "tvdr", "r2h-start", "r2h-seek-name"];
-            let fixed_time = SEEK_TIMES.iter().any(|p| query.get(p).is_some());
+            let fixed_time = SEEK_TIMES
+                .iter()
+                .copied()
+                .chain(seek_params.iter().map(String::as_str))
+                .any(|p| query.get(p).is_some());
             let mut added = Vec::new();
             for (name, value) in extra {
                 let repeated = query.get(name).is_some() || added.iter().any(|(k, _)| k == name);
-                let catchup = path.starts_with("/rtsp/") && CATCHUP_PARAMS.contains(&name.as_str());
+                let catchup = path.starts_with("/rtsp/")
+                    && (CATCHUP_PARAMS.contains(&name.as_str()) || seek_params.contains(name));
                 if !(ADDABLE_PARAMS.contains(&name.as_str()) || catchup)
                     || repeated
                     || (catchup && fixed_time)
@@ -488,6 +500,7 @@ mod tests {
             &o,
             "/proxy/hls/segment.ts",
             &Query::parse("_HLS_msn=3&token=t"),
+            &[],
         )
         .unwrap();
         assert_eq!(
@@ -495,7 +508,7 @@ mod tests {
             pairs(&[("d", "x"), ("_HLS_msn", "3")]).as_slice()
         );
         assert!(matches!(
-            scoped_query(&o, "/proxy/stream", &Query::parse("")),
+            scoped_query(&o, "/proxy/stream", &Query::parse(""), &[]),
             Err(TokenRefusal::OutOfScope)
         ));
         for q in [
@@ -504,7 +517,7 @@ mod tests {
             "key_id=1",
             "_HLS_msn=1&_HLS_msn=2",
         ] {
-            let r = scoped_query(&o, "/proxy/hls/x", &Query::parse(q));
+            let r = scoped_query(&o, "/proxy/hls/x", &Query::parse(q), &[]);
             assert!(matches!(r, Err(TokenRefusal::Override(_))), "{q}");
         }
     }

@@ -10,8 +10,10 @@
 //! other direction (row or column) may have filled one of them; a Reed-Solomon block stays open
 //! until it has as many parity packets as it has losses, or falls out of the history.
 //!
-//! Reed-Solomon decodes are bounded per channel (`DecodeBudget`): each inverts a matrix of up
-//! to 254 × 254, and a hostile sender on the group could make every block it sends a decode.
+//! Repair work is bounded per channel (`DecodeBudget`): a Reed-Solomon decode inverts a matrix
+//! of up to 254 × 254, an XOR repair passes over up to 20 payloads (the parser refuses larger
+//! matrices), and a hostile sender on the group could make every packet it sends such work:
+//! 512 XOR packets a tick, each tried twice, is still some 40 MB of XOR a tick without it.
 
 use std::io::Read;
 
@@ -37,11 +39,16 @@ const DRAIN_DATAGRAMS: usize = 64;
 /// arrives a whole matrix late) is still in time. rtp2httpd uses the same.
 pub const MIN_REORDER_WINDOW: usize = 512;
 
-/// Reed-Solomon decode work one channel may do per `BUDGET_WINDOW`, in
-/// `rs_fec::decode_cost` units (about a nanosecond of one core each): some 50 ms of CPU a
-/// second, however a hostile sender shapes its blocks. A decode's cost grows with the cube of
-/// the block size, so the budget is of work, not of decodes: counted in decodes, a number
-/// that covers small blocks at real stream rates would let large ones take whole cores.
+/// Repair work one channel may do per `BUDGET_WINDOW`: Reed-Solomon decodes in
+/// `rs_fec::decode_cost` units (about a nanosecond of one core each), XOR repairs in bytes
+/// XORed (`Recovery::cost`; less than a nanosecond each). Some 50 ms of CPU a second, however a
+/// hostile sender shapes its blocks. A channel has one kind of FEC, so the two never share it.
+/// XOR FEC passes over each media byte twice (row and column), plus the FEC payloads and
+/// retries: some 6 MB a second for a 20 Mbit/s stream, 30 MB for 100 Mbit/s.
+///
+/// A decode's cost grows with the cube of the block size, so the budget is of work, not of
+/// decodes: counted in decodes, a number that covers small blocks at real stream rates would
+/// let large ones take whole cores.
 /// Enough for every block of a 20 Mbit/s stream (1,900 packets a second) to lose a packet and
 /// be rebuilt at k = 10 (190 blocks a second, some 1,750 decodes budgeted), k = 20 (95, some
 /// 720 budgeted) or k = 100 (19, some 22 budgeted), one packet of 1,328 bytes lost per block;
@@ -50,8 +57,8 @@ const DECODE_BUDGET: u64 = 50_000_000;
 /// The window the decode budget is counted over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(1);
 
-/// A channel's Reed-Solomon decode work in the current window; decodes past `DECODE_BUDGET`
-/// are refused until the next window starts.
+/// A channel's FEC repair work in the current window; work past `DECODE_BUDGET` is refused
+/// until the next window starts.
 #[derive(Debug)]
 struct DecodeBudget {
     limit: u64,
@@ -111,7 +118,7 @@ pub struct FecState {
     rs: Option<rs_fec::Recovery>,
     /// XOR FEC payloads waiting for the next tick, and whether each was tried already.
     queued: Vec<(Vec<u8>, bool)>,
-    /// Bounds the Reed-Solomon decodes (XOR repairs are a pass over one row or column).
+    /// Bounds the Reed-Solomon decodes and the bytes XOR repairs pass over.
     budget: DecodeBudget,
 }
 
@@ -224,38 +231,45 @@ impl FecState {
         let Some(recovery) = self.recovery.as_mut() else {
             return Vec::new();
         };
+        let budget = &mut self.budget;
+        let mut over_budget = 0;
+        // Every try is charged, a retry too: past the budget the packet is dropped unrepaired.
+        let mut offer = |payload: &[u8]| {
+            // Queued packets were parsed when queued: this cannot fail.
+            let Ok((header, xor)) = fec::parse_fec(payload) else {
+                return Some(FecOutcome::Intact);
+            };
+            if !budget.allow(now, recovery.cost(&header, xor)) {
+                over_budget += 1;
+                return None;
+            }
+            Some(recovery.fec(&header, xor))
+        };
         let mut rebuilt = Vec::new();
         let mut retry = Vec::new();
         for (payload, tried) in std::mem::take(&mut self.queued) {
-            let Ok((header, xor)) = fec::parse_fec(&payload) else {
-                continue;
-            };
-            match recovery.fec(&header, xor) {
-                FecOutcome::Repaired(p) => rebuilt.push(p),
-                FecOutcome::Intact => {}
-                FecOutcome::Unrecoverable if !tried => retry.push((payload, true)),
-                FecOutcome::Unrecoverable => {
+            match offer(&payload) {
+                Some(FecOutcome::Repaired(p)) => rebuilt.push(p),
+                Some(FecOutcome::Intact) | None => {}
+                Some(FecOutcome::Unrecoverable) if !tried => retry.push((payload, true)),
+                Some(FecOutcome::Unrecoverable) => {
                     metrics.fec_unrecoverable.inc();
                 }
             }
         }
         // A repair in this round may complete what another FEC packet needed.
         if !rebuilt.is_empty() {
-            retry.retain(|(payload, _)| {
-                let Ok((header, xor)) = fec::parse_fec(payload) else {
-                    return false;
-                };
-                match recovery.fec(&header, xor) {
-                    FecOutcome::Repaired(p) => {
-                        rebuilt.push(p);
-                        false
-                    }
-                    FecOutcome::Intact => false,
-                    FecOutcome::Unrecoverable => true,
+            retry.retain(|(payload, _)| match offer(payload) {
+                Some(FecOutcome::Repaired(p)) => {
+                    rebuilt.push(p);
+                    false
                 }
+                Some(FecOutcome::Intact) | None => false,
+                Some(FecOutcome::Unrecoverable) => true,
             });
         }
         self.queued = retry;
+        metrics.fec_over_budget.inc_by(over_budget);
         metrics.fec_recovered.inc_by(rebuilt.len() as u64);
         rebuilt
             .into_iter()
@@ -347,6 +361,128 @@ mod tests {
         }
         let (header, _) = rs_fec::parse_datagram(&parity[0]).unwrap();
         (lost, rs_fec::decode_cost(&header, 1))
+    }
+
+    /// `media(seq)` as FEC sees it.
+    fn media_packet(seq: u16) -> MediaPacket {
+        let d = media(seq);
+        let rtp = rtp::parse_rtp(&d).unwrap();
+        MediaPacket {
+            sequence: seq,
+            payload_type: rtp.header.payload_type,
+            timestamp: rtp.header.timestamp,
+            payload: d[rtp.payload].to_vec(),
+        }
+    }
+
+    /// Remembers media packets `seqs`, as received.
+    fn receive(state: &mut FecState, seqs: std::ops::Range<u16>) {
+        for seq in seqs {
+            let d = media(seq);
+            let rtp = rtp::parse_rtp(&d).unwrap();
+            state.media(&rtp.header, &d[rtp.payload.clone()], &d);
+        }
+    }
+
+    /// The XOR FEC datagram (RTP, PT 96) protecting `column` of a matrix of `l` columns.
+    fn column_fec(column: &[MediaPacket], l: u8) -> Vec<u8> {
+        let mut d = vec![0x80, 96, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+        d.extend(fec::encode_fec(
+            &column.iter().collect::<Vec<_>>(),
+            false,
+            l,
+        ));
+        d
+    }
+
+    /// Column `c` of the matrix of `l` columns × `rows` rows from sequence 0.
+    fn column(c: u16, l: u16, rows: u16) -> Vec<MediaPacket> {
+        (0..rows).map(|r| media_packet(r * l + c)).collect()
+    }
+
+    /// Attack: XOR FEC headers claiming 255 packets (the fields allow it; SMPTE 2022-1 stops
+    /// at 20 × 20 and 100) are malformed, counted and never queued for work.
+    #[test]
+    fn xor_fec_outside_the_standard_matrix_is_malformed() {
+        let metrics = metrics();
+        let mut state = FecState::default();
+        receive(&mut state, 0..100);
+        // The standard's largest column: L = 5, D = 20.
+        let fits = column_fec(&column(0, 5, 20), 5);
+        for (offset, na) in [(255, 255), (1, 255), (5, 21), (10, 20)] {
+            let mut bad = fits.clone();
+            bad[12 + 13] = offset;
+            bad[12 + 14] = na;
+            state.datagram(&bad, &metrics);
+        }
+        assert_eq!(metrics.malformed.get(), 4);
+        assert!(!state.waiting(), "nothing queued");
+        state.datagram(&fits, &metrics);
+        assert!(state.waiting());
+        assert_eq!(metrics.malformed.get(), 4);
+    }
+
+    fn seqs(rebuilt: Vec<Rebuilt>) -> Vec<u16> {
+        rebuilt.iter().map(|r| r.sequence).collect()
+    }
+
+    /// Attack: a sender on the FEC port makes every XOR packet work (up to 512 a tick, each a
+    /// pass over up to 20 payloads, an unrecoverable one twice). The bytes XORed are charged
+    /// to the channel's budget: past it, packets are dropped unrepaired and counted.
+    #[test]
+    fn xor_repairs_past_the_budget_are_dropped_and_counted() {
+        let metrics = metrics();
+        let mut state = FecState::default();
+        // A 10 × 10 matrix whose first row is lost: each column FEC repairs one packet.
+        receive(&mut state, 10..100);
+        let columns: Vec<Vec<u8>> = (0..10)
+            .map(|c| column_fec(&column(c, 10, 10), 10))
+            .collect();
+        // Each repair XORs the FEC payload and the column's 9 other packets: 10 payloads.
+        let cost = 10 * media_packet(0).payload.len() as u64;
+        state.budget = DecodeBudget::new(4 * cost);
+        for f in &columns {
+            state.datagram(f, &metrics);
+        }
+        let t0 = Instant::now();
+        assert_eq!(seqs(state.repair_at(t0, &metrics)), [0, 1, 2, 3]);
+        assert_eq!(metrics.fec_over_budget.get(), 6);
+        assert_eq!(state.budget.spent, 4 * cost, "no more work than the budget");
+        assert!(!state.waiting(), "dropped, not kept for later");
+        // The next window repairs again.
+        for f in &columns[4..] {
+            state.datagram(f, &metrics);
+        }
+        let rebuilt = state.repair_at(t0 + Duration::from_millis(1000), &metrics);
+        assert_eq!(seqs(rebuilt), [4, 5, 6, 7]);
+        assert_eq!(metrics.fec_recovered.get(), 8);
+        assert_eq!(metrics.fec_over_budget.get(), 8);
+    }
+
+    /// The flood with the real budget: 512 FEC packets a 20 ms tick, each the largest column
+    /// (5 × 20; nothing to repair, so each is one pass over 21 payloads). Five ticks offer
+    /// 2,560 passes (some 70 MB of XOR); only what fits in `DECODE_BUDGET` is done.
+    #[test]
+    fn an_xor_fec_flood_does_no_more_than_the_budget() {
+        let metrics = metrics();
+        let mut state = FecState::default();
+        receive(&mut state, 0..100);
+        let flood = column_fec(&column(0, 5, 20), 5);
+        let pass = 21 * media_packet(0).payload.len() as u64;
+        let t0 = Instant::now();
+        let mut offered = 0u64;
+        for tick in 0..5 {
+            for _ in 0..MAX_QUEUED {
+                state.datagram(&flood, &metrics);
+                offered += 1;
+            }
+            let rebuilt = state.repair_at(t0 + Duration::from_millis(20 * tick), &metrics);
+            assert!(rebuilt.is_empty());
+        }
+        let done = offered - metrics.fec_over_budget.get();
+        assert_eq!(done, DECODE_BUDGET / pass, "passes done");
+        assert!(done * pass <= DECODE_BUDGET);
+        assert_eq!(metrics.fec_unrecoverable.get(), 0);
     }
 
     #[test]

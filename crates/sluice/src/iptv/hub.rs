@@ -9,8 +9,9 @@
 //! the ring's end to subscribers only every `write_batch` bytes or `flush_interval`, which is
 //! what makes their writes large.
 //!
-//! Payloads are copied once, out of the receive scratch and back to back into 32 KiB blocks,
-//! and the in-order ones that sit side by side are joined into one ring chunk per wakeup: a
+//! Payloads are copied once, out of the receive scratch and back to back into 32 KiB blocks
+//! (only those the reorder window keeps: a block lives as long as any chunk of it), and the
+//! in-order ones that sit side by side are joined into one ring chunk per wakeup: a
 //! held byte of history costs one byte of memory, and a subscriber's write covers a whole
 //! batch with a handful of iovecs. Small payloads released out of order (so not side by side)
 //! are copied onto the chunk rather than starting one each (see `Joiner`).
@@ -841,7 +842,7 @@ impl Pump {
             return;
         };
         for p in fec.repair(&self.hub.metrics) {
-            let payload = self.packer.pack(&p.payload);
+            let payload = self.packer.pack_if(&self.reorder, p.sequence, &p.payload);
             self.reorder.push(p.sequence, payload, &mut self.released);
         }
         self.append_released();
@@ -1060,7 +1061,7 @@ fn classify(
             if let Some(fec) = fec {
                 fec.media(&p.header, payload, d);
             }
-            let payload = packer.pack(&d[p.payload]);
+            let payload = packer.pack_if(reorder, p.header.sequence, &d[p.payload]);
             reorder.push(p.header.sequence, payload, released);
         }
         Err(_) if hub.key.mode == Mode::Udp => released.push(packer.pack(d)),
@@ -1132,11 +1133,21 @@ impl Joiner {
     }
 
     /// The run so far, its spare capacity given back when it is a copy (growing it in place
-    /// doubled its capacity at times).
+    /// doubled its capacity at times), and copied out of its block when it is a view smaller
+    /// than `SMALL_PIECE`.
+    ///
+    /// A view keeps its whole 32 KiB block alive while the ring charges it only its length.
+    /// That is fair when the rest of the block is other chunks (all the packer packs is kept,
+    /// see `Packer::pack_if`), and this is a second guard in case it is not: a lone tiny
+    /// payload is the shape an attack on it needs. The threshold stays below real payloads
+    /// (1,316 bytes) on purpose: a low-bitrate channel's chunk is often one of them, a tenth
+    /// of a block, and copying those would copy every byte such channels carry. Charging the
+    /// ring a block per view is no better: it cannot tell a shared block from a wasted one, and
+    /// would cut those channels' history twentyfold.
     fn take(&mut self) -> Option<BytesMut> {
         let run = self.run.take()?;
         let owned = std::mem::take(&mut self.owned);
-        if owned && run.capacity() > run.len() {
+        if (owned && run.capacity() > run.len()) || (!owned && run.len() < SMALL_PIECE) {
             return Some(BytesMut::from(&run[..]));
         }
         Some(run)
@@ -1156,6 +1167,21 @@ struct Packer {
 }
 
 impl Packer {
+    /// Packs an RTP payload only if the reorder window will keep it: a duplicate or late one
+    /// comes out empty (no copy, nothing allocated), to be pushed and counted as dropped.
+    ///
+    /// Packing it anyway left its bytes in the block after the window dropped it, and the
+    /// block lives as long as any payload kept from it: a sender of 1-byte payloads each
+    /// followed by a block's worth of duplicates made every 1-byte ring chunk (charged
+    /// `CHUNK_OVERHEAD` and a byte) hold 32 KiB, 2 GiB per channel instead of 4 MiB.
+    fn pack_if(&mut self, reorder: &Reorder<BytesMut>, seq: u16, payload: &[u8]) -> BytesMut {
+        if reorder.accepts(seq) {
+            self.pack(payload)
+        } else {
+            BytesMut::new()
+        }
+    }
+
     fn pack(&mut self, payload: &[u8]) -> BytesMut {
         if self.block.capacity() - self.block.len() < payload.len() {
             self.block = BytesMut::with_capacity(BLOCK_BYTES.max(payload.len()));
@@ -1302,6 +1328,169 @@ mod tests {
             // Still joined: about one chunk per block's worth.
             let most = want.len().div_ceil(BLOCK_BYTES - SMALL_PIECE);
             assert!(chunks.len() <= most, "{} chunks", chunks.len());
+        }
+    }
+
+    /// `accepts` says beforehand exactly what `push` keeps (held or released) and what it
+    /// drops, through duplicates, late packets, a jump past the window and sender restarts.
+    #[test]
+    fn accepts_agrees_with_push() {
+        let mut seqs: Vec<u16> = vec![10, 10, 12, 11, 12, 9, 30, 15, 15, 31, 40, 39, 38];
+        seqs.extend([5000, 5001, 4999, 5003, 5003]);
+        // A sender restarting a little behind: late at first, then followed.
+        seqs.extend((4900..4940).flat_map(|s| [s, s]));
+        seqs.extend([65534, 65535, 0, 65535, 1]);
+        let mut r = Reorder::new(8);
+        let mut out = Vec::new();
+        for seq in seqs {
+            let accepted = r.accepts(seq);
+            let before = r.held() as u64 + r.stats().delivered;
+            r.push(seq, seq, &mut out);
+            let kept = r.held() as u64 + r.stats().delivered - before;
+            assert_eq!(kept, u64::from(accepted), "sequence {seq}");
+        }
+    }
+
+    /// A hub with no socket, fed the way `fcc_datagram` and RTSP feed it.
+    fn pump(ring_bytes: usize, history: usize) -> Pump {
+        let settings = HubSettings {
+            ring_bytes,
+            history,
+            write_batch: 64 * 1024,
+            flush_interval: Duration::from_millis(50),
+            linger: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(1),
+            no_data_timeout: Duration::from_secs(1),
+            refresh: None,
+            reorder_window: 64,
+            recv_buffer: 1 << 20,
+            max_datagram: 2048,
+            rtsp: None,
+            fcc_ports: None,
+        };
+        let key = HubKey {
+            mode: Mode::Rtp,
+            group: Group {
+                group: std::net::Ipv4Addr::new(239, 1, 1, 1).into(),
+                port: 5000,
+                source: None,
+                interface: "lo".into(),
+            },
+            extras: None,
+            rtsp: None,
+        };
+        let labels = crate::iptv::metrics::HubLabels {
+            channel: key.channel(),
+            interface: "lo".into(),
+        };
+        let metrics = crate::iptv::metrics::Metrics::default().hub(labels);
+        let hub = Hub::new(key, metrics, &settings);
+        Pump::new(hub, settings, 0)
+    }
+
+    /// An RTP datagram (MP2T payload type) carrying `payload`.
+    fn rtp_datagram(seq: u16, payload: &[u8]) -> Vec<u8> {
+        let mut d = vec![0x80, 33];
+        d.extend(seq.to_be_bytes());
+        d.extend([0; 8]);
+        d.extend(payload);
+        d
+    }
+
+    /// Attack (an `?fcc=` server of the client's own, or any sender on the group): a 1-byte
+    /// payload, then 22 duplicates of it of 1,400 bytes (a block's worth), then the next
+    /// sequence number, and so on; each datagram appended on its own, as `fcc_datagram` does.
+    /// The memory the ring's chunks pin (every packer block one of them is a view into, whole,
+    /// plus the bytes of those that are copies) stays within the ring's bound: it was a 32 KiB
+    /// block per kept byte, for `ring_bytes` of 65-byte charges.
+    #[test]
+    fn dropped_duplicates_do_not_pin_blocks_behind_kept_chunks() {
+        let ring_bytes = 64 * 1024;
+        let mut pump = pump(ring_bytes, 16 * 1024);
+        // Each block the packer has used, by its end address, kept alive by an empty handle so
+        // that no later allocation can take its address while the test looks chunks up.
+        let mut blocks = std::collections::BTreeMap::new();
+        let rounds = 1500u16;
+        for seq in 0..rounds {
+            let mut send = |payload: &[u8]| {
+                pump.take_datagram(&rtp_datagram(seq, payload));
+                pump.append_released();
+                let block = &mut pump.packer.block;
+                let end = block.as_ptr() as usize + block.capacity();
+                blocks.entry(end).or_insert_with(|| block.split_to(0));
+            };
+            send(&[seq as u8]);
+            for _ in 0..22 {
+                send(&[0xee; 1400]);
+            }
+        }
+        // Still pushed, so still counted.
+        assert_eq!(pump.reorder.stats().duplicates, 22 * u64::from(rounds));
+
+        let ring = pump.hub.ring.lock().unwrap();
+        let mut chunks = std::collections::VecDeque::new();
+        let mut at = super::super::ring::Position {
+            index: ring.base(),
+            offset: 0,
+        };
+        ring.read(&mut at, ring.end(), usize::MAX, &mut chunks);
+        let mut pinned_blocks = std::collections::HashSet::new();
+        let mut copied = 0;
+        for chunk in &chunks {
+            let at = chunk.as_ptr() as usize;
+            match blocks.range(at + 1..).next() {
+                Some((&end, _)) if end - BLOCK_BYTES <= at => {
+                    pinned_blocks.insert(end);
+                }
+                _ => copied += chunk.len(),
+            }
+        }
+        let pinned = pinned_blocks.len() * BLOCK_BYTES + copied;
+        // The kept bytes, in order, and nothing of the duplicates.
+        let held: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert!(held.len() > 500, "{} bytes held", held.len());
+        let first = rounds - held.len() as u16;
+        let want: Vec<u8> = (first..rounds).map(|s| s as u8).collect();
+        assert_eq!(held, want);
+        // Two blocks of slack: the newest is still being filled, the oldest partly evicted.
+        assert!(
+            pinned <= ring_bytes + 2 * BLOCK_BYTES,
+            "{} chunks pin {pinned} bytes ({} blocks) for a {ring_bytes}-byte ring",
+            chunks.len(),
+            pinned_blocks.len()
+        );
+    }
+
+    /// Duplicates are not copied at all: the whole attack above fits in one block.
+    #[test]
+    fn dropped_duplicates_are_not_packed() {
+        let mut pump = pump(64 * 1024, 16 * 1024);
+        let mut ends = std::collections::HashSet::new();
+        for seq in 0..100u16 {
+            for payload in std::iter::once(vec![seq as u8]).chain(vec![vec![0xee; 1400]; 22]) {
+                pump.take_datagram(&rtp_datagram(seq, &payload));
+                let block = &pump.packer.block;
+                ends.insert(block.as_ptr() as usize + block.capacity());
+            }
+        }
+        pump.append_released();
+        assert_eq!(ends.len(), 1, "{} blocks used for 100 bytes", ends.len());
+    }
+
+    /// Second guard: a lone payload smaller than `SMALL_PIECE` leaves the joiner as a copy of
+    /// its own, not a view that keeps its packer block alive; a full-size one stays a view.
+    #[test]
+    fn a_lone_small_view_is_copied_out_of_its_block() {
+        let mut packer = Packer::default();
+        for (len, copied) in [(1usize, true), (SMALL_PIECE - 1, true), (1316, false)] {
+            let piece = packer.pack(&vec![7u8; len]);
+            let at = piece.as_ptr();
+            let mut joiner = Joiner::default();
+            assert!(joiner.add(piece).is_none());
+            let chunk = joiner.finish().unwrap();
+            assert_eq!(&chunk[..], &vec![7u8; len][..]);
+            assert_eq!(chunk.as_ptr() != at, copied, "{len}-byte payload");
+            assert_eq!(chunk.capacity(), len, "{len}-byte payload");
         }
     }
 

@@ -107,7 +107,8 @@ impl Registry {
                     return Err(Refusal::Hubs(self.limits.hubs));
                 }
                 // Both can come from the request (the RTSP path, `?iface=`): escaped so one
-                // request cannot break the scrape.
+                // request cannot break the scrape, and short (an RTSP path is cut and hashed by
+                // `RtspKey::label`, a name has 15 bytes at most) so one cannot swell it.
                 let labels = HubLabels {
                     channel: label_value(&key.channel()),
                     interface: label_value(&key.group.interface),

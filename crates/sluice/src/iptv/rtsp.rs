@@ -259,16 +259,44 @@ pub struct RtspKey {
     pub private: u64,
 }
 
+/// Characters of an RTSP path a label keeps; a longer path is cut there and named by a hash.
+pub const LABEL_PATH_CHARS: usize = 96;
+
 impl RtspKey {
     /// `rtsp://host:port/path` for logs, labels and the status page (no query: it may carry
-    /// an operator's account parameters; no credentials). The path is the client's, as given:
-    /// a metric label escapes it (`registry`, `metrics::label_value`), and a recording's
-    /// folder, named from it, keeps its name.
+    /// an operator's account parameters; no credentials). A metric label escapes it
+    /// (`registry`, `metrics::label_value`). A path longer than `LABEL_PATH_CHARS` is cut
+    /// there and followed by `...#` and 12 hex digits of its SHA-256: the client chooses the
+    /// path, and before, a 60 KiB one was copied into 17 series (each rendered at every
+    /// scrape, a new series per path on the operator's Prometheus) and into every log line
+    /// of its session. The hash keeps channels apart and a channel's label the same across
+    /// restarts; a path that fits is kept as given, so a recording's folder keeps its name.
     pub fn label(&self) -> String {
         let base = self.target.url.split('?').next().unwrap_or_default();
+        let base = short_label(base);
         match self.private {
-            0 => base.to_string(),
+            0 => base,
             n => format!("{base} (catch-up #{n})"),
+        }
+    }
+}
+
+/// `url` (`rtsp://host:port/path`, no query) with its path cut to `LABEL_PATH_CHARS` and marked
+/// by a hash of the whole path when longer. The host is a checked name or address (253 bytes
+/// at most), so only the path needs cutting.
+fn short_label(url: &str) -> String {
+    let origin_end = url
+        .strip_prefix("rtsp://")
+        .and_then(|rest| rest.find('/'))
+        .map_or(url.len(), |at| at + "rtsp://".len());
+    let (origin, path) = url.split_at(origin_end);
+    match path.char_indices().nth(LABEL_PATH_CHARS) {
+        None => url.to_string(),
+        Some((cut, _)) => {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(path.as_bytes());
+            let hash: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+            format!("{origin}{}...#{hash}", &path[..cut])
         }
     }
 }
@@ -408,6 +436,67 @@ impl Iptv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(path: &str, private: u64) -> RtspKey {
+        let config = RtspConfig::default();
+        let target = request::parse(
+            &format!("/rtsp/u:p@tv.example:554{path}"),
+            Some("token=secret"),
+            None,
+            &config,
+        )
+        .unwrap();
+        RtspKey { target, private }
+    }
+
+    /// A client's long path gives a label of bounded length, the same for the same path,
+    /// another for another path (even one that differs only past the cut), and never the
+    /// credentials or the query. A path that fits is kept whole.
+    #[test]
+    fn a_long_path_gives_a_short_stable_label() {
+        let long: String = (0..60 * 1024)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
+        let path = format!("/{long}");
+        let label = key(&path, 0).label();
+        let origin = "rtsp://tv.example:554";
+        assert!(
+            label.len() <= origin.len() + LABEL_PATH_CHARS + 16,
+            "{} bytes",
+            label.len()
+        );
+        assert!(
+            label.starts_with(&format!("{origin}{}...#", &path[..LABEL_PATH_CHARS])),
+            "{label}"
+        );
+        assert!(
+            !label.contains("secret") && !label.contains("u:p") && !label.contains('?'),
+            "{label}"
+        );
+        assert_eq!(key(&path, 0).label(), label, "not stable");
+        // Differs only in its last character, long past the cut.
+        let mut other = path.clone();
+        other.pop();
+        other.push('Z');
+        let other_label = key(&other, 0).label();
+        assert_ne!(other_label, label);
+        assert_eq!(other_label.len(), label.len());
+        // A path that fits is kept whole, up to the last character.
+        assert_eq!(key("/a", 0).label(), "rtsp://tv.example:554/a");
+        let exact = format!("/{}", "x".repeat(LABEL_PATH_CHARS - 1));
+        assert_eq!(key(&exact, 0).label(), format!("{origin}{exact}"));
+        // One past the cut: the first 96 characters, then the first 6 bytes of the SHA-256
+        // of the whole path (`/` and 96 `x`), as `sha256sum` gives it.
+        let over = format!("/{}", "x".repeat(LABEL_PATH_CHARS));
+        assert_eq!(
+            key(&over, 0).label(),
+            format!(
+                "{origin}/{}...#ceb5b5a18d1d",
+                "x".repeat(LABEL_PATH_CHARS - 1)
+            )
+        );
+        assert_eq!(key(&path, 3).label(), format!("{label} (catch-up #3)"));
+    }
 
     #[test]
     fn example_defaults_validate() {

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::session::{redact, Session};
+use super::session::Session;
 use super::{Context, SessionLimit};
 use crate::iptv::hub::{Hub, HubKey, HubSettings, Pump};
 use crate::iptv::metrics::HubMetrics;
@@ -95,12 +95,13 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
         Err(reason) => {
             // The reason holds the server's own words (its status line): Debug-escaped, and
             // the warning kept to one a second, as a client can make sessions fail at will.
-            let url = redact(&rtsp.target.url);
+            // The channel is named by its label alone, cut short like every line's here: the
+            // whole URL was the client's path, up to a header block's worth, in each warning.
             match FAILURE_WARNINGS.allow_now() {
                 Some(suppressed) => {
-                    tracing::warn!(channel = %label, %url, ?reason, suppressed, "RTSP session failed")
+                    tracing::warn!(channel = %label, ?reason, suppressed, "RTSP session failed")
                 }
-                None => tracing::debug!(channel = %label, %url, ?reason, "RTSP session failed"),
+                None => tracing::debug!(channel = %label, ?reason, "RTSP session failed"),
             }
             ctx.fail(&hub);
             registry.remove(&hub);
