@@ -304,6 +304,31 @@ async fn post_raw(url: &str, body: String) -> (u16, bytes::Bytes, f64) {
     (status, bytes, started.elapsed().as_secs_f64())
 }
 
+/// A JSON endpoint's body declared past its 256 KiB limit is refused on the head: before, the
+/// refusal came only after the body, so a client declaring 10 MB and sending nothing held its
+/// connection until the idle deadline and got a 408 instead of the size refusal.
+#[tokio::test]
+async fn a_json_body_declared_too_large_is_refused_on_its_head() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = sluice_with_password().await;
+    for path in ["/generate_url", "/generate_urls", "/playlist/link"] {
+        let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        let head = format!(
+            "POST {path}?api_password=server-pw HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: 10000000\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer within 5 s"))
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer[..n]);
+        assert!(text.starts_with("HTTP/1.1 400"), "{path}: {text}");
+        assert!(text.contains("larger than 262144 bytes"), "{path}: {text}");
+    }
+}
+
 #[tokio::test]
 async fn generate_urls_refuses_answers_out_of_proportion_to_the_request() {
     let s = sluice_with_password().await;

@@ -8,6 +8,10 @@ use crate::media::pages::{Home, Job};
 /// What `config` sets up, job by job, then the jobs it leaves out and the keys that add them.
 pub fn describe(config: &Config) -> Home {
     let mut jobs = Vec::new();
+    #[cfg_attr(
+        not(any(feature = "reverse", feature = "tcp", feature = "iptv")),
+        allow(unused_mut)
+    )]
     let mut missing: Vec<&str> = Vec::new();
     #[cfg(feature = "reverse")]
     match reverse(config) {

@@ -5,11 +5,17 @@
 //! without end, nor point relays at addresses the origin guard would never let through.
 
 use std::net::SocketAddr;
+#[cfg(feature = "dns")]
 use std::sync::Weak;
+#[cfg(feature = "dns")]
 use std::time::Duration;
 
-use super::config::{ClusterConfig, MAX_WEIGHT};
-use super::ring::{MemberSpec, Ring};
+use super::config::ClusterConfig;
+#[cfg(feature = "dns")]
+use super::config::MAX_WEIGHT;
+use super::ring::MemberSpec;
+#[cfg(feature = "dns")]
+use super::ring::Ring;
 
 /// The static list as ring members.
 pub fn static_members(config: &ClusterConfig) -> Vec<MemberSpec> {
