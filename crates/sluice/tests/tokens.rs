@@ -314,7 +314,8 @@ async fn a_json_body_declared_too_large_is_refused_on_its_head() {
     for path in ["/generate_url", "/generate_urls", "/playlist/link"] {
         let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
         let head = format!(
-            "POST {path}?api_password=server-pw HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            "POST {path} HTTP/1.1\r\nHost: x\r\napi_password: server-pw\r\n\
+             Content-Type: application/json\r\n\
              Content-Length: 10000000\r\n\r\n"
         );
         tcp.write_all(head.as_bytes()).await.unwrap();

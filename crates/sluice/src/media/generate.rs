@@ -170,12 +170,9 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     // A body declared past the limit is refused before a byte of it is awaited: read first, a
     // slow client held its connection and place for the whole-body deadline to get the same
     // refusal.
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > BODY_LIMIT as u64) {
+    // The length as the HTTP layer read it (every version, repeated equal values), not a
+    // second parse of the field.
+    if http_body::Body::size_hint(req.body()).lower() > BODY_LIMIT as u64 {
         return Err(over_limit());
     }
     let bytes = read_body(req.into_body(), BODY_IDLE, BODY_WHOLE).await?;
