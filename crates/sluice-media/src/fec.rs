@@ -129,6 +129,14 @@ pub struct Recovery {
     slots: Vec<Option<MediaPacket>>,
 }
 
+/// How many protected packets a FEC packet finds missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    None,
+    One,
+    Many,
+}
+
 /// What one FEC packet did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FecOutcome {
@@ -164,6 +172,12 @@ impl Recovery {
     /// The bytes `fec` would XOR for this packet: its own payload and each remembered packet
     /// it protects. A few lookups, so a caller can bound the work before doing it.
     pub fn cost(&self, header: &FecHeader, xor: &[u8]) -> u64 {
+        // With no packet or two missing nothing is XORed ([`Recovery::fec`] looks first): a
+        // stream that loses nothing spends a look-up per protected packet, not its bytes.
+        let lookups = header.protected().count() as u64;
+        if self.missing(header) != Missing::One {
+            return lookups;
+        }
         header
             .protected()
             .filter_map(|seq| self.find(seq))
@@ -172,8 +186,28 @@ impl Recovery {
             + xor.len() as u64
     }
 
+    /// How many of the packets `header` protects are not remembered: none, one, or more.
+    fn missing(&self, header: &FecHeader) -> Missing {
+        let mut missing = Missing::None;
+        for seq in header.protected() {
+            if self.find(seq).is_none() {
+                if missing == Missing::One {
+                    return Missing::Many;
+                }
+                missing = Missing::One;
+            }
+        }
+        missing
+    }
+
     /// Offers a FEC packet: rebuilds the one missing packet it protects, if exactly one is.
     pub fn fec(&mut self, header: &FecHeader, xor: &[u8]) -> FecOutcome {
+        // Looked at before any XOR: only one missing packet is worth the bytes.
+        match self.missing(header) {
+            Missing::None => return FecOutcome::Intact,
+            Missing::Many => return FecOutcome::Unrecoverable,
+            Missing::One => {}
+        }
         let mut missing = None;
         let mut payload = xor.to_vec();
         let mut length = header.length_recovery;

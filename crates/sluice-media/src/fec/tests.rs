@@ -94,13 +94,17 @@ fn cost_is_the_bytes_xored() {
     let fec = encode_fec(&refs, false, 20);
     let (h, xor) = parse_fec(&fec).unwrap();
     let mut rec = Recovery::new(256);
-    assert_eq!(rec.cost(&h, xor), xor.len() as u64, "nothing remembered");
+    // Five missing: nothing to XOR, a look-up per protected packet.
+    assert_eq!(rec.cost(&h, xor), 5, "nothing remembered");
     for p in &col[1..] {
         rec.media(p.clone());
     }
     let held: usize = col[1..].iter().map(|p| p.payload.len()).sum();
     assert_eq!(rec.cost(&h, xor), (xor.len() + held) as u64);
     assert_eq!(rec.fec(&h, xor), FecOutcome::Repaired(col[0].clone()));
+    // Nothing missing now: an intact stream's FEC costs look-ups, not bytes.
+    assert_eq!(rec.cost(&h, xor), 5);
+    assert_eq!(rec.fec(&h, xor), FecOutcome::Intact);
 }
 
 #[test]
