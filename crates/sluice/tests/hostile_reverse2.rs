@@ -532,6 +532,113 @@ idle_timeout_secs = 30
     );
 }
 
+/// An origin whose uploads fail at once (a crashed worker, a full disk): it reads a POST's head
+/// and closes with the body unread (a reset); a GET gets `ok`.
+async fn resetting_origin() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    if buf.starts_with(b"POST") {
+                        return;
+                    }
+                    buf.drain(..end);
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A POST of 1 MB to `host` streamed steadily, 16 KiB every 2 ms (slower than the loopback
+/// link, so sluice's reads nearly always wait on the client, as over a real client's link):
+/// the status line of sluice's answer, or what came within 6 s.
+async fn streamed_upload(addr: std::net::SocketAddr, host: &str) -> String {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.into_split();
+    let head = format!("POST /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1048576\r\n\r\n");
+    w.write_all(head.as_bytes()).await.unwrap();
+    let stream = tokio::spawn(async move {
+        let chunk = vec![b'a'; 16 * 1024];
+        for _ in 0..64 {
+            if w.write_all(&chunk).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(6), async {
+        let mut chunk = [0u8; 1024];
+        while find(&out, b"\r\n").is_none() {
+            match r.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    stream.abort();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.lines().next().unwrap_or("").to_string()
+}
+
+/// Finding: the server's error was laid to the client whenever sluice's last read of the body
+/// waited for the client's bytes, which is nearly always while a client is slower than the
+/// upstream link: a server resetting every upload at once was never booked, never ejected.
+/// Only a body stalled on its client for a real while (half a second of waits in all) excuses the
+/// server now: `max_fails` steadily streamed uploads that it resets eject it.
+#[tokio::test]
+async fn a_server_resetting_steady_uploads_is_ejected() {
+    let o = resetting_origin().await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+max_fails = 2
+fail_timeout_secs = 60
+
+[[routes]]
+host = "app.test"
+path = "/"
+upstream = "app"
+header_timeout_secs = 10
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    for _ in 0..2 {
+        let status = streamed_upload(p.addr, "app.test").await;
+        assert!(status.starts_with("HTTP/1.1 502"), "{status:?}");
+    }
+    let groups = p.app.groups().current();
+    let server = &groups.get("app").unwrap().servers()[0];
+    assert_eq!(server.failures(), 2);
+    assert!(server.is_ejected());
+    assert_eq!(server.ejections(), 1);
+    // Out of service: the next request finds no server.
+    let r = get(&p.url("/after"), &[("host", "app.test")]).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
 /// An origin that counts requests and answers with the JSON echo report (`echo`).
 async fn counted_echo() -> (std::net::SocketAddr, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));

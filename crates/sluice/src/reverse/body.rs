@@ -118,6 +118,12 @@ struct Shared {
     fault: AtomicU8,
     /// The body was lent and its last poll waited for the client (not for the server to take it).
     awaiting_client: AtomicBool,
+    /// When (`Shared::ms`) the current wait for the client's bytes began; 0: not waiting.
+    wait_began: AtomicU64,
+    /// Milliseconds spent waiting for the client's bytes in the waits that have ended.
+    waited: AtomicU64,
+    /// What `wait_began` counts from.
+    born: Instant,
     /// When the body ended (all of it was read from the client and passed on): the server's
     /// header timeout runs from here at the latest ([`BodySlot::ended_at`]).
     ended_at: OnceLock<Instant>,
@@ -139,6 +145,9 @@ impl BodySlot {
                 too_large: AtomicBool::new(false),
                 fault: AtomicU8::new(0),
                 awaiting_client: AtomicBool::new(false),
+                wait_began: AtomicU64::new(0),
+                waited: AtomicU64::new(0),
+                born: crate::runtime::recent::recent(),
                 ended_at: OnceLock::new(),
                 sent: AtomicU64::new(0),
                 limit,
@@ -158,6 +167,9 @@ impl BodySlot {
                 too_large: AtomicBool::new(false),
                 fault: AtomicU8::new(0),
                 awaiting_client: AtomicBool::new(false),
+                wait_began: AtomicU64::new(0),
+                waited: AtomicU64::new(0),
+                born: crate::runtime::recent::recent(),
                 // Nothing to wait for: the header timeout runs from the attempt's start.
                 ended_at: OnceLock::new(),
                 sent: AtomicU64::new(0),
@@ -211,15 +223,35 @@ impl BodySlot {
         if let Some(f) = ClientFault::of_code(s.fault.load(Ordering::Relaxed)) {
             return Some(f);
         }
-        (timed_out && self.stalled()).then_some(ClientFault::Slow)
+        (timed_out && self.awaiting_client()).then_some(ClientFault::Slow)
     }
 
     /// Whether the body has not ended and its last poll was waiting for the client's bytes (not
-    /// for the server to take them). A server that gives up on the request then (closes, resets)
-    /// may be giving up on a client too slow for its own timeout: not a failure to book on it.
-    pub fn stalled(&self) -> bool {
+    /// for the server to take them): when the header timeout runs out then, the client is late.
+    fn awaiting_client(&self) -> bool {
         let s = &self.shared;
         !self.bodiless && s.ended_at.get().is_none() && s.awaiting_client.load(Ordering::Relaxed)
+    }
+
+    /// Whether the body is stalled on its client: not ended, waiting for the client's bytes now,
+    /// and the waits for them came to [`STALLED_AFTER`] in all. A server that gives up on the
+    /// request then (closes, resets) may be giving up on a client too slow for its own timeout:
+    /// not a failure to book on it. Merely waiting now is not enough: a client slower than the
+    /// upstream link leaves nearly every upload waiting on it, and a server that resets uploads
+    /// at once (a crashed worker, a full disk) must still be booked.
+    pub fn stalled(&self) -> bool {
+        if !self.awaiting_client() {
+            return false;
+        }
+        let s = &self.shared;
+        let began = s.wait_began.load(Ordering::Relaxed);
+        let current = if began == 0 {
+            0
+        } else {
+            s.ms().saturating_sub(began)
+        };
+        let waited = s.waited.load(Ordering::Relaxed).saturating_add(current);
+        waited >= STALLED_AFTER.as_millis() as u64
     }
 
     /// When the whole body had been passed on to the server; `None` while it has not (or when
@@ -229,7 +261,38 @@ impl BodySlot {
     }
 }
 
+/// How long the waits for the client's body bytes must come to, in all, before a server's error
+/// is laid to the client ([`BodySlot::stalled`]). The total, not the current wait alone: a
+/// client trickling a byte every few hundred milliseconds never waits long at a time, yet a
+/// server's own upload timeout (whole-request, as a worker's) gives up on it. Half a second is
+/// far above what a client streaming steadily waits before a server that resets at once has
+/// done so (milliseconds), and below any server's upload timeout (seconds at least).
+pub const STALLED_AFTER: Duration = Duration::from_millis(500);
+
 impl Shared {
+    /// Milliseconds since `born`, plus one (0 is "not waiting").
+    fn ms(&self) -> u64 {
+        crate::runtime::recent::since(self.born).as_millis() as u64 + 1
+    }
+
+    /// A poll found no byte from the client: a wait begins, unless one is on.
+    fn wait(&self) {
+        self.awaiting_client.store(true, Ordering::Relaxed);
+        if self.wait_began.load(Ordering::Relaxed) == 0 {
+            self.wait_began.store(self.ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// The client's bytes came: the wait on, if any, is added to the total.
+    fn came(&self) {
+        self.awaiting_client.store(false, Ordering::Relaxed);
+        let began = self.wait_began.swap(0, Ordering::Relaxed);
+        if began != 0 {
+            self.waited
+                .fetch_add(self.ms().saturating_sub(began), Ordering::Relaxed);
+        }
+    }
+
     /// Records the client's failure (the first one stands).
     fn fault(&self, fault: ClientFault) {
         let _ = self
@@ -239,7 +302,7 @@ impl Shared {
 
     /// The body ended: the first end stands.
     fn ended(&self) {
-        self.awaiting_client.store(false, Ordering::Relaxed);
+        self.came();
         let _ = self.ended_at.set(crate::runtime::recent::recent());
     }
 }
@@ -290,7 +353,7 @@ impl Body for LentBody {
                     }
                 }
                 this.idle.moved();
-                this.shared.awaiting_client.store(false, Ordering::Relaxed);
+                this.shared.came();
                 // A body of known length ends with its last frame: the sender (hyper) looks at
                 // `is_end_stream` and never polls for the end, so it is marked here. An HTTP/2
                 // (or HTTP/3) body is at its end only with END_STREAM, which may come later or
@@ -309,7 +372,7 @@ impl Body for LentBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                this.shared.awaiting_client.store(true, Ordering::Relaxed);
+                this.shared.wait();
                 match this.idle.poll_expired(cx) {
                     Poll::Ready(()) => {
                         this.shared.fault(ClientFault::Slow);

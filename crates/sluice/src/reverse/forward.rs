@@ -782,11 +782,13 @@ pub(super) async fn attempts(
                         AttemptFailure::Final(FetchError::TooLarge { limit })
                     }
                     Some(fault) => AttemptFailure::Final(FetchError::Client(fault)),
-                    // The server closed or reset while the body still waited for the client's
-                    // bytes: it may have given up on an upload too slow for its own timeout, so
-                    // its error ends the request but is not booked on it (else a few trickled
-                    // uploads per server eject every one).
-                    None if body.stalled() => AttemptFailure::Final(classify(&e, group, &server)),
+                    // The server closed or reset while the body was stalled on the client (waiting
+                    // for its bytes, for a real while in all): it may have given up on an upload
+                    // too slow for its own timeout, so its error ends the request but is not
+                    // booked on it (else a few trickled uploads per server eject every one).
+                    None if body.stalled() => {
+                        AttemptFailure::Unbooked(classify(&e, group, &server))
+                    }
                     None => AttemptFailure::Failed(classify(&e, group, &server)),
                 })
             })
@@ -803,10 +805,14 @@ pub(super) async fn attempts(
 pub(super) enum AttemptFailure {
     /// The server failed; the loop may move on to the next one.
     Failed(FetchError),
-    /// The request itself is at fault (its body too large), or the failure is not to be booked
-    /// on the server (it gave up while the body waited for the client): no other server is
-    /// tried and nothing is booked.
+    /// The request itself is at fault (its body too large, its client failed): no other server
+    /// is tried and nothing is booked.
     Final(FetchError),
+    /// The server failed while the body was stalled on the client ([`BodySlot::stalled`]): it
+    /// may have timed the upload out, so nothing is booked and no other server is tried; but a
+    /// recovery trial the attempt held is spent (the server was tried), not given back, so a
+    /// stream of such uploads takes one trial per `fail_timeout`, not each one in turn.
+    Unbooked(FetchError),
 }
 
 /// The attempt loop every upstream request makes, whatever carries it: the group's plan in
@@ -822,9 +828,9 @@ pub(super) enum AttemptFailure {
 /// Only failures the server caused count against it (passive health): an attempt that failed
 /// because the client's body did (aborted, malformed, too large, idle, or still awaited from the
 /// client when the header timeout ran out) ends the loop with [`FetchError::Client`] and books
-/// nothing; so does a server's error while the body was still awaited from the client
+/// nothing; so does a server's error while the body was stalled on the client
 /// ([`BodySlot::stalled`]: the server may have timed the upload out), ending the loop with that
-/// error. No client can take a server out of service by failing or trickling its own uploads.
+/// error (a recovery trial it held is spent, not given back). No client can take a server out of service by failing or trickling its own uploads.
 pub(super) async fn attempt_loop<R, F, Fut>(
     budget: &super::budget::RetryBudget,
     route: &Arc<Route>,
@@ -856,11 +862,10 @@ where
             route.meters.retries().inc();
         }
         // The plan is the route's group's: its index is the server's place in the group.
-        let index = Some(index);
-        let meters = route.meters.server(index, server.addr());
+        let meters = route.meters.server(Some(index), server.addr());
         route.meters.server_requests(&meters).inc();
         let in_flight = server.begin();
-        let Some(attempt) = send(server.clone(), index, final_try) else {
+        let Some(attempt) = send(server.clone(), Some(index), final_try) else {
             break;
         };
         let outcome = match clock {
@@ -874,6 +879,10 @@ where
                 return Ok((response, in_flight));
             }
             Ok(Err(AttemptFailure::Final(e))) => return Err(e),
+            Ok(Err(AttemptFailure::Unbooked(e))) => {
+                plan.spend_trial(index);
+                return Err(e);
+            }
             Ok(Err(AttemptFailure::Failed(e))) => e,
             Err(_) => {
                 if let Some(fault) = body.and_then(|b| b.client_fault(true)) {

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod select;
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -290,7 +291,6 @@ impl Group {
                 Admit::Yes => usable.set(i),
                 Admit::Trial { was, next } if trial.is_none() => {
                     usable.set(i);
-                    s.trial.store(next, Ordering::Relaxed);
                     trial = Some(Trial {
                         index: i,
                         was,
@@ -422,6 +422,18 @@ impl Drop for Plan<'_> {
 }
 
 impl<'a> Plan<'a> {
+    /// The server at `index` (in [`Group::servers`]) failed in a way not booked on it (it gave up
+    /// on an upload stalled on its client): when this plan holds its recovery trial, the trial
+    /// is spent all the same, neither given back nor decided, so the server stays out until the
+    /// deadline the trial set and the next trial waits a full `fail_timeout`.
+    pub fn spend_trial(&self, index: usize) {
+        if let Some(t) = self.trial.as_ref().filter(|t| t.index == index) {
+            if let Some(server) = self.servers.get(index) {
+                let _ = server.trial.compare_exchange(t.next, 0, SeqCst, SeqCst);
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.order.len()
     }
@@ -617,8 +629,18 @@ impl Server {
         }
         self.failures
             .store(old.failures.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.ejected_until
-            .store(old.ejected_until.load(Ordering::Relaxed), Ordering::Relaxed);
+        // A recovery trial out on the old server (its marker still the deadline it set) belongs
+        // to a plan of the old group, whose give-back or verdict reaches only the old server:
+        // the new one would wait out the whole period the trial set. Its deadline is taken as
+        // run out instead (1: in the past of `clock_ms`), so its next plan takes the trial.
+        let until = old.ejected_until.load(SeqCst);
+        let trial = old.trial.load(SeqCst);
+        let until = if trial != 0 && trial == until {
+            1
+        } else {
+            until
+        };
+        self.ejected_until.store(until, SeqCst);
         self.ejections
             .store(old.ejections.load(Ordering::Relaxed), Ordering::Relaxed);
     }
@@ -665,14 +687,26 @@ impl Server {
         if now < until {
             return Admit::No;
         }
-        // Expired: whoever moves the deadline forward owns the single trial.
+        // Expired: whoever moves the deadline forward owns the single trial. Its marker is set
+        // first: set after, a failure reported in between (ejecting to the same millisecond)
+        // would be taken for the trial's deadline and undone by its give-back. A failure's
+        // ejection clears the marker after its own store (`report_failure`), so whatever the
+        // interleaving, the marker never survives on a deadline the trial did not set.
         let next = now + self.fail_timeout.as_millis() as u64;
+        self.trial.store(next, SeqCst);
         match self
             .ejected_until
-            .compare_exchange(until, next, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(until, next, SeqCst, SeqCst)
         {
             Ok(_) => Admit::Trial { was: until, next },
-            Err(_) => Admit::No,
+            Err(_) => {
+                // Lost the race. When a plan in the same millisecond won it (the deadline is
+                // `next`, as ours), the marker is its own and stays; otherwise it goes.
+                if self.ejected_until.load(SeqCst) != next {
+                    let _ = self.trial.compare_exchange(next, 0, SeqCst, SeqCst);
+                }
+                Admit::No
+            }
         }
     }
 
@@ -680,13 +714,10 @@ impl Server {
     /// still `next`), the deadline goes back to `was`, already past, so the next plan takes the
     /// trial at once. A verdict, a health change or a newer trial leaves everything as it is.
     fn give_back_trial(&self, was: u64, next: u64) {
-        if self
-            .trial
-            .compare_exchange(next, 0, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        if self.trial.compare_exchange(next, 0, SeqCst, SeqCst).is_ok()
             && self
                 .ejected_until
-                .compare_exchange(next, was, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(next, was, SeqCst, SeqCst)
                 .is_ok()
         {
             tracing::debug!(server = %self.addr, "recovery trial ended without a verdict: given back");
@@ -730,7 +761,7 @@ impl Server {
 
     /// An attempt on this server succeeded.
     pub fn report_success(&self) {
-        self.trial.store(0, Ordering::Relaxed);
+        self.trial.store(0, SeqCst);
         self.failures.store(0, Ordering::Relaxed);
         self.ejected_until.store(0, Ordering::Relaxed);
     }
@@ -739,16 +770,19 @@ impl Server {
     /// `max_fails` in a row the server is ejected for `fail_timeout_secs`.
     pub fn report_failure(&self) {
         // A verdict: a trial out is decided, not to be given back.
-        self.trial.store(0, Ordering::Relaxed);
+        self.trial.store(0, SeqCst);
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if self.max_fails == 0 || n < self.max_fails {
             return;
         }
         let now = clock_ms();
-        let until = self.ejected_until.swap(
-            now + self.fail_timeout.as_millis() as u64,
-            Ordering::Relaxed,
-        );
+        let until = self
+            .ejected_until
+            .swap(now + self.fail_timeout.as_millis() as u64, SeqCst);
+        // Cleared again after the new deadline is in: a trial taken meanwhile (its marker set
+        // before its deadline, `admit`) may have the same millisecond's deadline as this
+        // ejection, and its give-back must not take this ejection for its own.
+        self.trial.store(0, SeqCst);
         if until != 0 && until > now {
             // Already out (or its one trial just failed): the timeout starts over.
             tracing::debug!(server = %self.addr, "ejected upstream server failed again");

@@ -188,6 +188,101 @@ fn a_trial_ended_without_a_verdict_is_given_back() {
     assert_eq!(g.plan(None).len(), 2);
 }
 
+/// Finding: a plan whose upload failed while the body was stalled on its client booked nothing
+/// and gave the trial back on drop, so upload after upload took an ejected server's trial (each
+/// a 502) instead of one per `fail_timeout`. A spent trial now stays spent: out until the
+/// deadline it set, with no ejection counted; a plan not holding the trial spends nothing.
+#[test]
+fn a_spent_trial_is_not_given_back() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1"]"#,
+    );
+    let a = Arc::clone(&g.servers()[0]);
+    a.report_failure();
+    a.ejected_until.store(1, Ordering::Relaxed);
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    // Another plan (without the trial) spends nothing of it.
+    let other = g.plan(None);
+    other.spend_trial(0);
+    drop(other);
+    trial.spend_trial(0);
+    drop(trial);
+    assert!(a.is_ejected());
+    assert_eq!(g.plan(None).len(), 1);
+    assert_eq!((a.failures(), a.ejections()), (1, 1));
+}
+
+/// Finding: a failure reported between a plan's taking the trial (its deadline moved) and its
+/// marking it, ejecting to the same millisecond's deadline, was taken for the trial's and
+/// undone by the give-back. The marker is now set before the deadline moves, and an ejection
+/// clears it after its own: here the failure lands after the deadline moved (same value).
+#[test]
+fn a_failure_during_a_trial_is_not_undone_by_its_give_back() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1"]"#,
+    );
+    let a = Arc::clone(&g.servers()[0]);
+    a.report_failure();
+    a.ejected_until.store(1, Ordering::Relaxed);
+    let trial = g.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    let next = a.ejected_until.load(Ordering::Relaxed);
+    assert_eq!(a.trial.load(Ordering::Relaxed), next);
+    // An earlier request's failure ejects the server again, to the very same deadline.
+    a.report_failure();
+    a.ejected_until.store(next, Ordering::Relaxed);
+    drop(trial);
+    assert_eq!(a.ejected_until.load(Ordering::Relaxed), next);
+    assert_eq!(g.plan(None).len(), 1);
+}
+
+/// Finding: a reload copied an ejected server's deadline but not its outstanding trial, whose
+/// give-back (or verdict) reaches only the old server: the new one sat out the whole period
+/// the trial had set. A trial out on the old server now leaves the new one's deadline run
+/// out, so its first plan takes the trial; an ejection with no trial out carries over whole.
+#[test]
+fn a_reload_during_a_trial_lets_the_next_plan_take_it() {
+    let configs: Vec<GroupConfig> = vec![toml::from_str(
+        r#"name = "g"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1"]"#,
+    )
+    .unwrap()];
+    let old = Groups::new(&configs).unwrap();
+    let og = old.get("g").unwrap();
+    let a = Arc::clone(&og.servers()[0]);
+    a.report_failure();
+    // Ejected, no trial out: the new server is ejected too.
+    let new = Groups::rebuild(&configs, Some(&old)).unwrap();
+    let ng = new.get("g").unwrap();
+    assert!(ng.servers()[0].is_ejected());
+    assert_eq!(ng.plan(None).len(), 1);
+    // The trial out on the old server when the reload comes.
+    a.ejected_until.store(1, Ordering::Relaxed);
+    let trial = og.plan(None);
+    assert_eq!(trial[0].addr(), "a:1");
+    assert!(a.is_ejected());
+    let new = Groups::rebuild(&configs, Some(&old)).unwrap();
+    let ng = new.get("g").unwrap();
+    assert_eq!(ng.servers()[0].failures(), 1);
+    assert!(!ng.servers()[0].is_ejected());
+    let first = ng.plan(None);
+    assert_eq!(first[0].addr(), "a:1");
+    // That plan holds the new server's one trial.
+    let others: Vec<String> = ng.plan(None).iter().map(|s| s.addr().to_string()).collect();
+    assert_eq!(others, ["b:1"]);
+    drop(first);
+    drop(trial);
+}
+
 #[test]
 fn rebuild_keeps_state_of_unchanged_servers() {
     let configs: Vec<GroupConfig> = vec![toml::from_str(
