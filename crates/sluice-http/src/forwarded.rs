@@ -322,7 +322,19 @@ pub fn claimed_scope(headers: &HeaderMap, hop: &Hop<'_>) -> Option<String> {
                     continue;
                 };
                 let name = name.trim().to_ascii_lowercase();
-                if name == "proto" || name == "host" {
+                // A value equal to this hop's own tells the origin nothing more (the chain of a
+                // peer in front that saw the same scheme and host): keyed on, it split the cache
+                // from requests that came without one.
+                let own = match name.as_str() {
+                    "proto" => Some(hop.proto),
+                    "host" => hop.host,
+                    _ => continue,
+                };
+                let bare = v.trim().trim_matches('"');
+                if own.is_some_and(|o| o.eq_ignore_ascii_case(bare)) {
+                    continue;
+                }
+                {
                     push_field(&mut rest, name.as_bytes());
                     push_field(&mut rest, v.trim().as_bytes());
                 }
@@ -812,6 +824,9 @@ mod tests {
             chain("for=1.2.3.4;proto=https"),
             chain("for=1.2.3.4;proto=http")
         );
+        // The hop's own scheme and host in the chain tell nothing more.
+        assert_eq!(chain("for=1.2.3.4;proto=http"), None);
+        assert_eq!(chain("for=1.2.3.4;proto=HTTP;host=\"Example.com\""), None);
         assert_eq!(
             chain("for=1.2.3.4;Proto=https").unwrap(),
             "4:http11:example.com5:proto5:https"

@@ -1307,3 +1307,50 @@ async fn a_trusted_proxys_scheme_and_host_are_part_of_the_key() {
     assert_eq!(https_again, https);
     assert_eq!(origin.count("GET", "/claimed"), 3);
 }
+
+/// Finding: behind a balancer that always sends `X-Forwarded-Proto: https` and
+/// `X-Forwarded-Port: 443` (Traefik, nginx-ingress), every object is stored under a claimed key;
+/// an operator's `PURGE` sent straight to sluice (no such fields) purged 0, and a `PUT` or
+/// `DELETE` whose fields differed left the stored answers fresh. Both now reach every claimed
+/// variant of the URL.
+#[tokio::test]
+async fn purge_and_invalidation_reach_claimed_variants() {
+    let origin = CountingOrigin::start().await;
+    let trusted = "[auth]\ntrusted_proxies = [\"127.0.0.1/32\"]";
+    let s = Sluice::start(cached_config_with(origin.addr, trusted)).await;
+    let url = s.url("/claimed");
+    const BALANCER: &[(&str, &str)] =
+        &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")];
+    let get = || async {
+        let r = request("GET", &url, BALANCER).await;
+        assert_eq!(r.status, StatusCode::OK);
+        r
+    };
+    get().await;
+    let hit = get().await;
+    assert!(
+        cache_status(&hit).contains("; hit"),
+        "{}",
+        cache_status(&hit)
+    );
+    assert_eq!(origin.count("GET", "/claimed"), 1);
+    // A PURGE with no forwarding fields: the claimed variant goes.
+    let purged = request("PURGE", &url, &[("x-purge-key", PURGE_KEY)]).await;
+    assert_eq!(purged.status, StatusCode::OK);
+    let text = String::from_utf8_lossy(purged.body.as_deref().unwrap()).to_string();
+    assert!(text.contains("\"purged\":1"), "{text}");
+    let refetched = get().await;
+    assert!(!cache_status(&refetched).contains("; hit"));
+    assert_eq!(origin.count("GET", "/claimed"), 2);
+    get().await;
+    assert_eq!(origin.count("GET", "/claimed"), 2);
+    // A PUT and a DELETE without the balancer's fields: each makes the stored answer stale.
+    for method in ["PUT", "DELETE"] {
+        let before = origin.count("GET", "/claimed");
+        let r = request(method, &url, &[]).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        let after = get().await;
+        assert!(!cache_status(&after).contains("; hit"), "{method}");
+        assert!(origin.count("GET", "/claimed") > before, "{method}");
+    }
+}

@@ -7,7 +7,7 @@
 //! own share of the heads' room ([`MEMO_SHARE`]), so a flood of uncacheable URLs pushes out older
 //! memos once that share is full (objects that filled the room give up at most the share).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -44,7 +44,21 @@ const PRIMARY_BYTES: u64 = 256;
 /// nothing else, so uncharged, unique URLs of up to 64 KiB answered `private` held ~128 KB each,
 /// `max_objects` of them far past `memory_bytes`.
 pub fn key_charge(key: &str) -> u64 {
-    2 * key.len() as u64 + PRIMARY_BYTES
+    let claim = claim_base(key).map_or(0, |b| (key.len() + b.len()) as u64 + CLAIM_BYTES);
+    2 * key.len() as u64 + PRIMARY_BYTES + claim
+}
+
+/// What a claimed key's entry in [`Inner::claimed`] costs beside the two keys' bytes: the set's
+/// slot and the table's slack, and the allocators' headers.
+const CLAIM_BYTES: u64 = 128;
+
+/// The plain key a claimed one (`<scope><target> <claim>`: what a trusted proxy's forwarding
+/// fields tell the origin beyond the hop's own) is a variant of: all before the first space after
+/// the scope, since a target holds none. `None` for a plain key.
+pub fn claim_base(key: &str) -> Option<&str> {
+    let scope = super::purge::key_scope(key).len();
+    let i = key.get(scope..)?.find(' ')?;
+    Some(&key[..scope + i])
 }
 
 /// The part of the heads' room hit-for-pass memos may take together (one eighth): each request
@@ -180,7 +194,9 @@ impl Primary {
 /// Which primary keys a purge looks at.
 #[derive(Debug, Clone, Copy)]
 pub enum Primaries<'a> {
-    /// This one.
+    /// This one and every claimed variant of it ([`claim_base`]): a URL purge or an unsafe
+    /// method's invalidation has no trusted proxy's fields, or other ones, than those the
+    /// objects were stored with.
     Key(&'a str),
     /// Every one that starts with this (`""`: all).
     Prefix(&'a str),
@@ -222,6 +238,9 @@ fn purge_variants(
 #[derive(Default)]
 struct Inner {
     primaries: HashMap<String, Primary>,
+    /// Plain key → the claimed keys in `primaries` that are variants of it ([`claim_base`]):
+    /// looked up, not the whole index walked, by a URL purge or an invalidation.
+    claimed: HashMap<String, HashSet<String>>,
     order: VecDeque<String>,
     objects: usize,
     memos: Memos,
@@ -244,6 +263,23 @@ impl Inner {
     fn add_key(&mut self, key: &str) {
         self.order.push_back(key.to_string());
         self.head_bytes += key_charge(key);
+        if let Some(base) = claim_base(key) {
+            self.claimed
+                .entry(base.to_string())
+                .or_default()
+                .insert(key.to_string());
+        }
+    }
+
+    /// Takes a key that left `primaries` out of [`Inner::claimed`].
+    fn unlink_claim(&mut self, key: &str) {
+        let Some(base) = claim_base(key) else { return };
+        if let Some(set) = self.claimed.get_mut(base) {
+            set.remove(key);
+            if set.is_empty() {
+                self.claimed.remove(base);
+            }
+        }
     }
 
     /// Removes `key` from `primaries` if the objects are all gone. Its entry in `order` is left
@@ -255,6 +291,7 @@ impl Inner {
             .is_some_and(|p| p.variants.is_empty());
         if empty {
             self.primaries.remove(key);
+            self.unlink_claim(key);
             self.head_bytes = self.head_bytes.saturating_sub(key_charge(key));
         }
         empty
@@ -481,6 +518,7 @@ impl ObjectIndex {
     /// Drops a primary key and every variant of it (already out of `order`).
     fn drop_primary(&self, inner: &mut Inner, key: &str, dropped: &mut Vec<Arc<ObjectMeta>>) {
         if let Some(p) = inner.primaries.remove(key) {
+            inner.unlink_claim(key);
             inner.head_bytes = inner.head_bytes.saturating_sub(key_charge(key));
             inner.objects -= p.variants.len();
             for old in p.variants.into_values() {
@@ -596,8 +634,11 @@ impl ObjectIndex {
             let mut emptied = Vec::new();
             match which {
                 Primaries::Key(key) => {
-                    if let Some(p) = inner.primaries.get_mut(key) {
-                        removed += purge_variants(key, p, &matches, soft, &mut out);
+                    let claimed = inner.claimed.get(key).cloned().unwrap_or_default();
+                    for k in std::iter::once(key).chain(claimed.iter().map(String::as_str)) {
+                        if let Some(p) = inner.primaries.get_mut(k) {
+                            removed += purge_variants(k, p, &matches, soft, &mut out);
+                        }
                     }
                 }
                 Primaries::Prefix(prefix) => {
@@ -838,6 +879,37 @@ pub(crate) mod tests {
         seen.sort();
         assert_eq!(seen, ["s|/a", "s|/c"]);
         assert_eq!(idx.len(), 3, "a soft purge keeps them");
+    }
+
+    /// A URL purge (or an invalidation) by the plain key reaches the variants stored under a
+    /// trusted proxy's claims (`<key> <claim>`), not a longer path's, nor another scope's; the
+    /// claimed keys' links go with them.
+    #[test]
+    fn a_url_purge_reaches_the_claimed_variants_of_its_key() {
+        let idx = ObjectIndex::new(100);
+        let keys = [
+            "1:r1:h|/a 5:https1:h",
+            "1:r1:h|/a 4:http1:h16:x-forwarded-port3:443",
+            "1:r1:h|/ab 5:https1:h",
+            "1:r1:g|/a 5:https1:h",
+            "1:r1:h|/a",
+        ];
+        for key in keys {
+            idx.insert(meta(key, vec![], "", 1));
+        }
+        assert_eq!(claim_base(keys[0]), Some("1:r1:h|/a"));
+        assert_eq!(claim_base(keys[4]), None);
+        let mut purged: Vec<String> = idx
+            .purge(Primaries::Key("1:r1:h|/a"), |_, _| true, false)
+            .iter()
+            .map(|m| m.primary.clone())
+            .collect();
+        purged.sort();
+        assert_eq!(purged, [keys[4], keys[1], keys[0]]);
+        assert_eq!(idx.len(), 2);
+        // Evicted or emptied keys leave no link behind.
+        idx.purge(Primaries::Prefix(""), |_, _| true, false);
+        assert!(idx.lock().claimed.is_empty());
     }
 
     /// A small bound with the inserted key the oldest: its own older variants go, not the bound.

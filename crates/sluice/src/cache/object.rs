@@ -196,12 +196,18 @@ impl ObjectMeta {
     }
 }
 
-/// Updates stored headers with those of a 304 (RFC 9111 §4.3.4), leaving framing alone.
+/// Updates stored headers with those of a 304 (RFC 9111 §4.3.4), leaving framing alone. The
+/// stored entity tag stays when the 304's names the same opaque tag ([`validates`]): nginx's
+/// strong `"x"` on a 304 for a gzipped 200 stored as `W/"x"` would otherwise mark compressed
+/// bytes as strongly validated.
 pub fn merge_not_modified(stored: &mut HeaderMap, fresh: &HeaderMap) {
     let update = stored_headers(fresh);
     let mut names: Vec<&HeaderName> = update.keys().collect();
     names.dedup();
     for name in names {
+        if name == header::ETAG && stored.contains_key(header::ETAG) && validates(stored, fresh) {
+            continue;
+        }
         stored.remove(name);
         for v in update.get_all(name) {
             stored.append(name.clone(), v.clone());
@@ -210,11 +216,13 @@ pub fn merge_not_modified(stored: &mut HeaderMap, fresh: &HeaderMap) {
 }
 
 /// Whether a 304's fields `fresh` may update the stored response `stored` (RFC 9111 §4.3.4): a
-/// 304 that names an entity tag selects the stored responses with that tag, by the strong
-/// comparison when its tag is strong and the weak one when it is weak (RFC 9110 §8.8.3.2). A 304
-/// naming another tag than the stored one describes another representation, and its fields
-/// (the tag among them) must not be put on the stored bytes. One that names none selects the
-/// stored response.
+/// 304 that names an entity tag selects the stored responses with that tag. The comparison is
+/// the weak one (RFC 9110 §8.8.3.2: the opaque tags equal, either side weak or strong), both
+/// ways: nginx weakens the tag of a 200 its gzip filter compresses (`W/"x"` stored) but sends
+/// the strong `"x"` on its 304s (the filter does not run on them), and a strong comparison
+/// forgot such an object at every expiry. A 304 naming another opaque tag than the stored one
+/// describes another representation, and its fields (the tag among them) must not be put on
+/// the stored bytes. One that names none selects the stored response.
 pub fn validates(stored: &HeaderMap, fresh: &HeaderMap) -> bool {
     let Some(theirs) = fresh.get(header::ETAG) else {
         return true;
@@ -222,16 +230,11 @@ pub fn validates(stored: &HeaderMap, fresh: &HeaderMap) -> bool {
     let Some(ours) = stored.get(header::ETAG) else {
         return false;
     };
-    let weak = |v: &HeaderValue| v.as_bytes().starts_with(b"W/");
-    let opaque = |v: &HeaderValue| {
+    fn opaque(v: &HeaderValue) -> &[u8] {
         let b = v.as_bytes();
-        b.strip_prefix(b"W/").unwrap_or(b).to_vec()
-    };
-    if weak(theirs) {
-        opaque(theirs) == opaque(ours)
-    } else {
-        !weak(ours) && theirs.as_bytes() == ours.as_bytes()
+        b.strip_prefix(b"W/").unwrap_or(b)
     }
+    opaque(theirs) == opaque(ours)
 }
 
 /// Tags from `Surrogate-Key` (space separated) and `Cache-Tag` (comma separated).
@@ -546,8 +549,9 @@ mod tests {
         assert!(!stored(&[], None).same_version(&HeaderMap::new(), None));
     }
 
-    /// A 304 updates the stored response only when the tag it names is the stored one: by the
-    /// strong comparison for a strong tag, the weak one for a weak tag (RFC 9111 §4.3.4).
+    /// A 304 updates the stored response only when the tag it names is the stored one, by the
+    /// weak comparison both ways (RFC 9111 §4.3.4): nginx's gzipped 200 carries `W/"a"` and
+    /// its 304 the strong `"a"`, which must not forget the object at every expiry.
     #[test]
     fn a_304_updates_only_the_response_its_tag_names() {
         let tagged = |v: &'static str| {
@@ -559,7 +563,14 @@ mod tests {
         assert!(validates(&tagged("\"a\""), &tagged("\"a\"")));
         assert!(validates(&tagged("\"a\""), &untagged));
         assert!(!validates(&tagged("\"a\""), &tagged("\"b\"")));
-        assert!(!validates(&tagged("W/\"a\""), &tagged("\"a\"")));
+        assert!(validates(&tagged("W/\"a\""), &tagged("\"a\"")));
+        assert!(!validates(&tagged("W/\"a\""), &tagged("\"b\"")));
+        assert!(!validates(&tagged("\"a\""), &tagged("W/\"b\"")));
+        assert!(!validates(&tagged("\"a\""), &tagged("\"W/a\"")));
+        // The stored (weak) tag stays on the stored bytes.
+        let mut stored = tagged("W/\"a\"");
+        merge_not_modified(&mut stored, &tagged("\"a\""));
+        assert_eq!(stored.get(header::ETAG).unwrap(), "W/\"a\"");
         assert!(!validates(&untagged, &tagged("\"a\"")));
         assert!(validates(&tagged("\"a\""), &tagged("W/\"a\"")));
         assert!(validates(&tagged("W/\"a\""), &tagged("W/\"a\"")));

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, StatusCode};
 use http_body::Frame;
-use sluice_http::freshness::FreshnessPolicy;
+use sluice_http::cache_control::parse_cache_control;
+use sluice_http::freshness::{FreshnessPolicy, RequestDirectives};
 use sluice_http::range::{slice_range, slices_covering, ByteRange, Multipart};
 use tokio::sync::mpsc;
 
@@ -228,6 +229,16 @@ fn own_start(resp: &Response<Body>, index: u64, slice: u64) -> u64 {
     }
 }
 
+/// Whether the origin may answer this request's slices for it alone (`writer.rs` judges a
+/// slice's answer by the fields it was asked with): it carries `Authorization`, or a
+/// `Cache-Control: no-store` the policy honours. A slice fetched ahead for such a request, by
+/// nobody in particular, is an answer nobody takes: the reader asks again with its own fill.
+fn answers_may_pass(parts: &Parts, policy: &FreshnessPolicy) -> bool {
+    parts.headers.contains_key(http::header::AUTHORIZATION)
+        || (policy.request_directives == RequestDirectives::Honor
+            && parse_cache_control(&parts.headers).no_store)
+}
+
 /// Starts the producer and returns the body it feeds.
 pub(crate) fn spawn(
     inner: Arc<Inner>,
@@ -239,6 +250,7 @@ pub(crate) fn spawn(
     first: Option<(u64, FillReader)>,
 ) -> Body {
     let (tx, rx) = mpsc::channel::<Item>(4);
+    let wary = answers_may_pass(&parts, &policy);
     let mut p = Producer {
         inner,
         meta,
@@ -247,6 +259,9 @@ pub(crate) fn spawn(
         policy,
         tx,
         first,
+        passed: false,
+        wary,
+        shared: false,
     };
     tokio::spawn(async move {
         if let Err(StreamError::Failed(msg)) = p.run(plan).await {
@@ -271,6 +286,13 @@ struct Producer {
     policy: FreshnessPolicy,
     tx: mpsc::Sender<Item>,
     first: Option<(u64, FillReader)>,
+    /// The origin answered this body's own request with what may not be stored: no read-ahead
+    /// (a slice fetched ahead would be answered the same, for nobody, and fetched again).
+    passed: bool,
+    /// The request's answers may pass ([`answers_may_pass`]): no read-ahead until `shared`.
+    wary: bool,
+    /// A fill this body started was stored: its request's answers are shared ones.
+    shared: bool,
 }
 
 impl Producer {
@@ -283,7 +305,7 @@ impl Producer {
             let covering = slices_covering(range, slice);
             let last = *covering.end();
             for i in covering {
-                if i < last {
+                if i < last && !self.passed && (!self.wary || self.shared) {
                     self.prefetch(i + 1);
                 }
                 let sr = slice_range(i, slice, self.meta.length);
@@ -410,7 +432,7 @@ impl Producer {
     /// Streams a fill's chunks of slice `i` that fall within `from..=to`; `mine` when this
     /// body started the fill.
     async fn follow(
-        &self,
+        &mut self,
         mut reader: FillReader,
         i: u64,
         from: u64,
@@ -432,7 +454,10 @@ impl Producer {
                         return Err(Follow::Gone);
                     }
                 }
-                Event::End(FillEnd::Complete { last }) => return Ok((at, last)),
+                Event::End(FillEnd::Complete { last }) => {
+                    self.shared |= mine;
+                    return Ok((at, last));
+                }
                 Event::End(FillEnd::Failed(_)) => {
                     return Err(Follow::Retry(
                         at.min(to.saturating_add(1)).saturating_sub(from),
@@ -446,7 +471,10 @@ impl Producer {
                     // object (`writer.rs`): taken by the body that asked, and by no other,
                     // which asks with its own request.
                     return match mine.then(|| reader.fill().take_pass()).flatten() {
-                        Some(resp) => self.own(resp, i, from, to).await,
+                        Some(resp) => {
+                            self.passed = true;
+                            self.own(resp, i, from, to).await
+                        }
                         None => Err(Follow::Retry(0)),
                     };
                 }
@@ -493,6 +521,21 @@ impl Producer {
                     return Err(Follow::Gone);
                 }
                 sent += hi - lo;
+            }
+        }
+        // An answer that ended short of the bytes wanted (a chunked 206 cut early, a 200 shorter
+        // than the stored length) is not the slice's end: taken as one, the plan went on with
+        // slice `i + 1` right after it, bytes at the wrong offsets under a 206 head. Asked
+        // again from what was sent. Without a known length, the end of the answer is the
+        // object's.
+        if let Some(length) = self.meta.length {
+            let wanted = start
+                .saturating_add(to)
+                .saturating_add(1)
+                .min(start + slice)
+                .min(length);
+            if at < wanted {
+                return Err(Follow::Retry(sent));
             }
         }
         let len = at.saturating_sub(start).min(slice);

@@ -232,8 +232,11 @@ async fn fetch(
             let usable = matches!(parts.status, StatusCode::OK | StatusCode::PARTIAL_CONTENT);
             let changed = usable && !meta.same_version(&parts.headers, total);
             // A 404 to credentials may be the origin hiding what they do not open (as the
-            // revalidation reads it): gone only when asked without.
-            let credentials = asked.contains_key(http::header::AUTHORIZATION);
+            // revalidation reads it): gone only when asked without. A `Cookie` counts: with
+            // cookie requests cached (the default) the client's is forwarded, and an origin
+            // answering 404 for a session's hidden resource dropped the object for everyone.
+            let credentials = asked.contains_key(http::header::AUTHORIZATION)
+                || asked.contains_key(http::header::COOKIE);
             if changed || (!credentials && gone(&meta, parts.status, want.start)) {
                 // Another version (or the object is gone): never mix it with stored slices.
                 inner

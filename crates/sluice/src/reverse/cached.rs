@@ -19,6 +19,7 @@ use super::forward::{
 };
 use super::{Reverse, Route};
 use crate::body::{self, Body};
+use crate::cache::cluster::hop::CLAIM_HEADER;
 use crate::cache::cluster::{relay::Local, RelayRequest};
 use crate::cache::purge::invalidation_keys;
 use crate::cache::{Cache, CacheKey, FreshnessPolicy, Origin, OriginError, OriginFuture};
@@ -80,6 +81,21 @@ impl CacheTarget {
             Some(c) => with_claimed(key, c),
             None => key,
         }
+    }
+}
+
+/// The claim part of a request's key: on a vouched relay that names one ([`CLAIM_HEADER`]), the
+/// relaying node's (`none`: none); else `own`, made from the fields the origin gets. A client's
+/// header (no vouched marker) counts for nothing.
+fn relayed_or_own_claim(
+    vouched: bool,
+    relayed: Option<&http::HeaderValue>,
+    own: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    match relayed.filter(|_| vouched).map(|v| v.to_str()) {
+        Some(Ok("none")) => None,
+        Some(Ok(c)) => Some(c.to_string()),
+        _ => own(),
     }
 }
 
@@ -222,8 +238,21 @@ impl Reverse {
             }
             _ => down,
         };
-        // Made from the fields the origin gets (a vouched relay's as a trusted proxy's).
-        let key = t.key(self.claimed(&parts.headers, down).as_deref());
+        // Made from the fields the origin gets (a vouched relay's as a trusted proxy's), or, on
+        // a vouched relay that names it, as the node that took the request from the client made
+        // it: keyed by the relaying node's fields, its own `X-Forwarded-Proto` made another key
+        // here than the one it chose this owner by (and a purge by that key went to).
+        let relayed_claim = parts.headers.remove(CLAIM_HEADER);
+        let claimed = relayed_or_own_claim(vouched, relayed_claim.as_ref(), || {
+            self.claimed(&parts.headers, down)
+        });
+        // A URL purge names the plain key: it reaches every claimed variant of it
+        // (`index::Primaries::Key`), whatever forwarding fields the `PURGE` came with.
+        let key = if parts.method.as_str() == "PURGE" {
+            t.key(None)
+        } else {
+            t.key(claimed.as_deref())
+        };
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let balance = hash_key(route, target, &parts.headers, down);
         // The purge authorisation below reads the client's own headers: the head gets a copy.
@@ -266,7 +295,7 @@ impl Reverse {
                         method: parts.method.clone(),
                         authority,
                         target,
-                        headers: self.relay_headers(&parts, down),
+                        headers: self.relay_headers(&parts, down, claimed.as_deref()),
                         body_idle: route.idle_timeout,
                     };
                     let origin = c.owner_origin(&key, req, origin);
@@ -282,7 +311,7 @@ impl Reverse {
                         method: parts.method.clone(),
                         authority,
                         target,
-                        headers: self.relay_headers(&parts, down),
+                        headers: self.relay_headers(&parts, down, claimed.as_deref()),
                         body_idle: route.idle_timeout,
                     };
                     match c.through_owner(&key, req, local.clone()).await {
@@ -334,9 +363,18 @@ impl Reverse {
     /// The fields a miss is relayed to its owner with: the client's, with this node's forwarding
     /// fields made as for an origin (the owner extends them; it took the client's own as the
     /// node's, trusted or replaced as if the node were the client).
-    fn relay_headers(&self, parts: &http::request::Parts, down: &Downstream) -> http::HeaderMap {
+    fn relay_headers(
+        &self,
+        parts: &http::request::Parts,
+        down: &Downstream,
+        claimed: Option<&str>,
+    ) -> http::HeaderMap {
         let mut headers = parts.headers.clone();
         self.relay_forwarding(&mut headers, down, parts.version);
+        // The claim this node keyed the request by, for the owner to key it so (`CLAIM_HEADER`).
+        if let Ok(v) = http::HeaderValue::from_str(claimed.unwrap_or("none")) {
+            headers.insert(CLAIM_HEADER, v);
+        }
         headers
     }
 
@@ -464,17 +502,11 @@ impl Reverse {
         headers: &http::HeaderMap,
     ) {
         if let Some(cache) = &self.cache {
-            let mut keys = invalidation_keys(&t.scope, &t.host, &t.target, status, headers);
-            // The request's own forwarding fields are gone by now: the variants a trusted peer
-            // usually makes (either scheme, the same host) are dropped with the plain one.
-            let host = (!t.host.is_empty()).then_some(t.host.as_str());
-            let claimed = ["http", "https"].map(|p| forwarded::claimed_text(p, host));
-            for key in keys.clone() {
-                for c in &claimed {
-                    keys.push(with_claimed(key.clone(), c));
-                }
-            }
-            cache.invalidate(&keys);
+            // Plain keys: each reaches every claimed variant of it (`index::Primaries::Key`),
+            // whatever forwarding fields the objects were stored with.
+            cache.invalidate(&invalidation_keys(
+                &t.scope, &t.host, &t.target, status, headers,
+            ));
         }
     }
 }
@@ -643,5 +675,37 @@ mod tests {
         for k in &keys {
             assert_eq!(crate::cache::purge::key_scope(&k.0), "1:r6:a.test|");
         }
+    }
+
+    /// Finding: the owner of a relayed miss keyed it by the relaying node's forwarding fields
+    /// taken as a trusted proxy's: a client on TLS to an untrusted node (plain key there, the
+    /// owner chosen by it) came with that node's own `X-Forwarded-Proto: https`, a claim on the
+    /// owner (plain http): a second copy, which a purge by the plain key missed. The owner keys
+    /// it as the relaying node did; a client's header counts for nothing.
+    #[test]
+    fn a_vouched_relay_is_keyed_by_the_relaying_nodes_claim() {
+        let own = || Some(forwarded::claimed_text("https", Some("a.test")));
+        let none = http::HeaderValue::from_static("none");
+        let https = forwarded::claimed_text("https", Some("a.test"));
+        let named = http::HeaderValue::from_str(&https).unwrap();
+        assert_eq!(relayed_or_own_claim(true, Some(&none), own), None);
+        assert_eq!(
+            relayed_or_own_claim(true, Some(&named), || None),
+            Some(https)
+        );
+        // An older node sends none: the owner makes its own, as before.
+        assert_eq!(relayed_or_own_claim(true, None, own), own());
+        // A client's (no vouched marker): ignored.
+        assert_eq!(relayed_or_own_claim(false, Some(&none), own), own());
+        assert_eq!(relayed_or_own_claim(false, Some(&named), || None), None);
+        let t = CacheTarget {
+            scope: scope("r", "a.test"),
+            host: "a.test".into(),
+            target: "/x".parse().unwrap(),
+        };
+        assert_eq!(
+            t.key(relayed_or_own_claim(true, Some(&none), own).as_deref()),
+            t.key(None)
+        );
     }
 }

@@ -13,6 +13,14 @@ use sha2::Sha256;
 /// The header that marks a request from another node.
 pub const HOP_HEADER: &str = "sluice-hop";
 
+/// The header a relayed miss names the claim part of its cache key in, as the node that took
+/// it from the client made it ([`sluice_http::forwarded::claimed_scope`]; `none` for none): the
+/// owner keys the request so, not by the relaying node's forwarding fields taken as a trusted
+/// proxy's (an `X-Forwarded-Proto: https` that was the node's own scheme made another key there,
+/// a second copy no purge by the first key reached). Covered by the marker
+/// ([`vouched_target`]); honoured only under a vouched marker, and removed from every request.
+pub const CLAIM_HEADER: &str = "sluice-cache-claim";
+
 /// How far a marker's time may be from ours (clock skew plus a slow network).
 const WINDOW_SECS: u64 = 60;
 
@@ -116,6 +124,10 @@ fn digest_target(target: &str, headers: &http::HeaderMap, proxies: bool) -> Stri
                 hash_field(&mut h, name, headers);
             }
         }
+        let claim = http::HeaderName::from_static(CLAIM_HEADER);
+        if headers.contains_key(&claim) {
+            hash_field(&mut h, &claim, headers);
+        }
     }
     format!("{target}\n{}", sluice_media::keys::to_hex(&h.finalize()))
 }
@@ -148,6 +160,23 @@ fn hash_field(h: &mut Sha256, name: &http::HeaderName, headers: &http::HeaderMap
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The claim a relayed miss names for its key is vouched for: a replay that adds or changes
+    /// it no longer verifies (it would store an answer made for one claim under another's key).
+    #[test]
+    fn the_claim_header_is_vouched_for() {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        let bare = vouched_target("/a", &h);
+        let older = forwarding_target("/a", &h);
+        h.insert(CLAIM_HEADER, HeaderValue::from_static("none"));
+        let none = vouched_target("/a", &h);
+        assert_ne!(none, bare);
+        h.insert(CLAIM_HEADER, HeaderValue::from_static("5:https6:a.test"));
+        assert_ne!(vouched_target("/a", &h), none);
+        // An older node's form (the forwarding fields alone) does not cover it.
+        assert_eq!(forwarding_target("/a", &h), older);
+    }
 
     #[test]
     fn markers_bind_the_request_and_the_secret() {

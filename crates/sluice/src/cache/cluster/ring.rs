@@ -187,7 +187,7 @@ impl Ring {
             .collect();
         let names: Vec<&str> = members.iter().map(|m| m.addr.as_str()).collect();
         let weights: Vec<u32> = members.iter().map(|m| m.weight).collect();
-        let ring = HashRing::new(&names, &weights);
+        let ring = HashRing::new(&names, &ring_weights(&weights));
         tracing::info!(members = ?names, "cache cluster ring changed");
         self.view.store(Arc::new(View {
             members,
@@ -244,6 +244,41 @@ impl Ring {
             _ => Owner::Local,
         }
     }
+}
+
+/// Weight units the whole ring is built from at most, before each member's round-up to one
+/// (`HashRing` gives each unit 160 points): with 256 members, 163,840 points at most.
+const RING_UNITS: u64 = 768;
+
+/// The weights the ring is built from: `weights` over their common factor and capped at
+/// `MAX_WEIGHT` (as `HashRing` takes them), scaled down together, rounded, when they add up past
+/// `RING_UNITS`. A DNS SRV answer of 256 members weighing 100 and 99 (no common factor) built
+/// 4.1 M points (65 MB formatted, hashed and sorted on a runtime worker) at each refresh.
+fn ring_weights(weights: &[u32]) -> Vec<u32> {
+    fn gcd(a: u32, b: u32) -> u32 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let g = weights.iter().copied().fold(0, gcd).max(1);
+    let units: Vec<u64> = weights
+        .iter()
+        .map(|&w| u64::from((w / g).clamp(1, super::config::MAX_WEIGHT)))
+        .collect();
+    let sum: u64 = units.iter().sum();
+    units
+        .iter()
+        .map(|&u| {
+            let scaled = if sum > RING_UNITS {
+                ((u * RING_UNITS + sum / 2) / sum).max(1)
+            } else {
+                u
+            };
+            u32::try_from(scaled).unwrap_or(1)
+        })
+        .collect()
 }
 
 /// Whether `addr`'s IP is one of this host's (binding to it works only then).
@@ -400,6 +435,38 @@ mod tests {
             named(&one, &keys).iter().all(|o| o != "10.0.0.4:8888"),
             "an hour's rampup has handed it nothing yet"
         );
+    }
+
+    /// A hostile SRV answer (256 members weighing 100 and 99, no common factor) builds a ring of
+    /// at most 256 × 160 × 4 points, not 4.1 M; weights keep their proportions once scaled.
+    #[test]
+    fn many_heavy_members_build_a_bounded_ring() {
+        let members = |weight: &dyn Fn(usize) -> u32| -> Vec<MemberSpec> {
+            (0..256)
+                .map(|i| MemberSpec {
+                    addr: format!("10.0.{}.{}:8888", i / 200, i % 200 + 1),
+                    control: format!("10.0.{}.{}:8899", i / 200, i % 200 + 1)
+                        .parse()
+                        .unwrap(),
+                    weight: weight(i),
+                })
+                .collect()
+        };
+        let ring = Ring::new("10.0.9.9:8888", Duration::ZERO);
+        ring.set_members(members(&|i| if i % 2 == 0 { 100 } else { 99 }));
+        let points = ring.view().ring.len();
+        assert!(points <= 256 * 160 * 4, "{points} points");
+        // 100 and 99 both scale to 3 units: equal shares, one unit each on the ring.
+        assert_eq!(ring_weights(&[100, 99].repeat(128)), vec![3; 256]);
+        assert_eq!(points, 256 * 160);
+        // 100 and 51: 4 units and 2, about the same two to one.
+        let weights = [100, 51].repeat(128);
+        assert_eq!(ring_weights(&weights), [4, 2].repeat(128));
+        ring.set_members(members(&|i| weights[i]));
+        assert_eq!(ring.view().ring.len(), (128 * 2 + 128) * 160);
+        // A small cluster is built as before.
+        assert_eq!(ring_weights(&[100, 99, 1]), vec![100, 99, 1]);
+        assert_eq!(ring_weights(&[20, 40]), vec![1, 2]);
     }
 
     #[test]
