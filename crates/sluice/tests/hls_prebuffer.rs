@@ -32,10 +32,14 @@ fn segment_bytes(i: usize) -> Bytes {
     Bytes::from(b)
 }
 
+/// Every request's path and `Authorization`, in order.
+type AuthLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 /// Counts requests per path and the `Referer` each came with; segments answer after 50 ms.
 struct HlsOrigin {
     addr: SocketAddr,
     hits: Arc<Mutex<HashMap<String, Vec<Option<String>>>>>,
+    auths: AuthLog,
 }
 
 impl HlsOrigin {
@@ -43,15 +47,24 @@ impl HlsOrigin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits = Arc::new(Mutex::new(HashMap::new()));
+        let auths = Arc::new(Mutex::new(Vec::new()));
         let log = hits.clone();
+        let auth_log = auths.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let log = log.clone();
+                let auth_log = auth_log.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let log = log.clone();
+                        let auth_log = auth_log.clone();
                         async move {
                             let path = req.uri().path().to_string();
+                            let auth = req
+                                .headers()
+                                .get("authorization")
+                                .map(|v| v.to_str().unwrap().to_string());
+                            auth_log.lock().unwrap().push((path.clone(), auth));
                             let referer = req
                                 .headers()
                                 .get("referer")
@@ -83,6 +96,15 @@ impl HlsOrigin {
                                 "/big/index.m3u8" => Response::builder()
                                     .header("content-type", "application/vnd.apple.mpegurl")
                                     .body(full(Bytes::from(playlist(false, BIG)))),
+                                // Another user's playlist listing the victim's first segment, then
+                                // segments of its own.
+                                "/evil/index.m3u8" => Response::builder()
+                                    .header("content-type", "application/vnd.apple.mpegurl")
+                                    .body(full(Bytes::from(
+                                        "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4.0,\n\
+                                         ../vod/seg0.ts\n#EXTINF:4.0,\nseg1.ts\n#EXTINF:4.0,\n\
+                                         seg2.ts\n#EXT-X-ENDLIST\n",
+                                    ))),
                                 "/live/index.m3u8" => Response::builder()
                                     .header("content-type", "application/vnd.apple.mpegurl")
                                     .body(full(Bytes::from(playlist(true, SEGMENTS)))),
@@ -133,7 +155,7 @@ impl HlsOrigin {
                 });
             }
         });
-        HlsOrigin { addr, hits }
+        HlsOrigin { addr, hits, auths }
     }
 
     fn count(&self, path: &str) -> usize {
@@ -156,6 +178,16 @@ impl HlsOrigin {
             .get(path)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// The `Authorization` of every request for `path`.
+    fn auths(&self, path: &str) -> Vec<Option<String>> {
+        let auths = self.auths.lock().unwrap();
+        auths
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, a)| a.clone())
+            .collect()
     }
 
     /// Waits (at most 5 s) until `path` has been fetched at least once.
@@ -357,4 +389,65 @@ async fn a_segment_request_that_bypasses_the_cache_fetches_nothing_ahead() {
     assert!(origin.wait_for("/vod/seg2.ts").await);
     assert!(origin.wait_for("/vod/seg3.ts").await);
     assert_eq!(origin.count("/vod/seg4.ts"), 0);
+}
+
+/// The playlist through sluice with `Authorization: auth` upstream, and its segment URLs.
+async fn playlist_as(s: &Sluice, origin: &HlsOrigin, path: &str, auth: &str) -> Vec<String> {
+    let d = enc(&format!("http://{}{path}", origin.addr));
+    let r = get(&s.url(&format!(
+        "/proxy/hls/manifest.m3u8?d={d}&h_authorization={}",
+        enc(auth)
+    )))
+    .await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| match l.starts_with('/') {
+            true => s.url(l),
+            false => l.to_string(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_segment_fetches_ahead_only_in_playlists_registered_with_its_own_headers() {
+    let origin = HlsOrigin::start().await;
+    let mut config = test_config();
+    config.media.prebuffer_segments = 0;
+    config.media.prefetch_segments = 2;
+    let s = Sluice::start(config).await;
+    let victim = playlist_as(&s, &origin, "/vod/index.m3u8", "Bearer victim").await;
+    // Registered last, listing the victim's first segment then its own: keyed by URL alone, the
+    // victim's request for seg0 fetched /evil/seg1.ts and /evil/seg2.ts with the victim's token.
+    let evil = playlist_as(&s, &origin, "/evil/index.m3u8", "Bearer evil").await;
+    assert_eq!(evil.len(), 3);
+    let r = get(&victim[0]).await;
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(0)));
+    // The victim's own next segments are fetched ahead, with the victim's headers.
+    assert!(origin.wait_for("/vod/seg1.ts").await);
+    assert!(origin.wait_for("/vod/seg2.ts").await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mine = Some("Bearer victim".to_string());
+    assert_eq!(origin.auths("/vod/seg1.ts"), vec![mine.clone()]);
+    assert_eq!(origin.auths("/vod/seg2.ts"), vec![mine.clone()]);
+    assert_eq!(origin.count("/vod/seg3.ts"), 0);
+    // Nothing of the other playlist was fetched, and nothing anywhere else with the victim's token.
+    assert_eq!(origin.count("/evil/seg1.ts"), 0);
+    assert_eq!(origin.count("/evil/seg2.ts"), 0);
+    let auths = origin.auths.lock().unwrap().clone();
+    for (path, auth) in auths {
+        assert!(
+            path.starts_with("/vod/") || auth != mine,
+            "{path} fetched with the victim's Authorization"
+        );
+    }
+    // The other user's own fetch of that segment does fetch ahead in their own playlist.
+    let r = get(&evil[0]).await;
+    assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(0)));
+    assert!(origin.wait_for("/evil/seg1.ts").await);
+    assert_eq!(
+        origin.auths("/evil/seg1.ts"),
+        vec![Some("Bearer evil".to_string())]
+    );
 }

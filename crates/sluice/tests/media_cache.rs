@@ -172,11 +172,20 @@ fn seg_url(s: &Sluice, o: &SegmentOrigin, seg: &str, cookie: Option<&str>) -> St
 
 /// Serves the playlist, so its segments go through the cache from then on.
 async fn load_playlist(s: &Sluice, o: &SegmentOrigin) {
-    let r = get(&s.url(&format!(
+    load_playlist_as(s, o, None).await
+}
+
+/// The same for a viewer whose links carry `cookie`: its segment requests fetch ahead in this
+/// registration (the prefetcher keys playlists by the headers their links carry).
+async fn load_playlist_as(s: &Sluice, o: &SegmentOrigin, cookie: Option<&str>) {
+    let mut url = s.url(&format!(
         "/proxy/hls/manifest.m3u8?d={}",
         enc(&o.url("/live.m3u8"))
-    )))
-    .await;
+    ));
+    if let Some(c) = cookie {
+        url.push_str(&format!("&h_cookie={}", enc(c)));
+    }
+    let r = get(&url).await;
     assert_eq!(r.status, 200);
 }
 
@@ -202,6 +211,8 @@ async fn users_with_different_cookies_never_share_bytes() {
     let o = SegmentOrigin::start().await;
     let s = Sluice::start(test_config()).await;
     load_playlist(&s, &o).await;
+    // A's player loaded the playlist through links carrying A's cookie, as its segments do.
+    load_playlist_as(&s, &o, Some("user=A")).await;
     // A and B ask for the same segment at the same time: neither joins the other's fetch.
     o.delay_ms.store(200, Ordering::SeqCst);
     let (url_a, url_b) = (

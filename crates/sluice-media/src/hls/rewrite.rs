@@ -4,7 +4,7 @@ use url::{Position, Url};
 
 use super::attr;
 use super::budget;
-use super::lines::{Line, LineKind};
+use super::lines::{lines, Line, LineKind};
 use super::scan::Summary;
 use super::skip::{Cutter, Decision};
 use super::{is_playlist_url, HlsError, RewriteOptions, SegmentExt, Target};
@@ -18,6 +18,15 @@ enum Kind {
     Map,
     /// Resolved to an absolute URL but never proxied (e.g. `EXT-X-SESSION-DATA` JSON).
     Direct,
+}
+
+/// What `Writer::emit_attrs` does with one attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Edit {
+    /// Replace the quoted value by the routed URL.
+    Route(Kind),
+    /// Cut the attribute out with one of the commas around it.
+    Remove,
 }
 
 /// How the next URI line is to be treated in a master playlist.
@@ -41,7 +50,12 @@ pub(crate) struct Writer<'a, 'f> {
     /// Present only for media playlists with `skip` ranges; lines then wait in `pending`
     /// until their segment's URI decides whether the segment survives.
     cutter: Option<Cutter>,
-    pending: Vec<Line<'a>>,
+    /// The waiting lines, as their own bytes (terminators included), re-split when the block is
+    /// flushed. Held as text, not as a `Vec<Line>` (over 70 bytes a line), so a block of millions of
+    /// blank lines costs what its input costs, not 80 times that.
+    pending: String,
+    /// Number of the first line in `pending`, so re-split lines keep their numbers for errors.
+    pending_from: usize,
 }
 
 impl<'a, 'f> Writer<'a, 'f> {
@@ -65,7 +79,8 @@ impl<'a, 'f> Writer<'a, 'f> {
             keep_height: summary.keep_height,
             next_uri: NextUri::Plain,
             cutter: media_with_skip.then(|| Cutter::new(&opts.skip)),
-            pending: Vec::new(),
+            pending: String::new(),
+            pending_from: 0,
         }
     }
 
@@ -77,7 +92,11 @@ impl<'a, 'f> Writer<'a, 'f> {
         if self.cutter.is_none() {
             return self.emit(line);
         }
-        self.pending.push(line);
+        if self.pending.is_empty() {
+            self.pending_from = line.number;
+        }
+        self.pending.push_str(line.text);
+        self.pending.push_str(line.eol);
         if matches!(line.kind(), LineKind::Uri(_)) {
             self.flush_segment()?;
         }
@@ -86,40 +105,49 @@ impl<'a, 'f> Writer<'a, 'f> {
 
     pub fn finish(mut self) -> Result<String, HlsError> {
         // Lines after the last segment (ENDLIST, trailing LL-HLS parts, hints) are kept.
-        for line in std::mem::take(&mut self.pending) {
+        let text = std::mem::take(&mut self.pending);
+        for line in numbered(&text, self.pending_from) {
             self.emit(line)?;
         }
         Ok(self.out)
     }
 
+    #[cfg(test)]
+    pub(crate) fn pending_capacity(&self) -> usize {
+        self.pending.capacity()
+    }
+
     // === segment cutting ===
 
     fn flush_segment(&mut self) -> Result<(), HlsError> {
-        let block = std::mem::take(&mut self.pending);
-        let duration = segment_duration(&block)?;
+        let text = std::mem::take(&mut self.pending);
+        let from = self.pending_from;
+        let block = || numbered(&text, from);
+        let duration = segment_duration(block())?;
         let cutter = self.cutter.as_mut().expect("only called with a cutter");
         let decision = cutter.decide(duration);
-        let has_byterange = block.iter().any(|l| tag_is(l, "EXT-X-BYTERANGE"));
+        let has_byterange = block().any(|l| tag_is(&l, "EXT-X-BYTERANGE"));
         if !has_byterange {
             cutter.no_byterange();
         }
         match decision {
-            Decision::Drop => self.emit_dropped(&block)?,
+            Decision::Drop => self.emit_dropped(block())?,
             Decision::Keep {
                 discontinuity,
                 explicit_offset,
             } => {
-                let already = block.iter().any(|l| tag_is(l, "EXT-X-DISCONTINUITY"));
-                self.emit_kept(&block, discontinuity && !already, explicit_offset)?;
+                let already = block().any(|l| tag_is(&l, "EXT-X-DISCONTINUITY"));
+                self.emit_kept(block(), discontinuity && !already, explicit_offset)?;
             }
         }
-        self.pending = block;
+        // Reused, so a playlist of many small blocks allocates once.
+        self.pending = text;
         self.pending.clear();
         Ok(())
     }
 
-    fn emit_dropped(&mut self, block: &[Line<'a>]) -> Result<(), HlsError> {
-        for &line in block {
+    fn emit_dropped<'t>(&mut self, block: impl Iterator<Item = Line<'t>>) -> Result<(), HlsError> {
+        for line in block {
             if tag_is(&line, "EXT-X-BYTERANGE") {
                 self.account_byterange(line);
             }
@@ -130,13 +158,13 @@ impl<'a, 'f> Writer<'a, 'f> {
         Ok(())
     }
 
-    fn emit_kept(
+    fn emit_kept<'t>(
         &mut self,
-        block: &[Line<'a>],
+        block: impl Iterator<Item = Line<'t>>,
         mut discontinuity: bool,
         explicit_offset: bool,
     ) -> Result<(), HlsError> {
-        for &line in block {
+        for line in block {
             let starts_segment =
                 is_segment_scoped(&line) || matches!(line.kind(), LineKind::Uri(_));
             if discontinuity && starts_segment {
@@ -173,7 +201,7 @@ impl<'a, 'f> Writer<'a, 'f> {
 
     // === one line ===
 
-    fn emit(&mut self, line: Line<'a>) -> Result<(), HlsError> {
+    fn emit(&mut self, line: Line<'_>) -> Result<(), HlsError> {
         match line.kind() {
             LineKind::Tag { name, value } => self.emit_tag(line, name, value),
             LineKind::Uri(uri) => self.emit_uri(line, uri),
@@ -189,7 +217,7 @@ impl<'a, 'f> Writer<'a, 'f> {
         self.out.push_str(line.eol);
     }
 
-    fn emit_tag(&mut self, line: Line<'a>, name: &str, value: &str) -> Result<(), HlsError> {
+    fn emit_tag(&mut self, line: Line<'_>, name: &str, value: &str) -> Result<(), HlsError> {
         let kind = match name {
             "EXT-X-STREAM-INF" => {
                 self.next_uri = if self.keeps_variant(value) {
@@ -202,6 +230,8 @@ impl<'a, 'f> Writer<'a, 'f> {
                 }
                 None
             }
+            "EXT-X-CONTENT-STEERING" => return self.emit_steering(line, value),
+            "EXT-X-DATERANGE" => return self.emit_daterange(line, value),
             _ => tag_uri_kind(name, value),
         };
         match kind {
@@ -222,7 +252,7 @@ impl<'a, 'f> Writer<'a, 'f> {
 
     /// Replaces the quoted `URI` attribute of a tag, keeping every other byte of the line.
     /// A broken attribute list or an unresolvable URI leaves the line as it was.
-    fn emit_uri_attr(&mut self, line: Line<'a>, attrs: &str, kind: Kind) -> Result<(), HlsError> {
+    fn emit_uri_attr(&mut self, line: Line<'_>, attrs: &str, kind: Kind) -> Result<(), HlsError> {
         let uri = match attr::find(attrs, "URI") {
             Ok(Some(uri)) if uri.quoted && !uri.value.is_empty() => uri,
             _ => {
@@ -243,7 +273,90 @@ impl<'a, 'f> Writer<'a, 'f> {
         Ok(())
     }
 
-    fn emit_uri(&mut self, line: Line<'a>, uri: &str) -> Result<(), HlsError> {
+    /// `#EXT-X-CONTENT-STEERING` is dropped when anything is proxied: every pathway it could
+    /// pick between is the proxy, and its server, fetched by the player straight from the
+    /// origin's side, could answer with pathways that lead the player away from the proxy. With
+    /// `no_proxy` its `SERVER-URI` is only made absolute, like every other URI.
+    fn emit_steering(&mut self, line: Line<'_>, attrs: &str) -> Result<(), HlsError> {
+        if !self.opts.no_proxy {
+            return Ok(());
+        }
+        self.emit_attrs(line, attrs, &[("SERVER-URI", Edit::Route(Kind::Direct))])
+    }
+
+    /// Interstitials (`#EXT-X-DATERANGE` with `X-ASSET-URI` or `X-ASSET-LIST`): the asset is a
+    /// playlist and goes through the proxy like any other. The asset list is JSON naming asset
+    /// URIs that this rewriter never sees, so proxying it would still send the player to the
+    /// origin: the attribute is removed (made absolute with `no_proxy`). The rest of the date
+    /// range (ids, times, SCTE-35 data) is kept byte for byte.
+    fn emit_daterange(&mut self, line: Line<'_>, attrs: &str) -> Result<(), HlsError> {
+        let list = if self.opts.no_proxy {
+            Edit::Route(Kind::Direct)
+        } else {
+            Edit::Remove
+        };
+        let edits = [
+            ("X-ASSET-URI", Edit::Route(Kind::Playlist)),
+            ("X-ASSET-LIST", list),
+        ];
+        self.emit_attrs(line, attrs, &edits)
+    }
+
+    /// Writes `line` with the attributes named in `edits` routed or removed, every other byte
+    /// kept. Only the first of a repeated routed name is routed (RFC 8216 forbids repeats);
+    /// later ones are removed, as is an unquoted one, so no upstream URL is left for the player
+    /// to fetch directly. A malformed attribute list is kept as it was, like other tags.
+    fn emit_attrs(
+        &mut self,
+        line: Line<'_>,
+        attrs: &str,
+        edits: &[(&str, Edit)],
+    ) -> Result<(), HlsError> {
+        if attr::attrs(attrs).any(|a| a.is_err()) {
+            self.verbatim(line);
+            return Ok(());
+        }
+        let list_at = line.text.len() - attrs.len();
+        self.out.push_str(&line.text[..list_at]);
+        let mut copied = 0; // bytes of `attrs` written (or cut) so far
+        let mut routed = [false; 2];
+        for a in attr::attrs(attrs).flatten() {
+            let Some(i) = edits.iter().position(|(name, _)| *name == a.name) else {
+                continue;
+            };
+            let edit = match edits[i].1 {
+                Edit::Route(_) if routed.get(i).copied().unwrap_or(true) || !a.quoted => {
+                    Edit::Remove
+                }
+                other => other,
+            };
+            match edit {
+                Edit::Route(kind) => {
+                    if let Some(r) = routed.get_mut(i) {
+                        *r = true;
+                    }
+                    let url = (!a.value.is_empty())
+                        .then(|| self.resolve(a.value))
+                        .flatten();
+                    let Some(url) = url else { continue };
+                    let new = self.route(kind, url, line.number)?;
+                    self.out.push_str(&attrs[copied..a.value_at]);
+                    self.out.push_str(&new);
+                    copied = a.value_at + a.value.len();
+                }
+                Edit::Remove => {
+                    let (cut_from, cut_to) = attr_span(attrs, &a);
+                    self.out.push_str(&attrs[copied..cut_from.max(copied)]);
+                    copied = cut_to.max(copied);
+                }
+            }
+        }
+        self.out.push_str(&attrs[copied..]);
+        self.out.push_str(line.eol);
+        Ok(())
+    }
+
+    fn emit_uri(&mut self, line: Line<'_>, uri: &str) -> Result<(), HlsError> {
         let next = std::mem::replace(&mut self.next_uri, NextUri::Plain);
         if next == NextUri::DroppedVariant {
             return Ok(());
@@ -311,6 +424,28 @@ impl<'a, 'f> Writer<'a, 'f> {
     }
 }
 
+/// The lines of `text` (a taken `pending`), numbered as in the playlist: the first is `from`.
+fn numbered(text: &str, from: usize) -> impl Iterator<Item = Line<'_>> {
+    let before = from.saturating_sub(1);
+    lines(text).map(move |mut line| {
+        line.number += before;
+        line
+    })
+}
+
+/// The bytes of `attrs` to cut to remove attribute `a`: from the comma before it to its end, or,
+/// for the first attribute, from its name up to the next attribute's name.
+fn attr_span(attrs: &str, a: &attr::Attr<'_>) -> (usize, usize) {
+    let name_at = a.name.as_ptr() as usize - attrs.as_ptr() as usize;
+    let end = a.value_at + a.value.len() + usize::from(a.quoted);
+    if let Some(comma) = attrs[..name_at].rfind(',') {
+        return (comma, end);
+    }
+    let rest = &attrs[end..];
+    let next = rest.len() - rest.trim_start_matches([' ', ',']).len();
+    (name_at, end + next)
+}
+
 /// `url` with the scheme and authority (host, port, userinfo) of `origin`.
 fn swap_origin(url: &Url, origin: &Url) -> Option<Url> {
     let joined = format!(
@@ -339,9 +474,11 @@ fn tag_uri_kind(name: &str, attrs: &str) -> Option<Kind> {
     })
 }
 
-/// Whether the rewriter routes the `URI` attribute of tag `name` (for [`super::count_entries`]).
+/// Whether the rewriter routes a URI of tag `name` (for [`super::count_entries`]): its `URI`
+/// attribute, or the interstitial asset of `EXT-X-DATERANGE`, or (with `no_proxy`) the
+/// `SERVER-URI` of `EXT-X-CONTENT-STEERING`.
 pub(crate) fn uri_tag(name: &str) -> bool {
-    tag_uri_kind(name, "").is_some()
+    matches!(name, "EXT-X-DATERANGE" | "EXT-X-CONTENT-STEERING") || tag_uri_kind(name, "").is_some()
 }
 
 fn preload_hint_kind(attrs: &str) -> Kind {
@@ -374,8 +511,8 @@ fn is_segment_scoped(line: &Line<'_>) -> bool {
 }
 
 /// Duration from the block's `#EXTINF:<seconds>,<title>`; a segment without one lasts 0 s.
-fn segment_duration(block: &[Line<'_>]) -> Result<f64, HlsError> {
-    let Some((line, value)) = block.iter().find_map(|l| match l.kind() {
+fn segment_duration<'t>(mut block: impl Iterator<Item = Line<'t>>) -> Result<f64, HlsError> {
+    let Some((line, value)) = block.find_map(|l| match l.kind() {
         LineKind::Tag {
             name: "EXTINF",
             value,

@@ -697,3 +697,111 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn skip_holds_a_long_block_as_its_own_bytes() {
+    // 8 MiB of blank lines and no URI: every line waits for a segment that never comes. Held as
+    // `Line`s (over 70 bytes each) that was over 600 MB; as text it is the input's size.
+    let text = format!("#EXTM3U\n#EXTINF:1,\n{}", "\n".repeat(8 << 20));
+    let opts = skip(&[(0.0, 0.5)]);
+    let base = Url::parse(BASE).unwrap();
+    let summary = scan::scan(&text, &opts).unwrap();
+    let mut make = mark;
+    let mut writer = rewrite::Writer::new(&base, &opts, &mut make, &summary, "\n", text.len());
+    for line in lines::lines(&text).skip(1) {
+        writer.line(line).unwrap();
+    }
+    let held = writer.pending_capacity();
+    assert!(
+        held <= 2 * text.len(),
+        "{held} bytes held for {} of input",
+        text.len()
+    );
+    assert_eq!(writer.finish().unwrap().len(), text.len() - 8);
+    // Through the public entry point: nothing cut, every byte kept.
+    assert_eq!(rewrite_with(&text, &opts).unwrap(), text);
+}
+
+#[test]
+fn skip_keeps_comments_blanks_and_line_numbers_inside_blocks() {
+    let text = "#EXTM3U\r\n#EXT-X-TARGETDURATION:4\r\n\r\n# ad break\r\n#EXTINF:4,\r\n\r\na.ts\r\n\
+                #EXTINF:4,\r\n# cut with its segment? no: comments stay\r\n\r\nb.ts\r\n\
+                #EXTINF:4,\r\nc.ts\r\n#EXT-X-ENDLIST\r\n";
+    let got = short(&rewrite_with(text, &skip(&[(5.0, 6.0)])).unwrap());
+    assert_eq!(
+        got,
+        "#EXTM3U\r\n#EXT-X-TARGETDURATION:4\r\n\r\n# ad break\r\n#EXTINF:4,\r\n\r\na.ts\r\n\
+         # cut with its segment? no: comments stay\r\n\r\n\
+         #EXT-X-DISCONTINUITY\r\n#EXTINF:4,\r\nc.ts\r\n#EXT-X-ENDLIST\r\n"
+    );
+    // A broken duration deep in a block is reported at its own line.
+    let broken = "#EXTM3U\n#EXTINF:4,\na.ts\n\n# x\n#EXTINF:abc,\nb.ts\n";
+    assert_eq!(
+        rewrite_with(broken, &skip(&[(0.0, 1.0)])),
+        Err(HlsError::InvalidDuration { line: 6 })
+    );
+}
+
+#[test]
+fn content_steering_is_dropped_unless_nothing_is_proxied() {
+    let text = "#EXTM3U\n\
+                #EXT-X-CONTENT-STEERING:SERVER-URI=\"/steer?v=1\",PATHWAY-ID=\"CDN-A\"\n\
+                #EXT-X-STREAM-INF:BANDWIDTH=1,PATHWAY-ID=\"CDN-A\"\nv.m3u8\n";
+    assert_eq!(
+        rewrite(text),
+        "#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=1,PATHWAY-ID=\"CDN-A\"\n\
+         /m?d=https://cdn.example.com/live/chan/v.m3u8\n"
+    );
+    let opts = RewriteOptions {
+        no_proxy: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        rewrite_with(text, &opts).unwrap(),
+        "#EXTM3U\n\
+         #EXT-X-CONTENT-STEERING:SERVER-URI=\"https://cdn.example.com/steer?v=1\",PATHWAY-ID=\"CDN-A\"\n\
+         #EXT-X-STREAM-INF:BANDWIDTH=1,PATHWAY-ID=\"CDN-A\"\n\
+         https://cdn.example.com/live/chan/v.m3u8\n"
+    );
+    assert_eq!(count_entries(text), 2);
+}
+
+#[test]
+fn interstitial_assets_are_proxied_and_asset_lists_removed() {
+    let text = "#EXTM3U\n#EXT-X-TARGETDURATION:4\n\
+                #EXT-X-DATERANGE:ID=\"ad1\",CLASS=\"com.apple.hls.interstitial\",\
+                START-DATE=\"2026-01-01T00:00:00Z\",X-ASSET-URI=\"ads/a.m3u8\",X-RESUME-OFFSET=0\n\
+                #EXT-X-DATERANGE:ID=\"ad2\",CLASS=\"com.apple.hls.interstitial\",\
+                START-DATE=\"2026-01-01T00:00:08Z\",X-ASSET-LIST=\"https://ads.example/l.json\"\n\
+                #EXT-X-DATERANGE:X-ASSET-LIST=\"l.json\", ID=\"ad3\",START-DATE=\"2026-01-01T00:00:09Z\"\n\
+                #EXT-X-DATERANGE:ID=\"ad4\",X-ASSET-URI=\"a.m3u8\",X-ASSET-URI=\"https://o.example/b.m3u8\",\
+                X-ASSET-URI=unquoted\n\
+                #EXT-X-DATERANGE:ID=\"s\",START-DATE=\"2026-01-01T00:00:00Z\",SCTE35-OUT=0xFC30\n\
+                #EXT-X-DATERANGE:ID=\"bad,X-ASSET-URI=\"x.m3u8\"\n\
+                #EXTINF:4,\ns.ts\n";
+    assert_eq!(
+        rewrite(text),
+        "#EXTM3U\n#EXT-X-TARGETDURATION:4\n\
+         #EXT-X-DATERANGE:ID=\"ad1\",CLASS=\"com.apple.hls.interstitial\",\
+         START-DATE=\"2026-01-01T00:00:00Z\",\
+         X-ASSET-URI=\"/m?d=https://cdn.example.com/live/chan/ads/a.m3u8\",X-RESUME-OFFSET=0\n\
+         #EXT-X-DATERANGE:ID=\"ad2\",CLASS=\"com.apple.hls.interstitial\",\
+         START-DATE=\"2026-01-01T00:00:08Z\"\n\
+         #EXT-X-DATERANGE:ID=\"ad3\",START-DATE=\"2026-01-01T00:00:09Z\"\n\
+         #EXT-X-DATERANGE:ID=\"ad4\",X-ASSET-URI=\"/m?d=https://cdn.example.com/live/chan/a.m3u8\"\n\
+         #EXT-X-DATERANGE:ID=\"s\",START-DATE=\"2026-01-01T00:00:00Z\",SCTE35-OUT=0xFC30\n\
+         #EXT-X-DATERANGE:ID=\"bad,X-ASSET-URI=\"x.m3u8\"\n\
+         #EXTINF:4,\n/s.ts?d=https://cdn.example.com/live/chan/s.ts\n"
+    );
+    let opts = RewriteOptions {
+        no_proxy: true,
+        ..Default::default()
+    };
+    let list = "#EXTM3U\n#EXT-X-DATERANGE:ID=\"ad\",X-ASSET-LIST=\"l.json\"\n";
+    assert_eq!(
+        rewrite_with(list, &opts).unwrap(),
+        "#EXTM3U\n#EXT-X-DATERANGE:ID=\"ad\",X-ASSET-LIST=\"https://cdn.example.com/live/chan/l.json\"\n"
+    );
+    // Each date range counts toward the entry limit.
+    assert_eq!(count_entries(text), 7);
+}

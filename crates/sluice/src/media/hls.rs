@@ -311,7 +311,13 @@ async fn rewrite(
     // Engine segments are not prefetched: the prefetcher fetches through the guarded client.
     if rewritten.is_ok() && !parts.is_empty() && engine_for(media, &base).is_none() {
         let warm = super::prebuffer::pick(&parts, vod, media.settings.prebuffer_segments);
-        media.prefetcher.register_playlist(base.as_str(), parts);
+        // Registered for the upstream headers its segment links carry (every `h_*` but `h_range`),
+        // so only this viewer's segment requests find it and fetch ahead with their headers.
+        let mut headers = stream::fetch_request(&stream::parse_params(ctx)?)?.headers;
+        headers.remove(header::RANGE);
+        media
+            .prefetcher
+            .register_playlist_for(base.as_str(), &headers, parts);
         if !head {
             super::prebuffer::warm(media, ctx, warm);
         }

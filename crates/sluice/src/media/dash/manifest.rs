@@ -99,7 +99,12 @@ pub async fn media(
                 let sequence = std::mem::take(&mut job.sequence);
                 // Kept or not, this answer is served: its numbers follow the state it began from.
                 dash.sequences.keep(&track, &seen, sequence);
-                dash.prefetcher.register_playlist(&track, parts);
+                // For the upstream headers its segment links carry, as HLS registers: only
+                // this viewer's segment requests find it and fetch ahead with their headers.
+                let mut carried = headers.clone();
+                carried.remove(http::header::RANGE);
+                dash.prefetcher
+                    .register_playlist_for(&track, &carried, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
             Err(DashError::SidxMissing { url, range }) => {
