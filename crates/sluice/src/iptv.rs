@@ -490,6 +490,7 @@ impl Iptv {
             epg.as_deref(),
             catchup,
             seal.as_deref(),
+            &rtsp.seek_params,
         );
         let as_hls = match query_flag(req.uri.query(), "hls") {
             Some(on) => on,

@@ -2125,3 +2125,57 @@ async fn a_configured_seek_param_is_a_catch_up_time_for_tokens() {
         "{requests:?}"
     );
 }
+
+/// A sealed playlist leaves the operator's own catch-up name (`iptv.rtsp.seek_params =
+/// ["starttime"]`) outside the token, as it does `playseek`: sealed, the `catchup-source`
+/// placeholder reached the gateway as literal text (a 400) and the token fixed the time, so a
+/// player could not fill it in either. Filled in, the catch-up plays with the player's time.
+#[tokio::test]
+async fn a_sealed_catchup_source_keeps_a_configured_seek_param_fillable() {
+    const PW: &str = "seek-playlist-test-password";
+    const PLACEHOLDER: &str = "${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}";
+    const TIME: &str = "20240101120000-20240101130000";
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(
+        &mut m3u,
+        format!(
+            "#EXTM3U\n#EXTINF:-1 catchup=\"default\" catchup-source=\"rtsp://127.0.0.1:{port}/iptv?ChannelID=7&starttime={PLACEHOLDER}\",One\nrtsp://127.0.0.1:{port}/iptv?ChannelID=7\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut config = app_support::test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.rtsp.seek_mode = sluice::iptv::rtsp::SeekMode::Passthrough;
+    config.iptv.rtsp.seek_params = vec!["starttime".into()];
+    let s = app_support::Sluice::start(config).await;
+    let list = app_support::get(&s.url(&format!("/playlist.m3u?api_password={PW}"))).await;
+    let text = String::from_utf8(list.body.unwrap().to_vec()).unwrap();
+    let extinf = text.lines().find(|l| l.starts_with("#EXTINF")).unwrap();
+    let source = extinf
+        .split("catchup-source=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no catchup-source: {extinf}"));
+    assert!(source.contains("/_token_"), "{source}");
+    assert!(
+        source.ends_with(&format!("/iptv?starttime={PLACEHOLDER}")),
+        "the placeholder stays for the player to fill: {source}"
+    );
+    assert!(
+        !source.contains("ChannelID"),
+        "the channel is sealed: {source}"
+    );
+    let filled = source.replace(PLACEHOLDER, TIME);
+    assert_eq!(status_of(&filled).await.0, 200, "{filled}");
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(
+        server.saw(&format!(
+            "DESCRIBE rtsp://127.0.0.1:{port}/iptv?ChannelID=7&starttime={TIME}"
+        )),
+        "{requests:?}"
+    );
+}

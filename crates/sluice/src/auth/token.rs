@@ -33,6 +33,13 @@ pub const CATCHUP_PARAMS: [&str; 6] = [
     "r2h-start",
 ];
 
+/// Whether a sealed token's holder may add `name` on an `/rtsp/` path: one of
+/// [`CATCHUP_PARAMS`] or a name the operator configured in `iptv.rtsp.seek_params`. The
+/// playlist leaves these out of an entry's token for the same reason: a player fills them in.
+pub fn is_catchup_param(name: &str, seek_params: &[String]) -> bool {
+    CATCHUP_PARAMS.contains(&name) || seek_params.iter().any(|p| p == name)
+}
+
 /// Path prefixes an IPTV playlist entry token opens.
 pub const CHANNEL_SCOPE: [&str; 3] = ["/rtp/", "/udp/", "/rtsp/"];
 
@@ -289,8 +296,7 @@ pub fn scoped_query(
             let mut added = Vec::new();
             for (name, value) in extra {
                 let repeated = query.get(name).is_some() || added.iter().any(|(k, _)| k == name);
-                let catchup = path.starts_with("/rtsp/")
-                    && (CATCHUP_PARAMS.contains(&name.as_str()) || seek_params.contains(name));
+                let catchup = path.starts_with("/rtsp/") && is_catchup_param(name, seek_params);
                 if !(ADDABLE_PARAMS.contains(&name.as_str()) || catchup)
                     || repeated
                     || (catchup && fixed_time)

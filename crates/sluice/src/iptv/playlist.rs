@@ -33,14 +33,17 @@ pub type SealFn = dyn Fn(&str, &[(String, String)]) -> String + Send + Sync;
 /// `base` has no trailing `/`. With `epg`, the header's guide URL becomes that. With
 /// `catchup_query`, RTSP entries without catch-up attributes get
 /// `catchup-source="{entry}?{catchup_query}"`. With `seal`, each entry URL carries a token
-/// opening that entry alone, its query fixed inside the token.
+/// opening that entry alone, its query fixed inside the token except the catch-up params
+/// (`seek_params` is `iptv.rtsp.seek_params`, the operator's own names among them).
 pub fn rewrite_playlist(
     text: &str,
     base: &str,
     epg: Option<&str>,
     catchup_query: Option<&str>,
     seal: Option<&SealFn>,
+    seek_params: &[String],
 ) -> String {
+    let seal = seal.map(|seal| Sealer { seal, seek_params });
     let mut out = String::with_capacity(text.len() + text.len() / 4);
     // Where the last `#EXTINF` line sits in `out`, to add catch-up attributes to it once
     // its entry turns out to be RTSP.
@@ -52,12 +55,12 @@ pub fn rewrite_playlist(
         let header = epg.filter(|_| trimmed.starts_with("#EXTM3U"));
         if header.is_none() && trimmed.starts_with("#EXTINF") {
             let start = out.len();
-            out.push_str(&rewrite_catchup_source(body, base, seal));
+            out.push_str(&rewrite_catchup_source(body, base, seal.as_ref()));
             extinf = Some(start..out.len());
             out.push_str(ending);
             continue;
         }
-        match (header, rewrite_entry(trimmed, base, seal)) {
+        match (header, rewrite_entry(trimmed, base, seal.as_ref())) {
             (Some(epg), _) => {
                 out.push_str(&replace_epg_attribute(body, epg));
                 out.push_str(ending);
@@ -106,7 +109,7 @@ fn title_comma(line: &str) -> usize {
 }
 
 /// An `#EXTINF` line with an `rtsp://` catch-up source pointed at this gateway.
-fn rewrite_catchup_source(line: &str, base: &str, seal: Option<&SealFn>) -> String {
+fn rewrite_catchup_source(line: &str, base: &str, seal: Option<&Sealer>) -> String {
     match attribute(line, "catchup-source") {
         Some(value) if is_rtsp(value) => {
             let at = value.as_ptr() as usize - line.as_ptr() as usize;
@@ -160,7 +163,7 @@ fn replace_epg_attribute(line: &str, epg: &str) -> String {
     format!("{line} x-tvg-url=\"{epg}\"")
 }
 
-fn rewrite_entry(line: &str, base: &str, seal: Option<&SealFn>) -> Option<String> {
+fn rewrite_entry(line: &str, base: &str, seal: Option<&Sealer>) -> Option<String> {
     let (kind, rest) = ["rtp", "udp", "rtsp"].iter().find_map(|k| {
         let scheme = line.get(..k.len() + 3)?;
         scheme
@@ -175,11 +178,19 @@ fn rewrite_entry(line: &str, base: &str, seal: Option<&SealFn>) -> Option<String
     Some(gateway_url(base, kind, rest, seal))
 }
 
+/// What seals entries: the [`Seal`] and the configured seek params, which stay out of the token.
+struct Sealer<'a> {
+    seal: &'a SealFn,
+    seek_params: &'a [String],
+}
+
 /// `{base}/{kind}/{rest}`; sealed, `{base}/_token_<T>/{kind}/{path}` with the query's params
-/// inside the token, except catch-up params (and their `{utc:…}` placeholders), which a player
-/// fills in and so stay in the URL.
-fn gateway_url(base: &str, kind: &str, rest: &str, seal: Option<&SealFn>) -> String {
-    let Some(seal) = seal else {
+/// inside the token, except on RTSP the catch-up params (`playseek`, the configured seek params
+/// such as `starttime`) and their `{utc}` or `${(b)…}` placeholders, which a player fills in
+/// and so stay in the URL: sealed, a placeholder would reach the gateway as literal text, and
+/// the token would fix the time so the player could not add it either.
+fn gateway_url(base: &str, kind: &str, rest: &str, seal: Option<&Sealer>) -> String {
+    let Some(Sealer { seal, seek_params }) = seal else {
         return format!("{base}/{kind}/{rest}");
     };
     let (path, query) = match rest.split_once('?') {
@@ -190,7 +201,7 @@ fn gateway_url(base: &str, kind: &str, rest: &str, seal: Option<&SealFn>) -> Str
     let mut fixed = String::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let name = pair.split('=').next().unwrap_or("");
-        if kind == "rtsp" && crate::auth::token::CATCHUP_PARAMS.contains(&name) {
+        if kind == "rtsp" && crate::auth::token::is_catchup_param(name, seek_params) {
             kept.push(pair);
         } else {
             if !fixed.is_empty() {
@@ -335,7 +346,7 @@ UDP://@239.1.1.2:1234\n\
 rtp://10.0.0.9@232.1.1.1:5140\n\
 #EXTINF:-1,D\n\
 http://example.invalid/d.m3u8\n";
-        let out = rewrite_playlist(input, "http://gw:8080", None, None, None);
+        let out = rewrite_playlist(input, "http://gw:8080", None, None, None, &[]);
         let want = "#EXTM3U x-tvg-url=\"http://epg/e.xml\"\r\n\
 #EXTINF:-1 tvg-id=\"a\" group-title=\"News\" catchup=\"default\" catchup-source=\"http://gw:8080/rtsp/10.0.0.1/a?playseek={utc}\",A\r\n\
 http://gw:8080/rtp/239.1.1.1:5000\r\n\
@@ -361,7 +372,7 @@ RTSP://h/ch3\n\
 #EXTINF:-1,Multicast\n\
 rtp://239.1.1.1:5000\n";
         let q = "playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}";
-        let out = rewrite_playlist(input, "http://gw", None, Some(q), None);
+        let out = rewrite_playlist(input, "http://gw", None, Some(q), None, &[]);
         let want = "#EXTM3U\n\
 #EXTINF:-1 tvg-id=\"x,y\" catchup=\"default\" catchup-source=\"http://gw/rtsp/10.0.0.1:554/ch1?a=1&playseek=${(b)yyyyMMddHHmmss}-${(e)yyyyMMddHHmmss}\",News, late\n\
 http://gw/rtsp/10.0.0.1:554/ch1?a=1\n\
@@ -404,7 +415,14 @@ http://gw/rtp/239.1.1.1:5000\n";
         );
         assert_eq!(epg_url("#EXTM3U my-x-tvg-url=\"http://no\"\n"), None);
         assert_eq!(epg_url("#EXTINF:-1,A\n"), None);
-        let out = rewrite_playlist(text, "http://gw", Some("http://gw/epg.xml.gz"), None, None);
+        let out = rewrite_playlist(
+            text,
+            "http://gw",
+            Some("http://gw/epg.xml.gz"),
+            None,
+            None,
+            &[],
+        );
         assert_eq!(
             out,
             "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\" catchup=\"append\"\n#EXTINF:-1,A\nhttp://gw/rtp/239.1.1.1:5000\n"
@@ -415,6 +433,7 @@ http://gw/rtp/239.1.1.1:5000\n";
             Some("http://gw/epg.xml.gz"),
             None,
             None,
+            &[],
         );
         assert_eq!(added, "#EXTM3U x-tvg-url=\"http://gw/epg.xml.gz\"\r\n");
     }
@@ -429,11 +448,32 @@ http://gw/rtp/239.1.1.1:5000\n";
 #EXTINF:-1 catchup-source=\"rtsp://h/c?tvdr={utc}&x=1\",A\n\
 udp://@239.1.1.1:5000?fcc=10.0.0.1:8027\n\
 rtsp://h/c\n";
-        let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal));
+        let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal), &[]);
         let want = "#EXTM3U\n\
 #EXTINF:-1 catchup-source=\"http://gw/_token_[/rtsp/h/c|x=1]/rtsp/h/c?tvdr={utc}\",A\n\
 http://gw/_token_[/udp/239.1.1.1:5000|fcc=10.0.0.1:8027]/udp/239.1.1.1:5000\n\
 http://gw/_token_[/rtsp/h/c|]/rtsp/h/c\n";
+        assert_eq!(out, want);
+    }
+
+    /// The operator's seek param (`iptv.rtsp.seek_params`) stays outside the token with its
+    /// placeholder, as `playseek` does; on a multicast entry it is an ordinary param, sealed.
+    #[test]
+    fn sealed_entries_leave_configured_seek_params_to_the_player() {
+        let seal = |path: &str, params: &[(String, String)]| {
+            let q: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("/_token_[{path}|{}]", q.join("&"))
+        };
+        let input = "#EXTM3U\n\
+#EXTINF:-1 catchup-source=\"rtsp://h/c?id=7&starttime=${(b)yyyyMMddHHmmss}\",A\n\
+rtsp://h/c?id=7\n\
+udp://@239.1.1.1:5000?starttime=1\n";
+        let seek = ["starttime".to_string()];
+        let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal), &seek);
+        let want = "#EXTM3U\n\
+#EXTINF:-1 catchup-source=\"http://gw/_token_[/rtsp/h/c|id=7]/rtsp/h/c?starttime=${(b)yyyyMMddHHmmss}\",A\n\
+http://gw/_token_[/rtsp/h/c|id=7]/rtsp/h/c\n\
+http://gw/_token_[/udp/239.1.1.1:5000|starttime=1]/udp/239.1.1.1:5000\n";
         assert_eq!(out, want);
     }
 }
