@@ -952,6 +952,53 @@ async fn shutdown_does_not_wait_for_connects_in_progress() {
 /// start would drop the sessions another test expects to resume.
 static TLS_LISTENERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A forced shutdown ends a connection still in its TLS handshake right after the grace period.
+/// Before, the handshake ran outside the race with the shutdown: a client that connects and
+/// sends nothing held `shutdown` for the whole `handshake_timeout_secs` (60 s here).
+#[tokio::test]
+async fn shutdown_does_not_wait_for_handshakes_in_progress() {
+    let _apart = TLS_LISTENERS.lock().await;
+    let SelfSigned { cert, key, .. } = SelfSigned::new(&["localhost"]);
+    let echo = Upstream::echo().await;
+    let config = format!(
+        "[[upstreams]]\nname = \"e\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"e\"\nhandshake_timeout_secs = 60\n\
+         tls_cert = {:?}\ntls_key = {:?}\n",
+        echo.addr,
+        cert.path(),
+        key.path()
+    );
+    let proxy = Proxy::start(&config);
+    // Connects and never sends its ClientHello.
+    let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+    for _ in 0..100 {
+        if proxy.tcp.connections() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(proxy.tcp.connections(), 1);
+    let started = Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(4),
+        proxy.tcp.shutdown(Duration::from_millis(200)),
+    )
+    .await
+    .expect("shutdown waited for the handshake");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(read_all(&mut client, 5).await.unwrap(), b"");
+    proxy.idle().await;
+    let metrics = proxy.metrics();
+    assert!(
+        metrics.contains(
+            "sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"shutdown\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn tls_termination_relays_plain_bytes_and_routes_by_sni() {
     let _apart = TLS_LISTENERS.lock().await;

@@ -123,10 +123,7 @@ impl AccessLog {
 
     /// Queues one line; never waits.
     pub fn record(&self, e: &Entry) {
-        let line = match self.format {
-            AccessLogFormat::Json => json_line(e),
-            AccessLogFormat::Combined => combined_line(e, SystemTime::now()),
-        };
+        let line = self.line(e);
         let len = line.len();
         if self.queued.fetch_add(len, Ordering::AcqRel) + len > QUEUE_BYTES {
             self.queued.fetch_sub(len, Ordering::AcqRel);
@@ -137,6 +134,18 @@ impl AccessLog {
             self.queued.fetch_sub(len, Ordering::AcqRel);
             self.dropped.inc();
         }
+    }
+
+    /// `e` as a line of this log's format, holding no more memory than its bytes: a formatted
+    /// `String` grows by doubling, so one waiting in the queue could hold up to twice what
+    /// `QUEUE_BYTES` charged for it.
+    fn line(&self, e: &Entry) -> String {
+        let mut line = match self.format {
+            AccessLogFormat::Json => json_line(e),
+            AccessLogFormat::Combined => combined_line(e, SystemTime::now()),
+        };
+        line.shrink_to_fit();
+        line
     }
 }
 
@@ -378,6 +387,22 @@ mod tests {
         );
         // The reader gone, the stuck write fails and the writer goes on.
         drop(reader);
+    }
+
+    /// A queued line holds no spare capacity, so the bytes charged to `QUEUE_BYTES` are the
+    /// bytes it holds. Before, the formatted `String` kept what its doubling growth left (up to
+    /// twice its length) while the cap counted its length.
+    #[tokio::test]
+    async fn a_queued_line_holds_only_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = huge();
+        for format in [AccessLogFormat::Combined, AccessLogFormat::Json] {
+            let path = dir.path().join(format!("{format:?}.log"));
+            let log = AccessLog::open(path.to_str().unwrap(), format, Counter::default()).unwrap();
+            let line = log.line(&e);
+            assert!(line.len() > 4 * FIELD_BYTES, "{} bytes", line.len());
+            assert_eq!(line.capacity(), line.len(), "{format:?}");
+        }
     }
 
     /// Written lines give their bytes back: far more than `QUEUE_BYTES` goes through a writer

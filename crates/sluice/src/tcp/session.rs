@@ -68,14 +68,31 @@ pub(super) async fn serve(
     open.inc();
     let started = Instant::now();
     let handshake = Duration::from_secs(s.config.handshake_timeout_secs);
-    let accepted = match tokio::time::timeout(handshake, accept(stream, peer, &s)).await {
-        Ok(Ok(a)) => Ok(a),
-        Ok(Err(reason)) => Err(reason),
-        Err(_) => Err("handshake_timeout"),
+    // Raced against a forced shutdown like the connect and the relay: unraced, clients trickling
+    // their PROXY header, ClientHello or TLS handshake held `TcpProxy::shutdown` for up to
+    // `handshake_timeout_secs` past its grace period.
+    let mut force = shared.force.clone();
+    // `None`: the shutdown came first.
+    let accepted = tokio::select! {
+        r = tokio::time::timeout(handshake, accept(stream, peer, &s)) => Some(match r {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(reason)) => Err(reason),
+            Err(_) => Err("handshake_timeout"),
+        }),
+        Ok(_) = force.wait_for(|stop| *stop) => None,
     };
     let how = match accepted {
-        Ok(a) => relay(a, &s, &shared, started).await,
-        Err(reason) => {
+        Some(Ok(a)) => relay(a, &s, &shared, started).await,
+        None => {
+            m.ended
+                .get_or_create(&EndLabels {
+                    listener: s.name.clone(),
+                    how: "shutdown",
+                })
+                .inc();
+            "shutdown"
+        }
+        Some(Err(reason)) => {
             tracing::debug!(listener = %s.name, %peer, reason, "tcp connection refused");
             m.refused
                 .get_or_create(&RefusedLabels {
