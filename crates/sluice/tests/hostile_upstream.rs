@@ -217,6 +217,9 @@ async fn cache_isolates_users_by_cookie_and_authorization() {
         };
         let as_a = format!("&{param}={}", enc("user=A"));
         let as_b = format!("&{param}={}", enc("user=B"));
+        // A's player loads the playlist through links carrying A's credentials, as its
+        // segments do (the prefetcher fetches ahead in A's own registration only).
+        load_playlist(&s, &o, &as_a).await;
         let a = get(&seg_url(&s, &o, seg, &as_a)).await;
         assert_eq!(a.status, 200);
         assert!(
