@@ -415,9 +415,10 @@ idle_timeout_secs = 30
     assert!(server.is_ejected());
 }
 
-/// An origin with its own worker timeout (1 s here): it gives up on a POST whose body has not
-/// all come by then, closing without an answer; a GET gets `ok`.
-async fn impatient_origin() -> std::net::SocketAddr {
+/// An origin that answers `ok` to a GET and gives up on every POST after reading its head:
+/// after `wait` (its own worker timeout; zero for uploads that fail at once, a crashed worker
+/// or a full disk) it closes with the body unread and no answer.
+async fn origin_giving_up_on_posts(wait: Duration) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -436,7 +437,7 @@ async fn impatient_origin() -> std::net::SocketAddr {
                         }
                     };
                     if buf.starts_with(b"POST") {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        tokio::time::sleep(wait).await;
                         return;
                     }
                     buf.drain(..end);
@@ -451,19 +452,29 @@ async fn impatient_origin() -> std::net::SocketAddr {
     addr
 }
 
-/// A POST of 100000 bytes to `host` that trickles one byte every 300 ms (well inside the idle
-/// timeout): the status line of sluice's answer, or what came within 6 s.
-async fn trickled_upload(addr: std::net::SocketAddr, host: &str) -> String {
+/// A POST of `total` bytes to `host`, written as `piece` bytes every `every` (after the head,
+/// which carries the first byte): the status line of sluice's answer, or what came within 6 s.
+async fn upload(
+    addr: std::net::SocketAddr,
+    host: &str,
+    total: usize,
+    piece: usize,
+    every: Duration,
+) -> String {
     let s = TcpStream::connect(addr).await.unwrap();
     let (mut r, mut w) = s.into_split();
-    let head = format!("POST /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100000\r\n\r\na");
+    let head = format!("POST /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: {total}\r\n\r\na");
     w.write_all(head.as_bytes()).await.unwrap();
-    let trickle = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            if w.write_all(b"a").await.is_err() {
+    let writer = tokio::spawn(async move {
+        let chunk = vec![b'a'; piece];
+        let mut sent = 1;
+        while sent < total {
+            tokio::time::sleep(every).await;
+            let n = piece.min(total - sent);
+            if w.write_all(&chunk[..n]).await.is_err() {
                 return;
             }
+            sent += n;
         }
     });
     let mut out = Vec::new();
@@ -477,9 +488,15 @@ async fn trickled_upload(addr: std::net::SocketAddr, host: &str) -> String {
         }
     })
     .await;
-    trickle.abort();
+    writer.abort();
     let text = String::from_utf8_lossy(&out).into_owned();
     text.lines().next().unwrap_or("").to_string()
+}
+
+/// A POST of 100000 bytes to `host` that trickles one byte every 300 ms (well inside the idle
+/// timeout).
+async fn trickled_upload(addr: std::net::SocketAddr, host: &str) -> String {
+    upload(addr, host, 100_000, 1, Duration::from_millis(300)).await
 }
 
 /// Finding: a server that gave up on an upload still coming from the client (its own worker
@@ -489,7 +506,7 @@ async fn trickled_upload(addr: std::net::SocketAddr, host: &str) -> String {
 /// a server while the body waits for the client now ends the request (502) and books nothing.
 #[tokio::test]
 async fn a_server_giving_up_on_a_trickled_upload_is_not_ejected() {
-    let o = impatient_origin().await;
+    let o = origin_giving_up_on_posts(Duration::from_secs(1)).await;
     let p = Proxy::start(config(&format!(
         r#"
 [[upstreams]]
@@ -532,72 +549,10 @@ idle_timeout_secs = 30
     );
 }
 
-/// An origin whose uploads fail at once (a crashed worker, a full disk): it reads a POST's head
-/// and closes with the body unread (a reset); a GET gets `ok`.
-async fn resetting_origin() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let end = loop {
-                        if let Some(i) = find(&buf, b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    if buf.starts_with(b"POST") {
-                        return;
-                    }
-                    buf.drain(..end);
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 /// A POST of 1 MB to `host` streamed steadily, 16 KiB every 2 ms (slower than the loopback
-/// link, so sluice's reads nearly always wait on the client, as over a real client's link):
-/// the status line of sluice's answer, or what came within 6 s.
+/// link, so sluice's reads nearly always wait on the client, as over a real client's link).
 async fn streamed_upload(addr: std::net::SocketAddr, host: &str) -> String {
-    let s = TcpStream::connect(addr).await.unwrap();
-    let (mut r, mut w) = s.into_split();
-    let head = format!("POST /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1048576\r\n\r\n");
-    w.write_all(head.as_bytes()).await.unwrap();
-    let stream = tokio::spawn(async move {
-        let chunk = vec![b'a'; 16 * 1024];
-        for _ in 0..64 {
-            if w.write_all(&chunk).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    });
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(6), async {
-        let mut chunk = [0u8; 1024];
-        while find(&out, b"\r\n").is_none() {
-            match r.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    stream.abort();
-    let text = String::from_utf8_lossy(&out).into_owned();
-    text.lines().next().unwrap_or("").to_string()
+    upload(addr, host, 1024 * 1024, 16 * 1024, Duration::from_millis(2)).await
 }
 
 /// Finding: the server's error was laid to the client whenever sluice's last read of the body
@@ -607,7 +562,29 @@ async fn streamed_upload(addr: std::net::SocketAddr, host: &str) -> String {
 /// server now: `max_fails` steadily streamed uploads that it resets eject it.
 #[tokio::test]
 async fn a_server_resetting_steady_uploads_is_ejected() {
-    let o = resetting_origin().await;
+    uploads_eject(Duration::ZERO, streamed_upload).await;
+}
+
+/// Review: the first mend counted the client's waits in all, so after half a second every
+/// upload from a client slower than the link looked stalled, and a server breaking such an
+/// upload a second in (a full disk) was never booked. An upload coming at a link's pace (4 KiB
+/// every 5 ms, ~800 KB/s, for a second and more) that the server breaks is booked now.
+#[tokio::test]
+async fn a_server_breaking_a_long_steady_upload_is_ejected() {
+    async fn long_upload(addr: std::net::SocketAddr, host: &str) -> String {
+        upload(addr, host, 1024 * 1024, 4096, Duration::from_millis(5)).await
+    }
+    uploads_eject(Duration::from_secs(1), long_upload).await;
+}
+
+/// Two uploads, each a `502` when a server (`max_fails = 2`) gives up on it after `wait`, book
+/// two failures and eject the server: the next request finds none.
+async fn uploads_eject<F, Fut>(wait: Duration, upload: F)
+where
+    F: Fn(std::net::SocketAddr, &'static str) -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    let o = origin_giving_up_on_posts(wait).await;
     let p = Proxy::start(config(&format!(
         r#"
 [[upstreams]]
@@ -626,7 +603,7 @@ idle_timeout_secs = 30
     )))
     .await;
     for _ in 0..2 {
-        let status = streamed_upload(p.addr, "app.test").await;
+        let status = upload(p.addr, "app.test").await;
         assert!(status.starts_with("HTTP/1.1 502"), "{status:?}");
     }
     let groups = p.app.groups().current();

@@ -120,8 +120,6 @@ struct Shared {
     awaiting_client: AtomicBool,
     /// When (`Shared::ms`) the current wait for the client's bytes began; 0: not waiting.
     wait_began: AtomicU64,
-    /// Milliseconds spent waiting for the client's bytes in the waits that have ended.
-    waited: AtomicU64,
     /// What `wait_began` counts from.
     born: Instant,
     /// When the body ended (all of it was read from the client and passed on): the server's
@@ -146,7 +144,6 @@ impl BodySlot {
                 fault: AtomicU8::new(0),
                 awaiting_client: AtomicBool::new(false),
                 wait_began: AtomicU64::new(0),
-                waited: AtomicU64::new(0),
                 born: crate::runtime::recent::recent(),
                 ended_at: OnceLock::new(),
                 sent: AtomicU64::new(0),
@@ -168,7 +165,6 @@ impl BodySlot {
                 fault: AtomicU8::new(0),
                 awaiting_client: AtomicBool::new(false),
                 wait_began: AtomicU64::new(0),
-                waited: AtomicU64::new(0),
                 born: crate::runtime::recent::recent(),
                 // Nothing to wait for: the header timeout runs from the attempt's start.
                 ended_at: OnceLock::new(),
@@ -234,24 +230,33 @@ impl BodySlot {
     }
 
     /// Whether the body is stalled on its client: not ended, waiting for the client's bytes now,
-    /// and the waits for them came to [`STALLED_AFTER`] in all. A server that gives up on the
-    /// request then (closes, resets) may be giving up on a client too slow for its own timeout:
-    /// not a failure to book on it. Merely waiting now is not enough: a client slower than the
-    /// upstream link leaves nearly every upload waiting on it, and a server that resets uploads
-    /// at once (a crashed worker, a full disk) must still be booked.
+    /// and either this wait has lasted [`STALLED_AFTER`] or, that long after the request began,
+    /// the body has come slower than [`TRICKLE_BYTES_PER_SEC`] on average. A server that gives
+    /// up on the request then (closes, resets) may be giving up on a client too slow for its own
+    /// timeout: not a failure to book on it. Merely waiting now is not enough: a client slower
+    /// than the upstream link leaves nearly every upload waiting on it, and a server that resets
+    /// an upload coming at a real link's pace (a crashed worker, a full disk) must be booked,
+    /// however long the upload has run.
     pub fn stalled(&self) -> bool {
         if !self.awaiting_client() {
             return false;
         }
         let s = &self.shared;
+        let now = s.ms();
         let began = s.wait_began.load(Ordering::Relaxed);
         let current = if began == 0 {
             0
         } else {
-            s.ms().saturating_sub(began)
+            now.saturating_sub(began)
         };
-        let waited = s.waited.load(Ordering::Relaxed).saturating_add(current);
-        waited >= STALLED_AFTER.as_millis() as u64
+        let after = STALLED_AFTER.as_millis() as u64;
+        if current >= after {
+            return true;
+        }
+        // A trickle (a byte every few hundred milliseconds) never waits long at a time, yet a
+        // server's whole-request upload timeout gives up on it.
+        now >= after
+            && s.sent.load(Ordering::Relaxed).saturating_mul(1000) / now < TRICKLE_BYTES_PER_SEC
     }
 
     /// When the whole body had been passed on to the server; `None` while it has not (or when
@@ -261,13 +266,15 @@ impl BodySlot {
     }
 }
 
-/// How long the waits for the client's body bytes must come to, in all, before a server's error
-/// is laid to the client ([`BodySlot::stalled`]). The total, not the current wait alone: a
-/// client trickling a byte every few hundred milliseconds never waits long at a time, yet a
-/// server's own upload timeout (whole-request, as a worker's) gives up on it. Half a second is
-/// far above what a client streaming steadily waits before a server that resets at once has
-/// done so (milliseconds), and below any server's upload timeout (seconds at least).
+/// How long one wait for the client's body bytes must last before a server's error is laid to
+/// the client ([`BodySlot::stalled`]): far above the gaps of a client streaming at a real link's
+/// pace, below any server's upload timeout (seconds at least).
 pub const STALLED_AFTER: Duration = Duration::from_millis(500);
+
+/// The average body rate below which a client waited on now is taken as trickling
+/// ([`BodySlot::stalled`]): 4 KiB/s, a thirty-second of a slow mobile uplink, far above a
+/// byte every few hundred milliseconds.
+pub const TRICKLE_BYTES_PER_SEC: u64 = 4096;
 
 impl Shared {
     /// Milliseconds since `born`, plus one (0 is "not waiting").
@@ -283,14 +290,10 @@ impl Shared {
         }
     }
 
-    /// The client's bytes came: the wait on, if any, is added to the total.
+    /// The client's bytes came: the wait on, if any, is over.
     fn came(&self) {
         self.awaiting_client.store(false, Ordering::Relaxed);
-        let began = self.wait_began.swap(0, Ordering::Relaxed);
-        if began != 0 {
-            self.waited
-                .fetch_add(self.ms().saturating_sub(began), Ordering::Relaxed);
-        }
+        self.wait_began.store(0, Ordering::Relaxed);
     }
 
     /// Records the client's failure (the first one stands).

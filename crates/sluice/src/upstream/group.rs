@@ -693,18 +693,17 @@ impl Server {
         // ejection clears the marker after its own store (`report_failure`), so whatever the
         // interleaving, the marker never survives on a deadline the trial did not set.
         let next = now + self.fail_timeout.as_millis() as u64;
-        self.trial.store(next, SeqCst);
+        let before = self.trial.swap(next, SeqCst);
         match self
             .ejected_until
             .compare_exchange(until, next, SeqCst, SeqCst)
         {
             Ok(_) => Admit::Trial { was: until, next },
             Err(_) => {
-                // Lost the race. When a plan in the same millisecond won it (the deadline is
-                // `next`, as ours), the marker is its own and stays; otherwise it goes.
-                if self.ejected_until.load(SeqCst) != next {
-                    let _ = self.trial.compare_exchange(next, 0, SeqCst, SeqCst);
-                }
+                // Lost the race: the marker goes back to what it was (the winner's, which a
+                // plan clocked in another millisecond would otherwise wipe, leaving the
+                // winner's trial impossible to give back), unless something changed it since.
+                let _ = self.trial.compare_exchange(next, before, SeqCst, SeqCst);
                 Admit::No
             }
         }

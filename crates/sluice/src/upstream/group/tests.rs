@@ -188,12 +188,9 @@ fn a_trial_ended_without_a_verdict_is_given_back() {
     assert_eq!(g.plan(None).len(), 2);
 }
 
-/// Finding: a plan whose upload failed while the body was stalled on its client booked nothing
-/// and gave the trial back on drop, so upload after upload took an ejected server's trial (each
-/// a 502) instead of one per `fail_timeout`. A spent trial now stays spent: out until the
-/// deadline it set, with no ejection counted; a plan not holding the trial spends nothing.
-#[test]
-fn a_spent_trial_is_not_given_back() {
+/// A group of `a:1` and `b:1` (`max_fails = 1`) whose `a:1` was ejected and whose fail timeout
+/// has run out (as if 60 s had passed): the next plan takes its trial.
+fn ejected_and_expired() -> (Group, Arc<Server>) {
     let g = group(
         r#"name = "p"
         max_fails = 1
@@ -203,6 +200,16 @@ fn a_spent_trial_is_not_given_back() {
     let a = Arc::clone(&g.servers()[0]);
     a.report_failure();
     a.ejected_until.store(1, Ordering::Relaxed);
+    (g, a)
+}
+
+/// Finding: a plan whose upload failed while the body was stalled on its client booked nothing
+/// and gave the trial back on drop, so upload after upload took an ejected server's trial (each
+/// a 502) instead of one per `fail_timeout`. A spent trial now stays spent: out until the
+/// deadline it set, with no ejection counted; a plan not holding the trial spends nothing.
+#[test]
+fn a_spent_trial_is_not_given_back() {
+    let (g, a) = ejected_and_expired();
     let trial = g.plan(None);
     assert_eq!(trial[0].addr(), "a:1");
     // Another plan (without the trial) spends nothing of it.
@@ -222,15 +229,7 @@ fn a_spent_trial_is_not_given_back() {
 /// clears it after its own: here the failure lands after the deadline moved (same value).
 #[test]
 fn a_failure_during_a_trial_is_not_undone_by_its_give_back() {
-    let g = group(
-        r#"name = "p"
-        max_fails = 1
-        fail_timeout_secs = 60
-        servers = ["a:1", "b:1"]"#,
-    );
-    let a = Arc::clone(&g.servers()[0]);
-    a.report_failure();
-    a.ejected_until.store(1, Ordering::Relaxed);
+    let (g, a) = ejected_and_expired();
     let trial = g.plan(None);
     assert_eq!(trial[0].addr(), "a:1");
     let next = a.ejected_until.load(Ordering::Relaxed);
