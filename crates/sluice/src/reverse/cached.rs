@@ -84,18 +84,21 @@ impl CacheTarget {
     }
 }
 
-/// The claim part of a request's key: on a vouched relay that names one ([`CLAIM_HEADER`]), the
-/// relaying node's (`none`: none); else `own`, made from the fields the origin gets. A client's
-/// header (no vouched marker) counts for nothing.
+/// The claim part of a request's key: on a vouched relay, the relaying node's ([`CLAIM_HEADER`];
+/// none when it names none, as a node sends a relay whose key has no claim, and as a node of an
+/// older version sends every relay, whose keys had none); else `own`, made from the fields the
+/// origin gets. A client's header (no vouched marker) counts for nothing.
 fn relayed_or_own_claim(
     vouched: bool,
     relayed: Option<&http::HeaderValue>,
     own: impl FnOnce() -> Option<String>,
 ) -> Option<String> {
-    match relayed.filter(|_| vouched).map(|v| v.to_str()) {
-        Some(Ok("none")) => None,
-        Some(Ok(c)) => Some(c.to_string()),
-        _ => own(),
+    if !vouched {
+        return own();
+    }
+    match relayed.map(|v| v.to_str()) {
+        Some(Ok(c)) if c != "none" => Some(c.to_string()),
+        _ => None,
     }
 }
 
@@ -187,6 +190,8 @@ impl Reverse {
         // client's marker is removed and counts for nothing.
         let cluster = cache.cluster().cloned();
         if cluster.is_none() && parts.method.as_str() != "PURGE" {
+            // Only a node's relay may name a claim; without a cluster nothing vouches for one.
+            parts.headers.remove(CLAIM_HEADER);
             let key = t.key(self.claimed(&parts.headers, down).as_deref());
             let mut resp = self
                 .cached_alone(route, cache, policy, parts, down, (t, &key), wire)
@@ -371,8 +376,10 @@ impl Reverse {
     ) -> http::HeaderMap {
         let mut headers = parts.headers.clone();
         self.relay_forwarding(&mut headers, down, parts.version);
-        // The claim this node keyed the request by, for the owner to key it so (`CLAIM_HEADER`).
-        if let Ok(v) = http::HeaderValue::from_str(claimed.unwrap_or("none")) {
+        // The claim this node keyed the request by, for the owner to key it so (`CLAIM_HEADER`);
+        // none when there is none, so the marker is signed as before and a node of the previous
+        // version still takes the relay (it would refuse a marker over a field it does not know).
+        if let Some(v) = claimed.and_then(|c| http::HeaderValue::from_str(c).ok()) {
             headers.insert(CLAIM_HEADER, v);
         }
         headers
@@ -693,8 +700,9 @@ mod tests {
             relayed_or_own_claim(true, Some(&named), || None),
             Some(https)
         );
-        // An older node sends none: the owner makes its own, as before.
-        assert_eq!(relayed_or_own_claim(true, None, own), own());
+        // A relay naming none (no claim, or a node of the previous version): no claim, not
+        // the owner's own (its trusted-proxy view of the relaying node's fields).
+        assert_eq!(relayed_or_own_claim(true, None, own), None);
         // A client's (no vouched marker): ignored.
         assert_eq!(relayed_or_own_claim(false, Some(&none), own), own());
         assert_eq!(relayed_or_own_claim(false, Some(&named), || None), None);
