@@ -44,7 +44,7 @@ pub fn count_entries(text: &str) -> usize {
     lines(text)
         .filter(|line| match line.kind() {
             LineKind::Uri(_) => true,
-            LineKind::Tag { name, .. } => uri_tag(name),
+            LineKind::Tag { name, value } => uri_tag(name, value),
             LineKind::Other => false,
         })
         .count()
@@ -100,6 +100,25 @@ mod tests {
                       #EXT-X-SESSION-KEY:METHOD=AES-128,URI=\"k\"\n\
                       #EXT-X-SESSION-DATA:DATA-ID=\"x\",URI=\"d.json\"\n";
         assert_eq!(count_entries(master), 6);
+    }
+
+    #[test]
+    fn a_date_range_counts_only_with_an_asset() {
+        // A live playlist with an SCTE-35 date range per segment: the segments alone count.
+        let mut live = String::from("#EXTM3U\n#EXT-X-TARGETDURATION:4\n");
+        for i in 0..100 {
+            live.push_str(&format!(
+                "#EXT-X-DATERANGE:ID=\"s{i}\",START-DATE=\"2026-01-01T00:00:00Z\",\
+                 SCTE35-OUT=0xFC30\n#EXTINF:4,\ns{i}.ts\n"
+            ));
+        }
+        assert_eq!(count_entries(&live), 100);
+        // An interstitial's asset (URI or list, its name spelt with a space too) counts.
+        let ads = "#EXTM3U\n#EXT-X-DATERANGE:ID=\"a\",X-ASSET-URI=\"a.m3u8\"\n\
+                   #EXT-X-DATERANGE:ID=\"b\",X-ASSET-LIST=\"l.json\"\n\
+                   #EXT-X-DATERANGE:ID=\"c\",X-ASSET-URI =\"c.m3u8\"\n\
+                   #EXT-X-DATERANGE:ID=\"d\",SCTE35-IN=0xFC30\n";
+        assert_eq!(count_entries(ads), 3);
     }
 
     #[test]

@@ -474,11 +474,17 @@ fn tag_uri_kind(name: &str, attrs: &str) -> Option<Kind> {
     })
 }
 
-/// Whether the rewriter routes a URI of tag `name` (for [`super::count_entries`]): its `URI`
-/// attribute, or the interstitial asset of `EXT-X-DATERANGE`, or (with `no_proxy`) the
-/// `SERVER-URI` of `EXT-X-CONTENT-STEERING`.
-pub(crate) fn uri_tag(name: &str) -> bool {
-    matches!(name, "EXT-X-DATERANGE" | "EXT-X-CONTENT-STEERING") || tag_uri_kind(name, "").is_some()
+/// Whether the rewriter may route a URI of tag `name` with attribute list `attrs` (for
+/// [`super::count_entries`]): its `URI` attribute, or (with `no_proxy`) the `SERVER-URI` of
+/// `EXT-X-CONTENT-STEERING`, or the interstitial asset of an `EXT-X-DATERANGE`. A date range
+/// counts only when its text holds `X-ASSET-` (a text match, like the rest of the count): live
+/// playlists often carry one per segment for SCTE-35 ad markers, which make no URL.
+pub(crate) fn uri_tag(name: &str, attrs: &str) -> bool {
+    match name {
+        "EXT-X-DATERANGE" => attrs.contains("X-ASSET-"),
+        "EXT-X-CONTENT-STEERING" => true,
+        _ => tag_uri_kind(name, "").is_some(),
+    }
 }
 
 fn preload_hint_kind(attrs: &str) -> Kind {

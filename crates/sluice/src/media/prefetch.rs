@@ -11,19 +11,19 @@
 //!    starts fetching the next ones that are neither cached nor in flight.
 //!
 //! Fetches ahead carry the triggering viewer's upstream headers (`h_authorization`, `h_cookie`...),
-//! so a segment only finds playlists registered with those very headers (a fingerprint of them is
-//! part of the registry's keys). Anyone may register a playlist listing someone else's segment URL
-//! followed by a URL of their own: keyed by URL alone, the victim's next segment request would
-//! send the victim's credentials there. A playlist registered without headers
-//! ([`Prefetcher::register_playlist`]) is matched by any viewer, so only its entries on the
-//! triggering segment's own origin are fetched ahead: those already receive the viewer's headers.
+//! so a segment only finds lists registered for those very headers. Anyone may register a
+//! playlist listing someone else's segment URL followed by a URL of their own: keyed by URL
+//! alone, the victim's next segment request would send the victim's credentials there. Viewers
+//! whose loads of one playlist key gave the same segments share one list, which holds a
+//! fingerprint of each one's headers (32 bytes a viewer, not another copy of the list), so the
+//! registry's byte budget holds a long VOD playlist for a thousand viewers with their own cookies.
 //!
 //! Fetches ahead run on their own, past the request that started them, so they are bounded for
 //! the whole process ([`MAX_BACKGROUND`]) and skipped when no place is free; without the media
 //! cache none start, since their bytes would have nowhere to go, nor with headers that send
 //! fetches around it (a client's `h_range` or `h_if-*`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -45,22 +45,38 @@ use crate::error::ProxyError;
 /// hundred MB with real segments of a few MB).
 pub const MAX_BACKGROUND: usize = 64;
 
-/// Bytes one remembered segment costs beyond its URL text: the `Url` itself, its copy in the
-/// by-part index, and map slots.
-const PART_OVERHEAD: usize = 256;
+/// Bytes one remembered segment costs beyond its URL text (held twice: in its list and as a
+/// key of the by-part index): its `Part` in the list, its by-part slot (a `Part` and a vector of
+/// positions, with the table's spare room) and one position with its allocation.
+const PART_OVERHEAD: usize = size_of::<Part>()
+    + 2 * (size_of::<Part>() + size_of::<Vec<Position>>())
+    + size_of::<Position>()
+    + 64;
 
-/// What remembering `segments` under `key` costs, approximately, in bytes.
+/// Bytes one list costs beyond its key text and its segments: the `List`, its slot, its entry in
+/// the by-key index.
+const LIST_OVERHEAD: usize = 2 * size_of::<List>() + 128;
+
+/// Bytes one viewer's fingerprint costs in a list's set: 32, with room for the set's growth.
+const PRINT_WEIGHT: usize = 2 * size_of::<Fingerprint>();
+
+/// Most viewers (distinct upstream headers) one list is remembered for; past it the one that
+/// registered least recently is forgotten (its segments no longer fetch ahead until it loads
+/// the playlist again).
+const MAX_PRINTS: usize = 1024;
+
+/// What remembering `segments` under `key` costs, approximately, in bytes, before any viewer.
 fn registry_weight(key: &str, segments: &[Part]) -> usize {
     let urls: usize = segments.iter().map(|p| 2 * p.url.as_str().len()).sum();
-    key.len() + size_of::<Fingerprint>() + urls + segments.len() * PART_OVERHEAD
+    key.len() + LIST_OVERHEAD + urls + segments.len() * PART_OVERHEAD
 }
 
 /// SHA-256 of a set of upstream headers (every name with every value, names sorted, each field
 /// length-prefixed, as the media cache's request fingerprint): two viewers match only with the
-/// very same headers. `None`: registered without headers (matched by anyone, same origin only).
-type Fingerprint = Option<[u8; 32]>;
+/// very same headers.
+type Fingerprint = [u8; 32];
 
-fn fingerprint(headers: &HeaderMap) -> [u8; 32] {
+fn fingerprint(headers: &HeaderMap) -> Fingerprint {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
@@ -78,23 +94,34 @@ fn fingerprint(headers: &HeaderMap) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// A registered playlist: its key and the headers it was registered with.
-type ListKey = (String, Fingerprint);
+/// Which list a segment is in (its id), at which position.
+type Position = (u64, usize);
 
-/// Where a segment sits: which playlist, which position.
-#[derive(Debug, Clone)]
-struct Position {
-    playlist: ListKey,
-    index: usize,
+/// A segment list as loaded under one playlist key, shared by every viewer whose load of that
+/// key gave these very segments.
+struct List {
+    /// The playlist key, one allocation shared with the by-key index.
+    key: Arc<str>,
+    segments: Arc<[Part]>,
+    /// Fingerprints of the headers of the viewers it was registered for, least recent first; each
+    /// viewer is in at most one list of a key (the one its last load gave).
+    prints: VecDeque<Fingerprint>,
+    /// Registration tick: the least recently registered list goes first.
+    tick: u64,
+    /// What it costs: [`registry_weight`] plus [`PRINT_WEIGHT`] per fingerprint.
+    weight: usize,
 }
 
 #[derive(Default)]
 struct Playlists {
-    /// Segments of each playlist, with the registration tick and the weight.
-    by_key: HashMap<ListKey, (u64, Arc<[Part]>, usize)>,
-    /// Each segment, then the headers its playlists were registered with, to the last of them.
-    by_part: HashMap<Part, HashMap<Fingerprint, Position>>,
+    lists: HashMap<u64, List>,
+    /// The lists of each playlist key (usually one; more while viewers got different windows of
+    /// a live playlist, or their own segment URLs).
+    by_key: HashMap<Arc<str>, Vec<u64>>,
+    /// Each segment, then where it sits in each list holding it.
+    by_part: HashMap<Part, Vec<Position>>,
     tick: u64,
+    next_id: u64,
     /// Sum of the weights held; at most the registry budget.
     bytes: usize,
 }
@@ -147,57 +174,43 @@ impl Prefetcher {
         })
     }
 
-    /// Remembers the segments of a media playlist just served, in playback order, for viewers whose
-    /// segment fetches carry exactly `headers` (the upstream headers its segment links carry). A
-    /// live playlist registered again under the same key and headers replaces its previous window.
+    /// Remembers the segments of a media playlist just served under `key`, in playback order, for
+    /// the viewer whose segment fetches carry exactly `headers` (the upstream headers its segment
+    /// links carry). Viewers whose loads of `key` gave the same segments share one list, each
+    /// adding only its fingerprint; a viewer's new load (a live playlist's next window) takes
+    /// it off the list its previous load gave, which goes once no viewer is left on it.
     pub fn register_playlist_for(&self, key: &str, headers: &HeaderMap, segments: Vec<Part>) {
-        self.register(key, Some(fingerprint(headers)), segments);
-    }
-
-    /// [`Self::register_playlist_for`] without the headers: any viewer's segment finds it, so only
-    /// its entries on that segment's own origin are fetched ahead.
-    pub fn register_playlist(&self, key: &str, segments: Vec<Part>) {
-        self.register(key, None, segments);
-    }
-
-    fn register(&self, key: &str, print: Fingerprint, segments: Vec<Part>) {
         if self.depth == 0 {
             return;
         }
-        let weight = registry_weight(key, &segments);
-        let key: ListKey = (key.to_owned(), print);
+        let print = fingerprint(headers);
         let mut lists = self.lock();
-        lists.forget(&key);
+        let ids = lists.by_key.get(key).cloned().unwrap_or_default();
+        let same = ids.iter().copied().find(|id| {
+            lists
+                .lists
+                .get(id)
+                .is_some_and(|l| l.segments[..] == segments[..])
+        });
+        for id in ids {
+            if Some(id) != same {
+                lists.drop_print(id, &print);
+            }
+        }
+        lists.tick += 1;
+        let tick = lists.tick;
+        if let Some(id) = same {
+            lists.add_print(id, print, tick);
+            lists.shrink_to(self.budget);
+            return;
+        }
+        let weight = registry_weight(key, &segments) + PRINT_WEIGHT;
         if weight > self.budget {
             // Prefetch is skipped for a playlist bigger than the whole registry.
             return;
         }
-        while lists.bytes + weight > self.budget {
-            let oldest = lists
-                .by_key
-                .iter()
-                .min_by_key(|(_, (tick, _, _))| *tick)
-                .map(|(k, _)| k.clone());
-            match oldest {
-                Some(oldest) => lists.forget(&oldest),
-                None => break,
-            }
-        }
-        for (index, part) in segments.iter().enumerate() {
-            let position = Position {
-                playlist: key.clone(),
-                index,
-            };
-            lists
-                .by_part
-                .entry(part.clone())
-                .or_default()
-                .insert(print, position);
-        }
-        lists.tick += 1;
-        let tick = lists.tick;
-        lists.bytes += weight;
-        lists.by_key.insert(key, (tick, segments.into(), weight));
+        lists.shrink_to(self.budget - weight);
+        lists.insert(key, print, segments, tick, weight);
     }
 
     /// Bytes the remembered playlists take now.
@@ -225,25 +238,13 @@ impl Prefetcher {
     }
 
     /// The player fetched `part` with `headers`: fetch the following segments of its playlist, as
-    /// registered with those same headers, in the background. Failing that, a playlist registered
-    /// without headers gives its following segments on `part`'s origin.
+    /// registered for those same headers, in the background.
     pub fn segment_fetched(self: &Arc<Self>, part: &Part, headers: &HeaderMap) {
         if self.depth == 0 {
             return;
         }
-        let next: Vec<Part> = {
-            let lists = self.lock();
-            let own = lists.next(part, Some(fingerprint(headers)), self.depth);
-            match own {
-                Some(next) => next,
-                None => match lists.next(part, None, self.depth) {
-                    Some(next) => next
-                        .into_iter()
-                        .filter(|p| p.url.origin() == part.url.origin())
-                        .collect(),
-                    None => return,
-                },
-            }
+        let Some(next) = self.lock().next(part, &fingerprint(headers), self.depth) else {
+            return;
         };
         self.warm(next, headers);
     }
@@ -292,33 +293,137 @@ impl Prefetcher {
 }
 
 impl Playlists {
-    /// Up to `depth` segments after `part` in its playlist registered with `print`.
-    fn next(&self, part: &Part, print: Fingerprint, depth: usize) -> Option<Vec<Part>> {
-        let position = self.by_part.get(part)?.get(&print)?;
-        let (_, segments, _) = self.by_key.get(&position.playlist)?;
+    /// Up to `depth` segments after `part` in the most recently registered list holding it that
+    /// was registered for `print`.
+    fn next(&self, part: &Part, print: &Fingerprint, depth: usize) -> Option<Vec<Part>> {
+        let (list, index) = self
+            .by_part
+            .get(part)?
+            .iter()
+            .filter_map(|&(id, index)| {
+                let list = self.lists.get(&id)?;
+                list.prints.contains(print).then_some((list, index))
+            })
+            .max_by_key(|(list, _)| list.tick)?;
         Some(
-            segments
+            list.segments
                 .iter()
-                .skip(position.index + 1)
+                .skip(index + 1)
                 .take(depth)
                 .cloned()
                 .collect(),
         )
     }
 
-    fn forget(&mut self, key: &ListKey) {
-        if let Some((_, segments, weight)) = self.by_key.remove(key) {
-            self.bytes -= weight;
-            for part in segments.iter() {
-                let Some(prints) = self.by_part.get_mut(part) else {
-                    continue;
-                };
-                if prints.get(&key.1).is_some_and(|p| &p.playlist == key) {
-                    prints.remove(&key.1);
-                    if prints.is_empty() {
-                        self.by_part.remove(part);
-                    }
-                }
+    /// A new list under `key` for one viewer; the caller made room for its `weight`.
+    fn insert(
+        &mut self,
+        key: &str,
+        print: Fingerprint,
+        segments: Vec<Part>,
+        tick: u64,
+        weight: usize,
+    ) {
+        let id = self.next_id;
+        self.next_id += 1;
+        // One allocation of the key text, shared by every list of the key and the index.
+        let key: Arc<str> = match self.by_key.get_key_value(key) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::from(key),
+        };
+        for (index, part) in segments.iter().enumerate() {
+            self.by_part
+                .entry(part.clone())
+                .or_default()
+                .push((id, index));
+        }
+        self.by_key.entry(Arc::clone(&key)).or_default().push(id);
+        self.bytes += weight;
+        self.lists.insert(
+            id,
+            List {
+                key,
+                segments: segments.into(),
+                prints: VecDeque::from([print]),
+                tick,
+                weight,
+            },
+        );
+    }
+
+    /// Puts `print` on list `id` as its most recent viewer, forgetting the least recent one past
+    /// [`MAX_PRINTS`].
+    fn add_print(&mut self, id: u64, print: Fingerprint, tick: u64) {
+        let Some(list) = self.lists.get_mut(&id) else {
+            return;
+        };
+        list.tick = tick;
+        match list.prints.iter().position(|p| *p == print) {
+            Some(i) => {
+                list.prints.remove(i);
+            }
+            None => {
+                list.weight += PRINT_WEIGHT;
+                self.bytes += PRINT_WEIGHT;
+            }
+        }
+        list.prints.push_back(print);
+        if list.prints.len() > MAX_PRINTS {
+            list.prints.pop_front();
+            list.weight -= PRINT_WEIGHT;
+            self.bytes -= PRINT_WEIGHT;
+        }
+    }
+
+    /// Takes `print` off list `id`; the list goes with its last viewer.
+    fn drop_print(&mut self, id: u64, print: &Fingerprint) {
+        let Some(list) = self.lists.get_mut(&id) else {
+            return;
+        };
+        let Some(i) = list.prints.iter().position(|p| p == print) else {
+            return;
+        };
+        list.prints.remove(i);
+        list.weight -= PRINT_WEIGHT;
+        self.bytes -= PRINT_WEIGHT;
+        if list.prints.is_empty() {
+            self.forget(id);
+        }
+    }
+
+    /// Forgets the least recently registered lists until at most `limit` bytes are held.
+    fn shrink_to(&mut self, limit: usize) {
+        while self.bytes > limit {
+            let oldest = self
+                .lists
+                .iter()
+                .min_by_key(|(_, list)| list.tick)
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(id) => self.forget(id),
+                None => break,
+            }
+        }
+    }
+
+    fn forget(&mut self, id: u64) {
+        let Some(list) = self.lists.remove(&id) else {
+            return;
+        };
+        self.bytes -= list.weight;
+        if let Some(ids) = self.by_key.get_mut(&list.key) {
+            ids.retain(|i| *i != id);
+            if ids.is_empty() {
+                self.by_key.remove(&list.key);
+            }
+        }
+        for part in list.segments.iter() {
+            let Some(positions) = self.by_part.get_mut(part) else {
+                continue;
+            };
+            positions.retain(|(i, _)| *i != id);
+            if positions.is_empty() {
+                self.by_part.remove(part);
             }
         }
     }
@@ -352,12 +457,19 @@ mod tests {
         Prefetcher::new(cache, 3, 1 << 20, budget, &mut registry)
     }
 
+    fn viewer(n: usize) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("cookie", format!("session={n}").parse().unwrap());
+        h
+    }
+
     #[tokio::test]
     async fn registry_is_bounded_in_bytes() {
-        let one = registry_weight("a", &parts("a", 100));
+        let none = HeaderMap::new();
+        let one = registry_weight("a", &parts("a", 100)) + PRINT_WEIGHT;
         let p = prefetcher(one * 3 + one / 2);
         for name in ["a", "b", "c", "d"] {
-            p.register_playlist(name, parts(name, 100));
+            p.register_playlist_for(name, &none, parts(name, 100));
             assert!(p.registry_bytes() <= one * 3 + one / 2);
         }
         // The oldest playlist went first; the newest three are remembered.
@@ -367,10 +479,10 @@ mod tests {
         }
         // Registering one again replaces it instead of counting it twice.
         let before = p.registry_bytes();
-        p.register_playlist("d", parts("d", 100));
+        p.register_playlist_for("d", &none, parts("d", 100));
         assert_eq!(p.registry_bytes(), before);
         // A playlist bigger than the whole budget is not remembered (prefetch skips it).
-        p.register_playlist("huge", parts("huge", 1000));
+        p.register_playlist_for("huge", &none, parts("huge", 1000));
         assert!(!p.knows(&parts("huge", 1)[0]));
         assert!(p.registry_bytes() <= one * 3 + one / 2);
     }
@@ -378,17 +490,14 @@ mod tests {
     #[tokio::test]
     async fn a_segment_finds_only_the_playlist_registered_with_its_headers() {
         let p = prefetcher(1 << 20);
-        let mut a = HeaderMap::new();
-        a.insert("authorization", "Bearer a".parse().unwrap());
-        let mut b = HeaderMap::new();
-        b.insert("authorization", "Bearer b".parse().unwrap());
+        let (a, b) = (viewer(1), viewer(2));
         let mine = parts("v", 3);
         let mut theirs = parts("e", 3);
         theirs[0] = mine[0].clone();
         p.register_playlist_for("v", &a, mine.clone());
         p.register_playlist_for("e", &b, theirs.clone());
         let lists = p.lock();
-        let next = |h: &HeaderMap| lists.next(&mine[0], Some(fingerprint(h)), 3);
+        let next = |h: &HeaderMap| lists.next(&mine[0], &fingerprint(h), 3);
         assert_eq!(next(&a), Some(mine[1..].to_vec()));
         assert_eq!(next(&b), Some(theirs[1..].to_vec()));
         assert_eq!(next(&HeaderMap::new()), None);
@@ -396,6 +505,103 @@ mod tests {
         // Forgetting one registration leaves the other's entry for the shared segment.
         p.register_playlist_for("e", &b, parts("x", 1));
         assert!(p.knows(&mine[0]));
-        assert_eq!(p.lock().next(&mine[0], Some(fingerprint(&b)), 3), None);
+        assert_eq!(p.lock().next(&mine[0], &fingerprint(&b), 3), None);
+    }
+
+    #[tokio::test]
+    async fn viewers_of_one_playlist_share_its_list() {
+        // A two-hour VOD of 4-second segments, loaded by viewers with their own cookies, in a
+        // registry of about three such lists.
+        let vod = parts("vod", 1800);
+        let budget = 3 * registry_weight("vod", &vod) + (1 << 16);
+        let p = prefetcher(budget);
+        p.register_playlist_for("vod", &viewer(0), vod.clone());
+        let first = p.registry_bytes();
+        for n in 1..100 {
+            p.register_playlist_for("vod", &viewer(n), vod.clone());
+        }
+        // Each viewer adds its fingerprint, not another copy of the list...
+        let per_viewer = (p.registry_bytes() - first) / 99;
+        assert!(per_viewer <= 64, "{per_viewer} bytes a viewer");
+        // ...so the first is still remembered, and every viewer fetches ahead in it.
+        for n in [0, 50, 99] {
+            let next = p.lock().next(&vod[10], &fingerprint(&viewer(n)), 3);
+            assert_eq!(next, Some(vod[11..14].to_vec()), "viewer {n}");
+        }
+        assert_eq!(p.lock().next(&vod[10], &fingerprint(&viewer(100)), 3), None);
+        // A viewer loading again is not counted twice.
+        let before = p.registry_bytes();
+        p.register_playlist_for("vod", &viewer(7), vod.clone());
+        assert_eq!(p.registry_bytes(), before);
+        // The set is bounded: past MAX_PRINTS the least recent viewer is forgotten.
+        for n in 100..MAX_PRINTS + 1 {
+            p.register_playlist_for("vod", &viewer(n), vod.clone());
+        }
+        let lists = p.lock();
+        assert_eq!(lists.lists.len(), 1);
+        let list = lists.lists.values().next().unwrap();
+        assert_eq!(list.prints.len(), MAX_PRINTS);
+        assert_eq!(lists.next(&vod[10], &fingerprint(&viewer(0)), 3), None);
+        assert!(lists.next(&vod[10], &fingerprint(&viewer(7)), 3).is_some());
+        assert_eq!(
+            lists.bytes,
+            registry_weight("vod", &vod) + MAX_PRINTS * PRINT_WEIGHT
+        );
+    }
+
+    #[tokio::test]
+    async fn a_viewers_new_window_leaves_its_old_list() {
+        let p = prefetcher(1 << 20);
+        let (a, b) = (viewer(1), viewer(2));
+        let all = parts("live", 5);
+        let (old, new) = (all[..4].to_vec(), all[1..].to_vec());
+        p.register_playlist_for("live", &a, old.clone());
+        p.register_playlist_for("live", &b, old.clone());
+        p.register_playlist_for("live", &a, new.clone());
+        // Each viewer fetches ahead in the window it loaded last.
+        assert_eq!(
+            p.lock().next(&all[1], &fingerprint(&a), 3),
+            Some(all[2..5].to_vec())
+        );
+        assert_eq!(
+            p.lock().next(&all[1], &fingerprint(&b), 3),
+            Some(all[2..4].to_vec())
+        );
+        // Once the last viewer of the old window moves on, it is forgotten.
+        p.register_playlist_for("live", &b, new.clone());
+        assert!(!p.knows(&all[0]));
+        assert_eq!(
+            p.registry_bytes(),
+            registry_weight("live", &new) + 2 * PRINT_WEIGHT
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_key_is_held_and_counted_once() {
+        // A ~60 KB playlist key (a `d=` URL) with ~25,000 short segment URLs.
+        let key = format!("http://o/{}", "k".repeat(60_000));
+        let segments: Vec<Part> = (0..24_900)
+            .map(|i| Part {
+                url: url::Url::parse(&format!("http://o/{i}")).unwrap(),
+                range: None,
+            })
+            .collect();
+        let p = prefetcher(64 << 20);
+        p.register_playlist_for(&key, &viewer(1), segments.clone());
+        p.register_playlist_for(&key, &viewer(2), segments.clone());
+        let lists = p.lock();
+        // One allocation of the key, shared by its list and the by-key index; the segments'
+        // positions name the list by number.
+        let list = lists.lists.values().next().unwrap();
+        assert_eq!(lists.lists.len(), 1);
+        assert_eq!(Arc::strong_count(&list.key), 2);
+        let (indexed, _) = lists.by_key.get_key_value(key.as_str()).unwrap();
+        assert!(Arc::ptr_eq(indexed, &list.key));
+        // The weight counts the key once, and covers the key and URL bytes held.
+        let weight = registry_weight(&key, &segments) + 2 * PRINT_WEIGHT;
+        assert_eq!(lists.bytes, weight);
+        let urls: usize = segments.iter().map(|s| s.url.as_str().len()).sum();
+        assert!(key.len() + 2 * urls < weight);
+        assert!(weight < key.len() + 2 * urls + segments.len() * PART_OVERHEAD + 4096);
     }
 }

@@ -99,12 +99,10 @@ pub async fn media(
                 let sequence = std::mem::take(&mut job.sequence);
                 // Kept or not, this answer is served: its numbers follow the state it began from.
                 dash.sequences.keep(&track, &seen, sequence);
-                // For the upstream headers its segment links carry, as HLS registers: only
-                // this viewer's segment requests find it and fetch ahead with their headers.
-                let mut carried = headers.clone();
-                carried.remove(http::header::RANGE);
+                // For the upstream headers its segment links carry (`h_range` too), as HLS
+                // registers: only this viewer's segment requests find it.
                 dash.prefetcher
-                    .register_playlist_for(&track, &carried, parts);
+                    .register_playlist_for(&track, &headers, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
             Err(DashError::SidxMissing { url, range }) => {
