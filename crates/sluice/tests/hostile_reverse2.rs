@@ -452,6 +452,28 @@ async fn origin_giving_up_on_posts(wait: Duration) -> std::net::SocketAddr {
     addr
 }
 
+/// A proxy for `app.test` in front of the one server `o` (`max_fails = 2`, 60 s out), with a
+/// 10 s header timeout and a 30 s idle timeout: room for the upload tests' bodies.
+async fn upload_proxy(o: std::net::SocketAddr) -> Proxy {
+    Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+max_fails = 2
+fail_timeout_secs = 60
+
+[[routes]]
+host = "app.test"
+path = "/"
+upstream = "app"
+header_timeout_secs = 10
+idle_timeout_secs = 30
+"#
+    )))
+    .await
+}
+
 /// A POST of `total` bytes to `host`, written as `piece` bytes every `every` (after the head,
 /// which carries the first byte): the status line of sluice's answer, or what came within 6 s.
 async fn upload(
@@ -507,23 +529,7 @@ async fn trickled_upload(addr: std::net::SocketAddr, host: &str) -> String {
 #[tokio::test]
 async fn a_server_giving_up_on_a_trickled_upload_is_not_ejected() {
     let o = origin_giving_up_on_posts(Duration::from_secs(1)).await;
-    let p = Proxy::start(config(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-max_fails = 2
-fail_timeout_secs = 60
-
-[[routes]]
-host = "app.test"
-path = "/"
-upstream = "app"
-header_timeout_secs = 10
-idle_timeout_secs = 30
-"#
-    )))
-    .await;
+    let p = upload_proxy(o).await;
     // Three at once, as an attacker would send them: more than `max_fails`.
     let uploads: Vec<_> = (0..3)
         .map(|_| tokio::spawn(trickled_upload(p.addr, "app.test")))
@@ -585,23 +591,7 @@ where
     Fut: std::future::Future<Output = String>,
 {
     let o = origin_giving_up_on_posts(wait).await;
-    let p = Proxy::start(config(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-servers = ["{o}"]
-max_fails = 2
-fail_timeout_secs = 60
-
-[[routes]]
-host = "app.test"
-path = "/"
-upstream = "app"
-header_timeout_secs = 10
-idle_timeout_secs = 30
-"#
-    )))
-    .await;
+    let p = upload_proxy(o).await;
     for _ in 0..2 {
         let status = upload(p.addr, "app.test").await;
         assert!(status.starts_with("HTTP/1.1 502"), "{status:?}");
