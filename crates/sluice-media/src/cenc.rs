@@ -152,6 +152,18 @@ pub enum CencError {
     },
     #[error("track {track_id}: data offset does not fit after removing {removed} bytes")]
     DataOffset { track_id: u32, removed: u64 },
+    /// Sample groups of type `seig` (clear lead, key rotation), whose samples the track's
+    /// default key and IV would not decrypt.
+    #[error(
+        "track {track_id}: 'seig' sample groups (clear lead or key rotation) are not supported"
+    )]
+    KeyGroups { track_id: u32 },
+    /// A box that decryption removes or shrinks (`pssh`, `moov`, another `moof`) between a
+    /// `moof` and its `mdat`: the samples would move by bytes their offsets do not count.
+    #[error("a '{kind}' box between a 'moof' and its 'mdat' would move the samples")]
+    RemovedBeforeMdat { kind: String },
+    #[error("a {len}-byte segment is over 4 GiB")]
+    SegmentTooLarge { len: u64 },
 }
 
 impl CencError {

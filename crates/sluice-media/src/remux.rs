@@ -223,10 +223,7 @@ impl Remuxer {
         let samples = samples::read(segment, &self.tracks)?;
         let mut next = state.clone();
         let start = out.len();
-        let limit = segment
-            .len()
-            .saturating_mul(OUTPUT_PER_INPUT)
-            .saturating_add(OUTPUT_ALLOWANCE);
+        let limit = output_limit(segment.len());
         ts::write_tables(self, &mut next, out);
         let pcr_pid = self.pcr_pid();
         let mut es = Vec::new();
@@ -262,6 +259,12 @@ impl Remuxer {
         *state = next;
         Ok(())
     }
+}
+
+/// The most TS bytes a segment of `len` bytes may make: see [`OUTPUT_ALLOWANCE`].
+pub(crate) fn output_limit(len: usize) -> usize {
+    len.saturating_mul(OUTPUT_PER_INPUT)
+        .saturating_add(OUTPUT_ALLOWANCE)
 }
 
 /// A track time converted to the 90 kHz clock, offset by [`TIMESTAMP_OFFSET`], wrapped to 33 bits.

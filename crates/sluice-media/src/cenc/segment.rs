@@ -12,7 +12,7 @@ use super::crypto::{decrypt_sample, Pattern};
 use super::fixup::{is_dropped_in_moof, rebuild_moof, rewrite_sidx, Removals, TrafFix};
 use super::{init, CencError, InitInfo, Protection, Scheme, TrackInfo};
 use crate::keys::{KeyRing, Kid};
-use crate::mp4::{boxes, Mp4Box, Senc, SencEntries, Tfhd, Trun};
+use crate::mp4::{boxes, fourcc_str, Mp4Box, Reader, Senc, SencEntries, Tfhd, Trun};
 
 /// Decrypts a media segment with the tracks described by `info` and the keys in `keys`.
 ///
@@ -87,21 +87,62 @@ struct Top<'a> {
     out: TopOut,
 }
 
-/// One encrypted sample: where it sits in the input and how to decrypt it.
-struct Job<'a> {
-    offset: usize,
-    size: usize,
-    track: usize,
-    iv: [u8; 16],
-    subsamples: &'a [u8],
+/// One encrypted sample: where it and its `senc` entry sit in the input.
+///
+/// Kept to 16 bytes: a segment can list a job per 9 of its bytes (a one-byte CTR sample and its
+/// 8-byte IV), so the list stays under twice the segment's size. With the IV and the subsample
+/// slice copied in, a job took 56 bytes and the list six times the segment.
+struct Job {
+    offset: u32,
+    size: u32,
+    /// Where the sample's `senc` entry starts in the segment, when it has one.
+    entry: u32,
+    /// Index into the resolved tracks.
+    track: u16,
+    /// The entry's IV length, with [`SUBSAMPLE_RECORDS`] or [`NO_ENTRY`] set.
+    layout: u8,
 }
+
+/// [`Job::layout`]: the entry has a subsample count and records after its IV.
+const SUBSAMPLE_RECORDS: u8 = 0x40;
+/// [`Job::layout`]: the track's constant IV applies, and the whole sample is protected.
+const NO_ENTRY: u8 = 0x80;
+
+impl Job {
+    /// The sample's IV (empty for the constant IV) and raw subsample records, read again from
+    /// its `senc` entry, which planning already read whole.
+    fn entry<'a>(&self, segment: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), CencError> {
+        if self.layout & NO_ENTRY != 0 {
+            return Ok((&[], &[]));
+        }
+        let at = self.entry as usize;
+        let mut r = Reader::new(segment.get(at..).unwrap_or_default(), at);
+        let iv = r.bytes(usize::from(self.layout & 0x1f))?;
+        let subsamples = if self.layout & SUBSAMPLE_RECORDS != 0 {
+            let count = r.u16()?;
+            r.records("senc subsample", count.into(), 6)?
+        } else {
+            &[]
+        };
+        Ok((iv, subsamples))
+    }
+}
+
+#[cfg(test)]
+pub(super) const JOB_SIZE: usize = std::mem::size_of::<Job>();
 
 struct Plan<'a> {
     tops: Vec<Top<'a>>,
-    jobs: Vec<Job<'a>>,
+    jobs: Vec<Job>,
 }
 
 fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, CencError> {
+    // Jobs hold 32-bit offsets; segments are fetched whole, so far smaller in practice.
+    if u32::try_from(segment.len()).is_err() {
+        return Err(CencError::SegmentTooLarge {
+            len: segment.len() as u64,
+        });
+    }
     let mut tops = Vec::new();
     let mut jobs = Vec::new();
     // The bytes each shrunk box loses, for `sidx`: summed once here, whatever the `sidx` count.
@@ -112,6 +153,8 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
     // and `moof`, this bounds the jobs (and the walk) even when each `trun`'s data offset points
     // back at the same bytes, which would otherwise list the same samples again and again.
     let mut budget = segment.len();
+    // A `moof` seen whose `mdat` has not come yet.
+    let mut moof_waiting = false;
     for b in boxes(segment) {
         let b = b?;
         let out = match &b.kind {
@@ -138,8 +181,20 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
             TopOut::Copy | TopOut::Mdat => b.len(),
         };
         if out_len < b.len() {
+            // The `trun` offsets and the `tfhd` base are moved for what a `moof` loses and what
+            // went before it, not for a box removed between it and its samples.
+            if moof_waiting {
+                return Err(CencError::RemovedBeforeMdat {
+                    kind: fourcc_str(b.kind),
+                });
+            }
             removals.push(b.offset, b.len() - out_len);
             removed_total += b.len() - out_len;
+        }
+        match &b.kind {
+            b"moof" => moof_waiting = true,
+            b"mdat" => moof_waiting = false,
+            _ => {}
         }
         tops.push(Top { b, out });
     }
@@ -164,7 +219,7 @@ fn plan_moof<'a>(
     removed_before: usize,
     mut within: Within<'_>,
     tracks: &[TrackCrypto<'_>],
-    jobs: &mut Vec<Job<'a>>,
+    jobs: &mut Vec<Job>,
 ) -> Result<Vec<u8>, CencError> {
     // Our rebuilt header is always 8 bytes; a 16-byte `largesize` header shrinks too.
     let mut removed = moof.header_len - 8;
@@ -208,10 +263,11 @@ fn plan_traf<'a>(
     previous_end: usize,
     within: &mut Within<'_>,
     tracks: &[TrackCrypto<'_>],
-    jobs: &mut Vec<Job<'a>>,
+    jobs: &mut Vec<Job>,
 ) -> Result<(TrafFix, usize), CencError> {
     let tfhd = traf.child(b"tfhd")?.ok_or(CencError::MissingBox("tfhd"))?;
     let tfhd = Tfhd::parse(&tfhd)?;
+    refuse_key_groups(traf, tfhd.track_id)?;
     let (base, fix) = match tfhd.base_data_offset {
         Some(base) => (to_usize(base, tfhd.track_id)?, TrafFix::Absolute),
         None if tfhd.default_base_is_moof() || first_traf => (moof_start, TrafFix::MoofRelative),
@@ -284,6 +340,21 @@ pub(super) fn planned_jobs(
     Ok(plan(segment, &resolve_tracks(info, keys))?.jobs.len())
 }
 
+/// `seig` sample groups (clear lead, key rotation) give some samples another key, IV or no
+/// encryption at all; decrypted with the track's defaults they would be passed on as garbage, so
+/// a segment with them is refused. Other groups (`roll`, ...) say nothing about encryption.
+fn refuse_key_groups(traf: &Mp4Box<'_>, track_id: u32) -> Result<(), CencError> {
+    for b in traf.children() {
+        let b = b?;
+        // Both boxes start with a version, flags and the grouping type.
+        let grouping = b.payload().get(4..8);
+        if matches!(&b.kind, b"sgpd" | b"sbgp") && grouping == Some(&b"seig"[..]) {
+            return Err(CencError::KeyGroups { track_id });
+        }
+    }
+    Ok(())
+}
+
 fn to_usize(v: u64, track_id: u32) -> Result<usize, CencError> {
     usize::try_from(v).map_err(|_| CencError::DataOffset {
         track_id,
@@ -309,6 +380,10 @@ struct SampleSource<'a> {
     /// Index of the track in the resolved list and its protection; `None` for clear data.
     crypto: Option<(usize, Protection)>,
     entries: Option<SencEntries<'a>>,
+    /// The `senc` box the entries come from, which locates each entry in the segment.
+    senc: Option<Mp4Box<'a>>,
+    /// Whether its entries carry subsample records.
+    subsample_records: bool,
     track_id: u32,
     seen: u64,
 }
@@ -328,11 +403,16 @@ impl<'a> SampleSource<'a> {
             _ => None,
         };
         let mut entries = None;
+        let mut senc = None;
+        let mut subsample_records = false;
         if let Some((_, p)) = &crypto {
             for b in traf.children() {
                 let b = b?;
                 if Senc::is_senc(&b) {
-                    entries = Some(Senc::parse(&b)?.entries(p.per_sample_iv_size));
+                    let parsed = Senc::parse(&b)?;
+                    entries = Some(parsed.entries(p.per_sample_iv_size));
+                    subsample_records = parsed.flags & Senc::SUBSAMPLES != 0;
+                    senc = Some(b);
                     break;
                 }
             }
@@ -340,6 +420,8 @@ impl<'a> SampleSource<'a> {
         Ok(SampleSource {
             crypto,
             entries,
+            senc,
+            subsample_records,
             track_id,
             seen: 0,
         })
@@ -349,27 +431,31 @@ impl<'a> SampleSource<'a> {
         self.crypto.is_some()
     }
 
-    fn push(
-        &mut self,
-        offset: usize,
-        size: usize,
-        jobs: &mut Vec<Job<'a>>,
-    ) -> Result<(), CencError> {
+    fn push(&mut self, offset: usize, size: usize, jobs: &mut Vec<Job>) -> Result<(), CencError> {
         let Some((track, p)) = self.crypto else {
             return Ok(());
         };
         self.seen += 1;
-        let (iv, subsamples) = match self.entries.as_mut().map(Iterator::next) {
-            Some(Some(entry)) => {
-                let entry = entry?;
-                (entry.iv, entry.subsample_bytes())
+        let (iv, entry, layout) = match (self.entries.as_mut().map(Iterator::next), &self.senc) {
+            (Some(Some(entry)), Some(senc)) => {
+                let iv = entry?.iv;
+                // The IV is a slice of the `senc` box: where it starts is where the entry does.
+                let at = senc.offset + (iv.as_ptr() as usize - senc.bytes().as_ptr() as usize);
+                let records = if self.subsample_records {
+                    SUBSAMPLE_RECORDS
+                } else {
+                    0
+                };
+                (iv, at, records)
             }
-            Some(None) | None if p.per_sample_iv_size == 0 && p.constant_iv.is_some() => {
-                (&[][..], &[][..])
+            (Some(None) | None, _) if p.per_sample_iv_size == 0 && p.constant_iv.is_some() => {
+                (&[][..], 0, NO_ENTRY)
             }
             _ => return Err(self.short_of_entries()),
         };
-        let iv = expand_iv(iv, &p, self.track_id)?;
+        // Checked here, so a job's entry always makes an IV; its length is 0, 8 or 16.
+        expand_iv(iv, &p, self.track_id)?;
+        let track = u16::try_from(track).map_err(|_| CencError::TooManyTracks("trak"))?;
         // CBC leaves anything shorter than a block clear; skipping those also keeps a flood of
         // tiny constant-IV samples from growing the job list past one entry per 16 bytes.
         let min = match p.scheme {
@@ -377,12 +463,13 @@ impl<'a> SampleSource<'a> {
             Scheme::Cenc | Scheme::Cens => 1,
         };
         if size >= min {
+            // Offsets below the segment's length, which `plan` checked fits 32 bits.
             jobs.push(Job {
-                offset,
-                size,
+                offset: offset as u32,
+                size: size as u32,
+                entry: entry as u32,
                 track,
-                iv,
-                subsamples,
+                layout: layout | iv.len() as u8,
             });
         }
         Ok(())
@@ -448,7 +535,7 @@ fn emit(
 fn emit_mdat(
     segment: &[u8],
     mdat: &Mp4Box<'_>,
-    jobs: &[Job<'_>],
+    jobs: &[Job],
     next: &mut usize,
     tracks: &[TrackCrypto<'_>],
     out: &mut Vec<u8>,
@@ -457,21 +544,22 @@ fn emit_mdat(
     let end = mdat.end();
     out.extend_from_slice(&segment[mdat.offset..payload]);
     let mut pos = payload;
-    while let Some(job) = jobs.get(*next).filter(|j| j.offset < end) {
-        if job.offset < payload || job.offset + job.size > end {
+    while let Some(job) = jobs.get(*next).filter(|j| (j.offset as usize) < end) {
+        let (start, stop) = (job.offset as usize, job.offset as usize + job.size as usize);
+        if start < payload || stop > end {
             return Err(outside(job, tracks));
         }
-        if job.offset < pos {
+        if start < pos {
             return Err(CencError::OverlappingSamples {
-                track_id: tracks[job.track].info.track_id,
-                offset: job.offset as u64,
+                track_id: tracks[usize::from(job.track)].info.track_id,
+                offset: job.offset.into(),
             });
         }
-        out.extend_from_slice(&segment[pos..job.offset]);
+        out.extend_from_slice(&segment[pos..start]);
         let at = out.len();
-        out.extend_from_slice(&segment[job.offset..job.offset + job.size]);
-        decrypt_job(job, tracks, &mut out[at..])?;
-        pos = job.offset + job.size;
+        out.extend_from_slice(&segment[start..stop]);
+        decrypt_job(segment, job, tracks, &mut out[at..])?;
+        pos = stop;
         *next += 1;
     }
     out.extend_from_slice(&segment[pos..end]);
@@ -479,17 +567,20 @@ fn emit_mdat(
 }
 
 fn decrypt_job(
-    job: &Job<'_>,
+    segment: &[u8],
+    job: &Job,
     tracks: &[TrackCrypto<'_>],
     sample: &mut [u8],
 ) -> Result<(), CencError> {
-    let track = &tracks[job.track];
+    let track = &tracks[usize::from(job.track)];
     let Some(Ok((aes, p))) = &track.cipher else {
         return Ok(());
     };
+    let (iv, subsamples) = job.entry(segment)?;
+    let iv = expand_iv(iv, p, track.info.track_id)?;
     let pattern: Pattern = p.pattern;
     let scheme: Scheme = p.scheme;
-    decrypt_sample(aes, scheme, pattern, &job.iv, job.subsamples, sample).map_err(|e| {
+    decrypt_sample(aes, scheme, pattern, &iv, subsamples, sample).map_err(|e| {
         CencError::SubsampleOverrun {
             track_id: track.info.track_id,
             covered: e.covered,
@@ -498,11 +589,11 @@ fn decrypt_job(
     })
 }
 
-fn outside(job: &Job<'_>, tracks: &[TrackCrypto<'_>]) -> CencError {
+fn outside(job: &Job, tracks: &[TrackCrypto<'_>]) -> CencError {
     CencError::SampleOutsideMdat {
-        track_id: tracks[job.track].info.track_id,
-        offset: job.offset as u64,
-        size: job.size as u64,
+        track_id: tracks[usize::from(job.track)].info.track_id,
+        offset: job.offset.into(),
+        size: job.size.into(),
     }
 }
 

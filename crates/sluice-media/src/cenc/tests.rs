@@ -839,3 +839,93 @@ fn truns_pointing_back_at_the_same_bytes_are_refused_while_planning() {
     );
     assert_eq!(decrypt_segment(&hostile, &info, &keys), Err(want));
 }
+
+#[test]
+fn jobs_take_less_memory_than_twice_the_segment() {
+    // One-byte CTR samples, each with an 8-byte IV in `senc`: a job per 9 bytes, the most a
+    // segment can list. At 56 bytes a job (the IV and subsample slice copied in), the list
+    // took six times the segment: ~470 MB for a 64 MiB one.
+    let mut t = track(1, false, Some(Scheme::Cenc), 8);
+    t.default_size = Some(1);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    let n = 20_000u32;
+    let frag = |encrypted| {
+        let samples = (0..n).map(|i| sample(1, i, &t, &[])).collect();
+        fragment(&[(&t, samples)], 1, encrypted)
+    };
+    let seg = frag(true);
+    assert_eq!(segment::planned_jobs(&seg, &info, &keys), Ok(n as usize));
+    let job_bytes = n as usize * segment::JOB_SIZE;
+    assert!(
+        job_bytes < 2 * seg.len(),
+        "{job_bytes} bytes of jobs for a {}-byte segment",
+        seg.len()
+    );
+    assert_eq!(segment::JOB_SIZE, 16);
+    // Read back from `senc` when decrypting, the IVs still make the clear samples.
+    assert!(decrypt_segment(&seg, &info, &keys).unwrap() == frag(false));
+}
+
+/// `frag` with its 20-byte `tfdt` replaced by a 20-byte `sgpd` or `sbgp` (no entries) of
+/// `grouping`, so that no offset moves.
+fn with_group(frag: &[u8], kind: &[u8; 4], grouping: &[u8; 4]) -> Vec<u8> {
+    let at = frag.windows(4).position(|w| w == b"tfdt").unwrap() - 4;
+    let group = full(kind, 0, 0, &[grouping, &be32(0)]);
+    assert_eq!(group.len(), 20);
+    let mut out = frag.to_vec();
+    out[at..at + 20].copy_from_slice(&group);
+    out
+}
+
+#[test]
+fn seig_sample_groups_are_refused() {
+    let mut t = track(1, true, Some(Scheme::Cbcs), 0);
+    t.constant_iv = Some([7; 16]);
+    t.pattern = Pattern { crypt: 1, skip: 9 };
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    let frag = |encrypted| fragment(&[(&t, vec![sample(400, 1, &t, &[])])], 1, encrypted);
+    let refused = Err(CencError::KeyGroups { track_id: 1 });
+    for kind in [b"sgpd", b"sbgp"] {
+        // Other groups (`roll` for AAC) say nothing about encryption.
+        let roll = with_group(&frag(true), kind, b"roll");
+        let want = with_group(&frag(false), kind, b"roll");
+        assert!(decrypt_segment(&roll, &info, &keys).unwrap() == want);
+        // A clear-lead fragment: its samples are clear, and with a constant IV nothing else
+        // told them apart; they were "decrypted" into garbage.
+        let lead = with_group(&frag(false), kind, b"seig");
+        assert_eq!(decrypt_segment(&lead, &info, &keys), refused);
+        // Key rotation: encrypted, but under a group's key, not the track's.
+        let rotated = with_group(&frag(true), kind, b"seig");
+        assert_eq!(decrypt_segment(&rotated, &info, &keys), refused);
+    }
+}
+
+#[test]
+fn a_box_removed_between_a_moof_and_its_mdat_is_refused() {
+    let t = track(1, true, Some(Scheme::Cenc), 8);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    let samples = || vec![sample(300, 4, &t, &[(10, 290)])];
+    let encrypted = fragment(&[(&t, samples())], 1, true);
+    let clear = fragment(&[(&t, samples())], 1, false);
+    let pssh = full(b"pssh", 0, 0, &[&[0x10; 16], &be32(0)]);
+    // Before the `moof`, a dropped `pssh` moves the `moof` and its data alike.
+    let before = [pssh.clone(), encrypted.clone()].concat();
+    assert_eq!(decrypt_segment(&before, &info, &keys).unwrap(), clear);
+    // Between them, the `trun` offset counts the `pssh` (moved here to still find the `mdat`),
+    // whose removal it was not moved for: the output pointed 32 bytes past the samples.
+    let moof_len = u32::from_be_bytes(encrypted[..4].try_into().unwrap()) as usize;
+    let mut moof = encrypted[..moof_len].to_vec();
+    let trun_at = moof.windows(4).position(|w| w == b"trun").unwrap() + 12;
+    let offset = u32::from_be_bytes(moof[trun_at..trun_at + 4].try_into().unwrap());
+    moof[trun_at..trun_at + 4].copy_from_slice(&(offset + pssh.len() as u32).to_be_bytes());
+    let between = [moof, pssh, encrypted[moof_len..].to_vec()].concat();
+    assert_eq!(
+        decrypt_segment(&between, &info, &keys),
+        Err(CencError::RemovedBeforeMdat {
+            kind: "pssh".into()
+        })
+    );
+}

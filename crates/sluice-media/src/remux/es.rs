@@ -122,14 +122,18 @@ fn annex_b(
     hevc: bool,
     out: &mut Vec<u8>,
 ) -> Result<(), RemuxError> {
-    let nals = split_nals(bytes, length_size.into())
-        .collect::<Result<Vec<&[u8]>, ()>>()
-        .map_err(|()| RemuxError::BadNal {
+    // Walked twice rather than collected: a list of one-byte NAL units costs 16 bytes each,
+    // eight times a sample made of them. The first walk checks every length and finds keys.
+    let length_size = usize::from(length_size);
+    let mut key = sample.sync;
+    for nal in split_nals(bytes, length_size) {
+        let nal = nal.map_err(|()| RemuxError::BadNal {
             track_id: track.track_id,
         })?;
+        key |= is_key(nal_type(nal[0], hevc), hevc);
+    }
     out.extend_from_slice(&START_CODE);
     out.extend_from_slice(if hevc { &AUD_H265 } else { &AUD_H264 });
-    let key = sample.sync || nals.iter().any(|n| is_key(nal_type(n[0], hevc), hevc));
     // A keyframe must be decodable on its own: a player tuning in or seeking starts here.
     if key {
         for set in parameter_sets {
@@ -137,7 +141,8 @@ fn annex_b(
             out.extend_from_slice(set);
         }
     }
-    for nal in nals {
+    // Every length was checked above, so the second walk meets no error.
+    for nal in split_nals(bytes, length_size).flatten() {
         let t = nal_type(nal[0], hevc);
         // The sample's own delimiter would make two. Its own parameter sets are kept: they come
         // after the init's, so in-band updates still win.

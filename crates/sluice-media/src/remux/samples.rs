@@ -1,8 +1,9 @@
 //! Every sample of a media segment: track, bytes, decode time, composition offset, sync flag.
 //! No I/O; samples are located, never copied.
 
-use super::{RemuxError, Track};
+use super::{output_limit, RemuxError, Track};
 use crate::mp4::{boxes, Mp4Box, Tfdt, Tfhd, Trun};
+use crate::mpegts::PACKET_LEN;
 
 /// `sample_is_non_sync_sample` in the ISO-BMFF sample flags.
 const NON_SYNC: u32 = 0x0001_0000;
@@ -41,10 +42,14 @@ pub(crate) fn read(segment: &[u8], tracks: &[Track]) -> Result<Vec<Sample>, Remu
     // not repeat by the million) so does their count. Counted across every `trun`, `traf` and
     // `moof`: per `trun`, a data offset pointing back at the same bytes lists them again and
     // again, K runs making K times the samples.
+    let limit = output_limit(segment.len());
     let mut budget = Budget {
         segment: segment.len() as u64,
         samples: 0,
         bytes: 0,
+        listed: 0,
+        output_limit: limit,
+        max_listed: (limit / PACKET_LEN) as u64,
     };
     for top in boxes(segment) {
         let top = top?;
@@ -67,6 +72,12 @@ struct Budget {
     segment: u64,
     samples: u64,
     bytes: u64,
+    /// Samples with bytes, the ones kept in the list.
+    listed: u64,
+    output_limit: usize,
+    /// Every listed sample becomes a PES of at least one TS packet, so past this many the
+    /// output is sure to pass `output_limit`.
+    max_listed: u64,
 }
 
 fn read_traf(
@@ -148,6 +159,15 @@ fn read_traf(
             }
             // An empty sample has nothing to present; it still advances the clock.
             if size > 0 {
+                // Refused here, not once the output passes its limit: a list of one-byte samples
+                // (64 bytes each) would first grow to 64 times the segment's size.
+                budget.listed += 1;
+                if budget.listed > budget.max_listed {
+                    return Err(RemuxError::OutputTooLarge {
+                        input: budget.segment as usize,
+                        limit: budget.output_limit,
+                    });
+                }
                 out.push(Sample {
                     track: index,
                     offset: data_at as usize,

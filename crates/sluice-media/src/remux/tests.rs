@@ -537,6 +537,36 @@ fn tiny_samples_cannot_amplify_the_output() {
     assert_eq!(ts.len(), (4000 + 2) * PACKET_LEN);
 }
 
+#[test]
+fn tiny_samples_are_refused_before_they_are_listed() {
+    let (init, _) = clear_package(1);
+    let r = Remuxer::new(&init).unwrap();
+    let id = r.tracks()[0].track_id;
+    // Two million one-byte samples in a 2 MB segment: listed, they took 128 MB (64 bytes each)
+    // before the output's limit was ever checked. Each costs at least a 188-byte packet, so past
+    // limit / 188 of them the segment is refused as the list grows, with the error the write
+    // would have given.
+    let n = 2_000_000;
+    let seg = same_bytes_runs(id, 1, n, 1, n as usize);
+    let refused = RemuxError::OutputTooLarge {
+        input: seg.len(),
+        limit: output_limit(seg.len()),
+    };
+    let listed = |seg: &[u8]| samples::read(seg, r.tracks()).map(|s| s.len());
+    assert_eq!(listed(&seg), Err(refused.clone()));
+    assert_eq!(r.span(&seg), Err(refused.clone()));
+    assert_eq!(r.segment(&seg, &mut RemuxState::default()), Err(refused));
+    // The bound is exact: the most samples whose packets fit the limit are still listed.
+    let seg_of = |k: u32| same_bytes_runs(id, 1, k, 1, k as usize);
+    let fits = |k: u32| k as usize * PACKET_LEN <= output_limit(seg_of(k).len());
+    let most = (1..n).find(|&k| !fits(k + 1)).unwrap();
+    assert_eq!(listed(&seg_of(most)), Ok(most as usize));
+    assert!(matches!(
+        listed(&seg_of(most + 1)),
+        Err(RemuxError::OutputTooLarge { .. })
+    ));
+}
+
 /// `init` with its one `avcC` replaced by `avcc`, every box around it resized.
 fn with_avcc(init: &[u8], avcc: &[u8]) -> Vec<u8> {
     let at = init.windows(4).position(|w| w == b"avcC").unwrap() - 4;
