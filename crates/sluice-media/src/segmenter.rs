@@ -18,8 +18,9 @@
 //!
 //! For low-latency HLS ([`Settings::part`]), each segment is also cut into partial segments as
 //! it grows, at picture starts: a part never lasts longer than the part target, a keyframe
-//! always begins a new (independent) part, and the parts of a GOP are of even length. A
-//! segment's parts, concatenated, are the segment.
+//! begins a new (independent) part, and the parts of a GOP are of even length. A segment's
+//! parts, concatenated, are the segment. Their number is bounded: past twice the part targets
+//! that fit in a segment, keyframes no longer begin parts, and past [`MAX_PARTS`] nothing does.
 //!
 //! # Layout
 //! - `psi`: PAT and PMT reassembly and parsing.
@@ -43,6 +44,13 @@ const WRAP: u64 = 1 << 33;
 /// A timestamp step larger than this (or any step back) is a break in the stream, not time
 /// passing: a sender that restarted, or a splice.
 const MAX_STEP: u64 = 10 * CLOCK;
+
+/// Most parts a segment is ever cut into, whatever its settings: past it the rest of the
+/// segment is its last part. A source can make every picture a keyframe one tick after the
+/// last (one packet each), which would otherwise make a part of each, ~178,000 to a 32 MiB
+/// segment, every one of them listed in each playlist. 1,000 is above the crowding cap of the
+/// busiest configuration the gateway accepts (30 s segments of 100 ms parts, twice over: 600).
+const MAX_PARTS: u32 = 1_000;
 
 /// One finished media segment.
 #[derive(Debug, Clone)]
@@ -430,10 +438,30 @@ impl Segmenter {
 
     /// Ends the part being built before the picture at `offset` when the picture is a video
     /// keyframe (it starts an independent part) or when the part has its length.
+    ///
+    /// A segment that already has [`Segmenter::part_cap`] parts (keyframes far more often than
+    /// parts: a hostile source, or one of only keyframes) is crowded: from then on keyframes no
+    /// longer begin parts and parts are cut on the part target alone, so each lasts more than
+    /// half of it (a part lasts at least the step to the picture that ends it); and it is
+    /// never cut into more than [`MAX_PARTS`].
     fn cut_part(&mut self, offset: usize, dts: u64, keyframe: bool) {
-        let span = self.part_span();
+        let cap = self.part_cap();
         let frame = self.frame.max(1);
-        let video_key = keyframe && !matches!(self.timing, Some((_, Codec::Audio)));
+        let audio = matches!(self.timing, Some((_, Codec::Audio)));
+        let Some(seg) = self.building.as_ref() else {
+            return;
+        };
+        // `part_index` parts are out; the one being built is the segment's last so far.
+        let crowded = seg.part_index + 1 >= cap;
+        if seg.part_index + 1 >= MAX_PARTS {
+            return;
+        }
+        let video_key = keyframe && !audio && !crowded;
+        let span = if crowded {
+            self.settings.part
+        } else {
+            self.part_span()
+        };
         let Some(seg) = self.building.as_mut() else {
             return;
         };
@@ -455,6 +483,16 @@ impl Segmenter {
         seg.part_start = dts;
         seg.part_index += 1;
         seg.part_independent = keyframe;
+    }
+
+    /// Parts a segment has before it is crowded (see [`Segmenter::cut_part`]): twice as many
+    /// as part targets fit in the target duration, which leaves room for a keyframe at every
+    /// scene cut of an ordinary stream, and at most [`MAX_PARTS`].
+    fn part_cap(&self) -> u32 {
+        let fit = self.settings.target.div_ceil(self.settings.part.max(1));
+        u32::try_from(fit.saturating_mul(2))
+            .unwrap_or(MAX_PARTS)
+            .min(MAX_PARTS)
     }
 
     /// The length a part is cut at: as many pictures as fit in the part target, spread evenly

@@ -115,7 +115,10 @@ fn parse_identifier(template: &str, ident: &str) -> Result<Piece, DashError> {
 /// `05d` → width 5, decimal. The leading `0` is optional in practice (`%5d` pads with zeros too,
 /// which is what packagers that write it expect).
 fn parse_format(template: &str, spec: &str) -> Result<Format, DashError> {
-    let (digits, conversion) = spec.split_at(spec.len().saturating_sub(1));
+    // The conversion is the last character, not the last byte: a spec ending in `é` would be
+    // split inside it.
+    let last = spec.char_indices().last().map_or(0, |(at, _)| at);
+    let (digits, conversion) = spec.split_at(last);
     let radix = match conversion {
         "d" | "i" | "u" => Radix::Decimal,
         "o" => Radix::Octal,
@@ -198,5 +201,34 @@ mod tests {
         ] {
             assert!(render(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_format_ending_in_a_wide_character_is_unsupported() {
+        for text in [
+            "s$Number%5é$.m4s",
+            "$Time%é$",
+            "$Number%é5d$",
+            "$Number%05d€$",
+        ] {
+            match Template::parse(text) {
+                Err(DashError::Template { why, .. }) => {
+                    assert!(
+                        why == "unsupported format" || why == "bad width",
+                        "{text}: {why}"
+                    )
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            Template::parse("s$Number%5é$.m4s"),
+            Err(DashError::Template {
+                why: "unsupported format",
+                ..
+            })
+        ));
+        // Wide characters outside the format stay literal text.
+        assert_eq!(render("é/$Number%03d$-ü.m4s").unwrap(), "é/042-ü.m4s");
     }
 }

@@ -599,3 +599,90 @@ fn a_segment_whose_parts_were_handed_out_is_kept_when_a_longer_pat_arrives() {
     // The segment after the restart starts with the whole of the new PAT.
     assert_eq!(segs[1].data[..16 * 188], long_pat.concat()[..]);
 }
+
+/// One packet per picture, each flagged random access, one tick after the last: every picture
+/// a keyframe, the GOP one tick long.
+fn keyframe_per_packet(g: &mut Gen, pictures: u64) -> Vec<u8> {
+    let mut out = g.tables();
+    for dts in 0..pictures {
+        let mut pes = vec![0, 0, 1, 0xe0, 0, 0, 0x80, 0x80, 5];
+        pes.extend_from_slice(&stamp(0x21, dts));
+        out.extend(g.packet(VIDEO, true, true, &pes));
+    }
+    out
+}
+
+/// Segments and parts of `input`: parts per segment, and checks that they join to it.
+fn parts_per_segment(input: &[u8], settings: Settings) -> (Vec<Segment>, Vec<usize>) {
+    let (segs, parts) = run_parts(input, settings, 1316);
+    let counts = segs
+        .iter()
+        .map(|seg| {
+            let mine: Vec<&Part> = parts.iter().filter(|p| p.number == seg.number).collect();
+            let joined: Vec<u8> = mine.iter().flat_map(|p| p.data.iter().copied()).collect();
+            assert!(
+                joined == seg.data[..],
+                "segment {}: parts join to it",
+                seg.number
+            );
+            assert!(mine.iter().enumerate().all(|(i, p)| p.index as usize == i));
+            mine.len()
+        })
+        .collect();
+    (segs, counts)
+}
+
+#[test]
+fn a_keyframe_in_every_packet_does_not_make_a_part_of_each() {
+    let mut g = Gen::new();
+    let pictures = 20_000;
+    let input = keyframe_per_packet(&mut g, pictures);
+    // 4 s segments of 1 s parts: 8 parts before a segment is crowded, and 20,000 ticks are
+    // far less than a part target, so none is cut after.
+    let low = Settings {
+        target: 4 * CLOCK,
+        max_bytes: 1 << 20,
+        part: CLOCK,
+    };
+    let (segs, counts) = parts_per_segment(&input, low);
+    assert_eq!(segs.len(), 4, "1 MiB each, cut as gaps");
+    assert!(
+        counts.iter().all(|&n| n == 8),
+        "parts per segment: {counts:?}"
+    );
+    // Every picture is in a segment, each behind its 376 bytes of tables.
+    let kept: usize = segs.iter().map(|s| s.data.len() - 376).sum();
+    assert_eq!(kept as u64, pictures * 188);
+    // A part target of one tick: no more than MAX_PARTS, however many are due.
+    let tick = Settings { part: 1, ..low };
+    let (segs, counts) = parts_per_segment(&input, tick);
+    assert_eq!(counts, vec![MAX_PARTS as usize; segs.len()]);
+}
+
+#[test]
+fn a_crowded_segment_is_cut_on_the_part_target() {
+    // Only keyframes, 25 a second, 4 s segments of 1 s parts: 7 parts of one picture, then
+    // the rest in parts of a second (25 pictures), none longer than the part target.
+    let mut g = Gen::new();
+    let input = stream(&mut g, 0, 400, 1, false);
+    let low = Settings {
+        part: CLOCK,
+        ..settings(4)
+    };
+    let (segs, parts) = run_parts(&input, low, 1316);
+    assert_eq!(segs.len(), 4);
+    for seg in &segs[..3] {
+        let frames: Vec<u64> = parts
+            .iter()
+            .filter(|p| p.number == seg.number)
+            .map(|p| p.duration / FRAME)
+            .collect();
+        assert_eq!(
+            frames,
+            [1, 1, 1, 1, 1, 1, 1, 25, 25, 25, 18],
+            "segment {}",
+            seg.number
+        );
+    }
+    assert!(parts.iter().all(|p| p.duration <= CLOCK && p.independent));
+}
