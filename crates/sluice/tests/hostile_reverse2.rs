@@ -606,6 +606,90 @@ where
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
+/// An origin that takes every request (body and all) and never answers: how many requests
+/// reached it.
+async fn silent_origin() -> (std::net::SocketAddr, Arc<Mutex<usize>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut counted = false;
+                loop {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    if !counted && find(&buf, b"\r\n\r\n").is_some() {
+                        counted = true;
+                        *count.lock().unwrap() += 1;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Finding: an upload still awaited from its client when the header timeout ran out (a 408,
+/// nothing booked) gave back the recovery trial it held, as a cancelled request does. An
+/// ejected server that takes bodies and never answers got a new trial with every such upload,
+/// each holding a connection for the whole timeout, instead of one per `fail_timeout`. The
+/// trial is spent now: the server had the request for the timeout and did not answer.
+#[tokio::test]
+async fn a_slow_upload_timing_out_on_a_trial_spends_it() {
+    let (o, seen) = silent_origin().await;
+    let p = Proxy::start(config(&format!(
+        r#"
+[[upstreams]]
+name = "app"
+servers = ["{o}"]
+max_fails = 1
+fail_timeout_secs = 3
+
+[[routes]]
+host = "app.test"
+path = "/"
+upstream = "app"
+header_timeout_secs = 1
+idle_timeout_secs = 30
+"#
+    )))
+    .await;
+    let groups = p.app.groups().current();
+    let server = &groups.get("app").unwrap().servers()[0];
+    server.report_failure();
+    assert!(server.is_ejected());
+    // The ejection runs out: the next request takes the server's one trial.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    assert!(!server.is_ejected());
+    // Uploads of 10 bytes that stop after the first: the header timeout (1 s) finds the body
+    // awaited from the client. The first, on the trial, is the client's 408; the trial is spent,
+    // so the server is out until 3 s after it began: the next ones find no server (503).
+    let stalled = || upload(p.addr, "app.test", 10, 1, Duration::from_secs(60));
+    let first = stalled().await;
+    assert!(first.starts_with("HTTP/1.1 408"), "{first:?}");
+    for _ in 0..3 {
+        let status = stalled().await;
+        assert!(status.starts_with("HTTP/1.1 503"), "{status:?}");
+    }
+    // One request reached the server, the trial's; nothing was booked on it.
+    assert_eq!(*seen.lock().unwrap(), 1);
+    assert!(server.is_ejected());
+    assert_eq!((server.failures(), server.ejections()), (1, 1));
+    let m = metrics(&p).await;
+    assert!(
+        !m.lines()
+            .any(|l| l.starts_with("sluice_reverse_server_failures_total{") && !l.ends_with(" 0")),
+        "{m}"
+    );
+}
+
 /// An origin that counts requests and answers with the JSON echo report (`echo`).
 async fn counted_echo() -> (std::net::SocketAddr, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
